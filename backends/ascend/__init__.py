@@ -1,0 +1,1 @@
+"""deepinfer's ascend backend (package deepinfer_ascend)."""

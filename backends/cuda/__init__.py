@@ -1,0 +1,1 @@
+"""deepinfer's cuda backend (package deepinfer_cuda)."""

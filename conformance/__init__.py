@@ -1,0 +1,8 @@
+"""deepinfer's conformance suite: one golden set, every backend compared against it and each other.
+
+- `cases/`: the cases, one module per op family, each a seeded recipe for an op's inputs.
+- `generate.py`: runs the reference in float64 over every case and writes `golden/`.
+- `golden/`: `<op>.safetensors` (inputs and outputs) and `manifest.json`.
+- `worker.py`: runs one backend's kernels over the golden inputs, in its own process.
+- `runner.py`: starts a worker per backend, compares, prints the table.
+"""

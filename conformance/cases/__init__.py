@@ -1,0 +1,53 @@
+"""Conformance cases: named, seeded recipes for an op's inputs.
+
+A case's `make(gen, dtype)` returns the op's keyword arguments: tensors drawn from `gen` (a seeded
+torch.Generator) in the case's dtype, and plain parameters. Cases cover the edges, not only the
+happy path; each must run in seconds under the Triton interpreter on a CPU.
+"""
+
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+
+
+@dataclass(frozen=True)
+class Case:
+    op: str
+    name: str
+    dtype: torch.dtype
+    make: Callable[[torch.Generator, torch.dtype], dict[str, Any]]
+
+    @property
+    def id(self) -> str:
+        return f"{self.op}.{self.name}.{str(self.dtype).removeprefix('torch.')}"
+
+    @property
+    def seed(self) -> int:
+        return zlib.crc32(self.id.encode())  # stable across runs and machines
+
+    def inputs(self) -> dict[str, Any]:
+        gen = torch.Generator().manual_seed(self.seed)
+        return self.make(gen, self.dtype)
+
+
+def randn(gen: torch.Generator, *shape: int, dtype: torch.dtype = torch.float32, scale: float = 1.0) -> torch.Tensor:
+    return (torch.randn(*shape, generator=gen, dtype=torch.float64) * scale).to(dtype)
+
+
+def randint(gen: torch.Generator, low: int, high: int, *shape: int, dtype: torch.dtype = torch.int64) -> torch.Tensor:
+    return torch.randint(low, high, shape, generator=gen, dtype=torch.int64).to(dtype)
+
+
+def all_cases() -> list[Case]:
+    from deepinfer_conformance.cases import attention, gemm, misc, moe, sampling
+
+    cases = [c for module in (attention, gemm, misc, moe, sampling) for c in module.CASES]
+    ids = [c.id for c in cases]
+    duplicated = {i for i in ids if ids.count(i) > 1}
+    if duplicated:
+        raise ValueError(f"conformance case ids are not unique: {sorted(duplicated)}")
+    return cases

@@ -1,0 +1,3 @@
+"""Cases for the gemm ops."""
+
+CASES = []

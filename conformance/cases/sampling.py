@@ -1,0 +1,3 @@
+"""Cases for the sampling ops."""
+
+CASES = []

@@ -1,0 +1,50 @@
+"""The reference backend: every op's pure-torch definition, on any torch device, the CPU included.
+
+It registers through the same hooks and entry point as every other backend. Its kernels are the
+ops' reference functions themselves, so it is complete by construction and is the yardstick the
+conformance suite measures the others with.
+"""
+
+from __future__ import annotations
+
+import platform
+
+import torch
+
+from deepinfer.plugins import Availability, BackendSpec, hookimpl
+from deepinfer.registry import Registry
+
+NAME = "reference"
+
+
+def probe(interpret: bool = False) -> Availability:
+    return Availability(True, f"pure torch {torch.__version__} on the CPU", details={"device": "cpu"})
+
+
+@hookimpl
+def deepinfer_add_backends(register):
+    register(
+        BackendSpec(
+            name=NAME,
+            device_type="cpu",
+            probe=probe,
+            description="pure-torch definitions of every op; runs anywhere (slow)",
+            kv_block_size=16,
+            auto_priority=0,
+        )
+    )
+
+
+@hookimpl
+def deepinfer_register_kernels(backend: BackendSpec, registry: Registry, interpret: bool):
+    if backend.name != NAME:
+        return
+    for name, spec in registry.ops.items():
+        registry.register_kernel(NAME, name, spec.reference, note="pure torch")
+
+
+@hookimpl
+def deepinfer_env_report(backend: BackendSpec):
+    if backend.name != NAME:
+        return None
+    return {"torch": torch.__version__, "python": platform.python_version(), "threads": str(torch.get_num_threads())}

@@ -1,0 +1,256 @@
+"""The op registry: every hardware-dependent step of the engine is an op declared here once.
+
+An op is declared by decorating its pure-torch reference with `@op(...)` in one of the modules of
+`deepinfer.ops`. The reference defines what the op means; a backend registers kernels for the ops it
+implements (`Registry.register_kernel`), and the engine resolves every op once at start-up
+(`Registry.resolve`) into an `OpTable` whose attributes are plain callables, so a hot loop pays a
+dict lookup at most (for ops with several weight formats), never a search.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Mapping
+
+import torch
+
+log = logging.getLogger(__name__)
+
+ALLCLOSE = "allclose"  # |out - ref| <= atol * reduction_length + rtol * |ref|
+EXACT = "exact"  # ids, masks, sampled tokens: bit-for-bit equal
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    rtol: float
+    atol: float  # multiplied by the op's reduction length for the case
+
+
+# One table for every op (FlagGems' values for rtol); an op may override entries.
+DEFAULT_TOLERANCES: dict[torch.dtype, Tolerance] = {
+    torch.float64: Tolerance(rtol=1e-10, atol=1e-12),
+    torch.float32: Tolerance(rtol=1.3e-6, atol=1e-6),
+    torch.float16: Tolerance(rtol=1e-3, atol=1e-4),
+    torch.bfloat16: Tolerance(rtol=1.6e-2, atol=1e-3),
+}
+
+
+@dataclass(frozen=True)
+class OpSpec:
+    """Everything the registry, the backends and the conformance suite know about one op."""
+
+    name: str
+    family: str
+    reference: Callable[..., Any]
+    outputs: tuple[str, ...]
+    compare: Mapping[str, str]  # output name -> ALLCLOSE | EXACT
+    reduction_length: Callable[[Mapping[str, Any]], int] = lambda kwargs: 1
+    tolerances: Mapping[torch.dtype, Tolerance] = field(default_factory=lambda: dict(DEFAULT_TOLERANCES))
+    formats: tuple[str, ...] = ()  # values of the op's `fmt` argument, when it has one
+    # Outputs are canonicalised before comparison (e.g. rows a kernel may leave unwritten, or the
+    # order of equal-score top-k ids). Receives the call's kwargs and the output dict.
+    canonicalize: Callable[[Mapping[str, Any], dict[str, Any]], dict[str, Any]] | None = None
+    # "float64": goldens come from the reference on float64-upcast inputs. "native": the op is
+    # defined in its input precision (sampling: the noise and the argmax are specified in float32).
+    golden_precision: str = "float64"
+    in_place: str | None = None  # name of an argument the op writes into (and returns)
+    doc: str = ""
+
+    @property
+    def signature(self) -> inspect.Signature:
+        return inspect.signature(self.reference)
+
+    def tolerance(self, dtype: torch.dtype) -> Tolerance:
+        return self.tolerances.get(dtype, DEFAULT_TOLERANCES.get(dtype, Tolerance(0.0, 0.0)))
+
+    def name_outputs(self, result: Any) -> dict[str, Any]:
+        values = result if isinstance(result, tuple) else (result,)
+        if len(values) != len(self.outputs):
+            raise TypeError(f"op {self.name!r} returned {len(values)} values, its spec names {self.outputs}")
+        return dict(zip(self.outputs, values))
+
+
+# The catalogue of every declared op, filled by the @op decorator as deepinfer.ops is imported.
+OPS: dict[str, OpSpec] = {}
+
+
+def op(*, family: str, outputs: Iterable[str], compare: Mapping[str, str] | str = ALLCLOSE, **spec_fields):
+    """Declare an op: the decorated function is its reference implementation."""
+
+    def declare(reference: Callable) -> Callable:
+        names = tuple(outputs)
+        modes = {n: compare for n in names} if isinstance(compare, str) else dict(compare)
+        missing = set(names) - set(modes)
+        if missing:
+            raise TypeError(f"op {reference.__name__!r}: no compare mode for outputs {sorted(missing)}")
+        spec = OpSpec(
+            name=reference.__name__,
+            family=family,
+            reference=reference,
+            outputs=names,
+            compare=modes,
+            doc=inspect.getdoc(reference) or "",
+            **spec_fields,
+        )
+        if spec.name in OPS and OPS[spec.name].reference is not reference:
+            raise ValueError(f"op {spec.name!r} is declared twice")
+        OPS[spec.name] = spec
+        return reference
+
+    return declare
+
+
+def all_ops() -> dict[str, OpSpec]:
+    import deepinfer.ops  # noqa: F401  (importing the package declares every op)
+
+    return dict(sorted(OPS.items()))
+
+
+class RegistryError(Exception):
+    """A kernel that does not fit its op, or an op a backend cannot serve."""
+
+
+@dataclass(frozen=True)
+class ResolveContext:
+    """The static facts kernels are chosen by, known once at engine start-up."""
+
+    backend: str
+    device: torch.device = torch.device("cpu")
+    dtype: torch.dtype = torch.bfloat16
+    ep_size: int = 1
+    options: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Kernel:
+    op: str
+    backend: str
+    fn: Callable[..., Any]
+    formats: frozenset[str] | None = None  # None: every format of the op
+    dtypes: frozenset[torch.dtype] | None = None  # None: every activation dtype
+    when: Callable[[ResolveContext], bool] | None = None  # static predicate, e.g. "ep_size > 1"
+    priority: int = 0  # among kernels that all apply, the highest wins
+    note: str = ""  # shown in the coverage table: "torch_npu fast path", "Triton", ...
+
+    def applies(self, ctx: ResolveContext, fmt: str | None) -> bool:
+        if self.dtypes is not None and ctx.dtype not in self.dtypes:
+            return False
+        if fmt is not None and self.formats is not None and fmt not in self.formats:
+            return False
+        return self.when is None or bool(self.when(ctx))
+
+
+def check_signature(spec: OpSpec, fn: Callable, backend: str) -> None:
+    """A kernel takes exactly the op's parameters: same names, kinds and defaults, in order."""
+    want = [(p.name, p.kind, p.default) for p in spec.signature.parameters.values()]
+    try:
+        got = [(p.name, p.kind, p.default) for p in inspect.signature(fn).parameters.values()]
+    except (TypeError, ValueError) as exc:
+        raise RegistryError(f"backend {backend!r}: kernel for {spec.name!r} has no inspectable signature ({exc})")
+    if got != want:
+        raise RegistryError(
+            f"backend {backend!r}: kernel {getattr(fn, '__qualname__', fn)!r} for op {spec.name!r} has signature "
+            f"{inspect.signature(fn)}, the op's is {spec.signature}"
+        )
+
+
+class Registry:
+    """Kernels per backend and op. Filled through the `deepinfer_register_kernels` hook."""
+
+    def __init__(self, ops: Mapping[str, OpSpec] | None = None):
+        self.ops = dict(ops) if ops is not None else all_ops()
+        self.kernels: dict[str, dict[str, list[Kernel]]] = {}
+
+    def register_kernel(
+        self,
+        backend: str,
+        op_name: str,
+        fn: Callable,
+        *,
+        formats: Iterable[str] | None = None,
+        dtypes: Iterable[torch.dtype] | None = None,
+        when: Callable[[ResolveContext], bool] | None = None,
+        priority: int = 0,
+        note: str = "",
+    ) -> None:
+        spec = self.ops.get(op_name)
+        if spec is None:
+            raise RegistryError(f"backend {backend!r} registers a kernel for unknown op {op_name!r}; known: {', '.join(self.ops)}")
+        check_signature(spec, fn, backend)
+        fmts = frozenset(formats) if formats is not None else None
+        if fmts is not None and not fmts <= set(spec.formats):
+            raise RegistryError(f"backend {backend!r}: op {op_name!r} has formats {spec.formats}, not {sorted(fmts - set(spec.formats))}")
+        kernel = Kernel(op_name, backend, fn, fmts, frozenset(dtypes) if dtypes is not None else None, when, priority, note)
+        self.kernels.setdefault(backend, {}).setdefault(op_name, []).append(kernel)
+
+    def candidates(self, backend: str, op_name: str) -> list[Kernel]:
+        return self.kernels.get(backend, {}).get(op_name, [])
+
+    def pick(self, ctx: ResolveContext, op_name: str, fmt: str | None = None) -> Kernel | None:
+        usable = [k for k in self.candidates(ctx.backend, op_name) if k.applies(ctx, fmt)]
+        return max(usable, key=lambda k: k.priority) if usable else None
+
+    def resolve(self, ctx: ResolveContext, *, allow_fallback: bool = False, only: Iterable[str] | None = None) -> "OpTable":
+        """Choose one kernel per op (and per format) for this context, once.
+
+        A missing kernel is an error naming the op and the backend, unless `allow_fallback`; then
+        the reference serves that op and the fallback is logged once, here.
+        """
+        chosen: dict[str, Callable | dict[str, Callable]] = {}
+        fallbacks: list[str] = []
+        for name in only if only is not None else self.ops:
+            spec = self.ops[name]
+            keys: list[str | None] = list(spec.formats) if spec.formats else [None]
+            per_key: dict[str | None, Callable] = {}
+            for key in keys:
+                kernel = self.pick(ctx, name, key)
+                label = name if key is None else f"{name}[{key}]"
+                if kernel is None:
+                    if not allow_fallback:
+                        raise RegistryError(
+                            f"backend {ctx.backend!r} has no kernel for op {label!r} (dtype {str(ctx.dtype).removeprefix('torch.')}); "
+                            "implement it, or allow the reference fallback explicitly (--allow-fallback)"
+                        )
+                    fallbacks.append(label)
+                    per_key[key] = spec.reference
+                else:
+                    per_key[key] = kernel.fn
+            chosen[name] = per_key[None] if keys == [None] else {k: v for k, v in per_key.items() if k is not None}
+        for label in fallbacks:
+            log.warning("backend %r: op %s runs on the reference implementation (fallback allowed)", ctx.backend, label)
+        return OpTable(ctx, chosen, tuple(fallbacks))
+
+    def coverage(self, backend: str) -> dict[str, list[Kernel]]:
+        return {name: self.candidates(backend, name) for name in self.ops}
+
+
+class OpTable:
+    """Resolved ops: `table.rms_norm(...)`. Ops with weight formats dispatch on `fmt` by dict lookup."""
+
+    def __init__(self, ctx: ResolveContext, chosen: Mapping[str, Callable | Mapping[str, Callable]], fallbacks: tuple[str, ...]):
+        self.ctx = ctx
+        self.fallbacks = fallbacks
+        self._chosen = dict(chosen)
+        for name, impl in chosen.items():
+            setattr(self, name, impl if callable(impl) else _by_format(name, impl))
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._chosen
+
+    def kernel(self, name: str, fmt: str | None = None) -> Callable:
+        impl = self._chosen[name]
+        return impl if callable(impl) else impl[fmt]
+
+
+def _by_format(name: str, table: Mapping[str, Callable]) -> Callable:
+    def call(*args, fmt: str, **kwargs):
+        try:
+            fn = table[fmt]
+        except KeyError:
+            raise RegistryError(f"op {name!r} has no kernel for format {fmt!r}; formats: {', '.join(table)}") from None
+        return fn(*args, fmt=fmt, **kwargs)
+
+    call.__name__ = name
+    return call
