@@ -1,0 +1,1 @@
+"""DeepSeek V2/V3 written only against registry ops."""

@@ -1,0 +1,32 @@
+"""What the engine hands the model for one step: the contract between engine/ and model/."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class ForwardBatch:
+    """One forward step over B sequences and T new tokens, all on the model's device.
+
+    A step is either a prefill step (each sequence brings a chunk of new prompt tokens, possibly
+    after a cached prefix) or a decode step (each sequence brings `tokens_per_seq` tokens, 1 unless
+    speculative decoding verifies drafts).
+    """
+
+    is_prefill: bool
+    input_ids: torch.Tensor  # [T] int64, the new tokens of every sequence, concatenated
+    positions: torch.Tensor  # [T] int64, each new token's position in its sequence
+    slot_mapping: torch.Tensor  # [T] int64, the KV-cache slot each new token is written to
+    cu_seqlens_q: torch.Tensor  # [B+1] int32, prefix sums of new tokens per sequence
+    seq_lens: torch.Tensor  # [B] int32, tokens in the cache per sequence after this step's writes
+    block_tables: torch.Tensor  # [B, max_blocks] int32, pages of each sequence (padding: 0)
+    logits_indices: torch.Tensor  # [B'] int64, rows of T whose logits are wanted (last token of each sequence that samples)
+    max_query_len: int = 1  # host-side max of new tokens per sequence
+    max_seq_len: int = 1  # host-side max of seq_lens
+
+    @property
+    def num_seqs(self) -> int:
+        return int(self.seq_lens.shape[0])
