@@ -16,6 +16,7 @@ from typing import Any, Callable
 
 import pluggy
 
+from deepinfer.errors import UserError
 from deepinfer.registry import Registry
 
 log = logging.getLogger(__name__)
@@ -82,7 +83,7 @@ class PluginFailure:
     error: str
 
 
-class BackendError(Exception):
+class BackendError(UserError):
     """Unknown or unavailable backend; the message is one line with a hint."""
 
 

@@ -16,6 +16,8 @@ from typing import Any, Callable, Iterable, Mapping
 
 import torch
 
+from deepinfer.errors import UserError
+
 log = logging.getLogger(__name__)
 
 ALLCLOSE = "allclose"  # |out - ref| <= atol * reduction_length + rtol * |ref|
@@ -108,7 +110,7 @@ def all_ops() -> dict[str, OpSpec]:
     return dict(sorted(OPS.items()))
 
 
-class RegistryError(Exception):
+class RegistryError(UserError):
     """A kernel that does not fit its op, or an op a backend cannot serve."""
 
 
