@@ -24,7 +24,7 @@ def rms_norm_inputs(gen, dtype, *, tokens: int, dim: int, residual: bool, scale:
     return kw
 
 
-def rope_inputs(gen, dtype, *, tokens: int, heads: int, dim: int, interleaved: bool, scaling=None, max_pos: int = 8192):
+def rope_inputs(gen, dtype, *, tokens: int, heads: int, dim: int, interleaved: bool, scaling=None, max_pos: int = 1024):
     return {
         "x": randn(gen, tokens, heads, dim, dtype=dtype),
         "positions": randint(gen, 0, max_pos, tokens),

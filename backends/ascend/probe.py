@@ -1,0 +1,76 @@
+"""Can the Ascend backend run here? Every failure mode gets its own reason and hint.
+
+torch_npu is imported explicitly here (deepinfer disables torch's device-backend auto-load, which
+would otherwise break `import torch` itself on a host without CANN). Nothing here opens a device.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+
+import torch
+
+from deepinfer.plugins import Availability, import_optional
+
+SETUP_DOC = "see docs/backends/ascend.md"
+SET_ENV_HINT = "source the CANN environment first: `source /usr/local/Ascend/ascend-toolkit/set_env.sh` (or your CANN install's set_env.sh)"
+CANN_LIBRARY = re.compile(r"lib(hccl|ascendcl|acl_op_compiler|ge_runner|graph|runtime|opapi|hccl_fwk|ascend_hal|c_sec|mmpa)\w*\.so")
+
+
+def chip_from_soc(soc: int | None) -> str:
+    """Chip generation from the SoC version number (A2: 220-225, A3: 250-255, 950: 260)."""
+    if soc is None:
+        return "unknown"
+    if 220 <= soc <= 225:
+        return "A2"
+    if 250 <= soc <= 255:
+        return "A3"
+    if soc == 260:
+        return "950"
+    return f"unknown (soc {soc})"
+
+
+def _base(version: str) -> str:
+    return ".".join(version.split("+")[0].split(".")[:2])
+
+
+def probe_import() -> tuple[object | None, Availability | None]:
+    """Import torch_npu, or say precisely why it cannot be imported."""
+    if importlib.util.find_spec("torch_npu") is None:
+        return None, Availability(False, "torch_npu is not installed", f"the ascend backend runs in its own environment: pip install 'deepinfer[ascend]' on a host with CANN ({SETUP_DOC})")
+    module, exc = import_optional("torch_npu")
+    if module is not None:
+        return module, None
+    message = f"{type(exc).__name__}: {exc}".splitlines()[0]
+    if isinstance(exc, OSError) or CANN_LIBRARY.search(str(exc)):
+        return None, Availability(False, f"torch_npu is installed but the CANN libraries are not loadable ({message})", SET_ENV_HINT)
+    return None, Availability(False, f"torch_npu failed to import ({message})", f"reinstall torch_npu matching torch {torch.__version__} ({SETUP_DOC})")
+
+
+def probe(interpret: bool = False) -> Availability:
+    if interpret:
+        if importlib.util.find_spec("triton") is None:
+            return Availability(False, "triton is not installed, so the kernels cannot run in the interpreter", "pip install triton (community Triton interprets the triton-ascend kernel sources)")
+        return Availability(True, "Triton interpreter on the CPU (TRITON_INTERPRET=1); torch_npu fast paths need hardware and are not run")
+    torch_npu, failure = probe_import()
+    if failure is not None:
+        return failure
+    npu_version = getattr(torch_npu, "__version__", "unknown")
+    if npu_version != "unknown" and _base(npu_version) != _base(torch.__version__):
+        return Availability(False, f"torch_npu {npu_version} does not match torch {torch.__version__}", f"install matching versions (known good: torch 2.10.0 with torch-npu 2.10.0.post4, CANN 9.1.0; {SETUP_DOC})")
+    npu = getattr(torch, "npu", None)
+    count = npu.device_count() if npu is not None else 0
+    if count == 0:
+        return Availability(False, "no Ascend NPU is visible", "check `npu-smi info` and ASCEND_RT_VISIBLE_DEVICES")
+    soc = _soc_version(torch_npu)
+    details = {"npus": count, "torch_npu": npu_version, "soc": soc, "chip": chip_from_soc(soc)}
+    return Availability(True, f"{count} NPU(s), chip {details['chip']}, torch_npu {npu_version}", details=details)
+
+
+def _soc_version(torch_npu) -> int | None:
+    get = getattr(getattr(torch_npu, "npu", None), "get_soc_version", None) or getattr(getattr(getattr(torch_npu, "npu", None), "utils", None), "get_soc_version", None)
+    try:
+        return int(get()) if get is not None else None
+    except Exception:
+        return None

@@ -1,0 +1,98 @@
+"""Reading and writing the golden set: `<op>.safetensors` per op plus one `manifest.json`.
+
+Tensor keys are `<case id>::in::<argument>` and `<case id>::out::<output>`; the manifest holds each
+case's plain parameters, compare modes, tolerance and reduction length.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file
+
+GOLDEN_DIR = Path(__file__).resolve().parent / "golden"
+MANIFEST = "manifest.json"
+SEP = "::"
+
+
+@dataclass
+class CaseRecord:
+    id: str
+    op: str
+    name: str
+    dtype: str
+    seed: int
+    params: dict[str, Any]  # plain (non-tensor) keyword arguments
+    tensor_inputs: list[str]
+    outputs: list[str]  # outputs stored as tensors (None outputs are listed in none_outputs)
+    none_outputs: list[str]
+    compare: dict[str, str]
+    rtol: float
+    atol: float
+    reduction_length: int
+    fmt: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return getattr(torch, self.dtype)
+
+    def atol_scaled(self) -> float:
+        return self.atol * self.reduction_length
+
+
+def key(case_id: str, kind: str, name: str) -> str:
+    return f"{case_id}{SEP}{kind}{SEP}{name}"
+
+
+def split_kwargs(kwargs: dict[str, Any]) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    tensors = {k: v for k, v in kwargs.items() if isinstance(v, torch.Tensor)}
+    params = {k: v for k, v in kwargs.items() if not isinstance(v, torch.Tensor)}
+    for k, v in params.items():
+        if v is not None and not isinstance(v, (bool, int, float, str)):
+            raise TypeError(f"case argument {k!r} is a {type(v).__name__}: only tensors and plain values are stored")
+    return tensors, params
+
+
+def read_manifest(golden_dir: Path = GOLDEN_DIR) -> dict[str, Any]:
+    path = Path(golden_dir) / MANIFEST
+    if not path.is_file():
+        raise FileNotFoundError(f"no golden manifest at {path}; run `python -m deepinfer_conformance.generate`")
+    return json.loads(path.read_text())
+
+
+def read_cases(golden_dir: Path = GOLDEN_DIR) -> list[CaseRecord]:
+    return [CaseRecord(**c) for c in read_manifest(golden_dir)["cases"]]
+
+
+class GoldenTensors:
+    """Lazily loads each op's safetensors file once."""
+
+    def __init__(self, golden_dir: Path = GOLDEN_DIR):
+        self.dir = Path(golden_dir)
+        self._files: dict[str, dict[str, torch.Tensor]] = {}
+
+    def _file(self, op: str) -> dict[str, torch.Tensor]:
+        if op not in self._files:
+            self._files[op] = load_file(str(self.dir / f"{op}.safetensors"))
+        return self._files[op]
+
+    def inputs(self, case: CaseRecord) -> dict[str, Any]:
+        tensors = self._file(case.op)
+        kwargs = {name: tensors[key(case.id, "in", name)].clone() for name in case.tensor_inputs}
+        kwargs.update(case.params)
+        return kwargs
+
+    def outputs(self, case: CaseRecord) -> dict[str, torch.Tensor | None]:
+        tensors = self._file(case.op)
+        out: dict[str, torch.Tensor | None] = {name: tensors[key(case.id, "out", name)] for name in case.outputs}
+        out.update({name: None for name in case.none_outputs})
+        return out
+
+
+def record_to_json(record: CaseRecord) -> dict[str, Any]:
+    return asdict(record)

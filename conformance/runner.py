@@ -1,0 +1,161 @@
+"""Run backends over the golden set (each in its own worker process), compare, and report.
+
+For every case and backend: the error against the golden output, as a fraction of the allowed
+tolerance (allclose: max |out - ref| / (atol * reduction_length + rtol * |ref|); exact: the number
+of differing elements), and pass/fail. With two or more backends, the same measure between each
+backend and the first one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+
+from deepinfer.errors import UserError
+from deepinfer.registry import EXACT
+from deepinfer_conformance.golden_io import GOLDEN_DIR, CaseRecord, GoldenTensors, key, read_cases
+
+
+@dataclass
+class Measure:
+    ok: bool
+    score: float  # allclose: worst error over tolerance (<= 1 passes); exact: differing elements
+    detail: str
+
+
+@dataclass
+class Row:
+    case: str
+    op: str
+    name: str
+    dtype: str
+    backend: str
+    status: str  # pass | FAIL | missing | error
+    score: float | None
+    detail: str
+    versus: str | None = None  # the backend compared against, for cross-backend rows
+    cross_score: float | None = None
+    cross_ok: bool | None = None
+
+
+def measure(mode: str, out: torch.Tensor | None, ref: torch.Tensor | None, case: CaseRecord) -> Measure:
+    if ref is None or out is None:
+        same = ref is None and out is None
+        return Measure(same, 0.0 if same else float("inf"), "" if same else "one side returned None")
+    if out.shape != ref.shape:
+        return Measure(False, float("inf"), f"shape {tuple(out.shape)} != {tuple(ref.shape)}")
+    if mode == EXACT or not ref.is_floating_point():
+        if out.dtype != ref.dtype:
+            return Measure(False, float("inf"), f"dtype {out.dtype} != {ref.dtype}")
+        a, b = out.double() if out.is_floating_point() else out, ref.double() if ref.is_floating_point() else ref
+        differ = int((a != b).sum()) - (int((torch.isnan(a) & torch.isnan(b)).sum()) if a.is_floating_point() else 0)
+        return Measure(differ == 0, float(differ), f"{differ}/{ref.numel()} differ" if differ else "identical")
+    a, b = out.double(), ref.double()
+    finite = torch.isfinite(b)
+    # Non-finite reference values (-inf logits, say) must be matched exactly.
+    if not torch.equal(torch.isfinite(a), finite) or not torch.equal(a[~finite], b[~finite]):
+        return Measure(False, float("inf"), "non-finite values differ")
+    err = (a - b).abs()[finite]
+    bound = case.atol_scaled() + case.rtol * b.abs()[finite]
+    score = float((err / bound).max()) if err.numel() else 0.0
+    rel = float(err.norm() / b[finite].norm().clamp_min(1e-30)) if err.numel() else 0.0
+    return Measure(score <= 1.0, score, f"max|err| {float(err.max()) if err.numel() else 0:.3g}, rel {rel:.2g}")
+
+
+def measure_case(case: CaseRecord, produced: dict[str, torch.Tensor | None], reference: dict[str, torch.Tensor | None]) -> Measure:
+    parts = [measure(case.compare[name], produced.get(name), ref, case) for name, ref in reference.items()]
+    worst = max(parts, key=lambda m: m.score)
+    return Measure(all(p.ok for p in parts), worst.score, worst.detail)
+
+
+def run_worker(backend: str, out_dir: Path, golden_dir: Path, interpret: bool, ops: list[str] | None) -> dict:
+    cmd = [sys.executable, "-m", "deepinfer_conformance.worker", "--backend", backend, "--out", str(out_dir), "--golden", str(golden_dir)]
+    if interpret:
+        cmd.append("--interpret")
+    for op in ops or []:
+        cmd += ["--op", op]
+    env = dict(os.environ)
+    if interpret:
+        env["TRITON_INTERPRET"] = "1"
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    if proc.returncode != 0:
+        lines = [l for l in proc.stderr.strip().splitlines() if l.strip()]
+        raise UserError(f"backend {backend!r}: {lines[-1].removeprefix('deepinfer: error: ') if lines else f'worker exited {proc.returncode}'}")
+    return json.loads((out_dir / f"{backend}.json").read_text())
+
+
+def load_produced(out_dir: Path, backend: str, case: CaseRecord, status: dict) -> dict[str, torch.Tensor | None]:
+    tensors = load_file(str(out_dir / f"{backend}.safetensors"))
+    produced: dict[str, torch.Tensor | None] = {n: tensors.get(key(case.id, "out", n)) for n in case.outputs}
+    produced.update({n: None for n in status.get("none_outputs", [])})
+    return produced
+
+
+def run(backends: list[str], *, interpret: bool = False, ops: list[str] | None = None, golden_dir: Path = GOLDEN_DIR) -> list[Row]:
+    cases = [c for c in read_cases(golden_dir) if not ops or c.op in ops]
+    if ops:
+        unknown = set(ops) - {c.op for c in read_cases(golden_dir)}
+        if unknown:
+            raise UserError(f"no conformance cases for op(s) {', '.join(sorted(unknown))}")
+    golden = GoldenTensors(golden_dir)
+    rows: list[Row] = []
+    with tempfile.TemporaryDirectory(prefix="deepinfer-conformance-") as tmp:
+        out_dir = Path(tmp)
+        reports = {b: run_worker(b, out_dir, golden_dir, interpret, ops) for b in backends}
+        produced_by = {b: {} for b in backends}
+        for case in cases:
+            reference = golden.outputs(case)
+            for b in backends:
+                status = reports[b]["cases"].get(case.id, {"status": "missing", "error": "not run"})
+                if status["status"] != "ran":
+                    rows.append(Row(case.id, case.op, case.name, case.dtype, b, status["status"], None, status.get("error", "")))
+                    continue
+                produced = load_produced(out_dir, b, case, status)
+                produced_by[b][case.id] = produced
+                m = measure_case(case, produced, reference)
+                row = Row(case.id, case.op, case.name, case.dtype, b, "pass" if m.ok else "FAIL", m.score, m.detail)
+                first = backends[0]
+                if b != first and case.id in produced_by[first]:
+                    cross = measure_case(case, produced, produced_by[first][case.id])
+                    row.versus, row.cross_score, row.cross_ok = first, cross.score, cross.ok
+                rows.append(row)
+    return rows
+
+
+def format_table(rows: list[Row]) -> str:
+    cross = any(r.versus for r in rows)
+    head = ["op", "case", "dtype", "backend", "err/tol", "status"] + (["vs first", "agree"] if cross else []) + ["detail"]
+    body = []
+    for r in rows:
+        score = "-" if r.score is None else ("inf" if r.score == float("inf") else f"{r.score:.3g}")
+        line = [r.op, r.name, r.dtype, r.backend, score, r.status]
+        if cross:
+            line += ["-" if r.cross_score is None else f"{r.cross_score:.3g}", "-" if r.cross_ok is None else ("yes" if r.cross_ok else "NO")]
+        body.append(line + [r.detail])
+    widths = [max(len(str(x)) for x in col) for col in zip(head, *body)]
+    fmt = lambda cells: "  ".join(str(c).ljust(w) for c, w in zip(cells, widths)).rstrip()
+    return "\n".join([fmt(head), fmt(["-" * w for w in widths])] + [fmt(b) for b in body])
+
+
+def summary(rows: list[Row]) -> tuple[str, bool]:
+    by_status: dict[str, int] = {}
+    for r in rows:
+        by_status[r.status] = by_status.get(r.status, 0) + 1
+    cross_bad = sum(1 for r in rows if r.cross_ok is False)
+    ok = all(r.status == "pass" for r in rows) and cross_bad == 0
+    parts = [f"{n} {s}" for s, n in sorted(by_status.items())]
+    if cross_bad:
+        parts.append(f"{cross_bad} cross-backend disagreements")
+    return ", ".join(parts), ok
+
+
+def write_json(rows: list[Row], path: Path) -> None:
+    path.write_text(json.dumps([asdict(r) for r in rows], indent=1, default=lambda x: None if x == float("inf") else x))

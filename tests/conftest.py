@@ -1,0 +1,38 @@
+"""Shared fixtures: the out-of-tree backend plugin, installed for real into a temporary folder."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+@pytest.fixture(scope="session")
+def oot_site(tmp_path_factory) -> Path:
+    """pip-install tests/fixtures/oot_backend into a folder; return it (add it to PYTHONPATH)."""
+    target = tmp_path_factory.mktemp("oot_site")
+    build = tmp_path_factory.mktemp("oot_build")
+    # Build from a copy: pip writes build/ and *.egg-info next to the sources.
+    src = build / "oot_backend"
+    subprocess.run(["cp", "-r", str(FIXTURES / "oot_backend"), str(src)], check=True)
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation", "--no-index", "--target", str(target), str(src)],
+        check=True,
+    )
+    return target
+
+
+@pytest.fixture
+def oot_env(oot_site) -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(oot_site), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    return env
+
+
+def run_cli(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None, timeout: int = 600) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "deepinfer", *args], env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout)

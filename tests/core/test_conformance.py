@@ -1,0 +1,87 @@
+"""The conformance suite: golden set determinism, the runner's measures, a planted wrong kernel."""
+
+import json
+
+import pytest
+import torch
+
+from deepinfer.registry import all_ops
+from deepinfer_conformance import generate
+from deepinfer_conformance.cases import all_cases
+from deepinfer_conformance.golden_io import GOLDEN_DIR, CaseRecord, read_cases
+from deepinfer_conformance.runner import measure
+
+from conftest import run_cli
+
+
+def _record(compare="allclose", rtol=1e-2, atol=1e-3, reduction=10):
+    return CaseRecord("op.c.float32", "op", "c", "float32", 0, {}, [], ["out"], [], {"out": compare}, rtol, atol, reduction)
+
+
+def test_stored_golden_set_is_what_the_cases_generate():
+    files, records = generate.build(all_cases())
+    assert generate.check(GOLDEN_DIR, files, records) == []
+
+
+def test_every_op_has_cases_covering_the_edges():
+    cases = read_cases()
+    ops = all_ops()
+    assert {c.op for c in cases} == set(ops), "every op needs golden cases"
+    for op in ops:
+        assert sum(c.op == op for c in cases) >= 2, op
+
+
+def test_allclose_measure_scales_atol_by_reduction_length():
+    case = _record(rtol=0.0, atol=1e-3, reduction=10)  # allowed |err| = 1e-2
+    ref = torch.zeros(4)
+    assert measure("allclose", ref + 0.009, ref, case).ok
+    assert not measure("allclose", ref + 0.011, ref, case).ok
+
+
+def test_allclose_measure_rejects_nan_shape_and_inf_mismatches():
+    case = _record()
+    ref = torch.tensor([1.0, float("-inf"), 3.0])
+    assert measure("allclose", ref.clone(), ref, case).ok
+    assert not measure("allclose", torch.tensor([1.0, 0.0, 3.0]), ref, case).ok
+    assert not measure("allclose", torch.tensor([float("nan"), float("-inf"), 3.0]), ref, case).ok
+    assert not measure("allclose", ref[:2], ref, case).ok
+
+
+def test_exact_measure_counts_differences():
+    case = _record("exact")
+    ref = torch.tensor([1, 2, 3])
+    m = measure("exact", torch.tensor([1, 5, 3]), ref, case)
+    assert not m.ok and m.score == 1 and "1/3" in m.detail
+    assert measure("exact", ref.clone(), ref, case).ok
+    assert not measure("exact", ref.to(torch.int32), ref, case).ok
+
+
+def test_reference_backend_passes_every_case(tmp_path):
+    report = tmp_path / "report.json"
+    result = run_cli("conformance", "--backend", "reference", "--quiet", "--json", str(report))
+    assert result.returncode == 0, result.stdout + result.stderr
+    rows = json.loads(report.read_text())
+    assert len(rows) == len(read_cases())
+    assert all(r["status"] == "pass" for r in rows)
+    assert "pass" in result.stdout.splitlines()[-1]
+
+
+def test_a_planted_wrong_kernel_fails_and_the_backends_disagree(oot_env, tmp_path):
+    report = tmp_path / "report.json"
+    result = run_cli("conformance", "--backend", "oot", "--backend", "oot_wrong", "--op", "rms_norm", "--op", "silu_and_mul", "--json", str(report), env=oot_env)
+    assert result.returncode == 1, result.stdout + result.stderr
+    rows = json.loads(report.read_text())
+    wrong_norm = [r for r in rows if r["backend"] == "oot_wrong" and r["op"] == "rms_norm"]
+    assert wrong_norm and all(r["status"] == "FAIL" and r["cross_ok"] is False for r in wrong_norm)
+    others = [r for r in rows if not (r["backend"] == "oot_wrong" and r["op"] == "rms_norm")]
+    assert others and all(r["status"] == "pass" for r in others)
+    assert all(r["cross_ok"] for r in others if r["backend"] == "oot_wrong")
+    assert "FAIL" in result.stdout and "cross-backend disagreements" in result.stdout
+
+
+def test_conformance_usage_errors_exit_2_with_one_line():
+    for args in (["conformance"], ["conformance", "--backend", "nope"], ["conformance", "--backend", "reference", "--op", "nope"]):
+        result = run_cli(*args)
+        assert result.returncode == 2, (args, result.stderr)
+        assert "Traceback" not in result.stderr
+        assert len(result.stderr.strip().splitlines()) == 1, result.stderr
