@@ -32,7 +32,3 @@ def oot_env(oot_site) -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(oot_site), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     return env
-
-
-def run_cli(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None, timeout: int = 600) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "deepinfer", *args], env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout)

@@ -1,3 +1,88 @@
-"""Cases for the gemm ops."""
+"""Cases for the gemm ops: linear and grouped_gemm, in the dense, fp8_block and mxfp4 formats.
 
-CASES = []
+Quantised weights are made by the project's own quantisers from seeded float32 weights whose
+magnitude varies from row to row, so the fp8 block scales and the e8m0 scales differ.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+
+import torch
+
+from deepinfer.ops.quant import quantize_weight_fp8_block, quantize_weight_mxfp4
+from deepinfer_conformance.cases import Case, randn
+
+FLOAT_DTYPES = (torch.float32, torch.bfloat16)
+QUANT_DTYPES = (torch.bfloat16,)  # fp8 / mxfp4 weights serve bf16 activations
+
+
+def make_weight(gen, dtype, *lead: int, n: int, k: int, fmt: str) -> dict:
+    """A weight [*lead, N, K] with row scales spread over two decades, stored in `fmt`."""
+    row_scale = 10 ** (torch.rand(*lead, n, 1, generator=gen, dtype=torch.float64) * 2 - 2)
+    w = (randn(gen, *lead, n, k, dtype=torch.float64) * row_scale).float()
+    if fmt == "dense":
+        return {"weight": w.to(dtype)}
+    quantize = quantize_weight_fp8_block if fmt == "fp8_block" else quantize_weight_mxfp4
+    weight, scale = quantize(w)
+    return {"weight": weight, "weight_scale": scale, "fmt": fmt}
+
+
+def activations(gen, dtype, *shape: int, wide_columns: int = 0) -> torch.Tensor:
+    """Standard normal activations; `wide_columns` random columns are 1000x larger (large dynamic range)."""
+    x = randn(gen, *shape, dtype=torch.float64)
+    if wide_columns:
+        columns = torch.randperm(shape[-1], generator=gen)[:wide_columns]
+        x[..., columns] *= 1e3
+    return x.to(dtype)
+
+
+def linear_inputs(gen, dtype, *, t: int, n: int, k: int, fmt: str = "dense", wide_columns: int = 0):
+    return {"x": activations(gen, dtype, t, k, wide_columns=wide_columns), **make_weight(gen, dtype, n=n, k=k, fmt=fmt)}
+
+
+def contiguous_inputs(gen, dtype, *, rows_per_expert: list[int], padding: int, n: int, k: int, fmt: str = "dense"):
+    """Contiguous layout: expert e owns rows_per_expert[e] rows; `padding` rows follow the last expert."""
+    offsets = torch.tensor([0, *rows_per_expert], dtype=torch.int64).cumsum(0).to(torch.int32)
+    m = int(offsets[-1]) + padding
+    experts = len(rows_per_expert)
+    return {"x": activations(gen, dtype, m, k), **make_weight(gen, dtype, experts, n=n, k=k, fmt=fmt), "expert_offsets": offsets}
+
+
+def masked_inputs(gen, dtype, *, masked_m: list[int], max_m: int, n: int, k: int, fmt: str = "dense"):
+    """Masked layout: x [E, max_m, K], expert e's first masked_m[e] rows are valid."""
+    experts = len(masked_m)
+    return {
+        "x": activations(gen, dtype, experts, max_m, k),
+        **make_weight(gen, dtype, experts, n=n, k=k, fmt=fmt),
+        "masked_m": torch.tensor(masked_m, dtype=torch.int32),
+    }
+
+
+# Expert 1 and 5 get no tokens; 9 padding rows after the last expert.
+UNEVEN = [5, 0, 12, 3, 8, 0, 1, 11]
+ALL_ON_ONE = [0, 0, 0, 37, 0, 0, 0, 0]
+
+FLOAT_RECIPES = [
+    ("linear", "t1_n160_k512", partial(linear_inputs, t=1, n=160, k=512)),
+    ("linear", "t33_n192_k320", partial(linear_inputs, t=33, n=192, k=320)),
+    ("grouped_gemm", "contiguous_e8_empty_expert_padding", partial(contiguous_inputs, rows_per_expert=UNEVEN, padding=9, n=96, k=160)),
+    ("grouped_gemm", "contiguous_e8_all_on_one_expert", partial(contiguous_inputs, rows_per_expert=ALL_ON_ONE, padding=3, n=96, k=128)),
+    ("grouped_gemm", "masked_e4_m16", partial(masked_inputs, masked_m=[0, 16, 5, 1], max_m=16, n=128, k=192)),
+]
+
+QUANT_RECIPES = [
+    # 576x7168: the fp8 scale grid is 5x56, its last row a partial (64-row) block.
+    ("linear", "fp8_block_t3_n576_k7168", partial(linear_inputs, t=3, n=576, k=7168, fmt="fp8_block")),
+    ("linear", "fp8_block_t1_n200_k320_partial_blocks", partial(linear_inputs, t=1, n=200, k=320, fmt="fp8_block")),
+    ("linear", "fp8_block_t5_n256_k1024_large_range", partial(linear_inputs, t=5, n=256, k=1024, fmt="fp8_block", wide_columns=24)),
+    ("linear", "mxfp4_t7_n256_k512", partial(linear_inputs, t=7, n=256, k=512, fmt="mxfp4")),
+    ("grouped_gemm", "fp8_block_contiguous_e8_empty_expert_padding", partial(contiguous_inputs, rows_per_expert=UNEVEN, padding=9, n=192, k=384, fmt="fp8_block")),
+    ("grouped_gemm", "fp8_block_masked_e4_m8", partial(masked_inputs, masked_m=[3, 0, 8, 1], max_m=8, n=256, k=512, fmt="fp8_block")),
+    ("grouped_gemm", "mxfp4_contiguous_e8_empty_expert_padding", partial(contiguous_inputs, rows_per_expert=UNEVEN, padding=9, n=128, k=256, fmt="mxfp4")),
+    ("grouped_gemm", "mxfp4_masked_e4_m8", partial(masked_inputs, masked_m=[8, 2, 0, 5], max_m=8, n=256, k=512, fmt="mxfp4")),
+]
+
+CASES = [Case(op, name, dtype, make) for op, name, make in FLOAT_RECIPES for dtype in FLOAT_DTYPES] + [
+    Case(op, name, dtype, make) for op, name, make in QUANT_RECIPES for dtype in QUANT_DTYPES
+]

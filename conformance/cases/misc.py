@@ -45,7 +45,7 @@ RECIPES = [
     ("rope", "t33_h16_d64_interleaved_yarn", partial(rope_inputs, tokens=33, heads=16, dim=64, interleaved=True, scaling=YARN)),
     ("rope", "t9_h4_d64_half", partial(rope_inputs, tokens=9, heads=4, dim=64, interleaved=False)),
     ("silu_and_mul", "t1_i2048", partial(silu_inputs, tokens=1, inter=2048)),
-    ("silu_and_mul", "t65_i1408_wide_range", partial(silu_inputs, tokens=65, inter=1408, scale=20.0)),
+    ("silu_and_mul", "t65_i704_wide_range", partial(silu_inputs, tokens=65, inter=704, scale=20.0)),
 ]
 
 CASES = [Case(op, name, dtype, make) for op, name, make in RECIPES for dtype in DTYPES]

@@ -1,3 +1,85 @@
-"""Cases for the sampling ops."""
+"""Cases for the sampling ops: sample and apply_token_bitmask."""
 
-CASES = []
+from __future__ import annotations
+
+from functools import partial
+
+import torch
+
+from deepinfer_conformance.cases import Case, randint, randn
+
+# One row's sampling parameters: (temperature, top_k, top_p, min_p). top_k 0, top_p 1.0, min_p 0.0: off.
+GREEDY = (0.0, 0, 1.0, 0.0)
+MIXED_ROWS = [
+    GREEDY,
+    (1.0, 0, 1.0, 0.0),  # temperature only
+    (0.7, 0, 1.0, 0.0),
+    (1.0, 1, 1.0, 0.0),  # top_k = 1: argmax whatever the noise
+    (1.0, 20, 1.0, 0.0),
+    (1.3, 0, 1.0, 0.0),  # top_p = 1.0 stated explicitly: no filter
+    (1.0, 0, 0.9, 0.0),
+    (0.6, 0, 0.5, 0.0),
+    (1.0, 0, 1.0, 0.1),  # min_p
+    (0.8, 50, 0.9, 0.05),  # every filter at once
+    (0.0, 5, 0.5, 0.2),  # greedy: the filters do not apply
+    (1.5, 1000, 1.0, 0.0),  # top_k >= V: off
+    (1.0, -1, 1.0, 0.0),  # top_k < 0: off
+    (2.0, 0, 0.95, 0.0),
+    (1.0, 0, 1.0, 0.5),
+    (1.0, 5, 0.3, 0.0),
+    (0.05, 0, 1.0, 0.0),  # near-greedy temperature: z spans hundreds
+]
+
+
+def sample_inputs(gen, dtype, *, vocab: int, rows: list[tuple[float, int, float, float]], masked_rows: int = 0):
+    """Logits with a realistic spread (randn * 3) and one request per row. The first
+    `masked_rows` rows carry structured-output -inf logits: row 0 keeps a single token, the
+    others about half the vocabulary."""
+    batch = len(rows)
+    logits = randn(gen, batch, vocab, dtype=dtype, scale=3.0)
+    for r in range(masked_rows):
+        forbidden = torch.rand(vocab, generator=gen) < 0.5 if r else torch.arange(vocab) != vocab // 3
+        logits[r, forbidden] = float("-inf")
+    temperature, top_k, top_p, min_p = zip(*rows)
+    return {
+        "logits": logits,
+        "temperature": torch.tensor(temperature, dtype=torch.float32),
+        "top_k": torch.tensor(top_k, dtype=torch.int32),
+        "top_p": torch.tensor(top_p, dtype=torch.float32),
+        "min_p": torch.tensor(min_p, dtype=torch.float32),
+        # Any int64 seed, negatives included (their high 32 bits are all ones).
+        "seeds": randint(gen, -(2**62), 2**62, batch),
+        "positions": randint(gen, 0, 200_000, batch),
+    }
+
+
+def bitmask_inputs(gen, dtype, *, rows: int, vocab: int):
+    """Row 0 allows everything, row 1 one token (v = 31: the int32 sign bit), row 2 only the bit-31
+    tokens (31, 63, ...), the rest random words (about half of them negative)."""
+    words = (vocab + 31) // 32
+    bitmask = randint(gen, -(2**31), 2**31, rows, words, dtype=torch.int32)
+    bitmask[0] = -1
+    bitmask[1] = 0
+    bitmask[1, 0] = -(2**31)
+    bitmask[2] = -(2**31)
+    return {"logits": randn(gen, rows, vocab, dtype=dtype, scale=3.0), "bitmask": bitmask}
+
+
+SAMPLE_RECIPES = [
+    ("b17_v1000_mixed", partial(sample_inputs, vocab=1000, rows=MIXED_ROWS)),
+    # A vocabulary not a multiple of 32, with structured-output -inf logits in rows 0 to 3.
+    ("b12_v1003_mixed_masked", partial(sample_inputs, vocab=1003, rows=[(1.0, 0, 1.0, 0.0), (0.7, 20, 0.9, 0.0), GREEDY, (1.0, 0, 0.9, 0.1)] + MIXED_ROWS[1:9], masked_rows=4)),
+    # DeepSeek-V3's vocabulary: one nucleus row, one plain-temperature row over all 129280 tokens.
+    ("b2_v129280", partial(sample_inputs, vocab=129280, rows=[(0.7, 0, 0.9, 0.0), (1.0, 0, 1.0, 0.0)])),
+    ("b1_v1003_greedy", partial(sample_inputs, vocab=1003, rows=[GREEDY])),
+]
+
+BITMASK_RECIPES = [
+    ("b6_v1003", partial(bitmask_inputs, rows=6, vocab=1003)),
+    ("b5_v4099", partial(bitmask_inputs, rows=5, vocab=4099)),  # one token in the last, partial word
+    ("b3_v33", partial(bitmask_inputs, rows=3, vocab=33)),
+]
+
+CASES = [Case("sample", name, torch.float32, make) for name, make in SAMPLE_RECIPES] + [
+    Case("apply_token_bitmask", name, dtype, make) for name, make in BITMASK_RECIPES for dtype in (torch.float32, torch.bfloat16)
+]

@@ -4,20 +4,30 @@ Weight formats (the `fmt` argument; number formats and their (de)quantisers live
 - "dense": weight in a float dtype, no scale. The product is computed in float32 (float64 for
   float64 activations) whatever the weight's float dtype, and returned in x's dtype.
 - "fp8_block": DeepSeek-V3's FP8: weight float8_e4m3fn [N, K] with a float32 multiplier per 128x128
-  block, weight_scale [ceil(N/128), ceil(K/128)] (the checkpoint's `weight_scale_inv`). The
-  activation is quantised on the fly per token and 128-column group (`quant.quantize_act_fp8`),
-  and the product is sum over groups g of x_scale[t, g] * w_scale[n//128, g] * (x_q[t, g] . w_q[n, g]).
+  block, weight_scale [ceil(N/128), ceil(K/128)] (the checkpoint's `weight_scale_inv`; edge blocks
+  are partial when N or K is not a multiple of 128). The activation is quantised on the fly per
+  token and 128-column group (`quant.quantize_act_fp8`, bit-exact on every backend, also in the
+  float64 golden run), and the product is
+  sum over groups g of x_scale[t, g] * w_scale[n//128, g] * (x_q[t, g] . w_q[n, g]).
+  The reference computes it as (dequantised x) @ (dequantised W)^T, the same sum regrouped.
 - "mxfp4": OCP MX FP4: weight uint8 [N, K/2], two e2m1 codes per byte (even k in the low nibble),
-  weight_scale uint8 [N, K/32] e8m0 (2^(s-127)). Activations stay in their dtype (W4A16).
+  weight_scale uint8 [N, K/32] e8m0 (2^(s-127)); K a multiple of 32. Activations stay in their
+  dtype (W4A16): out = x @ dequantize_mxfp4(W)^T.
+
+Every product accumulates in float32 (float64 for float64 activations). Quantised weights and
+their scales are used as given (a float64 golden run leaves fp8/uint8 tensors untouched).
+Bad shapes, dtypes or formats raise ValueError.
 """
 
 from __future__ import annotations
 
 import torch
 
+from deepinfer.ops import quant
 from deepinfer.registry import ALLCLOSE, DEFAULT_TOLERANCES, Tolerance, op
 
 FORMATS = ("dense", "fp8_block", "mxfp4")
+FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 # Kernels quantise activations to fp8 themselves; one e4m3 rounding step (6%) on an element that a
 # kernel rounds the other way is within this budget for K up to 7168.
@@ -39,12 +49,94 @@ def linear(
     weight_scale: torch.Tensor | None = None,
     fmt: str = "dense",
 ) -> torch.Tensor:
-    """`out = x @ W^T`: x [T, K], W [N, K] in format `fmt` (see the module doc). Returns [T, N], x's dtype."""
-    raise NotImplementedError
+    """`out = x @ W^T`: x [T, K], W [N, K] in format `fmt` (see the module doc). Returns [T, N], x's dtype.
+
+    weight_scale is required for fp8_block and mxfp4 and must be None for dense.
+    """
+    _check_activation(x, dims=2)
+    _check_weight(weight, weight_scale, fmt, k=x.shape[-1], experts=())
+    acc = _accumulator(x)
+    return (_activation_for_product(x, fmt, acc) @ _weight_for_product(weight, weight_scale, fmt, acc).T).to(x.dtype)
+
+
+def _accumulator(x: torch.Tensor) -> torch.dtype:
+    return torch.float64 if x.dtype == torch.float64 else torch.float32
+
+
+def _check_activation(x: torch.Tensor, dims: int) -> None:
+    if x.dtype not in FLOAT_DTYPES or x.dim() != dims:
+        raise ValueError(f"x must be a {dims}-d tensor of {_names(FLOAT_DTYPES)}, got {tuple(x.shape)} {x.dtype}")
+
+
+def _layout(fmt: str, n: int, k: int) -> tuple[tuple, tuple[int, int], tuple, tuple[int, int] | None]:
+    """(weight dtypes, weight shape, scale dtypes, scale shape) of an [N, K] weight stored in `fmt`."""
+    if fmt == "dense":
+        return FLOAT_DTYPES, (n, k), (), None
+    if fmt == "fp8_block":
+        blocks = (-(-n // quant.FP8_BLOCK), -(-k // quant.FP8_BLOCK))
+        return (quant.FP8_DTYPE,), (n, k), FLOAT_DTYPES, blocks
+    return (torch.uint8,), (n, k // 2), (torch.uint8,), (n, k // quant.MX_BLOCK)
+
+
+def _check_weight(weight: torch.Tensor, weight_scale: torch.Tensor | None, fmt: str, k: int, experts: tuple[int, ...]) -> None:
+    """weight (and weight_scale) hold an [*experts, N, K] weight in format `fmt`, for K = k."""
+    if fmt not in FORMATS:
+        raise ValueError(f"unknown weight format {fmt!r}; formats: {', '.join(FORMATS)}")
+    if (fmt == "dense") != (weight_scale is None):
+        raise ValueError(f"fmt {fmt!r} {'takes no' if fmt == 'dense' else 'needs a'} weight_scale")
+    if fmt == "mxfp4" and k % quant.MX_BLOCK:
+        raise ValueError(f"mxfp4 needs K to be a multiple of {quant.MX_BLOCK}, got K={k}")
+    if weight.dim() != len(experts) + 2:
+        raise ValueError(f"{fmt} weight must have {len(experts) + 2} dims, got {tuple(weight.shape)}")
+    weight_dtypes, weight_shape, scale_dtypes, scale_shape = _layout(fmt, weight.shape[-2], k)
+    if weight.dtype not in weight_dtypes or tuple(weight.shape) != (*experts, *weight_shape):
+        raise ValueError(f"{fmt} weight must be {(*experts, *weight_shape)} of {_names(weight_dtypes)} for K={k}, got {tuple(weight.shape)} {weight.dtype}")
+    if weight_scale is not None and (weight_scale.dtype not in scale_dtypes or tuple(weight_scale.shape) != (*experts, *scale_shape)):
+        raise ValueError(f"{fmt} weight_scale must be {(*experts, *scale_shape)} of {_names(scale_dtypes)}, got {tuple(weight_scale.shape)} {weight_scale.dtype}")
+
+
+def _names(dtypes: tuple) -> str:
+    return "/".join(str(d).removeprefix("torch.") for d in dtypes)
+
+
+def _activation_for_product(x: torch.Tensor, fmt: str, acc: torch.dtype) -> torch.Tensor:
+    """x as it enters the product, in the accumulation dtype: fp8_block quantises it first."""
+    if fmt == "fp8_block":
+        return quant.dequantize_act_fp8(*quant.quantize_act_fp8(x), dtype=acc)
+    return x.to(acc)
+
+
+def _weight_for_product(weight: torch.Tensor, weight_scale: torch.Tensor | None, fmt: str, acc: torch.dtype) -> torch.Tensor:
+    """The weight's values [..., N, K] in the accumulation dtype."""
+    if fmt == "fp8_block":
+        return quant.dequantize_weight_fp8_block(weight, weight_scale, dtype=acc)
+    if fmt == "mxfp4":
+        return quant.dequantize_mxfp4(weight, weight_scale, dtype=acc)
+    return weight.to(acc)
+
+
+def _check_integer_vector(name: str, t: torch.Tensor, length: int) -> list[int]:
+    if t.dim() != 1 or t.shape[0] != length or t.is_floating_point() or t.is_complex() or t.dtype == torch.bool:
+        raise ValueError(f"{name} must be an integer vector of length {length}, got {tuple(t.shape)} {t.dtype}")
+    return t.tolist()
+
+
+def _specified_rows(kwargs, out: torch.Tensor) -> torch.Tensor:
+    """A boolean mask, broadcastable to `out`, of the rows grouped_gemm defines."""
+    if kwargs.get("expert_offsets") is not None:
+        end = kwargs["expert_offsets"][-1].to(out.device)
+        return (torch.arange(out.shape[0], device=out.device) < end).unsqueeze(-1)
+    masked_m = kwargs["masked_m"].to(out.device)
+    rows = torch.arange(out.shape[1], device=out.device)
+    return (rows.unsqueeze(0) < masked_m.unsqueeze(1)).unsqueeze(-1)
 
 
 def _grouped_gemm_canonicalize(kwargs, outputs):
-    raise NotImplementedError
+    """Zero the rows grouped_gemm leaves unspecified (padding past the last offset, rows at or past
+    masked_m[e]), so a backend that never writes them compares equal. NaNs there are zeroed too."""
+    out = outputs["out"]
+    zero = torch.zeros((), dtype=out.dtype, device=out.device)
+    return {**outputs, "out": torch.where(_specified_rows(kwargs, out), out, zero)}
 
 
 @op(
@@ -73,6 +165,34 @@ def grouped_gemm(
       or before M); out [M, N]. Rows past expert_offsets[E] are padding: their output is unspecified.
     - masked (decode, DeepGEMM's layout): x [E, max_m, K] with masked_m [E] int32 valid rows per
       expert; out [E, max_m, N]; rows at or past masked_m[e] are unspecified.
-    Returns x's dtype; products as `linear` computes them.
+    Returns x's dtype; products as `linear` computes them. Unspecified rows: the reference writes
+    zeros, the conformance suite zeroes them on every backend before comparing. Offsets and counts
+    may be any integer dtype; the reference checks their values (which syncs with the host).
     """
-    raise NotImplementedError
+    if (expert_offsets is None) == (masked_m is None):
+        raise ValueError("grouped_gemm takes exactly one of expert_offsets (contiguous layout) and masked_m (masked layout)")
+    if weight.dim() != 3:
+        raise ValueError(f"grouped_gemm weight must be [E, N, K] (or [E, N, K/2] for mxfp4), got {tuple(weight.shape)}")
+    experts = weight.shape[0]
+    _check_activation(x, dims=2 if expert_offsets is not None else 3)
+    _check_weight(weight, weight_scale, fmt, k=x.shape[-1], experts=(experts,))
+    acc = _accumulator(x)
+    xs = _activation_for_product(x, fmt, acc)  # per-token quantisation: rows are independent
+    ws = _weight_for_product(weight, weight_scale, fmt, acc)
+    out = torch.zeros(*x.shape[:-1], weight.shape[1], dtype=acc, device=x.device)
+    if expert_offsets is not None:
+        bounds = _check_integer_vector("expert_offsets", expert_offsets, experts + 1)
+        if bounds[0] != 0 or any(a > b for a, b in zip(bounds, bounds[1:])) or bounds[-1] > x.shape[0]:
+            raise ValueError(f"expert_offsets must start at 0, not decrease and end at or before M={x.shape[0]}, got {bounds}")
+        for e in range(experts):
+            rows = slice(bounds[e], bounds[e + 1])
+            out[rows] = xs[rows] @ ws[e].T
+    else:
+        if x.shape[0] != experts:
+            raise ValueError(f"masked layout: x must be [E={experts}, max_m, K], got {tuple(x.shape)}")
+        counts = _check_integer_vector("masked_m", masked_m, experts)
+        if any(not 0 <= m <= x.shape[1] for m in counts):
+            raise ValueError(f"masked_m values must lie in [0, max_m={x.shape[1]}], got {counts}")
+        for e, m in enumerate(counts):
+            out[e, :m] = xs[e, :m] @ ws[e].T
+    return out.to(x.dtype)

@@ -10,7 +10,9 @@ SCORE_FUNCS = ("softmax", "sigmoid", "sqrtsoftplus")
 
 
 def _gate_canonicalize(kwargs, outputs):
-    raise NotImplementedError
+    """Sort each row's ids ascending and carry the weights along: the top-k order is free."""
+    ids, order = torch.sort(outputs["topk_ids"], dim=-1, stable=True)
+    return {**outputs, "topk_ids": ids, "topk_weights": outputs["topk_weights"].gather(-1, order)}
 
 
 @op(
@@ -39,10 +41,66 @@ def gate(
     masked with -inf (DeepSeek's reference; transformers' 0.0 fill differs once s' < 0).
     topk_ids = top_k of s' (descending); weights = s at those ids (no bias); when renormalize,
     weights /= their sum; then weights *= routed_scaling_factor.
-    Returns (topk_weights [T, top_k] float32, topk_ids [T, top_k] int32). The order of the top_k
-    entries is not part of the contract (the conformance suite sorts each row by id).
+    Equal scores (groups or experts) rank by lowest index. Computed in float32 (float64 for
+    float64 logits). Returns (topk_weights [T, top_k] float32 (float64 for float64 logits),
+    topk_ids [T, top_k] int32). The order of the top_k entries is not part of the contract (the
+    conformance suite sorts each row by id).
     """
-    raise NotImplementedError
+    num_experts = logits.shape[-1]
+    _check_gate_args(num_experts, top_k, score_func, correction_bias, n_group, topk_group)
+    acc = torch.float64 if logits.dtype == torch.float64 else torch.float32
+    scores = _expert_scores(logits.to(acc), score_func)
+    selection = scores if correction_bias is None else scores + correction_bias.to(acc)
+    if n_group > 1:
+        selection = _mask_losing_groups(selection, n_group, topk_group, by_top2=correction_bias is not None)
+    topk_ids = _top_indices(selection, top_k)
+    weights = scores.gather(-1, topk_ids)  # the bias only selects; it never weighs
+    if renormalize:
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+    return weights * routed_scaling_factor, topk_ids.to(torch.int32)
+
+
+def _check_gate_args(num_experts, top_k, score_func, correction_bias, n_group, topk_group) -> None:
+    if score_func not in SCORE_FUNCS:
+        raise ValueError(f"score_func {score_func!r} is not one of {SCORE_FUNCS}")
+    if n_group < 1 or num_experts % n_group != 0:
+        raise ValueError(f"n_group={n_group} does not divide the {num_experts} experts")
+    if not 1 <= topk_group <= n_group:
+        raise ValueError(f"topk_group={topk_group} must be in [1, n_group={n_group}]")
+    if n_group > 1 and correction_bias is not None and num_experts // n_group < 2:
+        raise ValueError("group score with a correction bias is a top-2 sum: groups need at least 2 experts")
+    kept_experts = topk_group * (num_experts // n_group)
+    if not 1 <= top_k <= kept_experts:
+        raise ValueError(f"top_k={top_k} must be in [1, {kept_experts}] (experts in the kept groups)")
+    if correction_bias is not None and correction_bias.shape != (num_experts,):
+        raise ValueError(f"correction_bias has shape {tuple(correction_bias.shape)}, expected ({num_experts},)")
+
+
+def _expert_scores(logits: torch.Tensor, score_func: str) -> torch.Tensor:
+    if score_func == "softmax":
+        return logits.softmax(dim=-1)
+    if score_func == "sigmoid":
+        return logits.sigmoid()
+    return torch.nn.functional.softplus(logits).sqrt()
+
+
+def _top_indices(values: torch.Tensor, k: int) -> torch.Tensor:
+    """Indices of the k largest entries per row; a stable sort makes ties go to the lowest index."""
+    return torch.sort(values, dim=-1, descending=True, stable=True).indices[..., :k]
+
+
+def _mask_losing_groups(selection: torch.Tensor, n_group: int, topk_group: int, *, by_top2: bool) -> torch.Tensor:
+    """Keep the topk_group best expert groups; the others get -inf, as DeepSeek's reference does.
+
+    (-inf, not 0.0: with a bias, s' can be negative, and a 0.0 fill would let masked experts win.)
+    """
+    grouped = selection.reshape(selection.shape[0], n_group, -1)
+    if by_top2:
+        group_scores = grouped.topk(2, dim=-1).values.sum(dim=-1)
+    else:
+        group_scores = grouped.amax(dim=-1)
+    kept = torch.zeros_like(group_scores, dtype=torch.bool).scatter_(1, _top_indices(group_scores, topk_group), True)
+    return grouped.masked_fill(~kept.unsqueeze(-1), float("-inf")).flatten(1)
 
 
 @op(
@@ -65,9 +123,19 @@ def dispatch(
     [num_experts + 1] int32 (expert e's rows are expert_offsets[e]:expert_offsets[e+1]; an expert
     with no tokens has an empty range) and row_of_slot [T*K] int32 (the expert_x row that holds
     slot t*K + k), with no host synchronisation. `ep_group` (a torch.distributed process group)
-    is the expert-parallel group; None means every expert is local.
+    is the expert-parallel group; None (or a group of one rank) means every expert is local.
     """
-    raise NotImplementedError
+    _require_local_experts(ep_group)
+    num_slots = topk_ids.numel()
+    slot_ids = topk_ids.reshape(-1).long()
+    sorted_ids, slot_of_row = torch.sort(slot_ids, stable=True)
+    expert_x = x[slot_of_row // topk_ids.shape[-1]]
+    # Expert e starts after every slot with a smaller id; searchsorted stays on the device (no .item()).
+    boundaries = torch.arange(num_experts + 1, device=topk_ids.device, dtype=sorted_ids.dtype)
+    expert_offsets = torch.searchsorted(sorted_ids, boundaries).to(torch.int32)
+    rows = torch.arange(num_slots, device=topk_ids.device, dtype=torch.int32)
+    row_of_slot = torch.empty_like(rows).scatter_(0, slot_of_row, rows)  # the inverse permutation
+    return expert_x, expert_offsets, row_of_slot
 
 
 @op(family="moe", outputs=("out",), compare=ALLCLOSE, reduction_length=lambda kw: kw["topk_weights"].shape[-1])
@@ -83,6 +151,23 @@ def combine(
     expert_out: [T*K, D] (rows in dispatch's order); topk_weights: [T, K] float32; row_of_slot:
     [T*K] int32 from dispatch. out[t] = sum over k = 0..K-1, in that order, of
     topk_weights[t, k] * expert_out[row_of_slot[t*K + k]], accumulated in float32 (a fixed order,
-    so results do not depend on the batch). Returns [T, D] in expert_out's dtype.
+    so results do not depend on the batch). float64 expert_out accumulates in float64. Returns
+    [T, D] in expert_out's dtype.
     """
-    raise NotImplementedError
+    _require_local_experts(ep_group)
+    acc = torch.float64 if expert_out.dtype == torch.float64 else torch.float32
+    tokens, top_k = topk_weights.shape
+    per_slot = expert_out[row_of_slot.long()].to(acc).view(tokens, top_k, -1)
+    weights = topk_weights.to(acc)
+    out = torch.zeros(tokens, expert_out.shape[-1], dtype=acc, device=expert_out.device)
+    for k in range(top_k):  # a fixed order of additions, whatever the batch
+        out += weights[:, k, None] * per_slot[:, k]
+    return out.to(expert_out.dtype)
+
+
+def _require_local_experts(ep_group) -> None:
+    # Expert parallelism (all-to-all across the EP group) is not implemented yet: see the
+    # expert-parallel issue. Until then only a missing group or a one-rank group is accepted,
+    # so a multi-rank run fails loudly instead of silently routing every token locally.
+    if ep_group is not None and torch.distributed.get_world_size(ep_group) > 1:
+        raise ValueError("expert-parallel dispatch across ranks is not implemented yet (expert-parallel issue); pass ep_group=None")

@@ -7,7 +7,8 @@ import torch
 from deepinfer.registry import ALLCLOSE, op
 
 
-@op(family="misc", outputs=("out", "residual_out"), compare=ALLCLOSE, reduction_length=lambda kw: kw["x"].shape[-1])
+# The output is normalised (magnitude ~ weight), so its error does not grow with D: no atol scaling.
+@op(family="misc", outputs=("out", "residual_out"), compare=ALLCLOSE)
 def rms_norm(
     x: torch.Tensor,
     weight: torch.Tensor,

@@ -11,7 +11,7 @@ from deepinfer_conformance.cases import all_cases
 from deepinfer_conformance.golden_io import GOLDEN_DIR, CaseRecord, read_cases
 from deepinfer_conformance.runner import measure
 
-from conftest import run_cli
+from cli_helpers import run_cli
 
 
 def _record(compare="allclose", rtol=1e-2, atol=1e-3, reduction=10):

@@ -8,7 +8,7 @@ import deepinfer.plugins as plugins_mod
 from deepinfer.plugins import BackendError, Plugins
 from deepinfer.runtime import open_runtime
 
-from conftest import run_cli
+from cli_helpers import run_cli
 
 
 def test_builtin_backends_are_discovered_through_the_entry_point_group():
