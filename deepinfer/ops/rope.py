@@ -46,6 +46,45 @@ def yarn_mscale(factor: float, mscale: float = 1.0) -> float:
     return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
 
 
+def rope_inv_freq(rot_dim: int, base: float, scaling: Mapping[str, Any] | None = None) -> tuple[torch.Tensor, float]:
+    """Per-pair frequencies (float64, [rot_dim/2]) and the factor cos/sin are multiplied by.
+
+    `scaling` is the HF `rope_scaling` / `rope_parameters` dict. With `type`/`rope_type` "yarn" the
+    frequencies are blended between interpolation and extrapolation over the correction range
+    (beta_fast, beta_slow), and the factor is YaRN's attention factor
+    mscale(factor, mscale) / mscale(factor, mscale_all_dim) (1.0 for DeepSeek's configs, whose
+    mscale lives in the softmax scale instead).
+    """
+    inv_freq = 1.0 / (base ** (torch.arange(0, rot_dim, 2, dtype=torch.float64) / rot_dim))
+    kind = (scaling or {}).get("rope_type", (scaling or {}).get("type"))
+    if kind in (None, "default"):
+        return inv_freq, 1.0
+    if kind != "yarn":
+        raise ValueError(f"unsupported rope scaling type {kind!r} (supported: yarn, default)")
+    factor = float(scaling["factor"])
+    if not scaling.get("original_max_position_embeddings"):
+        raise ValueError("yarn rope scaling needs original_max_position_embeddings (the pre-extension context length)")
+    original = int(scaling["original_max_position_embeddings"])
+    beta_fast = float(scaling.get("beta_fast") or 32.0)
+    beta_slow = float(scaling.get("beta_slow") or 1.0)
+
+    def correction_dim(rotations: float) -> float:
+        return (rot_dim * math.log(original / (rotations * 2 * math.pi))) / (2 * math.log(base))
+
+    low = max(math.floor(correction_dim(beta_fast)), 0)
+    high = min(math.ceil(correction_dim(beta_slow)), rot_dim - 1)
+    if low == high:
+        high += 0.001  # no division by zero: the ramp degenerates to a step
+    ramp = ((torch.arange(rot_dim // 2, dtype=torch.float64) - low) / (high - low)).clamp(0, 1)
+    extrapolation = 1 - ramp
+    inv_freq = (inv_freq / factor) * (1 - extrapolation) + inv_freq * extrapolation
+    attention_factor = scaling.get("attention_factor")
+    if attention_factor is None:
+        mscale, mscale_all_dim = scaling.get("mscale"), scaling.get("mscale_all_dim")
+        attention_factor = yarn_mscale(factor, float(mscale)) / yarn_mscale(factor, float(mscale_all_dim)) if mscale and mscale_all_dim else yarn_mscale(factor)
+    return inv_freq, float(attention_factor)
+
+
 def rope_cos_sin_cache(
     rot_dim: int,
     max_positions: int,
@@ -53,39 +92,7 @@ def rope_cos_sin_cache(
     scaling: Mapping[str, Any] | None = None,
     dtype: torch.dtype = torch.float32,
 ) -> torch.Tensor:
-    """The [max_positions, rot_dim] table `rope` reads: cos half then sin half.
-
-    `scaling` is the HF `rope_scaling` / `rope_parameters` dict. With `type`/`rope_type` "yarn" the
-    frequencies are blended between interpolation and extrapolation over the correction range
-    (beta_fast, beta_slow), and cos/sin carry YaRN's attention factor
-    mscale(factor, mscale) / mscale(factor, mscale_all_dim) (1.0 for DeepSeek's configs, whose
-    mscale lives in the softmax scale instead).
-    """
-    inv_freq = 1.0 / (base ** (torch.arange(0, rot_dim, 2, dtype=torch.float64) / rot_dim))
-    attention_factor = 1.0
-    kind = (scaling or {}).get("rope_type", (scaling or {}).get("type"))
-    if kind == "yarn":
-        factor = float(scaling["factor"])
-        original = int(scaling.get("original_max_position_embeddings", max_positions))
-        beta_fast = float(scaling.get("beta_fast", 32.0))
-        beta_slow = float(scaling.get("beta_slow", 1.0))
-
-        def correction_dim(rotations: float) -> float:
-            return (rot_dim * math.log(original / (rotations * 2 * math.pi))) / (2 * math.log(base))
-
-        low = max(math.floor(correction_dim(beta_fast)), 0)
-        high = min(math.ceil(correction_dim(beta_slow)), rot_dim - 1)
-        if low == high:
-            high += 0.001  # no division by zero: the ramp degenerates to a step
-        ramp = ((torch.arange(rot_dim // 2, dtype=torch.float64) - low) / (high - low)).clamp(0, 1)
-        extrapolation = 1 - ramp
-        inv_freq = (inv_freq / factor) * (1 - extrapolation) + inv_freq * extrapolation
-        attention_factor = scaling.get("attention_factor") or (
-            yarn_mscale(factor, float(scaling.get("mscale", 1.0))) / yarn_mscale(factor, float(scaling.get("mscale_all_dim", 0.0)))
-            if scaling.get("mscale_all_dim")
-            else yarn_mscale(factor)
-        )
-    elif kind not in (None, "default"):
-        raise ValueError(f"unsupported rope scaling type {kind!r} (supported: yarn, default)")
+    """The [max_positions, rot_dim] table `rope` reads: cos half then sin half (see `rope_inv_freq`)."""
+    inv_freq, attention_factor = rope_inv_freq(rot_dim, base, scaling)
     angles = torch.outer(torch.arange(max_positions, dtype=torch.float64), inv_freq)
     return torch.cat((angles.cos() * attention_factor, angles.sin() * attention_factor), dim=-1).to(dtype)
