@@ -1,4 +1,4 @@
-"""Entry point of the cuda backend: declares it, registers its kernels when selected."""
+"""Entry point of the cuda backend: declares it, registers its Triton kernels when selected."""
 
 from __future__ import annotations
 
@@ -28,8 +28,15 @@ def deepinfer_add_backends(register):
 def deepinfer_register_kernels(backend, registry, interpret):
     if backend.name != NAME:
         return
-    # The Triton kernels arrive with the CUDA-backend issue; until then this backend registers
-    # none, and resolving it fails with an error naming each missing op (no silent fallback).
+    from deepinfer_cuda.kernels import registrations  # imports triton: only once selected
+
+    for r in registrations():
+        registry.register_kernel(NAME, r.op, r.fn, formats=r.formats, dtypes=r.dtypes, note=r.note, priority=r.priority)
+
+
+@hookimpl
+def deepinfer_tuning_configs(backend, op, device_name):
+    return None  # the tables in deepinfer_cuda.tuning serve; other plugins may override
 
 
 @hookimpl
@@ -37,4 +44,10 @@ def deepinfer_env_report(backend):
     if backend.name != NAME:
         return None
     report = {"torch": torch.__version__, "cuda": str(torch.version.cuda), "triton": str(triton_version())}
+    if torch.version.cuda is not None and torch.cuda.device_count() > 0:
+        report["gpu0"] = torch.cuda.get_device_name(0)
     return report
+
+
+# `deepinfer bench ops --backend cuda` runs this: ceilings, kernels and torch peers in one run.
+BENCH_RUNNER = "deepinfer_cuda.bench.runner:run"

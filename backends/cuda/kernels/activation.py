@@ -1,0 +1,3 @@
+"""Triton kernels: activation (being written)."""
+
+REGISTRATIONS = []

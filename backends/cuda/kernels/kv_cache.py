@@ -1,0 +1,3 @@
+"""Triton kernels: kv_cache (being written)."""
+
+REGISTRATIONS = []

@@ -1,0 +1,3 @@
+"""Triton kernels: mla_decode (being written)."""
+
+REGISTRATIONS = []

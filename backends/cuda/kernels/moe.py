@@ -1,0 +1,3 @@
+"""Triton kernels: moe (being written)."""
+
+REGISTRATIONS = []

@@ -1,0 +1,3 @@
+"""Triton kernels: prefill (being written)."""
+
+REGISTRATIONS = []

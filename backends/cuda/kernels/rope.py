@@ -1,0 +1,3 @@
+"""Triton kernels: rope (being written)."""
+
+REGISTRATIONS = []

@@ -1,0 +1,3 @@
+"""Triton kernels: sampling (being written)."""
+
+REGISTRATIONS = []
