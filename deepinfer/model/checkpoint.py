@@ -1,0 +1,204 @@
+"""Reading an HF checkpoint folder's safetensors: find the files, check every tensor, load them.
+
+Headers are read and checked before any tensor data is touched, so a bad checkpoint fails in a
+second with a one-line message naming the tensor or file, never half-way through a long load.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable
+
+import torch
+from safetensors import safe_open
+
+from deepinfer.model.config import ModelConfig, ceil_div
+from deepinfer.model.errors import LoadError
+from deepinfer.model.weights import FLOAT32, LINEAR, SCALE_SUFFIX, TensorSpec
+
+INDEX_FILE = "model.safetensors.index.json"
+SINGLE_FILE = "model.safetensors"
+FLOAT_DTYPES = {"BF16", "F16", "F32", "F64"}
+FP8_DTYPE = "F8_E4M3"
+FP8_BLOCK = 128
+IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)  # buffers some exporters save; recomputed here
+MAX_HEADER = 100 * 1024 * 1024
+PICKLE_PATTERNS = ("*.bin", "*.pt", "*.pth", "*.ckpt")
+
+
+@dataclass(frozen=True)
+class StoredTensor:
+    file: Path
+    dtype: str  # safetensors dtype name: BF16, F32, F8_E4M3, ...
+    shape: tuple[int, ...]
+    offset: int  # start of its data in the file, to read files in order
+
+
+def read_header(file: Path) -> dict[str, StoredTensor]:
+    """The tensors a .safetensors file declares; LoadError if the file is truncated or corrupt."""
+    try:
+        size = file.stat().st_size
+        with open(file, "rb") as f:
+            raw_len = f.read(8)
+            if len(raw_len) < 8:
+                raise LoadError(f"{file}: not a safetensors file (only {size} bytes); re-download or re-export it")
+            (header_len,) = struct.unpack("<Q", raw_len)
+            if header_len > min(MAX_HEADER, size - 8):
+                raise LoadError(f"{file}: corrupt or truncated safetensors header ({header_len} header bytes, file has {size}); re-download or re-export it")
+            header = json.loads(f.read(header_len))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise LoadError(f"{file}: cannot read the safetensors header ({exc}); re-download or re-export it") from None
+    if not isinstance(header, dict):
+        raise LoadError(f"{file}: corrupt safetensors header; re-download or re-export it")
+    tensors, data_end = {}, 0
+    for name, entry in header.items():
+        if name == "__metadata__":
+            continue
+        try:
+            begin, end = entry["data_offsets"]
+            tensors[name] = StoredTensor(file, entry["dtype"], tuple(entry["shape"]), 8 + header_len + begin)
+        except (KeyError, TypeError, ValueError):
+            raise LoadError(f"{file}: corrupt safetensors header entry for {name!r}; re-download or re-export it") from None
+        data_end = max(data_end, end)
+    if 8 + header_len + data_end > size:
+        raise LoadError(
+            f"{file}: truncated: {size} bytes but its header needs {8 + header_len + data_end}; "
+            "the download or copy was interrupted, fetch the file again"
+        )
+    return tensors
+
+
+def find_tensors(folder: Path) -> dict[str, StoredTensor]:
+    """Every tensor of the checkpoint by name: from the shard index, the single file, or all .safetensors files."""
+    index = folder / INDEX_FILE
+    if index.is_file():
+        try:
+            weight_map = json.loads(index.read_text())["weight_map"]
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise LoadError(f"{index}: unreadable shard index ({exc}); re-download it") from None
+        headers: dict[str, dict[str, StoredTensor]] = {}
+        for shard in sorted(set(weight_map.values())):
+            path = folder / shard
+            if not path.is_file():
+                raise LoadError(f"{index} names shard {shard}, which is missing from {folder}; download it")
+            headers[shard] = read_header(path)
+        tensors = {}
+        for name, shard in weight_map.items():
+            if name not in headers[shard]:
+                raise LoadError(f"{index} maps tensor {name} to {shard}, which does not hold it; the index and shards disagree, re-download them")
+            tensors[name] = headers[shard][name]
+        return tensors
+    files = [folder / SINGLE_FILE] if (folder / SINGLE_FILE).is_file() else sorted(folder.glob("*.safetensors"))
+    if not files:
+        pickles = sorted(p.name for pattern in PICKLE_PATTERNS for p in folder.glob(pattern))
+        if pickles:
+            raise LoadError(
+                f"{folder} holds only pickle weights ({', '.join(pickles[:3])}{', ...' if len(pickles) > 3 else ''}), which are refused "
+                "(unpickling can run arbitrary code); convert them to safetensors, e.g. transformers' save_pretrained(..., safe_serialization=True)"
+            )
+        raise LoadError(f"{folder} has no {SINGLE_FILE} (nor {INDEX_FILE}); point --model at an HF checkpoint folder")
+    tensors = {}
+    for file in files:
+        for name, stored in read_header(file).items():
+            if name in tensors:
+                raise LoadError(f"tensor {name} is in both {tensors[name].file.name} and {file.name}; remove the duplicate file")
+            tensors[name] = stored
+    return tensors
+
+
+def check_tensors(
+    stored: dict[str, StoredTensor],
+    specs: dict[str, TensorSpec],
+    config: ModelConfig,
+    folder: Path,
+    extra_prefixes: Iterable[str] = (),
+) -> None:
+    """Names, shapes and dtypes against the model's specs: one LoadError for the first problem found."""
+    extra_prefixes = tuple(extra_prefixes)
+    for name, spec in specs.items():
+        if name not in stored:
+            raise LoadError(f"{folder}: tensor {name} (shape {list(spec.shape)}) is missing; the checkpoint does not match its config.json")
+        tensor = stored[name]
+        if tensor.shape != spec.shape:
+            raise LoadError(
+                f"{tensor.file}: tensor {name} has shape {list(tensor.shape)}, config.json implies {list(spec.shape)}; "
+                "the checkpoint and its config.json disagree"
+            )
+        _check_dtype(name, tensor, spec, stored, config)
+    scales = {f"{n}{SCALE_SUFFIX}" for n, s in specs.items() if s.kind == LINEAR and stored[n].dtype == FP8_DTYPE}
+    for name, tensor in stored.items():
+        if name in specs or name in scales or name.startswith(extra_prefixes) or name.endswith(IGNORED_SUFFIXES):
+            continue
+        raise LoadError(f"{tensor.file}: unexpected tensor {name}; the checkpoint does not match its config.json ({config.model_type})")
+
+
+def _check_dtype(name: str, tensor: StoredTensor, spec: TensorSpec, stored: dict[str, StoredTensor], config: ModelConfig) -> None:
+    if tensor.dtype in FLOAT_DTYPES:
+        return
+    if tensor.dtype != FP8_DTYPE or spec.kind != LINEAR:
+        raise LoadError(f"{tensor.file}: tensor {name} has dtype {tensor.dtype}; only BF16/F16/F32/F64 (and F8_E4M3 for projections) load")
+    if config.quantization is None:
+        raise LoadError(f"{tensor.file}: tensor {name} is F8_E4M3 but config.json has no fp8 quantization_config; add one or re-export the checkpoint")
+    scale_name = f"{name}{SCALE_SUFFIX}"
+    scale = stored.get(scale_name)
+    want = (ceil_div(spec.shape[0], FP8_BLOCK), ceil_div(spec.shape[1], FP8_BLOCK))
+    if scale is None:
+        raise LoadError(f"{tensor.file}: tensor {scale_name} (shape {list(want)}) is missing for the FP8 weight {name}")
+    if scale.shape != want or scale.dtype not in FLOAT_DTYPES:
+        raise LoadError(f"{scale.file}: tensor {scale_name} is {scale.dtype} {list(scale.shape)}, expected a float scale of shape {list(want)}")
+
+
+def kept_dtype(name: str, tensor: StoredTensor, specs: dict[str, TensorSpec], dtype: torch.dtype) -> torch.dtype | None:
+    """The dtype a tensor is kept in: None keeps FP8 as stored; scales and router tensors are float32."""
+    if tensor.dtype == FP8_DTYPE:
+        return None
+    spec = specs.get(name)
+    if name.endswith(SCALE_SUFFIX) or (spec is not None and spec.kind == FLOAT32):
+        return torch.float32
+    if spec is None and (name.endswith("e_score_correction_bias") or name.endswith("mlp.gate.weight")):
+        return torch.float32  # MTP layers' routers, kept like the main model's
+    return dtype
+
+
+def load_tensors(
+    stored: dict[str, StoredTensor],
+    specs: dict[str, TensorSpec],
+    device: torch.device,
+    dtype: torch.dtype,
+    skip: Iterable[str] = (),
+) -> dict[str, torch.Tensor]:
+    """Read every tensor (file by file, in file order) into its kept dtype on `device`, with a progress bar."""
+    from tqdm import tqdm
+
+    skip = set(skip)
+    wanted = sorted((t.file, t.offset, n) for n, t in stored.items() if n not in skip and not n.endswith(IGNORED_SUFFIXES))
+    out: dict[str, torch.Tensor] = {}
+    bar = tqdm(total=len(wanted), desc="Loading weights", unit="tensor", file=sys.stderr, disable=not sys.stderr.isatty(), leave=False)
+    current, handle = None, None
+    try:
+        for file, _, name in wanted:
+            if file != current:
+                handle = _open(file)
+                current = file
+            try:
+                tensor = handle.get_tensor(name)
+            except Exception as exc:  # safetensors raises its own error types
+                raise LoadError(f"{file}: cannot read tensor {name} ({exc}); the file is corrupt, fetch it again") from None
+            target = kept_dtype(name, stored[name], specs, dtype)
+            out[name] = tensor.to(device=device, dtype=target) if target is not None else tensor.to(device=device)
+            bar.update(1)
+    finally:
+        bar.close()
+    return out
+
+
+def _open(file: Path):
+    try:
+        return safe_open(os.fspath(file), framework="pt", device="cpu")
+    except Exception as exc:
+        raise LoadError(f"{file}: cannot open the safetensors file ({exc}); the file is corrupt, fetch it again") from None

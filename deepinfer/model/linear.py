@@ -1,0 +1,116 @@
+"""Weights of the model's matrix products, in the format the checkpoint stores them.
+
+A dense weight is a float tensor; an FP8 one (DeepSeek-V3's checkpoints) stays float8_e4m3fn with
+its float32 multiplier per 128x128 block (the checkpoint's `weight_scale_inv`) and runs through the
+"fp8_block" format of the `linear` / `grouped_gemm` ops.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from deepinfer.ops import quant
+
+
+@dataclass
+class LinearWeight:
+    """W [N, K] (dense) or W fp8 [N, K] with scale [ceil(N/128), ceil(K/128)]; `x @ W^T` via ops.linear."""
+
+    weight: torch.Tensor
+    scale: torch.Tensor | None = None
+
+    @property
+    def fmt(self) -> str:
+        return "dense" if self.scale is None else "fp8_block"
+
+    @property
+    def out_features(self) -> int:
+        return self.weight.shape[-2]
+
+    def __call__(self, ops, x: torch.Tensor) -> torch.Tensor:
+        return ops.linear(x, self.weight, weight_scale=self.scale, fmt=self.fmt)
+
+    def dequantized(self, dtype: torch.dtype) -> torch.Tensor:
+        if self.scale is None:
+            return self.weight.to(dtype)
+        return quant.dequantize_weight_fp8_block(self.weight, self.scale, dtype=dtype)
+
+
+@dataclass
+class ExpertWeights:
+    """Every expert's W stacked: [E, N, K] (fp8: scale [E, ceil(N/128), ceil(K/128)]); via ops.grouped_gemm."""
+
+    weight: torch.Tensor
+    scale: torch.Tensor | None = None
+
+    @property
+    def fmt(self) -> str:
+        return "dense" if self.scale is None else "fp8_block"
+
+    @property
+    def out_features(self) -> int:
+        return self.weight.shape[-2]
+
+    def __call__(self, ops, x: torch.Tensor, expert_offsets: torch.Tensor) -> torch.Tensor:
+        return ops.grouped_gemm(x, self.weight, expert_offsets=expert_offsets, weight_scale=self.scale, fmt=self.fmt)
+
+    @staticmethod
+    def stack(experts: list[LinearWeight]) -> "ExpertWeights":
+        weight = torch.stack([e.weight for e in experts])
+        scales = [e.scale for e in experts]
+        if all(s is None for s in scales):
+            return ExpertWeights(weight)
+        if any(s is None for s in scales):
+            raise ValueError("experts of one layer mix fp8 and dense weights")
+        return ExpertWeights(weight, torch.stack(scales))
+
+
+def _fusable(parts: list) -> bool:
+    """Weights concatenated along N keep their fp8 blocks only if every part but the last fills whole blocks."""
+    formats = {p.fmt for p in parts}
+    if len(formats) > 1:
+        return False
+    return formats == {"dense"} or all(p.out_features % quant.FP8_BLOCK == 0 for p in parts[:-1])
+
+
+def _concat(parts: list, dim: int):
+    kind = type(parts[0])
+    weight = torch.cat([p.weight for p in parts], dim=dim)
+    scale = None if parts[0].scale is None else torch.cat([p.scale for p in parts], dim=dim)
+    return kind(weight, scale)
+
+
+@dataclass
+class FusedLinear:
+    """Several weights applied to the same input, outputs concatenated (gate then up).
+
+    One fused weight when the formats allow it (always for dense weights); otherwise the parts run
+    one after the other and their outputs are concatenated.
+    """
+
+    parts: tuple[LinearWeight, ...]
+
+    @staticmethod
+    def of(parts: list[LinearWeight]) -> "FusedLinear":
+        return FusedLinear((_concat(parts, dim=0),) if _fusable(parts) else tuple(parts))
+
+    def __call__(self, ops, x: torch.Tensor) -> torch.Tensor:
+        outs = [p(ops, x) for p in self.parts]
+        return outs[0] if len(outs) == 1 else torch.cat(outs, dim=-1)
+
+
+@dataclass
+class FusedExperts:
+    """FusedLinear for stacked experts: gate and up of every expert, concatenated along N."""
+
+    parts: tuple[ExpertWeights, ...]
+
+    @staticmethod
+    def of(parts: list[ExpertWeights]) -> "FusedExperts":
+        return FusedExperts((_concat(parts, dim=1),) if _fusable(parts) else tuple(parts))
+
+    def __call__(self, ops, x: torch.Tensor, expert_offsets: torch.Tensor) -> torch.Tensor:
+        outs = [p(ops, x, expert_offsets) for p in self.parts]
+        return outs[0] if len(outs) == 1 else torch.cat(outs, dim=-1)

@@ -1,0 +1,179 @@
+"""The checkpoint's tokenizer: `tokenizer.json` through the `tokenizers` library, the chat template
+(jinja2) from `tokenizer_config.json` (or `chat_template.jinja`), BOS/EOS from the tokenizer and model configs.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+from deepinfer.model.errors import LoadError
+
+log = logging.getLogger(__name__)
+
+TOKENIZER_FILE = "tokenizer.json"
+TOKENIZER_CONFIG = "tokenizer_config.json"
+CHAT_TEMPLATE_FILE = "chat_template.jinja"
+
+
+def _token_text(value: Any) -> str | None:
+    """tokenizer_config writes special tokens as a string or as an AddedToken dict."""
+    if isinstance(value, Mapping):
+        return value.get("content")
+    return value if isinstance(value, str) else None
+
+
+class Tokenizer:
+    def __init__(
+        self,
+        backend,
+        *,
+        bos_token: str | None = None,
+        eos_token: str | None = None,
+        add_bos: bool = False,
+        chat_template: str | None = None,
+        extra_eos_ids: Iterable[int] = (),
+    ):
+        self._tk = backend
+        self.bos_token = bos_token
+        self.eos_token = eos_token
+        self.bos_token_id = backend.token_to_id(bos_token) if bos_token else None
+        self.eos_token_id = backend.token_to_id(eos_token) if eos_token else None
+        eos_ids = [self.eos_token_id] if self.eos_token_id is not None else []
+        self.eos_token_ids: tuple[int, ...] = tuple(dict.fromkeys([*eos_ids, *extra_eos_ids]))
+        if self.eos_token_id is None and self.eos_token_ids:
+            self.eos_token_id = self.eos_token_ids[0]
+        self.add_bos = add_bos and self.bos_token_id is not None
+        self.chat_template = chat_template
+        self._compiled_template = None
+
+    @classmethod
+    def from_folder(cls, folder: str | Path, bos_token_id: int | None = None, eos_token_ids: Iterable[int] = ()) -> "Tokenizer | None":
+        """The tokenizer of a checkpoint folder, or None when it has no tokenizer.json.
+
+        bos_token_id / eos_token_ids come from config.json and fill in what tokenizer_config lacks.
+        """
+        from tokenizers import Tokenizer as HFTokenizer
+
+        folder = Path(folder)
+        path = folder / TOKENIZER_FILE
+        if not path.is_file():
+            log.warning("%s has no %s: prompts must be given as token ids", folder, TOKENIZER_FILE)
+            return None
+        try:
+            backend = HFTokenizer.from_file(str(path))
+        except Exception as exc:  # tokenizers raises a bare Exception on a bad file
+            raise LoadError(f"{path}: cannot load the tokenizer ({exc}); re-download it") from None
+        config = _read_json(folder / TOKENIZER_CONFIG) or {}
+        bos = _token_text(config.get("bos_token"))
+        eos = _token_text(config.get("eos_token"))
+        if bos is None and bos_token_id is not None:
+            bos = backend.id_to_token(bos_token_id)
+        eos_ids = list(eos_token_ids)
+        if eos is None and eos_ids:
+            eos = backend.id_to_token(eos_ids[0])
+        if "add_bos_token" in config:
+            add_bos = bool(config["add_bos_token"])
+        else:  # no explicit flag: follow what the tokenizer's own post-processor does
+            bos_id = backend.token_to_id(bos) if bos else None
+            first = backend.encode("a", add_special_tokens=True).ids[:1]
+            add_bos = bos_id is not None and first == [bos_id]
+        return cls(backend, bos_token=bos, eos_token=eos, add_bos=add_bos, chat_template=_chat_template(folder, config), extra_eos_ids=eos_ids)
+
+    # ---- text <-> ids --------------------------------------------------------------------------
+
+    @property
+    def vocab_size(self) -> int:
+        return self._tk.get_vocab_size(with_added_tokens=True)
+
+    def encode(self, text: str, add_bos: bool | None = None) -> list[int]:
+        """Token ids of `text`; special tokens written in the text are recognised.
+
+        add_bos=None follows tokenizer_config's add_bos_token. A BOS is never doubled: text that
+        already starts with the BOS token (a rendered chat template) gets none added.
+        """
+        ids = self._tk.encode(text, add_special_tokens=False).ids
+        add = self.add_bos if add_bos is None else add_bos
+        if add and self.bos_token_id is not None and ids[:1] != [self.bos_token_id]:
+            ids = [self.bos_token_id, *ids]
+        return ids
+
+    def decode(self, ids: Iterable[int], skip_special_tokens: bool = True) -> str:
+        return self._tk.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+    def token_to_id(self, token: str) -> int | None:
+        return self._tk.token_to_id(token)
+
+    def id_to_token(self, token_id: int) -> str | None:
+        return self._tk.id_to_token(token_id)
+
+    # ---- chat ----------------------------------------------------------------------------------
+
+    @property
+    def has_chat_template(self) -> bool:
+        return bool(self.chat_template)
+
+    def apply_chat_template(self, messages: list[Mapping[str, Any]], add_generation_prompt: bool = True, **kwargs) -> str:
+        """Render `messages` ([{"role": ..., "content": ...}]) with the checkpoint's chat template."""
+        if not self.chat_template:
+            raise LoadError("this checkpoint's tokenizer_config.json has no chat_template; run without --chat or add one")
+        if self._compiled_template is None:
+            self._compiled_template = _compile(self.chat_template)
+        from jinja2 import TemplateError
+
+        try:
+            return self._compiled_template.render(
+                messages=list(messages),
+                add_generation_prompt=add_generation_prompt,
+                bos_token=self.bos_token or "",
+                eos_token=self.eos_token or "",
+                **kwargs,
+            )
+        except TemplateError as exc:
+            raise LoadError(f"the chat template failed: {exc}") from None
+
+
+def _read_json(path: Path) -> dict | None:
+    if not path.is_file():
+        return None
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise LoadError(f"{path}: not valid JSON ({exc}); fix or re-download it") from None
+
+
+def _chat_template(folder: Path, config: Mapping[str, Any]) -> str | None:
+    template = config.get("chat_template")
+    if isinstance(template, list):  # named templates: [{"name": "default", "template": ...}, ...]
+        named = {t.get("name"): t.get("template") for t in template if isinstance(t, Mapping)}
+        template = named.get("default") or next(iter(named.values()), None)
+    if not template and (folder / CHAT_TEMPLATE_FILE).is_file():
+        template = (folder / CHAT_TEMPLATE_FILE).read_text(encoding="utf-8")
+    return template or None
+
+
+def _compile(source: str):
+    """A sandboxed jinja2 template with the globals HF chat templates use."""
+    from jinja2 import TemplateSyntaxError
+    from jinja2.ext import loopcontrols
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    def raise_exception(message):
+        from jinja2 import TemplateError
+
+        raise TemplateError(message)
+
+    def tojson(value, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+        return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
+    env.filters["tojson"] = tojson
+    env.globals["raise_exception"] = raise_exception
+    env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+    try:
+        return env.from_string(source)
+    except TemplateSyntaxError as exc:
+        raise LoadError(f"the chat template does not parse: {exc}") from None
