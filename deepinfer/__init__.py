@@ -7,3 +7,27 @@ import os
 os.environ.setdefault("TORCH_DEVICE_BACKEND_AUTOLOAD", "0")
 
 __version__ = "0.1.0"
+
+# The offline API, imported on first use so that `import deepinfer` stays light (no torch).
+_LAZY_EXPORTS = {
+    "LLM": "deepinfer.engine.llm",
+    "SamplingParams": "deepinfer.engine.sampling_params",
+    "RequestOutput": "deepinfer.engine.outputs",
+    "CompletionOutput": "deepinfer.engine.outputs",
+}
+
+__all__ = ["LLM", "SamplingParams", "RequestOutput", "CompletionOutput", "__version__"]
+
+
+def __getattr__(name: str):
+    if name in _LAZY_EXPORTS:
+        import importlib
+
+        value = getattr(importlib.import_module(_LAZY_EXPORTS[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'deepinfer' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_LAZY_EXPORTS))

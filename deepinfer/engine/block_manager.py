@@ -1,0 +1,136 @@
+"""Paged KV blocks with reference counts and prefix caching by chained block hashes.
+
+A block holds the KV of `block_size` consecutive tokens of one or more sequences (several when
+they share a cached prefix). A full, computed block is registered under its chained hash
+(`Sequence.block_hash`); a later sequence whose leading blocks have the same hashes reuses them
+instead of recomputing. A block whose last user leaves keeps its hash and its data until it is
+handed out again: free blocks are an LRU queue, blocks without a hash (nothing to lose) first.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+from deepinfer.engine.sequence import Sequence
+
+
+class Block:
+    __slots__ = ("block_id", "ref_count", "hash")
+
+    def __init__(self, block_id: int):
+        self.block_id = block_id
+        self.ref_count = 0
+        self.hash: bytes | None = None
+
+    def __repr__(self) -> str:
+        return f"Block({self.block_id}, refs={self.ref_count}, cached={self.hash is not None})"
+
+
+def blocks_for(num_tokens: int, block_size: int) -> int:
+    return -(-num_tokens // block_size)
+
+
+class BlockManager:
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True):
+        if num_blocks < 1 or block_size < 1:
+            raise ValueError(f"need num_blocks >= 1 and block_size >= 1, got {num_blocks} and {block_size}")
+        self.block_size = block_size
+        self.enable_prefix_caching = enable_prefix_caching
+        self.blocks = [Block(i) for i in range(num_blocks)]
+        self.free_blocks: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))  # front: reused first
+        self.cached: dict[bytes, int] = {}  # chained hash -> block id
+
+    @property
+    def num_blocks(self) -> int:
+        return len(self.blocks)
+
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self.free_blocks)
+
+    # -- admission ---------------------------------------------------------------------------
+
+    def cached_prefix(self, seq: Sequence) -> list[int]:
+        """Ids of the cached blocks that hold seq's leading full blocks. At least one token is
+        always left to compute: the step that computes it yields the logits to sample from."""
+        if not self.enable_prefix_caching:
+            return []
+        hits = []
+        for index in range((seq.num_tokens - 1) // self.block_size):
+            block_id = self.cached.get(seq.block_hash(index, self.block_size))
+            if block_id is None:
+                break
+            hits.append(block_id)
+        return hits
+
+    def can_allocate(self, seq: Sequence) -> bool:
+        hits = self.cached_prefix(seq)
+        fresh = blocks_for(seq.num_tokens, self.block_size) - len(hits)
+        revived = sum(1 for b in hits if self.blocks[b].ref_count == 0)  # cached but free: leaves the free queue
+        return fresh + revived <= self.num_free_blocks
+
+    def allocate(self, seq: Sequence) -> None:
+        """Pages for all of seq's tokens: cached prefix blocks shared, the rest fresh. Sets
+        seq.num_computed_tokens to the cached prefix length."""
+        assert not seq.block_table, f"{seq} already holds blocks"
+        hits = self.cached_prefix(seq)
+        for block_id in hits:
+            block = self.blocks[block_id]
+            if block.ref_count == 0:
+                del self.free_blocks[block_id]
+            block.ref_count += 1
+        fresh = [self._take_free_block() for _ in range(blocks_for(seq.num_tokens, self.block_size) - len(hits))]
+        seq.block_table = hits + fresh
+        seq.num_computed_tokens = len(hits) * self.block_size
+
+    def _take_free_block(self) -> int:
+        block_id, _ = self.free_blocks.popitem(last=False)
+        block = self.blocks[block_id]
+        if block.hash is not None:  # evict its cached content
+            if self.cached.get(block.hash) == block_id:
+                del self.cached[block.hash]
+            block.hash = None
+        block.ref_count = 1
+        return block_id
+
+    # -- decode ------------------------------------------------------------------------------
+
+    def needs_new_block(self, seq: Sequence) -> bool:
+        return len(seq.block_table) * self.block_size < seq.num_tokens
+
+    def can_append(self, seq: Sequence) -> bool:
+        """Whether seq's newest token can get a slot (a new page only at a block boundary)."""
+        return not self.needs_new_block(seq) or self.num_free_blocks > 0
+
+    def append_slot(self, seq: Sequence) -> None:
+        if self.needs_new_block(seq):
+            seq.block_table.append(self._take_free_block())
+
+    # -- after a step ------------------------------------------------------------------------
+
+    def commit(self, seq: Sequence, old_computed: int) -> None:
+        """Register the blocks that became full and computed since `old_computed` tokens."""
+        if not self.enable_prefix_caching:
+            return
+        for index in range(old_computed // self.block_size, seq.num_computed_tokens // self.block_size):
+            block = self.blocks[seq.block_table[index]]
+            if block.hash is not None:  # a cache hit: registered already
+                continue
+            block_hash = seq.block_hash(index, self.block_size)
+            if block_hash not in self.cached:  # else another sequence computed the same prefix first
+                self.cached[block_hash] = block.block_id
+                block.hash = block_hash
+
+    def free(self, seq: Sequence) -> None:
+        """Release seq's pages. Its last blocks go first in the LRU order: a shared prefix lives at the
+        front of a sequence, so its head blocks are the ones worth keeping."""
+        for block_id in reversed(seq.block_table):
+            block = self.blocks[block_id]
+            block.ref_count -= 1
+            assert block.ref_count >= 0, f"block {block_id} freed twice"
+            if block.ref_count == 0:
+                self.free_blocks[block_id] = None
+                if block.hash is None:  # holds nothing reusable: hand it out before cached blocks
+                    self.free_blocks.move_to_end(block_id, last=False)
+        seq.block_table = []
+        seq.num_computed_tokens = 0

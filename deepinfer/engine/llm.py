@@ -1,0 +1,251 @@
+"""`LLM`: the offline API in vLLM's shape.
+
+    from deepinfer import LLM, SamplingParams
+    llm = LLM()                                   # the embedded tiny default (dummy weights)
+    outputs = llm.generate(["Hello"], SamplingParams(temperature=0, max_tokens=16))
+    print(outputs[0].outputs[0].text)
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import Any, Iterator, Sequence as SequenceType
+
+import torch
+
+from deepinfer.engine.llm_engine import EngineConfig, LLMEngine
+from deepinfer.engine.outputs import RequestOutput
+from deepinfer.engine.sampling_params import InvalidRequestError, SamplingParams
+
+DTYPES = {
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+    "half": torch.float16,
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "float": torch.float32,
+}
+
+Prompt = str | dict[str, Any]
+
+
+def resolve_dtype(dtype: str | torch.dtype, device_type: str) -> torch.dtype:
+    """"auto": bfloat16 on accelerators, float32 on the CPU (the reference backend)."""
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype == "auto":
+        return torch.float32 if device_type == "cpu" else torch.bfloat16
+    if dtype not in DTYPES:
+        raise InvalidRequestError(f"unknown dtype {dtype!r}; use auto, {', '.join(DTYPES)}")
+    return DTYPES[dtype]
+
+
+class LLM:
+    """An offline engine over one model on one backend.
+
+    model: a Hugging Face checkpoint folder, or None for the embedded tiny DeepSeek-V3 default
+    (dummy weights). backend: "auto" (cuda, then ascend, then reference; it says which), or a name.
+    seed: requests without their own seed get one derived from it and their request index.
+    max_num_seqs / max_num_batched_tokens: sequences per step / tokens per step (longer prompts are
+    prefilled in chunks). num_kv_blocks: KV pages (default: as many as fit kv_cache_memory_gib, or
+    most of the accelerator's free memory, or 256 MiB on the CPU). allow_fallback: let the reference
+    serve ops the backend lacks. announce: print the backend choice and "dummy weights" to stderr.
+    """
+
+    def __init__(
+        self,
+        model: str | None = None,
+        backend: str = "auto",
+        dtype: str | torch.dtype = "auto",
+        seed: int = 0,
+        max_num_seqs: int = 256,
+        max_num_batched_tokens: int = 8192,
+        num_kv_blocks: int | None = None,
+        kv_cache_memory_gib: float | None = None,
+        enable_prefix_caching: bool = True,
+        max_model_len: int | None = None,
+        allow_fallback: bool = False,
+        announce: bool = True,
+    ):
+        from deepinfer.model.loader import load_model
+        from deepinfer.plugins import load_plugins
+        from deepinfer.runtime import open_runtime
+
+        config = EngineConfig(max_num_seqs, max_num_batched_tokens, num_kv_blocks, kv_cache_memory_gib, enable_prefix_caching, max_model_len, seed)
+        config.validate()
+        plugins = load_plugins()
+        if dtype == "auto":
+            spec = plugins.auto()[0] if backend == "auto" else plugins.backend(backend)
+            torch_dtype = resolve_dtype(dtype, spec.device_type)
+        else:
+            torch_dtype = resolve_dtype(dtype, "cpu")
+        runtime = open_runtime(backend, dtype=torch_dtype, allow_fallback=allow_fallback, plugins=plugins)
+        if announce and backend == "auto":
+            print(f"deepinfer: {runtime.chosen_by}", file=sys.stderr)
+        loaded = load_model(model, runtime.ops, runtime.device, torch_dtype)
+        if announce and loaded.dummy_weights:
+            print(f"deepinfer: model {loaded.path}: dummy weights (random, for trying the engine; the text is gibberish)", file=sys.stderr)
+        self._setup(LLMEngine(loaded, runtime, torch_dtype, config))
+
+    @classmethod
+    def from_engine(cls, engine: LLMEngine) -> "LLM":
+        """An LLM over an engine built by hand (tests, custom models)."""
+        llm = cls.__new__(cls)
+        llm._setup(engine)
+        return llm
+
+    def _setup(self, engine: LLMEngine) -> None:
+        self.engine = engine
+        self.tokenizer = engine.tokenizer
+
+    # -- facts for the user --------------------------------------------------------------------
+
+    @property
+    def backend(self) -> str:
+        return self.engine.runtime.backend.name
+
+    @property
+    def chosen_by(self) -> str:
+        return self.engine.runtime.chosen_by
+
+    @property
+    def model_path(self) -> str:
+        return str(self.engine.loaded.path)
+
+    @property
+    def dummy_weights(self) -> bool:
+        return bool(getattr(self.engine.loaded, "dummy_weights", False))
+
+    def get_tokenizer(self):
+        return self.tokenizer
+
+    # -- generation ----------------------------------------------------------------------------
+
+    def generate(
+        self,
+        prompts: Prompt | SequenceType[Prompt],
+        sampling_params: SamplingParams | SequenceType[SamplingParams] | None = None,
+        use_tqdm: bool = True,
+    ) -> list[RequestOutput]:
+        """Generate for every prompt; returns one RequestOutput per prompt, in input order.
+
+        A prompt is a string, {"prompt": str} or {"prompt_token_ids": [int, ...]}. sampling_params is
+        one SamplingParams for all prompts, or one per prompt (None: SamplingParams()).
+        """
+        stream = self.generate_iter(prompts, sampling_params, use_tqdm)
+        results: list[RequestOutput | None] = [None] * stream.num_requests
+        for index, output in stream:
+            results[index] = output
+        return results  # type: ignore[return-value]
+
+    def generate_iter(
+        self,
+        prompts: Prompt | SequenceType[Prompt],
+        sampling_params: SamplingParams | SequenceType[SamplingParams] | None = None,
+        use_tqdm: bool = True,
+        *,
+        names: SequenceType[str] | None = None,
+    ) -> "GenerationStream":
+        """Like generate(), but yields (input index, RequestOutput) as each request finishes.
+
+        Every prompt is checked and queued before this returns, so a bad prompt raises here,
+        before anything runs. Abandoning the iterator drops the unfinished requests. `names` say
+        how error messages name each prompt (default "prompt <index>").
+        """
+        requests = self._make_requests(prompts, sampling_params, names)
+        self.engine.abort_all()  # leftovers of an iterator that was never run
+        seqs = [self.engine.add_request(ids, params, text) for ids, params, text in requests]
+        return GenerationStream(self.engine, seqs, use_tqdm)
+
+    def _make_requests(self, prompts, sampling_params, names=None) -> list[tuple[list[int], SamplingParams, str | None]]:
+        if isinstance(prompts, (str, dict)):
+            prompts = [prompts]
+        prompts = list(prompts)
+        if sampling_params is None:
+            sampling_params = SamplingParams()
+        if isinstance(sampling_params, SamplingParams):
+            params_list = [sampling_params] * len(prompts)
+        else:
+            params_list = list(sampling_params)
+            if len(params_list) != len(prompts):
+                raise InvalidRequestError(f"got {len(params_list)} sampling params for {len(prompts)} prompts; pass one, or one per prompt")
+            bad = next((i for i, p in enumerate(params_list) if not isinstance(p, SamplingParams)), None)
+            if bad is not None:
+                raise InvalidRequestError(f"sampling_params[{bad}] is a {type(params_list[bad]).__name__}, not a SamplingParams")
+        requests = []
+        if names is not None and len(names) != len(prompts):
+            raise InvalidRequestError(f"got {len(names)} names for {len(prompts)} prompts")
+        for i, (prompt, params) in enumerate(zip(prompts, params_list)):
+            what = names[i] if names is not None else f"prompt {i}"
+            ids, text = self._tokenize(prompt, what)
+            self.engine.check_request(ids, params, what)
+            requests.append((ids, params, text))
+        return requests
+
+    def _encode(self, text: str, what: str) -> list[int]:
+        if self.tokenizer is None:
+            raise InvalidRequestError(f"{what}: this checkpoint has no tokenizer.json; pass prompts as {{'prompt_token_ids': [...]}}")
+        return list(self.tokenizer.encode(text))
+
+    def _tokenize(self, prompt: Prompt, what: str) -> tuple[list[int], str | None]:
+        if isinstance(prompt, str):
+            return self._encode(prompt, what), prompt
+        if isinstance(prompt, dict) and "prompt_token_ids" in prompt:
+            ids = prompt["prompt_token_ids"]
+            if not isinstance(ids, (list, tuple)) or not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
+                raise InvalidRequestError(f"{what}: prompt_token_ids must be a list of integers")
+            return list(ids), prompt.get("prompt")
+        if isinstance(prompt, dict) and isinstance(prompt.get("prompt"), str):
+            return self._encode(prompt["prompt"], what), prompt["prompt"]
+        raise InvalidRequestError(f"{what} must be a string, {{'prompt': str}} or {{'prompt_token_ids': [int, ...]}}, got {type(prompt).__name__}")
+
+
+class GenerationStream:
+    """Iterates (input index, RequestOutput) as requests finish, with a progress bar that shows
+    prompt and generation throughput."""
+
+    def __init__(self, engine: LLMEngine, seqs, use_tqdm: bool):
+        self.engine = engine
+        self.position = {seq.seq_id: i for i, seq in enumerate(seqs)}
+        self.num_requests = len(seqs)
+        self.use_tqdm = use_tqdm
+        self._iterator = self._run()
+
+    def __iter__(self) -> Iterator[tuple[int, RequestOutput]]:
+        return self
+
+    def __next__(self) -> tuple[int, RequestOutput]:
+        return next(self._iterator)
+
+    def close(self) -> None:
+        self._iterator.close()
+
+    def _run(self) -> Iterator[tuple[int, RequestOutput]]:
+        from tqdm.auto import tqdm
+
+        engine = self.engine
+        start = time.perf_counter()
+        prompt0, gen0 = engine.num_prompt_tokens_computed, engine.num_generated_tokens
+        bar = tqdm(total=self.num_requests, desc="Processed prompts", unit="req", dynamic_ncols=True, disable=not self.use_tqdm)
+        last_refresh = start
+        try:
+            while engine.has_unfinished():
+                finished = engine.step()
+                now = time.perf_counter()
+                elapsed = max(now - start, 1e-9)
+                prompt_rate = (engine.num_prompt_tokens_computed - prompt0) / elapsed
+                gen_rate = (engine.num_generated_tokens - gen0) / elapsed
+                bar.set_postfix_str(f"prompt {prompt_rate:.1f} tok/s, generation {gen_rate:.1f} tok/s", refresh=False)
+                if finished:
+                    bar.update(len(finished))
+                elif now - last_refresh > 0.5:
+                    bar.refresh()
+                    last_refresh = now
+                for seq in finished:
+                    yield self.position[seq.seq_id], engine.make_output(seq)
+        finally:
+            engine.abort_all()
+            bar.close()

@@ -1,0 +1,208 @@
+"""LLMEngine: requests in, one scheduler step at a time, finished requests out."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from dataclasses import dataclass
+
+import torch
+
+from deepinfer.engine.block_manager import BlockManager, blocks_for
+from deepinfer.engine.model_runner import GiB, ModelRunner, kv_block_bytes, kv_cache_budget
+from deepinfer.engine.outputs import CompletionOutput, RequestOutput
+from deepinfer.engine.sampling_params import InvalidRequestError, SamplingParams
+from deepinfer.engine.scheduler import Scheduler
+from deepinfer.engine.sequence import Sequence, SequenceStatus
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class EngineConfig:
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 8192  # per-step token budget: longer prompts prefill in chunks
+    num_kv_blocks: int | None = None  # None: as many as kv_cache_memory_gib (or the default budget) holds
+    kv_cache_memory_gib: float | None = None
+    enable_prefix_caching: bool = True
+    max_model_len: int | None = None  # None: the model's max_position_embeddings
+    seed: int = 0  # requests without a seed get one derived from this and their request index
+
+    def validate(self) -> None:
+        for name in ("max_num_seqs", "max_num_batched_tokens", "num_kv_blocks", "max_model_len"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+                raise InvalidRequestError(f"{name} must be an integer >= 1, got {value!r}")
+        if self.kv_cache_memory_gib is not None and not self.kv_cache_memory_gib > 0:
+            raise InvalidRequestError(f"kv_cache_memory_gib must be > 0, got {self.kv_cache_memory_gib!r}")
+        if not isinstance(self.seed, int) or isinstance(self.seed, bool):
+            raise InvalidRequestError(f"seed must be an integer, got {self.seed!r}")
+
+
+def derive_seed(base_seed: int, index: int) -> int:
+    """A request's sampling seed from the engine seed and its request index (fixed hash: runs repeat)."""
+    digest = hashlib.blake2b(f"deepinfer-seed:{base_seed}:{index}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") & (2**63 - 1)
+
+
+def _eos_ids(*values) -> frozenset[int]:
+    ids = set()
+    for value in values:
+        if isinstance(value, int):
+            ids.add(value)
+        elif isinstance(value, (list, tuple)):
+            ids.update(v for v in value if isinstance(v, int))
+    return frozenset(ids)
+
+
+class LLMEngine:
+    """Owns the scheduler, the block manager and the model runner for one loaded model."""
+
+    def __init__(self, loaded, runtime, dtype: torch.dtype, config: EngineConfig | None = None):
+        self.config = config = config or EngineConfig()
+        config.validate()
+        self.loaded = loaded
+        self.runtime = runtime
+        self.tokenizer = loaded.tokenizer
+        self.dtype = dtype
+        model_config = loaded.config
+        self.vocab_size = int(model_config.vocab_size)
+        self.max_model_len = min(config.max_model_len or model_config.max_position_embeddings, model_config.max_position_embeddings)
+        self.block_size = int(runtime.backend.kv_block_size)
+        self.eos_token_ids = _eos_ids(
+            getattr(model_config, "eos_token_ids", None),
+            getattr(model_config, "eos_token_id", None),
+            getattr(self.tokenizer, "eos_token_ids", None),
+            getattr(self.tokenizer, "eos_token_id", None),
+        )
+        num_blocks = config.num_kv_blocks or self._num_blocks_from_memory(loaded.model, runtime.device)
+        self.block_manager = BlockManager(num_blocks, self.block_size, config.enable_prefix_caching)
+        self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens)
+        self.runner = ModelRunner(loaded.model, runtime.ops, runtime.device, dtype, self.block_size, num_blocks)
+        self._next_request_index = 0
+        self.num_prompt_tokens_computed = 0  # prefill work done, recompute after preemption included
+        self.num_generated_tokens = 0
+        log.info("KV cache: %d blocks of %d tokens (%d tokens)", num_blocks, self.block_size, num_blocks * self.block_size)
+
+    def _num_blocks_from_memory(self, model, device: torch.device) -> int:
+        per_block = kv_block_bytes(model, self.block_size, self.dtype)
+        if self.config.kv_cache_memory_gib is not None:
+            budget = int(self.config.kv_cache_memory_gib * GiB)
+        else:
+            budget = kv_cache_budget(device)
+        enough = self.config.max_num_seqs * blocks_for(self.max_model_len, self.block_size)  # more is never used
+        num_blocks = min(budget // per_block, enough)
+        if num_blocks < 1:
+            raise InvalidRequestError(
+                f"no memory for the KV cache: one block of {self.block_size} tokens takes {per_block} bytes, the budget is {budget}; "
+                "set num_kv_blocks / kv_cache_memory_gib"
+            )
+        return num_blocks
+
+    @property
+    def num_kv_blocks(self) -> int:
+        return self.block_manager.num_blocks
+
+    # -- requests ----------------------------------------------------------------------------
+
+    def add_request(self, prompt_token_ids: list[int], params: SamplingParams, prompt: str | None = None, what: str = "prompt") -> Sequence:
+        """Queue a request. `what` names it in error messages ("prompt 3")."""
+        self.check_request(prompt_token_ids, params, what)
+        index = self._next_request_index
+        self._next_request_index += 1
+        seed = params.seed if params.seed is not None else derive_seed(self.config.seed, index)
+        seq = Sequence(index, prompt_token_ids, params, seed, prompt)
+        self.scheduler.add(seq)
+        return seq
+
+    def check_request(self, prompt_token_ids: list[int], params: SamplingParams, what: str = "prompt") -> None:
+        if not prompt_token_ids:
+            raise InvalidRequestError(f"{what} is empty: it needs at least one token")
+        bad = next((t for t in prompt_token_ids if not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < self.vocab_size), None)
+        if bad is not None:
+            raise InvalidRequestError(f"{what} has token id {bad!r}, outside the vocabulary [0, {self.vocab_size})")
+        if len(prompt_token_ids) >= self.max_model_len:
+            raise InvalidRequestError(
+                f"{what} has {len(prompt_token_ids)} tokens; the model's maximum length is {self.max_model_len}, "
+                "which must leave room for at least one generated token"
+            )
+        if params.stop and self.tokenizer is None:
+            raise InvalidRequestError(f"{what}: stop strings need a tokenizer, and this checkpoint has no tokenizer.json; use stop_token_ids")
+        longest = min(len(prompt_token_ids) + (params.max_tokens or self.max_model_len), self.max_model_len)
+        needed = blocks_for(longest, self.block_size)
+        if needed > self.num_kv_blocks:
+            raise InvalidRequestError(
+                f"{what} needs {needed} KV blocks of {self.block_size} tokens for {longest} tokens (prompt + max_tokens), "
+                f"the cache holds {self.num_kv_blocks}; raise num_kv_blocks or lower max_tokens"
+            )
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    def abort_all(self) -> None:
+        """Drop every unfinished request (a caller stopped iterating)."""
+        for seq in list(self.scheduler.running):
+            self.scheduler.finish(seq)
+        self.scheduler.waiting.clear()
+
+    # -- stepping ----------------------------------------------------------------------------
+
+    def step(self) -> list[Sequence]:
+        """Schedule, run the model, sample, check stop conditions. Returns the sequences that finished."""
+        batch = self.scheduler.schedule()
+        samplers, tokens = self.runner.run(batch)
+        self.scheduler.commit(batch)
+        if batch.is_prefill:
+            self.num_prompt_tokens_computed += batch.num_tokens
+        finished = []
+        for seq, token in zip(samplers, tokens):
+            seq.token_ids.append(int(token))
+            self.num_generated_tokens += 1
+            if self._check_stop(seq, int(token)):
+                self.scheduler.finish(seq)
+                finished.append(seq)
+        return finished
+
+    def _check_stop(self, seq: Sequence, token: int) -> bool:
+        params = seq.params
+        if not params.ignore_eos and token in self.eos_token_ids:
+            seq.finish_reason = "stop"
+        elif token in params.stop_token_ids:
+            seq.finish_reason, seq.stop_reason = "stop", token
+        elif params.stop and (stop := self._stop_string_in_tail(seq)) is not None:
+            seq.finish_reason, seq.stop_reason = "stop", stop
+        elif params.max_tokens is not None and seq.num_output_tokens >= params.max_tokens:
+            seq.finish_reason = "length"
+        elif seq.num_tokens >= self.max_model_len:
+            seq.finish_reason = "length"
+        return seq.finish_reason is not None
+
+    def _stop_string_in_tail(self, seq: Sequence) -> str | None:
+        """The stop string that the newest token completed, if any. Only the output's tail is decoded:
+        a string of L characters spans at most 4L byte-level tokens, plus one for the new token."""
+        params = seq.params
+        window = 4 * max(len(s) for s in params.stop) + 1
+        tail = self.tokenizer.decode(seq.output_token_ids[-window:], skip_special_tokens=params.skip_special_tokens)
+        found = [(tail.find(s), s) for s in params.stop if s in tail]
+        return min(found)[1] if found else None
+
+    # -- outputs -----------------------------------------------------------------------------
+
+    def make_output(self, seq: Sequence) -> RequestOutput:
+        params = seq.params
+        ids = seq.output_token_ids
+        text_ids = ids[:-1] if seq.finish_reason == "stop" and not isinstance(seq.stop_reason, str) else ids  # EOS / stop id: not in the text
+        text = self.tokenizer.decode(text_ids, skip_special_tokens=params.skip_special_tokens) if self.tokenizer is not None else ""
+        if isinstance(seq.stop_reason, str):
+            cuts = [i for i in (text.find(s) for s in params.stop) if i >= 0]
+            text = text[: min(cuts)] if cuts else text
+        completion = CompletionOutput(0, text, list(ids), seq.finish_reason, seq.stop_reason)
+        return RequestOutput(
+            request_id=str(seq.seq_id),
+            prompt=seq.prompt,
+            prompt_token_ids=seq.token_ids[: seq.num_prompt_tokens],
+            outputs=[completion],
+            finished=seq.status is SequenceStatus.FINISHED,
+            num_cached_tokens=seq.num_cached_tokens or 0,
+            metrics={"num_preemptions": seq.num_preemptions},
+        )

@@ -1,0 +1,107 @@
+"""Turns a scheduled batch into a ForwardBatch, runs the model over the paged KV cache and samples."""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import torch
+
+from deepinfer.engine.scheduler import ScheduledBatch
+from deepinfer.engine.sequence import Sequence
+from deepinfer.model.forward_batch import ForwardBatch
+
+log = logging.getLogger(__name__)
+
+GiB = 1 << 30
+# Default KV budget on the CPU (capped by a quarter of the free RAM): zeroing the cache is a
+# start-up cost, and the CPU runs small models; raise it with kv_cache_memory_gib / num_kv_blocks.
+CPU_KV_CACHE_BYTES = GiB // 4
+ACCELERATOR_MEMORY_UTILIZATION = 0.9  # like vLLM's gpu_memory_utilization
+
+
+def kv_block_bytes(model, block_size: int, dtype: torch.dtype) -> int:
+    """Bytes one block takes over all layers."""
+    per_layer = 1
+    for dim in model.kv_cache_shape(1, block_size):
+        per_layer *= dim
+    return per_layer * torch.empty((), dtype=dtype).element_size() * model.num_layers
+
+
+def kv_cache_budget(device: torch.device) -> int:
+    """Bytes the KV cache may take when the user gave no size: most of the accelerator's free
+    memory (weights are loaded by now), or a modest share of the host's RAM."""
+    if device.type == "cpu":
+        try:
+            available = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        except (ValueError, OSError, AttributeError):
+            available = 4 * CPU_KV_CACHE_BYTES
+        return min(CPU_KV_CACHE_BYTES, available // 4)
+    module = getattr(torch, device.type, None)
+    if module is None or not hasattr(module, "mem_get_info"):
+        return CPU_KV_CACHE_BYTES
+    free, total = module.mem_get_info(device)
+    return max(0, int(free - (1 - ACCELERATOR_MEMORY_UTILIZATION) * total))
+
+
+class ModelRunner:
+    def __init__(self, model, ops, device: torch.device, dtype: torch.dtype, block_size: int, num_blocks: int):
+        self.model = model
+        self.ops = ops
+        self.device = device
+        self.block_size = block_size
+        self.num_blocks = num_blocks
+        shape = model.kv_cache_shape(num_blocks, block_size)
+        self.kv_caches = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(model.num_layers)]
+
+    def _tensor(self, values, dtype: torch.dtype) -> torch.Tensor:
+        return torch.tensor(values, dtype=dtype).to(self.device, non_blocking=True)
+
+    def prepare(self, batch: ScheduledBatch) -> tuple[ForwardBatch, list[Sequence]]:
+        """The ForwardBatch for this step, and the sequences that sample a token (in logits order)."""
+        bs = self.block_size
+        input_ids, positions, slots, cu_seqlens, seq_lens, logits_indices, samplers = [], [], [], [0], [], [], []
+        for seq, n in zip(batch.seqs, batch.num_new_tokens):
+            start, end = seq.num_computed_tokens, seq.num_computed_tokens + n
+            input_ids.extend(seq.token_ids[start:end])
+            positions.extend(range(start, end))
+            slots.extend(seq.block_table[p // bs] * bs + p % bs for p in range(start, end))
+            cu_seqlens.append(cu_seqlens[-1] + n)
+            seq_lens.append(end)
+            if end == seq.num_tokens:  # its last token is computed: it samples the next one
+                logits_indices.append(cu_seqlens[-1] - 1)
+                samplers.append(seq)
+        width = max(len(seq.block_table) for seq in batch.seqs)
+        tables = [seq.block_table + [0] * (width - len(seq.block_table)) for seq in batch.seqs]
+        forward_batch = ForwardBatch(
+            is_prefill=batch.is_prefill,
+            input_ids=self._tensor(input_ids, torch.int64),
+            positions=self._tensor(positions, torch.int64),
+            slot_mapping=self._tensor(slots, torch.int64),
+            cu_seqlens_q=self._tensor(cu_seqlens, torch.int32),
+            seq_lens=self._tensor(seq_lens, torch.int32),
+            block_tables=self._tensor(tables, torch.int32),
+            logits_indices=self._tensor(logits_indices, torch.int64),
+            max_query_len=max(batch.num_new_tokens),
+            max_seq_len=max(seq_lens),
+        )
+        return forward_batch, samplers
+
+    @torch.inference_mode()
+    def run(self, batch: ScheduledBatch) -> tuple[list[Sequence], list[int]]:
+        """One forward step; returns the sequences that sampled and their new tokens."""
+        forward_batch, samplers = self.prepare(batch)
+        logits = self.model.forward(forward_batch, self.kv_caches)
+        if not samplers:
+            return [], []
+        params = [seq.params for seq in samplers]
+        tokens = self.ops.sample(
+            logits=logits.float(),
+            temperature=self._tensor([p.temperature for p in params], torch.float32),
+            top_k=self._tensor([max(p.top_k, 0) for p in params], torch.int32),
+            top_p=self._tensor([p.top_p for p in params], torch.float32),
+            min_p=self._tensor([p.min_p for p in params], torch.float32),
+            seeds=self._tensor([seq.seed for seq in samplers], torch.int64),
+            positions=self._tensor([seq.num_tokens for seq in samplers], torch.int64),  # where the new token goes
+        )
+        return samplers, tokens.tolist()

@@ -1,0 +1,38 @@
+"""What generate() returns, in vLLM's shape."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class CompletionOutput:
+    index: int
+    text: str
+    token_ids: list[int]
+    finish_reason: str | None  # "stop" (EOS, a stop token id or a stop string) | "length" | None while running
+    stop_reason: int | str | None = None  # the stop token id or stop string that ended it; None for EOS or length
+    cumulative_logprob: float | None = None  # not computed
+    logprobs: None = None  # not computed
+
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+@dataclass
+class RequestOutput:
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    outputs: list[CompletionOutput]
+    finished: bool
+    num_cached_tokens: int = 0  # prompt tokens served from the prefix cache
+    metrics: dict = field(default_factory=dict)  # num_preemptions, ...
+
+    def __repr__(self) -> str:
+        out = self.outputs[0] if self.outputs else None
+        return (
+            f"RequestOutput(request_id={self.request_id!r}, prompt={self.prompt!r}, "
+            f"prompt_tokens={len(self.prompt_token_ids)}, text={out.text if out else None!r}, "
+            f"finish_reason={out.finish_reason if out else None!r})"
+        )

@@ -1,0 +1,87 @@
+"""SamplingParams: how one request samples and when it stops (vLLM's names and defaults)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from deepinfer.errors import UserError
+
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+
+
+class InvalidRequestError(UserError, ValueError):
+    """A bad prompt or sampling parameter: a ValueError for the Python API, a one-line error for the CLI."""
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value) -> bool:
+    return (_is_int(value) or isinstance(value, float)) and math.isfinite(value)
+
+
+@dataclass
+class SamplingParams:
+    """temperature 0 is greedy. top_k 0 or -1, top_p 1.0 and min_p 0.0 switch their filter off.
+
+    max_tokens: generated tokens at most (None: up to the model's maximum length).
+    seed: the request's sampling seed; None derives one from LLM(seed=...) and the request's index,
+    so runs repeat. Sampling is a function of (seed, position, logits) only: the same seed gives the
+    same tokens whatever else is in the batch.
+    stop: strings that end generation; the text is cut before the stop string (finish_reason "stop").
+    stop_token_ids: token ids that end generation (kept in token_ids, left out of the text, like EOS).
+    ignore_eos: keep generating past EOS (benchmarks).
+    """
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    max_tokens: int | None = 16
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    ignore_eos: bool = False
+    skip_special_tokens: bool = True
+
+    def __post_init__(self) -> None:
+        def bad(message: str) -> InvalidRequestError:
+            return InvalidRequestError(f"SamplingParams: {message}")
+
+        if not _is_number(self.temperature) or self.temperature < 0:
+            raise bad(f"temperature must be a finite number >= 0, got {self.temperature!r}")
+        if not _is_number(self.top_p) or not 0 < self.top_p <= 1:
+            raise bad(f"top_p must be in (0, 1], got {self.top_p!r}")
+        if not _is_int(self.top_k) or self.top_k < -1:
+            raise bad(f"top_k must be an integer >= 1, or 0 / -1 to switch it off, got {self.top_k!r}")
+        if not _is_number(self.min_p) or not 0 <= self.min_p <= 1:
+            raise bad(f"min_p must be in [0, 1], got {self.min_p!r}")
+        if self.max_tokens is not None and (not _is_int(self.max_tokens) or self.max_tokens < 1):
+            raise bad(f"max_tokens must be an integer >= 1 (or None), got {self.max_tokens!r}")
+        if self.seed is not None and (not _is_int(self.seed) or not INT64_MIN <= self.seed <= INT64_MAX):
+            raise bad(f"seed must be a 64-bit signed integer or None, got {self.seed!r}")
+        if not isinstance(self.ignore_eos, bool):
+            raise bad(f"ignore_eos must be True or False, got {self.ignore_eos!r}")
+        self.temperature, self.top_p, self.min_p = float(self.temperature), float(self.top_p), float(self.min_p)
+        self.stop = self._strings(self.stop, bad)
+        self.stop_token_ids = self._token_ids(self.stop_token_ids, bad)
+
+    @staticmethod
+    def _strings(stop, bad) -> list[str]:
+        stop = [stop] if isinstance(stop, str) else list(stop or [])
+        if not all(isinstance(s, str) and s for s in stop):
+            raise bad(f"stop must be a non-empty string or a list of them, got {stop!r}")
+        return stop
+
+    @staticmethod
+    def _token_ids(ids, bad) -> list[int]:
+        ids = list(ids or [])
+        if not all(_is_int(t) and t >= 0 for t in ids):
+            raise bad(f"stop_token_ids must be a list of token ids >= 0, got {ids!r}")
+        return ids
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0

@@ -1,0 +1,113 @@
+"""Continuous batching: each step is either a prefill step or a decode step (nano-vllm's shape).
+
+Prefill first: sequences part-way through their prompt continue, then waiting sequences are
+admitted in request order while KV pages, `max_num_seqs` and the step's token budget
+(`max_num_batched_tokens`) allow; a prompt longer than the remaining budget is cut into chunks
+(chunked prefill) and continues in the next steps. When nothing can prefill, every running sequence
+decodes one token. A decode that needs a new page when none is free preempts the newest running
+sequence: its pages are freed and it waits to be recomputed (its prefix may still be cached).
+The oldest request always progresses, so the engine cannot livelock.
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass
+
+from deepinfer.engine.block_manager import BlockManager
+from deepinfer.engine.sequence import Sequence, SequenceStatus
+
+
+@dataclass
+class ScheduledBatch:
+    is_prefill: bool
+    seqs: list[Sequence]
+    num_new_tokens: list[int]  # per sequence: tokens computed this step
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(self.num_new_tokens)
+
+
+class Scheduler:
+    def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int):
+        if max_num_seqs < 1 or max_num_batched_tokens < 1:
+            raise ValueError(f"need max_num_seqs >= 1 and max_num_batched_tokens >= 1, got {max_num_seqs} and {max_num_batched_tokens}")
+        self.block_manager = block_manager
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.waiting: list[Sequence] = []  # by seq_id: preempted sequences go back in request order
+        self.running: list[Sequence] = []  # by seq_id: the newest is preempted first
+        self.num_preemptions = 0
+
+    def add(self, seq: Sequence) -> None:
+        seq.status = SequenceStatus.WAITING
+        bisect.insort(self.waiting, seq, key=lambda s: s.seq_id)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def schedule(self) -> ScheduledBatch:
+        return self._schedule_prefill() or self._schedule_decode()
+
+    def _schedule_prefill(self) -> ScheduledBatch | None:
+        budget = self.max_num_batched_tokens
+        seqs, chunks = [], []
+        for seq in self.running:  # part-way through their prompt
+            if seq.is_prefilling and budget > 0:
+                chunk = min(seq.prefill_target - seq.num_computed_tokens, budget)
+                seqs.append(seq), chunks.append(chunk)
+                budget -= chunk
+        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+            seq = self.waiting[0]
+            if not self.block_manager.can_allocate(seq):
+                break  # in order: a later, smaller request does not overtake
+            self.waiting.pop(0)
+            self.block_manager.allocate(seq)
+            if seq.num_cached_tokens is None:
+                seq.num_cached_tokens = seq.num_computed_tokens
+            seq.prefill_target = seq.num_tokens
+            seq.status = SequenceStatus.RUNNING
+            bisect.insort(self.running, seq, key=lambda s: s.seq_id)
+            chunk = min(seq.prefill_target - seq.num_computed_tokens, budget)
+            seqs.append(seq), chunks.append(chunk)
+            budget -= chunk
+        return ScheduledBatch(True, seqs, chunks) if seqs else None
+
+    def _schedule_decode(self) -> ScheduledBatch:
+        scheduled = []
+        queue = list(self.running)
+        while queue:
+            seq = queue.pop(0)
+            while not self.block_manager.can_append(seq):
+                victim = queue.pop() if queue else seq
+                self.preempt(victim)
+                if victim is seq:
+                    break
+            else:
+                self.block_manager.append_slot(seq)
+                scheduled.append(seq)
+        # Requests are checked to fit the cache alone, so the oldest one always gets its page.
+        assert scheduled or not self.running and not self.waiting, "scheduler made no progress"
+        return ScheduledBatch(False, scheduled, [1] * len(scheduled))
+
+    def preempt(self, seq: Sequence) -> None:
+        """Free seq's pages; it goes back to waiting and is recomputed later (preemption by recompute)."""
+        self.running.remove(seq)
+        self.block_manager.free(seq)
+        seq.prefill_target = 0
+        seq.num_preemptions += 1
+        self.num_preemptions += 1
+        self.add(seq)
+
+    def commit(self, batch: ScheduledBatch) -> None:
+        """After the forward pass: the scheduled tokens' KV is in the cache."""
+        for seq, n in zip(batch.seqs, batch.num_new_tokens):
+            old = seq.num_computed_tokens
+            seq.num_computed_tokens += n
+            self.block_manager.commit(seq, old)
+
+    def finish(self, seq: Sequence) -> None:
+        self.running.remove(seq)
+        self.block_manager.free(seq)
+        seq.status = SequenceStatus.FINISHED
