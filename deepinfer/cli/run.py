@@ -70,6 +70,7 @@ def add_parser(sub) -> None:
     p.add_argument("--max-num-batched-tokens", type=int, default=8192, metavar="N", help="tokens per step; longer prompts prefill in chunks (default 8192)")
     p.add_argument("--num-kv-blocks", type=int, metavar="N", help="KV cache pages (default: from the memory budget)")
     p.add_argument("--no-prefix-caching", action="store_true", help="switch the prefix cache off")
+    p.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs for decode steps (cuda backend)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=run)
 
@@ -319,6 +320,7 @@ def run(args) -> int:
         max_num_batched_tokens=args.max_num_batched_tokens,
         num_kv_blocks=args.num_kv_blocks,
         enable_prefix_caching=not args.no_prefix_caching,
+        enforce_eager=args.enforce_eager,
         allow_fallback=args.allow_fallback,
     )
     prompts = [render_prompt(llm.tokenizer, r, args.chat) for r in requests]

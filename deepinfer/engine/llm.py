@@ -69,12 +69,13 @@ class LLM:
         max_model_len: int | None = None,
         allow_fallback: bool = False,
         announce: bool = True,
+        enforce_eager: bool = False,
     ):
         from deepinfer.model.loader import load_model
         from deepinfer.plugins import load_plugins
         from deepinfer.runtime import open_runtime
 
-        config = EngineConfig(max_num_seqs, max_num_batched_tokens, num_kv_blocks, kv_cache_memory_gib, enable_prefix_caching, max_model_len, seed)
+        config = EngineConfig(max_num_seqs, max_num_batched_tokens, num_kv_blocks, kv_cache_memory_gib, enable_prefix_caching, max_model_len, seed, enforce_eager)
         config.validate()
         plugins = load_plugins()
         if dtype == "auto":

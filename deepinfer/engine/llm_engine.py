@@ -27,6 +27,7 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     max_model_len: int | None = None  # None: the model's max_position_embeddings
     seed: int = 0  # requests without a seed get one derived from this and their request index
+    enforce_eager: bool = False  # True: no CUDA graphs for decode steps on the cuda backend
 
     def validate(self) -> None:
         for name in ("max_num_seqs", "max_num_batched_tokens", "num_kv_blocks", "max_model_len"):
@@ -78,7 +79,17 @@ class LLMEngine:
         num_blocks = config.num_kv_blocks or self._num_blocks_from_memory(loaded.model, runtime.device)
         self.block_manager = BlockManager(num_blocks, self.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens)
-        self.runner = ModelRunner(loaded.model, runtime.ops, runtime.device, dtype, self.block_size, num_blocks)
+        self.runner = ModelRunner(
+            loaded.model,
+            runtime.ops,
+            runtime.device,
+            dtype,
+            self.block_size,
+            num_blocks,
+            cuda_graphs=runtime.device.type == "cuda" and not config.enforce_eager,
+            max_num_seqs=config.max_num_seqs,
+            max_model_len=self.max_model_len,
+        )
         self._next_request_index = 0
         self.num_prompt_tokens_computed = 0  # prefill work done, recompute after preemption included
         self.num_generated_tokens = 0

@@ -45,7 +45,19 @@ def kv_cache_budget(device: torch.device) -> int:
 
 
 class ModelRunner:
-    def __init__(self, model, ops, device: torch.device, dtype: torch.dtype, block_size: int, num_blocks: int):
+    def __init__(
+        self,
+        model,
+        ops,
+        device: torch.device,
+        dtype: torch.dtype,
+        block_size: int,
+        num_blocks: int,
+        *,
+        cuda_graphs: bool = False,
+        max_num_seqs: int = 256,
+        max_model_len: int = 4096,
+    ):
         self.model = model
         self.ops = ops
         self.device = device
@@ -53,6 +65,12 @@ class ModelRunner:
         self.num_blocks = num_blocks
         shape = model.kv_cache_shape(num_blocks, block_size)
         self.kv_caches = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(model.num_layers)]
+        self.graphs = None
+        if cuda_graphs:
+            from deepinfer.engine.cuda_graphs import DecodeGraphs
+
+            max_blocks = -(-max_model_len // block_size)
+            self.graphs = DecodeGraphs(model, ops, self.kv_caches, device, max_num_seqs, max_blocks)
 
     def _tensor(self, values, dtype: torch.dtype) -> torch.Tensor:
         return torch.tensor(values, dtype=dtype).to(self.device, non_blocking=True)
@@ -91,12 +109,18 @@ class ModelRunner:
     def run(self, batch: ScheduledBatch) -> tuple[list[Sequence], list[int]]:
         """One forward step; returns the sequences that sampled and their new tokens."""
         forward_batch, samplers = self.prepare(batch)
+        graphs = self.graphs
+        if graphs is not None and not batch.is_prefill and len(samplers) == forward_batch.num_seqs == forward_batch.input_ids.shape[0] and graphs.bucket(forward_batch.num_seqs):
+            return samplers, graphs.run(forward_batch, self._sampling(samplers)).tolist()
         logits = self.model.forward(forward_batch, self.kv_caches)
         if not samplers:
             return [], []
+        tokens = self.ops.sample(logits=logits.float(), **self._sampling(samplers))
+        return samplers, tokens.tolist()
+
+    def _sampling(self, samplers: list[Sequence]) -> dict[str, torch.Tensor]:
         params = [seq.params for seq in samplers]
-        tokens = self.ops.sample(
-            logits=logits.float(),
+        return dict(
             temperature=self._tensor([p.temperature for p in params], torch.float32),
             top_k=self._tensor([max(p.top_k, 0) for p in params], torch.int32),
             top_p=self._tensor([p.top_p for p in params], torch.float32),
@@ -104,4 +128,3 @@ class ModelRunner:
             seeds=self._tensor([seq.seed for seq in samplers], torch.int64),
             positions=self._tensor([seq.num_tokens for seq in samplers], torch.int64),  # where the new token goes
         )
-        return samplers, tokens.tolist()

@@ -1,0 +1,1 @@
+"""Benchmarks that need no particular backend: end to end against HF transformers."""

@@ -1,0 +1,174 @@
+"""End-to-end decode benchmark: deepinfer against HF transformers' `generate` on the same weights.
+
+A random-weight DeepSeek-V2-Lite-shaped model (27 layers, hidden 2048, 64 experts top-6, 2 shared,
+MLA with kv_lora 512, bf16) is built once by transformers on the device; deepinfer runs the very
+same tensors (no disk round trip). For each batch size it measures the decode step time of both
+(generation of N+1 tokens minus generation of 1 token, over N) and compares deepinfer's with the
+floor: bytes a decode step must read (weights touched + KV cache) over the copy bandwidth measured
+in the same run.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+V2_LITE = dict(
+    vocab_size=102400, hidden_size=2048, intermediate_size=10944, moe_intermediate_size=1408,
+    num_hidden_layers=27, num_attention_heads=16, num_key_value_heads=16, n_shared_experts=2,
+    n_routed_experts=64, routed_scaling_factor=1.0, kv_lora_rank=512, q_lora_rank=None,
+    qk_rope_head_dim=64, v_head_dim=128, qk_nope_head_dim=128, topk_method="greedy", n_group=1,
+    topk_group=1, num_experts_per_tok=6, moe_layer_freq=1, first_k_dense_replace=1,
+    norm_topk_prob=False, scoring_func="softmax", max_position_embeddings=4096, rope_theta=10000.0,
+    rms_norm_eps=1e-6, tie_word_embeddings=False, bos_token_id=100000, eos_token_id=100001,
+)
+
+
+@dataclass
+class E2EResult:
+    batch: int
+    prompt_len: int
+    new_tokens: int
+    deepinfer_step_ms: float
+    hf_step_ms: float | None
+    floor_ms: float
+    floor_bytes: float
+    deepinfer_tok_s: float
+    hf_tok_s: float | None
+
+
+def copy_bandwidth(device: torch.device, gib: float = 2.0) -> float:
+    """Bytes/s of a device-to-device copy, counting bytes read plus written (median of 10)."""
+    n = int(gib * 2**30) // 2
+    src, dst = torch.empty(n, dtype=torch.bfloat16, device=device), torch.empty(n, dtype=torch.bfloat16, device=device)
+    src.normal_()
+    times = []
+    for i in range(13):
+        torch.cuda.synchronize(device)
+        start = time.perf_counter()
+        dst.copy_(src)
+        torch.cuda.synchronize(device)
+        if i >= 3:
+            times.append(time.perf_counter() - start)
+    del src, dst
+    return 2 * n * 2 / sorted(times)[len(times) // 2]
+
+
+def hf_to_deepinfer_tensors(state: dict[str, torch.Tensor], config: dict) -> dict[str, torch.Tensor]:
+    """transformers 5 keeps experts fused in memory ([E, 2I, H] gate_up, [E, H, I] down); deepinfer's
+    loader takes the checkpoint names, one tensor per expert (views, no copies)."""
+    out = {}
+    inter = config["moe_intermediate_size"]
+    for name, t in state.items():
+        if name.endswith("mlp.experts.gate_up_proj"):
+            prefix = name.removesuffix("gate_up_proj")
+            for e in range(t.shape[0]):
+                out[f"{prefix}{e}.gate_proj.weight"] = t[e, :inter]
+                out[f"{prefix}{e}.up_proj.weight"] = t[e, inter:]
+        elif name.endswith("mlp.experts.down_proj"):
+            prefix = name.removesuffix("down_proj")
+            for e in range(t.shape[0]):
+                out[f"{prefix}{e}.down_proj.weight"] = t[e]
+        elif name.endswith("mlp.gate.weight"):
+            out[name] = t.float()  # the router runs in float32
+        else:
+            out[name] = t
+    return out
+
+
+def decode_floor_bytes(config: dict, batch: int, context: int, dtype_bytes: int = 2) -> float:
+    """Bytes one decode step must read: every weight it touches once, plus the KV cache.
+
+    Routed experts touched per MoE layer: with near-uniform routing (random weights), the expected
+    number of distinct experts among batch*top_k draws, E * (1 - (1 - k/E)^batch).
+    """
+    h, v = config["hidden_size"], config["vocab_size"]
+    heads, nope, rope, vd, c = config["num_attention_heads"], config["qk_nope_head_dim"], config["qk_rope_head_dim"], config["v_head_dim"], config["kv_lora_rank"]
+    attn = h * heads * (nope + rope) + h * (c + rope) + c * heads * (nope + vd) + heads * vd * h
+    expert = 3 * h * config["moe_intermediate_size"]
+    e, k = config["n_routed_experts"], config["num_experts_per_tok"]
+    touched = e * (1 - (1 - k / e) ** batch)
+    layers, dense = config["num_hidden_layers"], config["first_k_dense_replace"]
+    moe_layer = expert * (touched + config["n_shared_experts"]) + e * h
+    weights = layers * attn + dense * 3 * h * config["intermediate_size"] + (layers - dense) * moe_layer + h * v + batch * h
+    kv = batch * context * (c + rope) * layers
+    return float((weights + kv) * dtype_bytes)
+
+
+def _timed(fn) -> float:
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    fn()
+    torch.cuda.synchronize()
+    return time.perf_counter() - start
+
+
+def run(backend: str = "cuda", batches=(1, 64), prompt_len: int = 128, new_tokens: int = 64, layers: int | None = None, with_hf: bool = True, json_path: Path | None = None) -> list[E2EResult]:
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from deepinfer.engine.llm import LLM
+    from deepinfer.engine.llm_engine import EngineConfig, LLMEngine
+    from deepinfer.engine.sampling_params import SamplingParams
+    from deepinfer.model.config import ModelConfig
+    from deepinfer.model.deepseek import DeepseekForCausalLM
+    from deepinfer.model.loader import LoadedModel
+    from deepinfer.model.weights import WeightStore
+    from deepinfer.runtime import open_runtime
+
+    cfg = dict(V2_LITE, **({"num_hidden_layers": layers} if layers else {}))
+    runtime = open_runtime(backend, dtype=torch.bfloat16)
+    device = runtime.device
+    bandwidth = copy_bandwidth(device)
+    torch.manual_seed(0)
+    hf_config = AutoConfig.for_model("deepseek_v2", **cfg)
+    with torch.device(device):
+        hf = AutoModelForCausalLM.from_config(hf_config, dtype=torch.bfloat16).eval()
+    config = ModelConfig.from_dict({**hf_config.to_dict(), **cfg, "model_type": "deepseek_v2"}, source="V2-Lite-shaped random model")
+    model = DeepseekForCausalLM(config, runtime.ops, device, torch.bfloat16)
+    model.load_weights(WeightStore(hf_to_deepinfer_tensors(hf.state_dict(), cfg)))
+    loaded = LoadedModel(model=model, config=config, tokenizer=None, path="in-memory DeepSeek-V2-Lite-shaped model", dummy_weights=True)
+    engine = LLMEngine(loaded, runtime, torch.bfloat16, EngineConfig(max_num_seqs=max(batches), max_num_batched_tokens=max(batches) * prompt_len, kv_cache_memory_gib=8.0))
+    llm = LLM.from_engine(engine)
+    results = []
+    gen = torch.Generator().manual_seed(1)
+    for batch in batches:
+        prompts = torch.randint(0, cfg["vocab_size"], (batch, prompt_len), generator=gen)
+        requests = [{"prompt_token_ids": p.tolist()} for p in prompts]
+
+        def ours(n):
+            return llm.generate(requests, SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True), use_tqdm=False)
+
+        ours(2)  # warm-up: compiles kernels, captures graphs
+        t1, tn = _timed(lambda: ours(1)), _timed(lambda: ours(1 + new_tokens))
+        step = (tn - t1) / new_tokens
+        hf_step = None
+        if with_hf:
+            ids = prompts.to(device)
+
+            def theirs(n):
+                return hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=n, do_sample=False)
+
+            with torch.inference_mode():
+                theirs(2)
+                h1, hn = _timed(lambda: theirs(1)), _timed(lambda: theirs(1 + new_tokens))
+            hf_step = (hn - h1) / new_tokens
+        floor_bytes = decode_floor_bytes(cfg, batch, prompt_len + new_tokens // 2)
+        results.append(
+            E2EResult(batch, prompt_len, new_tokens, step * 1e3, None if hf_step is None else hf_step * 1e3, floor_bytes / bandwidth * 1e3, floor_bytes, batch / step, None if hf_step is None else batch / hf_step)
+        )
+    if json_path is not None:
+        info = {"gpu": torch.cuda.get_device_name(device), "torch": torch.__version__, "copy_bandwidth_tb_s": bandwidth / 1e12, "layers": cfg["num_hidden_layers"], "backend": backend, "date": time.strftime("%Y-%m-%d")}
+        json_path.write_text(json.dumps({"machine": info, "results": [asdict(r) for r in results]}, indent=1))
+    return results
+
+
+def format_results(results: list[E2EResult]) -> str:
+    lines = ["batch  deepinfer ms/step  floor ms  of floor  deepinfer tok/s  HF ms/step  HF tok/s  speedup"]
+    for r in results:
+        hf = f"{r.hf_step_ms:10.2f}  {r.hf_tok_s:8.0f}  {r.hf_step_ms / r.deepinfer_step_ms:6.2f}x" if r.hf_step_ms else "         -         -        -"
+        lines.append(f"{r.batch:5d}  {r.deepinfer_step_ms:17.2f}  {r.floor_ms:8.2f}  {r.floor_ms / r.deepinfer_step_ms:7.0%}  {r.deepinfer_tok_s:15.0f}  {hf}")
+    return "\n".join(lines)

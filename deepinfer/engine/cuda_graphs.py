@@ -1,0 +1,112 @@
+"""CUDA graphs for decode steps: one graph per padded batch size, replayed instead of launching.
+
+A decode step of a MoE model launches hundreds of small kernels; replaying a captured graph removes
+the launch gaps. Every decode-path op runs without host synchronisation, so the whole step (model
+forward and sampling) is captured. Inputs live in static buffers of the largest batch; a batch of
+n sequences runs the graph of the smallest bucket >= n, with padding rows that write no KV
+(slot -1) and read one cached token.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from deepinfer.model.forward_batch import ForwardBatch
+
+log = logging.getLogger(__name__)
+
+
+def batch_buckets(max_batch: int) -> list[int]:
+    sizes = [b for b in (1, 2, 4, 8) if b < max_batch] + list(range(16, max_batch, 16))
+    return sorted(set(sizes + [max_batch]))
+
+
+class DecodeGraphs:
+    def __init__(self, model, ops, kv_caches: list[torch.Tensor], device: torch.device, max_batch: int, max_blocks_per_seq: int):
+        self.model, self.ops, self.kv_caches, self.device = model, ops, kv_caches, device
+        self.buckets = batch_buckets(max_batch)
+        n, w = max_batch, max_blocks_per_seq
+
+        def zeros(*shape, dtype):
+            return torch.zeros(*shape, dtype=dtype, device=device)
+
+        self.input_ids = zeros(n, dtype=torch.int64)
+        self.positions = zeros(n, dtype=torch.int64)
+        self.slot_mapping = torch.full((n,), -1, dtype=torch.int64, device=device)
+        self.seq_lens = torch.ones(n, dtype=torch.int32, device=device)
+        self.block_tables = zeros(n, w, dtype=torch.int32)
+        self.cu_seqlens_q = torch.arange(n + 1, dtype=torch.int32, device=device)
+        self.logits_indices = torch.arange(n, dtype=torch.int64, device=device)
+        self.temperature = zeros(n, dtype=torch.float32)
+        self.top_k = zeros(n, dtype=torch.int32)
+        self.top_p = torch.ones(n, dtype=torch.float32, device=device)
+        self.min_p = zeros(n, dtype=torch.float32)
+        self.seeds = zeros(n, dtype=torch.int64)
+        self.sample_positions = zeros(n, dtype=torch.int64)
+        self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self.pool = torch.cuda.graph_pool_handle()
+
+    def bucket(self, n: int) -> int | None:
+        return next((b for b in self.buckets if b >= n), None)
+
+    def _step(self, size: int) -> torch.Tensor:
+        batch = ForwardBatch(
+            is_prefill=False,
+            input_ids=self.input_ids[:size],
+            positions=self.positions[:size],
+            slot_mapping=self.slot_mapping[:size],
+            cu_seqlens_q=self.cu_seqlens_q[: size + 1],
+            seq_lens=self.seq_lens[:size],
+            block_tables=self.block_tables[:size],
+            logits_indices=self.logits_indices[:size],
+        )
+        logits = self.model.forward(batch, self.kv_caches)
+        return self.ops.sample(
+            logits=logits.float(),
+            temperature=self.temperature[:size],
+            top_k=self.top_k[:size],
+            top_p=self.top_p[:size],
+            min_p=self.min_p[:size],
+            seeds=self.seeds[:size],
+            positions=self.sample_positions[:size],
+        )
+
+    def _capture(self, size: int) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+        stream = torch.cuda.Stream(self.device)
+        stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(stream):
+            for _ in range(2):  # warm-up outside the graph: Triton compiles, allocators settle
+                self._step(size)
+        torch.cuda.current_stream(self.device).wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.pool):
+            tokens = self._step(size)
+        log.info("captured a CUDA graph for decode batches of %d", size)
+        return graph, tokens
+
+    @torch.inference_mode()
+    def run(self, fb: ForwardBatch, sampling: dict[str, torch.Tensor]) -> torch.Tensor:
+        """Tokens for a decode batch of n sequences with one new token each (n <= max_batch)."""
+        n = fb.num_seqs
+        size = self.bucket(n)
+        w = fb.block_tables.shape[1]
+        self.input_ids[:n].copy_(fb.input_ids)
+        self.positions[:n].copy_(fb.positions)
+        self.slot_mapping[:n].copy_(fb.slot_mapping)
+        self.slot_mapping[n:size].fill_(-1)  # padding rows write nothing
+        self.seq_lens[:n].copy_(fb.seq_lens)
+        self.seq_lens[n:size].fill_(1)  # and read one (harmless) cached token
+        self.block_tables[:n, :w].copy_(fb.block_tables)
+        self.block_tables[:n, w:].zero_()
+        self.block_tables[n:size].zero_()
+        for name in ("temperature", "top_k", "top_p", "min_p", "seeds"):
+            getattr(self, name)[:n].copy_(sampling[name])
+        self.sample_positions[:n].copy_(sampling["positions"])
+        self.temperature[n:size].zero_()  # padding rows sample greedily
+        if size not in self.graphs:
+            self.graphs[size] = self._capture(size)
+        graph, tokens = self.graphs[size]
+        graph.replay()
+        return tokens[:n]
