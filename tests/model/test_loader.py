@@ -165,3 +165,35 @@ def test_no_weights_at_all(v3_copy, ops):
     folder, _ = v3_copy
     (folder / "model.safetensors").unlink()
     _raises(folder, ops, "model.safetensors")
+
+
+def _cli_fails_with_one_line(folder, capsys) -> str:
+    from deepinfer.cli.main import main
+
+    code = main(["run", "--backend", "reference", "--model", str(folder), "--prompt", "hi", "--no-progress"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2
+    assert len(err) == 1 and err[0].startswith("deepinfer: error: ") and "Traceback" not in err[0], err
+    return err[0]
+
+
+def test_deepinfer_run_reports_each_bad_checkpoint_in_one_line_with_exit_2(v3_copy, capsys):
+    folder, tensors = v3_copy
+    good = dict(tensors)
+    del tensors["model.layers.1.mlp.experts.5.up_proj.weight"]
+    save_file(tensors, str(folder / "model.safetensors"))
+    assert "experts.5.up_proj.weight" in _cli_fails_with_one_line(folder, capsys)
+    tensors = dict(good)
+    tensors["model.layers.0.self_attn.kv_b_proj.weight"] = torch.zeros(128, 31)
+    save_file(tensors, str(folder / "model.safetensors"))
+    assert "kv_b_proj.weight" in _cli_fails_with_one_line(folder, capsys)
+    data = (folder / "model.safetensors").read_bytes()
+    (folder / "model.safetensors").write_bytes(data[: len(data) // 2])
+    assert "truncated" in _cli_fails_with_one_line(folder, capsys)
+    (folder / "model.safetensors").unlink()
+    (folder / "pytorch_model.bin").write_bytes(b"x")
+    assert "pytorch_model.bin" in _cli_fails_with_one_line(folder, capsys)
+    save_file(good, str(folder / "model.safetensors"))
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "model_type": "llama"}))
+    assert "'llama'" in _cli_fails_with_one_line(folder, capsys)
