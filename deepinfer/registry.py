@@ -158,6 +158,19 @@ def check_signature(spec: OpSpec, fn: Callable, backend: str) -> None:
         )
 
 
+@dataclass(frozen=True)
+class Registration:
+    """A kernel as a backend module lists it; `Registry.register_all` registers a list of them."""
+
+    op: str
+    fn: Callable[..., Any]
+    formats: Iterable[str] | None = None
+    dtypes: Iterable[torch.dtype] | None = None
+    when: Callable[[ResolveContext], bool] | None = None
+    note: str = ""
+    priority: int = 0
+
+
 class Registry:
     """Kernels per backend and op. Filled through the `deepinfer_register_kernels` hook."""
 
@@ -186,6 +199,10 @@ class Registry:
             raise RegistryError(f"backend {backend!r}: op {op_name!r} has formats {spec.formats}, not {sorted(fmts - set(spec.formats))}")
         kernel = Kernel(op_name, backend, fn, fmts, frozenset(dtypes) if dtypes is not None else None, when, priority, note)
         self.kernels.setdefault(backend, {}).setdefault(op_name, []).append(kernel)
+
+    def register_all(self, backend: str, registrations: Iterable[Registration]) -> None:
+        for r in registrations:
+            self.register_kernel(backend, r.op, r.fn, formats=r.formats, dtypes=r.dtypes, when=r.when, priority=r.priority, note=r.note)
 
     def candidates(self, backend: str, op_name: str) -> list[Kernel]:
         return self.kernels.get(backend, {}).get(op_name, [])

@@ -30,8 +30,7 @@ def deepinfer_register_kernels(backend, registry, interpret):
         return
     from deepinfer_cuda.kernels import registrations  # imports triton: only once selected
 
-    for r in registrations():
-        registry.register_kernel(NAME, r.op, r.fn, formats=r.formats, dtypes=r.dtypes, note=r.note, priority=r.priority)
+    registry.register_all(NAME, registrations())
 
 
 @hookimpl

@@ -3,20 +3,10 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
-from typing import Callable, Iterable
 
 import torch
 
-
-@dataclass(frozen=True)
-class Registration:
-    op: str
-    fn: Callable
-    formats: Iterable[str] | None = None
-    dtypes: Iterable[torch.dtype] | None = None
-    note: str = "Triton"
-    priority: int = 0
+from deepinfer.registry import Registration  # noqa: F401  (kernel modules import it from here)
 
 
 def interpreting() -> bool:
