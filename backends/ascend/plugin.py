@@ -30,8 +30,13 @@ def deepinfer_add_backends(register):
 def deepinfer_register_kernels(backend, registry, interpret):
     if backend.name != NAME:
         return
-    # The triton-ascend kernels and torch_npu fast paths arrive with the Ascend-backend issue;
-    # until then this backend registers none, and resolving it fails naming each missing op.
+    from deepinfer_ascend.kernels import registrations  # imports triton: only once selected
+
+    registry.register_all(NAME, registrations())
+    if not interpret:
+        from deepinfer_ascend.npu_ops import registrations as npu_registrations  # torch_npu fast paths, hardware only
+
+        registry.register_all(NAME, npu_registrations())
 
 
 @hookimpl

@@ -1,0 +1,3 @@
+"""Ascend Triton kernels: activation (being written)."""
+
+REGISTRATIONS = []

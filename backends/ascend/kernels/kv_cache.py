@@ -1,0 +1,3 @@
+"""Ascend Triton kernels: kv_cache (being written)."""
+
+REGISTRATIONS = []

@@ -1,0 +1,3 @@
+"""Ascend Triton kernels: mla_decode (being written)."""
+
+REGISTRATIONS = []

@@ -1,0 +1,3 @@
+"""Ascend Triton kernels: moe (being written)."""
+
+REGISTRATIONS = []

@@ -1,0 +1,3 @@
+"""Ascend Triton kernels: prefill (being written)."""
+
+REGISTRATIONS = []

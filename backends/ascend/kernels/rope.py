@@ -1,0 +1,3 @@
+"""Ascend Triton kernels: rope (being written)."""
+
+REGISTRATIONS = []

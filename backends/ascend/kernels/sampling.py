@@ -1,0 +1,3 @@
+"""Ascend Triton kernels: sampling (being written)."""
+
+REGISTRATIONS = []
