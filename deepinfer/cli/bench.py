@@ -1,8 +1,10 @@
-"""`deepinfer bench ops --backend NAME [--op OP] [--json FILE]`: time each op at its conformance shapes.
+"""`deepinfer bench ops --backend NAME [--op OP] [--json FILE] [--plot FILE.png]`: benchmark a backend's ops.
 
-Speed is measured here, never asserted in tests. Each op runs over the golden inputs of its cases
-(warm-up, then the median of repeated runs, synchronising the device around each), and the table
-gives the time per call. Ceilings and torch peers per op come with the kernels of each backend.
+Speed is measured here, never asserted in tests. A backend whose plugin module names a bench runner
+(`BENCH_RUNNER = "package.module:function"`) gets its own benchmarks: the machine's ceilings, each op
+at the shapes that matter and its torch peer, in one run (the cuda backend's does). Any other backend
+is timed over the golden inputs of its conformance cases (warm-up, then the median of repeated runs,
+synchronising the device around each), and the table gives the time per call.
 """
 
 from __future__ import annotations
@@ -21,11 +23,12 @@ from deepinfer.errors import UserError
 def add_parser(sub) -> None:
     p = sub.add_parser("bench", help="benchmarks (results go to files, never to test asserts)", description=__doc__)
     what = p.add_subparsers(dest="what", metavar="WHAT", parser_class=type(p))
-    ops = what.add_parser("ops", help="time every op of a backend at the conformance shapes")
+    ops = what.add_parser("ops", help="benchmark the ops of a backend (its own runner, else the conformance shapes)")
     ops.add_argument("--backend", default="reference")
     ops.add_argument("--op", action="append", default=None, help="only this op (repeatable)")
-    ops.add_argument("--repeat", type=int, default=10)
+    ops.add_argument("--repeat", type=int, default=10, help="timed runs per case (conformance-shape timing only)")
     ops.add_argument("--json", type=Path, default=None, help="write the results to FILE")
+    ops.add_argument("--plot", type=Path, default=None, help="plot the fraction of the ceiling per case to FILE.png (backend runners only)")
     ops.set_defaults(func=run_ops)
     p.set_defaults(func=lambda args: (_ for _ in ()).throw(UserError("say what to benchmark: `deepinfer bench ops --backend NAME`")))
 
@@ -33,6 +36,22 @@ def add_parser(sub) -> None:
 def _sync(device: torch.device) -> None:
     if device.type != "cpu":
         getattr(torch, device.type).synchronize()
+
+
+def bench_runner(plugins, backend: str):
+    """The backend's own bench runner, named by its plugin module's `BENCH_RUNNER` ("module:function"), or None."""
+    import importlib
+
+    spec = plugins.backend(backend)
+    plugin = plugins.pm.get_plugin(spec.plugin) if spec.plugin else None
+    target = getattr(plugin, "BENCH_RUNNER", None)
+    if not target:
+        return None
+    module_name, _, func_name = str(target).partition(":")
+    try:
+        return getattr(importlib.import_module(module_name), func_name or "run")
+    except Exception as exc:  # a broken runner is the backend's bug: say so in one line
+        raise UserError(f"backend {backend!r}: its bench runner {target!r} failed to load: {type(exc).__name__}: {exc}")
 
 
 def run_ops(args: argparse.Namespace) -> int:
@@ -43,16 +62,23 @@ def run_ops(args: argparse.Namespace) -> int:
 
     if args.repeat < 1:
         raise UserError(f"--repeat must be at least 1, not {args.repeat}")
-    if args.json is not None and not args.json.parent.exists():
-        raise UserError(f"cannot write {args.json}: folder {args.json.parent} does not exist")
-    plugins = load_plugins()
-    spec = plugins.require(args.backend)
-    device = torch.device(spec.device())
-    registry = plugins.registry(args.backend)
     ops = all_ops()
     unknown = set(args.op or []) - set(ops)
     if unknown:
         raise UserError(f"unknown op(s) {', '.join(sorted(unknown))}; ops: {', '.join(ops)}")
+    for path in (args.json, args.plot):
+        if path is not None and not path.parent.exists():
+            raise UserError(f"cannot write {path}: folder {path.parent} does not exist")
+    plugins = load_plugins()
+    spec = plugins.require(args.backend)
+    runner = bench_runner(plugins, args.backend)
+    if runner is not None:
+        runner(ops=args.op, json_path=args.json, plot_path=args.plot)
+        return 0
+    if args.plot is not None:
+        raise UserError(f"--plot needs a backend bench runner; backend {args.backend!r} has none (only conformance-shape timing)")
+    device = torch.device(spec.device())
+    registry = plugins.registry(args.backend)
     golden = GoldenTensors()
     results = []
     for case in read_cases():

@@ -19,6 +19,7 @@ class BenchCase:
     flops: Callable[[dict], float]  # minimal floating-point work of one call
     bytes: Callable[[dict], float]  # minimal device-memory traffic of one call (inputs read once, outputs written once)
     bound: str = "memory"  # "memory" (compare with copy bandwidth) or "compute" (compare with the matmul rate)
+    graph: bool = False  # time from a CUDA graph of repeated calls (decode-sized calls: no launch overhead)
 
 
 def time_ms(fn: Callable[[], Any], *, warmup_ms: float = 25, rep_ms: float = 100) -> float:
