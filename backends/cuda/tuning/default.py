@@ -3,4 +3,51 @@
 Kernel modules add their entries here; an op/variant missing here falls back to default.py.
 """
 
-CONFIGS: dict[str, dict[str, dict]] = {}
+CONFIGS: dict[str, dict[str, dict]] = {
+    # gemm (linear + grouped_gemm, every format): <fmt>_small serves <= 64 rows per expert (decode:
+    # weight streaming, BLOCK_M is a cap lowered to the rows), <fmt>_large the rest. fp8 BLOCK_K is
+    # always 128 (the scale group). quant_act: the fused fp8 activation quantiser.
+    "gemm": {
+        "dense_small": {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 4, "num_stages": 3},
+        "dense_large": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 8, "num_stages": 3},
+        "fp8_block_small": {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 4, "num_stages": 3},
+        "fp8_block_large": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 3},
+        "mxfp4_small": {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 4, "num_stages": 3},
+        "mxfp4_large": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 3},
+        "quant_act": {"BLOCK_R": 16, "num_warps": 4},
+    },
+    # misc (memory-bound, rows in registers): tile_elems = elements per program, warps sized so each
+    # thread holds bytes_per_thread of the tile (whole 16-byte vectors).
+    # min_programs: tiles halve (down to min_tile_elems) until the grid has that many programs (decode batches).
+    "rms_norm": {"rows": {"max_block_d": 16384, "tile_elems": 4096, "bytes_per_thread": 32, "min_warps": 4, "max_warps": 16, "loop_block_d": 4096, "min_programs": 264}},
+    "rope": {"tokens": {"tile_elems": 4096, "bytes_per_thread": 32, "min_warps": 4, "max_warps": 8, "min_programs": 264, "min_tile_elems": 1024}},
+    "silu_and_mul": {"rows": {"max_block_i": 2048, "tile_elems": 4096, "bytes_per_thread": 32, "min_warps": 4, "max_warps": 8, "min_programs": 264, "min_tile_elems": 1024}},
+    # prefill (FA2 var-len causal): query block x key block; large_head = Dqk + Dv > 256 (DeepSeek 192/128).
+    "prefill": {
+        "large_head": {"BLOCK_M": 64, "BLOCK_N": 32, "num_warps": 4, "num_stages": 2},
+        "small_head": {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2},
+        "large_head_fp32": {"BLOCK_M": 32, "BLOCK_N": 32, "num_warps": 4, "num_stages": 2},
+        "small_head_fp32": {"BLOCK_M": 64, "BLOCK_N": 32, "num_warps": 4, "num_stages": 2},
+    },
+    # attention (mla_decode: rows = S*H query rows per request; rows_le16/32/64 -> one row tile,
+    # memory-bound; rows_gt64 -> BLOCK_M-row tiles, compute-bound). Splits: the count whose programs
+    # fill ctas_per_sm * SMs resident slots best, each split >= min_tokens_per_split tokens.
+    "mla_decode": {
+        "rows_le16": {"BLOCK_N": 64, "num_warps": 4, "num_stages": 2, "ctas_per_sm": 2, "min_tokens_per_split": 256, "max_splits": 64},
+        "rows_le32": {"BLOCK_N": 64, "num_warps": 4, "num_stages": 2, "ctas_per_sm": 2, "min_tokens_per_split": 256, "max_splits": 64},
+        "rows_le64": {"BLOCK_N": 64, "num_warps": 8, "num_stages": 2, "ctas_per_sm": 1, "min_tokens_per_split": 256, "max_splits": 64},
+        "rows_gt64": {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 8, "num_stages": 2, "ctas_per_sm": 1, "min_tokens_per_split": 256, "max_splits": 64},
+        "combine": {"num_warps": 4},
+    },
+    "kv_cache_write": {"tokens": {"num_warps": 4}},
+    # moe (deepinfer_cuda.kernels.moe): gate holds tile_elems router scores per program; dispatch's
+    # count tile is count_tile_elems one-hot entries; copy/combine move block_bytes per row per step
+    # and split the columns until target_programs programs run.
+    "gate": {"tokens": {"tile_elems": 1024, "num_warps": 4}},
+    "dispatch": {"tokens": {"count_tile_elems": 16384, "count_warps": 8, "block_bytes": 4096, "target_programs": 1024, "copy_warps": 8}},
+    "combine": {"tokens": {"block_bytes": 4096, "target_programs": 1024, "num_warps": 4}},
+    # sampling (deepinfer_cuda.kernels.sampling): sample runs one program per row; BLOCK lanes per
+    # pass over the vocabulary (also the candidate capacity), TILE_C the candidate tile.
+    "sample": {"rows": {"BLOCK": 4096, "TILE_C": 128, "N_GROUPS": 128, "num_warps": 16}},
+    "apply_token_bitmask": {"rows": {"BLOCK": 4096, "num_warps": 8}},
+}

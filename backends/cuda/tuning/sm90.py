@@ -3,4 +3,38 @@
 Kernel modules add their entries here; an op/variant missing here falls back to default.py.
 """
 
-CONFIGS: dict[str, dict[str, dict]] = {}
+CONFIGS: dict[str, dict[str, dict]] = {
+    # rope: measured on an H200 2026-11-30 (T16384 H128 D64 bf16): 16384-element tiles, 16 warps: 95% of copy vs 90% at the default.
+    "rope": {"tokens": {"tile_elems": 16384, "bytes_per_thread": 64, "min_warps": 4, "max_warps": 16, "min_programs": 264, "min_tile_elems": 1024}},
+    # gemm: see default.py. Measured on the H200 (backends/cuda/bench/gemm.py --sweep).
+    "gemm": {
+        "dense_small": {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 256, "GROUP_M": 8, "num_warps": 4, "num_stages": 4},
+        "dense_large": {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 8, "num_stages": 3},
+        "fp8_block_small": {"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 4, "num_stages": 5},
+        "fp8_block_large": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 4},
+        "mxfp4_small": {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 256, "GROUP_M": 8, "num_warps": 4, "num_stages": 4},
+        "mxfp4_large": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 3},
+        "quant_act": {"BLOCK_R": 16, "num_warps": 4},
+    },
+    # prefill: tma = K/V tiles through TMA descriptors. bf16 tiles measured on the H200 (2026-11-30):
+    # 128x64 w8 s3 + TMA 432 TFLOP/s at B4x4096 H16 192/128; 64x64 w4 s3 + TMA 447 at d128 (2 CTAs/SM).
+    "prefill": {
+        "large_head": {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 3, "tma": True},
+        "small_head": {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3, "tma": True},
+        "large_head_fp32": {"BLOCK_M": 64, "BLOCK_N": 32, "num_warps": 4, "num_stages": 2, "tma": True},
+        "small_head_fp32": {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2, "tma": True},
+    },
+    # mla_decode: measured on an H200 2026-11-30 (B128 ctx4096 page64 bf16; bench/attention_decode.py sweep).
+    # rows_le16 (16 heads, S=1): BLOCK_N 64, 4 warps, 2 stages, 2 CTAs/SM -> 2 splits: 173 us incl. combine,
+    # 3.52 TB/s (split kernel alone 161-166 us); BLOCK_N 32 / 3-4 stages / 2 or 8 warps / 128-wide tiles all slower.
+    # rows_le32 (S=2): same tile, 215 us. rows_le64 (S=4, 64 rows): 8 warps, one split, 311 us.
+    # rows_gt64 (128 heads): 64x64 tiles, 8 warps, 2 stages, one split: 570 us = 256 TFLOP/s (4 warps or 16 spill:
+    # 1017 / 1200 us; BLOCK_N 32: 804 us).
+    "mla_decode": {
+        "rows_le16": {"BLOCK_N": 64, "num_warps": 4, "num_stages": 2, "ctas_per_sm": 2, "min_tokens_per_split": 256, "max_splits": 64},
+        "rows_le32": {"BLOCK_N": 64, "num_warps": 4, "num_stages": 2, "ctas_per_sm": 2, "min_tokens_per_split": 256, "max_splits": 64},
+        "rows_le64": {"BLOCK_N": 64, "num_warps": 8, "num_stages": 2, "ctas_per_sm": 1, "min_tokens_per_split": 256, "max_splits": 64},
+        "rows_gt64": {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 8, "num_stages": 2, "ctas_per_sm": 1, "min_tokens_per_split": 256, "max_splits": 64},
+        "combine": {"num_warps": 4},
+    },
+}

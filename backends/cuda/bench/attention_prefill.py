@@ -1,0 +1,178 @@
+"""Benchmarks of `prefill` (var-len causal flash attention) against torch SDPA at the issue's shapes.
+
+The peer pads the batch to [B, H, L, D] (all requests of a case have equal lengths, so this is a
+view of the packed tensors, no copy) and calls `F.scaled_dot_product_attention` with causal
+masking: `is_causal=True` when q_len == k_len, `causal_lower_right` (end-aligned, the op's
+convention) when there is a cached prefix. torch picks the backend: Dqk 192 != Dv 128 rules
+out flash attention, so torch takes the memory-efficient (or cuDNN) kernel; the d=128/128 cases
+are there for reference against SDPA's flash kernel.
+
+FLOPs: 2 * (Dqk + Dv) * H * (visible query-key pairs), the pairs counted exactly
+(q_len * prefix + q_len * (q_len + 1) / 2 per request): the causal half, no credit for masked work.
+
+`python -m deepinfer_cuda.bench.attention_prefill [--check] [--sweep CONFIGS] [--cases 0,2]` runs the
+cases standalone (and optionally checks correctness on the GPU and times other tile configurations).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from deepinfer_cuda.bench.common import BenchCase
+
+DTYPE = torch.bfloat16
+
+
+def _visible_pairs(q_len: int, k_len: int) -> int:
+    return q_len * (k_len - q_len) + q_len * (q_len + 1) // 2
+
+
+def _setup(batch: int, q_len: int, k_len: int, heads: int, d_qk: int, d_v: int):
+    def setup(device: torch.device) -> dict:
+        g = torch.Generator(device=device).manual_seed(0)
+        q = torch.randn(batch * q_len, heads, d_qk, device=device, dtype=DTYPE, generator=g)
+        k = torch.randn(batch * k_len, heads, d_qk, device=device, dtype=DTYPE, generator=g)
+        v = torch.randn(batch * k_len, heads, d_v, device=device, dtype=DTYPE, generator=g)
+        cu_q = torch.arange(0, batch + 1, device=device, dtype=torch.int32) * q_len
+        cu_k = torch.arange(0, batch + 1, device=device, dtype=torch.int32) * k_len
+        scale = 1.0 / math.sqrt(d_qk)
+        # The peer's batch form: views of the packed tensors, [B, H, L, D].
+        qb = q.view(batch, q_len, heads, d_qk).transpose(1, 2)
+        kb = k.view(batch, k_len, heads, d_qk).transpose(1, 2)
+        vb = v.view(batch, k_len, heads, d_v).transpose(1, 2)
+        mask = None
+        if q_len != k_len:
+            from torch.nn.attention.bias import causal_lower_right
+
+            mask = causal_lower_right(q_len, k_len)
+        return dict(
+            q=q, k=k, v=v, cu_q=cu_q, cu_k=cu_k, scale=scale, qb=qb, kb=kb, vb=vb, mask=mask,
+            batch=batch, q_len=q_len, k_len=k_len, heads=heads, d_qk=d_qk, d_v=d_v,
+        )
+
+    return setup
+
+
+def _kernel(s: dict):
+    from deepinfer_cuda.kernels.prefill import prefill
+
+    return prefill(s["q"], s["k"], s["v"], s["cu_q"], s["cu_k"], softmax_scale=s["scale"])
+
+
+def _peer(s: dict):
+    import torch.nn.functional as F
+
+    if s["mask"] is None:
+        return F.scaled_dot_product_attention(s["qb"], s["kb"], s["vb"], is_causal=True, scale=s["scale"])
+    return F.scaled_dot_product_attention(s["qb"], s["kb"], s["vb"], attn_mask=s["mask"], scale=s["scale"])
+
+
+def _flops(s: dict) -> float:
+    return 2.0 * (s["d_qk"] + s["d_v"]) * s["heads"] * s["batch"] * _visible_pairs(s["q_len"], s["k_len"])
+
+
+def _bytes(s: dict) -> float:
+    size = torch.finfo(DTYPE).bits // 8
+    tq, tk = s["batch"] * s["q_len"], s["batch"] * s["k_len"]
+    return float(size * s["heads"] * (tq * s["d_qk"] + tk * (s["d_qk"] + s["d_v"]) + tq * s["d_v"]))
+
+
+# (name, batch, q_len, k_len, heads, d_qk, d_v)
+SHAPES = [
+    ("causal_b4x4096_h16_dqk192_dv128", 4, 4096, 4096, 16, 192, 128),
+    ("prefix3072_b4x1024_h16_dqk192_dv128", 4, 1024, 4096, 16, 192, 128),
+    ("causal_b2x2048_h128_dqk192_dv128", 2, 2048, 2048, 128, 192, 128),
+    ("causal_b4x4096_h16_d128 (reference)", 4, 4096, 4096, 16, 128, 128),
+    ("causal_b2x2048_h128_d128 (reference)", 2, 2048, 2048, 128, 128, 128),
+]
+
+CASES = [
+    BenchCase(
+        op="prefill",
+        name=name,
+        setup=_setup(b, lq, lk, h, dqk, dv),
+        kernel=_kernel,
+        peer=_peer,
+        peer_name="torch SDPA (causal, batch form)",
+        flops=_flops,
+        bytes=_bytes,
+        bound="compute",
+    )
+    for name, b, lq, lk, h, dqk, dv in SHAPES
+]
+
+
+def _check(device: torch.device) -> None:
+    """Correctness on the GPU against the float64 reference, on small var-len batches."""
+    from deepinfer.ops.attention import prefill as reference
+    from deepinfer_cuda.kernels.prefill import prefill
+
+    g = torch.Generator(device="cpu").manual_seed(1)
+    for dtype in (torch.bfloat16, torch.float32):
+        for d_qk, d_v in ((192, 128), (64, 64), (128, 128), (80, 48)):
+            for window in (None, 100):
+                q_lens = [1, 63, 64, 65, 128, 300, 777]
+                k_lens = [q + p for q, p in zip(q_lens, [0, 5, 0, 130, 64, 1000, 0])]
+                cu_q = torch.tensor([0] + q_lens, dtype=torch.int32).cumsum(0).to(torch.int32).to(device)
+                cu_k = torch.tensor([0] + k_lens, dtype=torch.int32).cumsum(0).to(torch.int32).to(device)
+                h = 3
+                q = torch.randn(sum(q_lens), h, d_qk, generator=g).to(device, dtype)
+                k = torch.randn(sum(k_lens), h, d_qk, generator=g).to(device, dtype)
+                v = torch.randn(sum(k_lens), h, d_v, generator=g).to(device, dtype)
+                scale = d_qk ** -0.5
+                out = prefill(q, k, v, cu_q, cu_k, softmax_scale=scale, sliding_window=window)
+                ref = reference(q.double(), k.double(), v.double(), cu_q, cu_k, softmax_scale=scale, sliding_window=window)
+                rel = float((out.double() - ref).norm() / ref.norm())
+                worst = float((out.double() - ref).abs().max())
+                print(f"check {str(dtype):15s} dqk {d_qk:3d} dv {d_v:3d} window {window}: rel {rel:.2e} max {worst:.2e}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    import argparse
+
+    from deepinfer_cuda.bench.common import time_ms
+    from deepinfer_cuda.kernels import prefill as module
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--check", action="store_true")
+    ap.add_argument("--sweep", default="", help="tile configs to time besides the table's: 'BMxBN/warps/stages[/tma][/ws];...'")
+    ap.add_argument("--cases", default="", help="comma-separated case indices (default: all)")
+    args = ap.parse_args(argv)
+    sweep = []
+    for item in filter(None, args.sweep.split(";")):
+        tile, warps, stages, *flags = item.split("/")
+        bm, bn = (int(x) for x in tile.split("x"))
+        sweep.append((item, dict(BLOCK_M=bm, BLOCK_N=bn, num_warps=int(warps), num_stages=int(stages), tma="tma" in flags, warp_specialize="ws" in flags)))
+    cases = [CASES[int(i)] for i in args.cases.split(",")] if args.cases else CASES
+    device = torch.device("cuda")
+    print(torch.__version__, torch.cuda.get_device_name(0))
+    if args.check:
+        _check(device)
+    for case in cases:
+        s = case.setup(device)
+        flops = case.flops(s)
+        ms = time_ms(lambda: case.kernel(s))
+        peer_ms = time_ms(lambda: case.peer(s))
+        peer_out = case.peer(s).float()
+
+        def diff(out: torch.Tensor) -> float:
+            return float((out.view(s["batch"], s["q_len"], s["heads"], s["d_v"]).transpose(1, 2).float() - peer_out).abs().max())
+
+        err = diff(case.kernel(s))
+        print(f"{case.name:40s} kernel {ms:7.3f} ms {flops / ms / 1e9:6.1f} TFLOP/s | SDPA {peer_ms:7.3f} ms {flops / peer_ms / 1e9:6.1f} TFLOP/s | ratio {peer_ms / ms:5.2f} | max|diff| {err:.3g}")
+        for label, cfg in sweep:
+            try:
+                run = lambda: module.launch_prefill(s["q"], s["k"], s["v"], s["cu_q"], s["cu_k"], s["scale"], None, cfg=cfg)  # noqa: E731
+                e = diff(run())
+                t = time_ms(run)
+                print(f"    {label:24s}: {t:7.3f} ms {flops / t / 1e9:6.1f} TFLOP/s  max|diff| {e:.3g}")
+            except Exception as e:  # out of shared memory, say
+                print(f"    {label:24s}: failed {type(e).__name__}: {str(e)[:100]}")
+        del s
+        torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()
