@@ -1,3 +1,743 @@
-"""Triton kernels: gemm (being written)."""
+"""Triton kernels: `linear` and `grouped_gemm` in every weight format (dense, fp8_block, mxfp4).
 
-REGISTRATIONS = []
+One GEMM kernel serves both ops and all three formats; constexprs pick the format and the layout:
+
+- LAYOUT 0 (`linear`): one expert, rows 0..M.
+- LAYOUT 1 (contiguous `grouped_gemm`): x [M, K], expert e owns rows offsets[e]:offsets[e+1].
+  The grid is 1-D over `(cdiv(M, BLOCK_M) + E) * cdiv(N, BLOCK_N)` tiles (an upper bound on the
+  row tiles: each expert adds at most one partial tile), derived from shapes only. Each program
+  loads the E+1 offsets, turns them into tiles per expert, prefix-sums those (tl.cumsum) and finds
+  its own (expert, row block) by counting the prefix sums at or below its tile index; tiles past
+  the last expert's exit at once. No prepass launch, no host synchronisation.
+- LAYOUT 2 (masked `grouped_gemm`): x [E, max_m, K], masked_m [E]. Grid
+  (cdiv(max_m, BLOCK_M), cdiv(N, BLOCK_N), E * SPLIT_K): row blocks vary fastest so programs that
+  share an expert's weight tile run together; a program whose rows start at or past masked_m[e]
+  exits at once.
+
+Large tiles on SM90+ (tuning entry "tma": True; dense bf16/fp16 and fp8_block) run
+`_gemm_tma_kernel`: the same tile mapping, operands through host-side tensor descriptors (TMA,
+x seen as [rows, K], the weight as [E*N, K]; a tile reading rows of the next expert, or zeros past
+the end, only feeds outputs masked at the store), no split-K. Option "k_pairs" (fp8) runs two
+128-K groups per step so one MMA is in flight while the other is promoted. The H200 figures are in
+tuning/sm90.py.
+
+Tiles are grouped GROUP_M row tiles at a time (L2 reuse of the weight tiles). Decode shapes
+(few rows per expert) take the "small" tuning variant: BLOCK_M 16..64, wide BLOCK_K and deep
+pipelines so the weight stream keeps HBM busy, and split-K when the (expert, N-block) programs
+would not fill the GPU twice over; split-K partials go to a float32 workspace [SPLIT_K, rows, N]
+and a second kernel sums them in a fixed order (deterministic, no atomics).
+
+Formats:
+- dense: both operands converted to one dot dtype: x's dtype when the weight has the same one
+  (bf16/fp16 run on the tensor cores), float32 with input_precision="ieee" otherwise (float32
+  inputs, mixed dtypes), so every case meets its tolerance.
+- fp8_block (DeepSeek-V3, DeepGEMM-style): the activation is quantised first by
+  `_quant_act_fp8_kernel` (per token and 128-column group, bit-exact with
+  `deepinfer.ops.quant.quantize_act_fp8`: tl.math.div_rn for both divisions, RNE cast to e4m3).
+  The GEMM then runs BLOCK_K = 128 (one scale group per step): an fp8 x fp8 tl.dot per group into
+  a fresh float32 product, scaled by x_scale[row, g] * w_scale[n // 128, g] and added to the
+  float32 accumulator (the promotion DeepGEMM does every 128 K). Hopper's fp8 MMA sums with
+  reduced precision, fine for bf16/fp16 outputs but not for float32's tolerance (seen on the H200:
+  up to 72x the bound): float32 activations take the fp8 values upcast to bf16 (exact) through the
+  bf16 MMA, which sums in float32.
+- mxfp4 (W4A16): packed e2m1 weights [N, K/2] with e8m0 scales [N, K/32]. Two paths:
+  `tl.dot_scaled(x, None, "bf16"|"fp16", w, w_scale, "e2m1")` (emulated with an upcast on SM90,
+  native on SM100), or an in-kernel upcast (nibbles -> float32 bit patterns -> times 2^(s-127) ->
+  the dot dtype; x split into even and odd columns so the two nibble halves need no interleave)
+  for float32 activations and where dot_scaled is unavailable. `mxfp4_path()` says which path
+  bf16/fp16 activations take on this machine (override: DEEPINFER_CUDA_MXFP4_PATH=dot_scaled|upcast);
+  the registration note names it. Both paths are checked under the interpreter and on the H200.
+
+float32 dots (and mixed dtypes) keep wide operands in shared memory: `_fit_shared_memory` drops
+stages, then halves BLOCK_K, until the buffers fit.
+
+Deviation (interpreter only): Triton's interpreter converts float32 to float8e4nv incorrectly
+(truncation that even loses the exponent carry: 7.96 -> 4.0, seen with Triton 3.9 on 2026-11-30),
+so under TRITON_INTERPRET=1 the quantiser builds the e4m3 byte with integer arithmetic
+(`_e4m3_rne_bits`, round to nearest even with subnormals, exactly what the GPU's cvt.rn does).
+Also, tl.dot on bf16 returns garbage there: dot operands are upcast to float32 (`upcast_dot()`).
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+from deepinfer.ops import gemm as gemm_ops
+from deepinfer.ops import quant
+from deepinfer_cuda.kernels.common import Registration, capability, cdiv, interpreting, next_power_of_2, upcast_dot
+from deepinfer_cuda.tuning import config
+
+FP8_GROUP = quant.FP8_BLOCK  # 128: activation group width and weight block edge
+MX_GROUP = quant.MX_BLOCK  # 32
+
+_FMT_ID = {"dense": 0, "fp8_block": 1, "mxfp4": 2}
+_LINEAR, _CONTIGUOUS, _MASKED = 0, 1, 2
+_KERNEL_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+
+# ---------------------------------------------------------------------------------------------
+# fp8 activation quantiser (per token, per 128-column group)
+
+
+@triton.jit
+def _e4m3_rne_bits(v):
+    """The e4m3fn byte (as int32, 0..255) nearest to float32 v (|v| < 464), ties to even.
+
+    Integer arithmetic only: used under the interpreter, whose float8 cast is wrong."""
+    bits = v.to(tl.int32, bitcast=True)
+    sign = (bits >> 24) & 0x80
+    mag_bits = bits & 0x7FFFFFFF
+    mag = mag_bits.to(tl.float32, bitcast=True)
+    # Normal range (|v| >= 2^-6): drop 20 of float32's 23 mantissa bits, round half to even; a
+    # carry moves into the exponent by itself. Then rebias the exponent from 127 to 7.
+    rounded = (mag_bits + 0x7FFFF + ((mag_bits >> 20) & 1)) >> 20
+    normal = rounded - ((127 - 7) << 3)
+    # Subnormal range: code = round_half_even(|v| * 2^9); adding 2^23 rounds to an integer (RNE),
+    # whose value sits in the low mantissa bits. A result of 8 is the smallest normal, 2^-6.
+    sub = (mag * 512.0 + 8388608.0).to(tl.int32, bitcast=True) - 0x4B000000
+    code = tl.where(mag >= 0.015625, normal, sub)
+    return code | sign
+
+
+@triton.jit
+def _quant_act_fp8_kernel(
+    x_ptr, q_ptr, s_ptr,
+    R, K,
+    stride_xr, stride_qr, stride_sr,
+    BLOCK_R: tl.constexpr,
+    GROUP: tl.constexpr,
+    MANUAL_CVT: tl.constexpr,
+):
+    pid_r = tl.program_id(0)
+    g = tl.program_id(1)
+    rows = (pid_r * BLOCK_R + tl.arange(0, BLOCK_R)).to(tl.int64)
+    cols = g * GROUP + tl.arange(0, GROUP)
+    row_ok = rows < R
+    mask = row_ok[:, None] & (cols < K)[None, :]
+    x = tl.load(x_ptr + rows[:, None] * stride_xr + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    amax = tl.max(tl.abs(x), axis=1)
+    amax = tl.maximum(amax, 1e-4)  # float32(1e-4), as the reference clamps
+    scale = tl.math.div_rn(amax, 448.0)
+    y = tl.math.div_rn(x, scale[:, None])
+    q_ptrs = q_ptr + rows[:, None] * stride_qr + cols[None, :]
+    if MANUAL_CVT:
+        tl.store(q_ptrs, _e4m3_rne_bits(y).to(tl.uint8), mask=mask)  # q_ptr is a uint8 view
+    else:
+        tl.store(q_ptrs, y.to(tl.float8e4nv), mask=mask)
+    tl.store(s_ptr + rows * stride_sr + g, scale, mask=row_ok)
+
+
+def quantize_act_fp8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The fused quantiser, same contract as `deepinfer.ops.quant.quantize_act_fp8` (bit-exact):
+    x [..., K] -> (x_fp8 [..., K] float8_e4m3fn, x_scale float32 [..., ceil(K/128)])."""
+    k = x.shape[-1]
+    groups = cdiv(k, FP8_GROUP)
+    x2 = x.reshape(-1, k)
+    if k and x2.stride(-1) != 1:
+        x2 = x2.contiguous()
+    rows = x2.shape[0]
+    q = torch.empty(rows, k, dtype=quant.FP8_DTYPE, device=x.device)
+    s = torch.empty(rows, groups, dtype=torch.float32, device=x.device)
+    if rows and k:
+        cfg = config("gemm", "quant_act", x.device)
+        manual = interpreting()
+        grid = (cdiv(rows, cfg["BLOCK_R"]), groups)
+        _quant_act_fp8_kernel[grid](
+            x2, q.view(torch.uint8) if manual else q, s,
+            rows, k,
+            x2.stride(0), q.stride(0), s.stride(0),
+            BLOCK_R=cfg["BLOCK_R"], GROUP=FP8_GROUP, MANUAL_CVT=manual,
+            num_warps=cfg["num_warps"],
+        )
+    return q.reshape(*x.shape[:-1], k), s.reshape(*x.shape[:-1], groups)
+
+
+# ---------------------------------------------------------------------------------------------
+# The GEMM
+
+
+@triton.jit
+def _mx_factor(s):
+    """e8m0 byte (int32) -> float32 2^(s-127); 0 -> 2^-127 (a float32 subnormal), 255 -> NaN."""
+    bits = tl.where(s == 0, 0x00400000, s << 23)
+    bits = tl.where(s == 255, 0x7FC00000, bits)
+    return bits.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _e2m1_value(c):
+    """e2m1 code (int32, 0..15) -> float32 value: sign bit 3, exponent bits 2:1, mantissa bit 0."""
+    e = (c >> 1) & 3
+    m = c & 1
+    bits = tl.where(e == 0, m * 0x3F000000, ((e + 126) << 23) | (m << 22))
+    bits = bits | ((c & 8) << 28)
+    return bits.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _tile_of_program(
+    offs_ptr, mm_ptr, M, N, E, num_m_tiles,
+    LAYOUT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr,
+    SPLIT_K: tl.constexpr, E_POW2: tl.constexpr,
+):
+    """This program's tile: (expert, first row, row bound, N block, K split). A program with no
+    work gets row_start >= row_end (past masked_m[e], or past the last expert's tiles)."""
+    if LAYOUT == 2:
+        pid_m = tl.program_id(0)
+        pid_n = tl.program_id(1)
+        pid_z = tl.program_id(2)
+        e = pid_z // SPLIT_K
+        pid_s = pid_z % SPLIT_K
+        row_end = tl.load(mm_ptr + e).to(tl.int32)
+        row_start = pid_m * BLOCK_M
+    else:
+        pid = tl.program_id(0)
+        pid_s = tl.program_id(1)
+        num_n = tl.cdiv(N, BLOCK_N)
+        per_group = GROUP_M * num_n
+        first_m = (pid // per_group) * GROUP_M
+        group_m = tl.minimum(num_m_tiles - first_m, GROUP_M)
+        t = first_m + (pid % per_group) % group_m
+        pid_n = (pid % per_group) // group_m
+        if LAYOUT == 1:
+            idx = tl.arange(0, E_POW2)
+            lo = tl.load(offs_ptr + idx, mask=idx < E, other=0).to(tl.int32)
+            hi = tl.load(offs_ptr + idx + 1, mask=idx < E, other=0).to(tl.int32)
+            tiles = (hi - lo + BLOCK_M - 1) // BLOCK_M
+            ends = tl.cumsum(tiles, axis=0)  # tile index one past each expert's last tile
+            e = tl.sum((ends <= t).to(tl.int32), axis=0)  # E when t is past every expert's tiles
+            sel = idx == e
+            row_start = tl.sum(tl.where(sel, lo + (t - (ends - tiles)) * BLOCK_M, 0), axis=0)
+            row_end = tl.sum(tl.where(sel, hi, 0), axis=0)  # 0 when e == E: no work
+        else:
+            e = pid * 0
+            row_start = t * BLOCK_M
+            row_end = M
+    return e, row_start, row_end, pid_n, pid_s
+
+
+@triton.jit
+def _gemm_kernel(
+    x_ptr, xs_ptr, w_ptr, ws_ptr, out_ptr, offs_ptr, mm_ptr,
+    M, N, K, E, num_m_tiles, iters_per_split,
+    stride_xe, stride_xm, stride_xk,
+    stride_xse, stride_xsm,
+    stride_we, stride_wn, stride_wk,
+    stride_wse, stride_wsn, stride_wsk,
+    stride_os, stride_oe, stride_om, stride_on,
+    FMT: tl.constexpr,  # 0 dense, 1 fp8_block, 2 mxfp4
+    LAYOUT: tl.constexpr,  # 0 linear, 1 contiguous, 2 masked
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+    SPLIT_K: tl.constexpr,
+    E_POW2: tl.constexpr,
+    EVEN_K: tl.constexpr,
+    DOT_F32: tl.constexpr,  # convert dot operands to float32 (ieee precision)
+    PRECISION: tl.constexpr,
+    MX_DOT_SCALED: tl.constexpr,
+    MX_LHS: tl.constexpr,  # "bf16" | "fp16": dot_scaled's format of x
+    FP8_VIA_BF16: tl.constexpr,  # fp8 operands upcast to bf16 (exact) for a float32-exact sum
+    SCALAR_WS: tl.constexpr,  # the N block lies in one 128-row weight-scale block
+):
+    e, row_start, row_end, pid_n, pid_s = _tile_of_program(
+        offs_ptr, mm_ptr, M, N, E, num_m_tiles, LAYOUT, BLOCK_M, BLOCK_N, GROUP_M, SPLIT_K, E_POW2
+    )
+    if row_start >= row_end:
+        return
+
+    rows = row_start + tl.arange(0, BLOCK_M)
+    rows_c = tl.minimum(rows, row_end - 1).to(tl.int64)  # clamped: loads need no row mask
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    cols_c = tl.minimum(cols, N - 1).to(tl.int64)
+    e64 = e.to(tl.int64)
+    offs_k = tl.arange(0, BLOCK_K)
+
+    x_base = x_ptr + e64 * stride_xe + rows_c[:, None] * stride_xm
+    w_base = w_ptr + e64 * stride_we + cols_c[None, :] * stride_wn
+
+    total_iters = tl.cdiv(K, BLOCK_K)
+    it0 = pid_s * iters_per_split
+    it1 = tl.minimum(it0 + iters_per_split, total_iters)
+
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    if FMT == 1:
+        xs_base = xs_ptr + e64 * stride_xse + rows_c * stride_xsm
+        ws_base = ws_ptr + e64 * stride_wse + (cols_c // BLOCK_K) * stride_wsn
+        ws_tile = ws_ptr + e64 * stride_wse + ((pid_n * BLOCK_N) // BLOCK_K) * stride_wsn  # SCALAR_WS
+    if FMT == 2:
+        offs_kp = tl.arange(0, BLOCK_K // 2)
+        offs_ks = tl.arange(0, BLOCK_K // 32)
+        ws_base = ws_ptr + e64 * stride_wse + cols_c[:, None] * stride_wsn
+
+    for it in range(it0, it1):
+        k0 = it * BLOCK_K
+        kk = k0 + offs_k
+        if EVEN_K:
+            a = tl.load(x_base + kk[None, :] * stride_xk)
+        else:
+            a = tl.load(x_base + kk[None, :] * stride_xk, mask=(kk < K)[None, :], other=0.0)
+        if FMT == 0:
+            if EVEN_K:
+                b = tl.load(w_base + kk[:, None] * stride_wk)
+            else:
+                b = tl.load(w_base + kk[:, None] * stride_wk, mask=(kk < K)[:, None], other=0.0)
+            if DOT_F32:
+                a = a.to(tl.float32)
+                b = b.to(tl.float32)
+            acc = tl.dot(a, b, acc, input_precision=PRECISION)
+        elif FMT == 1:
+            if EVEN_K:
+                b = tl.load(w_base + kk[:, None] * stride_wk)
+            else:
+                b = tl.load(w_base + kk[:, None] * stride_wk, mask=(kk < K)[:, None], other=0.0)
+            a_s = tl.load(xs_base + it)
+            if DOT_F32:
+                part = tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
+            elif FP8_VIA_BF16:
+                part = tl.dot(a.to(tl.bfloat16), b.to(tl.bfloat16))
+            else:
+                part = tl.dot(a, b)
+            if SCALAR_WS:
+                acc += part * (a_s * tl.load(ws_tile + it * stride_wsk))[:, None]
+            else:
+                acc += part * (a_s[:, None] * tl.load(ws_base + it * stride_wsk)[None, :])
+        else:
+            kp = k0 // 2 + offs_kp
+            ks = k0 // 32 + offs_ks
+            if EVEN_K:
+                bp = tl.load(w_base + kp[:, None] * stride_wk)
+                bs = tl.load(ws_base + ks[None, :] * stride_wsk)
+            else:
+                bp = tl.load(w_base + kp[:, None] * stride_wk, mask=(kp < K // 2)[:, None], other=0)
+                bs = tl.load(ws_base + ks[None, :] * stride_wsk, mask=(ks < K // 32)[None, :], other=127)
+            if MX_DOT_SCALED:
+                acc = tl.dot_scaled(a, None, MX_LHS, bp, bs, "e2m1", acc)
+            else:
+                codes = bp.to(tl.int32)
+                # Row j of the [BLOCK_K/2, BLOCK_N] nibble tile holds k = 2j (low nibble) and 2j+1
+                # (high), both in scale group j // 16. Rather than interleave the two weight halves,
+                # split x into its even and odd columns and run two dots.
+                f = tl.trans(_mx_factor(bs.to(tl.int32)))  # [BLOCK_K/32, BLOCK_N]
+                f = tl.reshape(tl.broadcast_to(f[:, None, :], (BLOCK_K // 32, 16, BLOCK_N)), (BLOCK_K // 2, BLOCK_N))
+                w_lo = _e2m1_value(codes & 15) * f
+                w_hi = _e2m1_value(codes >> 4) * f
+                a_even, a_odd = tl.split(tl.reshape(a, (BLOCK_M, BLOCK_K // 2, 2)))
+                if DOT_F32:
+                    acc = tl.dot(a_even.to(tl.float32), w_lo, acc, input_precision="ieee")
+                    acc = tl.dot(a_odd.to(tl.float32), w_hi, acc, input_precision="ieee")
+                else:
+                    acc = tl.dot(a_even, w_lo.to(a.dtype), acc)
+                    acc = tl.dot(a_odd, w_hi.to(a.dtype), acc)
+
+    out_mask = (rows < row_end)[:, None] & (cols < N)[None, :]
+    out_ptrs = out_ptr + e64 * stride_oe + rows.to(tl.int64)[:, None] * stride_om + cols[None, :] * stride_on
+    if SPLIT_K == 1:
+        tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=out_mask)
+    else:
+        tl.store(out_ptrs + pid_s * stride_os, acc, mask=out_mask)
+
+
+@triton.jit
+def _tma_step(acc, it, x_desc, w_desc, x_row, w_row, xs_base, ws_base, ws_tile, stride_wsk,
+              FMT: tl.constexpr, BLOCK_K: tl.constexpr, SCALAR_WS: tl.constexpr):
+    a = x_desc.load([x_row, it * BLOCK_K])
+    b = w_desc.load([w_row, it * BLOCK_K])
+    if FMT == 0:
+        acc = tl.dot(a, b.T, acc)
+    else:
+        a_s = tl.load(xs_base + it)
+        if SCALAR_WS:
+            acc += tl.dot(a, b.T) * (a_s * tl.load(ws_tile + it * stride_wsk))[:, None]
+        else:
+            acc += tl.dot(a, b.T) * (a_s[:, None] * tl.load(ws_base + it * stride_wsk)[None, :])
+    return acc
+
+
+@triton.jit
+def _gemm_tma_kernel(
+    x_desc, xs_ptr, w_desc, ws_ptr, out_ptr, offs_ptr, mm_ptr,
+    M, N, K, E, num_m_tiles, MAX_M,
+    stride_xse, stride_xsm,
+    stride_wse, stride_wsn, stride_wsk,
+    stride_oe, stride_om, stride_on,
+    FMT: tl.constexpr,  # 0 dense (16-bit, same dtype), 1 fp8_block
+    LAYOUT: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+    E_POW2: tl.constexpr,
+    SCALAR_WS: tl.constexpr,
+    WARP_SPEC: tl.constexpr,
+    K_PAIRS: tl.constexpr,  # fp8 with SCALAR_WS only
+):
+    """The large-tile variant for SM90+: operands through tensor descriptors (TMA loads, zero fill
+    past the tensor), no split-K. x is seen as [rows, K] (masked: [E * max_m, K]), the weight as
+    [E * N, K]; rows or weight rows a tile reads beyond its expert only feed outputs that are
+    masked at the store."""
+    e, row_start, row_end, pid_n, pid_s = _tile_of_program(
+        offs_ptr, mm_ptr, M, N, E, num_m_tiles, LAYOUT, BLOCK_M, BLOCK_N, GROUP_M, 1, E_POW2
+    )
+    if row_start >= row_end:
+        return
+    e64 = e.to(tl.int64)
+    x_row = row_start
+    if LAYOUT == 2:
+        x_row = e * MAX_M + row_start
+    w_row = e * N + pid_n * BLOCK_N
+    rows = row_start + tl.arange(0, BLOCK_M)
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    if FMT == 1:
+        rows_c = tl.minimum(rows, row_end - 1).to(tl.int64)
+        cols_c = tl.minimum(cols, N - 1).to(tl.int64)
+        xs_base = xs_ptr + e64 * stride_xse + rows_c * stride_xsm
+        ws_base = ws_ptr + e64 * stride_wse + (cols_c // BLOCK_K) * stride_wsn
+        ws_tile = ws_ptr + e64 * stride_wse + ((pid_n * BLOCK_N) // BLOCK_K) * stride_wsn
+    else:
+        xs_base = xs_ptr
+        ws_base = ws_ptr
+        ws_tile = ws_ptr
+    if FMT == 1 and K_PAIRS:
+        # two scale groups per step: both MMAs can be in flight while the first is promoted
+        groups = tl.cdiv(K, BLOCK_K)
+        for it in range(0, tl.cdiv(groups, 2)):
+            g0 = 2 * it
+            g1 = g0 + 1
+            p0 = tl.dot(x_desc.load([x_row, g0 * BLOCK_K]), w_desc.load([w_row, g0 * BLOCK_K]).T)
+            p1 = tl.dot(x_desc.load([x_row, g1 * BLOCK_K]), w_desc.load([w_row, g1 * BLOCK_K]).T)
+            has1 = g1 < groups
+            s0 = tl.load(xs_base + g0) * tl.load(ws_tile + g0 * stride_wsk)
+            s1 = tl.load(xs_base + g1, mask=has1 & (rows_c >= 0), other=0.0) * tl.load(ws_tile + g1 * stride_wsk, mask=has1, other=0.0)
+            acc += p0 * s0[:, None]
+            acc += p1 * s1[:, None]
+    elif WARP_SPEC:
+        for it in tl.range(0, tl.cdiv(K, BLOCK_K), warp_specialize=True):
+            acc = _tma_step(acc, it, x_desc, w_desc, x_row, w_row, xs_base, ws_base, ws_tile, stride_wsk, FMT, BLOCK_K, SCALAR_WS)
+    else:
+        for it in range(0, tl.cdiv(K, BLOCK_K)):
+            acc = _tma_step(acc, it, x_desc, w_desc, x_row, w_row, xs_base, ws_base, ws_tile, stride_wsk, FMT, BLOCK_K, SCALAR_WS)
+    out_mask = (rows < row_end)[:, None] & (cols < N)[None, :]
+    out_ptrs = out_ptr + e64 * stride_oe + rows.to(tl.int64)[:, None] * stride_om + cols[None, :] * stride_on
+    tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=out_mask)
+
+
+@triton.jit
+def _split_k_reduce_kernel(ws_ptr, out_ptr, numel, stride_s, SPLIT_K: tl.constexpr, BLOCK: tl.constexpr):
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < numel
+    acc = tl.load(ws_ptr + offs, mask=mask, other=0.0)
+    for s in range(1, SPLIT_K):
+        acc += tl.load(ws_ptr + s * stride_s + offs, mask=mask, other=0.0)
+    tl.store(out_ptr + offs, acc.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+# ---------------------------------------------------------------------------------------------
+# Choices made from shapes and the device only
+
+
+def _mxfp4_dot_scaled_default() -> bool:
+    """Whether bf16/fp16 activations take tl.dot_scaled on this machine (else the upcast path)."""
+    forced = os.environ.get("DEEPINFER_CUDA_MXFP4_PATH")
+    if forced in ("dot_scaled", "upcast"):
+        return forced == "dot_scaled"
+    if not hasattr(tl, "dot_scaled"):
+        return False
+    if interpreting():
+        return True  # the interpreter implements dot_scaled (Triton 3.9), exactly
+    try:
+        return torch.cuda.is_available() and torch.cuda.get_device_capability(0) >= (9, 0)
+    except Exception:  # noqa: BLE001 - no usable device: the upcast path
+        return False
+
+
+MXFP4_DOT_SCALED = _mxfp4_dot_scaled_default()
+
+
+def mxfp4_path() -> str:
+    return "tl.dot_scaled" if MXFP4_DOT_SCALED else "in-kernel e2m1 upcast"
+
+
+_SM_COUNT: dict[int, int] = {}
+
+
+def _sm_count(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 4  # the interpreter: keep split-K exercised but small
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _SM_COUNT:
+        _SM_COUNT[index] = torch.cuda.get_device_properties(index).multi_processor_count
+    return _SM_COUNT[index]
+
+
+def _variant(fmt: str, rows_per_expert: float) -> str:
+    return f"{fmt}_{'small' if rows_per_expert <= 64 else 'large'}"
+
+
+SHARED_MEMORY_BUDGET = 200 * 1024  # bytes of pipeline buffers; SM90/SM100 have 227 KiB per block
+
+
+def _fit_shared_memory(fmt, x, weight, dot_f32, block_m, block_n, block_k, num_stages):
+    """Fewer stages, then a narrower K block, until the operand buffers fit (float32 dots
+    and mixed dtypes keep wide operands in shared memory)."""
+    a_bytes = 4 if dot_f32 else (1 if fmt == "fp8_block" else x.element_size())
+    b_per_k = {"dense": 4 if dot_f32 else weight.element_size(), "fp8_block": 4 if dot_f32 else 1, "mxfp4": 0.5}[fmt]
+    min_k = FP8_GROUP if fmt == "fp8_block" else (2 * MX_GROUP if fmt == "mxfp4" else 16)
+
+    def need(bk, st):
+        return st * (block_m * bk * a_bytes + bk * block_n * b_per_k)
+
+    while need(block_k, num_stages) > SHARED_MEMORY_BUDGET and (num_stages > 2 or block_k > min_k):
+        if num_stages > 2:
+            num_stages -= 1
+        else:
+            block_k //= 2
+    return block_k, num_stages
+
+
+def _use_tma(cfg: dict, fmt: str, x: torch.Tensor, weight: torch.Tensor, k: int, split: int) -> bool:
+    """Tensor descriptors (TMA) for the large tiles on SM90+: 16-byte aligned rows and bases."""
+    if not cfg.get("tma") or split != 1 or interpreting() or capability(x.device) < (9, 0) or _TensorDescriptor is None:
+        return False
+    if fmt == "dense" and not (x.dtype == weight.dtype and x.dtype in (torch.bfloat16, torch.float16)):
+        return False
+    if fmt not in ("dense", "fp8_block") or (fmt == "fp8_block" and x.dtype == torch.float32):
+        return False  # (float32 activations with fp8 weights take the bf16 MMA: pointer kernel)
+    if fmt == "dense" and not (x.is_contiguous() and x.data_ptr() % 16 == 0):
+        return False
+    return (k * weight.element_size()) % 16 == 0 and weight.is_contiguous() and weight.data_ptr() % 16 == 0
+
+
+try:
+    from triton.tools.tensor_descriptor import TensorDescriptor as _TensorDescriptor
+except ImportError:  # older Triton: the pointer kernel serves
+    _TensorDescriptor = None
+
+
+def _launch(x, weight, weight_scale, fmt, layout, *, offsets=None, masked_m=None, prequantised=None):
+    """out = the product for x in `layout`; every choice below reads shapes and dtypes only.
+
+    prequantised: (x_fp8, x_scale) already made by `quantize_act_fp8` (benchmarks of the GEMM alone)."""
+    device = x.device
+    k = x.shape[-1]
+    experts = weight.shape[0] if layout != _LINEAR else 1
+    n = weight.shape[-2]
+    if layout == _MASKED:
+        max_m = x.shape[1]
+        rows_total = experts * max_m
+        rows_per_expert = max_m
+        out = torch.empty(experts, max_m, n, dtype=x.dtype, device=device)
+    else:
+        max_m = 0
+        rows_total = x.shape[0]
+        rows_per_expert = rows_total / max(experts, 1)
+        out = torch.empty(rows_total, n, dtype=x.dtype, device=device)
+    if rows_total == 0 or n == 0:
+        return out
+    if k == 0:
+        return out.zero_()
+
+    cfg = config("gemm", _variant(fmt, rows_per_expert), device)
+    block_m = max(16, min(cfg["BLOCK_M"], next_power_of_2(int(rows_per_expert) if rows_per_expert >= 1 else 1)))
+    block_n = cfg["BLOCK_N"]
+    if fmt == "fp8_block":
+        block_k = FP8_GROUP  # one scale group per step
+    elif fmt == "mxfp4":
+        block_k = max(2 * MX_GROUP, min(cfg["BLOCK_K"], next_power_of_2(k)))
+    else:
+        block_k = max(16, min(cfg["BLOCK_K"], next_power_of_2(k)))
+    upcast = upcast_dot()
+
+    # The activation operand and its scales.
+    xs = None
+    xq = x
+    if fmt == "fp8_block":
+        xq, xs = prequantised if prequantised is not None else quantize_act_fp8(x)
+    if layout == _MASKED:
+        stride_xe, stride_xm, stride_xk = xq.stride()
+        stride_xse, stride_xsm = (xs.stride(0), xs.stride(1)) if xs is not None else (0, 0)
+    else:
+        stride_xe = 0
+        stride_xm, stride_xk = xq.stride()
+        stride_xse, stride_xsm = (0, xs.stride(0)) if xs is not None else (0, 0)
+    if layout == _LINEAR:
+        stride_we, (stride_wn, stride_wk) = 0, weight.stride()
+        ws_strides = (0, *weight_scale.stride()) if weight_scale is not None else (0, 0, 0)
+    else:
+        stride_we, stride_wn, stride_wk = weight.stride()
+        ws_strides = tuple(weight_scale.stride()) if weight_scale is not None else (0, 0, 0)
+
+    # The dot dtype.
+    if fmt == "dense":
+        dot_f32 = upcast or x.dtype == torch.float32 or weight.dtype != x.dtype
+    elif fmt == "fp8_block":
+        dot_f32 = upcast
+    else:
+        dot_f32 = upcast or x.dtype == torch.float32
+    mx_dot_scaled = fmt == "mxfp4" and MXFP4_DOT_SCALED and x.dtype in (torch.bfloat16, torch.float16)
+    precision = "ieee" if dot_f32 else "tf32"
+    # Hopper's fp8 MMA sums with reduced precision (DeepSeek-V3 report: ~14 bits), invisible in a
+    # bf16/fp16 output but not within float32's tolerance: float32 activations take the fp8 values
+    # upcast to bf16 (exact) through the bf16 MMA, which sums in float32.
+    fp8_via_bf16 = fmt == "fp8_block" and x.dtype == torch.float32 and not dot_f32
+    num_stages = cfg["num_stages"]
+    if not interpreting():
+        block_k, num_stages = _fit_shared_memory(fmt, x, weight, dot_f32, block_m, block_n, block_k, num_stages)
+
+    # Tiles, grid and split-K.
+    num_n = cdiv(n, block_n)
+    if layout == _MASKED:
+        num_m_tiles = cdiv(rows_per_expert, block_m)
+        programs = experts * num_m_tiles * num_n
+    else:
+        num_m_tiles = cdiv(rows_total, block_m) + (experts if layout == _CONTIGUOUS else 0)
+        programs = cdiv(rows_total, block_m) * num_n
+    total_iters = cdiv(k, block_k)
+    split = 1
+    target = 2 * _sm_count(device)
+    if programs < target and cfg.get("split_k", True):
+        split = min(cdiv(target, programs), max(1, total_iters // cfg.get("min_iters_per_split", 4)), 16)
+    iters_per_split = cdiv(total_iters, split)
+    split = cdiv(total_iters, iters_per_split)
+    grid = (num_m_tiles, num_n, experts * split) if layout == _MASKED else (num_m_tiles * num_n, split)
+    offs_arg = offsets if offsets is not None else weight  # unused pointers: any device tensor
+    mm_arg = masked_m if masked_m is not None else weight
+    m_arg = rows_total if layout != _MASKED else rows_per_expert
+    out_strides = out.stride() if layout == _MASKED else (0, *out.stride())
+
+    if _use_tma(cfg, fmt, x, weight, k, split):
+        k_pairs = bool(cfg.get("k_pairs", False)) and fmt == "fp8_block" and FP8_GROUP % block_n == 0
+        if k_pairs:
+            num_stages = min(num_stages, 3)  # four loads per stage
+        x2 = xq.reshape(-1, k)
+        w2 = weight.reshape(-1, k)
+        x_desc = _TensorDescriptor(x2, list(x2.shape), list(x2.stride()), [block_m, block_k])
+        w_desc = _TensorDescriptor(w2, list(w2.shape), list(w2.stride()), [block_n, block_k])
+        _gemm_tma_kernel[(num_m_tiles * num_n,) if layout != _MASKED else (num_m_tiles, num_n, experts)](
+            x_desc, xs if xs is not None else xq, w_desc, weight_scale if weight_scale is not None else weight, out,
+            offs_arg, mm_arg,
+            m_arg, n, k, experts, num_m_tiles, max_m,
+            stride_xse, stride_xsm,
+            *ws_strides,
+            *out_strides,
+            FMT=_FMT_ID[fmt], LAYOUT=layout,
+            BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, GROUP_M=cfg.get("GROUP_M", 8),
+            E_POW2=next_power_of_2(experts), SCALAR_WS=FP8_GROUP % block_n == 0, WARP_SPEC=bool(cfg.get("warp_specialize", False)),
+            K_PAIRS=k_pairs,
+            num_warps=cfg["num_warps"], num_stages=num_stages,
+        )
+        return out
+
+    if split > 1:
+        dest = torch.empty(split, *out.shape, dtype=torch.float32, device=device)
+        stride_os = dest.stride(0)
+        dest_strides = dest.stride()[1:] if layout == _MASKED else (0, *dest.stride()[1:])
+    else:
+        dest, stride_os, dest_strides = out, 0, out_strides
+    _gemm_kernel[grid](
+        xq, xs if xs is not None else xq, weight, weight_scale if weight_scale is not None else weight, dest,
+        offs_arg, mm_arg,
+        m_arg, n, k, experts, num_m_tiles, iters_per_split,
+        stride_xe, stride_xm, stride_xk,
+        stride_xse, stride_xsm,
+        stride_we, stride_wn, stride_wk,
+        *ws_strides,
+        stride_os, *dest_strides,
+        FMT=_FMT_ID[fmt], LAYOUT=layout,
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, GROUP_M=cfg.get("GROUP_M", 8),
+        SPLIT_K=split, E_POW2=next_power_of_2(experts), EVEN_K=k % block_k == 0,
+        DOT_F32=dot_f32, PRECISION=precision,
+        MX_DOT_SCALED=mx_dot_scaled, MX_LHS="fp16" if x.dtype == torch.float16 else "bf16",
+        FP8_VIA_BF16=fp8_via_bf16, SCALAR_WS=FP8_GROUP % block_n == 0,
+        num_warps=cfg["num_warps"], num_stages=num_stages,
+    )
+    if split > 1:
+        numel = out.numel()
+        block = 1024
+        _split_k_reduce_kernel[(cdiv(numel, block),)](dest, out, numel, stride_os, SPLIT_K=split, BLOCK=block, num_warps=4)
+    return out
+
+
+def _check_common(x: torch.Tensor, fmt: str) -> None:
+    if x.dtype not in _KERNEL_DTYPES:
+        raise ValueError(f"the cuda gemm kernels take bfloat16/float16/float32 activations, got {x.dtype}")
+
+
+def _check_vector(name: str, t: torch.Tensor, length: int, device: torch.device) -> None:
+    """Shape and dtype only: the values stay on the device (no host synchronisation)."""
+    if t.dim() != 1 or t.shape[0] != length or t.is_floating_point() or t.is_complex() or t.dtype == torch.bool:
+        raise ValueError(f"{name} must be an integer vector of length {length}, got {tuple(t.shape)} {t.dtype}")
+    if t.device != device:
+        raise ValueError(f"{name} must be on {device}, got {t.device}")
+
+
+def _weight_operands(weight: torch.Tensor, weight_scale: torch.Tensor | None, fmt: str):
+    if fmt == "fp8_block" and weight_scale is not None and weight_scale.dtype != torch.float32:
+        weight_scale = weight_scale.float()
+    return weight, weight_scale
+
+
+# ---------------------------------------------------------------------------------------------
+# The ops
+
+
+def linear(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    *,
+    weight_scale: torch.Tensor | None = None,
+    fmt: str = "dense",
+) -> torch.Tensor:
+    gemm_ops._check_activation(x, dims=2)
+    gemm_ops._check_weight(weight, weight_scale, fmt, k=x.shape[-1], experts=())
+    _check_common(x, fmt)
+    weight, weight_scale = _weight_operands(weight, weight_scale, fmt)
+    return _launch(x, weight, weight_scale, fmt, _LINEAR)
+
+
+def grouped_gemm(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    *,
+    expert_offsets: torch.Tensor | None = None,
+    masked_m: torch.Tensor | None = None,
+    weight_scale: torch.Tensor | None = None,
+    fmt: str = "dense",
+) -> torch.Tensor:
+    if (expert_offsets is None) == (masked_m is None):
+        raise ValueError("grouped_gemm takes exactly one of expert_offsets (contiguous layout) and masked_m (masked layout)")
+    if weight.dim() != 3:
+        raise ValueError(f"grouped_gemm weight must be [E, N, K] (or [E, N, K/2] for mxfp4), got {tuple(weight.shape)}")
+    experts = weight.shape[0]
+    gemm_ops._check_activation(x, dims=2 if expert_offsets is not None else 3)
+    gemm_ops._check_weight(weight, weight_scale, fmt, k=x.shape[-1], experts=(experts,))
+    _check_common(x, fmt)
+    weight, weight_scale = _weight_operands(weight, weight_scale, fmt)
+    if expert_offsets is not None:
+        _check_vector("expert_offsets", expert_offsets, experts + 1, x.device)
+        return _launch(x, weight, weight_scale, fmt, _CONTIGUOUS, offsets=expert_offsets)
+    if x.shape[0] != experts:
+        raise ValueError(f"masked layout: x must be [E={experts}, max_m, K], got {tuple(x.shape)}")
+    _check_vector("masked_m", masked_m, experts, x.device)
+    return _launch(x, weight, weight_scale, fmt, _MASKED, masked_m=masked_m)
+
+
+_NOTE = (
+    "Triton: one tiled GEMM (grouped tiles, split-K for decode shapes) for dense, fp8_block "
+    "(fused per-token-group quantiser, fp8 tl.dot per 128-K group, DeepGEMM-style promotion) and "
+    f"mxfp4 (bf16/fp16 activations: {mxfp4_path()}; float32 activations: in-kernel e2m1 upcast)"
+)
+
+REGISTRATIONS = [
+    Registration(op="linear", fn=linear, formats=("dense", "fp8_block", "mxfp4"), dtypes=_KERNEL_DTYPES, note=_NOTE),
+    Registration(
+        op="grouped_gemm", fn=grouped_gemm, formats=("dense", "fp8_block", "mxfp4"), dtypes=_KERNEL_DTYPES,
+        note=_NOTE + "; contiguous layout: tile->expert map computed in-kernel from expert_offsets, no host sync",
+    ),
+]

@@ -6,12 +6,17 @@ Kernel modules add their entries here; an op/variant missing here falls back to 
 CONFIGS: dict[str, dict[str, dict]] = {
     # rope: measured on an H200 2026-11-30 (T16384 H128 D64 bf16): 16384-element tiles, 16 warps: 95% of copy vs 90% at the default.
     "rope": {"tokens": {"tile_elems": 16384, "bytes_per_thread": 64, "min_warps": 4, "max_warps": 16, "min_programs": 264, "min_tile_elems": 1024}},
-    # gemm: see default.py. Measured on the H200 (backends/cuda/bench/gemm.py --sweep).
+    # gemm: see default.py. Measured on the H200, Triton 3.6, 2026-11-30 (`python -m
+    # deepinfer_cuda.bench.gemm --sweep`, then the bench runner): tma = tensor-descriptor kernel
+    # (bf16 8x4096x7168->4096: 691-796 TFLOP/s, 1.03x torch._grouped_mm, against 632 with pointer
+    # loads); fp8 GEMM alone 828-940 TFLOP/s with tma, 975 with k_pairs at 3 stages (k_pairs not
+    # yet checked for correctness on the GPU: off). Decode: dense_small 95% of copy bandwidth
+    # (masked 64x16), fp8_block_small 82%; mxfp4_small 23% (dot_scaled; the upcast path: 12%).
     "gemm": {
         "dense_small": {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 256, "GROUP_M": 8, "num_warps": 4, "num_stages": 4},
-        "dense_large": {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 8, "num_stages": 3},
+        "dense_large": {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 8, "num_stages": 3, "tma": True},
         "fp8_block_small": {"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 4, "num_stages": 5},
-        "fp8_block_large": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 4},
+        "fp8_block_large": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 4, "tma": True, "k_pairs": False},
         "mxfp4_small": {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 256, "GROUP_M": 8, "num_warps": 4, "num_stages": 4},
         "mxfp4_large": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 3},
         "quant_act": {"BLOCK_R": 16, "num_warps": 4},

@@ -1,0 +1,506 @@
+"""Benchmarks of `grouped_gemm` and `linear` (dense bf16, fp8_block, mxfp4) at DeepSeek shapes.
+
+Prefill shapes are compute-bound (FLOP rate against the bf16 matmul ceiling); decode shapes
+(<= 64 tokens per expert) stream the weights (bytes = weights + scales + activations + outputs,
+against copy bandwidth). Peers:
+- bf16 grouped: `torch._grouped_mm(x, w_t, offs=ends)` with w_t = weight.transpose(1, 2) ([E, K, N],
+  a view, column-major as cuBLAS/CUTLASS grouped GEMMs like it), offs the int32 row ends; the
+  masked layout's peer is the batched 3-D x 3-D form.
+- fp8 grouped: `torch._scaled_grouped_mm` with row-wise scales when this torch has it and it runs,
+  else a loop of `torch._scaled_mm` per expert with per-tensor scales (a rate reference: neither is
+  block-scaled); which one ran is recorded in the case state.
+- linear: torch.nn.functional.linear (cuBLAS); fp8: `torch._scaled_mm` with per-tensor scales;
+  mxfp4 decode: F.linear on the dequantised bf16 weight (reads 3.8x the bytes).
+The fp8 cases include the fused activation quantiser (the op takes bf16 activations); one more case
+times the GEMM alone on pre-quantised activations, as DeepGEMM reports it.
+
+`python -m deepinfer_cuda.bench.gemm [--check [--quick] [--only TEXT]] [--sweep [VARIANT ...]] [--bench]`
+on a GPU: correctness against the references (every format and layout, both mxfp4 paths, the TMA
+kernel, the quantiser bit for bit, CUDA-graph capture with new offsets on replay), a sweep of tile
+configurations for the tuning tables, and these cases through the bench runner.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from deepinfer.ops import quant
+from deepinfer_cuda.bench.common import BenchCase
+
+
+def _gen(device: torch.device) -> torch.Generator:
+    return torch.Generator(device=device).manual_seed(0)
+
+
+def _weights(fmt: str, e: int | None, n: int, k: int, device: torch.device) -> dict:
+    """Weights in `fmt`: [E, N, K] (or [N, K] when e is None), random with unit-scale products."""
+    shape = (n, k) if e is None else (e, n, k)
+    g = _gen(device)
+    if fmt == "dense":
+        return {"weight": (torch.randn(shape, device=device, generator=g, dtype=torch.bfloat16) * k**-0.5)}
+    out = {"fmt": fmt}
+    # quantise expert by expert: the float32 temporaries stay small
+    ws, ss = [], []
+    for i in range(1 if e is None else e):
+        w = torch.randn(n, k, device=device, generator=g) * k**-0.5
+        q, s = (quant.quantize_weight_fp8_block if fmt == "fp8_block" else quant.quantize_weight_mxfp4)(w)
+        ws.append(q)
+        ss.append(s)
+    out["weight"] = ws[0] if e is None else torch.stack(ws)
+    out["weight_scale"] = ss[0] if e is None else torch.stack(ss)
+    return out
+
+
+def _nbytes(*ts) -> float:
+    return float(sum(t.numel() * t.element_size() for t in ts if t is not None))
+
+
+# ---------------------------------------------------------------------------------------------
+# grouped_gemm
+
+
+def _grouped_setup(fmt: str, e: int, per_expert: int, n: int, k: int, masked: bool, prequantise: bool = False):
+    def setup(device: torch.device) -> dict:
+        g = _gen(device)
+        s = _weights(fmt, e, n, k, device)
+        if masked:
+            s["x"] = torch.randn(e, per_expert, k, device=device, generator=g, dtype=torch.bfloat16)
+            s["masked_m"] = torch.full((e,), per_expert, dtype=torch.int32, device=device)
+        else:
+            s["x"] = torch.randn(e * per_expert, k, device=device, generator=g, dtype=torch.bfloat16)
+            s["expert_offsets"] = torch.arange(0, e + 1, device=device, dtype=torch.int32) * per_expert
+        s["rows"] = e * per_expert
+        s["n"], s["k"] = n, k
+        if prequantise:
+            from deepinfer_cuda.kernels.gemm import quantize_act_fp8
+
+            s["prequantised"] = quantize_act_fp8(s["x"])
+        _grouped_peer_setup(s, fmt, masked)
+        return s
+
+    return setup
+
+
+def _grouped_peer_setup(s: dict, fmt: str, masked: bool) -> None:
+    w = s["weight"]
+    if fmt == "dense":
+        s["peer_w"] = w.transpose(1, 2)  # [E, K, N], column-major
+        s["peer_offs"] = None if masked else s["expert_offsets"][1:].contiguous()
+        return
+    if fmt != "fp8_block":
+        return
+    x = s["x"].reshape(-1, s["k"])
+    s["peer_xq"] = x.to(torch.float8_e4m3fn)
+    s["peer_offs"] = s["expert_offsets"][1:].contiguous() if not masked else None
+    s["peer_kind"] = "loop"
+    if hasattr(torch, "_scaled_grouped_mm") and not masked:
+        try:
+            s["peer_sa"] = torch.ones(x.shape[0], device=x.device, dtype=torch.float32)
+            s["peer_sb"] = torch.ones(w.shape[0], w.shape[1], device=x.device, dtype=torch.float32)
+            s["peer_w"] = w.transpose(1, 2)
+            torch._scaled_grouped_mm(s["peer_xq"], s["peer_w"], s["peer_sa"], s["peer_sb"], offs=s["peer_offs"], out_dtype=torch.bfloat16)
+            s["peer_kind"] = "_scaled_grouped_mm"
+        except Exception as exc:  # noqa: BLE001 - recorded; the loop serves
+            s["peer_error"] = f"{type(exc).__name__}: {exc}".splitlines()[0]
+    s["peer_one"] = torch.ones((), device=x.device, dtype=torch.float32)
+
+
+def _grouped_kernel(s: dict):
+    from deepinfer_cuda.kernels import gemm
+
+    if "prequantised" in s:
+        layout = gemm._MASKED if "masked_m" in s else gemm._CONTIGUOUS
+        return gemm._launch(
+            s["x"], s["weight"], s["weight_scale"], "fp8_block", layout,
+            offsets=s.get("expert_offsets"), masked_m=s.get("masked_m"), prequantised=s["prequantised"],
+        )
+    return gemm.grouped_gemm(
+        s["x"], s["weight"], expert_offsets=s.get("expert_offsets"), masked_m=s.get("masked_m"),
+        weight_scale=s.get("weight_scale"), fmt=s.get("fmt", "dense"),
+    )
+
+
+def _grouped_peer(s: dict):
+    fmt = s.get("fmt", "dense")
+    if fmt == "dense":
+        if s["peer_offs"] is None:  # masked: batched [E, m, K] x [E, K, N]
+            return torch._grouped_mm(s["x"], s["peer_w"])
+        return torch._grouped_mm(s["x"], s["peer_w"], offs=s["peer_offs"])
+    if s["peer_kind"] == "_scaled_grouped_mm":
+        return torch._scaled_grouped_mm(s["peer_xq"], s["peer_w"], s["peer_sa"], s["peer_sb"], offs=s["peer_offs"], out_dtype=torch.bfloat16)
+    per = s["rows"] // s["weight"].shape[0]
+    one = s["peer_one"]
+    return [
+        torch._scaled_mm(s["peer_xq"][i * per : (i + 1) * per], s["weight"][i].T, scale_a=one, scale_b=one, out_dtype=torch.bfloat16)
+        for i in range(s["weight"].shape[0])
+    ]
+
+
+def _grouped_flops(s: dict) -> float:
+    return 2.0 * s["rows"] * s["n"] * s["k"]
+
+
+def _grouped_bytes(s: dict) -> float:
+    out_bytes = s["rows"] * s["n"] * 2
+    return _nbytes(s["weight"], s.get("weight_scale"), s["x"]) + out_bytes
+
+
+def _grouped_case(name, fmt, e, per_expert, n, k, *, masked=False, bound="compute", prequantise=False, peer=True):
+    peer_name = {"dense": "torch._grouped_mm", "fp8_block": "torch fp8 (_scaled_grouped_mm rowwise | _scaled_mm loop)"}.get(fmt, "-")
+    return BenchCase(
+        op="grouped_gemm",
+        name=name,
+        setup=_grouped_setup(fmt, e, per_expert, n, k, masked, prequantise),
+        kernel=_grouped_kernel,
+        peer=_grouped_peer if peer and fmt in ("dense", "fp8_block") else None,
+        peer_name=peer_name,
+        flops=_grouped_flops,
+        bytes=_grouped_bytes,
+        bound=bound,
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# linear
+
+
+def _linear_setup(fmt: str, t: int, n: int, k: int):
+    def setup(device: torch.device) -> dict:
+        s = _weights(fmt, None, n, k, device)
+        s["x"] = torch.randn(t, k, device=device, generator=_gen(device), dtype=torch.bfloat16)
+        s["t"], s["n"], s["k"] = t, n, k
+        if fmt == "fp8_block":  # per-tensor fp8 peer
+            s["peer_xq"] = s["x"].to(torch.float8_e4m3fn)
+            s["peer_one"] = torch.ones((), device=device, dtype=torch.float32)
+        elif fmt == "mxfp4":
+            s["peer_w"] = quant.dequantize_mxfp4(s["weight"], s["weight_scale"], torch.bfloat16)
+        return s
+
+    return setup
+
+
+def _linear_kernel(s: dict):
+    from deepinfer_cuda.kernels.gemm import linear
+
+    return linear(s["x"], s["weight"], weight_scale=s.get("weight_scale"), fmt=s.get("fmt", "dense"))
+
+
+def _linear_peer(s: dict):
+    fmt = s.get("fmt", "dense")
+    if fmt == "dense":
+        return F.linear(s["x"], s["weight"])
+    if fmt == "fp8_block":
+        return torch._scaled_mm(s["peer_xq"], s["weight"].T, scale_a=s["peer_one"], scale_b=s["peer_one"], out_dtype=torch.bfloat16)
+    return F.linear(s["x"], s["peer_w"])
+
+
+def _linear_flops(s: dict) -> float:
+    return 2.0 * s["t"] * s["n"] * s["k"]
+
+
+def _linear_bytes(s: dict) -> float:
+    return _nbytes(s["weight"], s.get("weight_scale"), s["x"]) + s["t"] * s["n"] * 2
+
+
+def _linear_case(name, fmt, t, n, k, *, bound):
+    peer_name = {
+        "dense": "F.linear (cuBLAS)",
+        "fp8_block": "torch._scaled_mm per-tensor",
+        "mxfp4": "F.linear on dequantised bf16 weight",
+    }[fmt]
+    return BenchCase(
+        op="linear", name=name, setup=_linear_setup(fmt, t, n, k), kernel=_linear_kernel, peer=_linear_peer,
+        peer_name=peer_name, flops=_linear_flops, bytes=_linear_bytes, bound=bound,
+    )
+
+
+CASES = [
+    # prefill, compute-bound
+    _grouped_case("bf16 contiguous 8x4096 tok, 7168->4096", "dense", 8, 4096, 4096, 7168),
+    _grouped_case("bf16 contiguous 8x4096 tok, 2048->7168 (down)", "dense", 8, 4096, 7168, 2048),
+    _grouped_case("bf16 contiguous 64x768 tok, 2048->2816", "dense", 64, 768, 2816, 2048),
+    _grouped_case("fp8_block contiguous 8x4096 tok, 7168->4096", "fp8_block", 8, 4096, 4096, 7168),
+    _grouped_case("fp8_block contiguous 8x4096 tok, 7168->4096, GEMM only", "fp8_block", 8, 4096, 4096, 7168, prequantise=True, peer=False),
+    _linear_case("bf16 4096x7168->7168", "dense", 4096, 7168, 7168, bound="compute"),
+    _linear_case("fp8_block 4096x7168->7168", "fp8_block", 4096, 7168, 7168, bound="compute"),
+    # decode, weight streaming
+    _grouped_case("bf16 masked 64x16 tok, 2048->2816", "dense", 64, 16, 2816, 2048, masked=True, bound="memory"),
+    _grouped_case("bf16 contiguous 64x16 tok, 2048->2816", "dense", 64, 16, 2816, 2048, bound="memory"),
+    _grouped_case("fp8_block masked 64x16 tok, 2048->2816", "fp8_block", 64, 16, 2816, 2048, masked=True, bound="memory", peer=False),
+    _linear_case("bf16 decode 16x7168->36864", "dense", 16, 36864, 7168, bound="memory"),
+    _linear_case("mxfp4 decode 16x7168->36864", "mxfp4", 16, 36864, 7168, bound="memory"),
+]
+
+
+# ---------------------------------------------------------------------------------------------
+# On a GPU: correctness, tile sweep, bench
+
+
+def check(device: torch.device, quick: bool = False, only: str | None = None) -> int:
+    """Every format and layout against the references on the GPU; returns the number of failures.
+
+    quick: float32 activations, the mxfp4 upcast path and the TMA kernel only."""
+    from deepinfer.ops import gemm as ref
+    from deepinfer_cuda.kernels import gemm as kg
+
+    failures = 0
+
+    def report(name, ok, detail=""):
+        nonlocal failures
+        failures += not ok
+        print(f"check {'ok  ' if ok else 'FAIL'} {name} {detail}", flush=True)
+
+    g = torch.Generator(device=device).manual_seed(1)
+
+    # the quantiser, bit for bit (the reference run on the CPU and on the GPU)
+    for shape, dtype in [] if only else [((4096, 7168), torch.bfloat16), ((37, 200), torch.float32), ((5, 3, 384), torch.float16)]:
+        x = torch.randn(shape, device=device, generator=g) * torch.exp(torch.randn(shape, device=device, generator=g) * 3)
+        x = x.clamp(-6e4, 6e4).to(dtype)
+        q, s = kg.quantize_act_fp8(x)
+        for where, (rq, rs) in (("cpu", quant.quantize_act_fp8(x.cpu())), ("gpu", quant.quantize_act_fp8(x))):
+            same = torch.equal(q.view(torch.uint8).cpu(), rq.view(torch.uint8).cpu()) and torch.equal(s.cpu(), rs.cpu())
+            if where == "cpu":
+                report(f"quantiser {tuple(shape)} {dtype} vs reference on the cpu", same)
+            else:  # torch's own CUDA ops differ from its CPU ops in a few elements (seen 2026-11-30)
+                print(f"info quantiser {tuple(shape)} {dtype} equals the reference run on the gpu: {same}")
+    grid = torch.arange(0, 127, dtype=torch.uint8).view(quant.FP8_DTYPE).float()
+    mids = (grid[:-1] + grid[1:]) / 2
+    vals = torch.cat([mids, torch.nextafter(mids, torch.zeros(())), torch.nextafter(mids, torch.full((), 1e9)), grid])
+    vals = torch.cat([vals, -vals])
+    groups = -(-vals.numel() // 127)
+    body = torch.zeros(groups * 127)
+    body[: vals.numel()] = vals
+    x = torch.cat([torch.full((groups, 1), 448.0), body.view(groups, 127)], dim=1).to(device)
+    q, s = kg.quantize_act_fp8(x)
+    rq, rs = quant.quantize_act_fp8(x.cpu())
+    if not only:
+        report("quantiser e4m3 ties", torch.equal(q.view(torch.uint8).cpu(), rq.view(torch.uint8)) and torch.equal(s.cpu(), rs))
+
+    def weights(fmt, lead, n, k, dtype=torch.bfloat16):
+        w = torch.randn(*lead, n, k, device=device, generator=g) * 0.05
+        if fmt == "dense":
+            return {"weight": w.to(dtype)}
+        q, sc = (quant.quantize_weight_fp8_block if fmt == "fp8_block" else quant.quantize_weight_mxfp4)(w)
+        return {"weight": q, "weight_scale": sc, "fmt": fmt}
+
+    def compare(name, op, kw):
+        if only and only not in name:
+            return
+        try:
+            got = getattr(kg, op)(**kw)
+            torch.cuda.synchronize(device)
+        except Exception as exc:  # noqa: BLE001
+            report(name, False, f"{type(exc).__name__}: {exc}".splitlines()[0][:300])
+            return
+        wide = {k: (v.double() if isinstance(v, torch.Tensor) and v.is_floating_point() and v.dtype != quant.FP8_DTYPE else v) for k, v in kw.items()}
+        want = getattr(ref, op)(**wide)
+        if op == "grouped_gemm":
+            got = ref._grouped_gemm_canonicalize(kw, {"out": got})["out"]
+        tol = ref.GEMM_TOLERANCES[kw["x"].dtype]
+        err = (got.double() - want).abs()
+        bound = tol.atol * kw["x"].shape[-1] + tol.rtol * want.abs()
+        ok = bool(torch.isfinite(got.double()).all()) and bool((err <= bound).all())
+        report(name, ok, f"max err {err.max().item():.3g} err/bound {(err / bound).max().item():.3g}")
+
+    def x_of(*shape, dtype=torch.bfloat16):
+        return torch.randn(*shape, device=device, generator=g).to(dtype)
+
+    paths = [True, False]
+    for fmt in ("dense", "fp8_block", "mxfp4"):
+        shapes = [(1, 200, 320), (16, 576, 7168), (64, 256, 1000 if fmt != "mxfp4" else 992), (300, 768, 1024)]
+        plan = ((torch.bfloat16, shapes), (torch.float16, shapes[1:3]), (torch.float32, shapes[2:4]))
+        if quick:
+            plan = ((torch.float32, shapes[2:4]),) + (((torch.bfloat16, shapes[1:2]),) if fmt == "mxfp4" else ())
+        for dtype, todo in plan:
+            for t, n, k in todo:
+                for mx in paths if fmt == "mxfp4" else [kg.MXFP4_DOT_SCALED]:
+                    kg.MXFP4_DOT_SCALED = mx
+                    compare(f"linear {fmt} {dtype} {t}x{k}->{n} dot_scaled={mx}", "linear", {"x": x_of(t, k, dtype=dtype), **weights(fmt, (), n, k)})
+        kg.MXFP4_DOT_SCALED = True
+        for counts, pad in [([5, 0, 350, 1, 0, 190, 100, 0], 7), ([0, 0, 0, 1023], 0), ([16] * 64, 0), ([0] * 4, 3)][2 if quick else 0 : 3 if quick else 4]:
+            e = len(counts)
+            offs = torch.tensor([0, *torch.tensor(counts).cumsum(0).tolist()], dtype=torch.int32, device=device)
+            m = int(offs[-1]) + pad
+            for dtype in (torch.float32,) if quick else (torch.bfloat16, torch.float32):
+                compare(f"grouped contiguous {fmt} {dtype} counts={counts[:8]} pad={pad}", "grouped_gemm",
+                        {"x": x_of(m, 512, dtype=dtype), **weights(fmt, (e,), 384, 512), "expert_offsets": offs})
+        for masked, max_m in [([3, 0, 16, 9], 16), ([0, 0], 8), ([130, 1, 256, 0], 256)][2 if quick else 0 :]:
+            e = len(masked)
+            for dtype in (torch.float32,) if quick else (torch.bfloat16, torch.float32):
+                compare(f"grouped masked {fmt} {dtype} masked_m={masked}", "grouped_gemm",
+                        {"x": x_of(e, max_m, 640, dtype=dtype), **weights(fmt, (e,), 320, 640),
+                         "masked_m": torch.tensor(masked, dtype=torch.int32, device=device)})
+    # the tensor-descriptor (TMA) kernel of the large tiles, forced on
+    from deepinfer_cuda.tuning import config as table_config
+
+    for ws in ("ws", "kp") if quick else ("",):
+        def forced(op, v, dev, _ws=ws):
+            cfg = {**table_config(op, v, dev), "tma": True}
+            if _ws:
+                cfg.update(warp_specialize=_ws == "ws", k_pairs=_ws == "kp")
+            return cfg
+
+        kg.config = forced
+        try:
+            for fmt in ("dense", "fp8_block"):
+                for dtype in (torch.bfloat16, torch.float16):
+                    compare(f"TMA ws={ws} linear {fmt} {dtype} 1030x1024->768", "linear", {"x": x_of(1030, 1024, dtype=dtype), **weights(fmt, (), 768, 1024, dtype)})
+                counts = [5, 0, 350, 1, 0, 190, 100, 0]
+                offs = torch.tensor([0, *torch.tensor(counts).cumsum(0).tolist()], dtype=torch.int32, device=device)
+                compare(f"TMA ws={ws} grouped contiguous {fmt}", "grouped_gemm", {"x": x_of(int(offs[-1]) + 9, 512), **weights(fmt, (8,), 320, 512), "expert_offsets": offs})
+                compare(f"TMA ws={ws} grouped masked {fmt}", "grouped_gemm", {"x": x_of(4, 256, 640), **weights(fmt, (4,), 320, 640),
+                        "masked_m": torch.tensor([130, 1, 256, 0], dtype=torch.int32, device=device)})
+        finally:
+            kg.config = table_config
+    # mixed dense dtypes
+    compare("linear dense bf16 x, fp32 weight", "linear", {"x": x_of(40, 256), **weights("dense", (), 96, 256, torch.float32)})
+
+    # CUDA graph capture: no host synchronisation in either layout
+    if only:
+        return failures
+    try:
+        offs = torch.tensor([0, 3, 3, 40], dtype=torch.int32, device=device)
+        kw_c = {"x": x_of(48, 512), **weights("fp8_block", (3,), 256, 512), "expert_offsets": offs}
+        kw_m = {"x": x_of(3, 16, 512), **weights("dense", (3,), 256, 512), "masked_m": torch.tensor([3, 0, 16], dtype=torch.int32, device=device)}
+        for kw in (kw_c, kw_m):
+            kg.grouped_gemm(**kw)
+        torch.cuda.synchronize(device)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            outs = [kg.grouped_gemm(**kw) for kw in (kw_c, kw_m)]
+        offs.copy_(torch.tensor([0, 10, 20, 30], dtype=torch.int32, device=device))
+        graph.replay()
+        torch.cuda.synchronize(device)
+        want = kg.grouped_gemm(**kw_c)
+        same = torch.equal(ref._grouped_gemm_canonicalize(kw_c, {"out": outs[0]})["out"], ref._grouped_gemm_canonicalize(kw_c, {"out": want})["out"])
+        report("CUDA graph capture + replay with new offsets", same)
+    except Exception as exc:  # noqa: BLE001
+        report("CUDA graph capture", False, f"{type(exc).__name__}: {exc}".splitlines()[0][:300])
+    return failures
+
+
+def _opts(cfgs, extras):
+    return [(c, x) for c in cfgs for x in extras]
+
+
+# variant -> [(config overrides, options)]; options: tma (tensor-descriptor kernel), ws (warp
+# specialisation of its K loop), mx (mxfp4 through tl.dot_scaled, else the in-kernel upcast)
+SWEEP = {
+    "fp8_block_large": _opts([dict(BLOCK_M=128, BLOCK_N=128, num_warps=8, num_stages=4)], [{"tma": True}, {"tma": True, "ws": True}, {"tma": True, "kp": True}])
+    + _opts([dict(BLOCK_M=128, BLOCK_N=128, num_warps=8, num_stages=3)], [{"tma": True, "kp": True}])
+    + _opts(
+        [
+            dict(BLOCK_M=128, BLOCK_N=128, num_warps=4, num_stages=4),
+            dict(BLOCK_M=128, BLOCK_N=256, num_warps=8, num_stages=3),
+            dict(BLOCK_M=64, BLOCK_N=128, num_warps=4, num_stages=5),
+        ],
+        [{"tma": True}],
+    ),
+    "mxfp4_small": _opts(
+        [
+            dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=256, num_warps=4, num_stages=4),
+            dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=256, num_warps=8, num_stages=4),
+            dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=512, num_warps=4, num_stages=3),
+        ],
+        [{"mx": True}, {"mx": False}],
+    ),
+    "dense_large": _opts([dict(BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, num_warps=8, num_stages=3)], [{"tma": True}, {"tma": True, "ws": True}])
+    + _opts(
+        [
+            dict(BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, num_warps=8, num_stages=4),
+            dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, num_warps=8, num_stages=4),
+        ],
+        [{"tma": True}],
+    ),
+    "fp8_block_small": _opts(
+        [
+            dict(BLOCK_M=64, BLOCK_N=128, num_warps=4, num_stages=5),
+            dict(BLOCK_M=64, BLOCK_N=128, num_warps=8, num_stages=4),
+            dict(BLOCK_M=64, BLOCK_N=256, num_warps=8, num_stages=4),
+        ],
+        [{}],
+    ),
+    "dense_small": _opts(
+        [
+            dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=256, num_warps=4, num_stages=4),
+            dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=128, num_warps=4, num_stages=4),
+        ],
+        [{}],
+    ),
+}
+
+# the case each variant is swept on (a fragment of its name)
+SWEEP_CASES = {
+    "dense_large": "bf16 contiguous 8x4096 tok, 7168->4096",
+    "fp8_block_large": "GEMM only",
+    "fp8_block_small": "fp8_block masked 64x16",
+    "mxfp4_small": "mxfp4 decode",
+    "dense_small": "bf16 contiguous 64x16",
+}
+
+
+def sweep(device: torch.device, variants=None) -> list[dict]:
+    from deepinfer_cuda.bench.common import time_ms
+    from deepinfer_cuda.kernels import gemm as kg
+    from deepinfer_cuda.tuning import config as table_config
+
+    results = []
+    for variant in variants or SWEEP:
+        case = next(c for c in CASES if SWEEP_CASES[variant] in c.name)
+        state = case.setup(device)
+        amount = case.flops(state) if case.bound == "compute" else case.bytes(state)
+        unit = "TFLOP/s" if case.bound == "compute" else "TB/s"
+        for cfg, extra in SWEEP[variant]:
+            full = {**table_config("gemm", variant, device), **cfg, "tma": extra.get("tma", False), "warp_specialize": extra.get("ws", False), "k_pairs": extra.get("kp", False)}
+            kg.config = lambda op, v, dev, _full=full, _variant=variant: dict(_full) if v == _variant else table_config(op, v, dev)
+            kg.MXFP4_DOT_SCALED = extra.get("mx", kg._mxfp4_dot_scaled_default())
+            try:
+                case.kernel(state)
+                torch.cuda.synchronize(device)
+                ms = time_ms(lambda: case.kernel(state), warmup_ms=10, rep_ms=40)
+                rate = amount / (ms * 1e-3) / 1e12
+                line = f"{ms:8.4f} ms {rate:8.2f} {unit}"
+            except Exception as exc:  # noqa: BLE001
+                ms, rate, line = None, None, f"ERROR {type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
+            print(f"sweep {variant:16s} {case.name[:40]:40s} {cfg} {extra} {line}", flush=True)
+            results.append({"variant": variant, "case": case.name, "cfg": cfg, "extra": extra, "ms": ms, "rate": rate})
+        kg.config = table_config
+        kg.MXFP4_DOT_SCALED = kg._mxfp4_dot_scaled_default()
+        del state
+        torch.cuda.empty_cache()
+    return results
+
+
+def main(argv=None) -> int:
+    import argparse
+    import json
+
+    p = argparse.ArgumentParser(description="grouped_gemm / linear on a GPU: check, sweep, bench")
+    p.add_argument("--check", action="store_true")
+    p.add_argument("--quick", action="store_true", help="with --check: float32, the mxfp4 upcast path and the TMA kernel only")
+    p.add_argument("--only", default=None, help="with --check: only the checks whose name holds this text")
+    p.add_argument("--sweep", nargs="*", default=None, help="variants to sweep (all when none named)")
+    p.add_argument("--bench", action="store_true")
+    p.add_argument("--json", default=None)
+    args = p.parse_args(argv)
+    device = torch.device("cuda")
+    out: dict = {}
+    failures = 0
+    if args.check:
+        failures = check(device, args.quick, args.only)
+        print(f"check: {failures} failure(s)", flush=True)
+    if args.sweep is not None:
+        out["sweep"] = sweep(device, args.sweep or None)
+    if args.bench:
+        from deepinfer_cuda.bench.runner import run
+
+        out["bench"] = run(modules=["gemm"])
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(out, f, indent=1, default=str)
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,307 @@
+"""The cuda backend's linear / grouped_gemm kernels and fused fp8 quantiser under the Triton interpreter.
+
+Shapes beyond the golden set, every format (dense, fp8_block, mxfp4 through both of its paths) and
+layout (linear, contiguous, masked): random sizes, partial blocks, experts with zero tokens, padding
+rows, masked_m = 0, float32 with ieee precision, mixed weight dtypes, split-K; compared with the op
+references in deepinfer.ops (computed in float64 from the same inputs, as the golden set is) within
+the op's tolerance. The quantiser must match deepinfer.ops.quant.quantize_act_fp8 bit for bit.
+
+Triton decides whether a function is interpreted when it is decorated, so TRITON_INTERPRET=1 is set
+before triton is imported; if another test module imported triton first without it, the tests run
+in a subprocess instead (`test_in_a_subprocess`), never silently skipped.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+if "triton" not in sys.modules:
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+triton = pytest.importorskip("triton")
+
+from deepinfer.ops import gemm as ref  # noqa: E402
+from deepinfer.ops import quant  # noqa: E402
+
+
+def _interpreting_here() -> bool:
+    from triton.runtime.interpreter import InterpretedFunction
+
+    return os.environ.get("TRITON_INTERPRET") == "1" and isinstance(getattr(triton.language.standard, "sum", None), InterpretedFunction)
+
+
+IN_PROCESS = _interpreting_here()
+interp = pytest.mark.skipif(not IN_PROCESS, reason="triton was imported without TRITON_INTERPRET=1 here: test_in_a_subprocess runs these")
+
+
+@pytest.fixture(scope="module")
+def kg():
+    from deepinfer_cuda.kernels import gemm
+
+    return gemm
+
+
+def gen(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+def rand(*shape, seed: int, scale: float = 1.0, dtype=torch.float32) -> torch.Tensor:
+    return (torch.randn(*shape, generator=gen(seed)) * scale).to(dtype)
+
+
+def weight_in(fmt: str, *lead: int, n: int, k: int, seed: int, dtype=torch.float32) -> dict:
+    w = rand(*lead, n, k, seed=seed, scale=0.05)
+    if fmt == "dense":
+        return {"weight": w.to(dtype)}
+    q, s = (quant.quantize_weight_fp8_block if fmt == "fp8_block" else quant.quantize_weight_mxfp4)(w)
+    return {"weight": q, "weight_scale": s, "fmt": fmt}
+
+
+def as_float64(kw: dict) -> dict:
+    """What the golden run does: float tensors (activations, dense weights, fp8 scales) upcast."""
+    return {k: (v.double() if isinstance(v, torch.Tensor) and v.is_floating_point() and v.dtype != quant.FP8_DTYPE else v) for k, v in kw.items()}
+
+
+def assert_matches(op_name: str, got: torch.Tensor, kw: dict, rows_ok: torch.Tensor | None = None):
+    spec = {"linear": ref.linear, "grouped_gemm": ref.grouped_gemm}[op_name]
+    want = spec(**as_float64(kw))
+    x = kw["x"]
+    assert got.dtype == x.dtype and got.shape == want.shape
+    tol = ref.GEMM_TOLERANCES[x.dtype]
+    if op_name == "grouped_gemm":  # rows the op leaves unspecified compare as zeros
+        got = ref._grouped_gemm_canonicalize(kw, {"out": got})["out"]
+    err = (got.double() - want).abs()
+    bound = tol.atol * x.shape[-1] + tol.rtol * want.abs()
+    assert torch.isfinite(got.double()).all()
+    assert (err <= bound).all(), f"max err {err.max().item():.3g}, worst err/bound {(err / bound).max().item():.3g}"
+
+
+# ---------------------------------------------------------------------------------------------- quantiser
+
+
+@interp
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("shape", [(7, 200), (2, 3, 384), (1, 128), (5, 1)])
+def test_quantiser_is_bit_exact(kg, dtype, shape):
+    x = rand(*shape, seed=sum(shape), dtype=torch.float32)
+    # a large dynamic range, tiny values (e4m3 subnormals after scaling), an all-zero group
+    x = x * torch.exp(rand(*shape, seed=1, scale=4.0))
+    x[..., :1] *= 1e3
+    if shape[-1] >= 256:
+        x[..., 128:256] = 0
+    x = x.clamp(-6e4, 6e4).to(dtype)  # finite in float16 too
+    q, s = kg.quantize_act_fp8(x)
+    rq, rs = quant.quantize_act_fp8(x)
+    assert q.dtype == quant.FP8_DTYPE and s.dtype == torch.float32
+    assert q.shape == rq.shape and s.shape == rs.shape
+    assert torch.equal(s, rs)
+    assert torch.equal(q.view(torch.uint8), rq.view(torch.uint8))
+
+
+@interp
+def test_quantiser_rounds_every_e4m3_tie_to_even(kg):
+    # amax 448 gives scale 1.0 exactly: the values are cast as they are. Take every e4m3 magnitude,
+    # the midpoints between neighbours (ties), and points just either side of them.
+    grid = torch.arange(0, 127, dtype=torch.uint8).view(quant.FP8_DTYPE).float()  # 0 .. 448
+    mids = (grid[:-1] + grid[1:]) / 2
+    near = torch.cat([mids, torch.nextafter(mids, torch.zeros(())), torch.nextafter(mids, torch.full((), 1e9)), grid])
+    vals = torch.cat([near, -near])
+    groups = -(-vals.numel() // 127)
+    body = torch.zeros(groups * 127)
+    body[: vals.numel()] = vals
+    x = torch.cat([torch.full((groups, 1), 448.0), body.view(groups, 127)], dim=1)
+    q, s = kg.quantize_act_fp8(x)
+    rq, rs = quant.quantize_act_fp8(x)
+    assert torch.equal(s, rs) and (s == 1.0).all()
+    assert torch.equal(q.view(torch.uint8), rq.view(torch.uint8))
+
+
+# ---------------------------------------------------------------------------------------------- linear
+
+
+@interp
+@pytest.mark.parametrize(
+    "t,n,k,dtype,wdtype",
+    [
+        (1, 48, 64, torch.float32, torch.float32),
+        (19, 80, 200, torch.float32, torch.float32),
+        (64, 256, 512, torch.bfloat16, torch.bfloat16),
+        (3, 40, 96, torch.float16, torch.float16),
+        (9, 33, 130, torch.bfloat16, torch.float32),  # mixed: the product runs in float32
+        (2, 48, 1024, torch.bfloat16, torch.bfloat16),  # few programs: split-K
+        (2, 24, 1000, torch.float32, torch.float32),  # split-K, partial K block
+    ],
+)
+def test_linear_dense(kg, t, n, k, dtype, wdtype):
+    kw = {"x": rand(t, k, seed=t + n + k, dtype=dtype), **weight_in("dense", n=n, k=k, seed=k, dtype=wdtype)}
+    assert_matches("linear", kg.linear(**kw), kw)
+
+
+@interp
+@pytest.mark.parametrize(
+    "t,n,k,dtype",
+    [
+        (4, 128, 256, torch.bfloat16),
+        (17, 96, 384, torch.float32),
+        (64, 256, 512, torch.float16),
+        (2, 200, 1000, torch.bfloat16),  # partial blocks on both edges and a partial last K group
+    ],
+)
+def test_linear_fp8_block(kg, t, n, k, dtype):
+    kw = {"x": rand(t, k, seed=n * k, scale=3.0, dtype=dtype), **weight_in("fp8_block", n=n, k=k, seed=t)}
+    assert_matches("linear", kg.linear(**kw), kw)
+
+
+@pytest.fixture(params=["dot_scaled", "upcast"])
+def mx_path(request, kg, monkeypatch):
+    monkeypatch.setattr(kg, "MXFP4_DOT_SCALED", request.param == "dot_scaled")
+    return request.param
+
+
+@interp
+@pytest.mark.parametrize(
+    "t,n,k,dtype",
+    [
+        (5, 64, 128, torch.bfloat16),
+        (33, 96, 96, torch.bfloat16),  # K not a multiple of the K block
+        (2, 40, 512, torch.float16),
+        (3, 48, 160, torch.float32),  # float32 activations: always the upcast path
+    ],
+)
+def test_linear_mxfp4(kg, mx_path, t, n, k, dtype):
+    kw = {"x": rand(t, k, seed=n + k, dtype=dtype), **weight_in("mxfp4", n=n, k=k, seed=t)}
+    assert_matches("linear", kg.linear(**kw), kw)
+
+
+@interp
+def test_mxfp4_special_scales(kg, mx_path):
+    # e8m0 extremes that still give finite products: 2^-127 (a float32 subnormal factor) and 2^4
+    w = weight_in("mxfp4", n=32, k=64, seed=3)
+    w["weight_scale"][:8] = 0
+    w["weight_scale"][8:16] = 131
+    kw = {"x": rand(16, 64, seed=4, dtype=torch.bfloat16), **w}
+    assert_matches("linear", kg.linear(**kw), kw)
+
+
+# ---------------------------------------------------------------------------------------------- grouped_gemm
+
+
+FMTS = ["dense", "fp8_block", "mxfp4"]
+
+
+@interp
+@pytest.mark.parametrize("fmt", FMTS)
+@pytest.mark.parametrize(
+    "counts,pad,n,k,dtype",
+    [
+        ([5, 0, 35, 1, 0, 19, 10, 0], 5, 96, 160, torch.bfloat16),  # empty experts, padding rows
+        ([0, 0, 0, 23], 0, 64, 256, torch.float32),  # every token on the last expert
+        ([0, 0, 0], 4, 32, 64, torch.bfloat16),  # no token at all, padding only
+        ([40, 24], 0, 136, 320, torch.float16),
+    ],
+)
+def test_grouped_gemm_contiguous(kg, fmt, counts, pad, n, k, dtype):
+    if fmt == "fp8_block" and dtype == torch.float32 and k == 256:
+        k = 200  # partial K group too
+    e = len(counts)
+    offsets = torch.tensor([0, *torch.tensor(counts).cumsum(0).tolist()], dtype=torch.int32)
+    m = int(offsets[-1]) + pad
+    kw = {"x": rand(m, k, seed=m + k, dtype=dtype), **weight_in(fmt, e, n=n, k=k, seed=e), "expert_offsets": offsets}
+    assert_matches("grouped_gemm", kg.grouped_gemm(**kw), kw)
+
+
+@interp
+@pytest.mark.parametrize("fmt", FMTS)
+@pytest.mark.parametrize(
+    "masked,max_m,n,k,dtype",
+    [
+        ([3, 0, 16, 9], 16, 64, 192, torch.bfloat16),  # masked_m 0, one expert full
+        ([0, 0], 8, 32, 64, torch.float32),  # nothing valid
+        ([33, 1, 64], 64, 48, 256, torch.float32),
+    ],
+)
+def test_grouped_gemm_masked(kg, fmt, masked, max_m, n, k, dtype):
+    e = len(masked)
+    kw = {
+        "x": rand(e, max_m, k, seed=max_m + k, dtype=dtype),
+        **weight_in(fmt, e, n=n, k=k, seed=n),
+        "masked_m": torch.tensor(masked, dtype=torch.int32),
+    }
+    assert_matches("grouped_gemm", kg.grouped_gemm(**kw), kw)
+
+
+@interp
+def test_offsets_of_any_integer_dtype(kg):
+    offsets = torch.tensor([0, 3, 3, 9], dtype=torch.int64)
+    kw = {"x": rand(12, 64, seed=1, dtype=torch.float32), **weight_in("dense", 3, n=32, k=64, seed=2), "expert_offsets": offsets}
+    assert_matches("grouped_gemm", kg.grouped_gemm(**kw), kw)
+    kw = {"x": rand(2, 4, 64, seed=1, dtype=torch.float32), **weight_in("dense", 2, n=32, k=64, seed=2), "masked_m": torch.tensor([4, 1], dtype=torch.int16)}
+    assert_matches("grouped_gemm", kg.grouped_gemm(**kw), kw)
+
+
+@interp
+def test_many_experts_decode_split(kg):
+    # 40 experts of 1..3 tokens (decode-like, the small variant) and the expert search over E_POW2 = 64
+    counts = [(i * 7) % 4 for i in range(40)]
+    offsets = torch.tensor([0, *torch.tensor(counts).cumsum(0).tolist()], dtype=torch.int32)
+    m = int(offsets[-1])
+    kw = {"x": rand(m, 64, seed=5, dtype=torch.float32), **weight_in("dense", 40, n=16, k=64, seed=6), "expert_offsets": offsets}
+    assert_matches("grouped_gemm", kg.grouped_gemm(**kw), kw)
+
+
+@interp
+def test_bad_arguments_raise(kg):
+    x = rand(4, 64, seed=0)
+    w = weight_in("dense", 2, n=16, k=64, seed=0)["weight"]
+    with pytest.raises(ValueError):
+        kg.grouped_gemm(x, w)
+    with pytest.raises(ValueError):
+        kg.grouped_gemm(x, w, expert_offsets=torch.tensor([0, 4], dtype=torch.int32))
+    with pytest.raises(ValueError):
+        kg.linear(x, w[0], fmt="fp8_block")
+    with pytest.raises(ValueError):
+        kg.linear(x.double(), w[0].double())
+
+
+@interp
+def test_shape_only_choices(kg):
+    # float32 operands in shared memory: stages drop, then the K block halves, until they fit
+    x32, w32 = torch.empty(64, 1024), torch.empty(256, 1024)
+    bk, st = kg._fit_shared_memory("dense", x32, w32, True, 64, 64, 256, 4)
+    assert st * (64 * bk * 4 + bk * 64 * 4) <= kg.SHARED_MEMORY_BUDGET and st >= 2
+    # the fp8 K block stays one scale group
+    bk, st = kg._fit_shared_memory("fp8_block", x32.bfloat16(), w32.to(quant.FP8_DTYPE), False, 128, 256, 128, 8)
+    assert bk == 128 and st < 8
+    assert kg._variant("dense", 16) == "dense_small" and kg._variant("fp8_block", 4096) == "fp8_block_large"
+    # no tensor descriptors under the interpreter or for float32 x with fp8 weights
+    assert not kg._use_tma({"tma": True}, "dense", x32.bfloat16(), w32.bfloat16(), 1024, 1)
+
+
+@interp
+def test_registrations_have_the_op_signatures(kg):
+    from deepinfer.registry import Registry
+
+    reg = Registry()
+    for r in kg.REGISTRATIONS:
+        reg.register_kernel("cuda", r.op, r.fn, formats=r.formats, dtypes=r.dtypes, note=r.note)
+    assert {name for name, ks in reg.kernels["cuda"].items() if ks} == {"linear", "grouped_gemm"}
+    assert all(kg.mxfp4_path() in r.note for r in kg.REGISTRATIONS)
+
+
+# ---------------------------------------------------------------------------------------------- fallback
+
+
+@pytest.mark.skipif(IN_PROCESS, reason="the tests above ran in this process")
+def test_in_a_subprocess():
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    here = Path(__file__)
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(here)],
+        env=env, cwd=here.parents[2], capture_output=True, text=True, timeout=600,
+    )
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
