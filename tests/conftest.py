@@ -9,6 +9,10 @@ from pathlib import Path
 
 import pytest
 
+# CPU-only test machines: every Triton kernel runs in the interpreter. Triton decides at decoration
+# time, so this must be set before anything imports triton (conftest is imported first).
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
 FIXTURES = Path(__file__).parent / "fixtures"
 
 
