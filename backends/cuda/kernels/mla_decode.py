@@ -1,3 +1,410 @@
-"""Triton kernels: mla_decode (being written)."""
+"""Triton kernels: mla_decode (absorbed multi-head latent attention over the paged latent cache).
 
-REGISTRATIONS = []
+All H query heads of a request (times its S query tokens, MTP) share one latent KV head, so a
+program treats the request's S*H query rows as the M dimension of its matrix products and reads
+each cache tile ONCE for all of them:
+
+    scores[M, N] = q_nope[M, C] @ c[N, C]^T + q_rope[M, R] @ k[N, R]^T      (tensor-core dots)
+    acc[M, C]   += softmax-weights[M, N] @ c[N, C]                           (the same tile as V)
+
+The tile c/k of BLOCK_N cache rows is loaded once per iteration (16-byte vectors along the row)
+and feeds both products, with an online (log-sum-exp) softmax in float32 in between.
+
+Grid: (row tiles, B, splits). Row tiles: one tile of BLOCK_M >= S*H rows when S*H <= 64 (the
+memory-bound case: 16 heads), else tiles of 64 rows (128 heads: compute-bound; the row tiles of one
+(request, split) are neighbours in launch order, so the second tile's cache reads hit L2). Splits:
+the context is cut into `num_splits` chunks of whole BLOCK_N tiles so B * row tiles * splits fills
+the GPU; the count comes from host-known shapes only (B, the block table's width, H, S, the SM
+count), never from seq_lens, so the launch is CUDA-graph safe. A split past a request's length
+(or before its sliding window) runs no iteration and reports lse = -inf. With one split the
+kernel writes the normalised output directly; otherwise it writes per-split normalised partials
+and their log-sum-exp, and a combine kernel merges them in a fixed split order (deterministic, no
+atomics).
+
+H200 (2026-11-30, Triton 3.6, B=128, ctx 4096, page 64, bf16; bench/attention_decode.py):
+  - 16 heads, S=1: 173 us per call = 3.52 TB/s of cache read (split kernel 161-166 us + combine
+    3.2 us): ~84% of the 4.19 TB/s copy ceiling. 16 query rows run on mma.sync (M=16), 2 CTAs/SM,
+    cp.async double buffering of the 74 KB tile; 2 splits fill the 264 resident slots in one wave.
+  - 128 heads, S=1: 570 us = 256 TFLOP/s (34% of the 750 TFLOP/s cuBLAS rate; target 55%).
+    The [64, 512] float32 accumulator needs 8 warps, and Triton gives a dot whose result feeds
+    another dot all warps along M ([8, 1]), so both warpgroups compute the same 64x64 scores (QK is
+    53% of the FLOPs) and the tile's q operand is read from shared memory by both. Computing the
+    scores one tile ahead (carried through the loop, which lets the QK dot split its columns over
+    the warpgroups) was tried and was slower (672 us; the re-read values tile doubles the shared
+    memory per stage). FlashMLA-style warp specialisation (one warpgroup on QK + softmax, both on
+    PV halves) is beyond what this kernel expresses.
+
+Deviation (interpreter only): dot operands are upcast to float32 under TRITON_INTERPRET=1 (see
+common.upcast_dot); float32 operands use input_precision="ieee".
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+import torch
+import triton
+import triton.language as tl
+
+from deepinfer_cuda.kernels.common import Registration, cdiv, next_power_of_2, upcast_dot
+from deepinfer_cuda.tuning import config
+
+LOG2E = 1.4426950408889634
+_LAST_LAUNCH = None  # the last split-kernel launch's compiled handle (registers/spills, for the bench sweep)
+
+
+@triton.jit
+def _tile_rows(kv_ptr, bt_row, start, split_end, arange_n, stride_kv_page, stride_kv_row, PAGE: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Row pointers of the cache tile holding tokens start .. start+BLOCK_N-1, and which are < split_end."""
+    offs_n = start + arange_n
+    n_ok = offs_n < split_end
+    if PAGE % BLOCK_N == 0:
+        # The tile lies inside one page: one page number, BLOCK_N consecutive rows.
+        page = tl.load(bt_row + start // PAGE, mask=start < split_end, other=0).to(tl.int64)
+        row_off = page * stride_kv_page + ((start % PAGE) + arange_n).to(tl.int64) * stride_kv_row
+    else:
+        page = tl.load(bt_row + offs_n // PAGE, mask=n_ok, other=0).to(tl.int64)
+        row_off = page * stride_kv_page + (offs_n % PAGE).to(tl.int64) * stride_kv_row
+    return kv_ptr + row_off, n_ok
+
+
+@triton.jit
+def _load_cols(rows, n_ok, offs, col0, WIDTH: tl.constexpr, BLOCK: tl.constexpr, DOT_F32: tl.constexpr, EVICT: tl.constexpr):
+    """tile[n, c] = cache row n, columns col0 + c (zeros for rows past the split or columns past WIDTH)."""
+    if WIDTH == BLOCK:  # (the fast path: row masks only, no per-column predicates)
+        t = tl.load(rows[:, None] + col0 + offs[None, :], mask=n_ok[:, None], other=0.0, eviction_policy=EVICT)
+    else:
+        t = tl.load(rows[:, None] + col0 + offs[None, :], mask=n_ok[:, None] & (offs < WIDTH)[None, :], other=0.0, eviction_policy=EVICT)
+    if DOT_F32:
+        t = t.to(tl.float32)
+    return t
+
+
+@triton.jit
+def _mla_decode_split_kernel(
+    q_nope_ptr, q_rope_ptr, kv_ptr, block_table_ptr, seq_lens_ptr,
+    out_ptr, mid_out_ptr, mid_lse_ptr,
+    qk_scale,  # softmax_scale * log2(e): scores live in the log2 domain
+    window,  # sliding window (used only when HAS_WINDOW)
+    tokens_per_split,  # a multiple of BLOCK_N
+    stride_qn_b, stride_qn_s, stride_qn_h,
+    stride_qr_b, stride_qr_s, stride_qr_h,
+    stride_kv_page, stride_kv_row,
+    stride_bt_b,
+    stride_o_b, stride_o_s, stride_o_h,
+    stride_mo_b, stride_mo_split, stride_mo_m,
+    stride_ml_b, stride_ml_split,
+    S: tl.constexpr, H: tl.constexpr,
+    C: tl.constexpr, R: tl.constexpr,
+    BLOCK_C: tl.constexpr, BLOCK_R: tl.constexpr,
+    PAGE: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    HAS_WINDOW: tl.constexpr,
+    DIRECT: tl.constexpr,  # one split: write the final output, no partials
+    DOT_F32: tl.constexpr,  # dot operands in float32 (float32 inputs, mixed dtypes, or the interpreter)
+    DOT_PRECISION: tl.constexpr,
+    EVICT: tl.constexpr,  # eviction policy of the cache-tile loads ("" or "evict_first": read once, streamed)
+):
+    pid_m = tl.program_id(0)
+    b = tl.program_id(1)
+    split = tl.program_id(2)
+
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    row_ok = offs_m < S * H
+    s_idx = offs_m // H
+    h_idx = offs_m % H
+    offs_c = tl.arange(0, BLOCK_C)
+    offs_r = tl.arange(0, BLOCK_R)
+    c_ok = offs_c < C
+    r_ok = offs_r < R
+
+    seq_len = tl.load(seq_lens_ptr + b).to(tl.int32)
+    # Query row m sits at position seq_len - S + s and sees keys j <= pos (and j > pos - window).
+    pos = seq_len - S + s_idx
+
+    split_start = split * tokens_per_split
+    split_end = tl.minimum(split_start + tokens_per_split, seq_len)
+    lo = split_start
+    if HAS_WINDOW:
+        # The first row (s = 0) sees the earliest keys; tiles wholly before them are skipped.
+        first = tl.maximum(seq_len - S - window + 1, 0)
+        lo = tl.maximum(lo, (first // BLOCK_N) * BLOCK_N)
+
+    b64 = b.to(tl.int64)
+    q_rows_n = q_nope_ptr + b64 * stride_qn_b + s_idx * stride_qn_s + h_idx * stride_qn_h
+    qn = tl.load(q_rows_n[:, None] + offs_c[None, :], mask=row_ok[:, None] & c_ok[None, :], other=0.0)
+    q_rows_r = q_rope_ptr + b64 * stride_qr_b + s_idx * stride_qr_s + h_idx * stride_qr_h
+    qr = tl.load(q_rows_r[:, None] + offs_r[None, :], mask=row_ok[:, None] & r_ok[None, :], other=0.0)
+    if DOT_F32:
+        qn = qn.to(tl.float32)
+        qr = qr.to(tl.float32)
+    else:
+        qn = qn.to(kv_ptr.dtype.element_ty)
+        qr = qr.to(kv_ptr.dtype.element_ty)
+
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_C], dtype=tl.float32)
+
+    bt_row = block_table_ptr + b64 * stride_bt_b
+    arange_n = tl.arange(0, BLOCK_N)
+    for start_n in range(lo, split_end, BLOCK_N):
+        offs_n = start_n + arange_n
+        rows, n_ok = _tile_rows(kv_ptr, bt_row, start_n, split_end, arange_n, stride_kv_page, stride_kv_row, PAGE, BLOCK_N)
+        # One load of the tile feeds both products: c as keys (transposed) and as values.
+        kc = _load_cols(rows, n_ok, offs_c, 0, C, BLOCK_C, DOT_F32, EVICT)
+        kr = _load_cols(rows, n_ok, offs_r, C, R, BLOCK_R, DOT_F32, EVICT)
+        scores = tl.dot(qn, tl.trans(kc), input_precision=DOT_PRECISION)
+        scores += tl.dot(qr, tl.trans(kr), input_precision=DOT_PRECISION)
+        scores = scores * qk_scale
+        visible = n_ok[None, :] & (offs_n[None, :] <= pos[:, None])
+        if HAS_WINDOW:
+            visible = visible & (offs_n[None, :] > pos[:, None] - window)
+        scores = tl.where(visible, scores, float("-inf"))
+
+        m_new = tl.maximum(m_i, tl.max(scores, axis=1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp2(m_i - m_safe)
+        p = tl.exp2(scores - m_safe[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        acc = acc * alpha[:, None]
+        acc = tl.dot(p.to(kc.dtype), kc, acc, input_precision=DOT_PRECISION)
+        m_i = m_new
+
+    has = l_i > 0.0
+    out = acc / tl.where(has, l_i, 1.0)[:, None]
+    if DIRECT:
+        o_rows = out_ptr + b64 * stride_o_b + s_idx * stride_o_s + h_idx * stride_o_h
+        tl.store(o_rows[:, None] + offs_c[None, :], out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & c_ok[None, :])
+    else:
+        lse = tl.where(has, m_i + tl.log2(tl.where(has, l_i, 1.0)), float("-inf"))
+        mo_rows = mid_out_ptr + b64 * stride_mo_b + split * stride_mo_split + offs_m * stride_mo_m
+        tl.store(mo_rows[:, None] + offs_c[None, :], out, mask=row_ok[:, None] & c_ok[None, :])
+        tl.store(mid_lse_ptr + b64 * stride_ml_b + split * stride_ml_split + offs_m, lse, mask=row_ok)
+
+
+@triton.jit
+def _mla_decode_combine_kernel(
+    mid_out_ptr, mid_lse_ptr, out_ptr,
+    num_splits,
+    stride_mo_b, stride_mo_split, stride_mo_m,
+    stride_ml_b, stride_ml_split,
+    stride_o_b, stride_o_s, stride_o_h,
+    H: tl.constexpr, C: tl.constexpr,
+    BLOCK_C: tl.constexpr, BLOCK_SPLITS: tl.constexpr,
+):
+    """One program per (query row, request): merge the splits' partials in split order."""
+    m = tl.program_id(0)
+    b = tl.program_id(1).to(tl.int64)
+    offs_k = tl.arange(0, BLOCK_SPLITS)
+    offs_c = tl.arange(0, BLOCK_C)
+    c_ok = offs_c < C
+    lse_row = mid_lse_ptr + b * stride_ml_b + m
+    lses = tl.load(lse_row + offs_k * stride_ml_split, mask=offs_k < num_splits, other=float("-inf"))
+    top = tl.max(lses, axis=0)
+    top = tl.where(top == float("-inf"), 0.0, top)
+    denom = tl.sum(tl.exp2(lses - top), axis=0)
+    acc = tl.zeros([BLOCK_C], dtype=tl.float32)
+    mo_row = mid_out_ptr + b * stride_mo_b + m * stride_mo_m
+    for k in range(num_splits):
+        w = tl.exp2(tl.load(lse_row + k * stride_ml_split) - top)
+        # Every split program writes its partial (zeros when it saw no key), so all are finite.
+        part = tl.load(mo_row + k * stride_mo_split + offs_c, mask=c_ok, other=0.0)
+        acc += w * part
+    out = acc / tl.where(denom > 0.0, denom, 1.0)
+    s = m // H
+    h = m % H
+    tl.store(out_ptr + b * stride_o_b + s * stride_o_s + h * stride_o_h + offs_c, out.to(out_ptr.dtype.element_ty), mask=c_ok)
+
+
+@lru_cache(maxsize=None)
+def _num_sms(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 4  # the interpreter: a few programs are plenty
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+@lru_cache(maxsize=None)
+def _config(device: torch.device, variant: str) -> dict:
+    return config("mla_decode", variant, device)
+
+
+def _variant(rows: int) -> str:
+    for limit in (16, 32, 64):
+        if rows <= limit:
+            return f"rows_le{limit}"
+    return "rows_gt64"
+
+
+def _pick_splits(base: int, slots: int, max_splits: int) -> int:
+    """The split count whose programs fill the resident slots best (fewest splits on near-ties).
+
+    base = programs per split (B * row tiles); slots = CTAs the GPU holds at once. A wave that is
+    only partly full wastes the rest of it, so efficiency = programs / (waves * slots). Splits cost
+    partial writes and a combine, so once one wave is full only a clearly better fill (+5%) adds
+    splits, and never beyond twice the count that fills one wave.
+    """
+    best, best_eff = 1, 0.0
+    for splits in range(1, max(1, min(max_splits, 2 * cdiv(slots, base))) + 1):
+        programs = base * splits
+        eff = programs / (cdiv(programs, slots) * slots)
+        if eff > best_eff * 1.05:
+            best, best_eff = splits, eff
+    return best
+
+
+def _plan(
+    batch: int, rows: int, capacity: int, device: torch.device, num_splits: int | None, tokens_per_split: int | None, overrides: dict | None = None
+):
+    """Tiles and split count, from host-known shapes only.
+
+    rows = S*H query rows per request; capacity = max_blocks * block_size tokens (the block table's
+    width). Returns (cfg, block_m, row_tiles, tokens_per_split, num_splits).
+    """
+    if overrides is None:
+        return _cached_plan(batch, rows, capacity, device, num_splits, tokens_per_split)
+    return _make_plan(batch, rows, capacity, device, num_splits, tokens_per_split, overrides)
+
+
+def _make_plan(batch, rows, capacity, device, num_splits, tokens_per_split, overrides):
+    cfg = _config(device, _variant(rows))
+    if overrides:
+        cfg = {**cfg, **overrides}
+    block_n = cfg["BLOCK_N"]
+    if rows <= 64:
+        block_m = max(16, next_power_of_2(rows))
+    else:
+        block_m = cfg["BLOCK_M"]
+    row_tiles = cdiv(rows, block_m)
+    tiles = max(1, cdiv(capacity, block_n))
+    if tokens_per_split is not None:
+        per_split = max(1, cdiv(tokens_per_split, block_n))
+    else:
+        if num_splits is None:
+            limit = min(cfg["max_splits"], tiles, max(1, capacity // cfg["min_tokens_per_split"]))
+            num_splits = _pick_splits(batch * row_tiles, cfg["ctas_per_sm"] * _num_sms(device), limit)
+        num_splits = max(1, min(num_splits, tiles))
+        per_split = cdiv(tiles, num_splits)
+    num_splits = cdiv(tiles, per_split)
+    return cfg, block_m, row_tiles, per_split * block_n, num_splits
+
+
+@lru_cache(maxsize=1024)
+def _cached_plan(batch, rows, capacity, device, num_splits, tokens_per_split):
+    return _make_plan(batch, rows, capacity, device, num_splits, tokens_per_split, None)
+
+
+def _mla_decode(
+    q_nope: torch.Tensor,
+    q_rope: torch.Tensor,
+    kv_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    softmax_scale: float,
+    sliding_window: int | None = None,
+    *,
+    num_splits: int | None = None,
+    tokens_per_split: int | None = None,
+    overrides: dict | None = None,
+) -> torch.Tensor:
+    """mla_decode with an optional forced split (tests use it to exercise the combine kernel) and
+    tuning-entry overrides (the bench sweep uses them)."""
+    batch, num_queries, heads, latent_dim = q_nope.shape
+    rope_dim = q_rope.shape[-1]
+    num_blocks, page, width = kv_cache.shape
+    if q_rope.shape[:3] != q_nope.shape[:3]:
+        raise ValueError(f"q_rope {tuple(q_rope.shape)} does not match q_nope {tuple(q_nope.shape)} in [B, S, H]")
+    if latent_dim + rope_dim != width:
+        raise ValueError(f"q_nope ({latent_dim}) + q_rope ({rope_dim}) widths do not match the cache row ({width})")
+    if sliding_window is not None and sliding_window < 1:
+        raise ValueError(f"sliding_window must be >= 1 or None, got {sliding_window}")
+    if kv_cache.stride(-1) != 1:
+        raise ValueError("kv_cache rows must be contiguous (last stride 1)")
+    out = torch.empty(batch, num_queries, heads, latent_dim, dtype=q_nope.dtype, device=q_nope.device)
+    if batch == 0 or num_queries == 0 or heads == 0 or latent_dim == 0:
+        return out
+    if q_nope.stride(-1) != 1:
+        q_nope = q_nope.contiguous()
+    if q_rope.stride(-1) != 1:
+        q_rope = q_rope.contiguous()
+    if block_table.stride(-1) != 1:
+        block_table = block_table.contiguous()
+
+    rows = num_queries * heads
+    capacity = block_table.shape[1] * page
+    cfg, block_m, row_tiles, per_split, splits = _plan(batch, rows, capacity, q_nope.device, num_splits, tokens_per_split, overrides)
+    block_c = max(16, next_power_of_2(latent_dim))
+    block_r = max(16, next_power_of_2(rope_dim))
+    dot_f32 = upcast_dot() or q_nope.dtype == torch.float32 or kv_cache.dtype == torch.float32 or q_nope.dtype != kv_cache.dtype
+    direct = splits == 1
+    if direct:
+        mid_out = out  # unused
+        mid_lse = out
+        mo_strides = (0, 0, 0)
+        ml_strides = (0, 0)
+    else:
+        mid_out = torch.empty(batch, splits, rows, latent_dim, dtype=torch.float32, device=q_nope.device)
+        mid_lse = torch.empty(batch, splits, rows, dtype=torch.float32, device=q_nope.device)
+        mo_strides = (mid_out.stride(0), mid_out.stride(1), mid_out.stride(2))
+        ml_strides = (mid_lse.stride(0), mid_lse.stride(1))
+    grid = (row_tiles, batch, splits)
+    global _LAST_LAUNCH
+    _LAST_LAUNCH = _mla_decode_split_kernel[grid](
+        q_nope, q_rope, kv_cache, block_table, seq_lens,
+        out, mid_out, mid_lse,
+        float(softmax_scale) * LOG2E,
+        int(sliding_window or 0),
+        per_split,
+        q_nope.stride(0), q_nope.stride(1), q_nope.stride(2),
+        q_rope.stride(0), q_rope.stride(1), q_rope.stride(2),
+        kv_cache.stride(0), kv_cache.stride(1),
+        block_table.stride(0),
+        out.stride(0), out.stride(1), out.stride(2),
+        *mo_strides,
+        *ml_strides,
+        S=num_queries, H=heads, C=latent_dim, R=rope_dim,
+        BLOCK_C=block_c, BLOCK_R=block_r,
+        PAGE=page,
+        BLOCK_M=block_m, BLOCK_N=cfg["BLOCK_N"],
+        HAS_WINDOW=sliding_window is not None,
+        DIRECT=direct,
+        DOT_F32=dot_f32,
+        DOT_PRECISION="ieee" if dot_f32 else "tf32",
+        EVICT=cfg.get("evict", ""),
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+    )
+    if not direct:
+        ccfg = _config(q_nope.device, "combine")
+        _mla_decode_combine_kernel[(rows, batch)](
+            mid_out, mid_lse, out,
+            splits,
+            *mo_strides,
+            *ml_strides,
+            out.stride(0), out.stride(1), out.stride(2),
+            H=heads, C=latent_dim,
+            BLOCK_C=block_c, BLOCK_SPLITS=max(2, next_power_of_2(splits)),
+            num_warps=ccfg["num_warps"],
+        )
+    return out
+
+
+def mla_decode(
+    q_nope: torch.Tensor,
+    q_rope: torch.Tensor,
+    kv_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    *,
+    softmax_scale: float,
+    sliding_window: int | None = None,
+) -> torch.Tensor:
+    return _mla_decode(q_nope, q_rope, kv_cache, block_table, seq_lens, softmax_scale, sliding_window)
+
+REGISTRATIONS = [
+    Registration(
+        op="mla_decode",
+        fn=mla_decode,
+        dtypes=(torch.float32, torch.bfloat16, torch.float16),
+        note="Triton (heads as M, split-KV + deterministic combine)",
+    )
+]

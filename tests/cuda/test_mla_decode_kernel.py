@@ -1,0 +1,239 @@
+"""The cuda backend's mla_decode and kv_cache_write kernels against the op references.
+
+Runs the Triton kernels under the interpreter (TRITON_INTERPRET=1, numpy on the CPU) unless the
+environment says otherwise and a GPU is present. Shapes stay small (latent 64 + rope 16 mostly) so
+the interpreter is quick; the conformance golden set covers latent 512 + rope 64. The cases reach
+what the golden set does not: page sizes 16/32/64 (a tile inside one page, and a tile spanning
+pages), seq_lens 1, 63, 64, 65 and more, S = 1..4 with causality among the new tokens, sliding
+windows, several row tiles (S*H > 64), latent widths that are not powers of two, mixed q/cache
+dtypes, and forced splits so the combine kernel merges many partials (empty ones included).
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import subprocess
+import sys
+import zlib
+from pathlib import Path
+
+import pytest
+import torch
+
+if "triton" not in sys.modules:
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton decorates anything
+triton = pytest.importorskip("triton")
+
+from deepinfer.ops.attention import kv_cache_write as ref_kv_cache_write  # noqa: E402
+from deepinfer.ops.attention import mla_decode as ref_mla_decode  # noqa: E402
+
+
+def _interpreting_here() -> bool:
+    from triton.runtime.interpreter import InterpretedFunction
+
+    return os.environ.get("TRITON_INTERPRET") == "1" and isinstance(getattr(triton.language.standard, "sum", None), InterpretedFunction)
+
+
+INTERPRET = _interpreting_here()
+ON_GPU = not INTERPRET and os.environ.get("TRITON_INTERPRET") != "1" and torch.cuda.is_available()
+# Triton decides at decoration time (when triton.language is first imported) whether it interprets;
+# if an earlier test module imported it without TRITON_INTERPRET=1 and there is no GPU, this process
+# cannot run the kernels: test_in_a_subprocess runs this file again in a fresh interpreter instead.
+IN_PROCESS = INTERPRET or ON_GPU
+DEVICE = torch.device("cuda" if ON_GPU else "cpu")
+
+
+class _Kernels:
+    mla = None
+    kvw = None
+
+
+K = _Kernels()
+
+
+@pytest.fixture(autouse=True)
+def _kernels(request):
+    """The kernel modules (re-imported if an earlier import decorated them for a GPU)."""
+    if request.node.name == "test_in_a_subprocess":
+        return
+    if not IN_PROCESS:
+        pytest.skip("triton was imported without TRITON_INTERPRET=1 and there is no GPU: test_in_a_subprocess runs these")
+    if K.mla is None:
+        K.mla = importlib.import_module("deepinfer_cuda.kernels.mla_decode")
+        K.kvw = importlib.import_module("deepinfer_cuda.kernels.kv_cache")
+        if INTERPRET:
+            from triton.runtime.interpreter import InterpretedFunction
+
+            if not isinstance(K.mla._mla_decode_split_kernel, InterpretedFunction):
+                K.mla = importlib.reload(K.mla)
+            if not isinstance(K.kvw._kv_cache_write_kernel, InterpretedFunction):
+                K.kvw = importlib.reload(K.kvw)
+
+
+@pytest.mark.skipif(IN_PROCESS, reason="the tests above ran in this process")
+def test_in_a_subprocess():
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    here = Path(__file__)
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(here)],
+        env=env, cwd=here.parents[2], capture_output=True, text=True, timeout=600,
+    )
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+
+
+TOL = {torch.float32: (1.3e-6, 1e-6), torch.bfloat16: (1.6e-2, 1e-3), torch.float16: (1e-3, 1e-4)}
+
+
+def _inputs(gen, dtype, *, seq_lens, queries, heads, latent=64, rope=16, page=16, q_dtype=None, spare=3, extra_cols=1):
+    pages = [-(-n // page) for n in seq_lens]
+    num_blocks = sum(pages) + spare
+    order = torch.randperm(num_blocks, generator=gen)
+    table = torch.zeros(len(seq_lens), max(pages) + extra_cols, dtype=torch.int32)  # padding columns: page 0
+    start = 0
+    for b, count in enumerate(pages):
+        table[b, :count] = order[start : start + count]
+        start += count
+    batch = len(seq_lens)
+    q_dtype = q_dtype or dtype
+    return {
+        "q_nope": torch.randn(batch, queries, heads, latent, generator=gen).to(q_dtype),
+        "q_rope": torch.randn(batch, queries, heads, rope, generator=gen).to(q_dtype),
+        "kv_cache": torch.randn(num_blocks, page, latent + rope, generator=gen).to(dtype),
+        "block_table": table,
+        "seq_lens": torch.tensor(seq_lens, dtype=torch.int32),
+    }
+
+
+def _check_mla(inputs, *, window=None, scale=0.125, **kernel_kw):
+    on_device = {k: v.to(DEVICE) for k, v in inputs.items()}
+    out = K.mla._mla_decode(
+        on_device["q_nope"], on_device["q_rope"], on_device["kv_cache"], on_device["block_table"], on_device["seq_lens"],
+        scale, window, **kernel_kw,
+    ).cpu()
+    ref = ref_mla_decode(
+        inputs["q_nope"].double(), inputs["q_rope"].double(), inputs["kv_cache"].double(), inputs["block_table"], inputs["seq_lens"],
+        softmax_scale=scale, sliding_window=window,
+    )
+    q_dtype = inputs["q_nope"].dtype
+    assert out.dtype == q_dtype and out.shape == inputs["q_nope"].shape
+    assert torch.isfinite(out).all()
+    coarsest = max((q_dtype, inputs["kv_cache"].dtype), key=lambda d: TOL[d][0])
+    rtol, atol = TOL[coarsest]
+    length = int(inputs["seq_lens"].max())
+    err = (out.double() - ref).abs()
+    bound = atol * length + rtol * ref.abs()
+    assert (err <= bound).all(), f"max err {err.max():.3g}, worst ratio {(err / bound).max():.3g}"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(
+    "seq_lens, queries, heads, page, kw",
+    [
+        ([1, 63, 64, 65], 1, 4, 16, {}),  # tiles span pages (BLOCK_N 64 > page 16): per-token page lookup
+        ([1, 63, 64, 65], 1, 4, 64, {"tokens_per_split": 16, "overrides": {"BLOCK_N": 16}}),  # 5 splits, tile inside a page
+        ([2, 70, 33], 2, 3, 32, {"tokens_per_split": 32, "overrides": {"BLOCK_N": 16}}),  # MTP, S*H=6 rows padded to 16
+        ([4, 97], 4, 2, 16, {"num_splits": 3, "overrides": {"BLOCK_N": 16}}),  # S=4, combine with empty splits
+        ([3, 40], 3, 2, 32, {"overrides": {"BLOCK_N": 16, "evict": "evict_first"}}),  # one split (direct output), S=3
+    ],
+)
+def test_mla_decode_shapes(dtype, seq_lens, queries, heads, page, kw):
+    gen = torch.Generator().manual_seed(zlib.crc32(repr((dtype, seq_lens, queries, heads, page)).encode()))
+    _check_mla(_inputs(gen, dtype, seq_lens=seq_lens, queries=queries, heads=heads, page=page), **kw)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("window", [1, 5, 40])
+def test_mla_decode_sliding_window(dtype, window):
+    gen = torch.Generator().manual_seed(window)
+    inputs = _inputs(gen, dtype, seq_lens=[3, 65, 130], queries=2, heads=2, page=32)
+    _check_mla(inputs, window=window, tokens_per_split=32, overrides={"BLOCK_N": 16})
+
+
+def test_mla_decode_row_tiles_and_odd_widths():
+    """S*H = 2*40 = 80 rows -> two 64-row tiles; latent 48 / rope 16 (masked columns); split combine."""
+    gen = torch.Generator().manual_seed(7)
+    inputs = _inputs(gen, torch.float32, seq_lens=[17, 50], queries=2, heads=40, latent=48, rope=16, page=16)
+    _check_mla(inputs, tokens_per_split=32, overrides={"BLOCK_N": 16})
+
+
+def test_mla_decode_mixed_dtypes():
+    """float32 queries over a bf16 cache: the cache is upcast, the dot runs in float32."""
+    gen = torch.Generator().manual_seed(11)
+    inputs = _inputs(gen, torch.bfloat16, seq_lens=[20, 64], queries=1, heads=4, q_dtype=torch.float32, page=16)
+    _check_mla(inputs)
+
+
+def test_mla_decode_full_width_default_plan():
+    """DeepSeek-V3's latent 512 + rope 64 through the registered wrapper (its own split plan)."""
+    gen = torch.Generator().manual_seed(3)
+    inputs = _inputs(gen, torch.bfloat16, seq_lens=[65, 5], queries=1, heads=16, latent=512, rope=64, page=64)
+    d = {k: v.to(DEVICE) for k, v in inputs.items()}
+    out = K.mla.mla_decode(d["q_nope"], d["q_rope"], d["kv_cache"], d["block_table"], d["seq_lens"], softmax_scale=0.07).cpu()
+    ref = ref_mla_decode(inputs["q_nope"].double(), inputs["q_rope"].double(), inputs["kv_cache"].double(), inputs["block_table"], inputs["seq_lens"], softmax_scale=0.07)
+    assert ((out.double() - ref).abs() <= 1e-3 * 65 + 1.6e-2 * ref.abs()).all()
+
+
+def test_mla_decode_is_deterministic():
+    gen = torch.Generator().manual_seed(5)
+    inputs = {k: v.to(DEVICE) for k, v in _inputs(gen, torch.float32, seq_lens=[40, 90], queries=1, heads=4).items()}
+    args = (inputs["q_nope"], inputs["q_rope"], inputs["kv_cache"], inputs["block_table"], inputs["seq_lens"], 0.1)
+    a = K.mla._mla_decode(*args, tokens_per_split=16, overrides={"BLOCK_N": 16})
+    b = K.mla._mla_decode(*args, tokens_per_split=16, overrides={"BLOCK_N": 16})
+    assert torch.equal(a, b)
+
+
+def test_split_plan_uses_shapes_only():
+    """The split count depends on B, the block table's width and S*H, and stays within its bounds."""
+    plan = K.mla._plan
+    cpu = torch.device("cpu")
+    _, block_m, tiles, per_split, splits = plan(128, 16, 4096, cpu, None, None)
+    assert block_m == 16 and tiles == 1 and splits >= 1 and per_split * splits >= 4096
+    _, block_m, tiles, per_split, splits = plan(2, 128, 4096, cpu, None, None)
+    assert tiles == 128 // block_m and per_split * splits >= 4096
+    _, _, _, per_split, splits = plan(1, 16, 64, cpu, 1000, None)
+    assert splits == 1  # never more splits than tiles
+    # On an H200 (132 SMs): 16 heads (2 CTAs/SM) -> 2 splits fill one wave of 264 slots; 128 heads
+    # (2 row tiles, 1 CTA/SM) -> 256 programs, no split; one request -> as many as the context allows.
+    assert K.mla._pick_splits(128, 264, 16) == 2
+    assert K.mla._pick_splits(256, 132, 16) == 1
+    assert K.mla._pick_splits(1, 264, 16) == 16
+
+
+def test_registrations_match_the_op_signatures():
+    from deepinfer.registry import Registry
+
+    reg = Registry()
+    for module in (K.mla, K.kvw):
+        for r in module.REGISTRATIONS:
+            reg.register_kernel("cuda", r.op, r.fn, formats=r.formats, dtypes=r.dtypes, note=r.note)
+    assert set(reg.kernels["cuda"]) == {"mla_decode", "kv_cache_write"}
+
+
+@pytest.mark.parametrize("src_dtype, cache_dtype", [(torch.float32, torch.float32), (torch.bfloat16, torch.bfloat16), (torch.float32, torch.bfloat16)])
+def test_kv_cache_write(src_dtype, cache_dtype):
+    gen = torch.Generator().manual_seed(1)
+    page, blocks, latent, rope = 16, 5, 48, 16
+    slots = torch.randperm(blocks * page, generator=gen)[:9].to(torch.int64)
+    slots[[2, 6]] = -1
+    kv_c = torch.randn(9, latent, generator=gen).to(src_dtype)
+    k_pe = torch.randn(9, rope, generator=gen).to(src_dtype)
+    cache = torch.randn(blocks, page, latent + rope, generator=gen).to(cache_dtype)
+    want = ref_kv_cache_write(kv_c, k_pe, cache.clone(), slots)
+    got_dev = cache.clone().to(DEVICE)
+    ret = K.kvw.kv_cache_write(kv_c.to(DEVICE), k_pe.to(DEVICE), got_dev, slots.to(DEVICE))
+    assert ret.data_ptr() == got_dev.data_ptr()
+    assert torch.equal(got_dev.cpu(), want)
+
+
+def test_kv_cache_write_strided_inputs():
+    """kv_c and k_pe as column slices of one projection output (row stride > width)."""
+    gen = torch.Generator().manual_seed(2)
+    page, blocks, latent, rope = 16, 3, 64, 16
+    fused = torch.randn(5, latent + rope + 8, generator=gen)
+    kv_c, k_pe = fused[:, :latent], fused[:, latent : latent + rope]
+    slots = torch.tensor([47, 0, -1, 16, 15])
+    cache = torch.randn(blocks, page, latent + rope, generator=gen)
+    want = ref_kv_cache_write(kv_c, k_pe, cache.clone(), slots)
+    got = K.kvw.kv_cache_write(kv_c.to(DEVICE), k_pe.to(DEVICE), cache.clone().to(DEVICE), slots.to(DEVICE)).cpu()
+    assert torch.equal(got, want)
