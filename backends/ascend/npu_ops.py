@@ -1,0 +1,642 @@
+"""torch_npu fast paths of the ascend backend: CANN's fused operators behind the registry's ops.
+
+Used on Ascend hardware only: the plugin registers them only when it is not interpreting, and
+torch_npu is imported inside the wrappers (and inside the `when` predicates), never at import
+time, so this module imports on any machine. Every wrapper has exactly its op's signature, checks
+the call's parameters and shapes (never tensor values) and hands anything its fused op cannot do
+to the backend's Triton kernel for the same op (`triton_kernel`), so a registered fast path serves
+every call. Priority `PRIORITY` puts them above the Triton kernels (priority 0).
+
+Which path serves an op is chosen once, at start-up, by `DEEPINFER_ASCEND_PATH`
+(deepinfer_ascend.device.path_choice()):
+  auto   - fast paths whose results follow the op's contract win; the opt-in ones below do not;
+  npu    - every fast path wins wherever its chip allows, the opt-in ones included;
+  triton - no fast path: the Triton kernels serve everything (the checked path).
+
+NOT RUN ON HARDWARE. There was no Ascend device where this was written: the argument lists follow
+torch_npu's documented API and the way vllm-ascend calls these ops, the tests check the wrappers
+against a fake torch_npu that computes the semantics as documented here. Arguments we are not
+sure of are marked "UNVERIFIED" in comments and listed in docs/backends/ascend.md; run
+`deepinfer conformance --backend ascend` on a real host before relying on any of them.
+
+Every place a fast path departs from the reference is an entry of DEVIATIONS below (op, the
+deviation, Why / How / Future plan), as vllm-ascend's patch/__init__.py documents its patches.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import logging
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+from deepinfer.ops import quant
+from deepinfer.registry import Registration, ResolveContext
+from deepinfer_ascend import device as _device
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Deviation:
+    op: str
+    npu_op: str
+    what: str
+    why: str
+    how: str
+    future: str
+
+
+# ---------------------------------------------------------------------------------------------
+# DEVIATIONS: every departure of a fast path from the op's reference, with Why / How / Future plan.
+DEVIATIONS: tuple[Deviation, ...] = (
+    Deviation(
+        op="mla_decode",
+        npu_op="npu_fused_infer_attention_score",
+        what="Opt-in (DEEPINFER_ASCEND_PATH=npu) only. The one [num_blocks, 128, C+R] latent cache is passed "
+        "as two strided views (latent part, rope part) where the op is used with two separate caches. "
+        "seq_lens is read back to the host (.tolist()) on every call. Served: block size 128, C 512, "
+        "R 64, bf16/fp16, heads in {1,2,4,...,128}, no sliding window; anything else goes to Triton.",
+        why="vllm-ascend keeps separate contiguous latent and rope caches; whether aclnn's fused attention "
+        "reads non-contiguous key views in place, copies them (the whole cache, every layer, every step) "
+        "or rejects them could not be checked without hardware. actual_seq_lengths_kv is an int[] "
+        "(host) argument in torch_npu's schema, so the lengths must be host integers.",
+        how="Registered with opt_in=True: `auto` keeps the Triton kernel, which reads the fused cache "
+        "natively; call-time shape checks delegate everything outside the op's MLA mode to Triton.",
+        future="Measure on an A2/A3/950 host. If the views are accepted in place, make it the auto default; "
+        "if not, let the backend declare a split cache layout (two tensors) to the engine's cache "
+        "allocation, and pass host-side seq lens from the scheduler's metadata (no read-back).",
+    ),
+    Deviation(
+        op="prefill",
+        npu_op="npu_fused_infer_attention_score",
+        what="Head dims Dqk > Dv (DeepSeek: 192 / 128): v is zero-padded to Dqk and the output sliced "
+        "back. cu_seqlens_q / cu_seqlens_k are read to the host. Causality uses sparse_mode=3 "
+        "(bottom-right aligned) with the op's 2048x2048 compressed mask. Sliding windows, float32/"
+        "float64 inputs and empty requests go to Triton.",
+        why="The op's value head dim must equal the query/key one outside its absorbed-MLA mode "
+        "(UNVERIFIED for 192/128); its TND layout takes cumulative lengths as int[] (host); the "
+        "band mode's alignment for a sliding window over a cached prefix is not documented clearly "
+        "enough to match the contract's.",
+        how="Zero columns of v add nothing to the output, so padding is exact; prefill already reads "
+        "lengths on the host in the engine, so the read-back costs no extra synchronisation there.",
+        future="Try query_rope/key_rope (nope 128 + rope 64) with value 128 on hardware, which avoids "
+        "the padding; add sliding windows through sparse_mode=4 once checked against the contract.",
+    ),
+    Deviation(
+        op="grouped_gemm",
+        npu_op="npu_grouped_matmul",
+        what="Dense bf16/fp16 only (fp8_block and mxfp4 go to Triton). Weights are passed as the "
+        "transposed view [E, K, N] of our [E, N, K]. The masked layout runs every row (group_list "
+        "= max_m per expert, counts) and the rows at or past masked_m are computed and ignored.",
+        why="vllm-ascend transposes expert weights to [E, K, N] at load time; whether the op reads a "
+        "transposed view without a copy is UNVERIFIED. The op takes one group list over contiguous "
+        "rows, and the masked layout's valid rows are not contiguous across experts.",
+        how="group_list_type 0 (cumulative ends = expert_offsets[1:]) for the contiguous layout, "
+        "type 1 (counts = max_m) for the masked one; unspecified rows are unspecified in the contract.",
+        future="Transpose expert weights once at load time if the view costs a copy; block-scaled fp8 "
+        "(950) once its argument layout is verified.",
+    ),
+    Deviation(
+        op="gate",
+        npu_op="npu_moe_gating_top_k",
+        what="Served: float32 logits, and either sigmoid with renormalize (norm_type=1, the op divides by "
+        "sum + 1e-20) or softmax without bias or groups (renormalize and routed_scaling_factor "
+        "applied in torch after the op). sqrtsoftplus, sigmoid without renormalize, softmax with "
+        "groups or bias, and group shapes outside the op's limits go to the Triton gate.",
+        why="The op has no sqrtsoftplus and renormalises sigmoid weights itself; its grouping is used "
+        "by vllm-ascend only for sigmoid. Its tie order and its fill value for losing groups (-inf "
+        "in DeepSeek's reference, which the contract follows) are UNVERIFIED; ids compare exactly.",
+        how="group_select_mode=1 (top-2 sum) with a bias, 0 (max) without, as the contract says; the "
+        "wrapper checks the call's parameters and delegates (Triton kernel imported lazily from "
+        "deepinfer_ascend.kernels.moe).",
+        future="Run the gate conformance cases (ties, negative biased scores) on hardware; drop the "
+        "fast path for any combination whose ids differ.",
+    ),
+    Deviation(
+        op="dispatch",
+        npu_op="npu_moe_init_routing_v2",
+        what="The layout is the contract's only if the op sorts slots by (expert id, slot index), i.e. "
+        "a stable sort, and if expanded_row_idx (row_idx_type=0) maps slot -> row (our row_of_slot). "
+        "Expert-parallel groups go to Triton.",
+        why="The contract fixes the layout (ids compare exactly). The op's documentation describes a "
+        "sort by expert id with the source index as tie-break, and vllm-ascend consumes "
+        "expanded_row_idx as the scatter index; neither is verified on hardware.",
+        how="expert_offsets = [0, cumsum(counts)] from expert_tokens_num_type=1; row_of_slot = "
+        "expanded_row_idx; no host synchronisation.",
+        future="If the op's order is not stable, disable this fast path (GEMM and combine would "
+        "tolerate any order within an expert, the exact dispatch contract does not); if the index "
+        "is the inverse map, invert it with one scatter.",
+    ),
+    Deviation(
+        op="combine",
+        npu_op="npu_moe_token_unpermute",
+        what="topk_weights are cast to expert_out's dtype (bf16: a relative rounding of 2^-9 per weight). "
+        "The op's summation order over k and its accumulation dtype are UNVERIFIED.",
+        why="The op takes probs in the tokens' dtype (as vllm-ascend passes them).",
+        how="sorted_indices = row_of_slot (the same index convention as dispatch's expanded_row_idx).",
+        future="Pass float32 probs if the op accepts them; check batch invariance on hardware.",
+    ),
+    Deviation(
+        op="rms_norm",
+        npu_op="npu_rms_norm / npu_add_rms_norm",
+        what="With a residual, the op may normalise the float32 sum where the reference normalises the "
+        "sum rounded to the input dtype (a difference within one rounding of bf16). The weight must "
+        "have x's dtype; otherwise Triton serves the call.",
+        why="AddRmsNorm fuses the add and the norm without a round trip through the input dtype.",
+        how="npu_rms_norm(x, weight, eps) -> (out, rstd); npu_add_rms_norm(x, residual, weight, eps) "
+        "-> (out, rstd, x + residual).",
+        future="None needed unless conformance shows otherwise.",
+    ),
+    Deviation(
+        op="linear",
+        npu_op="npu_quant_matmul",
+        what="950 only. fp8_block: activations quantised in torch by quant.quantize_act_fp8 (bit-exact), "
+        "then an fp8 x fp8 matmul with per-128x128-block weight scales and per-token-group "
+        "activation scales (group_sizes=[1, 128, 128], UNVERIFIED). mxfp4: opt-in only, because it "
+        "quantises activations to MXFP8 (A8W4) where the contract is W4A16. Dense goes to Triton.",
+        why="A2/A3 have no fp8 or fp4 matmul; the 950's MX matmul takes quantised activations on both "
+        "sides. The MX scale layout torch_npu expects (plain [K/32, N] or paired [K/64, N, 2]) and "
+        "the fp4 packing order are UNVERIFIED.",
+        how="Chip gating in `when` (MXFP4 never registers on A2/A3); MXFP8 activation quantisation per "
+        "the OCP MX spec (shared exponent floor(log2 amax) - 8, saturating e4m3).",
+        future="W4A16 through npu_weight_quant_batchmatmul with MX FP4 weights if CANN offers it on 950; "
+        "npu_dynamic_quant-style fused activation quantisation once it is shown bit-exact.",
+    ),
+    Deviation(
+        op="sample",
+        npu_op="npu_top_k_top_p (not registered)",
+        what="No fast path: the Triton sampling kernel serves sample on every chip.",
+        why="npu_top_k_top_p does not implement the contract's keep rules: its top-p removes tokens "
+        "whose ascending cumulative probability is <= 1 - p (so values tied with the threshold can "
+        "fall either side by sort position; the contract keeps every q >= the last value of the "
+        "shortest prefix reaching top_p), it takes k in [1, 1024] only (the contract: k <= 0 or "
+        ">= V is off), has no min-p, and works on the temperature-scaled logits. The sampled tokens "
+        "must compare exactly and keep our stateless-hash Gumbel noise.",
+        how="-",
+        future="Use it only if a later torch_npu documents tie-inclusive thresholds matching the contract "
+        "(then: mask from the op, our Gumbel noise and argmax on top).",
+    ),
+)
+
+PRIORITY = 10  # above the Triton kernels (priority 0)
+ALL_CHIPS = ("A2", "A3", "950")
+HALF = (torch.bfloat16, torch.float16)
+
+# The op's Triton module in deepinfer_ascend.kernels, for delegation.
+KERNEL_MODULES = {
+    "mla_decode": "mla_decode",
+    "prefill": "prefill",
+    "grouped_gemm": "gemm",
+    "linear": "gemm",
+    "gate": "moe",
+    "dispatch": "moe",
+    "combine": "moe",
+    "rms_norm": "norm",
+}
+
+
+def _npu():
+    import torch_npu  # hardware only; the tests inject a fake module
+
+    return torch_npu
+
+
+@functools.lru_cache(maxsize=None)
+def triton_kernel(op: str, fmt: str | None = None) -> Callable:
+    """The ascend Triton kernel registered for `op` (and format), imported lazily: what a fast path
+    delegates the calls its fused op cannot serve to. Without one, the reference (logged once)."""
+    module = importlib.import_module(f"deepinfer_ascend.kernels.{KERNEL_MODULES[op]}")
+    for r in getattr(module, "REGISTRATIONS", ()):
+        if r.op == op and (fmt is None or r.formats is None or fmt in set(r.formats)):
+            return r.fn
+    from deepinfer.registry import all_ops
+
+    log.warning("ascend: no Triton kernel for %s%s to delegate to; the reference serves those calls", op, f"[{fmt}]" if fmt else "")
+    return all_ops()[op].reference
+
+
+def _has(npu_fn: str) -> bool:
+    try:
+        return hasattr(_npu(), npu_fn)
+    except Exception:  # torch_npu missing or broken: no fast path
+        return False
+
+
+def _when(npu_fn: str, chips: tuple[str, ...], *, opt_in: bool = False) -> Callable[[ResolveContext], bool]:
+    """The static predicate of a fast path: the path choice allows it, the chip has it, torch_npu has the op."""
+
+    def when(ctx: ResolveContext) -> bool:
+        choice = _device.path_choice()
+        if choice == "triton" or (opt_in and choice != "npu"):
+            return False
+        try:
+            chip = _device.current().chip
+        except Exception as exc:  # the chip cannot be read: no fast path (the Triton kernels will say why)
+            log.warning("ascend: cannot read the chip (%s: %s); torch_npu fast paths stay off", type(exc).__name__, exc)
+            return False
+        return chip in chips and _has(npu_fn)
+
+    when.__qualname__ = f"when[{npu_fn} on {'/'.join(chips)}{', opt-in' if opt_in else ''}]"
+    return when
+
+
+# ---------------------------------------------------------------------------------------------
+# Attention
+
+MLA_BLOCK_SIZE = 128
+MLA_LATENT, MLA_ROPE = 512, 64
+MLA_HEADS = (1, 2, 4, 8, 16, 32, 64, 128)
+MASK_SIZE = 2048  # sparse_mode 2/3/4 take a compressed 2048x2048 causal mask
+
+
+@functools.lru_cache(maxsize=8)
+def causal_mask(device: torch.device) -> torch.Tensor:
+    """The compressed mask sparse_mode=3 expects: [2048, 2048] bool, True above the diagonal (masked)."""
+    return torch.ones(MASK_SIZE, MASK_SIZE, dtype=torch.bool, device=device).triu_(1)
+
+
+def mla_decode(
+    q_nope: torch.Tensor,
+    q_rope: torch.Tensor,
+    kv_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    *,
+    softmax_scale: float,
+    sliding_window: int | None = None,
+) -> torch.Tensor:
+    batch, num_queries, heads, latent = q_nope.shape
+    rope = q_rope.shape[-1]
+    if (
+        sliding_window is not None
+        or kv_cache.dim() != 3
+        or kv_cache.shape[1] != MLA_BLOCK_SIZE
+        or (latent, rope) != (MLA_LATENT, MLA_ROPE)
+        or kv_cache.shape[-1] != latent + rope
+        or heads not in MLA_HEADS
+        or q_nope.dtype not in HALF
+        or q_rope.dtype != q_nope.dtype
+        or kv_cache.dtype != q_nope.dtype
+        or batch == 0
+    ):
+        return triton_kernel("mla_decode")(q_nope, q_rope, kv_cache, block_table, seq_lens, softmax_scale=softmax_scale, sliding_window=sliding_window)
+    npu = _npu()
+    # [num_blocks, 1 (kv heads), block_size, C] and [..., R]: strided views of the one cache (no copy).
+    k_nope = kv_cache[..., :latent].unsqueeze(1)
+    k_rope = kv_cache[..., latent:].unsqueeze(1)
+    kv_lens = seq_lens.tolist()  # int[] argument: a host read-back (see DEVIATIONS)
+    if num_queries == 1:
+        # [B, 1, H, D] and [B, H, 1, D] are the same memory.
+        query, query_rope = q_nope.reshape(batch, heads, 1, latent), q_rope.reshape(batch, heads, 1, rope)
+        layout, sparse_mode, mask, q_lens = "BNSD", 0, None, None
+    else:
+        # MTP / speculative verification: TND with cumulative query ends, bottom-right causal mask.
+        query, query_rope = q_nope.reshape(batch * num_queries, heads, latent), q_rope.reshape(batch * num_queries, heads, rope)
+        layout, sparse_mode, mask = "TND", 3, causal_mask(q_nope.device)
+        q_lens = list(range(num_queries, batch * num_queries + 1, num_queries))
+    # As vllm-ascend's MLA decode calls it: key and value are the same latent cache.
+    # UNVERIFIED: acceptance of non-contiguous (strided) key/key_rope views in paged mode.
+    out, _ = npu.npu_fused_infer_attention_score(
+        query,
+        k_nope,
+        k_nope,
+        query_rope=query_rope,
+        key_rope=k_rope,
+        num_heads=heads,
+        num_key_value_heads=1,
+        input_layout=layout,
+        atten_mask=mask,
+        sparse_mode=sparse_mode,
+        scale=softmax_scale,
+        antiquant_mode=0,
+        antiquant_scale=None,
+        block_table=block_table,
+        block_size=kv_cache.shape[1],
+        actual_seq_lengths=q_lens,
+        actual_seq_lengths_kv=kv_lens,
+    )
+    return out.reshape(batch, num_queries, heads, latent)
+
+
+def prefill(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    *,
+    softmax_scale: float,
+    sliding_window: int | None = None,
+) -> torch.Tensor:
+    tokens, heads, dqk = q.shape
+    dv = v.shape[-1]
+
+    def delegate():
+        return triton_kernel("prefill")(q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale=softmax_scale, sliding_window=sliding_window)
+
+    if (
+        sliding_window is not None
+        or q.dtype not in HALF
+        or not (k.dtype == v.dtype == q.dtype)
+        or tokens == 0
+        or dv > dqk
+        or dqk % 16
+        or dqk > 512  # UNVERIFIED limit of the op's head dim outside its MLA mode
+    ):
+        return delegate()
+    q_ends, k_ends = cu_seqlens_q[1:].tolist(), cu_seqlens_k[1:].tolist()  # TND: cumulative int[]
+    if any(a == b for a, b in zip([0, *q_ends], q_ends)):
+        return delegate()  # an empty request: not a case the op documents
+    npu = _npu()
+    value = v if dv == dqk else F.pad(v, (0, dqk - dv))  # zero columns: exact (see DEVIATIONS)
+    out, _ = npu.npu_fused_infer_attention_score(
+        q,
+        k,
+        value,
+        num_heads=heads,
+        num_key_value_heads=heads,
+        input_layout="TND",
+        atten_mask=causal_mask(q.device),
+        sparse_mode=3,  # right-down causal: query i of a request sits at key position k_len - q_len + i
+        scale=softmax_scale,
+        actual_seq_lengths=q_ends,
+        actual_seq_lengths_kv=k_ends,
+    )
+    return out if dv == dqk else out[..., :dv].contiguous()
+
+
+# ---------------------------------------------------------------------------------------------
+# GEMM
+
+
+def grouped_gemm(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    *,
+    expert_offsets: torch.Tensor | None = None,
+    masked_m: torch.Tensor | None = None,
+    weight_scale: torch.Tensor | None = None,
+    fmt: str = "dense",
+) -> torch.Tensor:
+    if (
+        fmt != "dense"
+        or weight_scale is not None
+        or (expert_offsets is None) == (masked_m is None)
+        or x.dtype not in HALF
+        or weight.dtype != x.dtype
+        or weight.dim() != 3
+        or x.dim() != (2 if expert_offsets is not None else 3)
+    ):
+        return triton_kernel("grouped_gemm", fmt)(x, weight, expert_offsets=expert_offsets, masked_m=masked_m, weight_scale=weight_scale, fmt=fmt)
+    npu = _npu()
+    experts, n, _ = weight.shape
+    w = weight.transpose(1, 2)  # [E, K, N] view (UNVERIFIED: read without a copy)
+    if expert_offsets is not None:
+        rows, group_list, group_list_type = x, expert_offsets[1:].to(torch.int64), 0  # cumulative ends
+    else:
+        _, max_m, k = x.shape
+        rows = x.reshape(experts * max_m, k)
+        group_list, group_list_type = torch.full((experts,), max_m, dtype=torch.int64, device=x.device), 1  # counts
+    (out,) = npu.npu_grouped_matmul(
+        [rows],
+        [w],
+        group_list=group_list,
+        group_list_type=group_list_type,
+        split_item=2,  # one output tensor
+        group_type=0,  # groups along M
+        output_dtype=x.dtype,
+    )
+    return out if expert_offsets is not None else out.view(experts, -1, n)
+
+
+def quantize_act_mxfp8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """OCP MX FP8 (e4m3) activations: per 32 values X = floor(log2 amax) - 8 (8 = e4m3's emax), clamped
+    to [-127, 127] (-127 for an all-zero block), elements = saturate(v / 2^X) to e4m3 (round to
+    nearest even). Returns (x_fp8 [..., K] float8_e4m3fn, scale uint8 [..., K/32] e8m0)."""
+    k = x.shape[-1]
+    blocks = x.float().unflatten(-1, (k // quant.MX_BLOCK, quant.MX_BLOCK))
+    amax = blocks.abs().amax(dim=-1)
+    _, exponent = torch.frexp(amax)  # amax = m * 2^exponent, m in [0.5, 1)
+    shared = torch.where(amax > 0, exponent - 1 - 8, -127).clamp(-127, 127)
+    scaled = blocks / torch.exp2(shared.float()).unsqueeze(-1)  # a power of two: exact
+    values = scaled.clamp(-quant.FP8_MAX, quant.FP8_MAX).to(quant.FP8_DTYPE).flatten(-2)
+    return values, (shared + 127).to(torch.uint8)
+
+
+def linear(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    *,
+    weight_scale: torch.Tensor | None = None,
+    fmt: str = "dense",
+) -> torch.Tensor:
+    if x.dim() != 2 or x.dtype not in HALF or weight_scale is None:
+        return triton_kernel("linear", fmt)(x, weight, weight_scale=weight_scale, fmt=fmt)
+    npu = _npu()
+    if fmt == "fp8_block" and weight.dtype == quant.FP8_DTYPE:
+        x_q, x_scale = quant.quantize_act_fp8(x)  # the contract's quantiser, bit-exact, on the device
+        # UNVERIFIED argument layout of block-scaled fp8 on the 950: x2 [K, N] (transposed view), scale
+        # [ceil(K/128), ceil(N/128)], pertoken_scale [M, ceil(K/128)], group_sizes [group_m, group_n, group_k].
+        return npu.npu_quant_matmul(
+            x_q,
+            weight.t(),
+            weight_scale.float().t(),
+            pertoken_scale=x_scale,
+            output_dtype=x.dtype,
+            group_sizes=[1, quant.FP8_BLOCK, quant.FP8_BLOCK],
+        )
+    if fmt == "mxfp4" and weight.dtype == torch.uint8:
+        x_q, x_scale = quantize_act_mxfp8(x)  # A8W4: the deviation that makes this path opt-in
+        # UNVERIFIED: the fp4 packing order (ours: even k in the low nibble), and whether MX scales
+        # must be [K/32, N] (passed here) or the paired [K/64, N, 2] layout.
+        return npu.npu_quant_matmul(
+            x_q,
+            weight.t(),
+            weight_scale.t(),
+            pertoken_scale=x_scale,
+            output_dtype=x.dtype,
+            x2_dtype=npu.float4_e2m1fn_x2,
+            scale_dtype=npu.float8_e8m0fnu,
+            pertoken_scale_dtype=npu.float8_e8m0fnu,
+            group_sizes=[1, 1, quant.MX_BLOCK],
+        )
+    return triton_kernel("linear", fmt)(x, weight, weight_scale=weight_scale, fmt=fmt)
+
+
+# ---------------------------------------------------------------------------------------------
+# MoE routing
+
+
+def gating_supported(num_experts: int, top_k: int, score_func: str, correction_bias, n_group: int, topk_group: int, renormalize: bool) -> bool:
+    """The parameter combinations `npu_moe_gating_top_k` serves (see DEVIATIONS)."""
+    if score_func == "softmax":
+        return correction_bias is None and n_group == 1
+    if score_func != "sigmoid" or not renormalize:
+        return False
+    # vllm-ascend's limits for the fused gate: more than 2 experts per group, k_group <= group_count,
+    # top_k within the kept groups (and the op's k <= 32, UNVERIFIED).
+    per_group = num_experts // n_group if n_group >= 1 and num_experts % n_group == 0 else 0
+    return per_group > 2 and 1 <= topk_group <= n_group and 1 <= top_k <= min(32, topk_group * per_group)
+
+
+def gate(
+    logits: torch.Tensor,
+    *,
+    top_k: int,
+    score_func: str = "softmax",
+    correction_bias: torch.Tensor | None = None,
+    n_group: int = 1,
+    topk_group: int = 1,
+    renormalize: bool = False,
+    routed_scaling_factor: float = 1.0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    served = logits.dtype == torch.float32 and logits.dim() == 2
+    if not (served and gating_supported(logits.shape[-1], top_k, score_func, correction_bias, n_group, topk_group, renormalize)):
+        # Parameters the fused gate does not serve: the Triton gate (kernels.moe), imported lazily.
+        return triton_kernel("gate")(
+            logits, top_k=top_k, score_func=score_func, correction_bias=correction_bias, n_group=n_group,
+            topk_group=topk_group, renormalize=renormalize, routed_scaling_factor=routed_scaling_factor,
+        )  # fmt: skip
+    npu = _npu()
+    sigmoid = score_func == "sigmoid"
+    weights, ids, _ = npu.npu_moe_gating_top_k(
+        logits,
+        k=top_k,
+        bias=None if correction_bias is None else correction_bias.to(logits.dtype),
+        k_group=topk_group,
+        group_count=n_group,
+        group_select_mode=1 if correction_bias is not None else 0,  # 1: sum of the top 2; 0: max
+        renorm=0,  # 0: scores first, then top-k
+        norm_type=1 if sigmoid else 0,  # 1: sigmoid (weights renormalised by the op); 0: softmax
+        out_flag=False,
+        routed_scaling_factor=routed_scaling_factor if sigmoid else 1.0,
+        eps=1e-20,
+    )
+    if not sigmoid:
+        if renormalize:
+            weights = weights / weights.sum(dim=-1, keepdim=True)
+        weights = weights * routed_scaling_factor
+    return weights.float(), ids.to(torch.int32)
+
+
+def dispatch(
+    x: torch.Tensor,
+    topk_ids: torch.Tensor,
+    *,
+    num_experts: int,
+    ep_group: object | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    local = ep_group is None and topk_ids.dtype == torch.int32 and topk_ids.dim() == 2 and topk_ids.numel() > 0
+    if not local or x.dim() != 2 or x.dtype not in (*HALF, torch.float32):
+        return triton_kernel("dispatch")(x, topk_ids, num_experts=num_experts, ep_group=ep_group)
+    npu = _npu()
+    slots = topk_ids.numel()
+    expert_x, expanded_row_idx, counts, _ = npu.npu_moe_init_routing_v2(
+        x,
+        topk_ids,
+        scale=None,
+        offset=None,
+        active_num=slots,
+        expert_capacity=-1,
+        expert_num=num_experts,
+        drop_pad_mode=0,  # no dropping, no padding
+        expert_tokens_num_type=1,  # counts per expert
+        expert_tokens_num_flag=True,
+        quant_mode=-1,  # no quantisation
+        active_expert_range=[0, num_experts],
+        row_idx_type=0,  # UNVERIFIED: 0 = scatter index, slot -> row of expert_x
+    )
+    offsets = torch.zeros(num_experts + 1, dtype=torch.int32, device=x.device)
+    offsets[1:] = counts.cumsum(0)
+    return expert_x, offsets, expanded_row_idx.to(torch.int32)
+
+
+def combine(
+    expert_out: torch.Tensor,
+    topk_weights: torch.Tensor,
+    row_of_slot: torch.Tensor,
+    *,
+    ep_group: object | None = None,
+) -> torch.Tensor:
+    if ep_group is not None or expert_out.dim() != 2 or expert_out.dtype not in (*HALF, torch.float32) or topk_weights.numel() == 0:
+        return triton_kernel("combine")(expert_out, topk_weights, row_of_slot, ep_group=ep_group)
+    npu = _npu()
+    return npu.npu_moe_token_unpermute(
+        expert_out,
+        row_of_slot.to(torch.int32),
+        probs=topk_weights.to(expert_out.dtype),  # UNVERIFIED: whether float32 probs are accepted
+        padded_mode=False,
+        restore_shape=None,
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Norms
+
+
+def rms_norm(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    *,
+    eps: float = 1e-6,
+    residual: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    if x.dtype not in (*HALF, torch.float32) or weight.dtype != x.dtype or (residual is not None and residual.dtype != x.dtype) or x.dim() != 2:
+        return triton_kernel("rms_norm")(x, weight, eps=eps, residual=residual)
+    npu = _npu()
+    if residual is None:
+        out, _rstd = npu.npu_rms_norm(x, weight, eps)
+        return out, None
+    out, _rstd, h = npu.npu_add_rms_norm(x, residual, weight, eps)
+    return out, h
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+def registrations() -> list[Registration]:
+    """The fast paths, for `Registry.register_all` (the plugin calls this only on hardware)."""
+    fia = "npu_fused_infer_attention_score"
+    return [
+        Registration(
+            op="mla_decode", fn=mla_decode, dtypes=HALF, when=_when(fia, ALL_CHIPS, opt_in=True), priority=PRIORITY,
+            note=f"torch_npu {fia} (paged MLA, block 128; opt-in: strided latent/rope views of the one cache)",
+        ),
+        Registration(
+            op="prefill", fn=prefill, dtypes=HALF, when=_when(fia, ALL_CHIPS), priority=PRIORITY,
+            note=f"torch_npu {fia} (TND, sparse_mode 3; v zero-padded when Dv < Dqk)",
+        ),
+        Registration(
+            op="grouped_gemm", fn=grouped_gemm, formats=("dense",), dtypes=HALF, when=_when("npu_grouped_matmul", ALL_CHIPS), priority=PRIORITY,
+            note="torch_npu npu_grouped_matmul (group_list_type 0 cumsum / 1 counts)",
+        ),
+        Registration(
+            op="linear", fn=linear, formats=("fp8_block",), dtypes=HALF, when=_when("npu_quant_matmul", ("950",)), priority=PRIORITY,
+            note="torch_npu npu_quant_matmul (fp8 per-block, 950 only)",
+        ),
+        Registration(
+            op="linear", fn=linear, formats=("mxfp4",), dtypes=HALF, when=_when("npu_quant_matmul", ("950",), opt_in=True), priority=PRIORITY,
+            note="torch_npu npu_quant_matmul (MXFP8 x MXFP4, 950 only; opt-in: quantises activations)",
+        ),
+        Registration(
+            op="gate", fn=gate, when=_when("npu_moe_gating_top_k", ALL_CHIPS), priority=PRIORITY,
+            note="torch_npu npu_moe_gating_top_k (sigmoid+renorm or softmax; other parameters delegate to Triton)",
+        ),
+        Registration(
+            op="dispatch", fn=dispatch, when=_when("npu_moe_init_routing_v2", ALL_CHIPS), priority=PRIORITY,
+            note="torch_npu npu_moe_init_routing_v2 (local experts)",
+        ),
+        Registration(
+            op="combine", fn=combine, when=_when("npu_moe_token_unpermute", ALL_CHIPS), priority=PRIORITY,
+            note="torch_npu npu_moe_token_unpermute (local experts)",
+        ),
+        Registration(
+            op="rms_norm", fn=rms_norm, dtypes=(*HALF, torch.float32), when=_when("npu_add_rms_norm", ALL_CHIPS), priority=PRIORITY,
+            note="torch_npu npu_rms_norm / npu_add_rms_norm",
+        ),
+    ]
