@@ -1,3 +1,436 @@
-"""Ascend Triton kernels: mla_decode (being written)."""
+"""Ascend Triton kernels: mla_decode (absorbed multi-head latent attention over the paged latent cache).
 
-REGISTRATIONS = []
+The S*H query rows of a request (S query tokens for MTP times H heads) share one latent KV head, so
+they are the M side of the cube products, and every cache tile [BLOCK_N, C + R] is read once for a
+whole block of BLOCK_H rows:
+
+    scores[M, N] = q_nope[M, C] @ c[N, C]^T + q_rope[M, R] @ k[N, R]^T      (cube)
+    acc[M, C]   += softmax-weights[M, N] @ c[N, C]                           (cube, the same tile as V)
+
+with the online (log-sum-exp) softmax in float32 on the vector side in between.
+
+Grid: persistent, `cube_grid(items)` programs (one per AI core); program p runs work items p, p + P,
+... Items are (request, kv split, head block), head block fastest. The split count comes from host-known
+shapes only (B, the head blocks, the block table's width, the AI-core count), never from seq_lens:
+no host synchronisation. Inside the kernel each request's visible key range [lo, seq_len) (lo: the
+window's first tile) is cut into NUM_SPLITS equal runs of whole tiles, so splits balance per request
+whatever its length; a split with no tiles reports lse = -inf. One split: the kernel writes the
+normalised output directly. Several: it writes normalised float32 partials and their log-sum-exp,
+and a vector kernel (`vector_grid` over (request, 16-row block) items) merges them in split order
+(deterministic, no atomics).
+
+Tiles: BLOCK_N <= block_size (both powers of two), so a tile never crosses a page: one scalar load
+of the page number, then BLOCK_N consecutive rows (one contiguous DMA of BLOCK_N * (C + R) values).
+Every paged block size that is a power of two >= 16 works. C and R are padded to powers of two
+(masked), so any multiples of 16 work.
+
+Buffer budget (unified buffer, keep all live tiles under half of it; bytes for C=512, R=64):
+  resident q: kv tile BLOCK_N*(C+R)*e + q BLOCK_H*(C+R)*e + acc BLOCK_H*C*4 + scores BLOCK_H*BLOCK_N*4
+              + p BLOCK_H*BLOCK_N*e.
+    bf16, 16 rows: A2/A3 (96 KB) BLOCK_N 32 -> 89 KB; 950 (128 KB) BLOCK_N 64 -> 128 KB.
+    float32, 16 rows: 950 BLOCK_N 16 -> 106 KB; A2/A3: nothing fits -> C-chunked scores.
+  C-chunked scores (Q_CHUNK > 0): q is not kept; the scores are summed over C chunks of Q_CHUNK
+    columns loaded from q and the cache tile, then the latent tile [BLOCK_N, C] is loaded for the
+    value product: latent tile + chunk tiles + acc + scores. float32 on A2/A3: BLOCK_N 16 -> 90 KB.
+  More rows (S*H > 16) take BLOCK_H 32/64 only when it fits: with C=512 the [BLOCK_H, 512] float32
+    accumulator alone is 64 KB at 32 rows, so it never does, and S*H rows run as head blocks of 16.
+    Head blocks are the fastest-varying item index, so the head blocks of one (request, split) run
+    at the same time on neighbouring cores and share the cache tiles through L2.
+The combine kernel holds [16, C] float32 accumulator + partial: 64 KB.
+
+Index arithmetic is int32 (page * page stride stays int32 unless the cache tensor has >= 2^31
+elements, then IDX64 switches the row offsets to int64).
+
+Deviations (interpreter only): bf16 dot operands are upcast to float32 (community Triton's
+interpreter computes bf16 tl.dot wrongly: common.upcast_dot); bf16 outputs are rounded to nearest
+even by bit arithmetic (the interpreter truncates float32 -> bfloat16 casts).
+"""
+
+from __future__ import annotations
+
+import inspect
+from functools import lru_cache
+
+import torch
+import triton
+import triton.language as tl
+
+from deepinfer_ascend.device import path_choice
+from deepinfer_ascend.kernels.common import Registration, cdiv, cube_grid, current, interpreting, launch_options, next_power_of_2, upcast_dot, vector_grid
+from deepinfer_ascend.kernels.kv_cache import to_bf16_rne
+
+INT32_LIMIT = 2**31
+MIN_TOKENS_PER_SPLIT = 256  # a split's partial write (rows * C * 4 bytes) stays small next to its reads
+MAX_SPLITS = 64
+COMBINE_ROWS = 16
+
+
+@triton.jit
+def _store_rows(ptrs, values, mask, MANUAL_RNE: tl.constexpr):
+    if MANUAL_RNE:
+        tl.store(ptrs, to_bf16_rne(values), mask=mask)
+    else:
+        tl.store(ptrs, values.to(ptrs.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _mla_decode_kernel(
+    q_nope_ptr, q_rope_ptr, kv_ptr, block_table_ptr, seq_lens_ptr,
+    out_ptr, part_out_ptr, part_lse_ptr,
+    sm_scale,
+    window,  # sliding window (used only when HAS_WINDOW)
+    num_items, num_head_blocks, num_splits,
+    stride_qn_b, stride_qn_m,
+    stride_qr_b, stride_qr_m,
+    stride_kv_page, stride_kv_row,
+    stride_bt_b,
+    stride_o_b, stride_o_m,
+    stride_po_b, stride_po_split, stride_po_m,
+    stride_pl_b, stride_pl_split,
+    S: tl.constexpr, H: tl.constexpr,
+    C: tl.constexpr, R: tl.constexpr,
+    BLOCK_C: tl.constexpr, BLOCK_R: tl.constexpr,
+    PAGE: tl.constexpr,
+    BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
+    Q_CHUNK: tl.constexpr,  # 0: q resident; else the scores are summed over C chunks of this width
+    HAS_WINDOW: tl.constexpr,
+    DIRECT: tl.constexpr,  # one split: write the final output, no partials
+    DOT_F32: tl.constexpr,  # dot operands in float32 (float32 / mixed inputs, or the interpreter)
+    DOT_PRECISION: tl.constexpr,
+    IDX64: tl.constexpr,
+    MANUAL_RNE: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    num_programs = tl.num_programs(0)
+    arange_m = tl.arange(0, BLOCK_H)
+    arange_n = tl.arange(0, BLOCK_N)
+    offs_c = tl.arange(0, BLOCK_C)
+    offs_r = tl.arange(0, BLOCK_R)
+    c_ok = offs_c < C
+    r_ok = offs_r < R
+    for item in range(pid, num_items, num_programs):
+        hb = item % num_head_blocks
+        rest = item // num_head_blocks
+        split = rest % num_splits
+        b = rest // num_splits
+
+        offs_m = hb * BLOCK_H + arange_m
+        row_ok = offs_m < S * H
+        s_idx = offs_m // H
+        seq_len = tl.load(seq_lens_ptr + b)
+        # Query row m sits at position seq_len - S + s and sees keys j <= pos (and j > pos - window).
+        pos = seq_len - S + s_idx
+        if HAS_WINDOW:
+            # The first query (s = 0) sees the earliest keys; tiles wholly before them are skipped.
+            lo = tl.maximum(seq_len - S - window + 1, 0) // BLOCK_N * BLOCK_N
+        else:
+            lo = seq_len * 0
+        per_split = tl.cdiv(tl.cdiv(seq_len - lo, BLOCK_N), num_splits) * BLOCK_N
+        start = lo + split * per_split
+        end = tl.minimum(start + per_split, seq_len)
+
+        q_rows_n = q_nope_ptr + b * stride_qn_b + offs_m * stride_qn_m
+        q_rows_r = q_rope_ptr + b * stride_qr_b + offs_m * stride_qr_m
+        qr = tl.load(q_rows_r[:, None] + offs_r[None, :], mask=row_ok[:, None] & r_ok[None, :], other=0.0)
+        if DOT_F32:
+            qr = qr.to(tl.float32)
+        if Q_CHUNK == 0:
+            qn = tl.load(q_rows_n[:, None] + offs_c[None, :], mask=row_ok[:, None] & c_ok[None, :], other=0.0)
+            if DOT_F32:
+                qn = qn.to(tl.float32)
+
+        m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
+        l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
+        acc = tl.zeros([BLOCK_H, BLOCK_C], dtype=tl.float32)
+        bt_row = block_table_ptr + b * stride_bt_b
+        for start_n in range(start, end, BLOCK_N):
+            # The tile lies inside one page (BLOCK_N divides PAGE): one page number, consecutive rows.
+            page = tl.load(bt_row + start_n // PAGE)
+            if IDX64:
+                row0 = page.to(tl.int64) * stride_kv_page + (start_n % PAGE) * stride_kv_row
+            else:
+                row0 = page * stride_kv_page + (start_n % PAGE) * stride_kv_row
+            kv_rows = kv_ptr + row0 + arange_n * stride_kv_row
+            offs_n = start_n + arange_n
+            n_ok = offs_n < end
+            kr = tl.load(kv_rows[:, None] + C + offs_r[None, :], mask=n_ok[:, None] & r_ok[None, :], other=0.0)
+            if DOT_F32:
+                kr = kr.to(tl.float32)
+            scores = tl.dot(qr, tl.trans(kr), input_precision=DOT_PRECISION)
+            if Q_CHUNK == 0:
+                kc = tl.load(kv_rows[:, None] + offs_c[None, :], mask=n_ok[:, None] & c_ok[None, :], other=0.0)
+                if DOT_F32:
+                    kc = kc.to(tl.float32)
+                scores = tl.dot(qn, tl.trans(kc), scores, input_precision=DOT_PRECISION)
+            else:
+                for c0 in tl.static_range(0, BLOCK_C, Q_CHUNK):
+                    offs_cc = c0 + tl.arange(0, Q_CHUNK)
+                    cc_ok = offs_cc < C
+                    qc = tl.load(q_rows_n[:, None] + offs_cc[None, :], mask=row_ok[:, None] & cc_ok[None, :], other=0.0)
+                    kcc = tl.load(kv_rows[:, None] + offs_cc[None, :], mask=n_ok[:, None] & cc_ok[None, :], other=0.0)
+                    if DOT_F32:
+                        qc = qc.to(tl.float32)
+                        kcc = kcc.to(tl.float32)
+                    scores = tl.dot(qc, tl.trans(kcc), scores, input_precision=DOT_PRECISION)
+                kc = tl.load(kv_rows[:, None] + offs_c[None, :], mask=n_ok[:, None] & c_ok[None, :], other=0.0)
+                if DOT_F32:
+                    kc = kc.to(tl.float32)
+            scores = scores * sm_scale
+            visible = n_ok[None, :] & (offs_n[None, :] <= pos[:, None])
+            if HAS_WINDOW:
+                visible = visible & (offs_n[None, :] > pos[:, None] - window)
+            scores = tl.where(visible, scores, float("-inf"))
+
+            m_new = tl.maximum(m_i, tl.max(scores, axis=1))
+            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+            alpha = tl.exp(m_i - m_safe)
+            p = tl.exp(scores - m_safe[:, None])
+            l_i = l_i * alpha + tl.sum(p, axis=1)
+            acc = acc * alpha[:, None]
+            acc = tl.dot(p.to(kc.dtype), kc, acc, input_precision=DOT_PRECISION)
+            m_i = m_new
+
+        has = l_i > 0.0
+        out = acc / tl.where(has, l_i, 1.0)[:, None]
+        out_mask = row_ok[:, None] & c_ok[None, :]
+        if DIRECT:
+            o_rows = out_ptr + b * stride_o_b + offs_m * stride_o_m
+            _store_rows(o_rows[:, None] + offs_c[None, :], out, out_mask, MANUAL_RNE)
+        else:
+            lse = tl.where(has, m_i + tl.log(tl.where(has, l_i, 1.0)), float("-inf"))
+            po_rows = part_out_ptr + b * stride_po_b + split * stride_po_split + offs_m * stride_po_m
+            tl.store(po_rows[:, None] + offs_c[None, :], out, mask=out_mask)
+            tl.store(part_lse_ptr + b * stride_pl_b + split * stride_pl_split + offs_m, lse, mask=row_ok)
+
+
+@triton.jit
+def _mla_decode_combine_kernel(
+    part_out_ptr, part_lse_ptr, out_ptr,
+    num_items, num_row_blocks, num_splits,
+    stride_po_b, stride_po_split, stride_po_m,
+    stride_pl_b, stride_pl_split,
+    stride_o_b, stride_o_m,
+    ROWS: tl.constexpr, C: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_C: tl.constexpr,
+    MANUAL_RNE: tl.constexpr,
+):
+    """Items (request, row block): merge the splits' normalised partials in split order."""
+    pid = tl.program_id(0)
+    num_programs = tl.num_programs(0)
+    offs_c = tl.arange(0, BLOCK_C)
+    c_ok = offs_c < C
+    for item in range(pid, num_items, num_programs):
+        b = item // num_row_blocks
+        offs_m = (item % num_row_blocks) * BLOCK_M + tl.arange(0, BLOCK_M)
+        row_ok = offs_m < ROWS
+        mask = row_ok[:, None] & c_ok[None, :]
+        m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+        l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+        acc = tl.zeros([BLOCK_M, BLOCK_C], dtype=tl.float32)
+        lse_rows = part_lse_ptr + b * stride_pl_b + offs_m
+        po_rows = part_out_ptr + b * stride_po_b + offs_m * stride_po_m
+        for k in range(num_splits):
+            lse = tl.load(lse_rows + k * stride_pl_split, mask=row_ok, other=float("-inf"))
+            # Every split writes its partial (zeros when it saw no key), so all are finite.
+            part = tl.load(po_rows[:, None] + k * stride_po_split + offs_c[None, :], mask=mask, other=0.0)
+            m_new = tl.maximum(m_i, lse)
+            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+            alpha = tl.exp(m_i - m_safe)
+            w = tl.exp(lse - m_safe)
+            acc = acc * alpha[:, None] + w[:, None] * part
+            l_i = l_i * alpha + w
+            m_i = m_new
+        out = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
+        o_rows = out_ptr + b * stride_o_b + offs_m * stride_o_m
+        _store_rows(o_rows[:, None] + offs_c[None, :], out, mask, MANUAL_RNE)
+
+
+def _dot_precision(dot_f32: bool):
+    """float32 operands must not be truncated (tf32 / hf32): ask for "ieee" where tl.dot takes it."""
+    if dot_f32 and "input_precision" in inspect.signature(tl.dot).parameters:
+        return "ieee"
+    return None
+
+
+def _tile_bytes(block_h: int, block_n: int, block_c: int, block_r: int, e_dot: int, q_chunk: int) -> int:
+    """On-chip bytes of every live tile of one split-kernel program (see the module docstring)."""
+    acc = block_h * block_c * 4
+    scores = block_h * block_n * 4 + block_h * block_n * e_dot
+    if q_chunk == 0:
+        return block_n * (block_c + block_r) * e_dot + block_h * (block_c + block_r) * e_dot + acc + scores
+    return block_n * block_c * e_dot + block_n * (q_chunk + block_r) * e_dot + block_h * (q_chunk + block_r) * e_dot + acc + scores
+
+
+@lru_cache(maxsize=256)
+def _tiles(rows: int, page: int, block_c: int, block_r: int, e_dot: int, budget: int) -> tuple[int, int, int]:
+    """(BLOCK_H, BLOCK_N, Q_CHUNK) that fit `budget` bytes: the most rows per tile first (fewer
+    re-reads of the cache), then the longest tile of at least 32 tokens; BLOCK_N 16 and then
+    C-chunked scores only when nothing else fits."""
+    heads = [h for h in (64, 32, 16) if h <= max(16, next_power_of_2(rows))]
+    lengths = [n for n in (128, 64, 32) if n <= page]
+    for chunk in (0, min(128, block_c)):
+        for candidates in ([(h, n) for h in heads for n in lengths], [(h, 16) for h in heads]):
+            for block_h, block_n in candidates:
+                if _tile_bytes(block_h, block_n, block_c, block_r, e_dot, chunk) <= budget:
+                    return block_h, block_n, chunk
+    return 16, 16, min(64, block_c)
+
+
+def _pick_splits(base: int, cores: int, limit: int) -> int:
+    """The split count whose base * splits items fill the cores best (fewest splits on near-ties)."""
+    best, best_eff = 1, 0.0
+    for splits in range(1, max(1, min(limit, 2 * cdiv(cores, base))) + 1):
+        items = base * splits
+        eff = items / (cdiv(items, cores) * cores)
+        if eff > best_eff * 1.05:
+            best, best_eff = splits, eff
+    return best
+
+
+def plan(
+    batch: int, rows: int, page: int, capacity: int, latent_dim: int, rope_dim: int, e_dot: int,
+    num_splits: int | None = None, tiles: dict | None = None,
+) -> dict:
+    """Tiles and split count from host-known shapes only (capacity = block-table width * page)."""
+    dev = current()
+    block_c = max(16, next_power_of_2(latent_dim))
+    block_r = max(16, next_power_of_2(rope_dim))
+    block_h, block_n, q_chunk = _tiles(rows, page, block_c, block_r, e_dot, dev.ub_bytes // 2)
+    if tiles:
+        block_h, block_n, q_chunk = tiles.get("BLOCK_H", block_h), tiles.get("BLOCK_N", block_n), tiles.get("Q_CHUNK", q_chunk)
+        if page % block_n or block_c % max(q_chunk, 1):
+            raise ValueError(f"BLOCK_N {block_n} must divide the block size {page} and Q_CHUNK {q_chunk} the padded latent width {block_c}")
+    head_blocks = cdiv(rows, block_h)
+    tiles = max(1, cdiv(capacity, block_n))
+    if num_splits is None:
+        limit = min(MAX_SPLITS, tiles, max(1, capacity // MIN_TOKENS_PER_SPLIT))
+        num_splits = _pick_splits(batch * head_blocks, dev.num_aicore, limit)
+    num_splits = max(1, min(int(num_splits), tiles))
+    return {
+        "BLOCK_H": block_h, "BLOCK_N": block_n, "Q_CHUNK": q_chunk, "BLOCK_C": block_c, "BLOCK_R": block_r,
+        "head_blocks": head_blocks, "num_splits": num_splits,
+        "bytes": _tile_bytes(block_h, block_n, block_c, block_r, e_dot, q_chunk),
+    }
+
+
+def launch_mla_decode(
+    q_nope: torch.Tensor,
+    q_rope: torch.Tensor,
+    kv_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    softmax_scale: float,
+    sliding_window: int | None = None,
+    *,
+    num_splits: int | None = None,
+    tiles: dict | None = None,
+) -> torch.Tensor:
+    """mla_decode with an optional forced split count and tile overrides (BLOCK_H, BLOCK_N, Q_CHUNK):
+    tests use them to exercise the combine and the C-chunked path on small shapes."""
+    batch, num_queries, heads, latent_dim = q_nope.shape
+    rope_dim = q_rope.shape[-1]
+    _, page, width = kv_cache.shape
+    if q_rope.shape[:3] != q_nope.shape[:3]:
+        raise ValueError(f"q_rope {tuple(q_rope.shape)} does not match q_nope {tuple(q_nope.shape)} in [B, S, H]")
+    if latent_dim + rope_dim != width:
+        raise ValueError(f"q_nope ({latent_dim}) + q_rope ({rope_dim}) widths do not match the cache row ({width})")
+    if sliding_window is not None and sliding_window < 1:
+        raise ValueError(f"sliding_window must be >= 1 or None, got {sliding_window}")
+    if page < 16 or page & (page - 1):
+        raise ValueError(f"the ascend mla_decode kernel needs a power-of-two block size >= 16, got {page}")
+    if kv_cache.stride(-1) != 1:
+        raise ValueError("kv_cache rows must be contiguous (last stride 1)")
+    out = torch.empty(batch, num_queries, heads, latent_dim, dtype=q_nope.dtype, device=q_nope.device)
+    if batch == 0 or num_queries == 0 or heads == 0 or latent_dim == 0:
+        return out
+    rows = num_queries * heads
+    # [B, S*H, D] views with one row stride (a copy only for exotic strides).
+    if q_nope.stride(-1) != 1 or q_nope.stride(1) != heads * q_nope.stride(2):
+        q_nope = q_nope.contiguous()
+    if q_rope.stride(-1) != 1 or q_rope.stride(1) != heads * q_rope.stride(2):
+        q_rope = q_rope.contiguous()
+    if block_table.stride(-1) != 1:
+        block_table = block_table.contiguous()
+    if seq_lens.dtype != torch.int32:
+        seq_lens = seq_lens.to(torch.int32)  # (a device-side cast, no synchronisation)
+
+    dot_f32 = q_nope.dtype == torch.float32 or kv_cache.dtype == torch.float32 or q_nope.dtype != kv_cache.dtype or q_rope.dtype != kv_cache.dtype
+    e_dot = 4 if dot_f32 else kv_cache.element_size()
+    cfg = plan(batch, rows, page, block_table.shape[1] * page, latent_dim, rope_dim, e_dot, num_splits, tiles)
+    splits = cfg["num_splits"]
+    direct = splits == 1
+    if direct:
+        part_out = part_lse = out  # unused
+        po_strides, pl_strides = (0, 0, 0), (0, 0)
+    else:
+        part_out = torch.empty(batch, splits, rows, latent_dim, dtype=torch.float32, device=q_nope.device)
+        part_lse = torch.empty(batch, splits, rows, dtype=torch.float32, device=q_nope.device)
+        po_strides = (part_out.stride(0), part_out.stride(1), part_out.stride(2))
+        pl_strides = (part_lse.stride(0), part_lse.stride(1))
+    manual_rne = interpreting() and q_nope.dtype == torch.bfloat16
+    items = batch * cfg["head_blocks"] * splits
+    _mla_decode_kernel[(cube_grid(items),)](
+        q_nope, q_rope, kv_cache, block_table, seq_lens,
+        out, part_out, part_lse,
+        float(softmax_scale),
+        int(sliding_window or 0),
+        items, cfg["head_blocks"], splits,
+        q_nope.stride(0), q_nope.stride(2),
+        q_rope.stride(0), q_rope.stride(2),
+        kv_cache.stride(0), kv_cache.stride(1),
+        block_table.stride(0),
+        out.stride(0), out.stride(2),
+        *po_strides,
+        *pl_strides,
+        S=num_queries, H=heads, C=latent_dim, R=rope_dim,
+        BLOCK_C=cfg["BLOCK_C"], BLOCK_R=cfg["BLOCK_R"],
+        PAGE=page,
+        BLOCK_H=cfg["BLOCK_H"], BLOCK_N=cfg["BLOCK_N"],
+        Q_CHUNK=cfg["Q_CHUNK"],
+        HAS_WINDOW=sliding_window is not None,
+        DIRECT=direct,
+        DOT_F32=dot_f32 or upcast_dot(),
+        DOT_PRECISION=_dot_precision(dot_f32 or upcast_dot()),
+        IDX64=kv_cache.numel() + kv_cache.stride(0) >= INT32_LIMIT,
+        MANUAL_RNE=manual_rne,
+        **launch_options(),
+    )
+    if not direct:
+        row_blocks = cdiv(rows, COMBINE_ROWS)
+        combine_items = batch * row_blocks
+        _mla_decode_combine_kernel[(vector_grid(combine_items),)](
+            part_out, part_lse, out,
+            combine_items, row_blocks, splits,
+            *po_strides,
+            *pl_strides,
+            out.stride(0), out.stride(2),
+            ROWS=rows, C=latent_dim,
+            BLOCK_M=COMBINE_ROWS, BLOCK_C=cfg["BLOCK_C"],
+            MANUAL_RNE=manual_rne,
+            **launch_options(),
+        )
+    return out
+
+
+def mla_decode(
+    q_nope: torch.Tensor,
+    q_rope: torch.Tensor,
+    kv_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    *,
+    softmax_scale: float,
+    sliding_window: int | None = None,
+) -> torch.Tensor:
+    return launch_mla_decode(q_nope, q_rope, kv_cache, block_table, seq_lens, softmax_scale, sliding_window)
+
+
+REGISTRATIONS = [
+    Registration(
+        op="mla_decode",
+        fn=mla_decode,
+        dtypes=(torch.float32, torch.bfloat16, torch.float16),
+        when=lambda ctx: path_choice() != "npu",
+        note="Triton (ascend) heads as M, persistent cube grid over (request, head block, split), deterministic combine",
+    )
+]

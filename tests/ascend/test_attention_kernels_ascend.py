@@ -1,0 +1,406 @@
+"""The ascend backend's mla_decode, prefill and kv_cache_write Triton kernels against the op references.
+
+The kernels run under community Triton's interpreter (TRITON_INTERPRET=1, numpy on the CPU), once
+per simulated chip (DEEPINFER_ASCEND_SIM_CHIP=910B: 24 AI / 48 vector cores, 192 KB buffer; 950:
+32 / 64, 256 KB), so the persistent grids, the in-kernel item loops and the buffer-budgeted tile
+choices of both chips are exercised. Triton reads TRITON_INTERPRET when it decorates a kernel, so
+each chip's cases run in one subprocess (this file, run as a script) that prints a JSON verdict per
+case; the pytest functions below look their case up in it.
+
+Shapes stay small (latent 64 + rope 16 mostly); the golden set covers latent 512 + rope 64. The
+cases reach what the golden set does not: paged block sizes 16/32/128, forced splits (the combine
+kernel merging empty partials), S = 1..4 with windows 1/5/40, S*H rows beyond one head block, the
+C-chunked score path, widths that are not powers of two, mixed q/cache dtypes, q_len 0 requests,
+more tokens than cores (the persistent loops wrap), float32 -> bfloat16 cache writes, strided inputs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from functools import lru_cache
+from pathlib import Path
+
+import pytest
+import torch
+
+try:
+    import triton as _triton
+    import triton.language as _tl
+
+    @_triton.jit
+    def _probe_kernel(x_ptr):  # the smallest kernel: can this Triton compile for a CUDA target here?
+        _tl.store(x_ptr, _tl.load(x_ptr) + 1)
+
+except ImportError:  # (the tests skip without triton)
+    _probe_kernel = None
+
+CHIPS = ("910B", "950")
+TOL = {torch.float32: (1.3e-6, 1e-6), torch.bfloat16: (1.6e-2, 1e-3), torch.float16: (1e-3, 1e-4)}
+
+
+# ----------------------------------------------------------------------------------------------
+# Cases (run inside the worker subprocess)
+# ----------------------------------------------------------------------------------------------
+
+
+def _close(out, ref, dtypes, length):
+    rtol, atol = TOL[max(dtypes, key=lambda d: TOL[d][0])]
+    assert torch.isfinite(out).all(), "non-finite output"
+    err = (out.double() - ref).abs()
+    bound = atol * max(length, 1) + rtol * ref.abs()
+    assert (err <= bound).all(), f"max err {err.max():.3g}, worst err/bound {(err / bound).max():.3g}"
+
+
+def _mla_inputs(gen, dtype, *, seq_lens, queries, heads, latent=64, rope=16, page=16, q_dtype=None, spare=2, extra_cols=1):
+    pages = [-(-n // page) for n in seq_lens]
+    num_blocks = sum(pages) + spare  # spare pages hold values no request may read
+    order = torch.randperm(num_blocks, generator=gen)
+    table = torch.zeros(len(seq_lens), max(pages) + extra_cols, dtype=torch.int32)  # padding columns: page 0
+    start = 0
+    for b, count in enumerate(pages):
+        table[b, :count] = order[start : start + count]
+        start += count
+    q_dtype = q_dtype or dtype
+    batch = len(seq_lens)
+    return {
+        "q_nope": torch.randn(batch, queries, heads, latent, generator=gen).to(q_dtype),
+        "q_rope": torch.randn(batch, queries, heads, rope, generator=gen).to(q_dtype),
+        "kv_cache": torch.randn(num_blocks, page, latent + rope, generator=gen).to(dtype),
+        "block_table": table,
+        "seq_lens": torch.tensor(seq_lens, dtype=torch.int32),
+    }
+
+
+def _check_mla(inputs, *, window=None, scale=0.125, wrapper=False, **kernel_kw):
+    from deepinfer.ops.attention import mla_decode as ref_mla_decode
+    from deepinfer_ascend.kernels import mla_decode as mla
+
+    args = (inputs["q_nope"], inputs["q_rope"], inputs["kv_cache"], inputs["block_table"], inputs["seq_lens"])
+    if wrapper:
+        out = mla.mla_decode(*args, softmax_scale=scale, sliding_window=window)
+    else:
+        out = mla.launch_mla_decode(*args, scale, window, **kernel_kw)
+    ref = ref_mla_decode(
+        inputs["q_nope"].double(), inputs["q_rope"].double(), inputs["kv_cache"].double(), inputs["block_table"], inputs["seq_lens"],
+        softmax_scale=scale, sliding_window=window,
+    )
+    assert out.dtype == inputs["q_nope"].dtype and out.shape == inputs["q_nope"].shape
+    _close(out, ref, (inputs["q_nope"].dtype, inputs["kv_cache"].dtype), int(inputs["seq_lens"].max()))
+    return out
+
+
+def _mla_case(dtype, seed, window=None, wrapper=False, kernel_kw=None, **shape):
+    return lambda: _check_mla(_mla_inputs(torch.Generator().manual_seed(seed), dtype, **shape), window=window, wrapper=wrapper, **(kernel_kw or {}))
+
+
+def _mla_deterministic():
+    from deepinfer_ascend.kernels import mla_decode as mla
+
+    d = _mla_inputs(torch.Generator().manual_seed(5), torch.float32, seq_lens=[40, 90], queries=1, heads=4)
+    args = (d["q_nope"], d["q_rope"], d["kv_cache"], d["block_table"], d["seq_lens"], 0.1)
+    a = mla.launch_mla_decode(*args, num_splits=4, tiles={"BLOCK_N": 16})
+    b = mla.launch_mla_decode(*args, num_splits=4, tiles={"BLOCK_N": 16})
+    assert torch.equal(a, b)
+
+
+def _prefill_inputs(gen, dtype, *, q_lens, k_lens, heads, qk_dim, v_dim):
+    def cu(lengths):
+        return torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
+
+    return {
+        "q": torch.randn(sum(q_lens), heads, qk_dim, generator=gen).to(dtype),
+        "k": torch.randn(sum(k_lens), heads, qk_dim, generator=gen).to(dtype),
+        "v": torch.randn(sum(k_lens), heads, v_dim, generator=gen).to(dtype),
+        "cu_seqlens_q": cu(q_lens),
+        "cu_seqlens_k": cu(k_lens),
+    }
+
+
+def _prefill_case(dtype, seed, *, window=None, tiles=None, wrapper=False, **shape):
+    def run():
+        from deepinfer.ops.attention import prefill as ref_prefill
+        from deepinfer_ascend.kernels import prefill as pf
+
+        d = _prefill_inputs(torch.Generator().manual_seed(seed), dtype, **shape)
+        scale = shape["qk_dim"] ** -0.5
+        args = (d["q"], d["k"], d["v"], d["cu_seqlens_q"], d["cu_seqlens_k"])
+        if wrapper:
+            out = pf.prefill(*args, softmax_scale=scale, sliding_window=window)
+        else:
+            out = pf.launch_prefill(*args, scale, window, tiles=tiles)
+        ref = ref_prefill(*(x.double() for x in args[:3]), *args[3:], softmax_scale=scale, sliding_window=window)
+        assert out.dtype == dtype and out.shape == ref.shape
+        _close(out, ref, (dtype,), max(shape["k_lens"]))
+
+    return run
+
+
+def _kv_write_case(src_dtype, cache_dtype, *, page, blocks, tokens, skip, strided=False, latent=48, rope=16, seed=1):
+    def run():
+        from deepinfer.ops.attention import kv_cache_write as ref_kv_cache_write
+        from deepinfer_ascend.kernels import kv_cache as kvw
+
+        gen = torch.Generator().manual_seed(seed)
+        slots = torch.randperm(blocks * page, generator=gen)[:tokens].to(torch.int64)
+        slots[skip] = -1
+        if strided:  # kv_c and k_pe as column slices of one projection output (row stride > width)
+            fused = torch.randn(tokens, latent + rope + 8, generator=gen).to(src_dtype)
+            kv_c, k_pe = fused[:, :latent], fused[:, latent : latent + rope]
+        else:
+            kv_c = torch.randn(tokens, latent, generator=gen).to(src_dtype)
+            k_pe = torch.randn(tokens, rope, generator=gen).to(src_dtype)
+        cache = torch.randn(blocks, page, latent + rope, generator=gen).to(cache_dtype)
+        want = ref_kv_cache_write(kv_c, k_pe, cache.clone(), slots)
+        got = cache.clone()
+        ret = kvw.kv_cache_write(kv_c, k_pe, got, slots)
+        assert ret.data_ptr() == got.data_ptr()
+        assert torch.equal(got, want), f"max diff {(got.double() - want.double()).abs().max():.3g}"
+
+    return run
+
+
+def _kv_write_past_cache():
+    """A slot past the cache (the reference raises) is skipped, not written out of bounds."""
+    from deepinfer_ascend.kernels import kv_cache as kvw
+
+    cache = torch.randn(2, 16, 80)
+    padded = torch.zeros(3, 16, 80)
+    padded[:2] = cache
+    view = padded[:2]  # the third page stands for the memory past the cache
+    kv_c, k_pe = torch.randn(2, 64), torch.randn(2, 16)
+    kvw.kv_cache_write(kv_c, k_pe, view, torch.tensor([32, 5], dtype=torch.int64))
+    assert torch.equal(padded[2], torch.zeros(16, 80))
+    assert torch.equal(padded[0, 5], torch.cat((kv_c[1], k_pe[1])))
+    assert torch.equal(padded[1], cache[1]) and torch.equal(padded[0, 6:], cache[0, 6:])
+
+
+F32, BF16 = torch.float32, torch.bfloat16
+
+CASES = {
+    # mla_decode: 5 requests around page edges (page 16), 3 forced splits -> empty partials in the combine
+    "mla_pages16_splits3_f32": _mla_case(F32, 1, seq_lens=[1, 15, 16, 17, 40], queries=1, heads=4, kernel_kw={"num_splits": 3}),
+    "mla_pages16_splits3_bf16": _mla_case(BF16, 2, seq_lens=[1, 15, 16, 17, 40], queries=1, heads=4, kernel_kw={"num_splits": 3}),
+    # S = 4 MTP rows (12 rows padded to 16), page 32, window 5, two splits
+    "mla_s4_window5_page32_bf16": _mla_case(BF16, 3, window=5, seq_lens=[4, 70], queries=4, heads=3, page=32, kernel_kw={"num_splits": 2}),
+    "mla_s3_window1_f32": _mla_case(F32, 4, window=1, seq_lens=[3, 33, 64], queries=3, heads=2, page=16, kernel_kw={"num_splits": 2}),
+    "mla_s2_window40_page128_f32": _mla_case(F32, 5, window=40, seq_lens=[2, 65, 200], queries=2, heads=4, page=128, kernel_kw={"tiles": {"BLOCK_N": 32}, "num_splits": 3}),
+    # S*H = 2*40 = 80 rows: head blocks of 64 (small latent fits), default plan
+    "mla_rows80_head_blocks_f32": _mla_case(F32, 6, seq_lens=[17, 130], queries=2, heads=40, page=64),
+    # C-chunked scores (the A2 float32 path at full width), with a non-power-of-two latent (48 of 64)
+    "mla_q_chunked_latent48_bf16": _mla_case(BF16, 7, seq_lens=[5, 50], queries=2, heads=4, latent=48, page=16, kernel_kw={"tiles": {"Q_CHUNK": 32, "BLOCK_N": 16}, "num_splits": 2}),
+    "mla_q_chunked_f32": _mla_case(F32, 8, window=9, seq_lens=[33, 20], queries=1, heads=16, latent=64, page=32, kernel_kw={"tiles": {"Q_CHUNK": 16, "BLOCK_N": 32}}),
+    "mla_mixed_q_f32_cache_bf16": _mla_case(BF16, 9, seq_lens=[20, 64], queries=1, heads=4, q_dtype=F32, page=16),
+    # DeepSeek-V3 widths in the Ascend block size (128), the registered wrapper's own plan
+    "mla_full_width_page128_bf16": _mla_case(BF16, 10, wrapper=True, seq_lens=[129, 300], queries=2, heads=8, latent=512, rope=64, page=128),
+    "mla_full_width_page128_f32": _mla_case(F32, 11, wrapper=True, seq_lens=[1, 140], queries=1, heads=16, latent=512, rope=64, page=128),
+    "mla_deterministic": _mla_deterministic,
+    # prefill: d 64/64, a request with no queries, more items than cores (persistent loop wraps)
+    "prefill_d64_qlen0_f32": _prefill_case(F32, 1, q_lens=[1, 0, 17, 9], k_lens=[1, 5, 17, 30], heads=4, qk_dim=64, v_dim=64),
+    "prefill_d64_bf16_wrapper": _prefill_case(BF16, 2, wrapper=True, q_lens=[20, 3], k_lens=[20, 50], heads=3, qk_dim=64, v_dim=64),
+    # 192/128 with 16 x 16 tiles: many query blocks, mask-free interior blocks, window edges
+    "prefill_192_128_tiles16_f32": _prefill_case(F32, 3, tiles=(16, 16), q_lens=[5, 33, 40], k_lens=[5, 70, 40], heads=2, qk_dim=192, v_dim=128),
+    "prefill_192_128_window7_bf16": _prefill_case(BF16, 4, window=7, tiles=(16, 32), q_lens=[5, 33, 40], k_lens=[5, 70, 40], heads=2, qk_dim=192, v_dim=128),
+    "prefill_window1_f32": _prefill_case(F32, 5, window=1, tiles=(32, 16), q_lens=[9, 40], k_lens=[20, 40], heads=1, qk_dim=64, v_dim=64),
+    "prefill_window40_default_tiles_bf16": _prefill_case(BF16, 6, window=40, q_lens=[70, 2], k_lens=[100, 90], heads=2, qk_dim=192, v_dim=128),
+    # widths that are not powers of two: Dqk 80 = 64 + 16, Dv 48 padded to 64
+    "prefill_dqk80_dv48_f32": _prefill_case(F32, 7, tiles=(16, 16), q_lens=[7, 20], k_lens=[30, 20], heads=2, qk_dim=80, v_dim=48),
+    # kv_cache_write: 60 tokens > 48/64 vector cores, page 16 and 128, padding slots, casts, strides
+    "kv_write_f32_page16_many_tokens": _kv_write_case(F32, F32, page=16, blocks=6, tokens=70, skip=[0, 5, 69]),
+    "kv_write_bf16_page128": _kv_write_case(BF16, BF16, page=128, blocks=2, tokens=9, skip=[2, 6]),
+    "kv_write_f32_to_bf16_rne": _kv_write_case(F32, BF16, page=16, blocks=5, tokens=9, skip=[3]),
+    "kv_write_strided_f32": _kv_write_case(F32, F32, page=32, blocks=3, tokens=5, skip=[2], strided=True, latent=64),
+    "kv_write_all_skipped": _kv_write_case(BF16, BF16, page=16, blocks=2, tokens=4, skip=[0, 1, 2, 3]),
+    "kv_write_past_cache_skipped": _kv_write_past_cache,
+}
+
+
+def _worker() -> None:
+    """Run every case under the interpreter for the chip in the environment; print one JSON line."""
+    import traceback
+
+    results = {}
+    for name, case in CASES.items():
+        try:
+            case()
+            results[name] = "ok"
+        except Exception as exc:  # report, do not stop: each case has its own pytest verdict
+            results[name] = f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=4)}"
+    print("RESULTS " + json.dumps(results))
+
+
+def _compile_variants():
+    """(name, kernel, pointer types, constexprs): every constexpr branch of the three kernel files."""
+    from deepinfer_ascend.kernels import kv_cache as kvw
+    from deepinfer_ascend.kernels import mla_decode as mla
+    from deepinfer_ascend.kernels import prefill as pf
+
+    mla_ptrs = {n: "*bf16" for n in ("q_nope_ptr", "q_rope_ptr", "kv_ptr", "out_ptr")}
+    mla_ptrs.update(block_table_ptr="*i32", seq_lens_ptr="*i32", part_out_ptr="*fp32", part_lse_ptr="*fp32")
+    mla_base = dict(S=2, H=4, C=48, R=16, BLOCK_C=64, BLOCK_R=16, PAGE=32, BLOCK_H=16, BLOCK_N=16, DOT_F32=False, DOT_PRECISION=None, MANUAL_RNE=False)
+    pf_ptrs = {n: "*bf16" for n in ("q_ptr", "k_ptr", "v_ptr", "out_ptr")}
+    pf_ptrs.update(cu_q_ptr="*i32", cu_k_ptr="*i32")
+    pf_base = dict(H=2, D_QK=48, D_V=24, BLOCK_M=16, BLOCK_N=16, BLOCK_D1=32, BLOCK_D2=16, BLOCK_DV=32, DOT_F32=False, DOT_PRECISION=None, MANUAL_RNE=False)
+    kv_ptrs = {"kv_c_ptr": "*bf16", "k_pe_ptr": "*bf16", "cache_ptr": "*bf16", "slot_ptr": "*i64"}
+    kv_base = dict(C=48, R=16, BLOCK_C=64, BLOCK_R=16, PAGE=128, MANUAL_RNE=False)
+    return [
+        ("mla_resident_direct", mla._mla_decode_kernel, mla_ptrs, {**mla_base, "Q_CHUNK": 0, "HAS_WINDOW": False, "DIRECT": True, "IDX64": False}),
+        ("mla_resident_split_window_idx64", mla._mla_decode_kernel, mla_ptrs, {**mla_base, "Q_CHUNK": 0, "HAS_WINDOW": True, "DIRECT": False, "IDX64": True}),
+        ("mla_q_chunked_split_window", mla._mla_decode_kernel, mla_ptrs, {**mla_base, "Q_CHUNK": 32, "HAS_WINDOW": True, "DIRECT": False, "IDX64": False}),
+        ("mla_combine", mla._mla_decode_combine_kernel, {"part_out_ptr": "*fp32", "part_lse_ptr": "*fp32", "out_ptr": "*bf16"}, dict(ROWS=8, C=48, BLOCK_M=16, BLOCK_C=64, MANUAL_RNE=False)),
+        ("prefill", pf._prefill_kernel, pf_ptrs, {**pf_base, "HAS_WINDOW": False, "IDX64": False}),
+        ("prefill_window_idx64", pf._prefill_kernel, pf_ptrs, {**pf_base, "HAS_WINDOW": True, "IDX64": True}),
+        ("prefill_one_dot", pf._prefill_kernel, pf_ptrs, {**pf_base, "D_QK": 32, "BLOCK_D2": 0, "HAS_WINDOW": True, "IDX64": False}),
+        ("kv_write", kvw._kv_cache_write_kernel, kv_ptrs, {**kv_base, "IDX64": False}),
+        ("kv_write_idx64", kvw._kv_cache_write_kernel, kv_ptrs, {**kv_base, "IDX64": True}),
+    ]
+
+
+def _compile_worker() -> None:
+    """Compile every kernel variant with community Triton's real frontend (a CUDA target, no GPU
+    needed): it checks what the interpreter does not, e.g. that a value keeps its type across a
+    data-dependent `if` or loop. Prints one JSON line: variant -> "ok" | error | "skip: ...".
+    """
+    import triton
+    from triton.backends.compiler import GPUTarget
+
+    target = GPUTarget("cuda", 90, 32)
+
+    def build(fn, ptrs, constexprs):
+        signature = {n: "constexpr" if n in constexprs else ptrs.get(n, "fp32" if "scale" in n else "i32") for n in fn.arg_names}
+        triton.compile(triton.compiler.ASTSource(fn=fn, signature=signature, constexprs=constexprs), target=target)
+
+    try:
+        build(_probe_kernel, {"x_ptr": "*fp32"}, {})
+    except Exception as exc:  # no CUDA backend / ptxas in this Triton install: nothing to check with
+        print("RESULTS " + json.dumps({name: f"skip: {type(exc).__name__}" for name, *_ in _compile_variants()}))
+        return
+    results = {}
+    for name, fn, ptrs, constexprs in _compile_variants():
+        try:
+            build(fn, ptrs, constexprs)
+            results[name] = "ok"
+        except Exception as exc:
+            results[name] = f"{type(exc).__name__}: {str(exc)[:2000]}"
+    print("RESULTS " + json.dumps(results))
+
+
+# ----------------------------------------------------------------------------------------------
+# pytest side
+# ----------------------------------------------------------------------------------------------
+
+
+WORKERS = {chip: ("--worker", {"TRITON_INTERPRET": "1", "DEEPINFER_ASCEND_SIM_CHIP": chip}) for chip in CHIPS}
+WORKERS["compile"] = ("--compile", {})
+
+
+@lru_cache(maxsize=None)
+def _results() -> dict:
+    """Start every worker at once (they are independent; the wall time is the slowest one's), then
+    collect each one's JSON line: {"910B": {...}, "950": {...}, "compile": {...}}."""
+    pytest.importorskip("triton")
+    root = Path(__file__).resolve().parents[2]
+    procs = {}
+    for key, (mode, env_vars) in WORKERS.items():
+        env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+        env.update(env_vars, DEEPINFER_ASCEND_PATH="auto")
+        env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
+        procs[key] = subprocess.Popen(
+            [sys.executable, str(Path(__file__).resolve()), mode], env=env, cwd=root, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+    results = {}
+    for key, proc in procs.items():
+        try:
+            out, err = proc.communicate(timeout=600)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out, err = proc.communicate()
+        line = next((l for l in out.splitlines() if l.startswith("RESULTS ")), None)
+        if line is None:
+            results[key] = f"the {key} worker printed no results (exit {proc.returncode}):\n{out[-3000:]}\n{err[-3000:]}"
+        else:
+            results[key] = json.loads(line[len("RESULTS "):])
+    return results
+
+
+def _worker_results(key: str) -> dict:
+    got = _results()[key]
+    if isinstance(got, str):
+        raise AssertionError(got)
+    return got
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.parametrize("chip", CHIPS)
+def test_kernel_case(chip, case):
+    verdict = _worker_results(chip)[case]
+    assert verdict == "ok", verdict
+
+
+def test_kernels_compile_with_the_triton_frontend():
+    results = _worker_results("compile")
+    if all(v.startswith("skip: ") for v in results.values()):
+        pytest.skip(f"this Triton cannot compile for a CUDA target ({next(iter(results.values()))})")
+    failed = {k: v for k, v in results.items() if v != "ok"}
+    assert not failed, failed
+
+
+def test_registrations_match_the_ops_and_yield_to_the_npu_path(monkeypatch):
+    pytest.importorskip("triton")
+    from deepinfer.registry import OPS, Registry, ResolveContext, all_ops, check_signature
+    from deepinfer_ascend.kernels import kv_cache, mla_decode, prefill
+
+    all_ops()
+    regs = [*kv_cache.REGISTRATIONS, *mla_decode.REGISTRATIONS, *prefill.REGISTRATIONS]
+    assert sorted(r.op for r in regs) == ["kv_cache_write", "mla_decode", "prefill"]
+    registry = Registry()
+    registry.register_all("ascend", regs)
+    ctx = ResolveContext(backend="ascend")
+    for r in regs:
+        check_signature(OPS[r.op], r.fn, "ascend")
+        assert r.note.startswith("Triton (ascend)")
+        monkeypatch.setenv("DEEPINFER_ASCEND_PATH", "npu")
+        assert not r.when(ctx)
+        monkeypatch.setenv("DEEPINFER_ASCEND_PATH", "triton")
+        assert r.when(ctx)
+
+
+@pytest.mark.parametrize("chip", CHIPS)
+def test_tile_plans_fit_half_the_buffer(chip, monkeypatch):
+    """Every planned block fits half the chip's unified buffer; BLOCK_N divides the page; the split
+    count depends on shapes only and stays within the capacity's tiles."""
+    pytest.importorskip("triton")
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.setenv("DEEPINFER_ASCEND_SIM_CHIP", chip)
+    from deepinfer_ascend.device import current
+    from deepinfer_ascend.kernels import mla_decode, prefill
+
+    half = current().ub_bytes // 2
+    for page in (16, 64, 128, 256):
+        for rows in (1, 16, 48, 128, 512):
+            for e_dot in (2, 4):
+                cfg = mla_decode.plan(4, rows, page, 32 * page, 512, 64, e_dot)
+                assert cfg["bytes"] <= half and page % cfg["BLOCK_N"] == 0 and cfg["BLOCK_N"] >= 16
+                assert 1 <= cfg["num_splits"] <= -(-32 * page // cfg["BLOCK_N"])
+                assert cfg["head_blocks"] * cfg["BLOCK_H"] >= rows
+    # The brief's example: bf16 16 heads, DeepSeek widths, Ascend page 128.
+    cfg = mla_decode.plan(1, 16, 128, 4096, 512, 64, 2)
+    assert (cfg["BLOCK_H"], cfg["Q_CHUNK"]) == (16, 0) and cfg["BLOCK_N"] == (64 if chip == "950" else 32)
+    assert cfg["num_splits"] > 1  # one request cannot fill the AI cores alone
+    assert mla_decode.plan(1, 16, 128, 4096, 512, 64, 4)["Q_CHUNK"] == (0 if chip == "950" else 128)
+    assert mla_decode.plan(current().num_aicore, 16, 128, 4096, 512, 64, 2)["num_splits"] == 1
+    for d_qk, d_v in ((192, 128), (64, 64)):
+        d1, d2 = prefill._split_head_dim(d_qk)
+        assert d1 + d2 == d_qk
+        for e_dot in (2, 4):
+            bm, bn = prefill.pick_tiles(d1 + d2, d_v, e_dot, half)
+            assert prefill.tile_bytes(bm, bn, d1 + d2, d_v, e_dot) <= half
+
+
+if __name__ == "__main__":
+    if "--worker" in sys.argv:
+        _worker()
+    elif "--compile" in sys.argv:
+        _compile_worker()
