@@ -71,6 +71,7 @@ def add_parser(sub) -> None:
     p.add_argument("--num-kv-blocks", type=int, metavar="N", help="KV cache pages (default: from the memory budget)")
     p.add_argument("--no-prefix-caching", action="store_true", help="switch the prefix cache off")
     p.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs for decode steps (cuda backend)")
+    p.add_argument("--interpret", action="store_true", help="run the backend's Triton kernels in the Triton interpreter on the CPU (slow; for checking kernels)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=run)
 
@@ -321,6 +322,7 @@ def run(args) -> int:
         num_kv_blocks=args.num_kv_blocks,
         enable_prefix_caching=not args.no_prefix_caching,
         enforce_eager=args.enforce_eager,
+        interpret=args.interpret,
         allow_fallback=args.allow_fallback,
     )
     prompts = [render_prompt(llm.tokenizer, r, args.chat) for r in requests]

@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from typing import Any, Iterator, Sequence as SequenceType
@@ -70,6 +71,7 @@ class LLM:
         allow_fallback: bool = False,
         announce: bool = True,
         enforce_eager: bool = False,
+        interpret: bool = False,
     ):
         from deepinfer.model.loader import load_model
         from deepinfer.plugins import load_plugins
@@ -80,10 +82,14 @@ class LLM:
         plugins = load_plugins()
         if dtype == "auto":
             spec = plugins.auto()[0] if backend == "auto" else plugins.backend(backend)
-            torch_dtype = resolve_dtype(dtype, spec.device_type)
+            torch_dtype = resolve_dtype(dtype, spec.device(interpret))
         else:
             torch_dtype = resolve_dtype(dtype, "cpu")
-        runtime = open_runtime(backend, dtype=torch_dtype, allow_fallback=allow_fallback, plugins=plugins)
+        if interpret:
+            # Triton kernels on the CPU (how CI checks the cuda and ascend kernels); Triton reads
+            # this when a kernel is decorated, so it must be set before the backend loads them.
+            os.environ["TRITON_INTERPRET"] = "1"
+        runtime = open_runtime(backend, dtype=torch_dtype, allow_fallback=allow_fallback, plugins=plugins, interpret=interpret)
         if announce and backend == "auto":
             print(f"deepinfer: {runtime.chosen_by}", file=sys.stderr)
         loaded = load_model(model, runtime.ops, runtime.device, torch_dtype)
