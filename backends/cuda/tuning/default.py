@@ -45,9 +45,10 @@ CONFIGS: dict[str, dict[str, dict]] = {
     # and split the columns until target_programs programs run.
     "gate": {"tokens": {"tile_elems": 1024, "num_warps": 4}},
     "dispatch": {"tokens": {"count_tile_elems": 16384, "count_warps": 8, "block_bytes": 4096, "target_programs": 1024, "copy_warps": 8}},
-    "combine": {"tokens": {"block_bytes": 4096, "target_programs": 1024, "num_warps": 4}},
+    "combine": {"tokens": {"block_bytes": 4096, "target_programs": 1024, "num_warps": 8}},
     # sampling (deepinfer_cuda.kernels.sampling): sample runs one program per row; BLOCK lanes per
-    # pass over the vocabulary (also the candidate capacity), TILE_C the candidate tile.
-    "sample": {"rows": {"BLOCK": 4096, "TILE_C": 128, "N_GROUPS": 128, "num_warps": 16}},
+    # pass over the vocabulary (also the candidate capacity), TILE_C candidates sorted in registers,
+    # N_GROUPS group maxima sorted for the candidate bound (small here: the interpreter's sort is slow).
+    "sample": {"rows": {"BLOCK": 4096, "TILE_C": 64, "N_GROUPS": 32, "num_warps": 16}},
     "apply_token_bitmask": {"rows": {"BLOCK": 4096, "num_warps": 8}},
 }

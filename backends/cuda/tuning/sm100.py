@@ -29,4 +29,7 @@ CONFIGS: dict[str, dict[str, dict]] = {
         "rows_gt64": {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 8, "num_stages": 2, "ctas_per_sm": 1, "min_tokens_per_split": 256, "max_splits": 64},
         "combine": {"num_warps": 4},
     },
+    # sampling (deepinfer_cuda.kernels.sampling): as sm90 (not measured on SM100): 128 candidates and
+    # 128 group maxima sorted in registers (default.py keeps them small for the interpreter).
+    "sample": {"rows": {"BLOCK": 4096, "TILE_C": 128, "N_GROUPS": 128, "num_warps": 16}},
 }

@@ -42,4 +42,11 @@ CONFIGS: dict[str, dict[str, dict]] = {
         "rows_gt64": {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 8, "num_stages": 2, "ctas_per_sm": 1, "min_tokens_per_split": 256, "max_splits": 64},
         "combine": {"num_warps": 4},
     },
+    # moe / sampling (deepinfer_cuda.kernels.moe, .sampling): measured on an H200 2026-11-30
+    # (bench/moe.py --sweep, bench/sampling.py --sweep). dispatch T4096 K8 D7168 bf16: 180-185 us for
+    # every block_bytes 2-16 KiB x 4-8 warps (16 warps slower); combine: 131-135 us (4.0 TB/s) for
+    # 2-8 KiB x 4-16 warps, 16 KiB slower.
+    "dispatch": {"tokens": {"count_tile_elems": 16384, "count_warps": 8, "block_bytes": 8192, "target_programs": 1024, "copy_warps": 8}},
+    "combine": {"tokens": {"block_bytes": 4096, "target_programs": 1024, "num_warps": 16}},
+    "sample": {"rows": {"BLOCK": 4096, "TILE_C": 128, "N_GROUPS": 128, "num_warps": 16}},
 }

@@ -1,0 +1,182 @@
+"""The cuda backend's gate, dispatch and combine kernels under the Triton interpreter (CPU).
+
+Shapes beyond the golden set, compared with the op references in deepinfer.ops.moe: gate configs
+with and without groups and bias, every score function, exact ties, float64; dispatch with empty
+experts, every slot on one expert, several count tiles, top_k = 1; combine in float32, bfloat16
+and float64 over dispatch's layout.
+
+Triton decides whether a function is interpreted when it is decorated, that is when the kernel
+modules are first imported. So TRITON_INTERPRET=1 is set here before triton is imported; if some
+earlier test module imported triton without it, the tests run in a subprocess instead
+(`test_in_a_subprocess`), never silently skipped.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+if "triton" not in sys.modules:
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+triton = pytest.importorskip("triton")
+
+from deepinfer.ops import moe as ref  # noqa: E402
+
+
+def _interpreting_here() -> bool:
+    from triton.runtime.interpreter import InterpretedFunction
+
+    return os.environ.get("TRITON_INTERPRET") == "1" and isinstance(getattr(triton.language.standard, "sum", None), InterpretedFunction)
+
+
+IN_PROCESS = _interpreting_here()
+
+
+@pytest.fixture(scope="module")
+def k():
+    """The kernel module, re-imported if an earlier import decorated it for a GPU."""
+    if not IN_PROCESS:
+        pytest.skip("triton was imported without TRITON_INTERPRET=1 in this process: test_in_a_subprocess runs these")
+    from triton.runtime.interpreter import InterpretedFunction
+
+    m = importlib.import_module("deepinfer_cuda.kernels.moe")
+    if not isinstance(m._gate_kernel, InterpretedFunction):
+        m = importlib.reload(m)
+    return m
+
+
+def _by_id(weights, ids):
+    ids, order = torch.sort(ids, dim=-1, stable=True)
+    return weights.gather(-1, order), ids
+
+
+# ---------------------------------------------------------------------------------------------- gate
+
+GATE_CASES = [
+    # T, E, top_k, score_func, bias, n_group, topk_group, renormalize, scale
+    (5, 256, 8, "sigmoid", True, 8, 4, True, 2.5),  # DeepSeek-V3
+    (3, 64, 6, "softmax", False, 1, 1, False, 1.0),  # V2-Lite
+    (9, 160, 6, "softmax", False, 8, 3, False, 16.0),  # groups of 20 (not a power of two)
+    (4, 48, 6, "sqrtsoftplus", True, 1, 1, True, 1.5),
+    (6, 96, 4, "sigmoid", True, 6, 2, True, 2.0),
+    (2, 16, 1, "softmax", False, 1, 1, False, 1.0),
+    (3, 40, 5, "sqrtsoftplus", False, 4, 4, False, 1.0),  # every group kept
+]
+
+
+@pytest.mark.parametrize("case", GATE_CASES, ids=lambda c: f"T{c[0]}_E{c[1]}_k{c[2]}_{c[3]}_g{c[5]}")
+def test_gate_matches_reference(k, case):
+    T, E, top_k, score, bias, G, TG, renorm, scale = case
+    g = torch.Generator().manual_seed(E * 31 + top_k)
+    logits = torch.randn(T, E, generator=g) * 2
+    b = (torch.randn(E, generator=g) * 0.3 - 0.2) if bias else None  # negative biases too
+    kw = dict(top_k=top_k, score_func=score, n_group=G, topk_group=TG, renormalize=renorm, routed_scaling_factor=scale)
+    w, ids = k.gate(logits, correction_bias=b, **kw)
+    assert w.dtype == torch.float32 and ids.dtype == torch.int32 and ids.shape == (T, top_k)
+    wr, ir = ref.gate(logits.double(), correction_bias=None if b is None else b.double(), **kw)
+    w, ids = _by_id(w, ids)
+    wr, ir = _by_id(wr, ir)
+    assert torch.equal(ids, ir)
+    torch.testing.assert_close(w.double(), wr, rtol=1.3e-6, atol=1e-6)
+
+
+def test_gate_ties_pick_lowest_index(k):
+    # Exact ties among experts and among groups: the stable sort's choice (lowest index) is the contract.
+    logits = torch.tensor([[1.0, 3.0, 3.0, 0.5, 3.0, 1.0, 3.0, 3.0], [2.0] * 8, [0.0, 1.0] * 4])
+    for kw in (dict(top_k=3), dict(top_k=2, n_group=4, topk_group=2), dict(top_k=2, n_group=2, topk_group=1, score_func="sigmoid", correction_bias=torch.zeros(8))):
+        w, ids = k.gate(logits, **kw)
+        wr, ir = ref.gate(logits, **kw)
+        assert torch.equal(_by_id(w, ids)[1], _by_id(wr, ir)[1]), kw
+
+
+def test_gate_float64(k):
+    logits = torch.randn(4, 64, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    kw = dict(top_k=6, score_func="sigmoid", correction_bias=torch.randn(64, dtype=torch.float64) * 0.1, n_group=8, topk_group=3, renormalize=True, routed_scaling_factor=2.5)
+    w, ids = k.gate(logits, **kw)
+    wr, ir = ref.gate(logits, **kw)
+    assert w.dtype == torch.float64
+    w, ids = _by_id(w, ids)
+    wr, ir = _by_id(wr, ir)
+    assert torch.equal(ids, ir)
+    torch.testing.assert_close(w, wr, rtol=1e-10, atol=1e-12)
+
+
+def test_gate_checks_arguments(k):
+    with pytest.raises(ValueError):
+        k.gate(torch.randn(2, 10), top_k=2, n_group=3)
+
+
+# ---------------------------------------------------------------------------------------------- dispatch / combine
+
+
+def _ids(T, K, E, g, how):
+    if how == "one_expert":
+        return torch.full((T, K), E - 1, dtype=torch.int32)
+    if how == "few_experts":  # most experts empty, repeated ids within a token too
+        return torch.randint(0, 3, (T, K), generator=g, dtype=torch.int32) * (E // 3)
+    return torch.stack([torch.randperm(E, generator=g)[:K] for _ in range(T)]).to(torch.int32)
+
+
+DISPATCH_CASES = [
+    # T, K, E, D, dtype, ids
+    (7, 8, 256, 40, torch.bfloat16, "random"),  # 56 slots, one count tile
+    (90, 8, 256, 24, torch.float32, "random"),  # 720 slots: several count tiles of 64
+    (33, 6, 64, 72, torch.bfloat16, "few_experts"),
+    (12, 1, 8, 16, torch.float32, "one_expert"),
+    (5, 4, 16, 8, torch.float64, "random"),
+    (1, 8, 16, 5000, torch.bfloat16, "random"),  # one token, a long row split over columns
+]
+
+
+@pytest.mark.parametrize("case", DISPATCH_CASES, ids=lambda c: f"T{c[0]}_K{c[1]}_E{c[2]}_D{c[3]}_{str(c[4])[6:]}_{c[5]}")
+def test_dispatch_and_combine_match_reference(k, case):
+    T, K, E, D, dtype, how = case
+    g = torch.Generator().manual_seed(T * 7 + K)
+    x = torch.randn(T, D, generator=g).to(dtype)
+    ids = _ids(T, K, E, g, how)
+    got = k.dispatch(x, ids, num_experts=E)
+    want = ref.dispatch(x, ids, num_experts=E)
+    for name, a, b in zip(("expert_x", "expert_offsets", "row_of_slot"), got, want):
+        assert a.dtype == b.dtype and torch.equal(a, b), name
+
+    expert_out = torch.randn(T * K, D, generator=g).to(dtype)
+    weights = torch.rand(T, K, generator=g)
+    out = k.combine(expert_out, weights, got[2])
+    assert out.dtype == dtype and out.shape == (T, D)
+    exact = ref.combine(expert_out.double(), weights.double(), got[2])
+    rtol, atol = {torch.float64: (1e-10, 1e-12), torch.float32: (1.3e-6, 1e-6), torch.bfloat16: (1.6e-2, 1e-3)}[dtype]
+    torch.testing.assert_close(out.double(), exact, rtol=rtol, atol=atol * K)
+
+
+def test_dispatch_empty_batch(k):
+    out = k.dispatch(torch.randn(0, 8), torch.empty(0, 4, dtype=torch.int32), num_experts=16)
+    assert out[0].shape == (0, 8) and torch.equal(out[1], torch.zeros(17, dtype=torch.int32)) and out[2].numel() == 0
+
+
+# ---------------------------------------------------------------------------------------------- registration and fallback
+
+
+def test_registrations(k):
+    from deepinfer.registry import all_ops, check_signature
+
+    ops = all_ops()
+    assert {r.op for r in k.REGISTRATIONS} == {"gate", "dispatch", "combine"}
+    for r in k.REGISTRATIONS:
+        check_signature(ops[r.op], r.fn, "cuda")
+
+
+@pytest.mark.skipif(IN_PROCESS, reason="the tests above ran in this process")
+def test_in_a_subprocess():
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    here = Path(__file__)
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(here)],
+        env=env, cwd=here.parents[2], capture_output=True, text=True, timeout=600,
+    )
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]

@@ -1,0 +1,194 @@
+"""The cuda backend's sample and apply_token_bitmask kernels under the Triton interpreter (CPU).
+
+`sample` must give the reference's tokens bit for bit for equal logits: rows mixing every
+parameter (greedy, temperature, top-k, top-p, min-p and their combinations), vocabularies that
+are not multiples of the tile, exact ties, -inf (masked) logits; small tiles force the multi-tile
+passes and the whole-row fallback, and the fallback must agree with the candidate path. Batch
+invariance: a row's token does not depend on the other rows. apply_token_bitmask: bit 31 (the sign
+bit), vocabularies not a multiple of 32, every float dtype, in place.
+
+TRITON_INTERPRET=1 is set before triton is imported; if some earlier test module imported triton
+without it, the tests run in a subprocess instead (`test_in_a_subprocess`).
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+if "triton" not in sys.modules:
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+triton = pytest.importorskip("triton")
+
+from deepinfer.ops import sampling as ref  # noqa: E402
+
+
+def _interpreting_here() -> bool:
+    from triton.runtime.interpreter import InterpretedFunction
+
+    return os.environ.get("TRITON_INTERPRET") == "1" and isinstance(getattr(triton.language.standard, "sum", None), InterpretedFunction)
+
+
+IN_PROCESS = _interpreting_here()
+
+GREEDY, UNFILTERED, CANDIDATES, FALLBACK = 0, 1, 2, 3
+
+
+@pytest.fixture(scope="module")
+def k():
+    if not IN_PROCESS:
+        pytest.skip("triton was imported without TRITON_INTERPRET=1 in this process: test_in_a_subprocess runs these")
+    from triton.runtime.interpreter import InterpretedFunction
+
+    m = importlib.import_module("deepinfer_cuda.kernels.sampling")
+    if not isinstance(m._sample_kernel, InterpretedFunction):
+        m = importlib.reload(m)
+    return m
+
+
+def _rows(B: int, V: int, seed: int, kind: str):
+    g = torch.Generator().manual_seed(seed)
+    if kind == "peaked":
+        logits = torch.randn(B, V, generator=g) * 2 + torch.randn(B, V, generator=g).pow(4)
+    elif kind == "flat":
+        logits = torch.randn(B, V, generator=g) * 0.3
+    elif kind == "ties":
+        logits = (torch.randn(B, V, generator=g) * 2).round()
+    else:  # masked: half the vocabulary forbidden
+        logits = torch.randn(B, V, generator=g) * 3
+        logits[torch.rand(B, V, generator=g) < 0.5] = float("-inf")
+    temperature = torch.where(torch.rand(B, generator=g) < 0.15, 0.0, torch.rand(B, generator=g) * 1.5 + 0.2)
+    top_k = torch.where(torch.rand(B, generator=g) < 0.5, torch.randint(1, 200, (B,), generator=g), 0).to(torch.int32)
+    top_p = torch.where(torch.rand(B, generator=g) < 0.5, torch.rand(B, generator=g) * 0.9 + 0.05, 1.0)
+    min_p = torch.where(torch.rand(B, generator=g) < 0.3, torch.rand(B, generator=g) * 0.3, 0.0)
+    seeds = torch.randint(-(2**62), 2**62, (B,), generator=g)
+    positions = torch.randint(0, 1 << 20, (B,), generator=g)
+    return [logits, temperature, top_k, top_p, min_p, seeds, positions]
+
+
+def _every_parameter_rows(V: int = 1003):
+    """One row per combination the docstring names, on the same logits (ties included)."""
+    g = torch.Generator().manual_seed(V)
+    base = torch.randn(V, generator=g) * 2
+    base[7] = base[11] = base.max() + 1.0  # a tie at the top: greedy takes index 7
+    base[V - 5 :] = float("-inf")
+    rows = [
+        # temperature, top_k, top_p, min_p
+        (0.0, 0, 1.0, 0.0), (0.0, 5, 0.5, 0.3),  # greedy: filters ignored
+        (1.0, 0, 1.0, 0.0), (0.7, 0, 1.0, 0.0),  # temperature only
+        (1.0, 1, 1.0, 0.0), (1.0, 2, 1.0, 0.0), (1.0, 20, 1.0, 0.0), (1.0, V, 1.0, 0.0), (1.0, -1, 1.0, 0.0),
+        (1.0, 0, 0.9, 0.0), (1.3, 0, 0.5, 0.0), (1.0, 0, 0.0, 0.0),
+        (1.0, 0, 1.0, 0.1), (0.5, 0, 1.0, 0.5), (1.0, 0, 1.0, 1.0),
+        (1.0, 50, 0.9, 0.0), (0.8, 10, 0.95, 0.05), (2.0, 30, 1.0, 0.2), (1.0, 0, 0.8, 0.1), (0.05, 3, 0.3, 0.0),
+    ]
+    B = len(rows)
+    logits = base.repeat(B, 1)
+    t, kk, p, m = (torch.tensor(c) for c in zip(*rows))
+    return [logits, t.float(), kk.to(torch.int32), p.float(), m.float(), torch.arange(B, dtype=torch.int64) * 7919 - 3, torch.arange(B, dtype=torch.int64) + 100]
+
+
+def test_every_parameter_combination(k):
+    args = _every_parameter_rows()
+    paths = torch.empty(len(args[0]), dtype=torch.int32)
+    got = k._sample(*args, paths=paths)
+    assert got.dtype == torch.int64
+    assert torch.equal(got, ref.sample(*args))
+    assert got[0] == 7 and got[1] == 7  # greedy: lowest index among the maxima
+    assert {GREEDY, UNFILTERED, CANDIDATES} <= set(paths.tolist())
+
+
+@pytest.mark.parametrize("kind", ["peaked", "flat", "ties", "masked"])
+def test_random_rows_small_tiles(k, kind):
+    # V = 1003 over 256-wide tiles: 4 passes per sweep, a 256-candidate capacity (flat rows overflow it)
+    args = _rows(12, 1003, seed=["peaked", "flat", "ties", "masked"].index(kind) + 20, kind=kind)
+    paths = torch.empty(12, dtype=torch.int32)
+    got = k._sample(*args, block=256, tile_c=64, paths=paths)
+    assert torch.equal(got, ref.sample(*args)), (got, ref.sample(*args), paths)
+
+
+def test_default_tiles_and_a_large_vocabulary(k):
+    args = _rows(6, 9000, seed=5, kind="peaked")
+    args[1][:] = torch.tensor([0.0, 1.0, 0.8, 1.0, 1.2, 0.6])
+    args[2][:] = torch.tensor([0, 0, 40, 0, 5, 0], dtype=torch.int32)
+    args[3][:] = torch.tensor([1.0, 1.0, 0.9, 0.9, 1.0, 0.5])
+    args[4][:] = torch.tensor([0.0, 0.0, 0.0, 0.0, 0.1, 0.05])
+    assert torch.equal(k.sample(*args), ref.sample(*args))
+
+
+def test_fallback_agrees_with_candidates(k):
+    # 32-wide tiles leave room for 32 candidates: most filtered rows take the whole-row fallback.
+    args = _rows(8, 200, seed=12, kind="peaked")
+    args[1] = args[1].clamp(min=0.3)  # no greedy rows
+    wide, narrow = torch.empty(8, dtype=torch.int32), torch.empty(8, dtype=torch.int32)
+    a = k._sample(*args, block=256, tile_c=64, paths=wide)
+    b = k._sample(*args, block=32, tile_c=32, paths=narrow)
+    assert torch.equal(a, b) and torch.equal(a, ref.sample(*args))
+    assert CANDIDATES in wide.tolist() and FALLBACK in narrow.tolist()
+
+
+def test_batch_invariance(k):
+    args = _rows(6, 400, seed=3, kind="ties")
+    whole = k._sample(*args, block=256)
+    perm = torch.randperm(6, generator=torch.Generator().manual_seed(0))
+    shuffled = k._sample(*[a[perm] for a in args], block=256)
+    assert torch.equal(shuffled, whole[perm])
+    for i in (0, 5):
+        assert k._sample(*[a[i : i + 1] for a in args], block=256).item() == whole[i].item()
+
+
+def test_all_forbidden_row_and_bf16_logits(k):
+    args = _rows(3, 100, seed=1, kind="peaked")
+    args[0][1] = float("-inf")  # every token forbidden: the reference's argmax over -inf is 0
+    args[0] = args[0].to(torch.bfloat16)
+    assert torch.equal(k.sample(*args), ref.sample(*args))
+
+
+# ---------------------------------------------------------------------------------------------- apply_token_bitmask
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("V", [33, 1003, 64])
+def test_bitmask(k, dtype, V):
+    g = torch.Generator().manual_seed(V)
+    logits = torch.randn(3, V, generator=g).to(dtype)
+    words = torch.randint(-(2**31), 2**31, (3, (V + 31) // 32), generator=g, dtype=torch.int64).to(torch.int32)
+    words[0, 0] = -(2**31)  # only bit 31 set
+    words[1, :] = -1  # everything allowed
+    want = ref.apply_token_bitmask(logits.clone(), words)
+    got = k.apply_token_bitmask(logits, words)
+    assert got.data_ptr() == logits.data_ptr()  # in place
+    assert torch.equal(got, want)
+
+
+def test_bitmask_shape_check(k):
+    with pytest.raises(ValueError):
+        k.apply_token_bitmask(torch.zeros(2, 40), torch.zeros(2, 1, dtype=torch.int32))
+
+
+# ---------------------------------------------------------------------------------------------- registration and fallback
+
+
+def test_registrations(k):
+    from deepinfer.registry import all_ops, check_signature
+
+    ops = all_ops()
+    assert {r.op for r in k.REGISTRATIONS} == {"sample", "apply_token_bitmask"}
+    for r in k.REGISTRATIONS:
+        check_signature(ops[r.op], r.fn, "cuda")
+
+
+@pytest.mark.skipif(IN_PROCESS, reason="the tests above ran in this process")
+def test_in_a_subprocess():
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    here = Path(__file__)
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(here)],
+        env=env, cwd=here.parents[2], capture_output=True, text=True, timeout=600,
+    )
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
