@@ -6,44 +6,25 @@ rows, masked_m = 0, float32 with ieee precision, mixed weight dtypes, split-K; c
 references in deepinfer.ops (computed in float64 from the same inputs, as the golden set is) within
 the op's tolerance. The quantiser must match deepinfer.ops.quant.quantize_act_fp8 bit for bit.
 
-Triton decides whether a function is interpreted when it is decorated, so TRITON_INTERPRET=1 is set
-before triton is imported; if another test module imported triton first without it, the tests run
-in a subprocess instead (`test_in_a_subprocess`), never silently skipped.
+tests/conftest.py sets TRITON_INTERPRET=1 before triton is imported; tests/triton_mode.py fails
+these tests loudly if the kernels in this process are not interpreted.
 """
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
-if "triton" not in sys.modules:
-    os.environ.setdefault("TRITON_INTERPRET", "1")
-triton = pytest.importorskip("triton")
+from deepinfer.ops import gemm as ref
+from deepinfer.ops import quant
 
-from deepinfer.ops import gemm as ref  # noqa: E402
-from deepinfer.ops import quant  # noqa: E402
-
-
-def _interpreting_here() -> bool:
-    from triton.runtime.interpreter import InterpretedFunction
-
-    return os.environ.get("TRITON_INTERPRET") == "1" and isinstance(getattr(triton.language.standard, "sum", None), InterpretedFunction)
-
-
-IN_PROCESS = _interpreting_here()
-interp = pytest.mark.skipif(not IN_PROCESS, reason="triton was imported without TRITON_INTERPRET=1 here: test_in_a_subprocess runs these")
+from triton_mode import kernel_module, require_interpreter
 
 
 @pytest.fixture(scope="module")
 def kg():
-    from deepinfer_cuda.kernels import gemm
-
-    return gemm
+    require_interpreter()
+    return kernel_module("deepinfer_cuda.kernels.gemm")
 
 
 def gen(seed: int) -> torch.Generator:
@@ -84,7 +65,6 @@ def assert_matches(op_name: str, got: torch.Tensor, kw: dict, rows_ok: torch.Ten
 # ---------------------------------------------------------------------------------------------- quantiser
 
 
-@interp
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 @pytest.mark.parametrize("shape", [(7, 200), (2, 3, 384), (1, 128), (5, 1)])
 def test_quantiser_is_bit_exact(kg, dtype, shape):
@@ -103,7 +83,6 @@ def test_quantiser_is_bit_exact(kg, dtype, shape):
     assert torch.equal(q.view(torch.uint8), rq.view(torch.uint8))
 
 
-@interp
 def test_quantiser_rounds_every_e4m3_tie_to_even(kg):
     # amax 448 gives scale 1.0 exactly: the values are cast as they are. Take every e4m3 magnitude,
     # the midpoints between neighbours (ties), and points just either side of them.
@@ -124,7 +103,6 @@ def test_quantiser_rounds_every_e4m3_tie_to_even(kg):
 # ---------------------------------------------------------------------------------------------- linear
 
 
-@interp
 @pytest.mark.parametrize(
     "t,n,k,dtype,wdtype",
     [
@@ -142,7 +120,6 @@ def test_linear_dense(kg, t, n, k, dtype, wdtype):
     assert_matches("linear", kg.linear(**kw), kw)
 
 
-@interp
 @pytest.mark.parametrize(
     "t,n,k,dtype",
     [
@@ -163,7 +140,6 @@ def mx_path(request, kg, monkeypatch):
     return request.param
 
 
-@interp
 @pytest.mark.parametrize(
     "t,n,k,dtype",
     [
@@ -178,7 +154,6 @@ def test_linear_mxfp4(kg, mx_path, t, n, k, dtype):
     assert_matches("linear", kg.linear(**kw), kw)
 
 
-@interp
 def test_mxfp4_special_scales(kg, mx_path):
     # e8m0 extremes that still give finite products: 2^-127 (a float32 subnormal factor) and 2^4
     w = weight_in("mxfp4", n=32, k=64, seed=3)
@@ -194,7 +169,6 @@ def test_mxfp4_special_scales(kg, mx_path):
 FMTS = ["dense", "fp8_block", "mxfp4"]
 
 
-@interp
 @pytest.mark.parametrize("fmt", FMTS)
 @pytest.mark.parametrize(
     "counts,pad,n,k,dtype",
@@ -215,7 +189,6 @@ def test_grouped_gemm_contiguous(kg, fmt, counts, pad, n, k, dtype):
     assert_matches("grouped_gemm", kg.grouped_gemm(**kw), kw)
 
 
-@interp
 @pytest.mark.parametrize("fmt", FMTS)
 @pytest.mark.parametrize(
     "masked,max_m,n,k,dtype",
@@ -235,7 +208,6 @@ def test_grouped_gemm_masked(kg, fmt, masked, max_m, n, k, dtype):
     assert_matches("grouped_gemm", kg.grouped_gemm(**kw), kw)
 
 
-@interp
 def test_offsets_of_any_integer_dtype(kg):
     offsets = torch.tensor([0, 3, 3, 9], dtype=torch.int64)
     kw = {"x": rand(12, 64, seed=1, dtype=torch.float32), **weight_in("dense", 3, n=32, k=64, seed=2), "expert_offsets": offsets}
@@ -244,7 +216,6 @@ def test_offsets_of_any_integer_dtype(kg):
     assert_matches("grouped_gemm", kg.grouped_gemm(**kw), kw)
 
 
-@interp
 def test_many_experts_decode_split(kg):
     # 40 experts of 1..3 tokens (decode-like, the small variant) and the expert search over E_POW2 = 64
     counts = [(i * 7) % 4 for i in range(40)]
@@ -254,7 +225,6 @@ def test_many_experts_decode_split(kg):
     assert_matches("grouped_gemm", kg.grouped_gemm(**kw), kw)
 
 
-@interp
 def test_bad_arguments_raise(kg):
     x = rand(4, 64, seed=0)
     w = weight_in("dense", 2, n=16, k=64, seed=0)["weight"]
@@ -268,7 +238,6 @@ def test_bad_arguments_raise(kg):
         kg.linear(x.double(), w[0].double())
 
 
-@interp
 def test_shape_only_choices(kg):
     # float32 operands in shared memory: stages drop, then the K block halves, until they fit
     x32, w32 = torch.empty(64, 1024), torch.empty(256, 1024)
@@ -282,7 +251,6 @@ def test_shape_only_choices(kg):
     assert not kg._use_tma({"tma": True}, "dense", x32.bfloat16(), w32.bfloat16(), 1024, 1)
 
 
-@interp
 def test_registrations_have_the_op_signatures(kg):
     from deepinfer.registry import Registry
 
@@ -292,16 +260,3 @@ def test_registrations_have_the_op_signatures(kg):
     assert {name for name, ks in reg.kernels["cuda"].items() if ks} == {"linear", "grouped_gemm"}
     assert all(kg.mxfp4_path() in r.note for r in kg.REGISTRATIONS)
 
-
-# ---------------------------------------------------------------------------------------------- fallback
-
-
-@pytest.mark.skipif(IN_PROCESS, reason="the tests above ran in this process")
-def test_in_a_subprocess():
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    here = Path(__file__)
-    proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(here)],
-        env=env, cwd=here.parents[2], capture_output=True, text=True, timeout=600,
-    )
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]

@@ -4,58 +4,30 @@ Shapes beyond the golden set: edge sizes (one row, odd widths, non-power-of-two 
 views, leading batch dimensions, the long-row loop, empty inputs, float64, compared with the op
 references in deepinfer.ops.
 
-Triton decides whether a function is interpreted when it is decorated, that is when triton.language
-and the kernel modules are first imported. So TRITON_INTERPRET=1 is set here before triton is
-imported; if some earlier test module imported triton without it (this process cannot interpret
-then), the tests run in a subprocess instead (`test_in_a_subprocess`), never silently skipped.
+tests/conftest.py sets TRITON_INTERPRET=1 before triton is imported; tests/triton_mode.py fails
+these tests loudly if the kernels in this process are not interpreted.
 """
 
 from __future__ import annotations
 
-import importlib
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
-if "triton" not in sys.modules:
-    os.environ.setdefault("TRITON_INTERPRET", "1")
-triton = pytest.importorskip("triton")
+from deepinfer.ops.activation import silu_and_mul as ref_silu_and_mul
+from deepinfer.ops.norm import rms_norm as ref_rms_norm
+from deepinfer.ops.rope import rope as ref_rope
+from deepinfer.ops.rope import rope_cos_sin_cache
 
-from deepinfer.ops.activation import silu_and_mul as ref_silu_and_mul  # noqa: E402
-from deepinfer.ops.norm import rms_norm as ref_rms_norm  # noqa: E402
-from deepinfer.ops.rope import rope as ref_rope  # noqa: E402
-from deepinfer.ops.rope import rope_cos_sin_cache  # noqa: E402
-
-
-def _interpreting_here() -> bool:
-    from triton.runtime.interpreter import InterpretedFunction
-
-    return os.environ.get("TRITON_INTERPRET") == "1" and isinstance(getattr(triton.language.standard, "sum", None), InterpretedFunction)
-
-
-IN_PROCESS = _interpreting_here()
+from triton_mode import kernel_module, require_interpreter
 
 TOL = {torch.float64: (1e-10, 1e-12), torch.float32: (1.3e-6, 1e-6), torch.bfloat16: (1.6e-2, 1e-3), torch.float16: (1e-3, 1e-4)}
 
 
 @pytest.fixture(scope="module")
 def k():
-    """The kernel modules, re-imported if an earlier import decorated them for a GPU."""
-    if not IN_PROCESS:
-        pytest.skip("triton was imported without TRITON_INTERPRET=1 in this process: test_in_a_subprocess runs these")
-    from triton.runtime.interpreter import InterpretedFunction
-
-    mods = {}
-    for name in ("norm", "rope", "activation"):
-        m = importlib.import_module(f"deepinfer_cuda.kernels.{name}")
-        if not all(isinstance(v, InterpretedFunction) for n, v in vars(m).items() if n.endswith("_kernel")):
-            m = importlib.reload(m)
-        mods[name] = m
-    return mods
+    """The kernel modules, checked to be decorated for the interpreter."""
+    require_interpreter()
+    return {name: kernel_module(f"deepinfer_cuda.kernels.{name}") for name in ("norm", "rope", "activation")}
 
 
 def close(out: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype) -> None:
@@ -239,16 +211,3 @@ def test_registrations_have_the_op_signatures(k):
             reg.register_kernel("cuda", r.op, r.fn, formats=r.formats, dtypes=r.dtypes, note=r.note)
     assert {name for name, ks in reg.kernels["cuda"].items() if ks} == {"rms_norm", "rope", "silu_and_mul"}
 
-
-# ---------------------------------------------------------------------------------------------- fallback
-
-
-@pytest.mark.skipif(IN_PROCESS, reason="the tests above ran in this process")
-def test_in_a_subprocess():
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    here = Path(__file__)
-    proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(here)],
-        env=env, cwd=here.parents[2], capture_output=True, text=True, timeout=600,
-    )
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]

@@ -7,79 +7,40 @@ what the golden set does not: page sizes 16/32/64 (a tile inside one page, and a
 pages), seq_lens 1, 63, 64, 65 and more, S = 1..4 with causality among the new tokens, sliding
 windows, several row tiles (S*H > 64), latent widths that are not powers of two, mixed q/cache
 dtypes, and forced splits so the combine kernel merges many partials (empty ones included).
+
+tests/triton_mode.py decides where the kernels run and fails these tests loudly if they can run
+nowhere: in the interpreter on CPU tensors (tests/conftest.py's default, TRITON_INTERPRET=1), or
+compiled on the GPU with TRITON_INTERPRET=0 and a CUDA device.
 """
 
 from __future__ import annotations
 
-import importlib
-import os
-import subprocess
-import sys
 import zlib
-from pathlib import Path
 
 import pytest
 import torch
 
-if "triton" not in sys.modules:
-    os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton decorates anything
-triton = pytest.importorskip("triton")
+from deepinfer.ops.attention import kv_cache_write as ref_kv_cache_write
+from deepinfer.ops.attention import mla_decode as ref_mla_decode
 
-from deepinfer.ops.attention import kv_cache_write as ref_kv_cache_write  # noqa: E402
-from deepinfer.ops.attention import mla_decode as ref_mla_decode  # noqa: E402
-
-
-def _interpreting_here() -> bool:
-    from triton.runtime.interpreter import InterpretedFunction
-
-    return os.environ.get("TRITON_INTERPRET") == "1" and isinstance(getattr(triton.language.standard, "sum", None), InterpretedFunction)
-
-
-INTERPRET = _interpreting_here()
-ON_GPU = not INTERPRET and os.environ.get("TRITON_INTERPRET") != "1" and torch.cuda.is_available()
-# Triton decides at decoration time (when triton.language is first imported) whether it interprets;
-# if an earlier test module imported it without TRITON_INTERPRET=1 and there is no GPU, this process
-# cannot run the kernels: test_in_a_subprocess runs this file again in a fresh interpreter instead.
-IN_PROCESS = INTERPRET or ON_GPU
-DEVICE = torch.device("cuda" if ON_GPU else "cpu")
+from triton_mode import kernel_module, require_interpreter_or_gpu
 
 
 class _Kernels:
     mla = None
     kvw = None
+    device = None  # where the inputs go: the CPU under the interpreter, else the GPU
 
 
 K = _Kernels()
 
 
-@pytest.fixture(autouse=True)
-def _kernels(request):
-    """The kernel modules (re-imported if an earlier import decorated them for a GPU)."""
-    if request.node.name == "test_in_a_subprocess":
-        return
-    if not IN_PROCESS:
-        pytest.skip("triton was imported without TRITON_INTERPRET=1 and there is no GPU: test_in_a_subprocess runs these")
-    if K.mla is None:
-        K.mla = importlib.import_module("deepinfer_cuda.kernels.mla_decode")
-        K.kvw = importlib.import_module("deepinfer_cuda.kernels.kv_cache")
-        if INTERPRET:
-            from triton.runtime.interpreter import InterpretedFunction
-
-            if not isinstance(K.mla._mla_decode_split_kernel, InterpretedFunction):
-                K.mla = importlib.reload(K.mla)
-            if not isinstance(K.kvw._kv_cache_write_kernel, InterpretedFunction):
-                K.kvw = importlib.reload(K.kvw)
-
-
-@pytest.mark.skipif(IN_PROCESS, reason="the tests above ran in this process")
-def test_in_a_subprocess():
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    here = Path(__file__)
-    proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(here)],
-        env=env, cwd=here.parents[2], capture_output=True, text=True, timeout=600,
-    )
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+@pytest.fixture(scope="module", autouse=True)
+def _kernels():
+    """The kernel modules, checked to be decorated for this process's mode (interpreter or GPU)."""
+    K.device = require_interpreter_or_gpu()
+    K.mla = kernel_module("deepinfer_cuda.kernels.mla_decode")
+    K.kvw = kernel_module("deepinfer_cuda.kernels.kv_cache")
 
 
 TOL = {torch.float32: (1.3e-6, 1e-6), torch.bfloat16: (1.6e-2, 1e-3), torch.float16: (1e-3, 1e-4)}
@@ -106,7 +67,7 @@ def _inputs(gen, dtype, *, seq_lens, queries, heads, latent=64, rope=16, page=16
 
 
 def _check_mla(inputs, *, window=None, scale=0.125, **kernel_kw):
-    on_device = {k: v.to(DEVICE) for k, v in inputs.items()}
+    on_device = {k: v.to(K.device) for k, v in inputs.items()}
     out = K.mla._mla_decode(
         on_device["q_nope"], on_device["q_rope"], on_device["kv_cache"], on_device["block_table"], on_device["seq_lens"],
         scale, window, **kernel_kw,
@@ -168,7 +129,7 @@ def test_mla_decode_full_width_default_plan():
     """DeepSeek-V3's latent 512 + rope 64 through the registered wrapper (its own split plan)."""
     gen = torch.Generator().manual_seed(3)
     inputs = _inputs(gen, torch.bfloat16, seq_lens=[65, 5], queries=1, heads=16, latent=512, rope=64, page=64)
-    d = {k: v.to(DEVICE) for k, v in inputs.items()}
+    d = {k: v.to(K.device) for k, v in inputs.items()}
     out = K.mla.mla_decode(d["q_nope"], d["q_rope"], d["kv_cache"], d["block_table"], d["seq_lens"], softmax_scale=0.07).cpu()
     ref = ref_mla_decode(inputs["q_nope"].double(), inputs["q_rope"].double(), inputs["kv_cache"].double(), inputs["block_table"], inputs["seq_lens"], softmax_scale=0.07)
     assert ((out.double() - ref).abs() <= 1e-3 * 65 + 1.6e-2 * ref.abs()).all()
@@ -176,7 +137,7 @@ def test_mla_decode_full_width_default_plan():
 
 def test_mla_decode_is_deterministic():
     gen = torch.Generator().manual_seed(5)
-    inputs = {k: v.to(DEVICE) for k, v in _inputs(gen, torch.float32, seq_lens=[40, 90], queries=1, heads=4).items()}
+    inputs = {k: v.to(K.device) for k, v in _inputs(gen, torch.float32, seq_lens=[40, 90], queries=1, heads=4).items()}
     args = (inputs["q_nope"], inputs["q_rope"], inputs["kv_cache"], inputs["block_table"], inputs["seq_lens"], 0.1)
     a = K.mla._mla_decode(*args, tokens_per_split=16, overrides={"BLOCK_N": 16})
     b = K.mla._mla_decode(*args, tokens_per_split=16, overrides={"BLOCK_N": 16})
@@ -220,8 +181,8 @@ def test_kv_cache_write(src_dtype, cache_dtype):
     k_pe = torch.randn(9, rope, generator=gen).to(src_dtype)
     cache = torch.randn(blocks, page, latent + rope, generator=gen).to(cache_dtype)
     want = ref_kv_cache_write(kv_c, k_pe, cache.clone(), slots)
-    got_dev = cache.clone().to(DEVICE)
-    ret = K.kvw.kv_cache_write(kv_c.to(DEVICE), k_pe.to(DEVICE), got_dev, slots.to(DEVICE))
+    got_dev = cache.clone().to(K.device)
+    ret = K.kvw.kv_cache_write(kv_c.to(K.device), k_pe.to(K.device), got_dev, slots.to(K.device))
     assert ret.data_ptr() == got_dev.data_ptr()
     assert torch.equal(got_dev.cpu(), want)
 
@@ -235,5 +196,5 @@ def test_kv_cache_write_strided_inputs():
     slots = torch.tensor([47, 0, -1, 16, 15])
     cache = torch.randn(blocks, page, latent + rope, generator=gen)
     want = ref_kv_cache_write(kv_c, k_pe, cache.clone(), slots)
-    got = K.kvw.kv_cache_write(kv_c.to(DEVICE), k_pe.to(DEVICE), cache.clone().to(DEVICE), slots.to(DEVICE)).cpu()
+    got = K.kvw.kv_cache_write(kv_c.to(K.device), k_pe.to(K.device), cache.clone().to(K.device), slots.to(K.device)).cpu()
     assert torch.equal(got, want)

@@ -5,50 +5,25 @@ with and without groups and bias, every score function, exact ties, float64; dis
 experts, every slot on one expert, several count tiles, top_k = 1; combine in float32, bfloat16
 and float64 over dispatch's layout.
 
-Triton decides whether a function is interpreted when it is decorated, that is when the kernel
-modules are first imported. So TRITON_INTERPRET=1 is set here before triton is imported; if some
-earlier test module imported triton without it, the tests run in a subprocess instead
-(`test_in_a_subprocess`), never silently skipped.
+tests/conftest.py sets TRITON_INTERPRET=1 before triton is imported; tests/triton_mode.py fails
+these tests loudly if the kernels in this process are not interpreted.
 """
 
 from __future__ import annotations
 
-import importlib
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
-if "triton" not in sys.modules:
-    os.environ.setdefault("TRITON_INTERPRET", "1")
-triton = pytest.importorskip("triton")
+from deepinfer.ops import moe as ref
 
-from deepinfer.ops import moe as ref  # noqa: E402
-
-
-def _interpreting_here() -> bool:
-    from triton.runtime.interpreter import InterpretedFunction
-
-    return os.environ.get("TRITON_INTERPRET") == "1" and isinstance(getattr(triton.language.standard, "sum", None), InterpretedFunction)
-
-
-IN_PROCESS = _interpreting_here()
+from triton_mode import kernel_module, require_interpreter
 
 
 @pytest.fixture(scope="module")
 def k():
-    """The kernel module, re-imported if an earlier import decorated it for a GPU."""
-    if not IN_PROCESS:
-        pytest.skip("triton was imported without TRITON_INTERPRET=1 in this process: test_in_a_subprocess runs these")
-    from triton.runtime.interpreter import InterpretedFunction
-
-    m = importlib.import_module("deepinfer_cuda.kernels.moe")
-    if not isinstance(m._gate_kernel, InterpretedFunction):
-        m = importlib.reload(m)
-    return m
+    """The kernel module, checked to be decorated for the interpreter."""
+    require_interpreter()
+    return kernel_module("deepinfer_cuda.kernels.moe")
 
 
 def _by_id(weights, ids):
@@ -169,14 +144,3 @@ def test_registrations(k):
     assert {r.op for r in k.REGISTRATIONS} == {"gate", "dispatch", "combine"}
     for r in k.REGISTRATIONS:
         check_signature(ops[r.op], r.fn, "cuda")
-
-
-@pytest.mark.skipif(IN_PROCESS, reason="the tests above ran in this process")
-def test_in_a_subprocess():
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    here = Path(__file__)
-    proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(here)],
-        env=env, cwd=here.parents[2], capture_output=True, text=True, timeout=600,
-    )
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]

@@ -4,32 +4,26 @@ Random var-len batches beyond the golden set: q_len 1, cached prefixes, lengths 
 (63/64/65/128), an empty request, sliding windows, float32 and bfloat16, Dqk 192 / Dv 128 and 64/64,
 odd head dims; small tiles so that one request spans many query and key blocks (window-edge,
 mask-free and diagonal phases), and the TMA-descriptor path.
+
+tests/conftest.py sets TRITON_INTERPRET=1 before triton is imported; tests/triton_mode.py fails
+these tests loudly if the kernels in this process are not interpreted.
 """
 
 from __future__ import annotations
 
-import importlib
-import os
-
-os.environ.setdefault("TRITON_INTERPRET", "1")  # before the kernel module is imported: @triton.jit reads it
-
 import pytest
 import torch
 
-pytest.importorskip("triton")
+from deepinfer.ops.attention import prefill as reference
+from deepinfer.registry import OPS, check_signature
 
-from deepinfer.ops.attention import prefill as reference  # noqa: E402
-from deepinfer.registry import OPS, check_signature  # noqa: E402
+from triton_mode import kernel_module, require_interpreter
 
 
 @pytest.fixture(scope="module")
 def kernels():
-    if os.environ.get("TRITON_INTERPRET") != "1":
-        pytest.skip("TRITON_INTERPRET is set to something else: these tests run the kernels on the CPU")
-    module = importlib.import_module("deepinfer_cuda.kernels.prefill")
-    if type(module._prefill_kernel).__name__ != "InterpretedFunction":
-        module = importlib.reload(module)  # imported earlier without the interpreter
-    return module
+    require_interpreter()
+    return kernel_module("deepinfer_cuda.kernels.prefill")
 
 
 def _batch(q_lens, prefixes, heads, d_qk, d_v, dtype, seed):

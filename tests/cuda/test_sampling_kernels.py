@@ -7,49 +7,26 @@ passes and the whole-row fallback, and the fallback must agree with the candidat
 invariance: a row's token does not depend on the other rows. apply_token_bitmask: bit 31 (the sign
 bit), vocabularies not a multiple of 32, every float dtype, in place.
 
-TRITON_INTERPRET=1 is set before triton is imported; if some earlier test module imported triton
-without it, the tests run in a subprocess instead (`test_in_a_subprocess`).
+tests/conftest.py sets TRITON_INTERPRET=1 before triton is imported; tests/triton_mode.py fails
+these tests loudly if the kernels in this process are not interpreted.
 """
 
 from __future__ import annotations
 
-import importlib
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
-if "triton" not in sys.modules:
-    os.environ.setdefault("TRITON_INTERPRET", "1")
-triton = pytest.importorskip("triton")
+from deepinfer.ops import sampling as ref
 
-from deepinfer.ops import sampling as ref  # noqa: E402
-
-
-def _interpreting_here() -> bool:
-    from triton.runtime.interpreter import InterpretedFunction
-
-    return os.environ.get("TRITON_INTERPRET") == "1" and isinstance(getattr(triton.language.standard, "sum", None), InterpretedFunction)
-
-
-IN_PROCESS = _interpreting_here()
+from triton_mode import kernel_module, require_interpreter
 
 GREEDY, UNFILTERED, CANDIDATES, FALLBACK = 0, 1, 2, 3
 
 
 @pytest.fixture(scope="module")
 def k():
-    if not IN_PROCESS:
-        pytest.skip("triton was imported without TRITON_INTERPRET=1 in this process: test_in_a_subprocess runs these")
-    from triton.runtime.interpreter import InterpretedFunction
-
-    m = importlib.import_module("deepinfer_cuda.kernels.sampling")
-    if not isinstance(m._sample_kernel, InterpretedFunction):
-        m = importlib.reload(m)
-    return m
+    require_interpreter()
+    return kernel_module("deepinfer_cuda.kernels.sampling")
 
 
 def _rows(B: int, V: int, seed: int, kind: str):
@@ -181,14 +158,3 @@ def test_registrations(k):
     assert {r.op for r in k.REGISTRATIONS} == {"sample", "apply_token_bitmask"}
     for r in k.REGISTRATIONS:
         check_signature(ops[r.op], r.fn, "cuda")
-
-
-@pytest.mark.skipif(IN_PROCESS, reason="the tests above ran in this process")
-def test_in_a_subprocess():
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    here = Path(__file__)
-    proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(here)],
-        env=env, cwd=here.parents[2], capture_output=True, text=True, timeout=600,
-    )
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
