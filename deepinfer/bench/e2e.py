@@ -46,14 +46,7 @@ def copy_bandwidth(device: torch.device, gib: float = 2.0) -> float:
     n = int(gib * 2**30) // 2
     src, dst = torch.empty(n, dtype=torch.bfloat16, device=device), torch.empty(n, dtype=torch.bfloat16, device=device)
     src.normal_()
-    times = []
-    for i in range(13):
-        torch.cuda.synchronize(device)
-        start = time.perf_counter()
-        dst.copy_(src)
-        torch.cuda.synchronize(device)
-        if i >= 3:
-            times.append(time.perf_counter() - start)
+    times = [_timed(lambda: dst.copy_(src), device) for _ in range(13)][3:]
     del src, dst
     return 2 * n * 2 / sorted(times)[len(times) // 2]
 
@@ -99,15 +92,30 @@ def decode_floor_bytes(config: dict, batch: int, context: int, dtype_bytes: int 
     return float((weights + kv) * dtype_bytes)
 
 
-def _timed(fn) -> float:
-    torch.cuda.synchronize()
+def _sync(device: torch.device) -> None:
+    if device.type != "cpu":
+        getattr(torch, device.type).synchronize(device)
+
+
+def _timed(fn, device: torch.device) -> float:
+    _sync(device)
     start = time.perf_counter()
     fn()
-    torch.cuda.synchronize()
+    _sync(device)
     return time.perf_counter() - start
 
 
-def run(backend: str = "cuda", batches=(1, 64), prompt_len: int = 128, new_tokens: int = 64, layers: int | None = None, with_hf: bool = True, json_path: Path | None = None) -> list[E2EResult]:
+def run(
+    backend: str = "cuda",
+    batches=(1, 64),
+    prompt_len: int = 128,
+    new_tokens: int = 64,
+    layers: int | None = None,
+    with_hf: bool = True,
+    json_path: Path | None = None,
+    config_overrides: dict | None = None,
+    copy_gib: float = 2.0,
+) -> list[E2EResult]:
     from transformers import AutoConfig, AutoModelForCausalLM
 
     from deepinfer.engine.llm import LLM
@@ -119,10 +127,10 @@ def run(backend: str = "cuda", batches=(1, 64), prompt_len: int = 128, new_token
     from deepinfer.model.weights import WeightStore
     from deepinfer.runtime import open_runtime
 
-    cfg = dict(V2_LITE, **({"num_hidden_layers": layers} if layers else {}))
+    cfg = dict(V2_LITE, **(config_overrides or {}), **({"num_hidden_layers": layers} if layers else {}))
     runtime = open_runtime(backend, dtype=torch.bfloat16)
     device = runtime.device
-    bandwidth = copy_bandwidth(device)
+    bandwidth = copy_bandwidth(device, copy_gib)
     torch.manual_seed(0)
     hf_config = AutoConfig.for_model("deepseek_v2", **cfg)
     with torch.device(device):
@@ -143,7 +151,7 @@ def run(backend: str = "cuda", batches=(1, 64), prompt_len: int = 128, new_token
             return llm.generate(requests, SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True), use_tqdm=False)
 
         ours(2)  # warm-up: compiles kernels, captures graphs
-        t1, tn = _timed(lambda: ours(1)), _timed(lambda: ours(1 + new_tokens))
+        t1, tn = _timed(lambda: ours(1), device), _timed(lambda: ours(1 + new_tokens), device)
         step = (tn - t1) / new_tokens
         hf_step = None
         if with_hf:
@@ -154,14 +162,14 @@ def run(backend: str = "cuda", batches=(1, 64), prompt_len: int = 128, new_token
 
             with torch.inference_mode():
                 theirs(2)
-                h1, hn = _timed(lambda: theirs(1)), _timed(lambda: theirs(1 + new_tokens))
+                h1, hn = _timed(lambda: theirs(1), device), _timed(lambda: theirs(1 + new_tokens), device)
             hf_step = (hn - h1) / new_tokens
         floor_bytes = decode_floor_bytes(cfg, batch, prompt_len + new_tokens // 2)
         results.append(
             E2EResult(batch, prompt_len, new_tokens, step * 1e3, None if hf_step is None else hf_step * 1e3, floor_bytes / bandwidth * 1e3, floor_bytes, batch / step, None if hf_step is None else batch / hf_step)
         )
     if json_path is not None:
-        info = {"gpu": torch.cuda.get_device_name(device), "torch": torch.__version__, "copy_bandwidth_tb_s": bandwidth / 1e12, "layers": cfg["num_hidden_layers"], "backend": backend, "date": time.strftime("%Y-%m-%d")}
+        info = {"gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else str(device), "torch": torch.__version__, "copy_bandwidth_tb_s": bandwidth / 1e12, "layers": cfg["num_hidden_layers"], "backend": backend, "date": time.strftime("%Y-%m-%d")}
         json_path.write_text(json.dumps({"machine": info, "results": [asdict(r) for r in results]}, indent=1))
     return results
 

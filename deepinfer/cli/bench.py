@@ -30,6 +30,15 @@ def add_parser(sub) -> None:
     ops.add_argument("--json", type=Path, default=None, help="write the results to FILE")
     ops.add_argument("--plot", type=Path, default=None, help="plot the fraction of the ceiling per case to FILE.png (backend runners only)")
     ops.set_defaults(func=run_ops)
+    e2e = what.add_parser("e2e", help="decode step time of a random DeepSeek-V2-Lite-shaped model vs its floor and HF transformers")
+    e2e.add_argument("--backend", default="cuda")
+    e2e.add_argument("--batch", type=int, action="append", default=None, help="batch size (repeatable; default 1 and 64)")
+    e2e.add_argument("--layers", type=int, default=None, help="cut the model to this many layers (default: all 27)")
+    e2e.add_argument("--prompt-len", type=int, default=128)
+    e2e.add_argument("--new-tokens", type=int, default=64)
+    e2e.add_argument("--no-hf", action="store_true", help="skip the transformers peer")
+    e2e.add_argument("--json", type=Path, default=None, help="write the results to FILE")
+    e2e.set_defaults(func=run_e2e)
     p.set_defaults(func=lambda args: (_ for _ in ()).throw(UserError("say what to benchmark: `deepinfer bench ops --backend NAME`")))
 
 
@@ -104,4 +113,20 @@ def run_ops(args: argparse.Namespace) -> int:
         print(f"{r['case']:<{width}}  {value}")
     if args.json is not None:
         args.json.write_text(json.dumps({"backend": args.backend, "device": str(device), "torch": torch.__version__, "results": results}, indent=1))
+    return 0
+
+
+def run_e2e(args: argparse.Namespace) -> int:
+    from deepinfer.bench import e2e
+
+    batches = tuple(args.batch or (1, 64))
+    for name, value in (("--batch", min(batches)), ("--prompt-len", args.prompt_len), ("--new-tokens", args.new_tokens), ("--layers", args.layers or 1)):
+        if value < 1:
+            raise UserError(f"{name} must be at least 1, not {value}")
+    if args.json is not None and not args.json.parent.exists():
+        raise UserError(f"cannot write {args.json}: folder {args.json.parent} does not exist")
+    if not torch.cuda.is_available():
+        raise UserError("`deepinfer bench e2e` measures on a GPU and needs one (the HF peer and the floor assume the cuda backend)")
+    results = e2e.run(args.backend, batches, args.prompt_len, args.new_tokens, args.layers, with_hf=not args.no_hf, json_path=args.json)
+    print(e2e.format_results(results))
     return 0
