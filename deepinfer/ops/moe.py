@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from deepinfer.distributed.expert_parallel import as_expert_parallel, ep_size_of
 from deepinfer.registry import ALLCLOSE, EXACT, op
 
 SCORE_FUNCS = ("softmax", "sigmoid", "sqrtsoftplus")
@@ -115,17 +116,40 @@ def dispatch(
     num_experts: int,
     ep_group: object | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Permute token copies so that each expert's rows are contiguous.
+    """Permute token copies so that each expert's rows are contiguous; with an expert-parallel
+    group, move them to the ranks that own their experts.
 
     x: [T, D]; topk_ids: [T, K] int32 in [0, num_experts). Slot t*K + k is token t's k-th choice.
     Slots are ordered by expert id, ties kept in slot order (a stable sort), so the layout is
     fully determined. Returns expert_x [T*K, D] (x's rows in that order), expert_offsets
     [num_experts + 1] int32 (expert e's rows are expert_offsets[e]:expert_offsets[e+1]; an expert
     with no tokens has an empty range) and row_of_slot [T*K] int32 (the expert_x row that holds
-    slot t*K + k), with no host synchronisation. `ep_group` (a torch.distributed process group)
-    is the expert-parallel group; None (or a group of one rank) means every expert is local.
+    slot t*K + k), with no host synchronisation.
+
+    `ep_group`: None, or a group of one rank, means every expert is local (the above). A
+    `deepinfer.distributed.ExpertParallel` of W > 1 ranks shards the num_experts PHYSICAL experts
+    (topk_ids are physical ids): rank r owns the L = num_experts / W experts [r*L, (r+1)*L). Every
+    rank of the group must call dispatch (with T = 0 when it has no tokens). Each rank lays its
+    slots out as above (its send layout: grouped by destination rank, as the expert ids are),
+    exchanges the per-expert counts (one all_to_all; the one host synchronisation, to size the
+    receive buffer) and then the rows (all_to_all_single), and returns expert_x [R, D]: the R rows
+    it received for its L local experts, ordered by local expert, then by source rank, then by the
+    source's slot order (exactly what the one-rank dispatch of all ranks' tokens, concatenated in
+    rank order, gives for those experts); expert_offsets [L + 1] int32 over its local experts; and
+    row_of_slot [T*K] int32: the row of slot t*K + k in this rank's send layout. The exchange's
+    split sizes stay in `ep_group`, keyed by this row_of_slot tensor, until the matching `combine`.
     """
-    _require_local_experts(ep_group)
+    ep = as_expert_parallel(ep_group, num_experts)
+    expert_x, expert_offsets, row_of_slot = _permute_by_expert(x, topk_ids, num_experts)
+    if ep is None:
+        return expert_x, expert_offsets, row_of_slot
+    # expert_x is this rank's send layout; rows leave for their experts' owners and are re-sorted there.
+    expert_x, expert_offsets = ep.exchange_dispatch(expert_x, expert_offsets, row_of_slot)
+    return expert_x, expert_offsets, row_of_slot
+
+
+def _permute_by_expert(x: torch.Tensor, topk_ids: torch.Tensor, num_experts: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The one-rank dispatch: slots stably sorted by expert id, no host synchronisation."""
     num_slots = topk_ids.numel()
     slot_ids = topk_ids.reshape(-1).long()
     sorted_ids, slot_of_row = torch.sort(slot_ids, stable=True)
@@ -153,11 +177,21 @@ def combine(
     topk_weights[t, k] * expert_out[row_of_slot[t*K + k]], accumulated in float32 (a fixed order,
     so results do not depend on the batch). float64 expert_out accumulates in float64. Returns
     [T, D] in expert_out's dtype.
+
+    With a `deepinfer.distributed.ExpertParallel` `ep_group` of W > 1 ranks (the one the matching
+    dispatch used; every rank of the group must call combine): expert_out [R, D] holds the results
+    of the rows this rank's dispatch received, in their order. Each row goes back to its source
+    rank (the inverse all_to_all_single, with the split sizes the dispatch left in ep_group, found
+    by the identity of row_of_slot: pass the tensor dispatch returned, once), which places it in its
+    send layout; then out[t] is the sum above over this rank's T tokens, row_of_slot indexing the
+    send layout. The result equals the one-rank combine of all ranks' tokens, row for row.
     """
-    _require_local_experts(ep_group)
+    ep = as_expert_parallel(ep_group)
+    if ep is not None:
+        expert_out = ep.exchange_combine(expert_out, row_of_slot)  # this rank's slots, in its send layout
     acc = torch.float64 if expert_out.dtype == torch.float64 else torch.float32
     tokens, top_k = topk_weights.shape
-    per_slot = expert_out[row_of_slot.long()].to(acc).view(tokens, top_k, -1)
+    per_slot = expert_out[row_of_slot.long()].to(acc).view(tokens, top_k, expert_out.shape[-1])  # (not -1: T may be 0)
     weights = topk_weights.to(acc)
     out = torch.zeros(tokens, expert_out.shape[-1], dtype=acc, device=expert_out.device)
     for k in range(top_k):  # a fixed order of additions, whatever the batch
@@ -166,8 +200,12 @@ def combine(
 
 
 def _require_local_experts(ep_group) -> None:
-    # Expert parallelism (all-to-all across the EP group) is not implemented yet: see the
-    # expert-parallel issue. Until then only a missing group or a one-rank group is accepted,
-    # so a multi-rank run fails loudly instead of silently routing every token locally.
-    if ep_group is not None and torch.distributed.get_world_size(ep_group) > 1:
-        raise ValueError("expert-parallel dispatch across ranks is not implemented yet (expert-parallel issue); pass ep_group=None")
+    """For kernels that move tokens within one rank only: refuse an expert-parallel group of
+    several ranks (the backend's EP kernel, chosen when ops are resolved with ep_size > 1, serves
+    those), so a multi-rank run fails loudly instead of silently routing every token locally."""
+    size = ep_size_of(ep_group)
+    if size > 1:
+        raise ValueError(
+            f"this dispatch/combine kernel is local to one rank; an expert-parallel group of {size} ranks needs "
+            f"the backend's EP kernel: resolve the ops with ep_size={size} (open_runtime(ep_size={size}))"
+        )

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import importlib
 
-MODULES = ("norm", "rope", "activation", "kv_cache", "mla_decode", "prefill", "gemm", "moe", "sampling")
+MODULES = ("norm", "rope", "activation", "kv_cache", "mla_decode", "prefill", "gemm", "moe", "sampling", "moe_ep")
 
 
 def registrations():

@@ -1,0 +1,177 @@
+"""The process group of a multi-device run: one process per device, launched by torchrun.
+
+`init_distributed` reads torchrun's environment (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR,
+MASTER_PORT) and forms the default process group with the collective library of the device: NCCL
+for cuda, HCCL for npu (torch_npu registers it), gloo for the CPU. Every collective of the group
+(and the rendezvous itself) fails after `timeout_s` instead of hanging: a rank that never starts,
+dies, or never reaches a collective ends the run on every other rank with a `DistributedError`.
+
+With NCCL, a collective that times out is detected by the process group's watchdog, which tears
+the process down with its own message (TORCH_NCCL_ASYNC_ERROR_HANDLING, on by default); gloo and
+HCCL raise in the calling thread, where the ops wrap the error in a `DistributedError`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from deepinfer.errors import UserError
+
+log = logging.getLogger(__name__)
+
+# The collective library for each torch device type.
+PROCESS_GROUP_BACKENDS = {"cuda": "nccl", "npu": "hccl", "cpu": "gloo"}
+DEFAULT_TIMEOUT_S = 300.0
+
+
+class DistributedError(UserError):
+    """A rank that never joined, died, or missed a collective; a collective that timed out."""
+
+
+@dataclass(frozen=True)
+class DistContext:
+    """This process's place in the run: its rank, the group, the device it drives."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    device: torch.device
+    group: dist.ProcessGroup
+    backend: str = "gloo"  # the collective library: nccl | hccl | gloo
+    timeout_s: float = DEFAULT_TIMEOUT_S
+
+    @property
+    def is_first(self) -> bool:
+        """Rank 0: the one that writes output files."""
+        return self.rank == 0
+
+
+def default_device_type() -> str:
+    """cuda when a GPU is visible, npu when torch_npu has a device, else cpu."""
+    if torch.cuda.is_available():
+        return "cuda"
+    npu = getattr(torch, "npu", None)
+    if npu is not None and npu.is_available():
+        return "npu"
+    return "cpu"
+
+
+def _env_int(name: str, default: int | None = None) -> int:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        if default is None:
+            raise DistributedError(f"{name} is not set: launch every rank with torchrun (torchrun --nproc-per-node N -m deepinfer ...)")
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise DistributedError(f"{name}={raw!r} is not an integer") from None
+
+
+def init_distributed(
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+    *,
+    device: str | torch.device | None = None,
+    backend: str | None = None,
+) -> DistContext | None:
+    """Join the run's process group from torchrun's environment; None for a one-process run.
+
+    device: the torch device type this process drives ("cuda", "npu", "cpu"; default: the first
+    available of those). Rank r drives device LOCAL_RANK of that type. backend: the collective
+    library, by default the device's (nccl, hccl, gloo). The rendezvous and every collective of the
+    group time out after timeout_s; a rank missing at the rendezvous raises DistributedError.
+    Calling it again returns the group already formed.
+    """
+    world_size = _env_int("WORLD_SIZE", 1)
+    if world_size <= 1:
+        return None
+    rank = _env_int("RANK")
+    local_rank = _env_int("LOCAL_RANK", rank)
+    if not 0 <= rank < world_size:
+        raise DistributedError(f"RANK={rank} is outside WORLD_SIZE={world_size}")
+    for name in ("MASTER_ADDR", "MASTER_PORT"):
+        if not os.environ.get(name):
+            raise DistributedError(f"{name} is not set: launch every rank with torchrun, or set MASTER_ADDR and MASTER_PORT")
+    device_type = torch.device(device).type if device is not None else default_device_type()
+    if device_type not in PROCESS_GROUP_BACKENDS:
+        raise DistributedError(f"no collective library for device type {device_type!r}; known: {', '.join(PROCESS_GROUP_BACKENDS)}")
+    backend = backend or PROCESS_GROUP_BACKENDS[device_type]
+    torch_device = _bind_device(device_type, local_rank)
+
+    if dist.is_initialized():
+        if dist.get_world_size() != world_size or dist.get_rank() != rank:
+            raise DistributedError(
+                f"a process group of {dist.get_world_size()} ranks (this is rank {dist.get_rank()}) already exists; "
+                f"the environment says rank {rank} of {world_size}"
+            )
+        return DistContext(rank, world_size, local_rank, torch_device, dist.group.WORLD, dist.get_backend(), timeout_s)
+
+    where = f"{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}"
+    kwargs = {}
+    if device_type == "cuda":
+        kwargs["device_id"] = torch_device  # NCCL communicators form now: a bad rank fails here, not mid-run
+    try:
+        dist.init_process_group(
+            backend=backend,
+            init_method="env://",
+            rank=rank,
+            world_size=world_size,
+            timeout=timedelta(seconds=timeout_s),
+            **kwargs,
+        )
+    except Exception as exc:  # DistStoreError (rendezvous timeout), RuntimeError (connection), ValueError
+        raise DistributedError(
+            f"rank {rank} of {world_size}: the process group did not form at {where} within {timeout_s:g} s "
+            f"({type(exc).__name__}: {_first_line(exc)}); every rank must be started and reach the same "
+            "MASTER_ADDR:MASTER_PORT (torchrun --nproc-per-node N, and --nnodes/--node-rank/--master-addr on each node)"
+        ) from exc
+    log.info("rank %d of %d joined the %s process group at %s (device %s)", rank, world_size, backend, where, torch_device)
+    return DistContext(rank, world_size, local_rank, torch_device, dist.group.WORLD, backend, timeout_s)
+
+
+def _bind_device(device_type: str, local_rank: int) -> torch.device:
+    if device_type == "cpu":
+        return torch.device("cpu")
+    module = getattr(torch, device_type)
+    count = module.device_count()
+    if local_rank >= count:
+        raise DistributedError(f"LOCAL_RANK={local_rank} but this host has {count} {device_type} device(s): start at most {count} ranks per node")
+    module.set_device(local_rank)
+    return torch.device(device_type, local_rank)
+
+
+def destroy_distributed() -> None:
+    """Leave the process group (safe to call when there is none)."""
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port free on this host right now (for MASTER_PORT of a one-host run)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def rank_env(rank: int, world_size: int, port: int, *, local_rank: int | None = None, addr: str = "127.0.0.1") -> dict[str, str]:
+    """The environment torchrun gives rank `rank` of a one-host run (merge it into os.environ)."""
+    return {
+        "RANK": str(rank),
+        "WORLD_SIZE": str(world_size),
+        "LOCAL_RANK": str(rank if local_rank is None else local_rank),
+        "LOCAL_WORLD_SIZE": str(world_size),
+        "MASTER_ADDR": addr,
+        "MASTER_PORT": str(port),
+    }
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
