@@ -5,12 +5,20 @@ as "max_tokens" and "temperature"), or OpenAI batch lines `{"custom_id": ..., "b
 Each finished request is written to the output at once and flushed, so an interrupted run keeps
 its results; `--resume` skips the ids already in the output file and appends the rest. With no
 prompts at all it runs a few built-in prompts on the embedded default model.
+
+Expert parallelism: `--ep N` shards the experts over N devices of this host, one process each
+(it starts `torchrun --standalone --nproc-per-node N -m deepinfer run ...`); each rank runs every
+N-th request (attention data parallel) and rank 0 writes the output, in input order. Under
+torchrun (several hosts: see docs/distributed.md) `--ep` defaults to the number of processes.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import signal
+import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
@@ -73,7 +81,19 @@ def add_parser(sub) -> None:
     p.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs for decode steps (cuda backend)")
     p.add_argument("--interpret", action="store_true", help="run the backend's Triton kernels in the Triton interpreter on the CPU (slow; for checking kernels)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    ep = p.add_argument_group("expert parallelism (see docs/distributed.md)")
+    ep.add_argument("--ep", type=int, metavar="N", help="shard the experts over N devices, one process each (default 1; under torchrun: its process count)")
+    ep.add_argument("--num-redundant-experts", type=int, default=0, metavar="R", help="extra copies of busy experts per MoE layer (experts + R must divide by N)")
+    ep.add_argument("--eplb", action="store_true", help="count the expert load and re-place the experts by EPLB every --eplb-interval steps")
+    ep.add_argument("--eplb-interval", type=int, default=1000, metavar="STEPS", help="steps between EPLB rebalances (default 1000)")
+    ep.add_argument("--expert-load", metavar="FILE", help="JSON [MoE layers][experts] token counts: place the experts by EPLB from the start")
+    ep.add_argument("--dist-timeout", type=float, default=300.0, metavar="S", help="seconds a rank waits for the others in a collective before the run fails (default 300)")
     p.set_defaults(func=run)
+    global _PARSER
+    _PARSER = p
+
+
+_PARSER: argparse.ArgumentParser | None = None
 
 
 @dataclass
@@ -297,16 +317,56 @@ def as_text(request: Request, prompt: str | None, output) -> str:
 
 
 def run(args) -> int:
-    output_path = check_output(args)
+    if args.ep is not None and args.ep < 1:
+        raise UserError(f"--ep must be >= 1, got {args.ep}")
+    if not launched_by_torchrun():
+        if (args.ep or 1) > 1:
+            return launch_torchrun(args)
+        return run_rank(args, None)
+    ctx = join_run(args)
+    if ctx is None:  # torchrun with one process
+        return run_rank(args, None)
+    try:
+        return run_rank(args, ctx)
+    except UserError as exc:
+        _failing.append(exc)
+        if f"rank {ctx.rank}" not in str(exc):  # say which rank, once
+            error = UserError(f"rank {ctx.rank} of {ctx.world_size}: {exc}")
+            error.exit_code = exc.exit_code
+            raise error from None
+        raise
+    except BaseException as exc:
+        _failing.append(exc)
+        raise
+
+
+def run_rank(args, ctx) -> int:
+    """The whole run on one process; `ctx`: its DistContext under torchrun (None: alone)."""
+    first = ctx is None or ctx.rank == 0
+    output_path, done, error = None, set(), None
+    if first:  # only rank 0 touches the output file (a --resume may repair its torn last line)
+        try:
+            output_path = check_output(args)
+            if output_path is not None and args.resume and output_path.exists():
+                done = finished_ids(output_path)
+        except UserError as exc:
+            if ctx is None:
+                raise
+            error = str(exc)
+    if ctx is not None:
+        done, error = share_from_rank0(ctx, (sorted(done), error))
+        done = set(done)
+    if error is not None:
+        raise UserError(error)
     requests, builtin = collect_requests(args)
     skipped = 0
-    if output_path is not None and args.resume and output_path.exists():
-        done = finished_ids(output_path)
+    if done:
         remaining = [r for r in requests if json.dumps(r.id) not in done]
         skipped = len(requests) - len(remaining)
         requests = remaining
         if not requests:
-            print(f"deepinfer: nothing to do: all {skipped} requests are already in {output_path}", file=sys.stderr)
+            if first:
+                print(f"deepinfer: nothing to do: all {skipped} requests are already in {args.output}", file=sys.stderr)
             return 0
     params = [make_params(args, r) for r in requests]  # bad values fail before the model loads
 
@@ -324,6 +384,11 @@ def run(args) -> int:
         enforce_eager=args.enforce_eager,
         interpret=args.interpret,
         allow_fallback=args.allow_fallback,
+        ep=ctx.world_size if ctx is not None else 1,
+        num_redundant_experts=args.num_redundant_experts,
+        eplb_interval=args.eplb_interval if args.eplb else None,
+        expert_load=args.expert_load,
+        dist_timeout=args.dist_timeout,
     )
     prompts = [render_prompt(llm.tokenizer, r, args.chat) for r in requests]
     inputs = [{"prompt": p} if p is not None else {"prompt_token_ids": r.prompt_token_ids} for p, r in zip(prompts, requests)]
@@ -337,27 +402,144 @@ def run(args) -> int:
         stream.close()
         raise
     readable = sink is None and not args.input  # prompts typed on the command line: show them as text
+
+    def emit(index: int, output) -> None:
+        request, prompt = requests[index], prompts[index]
+        if readable:
+            to_stdout(as_text(request, prompt, output))
+            return
+        line = json.dumps(result_line(request, prompt, output), ensure_ascii=False)
+        if sink is None:
+            to_stdout(line)
+        else:
+            sink.write(line + "\n")
+            sink.flush()  # an interrupted run keeps every finished request
+
+    # One process writes as requests finish; ranks of a data-parallel run finish out of order, so
+    # rank 0 writes each result once every earlier one is out: the file is in input order.
+    in_order = ctx is not None
+    waiting: dict[int, object] = {}
+    next_index = 0
     try:
         for index, output in stream:
-            request, prompt = requests[index], prompts[index]
             prompt_tokens += len(output.prompt_token_ids)
             generated += len(output.outputs[0].token_ids)
-            if readable:
-                to_stdout(as_text(request, prompt, output))
+            if not in_order:
+                emit(index, output)
                 continue
-            line = json.dumps(result_line(request, prompt, output), ensure_ascii=False)
-            if sink is None:
-                to_stdout(line)
-            else:
-                sink.write(line + "\n")
-                sink.flush()  # an interrupted run keeps every finished request
+            waiting[index] = output
+            while next_index in waiting:
+                emit(next_index, waiting.pop(next_index))
+                next_index += 1
     finally:
         stream.close()
         if sink is not None:
             sink.close()
     wall = time.perf_counter() - start
-    print_summary(llm, len(requests), skipped, prompt_tokens, generated, wall, output_path, builtin)
+    if first:
+        print_summary(llm, len(requests), skipped, prompt_tokens, generated, wall, output_path, builtin)
     return 0
+
+
+# ---- expert parallelism: one process per rank, started by torchrun ------------------------------
+
+_failing: list[BaseException] = []  # set once this rank is failing: a later SIGTERM adds no second line
+
+
+def launched_by_torchrun() -> bool:
+    return "RANK" in os.environ and "WORLD_SIZE" in os.environ
+
+
+def join_run(args):
+    """Join the process group (every rank), and turn torchrun's SIGTERM (another rank failed)
+    into a one-line error."""
+    from deepinfer.distributed.group import DistributedError, init_distributed
+    from deepinfer.plugins import load_plugins
+
+    world = int(os.environ["WORLD_SIZE"])
+    rank = int(os.environ["RANK"])
+    if args.ep is not None and args.ep != world:
+        raise UserError(f"--ep {args.ep}, but torchrun started {world} processes; expert parallelism spans all of them (leave --ep out under torchrun)")
+
+    def stopped(signum, frame):
+        if _failing:  # already on its way out with its own error
+            return
+        _failing.append(None)
+        raise DistributedError(f"rank {rank} of {world}: stopped by torchrun (signal {signum}) because another rank failed; see that rank's error")
+
+    signal.signal(signal.SIGTERM, stopped)
+    plugins = load_plugins()
+    spec = plugins.auto()[0] if args.backend == "auto" else plugins.backend(args.backend)
+    return init_distributed(args.dist_timeout, device=spec.device(args.interpret))  # None: WORLD_SIZE=1
+
+
+def share_from_rank0(ctx, value):
+    """Rank 0's `value` on every rank (a broadcast of a picklable object)."""
+    import torch.distributed as dist
+
+    from deepinfer.engine.data_parallel import collective_failure
+
+    box = [value if ctx.rank == 0 else None]
+    try:
+        dist.broadcast_object_list(box, src=0, group=ctx.group)
+    except Exception as exc:
+        raise collective_failure(ctx, "sharing the output file's state from rank 0", exc) from exc
+    return box[0]
+
+
+def launch_torchrun(args) -> int:
+    """`deepinfer run --ep N` on one host: start N ranks with torchrun, each running this command."""
+    command = [
+        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(args.ep),
+        "-m", "deepinfer", *(["-v"] if getattr(args, "verbose", False) else []), "run", *command_line(args),
+    ]  # fmt: skip
+    env = dict(os.environ)
+    env.setdefault("OMP_NUM_THREADS", "1")  # torchrun's own default for several ranks, without its banner
+    print(f"deepinfer: starting {args.ep} ranks: torchrun --standalone --nproc-per-node {args.ep} -m deepinfer run ...", file=sys.stderr)
+    proc = subprocess.Popen(command, env=env)
+    # torchrun stops its ranks itself on SIGINT / SIGTERM: pass a SIGTERM on and wait for it.
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: proc.send_signal(signal.SIGTERM))
+    try:
+        code = _wait(proc)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    if code != 0:
+        print(f"deepinfer: error: the {args.ep}-rank run failed (torchrun exit code {code}); the ranks' errors are above", file=sys.stderr)
+    return code
+
+
+def _wait(proc: subprocess.Popen) -> int:
+    """torchrun's exit code. Ctrl-C reaches torchrun and its ranks too (one process group): give
+    them time to stop, then kill torchrun."""
+    try:
+        return proc.wait()
+    except KeyboardInterrupt:
+        try:
+            proc.wait(timeout=30)
+        except (subprocess.TimeoutExpired, KeyboardInterrupt):
+            proc.kill()
+            proc.wait()
+        return 130
+
+
+def command_line(args) -> list[str]:
+    """The `run` options of `args` as command-line words (those that differ from the defaults)."""
+    words: list[str] = []
+    for action in _PARSER._actions:
+        if not action.option_strings or action.dest in ("help",):
+            continue
+        value = getattr(args, action.dest, action.default)
+        if value == action.default or value is None:
+            continue
+        flag = action.option_strings[-1] if action.option_strings[-1].startswith("--") else action.option_strings[0]
+        if isinstance(action, argparse._StoreTrueAction):
+            words.append(flag)
+        elif isinstance(action, argparse._AppendAction):
+            for item in value:
+                words += [flag, str(item)]
+        else:
+            words += [flag, str(value)]
+    return words
 
 
 def open_output(path: Path, append: bool) -> TextIO:

@@ -54,6 +54,15 @@ class LLM:
     prefilled in chunks). num_kv_blocks: KV pages (default: as many as fit kv_cache_memory_gib, or
     most of the accelerator's free memory, or 256 MiB on the CPU). allow_fallback: let the reference
     serve ops the backend lacks. announce: print the backend choice and "dummy weights" to stderr.
+
+    Expert parallelism (docs/distributed.md): ep: ranks the routed experts are sharded over, one
+    process per rank started by torchrun (None: torchrun's WORLD_SIZE, or 1); every rank builds
+    the same LLM and calls generate with the same prompts; each runs every ep-th request
+    (attention data parallel) and rank 0 returns all results. num_redundant_experts: extra copies
+    of busy experts per MoE layer (n_routed_experts + R must divide by ep). expert_load: tokens
+    per expert ([MoE layers][experts], a tensor, a list or a JSON file) to place the experts by
+    EPLB from the start. eplb_interval: re-place them by EPLB every this many steps, from the load
+    counted meanwhile. dist_timeout: seconds a collective waits before the run fails.
     """
 
     def __init__(
@@ -72,30 +81,51 @@ class LLM:
         announce: bool = True,
         enforce_eager: bool = False,
         interpret: bool = False,
+        ep: int | None = None,
+        num_redundant_experts: int = 0,
+        eplb_interval: int | None = None,
+        expert_load: Any = None,
+        dist_timeout: float = 300.0,
     ):
         from deepinfer.model.loader import load_model
         from deepinfer.plugins import load_plugins
         from deepinfer.runtime import open_runtime
 
-        config = EngineConfig(max_num_seqs, max_num_batched_tokens, num_kv_blocks, kv_cache_memory_gib, enable_prefix_caching, max_model_len, seed, enforce_eager)
+        config = EngineConfig(
+            max_num_seqs, max_num_batched_tokens, num_kv_blocks, kv_cache_memory_gib, enable_prefix_caching, max_model_len, seed, enforce_eager, eplb_interval
+        )
         config.validate()
         plugins = load_plugins()
-        if dtype == "auto":
+
+        def device_type() -> str:
             spec = plugins.auto()[0] if backend == "auto" else plugins.backend(backend)
-            torch_dtype = resolve_dtype(dtype, spec.device(interpret))
+            return spec.device(interpret)
+
+        if dtype == "auto":
+            torch_dtype = resolve_dtype(dtype, device_type())
         else:
             torch_dtype = resolve_dtype(dtype, "cpu")
+        dist = join_expert_parallel(ep, dist_timeout, device_type)
+        announce = announce and (dist is None or dist.rank == 0)
         if interpret:
             # Triton kernels on the CPU (how CI checks the cuda and ascend kernels); Triton reads
             # this when a kernel is decorated, so it must be set before the backend loads them.
             os.environ["TRITON_INTERPRET"] = "1"
-        runtime = open_runtime(backend, dtype=torch_dtype, allow_fallback=allow_fallback, plugins=plugins, interpret=interpret)
+        ep_size = dist.world_size if dist is not None else 1
+        runtime = open_runtime(backend, dtype=torch_dtype, ep_size=ep_size, allow_fallback=allow_fallback, plugins=plugins, interpret=interpret)
+        if dist is not None and runtime.device.type != dist.device.type:
+            raise InvalidRequestError(f"backend {runtime.backend.name} runs on {runtime.device.type}, but the process group was formed for {dist.device.type}")
         if announce and backend == "auto":
             print(f"deepinfer: {runtime.chosen_by}", file=sys.stderr)
-        loaded = load_model(model, runtime.ops, runtime.device, torch_dtype)
+        experts = None
+        if dist is not None or num_redundant_experts or eplb_interval is not None or expert_load is not None:
+            from deepinfer.model.moe import ExpertSharding
+
+            experts = ExpertSharding(dist, num_redundant_experts, num_nodes(dist), _expert_load(expert_load))
+        loaded = load_model(model, runtime.ops, runtime.device, torch_dtype, experts)
         if announce and loaded.dummy_weights:
             print(f"deepinfer: model {loaded.path}: dummy weights (random, for trying the engine; the text is gibberish)", file=sys.stderr)
-        self._setup(LLMEngine(loaded, runtime, torch_dtype, config))
+        self._setup(LLMEngine(loaded, runtime, torch_dtype, config, dist=dist))
 
     @classmethod
     def from_engine(cls, engine: LLMEngine) -> "LLM":
@@ -107,6 +137,17 @@ class LLM:
     def _setup(self, engine: LLMEngine) -> None:
         self.engine = engine
         self.tokenizer = engine.tokenizer
+        self.dist = getattr(engine, "dist", None)
+        self._num_submitted = 0  # requests ever queued (data parallel: over all ranks)
+
+    @property
+    def rank(self) -> int:
+        """This process's rank (0 without expert parallelism): only rank 0 gets results."""
+        return self.dist.rank if self.dist is not None else 0
+
+    @property
+    def world_size(self) -> int:
+        return self.dist.world_size if self.dist is not None else 1
 
     # -- facts for the user --------------------------------------------------------------------
 
@@ -141,11 +182,17 @@ class LLM:
 
         A prompt is a string, {"prompt": str} or {"prompt_token_ids": [int, ...]}. sampling_params is
         one SamplingParams for all prompts, or one per prompt (None: SamplingParams()).
+
+        With expert parallelism (ep > 1, one process per rank) every rank passes the same prompts
+        and runs its share (attention data parallel); rank 0 returns every result and the other
+        ranks return an empty list.
         """
         stream = self.generate_iter(prompts, sampling_params, use_tqdm)
         results: list[RequestOutput | None] = [None] * stream.num_requests
         for index, output in stream:
             results[index] = output
+        if self.rank != 0:
+            return []
         return results  # type: ignore[return-value]
 
     def generate_iter(
@@ -164,6 +211,16 @@ class LLM:
         """
         requests = self._make_requests(prompts, sampling_params, names)
         self.engine.abort_all()  # leftovers of an iterator that was never run
+        base = self._num_submitted
+        self._num_submitted += len(requests)
+        if self.dist is not None:
+            from deepinfer.engine.data_parallel import DataParallelStream, my_requests
+
+            position = {}
+            for i in my_requests(len(requests), self.dist):
+                ids, params, text = requests[i]
+                position[self.engine.add_request(ids, params, text, index=base + i).seq_id] = i
+            return DataParallelStream(self.engine, self.dist, position, len(requests), use_tqdm)
         seqs = [self.engine.add_request(ids, params, text) for ids, params, text in requests]
         return GenerationStream(self.engine, seqs, use_tqdm)
 
@@ -208,6 +265,62 @@ class LLM:
         if isinstance(prompt, dict) and isinstance(prompt.get("prompt"), str):
             return self._encode(prompt["prompt"], what), prompt["prompt"]
         raise InvalidRequestError(f"{what} must be a string, {{'prompt': str}} or {{'prompt_token_ids': [int, ...]}}, got {type(prompt).__name__}")
+
+
+def join_expert_parallel(ep: int | None, timeout_s: float, device_type):
+    """The run's DistContext for expert parallelism over `ep` ranks (None: one process).
+
+    ep=None takes the torchrun world (WORLD_SIZE), if any. ep > 1 needs one process per rank:
+    torchrun --nproc-per-node ep (or `deepinfer run --ep N`, which starts it). device_type: a
+    callable giving the backend's device type (the process group's collective library follows it)."""
+    from deepinfer.distributed.group import init_distributed
+
+    world = os.environ.get("WORLD_SIZE")
+    world_size = int(world) if world and world.isdigit() else 1
+    if ep is None:
+        ep = world_size
+    if not isinstance(ep, int) or isinstance(ep, bool) or ep < 1:
+        raise InvalidRequestError(f"ep must be an integer >= 1, got {ep!r}")
+    if ep != world_size:
+        if world_size == 1:
+            raise InvalidRequestError(
+                f"ep={ep} needs one process per rank: start them with torchrun --nproc-per-node {ep} "
+                f"(or `deepinfer run --ep {ep}`, which does)"
+            )
+        raise InvalidRequestError(f"ep={ep}, but torchrun started {world_size} processes (WORLD_SIZE); expert parallelism spans all of them")
+    if ep == 1:
+        return None
+    return init_distributed(timeout_s, device=device_type())
+
+
+def num_nodes(dist) -> int:
+    """Hosts of the run: WORLD_SIZE / LOCAL_WORLD_SIZE under torchrun."""
+    if dist is None:
+        return 1
+    local = os.environ.get("LOCAL_WORLD_SIZE")
+    per_node = int(local) if local and local.isdigit() and int(local) > 0 else dist.world_size
+    return max(1, dist.world_size // per_node) if dist.world_size % per_node == 0 else 1
+
+
+def _expert_load(value):
+    """An expert load given as a tensor, a nested list, or a path to a JSON file of a nested list
+    ([num_moe_layers, n_routed_experts] or [n_routed_experts])."""
+    if value is None or isinstance(value, torch.Tensor):
+        return value
+    if isinstance(value, (str, os.PathLike)):
+        import json
+
+        try:
+            with open(value, encoding="utf-8") as f:
+                value = json.load(f)
+        except (OSError, ValueError) as exc:
+            raise InvalidRequestError(f"cannot read the expert load {value}: {exc}") from None
+        if isinstance(value, dict):
+            value = value.get("load", value)
+    try:
+        return torch.tensor(value, dtype=torch.float64)
+    except (TypeError, ValueError) as exc:
+        raise InvalidRequestError(f"the expert load must be a [layers, experts] list of numbers ({exc})") from None
 
 
 class GenerationStream:

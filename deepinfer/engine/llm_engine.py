@@ -28,9 +28,12 @@ class EngineConfig:
     max_model_len: int | None = None  # None: the model's max_position_embeddings
     seed: int = 0  # requests without a seed get one derived from this and their request index
     enforce_eager: bool = False  # True: no CUDA graphs for decode steps on the cuda backend
+    # EPLB: every this many steps, re-place the experts from the load counted since the last time
+    # (all ranks together); None: the placement chosen at load time stays.
+    eplb_interval: int | None = None
 
     def validate(self) -> None:
-        for name in ("max_num_seqs", "max_num_batched_tokens", "num_kv_blocks", "max_model_len"):
+        for name in ("max_num_seqs", "max_num_batched_tokens", "num_kv_blocks", "max_model_len", "eplb_interval"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
                 raise InvalidRequestError(f"{name} must be an integer >= 1, got {value!r}")
@@ -59,9 +62,12 @@ def _eos_ids(*values) -> frozenset[int]:
 class LLMEngine:
     """Owns the scheduler, the block manager and the model runner for one loaded model."""
 
-    def __init__(self, loaded, runtime, dtype: torch.dtype, config: EngineConfig | None = None):
+    def __init__(self, loaded, runtime, dtype: torch.dtype, config: EngineConfig | None = None, dist=None):
+        """dist: the run's DistContext when the experts span several ranks (attention data
+        parallel: this engine runs this rank's requests; see engine/data_parallel.py)."""
         self.config = config = config or EngineConfig()
         config.validate()
+        self.dist = dist
         self.loaded = loaded
         self.runtime = runtime
         self.tokenizer = loaded.tokenizer
@@ -86,13 +92,20 @@ class LLMEngine:
             dtype,
             self.block_size,
             num_blocks,
-            cuda_graphs=runtime.device.type == "cuda" and not config.enforce_eager,
+            # Expert-parallel steps synchronise with the host (split sizes): no graph capture.
+            cuda_graphs=runtime.device.type == "cuda" and not config.enforce_eager and dist is None,
             max_num_seqs=config.max_num_seqs,
             max_model_len=self.max_model_len,
         )
         self._next_request_index = 0
         self.num_prompt_tokens_computed = 0  # prefill work done, recompute after preemption included
         self.num_generated_tokens = 0
+        self.num_steps = 0  # forward steps run (idle ones included: equal on every rank)
+        self.expert_load = None
+        self.num_rebalances = 0  # EPLB placements applied
+        self.num_experts_read = 0  # experts this rank read from the checkpoint for them
+        if config.eplb_interval is not None:
+            self._start_load_counting()
         log.info("KV cache: %d blocks of %d tokens (%d tokens)", num_blocks, self.block_size, num_blocks * self.block_size)
 
     def _num_blocks_from_memory(self, model, device: torch.device) -> int:
@@ -116,11 +129,16 @@ class LLMEngine:
 
     # -- requests ----------------------------------------------------------------------------
 
-    def add_request(self, prompt_token_ids: list[int], params: SamplingParams, prompt: str | None = None, what: str = "prompt") -> Sequence:
-        """Queue a request. `what` names it in error messages ("prompt 3")."""
+    def add_request(
+        self, prompt_token_ids: list[int], params: SamplingParams, prompt: str | None = None, what: str = "prompt", index: int | None = None
+    ) -> Sequence:
+        """Queue a request. `what` names it in error messages ("prompt 3"). `index`: its request
+        index (its id, and the default seed derives from it), when the caller numbers requests
+        itself (attention data parallel: the index over all ranks); default: the next one."""
         self.check_request(prompt_token_ids, params, what)
-        index = self._next_request_index
-        self._next_request_index += 1
+        if index is None:
+            index = self._next_request_index
+        self._next_request_index = max(self._next_request_index, index + 1)
         seed = params.seed if params.seed is not None else derive_seed(self.config.seed, index)
         seq = Sequence(index, prompt_token_ids, params, seed, prompt)
         self.scheduler.add(seq)
@@ -160,6 +178,7 @@ class LLMEngine:
 
     def step(self) -> list[Sequence]:
         """Schedule, run the model, sample, check stop conditions. Returns the sequences that finished."""
+        self._before_step()
         batch = self.scheduler.schedule()
         samplers, tokens = self.runner.run(batch)
         self.scheduler.commit(batch)
@@ -173,6 +192,67 @@ class LLMEngine:
                 self.scheduler.finish(seq)
                 finished.append(seq)
         return finished
+
+    def idle_step(self) -> None:
+        """A step without requests: the model's MoE layers join the expert-parallel collectives
+        with an empty batch, so that the ranks with work do not wait (attention data parallel)."""
+        self._before_step()
+        self.runner.run_idle()
+
+    # -- expert load balancing (EPLB) ------------------------------------------------------------
+
+    def _start_load_counting(self) -> None:
+        from deepinfer.distributed.eplb import ExpertLoadCounter
+        from deepinfer.model.deepseek import moe_layer_indices
+
+        model = self.loaded.model
+        if getattr(model, "placement", None) is None:
+            raise InvalidRequestError("eplb_interval needs a model loaded with an expert placement (expert parallelism or redundant experts)")
+        counter = ExpertLoadCounter(len(moe_layer_indices(model.config)), model.config.n_routed_experts, self.runtime.device)
+        model.count_expert_load(counter.counts)
+        self.expert_load = counter
+
+    def _before_step(self) -> None:
+        interval = self.config.eplb_interval
+        if interval is not None and self.num_steps and self.num_steps % interval == 0:
+            self.rebalance_experts()
+        self.num_steps += 1
+
+    def rebalance_experts(self) -> bool:
+        """Re-place the experts by EPLB from the load counted since the last rebalance (summed over
+        the ranks); every rank must call it at the same step. Returns whether anything moved."""
+        from deepinfer.distributed.eplb import imbalance, rebalance
+
+        model = self.loaded.model
+        load = self.expert_load.take()
+        if self.dist is not None:
+            import torch.distributed as dist
+
+            wire = load.cpu() if self.dist.backend == "gloo" else load
+            try:
+                dist.all_reduce(wire, group=self.dist.group)
+            except Exception as exc:
+                from deepinfer.engine.data_parallel import collective_failure
+
+                raise collective_failure(self.dist, "the all_reduce of expert loads (EPLB)", exc) from exc
+            load = wire
+        load = load.cpu()
+        if not int(load.sum()):
+            return False
+        placement = model.placement
+        groups = model.config.routing_groups[0]
+        phy2log = rebalance(load, placement.num_physical, groups, placement.num_nodes, placement.size)[0]
+        if torch.equal(phy2log, placement.phy2log):
+            return False
+        before = imbalance(load, placement.phy2log, placement.size)
+        read = model.set_expert_placement(phy2log)
+        self.num_rebalances += 1
+        self.num_experts_read += read
+        log.info(
+            "EPLB at step %d: max/mean expert load per rank %.3f -> %.3f; %d experts read from the checkpoint on this rank",
+            self.num_steps, before, imbalance(load, phy2log, placement.size), read,
+        )
+        return True
 
     def _check_stop(self, seq: Sequence, token: int) -> bool:
         params = seq.params

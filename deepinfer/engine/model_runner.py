@@ -118,6 +118,11 @@ class ModelRunner:
         tokens = self.ops.sample(logits=logits.float(), **self._sampling(samplers))
         return samplers, tokens.tolist()
 
+    @torch.inference_mode()
+    def run_idle(self) -> None:
+        """A step with no tokens on this rank: the MoE layers still join their collectives."""
+        self.model.forward_idle()
+
     def _sampling(self, samplers: list[Sequence]) -> dict[str, torch.Tensor]:
         params = [seq.params for seq in samplers]
         return dict(

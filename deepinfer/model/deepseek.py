@@ -13,7 +13,7 @@ from deepinfer.model.attention import MLAttention, StepContext, attention_specs
 from deepinfer.model.config import ModelConfig
 from deepinfer.model.forward_batch import ForwardBatch
 from deepinfer.model.mlp import DenseMLP, mlp_specs
-from deepinfer.model.moe import MoE, moe_specs
+from deepinfer.model.moe import EXPERT_PROJECTIONS, ExpertPlacement, ExpertSource, MoE, expert_tensor_prefix, moe_specs
 from deepinfer.model.weights import PARAM, TensorSpec, WeightStore
 from deepinfer.ops.rope import rope_cos_sin_cache
 
@@ -32,14 +32,30 @@ def model_tensor_specs(config: ModelConfig) -> dict[str, TensorSpec]:
     return specs
 
 
+def moe_layer_indices(config: ModelConfig) -> list[int]:
+    """The decoder layers that are MoE layers, in order (EPLB's maps count these only)."""
+    return [i for i in range(config.num_hidden_layers) if config.is_moe_layer(i)]
+
+
 class DecoderLayer:
-    def __init__(self, config: ModelConfig, layer: int, weights: WeightStore, dtype: torch.dtype):
+    def __init__(
+        self,
+        config: ModelConfig,
+        layer: int,
+        weights: WeightStore,
+        dtype: torch.dtype,
+        placement: ExpertPlacement | None = None,
+        moe_index: int = 0,
+    ):
         prefix = f"model.layers.{layer}."
         self.eps = config.rms_norm_eps
         self.input_norm = weights.tensor(f"{prefix}input_layernorm.weight")
         self.post_attention_norm = weights.tensor(f"{prefix}post_attention_layernorm.weight")
         self.attn = MLAttention(config, weights, f"{prefix}self_attn.", dtype)
-        self.mlp = MoE(config, weights, f"{prefix}mlp.") if config.is_moe_layer(layer) else DenseMLP(weights, f"{prefix}mlp.")
+        if config.is_moe_layer(layer):
+            self.mlp = MoE(config, weights, f"{prefix}mlp.", placement=placement, moe_index=moe_index)
+        else:
+            self.mlp = DenseMLP(weights, f"{prefix}mlp.")
 
     @staticmethod
     def specs(config: ModelConfig, layer: int) -> dict[str, TensorSpec]:
@@ -68,8 +84,13 @@ class DecoderLayer:
 
 
 class DeepseekForCausalLM:
-    def __init__(self, config: ModelConfig, ops, device: torch.device | str, dtype: torch.dtype):
+    """`placement`: which physical experts of each MoE layer this rank holds (expert parallelism,
+    redundant experts); None holds every logical expert once."""
+
+    def __init__(self, config: ModelConfig, ops, device: torch.device | str, dtype: torch.dtype, placement: ExpertPlacement | None = None):
         self.config = config
+        self.placement = placement
+        self.expert_source: ExpertSource | None = None  # set by the loader: reads experts a new placement needs
         self.ops = ops
         self.device = torch.device(device)
         self.dtype = dtype
@@ -100,11 +121,59 @@ class DeepseekForCausalLM:
         self.embed_tokens = weights.tensor("model.embed_tokens.weight")
         self.norm = weights.tensor("model.norm.weight")
         self.lm_head = self.embed_tokens if c.tie_word_embeddings else weights.tensor("lm_head.weight")
-        self.layers = [DecoderLayer(c, i, weights, self.dtype) for i in range(c.num_hidden_layers)]
+        moe_index = {layer: n for n, layer in enumerate(moe_layer_indices(c))}
+        self.layers = [DecoderLayer(c, i, weights, self.dtype, self.placement, moe_index.get(i, 0)) for i in range(c.num_hidden_layers)]
         mtp = [weights.take_prefix(p) for p in self.mtp_prefixes()]
         self.mtp_weights = mtp if all(mtp) else []  # empty when the checkpoint ships none (HF's save_pretrained drops them)
 
+    def skipped_expert_tensors(self, stored_names) -> set[str]:
+        """Checkpoint tensors this rank does not load: the experts its placement leaves to others
+        (weights and FP8 scales). Empty without a placement."""
+        if self.placement is None:
+            return set()
+        skip = set()
+        for n, layer in enumerate(moe_layer_indices(self.config)):
+            local = set(self.placement.local_logical(n))
+            prefix = f"model.layers.{layer}.mlp."
+            for e in range(self.config.n_routed_experts):
+                if e not in local:
+                    for proj in EXPERT_PROJECTIONS:
+                        name = expert_tensor_prefix(prefix, e, proj)
+                        skip.update(s for s in (f"{name}.weight", f"{name}.weight_scale_inv") if s in stored_names)
+        return skip
+
+    # ---- experts: load counting and placement (EPLB) -------------------------------------------
+
+    @property
+    def moe_layers(self) -> list[MoE]:
+        return [layer.mlp for layer in self.layers if isinstance(layer.mlp, MoE)]
+
+    def count_expert_load(self, counts: torch.Tensor | None) -> None:
+        """Each MoE layer adds the logical expert ids it routes to row n of counts
+        [num_moe_layers, n_routed_experts] (int64, on the model's device); None stops counting."""
+        for n, moe in enumerate(self.moe_layers):
+            moe.load = None if counts is None else counts[n]
+
+    def set_expert_placement(self, phy2log: torch.Tensor) -> int:
+        """Apply a new phy2log [num_moe_layers, P] between steps (every rank of the EP group, the
+        same map, at the same step). Returns the number of experts read from the checkpoint."""
+        moes = self.moe_layers
+        if phy2log.dim() != 2 or phy2log.shape[0] != len(moes):
+            raise ValueError(f"phy2log must be [{len(moes)} MoE layers, physical experts], got {tuple(phy2log.shape)}")
+        read = sum(moe.set_placement(phy2log[n], self.expert_source) for n, moe in enumerate(moes))
+        if self.placement is not None:
+            self.placement.phy2log = phy2log.detach().to("cpu", torch.int64).clone()
+        return read
+
     # ---- running -------------------------------------------------------------------------------
+
+    @torch.inference_mode()
+    def forward_idle(self) -> None:
+        """A step without tokens on this rank: every MoE layer joins its dispatch / combine
+        collectives with an empty batch (expert parallelism with attention data parallelism)."""
+        empty = torch.empty(0, self.config.hidden_size, dtype=self.dtype, device=self.device)
+        for moe in self.moe_layers:
+            moe(self.ops, empty)
 
     def kv_cache_shape(self, num_blocks: int, block_size: int) -> tuple[int, int, int]:
         """One layer's paged latent cache: [num_blocks, block_size, kv_lora_rank + qk_rope_head_dim]."""

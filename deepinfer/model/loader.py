@@ -13,6 +13,8 @@ from deepinfer.model.checkpoint import check_tensors, find_tensors, load_tensors
 from deepinfer.model.config import ModelConfig
 from deepinfer.model.deepseek import DeepseekForCausalLM
 from deepinfer.model.errors import LoadError
+from deepinfer.model.linear import LinearWeight
+from deepinfer.model.moe import EXPERT_PROJECTIONS, ExpertSharding, expert_tensor_prefix
 from deepinfer.model.tokenizer import Tokenizer
 from deepinfer.model.weights import WeightStore
 
@@ -43,11 +45,38 @@ def load_config(folder: str | Path) -> ModelConfig:
     return ModelConfig.from_dict(raw, source=str(path))
 
 
-def load_model(path: str | None, ops, device: torch.device | str, dtype: torch.dtype) -> LoadedModel:
+class CheckpointExperts:
+    """Reads single experts from the checkpoint again (an `ExpertSource`): what a rank needs when a
+    new expert placement gives it experts it did not load. Costs no memory while unused (no host
+    copy of the logical weights is kept); a read opens the safetensors file and takes one
+    expert's tensors."""
+
+    def __init__(self, stored, specs, device: torch.device, dtype: torch.dtype):
+        self.stored, self.specs, self.device, self.dtype = stored, specs, device, dtype
+
+    def __call__(self, layer_prefix: str, expert: int) -> tuple[LinearWeight, ...]:
+        names = {}
+        for proj in EXPERT_PROJECTIONS:
+            base = expert_tensor_prefix(layer_prefix, expert, proj)
+            for name in (f"{base}.weight", f"{base}.weight_scale_inv"):
+                if name in self.stored:
+                    names[name] = self.stored[name]
+        weights = WeightStore(load_tensors(names, self.specs, self.device, self.dtype))
+        return tuple(weights.linear(expert_tensor_prefix(layer_prefix, expert, p)) for p in EXPERT_PROJECTIONS)
+
+
+def load_model(
+    path: str | None,
+    ops,
+    device: torch.device | str,
+    dtype: torch.dtype,
+    experts: ExpertSharding | None = None,
+) -> LoadedModel:
     """Load the checkpoint folder `path` (None: the embedded tiny DeepSeek-V3 with dummy weights).
 
     FP8 block-scaled weights stay FP8; every other floating weight is cast to `dtype`. Raises
-    LoadError (one line naming the file or tensor) for anything that does not fit.
+    LoadError (one line naming the file or tensor) for anything that does not fit. `experts`:
+    expert parallelism / redundant experts; this rank then loads only the experts it holds.
     """
     dummy = path is None
     if dummy:
@@ -63,12 +92,21 @@ def load_model(path: str | None, ops, device: torch.device | str, dtype: torch.d
     if not dtype.is_floating_point:
         raise LoadError(f"dtype {dtype} is not a floating dtype; use bfloat16, float16 or float32")
     config = load_config(folder)
-    model = DeepseekForCausalLM(config, ops, device, dtype)
+    placement = None
+    if experts is not None:
+        try:
+            placement = experts.placement(config)
+        except ValueError as exc:
+            raise LoadError(str(exc)) from None
+    model = DeepseekForCausalLM(config, ops, device, dtype, placement=placement)
     specs = model.tensor_specs()
     stored = find_tensors(folder)
     check_tensors(stored, specs, config, folder, extra_prefixes=model.mtp_prefixes())
-    weights = WeightStore(load_tensors(stored, specs, model.device, dtype))
+    skip = model.skipped_expert_tensors(stored)  # experts other ranks hold
+    weights = WeightStore(load_tensors(stored, specs, model.device, dtype, skip=skip))
     model.load_weights(weights)
+    if placement is not None:
+        model.expert_source = CheckpointExperts(stored, specs, model.device, dtype)
     if weights.remaining():  # check_tensors lets nothing else through; a leftover is a bug here
         raise RuntimeError(f"tensors loaded but not used by the model: {weights.remaining()[:5]}")
     tokenizer = Tokenizer.from_folder(folder, config.bos_token_id, config.eos_token_ids)

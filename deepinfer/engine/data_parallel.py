@@ -1,0 +1,123 @@
+"""Attention data parallelism: every rank runs its own requests, the MoE layers span all ranks.
+
+With expert parallelism over W ranks (one process per device, started by torchrun), each rank
+holds a full copy of everything but the routed experts, and its own KV cache. Requests are dealt
+round-robin by input index (request i runs on rank i mod W). Every step, every rank runs one
+forward in lockstep, because the MoE layers' dispatch / combine are collectives: a rank without
+work runs an empty one (`LLMEngine.idle_step`). Before each step one tiny all_reduce sums
+(has work, finished results) over the ranks: the run ends when no rank has work, and finished
+results are gathered to rank 0 (torch.distributed.gather_object) in the step after they finish,
+so rank 0 can write them while the run goes on. Only rank 0 yields results.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Iterator
+
+import torch
+import torch.distributed as dist
+
+from deepinfer.distributed.group import DistContext, DistributedError, _first_line
+from deepinfer.engine.outputs import RequestOutput
+
+log = logging.getLogger(__name__)
+
+
+def my_requests(num_requests: int, ctx: DistContext) -> list[int]:
+    """The input indices this rank runs: round-robin by index."""
+    return list(range(ctx.rank, num_requests, ctx.world_size))
+
+
+def collective_failure(ctx: DistContext, what: str, exc: BaseException) -> DistributedError:
+    """A one-line error for a collective that failed: a rank died, or it timed out."""
+    if isinstance(exc, DistributedError):
+        return exc
+    return DistributedError(
+        f"rank {ctx.rank} of {ctx.world_size}: {what} failed ({type(exc).__name__}: {_first_line(exc)}); "
+        f"another rank died or stopped answering within the timeout of {ctx.timeout_s:g} s (--dist-timeout)"
+    )
+
+
+def is_collective_error(exc: BaseException) -> bool:
+    """Errors that come from the process group rather than from this rank's own computation."""
+    if isinstance(exc, DistributedError):
+        return True
+    dist_error = getattr(dist, "DistError", None)
+    if dist_error is not None and isinstance(exc, dist_error):
+        return True
+    text = str(exc)
+    markers = ("gloo", "Gloo", "NCCL", "HCCL", "Connection closed", "Connection reset", "Broken pipe", "timed out", "Timed out")
+    return isinstance(exc, RuntimeError) and any(m in text for m in markers)
+
+
+class DataParallelStream:
+    """Iterates (input index, RequestOutput) on rank 0 as requests finish on any rank; yields
+    nothing on the other ranks. Every rank must iterate it to the end (the steps are collective)."""
+
+    def __init__(self, engine, ctx: DistContext, position: dict[int, int], num_requests: int, use_tqdm: bool):
+        self.engine = engine
+        self.ctx = ctx
+        self.position = position  # seq_id -> input index, for this rank's requests
+        self.num_requests = num_requests
+        self.use_tqdm = use_tqdm and ctx.rank == 0
+        self._iterator = self._run()
+
+    def __iter__(self) -> Iterator[tuple[int, RequestOutput]]:
+        return self
+
+    def __next__(self) -> tuple[int, RequestOutput]:
+        return next(self._iterator)
+
+    def close(self) -> None:
+        self._iterator.close()
+
+    def _collective(self, what: str, fn, *args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except Exception as exc:
+            raise collective_failure(self.ctx, what, exc) from exc
+
+    def _run(self) -> Iterator[tuple[int, RequestOutput]]:
+        from tqdm.auto import tqdm
+
+        engine, ctx = self.engine, self.ctx
+        device = engine.runtime.device if ctx.backend != "gloo" else torch.device("cpu")
+        bar = tqdm(total=self.num_requests, desc="Processed prompts", unit="req", dynamic_ncols=True, disable=not self.use_tqdm)
+        start = time.perf_counter()
+        prompt0, gen0 = engine.num_prompt_tokens_computed, engine.num_generated_tokens
+        finished: list[tuple[int, RequestOutput]] = []  # this rank's, not gathered yet
+        try:
+            while True:
+                flags = torch.tensor([int(engine.has_unfinished()), len(finished)], dtype=torch.int64, device=device)
+                self._collective("the per-step all_reduce of work flags", dist.all_reduce, flags, group=ctx.group)
+                ranks_with_work, num_finished = flags.tolist()
+                if num_finished:
+                    gathered = [None] * ctx.world_size if ctx.rank == 0 else None
+                    self._collective("gathering finished results to rank 0", dist.gather_object, finished, gathered, dst=0, group=ctx.group)
+                    finished = []
+                    if ctx.rank == 0:
+                        results = sorted((item for part in gathered for item in part), key=lambda item: item[0])
+                        bar.update(len(results))
+                        yield from results
+                if not ranks_with_work:
+                    break
+                try:
+                    if engine.has_unfinished():
+                        done = engine.step()
+                        finished.extend((self.position[seq.seq_id], engine.make_output(seq)) for seq in done)
+                    else:
+                        engine.idle_step()  # joins the MoE collectives with an empty batch
+                except Exception as exc:
+                    if is_collective_error(exc):
+                        raise collective_failure(ctx, "a model step", exc) from exc
+                    raise
+                if self.use_tqdm:
+                    elapsed = max(time.perf_counter() - start, 1e-9)
+                    prompt_rate = (engine.num_prompt_tokens_computed - prompt0) / elapsed
+                    gen_rate = (engine.num_generated_tokens - gen0) / elapsed
+                    bar.set_postfix_str(f"rank 0: prompt {prompt_rate:.1f} tok/s, generation {gen_rate:.1f} tok/s", refresh=False)
+        finally:
+            engine.abort_all()
+            bar.close()
