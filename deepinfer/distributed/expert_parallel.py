@@ -237,3 +237,52 @@ def ep_size_of(ep_group: object | None) -> int:
     if isinstance(ep_group, ExpertParallel):
         return ep_group.size
     return dist.get_world_size(ep_group)
+
+
+EP_PRIORITY = 100  # above every local dispatch/combine kernel and fast path of a backend
+
+
+def expert_parallel_kernels(local_dispatch, local_combine, *, library: str, local_note: str) -> list:
+    """EP `dispatch` / `combine` kernels built from a backend's local ones: permute locally, then
+    exchange rows over the ep_group (`ExpertParallel.exchange_*`, all_to_all_single over `library`).
+
+    Registered only when ep_size > 1, above the backend's local kernels (which refuse a group of
+    several ranks). With ep_group None or a one-rank group they are the local kernels.
+    """
+    from deepinfer.registry import Registration
+
+    def dispatch(
+        x: torch.Tensor,
+        topk_ids: torch.Tensor,
+        *,
+        num_experts: int,
+        ep_group: object | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        ep = as_expert_parallel(ep_group, num_experts)
+        send_x, send_offsets, row_of_slot = local_dispatch(x, topk_ids, num_experts=num_experts)
+        if ep is None:
+            return send_x, send_offsets, row_of_slot
+        expert_x, expert_offsets = ep.exchange_dispatch(send_x, send_offsets, row_of_slot)
+        return expert_x, expert_offsets, row_of_slot
+
+    def combine(
+        expert_out: torch.Tensor,
+        topk_weights: torch.Tensor,
+        row_of_slot: torch.Tensor,
+        *,
+        ep_group: object | None = None,
+    ) -> torch.Tensor:
+        ep = as_expert_parallel(ep_group)
+        if ep is not None:
+            expert_out = ep.exchange_combine(expert_out, row_of_slot)  # this rank's slots, in its send layout
+        return local_combine(expert_out, topk_weights, row_of_slot)
+
+    def multi_rank(ctx) -> bool:
+        return ctx.ep_size > 1
+
+    return [
+        Registration(op="dispatch", fn=dispatch, when=multi_rank, priority=EP_PRIORITY,
+                     note=f"{local_note} counting sort + all_to_all_single ({library}) across the EP group"),
+        Registration(op="combine", fn=combine, when=multi_rank, priority=EP_PRIORITY,
+                     note=f"all_to_all_single ({library}) back to the sources + {local_note} fixed-order combine"),
+    ]

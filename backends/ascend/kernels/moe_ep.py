@@ -9,7 +9,8 @@ which is how CI checks this module without Ascend hardware). The split sizes are
 dispatch (one all_to_all of the per-expert counts, one host synchronisation to size the receive
 buffer). This is the checked path; HCCL itself has not run here (no Ascend host was available).
 
-Registered with `when=ctx.ep_size > 1` and priority EP_PRIORITY, above the local Triton kernels
+Built by `deepinfer.distributed.expert_parallel.expert_parallel_kernels`: registered with
+`when=ctx.ep_size > 1` and priority EP_PRIORITY, above the local Triton kernels
 (priority 0, which refuse a group of several ranks) and the torch_npu fast paths (npu_ops.PRIORITY),
 so resolving the ops with ep_size > 1 picks these. With ep_group None or a one-rank group they are
 the local Triton kernels.
@@ -37,50 +38,8 @@ sum, as vllm-ascend uses on A2/A3). No Ascend hardware was available to write it
 
 from __future__ import annotations
 
-import torch
-
-from deepinfer.distributed.expert_parallel import as_expert_parallel
+from deepinfer.distributed.expert_parallel import EP_PRIORITY, expert_parallel_kernels  # noqa: F401
 from deepinfer_ascend.kernels import moe as local
-from deepinfer_ascend.kernels.common import Registration
 
-EP_PRIORITY = 100  # above the local Triton kernels and the torch_npu fast paths
-
-
-def dispatch(
-    x: torch.Tensor,
-    topk_ids: torch.Tensor,
-    *,
-    num_experts: int,
-    ep_group: object | None = None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    ep = as_expert_parallel(ep_group, num_experts)
-    send_x, send_offsets, row_of_slot = local.dispatch(x, topk_ids, num_experts=num_experts)
-    if ep is None:
-        return send_x, send_offsets, row_of_slot
-    expert_x, expert_offsets = ep.exchange_dispatch(send_x, send_offsets, row_of_slot)
-    return expert_x, expert_offsets, row_of_slot
-
-
-def combine(
-    expert_out: torch.Tensor,
-    topk_weights: torch.Tensor,
-    row_of_slot: torch.Tensor,
-    *,
-    ep_group: object | None = None,
-) -> torch.Tensor:
-    ep = as_expert_parallel(ep_group)
-    if ep is not None:
-        expert_out = ep.exchange_combine(expert_out, row_of_slot)  # this rank's slots, in its send layout
-    return local.combine(expert_out, topk_weights, row_of_slot)
-
-
-def _expert_parallel(ctx) -> bool:
-    return ctx.ep_size > 1
-
-
-REGISTRATIONS = [
-    Registration(op="dispatch", fn=dispatch, when=_expert_parallel, priority=EP_PRIORITY,
-                 note="Triton (ascend) counting sort + torch.distributed all_to_all_single (HCCL) across the EP group"),
-    Registration(op="combine", fn=combine, when=_expert_parallel, priority=EP_PRIORITY,
-                 note="torch.distributed all_to_all_single (HCCL) back to the sources + Triton (ascend) fixed-order combine"),
-]
+REGISTRATIONS = expert_parallel_kernels(local.dispatch, local.combine, library="HCCL", local_note="Triton (ascend)")
+dispatch, combine = (r.fn for r in REGISTRATIONS)
