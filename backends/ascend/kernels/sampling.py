@@ -1,3 +1,764 @@
-"""Ascend Triton kernels: sampling (being written)."""
+"""Ascend Triton kernels: `sample` (greedy / temperature / top-k / top-p / min-p with the stateless
+Gumbel noise of `sampling_uniform`) and `apply_token_bitmask`.
 
-REGISTRATIONS = []
+sample
+    Grid: `vector_grid(B)` programs, each looping over its rows (one row per iteration). A row is
+    streamed from global memory in BLOCK-wide tiles; no sort, no scratch memory, no host
+    synchronisation; every row takes its own parameters. Filter thresholds are found as float
+    *keys* (float32 bits mapped to an order-preserving int32), so a threshold is always an
+    element's value and ties behave as the reference's `>=`.
+
+    pass 1      lane maxima with their first index: the row maximum M and the greedy token (lowest
+                index among the maxima). Greedy rows, and rows that are all -inf, end here.
+    pass 2      (top-p or min-p) S = sum exp(z - zmax), z = logits / t, summed exactly (below);
+                r = 1 / S, p = exp(z - zmax) * r. For top-p the same pass estimates (float32) the
+                mass above 16 logits zmax - 0.25 e^{0.3 j}: a coarse bracket of the top-p threshold.
+    top-k       the k-th largest logit is >= the k-th largest lane maximum (the lane maxima are
+                distinct elements), found on chip by bisection over the BLOCK lane keys. One pass
+                collects every element >= that bound into per-lane slots ([CAND_R, CAND_L]: lane
+                j's i-th hit at [i, j], in index order; no prefix sum, no scatter); the k-th
+                largest key is then bisected among the candidates on chip.
+    top-p       Q = sum of p over keep_k, q = p / Q. The reference keeps q >= the last q of the
+                shortest descending prefix whose cumulative sum reaches top_p; equivalently the
+                threshold is q(kappa) for the largest key kappa with
+                round32(sum of q over keep_k with key >= kappa) >= top_p (q is monotone in the
+                logit). With the top-k candidates (they hold all of keep_k) Q and kappa come from
+                them. Otherwise a pass computes Q and refines the bracket (16 evenly spaced
+                estimates); the lowest estimate that clearly reaches top_p is a guessed lower bound,
+                a pass collects the elements above it, and kappa is bisected among them; the guess
+                is then checked exactly (the mass above it reaches top_p) - a wrong guess costs the
+                fallback. If the whole of keep_k does not reach top_p (rounding), every q is kept,
+                as in the reference.
+    min-p       p >= min_p * max p, max p = p(M) = r.
+    token       argmax over the kept v of z[v] + g[v] (lowest index on ties), g = -log(-log(u)),
+                u from the hash in the kernel; among the candidates when they hold every kept
+                element (top-k or top-p on), else one more pass over the row.
+    fallback    when a lane gets more than CAND_R candidates (top_k > BLOCK, a very flat nucleus,
+                e.g. top_p 0.95 at temperature 2 over 129k tokens), the thresholds are searched over
+                the whole row: 16 thresholds per pass ([SEARCH_L, 16] tiles), the key interval
+                shrinking 15-fold per pass (<= 9 passes), and the token takes a last pass.
+
+    Exact sums without float64 (the vector units have none): each value in [0, 1] is split into
+    three 20-bit integer limbs (2^-20, 2^-40, 2^-60) summed in int32 with carries, so a sum is
+    exact to 2^-60 per element and independent of the order (the candidate and the whole-row paths
+    give the same thresholds). `round32(mass) >= top_p` is decided exactly in that fixed point:
+    mass above the midpoint between top_p and the float32 below it (at the midpoint, round half to
+    even). The reference's cumulative sum runs in float64 (torch's CPU cumsum accumulates float32
+    in double) and rounds each prefix to float32; the two agree except within ~1e-12 of a rounding
+    boundary.
+
+    The hash (`sampling_uniform`) in the kernel: with NATIVE_U32 = False (the default) every 32-bit
+    word is held as two 16-bit halves in int32, so nothing depends on unsigned types, logical
+    shifts or wrap-around on overflow: xor and shifts act on the halves, and the multiplication by
+    a 32-bit constant is built from products of a 16-bit half by a byte of the constant (every
+    intermediate < 2^27). NATIVE_U32 = True uses uint32 multiplies (about 4x fewer operations;
+    bit-identical under the interpreter, to be confirmed on triton-ascend before it is switched
+    on). u = ((h >> 9) + 0.5) * 2^-23 is exact; seeds and positions arrive as int32 (low, high)
+    pairs (a view of the int64 tensors), so no int64 vector arithmetic either (int64 only for a few
+    scalars of the key bisections, whose intervals can span 2^32).
+
+    Residual differences from the reference (documented, not hidden): exp and log are the
+    device's (torch's CPU ones are its own vectorised versions; numpy's under the interpreter), and
+    S and Q are exactly rounded sums where torch's float32 sums round along the way. p and q can
+    therefore differ in the last bit, which changes a token only when a filter boundary is that
+    close (a cumulative mass within ~1e-7 of top_p, p within an ulp of min_p * max p) or two
+    perturbed values z + g are within an ulp; z, u, the top-k threshold and greedy are exact.
+
+    Budget (half the unified buffer: 96 KB on A2/A3, 128 KB on 950): BLOCK from ~25 live [BLOCK]
+    4-byte vectors (the hash in the last pass) -> 512 (A2/A3) / 1024 (950); candidates from ~10
+    live [CAND_R, CAND_L] arrays -> 8 x 256 on both (the hash runs on one [CAND_L] row of slots at
+    a time); the fallback's [256, 16] threshold tiles (4 live int32 arrays, 64 KB).
+
+apply_token_bitmask
+    Grid: `vector_grid(n_tiles)` programs over (row, block of BLOCK_W words) tiles, in place. A tile
+    is [BLOCK_W, 32]: word w's bits against a column of bit indices, so logits are addressed
+    contiguously (row offset w * 32 + bit) with no gather; the bit is read with an arithmetic shift
+    and `& 1`, right for bit 31 (the sign bit) too. Forbidden logits get -inf by a masked store.
+    float64 logits (a test dtype) go to the reference.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from deepinfer.ops.sampling import apply_token_bitmask as _reference_bitmask
+from deepinfer_ascend.device import path_choice
+from deepinfer_ascend.kernels.common import Registration, cdiv, current, launch_options, next_power_of_2, vector_grid
+
+_MIN_KEY = tl.constexpr(-(2**31))
+_MAX_KEY = tl.constexpr(2**31 - 1)
+_NT = 16  # thresholds per pass of a fallback search
+_ROUNDS = 9  # fallback passes that narrow any int32 key interval to one key: 15^9 > 2^32
+_SEARCH_LANES = 256  # tile of the fallback searches: [256, 16] threshold tiles
+_CAND_LANES = 256  # candidate collection: lanes x slots per lane held on chip
+# The hash's 32-bit multiplications: False builds them from 16-bit halves (no reliance on unsigned
+# wrap-around); True uses uint32 multiply (fewer operations; equal under the interpreter, to be
+# confirmed on triton-ascend hardware before it is switched on).
+NATIVE_U32 = False
+
+# ---------------------------------------------------------------------------------------------
+# float keys, fixed-point sums, the hash
+
+
+@triton.jit
+def _okey(x):
+    """float32 -> int32 whose order is the floats' order (-0.0 maps to +0.0's key)."""
+    b = x.to(tl.int32, bitcast=True)
+    k = tl.where(b >= 0, b, b ^ 0x7FFFFFFF)
+    return tl.where(x == 0.0, 0, k)
+
+
+@triton.jit
+def _from_key(k):
+    b = tl.where(k >= 0, k, k ^ 0x7FFFFFFF)
+    return b.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _split3(v):
+    """v in [0, 1] -> integer limbs (a, b, c) with v ~ a 2^-20 + b 2^-40 + c 2^-60 (truncated)."""
+    s = v * 1048576.0
+    a = tl.floor(s)
+    s = (s - a) * 1048576.0  # exact: the fraction of s, rescaled by a power of two
+    b = tl.floor(s)
+    c = tl.floor((s - b) * 1048576.0)
+    return a.to(tl.int32), b.to(tl.int32), c.to(tl.int32)
+
+
+@triton.jit
+def _carry(U, A, B, C):
+    B = B + (C >> 20)
+    C = C & 0xFFFFF
+    A = A + (B >> 20)
+    B = B & 0xFFFFF
+    U = U + (A >> 20)
+    A = A & 0xFFFFF
+    return U, A, B, C
+
+
+@triton.jit
+def _limbsum2(sel, a, b, c):
+    """Exact sum of the selected elements' limbs over a 2-D tile of at most 2048 elements whose
+    values sum to <= 1 (probabilities): no int32 sum can overflow (a limb's sum stays below
+    2^20 * (the values' sum) + 2^20 * 2048 for b and c)."""
+    A = tl.sum(tl.sum(tl.where(sel, a, 0), axis=1), axis=0)
+    B = tl.sum(tl.sum(tl.where(sel, b, 0), axis=1), axis=0)
+    C = tl.sum(tl.sum(tl.where(sel, c, 0), axis=1), axis=0)
+    return _carry(A * 0, A, B, C)
+
+
+@triton.jit
+def _fixed_to_float(U, A, B, C):
+    """U + A 2^-20 + B 2^-40 + C 2^-60 rounded to float32 (a two-sum keeps the first rounding's error)."""
+    hi = U.to(tl.float32)
+    lo = A.to(tl.float32) * 9.5367431640625e-07  # 2^-20
+    s = hi + lo
+    bb = s - hi
+    err = (hi - (s - bb)) + (lo - bb)
+    rest = B.to(tl.float32) * 9.094947017729282e-13 + C.to(tl.float32) * 8.673617379884035e-19  # 2^-40, 2^-60
+    return s + (err + rest)
+
+
+@triton.jit
+def _midpoint(top_p):
+    """The fixed-point limbs of the midpoint between top_p and the float32 below it, and whether a
+    mass exactly there rounds up to top_p (round half to even); top_p < 1."""
+    top_p = tl.where(top_p.to(tl.int32, bitcast=True) <= 0, 0.5, top_p)  # (top_p <= 0: `_reaches` says yes anyway)
+    below = (top_p.to(tl.int32, bitcast=True) - 1).to(tl.float32, bitcast=True)
+    half = (top_p - below) * 0.5  # exact: a power of two
+    ta, tb, tc = _split3(below)
+    ha, hb, hc = _split3(half)
+    tu, ta, tb, tc = _carry(ta * 0, ta + ha, tb + hb, tc + hc)
+    tie_up = (top_p.to(tl.int32, bitcast=True) & 1) == 0
+    return tu, ta, tb, tc, tie_up
+
+
+@triton.jit
+def _reaches(U, A, B, C, tu, ta, tb, tc, tie_up, top_p):
+    """round32(U + A 2^-20 + B 2^-40 + C 2^-60) >= top_p, decided exactly against the midpoint."""
+    gt = (U > tu) | ((U == tu) & ((A > ta) | ((A == ta) & ((B > tb) | ((B == tb) & (C > tc))))))
+    eq = (U == tu) & (A == ta) & (B == tb) & (C == tc)
+    nonpositive = top_p.to(tl.int32, bitcast=True) <= 0  # top_p <= 0: every mass reaches it
+    return gt | (eq & tie_up) | nonpositive
+
+
+@triton.jit
+def _mul32(l, h, C0: tl.constexpr, C1: tl.constexpr, C2: tl.constexpr, C3: tl.constexpr):
+    """(h 2^16 + l) * C mod 2^32 as halves, C = bytes C3 C2 C1 C0; intermediates < 2^27."""
+    p0 = l * C0
+    p1 = l * C1
+    t = p0 + ((p1 & 0xFF) << 8)
+    lo = t & 0xFFFF
+    carry = (t >> 16) + (p1 >> 8)
+    a1 = h * C0 + (((h * C1) & 0xFF) << 8)
+    a2 = l * C2 + (((l * C3) & 0xFF) << 8)
+    hi = (carry + a1 + a2) & 0xFFFF
+    return lo, hi
+
+
+@triton.jit
+def _xorshift15(l, h):
+    """x ^= x >> 15 on halves."""
+    l2 = l ^ (((h << 1) & 0xFFFF) | (l >> 15))
+    return l2, h ^ (h >> 15)
+
+
+@triton.jit
+def _mix(l, h, NATIVE_U32: tl.constexpr):
+    if NATIVE_U32:
+        x = ((h << 16) | l).to(tl.uint32)
+        x = x ^ (x >> 16)
+        x = x * 0x21F0AAAD
+        x = x ^ (x >> 15)
+        x = x * 0xD35A2D97
+        x = x ^ (x >> 15)
+        l = (x & 0xFFFF).to(tl.int32)
+        h = (x >> 16).to(tl.int32)
+    else:
+        l = l ^ h  # x ^= x >> 16
+        l, h = _mul32(l, h, 0xAD, 0xAA, 0xF0, 0x21)  # x *= 0x21F0AAAD
+        l, h = _xorshift15(l, h)
+        l, h = _mul32(l, h, 0x97, 0x2D, 0x5A, 0xD3)  # x *= 0xD35A2D97
+        l, h = _xorshift15(l, h)
+    return l, h
+
+
+@triton.jit
+def _row_hash(seed_lo, seed_hi, pos_lo, NATIVE_U32: tl.constexpr):
+    """mix(mix(mix(seed_lo + 0x9E3779B9) ^ seed_hi) ^ position_lo) from int32 words, as halves."""
+    l = (seed_lo & 0xFFFF) + 0x79B9
+    h = (((seed_lo >> 16) & 0xFFFF) + 0x9E37 + (l >> 16)) & 0xFFFF
+    l = l & 0xFFFF
+    l, h = _mix(l, h, NATIVE_U32)
+    l, h = _mix(l ^ (seed_hi & 0xFFFF), h ^ ((seed_hi >> 16) & 0xFFFF), NATIVE_U32)
+    return _mix(l ^ (pos_lo & 0xFFFF), h ^ ((pos_lo >> 16) & 0xFFFF), NATIVE_U32)
+
+
+@triton.jit
+def _uniform(rl, rh, idx, NATIVE_U32: tl.constexpr):
+    """u = ((mix(row ^ v) >> 9) + 0.5) 2^-23 for int32 indices v >= 0."""
+    l, h = _mix(rl ^ (idx & 0xFFFF), rh ^ (idx >> 16), NATIVE_U32)
+    return (((h << 7) | (l >> 9)).to(tl.float32) + 0.5) * 1.1920928955078125e-07
+
+
+@triton.jit
+def _uniform_kernel(seed_ptr, pos_ptr, out_ptr, V, BLOCK: tl.constexpr, NATIVE_U32: tl.constexpr):
+    """Test hook: sampling_uniform for one row per program."""
+    row = tl.program_id(0)
+    rl, rh = _row_hash(tl.load(seed_ptr + 2 * row), tl.load(seed_ptr + 2 * row + 1), tl.load(pos_ptr + 2 * row), NATIVE_U32)
+    for start in range(0, V, BLOCK):
+        offs = start + tl.arange(0, BLOCK)
+        tl.store(out_ptr + row * V + offs, _uniform(rl, rh, offs, NATIVE_U32), mask=offs < V)
+
+
+# ---------------------------------------------------------------------------------------------
+# sample: searches over candidates held on chip
+
+
+@triton.jit
+def _p_of(x, td, zmax, r):
+    # the reference: z = logits / t; p = softmax(z) = exp(z - max z) * (1 / sum)
+    return tl.exp(x / td - zmax) * r
+
+
+@triton.jit
+def _collect(lp, V, lo_key, R: tl.constexpr, L: tl.constexpr):
+    """One pass: every element with key >= lo_key into per-lane slots ([R, L]: lane j's i-th hit at
+    [i, j], in index order). Returns (values, indices, valid, the most hits of a lane): more than
+    R means the slots are incomplete."""
+    lanes = tl.arange(0, L)
+    slots = tl.arange(0, R)
+    cx = tl.full([R, L], float("-inf"), tl.float32)
+    ci = tl.zeros([R, L], dtype=tl.int32)
+    cnt = tl.zeros([L], dtype=tl.int32)
+    for start in range(0, V, L):
+        offs = start + lanes
+        ok = offs < V
+        x = tl.load(lp + offs, mask=ok, other=float("-inf"))
+        hit = ok & (_okey(x) >= lo_key)
+        put = (slots[:, None] == cnt[None, :]) & hit[None, :]
+        cx = tl.where(put, x[None, :], cx)
+        ci = tl.where(put, offs[None, :], ci)
+        cnt += hit.to(tl.int32)
+    valid = slots[:, None] < cnt[None, :]
+    return cx, ci, valid, tl.max(cnt, axis=0)
+
+
+@triton.jit
+def _bracket(keys, valid, lo, hi):
+    """[lo, hi] narrowed to the keys present (the answer is one of them; no key lies between lo
+    and the smallest one >= lo, so the search's predicate is the same there)."""
+    k_lo = tl.min(tl.min(tl.where(valid & (keys >= lo.to(tl.int32)), keys, _MAX_KEY), axis=1), axis=0)
+    k_hi = tl.max(tl.max(tl.where(valid, keys, _MIN_KEY), axis=1), axis=0)
+    new_lo = tl.maximum(lo, k_lo.to(tl.int64))
+    new_hi = tl.maximum(tl.minimum(hi, k_hi.to(tl.int64)), new_lo)
+    return tl.where(k_lo < _MAX_KEY, new_lo, lo), tl.where(k_lo < _MAX_KEY, new_hi, lo)
+
+
+@triton.jit
+def _search_count(keys, valid, k, lo, hi):
+    """Largest key in [lo, hi] (int64 scalars) with count(valid & keys >= key) >= k, by bisection
+    over a 2-D tile held on chip; count(>= lo) >= k is known."""
+    lo, hi = _bracket(keys, valid, lo, hi)
+    for _ in range(32):
+        if lo < hi:
+            mid = lo + (hi - lo + 1) // 2
+            c = tl.sum(tl.sum((valid & (keys >= mid.to(tl.int32))).to(tl.int32), axis=1), axis=0)
+            good = c >= k
+            lo = tl.where(good, mid, lo)
+            hi = tl.where(good, hi, mid - 1)
+    return lo
+
+
+@triton.jit
+def _search_mass(keys, a, b, c, lo, hi, top_p):
+    """(kappa, found): the largest key in [lo, hi] whose mass (limbs a, b, c of the elements with
+    keys >= kappa; zero limbs for elements that do not count) rounds to >= top_p, by bisection over
+    a 2-D tile held on chip; found = whether lo itself reaches top_p (else kappa = lo, unused)."""
+    tu, ta, tb, tc, tie_up = _midpoint(top_p)
+    lo, hi = _bracket(keys, keys > _MIN_KEY, lo, hi)
+    U, A, B, C = _limbsum2(keys >= lo.to(tl.int32), a, b, c)
+    found = _reaches(U, A, B, C, tu, ta, tb, tc, tie_up, top_p).to(tl.int32)
+    hi = tl.where(found != 0, hi, lo)
+    for _ in range(32):
+        if lo < hi:
+            mid = lo + (hi - lo + 1) // 2
+            U, A, B, C = _limbsum2(keys >= mid.to(tl.int32), a, b, c)
+            good = _reaches(U, A, B, C, tu, ta, tb, tc, tie_up, top_p)
+            lo = tl.where(good, mid, lo)
+            hi = tl.where(good, hi, mid - 1)
+    return lo, found
+
+
+# ---------------------------------------------------------------------------------------------
+# sample: fallback searches over the whole row (when the candidates overflow their slots)
+
+
+@triton.jit
+def _thresholds(lo, hi, jt, NT: tl.constexpr):
+    """NT keys lo, lo + step, ... (clamped to hi) with step = ceil((hi - lo) / (NT - 1)); int64 scalars in."""
+    step = (hi - lo + NT - 2) // (NT - 1)
+    step = tl.maximum(step, 1)
+    m = tl.minimum(lo + jt.to(tl.int64) * step, hi)
+    return m.to(tl.int32), step
+
+
+@triton.jit
+def _narrow(lo, hi, step, n_true, NT: tl.constexpr):
+    """The new interval after NT thresholds lo + j step, of which the first n_true passed."""
+    new_lo = tl.minimum(lo + (n_true - 1).to(tl.int64) * step, hi)
+    new_hi = tl.where(n_true < NT, tl.minimum(lo + n_true.to(tl.int64) * step, hi) - 1, hi)
+    return new_lo, new_hi
+
+
+@triton.jit
+def _topk_rows(lp, V, k, lo, hi, BLOCK: tl.constexpr, NT: tl.constexpr, ROUNDS: tl.constexpr):
+    """The key of the row's k-th largest logit in [lo, hi] (count(>= lo) >= k known): NT
+    thresholds per pass over the row."""
+    lanes = tl.arange(0, BLOCK)
+    jt = tl.arange(0, NT)
+    for _ in range(ROUNDS):
+        if lo < hi:
+            m, step = _thresholds(lo, hi, jt, NT)
+            cnt = tl.zeros([NT], dtype=tl.int32)
+            for start in range(0, V, BLOCK):
+                offs = start + lanes
+                ok = offs < V
+                key = _okey(tl.load(lp + offs, mask=ok, other=float("-inf")))
+                cnt += tl.sum(((key[:, None] >= m[None, :]) & ok[:, None]).to(tl.int32), axis=0)
+            lo, hi = _narrow(lo, hi, step, tl.sum((cnt >= k).to(tl.int32), axis=0), NT)
+    return lo
+
+
+@triton.jit
+def _topp_rows(lp, V, td, zmax, r, Q, tk_key, top_p, lo, hi, BLOCK: tl.constexpr, NT: tl.constexpr, ROUNDS: tl.constexpr):
+    """(kappa, found) as `_search_mass`, with NT thresholds per pass over the row."""
+    lanes = tl.arange(0, BLOCK)
+    jt = tl.arange(0, NT)
+    found = tl.sum(tl.zeros([NT], dtype=tl.int32), axis=0)
+    checked = found
+    tu, ta, tb, tc, tie_up = _midpoint(top_p)
+    for _ in range(ROUNDS + 1):
+        if (lo < hi) | (checked == 0):
+            m, step = _thresholds(lo, hi, jt, NT)
+            U = tl.zeros([NT], dtype=tl.int32)
+            A = tl.zeros([NT], dtype=tl.int32)
+            B = tl.zeros([NT], dtype=tl.int32)
+            C = tl.zeros([NT], dtype=tl.int32)
+            for start in range(0, V, BLOCK):
+                offs = start + lanes
+                ok = offs < V
+                x = tl.load(lp + offs, mask=ok, other=float("-inf"))
+                key = _okey(x)
+                a, b, c = _split3(tl.where(ok & (key >= tk_key), _p_of(x, td, zmax, r) / Q, 0.0))
+                sel = key[:, None] >= m[None, :]
+                A += tl.sum(tl.where(sel, a[:, None], 0), axis=0)
+                B += tl.sum(tl.where(sel, b[:, None], 0), axis=0)
+                C += tl.sum(tl.where(sel, c[:, None], 0), axis=0)
+                U, A, B, C = _carry(U, A, B, C)
+            n_true = tl.sum(_reaches(U, A, B, C, tu, ta, tb, tc, tie_up, top_p).to(tl.int32), axis=0)
+            if checked == 0:
+                found = (n_true > 0).to(tl.int32)  # the first threshold is lo itself
+                checked = found * 0 + 1
+            if found == 0:
+                hi = lo
+            else:
+                lo, hi = _narrow(lo, hi, step, n_true, NT)
+    return lo, found
+
+
+# ---------------------------------------------------------------------------------------------
+# sample: the kernel
+
+
+@triton.jit
+def _sample_kernel(
+    logits_ptr, stride_row, temp_ptr, topk_ptr, topp_ptr, minp_ptr, seed_ptr, pos_ptr, out_ptr, path_ptr,
+    B, V,
+    BLOCK: tl.constexpr,  # streaming passes
+    CAND_R: tl.constexpr,  # candidate slots per lane
+    CAND_L: tl.constexpr,  # candidate lanes
+    SEARCH_L: tl.constexpr,  # fallback search tile
+    NT: tl.constexpr,
+    ROUNDS: tl.constexpr,
+    NATIVE_U32: tl.constexpr,
+    RECORD_PATH: tl.constexpr,  # tests: which searches each row took (PATH_* flags)
+):
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+    lanes = tl.arange(0, BLOCK)
+    for row in range(pid, B, nprog):
+        path = tl.program_id(0) * 0
+        lp = logits_ptr + row * stride_row
+        temp = tl.load(temp_ptr + row)
+        k = tl.load(topk_ptr + row)
+        top_p = tl.load(topp_ptr + row)
+        min_p = tl.load(minp_ptr + row)
+        greedy = temp == 0.0
+        td = tl.where(greedy, 1.0, temp)
+        k_on = (k > 0) & (k < V)
+        p_on = top_p < 1.0
+        m_on = min_p > 0.0
+
+        # pass 1: lane maxima (first index per lane), the row maximum, the greedy token
+        lane_max = tl.full([BLOCK], float("-inf"), tl.float32)
+        lane_idx = tl.zeros([BLOCK], dtype=tl.int32)
+        lane_min = tl.full([BLOCK], _MAX_KEY, tl.int32)
+        for start in range(0, V, BLOCK):
+            offs = start + lanes
+            ok = offs < V
+            x = tl.load(lp + offs, mask=ok, other=float("-inf"))
+            up = x > lane_max
+            lane_idx = tl.where(up, offs, lane_idx)
+            lane_max = tl.where(up, x, lane_max)
+            lane_min = tl.minimum(lane_min, tl.where(ok, _okey(x), _MAX_KEY))
+        M = tl.max(lane_max, axis=0)
+        token = tl.min(tl.where(lane_max == M, lane_idx, _MAX_KEY), axis=0)
+        token = tl.where(M == float("-inf"), 0, token)  # all -inf: the reference's argmax is 0
+        if (greedy == 0) & (M > float("-inf")):
+            zmax = M / td
+            kmax = _okey(M)
+            kmin = tl.min(lane_min, axis=0)
+            lane_key = _okey(lane_max)[None, :]  # [1, BLOCK]: distinct elements of the row
+            # pass 2 (top-p, min-p): the softmax normaliser, summed exactly
+            r = td * 0.0 + 1.0
+            # top-p, a coarse bracket of its threshold: float32 estimates of the mass above the
+            # logits zmax - d_j (d_j = 0.25 e^{0.3 j}, up to 22.5 for NT = 16)
+            xc = (zmax - 0.25 * tl.exp(0.3 * tl.arange(0, NT).to(tl.float32))) * td
+            x_lo = zmax * 0.0
+            x_hi = zmax * 0.0
+            bracket = kmin * 0
+            if p_on | m_on:
+                U = kmin * 0
+                A = U
+                Bl = U
+                C = U
+                coarse = tl.zeros([NT], dtype=tl.float32)
+                for start in range(0, V, BLOCK):
+                    offs = start + lanes
+                    x = tl.load(lp + offs, mask=offs < V, other=float("-inf"))
+                    e = tl.exp(x / td - zmax)
+                    a, b, c = _split3(e)
+                    U, A, Bl, C = _carry(U, A + tl.sum(a, axis=0), Bl + tl.sum(b, axis=0), C + tl.sum(c, axis=0))
+                    if p_on:
+                        coarse += tl.sum(tl.where(x[:, None] >= xc[None, :], e[:, None], 0.0), axis=0)
+                S = _fixed_to_float(U, A, Bl, C)
+                r = 1.0 / S
+                n_c = tl.sum((coarse >= top_p * S * 1.0001).to(tl.int32), axis=0)
+                if n_c > 0:
+                    # the crossing lies between xc[j1] and xc[j1 - 1] (or M): the clear ones are a suffix
+                    j1 = NT - n_c
+                    x_lo = tl.max(tl.where(tl.arange(0, NT) == j1, xc, float("-inf")), axis=0)
+                    x_hi = tl.where(j1 > 0, tl.max(tl.where(tl.arange(0, NT) == j1 - 1, xc, float("-inf")), axis=0), M)
+                    bracket = n_c * 0 + 1
+
+            # candidates: a set {key >= lo} held on chip that is known to contain every kept element
+            have = kmin * 0
+            cx = tl.full([CAND_R, CAND_L], float("-inf"), tl.float32)
+            ci = tl.zeros([CAND_R, CAND_L], dtype=tl.int32)
+            valid = ci != 0
+            n_slots = kmin * 0
+            # keep_k: the k-th largest logit's key; it is >= the k-th largest lane maximum
+            tk_key = kmin * 0 + _MIN_KEY
+            if k_on:
+                lo_k = kmin.to(tl.int64)
+                if k <= BLOCK:
+                    lo_k = _search_count(lane_key, lane_key == lane_key, k, lo_k, kmax.to(tl.int64))
+                cx, ci, valid, n_slots = _collect(lp, V, lo_k.to(tl.int32), CAND_R, CAND_L)
+                if n_slots <= CAND_R:
+                    have = kmin * 0 + 1
+                    tk_key = _search_count(_okey(cx), valid, k, lo_k, kmax.to(tl.int64)).to(tl.int32)
+                    path = path | 1
+                else:
+                    path = path | 2
+                    tk_key = _topk_rows(lp, V, k, lo_k, kmax.to(tl.int64), SEARCH_L, NT, ROUNDS).to(tl.int32)
+            # keep_p: q = p / Q over keep_k; threshold q(kappa) (see the module docstring)
+            Q = td * 0.0 + 1.0
+            tp = td * 0.0
+            tp_on = kmin * 0
+            if p_on:
+                lo_base = tl.maximum(kmin, tk_key).to(tl.int64)
+                lo_p = lo_base
+                guessed = kmin * 0
+                if have != 0:
+                    # keep_k lies within the candidates: Q from them
+                    a, b, c = _split3(_p_of(cx, td, zmax, r))
+                    U, A, Bl, C = _limbsum2(valid & (_okey(cx) >= tk_key), a, b, c)
+                    Q = _fixed_to_float(U, A, Bl, C)
+                else:
+                    # a pass for Q, which also refines the bracket: float32 estimates of the mass above
+                    # NT logits evenly spaced in it; the largest one that clearly reaches top_p is a
+                    # guess for a lower bound, checked exactly among the candidates
+                    xf = x_lo + (x_hi - x_lo) * (tl.arange(0, NT).to(tl.float32) / NT)
+                    approx = tl.zeros([NT], dtype=tl.float32)
+                    U = kmin * 0
+                    A = U
+                    Bl = U
+                    C = U
+                    for start in range(0, V, BLOCK):
+                        offs = start + lanes
+                        ok = offs < V
+                        x = tl.load(lp + offs, mask=ok, other=float("-inf"))
+                        p = tl.where(ok & (_okey(x) >= tk_key), _p_of(x, td, zmax, r), 0.0)
+                        a, b, c = _split3(p)
+                        U, A, Bl, C = _carry(U, A + tl.sum(a, axis=0), Bl + tl.sum(b, axis=0), C + tl.sum(c, axis=0))
+                        if bracket != 0:
+                            approx += tl.sum(tl.where(x[:, None] >= xf[None, :], p[:, None], 0.0), axis=0)
+                    Q = _fixed_to_float(U, A, Bl, C)
+                    n_f = tl.sum((approx >= top_p * Q * 1.0001 + 1e-6).to(tl.int32), axis=0)
+                    if (bracket != 0) & (n_f > 0):
+                        # ascending thresholds: the clear ones are a prefix
+                        guess = _okey(tl.max(tl.where(tl.arange(0, NT) == n_f - 1, xf, float("-inf")), axis=0))
+                        lo_p = tl.maximum(lo_base, guess.to(tl.int64))
+                        guessed = (lo_p > lo_base).to(tl.int32)
+                    cx, ci, valid, n_slots = _collect(lp, V, lo_p.to(tl.int32), CAND_R, CAND_L)
+                    have = (n_slots <= CAND_R).to(tl.int32)
+                tp_key = lo_p
+                found = kmin * 0
+                if have != 0:
+                    ckey = tl.where(valid, _okey(cx), _MIN_KEY)
+                    a, b, c = _split3(tl.where(ckey >= tk_key, _p_of(cx, td, zmax, r) / Q, 0.0))
+                    tp_key, found = _search_mass(ckey, a, b, c, lo_p, kmax.to(tl.int64), top_p)
+                    path = path | 4
+                    if (found == 0) & (guessed != 0):
+                        have = kmin * 0  # the guess was too high: search the whole row
+                        path = path | 8
+                if have == 0:
+                    path = path | 16
+                    tp_key, found = _topp_rows(lp, V, td, zmax, r, Q, tk_key, top_p, lo_base, kmax.to(tl.int64), SEARCH_L, NT, ROUNDS)
+                if found != 0:
+                    tp = _p_of(_from_key(tp_key.to(tl.int32)), td, zmax, r) / Q
+                    tp_on = found
+            # keep_m: p >= min_p * max p, max p = p(M) = exp(0) * r
+            thr = min_p * r
+            # the token: argmax of z + g over the kept elements, lowest index on ties
+            rl, rh = _row_hash(tl.load(seed_ptr + 2 * row), tl.load(seed_ptr + 2 * row + 1), tl.load(pos_ptr + 2 * row), NATIVE_U32)
+            if have != 0:
+                # every kept element is a candidate; the slots are hashed one row of lanes at a
+                # time (a [CAND_L] vector), so the hash's temporaries stay small
+                path = path | 32
+                ckeep = valid & (_okey(cx) >= tk_key)
+                if p_on | m_on:
+                    cp = _p_of(cx, td, zmax, r)
+                    if tp_on != 0:
+                        ckeep = ckeep & (cp / Q >= tp)
+                    if m_on:
+                        ckeep = ckeep & (cp >= thr)
+                slot_ar = tl.arange(0, CAND_R)[:, None]
+                cbest = tl.full([CAND_L], float("-inf"), tl.float32)
+                cbest_idx = tl.full([CAND_L], _MAX_KEY, tl.int32)
+                for i in range(0, n_slots):
+                    on = slot_ar == i
+                    xi = tl.max(tl.where(on, cx, float("-inf")), axis=0)
+                    ii = tl.max(tl.where(on, ci, 0), axis=0)
+                    ki = tl.max(tl.where(on & ckeep, 1, 0), axis=0) > 0
+                    cval = tl.where(ki, xi / td - tl.log(-tl.log(_uniform(rl, rh, ii, NATIVE_U32))), float("-inf"))
+                    cup = cval > cbest  # a lane's slots are in index order: ties keep the lowest index
+                    cbest_idx = tl.where(cup, ii, cbest_idx)
+                    cbest = tl.where(cup, cval, cbest)
+                bmax = tl.max(cbest, axis=0)
+                token = tl.min(tl.where(cbest == bmax, cbest_idx, _MAX_KEY), axis=0)
+            else:
+                best = tl.full([BLOCK], float("-inf"), tl.float32)
+                best_idx = tl.full([BLOCK], _MAX_KEY, tl.int32)
+                for start in range(0, V, BLOCK):
+                    offs = start + lanes
+                    ok = offs < V
+                    x = tl.load(lp + offs, mask=ok, other=float("-inf"))
+                    keep = ok & (_okey(x) >= tk_key)
+                    if p_on | m_on:
+                        p = _p_of(x, td, zmax, r)
+                        if tp_on != 0:
+                            keep = keep & (p / Q >= tp)
+                        if m_on:
+                            keep = keep & (p >= thr)
+                    val = tl.where(keep, x / td - tl.log(-tl.log(_uniform(rl, rh, offs, NATIVE_U32))), float("-inf"))
+                    up = val > best
+                    best_idx = tl.where(up, offs, best_idx)
+                    best = tl.where(up, val, best)
+                bmax = tl.max(best, axis=0)
+                token = tl.min(tl.where(best == bmax, best_idx, _MAX_KEY), axis=0)
+            token = tl.where(bmax == float("-inf"), 0, token)  # nothing kept above -inf: index 0
+        tl.store(out_ptr + row, token.to(tl.int64))
+        if RECORD_PATH:
+            tl.store(path_ptr + row, path)
+
+
+# which searches a row took (recorded for tests)
+PATH_TOPK_CANDIDATES = 1  # the k-th largest found among the candidates on chip
+PATH_TOPK_ROWS = 2  # the candidates overflowed: threshold passes over the row
+PATH_TOPP_CANDIDATES = 4
+PATH_TOPP_BAD_GUESS = 8  # the estimated lower bound did not reach top_p exactly
+PATH_TOPP_ROWS = 16
+PATH_TOKEN_CANDIDATES = 32  # the token drawn among the candidates (else one more pass over the row)
+
+
+def _sample_sizes() -> dict:
+    """Tile sizes from the chip's unified buffer (half of it per kernel):
+    BLOCK (streaming passes, the final one the widest: ~25 live [BLOCK] int32/float32 vectors of the
+    hash and the rules) and CAND_R x CAND_L candidate slots (values, indices, keys, three limbs,
+    masks and a selection: ~10 live [R, L] arrays of 4 bytes; the hash runs on one [L] row of
+    slots at a time)."""
+    budget = current().ub_bytes // 2
+    block = 1 << ((budget // (25 * 4)).bit_length() - 1)
+    block = max(256, min(block, 1024))  # <= 1024: the limb sums' int32 headroom
+    cand_r = 1 << ((budget // (10 * 4 * _CAND_LANES)).bit_length() - 1)
+    return dict(BLOCK=block, CAND_R=max(4, min(cand_r, 2048 // _CAND_LANES)), CAND_L=_CAND_LANES, SEARCH_L=_SEARCH_LANES, NT=_NT, ROUNDS=_ROUNDS)
+
+
+def _words(t: torch.Tensor) -> torch.Tensor:
+    """int64 [B] -> int32 [B, 2] (low word, high word), a view when possible (no kernel)."""
+    t = t.reshape(-1).to(torch.int64).contiguous()
+    return t.view(torch.int32).view(-1, 2)
+
+
+def sample(
+    logits: torch.Tensor,
+    temperature: torch.Tensor,
+    top_k: torch.Tensor,
+    top_p: torch.Tensor,
+    min_p: torch.Tensor,
+    seeds: torch.Tensor,
+    positions: torch.Tensor,
+) -> torch.Tensor:
+    return _sample(logits, temperature, top_k, top_p, min_p, seeds, positions)
+
+
+def _sample(logits, temperature, top_k, top_p, min_p, seeds, positions, paths=None, **sizes):
+    """`sample` with tile sizes overridable (tests force the fallback paths with tiny candidate
+    slots) and, given `paths` (int32 [B]), the searches each row took recorded: PATH_* flags."""
+    B, V = logits.shape
+    out = torch.empty(B, dtype=torch.int64, device=logits.device)
+    if B == 0:
+        return out
+    x = logits if logits.dtype == torch.float32 else logits.float()
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    if (B - 1) * x.stride(0) + V >= 2**31:
+        raise ValueError(f"sample (ascend Triton): logits of {B}x{V} exceed int32 offsets")
+    _sample_kernel[(vector_grid(B),)](
+        x, x.stride(0),
+        temperature.to(torch.float32).contiguous(),
+        top_k.to(torch.int32).contiguous(),
+        top_p.to(torch.float32).contiguous(),
+        min_p.to(torch.float32).contiguous(),
+        _words(seeds), _words(positions), out, paths if paths is not None else out,
+        B, V,
+        **{**_sample_sizes(), "NATIVE_U32": NATIVE_U32, "RECORD_PATH": paths is not None, **sizes},
+        **launch_options(),
+    )
+    return out
+
+
+def uniform(seeds: torch.Tensor, positions: torch.Tensor, vocab_size: int, native_u32: bool = NATIVE_U32) -> torch.Tensor:
+    """The kernel's `sampling_uniform` (for tests: it must equal the reference bit for bit)."""
+    B = seeds.shape[0]
+    out = torch.empty(B, vocab_size, dtype=torch.float32, device=seeds.device)
+    if B and vocab_size:
+        _uniform_kernel[(B,)](_words(seeds), _words(positions), out, vocab_size, BLOCK=1024, NATIVE_U32=native_u32)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# apply_token_bitmask
+
+_BITMASK_WORDS = 64  # words per tile: [64, 32] logits
+
+
+@triton.jit
+def _bitmask_kernel(
+    logits_ptr, mask_ptr,
+    R, V, W, stride_l, stride_m,
+    BLOCK_W: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+    w_tiles = tl.cdiv(W, BLOCK_W)
+    n_tiles = R * w_tiles
+    bit = tl.arange(0, 32)
+    w_ar = tl.arange(0, BLOCK_W)
+    for tile in range(pid, n_tiles, nprog):
+        row = tile // w_tiles
+        words = (tile % w_tiles) * BLOCK_W + w_ar
+        word = tl.load(mask_ptr + row * stride_m + words, mask=words < W, other=-1)
+        allowed = ((word[:, None] >> bit[None, :]) & 1) != 0  # arithmetic shift: bit 31 reads right
+        v = words[:, None] * 32 + bit[None, :]
+        neg = tl.full([BLOCK_W, 32], float("-inf"), logits_ptr.dtype.element_ty)
+        tl.store(logits_ptr + row * stride_l + v, neg, mask=(v < V) & (allowed == 0))
+
+
+def apply_token_bitmask(logits: torch.Tensor, bitmask: torch.Tensor) -> torch.Tensor:
+    rows, vocab = logits.shape
+    if tuple(bitmask.shape) != (rows, (vocab + 31) // 32):
+        raise ValueError(f"bitmask has shape {tuple(bitmask.shape)}, expected ({rows}, {(vocab + 31) // 32}) for logits {tuple(logits.shape)}")
+    if rows == 0 or vocab == 0:
+        return logits
+    if logits.dtype == torch.float64 or logits.numel() >= 2**31:
+        return _reference_bitmask(logits, bitmask)
+    if logits.stride(-1) != 1:
+        # in place on a non-unit-stride view: fill a contiguous copy, write it back
+        tmp = logits.contiguous()
+        apply_token_bitmask(tmp, bitmask)
+        return logits.copy_(tmp)
+    m = bitmask if bitmask.dtype == torch.int32 else bitmask.to(torch.int32)
+    m = m if m.stride(-1) == 1 else m.contiguous()
+    words = m.shape[1]
+    block_w = max(1, min(_BITMASK_WORDS, next_power_of_2(words)))
+    n_tiles = rows * cdiv(words, block_w)
+    _bitmask_kernel[(vector_grid(n_tiles),)](
+        logits, m, rows, vocab, words, logits.stride(0), m.stride(0),
+        BLOCK_W=block_w, **launch_options(),
+    )
+    return logits
+
+
+def _triton_path(ctx) -> bool:
+    return path_choice() != "npu"
+
+
+REGISTRATIONS = [
+    Registration(op="sample", fn=sample, when=_triton_path, note="Triton (ascend): row per program iteration, no sort: threshold searches over float keys, exact fixed-point sums, in-kernel hash noise"),
+    Registration(op="apply_token_bitmask", fn=apply_token_bitmask, when=_triton_path, note="Triton (ascend): in place, [words, 32] tiles"),
+]
