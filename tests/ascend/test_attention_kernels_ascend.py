@@ -361,10 +361,9 @@ def test_registrations_match_the_ops_and_yield_to_the_npu_path(monkeypatch):
     for r in regs:
         check_signature(OPS[r.op], r.fn, "ascend")
         assert r.note.startswith("Triton (ascend)")
+        # The Triton kernels serve whatever the torch_npu fast paths (higher priority) do not.
         monkeypatch.setenv("DEEPINFER_ASCEND_PATH", "npu")
-        assert not r.when(ctx)
-        monkeypatch.setenv("DEEPINFER_ASCEND_PATH", "triton")
-        assert r.when(ctx)
+        assert r.when is None and registry.pick(ctx, r.op) is not None
 
 
 @pytest.mark.parametrize("chip", CHIPS)

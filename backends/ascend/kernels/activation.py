@@ -19,7 +19,6 @@ import triton
 import triton.language as tl
 
 from deepinfer.ops.activation import silu_and_mul as _reference
-from deepinfer_ascend.device import path_choice
 from deepinfer_ascend.kernels.common import Registration, cdiv, current, launch_options, next_power_of_2, vector_grid
 from deepinfer_ascend.kernels.norm import to_output
 
@@ -83,7 +82,6 @@ REGISTRATIONS = [
     Registration(
         op="silu_and_mul",
         fn=silu_and_mul,
-        when=lambda ctx: path_choice() != "npu",
         note="Triton (ascend): persistent vector grid, row x column tiles, float32 math",
     ),
 ]

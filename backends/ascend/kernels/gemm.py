@@ -90,7 +90,6 @@ import triton.language as tl
 
 from deepinfer.ops import gemm as gemm_ops
 from deepinfer.ops import quant
-from deepinfer_ascend.device import path_choice
 from deepinfer_ascend.kernels.common import Registration, cdiv, cube_grid, current, interpreting, launch_options, next_power_of_2, upcast_dot, vector_grid
 
 FP8_GROUP = quant.FP8_BLOCK  # 128: activation group width, weight block edge, BLOCK_K
@@ -572,9 +571,6 @@ def grouped_gemm(
     return _launch(x, weight, weight_scale, fmt, _MASKED, bounds=masked_m)
 
 
-def _triton_path(ctx) -> bool:
-    return path_choice() != "npu"
-
 
 _NOTE = (
     "Triton (ascend): persistent cube-grid GEMM over expert-major tiles (no host sync); dense; "
@@ -583,9 +579,9 @@ _NOTE = (
 )
 
 REGISTRATIONS = [
-    Registration(op="linear", fn=linear, formats=("dense", "fp8_block", "mxfp4"), dtypes=_KERNEL_DTYPES, when=_triton_path, note=_NOTE),
+    Registration(op="linear", fn=linear, formats=("dense", "fp8_block", "mxfp4"), dtypes=_KERNEL_DTYPES, note=_NOTE),
     Registration(
-        op="grouped_gemm", fn=grouped_gemm, formats=("dense", "fp8_block", "mxfp4"), dtypes=_KERNEL_DTYPES, when=_triton_path,
+        op="grouped_gemm", fn=grouped_gemm, formats=("dense", "fp8_block", "mxfp4"), dtypes=_KERNEL_DTYPES,
         note=_NOTE + "; contiguous and masked layouts",
     ),
 ]

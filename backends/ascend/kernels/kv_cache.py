@@ -27,7 +27,6 @@ import torch
 import triton
 import triton.language as tl
 
-from deepinfer_ascend.device import path_choice
 from deepinfer_ascend.kernels.common import Registration, interpreting, launch_options, next_power_of_2, vector_grid
 
 INT32_LIMIT = 2**31
@@ -125,7 +124,6 @@ REGISTRATIONS = [
         op="kv_cache_write",
         fn=kv_cache_write,
         dtypes=(torch.float32, torch.bfloat16, torch.float16),
-        when=lambda ctx: path_choice() != "npu",
         note="Triton (ascend) vector kernel, persistent grid over tokens, scalar skip of padding slots",
     )
 ]

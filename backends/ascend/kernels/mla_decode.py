@@ -55,7 +55,6 @@ import torch
 import triton
 import triton.language as tl
 
-from deepinfer_ascend.device import path_choice
 from deepinfer_ascend.kernels.common import Registration, cdiv, cube_grid, current, interpreting, launch_options, next_power_of_2, upcast_dot, vector_grid
 from deepinfer_ascend.kernels.kv_cache import to_bf16_rne
 
@@ -430,7 +429,6 @@ REGISTRATIONS = [
         op="mla_decode",
         fn=mla_decode,
         dtypes=(torch.float32, torch.bfloat16, torch.float16),
-        when=lambda ctx: path_choice() != "npu",
         note="Triton (ascend) heads as M, persistent cube grid over (request, head block, split), deterministic combine",
     )
 ]

@@ -43,7 +43,6 @@ import triton.language as tl
 from deepinfer.ops.moe import SCORE_FUNCS, _check_gate_args, _require_local_experts
 from deepinfer.ops.moe import combine as _reference_combine
 from deepinfer.ops.moe import gate as _reference_gate
-from deepinfer_ascend.device import path_choice
 from deepinfer_ascend.kernels.common import Registration, cdiv, current, launch_options, next_power_of_2, vector_grid
 from deepinfer_ascend.kernels.norm import to_output
 
@@ -422,12 +421,9 @@ def combine(
     return out
 
 
-def _triton_path(ctx) -> bool:
-    return path_choice() != "npu"
-
 
 REGISTRATIONS = [
-    Registration(op="gate", fn=gate, when=_triton_path, note="Triton (ascend): fused scores, bias, group-limited top-k per token tile, persistent vector grid"),
-    Registration(op="dispatch", fn=dispatch, when=_triton_path, note="Triton (ascend): deterministic counting sort (count, one-program scan, row copy), no host sync"),
-    Registration(op="combine", fn=combine, when=_triton_path, note="Triton (ascend): K rows gathered per token, fixed-order float32 sum"),
+    Registration(op="gate", fn=gate, note="Triton (ascend): fused scores, bias, group-limited top-k per token tile, persistent vector grid"),
+    Registration(op="dispatch", fn=dispatch, note="Triton (ascend): deterministic counting sort (count, one-program scan, row copy), no host sync"),
+    Registration(op="combine", fn=combine, note="Triton (ascend): K rows gathered per token, fixed-order float32 sum"),
 ]

@@ -28,7 +28,6 @@ import triton
 import triton.language as tl
 
 from deepinfer.ops.norm import rms_norm as _reference
-from deepinfer_ascend.device import path_choice
 from deepinfer_ascend.kernels.common import Registration, cdiv, current, launch_options, next_power_of_2, vector_grid
 
 _BYTES_PER_ELEM = 24
@@ -169,7 +168,6 @@ REGISTRATIONS = [
     Registration(
         op="rms_norm",
         fn=rms_norm,
-        when=lambda ctx: path_choice() != "npu",
         note="Triton (ascend): persistent vector grid, rows in one tile or two chunked passes, float32 statistics",
     ),
 ]

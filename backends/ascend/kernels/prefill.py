@@ -39,7 +39,6 @@ import torch
 import triton
 import triton.language as tl
 
-from deepinfer_ascend.device import path_choice
 from deepinfer_ascend.kernels.common import Registration, cube_grid, current, interpreting, launch_options, next_power_of_2, upcast_dot
 from deepinfer_ascend.kernels.kv_cache import to_bf16_rne
 from deepinfer_ascend.kernels.mla_decode import _dot_precision
@@ -321,7 +320,6 @@ REGISTRATIONS = [
         op="prefill",
         fn=prefill,
         dtypes=(torch.float32, torch.float16, torch.bfloat16),
-        when=lambda ctx: path_choice() != "npu",
         note="Triton (ascend) FA2 var-len causal, persistent cube grid over (query block, head), mask-free interior blocks",
     )
 ]

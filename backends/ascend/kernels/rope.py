@@ -22,7 +22,6 @@ import triton
 import triton.language as tl
 
 from deepinfer.ops.rope import rope as _reference
-from deepinfer_ascend.device import path_choice
 from deepinfer_ascend.kernels.common import Registration, cdiv, current, launch_options, next_power_of_2, vector_grid
 from deepinfer_ascend.kernels.norm import to_output
 
@@ -108,7 +107,6 @@ REGISTRATIONS = [
     Registration(
         op="rope",
         fn=rope,
-        when=lambda ctx: path_choice() != "npu",
         note="Triton (ascend): persistent vector grid, token x head-block tiles, cos/sin rows gathered by position",
     ),
 ]

@@ -84,7 +84,6 @@ import triton
 import triton.language as tl
 
 from deepinfer.ops.sampling import apply_token_bitmask as _reference_bitmask
-from deepinfer_ascend.device import path_choice
 from deepinfer_ascend.kernels.common import Registration, cdiv, current, launch_options, next_power_of_2, vector_grid
 
 _MIN_KEY = tl.constexpr(-(2**31))
@@ -754,11 +753,8 @@ def apply_token_bitmask(logits: torch.Tensor, bitmask: torch.Tensor) -> torch.Te
     return logits
 
 
-def _triton_path(ctx) -> bool:
-    return path_choice() != "npu"
-
 
 REGISTRATIONS = [
-    Registration(op="sample", fn=sample, when=_triton_path, note="Triton (ascend): row per program iteration, no sort: threshold searches over float keys, exact fixed-point sums, in-kernel hash noise"),
-    Registration(op="apply_token_bitmask", fn=apply_token_bitmask, when=_triton_path, note="Triton (ascend): in place, [words, 32] tiles"),
+    Registration(op="sample", fn=sample, note="Triton (ascend): row per program iteration, no sort: threshold searches over float keys, exact fixed-point sums, in-kernel hash noise"),
+    Registration(op="apply_token_bitmask", fn=apply_token_bitmask, note="Triton (ascend): in place, [words, 32] tiles"),
 ]
