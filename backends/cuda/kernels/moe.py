@@ -35,30 +35,12 @@ from triton.language.extra import libdevice
 
 from deepinfer.ops.moe import SCORE_FUNCS, _check_gate_args, _require_local_experts
 from deepinfer_cuda.kernels.common import Registration, cdiv, interpreting, next_power_of_2
+from deepinfer_cuda.kernels.precise_math import precise_exp as _exp
+from deepinfer_cuda.kernels.precise_math import precise_log as _log
 from deepinfer_cuda.tuning import config
 
 # ---------------------------------------------------------------------------------------------
 # gate
-
-
-@triton.jit
-def _exp(x, LIBDEVICE: tl.constexpr):
-    # libdevice's expf is accurate to ~1 ulp; tl.exp on a GPU is ex2.approx (several ulp). The
-    # interpreter has no libdevice (its stubs return None): numpy's exp serves there.
-    if LIBDEVICE:
-        y = libdevice.exp(x)
-    else:
-        y = tl.exp(x)
-    return y
-
-
-@triton.jit
-def _log(x, LIBDEVICE: tl.constexpr):
-    if LIBDEVICE:
-        y = libdevice.log(x)
-    else:
-        y = tl.log(x)
-    return y
 
 
 @triton.jit

@@ -55,9 +55,10 @@ from functools import lru_cache
 import torch
 import triton
 import triton.language as tl
-from triton.language.extra import libdevice
 
 from deepinfer_cuda.kernels.common import Registration, interpreting
+from deepinfer_cuda.kernels.precise_math import precise_exp as _exp
+from deepinfer_cuda.kernels.precise_math import precise_log as _log
 from deepinfer_cuda.tuning import config
 
 _MIN_KEY = tl.constexpr(-(2**31))
@@ -66,27 +67,6 @@ _MAX_KEY = tl.constexpr(2**31 - 1)
 
 # ---------------------------------------------------------------------------------------------
 # float helpers
-
-
-@triton.jit
-def _exp(x, LIBDEVICE: tl.constexpr):
-    # libdevice's expf/logf are within ~1 ulp; tl.exp/tl.log on a GPU are the approximate MUFU
-    # instructions (log's absolute error near 1 would wreck -log(-log(u))). The interpreter has no
-    # libdevice (its stubs return None): numpy's float32 functions serve there.
-    if LIBDEVICE:
-        y = libdevice.exp(x)
-    else:
-        y = tl.exp(x)
-    return y
-
-
-@triton.jit
-def _log(x, LIBDEVICE: tl.constexpr):
-    if LIBDEVICE:
-        y = libdevice.log(x)
-    else:
-        y = tl.log(x)
-    return y
 
 
 @triton.jit
