@@ -39,7 +39,7 @@ def add_parser(sub) -> None:
     e2e.add_argument("--no-hf", action="store_true", help="skip the transformers peer")
     e2e.add_argument("--json", type=Path, default=None, help="write the results to FILE")
     e2e.set_defaults(func=run_e2e)
-    p.set_defaults(func=lambda args: (_ for _ in ()).throw(UserError("say what to benchmark: `deepinfer bench ops --backend NAME`")))
+    p.set_defaults(func=lambda args: (_ for _ in ()).throw(UserError("say what to benchmark: `deepinfer bench ops --backend NAME` or `deepinfer bench e2e`")))
 
 
 def _sync(device: torch.device) -> None:
