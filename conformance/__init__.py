@@ -5,4 +5,6 @@
 - `golden/`: `<op>.safetensors` (inputs and outputs) and `manifest.json`.
 - `worker.py`: runs one backend's kernels over the golden inputs, in its own process.
 - `runner.py`: starts a worker per backend, compares, prints the table.
+- `multirank.py`: the dispatch/combine cases split over N expert-parallel ranks (torchrun-style
+  processes), reassembled and checked against the same goldens.
 """
