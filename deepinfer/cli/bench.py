@@ -39,6 +39,10 @@ def add_parser(sub) -> None:
     e2e.add_argument("--no-hf", action="store_true", help="skip the transformers peer")
     e2e.add_argument("--json", type=Path, default=None, help="write the results to FILE")
     e2e.set_defaults(func=run_e2e)
+    comp = what.add_parser("compile", help="compile the cuda kernels ahead of time for SM90/SM100 (no GPU needed) and check registers, spills, MMA class")
+    comp.add_argument("--arch", default="sm90,sm100", help="comma-separated: sm90, sm100 (default both)")
+    comp.add_argument("--json", type=Path, default=None, help="write the results to FILE")
+    comp.set_defaults(func=run_compile)
     p.set_defaults(func=lambda args: (_ for _ in ()).throw(UserError("say what to benchmark: `deepinfer bench ops --backend NAME` or `deepinfer bench e2e`")))
 
 
@@ -130,3 +134,28 @@ def run_e2e(args: argparse.Namespace) -> int:
     results = e2e.run(args.backend, batches, args.prompt_len, args.new_tokens, args.layers, with_hf=not args.no_hf, json_path=args.json)
     print(e2e.format_results(results))
     return 0
+
+
+def run_compile(args: argparse.Namespace) -> int:
+    """Exit 0 when every kernel compiled without spills at its expected MMA class (known failures
+    aside), 1 otherwise; an unknown arch or an unwritable --json is a UserError (exit 2)."""
+    import os
+
+    os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
+    from deepinfer_cuda.bench import compile_check
+
+    archs = [a.strip() for a in args.arch.split(",") if a.strip()]
+    unknown = [a for a in archs if a not in compile_check.ARCHS]
+    if not archs or unknown:
+        raise UserError(f"unknown arch(s) {', '.join(unknown) or repr(args.arch)}; known: {', '.join(compile_check.ARCHS)}")
+    if args.json is not None and not args.json.parent.exists():
+        raise UserError(f"cannot write {args.json}: folder {args.json.parent} does not exist")
+    print(compile_check.HEADER, flush=True)
+    start = time.perf_counter()
+    results = compile_check.run(archs, progress=lambda line: print(line, flush=True))
+    ok = compile_check.passed(results)
+    known = sum(1 for r in results if not r.ok and r.known_failure)
+    print(f"{len(results)} kernels x arch in {time.perf_counter() - start:.0f} s: {'PASS' if ok else 'FAIL'} ({known} known failures)")
+    if args.json is not None:
+        args.json.write_text(compile_check.to_json(results))
+    return 0 if ok else 1

@@ -1,0 +1,404 @@
+"""Ahead-of-time compile check of the cuda backend's Triton kernels for SM90 and SM100, no GPU needed.
+
+`deepinfer bench compile --arch sm90,sm100 [--json FILE]` and tests/cuda/test_compile_check.py run it.
+
+How the launch configurations are found: each entry of `CASES` calls the op's own wrapper
+(gemm.linear, prefill.prefill, mla_decode.mla_decode, ...) on "meta" tensors of a representative
+DeepSeek shape, with the wrapper's device-dependent inputs pointed at the target architecture
+(`_as_arch`: the tuning table for that arch instead of the device's, capability, SM count, the
+mxfp4 dot_scaled path, no interpreter). Every `kernel[grid](...)` the wrapper makes is captured
+instead of launched, so the tiles, warps, stages, TMA choice and constexprs are exactly the
+wrapper's (no duplicated planning logic). Each captured launch is then compiled with
+`triton.compile(ASTSource(...), target=GPUTarget("cuda", 90|100, 32))`; `ptxas -v` on the PTX gives
+registers and spills, `metadata.shared` the shared memory, and the PTX text the matrix instruction
+class (wgmma, tcgen05.mma, tcgen05.mma block-scaled, mma.sync).
+
+The check fails when a kernel does not compile, spills, or a matrix kernel uses a slower instruction
+class than expected for the arch (SM90: wgmma; SM100: tcgen05, block-scaled tcgen05 for mx formats).
+`KNOWN_FAILURES` lists (case, kernel, arch) that fail today, with why: they stay in the table,
+marked "known", and the test checks that they still fail (so the list is kept honest).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import re
+import subprocess
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+ARCHS = {"sm90": (9, 0), "sm100": (10, 0)}
+SM_COUNT = {"sm90": 132, "sm100": 148}  # H200 / B200
+# Instruction classes, slowest first.
+CLASSES = ("none", "mma.sync", "wgmma", "tcgen05.mma", "tcgen05.mma.block_scale")
+EXPECTED = {"sm90": "wgmma", "sm100": "tcgen05.mma"}
+EXPECTED_MX = {"sm90": "wgmma", "sm100": "tcgen05.mma.block_scale"}  # SM90 emulates dot_scaled
+
+# (case, kernel name, arch) -> why it fails today. The test asserts each still fails.
+# Found by this check on 2026-11-30 (Triton 3.9, CPU-only). Decode tiles of 16 rows (BLOCK_M 16, as
+# the wrappers pick for <= 16 rows per expert / 16 heads) are below wgmma's and tcgen05's 64-row
+# minimum, so Triton emits mma.sync; mxfp4 with bf16 activations upcasts the e2m1 weights before a
+# bf16 MMA (tcgen05 block-scaled MMA needs both operands in mx formats).
+KNOWN_FAILURES: dict[tuple[str, str, str], str] = {
+    ('linear dense bf16 decode (8x7168->4096)', "_gemm_kernel", "sm90"): "BLOCK_M 16: mma.sync, and 72 bytes of spills",
+    ('linear dense bf16 decode (8x7168->4096)', "_gemm_kernel", "sm100"): "BLOCK_M 16: mma.sync",
+    ('grouped_gemm fp8_block decode masked (E8 m16 7168->4096)', "_gemm_kernel", "sm90"): "BLOCK_M 16: mma.sync, 252 bytes of spills",
+    ('grouped_gemm fp8_block decode masked (E8 m16 7168->4096)', "_gemm_kernel", "sm100"): "BLOCK_M 16: mma.sync, 324 bytes of spills",
+    ('linear mxfp4 prefill (4096x7168->4096)', "_gemm_kernel", "sm90"): "mxfp4_large 128x128x128 w8 s3: 400 bytes of spills",
+    ('linear mxfp4 prefill (4096x7168->4096)', "_gemm_kernel", "sm100"): "bf16 x e2m1 upcast to tcgen05 kind::f16 (not block-scaled), 288 bytes of spills",
+    ('grouped_gemm mxfp4 decode masked (E8 m16 7168->4096)', "_gemm_kernel", "sm100"): "bf16 x e2m1 upcast to tcgen05 kind::f16 (not block-scaled)",
+    ('mla_decode bf16 B64 H16 ctx4096', "_mla_decode_split_kernel", "sm90"): "16 heads -> BLOCK_M 16: mma.sync",
+    ('mla_decode bf16 B64 H16 ctx4096', "_mla_decode_split_kernel", "sm100"): "16 heads -> BLOCK_M 16: mma.sync",
+    ('mla_decode bf16 B64 H128 ctx4096', "_mla_decode_split_kernel", "sm90"): "rows_gt64 64x64 w8 s2: 264 bytes of spills",
+}
+
+
+# ---------------------------------------------------------------------------------------------
+# The cases: (name, how to call the wrapper on meta tensors, matrix kind or None)
+
+
+def _t(*shape, dtype=torch.bfloat16):
+    return torch.empty(*shape, dtype=dtype, device="meta")
+
+
+def _linear(fmt: str, m: int, n: int, k: int) -> Callable[[], None]:
+    def call():
+        from deepinfer_cuda.kernels import gemm
+
+        if fmt == "dense":
+            gemm.linear(_t(m, k), _t(n, k), fmt="dense")
+        elif fmt == "fp8_block":
+            gemm.linear(_t(m, k), _t(n, k, dtype=torch.float8_e4m3fn), weight_scale=_t(n // 128, k // 128, dtype=torch.float32), fmt="fp8_block")
+        else:
+            gemm.linear(_t(m, k), _t(n, k // 2, dtype=torch.uint8), weight_scale=_t(n, k // 32, dtype=torch.uint8), fmt="mxfp4")
+    return call
+
+
+def _grouped_masked(fmt: str, e: int, max_m: int, n: int, k: int) -> Callable[[], None]:
+    def call():
+        from deepinfer_cuda.kernels import gemm
+
+        mm = _t(e, dtype=torch.int32)
+        if fmt == "dense":
+            gemm.grouped_gemm(_t(e, max_m, k), _t(e, n, k), masked_m=mm, fmt="dense")
+        elif fmt == "fp8_block":
+            gemm.grouped_gemm(_t(e, max_m, k), _t(e, n, k, dtype=torch.float8_e4m3fn), masked_m=mm,
+                              weight_scale=_t(e, n // 128, k // 128, dtype=torch.float32), fmt="fp8_block")
+        else:
+            gemm.grouped_gemm(_t(e, max_m, k), _t(e, n, k // 2, dtype=torch.uint8), masked_m=mm,
+                              weight_scale=_t(e, n, k // 32, dtype=torch.uint8), fmt="mxfp4")
+    return call
+
+
+def _prefill(tokens: int, heads: int, d_qk: int, d_v: int, requests: int) -> Callable[[], None]:
+    def call():
+        from deepinfer_cuda.kernels import prefill
+
+        cu = _t(requests + 1, dtype=torch.int32)
+        prefill.prefill(_t(tokens, heads, d_qk), _t(tokens, heads, d_qk), _t(tokens, heads, d_v), cu, cu, softmax_scale=d_qk ** -0.5)
+    return call
+
+
+def _mla_decode(batch: int, s: int, heads: int, ctx: int, page: int = 64) -> Callable[[], None]:
+    def call():
+        from deepinfer_cuda.kernels import mla_decode
+
+        blocks = ctx // page
+        mla_decode.mla_decode(
+            _t(batch, s, heads, 512), _t(batch, s, heads, 64), _t(batch * blocks, page, 576),
+            _t(batch, blocks, dtype=torch.int32), _t(batch, dtype=torch.int32), softmax_scale=192 ** -0.5,
+        )
+    return call
+
+
+def _rms_norm(t: int, d: int) -> Callable[[], None]:
+    def call():
+        from deepinfer_cuda.kernels import norm
+
+        norm.rms_norm(_t(t, d), _t(d), residual=_t(t, d))
+    return call
+
+
+def _silu(t: int, i: int) -> Callable[[], None]:
+    def call():
+        from deepinfer_cuda.kernels import activation
+
+        activation.silu_and_mul(_t(t, 2 * i))
+    return call
+
+
+def _rope(t: int, h: int, d: int) -> Callable[[], None]:
+    def call():
+        from deepinfer_cuda.kernels import rope
+
+        rope.rope(_t(t, h, d), _t(t, dtype=torch.int64), _t(4096, d, dtype=torch.float32))
+    return call
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    call: Callable[[], None]
+    matrix: str | None  # None: elementwise; "mma": tl.dot; "mx": tl.dot_scaled (block-scaled)
+
+
+# DeepSeek-V3 shapes: hidden 7168, MLA q/kv 192/128 heads 128, latent 512 + rope 64, experts 2048 wide.
+CASES: list[Case] = [
+    Case("linear dense bf16 prefill (4096x7168->4096)", _linear("dense", 4096, 4096, 7168), "mma"),
+    Case("linear dense bf16 decode (8x7168->4096)", _linear("dense", 8, 4096, 7168), "mma"),
+    Case("linear fp8_block prefill (4096x7168->4096)", _linear("fp8_block", 4096, 4096, 7168), "mma"),
+    Case("grouped_gemm fp8_block decode masked (E8 m16 7168->4096)", _grouped_masked("fp8_block", 8, 16, 4096, 7168), "mma"),
+    Case("linear mxfp4 prefill (4096x7168->4096)", _linear("mxfp4", 4096, 4096, 7168), "mx"),
+    Case("grouped_gemm mxfp4 decode masked (E8 m16 7168->4096)", _grouped_masked("mxfp4", 8, 16, 4096, 7168), "mx"),
+    Case("prefill bf16 H16 192/128 (2x2048)", _prefill(4096, 16, 192, 128, 2), "mma"),
+    Case("mla_decode bf16 B64 H16 ctx4096", _mla_decode(64, 1, 16, 4096), "mma"),
+    Case("mla_decode bf16 B64 H128 ctx4096", _mla_decode(64, 1, 128, 4096), "mma"),
+    Case("rms_norm bf16 64x7168 +residual", _rms_norm(64, 7168), None),
+    Case("silu_and_mul bf16 64x2048", _silu(64, 2048), None),
+    Case("rope bf16 T4096 H128 D64", _rope(4096, 128, 64), None),
+]
+
+# Helper kernels a matrix case launches besides its GEMM/attention kernel (no MMA of their own).
+NON_MATRIX_KERNELS = {"_quant_act_fp8_kernel", "_split_k_reduce_kernel", "_mla_decode_combine_kernel"}
+
+
+# ---------------------------------------------------------------------------------------------
+# Pointing the wrappers at an arch, and capturing their launches
+
+
+def arch_config(op: str, variant: str, arch: str) -> dict:
+    """The tuning entry for `op`/`variant` on `arch` ("sm90", "sm100"): that table's, else default's.
+    (deepinfer_cuda.tuning.config, keyed by an arch instead of a device.)"""
+    from deepinfer_cuda import tuning
+
+    entry = tuning._table(arch).get(op, {}).get(variant)
+    if entry is None:
+        entry = tuning._table("default").get(op, {}).get(variant)
+    if entry is None:
+        raise KeyError(f"no tuning entry for {op}/{variant}")
+    return dict(entry)
+
+
+@dataclass
+class Launch:
+    kernel: object  # the JITFunction
+    args: tuple
+    kwargs: dict
+
+
+@contextlib.contextmanager
+def _as_arch(arch: str, launches: list[Launch]):
+    from deepinfer_cuda.kernels import activation, gemm, mla_decode, norm, prefill, rope
+
+    cfg = lambda op, variant, device=None: arch_config(op, variant, arch)  # noqa: E731
+    patches = [
+        (gemm, "config", cfg), (gemm, "capability", lambda device=None: ARCHS[arch]), (gemm, "interpreting", lambda: False),
+        (gemm, "upcast_dot", lambda: False), (gemm, "MXFP4_DOT_SCALED", True), (gemm, "_sm_count", lambda device: SM_COUNT[arch]),
+        (prefill, "tuning_config", cfg), (prefill, "upcast_dot", lambda: False),
+        (mla_decode, "_config", lambda device, variant: arch_config("mla_decode", variant, arch)),
+        (mla_decode, "_cached_plan", lambda *a: mla_decode._make_plan(*a, None)),
+        (mla_decode, "_num_sms", lambda device: SM_COUNT[arch]), (mla_decode, "upcast_dot", lambda: False),
+        (norm, "config", cfg), (activation, "config", cfg), (rope, "config", cfg),
+    ]
+    kernels = [v for mod in (activation, gemm, mla_decode, norm, prefill, rope) for v in vars(mod).values() if hasattr(v, "run") and hasattr(v, "arg_names")]
+    saved = [(mod, name, getattr(mod, name)) for mod, name, _ in patches]
+    try:
+        for mod, name, value in patches:
+            setattr(mod, name, value)
+        for k in kernels:
+            k.run = (lambda k: lambda *args, grid, warmup, **kwargs: launches.append(Launch(k, args, kwargs)))(k)
+        yield
+    finally:
+        for k in kernels:
+            vars(k).pop("run", None)
+        for mod, name, value in saved:
+            setattr(mod, name, value)
+
+
+_OPTION_KEYS = ("num_warps", "num_stages", "num_ctas", "maxnreg")
+
+
+def _source(launch: Launch):
+    """ASTSource pieces for a captured launch: signature, constexprs, divisibility attrs, options."""
+    from triton.runtime.jit import mangle_type
+
+    fn = launch.kernel
+    names = fn.arg_names
+    values = dict(zip(names, launch.args))
+    values.update({k: v for k, v in launch.kwargs.items() if k in names})
+    options = {k: v for k, v in launch.kwargs.items() if k in _OPTION_KEYS}
+    signature, constexprs, attrs = {}, {}, {}
+    for i, p in enumerate(fn.params):
+        value = values[p.name] if p.name in values else p.default
+        if p.is_constexpr:
+            signature[p.name] = "constexpr"
+            constexprs[p.name] = value
+            continue
+        signature[p.name] = mangle_type(value)
+        # What the launcher would specialise: 16-byte aligned pointers (meta tensors: address 0) and ints.
+        if isinstance(value, torch.Tensor) or (isinstance(value, int) and not isinstance(value, bool) and value % 16 == 0 and not p.do_not_specialize):
+            attrs[(i,)] = [["tt.divisibility", 16]]
+    return signature, constexprs, attrs, options
+
+
+# ---------------------------------------------------------------------------------------------
+# Compiling and reading the results
+
+
+@dataclass
+class Result:
+    case: str
+    arch: str
+    kernel: str
+    compiled: bool
+    error: str = ""
+    regs: int | None = None
+    spills: int | None = None
+    shared: int | None = None
+    instr: str = "none"
+    expected: str | None = None  # the instruction class a matrix kernel must reach
+    config: dict = field(default_factory=dict)
+    seconds: float = 0.0
+    known_failure: str = ""  # why, when (case, kernel, arch) is in KNOWN_FAILURES
+
+    @property
+    def problems(self) -> list[str]:
+        out = []
+        if not self.compiled:
+            out.append(f"did not compile: {self.error}")
+        else:
+            if self.spills:
+                out.append(f"spills {self.spills} bytes")
+            if self.expected and CLASSES.index(self.instr) < CLASSES.index(self.expected):
+                out.append(f"uses {self.instr}, expected {self.expected}")
+        return out
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+def instruction_class(ptx: str) -> str:
+    if re.search(r"tcgen05\.mma\S*(block_scale|kind::mxf)", ptx):
+        return "tcgen05.mma.block_scale"
+    if "tcgen05.mma" in ptx:
+        return "tcgen05.mma"
+    if "wgmma.mma_async" in ptx:
+        return "wgmma"
+    if re.search(r"\bmma\.sync", ptx):
+        return "mma.sync"
+    return "none"
+
+
+def _ptxas_stats(ptx: str, arch: str) -> tuple[int | None, int]:
+    """(registers, spill bytes) from `ptxas -v` on the PTX (stores + loads)."""
+    from triton.backends.nvidia.compiler import get_ptxas
+
+    target = re.search(r"^\.target\s+(\S+)", ptx, re.M).group(1)
+    ptxas = get_ptxas(ARCHS[arch][0] * 10).path
+    with tempfile.TemporaryDirectory() as d:
+        src = Path(d) / "k.ptx"
+        src.write_text(ptx)
+        log = subprocess.run([ptxas, "-v", f"-arch={target}", str(src), "-o", str(Path(d) / "k.cubin")],
+                             capture_output=True, text=True, check=True).stderr
+    regs = re.search(r"Used (\d+) registers", log)
+    spills = sum(int(n) for n in re.findall(r"(\d+) bytes spill (?:stores|loads)", log))
+    return (int(regs.group(1)) if regs else None), spills
+
+
+def compile_launch(launch: Launch, arch: str):
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    signature, constexprs, attrs, options = _source(launch)
+    major = ARCHS[arch][0]
+    src = ASTSource(fn=launch.kernel, signature=signature, constexprs=constexprs, attrs=attrs)
+    return triton.compile(src, target=GPUTarget("cuda", major * 10, 32), options=options), constexprs, options
+
+
+def _config_summary(constexprs: dict, options: dict) -> dict:
+    out = {k: v for k, v in constexprs.items() if k.startswith("BLOCK") or k in ("SPLIT_K", "FMT", "LAYOUT", "USE_DESC", "MX_DOT_SCALED", "DIRECT")}
+    out.update(options)
+    return {k: (v if isinstance(v, (int, float, bool, str)) else str(v)) for k, v in out.items()}
+
+
+def run_case(case: Case, arch: str) -> list[Result]:
+    launches: list[Launch] = []
+    try:
+        with _as_arch(arch, launches):
+            case.call()
+    except Exception as exc:  # noqa: BLE001 - the wrapper itself failed: report it
+        return [Result(case.name, arch, "(wrapper)", False, error=f"{type(exc).__name__}: {exc}")]
+    results, seen = [], set()
+    for launch in launches:
+        name = launch.kernel.__name__
+        if name in seen:
+            continue
+        seen.add(name)
+        expected = None
+        if case.matrix and name not in NON_MATRIX_KERNELS:
+            expected = (EXPECTED_MX if case.matrix == "mx" else EXPECTED)[arch]
+        start = time.perf_counter()
+        r = Result(case.name, arch, name, False, expected=expected)
+        try:
+            compiled, constexprs, options = compile_launch(launch, arch)
+            ptx = compiled.asm["ptx"]
+            r.config = _config_summary(constexprs, options)
+            r.shared = int(compiled.metadata.shared)
+            r.instr = instruction_class(ptx)
+            r.regs, r.spills = _ptxas_stats(ptx, arch)
+            r.compiled = True
+        except Exception as exc:  # noqa: BLE001 - a compile error is a result
+            r.error = f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1] if str(exc).strip() else ''}"[:300]
+        r.seconds = time.perf_counter() - start
+        r.known_failure = KNOWN_FAILURES.get((case.name, name, arch), "")
+        results.append(r)
+    return results
+
+
+def run(archs: list[str], cases: list[Case] | None = None, progress: Callable[[str], None] | None = None) -> list[Result]:
+    unknown = [a for a in archs if a not in ARCHS]
+    if unknown:
+        raise ValueError(f"unknown arch(s) {', '.join(unknown)}; known: {', '.join(ARCHS)}")
+    results = []
+    for arch in archs:
+        for case in cases or CASES:
+            for r in run_case(case, arch):
+                results.append(r)
+                if progress:
+                    progress(format_row(r))
+    return results
+
+
+def passed(results: list[Result]) -> bool:
+    """True when every result is fine, or fails and is listed in KNOWN_FAILURES."""
+    return all(r.ok or r.known_failure for r in results)
+
+
+def format_row(r: Result) -> str:
+    status = "ok" if r.ok else ("KNOWN" if r.known_failure else "FAIL")
+    regs = "-" if r.regs is None else str(r.regs)
+    spills = "-" if r.spills is None else str(r.spills)
+    shared = "-" if r.shared is None else str(r.shared)
+    exp = r.expected or "-"
+    line = f"{r.arch:<5} {status:<5} {r.case[:58]:<58} {r.kernel[:28]:<28} {regs:>4} {spills:>6} {shared:>7} {r.instr:<24} {exp:<24} {r.seconds:5.1f}s"
+    if r.problems:
+        line += "  " + "; ".join(r.problems) + (f" (known: {r.known_failure})" if r.known_failure else "")
+    return line
+
+
+HEADER = f"{'arch':<5} {'check':<5} {'case':<58} {'kernel':<28} {'regs':>4} {'spills':>6} {'shared':>7} {'instructions':<24} {'expected':<24} {'time':>6}"
+
+
+def to_json(results: list[Result]) -> str:
+    import triton
+
+    rows = [{**asdict(r), "ok": r.ok, "problems": r.problems} for r in results]
+    return json.dumps({"triton": triton.__version__, "passed": passed(results), "results": rows}, indent=1, default=str)
