@@ -56,6 +56,9 @@ KNOWN_FAILURES: dict[tuple[str, str, str], str] = {
     ('mla_decode bf16 B64 H16 ctx4096', "_mla_decode_split_kernel", "sm90"): "16 heads -> BLOCK_M 16: mma.sync",
     ('mla_decode bf16 B64 H16 ctx4096', "_mla_decode_split_kernel", "sm100"): "16 heads -> BLOCK_M 16: mma.sync",
     ('mla_decode bf16 B64 H128 ctx4096', "_mla_decode_split_kernel", "sm90"): "rows_gt64 64x64 w8 s2: 264 bytes of spills",
+    # Added 2026-11-30 with the moe/sampling/kv_cache cases: sm90's sample entry (BLOCK 4096, TILE_C 128,
+    # N_GROUPS 128, 16 warps) caps registers at 128/thread (64K / 512 threads); sm100's (same entry) fits.
+    ('sample fp32 B64 V129280', "_sample_kernel", "sm90"): "16 warps -> 128-register cap: 60 bytes of spills",
 }
 
 
@@ -141,6 +144,73 @@ def _rope(t: int, h: int, d: int) -> Callable[[], None]:
     return call
 
 
+def _grouped_contiguous(fmt: str, e: int, rows: int, n: int, k: int) -> Callable[[], None]:
+    def call():
+        from deepinfer_cuda.kernels import gemm
+
+        offs = _t(e + 1, dtype=torch.int32)
+        if fmt == "dense":
+            gemm.grouped_gemm(_t(rows, k), _t(e, n, k), expert_offsets=offs, fmt="dense")
+        elif fmt == "fp8_block":
+            gemm.grouped_gemm(_t(rows, k), _t(e, n, k, dtype=torch.float8_e4m3fn), expert_offsets=offs,
+                              weight_scale=_t(e, n // 128, k // 128, dtype=torch.float32), fmt="fp8_block")
+        else:
+            gemm.grouped_gemm(_t(rows, k), _t(e, n, k // 2, dtype=torch.uint8), expert_offsets=offs,
+                              weight_scale=_t(e, n, k // 32, dtype=torch.uint8), fmt="mxfp4")
+    return call
+
+
+def _gate(t: int, e: int, top_k: int, n_group: int, topk_group: int) -> Callable[[], None]:
+    def call():
+        from deepinfer_cuda.kernels import moe
+
+        moe.gate(_t(t, e, dtype=torch.float32), top_k=top_k, score_func="sigmoid", correction_bias=_t(e, dtype=torch.float32),
+                 n_group=n_group, topk_group=topk_group, renormalize=True, routed_scaling_factor=2.5)
+    return call
+
+
+def _dispatch(t: int, k: int, d: int, e: int) -> Callable[[], None]:
+    def call():
+        from deepinfer_cuda.kernels import moe
+
+        moe.dispatch(_t(t, d), _t(t, k, dtype=torch.int32), num_experts=e)
+    return call
+
+
+def _combine(t: int, k: int, d: int) -> Callable[[], None]:
+    def call():
+        from deepinfer_cuda.kernels import moe
+
+        moe.combine(_t(t * k, d), _t(t, k, dtype=torch.float32), _t(t * k, dtype=torch.int32))
+    return call
+
+
+def _sample(b: int, v: int) -> Callable[[], None]:
+    def call():
+        from deepinfer_cuda.kernels import sampling
+
+        f32, i32, i64 = torch.float32, torch.int32, torch.int64
+        sampling.sample(_t(b, v, dtype=f32), _t(b, dtype=f32), _t(b, dtype=i32), _t(b, dtype=f32), _t(b, dtype=f32),
+                        _t(b, dtype=i64), _t(b, dtype=i64))
+    return call
+
+
+def _bitmask(b: int, v: int) -> Callable[[], None]:
+    def call():
+        from deepinfer_cuda.kernels import sampling
+
+        sampling.apply_token_bitmask(_t(b, v, dtype=torch.float32), _t(b, (v + 31) // 32, dtype=torch.int32))
+    return call
+
+
+def _kv_cache_write(t: int, blocks: int, page: int = 64) -> Callable[[], None]:
+    def call():
+        from deepinfer_cuda.kernels import kv_cache
+
+        kv_cache.kv_cache_write(_t(t, 512), _t(t, 64), _t(blocks, page, 576), _t(t, dtype=torch.int64))
+    return call
+
+
 @dataclass(frozen=True)
 class Case:
     name: str
@@ -162,6 +232,18 @@ CASES: list[Case] = [
     Case("rms_norm bf16 64x7168 +residual", _rms_norm(64, 7168), None),
     Case("silu_and_mul bf16 64x2048", _silu(64, 2048), None),
     Case("rope bf16 T4096 H128 D64", _rope(4096, 128, 64), None),
+    # MoE routing and the contiguous (prefill) expert GEMM: 256 routed experts, top-8, 8 groups / top-4.
+    Case("gate fp32 sigmoid+bias T64 E256 top8 g8/4", _gate(64, 256, 8, 8, 4), None),
+    Case("gate fp32 sigmoid+bias T4096 E256 top8 g8/4", _gate(4096, 256, 8, 8, 4), None),
+    Case("dispatch bf16 T4096 K8 D7168 E256", _dispatch(4096, 8, 7168, 256), None),
+    Case("combine bf16 T64 K8 D7168", _combine(64, 8, 7168), None),
+    Case("combine bf16 T4096 K8 D7168", _combine(4096, 8, 7168), None),
+    Case("grouped_gemm fp8_block prefill contig (E8 8192 7168->4096)", _grouped_contiguous("fp8_block", 8, 8192, 4096, 7168), "mma"),
+    # Sampling over DeepSeek-V3's 129280-token vocabulary, and the MLA cache write (512 latent + 64 rope).
+    Case("sample fp32 B64 V129280", _sample(64, 129280), None),
+    Case("apply_token_bitmask fp32 B64 V129280", _bitmask(64, 129280), None),
+    Case("kv_cache_write bf16 T64 page64 576", _kv_cache_write(64, 4096), None),
+    Case("kv_cache_write bf16 T4096 page64 576", _kv_cache_write(4096, 4096), None),
 ]
 
 # Helper kernels a matrix case launches besides its GEMM/attention kernel (no MMA of their own).
@@ -194,7 +276,7 @@ class Launch:
 
 @contextlib.contextmanager
 def _as_arch(arch: str, launches: list[Launch]):
-    from deepinfer_cuda.kernels import activation, gemm, mla_decode, norm, prefill, rope
+    from deepinfer_cuda.kernels import activation, gemm, kv_cache, mla_decode, moe, norm, prefill, rope, sampling
 
     cfg = lambda op, variant, device=None: arch_config(op, variant, arch)  # noqa: E731
     patches = [
@@ -205,8 +287,11 @@ def _as_arch(arch: str, launches: list[Launch]):
         (mla_decode, "_cached_plan", lambda *a: mla_decode._make_plan(*a, None)),
         (mla_decode, "_num_sms", lambda device: SM_COUNT[arch]), (mla_decode, "upcast_dot", lambda: False),
         (norm, "config", cfg), (activation, "config", cfg), (rope, "config", cfg),
+        (moe, "_cfg", cfg), (moe, "interpreting", lambda: False),
+        (sampling, "_cfg", cfg), (sampling, "interpreting", lambda: False),
+        (kv_cache, "_config", lambda device: arch_config("kv_cache_write", "tokens", arch)), (kv_cache, "interpreting", lambda: False),
     ]
-    kernels = [v for mod in (activation, gemm, mla_decode, norm, prefill, rope) for v in vars(mod).values() if hasattr(v, "run") and hasattr(v, "arg_names")]
+    kernels = [v for mod in (activation, gemm, kv_cache, mla_decode, moe, norm, prefill, rope, sampling) for v in vars(mod).values() if hasattr(v, "run") and hasattr(v, "arg_names")]
     saved = [(mod, name, getattr(mod, name)) for mod, name, _ in patches]
     try:
         for mod, name, value in patches:
