@@ -95,6 +95,8 @@ def _check_mla(inputs, *, window=None, scale=0.125, **kernel_kw):
         ([1, 63, 64, 65], 1, 4, 64, {"tokens_per_split": 16, "overrides": {"BLOCK_N": 16}}),  # 5 splits, tile inside a page
         ([2, 70, 33], 2, 3, 32, {"tokens_per_split": 32, "overrides": {"BLOCK_N": 16}}),  # MTP, S*H=6 rows padded to 16
         ([4, 97], 4, 2, 16, {"num_splits": 3, "overrides": {"BLOCK_N": 16}}),  # S=4, combine with empty splits
+        ([4, 97], 4, 2, 16, {"num_splits": 3, "overrides": {"BLOCK_N": 16, "fused_combine": False}}),  # the same, combine kernel
+        ([1, 63, 64, 65], 1, 4, 64, {"tokens_per_split": 16, "overrides": {"BLOCK_N": 16, "fused_combine": False}}),
         ([3, 40], 3, 2, 32, {"overrides": {"BLOCK_N": 16, "evict": "evict_first"}}),  # one split (direct output), S=3
     ],
 )
@@ -142,6 +144,20 @@ def test_mla_decode_is_deterministic():
     a = K.mla._mla_decode(*args, tokens_per_split=16, overrides={"BLOCK_N": 16})
     b = K.mla._mla_decode(*args, tokens_per_split=16, overrides={"BLOCK_N": 16})
     assert torch.equal(a, b)
+    # The last split program merges in split order, as the combine kernel does: the same values.
+    c = K.mla._mla_decode(*args, tokens_per_split=16, overrides={"BLOCK_N": 16, "fused_combine": False})
+    torch.testing.assert_close(a, c, rtol=1e-6, atol=1e-6)
+
+
+def test_fused_combine_counters_are_left_at_zero():
+    """Each (row tile, request) counter is reset by the program that merged it: the next launch
+    (or CUDA-graph replay) starts from zero."""
+    gen = torch.Generator().manual_seed(6)
+    inputs = {k: v.to(K.device) for k, v in _inputs(gen, torch.float32, seq_lens=[40, 90, 7], queries=1, heads=4).items()}
+    args = (inputs["q_nope"], inputs["q_rope"], inputs["kv_cache"], inputs["block_table"], inputs["seq_lens"], 0.1)
+    for _ in range(2):
+        K.mla._mla_decode(*args, tokens_per_split=16, overrides={"BLOCK_N": 16, "fused_combine": True})
+        assert int(K.mla._arrivals(K.device).count_nonzero()) == 0
 
 
 def test_split_plan_uses_shapes_only():

@@ -198,7 +198,10 @@ def sweep(device: torch.device | None = None) -> list[dict]:
     s = _mla_setup(128, 4096, 16)(device)
     ref = _torch_reference(s)
     measure("H16", s, {}, ref=ref)
-    for bn, w, st, ctas, ev in ((64, 4, 2, 2, "evict_first"), (64, 4, 3, 2, ""), (32, 4, 2, 3, ""), (32, 4, 3, 3, ""), (32, 4, 4, 3, ""), (64, 2, 2, 2, ""), (32, 2, 3, 4, "")):
+    measure("H16", s, {"fused_combine": False}, ref=ref)  # the separate combine kernel
+    for splits in (3, 4, 6):
+        measure("H16", s, {}, num_splits=splits, ref=ref)
+    for bn, w, st, ctas, ev in ((64, 4, 2, 2, "evict_first"), (64, 4, 3, 2, ""), (32, 4, 2, 3, ""), (32, 4, 3, 3, "")):
         measure("H16", s, {"BLOCK_N": bn, "num_warps": w, "num_stages": st, "ctas_per_sm": ctas, "evict": ev}, ref=ref)
     _graph_check(s, device)
     _profile(s)
@@ -217,7 +220,8 @@ def sweep(device: torch.device | None = None) -> list[dict]:
     s = _mla_setup(128, 4096, 128)(device)
     ref = _torch_reference(s)
     measure("H128", s, {}, ref=ref)
-    measure("H128", s, {"evict": "evict_first"}, ref=ref)
+    for splits in (2, 3):
+        measure("H128", s, {}, num_splits=splits, ref=ref)
     del s, ref
     torch.cuda.empty_cache()
 

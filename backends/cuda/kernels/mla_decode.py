@@ -83,7 +83,7 @@ def _load_cols(rows, n_ok, offs, col0, WIDTH: tl.constexpr, BLOCK: tl.constexpr,
 @triton.jit
 def _mla_decode_split_kernel(
     q_nope_ptr, q_rope_ptr, kv_ptr, block_table_ptr, seq_lens_ptr,
-    out_ptr, mid_out_ptr, mid_lse_ptr,
+    out_ptr, mid_out_ptr, mid_lse_ptr, arrivals_ptr,
     qk_scale,  # softmax_scale * log2(e): scores live in the log2 domain
     window,  # sliding window (used only when HAS_WINDOW)
     tokens_per_split,  # a multiple of BLOCK_N
@@ -94,6 +94,7 @@ def _mla_decode_split_kernel(
     stride_o_b, stride_o_s, stride_o_h,
     stride_mo_b, stride_mo_split, stride_mo_m,
     stride_ml_b, stride_ml_split,
+    num_splits,
     S: tl.constexpr, H: tl.constexpr,
     C: tl.constexpr, R: tl.constexpr,
     BLOCK_C: tl.constexpr, BLOCK_R: tl.constexpr,
@@ -101,6 +102,7 @@ def _mla_decode_split_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     HAS_WINDOW: tl.constexpr,
     DIRECT: tl.constexpr,  # one split: write the final output, no partials
+    FUSED_COMBINE: tl.constexpr,  # the last split program of a (row tile, request) merges the partials
     DOT_F32: tl.constexpr,  # dot operands in float32 (float32 inputs, mixed dtypes, or the interpreter)
     DOT_PRECISION: tl.constexpr,
     EVICT: tl.constexpr,  # eviction policy of the cache-tile loads ("" or "evict_first": read once, streamed)
@@ -181,6 +183,45 @@ def _mla_decode_split_kernel(
         mo_rows = mid_out_ptr + b64 * stride_mo_b + split * stride_mo_split + offs_m * stride_mo_m
         tl.store(mo_rows[:, None] + offs_c[None, :], out, mask=row_ok[:, None] & c_ok[None, :])
         tl.store(mid_lse_ptr + b64 * stride_ml_b + split * stride_ml_split + offs_m, lse, mask=row_ok)
+        if FUSED_COMBINE:
+            # Count the arrivals of this (row tile, request): the program that arrives last merges
+            # every split's partial, in split order, so the result does not depend on which one
+            # that is. The barrier puts all of this program's stores before its release; the
+            # counter is reset for the next launch (CUDA-graph replays included).
+            tl.debug_barrier()
+            counter = arrivals_ptr + b64 * tl.num_programs(0) + pid_m
+            arrived = tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu")
+            if arrived == num_splits - 1:
+                tl.debug_barrier()
+                tl.store(counter, 0)
+                _merge_splits(
+                    mid_out_ptr + b64 * stride_mo_b, mid_lse_ptr + b64 * stride_ml_b, out_ptr + b64 * stride_o_b,
+                    offs_m, row_ok, s_idx, h_idx, offs_c, c_ok, num_splits,
+                    stride_mo_split, stride_mo_m, stride_ml_split, stride_o_s, stride_o_h, BLOCK_M, BLOCK_C,
+                )
+
+
+@triton.jit
+def _merge_splits(
+    mo_base, ml_base, o_base, offs_m, row_ok, s_idx, h_idx, offs_c, c_ok, num_splits,
+    stride_mo_split, stride_mo_m, stride_ml_split, stride_o_s, stride_o_h, BLOCK_M: tl.constexpr, BLOCK_C: tl.constexpr,
+):
+    """Merge the splits' normalised partials of BLOCK_M rows (weights 2^(lse_k - max lse)), in split
+    order; reads go to L2 (.cg): the other splits' stores came from other SMs."""
+    top = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    for k in range(num_splits):
+        top = tl.maximum(top, tl.load(ml_base + k * stride_ml_split + offs_m, mask=row_ok, other=float("-inf"), cache_modifier=".cg"))
+    top = tl.where(top == float("-inf"), 0.0, top)
+    denom = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_C], dtype=tl.float32)
+    for k in range(num_splits):
+        w = tl.exp2(tl.load(ml_base + k * stride_ml_split + offs_m, mask=row_ok, other=float("-inf"), cache_modifier=".cg") - top)
+        part = tl.load(mo_base + k * stride_mo_split + offs_m[:, None] * stride_mo_m + offs_c[None, :], mask=row_ok[:, None] & c_ok[None, :], other=0.0, cache_modifier=".cg")
+        denom += w
+        acc += w[:, None] * part
+    out = acc / tl.where(denom > 0.0, denom, 1.0)[:, None]
+    o_rows = o_base + s_idx * stride_o_s + h_idx * stride_o_h
+    tl.store(o_rows[:, None] + offs_c[None, :], out.to(o_base.dtype.element_ty), mask=row_ok[:, None] & c_ok[None, :])
 
 
 @triton.jit
@@ -215,6 +256,16 @@ def _mla_decode_combine_kernel(
     s = m // H
     h = m % H
     tl.store(out_ptr + b * stride_o_b + s * stride_o_s + h * stride_o_h + offs_c, out.to(out_ptr.dtype.element_ty), mask=c_ok)
+
+
+_ARRIVALS = 1 << 16  # (row tile, request) arrival counters per device; larger grids take the combine kernel
+
+
+@lru_cache(maxsize=None)
+def _arrivals(device: torch.device) -> torch.Tensor:
+    """Zeroed int32 counters the fused combine counts split arrivals in; each user resets its own
+    to zero, so one allocation per device serves every launch on the device's (single) stream."""
+    return torch.zeros(_ARRIVALS, dtype=torch.int32, device=device)
 
 
 @lru_cache(maxsize=None)
@@ -337,6 +388,8 @@ def _mla_decode(
     block_r = max(16, next_power_of_2(rope_dim))
     dot_f32 = upcast_dot() or q_nope.dtype == torch.float32 or kv_cache.dtype == torch.float32 or q_nope.dtype != kv_cache.dtype
     direct = splits == 1
+    fused = not direct and cfg.get("fused_combine", False) and row_tiles * batch <= _ARRIVALS
+    arrivals = _arrivals(q_nope.device) if fused else seq_lens  # seq_lens: an unused placeholder
     if direct:
         mid_out = out  # unused
         mid_lse = out
@@ -351,7 +404,7 @@ def _mla_decode(
     global _LAST_LAUNCH
     _LAST_LAUNCH = _mla_decode_split_kernel[grid](
         q_nope, q_rope, kv_cache, block_table, seq_lens,
-        out, mid_out, mid_lse,
+        out, mid_out, mid_lse, arrivals,
         float(softmax_scale) * LOG2E,
         int(sliding_window or 0),
         per_split,
@@ -362,18 +415,20 @@ def _mla_decode(
         out.stride(0), out.stride(1), out.stride(2),
         *mo_strides,
         *ml_strides,
+        splits,
         S=num_queries, H=heads, C=latent_dim, R=rope_dim,
         BLOCK_C=block_c, BLOCK_R=block_r,
         PAGE=page,
         BLOCK_M=block_m, BLOCK_N=cfg["BLOCK_N"],
         HAS_WINDOW=sliding_window is not None,
         DIRECT=direct,
+        FUSED_COMBINE=fused,
         DOT_F32=dot_f32,
         DOT_PRECISION="ieee" if dot_f32 else "tf32",
         EVICT=cfg.get("evict", ""),
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )
-    if not direct:
+    if not direct and not fused:
         ccfg = _config(q_nope.device, "combine")
         _mla_decode_combine_kernel[(rows, batch)](
             mid_out, mid_lse, out,
