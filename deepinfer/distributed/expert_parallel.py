@@ -81,6 +81,9 @@ class ExpertParallel:
         self.timeout_s = timeout_s  # for error messages only: the group's own timeout governs
         self._pending: OrderedDict[int, _Exchange] = OrderedDict()
         self._backend = dist.get_backend(group) if group is not None else None
+        # Per-group state of a backend's faster exchange (e.g. the cuda backend's symmetric-memory
+        # buffers, under "symm"), created by that backend on first use.
+        self.transports: dict[str, object] = {}
 
     @classmethod
     def from_context(cls, ctx: DistContext | None, num_experts: int) -> "ExpertParallel":
@@ -142,6 +145,8 @@ class ExpertParallel:
         """Send each row of `expert_out` (dispatch's receive order) back to its source rank; return
         this rank's rows [T*K, D] in its send layout, where `row_of_slot` points."""
         exchange = self._take(row_of_slot)
+        if not isinstance(exchange, _Exchange):
+            raise ValueError("expert-parallel combine: the matching dispatch did not run over all_to_all_single (resolve dispatch and combine together)")
         if expert_out.shape[0] != exchange.num_received:
             raise ValueError(f"combine got {expert_out.shape[0]} expert rows; the matching dispatch delivered {exchange.num_received} to this rank")
         W, L = self.size, self.experts_per_rank

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import importlib
 
-MODULES = ("norm", "rope", "activation", "kv_cache", "mla_decode", "prefill", "gemm", "moe", "sampling", "moe_ep")
+MODULES = ("norm", "rope", "activation", "kv_cache", "mla_decode", "prefill", "gemm", "moe", "sampling", "moe_ep", "moe_ep_symm")
 
 
 def registrations():

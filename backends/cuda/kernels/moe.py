@@ -26,6 +26,7 @@ combine
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from functools import lru_cache
 
 import torch
@@ -328,10 +329,43 @@ def dispatch(
         offsets.zero_()
         return expert_x, offsets, row_of_slot
     x2 = x if x.stride(-1) == 1 else x.contiguous()
+    cfg = _cfg("dispatch", "tokens", device)
+    layout = count_slots(topk_ids, E)
+    block_d = _block_d(D, x.element_size(), cfg)
+    per, splits = _column_split(T, D, block_d, cfg["target_programs"])
+    _dispatch_copy_kernel[(T, splits)](
+        x2, layout.ids, layout.rank, layout.prefix, layout.totals, expert_x, row_of_slot, offsets,
+        D, E, layout.n_tiles, x2.stride(0), expert_x.stride(0), per,
+        K=K, TILE_S=layout.tile_s, BLOCK_E=next_power_of_2(E), BLOCK_K=next_power_of_2(K), BLOCK_D=block_d,
+        num_warps=cfg["copy_warps"],
+    )
+    return expert_x, offsets, row_of_slot
+
+
+@dataclass(frozen=True)
+class SlotCounts:
+    """Steps 1-2 of the dispatch (count, scan) for S = T*K > 0 slots: what a copy step needs to
+    place slot s of expert e at row offset[e] + prefix[e, s // tile_s] + rank[s]."""
+
+    ids: torch.Tensor  # [S] int32, contiguous
+    rank: torch.Tensor  # [S] int32: earlier slots of the same expert within the slot's tile
+    prefix: torch.Tensor  # [E, n_tiles] int32: slots of expert e in earlier tiles
+    totals: torch.Tensor  # [E] int32: slots of expert e
+    tile_s: int
+    n_tiles: int
+
+
+def count_slots(topk_ids: torch.Tensor, num_experts: int, totals: torch.Tensor | None = None) -> SlotCounts:
+    """Count and scan the slots of `topk_ids` [T, K] (T*K > 0) per expert (two kernels, no host
+    synchronisation). `totals`: an [E] int32 tensor to write the per-expert counts into (e.g. a
+    slice of a buffer the counts are published from); default a new one."""
+    device = topk_ids.device
+    E = num_experts
     ids = topk_ids.reshape(-1)
     if ids.dtype != torch.int32:
         ids = ids.to(torch.int32)
     ids = ids.contiguous()
+    S = ids.numel()
     cfg = _cfg("dispatch", "tokens", device)
     block_e = next_power_of_2(E)
     tile_s = max(16, min(cfg["count_tile_elems"] // block_e, next_power_of_2(S)))
@@ -339,18 +373,11 @@ def dispatch(
     rank = torch.empty(S, dtype=torch.int32, device=device)
     counts = torch.empty(E, n_tiles, dtype=torch.int32, device=device)
     prefix = torch.empty(E, n_tiles, dtype=torch.int32, device=device)
-    totals = torch.empty(E, dtype=torch.int32, device=device)
+    if totals is None:
+        totals = torch.empty(E, dtype=torch.int32, device=device)
     _dispatch_count_kernel[(n_tiles,)](ids, rank, counts, S, E, n_tiles, BLOCK_S=tile_s, BLOCK_E=block_e, num_warps=cfg["count_warps"])
     _dispatch_scan_kernel[(E,)](counts, prefix, totals, n_tiles, BLOCK_N=min(1024, next_power_of_2(n_tiles)), num_warps=4)
-    block_d = _block_d(D, x.element_size(), cfg)
-    per, splits = _column_split(T, D, block_d, cfg["target_programs"])
-    _dispatch_copy_kernel[(T, splits)](
-        x2, ids, rank, prefix, totals, expert_x, row_of_slot, offsets,
-        D, E, n_tiles, x2.stride(0), expert_x.stride(0), per,
-        K=K, TILE_S=tile_s, BLOCK_E=block_e, BLOCK_K=next_power_of_2(K), BLOCK_D=block_d,
-        num_warps=cfg["copy_warps"],
-    )
-    return expert_x, offsets, row_of_slot
+    return SlotCounts(ids, rank, prefix, totals, tile_s, n_tiles)
 
 
 # ---------------------------------------------------------------------------------------------
