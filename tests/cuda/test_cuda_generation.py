@@ -49,7 +49,7 @@ def test_float32_greedy_tokens_equal_the_reference_exactly():
 def test_bf16_greedy_tokens_equal_the_reference_for_the_first_8():
     want = _tokens(_llm("reference", "float32"), 8)
     cuda = _llm("cuda", "bfloat16")
-    assert cuda.engine.runner.dtype == torch.bfloat16
+    assert cuda.engine.dtype == torch.bfloat16
     got = _tokens(cuda, 8)
     assert got == want
 
