@@ -1,4 +1,4 @@
-"""Cases for the gemm ops: linear and grouped_gemm, in the dense, fp8_block and mxfp4 formats.
+"""Cases for the gemm ops: linear and grouped_gemm, in the dense, fp8_block, mxfp4 and mxfp8 formats.
 
 Quantised weights are made by the project's own quantisers from seeded float32 weights whose
 magnitude varies from row to row, so the fp8 block scales and the e8m0 scales differ.
@@ -10,11 +10,11 @@ from functools import partial
 
 import torch
 
-from deepinfer.ops.quant import quantize_weight_fp8_block, quantize_weight_mxfp4
+from deepinfer.ops.quant import quantize_weight_fp8_block, quantize_weight_mxfp4, quantize_weight_mxfp8
 from deepinfer_conformance.cases import Case, randn
 
 FLOAT_DTYPES = (torch.float32, torch.bfloat16)
-QUANT_DTYPES = (torch.bfloat16,)  # fp8 / mxfp4 weights serve bf16 activations
+QUANT_DTYPES = (torch.bfloat16,)  # fp8 / mxfp4 / mxfp8 weights serve bf16 activations
 
 
 def make_weight(gen, dtype, *lead: int, n: int, k: int, fmt: str) -> dict:
@@ -23,7 +23,7 @@ def make_weight(gen, dtype, *lead: int, n: int, k: int, fmt: str) -> dict:
     w = (randn(gen, *lead, n, k, dtype=torch.float64) * row_scale).float()
     if fmt == "dense":
         return {"weight": w.to(dtype)}
-    quantize = quantize_weight_fp8_block if fmt == "fp8_block" else quantize_weight_mxfp4
+    quantize = {"fp8_block": quantize_weight_fp8_block, "mxfp4": quantize_weight_mxfp4, "mxfp8": quantize_weight_mxfp8}[fmt]
     weight, scale = quantize(w)
     return {"weight": weight, "weight_scale": scale, "fmt": fmt}
 
@@ -81,6 +81,10 @@ QUANT_RECIPES = [
     ("grouped_gemm", "fp8_block_masked_e4_m8", partial(masked_inputs, masked_m=[3, 0, 8, 1], max_m=8, n=256, k=512, fmt="fp8_block")),
     ("grouped_gemm", "mxfp4_contiguous_e8_empty_expert_padding", partial(contiguous_inputs, rows_per_expert=UNEVEN, padding=9, n=128, k=256, fmt="mxfp4")),
     ("grouped_gemm", "mxfp4_masked_e4_m8", partial(masked_inputs, masked_m=[8, 2, 0, 5], max_m=8, n=256, k=512, fmt="mxfp4")),
+    # mxfp8 (W8A16): K not a multiple of 128 (a partial K block of 32-groups), large activation range.
+    ("linear", "mxfp8_t7_n256_k480_large_range", partial(linear_inputs, t=7, n=256, k=480, fmt="mxfp8", wide_columns=12)),
+    ("grouped_gemm", "mxfp8_contiguous_e8_empty_expert_padding", partial(contiguous_inputs, rows_per_expert=UNEVEN, padding=9, n=128, k=256, fmt="mxfp8")),
+    ("grouped_gemm", "mxfp8_masked_e4_m8", partial(masked_inputs, masked_m=[8, 2, 0, 5], max_m=8, n=256, k=512, fmt="mxfp8")),
 ]
 
 CASES = [Case(op, name, dtype, make) for op, name, make in FLOAT_RECIPES for dtype in FLOAT_DTYPES] + [

@@ -13,6 +13,11 @@ Weight formats (the `fmt` argument; number formats and their (de)quantisers live
 - "mxfp4": OCP MX FP4: weight uint8 [N, K/2], two e2m1 codes per byte (even k in the low nibble),
   weight_scale uint8 [N, K/32] e8m0 (2^(s-127)); K a multiple of 32. Activations stay in their
   dtype (W4A16): out = x @ dequantize_mxfp4(W)^T.
+- "mxfp8": OCP MX FP8, W8A8: weight float8_e4m3fn [N, K] with e8m0 scales uint8 [N, K/32]
+  (2^(s-127)); K a multiple of 32. Like fp8_block, the activation is quantised on the fly, here to
+  MX FP8 per token and 32 columns (`quant.quantize_act_mxfp8`, bit-exact on every backend), so
+  both operands are MX and block-scaled tensor cores (SM100 tcgen05 kind::mxf8f6f4) take them as
+  they are: out = dequantize(quantize_act_mxfp8(x)) @ dequantize_mxfp8(W)^T.
 
 Every product accumulates in float32 (float64 for float64 activations). Quantised weights and
 their scales are used as given (a float64 golden run leaves fp8/uint8 tensors untouched).
@@ -26,7 +31,7 @@ import torch
 from deepinfer.ops import quant
 from deepinfer.registry import ALLCLOSE, DEFAULT_TOLERANCES, Tolerance, op
 
-FORMATS = ("dense", "fp8_block", "mxfp4")
+FORMATS = ("dense", "fp8_block", "mxfp4", "mxfp8")
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 # Kernels quantise activations to fp8 themselves; one e4m3 rounding step (6%) on an element that a
@@ -75,6 +80,8 @@ def _layout(fmt: str, n: int, k: int) -> tuple[tuple, tuple[int, int], tuple, tu
     if fmt == "fp8_block":
         blocks = (-(-n // quant.FP8_BLOCK), -(-k // quant.FP8_BLOCK))
         return (quant.FP8_DTYPE,), (n, k), FLOAT_DTYPES, blocks
+    if fmt == "mxfp8":
+        return (quant.FP8_DTYPE,), (n, k), (torch.uint8,), (n, k // quant.MX_BLOCK)
     return (torch.uint8,), (n, k // 2), (torch.uint8,), (n, k // quant.MX_BLOCK)
 
 
@@ -84,8 +91,8 @@ def _check_weight(weight: torch.Tensor, weight_scale: torch.Tensor | None, fmt: 
         raise ValueError(f"unknown weight format {fmt!r}; formats: {', '.join(FORMATS)}")
     if (fmt == "dense") != (weight_scale is None):
         raise ValueError(f"fmt {fmt!r} {'takes no' if fmt == 'dense' else 'needs a'} weight_scale")
-    if fmt == "mxfp4" and k % quant.MX_BLOCK:
-        raise ValueError(f"mxfp4 needs K to be a multiple of {quant.MX_BLOCK}, got K={k}")
+    if fmt in ("mxfp4", "mxfp8") and k % quant.MX_BLOCK:
+        raise ValueError(f"{fmt} needs K to be a multiple of {quant.MX_BLOCK}, got K={k}")
     if weight.dim() != len(experts) + 2:
         raise ValueError(f"{fmt} weight must have {len(experts) + 2} dims, got {tuple(weight.shape)}")
     weight_dtypes, weight_shape, scale_dtypes, scale_shape = _layout(fmt, weight.shape[-2], k)
@@ -100,9 +107,11 @@ def _names(dtypes: tuple) -> str:
 
 
 def _activation_for_product(x: torch.Tensor, fmt: str, acc: torch.dtype) -> torch.Tensor:
-    """x as it enters the product, in the accumulation dtype: fp8_block quantises it first."""
+    """x as it enters the product, in the accumulation dtype: fp8_block and mxfp8 quantise it first."""
     if fmt == "fp8_block":
         return quant.dequantize_act_fp8(*quant.quantize_act_fp8(x), dtype=acc)
+    if fmt == "mxfp8":
+        return quant.dequantize_mxfp8(*quant.quantize_act_mxfp8(x), dtype=acc)
     return x.to(acc)
 
 
@@ -112,6 +121,8 @@ def _weight_for_product(weight: torch.Tensor, weight_scale: torch.Tensor | None,
         return quant.dequantize_weight_fp8_block(weight, weight_scale, dtype=acc)
     if fmt == "mxfp4":
         return quant.dequantize_mxfp4(weight, weight_scale, dtype=acc)
+    if fmt == "mxfp8":
+        return quant.dequantize_mxfp8(weight, weight_scale, dtype=acc)
     return weight.to(acc)
 
 
@@ -158,7 +169,7 @@ def grouped_gemm(
     fmt: str = "dense",
 ) -> torch.Tensor:
     """One GEMM per expert: weight [E, N, K] (fp8_block scale [E, ceil(N/128), ceil(K/128)];
-    mxfp4 weight [E, N, K/2], scale [E, N, K/32]). Exactly one layout is given:
+    mxfp4 weight [E, N, K/2], scale [E, N, K/32]; mxfp8 weight [E, N, K], scale [E, N, K/32]). Exactly one layout is given:
 
     - contiguous (prefill, what `dispatch` produces): x [M, K] with expert e's rows at
       expert_offsets[e]:expert_offsets[e+1] (expert_offsets: [E+1] int32, starting at 0, ending at

@@ -4,6 +4,7 @@
   scales for activations, as DeepSeek-V3 ships and runs it. A scale is a float32 *multiplier*:
   value = fp8 * scale (the checkpoint calls the weight's `weight_scale_inv`).
 - OCP MX FP4: e2m1 elements, two per byte, with one e8m0 power-of-two scale per 32 values.
+- OCP MX FP8: e4m3 elements (float8_e4m3fn), with one e8m0 power-of-two scale per 32 values.
 
 Quantisers compute in float32 (the MX FP4 one in float64, where every step is exact) whatever
 the input's precision; dequantisers compute in float32 (float64 when asked for float64) and cast.
@@ -23,6 +24,7 @@ AMAX_FLOOR = 1e-4  # amax is clamped to this, so an all-zero block gets a finite
 MX_BLOCK = 32  # values sharing one e8m0 scale
 E8M0_BIAS = 127
 E2M1_EMAX = 2  # exponent of e2m1's largest binade (4 and 6)
+E4M3_EMAX = 8  # exponent of e4m3's largest binade (256..448)
 E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)  # magnitude of codes 0..7; bit 3 is the sign
 # Halfway points between neighbouring magnitudes; a tie goes to the even code (round half to even).
 E2M1_MIDPOINTS = (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0)
@@ -181,3 +183,70 @@ def dequantize_mxfp4(packed: torch.Tensor, scale: torch.Tensor, dtype: torch.dty
     values = table[codes & 7] * torch.where(codes >= 8, -1.0, 1.0).to(acc)
     factor = torch.exp2(scale.to(acc) - E8M0_BIAS).masked_fill(scale == 255, float("nan"))
     return (values.unflatten(-1, (k // MX_BLOCK, MX_BLOCK)) * factor.unsqueeze(-1)).flatten(-2).to(dtype)
+
+
+# ---------------------------------------------------------------------------------------------
+# OCP MX FP8: e4m3 elements, e8m0 scale per 32 values
+
+
+def _mx_shared_exponent(amax: torch.Tensor, emax: int) -> torch.Tensor:
+    """OCP MX shared exponent X = floor(log2(amax)) - emax, clamped to [-127, 127]; -127 for amax 0."""
+    _, exponent = torch.frexp(amax)  # amax = m * 2^exponent with m in [0.5, 1): floor(log2) = exponent - 1
+    return torch.where(amax > 0, exponent - 1 - emax, -E8M0_BIAS).clamp(-E8M0_BIAS, E8M0_BIAS)
+
+
+def quantize_weight_mxfp8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Quantise w [..., N, K] (K a multiple of 32) to MX FP8 (e4m3), as the OCP MX spec does.
+
+    Per block of 32 consecutive K values: X = floor(log2(amax)) - 8 (8 = emax of e4m3), clamped to
+    [-127, 127] (X = -127 for an all-zero block), stored as the e8m0 byte X + 127. Each value v
+    becomes e4m3(v / 2^X), round to nearest even, saturating at +-448 (v / 2^X lies in [256, 512)
+    for the block's largest value). Computed in float32 (w converted first; dividing by a power of
+    two is exact there), then one round-to-nearest-even cast.
+    Returns (w_fp8 float8_e4m3fn [..., N, K], scale uint8 [..., N, K/32]).
+    """
+    if w.dim() < 2 or not w.is_floating_point():
+        raise ValueError(f"quantize_weight_mxfp8 takes a floating weight [..., N, K], got {tuple(w.shape)} {w.dtype}")
+    k = w.shape[-1]
+    if k % MX_BLOCK:
+        raise ValueError(f"mxfp8 needs K to be a multiple of {MX_BLOCK}, got K={k}")
+    blocks = w.float().unflatten(-1, (k // MX_BLOCK, MX_BLOCK))
+    shared = _mx_shared_exponent(blocks.abs().amax(dim=-1), E4M3_EMAX)
+    scaled = (blocks / torch.exp2(shared.float()).unsqueeze(-1)).clamp(-FP8_MAX, FP8_MAX)
+    return scaled.to(FP8_DTYPE).flatten(-2), (shared + E8M0_BIAS).to(torch.uint8)
+
+
+def dequantize_mxfp8(w_fp8: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+    """w = e4m3 value * 2^(scale - 127), computed in float32 (float64 for float64), cast to dtype.
+
+    w_fp8: [..., N, K] float8_e4m3fn; scale: [..., N, K/32] uint8 e8m0 (255 is e8m0's NaN). Returns [..., N, K].
+    """
+    if w_fp8.dtype != FP8_DTYPE or scale.dtype != torch.uint8:
+        raise ValueError(f"mxfp8 weight must be float8_e4m3fn and its scale uint8, got {w_fp8.dtype} and {scale.dtype}")
+    k = w_fp8.shape[-1]
+    want = (*w_fp8.shape[:-1], k // MX_BLOCK)
+    if k % MX_BLOCK or tuple(scale.shape) != want:
+        raise ValueError(f"mxfp8 weight {tuple(w_fp8.shape)} (K a multiple of {MX_BLOCK}) needs a scale {want}, got {tuple(scale.shape)}")
+    acc = _compute_dtype(dtype)
+    factor = torch.exp2(scale.to(acc) - E8M0_BIAS).masked_fill(scale == 255, float("nan"))
+    values = w_fp8.to(acc).unflatten(-1, (k // MX_BLOCK, MX_BLOCK))
+    return (values * factor.unsqueeze(-1)).flatten(-2).to(dtype)
+
+
+def quantize_act_mxfp8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Quantise activations x [..., K] (K a multiple of 32) to MX FP8 per token and 32 columns.
+
+    The definition, which every backend reproduces bit for bit: xf = x converted to float32; per
+    group of 32 columns X = floor(log2(amax)) - 8, clamped to [-127, 127] (-127 for an all-zero
+    group); q = e4m3(clamp(xf / 2^X, -448, 448)), round to nearest even (the division by a
+    power of two is exact). Returns (x_fp8 [..., K] float8_e4m3fn, scale uint8 [..., K/32] e8m0).
+    """
+    if x.dim() < 1 or not x.is_floating_point() or x.dtype == FP8_DTYPE:
+        raise ValueError(f"quantize_act_mxfp8 takes floating activations [..., K], got {tuple(x.shape)} {x.dtype}")
+    k = x.shape[-1]
+    if k % MX_BLOCK:
+        raise ValueError(f"mxfp8 needs K to be a multiple of {MX_BLOCK}, got K={k}")
+    blocks = x.float().unflatten(-1, (k // MX_BLOCK, MX_BLOCK))
+    shared = _mx_shared_exponent(blocks.abs().amax(dim=-1), E4M3_EMAX)
+    scaled = (blocks / torch.exp2(shared.float()).unsqueeze(-1)).clamp(-FP8_MAX, FP8_MAX)
+    return scaled.to(FP8_DTYPE).flatten(-2), (shared + E8M0_BIAS).to(torch.uint8)

@@ -1,4 +1,4 @@
-"""Ascend Triton kernels: `linear` and `grouped_gemm` in every weight format (dense, fp8_block, mxfp4).
+"""Ascend Triton kernels: `linear` and `grouped_gemm` in every weight format (dense, fp8_block, mxfp4, mxfp8).
 
 Written for triton-ascend (A2/A3 and 950) in the Triton subset community Triton also interprets.
 
@@ -46,6 +46,11 @@ Formats
   field (exact; a result below bf16's normal range, |w| < 2^-126, is flushed to 0 and one above
   it is inf, as float32 overflows in the reference). bf16 activations dot in bf16; float16 and
   float32 activations dot in float32 (ieee).
+
+- mxfp8 (W8A8 MX): the activations go through the contract's quantiser `quant.quantize_act_mxfp8`
+  in torch (per token and 32 columns; bit-exact by definition, not fused) and are dequantised to
+  float32 (exact); the kernel decodes the e4m3 weight bytes (`_e4m3_to_f16`, exact) times
+  2^(s-127) in float32 and dots in float32 (ieee). Not tuned: no Ascend hardware ran it.
 
 Tiles and the on-chip buffer
 ----------------------------
@@ -97,7 +102,7 @@ MX_GROUP = quant.MX_BLOCK  # 32
 BLOCK_K = 128
 QUANT_BLOCK_R = 16  # rows per quantiser tile: [16, 128] float32 = 8 KB per live temporary
 
-_FMT_ID = {"dense": 0, "fp8_block": 1, "mxfp4": 2}
+_FMT_ID = {"dense": 0, "fp8_block": 1, "mxfp4": 2, "mxfp8": 3}
 _LINEAR, _CONTIGUOUS, _MASKED = 0, 1, 2
 _KERNEL_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 # dot operand kinds
@@ -290,7 +295,7 @@ def _gemm_tile(
     if FMT == 1:
         xs_base = xs_ptr + e64 * stride_se + tl.cast(row0, tl.int64) * stride_sm
         ws_base = ws_ptr + e64 * stride_wse + (n0 // BLOCK_K) * stride_wsn  # BLOCK_N divides 128
-    if FMT == 2:
+    if FMT >= 2:
         offs_kp = tl.arange(0, BLOCK_K // 2)
         offs_ks = tl.arange(0, BLOCK_K // 32)
         ws_base = ws_ptr + e64 * stride_wse + tl.cast(n0, tl.int64) * stride_wsn
@@ -324,6 +329,14 @@ def _gemm_tile(
             a_s = tl.load(xs_base + offs_m * stride_sm + g, mask=row_ok, other=0.0)
             w_s = tl.load(ws_base + g)
             acc += part * (a_s * w_s)[:, None]
+        elif FMT == 3:  # mxfp8: activations arrive dequantised (float32); e4m3 bytes x 2^(s-127)
+            ks = k0 // 32 + offs_ks
+            b = tl.load(w_base + w_rows + (k0 + offs_k)[None, :], mask=col_ok[:, None] & k_ok[None, :], other=0)
+            s = tl.load(ws_base + ws_rows + ks[None, :], mask=col_ok[:, None] & (ks < K // 32)[None, :], other=127)
+            si = s.to(tl.int32)
+            f = tl.where(si == 0, 0x00400000, tl.where(si == 255, 0x7FC00000, si << 23)).to(tl.float32, bitcast=True)  # 2^(s-127)
+            wv = tl.reshape(tl.reshape(_e4m3_to_f16(b).to(tl.float32), (BLOCK_N, BLOCK_K // 32, 32)) * f[:, :, None], (BLOCK_N, BLOCK_K))
+            acc = tl.dot(a.to(tl.float32), tl.trans(wv), acc, input_precision="ieee")
         else:
             kp = k0 // 2 + offs_kp
             ks = k0 // 32 + offs_ks
@@ -394,6 +407,8 @@ def _dot_kind(fmt: str, x_dtype: torch.dtype, w_dtype: torch.dtype, fp8_dot: boo
         return _DOT_NATIVE if x_dtype == w_dtype and x_dtype in (torch.bfloat16, torch.float16) else _DOT_F32
     if fmt == "fp8_block":
         return _DOT_FP8 if fp8_dot and x_dtype in (torch.bfloat16, torch.float16) else _DOT_F16
+    if fmt == "mxfp8":
+        return _DOT_F32
     return _DOT_NATIVE if x_dtype == torch.bfloat16 else _DOT_F32
 
 
@@ -409,6 +424,8 @@ def tile_bytes(fmt: str, dot: int, x_bytes: int, w_bytes: int, bm: int, bn: int,
             return bm * bk + bn * bk + 2 * acc
         # float16 activation values; weight bytes + two int16 temporaries + float16 values
         return 2 * bm * bk + bn * bk * (1 + 2 * 2 + 2) + 2 * acc
+    if fmt == "mxfp8":  # float32 activations; weight bytes, int16 + float16 decode, float32 values and scaled copy
+        return 4 * bm * bk + bn * bk * (1 + 2 + 2 + 4 + 4) + acc
     # mxfp4: packed bytes, joined nibbles, two int32 temporaries (bit building), bf16 values,
     # float32 copies of both operands for a float32 dot
     op = 4 if dot == _DOT_F32 else 2
@@ -487,6 +504,11 @@ def _launch(x, weight, weight_scale, fmt, layout, bounds=None):
         if dot == _DOT_FP8:
             xq = xq.view(torch.uint8)
         w3 = w3.view(torch.uint8)  # A2/A3: decoded in-kernel (no fp8 type there); 950: bitcast in-kernel
+    elif fmt == "mxfp8":
+        # The contract's MX FP8 activation quantiser in torch (bit-exact by definition), dequantised
+        # to float32 (exact); the kernel decodes the e4m3 weight bytes and dots in float32.
+        xq = quant.dequantize_mxfp8(*quant.quantize_act_mxfp8(x), dtype=torch.float32)
+        w3 = w3.view(torch.uint8)
     x3 = xq if layout == _MASKED else xq.unsqueeze(0)
     xs3 = None if xs is None else (xs if layout == _MASKED else xs.unsqueeze(0))
     out3 = out if layout == _MASKED else out.unsqueeze(0)
@@ -579,9 +601,9 @@ _NOTE = (
 )
 
 REGISTRATIONS = [
-    Registration(op="linear", fn=linear, formats=("dense", "fp8_block", "mxfp4"), dtypes=_KERNEL_DTYPES, note=_NOTE),
+    Registration(op="linear", fn=linear, formats=("dense", "fp8_block", "mxfp4", "mxfp8"), dtypes=_KERNEL_DTYPES, note=_NOTE),
     Registration(
-        op="grouped_gemm", fn=grouped_gemm, formats=("dense", "fp8_block", "mxfp4"), dtypes=_KERNEL_DTYPES,
+        op="grouped_gemm", fn=grouped_gemm, formats=("dense", "fp8_block", "mxfp4", "mxfp8"), dtypes=_KERNEL_DTYPES,
         note=_NOTE + "; contiguous and masked layouts",
     ),
 ]

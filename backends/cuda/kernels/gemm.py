@@ -74,7 +74,8 @@ from deepinfer_cuda.tuning import config
 FP8_GROUP = quant.FP8_BLOCK  # 128: activation group width and weight block edge
 MX_GROUP = quant.MX_BLOCK  # 32
 
-_FMT_ID = {"dense": 0, "fp8_block": 1, "mxfp4": 2}
+_FMT_ID = {"dense": 0, "fp8_block": 1, "mxfp4": 2, "mxfp8": 3}
+_MX_UPCAST, _MX_DOT_SCALED, _MX_NATIVE = 0, 1, 2  # MX_MODE: how an mx weight meets the activations
 _LINEAR, _CONTIGUOUS, _MASKED = 0, 1, 2
 _KERNEL_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
@@ -157,6 +158,70 @@ def quantize_act_fp8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 # ---------------------------------------------------------------------------------------------
+# MX FP8 activation quantiser (mxfp8: per token and 32 columns)
+
+
+@triton.jit
+def _mx_e4m3_quantise(v, MANUAL_CVT: tl.constexpr):
+    """OCP MX FP8 of v [R, G, 32] (float32) per group of 32: (codes int32 [R, G, 32], e8m0 byte
+    int32 [R, G]). X = floor(log2 amax) - 8 read from amax's exponent
+    bits (byte = X + 127 = biased exponent - 8, at least 0); v * 2^-X is exact; saturate at 448;
+    round to nearest even."""
+    amax = tl.max(tl.abs(v), axis=2)
+    byte = tl.maximum(((amax.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 8, 0)
+    inv = ((254 - byte) << 23).to(tl.float32, bitcast=True)  # 2^-X, a float32 normal
+    y = tl.minimum(tl.maximum(v * inv[:, :, None], -448.0), 448.0)
+    if MANUAL_CVT:
+        codes = _e4m3_rne_bits(y)
+    else:
+        codes = y.to(tl.float8e4nv).to(tl.uint8, bitcast=True).to(tl.int32)
+    return codes, byte
+
+
+@triton.jit
+def _quant_act_mxfp8_kernel(
+    x_ptr, q_ptr, s_ptr,
+    R, K,
+    stride_xr, stride_qr, stride_sr,
+    BLOCK_R: tl.constexpr,
+    GROUPS: tl.constexpr,  # 32-column groups per program
+    MANUAL_CVT: tl.constexpr,
+):
+    pid_r = tl.program_id(0)
+    pid_g = tl.program_id(1)
+    rows = (pid_r * BLOCK_R + tl.arange(0, BLOCK_R)).to(tl.int64)
+    groups = pid_g * GROUPS + tl.arange(0, GROUPS)
+    cols = groups[:, None] * 32 + tl.arange(0, 32)[None, :]  # [GROUPS, 32]
+    row_ok = rows < R
+    g_ok = groups < K // 32
+    mask = row_ok[:, None, None] & g_ok[None, :, None]
+    x = tl.load(x_ptr + rows[:, None, None] * stride_xr + cols[None, :, :], mask=mask, other=0.0).to(tl.float32)
+    codes, byte = _mx_e4m3_quantise(x, MANUAL_CVT)
+    tl.store(q_ptr + rows[:, None, None] * stride_qr + cols[None, :, :], codes.to(tl.uint8), mask=mask)
+    tl.store(s_ptr + rows[:, None] * stride_sr + groups[None, :], byte.to(tl.uint8), mask=row_ok[:, None] & g_ok[None, :])
+
+
+def quantize_act_mxfp8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The fused quantiser, same contract as `deepinfer.ops.quant.quantize_act_mxfp8` (bit-exact):
+    x [..., K] (K a multiple of 32) -> (x_fp8 [..., K] float8_e4m3fn, scale uint8 [..., K/32] e8m0)."""
+    k = x.shape[-1]
+    x2 = x.reshape(-1, k)
+    if k and x2.stride(-1) != 1:
+        x2 = x2.contiguous()
+    rows = x2.shape[0]
+    q = torch.empty(rows, k, dtype=torch.uint8, device=x.device)
+    sc = torch.empty(rows, k // MX_GROUP, dtype=torch.uint8, device=x.device)
+    if rows and k:
+        cfg = config("gemm", "quant_act_mx", x.device)
+        grid = (cdiv(rows, cfg["BLOCK_R"]), cdiv(k // MX_GROUP, cfg["GROUPS"]))
+        _quant_act_mxfp8_kernel[grid](
+            x2, q, sc, rows, k, x2.stride(0), q.stride(0), sc.stride(0),
+            BLOCK_R=cfg["BLOCK_R"], GROUPS=cfg["GROUPS"], MANUAL_CVT=interpreting(), num_warps=cfg["num_warps"],
+        )
+    return q.view(quant.FP8_DTYPE).reshape(*x.shape[:-1], k), sc.reshape(*x.shape[:-1], k // MX_GROUP)
+
+
+# ---------------------------------------------------------------------------------------------
 # The GEMM
 
 
@@ -229,7 +294,7 @@ def _gemm_kernel(
     stride_we, stride_wn, stride_wk,
     stride_wse, stride_wsn, stride_wsk,
     stride_os, stride_oe, stride_om, stride_on,
-    FMT: tl.constexpr,  # 0 dense, 1 fp8_block, 2 mxfp4
+    FMT: tl.constexpr,  # 0 dense, 1 fp8_block, 2 mxfp4, 3 mxfp8
     LAYOUT: tl.constexpr,  # 0 linear, 1 contiguous, 2 masked
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -240,8 +305,8 @@ def _gemm_kernel(
     EVEN_K: tl.constexpr,
     DOT_F32: tl.constexpr,  # convert dot operands to float32 (ieee precision)
     PRECISION: tl.constexpr,
-    MX_DOT_SCALED: tl.constexpr,
-    MX_LHS: tl.constexpr,  # "bf16" | "fp16": dot_scaled's format of x
+    MX_MODE: tl.constexpr,  # mx formats: 0 in-kernel upcast, 1 dot_scaled(16-bit x), 2 dot_scaled(mx x mx, swapped)
+    MX_LHS: tl.constexpr,  # "bf16" | "fp16": dot_scaled's format of x (MX_MODE 1)
     FP8_VIA_BF16: tl.constexpr,  # fp8 operands upcast to bf16 (exact) for a float32-exact sum
     SCALAR_WS: tl.constexpr,  # the N block lies in one 128-row weight-scale block
 ):
@@ -265,19 +330,44 @@ def _gemm_kernel(
     it0 = pid_s * iters_per_split
     it1 = tl.minimum(it0 + iters_per_split, total_iters)
 
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    if MX_MODE == 2:
+        acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)  # swapped: weight rows are the MMA's M
+    else:
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     if FMT == 1:
         xs_base = xs_ptr + e64 * stride_xse + rows_c * stride_xsm
         ws_base = ws_ptr + e64 * stride_wse + (cols_c // BLOCK_K) * stride_wsn
         ws_tile = ws_ptr + e64 * stride_wse + ((pid_n * BLOCK_N) // BLOCK_K) * stride_wsn  # SCALAR_WS
-    if FMT == 2:
+    if FMT >= 2:
         offs_kp = tl.arange(0, BLOCK_K // 2)
         offs_ks = tl.arange(0, BLOCK_K // 32)
         ws_base = ws_ptr + e64 * stride_wse + cols_c[:, None] * stride_wsn
+    if MX_MODE == 2:
+        wt_base = w_ptr + e64 * stride_we + cols_c[:, None] * stride_wn  # [BLOCK_N, *]: K contiguous
+        xt_off = e64 * stride_xe + rows_c[None, :] * stride_xm  # [*, BLOCK_M]
+        xsc_off = e64 * stride_xse + rows_c[:, None] * stride_xsm  # [BLOCK_M, *]
 
     for it in range(it0, it1):
         k0 = it * BLOCK_K
         kk = k0 + offs_k
+        if MX_MODE == 2:
+            # Block-scaled MMA (SM100: tcgen05 kind::mxf8f6f4; SM90: Triton upcasts to bf16 and
+            # runs wgmma) on MX FP8 activations: the weight tile is the MMA's 128-row side and the
+            # tokens its N side, so decode tiles of 16 rows still meet tcgen05's M = 128.
+            ks = k0 // 32 + offs_ks
+            k_ok = kk < K
+            ks_ok = ks < K // 32
+            xq = tl.load(x_ptr + xt_off + kk[:, None] * stride_xk, mask=k_ok[:, None], other=0.0)
+            xqs = tl.load(xs_ptr + xsc_off + ks[None, :], mask=ks_ok[None, :], other=127)
+            bs = tl.load(ws_base + ks[None, :] * stride_wsk, mask=ks_ok[None, :], other=127)
+            if FMT == 2:
+                kp = k0 // 2 + offs_kp
+                wt = tl.load(wt_base + kp[None, :] * stride_wk, mask=(kp < K // 2)[None, :], other=0)
+                acc = tl.dot_scaled(wt, bs, "e2m1", xq, xqs, "e4m3", acc)
+            else:
+                wt = tl.load(wt_base + kk[None, :] * stride_wk, mask=k_ok[None, :], other=0.0)
+                acc = tl.dot_scaled(wt, bs, "e4m3", xq, xqs, "e4m3", acc)
+            continue
         if EVEN_K:
             a = tl.load(x_base + kk[None, :] * stride_xk)
         else:
@@ -307,7 +397,7 @@ def _gemm_kernel(
                 acc += part * (a_s * tl.load(ws_tile + it * stride_wsk))[:, None]
             else:
                 acc += part * (a_s[:, None] * tl.load(ws_base + it * stride_wsk)[None, :])
-        else:
+        elif FMT == 2:
             kp = k0 // 2 + offs_kp
             ks = k0 // 32 + offs_ks
             if EVEN_K:
@@ -316,7 +406,7 @@ def _gemm_kernel(
             else:
                 bp = tl.load(w_base + kp[:, None] * stride_wk, mask=(kp < K // 2)[:, None], other=0)
                 bs = tl.load(ws_base + ks[None, :] * stride_wsk, mask=(ks < K // 32)[None, :], other=127)
-            if MX_DOT_SCALED:
+            if MX_MODE == 1:
                 acc = tl.dot_scaled(a, None, MX_LHS, bp, bs, "e2m1", acc)
             else:
                 codes = bp.to(tl.int32)
@@ -334,9 +424,31 @@ def _gemm_kernel(
                 else:
                     acc = tl.dot(a_even, w_lo.to(a.dtype), acc)
                     acc = tl.dot(a_odd, w_hi.to(a.dtype), acc)
+        else:  # FMT 3, mxfp8: [BLOCK_K, BLOCK_N] e4m3 and [BLOCK_N, BLOCK_K/32] e8m0
+            ks = k0 // 32 + offs_ks
+            if EVEN_K:
+                b = tl.load(w_base + kk[:, None] * stride_wk)
+                bs = tl.load(ws_base + ks[None, :] * stride_wsk)
+            else:
+                b = tl.load(w_base + kk[:, None] * stride_wk, mask=(kk < K)[:, None], other=0.0)
+                bs = tl.load(ws_base + ks[None, :] * stride_wsk, mask=(ks < K // 32)[None, :], other=127)
+            if MX_MODE == 1:
+                acc = tl.dot_scaled(a, None, MX_LHS, b, bs, "e4m3", acc)
+            else:
+                f = tl.trans(_mx_factor(bs.to(tl.int32)))  # [BLOCK_K/32, BLOCK_N]
+                f = tl.reshape(tl.broadcast_to(f[:, None, :], (BLOCK_K // 32, 32, BLOCK_N)), (BLOCK_K, BLOCK_N))
+                wv = b.to(tl.float32) * f
+                if DOT_F32:
+                    acc = tl.dot(a.to(tl.float32), wv, acc, input_precision="ieee")
+                else:
+                    acc = tl.dot(a, wv.to(a.dtype), acc)
 
-    out_mask = (rows < row_end)[:, None] & (cols < N)[None, :]
-    out_ptrs = out_ptr + e64 * stride_oe + rows.to(tl.int64)[:, None] * stride_om + cols[None, :] * stride_on
+    if MX_MODE == 2:  # acc is [BLOCK_N, BLOCK_M]
+        out_mask = (cols < N)[:, None] & (rows < row_end)[None, :]
+        out_ptrs = out_ptr + e64 * stride_oe + rows.to(tl.int64)[None, :] * stride_om + cols[:, None] * stride_on
+    else:
+        out_mask = (rows < row_end)[:, None] & (cols < N)[None, :]
+        out_ptrs = out_ptr + e64 * stride_oe + rows.to(tl.int64)[:, None] * stride_om + cols[None, :] * stride_on
     if SPLIT_K == 1:
         tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=out_mask)
     else:
@@ -459,6 +571,21 @@ def _mxfp4_dot_scaled_default() -> bool:
 
 MXFP4_DOT_SCALED = _mxfp4_dot_scaled_default()
 
+def _mx_mode(fmt: str, x: torch.Tensor) -> int:
+    """How an mx weight meets x. mxfp8 (W8A8 by contract): x quantised to MX FP8 and tl.dot_scaled
+    on both MX operands (native block-scaled MMA on SM100, Triton's bf16 emulation on SM90). mxfp4
+    (W4A16): tl.dot_scaled with x as bf16/fp16 (SM100 too: tcgen05's block-scaled MMA takes only
+    fp8/fp6/fp4 operands, so Triton upcasts the e2m1 side and runs kind::f16), or the in-kernel upcast."""
+    if fmt == "mxfp8":
+        if not hasattr(tl, "dot_scaled"):
+            raise RuntimeError(f"mxfp8 GEMM needs tl.dot_scaled, missing in Triton {triton.__version__}")
+        return _MX_NATIVE
+    if fmt != "mxfp4":
+        return _MX_UPCAST
+    if MXFP4_DOT_SCALED and x.dtype in (torch.bfloat16, torch.float16):
+        return _MX_DOT_SCALED
+    return _MX_UPCAST
+
 
 def mxfp4_path() -> str:
     return "tl.dot_scaled" if MXFP4_DOT_SCALED else "in-kernel e2m1 upcast"
@@ -487,8 +614,8 @@ def _fit_shared_memory(fmt, x, weight, dot_f32, block_m, block_n, block_k, num_s
     """Fewer stages, then a narrower K block, until the operand buffers fit (float32 dots
     and mixed dtypes keep wide operands in shared memory)."""
     a_bytes = 4 if dot_f32 else (1 if fmt == "fp8_block" else x.element_size())
-    b_per_k = {"dense": 4 if dot_f32 else weight.element_size(), "fp8_block": 4 if dot_f32 else 1, "mxfp4": 0.5}[fmt]
-    min_k = FP8_GROUP if fmt == "fp8_block" else (2 * MX_GROUP if fmt == "mxfp4" else 16)
+    b_per_k = {"dense": 4 if dot_f32 else weight.element_size(), "fp8_block": 4 if dot_f32 else 1, "mxfp4": 0.5, "mxfp8": 1}[fmt]
+    min_k = FP8_GROUP if fmt == "fp8_block" else (2 * MX_GROUP if fmt in ("mxfp4", "mxfp8") else 16)
 
     def need(bk, st):
         return st * (block_m * bk * a_bytes + bk * block_n * b_per_k)
@@ -548,17 +675,21 @@ def _launch(x, weight, weight_scale, fmt, layout, *, offsets=None, masked_m=None
     block_n = cfg["BLOCK_N"]
     if fmt == "fp8_block":
         block_k = FP8_GROUP  # one scale group per step
-    elif fmt == "mxfp4":
+    elif fmt in ("mxfp4", "mxfp8"):
         block_k = max(2 * MX_GROUP, min(cfg["BLOCK_K"], next_power_of_2(k)))
     else:
         block_k = max(16, min(cfg["BLOCK_K"], next_power_of_2(k)))
     upcast = upcast_dot()
+
+    mx_mode = _mx_mode(fmt, x)
 
     # The activation operand and its scales.
     xs = None
     xq = x
     if fmt == "fp8_block":
         xq, xs = prequantised if prequantised is not None else quantize_act_fp8(x)
+    elif mx_mode == _MX_NATIVE:
+        xq, xs = prequantised if prequantised is not None else quantize_act_mxfp8(x)
     if layout == _MASKED:
         stride_xe, stride_xm, stride_xk = xq.stride()
         stride_xse, stride_xsm = (xs.stride(0), xs.stride(1)) if xs is not None else (0, 0)
@@ -580,7 +711,6 @@ def _launch(x, weight, weight_scale, fmt, layout, *, offsets=None, masked_m=None
         dot_f32 = upcast
     else:
         dot_f32 = upcast or x.dtype == torch.float32
-    mx_dot_scaled = fmt == "mxfp4" and MXFP4_DOT_SCALED and x.dtype in (torch.bfloat16, torch.float16)
     precision = "ieee" if dot_f32 else "tf32"
     # Hopper's fp8 MMA sums with reduced precision (DeepSeek-V3 report: ~14 bits), invisible in a
     # bf16/fp16 output but not within float32's tolerance: float32 activations take the fp8 values
@@ -653,7 +783,7 @@ def _launch(x, weight, weight_scale, fmt, layout, *, offsets=None, masked_m=None
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, GROUP_M=cfg.get("GROUP_M", 8),
         SPLIT_K=split, E_POW2=next_power_of_2(experts), EVEN_K=k % block_k == 0,
         DOT_F32=dot_f32, PRECISION=precision,
-        MX_DOT_SCALED=mx_dot_scaled, MX_LHS="fp16" if x.dtype == torch.float16 else "bf16",
+        MX_MODE=mx_mode, MX_LHS="fp16" if x.dtype == torch.float16 else "bf16",
         FP8_VIA_BF16=fp8_via_bf16, SCALAR_WS=FP8_GROUP % block_n == 0,
         num_warps=cfg["num_warps"], num_stages=num_stages,
     )
@@ -735,9 +865,9 @@ _NOTE = (
 )
 
 REGISTRATIONS = [
-    Registration(op="linear", fn=linear, formats=("dense", "fp8_block", "mxfp4"), dtypes=_KERNEL_DTYPES, note=_NOTE),
+    Registration(op="linear", fn=linear, formats=("dense", "fp8_block", "mxfp4", "mxfp8"), dtypes=_KERNEL_DTYPES, note=_NOTE),
     Registration(
-        op="grouped_gemm", fn=grouped_gemm, formats=("dense", "fp8_block", "mxfp4"), dtypes=_KERNEL_DTYPES,
+        op="grouped_gemm", fn=grouped_gemm, formats=("dense", "fp8_block", "mxfp4", "mxfp8"), dtypes=_KERNEL_DTYPES,
         note=_NOTE + "; contiguous layout: tile->expert map computed in-kernel from expert_offsets, no host sync",
     ),
 ]

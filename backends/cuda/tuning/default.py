@@ -14,7 +14,11 @@ CONFIGS: dict[str, dict[str, dict]] = {
         "fp8_block_large": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 3},
         "mxfp4_small": {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 4, "num_stages": 3},
         "mxfp4_large": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 3},
+        "mxfp8_small": {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 4, "num_stages": 3},
+        "mxfp8_large": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 3},
         "quant_act": {"BLOCK_R": 16, "num_warps": 4},
+        # quant_act_mx: the two-term MX FP8 split of bf16 activations (native mx path), BLOCK_R rows x GROUPS*32 columns.
+        "quant_act_mx": {"BLOCK_R": 16, "GROUPS": 4, "num_warps": 4},
     },
     # misc (memory-bound, rows in registers): tile_elems = elements per program, warps sized so each
     # thread holds bytes_per_thread of the tile (whole 16-byte vectors).
