@@ -29,6 +29,9 @@ def add_parser(sub) -> None:
     ops.add_argument("--repeat", type=int, default=10, help="timed runs per case (conformance-shape timing only)")
     ops.add_argument("--json", type=Path, default=None, help="write the results to FILE")
     ops.add_argument("--plot", type=Path, default=None, help="plot the fraction of the ceiling per case to FILE.png (backend runners only)")
+    from deepinfer.cli import bench_ops_ep
+
+    bench_ops_ep.add_arguments(ops)  # --ep N: dispatch/combine across N ranks (torchrun)
     ops.set_defaults(func=run_ops)
     e2e = what.add_parser("e2e", help="decode step time of a random DeepSeek-V2-Lite-shaped model vs its floor and HF transformers")
     e2e.add_argument("--backend", default="cuda")
@@ -73,6 +76,10 @@ def run_ops(args: argparse.Namespace) -> int:
     from deepinfer_conformance.golden_io import GoldenTensors, read_cases
     from deepinfer_conformance.worker import to_device
 
+    from deepinfer.cli import bench_ops_ep
+
+    if bench_ops_ep.wants_ep(args):
+        return bench_ops_ep.run(args)
     if args.repeat < 1:
         raise UserError(f"--repeat must be at least 1, not {args.repeat}")
     ops = all_ops()

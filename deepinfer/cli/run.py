@@ -18,13 +18,14 @@ import argparse
 import json
 import os
 import signal
-import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
+from deepinfer.cli.launch import launched_by_torchrun, torchrun
+from deepinfer.cli.launch import wait as _wait  # noqa: F401  (imported from here by other commands)
 from deepinfer.errors import UserError
 
 BUILTIN_PROMPTS = [
@@ -446,10 +447,6 @@ def run_rank(args, ctx) -> int:
 _failing: list[BaseException] = []  # set once this rank is failing: a later SIGTERM adds no second line
 
 
-def launched_by_torchrun() -> bool:
-    return "RANK" in os.environ and "WORLD_SIZE" in os.environ
-
-
 def join_run(args):
     """Join the process group (every rank), and turn torchrun's SIGTERM (another rank failed)
     into a one-line error."""
@@ -489,37 +486,7 @@ def share_from_rank0(ctx, value):
 
 def launch_torchrun(args) -> int:
     """`deepinfer run --ep N` on one host: start N ranks with torchrun, each running this command."""
-    command = [
-        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(args.ep),
-        "-m", "deepinfer", *(["-v"] if getattr(args, "verbose", False) else []), "run", *command_line(args),
-    ]  # fmt: skip
-    env = dict(os.environ)
-    env.setdefault("OMP_NUM_THREADS", "1")  # torchrun's own default for several ranks, without its banner
-    print(f"deepinfer: starting {args.ep} ranks: torchrun --standalone --nproc-per-node {args.ep} -m deepinfer run ...", file=sys.stderr)
-    proc = subprocess.Popen(command, env=env)
-    # torchrun stops its ranks itself on SIGINT / SIGTERM: pass a SIGTERM on and wait for it.
-    previous = signal.signal(signal.SIGTERM, lambda signum, frame: proc.send_signal(signal.SIGTERM))
-    try:
-        code = _wait(proc)
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-    if code != 0:
-        print(f"deepinfer: error: the {args.ep}-rank run failed (torchrun exit code {code}); the ranks' errors are above", file=sys.stderr)
-    return code
-
-
-def _wait(proc: subprocess.Popen) -> int:
-    """torchrun's exit code. Ctrl-C reaches torchrun and its ranks too (one process group): give
-    them time to stop, then kill torchrun."""
-    try:
-        return proc.wait()
-    except KeyboardInterrupt:
-        try:
-            proc.wait(timeout=30)
-        except (subprocess.TimeoutExpired, KeyboardInterrupt):
-            proc.kill()
-            proc.wait()
-        return 130
+    return torchrun(args.ep, ["run", *command_line(args)], what="run", verbose=getattr(args, "verbose", False))
 
 
 def command_line(args) -> list[str]:

@@ -1,0 +1,354 @@
+"""Expert-parallel dispatch/combine benchmark, one process per rank (`deepinfer bench ops --ep N`).
+
+Every rank runs `run_rank`; rank 0 prints the table and writes the JSON. Measured in one run:
+
+- peer-to-peer copy bandwidth (CUDA, >= 2 GPUs, on rank 0 while the others wait): a 1 GiB
+  `dst_on_gpu1.copy_(src_on_gpu0)` (GB/s = bytes / time, median of 5), and both directions at once
+  (GPU0 -> GPU1 and GPU1 -> GPU0 on two streams; GB/s = 2 x bytes / time);
+- for each T in `tokens` (per rank), hidden 7168, top-8 of 256 experts with uniform random routing
+  (each token's 8 distinct experts drawn uniformly, per rank seed), rows of bf16 and of fp8 e4m3
+  (moved as raw bytes): the time per dispatch and per combine of every EP implementation the
+  backend registers for this ep size (on cuda: all_to_all_single over NCCL, and symmetric memory
+  where it applies). Each iteration: a barrier of all ranks, then the op timed alone (CUDA events,
+  or the wall clock on the CPU); the median over iterations after warm-up, per rank; the MAX over
+  ranks is reported. Combine rows are always bf16 (expert outputs are bf16; fp8 applies to
+  dispatch), so combine is reported for the bf16 rows only;
+- the same rows with one plain `all_to_all_single` of the group (the rows already in send order,
+  the split sizes known: no counting, no host synchronisation), as the peer;
+- GB/s counts REMOTE bytes: rows whose expert lives on another rank x row bytes, per rank (the
+  max over ranks), over the time; the fraction is of the one-direction p2p bandwidth.
+
+Targets (shown met / NOT met): >= 80% of the p2p bandwidth at 4096 tokens per rank; <= 40 us per
+dispatch at 128 tokens per rank.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+HIDDEN = 7168
+TOP_K = 8
+EXPERTS = 256
+DEFAULT_TOKENS = (128, 4096)
+P2P_BYTES = 1 << 30
+TARGET_FRACTION = 0.80  # of p2p bandwidth, at TARGET_BW_TOKENS
+TARGET_BW_TOKENS = 4096
+TARGET_LATENCY_US = 40.0  # per dispatch, at TARGET_LATENCY_TOKENS
+TARGET_LATENCY_TOKENS = 128
+PEER = "all_to_all_single"  # the name of the plain collective's rows
+
+
+@dataclass
+class Row:
+    impl: str
+    op: str  # dispatch | combine | all_to_all
+    dtype: str  # bf16 | fp8
+    tokens: int
+    status: str = "ok"  # ok | error
+    us: float | None = None  # max over ranks of the per-rank median
+    us_per_rank: list[float] = field(default_factory=list)
+    remote_bytes: int | None = None  # max over ranks
+    gbs: float | None = None
+    fraction_p2p: float | None = None
+    target: str | None = None
+    target_met: bool | None = None
+    error: str | None = None
+
+
+@dataclass
+class Impl:
+    name: str
+    dispatch: object  # Kernel
+    combine: object  # Kernel
+
+
+def ep_implementations(registry, backend: str, device: torch.device, ep_size: int) -> list[Impl]:
+    """The backend's EP dispatch/combine pairs for this ep size: kernels that apply at ep_size but
+    not at 1 (paired by priority, highest first); for a backend whose one kernel serves any ep size
+    (the reference), that kernel. Empty: the backend has no EP path."""
+    from deepinfer.registry import ResolveContext
+
+    at = ResolveContext(backend, device, torch.bfloat16, ep_size=ep_size)
+    one = ResolveContext(backend, device, torch.bfloat16, ep_size=1)
+    found = {}
+    for op in ("dispatch", "combine"):
+        for kernel in registry.candidates(backend, op):
+            if kernel.applies(at, None) and not kernel.applies(one, None):
+                found.setdefault(kernel.priority, {})[op] = kernel
+    impls = [Impl(_name(pair["dispatch"]), pair["dispatch"], pair["combine"]) for _, pair in sorted(found.items(), reverse=True) if len(pair) == 2]
+    if impls:
+        return impls
+    d, c = registry.pick(at, "dispatch"), registry.pick(at, "combine")
+    from deepinfer.registry import all_ops
+
+    specs = all_ops()
+    if d is not None and c is not None and d.fn is specs["dispatch"].reference and c.fn is specs["combine"].reference:
+        return [Impl(f"{backend} ({PEER})", d, c)]
+    return []
+
+
+def _name(kernel) -> str:
+    module = getattr(kernel.fn, "__module__", "")
+    if module.endswith("moe_ep_symm"):
+        return "symmetric memory"
+    if "all_to_all_single" in kernel.note:
+        library = kernel.note.split("all_to_all_single (", 1)[-1].split(")", 1)[0] if "all_to_all_single (" in kernel.note else ""
+        return f"{PEER} path" + (f" ({library})" if library else "")
+    return kernel.note or module
+
+
+# ---------------------------------------------------------------------------------------------
+# timing
+
+
+class Timer:
+    def __init__(self, device: torch.device, group):
+        self.device, self.group = device, group
+
+    def __call__(self, fn):
+        """(result, microseconds) of fn() run once after a barrier of all ranks."""
+        dist.barrier(group=self.group)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            out = fn()
+            end.record()
+            end.synchronize()
+            return out, start.elapsed_time(end) * 1e3
+        t0 = time.perf_counter()
+        out = fn()
+        return out, (time.perf_counter() - t0) * 1e6
+
+
+def p2p_bandwidth(reps: int = 5) -> dict:
+    """GPU0 -> GPU1 copy bandwidth of a 1 GiB buffer, one direction and both at once (GB/s)."""
+    n = P2P_BYTES
+    d0, d1 = torch.device("cuda", 0), torch.device("cuda", 1)
+    src0, dst1 = torch.empty(n, dtype=torch.uint8, device=d0), torch.empty(n, dtype=torch.uint8, device=d1)
+    src1, dst0 = torch.empty(n, dtype=torch.uint8, device=d1), torch.empty(n, dtype=torch.uint8, device=d0)
+
+    def sync():
+        torch.cuda.synchronize(d0)
+        torch.cuda.synchronize(d1)
+
+    def one():
+        dst1.copy_(src0)
+
+    def both():
+        s0, s1 = torch.cuda.Stream(device=d0), torch.cuda.Stream(device=d1)
+        with torch.cuda.stream(s0):
+            dst1.copy_(src0, non_blocking=True)
+        with torch.cuda.stream(s1):
+            dst0.copy_(src1, non_blocking=True)
+
+    result = {"bytes": n, "peer_access": torch.cuda.can_device_access_peer(0, 1)}
+    for name, fn, moved in (("unidirectional_gbs", one, n), ("bidirectional_gbs", both, 2 * n)):
+        fn()
+        times = []
+        for _ in range(reps):
+            sync()
+            t0 = time.perf_counter()
+            fn()
+            sync()
+            times.append(time.perf_counter() - t0)
+        result[name] = moved / statistics.median(times) / 1e9
+    del src0, dst1, src1, dst0
+    with torch.cuda.device(d1):
+        torch.cuda.empty_cache()
+    torch.cuda.empty_cache()
+    result["how"] = "dst_on_gpu1.copy_(src_on_gpu0) of 1 GiB (median of 5); bidirectional: both directions on two streams at once, bytes of both"
+    return result
+
+
+# ---------------------------------------------------------------------------------------------
+# one rank
+
+
+def routing(rank: int, tokens: int, device: torch.device):
+    gen = torch.Generator().manual_seed(1000 + 7919 * rank + tokens)
+    ids = torch.rand(tokens, EXPERTS, generator=gen).topk(TOP_K, dim=-1).indices.to(torch.int32)
+    x = torch.randn(tokens, HIDDEN, generator=gen).to(torch.bfloat16)
+    weights = torch.rand(tokens, TOP_K, generator=gen)
+    return ids.to(device), x.to(device), weights.to(device), ids
+
+
+def run_rank(*, backend: str, interpret: bool, ops: list[str], tokens: list[int], repeat: int, warmup: int,
+             timeout_s: float, json_path: Path | None, progress=print) -> dict | None:
+    from deepinfer.distributed import DistributedError, ExpertParallel, destroy_distributed, init_distributed
+    from deepinfer.errors import UserError
+    from deepinfer.plugins import load_plugins
+
+    plugins = load_plugins()
+    spec = plugins.require(backend, interpret=interpret)
+    ctx = init_distributed(timeout_s, device=spec.device(interpret))
+    if ctx is None:
+        raise UserError("the expert-parallel benchmark needs several ranks (run it with --ep N, N > 1)")
+    rank, W, device, group = ctx.rank, ctx.world_size, ctx.device, ctx.group
+    if EXPERTS % W:
+        raise UserError(f"{EXPERTS} experts do not shard over --ep {W}")
+    L = EXPERTS // W
+    registry = plugins.registry(backend, interpret=interpret)
+    impls = ep_implementations(registry, backend, device, W)
+    if not impls:
+        raise UserError(f"backend {backend!r} has no expert-parallel dispatch/combine at ep {W}")
+    say = progress if rank == 0 else (lambda *a, **k: None)
+
+    p2p = None
+    if device.type == "cuda" and torch.cuda.device_count() >= 2:
+        if rank == 0:
+            say("measuring peer-to-peer copy bandwidth GPU0 -> GPU1 (1 GiB) ...")
+            p2p = p2p_bandwidth()
+        box = [p2p]
+        dist.broadcast_object_list(box, src=0, group=group)
+        p2p = box[0]
+    timer = Timer(device, group)
+    rows: list[Row] = []
+    ep = ExpertParallel(group, EXPERTS, timeout_s=timeout_s)
+
+    def gather(values):
+        out = [None] * W
+        dist.all_gather_object(out, values, group=group)
+        return out
+
+    for T in tokens:
+        ids, x_bf16, weights, ids_cpu = routing(rank, T, device)
+        owner = ids_cpu.long() // L
+        sent = torch.bincount(owner.reshape(-1), minlength=W)  # rows to each rank
+        for dtype_name, x in (("bf16", x_bf16), ("fp8", x_bf16.to(torch.float8_e4m3fn))):
+            row_bytes = HIDDEN * x.element_size()
+            remote_sent = int(sent.sum() - sent[rank]) * row_bytes
+            for impl in impls:
+                say(f"  {impl.name}: T={T} {dtype_name} ...")
+                times = {"dispatch": [], "combine": []}
+                received_remote = 0
+                error = None
+                try:
+                    for i in range(warmup + repeat):
+                        (expert_x, offsets, row_of_slot), t_d = timer(lambda: impl.dispatch.fn(x, ids, num_experts=EXPERTS, ep_group=ep))
+                        expert_out = expert_x if expert_x.dtype == torch.bfloat16 else expert_x.to(torch.bfloat16)
+                        _, t_c = timer(lambda: impl.combine.fn(expert_out, weights, row_of_slot, ep_group=ep))
+                        if i >= warmup:
+                            times["dispatch"].append(t_d)
+                            times["combine"].append(t_c)
+                    local_rows = int(offsets[-1])  # rows this rank received, from every source
+                    received_remote = (local_rows - int(sent[rank])) * HIDDEN * 2  # combine sends them back as bf16
+                except DistributedError:
+                    raise
+                except Exception as exc:  # one implementation failing must not hide the others
+                    error = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
+                per_rank = gather((error, statistics.median(times["dispatch"]) if times["dispatch"] else None,
+                                   statistics.median(times["combine"]) if times["combine"] else None, remote_sent, received_remote))
+                errors = [p[0] for p in per_rank if p[0]]
+                for op, col, bytes_col in (("dispatch", 1, 3), ("combine", 2, 4)):
+                    if op not in ops or (op == "combine" and dtype_name != "bf16"):
+                        continue
+                    if errors:
+                        rows.append(Row(impl.name, op, dtype_name, T, status="error", error=errors[0]))
+                        continue
+                    rows.append(_row(impl.name, op, dtype_name, T, [p[col] for p in per_rank], max(p[bytes_col] for p in per_rank), p2p))
+            # the plain collective of the same rows, as the peer
+            rows.append(_a2a_row(x, sent, row_bytes, rank, W, group, timer, warmup, repeat, dtype_name, T, p2p, gather))
+    result = {
+        "backend": backend,
+        "ep": W,
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu ({platform.processor() or platform.machine()})",
+        "process_group": ctx.backend,
+        "torch": torch.__version__,
+        "shape": {"hidden": HIDDEN, "top_k": TOP_K, "experts": EXPERTS, "routing": "uniform random, distinct experts per token"},
+        "iterations": {"warmup": warmup, "timed": repeat, "statistic": "median per rank, max over ranks"},
+        "p2p": p2p,
+        "targets": {
+            "bandwidth": f">= {TARGET_FRACTION:.0%} of p2p GB/s at {TARGET_BW_TOKENS} tokens per rank",
+            "latency": f"<= {TARGET_LATENCY_US:g} us per dispatch at {TARGET_LATENCY_TOKENS} tokens per rank",
+        },
+        "implementations": [{"name": i.name, "dispatch": i.dispatch.note, "combine": i.combine.note, "priority": i.dispatch.priority} for i in impls],
+        "rows": [asdict(r) for r in rows],
+    }
+    if rank == 0:
+        print(format_table(result))
+        if json_path is not None:
+            json_path.write_text(json.dumps(result, indent=1))
+    dist.barrier(group=group)
+    destroy_distributed()
+    return result if rank == 0 else None
+
+
+def _row(impl, op, dtype_name, T, per_rank_us, remote_bytes, p2p) -> Row:
+    us = max(per_rank_us)
+    row = Row(impl, op, dtype_name, T, us=us, us_per_rank=per_rank_us, remote_bytes=remote_bytes)
+    row.gbs = remote_bytes / (us * 1e-6) / 1e9 if us > 0 else None
+    if p2p and row.gbs is not None:
+        row.fraction_p2p = row.gbs / p2p["unidirectional_gbs"]
+    if T == TARGET_BW_TOKENS and op != "all_to_all":
+        row.target = f">= {TARGET_FRACTION:.0%} p2p"
+        row.target_met = None if row.fraction_p2p is None else row.fraction_p2p >= TARGET_FRACTION
+    if T == TARGET_LATENCY_TOKENS and op == "dispatch":
+        row.target = f"<= {TARGET_LATENCY_US:g} us"
+        row.target_met = us <= TARGET_LATENCY_US
+    return row
+
+
+def _a2a_row(x, sent, row_bytes, rank, W, group, timer, warmup, repeat, dtype_name, T, p2p, gather) -> Row:
+    from deepinfer.distributed.expert_parallel import _wire
+
+    send_splits = sent.tolist()
+    counts_in = torch.tensor(send_splits, dtype=torch.int64, device=x.device)
+    counts_out = torch.empty_like(counts_in)
+    dist.all_to_all_single(counts_out, counts_in, group=group)
+    recv_splits = counts_out.tolist()
+    send = _wire(x).repeat_interleave(TOP_K, dim=0)[: sum(send_splits)].contiguous()  # T*K rows in send order
+    recv = send.new_empty(sum(recv_splits), send.shape[1])
+    times = []
+    error = None
+    try:
+        for i in range(warmup + repeat):
+            _, t = timer(lambda: dist.all_to_all_single(recv, send, recv_splits, send_splits, group=group))
+            if i >= warmup:
+                times.append(t)
+    except Exception as exc:
+        error = f"{type(exc).__name__}: {exc}"
+    remote = (sum(send_splits) - send_splits[rank]) * row_bytes
+    per_rank = gather((error, statistics.median(times) if times else None, remote))
+    errors = [p[0] for p in per_rank if p[0]]
+    name = f"{PEER} ({dist.get_backend(group)})"
+    if errors:
+        return Row(name, "all_to_all", dtype_name, T, status="error", error=errors[0])
+    return _row(name, "all_to_all", dtype_name, T, [p[1] for p in per_rank], max(p[2] for p in per_rank), p2p)
+
+
+# ---------------------------------------------------------------------------------------------
+# report
+
+
+def format_table(result: dict) -> str:
+    p2p = result["p2p"]
+    lines = [f"expert-parallel dispatch/combine: backend {result['backend']}, ep {result['ep']}, {result['device']}, "
+             f"hidden {HIDDEN}, top-{TOP_K} of {EXPERTS} experts (uniform), {result['process_group']}"]
+    if p2p:
+        lines.append(f"p2p GPU0->GPU1: {p2p['unidirectional_gbs']:.0f} GB/s one way, {p2p['bidirectional_gbs']:.0f} GB/s both ways at once")
+    else:
+        lines.append("p2p: not measured (needs 2 CUDA GPUs); no fraction of p2p")
+    head = f"{'implementation':<32} {'op':<10} {'rows':<5} {'tokens':>6} {'us':>10} {'remote MB':>10} {'GB/s':>8} {'% p2p':>6}  target"
+    lines += [head, "-" * len(head)]
+    for r in result["rows"]:
+        if r["status"] != "ok":
+            lines.append(f"{r['impl']:<32} {r['op']:<10} {r['dtype']:<5} {r['tokens']:>6} error: {r['error']}")
+            continue
+        frac = f"{r['fraction_p2p'] * 100:5.1f}%" if r["fraction_p2p"] is not None else "     -"
+        gbs = f"{r['gbs']:8.1f}" if r["gbs"] is not None else "       -"
+        target = ""
+        if r["target"]:
+            target = f"{r['target']}: " + ("met" if r["target_met"] else ("NOT met" if r["target_met"] is False else "n/a"))
+        lines.append(f"{r['impl']:<32} {r['op']:<10} {r['dtype']:<5} {r['tokens']:>6} {r['us']:10.1f} {r['remote_bytes'] / 1e6:10.2f} {gbs} {frac}  {target}")
+    lines.append("us: median per rank over the timed iterations, max over ranks; GB/s: remote bytes per rank (max over ranks) / us; "
+                 "combine rows are bf16 (expert outputs)")
+    return "\n".join(lines)

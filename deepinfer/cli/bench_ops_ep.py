@@ -1,0 +1,116 @@
+"""`deepinfer bench ops --ep N`: the expert-parallel dispatch/combine benchmark (deepinfer.bench.ep).
+
+Outside torchrun, checks the request (one-line errors, exit code 2) and starts N ranks on this
+host with torchrun (`deepinfer.cli.launch`, as `deepinfer run --ep N`), each running the same
+command; under torchrun, runs this rank's part. On a CPU machine it runs over gloo with the
+reference backend, or the cuda backend's kernels under TRITON_INTERPRET=1 (use small --tokens).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+from deepinfer.errors import UserError
+
+EP_OPS = ("dispatch", "combine")
+
+
+def add_arguments(ops: argparse.ArgumentParser) -> None:
+    group = ops.add_argument_group("expert parallelism (dispatch / combine across ranks; see docs/distributed.md)")
+    group.add_argument("--ep", type=int, default=None, metavar="N", help="benchmark dispatch/combine over N ranks of this host, one process each (torchrun)")
+    group.add_argument("--tokens", type=int, action="append", default=None, metavar="T", help="tokens per rank (repeatable; default 128 and 4096)")
+    group.add_argument("--warmup", type=int, default=3, metavar="N", help="untimed iterations first (default 3)")
+    group.add_argument("--dist-timeout", type=float, default=300.0, metavar="S", help="seconds a rank waits in a collective (default 300)")
+
+
+def wants_ep(args) -> bool:
+    return getattr(args, "ep", None) is not None and args.ep != 1
+
+
+def interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def check(args) -> None:
+    """Refuse what cannot run, before any rank starts."""
+    import torch
+
+    from deepinfer.plugins import load_plugins
+
+    if args.ep < 1:
+        raise UserError(f"--ep must be >= 1, got {args.ep}")
+    other = sorted(set(args.op or []) - set(EP_OPS))
+    if other:
+        raise UserError(f"with --ep only dispatch and combine are benchmarked, not {', '.join(other)}")
+    if args.plot is not None:
+        raise UserError("--plot is not available with --ep")
+    if args.repeat < 1 or args.warmup < 0:
+        raise UserError("--repeat must be >= 1 and --warmup >= 0")
+    if any(t < 0 for t in args.tokens or []):
+        raise UserError("--tokens must be >= 0")
+    if args.json is not None and not Path(args.json).parent.exists():
+        raise UserError(f"cannot write {args.json}: folder {Path(args.json).parent} does not exist")
+    interpret = interpreting()
+    plugins = load_plugins()
+    spec = plugins.backend(args.backend)
+    device_type = spec.device(interpret)
+    if device_type == "cuda":
+        gpus = torch.cuda.device_count() if torch.version.cuda is not None else 0
+        if gpus == 0:
+            raise UserError(f"--ep {args.ep} with backend {args.backend!r} needs {args.ep} CUDA GPUs and this machine has none "
+                            "(on a CPU: --backend reference, or TRITON_INTERPRET=1 for the cuda kernels in the interpreter)")
+        if args.ep > gpus:
+            raise UserError(f"--ep {args.ep} needs {args.ep} GPUs (one rank each); this host has {gpus}")
+    elif device_type == "cpu":
+        if args.ep > (os.cpu_count() or 1):
+            raise UserError(f"--ep {args.ep} on the CPU starts {args.ep} processes; this machine has {os.cpu_count()} CPUs")
+    else:
+        module = getattr(torch, device_type, None)
+        count = module.device_count() if module is not None and hasattr(module, "device_count") else 0
+        if args.ep > count:
+            raise UserError(f"--ep {args.ep} needs {args.ep} {device_type} devices; this host has {count}")
+    plugins.require(args.backend, interpret=interpret)
+    from deepinfer.bench.ep import ep_implementations
+
+    registry = plugins.registry(args.backend, interpret=interpret)
+    if not ep_implementations(registry, args.backend, torch.device(device_type), args.ep):
+        raise UserError(f"backend {args.backend!r} has no expert-parallel dispatch/combine (no kernel for ep_size {args.ep})")
+
+
+def command_line(args) -> list[str]:
+    words = ["bench", "ops", "--backend", args.backend, "--ep", str(args.ep), "--repeat", str(args.repeat), "--warmup", str(args.warmup),
+             "--dist-timeout", str(args.dist_timeout)]
+    for op in args.op or []:
+        words += ["--op", op]
+    for t in args.tokens or []:
+        words += ["--tokens", str(t)]
+    if args.json is not None:
+        words += ["--json", str(Path(args.json).resolve())]
+    return words
+
+
+def run(args) -> int:
+    from deepinfer.cli.launch import launched_by_torchrun, torchrun
+
+    if not launched_by_torchrun():
+        check(args)
+        return torchrun(args.ep, command_line(args), what="bench ops", verbose=getattr(args, "verbose", False))
+    world = int(os.environ["WORLD_SIZE"])
+    if args.ep != world:
+        raise UserError(f"--ep {args.ep}, but torchrun started {world} processes")
+    from deepinfer.bench import ep
+
+    ep.run_rank(
+        backend=args.backend,
+        interpret=interpreting(),
+        ops=list(args.op or EP_OPS),
+        tokens=list(args.tokens or ep.DEFAULT_TOKENS),
+        repeat=args.repeat,
+        warmup=args.warmup,
+        timeout_s=args.dist_timeout,
+        json_path=Path(args.json) if args.json is not None else None,
+        progress=lambda line: print(line, flush=True),
+    )
+    return 0

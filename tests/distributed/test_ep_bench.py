@@ -1,0 +1,77 @@
+"""`deepinfer bench ops --ep N`: the expert-parallel dispatch/combine benchmark's plumbing on the CPU
+(gloo, the reference backend, a few tokens): torchrun starts the ranks, rank 0 writes the JSON with
+a row per implementation, op and row dtype, and the all_to_all_single peer. Bad requests are
+one-line errors with exit code 2. Speeds are not asserted (they are measured on the GPU)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+
+def deepinfer(*argv, env=None, timeout=120):
+    environ = {**os.environ, **(env or {})}
+    return subprocess.run([sys.executable, "-m", "deepinfer", *argv], capture_output=True, text=True, timeout=timeout, env=environ)
+
+
+def test_bench_ops_ep2_reference_over_gloo_writes_every_row(tmp_path):
+    out = tmp_path / "ep.json"
+    proc = deepinfer("bench", "ops", "--backend", "reference", "--op", "dispatch", "--op", "combine", "--ep", "2",
+                     "--tokens", "16", "--repeat", "2", "--warmup", "1", "--json", str(out))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert result["ep"] == 2 and result["process_group"] == "gloo" and result["p2p"] is None
+    assert [i["name"] for i in result["implementations"]] == ["reference (all_to_all_single)"]
+    got = {(r["impl"], r["op"], r["dtype"], r["tokens"]) for r in result["rows"]}
+    impl, peer = "reference (all_to_all_single)", "all_to_all_single (gloo)"
+    assert got == {(impl, "dispatch", "bf16", 16), (impl, "combine", "bf16", 16), (impl, "dispatch", "fp8", 16),
+                   (peer, "all_to_all", "bf16", 16), (peer, "all_to_all", "fp8", 16)}
+    for r in result["rows"]:
+        assert r["status"] == "ok" and r["us"] > 0 and len(r["us_per_rank"]) == 2, r
+        assert r["remote_bytes"] > 0 and r["gbs"] > 0 and r["fraction_p2p"] is None
+    # 16 tokens x 8 experts, about half of them remote; bf16 rows of 7168 values, fp8 half of that
+    bf16 = next(r for r in result["rows"] if r["op"] == "dispatch" and r["dtype"] == "bf16")
+    fp8 = next(r for r in result["rows"] if r["op"] == "dispatch" and r["dtype"] == "fp8")
+    assert bf16["remote_bytes"] % (7168 * 2) == 0 and 0 < bf16["remote_bytes"] // (7168 * 2) <= 128
+    assert fp8["remote_bytes"] * 2 == bf16["remote_bytes"]
+    assert "dispatch" in proc.stdout and "all_to_all_single (gloo)" in proc.stdout
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--backend", "reference", "--ep", "2", "--op", "gate"], "only dispatch and combine"),
+        (["--backend", "reference", "--ep", "0"], "--ep must be >= 1"),
+        (["--backend", "reference", "--ep", "100000"], "on the CPU starts 100000 processes"),
+        (["--backend", "nosuch", "--ep", "2"], "unknown backend"),
+    ],
+)
+def test_bench_ops_ep_bad_requests_are_one_line_errors(argv, message):
+    proc = deepinfer("bench", "ops", *argv, timeout=60)
+    assert proc.returncode == 2, proc.stderr
+    assert message in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the machine without a GPU")
+def test_bench_ops_ep_cuda_without_a_gpu_is_an_error():
+    proc = deepinfer("bench", "ops", "--backend", "cuda", "--ep", "2", env={"TRITON_INTERPRET": "0"}, timeout=60)
+    assert proc.returncode == 2 and "has none" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+
+
+def test_ep_implementations_of_the_cuda_backend_on_the_cpu():
+    from deepinfer.bench.ep import ep_implementations
+    from deepinfer.registry import Registry
+    from deepinfer_cuda.kernels import moe, moe_ep, moe_ep_symm
+
+    registry = Registry()
+    for module in (moe, moe_ep, moe_ep_symm):
+        registry.register_all("cuda", module.REGISTRATIONS)
+    impls = ep_implementations(registry, "cuda", torch.device("cpu"), 2)
+    assert [i.name for i in impls] == ["all_to_all_single path (NCCL)"]  # symmetric memory: never on the CPU
+    assert impls[0].dispatch.fn is moe_ep.dispatch and impls[0].combine.fn is moe_ep.combine
+    assert ep_implementations(registry, "cuda", torch.device("cpu"), 1) == []
