@@ -39,7 +39,8 @@ def weight_in(fmt: str, *lead: int, n: int, k: int, seed: int, dtype=torch.float
     w = rand(*lead, n, k, seed=seed, scale=0.05)
     if fmt == "dense":
         return {"weight": w.to(dtype)}
-    q, s = (quant.quantize_weight_fp8_block if fmt == "fp8_block" else quant.quantize_weight_mxfp4)(w)
+    quantize = {"fp8_block": quant.quantize_weight_fp8_block, "mxfp4": quant.quantize_weight_mxfp4, "mxfp8": quant.quantize_weight_mxfp8}[fmt]
+    q, s = quantize(w)
     return {"weight": q, "weight_scale": s, "fmt": fmt}
 
 
@@ -166,7 +167,7 @@ def test_mxfp4_special_scales(kg, mx_path):
 # ---------------------------------------------------------------------------------------------- grouped_gemm
 
 
-FMTS = ["dense", "fp8_block", "mxfp4"]
+FMTS = ["dense", "fp8_block", "mxfp4", "mxfp8"]
 
 
 @pytest.mark.parametrize("fmt", FMTS)
@@ -260,3 +261,32 @@ def test_registrations_have_the_op_signatures(kg):
     assert {name for name, ks in reg.kernels["cuda"].items() if ks} == {"linear", "grouped_gemm"}
     assert all(kg.mxfp4_path() in r.note for r in kg.REGISTRATIONS)
 
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_mxfp8_activation_quantiser_is_bit_exact(kg, dtype):
+    x = rand(37, 320, seed=5, dtype=torch.float64)
+    x[:, 7] *= 1e4  # one large column: the other 31 of its group become small or subnormal e4m3
+    x[3] *= 1e-30
+    x[4] = 0.0  # all-zero groups: X = -127
+    x = x.to(dtype)
+    q, s = kg.quantize_act_mxfp8(x)
+    want_q, want_s = quant.quantize_act_mxfp8(x)
+    assert torch.equal(q.view(torch.uint8), want_q.view(torch.uint8)) and torch.equal(s, want_s)
+
+
+@pytest.mark.parametrize(
+    "t,n,k,dtype",
+    [
+        (5, 128, 128, torch.bfloat16),
+        (33, 96, 480, torch.bfloat16),  # K not a multiple of the K block, N not of BLOCK_N
+        (2, 40, 512, torch.float16),
+        (3, 48, 160, torch.float32),
+    ],
+)
+def test_linear_mxfp8(kg, t, n, k, dtype):
+    x = rand(t, k, seed=n + k, dtype=dtype)
+    x[:, 3] *= 300.0  # a large column (the activation's group scale follows it)
+    kw = {"x": x, **weight_in("mxfp8", n=n, k=k, seed=t)}
+    assert kg._mx_mode("mxfp8", x) == kg._MX_NATIVE
+    assert_matches("linear", kg.linear(**kw), kw)

@@ -228,3 +228,26 @@ def test_mxfp4_rejects_k_not_a_multiple_of_32():
         quant.quantize_weight_mxfp4(torch.ones(4, 48))
     with pytest.raises(ValueError, match="scale"):
         quant.dequantize_mxfp4(torch.zeros(4, 32, dtype=torch.uint8), torch.zeros(4, 3, dtype=torch.uint8))
+
+
+def test_mxfp8_weight_quantiser_matches_the_ocp_recipe_and_round_trips():
+    w = torch.randn(3, 64, generator=torch.Generator().manual_seed(1), dtype=torch.float32) * torch.tensor([[1e-3], [1.0], [1e3]])
+    w[1, 32:] = 0.0
+    q, s = quant.quantize_weight_mxfp8(w)
+    assert q.dtype == quant.FP8_DTYPE and s.dtype == torch.uint8 and s.shape == (3, 2)
+    amax = w.abs().unflatten(-1, (2, 32)).amax(-1)
+    want = torch.where(amax > 0, torch.floor(torch.log2(amax)).to(torch.int64) - 8, -127) + 127
+    assert torch.equal(s.long(), want)
+    assert s[1, 1] == 0  # all-zero block: X = -127
+    back = quant.dequantize_mxfp8(q, s, dtype=torch.float32)
+    # half of e4m3's top-binade step (32 * 2^X), or the saturation 448 -> up to 512 (64 * 2^X)
+    bound = 64 * torch.exp2(s.float() - 127).repeat_interleave(32, -1)
+    assert ((back - w).abs() <= bound).all()
+    assert torch.equal(quant.quantize_weight_mxfp8(back)[0].view(torch.uint8), q.view(torch.uint8))
+
+
+def test_mxfp8_activation_quantiser_saturates():
+    x = torch.tensor([[500.0] + [1.0] * 31, [0.0] * 32], dtype=torch.float32)
+    q, s = quant.quantize_act_mxfp8(x)
+    assert s.tolist() == [[127], [0]]  # X = floor(log2 500) - 8 = 0; an all-zero group gets X = -127
+    assert q.float()[0, :2].tolist() == [448.0, 1.0]  # 500 / 2^0 saturates at e4m3's 448

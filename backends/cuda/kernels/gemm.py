@@ -367,81 +367,81 @@ def _gemm_kernel(
             else:
                 wt = tl.load(wt_base + kk[None, :] * stride_wk, mask=k_ok[None, :], other=0.0)
                 acc = tl.dot_scaled(wt, bs, "e4m3", xq, xqs, "e4m3", acc)
-            continue
-        if EVEN_K:
-            a = tl.load(x_base + kk[None, :] * stride_xk)
         else:
-            a = tl.load(x_base + kk[None, :] * stride_xk, mask=(kk < K)[None, :], other=0.0)
-        if FMT == 0:
             if EVEN_K:
-                b = tl.load(w_base + kk[:, None] * stride_wk)
+                a = tl.load(x_base + kk[None, :] * stride_xk)
             else:
-                b = tl.load(w_base + kk[:, None] * stride_wk, mask=(kk < K)[:, None], other=0.0)
-            if DOT_F32:
-                a = a.to(tl.float32)
-                b = b.to(tl.float32)
-            acc = tl.dot(a, b, acc, input_precision=PRECISION)
-        elif FMT == 1:
-            if EVEN_K:
-                b = tl.load(w_base + kk[:, None] * stride_wk)
-            else:
-                b = tl.load(w_base + kk[:, None] * stride_wk, mask=(kk < K)[:, None], other=0.0)
-            a_s = tl.load(xs_base + it)
-            if DOT_F32:
-                part = tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
-            elif FP8_VIA_BF16:
-                part = tl.dot(a.to(tl.bfloat16), b.to(tl.bfloat16))
-            else:
-                part = tl.dot(a, b)
-            if SCALAR_WS:
-                acc += part * (a_s * tl.load(ws_tile + it * stride_wsk))[:, None]
-            else:
-                acc += part * (a_s[:, None] * tl.load(ws_base + it * stride_wsk)[None, :])
-        elif FMT == 2:
-            kp = k0 // 2 + offs_kp
-            ks = k0 // 32 + offs_ks
-            if EVEN_K:
-                bp = tl.load(w_base + kp[:, None] * stride_wk)
-                bs = tl.load(ws_base + ks[None, :] * stride_wsk)
-            else:
-                bp = tl.load(w_base + kp[:, None] * stride_wk, mask=(kp < K // 2)[:, None], other=0)
-                bs = tl.load(ws_base + ks[None, :] * stride_wsk, mask=(ks < K // 32)[None, :], other=127)
-            if MX_MODE == 1:
-                acc = tl.dot_scaled(a, None, MX_LHS, bp, bs, "e2m1", acc)
-            else:
-                codes = bp.to(tl.int32)
-                # Row j of the [BLOCK_K/2, BLOCK_N] nibble tile holds k = 2j (low nibble) and 2j+1
-                # (high), both in scale group j // 16. Rather than interleave the two weight halves,
-                # split x into its even and odd columns and run two dots.
-                f = tl.trans(_mx_factor(bs.to(tl.int32)))  # [BLOCK_K/32, BLOCK_N]
-                f = tl.reshape(tl.broadcast_to(f[:, None, :], (BLOCK_K // 32, 16, BLOCK_N)), (BLOCK_K // 2, BLOCK_N))
-                w_lo = _e2m1_value(codes & 15) * f
-                w_hi = _e2m1_value(codes >> 4) * f
-                a_even, a_odd = tl.split(tl.reshape(a, (BLOCK_M, BLOCK_K // 2, 2)))
-                if DOT_F32:
-                    acc = tl.dot(a_even.to(tl.float32), w_lo, acc, input_precision="ieee")
-                    acc = tl.dot(a_odd.to(tl.float32), w_hi, acc, input_precision="ieee")
+                a = tl.load(x_base + kk[None, :] * stride_xk, mask=(kk < K)[None, :], other=0.0)
+            if FMT == 0:
+                if EVEN_K:
+                    b = tl.load(w_base + kk[:, None] * stride_wk)
                 else:
-                    acc = tl.dot(a_even, w_lo.to(a.dtype), acc)
-                    acc = tl.dot(a_odd, w_hi.to(a.dtype), acc)
-        else:  # FMT 3, mxfp8: [BLOCK_K, BLOCK_N] e4m3 and [BLOCK_N, BLOCK_K/32] e8m0
-            ks = k0 // 32 + offs_ks
-            if EVEN_K:
-                b = tl.load(w_base + kk[:, None] * stride_wk)
-                bs = tl.load(ws_base + ks[None, :] * stride_wsk)
-            else:
-                b = tl.load(w_base + kk[:, None] * stride_wk, mask=(kk < K)[:, None], other=0.0)
-                bs = tl.load(ws_base + ks[None, :] * stride_wsk, mask=(ks < K // 32)[None, :], other=127)
-            if MX_MODE == 1:
-                acc = tl.dot_scaled(a, None, MX_LHS, b, bs, "e4m3", acc)
-            else:
-                f = tl.trans(_mx_factor(bs.to(tl.int32)))  # [BLOCK_K/32, BLOCK_N]
-                f = tl.reshape(tl.broadcast_to(f[:, None, :], (BLOCK_K // 32, 32, BLOCK_N)), (BLOCK_K, BLOCK_N))
-                wv = b.to(tl.float32) * f
+                    b = tl.load(w_base + kk[:, None] * stride_wk, mask=(kk < K)[:, None], other=0.0)
                 if DOT_F32:
-                    acc = tl.dot(a.to(tl.float32), wv, acc, input_precision="ieee")
+                    a = a.to(tl.float32)
+                    b = b.to(tl.float32)
+                acc = tl.dot(a, b, acc, input_precision=PRECISION)
+            elif FMT == 1:
+                if EVEN_K:
+                    b = tl.load(w_base + kk[:, None] * stride_wk)
                 else:
-                    acc = tl.dot(a, wv.to(a.dtype), acc)
+                    b = tl.load(w_base + kk[:, None] * stride_wk, mask=(kk < K)[:, None], other=0.0)
+                a_s = tl.load(xs_base + it)
+                if DOT_F32:
+                    part = tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
+                elif FP8_VIA_BF16:
+                    part = tl.dot(a.to(tl.bfloat16), b.to(tl.bfloat16))
+                else:
+                    part = tl.dot(a, b)
+                if SCALAR_WS:
+                    acc += part * (a_s * tl.load(ws_tile + it * stride_wsk))[:, None]
+                else:
+                    acc += part * (a_s[:, None] * tl.load(ws_base + it * stride_wsk)[None, :])
+            elif FMT == 2:
+                kp = k0 // 2 + offs_kp
+                ks = k0 // 32 + offs_ks
+                if EVEN_K:
+                    bp = tl.load(w_base + kp[:, None] * stride_wk)
+                    bs = tl.load(ws_base + ks[None, :] * stride_wsk)
+                else:
+                    bp = tl.load(w_base + kp[:, None] * stride_wk, mask=(kp < K // 2)[:, None], other=0)
+                    bs = tl.load(ws_base + ks[None, :] * stride_wsk, mask=(ks < K // 32)[None, :], other=127)
+                if MX_MODE == 1:
+                    acc = tl.dot_scaled(a, None, MX_LHS, bp, bs, "e2m1", acc)
+                else:
+                    codes = bp.to(tl.int32)
+                    # Row j of the [BLOCK_K/2, BLOCK_N] nibble tile holds k = 2j (low nibble) and 2j+1
+                    # (high), both in scale group j // 16. Rather than interleave the two weight halves,
+                    # split x into its even and odd columns and run two dots.
+                    f = tl.trans(_mx_factor(bs.to(tl.int32)))  # [BLOCK_K/32, BLOCK_N]
+                    f = tl.reshape(tl.broadcast_to(f[:, None, :], (BLOCK_K // 32, 16, BLOCK_N)), (BLOCK_K // 2, BLOCK_N))
+                    w_lo = _e2m1_value(codes & 15) * f
+                    w_hi = _e2m1_value(codes >> 4) * f
+                    a_even, a_odd = tl.split(tl.reshape(a, (BLOCK_M, BLOCK_K // 2, 2)))
+                    if DOT_F32:
+                        acc = tl.dot(a_even.to(tl.float32), w_lo, acc, input_precision="ieee")
+                        acc = tl.dot(a_odd.to(tl.float32), w_hi, acc, input_precision="ieee")
+                    else:
+                        acc = tl.dot(a_even, w_lo.to(a.dtype), acc)
+                        acc = tl.dot(a_odd, w_hi.to(a.dtype), acc)
+            else:  # FMT 3, mxfp8: [BLOCK_K, BLOCK_N] e4m3 and [BLOCK_N, BLOCK_K/32] e8m0
+                ks = k0 // 32 + offs_ks
+                if EVEN_K:
+                    b = tl.load(w_base + kk[:, None] * stride_wk)
+                    bs = tl.load(ws_base + ks[None, :] * stride_wsk)
+                else:
+                    b = tl.load(w_base + kk[:, None] * stride_wk, mask=(kk < K)[:, None], other=0.0)
+                    bs = tl.load(ws_base + ks[None, :] * stride_wsk, mask=(ks < K // 32)[None, :], other=127)
+                if MX_MODE == 1:
+                    acc = tl.dot_scaled(a, None, MX_LHS, b, bs, "e4m3", acc)
+                else:
+                    f = tl.trans(_mx_factor(bs.to(tl.int32)))  # [BLOCK_K/32, BLOCK_N]
+                    f = tl.reshape(tl.broadcast_to(f[:, None, :], (BLOCK_K // 32, 32, BLOCK_N)), (BLOCK_K, BLOCK_N))
+                    wv = b.to(tl.float32) * f
+                    if DOT_F32:
+                        acc = tl.dot(a.to(tl.float32), wv, acc, input_precision="ieee")
+                    else:
+                        acc = tl.dot(a, wv.to(a.dtype), acc)
 
     if MX_MODE == 2:  # acc is [BLOCK_N, BLOCK_M]
         out_mask = (cols < N)[:, None] & (rows < row_end)[None, :]
