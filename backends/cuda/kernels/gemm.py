@@ -1,4 +1,4 @@
-"""Triton kernels: `linear` and `grouped_gemm` in every weight format (dense, fp8_block, mxfp4).
+"""Triton kernels: `linear` and `grouped_gemm` in every weight format (dense, fp8_block, mxfp4, mxfp8).
 
 One GEMM kernel serves both ops and all three formats; constexprs pick the format and the layout:
 
@@ -47,6 +47,16 @@ Formats:
   for float32 activations and where dot_scaled is unavailable. `mxfp4_path()` says which path
   bf16/fp16 activations take on this machine (override: DEEPINFER_CUDA_MXFP4_PATH=dot_scaled|upcast);
   the registration note names it. Both paths are checked under the interpreter and on the H200.
+
+- mxfp8 (W8A8 MX): e4m3 weights [N, K] with e8m0 scales [N, K/32]; the activation is quantised
+  first by `_quant_act_mxfp8_kernel` (per token and 32 columns, bit-exact with
+  `deepinfer.ops.quant.quantize_act_mxfp8`; integer e4m3 rounding under the interpreter), then
+  MX_MODE 2: `tl.dot_scaled(w, w_scale, "e4m3", x^T, x_scale, "e4m3")` with the weight tile as the
+  left operand (BLOCK_N rows: tcgen05's block-scaled MMA needs M = 128) and the tokens as N (16 for
+  decode), the [BLOCK_N, BLOCK_M] accumulator stored transposed. SM100: tcgen05 kind::mxf8f6f4
+  block_scale; SM90: Triton's emulation (upcast to bf16, wgmma). mxfp4 stays W4A16: the
+  block-scaled MMA needs both operands in MX formats, so on SM100 it runs kind::f16 after Triton's
+  upcast (docs/backends/cuda.md says what was tried).
 
 float32 dots (and mixed dtypes) keep wide operands in shared memory: `_fit_shared_memory` drops
 stages, then halves BLOCK_K, until the buffers fit.
