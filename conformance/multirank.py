@@ -2,6 +2,7 @@
 
     python -m deepinfer_conformance.multirank --backend reference --ep 2
     python -m deepinfer_conformance.multirank --backend cuda --ep 2 --interpret [--op combine] [--case t1_k8_e16_d96]
+    python -m deepinfer_conformance.multirank --backend cuda --ep 2 --ep-path nccl   # GPU: force one EP path
 
 The parent starts `--ep` rank processes on this host with torchrun's environment (RANK, WORLD_SIZE,
 LOCAL_RANK, MASTER_ADDR=127.0.0.1, a free MASTER_PORT), so `deepinfer.distributed.init_distributed`
@@ -19,6 +20,10 @@ ep_size = --ep (so the EP kernels are chosen), takes its contiguous slice of eac
   rebuilt from the case's recipe and checked against the stored row_of_slot), takes the golden
   expert_out rows of its own experts as its experts' results, and combines; the ranks' outputs,
   concatenated, are compared with the golden output within the op's tolerance.
+
+`--ep-path nccl|symm` sets DEEPINFER_EP_PATH for the ranks: which of a backend's EP
+implementations the registry picks (the cuda backend: all_to_all_single over NCCL, or symmetric
+memory on one host, which is the default where it applies); run both to check both.
 
 The table has the single-rank runner's columns (backend shown as "<backend> ep<N>"). Exit status 0
 when every case passes. A rank that fails, hangs past --timeout in a collective, or never starts
@@ -201,13 +206,14 @@ def launch_ranks(argv: list[str], ranks: int, *, env: dict[str, str] | None = No
 
 
 def run(backend: str, ranks: int, *, interpret: bool = False, ops: list[str] | None = None, names: list[str] | None = None,
-        timeout_s: float = DEFAULT_TIMEOUT_S, golden_dir: Path = GOLDEN_DIR) -> list[Row]:
-    """Run the golden dispatch/combine cases split over `ranks` ranks; one Row per case."""
+        timeout_s: float = DEFAULT_TIMEOUT_S, golden_dir: Path = GOLDEN_DIR, ep_path: str | None = None) -> list[Row]:
+    """Run the golden dispatch/combine cases split over `ranks` ranks; one Row per case.
+    ep_path: DEEPINFER_EP_PATH for the ranks (None: as this process has it)."""
     if ranks < 2:
         raise UserError("--ep must be at least 2 (the single-rank runner covers one rank)")
     ops = [op for op in OPS if not ops or op in ops]
     cases = select_cases(golden_dir, ops, names)
-    label = f"{backend} ep{ranks}"
+    label = f"{backend} ep{ranks}" + (f" {ep_path}" if ep_path else "")
     with tempfile.TemporaryDirectory(prefix="deepinfer-multirank-") as tmp:
         out_dir = Path(tmp)
         argv = ["--rank-worker", "--backend", backend, "--out", str(out_dir), "--golden", str(golden_dir), "--timeout", str(timeout_s)]
@@ -217,6 +223,8 @@ def run(backend: str, ranks: int, *, interpret: bool = False, ops: list[str] | N
         for name in names or []:
             argv += ["--case", name]
         env = {"TRITON_INTERPRET": "1"} if interpret else {}
+        if ep_path:
+            env["DEEPINFER_EP_PATH"] = ep_path
         exits = launch_ranks(argv, ranks, env=env, wall_s=timeout_s * 2 + 30 * len(cases))
         reports, failed = {}, []
         for rank, (code, err) in enumerate(exits):
@@ -285,6 +293,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--interpret", action="store_true", help="run the backend's Triton kernels under TRITON_INTERPRET=1 on the CPU (gloo)")
     parser.add_argument("--op", action="append", choices=OPS, default=None)
     parser.add_argument("--case", action="append", default=None, help="only cases of this name (e.g. t1_k8_e16_d96)")
+    parser.add_argument("--ep-path", choices=("auto", "nccl", "symm"), default=None,
+                        help="which EP implementation the ranks use (DEEPINFER_EP_PATH): nccl = all_to_all_single, symm = symmetric memory (cuda, one host)")
     parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S, help="seconds a rank waits in a collective or at the rendezvous")
     parser.add_argument("--json", type=Path, default=None, help="also write the rows as JSON")
     parser.add_argument("--golden", type=Path, default=GOLDEN_DIR)
@@ -294,7 +304,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.rank_worker:
             return rank_main(args.backend, args.out, args.golden, args.interpret, args.op or list(OPS), args.case, args.timeout)
-        rows = run(args.backend, args.ep, interpret=args.interpret, ops=args.op, names=args.case, timeout_s=args.timeout, golden_dir=args.golden)
+        rows = run(args.backend, args.ep, interpret=args.interpret, ops=args.op, names=args.case, timeout_s=args.timeout, golden_dir=args.golden,
+                   ep_path=args.ep_path)
     except UserError as exc:
         print(f"deepinfer: error: {exc}", file=sys.stderr)
         return exc.exit_code

@@ -14,9 +14,8 @@ Built by `deepinfer.distributed.expert_parallel.expert_parallel_kernels`: regist
 refuse a group of several ranks), so resolving the ops with ep_size > 1 picks these. With ep_group
 None or a one-rank group they are the local kernels.
 
-Not here yet (Future plan): an intranode path that writes rows straight into the peers' receive
-buffers (torch symmetric memory over NVLink) instead of NCCL's all_to_all, selected by the registry
-(a higher priority and a `when` on the topology) and checked by the same conformance cases.
+Within one host the registry prefers `moe_ep_symm` (rows stored straight into the peers'
+symmetric-memory buffers; same rows, same order), unless DEEPINFER_EP_PATH=nccl.
 """
 
 from __future__ import annotations

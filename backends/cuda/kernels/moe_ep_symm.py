@@ -246,7 +246,7 @@ class TorchSymmetricMemory:
         # A kernel on the current stream: every rank signals every other and waits for their
         # signals (release/acquire at system scope), so writes made before it on any rank's
         # stream are visible after it on every rank's stream. Traps after timeout_ms.
-        self._barrier_handle.barrier(channel=0, timeout_ms=self.timeout_ms)
+        self._barrier_handle.barrier(0, self.timeout_ms)  # (channel, timeout_ms)
 
 
 def _grown(need: int) -> int:
