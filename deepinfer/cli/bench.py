@@ -42,6 +42,9 @@ def add_parser(sub) -> None:
     e2e.add_argument("--no-hf", action="store_true", help="skip the transformers peer")
     e2e.add_argument("--json", type=Path, default=None, help="write the results to FILE")
     e2e.set_defaults(func=run_e2e)
+    from deepinfer.cli import bench_e2e_ep
+
+    bench_e2e_ep.add_parser(what)  # `bench e2e-ep --ep N`: expert-parallel scaling
     comp = what.add_parser("compile", help="compile the cuda kernels ahead of time for SM90/SM100 (no GPU needed) and check registers, spills, MMA class")
     comp.add_argument("--arch", default="sm90,sm100", help="comma-separated: sm90, sm100 (default both)")
     comp.add_argument("--json", type=Path, default=None, help="write the results to FILE")
