@@ -2,13 +2,16 @@
 
 `sample` must give the reference's tokens bit for bit for equal logits: rows mixing every
 parameter (greedy, temperature, top-k, top-p, min-p and their combinations), vocabularies that
-are not multiples of the tile, exact ties, -inf (masked) logits; small tiles force the multi-tile
-passes and the whole-row fallback, and the fallback must agree with the candidate path. Batch
-invariance: a row's token does not depend on the other rows. apply_token_bitmask: bit 31 (the sign
+are not multiples of the chunk, exact ties, -inf (masked) logits; small chunks force many chunks
+per row, small segments and capacities force the second chunk pass and the whole-row fallback, and
+every path must agree with the others. Batch invariance: a row's token does not depend on the
+other rows. apply_token_bitmask: bit 31 (the sign
 bit), vocabularies not a multiple of 32, every float dtype, in place.
 
-tests/conftest.py sets TRITON_INTERPRET=1 before triton is imported; tests/triton_mode.py fails
-these tests loudly if the kernels in this process are not interpreted.
+tests/conftest.py sets TRITON_INTERPRET=1 before triton is imported, so the kernels run in the
+interpreter; with TRITON_INTERPRET=0 on a GPU the same tests run the compiled kernels (inputs built on
+the CPU, moved to the GPU, results compared on the CPU). tests/triton_mode.py fails these tests
+loudly if the kernels can run neither way.
 """
 
 from __future__ import annotations
@@ -18,15 +21,45 @@ import torch
 
 from deepinfer.ops import sampling as ref
 
-from triton_mode import kernel_module, require_interpreter
+from triton_mode import kernel_module, require_interpreter_or_gpu
 
-GREEDY, UNFILTERED, CANDIDATES, FALLBACK = 0, 1, 2, 3
+# paths: candidates gathered by the first chunk pass (CANDIDATES) or by the second (CANDIDATES_2)
+GREEDY, UNFILTERED, CANDIDATES, FALLBACK, CANDIDATES_2 = 0, 1, 2, 3, 4
+
+
+class _OnDevice:
+    """The kernel module with CPU tensors in and out: they move to the kernels' device (the CPU in
+    the interpreter, a GPU when compiled) and back."""
+
+    def __init__(self, module, dev: torch.device):
+        self.module, self.dev = module, dev
+
+    def __getattr__(self, name):
+        return getattr(self.module, name)
+
+    def _sample(self, *args, paths=None, **kw):
+        p = None if paths is None else paths.to(self.dev)
+        out = self.module._sample(*[a.to(self.dev) for a in args], paths=p, **kw)
+        if paths is not None:
+            paths.copy_(p.cpu())
+        return out.cpu()
+
+    def sample(self, *args):
+        return self.module.sample(*[a.to(self.dev) for a in args]).cpu()
+
+    def apply_token_bitmask(self, logits, bitmask):
+        if self.dev.type == "cpu":
+            return self.module.apply_token_bitmask(logits, bitmask)
+        on_dev = logits.to(self.dev)
+        got = self.module.apply_token_bitmask(on_dev, bitmask.to(self.dev))
+        assert got.data_ptr() == on_dev.data_ptr()  # in place
+        return logits.copy_(on_dev.cpu())
 
 
 @pytest.fixture(scope="module")
 def k():
-    require_interpreter()
-    return kernel_module("deepinfer_cuda.kernels.sampling")
+    dev = require_interpreter_or_gpu()
+    return _OnDevice(kernel_module("deepinfer_cuda.kernels.sampling"), dev)
 
 
 def _rows(B: int, V: int, seed: int, kind: str):
@@ -77,15 +110,15 @@ def test_every_parameter_combination(k):
     assert got.dtype == torch.int64
     assert torch.equal(got, ref.sample(*args))
     assert got[0] == 7 and got[1] == 7  # greedy: lowest index among the maxima
-    assert {GREEDY, UNFILTERED, CANDIDATES} <= set(paths.tolist())
+    assert {GREEDY, UNFILTERED} <= set(paths.tolist()) and {CANDIDATES, CANDIDATES_2} & set(paths.tolist())
 
 
 @pytest.mark.parametrize("kind", ["peaked", "flat", "ties", "masked"])
 def test_random_rows_small_tiles(k, kind):
-    # V = 1003 over 256-wide tiles: 4 passes per sweep, a 256-candidate capacity (flat rows overflow it)
+    # V = 1003 in 4 chunks of 256, a 256-candidate capacity (flat rows overflow it)
     args = _rows(12, 1003, seed=["peaked", "flat", "ties", "masked"].index(kind) + 20, kind=kind)
     paths = torch.empty(12, dtype=torch.int32)
-    got = k._sample(*args, block=256, tile_c=64, paths=paths)
+    got = k._sample(*args, block=256, cap=256, tile_c=64, paths=paths)
     assert torch.equal(got, ref.sample(*args)), (got, ref.sample(*args), paths)
 
 
@@ -99,14 +132,48 @@ def test_default_tiles_and_a_large_vocabulary(k):
 
 
 def test_fallback_agrees_with_candidates(k):
-    # 32-wide tiles leave room for 32 candidates: most filtered rows take the whole-row fallback.
+    # room for 32 candidates: most filtered rows take the whole-row fallback.
     args = _rows(8, 200, seed=12, kind="peaked")
     args[1] = args[1].clamp(min=0.3)  # no greedy rows
     wide, narrow = torch.empty(8, dtype=torch.int32), torch.empty(8, dtype=torch.int32)
-    a = k._sample(*args, block=256, tile_c=64, paths=wide)
-    b = k._sample(*args, block=32, tile_c=32, paths=narrow)
+    a = k._sample(*args, block=256, cap=256, tile_c=64, paths=wide)
+    b = k._sample(*args, block=32, cap=32, tile_c=32, paths=narrow)
     assert torch.equal(a, b) and torch.equal(a, ref.sample(*args))
     assert CANDIDATES in wide.tolist() and FALLBACK in narrow.tolist()
+
+
+@pytest.mark.parametrize("kind", ["peaked", "ties", "masked"])
+def test_chunkings_agree(k, kind):
+    # The same rows cut into 1, 4 and 16 chunks, with 16 or 32 group maxima per chunk and
+    # segments of 8 to 64 slots (overflowing ones push rows to the second chunk pass): every
+    # chunking gives the reference's tokens.
+    args = _rows(8, 1003, seed=40 + ["peaked", "ties", "masked"].index(kind), kind=kind)
+    args[1][:3] = torch.tensor([0.9, 1.1, 0.7])  # no greedy rows among the filtered ones below
+    args[2][:3] = torch.tensor([10, 30, 0], dtype=torch.int32)
+    args[3][:3] = torch.tensor([0.9, 1.0, 0.8])
+    want = ref.sample(*args)
+    seen = set()
+    for block, n_groups, seg in ((1024, 32, 64), (256, 32, 16), (64, 16, 8)):
+        paths = torch.empty(8, dtype=torch.int32)
+        got = k._sample(*args, block=block, n_groups=n_groups, seg=seg, cap=256, tile_c=64, paths=paths)
+        assert torch.equal(got, want), (block, got, want, paths)
+        seen |= set(paths.tolist())
+    assert {CANDIDATES, CANDIDATES_2} <= seen
+
+
+def test_deepseek_vocabulary_paths(k):
+    # V = 129280 in chunks of 4096 with 64 group maxima each (the H200's configuration): top-k (with
+    # top-p, with min-p) gathers in the first chunk pass, top-p alone in the second; peaked rows.
+    args = _rows(4, 129280, seed=9, kind="peaked")
+    args[0] = args[0] * 2
+    args[1][:] = torch.tensor([1.0, 0.8, 1.0, 0.6])
+    args[2][:] = torch.tensor([50, 20, 0, 0], dtype=torch.int32)
+    args[3][:] = torch.tensor([0.9, 1.0, 0.9, 1.0])
+    args[4][:] = torch.tensor([0.0, 0.05, 0.0, 0.1])
+    paths = torch.empty(4, dtype=torch.int32)
+    got = k._sample(*args, block=4096, n_groups=64, seg=256, cap=4096, tile_c=128, paths=paths)
+    assert torch.equal(got, ref.sample(*args))
+    assert paths.tolist() == [CANDIDATES, CANDIDATES, CANDIDATES_2, CANDIDATES]
 
 
 def test_batch_invariance(k):

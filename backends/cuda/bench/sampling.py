@@ -7,6 +7,9 @@ kernel reads them per row anyway.
 
 `python -m deepinfer_cuda.bench.sampling` (GPU) also compares the kernel's tokens with the CPU
 reference's on random rows of every kind and prints the mismatch rate and the path each row took.
+`python -m deepinfer_cuda.bench.sampling --sweep [--json FILE]` times the `sample` cases over chunk
+configurations (BLOCK, N_GROUPS, SEG, warps; under a minute on an H200), prints a table, the paths
+the rows took, and the `CHUNK_CONFIGS` line to paste into deepinfer_cuda/kernels/sampling.py.
 """
 
 from __future__ import annotations
@@ -147,6 +150,9 @@ def _random_rows(B: int, V: int, gen: torch.Generator, kind: str):
     return logits, temp, top_k, top_p, min_p, seeds, positions
 
 
+PATHS = ("greedy", "unfiltered", "candidates", "fallback", "candidates-2")
+
+
 def agreement(batches: int = 8, B: int = 256) -> None:
     from deepinfer.ops.sampling import sample as reference
     from deepinfer_cuda.kernels.sampling import _sample
@@ -156,7 +162,7 @@ def agreement(batches: int = 8, B: int = 256) -> None:
     for V in (1003, 32000, VOCAB):
         for kind in ("peaked", "flat", "ties", "masked"):
             rows = mismatches = 0
-            paths = torch.zeros(4, dtype=torch.int64)
+            paths = torch.zeros(len(PATHS), dtype=torch.int64)
             for _ in range(batches):
                 args = _random_rows(B, V, gen, kind)
                 p = torch.empty(B, dtype=torch.int32, device=dev)
@@ -164,30 +170,91 @@ def agreement(batches: int = 8, B: int = 256) -> None:
                 want = reference(*args)
                 rows += B
                 mismatches += int((got != want).sum())
-                paths += torch.bincount(p.cpu().long(), minlength=4)
-            print(f"V={V:6d} {kind:7s}: {mismatches}/{rows} rows differ; paths greedy/unfiltered/candidates/fallback = {paths.tolist()}")
+                paths += torch.bincount(p.cpu().long(), minlength=len(PATHS))
+            print(f"V={V:6d} {kind:7s}: {mismatches}/{rows} rows differ; paths {'/'.join(PATHS)} = {paths.tolist()}")
 
 
-def sweep() -> None:
-    """Time `sample` on the main case over tile sizes and warps (GPU)."""
-    from deepinfer_cuda.bench.common import time_ms
-    from deepinfer_cuda.kernels.sampling import _sample
+SWEEP_CASES = (
+    ("B256_topk50_topp0.9", 256, (1.0, 50, 0.9, 0.0, 1.0)),
+    ("B256_greedy", 256, (0.0, 0, 1.0, 0.0, 1.0)),
+    ("B256_temperature", 256, (0.8, 0, 1.0, 0.0, 1.0)),
+    ("B256_topp0.9_peaked", 256, (1.0, 0, 0.9, 0.0, 4.0)),
+    ("B16_topk50_topp0.9_graph", 16, (1.0, 50, 0.9, 0.0, 1.0)),
+)
+
+# (BLOCK, N_GROUPS, SEG, num_warps, row_warps): the first is the kernel's default for the H200.
+# Few BLOCKs: each compiles the per-row finish kernel anew (the slow compile, ~10-30 s); warps only
+# recompile the chunk passes.
+SWEEP_CONFIGS = (
+    (2048, 64, 128, 4, 8),
+    (2048, 64, 128, 8, 8),
+    (4096, 64, 256, 8, 8),
+    (4096, 64, 256, 4, 8),
+    (4096, 64, 256, 16, 8),
+)
+
+
+def sweep(json_path: str | None = None, configs=SWEEP_CONFIGS) -> list[dict]:
+    """Time the `sample` cases over chunk configurations (GPU); print a table and the winner."""
+    import json
+    import math
+
+    from deepinfer_cuda.bench.common import graph_time_ms, time_ms
+    from deepinfer_cuda.kernels.sampling import CHUNK_CONFIGS, _sample
 
     dev = torch.device("cuda")
-    for name, setup in (("topk50_topp0.9", _setup(256, VOCAB, 1.0, 50, 0.9, 0.0)), ("greedy", _setup(256, VOCAB, 0.0, 0, 1.0, 0.0)),
-                        ("temperature", _setup(256, VOCAB, 0.8, 0, 1.0, 0.0)), ("topp0.9_peaked", _setup(256, VOCAB, 1.0, 0, 0.9, 0.0, 4.0))):
-        s = setup(dev)
-        args = [s[k] for k in ("logits", "temperature", "top_k", "top_p", "min_p", "seeds", "positions")]
-        for block, warps in ((2048, 4), (2048, 8), (4096, 8), (4096, 16), (8192, 16)):
-            _sample(*args, block=block, num_warps=warps)
-            ms = time_ms(lambda: _sample(*args, block=block, num_warps=warps))
-            print(f"sample {name:15s} BLOCK={block:5d} warps={warps:2d}: {ms * 1e3:8.1f} us  {_bytes(s) / ms / 1e9:.2f} TB/s", flush=True)
+    states = []
+    for name, B, (t, k, p, m, scale) in SWEEP_CASES:
+        s = _setup(B, VOCAB, t, k, p, m, scale)(dev)
+        states.append((name, s, [s[key] for key in ("logits", "temperature", "top_k", "top_p", "min_p", "seeds", "positions")]))
+    rows = []
+    print(f"{'BLOCK':>6} {'N_G':>4} {'SEG':>4} {'w':>3} {'rw':>3} " + " ".join(f"{n:>25}" for n, _, _ in states) + "   (us)", flush=True)
+    tokens0 = {}
+    for block, n_groups, seg, warps, rwarps in configs:
+        kw = dict(block=block, n_groups=n_groups, seg=seg, num_warps=warps, row_warps=rwarps)
+        times = []
+        for name, s, args in states:
+            try:
+                paths = torch.empty(len(args[0]), dtype=torch.int32, device=dev)
+                tok = _sample(*args, paths=paths, **kw)
+                hist = torch.bincount(paths.long(), minlength=len(PATHS)).tolist()
+                same = bool(torch.equal(tok, tokens0.setdefault(name, tok)))
+                call = lambda: _sample(*args, **kw)  # noqa: E731
+                ms = graph_time_ms(call) if name.endswith("_graph") else time_ms(call, warmup_ms=5, rep_ms=20)
+            except Exception as exc:  # noqa: BLE001 (a config that does not compile: report, go on)
+                ms, hist, same = float("nan"), [], False
+                print(f"  {kw} {name}: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}", flush=True)
+            times.append(ms)
+            rows.append({**kw, "case": name, "ms": ms, "TB/s": _bytes(s) / ms / 1e9 if ms == ms else None,
+                         "paths": dict(zip(PATHS, hist)), "same_tokens_as_first": same})
+        print(f"{block:6d} {n_groups:4d} {seg:4d} {warps:3d} {rwarps:3d} " + " ".join(f"{ms * 1e3:25.1f}" for ms in times), flush=True)
+    for name, s, _ in states:
+        r = [x for x in rows if x["case"] == name]
+        print(f"paths {name}: {r[0]['paths']}")
+    # the winner: the smallest geometric mean over the cases (the first case, the target, breaks ties)
+    by_cfg = {}
+    for x in rows:
+        by_cfg.setdefault((x["block"], x["n_groups"], x["seg"], x["num_warps"], x["row_warps"]), []).append(x["ms"])
+    ok = {c: v for c, v in by_cfg.items() if all(t == t for t in v)}
+    best = min(ok, key=lambda c: (math.exp(sum(math.log(t) for t in ok[c]) / len(ok[c])), ok[c][0]))
+    entry = {**CHUNK_CONFIGS["sm90"], "BLOCK": best[0], "N_GROUPS": best[1], "SEG": best[2], "num_warps": best[3], "row_warps": best[4]}
+    print(f"best (geometric mean): {best} -> " + ", ".join(f"{n} {t * 1e3:.1f} us" for (n, _, _), t in zip(states, ok[best])))
+    print(f'paste into deepinfer_cuda/kernels/sampling.py:\n    "sm90": {entry!r},')
+    if json_path:
+        with open(json_path, "w") as f:
+            json.dump({"rows": rows, "best": entry}, f, indent=1)
+    return rows
 
 
 if __name__ == "__main__":
-    import sys
+    import argparse
 
-    if "--sweep" in sys.argv:
-        sweep()
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--sweep", action="store_true", help="time the sample cases over chunk configurations")
+    ap.add_argument("--json", help="with --sweep: also write the rows as JSON to FILE")
+    ap.add_argument("--batches", type=int, default=1, help="without --sweep: batches of 256 random rows per kind")
+    a = ap.parse_args()
+    if a.sweep:
+        sweep(a.json)
     else:
-        agreement(batches=1)
+        agreement(batches=a.batches)

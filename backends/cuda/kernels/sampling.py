@@ -1,35 +1,53 @@
 """Triton kernels: `sample` (greedy / temperature / top-k / top-p / min-p, stateless Gumbel noise) and
 `apply_token_bitmask`.
 
-sample: one program per row, no sort of the vocabulary, no host synchronisation, every row with its
-  own parameters (temperature >= 0: a negative temperature is outside the op's meaning).
+sample: no sort of the vocabulary, no host synchronisation (the decode step is captured in a CUDA
+  graph), every row with its own parameters (temperature >= 0: a negative temperature is outside the
+  op's meaning). Each row is cut into NCH = cdiv(V, BLOCK) equal chunks (a multiple of 16 logits,
+  at most BLOCK), chosen from V and the device's configuration only, never from the batch: B * NCH
+  programs stream the logits (16384 at B 256, V 129280, BLOCK 2048), each chunk read once from
+  memory into registers. Four launches:
 
-  Pass 1 (rows that are greedy or filtered) streams the row once in BLOCK-wide tiles and keeps, per
-    lane, the running maximum and its first index: the row maximum M and the greedy token (lowest
-    index among the maxima). A greedy row is done.
-  Pass 2 streams the row again: the softmax normaliser S = sum exp(z - zmax) (z = logits /
-    temperature, IEEE division as torch's) and, in the same pass, gathers the candidates
-    C = {v : logits[v] >= L} into a per-row scratch (order: increasing index), counting them and
-    keeping the largest logit left outside. L is a lower bound of the kept set computed from what
-    pass 1 saw: the top_k-th largest of N_GROUPS group maxima (maxima of groups of lanes: distinct
-    elements, so at least top_k logits are >= it; one bitonic sort of N_GROUPS keys), else of the
-    BLOCK lane maxima by bisection, and/or the min-p bound zmax + log(min_p) (minus a margin).
-    Rows with top-p but no top-k need S first: their bound is the largest group (else lane) maximum
-    whose groups' probability mass already reaches top_p, and a pass 3 gathers C and sums every p
-    (the top-p renormaliser). Streaming loops issue the next tile's loads before this tile's math.
-  Exact phase on C (from the scratch, L1/L2 resident): the reference's rules, bit for bit in
-    their float32 arithmetic. Up to TILE_C candidates: one sort of their keys (descending) in
-    registers gives the top_k-th largest logit directly and the reference's cumulative sum of the
-    sorted q (float64, rounded to float32, compared with top_p) and so the top-p threshold; more
-    candidates (up to BLOCK): the thresholds by bisection over the ordered integer image of float32
-    (the result is an element's value, so ties behave as the reference's `>=`). Then the argmax of
-    z + Gumbel noise over the kept candidates (noise: the stateless hash of `sampling_uniform`,
-    computed in-kernel in uint32; ties to the lowest index). The result is exact iff nothing
-    outside C is kept: the kernel checks that by evaluating the three rules at the largest logit
-    outside C (each rule is monotone in the logit).
-  Fallback (rare: more than BLOCK candidates, e.g. top-p alone on a very flat distribution, or the
-    check failed): the same exact phase over the whole row, each bisection step one pass over it.
-  Unfiltered rows (temperature > 0, no filter) take one pass: argmax of z + noise over the row.
+  Pass 1 (grid B x NCH), per chunk: greedy rows: its maximum and first argmax. Unfiltered rows
+    (temperature > 0, no filter): its argmax of z + Gumbel noise (z = logits / temperature, IEEE
+    division as torch's; noise: the stateless hash of `sampling_uniform`, computed in-kernel in
+    uint32; ties to the lowest index). Filtered rows: its maximum; the maxima of N_GROUPS strided
+    groups (distinct elements of the row, stored for the plan); for top-p / min-p its partial
+    softmax sum s_c = sum exp(z - z_c) relative to the chunk's own max z_c; and, when a bound
+    local to the chunk exists, the chunk's candidates: its finite logits >= L_c, written in index
+    order to the chunk's segment of SEG slots, with their count (past SEG: overflow) and the
+    largest logit left out. L_c: top-k <= N_GROUPS: the k-th largest of the chunk's group maxima
+    (k elements of the chunk are >= it, so no logit of the chunk below it reaches the row's k-th
+    largest); min-p without top-p: also z_c + log(min_p) (minus a margin), below the row's min-p bound
+    because z_c <= zmax.
+  Plan (one program per row): greedy and unfiltered rows take the lowest index among the chunks
+    reaching the maximum: done. Filtered rows: M, zmax, S = sum_c s_c * exp(z_c - zmax) (the
+    rescale in float64), r = 1 / S, and the row's bound L from all chunks' group maxima, as
+    before: the k-th largest (bisection over keys), and/or the min-p bound zmax + log(min_p)
+    (minus a margin); top-p without top-k: the largest group maximum whose group maxima's mass
+    already reaches top_p. If pass 1 gathered the row and no segment overflowed, L is raised to
+    the largest L_c used (L >= every L_c, so the logits >= L are all in the segments: the
+    candidates stay an upper set of the row's finite logits); else pass 2 gathers at L.
+  Pass 2 (grid B x NCH, only rows that need it: top-p without top-k, top-k > N_GROUPS, an
+    overflowed segment): the chunk's finite logits >= L into its segment, and for top-p without
+    top-k the chunk's sum of p in float64 (the top-p renormaliser, summed over chunks in the
+    finish). A row in pass 2 reads its logits twice; a top-k row once.
+  Finish (one program per filtered row): the segments' logits >= L, compacted in index order into
+    the row's candidate list C = {v : logits[v] >= L, finite} (at most CAP), and the exact phase
+    on C (from the workspace, L1/L2 resident). -inf logits are never candidates: they can be kept
+    only when fewer than top_k logits are finite (then every finite one is kept, which C with
+    fewer than k elements gives) and their z + g is -inf, so they never change the token.
+  Exact phase on C: the reference's rules, bit for bit in their float32 arithmetic. Up to TILE_C
+    candidates: one sort of their keys (descending) in registers gives the top_k-th largest logit
+    directly and the reference's cumulative sum of the sorted q (float64, rounded to float32,
+    compared with top_p) and so the top-p threshold; more candidates (up to CAP): the thresholds
+    by bisection over the ordered integer image of float32 (the result is an element's value, so
+    ties behave as the reference's `>=`). Then the argmax of z + Gumbel noise over the kept
+    candidates. The result is exact iff nothing outside C is kept: the kernel checks that by
+    evaluating the three rules at the largest logit outside C (each rule is monotone in the logit).
+  Fallback (rare: a segment overflowed in pass 2, more than CAP candidates, e.g. top-p alone on a
+    very flat distribution, or the check failed): the same exact phase over the whole row, each
+    bisection step one pass over it.
 
   The top-p rule: with q sorted descending, the prefix ends at the first q whose cumulative sum
   reaches top_p, and everything >= its value is kept. Equivalently the threshold is the largest
@@ -39,10 +57,14 @@ sample: one program per row, no sort of the vocabulary, no host synchronisation,
 
   Residual differences from the reference (documented, not hidden): the kernel's exp and log are
   libdevice's (<= 1-2 ulp), the reference's are torch's vectorised CPU (SLEEF) ones, and the
-  softmax sum S and the top-p renormaliser are accumulated in a different order. p and q can
-  therefore differ in the last bit, which changes a token only when a filter boundary (top-p
-  cumulative mass within ~1e-7 of top_p, p within 1 ulp of min_p * max p) or the Gumbel argmax
-  (two perturbed values within 1 ulp) is that close; z, the noise u, top-k and greedy are exact.
+  softmax sum S and the top-p renormaliser are accumulated in a different order: S per chunk
+  (a float32 tree sum of exp(z - z_c)) and rescaled by exp(z_c - zmax) in float64, the
+  renormaliser per chunk in float64. p and q can therefore differ in the last bit, which changes a
+  token only when a filter boundary (top-p cumulative mass within ~1e-7 of top_p, p within 1 ulp of
+  min_p * max p) or the Gumbel argmax (two perturbed values within 1 ulp) is that close; z, the
+  noise u, top-k and greedy are exact. The chunking depends on V and the configuration only, so a
+  row's token never depends on the batch; another configuration (BLOCK) can move such a boundary
+  case, as another summation order would.
 
 apply_token_bitmask: one program per (row, vocabulary block), in place; the word's bit (v % 32) is
   read with an arithmetic shift and `& 1`, which is right for bit 31 (the sign bit) as well.
@@ -59,7 +81,7 @@ import triton.language as tl
 from deepinfer_cuda.kernels.common import Registration, interpreting
 from deepinfer_cuda.kernels.precise_math import precise_exp as _exp
 from deepinfer_cuda.kernels.precise_math import precise_log as _log
-from deepinfer_cuda.tuning import config
+from deepinfer_cuda.tuning import arch_name, config
 
 _MIN_KEY = tl.constexpr(-(2**31))
 _MAX_KEY = tl.constexpr(2**31 - 1)
@@ -301,184 +323,333 @@ def _exact_sorted(
     return token, exact
 
 
-@triton.jit
-def _gather_tile(x, offs, ok, L, n_c, out_max, cx, ci, CAP: tl.constexpr):
-    """Append the tile's elements >= L to the candidate scratch (in index order)."""
-    sel = ok & (x >= L)
-    cnt = tl.sum(sel.to(tl.int32), axis=0)
-    if cnt > 0:
-        pos = n_c + tl.cumsum(sel.to(tl.int32), axis=0) - 1
-        w = sel & (pos < CAP)
-        tl.store(cx + pos, x, mask=w)
-        tl.store(ci + pos, offs, mask=w)
-    out_max = tl.maximum(out_max, tl.max(tl.where(ok & (sel == 0), x, float("-inf")), axis=0))
-    return n_c + cnt, out_max
+# ---------------------------------------------------------------------------------------------
+# the chunked passes: workspace layout (one float32, one int32 and one float64 region per row)
+#
+# float32, per row (WF elements): planes of NCH chunk values
+#   [0, NCH)        chunk max logit (greedy / filtered rows) or best z + g (unfiltered rows)
+#   [NCH, 2NCH)     sum over the chunk of exp(z - chunk max z)
+#   [2NCH, 3NCH)    the bound L the chunk gathered with
+#   [3NCH, 4NCH)    the largest logit the chunk did not gather
+#   4NCH + 0..3     row: M, zmax, r = 1 / S, L (the row's candidate bound)
+#   4NCH + 4        segments: NCH x SEG gathered logits (index order within each chunk)
+#   ... + NCH*SEG   the row's compacted candidates (CAP)
+# int32, per row (WI elements)
+#   [0, NCH)        chunk argmax (first index) of the logits or of z + g
+#   [NCH, 2NCH)     chunk candidate count (may exceed SEG: overflow)
+#   2NCH + 0        row mode: 0 done, 1 candidates from pass 1, 2 candidates from pass 2
+#   2NCH + 4        N_G group-maximum keys per chunk
+#   ... + NCH*N_G   segments: NCH x SEG vocabulary indices
+#   ... + NCH*SEG   the row's compacted candidate indices (CAP)
+# float64, per row: NCH partial top-p renormalisers (sum of p over the chunk)
 
 
 @triton.jit
-def _sample_kernel(
-    logits_ptr, stride_row, temp_ptr, topk_ptr, topp_ptr, minp_ptr, seed_ptr, pos_ptr,
-    out_ptr, cx_ptr, ci_ptr, path_ptr,
-    V,
-    BLOCK: tl.constexpr,
-    TILE_C: tl.constexpr,
-    N_GROUPS: tl.constexpr,
-    LIBDEVICE: tl.constexpr,
-    RECORD_PATH: tl.constexpr,
-):
-    row = tl.program_id(0)
-    lp = logits_ptr + row.to(tl.int64) * stride_row
-    cx = cx_ptr + row.to(tl.int64) * BLOCK
-    ci = ci_ptr + row.to(tl.int64) * BLOCK
+def _params(temp_ptr, topk_ptr, topp_ptr, minp_ptr, row, V):
     temp = tl.load(temp_ptr + row)
     k = tl.load(topk_ptr + row)
+    k = tl.minimum(tl.maximum(k, -1), V).to(tl.int32)  # >= V is off either way; no int32 wrap-around
     top_p = tl.load(topp_ptr + row)
     min_p = tl.load(minp_ptr + row)
-    rowhash = _row_hash(tl.load(seed_ptr + row), tl.load(pos_ptr + row))
     greedy = temp == 0.0
     td = tl.where(greedy, 1.0, temp)
     k_on = (k > 0) & (k < V)
     p_on = top_p < 1.0
     m_on = min_p > 0.0
-    filtered = k_on | p_on | m_on
-    lanes = tl.arange(0, BLOCK)
-    gpos = tl.arange(0, N_GROUPS)
-    zero_i = tl.sum(tl.zeros([BLOCK], dtype=tl.int32), axis=0)
-    neg_inf = td * 0.0 + float("-inf")
+    return td, k, top_p, min_p, greedy, k_on, p_on, m_on
 
-    token = zero_i
-    path = zero_i  # for tests: 0 greedy, 1 unfiltered, 2 candidates (exact), 3 whole-row fallback
-    full = (greedy == 0) & (filtered == 0)  # unfiltered: one pass of argmax(z + g) over the row
-    M = neg_inf
-    zmax = td * 0.0
-    r = td * 0.0 + 1.0
-    Q_all = td * 0.0 + 1.0
+
+@triton.jit
+def _load_chunk(logits_ptr, stride_row, row, c, V, CH, BLOCK: tl.constexpr):
+    lanes = tl.arange(0, BLOCK)
+    offs = c * CH + lanes
+    ok = (lanes < CH) & (offs < V)
+    x = tl.load(logits_ptr + row.to(tl.int64) * stride_row + offs, mask=ok, other=float("-inf"))
+    return x, offs, ok
+
+
+@triton.jit
+def _gather_chunk(x, offs, ok, L, sx, si, SEG: tl.constexpr):
+    """Write the chunk's finite logits >= L (in index order) to its segment; return (count, the
+    largest logit not written). Past SEG the count still grows: the caller sees the overflow."""
+    sel = ok & (x >= L) & (x > float("-inf"))
+    pos = tl.cumsum(sel.to(tl.int32), axis=0) - 1
+    w = sel & (pos < SEG)
+    tl.store(sx + pos, x, mask=w)
+    tl.store(si + pos, offs, mask=w)
+    cnt = tl.sum(sel.to(tl.int32), axis=0)
+    out = tl.max(tl.where(ok & (sel == 0), x, float("-inf")), axis=0)
+    return cnt, out
+
+
+@triton.jit
+def _sample_pass1(
+    logits_ptr, stride_row, temp_ptr, topk_ptr, topp_ptr, minp_ptr, seed_ptr, pos_ptr,
+    wf_ptr, wi_ptr, V, NCH, CH, WF, WI,
+    BLOCK: tl.constexpr, N_G: tl.constexpr, SEG: tl.constexpr, LIBDEVICE: tl.constexpr,
+):
+    """Grid (B, NCH): one chunk of one row, read once from memory into registers."""
+    row = tl.program_id(0)
+    c = tl.program_id(1)
+    td, k, top_p, min_p, greedy, k_on, p_on, m_on = _params(temp_ptr, topk_ptr, topp_ptr, minp_ptr, row, V)
+    filtered = k_on | p_on | m_on
+    fr = wf_ptr + row.to(tl.int64) * WF
+    ir = wi_ptr + row.to(tl.int64) * WI
+    x, offs, ok = _load_chunk(logits_ptr, stride_row, row, c, V, CH, BLOCK)
     if greedy | filtered:
-        # pass 1: lane maxima (first index per lane), row maximum, greedy token; the next tile's
-        # loads are issued before this tile's compares (two tiles in flight per thread)
-        lane_max = tl.full([BLOCK], float("-inf"), tl.float32)
-        lane_idx = tl.zeros([BLOCK], dtype=tl.int32)
-        xn = tl.load(lp + lanes, mask=lanes < V, other=float("-inf"))
-        for start in range(0, V, BLOCK):
-            offs = start + lanes
-            x = xn
-            xn = tl.load(lp + offs + BLOCK, mask=offs + BLOCK < V, other=float("-inf"))
-            up = x > lane_max
-            lane_idx = tl.where(up, offs, lane_idx)
-            lane_max = tl.where(up, x, lane_max)
-        M = tl.max(lane_max, axis=0)
-        arg = tl.min(tl.where(lane_max == M, lane_idx, _MAX_KEY), axis=0)
-        token = tl.where(M == float("-inf"), 0, arg)
-        if (greedy == 0) & (M > float("-inf")):
-            zmax = tl.math.div_rn(M, td)
-            lkey = _okey(lane_max)
-            # group maxima: N_GROUPS distinct elements of the row, sorted (descending keys)
-            gkey = tl.sort(tl.max(tl.reshape(lkey, [N_GROUPS, BLOCK // N_GROUPS]), axis=1), descending=True)
-            Lk = neg_inf
-            if k_on & (k <= N_GROUPS):
-                # the k-th largest group maximum: >= k distinct elements are >= it
-                Lk = _from_key(tl.max(tl.where(gpos == k - 1, gkey, _MIN_KEY), axis=0))
-            elif k_on & (k <= BLOCK):
-                # the k-th largest lane maximum, by bisection
-                lo = tl.min(lkey, axis=0).to(tl.int64)
-                hi = tl.max(lkey, axis=0).to(tl.int64)
+        m = tl.max(x, axis=0)
+        tl.store(fr + c, m)
+        if greedy:
+            tl.store(ir + c, tl.min(tl.where(x == m, offs, _MAX_KEY), axis=0))
+        else:
+            # N_G strided groups (lane j of the chunk is in group j % N_G): their maxima are distinct
+            # elements, so at least k logits are >= the k-th largest of any set of them
+            key = _okey(x)
+            gk = tl.max(tl.reshape(key, [BLOCK // N_G, N_G]), axis=0)
+            tl.store(ir + 2 * NCH + 4 + c * N_G + tl.arange(0, N_G), gk)
+            s = m * 0.0
+            if (p_on | m_on) & (m > float("-inf")):
+                zm = tl.math.div_rn(m, td)
+                s = tl.sum(tl.where(ok, _exp(tl.math.div_rn(x, td) - zm, LIBDEVICE), 0.0), axis=0)
+            tl.store(fr + NCH + c, s)
+            kg = k_on & (k <= N_G)
+            if kg | (m_on & (p_on == 0)):
+                # the chunk's own bound: its elements in the row's kept set are >= it (see _sample_plan)
+                L = m * 0.0 + float("-inf")
+                if kg:
+                    sk = tl.sort(gk, descending=True)
+                    L = _from_key(tl.max(tl.where(tl.arange(0, N_G) == k - 1, sk, _MIN_KEY), axis=0))
+                if m_on & (p_on == 0) & (m > float("-inf")):
+                    zlo = tl.math.div_rn(m, td) + _log(min_p, LIBDEVICE)
+                    zlo = zlo - 1e-4 * (1.0 + tl.abs(zlo))
+                    L = tl.maximum(L, tl.minimum(zlo * td, m))
+                seg = 4 * NCH + 4 + c * SEG
+                cnt, out = _gather_chunk(x, offs, ok, L, fr + seg, ir + 2 * NCH + 4 + NCH * N_G + c * SEG, SEG)
+                tl.store(fr + 2 * NCH + c, L)
+                tl.store(fr + 3 * NCH + c, out)
+                tl.store(ir + NCH + c, cnt)
+    else:
+        # unfiltered: the chunk's argmax of z + g (lowest index on ties)
+        rowhash = _row_hash(tl.load(seed_ptr + row), tl.load(pos_ptr + row))
+        val = tl.where(ok, tl.math.div_rn(x, td) + _gumbel(rowhash, offs, LIBDEVICE), float("-inf"))
+        best = tl.max(val, axis=0)
+        tl.store(fr + c, best)
+        tl.store(ir + c, tl.min(tl.where(ok & (val == best), offs, _MAX_KEY), axis=0))
+
+
+@triton.jit
+def _sample_plan(
+    temp_ptr, topk_ptr, topp_ptr, minp_ptr, out_ptr, path_ptr,
+    wf_ptr, wi_ptr, V, NCH, WF, WI,
+    NCH_P2: tl.constexpr, N_G: tl.constexpr, SEG: tl.constexpr, LIBDEVICE: tl.constexpr, RECORD_PATH: tl.constexpr,
+):
+    """One program per row: combine the chunks. Greedy and unfiltered rows get their token here;
+    filtered rows get M, zmax, r, the candidate bound L and where their candidates come from."""
+    row = tl.program_id(0)
+    td, k, top_p, min_p, greedy, k_on, p_on, m_on = _params(temp_ptr, topk_ptr, topp_ptr, minp_ptr, row, V)
+    filtered = k_on | p_on | m_on
+    fr = wf_ptr + row.to(tl.int64) * WF
+    ir = wi_ptr + row.to(tl.int64) * WI
+    cp = tl.arange(0, NCH_P2)
+    cok = cp < NCH
+    cmax = tl.load(fr + cp, mask=cok, other=float("-inf"))
+    M = tl.max(cmax, axis=0)
+    if greedy | (filtered == 0) | (M == float("-inf")):
+        # greedy: the first index of the row maximum; unfiltered: argmax of z + g; the reference's
+        # argmax over all -inf is index 0
+        carg = tl.load(ir + cp, mask=cok, other=_MAX_KEY)
+        arg = tl.min(tl.where(cok & (cmax == M), carg, _MAX_KEY), axis=0)
+        tl.store(out_ptr + row, tl.where(M == float("-inf"), 0, arg).to(tl.int64))
+        tl.store(ir + 2 * NCH, 0)
+        if RECORD_PATH:
+            tl.store(path_ptr + row, tl.where(filtered & (greedy == 0), 0, tl.where(greedy, 0, 1)))
+    else:
+        zmax = tl.math.div_rn(M, td)
+        r = zmax * 0.0 + 1.0
+        if p_on | m_on:
+            # S = sum over chunks of s_c * exp(z_c - zmax), z_c the chunk's max z (the rescale in float64)
+            s = tl.load(fr + NCH + cp, mask=cok, other=0.0).to(tl.float64)
+            zc = tl.math.div_rn(cmax, td)
+            f = _exp(zc.to(tl.float64) - zmax.to(tl.float64), LIBDEVICE)
+            S = tl.sum(tl.where(cok & (cmax > float("-inf")), s * f, 0.0), axis=0).to(tl.float32)
+            r = tl.math.div_rn(zmax * 0.0 + 1.0, S)
+        gpos = tl.arange(0, NCH_P2 * N_G)
+        gok = gpos < NCH * N_G
+        gk = tl.load(ir + 2 * NCH + 4 + gpos, mask=gok, other=_MIN_KEY)
+        glo = tl.min(tl.where(gok, gk, _MAX_KEY), axis=0).to(tl.int64)
+        ghi = tl.max(gk, axis=0).to(tl.int64)
+        neg_inf = zmax * 0.0 + float("-inf")
+        # the row's bound from all chunks' group maxima: the k-th largest (bisection over keys)
+        Lk = neg_inf
+        if k_on & (k <= NCH * N_G):
+            lo = glo
+            hi = ghi
+            while lo < hi:
+                mid = lo + ((hi - lo + 1) >> 1)
+                good = tl.sum((gk >= mid.to(tl.int32)).to(tl.int32), axis=0) >= k
+                lo = tl.where(good, mid, lo)
+                hi = tl.where(good, hi, mid - 1)
+            Lk = _from_key(lo.to(tl.int32))
+        Lm = neg_inf
+        if m_on:
+            # p >= min_p * max p  <=>  z >= zmax + log(min_p), up to rounding: a small margin
+            zlo = zmax + _log(min_p, LIBDEVICE)
+            zlo = zlo - 1e-4 * (1.0 + tl.abs(zlo))
+            Lm = tl.minimum(zlo * td, M)
+        L = tl.where(k_on & p_on, Lk, tl.maximum(Lk, Lm))
+        if p_on & (k_on == 0):
+            # top-p without top-k: the largest group maximum whose groups' probability mass
+            # (the group maxima's p) already reaches top_p
+            gp = tl.where(gok, _p_of(_from_key(gk), td, zmax, r, LIBDEVICE), 0.0)
+            Lp = neg_inf
+            if tl.sum(gp, axis=0) >= top_p:
+                lo = glo
+                hi = ghi
                 while lo < hi:
                     mid = lo + ((hi - lo + 1) >> 1)
-                    good = tl.sum((lkey >= mid.to(tl.int32)).to(tl.int32), axis=0) >= k
+                    good = tl.sum(tl.where(gk >= mid.to(tl.int32), gp, 0.0), axis=0) >= top_p
                     lo = tl.where(good, mid, lo)
                     hi = tl.where(good, hi, mid - 1)
-                Lk = _from_key(lo.to(tl.int32))
-            Lm = neg_inf
-            if m_on:
-                # p >= min_p * max p  <=>  z >= zmax + log(min_p), up to rounding: a small margin
-                zlo = zmax + _log(min_p, LIBDEVICE)
-                zlo = zlo - 1e-4 * (1.0 + tl.abs(zlo))
-                Lm = tl.minimum(zlo * td, M)
-            defer = p_on & (k_on == 0)
-            L = tl.where(k_on & p_on, Lk, tl.maximum(Lk, Lm))
-            gather = (defer == 0) & ((L > float("-inf")) | (V <= BLOCK))
-            need_s = p_on | m_on
-            # pass 2: softmax normaliser (and the candidates when L is already known)
-            s_acc = tl.zeros([BLOCK], dtype=tl.float32)
-            n_c = zero_i
-            out_max = neg_inf
-            if need_s | gather:
-                xn = tl.load(lp + lanes, mask=lanes < V, other=float("-inf"))
-                for start in range(0, V, BLOCK):
-                    offs = start + lanes
-                    ok = offs < V
-                    x = xn
-                    xn = tl.load(lp + offs + BLOCK, mask=offs + BLOCK < V, other=float("-inf"))
-                    if need_s:
-                        s_acc += _exp(tl.math.div_rn(x, td) - zmax, LIBDEVICE)
-                    if gather:
-                        n_c, out_max = _gather_tile(x, offs, ok, L, n_c, out_max, cx, ci, BLOCK)
-            if need_s:
-                r = tl.math.div_rn(td * 0.0 + 1.0, tl.sum(s_acc, axis=0))
-            if defer:
-                # top-p without top-k: the largest group (else lane) maximum whose groups' (lanes')
-                # mass reaches top_p
-                gp = tl.where(gkey > _MIN_KEY, _p_of(_from_key(gkey), td, zmax, r, LIBDEVICE), 0.0)
-                gbelow = tl.sum((tl.cumsum(gp, axis=0) < top_p).to(tl.int32), axis=0)
-                Lp = neg_inf
-                if gbelow < N_GROUPS:
-                    Lp = _from_key(tl.max(tl.where(gpos == gbelow, gkey, _MIN_KEY), axis=0))
-                else:
-                    lane_p = _p_of(lane_max, td, zmax, r, LIBDEVICE)
-                    lo = tl.min(lkey, axis=0).to(tl.int64)
-                    hi = tl.max(lkey, axis=0).to(tl.int64)
-                    if tl.sum(lane_p, axis=0) >= top_p:
-                        while lo < hi:
-                            mid = lo + ((hi - lo + 1) >> 1)
-                            good = tl.sum(tl.where(lkey >= mid.to(tl.int32), lane_p, 0.0), axis=0) >= top_p
-                            lo = tl.where(good, mid, lo)
-                            hi = tl.where(good, hi, mid - 1)
-                        Lp = _from_key(lo.to(tl.int32))
-                L = tl.maximum(Lp, Lm)
-                gather = (L > float("-inf")) | (V <= BLOCK)
-                # pass 3: the top-p renormaliser over the whole row, and the candidates
-                q_acc = tl.zeros([BLOCK], dtype=tl.float64)
-                xn = tl.load(lp + lanes, mask=lanes < V, other=float("-inf"))
-                for start in range(0, V, BLOCK):
-                    offs = start + lanes
-                    ok = offs < V
-                    x = xn
-                    xn = tl.load(lp + offs + BLOCK, mask=offs + BLOCK < V, other=float("-inf"))
-                    q_acc += _p_of(x, td, zmax, r, LIBDEVICE).to(tl.float64)
-                    if gather:
-                        n_c, out_max = _gather_tile(x, offs, ok, L, n_c, out_max, cx, ci, BLOCK)
-                Q_all = tl.sum(q_acc, axis=0).to(tl.float32)
-            exact = gather & (gather == 0)  # False
-            if gather & (n_c <= BLOCK):
-                tl.debug_barrier()  # the scratch was written by every thread of the program
+                Lp = _from_key(lo.to(tl.int32))
+            L = tl.maximum(Lp, Lm)
+        # pass 1 gathered already (no segment overflowed): the bound is the largest used, so that
+        # the candidates stay an upper set of the row's finite logits; else pass 2 gathers at L
+        from_1 = (k_on & (k <= N_G)) | (m_on & (p_on == 0))
+        if from_1:
+            cnt = tl.load(ir + NCH + cp, mask=cok, other=0)
+            from_1 = tl.max(cnt, axis=0) <= SEG
+            L = tl.maximum(L, tl.max(tl.load(fr + 2 * NCH + cp, mask=cok, other=float("-inf")), axis=0))
+        tl.store(fr + 4 * NCH + 0, M)
+        tl.store(fr + 4 * NCH + 1, zmax)
+        tl.store(fr + 4 * NCH + 2, r)
+        tl.store(fr + 4 * NCH + 3, L)
+        tl.store(ir + 2 * NCH, tl.where(from_1, 1, 2))
+
+
+@triton.jit
+def _sample_pass2(
+    logits_ptr, stride_row, temp_ptr, topk_ptr, topp_ptr, minp_ptr,
+    wf_ptr, wi_ptr, wq_ptr, V, NCH, CH, WF, WI,
+    BLOCK: tl.constexpr, N_G: tl.constexpr, SEG: tl.constexpr, LIBDEVICE: tl.constexpr,
+):
+    """Grid (B, NCH), only rows of mode 2 work: gather the chunk's logits >= the row's bound and,
+    for top-p without top-k, the chunk's sum of p (the top-p renormaliser's part)."""
+    row = tl.program_id(0)
+    c = tl.program_id(1)
+    fr = wf_ptr + row.to(tl.int64) * WF
+    ir = wi_ptr + row.to(tl.int64) * WI
+    if tl.load(ir + 2 * NCH) == 2:
+        td, k, top_p, min_p, greedy, k_on, p_on, m_on = _params(temp_ptr, topk_ptr, topp_ptr, minp_ptr, row, V)
+        x, offs, ok = _load_chunk(logits_ptr, stride_row, row, c, V, CH, BLOCK)
+        L = tl.load(fr + 4 * NCH + 3)
+        seg = 4 * NCH + 4 + c * SEG
+        cnt, out = _gather_chunk(x, offs, ok, L, fr + seg, ir + 2 * NCH + 4 + NCH * N_G + c * SEG, SEG)
+        tl.store(fr + 3 * NCH + c, out)
+        tl.store(ir + NCH + c, cnt)
+        if p_on & (k_on == 0):
+            zmax = tl.load(fr + 4 * NCH + 1)
+            r = tl.load(fr + 4 * NCH + 2)
+            q = tl.where(ok, _p_of(x, td, zmax, r, LIBDEVICE), 0.0).to(tl.float64)
+            tl.store(wq_ptr + row.to(tl.int64) * NCH + c, tl.sum(q, axis=0))
+
+
+@triton.jit
+def _sample_finish(
+    logits_ptr, stride_row, temp_ptr, topk_ptr, topp_ptr, minp_ptr, seed_ptr, pos_ptr,
+    out_ptr, path_ptr, wf_ptr, wi_ptr, wq_ptr, V, NCH, WF, WI,
+    NCH_P2: tl.constexpr, N_G: tl.constexpr, SEG: tl.constexpr, CAP: tl.constexpr, CG: tl.constexpr,
+    TILE_C: tl.constexpr, FB_TILE: tl.constexpr, LIBDEVICE: tl.constexpr, RECORD_PATH: tl.constexpr,
+):
+    """One program per filtered row: compact the segments' logits >= L into the row's candidate
+    list (index order), the exact phase on it, the whole-row fallback when needed."""
+    row = tl.program_id(0)
+    fr = wf_ptr + row.to(tl.int64) * WF
+    ir = wi_ptr + row.to(tl.int64) * WI
+    mode = tl.load(ir + 2 * NCH)
+    if mode != 0:
+        td, k, top_p, min_p, greedy, k_on, p_on, m_on = _params(temp_ptr, topk_ptr, topp_ptr, minp_ptr, row, V)
+        rowhash = _row_hash(tl.load(seed_ptr + row), tl.load(pos_ptr + row))
+        M = tl.load(fr + 4 * NCH + 0)
+        zmax = tl.load(fr + 4 * NCH + 1)
+        r = tl.load(fr + 4 * NCH + 2)
+        L = tl.load(fr + 4 * NCH + 3)
+        cp = tl.arange(0, NCH_P2)
+        cok = cp < NCH
+        Q_all = zmax * 0.0 + 1.0
+        if p_on & (k_on == 0):
+            Q_all = tl.sum(tl.load(wq_ptr + row.to(tl.int64) * NCH + cp, mask=cok, other=0.0), axis=0).to(tl.float32)
+        cnt = tl.load(ir + NCH + cp, mask=cok, other=0)
+        out_max = tl.max(tl.load(fr + 3 * NCH + cp, mask=cok, other=float("-inf")), axis=0)
+        cx = fr + 4 * NCH + 4 + NCH * SEG
+        ci = ir + 2 * NCH + 4 + NCH * N_G + NCH * SEG
+        exact = mode == 0  # False
+        token = mode * 0
+        if tl.max(cnt, axis=0) <= SEG:
+            # CG chunks' segments at a time: slot j of chunk c at flat position c * SEG + j (index order)
+            fp = tl.arange(0, CG * SEG)
+            n_c = mode * 0
+            for c0 in range(0, NCH, CG):
+                ch = c0 + fp // SEG
+                sl = fp % SEG
+                ok = (ch < NCH) & (sl < tl.load(ir + NCH + ch, mask=ch < NCH, other=0))
+                x = tl.load(fr + 4 * NCH + 4 + c0 * SEG + fp, mask=ok, other=float("-inf"))
+                idx = tl.load(ir + 2 * NCH + 4 + NCH * N_G + c0 * SEG + fp, mask=ok, other=0)
+                sel = ok & (x >= L)
+                pos = n_c + tl.cumsum(sel.to(tl.int32), axis=0) - 1
+                tl.store(cx + pos, x, mask=sel & (pos < CAP))
+                tl.store(ci + pos, idx, mask=sel & (pos < CAP))
+                n_c += tl.sum(sel.to(tl.int32), axis=0)
+                out_max = tl.maximum(out_max, tl.max(tl.where(ok & (sel == 0), x, float("-inf")), axis=0))
+            if n_c <= CAP:
+                tl.debug_barrier()  # the candidate list was written by every thread of the program
                 if n_c <= TILE_C:
-                    tok_c, exact = _exact_sorted(
+                    token, exact = _exact_sorted(
                         cx, ci, n_c, M, td, zmax, r, Q_all, rowhash, k, k_on, top_p, p_on, min_p, m_on, out_max,
                         TILE_C, LIBDEVICE,
                     )
                 else:
-                    tok_c, exact = _exact(
+                    token, exact = _exact(
                         cx, ci, n_c, V, M, td, zmax, r, Q_all, rowhash, k, k_on, top_p, p_on, min_p, m_on, out_max,
                         True, TILE_C, LIBDEVICE,
                     )
-                token = tok_c
-                path = zero_i + 2
-            full = exact == 0
-    if full:
-        tok_f, exact_f = _exact(
-            lp, lp, V, V, M, td, zmax, r, Q_all, rowhash, k, k_on, top_p, p_on, min_p, m_on, neg_inf,
-            False, BLOCK, LIBDEVICE,
-        )
-        token = tok_f
-        path = tl.where(filtered, 3, 1)
-    tl.store(out_ptr + row, token.to(tl.int64))
-    if RECORD_PATH:
-        tl.store(path_ptr + row, path)
+        if exact == 0:
+            lp = logits_ptr + row.to(tl.int64) * stride_row
+            token, exact = _exact(
+                lp, lp, V, V, M, td, zmax, r, Q_all, rowhash, k, k_on, top_p, p_on, min_p, m_on, zmax * 0.0 + float("-inf"),
+                False, FB_TILE, LIBDEVICE,
+            )
+            if RECORD_PATH:
+                tl.store(path_ptr + row, 3)
+        elif RECORD_PATH:
+            tl.store(path_ptr + row, tl.where(mode == 1, 2, 4))
+        tl.store(out_ptr + row, token.to(tl.int64))
+
+
+# Chunk configurations by architecture (a tuning table's "sample"/"chunks" entry, if any, wins):
+# BLOCK: chunk width (one chunk per program, held in registers; the row is cut into
+#   cdiv(V, BLOCK) chunks of equal length, whatever the batch size); N_GROUPS: strided group maxima
+#   per chunk (top-k up to N_GROUPS gathers in pass 1); SEG: candidate slots per chunk; CAP: the
+#   row's candidate capacity; TILE_C: candidates sorted in registers; num_warps: the chunk passes;
+#   row_warps: the per-row kernels. `python -m deepinfer_cuda.bench.sampling --sweep` prints
+#   the line to paste here.
+CHUNK_CONFIGS: dict[str, dict] = {
+    # a guess, not yet measured: 2048-logit chunks at 4 warps (146 registers: three programs per SM)
+    "sm90": {"BLOCK": 2048, "N_GROUPS": 64, "SEG": 128, "CAP": 4096, "TILE_C": 128, "num_warps": 4, "row_warps": 8},
+    "default": {"BLOCK": 4096, "N_GROUPS": 32, "SEG": 256, "CAP": 4096, "TILE_C": 64, "num_warps": 8, "row_warps": 8},
+}
+CHUNK_CONFIGS["sm100"] = CHUNK_CONFIGS["sm90"]  # not measured on SM100
 
 
 @lru_cache(maxsize=None)
 def _cfg(op: str, variant: str, device: torch.device) -> dict:
     return config(op, variant, device)
+
+
+def _sample_config(device: torch.device) -> dict:
+    try:
+        return dict(_cfg("sample", "chunks", device))
+    except KeyError:
+        return dict(CHUNK_CONFIGS.get(arch_name(device), CHUNK_CONFIGS["default"]))
 
 
 def sample(
@@ -493,8 +664,16 @@ def sample(
     return _sample(logits, temperature, top_k, top_p, min_p, seeds, positions)
 
 
-def _sample(logits, temperature, top_k, top_p, min_p, seeds, positions, *, block=None, tile_c=None, n_groups=None, num_warps=None, paths=None):
-    """`sample`, with the tile sizes overridable and the path each row took recorded (for tests)."""
+def _pow2(n: int) -> int:
+    return 1 << (max(int(n), 1) - 1).bit_length()
+
+
+def _sample(
+    logits, temperature, top_k, top_p, min_p, seeds, positions, *,
+    block=None, n_groups=None, seg=None, cap=None, tile_c=None, num_warps=None, row_warps=None, paths=None,
+):
+    """`sample`, with the configuration overridable and the path each row took recorded (for tests
+    and the sweep)."""
     B, V = logits.shape
     device = logits.device
     out = torch.empty(B, dtype=torch.int64, device=device)
@@ -503,21 +682,52 @@ def _sample(logits, temperature, top_k, top_p, min_p, seeds, positions, *, block
     x = logits if logits.dtype == torch.float32 else logits.float()
     if x.stride(-1) != 1:
         x = x.contiguous()
-    cfg = _cfg("sample", "rows", device)
+    cfg = _sample_config(device)
     block = block or cfg["BLOCK"]
-    cx = torch.empty(B, block, dtype=torch.float32, device=device)
-    ci = torch.empty(B, block, dtype=torch.int32, device=device)
-    _sample_kernel[(B,)](
-        x, x.stride(0),
-        temperature.to(torch.float32).contiguous(),
-        top_k.clamp(-1, V).to(torch.int32).contiguous(),  # >= V is off either way; no int32 wrap-around
-        top_p.to(torch.float32).contiguous(),
-        min_p.to(torch.float32).contiguous(),
-        seeds.to(torch.int64).contiguous(),
-        positions.to(torch.int64).contiguous(),
-        out, cx, ci, paths if paths is not None else out, V,
-        BLOCK=block, TILE_C=tile_c or cfg["TILE_C"], N_GROUPS=min(n_groups or cfg["N_GROUPS"], block), LIBDEVICE=not interpreting(), RECORD_PATH=paths is not None,
-        num_warps=num_warps or cfg["num_warps"],
+    n_g = min(n_groups or cfg["N_GROUPS"], block)
+    seg = min(seg or cfg["SEG"], block)
+    cap = cap or cfg["CAP"]
+    tile_c = min(tile_c or cfg["TILE_C"], cap)
+    # equal chunks, each a multiple of 16 logits (aligned loads), at most BLOCK: V alone decides
+    nch = -(-V // block)
+    ch = min(block, -(-(-(-V // nch)) // 16) * 16)
+    nch = -(-V // ch)
+    nch_p2 = _pow2(nch)
+    wf_row = -(-(4 * nch + 4 + nch * seg + cap) // 16) * 16
+    wi_row = -(-(2 * nch + 4 + nch * n_g + nch * seg + cap) // 16) * 16
+    wf = torch.empty(B * wf_row, dtype=torch.float32, device=device)
+    wi = torch.empty(B * wi_row, dtype=torch.int32, device=device)
+    wq = torch.empty(B * nch, dtype=torch.float64, device=device)
+    params = (
+        temperature if temperature.dtype == torch.float32 else temperature.float(),
+        top_k if top_k.dtype in (torch.int32, torch.int64) else top_k.to(torch.int64),
+        top_p if top_p.dtype == torch.float32 else top_p.float(),
+        min_p if min_p.dtype == torch.float32 else min_p.float(),
+    )
+    params = tuple(p if p.is_contiguous() else p.contiguous() for p in params)
+    seeds = seeds if seeds.dtype == torch.int64 and seeds.is_contiguous() else seeds.to(torch.int64).contiguous()
+    positions = positions if positions.dtype == torch.int64 and positions.is_contiguous() else positions.to(torch.int64).contiguous()
+    libdevice = not interpreting()
+    record = paths is not None
+    path_ptr = paths if record else out
+    warps = num_warps or cfg["num_warps"]
+    rwarps = row_warps or cfg["row_warps"]
+    _sample_pass1[(B, nch)](
+        x, x.stride(0), *params, seeds, positions, wf, wi, V, nch, ch, wf_row, wi_row,
+        BLOCK=block, N_G=n_g, SEG=seg, LIBDEVICE=libdevice, num_warps=warps,
+    )
+    _sample_plan[(B,)](
+        *params, out, path_ptr, wf, wi, V, nch, wf_row, wi_row,
+        NCH_P2=nch_p2, N_G=n_g, SEG=seg, LIBDEVICE=libdevice, RECORD_PATH=record, num_warps=rwarps,
+    )
+    _sample_pass2[(B, nch)](
+        x, x.stride(0), *params, wf, wi, wq, V, nch, ch, wf_row, wi_row,
+        BLOCK=block, N_G=n_g, SEG=seg, LIBDEVICE=libdevice, num_warps=warps,
+    )
+    _sample_finish[(B,)](
+        x, x.stride(0), *params, seeds, positions, out, path_ptr, wf, wi, wq, V, nch, wf_row, wi_row,
+        NCH_P2=nch_p2, N_G=n_g, SEG=seg, CAP=cap, CG=max(1, min(nch_p2, 2048 // seg)), TILE_C=tile_c, FB_TILE=min(_pow2(V), 2048), LIBDEVICE=libdevice,
+        RECORD_PATH=record, num_warps=rwarps,
     )
     return out
 
