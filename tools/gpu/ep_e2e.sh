@@ -7,7 +7,7 @@
 # also runs EP 2 over NCCL's all_to_all_single (DEEPINFER_EP_PATH=nccl; ~1 minute more).
 # Memory at EP 1: 3 MoE layers x 21 GiB of experts + 5.9 GiB else (68.9 GiB); building a MoE layer
 # briefly takes another ~35 GiB (per-expert draws, stacked, fused): ~104 GiB peak on a 141 GB H200.
-export PYTHONUNBUFFERED=1
+export PYTHONUNBUFFERED=1 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NCCL_NVLS_ENABLE=0
 python -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1 || { echo "install failed"; exit 9; }
 step() { local name=$1; shift; local t=$SECONDS; timeout "$@" > "$OUT/$name.txt" 2>&1; echo "== $name rc=$? $((SECONDS - t)) s"; }
 { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv; nvidia-smi topo -m; python -c "import torch, triton; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__)"; } > "$OUT/machine.txt" 2>&1
