@@ -3,7 +3,7 @@
 # cases on the GPU (run on nvidia-h200 in the repo root; $OUT comes back). Nothing carried.
 #  1. python -m deepinfer_cuda.bench.sampling --sweep: the 5 bench cases (B256 top-k 50 + top-p 0.9,
 #     greedy, temperature, top-p peaked; B16 top-k/top-p from a CUDA graph) x 5 chunk configurations
-#     -> table, paths, the winner's CHUNK_CONFIGS line (sweep.txt) and sweep.json;
+#     -> table, paths, the winner's tuning entry (sweep.txt) and sweep.json;
 #  2. at the same time (after the sweep, so they do not disturb its timing): the compiled kernels
 #     against the CPU reference (tests/cuda/test_sampling_kernels.py with TRITON_INTERPRET=0; a subset
 #     by default, `sample_sweep.sh all` for every test: ~11 compiles of the finish kernel, minutes)

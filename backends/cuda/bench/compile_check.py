@@ -42,13 +42,10 @@ EXPECTED = {"sm90": "wgmma", "sm100": "tcgen05.mma"}
 EXPECTED_MX = {"sm90": "wgmma", "sm100": "tcgen05.mma.block_scale"}  # SM90 emulates dot_scaled
 
 # (case, kernel name, arch) -> why it fails today. The test asserts each still fails.
-# Updated 2026-12 (Triton 3.9, CPU-only): the decode spills and the mxfp4 prefill spill were fixed by
+# Updated 2026-11-30 (Triton 3.9, CPU-only): the decode spills and the mxfp4 prefill spill were fixed by
 # configurations; 16-row tiles and mxfp4 (W4A16) on SM100 now carry their own expectation (see CASES).
 KNOWN_FAILURES: dict[tuple[str, str, str], str] = {
     ('mla_decode bf16 B64 H128 ctx4096', "_mla_decode_split_kernel", "sm90"): "rows_gt64 64x64 w8 s2: 264 bytes of spills; measured fastest on the H200 anyway (570 us; 4 or 16 warps 1017 / 1200 us)",
-    # sm90's sample entry (BLOCK 4096, TILE_C 128, N_GROUPS 128, 16 warps) caps registers at 128/thread
-    # (64K / 512 threads); sm100's (same entry) fits. Sampling kernel/tuning belong to the sampling work.
-    ('sample fp32 B64 V129280', "_sample_kernel", "sm90"): "16 warps -> 128-register cap: 60 bytes of spills",
 }
 
 # Expectations that differ from EXPECTED / EXPECTED_MX, with why (a Case's `expect`).

@@ -9,7 +9,7 @@ kernel reads them per row anyway.
 reference's on random rows of every kind and prints the mismatch rate and the path each row took.
 `python -m deepinfer_cuda.bench.sampling --sweep [--json FILE]` times the `sample` cases over chunk
 configurations (BLOCK, N_GROUPS, SEG, warps; under a minute on an H200), prints a table, the paths
-the rows took, and the `CHUNK_CONFIGS` line to paste into deepinfer_cuda/kernels/sampling.py.
+the rows took, and the tuning entry ("sample"/"chunks") to put in deepinfer_cuda/tuning/sm90.py.
 """
 
 from __future__ import annotations
@@ -200,7 +200,7 @@ def sweep(json_path: str | None = None, configs=SWEEP_CONFIGS) -> list[dict]:
     import math
 
     from deepinfer_cuda.bench.common import graph_time_ms, time_ms
-    from deepinfer_cuda.kernels.sampling import CHUNK_CONFIGS, _sample
+    from deepinfer_cuda.kernels.sampling import _sample, _sample_config
 
     dev = torch.device("cuda")
     states = []
@@ -237,9 +237,9 @@ def sweep(json_path: str | None = None, configs=SWEEP_CONFIGS) -> list[dict]:
         by_cfg.setdefault((x["block"], x["n_groups"], x["seg"], x["num_warps"], x["row_warps"]), []).append(x["ms"])
     ok = {c: v for c, v in by_cfg.items() if all(t == t for t in v)}
     best = min(ok, key=lambda c: (math.exp(sum(math.log(t) for t in ok[c]) / len(ok[c])), ok[c][0]))
-    entry = {**CHUNK_CONFIGS["sm90"], "BLOCK": best[0], "N_GROUPS": best[1], "SEG": best[2], "num_warps": best[3], "row_warps": best[4]}
+    entry = {**_sample_config(dev), "BLOCK": best[0], "N_GROUPS": best[1], "SEG": best[2], "num_warps": best[3], "row_warps": best[4]}
     print(f"best (geometric mean): {best} -> " + ", ".join(f"{n} {t * 1e3:.1f} us" for (n, _, _), t in zip(states, ok[best])))
-    print(f'paste into deepinfer_cuda/kernels/sampling.py:\n    "sm90": {entry!r},')
+    print(f'the tuning entry (deepinfer_cuda/tuning/sm90.py):\n    "sample": {{"chunks": {entry!r}}},')
     if json_path:
         with open(json_path, "w") as f:
             json.dump({"rows": rows, "best": entry}, f, indent=1)

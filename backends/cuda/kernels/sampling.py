@@ -81,7 +81,7 @@ import triton.language as tl
 from deepinfer_cuda.kernels.common import Registration, interpreting
 from deepinfer_cuda.kernels.precise_math import precise_exp as _exp
 from deepinfer_cuda.kernels.precise_math import precise_log as _log
-from deepinfer_cuda.tuning import arch_name, config
+from deepinfer_cuda.tuning import config
 
 _MIN_KEY = tl.constexpr(-(2**31))
 _MAX_KEY = tl.constexpr(2**31 - 1)
@@ -632,24 +632,14 @@ def _sample_finish(
 #   row's candidate capacity; TILE_C: candidates sorted in registers; num_warps: the chunk passes;
 #   row_warps: the per-row kernels. `python -m deepinfer_cuda.bench.sampling --sweep` prints
 #   the line to paste here.
-CHUNK_CONFIGS: dict[str, dict] = {
-    # a guess, not yet measured: 2048-logit chunks at 4 warps (146 registers: three programs per SM)
-    "sm90": {"BLOCK": 2048, "N_GROUPS": 64, "SEG": 128, "CAP": 4096, "TILE_C": 128, "num_warps": 4, "row_warps": 8},
-    "default": {"BLOCK": 4096, "N_GROUPS": 32, "SEG": 256, "CAP": 4096, "TILE_C": 64, "num_warps": 8, "row_warps": 8},
-}
-CHUNK_CONFIGS["sm100"] = CHUNK_CONFIGS["sm90"]  # not measured on SM100
-
-
 @lru_cache(maxsize=None)
 def _cfg(op: str, variant: str, device: torch.device) -> dict:
     return config(op, variant, device)
 
 
 def _sample_config(device: torch.device) -> dict:
-    try:
-        return dict(_cfg("sample", "chunks", device))
-    except KeyError:
-        return dict(CHUNK_CONFIGS.get(arch_name(device), CHUNK_CONFIGS["default"]))
+    """The chunking of the passes: the tuning table's "sample"/"chunks" entry for this device."""
+    return dict(_cfg("sample", "chunks", device))
 
 
 def sample(

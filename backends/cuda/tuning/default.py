@@ -53,6 +53,9 @@ CONFIGS: dict[str, dict[str, dict]] = {
     # sampling (deepinfer_cuda.kernels.sampling): sample runs one program per row; BLOCK lanes per
     # pass over the vocabulary (also the candidate capacity), TILE_C candidates sorted in registers,
     # N_GROUPS group maxima sorted for the candidate bound (small here: the interpreter's sort is slow).
-    "sample": {"rows": {"BLOCK": 4096, "TILE_C": 64, "N_GROUPS": 32, "num_warps": 16}},
+    # sample: B x cdiv(V, BLOCK) pass-1 programs; N_GROUPS group maxima per chunk bound top-k; SEG
+    # candidate slots per chunk, CAP per row; TILE_C candidates sorted in registers; row_warps for the
+    # per-row plan/finish kernels.
+    "sample": {"chunks": {"BLOCK": 4096, "N_GROUPS": 32, "SEG": 256, "CAP": 4096, "TILE_C": 64, "num_warps": 8, "row_warps": 8}},
     "apply_token_bitmask": {"rows": {"BLOCK": 4096, "num_warps": 8}},
 }

@@ -52,5 +52,6 @@ CONFIGS: dict[str, dict[str, dict]] = {
     # 2-8 KiB x 4-16 warps, 16 KiB slower.
     "dispatch": {"tokens": {"count_tile_elems": 16384, "count_warps": 8, "block_bytes": 8192, "target_programs": 1024, "copy_warps": 8}},
     "combine": {"tokens": {"block_bytes": 4096, "target_programs": 1024, "num_warps": 16}},
-    "sample": {"rows": {"BLOCK": 4096, "TILE_C": 128, "N_GROUPS": 128, "num_warps": 16}},
+    # sample: a guess, not yet measured (2048-logit chunks, 4 warps: 146 registers, three programs per SM).
+    "sample": {"chunks": {"BLOCK": 2048, "N_GROUPS": 64, "SEG": 128, "CAP": 4096, "TILE_C": 128, "num_warps": 4, "row_warps": 8}},
 }
