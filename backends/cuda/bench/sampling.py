@@ -199,7 +199,8 @@ def sweep(json_path: str | None = None, configs=SWEEP_CONFIGS) -> list[dict]:
     import json
     import math
 
-    from deepinfer_cuda.bench.common import graph_time_ms, time_ms
+    from deepinfer_cuda.bench.common import time_ms
+    from deepinfer_cuda.bench.runner import graph_time_ms
     from deepinfer_cuda.kernels.sampling import _sample, _sample_config
 
     dev = torch.device("cuda")
