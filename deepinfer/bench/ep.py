@@ -9,14 +9,27 @@ Every rank runs `run_rank`; rank 0 prints the table and writes the JSON. Measure
   (each token's 8 distinct experts drawn uniformly, per rank seed), rows of bf16 and of fp8 e4m3
   (moved as raw bytes): the time per dispatch and per combine of every EP implementation the
   backend registers for this ep size (on cuda: all_to_all_single over NCCL, and symmetric memory
-  where it applies). Each iteration: a barrier of all ranks, then the op timed alone (CUDA events,
-  or the wall clock on the CPU); the median over iterations after warm-up, per rank; the MAX over
-  ranks is reported. Combine rows are always bf16 (expert outputs are bf16; fp8 applies to
-  dispatch), so combine is reported for the bf16 rows only;
+  where it applies). Timing, as NCCL's tests do: after the warm-up iterations, a host barrier and a
+  device synchronisation (both outside the timed region), then one small all_reduce on the stream
+  (a device-side barrier that starts the ranks together), then `repeat` iterations back to back
+  (dispatch, combine, dispatch, ...) with a CUDA event recorded on the stream before and after
+  every op (the wall clock on the CPU); nothing else is between the events of an op: no barrier, no
+  host synchronisation of a previous iteration, no allocation of the bench's buffers. An op's time
+  is the median over iterations of its (end - start) event interval, per rank; the MAX over ranks
+  is reported (and, in the JSON, the loop's mean per iteration). Combine rows are always bf16
+  (expert outputs are bf16; fp8 applies to dispatch), so combine is reported for the bf16 rows only;
 - the same rows with one plain `all_to_all_single` of the group (the rows already in send order,
   the split sizes known: no counting, no host synchronisation), as the peer;
 - GB/s counts REMOTE bytes: rows whose expert lives on another rank x row bytes, per rank (the
   max over ranks), over the time; the fraction is of the one-direction p2p bandwidth.
+
+Phase breakdown (opt-in: `--phases`, or DEEPINFER_EP_BENCH_PHASES=1): for the bf16 rows, `repeat`
+more iterations with `ExpertParallel.phase_marker` set, so the EP implementation records an event at
+the end of each of its phases (symmetric memory: count, publish, barrier 1, host read, scatter,
+barrier 2; scatter back, barrier, combine (local); the NCCL path: local dispatch, counts
+all_to_all, host read, rows all_to_all, re-sort; re-sort, rows all_to_all, combine (local)); each
+phase's median, max over ranks, is printed after the table and written to the JSON ("phases").
+These iterations are separate from the timed ones (the extra events do not touch those numbers).
 
 Targets (shown met / NOT met): >= 80% of the p2p bandwidth at 4096 tokens per rank; <= 40 us per
 dispatch at 128 tokens per rank.
@@ -55,6 +68,7 @@ class Row:
     status: str = "ok"  # ok | error
     us: float | None = None  # max over ranks of the per-rank median
     us_per_rank: list[float] = field(default_factory=list)
+    us_mean_iteration: float | None = None  # the loop's time / iterations (both ops and what is between them), max over ranks
     remote_bytes: int | None = None  # max over ranks
     gbs: float | None = None
     fraction_p2p: float | None = None
@@ -109,24 +123,76 @@ def _name(kernel) -> str:
 # timing
 
 
-class Timer:
-    def __init__(self, device: torch.device, group):
-        self.device, self.group = device, group
+class Marks:
+    """Points on the device timeline: a CUDA event recorded on the current stream per mark (the wall
+    clock on the CPU). Callable with a name, so an EP implementation can take it as its
+    `phase_marker`."""
 
-    def __call__(self, fn):
-        """(result, microseconds) of fn() run once after a barrier of all ranks."""
-        dist.barrier(group=self.group)
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            out = fn()
-            end.record()
-            end.synchronize()
-            return out, start.elapsed_time(end) * 1e3
-        t0 = time.perf_counter()
-        out = fn()
-        return out, (time.perf_counter() - t0) * 1e6
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+        self.items: list[tuple[str, object]] = []
+
+    def __call__(self, name: str) -> None:
+        if self.cuda:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            self.items.append((name, event))
+        else:
+            self.items.append((name, time.perf_counter()))
+
+    def times_us(self) -> list[tuple[str, float]]:
+        """(name, microseconds since the first mark), after waiting for the last one."""
+        if not self.items:
+            return []
+        if self.cuda:
+            self.items[-1][1].synchronize()
+            first = self.items[0][1]
+            return [(name, first.elapsed_time(e) * 1e3) for name, e in self.items]
+        t0 = self.items[0][1]
+        return [(name, (t - t0) * 1e6) for name, t in self.items]
+
+
+def start_together(device: torch.device, group) -> None:
+    """Outside any timed region: a host barrier, the device idle, then a one-element all_reduce on
+    the stream, so the first event recorded after this fires on every rank at about the same time."""
+    dist.barrier(group=group)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        dist.all_reduce(torch.zeros(1, device=device), group=group)
+
+
+def intervals(times: list[tuple[str, float]], begin: str, end: str) -> list[float]:
+    """The (end - begin) intervals of consecutive begin ... end mark pairs."""
+    out, start = [], None
+    for name, t in times:
+        if name == begin:
+            start = t
+        elif name == end and start is not None:
+            out.append(t - start)
+            start = None
+    return out
+
+
+def phase_medians(times: list[tuple[str, float]], begins: dict[str, str]) -> dict[str, float]:
+    """{"<op>: <phase>": median us} from marks where `begins` names the mark that starts each op
+    (its value: the op); every other mark ends a phase that began at the previous mark. Phases of
+    one name within one op are summed."""
+    per: dict[str, list[float]] = {}
+    op, prev, acc = None, None, {}
+    for name, t in times:
+        if name in begins:
+            for key, v in acc.items():
+                per.setdefault(key, []).append(v)
+            op, prev, acc = begins[name], t, {}
+            continue
+        if op is None:
+            continue
+        key = f"{op}: {'rest' if name.endswith(' end') else name}"  # rest: from the op's last phase mark to its end mark
+        acc[key] = acc.get(key, 0.0) + (t - prev)
+        prev = t
+    for key, v in acc.items():
+        per.setdefault(key, []).append(v)
+    return {k: statistics.median(v) for k, v in per.items()}
 
 
 def p2p_bandwidth(reps: int = 5) -> dict:
@@ -181,8 +247,24 @@ def routing(rank: int, tokens: int, device: torch.device):
     return ids.to(device), x.to(device), weights.to(device), ids
 
 
+def ep_iterations(impl, x, ids, weights, ep, n: int, marks=None):
+    """n iterations of dispatch + combine back to back; `marks` (a Marks) brackets each op with
+    "dispatch"/"dispatch end" and "combine"/"combine end". Returns the last dispatch's offsets."""
+    mark = marks or (lambda name: None)
+    offsets = None
+    for _ in range(n):
+        mark("dispatch")
+        expert_x, offsets, row_of_slot = impl.dispatch.fn(x, ids, num_experts=EXPERTS, ep_group=ep)
+        mark("dispatch end")
+        expert_out = expert_x if expert_x.dtype == torch.bfloat16 else expert_x.to(torch.bfloat16)
+        mark("combine")
+        impl.combine.fn(expert_out, weights, row_of_slot, ep_group=ep)
+        mark("combine end")
+    return offsets
+
+
 def run_rank(*, backend: str, interpret: bool, ops: list[str], tokens: list[int], repeat: int, warmup: int,
-             timeout_s: float, json_path: Path | None, progress=print) -> dict | None:
+             timeout_s: float, json_path: Path | None, progress=print, phases: bool = False) -> dict | None:
     from deepinfer.distributed import DistributedError, ExpertParallel, destroy_distributed, init_distributed
     from deepinfer.errors import UserError
     from deepinfer.plugins import load_plugins
@@ -210,8 +292,8 @@ def run_rank(*, backend: str, interpret: bool, ops: list[str], tokens: list[int]
         box = [p2p]
         dist.broadcast_object_list(box, src=0, group=group)
         p2p = box[0]
-    timer = Timer(device, group)
     rows: list[Row] = []
+    phase_rows: list[dict] = []
     ep = ExpertParallel(group, EXPERTS, timeout_s=timeout_s)
 
     def gather(values):
@@ -229,24 +311,36 @@ def run_rank(*, backend: str, interpret: bool, ops: list[str], tokens: list[int]
             for impl in impls:
                 say(f"  {impl.name}: T={T} {dtype_name} ...")
                 times = {"dispatch": [], "combine": []}
+                mean = None
                 received_remote = 0
                 error = None
+                phase_us = None
                 try:
-                    for i in range(warmup + repeat):
-                        (expert_x, offsets, row_of_slot), t_d = timer(lambda: impl.dispatch.fn(x, ids, num_experts=EXPERTS, ep_group=ep))
-                        expert_out = expert_x if expert_x.dtype == torch.bfloat16 else expert_x.to(torch.bfloat16)
-                        _, t_c = timer(lambda: impl.combine.fn(expert_out, weights, row_of_slot, ep_group=ep))
-                        if i >= warmup:
-                            times["dispatch"].append(t_d)
-                            times["combine"].append(t_c)
+                    ep_iterations(impl, x, ids, weights, ep, warmup)  # compiles, allocates, grows buffers
+                    start_together(device, group)
+                    marks = Marks(device)
+                    offsets = ep_iterations(impl, x, ids, weights, ep, repeat, marks)
+                    stamps = marks.times_us()
+                    times["dispatch"] = intervals(stamps, "dispatch", "dispatch end")
+                    times["combine"] = intervals(stamps, "combine", "combine end")
+                    mean = stamps[-1][1] / repeat if repeat else None
                     local_rows = int(offsets[-1])  # rows this rank received, from every source
                     received_remote = (local_rows - int(sent[rank])) * HIDDEN * 2  # combine sends them back as bf16
+                    if phases and dtype_name == "bf16":
+                        start_together(device, group)
+                        marks = Marks(device)
+                        ep.phase_marker = marks
+                        try:
+                            ep_iterations(impl, x, ids, weights, ep, repeat, marks)
+                        finally:
+                            ep.phase_marker = None
+                        phase_us = phase_medians(marks.times_us(), {"dispatch": "dispatch", "combine": "combine"})
                 except DistributedError:
                     raise
                 except Exception as exc:  # one implementation failing must not hide the others
                     error = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
                 per_rank = gather((error, statistics.median(times["dispatch"]) if times["dispatch"] else None,
-                                   statistics.median(times["combine"]) if times["combine"] else None, remote_sent, received_remote))
+                                   statistics.median(times["combine"]) if times["combine"] else None, remote_sent, received_remote, mean, phase_us))
                 errors = [p[0] for p in per_rank if p[0]]
                 for op, col, bytes_col in (("dispatch", 1, 3), ("combine", 2, 4)):
                     if op not in ops or (op == "combine" and dtype_name != "bf16"):
@@ -255,8 +349,17 @@ def run_rank(*, backend: str, interpret: bool, ops: list[str], tokens: list[int]
                         rows.append(Row(impl.name, op, dtype_name, T, status="error", error=errors[0]))
                         continue
                     rows.append(_row(impl.name, op, dtype_name, T, [p[col] for p in per_rank], max(p[bytes_col] for p in per_rank), p2p))
+                    rows[-1].us_mean_iteration = max(p[5] for p in per_rank)
+                if not errors and all(p[6] for p in per_rank):
+                    for key in per_rank[0][6]:
+                        values = [p[6].get(key) for p in per_rank]
+                        if None in values:
+                            continue
+                        op, phase = key.split(": ", 1)
+                        phase_rows.append({"impl": impl.name, "dtype": dtype_name, "tokens": T, "op": op, "phase": phase,
+                                           "us": max(values), "us_per_rank": values})
             # the plain collective of the same rows, as the peer
-            rows.append(_a2a_row(x, sent, row_bytes, rank, W, group, timer, warmup, repeat, dtype_name, T, p2p, gather))
+            rows.append(_a2a_row(x, sent, row_bytes, rank, W, group, device, warmup, repeat, dtype_name, T, p2p, gather))
     result = {
         "backend": backend,
         "ep": W,
@@ -264,7 +367,8 @@ def run_rank(*, backend: str, interpret: bool, ops: list[str], tokens: list[int]
         "process_group": ctx.backend,
         "torch": torch.__version__,
         "shape": {"hidden": HIDDEN, "top_k": TOP_K, "experts": EXPERTS, "routing": "uniform random, distinct experts per token"},
-        "iterations": {"warmup": warmup, "timed": repeat, "statistic": "median per rank, max over ranks"},
+        "iterations": {"warmup": warmup, "timed": repeat, "statistic": "median per rank, max over ranks",
+                       "how": "iterations back to back after one device-side barrier; CUDA events before and after each op"},
         "p2p": p2p,
         "targets": {
             "bandwidth": f">= {TARGET_FRACTION:.0%} of p2p GB/s at {TARGET_BW_TOKENS} tokens per rank",
@@ -272,6 +376,7 @@ def run_rank(*, backend: str, interpret: bool, ops: list[str], tokens: list[int]
         },
         "implementations": [{"name": i.name, "dispatch": i.dispatch.note, "combine": i.combine.note, "priority": i.dispatch.priority} for i in impls],
         "rows": [asdict(r) for r in rows],
+        "phases": phase_rows if phases else None,
     }
     if rank == 0:
         print(format_table(result))
@@ -297,7 +402,7 @@ def _row(impl, op, dtype_name, T, per_rank_us, remote_bytes, p2p) -> Row:
     return row
 
 
-def _a2a_row(x, sent, row_bytes, rank, W, group, timer, warmup, repeat, dtype_name, T, p2p, gather) -> Row:
+def _a2a_row(x, sent, row_bytes, rank, W, group, device, warmup, repeat, dtype_name, T, p2p, gather) -> Row:
     from deepinfer.distributed.expert_parallel import _wire
 
     send_splits = sent.tolist()
@@ -310,10 +415,15 @@ def _a2a_row(x, sent, row_bytes, rank, W, group, timer, warmup, repeat, dtype_na
     times = []
     error = None
     try:
-        for i in range(warmup + repeat):
-            _, t = timer(lambda: dist.all_to_all_single(recv, send, recv_splits, send_splits, group=group))
-            if i >= warmup:
-                times.append(t)
+        for _ in range(warmup):
+            dist.all_to_all_single(recv, send, recv_splits, send_splits, group=group)
+        start_together(device, group)
+        marks = Marks(device)
+        for _ in range(repeat):
+            marks("a2a")
+            dist.all_to_all_single(recv, send, recv_splits, send_splits, group=group)
+            marks("a2a end")
+        times = intervals(marks.times_us(), "a2a", "a2a end")
     except Exception as exc:
         error = f"{type(exc).__name__}: {exc}"
     remote = (sum(send_splits) - send_splits[rank]) * row_bytes
@@ -349,6 +459,14 @@ def format_table(result: dict) -> str:
         if r["target"]:
             target = f"{r['target']}: " + ("met" if r["target_met"] else ("NOT met" if r["target_met"] is False else "n/a"))
         lines.append(f"{r['impl']:<32} {r['op']:<10} {r['dtype']:<5} {r['tokens']:>6} {r['us']:10.1f} {r['remote_bytes'] / 1e6:10.2f} {gbs} {frac}  {target}")
-    lines.append("us: median per rank over the timed iterations, max over ranks; GB/s: remote bytes per rank (max over ranks) / us; "
-                 "combine rows are bf16 (expert outputs)")
+    lines.append("us: median per rank over the timed iterations (back to back, CUDA events around each op), max over ranks; "
+                 "GB/s: remote bytes per rank (max over ranks) / us; combine rows are bf16 (expert outputs)")
+    if result.get("phases"):
+        lines.append("")
+        lines.append("phases (bf16 rows; us: median over iterations, max over ranks; per rank in brackets)")
+        head = f"{'implementation':<32} {'tokens':>6} {'op':<9} {'phase':<20} {'us':>9}  per rank"
+        lines += [head, "-" * len(head)]
+        for ph in result["phases"]:
+            per = ", ".join(f"{v:.1f}" for v in ph["us_per_rank"])
+            lines.append(f"{ph['impl']:<32} {ph['tokens']:>6} {ph['op']:<9} {ph['phase']:<20} {ph['us']:9.1f}  [{per}]")
     return "\n".join(lines)

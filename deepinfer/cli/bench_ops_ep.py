@@ -22,6 +22,8 @@ def add_arguments(ops: argparse.ArgumentParser) -> None:
     group.add_argument("--ep", type=int, default=None, metavar="N", help="benchmark dispatch/combine over N ranks of this host, one process each (torchrun)")
     group.add_argument("--tokens", type=int, action="append", default=None, metavar="T", help="tokens per rank (repeatable; default 128 and 4096)")
     group.add_argument("--warmup", type=int, default=3, metavar="N", help="untimed iterations first (default 3)")
+    group.add_argument("--phases", action="store_true", default=None,
+                       help="also time each phase of every EP implementation's dispatch / combine (CUDA events; or DEEPINFER_EP_BENCH_PHASES=1)")
     group.add_argument("--dist-timeout", type=float, default=300.0, metavar="S", help="seconds a rank waits in a collective (default 300)")
 
 
@@ -88,7 +90,16 @@ def command_line(args) -> list[str]:
         words += ["--tokens", str(t)]
     if args.json is not None:
         words += ["--json", str(Path(args.json).resolve())]
+    if getattr(args, "phases", None):
+        words += ["--phases"]
     return words
+
+
+PHASES_ENV = "DEEPINFER_EP_BENCH_PHASES"
+
+
+def wants_phases(args) -> bool:
+    return bool(getattr(args, "phases", None)) or os.environ.get(PHASES_ENV, "").strip() not in ("", "0")
 
 
 def run(args) -> int:
@@ -112,5 +123,6 @@ def run(args) -> int:
         timeout_s=args.dist_timeout,
         json_path=Path(args.json) if args.json is not None else None,
         progress=lambda line: print(line, flush=True),
+        phases=wants_phases(args),
     )
     return 0

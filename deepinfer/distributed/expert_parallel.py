@@ -84,6 +84,13 @@ class ExpertParallel:
         # Per-group state of a backend's faster exchange (e.g. the cuda backend's symmetric-memory
         # buffers, under "symm"), created by that backend on first use.
         self.transports: dict[str, object] = {}
+        # Opt-in profiling (the EP bench's --phases): None, or a callable taking a phase name, which
+        # the exchange calls at the end of each of its phases (e.g. to record a CUDA event there).
+        self.phase_marker = None
+
+    def _mark(self, name: str) -> None:
+        if self.phase_marker is not None:
+            self.phase_marker(name)
 
     @classmethod
     def from_context(cls, ctx: DistContext | None, num_experts: int) -> "ExpertParallel":
@@ -125,12 +132,15 @@ class ExpertParallel:
         send_counts = (send_offsets[1:] - send_offsets[:-1]).to(torch.int64)
         recv_counts = torch.empty_like(send_counts)
         self._all_to_all(recv_counts, send_counts, None, None, "dispatch (expert counts)")
+        self._mark("counts all_to_all")
         # The one host synchronisation: the receive buffer's size and the split sizes.
         both = torch.stack([send_counts, recv_counts]).view(2, W, L).sum(-1).tolist()
         send_splits, recv_splits = both
         received = sum(recv_splits)
+        self._mark("host read")
         recv_x = torch.empty(received, *send_x.shape[1:], dtype=send_x.dtype, device=device)
         self._all_to_all(recv_x, send_x, recv_splits, send_splits, "dispatch (rows)")
+        self._mark("rows all_to_all")
         per_block = recv_counts.view(W, L)
         if L == 1 or W == 1:
             expert_x = recv_x  # (source, expert) blocks are already in (expert, source) order
@@ -138,6 +148,7 @@ class ExpertParallel:
             expert_x = recv_x.index_select(0, _block_transpose(per_block, received))
         expert_offsets = torch.zeros(L + 1, dtype=torch.int32, device=device)
         expert_offsets[1:] = per_block.sum(0).cumsum(0)
+        self._mark("re-sort")
         self._remember(_Exchange(row_of_slot, send_splits, recv_splits, per_block, received))
         return expert_x, expert_offsets
 
@@ -154,8 +165,10 @@ class ExpertParallel:
             back = expert_out
         else:
             back = expert_out.index_select(0, _block_transpose(exchange.recv_counts.t(), exchange.num_received))
+        self._mark("re-sort")
         rows = torch.empty(row_of_slot.numel(), *expert_out.shape[1:], dtype=expert_out.dtype, device=expert_out.device)
         self._all_to_all(rows, back, exchange.send_splits, exchange.recv_splits, "combine (rows)")
+        self._mark("rows all_to_all")
         return rows
 
     # -----------------------------------------------------------------------------------------
@@ -267,6 +280,7 @@ def expert_parallel_kernels(local_dispatch, local_combine, *, library: str, loca
         send_x, send_offsets, row_of_slot = local_dispatch(x, topk_ids, num_experts=num_experts)
         if ep is None:
             return send_x, send_offsets, row_of_slot
+        ep._mark("local dispatch")
         expert_x, expert_offsets = ep.exchange_dispatch(send_x, send_offsets, row_of_slot)
         return expert_x, expert_offsets, row_of_slot
 
@@ -280,7 +294,10 @@ def expert_parallel_kernels(local_dispatch, local_combine, *, library: str, loca
         ep = as_expert_parallel(ep_group)
         if ep is not None:
             expert_out = ep.exchange_combine(expert_out, row_of_slot)  # this rank's slots, in its send layout
-        return local_combine(expert_out, topk_weights, row_of_slot)
+        out = local_combine(expert_out, topk_weights, row_of_slot)
+        if ep is not None:
+            ep._mark("combine (local)")
+        return out
 
     def multi_rank(ctx) -> bool:
         return ctx.ep_size > 1

@@ -75,3 +75,15 @@ def test_ep_implementations_of_the_cuda_backend_on_the_cpu():
     assert [i.name for i in impls] == ["all_to_all_single path (NCCL)"]  # symmetric memory: never on the CPU
     assert impls[0].dispatch.fn is moe_ep.dispatch and impls[0].combine.fn is moe_ep.combine
     assert ep_implementations(registry, "cuda", torch.device("cpu"), 1) == []
+
+
+def test_phase_medians_and_intervals_of_marks():
+    from deepinfer.bench.ep import intervals, phase_medians
+
+    stamps = [("dispatch", 0.0), ("count", 2.0), ("barrier 1", 5.0), ("dispatch end", 6.0), ("combine", 7.0), ("scatter back", 9.0), ("combine end", 10.0),
+              ("dispatch", 10.0), ("count", 14.0), ("barrier 1", 15.0), ("dispatch end", 16.0), ("combine", 16.0), ("scatter back", 17.0), ("combine end", 19.0)]
+    assert intervals(stamps, "dispatch", "dispatch end") == [6.0, 6.0]
+    assert intervals(stamps, "combine", "combine end") == [3.0, 3.0]
+    got = phase_medians(stamps, {"dispatch": "dispatch", "combine": "combine"})
+    assert got == {"dispatch: count": 3.0, "dispatch: barrier 1": 2.0, "dispatch: rest": 1.0,
+                   "combine: scatter back": 1.5, "combine: rest": 1.5}

@@ -21,27 +21,36 @@ symm = kernel_module("deepinfer_cuda.kernels.moe_ep_symm")
 
 
 class FakeWorld:
-    """Symmetric allocations for W simulated ranks: the k-th alloc of a name gives every rank its
-    own CPU tensor, and every rank the same list of their addresses."""
+    """Symmetric allocations for W simulated ranks, paired like torch's rendezvous: the k-th
+    allocation of every rank meets the k-th of the others (a collective), which must have the same
+    size in bytes (torch: "Expected reqs[r].buffer_size == reqs[0].buffer_size"). Every rank gets its
+    own CPU tensor and the same list of their addresses."""
 
     def __init__(self, size: int):
         self.size = size
-        self.allocations: dict[tuple[str, int], list[torch.Tensor]] = {}
-        self.barriers = 0
+        self.allocations: list[tuple[str, list[torch.Tensor]]] = []  # k-th collective allocation
+        self.requests: list[list[tuple[str, int]]] = [[] for _ in range(size)]  # per rank: (name, nbytes)
 
     def buffers(self, rank: int) -> "FakeBuffers":
         return FakeBuffers(self, rank)
 
+    def names(self) -> list[str]:
+        return [name for name, _ in self.allocations]
+
 
 class FakeBuffers:
     def __init__(self, world: FakeWorld, rank: int):
-        self.world, self.rank, self.calls = world, rank, {}
+        self.world, self.rank = world, rank
 
     def alloc(self, name: str, nbytes: int):
-        n = self.calls.get(name, 0)
-        self.calls[name] = n + 1
-        tensors = self.world.allocations.setdefault((name, n), [torch.full((nbytes,), 0xAB, dtype=torch.uint8) for _ in range(self.world.size)])
-        assert all(t.numel() == nbytes for t in tensors), "ranks allocated different sizes"
+        w = self.world
+        k = len(w.requests[self.rank])
+        w.requests[self.rank].append((name, nbytes))
+        if k == len(w.allocations):
+            w.allocations.append((name, [torch.full((nbytes,), 0xAB, dtype=torch.uint8) for _ in range(w.size)]))
+        got_name, tensors = w.allocations[k]
+        assert (got_name, tensors[0].numel()) == (name, nbytes), (
+            f"rank {self.rank}'s allocation {k} is {name} of {nbytes} bytes; another rank's is {got_name} of {tensors[0].numel()}")
         ptrs = torch.tensor([t.data_ptr() for t in tensors], dtype=torch.int64)
         return symm.SymmetricBuffer(tensors[self.rank], ptrs)
 
@@ -49,29 +58,46 @@ class FakeBuffers:
         raise AssertionError("lockstep() drives the barriers")
 
 
-def lockstep(generators):
-    """Run one step generator per rank, all to their next yield (barrier) before any goes on."""
+def lockstep(generators, order=None):
+    """Run one step generator per rank, all to their next yield (barrier) before any goes on.
+    order(epoch, ranks) -> the ranks in the order their segments run in that epoch (default: rank
+    order): a rank runs everything up to its next barrier before the next rank starts, so a rank
+    that goes first after a barrier does its work (e.g. writes into the peers' buffers for the NEXT
+    op) before the others do what follows the same barrier (e.g. read their buffers)."""
     results = [None] * len(generators)
     live = dict(enumerate(generators))
+    epoch = 0
     while live:
-        for rank, gen in list(live.items()):
+        ranks = list(live)
+        for rank in (order(epoch, ranks) if order else ranks):
             try:
-                next(gen)
+                next(live[rank])
             except StopIteration as stop:
                 results[rank] = stop.value
                 del live[rank]
+        epoch += 1
     return results
 
 
-def make_group(size: int, experts: int):
+def make_eps(size: int, experts: int):
     from deepinfer.distributed import ExpertParallel
 
-    world = FakeWorld(size)
-    exchanges = []
+    eps = []
     for rank in range(size):
         ep = ExpertParallel(None, experts)
         ep.rank, ep.size, ep.experts_per_rank = rank, size, experts // size
-        exchanges.append(symm.SymmetricExchange(ep, world.buffers(rank), torch.device("cpu")))
+        eps.append(ep)
+    return eps
+
+
+def make_states(size: int):
+    world = FakeWorld(size)
+    return world, [symm.SymmetricState(world.buffers(rank), torch.device("cpu"), size) for rank in range(size)]
+
+
+def make_group(size: int, experts: int, states=None):
+    world, states = (None, states) if states is not None else make_states(size)
+    exchanges = [symm.SymmetricExchange(ep, st) for ep, st in zip(make_eps(size, experts), states)]
     return world, exchanges
 
 
@@ -129,10 +155,14 @@ def test_buffers_grow_collectively_and_a_late_combine_is_refused():
     big = [torch.randn(300, 1024, generator=gen) for _ in range(2)]  # 300 tokens x 4 KiB rows: past the first 1 MiB
     ids_big = [torch.randint(0, 4, (300, 1), generator=gen, dtype=torch.int32)] * 2
     second = lockstep([ex.dispatch_steps(x, i) for ex, x, i in zip(exchanges, big, ids_big)])
-    assert ("rows1", 0) in world.allocations and exchanges[0].rows[1].nbytes >= 600 * 4096 // 2
     want_x, want_off, _ = one_rank(big, ids_big, 4)
     assert torch.equal(torch.cat([o[0] for o in second]), want_x)
-    lockstep([ex.dispatch_steps(x, i) for ex, x, i in zip(exchanges, small, ids_small)])  # a third: parity 0 again
+    third = lockstep([ex.dispatch_steps(x, i) for ex, x, i in zip(exchanges, big, ids_big)])  # parity 0 again: rows0 grows
+    assert torch.equal(torch.cat([o[0] for o in third]), want_x)
+    st = exchanges[0].state
+    assert world.names().count("rows0") == 2 and world.names().count("rows1") == 1
+    assert st.rows[0].nbytes >= 600 * 4096 // 2 and st.rows[1].nbytes >= 600 * 4096 // 2
+    assert len(st.kept) == st.allocations == len(world.allocations)  # the outgrown buffer is kept, never freed
     with pytest.raises(ValueError, match="receive buffer was reused"):
         next(exchanges[0].combine_steps(first[0][0], torch.ones(2, 2), first[0][2]))
 
@@ -159,3 +189,117 @@ def test_ep_path_env(monkeypatch):
     monkeypatch.setenv(symm.EP_PATH_ENV, "bogus")
     with pytest.raises(UserError, match="DEEPINFER_EP_PATH"):
         symm.usable(ctx)
+
+
+def _orders():
+    """Segment orders after each barrier: rank order, reversed, and seeded random permutations."""
+    rng = torch.Generator().manual_seed(7)
+    return {
+        "rank order": None,
+        "reversed": lambda epoch, ranks: ranks[::-1],
+        "alternating": lambda epoch, ranks: ranks if epoch % 2 else ranks[::-1],
+        "random": lambda epoch, ranks: [ranks[i] for i in torch.randperm(len(ranks), generator=rng).tolist()],
+    }
+
+
+def _two_in_flight(ex, xs, ids, weights, r):
+    """One rank's program: two dispatches, then both combines (two micro-batches in flight), then one
+    more dispatch + combine (parity 0 again). Returns what each op gave."""
+    d0 = yield from ex.dispatch_steps(xs[0], ids[0])
+    d1 = yield from ex.dispatch_steps(xs[1], ids[1])
+    eo0 = (d0[0].float() * (1 + r) + 0.5).to(torch.bfloat16)  # read only now: d1 must not have overwritten d0's rows
+    eo1 = (d1[0].float() * (2 + r) - 0.25).to(torch.bfloat16)
+    c0 = yield from ex.combine_steps(eo0, weights[0], d0[2])
+    c1 = yield from ex.combine_steps(eo1, weights[1], d1[2])
+    d2 = yield from ex.dispatch_steps(xs[0], ids[0])
+    eo2 = (d2[0].float() * (1 + r) + 0.5).to(torch.bfloat16)
+    c2 = yield from ex.combine_steps(eo2, weights[0], d2[2])
+    return (eo0, eo1, eo2), (c0, c1, c2), (d0, d1, d2)
+
+
+def _check_two_in_flight(size=3, experts=6, tokens=(4, 0, 5), top_k=2, dim=20, order=None):
+    gen = torch.Generator().manual_seed(11)
+    xs = [[torch.randn(t, dim, generator=gen).to(torch.bfloat16) for t in tokens] for _ in range(2)]
+    ids = [[torch.rand(t, experts, generator=gen).topk(top_k, dim=-1).indices.to(torch.int32) for t in tokens] for _ in range(2)]
+    weights = [[torch.rand(t, top_k, generator=gen) for t in tokens] for _ in range(2)]
+    _, exchanges = make_group(size, experts)
+    outs = lockstep([_two_in_flight(ex, [xs[0][r], xs[1][r]], [ids[0][r], ids[1][r]], [weights[0][r], weights[1][r]], r)
+                     for r, ex in enumerate(exchanges)], order)
+    for n, b in enumerate((0, 1, 0)):
+        want_x, want_off, slots = one_rank(xs[b], ids[b], experts)
+        assert torch.equal(torch.cat([o[2][n][0] for o in outs]).view(torch.uint8), want_x.view(torch.uint8)), n
+        full_out = torch.cat([o[0][n] for o in outs])
+        want = symm.local.combine(full_out, torch.cat(weights[b]), slots)
+        assert torch.equal(torch.cat([o[1][n] for o in outs]), want), n
+
+
+@pytest.mark.parametrize("order", list(_orders()))
+def test_any_order_of_the_ranks_between_barriers_gives_the_same_rows(order):
+    """After each barrier the ranks' work up to the next one runs rank by rank in the given order, so
+    a rank that runs first writes the peers' buffers for its NEXT step (counts of the next dispatch,
+    rows, maps, rows back) before the others finish the current one; with two dispatches in flight."""
+    _check_two_in_flight(order=_orders()[order])
+
+
+def test_the_schedules_catch_a_peer_writing_before_a_rank_is_ready(monkeypatch):
+    """The harness catches the race this path had: a buffer zeroed by its rank after the collective
+    allocation, while a peer that returned from the allocation first already published into it."""
+    alloc = symm.SymmetricState._alloc
+
+    def zeroing_alloc(self, name, nbytes):
+        buf = alloc(self, name, nbytes)
+        buf.local.zero_()
+        return buf
+
+    monkeypatch.setattr(symm.SymmetricState, "_alloc", zeroing_alloc)
+    with pytest.raises(AssertionError):
+        _check_two_in_flight()
+
+
+def test_the_schedules_catch_single_buffered_rows(monkeypatch):
+    for name in ("ensure_rows", "ensure_maps"):
+        original = getattr(symm.SymmetricState, name)
+        monkeypatch.setattr(symm.SymmetricState, name, lambda self, parity, need, _f=original: _f(self, 0, need))
+    with pytest.raises(AssertionError):
+        _check_two_in_flight()
+
+
+def test_new_expert_parallels_on_one_group_alternating_dtypes_and_widths_share_the_buffers():
+    """As the multi-rank conformance runs: a new ExpertParallel per case over the same process group,
+    float32 then bf16 (then fp8, fp16), different row widths and expert counts, some cases dispatch
+    only. Every case must equal the one-rank layout; every allocation must pair across the ranks
+    (FakeWorld checks the sizes), and the group's buffers are reused, not re-allocated per case."""
+    size = 2
+    world, states = make_states(size)
+    gen = torch.Generator().manual_seed(5)
+    cases = [  # experts, tokens per rank, top_k, dim, dtype, combine too
+        (16, [17, 16], 8, 96, torch.float32, False),
+        (16, [17, 16], 8, 96, torch.bfloat16, False),
+        (16, [1, 0], 8, 96, torch.float32, True),
+        (16, [1, 0], 8, 96, torch.bfloat16, True),
+        (64, [10, 10], 6, 64, torch.float8_e4m3fn, False),
+        (8, [6, 6], 1, 33, torch.float16, True),
+        (64, [10, 10], 6, 64, torch.float32, True),
+    ]
+    for n, (experts, tokens, top_k, dim, dtype, with_combine) in enumerate(cases):
+        _, exchanges = make_group(size, experts, states=states)
+        L = experts // size
+        xs = [torch.randn(t, dim, generator=gen).to(dtype) for t in tokens]
+        ids = [torch.rand(t, experts, generator=gen).topk(top_k, dim=-1).indices.to(torch.int32) for t in tokens]
+        order = _orders()["alternating" if n % 2 else "reversed"]
+        outs = lockstep([ex.dispatch_steps(x, i) for ex, x, i in zip(exchanges, xs, ids)], order)
+        want_x, want_off, slots = one_rank(xs, ids, experts)
+        for r, (expert_x, offsets, row_of_slot) in enumerate(outs):
+            lo, hi = int(want_off[r * L]), int(want_off[(r + 1) * L])
+            assert expert_x.dtype == dtype and expert_x.shape == (hi - lo, dim), (n, r)
+            assert torch.equal(expert_x.view(torch.uint8), want_x[lo:hi].view(torch.uint8)), (n, r)
+            assert torch.equal(offsets, (want_off[r * L:(r + 1) * L + 1] - lo).to(torch.int32)), (n, r)
+        if with_combine:
+            weights = [torch.rand(t, top_k, generator=gen) for t in tokens]
+            eos = [o[0].float().mul(1.5).to(torch.bfloat16) for o in outs]
+            got = lockstep([ex.combine_steps(eo, w, o[2]) for ex, eo, w, o in zip(exchanges, eos, weights, outs)], order)
+            assert torch.equal(torch.cat(got), symm.local.combine(torch.cat(eos), torch.cat(weights), slots)), n
+    names = world.names()
+    assert names.count("counts") == 1, names  # E + 1 <= what the first counts buffer holds
+    assert len(names) <= 8, names  # rows/maps/back of both parities, once each: nothing per case
+    assert states[0].dispatches == len(cases) and world.requests[0] == world.requests[1]

@@ -10,21 +10,24 @@ The results are bit-identical to the NCCL path (same rows, same order; the excha
 raw words), so the multi-rank conformance cases check both
 (`python -m deepinfer_conformance.multirank --backend cuda --ep 2 --ep-path symm|nccl`).
 
-Per ExpertParallel group (created on its first dispatch, collectively; `ep.transports["symm"]`):
+Per process group and device (`SymmetricState`, created on the first dispatch, collectively, and
+shared by every ExpertParallel over that group; `ep.transports["symm"]` is the ExpertParallel's view):
 
-- `counts`: symmetric int32 [2 parities, W sources, E + 1]: row s holds source s's per-expert
-  counts and its token count T_s. Its handle's device barrier orders every step below.
+- `counts`: symmetric int32 [2 parities][W sources, E + 1]: row s holds source s's per-expert
+  counts and its token count T_s. The first allocation's device barrier orders every step below.
 - `rows[p]`: symmetric receive buffer (bytes) of parity p, and `maps[p]`: symmetric int32
   [2, capacity]: for each received row, its source rank and its row in the source's send layout.
 - `back[p]`: symmetric combine buffer (bytes): a source's rows come back here in its send layout.
-  Capacities grow on demand (a collective re-allocation that every rank decides identically, as
-  each sees every rank's counts) and never shrink.
+  Capacities are in bytes and grow on demand (a collective allocation that every rank decides
+  identically, as each sees every rank's counts), never shrink, and are never freed (see
+  `SymmetricState`: torch's symmetric-memory pool would hand a freed block back with its old
+  rendezvous).
 
 dispatch (rank `me` of W, L = E / W experts per rank; parity p = dispatch number mod 2)
   1. count + scan of the slots per expert (the two kernels of `deepinfer_cuda.kernels.moe`);
   2. publish: one kernel stores this rank's E counts and T into row `me` of every rank's counts[p];
-  3. barrier; one host read of counts[p] (the one host synchronisation: R, and whether a buffer
-     must grow);
+  3. barrier; one host read of counts[p] (into a pinned buffer; the one host synchronisation:
+     R, and whether a buffer must grow);
   4. scatter: ONE kernel, a program per (token, column split): each of the token's K slots gets
      its send-layout row (row_of_slot, as the local dispatch numbers it) and its final row in the
      owner's layout, start(expert) + rows from lower source ranks + its rank among this source's
@@ -37,9 +40,10 @@ combine (parity q = combine number mod 2)
      maps[p] names (the source's send layout);
   2. barrier; the local fixed-order combine (`deepinfer_cuda.kernels.moe.combine`) over back[q].
 
-Lifetimes: expert_x is a view of the group's receive buffer: it is valid until the NEXT dispatch
-on the same group (the one after that overwrites its memory; copy it out to keep it longer), and
-the combine of a dispatch must run before the second dispatch after it (checked). Double buffering
+Lifetimes: expert_x is a view of the process group's receive buffer: it is valid until the NEXT
+dispatch on the same process group, whichever ExpertParallel makes it (the one after that
+overwrites its memory; copy it out to keep it longer), and the combine of a dispatch must run
+before the second dispatch after it (checked). Double buffering
 (two parities) is what makes one barrier per step enough: a peer writes parity p again only after
 every rank has passed a barrier that follows its use of parity p's previous contents in stream
 order.
@@ -58,6 +62,7 @@ from dataclasses import dataclass
 from typing import Callable, Generator
 
 import torch
+import torch.distributed as dist
 import triton
 import triton.language as tl
 
@@ -269,67 +274,153 @@ class _SymmExchange:
     """What a dispatch leaves for its combine (kept in the ExpertParallel, keyed by row_of_slot)."""
 
     row_of_slot: torch.Tensor
-    number: int  # which dispatch of the group (0, 1, ...)
+    number: int  # which dispatch of the group's buffers (0, 1, ...)
     parity: int
     num_received: int  # R
     tokens: int  # T of this rank
     top_k: int
     max_tokens: int  # max T over the ranks
+    state: "SymmetricState"
+    maps: tuple  # the maps entry (buffer, rank ptrs, row ptrs, capacity) this dispatch wrote
 
 
-class SymmetricExchange:
-    """The symmetric-memory exchange of one ExpertParallel group (see the module docstring).
+class SymmetricState:
+    """The symmetric buffers of one process group on one device, shared by every ExpertParallel
+    over that group (`state_of`), and the dispatch / combine counters their parities follow.
 
-    `buffers`: allocations and the barrier (TorchSymmetricMemory; tests pass a fake whose buffers
-    are local tensors). `dispatch_steps` / `combine_steps` are generators that yield where every
-    rank must pass a barrier; `dispatch` / `combine` run them with the real barrier.
+    Nothing allocated here is ever freed (growth keeps the old buffer in `kept`). torch's
+    `symm_mem.empty` takes memory from a caching pool, and a block keeps the rendezvous it had:
+    a freed block handed out again comes back with its OLD peers' addresses, and its `rendezvous`
+    returns at once instead of meeting the other ranks. Ranks free at different times (garbage
+    collection), so one rank would pair a reused block with stale peers while another starts a
+    real rendezvous that meets the wrong allocation (seen on 2 H200s: "Expected
+    reqs[r].buffer_size == reqs[0].buffer_size", and counts read from the wrong peer buffers).
+    Capacities grow by powers of two, so what is kept is at most about twice what is in use.
+
+    Every allocation is collective: all ranks make the same ones, in the same order, with the same
+    sizes in bytes, decided from what every rank knows alike (E, W, and the counts every rank reads).
     """
 
-    def __init__(self, ep: ExpertParallel, buffers, device: torch.device):
-        self.ep = ep
+    def __init__(self, buffers, device: torch.device, size: int):
         self.buffers = buffers
         self.device = device
-        W, E = ep.size, ep.num_experts
-        self.cstride = E + 1
-        self.counts = buffers.alloc("counts", 2 * W * self.cstride * 4)
-        self.counts.local.zero_()
+        self.size = size
+        self.kept: list[object] = []  # every allocation, for the life of the process
+        self.counts: SymmetricBuffer | None = None  # int32 [2 parities][half]: [W, E + 1] of each dispatch
+        self.counts_half = 0  # int32 elements per parity
+        self.host_counts: torch.Tensor | None = None  # pinned (CUDA) int32 [half]: the host read's target
         self.rows: list[SymmetricBuffer | None] = [None, None]
         self.maps: list[tuple[SymmetricBuffer, torch.Tensor, torch.Tensor, int] | None] = [None, None]  # buffer, rank ptrs, row ptrs, capacity
         self.back: list[SymmetricBuffer | None] = [None, None]
         self.dispatches = 0
         self.combines = 0
-        self._retired: list[object] = []  # replaced buffers, kept until the stream has moved past them
+        self.allocations = 0
+
+    def _alloc(self, name: str, nbytes: int) -> SymmetricBuffer:
+        buf = self.buffers.alloc(name, nbytes)
+        self.kept.append(buf)
+        self.allocations += 1
+        return buf
+
+    def ensure_counts(self, cstride: int) -> SymmetricBuffer:
+        need = self.size * cstride  # int32 per parity
+        if self.counts is None or self.counts_half < need:
+            nbytes = _grown(2 * need * 4)
+            # Not zeroed: a peer may publish into it as soon as its own allocation returns (before a
+            # zero_ here would run), and every dispatch writes all W rows of its region before reading.
+            self.counts = self._alloc("counts", nbytes)
+            self.counts_half = nbytes // 8
+            pin = self.device.type == "cuda"
+            self.host_counts = torch.empty(self.counts_half, dtype=torch.int32, pin_memory=pin)
+        return self.counts
+
+    def barrier(self) -> None:
+        self.buffers.barrier()
+
+    def ensure_rows(self, parity: int, need: int) -> SymmetricBuffer:
+        buf = self.rows[parity]
+        if buf is None or buf.nbytes < need:
+            buf = self.rows[parity] = self._alloc(f"rows{parity}", _grown(need))
+        return buf
+
+    def ensure_maps(self, parity: int, rows: int):
+        entry = self.maps[parity]
+        if entry is None or entry[3] < rows:
+            cap = _grown(rows * 8) // 8
+            buf = self._alloc(f"maps{parity}", cap * 8)
+            entry = self.maps[parity] = (buf, buf.ptrs, buf.ptrs + cap * 4, cap)
+        return entry
+
+    def ensure_back(self, parity: int, need: int) -> SymmetricBuffer:
+        buf = self.back[parity]
+        if buf is None or buf.nbytes < need:
+            buf = self.back[parity] = self._alloc(f"back{parity}", _grown(need))
+        return buf
+
+
+class SymmetricExchange:
+    """The symmetric-memory exchange of one ExpertParallel (see the module docstring) over the
+    buffers of its process group (`SymmetricState`, shared with the group's other ExpertParallels).
+
+    `dispatch_steps` / `combine_steps` are generators that yield where every rank must pass a
+    barrier; `dispatch` / `combine` run them with the real barrier. `ep.phase_marker` (None, or a
+    callable taking a phase name) is called at the end of each phase (the bench's opt-in breakdown).
+    """
+
+    def __init__(self, ep: ExpertParallel, state: SymmetricState):
+        self.ep = ep
+        self.state = state
+        self.device = state.device
+        self.cstride = ep.num_experts + 1
+
+    def _mark(self, name: str) -> None:
+        marker = getattr(self.ep, "phase_marker", None)
+        if marker is not None:
+            marker(name)
 
     # -- dispatch --------------------------------------------------------------------------
 
     def dispatch(self, x: torch.Tensor, topk_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        return run_steps(self.dispatch_steps(x, topk_ids), self.buffers.barrier)
+        return run_steps(self.dispatch_steps(x, topk_ids), self.state.barrier)
 
     def dispatch_steps(self, x: torch.Tensor, topk_ids: torch.Tensor) -> Generator[None, None, tuple]:
-        ep = self.ep
+        ep, st = self.ep, self.state
         W, E, L, me = ep.size, ep.num_experts, ep.experts_per_rank, ep.rank
         T, K = topk_ids.shape
         S = T * K
         D = x.shape[-1]
-        number = self.dispatches
+        number = st.dispatches
         parity = number % 2
-        self.dispatches += 1
+        st.dispatches += 1
         cfg = local._cfg("dispatch", "tokens", self.device)
+        counts_buf = st.ensure_counts(self.cstride)
         layout = local.count_slots(topk_ids, E) if S > 0 else None
         totals = layout.totals if layout is not None else torch.zeros(E, dtype=torch.int32, device=self.device)
-        _publish_counts_kernel[(W,)](totals, self.counts.ptrs, (parity * W + me) * self.cstride, T, E, BLOCK_E=next_power_of_2(E))
+        self._mark("count")
+        region = parity * st.counts_half  # int32 offset of this dispatch's [W, E + 1] counts
+        _publish_counts_kernel[(W,)](totals, counts_buf.ptrs, region + me * self.cstride, T, E, BLOCK_E=next_power_of_2(E))
+        self._mark("publish")
         yield  # barrier: every rank's counts are in every counts buffer
-        counts = self.counts.local.view(torch.int32)[parity * W * self.cstride:(parity + 1) * W * self.cstride].view(W, self.cstride)
-        host = counts.cpu()  # the one host synchronisation
-        self._retired.clear()  # the stream has passed everything queued before this point
+        self._mark("barrier 1")
+        n = W * self.cstride
+        counts = counts_buf.local.view(torch.int32)[region:region + n]
+        host = st.host_counts[:n]
+        host.copy_(counts, non_blocking=True)
+        if self.device.type == "cuda":
+            torch.cuda.current_stream(self.device).synchronize()  # the one host synchronisation
+        host = host.clone().view(W, self.cstride)  # the pinned buffer is reused by the next dispatch
+        counts = counts.view(W, self.cstride)
         received = host[:, :E].sum(0).view(W, L).sum(1)  # rows each rank receives
         num_received, max_tokens = int(received[me]), int(host[:, E].max())
+        most = int(received.max())
+        self._mark("host read")
         x2 = x.reshape(T, D)
         if not x2.is_contiguous():
             x2 = x2.contiguous()
         row_bytes = D * x.element_size()
-        rows = self._ensure_rows(parity, int(received.max()) * row_bytes)
-        _, rank_ptrs, row_ptrs, _ = self._ensure_maps(parity, int(received.max()))
+        rows = st.ensure_rows(parity, most * row_bytes)
+        maps = st.ensure_maps(parity, most)
+        _, rank_ptrs, row_ptrs, _ = maps
         expert_x = rows.local[: num_received * row_bytes].view(x.dtype).view(num_received, D)
         row_of_slot = torch.empty(S, dtype=torch.int32, device=self.device)
         if layout is not None:
@@ -348,32 +439,35 @@ class SymmetricExchange:
         else:  # no slots on this rank (T = 0): only the receive side's offsets
             per_expert = host[:, :E].sum(0)[me * L:(me + 1) * L]
             expert_offsets = torch.cat([per_expert.new_zeros(1), per_expert.cumsum(0)]).to(torch.int32).to(self.device)
+        self._mark("scatter")
         yield  # barrier: every row is in its owner's receive buffer
-        ep._remember(_SymmExchange(row_of_slot, number, parity, num_received, T, K, max_tokens))
+        self._mark("barrier 2")
+        ep._remember(_SymmExchange(row_of_slot, number, parity, num_received, T, K, max_tokens, st, maps))
         return expert_x, expert_offsets, row_of_slot
 
     # -- combine ---------------------------------------------------------------------------
 
     def combine(self, expert_out: torch.Tensor, topk_weights: torch.Tensor, row_of_slot: torch.Tensor) -> torch.Tensor:
-        return run_steps(self.combine_steps(expert_out, topk_weights, row_of_slot), self.buffers.barrier)
+        return run_steps(self.combine_steps(expert_out, topk_weights, row_of_slot), self.state.barrier)
 
     def combine_steps(self, expert_out: torch.Tensor, topk_weights: torch.Tensor, row_of_slot: torch.Tensor) -> Generator[None, None, torch.Tensor]:
+        st = self.state
         record = self.ep._take(row_of_slot)
-        if not isinstance(record, _SymmExchange):
+        if not isinstance(record, _SymmExchange) or record.state is not st:
             raise ValueError("expert-parallel combine: the matching dispatch did not run over symmetric memory (resolve dispatch and combine together)")
-        if self.dispatches - 1 - record.number >= 2:
+        if st.dispatches - 1 - record.number >= 2:
             raise ValueError(
-                f"symmetric-memory combine of dispatch {record.number} after dispatch {self.dispatches - 1}: its receive buffer was "
-                "reused (a dispatch's combine must run before the second dispatch after it on the same group)"
+                f"symmetric-memory combine of dispatch {record.number} after dispatch {st.dispatches - 1}: its receive buffer was "
+                "reused (a dispatch's combine must run before the second dispatch after it on the same process group)"
             )
         R = expert_out.shape[0]
         if R != record.num_received:
             raise ValueError(f"combine got {R} expert rows; the matching dispatch delivered {record.num_received} to this rank")
         D = expert_out.shape[-1]
         row_bytes = D * expert_out.element_size()
-        parity = self.combines % 2
-        self.combines += 1
-        back = self._ensure_back(parity, record.max_tokens * record.top_k * row_bytes)
+        parity = st.combines % 2
+        st.combines += 1
+        back = st.ensure_back(parity, record.max_tokens * record.top_k * row_bytes)
         if R > 0 and row_bytes > 0:
             src = expert_out.reshape(R, D)
             if not src.is_contiguous():
@@ -383,40 +477,19 @@ class SymmetricExchange:
             cfg = local._cfg("combine", "tokens", self.device)
             block_d = local._block_d(Dw, words.element_size(), cfg)
             per, splits = local._column_split(R, Dw, block_d, cfg["target_programs"])
-            map_buf, _, _, cap = self.maps[record.parity]
+            map_buf, _, _, cap = record.maps
             maps = map_buf.local.view(torch.int32)
             _combine_scatter_kernel[(R, splits)](
                 words, maps[:cap], maps[cap:], back.ptrs, Dw, words.stride(0), per, BLOCK_D=block_d, num_warps=cfg["num_warps"],
             )
+        self._mark("scatter back")
         yield  # barrier: this rank's rows are back in its combine buffer, in its send layout
+        self._mark("barrier")
         S = record.tokens * record.top_k
         rows = back.local[: S * row_bytes].view(expert_out.dtype).view(S, D)
-        return local.combine(rows, topk_weights, row_of_slot)
-
-    # -- buffers (collective: every rank calls these with the same sizes) --------------------
-
-    def _ensure_rows(self, parity: int, need: int) -> SymmetricBuffer:
-        buf = self.rows[parity]
-        if buf is None or buf.nbytes < need:
-            self._retired.append(buf)
-            buf = self.rows[parity] = self.buffers.alloc(f"rows{parity}", _grown(need))
-        return buf
-
-    def _ensure_maps(self, parity: int, rows: int):
-        entry = self.maps[parity]
-        if entry is None or entry[3] < rows:
-            self._retired.append(entry)
-            cap = _grown(rows * 8) // 8
-            buf = self.buffers.alloc(f"maps{parity}", cap * 8)
-            entry = self.maps[parity] = (buf, buf.ptrs, buf.ptrs + cap * 4, cap)
-        return entry
-
-    def _ensure_back(self, parity: int, need: int) -> SymmetricBuffer:
-        buf = self.back[parity]
-        if buf is None or buf.nbytes < need:
-            self._retired.append(buf)
-            buf = self.back[parity] = self.buffers.alloc(f"back{parity}", _grown(need))
-        return buf
+        out = local.combine(rows, topk_weights, row_of_slot)
+        self._mark("combine (local)")
+        return out
 
 
 def run_steps(steps: Generator, barrier: Callable[[], None]):
@@ -433,11 +506,25 @@ def run_steps(steps: Generator, barrier: Callable[[], None]):
 # the ops and their registration
 
 
+_STATES: dict[tuple[int, str], tuple[object, SymmetricState]] = {}  # (id(group), device) -> (group, state)
+
+
+def state_of(group, device: torch.device, timeout_s: float | None) -> SymmetricState:
+    """The symmetric buffers of a process group on a device, created (collectively) on first use
+    and kept for the life of the process (the group is held, so its id stays unique)."""
+    key = (id(group), str(device))
+    entry = _STATES.get(key)
+    if entry is None:
+        size = dist.get_world_size(group)
+        entry = _STATES[key] = (group, SymmetricState(TorchSymmetricMemory(group, device, timeout_s), device, size))
+    return entry[1]
+
+
 def exchange_of(ep: ExpertParallel, device: torch.device) -> SymmetricExchange:
-    """The group's symmetric exchange, created (collectively) on its first use."""
+    """The ExpertParallel's symmetric exchange, over its process group's shared buffers."""
     exchange = ep.transports.get("symm")
     if exchange is None:
-        exchange = ep.transports["symm"] = SymmetricExchange(ep, TorchSymmetricMemory(ep.group, device, ep.timeout_s), device)
+        exchange = ep.transports["symm"] = SymmetricExchange(ep, state_of(ep.group, device, ep.timeout_s))
     return exchange
 
 
