@@ -45,15 +45,46 @@ def test_float32_greedy_tokens_equal_the_reference_exactly():
     assert got == want
 
 
+def _gaps_from_float32(outs, reference) -> list[float]:
+    """For each generated token: how far its float32 reference logit lies below the reference's best
+    on the same prefix (teacher forcing along the generated tokens); 0 where it is the argmax."""
+    from model.model_oracle import PagedRunner
+
+    gaps = []
+    for out in outs:
+        runner = PagedRunner(reference)
+        logits = runner.step({0: list(out.prompt_token_ids)}, is_prefill=True)[0]
+        for token in out.outputs[0].token_ids:
+            gaps.append(float(logits.max() - logits[token]))
+            logits = runner.step({0: [token]}, is_prefill=False)[0]
+    return gaps
+
+
 @pytest.mark.skipif(mode() != GPU, reason="bf16 arithmetic is wrong in the Triton interpreter; a GPU run checks this")
-def test_bf16_greedy_tokens_equal_the_reference_for_the_first_8():
-    """The same weights in bf16 through the reference backend (torch ops on the CPU) and the cuda
-    kernels: the first 8 greedy tokens of every prompt agree."""
-    want = _tokens(_llm("reference", "bfloat16"), 8)
+def test_bf16_greedy_tokens_are_as_close_to_float32_as_the_reference_backends_bf16():
+    """The first 8 bf16 greedy tokens of each prompt through the cuda kernels, scored against the
+    reference backend's float32 logits on the same prefix (teacher forcing, as vLLM's
+    check_logprobs_close does), are at least as good as the reference backend's own bf16 tokens:
+    no more tokens off the float32 argmax (plus one), and none further below it than twice the
+    reference's worst. A wrong kernel leaves the argmax by whole logits at most steps.
+
+    Exact equality is not a property of bf16 on this model: its random weights make near-ties common,
+    and the reference backend in bf16 itself leaves its float32 tokens at token 2-3 of every prompt
+    (gaps up to 0.77 logits, measured on the CPU 2026-11-30).
+    """
+    from deepinfer import SamplingParams
+
+    params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+    float32 = _llm("reference", "float32").engine.runner.model
     cuda = _llm("cuda", "bfloat16")
     assert cuda.engine.dtype == torch.bfloat16
-    got = _tokens(cuda, 8)
-    assert got == want, f"cuda bf16 {got} != reference bf16 {want}"
+    got = _gaps_from_float32(cuda.generate(PROMPTS, params, use_tqdm=False), float32)
+    bar = _gaps_from_float32(_llm("reference", "bfloat16").generate(PROMPTS, params, use_tqdm=False), float32)
+    assert len(got) == len(bar) == 8 * len(PROMPTS)
+    off, off_bar = sum(g > 0 for g in got), sum(g > 0 for g in bar)
+    detail = f"cuda bf16 gaps {[round(g, 3) for g in got]}; reference bf16 gaps {[round(g, 3) for g in bar]}"
+    assert off <= off_bar + 1, f"{off} cuda bf16 tokens off the float32 argmax, reference bf16: {off_bar}. {detail}"
+    assert max(got) <= 2 * max(max(bar), 0.05), detail
 
 
 @pytest.mark.skipif(mode() != GPU, reason="CUDA graphs need a GPU")
