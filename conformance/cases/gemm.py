@@ -1,4 +1,4 @@
-"""Cases for the gemm ops: linear and grouped_gemm, in the dense, fp8_block, mxfp4 and mxfp8 formats.
+"""Cases for the gemm ops: linear and grouped_gemm, in the dense, fp8_block, mxfp4, mxfp8 and mxfp4_a8 formats.
 
 Quantised weights are made by the project's own quantisers from seeded float32 weights whose
 magnitude varies from row to row, so the fp8 block scales and the e8m0 scales differ.
@@ -23,7 +23,7 @@ def make_weight(gen, dtype, *lead: int, n: int, k: int, fmt: str) -> dict:
     w = (randn(gen, *lead, n, k, dtype=torch.float64) * row_scale).float()
     if fmt == "dense":
         return {"weight": w.to(dtype)}
-    quantize = {"fp8_block": quantize_weight_fp8_block, "mxfp4": quantize_weight_mxfp4, "mxfp8": quantize_weight_mxfp8}[fmt]
+    quantize = {"fp8_block": quantize_weight_fp8_block, "mxfp4": quantize_weight_mxfp4, "mxfp8": quantize_weight_mxfp8, "mxfp4_a8": quantize_weight_mxfp4}[fmt]
     weight, scale = quantize(w)
     return {"weight": weight, "weight_scale": scale, "fmt": fmt}
 
@@ -85,6 +85,10 @@ QUANT_RECIPES = [
     ("linear", "mxfp8_t7_n256_k480_large_range", partial(linear_inputs, t=7, n=256, k=480, fmt="mxfp8", wide_columns=12)),
     ("grouped_gemm", "mxfp8_contiguous_e8_empty_expert_padding", partial(contiguous_inputs, rows_per_expert=UNEVEN, padding=9, n=128, k=256, fmt="mxfp8")),
     ("grouped_gemm", "mxfp8_masked_e4_m8", partial(masked_inputs, masked_m=[8, 2, 0, 5], max_m=8, n=256, k=512, fmt="mxfp8")),
+    # mxfp4_a8 (W4A8 MX, mxfp4 weights with MX FP8 activations): kept small; K 480 leaves a partial K block of 32-groups.
+    ("linear", "mxfp4_a8_t5_n128_k480_large_range", partial(linear_inputs, t=5, n=128, k=480, fmt="mxfp4_a8", wide_columns=8)),
+    ("grouped_gemm", "mxfp4_a8_contiguous_e8_empty_expert_padding", partial(contiguous_inputs, rows_per_expert=UNEVEN, padding=9, n=64, k=256, fmt="mxfp4_a8")),
+    ("grouped_gemm", "mxfp4_a8_masked_e4_m8", partial(masked_inputs, masked_m=[8, 2, 0, 5], max_m=8, n=128, k=256, fmt="mxfp4_a8")),
 ]
 
 CASES = [Case(op, name, dtype, make) for op, name, make in FLOAT_RECIPES for dtype in FLOAT_DTYPES] + [

@@ -18,6 +18,12 @@ Weight formats (the `fmt` argument; number formats and their (de)quantisers live
   MX FP8 per token and 32 columns (`quant.quantize_act_mxfp8`, bit-exact on every backend), so
   both operands are MX and block-scaled tensor cores (SM100 tcgen05 kind::mxf8f6f4) take them as
   they are: out = dequantize(quantize_act_mxfp8(x)) @ dequantize_mxfp8(W)^T.
+- "mxfp4_a8": OCP MX FP4 weights with MX FP8 activations (W4A8 MX): the weight and its scale exactly
+  as "mxfp4" (uint8 [N, K/2] e2m1 pairs, uint8 [N, K/32] e8m0), the activation quantised as for
+  "mxfp8" (`quant.quantize_act_mxfp8`, bit-exact), so both operands are MX and the block-scaled
+  tensor cores (SM100 tcgen05 kind::mxf8f6f4, e4m3 x e2m1) take them:
+  out = dequantize(quantize_act_mxfp8(x)) @ dequantize_mxfp4(W)^T. "mxfp4" stays W4A16; a
+  checkpoint's mxfp4 weights serve either format unchanged (the `_a8` suffix names the activations).
 
 Every product accumulates in float32 (float64 for float64 activations). Quantised weights and
 their scales are used as given (a float64 golden run leaves fp8/uint8 tensors untouched).
@@ -31,7 +37,8 @@ import torch
 from deepinfer.ops import quant
 from deepinfer.registry import ALLCLOSE, DEFAULT_TOLERANCES, Tolerance, op
 
-FORMATS = ("dense", "fp8_block", "mxfp4", "mxfp8")
+FORMATS = ("dense", "fp8_block", "mxfp4", "mxfp8", "mxfp4_a8")
+MX_FORMATS = ("mxfp4", "mxfp8", "mxfp4_a8")  # K a multiple of 32, e8m0 scales [N, K/32]
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 # Kernels quantise activations to fp8 themselves; one e4m3 rounding step (6%) on an element that a
@@ -56,7 +63,7 @@ def linear(
 ) -> torch.Tensor:
     """`out = x @ W^T`: x [T, K], W [N, K] in format `fmt` (see the module doc). Returns [T, N], x's dtype.
 
-    weight_scale is required for fp8_block and mxfp4 and must be None for dense.
+    weight_scale is required for every format but dense, and must be None for dense.
     """
     _check_activation(x, dims=2)
     _check_weight(weight, weight_scale, fmt, k=x.shape[-1], experts=())
@@ -91,7 +98,7 @@ def _check_weight(weight: torch.Tensor, weight_scale: torch.Tensor | None, fmt: 
         raise ValueError(f"unknown weight format {fmt!r}; formats: {', '.join(FORMATS)}")
     if (fmt == "dense") != (weight_scale is None):
         raise ValueError(f"fmt {fmt!r} {'takes no' if fmt == 'dense' else 'needs a'} weight_scale")
-    if fmt in ("mxfp4", "mxfp8") and k % quant.MX_BLOCK:
+    if fmt in MX_FORMATS and k % quant.MX_BLOCK:
         raise ValueError(f"{fmt} needs K to be a multiple of {quant.MX_BLOCK}, got K={k}")
     if weight.dim() != len(experts) + 2:
         raise ValueError(f"{fmt} weight must have {len(experts) + 2} dims, got {tuple(weight.shape)}")
@@ -107,10 +114,10 @@ def _names(dtypes: tuple) -> str:
 
 
 def _activation_for_product(x: torch.Tensor, fmt: str, acc: torch.dtype) -> torch.Tensor:
-    """x as it enters the product, in the accumulation dtype: fp8_block and mxfp8 quantise it first."""
+    """x as it enters the product, in the accumulation dtype: fp8_block, mxfp8 and mxfp4_a8 quantise it first."""
     if fmt == "fp8_block":
         return quant.dequantize_act_fp8(*quant.quantize_act_fp8(x), dtype=acc)
-    if fmt == "mxfp8":
+    if fmt in ("mxfp8", "mxfp4_a8"):
         return quant.dequantize_mxfp8(*quant.quantize_act_mxfp8(x), dtype=acc)
     return x.to(acc)
 
@@ -119,7 +126,7 @@ def _weight_for_product(weight: torch.Tensor, weight_scale: torch.Tensor | None,
     """The weight's values [..., N, K] in the accumulation dtype."""
     if fmt == "fp8_block":
         return quant.dequantize_weight_fp8_block(weight, weight_scale, dtype=acc)
-    if fmt == "mxfp4":
+    if fmt in ("mxfp4", "mxfp4_a8"):
         return quant.dequantize_mxfp4(weight, weight_scale, dtype=acc)
     if fmt == "mxfp8":
         return quant.dequantize_mxfp8(weight, weight_scale, dtype=acc)
@@ -169,7 +176,7 @@ def grouped_gemm(
     fmt: str = "dense",
 ) -> torch.Tensor:
     """One GEMM per expert: weight [E, N, K] (fp8_block scale [E, ceil(N/128), ceil(K/128)];
-    mxfp4 weight [E, N, K/2], scale [E, N, K/32]; mxfp8 weight [E, N, K], scale [E, N, K/32]). Exactly one layout is given:
+    mxfp4 / mxfp4_a8 weight [E, N, K/2], scale [E, N, K/32]; mxfp8 weight [E, N, K], scale [E, N, K/32]). Exactly one layout is given:
 
     - contiguous (prefill, what `dispatch` produces): x [M, K] with expert e's rows at
       expert_offsets[e]:expert_offsets[e+1] (expert_offsets: [E+1] int32, starting at 0, ending at
@@ -183,7 +190,7 @@ def grouped_gemm(
     if (expert_offsets is None) == (masked_m is None):
         raise ValueError("grouped_gemm takes exactly one of expert_offsets (contiguous layout) and masked_m (masked layout)")
     if weight.dim() != 3:
-        raise ValueError(f"grouped_gemm weight must be [E, N, K] (or [E, N, K/2] for mxfp4), got {tuple(weight.shape)}")
+        raise ValueError(f"grouped_gemm weight must be [E, N, K] (or [E, N, K/2] for mxfp4 and mxfp4_a8), got {tuple(weight.shape)}")
     experts = weight.shape[0]
     _check_activation(x, dims=2 if expert_offsets is not None else 3)
     _check_weight(weight, weight_scale, fmt, k=x.shape[-1], experts=(experts,))

@@ -59,6 +59,29 @@ def assert_close_to(out: torch.Tensor, expected: torch.Tensor, dtype: torch.dtyp
 # linear
 
 
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
+def test_mxfp4_a8_is_the_mx_fp8_activation_times_the_mxfp4_weight(dtype):
+    """W4A8 MX: the mxfp4 weight as stored, the activation through quantize_act_mxfp8 (per token and 32
+    columns), the product summed per 32-column group of e4m3 x e2m1 codes times both e8m0 scales."""
+    x = seeded(5, 320, seed=1).to(dtype)
+    kw = stored_weight("mxfp4", n=96, k=320, seed=2)
+    out = linear(x, kw["weight"], weight_scale=kw["weight_scale"], fmt="mxfp4_a8")
+    x_q, x_s = quant.quantize_act_mxfp8(x)
+    w_codes = quant.dequantize_mxfp4(kw["weight"], torch.full_like(kw["weight_scale"], 127), torch.float64)
+    xs = torch.exp2(x_s.double() - 127)
+    ws = torch.exp2(kw["weight_scale"].double() - 127)
+    expected = torch.zeros(5, 96, dtype=torch.float64)
+    for g in range(320 // 32):
+        cols = slice(32 * g, 32 * (g + 1))
+        expected += xs[:, g, None] * ws[None, :, g] * (x_q[:, cols].double() @ w_codes[:, cols].T)
+    assert_close_to(out, expected, dtype)
+    # the same weight as W4A16 differs by the activation rounding
+    assert not torch.equal(out, linear(x, kw["weight"], weight_scale=kw["weight_scale"], fmt="mxfp4"))
+    with pytest.raises(ValueError, match="multiple of 32"):
+        linear(x[:, :48], kw["weight"][:, :24], weight_scale=kw["weight_scale"][:, :1], fmt="mxfp4_a8")
+
+
+
 @pytest.mark.parametrize("fmt", ["dense", "fp8_block", "mxfp4"])
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
 def test_linear_matches_rowwise_float64(fmt, dtype):
