@@ -17,6 +17,7 @@ import json
 import os
 from pathlib import Path
 
+from deepinfer.cli import launch
 from deepinfer.errors import UserError
 
 _PARSER: argparse.ArgumentParser | None = None
@@ -136,19 +137,4 @@ def run_rank(args) -> int:
 
 def command_line(args) -> list[str]:
     """The e2e-ep options of `args` as command-line words (those that differ from the defaults)."""
-    words: list[str] = []
-    for action in _PARSER._actions:
-        if not action.option_strings or action.dest == "help":
-            continue
-        value = getattr(args, action.dest, action.default)
-        if value == action.default or value is None:
-            continue
-        flag = action.option_strings[-1]
-        if isinstance(action, argparse._StoreTrueAction):
-            words.append(flag)
-        elif isinstance(action, argparse._AppendAction):
-            for item in value:
-                words += [flag, str(item)]
-        else:
-            words += [flag, str(value)]
-    return words
+    return launch.command_line(_PARSER, args)

@@ -7,6 +7,7 @@ rank running the same command under torchrun's environment, and return torchrun'
 
 from __future__ import annotations
 
+import argparse
 import os
 import signal
 import subprocess
@@ -54,3 +55,24 @@ def wait(proc: subprocess.Popen) -> int:
             proc.kill()
             proc.wait()
         return 130
+
+
+def command_line(parser: argparse.ArgumentParser, args: argparse.Namespace) -> list[str]:
+    """`parser`'s options in `args` as command-line words (those that differ from the defaults),
+    so each rank torchrun starts re-parses the same command."""
+    words: list[str] = []
+    for action in parser._actions:
+        if not action.option_strings or action.dest == "help":
+            continue
+        value = getattr(args, action.dest, action.default)
+        if value == action.default or value is None:
+            continue
+        flag = action.option_strings[-1] if action.option_strings[-1].startswith("--") else action.option_strings[0]
+        if isinstance(action, argparse._StoreTrueAction):
+            words.append(flag)
+        elif isinstance(action, argparse._AppendAction):
+            for item in value:
+                words += [flag, str(item)]
+        else:
+            words += [flag, str(value)]
+    return words

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
+from deepinfer.cli import launch
 from deepinfer.cli.launch import launched_by_torchrun, torchrun
 from deepinfer.cli.launch import wait as _wait  # noqa: F401  (imported from here by other commands)
 from deepinfer.errors import UserError
@@ -491,22 +492,7 @@ def launch_torchrun(args) -> int:
 
 def command_line(args) -> list[str]:
     """The `run` options of `args` as command-line words (those that differ from the defaults)."""
-    words: list[str] = []
-    for action in _PARSER._actions:
-        if not action.option_strings or action.dest in ("help",):
-            continue
-        value = getattr(args, action.dest, action.default)
-        if value == action.default or value is None:
-            continue
-        flag = action.option_strings[-1] if action.option_strings[-1].startswith("--") else action.option_strings[0]
-        if isinstance(action, argparse._StoreTrueAction):
-            words.append(flag)
-        elif isinstance(action, argparse._AppendAction):
-            for item in value:
-                words += [flag, str(item)]
-        else:
-            words += [flag, str(value)]
-    return words
+    return launch.command_line(_PARSER, args)
 
 
 def open_output(path: Path, append: bool) -> TextIO:
