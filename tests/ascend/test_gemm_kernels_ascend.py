@@ -225,6 +225,9 @@ def _script(chip: str) -> int:
             linear_case("mxfp4", 33, 100, 288, torch.bfloat16, 31),
             linear_case("mxfp4", 5, 64, 160, torch.float16, 32),
             linear_case("mxfp4", 5, 40, 128, torch.float32, 33),
+            # mxfp4_a8 (W4A8 MX): MX FP8 activations, the same packed weights
+            linear_case("mxfp4_a8", 7, 100, 288, torch.bfloat16, 34),
+            linear_case("mxfp4_a8", 3, 40, 160, torch.float32, 35),
         ])
 
     def contiguous_case(fmt, counts, padding, n, k, dt, seed, offsets_dtype=torch.int32):
@@ -242,6 +245,7 @@ def _script(chip: str) -> int:
             contiguous_case("fp8_block", [0, 5], 2, 64, 128, torch.float32, 43, torch.int64),
             contiguous_case("mxfp4", [2, 11, 0, 6], 3, 96, 192, torch.bfloat16, 44),
             contiguous_case("mxfp4", [0, 0, 0], 6, 32, 64, torch.bfloat16, 45),  # no rows at all
+            contiguous_case("mxfp4_a8", [2, 11, 0, 6], 3, 96, 192, torch.bfloat16, 46),
         ])
 
     def masked_case(fmt, counts, max_m, n, k, dt, seed, mm_dtype=torch.int32):
@@ -257,6 +261,7 @@ def _script(chip: str) -> int:
             masked_case("fp8_block", [1, 4], 4, 64, 130, torch.float32, 53),
             masked_case("mxfp4", [5, 0, 16], 16, 64, 96, torch.bfloat16, 54),
             masked_case("mxfp4", [0, 0], 4, 32, 64, torch.float32, 55),
+            masked_case("mxfp4_a8", [5, 0, 16], 16, 64, 96, torch.float16, 56),
         ])
 
     def check_fp8_dot_forced():

@@ -3,7 +3,7 @@
 Runs `deepinfer bench compile --arch sm90,sm100 --json FILE` in a subprocess without TRITON_INTERPRET
 (tests/conftest.py sets it for this process, and interpreted kernels cannot be compiled), then checks
 every kernel: compiled, no spills, the expected matrix instruction class (SM90 wgmma, SM100 tcgen05,
-block-scaled tcgen05 for mxfp8; a case's own expectation where it differs, with why). Entries in compile_check.KNOWN_FAILURES stay visible in the table and
+block-scaled tcgen05 for mxfp8 and mxfp4_a8; a case's own expectation where it differs, with why). Entries in compile_check.KNOWN_FAILURES stay visible in the table and
 must still fail: when one is fixed, the test says so and the entry is to be removed.
 """
 
@@ -59,6 +59,9 @@ def test_kernels_compile_without_spills_at_the_expected_mma_class(report):
     # mxfp8 (both operands MX) reaches the block-scaled tcgen05 MMA on SM100, decode (16 tokens, swapped) included
     mx8 = [r for r in matrix if r["arch"] == "sm100" and "mxfp8" in r["case"]]
     assert len(mx8) == 2 and all(r["instr"] == "tcgen05.mma.block_scale" for r in mx8)
+    # so does mxfp4_a8 (W4A8 MX: e4m3 activations x e2m1 weights -> kind::mxf8f6f4.block_scale)
+    mx4a8 = [r for r in matrix if r["arch"] == "sm100" and "mxfp4_a8" in r["case"]]
+    assert len(mx4a8) == 2 and all(r["instr"] == "tcgen05.mma.block_scale" for r in mx4a8)
 
 
 def test_known_failures_still_fail(report):

@@ -39,7 +39,7 @@ def weight_in(fmt: str, *lead: int, n: int, k: int, seed: int, dtype=torch.float
     w = rand(*lead, n, k, seed=seed, scale=0.05)
     if fmt == "dense":
         return {"weight": w.to(dtype)}
-    quantize = {"fp8_block": quant.quantize_weight_fp8_block, "mxfp4": quant.quantize_weight_mxfp4, "mxfp8": quant.quantize_weight_mxfp8}[fmt]
+    quantize = {"fp8_block": quant.quantize_weight_fp8_block, "mxfp4": quant.quantize_weight_mxfp4, "mxfp8": quant.quantize_weight_mxfp8, "mxfp4_a8": quant.quantize_weight_mxfp4}[fmt]
     q, s = quantize(w)
     return {"weight": q, "weight_scale": s, "fmt": fmt}
 
@@ -167,7 +167,7 @@ def test_mxfp4_special_scales(kg, mx_path):
 # ---------------------------------------------------------------------------------------------- grouped_gemm
 
 
-FMTS = ["dense", "fp8_block", "mxfp4", "mxfp8"]
+FMTS = ["dense", "fp8_block", "mxfp4", "mxfp8", "mxfp4_a8"]
 
 
 @pytest.mark.parametrize("fmt", FMTS)
@@ -289,4 +289,22 @@ def test_linear_mxfp8(kg, t, n, k, dtype):
     x[:, 3] *= 300.0  # a large column (the activation's group scale follows it)
     kw = {"x": x, **weight_in("mxfp8", n=n, k=k, seed=t)}
     assert kg._mx_mode("mxfp8", x) == kg._MX_NATIVE
+    assert_matches("linear", kg.linear(**kw), kw)
+
+
+@pytest.mark.parametrize(
+    "t,n,k,dtype",
+    [
+        (5, 128, 128, torch.bfloat16),
+        (33, 96, 480, torch.bfloat16),  # K not a multiple of the K block, N not of BLOCK_N
+        (2, 40, 512, torch.float16),
+        (3, 48, 160, torch.float32),
+    ],
+)
+def test_linear_mxfp4_a8(kg, t, n, k, dtype):
+    """W4A8 MX: mxfp4 weights with MX FP8 activations, through the swapped block-scaled dot (MX_MODE 2)."""
+    x = rand(t, k, seed=n + k, dtype=dtype)
+    x[:, 3] *= 300.0
+    kw = {"x": x, **weight_in("mxfp4_a8", n=n, k=k, seed=t)}
+    assert kg._mx_mode("mxfp4_a8", x) == kg._MX_NATIVE
     assert_matches("linear", kg.linear(**kw), kw)

@@ -1,4 +1,4 @@
-"""Ascend Triton kernels: `linear` and `grouped_gemm` in every weight format (dense, fp8_block, mxfp4, mxfp8).
+"""Ascend Triton kernels: `linear` and `grouped_gemm` in every weight format (dense, fp8_block, mxfp4, mxfp8, mxfp4_a8).
 
 Written for triton-ascend (A2/A3 and 950) in the Triton subset community Triton also interprets.
 
@@ -51,6 +51,10 @@ Formats
   in torch (per token and 32 columns; bit-exact by definition, not fused) and are dequantised to
   float32 (exact); the kernel decodes the e4m3 weight bytes (`_e4m3_to_f16`, exact) times
   2^(s-127) in float32 and dots in float32 (ieee). Not tuned: no Ascend hardware ran it.
+- mxfp4_a8 (W4A8 MX: mxfp4 weights, MX FP8 activations): the activations as for mxfp8 (the
+  contract's quantiser in torch, dequantised to float32, exact), the weights through the mxfp4
+  decode (FMT 2), the dot in float32 (ieee). Not tuned: no Ascend hardware ran it (the 950's MX
+  matmul takes exactly this pairing, see npu_ops; not wired).
 
 Tiles and the on-chip buffer
 ----------------------------
@@ -102,7 +106,7 @@ MX_GROUP = quant.MX_BLOCK  # 32
 BLOCK_K = 128
 QUANT_BLOCK_R = 16  # rows per quantiser tile: [16, 128] float32 = 8 KB per live temporary
 
-_FMT_ID = {"dense": 0, "fp8_block": 1, "mxfp4": 2, "mxfp8": 3}
+_FMT_ID = {"dense": 0, "fp8_block": 1, "mxfp4": 2, "mxfp8": 3, "mxfp4_a8": 2}  # mxfp4_a8: mxfp4 decode, float32 activations
 _LINEAR, _CONTIGUOUS, _MASKED = 0, 1, 2
 _KERNEL_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 # dot operand kinds
@@ -407,8 +411,8 @@ def _dot_kind(fmt: str, x_dtype: torch.dtype, w_dtype: torch.dtype, fp8_dot: boo
         return _DOT_NATIVE if x_dtype == w_dtype and x_dtype in (torch.bfloat16, torch.float16) else _DOT_F32
     if fmt == "fp8_block":
         return _DOT_FP8 if fp8_dot and x_dtype in (torch.bfloat16, torch.float16) else _DOT_F16
-    if fmt == "mxfp8":
-        return _DOT_F32
+    if fmt in ("mxfp8", "mxfp4_a8"):
+        return _DOT_F32  # activations arrive dequantised to float32
     return _DOT_NATIVE if x_dtype == torch.bfloat16 else _DOT_F32
 
 
@@ -426,7 +430,7 @@ def tile_bytes(fmt: str, dot: int, x_bytes: int, w_bytes: int, bm: int, bn: int,
         return 2 * bm * bk + bn * bk * (1 + 2 * 2 + 2) + 2 * acc
     if fmt == "mxfp8":  # float32 activations; weight bytes, int16 + float16 decode, float32 values and scaled copy
         return 4 * bm * bk + bn * bk * (1 + 2 + 2 + 4 + 4) + acc
-    # mxfp4: packed bytes, joined nibbles, two int32 temporaries (bit building), bf16 values,
+    # mxfp4 (and mxfp4_a8, a float32 dot): packed bytes, joined nibbles, two int32 temporaries (bit building), bf16 values,
     # float32 copies of both operands for a float32 dot
     op = 4 if dot == _DOT_F32 else 2
     w = bn * bk // 2 + bn * bk + 2 * 4 * bn * bk + 2 * bn * bk + (4 * bn * bk if dot == _DOT_F32 else 0)
@@ -509,6 +513,9 @@ def _launch(x, weight, weight_scale, fmt, layout, bounds=None):
         # to float32 (exact); the kernel decodes the e4m3 weight bytes and dots in float32.
         xq = quant.dequantize_mxfp8(*quant.quantize_act_mxfp8(x), dtype=torch.float32)
         w3 = w3.view(torch.uint8)
+    elif fmt == "mxfp4_a8":
+        # W4A8 MX: the same activation quantiser, dequantised to float32 (exact); the mxfp4 weight decode.
+        xq = quant.dequantize_mxfp8(*quant.quantize_act_mxfp8(x), dtype=torch.float32)
     x3 = xq if layout == _MASKED else xq.unsqueeze(0)
     xs3 = None if xs is None else (xs if layout == _MASKED else xs.unsqueeze(0))
     out3 = out if layout == _MASKED else out.unsqueeze(0)
@@ -597,13 +604,14 @@ def grouped_gemm(
 _NOTE = (
     "Triton (ascend): persistent cube-grid GEMM over expert-major tiles (no host sync); dense; "
     "fp8_block with a vector-grid per-token-group quantiser (bit-exact), fp8 bytes decoded to fp16 "
-    "in-kernel (fp8 dot on 950 hardware), scales per 128-K group; mxfp4 unpacked to bf16 in-kernel"
+    "in-kernel (fp8 dot on 950 hardware), scales per 128-K group; mxfp4 unpacked to bf16 in-kernel; "
+    "mxfp8 and mxfp4_a8: activations through the MX FP8 quantiser (torch), dequantised, float32 dot"
 )
 
 REGISTRATIONS = [
-    Registration(op="linear", fn=linear, formats=("dense", "fp8_block", "mxfp4", "mxfp8"), dtypes=_KERNEL_DTYPES, note=_NOTE),
+    Registration(op="linear", fn=linear, formats=("dense", "fp8_block", "mxfp4", "mxfp8", "mxfp4_a8"), dtypes=_KERNEL_DTYPES, note=_NOTE),
     Registration(
-        op="grouped_gemm", fn=grouped_gemm, formats=("dense", "fp8_block", "mxfp4", "mxfp8"), dtypes=_KERNEL_DTYPES,
+        op="grouped_gemm", fn=grouped_gemm, formats=("dense", "fp8_block", "mxfp4", "mxfp8", "mxfp4_a8"), dtypes=_KERNEL_DTYPES,
         note=_NOTE + "; contiguous and masked layouts",
     ),
 ]

@@ -14,7 +14,7 @@ registers and spills, `metadata.shared` the shared memory, and the PTX text the 
 class (wgmma, tcgen05.mma, tcgen05.mma block-scaled, mma.sync).
 
 The check fails when a kernel does not compile, spills, or a matrix kernel uses a slower instruction
-class than expected for the arch (SM90: wgmma; SM100: tcgen05, block-scaled tcgen05 for mxfp8; a case's
+class than expected for the arch (SM90: wgmma; SM100: tcgen05, block-scaled tcgen05 for mxfp8 and mxfp4_a8; a case's
 `expect` overrides this with a reason: 16-row decode tiles mma.sync, mxfp4 W4A16 on SM100 kind::f16).
 `KNOWN_FAILURES` lists (case, kernel, arch) that fail today, with why: they stay in the table,
 marked "known", and the test checks that they still fail (so the list is kept honest).
@@ -78,8 +78,8 @@ def _linear(fmt: str, m: int, n: int, k: int) -> Callable[[], None]:
             gemm.linear(_t(m, k), _t(n, k, dtype=torch.float8_e4m3fn), weight_scale=_t(n // 128, k // 128, dtype=torch.float32), fmt="fp8_block")
         elif fmt == "mxfp8":
             gemm.linear(_t(m, k), _t(n, k, dtype=torch.float8_e4m3fn), weight_scale=_t(n, k // 32, dtype=torch.uint8), fmt="mxfp8")
-        else:
-            gemm.linear(_t(m, k), _t(n, k // 2, dtype=torch.uint8), weight_scale=_t(n, k // 32, dtype=torch.uint8), fmt="mxfp4")
+        else:  # mxfp4 / mxfp4_a8: the same packed weight
+            gemm.linear(_t(m, k), _t(n, k // 2, dtype=torch.uint8), weight_scale=_t(n, k // 32, dtype=torch.uint8), fmt=fmt)
     return call
 
 
@@ -98,7 +98,7 @@ def _grouped_masked(fmt: str, e: int, max_m: int, n: int, k: int) -> Callable[[]
                               weight_scale=_t(e, n, k // 32, dtype=torch.uint8), fmt="mxfp8")
         else:
             gemm.grouped_gemm(_t(e, max_m, k), _t(e, n, k // 2, dtype=torch.uint8), masked_m=mm,
-                              weight_scale=_t(e, n, k // 32, dtype=torch.uint8), fmt="mxfp4")
+                              weight_scale=_t(e, n, k // 32, dtype=torch.uint8), fmt=fmt)  # mxfp4 / mxfp4_a8
     return call
 
 
@@ -232,6 +232,9 @@ CASES: list[Case] = [
     Case("grouped_gemm mxfp4 decode masked (E8 m16 7168->4096)", _grouped_masked("mxfp4", 8, 16, 4096, 7168), "mx", MXFP4_W4A16),
     Case("linear mxfp8 prefill (4096x7168->4096)", _linear("mxfp8", 4096, 4096, 7168), "mx"),
     Case("grouped_gemm mxfp8 decode masked (E8 m16 7168->4096)", _grouped_masked("mxfp8", 8, 16, 4096, 7168), "mx"),
+    # mxfp4_a8 (W4A8 MX): mxfp4 weights with MX FP8 activations, e4m3 x e2m1 -> kind::mxf8f6f4.block_scale on SM100
+    Case("linear mxfp4_a8 prefill (4096x7168->4096)", _linear("mxfp4_a8", 4096, 4096, 7168), "mx"),
+    Case("grouped_gemm mxfp4_a8 decode masked (E8 m16 7168->4096)", _grouped_masked("mxfp4_a8", 8, 16, 4096, 7168), "mx"),
     Case("prefill bf16 H16 192/128 (2x2048)", _prefill(4096, 16, 192, 128, 2), "mma"),
     Case("mla_decode bf16 B64 H16 ctx4096", _mla_decode(64, 1, 16, 4096), "mma", DECODE_16_ROWS),
     Case("mla_decode bf16 B64 H128 ctx4096", _mla_decode(64, 1, 128, 4096), "mma"),

@@ -1,4 +1,4 @@
-"""Triton kernels: `linear` and `grouped_gemm` in every weight format (dense, fp8_block, mxfp4, mxfp8).
+"""Triton kernels: `linear` and `grouped_gemm` in every weight format (dense, fp8_block, mxfp4, mxfp8, mxfp4_a8).
 
 One GEMM kernel serves both ops and all three formats; constexprs pick the format and the layout:
 
@@ -57,6 +57,11 @@ Formats:
   block_scale; SM90: Triton's emulation (upcast to bf16, wgmma). mxfp4 stays W4A16: the
   block-scaled MMA needs both operands in MX formats, so on SM100 it runs kind::f16 after Triton's
   upcast (docs/backends/cuda.md says what was tried).
+- mxfp4_a8 (W4A8 MX): mxfp4's packed e2m1 weights and e8m0 scales, the activation quantised as for
+  mxfp8 (same quantiser kernel), then MX_MODE 2 with the packed weight tile as the left operand:
+  `tl.dot_scaled(w_e2m1 [BLOCK_N, BLOCK_K/2], w_scale, "e2m1", x^T e4m3, x_scale, "e4m3")`. SM100:
+  tcgen05 kind::mxf8f6f4 block_scale (e4m3 x e2m1); SM90: Triton's emulation. The kernel sees FMT 2
+  (the mxfp4 weight layout) with MX_MODE 2; tuning entries "mxfp4_a8_small" / "mxfp4_a8_large".
 
 float32 dots (and mixed dtypes) keep wide operands in shared memory: `_fit_shared_memory` drops
 stages, then halves BLOCK_K, until the buffers fit.
@@ -84,7 +89,8 @@ from deepinfer_cuda.tuning import config
 FP8_GROUP = quant.FP8_BLOCK  # 128: activation group width and weight block edge
 MX_GROUP = quant.MX_BLOCK  # 32
 
-_FMT_ID = {"dense": 0, "fp8_block": 1, "mxfp4": 2, "mxfp8": 3}
+_FMT_ID = {"dense": 0, "fp8_block": 1, "mxfp4": 2, "mxfp8": 3, "mxfp4_a8": 2}  # mxfp4_a8: the mxfp4 weight layout, MX_MODE 2
+_MX_FMTS = ("mxfp4", "mxfp8", "mxfp4_a8")
 _MX_UPCAST, _MX_DOT_SCALED, _MX_NATIVE = 0, 1, 2  # MX_MODE: how an mx weight meets the activations
 _LINEAR, _CONTIGUOUS, _MASKED = 0, 1, 2
 _KERNEL_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -304,7 +310,7 @@ def _gemm_kernel(
     stride_we, stride_wn, stride_wk,
     stride_wse, stride_wsn, stride_wsk,
     stride_os, stride_oe, stride_om, stride_on,
-    FMT: tl.constexpr,  # 0 dense, 1 fp8_block, 2 mxfp4, 3 mxfp8
+    FMT: tl.constexpr,  # 0 dense, 1 fp8_block, 2 mxfp4 (and mxfp4_a8 with MX_MODE 2), 3 mxfp8
     LAYOUT: tl.constexpr,  # 0 linear, 1 contiguous, 2 masked
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -364,6 +370,7 @@ def _gemm_kernel(
             # Block-scaled MMA (SM100: tcgen05 kind::mxf8f6f4; SM90: Triton upcasts to bf16 and
             # runs wgmma) on MX FP8 activations: the weight tile is the MMA's 128-row side and the
             # tokens its N side, so decode tiles of 16 rows still meet tcgen05's M = 128.
+            # FMT 2 here is mxfp4_a8 (packed e2m1 weight, e4m3 x); FMT 3 is mxfp8.
             ks = k0 // 32 + offs_ks
             k_ok = kk < K
             ks_ok = ks < K // 32
@@ -582,13 +589,14 @@ def _mxfp4_dot_scaled_default() -> bool:
 MXFP4_DOT_SCALED = _mxfp4_dot_scaled_default()
 
 def _mx_mode(fmt: str, x: torch.Tensor) -> int:
-    """How an mx weight meets x. mxfp8 (W8A8 by contract): x quantised to MX FP8 and tl.dot_scaled
-    on both MX operands (native block-scaled MMA on SM100, Triton's bf16 emulation on SM90). mxfp4
+    """How an mx weight meets x. mxfp8 (W8A8 by contract) and mxfp4_a8 (W4A8): x quantised to MX FP8
+    and tl.dot_scaled on both MX operands (native block-scaled MMA on SM100, Triton's bf16 emulation
+    on SM90). mxfp4
     (W4A16): tl.dot_scaled with x as bf16/fp16 (SM100 too: tcgen05's block-scaled MMA takes only
     fp8/fp6/fp4 operands, so Triton upcasts the e2m1 side and runs kind::f16), or the in-kernel upcast."""
-    if fmt == "mxfp8":
+    if fmt in ("mxfp8", "mxfp4_a8"):
         if not hasattr(tl, "dot_scaled"):
-            raise RuntimeError(f"mxfp8 GEMM needs tl.dot_scaled, missing in Triton {triton.__version__}")
+            raise RuntimeError(f"{fmt} GEMM needs tl.dot_scaled, missing in Triton {triton.__version__}")
         return _MX_NATIVE
     if fmt != "mxfp4":
         return _MX_UPCAST
@@ -624,8 +632,8 @@ def _fit_shared_memory(fmt, x, weight, dot_f32, block_m, block_n, block_k, num_s
     """Fewer stages, then a narrower K block, until the operand buffers fit (float32 dots
     and mixed dtypes keep wide operands in shared memory)."""
     a_bytes = 4 if dot_f32 else (1 if fmt == "fp8_block" else x.element_size())
-    b_per_k = {"dense": 4 if dot_f32 else weight.element_size(), "fp8_block": 4 if dot_f32 else 1, "mxfp4": 0.5, "mxfp8": 1}[fmt]
-    min_k = FP8_GROUP if fmt == "fp8_block" else (2 * MX_GROUP if fmt in ("mxfp4", "mxfp8") else 16)
+    b_per_k = {"dense": 4 if dot_f32 else weight.element_size(), "fp8_block": 4 if dot_f32 else 1, "mxfp4": 0.5, "mxfp8": 1, "mxfp4_a8": 0.5}[fmt]
+    min_k = FP8_GROUP if fmt == "fp8_block" else (2 * MX_GROUP if fmt in _MX_FMTS else 16)
 
     def need(bk, st):
         return st * (block_m * bk * a_bytes + bk * block_n * b_per_k)
@@ -685,7 +693,7 @@ def _launch(x, weight, weight_scale, fmt, layout, *, offsets=None, masked_m=None
     block_n = cfg["BLOCK_N"]
     if fmt == "fp8_block":
         block_k = FP8_GROUP  # one scale group per step
-    elif fmt in ("mxfp4", "mxfp8"):
+    elif fmt in _MX_FMTS:
         block_k = max(2 * MX_GROUP, min(cfg["BLOCK_K"], next_power_of_2(k)))
     else:
         block_k = max(16, min(cfg["BLOCK_K"], next_power_of_2(k)))
@@ -871,13 +879,15 @@ def grouped_gemm(
 _NOTE = (
     "Triton: one tiled GEMM (grouped tiles, split-K for decode shapes) for dense, fp8_block "
     "(fused per-token-group quantiser, fp8 tl.dot per 128-K group, DeepGEMM-style promotion) and "
-    f"mxfp4 (bf16/fp16 activations: {mxfp4_path()}; float32 activations: in-kernel e2m1 upcast)"
+    f"mxfp4 (bf16/fp16 activations: {mxfp4_path()}; float32 activations: in-kernel e2m1 upcast); "
+    "mxfp8 and mxfp4_a8 (MX FP8 activation quantiser, tl.dot_scaled on both MX operands with the weight "
+    "tile as the MMA's 128-row side: block-scaled tcgen05 on SM100, Triton's emulation on SM90)"
 )
 
 REGISTRATIONS = [
-    Registration(op="linear", fn=linear, formats=("dense", "fp8_block", "mxfp4", "mxfp8"), dtypes=_KERNEL_DTYPES, note=_NOTE),
+    Registration(op="linear", fn=linear, formats=("dense", "fp8_block", "mxfp4", "mxfp8", "mxfp4_a8"), dtypes=_KERNEL_DTYPES, note=_NOTE),
     Registration(
-        op="grouped_gemm", fn=grouped_gemm, formats=("dense", "fp8_block", "mxfp4", "mxfp8"), dtypes=_KERNEL_DTYPES,
+        op="grouped_gemm", fn=grouped_gemm, formats=("dense", "fp8_block", "mxfp4", "mxfp8", "mxfp4_a8"), dtypes=_KERNEL_DTYPES,
         note=_NOTE + "; contiguous layout: tile->expert map computed in-kernel from expert_offsets, no host sync",
     ),
 ]

@@ -14,7 +14,7 @@ What the choices rest on (Triton's Blackwell tutorials 09-persistent-matmul and
 - 228 KB of shared memory per SM (227 KB per block): one more pipeline stage than SM90 at the same
   tile where it fits under the 200 KB budget of `kernels/gemm.py` (`_fit_shared_memory`).
 - Block-scaled MMA (kind::mxf8f6f4 / mxf4) needs both operands in MX formats and a 128-row M side:
-  the mxfp8 kernel puts the weight tile there (BLOCK_N = 128) and the tokens on the N side.
+  the mxfp8 and mxfp4_a8 kernels put the weight tile there (BLOCK_N = 128) and the tokens on the N side.
 - Decode (<= 64 rows per expert) is weight streaming, memory-bound: the tile only needs enough
   bytes in flight; 16-row tiles run mma.sync (tcgen05 needs M >= 64) at no cost to the bound.
 """
@@ -42,6 +42,12 @@ CONFIGS: dict[str, dict[str, dict]] = {
         # spills 764 B at 8 warps, 1940 B at 4; BLOCK_M 64 spills 232 B).
         "mxfp8_small": {"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 6},
         "mxfp8_large": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 8, "num_stages": 4},
+        # mxfp4_a8 (W4A8 MX: mxfp4 weights, MX FP8 activations; e4m3 x e2m1 block-scaled tcgen05): the mxfp8 layout,
+        # BLOCK_N 128 = the weight side (BLOCK_N 64 lowers to plain kind::f16). Compile check (Triton 3.9): decode
+        # 64x128x128 w8 s6 128 regs (K 256: 249 regs at 8 warps, 452 B spills at 4); prefill 128x128x64 w8 s4 254 regs
+        # (K 128 spills 184 B; BLOCK_M 64 x K 128: 236 regs, 0 spills, the fallback if 254 turns out to spill elsewhere).
+        "mxfp4_a8_small": {"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 6},
+        "mxfp4_a8_large": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 8, "num_stages": 4},
         "quant_act": {"BLOCK_R": 16, "num_warps": 4},
         "quant_act_mx": {"BLOCK_R": 16, "GROUPS": 4, "num_warps": 4},
     },

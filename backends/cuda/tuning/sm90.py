@@ -25,6 +25,11 @@ CONFIGS: dict[str, dict[str, dict]] = {
         "mxfp4_small": {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 256, "GROUP_M": 8, "num_warps": 4, "num_stages": 4},
         "mxfp4_large": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 8, "num_stages": 3},
         "mxfp8_large": {"BLOCK_M": 128, "BLOCK_N": 64, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 8, "num_stages": 3},
+        # mxfp4_a8 (W4A8 MX, Triton's dot_scaled emulation: e2m1 and e4m3 upcast to bf16, wgmma): NEW, NOT MEASURED on
+        # the H200; chosen by the compile check only (Triton 3.9): decode 64x64x128 w4 s3 192 regs (K 256 spills 148 B),
+        # prefill 128x64x64 w8 s3 228 regs (BLOCK_N 128 spills 56 B, 128x128x128 796 B).
+        "mxfp4_a8_small": {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 4, "num_stages": 3},
+        "mxfp4_a8_large": {"BLOCK_M": 128, "BLOCK_N": 64, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 8, "num_stages": 3},
         "quant_act": {"BLOCK_R": 16, "num_warps": 4},
     },
     # prefill: tma = K/V tiles through TMA descriptors. bf16 tiles measured on the H200 (2026-11-30):
