@@ -303,3 +303,85 @@ def test_new_expert_parallels_on_one_group_alternating_dtypes_and_widths_share_t
     assert names.count("counts") == 1, names  # E + 1 <= what the first counts buffer holds
     assert len(names) <= 8, names  # rows/maps/back of both parities, once each: nothing per case
     assert states[0].dispatches == len(cases) and world.requests[0] == world.requests[1]
+
+
+def _growing(ex, sizes, xs, ids, weights, r):
+    """One rank's program: dispatches of growing sizes, two in flight (d0 d1 c0 c1 d2 d3 c2 c3 ...),
+    so each parity's buffers must grow on a later dispatch (scatter first, then the grow + retry)."""
+    results = []
+    for a in range(0, len(sizes), 2):
+        d = []
+        for b in (a, a + 1):
+            d.append((yield from ex.dispatch_steps(xs[b], ids[b])))
+        eos = [(o[0].float() * (1 + r + b) + 0.5).to(torch.bfloat16) for b, o in zip((a, a + 1), d)]
+        d = [(o[0].clone(),) + tuple(o[1:]) for o in d]  # expert_x is a view of a buffer the next dispatch reuses
+        c = []
+        for b, eo, o in zip((a, a + 1), eos, d):
+            c.append((yield from ex.combine_steps(eo, weights[b], o[2])))
+        results += list(zip(d, eos, c))
+    return results
+
+
+@pytest.mark.parametrize("order", list(_orders()))
+def test_buffers_that_grow_after_the_scatter_give_the_same_rows_in_any_order(order, monkeypatch):
+    """Buffers far too small (_MIN_BYTES = 1): a dispatch after its parity's first scatters into
+    the old buffers, learns after barrier 2 that some rows did not fit, grows them (collectively) and
+    stores every row again; nothing it half-wrote may leak into the results."""
+    monkeypatch.setattr(symm, "_MIN_BYTES", 1)
+    size, experts, top_k, dim = 3, 6, 2, 20
+    tokens = [(1, 0, 2), (2, 1, 1), (5, 0, 7), (9, 8, 3), (9, 8, 3), (12, 4, 15)]
+    gen = torch.Generator().manual_seed(3)
+    xs = [[torch.randn(t, dim, generator=gen).to(torch.bfloat16) for t in ts] for ts in tokens]
+    ids = [[torch.rand(t, experts, generator=gen).topk(top_k, dim=-1).indices.to(torch.int32) for t in ts] for ts in tokens]
+    weights = [[torch.rand(t, top_k, generator=gen) for t in ts] for ts in tokens]
+    world, exchanges = make_group(size, experts)
+    marks = [[] for _ in range(size)]
+    for r, ex in enumerate(exchanges):
+        ex.ep.phase_marker = marks[r].append
+    outs = lockstep([_growing(ex, tokens, [x[r] for x in xs], [i[r] for i in ids], [w[r] for w in weights], r)
+                     for r, ex in enumerate(exchanges)], _orders()[order])
+    for n in range(len(tokens)):
+        want_x, _, slots = one_rank(xs[n], ids[n], experts)
+        assert torch.equal(torch.cat([o[n][0][0] for o in outs]).view(torch.uint8), want_x.view(torch.uint8)), n
+        want = symm.local.combine(torch.cat([o[n][1] for o in outs]), torch.cat(weights[n]), slots)
+        assert torch.equal(torch.cat([o[n][2] for o in outs]), want), n
+    assert marks[0].count("scatter (again, grown)") >= 2 and marks[0].count("barrier 3") == marks[0].count("scatter (again, grown)")
+    assert world.requests[0] == world.requests[1] == world.requests[2]
+
+
+def test_dispatch_phases_scatter_before_the_host_read_and_own_rows_are_not_copied_back():
+    """After a parity's first dispatch: count, publish, barrier 1, scatter, barrier 2, host read (the
+    scatter does not wait for the host). The combine's scatter back skips this rank's own rows (its
+    combine reads them from expert_out), so their rows of the combine buffer keep their old bytes."""
+    size, experts, top_k, dim = 2, 4, 2, 16
+    gen = torch.Generator().manual_seed(9)
+    xs = [torch.randn(6, dim, generator=gen) for _ in range(size)]
+    ids = [torch.rand(6, experts, generator=gen).topk(top_k, dim=-1).indices.to(torch.int32) for _ in range(size)]
+    weights = [torch.rand(6, top_k, generator=gen) for _ in range(size)]
+    world, exchanges = make_group(size, experts)
+    marks = [[] for _ in range(size)]
+    for r, ex in enumerate(exchanges):
+        ex.ep.phase_marker = marks[r].append
+    for step in range(3):
+        for m in marks:
+            m.clear()
+        outs = lockstep([ex.dispatch_steps(x, i) for ex, x, i in zip(exchanges, xs, ids)])
+        first = ["count", "publish", "barrier 1", "host read", "scatter", "barrier 2"]
+        later = ["count", "publish", "barrier 1", "scatter", "barrier 2", "host read"]
+        assert all(m == (first if step < 2 else later) for m in marks), (step, marks)
+        for st in (ex.state for ex in exchanges):
+            for buf in st.back:
+                if buf is not None:
+                    buf.local.fill_(0xAB)
+        eos = [o[0].clone() for o in outs]
+        got = lockstep([ex.combine_steps(eo, w, o[2]) for ex, eo, w, o in zip(exchanges, eos, weights, outs)])
+        _, _, slots = one_rank(xs, ids, experts)
+        assert torch.equal(torch.cat(got), symm.local.combine(torch.cat(eos), torch.cat(weights), slots)), step
+        L = experts // size
+        for r, ex in enumerate(exchanges):
+            back = ex.state.back[step % 2].local[: 6 * top_k * dim * 4].view(torch.float32).view(6 * top_k, dim)
+            own = (ids[r].reshape(-1) // L) == r
+            rows = outs[r][2].long()
+            assert own.any() and (~own).any()
+            assert (back[rows[own]].view(torch.int32) == int.from_bytes(b"\xab" * 4, "little", signed=True)).all(), (step, r)
+            assert not (back[rows[~own]].view(torch.int32) == int.from_bytes(b"\xab" * 4, "little", signed=True)).any(), (step, r)
