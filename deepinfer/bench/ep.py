@@ -25,9 +25,8 @@ Every rank runs `run_rank`; rank 0 prints the table and writes the JSON. Measure
 
 Phase breakdown (opt-in: `--phases`, or DEEPINFER_EP_BENCH_PHASES=1): for the bf16 rows, `repeat`
 more iterations with `ExpertParallel.phase_marker` set, so the EP implementation records an event at
-the end of each of its phases (symmetric memory: count, publish, barrier 1, scatter, barrier 2,
-host read (a parity's first dispatch reads before its scatter; a grown buffer adds "scatter (again,
-grown)" and "barrier 3"); scatter back, barrier, combine (local); the NCCL path: local dispatch, counts
+the end of each of its phases (symmetric memory: count, publish, barrier 1, host read, scatter,
+barrier 2; scatter back, barrier, combine (local); the NCCL path: local dispatch, counts
 all_to_all, host read, rows all_to_all, re-sort; re-sort, rows all_to_all, combine (local)); each
 phase's median, max over ranks, is printed after the table and written to the JSON ("phases").
 These iterations are separate from the timed ones (the extra events do not touch those numbers).

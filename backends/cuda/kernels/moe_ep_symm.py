@@ -17,8 +17,7 @@ shared by every ExpertParallel over that group; `ep.transports["symm"]` is the E
   counts and its token count T_s. The first allocation's device barrier orders every step below.
 - `rows[p]`: symmetric receive buffer (bytes) of parity p, and `maps[p]`: symmetric int32
   [2, capacity]: for each received row, its source rank and its row in the source's send layout.
-- `back[p]`: symmetric combine buffer (bytes): a source's rows computed by its peers come back
-  here, at their rows of its send layout (the rows of its own experts are left unwritten).
+- `back[p]`: symmetric combine buffer (bytes): a source's rows come back here in its send layout.
   Capacities are in bytes and grow on demand (a collective allocation that every rank decides
   identically, as each sees every rank's counts), never shrink, and are never freed (see
   `SymmetricState`: torch's symmetric-memory pool would hand a freed block back with its old
@@ -27,38 +26,24 @@ shared by every ExpertParallel over that group; `ep.transports["symm"]` is the E
 dispatch (rank `me` of W, L = E / W experts per rank; parity p = dispatch number mod 2)
   1. count + scan of the slots per expert (the two kernels of `deepinfer_cuda.kernels.moe`);
   2. publish: one kernel stores this rank's E counts and T into row `me` of every rank's counts[p];
-  3. barrier 1;
-  4. scatter, queued right after barrier 1 (no host round trip before it): ONE kernel, a program
-     per (token, column split): each of the token's K slots gets its send-layout row (row_of_slot,
-     as the local dispatch numbers it) and its final row in the owner's layout, start(expert) +
-     rows from lower source ranks + its rank among this source's slots of the expert, all from
-     counts[p] on the device; the token row is stored there (peer address from an int64 tensor of
-     base pointers, cast to a pointer in the kernel), and (me, send row) into the owner's maps[p];
-     where this rank owns the expert, the slot's row in its own expert_x goes into local_row
-     (for the combine). Rows at or past `capacity` (the rows that rows[p] and maps[p] hold, the
-     same on every rank: collective allocations) are not stored;
-  5. barrier 2; then the one host synchronisation: a read of counts[p] (into a pinned buffer):
-     R (expert_x is a view of rows[p], sliced now) and the rows each rank receives. If some rank
-     receives more than `capacity` (every rank reads the same counts, so all see it), every rank
-     grows rows[p] / maps[p] (collective allocations), runs the scatter again into the grown
-     buffers and passes one more barrier: a rare retry (warm-up, a larger batch than before).
-     A parity's first dispatch has no buffers yet: it reads the counts before its scatter (step 5
-     before 4) to size them. expert_offsets come from the kernel.
+  3. barrier; one host read of counts[p] (into a pinned buffer; the one host synchronisation:
+     R, and whether a buffer must grow);
+  4. scatter: ONE kernel, a program per (token, column split): each of the token's K slots gets
+     its send-layout row (row_of_slot, as the local dispatch numbers it) and its final row in the
+     owner's layout, start(expert) + rows from lower source ranks + its rank among this source's
+     slots of the expert, all from counts[p]; the token row is stored there (peer address from an
+     int64 tensor of base pointers, cast to a pointer in the kernel), and (me, send row) into the
+     owner's maps[p];
+  5. barrier. expert_x is a view of rows[p] (no copy); expert_offsets come from the kernel.
 combine (parity q = combine number mod 2)
-  1. one kernel, a program per received row: a row from a peer is stored straight into that
-     source's back[q] at the row maps[p] names (the source's send layout); this rank's own rows are
-     not copied;
-  2. barrier; the local fixed-order combine: `deepinfer_cuda.kernels.moe`'s combine kernel with
-     two sources, expert_out (own rows, at local_row) and back[q] (the peers' rows, at
-     row_of_slot): the same k order and float32 arithmetic, so the same bits.
+  1. one kernel, a program per received row: stored straight into its source's back[q] at the row
+     maps[p] names (the source's send layout);
+  2. barrier; the local fixed-order combine (`deepinfer_cuda.kernels.moe.combine`) over back[q].
 
 Lifetimes: expert_x is a view of the process group's receive buffer: it is valid until the NEXT
 dispatch on the same process group, whichever ExpertParallel makes it (the one after that
 overwrites its memory; copy it out to keep it longer), and the combine of a dispatch must run
-before the second dispatch after it (checked); expert_out is read by the combine until it returns
-(its own rows are not copied out). A scatter that did not fit stores what fits into the old
-buffers of its parity, whose contents belong to the dispatch two before (dead by the rule above),
-before every row is stored again into the grown ones. Double buffering
+before the second dispatch after it (checked). Double buffering
 (two parities) is what makes one barrier per step enough: a peer writes parity p again only after
 every rank has passed a barrier that follows its use of parity p's previous contents in stream
 order.
@@ -111,8 +96,8 @@ def _publish_counts_kernel(totals_ptr, peer_ptrs, offset, T, E, BLOCK_E: tl.cons
 def _dispatch_scatter_kernel(
     x_ptr, ids_ptr, rank_ptr, prefix_ptr, counts_ptr,
     row_ptrs, src_rank_ptrs, src_row_ptrs,
-    row_of_slot_ptr, local_row_ptr, offsets_ptr,
-    D, E, L, W, me, n_tiles, stride_x, cstride, cols_per_split, capacity,
+    row_of_slot_ptr, offsets_ptr,
+    D, E, L, W, me, n_tiles, stride_x, cstride, cols_per_split,
     K: tl.constexpr,
     TILE_S: tl.constexpr,
     BLOCK_E: tl.constexpr,
@@ -148,16 +133,12 @@ def _dispatch_scatter_kernel(
     owner = eid // L
     owner_base = tl.sum(tl.where(ex[None, :] < (owner * L)[:, None], col_tot[None, :], 0), axis=1)
     dest = tl.sum(tl.where(hit, (excl_all + before)[None, :], 0), axis=1) - owner_base + rk
-    # rows past `capacity` (the owner's receive / map buffers, the same on every rank) are not
-    # stored: the host sees it after barrier 2 (same counts on every rank), grows and runs again
-    w_ok = k_ok & (dest < capacity)
     if split == 0:
         tl.store(row_of_slot_ptr + slot, row_local, mask=k_ok)
-        tl.store(local_row_ptr + slot, tl.where(owner == me, dest, -1), mask=k_ok)  # combine reads these from expert_out
         src_rank_base = tl.load(src_rank_ptrs + owner, mask=k_ok, other=0).to(tl.pointer_type(tl.int32))
-        tl.store(src_rank_base + dest, tl.zeros([BLOCK_K], dtype=tl.int32) + me, mask=w_ok)
+        tl.store(src_rank_base + dest, tl.zeros([BLOCK_K], dtype=tl.int32) + me, mask=k_ok)
         src_row_base = tl.load(src_row_ptrs + owner, mask=k_ok, other=0).to(tl.pointer_type(tl.int32))
-        tl.store(src_row_base + dest, row_local, mask=w_ok)
+        tl.store(src_row_base + dest, row_local, mask=k_ok)
     dst_base = tl.load(row_ptrs + owner, mask=k_ok, other=0).to(tl.pointer_type(x_ptr.dtype.element_ty))
     dst = dst_base[:, None] + dest.to(tl.int64)[:, None] * D
     src = x_ptr + t.to(tl.int64) * stride_x
@@ -167,59 +148,28 @@ def _dispatch_scatter_kernel(
         cols = c + tl.arange(0, BLOCK_D)
         c_ok = cols < col_end
         v = tl.load(src + cols, mask=c_ok)
-        tl.store(dst + cols[None, :], tl.broadcast_to(v[None, :], [BLOCK_K, BLOCK_D]), mask=w_ok[:, None] & c_ok[None, :])
+        tl.store(dst + cols[None, :], tl.broadcast_to(v[None, :], [BLOCK_K, BLOCK_D]), mask=k_ok[:, None] & c_ok[None, :])
 
 
 @triton.jit
 def _combine_scatter_kernel(
     src_ptr, src_rank_ptr, src_row_ptr, peer_ptrs,
-    D, stride_src, cols_per_split, me,
+    D, stride_src, cols_per_split,
     BLOCK_D: tl.constexpr,
 ):
     i = tl.program_id(0)
     split = tl.program_id(1)
     s = tl.load(src_rank_ptr + i)
-    if s != me:  # this rank's own rows stay in expert_out: its combine reads them there
-        row = tl.load(src_row_ptr + i)
-        base = tl.load(peer_ptrs + s).to(tl.pointer_type(src_ptr.dtype.element_ty))
-        dst = base + row.to(tl.int64) * D
-        src = src_ptr + i.to(tl.int64) * stride_src
-        col0 = split * cols_per_split
-        col_end = tl.minimum(col0 + cols_per_split, D)
-        for c in range(col0, col_end, BLOCK_D):
-            cols = c + tl.arange(0, BLOCK_D)
-            c_ok = cols < col_end
-            tl.store(dst + cols, tl.load(src + cols, mask=c_ok), mask=c_ok)
-
-
-@triton.jit
-def _combine_two_kernel(
-    back_ptr, own_ptr, w_ptr, row_of_slot_ptr, local_row_ptr, out_ptr,
-    D, stride_back, stride_own, stride_out, cols_per_split,
-    K: tl.constexpr,
-    ACC: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-):
-    # `deepinfer_cuda.kernels.moe._combine_kernel` (the same fixed k order, the same float32
-    # arithmetic, so the same bits) with two sources: slot (t, k) reads expert_out's row
-    # local_row[t, k] where this rank owns the expert (local_row >= 0), else the combine buffer's
-    # row row_of_slot[t, k] (where its owner stored it back)
-    t = tl.program_id(0)
-    split = tl.program_id(1)
+    row = tl.load(src_row_ptr + i)
+    base = tl.load(peer_ptrs + s).to(tl.pointer_type(src_ptr.dtype.element_ty))
+    dst = base + row.to(tl.int64) * D
+    src = src_ptr + i.to(tl.int64) * stride_src
     col0 = split * cols_per_split
     col_end = tl.minimum(col0 + cols_per_split, D)
     for c in range(col0, col_end, BLOCK_D):
         cols = c + tl.arange(0, BLOCK_D)
         c_ok = cols < col_end
-        acc = tl.zeros([BLOCK_D], dtype=ACC)
-        for k in tl.static_range(K):  # k = 0..K-1 in order: the sum does not depend on the batch
-            r = tl.load(row_of_slot_ptr + t * K + k).to(tl.int64)
-            lr = tl.load(local_row_ptr + t * K + k).to(tl.int64)
-            w = tl.load(w_ptr + t * K + k).to(ACC)
-            row_ptr = tl.where(lr >= 0, own_ptr + lr * stride_own, back_ptr + r * stride_back)
-            v = tl.load(row_ptr + cols, mask=c_ok, other=0.0).to(ACC)
-            acc += w * v
-        tl.store(out_ptr + t.to(tl.int64) * stride_out + cols, acc.to(out_ptr.dtype.element_ty), mask=c_ok)
+        tl.store(dst + cols, tl.load(src + cols, mask=c_ok), mask=c_ok)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -332,7 +282,6 @@ class _SymmExchange:
     max_tokens: int  # max T over the ranks
     state: "SymmetricState"
     maps: tuple  # the maps entry (buffer, rank ptrs, row ptrs, capacity) this dispatch wrote
-    local_row: torch.Tensor  # int32 [T * K]: the slot's row in this rank's expert_x where it owns the expert, else -1
 
 
 class SymmetricState:
@@ -455,68 +404,46 @@ class SymmetricExchange:
         self._mark("barrier 1")
         n = W * self.cstride
         counts = counts_buf.local.view(torch.int32)[region:region + n]
+        host = st.host_counts[:n]
+        host.copy_(counts, non_blocking=True)
+        if self.device.type == "cuda":
+            torch.cuda.current_stream(self.device).synchronize()  # the one host synchronisation
+        host = host.clone().view(W, self.cstride)  # the pinned buffer is reused by the next dispatch
+        counts = counts.view(W, self.cstride)
+        received = host[:, :E].sum(0).view(W, L).sum(1)  # rows each rank receives
+        num_received, max_tokens = int(received[me]), int(host[:, E].max())
+        most = int(received.max())
+        self._mark("host read")
         x2 = x.reshape(T, D)
         if not x2.is_contiguous():
             x2 = x2.contiguous()
         row_bytes = D * x.element_size()
-        row_of_slot = torch.empty(S, dtype=torch.int32, device=self.device)
-        local_row = torch.empty(S, dtype=torch.int32, device=self.device)
-        expert_offsets = torch.empty(L + 1, dtype=torch.int32, device=self.device)
-        sizes = None  # (rows each rank receives, max T): from the host read
-        if st.rows[parity] is None or st.maps[parity] is None:
-            # this parity's first dispatch (the same on every rank): read the counts first, to size
-            # the first buffers (later dispatches scatter first and read after barrier 2)
-            sizes = self._read_counts(counts, n)
-            self._mark("host read")
-        retry = False
-        while True:
-            most = int(sizes[0].max()) if sizes is not None else 0
-            rows = st.ensure_rows(parity, most * row_bytes)
-            maps = st.ensure_maps(parity, most)
-            _, rank_ptrs, row_ptrs, map_cap = maps
-            capacity = min(map_cap, rows.nbytes // row_bytes if row_bytes else map_cap)  # the same on every rank
-            if layout is not None:
-                xw = _words(x2)
-                Dw = xw.shape[1]
-                block_d = local._block_d(max(Dw, 1), xw.element_size(), cfg)
-                per, splits = local._column_split(T, Dw, block_d, cfg["target_programs"]) if Dw else (0, 1)
-                _dispatch_scatter_kernel[(T, splits)](
-                    xw, layout.ids, layout.rank, layout.prefix, counts,
-                    rows.ptrs, rank_ptrs, row_ptrs, row_of_slot, local_row, expert_offsets,
-                    Dw, E, L, W, me, layout.n_tiles, xw.stride(0), self.cstride, per, capacity,
-                    K=K, TILE_S=layout.tile_s, BLOCK_E=next_power_of_2(E), BLOCK_W=next_power_of_2(W),
-                    BLOCK_K=next_power_of_2(K), BLOCK_D=block_d, num_warps=cfg["copy_warps"],
-                )  # fmt: skip
-            self._mark("scatter (again, grown)" if retry else "scatter")
-            yield  # barrier: every row that fits is in its owner's receive buffer
-            self._mark("barrier 3" if retry else "barrier 2")
-            if sizes is None:
-                sizes = self._read_counts(counts, n)  # the one host synchronisation: R, and whether it all fit
-                self._mark("host read")
-            if int(sizes[0].max()) <= capacity:
-                break
-            # some rank's rows did not fit (every rank sees the same counts, so all of them come
-            # here): grow (collectively) and store every row again, into the grown buffers
-            retry = True
-        received, max_tokens, host = sizes
-        num_received = int(received[me])
+        rows = st.ensure_rows(parity, most * row_bytes)
+        maps = st.ensure_maps(parity, most)
+        _, rank_ptrs, row_ptrs, _ = maps
         expert_x = rows.local[: num_received * row_bytes].view(x.dtype).view(num_received, D)
-        if layout is None:  # no slots on this rank (T = 0): only the receive side's offsets
+        row_of_slot = torch.empty(S, dtype=torch.int32, device=self.device)
+        if layout is not None:
+            xw = _words(x2)
+            Dw = xw.shape[1]
+            block_d = local._block_d(max(Dw, 1), xw.element_size(), cfg)
+            per, splits = local._column_split(T, Dw, block_d, cfg["target_programs"]) if Dw else (0, 1)
+            expert_offsets = torch.empty(L + 1, dtype=torch.int32, device=self.device)
+            _dispatch_scatter_kernel[(T, splits)](
+                xw, layout.ids, layout.rank, layout.prefix, counts,
+                rows.ptrs, rank_ptrs, row_ptrs, row_of_slot, expert_offsets,
+                Dw, E, L, W, me, layout.n_tiles, xw.stride(0), self.cstride, per,
+                K=K, TILE_S=layout.tile_s, BLOCK_E=next_power_of_2(E), BLOCK_W=next_power_of_2(W),
+                BLOCK_K=next_power_of_2(K), BLOCK_D=block_d, num_warps=cfg["copy_warps"],
+            )  # fmt: skip
+        else:  # no slots on this rank (T = 0): only the receive side's offsets
             per_expert = host[:, :E].sum(0)[me * L:(me + 1) * L]
             expert_offsets = torch.cat([per_expert.new_zeros(1), per_expert.cumsum(0)]).to(torch.int32).to(self.device)
-        ep._remember(_SymmExchange(row_of_slot, number, parity, num_received, T, K, max_tokens, st, maps, local_row))
+        self._mark("scatter")
+        yield  # barrier: every row is in its owner's receive buffer
+        self._mark("barrier 2")
+        ep._remember(_SymmExchange(row_of_slot, number, parity, num_received, T, K, max_tokens, st, maps))
         return expert_x, expert_offsets, row_of_slot
-
-    def _read_counts(self, counts: torch.Tensor, n: int):
-        """Host read of this dispatch's [W, E + 1] counts -> (rows each rank receives, max T, counts)."""
-        st, ep = self.state, self.ep
-        host = st.host_counts[:n]
-        host.copy_(counts, non_blocking=True)
-        if self.device.type == "cuda":
-            torch.cuda.current_stream(self.device).synchronize()
-        host = host.clone().view(ep.size, self.cstride)  # the pinned buffer is reused by the next dispatch
-        received = host[:, :ep.num_experts].sum(0).view(ep.size, ep.experts_per_rank).sum(1)
-        return received, int(host[:, ep.num_experts].max()), host
 
     # -- combine ---------------------------------------------------------------------------
 
@@ -553,42 +480,15 @@ class SymmetricExchange:
             map_buf, _, _, cap = record.maps
             maps = map_buf.local.view(torch.int32)
             _combine_scatter_kernel[(R, splits)](
-                words, maps[:cap], maps[cap:], back.ptrs, Dw, words.stride(0), per, self.ep.rank,
-                BLOCK_D=block_d, num_warps=cfg["num_warps"],
-            )  # fmt: skip
+                words, maps[:cap], maps[cap:], back.ptrs, Dw, words.stride(0), per, BLOCK_D=block_d, num_warps=cfg["num_warps"],
+            )
         self._mark("scatter back")
-        yield  # barrier: this rank's rows from the peers are back in its combine buffer, in its send layout
+        yield  # barrier: this rank's rows are back in its combine buffer, in its send layout
         self._mark("barrier")
-        out = self._combine_local(expert_out, back, topk_weights, row_of_slot, record.local_row)
-        self._mark("combine (local)")
-        return out
-
-    def _combine_local(self, expert_out, back, topk_weights, row_of_slot, local_row) -> torch.Tensor:
-        """`local.combine` over two sources: this rank's own rows from expert_out (never copied into
-        the combine buffer), the peers' from the combine buffer (bit-identical: same kernel body)."""
-        T, K = topk_weights.shape
-        D = expert_out.shape[-1]
-        out = torch.empty(T, D, dtype=expert_out.dtype, device=expert_out.device)
-        if T == 0 or D == 0:
-            return out
-        row_bytes = D * expert_out.element_size()
-        S = T * K
+        S = record.tokens * record.top_k
         rows = back.local[: S * row_bytes].view(expert_out.dtype).view(S, D)
-        own = expert_out.reshape(-1, D)
-        if own.shape[0] == 0:
-            own = rows  # no own rows: never read (every local_row is -1)
-        elif own.stride(-1) != 1:
-            own = own.contiguous()
-        w = topk_weights.contiguous()
-        slots = row_of_slot.reshape(-1).to(torch.int32).contiguous()
-        acc = tl.float64 if expert_out.dtype == torch.float64 else tl.float32
-        cfg = local._cfg("combine", "tokens", expert_out.device)
-        block_d = local._block_d(D, expert_out.element_size(), cfg)
-        per, splits = local._column_split(T, D, block_d, cfg["target_programs"])
-        _combine_two_kernel[(T, splits)](
-            rows, own, w, slots, local_row, out, D, rows.stride(0), own.stride(0), out.stride(0), per,
-            K=K, ACC=acc, BLOCK_D=block_d, num_warps=cfg["num_warps"],
-        )
+        out = local.combine(rows, topk_weights, row_of_slot)
+        self._mark("combine (local)")
         return out
 
 
