@@ -275,6 +275,7 @@ def test_mxfp8_activation_quantiser_is_bit_exact(kg, dtype):
     assert torch.equal(q.view(torch.uint8), want_q.view(torch.uint8)) and torch.equal(s, want_s)
 
 
+@pytest.mark.parametrize("fmt", ["mxfp8", "mxfp4_a8"])  # W8A8 MX; W4A8 MX (mxfp4 weights, MX FP8 activations)
 @pytest.mark.parametrize(
     "t,n,k,dtype",
     [
@@ -284,27 +285,10 @@ def test_mxfp8_activation_quantiser_is_bit_exact(kg, dtype):
         (3, 48, 160, torch.float32),
     ],
 )
-def test_linear_mxfp8(kg, t, n, k, dtype):
+def test_linear_mx_activation_formats(kg, fmt, t, n, k, dtype):
+    """Both operands MX: the activation quantised in-kernel, the swapped block-scaled dot (MX_MODE 2)."""
     x = rand(t, k, seed=n + k, dtype=dtype)
     x[:, 3] *= 300.0  # a large column (the activation's group scale follows it)
-    kw = {"x": x, **weight_in("mxfp8", n=n, k=k, seed=t)}
-    assert kg._mx_mode("mxfp8", x) == kg._MX_NATIVE
-    assert_matches("linear", kg.linear(**kw), kw)
-
-
-@pytest.mark.parametrize(
-    "t,n,k,dtype",
-    [
-        (5, 128, 128, torch.bfloat16),
-        (33, 96, 480, torch.bfloat16),  # K not a multiple of the K block, N not of BLOCK_N
-        (2, 40, 512, torch.float16),
-        (3, 48, 160, torch.float32),
-    ],
-)
-def test_linear_mxfp4_a8(kg, t, n, k, dtype):
-    """W4A8 MX: mxfp4 weights with MX FP8 activations, through the swapped block-scaled dot (MX_MODE 2)."""
-    x = rand(t, k, seed=n + k, dtype=dtype)
-    x[:, 3] *= 300.0
-    kw = {"x": x, **weight_in("mxfp4_a8", n=n, k=k, seed=t)}
-    assert kg._mx_mode("mxfp4_a8", x) == kg._MX_NATIVE
+    kw = {"x": x, **weight_in(fmt, n=n, k=k, seed=t)}
+    assert kg._mx_mode(fmt, x) == kg._MX_NATIVE
     assert_matches("linear", kg.linear(**kw), kw)
