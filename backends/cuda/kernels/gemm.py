@@ -748,7 +748,7 @@ def _launch(x, weight, weight_scale, fmt, layout, *, offsets=None, masked_m=None
         programs = cdiv(rows_total, block_m) * num_n
     total_iters = cdiv(k, block_k)
     split = 1
-    target = 2 * _sm_count(device)
+    target = cfg.get("split_target_per_sm", 2) * _sm_count(device)
     if programs < target and cfg.get("split_k", True):
         split = min(cdiv(target, programs), max(1, total_iters // cfg.get("min_iters_per_split", 4)), 16)
     iters_per_split = cdiv(total_iters, split)
