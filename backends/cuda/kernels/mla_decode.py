@@ -18,12 +18,14 @@ the GPU; the count comes from host-known shapes only (B, the block table's width
 count), never from seq_lens, so the launch is CUDA-graph safe. A split past a request's length
 (or before its sliding window) runs no iteration and reports lse = -inf. With one split the
 kernel writes the normalised output directly; otherwise it writes per-split normalised partials
-and their log-sum-exp, and a combine kernel merges them in a fixed split order (deterministic, no
-atomics).
+and their log-sum-exp, and they are merged in a fixed split order (deterministic): by the last
+split program of each (row tile, request) to finish, which counts arrivals in a per-device int32
+counter array and resets its counter for the next launch ("fused_combine", the default), or by a
+separate combine kernel.
 
 H200 (2026-11-30, Triton 3.6, B=128, ctx 4096, page 64, bf16; bench/attention_decode.py):
-  - 16 heads, S=1: 173 us per call = 3.52 TB/s of cache read (split kernel 161-166 us + combine
-    3.2 us): ~84% of the 4.19 TB/s copy ceiling. 16 query rows run on mma.sync (M=16), 2 CTAs/SM,
+  - 16 heads, S=1: 168-169 us per call = 3.60 TB/s of cache read with the fused merge (173.8 us
+    with the combine kernel; split kernel alone 161 us): 84% of the 4.28 TB/s copy ceiling. 16 query rows run on mma.sync (M=16), 2 CTAs/SM,
     cp.async double buffering of the 74 KB tile; 2 splits fill the 264 resident slots in one wave.
   - 128 heads, S=1: 570 us = 256 TFLOP/s (34% of the 750 TFLOP/s cuBLAS rate; target 55%).
     The [64, 512] float32 accumulator needs 8 warps, and Triton gives a dot whose result feeds

@@ -41,6 +41,7 @@ CONFIGS: dict[str, dict[str, dict]] = {
         "small_head_fp32": {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2, "tma": True},
     },
     # mla_decode: measured on an H200 2026-11-30 (B128 ctx4096 page64 bf16; bench/attention_decode.py sweep).
+    # fused_combine (the last split program merges): 173.8 -> 167.9 us at 16 heads (3, 4, 6 splits: 199-183 us).
     # rows_le16 (16 heads, S=1): BLOCK_N 64, 4 warps, 2 stages, 2 CTAs/SM -> 2 splits: 173 us incl. combine,
     # 3.52 TB/s (split kernel alone 161-166 us); BLOCK_N 32 / 3-4 stages / 2 or 8 warps / 128-wide tiles all slower.
     # rows_le32 (S=2): same tile, 215 us. rows_le64 (S=4, 64 rows): 8 warps, one split, 311 us.
