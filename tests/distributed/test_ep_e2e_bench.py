@@ -92,3 +92,21 @@ def test_cli_passes_every_option_to_the_ranks():
     again = parser.parse_args(["bench", "e2e-ep", *bench_e2e_ep.command_line(args)])
     assert vars(again) == vars(args)
     assert bench_e2e_ep.parse_overrides(["a=1", "b=null", "c=text"]) == {"a": 1, "b": None, "c": "text"}
+
+
+def test_four_ranks_with_redundant_experts(tmp_path):
+    """Issue 7's scaling runs need 4 and 8 GPUs; the same command runs 4 ranks here (gloo), experts
+    (16 + 4 redundant) sharded 5 per rank."""
+    out = tmp_path / "ep4.json"
+    command = [
+        sys.executable, "-m", "deepinfer", "bench", "e2e-ep", "--ep", "4", "--backend", "reference", "--dtype", "float32",
+        *overrides(), "--layers", "2", "--batch", "2", "--prompt-len", "8", "--new-tokens", "4",
+        "--num-redundant-experts", "4", "--skew", "1", "--skew-experts", "2", "--json", str(out),
+    ]  # fmt: skip
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    (row,) = json.loads(out.read_text())["results"]
+    assert row["ep"] == 4 and row["num_redundant_experts"] == 4 and row["placement"] == "eplb"
+    assert row["total_batch"] == 8 and len(row["step_ms_per_rank"]) == 4 and row["ep_path"] == "gloo"
+    assert row["eplb_rank_max_mean_after"] <= row["eplb_rank_max_mean_before"]
