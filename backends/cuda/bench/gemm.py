@@ -1,4 +1,4 @@
-"""Benchmarks of `grouped_gemm` and `linear` (dense bf16, fp8_block, mxfp4) at DeepSeek shapes.
+"""Benchmarks of `grouped_gemm` and `linear` (dense bf16, fp8_block, mxfp4, mxfp8, mxfp4_a8) at DeepSeek shapes.
 
 Prefill shapes are compute-bound (FLOP rate against the bf16 matmul ceiling); decode shapes
 (<= 64 tokens per expert) stream the weights (bytes = weights + scales + activations + outputs,
@@ -10,7 +10,8 @@ against copy bandwidth). Peers:
   else a loop of `torch._scaled_mm` per expert with per-tensor scales (a rate reference: neither is
   block-scaled); which one ran is recorded in the case state.
 - linear: torch.nn.functional.linear (cuBLAS); fp8: `torch._scaled_mm` with per-tensor scales;
-  mxfp4 decode: F.linear on the dequantised bf16 weight (reads 3.8x the bytes).
+  mxfp4 decode: F.linear on the dequantised bf16 weight (reads 3.8x the bytes); mxfp8 and mxfp4_a8
+  (MX activations, added 2026-11-30, not yet run on a GPU) likewise.
 The fp8 cases include the fused activation quantiser (the op takes bf16 activations); one more case
 times the GEMM alone on pre-quantised activations, as DeepGEMM reports it.
 
@@ -44,7 +45,8 @@ def _weights(fmt: str, e: int | None, n: int, k: int, device: torch.device) -> d
     ws, ss = [], []
     for i in range(1 if e is None else e):
         w = torch.randn(n, k, device=device, generator=g) * k**-0.5
-        q, s = (quant.quantize_weight_fp8_block if fmt == "fp8_block" else quant.quantize_weight_mxfp4)(w)
+        quantise = {"fp8_block": quant.quantize_weight_fp8_block, "mxfp8": quant.quantize_weight_mxfp8}.get(fmt, quant.quantize_weight_mxfp4)
+        q, s = quantise(w)  # mxfp4 and mxfp4_a8 share the e2m1 weight layout
         ws.append(q)
         ss.append(s)
     out["weight"] = ws[0] if e is None else torch.stack(ws)
@@ -173,8 +175,10 @@ def _linear_setup(fmt: str, t: int, n: int, k: int):
         if fmt == "fp8_block":  # per-tensor fp8 peer
             s["peer_xq"] = s["x"].to(torch.float8_e4m3fn)
             s["peer_one"] = torch.ones((), device=device, dtype=torch.float32)
-        elif fmt == "mxfp4":
+        elif fmt in ("mxfp4", "mxfp4_a8"):
             s["peer_w"] = quant.dequantize_mxfp4(s["weight"], s["weight_scale"], torch.bfloat16)
+        elif fmt == "mxfp8":
+            s["peer_w"] = quant.dequantize_mxfp8(s["weight"], s["weight_scale"], torch.bfloat16)
         return s
 
     return setup
@@ -208,6 +212,8 @@ def _linear_case(name, fmt, t, n, k, *, bound):
         "dense": "F.linear (cuBLAS)",
         "fp8_block": "torch._scaled_mm per-tensor",
         "mxfp4": "F.linear on dequantised bf16 weight",
+        "mxfp8": "F.linear on dequantised bf16 weight",
+        "mxfp4_a8": "F.linear on dequantised bf16 weight",
     }[fmt]
     return BenchCase(
         op="linear", name=name, setup=_linear_setup(fmt, t, n, k), kernel=_linear_kernel, peer=_linear_peer,
@@ -230,6 +236,11 @@ CASES = [
     _grouped_case("fp8_block masked 64x16 tok, 2048->2816", "fp8_block", 64, 16, 2816, 2048, masked=True, bound="memory", peer=False),
     _linear_case("bf16 decode 16x7168->36864", "dense", 16, 36864, 7168, bound="memory"),
     _linear_case("mxfp4 decode 16x7168->36864", "mxfp4", 16, 36864, 7168, bound="memory"),
+    # MX activations (W8A8 / W4A8): Triton's emulation on SM90, the block-scaled MMA on SM100
+    _linear_case("mxfp8 4096x7168->7168", "mxfp8", 4096, 7168, 7168, bound="compute"),
+    _linear_case("mxfp8 decode 16x7168->36864", "mxfp8", 16, 36864, 7168, bound="memory"),
+    _linear_case("mxfp4_a8 4096x7168->7168", "mxfp4_a8", 4096, 7168, 7168, bound="compute"),
+    _linear_case("mxfp4_a8 decode 16x7168->36864", "mxfp4_a8", 16, 36864, 7168, bound="memory"),
 ]
 
 
