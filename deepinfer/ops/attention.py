@@ -27,11 +27,8 @@ def kv_cache_write(
     the cache dtype. Rows of slots no token names are left untouched; the non-negative slots must be
     distinct and below num_blocks * block_size.
     """
-    num_blocks, block_size, width = kv_cache.shape
-    if kv_c.shape[-1] + k_pe.shape[-1] != width:
-        raise ValueError(f"kv_c ({kv_c.shape[-1]}) + k_pe ({k_pe.shape[-1]}) widths do not match the cache row ({width})")
-    if not kv_c.shape[0] == k_pe.shape[0] == slot_mapping.shape[0]:
-        raise ValueError(f"kv_c, k_pe and slot_mapping disagree on the token count: {kv_c.shape[0]}, {k_pe.shape[0]}, {slot_mapping.shape[0]}")
+    num_blocks, block_size, _ = kv_cache.shape
+    check_kv_cache_write_shapes(kv_c, k_pe, kv_cache, slot_mapping)
     written = slot_mapping >= 0
     slots = slot_mapping[written].long()
     if slots.numel() and int(slots.max()) >= num_blocks * block_size:
@@ -52,6 +49,37 @@ def _visible_keys(query_positions: torch.Tensor, num_keys: int, sliding_window: 
     if sliding_window is not None:
         visible &= keys[None, :] > query_positions[:, None] - sliding_window
     return visible
+
+
+def check_kv_cache_write_shapes(kv_c: torch.Tensor, k_pe: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+    """`kv_cache_write`'s shapes (no host synchronisation): every backend's check."""
+    width = kv_cache.shape[-1]
+    if kv_c.shape[-1] + k_pe.shape[-1] != width:
+        raise ValueError(f"kv_c ({kv_c.shape[-1]}) + k_pe ({k_pe.shape[-1]}) widths do not match the cache row ({width})")
+    if not kv_c.shape[0] == k_pe.shape[0] == slot_mapping.shape[0]:
+        raise ValueError(f"kv_c, k_pe and slot_mapping disagree on the token count: {kv_c.shape[0]}, {k_pe.shape[0]}, {slot_mapping.shape[0]}")
+
+
+def check_mla_decode_shapes(q_nope: torch.Tensor, q_rope: torch.Tensor, kv_cache: torch.Tensor, sliding_window: int | None) -> None:
+    """`mla_decode`'s shapes and window (no host synchronisation): every backend's check."""
+    if q_rope.shape[:3] != q_nope.shape[:3]:
+        raise ValueError(f"q_rope {tuple(q_rope.shape)} does not match q_nope {tuple(q_nope.shape)} in [B, S, H]")
+    if q_nope.shape[-1] + q_rope.shape[-1] != kv_cache.shape[-1]:
+        raise ValueError(f"q_nope ({q_nope.shape[-1]}) + q_rope ({q_rope.shape[-1]}) widths do not match the cache row ({kv_cache.shape[-1]})")
+    _check_window(sliding_window)
+
+
+def check_prefill_shapes(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor, sliding_window: int | None
+) -> None:
+    """`prefill`'s shapes and window (no host synchronisation): every backend's check."""
+    if q.dim() != 3 or k.dim() != 3 or v.dim() != 3:
+        raise ValueError(f"prefill wants q [Tq, H, Dqk], k [Tk, H, Dqk], v [Tk, H, Dv]; got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
+    if k.shape[:2] != v.shape[:2] or q.shape[1:] != k.shape[1:]:
+        raise ValueError(f"q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)} do not fit [Tq, H, Dqk], [Tk, H, Dqk], [Tk, H, Dv]")
+    if cu_seqlens_q.shape != cu_seqlens_k.shape or cu_seqlens_q.dim() != 1:
+        raise ValueError(f"cu_seqlens_q {tuple(cu_seqlens_q.shape)} and cu_seqlens_k {tuple(cu_seqlens_k.shape)} must both be [B+1]")
+    _check_window(sliding_window)
 
 
 def _check_window(sliding_window: int | None) -> None:
@@ -96,13 +124,9 @@ def mla_decode(
     when q is float64; the cache is upcast to the same dtype, whatever its own).
     """
     batch, num_queries, heads, latent_dim = q_nope.shape
-    if q_rope.shape[:3] != q_nope.shape[:3]:
-        raise ValueError(f"q_rope {tuple(q_rope.shape)} does not match q_nope {tuple(q_nope.shape)} in [B, S, H]")
-    if latent_dim + q_rope.shape[-1] != kv_cache.shape[-1]:
-        raise ValueError(f"q_nope ({latent_dim}) + q_rope ({q_rope.shape[-1]}) widths do not match the cache row ({kv_cache.shape[-1]})")
+    check_mla_decode_shapes(q_nope, q_rope, kv_cache, sliding_window)
     if seq_lens.numel() and int(seq_lens.min()) < num_queries:
         raise ValueError(f"every seq_len must count the request's {num_queries} new tokens, got {seq_lens.tolist()}")
-    _check_window(sliding_window)
     acc = _accumulation_dtype(q_nope)
     out = torch.empty(batch, num_queries, heads, latent_dim, dtype=acc, device=q_nope.device)
     for b in range(batch):
@@ -139,12 +163,10 @@ def prefill(
     sliding_window >= 1).
     Returns [Tq, H, Dv] in q's dtype. Accumulates in float32 (float64 when q is float64).
     """
-    if k.shape[:2] != v.shape[:2] or q.shape[1:] != k.shape[1:]:
-        raise ValueError(f"q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)} do not fit [Tq, H, Dqk], [Tk, H, Dqk], [Tk, H, Dv]")
+    check_prefill_shapes(q, k, v, cu_seqlens_q, cu_seqlens_k, sliding_window)
     starts_q, starts_k = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
-    if len(starts_q) != len(starts_k) or starts_q[0] != 0 or starts_k[0] != 0 or starts_q[-1] != q.shape[0] or starts_k[-1] != k.shape[0]:
+    if starts_q[0] != 0 or starts_k[0] != 0 or starts_q[-1] != q.shape[0] or starts_k[-1] != k.shape[0]:
         raise ValueError(f"cu_seqlens_q {starts_q} / cu_seqlens_k {starts_k} must both run from 0 to Tq={q.shape[0]} / Tk={k.shape[0]}")
-    _check_window(sliding_window)
     acc = _accumulation_dtype(q)
     out = torch.empty(q.shape[0], q.shape[1], v.shape[2], dtype=acc, device=q.device)
     for b in range(len(starts_q) - 1):

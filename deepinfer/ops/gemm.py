@@ -65,8 +65,7 @@ def linear(
 
     weight_scale is required for every format but dense, and must be None for dense.
     """
-    _check_activation(x, dims=2)
-    _check_weight(weight, weight_scale, fmt, k=x.shape[-1], experts=())
+    check_linear_args(x, weight, weight_scale, fmt)
     acc = _accumulator(x)
     return (_activation_for_product(x, fmt, acc) @ _weight_for_product(weight, weight_scale, fmt, acc).T).to(x.dtype)
 
@@ -133,10 +132,42 @@ def _weight_for_product(weight: torch.Tensor, weight_scale: torch.Tensor | None,
     return weight.to(acc)
 
 
-def _check_integer_vector(name: str, t: torch.Tensor, length: int) -> list[int]:
+def check_index_vector(name: str, t: torch.Tensor, length: int, device: torch.device | None = None) -> None:
+    """An integer vector of `length` (on `device` when given): shape, dtype and device only, so a
+    kernel's wrapper can check it without synchronising with the host."""
     if t.dim() != 1 or t.shape[0] != length or t.is_floating_point() or t.is_complex() or t.dtype == torch.bool:
         raise ValueError(f"{name} must be an integer vector of length {length}, got {tuple(t.shape)} {t.dtype}")
+    if device is not None and t.device != device:
+        raise ValueError(f"{name} must be on {device}, got {t.device}")
+
+
+def _check_integer_vector(name: str, t: torch.Tensor, length: int) -> list[int]:
+    check_index_vector(name, t, length)
     return t.tolist()
+
+
+def check_linear_args(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor | None, fmt: str) -> None:
+    """`linear`'s arguments, shapes and dtypes only (no host synchronisation): every backend's check."""
+    _check_activation(x, dims=2)
+    _check_weight(weight, weight_scale, fmt, k=x.shape[-1], experts=())
+
+
+def check_grouped_args(
+    x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor | None, fmt: str,
+    expert_offsets: torch.Tensor | None, masked_m: torch.Tensor | None,
+) -> int:
+    """`grouped_gemm`'s arguments, shapes and dtypes only (no host synchronisation): one layout, the
+    weight, the activation of that layout. Returns the expert count E."""
+    if (expert_offsets is None) == (masked_m is None):
+        raise ValueError("grouped_gemm takes exactly one of expert_offsets (contiguous layout) and masked_m (masked layout)")
+    if weight.dim() != 3:
+        raise ValueError(f"grouped_gemm weight must be [E, N, K] (or [E, N, K/2] for mxfp4 and mxfp4_a8), got {tuple(weight.shape)}")
+    experts = weight.shape[0]
+    _check_activation(x, dims=2 if expert_offsets is not None else 3)
+    _check_weight(weight, weight_scale, fmt, k=x.shape[-1], experts=(experts,))
+    if masked_m is not None and x.shape[0] != experts:
+        raise ValueError(f"masked layout: x must be [E={experts}, max_m, K], got {tuple(x.shape)}")
+    return experts
 
 
 def _specified_rows(kwargs, out: torch.Tensor) -> torch.Tensor:
@@ -187,13 +218,7 @@ def grouped_gemm(
     zeros, the conformance suite zeroes them on every backend before comparing. Offsets and counts
     may be any integer dtype; the reference checks their values (which syncs with the host).
     """
-    if (expert_offsets is None) == (masked_m is None):
-        raise ValueError("grouped_gemm takes exactly one of expert_offsets (contiguous layout) and masked_m (masked layout)")
-    if weight.dim() != 3:
-        raise ValueError(f"grouped_gemm weight must be [E, N, K] (or [E, N, K/2] for mxfp4 and mxfp4_a8), got {tuple(weight.shape)}")
-    experts = weight.shape[0]
-    _check_activation(x, dims=2 if expert_offsets is not None else 3)
-    _check_weight(weight, weight_scale, fmt, k=x.shape[-1], experts=(experts,))
+    experts = check_grouped_args(x, weight, weight_scale, fmt, expert_offsets, masked_m)
     acc = _accumulator(x)
     xs = _activation_for_product(x, fmt, acc)  # per-token quantisation: rows are independent
     ws = _weight_for_product(weight, weight_scale, fmt, acc)
@@ -206,8 +231,6 @@ def grouped_gemm(
             rows = slice(bounds[e], bounds[e + 1])
             out[rows] = xs[rows] @ ws[e].T
     else:
-        if x.shape[0] != experts:
-            raise ValueError(f"masked layout: x must be [E={experts}, max_m, K], got {tuple(x.shape)}")
         counts = _check_integer_vector("masked_m", masked_m, experts)
         if any(not 0 <= m <= x.shape[1] for m in counts):
             raise ValueError(f"masked_m values must lie in [0, max_m={x.shape[1]}], got {counts}")

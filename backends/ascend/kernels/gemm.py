@@ -553,14 +553,6 @@ def _check_dtype(x: torch.Tensor) -> None:
         raise ValueError(f"the ascend gemm kernels take bfloat16/float16/float32 activations, got {x.dtype}")
 
 
-def _check_vector(name: str, t: torch.Tensor, length: int, device: torch.device) -> None:
-    """Shape, dtype and device only: the values stay on the device (no host synchronisation)."""
-    if t.dim() != 1 or t.shape[0] != length or t.is_floating_point() or t.is_complex() or t.dtype == torch.bool:
-        raise ValueError(f"{name} must be an integer vector of length {length}, got {tuple(t.shape)} {t.dtype}")
-    if t.device != device:
-        raise ValueError(f"{name} must be on {device}, got {t.device}")
-
-
 def linear(
     x: torch.Tensor,
     weight: torch.Tensor,
@@ -568,8 +560,7 @@ def linear(
     weight_scale: torch.Tensor | None = None,
     fmt: str = "dense",
 ) -> torch.Tensor:
-    gemm_ops._check_activation(x, dims=2)
-    gemm_ops._check_weight(weight, weight_scale, fmt, k=x.shape[-1], experts=())
+    gemm_ops.check_linear_args(x, weight, weight_scale, fmt)
     _check_dtype(x)
     return _launch(x, weight, weight_scale, fmt, _LINEAR)
 
@@ -583,20 +574,12 @@ def grouped_gemm(
     weight_scale: torch.Tensor | None = None,
     fmt: str = "dense",
 ) -> torch.Tensor:
-    if (expert_offsets is None) == (masked_m is None):
-        raise ValueError("grouped_gemm takes exactly one of expert_offsets (contiguous layout) and masked_m (masked layout)")
-    if weight.dim() != 3:
-        raise ValueError(f"grouped_gemm weight must be [E, N, K] (or [E, N, K/2] for mxfp4), got {tuple(weight.shape)}")
-    experts = weight.shape[0]
-    gemm_ops._check_activation(x, dims=2 if expert_offsets is not None else 3)
-    gemm_ops._check_weight(weight, weight_scale, fmt, k=x.shape[-1], experts=(experts,))
+    experts = gemm_ops.check_grouped_args(x, weight, weight_scale, fmt, expert_offsets, masked_m)
     _check_dtype(x)
     if expert_offsets is not None:
-        _check_vector("expert_offsets", expert_offsets, experts + 1, x.device)
+        gemm_ops.check_index_vector("expert_offsets", expert_offsets, experts + 1, x.device)
         return _launch(x, weight, weight_scale, fmt, _CONTIGUOUS, bounds=expert_offsets)
-    if x.shape[0] != experts:
-        raise ValueError(f"masked layout: x must be [E={experts}, max_m, K], got {tuple(x.shape)}")
-    _check_vector("masked_m", masked_m, experts, x.device)
+    gemm_ops.check_index_vector("masked_m", masked_m, experts, x.device)
     return _launch(x, weight, weight_scale, fmt, _MASKED, bounds=masked_m)
 
 

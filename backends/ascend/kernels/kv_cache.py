@@ -27,6 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
+from deepinfer.ops import attention as attention_ops
 from deepinfer_ascend.kernels.common import Registration, interpreting, launch_options, next_power_of_2, vector_grid
 
 INT32_LIMIT = 2**31
@@ -83,12 +84,9 @@ def kv_cache_write(
     kv_cache: torch.Tensor,
     slot_mapping: torch.Tensor,
 ) -> torch.Tensor:
-    num_blocks, block_size, width = kv_cache.shape
+    num_blocks, block_size, _ = kv_cache.shape
     latent_dim, rope_dim = kv_c.shape[-1], k_pe.shape[-1]
-    if latent_dim + rope_dim != width:
-        raise ValueError(f"kv_c ({latent_dim}) + k_pe ({rope_dim}) widths do not match the cache row ({width})")
-    if not kv_c.shape[0] == k_pe.shape[0] == slot_mapping.shape[0]:
-        raise ValueError(f"kv_c, k_pe and slot_mapping disagree on the token count: {kv_c.shape[0]}, {k_pe.shape[0]}, {slot_mapping.shape[0]}")
+    attention_ops.check_kv_cache_write_shapes(kv_c, k_pe, kv_cache, slot_mapping)
     if kv_cache.stride(-1) != 1:
         raise ValueError("kv_cache rows must be contiguous (last stride 1)")
     tokens = kv_c.shape[0]

@@ -55,6 +55,7 @@ import torch
 import triton
 import triton.language as tl
 
+from deepinfer.ops import attention as attention_ops
 from deepinfer_ascend.kernels.common import Registration, cdiv, cube_grid, current, interpreting, launch_options, next_power_of_2, upcast_dot, vector_grid
 from deepinfer_ascend.kernels.kv_cache import to_bf16_rne
 
@@ -328,13 +329,8 @@ def launch_mla_decode(
     tests use them to exercise the combine and the C-chunked path on small shapes."""
     batch, num_queries, heads, latent_dim = q_nope.shape
     rope_dim = q_rope.shape[-1]
-    _, page, width = kv_cache.shape
-    if q_rope.shape[:3] != q_nope.shape[:3]:
-        raise ValueError(f"q_rope {tuple(q_rope.shape)} does not match q_nope {tuple(q_nope.shape)} in [B, S, H]")
-    if latent_dim + rope_dim != width:
-        raise ValueError(f"q_nope ({latent_dim}) + q_rope ({rope_dim}) widths do not match the cache row ({width})")
-    if sliding_window is not None and sliding_window < 1:
-        raise ValueError(f"sliding_window must be >= 1 or None, got {sliding_window}")
+    _, page, _ = kv_cache.shape
+    attention_ops.check_mla_decode_shapes(q_nope, q_rope, kv_cache, sliding_window)
     if page < 16 or page & (page - 1):
         raise ValueError(f"the ascend mla_decode kernel needs a power-of-two block size >= 16, got {page}")
     if kv_cache.stride(-1) != 1:

@@ -48,6 +48,7 @@ import torch
 import triton
 import triton.language as tl
 
+from deepinfer.ops import attention as attention_ops
 from deepinfer_cuda.kernels.common import Registration, cdiv, next_power_of_2, upcast_dot
 from deepinfer_cuda.tuning import config
 
@@ -364,13 +365,8 @@ def _mla_decode(
     tuning-entry overrides (the bench sweep uses them)."""
     batch, num_queries, heads, latent_dim = q_nope.shape
     rope_dim = q_rope.shape[-1]
-    num_blocks, page, width = kv_cache.shape
-    if q_rope.shape[:3] != q_nope.shape[:3]:
-        raise ValueError(f"q_rope {tuple(q_rope.shape)} does not match q_nope {tuple(q_nope.shape)} in [B, S, H]")
-    if latent_dim + rope_dim != width:
-        raise ValueError(f"q_nope ({latent_dim}) + q_rope ({rope_dim}) widths do not match the cache row ({width})")
-    if sliding_window is not None and sliding_window < 1:
-        raise ValueError(f"sliding_window must be >= 1 or None, got {sliding_window}")
+    _, page, _ = kv_cache.shape
+    attention_ops.check_mla_decode_shapes(q_nope, q_rope, kv_cache, sliding_window)
     if kv_cache.stride(-1) != 1:
         raise ValueError("kv_cache rows must be contiguous (last stride 1)")
     out = torch.empty(batch, num_queries, heads, latent_dim, dtype=q_nope.dtype, device=q_nope.device)

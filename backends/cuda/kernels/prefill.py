@@ -34,6 +34,7 @@ import torch
 import triton
 import triton.language as tl
 
+from deepinfer.ops import attention as attention_ops
 from deepinfer_cuda.kernels.common import Registration, dot_precision, next_power_of_2, upcast_dot
 from deepinfer_cuda.tuning import config as tuning_config
 
@@ -272,14 +273,7 @@ def launch_prefill(
     cfg: dict | None = None,
 ) -> torch.Tensor:
     """The launcher behind `prefill`; `cfg` overrides the tuning table (tests use small blocks)."""
-    if q.dim() != 3 or k.dim() != 3 or v.dim() != 3:
-        raise ValueError(f"prefill wants q [Tq, H, Dqk], k [Tk, H, Dqk], v [Tk, H, Dv]; got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
-    if k.shape[:2] != v.shape[:2] or q.shape[1:] != k.shape[1:]:
-        raise ValueError(f"q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)} do not fit [Tq, H, Dqk], [Tk, H, Dqk], [Tk, H, Dv]")
-    if cu_seqlens_q.shape != cu_seqlens_k.shape or cu_seqlens_q.dim() != 1:
-        raise ValueError(f"cu_seqlens_q {tuple(cu_seqlens_q.shape)} and cu_seqlens_k {tuple(cu_seqlens_k.shape)} must both be [B+1]")
-    if sliding_window is not None and sliding_window < 1:
-        raise ValueError(f"sliding_window must be >= 1 or None, got {sliding_window}")
+    attention_ops.check_prefill_shapes(q, k, v, cu_seqlens_q, cu_seqlens_k, sliding_window)
     num_tokens, heads, d_qk = q.shape
     d_v = v.shape[2]
     out = torch.empty(num_tokens, heads, d_v, dtype=q.dtype, device=q.device)
