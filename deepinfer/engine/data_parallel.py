@@ -20,6 +20,7 @@ import torch
 import torch.distributed as dist
 
 from deepinfer.distributed.group import DistContext, DistributedError, _first_line
+from deepinfer.engine.llm import GenerationStream
 from deepinfer.engine.outputs import RequestOutput
 
 log = logging.getLogger(__name__)
@@ -52,9 +53,10 @@ def is_collective_error(exc: BaseException) -> bool:
     return isinstance(exc, RuntimeError) and any(m in text for m in markers)
 
 
-class DataParallelStream:
+class DataParallelStream(GenerationStream):
     """Iterates (input index, RequestOutput) on rank 0 as requests finish on any rank; yields
-    nothing on the other ranks. Every rank must iterate it to the end (the steps are collective)."""
+    nothing on the other ranks. Every rank must iterate it to the end (the steps are collective).
+    The iterator protocol is GenerationStream's; the steps (`_run`) are collective."""
 
     def __init__(self, engine, ctx: DistContext, position: dict[int, int], num_requests: int, use_tqdm: bool):
         self.engine = engine
@@ -63,15 +65,6 @@ class DataParallelStream:
         self.num_requests = num_requests
         self.use_tqdm = use_tqdm and ctx.rank == 0
         self._iterator = self._run()
-
-    def __iter__(self) -> Iterator[tuple[int, RequestOutput]]:
-        return self
-
-    def __next__(self) -> tuple[int, RequestOutput]:
-        return next(self._iterator)
-
-    def close(self) -> None:
-        self._iterator.close()
 
     def _collective(self, what: str, fn, *args, **kwargs):
         try:

@@ -33,6 +33,18 @@ SHAPES = [
 POLICIES = [(4, 2), (2, 2), (1, 2), (2, 4), (1, 4), (1, 8)]  # (min_iters_per_split, split_target_per_sm)
 
 
+def with_policy(min_iters: int, target_per_sm: int):
+    """The tuning lookup with dense_small's split policy replaced (tiles unchanged)."""
+
+    def lookup(op, variant, device):
+        cfg = dict(base_config(op, variant, device))
+        if op == "gemm" and variant == "dense_small":
+            cfg.update(min_iters_per_split=min_iters, split_target_per_sm=target_per_sm)
+        return cfg
+
+    return lookup
+
+
 def make(shape, dev):
     name, layout, m, k, n, e = shape
     wbytes = e * n * k * 2  # every expert's weights (the copies below must exceed L2)
@@ -98,13 +110,7 @@ def main():
     del copy, dst
     rows = []
     for mi, tg in POLICIES:
-        def patched(op, variant, device, mi=mi, tg=tg):
-            cfg = dict(base_config(op, variant, device))
-            if op == "gemm" and variant == "dense_small":
-                cfg.update(min_iters_per_split=mi, split_target_per_sm=tg)
-            return cfg
-
-        G.config = patched
+        G.config = with_policy(mi, tg)
         line = []
         for shape, calls, wbytes in built:
             us = graph_us(calls)
@@ -126,13 +132,7 @@ def main():
         del built
         torch.cuda.empty_cache()
         for label, (mi, tg) in (("current", (4, 2)), ("best", best)):
-            def patched(op, variant, device, mi=mi, tg=tg):
-                cfg = dict(base_config(op, variant, device))
-                if op == "gemm" and variant == "dense_small":
-                    cfg.update(min_iters_per_split=mi, split_target_per_sm=tg)
-                return cfg
-
-            G.config = patched
+            G.config = with_policy(mi, tg)
             res = e2e.run(batches=(1, 64), with_hf=False)
             print(f"e2e with the {label} policy {(mi, tg)}:\n{e2e.format_results(res)}", flush=True)
             result[f"e2e_{label}"] = [vars(r) if not hasattr(r, "__dataclass_fields__") else {k: getattr(r, k) for k in r.__dataclass_fields__} for r in res]
