@@ -371,7 +371,7 @@ def machine_info(runtime, ep: int, cfg: dict, dtype: torch.dtype, skew: float, s
 
         info["triton"] = triton.__version__
     except ImportError:
-        pass
+        info["triton"] = None  # not installed (the reference backend needs none)
     if device.type == "cuda":
         info["note"] = GRAPHS_NOTE
     return info

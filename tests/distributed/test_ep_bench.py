@@ -57,7 +57,7 @@ def test_bench_ops_ep_bad_requests_are_one_line_errors(argv, message):
     assert message in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the machine without a GPU")
+@pytest.mark.skipif(torch.cuda.is_available(), reason="runs only on a machine without a GPU (as CI is): it checks the error a GPU-less machine gives")
 def test_bench_ops_ep_cuda_without_a_gpu_is_an_error():
     proc = deepinfer("bench", "ops", "--backend", "cuda", "--ep", "2", env={"TRITON_INTERPRET": "0"}, timeout=60)
     assert proc.returncode == 2 and "has none" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
