@@ -131,7 +131,8 @@ def rank_main(backend: str, out_dir: Path, golden_dir: Path, interpret: bool, op
             a, b = token_slices(ids.shape[0], ranks)[rank]
             ids_r = ids[a:b].to(device)
             if case.op == "dispatch":
-                produced = kernels["dispatch"].fn(inputs["x"][a:b].to(device), ids_r, num_experts=experts, ep_group=ep)
+                expert_x, offsets_r, row_of_slot_r = kernels["dispatch"].fn(inputs["x"][a:b].to(device), ids_r, num_experts=experts, ep_group=ep)
+                produced = (expert_x[: int(offsets_r[-1])], offsets_r, row_of_slot_r)  # rows past the last offset: padding
                 names_out = ("expert_x", "expert_offsets", "row_of_slot")
                 note = kernels["dispatch"].note
             else:

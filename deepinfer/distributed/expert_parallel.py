@@ -84,6 +84,11 @@ class ExpertParallel:
         # Per-group state of a backend's faster exchange (e.g. the cuda backend's symmetric-memory
         # buffers, under "symm"), created by that backend on first use.
         self.transports: dict[str, object] = {}
+        # None, or an upper bound on the tokens ANY rank passes to one dispatch, set alike on every
+        # rank (e.g. by a benchmark, or per step by a caller that knows every rank's batch): an
+        # exchange that lays out fixed per-source regions (the cuda symmetric-memory path) then
+        # needs no exchange of the token counts first. A dispatch of more tokens is an error.
+        self.token_bound: int | None = None
         # Opt-in profiling (the EP bench's --phases): None, or a callable taking a phase name, which
         # the exchange calls at the end of each of its phases (e.g. to record a CUDA event there).
         self.phase_marker = None

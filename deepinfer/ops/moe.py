@@ -138,6 +138,9 @@ def dispatch(
     rank order, gives for those experts); expert_offsets [L + 1] int32 over its local experts; and
     row_of_slot [T*K] int32: the row of slot t*K + k in this rank's send layout. The exchange's
     split sizes stay in `ep_group`, keyed by this row_of_slot tensor, until the matching `combine`.
+    A backend's EP path may return more than R rows (e.g. a receive buffer sized for the most rows
+    that can arrive, to avoid a host synchronisation): rows past expert_offsets[L] are padding, as
+    grouped_gemm's contiguous layout allows, and combine takes expert_out of either length.
     """
     ep = as_expert_parallel(ep_group, num_experts)
     expert_x, expert_offsets, row_of_slot = _permute_by_expert(x, topk_ids, num_experts)
@@ -184,7 +187,9 @@ def combine(
     rank (the inverse all_to_all_single, with the split sizes the dispatch left in ep_group, found
     by the identity of row_of_slot: pass the tensor dispatch returned, once), which places it in its
     send layout; then out[t] is the sum above over this rank's T tokens, row_of_slot indexing the
-    send layout. The result equals the one-rank combine of all ranks' tokens, row for row.
+    send layout. The result equals the one-rank combine of all ranks' tokens, row for row (a
+    backend's EP path may add in another fixed order, e.g. per owner rank first: equal within the
+    op's tolerance, still independent of the batch).
     """
     ep = as_expert_parallel(ep_group)
     if ep is not None:

@@ -1,52 +1,64 @@
-"""Expert-parallel `dispatch` / `combine` within one host: rows stored straight into the peers'
-memory (torch symmetric memory over NVLink) instead of NCCL's all_to_all_single.
+"""Expert-parallel `dispatch` / `combine` within one host over torch symmetric memory (NVLink peer
+stores), moving each token row ONCE per destination rank, as DeepEP's intranode kernels do.
 
-Why: the NCCL path (`moe_ep`) moves the send layout with all_to_all_single and then re-sorts the
-received blocks on the receiver; on 2 H200s it reached 293 of 393 GB/s peer-to-peer at 4096 tokens
-and 46 us per dispatch at 128. Here every (token, k) row is stored once, by the sender, at its
-FINAL row in the owner's receive buffer; nothing is staged, nothing re-sorted.
+Why: the NCCL path (`moe_ep`) sends every (token, k) copy through all_to_all_single, so a token
+whose K experts sit on one peer crosses the link K times; on 2 H200s with top-8 of 256 experts that
+is ~4 copies of each row per peer. Here a token row crosses to a peer once, with its expert ids;
+the owner makes the expert-sorted copies in its own memory. Combine is the mirror image: the owner
+sums the weighted outputs of its experts for each token and sends ONE partial row back; the source
+adds the partials of the ranks its experts live on.
 
-The results are bit-identical to the NCCL path (same rows, same order; the exchange is a copy of
-raw words), so the multi-rank conformance cases check both
-(`python -m deepinfer_conformance.multirank --backend cuda --ep 2 --ep-path symm|nccl`).
+Results: dispatch's rows and offsets equal the NCCL path's (the same layout: by local expert, then
+source rank, then the source's slot order); combine is the same weighted sum in another order of
+additions (per owner rank in k order, rounded to the partial's dtype, then over the ranks in rank
+order), so it matches within the op's tolerance, deterministically. Checked by the multi-rank
+conformance cases (`python -m deepinfer_conformance.multirank --backend cuda --ep 2 --ep-path symm`).
 
-Per process group and device (`SymmetricState`, created on the first dispatch, collectively, and
-shared by every ExpertParallel over that group; `ep.transports["symm"]` is the ExpertParallel's view):
+The token bound. Every rank writes its token t into region (its rank, t) of each peer's buffers,
+so all ranks must agree on the region size B >= every rank's T: `ep.token_bound` when the caller
+sets it (the same value on every rank; the benchmark does), otherwise each dispatch first publishes
+its T to every rank, passes a barrier and reads the W counts on the host (one host synchronisation).
 
-- `counts`: symmetric int32 [2 parities][W sources, E + 1]: row s holds source s's per-expert
-  counts and its token count T_s. The first allocation's device barrier orders every step below.
-- `rows[p]`: symmetric receive buffer (bytes) of parity p, and `maps[p]`: symmetric int32
-  [2, capacity]: for each received row, its source rank and its row in the source's send layout.
-- `back[p]`: symmetric combine buffer (bytes): a source's rows come back here in its send layout.
-  Capacities are in bytes and grow on demand (a collective allocation that every rank decides
-  identically, as each sees every rank's counts), never shrink, and are never freed (see
-  `SymmetricState`: torch's symmetric-memory pool would hand a freed block back with its old
-  rendezvous).
+Per process group and device (`SymmetricState`, created collectively on the first dispatch, shared by
+every ExpertParallel over that group), all symmetric; dispatch's in two parities (dispatch number
+mod 2), combine's in one (see `combine_steps`); grown on demand by powers of two, never freed (see
+`SymmetricState`):
+- `meta[p]` int32 [W + W*B*K]: each source's T, then each source token's K expert ids;
+- `tok[p]`  bytes [W*B, row]: source s's token t at row s*B + t (rows of peers only);
+- `wts`  [W*B, K] the sources' top-k weights (combine), in their dtype;
+- `back` [W*B, row]: owner r's partial sum for this rank's token t at row r*B + t;
+- `counts`  int32 [2, W]: the T's, when no token bound is set.
 
-dispatch (rank `me` of W, L = E / W experts per rank; parity p = dispatch number mod 2)
-  1. count + scan of the slots per expert (the two kernels of `deepinfer_cuda.kernels.moe`);
-  2. publish: one kernel stores this rank's E counts and T into row `me` of every rank's counts[p];
-  3. barrier; one host read of counts[p] (into a pinned buffer; the one host synchronisation:
-     R, and whether a buffer must grow);
-  4. scatter: ONE kernel, a program per (token, column split): each of the token's K slots gets
-     its send-layout row (row_of_slot, as the local dispatch numbers it) and its final row in the
-     owner's layout, start(expert) + rows from lower source ranks + its rank among this source's
-     slots of the expert, all from counts[p]; the token row is stored there (peer address from an
-     int64 tensor of base pointers, cast to a pointer in the kernel), and (me, send row) into the
-     owner's maps[p];
-  5. barrier. expert_x is a view of rows[p] (no copy); expert_offsets come from the kernel.
-combine (parity q = combine number mod 2)
-  1. one kernel, a program per received row: stored straight into its source's back[q] at the row
-     maps[p] names (the source's send layout);
-  2. barrier; the local fixed-order combine (`deepinfer_cuda.kernels.moe.combine`) over back[q].
+dispatch (rank `me` of W, L = E / W experts per rank, parity p)
+  0. without a token bound: publish T, barrier, host read of the W counts: B = max T.
+  1. send: one kernel, a program per (token, column split): its K ids to every rank's meta[p]; its
+     row to every OTHER rank that owns one of its experts (tok[p], row me*B + t); one extra program
+     publishes T. Throughput mode also writes row_of_slot here (the send layout, below).
+  2. barrier.
+  3. expand: one kernel, a program per (source s, token t, column split), reading meta[p]: each of
+     the token's slots on a local expert gets its row in the expert-sorted layout, and the token's
+     row (from x for s = me, else from tok[p]) is stored there; `slot_row` (private, [W*B, K]) keeps
+     that row (or -1) for the combine. Two modes, chosen by the slot count W*B*K:
+     - latency (<= LATENCY_SLOTS): every program finds its rows by counting the matching slots of all
+       sources (W*B*K ids from L2), one extra program writes expert_offsets, and the own tokens'
+       programs write row_of_slot. expert_x is allocated at its capacity W*B*min(K, L) rows (rows
+       past expert_offsets[L] are padding, as the dispatch contract allows): no host
+       synchronisation at all with a token bound, so it can be captured in a CUDA graph;
+     - throughput: the ids are mapped to local experts (foreign -> L) and counted by the one-rank
+       dispatch's count + scan kernels; one host read of the total sizes expert_x exactly.
+combine
+  1. this rank's top-k weights to every rank's wts; barrier;
+  2. one kernel, a program per (source s, token t, column split) with rows here: the weighted sum
+     over its local slots in k order (accumulated in float32, float64 for float64), stored in the
+     partial's dtype (expert_out's; float32 for 8-bit rows) to back of rank s; barrier;
+  3. one kernel, a program per (token, column split): the partials of the ranks that own one of the
+     token's experts, added in rank order.
 
-Lifetimes: expert_x is a view of the process group's receive buffer: it is valid until the NEXT
-dispatch on the same process group, whichever ExpertParallel makes it (the one after that
-overwrites its memory; copy it out to keep it longer), and the combine of a dispatch must run
-before the second dispatch after it (checked). Double buffering
-(two parities) is what makes one barrier per step enough: a peer writes parity p again only after
-every rank has passed a barrier that follows its use of parity p's previous contents in stream
-order.
+Races: a peer writes meta/tok[p] again only in dispatch n+2, after a barrier of dispatch n+1 that
+this rank passes only after its expand of dispatch n (barriers are kernels on the stream, release /
+acquire at system scope). Across combines one buffer is enough (two barriers per combine). Nothing a combine reads lives in a
+dispatch's buffers, so any number of dispatches may await their combines. expert_x is an ordinary
+allocation of the caller's.
 
 Not registered where it cannot run (no CUDA, no torch symmetric memory); where registered, its
 `when` takes it only on CUDA devices with ep_size > 1, all ranks on this host (LOCAL_WORLD_SIZE =
@@ -75,101 +87,240 @@ EP_PATH_ENV = "DEEPINFER_EP_PATH"  # auto (default) | nccl | symm
 EP_PATHS = ("auto", "nccl", "symm")
 SYMM_PRIORITY = EP_PRIORITY + 10  # above the NCCL path when its `when` holds
 _MIN_BYTES = 1 << 20
+# Latency mode up to this many slots (W*B*K): each expand program reads them all (32 KiB of ids, from
+# L2), and expert_x is allocated at capacity; past it, the count + scan kernels and one host read.
+LATENCY_SLOTS = 8192
+_SCAN = 1024  # ids per step of a latency-mode program's count
+_ONEHOT = 16384  # one-hot entries per step of the offsets program
 
 
 # ---------------------------------------------------------------------------------------------
-# kernels
+# kernels: dispatch
 
 
 @triton.jit
-def _publish_counts_kernel(totals_ptr, peer_ptrs, offset, T, E, BLOCK_E: tl.constexpr):
-    # program w: this rank's [E counts, T] into rank w's counts buffer at element `offset`
+def _publish_count_kernel(counts_ptrs, offset, T):
+    # program w: this rank's T into rank w's counts at element `offset`
     w = tl.program_id(0)
-    base = tl.load(peer_ptrs + w).to(tl.pointer_type(tl.int32)) + offset
-    ex = tl.arange(0, BLOCK_E)
-    c = tl.load(totals_ptr + ex, mask=ex < E, other=0)
-    tl.store(base + ex, c, mask=ex < E)
-    tl.store(base + E, T)
+    base = tl.load(counts_ptrs + w).to(tl.pointer_type(tl.int32))
+    tl.store(base + offset, T)
 
 
 @triton.jit
-def _dispatch_scatter_kernel(
-    x_ptr, ids_ptr, rank_ptr, prefix_ptr, counts_ptr,
-    row_ptrs, src_rank_ptrs, src_row_ptrs,
-    row_of_slot_ptr, offsets_ptr,
-    D, E, L, W, me, n_tiles, stride_x, cstride, cols_per_split,
+def _send_kernel(
+    x_ptr, ids_ptr, tok_ptrs, meta_ptrs,
+    rank_ptr, prefix_ptr, totals_ptr, row_of_slot_ptr,
+    T, D, E, L, W, me, B, n_tiles, stride_x, cols_per_split,
     K: tl.constexpr,
     TILE_S: tl.constexpr,
+    ROWS: tl.constexpr,  # throughput mode: also row_of_slot, from the one-rank count + scan
     BLOCK_E: tl.constexpr,
-    BLOCK_W: tl.constexpr,
     BLOCK_K: tl.constexpr,
     BLOCK_D: tl.constexpr,
 ):
     t = tl.program_id(0)
     split = tl.program_id(1)
-    ex = tl.arange(0, BLOCK_E)
-    e_ok = ex < E
-    ws = tl.arange(0, BLOCK_W)
-    C = tl.load(counts_ptr + ws[:, None] * cstride + ex[None, :], mask=(ws < W)[:, None] & e_ok[None, :], other=0)
-    col_tot = tl.sum(C, axis=0)  # rows of expert e from all sources
-    mine = tl.sum(tl.where(ws[:, None] == me, C, 0), axis=0)  # this rank's slots per expert
-    before = tl.sum(tl.where(ws[:, None] < me, C, 0), axis=0)  # rows of expert e from lower ranks
-    excl_all = tl.cumsum(col_tot, axis=0) - col_tot
-    my_excl = tl.cumsum(mine, axis=0) - mine  # expert e's first row in this rank's send layout
-    if (t == 0) & (split == 0):
-        first = me * L
-        base = tl.sum(tl.where(ex < first, col_tot, 0), axis=0)
-        own = (ex >= first) & (ex < first + L)
-        tl.store(offsets_ptr + (ex - first), excl_all - base, mask=own)
-        tl.store(offsets_ptr + L, tl.sum(tl.where(own, col_tot, 0), axis=0))
-    kk = tl.arange(0, BLOCK_K)
-    k_ok = kk < K
-    slot = t * K + kk
-    eid = tl.load(ids_ptr + slot, mask=k_ok, other=0)
-    rk = tl.load(rank_ptr + slot, mask=k_ok, other=0)
-    rk += tl.load(prefix_ptr + eid.to(tl.int64) * n_tiles + slot // TILE_S, mask=k_ok, other=0)  # among this rank's slots of e
-    hit = ex[None, :] == eid[:, None]
-    row_local = tl.sum(tl.where(hit, my_excl[None, :], 0), axis=1) + rk
-    owner = eid // L
-    owner_base = tl.sum(tl.where(ex[None, :] < (owner * L)[:, None], col_tot[None, :], 0), axis=1)
-    dest = tl.sum(tl.where(hit, (excl_all + before)[None, :], 0), axis=1) - owner_base + rk
-    if split == 0:
-        tl.store(row_of_slot_ptr + slot, row_local, mask=k_ok)
-        src_rank_base = tl.load(src_rank_ptrs + owner, mask=k_ok, other=0).to(tl.pointer_type(tl.int32))
-        tl.store(src_rank_base + dest, tl.zeros([BLOCK_K], dtype=tl.int32) + me, mask=k_ok)
-        src_row_base = tl.load(src_row_ptrs + owner, mask=k_ok, other=0).to(tl.pointer_type(tl.int32))
-        tl.store(src_row_base + dest, row_local, mask=k_ok)
-    dst_base = tl.load(row_ptrs + owner, mask=k_ok, other=0).to(tl.pointer_type(x_ptr.dtype.element_ty))
-    dst = dst_base[:, None] + dest.to(tl.int64)[:, None] * D
-    src = x_ptr + t.to(tl.int64) * stride_x
-    col0 = split * cols_per_split
-    col_end = tl.minimum(col0 + cols_per_split, D)
-    for c in range(col0, col_end, BLOCK_D):
-        cols = c + tl.arange(0, BLOCK_D)
-        c_ok = cols < col_end
-        v = tl.load(src + cols, mask=c_ok)
-        tl.store(dst + cols[None, :], tl.broadcast_to(v[None, :], [BLOCK_K, BLOCK_D]), mask=k_ok[:, None] & c_ok[None, :])
+    if t == T:  # the extra program: this rank's token count, to every rank
+        if split == 0:
+            for r in range(W):
+                tl.store(tl.load(meta_ptrs + r).to(tl.pointer_type(tl.int32)) + me, T)
+    else:
+        kk = tl.arange(0, BLOCK_K)
+        k_ok = kk < K
+        slot = t * K + kk
+        eid = tl.load(ids_ptr + slot, mask=k_ok, other=0)
+        owner = tl.where(k_ok, eid // L, -1)
+        row = (me * B + t).to(tl.int64)
+        if split == 0:
+            for r in range(W):  # the ids go to every rank (small): a receiver needs no per-source count
+                meta = tl.load(meta_ptrs + r).to(tl.pointer_type(tl.int32))
+                tl.store(meta + W + row * K + kk, eid, mask=k_ok)
+            if ROWS:
+                ex = tl.arange(0, BLOCK_E)
+                tot = tl.load(totals_ptr + ex, mask=ex < E, other=0)
+                first = tl.sum(tl.where(ex[None, :] == eid[:, None], (tl.cumsum(tot, axis=0) - tot)[None, :], 0), axis=1)
+                rk = tl.load(rank_ptr + slot, mask=k_ok, other=0)
+                rk += tl.load(prefix_ptr + eid.to(tl.int64) * n_tiles + slot // TILE_S, mask=k_ok, other=0)
+                tl.store(row_of_slot_ptr + slot, first + rk, mask=k_ok)
+        src = x_ptr + t.to(tl.int64) * stride_x
+        col0 = split * cols_per_split
+        col_end = tl.minimum(col0 + cols_per_split, D)
+        for c in range(col0, col_end, BLOCK_D):
+            cols = c + tl.arange(0, BLOCK_D)
+            c_ok = cols < col_end
+            v = tl.load(src + cols, mask=c_ok)
+            for r in range(W):
+                if (r != me) & (tl.max((owner == r).to(tl.int32), axis=0) > 0):
+                    dst = tl.load(tok_ptrs + r).to(tl.pointer_type(x_ptr.dtype.element_ty)) + row * D
+                    tl.store(dst + cols, v, mask=c_ok)
 
 
 @triton.jit
-def _combine_scatter_kernel(
-    src_ptr, src_rank_ptr, src_row_ptr, peer_ptrs,
-    D, stride_src, cols_per_split,
+def _local_ids_kernel(meta_ptr, out_ptr, L, W, me, B, K, BLOCK: tl.constexpr):
+    # throughput mode: every source slot's local expert, L for another rank's expert or a padding token
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    ok = i < W * B * K
+    s = i // (B * K)
+    t = (i // K) % B
+    valid = ok & (t < tl.load(meta_ptr + s, mask=ok, other=0))
+    le = tl.load(meta_ptr + W + i, mask=valid, other=-1) - me * L
+    tl.store(out_ptr + i, tl.where(valid & (le >= 0) & (le < L), le, L), mask=ok)
+
+
+@triton.jit
+def _expand_kernel(
+    x_ptr, tok_ptr, meta_ptr, out_ptr, slot_row_ptr, offsets_ptr, row_of_slot_ptr,
+    rank_ptr, prefix_ptr, totals_ptr,
+    D, E, L, W, me, B, n_tiles, stride_x, cols_per_split,
+    K: tl.constexpr,
+    TILE_S: tl.constexpr,
+    LATENCY: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    BLOCK_L: tl.constexpr,
+    BLOCK_SCAN: tl.constexpr,
+    BLOCK_ONEHOT: tl.constexpr,
     BLOCK_D: tl.constexpr,
 ):
-    i = tl.program_id(0)
+    pid = tl.program_id(0)  # s * B + t; W * B: the offsets program
     split = tl.program_id(1)
-    s = tl.load(src_rank_ptr + i)
-    row = tl.load(src_row_ptr + i)
-    base = tl.load(peer_ptrs + s).to(tl.pointer_type(src_ptr.dtype.element_ty))
-    dst = base + row.to(tl.int64) * D
-    src = src_ptr + i.to(tl.int64) * stride_src
+    lx = tl.arange(0, BLOCK_L)
+    if pid == W * B:
+        if split == 0:
+            if LATENCY:  # rows per local expert, over every source's valid slots
+                tot = tl.zeros([BLOCK_L], dtype=tl.int32)
+                for s2 in range(W):
+                    n2 = tl.load(meta_ptr + s2) * K
+                    for j0 in range(0, n2, BLOCK_ONEHOT):
+                        j = j0 + tl.arange(0, BLOCK_ONEHOT)
+                        l2 = tl.load(meta_ptr + W + s2 * B * K + j, mask=j < n2, other=-1) - me * L
+                        tot += tl.sum((lx[:, None] == l2[None, :]).to(tl.int32), axis=1)
+            else:
+                tot = tl.load(totals_ptr + lx, mask=lx < L, other=0)
+            tot = tl.where(lx < L, tot, 0)
+            tl.store(offsets_ptr + lx, tl.cumsum(tot, axis=0) - tot, mask=lx < L)
+            tl.store(offsets_ptr + L, tl.sum(tot, axis=0))
+    else:
+        s = pid // B
+        t = pid % B
+        kk = tl.arange(0, BLOCK_K)
+        k_ok = kk < K
+        valid = kk < tl.where(t < tl.load(meta_ptr + s), K, 0)  # (a vector & a scalar bool is not a mask in the interpreter)
+        pos = pid * K + kk  # slot order: source, token, k
+        eid = tl.load(meta_ptr + W + pos, mask=valid, other=-1)
+        le = eid - me * L
+        mine = valid & (le >= 0) & (le < L)
+        if LATENCY:  # row = slots of lower local experts + earlier slots of the same one, all sources
+            below = tl.zeros([BLOCK_K], dtype=tl.int32)
+            for s2 in range(W):
+                n2 = tl.load(meta_ptr + s2) * K
+                for j0 in range(0, n2, BLOCK_SCAN):
+                    j = j0 + tl.arange(0, BLOCK_SCAN)
+                    l2 = tl.load(meta_ptr + W + s2 * B * K + j, mask=j < n2, other=-1) - me * L
+                    ours = ((l2 >= 0) & (l2 < L))[None, :]
+                    before = (s2 * B * K + j)[None, :] < pos[:, None]
+                    below += tl.sum((ours & ((l2[None, :] < le[:, None]) | ((l2[None, :] == le[:, None]) & before))).to(tl.int32), axis=1)
+            dest = below
+            if (s == me) & (split == 0):  # row_of_slot: the row in this rank's send layout (global ids)
+                n_me = tl.load(meta_ptr + me) * K
+                sent = tl.zeros([BLOCK_K], dtype=tl.int32)
+                for j0 in range(0, n_me, BLOCK_SCAN):
+                    j = j0 + tl.arange(0, BLOCK_SCAN)
+                    e2 = tl.load(meta_ptr + W + me * B * K + j, mask=j < n_me, other=E)
+                    earlier = (me * B * K + j)[None, :] < pos[:, None]
+                    sent += tl.sum(((e2[None, :] < eid[:, None]) | ((e2[None, :] == eid[:, None]) & earlier)).to(tl.int32), axis=1)
+                tl.store(row_of_slot_ptr + t * K + kk, sent, mask=valid)
+        else:
+            safe = tl.where(mine, le, 0)
+            tot = tl.load(totals_ptr + lx, mask=lx < L, other=0)
+            first = tl.sum(tl.where(lx[None, :] == safe[:, None], (tl.cumsum(tot, axis=0) - tot)[None, :], 0), axis=1)
+            rk = tl.load(rank_ptr + pos, mask=mine, other=0)
+            rk += tl.load(prefix_ptr + safe.to(tl.int64) * n_tiles + pos // TILE_S, mask=mine, other=0)
+            dest = first + rk
+        if split == 0:
+            tl.store(slot_row_ptr + pos, tl.where(mine, dest, -1), mask=k_ok)
+        if tl.max(mine.to(tl.int32), axis=0) > 0:
+            if s == me:
+                src = x_ptr + t.to(tl.int64) * stride_x
+            else:
+                src = tok_ptr + pid.to(tl.int64) * D
+            dst = out_ptr + dest.to(tl.int64)[:, None] * D
+            col0 = split * cols_per_split
+            col_end = tl.minimum(col0 + cols_per_split, D)
+            for c in range(col0, col_end, BLOCK_D):
+                cols = c + tl.arange(0, BLOCK_D)
+                c_ok = cols < col_end
+                v = tl.load(src + cols, mask=c_ok)
+                tl.store(dst + cols[None, :], tl.broadcast_to(v[None, :], [BLOCK_K, BLOCK_D]), mask=mine[:, None] & c_ok[None, :])
+
+
+# ---------------------------------------------------------------------------------------------
+# kernels: combine
+
+
+@triton.jit
+def _send_weights_kernel(w_ptr, wts_ptrs, W, me, B, K: tl.constexpr, BLOCK_K: tl.constexpr):
+    t = tl.program_id(0)
+    kk = tl.arange(0, BLOCK_K)
+    k_ok = kk < K
+    w = tl.load(w_ptr + t * K + kk, mask=k_ok)
+    row = (me * B + t).to(tl.int64)
+    for r in range(W):
+        tl.store(tl.load(wts_ptrs + r).to(tl.pointer_type(w_ptr.dtype.element_ty)) + row * K + kk, w, mask=k_ok)
+
+
+@triton.jit
+def _reduce_back_kernel(
+    src_ptr, wts_ptr, slot_row_ptr, back_ptrs, wire_ptr,
+    n_rows, D, me, B, stride_src, cols_per_split,
+    K: tl.constexpr,
+    ACC: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    pid = tl.program_id(0)  # s * B + t
+    split = tl.program_id(1)
+    s = pid // B
+    kk = tl.arange(0, BLOCK_K)
+    rows = tl.load(slot_row_ptr + pid * K + kk, mask=kk < K, other=-1)
+    if tl.max(rows, axis=0) >= 0:
+        dst = tl.load(back_ptrs + s).to(tl.pointer_type(wire_ptr.dtype.element_ty)) + (me * B + pid % B).to(tl.int64) * D
+        col0 = split * cols_per_split
+        col_end = tl.minimum(col0 + cols_per_split, D)
+        for c in range(col0, col_end, BLOCK_D):
+            cols = c + tl.arange(0, BLOCK_D)
+            c_ok = cols < col_end
+            acc = tl.zeros([BLOCK_D], dtype=ACC)
+            for k in tl.static_range(K):  # k order: the partial does not depend on the batch
+                r = tl.load(slot_row_ptr + pid * K + k)
+                if (r >= 0) & (r < n_rows):
+                    w = tl.load(wts_ptr + pid * K + k).to(ACC)
+                    acc += w * tl.load(src_ptr + r.to(tl.int64) * stride_src + cols, mask=c_ok, other=0.0).to(ACC)
+            tl.store(dst + cols, acc.to(wire_ptr.dtype.element_ty), mask=c_ok)
+
+
+@triton.jit
+def _sum_back_kernel(
+    back_ptr, ids_ptr, out_ptr,
+    D, L, W, B, stride_out, cols_per_split,
+    K: tl.constexpr,
+    ACC: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    t = tl.program_id(0)
+    split = tl.program_id(1)
+    kk = tl.arange(0, BLOCK_K)
+    owner = tl.load(ids_ptr + t * K + kk, mask=kk < K, other=-L) // L
     col0 = split * cols_per_split
     col_end = tl.minimum(col0 + cols_per_split, D)
     for c in range(col0, col_end, BLOCK_D):
         cols = c + tl.arange(0, BLOCK_D)
         c_ok = cols < col_end
-        tl.store(dst + cols, tl.load(src + cols, mask=c_ok), mask=c_ok)
+        acc = tl.zeros([BLOCK_D], dtype=ACC)
+        for r in range(W):  # rank order: the sum does not depend on the batch
+            if tl.max((owner == r).to(tl.int32), axis=0) > 0:
+                acc += tl.load(back_ptr + (r * B + t).to(tl.int64) * D + cols, mask=c_ok, other=0.0).to(ACC)
+        tl.store(out_ptr + t.to(tl.int64) * stride_out + cols, acc.to(out_ptr.dtype.element_ty), mask=c_ok)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -258,15 +409,24 @@ def _grown(need: int) -> int:
     return max(_MIN_BYTES, next_power_of_2(need))
 
 
-def _words(t: torch.Tensor) -> torch.Tensor:
-    """A contiguous [N, D] tensor as [N, D'] integer words (the widest that divides a row and the
-    address), for moving raw bits whatever the dtype (fp8 included)."""
-    raw = t.view(torch.uint8)  # [N, D * element size]
-    row_bytes = raw.shape[1]
+def _word_dtype(row_bytes: int, *tensors: torch.Tensor) -> torch.dtype:
+    """The widest integer word that divides a row and every tensor's address, for moving raw bits
+    whatever the dtype (fp8 included)."""
     for size, dtype in ((8, torch.int64), (4, torch.int32), (2, torch.int16)):
-        if row_bytes % size == 0 and t.data_ptr() % size == 0:
-            return raw.view(dtype)
-    return raw.view(torch.int8)
+        if row_bytes % size == 0 and all(t.data_ptr() % size == 0 for t in tensors):
+            return dtype
+    return torch.int8
+
+
+def _as_words(t: torch.Tensor, rows: int, row_bytes: int, word: torch.dtype) -> torch.Tensor:
+    """A contiguous tensor (or raw bytes) as [rows, row_bytes / word size] words."""
+    size = torch.empty(0, dtype=word).element_size()
+    return t.reshape(-1).view(torch.uint8)[: rows * row_bytes].view(word).view(rows, row_bytes // size)
+
+
+def _wire_dtype(dtype: torch.dtype) -> torch.dtype:
+    """What a combine partial travels in: the rows' dtype, float32 for 8-bit rows."""
+    return dtype if torch.empty(0, dtype=dtype).element_size() >= 2 else torch.float32
 
 
 @dataclass
@@ -274,14 +434,13 @@ class _SymmExchange:
     """What a dispatch leaves for its combine (kept in the ExpertParallel, keyed by row_of_slot)."""
 
     row_of_slot: torch.Tensor
-    number: int  # which dispatch of the group's buffers (0, 1, ...)
-    parity: int
-    num_received: int  # R
+    state: "SymmetricState"
+    bound: int  # B: the token regions' size
     tokens: int  # T of this rank
     top_k: int
-    max_tokens: int  # max T over the ranks
-    state: "SymmetricState"
-    maps: tuple  # the maps entry (buffer, rank ptrs, row ptrs, capacity) this dispatch wrote
+    ids: torch.Tensor  # [T, K] int32: this rank's routing (which ranks hold its partials)
+    slot_row: torch.Tensor  # [W*B, K] int32: each source slot's row in expert_x here, or -1
+    rows: int  # expert_x's rows (its capacity in latency mode)
 
 
 class SymmetricState:
@@ -298,7 +457,8 @@ class SymmetricState:
     Capacities grow by powers of two, so what is kept is at most about twice what is in use.
 
     Every allocation is collective: all ranks make the same ones, in the same order, with the same
-    sizes in bytes, decided from what every rank knows alike (E, W, and the counts every rank reads).
+    sizes in bytes, decided from what every rank knows alike (W, K, the row size and the token
+    bound B, which every rank has the same of).
     """
 
     def __init__(self, buffers, device: torch.device, size: int):
@@ -306,56 +466,25 @@ class SymmetricState:
         self.device = device
         self.size = size
         self.kept: list[object] = []  # every allocation, for the life of the process
-        self.counts: SymmetricBuffer | None = None  # int32 [2 parities][half]: [W, E + 1] of each dispatch
-        self.counts_half = 0  # int32 elements per parity
-        self.host_counts: torch.Tensor | None = None  # pinned (CUDA) int32 [half]: the host read's target
-        self.rows: list[SymmetricBuffer | None] = [None, None]
-        self.maps: list[tuple[SymmetricBuffer, torch.Tensor, torch.Tensor, int] | None] = [None, None]  # buffer, rank ptrs, row ptrs, capacity
-        self.back: list[SymmetricBuffer | None] = [None, None]
+        self.current: dict[tuple[str, int], SymmetricBuffer] = {}  # (name, parity) -> its buffer now
+        self.host_counts: torch.Tensor | None = None  # pinned (CUDA) int32 [W]: the T read's target
         self.dispatches = 0
         self.combines = 0
         self.allocations = 0
 
-    def _alloc(self, name: str, nbytes: int) -> SymmetricBuffer:
-        buf = self.buffers.alloc(name, nbytes)
-        self.kept.append(buf)
-        self.allocations += 1
+    def ensure(self, name: str, parity: int, nbytes: int) -> SymmetricBuffer:
+        """The (name, parity) buffer, at least nbytes (a collective allocation when it grows)."""
+        buf = self.current.get((name, parity))
+        if buf is None or buf.nbytes < nbytes:
+            # Not zeroed: a peer may write into it as soon as its own allocation returns (before a
+            # zero_ here would run); every reader reads only what this step's writers wrote.
+            buf = self.current[(name, parity)] = self.buffers.alloc(f"{name}{parity}", _grown(nbytes))
+            self.kept.append(buf)
+            self.allocations += 1
         return buf
-
-    def ensure_counts(self, cstride: int) -> SymmetricBuffer:
-        need = self.size * cstride  # int32 per parity
-        if self.counts is None or self.counts_half < need:
-            nbytes = _grown(2 * need * 4)
-            # Not zeroed: a peer may publish into it as soon as its own allocation returns (before a
-            # zero_ here would run), and every dispatch writes all W rows of its region before reading.
-            self.counts = self._alloc("counts", nbytes)
-            self.counts_half = nbytes // 8
-            pin = self.device.type == "cuda"
-            self.host_counts = torch.empty(self.counts_half, dtype=torch.int32, pin_memory=pin)
-        return self.counts
 
     def barrier(self) -> None:
         self.buffers.barrier()
-
-    def ensure_rows(self, parity: int, need: int) -> SymmetricBuffer:
-        buf = self.rows[parity]
-        if buf is None or buf.nbytes < need:
-            buf = self.rows[parity] = self._alloc(f"rows{parity}", _grown(need))
-        return buf
-
-    def ensure_maps(self, parity: int, rows: int):
-        entry = self.maps[parity]
-        if entry is None or entry[3] < rows:
-            cap = _grown(rows * 8) // 8
-            buf = self._alloc(f"maps{parity}", cap * 8)
-            entry = self.maps[parity] = (buf, buf.ptrs, buf.ptrs + cap * 4, cap)
-        return entry
-
-    def ensure_back(self, parity: int, need: int) -> SymmetricBuffer:
-        buf = self.back[parity]
-        if buf is None or buf.nbytes < need:
-            buf = self.back[parity] = self._alloc(f"back{parity}", _grown(need))
-        return buf
 
 
 class SymmetricExchange:
@@ -371,7 +500,6 @@ class SymmetricExchange:
         self.ep = ep
         self.state = state
         self.device = state.device
-        self.cstride = ep.num_experts + 1
 
     def _mark(self, name: str) -> None:
         marker = getattr(self.ep, "phase_marker", None)
@@ -383,67 +511,89 @@ class SymmetricExchange:
     def dispatch(self, x: torch.Tensor, topk_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         return run_steps(self.dispatch_steps(x, topk_ids), self.state.barrier)
 
+    def _token_bound(self, T: int, parity: int) -> Generator[None, None, int]:
+        """B: ep.token_bound, else the max T over the ranks (publish, barrier, one host read)."""
+        ep, st, W = self.ep, self.state, self.ep.size
+        bound = getattr(ep, "token_bound", None)
+        if bound is not None:
+            if T > bound:
+                raise ValueError(f"dispatch of {T} tokens over an expert-parallel group whose token_bound is {bound} (raise token_bound, the same on every rank)")
+            return max(int(bound), 1)
+        counts = st.ensure("counts", 0, 2 * W * 4)
+        _publish_count_kernel[(W,)](counts.ptrs, parity * W + ep.rank, T)
+        yield  # barrier: every rank's T is in every counts buffer
+        if st.host_counts is None or st.host_counts.numel() < W:
+            st.host_counts = torch.empty(W, dtype=torch.int32, pin_memory=self.device.type == "cuda")
+        host = st.host_counts[:W]
+        host.copy_(counts.local.view(torch.int32)[parity * W:(parity + 1) * W], non_blocking=True)
+        if self.device.type == "cuda":
+            torch.cuda.current_stream(self.device).synchronize()
+        bound = max(int(host.max()), 1)
+        self._mark("token bound")
+        return bound
+
     def dispatch_steps(self, x: torch.Tensor, topk_ids: torch.Tensor) -> Generator[None, None, tuple]:
         ep, st = self.ep, self.state
         W, E, L, me = ep.size, ep.num_experts, ep.experts_per_rank, ep.rank
         T, K = topk_ids.shape
-        S = T * K
         D = x.shape[-1]
-        number = st.dispatches
-        parity = number % 2
+        parity = st.dispatches % 2
         st.dispatches += 1
-        cfg = local._cfg("dispatch", "tokens", self.device)
-        counts_buf = st.ensure_counts(self.cstride)
-        layout = local.count_slots(topk_ids, E) if S > 0 else None
-        totals = layout.totals if layout is not None else torch.zeros(E, dtype=torch.int32, device=self.device)
-        self._mark("count")
-        region = parity * st.counts_half  # int32 offset of this dispatch's [W, E + 1] counts
-        _publish_counts_kernel[(W,)](totals, counts_buf.ptrs, region + me * self.cstride, T, E, BLOCK_E=next_power_of_2(E))
-        self._mark("publish")
-        yield  # barrier: every rank's counts are in every counts buffer
-        self._mark("barrier 1")
-        n = W * self.cstride
-        counts = counts_buf.local.view(torch.int32)[region:region + n]
-        host = st.host_counts[:n]
-        host.copy_(counts, non_blocking=True)
-        if self.device.type == "cuda":
-            torch.cuda.current_stream(self.device).synchronize()  # the one host synchronisation
-        host = host.clone().view(W, self.cstride)  # the pinned buffer is reused by the next dispatch
-        counts = counts.view(W, self.cstride)
-        received = host[:, :E].sum(0).view(W, L).sum(1)  # rows each rank receives
-        num_received, max_tokens = int(received[me]), int(host[:, E].max())
-        most = int(received.max())
-        self._mark("host read")
+        B = yield from self._token_bound(T, parity)
         x2 = x.reshape(T, D)
         if not x2.is_contiguous():
             x2 = x2.contiguous()
+        ids = topk_ids.to(torch.int32).contiguous()
         row_bytes = D * x.element_size()
-        rows = st.ensure_rows(parity, most * row_bytes)
-        maps = st.ensure_maps(parity, most)
-        _, rank_ptrs, row_ptrs, _ = maps
-        expert_x = rows.local[: num_received * row_bytes].view(x.dtype).view(num_received, D)
-        row_of_slot = torch.empty(S, dtype=torch.int32, device=self.device)
-        if layout is not None:
-            xw = _words(x2)
-            Dw = xw.shape[1]
-            block_d = local._block_d(max(Dw, 1), xw.element_size(), cfg)
-            per, splits = local._column_split(T, Dw, block_d, cfg["target_programs"]) if Dw else (0, 1)
-            expert_offsets = torch.empty(L + 1, dtype=torch.int32, device=self.device)
-            _dispatch_scatter_kernel[(T, splits)](
-                xw, layout.ids, layout.rank, layout.prefix, counts,
-                rows.ptrs, rank_ptrs, row_ptrs, row_of_slot, expert_offsets,
-                Dw, E, L, W, me, layout.n_tiles, xw.stride(0), self.cstride, per,
-                K=K, TILE_S=layout.tile_s, BLOCK_E=next_power_of_2(E), BLOCK_W=next_power_of_2(W),
-                BLOCK_K=next_power_of_2(K), BLOCK_D=block_d, num_warps=cfg["copy_warps"],
-            )  # fmt: skip
-        else:  # no slots on this rank (T = 0): only the receive side's offsets
-            per_expert = host[:, :E].sum(0)[me * L:(me + 1) * L]
-            expert_offsets = torch.cat([per_expert.new_zeros(1), per_expert.cumsum(0)]).to(torch.int32).to(self.device)
-        self._mark("scatter")
-        yield  # barrier: every row is in its owner's receive buffer
-        self._mark("barrier 2")
-        ep._remember(_SymmExchange(row_of_slot, number, parity, num_received, T, K, max_tokens, st, maps))
-        return expert_x, expert_offsets, row_of_slot
+        meta = st.ensure("meta", parity, (W + W * B * K) * 4)
+        tok = st.ensure("tok", parity, W * B * row_bytes)
+        latency = W * B * K <= LATENCY_SLOTS
+        word = _word_dtype(row_bytes, x2)
+        cfg = local._cfg("dispatch", "tokens", self.device)
+        xw = _as_words(x2, T, row_bytes, word)
+        Dw = xw.shape[1]
+        block_d = local._block_d(max(Dw, 1), xw.element_size(), cfg)
+        row_of_slot = torch.empty(T * K, dtype=torch.int32, device=self.device)
+        layout = local.count_slots(ids, E) if not latency and T else None
+        dummy = row_of_slot
+        per, splits = local._column_split(T, Dw, block_d, cfg["target_programs"]) if Dw else (0, 1)
+        _send_kernel[(T + 1, splits)](
+            xw, ids, tok.ptrs, meta.ptrs,
+            *((layout.rank, layout.prefix, layout.totals) if layout else (dummy, dummy, dummy)), row_of_slot,
+            T, Dw, E, L, W, me, B, layout.n_tiles if layout else 1, xw.stride(0) if T else Dw, per,
+            K=K, TILE_S=layout.tile_s if layout else 1, ROWS=layout is not None,
+            BLOCK_E=next_power_of_2(E), BLOCK_K=next_power_of_2(K), BLOCK_D=block_d, num_warps=cfg["copy_warps"],
+        )  # fmt: skip
+        self._mark("send")
+        yield  # barrier: every token row and every id is at its destination
+        self._mark("barrier")
+        metas = meta.local.view(torch.int32)
+        slot_row = torch.empty(W * B, K, dtype=torch.int32, device=self.device)
+        offsets = torch.empty(L + 1, dtype=torch.int32, device=self.device)
+        if latency:
+            rows, counted = W * B * min(K, L), None
+        else:
+            local_ids = torch.empty(W * B * K, dtype=torch.int32, device=self.device)
+            _local_ids_kernel[(triton.cdiv(W * B * K, 1024),)](metas, local_ids, L, W, me, B, K, BLOCK=1024)
+            counted = local.count_slots(local_ids.view(W * B, K), L + 1)
+            rows = int(counted.totals[:L].sum())  # the host synchronisation of throughput mode
+            self._mark("count")
+        expert_x = torch.empty(rows, D, dtype=x.dtype, device=self.device)
+        out = _as_words(expert_x, rows, row_bytes, word)
+        tok_words = _as_words(tok.local, W * B, row_bytes, word)
+        per, splits = local._column_split(W * B, Dw, block_d, cfg["target_programs"]) if Dw else (0, 1)
+        block_l = next_power_of_2(L)
+        _expand_kernel[(W * B + 1, splits)](
+            xw, tok_words, metas, out, slot_row, offsets, row_of_slot,
+            *((counted.rank, counted.prefix, counted.totals) if counted else (dummy, dummy, dummy)),
+            Dw, E, L, W, me, B, counted.n_tiles if counted else 1, xw.stride(0) if T else Dw, per,
+            K=K, TILE_S=counted.tile_s if counted else 1, LATENCY=latency,
+            BLOCK_K=next_power_of_2(K), BLOCK_L=block_l, BLOCK_SCAN=_SCAN, BLOCK_ONEHOT=max(16, _ONEHOT // block_l),
+            BLOCK_D=block_d, num_warps=cfg["copy_warps"],
+        )  # fmt: skip
+        self._mark("expand")
+        ep._remember(_SymmExchange(row_of_slot, st, B, T, K, ids, slot_row, rows))
+        return expert_x, offsets, row_of_slot
 
     # -- combine ---------------------------------------------------------------------------
 
@@ -451,44 +601,54 @@ class SymmetricExchange:
         return run_steps(self.combine_steps(expert_out, topk_weights, row_of_slot), self.state.barrier)
 
     def combine_steps(self, expert_out: torch.Tensor, topk_weights: torch.Tensor, row_of_slot: torch.Tensor) -> Generator[None, None, torch.Tensor]:
-        st = self.state
-        record = self.ep._take(row_of_slot)
+        ep, st = self.ep, self.state
+        record = ep._take(row_of_slot)
         if not isinstance(record, _SymmExchange) or record.state is not st:
             raise ValueError("expert-parallel combine: the matching dispatch did not run over symmetric memory (resolve dispatch and combine together)")
-        if st.dispatches - 1 - record.number >= 2:
-            raise ValueError(
-                f"symmetric-memory combine of dispatch {record.number} after dispatch {st.dispatches - 1}: its receive buffer was "
-                "reused (a dispatch's combine must run before the second dispatch after it on the same process group)"
-            )
+        W, L, me, B, T, K = ep.size, ep.experts_per_rank, ep.rank, record.bound, record.tokens, record.top_k
+        if tuple(topk_weights.shape) != (T, K):
+            raise ValueError(f"combine got topk_weights {tuple(topk_weights.shape)}; the matching dispatch had {T} tokens x top-{K}")
         R = expert_out.shape[0]
-        if R != record.num_received:
-            raise ValueError(f"combine got {R} expert rows; the matching dispatch delivered {record.num_received} to this rank")
+        if R > record.rows:
+            raise ValueError(f"combine got {R} expert rows; the matching dispatch delivered at most {record.rows} to this rank")
         D = expert_out.shape[-1]
-        row_bytes = D * expert_out.element_size()
-        parity = st.combines % 2
         st.combines += 1
-        back = st.ensure_back(parity, record.max_tokens * record.top_k * row_bytes)
-        if R > 0 and row_bytes > 0:
+        wire = _wire_dtype(expert_out.dtype)
+        acc = tl.float64 if expert_out.dtype == torch.float64 else tl.float32
+        weights = topk_weights.contiguous()
+        # One buffer each, no parities: a combine's weights are read in the segment after the one that
+        # writes them, its partials likewise, and the next write of either comes a segment later.
+        wts = st.ensure("wts", 0, W * B * K * weights.element_size())
+        back = st.ensure("back", 0, W * B * D * torch.empty(0, dtype=wire).element_size())
+        if T:
+            _send_weights_kernel[(T,)](weights, wts.ptrs, W, me, B, K=K, BLOCK_K=next_power_of_2(K))
+        self._mark("weights")
+        yield  # barrier: every source's weights are here
+        self._mark("barrier 1")
+        back_rows = back.local.view(wire)[: W * B * D].view(W * B, D)
+        cfg = local._cfg("combine", "tokens", self.device)
+        block_d = local._block_d(max(D, 1), max(expert_out.element_size(), 2), cfg)
+        if D:
             src = expert_out.reshape(R, D)
-            if not src.is_contiguous():
+            if src.stride(-1) != 1:
                 src = src.contiguous()
-            words = _words(src)
-            Dw = words.shape[1]
-            cfg = local._cfg("combine", "tokens", self.device)
-            block_d = local._block_d(Dw, words.element_size(), cfg)
-            per, splits = local._column_split(R, Dw, block_d, cfg["target_programs"])
-            map_buf, _, _, cap = record.maps
-            maps = map_buf.local.view(torch.int32)
-            _combine_scatter_kernel[(R, splits)](
-                words, maps[:cap], maps[cap:], back.ptrs, Dw, words.stride(0), per, BLOCK_D=block_d, num_warps=cfg["num_warps"],
-            )
-        self._mark("scatter back")
-        yield  # barrier: this rank's rows are back in its combine buffer, in its send layout
-        self._mark("barrier")
-        S = record.tokens * record.top_k
-        rows = back.local[: S * row_bytes].view(expert_out.dtype).view(S, D)
-        out = local.combine(rows, topk_weights, row_of_slot)
-        self._mark("combine (local)")
+            per, splits = local._column_split(W * B, D, block_d, cfg["target_programs"])
+            _reduce_back_kernel[(W * B, splits)](
+                src, wts.local.view(weights.dtype), record.slot_row, back.ptrs, back_rows,
+                R, D, me, B, src.stride(0) if R else D, per,
+                K=K, ACC=acc, BLOCK_K=next_power_of_2(K), BLOCK_D=block_d, num_warps=cfg["num_warps"],
+            )  # fmt: skip
+        self._mark("reduce + send back")
+        yield  # barrier: every partial is at its source
+        self._mark("barrier 2")
+        out = torch.empty(T, D, dtype=expert_out.dtype, device=self.device)
+        if T and D:
+            per, splits = local._column_split(T, D, block_d, cfg["target_programs"])
+            _sum_back_kernel[(T, splits)](
+                back_rows, record.ids, out, D, L, W, B, out.stride(0), per,
+                K=K, ACC=acc, BLOCK_K=next_power_of_2(K), BLOCK_D=block_d, num_warps=cfg["num_warps"],
+            )  # fmt: skip
+        self._mark("sum")
         return out
 
 
@@ -535,8 +695,8 @@ def dispatch(
     num_experts: int,
     ep_group: object | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """EP dispatch over symmetric memory. expert_x is a view of the group's receive buffer: valid
-    until the next dispatch on this ep_group (copy it to keep it longer)."""
+    """EP dispatch over symmetric memory (see the module docstring). In latency mode expert_x has
+    more rows than expert_offsets[-1]: the rest is padding."""
     ep = as_expert_parallel(ep_group, num_experts)
     if ep is None:
         return local.dispatch(x, topk_ids, num_experts=num_experts)
