@@ -21,12 +21,22 @@ Every rank runs `run_rank`; rank 0 prints the table and writes the JSON. Measure
 - the same rows with one plain `all_to_all_single` of the group (the rows already in send order,
   the split sizes known: no counting, no host synchronisation), as the peer;
 - GB/s counts REMOTE bytes: rows whose expert lives on another rank x row bytes, per rank (the
-  max over ranks), over the time; the fraction is of the one-direction p2p bandwidth.
+  max over ranks), over the time (what all_to_all_single of the (token, k) rows moves: the issue's
+  measure); the fraction is of the one-direction p2p bandwidth. "unique GB/s" counts each token row
+  once per other rank that owns one of its experts: what an exchange that sends a token to a rank
+  once (the symmetric-memory path) puts on the link, so its fraction of p2p is the link's use;
+- every rank dispatches T tokens, so the bench sets `ExpertParallel.token_bound = T` (as a caller
+  that knows every rank's batch would); for the symmetric-memory path the same rows are measured
+  again without it ("T exchanged": each dispatch first exchanges the token counts, one host
+  synchronisation), and, where the dispatch needs no host synchronisation (latency mode), inside a
+  CUDA graph: two dispatches (both buffer parities) captured once and replayed `repeat` times back
+  to back, time per dispatch = the replays' time / (2 x repeat); combine likewise from a graph of
+  two dispatch + combine pairs, minus the dispatches.
 
 Phase breakdown (opt-in: `--phases`, or DEEPINFER_EP_BENCH_PHASES=1): for the bf16 rows, `repeat`
 more iterations with `ExpertParallel.phase_marker` set, so the EP implementation records an event at
-the end of each of its phases (symmetric memory: count, publish, barrier 1, host read, scatter,
-barrier 2; scatter back, barrier, combine (local); the NCCL path: local dispatch, counts
+the end of each of its phases (symmetric memory: send, barrier, count (throughput mode), expand;
+weights, barrier 1, reduce + send back, barrier 2, sum; the NCCL path: local dispatch, counts
 all_to_all, host read, rows all_to_all, re-sort; re-sort, rows all_to_all, combine (local)); each
 phase's median, max over ranks, is printed after the table and written to the JSON ("phases").
 These iterations are separate from the timed ones (the extra events do not touch those numbers).
@@ -57,6 +67,7 @@ TARGET_BW_TOKENS = 4096
 TARGET_LATENCY_US = 40.0  # per dispatch, at TARGET_LATENCY_TOKENS
 TARGET_LATENCY_TOKENS = 128
 PEER = "all_to_all_single"  # the name of the plain collective's rows
+SYMM = "symmetric memory"  # the cuda backend's intranode path
 
 
 @dataclass
@@ -72,6 +83,9 @@ class Row:
     remote_bytes: int | None = None  # max over ranks
     gbs: float | None = None
     fraction_p2p: float | None = None
+    unique_remote_bytes: int | None = None  # each token row once per other rank owning one of its experts, max over ranks
+    unique_gbs: float | None = None
+    unique_fraction_p2p: float | None = None
     target: str | None = None
     target_met: bool | None = None
     error: str | None = None
@@ -112,7 +126,7 @@ def ep_implementations(registry, backend: str, device: torch.device, ep_size: in
 def _name(kernel) -> str:
     module = getattr(kernel.fn, "__module__", "")
     if module.endswith("moe_ep_symm"):
-        return "symmetric memory"
+        return SYMM
     if "all_to_all_single" in kernel.note:
         library = kernel.note.split("all_to_all_single (", 1)[-1].split(")", 1)[0] if "all_to_all_single (" in kernel.note else ""
         return f"{PEER} path" + (f" ({library})" if library else "")
@@ -239,12 +253,39 @@ def p2p_bandwidth(reps: int = 5) -> dict:
 # one rank
 
 
+def _routing_ids(gen: torch.Generator, tokens: int) -> torch.Tensor:
+    return torch.rand(tokens, EXPERTS, generator=gen).topk(TOP_K, dim=-1).indices.to(torch.int32)
+
+
 def routing(rank: int, tokens: int, device: torch.device):
     gen = torch.Generator().manual_seed(1000 + 7919 * rank + tokens)
-    ids = torch.rand(tokens, EXPERTS, generator=gen).topk(TOP_K, dim=-1).indices.to(torch.int32)
+    ids = _routing_ids(gen, tokens)
     x = torch.randn(tokens, HIDDEN, generator=gen).to(torch.bfloat16)
     weights = torch.rand(tokens, TOP_K, generator=gen)
     return ids.to(device), x.to(device), weights.to(device), ids
+
+
+def traffic(ranks: int, tokens: int) -> dict:
+    """Rows that leave each rank, from every rank's routing (seeded, so any rank can redo it):
+    "sent": per rank, rows to each rank ((token, k) copies); "dispatch": (the most (token, k) rows a
+    rank sends to other ranks, the most token rows it sends counting a token once per other rank it
+    reaches); "combine": the same for what comes back (rows a rank received from other ranks; token
+    rows it holds for other ranks, one partial each)."""
+    L = EXPERTS // ranks
+    reach = []  # [T, W] bool per rank: token t has an expert on rank r
+    sent = []
+    for r in range(ranks):
+        owner = _routing_ids(torch.Generator().manual_seed(1000 + 7919 * r + tokens), tokens).long() // L
+        sent.append(torch.bincount(owner.reshape(-1), minlength=ranks))
+        reach.append(torch.zeros(tokens, ranks, dtype=torch.bool).scatter_(1, owner, True))
+    others = [[s for s in range(ranks) if s != r] for r in range(ranks)]
+    return {
+        "sent": sent,
+        "dispatch": (max(int(sum(sent[r][o] for o in others[r])) for r in range(ranks)),
+                     max(int(sum(reach[r][:, o].sum() for o in others[r])) for r in range(ranks))),
+        "combine": (max(int(sum(sent[s][r] for s in others[r])) for r in range(ranks)),
+                    max(int(sum(reach[s][:, r].sum() for s in others[r])) for r in range(ranks))),
+    }
 
 
 def ep_iterations(impl, x, ids, weights, ep, n: int, marks=None):
@@ -261,6 +302,93 @@ def ep_iterations(impl, x, ids, weights, ep, n: int, marks=None):
         impl.combine.fn(expert_out, weights, row_of_slot, ep_group=ep)
         mark("combine end")
     return offsets
+
+
+def _variants(impl, T: int, device: torch.device) -> list[tuple[str, int | None, bool]]:
+    """(row label, token_bound, in a CUDA graph) to measure an implementation with: every one with
+    the bound (all ranks dispatch T tokens); the symmetric-memory path also without it, and at the
+    latency target's size inside a CUDA graph."""
+    out = [(impl.name, T, False)]
+    if impl.name == SYMM:
+        out.append((f"{SYMM} (T exchanged)", None, False))
+        if device.type == "cuda" and T == TARGET_LATENCY_TOKENS:
+            out.append((f"{SYMM} (CUDA graph)", T, True))
+    return out
+
+
+def _eager_times(impl, x, ids, weights, ep, device, group, warmup, repeat, phases):
+    """(error, dispatch us, combine us, mean us per iteration, phase medians) on this rank."""
+    try:
+        ep_iterations(impl, x, ids, weights, ep, warmup)  # compiles, allocates, grows buffers
+        start_together(device, group)
+        marks = Marks(device)
+        ep_iterations(impl, x, ids, weights, ep, repeat, marks)
+        stamps = marks.times_us()
+        dispatch = statistics.median(intervals(stamps, "dispatch", "dispatch end"))
+        combine = statistics.median(intervals(stamps, "combine", "combine end"))
+        mean = stamps[-1][1] / repeat
+        phase_us = None
+        if phases:
+            start_together(device, group)
+            marks = Marks(device)
+            ep.phase_marker = marks
+            try:
+                ep_iterations(impl, x, ids, weights, ep, repeat, marks)
+            finally:
+                ep.phase_marker = None
+            phase_us = phase_medians(marks.times_us(), {"dispatch": "dispatch", "combine": "combine"})
+        return None, dispatch, combine, mean, phase_us
+    except Exception as exc:  # one implementation failing must not hide the others
+        if _is_group_failure(exc):
+            raise
+        return _one_line(exc), None, None, None, None
+
+
+def _graph_times(impl, x, ids, weights, ep, device, group, warmup, repeat, phases):
+    """As _eager_times, from CUDA graphs: two dispatches (both buffer parities), and two dispatch +
+    combine pairs, each captured once and replayed `repeat` times back to back."""
+
+    def dispatches():
+        for _ in range(2):
+            ep._take(impl.dispatch.fn(x, ids, num_experts=EXPERTS, ep_group=ep)[2])  # no combine: drop its record
+
+    def pairs():
+        ep_iterations(impl, x, ids, weights, ep, 2)
+
+    try:
+        ep_iterations(impl, x, ids, weights, ep, warmup)
+        times = []
+        for body in (dispatches, pairs):
+            torch.cuda.synchronize(device)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                body()
+            graph.replay()
+            start_together(device, group)
+            marks = Marks(device)
+            marks("begin")
+            for _ in range(repeat):
+                graph.replay()
+            marks("end")
+            times.append(marks.times_us()[-1][1] / repeat)
+            del graph
+        dispatch = times[0] / 2
+        return None, dispatch, max(times[1] / 2 - dispatch, 0.0), times[1] / 2, None
+    except Exception as exc:
+        if _is_group_failure(exc):
+            raise
+        return _one_line(exc), None, None, None, None
+
+
+def _is_group_failure(exc: BaseException) -> bool:
+    from deepinfer.distributed import DistributedError
+
+    return isinstance(exc, DistributedError)
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}"
 
 
 def run_rank(*, backend: str, interpret: bool, ops: list[str], tokens: list[int], repeat: int, warmup: int,
@@ -302,64 +430,38 @@ def run_rank(*, backend: str, interpret: bool, ops: list[str], tokens: list[int]
         return out
 
     for T in tokens:
-        ids, x_bf16, weights, ids_cpu = routing(rank, T, device)
-        owner = ids_cpu.long() // L
-        sent = torch.bincount(owner.reshape(-1), minlength=W)  # rows to each rank
+        ids, x_bf16, weights, _ = routing(rank, T, device)
+        moved = traffic(W, T)
         for dtype_name, x in (("bf16", x_bf16), ("fp8", x_bf16.to(torch.float8_e4m3fn))):
             row_bytes = HIDDEN * x.element_size()
-            remote_sent = int(sent.sum() - sent[rank]) * row_bytes
             for impl in impls:
-                say(f"  {impl.name}: T={T} {dtype_name} ...")
-                times = {"dispatch": [], "combine": []}
-                mean = None
-                received_remote = 0
-                error = None
-                phase_us = None
-                try:
-                    ep_iterations(impl, x, ids, weights, ep, warmup)  # compiles, allocates, grows buffers
-                    start_together(device, group)
-                    marks = Marks(device)
-                    offsets = ep_iterations(impl, x, ids, weights, ep, repeat, marks)
-                    stamps = marks.times_us()
-                    times["dispatch"] = intervals(stamps, "dispatch", "dispatch end")
-                    times["combine"] = intervals(stamps, "combine", "combine end")
-                    mean = stamps[-1][1] / repeat if repeat else None
-                    local_rows = int(offsets[-1])  # rows this rank received, from every source
-                    received_remote = (local_rows - int(sent[rank])) * HIDDEN * 2  # combine sends them back as bf16
-                    if phases and dtype_name == "bf16":
-                        start_together(device, group)
-                        marks = Marks(device)
-                        ep.phase_marker = marks
-                        try:
-                            ep_iterations(impl, x, ids, weights, ep, repeat, marks)
-                        finally:
-                            ep.phase_marker = None
-                        phase_us = phase_medians(marks.times_us(), {"dispatch": "dispatch", "combine": "combine"})
-                except DistributedError:
-                    raise
-                except Exception as exc:  # one implementation failing must not hide the others
-                    error = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
-                per_rank = gather((error, statistics.median(times["dispatch"]) if times["dispatch"] else None,
-                                   statistics.median(times["combine"]) if times["combine"] else None, remote_sent, received_remote, mean, phase_us))
-                errors = [p[0] for p in per_rank if p[0]]
-                for op, col, bytes_col in (("dispatch", 1, 3), ("combine", 2, 4)):
-                    if op not in ops or (op == "combine" and dtype_name != "bf16"):
-                        continue
-                    if errors:
-                        rows.append(Row(impl.name, op, dtype_name, T, status="error", error=errors[0]))
-                        continue
-                    rows.append(_row(impl.name, op, dtype_name, T, [p[col] for p in per_rank], max(p[bytes_col] for p in per_rank), p2p))
-                    rows[-1].us_mean_iteration = max(p[5] for p in per_rank)
-                if not errors and all(p[6] for p in per_rank):
-                    for key in per_rank[0][6]:
-                        values = [p[6].get(key) for p in per_rank]
-                        if None in values:
+                for label, bound, graph in _variants(impl, T, device):
+                    say(f"  {label}: T={T} {dtype_name} ...")
+                    ep.token_bound = bound
+                    measure = _graph_times if graph else _eager_times
+                    per_rank = gather(measure(impl, x, ids, weights, ep, device, group, warmup, repeat, phases and dtype_name == "bf16" and not graph))
+                    errors = [p[0] for p in per_rank if p[0]]
+                    for op, col in (("dispatch", 1), ("combine", 2)):
+                        if op not in ops or (op == "combine" and dtype_name != "bf16"):
                             continue
-                        op, phase = key.split(": ", 1)
-                        phase_rows.append({"impl": impl.name, "dtype": dtype_name, "tokens": T, "op": op, "phase": phase,
-                                           "us": max(values), "us_per_rank": values})
+                        if errors:
+                            rows.append(Row(label, op, dtype_name, T, status="error", error=errors[0]))
+                            continue
+                        rows_moved, unique_moved = moved[op]  # max over ranks; combine: what goes back (bf16)
+                        rows.append(_row(label, op, dtype_name, T, [p[col] for p in per_rank], rows_moved * row_bytes, p2p, unique_moved * row_bytes))
+                        means = [p[3] for p in per_rank]
+                        rows[-1].us_mean_iteration = max(means) if None not in means else None
+                    if not errors and all(p[4] for p in per_rank):
+                        for key in per_rank[0][4]:
+                            values = [p[4].get(key) for p in per_rank]
+                            if None in values:
+                                continue
+                            op, phase = key.split(": ", 1)
+                            phase_rows.append({"impl": label, "dtype": dtype_name, "tokens": T, "op": op, "phase": phase,
+                                               "us": max(values), "us_per_rank": values})
+            ep.token_bound = None
             # the plain collective of the same rows, as the peer
-            rows.append(_a2a_row(x, sent, row_bytes, rank, W, group, device, warmup, repeat, dtype_name, T, p2p, gather))
+            rows.append(_a2a_row(x, moved["sent"][rank], row_bytes, rank, W, group, device, warmup, repeat, dtype_name, T, p2p, gather))
     result = {
         "backend": backend,
         "ep": W,
@@ -387,12 +489,15 @@ def run_rank(*, backend: str, interpret: bool, ops: list[str], tokens: list[int]
     return result if rank == 0 else None
 
 
-def _row(impl, op, dtype_name, T, per_rank_us, remote_bytes, p2p) -> Row:
+def _row(impl, op, dtype_name, T, per_rank_us, remote_bytes, p2p, unique_bytes=None) -> Row:
     us = max(per_rank_us)
-    row = Row(impl, op, dtype_name, T, us=us, us_per_rank=per_rank_us, remote_bytes=remote_bytes)
+    row = Row(impl, op, dtype_name, T, us=us, us_per_rank=per_rank_us, remote_bytes=remote_bytes, unique_remote_bytes=unique_bytes)
     row.gbs = remote_bytes / (us * 1e-6) / 1e9 if us > 0 else None
+    row.unique_gbs = unique_bytes / (us * 1e-6) / 1e9 if us > 0 and unique_bytes is not None else None
     if p2p and row.gbs is not None:
         row.fraction_p2p = row.gbs / p2p["unidirectional_gbs"]
+        if row.unique_gbs is not None:
+            row.unique_fraction_p2p = row.unique_gbs / p2p["unidirectional_gbs"]
     if T == TARGET_BW_TOKENS and op != "all_to_all":
         row.target = f">= {TARGET_FRACTION:.0%} p2p"
         row.target_met = None if row.fraction_p2p is None else row.fraction_p2p >= TARGET_FRACTION
@@ -447,26 +552,33 @@ def format_table(result: dict) -> str:
         lines.append(f"p2p GPU0->GPU1: {p2p['unidirectional_gbs']:.0f} GB/s one way, {p2p['bidirectional_gbs']:.0f} GB/s both ways at once")
     else:
         lines.append("p2p: not measured (needs 2 CUDA GPUs); no fraction of p2p")
-    head = f"{'implementation':<32} {'op':<10} {'rows':<5} {'tokens':>6} {'us':>10} {'remote MB':>10} {'GB/s':>8} {'% p2p':>6}  target"
+    head = (f"{'implementation':<34} {'op':<10} {'rows':<5} {'tokens':>6} {'us':>10} {'remote MB':>10} {'GB/s':>8} {'% p2p':>6} "
+            f"{'unique MB':>10} {'GB/s':>8} {'% p2p':>6}  target")
     lines += [head, "-" * len(head)]
     for r in result["rows"]:
         if r["status"] != "ok":
-            lines.append(f"{r['impl']:<32} {r['op']:<10} {r['dtype']:<5} {r['tokens']:>6} error: {r['error']}")
+            lines.append(f"{r['impl']:<34} {r['op']:<10} {r['dtype']:<5} {r['tokens']:>6} error: {r['error']}")
             continue
         frac = f"{r['fraction_p2p'] * 100:5.1f}%" if r["fraction_p2p"] is not None else "     -"
         gbs = f"{r['gbs']:8.1f}" if r["gbs"] is not None else "       -"
         target = ""
         if r["target"]:
             target = f"{r['target']}: " + ("met" if r["target_met"] else ("NOT met" if r["target_met"] is False else "n/a"))
-        lines.append(f"{r['impl']:<32} {r['op']:<10} {r['dtype']:<5} {r['tokens']:>6} {r['us']:10.1f} {r['remote_bytes'] / 1e6:10.2f} {gbs} {frac}  {target}")
-    lines.append("us: median per rank over the timed iterations (back to back, CUDA events around each op), max over ranks; "
-                 "GB/s: remote bytes per rank (max over ranks) / us; combine rows are bf16 (expert outputs)")
+        if r.get("unique_remote_bytes") is not None:
+            ufrac = f"{r['unique_fraction_p2p'] * 100:5.1f}%" if r.get("unique_fraction_p2p") is not None else "     -"
+            unique = f"{r['unique_remote_bytes'] / 1e6:10.2f} {r['unique_gbs']:8.1f} {ufrac}"
+        else:
+            unique = f"{'-':>10} {'-':>8} {'-':>6}"
+        lines.append(f"{r['impl']:<34} {r['op']:<10} {r['dtype']:<5} {r['tokens']:>6} {r['us']:10.1f} {r['remote_bytes'] / 1e6:10.2f} {gbs} {frac} {unique}  {target}")
+    lines.append("us: median per rank over the timed iterations (back to back, CUDA events around each op; CUDA graph: replays' time / ops), max over ranks; "
+                 "GB/s: remote (token, k) rows' bytes per rank (max over ranks) / us (the target's measure); unique: each token row once per other rank "
+                 "it reaches (what the symmetric-memory path moves); combine rows are bf16 (expert outputs)")
     if result.get("phases"):
         lines.append("")
         lines.append("phases (bf16 rows; us: median over iterations, max over ranks; per rank in brackets)")
-        head = f"{'implementation':<32} {'tokens':>6} {'op':<9} {'phase':<20} {'us':>9}  per rank"
+        head = f"{'implementation':<34} {'tokens':>6} {'op':<9} {'phase':<20} {'us':>9}  per rank"
         lines += [head, "-" * len(head)]
         for ph in result["phases"]:
             per = ", ".join(f"{v:.1f}" for v in ph["us_per_rank"])
-            lines.append(f"{ph['impl']:<32} {ph['tokens']:>6} {ph['op']:<9} {ph['phase']:<20} {ph['us']:9.1f}  [{per}]")
+            lines.append(f"{ph['impl']:<34} {ph['tokens']:>6} {ph['op']:<9} {ph['phase']:<20} {ph['us']:9.1f}  [{per}]")
     return "\n".join(lines)

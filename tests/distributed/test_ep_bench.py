@@ -38,6 +38,8 @@ def test_bench_ops_ep2_reference_over_gloo_writes_every_row(tmp_path):
     bf16 = next(r for r in result["rows"] if r["op"] == "dispatch" and r["dtype"] == "bf16")
     fp8 = next(r for r in result["rows"] if r["op"] == "dispatch" and r["dtype"] == "fp8")
     assert bf16["remote_bytes"] % (7168 * 2) == 0 and 0 < bf16["remote_bytes"] // (7168 * 2) <= 128
+    # each token row once per other rank it reaches: at most the (token, k) rows, at most one per token
+    assert 0 < bf16["unique_remote_bytes"] <= min(bf16["remote_bytes"], 16 * 7168 * 2) and bf16["unique_gbs"] > 0
     assert fp8["remote_bytes"] * 2 == bf16["remote_bytes"]
     assert "dispatch" in proc.stdout and "all_to_all_single (gloo)" in proc.stdout
 
@@ -87,3 +89,32 @@ def test_phase_medians_and_intervals_of_marks():
     got = phase_medians(stamps, {"dispatch": "dispatch", "combine": "combine"})
     assert got == {"dispatch: count": 3.0, "dispatch: barrier 1": 2.0, "dispatch: rest": 1.0,
                    "combine: scatter back": 1.5, "combine: rest": 1.5}
+
+
+def test_traffic_counts_token_rows_and_their_copies():
+    from deepinfer.bench import ep as bench
+
+    W, T = 4, 32
+    moved = bench.traffic(W, T)
+    L = bench.EXPERTS // W
+    owners = [bench.routing(r, T, torch.device("cpu"))[3].long() // L for r in range(W)]
+    copies = [[int((owners[s] == r).sum()) for r in range(W)] for s in range(W)]  # (token, k) rows s -> r
+    tokens = [[int((owners[s] == r).any(1).sum()) for r in range(W)] for s in range(W)]  # tokens of s reaching r
+    assert [t.tolist() for t in moved["sent"]] == copies
+    assert moved["dispatch"] == (max(sum(copies[s][r] for r in range(W) if r != s) for s in range(W)),
+                                 max(sum(tokens[s][r] for r in range(W) if r != s) for s in range(W)))
+    assert moved["combine"] == (max(sum(copies[s][r] for s in range(W) if s != r) for r in range(W)),
+                                max(sum(tokens[s][r] for s in range(W) if s != r) for r in range(W)))
+    assert moved["dispatch"][1] < moved["dispatch"][0]  # top-8 of 64 local experts: tokens reach a rank with several copies
+
+
+def test_the_symmetric_memory_path_is_measured_three_ways_at_the_latency_size():
+    from deepinfer.bench import ep as bench
+
+    symm = bench.Impl(bench.SYMM, None, None)
+    nccl = bench.Impl("all_to_all_single path (NCCL)", None, None)
+    cuda, cpu = torch.device("cuda", 0), torch.device("cpu")
+    assert bench._variants(symm, 128, cuda) == [(bench.SYMM, 128, False), (f"{bench.SYMM} (T exchanged)", None, False), (f"{bench.SYMM} (CUDA graph)", 128, True)]
+    assert bench._variants(symm, 4096, cuda) == [(bench.SYMM, 4096, False), (f"{bench.SYMM} (T exchanged)", None, False)]
+    assert bench._variants(symm, 128, cpu)[-1][2] is False
+    assert bench._variants(nccl, 128, cuda) == [(nccl.name, 128, False)]
