@@ -10,8 +10,8 @@ adds the partials of the ranks its experts live on.
 
 Results: dispatch's rows and offsets equal the NCCL path's (the same layout: by local expert, then
 source rank, then the source's slot order); combine is the same weighted sum in another order of
-additions (per owner rank in k order, rounded to the partial's dtype, then over the ranks in rank
-order), so it matches within the op's tolerance, deterministically. Checked by the multi-rank
+additions (per owner rank in k order, then over the ranks in rank order, in float32, rounded once),
+so it matches within the op's tolerance, deterministically. Checked by the multi-rank
 conformance cases (`python -m deepinfer_conformance.multirank --backend cuda --ep 2 --ep-path symm`).
 
 The token bound. Every rank writes its token t into region (its rank, t) of each peer's buffers,
@@ -23,34 +23,39 @@ Per process group and device (`SymmetricState`, created collectively on the firs
 every ExpertParallel over that group), all symmetric; dispatch's in two parities (dispatch number
 mod 2), combine's in one (see `combine_steps`); grown on demand by powers of two, never freed (see
 `SymmetricState`):
-- `meta[p]` int32 [W + W*B*K]: each source's T, then each source token's K expert ids;
+- `meta[p]` int32: each source's T [W], each source token's K expert ids [W*B*K], and in throughput
+  mode each slot's rank among its source's slots of its expert [W*B*K] and each source's counts
+  per expert [W, E];
 - `tok[p]`  bytes [W*B, row]: source s's token t at row s*B + t (rows of peers only);
 - `wts`  [W*B, K] the sources' top-k weights (combine), in their dtype;
-- `back` [W*B, row]: owner r's partial sum for this rank's token t at row r*B + t;
+- `back` float32 [W*B, row]: owner r's partial sum for this rank's token t at row r*B + t;
 - `counts`  int32 [2, W]: the T's, when no token bound is set.
 
-dispatch (rank `me` of W, L = E / W experts per rank, parity p)
+dispatch (rank `me` of W, L = E / W experts per rank, parity p); two modes by the slot count W*B*K
   0. without a token bound: publish T, barrier, host read of the W counts: B = max T.
   1. send: one kernel, a program per (token, column split): its K ids to every rank's meta[p]; its
      row to every OTHER rank that owns one of its experts (tok[p], row me*B + t); one extra program
-     publishes T. Throughput mode also writes row_of_slot here (the send layout, below).
+     publishes T. Throughput mode first counts this rank's slots per expert (the one-rank dispatch's
+     count + scan kernels) and also sends each slot's rank to its owner, the per-expert counts to
+     every rank, and writes row_of_slot (the send layout).
   2. barrier.
   3. expand: one kernel, a program per (source s, token t, column split), reading meta[p]: each of
      the token's slots on a local expert gets its row in the expert-sorted layout, and the token's
-     row (from x for s = me, else from tok[p]) is stored there; `slot_row` (private, [W*B, K]) keeps
-     that row (or -1) for the combine. Two modes, chosen by the slot count W*B*K:
-     - latency (<= LATENCY_SLOTS): every program finds its rows by counting the matching slots of all
-       sources (W*B*K ids from L2), one extra program writes expert_offsets, and the own tokens'
-       programs write row_of_slot. expert_x is allocated at its capacity W*B*min(K, L) rows (rows
-       past expert_offsets[L] are padding, as the dispatch contract allows): no host
-       synchronisation at all with a token bound, so it can be captured in a CUDA graph;
-     - throughput: the ids are mapped to local experts (foreign -> L) and counted by the one-rank
-       dispatch's count + scan kernels; one host read of the total sizes expert_x exactly.
+     row (from x for s = me, else from tok[p]) is stored there, one scalar-guarded copy per local
+     slot; `slot_row` (private, [W*B, K]) keeps that row (or -1) for the combine; L + 1 more
+     programs write expert_offsets.
+     - latency (W*B*K <= LATENCY_SLOTS): rows found by counting the matching slots of all sources
+       (W*B*K ids from L2, per program); the own tokens' programs write row_of_slot. expert_x is
+       allocated at its capacity W*B*min(K, L) rows (rows past expert_offsets[L] are padding, as
+       the dispatch contract allows): with a token bound no host synchronisation at all, so a
+       dispatch can be captured in a CUDA graph;
+     - throughput: row = start of the expert + its rows from lower sources (both from the published
+       counts) + the slot's rank; one host read of the published counts sizes expert_x exactly.
 combine
   1. this rank's top-k weights to every rank's wts; barrier;
   2. one kernel, a program per (source s, token t, column split) with rows here: the weighted sum
-     over its local slots in k order (accumulated in float32, float64 for float64), stored in the
-     partial's dtype (expert_out's; float32 for 8-bit rows) to back of rank s; barrier;
+     over its local slots in k order, in float32 (float64 for float64), stored unrounded to back of
+     rank s; barrier;
   3. one kernel, a program per (token, column split): the partials of the ranks that own one of the
      token's experts, added in rank order.
 
@@ -91,7 +96,6 @@ _MIN_BYTES = 1 << 20
 # L2), and expert_x is allocated at capacity; past it, the count + scan kernels and one host read.
 LATENCY_SLOTS = 8192
 _SCAN = 1024  # ids per step of a latency-mode program's count
-_ONEHOT = 16384  # one-hot entries per step of the offsets program
 
 
 # ---------------------------------------------------------------------------------------------
@@ -110,20 +114,24 @@ def _publish_count_kernel(counts_ptrs, offset, T):
 def _send_kernel(
     x_ptr, ids_ptr, tok_ptrs, meta_ptrs,
     rank_ptr, prefix_ptr, totals_ptr, row_of_slot_ptr,
-    T, D, E, L, W, me, B, n_tiles, stride_x, cols_per_split,
+    T, D, E, L, W, me, B, n_tiles, stride_x, cols_per_split, ranks_off, tots_off,
     K: tl.constexpr,
     TILE_S: tl.constexpr,
-    ROWS: tl.constexpr,  # throughput mode: also row_of_slot, from the one-rank count + scan
+    COUNTED: tl.constexpr,  # throughput mode: the one-rank count + scan of this rank's slots ran
     BLOCK_E: tl.constexpr,
     BLOCK_K: tl.constexpr,
     BLOCK_D: tl.constexpr,
 ):
     t = tl.program_id(0)
     split = tl.program_id(1)
-    if t == T:  # the extra program: this rank's token count, to every rank
+    if t == T:  # the extra program: this rank's token count (and per-expert counts), to every rank
         if split == 0:
+            ex = tl.arange(0, BLOCK_E)
             for r in range(W):
-                tl.store(tl.load(meta_ptrs + r).to(tl.pointer_type(tl.int32)) + me, T)
+                meta = tl.load(meta_ptrs + r).to(tl.pointer_type(tl.int32))
+                tl.store(meta + me, T)
+                if COUNTED:
+                    tl.store(meta + tots_off + me * E + ex, tl.load(totals_ptr + ex, mask=ex < E), mask=ex < E)
     else:
         kk = tl.arange(0, BLOCK_K)
         k_ok = kk < K
@@ -132,73 +140,64 @@ def _send_kernel(
         owner = tl.where(k_ok, eid // L, -1)
         row = (me * B + t).to(tl.int64)
         if split == 0:
-            for r in range(W):  # the ids go to every rank (small): a receiver needs no per-source count
-                meta = tl.load(meta_ptrs + r).to(tl.pointer_type(tl.int32))
-                tl.store(meta + W + row * K + kk, eid, mask=k_ok)
-            if ROWS:
+            if COUNTED:  # each slot's rank among this rank's slots of its expert; row_of_slot
+                rk = tl.load(rank_ptr + slot, mask=k_ok, other=0)
+                rk += tl.load(prefix_ptr + eid.to(tl.int64) * n_tiles + slot // TILE_S, mask=k_ok, other=0)
                 ex = tl.arange(0, BLOCK_E)
                 tot = tl.load(totals_ptr + ex, mask=ex < E, other=0)
                 first = tl.sum(tl.where(ex[None, :] == eid[:, None], (tl.cumsum(tot, axis=0) - tot)[None, :], 0), axis=1)
-                rk = tl.load(rank_ptr + slot, mask=k_ok, other=0)
-                rk += tl.load(prefix_ptr + eid.to(tl.int64) * n_tiles + slot // TILE_S, mask=k_ok, other=0)
                 tl.store(row_of_slot_ptr + slot, first + rk, mask=k_ok)
+            for r in range(W):  # the ids go to every rank (small): a receiver needs no per-source count
+                meta = tl.load(meta_ptrs + r).to(tl.pointer_type(tl.int32))
+                tl.store(meta + W + row * K + kk, eid, mask=k_ok)
+                if COUNTED:
+                    tl.store(meta + ranks_off + row * K + kk, rk, mask=k_ok & (owner == r))
         src = x_ptr + t.to(tl.int64) * stride_x
         col0 = split * cols_per_split
         col_end = tl.minimum(col0 + cols_per_split, D)
-        for c in range(col0, col_end, BLOCK_D):
-            cols = c + tl.arange(0, BLOCK_D)
-            c_ok = cols < col_end
-            v = tl.load(src + cols, mask=c_ok)
-            for r in range(W):
-                if (r != me) & (tl.max((owner == r).to(tl.int32), axis=0) > 0):
-                    dst = tl.load(tok_ptrs + r).to(tl.pointer_type(x_ptr.dtype.element_ty)) + row * D
-                    tl.store(dst + cols, v, mask=c_ok)
-
-
-@triton.jit
-def _local_ids_kernel(meta_ptr, out_ptr, L, W, me, B, K, BLOCK: tl.constexpr):
-    # throughput mode: every source slot's local expert, L for another rank's expert or a padding token
-    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    ok = i < W * B * K
-    s = i // (B * K)
-    t = (i // K) % B
-    valid = ok & (t < tl.load(meta_ptr + s, mask=ok, other=0))
-    le = tl.load(meta_ptr + W + i, mask=valid, other=-1) - me * L
-    tl.store(out_ptr + i, tl.where(valid & (le >= 0) & (le < L), le, L), mask=ok)
+        for r in range(W):
+            if (r != me) & (tl.max((owner == r).to(tl.int32), axis=0) > 0):
+                dst = tl.load(tok_ptrs + r).to(tl.pointer_type(x_ptr.dtype.element_ty)) + row * D
+                for c in range(col0, col_end, BLOCK_D):
+                    cols = c + tl.arange(0, BLOCK_D)
+                    c_ok = cols < col_end
+                    tl.store(dst + cols, tl.load(src + cols, mask=c_ok), mask=c_ok)
 
 
 @triton.jit
 def _expand_kernel(
     x_ptr, tok_ptr, meta_ptr, out_ptr, slot_row_ptr, offsets_ptr, row_of_slot_ptr,
-    rank_ptr, prefix_ptr, totals_ptr,
-    D, E, L, W, me, B, n_tiles, stride_x, cols_per_split,
+    D, E, L, W, me, B, stride_x, cols_per_split, ranks_off, tots_off,
     K: tl.constexpr,
-    TILE_S: tl.constexpr,
     LATENCY: tl.constexpr,
     BLOCK_K: tl.constexpr,
     BLOCK_L: tl.constexpr,
+    BLOCK_W: tl.constexpr,
     BLOCK_SCAN: tl.constexpr,
-    BLOCK_ONEHOT: tl.constexpr,
     BLOCK_D: tl.constexpr,
 ):
-    pid = tl.program_id(0)  # s * B + t; W * B: the offsets program
+    pid = tl.program_id(0)  # s * B + t; W * B + l: expert_offsets[l]
     split = tl.program_id(1)
     lx = tl.arange(0, BLOCK_L)
-    if pid == W * B:
+    if not LATENCY:  # rows per (source, local expert), from the sources' published counts
+        ws = tl.arange(0, BLOCK_W)
+        C = tl.load(meta_ptr + tots_off + ws[:, None] * E + me * L + lx[None, :], mask=(ws < W)[:, None] & (lx < L)[None, :], other=0)
+        col_tot = tl.sum(C, axis=0)
+        start = tl.cumsum(col_tot, axis=0) - col_tot  # local expert l's first row
+    if pid >= W * B:
         if split == 0:
-            if LATENCY:  # rows per local expert, over every source's valid slots
-                tot = tl.zeros([BLOCK_L], dtype=tl.int32)
+            le = pid - W * B
+            if LATENCY:  # valid slots of every source on a lower local expert
+                n = tl.zeros([BLOCK_SCAN], dtype=tl.int32)
                 for s2 in range(W):
                     n2 = tl.load(meta_ptr + s2) * K
-                    for j0 in range(0, n2, BLOCK_ONEHOT):
-                        j = j0 + tl.arange(0, BLOCK_ONEHOT)
+                    for j0 in range(0, n2, BLOCK_SCAN):
+                        j = j0 + tl.arange(0, BLOCK_SCAN)
                         l2 = tl.load(meta_ptr + W + s2 * B * K + j, mask=j < n2, other=-1) - me * L
-                        tot += tl.sum((lx[:, None] == l2[None, :]).to(tl.int32), axis=1)
+                        n += ((l2 >= 0) & (l2 < le)).to(tl.int32)
+                tl.store(offsets_ptr + le, tl.sum(n, axis=0))
             else:
-                tot = tl.load(totals_ptr + lx, mask=lx < L, other=0)
-            tot = tl.where(lx < L, tot, 0)
-            tl.store(offsets_ptr + lx, tl.cumsum(tot, axis=0) - tot, mask=lx < L)
-            tl.store(offsets_ptr + L, tl.sum(tot, axis=0))
+                tl.store(offsets_ptr + le, tl.sum(tl.where(lx < le, col_tot, 0), axis=0))
     else:
         s = pid // B
         t = pid % B
@@ -229,28 +228,26 @@ def _expand_kernel(
                     earlier = (me * B * K + j)[None, :] < pos[:, None]
                     sent += tl.sum(((e2[None, :] < eid[:, None]) | ((e2[None, :] == eid[:, None]) & earlier)).to(tl.int32), axis=1)
                 tl.store(row_of_slot_ptr + t * K + kk, sent, mask=valid)
-        else:
-            safe = tl.where(mine, le, 0)
-            tot = tl.load(totals_ptr + lx, mask=lx < L, other=0)
-            first = tl.sum(tl.where(lx[None, :] == safe[:, None], (tl.cumsum(tot, axis=0) - tot)[None, :], 0), axis=1)
-            rk = tl.load(rank_ptr + pos, mask=mine, other=0)
-            rk += tl.load(prefix_ptr + safe.to(tl.int64) * n_tiles + pos // TILE_S, mask=mine, other=0)
-            dest = first + rk
+        else:  # start of its expert + rows of the expert from lower sources + its rank in its source
+            lower = tl.sum(tl.where((ws < s)[:, None], C, 0), axis=0)
+            hit = lx[None, :] == le[:, None]
+            dest = tl.sum(tl.where(hit, (start + lower)[None, :], 0), axis=1) + tl.load(meta_ptr + ranks_off + pos, mask=mine, other=0)
         if split == 0:
             tl.store(slot_row_ptr + pos, tl.where(mine, dest, -1), mask=k_ok)
-        if tl.max(mine.to(tl.int32), axis=0) > 0:
-            if s == me:
-                src = x_ptr + t.to(tl.int64) * stride_x
-            else:
-                src = tok_ptr + pid.to(tl.int64) * D
-            dst = out_ptr + dest.to(tl.int64)[:, None] * D
-            col0 = split * cols_per_split
-            col_end = tl.minimum(col0 + cols_per_split, D)
-            for c in range(col0, col_end, BLOCK_D):
-                cols = c + tl.arange(0, BLOCK_D)
-                c_ok = cols < col_end
-                v = tl.load(src + cols, mask=c_ok)
-                tl.store(dst + cols[None, :], tl.broadcast_to(v[None, :], [BLOCK_K, BLOCK_D]), mask=mine[:, None] & c_ok[None, :])
+        if s == me:
+            src = x_ptr + t.to(tl.int64) * stride_x
+        else:
+            src = tok_ptr + pid.to(tl.int64) * D
+        col0 = split * cols_per_split
+        col_end = tl.minimum(col0 + cols_per_split, D)
+        for k in tl.static_range(K):  # a scalar branch per slot: no work for another rank's slots
+            if tl.sum(tl.where((kk == k) & mine, 1, 0), axis=0) > 0:
+                dst = out_ptr + tl.sum(tl.where(kk == k, dest, 0), axis=0).to(tl.int64) * D
+                for c in range(col0, col_end, BLOCK_D):
+                    cols = c + tl.arange(0, BLOCK_D)
+                    c_ok = cols < col_end
+                    tl.store(dst + cols, tl.load(src + cols, mask=c_ok), mask=c_ok)
+
 
 
 # ---------------------------------------------------------------------------------------------
@@ -425,8 +422,10 @@ def _as_words(t: torch.Tensor, rows: int, row_bytes: int, word: torch.dtype) -> 
 
 
 def _wire_dtype(dtype: torch.dtype) -> torch.dtype:
-    """What a combine partial travels in: the rows' dtype, float32 for 8-bit rows."""
-    return dtype if torch.empty(0, dtype=dtype).element_size() >= 2 else torch.float32
+    """What a combine partial travels in: the accumulator (float32; float64 for float64). A bf16
+    partial lost too much where the owners' partials cancel (4 bf16 ulps on 2 H200s, over the op's
+    tolerance): one rounding, at the end, as the one-rank combine."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
 
 
 @dataclass
@@ -545,23 +544,30 @@ class SymmetricExchange:
             x2 = x2.contiguous()
         ids = topk_ids.to(torch.int32).contiguous()
         row_bytes = D * x.element_size()
-        meta = st.ensure("meta", parity, (W + W * B * K) * 4)
-        tok = st.ensure("tok", parity, W * B * row_bytes)
         latency = W * B * K <= LATENCY_SLOTS
+        ids_off, ranks_off = W, W + W * B * K  # meta: T's | ids | (throughput) slot ranks | per-expert counts
+        tots_off = ranks_off + (0 if latency else W * B * K)
+        meta = st.ensure("meta", parity, (tots_off + (0 if latency else W * E)) * 4)
+        tok = st.ensure("tok", parity, W * B * row_bytes)
         word = _word_dtype(row_bytes, x2)
         cfg = local._cfg("dispatch", "tokens", self.device)
         xw = _as_words(x2, T, row_bytes, word)
         Dw = xw.shape[1]
         block_d = local._block_d(max(Dw, 1), xw.element_size(), cfg)
         row_of_slot = torch.empty(T * K, dtype=torch.int32, device=self.device)
-        layout = local.count_slots(ids, E) if not latency and T else None
         dummy = row_of_slot
+        if latency:
+            counted = None
+        elif T:
+            counted = local.count_slots(ids, E)
+        else:  # no slots: only the (zero) per-expert counts to publish
+            counted = local.SlotCounts(ids.view(-1), dummy, dummy, torch.zeros(E, dtype=torch.int32, device=self.device), 1, 1)
         per, splits = local._column_split(T, Dw, block_d, cfg["target_programs"]) if Dw else (0, 1)
         _send_kernel[(T + 1, splits)](
             xw, ids, tok.ptrs, meta.ptrs,
-            *((layout.rank, layout.prefix, layout.totals) if layout else (dummy, dummy, dummy)), row_of_slot,
-            T, Dw, E, L, W, me, B, layout.n_tiles if layout else 1, xw.stride(0) if T else Dw, per,
-            K=K, TILE_S=layout.tile_s if layout else 1, ROWS=layout is not None,
+            *((counted.rank, counted.prefix, counted.totals) if counted else (dummy, dummy, dummy)), row_of_slot,
+            T, Dw, E, L, W, me, B, counted.n_tiles if counted else 1, xw.stride(0) if T else Dw, per, ranks_off, tots_off,
+            K=K, TILE_S=counted.tile_s if counted else 1, COUNTED=not latency,
             BLOCK_E=next_power_of_2(E), BLOCK_K=next_power_of_2(K), BLOCK_D=block_d, num_warps=cfg["copy_warps"],
         )  # fmt: skip
         self._mark("send")
@@ -571,25 +577,20 @@ class SymmetricExchange:
         slot_row = torch.empty(W * B, K, dtype=torch.int32, device=self.device)
         offsets = torch.empty(L + 1, dtype=torch.int32, device=self.device)
         if latency:
-            rows, counted = W * B * min(K, L), None
-        else:
-            local_ids = torch.empty(W * B * K, dtype=torch.int32, device=self.device)
-            _local_ids_kernel[(triton.cdiv(W * B * K, 1024),)](metas, local_ids, L, W, me, B, K, BLOCK=1024)
-            counted = local.count_slots(local_ids.view(W * B, K), L + 1)
-            rows = int(counted.totals[:L].sum())  # the host synchronisation of throughput mode
-            self._mark("count")
+            rows = W * B * min(K, L)
+        else:  # the host synchronisation of throughput mode: rows arriving here, from the published counts
+            counts = metas[tots_off:tots_off + W * E].view(W, W, L)[:, me]
+            rows = int(counts.sum())
+            self._mark("host read")
         expert_x = torch.empty(rows, D, dtype=x.dtype, device=self.device)
         out = _as_words(expert_x, rows, row_bytes, word)
         tok_words = _as_words(tok.local, W * B, row_bytes, word)
         per, splits = local._column_split(W * B, Dw, block_d, cfg["target_programs"]) if Dw else (0, 1)
-        block_l = next_power_of_2(L)
-        _expand_kernel[(W * B + 1, splits)](
+        _expand_kernel[(W * B + L + 1, splits)](
             xw, tok_words, metas, out, slot_row, offsets, row_of_slot,
-            *((counted.rank, counted.prefix, counted.totals) if counted else (dummy, dummy, dummy)),
-            Dw, E, L, W, me, B, counted.n_tiles if counted else 1, xw.stride(0) if T else Dw, per,
-            K=K, TILE_S=counted.tile_s if counted else 1, LATENCY=latency,
-            BLOCK_K=next_power_of_2(K), BLOCK_L=block_l, BLOCK_SCAN=_SCAN, BLOCK_ONEHOT=max(16, _ONEHOT // block_l),
-            BLOCK_D=block_d, num_warps=cfg["copy_warps"],
+            Dw, E, L, W, me, B, xw.stride(0) if T else Dw, per, ranks_off, tots_off,
+            K=K, LATENCY=latency, BLOCK_K=next_power_of_2(K), BLOCK_L=next_power_of_2(L), BLOCK_W=next_power_of_2(W),
+            BLOCK_SCAN=_SCAN, BLOCK_D=block_d, num_warps=cfg["copy_warps"],
         )  # fmt: skip
         self._mark("expand")
         ep._remember(_SymmExchange(row_of_slot, st, B, T, K, ids, slot_row, rows))
