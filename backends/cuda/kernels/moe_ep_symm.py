@@ -240,13 +240,15 @@ def _expand_kernel(
             src = tok_ptr + pid.to(tl.int64) * D
         col0 = split * cols_per_split
         col_end = tl.minimum(col0 + cols_per_split, D)
-        for k in tl.static_range(K):  # a scalar branch per slot: no work for another rank's slots
-            if tl.sum(tl.where((kk == k) & mine, 1, 0), axis=0) > 0:
-                dst = out_ptr + tl.sum(tl.where(kk == k, dest, 0), axis=0).to(tl.int64) * D
-                for c in range(col0, col_end, BLOCK_D):
-                    cols = c + tl.arange(0, BLOCK_D)
-                    c_ok = cols < col_end
-                    tl.store(dst + cols, tl.load(src + cols, mask=c_ok), mask=c_ok)
+        if tl.max(mine.to(tl.int32), axis=0) > 0:
+            for c in range(col0, col_end, BLOCK_D):
+                cols = c + tl.arange(0, BLOCK_D)
+                c_ok = cols < col_end
+                v = tl.load(src + cols, mask=c_ok)  # read once, stored to each local slot's row
+                for k in tl.static_range(K):  # a scalar branch per slot: no work for another rank's slots
+                    if tl.sum(tl.where((kk == k) & mine, 1, 0), axis=0) > 0:
+                        d = tl.sum(tl.where(kk == k, dest, 0), axis=0).to(tl.int64)
+                        tl.store(out_ptr + d * D + cols, v, mask=c_ok)
 
 
 
