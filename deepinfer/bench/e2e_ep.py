@@ -25,8 +25,11 @@ call together after a barrier; the step time is the slowest rank's) and the rout
   of the busiest rank over the mean (EPLB's measure, copies sharing their expert's tokens evenly);
   both per MoE layer, averaged over the layers, counted over the timed (n + 1)-token runs.
 
-On CUDA the engine captures decode CUDA graphs only with one rank (an expert-parallel dispatch
-synchronises with the host to size its receive buffer); each row says whether graphs ran.
+On CUDA the engine replays decode steps as CUDA graphs; with ep > 1 only where the backend's
+dispatch can run without a host synchronisation given a token bound (the cuda backend's
+symmetric-memory path), every decode batch size captured at start on all ranks together, and only
+in steps where every rank decodes (a prefill anywhere makes the step eager); each row says whether
+graphs were on.
 """
 
 from __future__ import annotations
@@ -59,7 +62,8 @@ V3 = dict(
 )  # fmt: skip
 
 INIT_STD = 0.02  # DeepSeek-V3's initializer_range, as transformers draws random weights
-GRAPHS_NOTE = "CUDA graphs: the engine captures decode graphs only with one rank (an expert-parallel dispatch syncs with the host to size its receive buffer), so ep > 1 rows run eagerly"
+GRAPHS_NOTE = ("CUDA graphs: with ep > 1 the engine captures every decode batch size at start (all ranks together) when the EP "
+               "exchange needs no host sync (symmetric memory); a step with a prefill on any rank runs eagerly on all")
 
 
 @dataclass

@@ -44,7 +44,7 @@ def add_parser(what) -> None:
     p.add_argument("--skew", type=float, default=0.5, metavar="S", help="correction bias of the hottest expert; the j-th of a fixed random order gets S*exp(-j/K) (default 0.5; 0: no skew)")
     p.add_argument("--skew-experts", type=float, default=16.0, metavar="K", help="decay length K of the skew, in experts (default 16)")
     p.add_argument("--dtype", default="bfloat16", choices=DTYPES)
-    p.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs, also with one rank (ep > 1 never captures them)")
+    p.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs (one rank or several)")
     p.add_argument("--interpret", action="store_true", help="run the backend's Triton kernels in the Triton interpreter (CPU; for checking)")
     p.add_argument("--max-num-batched-tokens", type=int, default=16384, metavar="N", help="prefill tokens per step (default 16384)")
     p.add_argument("--override", action="append", default=None, metavar="KEY=VALUE", help="set a config.json field of the model (JSON value), e.g. hidden_size=1024 (repeatable)")

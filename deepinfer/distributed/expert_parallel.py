@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import logging
 from collections import OrderedDict
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -48,6 +49,20 @@ log = logging.getLogger(__name__)
 # Dtypes every collective library here (NCCL, HCCL, gloo) moves natively; others travel as bytes.
 _NATIVE_WIRE = frozenset({torch.float32, torch.float16, torch.bfloat16, torch.int8, torch.int32, torch.int64})
 _MAX_PENDING = 64  # dispatches awaiting their combine; older ones are dropped (with a warning)
+
+
+@contextmanager
+def token_bound(groups, bound: int | None):
+    """Set `token_bound` on every ExpertParallel in `groups` for the duration (None: unknown)."""
+    groups = list(groups)
+    before = [g.token_bound for g in groups]
+    for g in groups:
+        g.token_bound = bound
+    try:
+        yield
+    finally:
+        for g, b in zip(groups, before):
+            g.token_bound = b
 
 
 @dataclass
@@ -96,6 +111,15 @@ class ExpertParallel:
     def _mark(self, name: str) -> None:
         if self.phase_marker is not None:
             self.phase_marker(name)
+
+    def start_forward(self) -> None:
+        """Called by the model at the start of each forward (every rank, every forward): a
+        transport that alternates buffers between dispatches starts each forward on the same one,
+        so a forward captured in a CUDA graph replays on the buffers the other ranks use."""
+        for transport in self.transports.values():
+            start = getattr(transport, "start_forward", None)
+            if start is not None:
+                start()
 
     @classmethod
     def from_context(cls, ctx: DistContext | None, num_experts: int) -> "ExpertParallel":

@@ -47,6 +47,16 @@ class DecodeGraphs:
         self.sample_positions = zeros(n, dtype=torch.int64)
         self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self.pool = torch.cuda.graph_pool_handle()
+        self.collective = False  # True after capture_all: no capture on demand
+
+    def capture_all(self) -> None:
+        """Capture every bucket now, smallest first. With expert parallelism every rank calls this at
+        the same point (the warm-up forwards run the MoE collectives), and nothing is captured
+        later: a rank capturing alone would run collectives the others do not."""
+        self.collective = True
+        for size in self.buckets:
+            if size not in self.graphs:
+                self.graphs[size] = self._capture(size)
 
     def bucket(self, n: int) -> int | None:
         return next((b for b in self.buckets if b >= n), None)
@@ -106,6 +116,8 @@ class DecodeGraphs:
         self.sample_positions[:n].copy_(sampling["positions"])
         self.temperature[n:size].zero_()  # padding rows sample greedily
         if size not in self.graphs:
+            if self.collective:
+                raise RuntimeError(f"no CUDA graph for decode batches of {size}: with expert parallelism every graph is captured at start (capture_all)")
             self.graphs[size] = self._capture(size)
         graph, tokens = self.graphs[size]
         graph.replay()

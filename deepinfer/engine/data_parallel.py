@@ -4,8 +4,10 @@ With expert parallelism over W ranks (one process per device, started by torchru
 holds a full copy of everything but the routed experts, and its own KV cache. Requests are dealt
 round-robin by input index (request i runs on rank i mod W). Every step, every rank runs one
 forward in lockstep, because the MoE layers' dispatch / combine are collectives: a rank without
-work runs an empty one (`LLMEngine.idle_step`). Before each step one tiny all_reduce sums
-(has work, finished results) over the ranks: the run ends when no rank has work, and finished
+work runs an empty one (`LLMEngine.idle_step`). Each rank schedules its step first; then one tiny
+all_reduce sums (has work, finished results, cannot replay a CUDA graph) over the ranks: a step is a
+CUDA-graph step when no rank needs an eager one (every dispatch then uses the graphs' token bound,
+`LLMEngine.ep_graph_bound`); the run ends when no rank has work, and finished
 results are gathered to rank 0 (torch.distributed.gather_object) in the step after they finish,
 so rank 0 can write them while the run goes on. Only rank 0 yields results.
 """
@@ -83,9 +85,14 @@ class DataParallelStream(GenerationStream):
         finished: list[tuple[int, RequestOutput]] = []  # this rank's, not gathered yet
         try:
             while True:
-                flags = torch.tensor([int(engine.has_unfinished()), len(finished)], dtype=torch.int64, device=device)
+                batch = engine.schedule() if engine.has_unfinished() else None
+                not_replayable = int(not engine.replayable(batch))
+                flags = torch.tensor([int(batch is not None), len(finished), not_replayable], dtype=torch.int64, device=device)
                 self._collective("the per-step all_reduce of work flags", dist.all_reduce, flags, group=ctx.group)
-                ranks_with_work, num_finished = flags.tolist()
+                ranks_with_work, num_finished, ranks_not_replayable = flags.tolist()
+                # A CUDA-graph step only when every rank can replay (or is idle): the dispatches of all
+                # ranks then share the graphs' token bound.
+                graph_step = engine.ep_graph_bound is not None and ranks_not_replayable == 0
                 if num_finished:
                     gathered = [None] * ctx.world_size if ctx.rank == 0 else None
                     self._collective("gathering finished results to rank 0", dist.gather_object, finished, gathered, dst=0, group=ctx.group)
@@ -97,11 +104,12 @@ class DataParallelStream(GenerationStream):
                 if not ranks_with_work:
                     break
                 try:
-                    if engine.has_unfinished():
-                        done = engine.step()
+                    if batch is not None:
+                        engine.before_step()
+                        done = engine.execute(batch, graph_step)
                         finished.extend((self.position[seq.seq_id], engine.make_output(seq)) for seq in done)
                     else:
-                        engine.idle_step()  # joins the MoE collectives with an empty batch
+                        engine.idle_step(graph_step)  # joins the MoE collectives with an empty batch
                 except Exception as exc:
                     if is_collective_error(exc):
                         raise collective_failure(ctx, "a model step", exc) from exc

@@ -12,7 +12,8 @@ from deepinfer.engine.block_manager import BlockManager, blocks_for
 from deepinfer.engine.model_runner import GiB, ModelRunner, kv_block_bytes, kv_cache_budget
 from deepinfer.engine.outputs import CompletionOutput, RequestOutput
 from deepinfer.engine.sampling_params import InvalidRequestError, SamplingParams
-from deepinfer.engine.scheduler import Scheduler
+from deepinfer.distributed.expert_parallel import token_bound
+from deepinfer.engine.scheduler import ScheduledBatch, Scheduler
 from deepinfer.engine.sequence import Sequence, SequenceStatus
 
 log = logging.getLogger(__name__)
@@ -92,11 +93,17 @@ class LLMEngine:
             dtype,
             self.block_size,
             num_blocks,
-            # Expert-parallel steps synchronise with the host (split sizes): no graph capture.
-            cuda_graphs=runtime.device.type == "cuda" and not config.enforce_eager and dist is None,
+            cuda_graphs=runtime.device.type == "cuda" and not config.enforce_eager and (dist is None or self._ep_capturable(runtime, loaded.model)),
             max_num_seqs=config.max_num_seqs,
             max_model_len=self.max_model_len,
         )
+        # Expert parallelism with CUDA graphs: decode steps that every rank can replay run as graphs
+        # with the same token bound on every rank (the largest graph's batch), captured now, together.
+        self.ep_graph_bound = None
+        if dist is not None and self.runner.graphs is not None:
+            self.ep_graph_bound = self.runner.graphs.buckets[-1]
+            with token_bound(self._expert_parallels(), self.ep_graph_bound):
+                self.runner.graphs.capture_all()
         self._next_request_index = 0
         self.num_prompt_tokens_computed = 0  # prefill work done, recompute after preemption included
         self.num_generated_tokens = 0
@@ -176,11 +183,43 @@ class LLMEngine:
 
     # -- stepping ----------------------------------------------------------------------------
 
+    def _ep_capturable(self, runtime, model) -> bool:
+        """Whether EP decode steps can be captured: the backend's dispatch needs no host
+        synchronisation given a token bound (its `capturable_with_token_bound(ranks, bound, top_k)`)
+        at the largest graph's batch."""
+        from deepinfer.engine.cuda_graphs import batch_buckets
+
+        capturable = getattr(runtime.ops.kernel("dispatch"), "capturable_with_token_bound", None) if "dispatch" in runtime.ops else None
+        groups = getattr(model, "expert_parallels", [])
+        if capturable is None or not groups:
+            return False
+        bound = batch_buckets(self.config.max_num_seqs)[-1]
+        if not capturable(groups[0].size, bound, model.config.num_experts_per_tok):
+            log.info("expert parallelism: decode steps run without CUDA graphs (the %s-rank exchange of %d tokens x top-%d "
+                     "needs a host synchronisation; a smaller max_num_seqs allows graphs)", groups[0].size, bound, model.config.num_experts_per_tok)
+            return False
+        return True
+
     def step(self) -> list[Sequence]:
         """Schedule, run the model, sample, check stop conditions. Returns the sequences that finished."""
-        self._before_step()
-        batch = self.scheduler.schedule()
-        samplers, tokens = self.runner.run(batch)
+        self.before_step()
+        return self.execute(self.schedule())
+
+    def schedule(self) -> ScheduledBatch:
+        """This step's batch (what `step` runs; with expert parallelism, scheduled before the ranks
+        agree on the step's kind). Call `before_step` (every rank, every step) before `execute`."""
+        return self.scheduler.schedule()
+
+    def replayable(self, batch: ScheduledBatch | None) -> bool:
+        """Whether this rank's step (None: an idle one) can join a CUDA-graph step of the EP group."""
+        return batch is None or self.runner.replayable(batch)
+
+    def execute(self, batch: ScheduledBatch, graph_step: bool = True) -> list[Sequence]:
+        """Run the model on a scheduled batch, sample, check stop conditions (the second half of
+        `step`). graph_step: with expert parallelism, whether every rank of the group agreed to a
+        CUDA-graph step (each replays its graph with the shared token bound); otherwise eager."""
+        with self._ep_bound(graph_step):
+            samplers, tokens = self.runner.run(batch, use_graphs=graph_step)
         self.scheduler.commit(batch)
         if batch.is_prefill:
             self.num_prompt_tokens_computed += batch.num_tokens
@@ -193,11 +232,23 @@ class LLMEngine:
                 finished.append(seq)
         return finished
 
-    def idle_step(self) -> None:
+    def idle_step(self, graph_step: bool = False) -> None:
         """A step without requests: the model's MoE layers join the expert-parallel collectives
-        with an empty batch, so that the ranks with work do not wait (attention data parallel)."""
-        self._before_step()
-        self.runner.run_idle()
+        with an empty batch, so that the ranks with work do not wait (attention data parallel).
+        graph_step: the others replay CUDA graphs, so the empty dispatches use their token bound."""
+        self.before_step()
+        with self._ep_bound(graph_step):
+            self.runner.run_idle()
+
+    def _ep_bound(self, graph_step: bool):
+        """The token bound of this step's dispatches: the graphs' in a graph step, else none (each
+        dispatch exchanges the ranks' token counts)."""
+        bound = self.ep_graph_bound if graph_step else None
+        return token_bound(self._expert_parallels(), bound)
+
+    def _expert_parallels(self) -> list:
+        """The model's ExpertParallel groups (a model without expert parallelism has none)."""
+        return getattr(self.loaded.model, "expert_parallels", [])
 
     # -- expert load balancing (EPLB) ------------------------------------------------------------
 
@@ -212,7 +263,9 @@ class LLMEngine:
         model.count_expert_load(counter.counts)
         self.expert_load = counter
 
-    def _before_step(self) -> None:
+    def before_step(self) -> None:
+        """Step bookkeeping, and an EPLB rebalance when one is due (a collective: every rank of an
+        EP group calls this at the same step, before the step's forward)."""
         interval = self.config.eplb_interval
         if interval is not None and self.num_steps and self.num_steps % interval == 0:
             self.rebalance_experts()

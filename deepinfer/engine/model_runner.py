@@ -105,12 +105,19 @@ class ModelRunner:
         )
         return forward_batch, samplers
 
+    def replayable(self, batch: ScheduledBatch) -> bool:
+        """Whether this step would replay a captured CUDA graph: a decode step (one new token per
+        sequence) of a batch size some graph covers."""
+        return (self.graphs is not None and not batch.is_prefill and all(n == 1 for n in batch.num_new_tokens)
+                and self.graphs.bucket(len(batch.seqs)) is not None)
+
     @torch.inference_mode()
-    def run(self, batch: ScheduledBatch) -> tuple[list[Sequence], list[int]]:
-        """One forward step; returns the sequences that sampled and their new tokens."""
+    def run(self, batch: ScheduledBatch, use_graphs: bool = True) -> tuple[list[Sequence], list[int]]:
+        """One forward step; returns the sequences that sampled and their new tokens. use_graphs=False
+        runs a replayable step eagerly (expert parallelism: another rank's step is not replayable)."""
         forward_batch, samplers = self.prepare(batch)
         graphs = self.graphs
-        if graphs is not None and not batch.is_prefill and len(samplers) == forward_batch.num_seqs == forward_batch.input_ids.shape[0] and graphs.bucket(forward_batch.num_seqs):
+        if use_graphs and self.replayable(batch) and len(samplers) == forward_batch.num_seqs == forward_batch.input_ids.shape[0]:
             return samplers, graphs.run(forward_batch, self._sampling(samplers)).tolist()
         logits = self.model.forward(forward_batch, self.kv_caches)
         if not samplers:

@@ -148,6 +148,19 @@ class DeepseekForCausalLM:
     def moe_layers(self) -> list[MoE]:
         return [layer.mlp for layer in self.layers if isinstance(layer.mlp, MoE)]
 
+    @property
+    def expert_parallels(self) -> list:
+        """The distinct ExpertParallel groups of the MoE layers (empty with one rank)."""
+        seen = {}
+        for moe in self.moe_layers:
+            if moe.ep_group is not None:
+                seen.setdefault(id(moe.ep_group), moe.ep_group)
+        return list(seen.values())
+
+    def _start_forward(self) -> None:
+        for group in self.expert_parallels:
+            group.start_forward()
+
     def count_expert_load(self, counts: torch.Tensor | None) -> None:
         """Each MoE layer adds the logical expert ids it routes to row n of counts
         [num_moe_layers, n_routed_experts] (int64, on the model's device); None stops counting."""
@@ -172,6 +185,7 @@ class DeepseekForCausalLM:
         """A step without tokens on this rank: every MoE layer joins its dispatch / combine
         collectives with an empty batch (expert parallelism with attention data parallelism)."""
         empty = torch.empty(0, self.config.hidden_size, dtype=self.dtype, device=self.device)
+        self._start_forward()
         for moe in self.moe_layers:
             moe(self.ops, empty)
 
@@ -185,6 +199,7 @@ class DeepseekForCausalLM:
         if len(kv_caches) != self.num_layers:
             raise ValueError(f"forward needs {self.num_layers} KV caches (one per layer), got {len(kv_caches)}")
         ops = self.ops
+        self._start_forward()
         step = self._step_context(batch, block_size=kv_caches[0].shape[1])
         hidden = self.embed_tokens[batch.input_ids]
         residual = None

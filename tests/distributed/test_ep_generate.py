@@ -287,9 +287,9 @@ def _cli_with_fault(mode: str, at_step: int, argv: list[str]) -> int:
                 os._exit(7)
             time.sleep(120)
 
-    step, idle_step = LLMEngine.step, LLMEngine.idle_step
-    LLMEngine.step = lambda self: (fault(self), step(self))[1]
-    LLMEngine.idle_step = lambda self: (fault(self), idle_step(self))[1]
+    execute, idle_step = LLMEngine.execute, LLMEngine.idle_step  # what DataParallelStream calls each step
+    LLMEngine.execute = lambda self, *a, **k: (fault(self), execute(self, *a, **k))[1]
+    LLMEngine.idle_step = lambda self, *a, **k: (fault(self), idle_step(self, *a, **k))[1]
     return main(argv)
 
 

@@ -393,3 +393,26 @@ def test_new_expert_parallels_on_one_group_alternating_dtypes_and_widths_share_t
     assert names.count("counts0") == 1, names
     assert len(names) <= 7, names  # counts, meta and tok of both parities, wts, back: once each, nothing per case
     assert states[0].dispatches == len(cases) and world.requests[0] == world.requests[1]
+
+
+def test_each_forward_starts_its_dispatches_on_parity_zero():
+    """A forward captured in a CUDA graph keeps the parities it was captured with; start_forward
+    makes every forward (eager or captured, on any rank) start on parity 0, and the rows stay
+    right when forwards of an odd number of dispatches follow each other."""
+    world, exchanges = make_group(2, 4, bound=3)
+    gen = torch.Generator().manual_seed(3)
+    xs = [torch.randn(3, 8, generator=gen) for _ in range(2)]
+    ids = [torch.randint(0, 4, (3, 2), generator=gen, dtype=torch.int32) for _ in range(2)]
+    st = exchanges[0].state
+    for forward in range(3):
+        for ex in exchanges:
+            ex.start_forward()
+        assert all(ex.state.dispatches % 2 == 0 for ex in exchanges)
+        outs = lockstep([ex.dispatch_steps(x, i) for ex, x, i in zip(exchanges, xs, ids)])  # one dispatch per forward
+        check_dispatch(outs, xs, ids, 4, forward)
+        weights = [torch.rand(3, 2, generator=gen) for _ in range(2)]
+        eos = [o[0].to(torch.bfloat16) for o in outs]
+        got = lockstep([ex.combine_steps(eo, w, o[2]) for ex, eo, w, o in zip(exchanges, eos, weights, outs)])
+        check_combine(got, eos, weights, ids, xs, 4, forward)
+    assert st.dispatches == 5  # 0 -> 1, aligned to 2 -> 3, aligned to 4 -> 5
+    assert symm.capturable_with_token_bound(2, 256, 8) and not symm.capturable_with_token_bound(8, 256, 8)

@@ -94,7 +94,7 @@ SYMM_PRIORITY = EP_PRIORITY + 10  # above the NCCL path when its `when` holds
 _MIN_BYTES = 1 << 20
 # Latency mode up to this many slots (W*B*K): each expand program reads them all (32 KiB of ids, from
 # L2), and expert_x is allocated at capacity; past it, the count + scan kernels and one host read.
-LATENCY_SLOTS = 8192
+LATENCY_SLOTS = 8192  # (the engine's EP CUDA graphs need W * max_num_seqs * K within it)
 _SCAN = 1024  # ids per step of a latency-mode program's count
 
 
@@ -487,6 +487,12 @@ class SymmetricState:
     def barrier(self) -> None:
         self.buffers.barrier()
 
+    def start_forward(self) -> None:
+        # Every forward's first dispatch uses parity 0, on every rank, whatever ran before (a
+        # graph replay does not advance the count): skipping one parity is safe between forwards,
+        # as a combine (two barriers) separates any two dispatches of a model.
+        self.dispatches += self.dispatches % 2
+
 
 class SymmetricExchange:
     """The symmetric-memory exchange of one ExpertParallel (see the module docstring) over the
@@ -506,6 +512,9 @@ class SymmetricExchange:
         marker = getattr(self.ep, "phase_marker", None)
         if marker is not None:
             marker(name)
+
+    def start_forward(self) -> None:
+        self.state.start_forward()
 
     # -- dispatch --------------------------------------------------------------------------
 
@@ -706,6 +715,15 @@ def dispatch(
     if topk_ids.dim() != 2 or x.shape[0] != topk_ids.shape[0]:
         raise ValueError(f"dispatch: x {tuple(x.shape)} and topk_ids {tuple(topk_ids.shape)} do not match")
     return exchange_of(ep, x.device).dispatch(x, topk_ids)
+
+
+def capturable_with_token_bound(ranks: int, bound: int, top_k: int) -> bool:
+    """With ep_group.token_bound = bound (the same on every rank) and W*B*K <= LATENCY_SLOTS, dispatch
+    and combine make no host synchronisation: the engine may capture EP decode steps in CUDA graphs."""
+    return ranks * max(bound, 1) * top_k <= LATENCY_SLOTS
+
+
+dispatch.capturable_with_token_bound = capturable_with_token_bound
 
 
 def combine(
