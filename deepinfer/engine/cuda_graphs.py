@@ -18,6 +18,9 @@ from deepinfer.model.forward_batch import ForwardBatch
 log = logging.getLogger(__name__)
 
 
+WARMUPS = 2  # eager forwards before a capture
+
+
 def batch_buckets(max_batch: int) -> list[int]:
     sizes = [b for b in (1, 2, 4, 8) if b < max_batch] + list(range(16, max_batch, 16))
     return sorted(set(sizes + [max_batch]))
@@ -47,16 +50,19 @@ class DecodeGraphs:
         self.sample_positions = zeros(n, dtype=torch.int64)
         self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self.pool = torch.cuda.graph_pool_handle()
-        self.collective = False  # True after capture_all: no capture on demand
+        self.collective = False  # expert parallelism: no capture on demand (a rank alone would run collectives)
 
-    def capture_all(self) -> None:
-        """Capture every bucket now, smallest first. With expert parallelism every rank calls this at
-        the same point (the warm-up forwards run the MoE collectives), and nothing is captured
-        later: a rank capturing alone would run collectives the others do not."""
-        self.collective = True
-        for size in self.buckets:
-            if size not in self.graphs:
-                self.graphs[size] = self._capture(size)
+    def missing(self, n: int) -> int:
+        """The bucket a decode batch of n would replay, if it is not captured yet; else 0."""
+        size = self.bucket(n)
+        return size if size is not None and size not in self.graphs else 0
+
+    def capture(self, size: int) -> None:
+        """Capture one bucket now (WARMUPS eager forwards, then the captured one). With expert
+        parallelism every rank runs a capture step at the same time: a rank with nothing to capture
+        runs as many idle forwards (`LLMEngine.capture_step`), so the MoE collectives pair up."""
+        if size not in self.graphs:
+            self.graphs[size] = self._capture(size)
 
     def bucket(self, n: int) -> int | None:
         return next((b for b in self.buckets if b >= n), None)
@@ -87,7 +93,7 @@ class DecodeGraphs:
         stream = torch.cuda.Stream(self.device)
         stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(stream):
-            for _ in range(2):  # warm-up outside the graph: Triton compiles, allocators settle
+            for _ in range(WARMUPS):  # warm-up outside the graph: Triton compiles, allocators settle
                 self._step(size)
         torch.cuda.current_stream(self.device).wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
@@ -117,7 +123,7 @@ class DecodeGraphs:
         self.temperature[n:size].zero_()  # padding rows sample greedily
         if size not in self.graphs:
             if self.collective:
-                raise RuntimeError(f"no CUDA graph for decode batches of {size}: with expert parallelism every graph is captured at start (capture_all)")
+                raise RuntimeError(f"no CUDA graph for decode batches of {size}: with expert parallelism graphs are captured in capture steps (LLMEngine.capture_step)")
             self.graphs[size] = self._capture(size)
         graph, tokens = self.graphs[size]
         graph.replay()

@@ -98,12 +98,12 @@ class LLMEngine:
             max_model_len=self.max_model_len,
         )
         # Expert parallelism with CUDA graphs: decode steps that every rank can replay run as graphs
-        # with the same token bound on every rank (the largest graph's batch), captured now, together.
+        # with the same token bound on every rank (the largest graph's batch); graphs are captured in
+        # capture steps that every rank joins (DataParallelStream).
         self.ep_graph_bound = None
         if dist is not None and self.runner.graphs is not None:
             self.ep_graph_bound = self.runner.graphs.buckets[-1]
-            with token_bound(self._expert_parallels(), self.ep_graph_bound):
-                self.runner.graphs.capture_all()
+            self.runner.graphs.collective = True
         self._next_request_index = 0
         self.num_prompt_tokens_computed = 0  # prefill work done, recompute after preemption included
         self.num_generated_tokens = 0
@@ -239,6 +239,24 @@ class LLMEngine:
         self.before_step()
         with self._ep_bound(graph_step):
             self.runner.run_idle()
+
+    def graph_to_capture(self, batch: ScheduledBatch | None) -> int:
+        """The batch size of the graph this rank's step would replay but has not captured (0: none)."""
+        if batch is None or not self.runner.replayable(batch):
+            return 0
+        return self.runner.graphs.missing(len(batch.seqs))
+
+    def capture_step(self, size: int) -> None:
+        """With expert parallelism, every rank at once: capture the graph of `size` (0: nothing to
+        capture here, run as many idle forwards as a capture's warm-up, so the collectives pair)."""
+        from deepinfer.engine.cuda_graphs import WARMUPS
+
+        with self._ep_bound(True):
+            if size:
+                self.runner.graphs.capture(size)
+            else:
+                for _ in range(WARMUPS):
+                    self.runner.run_idle()
 
     def _ep_bound(self, graph_step: bool):
         """The token bound of this step's dispatches: the graphs' in a graph step, else none (each

@@ -16,8 +16,10 @@ from deepinfer.engine import data_parallel
 class FakeEngine:
     """What DataParallelStream drives: `steps` steps of work, each replayable or not."""
 
-    def __init__(self, replayable: list[bool], ep_graph_bound: int | None):
+    def __init__(self, replayable: list[bool], ep_graph_bound: int | None, missing=()):
         self.plan = list(replayable)
+        self.missing = set(missing)  # step numbers (0-based) whose graph this rank lacks
+        self.step_no = 0
         self.ep_graph_bound = ep_graph_bound
         self.runtime = SimpleNamespace(device=torch.device("cpu"))
         self.num_prompt_tokens_computed = self.num_generated_tokens = 0
@@ -33,33 +35,42 @@ class FakeEngine:
     def replayable(self, batch):
         return batch is None or batch.replayable
 
+    def graph_to_capture(self, batch):
+        return 8 if batch is not None and batch.replayable and self.step_no in self.missing else 0
+
+    def capture_step(self, size):
+        self.ran.append(("capture", size))
+
     def before_step(self):
         self.before += 1
 
     def execute(self, batch, graph_step):
         self.plan.pop(0)
         self.ran.append(("step", graph_step))
+        self.step_no += 1
         return []
 
     def idle_step(self, graph_step):
         self.before += 1
         self.ran.append(("idle", graph_step))
+        self.step_no += 1
 
     def abort_all(self):
         pass
 
 
-def run_with_peer(monkeypatch, mine: list[bool], peer: list[bool | None], bound: int | None):
+def run_with_peer(monkeypatch, mine: list[bool], peer: list, bound: int | None, missing=()):
     """Run this rank's stream while a simulated peer contributes its flags: peer[i] is its step i
-    (True replayable, False not, None idle); after its list it is idle."""
+    (True replayable, "capture" replayable without its graph yet, False not, None idle); after its
+    list it is idle. `missing`: this rank's steps whose graph it lacks."""
     steps = iter(peer)
 
     def all_reduce(flags, group=None):
         p = next(steps, None)
-        flags += torch.tensor([int(p is not None), 0, int(p is False)])
+        flags += torch.tensor([int(p is not None), 0, int(p is False), int(p == "capture")])
 
     monkeypatch.setattr(data_parallel.dist, "all_reduce", all_reduce)
-    engine = FakeEngine(mine, bound)
+    engine = FakeEngine(mine, bound, missing)
     ctx = SimpleNamespace(rank=1, world_size=2, backend="gloo", group=None, timeout_s=5.0)
     list(data_parallel.DataParallelStream(engine, ctx, {}, 0, use_tqdm=False))
     return engine
@@ -71,6 +82,13 @@ def test_a_step_is_a_graph_step_only_when_every_rank_can_replay(monkeypatch):
     # 5: this rank is idle, the peer replays; 6: the peer prefills; then no rank has work: the end
     assert engine.ran == [("step", True), ("step", False), ("step", False), ("step", True), ("idle", True), ("idle", False)]
     assert engine.before == 6  # once per step on every rank, idle ones included
+
+
+def test_a_graph_a_rank_lacks_is_captured_in_a_step_every_rank_joins(monkeypatch):
+    # step 1: this rank lacks its graph (captures 8); 2: the peer lacks its (this rank joins with
+    # idle forwards: capture 0); 3: the peer lacks one but this rank prefills: no capture, eager
+    engine = run_with_peer(monkeypatch, [True, True, False], [True, "capture", "capture"], bound=64, missing={0})
+    assert engine.ran == [("capture", 8), ("step", True), ("capture", 0), ("step", True), ("step", False)]
 
 
 def test_without_graphs_every_step_is_eager(monkeypatch):
