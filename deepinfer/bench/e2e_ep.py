@@ -27,8 +27,8 @@ call together after a barrier; the step time is the slowest rank's) and the rout
 
 On CUDA the engine replays decode steps as CUDA graphs; with ep > 1 only where the backend's
 dispatch can run without a host synchronisation given a token bound (the cuda backend's
-symmetric-memory path), every decode batch size captured at start on all ranks together, and only
-in steps where every rank decodes (a prefill anywhere makes the step eager); each row says whether
+symmetric-memory path), in steps where every rank decodes (a prefill anywhere makes the step
+eager), every rank replaying the graph of the largest batch among them; each row says whether
 graphs were on.
 """
 
@@ -62,8 +62,8 @@ V3 = dict(
 )  # fmt: skip
 
 INIT_STD = 0.02  # DeepSeek-V3's initializer_range, as transformers draws random weights
-GRAPHS_NOTE = ("CUDA graphs: with ep > 1 the engine captures every decode batch size at start (all ranks together) when the EP "
-               "exchange needs no host sync (symmetric memory); a step with a prefill on any rank runs eagerly on all")
+GRAPHS_NOTE = ("CUDA graphs: with ep > 1 (where the EP exchange needs no host sync: symmetric memory) a decode step replays on every "
+               "rank the graph of the largest batch among them, captured by all ranks together; a step with a prefill on any rank runs eagerly on all")
 
 
 @dataclass

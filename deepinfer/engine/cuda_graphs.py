@@ -50,17 +50,13 @@ class DecodeGraphs:
         self.sample_positions = zeros(n, dtype=torch.int64)
         self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self.pool = torch.cuda.graph_pool_handle()
-        self.collective = False  # expert parallelism: no capture on demand (a rank alone would run collectives)
-
-    def missing(self, n: int) -> int:
-        """The bucket a decode batch of n would replay, if it is not captured yet; else 0."""
-        size = self.bucket(n)
-        return size if size is not None and size not in self.graphs else 0
+        self.collective = False  # expert parallelism: no capture on demand (only all ranks together)
 
     def capture(self, size: int) -> None:
-        """Capture one bucket now (WARMUPS eager forwards, then the captured one). With expert
-        parallelism every rank runs a capture step at the same time: a rank with nothing to capture
-        runs as many idle forwards (`LLMEngine.capture_step`), so the MoE collectives pair up."""
+        """Capture the graph of `size` now (WARMUPS eager forwards, then the captured one). With
+        expert parallelism every rank captures the same size in the same step (the warm-up forwards
+        run the MoE collectives), so every rank holds the same graphs, whose exchanges use the
+        same symmetric buffers."""
         if size not in self.graphs:
             self.graphs[size] = self._capture(size)
 
@@ -103,28 +99,39 @@ class DecodeGraphs:
         return graph, tokens
 
     @torch.inference_mode()
-    def run(self, fb: ForwardBatch, sampling: dict[str, torch.Tensor]) -> torch.Tensor:
-        """Tokens for a decode batch of n sequences with one new token each (n <= max_batch)."""
+    def run(self, fb: ForwardBatch, sampling: dict[str, torch.Tensor], size: int | None = None) -> torch.Tensor:
+        """Tokens for a decode batch of n sequences with one new token each (n <= max_batch), by the
+        graph of `size` rows (default: the smallest bucket that holds n; expert parallelism: the
+        step's, the same on every rank), the rest padding."""
         n = fb.num_seqs
-        size = self.bucket(n)
+        size = size or self.bucket(n)
         w = fb.block_tables.shape[1]
         self.input_ids[:n].copy_(fb.input_ids)
         self.positions[:n].copy_(fb.positions)
         self.slot_mapping[:n].copy_(fb.slot_mapping)
-        self.slot_mapping[n:size].fill_(-1)  # padding rows write nothing
         self.seq_lens[:n].copy_(fb.seq_lens)
-        self.seq_lens[n:size].fill_(1)  # and read one (harmless) cached token
         self.block_tables[:n, :w].copy_(fb.block_tables)
         self.block_tables[:n, w:].zero_()
-        self.block_tables[n:size].zero_()
         for name in ("temperature", "top_k", "top_p", "min_p", "seeds"):
             getattr(self, name)[:n].copy_(sampling[name])
         self.sample_positions[:n].copy_(sampling["positions"])
+        return self._replay(n, size)[:n]
+
+    @torch.inference_mode()
+    def run_padding(self, size: int) -> None:
+        """Replay the graph of `size` with padding rows only (expert parallelism: a rank without
+        work in a graph step joins the MoE collectives of the others' graphs)."""
+        self._replay(0, size)
+
+    def _replay(self, n: int, size: int) -> torch.Tensor:
+        self.slot_mapping[n:size].fill_(-1)  # padding rows write nothing
+        self.seq_lens[n:size].fill_(1)  # and read one (harmless) cached token
+        self.block_tables[n:size].zero_()
         self.temperature[n:size].zero_()  # padding rows sample greedily
         if size not in self.graphs:
             if self.collective:
-                raise RuntimeError(f"no CUDA graph for decode batches of {size}: with expert parallelism graphs are captured in capture steps (LLMEngine.capture_step)")
+                raise RuntimeError(f"no CUDA graph for decode batches of {size}: with expert parallelism every rank captures it in the same step (LLMEngine.execute)")
             self.graphs[size] = self._capture(size)
         graph, tokens = self.graphs[size]
         graph.replay()
-        return tokens[:n]
+        return tokens

@@ -5,11 +5,10 @@ holds a full copy of everything but the routed experts, and its own KV cache. Re
 round-robin by input index (request i runs on rank i mod W). Every step, every rank runs one
 forward in lockstep, because the MoE layers' dispatch / combine are collectives: a rank without
 work runs an empty one (`LLMEngine.idle_step`). Each rank schedules its step first; then one tiny
-all_reduce sums (has work, finished results, cannot replay a CUDA graph, lacks its graph) over the
-ranks: a step is a CUDA-graph step when no rank needs an eager one (every dispatch then uses the
-graphs' token bound, `LLMEngine.ep_graph_bound`), preceded by a capture step when a rank lacks its
-graph (`LLMEngine.capture_step`: it captures, the others run idle forwards alongside its warm-up);
-the run ends when no rank has work, and finished
+all_reduce sums (has work, finished results, cannot replay a CUDA graph, the graph size each
+would replay, one-hot) over the ranks: a step is a CUDA-graph step when no rank needs an eager one,
+and then every rank replays the graph of the largest size among them (an idle rank with padding
+rows only), captured by all ranks together the first time; the run ends when no rank has work, and finished
 results are gathered to rank 0 (torch.distributed.gather_object) in the step after they finish,
 so rank 0 can write them while the run goes on. Only rank 0 yields results.
 """
@@ -88,15 +87,21 @@ class DataParallelStream(GenerationStream):
         try:
             while True:
                 batch = engine.schedule() if engine.has_unfinished() else None
-                not_replayable = int(not engine.replayable(batch))
-                to_capture = engine.graph_to_capture(batch) if engine.ep_graph_bound is not None else 0
-                flags = torch.tensor([int(batch is not None), len(finished), not_replayable, int(to_capture > 0)], dtype=torch.int64, device=device)
+                buckets = engine.ep_graph_buckets or []
+                mine = engine.graph_bucket(batch) if buckets else None
+                flags = torch.zeros(3 + len(buckets), dtype=torch.int64)
+                flags[:3] = torch.tensor([int(batch is not None), len(finished), int(not engine.replayable(batch))])
+                if mine is not None:
+                    flags[3 + mine] = 1
+                flags = flags.to(device)
                 self._collective("the per-step all_reduce of work flags", dist.all_reduce, flags, group=ctx.group)
-                ranks_with_work, num_finished, ranks_not_replayable, ranks_capturing = flags.tolist()
-                # A CUDA-graph step only when every rank can replay (or is idle): the dispatches of all
-                # ranks then share the graphs' token bound. Graphs a rank lacks are captured first, in a
-                # capture step every rank joins.
-                graph_step = engine.ep_graph_bound is not None and ranks_not_replayable == 0
+                flags = flags.tolist()
+                ranks_with_work, num_finished, ranks_not_replayable = flags[:3]
+                # A CUDA-graph step only when every rank can replay (or is idle): then every rank replays
+                # the graph of the largest batch among them (idle ranks: padding only), so the
+                # dispatches share its token bound and the buffers captured with it.
+                used = [i for i, n in enumerate(flags[3:]) if n]
+                graph_size = buckets[max(used)] if used and ranks_not_replayable == 0 else 0
                 if num_finished:
                     gathered = [None] * ctx.world_size if ctx.rank == 0 else None
                     self._collective("gathering finished results to rank 0", dist.gather_object, finished, gathered, dst=0, group=ctx.group)
@@ -108,14 +113,14 @@ class DataParallelStream(GenerationStream):
                 if not ranks_with_work:
                     break
                 try:
-                    if graph_step and ranks_capturing:
-                        engine.capture_step(to_capture)
+                    if graph_size:
+                        engine.ensure_graph(graph_size)  # every rank, the same size: new graphs pair up
                     if batch is not None:
                         engine.before_step()
-                        done = engine.execute(batch, graph_step)
+                        done = engine.execute(batch, graph_size)
                         finished.extend((self.position[seq.seq_id], engine.make_output(seq)) for seq in done)
                     else:
-                        engine.idle_step(graph_step)  # joins the MoE collectives with an empty batch
+                        engine.idle_step(graph_size)  # joins the MoE collectives with an empty batch
                 except Exception as exc:
                     if is_collective_error(exc):
                         raise collective_failure(ctx, "a model step", exc) from exc

@@ -97,12 +97,12 @@ class LLMEngine:
             max_num_seqs=config.max_num_seqs,
             max_model_len=self.max_model_len,
         )
-        # Expert parallelism with CUDA graphs: decode steps that every rank can replay run as graphs
-        # with the same token bound on every rank (the largest graph's batch); graphs are captured in
-        # capture steps that every rank joins (DataParallelStream).
-        self.ep_graph_bound = None
+        # Expert parallelism with CUDA graphs: a decode step that every rank can replay runs as the
+        # graph of one batch size on every rank (DataParallelStream agrees on it), idle ranks too,
+        # its token bound; every rank captures the same graphs in the same steps.
+        self.ep_graph_buckets: list[int] | None = None
         if dist is not None and self.runner.graphs is not None:
-            self.ep_graph_bound = self.runner.graphs.buckets[-1]
+            self.ep_graph_buckets = self.runner.graphs.buckets
             self.runner.graphs.collective = True
         self._next_request_index = 0
         self.num_prompt_tokens_computed = 0  # prefill work done, recompute after preemption included
@@ -193,7 +193,7 @@ class LLMEngine:
         groups = getattr(model, "expert_parallels", [])
         if capturable is None or not groups:
             return False
-        bound = batch_buckets(self.config.max_num_seqs)[-1]
+        bound = batch_buckets(self.config.max_num_seqs)[-1]  # the largest graph's batch
         if not capturable(groups[0].size, bound, model.config.num_experts_per_tok):
             log.info("expert parallelism: decode steps run without CUDA graphs (the %s-rank exchange of %d tokens x top-%d "
                      "needs a host synchronisation; a smaller max_num_seqs allows graphs)", groups[0].size, bound, model.config.num_experts_per_tok)
@@ -214,12 +214,24 @@ class LLMEngine:
         """Whether this rank's step (None: an idle one) can join a CUDA-graph step of the EP group."""
         return batch is None or self.runner.replayable(batch)
 
-    def execute(self, batch: ScheduledBatch, graph_step: bool = True) -> list[Sequence]:
+    def graph_bucket(self, batch: ScheduledBatch | None) -> int | None:
+        """The index in ep_graph_buckets of the smallest graph that holds this rank's step (None: an
+        idle or an eager step)."""
+        if batch is None or not self.runner.replayable(batch):
+            return None
+        return self.ep_graph_buckets.index(self.runner.graphs.bucket(len(batch.seqs)))
+
+    def ensure_graph(self, size: int) -> None:
+        """Capture the graph of `size` if it is new (expert parallelism: every rank, the same step)."""
+        with self._ep_bound(size):
+            self.runner.graphs.capture(size)
+
+    def execute(self, batch: ScheduledBatch, graph_size: int | None = None) -> list[Sequence]:
         """Run the model on a scheduled batch, sample, check stop conditions (the second half of
-        `step`). graph_step: with expert parallelism, whether every rank of the group agreed to a
-        CUDA-graph step (each replays its graph with the shared token bound); otherwise eager."""
-        with self._ep_bound(graph_step):
-            samplers, tokens = self.runner.run(batch, use_graphs=graph_step)
+        `step`). graph_size: None replays a CUDA graph where one applies (one rank); with expert
+        parallelism, the size of the graph every rank replays this step, or 0 for an eager step."""
+        with self._ep_bound(graph_size):
+            samplers, tokens = self.runner.run(batch, use_graphs=graph_size != 0, graph_size=graph_size)
         self.scheduler.commit(batch)
         if batch.is_prefill:
             self.num_prompt_tokens_computed += batch.num_tokens
@@ -232,37 +244,21 @@ class LLMEngine:
                 finished.append(seq)
         return finished
 
-    def idle_step(self, graph_step: bool = False) -> None:
+    def idle_step(self, graph_size: int = 0) -> None:
         """A step without requests: the model's MoE layers join the expert-parallel collectives
         with an empty batch, so that the ranks with work do not wait (attention data parallel).
-        graph_step: the others replay CUDA graphs, so the empty dispatches use their token bound."""
+        graph_size > 0: the others replay that graph; this rank replays it with padding rows only."""
         self.before_step()
-        with self._ep_bound(graph_step):
-            self.runner.run_idle()
-
-    def graph_to_capture(self, batch: ScheduledBatch | None) -> int:
-        """The batch size of the graph this rank's step would replay but has not captured (0: none)."""
-        if batch is None or not self.runner.replayable(batch):
-            return 0
-        return self.runner.graphs.missing(len(batch.seqs))
-
-    def capture_step(self, size: int) -> None:
-        """With expert parallelism, every rank at once: capture the graph of `size` (0: nothing to
-        capture here, run as many idle forwards as a capture's warm-up, so the collectives pair)."""
-        from deepinfer.engine.cuda_graphs import WARMUPS
-
-        with self._ep_bound(True):
-            if size:
-                self.runner.graphs.capture(size)
+        with self._ep_bound(graph_size):
+            if graph_size:
+                self.runner.graphs.run_padding(graph_size)
             else:
-                for _ in range(WARMUPS):
-                    self.runner.run_idle()
+                self.runner.run_idle()
 
-    def _ep_bound(self, graph_step: bool):
-        """The token bound of this step's dispatches: the graphs' in a graph step, else none (each
-        dispatch exchanges the ranks' token counts)."""
-        bound = self.ep_graph_bound if graph_step else None
-        return token_bound(self._expert_parallels(), bound)
+    def _ep_bound(self, graph_size: int | None):
+        """The token bound of this step's dispatches: the graph's batch in a graph step, else none
+        (each dispatch exchanges the ranks' token counts)."""
+        return token_bound(self._expert_parallels(), graph_size or None)
 
     def _expert_parallels(self) -> list:
         """The model's ExpertParallel groups (a model without expert parallelism has none)."""

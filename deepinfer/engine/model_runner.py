@@ -112,13 +112,14 @@ class ModelRunner:
                 and self.graphs.bucket(len(batch.seqs)) is not None)
 
     @torch.inference_mode()
-    def run(self, batch: ScheduledBatch, use_graphs: bool = True) -> tuple[list[Sequence], list[int]]:
+    def run(self, batch: ScheduledBatch, use_graphs: bool = True, graph_size: int | None = None) -> tuple[list[Sequence], list[int]]:
         """One forward step; returns the sequences that sampled and their new tokens. use_graphs=False
-        runs a replayable step eagerly (expert parallelism: another rank's step is not replayable)."""
+        runs a replayable step eagerly (expert parallelism: another rank's step is not replayable);
+        graph_size: the graph to replay (expert parallelism: the step's, on every rank)."""
         forward_batch, samplers = self.prepare(batch)
         graphs = self.graphs
         if use_graphs and self.replayable(batch) and len(samplers) == forward_batch.num_seqs == forward_batch.input_ids.shape[0]:
-            return samplers, graphs.run(forward_batch, self._sampling(samplers)).tolist()
+            return samplers, graphs.run(forward_batch, self._sampling(samplers), graph_size).tolist()
         logits = self.model.forward(forward_batch, self.kv_caches)
         if not samplers:
             return [], []

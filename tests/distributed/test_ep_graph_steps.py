@@ -14,86 +14,91 @@ from deepinfer.engine import data_parallel
 
 
 class FakeEngine:
-    """What DataParallelStream drives: `steps` steps of work, each replayable or not."""
+    """What DataParallelStream drives: a plan of steps, each a batch whose graph bucket index it
+    names (None: not replayable), and the graphs it has captured."""
 
-    def __init__(self, replayable: list[bool], ep_graph_bound: int | None, missing=()):
-        self.plan = list(replayable)
-        self.missing = set(missing)  # step numbers (0-based) whose graph this rank lacks
-        self.step_no = 0
-        self.ep_graph_bound = ep_graph_bound
+    def __init__(self, plan: list[int | None], buckets: list[int] | None):
+        self.plan = list(plan)
+        self.ep_graph_buckets = buckets
         self.runtime = SimpleNamespace(device=torch.device("cpu"))
         self.num_prompt_tokens_computed = self.num_generated_tokens = 0
-        self.ran: list[tuple[str, bool]] = []
+        self.ran: list[tuple[str, int]] = []
+        self.captured: set[int] = set()
         self.before = 0
 
     def has_unfinished(self):
         return bool(self.plan)
 
     def schedule(self):
-        return SimpleNamespace(replayable=self.plan[0])
+        return SimpleNamespace(bucket=self.plan[0])
 
     def replayable(self, batch):
-        return batch is None or batch.replayable
+        return batch is None or batch.bucket is not None
 
-    def graph_to_capture(self, batch):
-        return 8 if batch is not None and batch.replayable and self.step_no in self.missing else 0
+    def graph_bucket(self, batch):
+        return None if batch is None else batch.bucket
 
-    def capture_step(self, size):
-        self.ran.append(("capture", size))
+    def ensure_graph(self, size):
+        if size not in self.captured:
+            self.captured.add(size)
+            self.ran.append(("capture", size))
 
     def before_step(self):
         self.before += 1
 
-    def execute(self, batch, graph_step):
+    def execute(self, batch, graph_size):
         self.plan.pop(0)
-        self.ran.append(("step", graph_step))
-        self.step_no += 1
+        self.ran.append(("step", graph_size))
         return []
 
-    def idle_step(self, graph_step):
+    def idle_step(self, graph_size):
         self.before += 1
-        self.ran.append(("idle", graph_step))
-        self.step_no += 1
+        self.ran.append(("idle", graph_size))
 
     def abort_all(self):
         pass
 
 
-def run_with_peer(monkeypatch, mine: list[bool], peer: list, bound: int | None, missing=()):
-    """Run this rank's stream while a simulated peer contributes its flags: peer[i] is its step i
-    (True replayable, "capture" replayable without its graph yet, False not, None idle); after its
-    list it is idle. `missing`: this rank's steps whose graph it lacks."""
+BUCKETS = [1, 2, 4, 8, 16]
+
+
+def run_with_peer(monkeypatch, mine: list, peer: list, buckets=BUCKETS):
+    """Run this rank's stream while a simulated peer contributes its flags. A step of either is a
+    bucket index (a replayable decode batch), "eager" (a prefill) or None (idle); after its list
+    the peer is idle."""
     steps = iter(peer)
 
     def all_reduce(flags, group=None):
         p = next(steps, None)
-        flags += torch.tensor([int(p is not None), 0, int(p is False), int(p == "capture")])
+        add = torch.zeros_like(flags)
+        add[0], add[2] = int(p is not None), int(p == "eager")
+        if isinstance(p, int) and buckets:
+            add[3 + p] = 1
+        flags += add
 
     monkeypatch.setattr(data_parallel.dist, "all_reduce", all_reduce)
-    engine = FakeEngine(mine, bound, missing)
+    engine = FakeEngine([None if m == "eager" else m for m in mine], buckets)
     ctx = SimpleNamespace(rank=1, world_size=2, backend="gloo", group=None, timeout_s=5.0)
     list(data_parallel.DataParallelStream(engine, ctx, {}, 0, use_tqdm=False))
     return engine
 
 
-def test_a_step_is_a_graph_step_only_when_every_rank_can_replay(monkeypatch):
-    engine = run_with_peer(monkeypatch, [True, True, False, True], [True, False, True, None, True, False], bound=64)
-    # step 1: both replay; 2: the peer prefills; 3: this rank prefills; 4: the peer is idle (joins);
-    # 5: this rank is idle, the peer replays; 6: the peer prefills; then no rank has work: the end
-    assert engine.ran == [("step", True), ("step", False), ("step", False), ("step", True), ("idle", True), ("idle", False)]
+def test_every_rank_replays_the_largest_graph_of_the_step(monkeypatch):
+    engine = run_with_peer(monkeypatch, [1, 3, "eager", 2, 0], [3, 1, 1, None, "eager", 4])
+    assert engine.ran == [
+        ("capture", 8), ("step", 8),  # this rank's 2 sequences ride the peer's graph of 8 (captured together, first time)
+        ("step", 8),  # the peer's 2 in this rank's graph of 8 (already captured)
+        ("step", 0),  # this rank prefills: eager on both
+        ("capture", 4), ("step", 4),  # the peer idle: it replays the graph of 4 with padding only
+        ("step", 0),  # the peer prefills
+        ("capture", 16), ("idle", 16),  # this rank idle, replaying the peer's graph of 16 with padding
+    ]
     assert engine.before == 6  # once per step on every rank, idle ones included
 
 
-def test_a_graph_a_rank_lacks_is_captured_in_a_step_every_rank_joins(monkeypatch):
-    # step 1: this rank lacks its graph (captures 8); 2: the peer lacks its (this rank joins with
-    # idle forwards: capture 0); 3: the peer lacks one but this rank prefills: no capture, eager
-    engine = run_with_peer(monkeypatch, [True, True, False], [True, "capture", "capture"], bound=64, missing={0})
-    assert engine.ran == [("capture", 8), ("step", True), ("capture", 0), ("step", True), ("step", False)]
-
-
 def test_without_graphs_every_step_is_eager(monkeypatch):
-    engine = run_with_peer(monkeypatch, [True, True], [True, True], bound=None)
-    assert engine.ran == [("step", False), ("step", False)]
+    engine = run_with_peer(monkeypatch, [0, 0], [0, 0], buckets=None)
+    assert engine.ran == [("step", 0), ("step", 0)]
 
 
 def test_token_bound_is_set_for_the_duration_and_restored():
