@@ -556,7 +556,7 @@ class SymmetricExchange:
         ids = topk_ids.to(torch.int32).contiguous()
         row_bytes = D * x.element_size()
         latency = W * B * K <= LATENCY_SLOTS
-        ids_off, ranks_off = W, W + W * B * K  # meta: T's | ids | (throughput) slot ranks | per-expert counts
+        ranks_off = W + W * B * K  # meta: T's [W] | ids [W*B*K] | (throughput) slot ranks | per-expert counts
         tots_off = ranks_off + (0 if latency else W * B * K)
         meta = st.ensure("meta", parity, (tots_off + (0 if latency else W * E)) * 4)
         tok = st.ensure("tok", parity, W * B * row_bytes)
@@ -566,7 +566,7 @@ class SymmetricExchange:
         Dw = xw.shape[1]
         block_d = local._block_d(max(Dw, 1), xw.element_size(), cfg)
         row_of_slot = torch.empty(T * K, dtype=torch.int32, device=self.device)
-        dummy = row_of_slot
+        dummy = row_of_slot  # for the pointer arguments a mode does not read
         if latency:
             counted = None
         elif T:
