@@ -5,13 +5,7 @@
 #      graphs (default) and with --enforce-eager; the two outputs are compared token for token;
 #   2. `bench e2e-ep --ep 2` (V3-shaped, 4 layers): graphs on (default placement and 32 EPLB
 #      redundant experts), then --enforce-eager (default placement) as the like-for-like baseline.
-export PYTHONUNBUFFERED=1 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NCCL_NVLS_ENABLE=0
-R=$OUT/r; mkdir -p "$R"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
-python -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1 || { echo "install failed"; exit 9; }
-pack() { local p="$OUT/part.$BASHPID"; tar -czf "$p" -C "$R" . 2>/dev/null && mv -f "$p" "$OUT/results.tar.gz"; }
-step() { local name=$1; shift; local t=$SECONDS; timeout "$@" > "$R/$name.txt" 2>&1; echo "== $name rc=$? $((SECONDS - t)) s"; pack; }
-trap pack EXIT
+source tools/gpu/session_lib.sh  # env, installs, step, pack
 python - > "$R/prompts.jsonl" <<'PY'
 import json
 for i in range(16):

@@ -4,13 +4,7 @@
 #   1. multi-rank conformance of both cuda EP paths (symm, nccl) at once: each must print "16 pass";
 #   2. `bench ops --ep 2 --phases` (p2p, both paths, symm also without token_bound and in a CUDA graph);
 #   3. `bench e2e-ep --ep 2` (V3-shaped, 4 layers; the engine leaves token_bound unset).
-export PYTHONUNBUFFERED=1 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NCCL_NVLS_ENABLE=0
-R=$OUT/r; mkdir -p "$R"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
-python -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1 || { echo "install failed"; exit 9; }
-pack() { local p="$OUT/part.$BASHPID"; tar -czf "$p" -C "$R" . 2>/dev/null && mv -f "$p" "$OUT/results.tar.gz"; }
-step() { local name=$1; shift; local t=$SECONDS; timeout "$@" > "$R/$name.txt" 2>&1; echo "== $name rc=$? $((SECONDS - t)) s"; pack; }
-trap pack EXIT
+source tools/gpu/session_lib.sh  # env, installs, step, pack
 { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv; python -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"; } > "$R/machine.txt" 2>&1
 MR=(python -m deepinfer_conformance.multirank --backend cuda --ep 2 --timeout 60)
 step conformance_symm 120 "${MR[@]}" --ep-path symm --json "$R/conformance_symm.json" &

@@ -3,13 +3,7 @@
 # step's output lands in $OUT/r/ and comes back as one archive ($OUT/results.tar.gz).
 #   both GPUs: EP conformance (symm + nccl paths), `bench ops --ep 2`, `bench e2e-ep --ep 2`
 #   then GPU 0: sample sweep, `bench ops` (every op); GPU 1: greedy tests + greedy report
-export PYTHONUNBUFFERED=1 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NCCL_NVLS_ENABLE=0
-R=$OUT/r; mkdir -p "$R"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
-python -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1 || { echo "install failed"; exit 9; }
-pack() { local p="$OUT/part.$BASHPID"; tar -czf "$p" -C "$R" . 2>/dev/null && mv -f "$p" "$OUT/results.tar.gz"; }
-step() { local name=$1; shift; local t=$SECONDS; timeout "$@" > "$R/$name.txt" 2>&1; echo "== $name rc=$? $((SECONDS - t)) s"; pack; }
-trap pack EXIT
+source tools/gpu/session_lib.sh  # env, installs, step, pack
 { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv; nvidia-smi topo -m; } > "$R/machine.txt" 2>&1
 MR=(python -m deepinfer_conformance.multirank --backend cuda --ep 2 --timeout 60)
 step conformance_symm 110 "${MR[@]}" --ep-path symm --json "$R/conformance_symm.json" &

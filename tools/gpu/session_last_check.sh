@@ -1,11 +1,7 @@
 #!/usr/bin/env bash
 # A short last call on nvidia-h200-x2 (repo root): the new gemm formats and the reworked
 # symmetric-memory EP path. Results come back as one archive ($OUT/results.tar.gz).
-export PYTHONUNBUFFERED=1 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NCCL_NVLS_ENABLE=0
-R=$OUT/r; mkdir -p "$R"
-python -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1 || { echo "install failed"; exit 9; }
-pack() { local p="$OUT/part.$BASHPID"; tar -czf "$p" -C "$R" . 2>/dev/null && mv -f "$p" "$OUT/results.tar.gz"; }
-step() { local name=$1; shift; local t=$SECONDS; timeout "$@" > "$R/$name.txt" 2>&1; echo "== $name rc=$? $((SECONDS - t)) s"; pack; }
+source tools/gpu/session_lib.sh  # env, installs, step, pack
 MR=(python -m deepinfer_conformance.multirank --backend cuda --ep 2 --timeout 60)
 step conformance_symm 100 "${MR[@]}" --ep-path symm --json "$R/conformance_symm.json" &
 (export CUDA_VISIBLE_DEVICES=0; step conformance_gemm 150 python -m deepinfer conformance --backend cuda --op linear --op grouped_gemm --quiet --json "$R/conformance_gemm.json") &
