@@ -55,7 +55,7 @@ class FakeEngine:
         self.before += 1
         self.ran.append(("idle", graph_size))
 
-    def abort_all(self):
+    def abort_all(self):  # the stream's clean-up: this fake holds no requests to drop
         pass
 
 
