@@ -165,20 +165,6 @@ def _send_kernel(
 
 
 @triton.jit
-def _source_local_ids(meta_ptr, s2, j, n2, me, L, W, B, K):
-    # the local expert of source s2's slots j (valid below n2); L for another rank's expert or no slot
-    le = tl.load(meta_ptr + W + s2 * B * K + j, mask=j < n2, other=-1) - me * L
-    return tl.where((le >= 0) & (le < L), le, L)
-
-
-@triton.jit
-def _ranked_before(x2, p2, x, p):
-    # for each x (at slot p): how many x2 (at slots p2) come before it in the stable order by value
-    # (smaller, or equal at an earlier slot)
-    return tl.sum(((x2[None, :] < x[:, None]) | ((x2[None, :] == x[:, None]) & (p2[None, :] < p[:, None]))).to(tl.int32), axis=1)
-
-
-@triton.jit
 def _expand_kernel(
     x_ptr, tok_ptr, meta_ptr, out_ptr, slot_row_ptr, offsets_ptr, row_of_slot_ptr,
     D, E, L, W, me, B, stride_x, cols_per_split, ranks_off, tots_off,
@@ -207,7 +193,8 @@ def _expand_kernel(
                     n2 = tl.load(meta_ptr + s2) * K
                     for j0 in range(0, n2, BLOCK_SCAN):
                         j = j0 + tl.arange(0, BLOCK_SCAN)
-                        n += (_source_local_ids(meta_ptr, s2, j, n2, me, L, W, B, K) < le).to(tl.int32)
+                        l2 = tl.load(meta_ptr + W + s2 * B * K + j, mask=j < n2, other=-1) - me * L
+                        n += ((l2 >= 0) & (l2 < le)).to(tl.int32)
                 tl.store(offsets_ptr + le, tl.sum(n, axis=0))
             else:
                 tl.store(offsets_ptr + le, tl.sum(tl.where(lx < le, col_tot, 0), axis=0))
@@ -227,15 +214,19 @@ def _expand_kernel(
                 n2 = tl.load(meta_ptr + s2) * K
                 for j0 in range(0, n2, BLOCK_SCAN):
                     j = j0 + tl.arange(0, BLOCK_SCAN)
-                    below += _ranked_before(_source_local_ids(meta_ptr, s2, j, n2, me, L, W, B, K), s2 * B * K + j, le, pos)
+                    l2 = tl.load(meta_ptr + W + s2 * B * K + j, mask=j < n2, other=-1) - me * L
+                    ours = ((l2 >= 0) & (l2 < L))[None, :]
+                    before = (s2 * B * K + j)[None, :] < pos[:, None]
+                    below += tl.sum((ours & ((l2[None, :] < le[:, None]) | ((l2[None, :] == le[:, None]) & before))).to(tl.int32), axis=1)
             dest = below
             if (s == me) & (split == 0):  # row_of_slot: the row in this rank's send layout (global ids)
                 n_me = tl.load(meta_ptr + me) * K
                 sent = tl.zeros([BLOCK_K], dtype=tl.int32)
                 for j0 in range(0, n_me, BLOCK_SCAN):
                     j = j0 + tl.arange(0, BLOCK_SCAN)
-                    e2 = tl.load(meta_ptr + W + me * B * K + j, mask=j < n_me, other=E)  # E: after every expert
-                    sent += _ranked_before(e2, me * B * K + j, eid, pos)
+                    e2 = tl.load(meta_ptr + W + me * B * K + j, mask=j < n_me, other=E)
+                    earlier = (me * B * K + j)[None, :] < pos[:, None]
+                    sent += tl.sum(((e2[None, :] < eid[:, None]) | ((e2[None, :] == eid[:, None]) & earlier)).to(tl.int32), axis=1)
                 tl.store(row_of_slot_ptr + t * K + kk, sent, mask=valid)
         else:  # start of its expert + rows of the expert from lower sources + its rank in its source
             lower = tl.sum(tl.where((ws < s)[:, None], C, 0), axis=0)
