@@ -27,7 +27,9 @@ outputs = llm.generate(prompts, sampling_params)  # one RequestOutput per prompt
 
 for output in outputs:
     completion = output.outputs[0]
-    print(f"prompt: {output.prompt!r} ({len(output.prompt_token_ids)} tokens)")
+    # A token-id prompt has no text of its own (output.prompt is None): show its ids instead.
+    shown = repr(output.prompt) if output.prompt is not None else f"token ids {output.prompt_token_ids}"
+    print(f"prompt: {shown} ({len(output.prompt_token_ids)} tokens)")
     print(f"  text: {completion.text!r}  [{completion.finish_reason}, {len(completion.token_ids)} tokens]")
 
 # Greedy decoding, a stop string, and one SamplingParams per prompt:
