@@ -21,9 +21,10 @@ ep_size = --ep (so the EP kernels are chosen), takes its contiguous slice of eac
   expert_out rows of its own experts as its experts' results, and combines; the ranks' outputs,
   concatenated, are compared with the golden output within the op's tolerance.
 
-`--ep-path nccl|symm` sets DEEPINFER_EP_PATH for the ranks: which of a backend's EP
-implementations the registry picks (the cuda backend: all_to_all_single over NCCL, or symmetric
-memory on one host, which is the default where it applies); run both to check both.
+`--ep-path nccl|symm` passes the backend option ep_path to the ranks (`--backend-option KEY=VALUE`
+any other): which of a backend's EP implementations the registry picks (the cuda backend:
+all_to_all_single over NCCL, or symmetric memory on one host, which is the default where it
+applies); run both to check both. A forced path that cannot run fails the run with its reason.
 
 The table has the single-rank runner's columns (backend shown as "<backend> ep<N>"). Exit status 0
 when every case passes. A rank that fails, hangs past --timeout in a collective, or never starts
@@ -47,6 +48,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from deepinfer.errors import UserError
+from deepinfer.options import parse_assignments
 from deepinfer_conformance.golden_io import GOLDEN_DIR, CaseRecord, GoldenTensors, read_cases
 from deepinfer_conformance.runner import Row, format_table, measure_case, summary, write_json
 
@@ -90,18 +92,20 @@ def combine_routing(case: CaseRecord, row_of_slot: torch.Tensor, top_k: int, ran
 # one rank
 
 
-def rank_main(backend: str, out_dir: Path, golden_dir: Path, interpret: bool, ops: list[str], names: list[str] | None, timeout_s: float) -> int:
+def rank_main(backend: str, out_dir: Path, golden_dir: Path, interpret: bool, ops: list[str], names: list[str] | None, timeout_s: float,
+              options: dict[str, str] | None = None) -> int:
     from deepinfer.distributed import DistributedError, ExpertParallel, destroy_distributed, init_distributed
     from deepinfer.plugins import load_plugins
     from deepinfer.registry import ResolveContext, all_ops
 
     plugins = load_plugins()
     spec = plugins.require(backend, interpret=interpret)
+    options = spec.resolve_options(options)
     dist_ctx = init_distributed(timeout_s, device=spec.device(interpret))
     if dist_ctx is None:
         raise UserError("multirank worker started without WORLD_SIZE > 1")
     rank, ranks, device = dist_ctx.rank, dist_ctx.world_size, dist_ctx.device
-    registry = plugins.registry(backend, interpret=interpret)
+    registry = plugins.registry(backend, interpret=interpret, options=options)
     specs = all_ops()
     golden = GoldenTensors(golden_dir)
     outputs: dict[str, torch.Tensor] = {}
@@ -111,8 +115,8 @@ def rank_main(backend: str, out_dir: Path, golden_dir: Path, interpret: bool, op
         if broken is not None:
             results[case.id] = {"status": "error", "error": f"not run: the group failed in {broken}"}
             continue
-        ctx = ResolveContext(backend=backend, device=device, dtype=case.torch_dtype, ep_size=ranks)
-        kernels = {op: registry.pick(ctx, op) for op in ({"dispatch"} | {case.op})}
+        ctx = ResolveContext(backend=backend, device=device, dtype=case.torch_dtype, ep_size=ranks, options=options)
+        kernels = {op: registry.choose(ctx, op) for op in ({"dispatch"} | {case.op})}  # a forced path that cannot run: one line
         missing = [op for op, k in kernels.items() if k is None]
         if missing:
             results[case.id] = {"status": "missing", "error": f"no {backend} kernel for {', '.join(missing)} in {case.dtype} at ep_size {ranks}"}
@@ -207,9 +211,10 @@ def launch_ranks(argv: list[str], ranks: int, *, env: dict[str, str] | None = No
 
 
 def run(backend: str, ranks: int, *, interpret: bool = False, ops: list[str] | None = None, names: list[str] | None = None,
-        timeout_s: float = DEFAULT_TIMEOUT_S, golden_dir: Path = GOLDEN_DIR, ep_path: str | None = None) -> list[Row]:
+        timeout_s: float = DEFAULT_TIMEOUT_S, golden_dir: Path = GOLDEN_DIR, ep_path: str | None = None,
+        options: dict[str, str] | None = None) -> list[Row]:
     """Run the golden dispatch/combine cases split over `ranks` ranks; one Row per case.
-    ep_path: DEEPINFER_EP_PATH for the ranks (None: as this process has it)."""
+    ep_path: the backend option ep_path for the ranks (None: its default); options: other backend options."""
     if ranks < 2:
         raise UserError("--ep must be at least 2 (the single-rank runner covers one rank)")
     ops = [op for op in OPS if not ops or op in ops]
@@ -223,9 +228,10 @@ def run(backend: str, ranks: int, *, interpret: bool = False, ops: list[str] | N
             argv += ["--op", op]
         for name in names or []:
             argv += ["--case", name]
+        options = {**(options or {}), **({"ep_path": ep_path} if ep_path else {})}
+        for name, value in options.items():
+            argv += ["--backend-option", f"{name}={value}"]
         env = {"TRITON_INTERPRET": "1"} if interpret else {}
-        if ep_path:
-            env["DEEPINFER_EP_PATH"] = ep_path
         exits = launch_ranks(argv, ranks, env=env, wall_s=timeout_s * 2 + 30 * len(cases))
         reports, failed = {}, []
         for rank, (code, err) in enumerate(exits):
@@ -295,7 +301,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--op", action="append", choices=OPS, default=None)
     parser.add_argument("--case", action="append", default=None, help="only cases of this name (e.g. t1_k8_e16_d96)")
     parser.add_argument("--ep-path", choices=("auto", "nccl", "symm"), default=None,
-                        help="which EP implementation the ranks use (DEEPINFER_EP_PATH): nccl = all_to_all_single, symm = symmetric memory (cuda, one host)")
+                        help="which EP implementation the ranks use (backend option ep_path): nccl = all_to_all_single, symm = symmetric memory (cuda, one host)")
+    parser.add_argument("--backend-option", action="append", default=None, metavar="KEY=VALUE", help="a backend option for the ranks (repeatable)")
     parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S, help="seconds a rank waits in a collective or at the rendezvous")
     parser.add_argument("--json", type=Path, default=None, help="also write the rows as JSON")
     parser.add_argument("--golden", type=Path, default=GOLDEN_DIR)
@@ -304,9 +311,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         if args.rank_worker:
-            return rank_main(args.backend, args.out, args.golden, args.interpret, args.op or list(OPS), args.case, args.timeout)
+            return rank_main(args.backend, args.out, args.golden, args.interpret, args.op or list(OPS), args.case, args.timeout,
+                             parse_assignments(args.backend_option))
         rows = run(args.backend, args.ep, interpret=args.interpret, ops=args.op, names=args.case, timeout_s=args.timeout, golden_dir=args.golden,
-                   ep_path=args.ep_path)
+                   ep_path=args.ep_path, options=parse_assignments(args.backend_option))
     except UserError as exc:
         print(f"deepinfer: error: {exc}", file=sys.stderr)
         return exc.exit_code

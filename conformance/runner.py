@@ -9,6 +9,7 @@ backend and the first one.
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -76,19 +77,22 @@ def measure_case(case: CaseRecord, produced: dict[str, torch.Tensor | None], ref
     return Measure(all(p.ok for p in parts), worst.score, worst.detail)
 
 
-def run_worker(backend: str, out_dir: Path, golden_dir: Path, interpret: bool, ops: list[str] | None) -> dict:
+def run_worker(backend: str, out_dir: Path, golden_dir: Path, interpret: bool, ops: list[str] | None, options: dict[str, str] | None = None) -> dict:
     cmd = [sys.executable, "-m", "deepinfer_conformance.worker", "--backend", backend, "--out", str(out_dir), "--golden", str(golden_dir)]
     if interpret:
         cmd.append("--interpret")
     for op in ops or []:
         cmd += ["--op", op]
+    for name, value in (options or {}).items():
+        cmd += ["--backend-option", f"{name}={value}"]
     env = dict(os.environ)
     if interpret:
         env["TRITON_INTERPRET"] = "1"
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
     if proc.returncode != 0:
         lines = [l for l in proc.stderr.strip().splitlines() if l.strip()]
-        raise UserError(f"backend {backend!r}: {lines[-1].removeprefix('deepinfer: error: ') if lines else f'worker exited {proc.returncode}'}")
+        message = lines[-1].removeprefix("deepinfer: error: ") if lines else f"worker exited {proc.returncode}"
+        raise UserError(message if repr(backend) in message else f"backend {backend!r}: {message}")  # name it once
     return json.loads((out_dir / f"{backend}.json").read_text())
 
 
@@ -99,7 +103,31 @@ def load_produced(out_dir: Path, backend: str, case: CaseRecord, status: dict) -
     return produced
 
 
-def run(backends: list[str], *, interpret: bool = False, ops: list[str] | None = None, golden_dir: Path = GOLDEN_DIR) -> list[Row]:
+def options_per_backend(backends: list[str], options: dict[str, str] | None) -> dict[str, dict[str, str]]:
+    """Each backend's share of `options`: the ones it declares, checked. An option none of the
+    backends declares is an error (the comparison needs the same option for each backend that has it)."""
+    from deepinfer.options import BackendOptionError
+    from deepinfer.plugins import load_plugins
+
+    if not options:
+        return {b: {} for b in backends}  # each worker checks its backend (and its options' defaults) itself
+    plugins = load_plugins()
+    specs = {b: plugins.backend(b) for b in backends}
+    shares = {b: {k: v for k, v in (options or {}).items() if k in {o.name for o in spec.options}} for b, spec in specs.items()}
+    unknown = sorted(set(options or {}) - {k for share in shares.values() for k in share})
+    if unknown:
+        known = ", ".join(f"{b}: {', '.join(o.name for o in s.options) or 'none'}" for b, s in specs.items())
+        raise BackendOptionError(f"no backend of this run has option {unknown[0]!r} ({known}; see `deepinfer backends`)")
+    for b, spec in specs.items():
+        spec.resolve_options(shares[b])  # bad values: one line now, before any worker starts
+    return shares
+
+
+def run(
+    backends: list[str], *, interpret: bool = False, ops: list[str] | None = None, golden_dir: Path = GOLDEN_DIR, options: dict[str, str] | None = None
+) -> list[Row]:
+    """options: backend options (`--backend-option`), each passed to the backends that declare it."""
+    shares = options_per_backend(backends, options)
     cases = [c for c in read_cases(golden_dir) if not ops or c.op in ops]
     if ops:
         unknown = set(ops) - {c.op for c in read_cases(golden_dir)}
@@ -109,7 +137,7 @@ def run(backends: list[str], *, interpret: bool = False, ops: list[str] | None =
     rows: list[Row] = []
     with tempfile.TemporaryDirectory(prefix="deepinfer-conformance-") as tmp:
         out_dir = Path(tmp)
-        reports = {b: run_worker(b, out_dir, golden_dir, interpret, ops) for b in backends}
+        reports = {b: run_worker(b, out_dir, golden_dir, interpret, ops, shares[b]) for b in backends}
         produced_by = {b: {} for b in backends}
         for case in cases:
             reference = golden.outputs(case)
@@ -157,5 +185,28 @@ def summary(rows: list[Row]) -> tuple[str, bool]:
     return ", ".join(parts), ok
 
 
+_SCORES = ("score", "cross_score")
+
+
 def write_json(rows: list[Row], path: Path) -> None:
-    path.write_text(json.dumps([asdict(r) for r in rows], indent=1, default=lambda x: None if x == float("inf") else x))
+    """The rows as a JSON list. JSON has no Infinity or NaN: a non-finite score (a shape or dtype
+    mismatch, non-finite values that differ) is written as the string "inf", "-inf" or "nan";
+    `read_json` turns it back into the float."""
+    records = [asdict(r) for r in rows]
+    for record in records:
+        for name in _SCORES:
+            value = record[name]
+            if value is not None and not math.isfinite(value):
+                record[name] = str(value)
+    path.write_text(json.dumps(records, indent=1, allow_nan=False))
+
+
+def read_json(path: Path) -> list[Row]:
+    """Rows written by `write_json`, non-finite scores as floats again."""
+    rows = []
+    for record in json.loads(path.read_text()):
+        for name in _SCORES:
+            if isinstance(record.get(name), str):
+                record[name] = float(record[name])
+        rows.append(Row(**record))
+    return rows

@@ -1,11 +1,16 @@
 """Run one backend's kernels over the golden inputs, in a process of its own.
 
-    python -m deepinfer_conformance.worker --backend NAME --out DIR [--interpret] [--op OP ...]
+    python -m deepinfer_conformance.worker --backend NAME --out DIR [--interpret] [--op OP ...] [--backend-option KEY=VALUE ...]
 
 Backends run in separate processes because their runtimes cannot share one (torch_npu refuses a
 process that also holds CUDA). Writes DIR/NAME.safetensors (each case's canonicalised outputs, on
 the CPU) and DIR/NAME.json (per case: status "ran" | "missing" | "error", the kernel's note, the
 error message, seconds).
+
+Each case's kernel is chosen as an engine would choose it for the model the case stands for: the
+backend's options, and the ModelFacts the case's call implies (`case_facts`: a gate case's routing,
+an attention case's head sizes), so kernels that serve only some models are checked on exactly the
+cases they would serve.
 """
 
 from __future__ import annotations
@@ -21,8 +26,9 @@ import torch
 from safetensors.torch import save_file
 
 from deepinfer.errors import UserError
+from deepinfer.options import parse_assignments
 from deepinfer.plugins import load_plugins
-from deepinfer.registry import ResolveContext, all_ops
+from deepinfer.registry import ModelFacts, RegistryError, ResolveContext, all_ops
 from deepinfer_conformance.golden_io import GOLDEN_DIR, GoldenTensors, key, read_cases
 
 
@@ -30,11 +36,38 @@ def to_device(kwargs: dict, device: torch.device) -> dict:
     return {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
 
 
-def run_backend(backend: str, out_dir: Path, golden_dir: Path = GOLDEN_DIR, interpret: bool = False, ops_filter: list[str] | None = None) -> dict:
+def case_facts(op: str, kwargs: dict) -> ModelFacts:
+    """The ModelFacts of the model a case stands for: what its call says about the model's routing
+    (gate) and head sizes (prefill, mla_decode); nothing for the other ops."""
+    spec = all_ops()[op]
+    call = spec.signature.bind(**kwargs)
+    call.apply_defaults()
+    a = call.arguments
+    if op == "gate":
+        return ModelFacts(
+            num_experts=a["logits"].shape[-1], top_k=a["top_k"], score_func=a["score_func"], n_group=a["n_group"],
+            topk_group=a["topk_group"], renormalize=a["renormalize"], correction_bias=a["correction_bias"] is not None,
+        )  # fmt: skip
+    if op == "prefill":
+        return ModelFacts(num_heads=a["q"].shape[1], qk_head_dim=a["q"].shape[-1], v_head_dim=a["v"].shape[-1], sliding_window=a["sliding_window"] or 0)
+    if op == "mla_decode":
+        return ModelFacts(
+            num_heads=a["q_nope"].shape[2], kv_lora_rank=a["q_nope"].shape[-1], qk_rope_head_dim=a["q_rope"].shape[-1],
+            sliding_window=a["sliding_window"] or 0, kv_block_size=a["kv_cache"].shape[1],
+        )  # fmt: skip
+    return ModelFacts()
+
+
+def run_backend(
+    backend: str, out_dir: Path, golden_dir: Path = GOLDEN_DIR, interpret: bool = False, ops_filter: list[str] | None = None,
+    options: dict[str, str] | None = None,
+) -> dict:
+    """options: the backend's options (unknown ones and bad values: one-line errors, before any case)."""
     plugins = load_plugins()
     spec = plugins.require(backend, interpret=interpret)
     device = torch.device(spec.device(interpret))
-    registry = plugins.registry(backend, interpret=interpret)
+    options = spec.resolve_options(options)
+    registry = plugins.registry(backend, interpret=interpret, options=options)
     ops = all_ops()
     golden = GoldenTensors(golden_dir)
     outputs: dict[str, torch.Tensor] = {}
@@ -43,13 +76,18 @@ def run_backend(backend: str, out_dir: Path, golden_dir: Path = GOLDEN_DIR, inte
         if ops_filter and case.op not in ops_filter:
             continue
         op = ops[case.op]
-        ctx = ResolveContext(backend=backend, device=device, dtype=case.torch_dtype)
-        kernel = registry.pick(ctx, case.op, case.fmt)
+        inputs = golden.inputs(case)
+        ctx = ResolveContext(backend=backend, device=device, dtype=case.torch_dtype, options=options, model=case_facts(case.op, inputs))
+        try:
+            kernel = registry.choose(ctx, case.op, case.fmt)
+        except RegistryError as exc:  # chosen by an option, but it cannot run here
+            results[case.id] = {"status": "error", "error": str(exc)}
+            continue
         if kernel is None:
             fmt = f"[{case.fmt}]" if case.fmt else ""
             results[case.id] = {"status": "missing", "error": f"no {backend} kernel for {case.op}{fmt} in {case.dtype}"}
             continue
-        kwargs = to_device(golden.inputs(case), device)
+        kwargs = to_device(inputs, device)
         start = time.perf_counter()
         try:
             produced = op.name_outputs(kernel.fn(**kwargs))
@@ -67,7 +105,7 @@ def run_backend(backend: str, out_dir: Path, golden_dir: Path = GOLDEN_DIR, inte
         results[case.id] = {"status": "ran", "note": kernel.note, "seconds": round(time.perf_counter() - start, 4), "none_outputs": [n for n, v in produced.items() if v is None]}
     out_dir.mkdir(parents=True, exist_ok=True)
     save_file(outputs, str(out_dir / f"{backend}.safetensors"))
-    report = {"backend": backend, "device": str(device), "interpret": interpret, "cases": results}
+    report = {"backend": backend, "device": str(device), "interpret": interpret, "options": options, "cases": results}
     (out_dir / f"{backend}.json").write_text(json.dumps(report, indent=1))
     return report
 
@@ -79,9 +117,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--golden", type=Path, default=GOLDEN_DIR)
     parser.add_argument("--interpret", action="store_true")
     parser.add_argument("--op", action="append", default=None)
+    parser.add_argument("--backend-option", action="append", default=None, metavar="KEY=VALUE")
     args = parser.parse_args(argv)
     try:
-        run_backend(args.backend, args.out, args.golden, args.interpret, args.op)
+        run_backend(args.backend, args.out, args.golden, args.interpret, args.op, parse_assignments(args.backend_option))
     except UserError as exc:
         print(f"deepinfer: error: {exc}", file=sys.stderr)
         return exc.exit_code

@@ -2,8 +2,14 @@
 
 The built-in backends (reference, cuda, ascend) register exactly as a third-party package would.
 Each entry point is loaded inside its own try: a broken plugin is reported, never fatal to the
-others (pluggy's own loader has no try/except). Hooks take keyword arguments only, so a spec can
+others (pluggy's own loader has no try/except). That includes a plugin that calls sys.exit() while
+it is imported (SystemExit is a plugin failure like any other); KeyboardInterrupt is not caught: a
+user's Ctrl-C during start-up stops the command. Hooks take keyword arguments only, so a spec can
 grow without breaking plugins.
+
+Loading plugins and declaring backends imports no torch (this module, the built-in plugins and their
+probes import it inside the functions that need it): `deepinfer bench --help` loads every plugin to
+list their subcommands and answers at once.
 """
 
 from __future__ import annotations
@@ -12,12 +18,18 @@ import importlib
 import logging
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 import pluggy
 
 from deepinfer.errors import UserError
-from deepinfer.registry import Registry
+from deepinfer.options import BackendOption, resolve_options
+
+if TYPE_CHECKING:
+    import torch
+
+    from deepinfer.device_graphs import GraphCapture
+    from deepinfer.registry import Registry
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +55,13 @@ class BackendSpec:
     probe(interpret) must not start the device: it checks imports, drivers and device counts.
     With interpret=True it answers whether the backend's Triton kernels can run under
     TRITON_INTERPRET=1 on the CPU (how CI checks kernels on machines without the hardware).
+
+    Capabilities the core asks for instead of checking the device type: `options` (what the user
+    may choose, deepinfer.options), `graph_capture` (device graphs for decode steps,
+    deepinfer.device_graphs; None: every step runs eagerly), `memory_info` ((free, total) bytes
+    of a device, for the KV cache budget; None: the host's RAM is the budget) and `device_count`
+    (its devices on this host, counted without starting one; None: torch.<device_type>.device_count()),
+    which `local_devices` answers with.
     """
 
     name: str
@@ -51,10 +70,34 @@ class BackendSpec:
     description: str = ""
     kv_block_size: int = 64  # the paged KV cache block size this backend prefers
     auto_priority: int = 0  # backend="auto" tries backends from the highest priority down
+    # "module:function" that `deepinfer bench ops` runs for this backend (its own cases, ceilings and
+    # peers), called as function(ops=..., json_path=..., plot_path=...); "" = time the conformance cases.
+    bench_runner: str = ""
     plugin: str = ""  # the entry point that declared it
+    options: tuple[BackendOption, ...] = ()
+    graph_capture: GraphCapture | None = None
+    memory_info: Callable[[torch.device], tuple[int, int]] | None = None
+    device_count: Callable[[], int] | None = None
 
     def device(self, interpret: bool = False) -> str:
         return "cpu" if interpret else self.device_type
+
+    def local_devices(self, interpret: bool = False) -> int | None:
+        """How many devices of this backend this host has, for one rank each (`--ep N`); None when it
+        runs on the CPU, which the ranks share. Every command that counts devices asks here."""
+        if self.device(interpret) == "cpu":
+            return None
+        if self.device_count is not None:
+            return int(self.device_count())
+        import torch
+
+        count = getattr(getattr(torch, self.device_type, None), "device_count", None)
+        return int(count()) if count is not None else 0
+
+    def resolve_options(self, given: Mapping[str, Any] | None = None, environ: Mapping[str, str] | None = None) -> dict[str, str]:
+        """Every option's value (given, else its default or its environment variable); one-line
+        BackendOptionError for an unknown option or a value it does not allow."""
+        return resolve_options(self.name, self.options, given, environ)
 
 
 class Hooks:
@@ -65,22 +108,27 @@ class Hooks:
         """Declare backends: call register(BackendSpec(...)) for each. Must stay light."""
 
     @hookspec
-    def deepinfer_register_kernels(self, backend: BackendSpec, registry: Registry, interpret: bool) -> None:
-        """Register kernels for `backend` (only called once its probe passed): registry.register_kernel(...)."""
-
-    @hookspec(firstresult=True)
-    def deepinfer_tuning_configs(self, backend: BackendSpec, op: str, device_name: str) -> dict | None:
-        """Kernel configuration for an op on a device (tile sizes, warps, stages), or None for the default."""
+    def deepinfer_register_kernels(self, backend: BackendSpec, registry: Registry, interpret: bool, options: Mapping[str, str]) -> None:
+        """Register kernels for `backend` (only called once its probe passed): registry.register_kernel(...).
+        options: the backend's validated options (a kernel's choice by option belongs in its `when`)."""
 
     @hookspec
     def deepinfer_env_report(self, backend: BackendSpec) -> dict[str, str] | None:
         """Facts for `deepinfer backends` (versions, device names, core counts)."""
+
+    @hookspec
+    def deepinfer_add_bench_commands(self, add: Callable[..., Any]) -> None:
+        """Add subcommands to `deepinfer bench`: parser = add(name, help=..., description=...) returns an
+        argparse parser; add arguments and parser.set_defaults(func=handler), handler(args) -> exit code."""
 
 
 @dataclass(frozen=True)
 class PluginFailure:
     entry_point: str
     error: str
+
+
+_LOGGED_FAILURES: set[PluginFailure] = set()  # each failure is logged once per process, however often plugins load
 
 
 class BackendError(UserError):
@@ -108,9 +156,8 @@ class Plugins:
             try:
                 module = ep.load()
                 self.pm.register(module, name=ep.name)
-            except Exception as exc:  # a broken plugin must not take the others down
-                self.failures.append(PluginFailure(f"{ep.name} = {ep.value}", f"{type(exc).__name__}: {exc}"))
-                log.warning("backend plugin %s failed to load: %s: %s", ep.name, type(exc).__name__, exc)
+            except (Exception, SystemExit) as exc:  # a broken plugin (even one calling sys.exit) must not take the others down
+                self._fail(PluginFailure(f"{ep.name} = {ep.value}", f"{type(exc).__name__}: {exc}"))
 
     def _collect_backends(self) -> None:
         for impl in self.pm.hook.deepinfer_add_backends.get_hookimpls():
@@ -124,8 +171,24 @@ class Plugins:
 
             try:
                 impl.function(register=register)
-            except Exception as exc:
-                self.failures.append(PluginFailure(plugin_name, f"deepinfer_add_backends raised {type(exc).__name__}: {exc}"))
+            except (Exception, SystemExit) as exc:
+                self._fail(PluginFailure(plugin_name, f"deepinfer_add_backends raised {type(exc).__name__}: {exc}"))
+
+    def _fail(self, failure: PluginFailure) -> None:
+        """Record a plugin failure (`deepinfer backends` lists them) and log it, once per process."""
+        self.failures.append(failure)
+        if failure not in _LOGGED_FAILURES:
+            _LOGGED_FAILURES.add(failure)
+            log.warning("backend plugin %s failed: %s", failure.entry_point, failure.error)
+
+    def add_bench_commands(self, add: Callable[..., Any]) -> None:
+        """Let every plugin add its `deepinfer bench` subcommands; a plugin whose hook fails is a failure, not fatal."""
+        for impl in self.pm.hook.deepinfer_add_bench_commands.get_hookimpls():
+            plugin_name = self.pm.get_name(impl.plugin) or impl.plugin_name
+            try:
+                impl.function(add=add)
+            except (Exception, SystemExit) as exc:
+                self._fail(PluginFailure(plugin_name, f"deepinfer_add_bench_commands raised {type(exc).__name__}: {exc}"))
 
     def backend(self, name: str) -> BackendSpec:
         if name not in self.backends:
@@ -137,7 +200,7 @@ class Plugins:
         spec = self.backend(name)
         try:
             return spec.probe(interpret=interpret)
-        except Exception as exc:  # a probe that crashes is a finding, not a crash
+        except (Exception, SystemExit) as exc:  # a probe that crashes is a finding, not a crash
             return Availability(False, f"probe raised {type(exc).__name__}: {exc}", f"report this to the {spec.plugin} plugin's authors")
 
     def require(self, name: str, interpret: bool = False) -> BackendSpec:
@@ -159,15 +222,16 @@ class Plugins:
                 return spec, tried
         raise BackendError("no backend is available: " + "; ".join(f"{n}: {a.reason}" for n, a in tried))
 
-    def registry(self, name: str, interpret: bool = False, registry: Registry | None = None) -> Registry:
-        """A registry holding the kernels `name` registers (call only after its probe passed)."""
+    def registry(self, name: str, interpret: bool = False, registry: Registry | None = None, options: Mapping[str, Any] | None = None) -> Registry:
+        """A registry holding the kernels `name` registers (call only after its probe passed).
+        options: the backend's options (validated here; defaults for those not given)."""
+        from deepinfer.registry import Registry  # imports torch: only once kernels are wanted
+
         spec = self.backend(name)
         registry = registry if registry is not None else Registry()
-        self.pm.hook.deepinfer_register_kernels(backend=spec, registry=registry, interpret=interpret)
+        options = spec.resolve_options(options)
+        self.pm.hook.deepinfer_register_kernels(backend=spec, registry=registry, interpret=interpret, options=options)
         return registry
-
-    def tuning_config(self, name: str, op: str, device_name: str) -> dict | None:
-        return self.pm.hook.deepinfer_tuning_configs(backend=self.backend(name), op=op, device_name=device_name)
 
     def env_report(self, name: str) -> dict[str, str]:
         report: dict[str, str] = {}

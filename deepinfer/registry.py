@@ -115,14 +115,44 @@ class RegistryError(UserError):
 
 
 @dataclass(frozen=True)
+class ModelFacts:
+    """Static facts of the model whose calls the ops will serve, for kernels that serve only some
+    models (a fused gate that implements some routing functions, an attention kernel for some head
+    sizes): every call the engine makes passes these. None is unknown: a kernel that depends on an
+    unknown fact must not be chosen. The conformance worker fills them from each case's inputs."""
+
+    # gate
+    num_experts: int | None = None
+    top_k: int | None = None
+    score_func: str | None = None
+    n_group: int | None = None
+    topk_group: int | None = None
+    renormalize: bool | None = None
+    correction_bias: bool | None = None  # whether a correction bias is passed
+    # attention
+    num_heads: int | None = None  # query heads (mla_decode, prefill)
+    kv_lora_rank: int | None = None  # mla_decode's latent width C
+    qk_rope_head_dim: int | None = None  # mla_decode's rope width R
+    qk_head_dim: int | None = None  # prefill's query/key head dim
+    v_head_dim: int | None = None  # prefill's value head dim
+    sliding_window: int | None = None  # 0: no window
+    kv_block_size: int | None = None  # the paged cache's block size
+
+
+@dataclass(frozen=True)
 class ResolveContext:
-    """The static facts kernels are chosen by, known once at engine start-up."""
+    """The static facts kernels are chosen by, known once at engine start-up.
+
+    options: the backend's options (deepinfer.options), validated, every declared one present when
+    the context comes from `open_runtime`; `when` predicates read them with `BackendOption.value`.
+    model: what the model's calls will look like (ModelFacts), when known."""
 
     backend: str
     device: torch.device = torch.device("cpu")
     dtype: torch.dtype = torch.bfloat16
     ep_size: int = 1
     options: Mapping[str, Any] = field(default_factory=dict)
+    model: ModelFacts = field(default_factory=ModelFacts)
 
 
 @dataclass(frozen=True)
@@ -135,6 +165,12 @@ class Kernel:
     when: Callable[[ResolveContext], bool] | None = None  # static predicate, e.g. "ep_size > 1"
     priority: int = 0  # among kernels that all apply, the highest wins
     note: str = ""  # shown in the coverage table: "torch_npu fast path", "Triton", ...
+    # Why this kernel cannot run in a context where its `when` chose it (None: it can), e.g. an
+    # option forces it where its transport is missing; resolve turns a reason into a one-line error.
+    unusable: Callable[[ResolveContext], str | None] | None = None
+    # Capability of an expert-parallel dispatch/combine: given the same token bound on every rank
+    # (ranks, bound, top_k), it makes no host synchronisation, so device graphs may capture it.
+    capturable_with_token_bound: Callable[[int, int, int], bool] | None = None
 
     def applies(self, ctx: ResolveContext, fmt: str | None) -> bool:
         if self.dtypes is not None and ctx.dtype not in self.dtypes:
@@ -169,6 +205,8 @@ class Registration:
     when: Callable[[ResolveContext], bool] | None = None
     note: str = ""
     priority: int = 0
+    unusable: Callable[[ResolveContext], str | None] | None = None  # see Kernel
+    capturable_with_token_bound: Callable[[int, int, int], bool] | None = None  # see Kernel
 
 
 class Registry:
@@ -189,6 +227,8 @@ class Registry:
         when: Callable[[ResolveContext], bool] | None = None,
         priority: int = 0,
         note: str = "",
+        unusable: Callable[[ResolveContext], str | None] | None = None,
+        capturable_with_token_bound: Callable[[int, int, int], bool] | None = None,
     ) -> None:
         spec = self.ops.get(op_name)
         if spec is None:
@@ -197,19 +237,34 @@ class Registry:
         fmts = frozenset(formats) if formats is not None else None
         if fmts is not None and not fmts <= set(spec.formats):
             raise RegistryError(f"backend {backend!r}: op {op_name!r} has formats {spec.formats}, not {sorted(fmts - set(spec.formats))}")
-        kernel = Kernel(op_name, backend, fn, fmts, frozenset(dtypes) if dtypes is not None else None, when, priority, note)
+        kernel = Kernel(
+            op_name, backend, fn, fmts, frozenset(dtypes) if dtypes is not None else None, when, priority, note, unusable, capturable_with_token_bound
+        )
         self.kernels.setdefault(backend, {}).setdefault(op_name, []).append(kernel)
 
     def register_all(self, backend: str, registrations: Iterable[Registration]) -> None:
         for r in registrations:
-            self.register_kernel(backend, r.op, r.fn, formats=r.formats, dtypes=r.dtypes, when=r.when, priority=r.priority, note=r.note)
+            self.register_kernel(
+                backend, r.op, r.fn, formats=r.formats, dtypes=r.dtypes, when=r.when, priority=r.priority, note=r.note,
+                unusable=r.unusable, capturable_with_token_bound=r.capturable_with_token_bound,
+            )  # fmt: skip
 
     def candidates(self, backend: str, op_name: str) -> list[Kernel]:
         return self.kernels.get(backend, {}).get(op_name, [])
 
     def pick(self, ctx: ResolveContext, op_name: str, fmt: str | None = None) -> Kernel | None:
-        usable = [k for k in self.candidates(ctx.backend, op_name) if k.applies(ctx, fmt)]
-        return max(usable, key=lambda k: k.priority) if usable else None
+        """The kernel of highest priority whose dtypes, formats and `when` fit (None: none does)."""
+        fitting = [k for k in self.candidates(ctx.backend, op_name) if k.applies(ctx, fmt)]
+        return max(fitting, key=lambda k: k.priority) if fitting else None
+
+    def choose(self, ctx: ResolveContext, op_name: str, fmt: str | None = None) -> Kernel | None:
+        """`pick`, and a one-line RegistryError when the picked kernel says it cannot run here."""
+        kernel = self.pick(ctx, op_name, fmt)
+        reason = kernel.unusable(ctx) if kernel is not None and kernel.unusable is not None else None
+        if reason is not None:
+            label = op_name if fmt is None else f"{op_name}[{fmt}]"
+            raise RegistryError(f"backend {ctx.backend!r} cannot serve op {label!r}: {reason}")
+        return kernel
 
     def resolve(self, ctx: ResolveContext, *, allow_fallback: bool = False, only: Iterable[str] | None = None) -> "OpTable":
         """Choose one kernel per op (and per format) for this context, once.
@@ -218,14 +273,16 @@ class Registry:
         the reference serves that op and the fallback is logged once, here.
         """
         chosen: dict[str, Callable | dict[str, Callable]] = {}
+        kernels: dict[str, Kernel | None] = {}
         fallbacks: list[str] = []
         for name in only if only is not None else self.ops:
             spec = self.ops[name]
             keys: list[str | None] = list(spec.formats) if spec.formats else [None]
             per_key: dict[str | None, Callable] = {}
             for key in keys:
-                kernel = self.pick(ctx, name, key)
+                kernel = self.choose(ctx, name, key)
                 label = name if key is None else f"{name}[{key}]"
+                kernels[label] = kernel
                 if kernel is None:
                     if not allow_fallback:
                         raise RegistryError(
@@ -239,7 +296,7 @@ class Registry:
             chosen[name] = per_key[None] if keys == [None] else {k: v for k, v in per_key.items() if k is not None}
         for label in fallbacks:
             log.warning("backend %r: op %s runs on the reference implementation (fallback allowed)", ctx.backend, label)
-        return OpTable(ctx, chosen, tuple(fallbacks))
+        return OpTable(ctx, chosen, tuple(fallbacks), kernels)
 
     def coverage(self, backend: str) -> dict[str, list[Kernel]]:
         return {name: self.candidates(backend, name) for name in self.ops}
@@ -248,10 +305,17 @@ class Registry:
 class OpTable:
     """Resolved ops: `table.rms_norm(...)`. Ops with weight formats dispatch on `fmt` by dict lookup."""
 
-    def __init__(self, ctx: ResolveContext, chosen: Mapping[str, Callable | Mapping[str, Callable]], fallbacks: tuple[str, ...]):
+    def __init__(
+        self,
+        ctx: ResolveContext,
+        chosen: Mapping[str, Callable | Mapping[str, Callable]],
+        fallbacks: tuple[str, ...],
+        kernels: Mapping[str, Kernel | None] | None = None,
+    ):
         self.ctx = ctx
         self.fallbacks = fallbacks
         self._chosen = dict(chosen)
+        self._kernels = dict(kernels or {})
         for name, impl in chosen.items():
             setattr(self, name, impl if callable(impl) else _by_format(name, impl))
 
@@ -261,6 +325,11 @@ class OpTable:
     def kernel(self, name: str, fmt: str | None = None) -> Callable:
         impl = self._chosen[name]
         return impl if callable(impl) else impl[fmt]
+
+    def registration(self, name: str, fmt: str | None = None) -> Kernel | None:
+        """The registered kernel chosen for `name` (and `fmt`), with the capabilities it declares;
+        None when the reference serves it as a fallback, or the op was not resolved."""
+        return self._kernels.get(name if fmt is None else f"{name}[{fmt}]")
 
 
 def _by_format(name: str, table: Mapping[str, Callable]) -> Callable:

@@ -2,26 +2,38 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass
+from typing import Any, Callable, Mapping
 
 import torch
 
+from deepinfer.device_graphs import GraphCapture
 from deepinfer.plugins import BackendError, BackendSpec, Plugins, load_plugins
-from deepinfer.registry import OpTable, ResolveContext
+from deepinfer.registry import ModelFacts, OpTable, ResolveContext
 
 log = logging.getLogger(__name__)
 
 
 @dataclass
 class Runtime:
-    """The selected backend, its device and its resolved op table."""
+    """The selected backend, its device and its resolved op table, and the device capabilities the
+    engine asks for (None where the backend has none, or under the interpreter, where the device is
+    the CPU whatever the backend)."""
 
     backend: BackendSpec
     device: torch.device
     ops: OpTable
     plugins: Plugins
-    chosen_by: str  # how the backend was chosen, for the user: "requested" or "auto: ..."
+    chosen_by: str  # which backend and how it was chosen, for the user: "cuda (requested)" or "auto-selected reference (...)"
+    graph_capture: GraphCapture | None = None
+    memory_info: Callable[[torch.device], tuple[int, int]] | None = None
+
+    @property
+    def options(self) -> Mapping[str, str]:
+        """The backend's options as resolved (every declared one)."""
+        return self.ops.ctx.options
 
 
 def open_runtime(
@@ -32,9 +44,14 @@ def open_runtime(
     allow_fallback: bool = False,
     interpret: bool = False,
     plugins: Plugins | None = None,
+    options: Mapping[str, Any] | None = None,
+    model: ModelFacts | Callable[[], ModelFacts | None] | None = None,
 ) -> Runtime:
     """Select `backend` ("auto" picks the available one of highest priority: cuda, ascend, reference),
-    check its probe, collect its kernels and resolve every op. Raises BackendError / RegistryError
+    check its probe and its `options` (BackendSpec.options; unknown ones and bad values are errors),
+    collect its kernels and resolve every op. `model`: what the model's calls will look like, for
+    kernels that serve only some models, or a function giving it, called once the backend and its
+    options passed (it may read a checkpoint's config). Raises BackendError / BackendOptionError / RegistryError
     with a one-line message."""
     plugins = plugins or load_plugins()
     if backend == "auto":
@@ -43,12 +60,20 @@ def open_runtime(
         chosen_by = f"auto-selected {spec.name}" + (f" ({skipped})" if skipped else "")
     else:
         spec = plugins.require(backend, interpret=interpret)
-        chosen_by = f"backend {spec.name} (requested)"
+        chosen_by = f"{spec.name} (requested)"
+    resolved = spec.resolve_options(options)
     device = torch.device(spec.device(interpret))
-    registry = plugins.registry(spec.name, interpret=interpret)
-    ctx = ResolveContext(backend=spec.name, device=device, dtype=dtype, ep_size=ep_size)
+    registry = plugins.registry(spec.name, interpret=interpret, options=resolved)
+    facts = model() if callable(model) else model
+    facts = dataclasses.replace(facts or ModelFacts(), kv_block_size=spec.kv_block_size)
+    ctx = ResolveContext(backend=spec.name, device=device, dtype=dtype, ep_size=ep_size, options=resolved, model=facts)
     ops = registry.resolve(ctx, allow_fallback=allow_fallback)
-    return Runtime(spec, device, ops, plugins, chosen_by)
+    on_device = not interpret
+    return Runtime(
+        spec, device, ops, plugins, chosen_by,
+        graph_capture=spec.graph_capture if on_device else None,
+        memory_info=spec.memory_info if on_device else None,
+    )  # fmt: skip
 
 
 __all__ = ["Runtime", "open_runtime", "BackendError"]

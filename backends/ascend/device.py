@@ -1,9 +1,12 @@
 """What Ascend kernels size themselves by: chip generation, AI-core and vector-core counts, on-chip buffer.
 
 On hardware the counts come from triton-ascend's driver (`get_device_properties`), as vllm-ascend
-reads them. Under the Triton interpreter (CI, no Ascend hardware) a chip is simulated:
-DEEPINFER_ASCEND_SIM_CHIP=910B (default) or 950, so the kernels' persistent grids and in-kernel
-tile loops are exercised with each chip's core counts.
+reads them. Under the Triton interpreter (CI, no Ascend hardware) a chip is simulated: the backend
+option sim_chip = 910B (default) or 950 (its default from DEEPINFER_ASCEND_SIM_CHIP), so the
+kernels' persistent grids and in-kernel tile loops are exercised with each chip's core counts.
+Like the real device, the simulated one is a fact of the process: the plugin sets it from the
+validated option when it registers the kernels (`simulate`); kernels called without a runtime
+(tests) get the option's default.
 """
 
 from __future__ import annotations
@@ -12,8 +15,7 @@ import os
 from dataclasses import dataclass
 from functools import lru_cache
 
-SIM_ENV = "DEEPINFER_ASCEND_SIM_CHIP"
-PATH_ENV = "DEEPINFER_ASCEND_PATH"  # auto | triton | npu: force the Triton kernels or the torch_npu fast paths
+from deepinfer_ascend.options import SIM_CHIP
 
 
 @dataclass(frozen=True)
@@ -60,17 +62,20 @@ def _hardware() -> AscendDevice:
     return AscendDevice(chip, int(props["num_aicore"]), int(props["num_vectorcore"]), (256 if chip == "950" else 192) * 1024, False)
 
 
+_simulated: str | None = None  # the sim_chip option of the ascend runtime this process opened
+
+
+def simulate(chip: str) -> None:
+    """Simulate `chip` (a validated sim_chip option) under the interpreter from now on."""
+    global _simulated
+    if chip not in SIMULATED:
+        raise ValueError(f"no simulated chip {chip!r}; one of {', '.join(SIMULATED)}")
+    _simulated = chip
+
+
 def current() -> AscendDevice:
     if interpreting():
-        name = os.environ.get(SIM_ENV, "910B")
-        if name not in SIMULATED:
-            raise ValueError(f"{SIM_ENV}={name!r}: simulate one of {', '.join(SIMULATED)}")
-        return SIMULATED[name]
+        # Without an opened runtime: the option's default (DEEPINFER_ASCEND_SIM_CHIP, checked: a bad
+        # value is a one-line BackendOptionError).
+        return SIMULATED[_simulated or SIM_CHIP.default_for("ascend", os.environ)]
     return _hardware()
-
-
-def path_choice() -> str:
-    choice = os.environ.get(PATH_ENV, "auto")
-    if choice not in ("auto", "triton", "npu"):
-        raise ValueError(f"{PATH_ENV}={choice!r}: use auto, triton or npu")
-    return choice

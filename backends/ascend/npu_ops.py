@@ -1,23 +1,28 @@
 """torch_npu fast paths of the ascend backend: CANN's fused operators behind the registry's ops.
 
-Used on Ascend hardware only: the plugin registers them only when it is not interpreting, and
-torch_npu is imported inside the wrappers (and inside the `when` predicates), never at import
-time, so this module imports on any machine. Every wrapper has exactly its op's signature, checks
-the call's parameters and shapes (never tensor values) and hands anything its fused op cannot do
-to the backend's Triton kernel for the same op (`triton_kernel`), so a registered fast path serves
-every call. Priority `PRIORITY` puts them above the Triton kernels (priority 0).
+Used on Ascend hardware only, and only when asked for: the plugin registers them only when it is not
+interpreting, and each registration's `when` requires the backend option npu_fast_paths (default
+"off": the interpreter-checked Triton kernels serve every op until `deepinfer conformance --backend
+ascend --backend-option npu_fast_paths=on` has passed on an Ascend device). torch_npu is imported
+inside the wrappers (and inside the `when` predicates), never at import time, so this module
+imports on any machine. Every wrapper has exactly its op's signature.
 
-Which path serves an op is chosen once, at start-up, by `DEEPINFER_ASCEND_PATH`
-(deepinfer_ascend.device.path_choice()):
-  auto   - fast paths whose results follow the op's contract win; the opt-in ones below do not;
-  npu    - every fast path wins wherever its chip allows, the opt-in ones included;
-  triton - no fast path: the Triton kernels serve everything (the checked path).
+Which kernel serves an op is decided once, when the ops are resolved, never per call: a fast path
+registers for the contexts it fully serves (the chip, the installed torch_npu's operators, the
+activation dtype, ep_size 1, and for gate, prefill and mla_decode the model's routing parameters
+and head sizes, `ResolveContext.model`), and is not chosen otherwise. A wrapper never hands a call
+to another kernel: what its fused op does not take (an empty batch, a weight of another dtype) it
+serves itself, and a call outside what it was chosen for is a ValueError, not a detour.
+  npu_fast_paths=off - no fast path: the Triton kernels serve everything (default);
+  npu_fast_paths=on  - the fast paths whose results follow the op's contract;
+  npu_fast_paths=all - also those marked level="all" below (see their DEVIATIONS entries).
 
 NOT RUN ON HARDWARE. There was no Ascend device where this was written: the argument lists follow
 torch_npu's documented API and the way vllm-ascend calls these ops, the tests check the wrappers
 against a fake torch_npu that computes the semantics as documented here. Arguments we are not
 sure of are marked "UNVERIFIED" in comments and listed in docs/backends/ascend.md; run
-`deepinfer conformance --backend ascend` on a real host before relying on any of them.
+`deepinfer conformance --backend ascend --backend-option npu_fast_paths=all` on a real host before
+relying on any of them.
 
 Every place a fast path departs from the reference is an entry of DEVIATIONS below (op, the
 deviation, Why / How / Future plan), as vllm-ascend's patch/__init__.py documents its patches.
@@ -26,7 +31,6 @@ deviation, Why / How / Future plan), as vllm-ascend's patch/__init__.py document
 from __future__ import annotations
 
 import functools
-import importlib
 import logging
 from dataclasses import dataclass
 from typing import Callable
@@ -34,9 +38,12 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
+from deepinfer.distributed.expert_parallel import ep_size_of
+from deepinfer.ops import gemm as gemm_ops
 from deepinfer.ops import quant
-from deepinfer.registry import Registration, ResolveContext
+from deepinfer.registry import ModelFacts, Registration, ResolveContext
 from deepinfer_ascend import device as _device
+from deepinfer_ascend.options import NPU_FAST_PATHS
 
 log = logging.getLogger(__name__)
 
@@ -57,17 +64,17 @@ DEVIATIONS: tuple[Deviation, ...] = (
     Deviation(
         op="mla_decode",
         npu_op="npu_fused_infer_attention_score",
-        what="Opt-in (DEEPINFER_ASCEND_PATH=npu) only. The one [num_blocks, 128, C+R] latent cache is passed "
+        what="Only under npu_fast_paths=all. The one [num_blocks, 128, C+R] latent cache is passed "
         "as two strided views (latent part, rope part) where the op is used with two separate caches. "
-        "seq_lens is read back to the host (.tolist()) on every call. Served: block size 128, C 512, "
-        "R 64, bf16/fp16, heads in {1,2,4,...,128}, no sliding window; anything else goes to Triton.",
+        "seq_lens is read back to the host (.tolist()) on every call. Chosen only for block size 128, "
+        "C 512, R 64, bf16/fp16, heads in {1,2,4,...,128}, no sliding window (the model's facts).",
         why="vllm-ascend keeps separate contiguous latent and rope caches; whether aclnn's fused attention "
         "reads non-contiguous key views in place, copies them (the whole cache, every layer, every step) "
         "or rejects them could not be checked without hardware. actual_seq_lengths_kv is an int[] "
         "(host) argument in torch_npu's schema, so the lengths must be host integers.",
-        how="Registered with opt_in=True: `auto` keeps the Triton kernel, which reads the fused cache "
-        "natively; call-time shape checks delegate everything outside the op's MLA mode to Triton.",
-        future="Measure on an A2/A3/950 host. If the views are accepted in place, make it the auto default; "
+        how="Registered with level='all': npu_fast_paths=on keeps the Triton kernel, which reads the fused "
+        "cache natively; a model outside the op's MLA mode never gets this path (decided at resolve).",
+        future="Measure on an A2/A3/950 host. If the views are accepted in place, move it to level 'on'; "
         "if not, let the backend declare a split cache layout (two tensors) to the engine's cache "
         "allocation, and pass host-side seq lens from the scheduler's metadata (no read-back).",
     ),
@@ -76,8 +83,9 @@ DEVIATIONS: tuple[Deviation, ...] = (
         npu_op="npu_fused_infer_attention_score",
         what="Head dims Dqk > Dv (DeepSeek: 192 / 128): v is zero-padded to Dqk and the output sliced "
         "back. cu_seqlens_q / cu_seqlens_k are read to the host. Causality uses sparse_mode=3 "
-        "(bottom-right aligned) with the op's 2048x2048 compressed mask. Sliding windows, float32/"
-        "float64 inputs and empty requests go to Triton.",
+        "(bottom-right aligned) with the op's 2048x2048 compressed mask. Not chosen for sliding windows "
+        "or float32/float64 activations; requests without new tokens are left out of the op's call "
+        "(their keys gathered away), an empty call returns an empty output.",
         why="The op's value head dim must equal the query/key one outside its absorbed-MLA mode "
         "(UNVERIFIED for 192/128); its TND layout takes cumulative lengths as int[] (host); the "
         "band mode's alignment for a sliding window over a cached prefix is not documented clearly "
@@ -90,8 +98,10 @@ DEVIATIONS: tuple[Deviation, ...] = (
     Deviation(
         op="grouped_gemm",
         npu_op="npu_grouped_matmul",
-        what="Dense bf16/fp16 only (fp8_block and mxfp4 go to Triton). Weights are passed as the "
-        "transposed view [E, K, N] of our [E, N, K]. The masked layout runs every row (group_list "
+        what="Dense bf16/fp16 only (registered for the dense format: the Triton kernel serves fp8_block and "
+        "the MX formats). Weights are passed as the transposed view [E, K, N] of our [E, N, K]; a weight "
+        "of another dtype than x is cast to x's first (one rounding per weight; never in the engine, "
+        "whose weights have the activation dtype). The masked layout runs every row (group_list "
         "= max_m per expert, counts) and the rows at or past masked_m are computed and ignored.",
         why="vllm-ascend transposes expert weights to [E, K, N] at load time; whether the op reads a "
         "transposed view without a copy is UNVERIFIED. The op takes one group list over contiguous "
@@ -104,16 +114,16 @@ DEVIATIONS: tuple[Deviation, ...] = (
     Deviation(
         op="gate",
         npu_op="npu_moe_gating_top_k",
-        what="Served: float32 logits, and either sigmoid with renormalize (norm_type=1, the op divides by "
-        "sum + 1e-20) or softmax without bias or groups (renormalize and routed_scaling_factor "
-        "applied in torch after the op). sqrtsoftplus, sigmoid without renormalize, softmax with "
-        "groups or bias, and group shapes outside the op's limits go to the Triton gate.",
+        what="Chosen only for a model whose routing the op serves (ResolveContext.model): sigmoid with "
+        "renormalize (norm_type=1, the op divides by sum + 1e-20) or softmax without bias or groups "
+        "(renormalize and routed_scaling_factor applied in torch after the op). sqrtsoftplus, sigmoid "
+        "without renormalize, softmax with groups or bias, group shapes outside the op's limits, or "
+        "unknown routing keep the Triton gate; a call with other parameters is an error.",
         why="The op has no sqrtsoftplus and renormalises sigmoid weights itself; its grouping is used "
         "by vllm-ascend only for sigmoid. Its tie order and its fill value for losing groups (-inf "
         "in DeepSeek's reference, which the contract follows) are UNVERIFIED; ids compare exactly.",
-        how="group_select_mode=1 (top-2 sum) with a bias, 0 (max) without, as the contract says; the "
-        "wrapper checks the call's parameters and delegates (Triton kernel imported lazily from "
-        "deepinfer_ascend.kernels.moe).",
+        how="group_select_mode=1 (top-2 sum) with a bias, 0 (max) without, as the contract says; "
+        "`gating_supported` decides at resolve time from the model's facts.",
         future="Run the gate conformance cases (ties, negative biased scores) on hardware; drop the "
         "fast path for any combination whose ids differ.",
     ),
@@ -122,7 +132,8 @@ DEVIATIONS: tuple[Deviation, ...] = (
         npu_op="npu_moe_init_routing_v2",
         what="The layout is the contract's only if the op sorts slots by (expert id, slot index), i.e. "
         "a stable sort, and if expanded_row_idx (row_idx_type=0) maps slot -> row (our row_of_slot). "
-        "Expert-parallel groups go to Triton.",
+        "Registered for ep_size 1 only (the EP kernels serve expert-parallel groups); an empty batch "
+        "returns empty outputs without calling the op.",
         why="The contract fixes the layout (ids compare exactly). The op's documentation describes a "
         "sort by expert id with the source index as tie-break, and vllm-ascend consumes "
         "expanded_row_idx as the scatter index; neither is verified on hardware.",
@@ -145,8 +156,9 @@ DEVIATIONS: tuple[Deviation, ...] = (
         op="rms_norm",
         npu_op="npu_rms_norm / npu_add_rms_norm",
         what="With a residual, the op may normalise the float32 sum where the reference normalises the "
-        "sum rounded to the input dtype (a difference within one rounding of bf16). The weight must "
-        "have x's dtype; otherwise Triton serves the call.",
+        "sum rounded to the input dtype (a difference within one rounding of bf16). A weight or a "
+        "residual of another dtype than x is cast to x's first (the op takes one dtype; the engine's "
+        "have x's).",
         why="AddRmsNorm fuses the add and the norm without a round trip through the input dtype.",
         how="npu_rms_norm(x, weight, eps) -> (out, rstd); npu_add_rms_norm(x, residual, weight, eps) "
         "-> (out, rstd, x + residual).",
@@ -157,8 +169,9 @@ DEVIATIONS: tuple[Deviation, ...] = (
         npu_op="npu_quant_matmul",
         what="950 only. fp8_block: activations quantised in torch by quant.quantize_act_fp8 (bit-exact), "
         "then an fp8 x fp8 matmul with per-128x128-block weight scales and per-token-group "
-        "activation scales (group_sizes=[1, 128, 128], UNVERIFIED). mxfp4: opt-in only, because it "
-        "quantises activations to MXFP8 (A8W4) where the contract is W4A16. Dense goes to Triton.",
+        "activation scales (group_sizes=[1, 128, 128], UNVERIFIED). mxfp4: only under "
+        "npu_fast_paths=all, because it quantises activations to MXFP8 (A8W4) where the contract is "
+        "W4A16. Registered for fp8_block and mxfp4 only: the Triton kernel serves the other formats.",
         why="A2/A3 have no fp8 or fp4 matmul; the 950's MX matmul takes quantised activations on both "
         "sides. The MX scale layout torch_npu expects (plain [K/32, N] or paired [K/64, N, 2]) and "
         "the fp4 packing order are UNVERIFIED.",
@@ -183,41 +196,16 @@ DEVIATIONS: tuple[Deviation, ...] = (
     ),
 )
 
-PRIORITY = 10  # above the Triton kernels (priority 0)
+PRIORITY = 10  # above the Triton kernels (priority 0), where a fast path's `when` holds
 ALL_CHIPS = ("A2", "A3", "950")
 HALF = (torch.bfloat16, torch.float16)
-
-# The op's Triton module in deepinfer_ascend.kernels, for delegation.
-KERNEL_MODULES = {
-    "mla_decode": "mla_decode",
-    "prefill": "prefill",
-    "grouped_gemm": "gemm",
-    "linear": "gemm",
-    "gate": "moe",
-    "dispatch": "moe",
-    "combine": "moe",
-    "rms_norm": "norm",
-}
+LEVELS = ("on", "all")  # the npu_fast_paths values that enable a fast path of each level
 
 
 def _npu():
     import torch_npu  # hardware only; the tests inject a fake module
 
     return torch_npu
-
-
-@functools.lru_cache(maxsize=None)
-def triton_kernel(op: str, fmt: str | None = None) -> Callable:
-    """The ascend Triton kernel registered for `op` (and format), imported lazily: what a fast path
-    delegates the calls its fused op cannot serve to. Without one, the reference (logged once)."""
-    module = importlib.import_module(f"deepinfer_ascend.kernels.{KERNEL_MODULES[op]}")
-    for r in getattr(module, "REGISTRATIONS", ()):
-        if r.op == op and (fmt is None or r.formats is None or fmt in set(r.formats)):
-            return r.fn
-    from deepinfer.registry import all_ops
-
-    log.warning("ascend: no Triton kernel for %s%s to delegate to; the reference serves those calls", op, f"[{fmt}]" if fmt else "")
-    return all_ops()[op].reference
 
 
 def _has(npu_fn: str) -> bool:
@@ -227,12 +215,15 @@ def _has(npu_fn: str) -> bool:
         return False
 
 
-def _when(npu_fn: str, chips: tuple[str, ...], *, opt_in: bool = False) -> Callable[[ResolveContext], bool]:
-    """The static predicate of a fast path: the path choice allows it, the chip has it, torch_npu has the op."""
+def _when(npu_fn: str, chips: tuple[str, ...], *, level: str = "on", serves: Callable[[ResolveContext], bool] | None = None):
+    """The static predicate of a fast path (never raises): npu_fast_paths enables its level, it serves
+    the context (`serves`: the model's facts), the chip has it and torch_npu has the operator."""
 
     def when(ctx: ResolveContext) -> bool:
-        choice = _device.path_choice()
-        if choice == "triton" or (opt_in and choice != "npu"):
+        choice = NPU_FAST_PATHS.value(ctx)
+        if choice == "off" or (level == "all" and choice != "all"):
+            return False
+        if serves is not None and not serves(ctx):
             return False
         try:
             chip = _device.current().chip
@@ -241,8 +232,14 @@ def _when(npu_fn: str, chips: tuple[str, ...], *, opt_in: bool = False) -> Calla
             return False
         return chip in chips and _has(npu_fn)
 
-    when.__qualname__ = f"when[{npu_fn} on {'/'.join(chips)}{', opt-in' if opt_in else ''}]"
+    when.__qualname__ = f"when[{npu_fn} on {'/'.join(chips)}, npu_fast_paths={'/'.join(LEVELS[LEVELS.index(level):])}]"
     return when
+
+
+def _not_chosen_for(op: str, what: str) -> ValueError:
+    """A call outside the context the fast path was resolved for (a caller whose calls contradict
+    the ModelFacts it resolved the ops with)."""
+    return ValueError(f"ascend torch_npu {op}: {what}; this fast path was chosen for other calls (ResolveContext.model)")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -272,20 +269,14 @@ def mla_decode(
 ) -> torch.Tensor:
     batch, num_queries, heads, latent = q_nope.shape
     rope = q_rope.shape[-1]
-    if (
-        sliding_window is not None
-        or kv_cache.dim() != 3
-        or kv_cache.shape[1] != MLA_BLOCK_SIZE
-        or (latent, rope) != (MLA_LATENT, MLA_ROPE)
-        or kv_cache.shape[-1] != latent + rope
-        or heads not in MLA_HEADS
-        or q_nope.dtype not in HALF
-        or q_rope.dtype != q_nope.dtype
-        or kv_cache.dtype != q_nope.dtype
-        or batch == 0
-    ):
-        return triton_kernel("mla_decode")(q_nope, q_rope, kv_cache, block_table, seq_lens, softmax_scale=softmax_scale, sliding_window=sliding_window)
+    if sliding_window is not None:
+        raise _not_chosen_for("mla_decode", f"sliding_window={sliding_window}")
+    if kv_cache.dim() != 3 or kv_cache.shape[1] != MLA_BLOCK_SIZE or (latent, rope) != (MLA_LATENT, MLA_ROPE) or heads not in MLA_HEADS:
+        raise _not_chosen_for("mla_decode", f"cache {tuple(kv_cache.shape)}, {heads} heads, latent {latent} + rope {rope}")
+    if batch == 0:
+        return q_nope.new_empty(0, num_queries, heads, latent)
     npu = _npu()
+    q_rope, kv_cache = q_rope.to(q_nope.dtype), kv_cache.to(q_nope.dtype)  # no-ops in the engine (one dtype)
     # [num_blocks, 1 (kv heads), block_size, C] and [..., R]: strided views of the one cache (no copy).
     k_nope = kv_cache[..., :latent].unsqueeze(1)
     k_rope = kv_cache[..., latent:].unsqueeze(1)
@@ -335,23 +326,24 @@ def prefill(
 ) -> torch.Tensor:
     tokens, heads, dqk = q.shape
     dv = v.shape[-1]
-
-    def delegate():
-        return triton_kernel("prefill")(q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale=softmax_scale, sliding_window=sliding_window)
-
-    if (
-        sliding_window is not None
-        or q.dtype not in HALF
-        or not (k.dtype == v.dtype == q.dtype)
-        or tokens == 0
-        or dv > dqk
-        or dqk % 16
-        or dqk > 512  # UNVERIFIED limit of the op's head dim outside its MLA mode
-    ):
-        return delegate()
+    if sliding_window is not None:
+        raise _not_chosen_for("prefill", f"sliding_window={sliding_window}")
+    if not prefill_head_dims_served(dqk, dv):
+        raise _not_chosen_for("prefill", f"head dims {dqk}/{dv}")
+    if tokens == 0:
+        return q.new_empty(0, heads, dv)
+    k, v = k.to(q.dtype), v.to(q.dtype)  # no-ops in the engine (one dtype)
     q_ends, k_ends = cu_seqlens_q[1:].tolist(), cu_seqlens_k[1:].tolist()  # TND: cumulative int[]
-    if any(a == b for a, b in zip([0, *q_ends], q_ends)):
-        return delegate()  # an empty request: not a case the op documents
+    q_starts, k_starts = [0, *q_ends[:-1]], [0, *k_ends[:-1]]
+    kept = [i for i, (a, b) in enumerate(zip(q_starts, q_ends)) if b > a]
+    if len(kept) < len(q_ends):
+        # Requests without new tokens (not a case the op documents) have no output rows: leave them
+        # out, with their keys, and the rest keep their rows in order.
+        rows = torch.cat([torch.arange(k_starts[i], k_ends[i]) for i in kept]).to(k.device)
+        k, v = k.index_select(0, rows), v.index_select(0, rows)
+        q_lens, k_lens = [q_ends[i] - q_starts[i] for i in kept], [k_ends[i] - k_starts[i] for i in kept]
+        q_ends = torch.tensor(q_lens).cumsum(0).tolist()
+        k_ends = torch.tensor(k_lens).cumsum(0).tolist()
     npu = _npu()
     value = v if dv == dqk else F.pad(v, (0, dqk - dv))  # zero columns: exact (see DEVIATIONS)
     out, _ = npu.npu_fused_infer_attention_score(
@@ -383,19 +375,12 @@ def grouped_gemm(
     weight_scale: torch.Tensor | None = None,
     fmt: str = "dense",
 ) -> torch.Tensor:
-    if (
-        fmt != "dense"
-        or weight_scale is not None
-        or (expert_offsets is None) == (masked_m is None)
-        or x.dtype not in HALF
-        or weight.dtype != x.dtype
-        or weight.dim() != 3
-        or x.dim() != (2 if expert_offsets is not None else 3)
-    ):
-        return triton_kernel("grouped_gemm", fmt)(x, weight, expert_offsets=expert_offsets, masked_m=masked_m, weight_scale=weight_scale, fmt=fmt)
+    gemm_ops.check_grouped_args(x, weight, weight_scale, fmt, expert_offsets, masked_m)
+    if fmt != "dense" or x.dtype not in HALF:
+        raise _not_chosen_for("grouped_gemm", f"format {fmt}, activations {x.dtype}")
     npu = _npu()
     experts, n, _ = weight.shape
-    w = weight.transpose(1, 2)  # [E, K, N] view (UNVERIFIED: read without a copy)
+    w = weight.to(x.dtype).transpose(1, 2)  # [E, K, N] view (UNVERIFIED: read without a copy); the cast: see DEVIATIONS
     if expert_offsets is not None:
         rows, group_list, group_list_type = x, expert_offsets[1:].to(torch.int64), 0  # cumulative ends
     else:
@@ -435,10 +420,11 @@ def linear(
     weight_scale: torch.Tensor | None = None,
     fmt: str = "dense",
 ) -> torch.Tensor:
-    if x.dim() != 2 or x.dtype not in HALF or weight_scale is None:
-        return triton_kernel("linear", fmt)(x, weight, weight_scale=weight_scale, fmt=fmt)
+    gemm_ops.check_linear_args(x, weight, weight_scale, fmt)
+    if x.dtype not in HALF:
+        raise _not_chosen_for("linear", f"activations {x.dtype}")
     npu = _npu()
-    if fmt == "fp8_block" and weight.dtype == quant.FP8_DTYPE:
+    if fmt == "fp8_block":
         x_q, x_scale = quant.quantize_act_fp8(x)  # the contract's quantiser, bit-exact, on the device
         # UNVERIFIED argument layout of block-scaled fp8 on the 950: x2 [K, N] (transposed view), scale
         # [ceil(K/128), ceil(N/128)], pertoken_scale [M, ceil(K/128)], group_sizes [group_m, group_n, group_k].
@@ -450,7 +436,7 @@ def linear(
             output_dtype=x.dtype,
             group_sizes=[1, quant.FP8_BLOCK, quant.FP8_BLOCK],
         )
-    if fmt == "mxfp4" and weight.dtype == torch.uint8:
+    if fmt == "mxfp4":
         x_q, x_scale = quantize_act_mxfp8(x)  # A8W4: the deviation that makes this path opt-in
         # UNVERIFIED: the fp4 packing order (ours: even k in the low nibble), and whether MX scales
         # must be [K/32, N] (passed here) or the paired [K/64, N, 2] layout.
@@ -465,17 +451,18 @@ def linear(
             pertoken_scale_dtype=npu.float8_e8m0fnu,
             group_sizes=[1, 1, quant.MX_BLOCK],
         )
-    return triton_kernel("linear", fmt)(x, weight, weight_scale=weight_scale, fmt=fmt)
+    raise _not_chosen_for("linear", f"format {fmt}")
 
 
 # ---------------------------------------------------------------------------------------------
 # MoE routing
 
 
-def gating_supported(num_experts: int, top_k: int, score_func: str, correction_bias, n_group: int, topk_group: int, renormalize: bool) -> bool:
-    """The parameter combinations `npu_moe_gating_top_k` serves (see DEVIATIONS)."""
+def gating_supported(num_experts: int, top_k: int, score_func: str, correction_bias: bool, n_group: int, topk_group: int, renormalize: bool) -> bool:
+    """The parameter combinations `npu_moe_gating_top_k` serves (see DEVIATIONS); correction_bias:
+    whether one is passed."""
     if score_func == "softmax":
-        return correction_bias is None and n_group == 1
+        return not correction_bias and n_group == 1
     if score_func != "sigmoid" or not renormalize:
         return False
     # vllm-ascend's limits for the fused gate: more than 2 experts per group, k_group <= group_count,
@@ -495,14 +482,10 @@ def gate(
     renormalize: bool = False,
     routed_scaling_factor: float = 1.0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    served = logits.dtype == torch.float32 and logits.dim() == 2
-    if not (served and gating_supported(logits.shape[-1], top_k, score_func, correction_bias, n_group, topk_group, renormalize)):
-        # Parameters the fused gate does not serve: the Triton gate (kernels.moe), imported lazily.
-        return triton_kernel("gate")(
-            logits, top_k=top_k, score_func=score_func, correction_bias=correction_bias, n_group=n_group,
-            topk_group=topk_group, renormalize=renormalize, routed_scaling_factor=routed_scaling_factor,
-        )  # fmt: skip
+    if not gating_supported(logits.shape[-1], top_k, score_func, correction_bias is not None, n_group, topk_group, renormalize):
+        raise _not_chosen_for("gate", f"score_func {score_func}, renormalize {renormalize}, groups {n_group}/{topk_group}, top_k {top_k}")
     npu = _npu()
+    logits = logits.float()  # the contract's router output is float32 already
     sigmoid = score_func == "sigmoid"
     weights, ids, _ = npu.npu_moe_gating_top_k(
         logits,
@@ -531,10 +514,12 @@ def dispatch(
     num_experts: int,
     ep_group: object | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    local = ep_group is None and topk_ids.dtype == torch.int32 and topk_ids.dim() == 2 and topk_ids.numel() > 0
-    if not local or x.dim() != 2 or x.dtype not in (*HALF, torch.float32):
-        return triton_kernel("dispatch")(x, topk_ids, num_experts=num_experts, ep_group=ep_group)
+    if ep_size_of(ep_group) > 1:
+        raise _not_chosen_for("dispatch", f"an expert-parallel group of {ep_size_of(ep_group)} ranks (resolve with ep_size > 1)")
+    if topk_ids.numel() == 0:  # no slots: nothing to sort (not a case the op documents)
+        return x.new_empty(0, x.shape[-1]), torch.zeros(num_experts + 1, dtype=torch.int32, device=x.device), topk_ids.new_empty(0, dtype=torch.int32)
     npu = _npu()
+    topk_ids = topk_ids.to(torch.int32)
     slots = topk_ids.numel()
     expert_x, expanded_row_idx, counts, _ = npu.npu_moe_init_routing_v2(
         x,
@@ -563,8 +548,10 @@ def combine(
     *,
     ep_group: object | None = None,
 ) -> torch.Tensor:
-    if ep_group is not None or expert_out.dim() != 2 or expert_out.dtype not in (*HALF, torch.float32) or topk_weights.numel() == 0:
-        return triton_kernel("combine")(expert_out, topk_weights, row_of_slot, ep_group=ep_group)
+    if ep_size_of(ep_group) > 1:
+        raise _not_chosen_for("combine", f"an expert-parallel group of {ep_size_of(ep_group)} ranks (resolve with ep_size > 1)")
+    if topk_weights.numel() == 0:  # no slots: every output row is an empty sum
+        return expert_out.new_zeros(topk_weights.shape[0], expert_out.shape[-1])
     npu = _npu()
     return npu.npu_moe_token_unpermute(
         expert_out,
@@ -586,17 +573,42 @@ def rms_norm(
     eps: float = 1e-6,
     residual: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    if x.dtype not in (*HALF, torch.float32) or weight.dtype != x.dtype or (residual is not None and residual.dtype != x.dtype) or x.dim() != 2:
-        return triton_kernel("rms_norm")(x, weight, eps=eps, residual=residual)
     npu = _npu()
+    weight = weight.to(x.dtype)  # no-op in the engine; otherwise one rounding (see DEVIATIONS)
     if residual is None:
         out, _rstd = npu.npu_rms_norm(x, weight, eps)
         return out, None
-    out, _rstd, h = npu.npu_add_rms_norm(x, residual, weight, eps)
+    out, _rstd, h = npu.npu_add_rms_norm(x, residual.to(x.dtype), weight, eps)
     return out, h
 
 
 # ---------------------------------------------------------------------------------------------
+
+
+def prefill_head_dims_served(dqk: int, dv: int) -> bool:
+    """Head dims the fused attention serves outside its MLA mode (v zero-padded to dqk)."""
+    return dv <= dqk and dqk % 16 == 0 and dqk <= 512  # UNVERIFIED limit of the op's head dim
+
+
+def _serves_mla_decode(ctx: ResolveContext) -> bool:
+    m = ctx.model
+    return (m.sliding_window == 0 and m.kv_block_size == MLA_BLOCK_SIZE and (m.kv_lora_rank, m.qk_rope_head_dim) == (MLA_LATENT, MLA_ROPE)
+            and m.num_heads in MLA_HEADS)  # fmt: skip
+
+
+def _serves_prefill(ctx: ResolveContext) -> bool:
+    m = ctx.model
+    return m.sliding_window == 0 and m.qk_head_dim is not None and m.v_head_dim is not None and prefill_head_dims_served(m.qk_head_dim, m.v_head_dim)
+
+
+def _serves_gate(ctx: ResolveContext) -> bool:
+    m: ModelFacts = ctx.model
+    facts = (m.num_experts, m.top_k, m.score_func, m.correction_bias, m.n_group, m.topk_group, m.renormalize)
+    return None not in facts and gating_supported(*facts)
+
+
+def _local(ctx: ResolveContext) -> bool:
+    return ctx.ep_size == 1
 
 
 def registrations() -> list[Registration]:
@@ -604,11 +616,11 @@ def registrations() -> list[Registration]:
     fia = "npu_fused_infer_attention_score"
     return [
         Registration(
-            op="mla_decode", fn=mla_decode, dtypes=HALF, when=_when(fia, ALL_CHIPS, opt_in=True), priority=PRIORITY,
-            note=f"torch_npu {fia} (paged MLA, block 128; opt-in: strided latent/rope views of the one cache)",
+            op="mla_decode", fn=mla_decode, dtypes=HALF, when=_when(fia, ALL_CHIPS, level="all", serves=_serves_mla_decode), priority=PRIORITY,
+            note=f"torch_npu {fia} (paged MLA, block 128; npu_fast_paths=all: strided latent/rope views of the one cache)",
         ),
         Registration(
-            op="prefill", fn=prefill, dtypes=HALF, when=_when(fia, ALL_CHIPS), priority=PRIORITY,
+            op="prefill", fn=prefill, dtypes=HALF, when=_when(fia, ALL_CHIPS, serves=_serves_prefill), priority=PRIORITY,
             note=f"torch_npu {fia} (TND, sparse_mode 3; v zero-padded when Dv < Dqk)",
         ),
         Registration(
@@ -620,19 +632,19 @@ def registrations() -> list[Registration]:
             note="torch_npu npu_quant_matmul (fp8 per-block, 950 only)",
         ),
         Registration(
-            op="linear", fn=linear, formats=("mxfp4",), dtypes=HALF, when=_when("npu_quant_matmul", ("950",), opt_in=True), priority=PRIORITY,
-            note="torch_npu npu_quant_matmul (MXFP8 x MXFP4, 950 only; opt-in: quantises activations)",
+            op="linear", fn=linear, formats=("mxfp4",), dtypes=HALF, when=_when("npu_quant_matmul", ("950",), level="all"), priority=PRIORITY,
+            note="torch_npu npu_quant_matmul (MXFP8 x MXFP4, 950 only; npu_fast_paths=all: quantises activations)",
         ),
         Registration(
-            op="gate", fn=gate, when=_when("npu_moe_gating_top_k", ALL_CHIPS), priority=PRIORITY,
-            note="torch_npu npu_moe_gating_top_k (sigmoid+renorm or softmax; other parameters delegate to Triton)",
+            op="gate", fn=gate, dtypes=(*HALF, torch.float32), when=_when("npu_moe_gating_top_k", ALL_CHIPS, serves=_serves_gate), priority=PRIORITY,
+            note="torch_npu npu_moe_gating_top_k (models routing by sigmoid+renorm or plain softmax)",
         ),
         Registration(
-            op="dispatch", fn=dispatch, when=_when("npu_moe_init_routing_v2", ALL_CHIPS), priority=PRIORITY,
+            op="dispatch", fn=dispatch, dtypes=(*HALF, torch.float32), when=_when("npu_moe_init_routing_v2", ALL_CHIPS, serves=_local), priority=PRIORITY,
             note="torch_npu npu_moe_init_routing_v2 (local experts)",
         ),
         Registration(
-            op="combine", fn=combine, when=_when("npu_moe_token_unpermute", ALL_CHIPS), priority=PRIORITY,
+            op="combine", fn=combine, dtypes=(*HALF, torch.float32), when=_when("npu_moe_token_unpermute", ALL_CHIPS, serves=_local), priority=PRIORITY,
             note="torch_npu npu_moe_token_unpermute (local experts)",
         ),
         Registration(

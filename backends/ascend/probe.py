@@ -4,6 +4,7 @@ torch_npu is imported explicitly here (deepinfer disables torch's device-backend
 would otherwise break `import torch` itself on a host without CANN). Nothing here launches work on
 a device: the device count, the SoC version and the core counts (from triton-ascend's driver, as
 vllm-ascend reads them at start-up) are queries; the CANN version comes from the toolkit's files.
+torch itself is imported only when a probe runs: the plugin that declares the backend imports this module.
 """
 
 from __future__ import annotations
@@ -12,8 +13,6 @@ import importlib.util
 import os
 import re
 from pathlib import Path
-
-import torch
 
 from deepinfer.plugins import Availability, import_optional
 
@@ -55,9 +54,24 @@ def probe_import() -> tuple[object | None, Availability | None]:
     if module is not None:
         return module, None
     message = f"{type(exc).__name__}: {exc}".splitlines()[0]
+    import torch
+
     if isinstance(exc, OSError) or CANN_LIBRARY.search(str(exc)):
         return None, Availability(False, f"torch_npu is installed but the CANN libraries are not loadable ({message})", SET_ENV_HINT)
     return None, Availability(False, f"torch_npu failed to import ({message})", f"reinstall torch_npu matching torch {torch.__version__} ({SETUP_DOC})")
+
+
+def device_count() -> int:
+    """Visible Ascend NPUs; 0 when torch_npu cannot be imported (the probe says why)."""
+    _, failure = probe_import()
+    return 0 if failure is not None else _npu_count()
+
+
+def _npu_count() -> int:
+    import torch
+
+    npu = getattr(torch, "npu", None)  # added by torch_npu
+    return npu.device_count() if npu is not None else 0
 
 
 def probe(interpret: bool = False) -> Availability:
@@ -68,11 +82,12 @@ def probe(interpret: bool = False) -> Availability:
     torch_npu, failure = probe_import()
     if failure is not None:
         return failure
+    import torch
+
     npu_version = getattr(torch_npu, "__version__", "unknown")
     if npu_version != "unknown" and _base(npu_version) != _base(torch.__version__):
         return Availability(False, f"torch_npu {npu_version} does not match torch {torch.__version__}", f"install matching versions (known good: torch 2.10.0 with torch-npu 2.10.0.post4, CANN 9.1.0; {SETUP_DOC})")
-    npu = getattr(torch, "npu", None)
-    count = npu.device_count() if npu is not None else 0
+    count = _npu_count()
     if count == 0:
         return Availability(False, "no Ascend NPU is visible", "check `npu-smi info` and ASCEND_RT_VISIBLE_DEVICES")
     soc = _soc_version(torch_npu)

@@ -1,11 +1,15 @@
-"""Entry point of the cuda backend: declares it, registers its Triton kernels when selected."""
+"""Entry point of the cuda backend: declares it, registers its Triton kernels when selected.
+
+Light: importing it (every command that loads plugins does) imports no torch; the functions that
+need torch import it when called.
+"""
 
 from __future__ import annotations
 
-import torch
-
+from deepinfer.device_graphs import TorchGraphCapture
 from deepinfer.plugins import BackendSpec, hookimpl
-from deepinfer_cuda.probe import probe, triton_version
+from deepinfer_cuda.options import OPTIONS
+from deepinfer_cuda.probe import device_count, probe, triton_version
 
 NAME = "cuda"
 
@@ -20,8 +24,20 @@ def deepinfer_add_backends(register):
             description="NVIDIA Hopper (SM90) and Blackwell (SM100): Triton kernels",
             kv_block_size=64,
             auto_priority=20,
+            options=OPTIONS,
+            graph_capture=TorchGraphCapture("cuda", "CUDAGraph"),  # decode steps replay as CUDA graphs
+            memory_info=memory_info,
+            device_count=device_count,
+            bench_runner="deepinfer_cuda.bench.runner:run",  # `bench ops --backend cuda`: ceilings, kernels and torch peers
         )
     )
+
+
+def memory_info(device) -> tuple[int, int]:
+    """(free, total) bytes of a GPU, for the KV cache budget."""
+    import torch
+
+    return torch.cuda.mem_get_info(device)
 
 
 @hookimpl
@@ -34,19 +50,19 @@ def deepinfer_register_kernels(backend, registry, interpret):
 
 
 @hookimpl
-def deepinfer_tuning_configs(backend, op, device_name):
-    return None  # the tables in deepinfer_cuda.tuning serve; other plugins may override
-
-
-@hookimpl
 def deepinfer_env_report(backend):
     if backend.name != NAME:
         return None
+    import torch
+
     report = {"torch": torch.__version__, "cuda": str(torch.version.cuda), "triton": str(triton_version())}
-    if torch.version.cuda is not None and torch.cuda.device_count() > 0:
+    if device_count() > 0:
         report["gpu0"] = torch.cuda.get_device_name(0)
     return report
 
 
-# `deepinfer bench ops --backend cuda` runs this: ceilings, kernels and torch peers in one run.
-BENCH_RUNNER = "deepinfer_cuda.bench.runner:run"
+@hookimpl
+def deepinfer_add_bench_commands(add):
+    from deepinfer_cuda.bench.compile_command import add_compile_command
+
+    add_compile_command(add)  # `deepinfer bench compile`: AOT compile check for SM90/SM100, no GPU needed

@@ -1,11 +1,10 @@
-"""Can the CUDA backend run here? Answered without creating a CUDA context."""
+"""Can the CUDA backend run here? Answered without creating a CUDA context (and without importing
+torch until asked: the plugin that declares the backend imports this module)."""
 
 from __future__ import annotations
 
 import importlib.util
 import os
-
-import torch
 
 from deepinfer.plugins import Availability, import_optional
 
@@ -32,17 +31,26 @@ def nvml_capability() -> tuple[int, int] | None:
         return None
 
 
+def device_count() -> int:
+    """Visible NVIDIA GPUs (0 with a torch built without CUDA). torch counts them without a context."""
+    import torch
+
+    return torch.cuda.device_count() if torch.version.cuda is not None else 0
+
+
 def probe(interpret: bool = False) -> Availability:
     triton = triton_version()
     if interpret:
         if triton is None:
             return Availability(False, "triton is not installed, so the kernels cannot run in the interpreter", "pip install 'deepinfer[cuda]' (or triton)")
         return Availability(True, f"Triton {triton} interpreter on the CPU (TRITON_INTERPRET=1)", details={"triton": triton})
+    import torch
+
     if torch.version.cuda is None:
         return Availability(False, f"torch {torch.__version__} is built without CUDA", "install a CUDA build of torch on a machine with an NVIDIA GPU")
     if triton is None:
         return Availability(False, "triton is not installed", "pip install 'deepinfer[cuda]'")
-    count = torch.cuda.device_count()
+    count = device_count()
     if count == 0:
         visible = os.environ.get("CUDA_VISIBLE_DEVICES")
         where = f" (CUDA_VISIBLE_DEVICES={visible!r})" if visible is not None else ""

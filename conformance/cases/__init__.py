@@ -1,4 +1,5 @@
-"""Conformance cases: named, seeded recipes for an op's inputs.
+"""Conformance cases: named, seeded recipes for an op's inputs, one module per op family, each with a
+`CASES` list (every module of this package must have one; `all_cases` finds them by iterating it).
 
 A case's `make(gen, dtype)` returns the op's keyword arguments: tensors drawn from `gen` (a seeded
 torch.Generator) in the case's dtype, and plain parameters. Cases cover the edges, not only the
@@ -43,9 +44,11 @@ def randint(gen: torch.Generator, low: int, high: int, *shape: int, dtype: torch
 
 
 def all_cases() -> list[Case]:
-    from deepinfer_conformance.cases import attention, gemm, misc, moe, sampling
+    """The `CASES` of every module of this package (found by iterating it: a new case module is
+    picked up by existing), in module order."""
+    from deepinfer.discovery import submodules
 
-    cases = [c for module in (attention, gemm, misc, moe, sampling) for c in module.CASES]
+    cases = [c for module in submodules(__name__) for c in module.CASES]
     ids = [c.id for c in cases]
     duplicated = {i for i in ids if ids.count(i) > 1}
     if duplicated:

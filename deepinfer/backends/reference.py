@@ -8,16 +8,19 @@ conformance suite measures the others with.
 from __future__ import annotations
 
 import platform
-
-import torch
+from typing import TYPE_CHECKING
 
 from deepinfer.plugins import Availability, BackendSpec, hookimpl
-from deepinfer.registry import Registry
+
+if TYPE_CHECKING:
+    from deepinfer.registry import Registry
 
 NAME = "reference"
 
 
 def probe(interpret: bool = False) -> Availability:
+    import torch  # here, not at the top: declaring the backend imports no torch
+
     return Availability(True, f"pure torch {torch.__version__} on the CPU", details={"device": "cpu"})
 
 
@@ -47,4 +50,6 @@ def deepinfer_register_kernels(backend: BackendSpec, registry: Registry, interpr
 def deepinfer_env_report(backend: BackendSpec):
     if backend.name != NAME:
         return None
+    import torch
+
     return {"torch": torch.__version__, "python": platform.python_version(), "threads": str(torch.get_num_threads())}

@@ -6,6 +6,10 @@ same tensors (no disk round trip). For each batch size it measures the decode st
 (generation of N+1 tokens minus generation of 1 token, over N) and compares deepinfer's with the
 floor: bytes a decode step must read (weights touched + KV cache) over the copy bandwidth measured
 in the same run.
+
+Nothing here is CUDA-specific: the backend's device is where both models live, synchronisation goes
+through torch.accelerator, and before anything is built the memory the run needs is checked against
+what the device has free (one line naming both when it does not fit).
 """
 
 from __future__ import annotations
@@ -16,6 +20,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
+
+from deepinfer.errors import UserError
+
+GiB = 1 << 30
+ENGINE_KV_CACHE_GIB = 8.0  # the KV cache budget deepinfer's engine gets (it takes less when less is enough)
 
 V2_LITE = dict(
     vocab_size=102400, hidden_size=2048, intermediate_size=10944, moe_intermediate_size=1408,
@@ -73,6 +82,13 @@ def hf_to_deepinfer_tensors(state: dict[str, torch.Tensor], config: dict) -> dic
     return out
 
 
+def _attention_weights(config: dict) -> int:
+    """Weights of one MLA attention block (no q LoRA): q, kv_a, kv_b and o projections."""
+    h = config["hidden_size"]
+    heads, nope, rope, vd, c = config["num_attention_heads"], config["qk_nope_head_dim"], config["qk_rope_head_dim"], config["v_head_dim"], config["kv_lora_rank"]
+    return h * heads * (nope + rope) + h * (c + rope) + c * heads * (nope + vd) + heads * vd * h
+
+
 def decode_floor_bytes(config: dict, batch: int, context: int, dtype_bytes: int = 2) -> float:
     """Bytes one decode step must read: every weight it touches once, plus the KV cache.
 
@@ -80,8 +96,8 @@ def decode_floor_bytes(config: dict, batch: int, context: int, dtype_bytes: int 
     number of distinct experts among batch*top_k draws, E * (1 - (1 - k/E)^batch).
     """
     h, v = config["hidden_size"], config["vocab_size"]
-    heads, nope, rope, vd, c = config["num_attention_heads"], config["qk_nope_head_dim"], config["qk_rope_head_dim"], config["v_head_dim"], config["kv_lora_rank"]
-    attn = h * heads * (nope + rope) + h * (c + rope) + c * heads * (nope + vd) + heads * vd * h
+    rope, c = config["qk_rope_head_dim"], config["kv_lora_rank"]
+    attn = _attention_weights(config)
     expert = 3 * h * config["moe_intermediate_size"]
     e, k = config["n_routed_experts"], config["num_experts_per_tok"]
     touched = e * (1 - (1 - k / e) ** batch)
@@ -92,9 +108,68 @@ def decode_floor_bytes(config: dict, batch: int, context: int, dtype_bytes: int 
     return float((weights + kv) * dtype_bytes)
 
 
+def memory_needed(config: dict, max_batch: int, prompt_len: int, new_tokens: int, with_hf: bool, copy_gib: float, dtype_bytes: int = 2) -> dict[str, float]:
+    """Bytes the run holds at once on the device, by part (a lower bound: activations are left out).
+
+    transformers' weights are counted once: deepinfer runs those very tensors, except the routed
+    experts, which it stacks into one tensor per layer (a copy). deepinfer's KV cache is what the
+    engine takes (ENGINE_KV_CACHE_GIB, less when its longest sequences need less); transformers'
+    cache holds every head's decompressed keys and values; the bandwidth test holds two buffers of
+    copy_gib.
+    """
+    h, v, layers, dense = config["hidden_size"], config["vocab_size"], config["num_hidden_layers"], config["first_k_dense_replace"]
+    e, shared = config["n_routed_experts"], config["n_shared_experts"]
+    moe_layers = max(layers - dense, 0)
+    expert = 3 * h * config["moe_intermediate_size"]
+    weights = layers * _attention_weights(config) + min(dense, layers) * 3 * h * config["intermediate_size"] + moe_layers * (expert * (e + shared) + e * h) + 2 * h * v
+    latent = (config["kv_lora_rank"] + config["qk_rope_head_dim"]) * layers * dtype_bytes  # per token
+    parts = {
+        "weights": float(weights * dtype_bytes),
+        "stacked experts": float(moe_layers * e * expert * dtype_bytes),
+        "KV cache": float(min(ENGINE_KV_CACHE_GIB * GiB, max_batch * config["max_position_embeddings"] * latent)),
+        "bandwidth test": 2 * copy_gib * GiB,
+    }
+    if with_hf:
+        heads = config["num_attention_heads"]
+        per_token = heads * (config["qk_nope_head_dim"] + config["qk_rope_head_dim"] + config["v_head_dim"]) * layers * dtype_bytes
+        parts["HF KV cache"] = float(max_batch * (prompt_len + new_tokens + 1) * per_token)
+    return parts
+
+
+def free_memory(device: torch.device, memory_info) -> int | None:
+    """Bytes free on the device, from the backend's `memory_info` capability ((free, total) bytes);
+    the host's available RAM when the backend has none (the CPU); None when neither can be told."""
+    if memory_info is not None:
+        return int(memory_info(device)[0])
+    from deepinfer.model.memory import host_available
+
+    return host_available()
+
+
+def check_fits(parts: dict[str, float], free: int | None, device: torch.device, layers: int) -> None:
+    """Refuse, in one line, a run that cannot fit the device's free memory (before anything is allocated)."""
+    need = sum(parts.values())
+    if free is None or need <= free:
+        return
+    detail = ", ".join(f"{name} {value / GiB:.1f}" for name, value in parts.items())
+    raise UserError(
+        f"bench e2e needs at least {need / GiB:.1f} GiB on {device} ({detail}) and {free / GiB:.1f} GiB is free; "
+        f"cut the {layers}-layer model with --layers, or run on a device with more memory"
+    )
+
+
+def device_name(device: torch.device) -> str:
+    """The device's own name where torch can tell it (cuda, npu, ...), else its torch name."""
+    module = getattr(torch, device.type, None)
+    if device.type != "cpu" and module is not None and hasattr(module, "get_device_name"):
+        return module.get_device_name(device)
+    return str(device)
+
+
 def _sync(device: torch.device) -> None:
+    """Wait for the device's queued work (nothing to wait for on the CPU)."""
     if device.type != "cpu":
-        getattr(torch, device.type).synchronize(device)
+        torch.accelerator.synchronize(device)
 
 
 def _timed(fn, device: torch.device) -> float:
@@ -106,7 +181,7 @@ def _timed(fn, device: torch.device) -> float:
 
 
 def run(
-    backend: str = "cuda",
+    backend: str = "auto",
     batches=(1, 64),
     prompt_len: int = 128,
     new_tokens: int = 64,
@@ -130,6 +205,7 @@ def run(
     cfg = dict(V2_LITE, **(config_overrides or {}), **({"num_hidden_layers": layers} if layers else {}))
     runtime = open_runtime(backend, dtype=torch.bfloat16)
     device = runtime.device
+    check_fits(memory_needed(cfg, max(batches), prompt_len, new_tokens, with_hf, copy_gib), free_memory(device, runtime.memory_info), device, cfg["num_hidden_layers"])
     bandwidth = copy_bandwidth(device, copy_gib)
     torch.manual_seed(0)
     hf_config = AutoConfig.for_model("deepseek_v2", **cfg)
@@ -139,7 +215,7 @@ def run(
     model = DeepseekForCausalLM(config, runtime.ops, device, torch.bfloat16)
     model.load_weights(WeightStore(hf_to_deepinfer_tensors(hf.state_dict(), cfg)))
     loaded = LoadedModel(model=model, config=config, tokenizer=None, path="in-memory DeepSeek-V2-Lite-shaped model", dummy_weights=True)
-    engine = LLMEngine(loaded, runtime, torch.bfloat16, EngineConfig(max_num_seqs=max(batches), max_num_batched_tokens=max(batches) * prompt_len, kv_cache_memory_gib=8.0))
+    engine = LLMEngine(loaded, runtime, torch.bfloat16, EngineConfig(max_num_seqs=max(batches), max_num_batched_tokens=max(batches) * prompt_len, kv_cache_memory_gib=ENGINE_KV_CACHE_GIB))
     llm = LLM.from_engine(engine)
     results = []
     gen = torch.Generator().manual_seed(1)
@@ -175,7 +251,7 @@ def run(
             E2EResult(batch, prompt_len, new_tokens, step * 1e3, None if hf_step is None else hf_step * 1e3, floor_bytes / bandwidth * 1e3, floor_bytes, batch / step, None if hf_step is None else batch / hf_step)
         )
     if json_path is not None:
-        info = {"gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else str(device), "torch": torch.__version__, "copy_bandwidth_tb_s": bandwidth / 1e12, "layers": cfg["num_hidden_layers"], "backend": backend, "date": time.strftime("%Y-%m-%d")}
+        info = {"gpu": device_name(device), "torch": torch.__version__, "copy_bandwidth_tb_s": bandwidth / 1e12, "layers": cfg["num_hidden_layers"], "backend": runtime.backend.name, "date": time.strftime("%Y-%m-%d")}
         json_path.write_text(json.dumps({"machine": info, "results": [asdict(r) for r in results]}, indent=1))
     return results
 

@@ -98,18 +98,23 @@ class Impl:
     combine: object  # Kernel
 
 
-def ep_implementations(registry, backend: str, device: torch.device, ep_size: int) -> list[Impl]:
+def ep_implementations(registry, backend: str, device: torch.device, ep_size: int, options: dict[str, str] | None = None) -> list[Impl]:
     """The backend's EP dispatch/combine pairs for this ep size: kernels that apply at ep_size but
     not at 1 (paired by priority, highest first); for a backend whose one kernel serves any ep size
-    (the reference), that kernel. Empty: the backend has no EP path."""
-    from deepinfer.registry import ResolveContext
+    (the reference), that kernel. Empty: the backend has no EP path. options: the backend's
+    (e.g. the cuda backend's ep_path); a path an option forces where it cannot run is a one-line
+    RegistryError, as when an engine resolves its ops."""
+    from deepinfer.registry import RegistryError, ResolveContext
 
-    at = ResolveContext(backend, device, torch.bfloat16, ep_size=ep_size)
-    one = ResolveContext(backend, device, torch.bfloat16, ep_size=1)
+    at = ResolveContext(backend, device, torch.bfloat16, ep_size=ep_size, options=dict(options or {}))
+    one = ResolveContext(backend, device, torch.bfloat16, ep_size=1, options=dict(options or {}))
     found = {}
     for op in ("dispatch", "combine"):
         for kernel in registry.candidates(backend, op):
             if kernel.applies(at, None) and not kernel.applies(one, None):
+                reason = kernel.unusable(at) if kernel.unusable is not None else None
+                if reason is not None:
+                    raise RegistryError(f"backend {backend!r} cannot serve op {op!r}: {reason}")
                 found.setdefault(kernel.priority, {})[op] = kernel
     impls = [Impl(_name(pair["dispatch"]), pair["dispatch"], pair["combine"]) for _, pair in sorted(found.items(), reverse=True) if len(pair) == 2]
     if impls:
@@ -392,13 +397,16 @@ def _one_line(exc: BaseException) -> str:
 
 
 def run_rank(*, backend: str, interpret: bool, ops: list[str], tokens: list[int], repeat: int, warmup: int,
-             timeout_s: float, json_path: Path | None, progress=print, phases: bool = False) -> dict | None:
+             timeout_s: float, json_path: Path | None, progress=print, phases: bool = False, backend_options: dict[str, str] | None = None) -> dict | None:
+    """One rank of `deepinfer bench ops --ep N`. backend_options: the backend's options (validated
+    here, e.g. the cuda backend's ep_path: which EP paths are measured)."""
     from deepinfer.distributed import DistributedError, ExpertParallel, destroy_distributed, init_distributed
     from deepinfer.errors import UserError
     from deepinfer.plugins import load_plugins
 
     plugins = load_plugins()
     spec = plugins.require(backend, interpret=interpret)
+    options = spec.resolve_options(backend_options)
     ctx = init_distributed(timeout_s, device=spec.device(interpret))
     if ctx is None:
         raise UserError("the expert-parallel benchmark needs several ranks (run it with --ep N, N > 1)")
@@ -406,8 +414,8 @@ def run_rank(*, backend: str, interpret: bool, ops: list[str], tokens: list[int]
     if EXPERTS % W:
         raise UserError(f"{EXPERTS} experts do not shard over --ep {W}")
     L = EXPERTS // W
-    registry = plugins.registry(backend, interpret=interpret)
-    impls = ep_implementations(registry, backend, device, W)
+    registry = plugins.registry(backend, interpret=interpret, options=options)
+    impls = ep_implementations(registry, backend, device, W, options)
     if not impls:
         raise UserError(f"backend {backend!r} has no expert-parallel dispatch/combine at ep {W}")
     say = progress if rank == 0 else (lambda *a, **k: None)
@@ -464,6 +472,7 @@ def run_rank(*, backend: str, interpret: bool, ops: list[str], tokens: list[int]
             rows.append(_a2a_row(x, moved["sent"][rank], row_bytes, rank, W, group, device, warmup, repeat, dtype_name, T, p2p, gather))
     result = {
         "backend": backend,
+        "backend_options": options,
         "ep": W,
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu ({platform.processor() or platform.machine()})",
         "process_group": ctx.backend,

@@ -1,21 +1,32 @@
-"""`deepinfer backends`: every installed backend, whether it can run here and why, and its op coverage."""
+"""`deepinfer backends`: every installed backend, whether it can run here and why, and its op coverage.
+
+Coverage is listed per backend, one op per line with the notes of its kernels, wrapped to the
+terminal's width: kernel notes are sentences, and a table with a column per backend would cut them.
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
+import shutil
+import textwrap
+from typing import TYPE_CHECKING
 
-from deepinfer.plugins import Plugins, load_plugins
-from deepinfer.registry import Registry, all_ops
+if TYPE_CHECKING:
+    from deepinfer.plugins import Plugins
+
+INDENT = 2
 
 
 def add_parser(sub) -> None:
     p = sub.add_parser("backends", help="list backends, their availability and op coverage", description=__doc__)
-    p.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    p.add_argument("--json", action="store_true", help="print JSON instead of text")
     p.set_defaults(func=run)
 
 
 def collect(plugins: Plugins) -> dict:
+    from deepinfer.registry import Registry, all_ops
+
     ops = all_ops()
     report = {"backends": [], "plugin_failures": [f.__dict__ for f in plugins.failures]}
     for name, spec in sorted(plugins.backends.items()):
@@ -29,6 +40,7 @@ def collect(plugins: Plugins) -> dict:
             "hint": found.hint,
             "details": {k: str(v) for k, v in found.details.items()},
             "coverage": {},
+            "options": [o.describe() for o in spec.options],  # name, choices, default, env, help
         }
         # Coverage is what the plugin registers; kernels are only collected for a usable backend
         # (registering may import device libraries), or in interpreter mode where that is possible.
@@ -39,7 +51,7 @@ def collect(plugins: Plugins) -> dict:
                 entry["coverage"] = {
                     op: sorted({k.note or "kernel" for k in kernels}) for op, kernels in registry.coverage(name).items()
                 }
-                entry["coverage_source"] = "registered" if found.available else "registered (interpreter mode)"
+                entry["coverage_source"] = "device" if found.available else "interpreter"
                 try:
                     entry["env"] = plugins.env_report(name)
                 except Exception as exc:  # a report that fails is shown, not fatal
@@ -50,38 +62,54 @@ def collect(plugins: Plugins) -> dict:
     return report
 
 
+def _wrap(text: str, width: int, first: str, rest: str) -> list[str]:
+    return textwrap.wrap(text, width=width, initial_indent=first, subsequent_indent=rest, break_on_hyphens=False) or [first.rstrip()]
+
+
+def format_report(report: dict, ops: list[str], width: int) -> str:
+    """The text `deepinfer backends` prints: availability per backend, plugin failures, then coverage
+    per backend (op, then its kernels' notes wrapped under each other). Nothing is cut."""
+    lines: list[str] = []
+    name_width = max((len(b["name"]) for b in report["backends"]), default=4) + 1
+    pad = " " * (name_width + 13)  # under the reason: name, state (11) and two spaces
+    for b in report["backends"]:
+        state = "available" if b["available"] else "unavailable"
+        lines += _wrap(b["reason"], width, f"{b['name']:<{name_width}} {state:<11} ", pad)
+        if b["hint"] and not b["available"]:
+            lines += _wrap(f"hint: {b['hint']}", width, pad, pad + "  ")
+        if b.get("env"):
+            lines += _wrap(", ".join(f"{k} {v}" for k, v in b["env"].items()), width, pad, pad)
+        if b.get("coverage_error"):
+            lines += _wrap(f"kernels failed to register: {b['coverage_error']}", width, pad, pad + "  ")
+    for f in report["plugin_failures"]:
+        lines += _wrap(f"plugin {f['entry_point']} failed to load: {f['error']}", width, "", "  ")
+    op_width = max(len(o) for o in ops) + 2
+    for b in report["backends"]:
+        lines.append("")
+        if not b["coverage"]:
+            why = "kernels failed to register" if b.get("coverage_error") else "unavailable here, and not runnable in the Triton interpreter"
+            lines.append(f"{b['name']}: op coverage not collected ({why})")
+            continue
+        covered = sum(1 for op in ops if b["coverage"].get(op))
+        source = "" if b["coverage_source"] == "device" else " (as registered for the Triton interpreter: no device here)"
+        lines += _wrap(f"{b['name']}: {covered}/{len(ops)} ops covered{source}", width, "", "  ")
+        for op in ops:
+            notes = b["coverage"].get(op) or ["- (no kernel)"]
+            first = " " * INDENT + op.ljust(op_width)
+            rest = " " * (INDENT + op_width)
+            for i, note in enumerate(notes):
+                lines += _wrap(note, width, first if i == 0 else rest, rest + "  ")
+    return "\n".join(lines)
+
+
 def run(args: argparse.Namespace) -> int:
+    from deepinfer.plugins import load_plugins
+    from deepinfer.registry import all_ops
+
     report = collect(load_plugins())
     if args.json:
         print(json.dumps(report, indent=1))
         return 0
-    ops = list(all_ops())
-    for b in report["backends"]:
-        state = "available" if b["available"] else "unavailable"
-        print(f"{b['name']:<10} {state:<11} {b['reason']}")
-        if b["hint"] and not b["available"]:
-            print(f"{'':<10} {'':<11} hint: {b['hint']}")
-        if b.get("env"):
-            print(f"{'':<22}" + ", ".join(f"{k} {v}" for k, v in b["env"].items()))
-        if b.get("coverage_error"):
-            print(f"{'':<22}kernels failed to register: {b['coverage_error']}")
-    for f in report["plugin_failures"]:
-        print(f"plugin {f['entry_point']} failed to load: {f['error']}")
-    names = [b["name"] for b in report["backends"]]
-    print("\nop coverage (kernels registered per backend; '-' none)")
-    width = max(len(o) for o in ops) + 2
-    print("op".ljust(width) + "".join(n.ljust(22) for n in names))
-    for op in ops:
-        cells = []
-        for b in report["backends"]:
-            if not b["coverage"]:
-                cells.append("n/a (unavailable)" if not b["available"] else "-")
-            else:
-                notes = b["coverage"].get(op) or []
-                cells.append(", ".join(notes) if notes else "-")
-        print(op.ljust(width) + "".join(c[:21].ljust(22) for c in cells))
-    for b in report["backends"]:
-        if b["coverage"]:
-            covered = sum(1 for op in ops if b["coverage"].get(op))
-            print(f"{b['name']}: {covered}/{len(ops)} ops covered ({b.get('coverage_source')})")
+    width = max(60, min(shutil.get_terminal_size((100, 24)).columns, 120))
+    print(format_report(report, list(all_ops()), width))
     return 0

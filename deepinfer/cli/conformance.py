@@ -1,4 +1,4 @@
-"""`deepinfer conformance --backend X [--backend Y] [--interpret] [--op OP] [--json FILE]`."""
+"""`deepinfer conformance --backend X [--backend Y] [--interpret] [--op OP] [--backend-option KEY=VALUE] [--json FILE]`."""
 
 from __future__ import annotations
 
@@ -13,6 +13,8 @@ def add_parser(sub) -> None:
     p.add_argument("--backend", action="append", required=True, help="backend to check; repeat to compare several (the first is the baseline)")
     p.add_argument("--interpret", action="store_true", help="run Triton kernels under TRITON_INTERPRET=1 on the CPU")
     p.add_argument("--op", action="append", default=None, help="only this op (repeatable)")
+    p.add_argument("--backend-option", action="append", metavar="KEY=VALUE",
+                   help="a backend option for the backends that declare it, e.g. npu_fast_paths=on (repeatable; see `deepinfer backends`)")
     p.add_argument("--json", type=Path, default=None, help="also write the rows as JSON to FILE")
     p.add_argument("--golden", type=Path, default=None, help="golden set folder (default: the packaged one)")
     p.add_argument("--quiet", action="store_true", help="print failing rows and the summary only")
@@ -30,7 +32,9 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"no golden set at {golden} (manifest.json missing); run `python -m deepinfer_conformance.generate`")
     if args.json is not None and not args.json.parent.exists():
         raise UserError(f"cannot write {args.json}: folder {args.json.parent} does not exist")
-    rows = runner.run(args.backend, interpret=args.interpret, ops=args.op, golden_dir=Path(golden))
+    from deepinfer.options import parse_assignments
+
+    rows = runner.run(args.backend, interpret=args.interpret, ops=args.op, golden_dir=Path(golden), options=parse_assignments(args.backend_option))
     shown = [r for r in rows if r.status != "pass" or r.cross_ok is False] if args.quiet else rows
     if shown:
         print(runner.format_table(shown))

@@ -28,7 +28,7 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     max_model_len: int | None = None  # None: the model's max_position_embeddings
     seed: int = 0  # requests without a seed get one derived from this and their request index
-    enforce_eager: bool = False  # True: no CUDA graphs for decode steps on the cuda backend
+    enforce_eager: bool = False  # True: no device graphs for decode steps (on backends that have them: cuda)
     # EPLB: every this many steps, re-place the experts from the load counted since the last time
     # (all ranks together); None: the placement chosen at load time stays.
     eplb_interval: int | None = None
@@ -93,11 +93,11 @@ class LLMEngine:
             dtype,
             self.block_size,
             num_blocks,
-            cuda_graphs=runtime.device.type == "cuda" and not config.enforce_eager and (dist is None or self._ep_capturable(runtime, loaded.model)),
+            graph_capture=self._graph_capture(runtime, loaded.model, dist),
             max_num_seqs=config.max_num_seqs,
             max_model_len=self.max_model_len,
         )
-        # Expert parallelism with CUDA graphs: a decode step that every rank can replay runs as the
+        # Expert parallelism with device graphs: a decode step that every rank can replay runs as the
         # graph of one batch size on every rank (DataParallelStream agrees on it), idle ranks too,
         # its token bound; every rank captures the same graphs in the same steps.
         self.ep_graph_buckets: list[int] | None = None
@@ -120,7 +120,7 @@ class LLMEngine:
         if self.config.kv_cache_memory_gib is not None:
             budget = int(self.config.kv_cache_memory_gib * GiB)
         else:
-            budget = kv_cache_budget(device)
+            budget = kv_cache_budget(device, self.runtime.memory_info)
         enough = self.config.max_num_seqs * blocks_for(self.max_model_len, self.block_size)  # more is never used
         num_blocks = min(budget // per_block, enough)
         if num_blocks < 1:
@@ -183,19 +183,28 @@ class LLMEngine:
 
     # -- stepping ----------------------------------------------------------------------------
 
-    def _ep_capturable(self, runtime, model) -> bool:
-        """Whether EP decode steps can be captured: the backend's dispatch needs no host
-        synchronisation given a token bound (its `capturable_with_token_bound(ranks, bound, top_k)`)
-        at the largest graph's batch."""
-        from deepinfer.engine.cuda_graphs import batch_buckets
+    def _graph_capture(self, runtime, model, dist):
+        """The backend's device graphs for decode steps (runtime.graph_capture), unless the user
+        asked for eager steps or expert-parallel steps cannot be captured; None: eager."""
+        if runtime.graph_capture is None or self.config.enforce_eager:
+            return None
+        if dist is not None and not self._ep_capturable(runtime, model):
+            return None
+        return runtime.graph_capture
 
-        capturable = getattr(runtime.ops.kernel("dispatch"), "capturable_with_token_bound", None) if "dispatch" in runtime.ops else None
+    def _ep_capturable(self, runtime, model) -> bool:
+        """Whether EP decode steps can be captured: the chosen dispatch and combine kernels declare
+        that they need no host synchronisation given a token bound (their registration's
+        `capturable_with_token_bound(ranks, bound, top_k)`) at the largest graph's batch."""
+        from deepinfer.engine.decode_graphs import batch_buckets
+
+        checks = [k.capturable_with_token_bound if k is not None else None for k in map(runtime.ops.registration, ("dispatch", "combine"))]
         groups = getattr(model, "expert_parallels", [])
-        if capturable is None or not groups:
+        if None in checks or not groups:
             return False
         bound = batch_buckets(self.config.max_num_seqs)[-1]  # the largest graph's batch
-        if not capturable(groups[0].size, bound, model.config.num_experts_per_tok):
-            log.info("expert parallelism: decode steps run without CUDA graphs (the %s-rank exchange of %d tokens x top-%d "
+        if not all(capturable(groups[0].size, bound, model.config.num_experts_per_tok) for capturable in checks):
+            log.info("expert parallelism: decode steps run without device graphs (the %s-rank exchange of %d tokens x top-%d "
                      "needs a host synchronisation; a smaller max_num_seqs allows graphs)", groups[0].size, bound, model.config.num_experts_per_tok)
             return False
         return True
@@ -211,7 +220,7 @@ class LLMEngine:
         return self.scheduler.schedule()
 
     def replayable(self, batch: ScheduledBatch | None) -> bool:
-        """Whether this rank's step (None: an idle one) can join a CUDA-graph step of the EP group."""
+        """Whether this rank's step (None: an idle one) can join a device-graph step of the EP group."""
         return batch is None or self.runner.replayable(batch)
 
     def graph_bucket(self, batch: ScheduledBatch | None) -> int | None:
@@ -228,7 +237,7 @@ class LLMEngine:
 
     def execute(self, batch: ScheduledBatch, graph_size: int | None = None) -> list[Sequence]:
         """Run the model on a scheduled batch, sample, check stop conditions (the second half of
-        `step`). graph_size: None replays a CUDA graph where one applies (one rank); with expert
+        `step`). graph_size: None replays a device graph where one applies (one rank); with expert
         parallelism, the size of the graph every rank replays this step, or 0 for an eager step."""
         with self._ep_bound(graph_size):
             samplers, tokens = self.runner.run(batch, use_graphs=graph_size != 0, graph_size=graph_size)

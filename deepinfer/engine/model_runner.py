@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import logging
 import os
+from typing import Callable
 
 import torch
 
+from deepinfer.device_graphs import GraphCapture
 from deepinfer.engine.scheduler import ScheduledBatch
 from deepinfer.engine.sequence import Sequence
 from deepinfer.model.forward_batch import ForwardBatch
@@ -28,19 +30,17 @@ def kv_block_bytes(model, block_size: int, dtype: torch.dtype) -> int:
     return per_layer * torch.empty((), dtype=dtype).element_size() * model.num_layers
 
 
-def kv_cache_budget(device: torch.device) -> int:
+def kv_cache_budget(device: torch.device, memory_info: Callable[[torch.device], tuple[int, int]] | None) -> int:
     """Bytes the KV cache may take when the user gave no size: most of the accelerator's free
-    memory (weights are loaded by now), or a modest share of the host's RAM."""
-    if device.type == "cpu":
+    memory (weights are loaded by now; `memory_info`, the backend's, gives (free, total) bytes), or
+    a modest share of the host's RAM when the backend reports no device memory (the CPU)."""
+    if memory_info is None:
         try:
             available = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
         except (ValueError, OSError, AttributeError):
             available = 4 * CPU_KV_CACHE_BYTES
         return min(CPU_KV_CACHE_BYTES, available // 4)
-    module = getattr(torch, device.type, None)
-    if module is None or not hasattr(module, "mem_get_info"):
-        return CPU_KV_CACHE_BYTES
-    free, total = module.mem_get_info(device)
+    free, total = memory_info(device)
     return max(0, int(free - (1 - ACCELERATOR_MEMORY_UTILIZATION) * total))
 
 
@@ -54,10 +54,11 @@ class ModelRunner:
         block_size: int,
         num_blocks: int,
         *,
-        cuda_graphs: bool = False,
+        graph_capture: GraphCapture | None = None,
         max_num_seqs: int = 256,
         max_model_len: int = 4096,
     ):
+        """graph_capture: the backend's device graphs, to replay decode steps (None: every step eager)."""
         self.model = model
         self.ops = ops
         self.device = device
@@ -66,11 +67,11 @@ class ModelRunner:
         shape = model.kv_cache_shape(num_blocks, block_size)
         self.kv_caches = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(model.num_layers)]
         self.graphs = None
-        if cuda_graphs:
-            from deepinfer.engine.cuda_graphs import DecodeGraphs
+        if graph_capture is not None:
+            from deepinfer.engine.decode_graphs import DecodeGraphs
 
             max_blocks = -(-max_model_len // block_size)
-            self.graphs = DecodeGraphs(model, ops, self.kv_caches, device, max_num_seqs, max_blocks)
+            self.graphs = DecodeGraphs(model, ops, self.kv_caches, device, max_num_seqs, max_blocks, graph_capture)
 
     def _tensor(self, values, dtype: torch.dtype) -> torch.Tensor:
         return torch.tensor(values, dtype=dtype).to(self.device, non_blocking=True)
@@ -106,7 +107,7 @@ class ModelRunner:
         return forward_batch, samplers
 
     def replayable(self, batch: ScheduledBatch) -> bool:
-        """Whether this step would replay a captured CUDA graph: a decode step (one new token per
+        """Whether this step would replay a captured device graph: a decode step (one new token per
         sequence) of a batch size some graph covers."""
         return (self.graphs is not None and not batch.is_prefill and all(n == 1 for n in batch.num_new_tokens)
                 and self.graphs.bucket(len(batch.seqs)) is not None)

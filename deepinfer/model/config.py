@@ -5,11 +5,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from deepinfer.model.errors import LoadError
+from deepinfer.model.errors import CheckpointError
+from deepinfer.model.schema import BOOLEAN, REQUIRED, Field, Kind, check_fields, check_object, integer, integers, number, one_of
 from deepinfer.ops.rope import yarn_mscale
 
 SUPPORTED_MODEL_TYPES = ("deepseek_v2", "deepseek_v3")
 TOPK_METHODS = ("greedy", "group_limited_greedy", "noaux_tc")
+SCORING_FUNCS = ("softmax", "sigmoid", "sqrtsoftplus")
+ROPE_TYPES = ("default", "yarn")
 FP8_BLOCK = [128, 128]
 
 # Routing defaults when config.json leaves them out (transformers' DeepseekV3Config writes neither).
@@ -97,58 +100,48 @@ class ModelConfig:
 
     @classmethod
     def from_dict(cls, cfg: Mapping[str, Any], source: str = "config.json") -> "ModelConfig":
-        model_type = cfg.get("model_type")
-        if model_type not in SUPPORTED_MODEL_TYPES:
-            raise LoadError(f"{source}: model_type {model_type!r} is not supported; supported: {', '.join(SUPPORTED_MODEL_TYPES)}")
-        routing = {**_ROUTING_DEFAULTS[model_type], **{k: cfg[k] for k in _ROUTING_DEFAULTS[model_type] if cfg.get(k) is not None}}
-
-        def need(key: str):
-            if cfg.get(key) is None:
-                raise LoadError(f"{source}: required field {key!r} is missing; add it to the config")
-            return cfg[key]
-
-        def get(key: str, default):
-            value = cfg.get(key)
-            return default if value is None else value
-
-        _refuse_unsupported(cfg, source)
-        if routing["topk_method"] not in TOPK_METHODS:
-            raise LoadError(f"{source}: topk_method {routing['topk_method']!r} is not supported; supported: {', '.join(TOPK_METHODS)}")
-        rope_scaling, rope_theta = _rope(cfg, source)
-        eos = cfg.get("eos_token_id")
+        """Check `cfg` against CONFIG_FIELDS (types and ranges), then the relations between fields."""
+        v = check_fields(cfg, CONFIG_FIELDS, source)
+        model_type = v["model_type"]
+        routing = {k: default if v[k] is None else v[k] for k, default in _ROUTING_DEFAULTS[model_type].items()}
+        for name, value in (("attention_bias", v["attention_bias"]), ("mlp_bias", v["mlp_bias"])):
+            if value:
+                raise CheckpointError(f"{source}: {name}=true is not supported (DeepSeek checkpoints have no {name.split('_')[0]} biases)")
+        rope_scaling, rope_theta = _rope(cfg, v["rope_theta"], source)
+        eos = v["eos_token_id"]
         config = cls(
             model_type=model_type,
-            vocab_size=int(need("vocab_size")),
-            hidden_size=int(need("hidden_size")),
-            intermediate_size=int(need("intermediate_size")),
-            num_hidden_layers=int(need("num_hidden_layers")),
-            num_attention_heads=int(need("num_attention_heads")),
-            q_lora_rank=None if cfg.get("q_lora_rank") is None else int(cfg["q_lora_rank"]),
-            kv_lora_rank=int(need("kv_lora_rank")),
-            qk_nope_head_dim=int(need("qk_nope_head_dim")),
-            qk_rope_head_dim=int(need("qk_rope_head_dim")),
-            v_head_dim=int(need("v_head_dim")),
-            moe_intermediate_size=int(get("moe_intermediate_size", 0)),
-            n_routed_experts=None if not cfg.get("n_routed_experts") else int(cfg["n_routed_experts"]),
-            n_shared_experts=int(get("n_shared_experts", 0)),
-            num_experts_per_tok=int(get("num_experts_per_tok", 1)),
-            n_group=int(get("n_group", 1)),
-            topk_group=int(get("topk_group", 1)),
+            vocab_size=v["vocab_size"],
+            hidden_size=v["hidden_size"],
+            intermediate_size=v["intermediate_size"],
+            num_hidden_layers=v["num_hidden_layers"],
+            num_attention_heads=v["num_attention_heads"],
+            q_lora_rank=v["q_lora_rank"],
+            kv_lora_rank=v["kv_lora_rank"],
+            qk_nope_head_dim=v["qk_nope_head_dim"],
+            qk_rope_head_dim=v["qk_rope_head_dim"],
+            v_head_dim=v["v_head_dim"],
+            moe_intermediate_size=v["moe_intermediate_size"],
+            n_routed_experts=v["n_routed_experts"] or None,
+            n_shared_experts=v["n_shared_experts"],
+            num_experts_per_tok=v["num_experts_per_tok"],
+            n_group=v["n_group"],
+            topk_group=v["topk_group"],
             topk_method=routing["topk_method"],
             scoring_func=routing["scoring_func"],
-            norm_topk_prob=bool(routing["norm_topk_prob"]),
-            routed_scaling_factor=float(get("routed_scaling_factor", 1.0)),
-            first_k_dense_replace=int(get("first_k_dense_replace", 0)),
-            moe_layer_freq=int(get("moe_layer_freq", 1)),
-            rms_norm_eps=float(get("rms_norm_eps", 1e-6)),
+            norm_topk_prob=routing["norm_topk_prob"],
+            routed_scaling_factor=float(v["routed_scaling_factor"]),
+            first_k_dense_replace=v["first_k_dense_replace"],
+            moe_layer_freq=v["moe_layer_freq"],
+            rms_norm_eps=float(v["rms_norm_eps"]),
             rope_theta=rope_theta,
             rope_scaling=rope_scaling,
-            rope_interleave=bool(get("rope_interleave", True)),
-            max_position_embeddings=int(need("max_position_embeddings")),
-            tie_word_embeddings=bool(get("tie_word_embeddings", False)),
-            num_nextn_predict_layers=int(get("num_nextn_predict_layers", 0)),
+            rope_interleave=v["rope_interleave"],
+            max_position_embeddings=v["max_position_embeddings"],
+            tie_word_embeddings=v["tie_word_embeddings"],
+            num_nextn_predict_layers=v["num_nextn_predict_layers"],
             quantization=_quantization(cfg.get("quantization_config"), source),
-            bos_token_id=cfg.get("bos_token_id"),
+            bos_token_id=v["bos_token_id"],
             eos_token_ids=tuple(eos if isinstance(eos, list) else [] if eos is None else [eos]),
             raw=dict(cfg),
         )
@@ -156,63 +149,113 @@ class ModelConfig:
         return config
 
     def _check(self, source: str) -> None:
+        """Relations between fields (each field's own type and range are CONFIG_FIELDS')."""
+
         def bad(message: str):
-            raise LoadError(f"{source}: {message}")
+            raise CheckpointError(f"{source}: {message}")
 
         if self.qk_rope_head_dim % 2:
             bad(f"qk_rope_head_dim={self.qk_rope_head_dim} must be even")
-        if self.moe_layer_freq < 1:
-            bad(f"moe_layer_freq={self.moe_layer_freq} must be >= 1")
+        if self.bos_token_id is not None and self.bos_token_id >= self.vocab_size:
+            bad(f"bos_token_id={self.bos_token_id} is not below vocab_size={self.vocab_size}")
+        for eos in self.eos_token_ids:
+            if eos >= self.vocab_size:
+                bad(f"eos_token_id {eos} is not below vocab_size={self.vocab_size}")
+        if self.num_nextn_predict_layers > self.num_hidden_layers:
+            bad(f"num_nextn_predict_layers={self.num_nextn_predict_layers} exceeds num_hidden_layers={self.num_hidden_layers}")
         if self.n_routed_experts:
             if self.moe_intermediate_size <= 0:
                 bad("moe_intermediate_size is missing for a MoE model")
             n_group, topk_group = self.routing_groups
-            if n_group < 1 or self.n_routed_experts % n_group:
+            if self.n_routed_experts % n_group:
                 bad(f"n_group={n_group} does not divide n_routed_experts={self.n_routed_experts}")
-            if not 1 <= topk_group <= n_group:
+            if not topk_group <= n_group:
                 bad(f"topk_group={topk_group} must lie in [1, n_group={n_group}]")
-            if not 1 <= self.num_experts_per_tok <= topk_group * (self.n_routed_experts // n_group):
+            if not self.num_experts_per_tok <= topk_group * (self.n_routed_experts // n_group):
                 bad(f"num_experts_per_tok={self.num_experts_per_tok} exceeds the experts of the {topk_group} kept groups")
-            if self.scoring_func not in ("softmax", "sigmoid", "sqrtsoftplus"):
-                bad(f"scoring_func {self.scoring_func!r} is not supported; supported: softmax, sigmoid, sqrtsoftplus")
 
 
-def _refuse_unsupported(cfg: Mapping[str, Any], source: str) -> None:
-    if cfg.get("attention_bias"):
-        raise LoadError(f"{source}: attention_bias=true is not supported (DeepSeek checkpoints have no attention biases)")
-    if cfg.get("mlp_bias"):
-        raise LoadError(f"{source}: mlp_bias=true is not supported (DeepSeek checkpoints have no MLP biases)")
-    if cfg.get("hidden_act", "silu") != "silu":
-        raise LoadError(f"{source}: hidden_act {cfg['hidden_act']!r} is not supported; DeepSeek uses silu")
+# config.json's fields the model reads: kind and range, and the default when absent or null.
+CONFIG_FIELDS = (
+    Field("model_type", one_of(*SUPPORTED_MODEL_TYPES), REQUIRED),
+    Field("vocab_size", integer(min=1), REQUIRED),
+    Field("hidden_size", integer(min=1), REQUIRED),
+    Field("intermediate_size", integer(min=1), REQUIRED),
+    Field("num_hidden_layers", integer(min=1), REQUIRED),
+    Field("num_attention_heads", integer(min=1), REQUIRED),
+    Field("q_lora_rank", integer(min=1)),  # null: a plain q_proj
+    Field("kv_lora_rank", integer(min=1), REQUIRED),
+    Field("qk_nope_head_dim", integer(min=1), REQUIRED),
+    Field("qk_rope_head_dim", integer(min=2), REQUIRED),
+    Field("v_head_dim", integer(min=1), REQUIRED),
+    Field("max_position_embeddings", integer(min=2), REQUIRED),
+    Field("moe_intermediate_size", integer(min=0), 0),
+    Field("n_routed_experts", integer(min=0), 0),  # 0 or null: every layer is dense
+    Field("n_shared_experts", integer(min=0), 0),
+    Field("num_experts_per_tok", integer(min=1), 1),
+    Field("n_group", integer(min=1), 1),
+    Field("topk_group", integer(min=1), 1),
+    Field("topk_method", one_of(*TOPK_METHODS)),  # null: the model type's default (_ROUTING_DEFAULTS)
+    Field("scoring_func", one_of(*SCORING_FUNCS)),
+    Field("norm_topk_prob", BOOLEAN),
+    Field("routed_scaling_factor", number(above=0), 1.0),
+    Field("first_k_dense_replace", integer(min=0), 0),
+    Field("moe_layer_freq", integer(min=1), 1),
+    Field("rms_norm_eps", number(above=0), 1e-6),
+    Field("rope_theta", number(above=1), 10000.0),  # a RoPE base; YaRN divides by its log
+    Field("rope_interleave", BOOLEAN, True),
+    Field("tie_word_embeddings", BOOLEAN, False),
+    Field("num_nextn_predict_layers", integer(min=0), 0),
+    Field("bos_token_id", integer(min=0)),
+    Field("eos_token_id", integers(min=0)),
+    Field("hidden_act", one_of("silu"), "silu"),
+    Field("attention_bias", BOOLEAN, False),
+    Field("mlp_bias", BOOLEAN, False),
+    Field("deepinfer_dummy_weights", BOOLEAN, False),
+)
+
+# The RoPE object (`rope_parameters`, transformers 5, or `rope_scaling`): its own base and type.
+ROPE_FIELDS = (
+    Field("rope_theta", number(above=1)),  # null: config.json's top-level rope_theta
+    Field("rope_type", one_of(*ROPE_TYPES)),
+    Field("type", one_of(*ROPE_TYPES)),  # the older spelling of rope_type
+)
+YARN_FIELDS = (
+    Field("factor", number(above=0), REQUIRED),
+    Field("original_max_position_embeddings", integer(min=1), REQUIRED),
+    Field("beta_fast", number(above=0)),
+    Field("beta_slow", number(above=0)),
+    Field("mscale", number(min=0)),
+    Field("mscale_all_dim", number(min=0)),
+    Field("attention_factor", number(above=0)),
+)
+QUANT_FIELDS = (
+    Field("quant_method", one_of("fp8"), REQUIRED),
+    Field("weight_block_size", Kind(f"{FP8_BLOCK} (the one fp8 block size supported)", lambda v: v == FP8_BLOCK and all(type(x) is int for x in v)), REQUIRED),
+    Field("activation_scheme", one_of("dynamic"), "dynamic"),
+)
 
 
-def _rope(cfg: Mapping[str, Any], source: str) -> tuple[dict | None, float]:
-    """(the YaRN dict or None, rope_theta) from `rope_scaling` (older configs) or `rope_parameters` (transformers 5)."""
-    params = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
-    theta = float(params.get("rope_theta", cfg.get("rope_theta", 10000.0)))
-    kind = params.get("rope_type", params.get("type", "default"))
-    if kind in (None, "default"):
+def _rope(cfg: Mapping[str, Any], top_theta: float, source: str) -> tuple[dict | None, float]:
+    """(the YaRN dict or None, rope_theta) from `rope_parameters` (transformers 5) or `rope_scaling` (older configs)."""
+    objects = {key: check_object(cfg.get(key), key, source) for key in ("rope_parameters", "rope_scaling")}
+    key, params = next(((k, p) for k, p in objects.items() if p), ("rope_scaling", {}))
+    v = check_fields(params, ROPE_FIELDS, source, where=f"{key}.")
+    theta = float(top_theta if v["rope_theta"] is None else v["rope_theta"])
+    kind = v["rope_type"] or v["type"] or "default"
+    if kind == "default":
         return None, theta
-    if kind != "yarn":
-        raise LoadError(f"{source}: rope type {kind!r} is not supported; supported: default, yarn")
-    if not params.get("factor"):
-        raise LoadError(f"{source}: yarn rope scaling needs a 'factor'")
-    scaling = {k: v for k, v in params.items() if k not in ("rope_theta", "type")}
+    check_fields(params, YARN_FIELDS, source, where=f"{key}.")
+    scaling = {k: val for k, val in params.items() if k not in ("rope_theta", "type")}
     scaling["rope_type"] = "yarn"  # one spelling, whichever form the config used
     return scaling, theta
 
 
-def _quantization(qc: Mapping[str, Any] | None, source: str) -> QuantConfig | None:
-    if not qc:
+def _quantization(qc: Any, source: str) -> QuantConfig | None:
+    qc = check_object(qc, "quantization_config", source)
+    if qc is None:
         return None
-    method = qc.get("quant_method")
-    if method != "fp8":
-        raise LoadError(f"{source}: quantization_config quant_method {method!r} is not supported; supported: fp8 (block 128x128)")
-    block = list(qc.get("weight_block_size") or [])
-    if block != FP8_BLOCK:
-        raise LoadError(f"{source}: fp8 weight_block_size {block} is not supported; supported: {FP8_BLOCK}")
-    if qc.get("activation_scheme", "dynamic") != "dynamic":
-        raise LoadError(f"{source}: fp8 activation_scheme {qc['activation_scheme']!r} is not supported; supported: dynamic")
+    check_fields(qc, QUANT_FIELDS, source, where="quantization_config.")
     return QuantConfig()
 
 

@@ -85,9 +85,18 @@ class DecoderLayer:
 
 class DeepseekForCausalLM:
     """`placement`: which physical experts of each MoE layer this rank holds (expert parallelism,
-    redundant experts); None holds every logical expert once."""
+    redundant experts); None holds every logical expert once. `max_positions`: rows of the RoPE
+    table, the longest sequence the engine will run (None: max_position_embeddings)."""
 
-    def __init__(self, config: ModelConfig, ops, device: torch.device | str, dtype: torch.dtype, placement: ExpertPlacement | None = None):
+    def __init__(
+        self,
+        config: ModelConfig,
+        ops,
+        device: torch.device | str,
+        dtype: torch.dtype,
+        placement: ExpertPlacement | None = None,
+        max_positions: int | None = None,
+    ):
         self.config = config
         self.placement = placement
         self.expert_source: ExpertSource | None = None  # set by the loader: reads experts a new placement needs
@@ -95,9 +104,8 @@ class DeepseekForCausalLM:
         self.device = torch.device(device)
         self.dtype = dtype
         self.num_layers = config.num_hidden_layers
-        self.cos_sin_cache = rope_cos_sin_cache(
-            config.qk_rope_head_dim, config.max_position_embeddings, config.rope_theta, config.rope_scaling
-        ).to(self.device)
+        self.max_positions = min(max_positions or config.max_position_embeddings, config.max_position_embeddings)
+        self.cos_sin_cache = rope_cos_sin_cache(config.qk_rope_head_dim, self.max_positions, config.rope_theta, config.rope_scaling).to(self.device)
         self.layers: list[DecoderLayer] = []
         self.embed_tokens: torch.Tensor | None = None
         self.norm: torch.Tensor | None = None

@@ -107,10 +107,15 @@ def cache_root() -> Path:
     return Path(env).expanduser() if env else Path.home() / ".cache" / "deepinfer"
 
 
+def embedded_folder(cache_dir: str | Path | None = None) -> Path:
+    """Where the embedded model lives (whether generated yet or not)."""
+    return (Path(cache_dir) if cache_dir is not None else cache_root()) / NAME
+
+
 def ensure_embedded(cache_dir: str | Path | None = None) -> Path:
     """The embedded model's folder, generated on first use. Safe against interruption and races."""
-    root = Path(cache_dir) if cache_dir is not None else cache_root()
-    final = root / NAME
+    final = embedded_folder(cache_dir)
+    root = final.parent
     if _complete(final):
         return final
     try:

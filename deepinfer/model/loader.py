@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import json
 import logging
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -12,8 +12,10 @@ import torch
 from deepinfer.model.checkpoint import check_tensors, find_tensors, load_tensors
 from deepinfer.model.config import ModelConfig
 from deepinfer.model.deepseek import DeepseekForCausalLM
-from deepinfer.model.errors import LoadError
+from deepinfer.model.errors import CheckpointError, LoadError
+from deepinfer.model.folder import folder_file, read_json_object
 from deepinfer.model.linear import LinearWeight
+from deepinfer.model.memory import check_fits, estimate_model_memory
 from deepinfer.model.moe import EXPERT_PROJECTIONS, ExpertSharding, expert_tensor_prefix
 from deepinfer.model.tokenizer import Tokenizer
 from deepinfer.model.weights import WeightStore
@@ -33,16 +35,11 @@ class LoadedModel:
 
 
 def load_config(folder: str | Path) -> ModelConfig:
-    path = Path(folder) / CONFIG_FILE
-    if not path.is_file():
-        raise LoadError(f"{folder} has no {CONFIG_FILE}; point --model at an HF checkpoint folder")
-    try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise LoadError(f"{path}: not valid JSON ({exc}); fix or re-download it") from None
-    if not isinstance(raw, dict):
-        raise LoadError(f"{path}: expected a JSON object")
-    return ModelConfig.from_dict(raw, source=str(path))
+    folder = Path(folder)
+    path = folder_file(folder, CONFIG_FILE)
+    if path is None:
+        raise CheckpointError(f"{folder} has no {CONFIG_FILE}", "point --model at an HF checkpoint folder")
+    return ModelConfig.from_dict(read_json_object(path), source=str(path))
 
 
 class CheckpointExperts:
@@ -71,34 +68,60 @@ def load_model(
     device: torch.device | str,
     dtype: torch.dtype,
     experts: ExpertSharding | None = None,
+    *,
+    max_model_len: int | None = None,
 ) -> LoadedModel:
     """Load the checkpoint folder `path` (None: the embedded tiny DeepSeek-V3 with dummy weights).
 
     FP8 block-scaled weights stay FP8; every other floating weight is cast to `dtype`. Raises
-    LoadError (one line naming the file or tensor) for anything that does not fit. `experts`:
-    expert parallelism / redundant experts; this rank then loads only the experts it holds.
+    LoadError (one line naming the file or tensor) for anything that does not fit, the device's
+    memory included (checked from config.json before anything is allocated). `experts`: expert
+    parallelism / redundant experts; this rank then loads only the experts it holds.
+    `max_model_len`: the longest sequence the engine will run (None: max_position_embeddings);
+    the RoPE table holds that many positions.
     """
-    dummy = path is None
-    if dummy:
+    if not dtype.is_floating_point:
+        raise LoadError(f"dtype {dtype} is not a floating dtype", "use bfloat16, float16 or float32")
+    if path is None:
         from deepinfer.model.embedded import ensure_embedded
 
         folder = ensure_embedded()
     else:
         folder = Path(path).expanduser()
         if not folder.exists():
-            raise LoadError(f"model path {path} does not exist; pass an HF checkpoint folder")
+            raise LoadError(f"model path {path} does not exist", "pass an HF checkpoint folder")
         if not folder.is_dir():
-            raise LoadError(f"model path {path} is a file; pass the checkpoint folder that holds it")
-    if not dtype.is_floating_point:
-        raise LoadError(f"dtype {dtype} is not a floating dtype; use bfloat16, float16 or float32")
+            raise LoadError(f"model path {path} is a file", "pass the checkpoint folder that holds it")
+    try:
+        return _load_folder(folder, ops, torch.device(device), dtype, experts, max_model_len, dummy=path is None)
+    except CheckpointError as exc:
+        if path is None or _is_embedded_folder(folder):
+            raise CheckpointError(exc.problem, f"the embedded model is generated locally: delete {folder} and run again; it is regenerated") from None
+        raise
+
+
+def _is_embedded_folder(folder: Path) -> bool:
+    from deepinfer.model.embedded import embedded_folder
+
+    return os.path.realpath(folder) == os.path.realpath(embedded_folder())
+
+
+def _load_folder(folder: Path, ops, device: torch.device, dtype: torch.dtype, experts: ExpertSharding | None, max_model_len: int | None, dummy: bool) -> LoadedModel:
     config = load_config(folder)
+    rope_positions = min(max_model_len or config.max_position_embeddings, config.max_position_embeddings)
+    held = physical = None
+    if experts is not None and config.n_routed_experts:
+        physical = config.n_routed_experts + max(0, experts.num_redundant_experts)
+        held = physical // experts.size
+    estimate = estimate_model_memory(config, dtype, rope_positions, held, physical)
+    check_fits(estimate, device, config, str(folder / CONFIG_FILE))
     placement = None
     if experts is not None:
         try:
             placement = experts.placement(config)
         except ValueError as exc:
             raise LoadError(str(exc)) from None
-    model = DeepseekForCausalLM(config, ops, device, dtype, placement=placement)
+    model = DeepseekForCausalLM(config, ops, device, dtype, placement=placement, max_positions=rope_positions)
     specs = model.tensor_specs()
     stored = find_tensors(folder)
     check_tensors(stored, specs, config, folder, extra_prefixes=model.mtp_prefixes())

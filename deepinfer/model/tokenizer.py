@@ -10,7 +10,9 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
-from deepinfer.model.errors import LoadError
+from deepinfer.model.errors import CheckpointError, LoadError
+from deepinfer.model.folder import folder_file, read_json_object, read_text
+from deepinfer.model.schema import BOOLEAN, STRING, Field, Kind, any_of, check_fields
 
 log = logging.getLogger(__name__)
 
@@ -55,28 +57,32 @@ class Tokenizer:
         """The tokenizer of a checkpoint folder, or None when it has no tokenizer.json.
 
         bos_token_id / eos_token_ids come from config.json and fill in what tokenizer_config lacks.
+        Files are read only if they are regular files inside the folder (see folder.py).
         """
         from tokenizers import Tokenizer as HFTokenizer
 
         folder = Path(folder)
-        path = folder / TOKENIZER_FILE
-        if not path.is_file():
+        path = folder_file(folder, TOKENIZER_FILE)
+        if path is None:
             log.warning("%s has no %s: prompts must be given as token ids", folder, TOKENIZER_FILE)
             return None
+        text = read_text(path)
         try:
-            backend = HFTokenizer.from_file(str(path))
+            backend = HFTokenizer.from_str(text)
         except Exception as exc:  # tokenizers raises a bare Exception on a bad file
-            raise LoadError(f"{path}: cannot load the tokenizer ({exc}); re-download it") from None
-        config = _read_json(folder / TOKENIZER_CONFIG) or {}
-        bos = _token_text(config.get("bos_token"))
-        eos = _token_text(config.get("eos_token"))
+            raise CheckpointError(f"{path}: cannot load the tokenizer ({_first_line(exc)})", "re-download it") from None
+        config_path = folder_file(folder, TOKENIZER_CONFIG)
+        config = {} if config_path is None else read_json_object(config_path)
+        config = check_fields(config, TOKENIZER_CONFIG_FIELDS, str(folder / TOKENIZER_CONFIG))
+        bos = _token_text(config["bos_token"])
+        eos = _token_text(config["eos_token"])
         if bos is None and bos_token_id is not None:
             bos = backend.id_to_token(bos_token_id)
         eos_ids = list(eos_token_ids)
         if eos is None and eos_ids:
             eos = backend.id_to_token(eos_ids[0])
-        if "add_bos_token" in config:
-            add_bos = bool(config["add_bos_token"])
+        if config["add_bos_token"] is not None:
+            add_bos = config["add_bos_token"]
         else:  # no explicit flag: follow what the tokenizer's own post-processor does
             bos_id = backend.token_to_id(bos) if bos else None
             first = backend.encode("a", add_special_tokens=True).ids[:1]
@@ -136,23 +142,40 @@ class Tokenizer:
             raise LoadError(f"the chat template failed: {exc}") from None
 
 
-def _read_json(path: Path) -> dict | None:
-    if not path.is_file():
-        return None
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise LoadError(f"{path}: not valid JSON ({exc}); fix or re-download it") from None
+def _first_line(exc: Exception) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
 
 
 def _chat_template(folder: Path, config: Mapping[str, Any]) -> str | None:
     template = config.get("chat_template")
     if isinstance(template, list):  # named templates: [{"name": "default", "template": ...}, ...]
-        named = {t.get("name"): t.get("template") for t in template if isinstance(t, Mapping)}
+        named = {t["name"]: t["template"] for t in template}
         template = named.get("default") or next(iter(named.values()), None)
-    if not template and (folder / CHAT_TEMPLATE_FILE).is_file():
-        template = (folder / CHAT_TEMPLATE_FILE).read_text(encoding="utf-8")
+    if not template:
+        path = folder_file(folder, CHAT_TEMPLATE_FILE)
+        if path is not None:
+            template = read_text(path)
     return template or None
+
+
+def _is_token(value: Any) -> bool:
+    """A special token as tokenizer_config writes it: a string, or an AddedToken dict with its content."""
+    return isinstance(value, str) or (isinstance(value, dict) and isinstance(value.get("content"), str))
+
+
+def _is_named_templates(value: Any) -> bool:
+    return isinstance(value, list) and all(
+        isinstance(t, dict) and isinstance(t.get("name"), str) and isinstance(t.get("template"), str) for t in value
+    )
+
+
+# tokenizer_config.json's fields the tokenizer reads (absent or null: not set).
+TOKENIZER_CONFIG_FIELDS = (
+    Field("bos_token", Kind('a string or an object with a "content" string', _is_token)),
+    Field("eos_token", Kind('a string or an object with a "content" string', _is_token)),
+    Field("add_bos_token", BOOLEAN),
+    Field("chat_template", any_of(STRING, Kind('a list of {"name": ..., "template": ...} objects', _is_named_templates))),
+)
 
 
 def _compile(source: str):

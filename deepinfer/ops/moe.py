@@ -48,7 +48,7 @@ def gate(
     conformance suite sorts each row by id).
     """
     num_experts = logits.shape[-1]
-    _check_gate_args(num_experts, top_k, score_func, correction_bias, n_group, topk_group)
+    check_gate_args(num_experts, top_k, score_func, correction_bias, n_group, topk_group)
     acc = torch.float64 if logits.dtype == torch.float64 else torch.float32
     scores = _expert_scores(logits.to(acc), score_func)
     selection = scores if correction_bias is None else scores + correction_bias.to(acc)
@@ -61,7 +61,9 @@ def gate(
     return weights * routed_scaling_factor, topk_ids.to(torch.int32)
 
 
-def _check_gate_args(num_experts, top_k, score_func, correction_bias, n_group, topk_group) -> None:
+def check_gate_args(num_experts, top_k, score_func, correction_bias, n_group, topk_group) -> None:
+    """Reject gate parameters outside the op's meaning (backends' kernels call it too, so every backend
+    refuses the same inputs with the same message)."""
     if score_func not in SCORE_FUNCS:
         raise ValueError(f"score_func {score_func!r} is not one of {SCORE_FUNCS}")
     if n_group < 1 or num_experts % n_group != 0:
@@ -204,7 +206,7 @@ def combine(
     return out.to(expert_out.dtype)
 
 
-def _require_local_experts(ep_group) -> None:
+def require_local_experts(ep_group) -> None:
     """For kernels that move tokens within one rank only: refuse an expert-parallel group of
     several ranks (the backend's EP kernel, chosen when ops are resolved with ep_size > 1, serves
     those), so a multi-rank run fails loudly instead of silently routing every token locally."""

@@ -1,5 +1,7 @@
-"""The ascend backend's torch_npu fast paths (deepinfer_ascend.npu_ops), its probe's CANN version and
-core counts, and `deepinfer run --backend ascend` on a machine without torch_npu.
+"""The ascend backend's torch_npu fast paths (deepinfer_ascend.npu_ops): which path serves each op
+(the Triton kernels by default, a fast path only under the backend option npu_fast_paths and only for
+the contexts it fully serves), the wrappers themselves; the simulated-chip option; its probe's CANN
+version and core counts, and `deepinfer run --backend ascend` on a machine without torch_npu.
 
 torch_npu is never installed here: a FAKE module is injected into sys.modules. Its functions compute
 the semantics the wrappers assume (documented in npu_ops and docs/backends/ascend.md) in plain torch,
@@ -10,6 +12,7 @@ host can check (`deepinfer conformance --backend ascend`).
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.machinery
 import os
 import sys
@@ -22,9 +25,11 @@ from cli_helpers import run_cli
 import deepinfer_ascend.npu_ops as npu_ops
 import deepinfer_ascend.probe as probe
 from deepinfer.ops import quant
+from deepinfer.options import BackendOptionError
 from deepinfer.plugins import BackendSpec
-from deepinfer.registry import EXACT, Registration, Registry, ResolveContext, all_ops
+from deepinfer.registry import EXACT, ModelFacts, Registration, Registry, ResolveContext, all_ops
 from deepinfer_ascend import device
+from deepinfer_ascend.options import SIM_CHIP
 
 OPS = all_ops()
 BF16 = torch.bfloat16
@@ -197,21 +202,10 @@ class FakeTorchNpu(types.ModuleType):
 
 @pytest.fixture
 def fake_npu(monkeypatch):
-    """A fake torch_npu, a simulated A2 chip, and delegation recorded (served by the reference)."""
+    """A fake torch_npu and a simulated A2 chip."""
     fake = FakeTorchNpu()
     monkeypatch.setitem(sys.modules, "torch_npu", fake)
     monkeypatch.setattr(device, "current", lambda: device.SIMULATED["910B"])
-    monkeypatch.delenv(device.PATH_ENV, raising=False)
-    fake.delegated = []
-
-    def triton_kernel(op, fmt=None):
-        def serve(*args, **kwargs):
-            fake.delegated.append((op, fmt))
-            return OPS[op].reference(*args, **kwargs)
-
-        return serve
-
-    monkeypatch.setattr(npu_ops, "triton_kernel", triton_kernel)
     return fake
 
 
@@ -270,12 +264,15 @@ def test_rms_norm(fake_npu, with_residual):
     args, kw = fake_npu.called("npu_add_rms_norm" if with_residual else "npu_rms_norm")
     assert args[0] is x and args[-1] == 1e-5 and (not with_residual or args[1] is kwargs["residual"])
     assert_matches_reference("rms_norm", got, kwargs, (x, w))
-    assert not fake_npu.delegated
 
 
-def test_rms_norm_with_a_weight_of_another_dtype_goes_to_triton(fake_npu):
-    npu_ops.rms_norm(torch.randn(2, 32).to(BF16), torch.randn(32))
-    assert fake_npu.delegated == [("rms_norm", None)] and not fake_npu.calls
+def test_rms_norm_serves_a_weight_of_another_dtype_itself(fake_npu):
+    """No second dispatch: the weight is cast to x's dtype (one rounding, within bf16's tolerance)."""
+    x, w = torch.randn(2, 32, generator=gen(11)).to(BF16), torch.randn(32, generator=gen(12))
+    got = npu_ops.rms_norm(x, w)
+    args, _ = fake_npu.called("npu_rms_norm")
+    assert args[1].dtype == BF16
+    assert_matches_reference("rms_norm", got, {}, (x, w))
 
 
 def test_grouped_gemm_contiguous(fake_npu):
@@ -299,10 +296,13 @@ def test_grouped_gemm_masked(fake_npu):
     assert_matches_reference("grouped_gemm", got, {"masked_m": masked_m}, (x, w))
 
 
-def test_grouped_gemm_quantised_formats_go_to_triton(fake_npu):
+def test_grouped_gemm_refuses_a_format_it_is_not_registered_for(fake_npu):
+    """Registered for dense only (the Triton kernel serves fp8_block, see the resolve tests): a call in
+    another format is an error, never a detour to another kernel."""
     w, scale = quant.quantize_weight_fp8_block(torch.randn(2, 16, 128))
-    npu_ops.grouped_gemm(torch.randn(4, 128).to(BF16), w, expert_offsets=torch.tensor([0, 2, 4], dtype=torch.int32), weight_scale=scale, fmt="fp8_block")
-    assert fake_npu.delegated == [("grouped_gemm", "fp8_block")] and not fake_npu.calls
+    with pytest.raises(ValueError, match="chosen for other calls"):
+        npu_ops.grouped_gemm(torch.randn(4, 128).to(BF16), w, expert_offsets=torch.tensor([0, 2, 4], dtype=torch.int32), weight_scale=scale, fmt="fp8_block")
+    assert not fake_npu.calls
 
 
 def _logits(tokens=6, experts=16, seed=4):
@@ -319,7 +319,6 @@ def test_gate_sigmoid_grouped(fake_npu, bias):
     assert kw["norm_type"] == 1 and kw["group_select_mode"] == (1 if bias else 0) and kw["k"] == 4
     assert kw["k_group"] == 2 and kw["group_count"] == 4 and kw["routed_scaling_factor"] == 2.5 and kw["renorm"] == 0
     assert_matches_reference("gate", got, {"logits": logits, **kwargs})
-    assert not fake_npu.delegated
 
 
 @pytest.mark.parametrize("renormalize", [False, True])
@@ -332,20 +331,21 @@ def test_gate_softmax(fake_npu, renormalize):
     assert_matches_reference("gate", got, {"logits": logits, **kwargs})
 
 
-@pytest.mark.parametrize(
-    "kwargs",
-    [
-        dict(top_k=2, score_func="sqrtsoftplus"),
-        dict(top_k=2, score_func="sigmoid", renormalize=False),
-        dict(top_k=2, score_func="softmax", n_group=2, topk_group=1),
-        dict(top_k=2, score_func="sigmoid", renormalize=True, n_group=8, topk_group=2),  # 2 experts per group
-    ],
-)
-def test_gate_parameters_the_op_lacks_go_to_triton(fake_npu, kwargs):
-    logits = _logits()
-    got = npu_ops.gate(logits, **kwargs)
-    assert fake_npu.delegated == [("gate", None)] and not fake_npu.calls
-    assert_matches_reference("gate", got, {"logits": logits, **kwargs})
+GATE_UNSERVED = [
+    dict(top_k=2, score_func="sqrtsoftplus"),
+    dict(top_k=2, score_func="sigmoid", renormalize=False),
+    dict(top_k=2, score_func="softmax", n_group=2, topk_group=1),
+    dict(top_k=2, score_func="sigmoid", renormalize=True, n_group=8, topk_group=2),  # 2 experts per group
+]
+
+
+@pytest.mark.parametrize("kwargs", GATE_UNSERVED)
+def test_gate_refuses_parameters_the_op_lacks(fake_npu, kwargs):
+    """A model with such routing never gets the fast gate (test_gate_is_chosen_by_the_models_routing);
+    a call with them anyway is an error, never a detour to the Triton gate."""
+    with pytest.raises(ValueError, match="chosen for other calls"):
+        npu_ops.gate(_logits(), **kwargs)
+    assert not fake_npu.calls
 
 
 def test_dispatch_and_combine(fake_npu):
@@ -363,14 +363,25 @@ def test_dispatch_and_combine(fake_npu):
     args, kw = fake_npu.called("npu_moe_token_unpermute")
     assert kw["probs"].dtype == BF16 and args[1].dtype == torch.int32
     assert_matches_reference("combine", out, {}, (expert_x, weights, row_of_slot))
-    assert not fake_npu.delegated
 
 
-def test_dispatch_over_an_expert_parallel_group_goes_to_triton(fake_npu, monkeypatch):
+def test_dispatch_and_combine_of_an_empty_batch_need_no_op(fake_npu):
+    x, ids = torch.randn(0, 8).to(BF16), torch.zeros(0, 2, dtype=torch.int32)
+    got = npu_ops.dispatch(x, ids, num_experts=4)
+    assert_matches_reference("dispatch", got, {"num_experts": 4}, (x, ids))
+    out = npu_ops.combine(got[0], torch.zeros(0, 2), got[2])
+    assert_matches_reference("combine", out, {}, (got[0], torch.zeros(0, 2), got[2]))
+    assert not fake_npu.calls
+
+
+def test_dispatch_takes_a_one_rank_group_and_refuses_several(fake_npu, monkeypatch):
     group = object()
     monkeypatch.setattr(torch.distributed, "get_world_size", lambda group: 1)
-    npu_ops.dispatch(torch.randn(2, 8), torch.zeros(2, 1, dtype=torch.int32), num_experts=2, ep_group=group)
-    assert fake_npu.delegated == [("dispatch", None)] and not fake_npu.calls
+    x, ids = torch.randn(2, 8), torch.zeros(2, 1, dtype=torch.int32)
+    assert_matches_reference("dispatch", npu_ops.dispatch(x, ids, num_experts=2, ep_group=group), {"num_experts": 2}, (x, ids))
+    monkeypatch.setattr(torch.distributed, "get_world_size", lambda group: 2)
+    with pytest.raises(ValueError, match="2 ranks"):
+        npu_ops.dispatch(x, ids, num_experts=2, ep_group=group)
 
 
 def _mla_inputs(num_queries, block_size=128, seed=7):
@@ -397,15 +408,16 @@ def test_mla_decode_passes_views_of_the_one_cache(fake_npu, num_queries, layout)
     # Views of the cache (no copy): the latent part at its start, the rope part 512 values in.
     assert key.data_ptr() == kv_cache.data_ptr() and key_rope.data_ptr() == kv_cache.data_ptr() + 512 * kv_cache.element_size()
     assert_matches_reference("mla_decode", got, kwargs, args)
-    assert not fake_npu.delegated
 
 
-def test_mla_decode_outside_the_ops_mla_mode_goes_to_triton(fake_npu):
+def test_mla_decode_refuses_calls_outside_the_ops_mla_mode(fake_npu):
     args, kwargs = _mla_inputs(1, block_size=64)
-    npu_ops.mla_decode(*args, **kwargs)
+    with pytest.raises(ValueError, match="chosen for other calls"):
+        npu_ops.mla_decode(*args, **kwargs)
     args, _ = _mla_inputs(1)
-    npu_ops.mla_decode(*args, softmax_scale=0.05, sliding_window=16)
-    assert fake_npu.delegated == [("mla_decode", None)] * 2 and not fake_npu.calls
+    with pytest.raises(ValueError, match="sliding_window"):
+        npu_ops.mla_decode(*args, softmax_scale=0.05, sliding_window=16)
+    assert not fake_npu.calls
 
 
 def test_prefill_pads_v_to_the_qk_head_dim(fake_npu):
@@ -419,8 +431,24 @@ def test_prefill_pads_v_to_the_qk_head_dim(fake_npu):
     value = call_args[2]
     assert value.shape == (9, 2, 192) and torch.equal(value[..., :128], v) and not value[..., 128:].any()
     assert_matches_reference("prefill", got, {"softmax_scale": 0.07}, (q, k, v, cu_q, cu_k))
-    npu_ops.prefill(q, k, v, cu_q, cu_k, softmax_scale=0.07, sliding_window=2)
-    assert fake_npu.delegated == [("prefill", None)]
+    with pytest.raises(ValueError, match="sliding_window"):
+        npu_ops.prefill(q, k, v, cu_q, cu_k, softmax_scale=0.07, sliding_window=2)
+
+
+def test_prefill_leaves_requests_without_new_tokens_out_of_the_op(fake_npu):
+    """Request 1 has cached keys but no new token: it is left out of the op's call (with its keys);
+    an empty call returns an empty output without calling the op."""
+    g = gen(13)
+    cu_q, cu_k = torch.tensor([0, 2, 2, 5], dtype=torch.int32), torch.tensor([0, 3, 7, 11], dtype=torch.int32)
+    q = torch.randn(5, 2, 64, generator=g).to(BF16)
+    k, v = torch.randn(11, 2, 64, generator=g).to(BF16), torch.randn(11, 2, 64, generator=g).to(BF16)
+    got = npu_ops.prefill(q, k, v, cu_q, cu_k, softmax_scale=0.1)
+    call_args, kw = fake_npu.called("npu_fused_infer_attention_score")
+    assert kw["actual_seq_lengths"] == [2, 5] and kw["actual_seq_lengths_kv"] == [3, 7] and call_args[1].shape[0] == 7
+    assert_matches_reference("prefill", got, {"softmax_scale": 0.1}, (q, k, v, cu_q, cu_k))
+    fake_npu.calls.clear()
+    empty = npu_ops.prefill(q[:0], k[:0], v[:0], torch.zeros(2, dtype=torch.int32), torch.zeros(2, dtype=torch.int32), softmax_scale=0.1)
+    assert empty.shape == (0, 2, 64) and not fake_npu.calls
 
 
 def test_linear_fp8_block(fake_npu):
@@ -465,7 +493,12 @@ def test_mxfp8_activation_quantiser():
 
 
 # ---------------------------------------------------------------------------------------------
-# Choosing the path: DEEPINFER_ASCEND_PATH, the chip, the installed torch_npu
+# Choosing the path: the option npu_fast_paths (default off), the model's facts, the chip, torch_npu
+
+DEEPSEEK_V3 = ModelFacts(
+    num_experts=256, top_k=8, score_func="sigmoid", n_group=8, topk_group=4, renormalize=True, correction_bias=True,
+    num_heads=128, kv_lora_rank=512, qk_rope_head_dim=64, qk_head_dim=192, v_head_dim=128, sliding_window=0, kv_block_size=128,
+)
 
 
 def _triton_stub(op):
@@ -476,52 +509,81 @@ def _triton_stub(op):
     return fn
 
 
-def _picked(monkeypatch, chip, choice, fake=None):
-    """{op or op[fmt]: 'npu' | 'triton'} the registry resolves for this chip and path choice."""
+def _picked(monkeypatch, chip, options=None, fake=None, model=DEEPSEEK_V3, ep_size=1, dtype=BF16):
+    """{op or op[fmt]: 'npu' | 'triton'} the registry resolves for this chip, options and model."""
     monkeypatch.setitem(sys.modules, "torch_npu", FakeTorchNpu() if fake is None else fake)
     monkeypatch.setattr(device, "current", lambda: device.AscendDevice(chip, 24, 48, 192 * 1024, False))
-    monkeypatch.setenv(device.PATH_ENV, choice)
     registry = Registry()
     fast = npu_ops.registrations()
     registry.register_all("ascend", [Registration(op=r.op, fn=_triton_stub(r.op), formats=r.formats, note="Triton") for r in fast])
     registry.register_all("ascend", fast)
-    ctx = ResolveContext(backend="ascend", dtype=BF16)
+    ctx = ResolveContext(backend="ascend", dtype=dtype, ep_size=ep_size, options=dict(options or {}), model=model)
+    table = registry.resolve(ctx, only=sorted({r.op for r in fast}), allow_fallback=True)  # formats no stub serves: the reference
     picked = {}
     for r in fast:
         for fmt in r.formats or [None]:
-            kernel = registry.pick(ctx, r.op, fmt)
-            picked[r.op if fmt is None else f"{r.op}[{fmt}]"] = "npu" if kernel.note.startswith("torch_npu") else "triton"
+            picked[r.op if fmt is None else f"{r.op}[{fmt}]"] = "npu" if table.registration(r.op, fmt).note.startswith("torch_npu") else "triton"
     return picked
 
 
-AUTO_ON_EVERY_CHIP = {"prefill", "grouped_gemm[dense]", "gate", "dispatch", "combine", "rms_norm"}
+ON_EVERY_CHIP = {"prefill", "grouped_gemm[dense]", "gate", "dispatch", "combine", "rms_norm"}
 
 
 @pytest.mark.parametrize("chip", ["A2", "A3", "950"])
-def test_triton_choice_disables_every_fast_path(monkeypatch, chip):
-    assert set(_picked(monkeypatch, chip, "triton").values()) == {"triton"}
+@pytest.mark.parametrize("options", [{}, {"npu_fast_paths": "off"}])
+def test_the_triton_kernels_serve_every_op_by_default(monkeypatch, chip, options):
+    """Unverified code does not win by default: no fast path unless the option asks for them."""
+    assert set(_picked(monkeypatch, chip, options).values()) == {"triton"}
 
 
 @pytest.mark.parametrize(
     "chip, choice, extra",
     [
-        ("A2", "auto", set()),
-        ("A3", "auto", set()),
-        ("950", "auto", {"linear[fp8_block]"}),
-        ("A2", "npu", {"mla_decode"}),  # opt-in fast path forced; no fp8/fp4 matmul on A2
-        ("A3", "npu", {"mla_decode"}),
-        ("950", "npu", {"mla_decode", "linear[fp8_block]", "linear[mxfp4]"}),  # MXFP4 only on the 950
+        ("A2", "on", set()),
+        ("A3", "on", set()),
+        ("950", "on", {"linear[fp8_block]"}),
+        ("A2", "all", {"mla_decode"}),  # the level-"all" fast path; no fp8/fp4 matmul on A2
+        ("A3", "all", {"mla_decode"}),
+        ("950", "all", {"mla_decode", "linear[fp8_block]", "linear[mxfp4]"}),  # MXFP4 only on the 950
     ],
 )
-def test_auto_prefers_fast_paths_and_npu_adds_the_opt_in_ones(monkeypatch, chip, choice, extra):
-    picked = _picked(monkeypatch, chip, choice)
-    assert {op for op, path in picked.items() if path == "npu"} == AUTO_ON_EVERY_CHIP | extra
+def test_fast_paths_only_with_the_option(monkeypatch, chip, choice, extra):
+    picked = _picked(monkeypatch, chip, {"npu_fast_paths": choice})
+    assert {op for op, path in picked.items() if path == "npu"} == ON_EVERY_CHIP | extra
+
+
+@pytest.mark.parametrize("kwargs", GATE_UNSERVED)
+def test_gate_is_chosen_by_the_models_routing(monkeypatch, kwargs):
+    """The fused gate serves some routing functions: decided once, from the model's facts."""
+    routing = dict(score_func="softmax", n_group=1, topk_group=1, renormalize=False, correction_bias=False) | kwargs
+    model = dataclasses.replace(DEEPSEEK_V3, num_experts=16, **routing)
+    assert _picked(monkeypatch, "A2", {"npu_fast_paths": "all"}, model=model)["gate"] == "triton"
+    assert _picked(monkeypatch, "A2", {"npu_fast_paths": "all"})["gate"] == "npu"  # DeepSeek-V3's routing
+
+
+def test_attention_fast_paths_are_chosen_by_the_models_shapes(monkeypatch):
+    all_paths = {"npu_fast_paths": "all"}
+    for change in (dict(kv_block_size=64), dict(num_heads=3), dict(sliding_window=128), dict(kv_lora_rank=256)):
+        assert _picked(monkeypatch, "A2", all_paths, model=dataclasses.replace(DEEPSEEK_V3, **change))["mla_decode"] == "triton", change
+    for change in (dict(qk_head_dim=100), dict(v_head_dim=256), dict(sliding_window=128)):
+        assert _picked(monkeypatch, "A2", all_paths, model=dataclasses.replace(DEEPSEEK_V3, **change))["prefill"] == "triton", change
+
+
+def test_unknown_model_facts_keep_the_triton_kernels(monkeypatch):
+    picked = _picked(monkeypatch, "A2", {"npu_fast_paths": "all"}, model=ModelFacts())
+    assert {op for op, path in picked.items() if path == "npu"} == {"grouped_gemm[dense]", "dispatch", "combine", "rms_norm"}
+
+
+def test_expert_parallel_and_float64_contexts_keep_the_triton_kernels(monkeypatch):
+    picked = _picked(monkeypatch, "A2", {"npu_fast_paths": "on"}, ep_size=2)
+    assert picked["dispatch"] == picked["combine"] == "triton" and picked["gate"] == "npu"
+    assert set(_picked(monkeypatch, "A2", {"npu_fast_paths": "on"}, dtype=torch.float64).values()) == {"triton"}
 
 
 def test_no_fast_path_without_the_op_or_the_chip(monkeypatch):
-    picked = _picked(monkeypatch, "A2", "npu", fake=FakeTorchNpu(drop=("npu_moe_gating_top_k",)))  # an older torch_npu
+    picked = _picked(monkeypatch, "A2", {"npu_fast_paths": "all"}, fake=FakeTorchNpu(drop=("npu_moe_gating_top_k",)))  # an older torch_npu
     assert picked["gate"] == "triton" and picked["rms_norm"] == "npu"
-    assert set(_picked(monkeypatch, "unknown (soc 300)", "npu").values()) == {"triton"}
+    assert set(_picked(monkeypatch, "unknown (soc 300)", {"npu_fast_paths": "all"}).values()) == {"triton"}
     monkeypatch.setitem(sys.modules, "torch_npu", None)  # import torch_npu raises ImportError
     assert not npu_ops._has("npu_rms_norm")
 
@@ -531,27 +593,51 @@ def test_plugin_registers_fast_paths_only_on_hardware(monkeypatch):
     import deepinfer_ascend.plugin as plugin
 
     monkeypatch.setattr(kernels, "registrations", lambda: [])  # the Triton kernels are not the point here
+    monkeypatch.setattr(device, "_simulated", None)  # the interpret branch sets the simulated chip
     spec = BackendSpec(name="ascend", device_type="npu", probe=lambda interpret=False: None)
     for interpret, expected in ((True, 0), (False, len(npu_ops.registrations()))):
         registry = Registry()
-        plugin.deepinfer_register_kernels(backend=spec, registry=registry, interpret=interpret)
+        plugin.deepinfer_register_kernels(backend=spec, registry=registry, interpret=interpret, options={"npu_fast_paths": "off", "sim_chip": "950"})
         fast = [k for kernels_ in registry.kernels.get("ascend", {}).values() for k in kernels_ if k.note.startswith("torch_npu")]
         assert len(fast) == expected
 
 
-def test_delegation_finds_the_triton_kernel_lazily(monkeypatch):
-    def triton_gate(*args, **kwargs):
-        return "triton gate"
+# ---------------------------------------------------------------------------------------------
+# The simulated chip: backend option sim_chip (default from DEEPINFER_ASCEND_SIM_CHIP)
 
-    fake_moe = types.ModuleType("deepinfer_ascend.kernels.moe")
-    fake_moe.REGISTRATIONS = [Registration(op="gate", fn=triton_gate)]
-    monkeypatch.setitem(sys.modules, "deepinfer_ascend.kernels.moe", fake_moe)
-    npu_ops.triton_kernel.cache_clear()
-    try:
-        assert npu_ops.triton_kernel("gate") is triton_gate
-        assert npu_ops.triton_kernel("dispatch") is OPS["dispatch"].reference  # none registered: the reference
-    finally:
-        npu_ops.triton_kernel.cache_clear()
+
+def test_sim_chip_option_sets_the_chip_the_kernels_see(monkeypatch):
+    from deepinfer.runtime import open_runtime
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.delenv("DEEPINFER_ASCEND_SIM_CHIP", raising=False)
+    monkeypatch.setattr(device, "_simulated", None)
+    assert device.current().chip == "A2"  # the default: a 910B
+    runtime = open_runtime("ascend", interpret=True, dtype=torch.float32, options={"sim_chip": "950"})
+    assert runtime.options["sim_chip"] == "950" and runtime.options["npu_fast_paths"] == "off"
+    assert device.current() == device.SIMULATED["950"]
+
+
+def test_sim_chip_bad_values_are_one_line_errors(monkeypatch):
+    from deepinfer.runtime import open_runtime
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.setattr(device, "_simulated", None)
+    with pytest.raises(BackendOptionError, match=r"option sim_chip='A9' is not allowed; use one of: 910B, 950"):
+        open_runtime("ascend", interpret=True, options={"sim_chip": "A9"})
+    monkeypatch.setenv("DEEPINFER_ASCEND_SIM_CHIP", "garbage")
+    with pytest.raises(BackendOptionError, match="from DEEPINFER_ASCEND_SIM_CHIP") as err:
+        device.current()  # kernels called without a runtime: the same one-line error
+    assert "\n" not in str(err.value)
+    assert set(device.SIMULATED) == set(SIM_CHIP.choices)
+
+
+def test_run_with_a_bad_sim_chip_exits_2_with_one_line():
+    env = {**os.environ, "DEEPINFER_ASCEND_SIM_CHIP": "garbage"}
+    result = run_cli("run", "--backend", "ascend", "--interpret", "--prompt", "hi", "--max-tokens", "1", env=env, timeout=300)
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "sim_chip='garbage' (from DEEPINFER_ASCEND_SIM_CHIP)" in lines[0] and "910B, 950" in lines[0]
 
 
 # ---------------------------------------------------------------------------------------------

@@ -75,3 +75,65 @@ def test_unavailable_out_of_tree_backend_exits_2_without_traceback(oot_env):
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1
     assert "switched off" in lines[0] and "switch it on" in lines[0]
+
+
+# ---------------------------------------------------------------------- a plugin that calls sys.exit
+
+
+@pytest.fixture(scope="module")
+def exit_plugin_env(tmp_path_factory) -> dict[str, str]:
+    """tests/fixtures/oot_exit_plugin pip-installed into a folder, and an environment that sees it."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    target = tmp_path_factory.mktemp("exit_site")
+    src = tmp_path_factory.mktemp("exit_build") / "oot_exit_plugin"
+    shutil.copytree(Path(__file__).parents[1] / "fixtures" / "oot_exit_plugin", src)
+    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation", "--no-index", "--target", str(target), str(src)], check=True)
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(target), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    return env
+
+
+def test_a_plugin_calling_sys_exit_at_import_is_reported_and_backends_still_lists_the_others(exit_plugin_env):
+    result = run_cli("backends", env=exit_plugin_env)
+    assert result.returncode == 0, result.stderr
+    assert "plugin oot_exits = deepinfer_oot_exit.plugin failed to load: SystemExit: 3" in result.stdout
+    assert "reference  available" in result.stdout and "reference: 13/13 ops covered" in result.stdout
+    assert result.stderr.count("oot_exits") == 1  # logged once
+
+
+def test_a_plugin_calling_sys_exit_at_import_leaves_every_other_command_working(exit_plugin_env):
+    result = run_cli("bench", "ops", "--backend", "reference", "--op", "rms_norm", "--repeat", "1", env=exit_plugin_env)
+    assert result.returncode == 0, result.stderr
+    assert "rms_norm" in result.stdout
+    assert result.stderr.count("backend plugin oot_exits = deepinfer_oot_exit.plugin failed: SystemExit: 3") == 1
+
+
+def test_keyboard_interrupt_in_a_plugin_is_not_swallowed(monkeypatch, tmp_path):
+    """Ctrl-C while a plugin imports stops the command (main prints "interrupted", exit 130)."""
+    (tmp_path / "deepinfer_ctrl_c_plugin.py").write_text("raise KeyboardInterrupt\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    real = plugins_mod.entry_points
+    monkeypatch.setattr(plugins_mod, "entry_points", lambda group: [*real(group=group), EntryPoint(name="zz_ctrl_c", value="deepinfer_ctrl_c_plugin", group=group)])
+    with pytest.raises(KeyboardInterrupt):
+        Plugins()
+
+
+def test_sys_exit_in_a_hook_or_a_probe_is_a_failure_too():
+    from types import SimpleNamespace
+
+    from deepinfer.plugins import BackendSpec, hookimpl
+
+    def exiting_probe(interpret=False):
+        raise SystemExit(4)
+
+    ok = SimpleNamespace(deepinfer_add_backends=hookimpl(lambda register: register(BackendSpec(name="exits_in_probe", device_type="cpu", probe=exiting_probe))))
+    bad = SimpleNamespace(deepinfer_add_backends=hookimpl(lambda register: (_ for _ in ()).throw(SystemExit(5))))
+    plugins = Plugins(load_entry_points=False, extra_plugins=(ok, bad))
+    assert any("deepinfer_add_backends raised SystemExit: 5" in f.error for f in plugins.failures)
+    found = plugins.probe("exits_in_probe")
+    assert not found.available and "SystemExit: 4" in found.reason

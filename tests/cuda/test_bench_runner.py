@@ -266,33 +266,49 @@ def test_the_misc_cases_are_well_formed():
 # ---------------------------------------------------------------------------------------------- CLI
 
 
-def test_cli_finds_the_cuda_runner_through_the_plugin_module():
-    from deepinfer.cli.bench import bench_runner
+def test_the_cuda_backend_declares_its_runner_as_a_capability():
+    """`BackendSpec.bench_runner`, not a module attribute read with getattr (issue 14, item 2)."""
+    import deepinfer_cuda.plugin as cuda_plugin
+    from deepinfer.cli.bench_ops import bench_runner
     from deepinfer.plugins import Plugins
 
     plugins = Plugins()
-    assert bench_runner(plugins, "cuda") is runner.run
-    assert bench_runner(plugins, "reference") is None
+    assert plugins.backend("cuda").bench_runner == "deepinfer_cuda.bench.runner:run"
+    assert bench_runner(plugins.backend("cuda")) is runner.run
+    assert bench_runner(plugins.backend("reference")) is None
+    assert not hasattr(cuda_plugin, "BENCH_RUNNER")
+
+
+def _fake_gpu_plugins(monkeypatch, bench_runner: str):
+    import deepinfer.plugins as plugins_mod
+    from deepinfer.plugins import Availability, BackendSpec, Plugins, hookimpl
+
+    spec = BackendSpec(name="fakegpu", device_type="cpu", probe=lambda interpret=False: Availability(True, "ok"), bench_runner=bench_runner)
+    plugin = types.SimpleNamespace(deepinfer_add_backends=hookimpl(lambda register: register(spec)))
+    monkeypatch.setattr(plugins_mod, "load_plugins", lambda: Plugins(load_entry_points=False, extra_plugins=(plugin,)))
 
 
 def test_cli_hands_the_arguments_to_the_backend_runner(monkeypatch, tmp_path):
-    import deepinfer.plugins as plugins_mod
     from deepinfer.cli.main import main
-    from deepinfer.plugins import Availability, BackendSpec, Plugins, hookimpl
 
     seen = {}
     fake_runner = types.ModuleType("fake_bench_runner_mod")
     fake_runner.go = lambda **kwargs: seen.update(kwargs)
     monkeypatch.setitem(sys.modules, "fake_bench_runner_mod", fake_runner)
-
-    plugin = types.ModuleType("fake_gpu_plugin")
-    plugin.BENCH_RUNNER = "fake_bench_runner_mod:go"
-    plugin.deepinfer_add_backends = hookimpl(lambda register: register(BackendSpec(name="fakegpu", device_type="cpu", probe=lambda interpret=False: Availability(True, "ok"))))
-    monkeypatch.setattr(plugins_mod, "load_plugins", lambda: Plugins(load_entry_points=False, extra_plugins=(plugin,)))
+    _fake_gpu_plugins(monkeypatch, "fake_bench_runner_mod:go")
     path = tmp_path / "r.json"
     assert main(["bench", "ops", "--backend", "fakegpu", "--op", "rms_norm", "--op", "rope", "--json", str(path), "--plot", str(tmp_path / "p.png")]) == 0
     assert seen == {"ops": ["rms_norm", "rope"], "json_path": path, "plot_path": tmp_path / "p.png"}
     assert main(["bench", "ops", "--backend", "fakegpu", "--op", "nope"]) == 2
+
+
+def test_a_runner_that_fails_to_load_is_one_line(monkeypatch, capsys):
+    from deepinfer.cli.main import main
+
+    _fake_gpu_plugins(monkeypatch, "deepinfer_no_such_bench_module:run")
+    assert main(["bench", "ops", "--backend", "fakegpu"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "its bench runner 'deepinfer_no_such_bench_module:run' failed to load: ModuleNotFoundError" in err
 
 
 def test_a_failed_ceiling_leaves_rates_without_fractions(fake_bench, monkeypatch):

@@ -7,6 +7,7 @@ computes the same function straight from the token list, with no cache at all: t
 
 from __future__ import annotations
 
+import dataclasses
 from types import SimpleNamespace
 
 import torch
@@ -96,8 +97,7 @@ def reference_runtime(block_size: int):
     global _RUNTIME
     if _RUNTIME is None:
         _RUNTIME = open_runtime("reference", dtype=torch.float32)
-    backend = SimpleNamespace(name="reference", kv_block_size=block_size)
-    return SimpleNamespace(backend=backend, device=torch.device("cpu"), ops=_RUNTIME.ops, chosen_by="backend reference (requested)")
+    return dataclasses.replace(_RUNTIME, backend=dataclasses.replace(_RUNTIME.backend, kv_block_size=block_size))
 
 
 def toy_llm(block_size: int = 4, max_position_embeddings: int = 256, seed: int = 0, model_seed: int = 0, **engine_options) -> LLM:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import shutil
 
 import pytest
 import torch
@@ -90,3 +91,26 @@ def test_real_deepseek_tokenizer(embedded_model):
     chat_ids = tok.encode(prompt)
     assert chat_ids.count(0) == 1  # the template's BOS is not doubled
     assert chat_ids[-1] == tok.token_to_id("<｜Assistant｜>")
+
+
+@pytest.mark.parametrize(
+    "corrupt, problem",
+    [
+        (lambda folder: (folder / "model.safetensors").write_bytes((folder / "model.safetensors").read_bytes()[:100000]), "model.safetensors: truncated"),
+        (lambda folder: (folder / "tokenizer_config.json").write_text("{"), "tokenizer_config.json: not valid JSON"),
+        (lambda folder: (folder / "config.json").write_text('{"model_type": "deepseek_v3"}'), "required field vocab_size is missing"),
+    ],
+)
+def test_corrupt_embedded_cache_says_delete_the_folder_not_re_download(embedded_model, tmp_path, monkeypatch, ops, corrupt, problem):
+    """The embedded model is generated locally: re-downloading it means nothing (issue 13, item 13)."""
+    root, _ = embedded_model
+    folder = tmp_path / embedded.NAME
+    shutil.copytree(root / embedded.NAME, folder)
+    corrupt(folder)
+    monkeypatch.setenv("DEEPINFER_CACHE", str(tmp_path))
+    for path in (None, str(folder)):  # the default, and the same folder by path
+        with pytest.raises(LoadError) as info:
+            load_model(path, ops, "cpu", torch.float32)
+        message = str(info.value)
+        assert problem in message and f"delete {folder} and run again; it is regenerated" in message, message
+        assert "download" not in message and "fetch" not in message and "\n" not in message

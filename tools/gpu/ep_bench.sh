@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 6: expert-parallel dispatch/combine on one host (run on nvidia-h200-x2 in the repo root;
+# Expert-parallel dispatch/combine on one host (run on nvidia-h200-x2 in the repo root;
 # $OUT comes back). Nothing carried, no network.
 #  1. multi-rank conformance (golden dispatch/combine cases split over 2 ranks, NCCL process group)
 #     through both EP paths of the cuda backend: symmetric memory (DEEPINFER_EP_PATH=symm: an
@@ -8,7 +8,7 @@
 #  2. `deepinfer bench ops --ep 2 --phases`: p2p bandwidth GPU0->GPU1, then dispatch/combine of both
 #     paths and a plain all_to_all_single at 128 and 4096 tokens per rank, bf16 and fp8 rows (iterations
 #     back to back, CUDA events around each op), then once more per bf16 row with an event at the end
-#     of each phase of each path (send, barrier, expand, ...) -> ep_bench.json. (Superseded by ep_session3.sh.)
+#     of each phase of each path (send, barrier, expand, ...) -> ep_bench.json. (Superseded by ep2_conformance_bench_e2e.sh.)
 # Runs in well under 4 minutes (conformance <= 110 s, both paths at once; bench <= 110 s).
 # A failing step does not stop the others; each step's output is in $OUT/<step>.txt.
 # NVLink multicast stays off (TORCH_SYMM_MEM_DISABLE_MULTICAST=1, NCCL_NVLS_ENABLE=0).

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 7, end to end: expert-parallel decode scaling on one host (run on nvidia-h200-x2 in the repo
+# End to end: expert-parallel decode scaling on one host (run on nvidia-h200-x2 in the repo
 # root; $OUT comes back). A random DeepSeek-V3-shaped model cut to 4 layers (1 dense + 3 MoE, all
 # 256 experts, bf16), skewed routing; EP 1 (CUDA graphs on, then eager), EP 2 without and with 32
 # EPLB redundant experts; batch 64 and 256 per GPU. No tokenizer, no network, nothing carried.

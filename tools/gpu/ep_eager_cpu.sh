@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 6: why is the eager 128-token dispatch host-bound on one rank? (nvidia-h200-x2, repo root)
+# Why is the eager 128-token dispatch host-bound on one rank? (nvidia-h200-x2, repo root)
 # The same `bench ops --ep 2 --tokens 128` three times: as is; with each rank pinned to its own half
 # of the CPUs (a sitecustomize that calls sched_setaffinity from LOCAL_RANK); and under py-spy-free
 # timing of the Python launch cost (one rank, no GPU wait): tools/gpu/launch_cost.py.

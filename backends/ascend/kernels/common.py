@@ -1,4 +1,6 @@
-"""Shared by the ascend kernel modules: grid sizing by core count, interpreter facts, compile options.
+"""What the ascend kernel modules share beyond `deepinfer.triton_common`: grid sizing by core count,
+tile sizing by the on-chip buffer, compile options, dot precision and output rounding. Not a
+registration module.
 
 triton-ascend maps each program of the grid to a physical core: vector kernels launch
 `num_vectorcore` programs and tl.dot kernels `num_aicore`, and every program loops over its share of
@@ -11,11 +13,14 @@ Triton's interpreter.
 from __future__ import annotations
 
 import importlib.metadata
+import inspect
 
 import torch
+import triton
+import triton.language as tl
 
 from deepinfer.registry import Registration  # noqa: F401  (kernel modules import it from here)
-from deepinfer_ascend.device import current, interpreting  # noqa: F401
+from deepinfer_ascend.device import current
 
 
 def is_triton_ascend() -> bool:
@@ -41,9 +46,11 @@ def cube_grid(num_tiles: int) -> int:
     return max(1, min(num_tiles, current().num_aicore))
 
 
-def upcast_dot() -> bool:
-    """Community Triton's interpreter computes bf16 tl.dot wrongly; operands go to float32 there."""
-    return interpreting()
+def tile_elems(bytes_per_elem: int) -> int:
+    """Largest power-of-two tile (elements) whose live values, `bytes_per_elem` per element, use at
+    most half the unified buffer (the other half is left to triton-ascend's double buffering)."""
+    budget = current().ub_bytes // 2 // bytes_per_elem
+    return 1 << (budget.bit_length() - 1)
 
 
 def aligned(n: int, dtype: torch.dtype) -> int:
@@ -52,9 +59,25 @@ def aligned(n: int, dtype: torch.dtype) -> int:
     return -(-n // per) * per
 
 
-def cdiv(a: int, b: int) -> int:
-    return (a + b - 1) // b
+def dot_precision(dot_f32: bool):
+    """float32 operands must not be truncated (tf32 / hf32): ask for "ieee" where tl.dot takes it."""
+    if dot_f32 and "input_precision" in inspect.signature(tl.dot).parameters:
+        return "ieee"
+    return None
 
 
-def next_power_of_2(n: int) -> int:
-    return 1 << (max(int(n), 1) - 1).bit_length()
+@triton.jit
+def to_output(x, out_ptr):
+    """float32 x in out_ptr's element type, rounded to nearest even like torch's `.to()`.
+
+    bfloat16 is rounded by hand on the float32 bits: the Triton interpreter's float32 -> bfloat16
+    cast truncates, and triton-ascend's default rounding is not documented; exact for finite
+    values (subnormals may flush), infinities stay infinite. Other types use the plain cast.
+    """
+    if out_ptr.dtype.element_ty == tl.bfloat16:
+        b = x.to(tl.int32, bitcast=True)
+        rounded = (b + (0x7FFF + ((b >> 16) & 1))) & -65536
+        y = tl.where(x == x, rounded, b).to(tl.float32, bitcast=True).to(tl.bfloat16)  # nan stays nan
+    else:
+        y = x.to(out_ptr.dtype.element_ty)
+    return y

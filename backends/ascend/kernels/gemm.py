@@ -58,7 +58,7 @@ Formats
 
 Tiles and the on-chip buffer
 ----------------------------
-BLOCK_K = 128 for every format (the fp8 scale group; 4 e8m0 groups for mxfp4). `_plan` picks
+BLOCK_K = 128 for every format (the fp8 scale group; 4 e8m0 groups for mxfp4). `plan_tiles` picks
 BLOCK_M (16..128, at most the power of two covering the rows per expert) and BLOCK_N (32..128, a
 divisor of 128) as the largest tile whose estimated bytes (`tile_bytes`: operands, the decode
 temporaries of quantised weights, the float32 product and accumulator) take at most half of the
@@ -77,8 +77,8 @@ decode (<= 16 rows per expert):
 
 The quantiser's tile is [16 rows, 128 columns]: 8 KB per live float32/int32 temporary.
 
-Interpreter deviations (TRITON_INTERPRET=1, `upcast_dot()`): dot operands are converted to float32
-(community Triton's interpreter computes bf16 tl.dot wrongly, and its bf16 elementwise arithmetic
+Interpreter deviations (TRITON_INTERPRET=1, `upcast_dot()` -> DOT_F32): dot operands are
+converted to float32 (community Triton's interpreter computes bf16 tl.dot wrongly, and its bf16 elementwise arithmetic
 too: negating a bf16 tensor negates its integer bits, so no bf16 arithmetic appears here, only
 bit patterns), and the fp8 dot of the 950 is not chosen (the float16 path runs instead), so the
 interpreter checks the A2/A3 operand path on both simulated chips' grids and tiles. The tests
@@ -99,7 +99,8 @@ import triton.language as tl
 
 from deepinfer.ops import gemm as gemm_ops
 from deepinfer.ops import quant
-from deepinfer_ascend.kernels.common import Registration, cdiv, cube_grid, current, interpreting, launch_options, next_power_of_2, upcast_dot, vector_grid
+from deepinfer.triton_common import cdiv, interpreting, next_power_of_2, upcast_dot
+from deepinfer_ascend.kernels.common import Registration, cube_grid, current, launch_options, vector_grid
 
 FP8_GROUP = quant.FP8_BLOCK  # 128: activation group width, weight block edge, BLOCK_K
 MX_GROUP = quant.MX_BLOCK  # 32
@@ -280,7 +281,7 @@ def _gemm_tile(
     stride_xe, stride_xm, stride_se, stride_sm,
     stride_we, stride_wn, stride_wse, stride_wsn,
     stride_oe, stride_om,
-    FMT: tl.constexpr, DOT: tl.constexpr, UPCAST: tl.constexpr,
+    FMT: tl.constexpr, DOT: tl.constexpr, DOT_F32: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     """out[e, row0:row0+BLOCK_M (< row_end), n0:n0+BLOCK_N] for one expert."""
@@ -310,7 +311,7 @@ def _gemm_tile(
         a = tl.load(x_base + x_rows + (k0 + offs_k)[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
         if FMT == 0:
             b = tl.load(w_base + w_rows + (k0 + offs_k)[None, :], mask=col_ok[:, None] & k_ok[None, :], other=0.0)
-            if DOT == 1 or UPCAST:
+            if DOT == 1 or DOT_F32:
                 acc = tl.dot(a.to(tl.float32), tl.trans(b.to(tl.float32)), acc, input_precision="ieee")
             else:
                 acc = tl.dot(a, tl.trans(b), acc)
@@ -320,13 +321,13 @@ def _gemm_tile(
             if DOT == 3:  # fp8 x fp8 (950): both tensors arrive as uint8 views (zero fill is a byte)
                 a8 = a.to(tl.float8e4nv, bitcast=True)
                 b8 = b.to(tl.float8e4nv, bitcast=True)
-                if UPCAST:  # only when a test forces this path under the interpreter
+                if DOT_F32:  # only when a test forces this path under the interpreter
                     part = tl.dot(a8.to(tl.float32), tl.trans(b8.to(tl.float32)), input_precision="ieee")
                 else:
                     part = tl.dot(a8, tl.trans(b8))
             else:  # a: float16 e4m3 values; b: e4m3 bytes decoded to float16 (exact)
                 bf = _e4m3_to_f16(b)
-                if UPCAST:
+                if DOT_F32:
                     part = tl.dot(a.to(tl.float32), tl.trans(bf.to(tl.float32)), input_precision="ieee")
                 else:
                     part = tl.dot(a, tl.trans(bf))
@@ -348,7 +349,7 @@ def _gemm_tile(
             s = tl.load(ws_base + ws_rows + ks[None, :], mask=col_ok[:, None] & (ks < K // 32)[None, :], other=127)
             codes = tl.reshape(tl.join(packed & 15, packed >> 4), (BLOCK_N, BLOCK_K // 32, 32))  # low nibble: even k
             b = tl.reshape(_mxfp4_to_bf16(codes, s[:, :, None]), (BLOCK_N, BLOCK_K))
-            if DOT == 1 or UPCAST:
+            if DOT == 1 or DOT_F32:
                 acc = tl.dot(a.to(tl.float32), tl.trans(b.to(tl.float32)), acc, input_precision="ieee")
             else:
                 acc = tl.dot(a, tl.trans(b), acc)
@@ -368,7 +369,7 @@ def _gemm_kernel(
     FMT: tl.constexpr,  # 0 dense, 1 fp8_block, 2 mxfp4
     LAYOUT: tl.constexpr,  # 0 linear (M rows), 1 contiguous (bounds = expert_offsets), 2 masked (bounds = masked_m, M = max_m)
     DOT: tl.constexpr,  # 0 operands as loaded, 1 float32 ieee, 2 float16 (fp8 decode), 3 fp8
-    UPCAST: tl.constexpr,  # interpreter: every dot in float32
+    DOT_F32: tl.constexpr,  # every dot's operands in float32 (the interpreter: upcast_dot)
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -397,7 +398,7 @@ def _gemm_kernel(
                 stride_xe, stride_xm, stride_se, stride_sm,
                 stride_we, stride_wn, stride_wse, stride_wsn,
                 stride_oe, stride_om,
-                FMT, DOT, UPCAST, BLOCK_M, BLOCK_N, BLOCK_K,
+                FMT, DOT, DOT_F32, BLOCK_M, BLOCK_N, BLOCK_K,
             )
         base += count
 
@@ -437,7 +438,7 @@ def tile_bytes(fmt: str, dot: int, x_bytes: int, w_bytes: int, bm: int, bn: int,
     return bm * bk * op + w + acc
 
 
-def _plan(fmt: str, dot: int, x_dtype: torch.dtype, w_dtype: torch.dtype, rows_per_expert: int) -> tuple[int, int]:
+def plan_tiles(fmt: str, dot: int, x_dtype: torch.dtype, w_dtype: torch.dtype, rows_per_expert: int) -> tuple[int, int]:
     """(BLOCK_M, BLOCK_N): the largest tile (BLOCK_M 16..128, at most the power of two covering the
     rows per expert; BLOCK_N 32..128) whose estimated bytes take at most half the unified buffer.
     Ties go to the larger BLOCK_M for quantised weights (each weight tile is decoded once per row
@@ -468,7 +469,7 @@ def _contiguous_rows(t: torch.Tensor) -> torch.Tensor:
     return t if t.shape[-1] == 0 or t.stride(-1) == 1 else t.contiguous()
 
 
-def _launch(x, weight, weight_scale, fmt, layout, bounds=None):
+def launch_gemm(x, weight, weight_scale, fmt, layout, bounds=None):
     """out = the product for x in `layout` (weight [E, N, K...] for grouped layouts, [N, K...] for linear)."""
     k = x.shape[-1]
     w3 = weight if layout != _LINEAR else weight.unsqueeze(0)
@@ -498,7 +499,7 @@ def _launch(x, weight, weight_scale, fmt, layout, bounds=None):
         ws3 = _contiguous_rows(ws3)
 
     dot = _dot_kind(fmt, x.dtype, w3.dtype, fp8_dot_enabled())
-    bm, bn = _plan(fmt, dot, x.dtype, w3.dtype, rows_per_expert)
+    bm, bn = plan_tiles(fmt, dot, x.dtype, w3.dtype, rows_per_expert)
 
     xs = None
     xq = x
@@ -537,7 +538,7 @@ def _launch(x, weight, weight_scale, fmt, layout, bounds=None):
         w3.stride(0), w3.stride(1),
         ws3.stride(0) if ws3 is not None else 0, ws3.stride(1) if ws3 is not None else 0,
         out3.stride(0) if layout == _MASKED else 0, out3.stride(1),
-        FMT=_FMT_ID[fmt], LAYOUT=layout, DOT=dot, UPCAST=upcast_dot(),
+        FMT=_FMT_ID[fmt], LAYOUT=layout, DOT=dot, DOT_F32=upcast_dot(),
         BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=BLOCK_K,
         **launch_options(multibuffer=True),
     )
@@ -562,7 +563,7 @@ def linear(
 ) -> torch.Tensor:
     gemm_ops.check_linear_args(x, weight, weight_scale, fmt)
     _check_dtype(x)
-    return _launch(x, weight, weight_scale, fmt, _LINEAR)
+    return launch_gemm(x, weight, weight_scale, fmt, _LINEAR)
 
 
 def grouped_gemm(
@@ -578,9 +579,9 @@ def grouped_gemm(
     _check_dtype(x)
     if expert_offsets is not None:
         gemm_ops.check_index_vector("expert_offsets", expert_offsets, experts + 1, x.device)
-        return _launch(x, weight, weight_scale, fmt, _CONTIGUOUS, bounds=expert_offsets)
+        return launch_gemm(x, weight, weight_scale, fmt, _CONTIGUOUS, bounds=expert_offsets)
     gemm_ops.check_index_vector("masked_m", masked_m, experts, x.device)
-    return _launch(x, weight, weight_scale, fmt, _MASKED, bounds=masked_m)
+    return launch_gemm(x, weight, weight_scale, fmt, _MASKED, bounds=masked_m)
 
 
 

@@ -14,7 +14,7 @@ padded to powers of two (>= 16 elements: 32 bytes for 16-bit dtypes) and masked.
 
 Deviation (interpreter only): community Triton's interpreter truncates float32 -> bfloat16 casts
 (the hardware and torch round to nearest even); under TRITON_INTERPRET=1 that cast is done by bit
-arithmetic (`to_bf16_rne`) so the interpreter stores what the NPU would.
+arithmetic (`deepinfer.triton_common.to_bf16_rne`) so the interpreter stores what the NPU would.
 
 The reference's bounds check on the slots (a host sync) is not repeated here: the op's contract
 says the non-negative slots are distinct and below num_blocks * block_size. A slot past the cache is
@@ -28,18 +28,10 @@ import triton
 import triton.language as tl
 
 from deepinfer.ops import attention as attention_ops
-from deepinfer_ascend.kernels.common import Registration, interpreting, launch_options, next_power_of_2, vector_grid
+from deepinfer.triton_common import interpreting, next_power_of_2, to_bf16_rne
+from deepinfer_ascend.kernels.common import Registration, launch_options, vector_grid
 
 INT32_LIMIT = 2**31
-
-
-@triton.jit
-def to_bf16_rne(x):
-    """float32 -> bfloat16, round to nearest even, by bit arithmetic (NaN stays NaN). Interpreter only."""
-    bits = x.to(tl.uint32, bitcast=True)
-    rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
-    rounded = tl.where(x != x, (bits >> 16) | 0x40, rounded)
-    return rounded.to(tl.uint16).to(tl.bfloat16, bitcast=True)
 
 
 @triton.jit

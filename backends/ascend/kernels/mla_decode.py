@@ -42,13 +42,12 @@ Index arithmetic is int32 (page * page stride stays int32 unless the cache tenso
 elements, then IDX64 switches the row offsets to int64).
 
 Deviations (interpreter only): bf16 dot operands are upcast to float32 (community Triton's
-interpreter computes bf16 tl.dot wrongly: common.upcast_dot); bf16 outputs are rounded to nearest
-even by bit arithmetic (the interpreter truncates float32 -> bfloat16 casts).
+interpreter computes bf16 tl.dot wrongly: deepinfer.triton_common.upcast_dot); bf16 outputs are
+rounded to nearest even by bit arithmetic (the interpreter truncates float32 -> bfloat16 casts).
 """
 
 from __future__ import annotations
 
-import inspect
 from functools import lru_cache
 
 import torch
@@ -56,8 +55,8 @@ import triton
 import triton.language as tl
 
 from deepinfer.ops import attention as attention_ops
-from deepinfer_ascend.kernels.common import Registration, cdiv, cube_grid, current, interpreting, launch_options, next_power_of_2, upcast_dot, vector_grid
-from deepinfer_ascend.kernels.kv_cache import to_bf16_rne
+from deepinfer.triton_common import cdiv, interpreting, next_power_of_2, pick_splits, to_bf16_rne, upcast_dot
+from deepinfer_ascend.kernels.common import Registration, cube_grid, current, dot_precision, launch_options, vector_grid
 
 INT32_LIMIT = 2**31
 MIN_TOKENS_PER_SPLIT = 256  # a split's partial write (rows * C * 4 bytes) stays small next to its reads
@@ -74,7 +73,7 @@ def _store_rows(ptrs, values, mask, MANUAL_RNE: tl.constexpr):
 
 
 @triton.jit
-def _mla_decode_kernel(
+def _mla_decode_split_kernel(
     q_nope_ptr, q_rope_ptr, kv_ptr, block_table_ptr, seq_lens_ptr,
     out_ptr, part_out_ptr, part_lse_ptr,
     sm_scale,
@@ -245,13 +244,6 @@ def _mla_decode_combine_kernel(
         _store_rows(o_rows[:, None] + offs_c[None, :], out, mask, MANUAL_RNE)
 
 
-def _dot_precision(dot_f32: bool):
-    """float32 operands must not be truncated (tf32 / hf32): ask for "ieee" where tl.dot takes it."""
-    if dot_f32 and "input_precision" in inspect.signature(tl.dot).parameters:
-        return "ieee"
-    return None
-
-
 def _tile_bytes(block_h: int, block_n: int, block_c: int, block_r: int, e_dot: int, q_chunk: int) -> int:
     """On-chip bytes of every live tile of one split-kernel program (see the module docstring)."""
     acc = block_h * block_c * 4
@@ -276,17 +268,6 @@ def _tiles(rows: int, page: int, block_c: int, block_r: int, e_dot: int, budget:
     return 16, 16, min(64, block_c)
 
 
-def _pick_splits(base: int, cores: int, limit: int) -> int:
-    """The split count whose base * splits items fill the cores best (fewest splits on near-ties)."""
-    best, best_eff = 1, 0.0
-    for splits in range(1, max(1, min(limit, 2 * cdiv(cores, base))) + 1):
-        items = base * splits
-        eff = items / (cdiv(items, cores) * cores)
-        if eff > best_eff * 1.05:
-            best, best_eff = splits, eff
-    return best
-
-
 def plan(
     batch: int, rows: int, page: int, capacity: int, latent_dim: int, rope_dim: int, e_dot: int,
     num_splits: int | None = None, tiles: dict | None = None,
@@ -304,7 +285,7 @@ def plan(
     tiles = max(1, cdiv(capacity, block_n))
     if num_splits is None:
         limit = min(MAX_SPLITS, tiles, max(1, capacity // MIN_TOKENS_PER_SPLIT))
-        num_splits = _pick_splits(batch * head_blocks, dev.num_aicore, limit)
+        num_splits = pick_splits(batch * head_blocks, dev.num_aicore, limit)
     num_splits = max(1, min(int(num_splits), tiles))
     return {
         "BLOCK_H": block_h, "BLOCK_N": block_n, "Q_CHUNK": q_chunk, "BLOCK_C": block_c, "BLOCK_R": block_r,
@@ -364,7 +345,7 @@ def launch_mla_decode(
         pl_strides = (part_lse.stride(0), part_lse.stride(1))
     manual_rne = interpreting() and q_nope.dtype == torch.bfloat16
     items = batch * cfg["head_blocks"] * splits
-    _mla_decode_kernel[(cube_grid(items),)](
+    _mla_decode_split_kernel[(cube_grid(items),)](
         q_nope, q_rope, kv_cache, block_table, seq_lens,
         out, part_out, part_lse,
         float(softmax_scale),
@@ -385,7 +366,7 @@ def launch_mla_decode(
         HAS_WINDOW=sliding_window is not None,
         DIRECT=direct,
         DOT_F32=dot_f32 or upcast_dot(),
-        DOT_PRECISION=_dot_precision(dot_f32 or upcast_dot()),
+        DOT_PRECISION=dot_precision(dot_f32 or upcast_dot()),
         IDX64=kv_cache.numel() + kv_cache.stride(0) >= INT32_LIMIT,
         MANUAL_RNE=manual_rne,
         **launch_options(),

@@ -40,11 +40,11 @@ import torch
 import triton
 import triton.language as tl
 
-from deepinfer.ops.moe import SCORE_FUNCS, _check_gate_args, _require_local_experts
+from deepinfer.ops.moe import SCORE_FUNCS, check_gate_args, require_local_experts
 from deepinfer.ops.moe import combine as _reference_combine
 from deepinfer.ops.moe import gate as _reference_gate
-from deepinfer_ascend.kernels.common import Registration, cdiv, current, launch_options, next_power_of_2, vector_grid
-from deepinfer_ascend.kernels.norm import to_output
+from deepinfer.triton_common import cdiv, log1p_from_log, next_power_of_2
+from deepinfer_ascend.kernels.common import Registration, launch_options, tile_elems, to_output, vector_grid
 
 _INT32_LIMIT = 2**31
 
@@ -52,19 +52,6 @@ _INT32_LIMIT = 2**31
 # gate
 
 _GATE_BYTES_PER_ELEM = 32
-
-
-def _gate_tile_elems() -> int:
-    budget = current().ub_bytes // 2 // _GATE_BYTES_PER_ELEM
-    return 1 << (budget.bit_length() - 1)
-
-
-@triton.jit
-def _log1p(x):
-    # Kahan's log1p from log: accurate to a few ulp, also where 1 + x rounds to 1
-    u = 1.0 + x
-    d = tl.where(u == 1.0, 1.0, u - 1.0)
-    return tl.where(u == 1.0, x, tl.log(u) * (x / d))
 
 
 @triton.jit
@@ -104,7 +91,7 @@ def _gate_kernel(
             s = 1.0 / (1.0 + tl.exp(-x))
         else:
             # torch's softplus (beta 1, threshold 20): x past the threshold, else log1p(exp(x))
-            sp = tl.where(x > 20.0, x, _log1p(tl.exp(tl.minimum(x, 20.0))))
+            sp = tl.where(x > 20.0, x, log1p_from_log(tl.exp(tl.minimum(x, 20.0))))
             s = tl.sqrt(sp)
         s = tl.where(ok, s, 0.0)
         if HAS_BIAS:
@@ -175,7 +162,7 @@ def gate(
     routed_scaling_factor: float = 1.0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     E = logits.shape[-1]
-    _check_gate_args(E, top_k, score_func, correction_bias, n_group, topk_group)
+    check_gate_args(E, top_k, score_func, correction_bias, n_group, topk_group)
     if logits.dtype == torch.float64 or logits.numel() >= _INT32_LIMIT:
         return _reference_gate(
             logits, top_k=top_k, score_func=score_func, correction_bias=correction_bias, n_group=n_group,
@@ -193,7 +180,7 @@ def gate(
         return weights.reshape(*logits.shape[:-1], top_k), ids.reshape(*logits.shape[:-1], top_k)
     bias = correction_bias.to(torch.float32).contiguous() if correction_bias is not None else x
     block_e = max(next_power_of_2(E), 8)
-    block_t = max(1, min(_gate_tile_elems() // block_e, next_power_of_2(T)))
+    block_t = max(1, min(tile_elems(_GATE_BYTES_PER_ELEM) // block_e, next_power_of_2(T)))
     n_tiles = cdiv(T, block_t)
     _gate_kernel[(vector_grid(n_tiles),)](
         x, bias, weights, ids,
@@ -322,7 +309,7 @@ def dispatch(
     num_experts: int,
     ep_group: object | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    _require_local_experts(ep_group)
+    require_local_experts(ep_group)
     device = x.device
     T, K = topk_ids.shape
     S = T * K
@@ -397,7 +384,7 @@ def combine(
     *,
     ep_group: object | None = None,
 ) -> torch.Tensor:
-    _require_local_experts(ep_group)
+    require_local_experts(ep_group)
     if expert_out.dtype == torch.float64 or expert_out.numel() >= _INT32_LIMIT:
         return _reference_combine(expert_out, topk_weights, row_of_slot, ep_group=ep_group)
     T, K = topk_weights.shape

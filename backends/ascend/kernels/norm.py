@@ -14,7 +14,7 @@ Buffer budget: about 5 float32 values live per tile element (x, residual, h, wei
 input-dtype copies: 24 bytes x BLOCK_T x BLOCK_D kept under half of the unified buffer
 (96 KB on A2/A3 -> 4096 elements, 128 KB on 950 -> 4096 elements, power of two).
 
-Outputs are rounded to nearest even (`to_output`, shared by the other vector kernels): bfloat16 by
+Outputs are rounded to nearest even (`common.to_output`, shared with the other vector kernels): bfloat16 by
 hand on the float32 bits, since the interpreter's cast truncates and triton-ascend's default
 rounding mode is not documented.
 
@@ -28,32 +28,10 @@ import triton
 import triton.language as tl
 
 from deepinfer.ops.norm import rms_norm as _reference
-from deepinfer_ascend.kernels.common import Registration, cdiv, current, launch_options, next_power_of_2, vector_grid
+from deepinfer.triton_common import cdiv, next_power_of_2
+from deepinfer_ascend.kernels.common import Registration, launch_options, tile_elems, to_output, vector_grid
 
 _BYTES_PER_ELEM = 24
-
-
-def tile_elems() -> int:
-    """Largest power-of-two tile (elements) whose live values use at most half the unified buffer."""
-    budget = current().ub_bytes // 2 // _BYTES_PER_ELEM
-    return 1 << (budget.bit_length() - 1)
-
-
-@triton.jit
-def to_output(x, out_ptr):
-    """float32 x in out_ptr's element type, rounded to nearest even like torch's `.to()`.
-
-    bfloat16 is rounded by hand on the float32 bits: the Triton interpreter's float32 -> bfloat16
-    cast truncates, and triton-ascend's default rounding is not documented; exact for finite
-    values (subnormals may flush), infinities stay infinite. Other types use the plain cast.
-    """
-    if out_ptr.dtype.element_ty == tl.bfloat16:
-        b = x.to(tl.int32, bitcast=True)
-        rounded = (b + (0x7FFF + ((b >> 16) & 1))) & -65536
-        y = tl.where(x == x, rounded, b).to(tl.float32, bitcast=True).to(tl.bfloat16)  # nan stays nan
-    else:
-        y = x.to(out_ptr.dtype.element_ty)
-    return y
 
 
 @triton.jit
@@ -147,7 +125,7 @@ def rms_norm(
             out.zero_()
         return out.reshape(x.shape), (None if h is None else h.reshape(x.shape))
     w = weight if weight.stride(-1) == 1 else weight.contiguous()
-    elems = tile_elems()
+    elems = tile_elems(_BYTES_PER_ELEM)
     block_d = max(next_power_of_2(D), 32 // x.element_size())  # rows of at least 32 bytes
     chunked = block_d > elems
     if chunked:

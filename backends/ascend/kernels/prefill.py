@@ -27,7 +27,7 @@ operand size. The first of (64,128), (64,64), (64,32), (32,64), (32,32), (16,32)
 Index arithmetic is int32 (IDX64 switches the row offsets to int64 when a tensor has >= 2^31
 elements).
 
-Deviations (interpreter only): bf16 dot operands are upcast to float32 (common.upcast_dot); bf16
+Deviations (interpreter only): bf16 dot operands are upcast to float32 (deepinfer.triton_common.upcast_dot); bf16
 outputs are rounded to nearest even by bit arithmetic (the interpreter truncates the cast).
 """
 
@@ -40,30 +40,15 @@ import triton
 import triton.language as tl
 
 from deepinfer.ops import attention as attention_ops
-from deepinfer_ascend.kernels.common import Registration, cube_grid, current, interpreting, launch_options, next_power_of_2, upcast_dot
-from deepinfer_ascend.kernels.kv_cache import to_bf16_rne
-from deepinfer_ascend.kernels.mla_decode import _dot_precision
+from deepinfer.triton_common import find_request, interpreting, next_power_of_2, to_bf16_rne, upcast_dot
+from deepinfer_ascend.kernels.common import Registration, cube_grid, current, dot_precision, launch_options
 
 INT32_LIMIT = 2**31
 TILE_PREFERENCE = ((64, 128), (64, 64), (64, 32), (32, 64), (32, 32), (16, 32), (16, 16))
 
 
 @triton.jit
-def _find_request(cu_q_ptr, slot, num_requests, search_steps, BLOCK_M: tl.constexpr):
-    """The request b whose slots [cu_q[b] // BLOCK_M + b, cu_q[b+1] // BLOCK_M + b + 1) hold `slot`."""
-    lo = slot * 0
-    hi = lo + num_requests
-    for _ in range(search_steps):
-        mid = (lo + hi) // 2
-        first_slot = tl.load(cu_q_ptr + mid) // BLOCK_M + mid
-        right = first_slot <= slot
-        lo = tl.where(right, mid, lo)
-        hi = tl.where(right, hi, mid)
-    return lo
-
-
-@triton.jit
-def _attend(
+def _attend_blocks(
     acc, l_i, m_i, q1, q2,
     k_base, v_base, stride_kt, stride_vt,
     start, end, pos, k_len, window, sm_scale,
@@ -147,7 +132,7 @@ def _prefill_kernel(
     for item in range(pid, num_items, num_programs):
         slot = item // H
         head = item % H
-        b = _find_request(cu_q_ptr, slot, num_requests, search_steps, BLOCK_M)
+        b = find_request(cu_q_ptr, slot, num_requests, search_steps, BLOCK_M)
         q_start = tl.load(cu_q_ptr + b)
         q_len = tl.load(cu_q_ptr + b + 1) - q_start
         k_start = tl.load(cu_k_ptr + b)
@@ -192,19 +177,19 @@ def _prefill_kernel(
                 lo = tl.maximum(first_pos - window + 1, 0) // BLOCK_N * BLOCK_N
                 full_lo = tl.cdiv(tl.maximum(last_pos - window + 1, 0), BLOCK_N) * BLOCK_N
                 full_lo = tl.minimum(tl.maximum(full_lo, lo), diag_lo)
-                acc, l_i, m_i = _attend(
+                acc, l_i, m_i = _attend_blocks(
                     acc, l_i, m_i, q1, q2, k_base, v_base, stride_kt, stride_vt,
                     lo, full_lo, pos, k_len, window, sm_scale,
                     True, HAS_WINDOW, D_QK, D_V, BLOCK_N, BLOCK_D1, BLOCK_D2, BLOCK_DV, DOT_F32, DOT_PRECISION,
                 )
             else:
                 full_lo = diag_lo * 0
-            acc, l_i, m_i = _attend(
+            acc, l_i, m_i = _attend_blocks(
                 acc, l_i, m_i, q1, q2, k_base, v_base, stride_kt, stride_vt,
                 full_lo, diag_lo, pos, k_len, window, sm_scale,
                 False, HAS_WINDOW, D_QK, D_V, BLOCK_N, BLOCK_D1, BLOCK_D2, BLOCK_DV, DOT_F32, DOT_PRECISION,
             )
-            acc, l_i, m_i = _attend(
+            acc, l_i, m_i = _attend_blocks(
                 acc, l_i, m_i, q1, q2, k_base, v_base, stride_kt, stride_vt,
                 diag_lo, last_pos + 1, pos, k_len, window, sm_scale,
                 True, HAS_WINDOW, D_QK, D_V, BLOCK_N, BLOCK_D1, BLOCK_D2, BLOCK_DV, DOT_F32, DOT_PRECISION,
@@ -289,7 +274,7 @@ def launch_prefill(
         BLOCK_M=block_m, BLOCK_N=block_n,
         BLOCK_D1=block_d1, BLOCK_D2=block_d2, BLOCK_DV=block_dv,
         HAS_WINDOW=sliding_window is not None,
-        DOT_F32=upcast, DOT_PRECISION=_dot_precision(upcast),
+        DOT_F32=upcast, DOT_PRECISION=dot_precision(upcast),
         IDX64=big, MANUAL_RNE=interpreting() and q.dtype == torch.bfloat16,
         **launch_options(),
     )

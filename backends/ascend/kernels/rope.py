@@ -22,15 +22,10 @@ import triton
 import triton.language as tl
 
 from deepinfer.ops.rope import rope as _reference
-from deepinfer_ascend.kernels.common import Registration, cdiv, current, launch_options, next_power_of_2, vector_grid
-from deepinfer_ascend.kernels.norm import to_output
+from deepinfer.triton_common import cdiv, next_power_of_2
+from deepinfer_ascend.kernels.common import Registration, launch_options, tile_elems, to_output, vector_grid
 
 _BYTES_PER_PAIR = 32
-
-
-def tile_pairs() -> int:
-    budget = current().ub_bytes // 2 // _BYTES_PER_PAIR
-    return 1 << (budget.bit_length() - 1)
 
 
 @triton.jit
@@ -92,7 +87,7 @@ def rope(
     pos = positions.reshape(-1)
     pos = pos if pos.is_contiguous() else pos.contiguous()
     block_half = max(next_power_of_2(half), 32 // x.element_size())
-    block_h = max(1, min(next_power_of_2(H), tile_pairs() // block_half))
+    block_h = max(1, min(next_power_of_2(H), tile_elems(_BYTES_PER_PAIR) // block_half))
     n_tiles = T * cdiv(H, block_h)
     _rope_kernel[(vector_grid(n_tiles),)](
         xs, pos, cs, out,

@@ -51,9 +51,9 @@ sample
     word is held as two 16-bit halves in int32, so nothing depends on unsigned types, logical
     shifts or wrap-around on overflow: xor and shifts act on the halves, and the multiplication by
     a 32-bit constant is built from products of a 16-bit half by a byte of the constant (every
-    intermediate < 2^27). NATIVE_U32 = True uses uint32 multiplies (about 4x fewer operations;
-    bit-identical under the interpreter, to be confirmed on triton-ascend before it is switched
-    on). u = ((h >> 9) + 0.5) * 2^-23 is exact; seeds and positions arrive as int32 (low, high)
+    intermediate < 2^27). NATIVE_U32 = True runs the shared uint32 hash (deepinfer.triton_common
+    `mix32`, the one the cuda kernels use; about 4x fewer operations; bit-identical under the
+    interpreter, to be confirmed on triton-ascend before it is switched on). u = ((h >> 9) + 0.5) * 2^-23 is exact; seeds and positions arrive as int32 (low, high)
     pairs (a view of the int64 tensors), so no int64 vector arithmetic either (int64 only for a few
     scalars of the key bisections, whose intervals can span 2^32).
 
@@ -84,7 +84,8 @@ import triton
 import triton.language as tl
 
 from deepinfer.ops.sampling import apply_token_bitmask as _reference_bitmask
-from deepinfer_ascend.kernels.common import Registration, cdiv, current, launch_options, next_power_of_2, vector_grid
+from deepinfer.triton_common import cdiv, from_order_key, mix32, next_power_of_2, order_key
+from deepinfer_ascend.kernels.common import Registration, current, launch_options, vector_grid
 
 _MIN_KEY = tl.constexpr(-(2**31))
 _MAX_KEY = tl.constexpr(2**31 - 1)
@@ -99,20 +100,6 @@ NATIVE_U32 = False
 
 # ---------------------------------------------------------------------------------------------
 # float keys, fixed-point sums, the hash
-
-
-@triton.jit
-def _okey(x):
-    """float32 -> int32 whose order is the floats' order (-0.0 maps to +0.0's key)."""
-    b = x.to(tl.int32, bitcast=True)
-    k = tl.where(b >= 0, b, b ^ 0x7FFFFFFF)
-    return tl.where(x == 0.0, 0, k)
-
-
-@triton.jit
-def _from_key(k):
-    b = tl.where(k >= 0, k, k ^ 0x7FFFFFFF)
-    return b.to(tl.float32, bitcast=True)
 
 
 @triton.jit
@@ -205,14 +192,11 @@ def _xorshift15(l, h):
 
 
 @triton.jit
-def _mix(l, h, NATIVE_U32: tl.constexpr):
+def _mix32_halves(l, h, NATIVE_U32: tl.constexpr):
+    """deepinfer.triton_common.mix32 on a word held as 16-bit halves: natively in uint32, or
+    emulated on the halves (the same bits, checked against sampling_uniform by the tests)."""
     if NATIVE_U32:
-        x = ((h << 16) | l).to(tl.uint32)
-        x = x ^ (x >> 16)
-        x = x * 0x21F0AAAD
-        x = x ^ (x >> 15)
-        x = x * 0xD35A2D97
-        x = x ^ (x >> 15)
+        x = mix32(((h << 16) | l).to(tl.uint32))
         l = (x & 0xFFFF).to(tl.int32)
         h = (x >> 16).to(tl.int32)
     else:
@@ -225,20 +209,20 @@ def _mix(l, h, NATIVE_U32: tl.constexpr):
 
 
 @triton.jit
-def _row_hash(seed_lo, seed_hi, pos_lo, NATIVE_U32: tl.constexpr):
+def _row_hash_halves(seed_lo, seed_hi, pos_lo, NATIVE_U32: tl.constexpr):
     """mix(mix(mix(seed_lo + 0x9E3779B9) ^ seed_hi) ^ position_lo) from int32 words, as halves."""
     l = (seed_lo & 0xFFFF) + 0x79B9
     h = (((seed_lo >> 16) & 0xFFFF) + 0x9E37 + (l >> 16)) & 0xFFFF
     l = l & 0xFFFF
-    l, h = _mix(l, h, NATIVE_U32)
-    l, h = _mix(l ^ (seed_hi & 0xFFFF), h ^ ((seed_hi >> 16) & 0xFFFF), NATIVE_U32)
-    return _mix(l ^ (pos_lo & 0xFFFF), h ^ ((pos_lo >> 16) & 0xFFFF), NATIVE_U32)
+    l, h = _mix32_halves(l, h, NATIVE_U32)
+    l, h = _mix32_halves(l ^ (seed_hi & 0xFFFF), h ^ ((seed_hi >> 16) & 0xFFFF), NATIVE_U32)
+    return _mix32_halves(l ^ (pos_lo & 0xFFFF), h ^ ((pos_lo >> 16) & 0xFFFF), NATIVE_U32)
 
 
 @triton.jit
-def _uniform(rl, rh, idx, NATIVE_U32: tl.constexpr):
+def _hash_uniform_halves(rl, rh, idx, NATIVE_U32: tl.constexpr):
     """u = ((mix(row ^ v) >> 9) + 0.5) 2^-23 for int32 indices v >= 0."""
-    l, h = _mix(rl ^ (idx & 0xFFFF), rh ^ (idx >> 16), NATIVE_U32)
+    l, h = _mix32_halves(rl ^ (idx & 0xFFFF), rh ^ (idx >> 16), NATIVE_U32)
     return (((h << 7) | (l >> 9)).to(tl.float32) + 0.5) * 1.1920928955078125e-07
 
 
@@ -246,10 +230,10 @@ def _uniform(rl, rh, idx, NATIVE_U32: tl.constexpr):
 def _uniform_kernel(seed_ptr, pos_ptr, out_ptr, V, BLOCK: tl.constexpr, NATIVE_U32: tl.constexpr):
     """Test hook: sampling_uniform for one row per program."""
     row = tl.program_id(0)
-    rl, rh = _row_hash(tl.load(seed_ptr + 2 * row), tl.load(seed_ptr + 2 * row + 1), tl.load(pos_ptr + 2 * row), NATIVE_U32)
+    rl, rh = _row_hash_halves(tl.load(seed_ptr + 2 * row), tl.load(seed_ptr + 2 * row + 1), tl.load(pos_ptr + 2 * row), NATIVE_U32)
     for start in range(0, V, BLOCK):
         offs = start + tl.arange(0, BLOCK)
-        tl.store(out_ptr + row * V + offs, _uniform(rl, rh, offs, NATIVE_U32), mask=offs < V)
+        tl.store(out_ptr + row * V + offs, _hash_uniform_halves(rl, rh, offs, NATIVE_U32), mask=offs < V)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -276,7 +260,7 @@ def _collect(lp, V, lo_key, R: tl.constexpr, L: tl.constexpr):
         offs = start + lanes
         ok = offs < V
         x = tl.load(lp + offs, mask=ok, other=float("-inf"))
-        hit = ok & (_okey(x) >= lo_key)
+        hit = ok & (order_key(x) >= lo_key)
         put = (slots[:, None] == cnt[None, :]) & hit[None, :]
         cx = tl.where(put, x[None, :], cx)
         ci = tl.where(put, offs[None, :], ci)
@@ -365,7 +349,7 @@ def _topk_rows(lp, V, k, lo, hi, BLOCK: tl.constexpr, NT: tl.constexpr, ROUNDS: 
             for start in range(0, V, BLOCK):
                 offs = start + lanes
                 ok = offs < V
-                key = _okey(tl.load(lp + offs, mask=ok, other=float("-inf")))
+                key = order_key(tl.load(lp + offs, mask=ok, other=float("-inf")))
                 cnt += tl.sum(((key[:, None] >= m[None, :]) & ok[:, None]).to(tl.int32), axis=0)
             lo, hi = _narrow(lo, hi, step, tl.sum((cnt >= k).to(tl.int32), axis=0), NT)
     return lo
@@ -390,7 +374,7 @@ def _topp_rows(lp, V, td, zmax, r, Q, tk_key, top_p, lo, hi, BLOCK: tl.constexpr
                 offs = start + lanes
                 ok = offs < V
                 x = tl.load(lp + offs, mask=ok, other=float("-inf"))
-                key = _okey(x)
+                key = order_key(x)
                 a, b, c = _split3(tl.where(ok & (key >= tk_key), _p_of(x, td, zmax, r) / Q, 0.0))
                 sel = key[:, None] >= m[None, :]
                 A += tl.sum(tl.where(sel, a[:, None], 0), axis=0)
@@ -452,15 +436,15 @@ def _sample_kernel(
             up = x > lane_max
             lane_idx = tl.where(up, offs, lane_idx)
             lane_max = tl.where(up, x, lane_max)
-            lane_min = tl.minimum(lane_min, tl.where(ok, _okey(x), _MAX_KEY))
+            lane_min = tl.minimum(lane_min, tl.where(ok, order_key(x), _MAX_KEY))
         M = tl.max(lane_max, axis=0)
         token = tl.min(tl.where(lane_max == M, lane_idx, _MAX_KEY), axis=0)
         token = tl.where(M == float("-inf"), 0, token)  # all -inf: the reference's argmax is 0
         if (greedy == 0) & (M > float("-inf")):
             zmax = M / td
-            kmax = _okey(M)
+            kmax = order_key(M)
             kmin = tl.min(lane_min, axis=0)
-            lane_key = _okey(lane_max)[None, :]  # [1, BLOCK]: distinct elements of the row
+            lane_key = order_key(lane_max)[None, :]  # [1, BLOCK]: distinct elements of the row
             # pass 2 (top-p, min-p): the softmax normaliser, summed exactly
             r = td * 0.0 + 1.0
             # top-p, a coarse bracket of its threshold: float32 estimates of the mass above the
@@ -508,7 +492,7 @@ def _sample_kernel(
                 cx, ci, valid, n_slots = _collect(lp, V, lo_k.to(tl.int32), CAND_R, CAND_L)
                 if n_slots <= CAND_R:
                     have = kmin * 0 + 1
-                    tk_key = _search_count(_okey(cx), valid, k, lo_k, kmax.to(tl.int64)).to(tl.int32)
+                    tk_key = _search_count(order_key(cx), valid, k, lo_k, kmax.to(tl.int64)).to(tl.int32)
                     path = path | 1
                 else:
                     path = path | 2
@@ -524,7 +508,7 @@ def _sample_kernel(
                 if have != 0:
                     # keep_k lies within the candidates: Q from them
                     a, b, c = _split3(_p_of(cx, td, zmax, r))
-                    U, A, Bl, C = _limbsum2(valid & (_okey(cx) >= tk_key), a, b, c)
+                    U, A, Bl, C = _limbsum2(valid & (order_key(cx) >= tk_key), a, b, c)
                     Q = _fixed_to_float(U, A, Bl, C)
                 else:
                     # a pass for Q, which also refines the bracket: float32 estimates of the mass above
@@ -540,7 +524,7 @@ def _sample_kernel(
                         offs = start + lanes
                         ok = offs < V
                         x = tl.load(lp + offs, mask=ok, other=float("-inf"))
-                        p = tl.where(ok & (_okey(x) >= tk_key), _p_of(x, td, zmax, r), 0.0)
+                        p = tl.where(ok & (order_key(x) >= tk_key), _p_of(x, td, zmax, r), 0.0)
                         a, b, c = _split3(p)
                         U, A, Bl, C = _carry(U, A + tl.sum(a, axis=0), Bl + tl.sum(b, axis=0), C + tl.sum(c, axis=0))
                         if bracket != 0:
@@ -549,7 +533,7 @@ def _sample_kernel(
                     n_f = tl.sum((approx >= top_p * Q * 1.0001 + 1e-6).to(tl.int32), axis=0)
                     if (bracket != 0) & (n_f > 0):
                         # ascending thresholds: the clear ones are a prefix
-                        guess = _okey(tl.max(tl.where(tl.arange(0, NT) == n_f - 1, xf, float("-inf")), axis=0))
+                        guess = order_key(tl.max(tl.where(tl.arange(0, NT) == n_f - 1, xf, float("-inf")), axis=0))
                         lo_p = tl.maximum(lo_base, guess.to(tl.int64))
                         guessed = (lo_p > lo_base).to(tl.int32)
                     cx, ci, valid, n_slots = _collect(lp, V, lo_p.to(tl.int32), CAND_R, CAND_L)
@@ -557,7 +541,7 @@ def _sample_kernel(
                 tp_key = lo_p
                 found = kmin * 0
                 if have != 0:
-                    ckey = tl.where(valid, _okey(cx), _MIN_KEY)
+                    ckey = tl.where(valid, order_key(cx), _MIN_KEY)
                     a, b, c = _split3(tl.where(ckey >= tk_key, _p_of(cx, td, zmax, r) / Q, 0.0))
                     tp_key, found = _search_mass(ckey, a, b, c, lo_p, kmax.to(tl.int64), top_p)
                     path = path | 4
@@ -568,17 +552,17 @@ def _sample_kernel(
                     path = path | 16
                     tp_key, found = _topp_rows(lp, V, td, zmax, r, Q, tk_key, top_p, lo_base, kmax.to(tl.int64), SEARCH_L, NT, ROUNDS)
                 if found != 0:
-                    tp = _p_of(_from_key(tp_key.to(tl.int32)), td, zmax, r) / Q
+                    tp = _p_of(from_order_key(tp_key.to(tl.int32)), td, zmax, r) / Q
                     tp_on = found
             # keep_m: p >= min_p * max p, max p = p(M) = exp(0) * r
             thr = min_p * r
             # the token: argmax of z + g over the kept elements, lowest index on ties
-            rl, rh = _row_hash(tl.load(seed_ptr + 2 * row), tl.load(seed_ptr + 2 * row + 1), tl.load(pos_ptr + 2 * row), NATIVE_U32)
+            rl, rh = _row_hash_halves(tl.load(seed_ptr + 2 * row), tl.load(seed_ptr + 2 * row + 1), tl.load(pos_ptr + 2 * row), NATIVE_U32)
             if have != 0:
                 # every kept element is a candidate; the slots are hashed one row of lanes at a
                 # time (a [CAND_L] vector), so the hash's temporaries stay small
                 path = path | 32
-                ckeep = valid & (_okey(cx) >= tk_key)
+                ckeep = valid & (order_key(cx) >= tk_key)
                 if p_on | m_on:
                     cp = _p_of(cx, td, zmax, r)
                     if tp_on != 0:
@@ -593,7 +577,7 @@ def _sample_kernel(
                     xi = tl.max(tl.where(on, cx, float("-inf")), axis=0)
                     ii = tl.max(tl.where(on, ci, 0), axis=0)
                     ki = tl.max(tl.where(on & ckeep, 1, 0), axis=0) > 0
-                    cval = tl.where(ki, xi / td - tl.log(-tl.log(_uniform(rl, rh, ii, NATIVE_U32))), float("-inf"))
+                    cval = tl.where(ki, xi / td - tl.log(-tl.log(_hash_uniform_halves(rl, rh, ii, NATIVE_U32))), float("-inf"))
                     cup = cval > cbest  # a lane's slots are in index order: ties keep the lowest index
                     cbest_idx = tl.where(cup, ii, cbest_idx)
                     cbest = tl.where(cup, cval, cbest)
@@ -606,14 +590,14 @@ def _sample_kernel(
                     offs = start + lanes
                     ok = offs < V
                     x = tl.load(lp + offs, mask=ok, other=float("-inf"))
-                    keep = ok & (_okey(x) >= tk_key)
+                    keep = ok & (order_key(x) >= tk_key)
                     if p_on | m_on:
                         p = _p_of(x, td, zmax, r)
                         if tp_on != 0:
                             keep = keep & (p / Q >= tp)
                         if m_on:
                             keep = keep & (p >= thr)
-                    val = tl.where(keep, x / td - tl.log(-tl.log(_uniform(rl, rh, offs, NATIVE_U32))), float("-inf"))
+                    val = tl.where(keep, x / td - tl.log(-tl.log(_hash_uniform_halves(rl, rh, offs, NATIVE_U32))), float("-inf"))
                     up = val > best
                     best_idx = tl.where(up, offs, best_idx)
                     best = tl.where(up, val, best)

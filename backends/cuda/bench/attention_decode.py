@@ -178,17 +178,16 @@ def sweep(device: torch.device | None = None) -> list[dict]:
     def measure(label, s, overrides, num_splits=None, window=None, ref=None):
         args = (s["q_nope"], s["q_rope"], s["kv_cache"], s["block_table"], s["seq_lens"], SCALE, window)
         try:
-            out = mla._mla_decode(*args, num_splits=num_splits, overrides=overrides)
+            out, handle = mla.launch_mla_decode_with_handle(*args, num_splits=num_splits, overrides=overrides)
             torch.cuda.synchronize()
-            handle = mla._LAST_LAUNCH
             regs = (getattr(handle, "n_regs", None), getattr(handle, "n_spills", None), handle.metadata.shared if handle is not None else None)
             err = float(((out.float() - ref).norm() / ref.norm()).item()) if ref is not None else float("nan")
-            ms = do_bench(lambda: mla._mla_decode(*args, num_splits=num_splits, overrides=overrides), warmup=10, rep=60, return_mode="median")
+            ms = do_bench(lambda: mla.launch_mla_decode(*args, num_splits=num_splits, overrides=overrides), warmup=10, rep=60, return_mode="median")
         except Exception as exc:  # a config that does not compile (shared memory) is a row, not a crash
             print(f"{label:>10} {overrides} splits={num_splits}: FAILED {type(exc).__name__}: {str(exc).splitlines()[0][:150]}", flush=True)
             return None
         batch, queries, heads, _ = s["q_nope"].shape
-        _, _, _, _, splits = mla._plan(batch, queries * heads, s["block_table"].shape[1] * PAGE, device, num_splits, None, overrides)
+        _, _, _, _, splits = mla.plan(batch, queries * heads, s["block_table"].shape[1] * PAGE, device, num_splits, None, overrides)
         row = {"case": label, **overrides, "splits": splits, "ms": ms, "tbs": _mla_bytes(s) / ms / 1e9, "tflops": _mla_flops(s) / ms / 1e9, "rel_err": err, "regs_spills_smem": regs}
         print(f"{label:>10} {overrides} splits={splits}: {ms * 1e3:8.1f} us  {row['tbs']:6.2f} TB/s  {row['tflops']:6.1f} TFLOP/s  err {err:.2e} regs/spills/smem {regs}", flush=True)
         results.append(row)
@@ -237,22 +236,22 @@ def _graph_check(s: dict, device: torch.device) -> None:
     from triton.testing import do_bench
 
     from deepinfer_cuda.kernels.kv_cache import kv_cache_write
-    from deepinfer_cuda.kernels.mla_decode import _mla_decode
+    from deepinfer_cuda.kernels.mla_decode import launch_mla_decode
 
     w = _write_setup(128)(device)
     args = (s["q_nope"], s["q_rope"], s["kv_cache"], s["block_table"], s["seq_lens"], SCALE, None)
-    eager = _mla_decode(*args, num_splits=4)
+    eager = launch_mla_decode(*args, num_splits=4)
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
         for _ in range(2):
-            _mla_decode(*args, num_splits=4)
+            launch_mla_decode(*args, num_splits=4)
             kv_cache_write(w["kv_c"], w["k_pe"], w["kv_cache"], w["slot_mapping"])
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
     try:
         with torch.cuda.graph(graph):
-            out = _mla_decode(*args, num_splits=4)
+            out = launch_mla_decode(*args, num_splits=4)
         graph.replay()
         torch.cuda.synchronize()
         print(f"graph: mla_decode captured, replay equal to eager: {torch.equal(out, eager)}; replay {do_bench(graph.replay, warmup=10, rep=60, return_mode='median') * 1e3:.1f} us", flush=True)
@@ -269,12 +268,12 @@ def _graph_check(s: dict, device: torch.device) -> None:
 def _profile(s: dict) -> None:
     from torch.profiler import ProfilerActivity, profile
 
-    from deepinfer_cuda.kernels.mla_decode import _mla_decode
+    from deepinfer_cuda.kernels.mla_decode import launch_mla_decode
 
     args = (s["q_nope"], s["q_rope"], s["kv_cache"], s["block_table"], s["seq_lens"], SCALE, None)
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(20):
-            _mla_decode(*args)
+            launch_mla_decode(*args)
         torch.cuda.synchronize()
     for evt in prof.key_averages():
         if evt.device_type is not None and "mla" in evt.key:

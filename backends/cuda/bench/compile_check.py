@@ -290,11 +290,11 @@ def _as_arch(arch: str, launches: list[Launch]):
     cfg = lambda op, variant, device=None: arch_config(op, variant, arch)  # noqa: E731
     patches = [
         (gemm, "config", cfg), (gemm, "capability", lambda device=None: ARCHS[arch]), (gemm, "interpreting", lambda: False),
-        (gemm, "upcast_dot", lambda: False), (gemm, "MXFP4_DOT_SCALED", True), (gemm, "_sm_count", lambda device: SM_COUNT[arch]),
-        (prefill, "tuning_config", cfg), (prefill, "upcast_dot", lambda: False),
+        (gemm, "upcast_dot", lambda: False), (gemm, "MXFP4_DOT_SCALED", True), (gemm, "num_sms", lambda device: SM_COUNT[arch]),
+        (prefill, "config", cfg), (prefill, "upcast_dot", lambda: False),
         (mla_decode, "_config", lambda device, variant: arch_config("mla_decode", variant, arch)),
         (mla_decode, "_cached_plan", lambda *a: mla_decode._make_plan(*a, None)),
-        (mla_decode, "_num_sms", lambda device: SM_COUNT[arch]), (mla_decode, "upcast_dot", lambda: False),
+        (mla_decode, "num_sms", lambda device: SM_COUNT[arch]), (mla_decode, "upcast_dot", lambda: False),
         (norm, "config", cfg), (activation, "config", cfg), (rope, "config", cfg),
         (moe, "_cfg", cfg), (moe, "interpreting", lambda: False),
         (sampling, "_cfg", cfg), (sampling, "interpreting", lambda: False),

@@ -113,7 +113,7 @@ def _grouped_kernel(s: dict):
 
     if "prequantised" in s:
         layout = gemm._MASKED if "masked_m" in s else gemm._CONTIGUOUS
-        return gemm._launch(
+        return gemm.launch_gemm(
             s["x"], s["weight"], s["weight_scale"], "fp8_block", layout,
             offsets=s.get("expert_offsets"), masked_m=s.get("masked_m"), prequantised=s["prequantised"],
         )

@@ -14,8 +14,8 @@ import torch
 import triton
 import triton.language as tl
 
-from deepinfer_cuda.kernels.common import Registration, next_power_of_2
-from deepinfer_cuda.kernels.norm import num_warps_for
+from deepinfer.triton_common import next_power_of_2
+from deepinfer_cuda.kernels.common import Registration, num_warps_for
 from deepinfer_cuda.tuning import config
 
 

@@ -1,39 +1,20 @@
-"""What every cuda kernel module shares: the registration record, interpreter facts, launch helpers."""
+"""What the cuda kernel modules share beyond `deepinfer.triton_common`: the registration record and
+CUDA facts (compute capability, SM count, tf32 dots, warps per tile). Not a registration module."""
 
 from __future__ import annotations
 
-import os
+from functools import cache
 
 import torch
 
 from deepinfer.registry import Registration  # noqa: F401  (kernel modules import it from here)
+from deepinfer.triton_common import next_power_of_2
 
 
-def interpreting() -> bool:
-    """True when kernels run under TRITON_INTERPRET=1 (numpy on the CPU)."""
-    return os.environ.get("TRITON_INTERPRET") == "1"
-
-
-# Deviation (interpreter only): Triton's interpreter returns garbage for tl.dot on bf16 operands
-# (relative error ~1e10, seen with Triton 3.8/3.9 on 2026-11-30), while bf16 loaded and converted
-# to float32 before the dot is exact. Kernels take `UPCAST_DOT: tl.constexpr` and convert their dot
-# operands to float32 when it is set; on a GPU it is False and the tensor cores see bf16.
-def upcast_dot() -> bool:
-    return interpreting()
-
-
-# float32 operands must not be truncated to tf32 (Triton's default on GPUs): the conformance
-# tolerance for float32 is 1.3e-6 relative. Pass as `input_precision` to tl.dot.
-def dot_precision(dtype: torch.dtype) -> str:
-    return "ieee" if dtype == torch.float32 else "tf32"
-
-
-def cdiv(a: int, b: int) -> int:
-    return (a + b - 1) // b
-
-
-def next_power_of_2(n: int) -> int:
-    return 1 << (max(int(n), 1) - 1).bit_length()
+def dot_precision(dot_f32: bool) -> str:
+    """`input_precision` of tl.dot: float32 operands must not be truncated to tf32 (Triton's default
+    on GPUs): the conformance tolerance for float32 is 1.3e-6 relative."""
+    return "ieee" if dot_f32 else "tf32"
 
 
 def capability(device: torch.device | None = None) -> tuple[int, int]:
@@ -41,3 +22,23 @@ def capability(device: torch.device | None = None) -> tuple[int, int]:
     if device is None or device.type != "cuda":
         return (0, 0)
     return torch.cuda.get_device_capability(device)
+
+
+@cache
+def _device_sms(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def num_sms(device: torch.device) -> int:
+    """Streaming multiprocessors of the device; 4 on the CPU (the interpreter: a few programs are
+    plenty, and split choices stay exercised)."""
+    if device.type != "cuda":
+        return 4
+    return _device_sms(device.index if device.index is not None else torch.cuda.current_device())
+
+
+def num_warps_for(tile_elems: int, elem_bytes: int, cfg: dict) -> int:
+    """Enough warps that each thread holds `bytes_per_thread` of the tile (whole 16-byte vectors),
+    within the tuning entry's min_warps..max_warps."""
+    warps = next_power_of_2(max((tile_elems * elem_bytes) // (32 * cfg["bytes_per_thread"]), 1))
+    return max(cfg.get("min_warps", 1), min(cfg["max_warps"], warps))

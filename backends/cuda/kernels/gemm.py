@@ -21,6 +21,10 @@ the end, only feeds outputs masked at the store), no split-K. Option "k_pairs" (
 128-K groups per step so one MMA is in flight while the other is promoted. The H200 figures are in
 tuning/sm90.py.
 
+Every choice of a launch (tiles, dot dtype, split-K, which kernel) is made once by `plan_gemm`
+from shapes, dtypes, strides, the device and its tuning entry, into a `GemmPlan`; `launch_gemm`
+quantises the activation and hands the plan to a launcher (`_launch_pointers`, `_launch_tma`).
+
 Tiles are grouped GROUP_M row tiles at a time (L2 reuse of the weight tiles). Decode shapes
 (few rows per expert) take the "small" tuning variant: BLOCK_M 16..64, wide BLOCK_K and deep
 pipelines so the weight stream keeps HBM busy, and split-K when the (expert, N-block) programs
@@ -45,8 +49,9 @@ Formats:
   native on SM100), or an in-kernel upcast (nibbles -> float32 bit patterns -> times 2^(s-127) ->
   the dot dtype; x split into even and odd columns so the two nibble halves need no interleave)
   for float32 activations and where dot_scaled is unavailable. `mxfp4_path()` says which path
-  bf16/fp16 activations take on this machine (override: DEEPINFER_CUDA_MXFP4_PATH=dot_scaled|upcast);
-  the registration note names it. Both paths are checked under the interpreter and on the H200.
+  bf16/fp16 activations take on this machine, and the registration note names it; the backend
+  option mxfp4_path=dot_scaled|upcast (deepinfer_cuda.options) forces one, chosen when the ops are
+  resolved (the forced registrations at the end of this module). Both paths are checked under the interpreter and on the H200.
 
 - mxfp8 (W8A8 MX): e4m3 weights [N, K] with e8m0 scales [N, K/32]; the activation is quantised
   first by `_quant_act_mxfp8_kernel` (per token and 32 columns, bit-exact with
@@ -70,12 +75,13 @@ Deviation (interpreter only): Triton's interpreter converts float32 to float8e4n
 (truncation that even loses the exponent carry: 7.96 -> 4.0, seen with Triton 3.9 on 2026-11-30),
 so under TRITON_INTERPRET=1 the quantiser builds the e4m3 byte with integer arithmetic
 (`_e4m3_rne_bits`, round to nearest even with subnormals, exactly what the GPU's cvt.rn does).
-Also, tl.dot on bf16 returns garbage there: dot operands are upcast to float32 (`upcast_dot()`).
+Also, tl.dot on bf16 returns garbage there: dot operands are upcast to float32
+(deepinfer.triton_common.upcast_dot).
 """
 
 from __future__ import annotations
 
-import os
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -83,7 +89,9 @@ import triton.language as tl
 
 from deepinfer.ops import gemm as gemm_ops
 from deepinfer.ops import quant
-from deepinfer_cuda.kernels.common import Registration, capability, cdiv, interpreting, next_power_of_2, upcast_dot
+from deepinfer.triton_common import cdiv, interpreting, next_power_of_2, upcast_dot
+from deepinfer_cuda.kernels.common import Registration, capability, dot_precision, num_sms
+from deepinfer_cuda.options import MXFP4_PATH
 from deepinfer_cuda.tuning import config
 
 FP8_GROUP = quant.FP8_BLOCK  # 128: activation group width and weight block edge
@@ -320,7 +328,7 @@ def _gemm_kernel(
     E_POW2: tl.constexpr,
     EVEN_K: tl.constexpr,
     DOT_F32: tl.constexpr,  # convert dot operands to float32 (ieee precision)
-    PRECISION: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
     MX_MODE: tl.constexpr,  # mx formats: 0 in-kernel upcast, 1 dot_scaled(16-bit x), 2 dot_scaled(mx x mx, swapped)
     MX_LHS: tl.constexpr,  # "bf16" | "fp16": dot_scaled's format of x (MX_MODE 1)
     FP8_VIA_BF16: tl.constexpr,  # fp8 operands upcast to bf16 (exact) for a float32-exact sum
@@ -397,7 +405,7 @@ def _gemm_kernel(
                 if DOT_F32:
                     a = a.to(tl.float32)
                     b = b.to(tl.float32)
-                acc = tl.dot(a, b, acc, input_precision=PRECISION)
+                acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
             elif FMT == 1:
                 if EVEN_K:
                     b = tl.load(w_base + kk[:, None] * stride_wk)
@@ -572,10 +580,8 @@ def _split_k_reduce_kernel(ws_ptr, out_ptr, numel, stride_s, SPLIT_K: tl.constex
 
 
 def _mxfp4_dot_scaled_default() -> bool:
-    """Whether bf16/fp16 activations take tl.dot_scaled on this machine (else the upcast path)."""
-    forced = os.environ.get("DEEPINFER_CUDA_MXFP4_PATH")
-    if forced in ("dot_scaled", "upcast"):
-        return forced == "dot_scaled"
+    """Whether bf16/fp16 activations take tl.dot_scaled on this machine (else the upcast path): the
+    path of backend option mxfp4_path=auto."""
     if not hasattr(tl, "dot_scaled"):
         return False
     if interpreting():
@@ -588,37 +594,27 @@ def _mxfp4_dot_scaled_default() -> bool:
 
 MXFP4_DOT_SCALED = _mxfp4_dot_scaled_default()
 
-def _mx_mode(fmt: str, x: torch.Tensor) -> int:
+def _mx_mode(fmt: str, x: torch.Tensor, mxfp4_dot_scaled: bool | None = None) -> int:
     """How an mx weight meets x. mxfp8 (W8A8 by contract) and mxfp4_a8 (W4A8): x quantised to MX FP8
     and tl.dot_scaled on both MX operands (native block-scaled MMA on SM100, Triton's bf16 emulation
     on SM90). mxfp4
     (W4A16): tl.dot_scaled with x as bf16/fp16 (SM100 too: tcgen05's block-scaled MMA takes only
-    fp8/fp6/fp4 operands, so Triton upcasts the e2m1 side and runs kind::f16), or the in-kernel upcast."""
+    fp8/fp6/fp4 operands, so Triton upcasts the e2m1 side and runs kind::f16), or the in-kernel upcast.
+    mxfp4_dot_scaled: the path backend option mxfp4_path forces (None: this machine's, MXFP4_DOT_SCALED)."""
     if fmt in ("mxfp8", "mxfp4_a8"):
         if not hasattr(tl, "dot_scaled"):
             raise RuntimeError(f"{fmt} GEMM needs tl.dot_scaled, missing in Triton {triton.__version__}")
         return _MX_NATIVE
     if fmt != "mxfp4":
         return _MX_UPCAST
-    if MXFP4_DOT_SCALED and x.dtype in (torch.bfloat16, torch.float16):
+    dot_scaled = MXFP4_DOT_SCALED if mxfp4_dot_scaled is None else mxfp4_dot_scaled
+    if dot_scaled and x.dtype in (torch.bfloat16, torch.float16):
         return _MX_DOT_SCALED
     return _MX_UPCAST
 
 
 def mxfp4_path() -> str:
     return "tl.dot_scaled" if MXFP4_DOT_SCALED else "in-kernel e2m1 upcast"
-
-
-_SM_COUNT: dict[int, int] = {}
-
-
-def _sm_count(device: torch.device) -> int:
-    if device.type != "cuda":
-        return 4  # the interpreter: keep split-K exercised but small
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    if index not in _SM_COUNT:
-        _SM_COUNT[index] = torch.cuda.get_device_properties(index).multi_processor_count
-    return _SM_COUNT[index]
 
 
 def _variant(fmt: str, rows_per_expert: float) -> str:
@@ -665,10 +661,50 @@ except ImportError:  # older Triton: the pointer kernel serves
     _TensorDescriptor = None
 
 
-def _launch(x, weight, weight_scale, fmt, layout, *, offsets=None, masked_m=None, prequantised=None):
-    """out = the product for x in `layout`; every choice below reads shapes and dtypes only.
+@dataclass(frozen=True)
+class GemmPlan:
+    """Every choice of one GEMM launch; `plan_gemm` makes it, the launchers only apply it."""
 
-    prequantised: (x_fp8, x_scale) already made by `quantize_act_fp8` (benchmarks of the GEMM alone)."""
+    fmt: str
+    layout: int  # _LINEAR, _CONTIGUOUS or _MASKED
+    experts: int  # 1 for linear
+    n: int
+    k: int
+    max_m: int  # masked: rows per expert of x [E, max_m, K]; else 0
+    rows_total: int  # rows of x (masked: E * max_m)
+    block_m: int
+    block_n: int
+    block_k: int
+    group_m: int
+    num_warps: int
+    num_stages: int
+    mx_mode: int  # _MX_UPCAST, _MX_DOT_SCALED or _MX_NATIVE
+    mx_lhs: str  # dot_scaled's format of x (MX_MODE 1): "bf16" | "fp16"
+    dot_f32: bool  # dot operands converted to float32 (ieee)
+    fp8_via_bf16: bool  # fp8 operands upcast to bf16 (exact) for a float32-exact sum
+    num_m_tiles: int  # row tiles on the grid (an upper bound for contiguous: + E)
+    num_n: int
+    split: int  # split-K factor; 1: none
+    iters_per_split: int
+    tma: bool  # `_gemm_tma_kernel` (tensor descriptors), else `_gemm_kernel` (pointers)
+    k_pairs: bool  # tma fp8: two 128-K groups per step
+    warp_specialize: bool  # tma: tl.range(warp_specialize=True)
+
+    @property
+    def m_arg(self) -> int:
+        """The kernels' M: rows of x, or max_m for the masked layout."""
+        return self.max_m if self.layout == _MASKED else self.rows_total
+
+    @property
+    def scalar_ws(self) -> bool:
+        """An N block lies inside one 128-row weight-scale block."""
+        return FP8_GROUP % self.block_n == 0
+
+
+def plan_gemm(x: torch.Tensor, weight: torch.Tensor, fmt: str, layout: int, mxfp4_dot_scaled: bool | None = None) -> GemmPlan:
+    """The launch's tiles, dot dtype, split-K and kernel, from the tensors' shapes, dtypes, strides
+    and alignment, the device and its tuning entry only (never their values: no host sync).
+    For non-empty products (rows, N and K > 0)."""
     device = x.device
     k = x.shape[-1]
     experts = weight.shape[0] if layout != _LINEAR else 1
@@ -677,16 +713,10 @@ def _launch(x, weight, weight_scale, fmt, layout, *, offsets=None, masked_m=None
         max_m = x.shape[1]
         rows_total = experts * max_m
         rows_per_expert = max_m
-        out = torch.empty(experts, max_m, n, dtype=x.dtype, device=device)
     else:
         max_m = 0
         rows_total = x.shape[0]
         rows_per_expert = rows_total / max(experts, 1)
-        out = torch.empty(rows_total, n, dtype=x.dtype, device=device)
-    if rows_total == 0 or n == 0:
-        return out
-    if k == 0:
-        return out.zero_()
 
     cfg = config("gemm", _variant(fmt, rows_per_expert), device)
     block_m = max(16, min(cfg["BLOCK_M"], next_power_of_2(int(rows_per_expert) if rows_per_expert >= 1 else 1)))
@@ -697,39 +727,16 @@ def _launch(x, weight, weight_scale, fmt, layout, *, offsets=None, masked_m=None
         block_k = max(2 * MX_GROUP, min(cfg["BLOCK_K"], next_power_of_2(k)))
     else:
         block_k = max(16, min(cfg["BLOCK_K"], next_power_of_2(k)))
-    upcast = upcast_dot()
-
-    mx_mode = _mx_mode(fmt, x)
-
-    # The activation operand and its scales.
-    xs = None
-    xq = x
-    if fmt == "fp8_block":
-        xq, xs = prequantised if prequantised is not None else quantize_act_fp8(x)
-    elif mx_mode == _MX_NATIVE:
-        xq, xs = prequantised if prequantised is not None else quantize_act_mxfp8(x)
-    if layout == _MASKED:
-        stride_xe, stride_xm, stride_xk = xq.stride()
-        stride_xse, stride_xsm = (xs.stride(0), xs.stride(1)) if xs is not None else (0, 0)
-    else:
-        stride_xe = 0
-        stride_xm, stride_xk = xq.stride()
-        stride_xse, stride_xsm = (0, xs.stride(0)) if xs is not None else (0, 0)
-    if layout == _LINEAR:
-        stride_we, (stride_wn, stride_wk) = 0, weight.stride()
-        ws_strides = (0, *weight_scale.stride()) if weight_scale is not None else (0, 0, 0)
-    else:
-        stride_we, stride_wn, stride_wk = weight.stride()
-        ws_strides = tuple(weight_scale.stride()) if weight_scale is not None else (0, 0, 0)
+    mx_mode = _mx_mode(fmt, x, mxfp4_dot_scaled)
 
     # The dot dtype.
+    upcast = upcast_dot()
     if fmt == "dense":
         dot_f32 = upcast or x.dtype == torch.float32 or weight.dtype != x.dtype
     elif fmt == "fp8_block":
         dot_f32 = upcast
     else:
         dot_f32 = upcast or x.dtype == torch.float32
-    precision = "ieee" if dot_f32 else "tf32"
     # Hopper's fp8 MMA sums with reduced precision (DeepSeek-V3 report: ~14 bits), invisible in a
     # bf16/fp16 output but not within float32's tolerance: float32 activations take the fp8 values
     # upcast to bf16 (exact) through the bf16 MMA, which sums in float32.
@@ -748,71 +755,132 @@ def _launch(x, weight, weight_scale, fmt, layout, *, offsets=None, masked_m=None
         programs = cdiv(rows_total, block_m) * num_n
     total_iters = cdiv(k, block_k)
     split = 1
-    target = cfg.get("split_target_per_sm", 2) * _sm_count(device)
+    target = cfg.get("split_target_per_sm", 2) * num_sms(device)
     if programs < target and cfg.get("split_k", True):
         split = min(cdiv(target, programs), max(1, total_iters // cfg.get("min_iters_per_split", 4)), 16)
     iters_per_split = cdiv(total_iters, split)
     split = cdiv(total_iters, iters_per_split)
-    grid = (num_m_tiles, num_n, experts * split) if layout == _MASKED else (num_m_tiles * num_n, split)
-    offs_arg = offsets if offsets is not None else weight  # unused pointers: any device tensor
-    mm_arg = masked_m if masked_m is not None else weight
-    m_arg = rows_total if layout != _MASKED else rows_per_expert
-    out_strides = out.stride() if layout == _MASKED else (0, *out.stride())
 
-    if _use_tma(cfg, fmt, x, weight, k, split):
-        k_pairs = bool(cfg.get("k_pairs", False)) and fmt == "fp8_block" and FP8_GROUP % block_n == 0
-        if k_pairs:
-            num_stages = min(num_stages, 3)  # four loads per stage
-        x2 = xq.reshape(-1, k)
-        w2 = weight.reshape(-1, k)
-        x_desc = _TensorDescriptor(x2, list(x2.shape), list(x2.stride()), [block_m, block_k])
-        w_desc = _TensorDescriptor(w2, list(w2.shape), list(w2.stride()), [block_n, block_k])
-        _gemm_tma_kernel[(num_m_tiles * num_n,) if layout != _MASKED else (num_m_tiles, num_n, experts)](
-            x_desc, xs if xs is not None else xq, w_desc, weight_scale if weight_scale is not None else weight, out,
-            offs_arg, mm_arg,
-            m_arg, n, k, experts, num_m_tiles, max_m,
-            stride_xse, stride_xsm,
-            *ws_strides,
-            *out_strides,
-            FMT=_FMT_ID[fmt], LAYOUT=layout,
-            BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, GROUP_M=cfg.get("GROUP_M", 8),
-            E_POW2=next_power_of_2(experts), SCALAR_WS=FP8_GROUP % block_n == 0, WARP_SPEC=bool(cfg.get("warp_specialize", False)),
-            K_PAIRS=k_pairs,
-            num_warps=cfg["num_warps"], num_stages=num_stages,
-        )
-        return out
-
-    if split > 1:
-        dest = torch.empty(split, *out.shape, dtype=torch.float32, device=device)
-        stride_os = dest.stride(0)
-        dest_strides = dest.stride()[1:] if layout == _MASKED else (0, *dest.stride()[1:])
-    else:
-        dest, stride_os, dest_strides = out, 0, out_strides
-    _gemm_kernel[grid](
-        xq, xs if xs is not None else xq, weight, weight_scale if weight_scale is not None else weight, dest,
-        offs_arg, mm_arg,
-        m_arg, n, k, experts, num_m_tiles, iters_per_split,
-        stride_xe, stride_xm, stride_xk,
-        stride_xse, stride_xsm,
-        stride_we, stride_wn, stride_wk,
-        *ws_strides,
-        stride_os, *dest_strides,
-        FMT=_FMT_ID[fmt], LAYOUT=layout,
-        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, GROUP_M=cfg.get("GROUP_M", 8),
-        SPLIT_K=split, E_POW2=next_power_of_2(experts), EVEN_K=k % block_k == 0,
-        DOT_F32=dot_f32, PRECISION=precision,
-        MX_MODE=mx_mode, MX_LHS="fp16" if x.dtype == torch.float16 else "bf16",
-        FP8_VIA_BF16=fp8_via_bf16, SCALAR_WS=FP8_GROUP % block_n == 0,
+    tma = _use_tma(cfg, fmt, x, weight, k, split)
+    k_pairs = tma and bool(cfg.get("k_pairs", False)) and fmt == "fp8_block" and FP8_GROUP % block_n == 0
+    if k_pairs:
+        num_stages = min(num_stages, 3)  # four loads per stage
+    return GemmPlan(
+        fmt=fmt, layout=layout, experts=experts, n=n, k=k, max_m=max_m, rows_total=rows_total,
+        block_m=block_m, block_n=block_n, block_k=block_k, group_m=cfg.get("GROUP_M", 8),
         num_warps=cfg["num_warps"], num_stages=num_stages,
+        mx_mode=mx_mode, mx_lhs="fp16" if x.dtype == torch.float16 else "bf16",
+        dot_f32=dot_f32, fp8_via_bf16=fp8_via_bf16,
+        num_m_tiles=num_m_tiles, num_n=num_n, split=split, iters_per_split=iters_per_split,
+        tma=tma, k_pairs=k_pairs, warp_specialize=bool(cfg.get("warp_specialize", False)),
     )
-    if split > 1:
-        numel = out.numel()
-        block = 1024
-        _split_k_reduce_kernel[(cdiv(numel, block),)](dest, out, numel, stride_os, SPLIT_K=split, BLOCK=block, num_warps=4)
+
+
+def launch_gemm(x, weight, weight_scale, fmt, layout, *, offsets=None, masked_m=None, prequantised=None, mxfp4_dot_scaled=None) -> torch.Tensor:
+    """out = the product for x in `layout`: plan, quantise the activation (fp8_block, MX FP8), launch.
+
+    prequantised: (x_q, x_scale) already made by the activation quantiser (benchmarks of the GEMM alone).
+    mxfp4_dot_scaled: the mxfp4 path backend option mxfp4_path forces (None: this machine's)."""
+    n = weight.shape[-2]
+    if layout == _MASKED:
+        out = torch.empty(weight.shape[0], x.shape[1], n, dtype=x.dtype, device=x.device)
+    else:
+        out = torch.empty(x.shape[0], n, dtype=x.dtype, device=x.device)
+    if out.numel() == 0:
+        return out
+    if x.shape[-1] == 0:
+        return out.zero_()
+    plan = plan_gemm(x, weight, fmt, layout, mxfp4_dot_scaled)
+    xq, xs = x, None
+    if fmt == "fp8_block":
+        xq, xs = prequantised if prequantised is not None else quantize_act_fp8(x)
+    elif plan.mx_mode == _MX_NATIVE:
+        xq, xs = prequantised if prequantised is not None else quantize_act_mxfp8(x)
+    launch = _launch_tma if plan.tma else _launch_pointers
+    launch(plan, xq, xs, weight, weight_scale, out, offsets if offsets is not None else weight, masked_m if masked_m is not None else weight)
     return out
 
 
-def _check_common(x: torch.Tensor, fmt: str) -> None:
+def _scale_strides(plan: GemmPlan, xs: torch.Tensor | None, weight_scale: torch.Tensor | None) -> tuple[tuple, tuple]:
+    """(x_scale's expert and row strides, weight_scale's expert, row and column strides); zeros where absent."""
+    if plan.layout == _MASKED:
+        xs_strides = (xs.stride(0), xs.stride(1)) if xs is not None else (0, 0)
+    else:
+        xs_strides = (0, xs.stride(0)) if xs is not None else (0, 0)
+    if weight_scale is None:
+        ws_strides = (0, 0, 0)
+    else:
+        ws_strides = (0, *weight_scale.stride()) if plan.layout == _LINEAR else tuple(weight_scale.stride())
+    return xs_strides, ws_strides
+
+
+def _out_strides(plan: GemmPlan, out: torch.Tensor) -> tuple:
+    """(expert, row, column) strides of an output or a split-K partial."""
+    return tuple(out.stride()) if plan.layout == _MASKED else (0, *out.stride())
+
+
+def _launch_pointers(plan, xq, xs, weight, weight_scale, out, offs_arg, mm_arg) -> None:
+    """`_gemm_kernel` (pointer loads, every format, split-K partials summed by a second kernel).
+    offs_arg / mm_arg: expert_offsets / masked_m, or any device tensor where the layout has none."""
+    p = plan
+    x_strides = tuple(xq.stride()) if p.layout == _MASKED else (0, *xq.stride())
+    w_strides = (0, *weight.stride()) if p.layout == _LINEAR else tuple(weight.stride())
+    xs_strides, ws_strides = _scale_strides(p, xs, weight_scale)
+    if p.split > 1:
+        dest = torch.empty(p.split, *out.shape, dtype=torch.float32, device=out.device)
+        stride_os = dest.stride(0)
+        dest_strides = tuple(dest.stride()[1:]) if p.layout == _MASKED else (0, *dest.stride()[1:])
+    else:
+        dest, stride_os, dest_strides = out, 0, _out_strides(p, out)
+    grid = (p.num_m_tiles, p.num_n, p.experts * p.split) if p.layout == _MASKED else (p.num_m_tiles * p.num_n, p.split)
+    _gemm_kernel[grid](
+        xq, xs if xs is not None else xq, weight, weight_scale if weight_scale is not None else weight, dest,
+        offs_arg, mm_arg,
+        p.m_arg, p.n, p.k, p.experts, p.num_m_tiles, p.iters_per_split,
+        *x_strides,
+        *xs_strides,
+        *w_strides,
+        *ws_strides,
+        stride_os, *dest_strides,
+        FMT=_FMT_ID[p.fmt], LAYOUT=p.layout,
+        BLOCK_M=p.block_m, BLOCK_N=p.block_n, BLOCK_K=p.block_k, GROUP_M=p.group_m,
+        SPLIT_K=p.split, E_POW2=next_power_of_2(p.experts), EVEN_K=p.k % p.block_k == 0,
+        DOT_F32=p.dot_f32, DOT_PRECISION=dot_precision(p.dot_f32),
+        MX_MODE=p.mx_mode, MX_LHS=p.mx_lhs,
+        FP8_VIA_BF16=p.fp8_via_bf16, SCALAR_WS=p.scalar_ws,
+        num_warps=p.num_warps, num_stages=p.num_stages,
+    )
+    if p.split > 1:
+        numel = out.numel()
+        block = 1024
+        _split_k_reduce_kernel[(cdiv(numel, block),)](dest, out, numel, stride_os, SPLIT_K=p.split, BLOCK=block, num_warps=4)
+
+
+def _launch_tma(plan, xq, xs, weight, weight_scale, out, offs_arg, mm_arg) -> None:
+    """`_gemm_tma_kernel`: x as [rows, K] and the weight as [E*N, K] through tensor descriptors."""
+    p = plan
+    xs_strides, ws_strides = _scale_strides(p, xs, weight_scale)
+    x2 = xq.reshape(-1, p.k)
+    w2 = weight.reshape(-1, p.k)
+    x_desc = _TensorDescriptor(x2, list(x2.shape), list(x2.stride()), [p.block_m, p.block_k])
+    w_desc = _TensorDescriptor(w2, list(w2.shape), list(w2.stride()), [p.block_n, p.block_k])
+    grid = (p.num_m_tiles, p.num_n, p.experts) if p.layout == _MASKED else (p.num_m_tiles * p.num_n,)
+    _gemm_tma_kernel[grid](
+        x_desc, xs if xs is not None else xq, w_desc, weight_scale if weight_scale is not None else weight, out,
+        offs_arg, mm_arg,
+        p.m_arg, p.n, p.k, p.experts, p.num_m_tiles, p.max_m,
+        *xs_strides,
+        *ws_strides,
+        *_out_strides(p, out),
+        FMT=_FMT_ID[p.fmt], LAYOUT=p.layout,
+        BLOCK_M=p.block_m, BLOCK_N=p.block_n, BLOCK_K=p.block_k, GROUP_M=p.group_m,
+        E_POW2=next_power_of_2(p.experts), SCALAR_WS=p.scalar_ws, WARP_SPEC=p.warp_specialize,
+        K_PAIRS=p.k_pairs,
+        num_warps=p.num_warps, num_stages=p.num_stages,
+    )
+
+
+def _check_dtype(x: torch.Tensor) -> None:
     if x.dtype not in _KERNEL_DTYPES:
         raise ValueError(f"the cuda gemm kernels take bfloat16/float16/float32 activations, got {x.dtype}")
 
@@ -835,9 +903,9 @@ def linear(
     fmt: str = "dense",
 ) -> torch.Tensor:
     gemm_ops.check_linear_args(x, weight, weight_scale, fmt)
-    _check_common(x, fmt)
+    _check_dtype(x)
     weight, weight_scale = _weight_operands(weight, weight_scale, fmt)
-    return _launch(x, weight, weight_scale, fmt, _LINEAR)
+    return launch_gemm(x, weight, weight_scale, fmt, _LINEAR)
 
 
 def grouped_gemm(
@@ -850,13 +918,13 @@ def grouped_gemm(
     fmt: str = "dense",
 ) -> torch.Tensor:
     experts = gemm_ops.check_grouped_args(x, weight, weight_scale, fmt, expert_offsets, masked_m)
-    _check_common(x, fmt)
+    _check_dtype(x)
     weight, weight_scale = _weight_operands(weight, weight_scale, fmt)
     if expert_offsets is not None:
         gemm_ops.check_index_vector("expert_offsets", expert_offsets, experts + 1, x.device)
-        return _launch(x, weight, weight_scale, fmt, _CONTIGUOUS, offsets=expert_offsets)
+        return launch_gemm(x, weight, weight_scale, fmt, _CONTIGUOUS, offsets=expert_offsets)
     gemm_ops.check_index_vector("masked_m", masked_m, experts, x.device)
-    return _launch(x, weight, weight_scale, fmt, _MASKED, masked_m=masked_m)
+    return launch_gemm(x, weight, weight_scale, fmt, _MASKED, masked_m=masked_m)
 
 
 _NOTE = (
@@ -867,6 +935,52 @@ _NOTE = (
     "tile as the MMA's 128-row side: block-scaled tcgen05 on SM100, Triton's emulation on SM90)"
 )
 
+
+
+def _forced_mxfp4(dot_scaled: bool):
+    """`linear` and `grouped_gemm` whose mxfp4 weights take one path whatever the machine's default
+    (backend option mxfp4_path=dot_scaled|upcast); float32 activations still take the upcast."""
+
+    def linear(x: torch.Tensor, weight: torch.Tensor, *, weight_scale: torch.Tensor | None = None, fmt: str = "dense") -> torch.Tensor:
+        gemm_ops.check_linear_args(x, weight, weight_scale, fmt)
+        _check_dtype(x)
+        weight, weight_scale = _weight_operands(weight, weight_scale, fmt)
+        return launch_gemm(x, weight, weight_scale, fmt, _LINEAR, mxfp4_dot_scaled=dot_scaled)
+
+    def grouped_gemm(
+        x: torch.Tensor,
+        weight: torch.Tensor,
+        *,
+        expert_offsets: torch.Tensor | None = None,
+        masked_m: torch.Tensor | None = None,
+        weight_scale: torch.Tensor | None = None,
+        fmt: str = "dense",
+    ) -> torch.Tensor:
+        experts = gemm_ops.check_grouped_args(x, weight, weight_scale, fmt, expert_offsets, masked_m)
+        _check_dtype(x)
+        weight, weight_scale = _weight_operands(weight, weight_scale, fmt)
+        if expert_offsets is not None:
+            gemm_ops.check_index_vector("expert_offsets", expert_offsets, experts + 1, x.device)
+            return launch_gemm(x, weight, weight_scale, fmt, _CONTIGUOUS, offsets=expert_offsets, mxfp4_dot_scaled=dot_scaled)
+        gemm_ops.check_index_vector("masked_m", masked_m, experts, x.device)
+        return launch_gemm(x, weight, weight_scale, fmt, _MASKED, masked_m=masked_m, mxfp4_dot_scaled=dot_scaled)
+
+    suffix = "dot_scaled" if dot_scaled else "upcast"
+    linear.__qualname__, grouped_gemm.__qualname__ = f"linear_mxfp4_{suffix}", f"grouped_gemm_mxfp4_{suffix}"
+    return linear, grouped_gemm
+
+
+def _forced_by(path: str):
+    """`when` of a forced mxfp4 path: the backend option mxfp4_path names it."""
+    return lambda ctx: MXFP4_PATH.value(ctx) == path
+
+
+def _dot_scaled_unusable(ctx) -> str | None:
+    if hasattr(tl, "dot_scaled"):
+        return None
+    return f"backend option mxfp4_path=dot_scaled, but Triton {triton.__version__} has no tl.dot_scaled (mxfp4_path=auto or upcast works)"
+
+
 REGISTRATIONS = [
     Registration(op="linear", fn=linear, formats=("dense", "fp8_block", "mxfp4", "mxfp8", "mxfp4_a8"), dtypes=_KERNEL_DTYPES, note=_NOTE),
     Registration(
@@ -874,3 +988,12 @@ REGISTRATIONS = [
         note=_NOTE + "; contiguous layout: tile->expert map computed in-kernel from expert_offsets, no host sync",
     ),
 ]
+# mxfp4_path=dot_scaled|upcast: the same kernels with the mxfp4 path fixed, chosen at resolve (above
+# the default registrations by priority; never chosen under mxfp4_path=auto).
+for _path, _dot_scaled in (("dot_scaled", True), ("upcast", False)):
+    for _op, _fn in zip(("linear", "grouped_gemm"), _forced_mxfp4(_dot_scaled)):
+        REGISTRATIONS.append(Registration(
+            op=_op, fn=_fn, formats=("mxfp4",), dtypes=_KERNEL_DTYPES, when=_forced_by(_path), priority=1,
+            unusable=_dot_scaled_unusable if _dot_scaled else None,
+            note=f"Triton: the GEMM above, mxfp4 with bf16/fp16 activations by {'tl.dot_scaled' if _dot_scaled else 'in-kernel e2m1 upcast'} (mxfp4_path={_path})",
+        ))  # fmt: skip

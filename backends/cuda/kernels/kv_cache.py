@@ -22,17 +22,9 @@ import triton
 import triton.language as tl
 
 from deepinfer.ops import attention as attention_ops
-from deepinfer_cuda.kernels.common import Registration, interpreting, next_power_of_2
+from deepinfer.triton_common import interpreting, next_power_of_2, to_bf16_rne
+from deepinfer_cuda.kernels.common import Registration
 from deepinfer_cuda.tuning import config
-
-
-@triton.jit
-def _to_bf16_rne(x):
-    """float32 -> bfloat16, round to nearest even, by bit arithmetic (NaN stays NaN)."""
-    bits = x.to(tl.uint32, bitcast=True)
-    rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
-    rounded = tl.where(x != x, (bits >> 16) | 0x40, rounded)
-    return rounded.to(tl.uint16).to(tl.bfloat16, bitcast=True)
 
 
 @triton.jit
@@ -58,8 +50,8 @@ def _kv_cache_write_kernel(
     latent = tl.load(kv_c_ptr + t * stride_c_t + offs_c, mask=c_ok, other=0.0)
     rope = tl.load(k_pe_ptr + t * stride_r_t + offs_r, mask=r_ok, other=0.0)
     if MANUAL_RNE:
-        latent = _to_bf16_rne(latent)
-        rope = _to_bf16_rne(rope)
+        latent = to_bf16_rne(latent)
+        rope = to_bf16_rne(rope)
     tl.store(row + offs_c, latent.to(cache_ptr.dtype.element_ty), mask=c_ok)
     tl.store(row + C + offs_r, rope.to(cache_ptr.dtype.element_ty), mask=r_ok)
 

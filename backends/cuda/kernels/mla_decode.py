@@ -23,21 +23,11 @@ split program of each (row tile, request) to finish, which counts arrivals in a 
 counter array and resets its counter for the next launch ("fused_combine", the default), or by a
 separate combine kernel.
 
-H200 (2026-11-30, Triton 3.6, B=128, ctx 4096, page 64, bf16; bench/attention_decode.py):
-  - 16 heads, S=1: 168-169 us per call = 3.60 TB/s of cache read with the fused merge (173.8 us
-    with the combine kernel; split kernel alone 161 us): 84% of the 4.28 TB/s copy ceiling. 16 query rows run on mma.sync (M=16), 2 CTAs/SM,
-    cp.async double buffering of the 74 KB tile; 2 splits fill the 264 resident slots in one wave.
-  - 128 heads, S=1: 570 us = 256 TFLOP/s (34% of the 750 TFLOP/s cuBLAS rate; target 55%).
-    The [64, 512] float32 accumulator needs 8 warps, and Triton gives a dot whose result feeds
-    another dot all warps along M ([8, 1]), so both warpgroups compute the same 64x64 scores (QK is
-    53% of the FLOPs) and the tile's q operand is read from shared memory by both. Computing the
-    scores one tile ahead (carried through the loop, which lets the QK dot split its columns over
-    the warpgroups) was tried and was slower (672 us; the re-read values tile doubles the shared
-    memory per stage). FlashMLA-style warp specialisation (one warpgroup on QK + softmax, both on
-    PV halves) is beyond what this kernel expresses.
+Tiles come from the tuning table by rows per request (`rows_le16` .. `rows_gt64`); the H200
+figures behind them, and why the 128-head case stays below its target, are in docs/performance.md.
 
-Deviation (interpreter only): dot operands are upcast to float32 under TRITON_INTERPRET=1 (see
-common.upcast_dot); float32 operands use input_precision="ieee".
+Deviation (interpreter only): dot operands are upcast to float32 under TRITON_INTERPRET=1
+(deepinfer.triton_common.upcast_dot); float32 operands use input_precision="ieee".
 """
 
 from __future__ import annotations
@@ -49,11 +39,11 @@ import triton
 import triton.language as tl
 
 from deepinfer.ops import attention as attention_ops
-from deepinfer_cuda.kernels.common import Registration, cdiv, next_power_of_2, upcast_dot
+from deepinfer.triton_common import cdiv, next_power_of_2, pick_splits, upcast_dot
+from deepinfer_cuda.kernels.common import Registration, dot_precision, num_sms
 from deepinfer_cuda.tuning import config
 
 LOG2E = 1.4426950408889634
-_LAST_LAUNCH = None  # the last split-kernel launch's compiled handle (registers/spills, for the bench sweep)
 
 
 @triton.jit
@@ -86,7 +76,7 @@ def _load_cols(rows, n_ok, offs, col0, WIDTH: tl.constexpr, BLOCK: tl.constexpr,
 @triton.jit
 def _mla_decode_split_kernel(
     q_nope_ptr, q_rope_ptr, kv_ptr, block_table_ptr, seq_lens_ptr,
-    out_ptr, mid_out_ptr, mid_lse_ptr, arrivals_ptr,
+    out_ptr, part_out_ptr, part_lse_ptr, arrivals_ptr,
     qk_scale,  # softmax_scale * log2(e): scores live in the log2 domain
     window,  # sliding window (used only when HAS_WINDOW)
     tokens_per_split,  # a multiple of BLOCK_N
@@ -95,8 +85,8 @@ def _mla_decode_split_kernel(
     stride_kv_page, stride_kv_row,
     stride_bt_b,
     stride_o_b, stride_o_s, stride_o_h,
-    stride_mo_b, stride_mo_split, stride_mo_m,
-    stride_ml_b, stride_ml_split,
+    stride_po_b, stride_po_split, stride_po_m,
+    stride_pl_b, stride_pl_split,
     num_splits,
     S: tl.constexpr, H: tl.constexpr,
     C: tl.constexpr, R: tl.constexpr,
@@ -183,9 +173,9 @@ def _mla_decode_split_kernel(
         tl.store(o_rows[:, None] + offs_c[None, :], out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & c_ok[None, :])
     else:
         lse = tl.where(has, m_i + tl.log2(tl.where(has, l_i, 1.0)), float("-inf"))
-        mo_rows = mid_out_ptr + b64 * stride_mo_b + split * stride_mo_split + offs_m * stride_mo_m
-        tl.store(mo_rows[:, None] + offs_c[None, :], out, mask=row_ok[:, None] & c_ok[None, :])
-        tl.store(mid_lse_ptr + b64 * stride_ml_b + split * stride_ml_split + offs_m, lse, mask=row_ok)
+        po_rows = part_out_ptr + b64 * stride_po_b + split * stride_po_split + offs_m * stride_po_m
+        tl.store(po_rows[:, None] + offs_c[None, :], out, mask=row_ok[:, None] & c_ok[None, :])
+        tl.store(part_lse_ptr + b64 * stride_pl_b + split * stride_pl_split + offs_m, lse, mask=row_ok)
         if FUSED_COMBINE:
             # Count the arrivals of this (row tile, request): the program that arrives last merges
             # every split's partial, in split order, so the result does not depend on which one
@@ -198,28 +188,28 @@ def _mla_decode_split_kernel(
                 tl.debug_barrier()
                 tl.store(counter, 0)
                 _merge_splits(
-                    mid_out_ptr + b64 * stride_mo_b, mid_lse_ptr + b64 * stride_ml_b, out_ptr + b64 * stride_o_b,
+                    part_out_ptr + b64 * stride_po_b, part_lse_ptr + b64 * stride_pl_b, out_ptr + b64 * stride_o_b,
                     offs_m, row_ok, s_idx, h_idx, offs_c, c_ok, num_splits,
-                    stride_mo_split, stride_mo_m, stride_ml_split, stride_o_s, stride_o_h, BLOCK_M, BLOCK_C,
+                    stride_po_split, stride_po_m, stride_pl_split, stride_o_s, stride_o_h, BLOCK_M, BLOCK_C,
                 )
 
 
 @triton.jit
 def _merge_splits(
-    mo_base, ml_base, o_base, offs_m, row_ok, s_idx, h_idx, offs_c, c_ok, num_splits,
-    stride_mo_split, stride_mo_m, stride_ml_split, stride_o_s, stride_o_h, BLOCK_M: tl.constexpr, BLOCK_C: tl.constexpr,
+    po_base, pl_base, o_base, offs_m, row_ok, s_idx, h_idx, offs_c, c_ok, num_splits,
+    stride_po_split, stride_po_m, stride_pl_split, stride_o_s, stride_o_h, BLOCK_M: tl.constexpr, BLOCK_C: tl.constexpr,
 ):
     """Merge the splits' normalised partials of BLOCK_M rows (weights 2^(lse_k - max lse)), in split
     order; reads go to L2 (.cg): the other splits' stores came from other SMs."""
     top = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     for k in range(num_splits):
-        top = tl.maximum(top, tl.load(ml_base + k * stride_ml_split + offs_m, mask=row_ok, other=float("-inf"), cache_modifier=".cg"))
+        top = tl.maximum(top, tl.load(pl_base + k * stride_pl_split + offs_m, mask=row_ok, other=float("-inf"), cache_modifier=".cg"))
     top = tl.where(top == float("-inf"), 0.0, top)
     denom = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_C], dtype=tl.float32)
     for k in range(num_splits):
-        w = tl.exp2(tl.load(ml_base + k * stride_ml_split + offs_m, mask=row_ok, other=float("-inf"), cache_modifier=".cg") - top)
-        part = tl.load(mo_base + k * stride_mo_split + offs_m[:, None] * stride_mo_m + offs_c[None, :], mask=row_ok[:, None] & c_ok[None, :], other=0.0, cache_modifier=".cg")
+        w = tl.exp2(tl.load(pl_base + k * stride_pl_split + offs_m, mask=row_ok, other=float("-inf"), cache_modifier=".cg") - top)
+        part = tl.load(po_base + k * stride_po_split + offs_m[:, None] * stride_po_m + offs_c[None, :], mask=row_ok[:, None] & c_ok[None, :], other=0.0, cache_modifier=".cg")
         denom += w
         acc += w[:, None] * part
     out = acc / tl.where(denom > 0.0, denom, 1.0)[:, None]
@@ -229,10 +219,10 @@ def _merge_splits(
 
 @triton.jit
 def _mla_decode_combine_kernel(
-    mid_out_ptr, mid_lse_ptr, out_ptr,
+    part_out_ptr, part_lse_ptr, out_ptr,
     num_splits,
-    stride_mo_b, stride_mo_split, stride_mo_m,
-    stride_ml_b, stride_ml_split,
+    stride_po_b, stride_po_split, stride_po_m,
+    stride_pl_b, stride_pl_split,
     stride_o_b, stride_o_s, stride_o_h,
     H: tl.constexpr, C: tl.constexpr,
     BLOCK_C: tl.constexpr, BLOCK_SPLITS: tl.constexpr,
@@ -243,17 +233,17 @@ def _mla_decode_combine_kernel(
     offs_k = tl.arange(0, BLOCK_SPLITS)
     offs_c = tl.arange(0, BLOCK_C)
     c_ok = offs_c < C
-    lse_row = mid_lse_ptr + b * stride_ml_b + m
-    lses = tl.load(lse_row + offs_k * stride_ml_split, mask=offs_k < num_splits, other=float("-inf"))
+    lse_row = part_lse_ptr + b * stride_pl_b + m
+    lses = tl.load(lse_row + offs_k * stride_pl_split, mask=offs_k < num_splits, other=float("-inf"))
     top = tl.max(lses, axis=0)
     top = tl.where(top == float("-inf"), 0.0, top)
     denom = tl.sum(tl.exp2(lses - top), axis=0)
     acc = tl.zeros([BLOCK_C], dtype=tl.float32)
-    mo_row = mid_out_ptr + b * stride_mo_b + m * stride_mo_m
+    po_row = part_out_ptr + b * stride_po_b + m * stride_po_m
     for k in range(num_splits):
-        w = tl.exp2(tl.load(lse_row + k * stride_ml_split) - top)
+        w = tl.exp2(tl.load(lse_row + k * stride_pl_split) - top)
         # Every split program writes its partial (zeros when it saw no key), so all are finite.
-        part = tl.load(mo_row + k * stride_mo_split + offs_c, mask=c_ok, other=0.0)
+        part = tl.load(po_row + k * stride_po_split + offs_c, mask=c_ok, other=0.0)
         acc += w * part
     out = acc / tl.where(denom > 0.0, denom, 1.0)
     s = m // H
@@ -272,13 +262,6 @@ def _arrivals(device: torch.device) -> torch.Tensor:
 
 
 @lru_cache(maxsize=None)
-def _num_sms(device: torch.device) -> int:
-    if device.type != "cuda":
-        return 4  # the interpreter: a few programs are plenty
-    return torch.cuda.get_device_properties(device).multi_processor_count
-
-
-@lru_cache(maxsize=None)
 def _config(device: torch.device, variant: str) -> dict:
     return config("mla_decode", variant, device)
 
@@ -290,24 +273,7 @@ def _variant(rows: int) -> str:
     return "rows_gt64"
 
 
-def _pick_splits(base: int, slots: int, max_splits: int) -> int:
-    """The split count whose programs fill the resident slots best (fewest splits on near-ties).
-
-    base = programs per split (B * row tiles); slots = CTAs the GPU holds at once. A wave that is
-    only partly full wastes the rest of it, so efficiency = programs / (waves * slots). Splits cost
-    partial writes and a combine, so once one wave is full only a clearly better fill (+5%) adds
-    splits, and never beyond twice the count that fills one wave.
-    """
-    best, best_eff = 1, 0.0
-    for splits in range(1, max(1, min(max_splits, 2 * cdiv(slots, base))) + 1):
-        programs = base * splits
-        eff = programs / (cdiv(programs, slots) * slots)
-        if eff > best_eff * 1.05:
-            best, best_eff = splits, eff
-    return best
-
-
-def _plan(
+def plan(
     batch: int, rows: int, capacity: int, device: torch.device, num_splits: int | None, tokens_per_split: int | None, overrides: dict | None = None
 ):
     """Tiles and split count, from host-known shapes only.
@@ -336,7 +302,7 @@ def _make_plan(batch, rows, capacity, device, num_splits, tokens_per_split, over
     else:
         if num_splits is None:
             limit = min(cfg["max_splits"], tiles, max(1, capacity // cfg["min_tokens_per_split"]))
-            num_splits = _pick_splits(batch * row_tiles, cfg["ctas_per_sm"] * _num_sms(device), limit)
+            num_splits = pick_splits(batch * row_tiles, cfg["ctas_per_sm"] * num_sms(device), limit)
         num_splits = max(1, min(num_splits, tiles))
         per_split = cdiv(tiles, num_splits)
     num_splits = cdiv(tiles, per_split)
@@ -348,7 +314,7 @@ def _cached_plan(batch, rows, capacity, device, num_splits, tokens_per_split):
     return _make_plan(batch, rows, capacity, device, num_splits, tokens_per_split, None)
 
 
-def _mla_decode(
+def launch_mla_decode(
     q_nope: torch.Tensor,
     q_rope: torch.Tensor,
     kv_cache: torch.Tensor,
@@ -363,6 +329,28 @@ def _mla_decode(
 ) -> torch.Tensor:
     """mla_decode with an optional forced split (tests use it to exercise the combine kernel) and
     tuning-entry overrides (the bench sweep uses them)."""
+    out, _ = launch_mla_decode_with_handle(
+        q_nope, q_rope, kv_cache, block_table, seq_lens, softmax_scale, sliding_window,
+        num_splits=num_splits, tokens_per_split=tokens_per_split, overrides=overrides,
+    )
+    return out
+
+
+def launch_mla_decode_with_handle(
+    q_nope: torch.Tensor,
+    q_rope: torch.Tensor,
+    kv_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    softmax_scale: float,
+    sliding_window: int | None = None,
+    *,
+    num_splits: int | None = None,
+    tokens_per_split: int | None = None,
+    overrides: dict | None = None,
+):
+    """`launch_mla_decode`, also returning what launching the split kernel returned: its compiled
+    handle (registers, spills, shared memory: the bench sweep reports them), None for empty inputs."""
     batch, num_queries, heads, latent_dim = q_nope.shape
     rope_dim = q_rope.shape[-1]
     _, page, _ = kv_cache.shape
@@ -371,7 +359,7 @@ def _mla_decode(
         raise ValueError("kv_cache rows must be contiguous (last stride 1)")
     out = torch.empty(batch, num_queries, heads, latent_dim, dtype=q_nope.dtype, device=q_nope.device)
     if batch == 0 or num_queries == 0 or heads == 0 or latent_dim == 0:
-        return out
+        return out, None
     if q_nope.stride(-1) != 1:
         q_nope = q_nope.contiguous()
     if q_rope.stride(-1) != 1:
@@ -381,7 +369,7 @@ def _mla_decode(
 
     rows = num_queries * heads
     capacity = block_table.shape[1] * page
-    cfg, block_m, row_tiles, per_split, splits = _plan(batch, rows, capacity, q_nope.device, num_splits, tokens_per_split, overrides)
+    cfg, block_m, row_tiles, per_split, splits = plan(batch, rows, capacity, q_nope.device, num_splits, tokens_per_split, overrides)
     block_c = max(16, next_power_of_2(latent_dim))
     block_r = max(16, next_power_of_2(rope_dim))
     dot_f32 = upcast_dot() or q_nope.dtype == torch.float32 or kv_cache.dtype == torch.float32 or q_nope.dtype != kv_cache.dtype
@@ -389,20 +377,19 @@ def _mla_decode(
     fused = not direct and cfg.get("fused_combine", False) and row_tiles * batch <= _ARRIVALS
     arrivals = _arrivals(q_nope.device) if fused else seq_lens  # seq_lens: an unused placeholder
     if direct:
-        mid_out = out  # unused
-        mid_lse = out
-        mo_strides = (0, 0, 0)
-        ml_strides = (0, 0)
+        part_out = out  # unused
+        part_lse = out
+        po_strides = (0, 0, 0)
+        pl_strides = (0, 0)
     else:
-        mid_out = torch.empty(batch, splits, rows, latent_dim, dtype=torch.float32, device=q_nope.device)
-        mid_lse = torch.empty(batch, splits, rows, dtype=torch.float32, device=q_nope.device)
-        mo_strides = (mid_out.stride(0), mid_out.stride(1), mid_out.stride(2))
-        ml_strides = (mid_lse.stride(0), mid_lse.stride(1))
+        part_out = torch.empty(batch, splits, rows, latent_dim, dtype=torch.float32, device=q_nope.device)
+        part_lse = torch.empty(batch, splits, rows, dtype=torch.float32, device=q_nope.device)
+        po_strides = (part_out.stride(0), part_out.stride(1), part_out.stride(2))
+        pl_strides = (part_lse.stride(0), part_lse.stride(1))
     grid = (row_tiles, batch, splits)
-    global _LAST_LAUNCH
-    _LAST_LAUNCH = _mla_decode_split_kernel[grid](
+    handle = _mla_decode_split_kernel[grid](
         q_nope, q_rope, kv_cache, block_table, seq_lens,
-        out, mid_out, mid_lse, arrivals,
+        out, part_out, part_lse, arrivals,
         float(softmax_scale) * LOG2E,
         int(sliding_window or 0),
         per_split,
@@ -411,8 +398,8 @@ def _mla_decode(
         kv_cache.stride(0), kv_cache.stride(1),
         block_table.stride(0),
         out.stride(0), out.stride(1), out.stride(2),
-        *mo_strides,
-        *ml_strides,
+        *po_strides,
+        *pl_strides,
         splits,
         S=num_queries, H=heads, C=latent_dim, R=rope_dim,
         BLOCK_C=block_c, BLOCK_R=block_r,
@@ -422,23 +409,23 @@ def _mla_decode(
         DIRECT=direct,
         FUSED_COMBINE=fused,
         DOT_F32=dot_f32,
-        DOT_PRECISION="ieee" if dot_f32 else "tf32",
+        DOT_PRECISION=dot_precision(dot_f32),
         EVICT=cfg.get("evict", ""),
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )
     if not direct and not fused:
         ccfg = _config(q_nope.device, "combine")
         _mla_decode_combine_kernel[(rows, batch)](
-            mid_out, mid_lse, out,
+            part_out, part_lse, out,
             splits,
-            *mo_strides,
-            *ml_strides,
+            *po_strides,
+            *pl_strides,
             out.stride(0), out.stride(1), out.stride(2),
             H=heads, C=latent_dim,
             BLOCK_C=block_c, BLOCK_SPLITS=max(2, next_power_of_2(splits)),
             num_warps=ccfg["num_warps"],
         )
-    return out
+    return out, handle
 
 
 def mla_decode(
@@ -451,7 +438,8 @@ def mla_decode(
     softmax_scale: float,
     sliding_window: int | None = None,
 ) -> torch.Tensor:
-    return _mla_decode(q_nope, q_rope, kv_cache, block_table, seq_lens, softmax_scale, sliding_window)
+    return launch_mla_decode(q_nope, q_rope, kv_cache, block_table, seq_lens, softmax_scale, sliding_window)
+
 
 REGISTRATIONS = [
     Registration(

@@ -34,8 +34,9 @@ import triton
 import triton.language as tl
 from triton.language.extra import libdevice
 
-from deepinfer.ops.moe import SCORE_FUNCS, _check_gate_args, _require_local_experts
-from deepinfer_cuda.kernels.common import Registration, cdiv, interpreting, next_power_of_2
+from deepinfer.ops.moe import SCORE_FUNCS, check_gate_args, require_local_experts
+from deepinfer.triton_common import cdiv, interpreting, log1p_from_log, next_power_of_2
+from deepinfer_cuda.kernels.common import Registration
 from deepinfer_cuda.kernels.precise_math import precise_exp as _exp
 from deepinfer_cuda.kernels.precise_math import precise_log as _log
 from deepinfer_cuda.tuning import config
@@ -49,10 +50,7 @@ def _log1p(x, LIBDEVICE: tl.constexpr):
     if LIBDEVICE:
         y = libdevice.log1p(x)
     else:
-        # Kahan's log1p from log: exact to a few ulp, also where 1 + x rounds to 1.
-        u = 1.0 + x
-        d = tl.where(u == 1.0, 1.0, u - 1.0)
-        y = tl.where(u == 1.0, x, tl.log(u) * (x / d))
+        y = log1p_from_log(x)
     return y
 
 
@@ -186,7 +184,7 @@ def gate(
     routed_scaling_factor: float = 1.0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     E = logits.shape[-1]
-    _check_gate_args(E, top_k, score_func, correction_bias, n_group, topk_group)
+    check_gate_args(E, top_k, score_func, correction_bias, n_group, topk_group)
     x = logits.reshape(-1, E)
     if x.stride(-1) != 1:
         x = x.contiguous()
@@ -316,7 +314,7 @@ def dispatch(
     num_experts: int,
     ep_group: object | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    _require_local_experts(ep_group)
+    require_local_experts(ep_group)
     device = x.device
     T, K = topk_ids.shape
     D = x.shape[-1]
@@ -415,7 +413,7 @@ def combine(
     *,
     ep_group: object | None = None,
 ) -> torch.Tensor:
-    _require_local_experts(ep_group)
+    require_local_experts(ep_group)
     T, K = topk_weights.shape
     D = expert_out.shape[-1]
     out = torch.empty(T, D, dtype=expert_out.dtype, device=expert_out.device)

@@ -15,7 +15,8 @@ refuse a group of several ranks), so resolving the ops with ep_size > 1 picks th
 None or a one-rank group they are the local kernels.
 
 Within one host the registry prefers `moe_ep_symm` (rows stored straight into the peers'
-symmetric-memory buffers; same rows, same order), unless DEEPINFER_EP_PATH=nccl.
+symmetric-memory buffers; same rows, same order), unless the backend option ep_path is nccl
+(deepinfer_cuda.options).
 """
 
 from __future__ import annotations

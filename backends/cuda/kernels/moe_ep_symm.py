@@ -65,10 +65,11 @@ acquire at system scope). Across combines one buffer is enough (two barriers per
 dispatch's buffers, so any number of dispatches may await their combines. expert_x is an ordinary
 allocation of the caller's.
 
-Not registered where it cannot run (no CUDA, no torch symmetric memory); where registered, its
-`when` takes it only on CUDA devices with ep_size > 1, all ranks on this host (LOCAL_WORLD_SIZE =
-WORLD_SIZE = ep_size, peer access between the devices), and DEEPINFER_EP_PATH not "nccl"
-(DEEPINFER_EP_PATH=symm makes an unusable symmetric memory an error instead of a fallback).
+Chosen by the backend option `ep_path` (deepinfer_cuda.options; default from DEEPINFER_EP_PATH):
+under `auto` its `when` takes it only on CUDA devices with ep_size > 1, all ranks on this host
+(LOCAL_WORLD_SIZE = WORLD_SIZE = ep_size, peer access between the devices) and torch's symmetric
+memory present; `symm` always takes it, and where it cannot run resolve fails with the reason
+(`unusable`); `nccl` never. Both registrations declare `capturable_with_token_bound`.
 Never uses NVLink multicast (multimem): only unicast peer pointers and the handle's barrier.
 """
 
@@ -86,10 +87,10 @@ import triton.language as tl
 from deepinfer.distributed.expert_parallel import EP_PRIORITY, ExpertParallel, as_expert_parallel
 from deepinfer.errors import UserError
 from deepinfer_cuda.kernels import moe as local
-from deepinfer_cuda.kernels.common import Registration, next_power_of_2
+from deepinfer.triton_common import next_power_of_2
+from deepinfer_cuda.kernels.common import Registration
+from deepinfer_cuda.options import EP_PATH
 
-EP_PATH_ENV = "DEEPINFER_EP_PATH"  # auto (default) | nccl | symm
-EP_PATHS = ("auto", "nccl", "symm")
 SYMM_PRIORITY = EP_PRIORITY + 10  # above the NCCL path when its `when` holds
 _MIN_BYTES = 1 << 20
 # Latency mode up to this many slots (W*B*K): each expand program reads them all (32 KiB of ids, from
@@ -719,11 +720,9 @@ def dispatch(
 
 def capturable_with_token_bound(ranks: int, bound: int, top_k: int) -> bool:
     """With ep_group.token_bound = bound (the same on every rank) and W*B*K <= LATENCY_SLOTS, dispatch
-    and combine make no host synchronisation: the engine may capture EP decode steps in CUDA graphs."""
+    and combine make no host synchronisation: the engine may capture EP decode steps in CUDA graphs
+    (declared on both registrations below)."""
     return ranks * max(bound, 1) * top_k <= LATENCY_SLOTS
-
-
-dispatch.capturable_with_token_bound = capturable_with_token_bound
 
 
 def combine(
@@ -739,13 +738,6 @@ def combine(
     return exchange_of(ep, expert_out.device).combine(expert_out, topk_weights, row_of_slot)
 
 
-def ep_path() -> str:
-    path = os.environ.get(EP_PATH_ENV, "auto").strip().lower() or "auto"
-    if path not in EP_PATHS:
-        raise UserError(f"{EP_PATH_ENV}={path!r}: expected one of {', '.join(EP_PATHS)}")
-    return path
-
-
 def unusable_reason(ctx) -> str | None:
     """Why the symmetric-memory path cannot serve this context (None: it can)."""
     if ctx.ep_size <= 1:
@@ -758,7 +750,8 @@ def unusable_reason(ctx) -> str | None:
         return "no CUDA device"
     local_world = os.environ.get("LOCAL_WORLD_SIZE")
     world = os.environ.get("WORLD_SIZE")
-    if local_world is None or world is None or int(local_world) != int(world) or int(world) != ctx.ep_size:
+    one_host = local_world is not None and world is not None and local_world.isdigit() and world.isdigit()
+    if not one_host or int(local_world) != int(world) or int(world) != ctx.ep_size:
         return f"the EP group is not one host's ranks (WORLD_SIZE={world}, LOCAL_WORLD_SIZE={local_world}, ep_size={ctx.ep_size})"
     n = int(local_world)
     if torch.cuda.device_count() < n:
@@ -774,31 +767,28 @@ def unusable_reason(ctx) -> str | None:
     return None
 
 
-def usable(ctx) -> bool:
-    """The registration's `when`: ep_size > 1 on one host's CUDA devices with symmetric memory,
-    unless DEEPINFER_EP_PATH=nccl; with DEEPINFER_EP_PATH=symm an unusable context is an error."""
-    path = ep_path()
-    if path == "nccl" or ctx.ep_size <= 1:
+def chosen(ctx) -> bool:
+    """The registrations' `when` (never raises): ep_size > 1 and the backend option ep_path is symm,
+    or auto where this path can run (else the NCCL path serves)."""
+    path = EP_PATH.value(ctx)
+    if ctx.ep_size <= 1 or path == "nccl":
         return False
+    return path == "symm" or unusable_reason(ctx) is None
+
+
+def unusable(ctx) -> str | None:
+    """Why the path, once chosen (ep_path=symm forces it), cannot run here: resolve's one-line error."""
     reason = unusable_reason(ctx)
-    if reason is not None and path == "symm":
-        raise UserError(f"{EP_PATH_ENV}=symm, but the symmetric-memory EP path cannot run: {reason}")
-    return reason is None
-
-
-def _registrable() -> bool:
-    if not torch.cuda.is_available():
-        return False
-    try:
-        _symm_module()
-    except SymmetricMemoryUnavailable:
-        return False
-    return True
+    if reason is None:
+        return None
+    return f"backend option ep_path=symm, but the symmetric-memory EP path cannot run: {reason} (ep_path=auto or nccl uses all_to_all_single)"
 
 
 REGISTRATIONS = [
-    Registration(op="dispatch", fn=dispatch, when=usable, priority=SYMM_PRIORITY,
+    Registration(op="dispatch", fn=dispatch, when=chosen, unusable=unusable, priority=SYMM_PRIORITY,
+                 capturable_with_token_bound=capturable_with_token_bound,
                  note="Triton count + one scatter kernel into the owners' symmetric-memory receive buffers (one host)"),
-    Registration(op="combine", fn=combine, when=usable, priority=SYMM_PRIORITY,
+    Registration(op="combine", fn=combine, when=chosen, unusable=unusable, priority=SYMM_PRIORITY,
+                 capturable_with_token_bound=capturable_with_token_bound,
                  note="Triton scatter back into the sources' symmetric-memory buffers + Triton fixed-order combine"),
-] if _registrable() else []  # fmt: skip
+]  # fmt: skip

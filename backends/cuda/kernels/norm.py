@@ -18,7 +18,8 @@ import torch
 import triton
 import triton.language as tl
 
-from deepinfer_cuda.kernels.common import Registration, next_power_of_2
+from deepinfer.triton_common import next_power_of_2
+from deepinfer_cuda.kernels.common import Registration, num_warps_for
 from deepinfer_cuda.tuning import config
 
 
@@ -110,12 +111,6 @@ def _rows(t: torch.Tensor, D: int) -> torch.Tensor:
     """A 2-D [rows, D] view with unit column stride (a copy only when no such view exists)."""
     t2 = t.reshape(-1, D)
     return t2 if t2.stride(-1) == 1 or D == 1 else t2.contiguous()
-
-
-def num_warps_for(tile_elems: int, elem_bytes: int, cfg: dict) -> int:
-    """Enough warps that each thread holds `bytes_per_thread` of the tile (whole 16-byte vectors)."""
-    warps = next_power_of_2(max((tile_elems * elem_bytes) // (32 * cfg["bytes_per_thread"]), 1))
-    return max(cfg.get("min_warps", 1), min(cfg["max_warps"], warps))
 
 
 def _rows_per_program(T: int, block_d: int, cfg: dict) -> int:

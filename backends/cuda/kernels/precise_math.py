@@ -1,4 +1,5 @@
-"""exp/log for kernels whose results are compared exactly with the CPU reference (gate, sample).
+"""exp/log for kernels whose results are compared exactly with the CPU reference (gate, sample). Not a
+registration module.
 
 libdevice's expf/logf are within ~1 ulp; tl.exp/tl.log on a GPU are the approximate MUFU
 instructions (several ulp). The interpreter has no libdevice (its stubs return None): numpy's

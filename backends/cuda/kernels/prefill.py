@@ -22,10 +22,9 @@ then come from the next request (or zero fill past Tk) and get probability 0 thr
 The pointer path serves strided inputs and the default table (the interpreter). `warp_specialize`
 (tl.range) is an option the tables leave off: Triton 3.6 fails to compile it for this loop on SM90.
 
-Measured on an H200 (2026-11-30, torch 2.11, Triton 3.6, bf16, sm90 table): B=4 x 4096 causal,
-H=16, Dqk 192 / Dv 128: 0.80 ms, 431 TFLOP/s (SDPA 542, ratio 0.80); 1024 new after 3072 cached:
-442 TFLOP/s (SDPA with causal_lower_right 141); H=128, 2 x 2048: 390 (SDPA 503, 0.77); d=128/128
-B=4 x 4096 H=16: 443 (SDPA flash 528, 0.84).
+Deviation (interpreter only): dot operands are upcast to float32 under TRITON_INTERPRET=1
+(deepinfer.triton_common.upcast_dot); float32 operands use input_precision="ieee". The H200
+figures are in docs/performance.md.
 """
 
 from __future__ import annotations
@@ -35,24 +34,11 @@ import triton
 import triton.language as tl
 
 from deepinfer.ops import attention as attention_ops
-from deepinfer_cuda.kernels.common import Registration, dot_precision, next_power_of_2, upcast_dot
-from deepinfer_cuda.tuning import config as tuning_config
+from deepinfer.triton_common import find_request, next_power_of_2, upcast_dot
+from deepinfer_cuda.kernels.common import Registration, dot_precision
+from deepinfer_cuda.tuning import config
 
-_LOG2E = 1.4426950408889634
-
-
-@triton.jit
-def _find_request(CU_Q, pid, num_requests, search_steps, BLOCK_M: tl.constexpr):
-    """The request b whose slot range [cu_q[b] // BLOCK_M + b, cu_q[b+1] // BLOCK_M + b + 1) holds pid."""
-    lo = pid * 0
-    hi = lo + num_requests
-    for _ in range(search_steps):
-        mid = (lo + hi) // 2
-        first_slot = tl.load(CU_Q + mid) // BLOCK_M + mid
-        right = first_slot <= pid
-        lo = tl.where(right, mid, lo)
-        hi = tl.where(right, hi, mid)
-    return lo
+LOG2E = 1.4426950408889634
 
 
 @triton.jit
@@ -64,7 +50,7 @@ def _attend_blocks(
     MASKED: tl.constexpr, HAS_WINDOW: tl.constexpr, USE_DESC: tl.constexpr, WARP_SPEC: tl.constexpr, POS_SCALE: tl.constexpr,
     D_QK: tl.constexpr, D_V: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_D1: tl.constexpr, BLOCK_D2: tl.constexpr, BLOCK_DV: tl.constexpr,
-    UPCAST_DOT: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+    DOT_F32: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     """Fold key blocks [start, end) (in BLOCK_N steps) into the running (acc, l_i, m_i)."""
     offs_n = tl.arange(0, BLOCK_N)
@@ -91,9 +77,9 @@ def _attend_blocks(
                 k1 = tl.load(k_ptrs1, mask=col_ok[None, :], other=0.0)
             else:
                 k1 = tl.load(k_ptrs1)
-        if UPCAST_DOT:
+        if DOT_F32:
             k1 = k1.to(tl.float32)
-        s = tl.dot(q1, k1, input_precision=INPUT_PRECISION)
+        s = tl.dot(q1, k1, input_precision=DOT_PRECISION)
         if BLOCK_D2 > 0:
             if USE_DESC:
                 k2 = k_desc2.load([k_start + start_n, head * D_QK + BLOCK_D1]).T
@@ -109,9 +95,9 @@ def _attend_blocks(
                         k2 = tl.load(k_ptrs2)
                     else:
                         k2 = tl.load(k_ptrs2, mask=d2_ok[:, None], other=0.0)
-            if UPCAST_DOT:
+            if DOT_F32:
                 k2 = k2.to(tl.float32)
-            s = tl.dot(q2, k2, s, input_precision=INPUT_PRECISION)
+            s = tl.dot(q2, k2, s, input_precision=DOT_PRECISION)
         # log2 domain: qk_scale = softmax_scale * log2(e)
         if MASKED:
             s = s * qk_scale
@@ -145,10 +131,10 @@ def _attend_blocks(
                     v = tl.load(v_ptrs)
                 else:
                     v = tl.load(v_ptrs, mask=dv_ok[None, :], other=0.0)
-        if UPCAST_DOT:
-            acc = tl.dot(p, v.to(tl.float32), acc, input_precision=INPUT_PRECISION)
+        if DOT_F32:
+            acc = tl.dot(p, v.to(tl.float32), acc, input_precision=DOT_PRECISION)
         else:
-            acc = tl.dot(p.to(v.dtype), v, acc, input_precision=INPUT_PRECISION)
+            acc = tl.dot(p.to(v.dtype), v, acc, input_precision=DOT_PRECISION)
         m_i = m_new
     return acc, l_i, m_i
 
@@ -161,12 +147,12 @@ def _prefill_kernel(
     D_QK: tl.constexpr, D_V: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_D1: tl.constexpr, BLOCK_D2: tl.constexpr, BLOCK_DV: tl.constexpr,
-    HAS_WINDOW: tl.constexpr, UPCAST_DOT: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+    HAS_WINDOW: tl.constexpr, DOT_F32: tl.constexpr, DOT_PRECISION: tl.constexpr,
     USE_DESC: tl.constexpr, WARP_SPEC: tl.constexpr, POS_SCALE: tl.constexpr,
 ):
     pid = tl.program_id(0)
     head = tl.program_id(1)
-    b = _find_request(CU_Q, pid, num_requests, search_steps, BLOCK_M)
+    b = find_request(CU_Q, pid, num_requests, search_steps, BLOCK_M)
     q_start = tl.load(CU_Q + b)
     q_len = tl.load(CU_Q + b + 1) - q_start
     k_start = tl.load(CU_K + b)
@@ -187,12 +173,12 @@ def _prefill_kernel(
     q_blk = Q + (q_start + m_blk * BLOCK_M).to(tl.int64) * stride_qt + head * stride_qh
     offs_d1 = tl.arange(0, BLOCK_D1)
     q1 = tl.load(q_blk + offs_m[:, None] * stride_qt + offs_d1[None, :], mask=row_ok[:, None], other=0.0)
-    if UPCAST_DOT:
+    if DOT_F32:
         q1 = q1.to(tl.float32)
     if BLOCK_D2 > 0:
         offs_d2 = BLOCK_D1 + tl.arange(0, BLOCK_D2)
         q2 = tl.load(q_blk + offs_m[:, None] * stride_qt + offs_d2[None, :], mask=row_ok[:, None] & (offs_d2[None, :] < D_QK), other=0.0)
-        if UPCAST_DOT:
+        if DOT_F32:
             q2 = q2.to(tl.float32)
     else:
         q2 = q1  # unused
@@ -214,19 +200,19 @@ def _prefill_kernel(
         acc, l_i, m_i = _attend_blocks(
             acc, l_i, m_i, q1, q2, k_base, v_base, stride_kt, stride_vt, K_DESC1, K_DESC2, V_DESC, k_start, head,
             lo, full_lo, pos, k_len, window, qk_scale,
-            True, HAS_WINDOW, USE_DESC, WARP_SPEC, POS_SCALE, D_QK, D_V, BLOCK_N, BLOCK_D1, BLOCK_D2, BLOCK_DV, UPCAST_DOT, INPUT_PRECISION,
+            True, HAS_WINDOW, USE_DESC, WARP_SPEC, POS_SCALE, D_QK, D_V, BLOCK_N, BLOCK_D1, BLOCK_D2, BLOCK_DV, DOT_F32, DOT_PRECISION,
         )
     else:
         full_lo = diag_lo * 0
     acc, l_i, m_i = _attend_blocks(
         acc, l_i, m_i, q1, q2, k_base, v_base, stride_kt, stride_vt, K_DESC1, K_DESC2, V_DESC, k_start, head,
         full_lo, diag_lo, pos, k_len, window, qk_scale,
-        False, HAS_WINDOW, USE_DESC, WARP_SPEC, POS_SCALE, D_QK, D_V, BLOCK_N, BLOCK_D1, BLOCK_D2, BLOCK_DV, UPCAST_DOT, INPUT_PRECISION,
+        False, HAS_WINDOW, USE_DESC, WARP_SPEC, POS_SCALE, D_QK, D_V, BLOCK_N, BLOCK_D1, BLOCK_D2, BLOCK_DV, DOT_F32, DOT_PRECISION,
     )
     acc, l_i, m_i = _attend_blocks(
         acc, l_i, m_i, q1, q2, k_base, v_base, stride_kt, stride_vt, K_DESC1, K_DESC2, V_DESC, k_start, head,
         diag_lo, last_pos + 1, pos, k_len, window, qk_scale,
-        True, HAS_WINDOW, USE_DESC, WARP_SPEC, POS_SCALE, D_QK, D_V, BLOCK_N, BLOCK_D1, BLOCK_D2, BLOCK_DV, UPCAST_DOT, INPUT_PRECISION,
+        True, HAS_WINDOW, USE_DESC, WARP_SPEC, POS_SCALE, D_QK, D_V, BLOCK_N, BLOCK_D1, BLOCK_D2, BLOCK_DV, DOT_F32, DOT_PRECISION,
     )
 
     l_i = tl.where(l_i > 0.0, l_i, 1.0)  # rows past q_len (never stored) may have seen nothing
@@ -284,7 +270,7 @@ def launch_prefill(
     cu_q = cu_seqlens_q.to(device=q.device, dtype=torch.int32)
     cu_k = cu_seqlens_k.to(device=q.device, dtype=torch.int32)
 
-    c = dict(cfg) if cfg is not None else tuning_config("prefill", _variant(d_qk, d_v, q.dtype), q.device)
+    c = dict(cfg) if cfg is not None else config("prefill", _variant(d_qk, d_v, q.dtype), q.device)
     block_m, block_n = c["BLOCK_M"], c["BLOCK_N"]
     block_d1, block_d2 = _split_head_dim(d_qk)
     block_dv = max(next_power_of_2(d_v), 16)
@@ -303,12 +289,12 @@ def launch_prefill(
     _prefill_kernel[grid](
         q, k, v, out, cu_q, cu_k, k_desc1, k_desc2, v_desc,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), out.stride(0), out.stride(1),
-        num_requests, max(num_requests - 1, 0).bit_length(), softmax_scale * _LOG2E, sliding_window or 0,
+        num_requests, max(num_requests - 1, 0).bit_length(), softmax_scale * LOG2E, sliding_window or 0,
         D_QK=d_qk, D_V=d_v,
         BLOCK_M=block_m, BLOCK_N=block_n,
         BLOCK_D1=block_d1, BLOCK_D2=block_d2, BLOCK_DV=block_dv,
         HAS_WINDOW=sliding_window is not None,
-        UPCAST_DOT=upcast_dot(), INPUT_PRECISION=dot_precision(q.dtype),
+        DOT_F32=upcast_dot(), DOT_PRECISION=dot_precision(q.dtype == torch.float32),
         USE_DESC=use_desc, WARP_SPEC=bool(c.get("warp_specialize", False)), POS_SCALE=softmax_scale > 0,
         num_warps=c.get("num_warps", 4), num_stages=c.get("num_stages", 2),
     )

@@ -78,7 +78,8 @@ import torch
 import triton
 import triton.language as tl
 
-from deepinfer_cuda.kernels.common import Registration, interpreting
+from deepinfer.triton_common import from_order_key, hash_uniform, interpreting, order_key, row_hash
+from deepinfer_cuda.kernels.common import Registration
 from deepinfer_cuda.kernels.precise_math import precise_exp as _exp
 from deepinfer_cuda.kernels.precise_math import precise_log as _log
 from deepinfer_cuda.tuning import config
@@ -92,20 +93,6 @@ _MAX_KEY = tl.constexpr(2**31 - 1)
 
 
 @triton.jit
-def _okey(x):
-    """float32 -> int32 whose order is the floats' order (-0.0 maps to +0.0's key)."""
-    b = x.to(tl.int32, bitcast=True)
-    k = tl.where(b >= 0, b, b ^ 0x7FFFFFFF)
-    return tl.where(x == 0.0, 0, k)
-
-
-@triton.jit
-def _from_key(k):
-    b = tl.where(k >= 0, k, k ^ 0x7FFFFFFF)
-    return b.to(tl.float32, bitcast=True)
-
-
-@triton.jit
 def _p_of(x, td, zmax, r, LIBDEVICE: tl.constexpr):
     # The reference: z = logits / t; p = exp(z - max z) * (1 / sum) (torch's CPU softmax).
     z = tl.math.div_rn(x, td)
@@ -113,28 +100,9 @@ def _p_of(x, td, zmax, r, LIBDEVICE: tl.constexpr):
 
 
 @triton.jit
-def _mix(x):
-    x = x ^ (x >> 16)
-    x = x * 0x21F0AAAD
-    x = x ^ (x >> 15)
-    x = x * 0xD35A2D97
-    return x ^ (x >> 15)
-
-
-@triton.jit
-def _row_hash(seed, pos):
-    lo = (seed & 0xFFFFFFFF).to(tl.uint32)
-    hi = ((seed >> 32) & 0xFFFFFFFF).to(tl.uint32)
-    pl = (pos & 0xFFFFFFFF).to(tl.uint32)
-    h = _mix(lo + 0x9E3779B9)
-    h = _mix(h ^ hi)
-    return _mix(h ^ pl)
-
-
-@triton.jit
 def _gumbel(rowhash, idx, LIBDEVICE: tl.constexpr):
-    h = _mix(rowhash ^ idx.to(tl.uint32))
-    u = ((h >> 9).to(tl.float32) + 0.5) * 1.1920928955078125e-07  # 2^-23: exact
+    """g = -log(-log(u)), u the shared hash's uniform (`sampling_uniform`) of this row and index."""
+    u = hash_uniform(rowhash, idx)
     return -_log(-_log(u, LIBDEVICE), LIBDEVICE)
 
 
@@ -161,7 +129,7 @@ def _count_ge(x_ptr, n, kthr, TILE: tl.constexpr):
         offs = start + tl.arange(0, TILE)
         ok = offs < n
         x = tl.load(x_ptr + offs, mask=ok, other=float("-inf"))
-        c += tl.sum((ok & (_okey(x) >= kthr)).to(tl.int32), axis=0)
+        c += tl.sum((ok & (order_key(x) >= kthr)).to(tl.int32), axis=0)
     return c
 
 
@@ -173,7 +141,7 @@ def _mass_ge(x_ptr, n, kthr, tk_key, td, zmax, r, Q, TILE: tl.constexpr, LIBDEVI
         offs = start + tl.arange(0, TILE)
         ok = offs < n
         x = tl.load(x_ptr + offs, mask=ok, other=float("-inf"))
-        key = _okey(x)
+        key = order_key(x)
         q = tl.math.div_rn(_p_of(x, td, zmax, r, LIBDEVICE), Q)
         acc += tl.where(ok & (key >= kthr) & (key >= tk_key), q, 0.0).to(tl.float64)
     return tl.sum(acc, axis=0).to(tl.float32)
@@ -182,7 +150,7 @@ def _mass_ge(x_ptr, n, kthr, tk_key, td, zmax, r, Q, TILE: tl.constexpr, LIBDEVI
 @triton.jit
 def _out_is_kept(out_max, tk_key, tp, tp_on, thr, m_on, td, zmax, r, Q, LIBDEVICE: tl.constexpr):
     """Whether the largest logit outside the source would be kept (the rules are monotone in the logit)."""
-    kept = _okey(out_max) >= tk_key
+    kept = order_key(out_max) >= tk_key
     p_out = _p_of(out_max, td, zmax, r, LIBDEVICE)
     kept = kept & ((tp_on == 0) | (tl.math.div_rn(p_out, Q) >= tp))
     kept = kept & ((m_on == 0) | (p_out >= thr))
@@ -192,7 +160,7 @@ def _out_is_kept(out_max, tk_key, tp, tp_on, thr, m_on, td, zmax, r, Q, LIBDEVIC
 @triton.jit
 def _pick(x, idx, ok, best, best_idx, tk_key, tp, tp_on, Q, thr, p_on, m_on, td, zmax, r, rowhash, LIBDEVICE: tl.constexpr):
     """Fold a tile into the running argmax of z + g over the kept elements (lowest index on ties)."""
-    keep = ok & (_okey(x) >= tk_key)
+    keep = ok & (order_key(x) >= tk_key)
     if p_on | m_on:
         p = _p_of(x, td, zmax, r, LIBDEVICE)
         if tp_on:
@@ -222,7 +190,7 @@ def _exact(
     if k_on | p_on:
         for start in range(0, n, TILE):
             x, idx, ok = _src(x_ptr, i_ptr, start, n, FROM_BUF, TILE)
-            key = _okey(x)
+            key = order_key(x)
             kmin = tl.minimum(kmin, tl.min(tl.where(ok, key, _MAX_KEY), axis=0))
             kmax = tl.maximum(kmax, tl.max(tl.where(ok, key, _MIN_KEY), axis=0))
 
@@ -252,7 +220,7 @@ def _exact(
             for start in range(0, n, TILE):
                 x, idx, ok = _src(x_ptr, i_ptr, start, n, FROM_BUF, TILE)
                 p = _p_of(x, td, zmax, r, LIBDEVICE)
-                acc += tl.where(ok & (_okey(x) >= tk_key), p, 0.0).to(tl.float64)
+                acc += tl.where(ok & (order_key(x) >= tk_key), p, 0.0).to(tl.float64)
             Q = tl.sum(acc, axis=0).to(tl.float32)
         lo = tl.maximum(kmin, tk_key).to(tl.int64)
         hi = kmax.to(tl.int64)
@@ -262,7 +230,7 @@ def _exact(
                 good = _mass_ge(x_ptr, n, mid.to(tl.int32), tk_key, td, zmax, r, Q, TILE, LIBDEVICE) >= top_p
                 lo = tl.where(good, mid, lo)
                 hi = tl.where(good, hi, mid - 1)
-            tp = tl.math.div_rn(_p_of(_from_key(lo.to(tl.int32)), td, zmax, r, LIBDEVICE), Q)
+            tp = tl.math.div_rn(_p_of(from_order_key(lo.to(tl.int32)), td, zmax, r, LIBDEVICE), Q)
             tp_on = p_on
 
     # keep_m: p >= min_p * max p (max p = p at the row maximum)
@@ -294,7 +262,7 @@ def _exact_sorted(
     ok = pos < n
     x = tl.load(cx + pos, mask=ok, other=float("-inf"))
     idx = tl.load(ci + pos, mask=ok, other=0)
-    key = _okey(x)
+    key = order_key(x)
     skey = tl.sort(tl.where(ok, key, _MIN_KEY), descending=True)  # padding sorts last
     tk_key = n * 0 + _MIN_KEY
     if k_on & (n >= k):
@@ -307,7 +275,7 @@ def _exact_sorted(
             p = _p_of(x, td, zmax, r, LIBDEVICE)
             Q = tl.sum(tl.where(ok & (key >= tk_key), p, 0.0).to(tl.float64), axis=0).to(tl.float32)
         # the reference: below = #(cumsum(q sorted) < top_p); threshold = q_sorted[below]
-        sq = tl.math.div_rn(_p_of(_from_key(skey), td, zmax, r, LIBDEVICE), Q)
+        sq = tl.math.div_rn(_p_of(from_order_key(skey), td, zmax, r, LIBDEVICE), Q)
         sq = tl.where(ok & (skey >= tk_key), sq, 0.0)
         cs = tl.cumsum(sq.to(tl.float64), axis=0).to(tl.float32)
         below = tl.sum((ok & (cs < top_p)).to(tl.int32), axis=0)
@@ -404,7 +372,7 @@ def _sample_pass1(
         else:
             # N_G strided groups (lane j of the chunk is in group j % N_G): their maxima are distinct
             # elements, so at least k logits are >= the k-th largest of any set of them
-            key = _okey(x)
+            key = order_key(x)
             gk = tl.max(tl.reshape(key, [BLOCK // N_G, N_G]), axis=0)
             tl.store(ir + 2 * NCH + 4 + c * N_G + tl.arange(0, N_G), gk)
             s = m * 0.0
@@ -418,7 +386,7 @@ def _sample_pass1(
                 L = m * 0.0 + float("-inf")
                 if kg:
                     sk = tl.sort(gk, descending=True)
-                    L = _from_key(tl.max(tl.where(tl.arange(0, N_G) == k - 1, sk, _MIN_KEY), axis=0))
+                    L = from_order_key(tl.max(tl.where(tl.arange(0, N_G) == k - 1, sk, _MIN_KEY), axis=0))
                 if m_on & (p_on == 0) & (m > float("-inf")):
                     zlo = tl.math.div_rn(m, td) + _log(min_p, LIBDEVICE)
                     zlo = zlo - 1e-4 * (1.0 + tl.abs(zlo))
@@ -430,7 +398,7 @@ def _sample_pass1(
                 tl.store(ir + NCH + c, cnt)
     else:
         # unfiltered: the chunk's argmax of z + g (lowest index on ties)
-        rowhash = _row_hash(tl.load(seed_ptr + row), tl.load(pos_ptr + row))
+        rowhash = row_hash(tl.load(seed_ptr + row), tl.load(pos_ptr + row))
         val = tl.where(ok, tl.math.div_rn(x, td) + _gumbel(rowhash, offs, LIBDEVICE), float("-inf"))
         best = tl.max(val, axis=0)
         tl.store(fr + c, best)
@@ -489,7 +457,7 @@ def _sample_plan(
                 good = tl.sum((gk >= mid.to(tl.int32)).to(tl.int32), axis=0) >= k
                 lo = tl.where(good, mid, lo)
                 hi = tl.where(good, hi, mid - 1)
-            Lk = _from_key(lo.to(tl.int32))
+            Lk = from_order_key(lo.to(tl.int32))
         Lm = neg_inf
         if m_on:
             # p >= min_p * max p  <=>  z >= zmax + log(min_p), up to rounding: a small margin
@@ -500,7 +468,7 @@ def _sample_plan(
         if p_on & (k_on == 0):
             # top-p without top-k: the largest group maximum whose groups' probability mass
             # (the group maxima's p) already reaches top_p
-            gp = tl.where(gok, _p_of(_from_key(gk), td, zmax, r, LIBDEVICE), 0.0)
+            gp = tl.where(gok, _p_of(from_order_key(gk), td, zmax, r, LIBDEVICE), 0.0)
             Lp = neg_inf
             if tl.sum(gp, axis=0) >= top_p:
                 lo = glo
@@ -510,7 +478,7 @@ def _sample_plan(
                     good = tl.sum(tl.where(gk >= mid.to(tl.int32), gp, 0.0), axis=0) >= top_p
                     lo = tl.where(good, mid, lo)
                     hi = tl.where(good, hi, mid - 1)
-                Lp = _from_key(lo.to(tl.int32))
+                Lp = from_order_key(lo.to(tl.int32))
             L = tl.maximum(Lp, Lm)
         # pass 1 gathered already (no segment overflowed): the bound is the largest used, so that
         # the candidates stay an upper set of the row's finite logits; else pass 2 gathers at L
@@ -568,7 +536,7 @@ def _sample_finish(
     mode = tl.load(ir + 2 * NCH)
     if mode != 0:
         td, k, top_p, min_p, greedy, k_on, p_on, m_on = _params(temp_ptr, topk_ptr, topp_ptr, minp_ptr, row, V)
-        rowhash = _row_hash(tl.load(seed_ptr + row), tl.load(pos_ptr + row))
+        rowhash = row_hash(tl.load(seed_ptr + row), tl.load(pos_ptr + row))
         M = tl.load(fr + 4 * NCH + 0)
         zmax = tl.load(fr + 4 * NCH + 1)
         r = tl.load(fr + 4 * NCH + 2)

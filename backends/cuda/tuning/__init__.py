@@ -1,8 +1,8 @@
 """Per-architecture kernel configurations (tile shapes, warps, stages), with a default fallback.
 
 `config(op, variant, device)` looks up the table for the device's compute capability (sm100.py,
-sm90.py), then `default.py`. Plugins outside this package can override any entry through the
-`deepinfer_tuning_configs` hook.
+sm90.py), then `default.py`. The tables are this backend's own: a new entry or a new architecture
+is an edit here (docs/architecture.md says why there is no plugin hook for them).
 """
 
 from __future__ import annotations

@@ -259,7 +259,7 @@ def test_registrations_have_the_op_signatures(kg):
     for r in kg.REGISTRATIONS:
         reg.register_kernel("cuda", r.op, r.fn, formats=r.formats, dtypes=r.dtypes, note=r.note)
     assert {name for name, ks in reg.kernels["cuda"].items() if ks} == {"linear", "grouped_gemm"}
-    assert all(kg.mxfp4_path() in r.note for r in kg.REGISTRATIONS)
+    assert all(kg.mxfp4_path() in r.note for r in kg.REGISTRATIONS if r.when is None)  # the forced mxfp4 paths (option mxfp4_path) name theirs
 
 
 
@@ -292,3 +292,23 @@ def test_linear_mx_activation_formats(kg, fmt, t, n, k, dtype):
     kw = {"x": x, **weight_in(fmt, n=n, k=k, seed=t)}
     assert kg._mx_mode(fmt, x) == kg._MX_NATIVE
     assert_matches("linear", kg.linear(**kw), kw)
+
+
+def test_plan_reads_shapes_only_and_the_launch_applies_it(kg, monkeypatch):
+    """plan_gemm reads shapes, dtypes and the device, never values (meta tensors plan the same);
+    the grid it plans covers the rows; launch_gemm hands exactly that plan to a launcher."""
+    x, w = rand(2, 16, 1024, seed=1, dtype=torch.bfloat16), weight_in("dense", 2, n=32, k=1024, seed=2)["weight"]
+    masked = kg.plan_gemm(x, w, "dense", kg._MASKED)
+    assert masked == kg.plan_gemm(x.to("meta"), w.to("meta"), "dense", kg._MASKED)
+    assert (masked.m_arg, masked.experts, masked.num_m_tiles) == (16, 2, -(-16 // masked.block_m))
+    assert masked.dot_f32 and not masked.tma  # the interpreter: float32 dots, no tensor descriptors
+    # decode-sized: too few (expert, tile) programs for the interpreter's 4 "SMs", so split-K
+    assert masked.split > 1 and masked.split * masked.iters_per_split >= -(-1024 // masked.block_k)
+    flat = kg.plan_gemm(x.reshape(32, 1024), w, "dense", kg._CONTIGUOUS)
+    assert flat.num_m_tiles == -(-32 // flat.block_m) + 2 and flat.m_arg == 32  # + E: one partial tile per expert
+    plans = []
+    real = kg._launch_pointers
+    monkeypatch.setattr(kg, "_launch_pointers", lambda plan, *args: (plans.append(plan), real(plan, *args)))
+    kw = {"x": x, "weight": w, "masked_m": torch.tensor([16, 5], dtype=torch.int32)}
+    assert_matches("grouped_gemm", kg.grouped_gemm(**kw), kw)
+    assert plans == [masked]

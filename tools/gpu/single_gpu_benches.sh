@@ -17,7 +17,7 @@ export CUDA_VISIBLE_DEVICES=0
 step sweep 140 python -m deepinfer_cuda.bench.sampling --sweep --json "$OUT/sweep.json"
 tail -4 "$OUT/sweep.txt"
 step conformance 150 python -m deepinfer conformance --backend cuda --quiet --json "$OUT/conformance.json" & CONF=$!
-step pytest 150 env TRITON_INTERPRET=0 python -m pytest -q tests/cuda/test_cuda_generation.py tests/cuda/test_sampling_kernels.py -k "generation or greedy or graph or deepseek or every_parameter or batch_invariance or bitmask"
+step pytest 150 env TRITON_INTERPRET=0 python -m pytest -q tests/cuda/test_end_to_end.py tests/cuda/test_sampling_kernels.py -k "generation or greedy or graph or deepseek or every_parameter or batch_invariance or bitmask"
 wait $CONF
 tail -2 "$OUT/conformance.txt"; tail -3 "$OUT/pytest.txt"
 step ops 200 python -m deepinfer bench ops --backend cuda --json "$OUT/ops.json"

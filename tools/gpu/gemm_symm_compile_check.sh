@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# A short last call on nvidia-h200-x2 (repo root): the new gemm formats and the reworked
-# symmetric-memory EP path. Results come back as one archive ($OUT/results.tar.gz).
-source tools/gpu/session_lib.sh  # env, installs, step, pack
+# On nvidia-h200-x2 (repo root): the gemm conformance cases, the symmetric-memory EP conformance,
+# the SM90/SM100 compile check and the EP benchmark. Results come back as one archive ($OUT/results.tar.gz).
+source tools/gpu/preamble.sh  # env, installs, step, pack
 MR=(python -m deepinfer_conformance.multirank --backend cuda --ep 2 --timeout 60)
 step conformance_symm 100 "${MR[@]}" --ep-path symm --json "$R/conformance_symm.json" &
 (export CUDA_VISIBLE_DEVICES=0; step conformance_gemm 150 python -m deepinfer conformance --backend cuda --op linear --op grouped_gemm --quiet --json "$R/conformance_gemm.json") &

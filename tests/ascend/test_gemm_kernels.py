@@ -10,7 +10,7 @@ deepinfer.ops (float64 from the same inputs, as the golden set is) within the op
 quantiser must match deepinfer.ops.quant.quantize_act_fp8 bit for bit.
 
 TRITON_INTERPRET and the simulated chip must be set before triton is imported, so each chip's
-checks run in a subprocess: this file is also the script (`python test_gemm_kernels_ascend.py
+checks run in a subprocess: this file is also the script (`python test_gemm_kernels.py
 910B` prints one JSON line per check). The pytest side never imports triton.
 """
 
@@ -44,7 +44,7 @@ CHECKS = (
 
 
 def _run_chip(chip: str) -> dict[str, dict]:
-    env = dict(os.environ, TRITON_INTERPRET="1", DEEPINFER_ASCEND_SIM_CHIP=chip, DEEPINFER_ASCEND_PATH="auto")
+    env = dict(os.environ, TRITON_INTERPRET="1", DEEPINFER_ASCEND_SIM_CHIP=chip)
     proc = subprocess.run([sys.executable, str(Path(__file__).resolve()), chip], env=env, capture_output=True, text=True, timeout=300)
     results = {}
     for line in proc.stdout.splitlines():
@@ -136,12 +136,9 @@ def _script(chip: str) -> int:
         reg.register_all("ascend", kg.REGISTRATIONS)  # checks the signatures against the ops
         ctx = ResolveContext(backend="ascend", dtype=torch.bfloat16)
         picked = all(reg.pick(ctx, op, fmt) is not None for op in ("linear", "grouped_gemm") for fmt in ref.FORMATS)
-        os.environ["DEEPINFER_ASCEND_PATH"] = "npu"  # fast paths preferred; Triton still serves the rest
-        try:
-            still_served = all(reg.pick(ctx, op, "dense") is not None for op in ("linear", "grouped_gemm"))
-        finally:
-            os.environ["DEEPINFER_ASCEND_PATH"] = "auto"
-        return picked and still_served, f"picked every format: {picked}; still served under DEEPINFER_ASCEND_PATH=npu: {still_served}"
+        all_fast = ResolveContext(backend="ascend", dtype=torch.bfloat16, options={"npu_fast_paths": "all"})  # Triton still serves the rest
+        still_served = all(reg.pick(all_fast, op, "dense") is not None for op in ("linear", "grouped_gemm"))
+        return picked and still_served, f"picked every format: {picked}; still served under npu_fast_paths=all: {still_served}"
 
     def check_plans():
         budget = kg.current().ub_bytes // 2
@@ -151,7 +148,7 @@ def _script(chip: str) -> int:
                 for fp8_dot in (False, True):
                     dot = kg._dot_kind(fmt, dt, dt if fmt == "dense" else torch.uint8, fp8_dot)
                     for rows in (1, 7, 16, 33, 100, 128, 4096):
-                        bm, bn = kg._plan(fmt, dot, dt, dt, rows)
+                        bm, bn = kg.plan_tiles(fmt, dot, dt, dt, rows)
                         size = kg.tile_bytes(fmt, dot, dt.itemsize, dt.itemsize, bm, bn)
                         if size > budget or 128 % bn or bm < 16 or (bm * dt.itemsize) % 32:
                             bad.append(f"{fmt} {dt} dot{dot} rows{rows}: {bm}x{bn} {size} B")

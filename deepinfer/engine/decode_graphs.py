@@ -1,10 +1,13 @@
-"""CUDA graphs for decode steps: one graph per padded batch size, replayed instead of launching.
+"""Device graphs for decode steps: one graph per padded batch size, replayed instead of launching.
 
 A decode step of a MoE model launches hundreds of small kernels; replaying a captured graph removes
 the launch gaps. Every decode-path op runs without host synchronisation, so the whole step (model
 forward and sampling) is captured. Inputs live in static buffers of the largest batch; a batch of
 n sequences runs the graph of the smallest bucket >= n, with padding rows that write no KV
 (slot -1) and read one cached token.
+
+The graphs are the backend's (BackendSpec.graph_capture: CUDA graphs on the cuda backend); this
+runner names no device API, and the engine builds it only for a backend that declares one.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import logging
 
 import torch
 
+from deepinfer.device_graphs import Graph, GraphCapture
 from deepinfer.model.forward_batch import ForwardBatch
 
 log = logging.getLogger(__name__)
@@ -27,8 +31,11 @@ def batch_buckets(max_batch: int) -> list[int]:
 
 
 class DecodeGraphs:
-    def __init__(self, model, ops, kv_caches: list[torch.Tensor], device: torch.device, max_batch: int, max_blocks_per_seq: int):
+    def __init__(
+        self, model, ops, kv_caches: list[torch.Tensor], device: torch.device, max_batch: int, max_blocks_per_seq: int, capture: GraphCapture
+    ):
         self.model, self.ops, self.kv_caches, self.device = model, ops, kv_caches, device
+        self.api = capture
         self.buckets = batch_buckets(max_batch)
         n, w = max_batch, max_blocks_per_seq
 
@@ -48,8 +55,8 @@ class DecodeGraphs:
         self.min_p = zeros(n, dtype=torch.float32)
         self.seeds = zeros(n, dtype=torch.int64)
         self.sample_positions = zeros(n, dtype=torch.int64)
-        self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
-        self.pool = torch.cuda.graph_pool_handle()
+        self.graphs: dict[int, tuple[Graph, torch.Tensor]] = {}
+        self.pool = capture.new_pool(device)
         self.collective = False  # expert parallelism: no capture on demand (only all ranks together)
 
     def capture(self, size: int) -> None:
@@ -85,17 +92,10 @@ class DecodeGraphs:
             positions=self.sample_positions[:size],
         )
 
-    def _capture(self, size: int) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
-        stream = torch.cuda.Stream(self.device)
-        stream.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(stream):
-            for _ in range(WARMUPS):  # warm-up outside the graph: Triton compiles, allocators settle
-                self._step(size)
-        torch.cuda.current_stream(self.device).wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool):
-            tokens = self._step(size)
-        log.info("captured a CUDA graph for decode batches of %d", size)
+    def _capture(self, size: int) -> tuple[Graph, torch.Tensor]:
+        # WARMUPS eager steps first (Triton compiles, allocators settle), then the captured one.
+        graph, tokens = self.api.capture(lambda: self._step(size), device=self.device, pool=self.pool, warmups=WARMUPS)
+        log.info("captured a device graph for decode batches of %d", size)
         return graph, tokens
 
     @torch.inference_mode()
@@ -130,7 +130,7 @@ class DecodeGraphs:
         self.temperature[n:size].zero_()  # padding rows sample greedily
         if size not in self.graphs:
             if self.collective:
-                raise RuntimeError(f"no CUDA graph for decode batches of {size}: with expert parallelism every rank captures it in the same step (LLMEngine.execute)")
+                raise RuntimeError(f"no device graph for decode batches of {size}: with expert parallelism every rank captures it in the same step (LLMEngine.execute)")
             self.graphs[size] = self._capture(size)
         graph, tokens = self.graphs[size]
         graph.replay()

@@ -1,0 +1,26 @@
+"""The cuda backend's options (deepinfer.options): declared on its BackendSpec, read by the kernels'
+`when` predicates through the ResolveContext. Light: imported when the backend is declared."""
+
+from __future__ import annotations
+
+from deepinfer.options import BackendOption
+
+EP_PATH = BackendOption(
+    "ep_path",
+    ("auto", "nccl", "symm"),
+    "auto",
+    "expert-parallel dispatch/combine: auto = symmetric memory where it can run (one host, peer access), "
+    "else all_to_all_single over NCCL; nccl = all_to_all_single; symm = symmetric memory (an error where it cannot run)",
+    env="DEEPINFER_EP_PATH",
+)
+
+MXFP4_PATH = BackendOption(
+    "mxfp4_path",
+    ("auto", "dot_scaled", "upcast"),
+    "auto",
+    "mxfp4 GEMMs with bf16/fp16 activations: auto = tl.dot_scaled where Triton and the GPU have it (SM90+), "
+    "else the in-kernel e2m1 upcast; dot_scaled / upcast force one (dot_scaled is an error where it is missing)",
+    env="DEEPINFER_CUDA_MXFP4_PATH",
+)
+
+OPTIONS = (EP_PATH, MXFP4_PATH)

@@ -1,0 +1,56 @@
+"""`deepinfer bench e2e`: decode step time of a random DeepSeek-V2-Lite-shaped model, against its floor
+and against HF transformers running the very same weights on the same device.
+
+The floor is the bytes a decode step must read over the copy bandwidth measured in the same run
+(deepinfer/bench/e2e.py says how). It runs on any available backend's device; before building the
+model it checks that the model, its KV cache and the bandwidth test fit in the device's free memory
+(the full 27 layers need at least 71 GiB: on a smaller device, or the CPU, cut it with --layers).
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from deepinfer.errors import UserError
+
+
+def add_parser(what) -> None:
+    from deepinfer.cli.bench import BACKEND_HELP
+
+    e2e = what.add_parser(
+        "e2e",
+        help="decode step time of a random DeepSeek-V2-Lite-shaped model vs its floor and HF transformers",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    e2e.add_argument("--backend", default="auto", help=f"the backend that runs deepinfer's side: {BACKEND_HELP}")
+    e2e.add_argument("--batch", type=int, action="append", default=None, help="batch size (repeatable; default 1 and 64)")
+    e2e.add_argument("--layers", type=int, default=None, help="cut the model to this many layers (default: all 27)")
+    e2e.add_argument("--prompt-len", type=int, default=128, help="prompt tokens per request (default 128)")
+    e2e.add_argument("--new-tokens", type=int, default=64, help="decode steps timed (default 64)")
+    e2e.add_argument("--no-hf", action="store_true", help="skip the transformers peer")
+    e2e.add_argument("--json", type=Path, default=None, metavar="FILE", help="write the results to FILE")
+    e2e.set_defaults(func=run_e2e)
+
+
+def run_e2e(args: argparse.Namespace) -> int:
+    from deepinfer.bench import e2e
+    from deepinfer.cli.bench import choose_backend
+    from deepinfer.plugins import load_plugins
+
+    batches = tuple(args.batch or (1, 64))
+    for name, value in (("--batch", min(batches)), ("--prompt-len", args.prompt_len), ("--new-tokens", args.new_tokens), ("--layers", args.layers or 1)):
+        if value < 1:
+            raise UserError(f"{name} must be at least 1, not {value}")
+    if args.layers is not None and args.layers > e2e.V2_LITE["num_hidden_layers"]:
+        raise UserError(f"--layers cuts the model: at most {e2e.V2_LITE['num_hidden_layers']}, not {args.layers}")
+    context = args.prompt_len + args.new_tokens + 1
+    if context > e2e.V2_LITE["max_position_embeddings"]:
+        raise UserError(f"--prompt-len + --new-tokens + 1 = {context} exceeds the model's {e2e.V2_LITE['max_position_embeddings']} positions")
+    if args.json is not None and not args.json.parent.exists():
+        raise UserError(f"cannot write {args.json}: folder {args.json.parent} does not exist")
+    spec = choose_backend(load_plugins(), args.backend)  # one line when it cannot run here
+    results = e2e.run(spec.name, batches, args.prompt_len, args.new_tokens, args.layers, with_hf=not args.no_hf, json_path=args.json)
+    print(e2e.format_results(results))
+    return 0

@@ -1,0 +1,158 @@
+"""Triton helpers the backends' kernels share: launch arithmetic, interpreter facts, bit-exact
+conversions, float32 order keys, and the stateless hash that makes `sample` agree across backends.
+
+Backend-neutral by construction: it imports only `triton`, `triton.language` and `torch`, and uses
+only the part of the Triton language that community Triton and triton-ascend (which installs the
+module `triton` too) both compile: no libdevice, no `triton.language.extra.cann`, no launch options.
+What one backend alone needs stays in that backend's `kernels/common.py`. The core never imports
+this module (it needs triton): only kernel modules do, once their backend was selected.
+"""
+
+from __future__ import annotations
+
+import os
+
+import triton
+import triton.language as tl
+
+# ---------------------------------------------------------------------------------------------
+# launch arithmetic (host side)
+
+
+def cdiv(a: int, b: int) -> int:
+    return (a + b - 1) // b
+
+
+def next_power_of_2(n: int) -> int:
+    """The smallest power of two >= n (1 for n <= 1)."""
+    return 1 << (max(int(n), 1) - 1).bit_length()
+
+
+def pick_splits(base: int, slots: int, limit: int) -> int:
+    """The split count whose base * splits programs fill `slots` concurrent programs best (fewest
+    splits on near-ties), at most `limit`.
+
+    A wave that is only partly full wastes the rest of it, so efficiency = programs / (waves *
+    slots). Splits cost partial writes and a merge, so once one wave is full only a clearly better
+    fill (+5%) adds splits, and never beyond twice the count that fills one wave. Used by the
+    split-KV attention kernels (slots: resident CTAs on a GPU, AI cores on an NPU).
+    """
+    best, best_eff = 1, 0.0
+    for splits in range(1, max(1, min(limit, 2 * cdiv(slots, base))) + 1):
+        programs = base * splits
+        eff = programs / (cdiv(programs, slots) * slots)
+        if eff > best_eff * 1.05:
+            best, best_eff = splits, eff
+    return best
+
+
+# ---------------------------------------------------------------------------------------------
+# interpreter facts
+
+
+def interpreting() -> bool:
+    """True when kernels run under TRITON_INTERPRET=1 (numpy on the CPU)."""
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def upcast_dot() -> bool:
+    """Whether kernels convert their tl.dot operands to float32 (their DOT_F32 constexpr).
+
+    Deviation (interpreter only): community Triton's interpreter returns garbage for tl.dot on bf16
+    operands (relative error ~1e10, seen with Triton 3.8/3.9 on 2026-11-30), while bf16 converted to
+    float32 before the dot is exact. On a device it is False and the matrix units see bf16.
+    """
+    return interpreting()
+
+
+# ---------------------------------------------------------------------------------------------
+# in kernels: var-len grids, float helpers
+
+
+@triton.jit
+def find_request(cu_q_ptr, slot, num_requests, search_steps, BLOCK_M: tl.constexpr):
+    """The request b whose slots [cu_q[b] // BLOCK_M + b, cu_q[b+1] // BLOCK_M + b + 1) hold `slot`.
+
+    The prefill kernels' grid from shapes only: Tq // BLOCK_M + B slots cover every request's query
+    blocks, so no host reads cu_seqlens_q; a binary search over cu_q (search_steps = bit length of
+    num_requests - 1) finds a slot's request.
+    """
+    lo = slot * 0
+    hi = lo + num_requests
+    for _ in range(search_steps):
+        mid = (lo + hi) // 2
+        first_slot = tl.load(cu_q_ptr + mid) // BLOCK_M + mid
+        right = first_slot <= slot
+        lo = tl.where(right, mid, lo)
+        hi = tl.where(right, hi, mid)
+    return lo
+
+
+@triton.jit
+def log1p_from_log(x):
+    """Kahan's log1p from log: accurate to a few ulp, also where 1 + x rounds to 1."""
+    u = 1.0 + x
+    d = tl.where(u == 1.0, 1.0, u - 1.0)
+    return tl.where(u == 1.0, x, tl.log(u) * (x / d))
+
+
+
+
+@triton.jit
+def to_bf16_rne(x):
+    """float32 -> bfloat16 rounded to nearest even by bit arithmetic (NaN stays NaN).
+
+    The interpreter truncates float32 -> bfloat16 casts; devices and torch round to nearest even.
+    """
+    bits = x.to(tl.uint32, bitcast=True)
+    rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
+    rounded = tl.where(x != x, (bits >> 16) | 0x40, rounded)
+    return rounded.to(tl.uint16).to(tl.bfloat16, bitcast=True)
+
+
+@triton.jit
+def order_key(x):
+    """float32 -> int32 whose order is the floats' order (-0.0 maps to +0.0's key): thresholds
+    searched over keys are always an element's value, so ties behave as the reference's `>=`."""
+    b = x.to(tl.int32, bitcast=True)
+    k = tl.where(b >= 0, b, b ^ 0x7FFFFFFF)
+    return tl.where(x == 0.0, 0, k)
+
+
+@triton.jit
+def from_order_key(k):
+    """The float32 whose `order_key` is k."""
+    b = tl.where(k >= 0, k, k ^ 0x7FFFFFFF)
+    return b.to(tl.float32, bitcast=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# the sampling hash: deepinfer.ops.sampling.sampling_uniform, in uint32
+
+
+@triton.jit
+def mix32(x):
+    """The 32-bit finaliser of `sampling_uniform` (uint32 in, uint32 out, wrap-around multiplies)."""
+    x = x ^ (x >> 16)
+    x = x * 0x21F0AAAD
+    x = x ^ (x >> 15)
+    x = x * 0xD35A2D97
+    return x ^ (x >> 15)
+
+
+@triton.jit
+def row_hash(seed, pos):
+    """A row's hash from its int64 seed and position: mix(mix(mix(seed_lo + 0x9E3779B9) ^ seed_hi) ^ pos_lo)."""
+    lo = (seed & 0xFFFFFFFF).to(tl.uint32)
+    hi = ((seed >> 32) & 0xFFFFFFFF).to(tl.uint32)
+    pl = (pos & 0xFFFFFFFF).to(tl.uint32)
+    h = mix32(lo + 0x9E3779B9)
+    h = mix32(h ^ hi)
+    return mix32(h ^ pl)
+
+
+@triton.jit
+def hash_uniform(rowhash, idx):
+    """u in (0, 1) for vocabulary index idx of a row: ((mix(rowhash ^ idx) >> 9) + 0.5) * 2^-23 (exact)."""
+    h = mix32(rowhash ^ idx.to(tl.uint32))
+    return ((h >> 9).to(tl.float32) + 0.5) * 1.1920928955078125e-07

@@ -1,0 +1,68 @@
+"""Decode-step device graphs and the KV-cache budget are asked from the backend (BackendSpec
+.graph_capture / .memory_info), never from a device type: a fake backend whose graph API records its
+use gets graphs on the CPU; the reference backend, which declares none, gets eager steps."""
+
+from __future__ import annotations
+
+import pytest
+from fake_backend import FakeBackend, RecordingGraphs
+
+import deepinfer.plugins as plugins_mod
+from deepinfer.backends import reference
+from deepinfer.engine.llm import LLM
+from deepinfer.engine.model_runner import GiB, kv_cache_budget
+from deepinfer.engine.sampling_params import SamplingParams
+from deepinfer.plugins import Plugins
+
+PROMPTS = ["hello there", "a second, longer prompt for the batch", "three"]
+GREEDY = SamplingParams(temperature=0, max_tokens=6)
+
+
+def llm_on(monkeypatch, backend, name: str, **kwargs) -> LLM:
+    monkeypatch.setattr(plugins_mod, "load_plugins", lambda: Plugins(load_entry_points=False, extra_plugins=(backend, reference)))
+    return LLM(backend=name, announce=False, num_kv_blocks=64, max_num_seqs=4, **kwargs)
+
+
+def tokens(llm: LLM) -> list[list[int]]:
+    return [o.outputs[0].token_ids for o in llm.generate(PROMPTS, GREEDY, use_tqdm=False)]
+
+
+def test_decode_graphs_come_from_the_backend(monkeypatch):
+    graphs = RecordingGraphs()
+    llm = llm_on(monkeypatch, FakeBackend(graphs=graphs), "fake")
+    assert llm.engine.runner.graphs is not None and llm.engine.runner.graphs.api is graphs and graphs.pools == 1
+    got = tokens(llm)
+    assert graphs.captured and graphs.warmups == 2 * len(graphs.captured) and graphs.replays > 0
+    eager = llm_on(monkeypatch, FakeBackend(graphs=RecordingGraphs()), "fake", enforce_eager=True)
+    assert eager.engine.runner.graphs is None
+    assert got == tokens(eager)  # replayed steps give the eager steps' tokens
+
+
+def test_a_backend_without_graphs_runs_eagerly(monkeypatch):
+    llm = llm_on(monkeypatch, FakeBackend(), "reference")
+    assert llm.engine.runtime.graph_capture is None and llm.engine.runner.graphs is None
+    assert len(tokens(llm)) == len(PROMPTS)
+
+
+def test_the_kv_cache_budget_asks_the_backend_for_device_memory(monkeypatch):
+    asked = []
+
+    def memory_info(device):
+        asked.append(device)
+        return 3 * GiB, 10 * GiB
+
+    assert kv_cache_budget(None, memory_info) == 2 * GiB  # free - 10% of total
+    monkeypatch.setattr(plugins_mod, "load_plugins", lambda: Plugins(load_entry_points=False, extra_plugins=(FakeBackend(memory_info=memory_info), reference)))
+    llm = LLM(backend="fake", announce=False, max_num_seqs=2)
+    assert asked and llm.engine.num_kv_blocks >= 1
+    assert kv_cache_budget(None, None) <= 256 * (1 << 20)  # no device memory reported: a share of the host's RAM
+
+
+@pytest.mark.parametrize("forbidden", ['device.type == "cuda"', "torch.cuda", "getattr(torch, device.type"])
+def test_the_engine_names_no_device_api(forbidden):
+    from pathlib import Path
+
+    from deepinfer import engine
+
+    for path in Path(engine.__file__).parent.glob("*.py"):
+        assert forbidden not in path.read_text(), f"{path.name} has {forbidden}"

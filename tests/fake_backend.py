@@ -1,0 +1,98 @@
+"""A backend declared through the plugin hooks, as an out-of-tree package would: for the tests of
+what the core asks a backend for (its options, a forced kernel that cannot run, the capabilities a
+registration declares, device graphs). Its kernels are the reference's; rms_norm has three more,
+chosen by its options, that record their calls.
+
+    plugins = Plugins(load_entry_points=False, extra_plugins=(FakeBackend(),))
+"""
+
+from __future__ import annotations
+
+import torch
+
+from deepinfer.options import BackendOption
+from deepinfer.plugins import Availability, BackendSpec, hookimpl
+from deepinfer.registry import OPS, all_ops
+
+NAME = "fake"
+FLAVOUR = BackendOption("norm_flavour", ("plain", "fancy"), "plain", "which rms_norm kernel serves", env="DEEPINFER_FAKE_NORM_FLAVOUR")
+EXOTIC = BackendOption("exotic", ("off", "on"), "off", "on: an rms_norm kernel that cannot run on this machine")
+UNUSABLE = "the exotic unit is not installed (exotic=off uses the other kernels)"
+
+
+def capturable(ranks: int, bound: int, top_k: int) -> bool:
+    return ranks * bound * top_k <= 64
+
+
+class ReplayByRunning:
+    """A 'graph' that replays by running the captured function again into its outputs."""
+
+    def __init__(self, fn, out, api):
+        self.fn, self.out, self.api = fn, out, api
+
+    def replay(self) -> None:
+        self.out.copy_(self.fn())
+        self.api.replays += 1
+
+
+class RecordingGraphs:
+    """A GraphCapture for the CPU that records how the engine used it."""
+
+    def __init__(self):
+        self.pools = 0
+        self.captured: list[torch.Tensor] = []
+        self.warmups = 0
+        self.replays = 0
+
+    def new_pool(self, device):
+        self.pools += 1
+        return ("pool", self.pools)
+
+    def capture(self, fn, *, device, pool, warmups):
+        for _ in range(warmups):
+            fn()
+        self.warmups += warmups
+        out = fn()
+        self.captured.append(out)
+        return ReplayByRunning(fn, out, self), out
+
+
+class FakeBackend:
+    def __init__(self, graphs: RecordingGraphs | None = None, memory_info=None):
+        self.graphs, self.memory_info = graphs, memory_info
+        self.calls: list[str] = []
+
+    @hookimpl
+    def deepinfer_add_backends(self, register):
+        register(
+            BackendSpec(
+                name=NAME,
+                device_type="cpu",
+                probe=lambda interpret=False: Availability(True, "always here"),
+                kv_block_size=16,
+                options=(FLAVOUR, EXOTIC),
+                graph_capture=self.graphs,
+                memory_info=self.memory_info,
+            )
+        )
+
+    @hookimpl
+    def deepinfer_register_kernels(self, backend, registry, interpret, options):
+        if backend.name != NAME:
+            return
+        for name, spec in all_ops().items():
+            registry.register_kernel(NAME, name, spec.reference, note="reference")
+        for flavour in FLAVOUR.choices:
+            registry.register_kernel(NAME, "rms_norm", self._norm(flavour), when=lambda ctx, f=flavour: FLAVOUR.value(ctx) == f, priority=1, note=flavour)
+        registry.register_kernel(
+            NAME, "rms_norm", self._norm("exotic"), when=lambda ctx: EXOTIC.value(ctx) == "on", unusable=lambda ctx: UNUSABLE, priority=2, note="exotic"
+        )
+        for op in ("dispatch", "combine"):
+            registry.register_kernel(NAME, op, OPS[op].reference, capturable_with_token_bound=capturable, priority=1, note="capturable")
+
+    def _norm(self, flavour: str):
+        def rms_norm(x, weight, *, eps=1e-6, residual=None):
+            self.calls.append(flavour)
+            return OPS["rms_norm"].reference(x, weight, eps=eps, residual=residual)
+
+        return rms_norm
