@@ -222,7 +222,6 @@ def run(
     """Every rank (torchrun's WORLD_SIZE of them, or one) runs this with the same arguments; all
     ranks return the same rows, rank 0 writes `json_path`. `redundant`: one variant per value."""
     from deepinfer.distributed.eplb import default_phy2log, imbalance
-    from deepinfer.engine.block_manager import blocks_for
     from deepinfer.engine.llm import LLM, join_expert_parallel
     from deepinfer.engine.llm_engine import EngineConfig, LLMEngine
     from deepinfer.engine.sampling_params import SamplingParams
@@ -258,7 +257,7 @@ def run(
     engine_config = EngineConfig(
         max_num_seqs=max_batch,
         max_num_batched_tokens=max(min(max_batch * prompt_len, max_num_batched_tokens), prompt_len),
-        num_kv_blocks=2 * max_batch * blocks_for(max_len, block),  # room for the prefix cache of one batch beside the next
+        num_kv_blocks=kv_cache_blocks(max_batch, prompt_len, new_tokens, block),
         max_model_len=max_len,
         enforce_eager=enforce_eager,
         seed=seed,
@@ -368,7 +367,7 @@ def machine_info(runtime, ep: int, cfg: dict, dtype: torch.dtype, skew: float, s
         "skew": skew,
         "skew_experts": skew_experts,
         "enforce_eager": enforce_eager,
-        "DEEPINFER_EP_PATH": os.environ.get("DEEPINFER_EP_PATH", "auto"),
+        "backend_options": dict(runtime.options),  # as resolved: e.g. the cuda backend's ep_path (default from DEEPINFER_EP_PATH)
     }
     try:
         import triton
@@ -392,6 +391,29 @@ def format_results(results: list[EPResult], header: bool = True) -> str:
             f"{x.tok_s_per_rank:10.0f}  {x.expert_max_mean:15.2f}  {x.rank_max_mean:13.2f}  {'on' if x.cuda_graphs else 'off':>6}  {x.ep_path:>8}"
         )
     return "\n".join(lines)
+
+
+def kv_cache_blocks(max_batch: int, prompt_len: int, new_tokens: int, block: int) -> int:
+    """KV pages the engine of `run` gets: room for the prefix cache of one batch beside the next."""
+    from deepinfer.engine.block_manager import blocks_for
+
+    return 2 * max_batch * blocks_for(prompt_len + new_tokens + 1, block)
+
+
+def rank_memory_bytes(cfg: dict, ep: int, num_redundant_experts: int, dtype: torch.dtype, max_batch: int, prompt_len: int, new_tokens: int, block: int) -> int:
+    """Bytes one rank of `run` takes for a variant, from the config `build_model` builds: the model
+    (deepinfer.model.memory's estimate: weights of the experts this rank holds, RoPE table, routing,
+    loading bookkeeping) plus the KV cache. A floor: activations are left out."""
+    from deepinfer.model.config import ModelConfig
+    from deepinfer.model.memory import estimate_model_memory
+
+    config = ModelConfig.from_dict(cfg, source="random DeepSeek-V3-shaped model (--override)")
+    physical = config.n_routed_experts + num_redundant_experts
+    held = math.ceil(physical / ep)
+    model = estimate_model_memory(config, dtype, config.max_position_embeddings, held, physical)
+    item = torch.empty((), dtype=dtype).element_size()
+    kv = kv_cache_blocks(max_batch, prompt_len, new_tokens, block) * block * config.kv_cache_width * config.num_hidden_layers * item
+    return model.device + model.host + kv
 
 
 def expert_memory_gib(cfg: dict, ep: int, num_redundant_experts: int = 0, dtype_bytes: int = 2) -> float:

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 from pathlib import Path
 
 from deepinfer.cli import launch
@@ -83,19 +82,64 @@ def check(args) -> None:
         raise UserError("--num-redundant-experts must be >= 0")
     if args.json is not None and not args.json.parent.exists():
         raise UserError(f"cannot write {args.json}: folder {args.json.parent} does not exist")
+    from deepinfer.distributed.group import check_timeout
+
+    check_timeout(args.dist_timeout, "--dist-timeout")
     parse_overrides(args.override)
 
 
 def run(args) -> int:
-    from deepinfer.cli.launch import launched_by_torchrun, torchrun
+    from deepinfer.cli.launch import launched_by_torchrun, run_as_rank, torchrun
+    from deepinfer.distributed.group import env_rank, env_world_size
 
     check(args)
     if not launched_by_torchrun():
+        check_resources(args)
         if (args.ep or 1) > 1:
             return torchrun(args.ep, ["bench", "e2e-ep", *command_line(args)], what="bench e2e-ep", verbose=getattr(args, "verbose", False))
-    elif args.ep is not None and args.ep != int(os.environ["WORLD_SIZE"]):
-        raise UserError(f"--ep {args.ep}, but torchrun started {os.environ['WORLD_SIZE']} processes (leave --ep out under torchrun)")
-    return run_rank(args)
+        return run_rank(args)
+    world, rank = env_world_size(), env_rank()
+    if args.ep is not None and args.ep != world:
+        raise UserError(f"--ep {args.ep}, but torchrun started {world} processes (leave --ep out under torchrun)")
+    return run_as_rank(lambda: run_rank(args), rank)
+
+
+def check_resources(args) -> None:
+    """What the ranks need, checked before any starts (one line, exit 2): an accelerator backend
+    needs a device per rank; on the CPU (the reference backend, or --interpret) every rank builds
+    its share of the model on this host, so the estimate of one rank (the largest variant, from the
+    config `run` builds) times the ranks must fit in the RAM available."""
+    import torch
+
+    from deepinfer.bench import e2e_ep
+    from deepinfer.cli.launch import local_devices
+    from deepinfer.model.memory import gib, host_available
+    from deepinfer.plugins import load_plugins
+
+    plugins = load_plugins()
+    spec = plugins.auto()[0] if args.backend == "auto" else plugins.require(args.backend, args.interpret)
+    device = spec.device(args.interpret)
+    ranks = args.ep or 1
+    have = local_devices(device)
+    if have is not None:
+        if have < ranks:
+            raise UserError(f"bench e2e-ep --ep {ranks} needs one {device} device per rank, and this host has {have} (backend {spec.name})")
+        return
+    cfg = e2e_ep.model_config(args.layers, args.dense_layers, parse_overrides(args.override))
+    redundant = max(args.num_redundant_experts or [0])
+    batch = max(args.batch or [64, 256])
+    try:
+        per_rank = e2e_ep.rank_memory_bytes(cfg, ranks, redundant, getattr(torch, args.dtype), batch, args.prompt_len, args.new_tokens, int(spec.kv_block_size))
+    except ValueError as exc:  # a config the model refuses (--override)
+        raise UserError(str(exc)) from None
+    free = host_available()
+    if free is not None and ranks * per_rank > free:
+        raise UserError(
+            f"bench e2e-ep on the CPU (backend {spec.name}): {ranks} rank(s) x {gib(per_rank)} (the V3-shaped model of {args.layers} layers, "
+            f"{cfg['n_routed_experts']} + {redundant} experts over {ranks}, {args.dtype}, KV cache for batch {batch}) = {gib(ranks * per_rank)}, "
+            f"but this host has {gib(free)} of RAM available; lower --layers, --batch or --num-redundant-experts, shrink the model "
+            "with --override (e.g. hidden_size=1024), or run it on GPUs"
+        )
 
 
 def run_rank(args) -> int:
@@ -128,7 +172,9 @@ def run_rank(args) -> int:
         )
     except ValueError as exc:  # sizes that do not divide, a config the model refuses
         raise UserError(str(exc)) from None
-    if int(os.environ.get("RANK", "0")) == 0:
+    from deepinfer.distributed.group import env_rank
+
+    if env_rank() == 0:
         print(e2e_ep.format_results(results))
         if any(r.ep > 1 for r in results) and torch.cuda.is_available():
             print(f"note: {e2e_ep.GRAPHS_NOTE}")

@@ -1,54 +1,76 @@
 """`deepinfer run`: offline generation for prompts from the command line or a JSONL file.
 
-Input lines are `{"prompt": ..., "id": ...}` (or `"messages": [...]`, optional sampling keys such
-as "max_tokens" and "temperature"), or OpenAI batch lines `{"custom_id": ..., "body": {...}}`.
-Each finished request is written to the output at once and flushed, so an interrupted run keeps
-its results; `--resume` skips the ids already in the output file and appends the rest. With no
-prompts at all it runs a few built-in prompts on the embedded default model.
+Input (-i FILE), one request per line:
+  {"prompt": "...", "id": ...}, or "messages": [{"role": ..., "content": ...}] (chat template), or
+  "prompt_token_ids": [...]; "id" defaults to the line number. Optional sampling keys: max_tokens
+  (or max_completion_tokens), temperature, top_p, top_k, min_p, seed, stop, stop_token_ids,
+  ignore_eos, skip_special_tokens.
+  Or an OpenAI batch line: {"custom_id": ..., "method": "POST", "url": "/v1/chat/completions" or
+  "/v1/completions", "body": {the same keys}}.
+  Ignored keys: "model" (the run uses --model), "user". Keys deepinfer does not implement are
+  accepted only at the value that switches them off: n 1, best_of 1, stream false, echo false,
+  logprobs false, top_logprobs 0, presence_penalty 0, frequency_penalty 0, repetition_penalty 1,
+  min_tokens 0. Any other key fails its line (below).
+
+Output (-o FILE): one JSON row per request, in input order (a request that finishes early waits
+for the ones before it), each written once it is its turn:
+  {"id" or "custom_id", "prompt", "text", "token_ids", "finish_reason", "prompt_tokens",
+  "completion_tokens"}
+A request that fails alone (an unknown or unsupported key, a bad value, text that is not valid
+Unicode, a prompt too long for the model) gets an error row instead, and the others run:
+  {"id" or "custom_id", "error": {"message": ..., "type": "invalid_request_error" or
+  "generation_error"}}
+A line that breaks the file (not a JSON object, no usable id, a duplicate id) stops the run before
+it starts. Without -o the rows (or, for --prompt, readable text) go to stdout.
+
+--resume skips the ids already in the output (error rows count as done: delete them to retry those
+requests) and appends the rest; an interrupted run loses at most the rows still waiting for an
+earlier one, which --resume recomputes. The output may not be the input file, and the run locks
+it: a second run on the same output fails at once.
+
+Exit code: 0 when every request ran, 1 when any request got an error row (under a torchrun you
+start yourself: 0, the summary counts them), 2 for bad flags, files or input lines (nothing runs),
+130 when interrupted. With no prompts at all it runs a few built-in
+prompts on the embedded default model.
+
+CPU threads: a run on the CPU uses every usable core but one (see deepinfer/engine/cpu_threads.py);
+--cpu-threads N or OMP_NUM_THREADS choose.
 
 Expert parallelism: `--ep N` shards the experts over N devices of this host, one process each
 (it starts `torchrun --standalone --nproc-per-node N -m deepinfer run ...`); each rank runs every
-N-th request (attention data parallel) and rank 0 writes the output, in input order. Under
-torchrun (several hosts: see docs/distributed.md) `--ep` defaults to the number of processes.
+N-th request (attention data parallel) and rank 0 writes the output, in input order. Flags, files,
+requests, the backend's devices and the model's expert count are checked once before the ranks
+start; a rank that fails is reported in one line. Under torchrun (several hosts: see
+docs/distributed.md) `--ep` defaults to the number of processes.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import signal
 import sys
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TextIO
 
 from deepinfer.cli import launch
-from deepinfer.cli.launch import launched_by_torchrun, torchrun
-from deepinfer.cli.launch import wait as _wait  # noqa: F401  (imported from here by other commands)
+from deepinfer.cli.launch import launched_by_torchrun, run_as_rank, torchrun
+from deepinfer.cli.run_output import (
+    GENERATION_FAILED,
+    INVALID_REQUEST,
+    InOrder,
+    OutputFile,
+    check_output_args,
+    check_unlocked,
+    error_row,
+    result_row,
+    row_text,
+    scan,
+)
+from deepinfer.cli.run_requests import BUILTIN_PROMPTS, Request, check_flag_params, collect_requests, make_params
 from deepinfer.errors import UserError
 
-BUILTIN_PROMPTS = [
-    "Hello, my name is",
-    "The capital of France is",
-    "The future of AI is",
-    "def fibonacci(n):",
-]
-
-# JSONL keys that map onto SamplingParams (OpenAI's names; max_completion_tokens is its newer name).
-SAMPLING_KEYS = {
-    "max_tokens": "max_tokens",
-    "max_completion_tokens": "max_tokens",
-    "temperature": "temperature",
-    "top_p": "top_p",
-    "top_k": "top_k",
-    "min_p": "min_p",
-    "seed": "seed",
-    "stop": "stop",
-    "stop_token_ids": "stop_token_ids",
-    "ignore_eos": "ignore_eos",
-}
+__all__ = ["BUILTIN_PROMPTS", "add_parser", "command_line", "run"]
 
 
 def add_parser(sub) -> None:
@@ -61,27 +83,30 @@ def add_parser(sub) -> None:
     p.add_argument("--backend", default="auto", help="auto (cuda, then ascend, then reference), cuda, ascend or reference")
     p.add_argument("--model", metavar="PATH", help="an HF checkpoint folder (default: the embedded tiny model, dummy weights)")
     p.add_argument("--prompt", action="append", metavar="TEXT", help="a prompt (repeat for several)")
-    p.add_argument("-i", "--input", metavar="FILE", help="prompts as JSONL: {\"prompt\": ...} or OpenAI batch lines")
-    p.add_argument("-o", "--output", metavar="FILE", help="write results as JSONL, each line as its request finishes")
-    p.add_argument("--resume", action="store_true", help="skip ids already in --output and append the rest")
+    p.add_argument("-i", "--input", metavar="FILE", help="prompts as JSONL: {\"prompt\": ...} or OpenAI batch lines (format above)")
+    p.add_argument("-o", "--output", metavar="FILE", help="write one JSON row per request (a result or an error), in input order")
+    p.add_argument("--resume", action="store_true", help="skip ids already in --output (error rows included) and append the rest")
     p.add_argument("--overwrite", action="store_true", help="replace an existing --output file")
     p.add_argument("--chat", action="store_true", help="wrap plain prompts in the tokenizer's chat template")
     p.add_argument("--max-tokens", type=int, default=16, metavar="N", help="tokens to generate per request at most (default 16, as vLLM)")
     p.add_argument("--temperature", type=float, default=1.0, metavar="T", help="0 is greedy (default 1.0)")
     p.add_argument("--top-p", type=float, default=1.0, metavar="P", help="nucleus sampling (default 1.0: off)")
-    p.add_argument("--top-k", type=int, default=0, metavar="K", help="keep the K most likely tokens (default 0: off)")
+    p.add_argument("--top-k", type=int, default=0, metavar="K", help="keep the K most likely tokens, K <= 2**31-1 (default 0: off; K >= the vocabulary keeps all)")
     p.add_argument("--min-p", type=float, default=0.0, metavar="P", help="drop tokens below P times the top probability (default 0: off)")
     p.add_argument("--stop", action="append", metavar="TEXT", help="a stop string (repeat for several)")
     p.add_argument("--ignore-eos", action="store_true", help="keep generating past the end-of-sequence token")
     p.add_argument("--seed", type=int, default=0, help="seed from which each request's sampling seed is derived (default 0)")
     p.add_argument("--dtype", default="auto", choices=("auto", "bfloat16", "float16", "float32"), help="auto: bfloat16 on accelerators, float32 on the CPU")
     p.add_argument("--allow-fallback", action="store_true", help="let the reference serve ops the backend has no kernel for")
+    p.add_argument("--backend-option", action="append", metavar="KEY=VALUE",
+                   help="a backend option, e.g. ep_path=nccl (repeatable; `deepinfer backends` lists each backend's options)")
     p.add_argument("--max-num-seqs", type=int, default=256, metavar="N", help="sequences per step at most (default 256)")
     p.add_argument("--max-num-batched-tokens", type=int, default=8192, metavar="N", help="tokens per step; longer prompts prefill in chunks (default 8192)")
     p.add_argument("--num-kv-blocks", type=int, metavar="N", help="KV cache pages (default: from the memory budget)")
     p.add_argument("--no-prefix-caching", action="store_true", help="switch the prefix cache off")
     p.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs for decode steps (cuda backend)")
     p.add_argument("--interpret", action="store_true", help="run the backend's Triton kernels in the Triton interpreter on the CPU (slow; for checking kernels)")
+    p.add_argument("--cpu-threads", type=int, metavar="N", help="torch's CPU threads (default on the CPU: OMP_NUM_THREADS if set, else the usable cores but one)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     ep = p.add_argument_group("expert parallelism (see docs/distributed.md)")
     ep.add_argument("--ep", type=int, metavar="N", help="shard the experts over N devices, one process each (default 1; under torchrun: its process count)")
@@ -89,7 +114,7 @@ def add_parser(sub) -> None:
     ep.add_argument("--eplb", action="store_true", help="count the expert load and re-place the experts by EPLB every --eplb-interval steps")
     ep.add_argument("--eplb-interval", type=int, default=1000, metavar="STEPS", help="steps between EPLB rebalances (default 1000)")
     ep.add_argument("--expert-load", metavar="FILE", help="JSON [MoE layers][experts] token counts: place the experts by EPLB from the start")
-    ep.add_argument("--dist-timeout", type=float, default=300.0, metavar="S", help="seconds a rank waits for the others in a collective before the run fails (default 300)")
+    ep.add_argument("--dist-timeout", type=float, default=300.0, metavar="S", help="seconds (> 0) a rank waits for the others in a collective before the run fails (default 300)")
     p.set_defaults(func=run)
     global _PARSER
     _PARSER = p
@@ -98,182 +123,50 @@ def add_parser(sub) -> None:
 _PARSER: argparse.ArgumentParser | None = None
 
 
-@dataclass
-class Request:
-    """One prompt to run: where it came from, how it is named in the output and how it samples."""
+def load_llm(args, ctx):
+    """The run's LLM (every rank builds the same one; `ctx`: the rank's DistContext, None alone)."""
+    from deepinfer.engine.llm import LLM
+    from deepinfer.options import parse_assignments
 
-    id: Any  # written back as "id" or "custom_id"
-    id_key: str  # "id" | "custom_id"
-    source: str  # for messages: "input.jsonl line 3", "--prompt 2", "built-in prompt 1"
-    ordinal: int  # line number or position: the per-request seed derives from it, so --resume repeats
-    prompt: str | None = None
-    messages: list | None = None
-    prompt_token_ids: list | None = None
-    overrides: dict = field(default_factory=dict)
-
-
-# ---- reading requests --------------------------------------------------------------------------
-
-
-def read_jsonl_requests(path: str) -> list[Request]:
-    file = Path(path)
-    if not file.is_file():
-        raise UserError(f"input file {path} not found" if not file.exists() else f"input {path} is not a file")
-    try:
-        lines = file.read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise UserError(f"cannot read {path}: {exc}") from None
-    requests: list[Request] = []
-    for number, line in enumerate(lines, start=1):
-        if line.strip():
-            requests.append(parse_line(line, f"{path} line {number}", number))
-    if not requests:
-        raise UserError(f"input file {path} has no prompts")
-    return requests
-
-
-def parse_line(line: str, where: str, number: int) -> Request:
-    try:
-        item = json.loads(line)
-    except json.JSONDecodeError as exc:
-        raise UserError(f"{where}: not valid JSON ({exc.msg} at column {exc.colno})") from None
-    if not isinstance(item, dict):
-        raise UserError(f"{where}: expected a JSON object, got {type(item).__name__}")
-    if "custom_id" in item or "body" in item:  # OpenAI batch line
-        body = item.get("body")
-        if not isinstance(body, dict):
-            raise UserError(f"{where}: an OpenAI batch line needs a \"body\" object")
-        if "custom_id" not in item:
-            raise UserError(f"{where}: an OpenAI batch line needs a \"custom_id\"")
-        request = Request(item["custom_id"], "custom_id", where, number)
-        source = body
-    else:
-        request = Request(item.get("id", number), "id", where, number)
-        source = item
-    if not isinstance(request.id, (str, int)) or isinstance(request.id, bool):
-        raise UserError(f"{where}: {request.id_key} must be a string or an integer, got {request.id!r}")
-    if source.get("n", 1) != 1:
-        raise UserError(f"{where}: n={source['n']!r} is not supported; one completion per request")
-    if "messages" in source:
-        messages = source["messages"]
-        if not isinstance(messages, list) or not messages or not all(
-            isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str) for m in messages
-        ):
-            raise UserError(f"{where}: \"messages\" must be a non-empty list of {{\"role\": str, \"content\": str}}")
-        request.messages = messages
-    elif "prompt_token_ids" in source:
-        ids = source["prompt_token_ids"]
-        if not isinstance(ids, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
-            raise UserError(f"{where}: \"prompt_token_ids\" must be a list of integers")
-        request.prompt_token_ids = ids
-    elif "prompt" in source:
-        if not isinstance(source["prompt"], str):
-            raise UserError(f"{where}: \"prompt\" must be a string")
-        request.prompt = source["prompt"]
-    else:
-        raise UserError(f"{where}: no \"prompt\", \"messages\" or \"prompt_token_ids\"" + (" in \"body\"" if source is not item else ""))
-    request.overrides = {SAMPLING_KEYS[k]: v for k, v in source.items() if k in SAMPLING_KEYS}
-    return request
-
-
-def collect_requests(args) -> tuple[list[Request], bool]:
-    """The requests, and whether they are the built-in demo prompts."""
-    if args.prompt and args.input:
-        raise UserError("give prompts either with --prompt or with -i/--input, not both")
-    if args.input:
-        requests = read_jsonl_requests(args.input)
-    elif args.prompt:
-        requests = [Request(n, "id", f"--prompt {n}", n, prompt=text) for n, text in enumerate(args.prompt, start=1)]
-    else:
-        return [Request(n, "id", f"built-in prompt {n}", n, prompt=text) for n, text in enumerate(BUILTIN_PROMPTS, start=1)], True
-    seen: dict[str, str] = {}
-    for request in requests:
-        key = json.dumps(request.id)
-        if key in seen:
-            raise UserError(f"{request.source}: duplicate {request.id_key} {request.id!r} (first at {seen[key]})")
-        seen[key] = request.source
-    return requests, False
-
-
-def make_params(args, request: Request):
-    from deepinfer.engine.llm_engine import derive_seed
-    from deepinfer.engine.sampling_params import SamplingParams
-
-    values = dict(
-        max_tokens=args.max_tokens,
-        temperature=args.temperature,
-        top_p=args.top_p,
-        top_k=args.top_k,
-        min_p=args.min_p,
-        stop=args.stop,
-        ignore_eos=args.ignore_eos,
-        seed=derive_seed(args.seed, request.ordinal),  # per request, not per batch: a resumed run repeats
+    return LLM(
+        model=args.model,
+        backend=args.backend,
+        dtype=args.dtype,
+        seed=args.seed,
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        num_kv_blocks=args.num_kv_blocks,
+        enable_prefix_caching=not args.no_prefix_caching,
+        enforce_eager=args.enforce_eager,
+        interpret=args.interpret,
+        allow_fallback=args.allow_fallback,
+        backend_options=parse_assignments(args.backend_option),
+        ep=ctx.world_size if ctx is not None else 1,
+        num_redundant_experts=args.num_redundant_experts,
+        eplb_interval=args.eplb_interval if args.eplb else None,
+        expert_load=args.expert_load,
+        dist_timeout=args.dist_timeout,
+        cpu_threads=args.cpu_threads,
     )
-    values.update(request.overrides)
-    try:
-        return SamplingParams(**values)
-    except ValueError as exc:
-        raise UserError(f"{request.source}: {exc}") from None
 
 
-# ---- the output file ---------------------------------------------------------------------------
+def check_flags(args) -> None:
+    """Flag values no run could use: one line naming the flag (exit 2), before anything starts."""
+    from deepinfer.distributed.group import check_timeout
+    from deepinfer.engine.cpu_threads import MAX_CPU_THREADS
 
-
-def finished_ids(path: Path) -> set[str]:
-    """Ids already in an output file (as JSON text). A torn last line (the run was killed while
-    writing it) is cut off; any other bad line is an error, never silently dropped."""
-    data = path.read_bytes()
-    if data and not data.endswith(b"\n"):
-        cut = data.rfind(b"\n") + 1
-        if _is_result(data[cut:]):  # complete, only its newline is missing
-            with path.open("ab") as f:
-                f.write(b"\n")
-            data += b"\n"
-        else:
-            print(f"deepinfer: {path}: dropping an unfinished last line from an interrupted run", file=sys.stderr)
-            with path.open("r+b") as f:
-                f.truncate(cut)
-            data = data[:cut]
-    done = set()
-    for number, line in enumerate(data.decode("utf-8", errors="replace").splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            item = json.loads(line)
-        except json.JSONDecodeError:
-            raise UserError(f"{path} line {number} is not valid JSON; fix or remove it, then --resume again") from None
-        key = "custom_id" if isinstance(item, dict) and "custom_id" in item else "id"
-        if not isinstance(item, dict) or key not in item:
-            raise UserError(f"{path} line {number} has no \"id\" or \"custom_id\"; is this a deepinfer output file?")
-        done.add(json.dumps(item[key]))
-    return done
-
-
-def _is_result(line: bytes) -> bool:
-    try:
-        item = json.loads(line)
-    except ValueError:
-        return False
-    return isinstance(item, dict) and ("id" in item or "custom_id" in item) and "text" in item
-
-
-def check_output(args) -> Path | None:
-    if args.resume and args.overwrite:
-        raise UserError("--resume and --overwrite contradict each other; pick one")
-    if args.resume and not args.output:
-        raise UserError("--resume needs -o/--output: the file whose finished ids to skip")
-    if args.overwrite and not args.output:
-        raise UserError("--overwrite needs -o/--output")
-    if not args.output:
-        return None
-    path = Path(args.output)
-    if path.is_dir():
-        raise UserError(f"output {path} is a directory")
-    if path.exists() and path.stat().st_size > 0 and not (args.resume or args.overwrite):
-        raise UserError(f"output file {path} already exists; pass --resume to continue it or --overwrite to replace it")
-    if not path.parent.exists():
-        raise UserError(f"output folder {path.parent} does not exist")
-    return path
+    if args.ep is not None and args.ep < 1:
+        raise UserError(f"--ep must be >= 1, got {args.ep}")
+    counts = (("--max-num-seqs", args.max_num_seqs), ("--max-num-batched-tokens", args.max_num_batched_tokens), ("--num-kv-blocks", args.num_kv_blocks), ("--eplb-interval", args.eplb_interval))
+    for flag, value in counts:
+        if value is not None and value < 1:
+            raise UserError(f"{flag} must be >= 1, got {value}")
+    if args.num_redundant_experts < 0:
+        raise UserError(f"--num-redundant-experts must be >= 0, got {args.num_redundant_experts}")
+    if args.cpu_threads is not None and not 1 <= args.cpu_threads <= MAX_CPU_THREADS:
+        raise UserError(f"--cpu-threads must lie in [1, {MAX_CPU_THREADS}], got {args.cpu_threads}")
+    check_timeout(args.dist_timeout, "--dist-timeout")
+    check_flag_params(args)
 
 
 # ---- running -----------------------------------------------------------------------------------
@@ -291,19 +184,6 @@ def render_prompt(tokenizer, request: Request, chat: bool) -> str | None:
     return tokenizer.apply_chat_template(messages, add_generation_prompt=True)
 
 
-def result_line(request: Request, prompt: str, output) -> dict:
-    completion = output.outputs[0]
-    return {
-        request.id_key: request.id,
-        "prompt": prompt,
-        "text": completion.text,
-        "token_ids": completion.token_ids,
-        "finish_reason": completion.finish_reason,
-        "prompt_tokens": len(output.prompt_token_ids),
-        "completion_tokens": len(completion.token_ids),
-    }
-
-
 def to_stdout(text: str) -> None:
     """Print above the progress bar (tqdm redraws it below)."""
     from tqdm.auto import tqdm
@@ -319,23 +199,27 @@ def as_text(request: Request, prompt: str | None, output) -> str:
 
 
 def run(args) -> int:
-    if args.ep is not None and args.ep < 1:
-        raise UserError(f"--ep must be >= 1, got {args.ep}")
+    check_flags(args)
     if not launched_by_torchrun():
         if (args.ep or 1) > 1:
-            return launch_torchrun(args)
+            return launch_ranks(args)
         return run_rank(args, None)
+    from deepinfer.distributed.group import env_rank
+
+    rank = env_rank()  # RANK=abc: one line naming it
+    return run_as_rank(lambda: run_in_torchrun(args), rank)
+
+
+def run_in_torchrun(args) -> int:
     ctx = join_run(args)
     if ctx is None:  # torchrun with one process
         return run_rank(args, None)
     try:
-        return run_rank(args, ctx)
+        return launch.report_outcome(run_rank(args, ctx))  # failed requests: not a failed rank
     except UserError as exc:
         _failing.append(exc)
-        if f"rank {ctx.rank}" not in str(exc):  # say which rank, once
-            error = UserError(f"rank {ctx.rank} of {ctx.world_size}: {exc}")
-            error.exit_code = exc.exit_code
-            raise error from None
+        if f"rank {ctx.rank}" not in str(exc):  # say which rank, once (keeping the error's class)
+            exc.args = (f"rank {ctx.rank} of {ctx.world_size}: {exc}",)
         raise
     except BaseException as exc:
         _failing.append(exc)
@@ -345,21 +229,33 @@ def run(args) -> int:
 def run_rank(args, ctx) -> int:
     """The whole run on one process; `ctx`: its DistContext under torchrun (None: alone)."""
     first = ctx is None or ctx.rank == 0
-    output_path, done, error = None, set(), None
-    if first:  # only rank 0 touches the output file (a --resume may repair its torn last line)
+    output, done, error = None, set(), None
+    if first:  # only rank 0 touches the output file (locked for the whole run)
         try:
-            output_path = check_output(args)
-            if output_path is not None and args.resume and output_path.exists():
-                done = finished_ids(output_path)
+            path = check_output_args(args)
+            if path is not None:
+                output = OutputFile.open(path)
+                if args.resume:
+                    done = output.resume()  # may drop a torn last line
         except UserError as exc:
             if ctx is None:
                 raise
             error = str(exc)
-    if ctx is not None:
-        done, error = share_from_rank0(ctx, (sorted(done), error))
-        done = set(done)
-    if error is not None:
-        raise UserError(error)
+    try:
+        if ctx is not None:
+            done, error = share_from_rank0(ctx, (sorted(done), error))
+            done = set(done)
+        if error is not None:
+            raise UserError(error)
+        return generate_all(args, ctx, output, done)
+    finally:
+        if output is not None:
+            output.close()
+
+
+def generate_all(args, ctx, output: OutputFile | None, done: set[str]) -> int:
+    """Run every request not in `done`; write a row for each (rank 0). 1 when any request failed."""
+    first = ctx is None or ctx.rank == 0
     requests, builtin = collect_requests(args)
     skipped = 0
     if done:
@@ -370,77 +266,66 @@ def run_rank(args, ctx) -> int:
             if first:
                 print(f"deepinfer: nothing to do: all {skipped} requests are already in {args.output}", file=sys.stderr)
             return 0
-    params = [make_params(args, r) for r in requests]  # bad values fail before the model loads
-
-    from deepinfer.engine.llm import LLM
-
-    llm = LLM(
-        model=args.model,
-        backend=args.backend,
-        dtype=args.dtype,
-        seed=args.seed,
-        max_num_seqs=args.max_num_seqs,
-        max_num_batched_tokens=args.max_num_batched_tokens,
-        num_kv_blocks=args.num_kv_blocks,
-        enable_prefix_caching=not args.no_prefix_caching,
-        enforce_eager=args.enforce_eager,
-        interpret=args.interpret,
-        allow_fallback=args.allow_fallback,
-        ep=ctx.world_size if ctx is not None else 1,
-        num_redundant_experts=args.num_redundant_experts,
-        eplb_interval=args.eplb_interval if args.eplb else None,
-        expert_load=args.expert_load,
-        dist_timeout=args.dist_timeout,
-    )
-    prompts = [render_prompt(llm.tokenizer, r, args.chat) for r in requests]
-    inputs = [{"prompt": p} if p is not None else {"prompt_token_ids": r.prompt_token_ids} for p, r in zip(prompts, requests)]
+    params = [make_params(args, r) if r.error is None else None for r in requests]  # refused values fail their line, before the model loads
+    llm = load_llm(args, ctx) if any(r.error is None for r in requests) else None  # all refused: no model needed
+    refused: dict[int, str] = {i: r.error for i, r in enumerate(requests) if r.error is not None}
+    prompts: list[str | None] = [None] * len(requests)
+    for i, request in enumerate(requests):
+        if i not in refused:
+            try:
+                prompts[i] = render_prompt(llm.tokenizer, request, args.chat)
+            except UserError as exc:
+                refused[i] = str(exc)
+    runnable = [i for i in range(len(requests)) if i not in refused]
     start = time.perf_counter()
-    # Every prompt is checked before anything runs or the output file is opened.
-    stream = llm.generate_iter(inputs, params, use_tqdm=not args.no_progress, names=[r.source for r in requests])
-    prompt_tokens = generated = 0
-    try:
-        sink = open_output(output_path, append=args.resume) if output_path else None
-    except UserError:
-        stream.close()
-        raise
-    readable = sink is None and not args.input  # prompts typed on the command line: show them as text
+    stream = iter(())
+    if llm is not None:
+        # Every prompt is checked (tokenized, its length against the model) before anything runs.
+        inputs = [{"prompt": prompts[i]} if prompts[i] is not None else {"prompt_token_ids": requests[i].prompt_token_ids} for i in runnable]
+        stream = llm.generate_iter(
+            inputs, [params[i] for i in runnable], use_tqdm=not args.no_progress, names=[requests[i].source for i in runnable],
+            on_invalid=lambda k, exc: refused.__setitem__(runnable[k], str(exc)),
+        )  # fmt: skip
+    counts = {"prompt": 0, "generated": 0, "failed": 0}
+    readable = output is None and not args.input  # prompts typed on the command line: show them as text
 
-    def emit(index: int, output) -> None:
-        request, prompt = requests[index], prompts[index]
+    def emit(index: int, item) -> None:
+        request = requests[index]
+        if isinstance(item, str):  # an error message
+            row = error_row(request, item, INVALID_REQUEST)
+        else:
+            row = result_row(request, prompts[index], item)
+            counts["prompt"] += len(item.prompt_token_ids)
+            counts["generated"] += len(item.outputs[0].token_ids)
+        try:
+            line = row_text(row)
+        except UnicodeEncodeError as exc:  # a result that is not valid Unicode: its own error row, the run goes on
+            row = error_row(request, f"{request.source}: its result cannot be written as UTF-8 ({exc.reason})", GENERATION_FAILED)
+            line = row_text(row)
+        counts["failed"] += "error" in row
         if readable:
-            to_stdout(as_text(request, prompt, output))
-            return
-        line = json.dumps(result_line(request, prompt, output), ensure_ascii=False)
-        if sink is None:
+            to_stdout(f"[{request.id}] error: {row['error']['message']}" if "error" in row else as_text(request, prompts[index], item))
+        elif output is None:
             to_stdout(line)
         else:
-            sink.write(line + "\n")
-            sink.flush()  # an interrupted run keeps every finished request
+            output.write(line)  # one write per row: a killed run leaves whole rows
 
-    # One process writes as requests finish; ranks of a data-parallel run finish out of order, so
-    # rank 0 writes each result once every earlier one is out: the file is in input order.
-    in_order = ctx is not None
-    waiting: dict[int, object] = {}
-    next_index = 0
+    rows = InOrder(emit)  # rows go out in input order, with one process or several
     try:
-        for index, output in stream:
-            prompt_tokens += len(output.prompt_token_ids)
-            generated += len(output.outputs[0].token_ids)
-            if not in_order:
-                emit(index, output)
-                continue
-            waiting[index] = output
-            while next_index in waiting:
-                emit(next_index, waiting.pop(next_index))
-                next_index += 1
+        if first:
+            if output is not None:
+                output.begin(overwrite=args.overwrite)
+            for index, message in sorted(refused.items()):
+                rows.put(index, message)
+        for k, result in stream:
+            rows.put(runnable[k], result)
     finally:
-        stream.close()
-        if sink is not None:
-            sink.close()
+        if llm is not None:
+            stream.close()
     wall = time.perf_counter() - start
     if first:
-        print_summary(llm, len(requests), skipped, prompt_tokens, generated, wall, output_path, builtin)
-    return 0
+        print_summary(llm, len(requests), skipped, counts, wall, args.output, builtin)
+    return 1 if counts["failed"] else 0
 
 
 # ---- expert parallelism: one process per rank, started by torchrun ------------------------------
@@ -451,11 +336,10 @@ _failing: list[BaseException] = []  # set once this rank is failing: a later SIG
 def join_run(args):
     """Join the process group (every rank), and turn torchrun's SIGTERM (another rank failed)
     into a one-line error."""
-    from deepinfer.distributed.group import DistributedError, init_distributed
+    from deepinfer.distributed.group import PeerFailure, env_rank, env_world_size, init_distributed
     from deepinfer.plugins import load_plugins
 
-    world = int(os.environ["WORLD_SIZE"])
-    rank = int(os.environ["RANK"])
+    world, rank = env_world_size(), env_rank()
     if args.ep is not None and args.ep != world:
         raise UserError(f"--ep {args.ep}, but torchrun started {world} processes; expert parallelism spans all of them (leave --ep out under torchrun)")
 
@@ -463,7 +347,7 @@ def join_run(args):
         if _failing:  # already on its way out with its own error
             return
         _failing.append(None)
-        raise DistributedError(f"rank {rank} of {world}: stopped by torchrun (signal {signum}) because another rank failed; see that rank's error")
+        raise PeerFailure(f"rank {rank} of {world}: stopped by torchrun (signal {signum}) because another rank failed; see that rank's error")
 
     signal.signal(signal.SIGTERM, stopped)
     plugins = load_plugins()
@@ -485,9 +369,70 @@ def share_from_rank0(ctx, value):
     return box[0]
 
 
-def launch_torchrun(args) -> int:
-    """`deepinfer run --ep N` on one host: start N ranks with torchrun, each running this command."""
+def launch_ranks(args) -> int:
+    """`deepinfer run --ep N` on one host: check once what every rank would check, then start N
+    ranks with torchrun (one line if one of them fails)."""
+    left = preflight(args)
+    if left == 0:
+        print(f"deepinfer: nothing to do: every request is already in {args.output}", file=sys.stderr)
+        return 0
+    check_ep_setup(args)
     return torchrun(args.ep, ["run", *command_line(args)], what="run", verbose=getattr(args, "verbose", False))
+
+
+def preflight(args) -> int:
+    """The output file, the lock and the requests, checked as rank 0 will (changing nothing);
+    the number of requests left to run."""
+    from deepinfer.options import parse_assignments
+
+    parse_assignments(args.backend_option)
+    path = check_output_args(args)
+    done: set[str] = set()
+    if path is not None:
+        check_unlocked(path)
+        if args.resume and path.exists():
+            done = scan(path).done
+    requests, _ = collect_requests(args)
+    return sum(json.dumps(r.id) not in done for r in requests)
+
+
+def check_ep_setup(args) -> None:
+    """The backend is available with a device per rank; the model's experts (+ redundant) divide
+    over the ranks; the --expert-load file reads. One line (exit 2) otherwise."""
+    from deepinfer.model.loader import load_config
+    from deepinfer.plugins import load_plugins
+
+    plugins = load_plugins()
+    spec = plugins.auto()[0] if args.backend == "auto" else plugins.require(args.backend, args.interpret)
+    device = spec.device(args.interpret)
+    have = launch.local_devices(device)
+    if have is not None and have < args.ep:
+        raise UserError(f"--ep {args.ep} needs one {device} device per rank, and this host has {have} (backend {spec.name})")
+    if args.model is None:
+        from deepinfer.model.embedded import ensure_embedded
+
+        folder = ensure_embedded()  # generated once here, before the ranks would race for it
+    else:
+        folder = Path(args.model).expanduser()
+        if not folder.is_dir():
+            raise UserError(f"model path {args.model} " + ("is a file; pass the checkpoint folder that holds it" if folder.exists() else "does not exist; pass an HF checkpoint folder"))
+    config = load_config(folder)
+    experts = config.n_routed_experts or 0
+    if not experts:
+        raise UserError(f"model {folder} has no routed experts: --ep shards the experts of a MoE model")
+    physical = experts + args.num_redundant_experts
+    if physical % args.ep:
+        fit = (-experts) % args.ep
+        raise UserError(
+            f"{experts} routed experts + {args.num_redundant_experts} redundant = {physical} experts per layer do not divide over "
+            f"--ep {args.ep} ranks; choose --num-redundant-experts so that they do (e.g. {fit}) or another --ep"
+        )
+    if args.expert_load is not None:
+        try:
+            with open(args.expert_load, encoding="utf-8") as f:
+                json.load(f)
+        except (OSError, ValueError) as exc:
+            raise UserError(f"cannot read the expert load {args.expert_load}: {exc}") from None
 
 
 def command_line(args) -> list[str]:
@@ -495,27 +440,32 @@ def command_line(args) -> list[str]:
     return launch.command_line(_PARSER, args)
 
 
-def open_output(path: Path, append: bool) -> TextIO:
-    try:
-        return path.open("a" if append else "w", encoding="utf-8")
-    except OSError as exc:
-        raise UserError(f"cannot write {path}: {exc.strerror}") from None
+def print_summary(llm, requests: int, skipped: int, counts: dict, wall: float, output, builtin: bool) -> None:
+    """The run's summary on stderr; `llm` None when no request got as far as the model."""
+    from deepinfer.engine.progress import rate
 
-
-def print_summary(llm, requests: int, skipped: int, prompt_tokens: int, generated: int, wall: float, output_path, builtin: bool) -> None:
-    rate = lambda n: n / wall if wall > 0 else 0.0  # noqa: E731
-    model = llm.model_path + (" (dummy weights: random, the text is gibberish)" if llm.dummy_weights else "")
+    per_s = lambda n: rate(n / wall) if wall > 0 else "0"  # noqa: E731
+    failed = counts["failed"]
+    where = f"error rows in {output}" if output else "error rows above"
     rows = [
-        ("requests", f"{requests}" + (f" ({skipped} already in {output_path}, skipped)" if skipped else "")),
-        ("prompt tokens", f"{prompt_tokens}"),
-        ("generated tokens", f"{generated}"),
+        ("requests", f"{requests}" + (f" ({skipped} already in {output}, skipped)" if skipped else "") + (f"; {failed} failed ({where})" if failed else "")),
+        ("prompt tokens", f"{counts['prompt']}"),
+        ("generated tokens", f"{counts['generated']}"),
         ("wall time", f"{wall:.2f} s"),
-        ("throughput", f"{rate(prompt_tokens):.1f} prompt tok/s, {rate(generated):.1f} generated tok/s"),
-        ("backend", f"{llm.backend} ({llm.chosen_by})"),
-        ("model", model),
+        ("throughput", f"{per_s(counts['prompt'])} prompt tok/s, {per_s(counts['generated'])} generated tok/s"),
     ]
-    if output_path is not None:
-        rows.append(("output", str(output_path)))
+    if llm is not None:
+        model = llm.model_path + (" (dummy weights: random, the text is gibberish)" if llm.dummy_weights else "")
+        rows += [
+            ("backend", llm.chosen_by),  # "ascend (requested)" or "auto-selected reference (...)"
+            ("model", model),
+        ]
+        if llm.engine.runtime.device.type == "cpu":
+            import torch
+
+            rows.append(("cpu threads", f"{torch.get_num_threads()}"))
+    if output is not None:
+        rows.append(("output", str(output)))
     lines = ["summary:"] + [f"  {name:<17} {value}" for name, value in rows]
     if builtin:
         lines.append("  (built-in prompts; pass --prompt TEXT or -i prompts.jsonl, and --model PATH for a real checkpoint)")

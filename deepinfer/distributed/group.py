@@ -29,10 +29,16 @@ log = logging.getLogger(__name__)
 # The collective library for each torch device type.
 PROCESS_GROUP_BACKENDS = {"cuda": "nccl", "npu": "hccl", "cpu": "gloo"}
 DEFAULT_TIMEOUT_S = 300.0
+MAX_TIMEOUT_S = 1e9  # ~31 years: timedelta and the stores' millisecond counts hold it
 
 
 class DistributedError(UserError):
     """A rank that never joined, died, or missed a collective; a collective that timed out."""
+
+
+class PeerFailure(DistributedError):
+    """This rank stopped because of another: a collective failed as a peer died or stopped
+    answering, or torchrun stopped this rank after another failed (the launcher reports the cause)."""
 
 
 @dataclass(frozen=True)
@@ -63,16 +69,46 @@ def default_device_type() -> str:
     return "cpu"
 
 
-def _env_int(name: str, default: int | None = None) -> int:
+def env_int(name: str, default: int | None = None, minimum: int = 0) -> int:
+    """An integer from torchrun's environment; a one-line error naming the variable otherwise."""
     raw = os.environ.get(name)
     if raw is None or raw == "":
         if default is None:
             raise DistributedError(f"{name} is not set: launch every rank with torchrun (torchrun --nproc-per-node N -m deepinfer ...)")
         return default
     try:
-        return int(raw)
+        value = int(raw.strip())
     except ValueError:
-        raise DistributedError(f"{name}={raw!r} is not an integer") from None
+        value = None
+    if value is None or value < minimum:
+        raise DistributedError(
+            f"environment variable {name}={raw[:40]!r} is not an integer >= {minimum}; torchrun sets it for each rank "
+            "(unset RANK, WORLD_SIZE and LOCAL_RANK to run as one process)"
+        )
+    return value
+
+
+def env_world_size() -> int:
+    """WORLD_SIZE from the environment (1 when unset: one process)."""
+    return env_int("WORLD_SIZE", 1, minimum=1)
+
+
+def env_rank() -> int:
+    """RANK from the environment, checked against WORLD_SIZE (0 when neither is set)."""
+    world_size = env_world_size()
+    rank = env_int("RANK", 0)
+    if rank >= world_size:
+        raise DistributedError(f"environment variable RANK={rank} is outside WORLD_SIZE={world_size}; torchrun sets both for each rank")
+    return rank
+
+
+def check_timeout(timeout_s, name: str = "dist_timeout") -> float:
+    """The collective timeout in seconds: a finite number > 0 (at most MAX_TIMEOUT_S). `name`
+    names it in the error (the CLI: --dist-timeout)."""
+    ok = isinstance(timeout_s, (int, float)) and not isinstance(timeout_s, bool) and 0 < timeout_s <= MAX_TIMEOUT_S
+    if not ok:
+        raise UserError(f"{name} must be a number of seconds in (0, {MAX_TIMEOUT_S:g}], got {timeout_s!r}")
+    return float(timeout_s)
 
 
 def init_distributed(
@@ -89,13 +125,13 @@ def init_distributed(
     group time out after timeout_s; a rank missing at the rendezvous raises DistributedError.
     Calling it again returns the group already formed.
     """
-    world_size = _env_int("WORLD_SIZE", 1)
+    timeout_s = check_timeout(timeout_s)
+    world_size = env_world_size()
     if world_size <= 1:
         return None
-    rank = _env_int("RANK")
-    local_rank = _env_int("LOCAL_RANK", rank)
-    if not 0 <= rank < world_size:
-        raise DistributedError(f"RANK={rank} is outside WORLD_SIZE={world_size}")
+    env_int("RANK")  # set: a rank that torchrun did not start says so
+    rank = env_rank()
+    local_rank = env_int("LOCAL_RANK", rank)
     for name in ("MASTER_ADDR", "MASTER_PORT"):
         if not os.environ.get(name):
             raise DistributedError(f"{name} is not set: launch every rank with torchrun, or set MASTER_ADDR and MASTER_PORT")

@@ -5,8 +5,9 @@ holds a full copy of everything but the routed experts, and its own KV cache. Re
 round-robin by input index (request i runs on rank i mod W). Every step, every rank runs one
 forward in lockstep, because the MoE layers' dispatch / combine are collectives: a rank without
 work runs an empty one (`LLMEngine.idle_step`). Each rank schedules its step first; then one tiny
-all_reduce sums (has work, finished results, cannot replay a CUDA graph, the graph size each
-would replay, one-hot) over the ranks: a step is a CUDA-graph step when no rank needs an eager one,
+all_reduce sums (has work, finished results, cannot replay a CUDA graph, prompt tokens computed
+and tokens generated so far (rank 0's progress bar shows the totals), the graph size each would
+replay, one-hot) over the ranks: a step is a CUDA-graph step when no rank needs an eager one,
 and then every rank replays the graph of the largest size among them (an idle rank with padding
 rows only), captured by all ranks together the first time; the run ends when no rank has work, and finished
 results are gathered to rank 0 (torch.distributed.gather_object) in the step after they finish,
@@ -16,17 +17,20 @@ so rank 0 can write them while the run goes on. Only rank 0 yields results.
 from __future__ import annotations
 
 import logging
-import time
 from typing import Iterator
 
 import torch
 import torch.distributed as dist
 
-from deepinfer.distributed.group import DistContext, DistributedError, _first_line
+from deepinfer.distributed.group import DistContext, DistributedError, PeerFailure, _first_line
 from deepinfer.engine.llm import GenerationStream
 from deepinfer.engine.outputs import RequestOutput
 
 log = logging.getLogger(__name__)
+
+# The per-step all_reduce: has work, finished results, cannot replay, prompt tokens, generated
+# tokens; then one slot per CUDA-graph size.
+STEP_FLAGS = 5
 
 
 def my_requests(num_requests: int, ctx: DistContext) -> list[int]:
@@ -38,7 +42,7 @@ def collective_failure(ctx: DistContext, what: str, exc: BaseException) -> Distr
     """A one-line error for a collective that failed: a rank died, or it timed out."""
     if isinstance(exc, DistributedError):
         return exc
-    return DistributedError(
+    return PeerFailure(
         f"rank {ctx.rank} of {ctx.world_size}: {what} failed ({type(exc).__name__}: {_first_line(exc)}); "
         f"another rank died or stopped answering within the timeout of {ctx.timeout_s:g} s (--dist-timeout)"
     )
@@ -61,11 +65,12 @@ class DataParallelStream(GenerationStream):
     nothing on the other ranks. Every rank must iterate it to the end (the steps are collective).
     The iterator protocol is GenerationStream's; the steps (`_run`) are collective."""
 
-    def __init__(self, engine, ctx: DistContext, position: dict[int, int], num_requests: int, use_tqdm: bool):
+    def __init__(self, engine, ctx: DistContext, position: dict[int, int], num_requests: int, use_tqdm: bool, *, queued: int | None = None):
         self.engine = engine
         self.ctx = ctx
         self.position = position  # seq_id -> input index, for this rank's requests
         self.num_requests = num_requests
+        self.queued = num_requests if queued is None else queued  # requests over all ranks (the bar's total)
         self.use_tqdm = use_tqdm and ctx.rank == 0
         self._iterator = self._run()
 
@@ -76,12 +81,11 @@ class DataParallelStream(GenerationStream):
             raise collective_failure(self.ctx, what, exc) from exc
 
     def _run(self) -> Iterator[tuple[int, RequestOutput]]:
-        from tqdm.auto import tqdm
+        from deepinfer.engine.progress import Progress
 
         engine, ctx = self.engine, self.ctx
         device = engine.runtime.device if ctx.backend != "gloo" else torch.device("cpu")
-        bar = tqdm(total=self.num_requests, desc="Processed prompts", unit="req", dynamic_ncols=True, disable=not self.use_tqdm)
-        start = time.perf_counter()
+        progress = Progress(self.queued, self.use_tqdm)
         prompt0, gen0 = engine.num_prompt_tokens_computed, engine.num_generated_tokens
         finished: list[tuple[int, RequestOutput]] = []  # this rank's, not gathered yet
         try:
@@ -89,18 +93,21 @@ class DataParallelStream(GenerationStream):
                 batch = engine.schedule() if engine.has_unfinished() else None
                 buckets = engine.ep_graph_buckets or []
                 mine = engine.graph_bucket(batch) if buckets else None
-                flags = torch.zeros(3 + len(buckets), dtype=torch.int64)
-                flags[:3] = torch.tensor([int(batch is not None), len(finished), int(not engine.replayable(batch))])
+                flags = torch.zeros(STEP_FLAGS + len(buckets), dtype=torch.int64)
+                flags[:STEP_FLAGS] = torch.tensor([
+                    int(batch is not None), len(finished), int(not engine.replayable(batch)),
+                    engine.num_prompt_tokens_computed - prompt0, engine.num_generated_tokens - gen0,
+                ])  # fmt: skip
                 if mine is not None:
-                    flags[3 + mine] = 1
+                    flags[STEP_FLAGS + mine] = 1
                 flags = flags.to(device)
                 self._collective("the per-step all_reduce of work flags", dist.all_reduce, flags, group=ctx.group)
                 flags = flags.tolist()
-                ranks_with_work, num_finished, ranks_not_replayable = flags[:3]
+                ranks_with_work, num_finished, ranks_not_replayable, prompt_tokens, generated_tokens = flags[:STEP_FLAGS]
                 # A CUDA-graph step only when every rank can replay (or is idle): then every rank replays
                 # the graph of the largest batch among them (idle ranks: padding only), so the
                 # dispatches share its token bound and the buffers captured with it.
-                used = [i for i, n in enumerate(flags[3:]) if n]
+                used = [i for i, n in enumerate(flags[STEP_FLAGS:]) if n]
                 graph_size = buckets[max(used)] if used and ranks_not_replayable == 0 else 0
                 if num_finished:
                     gathered = [None] * ctx.world_size if ctx.rank == 0 else None
@@ -108,8 +115,10 @@ class DataParallelStream(GenerationStream):
                     finished = []
                     if ctx.rank == 0:
                         results = sorted((item for part in gathered for item in part), key=lambda item: item[0])
-                        bar.update(len(results))
+                        progress.update(len(results), prompt_tokens, generated_tokens)
                         yield from results
+                if self.use_tqdm:
+                    progress.update(0, prompt_tokens, generated_tokens)  # totals over the ranks, up to the last step
                 if not ranks_with_work:
                     break
                 try:
@@ -125,11 +134,6 @@ class DataParallelStream(GenerationStream):
                     if is_collective_error(exc):
                         raise collective_failure(ctx, "a model step", exc) from exc
                     raise
-                if self.use_tqdm:
-                    elapsed = max(time.perf_counter() - start, 1e-9)
-                    prompt_rate = (engine.num_prompt_tokens_computed - prompt0) / elapsed
-                    gen_rate = (engine.num_generated_tokens - gen0) / elapsed
-                    bar.set_postfix_str(f"rank 0: prompt {prompt_rate:.1f} tok/s, generation {gen_rate:.1f} tok/s", refresh=False)
         finally:
             engine.abort_all()
-            bar.close()
+            progress.close()

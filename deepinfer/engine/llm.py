@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import os
 import sys
-import time
-from typing import Any, Iterator, Sequence as SequenceType
+from typing import Any, Callable, Iterator, Mapping, Sequence as SequenceType
 
 import torch
 
+from deepinfer.engine.cpu_threads import check_cpu_threads, use_cpu_threads
 from deepinfer.engine.llm_engine import EngineConfig, LLMEngine
 from deepinfer.engine.outputs import RequestOutput
 from deepinfer.engine.sampling_params import InvalidRequestError, SamplingParams
@@ -63,6 +63,12 @@ class LLM:
     per expert ([MoE layers][experts], a tensor, a list or a JSON file) to place the experts by
     EPLB from the start. eplb_interval: re-place them by EPLB every this many steps, from the load
     counted meanwhile. dist_timeout: seconds a collective waits before the run fails.
+
+    cpu_threads: torch's intra-op threads (None: the rule of deepinfer.engine.cpu_threads, applied
+    when the ops run on the CPU: OMP_NUM_THREADS if set, else the usable cores but one).
+
+    backend_options: the backend's options, e.g. {"ep_path": "nccl"} (`deepinfer backends` lists
+    each backend's; an unknown option or value is a one-line error).
     """
 
     def __init__(
@@ -86,7 +92,10 @@ class LLM:
         eplb_interval: int | None = None,
         expert_load: Any = None,
         dist_timeout: float = 300.0,
+        backend_options: Mapping[str, str] | None = None,
+        cpu_threads: int | None = None,
     ):
+        from deepinfer.model.facts import checkpoint_facts
         from deepinfer.model.loader import load_model
         from deepinfer.plugins import load_plugins
         from deepinfer.runtime import open_runtime
@@ -95,6 +104,7 @@ class LLM:
             max_num_seqs, max_num_batched_tokens, num_kv_blocks, kv_cache_memory_gib, enable_prefix_caching, max_model_len, seed, enforce_eager, eplb_interval
         )
         config.validate()
+        check_cpu_threads(cpu_threads)
         plugins = load_plugins()
 
         def device_type() -> str:
@@ -112,17 +122,21 @@ class LLM:
             # this when a kernel is decorated, so it must be set before the backend loads them.
             os.environ["TRITON_INTERPRET"] = "1"
         ep_size = dist.world_size if dist is not None else 1
-        runtime = open_runtime(backend, dtype=torch_dtype, ep_size=ep_size, allow_fallback=allow_fallback, plugins=plugins, interpret=interpret)
+        runtime = open_runtime(
+            backend, dtype=torch_dtype, ep_size=ep_size, allow_fallback=allow_fallback, plugins=plugins, interpret=interpret,
+            options=backend_options, model=lambda: checkpoint_facts(model),
+        )  # fmt: skip
         if dist is not None and runtime.device.type != dist.device.type:
             raise InvalidRequestError(f"backend {runtime.backend.name} runs on {runtime.device.type}, but the process group was formed for {dist.device.type}")
         if announce and backend == "auto":
             print(f"deepinfer: {runtime.chosen_by}", file=sys.stderr)
+        use_cpu_threads(cpu_threads, on_cpu=runtime.device.type == "cpu")
         experts = None
         if dist is not None or num_redundant_experts or eplb_interval is not None or expert_load is not None:
             from deepinfer.model.moe import ExpertSharding
 
             experts = ExpertSharding(dist, num_redundant_experts, num_nodes(dist), _expert_load(expert_load))
-        loaded = load_model(model, runtime.ops, runtime.device, torch_dtype, experts)
+        loaded = load_model(model, runtime.ops, runtime.device, torch_dtype, experts, max_model_len=max_model_len)
         if announce and loaded.dummy_weights:
             print(f"deepinfer: model {loaded.path}: dummy weights (random, for trying the engine; the text is gibberish)", file=sys.stderr)
         self._setup(LLMEngine(loaded, runtime, torch_dtype, config, dist=dist))
@@ -202,29 +216,39 @@ class LLM:
         use_tqdm: bool = True,
         *,
         names: SequenceType[str] | None = None,
+        on_invalid: Callable[[int, InvalidRequestError], None] | None = None,
     ) -> "GenerationStream":
         """Like generate(), but yields (input index, RequestOutput) as each request finishes.
 
         Every prompt is checked and queued before this returns, so a bad prompt raises here,
         before anything runs. Abandoning the iterator drops the unfinished requests. `names` say
-        how error messages name each prompt (default "prompt <index>").
+        how error messages name each prompt (default "prompt <index>"). `on_invalid`: instead of
+        raising, call on_invalid(index, error) for each prompt that fails its checks and leave it
+        out (its index is never yielded); the others run.
         """
-        requests = self._make_requests(prompts, sampling_params, names)
+        requests = self._make_requests(prompts, sampling_params, names, on_invalid)
         self.engine.abort_all()  # leftovers of an iterator that was never run
         base = self._num_submitted
         self._num_submitted += len(requests)
+        queued = sum(r is not None for r in requests)
         if self.dist is not None:
             from deepinfer.engine.data_parallel import DataParallelStream, my_requests
 
             position = {}
             for i in my_requests(len(requests), self.dist):
-                ids, params, text = requests[i]
+                if requests[i] is not None:
+                    ids, params, text = requests[i]
+                    position[self.engine.add_request(ids, params, text, index=base + i).seq_id] = i
+            return DataParallelStream(self.engine, self.dist, position, len(requests), use_tqdm, queued=queued)
+        position = {}
+        for i, request in enumerate(requests):
+            if request is not None:  # the index (and the default seed) counts the prompts left out too
+                ids, params, text = request
                 position[self.engine.add_request(ids, params, text, index=base + i).seq_id] = i
-            return DataParallelStream(self.engine, self.dist, position, len(requests), use_tqdm)
-        seqs = [self.engine.add_request(ids, params, text) for ids, params, text in requests]
-        return GenerationStream(self.engine, seqs, use_tqdm)
+        return GenerationStream(self.engine, position, len(requests), use_tqdm, queued=queued)
 
-    def _make_requests(self, prompts, sampling_params, names=None) -> list[tuple[list[int], SamplingParams, str | None]]:
+    def _make_requests(self, prompts, sampling_params, names=None, on_invalid=None) -> list[tuple[list[int], SamplingParams, str | None] | None]:
+        """Each prompt tokenized and checked; None for one that failed (reported to on_invalid)."""
         if isinstance(prompts, (str, dict)):
             prompts = [prompts]
         prompts = list(prompts)
@@ -244,14 +268,22 @@ class LLM:
             raise InvalidRequestError(f"got {len(names)} names for {len(prompts)} prompts")
         for i, (prompt, params) in enumerate(zip(prompts, params_list)):
             what = names[i] if names is not None else f"prompt {i}"
-            ids, text = self._tokenize(prompt, what)
-            self.engine.check_request(ids, params, what)
+            try:
+                ids, text = self._tokenize(prompt, what)
+                self.engine.check_request(ids, params, what)
+            except InvalidRequestError as exc:
+                if on_invalid is None:
+                    raise
+                on_invalid(i, exc)
+                requests.append(None)
+                continue
             requests.append((ids, params, text))
         return requests
 
     def _encode(self, text: str, what: str) -> list[int]:
         if self.tokenizer is None:
             raise InvalidRequestError(f"{what}: this checkpoint has no tokenizer.json; pass prompts as {{'prompt_token_ids': [...]}}")
+        check_text(text, what)
         return list(self.tokenizer.encode(text))
 
     def _tokenize(self, prompt: Prompt, what: str) -> tuple[list[int], str | None]:
@@ -267,16 +299,27 @@ class LLM:
         raise InvalidRequestError(f"{what} must be a string, {{'prompt': str}} or {{'prompt_token_ids': [int, ...]}}, got {type(prompt).__name__}")
 
 
+def check_text(text: str, what: str) -> None:
+    """InvalidRequestError for text that is not valid Unicode (a lone surrogate such as "\\udc00",
+    which JSON escapes and undecodable command-line bytes produce): it cannot be tokenized or written."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise InvalidRequestError(
+            f"{what} holds a lone surrogate (U+{ord(text[exc.start]):04X} at character {exc.start}), which is not valid Unicode text"
+        ) from None
+
+
 def join_expert_parallel(ep: int | None, timeout_s: float, device_type):
     """The run's DistContext for expert parallelism over `ep` ranks (None: one process).
 
     ep=None takes the torchrun world (WORLD_SIZE), if any. ep > 1 needs one process per rank:
     torchrun --nproc-per-node ep (or `deepinfer run --ep N`, which starts it). device_type: a
     callable giving the backend's device type (the process group's collective library follows it)."""
-    from deepinfer.distributed.group import init_distributed
+    from deepinfer.distributed.group import check_timeout, env_world_size, init_distributed
 
-    world = os.environ.get("WORLD_SIZE")
-    world_size = int(world) if world and world.isdigit() else 1
+    check_timeout(timeout_s)
+    world_size = env_world_size()
     if ep is None:
         ep = world_size
     if not isinstance(ep, int) or isinstance(ep, bool) or ep < 1:
@@ -295,10 +338,11 @@ def join_expert_parallel(ep: int | None, timeout_s: float, device_type):
 
 def num_nodes(dist) -> int:
     """Hosts of the run: WORLD_SIZE / LOCAL_WORLD_SIZE under torchrun."""
+    from deepinfer.distributed.group import env_int
+
     if dist is None:
         return 1
-    local = os.environ.get("LOCAL_WORLD_SIZE")
-    per_node = int(local) if local and local.isdigit() and int(local) > 0 else dist.world_size
+    per_node = env_int("LOCAL_WORLD_SIZE", dist.world_size, minimum=1)
     return max(1, dist.world_size // per_node) if dist.world_size % per_node == 0 else 1
 
 
@@ -325,12 +369,15 @@ def _expert_load(value):
 
 class GenerationStream:
     """Iterates (input index, RequestOutput) as requests finish, with a progress bar that shows
-    prompt and generation throughput."""
+    the tokens generated and the prompt and generation throughput (deepinfer.engine.progress)."""
 
-    def __init__(self, engine: LLMEngine, seqs, use_tqdm: bool):
+    def __init__(self, engine: LLMEngine, position: dict[int, int], num_requests: int, use_tqdm: bool, *, queued: int | None = None):
+        """position: seq_id -> input index of each queued request; num_requests: input prompts
+        (queued or not); queued: requests the bar counts (default num_requests)."""
         self.engine = engine
-        self.position = {seq.seq_id: i for i, seq in enumerate(seqs)}
-        self.num_requests = len(seqs)
+        self.position = position
+        self.num_requests = num_requests
+        self.queued = num_requests if queued is None else queued
         self.use_tqdm = use_tqdm
         self._iterator = self._run()
 
@@ -344,28 +391,17 @@ class GenerationStream:
         self._iterator.close()
 
     def _run(self) -> Iterator[tuple[int, RequestOutput]]:
-        from tqdm.auto import tqdm
+        from deepinfer.engine.progress import Progress
 
         engine = self.engine
-        start = time.perf_counter()
         prompt0, gen0 = engine.num_prompt_tokens_computed, engine.num_generated_tokens
-        bar = tqdm(total=self.num_requests, desc="Processed prompts", unit="req", dynamic_ncols=True, disable=not self.use_tqdm)
-        last_refresh = start
+        progress = Progress(self.queued, self.use_tqdm)
         try:
             while engine.has_unfinished():
                 finished = engine.step()
-                now = time.perf_counter()
-                elapsed = max(now - start, 1e-9)
-                prompt_rate = (engine.num_prompt_tokens_computed - prompt0) / elapsed
-                gen_rate = (engine.num_generated_tokens - gen0) / elapsed
-                bar.set_postfix_str(f"prompt {prompt_rate:.1f} tok/s, generation {gen_rate:.1f} tok/s", refresh=False)
-                if finished:
-                    bar.update(len(finished))
-                elif now - last_refresh > 0.5:
-                    bar.refresh()
-                    last_refresh = now
+                progress.update(len(finished), engine.num_prompt_tokens_computed - prompt0, engine.num_generated_tokens - gen0)
                 for seq in finished:
                     yield self.position[seq.seq_id], engine.make_output(seq)
         finally:
             engine.abort_all()
-            bar.close()
+            progress.close()

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from deepinfer.errors import UserError
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+INT32_MAX = 2**31 - 1  # top_k's bound: the sampling op takes it as int32
 
 
 class InvalidRequestError(UserError, ValueError):
@@ -22,16 +23,26 @@ def _is_number(value) -> bool:
     return (_is_int(value) or isinstance(value, float)) and math.isfinite(value)
 
 
+def _short(value, limit: int = 80) -> str:
+    """repr(value), cut to `limit` characters (a message quotes what it refuses, never a whole file)."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 @dataclass
 class SamplingParams:
     """temperature 0 is greedy. top_k 0 or -1, top_p 1.0 and min_p 0.0 switch their filter off.
+    top_k is at most 2**31 - 1 (the sampling op takes int32); one at or above the vocabulary size
+    keeps every token, as off does.
 
     max_tokens: generated tokens at most (None: up to the model's maximum length).
     seed: the request's sampling seed; None derives one from LLM(seed=...) and the request's index,
     so runs repeat. Sampling is a function of (seed, position, logits) only: the same seed gives the
     same tokens whatever else is in the batch.
-    stop: strings that end generation; the text is cut before the stop string (finish_reason "stop").
-    stop_token_ids: token ids that end generation (kept in token_ids, left out of the text, like EOS).
+    stop: a string or a list of strings that end generation; the text is cut before the stop
+    string (finish_reason "stop").
+    stop_token_ids: a list of token ids that end generation (kept in token_ids, left out of the
+    text, like EOS).
     ignore_eos: keep generating past EOS (benchmarks).
     """
 
@@ -51,36 +62,40 @@ class SamplingParams:
             return InvalidRequestError(f"SamplingParams: {message}")
 
         if not _is_number(self.temperature) or self.temperature < 0:
-            raise bad(f"temperature must be a finite number >= 0, got {self.temperature!r}")
+            raise bad(f"temperature must be a finite number >= 0, got {_short(self.temperature)}")
         if not _is_number(self.top_p) or not 0 < self.top_p <= 1:
-            raise bad(f"top_p must be in (0, 1], got {self.top_p!r}")
-        if not _is_int(self.top_k) or self.top_k < -1:
-            raise bad(f"top_k must be an integer >= 1, or 0 / -1 to switch it off, got {self.top_k!r}")
+            raise bad(f"top_p must be in (0, 1], got {_short(self.top_p)}")
+        if not _is_int(self.top_k) or not -1 <= self.top_k <= INT32_MAX:
+            raise bad(f"top_k must be an integer in [1, {INT32_MAX}], or 0 / -1 to switch it off, got {_short(self.top_k)}")
         if not _is_number(self.min_p) or not 0 <= self.min_p <= 1:
-            raise bad(f"min_p must be in [0, 1], got {self.min_p!r}")
+            raise bad(f"min_p must be in [0, 1], got {_short(self.min_p)}")
         if self.max_tokens is not None and (not _is_int(self.max_tokens) or self.max_tokens < 1):
-            raise bad(f"max_tokens must be an integer >= 1 (or None), got {self.max_tokens!r}")
+            raise bad(f"max_tokens must be an integer >= 1 (or None), got {_short(self.max_tokens)}")
         if self.seed is not None and (not _is_int(self.seed) or not INT64_MIN <= self.seed <= INT64_MAX):
-            raise bad(f"seed must be a 64-bit signed integer or None, got {self.seed!r}")
-        if not isinstance(self.ignore_eos, bool):
-            raise bad(f"ignore_eos must be True or False, got {self.ignore_eos!r}")
+            raise bad(f"seed must be a 64-bit signed integer or None, got {_short(self.seed)}")
+        for name in ("ignore_eos", "skip_special_tokens"):
+            if not isinstance(getattr(self, name), bool):
+                raise bad(f"{name} must be True or False, got {_short(getattr(self, name))}")
         self.temperature, self.top_p, self.min_p = float(self.temperature), float(self.top_p), float(self.min_p)
         self.stop = self._strings(self.stop, bad)
         self.stop_token_ids = self._token_ids(self.stop_token_ids, bad)
 
     @staticmethod
     def _strings(stop, bad) -> list[str]:
-        stop = [stop] if isinstance(stop, str) else list(stop or [])
-        if not all(isinstance(s, str) and s for s in stop):
-            raise bad(f"stop must be a non-empty string or a list of them, got {stop!r}")
-        return stop
+        if stop is None:
+            return []
+        items = [stop] if isinstance(stop, str) else list(stop) if isinstance(stop, (list, tuple)) else None
+        if items is None or not all(isinstance(s, str) and s for s in items):
+            raise bad(f"stop must be a non-empty string or a list of them, got {_short(stop)}")
+        return items
 
     @staticmethod
     def _token_ids(ids, bad) -> list[int]:
-        ids = list(ids or [])
-        if not all(_is_int(t) and t >= 0 for t in ids):
-            raise bad(f"stop_token_ids must be a list of token ids >= 0, got {ids!r}")
-        return ids
+        if ids is None:
+            return []
+        if not isinstance(ids, (list, tuple)) or not all(_is_int(t) and 0 <= t <= INT64_MAX for t in ids):
+            raise bad(f"stop_token_ids must be a list of token ids >= 0, got {_short(ids)}")
+        return list(ids)
 
     @property
     def greedy(self) -> bool:

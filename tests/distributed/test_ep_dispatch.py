@@ -102,9 +102,9 @@ def test_multirank_conformance_reference_ep2():
 
 
 def test_multirank_conformance_cuda_interpret_ep2():
-    import deepinfer_cuda.kernels as cuda_kernels
+    from deepinfer.discovery import registration_modules
 
-    assert "moe_ep" in cuda_kernels.MODULES
+    assert "deepinfer_cuda.kernels.moe_ep" in {m.__name__ for m in registration_modules("deepinfer_cuda.kernels")}
     from deepinfer_conformance.multirank import run
 
     rows = run("cuda", 2, interpret=True, names=["t1_k8_e16_d96", "t12_k1_e8_one_expert", "t20_k6_e64_empty_experts"], timeout_s=60)

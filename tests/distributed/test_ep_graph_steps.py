@@ -73,7 +73,7 @@ def run_with_peer(monkeypatch, mine: list, peer: list, buckets=BUCKETS):
         add = torch.zeros_like(flags)
         add[0], add[2] = int(p is not None), int(p == "eager")
         if isinstance(p, int) and buckets:
-            add[3 + p] = 1
+            add[data_parallel.STEP_FLAGS + p] = 1
         flags += add
 
     monkeypatch.setattr(data_parallel.dist, "all_reduce", all_reduce)

@@ -259,28 +259,35 @@ def test_a_dispatch_past_the_token_bound_is_refused():
         next(exchanges[0].dispatch_steps(torch.randn(4, 8), torch.zeros(4, 1, dtype=torch.int32)))
 
 
-def test_not_registered_without_cuda_and_never_chosen_off_cuda():
-    from deepinfer.registry import ResolveContext
-
-    if not torch.cuda.is_available():
-        assert symm.REGISTRATIONS == []
-    ctx = ResolveContext("cuda", torch.device("cpu"), ep_size=2)
-    assert symm.unusable_reason(ctx) is not None and symm.usable(ctx) is False
-
-
-def test_ep_path_env(monkeypatch):
-    from deepinfer.errors import UserError
+def test_never_chosen_off_cuda_under_auto():
     from deepinfer.registry import ResolveContext
 
     ctx = ResolveContext("cuda", torch.device("cpu"), ep_size=2)
-    monkeypatch.setenv(symm.EP_PATH_ENV, "symm")
-    with pytest.raises(UserError, match="symmetric-memory EP path cannot run"):
-        symm.usable(ctx)
-    monkeypatch.setenv(symm.EP_PATH_ENV, "nccl")
-    assert symm.usable(ctx) is False
-    monkeypatch.setenv(symm.EP_PATH_ENV, "bogus")
-    with pytest.raises(UserError, match="DEEPINFER_EP_PATH"):
-        symm.usable(ctx)
+    assert symm.unusable_reason(ctx) is not None and symm.chosen(ctx) is False
+
+
+def test_ep_path_option(monkeypatch):
+    """ep_path (backend option, default from DEEPINFER_EP_PATH): nccl never takes this path, symm
+    always does, and where it cannot run resolve fails with one line instead of a fallback."""
+    from deepinfer.options import BackendOptionError
+    from deepinfer.registry import Registry, RegistryError, ResolveContext
+    from deepinfer_cuda.options import OPTIONS
+
+    def ctx(path):
+        return ResolveContext("cuda", torch.device("cpu"), ep_size=2, options={"ep_path": path})
+
+    assert symm.chosen(ctx("nccl")) is False and symm.chosen(ctx("symm")) is True
+    registry = Registry()
+    registry.register_all("cuda", symm.REGISTRATIONS)
+    with pytest.raises(RegistryError, match="ep_path=symm, but the symmetric-memory EP path cannot run") as err:
+        registry.choose(ctx("symm"), "dispatch")
+    assert "\n" not in str(err.value)
+    assert registry.choose(ctx("auto"), "dispatch") is None  # not chosen: the NCCL path (not registered here) would serve
+    monkeypatch.setenv("DEEPINFER_EP_PATH", "bogus")
+    with pytest.raises(BackendOptionError, match="DEEPINFER_EP_PATH"):
+        from deepinfer.options import resolve_options
+
+        resolve_options("cuda", OPTIONS)
 
 
 def _orders():
@@ -416,3 +423,4 @@ def test_each_forward_starts_its_dispatches_on_parity_zero():
         check_combine(got, eos, weights, ids, xs, 4, forward)
     assert st.dispatches == 5  # 0 -> 1, aligned to 2 -> 3, aligned to 4 -> 5
     assert symm.capturable_with_token_bound(2, 256, 8) and not symm.capturable_with_token_bound(8, 256, 8)
+    assert all(r.capturable_with_token_bound is symm.capturable_with_token_bound for r in symm.REGISTRATIONS)  # declared, not an attribute

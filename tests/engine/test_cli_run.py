@@ -137,16 +137,15 @@ def test_chat_flag_applies_the_template(tmp_path, capsys, api):
     "lines, needles",
     [
         (['{"prompt": "ok"}', '{"prompt": "broken"'], ["line 2", "not valid JSON"]),
-        (['{"text": "no prompt"}'], ["line 1", "no \"prompt\""]),
         (['["a list"]'], ["line 1", "JSON object"]),
-        (['{"custom_id": "a", "body": "x"}'], ["line 1", "body"]),
         (['{"id": "a", "prompt": "x"}', '{"id": "a", "prompt": "y"}'], ["line 2", "duplicate id"]),
-        (['{"prompt": "x", "temperature": -1}'], ["line 1", "temperature"]),
-        (['{"prompt": "x", "max_tokens": "many"}'], ["line 1", "max_tokens"]),
-        (['{"messages": []}'], ["line 1", "messages"]),
+        (['{"id": {"a": 1}, "prompt": "x"}'], ["line 1", "id must be a string or an integer"]),
+        (['{"body": {"prompt": "x"}}'], ["line 1", "custom_id"]),
     ],
 )
-def test_bad_input_lines(tmp_path, capsys, lines, needles):
+def test_bad_input_files(tmp_path, capsys, lines, needles):
+    """Lines that leave a request without a usable id break the file: nothing runs (a request's
+    own defects fail that line alone: test_cli_run_requests.py)."""
     src = write_lines(tmp_path / "in.jsonl", lines)
     out = tmp_path / "out.jsonl"
     out.write_text('{"id": 99, "text": "kept"}\n', encoding="utf-8")
@@ -166,7 +165,11 @@ def test_bad_input_lines(tmp_path, capsys, lines, needles):
         (["--backend", "cuda", "--prompt", "x"], ["backend 'cuda' is not available"]),
         (["--resume", "--prompt", "x"], ["--resume needs -o"]),
         (["--prompt", "x", "-i", "in.jsonl"], ["either"]),
-        (["--num-kv-blocks", "1", "--prompt", "x", "--max-tokens", "32"], ["KV blocks"]),
+        (["--top-k", str(2**70), "--prompt", "x"], ["--top-k", "2147483647"]),
+        (["--prompt", "ok", "--prompt", "undecodable \udcff bytes"], ["--prompt 2", "not valid UTF-8"]),
+        (["--dist-timeout", "-1", "--prompt", "x"], ["--dist-timeout", "(0, "]),
+        (["--cpu-threads", "0", "--prompt", "x"], ["--cpu-threads"]),
+        (["--max-num-seqs", "0", "--prompt", "x"], ["--max-num-seqs"]),
         (["--model", "no/such/folder", "--prompt", "x"], ["does not exist"]),
     ],
 )
@@ -175,6 +178,21 @@ def test_bad_arguments(tmp_path, capsys, argv, needles):
     if "--backend" not in argv:
         argv = ["--backend", "reference", *argv]
     one_line_error(capsys, ["run", "--no-progress", *argv], *needles)
+
+
+@pytest.mark.parametrize(
+    "env, needle",
+    [
+        ({"WORLD_SIZE": "abc"}, "WORLD_SIZE='abc'"),
+        ({"WORLD_SIZE": "abc", "RANK": "0"}, "WORLD_SIZE='abc'"),
+        ({"WORLD_SIZE": "2", "RANK": "abc"}, "RANK='abc'"),
+        ({"WORLD_SIZE": "2", "RANK": "7"}, "RANK=7 is outside WORLD_SIZE=2"),
+    ],
+)
+def test_a_broken_torchrun_environment_is_one_line(capsys, monkeypatch, env, needle):
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    one_line_error(capsys, ["run", *FAST, "--prompt", "x"], needle, "environment variable")
 
 
 def test_errors_are_one_line_in_a_real_process(tmp_path):
