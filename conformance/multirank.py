@@ -96,7 +96,7 @@ def rank_main(backend: str, out_dir: Path, golden_dir: Path, interpret: bool, op
               options: dict[str, str] | None = None) -> int:
     from deepinfer.distributed import DistributedError, ExpertParallel, destroy_distributed, init_distributed
     from deepinfer.plugins import load_plugins
-    from deepinfer.registry import ResolveContext, all_ops
+    from deepinfer.registry import ResolveContext
 
     plugins = load_plugins()
     spec = plugins.require(backend, interpret=interpret)
@@ -106,7 +106,6 @@ def rank_main(backend: str, out_dir: Path, golden_dir: Path, interpret: bool, op
         raise UserError("multirank worker started without WORLD_SIZE > 1")
     rank, ranks, device = dist_ctx.rank, dist_ctx.world_size, dist_ctx.device
     registry = plugins.registry(backend, interpret=interpret, options=options)
-    specs = all_ops()
     golden = GoldenTensors(golden_dir)
     outputs: dict[str, torch.Tensor] = {}
     results: dict[str, dict] = {}
@@ -238,14 +237,29 @@ def run(backend: str, ranks: int, *, interpret: bool = False, ops: list[str] | N
             path = out_dir / f"rank{rank}.json"
             if not path.is_file():
                 lines = [l for l in err.strip().splitlines() if l.strip()]
-                why = lines[-1].removeprefix("deepinfer: error: ") if lines else f"exit code {code}"
-                failed.append(f"rank {rank} wrote no report ({why})")
+                failed.append((rank, lines[-1].removeprefix("deepinfer: error: ") if lines else f"exit code {code}"))
                 continue
             reports[rank] = (json.loads(path.read_text())["cases"], load_file(str(out_dir / f"rank{rank}.safetensors")))
         if failed:
-            raise UserError(f"backend {backend!r} at ep {ranks}: " + "; ".join(failed))
+            raise UserError(ranks_failed_message(backend, ranks, failed))
         golden = GoldenTensors(golden_dir)
         return [compare_case(case, reports, golden, label, ranks) for case in cases]
+
+
+def ranks_failed_message(backend: str, ranks: int, failed: list[tuple[int, str]]) -> str:
+    """One line for the ranks that wrote no report: each distinct error once, with the ranks that gave
+    it. An error that already names the backend ("backend 'x' is not available: ...") is said as it
+    is; otherwise the line starts with "backend 'x' at ep N:"."""
+    by_error: dict[str, list[int]] = {}
+    for rank, error in failed:
+        by_error.setdefault(error, []).append(rank)
+    named = f"backend {backend!r} "
+    parts = []
+    for error, which in by_error.items():
+        who = f"rank{'s' if len(which) > 1 else ''} {', '.join(map(str, which))}"
+        parts.append(f"{error} (at ep {ranks}: {who} wrote no report)" if error.startswith(named) else f"{who} wrote no report ({error})")
+    line = "; ".join(parts)
+    return line if any(error.startswith(named) for error in by_error) else f"backend {backend!r} at ep {ranks}: {line}"
 
 
 def compare_case(case: CaseRecord, reports: dict, golden: GoldenTensors, label: str, ranks: int) -> Row:

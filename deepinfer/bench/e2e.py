@@ -190,7 +190,9 @@ def run(
     json_path: Path | None = None,
     config_overrides: dict | None = None,
     copy_gib: float = 2.0,
+    backend_options: dict[str, str] | None = None,
 ) -> list[E2EResult]:
+    """backend_options: the backend's options for deepinfer's side (`bench e2e --backend-option`)."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     from deepinfer.engine.llm import LLM
@@ -203,7 +205,7 @@ def run(
     from deepinfer.runtime import open_runtime
 
     cfg = dict(V2_LITE, **(config_overrides or {}), **({"num_hidden_layers": layers} if layers else {}))
-    runtime = open_runtime(backend, dtype=torch.bfloat16)
+    runtime = open_runtime(backend, dtype=torch.bfloat16, options=backend_options)
     device = runtime.device
     check_fits(memory_needed(cfg, max(batches), prompt_len, new_tokens, with_hf, copy_gib), free_memory(device, runtime.memory_info), device, cfg["num_hidden_layers"])
     bandwidth = copy_bandwidth(device, copy_gib)
@@ -251,7 +253,8 @@ def run(
             E2EResult(batch, prompt_len, new_tokens, step * 1e3, None if hf_step is None else hf_step * 1e3, floor_bytes / bandwidth * 1e3, floor_bytes, batch / step, None if hf_step is None else batch / hf_step)
         )
     if json_path is not None:
-        info = {"gpu": device_name(device), "torch": torch.__version__, "copy_bandwidth_tb_s": bandwidth / 1e12, "layers": cfg["num_hidden_layers"], "backend": runtime.backend.name, "date": time.strftime("%Y-%m-%d")}
+        info = {"gpu": device_name(device), "torch": torch.__version__, "copy_bandwidth_tb_s": bandwidth / 1e12, "layers": cfg["num_hidden_layers"], "backend": runtime.backend.name,
+                "backend_options": dict(runtime.options), "date": time.strftime("%Y-%m-%d")}
         json_path.write_text(json.dumps({"machine": info, "results": [asdict(r) for r in results]}, indent=1))
     return results
 

@@ -1,7 +1,10 @@
-"""`deepinfer backends`: every installed backend, whether it can run here and why, and its op coverage.
+"""`deepinfer backends`: every installed backend, whether it can run here and why, its op coverage
+and its options.
 
 Coverage is listed per backend, one op per line with the notes of its kernels, wrapped to the
 terminal's width: kernel notes are sentences, and a table with a column per backend would cut them.
+Then the backend's options (`--backend-option KEY=VALUE`, `LLM(backend_options=...)`): each one's
+allowed values, its default and the environment variable that supplies the default, and what it does.
 """
 
 from __future__ import annotations
@@ -25,10 +28,10 @@ def add_parser(sub) -> None:
 
 
 def collect(plugins: Plugins) -> dict:
-    from deepinfer.registry import Registry, all_ops
+    from deepinfer.registry import Registry, all_ops, op_package_failures
 
     ops = all_ops()
-    report = {"backends": [], "plugin_failures": [f.__dict__ for f in plugins.failures]}
+    report = {"backends": [], "plugin_failures": [f.__dict__ for f in [*plugins.failures, *op_package_failures()]]}
     for name, spec in sorted(plugins.backends.items()):
         found = plugins.probe(name)
         entry = {
@@ -67,8 +70,9 @@ def _wrap(text: str, width: int, first: str, rest: str) -> list[str]:
 
 
 def format_report(report: dict, ops: list[str], width: int) -> str:
-    """The text `deepinfer backends` prints: availability per backend, plugin failures, then coverage
-    per backend (op, then its kernels' notes wrapped under each other). Nothing is cut."""
+    """The text `deepinfer backends` prints: availability per backend, plugin failures, then per
+    backend its coverage (op, then its kernels' notes wrapped under each other) and its options.
+    Nothing is cut."""
     lines: list[str] = []
     name_width = max((len(b["name"]) for b in report["backends"]), default=4) + 1
     pad = " " * (name_width + 13)  # under the reason: name, state (11) and two spaces
@@ -83,23 +87,42 @@ def format_report(report: dict, ops: list[str], width: int) -> str:
             lines += _wrap(f"kernels failed to register: {b['coverage_error']}", width, pad, pad + "  ")
     for f in report["plugin_failures"]:
         lines += _wrap(f"plugin {f['entry_point']} failed to load: {f['error']}", width, "", "  ")
-    op_width = max(len(o) for o in ops) + 2
     for b in report["backends"]:
         lines.append("")
-        if not b["coverage"]:
-            why = "kernels failed to register" if b.get("coverage_error") else "unavailable here, and not runnable in the Triton interpreter"
-            lines.append(f"{b['name']}: op coverage not collected ({why})")
-            continue
-        covered = sum(1 for op in ops if b["coverage"].get(op))
-        source = "" if b["coverage_source"] == "device" else " (as registered for the Triton interpreter: no device here)"
-        lines += _wrap(f"{b['name']}: {covered}/{len(ops)} ops covered{source}", width, "", "  ")
-        for op in ops:
-            notes = b["coverage"].get(op) or ["- (no kernel)"]
-            first = " " * INDENT + op.ljust(op_width)
-            rest = " " * (INDENT + op_width)
-            for i, note in enumerate(notes):
-                lines += _wrap(note, width, first if i == 0 else rest, rest + "  ")
+        lines += _coverage_lines(b, ops, width)
+        lines += _option_lines(b, width)
     return "\n".join(lines)
+
+
+def _coverage_lines(b: dict, ops: list[str], width: int) -> list[str]:
+    """A backend's coverage: op, then its kernels' notes wrapped under each other."""
+    if not b["coverage"]:
+        why = "kernels failed to register" if b.get("coverage_error") else "unavailable here, and not runnable in the Triton interpreter"
+        return [f"{b['name']}: op coverage not collected ({why})"]
+    covered = sum(1 for op in ops if b["coverage"].get(op))
+    source = "" if b["coverage_source"] == "device" else " (as registered for the Triton interpreter: no device here)"
+    lines = _wrap(f"{b['name']}: {covered}/{len(ops)} ops covered{source}", width, "", "  ")
+    op_width = max(len(o) for o in ops) + 2
+    for op in ops:
+        notes = b["coverage"].get(op) or ["- (no kernel)"]
+        first = " " * INDENT + op.ljust(op_width)
+        rest = " " * (INDENT + op_width)
+        for i, note in enumerate(notes):
+            lines += _wrap(note, width, first if i == 0 else rest, rest + "  ")
+    return lines
+
+
+def _option_lines(b: dict, width: int) -> list[str]:
+    """A backend's options: `name: a | b | c (default: a, or $VAR when set)`, its help under it."""
+    options = b.get("options") or []
+    if not options:
+        return [f"options of {b['name']}: none"]
+    lines = _wrap(f"options of {b['name']} (--backend-option KEY=VALUE, or LLM(backend_options={{...}})):", width, "", "  ")
+    for o in options:
+        default = f"default: {o['default']}" + (f", or ${o['env']} when set" if o.get("env") else "")
+        lines += _wrap(f"{o['name']}: {' | '.join(o['choices'])} ({default})", width, " " * INDENT, " " * (INDENT + 4))
+        lines += _wrap(o["help"], width, " " * (INDENT + 4), " " * (INDENT + 4))
+    return lines
 
 
 def run(args: argparse.Namespace) -> int:

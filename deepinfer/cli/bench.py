@@ -69,3 +69,16 @@ def choose_backend(plugins, name: str):
 
 
 BACKEND_HELP = "auto (the default, as for `run`: cuda, then ascend, then reference) or a backend from `deepinfer backends`"
+
+
+def add_backend_option_flag(parser: argparse.ArgumentParser, where: str) -> None:
+    """`--backend-option KEY=VALUE` (repeatable), as `deepinfer run` takes it; `where` says what it reaches."""
+    parser.add_argument("--backend-option", action="append", default=None, metavar="KEY=VALUE",
+                        help=f"a backend option for {where}, e.g. ep_path=nccl (repeatable; `deepinfer backends` lists each backend's options)")
+
+
+def backend_options(args: argparse.Namespace) -> dict[str, str]:
+    """The --backend-option words as a dict, parsed as `deepinfer run` parses them (one line when malformed)."""
+    from deepinfer.options import parse_assignments
+
+    return parse_assignments(getattr(args, "backend_option", None))

@@ -5,6 +5,7 @@ The floor is the bytes a decode step must read over the copy bandwidth measured 
 (deepinfer/bench/e2e.py says how). It runs on any available backend's device; before building the
 model it checks that the model, its KV cache and the bandwidth test fit in the device's free memory
 (the full 27 layers need at least 71 GiB: on a smaller device, or the CPU, cut it with --layers).
+`--backend-option KEY=VALUE` reaches deepinfer's side as `deepinfer run --backend-option` does.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from deepinfer.errors import UserError
 
 
 def add_parser(what) -> None:
-    from deepinfer.cli.bench import BACKEND_HELP
+    from deepinfer.cli.bench import BACKEND_HELP, add_backend_option_flag
 
     e2e = what.add_parser(
         "e2e",
@@ -31,14 +32,16 @@ def add_parser(what) -> None:
     e2e.add_argument("--new-tokens", type=int, default=64, help="decode steps timed (default 64)")
     e2e.add_argument("--no-hf", action="store_true", help="skip the transformers peer")
     e2e.add_argument("--json", type=Path, default=None, metavar="FILE", help="write the results to FILE")
+    add_backend_option_flag(e2e, "deepinfer's side")
     e2e.set_defaults(func=run_e2e)
 
 
 def run_e2e(args: argparse.Namespace) -> int:
     from deepinfer.bench import e2e
-    from deepinfer.cli.bench import choose_backend
+    from deepinfer.cli.bench import backend_options, choose_backend
     from deepinfer.plugins import load_plugins
 
+    given = backend_options(args)
     batches = tuple(args.batch or (1, 64))
     for name, value in (("--batch", min(batches)), ("--prompt-len", args.prompt_len), ("--new-tokens", args.new_tokens), ("--layers", args.layers or 1)):
         if value < 1:
@@ -51,6 +54,8 @@ def run_e2e(args: argparse.Namespace) -> int:
     if args.json is not None and not args.json.parent.exists():
         raise UserError(f"cannot write {args.json}: folder {args.json.parent} does not exist")
     spec = choose_backend(load_plugins(), args.backend)  # one line when it cannot run here
-    results = e2e.run(spec.name, batches, args.prompt_len, args.new_tokens, args.layers, with_hf=not args.no_hf, json_path=args.json)
+    spec.resolve_options(given)  # unknown options and bad values: one line, before the model is built
+    results = e2e.run(spec.name, batches, args.prompt_len, args.new_tokens, args.layers, with_hf=not args.no_hf, json_path=args.json,
+                      backend_options=given)
     print(e2e.format_results(results))
     return 0

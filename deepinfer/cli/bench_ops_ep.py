@@ -1,9 +1,11 @@
 """`deepinfer bench ops --ep N`: the expert-parallel dispatch/combine benchmark (deepinfer.bench.ep).
 
-Outside torchrun, checks the request (one-line errors, exit code 2) and starts N ranks on this
-host with torchrun (`deepinfer.cli.launch`, as `deepinfer run --ep N`), each running the same
-command; under torchrun, runs this rank's part. On a CPU machine it runs over gloo with the
+Outside torchrun, checks the request (one-line errors, exit code 2: the backend, its options, a
+device per rank as the backend counts them) and starts N ranks on this host with torchrun
+(`deepinfer.cli.launch`, as `deepinfer run --ep N`), each running the same command; under
+torchrun, runs this rank's part. On a CPU machine it runs over gloo with the
 reference backend, or the cuda backend's kernels under TRITON_INTERPRET=1 (use small --tokens).
+`--backend-option KEY=VALUE` (e.g. the cuda backend's ep_path) chooses the EP paths measured.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ def add_arguments(ops: argparse.ArgumentParser) -> None:
     group.add_argument("--warmup", type=int, default=3, metavar="N", help="untimed iterations first (default 3)")
     group.add_argument("--phases", action="store_true", default=None,
                        help="also time each phase of every EP implementation's dispatch / combine (CUDA events; or DEEPINFER_EP_BENCH_PHASES=1)")
-    group.add_argument("--dist-timeout", type=float, default=300.0, metavar="S", help="seconds a rank waits in a collective (default 300)")
+    group.add_argument("--dist-timeout", type=float, default=300.0, metavar="S", help="seconds (> 0) a rank waits in a collective (default 300)")
 
 
 def wants_ep(args) -> bool:
@@ -39,7 +41,9 @@ def check(args) -> None:
     """Refuse what cannot run, before any rank starts."""
     import torch
 
-    from deepinfer.plugins import load_plugins
+    from deepinfer.cli.bench import backend_options
+    from deepinfer.distributed.group import check_timeout
+    from deepinfer.plugins import BackendError, load_plugins
 
     if args.ep < 1:
         raise UserError(f"--ep must be >= 1, got {args.ep}")
@@ -52,32 +56,29 @@ def check(args) -> None:
         raise UserError("--repeat must be >= 1 and --warmup >= 0")
     if any(t < 0 for t in args.tokens or []):
         raise UserError("--tokens must be >= 0")
+    check_timeout(args.dist_timeout, "--dist-timeout")  # seconds in (0, max], as `run` checks it
     if args.json is not None and not Path(args.json).parent.exists():
         raise UserError(f"cannot write {args.json}: folder {Path(args.json).parent} does not exist")
     interpret = interpreting()
     plugins = load_plugins()
     spec = plugins.backend(args.backend)
-    device_type = spec.device(interpret)
-    if device_type == "cuda":
-        gpus = torch.cuda.device_count() if torch.version.cuda is not None else 0
-        if gpus == 0:
-            raise UserError(f"--ep {args.ep} with backend {args.backend!r} needs {args.ep} CUDA GPUs and this machine has none "
-                            "(on a CPU: --backend reference, or TRITON_INTERPRET=1 for the cuda kernels in the interpreter)")
-        if args.ep > gpus:
-            raise UserError(f"--ep {args.ep} needs {args.ep} GPUs (one rank each); this host has {gpus}")
-    elif device_type == "cpu":
+    options = spec.resolve_options(backend_options(args))  # unknown options and bad values: one line
+    try:
+        plugins.require(args.backend, interpret=interpret)
+    except BackendError as exc:
+        if not interpret and plugins.probe(args.backend, interpret=True).available:
+            raise BackendError(f"{exc} (on a CPU: TRITON_INTERPRET=1 runs its Triton kernels in the interpreter, or --backend reference)") from None
+        raise
+    devices = spec.local_devices(interpret)
+    if devices is None:  # the CPU: one process per rank
         if args.ep > (os.cpu_count() or 1):
             raise UserError(f"--ep {args.ep} on the CPU starts {args.ep} processes; this machine has {os.cpu_count()} CPUs")
-    else:
-        module = getattr(torch, device_type, None)
-        count = module.device_count() if module is not None and hasattr(module, "device_count") else 0
-        if args.ep > count:
-            raise UserError(f"--ep {args.ep} needs {args.ep} {device_type} devices; this host has {count}")
-    plugins.require(args.backend, interpret=interpret)
+    elif args.ep > devices:
+        raise UserError(f"--ep {args.ep} with backend {args.backend!r} needs {args.ep} {spec.device_type} devices (one rank each); this host has {devices or 'none'}")
     from deepinfer.bench.ep import ep_implementations
 
-    registry = plugins.registry(args.backend, interpret=interpret)
-    if not ep_implementations(registry, args.backend, torch.device(device_type), args.ep):
+    registry = plugins.registry(args.backend, interpret=interpret, options=options)
+    if not ep_implementations(registry, args.backend, torch.device(spec.device(interpret)), args.ep, options):
         raise UserError(f"backend {args.backend!r} has no expert-parallel dispatch/combine (no kernel for ep_size {args.ep})")
 
 
@@ -92,6 +93,8 @@ def command_line(args) -> list[str]:
         words += ["--json", str(Path(args.json).resolve())]
     if getattr(args, "phases", None):
         words += ["--phases"]
+    for option in args.backend_option or []:
+        words += ["--backend-option", option]
     return words
 
 
@@ -112,6 +115,7 @@ def run(args) -> int:
     if args.ep != world:
         raise UserError(f"--ep {args.ep}, but torchrun started {world} processes")
     from deepinfer.bench import ep
+    from deepinfer.cli.bench import backend_options
 
     ep.run_rank(
         backend=args.backend,
@@ -124,5 +128,6 @@ def run(args) -> int:
         json_path=Path(args.json) if args.json is not None else None,
         progress=lambda line: print(line, flush=True),
         phases=wants_phases(args),
+        backend_options=backend_options(args),
     )
     return 0

@@ -1,4 +1,5 @@
-"""`deepinfer backends` prints every kernel note whole, within the terminal's width."""
+"""`deepinfer backends` prints every kernel note whole, within the terminal's width, and every
+backend's options."""
 
 from __future__ import annotations
 
@@ -47,3 +48,43 @@ def test_the_cli_shows_every_note_of_every_backend_within_the_width():
                 assert _flat(note) in text, (backend["name"], op, note)
     assert max(len(line) for line in listing.stdout.splitlines()) <= 80
     assert "(registered (" not in listing.stdout
+
+
+EP_PATH = {"name": "ep_path", "choices": ["auto", "nccl"], "default": "auto", "env": "DEEPINFER_EP_PATH", "help": "which dispatch/combine path the ranks take"}
+SIM = {"name": "sim", "choices": ["a", "b"], "default": "b", "env": None, "help": "the simulated chip"}
+
+
+def test_each_backends_options_are_listed_with_values_default_env_and_help():
+    report = {
+        "backends": [
+            {"name": "gpu", "available": False, "reason": "no device", "hint": "", "coverage": {}, "options": [EP_PATH, SIM]},
+            {"name": "cpu", "available": True, "reason": "here", "hint": "", "coverage": {"linear": ["pure torch"]}, "coverage_source": "device", "options": []},
+        ],
+        "plugin_failures": [],
+    }
+    lines = format_report(report, ["linear"], width=100).splitlines()
+    start = lines.index("options of gpu (--backend-option KEY=VALUE, or LLM(backend_options={...})):")
+    assert lines[start + 1:start + 5] == [
+        "  ep_path: auto | nccl (default: auto, or $DEEPINFER_EP_PATH when set)",
+        "      which dispatch/combine path the ranks take",
+        "  sim: a | b (default: b)",
+        "      the simulated chip",
+    ]
+    assert "options of cpu: none" in lines
+    firsts = [line.split()[0] for line in lines if line.strip()]
+    assert firsts.count("gpu") == firsts.count("cpu") == 1  # a backend's bare name starts only its availability line
+
+
+def test_the_cli_lists_every_option_of_every_backend():
+    env = {**os.environ, "COLUMNS": "80"}
+    listing = run_cli("backends", env=env)
+    report = run_cli("backends", "--json", env=env)
+    assert listing.returncode == 0 and report.returncode == 0, listing.stderr + report.stderr
+    text = _flat(listing.stdout)
+    backends = json.loads(report.stdout)["backends"]
+    assert any(b["options"] for b in backends)
+    for backend in backends:
+        for option in backend["options"]:
+            env_part = f", or ${option['env']} when set" if option["env"] else ""
+            assert f"{option['name']}: {' | '.join(option['choices'])} (default: {option['default']}{env_part})" in text, option
+            assert _flat(option["help"]) in text, option

@@ -45,6 +45,17 @@ def test_help_imports_no_torch_and_loads_no_plugin():
     assert seen == {" ".join(argv): [] for argv in HELPS}
 
 
+# `bench` without a built-in subcommand loads every backend plugin to list (or parse) theirs.
+PLUGIN_HELPS = [["bench", "--help"], ["bench"], ["bench", "compile", "--help"]]
+
+
+def test_bench_help_loads_the_plugins_without_importing_torch():
+    proc = subprocess.run([sys.executable, "-c", PROBE, json.dumps(PLUGIN_HELPS)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    seen = json.loads(proc.stderr.strip().splitlines()[-1])
+    assert seen == {" ".join(argv): ["deepinfer.plugins", "deepinfer_cuda", "pluggy"] for argv in PLUGIN_HELPS}
+
+
 def _subcommands(parser, *path: str) -> dict:
     for name in path:
         action = next(a for a in parser._actions if a.__class__.__name__ == "_SubParsersAction")

@@ -1,5 +1,8 @@
 """Backend discovery through entry points, broken plugins, availability and the auto choice."""
 
+import json
+import subprocess
+import sys
 from importlib.metadata import EntryPoint
 
 import pytest
@@ -18,6 +21,26 @@ def test_builtin_backends_are_discovered_through_the_entry_point_group():
     assert plugins.backends["cuda"].plugin == "cuda"
     assert plugins.backends["ascend"].kv_block_size == 128
     assert plugins.failures == []
+
+
+DECLARE_ONLY = """
+import json, sys
+from deepinfer.plugins import load_plugins
+plugins = load_plugins()
+declared = {"backends": sorted(plugins.backends), "failures": [f.error for f in plugins.failures], "torch": "torch" in sys.modules}
+plugins.probe("reference")
+declared["torch_after_a_probe"] = "torch" in sys.modules
+print(json.dumps(declared))
+"""
+
+
+def test_loading_the_plugins_and_declaring_backends_imports_no_torch():
+    """Plugin modules and probe modules import torch only inside the functions that need it."""
+    proc = subprocess.run([sys.executable, "-c", DECLARE_ONLY], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    declared = json.loads(proc.stdout)
+    assert {"reference", "cuda", "ascend"} <= set(declared["backends"]) and declared["failures"] == []
+    assert declared["torch"] is False and declared["torch_after_a_probe"] is True
 
 
 def test_a_broken_plugin_is_reported_and_the_others_still_load(monkeypatch):

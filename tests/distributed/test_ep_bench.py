@@ -61,8 +61,22 @@ def test_bench_ops_ep_bad_requests_are_one_line_errors(argv, message):
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="runs only on a machine without a GPU (as CI is): it checks the error a GPU-less machine gives")
 def test_bench_ops_ep_cuda_without_a_gpu_is_an_error():
+    """The backend's own reason (its probe's), and how to run its kernels on a CPU instead."""
     proc = deepinfer("bench", "ops", "--backend", "cuda", "--ep", "2", env={"TRITON_INTERPRET": "0"}, timeout=60)
-    assert proc.returncode == 2 and "has none" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert "backend 'cuda' is not available: " in proc.stderr and "on a CPU: TRITON_INTERPRET=1" in proc.stderr, proc.stderr
+
+
+def test_bench_ops_ep_hands_the_backend_options_to_the_ranks(tmp_path):
+    """--backend-option ep_path=nccl reaches every rank: with DEEPINFER_EP_PATH=symm as the default, a
+    rank that missed it would choose symmetric memory, which cannot run on the CPU, and fail."""
+    out = tmp_path / "ep.json"
+    proc = deepinfer("bench", "ops", "--backend", "cuda", "--ep", "2", "--backend-option", "ep_path=nccl", "--tokens", "4",
+                     "--repeat", "1", "--warmup", "0", "--json", str(out), env={"TRITON_INTERPRET": "1", "DEEPINFER_EP_PATH": "symm"})
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert result["backend_options"]["ep_path"] == "nccl"
+    assert [i["name"] for i in result["implementations"]] == ["all_to_all_single path (NCCL)"]
 
 
 def test_ep_implementations_of_the_cuda_backend_on_the_cpu():
