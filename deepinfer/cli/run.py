@@ -359,7 +359,7 @@ def share_from_rank0(ctx, value):
     """Rank 0's `value` on every rank (a broadcast of a picklable object)."""
     import torch.distributed as dist
 
-    from deepinfer.engine.data_parallel import collective_failure
+    from deepinfer.distributed.group import collective_failure
 
     box = [value if ctx.rank == 0 else None]
     try:

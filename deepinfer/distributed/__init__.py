@@ -1,6 +1,8 @@
-"""Multi-device runs on torch.distributed: the process group (`group`) and expert parallelism
-(`expert_parallel`). One process per device, launched by torchrun; NCCL on cuda, HCCL on npu, gloo
-on the CPU. Nothing here starts a transport of its own."""
+"""Multi-device runs on torch.distributed: the process group and its failures (`group`), expert
+parallelism (`expert_parallel`), EPLB (`eplb`: the policy; `eplb_schedule`: during a run), and the
+ranks' lockstep steps (`step_agreement`: what they agree on before a step; `lockstep`: one rank's
+part of it). One process per device, launched by torchrun; NCCL on cuda, HCCL on npu, gloo on the
+CPU. Nothing here starts a transport of its own."""
 
 from deepinfer.distributed.expert_parallel import ExpertParallel, as_expert_parallel, ep_size_of
 from deepinfer.distributed.group import (

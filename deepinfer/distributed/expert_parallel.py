@@ -29,7 +29,7 @@ dtypes a collective library may lack (fp8): the exchange is exact.
 
 Every rank of the group must call dispatch and combine for every MoE layer of every step, with
 T = 0 when it has no tokens (attention data parallel), or the others wait for it until the process
-group's timeout and then fail with a DistributedError.
+group's timeout and then fail with a PeerFailure (a DistributedError: the failure is another rank's).
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from deepinfer.distributed.group import DistContext, DistributedError, _first_line
+from deepinfer.distributed.group import DistContext, DistributedError, PeerFailure, _first_line, is_collective_error
 
 log = logging.getLogger(__name__)
 
@@ -227,10 +227,13 @@ class ExpertParallel:
             dist.all_to_all_single(_wire(wire_out), _wire(wire_in.contiguous()), out_splits, in_splits, group=self.group)
         except Exception as exc:
             after = f" (timeout {self.timeout_s:g} s)" if self.timeout_s else ""
-            raise DistributedError(
-                f"expert-parallel {what} failed on rank {self.rank} of {self.size}{after}: {type(exc).__name__}: {_first_line(exc)}. "
-                "A rank died, or did not reach this MoE layer: every rank must call dispatch and combine for every MoE "
-                "layer of every step, with an empty batch when it has no tokens"
+            failed = f"expert-parallel {what} failed on rank {self.rank} of {self.size}{after}: {type(exc).__name__}: {_first_line(exc)}"
+            if not is_collective_error(exc):  # this rank's own arguments (e.g. split sizes that do not add up)
+                raise DistributedError(failed) from exc
+            # A consequence, not a cause (the launcher reports the rank that failed first).
+            raise PeerFailure(
+                f"{failed}. A rank died, or did not reach this MoE layer: every rank must call dispatch and combine for "
+                "every MoE layer of every step, with an empty batch when it has no tokens"
             ) from exc
         if staged:
             out.copy_(wire_out)

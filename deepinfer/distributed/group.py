@@ -8,7 +8,9 @@ dies, or never reaches a collective ends the run on every other rank with a `Dis
 
 With NCCL, a collective that times out is detected by the process group's watchdog, which tears
 the process down with its own message (TORCH_NCCL_ASYNC_ERROR_HANDLING, on by default); gloo and
-HCCL raise in the calling thread, where the ops wrap the error in a `DistributedError`.
+HCCL raise in the calling thread, where the callers wrap the error in a `PeerFailure` (a
+`DistributedError` that says the cause is another rank: `collective_failure`; `is_collective_error`
+tells such errors from a rank's own), so the launcher reports the rank that failed first.
 """
 
 from __future__ import annotations
@@ -53,10 +55,31 @@ class DistContext:
     backend: str = "gloo"  # the collective library: nccl | hccl | gloo
     timeout_s: float = DEFAULT_TIMEOUT_S
 
-    @property
-    def is_first(self) -> bool:
-        """Rank 0: the one that writes output files."""
-        return self.rank == 0
+
+def collective_failure(ctx: DistContext, what: str, exc: BaseException) -> DistributedError:
+    """A one-line error for a collective that failed: a rank died, or it timed out (a
+    DistributedError already raised is passed on as it is)."""
+    if isinstance(exc, DistributedError):
+        return exc
+    return PeerFailure(
+        f"rank {ctx.rank} of {ctx.world_size}: {what} failed ({type(exc).__name__}: {_first_line(exc)}); "
+        f"another rank died or stopped answering within the timeout of {ctx.timeout_s:g} s (--dist-timeout)"
+    )
+
+
+# What the collective libraries' errors say when a peer is gone or silent (gloo raises a plain
+# RuntimeError: "Connection reset by peer", "Timed out waiting 3000ms for send operation").
+_PEER_MARKERS = ("gloo", "Gloo", "NCCL", "HCCL", "Connection closed", "Connection reset", "Broken pipe", "timed out", "Timed out")
+
+
+def is_collective_error(exc: BaseException) -> bool:
+    """Errors that come from the process group rather than from this rank's own computation."""
+    if isinstance(exc, DistributedError):
+        return True
+    dist_error = getattr(dist, "DistError", None)
+    if dist_error is not None and isinstance(exc, dist_error):
+        return True
+    return isinstance(exc, RuntimeError) and any(marker in str(exc) for marker in _PEER_MARKERS)
 
 
 def default_device_type() -> str:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import sys
+from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Mapping, Sequence as SequenceType
 
 import torch
@@ -101,7 +102,15 @@ class LLM:
         from deepinfer.runtime import open_runtime
 
         config = EngineConfig(
-            max_num_seqs, max_num_batched_tokens, num_kv_blocks, kv_cache_memory_gib, enable_prefix_caching, max_model_len, seed, enforce_eager, eplb_interval
+            max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=max_num_batched_tokens,
+            num_kv_blocks=num_kv_blocks,
+            kv_cache_memory_gib=kv_cache_memory_gib,
+            enable_prefix_caching=enable_prefix_caching,
+            max_model_len=max_model_len,
+            seed=seed,
+            enforce_eager=enforce_eager,
+            eplb_interval=eplb_interval,
         )
         config.validate()
         check_cpu_threads(cpu_threads)
@@ -367,9 +376,23 @@ def _expert_load(value):
         raise InvalidRequestError(f"the expert load must be a [layers, experts] list of numbers ({exc})") from None
 
 
+@dataclass
+class StepResults:
+    """What one step of a stream finished: (input index, RequestOutput) pairs, and the token counts
+    since the stream started (over every rank the stream speaks for)."""
+
+    finished: list[tuple[int, RequestOutput]]
+    prompt_tokens: int
+    generated_tokens: int
+
+
 class GenerationStream:
     """Iterates (input index, RequestOutput) as requests finish, with a progress bar that shows
-    the tokens generated and the prompt and generation throughput (deepinfer.engine.progress)."""
+    the tokens generated and the prompt and generation throughput (deepinfer.engine.progress).
+
+    The iteration, the bar and the clean-up (an abandoned stream drops its unfinished requests) are
+    here; how a step runs is `_steps`: one engine step at a time here, the ranks' lockstep in
+    DataParallelStream."""
 
     def __init__(self, engine: LLMEngine, position: dict[int, int], num_requests: int, use_tqdm: bool, *, queued: int | None = None):
         """position: seq_id -> input index of each queued request; num_requests: input prompts
@@ -393,15 +416,20 @@ class GenerationStream:
     def _run(self) -> Iterator[tuple[int, RequestOutput]]:
         from deepinfer.engine.progress import Progress
 
-        engine = self.engine
-        prompt0, gen0 = engine.num_prompt_tokens_computed, engine.num_generated_tokens
         progress = Progress(self.queued, self.use_tqdm)
         try:
-            while engine.has_unfinished():
-                finished = engine.step()
-                progress.update(len(finished), engine.num_prompt_tokens_computed - prompt0, engine.num_generated_tokens - gen0)
-                for seq in finished:
-                    yield self.position[seq.seq_id], engine.make_output(seq)
+            for step in self._steps():
+                progress.update(len(step.finished), step.prompt_tokens, step.generated_tokens)
+                yield from step.finished
         finally:
-            engine.abort_all()
+            self.engine.abort_all()
             progress.close()
+
+    def _steps(self) -> Iterator[StepResults]:
+        """One engine step at a time until every request has finished."""
+        engine = self.engine
+        prompt0, gen0 = engine.num_prompt_tokens_computed, engine.num_generated_tokens
+        while engine.has_unfinished():
+            done = engine.step()
+            finished = [(self.position[seq.seq_id], engine.make_output(seq)) for seq in done]
+            yield StepResults(finished, engine.num_prompt_tokens_computed - prompt0, engine.num_generated_tokens - gen0)

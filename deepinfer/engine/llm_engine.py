@@ -1,4 +1,10 @@
-"""LLMEngine: requests in, one scheduler step at a time, finished requests out."""
+"""LLMEngine: requests in, one scheduler step at a time, finished requests out.
+
+With expert parallelism (a DistContext) the engine runs this rank's requests, and its steps are
+driven in lockstep with the other ranks by deepinfer.distributed (step_agreement: what the ranks
+agree on; lockstep: one rank's part of the agreed step, through `schedule`, `before_step` and
+`execute`). EPLB during the run is deepinfer.distributed.eplb_schedule, called from `before_step`.
+"""
 
 from __future__ import annotations
 
@@ -12,7 +18,6 @@ from deepinfer.engine.block_manager import BlockManager, blocks_for
 from deepinfer.engine.model_runner import GiB, ModelRunner, kv_block_bytes, kv_cache_budget
 from deepinfer.engine.outputs import CompletionOutput, RequestOutput
 from deepinfer.engine.sampling_params import InvalidRequestError, SamplingParams
-from deepinfer.distributed.expert_parallel import token_bound
 from deepinfer.engine.scheduler import ScheduledBatch, Scheduler
 from deepinfer.engine.sequence import Sequence, SequenceStatus
 
@@ -97,22 +102,11 @@ class LLMEngine:
             max_num_seqs=config.max_num_seqs,
             max_model_len=self.max_model_len,
         )
-        # Expert parallelism with device graphs: a decode step that every rank can replay runs as the
-        # graph of one batch size on every rank (DataParallelStream agrees on it), idle ranks too,
-        # its token bound; every rank captures the same graphs in the same steps.
-        self.ep_graph_buckets: list[int] | None = None
-        if dist is not None and self.runner.graphs is not None:
-            self.ep_graph_buckets = self.runner.graphs.buckets
-            self.runner.graphs.collective = True
         self._next_request_index = 0
         self.num_prompt_tokens_computed = 0  # prefill work done, recompute after preemption included
         self.num_generated_tokens = 0
         self.num_steps = 0  # forward steps run (idle ones included: equal on every rank)
-        self.expert_load = None
-        self.num_rebalances = 0  # EPLB placements applied
-        self.num_experts_read = 0  # experts this rank read from the checkpoint for them
-        if config.eplb_interval is not None:
-            self._start_load_counting()
+        self.eplb = self._eplb_schedule(loaded.model, runtime.device, dist)  # None: the load-time placement stays
         log.info("KV cache: %d blocks of %d tokens (%d tokens)", num_blocks, self.block_size, num_blocks * self.block_size)
 
     def _num_blocks_from_memory(self, model, device: torch.device) -> int:
@@ -188,26 +182,22 @@ class LLMEngine:
         asked for eager steps or expert-parallel steps cannot be captured; None: eager."""
         if runtime.graph_capture is None or self.config.enforce_eager:
             return None
-        if dist is not None and not self._ep_capturable(runtime, model):
-            return None
+        if dist is not None:
+            from deepinfer.distributed.lockstep import ep_decode_capturable
+
+            if not ep_decode_capturable(runtime.ops, model, self.config.max_num_seqs):
+                return None
         return runtime.graph_capture
 
-    def _ep_capturable(self, runtime, model) -> bool:
-        """Whether EP decode steps can be captured: the chosen dispatch and combine kernels declare
-        that they need no host synchronisation given a token bound (their registration's
-        `capturable_with_token_bound(ranks, bound, top_k)`) at the largest graph's batch."""
-        from deepinfer.engine.decode_graphs import batch_buckets
+    def _eplb_schedule(self, model, device: torch.device, dist):
+        """EPLB every config.eplb_interval steps (None when unset): starts counting the expert load."""
+        if self.config.eplb_interval is None:
+            return None
+        if getattr(model, "placement", None) is None:
+            raise InvalidRequestError("eplb_interval needs a model loaded with an expert placement (expert parallelism or redundant experts)")
+        from deepinfer.distributed.eplb_schedule import EplbSchedule
 
-        checks = [k.capturable_with_token_bound if k is not None else None for k in map(runtime.ops.registration, ("dispatch", "combine"))]
-        groups = getattr(model, "expert_parallels", [])
-        if None in checks or not groups:
-            return False
-        bound = batch_buckets(self.config.max_num_seqs)[-1]  # the largest graph's batch
-        if not all(capturable(groups[0].size, bound, model.config.num_experts_per_tok) for capturable in checks):
-            log.info("expert parallelism: decode steps run without device graphs (the %s-rank exchange of %d tokens x top-%d "
-                     "needs a host synchronisation; a smaller max_num_seqs allows graphs)", groups[0].size, bound, model.config.num_experts_per_tok)
-            return False
-        return True
+        return EplbSchedule(model, device, dist, self.config.eplb_interval)
 
     def step(self) -> list[Sequence]:
         """Schedule, run the model, sample, check stop conditions. Returns the sequences that finished."""
@@ -219,28 +209,18 @@ class LLMEngine:
         agree on the step's kind). Call `before_step` (every rank, every step) before `execute`."""
         return self.scheduler.schedule()
 
-    def replayable(self, batch: ScheduledBatch | None) -> bool:
-        """Whether this rank's step (None: an idle one) can join a device-graph step of the EP group."""
-        return batch is None or self.runner.replayable(batch)
-
-    def graph_bucket(self, batch: ScheduledBatch | None) -> int | None:
-        """The index in ep_graph_buckets of the smallest graph that holds this rank's step (None: an
-        idle or an eager step)."""
-        if batch is None or not self.runner.replayable(batch):
-            return None
-        return self.ep_graph_buckets.index(self.runner.graphs.bucket(len(batch.seqs)))
-
-    def ensure_graph(self, size: int) -> None:
-        """Capture the graph of `size` if it is new (expert parallelism: every rank, the same step)."""
-        with self._ep_bound(size):
-            self.runner.graphs.capture(size)
+    def before_step(self) -> None:
+        """Count a step, after an EPLB rebalance when one is due (with expert parallelism a
+        collective: every rank calls this once per step, idle steps too, before the forward)."""
+        if self.eplb is not None:
+            self.eplb.before_step(self.num_steps)
+        self.num_steps += 1
 
     def execute(self, batch: ScheduledBatch, graph_size: int | None = None) -> list[Sequence]:
         """Run the model on a scheduled batch, sample, check stop conditions (the second half of
         `step`). graph_size: None replays a device graph where one applies (one rank); with expert
         parallelism, the size of the graph every rank replays this step, or 0 for an eager step."""
-        with self._ep_bound(graph_size):
-            samplers, tokens = self.runner.run(batch, use_graphs=graph_size != 0, graph_size=graph_size)
+        samplers, tokens = self.runner.run(batch, use_graphs=graph_size != 0, graph_size=graph_size)
         self.scheduler.commit(batch)
         if batch.is_prefill:
             self.num_prompt_tokens_computed += batch.num_tokens
@@ -252,83 +232,6 @@ class LLMEngine:
                 self.scheduler.finish(seq)
                 finished.append(seq)
         return finished
-
-    def idle_step(self, graph_size: int = 0) -> None:
-        """A step without requests: the model's MoE layers join the expert-parallel collectives
-        with an empty batch, so that the ranks with work do not wait (attention data parallel).
-        graph_size > 0: the others replay that graph; this rank replays it with padding rows only."""
-        self.before_step()
-        with self._ep_bound(graph_size):
-            if graph_size:
-                self.runner.graphs.run_padding(graph_size)
-            else:
-                self.runner.run_idle()
-
-    def _ep_bound(self, graph_size: int | None):
-        """The token bound of this step's dispatches: the graph's batch in a graph step, else none
-        (each dispatch exchanges the ranks' token counts)."""
-        return token_bound(self._expert_parallels(), graph_size or None)
-
-    def _expert_parallels(self) -> list:
-        """The model's ExpertParallel groups (a model without expert parallelism has none)."""
-        return getattr(self.loaded.model, "expert_parallels", [])
-
-    # -- expert load balancing (EPLB) ------------------------------------------------------------
-
-    def _start_load_counting(self) -> None:
-        from deepinfer.distributed.eplb import ExpertLoadCounter
-        from deepinfer.model.deepseek import moe_layer_indices
-
-        model = self.loaded.model
-        if getattr(model, "placement", None) is None:
-            raise InvalidRequestError("eplb_interval needs a model loaded with an expert placement (expert parallelism or redundant experts)")
-        counter = ExpertLoadCounter(len(moe_layer_indices(model.config)), model.config.n_routed_experts, self.runtime.device)
-        model.count_expert_load(counter.counts)
-        self.expert_load = counter
-
-    def before_step(self) -> None:
-        """Step bookkeeping, and an EPLB rebalance when one is due (a collective: every rank of an
-        EP group calls this at the same step, before the step's forward)."""
-        interval = self.config.eplb_interval
-        if interval is not None and self.num_steps and self.num_steps % interval == 0:
-            self.rebalance_experts()
-        self.num_steps += 1
-
-    def rebalance_experts(self) -> bool:
-        """Re-place the experts by EPLB from the load counted since the last rebalance (summed over
-        the ranks); every rank must call it at the same step. Returns whether anything moved."""
-        from deepinfer.distributed.eplb import imbalance, rebalance
-
-        model = self.loaded.model
-        load = self.expert_load.take()
-        if self.dist is not None:
-            import torch.distributed as dist
-
-            wire = load.cpu() if self.dist.backend == "gloo" else load
-            try:
-                dist.all_reduce(wire, group=self.dist.group)
-            except Exception as exc:
-                from deepinfer.engine.data_parallel import collective_failure
-
-                raise collective_failure(self.dist, "the all_reduce of expert loads (EPLB)", exc) from exc
-            load = wire
-        load = load.cpu()
-        if not int(load.sum()):
-            return False
-        placement = model.placement
-        groups = model.config.routing_groups[0]
-        phy2log = rebalance(load, placement.num_physical, groups, placement.num_nodes, placement.size)[0]
-        if torch.equal(phy2log, placement.phy2log):
-            return False
-        before = imbalance(load, placement.phy2log, placement.size)
-        read = model.set_expert_placement(phy2log)
-        self.num_rebalances += 1
-        self.num_experts_read += read
-        log.info(
-            "EPLB at step %d: max/mean expert load per rank %.3f -> %.3f; %d experts read from the checkpoint on this rank",
-            self.num_steps, before, imbalance(load, phy2log, placement.size), read,
-        )
-        return True
 
     def _check_stop(self, seq: Sequence, token: int) -> bool:
         params = seq.params

@@ -70,10 +70,6 @@ class Sequence:
     def is_prefilling(self) -> bool:
         return self.num_computed_tokens < self.prefill_target
 
-    @property
-    def is_finished(self) -> bool:
-        return self.status is SequenceStatus.FINISHED
-
     def block_hash(self, index: int, block_size: int) -> bytes:
         """Chained hash of full block `index` (tokens [index*bs, (index+1)*bs) must exist).
 

@@ -144,7 +144,7 @@ def test_a_rank_that_never_reaches_dispatch_fails_the_others_within_the_timeout(
     results = launch("stall-rank1", 2, tmp_path, extra=["--timeout", str(COLLECTIVE_TIMEOUT_S)], wall_s=COLLECTIVE_TIMEOUT_S + 30, until=[0])
     code, err, seconds = results[0]
     assert code == 3, err
-    assert "expert-parallel dispatch (expert counts) failed on rank 0 of 2 (timeout 5 s)" in err, err
+    assert "PeerFailure: expert-parallel dispatch (expert counts) failed on rank 0 of 2 (timeout 5 s)" in err, err
     assert "every rank must call dispatch and combine" in err
     assert seconds < COLLECTIVE_TIMEOUT_S + 25
 
@@ -153,7 +153,8 @@ def test_a_rank_that_dies_fails_the_others(tmp_path):
     results = launch("die-rank1", 2, tmp_path, extra=["--timeout", str(COLLECTIVE_TIMEOUT_S)], wall_s=COLLECTIVE_TIMEOUT_S + 30, until=[0])
     code, err, seconds = results[0]
     assert code == 3, err
-    assert "expert-parallel dispatch (expert counts) failed on rank 0 of 2" in err, err
+    # A consequence of rank 1's death, so the launcher reports rank 1 (cli/launch.py's PeerFailure).
+    assert "PeerFailure: expert-parallel dispatch (expert counts) failed on rank 0 of 2" in err, err
     assert seconds < COLLECTIVE_TIMEOUT_S + 25
 
 
@@ -214,6 +215,37 @@ def test_expert_parallel_arguments_are_checked():
         ExpertParallel(None, 0)
     with pytest.raises(ValueError, match="num_experts=6"):
         as_expert_parallel(ExpertParallel(None, 8), 6)
+
+
+@pytest.mark.parametrize(
+    "cause, peer",
+    [
+        ("[pair.cc:537] Read error [127.0.0.1]:29500: Connection reset by peer", True),  # gloo: the peer died
+        ("[unbound_buffer.cc:129] Timed out waiting 5000ms for recv operation to complete", True),  # gloo: it went silent
+        ("Split sizes doesn't match total dim 0 size", False),  # this rank's own arguments
+    ],
+)
+def test_a_failed_exchange_says_whether_a_peer_caused_it(monkeypatch, cause, peer):
+    """A dispatch that fails because another rank died or stopped answering is a PeerFailure (the
+    launcher then reports that rank, not this one); an error of this rank's own is not."""
+    from deepinfer.distributed import DistributedError, ExpertParallel
+    from deepinfer.distributed import expert_parallel as module
+    from deepinfer.distributed.group import PeerFailure
+
+    def all_to_all_single(*args, **kwargs):
+        raise RuntimeError(cause)
+
+    monkeypatch.setattr(module.dist, "get_rank", lambda group=None: 0)
+    monkeypatch.setattr(module.dist, "get_world_size", lambda group=None: 2)
+    monkeypatch.setattr(module.dist, "get_backend", lambda group=None: "gloo")
+    monkeypatch.setattr(module.dist, "all_to_all_single", all_to_all_single)
+    ep = ExpertParallel(object(), 4, timeout_s=5.0)
+    send_x, offsets, row_of_slot = torch.zeros(2, 8), torch.tensor([0, 1, 2, 2, 2], dtype=torch.int32), torch.arange(2)
+    with pytest.raises(DistributedError) as caught:
+        ep.exchange_dispatch(send_x, offsets, row_of_slot)
+    assert isinstance(caught.value, PeerFailure) is peer
+    assert "expert-parallel dispatch (expert counts) failed on rank 0 of 2 (timeout 5 s)" in str(caught.value)
+    assert ("A rank died" in str(caught.value)) is peer
 
 
 def test_init_distributed_reads_torchruns_environment(monkeypatch):
@@ -422,7 +454,7 @@ def rank_main(suite: str, out: Path, timeout_s: float) -> int:
             print("dispatch returned", file=sys.stderr)
             return 0
     except DistributedError as exc:
-        print(f"DistributedError: {exc}", file=sys.stderr)
+        print(f"{type(exc).__name__}: {exc}", file=sys.stderr)
         sys.stderr.flush()
         os._exit(3 if suite != "join-only" else 2)
 

@@ -115,7 +115,7 @@ def test_one_rank_with_redundant_experts_and_eplb_matches(cache, expected, monke
     indices = range(len(PROMPTS))
     outputs = llm.generate([{"prompt_token_ids": PROMPTS[i]} for i in indices], sampling_params(indices), use_tqdm=False)
     assert [o.outputs[0].token_ids for o in outputs] == expected
-    assert llm.engine.num_rebalances >= 1
+    assert llm.engine.eplb.num_rebalances >= 1
     assert llm.engine.loaded.model.placement.num_physical == 20
 
 
@@ -264,8 +264,8 @@ def _worker(out_dir: str) -> None:
         engine = llm.engine
         report[name] = {
             "tokens": [o.outputs[0].token_ids for o in outputs],
-            "rebalances": engine.num_rebalances,
-            "experts_read": engine.num_experts_read,
+            "rebalances": engine.eplb.num_rebalances if engine.eplb is not None else 0,
+            "experts_read": engine.eplb.num_experts_read if engine.eplb is not None else 0,
             "num_physical": engine.loaded.model.placement.num_physical,
             "weights_match_checkpoint": _check_local_weights(llm),
         }
@@ -282,14 +282,13 @@ def _cli_with_fault(mode: str, at_step: int, argv: list[str]) -> int:
     from deepinfer.engine.llm_engine import LLMEngine
 
     def fault(self):
-        if int(os.environ["RANK"]) == 1 and self.num_steps >= at_step:
+        if int(os.environ["RANK"]) == 1 and self.num_steps + 1 >= at_step:  # before step `at_step`
             if mode == "cli-die":
                 os._exit(7)
             time.sleep(120)
 
-    execute, idle_step = LLMEngine.execute, LLMEngine.idle_step  # what DataParallelStream calls each step
-    LLMEngine.execute = lambda self, *a, **k: (fault(self), execute(self, *a, **k))[1]
-    LLMEngine.idle_step = lambda self, *a, **k: (fault(self), idle_step(self, *a, **k))[1]
+    before_step = LLMEngine.before_step  # every rank calls it once per step, idle steps too
+    LLMEngine.before_step = lambda self: (fault(self), before_step(self))[1]
     return main(argv)
 
 

@@ -98,11 +98,10 @@ def test_a_rank_that_dies_is_one_line_and_resume_completes_the_rows(cache, tmp_p
         "if os.environ.get('RANK') == '1':\n"
         "    from deepinfer.engine.llm_engine import LLMEngine\n"
         "    def die(self):\n"
-        "        if self.num_steps >= 3:\n"
+        "        if self.num_steps + 1 >= 3:\n"
         "            os._exit(7)\n"
-        "    execute, idle_step = LLMEngine.execute, LLMEngine.idle_step\n"
-        "    LLMEngine.execute = lambda self, *a, **k: (die(self), execute(self, *a, **k))[1]\n"
-        "    LLMEngine.idle_step = lambda self, *a, **k: (die(self), idle_step(self, *a, **k))[1]\n"
+        "    before_step = LLMEngine.before_step  # once per step on every rank\n"
+        "    LLMEngine.before_step = lambda self: (die(self), before_step(self))[1]\n"
     )
     src = tmp_path / "in.jsonl"
     src.write_text("".join(json.dumps({"id": i, "prompt_token_ids": p, "max_tokens": 1 if i == 0 else 30}) + "\n" for i, p in enumerate(PROMPTS[:3])))

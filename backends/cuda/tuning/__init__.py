@@ -34,6 +34,3 @@ def config(op: str, variant: str, device: torch.device | None) -> dict:
         raise KeyError(f"no tuning entry for {op}/{variant}")
     return dict(entry)
 
-
-def arch_name(device: torch.device | None) -> str:
-    return TABLES.get(capability(device), "default")
