@@ -1,4 +1,4 @@
-"""Reading and writing the golden set: `<op>.safetensors` per op plus one `manifest.json`.
+"""Reading and writing the golden set: `<op>.safetensors` per op plus one `manifest.json` per folder.
 
 Tensor keys are `<case id>::in::<argument>` and `<case id>::out::<output>`; the manifest holds each
 case's plain parameters, compare modes, tolerance and reduction length.
@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, field
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -92,6 +93,30 @@ class GoldenTensors:
         out: dict[str, torch.Tensor | None] = {name: tensors[key(case.id, "out", name)] for name in case.outputs}
         out.update({name: None for name in case.none_outputs})
         return out
+
+
+class GoldenSet:
+    """Several golden folders read as one set: the packaged one (or `--golden`) and the folder of
+    out-of-tree cases a conformance run computes at its start (out_of_tree.py). A case id in two
+    folders is an error."""
+
+    def __init__(self, dirs: Sequence[Path]):
+        self.dirs = [Path(d) for d in dirs]
+        self.cases: list[CaseRecord] = []
+        self._tensors: dict[str, GoldenTensors] = {}
+        for folder in self.dirs:
+            tensors = GoldenTensors(folder)
+            for case in read_cases(folder):
+                if case.id in self._tensors:
+                    raise ValueError(f"golden case {case.id} is in both {self._tensors[case.id].dir} and {folder}")
+                self.cases.append(case)
+                self._tensors[case.id] = tensors
+
+    def inputs(self, case: CaseRecord) -> dict[str, Any]:
+        return self._tensors[case.id].inputs(case)
+
+    def outputs(self, case: CaseRecord) -> dict[str, torch.Tensor | None]:
+        return self._tensors[case.id].outputs(case)
 
 
 def record_to_json(record: CaseRecord) -> dict[str, Any]:

@@ -4,6 +4,10 @@ For every case and backend: the error against the golden output, as a fraction o
 tolerance (allclose: max |out - ref| / (atol * reduction_length + rtol * |ref|); exact: the number
 of differing elements), and pass/fail. With two or more backends, the same measure between each
 backend and the first one.
+
+The cases are the golden set's (the packaged one, or `--golden`) plus those of the installed
+out-of-tree case packages, whose goldens the run computes at its start (out_of_tree.py); a case
+package that fails to load is an error row, and the other cases still run.
 """
 
 from __future__ import annotations
@@ -22,7 +26,8 @@ from safetensors.torch import load_file
 
 from deepinfer.errors import UserError
 from deepinfer.registry import EXACT
-from deepinfer_conformance.golden_io import GOLDEN_DIR, CaseRecord, GoldenTensors, key, read_cases
+from deepinfer_conformance.golden_io import GOLDEN_DIR, CaseRecord, GoldenSet, key, read_cases
+from deepinfer_conformance.out_of_tree import write_goldens
 
 
 @dataclass
@@ -77,8 +82,10 @@ def measure_case(case: CaseRecord, produced: dict[str, torch.Tensor | None], ref
     return Measure(all(p.ok for p in parts), worst.score, worst.detail)
 
 
-def run_worker(backend: str, out_dir: Path, golden_dir: Path, interpret: bool, ops: list[str] | None, options: dict[str, str] | None = None) -> dict:
-    cmd = [sys.executable, "-m", "deepinfer_conformance.worker", "--backend", backend, "--out", str(out_dir), "--golden", str(golden_dir)]
+def run_worker(backend: str, out_dir: Path, golden_dirs: list[Path], interpret: bool, ops: list[str] | None, options: dict[str, str] | None = None) -> dict:
+    cmd = [sys.executable, "-m", "deepinfer_conformance.worker", "--backend", backend, "--out", str(out_dir)]
+    for folder in golden_dirs:
+        cmd += ["--golden", str(folder)]
     if interpret:
         cmd.append("--interpret")
     for op in ops or []:
@@ -128,16 +135,18 @@ def run(
 ) -> list[Row]:
     """options: backend options (`--backend-option`), each passed to the backends that declare it."""
     shares = options_per_backend(backends, options)
-    cases = [c for c in read_cases(golden_dir) if not ops or c.op in ops]
-    if ops:
-        unknown = set(ops) - {c.op for c in read_cases(golden_dir)}
-        if unknown:
-            raise UserError(f"no conformance cases for op(s) {', '.join(sorted(unknown))}")
-    golden = GoldenTensors(golden_dir)
     rows: list[Row] = []
     with tempfile.TemporaryDirectory(prefix="deepinfer-conformance-") as tmp:
         out_dir = Path(tmp)
-        reports = {b: run_worker(b, out_dir, golden_dir, interpret, ops, shares[b]) for b in backends}
+        extra, failures = write_goldens(out_dir / "out_of_tree_golden", taken={c.id for c in read_cases(golden_dir)})
+        golden = GoldenSet([golden_dir, *extra])
+        cases = [c for c in golden.cases if not ops or c.op in ops]
+        if ops:
+            unknown = set(ops) - {c.op for c in golden.cases}
+            if unknown:
+                raise UserError(f"no conformance cases for op(s) {', '.join(sorted(unknown))}")
+        rows += [Row(f.entry_point, "-", "-", "-", "-", "error", None, f"{f.entry_point} failed to load: {f.error}") for f in failures]
+        reports = {b: run_worker(b, out_dir, golden.dirs, interpret, ops, shares[b]) for b in backends}
         produced_by = {b: {} for b in backends}
         for case in cases:
             reference = golden.outputs(case)

@@ -1,11 +1,12 @@
 """Run one backend's kernels over the golden inputs, in a process of its own.
 
-    python -m deepinfer_conformance.worker --backend NAME --out DIR [--interpret] [--op OP ...] [--backend-option KEY=VALUE ...]
+    python -m deepinfer_conformance.worker --backend NAME --out DIR [--golden DIR ...] [--interpret] [--op OP ...] [--backend-option KEY=VALUE ...]
 
 Backends run in separate processes because their runtimes cannot share one (torch_npu refuses a
 process that also holds CUDA). Writes DIR/NAME.safetensors (each case's canonicalised outputs, on
 the CPU) and DIR/NAME.json (per case: status "ran" | "missing" | "error", the kernel's note, the
-error message, seconds).
+error message, seconds). The cases are those of every `--golden` folder (default: the packaged set;
+the runner adds the folder of out-of-tree cases it computed).
 
 Each case's kernel is chosen as an engine would choose it for the model the case stands for: the
 backend's options, and the ModelFacts the case's call implies (`case_facts`: a gate case's routing,
@@ -20,6 +21,7 @@ import json
 import sys
 import time
 import traceback
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
@@ -29,7 +31,7 @@ from deepinfer.errors import UserError
 from deepinfer.options import parse_assignments
 from deepinfer.plugins import load_plugins
 from deepinfer.registry import ModelFacts, RegistryError, ResolveContext, all_ops
-from deepinfer_conformance.golden_io import GOLDEN_DIR, GoldenTensors, key, read_cases
+from deepinfer_conformance.golden_io import GOLDEN_DIR, GoldenSet, key
 
 
 def to_device(kwargs: dict, device: torch.device) -> dict:
@@ -59,7 +61,7 @@ def case_facts(op: str, kwargs: dict) -> ModelFacts:
 
 
 def run_backend(
-    backend: str, out_dir: Path, golden_dir: Path = GOLDEN_DIR, interpret: bool = False, ops_filter: list[str] | None = None,
+    backend: str, out_dir: Path, golden_dirs: Sequence[Path] = (GOLDEN_DIR,), interpret: bool = False, ops_filter: list[str] | None = None,
     options: dict[str, str] | None = None,
 ) -> dict:
     """options: the backend's options (unknown ones and bad values: one-line errors, before any case)."""
@@ -69,10 +71,10 @@ def run_backend(
     options = spec.resolve_options(options)
     registry = plugins.registry(backend, interpret=interpret, options=options)
     ops = all_ops()
-    golden = GoldenTensors(golden_dir)
+    golden = GoldenSet(golden_dirs)
     outputs: dict[str, torch.Tensor] = {}
     results: dict[str, dict] = {}
-    for case in read_cases(golden_dir):
+    for case in golden.cases:
         if ops_filter and case.op not in ops_filter:
             continue
         op = ops[case.op]
@@ -114,13 +116,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m deepinfer_conformance.worker")
     parser.add_argument("--backend", required=True)
     parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--golden", type=Path, default=GOLDEN_DIR)
+    parser.add_argument("--golden", type=Path, action="append", default=None, help="golden folder (repeatable; default: the packaged one)")
     parser.add_argument("--interpret", action="store_true")
     parser.add_argument("--op", action="append", default=None)
     parser.add_argument("--backend-option", action="append", default=None, metavar="KEY=VALUE")
     args = parser.parse_args(argv)
     try:
-        run_backend(args.backend, args.out, args.golden, args.interpret, args.op, parse_assignments(args.backend_option))
+        run_backend(args.backend, args.out, args.golden or [GOLDEN_DIR], args.interpret, args.op, parse_assignments(args.backend_option))
     except UserError as exc:
         print(f"deepinfer: error: {exc}", file=sys.stderr)
         return exc.exit_code

@@ -1,12 +1,15 @@
 """Find a package's modules by iterating it, so that adding one (an op family, a backend's kernel
-module, a conformance case module) touches no hand-kept list. Imports nothing but the standard
-library: the core uses it for its op families, the backends for their kernel modules."""
+module, a conformance case module) touches no hand-kept list; and the modules other installed
+packages contribute, through entry-point groups (backends, op packages, conformance cases). Imports
+nothing but the standard library: the core uses it for its op families, the backends for their
+kernel modules."""
 
 from __future__ import annotations
 
 import importlib
 import pkgutil
 from collections.abc import Iterator
+from importlib.metadata import EntryPoint, entry_points
 from types import ModuleType
 
 
@@ -28,3 +31,12 @@ def registrations(package: str) -> Iterator:
     """Every `deepinfer.registry.Registration` of the package's registration modules, module by module."""
     for module in registration_modules(package):
         yield from module.REGISTRATIONS
+
+
+def entry_points_of(group: str) -> list[EntryPoint]:
+    """The entry points of `group` in name order, each name once (the same distribution can be seen
+    twice on sys.path). Loading them is the caller's: each inside its own try."""
+    found: dict[str, EntryPoint] = {}
+    for ep in sorted(entry_points(group=group), key=lambda e: e.name):
+        found.setdefault(ep.name, ep)
+    return list(found.values())

@@ -1,22 +1,30 @@
 """The op registry: every hardware-dependent step of the engine is an op declared here once.
 
 An op is declared by decorating its pure-torch reference with `@op(...)` in one of the modules of
-`deepinfer.ops`. The reference defines what the op means; a backend registers kernels for the ops it
-implements (`Registry.register_kernel`), and the engine resolves every op once at start-up
-(`Registry.resolve`) into an `OpTable` whose attributes are plain callables, so a hot loop pays a
-dict lookup at most (for ops with several weight formats), never a search.
+`deepinfer.ops`, or in a module of a separately installed op package (entry-point group
+`deepinfer.ops`, imported by `all_ops`). The reference defines what the op means; a backend registers
+kernels for the ops it implements (`Registry.register_kernel`), and the engine resolves every op once
+at start-up (`Registry.resolve`) into an `OpTable` whose attributes are plain callables, so a hot loop
+pays a dict lookup at most (for ops with several weight formats), never a search.
 """
 
 from __future__ import annotations
 
+import importlib
 import inspect
 import logging
+import sys
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
 
 import torch
 
 from deepinfer.errors import UserError
+
+if TYPE_CHECKING:
+    from importlib.metadata import EntryPoint
+
+    from deepinfer.plugins import PluginFailure
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +72,17 @@ class OpSpec:
     def signature(self) -> inspect.Signature:
         return inspect.signature(self.reference)
 
+    @property
+    def declared_in(self) -> str:
+        """The module that declared the op (its reference's module)."""
+        return self.reference.__module__
+
+    @property
+    def out_of_tree(self) -> bool:
+        """Declared outside `deepinfer.ops`, by an op package: the core engine never calls it, so a
+        backend without a kernel for it still opens (`Registry.resolve`)."""
+        return not _inside(self.declared_in, CORE_OPS_PACKAGE)
+
     def tolerance(self, dtype: torch.dtype) -> Tolerance:
         return self.tolerances.get(dtype, DEFAULT_TOLERANCES.get(dtype, Tolerance(0.0, 0.0)))
 
@@ -74,8 +93,11 @@ class OpSpec:
         return dict(zip(self.outputs, values))
 
 
-# The catalogue of every declared op, filled by the @op decorator as deepinfer.ops is imported.
+# The catalogue of every declared op, filled by the @op decorator as deepinfer.ops (and each op
+# package) is imported.
 OPS: dict[str, OpSpec] = {}
+CORE_OPS_PACKAGE = "deepinfer.ops"
+OP_PACKAGES_GROUP = "deepinfer.ops"  # entry-point group of out-of-tree op packages: each names a module that declares ops
 
 
 def op(*, family: str, outputs: Iterable[str], compare: Mapping[str, str] | str = ALLCLOSE, **spec_fields):
@@ -96,18 +118,69 @@ def op(*, family: str, outputs: Iterable[str], compare: Mapping[str, str] | str 
             doc=inspect.getdoc(reference) or "",
             **spec_fields,
         )
-        if spec.name in OPS and OPS[spec.name].reference is not reference:
-            raise ValueError(f"op {spec.name!r} is declared twice")
+        if spec.out_of_tree:
+            importlib.import_module(CORE_OPS_PACKAGE)  # the core's names first: a clash is always the op package's
+        known = OPS.get(spec.name)
+        if known is not None and _where(known.reference) != _where(reference):  # (a module imported again redeclares its own)
+            hint = "; an op package must give its ops names of their own" if spec.out_of_tree else ""
+            raise ValueError(f"op {spec.name!r} is declared twice: in {known.declared_in} and in {spec.declared_in}{hint}")
         OPS[spec.name] = spec
         return reference
 
     return declare
 
 
-def all_ops() -> dict[str, OpSpec]:
-    import deepinfer.ops  # noqa: F401  (importing the package declares every op)
+def _where(fn: Callable) -> tuple[str, str]:
+    return fn.__module__, fn.__qualname__
 
+
+def _inside(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")
+
+
+def all_ops() -> dict[str, OpSpec]:
+    """Every declared op, by name: deepinfer's own (the modules of `deepinfer.ops`) and those of
+    the installed op packages (`op_package_failures` lists the packages that failed to load)."""
+    importlib.import_module(CORE_OPS_PACKAGE)  # importing the package declares every core op
+    op_package_failures()
     return dict(sorted(OPS.items()))
+
+
+_op_package_failures: list[PluginFailure] | None = None  # None until the op packages were loaded
+
+
+def op_package_failures() -> list[PluginFailure]:
+    """Load the op packages (once per process) and return those that failed: `deepinfer backends`
+    lists them with the plugin failures."""
+    global _op_package_failures
+    if _op_package_failures is None:
+        from deepinfer.discovery import entry_points_of
+
+        _op_package_failures = []  # set first: an op package that calls all_ops() while it loads does not recurse
+        _op_package_failures += load_op_packages(entry_points_of(OP_PACKAGES_GROUP))
+    return list(_op_package_failures)
+
+
+def load_op_packages(eps: Iterable[EntryPoint]) -> list[PluginFailure]:
+    """Import each op package module inside its own try, as plugins are loaded: one that fails to
+    import, or declares an op under a name already taken, is a failure (logged) and declares
+    nothing; the others load. Returns the failures."""
+    from deepinfer.plugins import PluginFailure
+
+    failures = []
+    for ep in eps:
+        try:
+            ep.load()
+        except (Exception, SystemExit) as exc:  # a broken op package (even one calling sys.exit) must not take the others down
+            # What it declared before failing goes with it: the ops of its module, and of any module
+            # whose import failed (Python drops those from sys.modules); ops of modules that loaded stay.
+            dropped = [n for n, spec in OPS.items() if spec.declared_in not in sys.modules or _inside(spec.declared_in, ep.module)]
+            for name in dropped:
+                del OPS[name]
+            failure = PluginFailure(f"{ep.name} = {ep.value} (op package)", f"{type(exc).__name__}: {exc}")
+            log.warning("%s failed to load: %s", failure.entry_point, failure.error)
+            failures.append(failure)
+    return failures
 
 
 class RegistryError(UserError):
@@ -270,13 +343,17 @@ class Registry:
         """Choose one kernel per op (and per format) for this context, once.
 
         A missing kernel is an error naming the op and the backend, unless `allow_fallback`; then
-        the reference serves that op and the fallback is logged once, here.
+        the reference serves that op and the fallback is logged once, here. Out-of-tree ops (declared
+        by op packages, which the core never calls) are the exception when `only` is not given: one
+        this backend has no kernel for is left out of the table, and calling it is that error.
         """
         chosen: dict[str, Callable | dict[str, Callable]] = {}
         kernels: dict[str, Kernel | None] = {}
         fallbacks: list[str] = []
+        unserved: dict[str, str] = {}  # out-of-tree op -> the module that declared it
         for name in only if only is not None else self.ops:
             spec = self.ops[name]
+            optional = spec.out_of_tree and only is None and not allow_fallback
             keys: list[str | None] = list(spec.formats) if spec.formats else [None]
             per_key: dict[str | None, Callable] = {}
             for key in keys:
@@ -284,6 +361,8 @@ class Registry:
                 label = name if key is None else f"{name}[{key}]"
                 kernels[label] = kernel
                 if kernel is None:
+                    if optional:
+                        continue
                     if not allow_fallback:
                         raise RegistryError(
                             f"backend {ctx.backend!r} has no kernel for op {label!r} (dtype {str(ctx.dtype).removeprefix('torch.')}); "
@@ -293,10 +372,15 @@ class Registry:
                     per_key[key] = spec.reference
                 else:
                     per_key[key] = kernel.fn
+            if not per_key:
+                unserved[name] = spec.declared_in
+                continue
             chosen[name] = per_key[None] if keys == [None] else {k: v for k, v in per_key.items() if k is not None}
         for label in fallbacks:
             log.warning("backend %r: op %s runs on the reference implementation (fallback allowed)", ctx.backend, label)
-        return OpTable(ctx, chosen, tuple(fallbacks), kernels)
+        if unserved:
+            log.info("backend %r has no kernel for the out-of-tree op(s) %s: calling one is an error", ctx.backend, ", ".join(unserved))
+        return OpTable(ctx, chosen, tuple(fallbacks), kernels, unserved)
 
     def coverage(self, backend: str) -> dict[str, list[Kernel]]:
         return {name: self.candidates(backend, name) for name in self.ops}
@@ -311,16 +395,29 @@ class OpTable:
         chosen: Mapping[str, Callable | Mapping[str, Callable]],
         fallbacks: tuple[str, ...],
         kernels: Mapping[str, Kernel | None] | None = None,
+        unserved: Mapping[str, str] | None = None,
     ):
         self.ctx = ctx
         self.fallbacks = fallbacks
         self._chosen = dict(chosen)
         self._kernels = dict(kernels or {})
+        self._unserved = dict(unserved or {})  # out-of-tree ops this backend has no kernel for -> where declared
         for name, impl in chosen.items():
             setattr(self, name, impl if callable(impl) else _by_format(name, impl))
 
     def __contains__(self, name: str) -> bool:
         return name in self._chosen
+
+    def __getattr__(self, name: str) -> Any:
+        """Only reached for names that are not resolved ops: an out-of-tree op without a kernel here
+        is a one-line RegistryError, anything else an AttributeError."""
+        declared_in = self.__dict__.get("_unserved", {}).get(name)
+        if declared_in is None:
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        raise RegistryError(
+            f"backend {self.ctx.backend!r} has no kernel for op {name!r} (declared out of tree in {declared_in}); "
+            "register one in a plugin's deepinfer_register_kernels, or allow the reference fallback explicitly (--allow-fallback)"
+        )
 
     def kernel(self, name: str, fmt: str | None = None) -> Callable:
         impl = self._chosen[name]

@@ -1,4 +1,6 @@
-"""Shared fixtures: the out-of-tree backend plugin, installed for real into a temporary folder."""
+"""Shared fixtures: the out-of-tree packages of tests/fixtures, each installed for real into a
+temporary folder (the backend plugin; the extension adding an op family, its cases and a backend;
+broken op and case packages)."""
 
 from __future__ import annotations
 
@@ -16,14 +18,13 @@ os.environ.setdefault("TRITON_INTERPRET", "1")
 FIXTURES = Path(__file__).parent / "fixtures"
 
 
-@pytest.fixture(scope="session")
-def oot_site(tmp_path_factory) -> Path:
-    """pip-install tests/fixtures/oot_backend into a folder; return it (add it to PYTHONPATH)."""
-    target = tmp_path_factory.mktemp("oot_site")
-    build = tmp_path_factory.mktemp("oot_build")
+def pip_install_fixture(name: str, tmp_path_factory) -> Path:
+    """pip-install tests/fixtures/<name> into a fresh folder; return it (add it to PYTHONPATH)."""
+    target = tmp_path_factory.mktemp(f"{name}_site")
+    build = tmp_path_factory.mktemp(f"{name}_build")
     # Build from a copy: pip writes build/ and *.egg-info next to the sources.
-    src = build / "oot_backend"
-    subprocess.run(["cp", "-r", str(FIXTURES / "oot_backend"), str(src)], check=True)
+    src = build / name
+    subprocess.run(["cp", "-r", str(FIXTURES / name), str(src)], check=True)
     subprocess.run(
         [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation", "--no-index", "--target", str(target), str(src)],
         check=True,
@@ -31,8 +32,42 @@ def oot_site(tmp_path_factory) -> Path:
     return target
 
 
+def env_with(*sites: Path) -> dict[str, str]:
+    """This environment, with `sites` in front of PYTHONPATH."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([*map(str, sites), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    return env
+
+
+@pytest.fixture(scope="session")
+def oot_site(tmp_path_factory) -> Path:
+    """tests/fixtures/oot_backend, installed into a folder."""
+    return pip_install_fixture("oot_backend", tmp_path_factory)
+
+
 @pytest.fixture
 def oot_env(oot_site) -> dict[str, str]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(oot_site), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
-    return env
+    return env_with(oot_site)
+
+
+@pytest.fixture(scope="session")
+def oot_extension_site(tmp_path_factory) -> Path:
+    """tests/fixtures/oot_extension (op family softcap, its cases, backend oot_ext), installed into a folder."""
+    return pip_install_fixture("oot_extension", tmp_path_factory)
+
+
+@pytest.fixture(scope="session")
+def oot_bad_ops_site(tmp_path_factory) -> Path:
+    """tests/fixtures/oot_bad_ops (an op package that fails to import, one that reuses a core op's
+    name, cases for an op nobody declares), installed into a folder."""
+    return pip_install_fixture("oot_bad_ops", tmp_path_factory)
+
+
+@pytest.fixture
+def oot_extension_env(oot_extension_site) -> dict[str, str]:
+    return env_with(oot_extension_site)
+
+
+@pytest.fixture
+def oot_extension_and_bad_ops_env(oot_extension_site, oot_bad_ops_site) -> dict[str, str]:
+    return env_with(oot_extension_site, oot_bad_ops_site)

@@ -45,7 +45,8 @@ def randint(gen: torch.Generator, low: int, high: int, *shape: int, dtype: torch
 
 def all_cases() -> list[Case]:
     """The `CASES` of every module of this package (found by iterating it: a new case module is
-    picked up by existing), in module order."""
+    picked up by existing), in module order: the packaged golden set's cases. Installed packages'
+    cases are out_of_tree.py's."""
     from deepinfer.discovery import submodules
 
     cases = [c for module in submodules(__name__) for c in module.CASES]
