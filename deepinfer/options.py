@@ -5,8 +5,10 @@ predicates by the ResolveContext.
 An option has a name, its allowed values, a default and a help line; it may name an environment
 variable that supplies its default (documented with the option, e.g. for scripts that cannot pass
 flags). Values come from `LLM(backend_options={...})`, `deepinfer run --backend-option KEY=VALUE`,
-`deepinfer conformance --backend-option ...` and `deepinfer bench ops --ep ...`. Anything wrong is a
-one-line BackendOptionError naming the option, the allowed values and the backend.
+`deepinfer conformance --backend-option ...`, `deepinfer bench ops --backend-option ...` (the kernels
+it times: the conformance-case timing and `--ep N`'s ranks) and `deepinfer bench e2e --backend-option
+...` (deepinfer's side of the comparison); `deepinfer backends` lists each backend's options. Anything
+wrong is a one-line BackendOptionError naming the option, the allowed values and the backend.
 """
 
 from __future__ import annotations

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import torch
 
+from deepinfer.bench.device_api import device_name, synchronize
 from deepinfer.errors import UserError
 
 GiB = 1 << 30
@@ -158,25 +159,11 @@ def check_fits(parts: dict[str, float], free: int | None, device: torch.device, 
     )
 
 
-def device_name(device: torch.device) -> str:
-    """The device's own name where torch can tell it (cuda, npu, ...), else its torch name."""
-    module = getattr(torch, device.type, None)
-    if device.type != "cpu" and module is not None and hasattr(module, "get_device_name"):
-        return module.get_device_name(device)
-    return str(device)
-
-
-def _sync(device: torch.device) -> None:
-    """Wait for the device's queued work (nothing to wait for on the CPU)."""
-    if device.type != "cpu":
-        torch.accelerator.synchronize(device)
-
-
 def _timed(fn, device: torch.device) -> float:
-    _sync(device)
+    synchronize(device)
     start = time.perf_counter()
     fn()
-    _sync(device)
+    synchronize(device)
     return time.perf_counter() - start
 
 

@@ -19,17 +19,19 @@ call together after a barrier; the step time is the slowest rank's) and the rout
 - skew: the gate's correction bias adds `skew * exp(-j / skew_experts)` to the j-th expert of a
   fixed random order per MoE layer (seeded), so a few experts get a large share of the tokens;
 - R = 0: the default placement (rank r holds experts [r * E/N, (r + 1) * E/N)); R > 0: E + R
-  physical experts placed by EPLB (`LLMEngine.rebalance_experts`) from the load counted during a
+  physical experts placed by EPLB (`distributed.eplb_schedule.rebalance_experts`) from the load counted during a
   warm-up generation over other prompts;
 - `expert_max_mean`: tokens of the busiest logical expert over the mean; `rank_max_mean`: rows
   of the busiest rank over the mean (EPLB's measure, copies sharing their expert's tokens evenly);
   both per MoE layer, averaged over the layers, counted over the timed (n + 1)-token runs.
 
-On CUDA the engine replays decode steps as CUDA graphs; with ep > 1 only where the backend's
-dispatch can run without a host synchronisation given a token bound (the cuda backend's
-symmetric-memory path), in steps where every rank decodes (a prefill anywhere makes the step
-eager), every rank replaying the graph of the largest batch among them; each row says whether
-graphs were on.
+Where the backend captures device graphs (BackendSpec.graph_capture: CUDA graphs on the cuda
+backend) the engine replays decode steps as graphs; with ep > 1 only where the backend's dispatch
+can run without a host synchronisation given a token bound (the cuda backend's symmetric-memory
+path), in steps where every rank decodes (a prefill anywhere makes the step eager), every rank
+replaying the graph of the largest batch among them; each row says whether graphs were on (the
+JSON field keeps its name, `cuda_graphs`, so runs stay comparable). Every device call goes
+through torch's device-generic API (deepinfer.bench.device_api).
 """
 
 from __future__ import annotations
@@ -45,7 +47,8 @@ from pathlib import Path
 
 import torch
 
-from deepinfer.bench.e2e import _sync, _timed
+from deepinfer.bench.device_api import device_name, empty_cache, synchronize
+from deepinfer.bench.e2e import _timed
 from deepinfer.model.linear import LinearWeight
 from deepinfer.model.weights import FLOAT32, PARAM, TensorSpec, WeightStore
 
@@ -62,8 +65,9 @@ V3 = dict(
 )  # fmt: skip
 
 INIT_STD = 0.02  # DeepSeek-V3's initializer_range, as transformers draws random weights
-GRAPHS_NOTE = ("CUDA graphs: with ep > 1 (where the EP exchange needs no host sync: symmetric memory) a decode step replays on every "
-               "rank the graph of the largest batch among them, captured by all ranks together; a step with a prefill on any rank runs eagerly on all")
+GRAPHS_NOTE = ("device graphs (CUDA graphs on cuda): with ep > 1 (where the EP exchange needs no host sync: symmetric memory) a decode step "
+               "replays on every rank the graph of the largest batch among them, captured by all ranks together; a step with a prefill on any "
+               "rank runs eagerly on all")
 
 
 @dataclass
@@ -80,7 +84,7 @@ class EPResult:
     tok_s_per_rank: float
     expert_max_mean: float
     rank_max_mean: float
-    cuda_graphs: bool
+    cuda_graphs: bool  # decode steps replayed as the backend's device graphs (the name kept: comparable JSON)
     ep_path: str = "-"  # how rows crossed ranks: the backend's transport ("symm") or all_to_all_single over the group ("nccl", "gloo")
     step_ms_per_rank: list[float] = field(default_factory=list)
     eplb_rank_max_mean_before: float | None = None  # on the warm-up's load, default placement -> EPLB's
@@ -190,7 +194,7 @@ def expert_max_mean(load: torch.Tensor) -> float:
 
 
 def _barrier(dist, device: torch.device) -> None:
-    _sync(device)
+    synchronize(device)
     if dist is not None:
         import torch.distributed as tdist
 
@@ -275,11 +279,11 @@ def run(
         graphs = engine.runner.graphs is not None
         # Count the routing load (logical ids, on the device) the way --eplb does.
         from deepinfer.distributed.eplb import ExpertLoadCounter
+        from deepinfer.distributed.eplb_schedule import rebalance_experts
 
         counter = ExpertLoadCounter(num_moe, num_experts, device)
         model.count_expert_load(counter.counts)
-        engine.expert_load = counter
-        say(f"ep {ep}, {r} redundant experts: model built in {time.perf_counter() - start:.1f} s (cuda graphs {'on' if graphs else 'off'})")
+        say(f"ep {ep}, {r} redundant experts: model built in {time.perf_counter() - start:.1f} s (device graphs {'on' if graphs else 'off'})")
 
         def generate(requests, n):
             params = SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
@@ -292,7 +296,7 @@ def run(
             load = _all_reduce_load(counter.counts.clone(), dist)  # what rebalance_experts will see
             phy2log = model.placement.phy2log
             before = imbalance(load, phy2log, ep)
-            engine.rebalance_experts()  # takes the counted load, sums it over the ranks, applies EPLB
+            rebalance_experts(model, counter.take(), dist)  # sums the counted load over the ranks, applies EPLB
             after = imbalance(load, model.placement.phy2log, ep)
             placement = "eplb"
             say(f"  EPLB from the warm-up's load: max/mean load per rank {before:.2f} -> {after:.2f}")
@@ -325,8 +329,7 @@ def run(
             say(format_results(results[-1:], header=False))
         del llm, engine, model, loaded, counter
         gc.collect()
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
+        empty_cache(device)
     if rank == 0 and json_path is not None:
         json_path.write_text(json.dumps({"machine": machine_info(runtime, ep, cfg, dtype, skew, skew_experts, enforce_eager), "results": [asdict(x) for x in results]}, indent=1))
     return results
@@ -355,7 +358,7 @@ def _gather(dist, value: float) -> list[float]:
 def machine_info(runtime, ep: int, cfg: dict, dtype: torch.dtype, skew: float, skew_experts: float, enforce_eager: bool) -> dict:
     device = runtime.device
     info = {
-        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else str(device),
+        "device": device_name(device),
         "torch": torch.__version__,
         "backend": runtime.backend.name,
         "ep": ep,
@@ -375,7 +378,7 @@ def machine_info(runtime, ep: int, cfg: dict, dtype: torch.dtype, skew: float, s
         info["triton"] = triton.__version__
     except ImportError:
         info["triton"] = None  # not installed (the reference backend needs none)
-    if device.type == "cuda":
+    if runtime.graph_capture is not None:  # the backend's device graphs (none under the interpreter)
         info["note"] = GRAPHS_NOTE
     return info
 

@@ -2,9 +2,9 @@
 
 Every rank runs `run_rank`; rank 0 prints the table and writes the JSON. Measured in one run:
 
-- peer-to-peer copy bandwidth (CUDA, >= 2 GPUs, on rank 0 while the others wait): a 1 GiB
-  `dst_on_gpu1.copy_(src_on_gpu0)` (GB/s = bytes / time, median of 5), and both directions at once
-  (GPU0 -> GPU1 and GPU1 -> GPU0 on two streams; GB/s = 2 x bytes / time);
+- peer-to-peer copy bandwidth (where the backend has >= 2 devices on this host, on rank 0 while the
+  others wait): a 1 GiB `dst_on_device1.copy_(src_on_device0)` (GB/s = bytes / time, median of 5),
+  and both directions at once (device 0 -> 1 and 1 -> 0 on two streams; GB/s = 2 x bytes / time);
 - for each T in `tokens` (per rank), hidden 7168, top-8 of 256 experts with uniform random routing
   (each token's 8 distinct experts drawn uniformly, per rank seed), rows of bf16 and of fp8 e4m3
   (moved as raw bytes): the time per dispatch and per combine of every EP implementation the
@@ -12,12 +12,13 @@ Every rank runs `run_rank`; rank 0 prints the table and writes the JSON. Measure
   where it applies). Timing, as NCCL's tests do: after the warm-up iterations, a host barrier and a
   device synchronisation (both outside the timed region), then one small all_reduce on the stream
   (a device-side barrier that starts the ranks together), then `repeat` iterations back to back
-  (dispatch, combine, dispatch, ...) with a CUDA event recorded on the stream before and after
-  every op (the wall clock on the CPU); nothing else is between the events of an op: no barrier, no
-  host synchronisation of a previous iteration, no allocation of the bench's buffers. An op's time
-  is the median over iterations of its (end - start) event interval, per rank; the MAX over ranks
-  is reported (and, in the JSON, the loop's mean per iteration). Combine rows are always bf16
-  (expert outputs are bf16; fp8 applies to dispatch), so combine is reported for the bf16 rows only;
+  (dispatch, combine, dispatch, ...) with a device event (torch.Event: a CUDA event on cuda)
+  recorded on the stream before and after every op (the wall clock on the CPU); nothing else is
+  between the events of an op: no barrier, no host synchronisation of a previous iteration, no
+  allocation of the bench's buffers. An op's time is the median over iterations of its (end -
+  start) event interval, per rank; the MAX over ranks is reported (and, in the JSON, the loop's
+  mean per iteration). Combine rows are always bf16 (expert outputs are bf16; fp8 applies to
+  dispatch), so combine is reported for the bf16 rows only;
 - the same rows with one plain `all_to_all_single` of the group (the rows already in send order,
   the split sizes known: no counting, no host synchronisation), as the peer;
 - GB/s counts REMOTE bytes: rows whose expert lives on another rank x row bytes, per rank (the
@@ -29,9 +30,13 @@ Every rank runs `run_rank`; rank 0 prints the table and writes the JSON. Measure
   that knows every rank's batch would); for the symmetric-memory path the same rows are measured
   again without it ("T exchanged": each dispatch first exchanges the token counts, one host
   synchronisation), and, where the dispatch needs no host synchronisation (latency mode), inside a
-  CUDA graph: two dispatches (both buffer parities) captured once and replayed `repeat` times back
-  to back, time per dispatch = the replays' time / (2 x repeat); combine likewise from a graph of
-  two dispatch + combine pairs, minus the dispatches.
+  device graph captured by the backend (BackendSpec.graph_capture: a CUDA graph on cuda; a backend
+  without one: those rows are left out, with a note): two dispatches (both buffer parities)
+  captured once and replayed `repeat` times back to back, time per dispatch = the replays' time /
+  (2 x repeat); combine likewise from a graph of two dispatch + combine pairs, minus the dispatches.
+
+Every device call goes through torch's device-generic API (deepinfer.bench.device_api): no
+device module is named here.
 
 Phase breakdown (opt-in: `--phases`, or DEEPINFER_EP_BENCH_PHASES=1): for the bf16 rows, `repeat`
 more iterations with `ExpertParallel.phase_marker` set, so the EP implementation records an event at
@@ -56,6 +61,8 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+
+from deepinfer.bench.device_api import device_name, empty_cache, on_host, peer_access, side_stream, synchronize, timing_event
 
 HIDDEN = 7168
 TOP_K = 8
@@ -143,17 +150,18 @@ def _name(kernel) -> str:
 
 
 class Marks:
-    """Points on the device timeline: a CUDA event recorded on the current stream per mark (the wall
-    clock on the CPU). Callable with a name, so an EP implementation can take it as its
+    """Points on the device timeline: a device event recorded on the current stream per mark (the
+    wall clock on the CPU). Callable with a name, so an EP implementation can take it as its
     `phase_marker`."""
 
     def __init__(self, device: torch.device):
-        self.cuda = device.type == "cuda"
+        self.device = device
+        self.events = not on_host(device)
         self.items: list[tuple[str, object]] = []
 
     def __call__(self, name: str) -> None:
-        if self.cuda:
-            event = torch.cuda.Event(enable_timing=True)
+        if self.events:
+            event = timing_event(self.device)
             event.record()
             self.items.append((name, event))
         else:
@@ -163,7 +171,7 @@ class Marks:
         """(name, microseconds since the first mark), after waiting for the last one."""
         if not self.items:
             return []
-        if self.cuda:
+        if self.events:
             self.items[-1][1].synchronize()
             first = self.items[0][1]
             return [(name, first.elapsed_time(e) * 1e3) for name, e in self.items]
@@ -175,8 +183,8 @@ def start_together(device: torch.device, group) -> None:
     """Outside any timed region: a host barrier, the device idle, then a one-element all_reduce on
     the stream, so the first event recorded after this fires on every rank at about the same time."""
     dist.barrier(group=group)
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+    if not on_host(device):
+        synchronize(device)
         dist.all_reduce(torch.zeros(1, device=device), group=group)
 
 
@@ -214,28 +222,33 @@ def phase_medians(times: list[tuple[str, float]], begins: dict[str, str]) -> dic
     return {k: statistics.median(v) for k, v in per.items()}
 
 
-def p2p_bandwidth(reps: int = 5) -> dict:
-    """GPU0 -> GPU1 copy bandwidth of a 1 GiB buffer, one direction and both at once (GB/s)."""
+def measures_p2p(spec, interpret: bool) -> bool:
+    """The p2p copy is measured where the backend has at least two devices on this host (never on the CPU)."""
+    return (spec.local_devices(interpret) or 0) >= 2
+
+
+def p2p_bandwidth(device_type: str, reps: int = 5) -> dict:
+    """Device 0 -> device 1 copy bandwidth of a 1 GiB buffer, one direction and both at once (GB/s)."""
     n = P2P_BYTES
-    d0, d1 = torch.device("cuda", 0), torch.device("cuda", 1)
+    d0, d1 = torch.device(device_type, 0), torch.device(device_type, 1)
     src0, dst1 = torch.empty(n, dtype=torch.uint8, device=d0), torch.empty(n, dtype=torch.uint8, device=d1)
     src1, dst0 = torch.empty(n, dtype=torch.uint8, device=d1), torch.empty(n, dtype=torch.uint8, device=d0)
 
     def sync():
-        torch.cuda.synchronize(d0)
-        torch.cuda.synchronize(d1)
+        synchronize(d0)
+        synchronize(d1)
 
     def one():
         dst1.copy_(src0)
 
     def both():
-        s0, s1 = torch.cuda.Stream(device=d0), torch.cuda.Stream(device=d1)
-        with torch.cuda.stream(s0):
+        s0, s1 = side_stream(d0), side_stream(d1)
+        with s0:
             dst1.copy_(src0, non_blocking=True)
-        with torch.cuda.stream(s1):
+        with s1:
             dst0.copy_(src1, non_blocking=True)
 
-    result = {"bytes": n, "peer_access": torch.cuda.can_device_access_peer(0, 1)}
+    result = {"bytes": n, "peer_access": peer_access(device_type, 0, 1)}
     for name, fn, moved in (("unidirectional_gbs", one, n), ("bidirectional_gbs", both, 2 * n)):
         fn()
         times = []
@@ -247,10 +260,9 @@ def p2p_bandwidth(reps: int = 5) -> dict:
             times.append(time.perf_counter() - t0)
         result[name] = moved / statistics.median(times) / 1e9
     del src0, dst1, src1, dst0
-    with torch.cuda.device(d1):
-        torch.cuda.empty_cache()
-    torch.cuda.empty_cache()
-    result["how"] = "dst_on_gpu1.copy_(src_on_gpu0) of 1 GiB (median of 5); bidirectional: both directions on two streams at once, bytes of both"
+    empty_cache(d1)
+    empty_cache(d0)
+    result["how"] = f"dst_on_{device_type}1.copy_(src_on_{device_type}0) of 1 GiB (median of 5); bidirectional: both directions on two streams at once, bytes of both"
     return result
 
 
@@ -309,16 +321,17 @@ def ep_iterations(impl, x, ids, weights, ep, n: int, marks=None):
     return offsets
 
 
-def _variants(impl, T: int, device: torch.device) -> list[tuple[str, int | None, bool]]:
-    """(row label, token_bound, in a CUDA graph) to measure an implementation with: every one with
-    the bound (all ranks dispatch T tokens); the symmetric-memory path also without it, and at the
-    latency target's size inside a CUDA graph."""
-    out = [(impl.name, T, False)]
+def _variants(impl, T: int, can_capture: bool) -> tuple[list[tuple[str, int | None, bool]], list[str]]:
+    """(row label, token_bound, in a device graph) to measure an implementation with, and the labels
+    left out: every one with the bound (all ranks dispatch T tokens); the symmetric-memory path also
+    without it, and at the latency target's size inside a graph (the cuda backend's: a CUDA graph)
+    where the backend can capture one (`can_capture`), else that row is left out, never faked."""
+    out, left_out = [(impl.name, T, False)], []
     if impl.name == SYMM:
         out.append((f"{SYMM} (T exchanged)", None, False))
-        if device.type == "cuda" and T == TARGET_LATENCY_TOKENS:
-            out.append((f"{SYMM} (CUDA graph)", T, True))
-    return out
+        if T == TARGET_LATENCY_TOKENS:
+            (out if can_capture else left_out).append((f"{SYMM} (CUDA graph)", T, True))
+    return out, [label for label, _, _ in left_out]
 
 
 def _eager_times(impl, x, ids, weights, ep, device, group, warmup, repeat, phases):
@@ -349,9 +362,10 @@ def _eager_times(impl, x, ids, weights, ep, device, group, warmup, repeat, phase
         return _one_line(exc), None, None, None, None
 
 
-def _graph_times(impl, x, ids, weights, ep, device, group, warmup, repeat, phases):
-    """As _eager_times, from CUDA graphs: two dispatches (both buffer parities), and two dispatch +
-    combine pairs, each captured once and replayed `repeat` times back to back."""
+def _graph_times(impl, x, ids, weights, ep, device, group, warmup, repeat, capture):
+    """As _eager_times, from device graphs (`capture`: the backend's GraphCapture): two dispatches
+    (both buffer parities), and two dispatch + combine pairs, each captured once (after the eager
+    warm-up, so no warm-up inside the capture) and replayed `repeat` times back to back."""
 
     def dispatches():
         for _ in range(2):
@@ -364,10 +378,8 @@ def _graph_times(impl, x, ids, weights, ep, device, group, warmup, repeat, phase
         ep_iterations(impl, x, ids, weights, ep, warmup)
         times = []
         for body in (dispatches, pairs):
-            torch.cuda.synchronize(device)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                body()
+            synchronize(device)
+            graph, _ = capture.capture(body, device=device, pool=capture.new_pool(device), warmups=0)
             graph.replay()
             start_together(device, group)
             marks = Marks(device)
@@ -400,7 +412,7 @@ def run_rank(*, backend: str, interpret: bool, ops: list[str], tokens: list[int]
              timeout_s: float, json_path: Path | None, progress=print, phases: bool = False, backend_options: dict[str, str] | None = None) -> dict | None:
     """One rank of `deepinfer bench ops --ep N`. backend_options: the backend's options (validated
     here, e.g. the cuda backend's ep_path: which EP paths are measured)."""
-    from deepinfer.distributed import DistributedError, ExpertParallel, destroy_distributed, init_distributed
+    from deepinfer.distributed import ExpertParallel, destroy_distributed, init_distributed
     from deepinfer.errors import UserError
     from deepinfer.plugins import load_plugins
 
@@ -413,18 +425,19 @@ def run_rank(*, backend: str, interpret: bool, ops: list[str], tokens: list[int]
     rank, W, device, group = ctx.rank, ctx.world_size, ctx.device, ctx.group
     if EXPERTS % W:
         raise UserError(f"{EXPERTS} experts do not shard over --ep {W}")
-    L = EXPERTS // W
     registry = plugins.registry(backend, interpret=interpret, options=options)
     impls = ep_implementations(registry, backend, device, W, options)
     if not impls:
         raise UserError(f"backend {backend!r} has no expert-parallel dispatch/combine at ep {W}")
     say = progress if rank == 0 else (lambda *a, **k: None)
 
+    capture = spec.graph_capture if not interpret else None  # as open_runtime gives it: the interpreter runs on the CPU
+    notes: list[str] = []
     p2p = None
-    if device.type == "cuda" and torch.cuda.device_count() >= 2:
+    if measures_p2p(spec, interpret):
         if rank == 0:
-            say("measuring peer-to-peer copy bandwidth GPU0 -> GPU1 (1 GiB) ...")
-            p2p = p2p_bandwidth()
+            say(f"measuring peer-to-peer copy bandwidth {device.type} 0 -> {device.type} 1 (1 GiB) ...")
+            p2p = p2p_bandwidth(device.type)
         box = [p2p]
         dist.broadcast_object_list(box, src=0, group=group)
         p2p = box[0]
@@ -443,11 +456,20 @@ def run_rank(*, backend: str, interpret: bool, ops: list[str], tokens: list[int]
         for dtype_name, x in (("bf16", x_bf16), ("fp8", x_bf16.to(torch.float8_e4m3fn))):
             row_bytes = HIDDEN * x.element_size()
             for impl in impls:
-                for label, bound, graph in _variants(impl, T, device):
+                variants, left_out = _variants(impl, T, capture is not None)
+                for label in left_out:
+                    note = f"{label}: not measured, backend {backend!r} captures no device graphs" + (" under --interpret (the CPU)" if interpret else "")
+                    if note not in notes:
+                        notes.append(note)
+                        say(f"  {note}")
+                for label, bound, graph in variants:
                     say(f"  {label}: T={T} {dtype_name} ...")
                     ep.token_bound = bound
-                    measure = _graph_times if graph else _eager_times
-                    per_rank = gather(measure(impl, x, ids, weights, ep, device, group, warmup, repeat, phases and dtype_name == "bf16" and not graph))
+                    if graph:
+                        mine = _graph_times(impl, x, ids, weights, ep, device, group, warmup, repeat, capture)
+                    else:
+                        mine = _eager_times(impl, x, ids, weights, ep, device, group, warmup, repeat, phases and dtype_name == "bf16")
+                    per_rank = gather(mine)
                     errors = [p[0] for p in per_rank if p[0]]
                     for op, col in (("dispatch", 1), ("combine", 2)):
                         if op not in ops or (op == "combine" and dtype_name != "bf16"):
@@ -474,12 +496,12 @@ def run_rank(*, backend: str, interpret: bool, ops: list[str], tokens: list[int]
         "backend": backend,
         "backend_options": options,
         "ep": W,
-        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu ({platform.processor() or platform.machine()})",
+        "device": f"cpu ({platform.processor() or platform.machine()})" if on_host(device) else device_name(device),
         "process_group": ctx.backend,
         "torch": torch.__version__,
         "shape": {"hidden": HIDDEN, "top_k": TOP_K, "experts": EXPERTS, "routing": "uniform random, distinct experts per token"},
         "iterations": {"warmup": warmup, "timed": repeat, "statistic": "median per rank, max over ranks",
-                       "how": "iterations back to back after one device-side barrier; CUDA events before and after each op"},
+                       "how": "iterations back to back after one device-side barrier; device events before and after each op (the wall clock on the CPU)"},
         "p2p": p2p,
         "targets": {
             "bandwidth": f">= {TARGET_FRACTION:.0%} of p2p GB/s at {TARGET_BW_TOKENS} tokens per rank",
@@ -488,6 +510,7 @@ def run_rank(*, backend: str, interpret: bool, ops: list[str], tokens: list[int]
         "implementations": [{"name": i.name, "dispatch": i.dispatch.note, "combine": i.combine.note, "priority": i.dispatch.priority} for i in impls],
         "rows": [asdict(r) for r in rows],
         "phases": phase_rows if phases else None,
+        "notes": notes,  # rows left out, and why
     }
     if rank == 0:
         print(format_table(result))
@@ -558,9 +581,9 @@ def format_table(result: dict) -> str:
     lines = [f"expert-parallel dispatch/combine: backend {result['backend']}, ep {result['ep']}, {result['device']}, "
              f"hidden {HIDDEN}, top-{TOP_K} of {EXPERTS} experts (uniform), {result['process_group']}"]
     if p2p:
-        lines.append(f"p2p GPU0->GPU1: {p2p['unidirectional_gbs']:.0f} GB/s one way, {p2p['bidirectional_gbs']:.0f} GB/s both ways at once")
+        lines.append(f"p2p device 0 -> device 1: {p2p['unidirectional_gbs']:.0f} GB/s one way, {p2p['bidirectional_gbs']:.0f} GB/s both ways at once")
     else:
-        lines.append("p2p: not measured (needs 2 CUDA GPUs); no fraction of p2p")
+        lines.append("p2p: not measured (needs 2 devices of the backend on this host); no fraction of p2p")
     head = (f"{'implementation':<34} {'op':<10} {'rows':<5} {'tokens':>6} {'us':>10} {'remote MB':>10} {'GB/s':>8} {'% p2p':>6} "
             f"{'unique MB':>10} {'GB/s':>8} {'% p2p':>6}  target")
     lines += [head, "-" * len(head)]
@@ -579,9 +602,10 @@ def format_table(result: dict) -> str:
         else:
             unique = f"{'-':>10} {'-':>8} {'-':>6}"
         lines.append(f"{r['impl']:<34} {r['op']:<10} {r['dtype']:<5} {r['tokens']:>6} {r['us']:10.1f} {r['remote_bytes'] / 1e6:10.2f} {gbs} {frac} {unique}  {target}")
-    lines.append("us: median per rank over the timed iterations (back to back, CUDA events around each op; CUDA graph: replays' time / ops), max over ranks; "
+    lines.append("us: median per rank over the timed iterations (back to back, device events around each op; in a graph: replays' time / ops), max over ranks; "
                  "GB/s: remote (token, k) rows' bytes per rank (max over ranks) / us (the target's measure); unique: each token row once per other rank "
                  "it reaches (what the symmetric-memory path moves); combine rows are bf16 (expert outputs)")
+    lines += [f"note: {note}" for note in result.get("notes") or []]
     if result.get("phases"):
         lines.append("")
         lines.append("phases (bf16 rows; us: median over iterations, max over ranks; per rank in brackets)")

@@ -43,7 +43,7 @@ def add_parser(what) -> None:
     p.add_argument("--skew", type=float, default=0.5, metavar="S", help="correction bias of the hottest expert; the j-th of a fixed random order gets S*exp(-j/K) (default 0.5; 0: no skew)")
     p.add_argument("--skew-experts", type=float, default=16.0, metavar="K", help="decay length K of the skew, in experts (default 16)")
     p.add_argument("--dtype", default="bfloat16", choices=DTYPES)
-    p.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs (one rank or several)")
+    p.add_argument("--enforce-eager", action="store_true", help="no device graphs (the cuda backend's CUDA graphs), one rank or several")
     p.add_argument("--interpret", action="store_true", help="run the backend's Triton kernels in the Triton interpreter (CPU; for checking)")
     p.add_argument("--max-num-batched-tokens", type=int, default=16384, metavar="N", help="prefill tokens per step (default 16384)")
     p.add_argument("--override", action="append", default=None, metavar="KEY=VALUE", help="set a config.json field of the model (JSON value), e.g. hidden_size=1024 (repeatable)")
@@ -112,15 +112,12 @@ def check_resources(args) -> None:
     import torch
 
     from deepinfer.bench import e2e_ep
-    from deepinfer.cli.launch import local_devices
     from deepinfer.model.memory import gib, host_available
-    from deepinfer.plugins import load_plugins
 
-    plugins = load_plugins()
-    spec = plugins.auto()[0] if args.backend == "auto" else plugins.require(args.backend, args.interpret)
+    spec = _backend(args)
     device = spec.device(args.interpret)
     ranks = args.ep or 1
-    have = local_devices(device)
+    have = spec.local_devices(args.interpret)
     if have is not None:
         if have < ranks:
             raise UserError(f"bench e2e-ep --ep {ranks} needs one {device} device per rank, and this host has {have} (backend {spec.name})")
@@ -176,9 +173,23 @@ def run_rank(args) -> int:
 
     if env_rank() == 0:
         print(e2e_ep.format_results(results))
-        if any(r.ep > 1 for r in results) and torch.cuda.is_available():
+        if any(r.ep > 1 for r in results) and captures_graphs(args):
             print(f"note: {e2e_ep.GRAPHS_NOTE}")
     return 0
+
+
+def _backend(args):
+    """The backend the ranks run (--backend; auto: the available one of highest priority)."""
+    from deepinfer.plugins import load_plugins
+
+    plugins = load_plugins()
+    return plugins.auto()[0] if args.backend == "auto" else plugins.require(args.backend, args.interpret)
+
+
+def captures_graphs(args) -> bool:
+    """Whether the ranks' backend replays decode steps as device graphs (its capability; never under
+    --interpret, where the device is the CPU, as open_runtime gives it)."""
+    return _backend(args).graph_capture is not None and not args.interpret
 
 
 def command_line(args) -> list[str]:

@@ -213,14 +213,3 @@ def command_line(parser: argparse.ArgumentParser, args: argparse.Namespace) -> l
         else:
             words += [flag, str(value)]
     return words
-
-
-def local_devices(device_type: str) -> int | None:
-    """Devices of `device_type` on this host (None for the CPU: ranks share it)."""
-    if device_type == "cpu":
-        return None
-    import torch
-
-    module = getattr(torch, device_type, None)
-    count = getattr(module, "device_count", None)
-    return int(count()) if count is not None else None

@@ -405,7 +405,7 @@ def check_ep_setup(args) -> None:
     plugins = load_plugins()
     spec = plugins.auto()[0] if args.backend == "auto" else plugins.require(args.backend, args.interpret)
     device = spec.device(args.interpret)
-    have = launch.local_devices(device)
+    have = spec.local_devices(args.interpret)
     if have is not None and have < args.ep:
         raise UserError(f"--ep {args.ep} needs one {device} device per rank, and this host has {have} (backend {spec.name})")
     if args.model is None:

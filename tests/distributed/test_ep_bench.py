@@ -25,7 +25,8 @@ def test_bench_ops_ep2_reference_over_gloo_writes_every_row(tmp_path):
                      "--tokens", "16", "--repeat", "2", "--warmup", "1", "--json", str(out))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     result = json.loads(out.read_text())
-    assert result["ep"] == 2 and result["process_group"] == "gloo" and result["p2p"] is None
+    assert result["ep"] == 2 and result["process_group"] == "gloo" and result["p2p"] is None and result["notes"] == []
+    assert result["device"].startswith("cpu (")
     assert [i["name"] for i in result["implementations"]] == ["reference (all_to_all_single)"]
     got = {(r["impl"], r["op"], r["dtype"], r["tokens"]) for r in result["rows"]}
     impl, peer = "reference (all_to_all_single)", "all_to_all_single (gloo)"
@@ -127,8 +128,8 @@ def test_the_symmetric_memory_path_is_measured_three_ways_at_the_latency_size():
 
     symm = bench.Impl(bench.SYMM, None, None)
     nccl = bench.Impl("all_to_all_single path (NCCL)", None, None)
-    cuda, cpu = torch.device("cuda", 0), torch.device("cpu")
-    assert bench._variants(symm, 128, cuda) == [(bench.SYMM, 128, False), (f"{bench.SYMM} (T exchanged)", None, False), (f"{bench.SYMM} (CUDA graph)", 128, True)]
-    assert bench._variants(symm, 4096, cuda) == [(bench.SYMM, 4096, False), (f"{bench.SYMM} (T exchanged)", None, False)]
-    assert bench._variants(symm, 128, cpu)[-1][2] is False
-    assert bench._variants(nccl, 128, cuda) == [(nccl.name, 128, False)]
+    graph = f"{bench.SYMM} (CUDA graph)"
+    assert bench._variants(symm, 128, True) == ([(bench.SYMM, 128, False), (f"{bench.SYMM} (T exchanged)", None, False), (graph, 128, True)], [])
+    assert bench._variants(symm, 4096, True) == ([(bench.SYMM, 4096, False), (f"{bench.SYMM} (T exchanged)", None, False)], [])
+    assert bench._variants(symm, 128, False) == ([(bench.SYMM, 128, False), (f"{bench.SYMM} (T exchanged)", None, False)], [graph])  # no graph capture: left out
+    assert bench._variants(nccl, 128, True) == ([(nccl.name, 128, False)], [])
