@@ -7,8 +7,8 @@ case's plain parameters, compare modes, tolerance and reduction length.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
 from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 

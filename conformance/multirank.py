@@ -267,7 +267,8 @@ def compare_case(case: CaseRecord, reports: dict, golden: GoldenTensors, label: 
     bad = next((s for s in statuses if s["status"] != "ran"), None)
     if bad is not None:
         return Row(case.id, case.op, case.name, case.dtype, label, bad["status"], None, bad.get("error", ""))
-    parts = {name: [reports[r][1][f"{case.id}::{name}"] for r in range(ranks)] for name in (("expert_x", "expert_offsets", "row_of_slot") if case.op == "dispatch" else ("out",))}
+    names = ("expert_x", "expert_offsets", "row_of_slot") if case.op == "dispatch" else ("out",)
+    parts = {name: [reports[r][1][f"{case.id}::{name}"] for r in range(ranks)] for name in names}
     inputs = golden.inputs(case)
     try:
         produced = reassemble_dispatch(parts, inputs["topk_ids"], statuses[0]["experts"], ranks) if case.op == "dispatch" else {"out": torch.cat(parts["out"])}
@@ -291,7 +292,8 @@ def reassemble_dispatch(parts: dict[str, list[torch.Tensor]], topk_ids: torch.Te
     pieces = [torch.zeros(1, dtype=torch.int32)]
     for r, off in enumerate(parts["expert_offsets"]):
         if off.shape != (per_rank + 1,) or int(off[-1]) != parts["expert_x"][r].shape[0]:
-            raise ValueError(f"rank {r}: expert_offsets {tuple(off.shape)} ending at {int(off[-1]) if off.numel() else '-'} for {parts['expert_x'][r].shape[0]} rows")
+            end = int(off[-1]) if off.numel() else "-"
+            raise ValueError(f"rank {r}: expert_offsets {tuple(off.shape)} ending at {end} for {parts['expert_x'][r].shape[0]} rows")
         pieces.append(off[1:] + bases[r])
     offsets = torch.cat(pieces).to(torch.int32)
     row_of_slot = torch.empty(topk_ids.numel(), dtype=torch.int64)
@@ -315,7 +317,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--op", action="append", choices=OPS, default=None)
     parser.add_argument("--case", action="append", default=None, help="only cases of this name (e.g. t1_k8_e16_d96)")
     parser.add_argument("--ep-path", choices=("auto", "nccl", "symm"), default=None,
-                        help="which EP implementation the ranks use (backend option ep_path): nccl = all_to_all_single, symm = symmetric memory (cuda, one host)")
+                        help="which EP implementation the ranks use (backend option ep_path): "
+                             "nccl = all_to_all_single, symm = symmetric memory (cuda, one host)")
     parser.add_argument("--backend-option", action="append", default=None, metavar="KEY=VALUE", help="a backend option for the ranks (repeatable)")
     parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S, help="seconds a rank waits in a collective or at the rendezvous")
     parser.add_argument("--json", type=Path, default=None, help="also write the rows as JSON")

@@ -178,7 +178,10 @@ def format_table(rows: list[Row]) -> str:
             line += ["-" if r.cross_score is None else f"{r.cross_score:.3g}", "-" if r.cross_ok is None else ("yes" if r.cross_ok else "NO")]
         body.append(line + [r.detail])
     widths = [max(len(str(x)) for x in col) for col in zip(head, *body)]
-    fmt = lambda cells: "  ".join(str(c).ljust(w) for c, w in zip(cells, widths)).rstrip()
+
+    def fmt(cells) -> str:
+        return "  ".join(str(c).ljust(w) for c, w in zip(cells, widths)).rstrip()
+
     return "\n".join([fmt(head), fmt(["-" * w for w in widths])] + [fmt(b) for b in body])
 
 

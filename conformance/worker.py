@@ -4,9 +4,13 @@
 
 Backends run in separate processes because their runtimes cannot share one (torch_npu refuses a
 process that also holds CUDA). Writes DIR/NAME.safetensors (each case's canonicalised outputs, on
-the CPU) and DIR/NAME.json (per case: status "ran" | "missing" | "error", the kernel's note, the
-error message, seconds). The cases are those of every `--golden` folder (default: the packaged set;
-the runner adds the folder of out-of-tree cases it computed).
+the CPU) and DIR/NAME.json (per case: status "ran" | "missing" | "error" | "FAIL", the kernel's
+note, the error message, seconds). The cases are those of every `--golden` folder (default: the
+packaged set; the runner adds the folder of out-of-tree cases it computed).
+
+A kernel must leave its inputs as it found them, except the argument its op declares `in_place`:
+each input tensor is compared bit for bit with a copy taken before the call, and a changed one makes
+the case "FAIL", naming the argument (`changed_inputs`), whatever the outputs.
 
 Each case's kernel is chosen as an engine would choose it for the model the case stands for: the
 backend's options, and the ModelFacts the case's call implies (`case_facts`: a gate case's routing,
@@ -36,6 +40,30 @@ from deepinfer_conformance.golden_io import GOLDEN_DIR, GoldenSet, key
 
 def to_device(kwargs: dict, device: torch.device) -> dict:
     return {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
+
+
+def snapshot_inputs(kwargs: dict, in_place: str | None) -> dict[str, torch.Tensor]:
+    """Copies of the call's input tensors, except the argument the op declares it writes
+    (`OpSpec.in_place`): a kernel must leave the others as it found them."""
+    return {name: value.clone() for name, value in kwargs.items() if isinstance(value, torch.Tensor) and name != in_place}
+
+
+def changed_inputs(before: dict[str, torch.Tensor], kwargs: dict) -> list[str]:
+    """The inputs whose shape, dtype or bits differ from their copy in `before` (bits, not values:
+    a NaN left in place is unchanged, a -0.0 written over 0.0 is a change)."""
+    return [name for name, copy in before.items() if not _same_bits(copy, kwargs[name])]
+
+
+def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    return torch.equal(a.reshape(-1).view(torch.uint8), b.reshape(-1).view(torch.uint8))
+
+
+def changed_message(changed: list[str], in_place: str | None) -> str:
+    names = ", ".join(repr(n) for n in changed)
+    allowed = f"the op writes {in_place!r} only" if in_place else "the op writes none of its inputs"
+    return f"the kernel changed its input{'s' if len(changed) > 1 else ''} {names} ({allowed})"
 
 
 def case_facts(op: str, kwargs: dict) -> ModelFacts:
@@ -90,6 +118,7 @@ def run_backend(
             results[case.id] = {"status": "missing", "error": f"no {backend} kernel for {case.op}{fmt} in {case.dtype}"}
             continue
         kwargs = to_device(inputs, device)
+        before = snapshot_inputs(kwargs, op.in_place)
         start = time.perf_counter()
         try:
             produced = op.name_outputs(kernel.fn(**kwargs))
@@ -101,10 +130,16 @@ def run_backend(
             last = traceback.extract_tb(exc.__traceback__)[-1]
             results[case.id] = {"status": "error", "note": kernel.note, "error": f"{type(exc).__name__}: {exc} ({Path(last.filename).name}:{last.lineno})"}
             continue
+        seconds = round(time.perf_counter() - start, 4)
+        changed = changed_inputs(before, kwargs)
+        if changed:
+            results[case.id] = {"status": "FAIL", "note": kernel.note, "error": changed_message(changed, op.in_place), "changed_inputs": changed}
+            continue
         for name, value in produced.items():
             if value is not None:
                 outputs[key(case.id, "out", name)] = value.detach().to("cpu").contiguous()
-        results[case.id] = {"status": "ran", "note": kernel.note, "seconds": round(time.perf_counter() - start, 4), "none_outputs": [n for n, v in produced.items() if v is None]}
+        none_outputs = [n for n, v in produced.items() if v is None]
+        results[case.id] = {"status": "ran", "note": kernel.note, "seconds": seconds, "none_outputs": none_outputs}
     out_dir.mkdir(parents=True, exist_ok=True)
     save_file(outputs, str(out_dir / f"{backend}.safetensors"))
     report = {"backend": backend, "device": str(device), "interpret": interpret, "options": options, "cases": results}

@@ -13,12 +13,18 @@ from importlib.metadata import EntryPoint, entry_points
 from types import ModuleType
 
 
+def module_names(package: str) -> list[str]:
+    """The names of the modules and subpackages directly inside `package` (a dotted name, imported;
+    its modules are not), in name order; names that start with an underscore (private helpers) are
+    left out. For callers that import each module in a try of their own."""
+    pkg = importlib.import_module(package)
+    return sorted(info.name for info in pkgutil.iter_modules(pkg.__path__) if not info.name.startswith("_"))
+
+
 def submodules(package: str) -> list[ModuleType]:
     """Every module and subpackage directly inside `package` (a dotted name), imported, in name
     order; names that start with an underscore (private helpers) are left out."""
-    pkg = importlib.import_module(package)
-    names = sorted(info.name for info in pkgutil.iter_modules(pkg.__path__) if not info.name.startswith("_"))
-    return [importlib.import_module(f"{package}.{name}") for name in names]
+    return [importlib.import_module(f"{package}.{name}") for name in module_names(package)]
 
 
 def registration_modules(package: str) -> list[ModuleType]:

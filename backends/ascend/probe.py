@@ -49,7 +49,8 @@ def _base(version: str) -> str:
 def probe_import() -> tuple[object | None, Availability | None]:
     """Import torch_npu, or say precisely why it cannot be imported."""
     if importlib.util.find_spec("torch_npu") is None:
-        return None, Availability(False, "torch_npu is not installed", f"the ascend backend runs in its own environment: pip install 'deepinfer[ascend]' on a host with CANN ({SETUP_DOC})")
+        hint = f"the ascend backend runs in its own environment: pip install 'deepinfer[ascend]' on a host with CANN ({SETUP_DOC})"
+        return None, Availability(False, "torch_npu is not installed", hint)
     module, exc = import_optional("torch_npu")
     if module is not None:
         return module, None
@@ -77,7 +78,11 @@ def _npu_count() -> int:
 def probe(interpret: bool = False) -> Availability:
     if interpret:
         if importlib.util.find_spec("triton") is None:
-            return Availability(False, "triton is not installed, so the kernels cannot run in the interpreter", "pip install triton (community Triton interprets the triton-ascend kernel sources)")
+            return Availability(
+                False,
+                "triton is not installed, so the kernels cannot run in the interpreter",
+                "pip install triton (community Triton interprets the triton-ascend kernel sources)",
+            )
         return Availability(True, "Triton interpreter on the CPU (TRITON_INTERPRET=1); torch_npu fast paths need hardware and are not run")
     torch_npu, failure = probe_import()
     if failure is not None:
@@ -86,7 +91,11 @@ def probe(interpret: bool = False) -> Availability:
 
     npu_version = getattr(torch_npu, "__version__", "unknown")
     if npu_version != "unknown" and _base(npu_version) != _base(torch.__version__):
-        return Availability(False, f"torch_npu {npu_version} does not match torch {torch.__version__}", f"install matching versions (known good: torch 2.10.0 with torch-npu 2.10.0.post4, CANN 9.1.0; {SETUP_DOC})")
+        return Availability(
+            False,
+            f"torch_npu {npu_version} does not match torch {torch.__version__}",
+            f"install matching versions (known good: torch 2.10.0 with torch-npu 2.10.0.post4, CANN 9.1.0; {SETUP_DOC})",
+        )
     count = _npu_count()
     if count == 0:
         return Availability(False, "no Ascend NPU is visible", "check `npu-smi info` and ASCEND_RT_VISIBLE_DEVICES")
@@ -145,7 +154,8 @@ def core_counts() -> dict[str, int | str]:
 
 
 def _soc_version(torch_npu) -> int | None:
-    get = getattr(getattr(torch_npu, "npu", None), "get_soc_version", None) or getattr(getattr(getattr(torch_npu, "npu", None), "utils", None), "get_soc_version", None)
+    npu = getattr(torch_npu, "npu", None)
+    get = getattr(npu, "get_soc_version", None) or getattr(getattr(npu, "utils", None), "get_soc_version", None)
     try:
         return int(get()) if get is not None else None
     except Exception:

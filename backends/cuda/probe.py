@@ -54,11 +54,13 @@ def probe(interpret: bool = False) -> Availability:
     if count == 0:
         visible = os.environ.get("CUDA_VISIBLE_DEVICES")
         where = f" (CUDA_VISIBLE_DEVICES={visible!r})" if visible is not None else ""
-        return Availability(False, f"no NVIDIA GPU is visible{where}", "check nvidia-smi and the driver; deepinfer needs an SM90 (Hopper) or SM100 (Blackwell) GPU")
+        hint = "check nvidia-smi and the driver; deepinfer needs an SM90 (Hopper) or SM100 (Blackwell) GPU"
+        return Availability(False, f"no NVIDIA GPU is visible{where}", hint)
     capability = nvml_capability()
     details = {"gpus": count, "cuda": torch.version.cuda, "triton": triton}
     if capability is not None:
         details["capability"] = f"sm{capability[0]}{capability[1]}"
         if capability < MIN_CAPABILITY:
-            return Availability(False, f"GPU 0 is sm{capability[0]}{capability[1]}; the cuda backend targets sm90 and sm100", "use an H100/H200 (sm90) or a Blackwell GPU (sm100)", details)
+            reason = f"GPU 0 is sm{capability[0]}{capability[1]}; the cuda backend targets sm90 and sm100"
+            return Availability(False, reason, "use an H100/H200 (sm90) or a Blackwell GPU (sm100)", details)
     return Availability(True, f"{count} GPU(s), CUDA {torch.version.cuda}, Triton {triton}", details=details)

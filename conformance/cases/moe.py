@@ -64,15 +64,23 @@ def combine_inputs(gen, dtype, *, tokens: int, dim: int, experts: int, top_k: in
 GATE_RECIPES = [
     # DeepSeek-V3: sigmoid + bias, 8 groups of 32 scored by their top-2, 4 kept, renormalised, x2.5.
     # The bias spread (0.3) is as wide as the scores' own, so the kept groups decide the experts.
-    ("v3_sigmoid_grouped_t7", partial(gate_inputs, tokens=7, experts=256, top_k=8, bias=(0.0, 0.3), score_func="sigmoid", n_group=8, topk_group=4, renormalize=True, routed_scaling_factor=2.5)),
-    ("v3_sigmoid_grouped_t1", partial(gate_inputs, tokens=1, experts=256, top_k=8, bias=(0.0, 0.3), score_func="sigmoid", n_group=8, topk_group=4, renormalize=True, routed_scaling_factor=2.5)),
+    ("v3_sigmoid_grouped_t7",
+     partial(gate_inputs, tokens=7, experts=256, top_k=8, bias=(0.0, 0.3),
+             score_func="sigmoid", n_group=8, topk_group=4, renormalize=True, routed_scaling_factor=2.5)),
+    ("v3_sigmoid_grouped_t1",
+     partial(gate_inputs, tokens=1, experts=256, top_k=8, bias=(0.0, 0.3),
+             score_func="sigmoid", n_group=8, topk_group=4, renormalize=True, routed_scaling_factor=2.5)),
     # s + bias < 0 for most experts: filling losing groups with 0.0 instead of -inf would pick them.
-    ("sigmoid_grouped_negative_bias", partial(gate_inputs, tokens=9, experts=64, top_k=6, bias=(-0.9, 0.1), score_func="sigmoid", n_group=8, topk_group=2, renormalize=True, routed_scaling_factor=2.5)),
+    ("sigmoid_grouped_negative_bias",
+     partial(gate_inputs, tokens=9, experts=64, top_k=6, bias=(-0.9, 0.1),
+             score_func="sigmoid", n_group=8, topk_group=2, renormalize=True, routed_scaling_factor=2.5)),
     # DeepSeek-V2-Lite: softmax, greedy over 64 experts, no renormalisation.
     ("v2lite_softmax_greedy", partial(gate_inputs, tokens=13, experts=64, top_k=6, score_func="softmax")),
     # DeepSeek-V2: softmax, groups scored by their max (no bias), 3 of 8 kept, x16.
-    ("v2_softmax_grouped_no_bias", partial(gate_inputs, tokens=11, experts=160, top_k=6, score_func="softmax", n_group=8, topk_group=3, routed_scaling_factor=16.0)),
-    ("sqrtsoftplus_bias_renorm", partial(gate_inputs, tokens=10, experts=64, top_k=6, bias=(0.0, 0.2), score_func="sqrtsoftplus", renormalize=True, routed_scaling_factor=1.5)),
+    ("v2_softmax_grouped_no_bias",
+     partial(gate_inputs, tokens=11, experts=160, top_k=6, score_func="softmax", n_group=8, topk_group=3, routed_scaling_factor=16.0)),
+    ("sqrtsoftplus_bias_renorm",
+     partial(gate_inputs, tokens=10, experts=64, top_k=6, bias=(0.0, 0.2), score_func="sqrtsoftplus", renormalize=True, routed_scaling_factor=1.5)),
     ("softmax_top1", partial(gate_inputs, tokens=17, experts=16, top_k=1, score_func="softmax")),
 ]
 

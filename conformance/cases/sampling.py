@@ -68,7 +68,8 @@ def bitmask_inputs(gen, dtype, *, rows: int, vocab: int):
 SAMPLE_RECIPES = [
     ("b17_v1000_mixed", partial(sample_inputs, vocab=1000, rows=MIXED_ROWS)),
     # A vocabulary not a multiple of 32, with structured-output -inf logits in rows 0 to 3.
-    ("b12_v1003_mixed_masked", partial(sample_inputs, vocab=1003, rows=[(1.0, 0, 1.0, 0.0), (0.7, 20, 0.9, 0.0), GREEDY, (1.0, 0, 0.9, 0.1)] + MIXED_ROWS[1:9], masked_rows=4)),
+    ("b12_v1003_mixed_masked",
+     partial(sample_inputs, vocab=1003, rows=[(1.0, 0, 1.0, 0.0), (0.7, 20, 0.9, 0.0), GREEDY, (1.0, 0, 0.9, 0.1)] + MIXED_ROWS[1:9], masked_rows=4)),
     # DeepSeek-V3's vocabulary: one nucleus row, one plain-temperature row over all 129280 tokens.
     ("b2_v129280", partial(sample_inputs, vocab=129280, rows=[(0.7, 0, 0.9, 0.0), (1.0, 0, 1.0, 0.0)])),
     ("b1_v1003_greedy", partial(sample_inputs, vocab=1003, rows=[GREEDY])),

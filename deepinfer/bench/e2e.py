@@ -57,7 +57,6 @@ def copy_bandwidth(device: torch.device, gib: float = 2.0) -> float:
     src, dst = torch.empty(n, dtype=torch.bfloat16, device=device), torch.empty(n, dtype=torch.bfloat16, device=device)
     src.normal_()
     times = [_timed(lambda: dst.copy_(src), device) for _ in range(13)][3:]
-    del src, dst
     return 2 * n * 2 / sorted(times)[len(times) // 2]
 
 
@@ -86,7 +85,8 @@ def hf_to_deepinfer_tensors(state: dict[str, torch.Tensor], config: dict) -> dic
 def _attention_weights(config: dict) -> int:
     """Weights of one MLA attention block (no q LoRA): q, kv_a, kv_b and o projections."""
     h = config["hidden_size"]
-    heads, nope, rope, vd, c = config["num_attention_heads"], config["qk_nope_head_dim"], config["qk_rope_head_dim"], config["v_head_dim"], config["kv_lora_rank"]
+    heads, nope, rope = config["num_attention_heads"], config["qk_nope_head_dim"], config["qk_rope_head_dim"]
+    vd, c = config["v_head_dim"], config["kv_lora_rank"]
     return h * heads * (nope + rope) + h * (c + rope) + c * heads * (nope + vd) + heads * vd * h
 
 
@@ -122,7 +122,8 @@ def memory_needed(config: dict, max_batch: int, prompt_len: int, new_tokens: int
     e, shared = config["n_routed_experts"], config["n_shared_experts"]
     moe_layers = max(layers - dense, 0)
     expert = 3 * h * config["moe_intermediate_size"]
-    weights = layers * _attention_weights(config) + min(dense, layers) * 3 * h * config["intermediate_size"] + moe_layers * (expert * (e + shared) + e * h) + 2 * h * v
+    dense_mlps = min(dense, layers) * 3 * h * config["intermediate_size"]
+    weights = layers * _attention_weights(config) + dense_mlps + moe_layers * (expert * (e + shared) + e * h) + 2 * h * v
     latent = (config["kv_lora_rank"] + config["qk_rope_head_dim"]) * layers * dtype_bytes  # per token
     parts = {
         "weights": float(weights * dtype_bytes),
@@ -194,7 +195,8 @@ def run(
     cfg = dict(V2_LITE, **(config_overrides or {}), **({"num_hidden_layers": layers} if layers else {}))
     runtime = open_runtime(backend, dtype=torch.bfloat16, options=backend_options)
     device = runtime.device
-    check_fits(memory_needed(cfg, max(batches), prompt_len, new_tokens, with_hf, copy_gib), free_memory(device, runtime.memory_info), device, cfg["num_hidden_layers"])
+    needed = memory_needed(cfg, max(batches), prompt_len, new_tokens, with_hf, copy_gib)
+    check_fits(needed, free_memory(device, runtime.memory_info), device, cfg["num_hidden_layers"])
     bandwidth = copy_bandwidth(device, copy_gib)
     torch.manual_seed(0)
     hf_config = AutoConfig.for_model("deepseek_v2", **cfg)
@@ -204,7 +206,8 @@ def run(
     model = DeepseekForCausalLM(config, runtime.ops, device, torch.bfloat16)
     model.load_weights(WeightStore(hf_to_deepinfer_tensors(hf.state_dict(), cfg)))
     loaded = LoadedModel(model=model, config=config, tokenizer=None, path="in-memory DeepSeek-V2-Lite-shaped model", dummy_weights=True)
-    engine = LLMEngine(loaded, runtime, torch.bfloat16, EngineConfig(max_num_seqs=max(batches), max_num_batched_tokens=max(batches) * prompt_len, kv_cache_memory_gib=ENGINE_KV_CACHE_GIB))
+    engine_config = EngineConfig(max_num_seqs=max(batches), max_num_batched_tokens=max(batches) * prompt_len, kv_cache_memory_gib=ENGINE_KV_CACHE_GIB)
+    engine = LLMEngine(loaded, runtime, torch.bfloat16, engine_config)
     llm = LLM.from_engine(engine)
     results = []
     gen = torch.Generator().manual_seed(1)
@@ -222,7 +225,9 @@ def run(
         tn = _timed(lambda: ours(1 + new_tokens), device)
         step = (tn - t1) / new_tokens
         if step <= 0:
-            raise RuntimeError(f"batch {batch}: generating {1 + new_tokens} tokens took {tn * 1e3:.1f} ms, not more than 1 token's {t1 * 1e3:.1f} ms; the timing is void")
+            raise RuntimeError(
+                f"batch {batch}: generating {1 + new_tokens} tokens took {tn * 1e3:.1f} ms, not more than 1 token's {t1 * 1e3:.1f} ms; the timing is void"
+            )
         hf_step = None
         if with_hf:
             ids = prompts.to(device)
@@ -237,11 +242,14 @@ def run(
             hf_step = (hn - h1) / new_tokens
         floor_bytes = decode_floor_bytes(cfg, batch, prompt_len + new_tokens // 2)
         results.append(
-            E2EResult(batch, prompt_len, new_tokens, step * 1e3, None if hf_step is None else hf_step * 1e3, floor_bytes / bandwidth * 1e3, floor_bytes, batch / step, None if hf_step is None else batch / hf_step)
+            E2EResult(
+                batch, prompt_len, new_tokens, step * 1e3, None if hf_step is None else hf_step * 1e3,
+                floor_bytes / bandwidth * 1e3, floor_bytes, batch / step, None if hf_step is None else batch / hf_step,
+            )
         )
     if json_path is not None:
-        info = {"gpu": device_name(device), "torch": torch.__version__, "copy_bandwidth_tb_s": bandwidth / 1e12, "layers": cfg["num_hidden_layers"], "backend": runtime.backend.name,
-                "backend_options": dict(runtime.options), "date": time.strftime("%Y-%m-%d")}
+        info = {"gpu": device_name(device), "torch": torch.__version__, "copy_bandwidth_tb_s": bandwidth / 1e12, "layers": cfg["num_hidden_layers"],
+                "backend": runtime.backend.name, "backend_options": dict(runtime.options), "date": time.strftime("%Y-%m-%d")}
         json_path.write_text(json.dumps({"machine": info, "results": [asdict(r) for r in results]}, indent=1))
     return results
 

@@ -60,7 +60,8 @@ V3 = dict(
     n_routed_experts=256, n_shared_experts=1, num_experts_per_tok=8, n_group=8, topk_group=4, topk_method="noaux_tc",
     scoring_func="sigmoid", norm_topk_prob=True, routed_scaling_factor=2.5, hidden_act="silu", rms_norm_eps=1e-6,
     max_position_embeddings=163840, rope_theta=10000.0,
-    rope_scaling={"type": "yarn", "factor": 40, "original_max_position_embeddings": 4096, "beta_fast": 32, "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0},
+    rope_scaling={"type": "yarn", "factor": 40, "original_max_position_embeddings": 4096,
+                  "beta_fast": 32, "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0},
     tie_word_embeddings=False, num_nextn_predict_layers=0, bos_token_id=0, eos_token_id=1,
 )  # fmt: skip
 
@@ -270,7 +271,9 @@ def run(
     prompts = {b: torch.randint(0, cfg["vocab_size"], (b * ep, prompt_len), generator=gen).tolist() for b in batches}
     warmup_prompts = torch.randint(0, cfg["vocab_size"], (max_batch * ep, prompt_len), generator=gen).tolist()
     results: list[EPResult] = []
-    for r in redundant:
+
+    def bench_variant(r: int) -> None:
+        """One redundant-expert count: build, (rebalance,) time every batch, append the rows to `results`."""
         start = time.perf_counter()
         loaded = build_model(runtime, cfg, dtype, dist, r, seed=seed, skew=skew, skew_experts=skew_experts)
         model = loaded.model
@@ -317,7 +320,9 @@ def run(
             step = (tn - t1) / new_tokens
             steps = _gather(dist, step)
             if min(steps) <= 0:
-                raise RuntimeError(f"batch {b}: generating {1 + new_tokens} tokens took {tn * 1e3:.1f} ms, not more than 1 token's {t1 * 1e3:.1f} ms; the timing is void")
+                raise RuntimeError(
+                    f"batch {b}: generating {1 + new_tokens} tokens took {tn * 1e3:.1f} ms, not more than 1 token's {t1 * 1e3:.1f} ms; the timing is void"
+                )
             slowest = max(steps)
             phy2log = model.placement.phy2log if model.placement is not None else default_phy2log(num_moe, num_experts, num_experts)
             results.append(
@@ -327,11 +332,14 @@ def run(
                 )
             )  # fmt: skip
             say(format_results(results[-1:], header=False))
-        del llm, engine, model, loaded, counter
+
+    for r in redundant:
+        bench_variant(r)  # its model, engine and graphs go with its return
         gc.collect()
         empty_cache(device)
     if rank == 0 and json_path is not None:
-        json_path.write_text(json.dumps({"machine": machine_info(runtime, ep, cfg, dtype, skew, skew_experts, enforce_eager), "results": [asdict(x) for x in results]}, indent=1))
+        machine = machine_info(runtime, ep, cfg, dtype, skew, skew_experts, enforce_eager)
+        json_path.write_text(json.dumps({"machine": machine, "results": [asdict(x) for x in results]}, indent=1))
     return results
 
 

@@ -38,12 +38,12 @@ Every rank runs `run_rank`; rank 0 prints the table and writes the JSON. Measure
 Every device call goes through torch's device-generic API (deepinfer.bench.device_api): no
 device module is named here.
 
-Phase breakdown (opt-in: `--phases`, or DEEPINFER_EP_BENCH_PHASES=1): for the bf16 rows, `repeat`
-more iterations with `ExpertParallel.phase_marker` set, so the EP implementation records an event at
-the end of each of its phases (symmetric memory: send, barrier, count (throughput mode), expand;
-weights, barrier 1, reduce + send back, barrier 2, sum; the NCCL path: local dispatch, counts
-all_to_all, host read, rows all_to_all, re-sort; re-sort, rows all_to_all, combine (local)); each
-phase's median, max over ranks, is printed after the table and written to the JSON ("phases").
+Phase breakdown (opt-in: `--phases`): for the bf16 rows, `repeat` more iterations with
+`ExpertParallel.phase_marker` set, so the EP implementation records an event at the end of each of
+its phases (symmetric memory: send, barrier, count (throughput mode), expand; weights, barrier 1,
+reduce + send back, barrier 2, sum; the NCCL path: local dispatch, counts all_to_all, host read,
+rows all_to_all, re-sort; re-sort, rows all_to_all, combine (local)); each phase's median, max over
+ranks, is printed after the table and written to the JSON ("phases").
 These iterations are separate from the timed ones (the extra events do not touch those numbers).
 
 Targets (shown met / NOT met): >= 80% of the p2p bandwidth at 4096 tokens per rank; <= 40 us per
@@ -229,8 +229,18 @@ def measures_p2p(spec, interpret: bool) -> bool:
 
 def p2p_bandwidth(device_type: str, reps: int = 5) -> dict:
     """Device 0 -> device 1 copy bandwidth of a 1 GiB buffer, one direction and both at once (GB/s)."""
-    n = P2P_BYTES
     d0, d1 = torch.device(device_type, 0), torch.device(device_type, 1)
+    result = {"bytes": P2P_BYTES, "peer_access": peer_access(device_type, 0, 1), **_p2p_rates(d0, d1, P2P_BYTES, reps)}
+    empty_cache(d1)  # the buffers went with _p2p_rates' return
+    empty_cache(d0)
+    result["how"] = (
+        f"dst_on_{device_type}1.copy_(src_on_{device_type}0) of 1 GiB (median of 5); bidirectional: both directions on two streams at once, bytes of both"
+    )
+    return result
+
+
+def _p2p_rates(d0: torch.device, d1: torch.device, n: int, reps: int) -> dict:
+    """GB/s of an n-byte copy d0 -> d1 alone and of both directions at once, median of `reps`."""
     src0, dst1 = torch.empty(n, dtype=torch.uint8, device=d0), torch.empty(n, dtype=torch.uint8, device=d1)
     src1, dst0 = torch.empty(n, dtype=torch.uint8, device=d1), torch.empty(n, dtype=torch.uint8, device=d0)
 
@@ -248,7 +258,7 @@ def p2p_bandwidth(device_type: str, reps: int = 5) -> dict:
         with s1:
             dst0.copy_(src1, non_blocking=True)
 
-    result = {"bytes": n, "peer_access": peer_access(device_type, 0, 1)}
+    result = {}
     for name, fn, moved in (("unidirectional_gbs", one, n), ("bidirectional_gbs", both, 2 * n)):
         fn()
         times = []
@@ -259,10 +269,6 @@ def p2p_bandwidth(device_type: str, reps: int = 5) -> dict:
             sync()
             times.append(time.perf_counter() - t0)
         result[name] = moved / statistics.median(times) / 1e9
-    del src0, dst1, src1, dst0
-    empty_cache(d1)
-    empty_cache(d0)
-    result["how"] = f"dst_on_{device_type}1.copy_(src_on_{device_type}0) of 1 GiB (median of 5); bidirectional: both directions on two streams at once, bytes of both"
     return result
 
 
@@ -601,7 +607,8 @@ def format_table(result: dict) -> str:
             unique = f"{r['unique_remote_bytes'] / 1e6:10.2f} {r['unique_gbs']:8.1f} {ufrac}"
         else:
             unique = f"{'-':>10} {'-':>8} {'-':>6}"
-        lines.append(f"{r['impl']:<34} {r['op']:<10} {r['dtype']:<5} {r['tokens']:>6} {r['us']:10.1f} {r['remote_bytes'] / 1e6:10.2f} {gbs} {frac} {unique}  {target}")
+        row = f"{r['impl']:<34} {r['op']:<10} {r['dtype']:<5} {r['tokens']:>6} {r['us']:10.1f} {r['remote_bytes'] / 1e6:10.2f}"
+        lines.append(f"{row} {gbs} {frac} {unique}  {target}")
     lines.append("us: median per rank over the timed iterations (back to back, device events around each op; in a graph: replays' time / ops), max over ranks; "
                  "GB/s: remote (token, k) rows' bytes per rank (max over ranks) / us (the target's measure); unique: each token row once per other rank "
                  "it reaches (what the symmetric-memory path moves); combine rows are bf16 (expert outputs)")

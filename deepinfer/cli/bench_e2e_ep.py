@@ -32,21 +32,25 @@ def add_parser(what) -> None:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--ep", type=int, default=None, metavar="N", help="devices (one process each) the experts are sharded over (default 1; under torchrun: its process count)")
+    p.add_argument("--ep", type=int, default=None, metavar="N",
+                   help="devices (one process each) the experts are sharded over (default 1; under torchrun: its process count)")
     p.add_argument("--backend", default="auto", help="auto (cuda, then ascend, then reference), cuda, ascend or reference")
     p.add_argument("--batch", type=int, action="append", default=None, metavar="B", help="requests per rank (repeatable; default 64 and 256)")
     p.add_argument("--layers", type=int, default=4, help="decoder layers of the cut model (default 4)")
     p.add_argument("--dense-layers", type=int, default=1, help="of which the first this many are dense (default 1)")
     p.add_argument("--prompt-len", type=int, default=128)
     p.add_argument("--new-tokens", type=int, default=32, help="decode steps timed (default 32)")
-    p.add_argument("--num-redundant-experts", type=int, action="append", default=None, metavar="R", help="a variant: R = 0 default placement, R > 0 R extra experts placed by EPLB from a warm-up's load (repeatable; default 0)")
-    p.add_argument("--skew", type=float, default=0.5, metavar="S", help="correction bias of the hottest expert; the j-th of a fixed random order gets S*exp(-j/K) (default 0.5; 0: no skew)")
+    p.add_argument("--num-redundant-experts", type=int, action="append", default=None, metavar="R",
+                   help="a variant: R = 0 default placement, R > 0 R extra experts placed by EPLB from a warm-up's load (repeatable; default 0)")
+    p.add_argument("--skew", type=float, default=0.5, metavar="S",
+                   help="correction bias of the hottest expert; the j-th of a fixed random order gets S*exp(-j/K) (default 0.5; 0: no skew)")
     p.add_argument("--skew-experts", type=float, default=16.0, metavar="K", help="decay length K of the skew, in experts (default 16)")
     p.add_argument("--dtype", default="bfloat16", choices=DTYPES)
     p.add_argument("--enforce-eager", action="store_true", help="no device graphs (the cuda backend's CUDA graphs), one rank or several")
     p.add_argument("--interpret", action="store_true", help="run the backend's Triton kernels in the Triton interpreter (CPU; for checking)")
     p.add_argument("--max-num-batched-tokens", type=int, default=16384, metavar="N", help="prefill tokens per step (default 16384)")
-    p.add_argument("--override", action="append", default=None, metavar="KEY=VALUE", help="set a config.json field of the model (JSON value), e.g. hidden_size=1024 (repeatable)")
+    p.add_argument("--override", action="append", default=None, metavar="KEY=VALUE",
+                   help="set a config.json field of the model (JSON value), e.g. hidden_size=1024 (repeatable)")
     p.add_argument("--repeat", type=int, default=2, help="timed runs of each call; the fastest counts (default 2)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--dist-timeout", type=float, default=300.0, metavar="S", help="seconds a rank waits in a collective (default 300)")
@@ -69,7 +73,11 @@ def parse_overrides(items: list[str] | None) -> dict:
 
 
 def check(args) -> None:
-    for name, value in (("--batch", min(args.batch or [1])), ("--prompt-len", args.prompt_len), ("--new-tokens", args.new_tokens), ("--layers", args.layers), ("--max-num-batched-tokens", args.max_num_batched_tokens), ("--repeat", args.repeat)):
+    counts = (
+        ("--batch", min(args.batch or [1])), ("--prompt-len", args.prompt_len), ("--new-tokens", args.new_tokens), ("--layers", args.layers),
+        ("--max-num-batched-tokens", args.max_num_batched_tokens), ("--repeat", args.repeat),
+    )
+    for name, value in counts:
         if value < 1:
             raise UserError(f"{name} must be at least 1, not {value}")
     if args.ep is not None and args.ep < 1:

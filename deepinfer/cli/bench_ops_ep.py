@@ -24,8 +24,8 @@ def add_arguments(ops: argparse.ArgumentParser) -> None:
     group.add_argument("--ep", type=int, default=None, metavar="N", help="benchmark dispatch/combine over N ranks of this host, one process each (torchrun)")
     group.add_argument("--tokens", type=int, action="append", default=None, metavar="T", help="tokens per rank (repeatable; default 128 and 4096)")
     group.add_argument("--warmup", type=int, default=3, metavar="N", help="untimed iterations first (default 3)")
-    group.add_argument("--phases", action="store_true", default=None,
-                       help="also time each phase of every EP implementation's dispatch / combine (CUDA events; or DEEPINFER_EP_BENCH_PHASES=1)")
+    group.add_argument("--phases", action="store_true",
+                       help="also time each phase of every EP implementation's dispatch / combine (device events)")
     group.add_argument("--dist-timeout", type=float, default=300.0, metavar="S", help="seconds (> 0) a rank waits in a collective (default 300)")
 
 
@@ -74,7 +74,9 @@ def check(args) -> None:
         if args.ep > (os.cpu_count() or 1):
             raise UserError(f"--ep {args.ep} on the CPU starts {args.ep} processes; this machine has {os.cpu_count()} CPUs")
     elif args.ep > devices:
-        raise UserError(f"--ep {args.ep} with backend {args.backend!r} needs {args.ep} {spec.device_type} devices (one rank each); this host has {devices or 'none'}")
+        raise UserError(
+            f"--ep {args.ep} with backend {args.backend!r} needs {args.ep} {spec.device_type} devices (one rank each); this host has {devices or 'none'}"
+        )
     from deepinfer.bench.ep import ep_implementations
 
     registry = plugins.registry(args.backend, interpret=interpret, options=options)
@@ -96,13 +98,6 @@ def command_line(args) -> list[str]:
     for option in args.backend_option or []:
         words += ["--backend-option", option]
     return words
-
-
-PHASES_ENV = "DEEPINFER_EP_BENCH_PHASES"
-
-
-def wants_phases(args) -> bool:
-    return bool(getattr(args, "phases", None)) or os.environ.get(PHASES_ENV, "").strip() not in ("", "0")
 
 
 def run(args) -> int:
@@ -127,7 +122,7 @@ def run(args) -> int:
         timeout_s=args.dist_timeout,
         json_path=Path(args.json) if args.json is not None else None,
         progress=lambda line: print(line, flush=True),
-        phases=wants_phases(args),
+        phases=bool(args.phases),
         backend_options=backend_options(args),
     )
     return 0

@@ -91,7 +91,8 @@ def add_parser(sub) -> None:
     p.add_argument("--max-tokens", type=int, default=16, metavar="N", help="tokens to generate per request at most (default 16, as vLLM)")
     p.add_argument("--temperature", type=float, default=1.0, metavar="T", help="0 is greedy (default 1.0)")
     p.add_argument("--top-p", type=float, default=1.0, metavar="P", help="nucleus sampling (default 1.0: off)")
-    p.add_argument("--top-k", type=int, default=0, metavar="K", help="keep the K most likely tokens, K <= 2**31-1 (default 0: off; K >= the vocabulary keeps all)")
+    p.add_argument("--top-k", type=int, default=0, metavar="K",
+                   help="keep the K most likely tokens, K <= 2**31-1 (default 0: off; K >= the vocabulary keeps all)")
     p.add_argument("--min-p", type=float, default=0.0, metavar="P", help="drop tokens below P times the top probability (default 0: off)")
     p.add_argument("--stop", action="append", metavar="TEXT", help="a stop string (repeat for several)")
     p.add_argument("--ignore-eos", action="store_true", help="keep generating past the end-of-sequence token")
@@ -105,16 +106,20 @@ def add_parser(sub) -> None:
     p.add_argument("--num-kv-blocks", type=int, metavar="N", help="KV cache pages (default: from the memory budget)")
     p.add_argument("--no-prefix-caching", action="store_true", help="switch the prefix cache off")
     p.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs for decode steps (cuda backend)")
-    p.add_argument("--interpret", action="store_true", help="run the backend's Triton kernels in the Triton interpreter on the CPU (slow; for checking kernels)")
-    p.add_argument("--cpu-threads", type=int, metavar="N", help="torch's CPU threads (default on the CPU: OMP_NUM_THREADS if set, else the usable cores but one)")
+    p.add_argument("--interpret", action="store_true",
+                   help="run the backend's Triton kernels in the Triton interpreter on the CPU (slow; for checking kernels)")
+    p.add_argument("--cpu-threads", type=int, metavar="N",
+                   help="torch's CPU threads (default on the CPU: OMP_NUM_THREADS if set, else the usable cores but one)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     ep = p.add_argument_group("expert parallelism (see docs/distributed.md)")
     ep.add_argument("--ep", type=int, metavar="N", help="shard the experts over N devices, one process each (default 1; under torchrun: its process count)")
-    ep.add_argument("--num-redundant-experts", type=int, default=0, metavar="R", help="extra copies of busy experts per MoE layer (experts + R must divide by N)")
+    ep.add_argument("--num-redundant-experts", type=int, default=0, metavar="R",
+                    help="extra copies of busy experts per MoE layer (experts + R must divide by N)")
     ep.add_argument("--eplb", action="store_true", help="count the expert load and re-place the experts by EPLB every --eplb-interval steps")
     ep.add_argument("--eplb-interval", type=int, default=1000, metavar="STEPS", help="steps between EPLB rebalances (default 1000)")
     ep.add_argument("--expert-load", metavar="FILE", help="JSON [MoE layers][experts] token counts: place the experts by EPLB from the start")
-    ep.add_argument("--dist-timeout", type=float, default=300.0, metavar="S", help="seconds (> 0) a rank waits for the others in a collective before the run fails (default 300)")
+    ep.add_argument("--dist-timeout", type=float, default=300.0, metavar="S",
+                    help="seconds (> 0) a rank waits for the others in a collective before the run fails (default 300)")
     p.set_defaults(func=run)
     global _PARSER
     _PARSER = p
@@ -157,7 +162,10 @@ def check_flags(args) -> None:
 
     if args.ep is not None and args.ep < 1:
         raise UserError(f"--ep must be >= 1, got {args.ep}")
-    counts = (("--max-num-seqs", args.max_num_seqs), ("--max-num-batched-tokens", args.max_num_batched_tokens), ("--num-kv-blocks", args.num_kv_blocks), ("--eplb-interval", args.eplb_interval))
+    counts = (
+        ("--max-num-seqs", args.max_num_seqs), ("--max-num-batched-tokens", args.max_num_batched_tokens),
+        ("--num-kv-blocks", args.num_kv_blocks), ("--eplb-interval", args.eplb_interval),
+    )
     for flag, value in counts:
         if value is not None and value < 1:
             raise UserError(f"{flag} must be >= 1, got {value}")
@@ -415,7 +423,8 @@ def check_ep_setup(args) -> None:
     else:
         folder = Path(args.model).expanduser()
         if not folder.is_dir():
-            raise UserError(f"model path {args.model} " + ("is a file; pass the checkpoint folder that holds it" if folder.exists() else "does not exist; pass an HF checkpoint folder"))
+            problem = "is a file; pass the checkpoint folder that holds it" if folder.exists() else "does not exist; pass an HF checkpoint folder"
+            raise UserError(f"model path {args.model} {problem}")
     config = load_config(folder)
     experts = config.n_routed_experts or 0
     if not experts:

@@ -192,7 +192,9 @@ def _lock(fd: int, path: Path) -> None:
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
-        raise UserError(f"output {path} is in use by another deepinfer run (it holds the file's lock); wait for it to finish or write to another file") from None
+        raise UserError(
+            f"output {path} is in use by another deepinfer run (it holds the file's lock); wait for it to finish or write to another file"
+        ) from None
     except OSError:
         pass  # a file system without flock: no protection, as before
 

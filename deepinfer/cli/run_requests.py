@@ -128,7 +128,8 @@ def parse_line(line: str, where: str, number: int) -> Request:
         raise UserError(f"{where}: {id_key} must be a string or an integer, got {_short(request.id)}")
     bad_text = _lone_surrogate(item)
     if bad_text is not None:
-        request.fail(f"{bad_text.encode('ascii', 'backslashreplace').decode()} holds a lone surrogate, which is not valid Unicode text (an escape such as \\udc00 without its pair)")
+        shown = bad_text.encode("ascii", "backslashreplace").decode()
+        request.fail(f"{shown} holds a lone surrogate, which is not valid Unicode text (an escape such as \\udc00 without its pair)")
         return request
     if batch:
         source = _batch_body(item, request)
@@ -196,7 +197,8 @@ def _unsupported_key(source: dict, where: str) -> str | None:
             continue
         if key in NEUTRAL_VALUES:
             if value is not None and not _same(value, NEUTRAL_VALUES[key]):
-                return f"{_name(key)}: {_short(value)} is not supported (deepinfer does not implement {key}); leave it out or set it to {json.dumps(NEUTRAL_VALUES[key])}"
+                neutral = json.dumps(NEUTRAL_VALUES[key])
+                return f"{_name(key)}: {_short(value)} is not supported (deepinfer does not implement {key}); leave it out or set it to {neutral}"
             continue
         return f"unknown field {_name(key)}{where}; deepinfer does not implement it (the fields it reads are in `deepinfer run --help`)"
     return None

@@ -130,7 +130,10 @@ class DecodeGraphs:
         self.temperature[n:size].zero_()  # padding rows sample greedily
         if size not in self.graphs:
             if self.collective:
-                raise RuntimeError(f"no device graph for decode batches of {size}: with expert parallelism every rank captures it in the same step (distributed.lockstep.LockstepRunner.run)")
+                raise RuntimeError(
+                    f"no device graph for decode batches of {size}: "
+                    "with expert parallelism every rank captures it in the same step (distributed.lockstep.LockstepRunner.run)"
+                )
             self.graphs[size] = self._capture(size)
         graph, tokens = self.graphs[size]
         graph.replay()

@@ -11,7 +11,8 @@ from __future__ import annotations
 import os
 import sys
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Mapping, Sequence as SequenceType
+from typing import Any, Callable, Iterator, Mapping
+from typing import Sequence as SequenceType
 
 import torch
 

@@ -133,10 +133,14 @@ def read_weight_map(index: Path) -> dict[str, str]:
     data = read_json_object(index)
     weight_map = data.get("weight_map")
     if not isinstance(weight_map, dict) or not weight_map:
-        raise CheckpointError(f"{index}: weight_map is {shown(weight_map)}, expected an object mapping tensor names to shard files", "fix or re-download the index")
+        raise CheckpointError(
+            f"{index}: weight_map is {shown(weight_map)}, expected an object mapping tensor names to shard files", "fix or re-download the index"
+        )
     for name, shard in weight_map.items():
         if not isinstance(shard, str):
-            raise CheckpointError(f"{index}: weight_map entry {name!r} is {shown(shard)}, expected a shard file name (a string)", "fix or re-download the index")
+            raise CheckpointError(
+                f"{index}: weight_map entry {name!r} is {shown(shard)}, expected a shard file name (a string)", "fix or re-download the index"
+            )
     return weight_map
 
 
@@ -179,7 +183,9 @@ def _check_dtype(name: str, tensor: StoredTensor, spec: TensorSpec, stored: dict
     if scale is None:
         raise CheckpointError(f"{tensor.file}: tensor {scale_name} (shape {list(want)}) is missing for the FP8 weight {name}", "re-export the checkpoint")
     if scale.shape != want or scale.dtype not in FLOAT_DTYPES:
-        raise CheckpointError(f"{scale.file}: tensor {scale_name} is {scale.dtype} {list(scale.shape)}, expected a float scale of shape {list(want)}", "re-export the checkpoint")
+        raise CheckpointError(
+            f"{scale.file}: tensor {scale_name} is {scale.dtype} {list(scale.shape)}, expected a float scale of shape {list(want)}", "re-export the checkpoint"
+        )
 
 
 def kept_dtype(name: str, tensor: StoredTensor, specs: dict[str, TensorSpec], dtype: torch.dtype) -> torch.dtype | None:
@@ -247,12 +253,15 @@ def check_finite(tensor: torch.Tensor, name: str, file: Path, stored: torch.Tens
         return
     if not bad:
         return
-    if stored is not None and stored.dtype != tensor.dtype and stored.is_floating_point() and stored.dtype != torch.float8_e4m3fn and bool(torch.isfinite(stored).all()):
+    cast_from_float = stored is not None and stored.dtype != tensor.dtype and stored.is_floating_point() and stored.dtype != torch.float8_e4m3fn
+    if cast_from_float and bool(torch.isfinite(stored).all()):
         raise CheckpointError(
             f"{file}: tensor {name} overflows {tensor.dtype} (its {stored.dtype} values exceed that dtype's range)",
             "load it in bfloat16 or float32 (--dtype)",
         )
-    raise CheckpointError(f"{file}: tensor {name} holds NaN or Inf values", "the checkpoint is broken (a failed training run or export); re-download or re-export it")
+    raise CheckpointError(
+        f"{file}: tensor {name} holds NaN or Inf values", "the checkpoint is broken (a failed training run or export); re-download or re-export it"
+    )
 
 
 def _open(file: Path):

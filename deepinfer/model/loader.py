@@ -106,7 +106,9 @@ def _is_embedded_folder(folder: Path) -> bool:
     return os.path.realpath(folder) == os.path.realpath(embedded_folder())
 
 
-def _load_folder(folder: Path, ops, device: torch.device, dtype: torch.dtype, experts: ExpertSharding | None, max_model_len: int | None, dummy: bool) -> LoadedModel:
+def _load_folder(
+    folder: Path, ops, device: torch.device, dtype: torch.dtype, experts: ExpertSharding | None, max_model_len: int | None, dummy: bool
+) -> LoadedModel:
     config = load_config(folder)
     rope_positions = min(max_model_len or config.max_position_embeddings, config.max_position_embeddings)
     held = physical = None

@@ -67,7 +67,9 @@ def num_moe_layers(config: ModelConfig) -> int:
     return 0 if first >= config.num_hidden_layers else (config.num_hidden_layers - 1 - first) // freq + 1
 
 
-def estimate_model_memory(config: ModelConfig, dtype: torch.dtype, rope_positions: int, physical_experts_held: int | None = None, physical_experts: int | None = None) -> MemoryEstimate:
+def estimate_model_memory(
+    config: ModelConfig, dtype: torch.dtype, rope_positions: int, physical_experts_held: int | None = None, physical_experts: int | None = None
+) -> MemoryEstimate:
     """Bytes the model needs. `physical_experts_held`: experts per MoE layer on this rank (default:
     every logical expert); `physical_experts`: per layer over all ranks (routing tables)."""
     c = config
@@ -89,7 +91,8 @@ def estimate_model_memory(config: ModelConfig, dtype: torch.dtype, rope_position
         attention = linear(heads * c.qk_head_dim, h)
     else:
         attention = linear(c.q_lora_rank, h) + c.q_lora_rank * item + linear(heads * c.qk_head_dim, c.q_lora_rank)
-    attention += linear(c.kv_cache_width, h) + c.kv_lora_rank * item + linear(heads * (c.qk_nope_head_dim + c.v_head_dim), c.kv_lora_rank) + linear(h, heads * c.v_head_dim)
+    attention += linear(c.kv_cache_width, h) + c.kv_lora_rank * item
+    attention += linear(heads * (c.qk_nope_head_dim + c.v_head_dim), c.kv_lora_rank) + linear(h, heads * c.v_head_dim)
     weights += c.num_hidden_layers * (attention + 2 * h * item)
     tensors += c.num_hidden_layers * 8
     moe_layers = num_moe_layers(c)
@@ -162,7 +165,8 @@ def check_fits(estimate: MemoryEstimate, device: torch.device, config: ModelConf
     on_host = _mem_get_info(device) is None
     checks = [(device, free, measured, estimate.parts(with_host=on_host))]
     if not on_host:
-        checks.append(("the host", host_available(), "available RAM", {"RoPE table temporaries": estimate.rope_build, "checkpoint bookkeeping": estimate.bookkeeping}))
+        host_parts = {"RoPE table temporaries": estimate.rope_build, "checkpoint bookkeeping": estimate.bookkeeping}
+        checks.append(("the host", host_available(), "available RAM", host_parts))
     for where, free, measured, parts in checks:
         need = sum(parts.values())
         if free is None or need <= free:

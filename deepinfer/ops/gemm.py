@@ -105,7 +105,9 @@ def _check_weight(weight: torch.Tensor, weight_scale: torch.Tensor | None, fmt: 
     if weight.dtype not in weight_dtypes or tuple(weight.shape) != (*experts, *weight_shape):
         raise ValueError(f"{fmt} weight must be {(*experts, *weight_shape)} of {_names(weight_dtypes)} for K={k}, got {tuple(weight.shape)} {weight.dtype}")
     if weight_scale is not None and (weight_scale.dtype not in scale_dtypes or tuple(weight_scale.shape) != (*experts, *scale_shape)):
-        raise ValueError(f"{fmt} weight_scale must be {(*experts, *scale_shape)} of {_names(scale_dtypes)}, got {tuple(weight_scale.shape)} {weight_scale.dtype}")
+        raise ValueError(
+            f"{fmt} weight_scale must be {(*experts, *scale_shape)} of {_names(scale_dtypes)}, got {tuple(weight_scale.shape)} {weight_scale.dtype}"
+        )
 
 
 def _names(dtypes: tuple) -> str:

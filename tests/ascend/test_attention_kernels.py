@@ -186,12 +186,18 @@ CASES = {
     # S = 4 MTP rows (12 rows padded to 16), page 32, window 5, two splits
     "mla_s4_window5_page32_bf16": _mla_case(BF16, 3, window=5, seq_lens=[4, 70], queries=4, heads=3, page=32, kernel_kw={"num_splits": 2}),
     "mla_s3_window1_f32": _mla_case(F32, 4, window=1, seq_lens=[3, 33, 64], queries=3, heads=2, page=16, kernel_kw={"num_splits": 2}),
-    "mla_s2_window40_page128_f32": _mla_case(F32, 5, window=40, seq_lens=[2, 65, 200], queries=2, heads=4, page=128, kernel_kw={"tiles": {"BLOCK_N": 32}, "num_splits": 3}),
+    "mla_s2_window40_page128_f32": _mla_case(
+        F32, 5, window=40, seq_lens=[2, 65, 200], queries=2, heads=4, page=128, kernel_kw={"tiles": {"BLOCK_N": 32}, "num_splits": 3}
+    ),
     # S*H = 2*40 = 80 rows: head blocks of 64 (small latent fits), default plan
     "mla_rows80_head_blocks_f32": _mla_case(F32, 6, seq_lens=[17, 130], queries=2, heads=40, page=64),
     # C-chunked scores (the A2 float32 path at full width), with a non-power-of-two latent (48 of 64)
-    "mla_q_chunked_latent48_bf16": _mla_case(BF16, 7, seq_lens=[5, 50], queries=2, heads=4, latent=48, page=16, kernel_kw={"tiles": {"Q_CHUNK": 32, "BLOCK_N": 16}, "num_splits": 2}),
-    "mla_q_chunked_f32": _mla_case(F32, 8, window=9, seq_lens=[33, 20], queries=1, heads=16, latent=64, page=32, kernel_kw={"tiles": {"Q_CHUNK": 16, "BLOCK_N": 32}}),
+    "mla_q_chunked_latent48_bf16": _mla_case(
+        BF16, 7, seq_lens=[5, 50], queries=2, heads=4, latent=48, page=16, kernel_kw={"tiles": {"Q_CHUNK": 32, "BLOCK_N": 16}, "num_splits": 2}
+    ),
+    "mla_q_chunked_f32": _mla_case(
+        F32, 8, window=9, seq_lens=[33, 20], queries=1, heads=16, latent=64, page=32, kernel_kw={"tiles": {"Q_CHUNK": 16, "BLOCK_N": 32}}
+    ),
     "mla_mixed_q_f32_cache_bf16": _mla_case(BF16, 9, seq_lens=[20, 64], queries=1, heads=4, q_dtype=F32, page=16),
     # DeepSeek-V3 widths in the Ascend block size (128), the registered wrapper's own plan
     "mla_full_width_page128_bf16": _mla_case(BF16, 10, wrapper=True, seq_lens=[129, 300], queries=2, heads=8, latent=512, rope=64, page=128),
@@ -245,11 +251,13 @@ def _compile_variants():
     pf_base = dict(H=2, D_QK=48, D_V=24, BLOCK_M=16, BLOCK_N=16, BLOCK_D1=32, BLOCK_D2=16, BLOCK_DV=32, DOT_F32=False, DOT_PRECISION=None, MANUAL_RNE=False)
     kv_ptrs = {"kv_c_ptr": "*bf16", "k_pe_ptr": "*bf16", "cache_ptr": "*bf16", "slot_ptr": "*i64"}
     kv_base = dict(C=48, R=16, BLOCK_C=64, BLOCK_R=16, PAGE=128, MANUAL_RNE=False)
+    split = mla._mla_decode_split_kernel
+    combine_ptrs = {"part_out_ptr": "*fp32", "part_lse_ptr": "*fp32", "out_ptr": "*bf16"}
     return [
-        ("mla_resident_direct", mla._mla_decode_split_kernel, mla_ptrs, {**mla_base, "Q_CHUNK": 0, "HAS_WINDOW": False, "DIRECT": True, "IDX64": False}),
-        ("mla_resident_split_window_idx64", mla._mla_decode_split_kernel, mla_ptrs, {**mla_base, "Q_CHUNK": 0, "HAS_WINDOW": True, "DIRECT": False, "IDX64": True}),
-        ("mla_q_chunked_split_window", mla._mla_decode_split_kernel, mla_ptrs, {**mla_base, "Q_CHUNK": 32, "HAS_WINDOW": True, "DIRECT": False, "IDX64": False}),
-        ("mla_combine", mla._mla_decode_combine_kernel, {"part_out_ptr": "*fp32", "part_lse_ptr": "*fp32", "out_ptr": "*bf16"}, dict(ROWS=8, C=48, BLOCK_M=16, BLOCK_C=64, MANUAL_RNE=False)),
+        ("mla_resident_direct", split, mla_ptrs, {**mla_base, "Q_CHUNK": 0, "HAS_WINDOW": False, "DIRECT": True, "IDX64": False}),
+        ("mla_resident_split_window_idx64", split, mla_ptrs, {**mla_base, "Q_CHUNK": 0, "HAS_WINDOW": True, "DIRECT": False, "IDX64": True}),
+        ("mla_q_chunked_split_window", split, mla_ptrs, {**mla_base, "Q_CHUNK": 32, "HAS_WINDOW": True, "DIRECT": False, "IDX64": False}),
+        ("mla_combine", mla._mla_decode_combine_kernel, combine_ptrs, dict(ROWS=8, C=48, BLOCK_M=16, BLOCK_C=64, MANUAL_RNE=False)),
         ("prefill", pf._prefill_kernel, pf_ptrs, {**pf_base, "HAS_WINDOW": False, "IDX64": False}),
         ("prefill_window_idx64", pf._prefill_kernel, pf_ptrs, {**pf_base, "HAS_WINDOW": True, "IDX64": True}),
         ("prefill_one_dot", pf._prefill_kernel, pf_ptrs, {**pf_base, "D_QK": 32, "BLOCK_D2": 0, "HAS_WINDOW": True, "IDX64": False}),

@@ -196,7 +196,8 @@ def _script(chip: str) -> int:
         ])
 
     def linear_case(fmt, t, n, k, dt, seed, wdt=None):
-        return ("linear", {"x": torch.randn(t, k, generator=gen(seed)).to(dt), **weight_in(fmt, n=n, k=k, seed=seed + 1, dtype=wdt or dt)}, f"{fmt} {dt} w {wdt or dt} t{t} n{n} k{k}")
+        inputs = {"x": torch.randn(t, k, generator=gen(seed)).to(dt), **weight_in(fmt, n=n, k=k, seed=seed + 1, dtype=wdt or dt)}
+        return ("linear", inputs, f"{fmt} {dt} w {wdt or dt} t{t} n{n} k{k}")
 
     def check_linear_dense():
         return run_all([

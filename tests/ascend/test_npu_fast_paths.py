@@ -20,7 +20,6 @@ import types
 
 import pytest
 import torch
-from cli_helpers import run_cli
 
 import deepinfer_ascend.npu_ops as npu_ops
 import deepinfer_ascend.probe as probe
@@ -30,6 +29,8 @@ from deepinfer.plugins import BackendSpec
 from deepinfer.registry import EXACT, ModelFacts, Registration, Registry, ResolveContext, all_ops
 from deepinfer_ascend import device
 from deepinfer_ascend.options import SIM_CHIP
+
+from cli_helpers import run_cli
 
 OPS = all_ops()
 BF16 = torch.bfloat16

@@ -90,7 +90,11 @@ def check_norm_rope_act(gen):
     from deepinfer_ascend.kernels.rope import rope
 
     # rms_norm: one row; many short rows (row tiles, > cores); the chunked long row; 3-D; float64
-    for shape, dtype, res in [((1, 7), torch.float32, False), ((130, 96), torch.bfloat16, True), ((3, 9000), torch.float32, True), ((2, 3, 64), torch.float16, False), ((4, 40), torch.float64, True)]:
+    norm_cases = [
+        ((1, 7), torch.float32, False), ((130, 96), torch.bfloat16, True), ((3, 9000), torch.float32, True), ((2, 3, 64), torch.float16, False),
+        ((4, 40), torch.float64, True),
+    ]
+    for shape, dtype, res in norm_cases:
         x = torch.randn(*shape, generator=gen).to(dtype)
         w = (1 + 0.1 * torch.randn(shape[-1], generator=gen)).to(dtype)
         r = torch.randn(*shape, generator=gen).to(dtype) if res else None
@@ -117,10 +121,15 @@ def check_norm_rope_act(gen):
         xv = torch.randn(5, 4, 2, 64, generator=gen)[:, :, 1, :]  # head stride 128, token stride 512
         pos = torch.randint(0, 512, (5,), generator=gen)
         plain = rope_cos_sin_cache(64, 512, 10000.0)
-        _close(rope(xv, pos, plain, interleaved=interleaved), _golden(ref_rope, xv, pos, plain, interleaved=interleaved, dtype=torch.float32), torch.float32, reduction=2)
+        golden = _golden(ref_rope, xv, pos, plain, interleaved=interleaved, dtype=torch.float32)
+        _close(rope(xv, pos, plain, interleaved=interleaved), golden, torch.float32, reduction=2)
 
     # silu_and_mul: tiny, column tiles of a wide row, 3-D, wide range, float64
-    for shape, dtype, scale in [((1, 10), torch.float32, 1.0), ((33, 6000), torch.bfloat16, 1.0), ((2, 3, 20), torch.float16, 1.0), ((17, 64), torch.float32, 60.0), ((3, 8), torch.float64, 1.0)]:
+    silu_cases = [
+        ((1, 10), torch.float32, 1.0), ((33, 6000), torch.bfloat16, 1.0), ((2, 3, 20), torch.float16, 1.0), ((17, 64), torch.float32, 60.0),
+        ((3, 8), torch.float64, 1.0),
+    ]
+    for shape, dtype, scale in silu_cases:
         x = (scale * torch.randn(*shape, generator=gen)).to(dtype)
         _close(silu_and_mul(x), _golden(ref_silu, x, dtype=dtype), dtype)
     assert silu_and_mul(torch.empty(0, 8)).shape == (0, 4)
@@ -146,9 +155,11 @@ def check_moe(gen):
 
     # V3 routing over more token tiles than vector cores; V2 groups by max; sqrt-softplus; top-1
     bias = 0.3 * torch.randn(256, generator=gen)
-    same_gate(dict(logits=2 * torch.randn(60, 256, generator=gen), top_k=8, score_func="sigmoid", correction_bias=bias, n_group=8, topk_group=4, renormalize=True, routed_scaling_factor=2.5))
+    same_gate(dict(logits=2 * torch.randn(60, 256, generator=gen), top_k=8, score_func="sigmoid", correction_bias=bias,
+                   n_group=8, topk_group=4, renormalize=True, routed_scaling_factor=2.5))
     same_gate(dict(logits=2 * torch.randn(5, 160, generator=gen), top_k=6, score_func="softmax", n_group=8, topk_group=3, routed_scaling_factor=16.0))
-    same_gate(dict(logits=8 * torch.randn(9, 72, generator=gen), top_k=5, score_func="sqrtsoftplus", correction_bias=0.2 * torch.randn(72, generator=gen), renormalize=True))
+    same_gate(dict(logits=8 * torch.randn(9, 72, generator=gen), top_k=5, score_func="sqrtsoftplus",
+                   correction_bias=0.2 * torch.randn(72, generator=gen), renormalize=True))
     same_gate(dict(logits=torch.randn(3, 10, generator=gen), top_k=1, score_func="softmax"))
     # ties everywhere (integer logits, a bias of halves): equal scores go to the lowest index, in
     # experts and in groups, exactly as the reference's stable sort; float32 in both
@@ -164,11 +175,18 @@ def check_moe(gen):
 
     # dispatch: more count tiles than cores and several scan blocks (S = 3520 slots: 55 tiles of 64),
     # E not a multiple of the expert chunk, skewed routing with empty experts, float64 rows as bits
-    for T, K, E, D, dtype, skew in [(220, 16, 200, 8, torch.bfloat16, False), (40, 8, 16, 300, torch.float32, True), (3, 2, 5, 17, torch.float64, False), (1, 1, 1, 8, torch.float32, False)]:
+    routing_cases = [
+        (220, 16, 200, 8, torch.bfloat16, False), (40, 8, 16, 300, torch.float32, True),
+        (3, 2, 5, 17, torch.float64, False), (1, 1, 1, 8, torch.float32, False),
+    ]
+    for T, K, E, D, dtype, skew in routing_cases:
         if skew:
             ids = torch.randint(0, 3, (T, K), generator=gen).to(torch.int32) * 5  # experts 0, 5, 10 only
         else:
-            ids = torch.rand(T, E, generator=gen).argsort(dim=-1)[:, :K].to(torch.int32) if K <= E else torch.randint(0, E, (T, K), generator=gen).to(torch.int32)
+            if K <= E:
+                ids = torch.rand(T, E, generator=gen).argsort(dim=-1)[:, :K].to(torch.int32)
+            else:
+                ids = torch.randint(0, E, (T, K), generator=gen).to(torch.int32)
         x = torch.randn(T, D, generator=gen).to(dtype)
         got = dispatch(x, ids, num_experts=E)
         want = ref_dispatch(x, ids, num_experts=E)
@@ -315,7 +333,8 @@ def frontend(family: str) -> None:
         ir.load_dialects(context)
         backend.load_dialects(context)
         sig = {**signature, **{name: "constexpr" for name in constexprs}}
-        ASTSource(fn=fn, signature=sig, constexprs=constexprs).make_ir(target, options, backend.get_codegen_implementation(options), backend.get_module_map(), context)
+        source = ASTSource(fn=fn, signature=sig, constexprs=constexprs)
+        source.make_ir(target, options, backend.get_codegen_implementation(options), backend.get_module_map(), context)
 
     i32, f32 = "i32", "fp32"
     if family == "misc":
@@ -323,30 +342,38 @@ def frontend(family: str) -> None:
             p = "*" + dt
             for has_res, chunked in ((True, True), (False, False)):
                 block_d = tile_elems(norm._BYTES_PER_ELEM) if chunked else 512
-                build(norm._rms_norm_kernel, dict(HAS_RES=has_res, BLOCK_T=1 if chunked else tile_elems(norm._BYTES_PER_ELEM) // 512, BLOCK_D=block_d, CHUNKED=chunked),
+                block_t = 1 if chunked else tile_elems(norm._BYTES_PER_ELEM) // 512
+                build(norm._rms_norm_kernel, dict(HAS_RES=has_res, BLOCK_T=block_t, BLOCK_D=block_d, CHUNKED=chunked),
                       x_ptr=p, r_ptr=p, w_ptr=p, out_ptr=p, h_ptr=p, T=i32, D=i32, stride_x=i32, stride_r=i32, stride_o=i32, stride_h=i32, eps=f32)
             for inter in (True, False):
                 build(rope._rope_kernel, dict(INTERLEAVED=inter, BLOCK_H=tile_elems(rope._BYTES_PER_PAIR) // 32, BLOCK_HALF=32),
-                      x_ptr=p, pos_ptr="*i64", cs_ptr="*fp32", out_ptr=p, T=i32, H=i32, HALF=i32, stride_xt=i32, stride_xh=i32, stride_ot=i32, stride_oh=i32, stride_cs=i32)
-            build(activation._silu_and_mul_kernel, dict(BLOCK_T=tile_elems(activation._BYTES_PER_ELEM) // 2048, BLOCK_I=2048), x_ptr=p, out_ptr=p, T=i32, I=i32, stride_x=i32, stride_o=i32)
+                      x_ptr=p, pos_ptr="*i64", cs_ptr="*fp32", out_ptr=p, T=i32, H=i32, HALF=i32,
+                      stride_xt=i32, stride_xh=i32, stride_ot=i32, stride_oh=i32, stride_cs=i32)
+            build(activation._silu_and_mul_kernel, dict(BLOCK_T=tile_elems(activation._BYTES_PER_ELEM) // 2048, BLOCK_I=2048),
+                  x_ptr=p, out_ptr=p, T=i32, I=i32, stride_x=i32, stride_o=i32)
     elif family == "moe":
         for dt in ("bf16", "fp32"):
             p = "*" + dt
             build(moe._dispatch_copy_kernel, dict(K=8, COUNT_S=moe._COUNT_S, BLOCK_K=8, BLOCK_D=1024),
-                  x_ptr=p, ids_ptr="*i32", rank_ptr="*i32", prefix_ptr="*i32", offsets_ptr="*i32", out_ptr=p, row_of_slot_ptr="*i32", T=i32, D=i32, E=i32, stride_x=i32, stride_out=i32)
-            build(moe._combine_kernel, dict(K=8, BLOCK_D=2048), src_ptr=p, w_ptr="*fp32", row_of_slot_ptr="*i32", out_ptr=p, T=i32, D=i32, stride_src=i32, stride_out=i32)
+                  x_ptr=p, ids_ptr="*i32", rank_ptr="*i32", prefix_ptr="*i32", offsets_ptr="*i32", out_ptr=p, row_of_slot_ptr="*i32",
+                  T=i32, D=i32, E=i32, stride_x=i32, stride_out=i32)
+            build(moe._combine_kernel, dict(K=8, BLOCK_D=2048),
+                  src_ptr=p, w_ptr="*fp32", row_of_slot_ptr="*i32", out_ptr=p, T=i32, D=i32, stride_src=i32, stride_out=i32)
         for score, bias, groups in ((0, False, 1), (1, True, 8), (2, True, 1), (0, False, 8)):
-            build(moe._gate_kernel, dict(TOP_K=8, SCORE=score, HAS_BIAS=bias, N_GROUP=groups, TOPK_GROUP=min(4, groups), RENORM=bias, BLOCK_T=tile_elems(moe._GATE_BYTES_PER_ELEM) // 256, BLOCK_E=256, BLOCK_G=8, BLOCK_K=8),
+            gate_sizes = dict(BLOCK_T=tile_elems(moe._GATE_BYTES_PER_ELEM) // 256, BLOCK_E=256, BLOCK_G=8, BLOCK_K=8)
+            build(moe._gate_kernel, dict(TOP_K=8, SCORE=score, HAS_BIAS=bias, N_GROUP=groups, TOPK_GROUP=min(4, groups), RENORM=bias, **gate_sizes),
                   logits_ptr="*fp32", bias_ptr="*fp32", w_ptr="*fp32", ids_ptr="*i32", T=i32, E=i32, stride_t=i32, group_size=i32, scale=f32)
         build(moe._dispatch_count_kernel, dict(BLOCK_S=moe._COUNT_S, BLOCK_E=moe._CHUNK_E), ids_ptr="*i32", rank_ptr="*i32", counts_ptr="*i32", S=i32, E=i32)
-        build(moe._dispatch_scan_kernel, dict(BLOCK_N=moe._SCAN_N, BLOCK_E=moe._CHUNK_E), counts_ptr="*i32", prefix_ptr="*i32", offsets_ptr="*i32", E=i32, n_tiles=i32)
+        build(moe._dispatch_scan_kernel, dict(BLOCK_N=moe._SCAN_N, BLOCK_E=moe._CHUNK_E),
+              counts_ptr="*i32", prefix_ptr="*i32", offsets_ptr="*i32", E=i32, n_tiles=i32)
     else:
         for dt in ("bf16", "fp32"):
             build(S._bitmask_kernel, dict(BLOCK_W=64), logits_ptr="*" + dt, mask_ptr="*i32", R=i32, V=i32, W=i32, stride_l=i32, stride_m=i32)
         for native in (False, True):
             build(S._uniform_kernel, dict(BLOCK=1024, NATIVE_U32=native), seed_ptr="*i32", pos_ptr="*i32", out_ptr="*fp32", V=i32)
             build(S._sample_kernel, {**S._sample_sizes(), "NATIVE_U32": native, "RECORD_PATH": native},
-                  logits_ptr="*fp32", stride_row=i32, temp_ptr="*fp32", topk_ptr="*i32", topp_ptr="*fp32", minp_ptr="*fp32", seed_ptr="*i32", pos_ptr="*i32", out_ptr="*i64", path_ptr="*i32", B=i32, V=i32)
+                  logits_ptr="*fp32", stride_row=i32, temp_ptr="*fp32", topk_ptr="*i32", topp_ptr="*fp32", minp_ptr="*fp32",
+                  seed_ptr="*i32", pos_ptr="*i32", out_ptr="*i64", path_ptr="*i32", B=i32, V=i32)
     print(f"FRONT END OK {family} {os.environ.get('DEEPINFER_ASCEND_SIM_CHIP', '910B')}", flush=True)
 
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from fake_backend import UNUSABLE, FakeBackend
 
 import deepinfer.plugins as plugins_mod
 from deepinfer.cli.main import main
@@ -15,6 +14,8 @@ from deepinfer.options import BackendOptionError, parse_assignments
 from deepinfer.plugins import Plugins
 from deepinfer.registry import RegistryError
 from deepinfer.runtime import open_runtime
+
+from fake_backend import UNUSABLE, FakeBackend
 
 
 @pytest.fixture

@@ -23,7 +23,8 @@ def _flat(text: str) -> str:
 def test_long_notes_wrap_instead_of_being_cut():
     report = {
         "backends": [
-            {"name": "gpu", "available": False, "reason": "no device", "hint": "buy one", "coverage": {"linear": [LONG_NOTE, "a second kernel"]}, "coverage_source": "interpreter"},
+            {"name": "gpu", "available": False, "reason": "no device", "hint": "buy one",
+             "coverage": {"linear": [LONG_NOTE, "a second kernel"]}, "coverage_source": "interpreter"},
             {"name": "cpu", "available": True, "reason": "here", "hint": "", "coverage": {"linear": ["pure torch"]}, "coverage_source": "device"},
         ],
         "plugin_failures": [],
@@ -58,7 +59,8 @@ def test_each_backends_options_are_listed_with_values_default_env_and_help():
     report = {
         "backends": [
             {"name": "gpu", "available": False, "reason": "no device", "hint": "", "coverage": {}, "options": [EP_PATH, SIM]},
-            {"name": "cpu", "available": True, "reason": "here", "hint": "", "coverage": {"linear": ["pure torch"]}, "coverage_source": "device", "options": []},
+            {"name": "cpu", "available": True, "reason": "here", "hint": "",
+             "coverage": {"linear": ["pure torch"]}, "coverage_source": "device", "options": []},
         ],
         "plugin_failures": [],
     }

@@ -14,13 +14,14 @@ import types
 
 import pytest
 import torch
-from fake_backend import UNUSABLE, FakeBackend
 
 import deepinfer.plugins as plugins_mod
 import deepinfer.runtime as runtime_mod
 from deepinfer.cli import bench_ops_ep
 from deepinfer.cli.main import build_parser, main
 from deepinfer.plugins import Availability, BackendSpec, Plugins, hookimpl
+
+from fake_backend import UNUSABLE, FakeBackend
 
 
 @pytest.fixture

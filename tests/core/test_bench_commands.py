@@ -54,12 +54,16 @@ def test_a_plugin_taking_a_built_in_name_or_failing_is_a_plugin_failure(monkeypa
     def breaks(add):
         raise SystemExit(9)
 
-    plugins = Plugins(load_entry_points=False, extra_plugins=(SimpleNamespace(deepinfer_add_bench_commands=hookimpl(takes_ops)), SimpleNamespace(deepinfer_add_bench_commands=hookimpl(breaks))))
+    extra = (SimpleNamespace(deepinfer_add_bench_commands=hookimpl(takes_ops)), SimpleNamespace(deepinfer_add_bench_commands=hookimpl(breaks)))
+    plugins = Plugins(load_entry_points=False, extra_plugins=extra)
     monkeypatch.setattr(plugins_mod, "load_plugins", lambda: plugins)
     assert main(["bench"]) == 2
     assert "one of ops, e2e, e2e-ep " in capsys.readouterr().err
     errors = sorted(f.error for f in plugins.failures)
-    assert errors == ["deepinfer_add_bench_commands raised SystemExit: 9", "deepinfer_add_bench_commands raised ValueError: `deepinfer bench ops` exists already"]
+    assert errors == [
+        "deepinfer_add_bench_commands raised SystemExit: 9",
+        "deepinfer_add_bench_commands raised ValueError: `deepinfer bench ops` exists already",
+    ]
 
 
 def test_built_in_bench_commands_do_not_load_plugins(monkeypatch):

@@ -10,13 +10,14 @@ from pathlib import Path
 
 import pytest
 import torch
-from fake_backend import RecordingGraphs
 
 import deepinfer.plugins as plugins_mod
 from deepinfer.bench import device_api
 from deepinfer.bench import ep as bench
 from deepinfer.cli.main import main
 from deepinfer.plugins import Availability, BackendSpec, Plugins, hookimpl
+
+from fake_backend import RecordingGraphs
 
 
 @pytest.mark.parametrize("forbidden", ['device.type == "cuda"', "torch.cuda", "getattr(torch, device.type"])
@@ -116,7 +117,8 @@ def test_without_graph_capture_the_in_graph_rows_are_left_out():
 def test_the_e2e_ep_graphs_note_asks_the_backend(monkeypatch):
     from deepinfer.cli.bench_e2e_ep import captures_graphs
 
-    _only(monkeypatch, _accelerator(lambda: 2, RecordingGraphs()), BackendSpec(name="plain", device_type="fakeaccel", probe=lambda interpret=False: Availability(True, "ok")))
+    plain = BackendSpec(name="plain", device_type="fakeaccel", probe=lambda interpret=False: Availability(True, "ok"))
+    _only(monkeypatch, _accelerator(lambda: 2, RecordingGraphs()), plain)
     assert captures_graphs(types.SimpleNamespace(backend="accel", interpret=False))
     assert not captures_graphs(types.SimpleNamespace(backend="accel", interpret=True))  # the interpreter runs on the CPU
     assert not captures_graphs(types.SimpleNamespace(backend="plain", interpret=False))

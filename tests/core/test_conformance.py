@@ -2,7 +2,6 @@
 
 import json
 
-import pytest
 import torch
 
 from deepinfer.registry import all_ops
@@ -68,7 +67,9 @@ def test_reference_backend_passes_every_case(tmp_path):
 
 def test_a_planted_wrong_kernel_fails_and_the_backends_disagree(oot_env, tmp_path):
     report = tmp_path / "report.json"
-    result = run_cli("conformance", "--backend", "oot", "--backend", "oot_wrong", "--op", "rms_norm", "--op", "silu_and_mul", "--json", str(report), env=oot_env)
+    result = run_cli(
+        "conformance", "--backend", "oot", "--backend", "oot_wrong", "--op", "rms_norm", "--op", "silu_and_mul", "--json", str(report), env=oot_env
+    )
     assert result.returncode == 1, result.stdout + result.stderr
     rows = json.loads(report.read_text())
     wrong_norm = [r for r in rows if r["backend"] == "oot_wrong" and r["op"] == "rms_norm"]

@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-from cli_helpers import run_cli
-from deepinfer_conformance import runner, worker
-from deepinfer_conformance.golden_io import GoldenTensors, read_cases
 
 from deepinfer.options import BackendOptionError
 from deepinfer.registry import ModelFacts
+from deepinfer_conformance import runner, worker
+from deepinfer_conformance.golden_io import GoldenTensors, read_cases
+
+from cli_helpers import run_cli
 
 
 def test_worker_resolves_with_the_backends_options(tmp_path, monkeypatch):

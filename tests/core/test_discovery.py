@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from deepinfer.discovery import registration_modules, submodules
+from deepinfer.discovery import module_names, registration_modules, submodules
 
 
 def test_submodules_imports_every_public_module_of_a_package(tmp_path, monkeypatch):
@@ -24,6 +24,21 @@ def test_submodules_imports_every_public_module_of_a_package(tmp_path, monkeypat
     (pkg / "sub" / "__init__.py").write_text("NAME = 'sub'\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     assert [m.NAME for m in submodules("discovered_pkg")] == ["alpha", "beta", "sub"]
+
+
+def test_module_names_lists_the_modules_without_importing_them(tmp_path, monkeypatch):
+    """For callers that import each module in a try of their own (the cuda bench runner): a module
+    that fails to import is still listed, and listing it does not raise."""
+    pkg = tmp_path / "listed_pkg"
+    (pkg / "sub").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "broken.py").write_text("raise ImportError('not imported by module_names')\n")
+    (pkg / "alpha.py").write_text("")
+    (pkg / "_private.py").write_text("")
+    (pkg / "sub" / "__init__.py").write_text("")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert module_names("listed_pkg") == ["alpha", "broken", "sub"]
+    assert "listed_pkg.broken" not in sys.modules
 
 
 def test_every_op_family_module_is_imported():

@@ -13,10 +13,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from cli_helpers import run_cli
 
 from deepinfer import discovery
 from deepinfer.registry import OPS, OpSpec, Registry, RegistryError, ResolveContext, all_ops, load_op_packages
+
+from cli_helpers import run_cli
 
 ROOT = Path(__file__).resolve().parents[2]
 

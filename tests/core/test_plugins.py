@@ -115,7 +115,8 @@ def exit_plugin_env(tmp_path_factory) -> dict[str, str]:
     target = tmp_path_factory.mktemp("exit_site")
     src = tmp_path_factory.mktemp("exit_build") / "oot_exit_plugin"
     shutil.copytree(Path(__file__).parents[1] / "fixtures" / "oot_exit_plugin", src)
-    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation", "--no-index", "--target", str(target), str(src)], check=True)
+    pip_install = [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation", "--no-index"]
+    subprocess.run([*pip_install, "--target", str(target), str(src)], check=True)
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(target), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     return env
@@ -141,7 +142,11 @@ def test_keyboard_interrupt_in_a_plugin_is_not_swallowed(monkeypatch, tmp_path):
     (tmp_path / "deepinfer_ctrl_c_plugin.py").write_text("raise KeyboardInterrupt\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     real = plugins_mod.entry_points
-    monkeypatch.setattr(plugins_mod, "entry_points", lambda group: [*real(group=group), EntryPoint(name="zz_ctrl_c", value="deepinfer_ctrl_c_plugin", group=group)])
+
+    def entry_points(group):
+        return [*real(group=group), EntryPoint(name="zz_ctrl_c", value="deepinfer_ctrl_c_plugin", group=group)]
+
+    monkeypatch.setattr(plugins_mod, "entry_points", entry_points)
     with pytest.raises(KeyboardInterrupt):
         Plugins()
 

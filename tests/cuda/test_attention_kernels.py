@@ -27,12 +27,13 @@ import zlib
 
 import pytest
 import torch
-from triton_mode import kernel_module, require_interpreter, require_interpreter_or_gpu
 
 from deepinfer.ops.attention import kv_cache_write as ref_kv_cache_write
 from deepinfer.ops.attention import mla_decode as ref_mla_decode
 from deepinfer.ops.attention import prefill as ref_prefill
 from deepinfer.registry import OPS, check_signature
+
+from triton_mode import kernel_module, require_interpreter, require_interpreter_or_gpu
 
 
 class _Kernels:
@@ -142,7 +143,8 @@ def test_mla_decode_full_width_default_plan():
     inputs = _mla_inputs(gen, torch.bfloat16, seq_lens=[65, 5], queries=1, heads=16, latent=512, rope=64, page=64)
     d = {k: v.to(K.device) for k, v in inputs.items()}
     out = K.mla.mla_decode(d["q_nope"], d["q_rope"], d["kv_cache"], d["block_table"], d["seq_lens"], softmax_scale=0.07).cpu()
-    ref = ref_mla_decode(inputs["q_nope"].double(), inputs["q_rope"].double(), inputs["kv_cache"].double(), inputs["block_table"], inputs["seq_lens"], softmax_scale=0.07)
+    q_nope, q_rope, kv_cache = (inputs[name].double() for name in ("q_nope", "q_rope", "kv_cache"))
+    ref = ref_mla_decode(q_nope, q_rope, kv_cache, inputs["block_table"], inputs["seq_lens"], softmax_scale=0.07)
     assert ((out.double() - ref).abs() <= 1e-3 * 65 + 1.6e-2 * ref.abs()).all()
 
 

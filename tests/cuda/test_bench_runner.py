@@ -84,12 +84,11 @@ def fake_bench(tmp_path, monkeypatch):
     pkg = tmp_path / "fakebench"
     pkg.mkdir()
     (pkg / "__init__.py").write_text("")
-    (pkg / "broken.py").write_text("import deepinfer_no_such_module\n")
+    (pkg / "broken.py").write_text('OPS = ("gate",)\nimport deepinfer_no_such_module\n')
     (pkg / "empty.py").write_text("X = 1\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.setattr(runner, "measure_copy_tbs", lambda device, timer: COPY_TBS)
     monkeypatch.setattr(runner, "measure_matmul_tflops", lambda device, timer: MATMUL_TFLOPS)
-    monkeypatch.setattr(runner, "MODULES", {**runner.MODULES, "broken": ("gate",)})
     for name in [m for m in sys.modules if m.startswith("fakebench")]:
         monkeypatch.delitem(sys.modules, name)
     good = types.ModuleType("fakebench.good")
@@ -108,6 +107,56 @@ def fake_bench(tmp_path, monkeypatch):
 
 def _by_case(result):
     return {r["case"]: r for r in result["results"]}
+
+
+BENCH_MODULES = ["attention_decode", "attention_prefill", "gemm", "moe", "sampling", "misc"]  # in TABLE_ORDER
+
+
+def test_the_runner_finds_the_bench_modules_by_iterating_its_package():
+    """No hand-kept list: every module of deepinfer_cuda.bench that declares OPS is benched, in
+    TABLE_ORDER; the others are helpers and say so (issue 14, item 8)."""
+    import importlib
+
+    from deepinfer.discovery import submodules
+
+    modules = [importlib.import_module(f"deepinfer_cuda.bench.{name}") for name in BENCH_MODULES]
+    cases, failures = runner.load_cases()
+    assert failures == [] and cases == [case for module in modules for case in module.CASES]
+    assert [m.TABLE_ORDER for m in modules] == sorted(m.TABLE_ORDER for m in modules)
+    for module in submodules("deepinfer_cuda.bench"):
+        if hasattr(module, "OPS"):
+            assert module.__name__.rsplit(".", 1)[1] in BENCH_MODULES
+            assert set(module.OPS) == {case.op for case in module.CASES}, module.__name__
+        else:
+            assert "Not a bench module" in " ".join((module.__doc__ or "").split()), module.__name__
+
+
+def test_discovered_modules_in_table_order_helpers_left_out_failures_kept(tmp_path, monkeypatch):
+    pkg = tmp_path / "discoveredbench"
+    pkg.mkdir()
+    files = {
+        "__init__.py": "",
+        "zeta.py": 'OPS = ("rms_norm",)\nTABLE_ORDER = 1\nCASES = ["z"]\n',
+        "alpha.py": 'OPS: tuple = ("rope",)\nTABLE_ORDER = 2\nCASES = ["a"]\n',
+        "unordered.py": 'OPS = ("silu_and_mul",)\nCASES = ["u"]\n',  # no TABLE_ORDER: after the others
+        "helper.py": 'CASES = ["not a bench case"]\n',  # no OPS: a helper, like compile_check
+        "broken_helper.py": "import deepinfer_no_such_module\n",  # a helper that fails: not the runner's business
+        "broken_bench.py": 'OPS = ("gate",)\nimport deepinfer_no_such_module\n',
+        "syntax.py": "OPS = (\n",  # cannot be read: it might be a bench module
+    }
+    for name, text in files.items():
+        (pkg / name).write_text(text)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for name in [m for m in sys.modules if m.startswith("discoveredbench")]:
+        monkeypatch.delitem(sys.modules, name)
+    cases, failures = runner.load_cases(package="discoveredbench")
+    assert cases == ["z", "a", "u"]
+    by_module = {f.row.op: f for f in failures}
+    assert set(by_module) == {"(broken_bench)", "(syntax)"}
+    assert "deepinfer_no_such_module" in by_module["(broken_bench)"].row.error and "SyntaxError" in by_module["(syntax)"].row.error
+    assert by_module["(broken_bench)"].covers == ("gate",) and by_module["(syntax)"].covers is None
+    assert not by_module["(broken_bench)"].concerns({"rms_norm"}) and by_module["(broken_bench)"].concerns({"gate", "rope"})
+    assert by_module["(syntax)"].concerns({"rms_norm"}) and by_module["(broken_bench)"].concerns(None)
 
 
 def test_rates_fractions_and_speedups(fake_bench):
@@ -152,7 +201,8 @@ def test_failures_become_rows_not_crashes(fake_bench):
 def test_table(fake_bench):
     _, text = fake_bench()
     lines = text.splitlines()
-    assert lines[1] == f"ceilings: copy {COPY_TBS:.3f} TB/s ({runner.Ceilings(0, 0).copy_how}); matmul {MATMUL_TFLOPS:.1f} TFLOP/s ({runner.Ceilings(0, 0).matmul_how})"
+    how = runner.Ceilings(0, 0)
+    assert lines[1] == f"ceilings: copy {COPY_TBS:.3f} TB/s ({how.copy_how}); matmul {MATMUL_TFLOPS:.1f} TFLOP/s ({how.matmul_how})"
     header = next(i for i, line in enumerate(lines) if line.startswith("op "))
     assert lines[header].split() == ["op", "case", "kernel", "ms", "TB/s", "TFLOP/s", "%", "ceiling", "peer", "peer", "ms", "speedup"]
     assert set(lines[header + 1]) <= {"-", " "}
@@ -171,7 +221,7 @@ def test_table(fake_bench):
 
 def test_op_filter_and_import_failures_that_concern_it(fake_bench):
     result, text = fake_bench(ops=["rms_norm"])
-    # (broken) covers gate only: hidden; (empty) is not in MODULES, so nobody knows what it covers: shown.
+    # (broken) declares it benches gate only: hidden; (empty) declares no OPS, so nobody knows what it covers: shown.
     assert [(r["op"], r["case"]) for r in result["results"]] == [("(empty)", "import"), ("rms_norm", "mem"), ("rms_norm", "decode")]
     result, _ = fake_bench(ops=["rms_norm", "gate"])
     cases = [(r["op"], r["case"]) for r in result["results"]]

@@ -3,8 +3,9 @@
 Runs `deepinfer bench compile --arch sm90,sm100 --json FILE` in a subprocess without TRITON_INTERPRET
 (tests/conftest.py sets it for this process, and interpreted kernels cannot be compiled), then checks
 every kernel: compiled, no spills, the expected matrix instruction class (SM90 wgmma, SM100 tcgen05,
-block-scaled tcgen05 for mxfp8 and mxfp4_a8; a case's own expectation where it differs, with why). Entries in compile_check.KNOWN_FAILURES stay visible in the table and
-must still fail: when one is fixed, the test says so and the entry is to be removed.
+block-scaled tcgen05 for mxfp8 and mxfp4_a8; a case's own expectation where it differs, with why).
+Entries in compile_check.KNOWN_FAILURES stay visible in the table and must still fail: when one is
+fixed, the test says so and the entry is to be removed.
 """
 
 from __future__ import annotations

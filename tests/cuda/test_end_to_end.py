@@ -60,7 +60,9 @@ def _gaps_from_float32(outs, reference) -> list[float]:
     return gaps
 
 
-@pytest.mark.skipif(mode() != GPU, reason="runs on a GPU only (TRITON_INTERPRET=0 pytest tests/cuda/test_end_to_end.py): bf16 arithmetic is wrong in the Triton interpreter")
+@pytest.mark.skipif(
+    mode() != GPU, reason="runs on a GPU only (TRITON_INTERPRET=0 pytest tests/cuda/test_end_to_end.py): bf16 arithmetic is wrong in the Triton interpreter"
+)
 def test_bf16_greedy_tokens_are_as_close_to_float32_as_the_reference_backends_bf16():
     """The first 8 bf16 greedy tokens of each prompt through the cuda kernels, scored against the
     reference backend's float32 logits on the same prefix (teacher forcing, as vLLM's

@@ -39,7 +39,12 @@ def weight_in(fmt: str, *lead: int, n: int, k: int, seed: int, dtype=torch.float
     w = rand(*lead, n, k, seed=seed, scale=0.05)
     if fmt == "dense":
         return {"weight": w.to(dtype)}
-    quantize = {"fp8_block": quant.quantize_weight_fp8_block, "mxfp4": quant.quantize_weight_mxfp4, "mxfp8": quant.quantize_weight_mxfp8, "mxfp4_a8": quant.quantize_weight_mxfp4}[fmt]
+    quantize = {
+        "fp8_block": quant.quantize_weight_fp8_block,
+        "mxfp4": quant.quantize_weight_mxfp4,
+        "mxfp8": quant.quantize_weight_mxfp8,
+        "mxfp4_a8": quant.quantize_weight_mxfp4,
+    }[fmt]
     q, s = quantize(w)
     return {"weight": q, "weight_scale": s, "fmt": fmt}
 

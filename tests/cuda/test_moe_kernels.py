@@ -64,7 +64,8 @@ def test_gate_matches_reference(k, case):
 def test_gate_ties_pick_lowest_index(k):
     # Exact ties among experts and among groups: the stable sort's choice (lowest index) is the contract.
     logits = torch.tensor([[1.0, 3.0, 3.0, 0.5, 3.0, 1.0, 3.0, 3.0], [2.0] * 8, [0.0, 1.0] * 4])
-    for kw in (dict(top_k=3), dict(top_k=2, n_group=4, topk_group=2), dict(top_k=2, n_group=2, topk_group=1, score_func="sigmoid", correction_bias=torch.zeros(8))):
+    sigmoid_grouped = dict(top_k=2, n_group=2, topk_group=1, score_func="sigmoid", correction_bias=torch.zeros(8))
+    for kw in (dict(top_k=3), dict(top_k=2, n_group=4, topk_group=2), sigmoid_grouped):
         w, ids = k.gate(logits, **kw)
         wr, ir = ref.gate(logits, **kw)
         assert torch.equal(_by_id(w, ids)[1], _by_id(wr, ir)[1]), kw
@@ -72,7 +73,8 @@ def test_gate_ties_pick_lowest_index(k):
 
 def test_gate_float64(k):
     logits = torch.randn(4, 64, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
-    kw = dict(top_k=6, score_func="sigmoid", correction_bias=torch.randn(64, dtype=torch.float64) * 0.1, n_group=8, topk_group=3, renormalize=True, routed_scaling_factor=2.5)
+    bias = torch.randn(64, dtype=torch.float64) * 0.1
+    kw = dict(top_k=6, score_func="sigmoid", correction_bias=bias, n_group=8, topk_group=3, renormalize=True, routed_scaling_factor=2.5)
     w, ids = k.gate(logits, **kw)
     wr, ir = ref.gate(logits, **kw)
     assert w.dtype == torch.float64

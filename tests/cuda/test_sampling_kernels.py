@@ -100,7 +100,8 @@ def _every_parameter_rows(V: int = 1003):
     B = len(rows)
     logits = base.repeat(B, 1)
     t, kk, p, m = (torch.tensor(c) for c in zip(*rows))
-    return [logits, t.float(), kk.to(torch.int32), p.float(), m.float(), torch.arange(B, dtype=torch.int64) * 7919 - 3, torch.arange(B, dtype=torch.int64) + 100]
+    seeds, positions = torch.arange(B, dtype=torch.int64) * 7919 - 3, torch.arange(B, dtype=torch.int64) + 100
+    return [logits, t.float(), kk.to(torch.int32), p.float(), m.float(), seeds, positions]
 
 
 def test_every_parameter_combination(k):

@@ -80,6 +80,26 @@ def test_bench_ops_ep_hands_the_backend_options_to_the_ranks(tmp_path):
     assert [i["name"] for i in result["implementations"]] == ["all_to_all_single path (NCCL)"]
 
 
+def test_phases_come_from_the_flag_alone(monkeypatch):
+    """Options are flags, not environment variables (issue 14, item 1): DEEPINFER_EP_BENCH_PHASES,
+    which duplicated --phases, is gone; the help says device events, not CUDA events."""
+    from deepinfer.bench import ep as bench
+    from deepinfer.cli import bench_ops_ep, launch
+    from deepinfer.cli.main import build_parser
+
+    seen = []
+    monkeypatch.setattr(launch, "launched_by_torchrun", lambda: True)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("DEEPINFER_EP_BENCH_PHASES", "1")
+    monkeypatch.setattr(bench, "run_rank", lambda **kwargs: seen.append(kwargs["phases"]))
+    parser = build_parser()
+    for extra in ([], ["--phases"]):
+        assert bench_ops_ep.run(parser.parse_args(["bench", "ops", "--backend", "reference", "--ep", "2", *extra])) == 0
+    assert seen == [False, True]
+    ops_help = " ".join(deepinfer("bench", "ops", "--help").stdout.split())
+    assert "(device events)" in ops_help and "CUDA events" not in ops_help and "DEEPINFER_EP_BENCH_PHASES" not in ops_help
+
+
 def test_ep_implementations_of_the_cuda_backend_on_the_cpu():
     from deepinfer.bench.ep import ep_implementations
     from deepinfer.registry import Registry
@@ -97,8 +117,10 @@ def test_ep_implementations_of_the_cuda_backend_on_the_cpu():
 def test_phase_medians_and_intervals_of_marks():
     from deepinfer.bench.ep import intervals, phase_medians
 
-    stamps = [("dispatch", 0.0), ("count", 2.0), ("barrier 1", 5.0), ("dispatch end", 6.0), ("combine", 7.0), ("scatter back", 9.0), ("combine end", 10.0),
-              ("dispatch", 10.0), ("count", 14.0), ("barrier 1", 15.0), ("dispatch end", 16.0), ("combine", 16.0), ("scatter back", 17.0), ("combine end", 19.0)]
+    stamps = [
+        ("dispatch", 0.0), ("count", 2.0), ("barrier 1", 5.0), ("dispatch end", 6.0), ("combine", 7.0), ("scatter back", 9.0), ("combine end", 10.0),
+        ("dispatch", 10.0), ("count", 14.0), ("barrier 1", 15.0), ("dispatch end", 16.0), ("combine", 16.0), ("scatter back", 17.0), ("combine end", 19.0),
+    ]
     assert intervals(stamps, "dispatch", "dispatch end") == [6.0, 6.0]
     assert intervals(stamps, "combine", "combine end") == [3.0, 3.0]
     got = phase_medians(stamps, {"dispatch": "dispatch", "combine": "combine"})
@@ -131,5 +153,6 @@ def test_the_symmetric_memory_path_is_measured_three_ways_at_the_latency_size():
     graph = f"{bench.SYMM} (CUDA graph)"
     assert bench._variants(symm, 128, True) == ([(bench.SYMM, 128, False), (f"{bench.SYMM} (T exchanged)", None, False), (graph, 128, True)], [])
     assert bench._variants(symm, 4096, True) == ([(bench.SYMM, 4096, False), (f"{bench.SYMM} (T exchanged)", None, False)], [])
-    assert bench._variants(symm, 128, False) == ([(bench.SYMM, 128, False), (f"{bench.SYMM} (T exchanged)", None, False)], [graph])  # no graph capture: left out
+    # no graph capture: the in-graph rows are left out
+    assert bench._variants(symm, 128, False) == ([(bench.SYMM, 128, False), (f"{bench.SYMM} (T exchanged)", None, False)], [graph])
     assert bench._variants(nccl, 128, True) == ([(nccl.name, 128, False)], [])

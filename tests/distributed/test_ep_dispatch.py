@@ -164,8 +164,10 @@ def test_a_rank_that_dies_fails_the_others(tmp_path):
 
 def test_ep_kernels_win_only_when_ep_size_is_above_one():
     from deepinfer.registry import Registry, ResolveContext
-    from deepinfer_ascend.kernels import moe as ascend_moe, moe_ep as ascend_moe_ep
-    from deepinfer_cuda.kernels import moe as cuda_moe, moe_ep as cuda_moe_ep
+    from deepinfer_ascend.kernels import moe as ascend_moe
+    from deepinfer_ascend.kernels import moe_ep as ascend_moe_ep
+    from deepinfer_cuda.kernels import moe as cuda_moe
+    from deepinfer_cuda.kernels import moe_ep as cuda_moe_ep
 
     for backend, local, ep in (("cuda", cuda_moe, cuda_moe_ep), ("ascend", ascend_moe, ascend_moe_ep)):
         registry = Registry()

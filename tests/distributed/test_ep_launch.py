@@ -127,7 +127,8 @@ def test_run_ep_shows_rank0_progress_and_writes_in_input_order(cache, tmp_path):
     src = tmp_path / "in.jsonl"
     src.write_text("".join(json.dumps(line) + "\n" for line in lines))
     out = tmp_path / "out.jsonl"
-    proc = deepinfer("run", "--ep", "2", "--backend", "reference", "--dtype", "float32", "--num-kv-blocks", "32", "-i", str(src), "-o", str(out), env=env_for(cache, tmp_path))
+    run = ("run", "--ep", "2", "--backend", "reference", "--dtype", "float32", "--num-kv-blocks", "32", "-i", str(src), "-o", str(out))
+    proc = deepinfer(*run, env=env_for(cache, tmp_path))
     assert proc.returncode == 1 and not error_lines(proc.stderr), proc.stderr
     assert "tok generated" in proc.stderr and "generation" in proc.stderr
     assert "20 tok generated" in proc.stderr  # 8 + 6 + 4 + 2 tokens, counted on both ranks

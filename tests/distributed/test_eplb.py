@@ -43,7 +43,8 @@ def test_balance_improves_on_skewed_load(logical, redundant, groups, nodes, gpus
     phy2log, log2phy, logcnt = rebalance(load, physical, groups, nodes, gpus)
     before = imbalance(load, default_phy2log(3, logical, physical), gpus)
     after = imbalance(load, phy2log, gpus)
-    report = f"max/mean load per GPU: before {before:.3f}, after {after:.3f} (bound {bound}; {'hierarchical' if uses_hierarchical(groups, nodes) else 'global'})"
+    policy = "hierarchical" if uses_hierarchical(groups, nodes) else "global"
+    report = f"max/mean load per GPU: before {before:.3f}, after {after:.3f} (bound {bound}; {policy})"
     print(report)
     assert after < before, report
     assert after <= bound, report

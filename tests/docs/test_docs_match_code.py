@@ -41,7 +41,8 @@ def test_every_readme_command_parses(line):
 def test_readme_says_which_commands_need_gpus(line):
     """A command that only runs on GPUs says so in its comment (a CPU user reads which to skip)."""
     command, comment = (re.split(r"\s#\s", line, maxsplit=1) + [""])[:2]
-    needs_gpu = (" e2e" in command and "e2e-ep" not in command) or "e2e-ep" in command or ("--backend cuda" in command and "conformance" not in command and "--interpret" not in command)
+    cuda_run = "--backend cuda" in command and "conformance" not in command and "--interpret" not in command
+    needs_gpu = (" e2e" in command and "e2e-ep" not in command) or "e2e-ep" in command or cuda_run
     if needs_gpu:
         assert "GPU" in comment, f"README command {command.strip()!r} needs a GPU but its comment does not say so"
 

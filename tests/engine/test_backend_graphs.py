@@ -5,7 +5,6 @@ use gets graphs on the CPU; the reference backend, which declares none, gets eag
 from __future__ import annotations
 
 import pytest
-from fake_backend import FakeBackend, RecordingGraphs
 
 import deepinfer.plugins as plugins_mod
 from deepinfer.backends import reference
@@ -13,6 +12,8 @@ from deepinfer.engine.llm import LLM
 from deepinfer.engine.model_runner import GiB, kv_cache_budget
 from deepinfer.engine.sampling_params import SamplingParams
 from deepinfer.plugins import Plugins
+
+from fake_backend import FakeBackend, RecordingGraphs
 
 PROMPTS = ["hello there", "a second, longer prompt for the batch", "three"]
 GREEDY = SamplingParams(temperature=0, max_tokens=6)

@@ -55,7 +55,8 @@ def test_deepinfer_runs_the_transformers_weights_token_for_token():
     model.load_weights(WeightStore(e2e.hf_to_deepinfer_tensors(hf.state_dict(), cfg)))
     llm = LLM.from_engine(LLMEngine(LoadedModel(model, config, None, "tiny"), rt, torch.float32, EngineConfig(num_kv_blocks=64)))
     ids = torch.randint(0, 512, (2, 7), generator=torch.Generator().manual_seed(3))
-    ours = [o.outputs[0].token_ids for o in llm.generate([{"prompt_token_ids": p.tolist()} for p in ids], SamplingParams(temperature=0, max_tokens=6, ignore_eos=True), use_tqdm=False)]
+    outputs = llm.generate([{"prompt_token_ids": p.tolist()} for p in ids], SamplingParams(temperature=0, max_tokens=6, ignore_eos=True), use_tqdm=False)
+    ours = [o.outputs[0].token_ids for o in outputs]
     with torch.inference_mode():
         theirs = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=6, min_new_tokens=6, do_sample=False)[:, 7:].tolist()
     assert ours == theirs

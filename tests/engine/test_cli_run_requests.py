@@ -99,7 +99,8 @@ def test_each_bad_request_fails_alone_and_resume_counts_it_done(tmp_path, capsys
         assert set(row) in ({"id", "error"}, {"custom_id", "error"}) and row["error"]["type"] == "invalid_request_error", row
         message = row["error"]["message"]
         assert f"in.jsonl line {number}" in message and all(n in message for n in needles), (number, message)
-    want = api.generate(["Once upon a time", "Hi", "The sky is"], [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in (6, 3, 1)], use_tqdm=False)
+    params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in (6, 3, 1)]
+    want = api.generate(["Once upon a time", "Hi", "The sky is"], params, use_tqdm=False)
     got = {row.get("id", row.get("custom_id")): row for row in rows if "text" in row}
     assert [got[k]["token_ids"] for k in ("long-first", "neutral", "short-last")] == [w.outputs[0].token_ids for w in want]
     # The error rows are finished requests: --resume has nothing left, and never fails on them.
@@ -118,7 +119,8 @@ def test_every_line_refused_loads_no_model_and_prints_error_rows(tmp_path, capsy
 
 
 def test_a_command_line_prompt_the_cache_cannot_hold_fails_alone(capsys):
-    assert main(["run", "--backend", "reference", "--no-progress", "--num-kv-blocks", "2", "--max-tokens", "20", "--prompt", "hi", "--prompt", "a b c d e f g h i j k l m n o p"]) == 1
+    run = ["run", "--backend", "reference", "--no-progress", "--num-kv-blocks", "2", "--max-tokens", "20"]
+    assert main([*run, "--prompt", "hi", "--prompt", "a b c d e f g h i j k l m n o p"]) == 1
     out = capsys.readouterr().out
     assert "[1] prompt: 'hi'" in out
     assert "[2] error: --prompt 2 needs 3 KV blocks" in out

@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from engine.toy_engine import ToyTokenizer, greedy_reference, reference_runtime, toy_llm
 
 from deepinfer import SamplingParams
 from deepinfer.engine.sampling_params import InvalidRequestError
+
+from engine.toy_engine import ToyTokenizer, greedy_reference, reference_runtime, toy_llm
 
 PROMPTS = [
     "Hello there",

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from model.model_oracle import build_hf
 
 from deepinfer.runtime import open_runtime
+
+from model.model_oracle import build_hf
 
 
 @pytest.fixture(scope="session")

@@ -9,10 +9,11 @@ import shutil
 import subprocess
 
 import pytest
-from cli_helpers import run_cli
 from safetensors.torch import load_file, save_file
 
 from deepinfer.cli.main import main
+
+from cli_helpers import run_cli
 
 RUN = ["run", "--backend", "reference", "--prompt", "hi", "--no-progress", "--max-tokens", "2"]
 

@@ -65,7 +65,9 @@ def _split(folder, outside_name: str, outside_path) -> dict:
 def test_index_shard_path_out_of_the_folder_is_refused(ckpt, ops):
     """`../other/model.safetensors` used to load a tensor from outside and exit 0."""
     _shard(ckpt, _split(ckpt, "../other/model.safetensors", ckpt.parent / "other" / "model.safetensors"))
-    message = _refused(ckpt, ops, INDEX, "weight_map entry 'model.embed_tokens.weight'", "'../other/model.safetensors'", "outside the model folder", "fix the index")
+    message = _refused(
+        ckpt, ops, INDEX, "weight_map entry 'model.embed_tokens.weight'", "'../other/model.safetensors'", "outside the model folder", "fix the index"
+    )
     assert str(ckpt.parent / "other" / "model.safetensors") in message
 
 

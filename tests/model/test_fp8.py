@@ -7,12 +7,13 @@ import shutil
 
 import pytest
 import torch
-from model.model_oracle import PROMPTS, PagedRunner, rel_err
 from safetensors.torch import load_file, save_file
 
 from deepinfer.model.linear import FusedLinear, LinearWeight
 from deepinfer.model.loader import load_model
 from deepinfer.ops import quant
+
+from model.model_oracle import PROMPTS, PagedRunner, rel_err
 
 FP8 = torch.float8_e4m3fn
 

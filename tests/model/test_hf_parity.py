@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from model.model_oracle import PROMPTS, PagedRunner, hf_greedy, hf_last_logits, rel_err
 
 from deepinfer.model.loader import load_model
+
+from model.model_oracle import PROMPTS, PagedRunner, hf_greedy, hf_last_logits, rel_err
 
 TOL = 1e-4
 

@@ -7,12 +7,13 @@ import shutil
 
 import pytest
 import torch
-from model.model_oracle import PROMPTS, PagedRunner
 from safetensors.torch import load_file, save_file
 
 from deepinfer.errors import UserError
 from deepinfer.model.errors import LoadError
 from deepinfer.model.loader import load_model
+
+from model.model_oracle import PROMPTS, PagedRunner
 
 
 @pytest.fixture

@@ -34,7 +34,8 @@ def _spec_bytes(config: ModelConfig, dtype: torch.dtype) -> int:
 
 @pytest.mark.parametrize(
     "change",
-    [{}, {"q_lora_rank": 24}, {"tie_word_embeddings": True}, {"first_k_dense_replace": 2, "moe_layer_freq": 2}, {"n_routed_experts": None}, {"n_shared_experts": 2}],
+    [{}, {"q_lora_rank": 24}, {"tie_word_embeddings": True}, {"first_k_dense_replace": 2, "moe_layer_freq": 2},
+     {"n_routed_experts": None}, {"n_shared_experts": 2}],
 )
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_estimated_weights_match_the_model_specs(change, dtype):

@@ -198,7 +198,8 @@ BAD_LINEAR = [
     ("weight must be", dict(x=torch.ones(2, 64), weight=fp8(8, 64)[0])),  # fp8 weight passed as dense
     ("weight_scale must be", dict(x=torch.ones(2, 200), weight=fp8(300, 200)[0], weight_scale=torch.ones(2, 1), fmt="fp8_block")),
     ("multiple of 32", dict(x=torch.ones(2, 48), weight=torch.zeros(8, 24, dtype=torch.uint8), weight_scale=torch.zeros(8, 1, dtype=torch.uint8), fmt="mxfp4")),
-    ("weight_scale must be", dict(x=torch.ones(2, 64), weight=torch.zeros(8, 32, dtype=torch.uint8), weight_scale=torch.zeros(8, 1, dtype=torch.uint8), fmt="mxfp4")),
+    ("weight_scale must be",
+     dict(x=torch.ones(2, 64), weight=torch.zeros(8, 32, dtype=torch.uint8), weight_scale=torch.zeros(8, 1, dtype=torch.uint8), fmt="mxfp4")),
     ("x must be", dict(x=torch.ones(1, 2, 64), weight=torch.ones(8, 64))),
     ("x must be", dict(x=torch.ones(2, 64, dtype=torch.int32), weight=torch.ones(8, 64))),
 ]
@@ -223,7 +224,8 @@ BAD_GROUPED = [
     ("masked layout", dict(x=torch.ones(2, 4, 64), weight=W3, masked_m=torch.tensor([1, 1, 0]))),
     ("x must be", dict(x=torch.ones(3, 4, 64), weight=W3, expert_offsets=torch.tensor([0, 1, 2, 4]))),
     ("\\[E, N, K\\]", dict(x=torch.ones(4, 64), weight=torch.ones(8, 64), expert_offsets=torch.tensor([0, 4]))),
-    ("weight_scale must be", dict(x=torch.ones(4, 64), weight=fp8(8, 64, 3)[0], weight_scale=fp8(8, 64, 2)[1], fmt="fp8_block", expert_offsets=torch.tensor([0, 1, 2, 4]))),
+    ("weight_scale must be",
+     dict(x=torch.ones(4, 64), weight=fp8(8, 64, 3)[0], weight_scale=fp8(8, 64, 2)[1], fmt="fp8_block", expert_offsets=torch.tensor([0, 1, 2, 4]))),
 ]
 
 

@@ -76,7 +76,8 @@ def test_yarn_table_matches_transformers():
     from transformers import AutoConfig
     from transformers.modeling_rope_utils import _compute_yarn_parameters
 
-    scaling = {"rope_type": "yarn", "factor": 40.0, "original_max_position_embeddings": 4096, "beta_fast": 32, "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0, "rope_theta": 10000.0}
+    scaling = {"rope_type": "yarn", "factor": 40.0, "original_max_position_embeddings": 4096,
+               "beta_fast": 32, "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0, "rope_theta": 10000.0}
     config = AutoConfig.for_model("deepseek_v3", qk_rope_head_dim=64, max_position_embeddings=163840, rope_parameters=scaling)
     inv_freq, attention_factor = _compute_yarn_parameters(config)
     ours, factor = rope_inv_freq(64, 10000.0, scaling)

@@ -124,7 +124,8 @@ def main():
         totals[(r["min_iters_per_split"], r["split_target_per_sm"])] = totals.get((r["min_iters_per_split"], r["split_target_per_sm"]), 0.0) + r["us"]
     best = min(totals, key=totals.get)
     floor = sum(w for _, _, w in built) / (copy_tbs * 1e12) * 1e6
-    print(f"copy {copy_tbs:.2f} TB/s (read + written); weights one pass reads / copy rate: {floor:.1f} us; best policy {best}: {totals[best]:.1f} us (current (4, 2): {totals[(4, 2)]:.1f} us)")
+    print(f"copy {copy_tbs:.2f} TB/s (read + written); weights one pass reads / copy rate: {floor:.1f} us; "
+          f"best policy {best}: {totals[best]:.1f} us (current (4, 2): {totals[(4, 2)]:.1f} us)")
     result = {"rows": rows, "best": best, "totals": {str(k): v for k, v in totals.items()}, "copy_tbs": copy_tbs}
     if args.e2e:
         from deepinfer.bench import e2e

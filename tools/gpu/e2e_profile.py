@@ -5,7 +5,6 @@ python tools/gpu/e2e_profile.py [LAYERS]
 
 import sys
 
-import torch
 from torch.profiler import ProfilerActivity, profile
 
 from deepinfer.bench import e2e

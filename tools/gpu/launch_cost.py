@@ -13,8 +13,12 @@ x = torch.zeros(T, D, dtype=torch.int64, device=dev)
 ids = torch.randint(0, E, (T, K), dtype=torch.int32, device=dev)
 tok = torch.zeros(W * T * D, dtype=torch.int64, device=dev)
 meta = torch.zeros(W + W * T * K, dtype=torch.int32, device=dev)
-ptr = lambda t: torch.tensor([t.data_ptr()] * W, dtype=torch.int64, device=dev)  # both "ranks" write here
 row = torch.empty(T * K, dtype=torch.int32, device=dev)
+
+
+def ptr(t: torch.Tensor) -> torch.Tensor:
+    """The pointer table of a symmetric buffer: both "ranks" write to this one tensor."""
+    return torch.tensor([t.data_ptr()] * W, dtype=torch.int64, device=dev)
 
 
 def launch():

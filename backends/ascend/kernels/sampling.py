@@ -53,9 +53,10 @@ sample
     a 32-bit constant is built from products of a 16-bit half by a byte of the constant (every
     intermediate < 2^27). NATIVE_U32 = True runs the shared uint32 hash (deepinfer.triton_common
     `mix32`, the one the cuda kernels use; about 4x fewer operations; bit-identical under the
-    interpreter, to be confirmed on triton-ascend before it is switched on). u = ((h >> 9) + 0.5) * 2^-23 is exact; seeds and positions arrive as int32 (low, high)
-    pairs (a view of the int64 tensors), so no int64 vector arithmetic either (int64 only for a few
-    scalars of the key bisections, whose intervals can span 2^32).
+    interpreter, to be confirmed on triton-ascend before it is switched on). u = ((h >> 9) + 0.5) *
+    2^-23 is exact; seeds and positions arrive as int32 (low, high) pairs (a view of the int64
+    tensors), so no int64 vector arithmetic either (int64 only for a few scalars of the key
+    bisections, whose intervals can span 2^32).
 
     Residual differences from the reference (documented, not hidden): exp and log are the
     device's (torch's CPU ones are its own vectorised versions; numpy's under the interpreter), and
@@ -739,6 +740,10 @@ def apply_token_bitmask(logits: torch.Tensor, bitmask: torch.Tensor) -> torch.Te
 
 
 REGISTRATIONS = [
-    Registration(op="sample", fn=sample, note="Triton (ascend): row per program iteration, no sort: threshold searches over float keys, exact fixed-point sums, in-kernel hash noise"),
+    Registration(
+        op="sample",
+        fn=sample,
+        note="Triton (ascend): row per program iteration, no sort: threshold searches over float keys, exact fixed-point sums, in-kernel hash noise",
+    ),
     Registration(op="apply_token_bitmask", fn=apply_token_bitmask, note="Triton (ascend): in place, [words, 32] tiles"),
 ]

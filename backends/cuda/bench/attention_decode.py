@@ -30,6 +30,9 @@ import torch.nn.functional as F
 
 from deepinfer_cuda.bench.common import BenchCase
 
+OPS = ("mla_decode", "kv_cache_write")  # what this bench module covers: the runner finds it by this
+TABLE_ORDER = 10  # where its rows sit in `deepinfer bench ops`: attention first, misc last
+
 LATENT, ROPE = 512, 64
 PAGE = 64
 SCALE = (128 + 64) ** -0.5
@@ -188,8 +191,10 @@ def sweep(device: torch.device | None = None) -> list[dict]:
             return None
         batch, queries, heads, _ = s["q_nope"].shape
         _, _, _, _, splits = mla.plan(batch, queries * heads, s["block_table"].shape[1] * PAGE, device, num_splits, None, overrides)
-        row = {"case": label, **overrides, "splits": splits, "ms": ms, "tbs": _mla_bytes(s) / ms / 1e9, "tflops": _mla_flops(s) / ms / 1e9, "rel_err": err, "regs_spills_smem": regs}
-        print(f"{label:>10} {overrides} splits={splits}: {ms * 1e3:8.1f} us  {row['tbs']:6.2f} TB/s  {row['tflops']:6.1f} TFLOP/s  err {err:.2e} regs/spills/smem {regs}", flush=True)
+        tbs, tflops = _mla_bytes(s) / ms / 1e9, _mla_flops(s) / ms / 1e9
+        row = {"case": label, **overrides, "splits": splits, "ms": ms, "tbs": tbs, "tflops": tflops, "rel_err": err, "regs_spills_smem": regs}
+        rates = f"{ms * 1e3:8.1f} us  {tbs:6.2f} TB/s  {tflops:6.1f} TFLOP/s"
+        print(f"{label:>10} {overrides} splits={splits}: {rates}  err {err:.2e} regs/spills/smem {regs}", flush=True)
         results.append(row)
         return row
 
@@ -254,7 +259,8 @@ def _graph_check(s: dict, device: torch.device) -> None:
             out = launch_mla_decode(*args, num_splits=4)
         graph.replay()
         torch.cuda.synchronize()
-        print(f"graph: mla_decode captured, replay equal to eager: {torch.equal(out, eager)}; replay {do_bench(graph.replay, warmup=10, rep=60, return_mode='median') * 1e3:.1f} us", flush=True)
+        replay_us = do_bench(graph.replay, warmup=10, rep=60, return_mode="median") * 1e3
+        print(f"graph: mla_decode captured, replay equal to eager: {torch.equal(out, eager)}; replay {replay_us:.1f} us", flush=True)
         g2 = torch.cuda.CUDAGraph()
         with torch.cuda.graph(g2):
             kv_cache_write(w["kv_c"], w["k_pe"], w["kv_cache"], w["slot_mapping"])
@@ -287,25 +293,28 @@ def run_cases() -> None:
 
     device = torch.device("cuda")
     for case in CASES:
-        state = case.setup(device)
-        line = f"{case.op:>15} {case.name:<36}"
-        try:
-            case.kernel(state)
-            torch.cuda.synchronize()
-            ms = time_ms(lambda: case.kernel(state))
-            line += f" kernel {ms * 1e3:8.1f} us {case.bytes(state) / ms / 1e9:6.2f} TB/s {case.flops(state) / ms / 1e9:7.1f} TFLOP/s"
-        except Exception as exc:
-            line += f" kernel FAILED {type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
-        try:
-            case.peer(state)
-            torch.cuda.synchronize()
-            pms = time_ms(lambda: case.peer(state))
-            line += f" | peer {pms * 1e3:8.1f} us"
-        except Exception as exc:
-            line += f" | peer FAILED {type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
-        print(line, flush=True)
-        del state
+        print(_case_line(case, device, time_ms), flush=True)  # the case's tensors are freed on return
         torch.cuda.empty_cache()
+
+
+def _case_line(case, device: torch.device, time_ms) -> str:
+    state = case.setup(device)
+    line = f"{case.op:>15} {case.name:<36}"
+    try:
+        case.kernel(state)
+        torch.cuda.synchronize()
+        ms = time_ms(lambda: case.kernel(state))
+        line += f" kernel {ms * 1e3:8.1f} us {case.bytes(state) / ms / 1e9:6.2f} TB/s {case.flops(state) / ms / 1e9:7.1f} TFLOP/s"
+    except Exception as exc:
+        line += f" kernel FAILED {type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+    try:
+        case.peer(state)
+        torch.cuda.synchronize()
+        pms = time_ms(lambda: case.peer(state))
+        line += f" | peer {pms * 1e3:8.1f} us"
+    except Exception as exc:
+        line += f" | peer FAILED {type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+    return line
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""The benchmark case record and the timing primitive."""
+"""The benchmark case record and the timing primitive. Not a bench module (no OPS): the runner leaves it out."""
 
 from __future__ import annotations
 

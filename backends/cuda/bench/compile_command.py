@@ -3,7 +3,7 @@
 The cuda plugin adds it to `deepinfer bench` through the `deepinfer_add_bench_commands` hook, so the
 core CLI knows nothing of CUDA architectures. It compiles every cuda kernel ahead of time for SM90 and
 SM100 on any machine (no GPU needed) and checks registers, spills and the matrix instruction class
-(deepinfer_cuda.bench.compile_check says how).
+(deepinfer_cuda.bench.compile_check says how). Not a bench module (no OPS).
 """
 
 from __future__ import annotations

@@ -14,6 +14,9 @@ import torch.nn.functional as F
 
 from deepinfer_cuda.bench.common import BenchCase
 
+OPS = ("rms_norm", "rope", "silu_and_mul")  # what this bench module covers: the runner finds it by this
+TABLE_ORDER = 60  # where its rows sit in `deepinfer bench ops`: attention first, misc last
+
 EPS = 1e-6
 
 
@@ -131,25 +134,29 @@ def _rope_flops(s: dict) -> float:
 RMS_PEER = "torch (float32, as the reference)"
 SILU_PEER = "torch F.silu(a) * b"
 ROPE_PEER = "torch reference (deepinfer.ops.rope)"
+# each family's kernel, peer, peer name, flops and bytes: the fields after a case's setup
+RMS_NORM = (_rms_norm_kernel, _rms_norm_peer, RMS_PEER, _rms_norm_flops, _rms_norm_bytes)
+SILU = (_silu_kernel, _silu_peer, SILU_PEER, _silu_flops, _silu_bytes)
+ROPE = (_rope_kernel, _rope_peer, ROPE_PEER, _rope_flops, _rope_bytes)
 
 CASES = [
     # Prefill-sized: the issue's targets (>= 75% of copy bandwidth).
-    BenchCase("rms_norm", "T16384_D7168_bf16", _rms_norm_setup(16384, 7168, False), _rms_norm_kernel, _rms_norm_peer, RMS_PEER, _rms_norm_flops, _rms_norm_bytes),
-    BenchCase("rms_norm", "T16384_D7168_bf16_residual", _rms_norm_setup(16384, 7168, True), _rms_norm_kernel, _rms_norm_peer, RMS_PEER, _rms_norm_flops, _rms_norm_bytes),
-    BenchCase("silu_and_mul", "T16384_I2048_bf16", _silu_setup(16384, 2048), _silu_kernel, _silu_peer, SILU_PEER, _silu_flops, _silu_bytes),
-    BenchCase("silu_and_mul", "T16384_I18432_bf16", _silu_setup(16384, 18432), _silu_kernel, _silu_peer, SILU_PEER, _silu_flops, _silu_bytes),
-    BenchCase("rope", "T16384_H128_D64_interleaved_bf16", _rope_setup(16384, 128, 64, True), _rope_kernel, _rope_peer, ROPE_PEER, _rope_flops, _rope_bytes),
-    BenchCase("rope", "T16384_H128_D64_half_bf16", _rope_setup(16384, 128, 64, False), _rope_kernel, _rope_peer, ROPE_PEER, _rope_flops, _rope_bytes),
+    BenchCase("rms_norm", "T16384_D7168_bf16", _rms_norm_setup(16384, 7168, False), *RMS_NORM),
+    BenchCase("rms_norm", "T16384_D7168_bf16_residual", _rms_norm_setup(16384, 7168, True), *RMS_NORM),
+    BenchCase("silu_and_mul", "T16384_I2048_bf16", _silu_setup(16384, 2048), *SILU),
+    BenchCase("silu_and_mul", "T16384_I18432_bf16", _silu_setup(16384, 18432), *SILU),
+    BenchCase("rope", "T16384_H128_D64_interleaved_bf16", _rope_setup(16384, 128, 64, True), *ROPE),
+    BenchCase("rope", "T16384_H128_D64_half_bf16", _rope_setup(16384, 128, 64, False), *ROPE),
     # DeepSeek-V3's other norm widths (kv_lora_rank 512, q_lora_rank 1536): tens of microseconds, so
     # graph-timed (host launch overhead exceeds them); x larger than L2 (50 MB) so no call finds its
     # input cached from the previous one.
-    GraphCase("rms_norm", "T65536_D512_bf16", _rms_norm_setup(65536, 512, False), _rms_norm_kernel, _rms_norm_peer, RMS_PEER, _rms_norm_flops, _rms_norm_bytes),
-    GraphCase("rms_norm", "T16384_D1536_bf16", _rms_norm_setup(16384, 1536, False), _rms_norm_kernel, _rms_norm_peer, RMS_PEER, _rms_norm_flops, _rms_norm_bytes),
+    GraphCase("rms_norm", "T65536_D512_bf16", _rms_norm_setup(65536, 512, False), *RMS_NORM),
+    GraphCase("rms_norm", "T16384_D1536_bf16", _rms_norm_setup(16384, 1536, False), *RMS_NORM),
     # Decode-sized (batch 64): latency, far from any bandwidth ceiling; timed from a CUDA graph as the
     # engine runs them (inputs L2-resident, as when the previous kernel of the step wrote them).
-    GraphCase("rms_norm", "T64_D7168_bf16_residual", _rms_norm_setup(64, 7168, True), _rms_norm_kernel, _rms_norm_peer, RMS_PEER, _rms_norm_flops, _rms_norm_bytes),
-    GraphCase("silu_and_mul", "T64_I2048_bf16", _silu_setup(64, 2048), _silu_kernel, _silu_peer, SILU_PEER, _silu_flops, _silu_bytes),
-    GraphCase("rope", "T64_H128_D64_interleaved_bf16", _rope_setup(64, 128, 64, True), _rope_kernel, _rope_peer, ROPE_PEER, _rope_flops, _rope_bytes),
+    GraphCase("rms_norm", "T64_D7168_bf16_residual", _rms_norm_setup(64, 7168, True), *RMS_NORM),
+    GraphCase("silu_and_mul", "T64_I2048_bf16", _silu_setup(64, 2048), *SILU),
+    GraphCase("rope", "T64_H128_D64_interleaved_bf16", _rope_setup(64, 128, 64, True), *ROPE),
 ]
 
 
@@ -158,17 +165,12 @@ CASES = [
 
 
 def _sweep(only: set[str] | None = None) -> None:
-    import itertools
-
     from deepinfer_cuda.bench.common import time_ms as stream_time_ms
-    from deepinfer_cuda.bench.runner import graph_time_ms
+    from deepinfer_cuda.bench.runner import graph_time_ms, measure_copy_tbs
     from deepinfer_cuda.kernels import activation, norm, rope
 
     dev = torch.device("cuda")
-    copy = torch.empty(1 << 31, dtype=torch.uint8, device=dev)
-    dst = torch.empty_like(copy)
-    bw = 2 * copy.numel() / (stream_time_ms(lambda: dst.copy_(copy)) * 1e-3) / 1e12
-    del copy, dst
+    bw = measure_copy_tbs(dev, stream_time_ms)
     print(f"copy bandwidth {bw:.3f} TB/s")
     targets = [(norm, "rms_norm"), (activation, "silu_and_mul"), (rope, "rope")]
     for module, op in targets:
@@ -180,25 +182,32 @@ def _sweep(only: set[str] | None = None) -> None:
                 "rope": {"tile_elems": (1024, 2048, 4096, 8192, 16384), "bytes_per_thread": (16, 32, 64)}}[op]
         for case in cases:
             time_ms = graph_time_ms if getattr(case, "graph", False) else stream_time_ms
-            state = case.setup(dev)
-            nbytes = case.bytes(state)
-            results = []
-            for values in itertools.product(*keys.values()):
-                cfg = dict(base, **dict(zip(keys, values)), max_warps=32)
-                module._config = lambda device, cfg=cfg: cfg
-                case.kernel(state)
-                ms = time_ms(lambda: case.kernel(state))
-                results.append((ms, dict(zip(keys, values))))
-            results.sort(key=lambda r: r[0])
-            module._config = original
-            case.kernel(state)
-            default_ms = time_ms(lambda: case.kernel(state))
-            print(f"{op} {case.name}: default {default_ms * 1e3:.1f} us = {nbytes / default_ms / 1e9 / bw:.1%} of copy")
-            for ms, cfg in results[:4] + results[-1:]:
-                print(f"    {ms * 1e3:8.1f} us  {nbytes / ms / 1e9:.3f} TB/s  {nbytes / ms / 1e9 / bw:6.1%}  {cfg}")
-            del state
+            _sweep_case(case, module, base, keys, time_ms, bw, dev)  # the case's tensors are freed on return
             torch.cuda.empty_cache()
         module._config = original
+
+
+def _sweep_case(case, module, base: dict, keys: dict, time_ms, bw: float, dev: torch.device) -> None:
+    """Every combination of `keys` over the module's `base` config, timed on one case; prints the default, best four and worst."""
+    import itertools
+
+    original = module._config
+    state = case.setup(dev)
+    nbytes = case.bytes(state)
+    results = []
+    for values in itertools.product(*keys.values()):
+        cfg = dict(base, **dict(zip(keys, values)), max_warps=32)
+        module._config = lambda device, cfg=cfg: cfg
+        case.kernel(state)
+        ms = time_ms(lambda: case.kernel(state))
+        results.append((ms, dict(zip(keys, values))))
+    results.sort(key=lambda r: r[0])
+    module._config = original
+    case.kernel(state)
+    default_ms = time_ms(lambda: case.kernel(state))
+    print(f"{case.op} {case.name}: default {default_ms * 1e3:.1f} us = {nbytes / default_ms / 1e9 / bw:.1%} of copy")
+    for ms, cfg in results[:4] + results[-1:]:
+        print(f"    {ms * 1e3:8.1f} us  {nbytes / ms / 1e9:.3f} TB/s  {nbytes / ms / 1e9 / bw:6.1%}  {cfg}")
 
 
 def _graph_check() -> None:

@@ -15,6 +15,9 @@ import torch
 
 from deepinfer_cuda.bench.common import BenchCase
 
+OPS = ("gate", "dispatch", "combine")  # what this bench module covers: the runner finds it by this
+TABLE_ORDER = 40  # where its rows sit in `deepinfer bench ops`: attention first, misc last
+
 
 @dataclass(frozen=True)
 class GraphCase(BenchCase):
@@ -134,15 +137,19 @@ def _combine_flops(s: dict) -> float:
 GATE_PEER = "torch reference (sort-based top-k)"
 DISPATCH_PEER = "torch sort + index_select"
 COMBINE_PEER = "torch index_select + float32 sum"
+# each op's kernel, peer, peer name, flops and bytes: the fields after a case's setup
+GATE = (_gate_kernel, _gate_peer, GATE_PEER, _zero_flops, _gate_bytes)
+DISPATCH = (_dispatch_kernel, _dispatch_peer, DISPATCH_PEER, _zero_flops, _dispatch_bytes)
+COMBINE = (_combine_kernel, _combine_peer, COMBINE_PEER, _combine_flops, _combine_bytes)
 
 CASES = [
-    BenchCase("gate", "T4096_E256_v3", _gate_setup(4096, 256), _gate_kernel, _gate_peer, GATE_PEER, _zero_flops, _gate_bytes),
-    BenchCase("dispatch", "T4096_K8_E256_D7168_bf16", _routing_setup(4096, 8, 256, 7168), _dispatch_kernel, _dispatch_peer, DISPATCH_PEER, _zero_flops, _dispatch_bytes),
-    BenchCase("combine", "T4096_K8_E256_D7168_bf16", _routing_setup(4096, 8, 256, 7168), _combine_kernel, _combine_peer, COMBINE_PEER, _combine_flops, _combine_bytes),
+    BenchCase("gate", "T4096_E256_v3", _gate_setup(4096, 256), *GATE),
+    BenchCase("dispatch", "T4096_K8_E256_D7168_bf16", _routing_setup(4096, 8, 256, 7168), *DISPATCH),
+    BenchCase("combine", "T4096_K8_E256_D7168_bf16", _routing_setup(4096, 8, 256, 7168), *COMBINE),
     # Decode-sized (batch 64): latency, timed from a CUDA graph as the engine runs them.
-    GraphCase("gate", "T64_E256_v3", _gate_setup(64, 256), _gate_kernel, _gate_peer, GATE_PEER, _zero_flops, _gate_bytes),
-    GraphCase("dispatch", "T64_K8_E256_D7168_bf16", _routing_setup(64, 8, 256, 7168), _dispatch_kernel, _dispatch_peer, DISPATCH_PEER, _zero_flops, _dispatch_bytes),
-    GraphCase("combine", "T64_K8_E256_D7168_bf16", _routing_setup(64, 8, 256, 7168), _combine_kernel, _combine_peer, COMBINE_PEER, _combine_flops, _combine_bytes),
+    GraphCase("gate", "T64_E256_v3", _gate_setup(64, 256), *GATE),
+    GraphCase("dispatch", "T64_K8_E256_D7168_bf16", _routing_setup(64, 8, 256, 7168), *DISPATCH),
+    GraphCase("combine", "T64_K8_E256_D7168_bf16", _routing_setup(64, 8, 256, 7168), *COMBINE),
 ]
 
 

@@ -2,7 +2,9 @@
 
 1. Ceilings, measured here and now: device-to-device copy bandwidth (a 2 GiB copy, bytes read plus
    bytes written) and the cuBLAS bf16 matmul rate (8192^3 through torch.matmul).
-2. Cases: the `CASES` list of every module in `MODULES` (one per op family). A module that fails to
+2. Cases: the `CASES` list of every bench module of this package (one per op family), found by
+   iterating the package: a bench module is one that declares the `OPS` it benches, and its rows sit
+   in the table by its `TABLE_ORDER`; the other modules are helpers. A bench module that fails to
    import becomes a row carrying its error; a case whose setup or kernel fails becomes a row too:
    one broken kernel never hides the others.
 3. Per case: build the inputs once, run kernel and peer once (compilation, autotuning), then time
@@ -10,14 +12,16 @@
    relevant ceiling (copy bandwidth for memory-bound cases, the matmul rate for compute-bound ones)
    and the peer's time over the kernel's.
 
-Correctness is the conformance suite's business, not this runner's.
+Correctness is the conformance suite's business, not this runner's. Not a bench module (no OPS).
 """
 
 from __future__ import annotations
 
+import ast
 import datetime
 import gc
 import importlib
+import importlib.util
 import json
 import math
 import platform
@@ -29,19 +33,10 @@ from typing import Any, Callable, Iterable
 
 import torch
 
+from deepinfer.discovery import module_names
 from deepinfer.errors import UserError
 
-# The bench modules, one per op family, and the ops each is expected to cover (used only to decide
-# whether a module that failed to import concerns an --op filter; a module missing here is shown always).
-MODULES: dict[str, tuple[str, ...]] = {
-    "attention_decode": ("mla_decode", "kv_cache_write"),
-    "attention_prefill": ("prefill",),
-    "gemm": ("grouped_gemm", "linear"),
-    "moe": ("gate", "dispatch", "combine"),
-    "sampling": ("sample", "apply_token_bitmask"),
-    "misc": ("rms_norm", "rope", "silu_and_mul"),
-}
-
+PACKAGE = "deepinfer_cuda.bench"
 COPY_BYTES = 2 << 30  # 2 GiB copied: 4 GiB moved
 MATMUL_N = 8192
 
@@ -125,7 +120,6 @@ def measure_copy_tbs(device: torch.device, timer: Callable[[Callable[[], Any]], 
     src = torch.empty(COPY_BYTES, dtype=torch.uint8, device=device).fill_(1)
     dst = torch.empty_like(src)
     ms = timer(lambda: dst.copy_(src))
-    del src, dst
     return 2 * COPY_BYTES / (ms * 1e-3) / 1e12
 
 
@@ -135,7 +129,6 @@ def measure_matmul_tflops(device: torch.device, timer: Callable[[Callable[[], An
     b = torch.randn(n, n, device=device, dtype=torch.bfloat16)
     c = torch.empty(n, n, device=device, dtype=torch.bfloat16)
     ms = timer(lambda: torch.matmul(a, b, out=c))
-    del a, b, c
     return 2 * n**3 / (ms * 1e-3) / 1e12
 
 
@@ -170,27 +163,77 @@ def machine_info(device: torch.device) -> dict[str, Any]:
 # Cases
 
 
-def load_cases(modules: Iterable[str] = MODULES, package: str = "deepinfer_cuda.bench") -> tuple[list[Any], list[Row]]:
-    """Every module's CASES; a module that fails to import (or has no CASES list) becomes an error row."""
-    cases: list[Any] = []
-    failures: list[Row] = []
-    for name in modules:
+@dataclass
+class ModuleFailure:
+    """A bench module that could not be loaded, as a row, and the ops it declares (None: unknown)."""
+
+    row: Row
+    covers: tuple[str, ...] | None
+
+    def concerns(self, ops: set[str] | None) -> bool:
+        """Shown under an --op filter when the module benches one of those ops, or nobody knows what it benches."""
+        return ops is None or self.covers is None or bool(set(self.covers) & ops)
+
+
+def load_cases(modules: Iterable[str] | None = None, package: str = PACKAGE) -> tuple[list[Any], list[ModuleFailure]]:
+    """The CASES of the bench modules, module after module in TABLE_ORDER (then in the order found).
+
+    `modules` None: every module of `package`, found by iterating it (a new bench module touches no
+    list); those that declare no `OPS` are helpers (this runner, common, compile_check) and are left
+    out. Named `modules`: each must be a bench module. A bench module that fails to import, or has no
+    CASES list, becomes a ModuleFailure (a discovered module that fails to import counts as a bench
+    module when its source assigns OPS or cannot be read: `declared_ops`).
+    """
+    discovered = modules is None
+    names = module_names(package) if discovered else list(modules)
+    found: list[tuple[float, int, list[Any]]] = []
+    failures: list[ModuleFailure] = []
+    for position, name in enumerate(names):
         try:
             module = importlib.import_module(f"{package}.{name}")
-            found = getattr(module, "CASES")
-            found = list(found)
-        except Exception as exc:  # SyntaxError, ImportError, a missing CASES: all reported, none fatal
-            failures.append(Row(op=f"({name})", case="import", status="error", error=f"{type(exc).__name__}: {exc}".splitlines()[0]))
+        except Exception as exc:  # SyntaxError, ImportError: reported, never fatal
+            may_bench, covers = declared_ops(package, name)
+            if may_bench or not discovered:
+                failures.append(ModuleFailure(_error_row(name, exc), covers))
             continue
-        cases.extend(found)
-    return cases, failures
+        if discovered and not hasattr(module, "OPS"):
+            continue  # a helper module
+        try:
+            cases = list(getattr(module, "CASES"))
+        except Exception as exc:  # a missing CASES
+            failures.append(ModuleFailure(_error_row(name, exc), getattr(module, "OPS", None)))
+            continue
+        found.append((getattr(module, "TABLE_ORDER", math.inf), position, cases))
+    found.sort(key=lambda entry: entry[:2])
+    return [case for _, _, cases in found for case in cases], failures
 
 
-def _wanted_failure(row: Row, ops: set[str] | None) -> bool:
-    if ops is None:
-        return True
-    covers = MODULES.get(row.op.strip("()"))
-    return covers is None or bool(set(covers) & ops)
+def declared_ops(package: str, name: str) -> tuple[bool, tuple[str, ...] | None]:
+    """What a module that failed to import declares, read from its source without running it:
+    (whether it may be a bench module: it assigns `OPS`, or its source cannot be read or parsed;
+    the ops of its `OPS` literal, None where unknown)."""
+    try:
+        spec = importlib.util.find_spec(f"{package}.{name}")
+        tree = ast.parse(Path(spec.origin).read_text())
+    except Exception:  # no spec, no file, a SyntaxError
+        return True, None
+    for node in tree.body:
+        if isinstance(node, ast.Assign):
+            targets, value = node.targets, node.value
+        elif isinstance(node, ast.AnnAssign) and node.value is not None:
+            targets, value = [node.target], node.value
+        else:
+            continue
+        if any(isinstance(t, ast.Name) and t.id == "OPS" for t in targets):
+            try:
+                return True, tuple(ast.literal_eval(value))
+            except Exception:  # not a literal (or not a sequence of names)
+                return True, None
+    return False, None
+
+
+def _error_row(name: str, exc: Exception) -> Row:
+    return Row(op=f"({name})", case="import", status="error", error=f"{type(exc).__name__}: {exc}".splitlines()[0])
 
 
 def _rate(amount: float | None, ms: float | None, unit: float) -> float | None:
@@ -356,8 +399,8 @@ def run(
     plot_path: Path | str | None = None,
     *,
     device: torch.device | str | None = None,
-    modules: Iterable[str] = MODULES,
-    package: str = "deepinfer_cuda.bench",
+    modules: Iterable[str] | None = None,
+    package: str = PACKAGE,
     timer: Callable[[Callable[[], Any]], float] | None = None,
     graph_timer: Callable[[Callable[[], Any]], float] | None = None,
     out: Callable[[str], None] = print,
@@ -386,7 +429,7 @@ def run(
 
     cases, failures = load_cases(modules, package)
     selected = [c for c in cases if wanted is None or c.op in wanted]
-    rows: list[Row] = [f for f in failures if _wanted_failure(f, wanted)]
+    rows: list[Row] = [f.row for f in failures if f.concerns(wanted)]
     uncovered = sorted((wanted or set()) - {c.op for c in cases})
 
     machine = machine_info(device)

@@ -20,6 +20,9 @@ import torch
 
 from deepinfer_cuda.bench.common import BenchCase
 
+OPS = ("sample", "apply_token_bitmask")  # what this bench module covers: the runner finds it by this
+TABLE_ORDER = 50  # where its rows sit in `deepinfer bench ops`: attention first, misc last
+
 VOCAB = 129280
 
 
@@ -113,13 +116,14 @@ def _bitmask_bytes(s: dict) -> float:
 
 
 SORT_PEER = "torch sort top-k/top-p + multinomial"
+SOFTMAX_PEER = "torch softmax + multinomial"
 
 CASES = [
     BenchCase("sample", "B256_V129280_topk50_topp0.9", _setup(256, VOCAB, 1.0, 50, 0.9, 0.0), _kernel, _torch_top_k_top_p, SORT_PEER, _zero, _bytes),
     BenchCase("sample", "B256_V129280_greedy", _setup(256, VOCAB, 0.0, 0, 1.0, 0.0), _kernel, _torch_argmax, "torch.argmax", _zero, _bytes),
     # Informative: temperature only (every token is a candidate: one pass with the noise per element),
     # and top-p alone on peaked logits (the candidates come from the lane maxima).
-    BenchCase("sample", "B256_V129280_temperature", _setup(256, VOCAB, 0.8, 0, 1.0, 0.0), _kernel, _torch_temperature, "torch softmax + multinomial", _zero, _bytes),
+    BenchCase("sample", "B256_V129280_temperature", _setup(256, VOCAB, 0.8, 0, 1.0, 0.0), _kernel, _torch_temperature, SOFTMAX_PEER, _zero, _bytes),
     BenchCase("sample", "B256_V129280_topp0.9_peaked", _setup(256, VOCAB, 1.0, 0, 0.9, 0.0, scale=4.0), _kernel, _torch_top_k_top_p, SORT_PEER, _zero, _bytes),
     # Decode-sized: a CUDA graph (proves no host synchronisation).
     GraphCase("sample", "B16_V129280_topk50_topp0.9", _setup(16, VOCAB, 1.0, 50, 0.9, 0.0), _kernel, _torch_top_k_top_p, SORT_PEER, _zero, _bytes),

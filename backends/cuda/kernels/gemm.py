@@ -995,5 +995,6 @@ for _path, _dot_scaled in (("dot_scaled", True), ("upcast", False)):
         REGISTRATIONS.append(Registration(
             op=_op, fn=_fn, formats=("mxfp4",), dtypes=_KERNEL_DTYPES, when=_forced_by(_path), priority=1,
             unusable=_dot_scaled_unusable if _dot_scaled else None,
-            note=f"Triton: the GEMM above, mxfp4 with bf16/fp16 activations by {'tl.dot_scaled' if _dot_scaled else 'in-kernel e2m1 upcast'} (mxfp4_path={_path})",
+            note=f"Triton: the GEMM above, mxfp4 with bf16/fp16 activations by "
+                 f"{'tl.dot_scaled' if _dot_scaled else 'in-kernel e2m1 upcast'} (mxfp4_path={_path})",
         ))  # fmt: skip

@@ -209,7 +209,8 @@ def _merge_splits(
     acc = tl.zeros([BLOCK_M, BLOCK_C], dtype=tl.float32)
     for k in range(num_splits):
         w = tl.exp2(tl.load(pl_base + k * stride_pl_split + offs_m, mask=row_ok, other=float("-inf"), cache_modifier=".cg") - top)
-        part = tl.load(po_base + k * stride_po_split + offs_m[:, None] * stride_po_m + offs_c[None, :], mask=row_ok[:, None] & c_ok[None, :], other=0.0, cache_modifier=".cg")
+        part_ptrs = po_base + k * stride_po_split + offs_m[:, None] * stride_po_m + offs_c[None, :]
+        part = tl.load(part_ptrs, mask=row_ok[:, None] & c_ok[None, :], other=0.0, cache_modifier=".cg")
         denom += w
         acc += w[:, None] * part
     out = acc / tl.where(denom > 0.0, denom, 1.0)[:, None]

@@ -38,7 +38,6 @@ from deepinfer.ops.moe import SCORE_FUNCS, check_gate_args, require_local_expert
 from deepinfer.triton_common import cdiv, interpreting, log1p_from_log, next_power_of_2
 from deepinfer_cuda.kernels.common import Registration
 from deepinfer_cuda.kernels.precise_math import precise_exp as _exp
-from deepinfer_cuda.kernels.precise_math import precise_log as _log
 from deepinfer_cuda.tuning import config
 
 # ---------------------------------------------------------------------------------------------

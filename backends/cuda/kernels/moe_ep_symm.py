@@ -86,8 +86,8 @@ import triton.language as tl
 
 from deepinfer.distributed.expert_parallel import EP_PRIORITY, ExpertParallel, as_expert_parallel
 from deepinfer.errors import UserError
-from deepinfer_cuda.kernels import moe as local
 from deepinfer.triton_common import next_power_of_2
+from deepinfer_cuda.kernels import moe as local
 from deepinfer_cuda.kernels.common import Registration
 from deepinfer_cuda.options import EP_PATH
 
@@ -528,7 +528,9 @@ class SymmetricExchange:
         bound = getattr(ep, "token_bound", None)
         if bound is not None:
             if T > bound:
-                raise ValueError(f"dispatch of {T} tokens over an expert-parallel group whose token_bound is {bound} (raise token_bound, the same on every rank)")
+                raise ValueError(
+                    f"dispatch of {T} tokens over an expert-parallel group whose token_bound is {bound} (raise token_bound, the same on every rank)"
+                )
             return max(int(bound), 1)
         counts = st.ensure("counts", 0, 2 * W * 4)
         _publish_count_kernel[(W,)](counts.ptrs, parity * W + ep.rank, T)

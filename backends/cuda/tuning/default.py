@@ -26,9 +26,13 @@ CONFIGS: dict[str, dict[str, dict]] = {
     # misc (memory-bound, rows in registers): tile_elems = elements per program, warps sized so each
     # thread holds bytes_per_thread of the tile (whole 16-byte vectors).
     # min_programs: tiles halve (down to min_tile_elems) until the grid has that many programs (decode batches).
-    "rms_norm": {"rows": {"max_block_d": 16384, "tile_elems": 4096, "bytes_per_thread": 32, "min_warps": 4, "max_warps": 16, "loop_block_d": 4096, "min_programs": 264}},
+    "rms_norm": {
+        "rows": {"max_block_d": 16384, "tile_elems": 4096, "bytes_per_thread": 32, "min_warps": 4, "max_warps": 16, "loop_block_d": 4096, "min_programs": 264},
+    },
     "rope": {"tokens": {"tile_elems": 4096, "bytes_per_thread": 32, "min_warps": 4, "max_warps": 8, "min_programs": 264, "min_tile_elems": 1024}},
-    "silu_and_mul": {"rows": {"max_block_i": 2048, "tile_elems": 4096, "bytes_per_thread": 32, "min_warps": 4, "max_warps": 8, "min_programs": 264, "min_tile_elems": 1024}},
+    "silu_and_mul": {
+        "rows": {"max_block_i": 2048, "tile_elems": 4096, "bytes_per_thread": 32, "min_warps": 4, "max_warps": 8, "min_programs": 264, "min_tile_elems": 1024},
+    },
     # prefill (FA2 var-len causal): query block x key block; large_head = Dqk + Dv > 256 (DeepSeek 192/128).
     "prefill": {
         "large_head": {"BLOCK_M": 64, "BLOCK_N": 32, "num_warps": 4, "num_stages": 2},
@@ -43,7 +47,10 @@ CONFIGS: dict[str, dict[str, dict]] = {
         "rows_le16": {"BLOCK_N": 64, "num_warps": 4, "num_stages": 2, "ctas_per_sm": 2, "min_tokens_per_split": 256, "max_splits": 64, "fused_combine": True},
         "rows_le32": {"BLOCK_N": 64, "num_warps": 4, "num_stages": 2, "ctas_per_sm": 2, "min_tokens_per_split": 256, "max_splits": 64, "fused_combine": True},
         "rows_le64": {"BLOCK_N": 64, "num_warps": 8, "num_stages": 2, "ctas_per_sm": 1, "min_tokens_per_split": 256, "max_splits": 64, "fused_combine": True},
-        "rows_gt64": {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 8, "num_stages": 2, "ctas_per_sm": 1, "min_tokens_per_split": 256, "max_splits": 64, "fused_combine": True},
+        "rows_gt64": {
+            "BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 8, "num_stages": 2,
+            "ctas_per_sm": 1, "min_tokens_per_split": 256, "max_splits": 64, "fused_combine": True,
+        },
         "combine": {"num_warps": 4},
     },
     "kv_cache_write": {"tokens": {"num_warps": 4}},
