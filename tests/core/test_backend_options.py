@@ -8,30 +8,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-import deepinfer.plugins as plugins_mod
 from deepinfer.cli.main import main
 from deepinfer.options import BackendOptionError, parse_assignments
 from deepinfer.plugins import Plugins
 from deepinfer.registry import RegistryError
 from deepinfer.runtime import open_runtime
 
-from fake_backend import UNUSABLE, FakeBackend
-
-
-@pytest.fixture
-def fake(monkeypatch):
-    """The fake backend, and every `load_plugins()` (LLM, the CLI) seeing it and the reference."""
-    backend = FakeBackend()
-    monkeypatch.delenv("DEEPINFER_FAKE_NORM_FLAVOUR", raising=False)
-
-    def load():
-        from deepinfer.backends import reference
-
-        return Plugins(load_entry_points=False, extra_plugins=(backend, reference))
-
-    monkeypatch.setattr(plugins_mod, "load_plugins", load)
-    backend.plugins = load
-    return backend
+from fake_backend import UNUSABLE
 
 
 def norm_once(runtime):

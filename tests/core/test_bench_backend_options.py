@@ -16,28 +16,11 @@ import pytest
 import torch
 
 import deepinfer.plugins as plugins_mod
-import deepinfer.runtime as runtime_mod
 from deepinfer.cli import bench_ops_ep
 from deepinfer.cli.main import build_parser, main
 from deepinfer.plugins import Availability, BackendSpec, Plugins, hookimpl
 
-from fake_backend import UNUSABLE, FakeBackend
-
-
-@pytest.fixture
-def fake(monkeypatch):
-    """The fake backend, and every `load_plugins()` seeing it and the reference."""
-    backend = FakeBackend()
-    monkeypatch.delenv("DEEPINFER_FAKE_NORM_FLAVOUR", raising=False)
-
-    def load():
-        from deepinfer.backends import reference
-
-        return Plugins(load_entry_points=False, extra_plugins=(backend, reference))
-
-    monkeypatch.setattr(plugins_mod, "load_plugins", load)
-    monkeypatch.setattr(runtime_mod, "load_plugins", load)  # open_runtime's own reference (bench e2e opens its runtime there)
-    return backend
+from fake_backend import UNUSABLE
 
 
 def _only(monkeypatch, *specs: BackendSpec) -> None:

@@ -13,7 +13,8 @@ import pytest
 from deepinfer import SamplingParams
 from deepinfer.cli.main import main
 from deepinfer.cli.run import BUILTIN_PROMPTS
-from deepinfer.engine.llm import LLM
+
+from cli_helpers import write_lines
 
 FAST = ["--backend", "reference", "--no-progress", "--num-kv-blocks", "64"]
 
@@ -26,18 +27,6 @@ def cache(tmp_path_factory):
 @pytest.fixture(autouse=True)
 def model_cache(cache, monkeypatch):
     monkeypatch.setenv("DEEPINFER_CACHE", str(cache))
-
-
-@pytest.fixture(scope="module")
-def api(cache):
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("DEEPINFER_CACHE", str(cache))
-        return LLM(backend="reference", announce=False, num_kv_blocks=64)
-
-
-def write_lines(path, items):
-    path.write_text("".join((item if isinstance(item, str) else json.dumps(item)) + "\n" for item in items), encoding="utf-8")
-    return path
 
 
 def read_lines(path):

@@ -17,6 +17,8 @@ import pytest
 
 from deepinfer.cli.main import main
 
+from cli_helpers import write_lines
+
 FAST = ["--backend", "reference", "--no-progress", "--num-kv-blocks", "64"]
 # Sampled (seeds follow the lines, so a resumed run repeats), two sequences a step: later requests
 # with short budgets finish before earlier long ones.
@@ -35,11 +37,6 @@ def cache(tmp_path_factory):
 @pytest.fixture(autouse=True)
 def model_cache(cache, monkeypatch):
     monkeypatch.setenv("DEEPINFER_CACHE", str(cache))
-
-
-def write_lines(path, items):
-    path.write_text("".join(json.dumps(item) + "\n" for item in items), encoding="utf-8")
-    return path
 
 
 def prompts_file(tmp_path, n: int = 10):

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import shutil
+
 import pytest
 import torch
+from safetensors.torch import load_file
 
 from deepinfer.runtime import open_runtime
 
@@ -27,3 +30,21 @@ def v2_checkpoint(tmp_path_factory):
     return folder, build_hf("deepseek_v2", folder, seed=2)
 
 
+
+
+@pytest.fixture
+def ckpt(v3_checkpoint, tmp_path):
+    """A writable copy of the tiny V3 checkpoint, in tmp_path/models/ckpt (a folder above it to escape to)."""
+    source, _ = v3_checkpoint
+    folder = tmp_path / "models" / "ckpt"
+    shutil.copytree(source, folder)
+    return folder
+
+
+@pytest.fixture
+def v3_copy(v3_checkpoint, tmp_path):
+    """A writable copy of the tiny V3 checkpoint, and its tensors."""
+    source, _ = v3_checkpoint
+    folder = tmp_path / "ckpt"
+    shutil.copytree(source, folder)
+    return folder, load_file(str(folder / "model.safetensors"))

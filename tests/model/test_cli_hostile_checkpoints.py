@@ -18,14 +18,6 @@ from cli_helpers import run_cli
 RUN = ["run", "--backend", "reference", "--prompt", "hi", "--no-progress", "--max-tokens", "2"]
 
 
-@pytest.fixture
-def ckpt(v3_checkpoint, tmp_path):
-    source, _ = v3_checkpoint
-    folder = tmp_path / "models" / "ckpt"
-    shutil.copytree(source, folder)
-    return folder
-
-
 def _edit_config(folder, **change):
     config = json.loads((folder / "config.json").read_text())
     (folder / "config.json").write_text(json.dumps({**config, **change}))

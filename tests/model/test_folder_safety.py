@@ -23,14 +23,6 @@ from deepinfer.model.loader import load_model
 INDEX = "model.safetensors.index.json"
 
 
-@pytest.fixture
-def ckpt(v3_checkpoint, tmp_path):
-    source, _ = v3_checkpoint
-    folder = tmp_path / "models" / "ckpt"
-    shutil.copytree(source, folder)
-    return folder
-
-
 def _tensors(folder):
     return load_file(str(folder / "model.safetensors"))
 

@@ -3,26 +3,16 @@
 from __future__ import annotations
 
 import json
-import shutil
 
 import pytest
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 
 from deepinfer.errors import UserError
 from deepinfer.model.errors import LoadError
 from deepinfer.model.loader import load_model
 
 from model.model_oracle import PROMPTS, PagedRunner
-
-
-@pytest.fixture
-def v3_copy(v3_checkpoint, tmp_path):
-    """A writable copy of the tiny V3 checkpoint, and its tensors."""
-    source, _ = v3_checkpoint
-    folder = tmp_path / "ckpt"
-    shutil.copytree(source, folder)
-    return folder, load_file(str(folder / "model.safetensors"))
 
 
 def _load(folder, ops):

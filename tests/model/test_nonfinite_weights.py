@@ -4,23 +4,14 @@ and then emit token 0 for ever."""
 from __future__ import annotations
 
 import json
-import shutil
 
 import pytest
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 
 from deepinfer.model.errors import CheckpointError
 from deepinfer.model.loader import load_model
 from deepinfer.ops import quant
-
-
-@pytest.fixture
-def v3_copy(v3_checkpoint, tmp_path):
-    source, _ = v3_checkpoint
-    folder = tmp_path / "ckpt"
-    shutil.copytree(source, folder)
-    return folder, load_file(str(folder / "model.safetensors"))
 
 
 def _refused(folder, ops, dtype=torch.float32) -> str:

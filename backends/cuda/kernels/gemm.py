@@ -895,57 +895,16 @@ def _weight_operands(weight: torch.Tensor, weight_scale: torch.Tensor | None, fm
 # The ops
 
 
-def linear(
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    *,
-    weight_scale: torch.Tensor | None = None,
-    fmt: str = "dense",
-) -> torch.Tensor:
-    gemm_ops.check_linear_args(x, weight, weight_scale, fmt)
-    _check_dtype(x)
-    weight, weight_scale = _weight_operands(weight, weight_scale, fmt)
-    return launch_gemm(x, weight, weight_scale, fmt, _LINEAR)
-
-
-def grouped_gemm(
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    *,
-    expert_offsets: torch.Tensor | None = None,
-    masked_m: torch.Tensor | None = None,
-    weight_scale: torch.Tensor | None = None,
-    fmt: str = "dense",
-) -> torch.Tensor:
-    experts = gemm_ops.check_grouped_args(x, weight, weight_scale, fmt, expert_offsets, masked_m)
-    _check_dtype(x)
-    weight, weight_scale = _weight_operands(weight, weight_scale, fmt)
-    if expert_offsets is not None:
-        gemm_ops.check_index_vector("expert_offsets", expert_offsets, experts + 1, x.device)
-        return launch_gemm(x, weight, weight_scale, fmt, _CONTIGUOUS, offsets=expert_offsets)
-    gemm_ops.check_index_vector("masked_m", masked_m, experts, x.device)
-    return launch_gemm(x, weight, weight_scale, fmt, _MASKED, masked_m=masked_m)
-
-
-_NOTE = (
-    "Triton: one tiled GEMM (grouped tiles, split-K for decode shapes) for dense, fp8_block "
-    "(fused per-token-group quantiser, fp8 tl.dot per 128-K group, DeepGEMM-style promotion) and "
-    f"mxfp4 (bf16/fp16 activations: {mxfp4_path()}; float32 activations: in-kernel e2m1 upcast); "
-    "mxfp8 and mxfp4_a8 (MX FP8 activation quantiser, tl.dot_scaled on both MX operands with the weight "
-    "tile as the MMA's 128-row side: block-scaled tcgen05 on SM100, Triton's emulation on SM90)"
-)
-
-
-
-def _forced_mxfp4(dot_scaled: bool):
-    """`linear` and `grouped_gemm` whose mxfp4 weights take one path whatever the machine's default
-    (backend option mxfp4_path=dot_scaled|upcast); float32 activations still take the upcast."""
+def _gemm_ops(mxfp4_dot_scaled: bool | None = None):
+    """The `linear` and `grouped_gemm` kernels. mxfp4_dot_scaled: the mxfp4 path with bf16/fp16
+    activations (backend option mxfp4_path=dot_scaled|upcast); None: this machine's default.
+    float32 activations always take the upcast."""
 
     def linear(x: torch.Tensor, weight: torch.Tensor, *, weight_scale: torch.Tensor | None = None, fmt: str = "dense") -> torch.Tensor:
         gemm_ops.check_linear_args(x, weight, weight_scale, fmt)
         _check_dtype(x)
         weight, weight_scale = _weight_operands(weight, weight_scale, fmt)
-        return launch_gemm(x, weight, weight_scale, fmt, _LINEAR, mxfp4_dot_scaled=dot_scaled)
+        return launch_gemm(x, weight, weight_scale, fmt, _LINEAR, mxfp4_dot_scaled=mxfp4_dot_scaled)
 
     def grouped_gemm(
         x: torch.Tensor,
@@ -961,13 +920,29 @@ def _forced_mxfp4(dot_scaled: bool):
         weight, weight_scale = _weight_operands(weight, weight_scale, fmt)
         if expert_offsets is not None:
             gemm_ops.check_index_vector("expert_offsets", expert_offsets, experts + 1, x.device)
-            return launch_gemm(x, weight, weight_scale, fmt, _CONTIGUOUS, offsets=expert_offsets, mxfp4_dot_scaled=dot_scaled)
+            return launch_gemm(x, weight, weight_scale, fmt, _CONTIGUOUS, offsets=expert_offsets, mxfp4_dot_scaled=mxfp4_dot_scaled)
         gemm_ops.check_index_vector("masked_m", masked_m, experts, x.device)
-        return launch_gemm(x, weight, weight_scale, fmt, _MASKED, masked_m=masked_m, mxfp4_dot_scaled=dot_scaled)
+        return launch_gemm(x, weight, weight_scale, fmt, _MASKED, masked_m=masked_m, mxfp4_dot_scaled=mxfp4_dot_scaled)
 
-    suffix = "dot_scaled" if dot_scaled else "upcast"
-    linear.__qualname__, grouped_gemm.__qualname__ = f"linear_mxfp4_{suffix}", f"grouped_gemm_mxfp4_{suffix}"
+    if mxfp4_dot_scaled is not None:
+        suffix = "dot_scaled" if mxfp4_dot_scaled else "upcast"
+        linear.__qualname__, grouped_gemm.__qualname__ = f"linear_mxfp4_{suffix}", f"grouped_gemm_mxfp4_{suffix}"
+    else:
+        linear.__qualname__, grouped_gemm.__qualname__ = "linear", "grouped_gemm"
     return linear, grouped_gemm
+
+
+linear, grouped_gemm = _gemm_ops()
+
+
+_NOTE = (
+    "Triton: one tiled GEMM (grouped tiles, split-K for decode shapes) for dense, fp8_block "
+    "(fused per-token-group quantiser, fp8 tl.dot per 128-K group, DeepGEMM-style promotion) and "
+    f"mxfp4 (bf16/fp16 activations: {mxfp4_path()}; float32 activations: in-kernel e2m1 upcast); "
+    "mxfp8 and mxfp4_a8 (MX FP8 activation quantiser, tl.dot_scaled on both MX operands with the weight "
+    "tile as the MMA's 128-row side: block-scaled tcgen05 on SM100, Triton's emulation on SM90)"
+)
+
 
 
 def _forced_by(path: str):
@@ -991,7 +966,7 @@ REGISTRATIONS = [
 # mxfp4_path=dot_scaled|upcast: the same kernels with the mxfp4 path fixed, chosen at resolve (above
 # the default registrations by priority; never chosen under mxfp4_path=auto).
 for _path, _dot_scaled in (("dot_scaled", True), ("upcast", False)):
-    for _op, _fn in zip(("linear", "grouped_gemm"), _forced_mxfp4(_dot_scaled)):
+    for _op, _fn in zip(("linear", "grouped_gemm"), _gemm_ops(mxfp4_dot_scaled=_dot_scaled)):
         REGISTRATIONS.append(Registration(
             op=_op, fn=_fn, formats=("mxfp4",), dtypes=_KERNEL_DTYPES, when=_forced_by(_path), priority=1,
             unusable=_dot_scaled_unusable if _dot_scaled else None,
