@@ -82,7 +82,8 @@ def measure_case(case: CaseRecord, produced: dict[str, torch.Tensor | None], ref
     return Measure(all(p.ok for p in parts), worst.score, worst.detail)
 
 
-def run_worker(backend: str, out_dir: Path, golden_dirs: list[Path], interpret: bool, ops: list[str] | None, options: dict[str, str] | None = None) -> dict:
+def worker_command(backend: str, out_dir: Path, golden_dirs: list[Path], interpret: bool, ops: list[str] | None, options: dict[str, str] | None = None):
+    """The command line and environment of one backend's worker process."""
     cmd = [sys.executable, "-m", "deepinfer_conformance.worker", "--backend", backend, "--out", str(out_dir)]
     for folder in golden_dirs:
         cmd += ["--golden", str(folder)]
@@ -95,12 +96,26 @@ def run_worker(backend: str, out_dir: Path, golden_dirs: list[Path], interpret: 
     env = dict(os.environ)
     if interpret:
         env["TRITON_INTERPRET"] = "1"
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
-    if proc.returncode != 0:
-        lines = [l for l in proc.stderr.strip().splitlines() if l.strip()]
-        message = lines[-1].removeprefix("deepinfer: error: ") if lines else f"worker exited {proc.returncode}"
-        raise UserError(message if repr(backend) in message else f"backend {backend!r}: {message}")  # name it once
-    return json.loads((out_dir / f"{backend}.json").read_text())
+    return cmd, env
+
+
+def run_workers(
+    backends: list[str], out_dir: Path, golden_dirs: list[Path], interpret: bool, ops: list[str] | None, shares: dict[str, dict[str, str]]
+) -> dict[str, dict]:
+    """Every backend's worker at once (each its own process, so several cores or devices work
+    together); their reports by backend. The first backend (in the given order) whose worker failed
+    is a one-line UserError naming it."""
+    procs = {}
+    for b in backends:
+        cmd, env = worker_command(b, out_dir, golden_dirs, interpret, ops, shares[b])
+        procs[b] = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    stderr = {b: proc.communicate()[1] for b, proc in procs.items()}
+    for b, proc in procs.items():
+        if proc.returncode != 0:
+            lines = [line for line in stderr[b].strip().splitlines() if line.strip()]
+            message = lines[-1].removeprefix("deepinfer: error: ") if lines else f"worker exited {proc.returncode}"
+            raise UserError(message if repr(b) in message else f"backend {b!r}: {message}")  # name it once
+    return {b: json.loads((out_dir / f"{b}.json").read_text()) for b in backends}
 
 
 def load_produced(out_dir: Path, backend: str, case: CaseRecord, status: dict) -> dict[str, torch.Tensor | None]:
@@ -146,7 +161,7 @@ def run(
             if unknown:
                 raise UserError(f"no conformance cases for op(s) {', '.join(sorted(unknown))}")
         rows += [Row(f.entry_point, "-", "-", "-", "-", "error", None, f"{f.entry_point} failed to load: {f.error}") for f in failures]
-        reports = {b: run_worker(b, out_dir, golden.dirs, interpret, ops, shares[b]) for b in backends}
+        reports = run_workers(backends, out_dir, golden.dirs, interpret, ops, shares)
         produced_by = {b: {} for b in backends}
         for case in cases:
             reference = golden.outputs(case)

@@ -35,6 +35,20 @@ def deepinfer(*args: str, env: dict[str, str], timeout: int = 300) -> subprocess
     return subprocess.run([sys.executable, "-m", "deepinfer", *args], env=env, capture_output=True, text=True, timeout=timeout)
 
 
+def in_process(argv: list[str], cache: Path, tmp: Path, monkeypatch, capsys) -> tuple[int, str]:
+    """`deepinfer <argv>` in this process (a refusal before any rank starts needs no process of its
+    own; the README's own command below still runs as a user runs it): exit code and stderr."""
+    from deepinfer.cli.main import main
+
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("DEEPINFER_CACHE", str(cache))
+    monkeypatch.setenv("TMPDIR", str(tmp))
+    capsys.readouterr()
+    code = main(argv)
+    return code, capsys.readouterr().err
+
+
 def error_lines(stderr: str) -> list[str]:
     markers = ("deepinfer: error", "Traceback", "[rank", "ChildFailedError")
     return [line for line in stderr.splitlines() if any(m in line for m in markers)]
@@ -53,13 +67,13 @@ def error_lines(stderr: str) -> list[str]:
         (["--ep", "2", "--model", "no/such/folder", "--prompt", "hi"], "does not exist"),
     ],
 )
-def test_run_ep_checks_once_before_starting_ranks(cache, tmp_path, argv, needle):
+def test_run_ep_checks_once_before_starting_ranks(cache, tmp_path, argv, needle, monkeypatch, capsys):
     argv = [str(tmp_path / a) if a.startswith("missing") else a for a in argv]
-    proc = deepinfer("run", "--no-progress", *argv, env=env_for(cache, tmp_path))
-    assert proc.returncode == 2, proc.stderr
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("deepinfer: error: ") and needle in lines[0], proc.stderr
-    assert "starting" not in proc.stderr, "ranks were started"
+    code, stderr = in_process(["run", "--no-progress", *argv], cache, tmp_path, monkeypatch, capsys)
+    assert code == 2, stderr
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("deepinfer: error: ") and needle in lines[0], stderr
+    assert "starting" not in stderr, "ranks were started"
 
 
 def test_run_ep_with_everything_already_done_starts_no_rank(cache, tmp_path):
@@ -146,13 +160,13 @@ def test_run_ep_shows_rank0_progress_and_writes_in_input_order(cache, tmp_path):
         (["--ep", "2", "--dist-timeout", "0"], "--dist-timeout"),
     ],
 )
-def test_bench_e2e_ep_checks_before_starting_ranks(cache, tmp_path, argv, needle):
+def test_bench_e2e_ep_checks_before_starting_ranks(cache, tmp_path, argv, needle, monkeypatch, capsys):
     """The full-depth V3 shape needs hundreds of GiB per rank: refused on any CPU host, with the estimate."""
-    proc = deepinfer("bench", "e2e-ep", *argv, env=env_for(cache, tmp_path))
-    assert proc.returncode == 2, proc.stderr
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("deepinfer: error: ") and needle in lines[0], proc.stderr
-    assert "starting" not in proc.stderr and "Traceback" not in proc.stderr
+    code, stderr = in_process(["bench", "e2e-ep", *argv], cache, tmp_path, monkeypatch, capsys)
+    assert code == 2, stderr
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("deepinfer: error: ") and needle in lines[0], stderr
+    assert "starting" not in stderr and "Traceback" not in stderr
 
 
 def test_the_readme_bench_e2e_ep_command_on_this_cpu_host(cache, tmp_path):
