@@ -66,6 +66,9 @@ class OpSpec:
     # defined in its input precision (sampling: the noise and the argmax are specified in float32).
     golden_precision: str = "float64"
     in_place: str | None = None  # name of an argument the op writes into (and returns)
+    # The model types whose layers call the op (empty: every model). A backend without a kernel for
+    # it still opens for other models (`Registry.resolve`); DeepSeek-V4's ops name "deepseek_v4".
+    model_types: tuple[str, ...] = ()
     doc: str = ""
 
     @property
@@ -82,6 +85,10 @@ class OpSpec:
         """Declared outside `deepinfer.ops`, by an op package: the core engine never calls it, so a
         backend without a kernel for it still opens (`Registry.resolve`)."""
         return not _inside(self.declared_in, CORE_OPS_PACKAGE)
+
+    def needed_by(self, facts: "ModelFacts") -> bool:
+        """Whether the model `facts` describe calls this op (unknown model: no)."""
+        return not self.model_types or facts.model_type in self.model_types
 
     def tolerance(self, dtype: torch.dtype) -> Tolerance:
         return self.tolerances.get(dtype, DEFAULT_TOLERANCES.get(dtype, Tolerance(0.0, 0.0)))
@@ -194,6 +201,7 @@ class ModelFacts:
     sizes): every call the engine makes passes these. None is unknown: a kernel that depends on an
     unknown fact must not be chosen. The conformance worker fills them from each case's inputs."""
 
+    model_type: str | None = None  # config.json's model_type: which model-specific ops are called
     # gate
     num_experts: int | None = None
     top_k: int | None = None
@@ -344,8 +352,9 @@ class Registry:
 
         A missing kernel is an error naming the op and the backend, unless `allow_fallback`; then
         the reference serves that op and the fallback is logged once, here. Out-of-tree ops (declared
-        by op packages, which the core never calls) are the exception when `only` is not given: one
-        this backend has no kernel for is left out of the table, and calling it is that error.
+        by op packages, which the core never calls) and ops only another model type calls
+        (`OpSpec.model_types`) are the exception when `only` is not given: one this backend has no
+        kernel for is left out of the table, and calling it is that error.
         """
         chosen: dict[str, Callable | dict[str, Callable]] = {}
         kernels: dict[str, Kernel | None] = {}
@@ -353,7 +362,7 @@ class Registry:
         unserved: dict[str, str] = {}  # out-of-tree op -> the module that declared it
         for name in only if only is not None else self.ops:
             spec = self.ops[name]
-            optional = spec.out_of_tree and only is None and not allow_fallback
+            optional = (spec.out_of_tree or not spec.needed_by(ctx.model)) and only is None and not allow_fallback
             keys: list[str | None] = list(spec.formats) if spec.formats else [None]
             per_key: dict[str | None, Callable] = {}
             for key in keys:
@@ -373,13 +382,13 @@ class Registry:
                 else:
                     per_key[key] = kernel.fn
             if not per_key:
-                unserved[name] = spec.declared_in
+                unserved[name] = f"out of tree in {spec.declared_in}" if spec.out_of_tree else f"for {', '.join(spec.model_types)} models"
                 continue
             chosen[name] = per_key[None] if keys == [None] else {k: v for k, v in per_key.items() if k is not None}
         for label in fallbacks:
             log.warning("backend %r: op %s runs on the reference implementation (fallback allowed)", ctx.backend, label)
         if unserved:
-            log.info("backend %r has no kernel for the out-of-tree op(s) %s: calling one is an error", ctx.backend, ", ".join(unserved))
+            log.info("backend %r has no kernel for the op(s) %s (out of tree, or for other models): calling one is an error", ctx.backend, ", ".join(unserved))
         return OpTable(ctx, chosen, tuple(fallbacks), kernels, unserved)
 
     def coverage(self, backend: str) -> dict[str, list[Kernel]]:
@@ -401,7 +410,7 @@ class OpTable:
         self.fallbacks = fallbacks
         self._chosen = dict(chosen)
         self._kernels = dict(kernels or {})
-        self._unserved = dict(unserved or {})  # out-of-tree ops this backend has no kernel for -> where declared
+        self._unserved = dict(unserved or {})  # ops left out (out of tree, or for other models) -> why, for the error
         for name, impl in chosen.items():
             setattr(self, name, impl if callable(impl) else _by_format(name, impl))
 
@@ -409,13 +418,13 @@ class OpTable:
         return name in self._chosen
 
     def __getattr__(self, name: str) -> Any:
-        """Only reached for names that are not resolved ops: an out-of-tree op without a kernel here
-        is a one-line RegistryError, anything else an AttributeError."""
-        declared_in = self.__dict__.get("_unserved", {}).get(name)
-        if declared_in is None:
+        """Only reached for names that are not resolved ops: an op left out of the table (out of
+        tree, or for another model type) is a one-line RegistryError, anything else an AttributeError."""
+        why = self.__dict__.get("_unserved", {}).get(name)
+        if why is None:
             raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
         raise RegistryError(
-            f"backend {self.ctx.backend!r} has no kernel for op {name!r} (declared out of tree in {declared_in}); "
+            f"backend {self.ctx.backend!r} has no kernel for op {name!r} (declared {why}); "
             "register one in a plugin's deepinfer_register_kernels, or allow the reference fallback explicitly (--allow-fallback)"
         )
 

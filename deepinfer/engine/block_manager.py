@@ -31,11 +31,18 @@ def blocks_for(num_tokens: int, block_size: int) -> int:
 
 
 class BlockManager:
-    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True):
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True, *, num_state_slots: int = 0, prefix_replay_tokens: int = 0):
+        """num_state_slots: per-sequence model state (DeepSeek-V4's compressor windows), one per
+        running sequence (0: the model keeps none). prefix_replay_tokens: on a prefix hit, this many
+        tokens before the first uncached one are computed again (bounded replay: they rebuild that
+        state; their KV stays as cached)."""
         if num_blocks < 1 or block_size < 1:
             raise ValueError(f"need num_blocks >= 1 and block_size >= 1, got {num_blocks} and {block_size}")
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
+        self.prefix_replay_tokens = prefix_replay_tokens
+        self.uses_state_slots = num_state_slots > 0
+        self.free_slots = list(range(num_state_slots - 1, -1, -1))  # pop() hands out the lowest
         self.blocks = [Block(i) for i in range(num_blocks)]
         self.free_blocks: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))  # front: reused first
         self.cached: dict[bytes, int] = {}  # chained hash -> block id
@@ -64,6 +71,8 @@ class BlockManager:
         return hits
 
     def can_allocate(self, seq: Sequence) -> bool:
+        if self.uses_state_slots and not self.free_slots:
+            return False
         hits = self.cached_prefix(seq)
         fresh = blocks_for(seq.num_tokens, self.block_size) - len(hits)
         revived = sum(1 for b in hits if self.blocks[b].ref_count == 0)  # cached but free: leaves the free queue
@@ -81,7 +90,10 @@ class BlockManager:
             block.ref_count += 1
         fresh = [self._take_free_block() for _ in range(blocks_for(seq.num_tokens, self.block_size) - len(hits))]
         seq.block_table = hits + fresh
-        seq.num_computed_tokens = len(hits) * self.block_size
+        seq.num_cached_kv = len(hits) * self.block_size
+        seq.num_computed_tokens = max(0, seq.num_cached_kv - self.prefix_replay_tokens) if hits else 0
+        if self.uses_state_slots:
+            seq.state_slot = self.free_slots.pop()
 
     def _take_free_block(self) -> int:
         block_id, _ = self.free_blocks.popitem(last=False)
@@ -134,3 +146,7 @@ class BlockManager:
                     self.free_blocks.move_to_end(block_id, last=False)
         seq.block_table = []
         seq.num_computed_tokens = 0
+        seq.num_cached_kv = 0
+        if seq.state_slot >= 0:
+            self.free_slots.append(seq.state_slot)
+            seq.state_slot = -1

@@ -88,8 +88,15 @@ class LLMEngine:
             getattr(self.tokenizer, "eos_token_ids", None),
             getattr(self.tokenizer, "eos_token_id", None),
         )
-        num_blocks = config.num_kv_blocks or self._num_blocks_from_memory(loaded.model, runtime.device)
-        self.block_manager = BlockManager(num_blocks, self.block_size, config.enable_prefix_caching)
+        model = loaded.model
+        # Per-sequence model state beside the paged cache (DeepSeek-V4's compressor windows): one
+        # slot per running sequence; a prefix hit recomputes the tokens that rebuild it.
+        self.num_state_slots = config.max_num_seqs if hasattr(model, "state_slot_bytes") else 0
+        num_blocks = config.num_kv_blocks or self._num_blocks_from_memory(model, runtime.device)
+        self.block_manager = BlockManager(
+            num_blocks, self.block_size, config.enable_prefix_caching,
+            num_state_slots=self.num_state_slots, prefix_replay_tokens=getattr(model, "prefix_replay_tokens", 0),
+        )  # fmt: skip
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens)
         self.runner = ModelRunner(
             loaded.model,
@@ -101,6 +108,7 @@ class LLMEngine:
             graph_capture=self._graph_capture(runtime, loaded.model, dist),
             max_num_seqs=config.max_num_seqs,
             max_model_len=self.max_model_len,
+            num_state_slots=self.num_state_slots,
         )
         self._next_request_index = 0
         self.num_prompt_tokens_computed = 0  # prefill work done, recompute after preemption included
@@ -115,6 +123,8 @@ class LLMEngine:
             budget = int(self.config.kv_cache_memory_gib * GiB)
         else:
             budget = kv_cache_budget(device, self.runtime.memory_info)
+        if self.num_state_slots:
+            budget -= self.num_state_slots * model.state_slot_bytes()
         enough = self.config.max_num_seqs * blocks_for(self.max_model_len, self.block_size)  # more is never used
         num_blocks = min(budget // per_block, enough)
         if num_blocks < 1:

@@ -11,7 +11,7 @@ import torch
 from deepinfer.device_graphs import GraphCapture
 from deepinfer.engine.scheduler import ScheduledBatch
 from deepinfer.engine.sequence import Sequence
-from deepinfer.model.forward_batch import ForwardBatch
+from deepinfer.model.forward_batch import ForwardBatch, HostBatch
 
 log = logging.getLogger(__name__)
 
@@ -23,7 +23,9 @@ ACCELERATOR_MEMORY_UTILIZATION = 0.9  # like vLLM's gpu_memory_utilization
 
 
 def kv_block_bytes(model, block_size: int, dtype: torch.dtype) -> int:
-    """Bytes one block takes over all layers."""
+    """Bytes one block takes over all layers (the model's own layout when it has one: DeepSeek-V4)."""
+    if hasattr(model, "kv_block_bytes"):
+        return model.kv_block_bytes(block_size, dtype)
     per_layer = 1
     for dim in model.kv_cache_shape(1, block_size):
         per_layer *= dim
@@ -57,17 +59,23 @@ class ModelRunner:
         graph_capture: GraphCapture | None = None,
         max_num_seqs: int = 256,
         max_model_len: int = 4096,
+        num_state_slots: int = 0,
     ):
-        """graph_capture: the backend's device graphs, to replay decode steps (None: every step eager)."""
+        """graph_capture: the backend's device graphs, to replay decode steps (None: every step eager).
+        num_state_slots: per-sequence state the model keeps beside the paged cache (DeepSeek-V4's
+        compressor windows), one slot per running sequence."""
         self.model = model
         self.ops = ops
         self.device = device
         self.block_size = block_size
         self.num_blocks = num_blocks
-        shape = model.kv_cache_shape(num_blocks, block_size)
-        self.kv_caches = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(model.num_layers)]
+        if hasattr(model, "new_caches"):  # a model with its own cache layout (DeepSeek-V4)
+            self.kv_caches = model.new_caches(num_blocks, block_size, num_state_slots, dtype)
+        else:
+            shape = model.kv_cache_shape(num_blocks, block_size)
+            self.kv_caches = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(model.num_layers)]
         self.graphs = None
-        if graph_capture is not None:
+        if graph_capture is not None and getattr(model, "supports_device_graphs", True):
             from deepinfer.engine.decode_graphs import DecodeGraphs
 
             max_blocks = -(-max_model_len // block_size)
@@ -90,6 +98,13 @@ class ModelRunner:
             if end == seq.num_tokens:  # its last token is computed: it samples the next one
                 logits_indices.append(cu_seqlens[-1] - 1)
                 samplers.append(seq)
+        host = HostBatch(
+            starts=[seq.num_computed_tokens for seq in batch.seqs],
+            lengths=list(batch.num_new_tokens),
+            cached=[seq.num_cached_kv for seq in batch.seqs],
+            slots=[seq.state_slot for seq in batch.seqs],
+            pages=[seq.block_table for seq in batch.seqs],
+        )
         width = max(len(seq.block_table) for seq in batch.seqs)
         tables = [seq.block_table + [0] * (width - len(seq.block_table)) for seq in batch.seqs]
         forward_batch = ForwardBatch(
@@ -103,6 +118,7 @@ class ModelRunner:
             logits_indices=self._tensor(logits_indices, torch.int64),
             max_query_len=max(batch.num_new_tokens),
             max_seq_len=max(seq_lens),
+            host=host,
         )
         return forward_batch, samplers
 

@@ -65,7 +65,7 @@ class Scheduler:
             self.waiting.pop(0)
             self.block_manager.allocate(seq)
             if seq.num_cached_tokens is None:
-                seq.num_cached_tokens = seq.num_computed_tokens
+                seq.num_cached_tokens = seq.num_cached_kv
             seq.prefill_target = seq.num_tokens
             seq.status = SequenceStatus.RUNNING
             bisect.insort(self.running, seq, key=lambda s: s.seq_id)

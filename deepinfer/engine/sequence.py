@@ -44,6 +44,8 @@ class Sequence:
         self.status = SequenceStatus.WAITING
         self.block_table: list[int] = []
         self.num_computed_tokens = 0
+        self.num_cached_kv = 0  # positions below this had their KV in the cache when admitted (a prefix hit); replayed tokens do not rewrite it
+        self.state_slot = -1  # the model's per-sequence state slot while running (-1: none, or the model keeps none)
         self.prefill_target = 0
         self.num_cached_tokens: int | None = None  # prefix-cache hit at the first admission
         self.num_preemptions = 0

@@ -13,9 +13,24 @@ from deepinfer.registry import ModelFacts
 
 def model_facts(config: ModelConfig) -> ModelFacts:
     """The facts of a DeepSeek V2/V3 model: its routing (deepinfer.model.moe passes these to `gate`)
-    and its MLA head sizes (deepinfer.model.attention); no sliding window."""
+    and its MLA head sizes (deepinfer.model.attention); no sliding window. DeepSeek-V4: its routing
+    (sqrt-softplus scores with a bias, no groups) and its shared-KV heads and window."""
+    if config.model_type == "deepseek_v4":
+        return ModelFacts(
+            model_type=config.model_type,
+            num_experts=config.n_routed_experts,
+            top_k=config.num_experts_per_tok,
+            score_func=config.scoring_func,
+            n_group=1,
+            topk_group=1,
+            renormalize=True,
+            correction_bias=True,
+            num_heads=config.num_attention_heads,
+            sliding_window=config.sliding_window,
+        )
     n_group, topk_group = config.routing_groups
     return ModelFacts(
+        model_type=config.model_type,
         num_experts=config.n_routed_experts or None,
         top_k=config.num_experts_per_tok,
         score_func=config.scoring_func,

@@ -8,6 +8,17 @@ import torch
 
 
 @dataclass
+class HostBatch:
+    """The step's per-sequence facts on the host, for models that plan cache rows there (DeepSeek-V4)."""
+
+    starts: list[int]  # position of each sequence's first new token
+    lengths: list[int]  # its new tokens
+    cached: list[int]  # positions below this have their KV in the cache already (a prefix hit's replayed tokens)
+    slots: list[int]  # its state slot (-1: the model keeps no per-sequence state)
+    pages: list[list[int]]  # its block table
+
+
+@dataclass
 class ForwardBatch:
     """One forward step over B sequences and T new tokens, all on the model's device.
 
@@ -26,6 +37,7 @@ class ForwardBatch:
     logits_indices: torch.Tensor  # [B'] int64, rows of T whose logits are wanted (last token of each sequence that samples)
     max_query_len: int = 1  # host-side max of new tokens per sequence
     max_seq_len: int = 1  # host-side max of seq_lens
+    host: HostBatch | None = None
 
     @property
     def num_seqs(self) -> int:

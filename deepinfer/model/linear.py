@@ -20,10 +20,11 @@ class LinearWeight:
 
     weight: torch.Tensor
     scale: torch.Tensor | None = None
+    format: str | None = None  # None: "dense" without a scale, "fp8_block" with one; "mxfp4": packed e2m1 with e8m0 scales
 
     @property
     def fmt(self) -> str:
-        return "dense" if self.scale is None else "fp8_block"
+        return self.format or ("dense" if self.scale is None else "fp8_block")
 
     @property
     def out_features(self) -> int:
@@ -44,10 +45,11 @@ class ExpertWeights:
 
     weight: torch.Tensor
     scale: torch.Tensor | None = None
+    format: str | None = None  # as LinearWeight.format
 
     @property
     def fmt(self) -> str:
-        return "dense" if self.scale is None else "fp8_block"
+        return self.format or ("dense" if self.scale is None else "fp8_block")
 
     @property
     def out_features(self) -> int:
@@ -60,11 +62,11 @@ class ExpertWeights:
     def stack(experts: list[LinearWeight]) -> "ExpertWeights":
         weight = torch.stack([e.weight for e in experts])
         scales = [e.scale for e in experts]
+        if len({e.fmt for e in experts}) > 1:
+            raise ValueError(f"experts of one layer mix weight formats: {sorted({e.fmt for e in experts})}")
         if all(s is None for s in scales):
             return ExpertWeights(weight)
-        if any(s is None for s in scales):
-            raise ValueError("experts of one layer mix fp8 and dense weights")
-        return ExpertWeights(weight, torch.stack(scales))
+        return ExpertWeights(weight, torch.stack(scales), experts[0].format)
 
 
 def _fusable(parts: list) -> bool:
@@ -72,14 +74,14 @@ def _fusable(parts: list) -> bool:
     formats = {p.fmt for p in parts}
     if len(formats) > 1:
         return False
-    return formats == {"dense"} or all(p.out_features % quant.FP8_BLOCK == 0 for p in parts[:-1])
+    return formats in ({"dense"}, {"mxfp4"}) or all(p.out_features % quant.FP8_BLOCK == 0 for p in parts[:-1])
 
 
 def _concat(parts: list, dim: int):
     kind = type(parts[0])
     weight = torch.cat([p.weight for p in parts], dim=dim)
     scale = None if parts[0].scale is None else torch.cat([p.scale for p in parts], dim=dim)
-    return kind(weight, scale)
+    return kind(weight, scale, parts[0].format)
 
 
 @dataclass

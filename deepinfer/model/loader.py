@@ -39,7 +39,12 @@ def load_config(folder: str | Path) -> ModelConfig:
     path = folder_file(folder, CONFIG_FILE)
     if path is None:
         raise CheckpointError(f"{folder} has no {CONFIG_FILE}", "point --model at an HF checkpoint folder")
-    return ModelConfig.from_dict(read_json_object(path), source=str(path))
+    raw = read_json_object(path)
+    if raw.get("model_type") == "deepseek_v4":
+        from deepinfer.model.deepseek_v4.config import V4Config
+
+        return V4Config.from_dict(raw, source=str(path))
+    return ModelConfig.from_dict(raw, source=str(path))
 
 
 class CheckpointExperts:
@@ -110,6 +115,11 @@ def _load_folder(
     folder: Path, ops, device: torch.device, dtype: torch.dtype, experts: ExpertSharding | None, max_model_len: int | None, dummy: bool
 ) -> LoadedModel:
     config = load_config(folder)
+    if config.model_type == "deepseek_v4":
+        from deepinfer.model.deepseek_v4.load import load_v4
+
+        model = load_v4(folder, config, ops, device, dtype, max_model_len, experts)
+        return _loaded(model, config, folder, dummy)
     rope_positions = min(max_model_len or config.max_position_embeddings, config.max_position_embeddings)
     held = physical = None
     if experts is not None and config.n_routed_experts:
@@ -134,6 +144,10 @@ def _load_folder(
         model.expert_source = CheckpointExperts(stored, specs, model.device, dtype)
     if weights.remaining():  # check_tensors lets nothing else through; a leftover is a bug here
         raise RuntimeError(f"tensors loaded but not used by the model: {weights.remaining()[:5]}")
+    return _loaded(model, config, folder, dummy)
+
+
+def _loaded(model, config, folder: Path, dummy: bool) -> LoadedModel:
     tokenizer = Tokenizer.from_folder(folder, config.bos_token_id, config.eos_token_ids)
     if tokenizer is not None and tokenizer.vocab_size > config.vocab_size:
         log.warning("%s: the tokenizer has %d tokens, the model's vocab_size is %d", folder, tokenizer.vocab_size, config.vocab_size)

@@ -1,0 +1,126 @@
+"""V4 attention: shared-KV MQA with a sliding window, plus compressed entries (CSA: the indexer's
+top-k; HCA: all of them), attention sinks, partial RoPE, and a grouped low-rank output projection.
+
+Per token: q = wq_b(rms(wq_a x)) per head, RMS-normalised without weight; one KV row
+kv = rms(wkv x) (keys and values alike); the last rope_dim channels of both rotated at the token's
+position. `sparse_attention` reads the window's rows and the selected entries in one softmax with
+the sinks; the output's rope channels are rotated back (V = K carried the key's rotation), then
+`wo_a` projects each group of heads (grouped_gemm, one "expert" per group) and `wo_b` mixes them.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from deepinfer.model.deepseek_v4.caches import LayerCache
+from deepinfer.model.deepseek_v4.compressor import Compressor, compressor_specs
+from deepinfer.model.deepseek_v4.config import CSA, SLIDING, V4Config
+from deepinfer.model.deepseek_v4.step import V4Step
+from deepinfer.model.linear import ExpertWeights
+from deepinfer.model.weights import FLOAT32, LINEAR, TensorSpec, WeightStore
+
+
+def attention_specs(config: V4Config, layer: int, prefix: str) -> dict[str, TensorSpec]:
+    c = config
+    hidden, heads, dim = c.hidden_size, c.num_attention_heads, c.head_dim
+    specs = {
+        f"{prefix}wq_a.weight": TensorSpec((c.q_lora_rank, hidden), LINEAR),
+        f"{prefix}q_norm.weight": TensorSpec((c.q_lora_rank,), FLOAT32),
+        f"{prefix}wq_b.weight": TensorSpec((heads * dim, c.q_lora_rank), LINEAR),
+        f"{prefix}wkv.weight": TensorSpec((dim, hidden), LINEAR),
+        f"{prefix}norm.weight": TensorSpec((dim,), FLOAT32),
+        f"{prefix}wo_a.weight": TensorSpec((c.o_groups * c.o_lora_rank, heads * dim // c.o_groups), LINEAR),
+        f"{prefix}wo_b.weight": TensorSpec((hidden, c.o_groups * c.o_lora_rank), LINEAR),
+        f"{prefix}attn_sink": TensorSpec((heads,), FLOAT32),
+    }
+    kind, ratio = c.layer_types[layer], c.compress_ratio(layer)
+    if kind != SLIDING:
+        specs.update(compressor_specs(f"{prefix}compressor.", hidden, dim, ratio, overlap=kind == CSA))
+    if kind == CSA:
+        specs.update(compressor_specs(f"{prefix}indexer.compressor.", hidden, c.index_head_dim, ratio, overlap=True))
+        specs[f"{prefix}indexer.wq_b.weight"] = TensorSpec((c.index_n_heads * c.index_head_dim, c.q_lora_rank), LINEAR)
+        specs[f"{prefix}indexer.weights_proj.weight"] = TensorSpec((c.index_n_heads, hidden), LINEAR)
+    return specs
+
+
+class V4Attention:
+    def __init__(self, config: V4Config, layer: int, weights: WeightStore, prefix: str, dtype: torch.dtype):
+        c = self.config = config
+        self.kind, self.ratio = c.layer_types[layer], c.compress_ratio(layer)
+        self.heads, self.dim, self.rope_dim, self.eps = c.num_attention_heads, c.head_dim, c.qk_rope_head_dim, c.rms_norm_eps
+        self.wq_a = weights.linear(f"{prefix}wq_a")
+        self.q_norm = weights.tensor(f"{prefix}q_norm.weight")
+        self.wq_b = weights.linear(f"{prefix}wq_b")
+        self.wkv = weights.linear(f"{prefix}wkv")
+        self.kv_norm = weights.tensor(f"{prefix}norm.weight")
+        wo_a = weights.linear(f"{prefix}wo_a")  # [G * O, H * D / G]: group g's rows are g*O:(g+1)*O
+        groups = c.o_groups
+        self.wo_a = ExpertWeights(
+            wo_a.weight.view(groups, -1, wo_a.weight.shape[-1]), None if wo_a.scale is None else wo_a.scale.view(groups, -1, wo_a.scale.shape[-1])
+        )
+        self.wo_b = weights.linear(f"{prefix}wo_b")
+        self.sinks = weights.tensor(f"{prefix}attn_sink")
+        self.unit = torch.ones(self.dim, dtype=torch.float32, device=self.sinks.device)  # q's per-head RMS norm has no weight
+        self.compressor = self.indexer = None
+        if self.kind != SLIDING:
+            self.compressor = Compressor(weights, f"{prefix}compressor.", ratio=self.ratio, overlap=self.kind == CSA, rope_dim=self.rope_dim, eps=self.eps)
+        if self.kind == CSA:
+            self.indexer = Compressor(weights, f"{prefix}indexer.compressor.", ratio=self.ratio, overlap=True, rope_dim=self.rope_dim, eps=self.eps)
+            self.index_wq_b = weights.linear(f"{prefix}indexer.wq_b")
+            self.index_weights = weights.linear(f"{prefix}indexer.weights_proj")
+            self.index_scale = (c.index_n_heads**-0.5) * (c.index_head_dim**-0.5)
+
+    def __call__(self, ops, x: torch.Tensor, cache: LayerCache, step: V4Step, ropes) -> torch.Tensor:
+        """x: [T, hidden] (the normed layer input); ropes: (cos_sin, inverse cos_sin) tables by name ("main", "compress")."""
+        tokens = x.shape[0]
+        cos_sin, inverse = ropes["main" if self.kind == SLIDING else "compress"]
+        q_latent, _ = ops.rms_norm(self.wq_a(ops, x), self.q_norm, eps=self.eps)
+        q = self.wq_b(ops, q_latent).view(tokens * self.heads, self.dim)
+        q, _ = ops.rms_norm(q.contiguous(), self.unit, eps=self.eps)
+        q = self._rotate(ops, q.view(tokens, self.heads, self.dim), step.positions, cos_sin)
+        kv, _ = ops.rms_norm(self.wkv(ops, x), self.kv_norm, eps=self.eps)
+        kv = self._rotate(ops, kv.view(tokens, 1, self.dim), step.positions, cos_sin)[:, 0]
+        nope = self.dim - self.rope_dim
+        ops.kv_cache_write(kv[:, :nope].contiguous(), kv[:, nope:].contiguous(), cache.swa, step.write_slots)
+        extra = {}
+        if self.compressor is not None:
+            self.compressor(ops, x, cache.compressor, step, cos_sin)
+            pool = cache.compressor.pool.view(-1, self.dim)
+            if self.indexer is not None:
+                rows = self._selected_rows(ops, x, q_latent, cache, step, cos_sin)
+            else:
+                rows = step.ratios[self.ratio].visible_rows
+            extra = {"extra_kv": pool, "extra_indices": rows}
+        out = ops.sparse_attention(q, cache.swa.view(-1, self.dim), step.window_rows, self.sinks, softmax_scale=self.config.softmax_scale, **extra)
+        out = self._rotate(ops, out, step.positions, inverse)
+        return self._project(ops, out)
+
+    def _rotate(self, ops, x: torch.Tensor, positions: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
+        """Rotate the last rope_dim channels of x [T, H, D] (DeepSeek's interleaved pairs)."""
+        nope = self.dim - self.rope_dim
+        rotated = ops.rope(x[..., nope:].contiguous(), positions, table, interleaved=True)
+        return torch.cat((x[..., :nope], rotated), dim=-1)
+
+    def _selected_rows(self, ops, x, q_latent, cache: LayerCache, step: V4Step, cos_sin) -> torch.Tensor:
+        """CSA: the indexer's top-k entries of each token, as rows of the entry pool."""
+        c = self.config
+        self.indexer(ops, x, cache.indexer, step, cos_sin)
+        plan = step.ratios[self.ratio]
+        iq = self.index_wq_b(ops, q_latent).view(x.shape[0], c.index_n_heads, c.index_head_dim)
+        nope = c.index_head_dim - self.rope_dim
+        iq = torch.cat((iq[..., :nope], ops.rope(iq[..., nope:].contiguous(), step.positions, cos_sin, interleaved=True)), dim=-1)
+        weights = self.index_weights(ops, x).float() * self.index_scale
+        keys = cache.indexer.pool.view(-1, c.index_head_dim)
+        ids = ops.indexer_topk(iq, weights, keys, plan.entry_rows, step.token_seq, plan.num_visible, top_k=c.index_topk)
+        if plan.entry_rows.shape[1] == 0:
+            return ids
+        rows = plan.entry_rows[step.token_seq.long()].gather(1, ids.long().clamp(min=0))
+        return torch.where(ids >= 0, rows, torch.full_like(rows, -1))
+
+    def _project(self, ops, out: torch.Tensor) -> torch.Tensor:
+        tokens, groups = out.shape[0], self.config.o_groups
+        by_group = out.reshape(tokens, groups, -1).transpose(0, 1).reshape(groups * tokens, -1)
+        offsets = torch.arange(0, groups + 1, device=out.device, dtype=torch.int32) * tokens
+        low = self.wo_a(ops, by_group.contiguous(), offsets)  # [G * T, O]
+        low = low.view(groups, tokens, -1).transpose(0, 1).reshape(tokens, -1)
+        return self.wo_b(ops, low.contiguous())

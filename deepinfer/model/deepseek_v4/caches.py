@@ -1,0 +1,104 @@
+"""DeepSeek-V4's caches: what each layer type keeps per token block, and per running sequence.
+
+Paged (in the engine's token blocks, so prefix caching shares them):
+- every layer: the sliding window's KV, one D-wide row per token ([num_blocks, block_size, D]);
+- CSA and HCA layers: the compressed entries, one row per `ratio` tokens, in the block that holds
+  the window's last token ([num_blocks, rows_per_block, D], rows_per_block = max(1, block_size // ratio));
+- CSA layers: the indexer's compressed keys, laid out like the entries ([..., index_head_dim]).
+
+Per sequence (a state slot, held while the sequence runs): each compressor's open window, the
+per-token projections (value and gate logits, float32) of its last `ring` tokens, `ring` = 2 x ratio
+with overlapping windows (CSA), else ratio. These are rebuilt, not cached: a prefix hit recomputes
+the last `prefix_replay_tokens` tokens (bounded replay), whose sliding-window KV is already paged.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from deepinfer.model.deepseek_v4.config import CSA, SLIDING, V4Config
+
+RING_DTYPE = torch.float32
+
+
+def rows_per_block(block_size: int, ratio: int) -> int:
+    if block_size % ratio and ratio % block_size:
+        raise ValueError(f"the KV block size {block_size} and the compression ratio {ratio} must divide one another")
+    return max(1, block_size // ratio)
+
+
+@dataclass
+class CompressorCache:
+    """One compressor's pool (paged) and ring (per state slot)."""
+
+    ratio: int
+    overlap: bool
+    pool: torch.Tensor  # [num_blocks, rows_per_block, D]
+    ring_kv: torch.Tensor  # [slots, ring, W] float32, W = 2D with overlap
+    ring_gate: torch.Tensor  # [slots, ring, W] float32
+
+    @property
+    def ring(self) -> int:
+        return self.ring_kv.shape[1]
+
+
+@dataclass
+class LayerCache:
+    swa: torch.Tensor  # [num_blocks, block_size, D]
+    compressor: CompressorCache | None = None
+    indexer: CompressorCache | None = None
+
+
+def _compressor(num_blocks, block_size, slots, ratio, overlap, dim, dtype, device) -> CompressorCache:
+    ring, width = (2 * ratio, 2 * dim) if overlap else (ratio, dim)
+    return CompressorCache(
+        ratio,
+        overlap,
+        torch.zeros(num_blocks, rows_per_block(block_size, ratio), dim, dtype=dtype, device=device),
+        torch.zeros(slots, ring, width, dtype=RING_DTYPE, device=device),
+        torch.zeros(slots, ring, width, dtype=RING_DTYPE, device=device),
+    )
+
+
+def allocate(config: V4Config, num_blocks: int, block_size: int, slots: int, dtype: torch.dtype, device) -> list[LayerCache]:
+    caches = []
+    for layer in range(config.num_hidden_layers):
+        swa = torch.zeros(num_blocks, block_size, config.head_dim, dtype=dtype, device=device)
+        kind, ratio = config.layer_types[layer], config.compress_ratio(layer)
+        if kind == SLIDING:
+            caches.append(LayerCache(swa))
+            continue
+        overlap = kind == CSA
+        main = _compressor(num_blocks, block_size, slots, ratio, overlap, config.head_dim, dtype, device)
+        index = _compressor(num_blocks, block_size, slots, ratio, True, config.index_head_dim, dtype, device) if overlap else None
+        caches.append(LayerCache(swa, main, index))
+    return caches
+
+
+def block_bytes(config: V4Config, block_size: int, dtype: torch.dtype) -> int:
+    """Bytes one token block takes over every layer (the paged caches)."""
+    size = torch.empty((), dtype=dtype).element_size()
+    total = 0
+    for layer in range(config.num_hidden_layers):
+        total += block_size * config.head_dim
+        if ratio := config.compress_ratio(layer):
+            rows = rows_per_block(block_size, ratio)
+            total += rows * config.head_dim
+            if config.layer_types[layer] == CSA:
+                total += rows * config.index_head_dim
+    return total * size
+
+
+def slot_bytes(config: V4Config) -> int:
+    """Bytes one state slot takes over every layer (the compressors' rings)."""
+    size = torch.empty((), dtype=RING_DTYPE).element_size()
+    total = 0
+    for layer in range(config.num_hidden_layers):
+        if ratio := config.compress_ratio(layer):
+            if config.layer_types[layer] == CSA:
+                total += 2 * (2 * ratio) * (2 * config.head_dim + 2 * config.index_head_dim)
+            else:
+                total += 2 * ratio * config.head_dim
+    return total * size

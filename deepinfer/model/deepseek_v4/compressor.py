@@ -1,0 +1,50 @@
+"""A V4 compressor: projections, the `compress_kv` op over each window, norm and rope, into its pool.
+
+CSA layers hold two (the attention's entries at head_dim, and the indexer's keys at
+index_head_dim, both with overlapping windows); HCA layers one, without overlap.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from deepinfer.model.deepseek_v4.caches import CompressorCache
+from deepinfer.model.deepseek_v4.step import V4Step
+from deepinfer.model.weights import FLOAT32, LINEAR, PARAM, TensorSpec, WeightStore
+
+
+def compressor_specs(prefix: str, hidden: int, dim: int, ratio: int, overlap: bool) -> dict[str, TensorSpec]:
+    width = 2 * dim if overlap else dim
+    return {
+        f"{prefix}wkv.weight": TensorSpec((width, hidden), LINEAR),
+        f"{prefix}wgate.weight": TensorSpec((width, hidden), LINEAR),
+        f"{prefix}ape": TensorSpec((ratio, width), FLOAT32),
+        f"{prefix}norm.weight": TensorSpec((dim,), FLOAT32),
+    }
+
+
+class Compressor:
+    def __init__(self, weights: WeightStore, prefix: str, *, ratio: int, overlap: bool, rope_dim: int, eps: float):
+        self.wkv = weights.linear(f"{prefix}wkv")
+        self.wgate = weights.linear(f"{prefix}wgate")
+        self.position_bias = weights.tensor(f"{prefix}ape")
+        self.norm = weights.tensor(f"{prefix}norm.weight")
+        self.ratio, self.overlap, self.rope_dim, self.eps = ratio, overlap, rope_dim, eps
+
+    def __call__(self, ops, x: torch.Tensor, cache: CompressorCache, step: V4Step, cos_sin: torch.Tensor) -> None:
+        """Emit the entries whose window closes in this step into the pool, and keep the open windows' tokens in the ring."""
+        plan = step.compressors[(self.ratio, self.overlap)]
+        kv = self.wkv(ops, x).float()
+        gate = self.wgate(ops, x).float()
+        flat_kv, flat_gate = cache.ring_kv.view(-1, kv.shape[1]), cache.ring_gate.view(-1, gate.shape[1])
+        if plan.window_starts.numel():
+            sources_kv = torch.cat((flat_kv[plan.history], kv))[plan.order]
+            sources_gate = torch.cat((flat_gate[plan.history], gate))[plan.order]
+            entries = ops.compress_kv(sources_kv, sources_gate, self.position_bias, plan.window_starts, plan.prev_starts, ratio=self.ratio, overlap=self.overlap)
+            entries, _ = ops.rms_norm(entries.to(x.dtype), self.norm, eps=self.eps)
+            dim = entries.shape[1]
+            rotated = ops.rope(entries[:, None, dim - self.rope_dim :].contiguous(), plan.positions, cos_sin, interleaved=True)[:, 0]
+            pool = cache.pool
+            ops.kv_cache_write(entries[:, : dim - self.rope_dim].contiguous(), rotated, pool, plan.pool_rows)
+        flat_kv[plan.ring_rows] = kv[plan.ring_tokens]
+        flat_gate[plan.ring_rows] = gate[plan.ring_tokens]

@@ -1,0 +1,43 @@
+"""Loading a DeepSeek-V4 checkpoint folder into a ready `DeepseekV4ForCausalLM`."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import torch
+
+from deepinfer.model.checkpoint import find_tensors
+from deepinfer.model.deepseek_v4.checkpoint import canonical_tensors, check_v4_tensors, load_v4_tensors
+from deepinfer.model.deepseek_v4.config import V4Config
+from deepinfer.model.deepseek_v4.model import DeepseekV4ForCausalLM
+from deepinfer.model.errors import LoadError
+from deepinfer.model.memory import TENSOR_BOOKKEEPING, MemoryEstimate, check_fits
+
+
+def estimate_v4_memory(specs, stored, dtype: torch.dtype, rope_positions: int, rope_dim: int) -> MemoryEstimate:
+    """Device bytes of the weights as kept (stored FP8 / FP4 stay so; floats take `dtype`), the two
+    RoPE tables and their inverses; host bytes of building them and of the tensor bookkeeping."""
+    size = torch.empty((), dtype=dtype).element_size()
+    weights = 0
+    for name, tensor in stored.items():
+        numel = math.prod(tensor.shape)
+        weights += numel * (1 if tensor.dtype in ("F8_E4M3", "F8_E8M0", "U8", "I8") else 8 if tensor.dtype == "I64" else 4 if tensor.dtype == "F32" and name in specs and specs[name].kind != "param" else size)
+    rope = 4 * rope_positions * rope_dim * 4
+    return MemoryEstimate(weights, rope, 0, 5 * rope, TENSOR_BOOKKEEPING * len(stored), rope_positions, len(stored))
+
+
+def load_v4(folder: Path, config: V4Config, ops, device: torch.device, dtype: torch.dtype, max_model_len: int | None, experts) -> DeepseekV4ForCausalLM:
+    if experts is not None:
+        raise LoadError("expert parallelism (--ep, redundant experts) is not implemented for DeepSeek-V4 yet", "run it with --ep 1")
+    rope_positions = min(max_model_len or config.max_position_embeddings, config.max_position_embeddings)
+    model = DeepseekV4ForCausalLM(config, ops, device, dtype, max_positions=rope_positions)
+    specs = model.tensor_specs()
+    stored, source = canonical_tensors(find_tensors(folder))
+    check_fits(estimate_v4_memory(specs, stored, dtype, rope_positions, config.qk_rope_head_dim), device, config, str(folder / "config.json"))
+    scales = check_v4_tensors(stored, specs, folder, tuple(model.mtp_prefixes()))
+    weights = load_v4_tensors(stored, source, specs, scales, model.device, dtype)
+    model.load_weights(weights)
+    if weights.remaining():  # check_v4_tensors lets nothing else through; a leftover is a bug here
+        raise RuntimeError(f"tensors loaded but not used by the model: {weights.remaining()[:5]}")
+    return model

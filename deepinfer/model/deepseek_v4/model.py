@@ -1,0 +1,170 @@
+"""DeepSeek-V4 causal LM: hyper-connected decoder layers of V4 attention and V4 MoE, on registry ops.
+
+The residual is `hc_mult` streams per token; each block reads them through `hc_pre` and writes back
+through `hc_post`; the head collapses them once (`hc_head`) before the final norm. Built empty, filled
+by `load_weights`; the engine calls `forward(batch, caches)` with the caches `new_caches` made.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from deepinfer.model.deepseek_v4 import caches as v4_caches
+from deepinfer.model.deepseek_v4.attention import V4Attention, attention_specs
+from deepinfer.model.deepseek_v4.config import V4Config
+from deepinfer.model.deepseek_v4.moe import V4MoE, moe_specs
+from deepinfer.model.deepseek_v4.step import SeqStep, plan_step
+from deepinfer.model.forward_batch import ForwardBatch
+from deepinfer.model.weights import FLOAT32, PARAM, TensorSpec, WeightStore
+from deepinfer.ops.rope import rope_cos_sin_cache
+
+
+def model_tensor_specs(config: V4Config) -> dict[str, TensorSpec]:
+    """Every tensor of the main model (MTP layers aside), by DeepSeek's name, with shape and kind."""
+    c = config
+    n, hidden = c.hc_mult, c.hidden_size
+    mix = (2 + n) * n
+    specs = {
+        "embed.weight": TensorSpec((c.vocab_size, hidden), PARAM),
+        "norm.weight": TensorSpec((hidden,), FLOAT32),
+        "hc_head_fn": TensorSpec((n, n * hidden), FLOAT32),
+        "hc_head_base": TensorSpec((n,), FLOAT32),
+        "hc_head_scale": TensorSpec((1,), FLOAT32),
+    }
+    if not c.tie_word_embeddings:
+        specs["head.weight"] = TensorSpec((c.vocab_size, hidden), PARAM)
+    for layer in range(c.num_hidden_layers):
+        p = f"layers.{layer}."
+        specs[f"{p}attn_norm.weight"] = TensorSpec((hidden,), FLOAT32)
+        specs[f"{p}ffn_norm.weight"] = TensorSpec((hidden,), FLOAT32)
+        for block in ("attn", "ffn"):
+            specs[f"{p}hc_{block}_fn"] = TensorSpec((mix, n * hidden), FLOAT32)
+            specs[f"{p}hc_{block}_base"] = TensorSpec((mix,), FLOAT32)
+            specs[f"{p}hc_{block}_scale"] = TensorSpec((3,), FLOAT32)
+        specs.update(attention_specs(c, layer, f"{p}attn."))
+        specs.update(moe_specs(c, layer, f"{p}ffn."))
+    return specs
+
+
+class V4DecoderLayer:
+    def __init__(self, config: V4Config, layer: int, weights: WeightStore, dtype: torch.dtype):
+        p = f"layers.{layer}."
+        self.config = config
+        self.attn_norm = weights.tensor(f"{p}attn_norm.weight")
+        self.ffn_norm = weights.tensor(f"{p}ffn_norm.weight")
+        self.hc = {block: tuple(weights.tensor(f"{p}hc_{block}_{part}") for part in ("fn", "base", "scale")) for block in ("attn", "ffn")}
+        self.attn = V4Attention(config, layer, weights, f"{p}attn.", dtype)
+        self.ffn = V4MoE(config, layer, weights, f"{p}ffn.")
+
+    def _pre(self, ops, streams: torch.Tensor, block: str):
+        c = self.config
+        fn, base, scale = self.hc[block]
+        return ops.hc_pre(streams, fn, base, scale, norm_eps=c.rms_norm_eps, hc_eps=c.hc_eps, sinkhorn_iters=c.hc_sinkhorn_iters)
+
+    def __call__(self, ops, streams: torch.Tensor, cache, step, ropes, input_ids: torch.Tensor) -> torch.Tensor:
+        eps = self.config.rms_norm_eps
+        x, post, comb = self._pre(ops, streams, "attn")
+        x, _ = ops.rms_norm(x, self.attn_norm, eps=eps)
+        streams = ops.hc_post(self.attn(ops, x, cache, step, ropes), streams, post, comb)
+        x, post, comb = self._pre(ops, streams, "ffn")
+        x, _ = ops.rms_norm(x, self.ffn_norm, eps=eps)
+        return ops.hc_post(self.ffn(ops, x, input_ids), streams, post, comb)
+
+
+def _inverse(table: torch.Tensor) -> torch.Tensor:
+    """The table that rotates by the opposite angle (cos, -sin): undoes a rotation."""
+    half = table.shape[1] // 2
+    return torch.cat((table[:, :half], -table[:, half:]), dim=1)
+
+
+class DeepseekV4ForCausalLM:
+    """`max_positions`: rows of the RoPE tables, the longest sequence the engine will run."""
+
+    supports_device_graphs = False  # a step plans its cache rows on the host (kernels and graphs: the V4 GPU issue)
+
+    def __init__(self, config: V4Config, ops, device, dtype: torch.dtype, max_positions: int | None = None):
+        self.config = config
+        self.ops = ops
+        self.device = torch.device(device)
+        self.dtype = dtype
+        self.num_layers = config.num_hidden_layers
+        self.max_positions = min(max_positions or config.max_position_embeddings, config.max_position_embeddings)
+        rd = config.qk_rope_head_dim
+        main = rope_cos_sin_cache(rd, self.max_positions, config.rope_theta).to(self.device)
+        compress_scaling = {k: v for k, v in config.compress_rope.items() if k != "rope_theta"} or None
+        compress = rope_cos_sin_cache(rd, self.max_positions, config.compress_rope["rope_theta"], compress_scaling).to(self.device)
+        self.ropes = {"main": (main, _inverse(main)), "compress": (compress, _inverse(compress))}
+        self.layers: list[V4DecoderLayer] = []
+        self.mtp_weights: list[dict[str, torch.Tensor]] = []
+        self.placement = None  # no expert parallelism for V4 yet
+        self.expert_source = None
+
+    # ---- loading -------------------------------------------------------------------------------
+
+    def tensor_specs(self) -> dict[str, TensorSpec]:
+        return model_tensor_specs(self.config)
+
+    def mtp_prefixes(self) -> list[str]:
+        return [f"mtp.{i}." for i in range(self.config.num_nextn_predict_layers)]
+
+    def load_weights(self, weights: WeightStore) -> None:
+        c = self.config
+        self.embed = weights.tensor("embed.weight")
+        self.norm = weights.tensor("norm.weight")
+        self.head = self.embed if c.tie_word_embeddings else weights.tensor("head.weight")
+        self.hc_head = tuple(weights.tensor(f"hc_head_{part}") for part in ("fn", "base", "scale"))
+        self.layers = [V4DecoderLayer(c, i, weights, self.dtype) for i in range(c.num_hidden_layers)]
+        mtp = [weights.take_prefix(p) for p in self.mtp_prefixes()]
+        self.mtp_weights = mtp if all(mtp) else []  # kept, in their stored format, for speculative decoding
+
+    def skipped_expert_tensors(self, stored_names) -> set[str]:
+        return set()
+
+    # ---- caches --------------------------------------------------------------------------------
+
+    def kv_block_bytes(self, block_size: int, dtype: torch.dtype) -> int:
+        return v4_caches.block_bytes(self.config, block_size, dtype)
+
+    def state_slot_bytes(self) -> int:
+        return v4_caches.slot_bytes(self.config)
+
+    @property
+    def prefix_replay_tokens(self) -> int:
+        return self.config.prefix_replay_tokens
+
+    def new_caches(self, num_blocks: int, block_size: int, num_slots: int, dtype: torch.dtype) -> list:
+        for ratio in self.config.ratios:
+            v4_caches.rows_per_block(block_size, ratio)  # the block size must suit every ratio
+        return v4_caches.allocate(self.config, num_blocks, block_size, num_slots, dtype, self.device)
+
+    # ---- running -------------------------------------------------------------------------------
+
+    @torch.inference_mode()
+    def forward(self, batch: ForwardBatch, caches: list) -> torch.Tensor:
+        """Run one step; returns float32 logits [len(batch.logits_indices), vocab]."""
+        if len(caches) != self.num_layers:
+            raise ValueError(f"forward needs {self.num_layers} layer caches, got {len(caches)}")
+        ops, c = self.ops, self.config
+        block_size = caches[0].swa.shape[1]
+        host = batch.host
+        seqs = [SeqStep(start, length, cached, slot, pages) for start, length, cached, slot, pages in
+                zip(host.starts, host.lengths, host.cached, host.slots, host.pages)]  # fmt: skip
+        step = plan_step(c, seqs, block_size, self.device)
+        streams = self.embed[batch.input_ids].unsqueeze(1).expand(-1, c.hc_mult, -1).contiguous()
+        for layer, cache in zip(self.layers, caches):
+            streams = layer(ops, streams, cache, step, self.ropes, batch.input_ids)
+        return self._logits(ops, streams[batch.logits_indices])
+
+    __call__ = forward
+
+    def _logits(self, ops, streams: torch.Tensor) -> torch.Tensor:
+        """Collapse the streams with the head's own mixing (hc_head, torch glue: once per step, on
+        the sampled rows only), then the final norm and the vocabulary projection."""
+        c = self.config
+        fn, base, scale = self.hc_head
+        flat = streams.flatten(1).float()
+        flat = flat * torch.rsqrt(flat.square().mean(-1, keepdim=True) + c.rms_norm_eps)
+        pre = torch.sigmoid(flat @ fn.T * scale + base) + c.hc_eps
+        hidden = (pre[..., None] * streams.float()).sum(dim=1).to(streams.dtype)
+        hidden, _ = ops.rms_norm(hidden, self.norm, eps=c.rms_norm_eps)
+        return ops.linear(hidden, self.head, fmt="dense").float()

@@ -1,0 +1,69 @@
+"""DeepSeek-V4's KV compressor: one compressed entry per window of `ratio` tokens, a gated pooling.
+
+Each token contributes a projected value and a gate logit per channel (the projections are plain
+`linear` calls); window w's entry pools its tokens' values with a per-channel softmax over the
+gate logits plus a learned per-slot bias. CSA layers (ratio 4) use overlapping windows: the
+projections are twice as wide, and entry w pools the first half of window w-1's tokens with the
+second half of window w's (2 * ratio slots). HCA layers (ratio 128) pool one window. The entry is
+then RMS-normed and its last rope channels rotated at position w * ratio (`rms_norm`, `rope`).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from deepinfer.ops.sparse_attention import V4
+from deepinfer.registry import ALLCLOSE, op
+
+
+def check_compress_kv_args(kv, gate, position_bias, window_starts, prev_starts, ratio, overlap) -> None:
+    """`compress_kv`'s shapes (no host synchronisation): every backend's check."""
+    if kv.dim() != 2 or kv.shape != gate.shape:
+        raise ValueError(f"kv and gate must both be [N, W], got {tuple(kv.shape)} and {tuple(gate.shape)}")
+    if position_bias.shape != (ratio, kv.shape[1]):
+        raise ValueError(f"position_bias must be [ratio={ratio}, {kv.shape[1]}], got {tuple(position_bias.shape)}")
+    if overlap and kv.shape[1] % 2:
+        raise ValueError(f"overlapping windows need an even projection width (two series), got {kv.shape[1]}")
+    if window_starts.dim() != 1 or prev_starts.shape != window_starts.shape:
+        raise ValueError(f"window_starts and prev_starts must both be [E], got {tuple(window_starts.shape)} and {tuple(prev_starts.shape)}")
+
+
+@op(family="attention", outputs=("out",), compare=ALLCLOSE, reduction_length=lambda kw: 2 * kw["ratio"], model_types=V4)
+def compress_kv(
+    kv: torch.Tensor,
+    gate: torch.Tensor,
+    position_bias: torch.Tensor,
+    window_starts: torch.Tensor,
+    prev_starts: torch.Tensor,
+    *,
+    ratio: int,
+    overlap: bool,
+) -> torch.Tensor:
+    """Compressed entries of E windows whose tokens are rows of kv / gate.
+
+    kv, gate: [N, W] per-token projections (W = 2D with overlap, else D); position_bias: [ratio, W]
+    float32; window_starts: [E] int64, the row of each window's first token (its ratio tokens are the
+    rows that follow); prev_starts: [E] int64, with overlap the row of the previous window's first
+    token, -1 for a sequence's first window (those slots then weigh nothing); ignored without overlap.
+    Without overlap, entry e, channel c: softmax over slots j < ratio of gate[s+j, c] + bias[j, c],
+    weighing kv[s+j, c]. With overlap (D = W/2): slots j < ratio take kv[p+j, c] and
+    gate[p+j, c] + bias[j, c] (p = prev_starts[e], first half), slots ratio + j take kv[s+j, D+c] and
+    gate[s+j, D+c] + bias[j, D+c] (second half); one softmax over the 2 * ratio slots.
+    Returns [E, D] in kv's dtype; computed in float32 (float64 for float64 kv).
+    """
+    check_compress_kv_args(kv, gate, position_bias, window_starts, prev_starts, ratio, overlap)
+    acc = torch.float64 if kv.dtype == torch.float64 else torch.float32
+    slots = torch.arange(ratio, device=kv.device)
+    rows = window_starts.long()[:, None] + slots  # [E, ratio]
+    values, logits = kv.to(acc)[rows], gate.to(acc)[rows] + position_bias.to(acc)  # [E, ratio, W]
+    if overlap:
+        half = kv.shape[1] // 2
+        has_prev = prev_starts >= 0
+        prev_rows = prev_starts.long().clamp(min=0)[:, None] + slots
+        prev_values = kv.to(acc)[prev_rows][..., :half]
+        prev_logits = (gate.to(acc)[prev_rows] + position_bias.to(acc))[..., :half]
+        prev_logits = prev_logits.masked_fill(~has_prev[:, None, None], float("-inf"))
+        values = torch.cat((prev_values, values[..., half:]), dim=1)  # [E, 2 * ratio, D]
+        logits = torch.cat((prev_logits, logits[..., half:]), dim=1)
+    weights = torch.softmax(logits, dim=1)
+    return (weights * values).sum(dim=1).to(kv.dtype)

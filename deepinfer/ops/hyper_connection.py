@@ -1,0 +1,82 @@
+"""DeepSeek-V4's manifold-constrained hyper-connections (mHC) around every attention and FFN block.
+
+The residual is N streams per token ([T, N, D]). Before a block, `hc_pre` derives three mixings
+from the streams (a projection of the RMS-normalised, flattened streams): `pre` collapses the
+streams into the block's input, `post` spreads the block's output back over the streams, `comb`
+(made doubly stochastic by Sinkhorn-Knopp iterations) mixes the old streams; `hc_post` applies the
+last two.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from deepinfer.ops.sparse_attention import V4
+from deepinfer.registry import ALLCLOSE, op
+
+
+def check_hc_pre_shapes(x, fn, base, scale) -> None:
+    """`hc_pre`'s shapes: every backend's check."""
+    if x.dim() != 3:
+        raise ValueError(f"hc_pre wants x [T, N, D], got {tuple(x.shape)}")
+    n, d = x.shape[1], x.shape[2]
+    width = (2 + n) * n
+    if fn.shape != (width, n * d) or base.shape != (width,) or scale.shape != (3,):
+        raise ValueError(f"for N={n}, D={d}: fn [{width}, {n * d}], base [{width}], scale [3] expected; got {tuple(fn.shape)}, {tuple(base.shape)}, {tuple(scale.shape)}")
+
+
+@op(family="misc", outputs=("layer_input", "post", "comb"), compare=ALLCLOSE, reduction_length=lambda kw: kw["x"].shape[1] * kw["x"].shape[2], model_types=V4)
+def hc_pre(
+    x: torch.Tensor,
+    fn: torch.Tensor,
+    base: torch.Tensor,
+    scale: torch.Tensor,
+    *,
+    norm_eps: float,
+    hc_eps: float,
+    sinkhorn_iters: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The block input and the mixings of N residual streams.
+
+    x: [T, N, D]; fn: [(2+N)N, N*D], base: [(2+N)N], scale: [3], all float32. With
+    f = rms(x_t flattened to N*D, eps=norm_eps) (no weight) and m = f @ fn^T split into N, N and N*N:
+        pre  = sigmoid(m_pre * scale[0] + base_pre) + hc_eps                     [N]
+        post = 2 * sigmoid(m_post * scale[1] + base_post)                        [N]
+        comb = softmax_rows(m_comb * scale[2] + base_comb) + hc_eps              [N, N]
+    then comb's columns are normalised once (c / (colsum + hc_eps)), then sinkhorn_iters - 1 times
+    rows then columns. layer_input = sum_n pre[n] * x[t, n] in x's dtype; post, comb float32.
+    Computed in float32 (float64 for float64 x).
+    """
+    check_hc_pre_shapes(x, fn, base, scale)
+    tokens, n, _ = x.shape
+    acc = torch.float64 if x.dtype == torch.float64 else torch.float32
+    xf = x.to(acc)
+    flat = xf.reshape(tokens, -1)
+    flat = flat * torch.rsqrt(flat.square().mean(-1, keepdim=True) + norm_eps)
+    mixes = flat @ fn.to(acc).T
+    m_pre, m_post, m_comb = mixes.split([n, n, n * n], dim=-1)
+    b_pre, b_post, b_comb = base.to(acc).split([n, n, n * n])
+    s = scale.to(acc)
+    pre = torch.sigmoid(m_pre * s[0] + b_pre) + hc_eps
+    post = 2 * torch.sigmoid(m_post * s[1] + b_post)
+    comb = torch.softmax((m_comb * s[2] + b_comb).view(tokens, n, n), dim=-1) + hc_eps
+    comb = comb / (comb.sum(dim=-2, keepdim=True) + hc_eps)
+    for _ in range(sinkhorn_iters - 1):
+        comb = comb / (comb.sum(dim=-1, keepdim=True) + hc_eps)
+        comb = comb / (comb.sum(dim=-2, keepdim=True) + hc_eps)
+    layer_input = (pre[..., None] * xf).sum(dim=1).to(x.dtype)
+    return layer_input, post, comb
+
+
+@op(family="misc", outputs=("out",), compare=ALLCLOSE, reduction_length=lambda kw: kw["x"].shape[1] + 1, model_types=V4)
+def hc_post(y: torch.Tensor, x: torch.Tensor, post: torch.Tensor, comb: torch.Tensor) -> torch.Tensor:
+    """The streams after a block: out[t, k] = post[t, k] * y[t] + sum_j comb[t, j, k] * x[t, j].
+
+    y: [T, D] the block's output; x: [T, N, D] the streams before it; post: [T, N], comb: [T, N, N]
+    float32 (from `hc_pre`). Returns [T, N, D] in x's dtype; computed in float32 (float64 for float64 x).
+    """
+    if x.dim() != 3 or y.shape != (x.shape[0], x.shape[2]) or post.shape != x.shape[:2] or comb.shape != (x.shape[0], x.shape[1], x.shape[1]):
+        raise ValueError(f"hc_post wants y [T, D], x [T, N, D], post [T, N], comb [T, N, N]; got {tuple(y.shape)}, {tuple(x.shape)}, {tuple(post.shape)}, {tuple(comb.shape)}")
+    acc = torch.float64 if x.dtype == torch.float64 else torch.float32
+    out = post.to(acc)[..., None] * y.to(acc)[:, None, :] + torch.einsum("tjk,tjd->tkd", comb.to(acc), x.to(acc))
+    return out.to(x.dtype)

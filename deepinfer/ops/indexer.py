@@ -1,0 +1,65 @@
+"""DeepSeek-V4's Lightning Indexer: which compressed entries each query of a CSA layer attends to."""
+
+from __future__ import annotations
+
+import torch
+
+from deepinfer.ops.sparse_attention import V4
+from deepinfer.registry import EXACT, op
+
+
+def _sorted_ids(kwargs, outputs):
+    """The top-k set is the contract, not its order: ids ascending, the -1 padding last."""
+    ids = outputs["topk_ids"].long()
+    key = torch.where(ids < 0, torch.iinfo(torch.int64).max, ids)
+    return {"topk_ids": ids.gather(-1, key.sort(dim=-1).indices).to(torch.int32)}
+
+
+def check_indexer_topk_shapes(q, weights, index_keys, entry_rows, token_seq, num_visible) -> None:
+    """`indexer_topk`'s shapes (no host synchronisation): every backend's check."""
+    if q.dim() != 3 or weights.shape != q.shape[:2]:
+        raise ValueError(f"indexer_topk wants q [T, H, D] and weights [T, H]; got {tuple(q.shape)} and {tuple(weights.shape)}")
+    if index_keys.dim() != 2 or index_keys.shape[1] != q.shape[2]:
+        raise ValueError(f"index_keys must be [N, D={q.shape[2]}], got {tuple(index_keys.shape)}")
+    if entry_rows.dim() != 2 or token_seq.shape != (q.shape[0],) or num_visible.shape != (q.shape[0],):
+        raise ValueError(f"entry_rows [B, E], token_seq [T] and num_visible [T] expected; got {tuple(entry_rows.shape)}, {tuple(token_seq.shape)}, {tuple(num_visible.shape)}")
+
+
+@op(family="attention", outputs=("topk_ids",), compare=EXACT, canonicalize=_sorted_ids, reduction_length=lambda kw: kw["q"].shape[1] * kw["q"].shape[2], model_types=V4)
+def indexer_topk(
+    q: torch.Tensor,
+    weights: torch.Tensor,
+    index_keys: torch.Tensor,
+    entry_rows: torch.Tensor,
+    token_seq: torch.Tensor,
+    num_visible: torch.Tensor,
+    *,
+    top_k: int,
+) -> torch.Tensor:
+    """The top_k compressed entries of each query by the indexer's score.
+
+    q: [T, H, D] indexer queries (rotated); weights: [T, H] float32 per-head weights (the caller
+    folds in every scale); index_keys: [N, D] the indexer's compressed keys (a paged pool viewed
+    flat); entry_rows: [B, E] int32, the row of each sequence's entry e; token_seq: [T] int32, the
+    sequence of each query; num_visible: [T] int32, the entries 0..num_visible-1 query t may see
+    (those whose window is complete at its position). score(t, e) = sum_h weights[t, h] *
+    relu(q[t, h] . index_keys[entry_rows[token_seq[t], e]]). Returns [T, top_k] int32 entry ids (not
+    rows): the top_k visible entries by score, -1 where fewer are visible. The order of a row's ids
+    is not part of the contract (the conformance suite sorts them); scores are computed in float32.
+    """
+    check_indexer_topk_shapes(q, weights, index_keys, entry_rows, token_seq, num_visible)
+    tokens, max_entries = q.shape[0], entry_rows.shape[1]
+    out = torch.full((tokens, top_k), -1, dtype=torch.int32, device=q.device)
+    if tokens == 0 or max_entries == 0:
+        return out
+    acc = torch.float64 if q.dtype == torch.float64 else torch.float32
+    rows = entry_rows.long()[token_seq.long()]  # [T, E]
+    keys = index_keys.to(acc)[rows.clamp(min=0)]  # [T, E, D]
+    scores = (torch.relu(torch.einsum("thd,ted->the", q.to(acc), keys)) * weights.to(acc)[..., None]).sum(dim=1)
+    visible = torch.arange(max_entries, device=q.device)[None, :] < num_visible.long()[:, None]
+    scores = scores.masked_fill(~visible, float("-inf"))
+    k = min(top_k, max_entries)
+    top = scores.topk(k, dim=-1)
+    ids = torch.where(torch.isfinite(top.values), top.indices, torch.full_like(top.indices, -1))
+    out[:, :k] = ids.to(torch.int32)
+    return out

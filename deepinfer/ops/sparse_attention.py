@@ -1,0 +1,79 @@
+"""DeepSeek-V4 attention: shared-KV multi-query attention over listed cache rows, with attention sinks.
+
+V4 keeps one 512-wide row per token and layer (keys and values are the same row) and attends, per
+query, to two sets of rows: the sliding window's last `sliding_window` tokens and the compressed
+entries the layer type selects (CSA: the indexer's top-k, HCA: every complete one). Both are given
+as row ids into flat caches (a paged cache viewed as [num_blocks * rows_per_block, D]), as
+FlashMLA's sparse decoding takes them, so one kernel serves prefill, decode and every layer type.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from deepinfer.registry import ALLCLOSE, op
+
+V4 = ("deepseek_v4",)
+
+
+def _listed_keys(kw) -> int:
+    extra = kw.get("extra_indices")
+    return kw["indices"].shape[1] + (0 if extra is None else extra.shape[1])
+
+
+def check_sparse_attention_shapes(q, kv, indices, sinks, extra_kv, extra_indices) -> None:
+    """`sparse_attention`'s shapes (no host synchronisation): every backend's check."""
+    if q.dim() != 3 or kv.dim() != 2 or indices.dim() != 2:
+        raise ValueError(f"sparse_attention wants q [T, H, D], kv [N, D], indices [T, K]; got {tuple(q.shape)}, {tuple(kv.shape)}, {tuple(indices.shape)}")
+    if kv.shape[1] != q.shape[2] or indices.shape[0] != q.shape[0]:
+        raise ValueError(f"q {tuple(q.shape)}, kv {tuple(kv.shape)} and indices {tuple(indices.shape)} disagree on D or T")
+    if sinks.shape != (q.shape[1],):
+        raise ValueError(f"sinks must be [H={q.shape[1]}], got {tuple(sinks.shape)}")
+    if (extra_kv is None) != (extra_indices is None):
+        raise ValueError("extra_kv and extra_indices go together")
+    if extra_kv is not None and (extra_kv.dim() != 2 or extra_kv.shape[1] != q.shape[2] or extra_indices.shape[0] != q.shape[0]):
+        raise ValueError(f"extra_kv {tuple(extra_kv.shape)} / extra_indices {tuple(extra_indices.shape)} do not fit q {tuple(q.shape)}")
+
+
+def _gather(rows: torch.Tensor, indices: torch.Tensor, acc: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """[T, K, D] rows (zeros where the id is -1) and the [T, K] validity mask."""
+    valid = indices >= 0
+    if indices.numel() and int(indices.max()) >= rows.shape[0]:
+        raise ValueError(f"row id {int(indices.max())} is past the cache's {rows.shape[0]} rows")
+    picked = rows.to(acc)[indices.clamp(min=0).long()]
+    return picked * valid[..., None], valid
+
+
+@op(family="attention", outputs=("out",), compare=ALLCLOSE, reduction_length=_listed_keys, model_types=V4)
+def sparse_attention(
+    q: torch.Tensor,
+    kv: torch.Tensor,
+    indices: torch.Tensor,
+    sinks: torch.Tensor,
+    *,
+    softmax_scale: float,
+    extra_kv: torch.Tensor | None = None,
+    extra_indices: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Attention of each query over the rows it lists, keys and values being the same rows.
+
+    q: [T, H, D]; kv: [N, D]; indices: [T, K] int32, the rows of kv query t attends to, -1 for none
+    (a row listed twice counts twice: callers list each once). extra_kv: [M, D] and extra_indices:
+    [T, K2] likewise, a second cache attended in the same softmax (V4's compressed entries).
+    sinks: [H] float32, one logit per head that joins every softmax without a value (gpt-oss and V4's
+    attention sinks). With s_j = (q_t,h . row_j) * softmax_scale over every listed row j:
+        out[t, h] = sum_j exp(s_j) row_j / (exp(sinks[h]) + sum_j exp(s_j)).
+    A query that lists no row gets zeros. Returns [T, H, D] in q's dtype; accumulates in float32
+    (float64 for float64 q).
+    """
+    check_sparse_attention_shapes(q, kv, indices, sinks, extra_kv, extra_indices)
+    acc = torch.float64 if q.dtype == torch.float64 else torch.float32
+    rows, valid = _gather(kv, indices, acc)
+    if extra_kv is not None:
+        extra_rows, extra_valid = _gather(extra_kv, extra_indices, acc)
+        rows, valid = torch.cat((rows, extra_rows), dim=1), torch.cat((valid, extra_valid), dim=1)
+    scores = torch.einsum("thd,tkd->thk", q.to(acc), rows) * softmax_scale
+    scores = scores.masked_fill(~valid[:, None, :], float("-inf"))
+    sink = sinks.to(acc)[None, :, None].expand(q.shape[0], -1, 1)
+    probs = torch.softmax(torch.cat((scores, sink), dim=-1), dim=-1)[..., :-1]
+    return torch.einsum("thk,tkd->thd", probs, rows).to(q.dtype)
