@@ -354,7 +354,9 @@ class Registry:
         the reference serves that op and the fallback is logged once, here. Out-of-tree ops (declared
         by op packages, which the core never calls) and ops only another model type calls
         (`OpSpec.model_types`) are the exception when `only` is not given: one this backend has no
-        kernel for is left out of the table, and calling it is that error.
+        kernel for is left out of the table, and calling it is that error. `allow_fallback` serves
+        the former by the reference, never the latter: a DeepSeek-V3 run with the fallback allowed
+        neither falls back to nor logs DeepSeek-V4's ops.
         """
         chosen: dict[str, Callable | dict[str, Callable]] = {}
         kernels: dict[str, Kernel | None] = {}
@@ -362,7 +364,7 @@ class Registry:
         unserved: dict[str, str] = {}  # out-of-tree op -> the module that declared it
         for name in only if only is not None else self.ops:
             spec = self.ops[name]
-            optional = (spec.out_of_tree or not spec.needed_by(ctx.model)) and only is None and not allow_fallback
+            optional = ((spec.out_of_tree and not allow_fallback) or not spec.needed_by(ctx.model)) and only is None
             keys: list[str | None] = list(spec.formats) if spec.formats else [None]
             per_key: dict[str | None, Callable] = {}
             for key in keys:

@@ -17,7 +17,7 @@ def add_parser(sub) -> None:
                    help="a backend option for the backends that declare it, e.g. npu_fast_paths=on (repeatable; see `deepinfer backends`)")
     p.add_argument("--json", type=Path, default=None, help="also write the rows as JSON to FILE")
     p.add_argument("--golden", type=Path, default=None, help="golden set folder (default: the packaged one)")
-    p.add_argument("--quiet", action="store_true", help="print failing rows and the summary only")
+    p.add_argument("--quiet", action="store_true", help="print failing rows and the summary only (which names the ops without a kernel)")
     p.set_defaults(func=run)
 
 
@@ -35,7 +35,7 @@ def run(args: argparse.Namespace) -> int:
     from deepinfer.options import parse_assignments
 
     rows = runner.run(args.backend, interpret=args.interpret, ops=args.op, golden_dir=Path(golden), options=parse_assignments(args.backend_option))
-    shown = [r for r in rows if r.status != "pass" or r.cross_ok is False] if args.quiet else rows
+    shown = [r for r in rows if r.status not in ("pass", runner.NO_KERNEL) or r.cross_ok is False] if args.quiet else rows
     if shown:
         print(runner.format_table(shown))
     text, ok = runner.summary(rows)

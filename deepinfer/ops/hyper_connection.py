@@ -22,10 +22,15 @@ def check_hc_pre_shapes(x, fn, base, scale) -> None:
     n, d = x.shape[1], x.shape[2]
     width = (2 + n) * n
     if fn.shape != (width, n * d) or base.shape != (width,) or scale.shape != (3,):
-        raise ValueError(f"for N={n}, D={d}: fn [{width}, {n * d}], base [{width}], scale [3] expected; got {tuple(fn.shape)}, {tuple(base.shape)}, {tuple(scale.shape)}")
+        raise ValueError(
+            f"for N={n}, D={d}: fn [{width}, {n * d}], base [{width}], scale [3] expected; got {tuple(fn.shape)}, {tuple(base.shape)}, {tuple(scale.shape)}"
+        )
 
 
-@op(family="misc", outputs=("layer_input", "post", "comb"), compare=ALLCLOSE, reduction_length=lambda kw: kw["x"].shape[1] * kw["x"].shape[2], model_types=V4)
+# The reduction length is the N streams summed into layer_input: the N*D-long mixing products pass
+# through a sigmoid / softmax and Sinkhorn (float32 kernels err by ~1e-7 there), and atol scaled by
+# N*D (16384 for V4-Flash: 16 in bfloat16) would pass any post and comb in [0, 2].
+@op(family="misc", outputs=("layer_input", "post", "comb"), compare=ALLCLOSE, reduction_length=lambda kw: kw["x"].shape[1], model_types=V4)
 def hc_pre(
     x: torch.Tensor,
     fn: torch.Tensor,
@@ -76,7 +81,10 @@ def hc_post(y: torch.Tensor, x: torch.Tensor, post: torch.Tensor, comb: torch.Te
     float32 (from `hc_pre`). Returns [T, N, D] in x's dtype; computed in float32 (float64 for float64 x).
     """
     if x.dim() != 3 or y.shape != (x.shape[0], x.shape[2]) or post.shape != x.shape[:2] or comb.shape != (x.shape[0], x.shape[1], x.shape[1]):
-        raise ValueError(f"hc_post wants y [T, D], x [T, N, D], post [T, N], comb [T, N, N]; got {tuple(y.shape)}, {tuple(x.shape)}, {tuple(post.shape)}, {tuple(comb.shape)}")
+        raise ValueError(
+            "hc_post wants y [T, D], x [T, N, D], post [T, N], comb [T, N, N]; "
+            f"got {tuple(y.shape)}, {tuple(x.shape)}, {tuple(post.shape)}, {tuple(comb.shape)}"
+        )
     acc = torch.float64 if x.dtype == torch.float64 else torch.float32
     out = post.to(acc)[..., None] * y.to(acc)[:, None, :] + torch.einsum("tjk,tjd->tkd", comb.to(acc), x.to(acc))
     return out.to(x.dtype)

@@ -22,10 +22,16 @@ def check_indexer_topk_shapes(q, weights, index_keys, entry_rows, token_seq, num
     if index_keys.dim() != 2 or index_keys.shape[1] != q.shape[2]:
         raise ValueError(f"index_keys must be [N, D={q.shape[2]}], got {tuple(index_keys.shape)}")
     if entry_rows.dim() != 2 or token_seq.shape != (q.shape[0],) or num_visible.shape != (q.shape[0],):
-        raise ValueError(f"entry_rows [B, E], token_seq [T] and num_visible [T] expected; got {tuple(entry_rows.shape)}, {tuple(token_seq.shape)}, {tuple(num_visible.shape)}")
+        raise ValueError(
+            "entry_rows [B, E], token_seq [T] and num_visible [T] expected; "
+            f"got {tuple(entry_rows.shape)}, {tuple(token_seq.shape)}, {tuple(num_visible.shape)}"
+        )
 
 
-@op(family="attention", outputs=("topk_ids",), compare=EXACT, canonicalize=_sorted_ids, reduction_length=lambda kw: kw["q"].shape[1] * kw["q"].shape[2], model_types=V4)
+@op(
+    family="attention", outputs=("topk_ids",), compare=EXACT, canonicalize=_sorted_ids,
+    reduction_length=lambda kw: kw["q"].shape[1] * kw["q"].shape[2], model_types=V4,
+)  # fmt: skip
 def indexer_topk(
     q: torch.Tensor,
     weights: torch.Tensor,
@@ -44,8 +50,9 @@ def indexer_topk(
     sequence of each query; num_visible: [T] int32, the entries 0..num_visible-1 query t may see
     (those whose window is complete at its position). score(t, e) = sum_h weights[t, h] *
     relu(q[t, h] . index_keys[entry_rows[token_seq[t], e]]). Returns [T, top_k] int32 entry ids (not
-    rows): the top_k visible entries by score, -1 where fewer are visible. The order of a row's ids
-    is not part of the contract (the conformance suite sorts them); scores are computed in float32.
+    rows): the top_k visible entries by score, -1 where fewer are visible. Equal scores (relu makes
+    exact zeros common) rank by lowest entry id. The order of a row's ids is not part of the contract
+    (the conformance suite sorts them); scores are computed in float32.
     """
     check_indexer_topk_shapes(q, weights, index_keys, entry_rows, token_seq, num_visible)
     tokens, max_entries = q.shape[0], entry_rows.shape[1]
@@ -59,7 +66,8 @@ def indexer_topk(
     visible = torch.arange(max_entries, device=q.device)[None, :] < num_visible.long()[:, None]
     scores = scores.masked_fill(~visible, float("-inf"))
     k = min(top_k, max_entries)
-    top = scores.topk(k, dim=-1)
-    ids = torch.where(torch.isfinite(top.values), top.indices, torch.full_like(top.indices, -1))
+    values, order = torch.sort(scores, dim=-1, descending=True, stable=True)  # stable: ties keep the lowest id first
+    values, order = values[:, :k], order[:, :k]
+    ids = torch.where(torch.isfinite(values), order, torch.full_like(order, -1))
     out[:, :k] = ids.to(torch.int32)
     return out
