@@ -81,7 +81,7 @@ def add_parser(sub) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--backend", default="auto", help="auto (cuda, then ascend, then reference), cuda, ascend or reference")
-    p.add_argument("--model", metavar="PATH", help="an HF checkpoint folder (default: the embedded tiny model, dummy weights)")
+    p.add_argument("--model", metavar="PATH", help="an HF checkpoint folder, or tiny-v3 / tiny-v4: the embedded tiny DeepSeek-V3 / V4 (dummy weights; default: tiny-v3)")
     p.add_argument("--prompt", action="append", metavar="TEXT", help="a prompt (repeat for several)")
     p.add_argument("-i", "--input", metavar="FILE", help="prompts as JSONL: {\"prompt\": ...} or OpenAI batch lines (format above)")
     p.add_argument("-o", "--output", metavar="FILE", help="write one JSON row per request (a result or an error), in input order")
@@ -416,16 +416,19 @@ def check_ep_setup(args) -> None:
     have = spec.local_devices(args.interpret)
     if have is not None and have < args.ep:
         raise UserError(f"--ep {args.ep} needs one {device} device per rank, and this host has {have} (backend {spec.name})")
-    if args.model is None:
-        from deepinfer.model.embedded import ensure_embedded
+    from deepinfer.model.embedded import ensure_embedded, resolve_model
 
-        folder = ensure_embedded()  # generated once here, before the ranks would race for it
+    path, embedded = resolve_model(args.model)
+    if embedded is not None:
+        folder = ensure_embedded(alias=embedded)  # generated once here, before the ranks would race for it
     else:
         folder = Path(args.model).expanduser()
         if not folder.is_dir():
             problem = "is a file; pass the checkpoint folder that holds it" if folder.exists() else "does not exist; pass an HF checkpoint folder"
             raise UserError(f"model path {args.model} {problem}")
     config = load_config(folder)
+    if config.model_type == "deepseek_v4":
+        raise UserError("expert parallelism (--ep) is not implemented for DeepSeek-V4 yet; run it with --ep 1")
     experts = config.n_routed_experts or 0
     if not experts:
         raise UserError(f"model {folder} has no routed experts: --ep shards the experts of a MoE model")

