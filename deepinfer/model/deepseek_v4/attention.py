@@ -55,6 +55,10 @@ class V4Attention:
         self.kv_norm = weights.tensor(f"{prefix}norm.weight")
         wo_a = weights.linear(f"{prefix}wo_a")  # [G * O, H * D / G]: group g's rows are g*O:(g+1)*O
         groups = c.o_groups
+        if wo_a.scale is not None and c.o_lora_rank % 128:
+            # FP8 blocks of 128 rows straddle two groups: the groups cannot keep their own scales
+            # (V4's o_lora_rank is 1024; only toy widths get here), so this weight is dequantised.
+            wo_a = type(wo_a)(wo_a.dequantized(dtype))
         self.wo_a = ExpertWeights(
             wo_a.weight.view(groups, -1, wo_a.weight.shape[-1]), None if wo_a.scale is None else wo_a.scale.view(groups, -1, wo_a.scale.shape[-1])
         )
