@@ -81,7 +81,10 @@ def add_parser(sub) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--backend", default="auto", help="auto (cuda, then ascend, then reference), cuda, ascend or reference")
-    p.add_argument("--model", metavar="PATH", help="an HF checkpoint folder, or tiny-v3 / tiny-v4: the embedded tiny DeepSeek-V3 / V4 (dummy weights; default: tiny-v3)")
+    p.add_argument(
+        "--model", metavar="PATH",
+        help="an HF checkpoint folder, or tiny-v3 / tiny-v4: the embedded tiny DeepSeek-V3 / V4 (dummy weights; default tiny-v3)",
+    )
     p.add_argument("--prompt", action="append", metavar="TEXT", help="a prompt (repeat for several)")
     p.add_argument("-i", "--input", metavar="FILE", help="prompts as JSONL: {\"prompt\": ...} or OpenAI batch lines (format above)")
     p.add_argument("-o", "--output", metavar="FILE", help="write one JSON row per request (a result or an error), in input order")

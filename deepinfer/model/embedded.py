@@ -14,10 +14,9 @@ import json
 import os
 import shutil
 import tempfile
+from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-
-from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch

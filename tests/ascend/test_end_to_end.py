@@ -39,10 +39,19 @@ def conformance_runs(tmp_path_factory):
 
 
 def _finished(run) -> tuple[str, list[dict]]:
+    """The run's output and its rows, less the "no kernel" rows of the model-specific ops neither
+    backend has kernels for yet (DeepSeek-V4's: they must be exactly those, and named in the summary)."""
+    from deepinfer.registry import all_ops
+
     proc, report = run
     stdout, stderr = proc.communicate(timeout=900)
     assert proc.returncode == 0, stdout[-3000:] + stderr[-2000:]
-    return stdout, json.loads(report.read_text())
+    rows = json.loads(report.read_text())
+    model_specific = {name for name, spec in all_ops().items() if spec.model_types}
+    unserved = [r for r in rows if r["status"] == "no kernel"]
+    assert {r["op"] for r in unserved} == model_specific, "a V4 kernel was added: drop this exception for its op"
+    assert all(f"{r['backend']} has no kernel for" in stdout.splitlines()[-1] for r in unserved)
+    return stdout, [r for r in rows if r["status"] != "no kernel"]
 
 
 @pytest.mark.parametrize("chip", ["910B"])

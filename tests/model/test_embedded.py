@@ -61,7 +61,7 @@ def test_second_use_reuses_the_cache(embedded_model, monkeypatch):
 
 
 def test_interrupted_generation_leaves_nothing_behind(tmp_path, monkeypatch):
-    def crash(folder):
+    def crash(folder, alias=None):
         (folder / "config.json").write_text("{}")
         raise KeyboardInterrupt
 

@@ -7,7 +7,7 @@ import json
 
 import pytest
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 
 from deepinfer.model.deepseek_v4.model import DeepseekV4ForCausalLM
 from deepinfer.model.embedded import V4_CONFIG, random_v4_weights
@@ -119,10 +119,13 @@ def test_release_formats_stay_packed_and_match_their_dequantised_weights(tmp_pat
         (lambda t, c: c.update(n_routed_experts=8), "tensor layers.0.ffn.gate.weight has shape [16, 128], config.json implies [8, 128]"),
         (lambda t, c: t.pop("layers.2.ffn.experts.15.w3.weight"), "tensor layers.2.ffn.experts.15.w3.weight (shape [64, 128]) is missing"),
         (lambda t, c: t.update({"layers.2.ffn.experts.16.w3.weight": torch.zeros(64, 128)}), "unexpected tensor layers.2.ffn.experts.16.w3.weight"),
-        (lambda t, c: t.update({"layers.1.ffn.experts.0.w2.scale": torch.zeros(128, 3, dtype=torch.uint8)}), "expected an e8m0 (F8_E8M0 or U8) MXFP4 scale of shape [128, 2]"),
+        (lambda t, c: t.update({"layers.1.ffn.experts.0.w2.scale": torch.zeros(128, 3, dtype=torch.uint8)}),
+         "expected an e8m0 (F8_E8M0 or U8) MXFP4 scale of shape [128, 2]"),
         (lambda t, c: t.pop("layers.1.ffn.experts.0.w2.scale"), "tensor layers.1.ffn.experts.0.w2.scale (shape [128, 2]) is missing"),
-        (lambda t, c: t.update({"layers.0.attn.wq_a.scale": torch.zeros(2, 2, dtype=torch.uint8)}), "expected an e8m0 or float FP8 block scale of shape [1, 1]"),
-        (lambda t, c: t.update({"layers.0.ffn.gate.tid2eid": torch.zeros(1000, 4)}), "tensor layers.0.ffn.gate.tid2eid has shape [1000, 4], config.json implies [129280, 4]"),
+        (lambda t, c: t.update({"layers.0.attn.wq_a.scale": torch.zeros(2, 2, dtype=torch.uint8)}),
+         "expected an e8m0 or float FP8 block scale of shape [1, 1]"),
+        (lambda t, c: t.update({"layers.0.ffn.gate.tid2eid": torch.zeros(1000, 4)}),
+         "tensor layers.0.ffn.gate.tid2eid has shape [1000, 4], config.json implies [129280, 4]"),
         (lambda t, c: c.update(layer_types=["sliding_attention"]), "layer_types has 1 entries for num_hidden_layers=4"),
         (lambda t, c: c.update(index_topk="many"), "index_topk"),
     ],
@@ -138,10 +141,9 @@ def test_broken_checkpoints_fail_with_one_line(tmp_path, ops, weights, break_it,
 
 
 def test_the_cli_runs_a_v4_folder_and_refuses_expert_parallelism(tmp_path, weights):
+    import shutil
     import subprocess
     import sys
-
-    import shutil
 
     from deepinfer.model.embedded import ensure_embedded
 

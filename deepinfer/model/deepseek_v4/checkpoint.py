@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from deepinfer.model.checkpoint import FLOAT_DTYPES, IGNORED_SUFFIXES, StoredTensor, check_finite, _open
+from deepinfer.model.checkpoint import FLOAT_DTYPES, IGNORED_SUFFIXES, StoredTensor, _open, check_finite
 from deepinfer.model.config import ceil_div
 from deepinfer.model.deepseek_v4.moe import EXPERT, INDEX
 from deepinfer.model.errors import CheckpointError
@@ -87,23 +87,24 @@ def check_v4_tensors(stored: dict[str, StoredTensor], specs: dict[str, TensorSpe
             continue
         quantizable = spec.kind in (LINEAR, EXPERT)
         if not quantizable or not (tensor.dtype == FP8 or packed):
-            raise CheckpointError(f"{tensor.file}: tensor {name} has dtype {tensor.dtype}", "only BF16/F16/F32 (F8_E4M3 projections, packed FP4 experts) load")
+            fix = "only BF16/F16/F32 (F8_E4M3 projections, packed FP4 experts) load"
+            raise CheckpointError(f"{tensor.file}: tensor {name} has dtype {tensor.dtype}", fix)
         scale_name = _scale_name(stored, name)
         if packed:
             if spec.shape[1] % MX_BLOCK:
-                raise CheckpointError(f"{tensor.file}: the FP4 expert {name} has K={spec.shape[1]}, not a multiple of {MX_BLOCK}", "re-export the checkpoint")
+                    raise CheckpointError(f"{tensor.file}: the FP4 expert {name} has K={spec.shape[1]}, not a multiple of {MX_BLOCK}", "re-export it")
             scale_want, scale_dtypes, kind = (spec.shape[0], spec.shape[1] // MX_BLOCK), E8M0, "an e8m0 (F8_E8M0 or U8) MXFP4 scale"
         else:
             scale_want = (ceil_div(spec.shape[0], 128), ceil_div(spec.shape[1], 128))
             scale_dtypes, kind = (*E8M0, *FLOAT_DTYPES), "an e8m0 or float FP8 block scale"
         if scale_name is None:
             base = name.removesuffix(".weight")
-            raise CheckpointError(f"{tensor.file}: tensor {base}.scale (shape {list(scale_want)}) is missing for the quantised weight {name}", "re-export the checkpoint")
+            problem = f"{tensor.file}: tensor {base}.scale (shape {list(scale_want)}) is missing for the quantised weight {name}"
+            raise CheckpointError(problem, "re-export the checkpoint")
         scale = stored[scale_name]
         if scale.shape != scale_want or scale.dtype not in scale_dtypes:
-            raise CheckpointError(
-                f"{scale.file}: tensor {scale_name} is {scale.dtype} {list(scale.shape)}, expected {kind} of shape {list(scale_want)}", "re-export the checkpoint"
-            )
+            problem = f"{scale.file}: tensor {scale_name} is {scale.dtype} {list(scale.shape)}, expected {kind} of shape {list(scale_want)}"
+            raise CheckpointError(problem, "re-export the checkpoint")
         scales.add(scale_name)
     for name, tensor in stored.items():
         if name in specs or name in scales or name.startswith(extra_prefixes) or name.endswith(IGNORED_SUFFIXES):

@@ -10,7 +10,7 @@ import torch
 
 from deepinfer.model.deepseek_v4.caches import CompressorCache
 from deepinfer.model.deepseek_v4.step import V4Step
-from deepinfer.model.weights import FLOAT32, LINEAR, PARAM, TensorSpec, WeightStore
+from deepinfer.model.weights import FLOAT32, LINEAR, TensorSpec, WeightStore
 
 
 def compressor_specs(prefix: str, hidden: int, dim: int, ratio: int, overlap: bool) -> dict[str, TensorSpec]:
@@ -40,7 +40,9 @@ class Compressor:
         if plan.window_starts.numel():
             sources_kv = torch.cat((flat_kv[plan.history], kv))[plan.order]
             sources_gate = torch.cat((flat_gate[plan.history], gate))[plan.order]
-            entries = ops.compress_kv(sources_kv, sources_gate, self.position_bias, plan.window_starts, plan.prev_starts, ratio=self.ratio, overlap=self.overlap)
+            entries = ops.compress_kv(
+                sources_kv, sources_gate, self.position_bias, plan.window_starts, plan.prev_starts, ratio=self.ratio, overlap=self.overlap
+            )
             entries, _ = ops.rms_norm(entries.to(x.dtype), self.norm, eps=self.eps)
             dim = entries.shape[1]
             rotated = ops.rope(entries[:, None, dim - self.rope_dim :].contiguous(), plan.positions, cos_sin, interleaved=True)[:, 0]

@@ -22,7 +22,12 @@ def estimate_v4_memory(specs, stored, dtype: torch.dtype, rope_positions: int, r
     weights = 0
     for name, tensor in stored.items():
         numel = math.prod(tensor.shape)
-        weights += numel * (1 if tensor.dtype in ("F8_E4M3", "F8_E8M0", "U8", "I8") else 8 if tensor.dtype == "I64" else 4 if tensor.dtype == "F32" and name in specs and specs[name].kind != "param" else size)
+        if tensor.dtype in ("F8_E4M3", "F8_E8M0", "U8", "I8"):
+            weights += numel  # kept as stored
+        elif tensor.dtype == "I64" or (name in specs and specs[name].kind == "float32"):
+            weights += numel * (8 if tensor.dtype == "I64" else 4)
+        else:
+            weights += numel * size
     rope = 4 * rope_positions * rope_dim * 4
     return MemoryEstimate(weights, rope, 0, 5 * rope, TENSOR_BOOKKEEPING * len(stored), rope_positions, len(stored))
 

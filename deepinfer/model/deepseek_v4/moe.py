@@ -64,7 +64,10 @@ class V4MoE:
         # Hash routing: the experts come from the table; the scores only weigh them (torch glue:
         # a lookup and a gather, nothing a backend would fuse on its own).
         ids = self.tid2eid[input_ids].long()
-        scores = torch.sqrt(F.softplus(logits)) if c.scoring_func == "sqrtsoftplus" else torch.sigmoid(logits) if c.scoring_func == "sigmoid" else logits.softmax(-1)
+        if c.scoring_func == "sqrtsoftplus":
+            scores = torch.sqrt(F.softplus(logits))
+        else:
+            scores = torch.sigmoid(logits) if c.scoring_func == "sigmoid" else logits.softmax(-1)
         weights = scores.gather(1, ids)
         weights = weights / weights.sum(dim=-1, keepdim=True)
         return weights * c.routed_scaling_factor, ids.to(torch.int32)

@@ -74,13 +74,16 @@ def plan_step(config: V4Config, seqs: list[SeqStep], block_size: int, device: to
         for p in range(s.start, s.start + s.length):
             positions.append(p)
             token_seq.append(b)
-            window_rows.append([s.pages[q // block_size] * block_size + q % block_size if q >= 0 else -1 for q in range(p - window + 1, p + 1)])
+            window_rows.append([s.pages[q // block_size] * block_size + q % block_size if q >= 0 else -1
+                                for q in range(p - window + 1, p + 1)])  # fmt: skip
             write_slots.append(s.pages[p // block_size] * block_size + p % block_size if p >= s.cached else -1)
 
     def tensor(values, dtype):
         return torch.tensor(values, dtype=dtype).to(device, non_blocking=True)
 
-    step = V4Step(tensor(positions, torch.int64), tensor(token_seq, torch.int32), tensor(window_rows, torch.int32).view(-1, window), tensor(write_slots, torch.int64))
+    step = V4Step(
+        tensor(positions, torch.int64), tensor(token_seq, torch.int32), tensor(window_rows, torch.int32).view(-1, window), tensor(write_slots, torch.int64)
+    )
     kinds = {(config.compress_ratio(i), config.layer_types[i] == CSA) for i in range(config.num_hidden_layers) if config.compress_ratio(i)}
     for ratio in sorted({r for r, _ in kinds}):
         rows = max(1, block_size // ratio)
