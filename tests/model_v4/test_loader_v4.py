@@ -17,7 +17,8 @@ from deepinfer.ops import quant
 from deepinfer.runtime import open_runtime
 
 TINY = {**V4_CONFIG, "sliding_window": 16, "compress_rates": {"compressed_sparse_attention": 4, "heavily_compressed_attention": 16},
-        "index_topk": 8, "max_position_embeddings": 512, "num_nextn_predict_layers": 1}  # fmt: skip
+        "index_topk": 8, "max_position_embeddings": 512, "num_nextn_predict_layers": 1, "o_lora_rank": 128}  # fmt: skip
+# o_lora_rank 128: each output group keeps whole FP8 blocks, so wo_a runs as an FP8 grouped GEMM (as V4's 1024 does)
 MTP = {"mtp.0.enorm.weight": torch.ones(128), "mtp.0.e_proj.weight": torch.randn(128, 128)}
 
 
@@ -93,6 +94,7 @@ def test_release_formats_stay_packed_and_match_their_dequantised_weights(tmp_pat
     loaded = load_model(str(write(tmp_path / "release", release)), ops, "cpu", torch.float32)
     layer = loaded.model.layers[1]
     assert layer.attn.wq_a.fmt == "fp8_block" and layer.attn.wq_a.weight.dtype == torch.float8_e4m3fn
+    assert layer.attn.wo_a.fmt == "fp8_block" and layer.attn.wo_a.weight.shape[0] == TINY["o_groups"]  # one FP8 "expert" per group
     assert layer.ffn.down.fmt == "mxfp4" and layer.ffn.down.weight.dtype == torch.uint8  # packed in memory
     assert layer.ffn.down.weight.shape[-1] == TINY["moe_intermediate_size"] // 2
     prompt = [(5 * i + 7) % 1000 for i in range(70)]
