@@ -3,7 +3,8 @@
 For every case and backend: the error against the golden output, as a fraction of the allowed
 tolerance (allclose: max |out - ref| / (atol * reduction_length + rtol * |ref|); exact: the number
 of differing elements), and pass/fail. With two or more backends, the same measure between each
-backend and the first one.
+backend and the first one. A case of a model-specific op the backend has no kernel for is a
+"no kernel" row (worker.py): shown, named in the summary, and not a failure.
 
 The cases are the golden set's (the packaged one, or `--golden`) plus those of the installed
 out-of-tree case packages, whose goldens the run computes at its start (out_of_tree.py); a case
@@ -28,6 +29,7 @@ from deepinfer.errors import UserError
 from deepinfer.registry import EXACT
 from deepinfer_conformance.golden_io import GOLDEN_DIR, CaseRecord, GoldenSet, key, read_cases
 from deepinfer_conformance.out_of_tree import write_goldens
+from deepinfer_conformance.worker import NO_KERNEL
 
 
 @dataclass
@@ -44,7 +46,7 @@ class Row:
     name: str
     dtype: str
     backend: str
-    status: str  # pass | FAIL | missing | error
+    status: str  # pass | FAIL | missing | no kernel | error
     score: float | None
     detail: str
     versus: str | None = None  # the backend compared against, for cross-backend rows
@@ -201,15 +203,28 @@ def format_table(rows: list[Row]) -> str:
 
 
 def summary(rows: list[Row]) -> tuple[str, bool]:
+    """One line: the rows per status, the cross-backend disagreements, and the ops each backend has
+    no kernel for (model-specific ops: "no kernel" rows are no failure, and no pass either)."""
     by_status: dict[str, int] = {}
+    unserved: dict[str, list[str]] = {}  # backend -> its "no kernel" ops
     for r in rows:
         by_status[r.status] = by_status.get(r.status, 0) + 1
+        if r.status == NO_KERNEL and r.op not in unserved.setdefault(r.backend, []):
+            unserved[r.backend].append(r.op)
     cross_bad = sum(1 for r in rows if r.cross_ok is False)
-    ok = all(r.status == "pass" for r in rows) and cross_bad == 0
+    ok = all(r.status in ("pass", NO_KERNEL) for r in rows) and cross_bad == 0
     parts = [f"{n} {s}" for s, n in sorted(by_status.items())]
     if cross_bad:
         parts.append(f"{cross_bad} cross-backend disagreements")
-    return ", ".join(parts), ok
+    text = ", ".join(parts)
+    if unserved:
+        from deepinfer.registry import all_ops
+
+        ops = all_ops()
+        models = sorted({m for names in unserved.values() for n in names for m in (ops[n].model_types if n in ops else ())})
+        named = "; ".join(f"{b} has no kernel for {', '.join(sorted(names))}" for b, names in unserved.items())
+        text += f" ({named}: {'/'.join(models) or 'model-specific'} ops, served there only through --allow-fallback)"
+    return text, ok
 
 
 _SCORES = ("score", "cross_score")

@@ -4,8 +4,8 @@
 
 Backends run in separate processes because their runtimes cannot share one (torch_npu refuses a
 process that also holds CUDA). Writes DIR/NAME.safetensors (each case's canonicalised outputs, on
-the CPU) and DIR/NAME.json (per case: status "ran" | "missing" | "error" | "FAIL", the kernel's
-note, the error message, seconds). The cases are those of every `--golden` folder (default: the
+the CPU) and DIR/NAME.json (per case: status "ran" | "missing" | "no kernel" | "error" | "FAIL",
+the kernel's note, the error message, seconds). The cases are those of every `--golden` folder (default: the
 packaged set; the runner adds the folder of out-of-tree cases it computed).
 
 A kernel must leave its inputs as it found them, except the argument its op declares `in_place`:
@@ -16,6 +16,12 @@ Each case's kernel is chosen as an engine would choose it for the model the case
 backend's options, and the ModelFacts the case's call implies (`case_facts`: a gate case's routing,
 an attention case's head sizes), so kernels that serve only some models are checked on exactly the
 cases they would serve.
+
+An op only some model types call (`OpSpec.model_types`, DeepSeek-V4's) that the backend has no
+kernel for at all is "no kernel", not "missing": the backend still serves every other model, and
+those models run there only through the explicit reference fallback (`--allow-fallback`). The
+runner shows such rows and names the ops, and they do not fail the run; a backend that registers
+a kernel for the op is held to every case of it again.
 """
 
 from __future__ import annotations
@@ -36,6 +42,8 @@ from deepinfer.options import parse_assignments
 from deepinfer.plugins import load_plugins
 from deepinfer.registry import ModelFacts, RegistryError, ResolveContext, all_ops
 from deepinfer_conformance.golden_io import GOLDEN_DIR, GoldenSet, key
+
+NO_KERNEL = "no kernel"  # status of a model-specific op the backend has no kernel for (see above)
 
 
 def to_device(kwargs: dict, device: torch.device) -> dict:
@@ -85,6 +93,8 @@ def case_facts(op: str, kwargs: dict) -> ModelFacts:
             num_heads=a["q_nope"].shape[2], kv_lora_rank=a["q_nope"].shape[-1], qk_rope_head_dim=a["q_rope"].shape[-1],
             sliding_window=a["sliding_window"] or 0, kv_block_size=a["kv_cache"].shape[1],
         )  # fmt: skip
+    if spec.model_types:  # an op of some models only (DeepSeek-V4's): the case stands for the first
+        return ModelFacts(model_type=spec.model_types[0])
     return ModelFacts()
 
 
@@ -112,6 +122,13 @@ def run_backend(
             kernel = registry.choose(ctx, case.op, case.fmt)
         except RegistryError as exc:  # chosen by an option, but it cannot run here
             results[case.id] = {"status": "error", "error": str(exc)}
+            continue
+        if kernel is None and op.model_types and not registry.candidates(backend, case.op):
+            models = ", ".join(op.model_types)
+            results[case.id] = {
+                "status": NO_KERNEL,
+                "error": f"no {backend} kernel for {case.op} (an op of {models} models only; those run on {backend} only with --allow-fallback)",
+            }
             continue
         if kernel is None:
             fmt = f"[{case.fmt}]" if case.fmt else ""

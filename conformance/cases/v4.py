@@ -1,0 +1,344 @@
+"""Cases for DeepSeek-V4's ops: sparse_attention, compress_kv, indexer_topk, hc_pre, hc_post and
+clamped_silu_and_mul.
+
+Shapes are V4's where it is cheap (head_dim 512 with a 128-token sliding window, CSA ratio 4 with
+overlapping windows, HCA ratio 128, the indexer's 64 heads of 128, 4 residual streams of V4-Flash's
+4096), cut to a few tokens. Row ids are laid out as deepinfer.model.deepseek_v4.step plans them
+(paged windows with -1 before position 0, per-sequence entry tables with -1 past their last entry,
+compressor sources contiguous per sequence) and every cache is filled everywhere, so a kernel that
+reads a row nobody listed gets a different answer.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+
+import torch
+
+from deepinfer_conformance.cases import Case, randn
+
+DTYPES = (torch.float32, torch.bfloat16)
+HEAD_DIM = 512  # V4's attention head_dim: one shared key/value row per token
+WINDOW = 128  # sliding_window
+INDEX_HEADS, INDEX_DIM = 64, 128  # index_n_heads, index_head_dim
+SWIGLU_LIMIT = 10.0
+
+
+def int32(values) -> torch.Tensor:
+    return torch.tensor(values, dtype=torch.int32)
+
+
+# ---------------------------------------------------------------------------------- sparse_attention
+
+
+def paged_sequences(gen, seqs: list[tuple[int, int]], block_size: int, spare_blocks: int):
+    """Random distinct pages per sequence (start, length) as a block table would give them, and the
+    position of every query token. Returns (pages per sequence, [(seq, position)], number of blocks)."""
+    pages_needed = [-(-(start + length) // block_size) for start, length in seqs]
+    num_blocks = sum(pages_needed) + spare_blocks
+    order = torch.randperm(num_blocks, generator=gen).tolist()
+    pages, tokens, taken = [], [], 0
+    for b, ((start, length), count) in enumerate(zip(seqs, pages_needed)):
+        pages.append(order[taken : taken + count])
+        taken += count
+        tokens += [(b, p) for p in range(start, start + length)]
+    return pages, tokens, num_blocks
+
+
+def window_ids(pages: list[int], position: int, window: int, block_size: int) -> list[int]:
+    """The sliding window's cache rows of a query at `position`, -1 before position 0 (step.py's layout)."""
+    return [pages[q // block_size] * block_size + q % block_size if q >= 0 else -1 for q in range(position - window + 1, position + 1)]
+
+
+def sparse_attention_inputs(
+    gen,
+    dtype,
+    *,
+    seqs: list[tuple[int, int]],
+    heads: int,
+    dim: int = HEAD_DIM,
+    window: int = WINDOW,
+    block_size: int = 64,
+    extra: str | None = None,
+    ratio: int = 4,
+    topk: int = 32,
+    sinks: list[float] | None = None,
+    q_scale: float = 1.0,
+    empty_queries: tuple[int, ...] = (),
+    scatter_padding: float = 0.0,
+    same_ids: bool = False,
+):
+    """Queries of the sequences `seqs` ((start, length) each) over their paged sliding windows, and,
+    with `extra`, the compressed entries of a pool in the same softmax: "hca" every visible entry
+    (-1 beyond), "csa" up to `topk` distinct visible entries in random order (an indexer's choice),
+    -1 padded. `empty_queries` list no row at all; `scatter_padding` blanks that fraction of the
+    listed ids anywhere in the rows; `same_ids` makes each query's extra ids the same numbers as its
+    window ids (rows of the other cache). sinks: per head (default: randn)."""
+    pages, tokens, num_blocks = paged_sequences(gen, seqs, block_size, spare_blocks=1)
+    indices = int32([window_ids(pages[b], p, window, block_size) for b, p in tokens])
+    kw = {
+        "q": randn(gen, len(tokens), heads, dim, dtype=dtype, scale=q_scale),
+        "kv": randn(gen, num_blocks * block_size, dim, dtype=dtype),
+        "indices": indices,
+        "sinks": torch.tensor(sinks, dtype=torch.float32) if sinks is not None else randn(gen, heads),
+        "softmax_scale": dim**-0.5,
+    }
+    extra_ids = None
+    if same_ids:
+        kw["extra_kv"] = randn(gen, num_blocks * block_size, dim, dtype=dtype)
+        extra_ids = torch.stack([row[torch.randperm(row.numel(), generator=gen)] for row in indices])
+    elif extra is not None:
+        entries = [(start + length) // ratio for start, length in seqs]  # complete windows per sequence
+        pool = sum(entries) + 7  # spare rows no query may read
+        rows = torch.randperm(pool, generator=gen).tolist()
+        tables, taken = [], 0
+        for n in entries:
+            tables.append(rows[taken : taken + n])
+            taken += n
+        lists = []
+        for b, p in tokens:
+            visible = tables[b][: (p + 1) // ratio]
+            if extra == "csa":
+                pick = torch.randperm(len(visible), generator=gen)[:topk].tolist()
+                visible = [visible[i] for i in pick]
+            lists.append(visible)
+        width = topk if extra == "csa" else max(entries)
+        extra_ids = int32([ids + [-1] * (width - len(ids)) for ids in lists])
+        kw["extra_kv"] = randn(gen, pool, dim, dtype=dtype)
+    if extra_ids is not None:
+        kw["extra_indices"] = extra_ids
+    for name in ("indices", "extra_indices"):
+        if name in kw:
+            ids = kw[name]
+            if scatter_padding:
+                ids[torch.rand(ids.shape, generator=gen) < scatter_padding] = -1
+            ids[list(empty_queries)] = -1
+    return kw
+
+
+# --------------------------------------------------------------------------------------- compress_kv
+
+
+def compress_kv_inputs(
+    gen,
+    dtype,
+    *,
+    ratio: int,
+    overlap: bool,
+    dim: int,
+    seqs: list[tuple[int, int]],
+    gate_scale: float = 1.0,
+    bias_scale: float = 0.5,
+    shuffle: bool = False,
+):
+    """The compressor's ordered sources (rows of projected kv / gate, each sequence's contiguous) and
+    the windows closing this step. seqs: (first window, windows) per sequence; with overlap a
+    sequence that does not start at window 0 also holds the previous window's tokens (its history),
+    and each sequence ends with an open window's tokens that no entry may read."""
+    width = 2 * dim if overlap else dim
+    starts, prevs, rows = [], [], 0
+    for first, count in seqs:
+        lead = ratio if overlap and first > 0 else 0
+        base = rows + lead
+        for i in range(count):
+            starts.append(base + i * ratio)
+            prevs.append(base + (i - 1) * ratio if overlap and first + i > 0 else -1)
+        rows = base + count * ratio + int(torch.randint(1, ratio, (1,), generator=gen))  # the open window's tokens
+    order = torch.randperm(len(starts), generator=gen) if shuffle else torch.arange(len(starts))
+    return {
+        "kv": randn(gen, rows, width, dtype=dtype),
+        "gate": randn(gen, rows, width, dtype=dtype, scale=gate_scale),
+        "position_bias": randn(gen, ratio, width, scale=bias_scale),
+        "window_starts": torch.tensor(starts, dtype=torch.int64)[order],
+        "prev_starts": torch.tensor(prevs, dtype=torch.int64)[order],
+        "ratio": ratio,
+        "overlap": overlap,
+    }
+
+
+# -------------------------------------------------------------------------------------- indexer_topk
+
+
+def indexer_topk_inputs(
+    gen,
+    dtype,
+    *,
+    seqs: list[tuple[int, int]],
+    top_k: int,
+    ratio: int = 4,
+    heads: int = INDEX_HEADS,
+    dim: int = INDEX_DIM,
+    spare_rows: int = 9,
+    zero_scores: float = 0.0,
+):
+    """Indexer queries of the sequences `seqs` ((start, length) each) over their compressed keys:
+    each sequence's entries at random distinct rows of one pool (its table -1 past its last entry),
+    query t seeing the entries whose window is complete at its position. Weights carry the
+    caller's scales (index_n_heads^-0.5 * index_head_dim^-0.5), of both signs as weights_proj gives.
+    zero_scores: that fraction of the keys points away from every query head (relu: a score of
+    exactly 0, equal scores that rank by lowest entry id), weights then positive."""
+    entries = [(start + length) // ratio for start, length in seqs]
+    width = max(entries)
+    pool = sum(entries) + spare_rows
+    rows = torch.randperm(pool, generator=gen).tolist()
+    table, taken, token_seq, num_visible = [], 0, [], []
+    for b, ((start, length), n) in enumerate(zip(seqs, entries)):
+        table.append(rows[taken : taken + n] + [-1] * (width - n))
+        taken += n
+        for p in range(start, start + length):
+            token_seq.append(b)
+            num_visible.append((p + 1) // ratio)
+    keys = randn(gen, pool, dim, dtype=torch.float64)
+    if zero_scores:
+        keys[:, 0] = torch.where(torch.rand(pool, generator=gen, dtype=torch.float64) < zero_scores, -8.0, 8.0)
+    kw = {
+        "index_keys": keys.to(dtype),
+        "entry_rows": int32(table).view(len(seqs), width),
+        "token_seq": int32(token_seq),
+        "num_visible": int32(num_visible),
+        "top_k": top_k,
+    }
+    for _ in range(100):  # queries whose top-k set a float32 kernel summing in any order agrees on
+        q = randn(gen, len(token_seq), heads, dim, dtype=torch.float64)
+        weights = randn(gen, len(token_seq), heads, scale=(heads**-0.5) * (dim**-0.5))
+        if zero_scores:
+            q[..., 0] = 4.0 + q[..., 0].abs()  # every head's dot with a -8 key is far below 0, with a +8 key far above
+            weights = weights.abs()
+        kw["q"], kw["weights"] = q.to(dtype), weights
+        if topk_margin(**kw) >= MIN_TOPK_MARGIN:
+            return kw
+    raise ValueError("no indexer_topk inputs with a clear top-k boundary in 100 draws")
+
+
+MIN_TOPK_MARGIN = 1e-4  # relative gap at the top-k boundary: ~100x a float32 kernel's score error
+
+
+def topk_margin(q, weights, index_keys, entry_rows, token_seq, num_visible, top_k) -> float:
+    """The smallest gap, over the queries seeing more than top_k entries, between the k-th and the
+    (k+1)-th visible score (float64), relative to the query's largest score (inf: no such query).
+    A boundary among scores of exactly 0 is no gap: those rank by entry id."""
+    if entry_rows.shape[1] == 0:
+        return float("inf")
+    keys = index_keys.double()[entry_rows.long()[token_seq.long()].clamp(min=0)]
+    scores = (torch.relu(torch.einsum("thd,ted->the", q.double(), keys)) * weights.double()[..., None]).sum(dim=1)
+    margin = float("inf")
+    for row, visible in zip(scores, num_visible.tolist()):
+        if visible > top_k:
+            ranked = row[:visible].sort(descending=True).values
+            if ranked[top_k - 1] != 0:
+                margin = min(margin, float((ranked[top_k - 1] - ranked[top_k]) / ranked.abs().max()))
+    return margin
+
+
+# -------------------------------------------------------------------------------- hc_pre and hc_post
+
+
+def residual_streams(gen, dtype, tokens: int, streams: int, dim: int, scale: float, spread: float | None) -> torch.Tensor:
+    """[T, N, D] streams of magnitude `scale`: independent (spread None), or as a trained model's,
+    one hidden state (the embedding is copied into every stream) with per-stream deviations of
+    `spread` times its size."""
+    if spread is None:
+        return randn(gen, tokens, streams, dim, dtype=dtype, scale=scale)
+    common = randn(gen, tokens, 1, dim, dtype=torch.float64)
+    return ((common + spread * randn(gen, tokens, streams, dim, dtype=torch.float64)) * scale).to(dtype)
+
+
+def hc_pre_inputs(
+    gen, dtype, *, tokens: int, streams: int = 4, dim: int, sinkhorn_iters: int = 20, x_scale: float = 1.0, spread: float | None = None, mix_scale: float = 1.0
+):
+    """Residual streams and the block's mixing parameters (float32): fn scaled so that the mixing
+    logits of the normalised streams are O(1) (times `mix_scale`), biases and scales of the size
+    trained ones have."""
+    width = (2 + streams) * streams
+    return {
+        "x": residual_streams(gen, dtype, tokens, streams, dim, x_scale, spread),
+        "fn": randn(gen, width, streams * dim, scale=mix_scale * (streams * dim) ** -0.5),
+        "base": randn(gen, width, scale=0.5),
+        "scale": (torch.tensor([0.5, 0.5, 1.0], dtype=torch.float64) + randn(gen, 3, dtype=torch.float64, scale=0.1)).float(),
+        "norm_eps": 1e-6,
+        "hc_eps": 1e-6,
+        "sinkhorn_iters": sinkhorn_iters,
+    }
+
+
+def hc_post_inputs(gen, dtype, *, tokens: int, streams: int = 4, dim: int, x_scale: float = 1.0, spread: float | None = None, y_scale: float = 1.0):
+    """A block's output, the streams before it, and mixings as hc_pre makes them: post in (0, 2),
+    comb near doubly stochastic (a row softmax, then a few Sinkhorn rounds), neither symmetric."""
+    comb = torch.softmax(randn(gen, tokens, streams, streams, dtype=torch.float64, scale=2.0), dim=-1)
+    for _ in range(3):
+        comb = comb / comb.sum(dim=-2, keepdim=True)
+        comb = comb / comb.sum(dim=-1, keepdim=True)
+    return {
+        "y": randn(gen, tokens, dim, dtype=dtype, scale=y_scale),
+        "x": residual_streams(gen, dtype, tokens, streams, dim, x_scale, spread),
+        "post": (2 * torch.sigmoid(randn(gen, tokens, streams, dtype=torch.float64))).float(),
+        "comb": comb.float(),
+    }
+
+
+# ------------------------------------------------------------------------------ clamped_silu_and_mul
+
+
+def clamped_silu_inputs(gen, dtype, *, tokens: int, inter: int, scale: float = 1.0, limit: float = SWIGLU_LIMIT):
+    return {"x": randn(gen, tokens, 2 * inter, dtype=dtype, scale=scale), "limit": limit}
+
+
+# Heads per sink: far below every score (no sink), typical, and far above (the sink takes most of the mass).
+SINKS_H16 = [-30.0, -8.0, -2.0, -1.0, -0.5, 0.0, 0.5, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 10.0]
+
+RECIPES = [
+    # sparse_attention: the window alone (sliding layers), decode and a prefill from position 0.
+    ("sparse_attention", "decode_t1_h16_d512_window128", partial(sparse_attention_inputs, seqs=[(190, 1)], heads=16)),
+    ("sparse_attention", "prefill_from_0_t6_h8_d512_leading_padding", partial(sparse_attention_inputs, seqs=[(0, 6)], heads=8)),
+    # HCA: every complete entry (ratio 128), two sequences with 2 and 3 entries.
+    ("sparse_attention", "hca_t4_h16_d512_all_visible_entries",
+     partial(sparse_attention_inputs, seqs=[(260, 2), (390, 1)], heads=16, extra="hca", ratio=128)),
+    # CSA: the indexer's top-32 of the visible entries (ratio 4), fewer than 32 visible early on: 160 keys.
+    ("sparse_attention", "csa_t6_h8_d512_top32_shuffled_padding",
+     partial(sparse_attention_inputs, seqs=[(40, 2), (140, 3), (3, 1)], heads=8, extra="csa", ratio=4, topk=32)),
+    ("sparse_attention", "sinks_large_and_small_t3_h16_d512_peaky",
+     partial(sparse_attention_inputs, seqs=[(130, 3)], heads=16, extra="csa", ratio=4, topk=32, sinks=SINKS_H16, q_scale=3.0)),
+    # A query listing no row (zeros), and extra ids equal to the window's ids (other cache's rows).
+    ("sparse_attention", "empty_query_same_ids_both_caches_t4_h4_d64",
+     partial(sparse_attention_inputs, seqs=[(70, 4)], heads=4, dim=64, window=32, block_size=16, same_ids=True, empty_queries=(1,))),
+    ("sparse_attention", "scattered_padding_t5_h4_d64_k160",
+     partial(sparse_attention_inputs, seqs=[(150, 3), (500, 2)], heads=4, dim=64, extra="csa", ratio=4, topk=32, scatter_padding=0.3, empty_queries=(4,))),
+    # compress_kv: CSA (ratio 4, overlapping windows of 2 x 4 slots), first windows and continued ones.
+    ("compress_kv", "csa_ratio4_d512_overlap_first_windows",
+     partial(compress_kv_inputs, ratio=4, overlap=True, dim=HEAD_DIM, seqs=[(0, 3), (5, 2), (0, 1)])),
+    ("compress_kv", "csa_ratio4_d128_overlap_indexer_prefill", partial(compress_kv_inputs, ratio=4, overlap=True, dim=INDEX_DIM, seqs=[(0, 16)])),
+    ("compress_kv", "csa_ratio4_d64_overlap_large_gate_shuffled",
+     partial(compress_kv_inputs, ratio=4, overlap=True, dim=64, seqs=[(0, 2), (9, 3)], gate_scale=30.0, bias_scale=5.0, shuffle=True)),
+    # HCA (ratio 128, one window per entry) and a ratio of 16 with a gate range that overflows a naive exp.
+    ("compress_kv", "hca_ratio128_d512", partial(compress_kv_inputs, ratio=128, overlap=False, dim=HEAD_DIM, seqs=[(0, 1), (3, 1)])),
+    ("compress_kv", "ratio16_d64_large_gate",
+     partial(compress_kv_inputs, ratio=16, overlap=False, dim=64, seqs=[(0, 2), (4, 1)], gate_scale=30.0, bias_scale=5.0)),
+    # indexer_topk: V4's 64 heads of 128.
+    ("indexer_topk", "decode_t1_h64_d128_e100_top32", partial(indexer_topk_inputs, seqs=[(400, 1)], top_k=32)),
+    # Three sequences, their own tables; queries seeing 0, fewer than top_k and more than top_k entries.
+    ("indexer_topk", "prefill_b3_h64_d128_top16_mixed_visibility",
+     partial(indexer_topk_inputs, seqs=[(0, 6), (60, 3), (90, 4)], top_k=16)),
+    ("indexer_topk", "top_k_above_entries_b2_h16_d64", partial(indexer_topk_inputs, seqs=[(80, 2), (30, 2)], top_k=64, heads=16, dim=64)),
+    # More than top_k entries score exactly 0 (relu): the boundary falls among them, decided by lowest entry id.
+    ("indexer_topk", "ties_at_zero_lowest_id_b2_h2_d16",
+     partial(indexer_topk_inputs, seqs=[(120, 2), (70, 1)], top_k=24, heads=2, dim=16, zero_scores=0.6)),
+    # Early in the sequences: no window complete yet, so no entry at all (E = 0).
+    ("indexer_topk", "no_complete_window_b2_h64_d128", partial(indexer_topk_inputs, seqs=[(0, 2), (1, 1)], top_k=32)),
+    ("indexer_topk", "ratio4_b2_h64_d128_top64_long", partial(indexer_topk_inputs, seqs=[(1000, 2), (511, 1)], top_k=64)),
+    # hc_pre: V4-Flash's 4 streams of 4096 (one decode token), smaller widths, one Sinkhorn round.
+    ("hc_pre", "t1_n4_d4096_sinkhorn20", partial(hc_pre_inputs, tokens=1, dim=4096)),
+    ("hc_pre", "t7_n4_d64_sinkhorn20", partial(hc_pre_inputs, tokens=7, dim=64)),
+    ("hc_pre", "t5_n4_d512_sinkhorn1", partial(hc_pre_inputs, tokens=5, dim=512, sinkhorn_iters=1)),
+    # A deep layer's streams: one large hidden state (x100) shared with 10% deviations, peaky mixings.
+    ("hc_pre", "t3_n4_d256_large_residual_peaky_mix", partial(hc_pre_inputs, tokens=3, dim=256, x_scale=100.0, spread=0.1, mix_scale=4.0)),
+    # hc_post
+    ("hc_post", "t1_n4_d4096", partial(hc_post_inputs, tokens=1, dim=4096)),
+    ("hc_post", "t9_n4_d512", partial(hc_post_inputs, tokens=9, dim=512)),
+    ("hc_post", "t4_n4_d64_large_residual", partial(hc_post_inputs, tokens=4, dim=64, x_scale=100.0, spread=0.1, y_scale=3.0)),
+    # clamped_silu_and_mul: V4's limit (10), values within it, and far beyond on both sides.
+    ("clamped_silu_and_mul", "t1_i2048_limit10", partial(clamped_silu_inputs, tokens=1, inter=2048)),
+    ("clamped_silu_and_mul", "t33_i512_limit10_beyond", partial(clamped_silu_inputs, tokens=33, inter=512, scale=25.0)),
+    ("clamped_silu_and_mul", "t5_i256_limit7_beyond", partial(clamped_silu_inputs, tokens=5, inter=256, scale=15.0, limit=7.0)),
+]  # fmt: skip
+
+CASES = [Case(op, name, dtype, make) for op, name, make in RECIPES for dtype in DTYPES]
