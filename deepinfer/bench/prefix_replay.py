@@ -97,11 +97,9 @@ def run(
     json_path: Path | None = None,
     backend_options: dict[str, str] | None = None,
     cpu_threads: int | None = None,
-    on_result=None,
 ) -> tuple[dict, list[ReplayResult]]:
     """no_cache_max_len: compare with a run without prefix caching for prefix lengths up to this
-    (None: every one; 0: none). on_result(result): called as each length finishes (progress).
-    Returns (settings, results)."""
+    (None: every one; 0: none). Returns (settings, results)."""
     from deepinfer.engine.block_manager import blocks_for
     from deepinfer.engine.llm import LLM
     from deepinfer.engine.llm_engine import EngineConfig, LLMEngine
@@ -146,8 +144,6 @@ def run(
             seconds, prefill, theirs, _ = timed_request(uncached, prompts[0], params)
             result.no_cache_prefill_tokens, result.no_cache_ms, result.identical = prefill, seconds * 1e3, theirs == out
         results.append(result)
-        if on_result is not None:
-            on_result(result)
     if json_path is not None:
         json_path.write_text(json.dumps({"machine": machine_info(cached), "settings": settings, "results": [asdict(r) for r in results]}, indent=1) + "\n")
     return settings, results

@@ -19,7 +19,7 @@ from deepinfer.errors import UserError
 
 
 def add_parser(what) -> None:
-    from deepinfer.cli.bench import BACKEND_HELP, add_backend_option_flag
+    from deepinfer.cli.bench import add_backend_option_flag
 
     p = what.add_parser(
         "prefix-replay",
@@ -27,7 +27,8 @@ def add_parser(what) -> None:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--backend", default="reference", help=f"the backend (default reference; {BACKEND_HELP})")
+    p.add_argument("--backend", default="reference",
+                   help="reference (the default), auto (as for `run`: cuda, then ascend, then reference) or a backend from `deepinfer backends`")
     p.add_argument("--model", default="tiny-v4", metavar="PATH",
                    help="an HF checkpoint folder, or tiny-v4 / tiny-v3: an embedded tiny model (default tiny-v4)")
     p.add_argument("--prefix-lens", type=int, nargs="+", default=[1024, 8192, 32768], metavar="L",
@@ -44,7 +45,7 @@ def add_parser(what) -> None:
                    help="torch's CPU threads (default on the CPU: OMP_NUM_THREADS if set, else the usable cores but one)")
     p.add_argument("--seed", type=int, default=0, help="seed of the random prompts (default 0)")
     p.add_argument("--json", "--out", dest="json", type=Path, default=None, metavar="FILE", help="write the results to FILE")
-    add_backend_option_flag(p, "the backend")
+    add_backend_option_flag(p, "the engine")
     p.set_defaults(func=run_prefix_replay)
 
 

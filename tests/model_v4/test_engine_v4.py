@@ -121,14 +121,18 @@ def test_chunked_prefill_and_chunked_replay(nocache_llm, solo):
     assert tokens(again) == solo
 
 
-@pytest.mark.parametrize("prefix_caching", [True, False])
-def test_preemption(nocache_llm, solo, prefix_caching):
+def test_preemption(nocache_llm, solo):
     """74 blocks hold every prompt (73 blocks) but not their 12 new tokens: decoding preempts, and the
-    preempted sequences recompute (with prefix caching: replay after a hit on their own blocks)."""
-    llm = engine_over(nocache_llm, num_kv_blocks=74, enable_prefix_caching=prefix_caching)
+    preempted sequences recompute; with prefix caching, after a hit on their own blocks (replay), which
+    saves prefill work."""
     assert sum(-(-n // BLOCK) for n in PROMPT_LENS) == 73
-    assert tokens(generate(llm, PROMPTS)) == solo
-    assert llm.engine.scheduler.num_preemptions > 0
+    computed = {}
+    for prefix_caching in (False, True):
+        llm = engine_over(nocache_llm, num_kv_blocks=74, enable_prefix_caching=prefix_caching)
+        assert tokens(generate(llm, PROMPTS)) == solo, f"prefix caching {prefix_caching}"
+        assert llm.engine.scheduler.num_preemptions > 0
+        computed[prefix_caching] = llm.engine.num_prompt_tokens_computed
+    assert computed[True] < computed[False]
 
 
 def test_block_manager_state_slots_and_replay():
