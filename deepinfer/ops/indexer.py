@@ -60,14 +60,33 @@ def indexer_topk(
     if tokens == 0 or max_entries == 0:
         return out
     acc = torch.float64 if q.dtype == torch.float64 else torch.float32
-    rows = entry_rows.long()[token_seq.long()]  # [T, E]
-    keys = index_keys.to(acc)[rows.clamp(min=0)]  # [T, E, D]
-    scores = (torch.relu(torch.einsum("thd,ted->the", q.to(acc), keys)) * weights.to(acc)[..., None]).sum(dim=1)
+    scores = torch.empty(tokens, max_entries, dtype=acc, device=q.device)
+    seq_of = token_seq.long()
+    for b in range(entry_rows.shape[0]):  # each sequence's keys are read once, for all its queries
+        mine = (seq_of == b).nonzero().squeeze(1)
+        if mine.numel():
+            keys = index_keys.to(acc)[entry_rows[b].long().clamp(min=0)]  # [E, D]
+            per_head = torch.relu(torch.einsum("thd,ed->the", q[mine].to(acc), keys))
+            scores[mine] = (per_head * weights[mine].to(acc)[..., None]).sum(dim=1)
     visible = torch.arange(max_entries, device=q.device)[None, :] < num_visible.long()[:, None]
     scores = scores.masked_fill(~visible, float("-inf"))
     k = min(top_k, max_entries)
-    values, order = torch.sort(scores, dim=-1, descending=True, stable=True)  # stable: ties keep the lowest id first
-    values, order = values[:, :k], order[:, :k]
-    ids = torch.where(torch.isfinite(values), order, torch.full_like(order, -1))
+    ids = _top_ids_lowest_first(scores, k)
     out[:, :k] = ids.to(torch.int32)
     return out
+
+
+def _top_ids_lowest_first(scores: torch.Tensor, k: int) -> torch.Tensor:
+    """[T, k] ids of the k largest finite scores per row (-1 past the finite ones), equal scores
+    taken lowest id first: everything above the k-th value, then the lowest ids equal to it (a
+    top-k, not a full sort of the row)."""
+    kth = scores.topk(k, dim=-1).values[:, -1:]
+    above = scores > kth
+    tied = (scores == kth) & torch.isfinite(scores)
+    room = k - above.sum(dim=-1, keepdim=True)
+    chosen = above | (tied & (tied.cumsum(dim=-1) <= room))
+    ids = torch.arange(scores.shape[1], device=scores.device).expand_as(scores)
+    # Chosen ids first, lowest first: topk over (chosen, -id) keys, which are distinct.
+    key = torch.where(chosen, scores.shape[1] - ids, -1)
+    picked = key.topk(k, dim=-1)
+    return torch.where(picked.values > 0, scores.shape[1] - picked.values, -1)
