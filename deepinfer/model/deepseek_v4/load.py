@@ -10,8 +10,8 @@ import torch
 from deepinfer.model.checkpoint import find_tensors
 from deepinfer.model.deepseek_v4.checkpoint import canonical_tensors, check_v4_tensors, load_v4_tensors
 from deepinfer.model.deepseek_v4.config import V4Config
-from deepinfer.model.deepseek_v4.model import DeepseekV4ForCausalLM
-from deepinfer.model.errors import LoadError
+from deepinfer.model.deepseek_v4.model import DeepseekV4ForCausalLM, model_tensor_specs
+from deepinfer.model.errors import CheckpointError, LoadError
 from deepinfer.model.memory import TENSOR_BOOKKEEPING, MemoryEstimate, check_fits
 
 
@@ -36,10 +36,16 @@ def load_v4(folder: Path, config: V4Config, ops, device: torch.device, dtype: to
     if experts is not None:
         raise LoadError("expert parallelism (--ep, redundant experts) is not implemented for DeepSeek-V4 yet", "run it with --ep 1")
     rope_positions = min(max_model_len or config.max_position_embeddings, config.max_position_embeddings)
-    model = DeepseekV4ForCausalLM(config, ops, device, dtype, max_positions=rope_positions)
-    specs = model.tensor_specs()
     stored, source = canonical_tensors(find_tensors(folder))
+    # Sizes come from config.json: a config that implies far more tensors than the files hold is
+    # refused before its specs are built (2**24 experts would take minutes and gigabytes to list).
+    implied = config.num_hidden_layers * (3 * config.n_routed_experts + 40)
+    if implied > 2 * len(stored) + 4096:
+        problem = f"{folder / 'config.json'} implies about {implied} tensors, the checkpoint holds {len(stored)}"
+        raise CheckpointError(problem, "the checkpoint does not match its config.json")
+    specs = model_tensor_specs(config)
     check_fits(estimate_v4_memory(specs, stored, dtype, rope_positions, config.qk_rope_head_dim), device, config, str(folder / "config.json"))
+    model = DeepseekV4ForCausalLM(config, ops, device, dtype, max_positions=rope_positions)  # the RoPE tables: after the memory check
     scales = check_v4_tensors(stored, specs, folder, tuple(model.mtp_prefixes()))
     weights = load_v4_tensors(stored, source, specs, scales, model.device, dtype)
     model.load_weights(weights)
