@@ -222,7 +222,7 @@ def load_tensors(
     try:
         for file, _, name in wanted:
             if file != current:
-                handle = _open(file)
+                handle = open_safetensors(file)
                 current = file
             try:
                 tensor = handle.get_tensor(name)
@@ -264,7 +264,7 @@ def check_finite(tensor: torch.Tensor, name: str, file: Path, stored: torch.Tens
     )
 
 
-def _open(file: Path):
+def open_safetensors(file: Path):
     regular_file(file)  # checked when found; again right before safetensors opens it by path
     try:
         return safe_open(os.fspath(file), framework="pt", device="cpu")

@@ -199,7 +199,7 @@ class MoE:
         for e in local:
             if e not in loaded:  # a copy reuses the tensors read for the first one
                 loaded[e] = tuple(weights.linear(expert_tensor_prefix(prefix, e, p)) for p in EXPERT_PROJECTIONS)
-        self.gate_up, self.down = _stack_experts([loaded[e] for e in local])
+        self.gate_up, self.down = stack_experts([loaded[e] for e in local])
         self.local_logical = local
         self._set_routing(placement.phy2log[moe_index])
 
@@ -228,7 +228,7 @@ class MoE:
         missing = sorted({e for e in new_local if e not in held})
         if missing and source is None:
             raise RuntimeError(f"MoE layer {self.prefix}: experts {missing} are not on this rank and the model has no expert source to read them from")
-        fresh = {e: [*_stack_experts([source(self.prefix, e)])] for e in missing}  # [1, ...] each
+        fresh = {e: [*stack_experts([source(self.prefix, e)])] for e in missing}  # [1, ...] each
         targets = [*self.gate_up.parts, self.down]
         # The new weights are built beside the old ones (one layer's local experts, transiently),
         # then copied over them: captured CUDA graphs keep pointing at the same tensors.
@@ -296,7 +296,7 @@ class MoE:
         return out
 
 
-def _stack_experts(experts: list[tuple[LinearWeight, ...]]) -> tuple[FusedExperts, ExpertWeights]:
+def stack_experts(experts: list[tuple[LinearWeight, ...]]) -> tuple[FusedExperts, ExpertWeights]:
     """(gate, up, down) per local expert -> (gate_up [L, 2I, H] fused when the formats allow, down [L, H, I])."""
     gate = ExpertWeights.stack([e[0] for e in experts])
     up = ExpertWeights.stack([e[1] for e in experts])

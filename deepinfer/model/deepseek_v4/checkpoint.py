@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from deepinfer.model.checkpoint import FLOAT_DTYPES, IGNORED_SUFFIXES, StoredTensor, _open, check_finite
+from deepinfer.model.checkpoint import FLOAT_DTYPES, IGNORED_SUFFIXES, StoredTensor, check_finite, open_safetensors
 from deepinfer.model.config import ceil_div
 from deepinfer.model.deepseek_v4.moe import EXPERT, INDEX
 from deepinfer.model.errors import CheckpointError
@@ -129,7 +129,7 @@ def load_v4_tensors(
     current = handle = None
     for file, _, name in wanted:
         if file != current:
-            handle, current = _open(file), file
+            handle, current = open_safetensors(file), file
         try:
             raw[name] = handle.get_tensor(source[name])
         except Exception as exc:  # safetensors raises its own error types

@@ -12,8 +12,8 @@ import torch
 import torch.nn.functional as F
 
 from deepinfer.model.deepseek_v4.config import HASH_MOE, V4Config
-from deepinfer.model.linear import FusedLinear, LinearWeight
-from deepinfer.model.moe import _stack_experts
+from deepinfer.model.linear import FusedLinear
+from deepinfer.model.moe import stack_experts
 from deepinfer.model.weights import FLOAT32, LINEAR, TensorSpec, WeightStore
 
 INDEX = "index"  # an integer table (tid2eid), kept as int64
@@ -49,7 +49,7 @@ class V4MoE:
         self.tid2eid = weights.tensor(f"{prefix}gate.tid2eid") if self.hashed else None
         self.bias = None if self.hashed else weights.tensor(f"{prefix}gate.bias")
         experts = [tuple(weights.linear(f"{prefix}experts.{e}.{w}") for w in ("w1", "w3", "w2")) for e in range(c.n_routed_experts)]
-        self.gate_up, self.down = _stack_experts(experts)
+        self.gate_up, self.down = stack_experts(experts)
         self.shared = None
         if c.n_shared_experts:
             self.shared = (FusedLinear.of([weights.linear(f"{prefix}shared_experts.w1"), weights.linear(f"{prefix}shared_experts.w3")]),
@@ -86,5 +86,3 @@ class V4MoE:
             out = out + down(ops, ops.clamped_silu_and_mul(gate_up(ops, x), limit=self.limit))
         return out
 
-
-__all__ = ["V4MoE", "moe_specs", "LinearWeight"]
