@@ -1,0 +1,345 @@
+"""Ascend Triton kernels: hc_pre and hc_post (DeepSeek-V4's manifold-constrained hyper-connections).
+
+hc_pre, per token t (x_t: N streams of D, flattened to K = N*D; W = (2+N)N mixing logits):
+
+    m[t, w] = rsqrt(mean(x_t^2) + norm_eps) * sum_k x_t[k] * fn[w, k]
+
+then pre = sigmoid, post = 2 sigmoid, comb = row softmax + Sinkhorn-Knopp on the N x N block, and
+layer_input[t] = sum_n pre[t, n] * x[t, n]. The norm factors out of the dot, so one pass over x_t
+yields both the sum of squares and the W projections; the mixings are computed on the vector unit
+in the tile's own buffer; a second pass over x_t collapses the streams (pre needs the whole dot).
+W = 24 (V4-Flash) is too narrow for the cube unit and float32 must stay exact: the projection is
+a vector broadcast multiply, kept as a [BLOCK_T, W_PAD, BLOCK_K] accumulator (one multiply-add
+per chunk, no per-chunk reduction) that is reduced once per segment.
+
+A tile is BLOCK_T tokens, so each fn chunk [W_PAD, BLOCK_K] brought into the unified buffer
+serves all of them. The reduction order is fixed: K is cut into segments of SEG elements; a
+segment's partial is its accumulator's lane sums (chunks in order) reduced over the lanes, and the
+segments are added in order. Two launch shapes compute the same numbers, both persistent vector
+grids (`vector_grid`, each program looping over its work items):
+
+  * fused (at least as many token tiles as vector cores): one kernel per token tile does the
+    projection over all segments, the mixings and the collapse.
+  * split (decode: one core would stream all of fn, 1.5 MB for V4-Flash, alone):
+    `_hc_pre_mix_kernel` over (token tile, segment range) items writes every segment's partial
+    (float32 [segments, T, W_PAD] and the sum of squares [segments, T]); `_hc_pre_kernel` over
+    (token tile, D range) items sums them in segment order, recomputes the mixings in every D
+    range (a few hundred vector operations), stores post/comb from the first one and collapses
+    its range of D.
+
+The N x N block is taken out of the W_PAD logits by a masked sum (exact) and reshaped to
+[BLOCK_T, N_PAD, N_PAD]; padding (N not a power of two) is masked to zero so Sinkhorn's sums see
+only the N x N block. float32 math; layer_input rounded to nearest even (`to_output`); post and
+comb stored float32.
+
+Buffer budget (half the unified buffer, `tile_elems`): the projection keeps ~3 float32 values per
+accumulator element (accumulator, product, the fn chunk and x chunk amortised): 12 bytes x
+BLOCK_T x W_PAD x BLOCK_K; the collapse ~4 per [BLOCK_T, N_PAD, BLOCK_D] element (x in its dtype
+and float32, the product) -> 16 bytes. With BLOCK_T = 4, W_PAD = 32, N_PAD = 4: BLOCK_K = 64 and
+BLOCK_D = 256 on A2/A3 (BLOCK_D = 512 on 950). Under the interpreter (no buffer; it pays per
+operation, not per element) a chunk is a whole segment, the collapse steps are 2048 wide and at
+most two D ranges repeat the mixings.
+
+hc_post: out[t, k] = post[t, k] * y[t] + sum_j comb[t, j, k] * x[t, j]: memory-bound, persistent
+grid over (token tile, D tile) items; each reads y and the N streams of its tile once and writes
+the N output streams; the sum over j runs in order j = 0..N-1. Budget ~16 bytes per output element.
+
+float64 inputs (a test dtype; no float64 on the vector units) and tensors of 2**31 elements or
+more (int32 index arithmetic) go to the reference.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from deepinfer.ops import hyper_connection as hc_ops
+from deepinfer.triton_common import cdiv, interpreting, next_power_of_2
+from deepinfer_ascend.device import current
+from deepinfer_ascend.kernels.common import Registration, launch_options, tile_elems, to_output, vector_grid
+
+_INT32_LIMIT = 2**31
+_BLOCK_T = 4  # tokens per hc_pre tile (fixed: a token's numbers do not depend on the batch)
+_SEG = 1024  # reduction segment: the unit of the split launch
+_MIX_BYTES_PER_ELEM = 12
+_COLLAPSE_BYTES_PER_ELEM = 16
+_POST_BYTES_PER_ELEM = 16
+_INTERP_BLOCK_D = 2048  # collapse chunk under the interpreter
+_POST_MAX_BLOCK_D = 1024
+
+
+@triton.jit
+def _segment_partial(
+    x_ptr, fn_ptr, toks, t_ok, stride_t, stride_fn, k_lo, k_hi,
+    W: tl.constexpr, BLOCK_T: tl.constexpr, W_PAD: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
+):
+    """(sum_k x[t, k] fn[w, k], sum_k x[t, k]^2) over k in [k_lo, k_hi)."""
+    w = tl.arange(0, W_PAD)
+    kk = tl.arange(0, BLOCK_K)
+    acc = tl.zeros([BLOCK_T, W_PAD, BLOCK_K], tl.float32)
+    sq = tl.zeros([BLOCK_T, BLOCK_K], tl.float32)
+    x_ptrs = x_ptr + toks[:, None] * stride_t + (k_lo + kk)[None, :]
+    f_ptrs = fn_ptr + w[:, None] * stride_fn + (k_lo + kk)[None, :]
+    for k0 in range(k_lo, k_hi, BLOCK_K):
+        if EVEN_K:  # whole chunks: token / row masks only
+            xt = tl.load(x_ptrs, mask=t_ok[:, None], other=0.0).to(tl.float32)
+            ft = tl.load(f_ptrs, mask=(w < W)[:, None], other=0.0).to(tl.float32)
+        else:
+            k_ok = k0 + kk < k_hi
+            xt = tl.load(x_ptrs, mask=t_ok[:, None] & k_ok[None, :], other=0.0).to(tl.float32)
+            ft = tl.load(f_ptrs, mask=(w < W)[:, None] & k_ok[None, :], other=0.0).to(tl.float32)
+        acc += xt[:, None, :] * ft[None, :, :]
+        sq += xt * xt
+        x_ptrs += BLOCK_K
+        f_ptrs += BLOCK_K
+    return tl.sum(acc, axis=2), tl.sum(sq, axis=1)
+
+
+@triton.jit
+def _hc_pre_mix_kernel(
+    x_ptr, fn_ptr, part_ptr, part_ss_ptr,
+    T, K, seg_per_split, n_splits, stride_t, stride_fn,
+    W: tl.constexpr, BLOCK_T: tl.constexpr, W_PAD: tl.constexpr, BLOCK_K: tl.constexpr, SEG: tl.constexpr, EVEN_K: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+    n_items = tl.cdiv(T, BLOCK_T) * n_splits
+    n_seg = tl.cdiv(K, SEG)
+    w = tl.arange(0, W_PAD)
+    for item in range(pid, n_items, nprog):
+        toks = (item // n_splits) * BLOCK_T + tl.arange(0, BLOCK_T)
+        t_ok = toks < T
+        seg0 = (item % n_splits) * seg_per_split
+        for seg in range(seg0, tl.minimum(seg0 + seg_per_split, n_seg)):
+            k_lo = seg * SEG
+            acc, ss = _segment_partial(x_ptr, fn_ptr, toks, t_ok, stride_t, stride_fn, k_lo, tl.minimum(k_lo + SEG, K), W, BLOCK_T, W_PAD, BLOCK_K, EVEN_K)
+            row = seg * T + toks
+            tl.store(part_ptr + row[:, None] * W_PAD + w[None, :], acc, mask=t_ok[:, None])
+            tl.store(part_ss_ptr + row, ss, mask=t_ok)
+
+
+@triton.jit
+def _mixings(
+    acc, ss, base_ptr, scale_ptr, K, norm_eps, hc_eps, sinkhorn_iters,
+    N: tl.constexpr, BLOCK_T: tl.constexpr, W_PAD: tl.constexpr, N_PAD: tl.constexpr,
+):
+    """pre [BLOCK_T, N_PAD], post [BLOCK_T, N_PAD], comb [BLOCK_T, N_PAD, N_PAD] from the raw
+    projections acc [BLOCK_T, W_PAD] and the sums of squares ss [BLOCK_T] (padding: zeros)."""
+    rstd = 1.0 / tl.sqrt(ss / K + norm_eps)
+    m = acc * rstd[:, None]
+    w = tl.arange(0, W_PAD)
+    n = tl.arange(0, N_PAD)
+    n_ok = n < N
+    s0 = tl.load(scale_ptr)
+    s1 = tl.load(scale_ptr + 1)
+    s2 = tl.load(scale_ptr + 2)
+    m_pre = tl.sum(tl.where((w[None, :] == n[:, None])[None, :, :], m[:, None, :], 0.0), axis=2)
+    m_post = tl.sum(tl.where((w[None, :] == (N + n)[:, None])[None, :, :], m[:, None, :], 0.0), axis=2)
+    b_pre = tl.load(base_ptr + n, mask=n_ok, other=0.0)
+    b_post = tl.load(base_ptr + N + n, mask=n_ok, other=0.0)
+    pre = tl.where(n_ok[None, :], 1.0 / (1.0 + tl.exp(-(m_pre * s0 + b_pre[None, :]))) + hc_eps, 0.0)
+    post = 2.0 / (1.0 + tl.exp(-(m_post * s1 + b_post[None, :])))
+    # comb: logits 2N + i*N + j -> flat e = i*N_PAD + j -> [BLOCK_T, N_PAD, N_PAD]
+    e = tl.arange(0, N_PAD * N_PAD)
+    e_ok = (e // N_PAD < N) & (e % N_PAD < N)
+    col = 2 * N + (e // N_PAD) * N + e % N_PAD
+    m_comb = tl.sum(tl.where(((w[None, :] == col[:, None]) & e_ok[:, None])[None, :, :], m[:, None, :], 0.0), axis=2)
+    b_comb = tl.load(base_ptr + col, mask=e_ok, other=0.0)
+    z = tl.reshape(m_comb * s2 + b_comb[None, :], [BLOCK_T, N_PAD, N_PAD])
+    valid = (n_ok[:, None] & n_ok[None, :])[None, :, :]
+    z = tl.where(valid, z, -1.0e30)
+    ez = tl.where(valid, tl.exp(z - tl.max(z, axis=2)[:, :, None]), 0.0)
+    row_sum = tl.where(n_ok[None, :], tl.sum(ez, axis=2), 1.0)
+    c = tl.where(valid, ez / row_sum[:, :, None] + hc_eps, 0.0)
+    c = c / (tl.sum(c, axis=1)[:, None, :] + hc_eps)
+    for _ in range(1, sinkhorn_iters):
+        c = c / (tl.sum(c, axis=2)[:, :, None] + hc_eps)
+        c = c / (tl.sum(c, axis=1)[:, None, :] + hc_eps)
+    return pre, post, c
+
+
+@triton.jit
+def _hc_pre_kernel(
+    x_ptr, fn_ptr, base_ptr, scale_ptr, part_ptr, part_ss_ptr,
+    out_ptr, post_ptr, comb_ptr,
+    T, D, d_per_split, n_splits, stride_t, stride_fn, stride_out,
+    norm_eps, hc_eps, sinkhorn_iters,
+    FUSED: tl.constexpr, N: tl.constexpr,
+    BLOCK_T: tl.constexpr, W_PAD: tl.constexpr, N_PAD: tl.constexpr, BLOCK_K: tl.constexpr, SEG: tl.constexpr, EVEN_K: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+    n_items = tl.cdiv(T, BLOCK_T) * n_splits
+    K = N * D
+    n_seg = tl.cdiv(K, SEG)
+    w = tl.arange(0, W_PAD)
+    n = tl.arange(0, N_PAD)
+    n_ok = n < N
+    nn_ok = (n_ok[:, None] & n_ok[None, :])[None, :, :]
+    ij = (n[:, None] * N + n[None, :])[None, :, :]
+    dd = tl.arange(0, BLOCK_D)
+    for item in range(pid, n_items, nprog):
+        toks = (item // n_splits) * BLOCK_T + tl.arange(0, BLOCK_T)
+        t_ok = toks < T
+        split = item % n_splits
+        acc = tl.zeros([BLOCK_T, W_PAD], tl.float32)
+        ss = tl.zeros([BLOCK_T], tl.float32)
+        for seg in range(0, n_seg):
+            if FUSED:
+                k_lo = seg * SEG
+                seg_acc, seg_ss = _segment_partial(
+                    x_ptr, fn_ptr, toks, t_ok, stride_t, stride_fn, k_lo, tl.minimum(k_lo + SEG, K), (2 + N) * N, BLOCK_T, W_PAD, BLOCK_K, EVEN_K
+                )
+            else:
+                row = seg * T + toks
+                seg_acc = tl.load(part_ptr + row[:, None] * W_PAD + w[None, :], mask=t_ok[:, None], other=0.0)
+                seg_ss = tl.load(part_ss_ptr + row, mask=t_ok, other=0.0)
+            acc += seg_acc
+            ss += seg_ss
+        pre, post, comb = _mixings(acc, ss, base_ptr, scale_ptr, K, norm_eps, hc_eps, sinkhorn_iters, N, BLOCK_T, W_PAD, N_PAD)
+        if split == 0:
+            tl.store(post_ptr + toks[:, None] * N + n[None, :], post, mask=t_ok[:, None] & n_ok[None, :])
+            tl.store(comb_ptr + toks[:, None, None] * (N * N) + ij, comb, mask=t_ok[:, None, None] & nn_ok)
+        d_lo = split * d_per_split
+        d_hi = tl.minimum(d_lo + d_per_split, D)
+        for d0 in range(d_lo, d_hi, BLOCK_D):
+            d = d0 + dd
+            d_ok = d < d_hi
+            xt = tl.load(x_ptr + toks[:, None, None] * stride_t + (n[None, :, None] * D + d[None, None, :]),
+                         mask=t_ok[:, None, None] & n_ok[None, :, None] & d_ok[None, None, :], other=0.0).to(tl.float32)
+            li = tl.sum(xt * pre[:, :, None], axis=1)
+            tl.store(out_ptr + toks[:, None] * stride_out + d[None, :], to_output(li, out_ptr), mask=t_ok[:, None] & d_ok[None, :])
+
+
+def hc_pre(
+    x: torch.Tensor,
+    fn: torch.Tensor,
+    base: torch.Tensor,
+    scale: torch.Tensor,
+    *,
+    norm_eps: float,
+    hc_eps: float,
+    sinkhorn_iters: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    hc_ops.check_hc_pre_shapes(x, fn, base, scale)
+    T, N, D = x.shape
+    K, W = N * D, (2 + N) * N
+    if x.dtype == torch.float64 or T == 0 or D == 0 or x.numel() >= _INT32_LIMIT or T * next_power_of_2(W) * cdiv(K, _SEG) >= _INT32_LIMIT:
+        return hc_ops.hc_pre(x, fn, base, scale, norm_eps=norm_eps, hc_eps=hc_eps, sinkhorn_iters=sinkhorn_iters)
+    if x.stride(2) != 1 or x.stride(1) != D:
+        x = x.contiguous()
+    fn = fn if fn.stride(1) == 1 else fn.contiguous()
+    base, scale = base.to(torch.float32).contiguous(), scale.to(torch.float32).contiguous()
+    out = torch.empty(T, D, dtype=x.dtype, device=x.device)
+    post = torch.empty(T, N, dtype=torch.float32, device=x.device)
+    comb = torch.empty(T, N, N, dtype=torch.float32, device=x.device)
+    w_pad, n_pad = next_power_of_2(W), next_power_of_2(N)
+    # the interpreter pays per operation, not per element (and has no buffer limit): whole segments
+    block_k = _SEG if interpreting() else max(8, min(_SEG, tile_elems(_MIX_BYTES_PER_ELEM) // (_BLOCK_T * w_pad)))
+    block_d = max(8, min(next_power_of_2(D), _INTERP_BLOCK_D if interpreting() else tile_elems(_COLLAPSE_BYTES_PER_ELEM) // (_BLOCK_T * n_pad)))
+    tiles = cdiv(T, _BLOCK_T)
+    segments = cdiv(K, _SEG)
+    cores = current().num_vectorcore
+    common = dict(BLOCK_T=_BLOCK_T, W_PAD=w_pad, BLOCK_K=block_k, SEG=_SEG, EVEN_K=K % _SEG == 0)
+    fused = tiles >= cores or segments == 1
+    if fused:
+        part = part_ss = post  # unused
+        d_splits, d_per_split = 1, D
+    else:
+        splits = min(segments, cdiv(cores, tiles))
+        seg_per_split = cdiv(segments, splits)
+        splits = cdiv(segments, seg_per_split)
+        part = torch.empty(segments, T, w_pad, dtype=torch.float32, device=x.device)
+        part_ss = torch.empty(segments, T, dtype=torch.float32, device=x.device)
+        _hc_pre_mix_kernel[(vector_grid(tiles * splits),)](
+            x, fn, part, part_ss, T, K, seg_per_split, splits, x.stride(0), fn.stride(0), W=W, **common, **launch_options()
+        )
+        # every D range repeats the mixings (cheap on the device; the interpreter pays per call: two)
+        d_splits = max(1, min(cdiv(cores, tiles), cdiv(D, block_d), 2 if interpreting() else D))
+        d_per_split = cdiv(cdiv(D, d_splits), block_d) * block_d
+        d_splits = cdiv(D, d_per_split)
+    _hc_pre_kernel[(vector_grid(tiles * d_splits),)](
+        x, fn, base, scale, part, part_ss, out, post, comb,
+        T, D, d_per_split, d_splits, x.stride(0), fn.stride(0), out.stride(0),
+        float(norm_eps), float(hc_eps), int(sinkhorn_iters),
+        FUSED=fused, N=N, N_PAD=n_pad, BLOCK_D=block_d, **common, **launch_options(),
+    )
+    return out, post, comb
+
+
+@triton.jit
+def _hc_post_kernel(
+    y_ptr, x_ptr, post_ptr, comb_ptr, out_ptr,
+    T, D, stride_y, stride_x, stride_out,
+    N: tl.constexpr, N_PAD: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+    d_tiles = tl.cdiv(D, BLOCK_D)
+    n_tiles = tl.cdiv(T, BLOCK_T) * d_tiles
+    k = tl.arange(0, N_PAD)
+    k_ok = k < N
+    for tile in range(pid, n_tiles, nprog):
+        toks = (tile // d_tiles) * BLOCK_T + tl.arange(0, BLOCK_T)
+        t_ok = toks < T
+        d = (tile % d_tiles) * BLOCK_D + tl.arange(0, BLOCK_D)
+        d_ok = d < D
+        td_ok = t_ok[:, None] & d_ok[None, :]
+        tk_ok = t_ok[:, None] & k_ok[None, :]
+        y = tl.load(y_ptr + toks[:, None] * stride_y + d[None, :], mask=td_ok, other=0.0).to(tl.float32)
+        post = tl.load(post_ptr + toks[:, None] * N + k[None, :], mask=tk_ok, other=0.0)
+        out = post[:, :, None] * y[:, None, :]
+        for j in tl.static_range(N):
+            xj = tl.load(x_ptr + toks[:, None] * stride_x + (j * D + d)[None, :], mask=td_ok, other=0.0).to(tl.float32)
+            cj = tl.load(comb_ptr + toks[:, None] * (N * N) + (j * N + k)[None, :], mask=tk_ok, other=0.0)
+            out += cj[:, :, None] * xj[:, None, :]
+        tl.store(out_ptr + toks[:, None, None] * stride_out + (k[:, None] * D + d[None, :])[None, :, :], to_output(out, out_ptr),
+                 mask=tk_ok[:, :, None] & d_ok[None, None, :])
+
+
+def _check_hc_post_shapes(y, x, post, comb) -> None:
+    # deepinfer.ops.hyper_connection has no shared check for hc_post: the reference's own test, verbatim.
+    if x.dim() != 3 or y.shape != (x.shape[0], x.shape[2]) or post.shape != x.shape[:2] or comb.shape != (x.shape[0], x.shape[1], x.shape[1]):
+        raise ValueError(
+            "hc_post wants y [T, D], x [T, N, D], post [T, N], comb [T, N, N]; "
+            f"got {tuple(y.shape)}, {tuple(x.shape)}, {tuple(post.shape)}, {tuple(comb.shape)}"
+        )
+
+
+def hc_post(y: torch.Tensor, x: torch.Tensor, post: torch.Tensor, comb: torch.Tensor) -> torch.Tensor:
+    _check_hc_post_shapes(y, x, post, comb)
+    T, N, D = x.shape
+    if x.dtype == torch.float64 or x.numel() >= _INT32_LIMIT:
+        return hc_ops.hc_post(y, x, post, comb)
+    out = torch.empty(T, N, D, dtype=x.dtype, device=x.device)
+    if T == 0 or D == 0:
+        return out
+    if x.stride(2) != 1 or x.stride(1) != D:
+        x = x.contiguous()
+    y = y if y.stride(1) == 1 else y.contiguous()
+    post, comb = post.to(torch.float32).contiguous(), comb.to(torch.float32).contiguous()
+    n_pad = next_power_of_2(N)
+    elems = tile_elems(_POST_BYTES_PER_ELEM) // n_pad
+    block_d = max(8, min(next_power_of_2(D), _POST_MAX_BLOCK_D, elems))
+    block_t = max(1, min(next_power_of_2(T), elems // block_d))
+    n_tiles = cdiv(T, block_t) * cdiv(D, block_d)
+    _hc_post_kernel[(vector_grid(n_tiles),)](
+        y, x, post, comb, out, T, D, y.stride(0), x.stride(0), out.stride(0),
+        N=N, N_PAD=n_pad, BLOCK_T=block_t, BLOCK_D=block_d, **launch_options(),
+    )
+    return out
+
+
+REGISTRATIONS = [
+    Registration(
+        op="hc_pre",
+        fn=hc_pre,
+        note="Triton (ascend): persistent vector grid, token tiles, norm + projection in one pass, Sinkhorn on the vector unit, split-K for few tokens",
+    ),
+    Registration(
+        op="hc_post",
+        fn=hc_post,
+        note="Triton (ascend): persistent vector grid, (token, D) tiles, post * y + comb-mixed streams in one pass",
+    ),
+]

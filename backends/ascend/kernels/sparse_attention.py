@@ -1,0 +1,402 @@
+"""Ascend Triton kernels: sparse_attention (DeepSeek-V4's shared-KV multi-query attention over listed
+cache rows, with a per-head attention sink).
+
+Every head of a query token attends to the same rows (keys and values are one row), so a block of
+BLOCK_H heads of one token is the M side of the cube products and each gathered row block
+[BLOCK_N, D] is read once for all of them:
+
+    ids       = indices[t, n0 : n0 + BLOCK_N]                      (-1: no row, masked)
+    tile[N,D] = kv[ids]                                            (row gather: one DMA per row)
+    scores    = q[t, heads] @ tile^T * scale                       (cube)
+    acc      += softmax-weights @ tile                             (cube, the same tile as V)
+
+with the online (log-sum-exp) softmax in float32 on the vector side in between. The window's list
+(indices over kv) and the compressed entries' list (extra_indices over extra_kv) run as one
+sequence of row blocks through the same running max / sum / accumulator: one softmax. The sink
+joins only the final normaliser: with M = max(m, sink),
+    out = acc * e^(m - M) / (l * e^(m - M) + e^(sink - M)),
+zero for a query that listed no row (acc = l = 0), never a division by zero.
+
+Grid: persistent, `cube_grid(items)` programs (one per AI core); program p runs items p, p + P, ...
+Items are (token, split, head block), head block fastest, so the head blocks of one token run at
+the same time on neighbouring cores and share the row gathers through L2. Splits: decode has
+T = batch, and T * head blocks items may leave AI cores idle; then each token's row blocks (both
+lists, window first) are cut into `splits` runs of whole blocks, each item writes its normalised
+float32 partial and its log-sum-exp, and a vector kernel (`vector_grid` over (token, 16-head
+block) items) merges them in split order with the sink (deterministic, no atomics). The split
+count comes from host-known shapes only (T, H, the lists' widths, the AI-core count), never from
+the ids: no host synchronisation.
+
+Buffer budget (unified buffer, all live tiles under half of it; D = 512 padded to BLOCK_D):
+  resident q: tile BLOCK_N*D*e + q BLOCK_H*D*e + acc BLOCK_H*D*4 + scores BLOCK_H*BLOCK_N*(4 + e).
+    bf16, 16 heads: A2/A3 (96 KB) BLOCK_N 32 -> 83 KB; 950 (128 KB) BLOCK_N 64 -> 118 KB.
+  D-chunked scores (Q_CHUNK > 0, when nothing else fits: float32 on A2/A3): q is not kept; the
+    scores are summed over D chunks of Q_CHUNK columns gathered from q and the rows, then the
+    whole tile is gathered for the value product. float32, 16 x 16: 82 KB.
+  More heads per block (32, 64) only when they fit: with D = 512 a [32, 512] float32 accumulator
+  is 64 KB, so V4's 64 heads run as head blocks of 16 that re-read the rows from L2.
+The combine kernel holds [16, D] float32 accumulator + partial: 64 KB.
+
+Index arithmetic is int32; IDX64 switches the row, token and partial offsets to int64 when a
+tensor has >= 2^31 elements (a flat cache of 512-wide rows does at 4M rows). Row ids must be < the
+cache's rows (the reference raises on larger ids; checking here would need a host
+synchronisation): the kernel does not check them.
+
+Deviations (interpreter only): bf16 dot operands are upcast to float32 (community Triton's
+interpreter computes bf16 tl.dot wrongly: deepinfer.triton_common.upcast_dot). Outputs are rounded
+to nearest even by `common.to_output`.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+import torch
+import triton
+import triton.language as tl
+
+from deepinfer.ops import sparse_attention as sparse_ops
+from deepinfer.triton_common import cdiv, next_power_of_2, pick_splits, upcast_dot
+from deepinfer_ascend.kernels.common import Registration, cube_grid, current, dot_precision, launch_options, to_output, vector_grid
+
+INT32_LIMIT = 2**31
+MIN_ROWS_PER_SPLIT = 128  # a split's partial write (BLOCK_H * D * 4 bytes) stays small next to its reads
+MAX_SPLITS = 32
+COMBINE_H = 16
+
+
+@triton.jit
+def _attend(
+    q_rows, h_ok, m_i, l_i, acc, kv_ptr, idx_row, width, stride_kv, blk_lo, blk_hi, sm_scale,
+    arange_n, offs_d, d_ok, q_full,
+    D: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, Q_CHUNK: tl.constexpr,
+    DOT_F32: tl.constexpr, DOT_PRECISION: tl.constexpr, IDX64: tl.constexpr,
+):
+    """Fold the row blocks blk_lo .. blk_hi - 1 of one index list into the running (m, l, acc)."""
+    for blk in range(blk_lo, blk_hi):
+        offs_n = blk * BLOCK_N + arange_n
+        ids = tl.load(idx_row + offs_n, mask=offs_n < width, other=-1)
+        ok = ids >= 0
+        safe = tl.where(ok, ids, 0)
+        if IDX64:
+            rows = kv_ptr + safe.to(tl.int64) * stride_kv
+        else:
+            rows = kv_ptr + safe * stride_kv
+        if Q_CHUNK == 0:
+            tile = tl.load(rows[:, None] + offs_d[None, :], mask=ok[:, None] & d_ok[None, :], other=0.0)
+            if DOT_F32:
+                tile = tile.to(tl.float32)
+            scores = tl.dot(q_full, tl.trans(tile), input_precision=DOT_PRECISION)
+        else:
+            scores = tl.zeros([BLOCK_H, BLOCK_N], dtype=tl.float32)
+            for c0 in tl.static_range(0, BLOCK_D, Q_CHUNK):
+                offs_c = c0 + tl.arange(0, Q_CHUNK)
+                c_ok = offs_c < D
+                qc = tl.load(q_rows[:, None] + offs_c[None, :], mask=h_ok[:, None] & c_ok[None, :], other=0.0)
+                kc = tl.load(rows[:, None] + offs_c[None, :], mask=ok[:, None] & c_ok[None, :], other=0.0)
+                if DOT_F32:
+                    qc = qc.to(tl.float32)
+                    kc = kc.to(tl.float32)
+                scores = tl.dot(qc, tl.trans(kc), scores, input_precision=DOT_PRECISION)
+            tile = tl.load(rows[:, None] + offs_d[None, :], mask=ok[:, None] & d_ok[None, :], other=0.0)
+            if DOT_F32:
+                tile = tile.to(tl.float32)
+        scores = tl.where(ok[None, :], scores * sm_scale, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(scores, axis=1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp(m_i - m_safe)
+        p = tl.exp(scores - m_safe[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        acc = acc * alpha[:, None]
+        acc = tl.dot(p.to(tile.dtype), tile, acc, input_precision=DOT_PRECISION)
+        m_i = m_new
+    return m_i, l_i, acc
+
+
+@triton.jit
+def _sparse_attention_kernel(
+    q_ptr, kv_ptr, idx_ptr, xkv_ptr, xidx_ptr, sinks_ptr,
+    out_ptr, part_out_ptr, part_lse_ptr,
+    sm_scale,
+    K, K2,  # widths of the two index lists
+    num_items, num_splits, blocks_per_split,
+    stride_q_t, stride_q_h,
+    stride_kv, stride_idx_t,
+    stride_xkv, stride_xidx_t,
+    stride_o_t, stride_o_h,
+    stride_po_t, stride_po_split, stride_po_h,
+    stride_pl_t, stride_pl_split,
+    H: tl.constexpr, D: tl.constexpr,
+    HEAD_BLOCKS: tl.constexpr,
+    BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    Q_CHUNK: tl.constexpr,  # 0: q resident; else the scores are summed over D chunks of this width
+    HAS_EXTRA: tl.constexpr,
+    DIRECT: tl.constexpr,  # one split: normalise with the sink and write out, no partials
+    DOT_F32: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    IDX64: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    num_programs = tl.num_programs(0)
+    arange_h = tl.arange(0, BLOCK_H)
+    arange_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    d_ok = offs_d < D
+    nb1 = tl.cdiv(K, BLOCK_N)
+    nb2 = tl.cdiv(K2, BLOCK_N)
+    for item in range(pid, num_items, num_programs):
+        hb = item % HEAD_BLOCKS
+        rest = item // HEAD_BLOCKS
+        split = rest % num_splits
+        t = rest // num_splits
+        if IDX64:
+            t = t.to(tl.int64)
+        offs_h = hb * BLOCK_H + arange_h
+        h_ok = offs_h < H
+        q_rows = q_ptr + t * stride_q_t + offs_h * stride_q_h
+        if Q_CHUNK == 0:
+            q_full = tl.load(q_rows[:, None] + offs_d[None, :], mask=h_ok[:, None] & d_ok[None, :], other=0.0)
+            if DOT_F32:
+                q_full = q_full.to(tl.float32)
+        else:
+            q_full = 0.0  # (unused)
+
+        m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
+        l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
+        acc = tl.zeros([BLOCK_H, BLOCK_D], dtype=tl.float32)
+        # This split's row blocks, counted over the window's list and then the extra list.
+        lo = split * blocks_per_split
+        hi = lo + blocks_per_split
+        m_i, l_i, acc = _attend(
+            q_rows, h_ok, m_i, l_i, acc, kv_ptr, idx_ptr + t * stride_idx_t, K, stride_kv, lo, tl.minimum(hi, nb1), sm_scale,
+            arange_n, offs_d, d_ok, q_full, D, BLOCK_H, BLOCK_N, BLOCK_D, Q_CHUNK, DOT_F32, DOT_PRECISION, IDX64,
+        )
+        if HAS_EXTRA:
+            m_i, l_i, acc = _attend(
+                q_rows, h_ok, m_i, l_i, acc, xkv_ptr, xidx_ptr + t * stride_xidx_t, K2, stride_xkv,
+                tl.maximum(lo - nb1, 0), tl.minimum(hi - nb1, nb2), sm_scale,
+                arange_n, offs_d, d_ok, q_full, D, BLOCK_H, BLOCK_N, BLOCK_D, Q_CHUNK, DOT_F32, DOT_PRECISION, IDX64,
+            )
+
+        mask = h_ok[:, None] & d_ok[None, :]
+        if DIRECT:
+            sink = tl.load(sinks_ptr + offs_h, mask=h_ok, other=0.0).to(tl.float32)
+            top = tl.maximum(m_i, sink)
+            top = tl.where(top == float("-inf"), 0.0, top)
+            w = tl.exp(m_i - top)
+            denom = l_i * w + tl.exp(sink - top)
+            out = acc * (w / tl.where(denom > 0.0, denom, 1.0))[:, None]
+            o_rows = out_ptr + t * stride_o_t + offs_h * stride_o_h
+            tl.store(o_rows[:, None] + offs_d[None, :], to_output(out, out_ptr), mask=mask)
+        else:
+            has = l_i > 0.0
+            out = acc / tl.where(has, l_i, 1.0)[:, None]
+            lse = tl.where(has, m_i + tl.log(tl.where(has, l_i, 1.0)), float("-inf"))
+            po_rows = part_out_ptr + t * stride_po_t + split * stride_po_split + offs_h * stride_po_h
+            tl.store(po_rows[:, None] + offs_d[None, :], out, mask=mask)
+            tl.store(part_lse_ptr + t * stride_pl_t + split * stride_pl_split + offs_h, lse, mask=h_ok)
+
+
+@triton.jit
+def _sparse_attention_combine_kernel(
+    part_out_ptr, part_lse_ptr, sinks_ptr, out_ptr,
+    num_items, num_splits,
+    stride_po_t, stride_po_split, stride_po_h,
+    stride_pl_t, stride_pl_split,
+    stride_o_t, stride_o_h,
+    H: tl.constexpr, D: tl.constexpr,
+    HEAD_BLOCKS: tl.constexpr,
+    BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
+    IDX64: tl.constexpr,
+):
+    """Items (token, BLOCK_H heads): merge the splits' partials in split order (online, one pass),
+    the sink joining the normaliser."""
+    pid = tl.program_id(0)
+    num_programs = tl.num_programs(0)
+    offs_d = tl.arange(0, BLOCK_D)
+    d_ok = offs_d < D
+    for item in range(pid, num_items, num_programs):
+        hb = item % HEAD_BLOCKS
+        t = item // HEAD_BLOCKS
+        if IDX64:
+            t = t.to(tl.int64)
+        offs_h = hb * BLOCK_H + tl.arange(0, BLOCK_H)
+        h_ok = offs_h < H
+        mask = h_ok[:, None] & d_ok[None, :]
+        # The sink starts the running normaliser: weight 1 at m = sink, no value.
+        m_i = tl.load(sinks_ptr + offs_h, mask=h_ok, other=0.0).to(tl.float32)
+        l_i = tl.where(m_i == float("-inf"), 0.0, 1.0)
+        acc = tl.zeros([BLOCK_H, BLOCK_D], dtype=tl.float32)
+        lse_rows = part_lse_ptr + t * stride_pl_t + offs_h
+        po_rows = part_out_ptr + t * stride_po_t + offs_h * stride_po_h
+        for k in range(num_splits):
+            lse = tl.load(lse_rows + k * stride_pl_split, mask=h_ok, other=float("-inf"))
+            # Every split writes its partial (zeros when it saw no row), so all are finite.
+            part = tl.load(po_rows[:, None] + k * stride_po_split + offs_d[None, :], mask=mask, other=0.0)
+            m_new = tl.maximum(m_i, lse)
+            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+            alpha = tl.exp(m_i - m_safe)
+            w = tl.exp(lse - m_safe)
+            acc = acc * alpha[:, None] + w[:, None] * part
+            l_i = l_i * alpha + w
+            m_i = m_new
+        out = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
+        o_rows = out_ptr + t * stride_o_t + offs_h * stride_o_h
+        tl.store(o_rows[:, None] + offs_d[None, :], to_output(out, out_ptr), mask=mask)
+
+
+def _tile_bytes(block_h: int, block_n: int, block_d: int, e_dot: int, q_chunk: int) -> int:
+    """On-chip bytes of every live tile of one attention program (see the module docstring)."""
+    acc = block_h * block_d * 4
+    scores = block_h * block_n * (4 + e_dot)
+    if q_chunk == 0:
+        return block_n * block_d * e_dot + block_h * block_d * e_dot + acc + scores
+    return block_n * block_d * e_dot + (block_n + block_h) * q_chunk * e_dot + acc + scores
+
+
+@lru_cache(maxsize=256)
+def _tiles(heads: int, block_d: int, e_dot: int, budget: int) -> tuple[int, int, int]:
+    """(BLOCK_H, BLOCK_N, Q_CHUNK) that fit `budget` bytes: the most heads per block first (fewer
+    re-reads of the rows), then the longest row block of at least 32 rows; 16 rows and then
+    D-chunked scores only when nothing else fits."""
+    heads_options = [h for h in (64, 32, 16) if h <= max(16, next_power_of_2(heads))]
+    for chunk in (0, min(128, block_d)):
+        for candidates in ([(h, n) for h in heads_options for n in (128, 64, 32)], [(h, 16) for h in heads_options]):
+            for block_h, block_n in candidates:
+                if _tile_bytes(block_h, block_n, block_d, e_dot, chunk) <= budget:
+                    return block_h, block_n, chunk
+    return 16, 16, min(64, block_d)
+
+
+def plan(tokens: int, heads: int, dim: int, width: int, extra_width: int, e_dot: int, num_splits: int | None = None) -> dict:
+    """Tiles and split count from host-known shapes only (width, extra_width: the lists' K, K2)."""
+    dev = current()
+    block_d = max(16, next_power_of_2(dim))
+    block_h, block_n, q_chunk = _tiles(heads, block_d, e_dot, dev.ub_bytes // 2)
+    head_blocks = cdiv(heads, block_h)
+    blocks = max(1, cdiv(width, block_n) + cdiv(extra_width, block_n))
+    if num_splits is None:
+        limit = min(MAX_SPLITS, blocks, max(1, (width + extra_width) // MIN_ROWS_PER_SPLIT))
+        num_splits = pick_splits(tokens * head_blocks, dev.num_aicore, limit)
+    per_split = cdiv(blocks, max(1, min(int(num_splits), blocks)))
+    return {
+        "BLOCK_H": block_h, "BLOCK_N": block_n, "Q_CHUNK": q_chunk, "BLOCK_D": block_d,
+        "head_blocks": head_blocks, "blocks_per_split": per_split, "num_splits": cdiv(blocks, per_split),
+        "bytes": _tile_bytes(block_h, block_n, block_d, e_dot, q_chunk),
+    }
+
+
+def launch_sparse_attention(
+    q: torch.Tensor,
+    kv: torch.Tensor,
+    indices: torch.Tensor,
+    sinks: torch.Tensor,
+    softmax_scale: float,
+    extra_kv: torch.Tensor | None = None,
+    extra_indices: torch.Tensor | None = None,
+    *,
+    num_splits: int | None = None,
+) -> torch.Tensor:
+    """sparse_attention with an optional forced split count (tests use it to exercise the combine)."""
+    sparse_ops.check_sparse_attention_shapes(q, kv, indices, sinks, extra_kv, extra_indices)
+    tokens, heads, dim = q.shape
+    out = torch.empty(tokens, heads, dim, dtype=q.dtype, device=q.device)
+    if tokens == 0 or heads == 0 or dim == 0:
+        return out
+    if q.stride(-1) != 1:
+        q = q.contiguous()
+    if kv.stride(-1) != 1:
+        kv = kv.contiguous()
+    if indices.stride(-1) != 1:
+        indices = indices.contiguous()
+    if sinks.stride(-1) != 1:
+        sinks = sinks.contiguous()
+    has_extra = extra_kv is not None
+    if has_extra:
+        if extra_kv.stride(-1) != 1:
+            extra_kv = extra_kv.contiguous()
+        if extra_indices.stride(-1) != 1:
+            extra_indices = extra_indices.contiguous()
+        xkv, xidx, width2 = extra_kv, extra_indices, extra_indices.shape[1]
+    else:
+        xkv, xidx, width2 = kv, indices, 0  # unused placeholders
+    dtypes = {q.dtype, kv.dtype, xkv.dtype}
+    dot_f32 = torch.float32 in dtypes or len(dtypes) > 1
+    e_dot = 4 if dot_f32 else q.element_size()
+    cfg = plan(tokens, heads, dim, indices.shape[1], width2, e_dot, num_splits)
+    splits = cfg["num_splits"]
+    direct = splits == 1
+    if direct:
+        part_out = part_lse = out  # unused
+        po_strides, pl_strides = (0, 0, 0), (0, 0)
+    else:
+        part_out = torch.empty(tokens, splits, heads, dim, dtype=torch.float32, device=q.device)
+        part_lse = torch.empty(tokens, splits, heads, dtype=torch.float32, device=q.device)
+        po_strides = (part_out.stride(0), part_out.stride(1), part_out.stride(2))
+        pl_strides = (part_lse.stride(0), part_lse.stride(1))
+    # (+ a row stride: offsets are formed before the mask drops them)
+    idx64 = max(t.numel() + t.stride(0) for t in (q, kv, xkv, indices, xidx, out, part_out)) >= INT32_LIMIT
+    items = tokens * splits * cfg["head_blocks"]
+    _sparse_attention_kernel[(cube_grid(items),)](
+        q, kv, indices, xkv, xidx, sinks,
+        out, part_out, part_lse,
+        float(softmax_scale),
+        indices.shape[1], width2,
+        items, splits, cfg["blocks_per_split"],
+        q.stride(0), q.stride(1),
+        kv.stride(0), indices.stride(0),
+        xkv.stride(0), xidx.stride(0),
+        out.stride(0), out.stride(1),
+        *po_strides,
+        *pl_strides,
+        H=heads, D=dim,
+        HEAD_BLOCKS=cfg["head_blocks"],
+        BLOCK_H=cfg["BLOCK_H"], BLOCK_N=cfg["BLOCK_N"], BLOCK_D=cfg["BLOCK_D"],
+        Q_CHUNK=cfg["Q_CHUNK"],
+        HAS_EXTRA=has_extra,
+        DIRECT=direct,
+        DOT_F32=dot_f32 or upcast_dot(),
+        DOT_PRECISION=dot_precision(dot_f32 or upcast_dot()),
+        IDX64=idx64,
+        **launch_options(),
+    )
+    if not direct:
+        combine_h = min(COMBINE_H, next_power_of_2(heads))
+        head_blocks = cdiv(heads, combine_h)
+        combine_items = tokens * head_blocks
+        _sparse_attention_combine_kernel[(vector_grid(combine_items),)](
+            part_out, part_lse, sinks, out,
+            combine_items, splits,
+            *po_strides,
+            *pl_strides,
+            out.stride(0), out.stride(1),
+            H=heads, D=dim,
+            HEAD_BLOCKS=head_blocks,
+            BLOCK_H=combine_h, BLOCK_D=cfg["BLOCK_D"],
+            IDX64=idx64,
+            **launch_options(),
+        )
+    return out
+
+
+def sparse_attention(
+    q: torch.Tensor,
+    kv: torch.Tensor,
+    indices: torch.Tensor,
+    sinks: torch.Tensor,
+    *,
+    softmax_scale: float,
+    extra_kv: torch.Tensor | None = None,
+    extra_indices: torch.Tensor | None = None,
+) -> torch.Tensor:
+    return launch_sparse_attention(q, kv, indices, sinks, softmax_scale, extra_kv, extra_indices)
+
+
+REGISTRATIONS = [
+    Registration(
+        op="sparse_attention",
+        fn=sparse_attention,
+        dtypes=(torch.float32, torch.bfloat16, torch.float16),
+        note="Triton (ascend) heads as M over gathered row blocks, persistent cube grid over (token, split, head block), deterministic combine",
+    )
+]

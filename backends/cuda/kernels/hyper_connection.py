@@ -1,0 +1,371 @@
+"""Triton kernels: hc_pre and hc_post (DeepSeek-V4's manifold-constrained hyper-connections).
+
+hc_pre, per token t (x_t: N streams of D, flattened to K = N*D; W = (2+N)N mixing logits):
+
+    m[t, w] = rsqrt(mean(x_t^2) + norm_eps) * sum_k x_t[k] * fn[w, k]
+
+then pre = sigmoid, post = 2 sigmoid, comb = row softmax + Sinkhorn-Knopp on the N x N block, and
+layer_input[t] = sum_n pre[t, n] * x[t, n]. The norm factors out of the dot, so ONE pass over x_t
+yields both the sum of squares and the W projections; the mixings (a few dozen numbers per token)
+are computed in registers; a second pass over x_t collapses the streams (pre needs the whole dot).
+
+A program owns BLOCK_T tokens: each fn chunk it loads serves all of them (fn is W x K = 1.5 MB
+for V4-Flash; re-reading it per token would cost far more than x). The projection is a float32
+tl.dot [BLOCK_T, BLOCK_K] x [BLOCK_K, W_PAD] (fn^T chunk) with input_precision "ieee": CUDA-core
+FMAs (tf32 would break float32's tolerance; W = 24 is padded to 32 columns, and bfloat16 x is
+converted to float32 first since fn is float32). float64 x (a test dtype) uses a broadcast
+multiply reduced per chunk instead. The reduction order is fixed: K is cut into segments of SEG
+elements (whole chunks); within a segment the dot accumulates the chunks in order and the squares
+accumulate per lane (reduced across lanes at the segment's end); the segments are added in order.
+Two launch shapes compute the same numbers:
+
+  * fused (at least one token tile per SM, i.e. prefill): grid (token tiles,), one kernel does the
+    projection over all segments, the mixings, and the collapse.
+  * split (decode and mid-size batches: one program per token tile would leave most SMs idle while
+    it streams all of fn): `_hc_pre_mix_kernel` with grid (token tiles, splits) writes every
+    segment's partial (float32 [segments, T, W_PAD] and the sum of squares [segments, T]);
+    `_hc_pre_kernel` with grid (token tiles, D splits) sums them in segment order, recomputes the
+    (cheap) mixings in every D split, stores post/comb from the first one and collapses its share
+    of D. (Partials are float64 for float64 x.)
+
+The N x N block is taken out of the W_PAD logits by a masked sum (exact) and reshaped to
+[BLOCK_T, N_PAD, N_PAD]; padding (N not a power of two) is masked to zero so Sinkhorn's sums see
+only the N x N block. Math in float32; post and comb are stored float32. float64 x (a test dtype)
+is computed and returned in float64 throughout, post and comb included, as the reference does.
+
+hc_post: out[t, k] = post[t, k] * y[t] + sum_j comb[t, j, k] * x[t, j]: memory-bound, grid
+(token tiles, D tiles), each program reads y and the N streams of its tile once and writes the N
+output streams; the sum over j runs in order j = 0..N-1.
+
+The wrappers read only shapes and strides: no host synchronisation (CUDA-graph safe).
+
+Deviation (interpreter only): under TRITON_INTERPRET=1 a tile is 16 tokens (the interpreter's dot
+is a slow numpy matmul), a chunk is a whole segment and the collapse steps are 2048 wide (the
+interpreter pays per operation and per jit-function call, tl.sum included, not per element), and
+at most two D splits repeat the mixings.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from deepinfer.ops import hyper_connection as hc_ops
+from deepinfer.triton_common import cdiv, interpreting, next_power_of_2, to_bf16_rne
+from deepinfer_cuda.kernels.common import Registration, num_sms
+
+# hc_pre launch constants (the best of the H200 configurations tried: 16/32/64 tokens, chunks of 32/64,
+# 4/8 warps). BLOCK_K and SEG are fixed so that a token's numbers do not depend on the batch.
+_PRE_BLOCK_T = 32  # tokens per program (the dot's M)
+_PRE_BLOCK_K = 64  # projection chunk (elements of the flattened streams)
+_PRE_SEG = 1024  # reduction segment: the unit of the split launch
+_PRE_BLOCK_D = 128  # collapse chunk: [BLOCK_T, N_PAD, BLOCK_D] per step
+_PRE_WARPS = 4
+_PRE_STAGES = 3
+_PRE_FILL = 2  # programs per SM the split launch aims for
+_INTERP_BLOCK_D = 2048  # collapse chunk under the interpreter
+# hc_post launch constants.
+_POST_TILE = 4096  # output elements per program
+_POST_MAX_BLOCK_D = 1024
+_POST_WARPS = 4
+
+
+@triton.jit
+def _to_out(v, out_ptr, MANUAL_RNE: tl.constexpr):
+    """v in out_ptr's element type; bfloat16 rounded to nearest even by hand under the interpreter (its cast truncates)."""
+    if MANUAL_RNE:
+        r = to_bf16_rne(v.to(tl.float32))
+    else:
+        r = v.to(out_ptr.dtype.element_ty)
+    return r
+
+
+@triton.jit
+def _segment_partial(
+    x_ptr, fn_ptr, toks, t_ok, stride_t, stride_fn, k_lo, k_hi,
+    ACC: tl.constexpr, W: tl.constexpr, BLOCK_T: tl.constexpr, W_PAD: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
+    USE_DOT: tl.constexpr,
+):
+    """(sum_k x[t, k] fn[w, k], sum_k x[t, k]^2) over k in [k_lo, k_hi): the products accumulate
+    chunk by chunk in order (float32 dot, "ieee"), the squares per lane, reduced at the end."""
+    w = tl.arange(0, W_PAD)
+    kk = tl.arange(0, BLOCK_K)
+    w_ok = w < W
+    acc = tl.zeros([BLOCK_T, W_PAD], ACC)
+    sq = tl.zeros([BLOCK_T, BLOCK_K], ACC)
+    x_ptrs = x_ptr + toks[:, None] * stride_t + (k_lo + kk)[None, :]
+    f_ptrs = fn_ptr + w[None, :] * stride_fn + (k_lo + kk)[:, None]  # fn^T chunk [BLOCK_K, W_PAD]
+    for k0 in range(k_lo, k_hi, BLOCK_K):
+        if EVEN_K:  # whole chunks: token / row masks only
+            xt = tl.load(x_ptrs, mask=t_ok[:, None], other=0.0).to(ACC)
+            ft = tl.load(f_ptrs, mask=w_ok[None, :], other=0.0).to(ACC)
+        else:
+            k_ok = k0 + kk < k_hi
+            xt = tl.load(x_ptrs, mask=t_ok[:, None] & k_ok[None, :], other=0.0).to(ACC)
+            ft = tl.load(f_ptrs, mask=k_ok[:, None] & w_ok[None, :], other=0.0).to(ACC)
+        if USE_DOT:
+            acc = tl.dot(xt, ft, acc, input_precision="ieee")
+        else:  # float64 (a test dtype): broadcast multiply, reduced per chunk
+            acc += tl.sum(xt[:, :, None] * ft[None, :, :], axis=1)
+        sq += xt * xt
+        x_ptrs += BLOCK_K
+        f_ptrs += BLOCK_K
+    return acc, tl.sum(sq, axis=1)
+
+
+@triton.jit
+def _hc_pre_mix_kernel(
+    x_ptr, fn_ptr, part_ptr, part_ss_ptr,
+    T, K, seg_per_split, stride_t, stride_fn,
+    ACC: tl.constexpr, W: tl.constexpr, BLOCK_T: tl.constexpr, W_PAD: tl.constexpr, BLOCK_K: tl.constexpr, SEG: tl.constexpr,
+    EVEN_K: tl.constexpr, USE_DOT: tl.constexpr,
+):
+    pid_t = tl.program_id(0)
+    pid_s = tl.program_id(1)
+    toks = (pid_t * BLOCK_T + tl.arange(0, BLOCK_T)).to(tl.int64)
+    t_ok = toks < T
+    w = tl.arange(0, W_PAD)
+    seg0 = pid_s * seg_per_split
+    for seg in range(seg0, tl.minimum(seg0 + seg_per_split, tl.cdiv(K, SEG))):
+        k_lo = seg * SEG
+        acc, ss = _segment_partial(
+            x_ptr, fn_ptr, toks, t_ok, stride_t, stride_fn, k_lo, tl.minimum(k_lo + SEG, K), ACC, W, BLOCK_T, W_PAD, BLOCK_K, EVEN_K, USE_DOT
+        )
+        row = seg * T + toks
+        tl.store(part_ptr + row[:, None] * W_PAD + w[None, :], acc.to(part_ptr.dtype.element_ty), mask=t_ok[:, None])
+        tl.store(part_ss_ptr + row, ss.to(part_ss_ptr.dtype.element_ty), mask=t_ok)
+
+
+@triton.jit
+def _mixings(
+    acc, ss, base_ptr, scale_ptr, K, norm_eps, hc_eps, sinkhorn_iters,
+    ACC: tl.constexpr, N: tl.constexpr, BLOCK_T: tl.constexpr, W_PAD: tl.constexpr, N_PAD: tl.constexpr,
+):
+    """pre [BLOCK_T, N_PAD], post [BLOCK_T, N_PAD], comb [BLOCK_T, N_PAD, N_PAD] from the raw
+    projections acc [BLOCK_T, W_PAD] and the sums of squares ss [BLOCK_T] (padding: zeros)."""
+    rstd = 1.0 / tl.sqrt(ss / K + norm_eps)
+    m = acc * rstd[:, None]
+    w = tl.arange(0, W_PAD)
+    n = tl.arange(0, N_PAD)
+    n_ok = n < N
+    s0 = tl.load(scale_ptr).to(ACC)
+    s1 = tl.load(scale_ptr + 1).to(ACC)
+    s2 = tl.load(scale_ptr + 2).to(ACC)
+    m_pre = tl.sum(tl.where((w[None, :] == n[:, None])[None, :, :], m[:, None, :], 0.0), axis=2)
+    m_post = tl.sum(tl.where((w[None, :] == (N + n)[:, None])[None, :, :], m[:, None, :], 0.0), axis=2)
+    b_pre = tl.load(base_ptr + n, mask=n_ok, other=0.0).to(ACC)
+    b_post = tl.load(base_ptr + N + n, mask=n_ok, other=0.0).to(ACC)
+    pre = tl.where(n_ok[None, :], 1.0 / (1.0 + tl.exp(-(m_pre * s0 + b_pre[None, :]))) + hc_eps, 0.0)
+    post = 2.0 / (1.0 + tl.exp(-(m_post * s1 + b_post[None, :])))
+    # comb: logits 2N + i*N + j -> flat e = i*N_PAD + j -> [BLOCK_T, N_PAD, N_PAD]
+    e = tl.arange(0, N_PAD * N_PAD)
+    e_ok = (e // N_PAD < N) & (e % N_PAD < N)
+    col = 2 * N + (e // N_PAD) * N + e % N_PAD
+    m_comb = tl.sum(tl.where(((w[None, :] == col[:, None]) & e_ok[:, None])[None, :, :], m[:, None, :], 0.0), axis=2)
+    b_comb = tl.load(base_ptr + col, mask=e_ok, other=0.0).to(ACC)
+    z = tl.reshape(m_comb * s2 + b_comb[None, :], [BLOCK_T, N_PAD, N_PAD])
+    valid = (n_ok[:, None] & n_ok[None, :])[None, :, :]
+    z = tl.where(valid, z, -1.0e30)
+    ez = tl.where(valid, tl.exp(z - tl.max(z, axis=2)[:, :, None]), 0.0)
+    row_sum = tl.where(n_ok[None, :], tl.sum(ez, axis=2), 1.0)
+    c = tl.where(valid, ez / row_sum[:, :, None] + hc_eps, 0.0)
+    c = c / (tl.sum(c, axis=1)[:, None, :] + hc_eps)
+    for _ in range(1, sinkhorn_iters):
+        c = c / (tl.sum(c, axis=2)[:, :, None] + hc_eps)
+        c = c / (tl.sum(c, axis=1)[:, None, :] + hc_eps)
+    return pre, post, c
+
+
+@triton.jit
+def _hc_pre_kernel(
+    x_ptr, fn_ptr, base_ptr, scale_ptr, part_ptr, part_ss_ptr,
+    out_ptr, post_ptr, comb_ptr,
+    T, D, d_per_split, stride_t, stride_fn, stride_out,
+    norm_eps, hc_eps, sinkhorn_iters,
+    FUSED: tl.constexpr, ACC: tl.constexpr, N: tl.constexpr, MANUAL_RNE: tl.constexpr,
+    BLOCK_T: tl.constexpr, W_PAD: tl.constexpr, N_PAD: tl.constexpr, BLOCK_K: tl.constexpr, SEG: tl.constexpr, EVEN_K: tl.constexpr,
+    USE_DOT: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    pid_t = tl.program_id(0)
+    pid_d = tl.program_id(1)
+    toks = (pid_t * BLOCK_T + tl.arange(0, BLOCK_T)).to(tl.int64)
+    t_ok = toks < T
+    K = N * D
+    w = tl.arange(0, W_PAD)
+    acc = tl.zeros([BLOCK_T, W_PAD], ACC)
+    ss = tl.zeros([BLOCK_T], ACC)
+    for seg in range(0, tl.cdiv(K, SEG)):
+        if FUSED:
+            k_lo = seg * SEG
+            seg_acc, seg_ss = _segment_partial(
+                x_ptr, fn_ptr, toks, t_ok, stride_t, stride_fn, k_lo, tl.minimum(k_lo + SEG, K), ACC, (2 + N) * N, BLOCK_T, W_PAD, BLOCK_K, EVEN_K, USE_DOT
+            )
+        else:
+            row = seg * T + toks
+            seg_acc = tl.load(part_ptr + row[:, None] * W_PAD + w[None, :], mask=t_ok[:, None], other=0.0).to(ACC)
+            seg_ss = tl.load(part_ss_ptr + row, mask=t_ok, other=0.0).to(ACC)
+        acc += seg_acc
+        ss += seg_ss
+    pre, post, comb = _mixings(acc, ss, base_ptr, scale_ptr, K, norm_eps, hc_eps, sinkhorn_iters, ACC, N, BLOCK_T, W_PAD, N_PAD)
+    n = tl.arange(0, N_PAD)
+    n_ok = n < N
+    if pid_d == 0:
+        tl.store(post_ptr + toks[:, None] * N + n[None, :], post.to(post_ptr.dtype.element_ty), mask=t_ok[:, None] & n_ok[None, :])
+        ij = n[:, None] * N + n[None, :]
+        tl.store(comb_ptr + toks[:, None, None] * (N * N) + ij[None, :, :], comb.to(comb_ptr.dtype.element_ty),
+                 mask=t_ok[:, None, None] & (n_ok[:, None] & n_ok[None, :])[None, :, :])
+    d_lo = pid_d * d_per_split
+    d_hi = tl.minimum(d_lo + d_per_split, D)
+    dd = tl.arange(0, BLOCK_D)
+    for d0 in range(d_lo, d_hi, BLOCK_D):
+        d = d0 + dd
+        d_ok = d < d_hi
+        xt = tl.load(x_ptr + toks[:, None, None] * stride_t + (n[None, :, None] * D + d[None, None, :]),
+                     mask=t_ok[:, None, None] & n_ok[None, :, None] & d_ok[None, None, :], other=0.0).to(ACC)
+        li = tl.sum(xt * pre[:, :, None], axis=1)
+        tl.store(out_ptr + toks[:, None] * stride_out + d[None, :], _to_out(li, out_ptr, MANUAL_RNE), mask=t_ok[:, None] & d_ok[None, :])
+
+
+def _manual_rne(dtype: torch.dtype) -> bool:
+    return dtype == torch.bfloat16 and interpreting()
+
+
+def _acc(dtype: torch.dtype):
+    return tl.float64 if dtype == torch.float64 else tl.float32
+
+
+def hc_pre(
+    x: torch.Tensor,
+    fn: torch.Tensor,
+    base: torch.Tensor,
+    scale: torch.Tensor,
+    *,
+    norm_eps: float,
+    hc_eps: float,
+    sinkhorn_iters: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    hc_ops.check_hc_pre_shapes(x, fn, base, scale)
+    T, N, D = x.shape
+    K, W = N * D, (2 + N) * N
+    if T == 0 or D == 0:
+        return hc_ops.hc_pre(x, fn, base, scale, norm_eps=norm_eps, hc_eps=hc_eps, sinkhorn_iters=sinkhorn_iters)
+    if x.stride(2) != 1 or x.stride(1) != D:
+        x = x.contiguous()
+    fn = fn if fn.stride(1) == 1 else fn.contiguous()
+    base, scale = base.contiguous(), scale.contiguous()
+    out = torch.empty(T, D, dtype=x.dtype, device=x.device)
+    mix_dtype = torch.float64 if x.dtype == torch.float64 else torch.float32  # the reference's: float32, float64 for float64 x
+    post = torch.empty(T, N, dtype=mix_dtype, device=x.device)
+    comb = torch.empty(T, N, N, dtype=mix_dtype, device=x.device)
+    w_pad, n_pad = max(16, next_power_of_2(W)), next_power_of_2(N)  # a dot's N >= 16
+    interp = interpreting()
+    # float64: no dot, a smaller broadcast tile. The interpreter: the dot's smallest M (its numpy
+    # matmul is slow per element), whole segments per step (it pays per operation and per
+    # jit-function call, tl.sum included, not per element).
+    block_t = 8 if x.dtype == torch.float64 else 16 if interp else _PRE_BLOCK_T
+    block_k = _PRE_SEG if interp else _PRE_BLOCK_K
+    tiles = cdiv(T, block_t)
+    segments = cdiv(K, _PRE_SEG)
+    sms = num_sms(x.device)
+    target = _PRE_FILL * sms
+    block_d = _INTERP_BLOCK_D if interp else _PRE_BLOCK_D
+    common = dict(ACC=_acc(x.dtype), BLOCK_T=block_t, W_PAD=w_pad, BLOCK_K=block_k, SEG=_PRE_SEG, EVEN_K=K % _PRE_SEG == 0,
+                  USE_DOT=x.dtype != torch.float64, num_warps=_PRE_WARPS, num_stages=_PRE_STAGES)
+    fused = tiles >= sms or segments == 1
+    if fused:
+        part = part_ss = post  # unused
+        grid, d_per_split = (tiles, 1), D
+    else:
+        splits = min(segments, cdiv(target, tiles))
+        seg_per_split = cdiv(segments, splits)
+        part = torch.empty(segments, T, w_pad, dtype=mix_dtype, device=x.device)
+        part_ss = torch.empty(segments, T, dtype=mix_dtype, device=x.device)
+        _hc_pre_mix_kernel[(tiles, cdiv(segments, seg_per_split))](
+            x, fn, part, part_ss, T, K, seg_per_split, x.stride(0), fn.stride(0), W=W, **common
+        )
+        # every D split repeats the (cheap on a GPU) mixings; the interpreter keeps to two
+        d_splits = max(1, min(cdiv(target, tiles), cdiv(D, block_d), 2 if interp else D))
+        d_per_split = cdiv(cdiv(D, d_splits), block_d) * block_d
+        grid = (tiles, cdiv(D, d_per_split))
+    _hc_pre_kernel[grid](
+        x, fn, base, scale, part, part_ss, out, post, comb,
+        T, D, d_per_split, x.stride(0), fn.stride(0), out.stride(0),
+        float(norm_eps), float(hc_eps), int(sinkhorn_iters),
+        FUSED=fused, N=N, N_PAD=n_pad, MANUAL_RNE=_manual_rne(x.dtype), BLOCK_D=block_d, **common,
+    )
+    return out, post, comb
+
+
+@triton.jit
+def _hc_post_kernel(
+    y_ptr, x_ptr, post_ptr, comb_ptr, out_ptr,
+    T, D, stride_y, stride_x, stride_out,
+    ACC: tl.constexpr, N: tl.constexpr, N_PAD: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, MANUAL_RNE: tl.constexpr,
+):
+    pid_t = tl.program_id(0)
+    pid_d = tl.program_id(1)
+    toks = (pid_t * BLOCK_T + tl.arange(0, BLOCK_T)).to(tl.int64)
+    t_ok = toks < T
+    k = tl.arange(0, N_PAD)
+    k_ok = k < N
+    d = pid_d * BLOCK_D + tl.arange(0, BLOCK_D)
+    d_ok = d < D
+    td_ok = t_ok[:, None] & d_ok[None, :]
+    tk_ok = t_ok[:, None] & k_ok[None, :]
+    y = tl.load(y_ptr + toks[:, None] * stride_y + d[None, :], mask=td_ok, other=0.0).to(ACC)
+    post = tl.load(post_ptr + toks[:, None] * N + k[None, :], mask=tk_ok, other=0.0).to(ACC)
+    out = post[:, :, None] * y[:, None, :]
+    for j in tl.static_range(N):
+        xj = tl.load(x_ptr + toks[:, None] * stride_x + (j * D + d)[None, :], mask=td_ok, other=0.0).to(ACC)
+        cj = tl.load(comb_ptr + toks[:, None] * (N * N) + (j * N + k)[None, :], mask=tk_ok, other=0.0).to(ACC)
+        out += cj[:, :, None] * xj[:, None, :]
+    tl.store(out_ptr + toks[:, None, None] * stride_out + (k[:, None] * D + d[None, :])[None, :, :], _to_out(out, out_ptr, MANUAL_RNE),
+             mask=tk_ok[:, :, None] & d_ok[None, None, :])
+
+
+def _check_hc_post_shapes(y, x, post, comb) -> None:
+    # deepinfer.ops.hyper_connection has no shared check for hc_post: the reference's own test, verbatim.
+    if x.dim() != 3 or y.shape != (x.shape[0], x.shape[2]) or post.shape != x.shape[:2] or comb.shape != (x.shape[0], x.shape[1], x.shape[1]):
+        raise ValueError(
+            "hc_post wants y [T, D], x [T, N, D], post [T, N], comb [T, N, N]; "
+            f"got {tuple(y.shape)}, {tuple(x.shape)}, {tuple(post.shape)}, {tuple(comb.shape)}"
+        )
+
+
+def hc_post(y: torch.Tensor, x: torch.Tensor, post: torch.Tensor, comb: torch.Tensor) -> torch.Tensor:
+    _check_hc_post_shapes(y, x, post, comb)
+    T, N, D = x.shape
+    out = torch.empty(T, N, D, dtype=x.dtype, device=x.device)
+    if T == 0 or D == 0:
+        return out
+    if x.stride(2) != 1 or x.stride(1) != D:
+        x = x.contiguous()
+    y = y if y.stride(1) == 1 else y.contiguous()
+    post, comb = post.contiguous(), comb.contiguous()
+    n_pad = next_power_of_2(N)
+    block_d = min(next_power_of_2(D), _POST_MAX_BLOCK_D)
+    block_t = max(1, min(next_power_of_2(T), _POST_TILE // (n_pad * block_d)))
+    _hc_post_kernel[(cdiv(T, block_t), cdiv(D, block_d))](
+        y, x, post, comb, out, T, D, y.stride(0), x.stride(0), out.stride(0),
+        ACC=_acc(x.dtype), N=N, N_PAD=n_pad, BLOCK_T=block_t, BLOCK_D=block_d, MANUAL_RNE=_manual_rne(x.dtype), num_warps=_POST_WARPS,
+    )
+    return out
+
+
+_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
+
+REGISTRATIONS = [
+    Registration(
+        op="hc_pre",
+        fn=hc_pre,
+        dtypes=_DTYPES,
+        note="Triton: token tiles, one pass for norm + projection, Sinkhorn in registers, collapse; split-K partials for few tokens",
+    ),
+    Registration(
+        op="hc_post",
+        fn=hc_post,
+        dtypes=_DTYPES,
+        note="Triton: (token, D) tiles, post * y + comb-mixed streams in one pass",
+    ),
+]

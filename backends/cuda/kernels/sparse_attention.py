@@ -1,0 +1,366 @@
+"""Triton kernels: sparse_attention (DeepSeek-V4's shared-KV multi-query attention over listed cache
+rows, with a per-head attention sink).
+
+Every head of a query token attends to the same rows (keys and values are one row), so a program
+takes a block of BLOCK_H heads of one token as the M dimension of its matrix products and reads
+each gathered row block ONCE for all of them (FlashMLA's sparse decoding, in Triton):
+
+    ids       = indices[t, n0 : n0 + BLOCK_N]                      (-1: no row, masked)
+    tile[N,D] = kv[ids]                                            (row gather, 16-byte vectors)
+    scores    = q[t, heads] @ tile^T * scale                       [BLOCK_H, BLOCK_N] (tensor cores)
+    acc      += softmax-weights @ tile                             [BLOCK_H, D] (the same tile as V)
+
+with an online (log-sum-exp, base 2) softmax in float32 in between. The window's list (indices
+over kv) and the compressed entries' list (extra_indices over extra_kv) run as one sequence of row
+blocks through the same running max / sum / accumulator, so they share one softmax; the sink
+joins only the final normaliser: with M = max(m, sink),
+    out = acc * 2^(m - M) / (l * 2^(m - M) + 2^(sink - M)),
+which is zero for a query that listed no row (acc = l = 0) and never divides by zero.
+
+Grid: (T * head blocks, splits), head blocks fastest: the head blocks of one token (H > 64) are
+neighbours in launch order and their row gathers hit L2. Splits: decode has T = batch, and T * head
+blocks programs may leave most SMs idle; then the token's row blocks (both lists, window first)
+are cut into `splits` runs of whole blocks, each program writes its normalised float32 partial and
+its log-sum-exp, and a combine kernel merges them in split order with the sink (deterministic).
+The split count comes from host-known shapes only (T, H, the lists' widths, the SM count), never
+from the ids, so the launch is CUDA-graph safe and the wrapper never synchronises.
+
+Tiles (bf16/fp16): BLOCK_N = 64 rows, BLOCK_D = D rounded up to a power of two (the q block stays
+resident and the [BLOCK_N, D] tile feeds both products), and BLOCK_H by the grid's size: 64 heads
+(8 warps) once T * cdiv(H, 64) programs fill half the SMs (prefill, large decode batches: each row
+block is read once per token, twice for 128 heads, the second time from L2); otherwise 32 heads
+(4 warps), and 16 when even 16-head blocks give at most SMs / 8 programs (decode of a few tokens:
+the programs are latency-bound, and shorter ones finish sooner while the re-reads hit L2). Fewer
+heads than BLOCK_H are masked rows (tl.dot wants M >= 16). float32 inputs take input_precision
+"ieee" (no tf32 truncation; not on tensor cores) and 16-head, 32-row tiles. Row offsets are int64
+(a flat cache of V4's 512-wide rows passes 2^31 elements at 4M rows), as are the token offsets of
+q and out.
+
+Row ids must be < the cache's rows (the reference raises on larger ids; checking here would need
+a host synchronisation): the kernel does not check them.
+
+Deviations (interpreter only): dot operands are upcast to float32 under TRITON_INTERPRET=1
+(deepinfer.triton_common.upcast_dot); bf16 outputs are rounded to nearest even by bit arithmetic
+(the interpreter truncates float32 -> bfloat16 casts; a GPU rounds to nearest even).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from deepinfer.ops import sparse_attention as sparse_ops
+from deepinfer.triton_common import cdiv, interpreting, next_power_of_2, pick_splits, to_bf16_rne, upcast_dot
+from deepinfer_cuda.kernels.common import Registration, dot_precision, num_sms
+
+LOG2E = 1.4426950408889634
+
+# Launch constants (bf16/fp16 | float32 operands).
+BLOCK_H_MAX = 64  # heads per program on full grids: all of V4-Flash's 64; 128 heads run as two neighbouring blocks
+BLOCK_N_16 = 64  # rows per gathered tile, 16-bit operands: [64, 512] bf16 = 64 KiB
+BLOCK_H_F32 = 16  # float32 operands: [16, 512] float32 q + [32, 512] float32 tile + [16, 512] acc
+BLOCK_N_F32 = 32
+NUM_STAGES = 2
+CTAS_PER_SM = 1  # a 64-head program holds a [64, 512] float32 accumulator: one per SM
+MIN_ROWS_PER_SPLIT = 128  # a split's partial write (BLOCK_H * D * 4 bytes) stays small next to its reads
+MAX_SPLITS = 32
+COMBINE_H = 16  # heads per combine program: [16, D] float32 accumulator
+COMBINE_WARPS = 4
+
+
+@triton.jit
+def _attend(
+    q, m_i, l_i, acc, kv_ptr, idx_row, width, stride_kv, blk_lo, blk_hi, qk_scale,
+    arange_n, offs_d, d_ok,
+    BLOCK_N: tl.constexpr, DOT_F32: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):
+    """Fold the row blocks blk_lo .. blk_hi - 1 of one index list into the running (m, l, acc)."""
+    for blk in range(blk_lo, blk_hi):
+        offs_n = blk * BLOCK_N + arange_n
+        ids = tl.load(idx_row + offs_n, mask=offs_n < width, other=-1)
+        ok = ids >= 0
+        rows = kv_ptr + tl.where(ok, ids, 0).to(tl.int64) * stride_kv
+        tile = tl.load(rows[:, None] + offs_d[None, :], mask=ok[:, None] & d_ok[None, :], other=0.0)
+        if DOT_F32:
+            tile = tile.to(tl.float32)
+        scores = tl.dot(q, tl.trans(tile), input_precision=DOT_PRECISION) * qk_scale
+        scores = tl.where(ok[None, :], scores, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(scores, axis=1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp2(m_i - m_safe)
+        p = tl.exp2(scores - m_safe[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        acc = acc * alpha[:, None]
+        acc = tl.dot(p.to(tile.dtype), tile, acc, input_precision=DOT_PRECISION)
+        m_i = m_new
+    return m_i, l_i, acc
+
+
+@triton.jit
+def _store_out(ptrs, values, mask, MANUAL_RNE: tl.constexpr):
+    if MANUAL_RNE:
+        tl.store(ptrs, to_bf16_rne(values), mask=mask)
+    else:
+        tl.store(ptrs, values.to(ptrs.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _sparse_attention_kernel(
+    q_ptr, kv_ptr, idx_ptr, xkv_ptr, xidx_ptr, sinks_ptr,
+    out_ptr, part_out_ptr, part_lse_ptr,
+    qk_scale,  # softmax_scale * log2(e): scores live in the log2 domain
+    K, K2,  # widths of the two index lists
+    blocks_per_split,
+    stride_q_t, stride_q_h,
+    stride_kv, stride_idx_t,
+    stride_xkv, stride_xidx_t,
+    stride_o_t, stride_o_h,
+    stride_po_t, stride_po_split, stride_po_h,
+    stride_pl_t, stride_pl_split,
+    H: tl.constexpr, D: tl.constexpr,
+    HEAD_BLOCKS: tl.constexpr,
+    BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    HAS_EXTRA: tl.constexpr,
+    DIRECT: tl.constexpr,  # one split: normalise with the sink and write out, no partials
+    DOT_F32: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    MANUAL_RNE: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    split = tl.program_id(1)
+    hb = pid % HEAD_BLOCKS
+    t = (pid // HEAD_BLOCKS).to(tl.int64)
+
+    offs_h = hb * BLOCK_H + tl.arange(0, BLOCK_H)
+    h_ok = offs_h < H
+    offs_d = tl.arange(0, BLOCK_D)
+    d_ok = offs_d < D
+    arange_n = tl.arange(0, BLOCK_N)
+
+    q_rows = q_ptr + t * stride_q_t + offs_h.to(tl.int64) * stride_q_h
+    q = tl.load(q_rows[:, None] + offs_d[None, :], mask=h_ok[:, None] & d_ok[None, :], other=0.0)
+    if DOT_F32:
+        q = q.to(tl.float32)
+
+    m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_H, BLOCK_D], dtype=tl.float32)
+
+    # This split's row blocks, counted over the window's list and then the extra list.
+    nb1 = tl.cdiv(K, BLOCK_N)
+    lo = split * blocks_per_split
+    hi = lo + blocks_per_split
+    m_i, l_i, acc = _attend(
+        q, m_i, l_i, acc, kv_ptr, idx_ptr + t * stride_idx_t, K, stride_kv, lo, tl.minimum(hi, nb1), qk_scale,
+        arange_n, offs_d, d_ok, BLOCK_N, DOT_F32, DOT_PRECISION,
+    )
+    if HAS_EXTRA:
+        nb2 = tl.cdiv(K2, BLOCK_N)
+        m_i, l_i, acc = _attend(
+            q, m_i, l_i, acc, xkv_ptr, xidx_ptr + t * stride_xidx_t, K2, stride_xkv,
+            tl.maximum(lo - nb1, 0), tl.minimum(hi - nb1, nb2), qk_scale,
+            arange_n, offs_d, d_ok, BLOCK_N, DOT_F32, DOT_PRECISION,
+        )
+
+    mask = h_ok[:, None] & d_ok[None, :]
+    if DIRECT:
+        sink = tl.load(sinks_ptr + offs_h, mask=h_ok, other=0.0).to(tl.float32) * 1.4426950408889634
+        top = tl.maximum(m_i, sink)
+        top = tl.where(top == float("-inf"), 0.0, top)
+        w = tl.exp2(m_i - top)
+        denom = l_i * w + tl.exp2(sink - top)
+        out = acc * (w / tl.where(denom > 0.0, denom, 1.0))[:, None]
+        o_rows = out_ptr + t * stride_o_t + offs_h.to(tl.int64) * stride_o_h
+        _store_out(o_rows[:, None] + offs_d[None, :], out, mask, MANUAL_RNE)
+    else:
+        has = l_i > 0.0
+        out = acc / tl.where(has, l_i, 1.0)[:, None]
+        lse = tl.where(has, m_i + tl.log2(tl.where(has, l_i, 1.0)), float("-inf"))
+        po_rows = part_out_ptr + t * stride_po_t + split * stride_po_split + offs_h * stride_po_h
+        tl.store(po_rows[:, None] + offs_d[None, :], out, mask=mask)
+        tl.store(part_lse_ptr + t * stride_pl_t + split * stride_pl_split + offs_h, lse, mask=h_ok)
+
+
+@triton.jit
+def _sparse_attention_combine_kernel(
+    part_out_ptr, part_lse_ptr, sinks_ptr, out_ptr,
+    num_splits,
+    stride_po_t, stride_po_split, stride_po_h,
+    stride_pl_t, stride_pl_split,
+    stride_o_t, stride_o_h,
+    H: tl.constexpr, D: tl.constexpr,
+    HEAD_BLOCKS: tl.constexpr,
+    BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
+    MANUAL_RNE: tl.constexpr,
+):
+    """One program per (token, BLOCK_H heads): merge the splits' partials in split order, the sink
+    joining the normaliser."""
+    pid = tl.program_id(0)
+    hb = pid % HEAD_BLOCKS
+    t = (pid // HEAD_BLOCKS).to(tl.int64)
+    offs_h = hb * BLOCK_H + tl.arange(0, BLOCK_H)
+    h_ok = offs_h < H
+    offs_d = tl.arange(0, BLOCK_D)
+    mask = h_ok[:, None] & (offs_d < D)[None, :]
+    lse_rows = part_lse_ptr + t * stride_pl_t + offs_h
+    top = tl.load(sinks_ptr + offs_h, mask=h_ok, other=0.0).to(tl.float32) * 1.4426950408889634
+    sink = top
+    for k in range(num_splits):
+        top = tl.maximum(top, tl.load(lse_rows + k * stride_pl_split, mask=h_ok, other=float("-inf")))
+    top = tl.where(top == float("-inf"), 0.0, top)
+    denom = tl.exp2(sink - top)
+    acc = tl.zeros([BLOCK_H, BLOCK_D], dtype=tl.float32)
+    po_rows = part_out_ptr + t * stride_po_t + offs_h * stride_po_h
+    for k in range(num_splits):
+        w = tl.exp2(tl.load(lse_rows + k * stride_pl_split, mask=h_ok, other=float("-inf")) - top)
+        # Every split writes its partial (zeros when it saw no row), so all are finite.
+        part = tl.load(po_rows[:, None] + k * stride_po_split + offs_d[None, :], mask=mask, other=0.0)
+        denom += w
+        acc += w[:, None] * part
+    out = acc / tl.where(denom > 0.0, denom, 1.0)[:, None]
+    o_rows = out_ptr + t * stride_o_t + offs_h.to(tl.int64) * stride_o_h
+    _store_out(o_rows[:, None] + offs_d[None, :], out, mask, MANUAL_RNE)
+
+
+def plan(
+    tokens: int, heads: int, width: int, extra_width: int, dot_f32: bool, device: torch.device,
+    num_splits: int | None = None, overrides: dict | None = None,
+) -> dict:
+    """Tiles and split count from host-known shapes only (width, extra_width: the lists' K, K2).
+    `overrides` replaces BLOCK_H / BLOCK_N / num_warps / num_stages (the GPU sweep uses it)."""
+    sms = num_sms(device)
+    if dot_f32:
+        block_h, block_n, warps = BLOCK_H_F32, BLOCK_N_F32, 4
+    elif tokens * cdiv(heads, BLOCK_H_MAX) >= sms // 2:
+        block_h, block_n, warps = BLOCK_H_MAX, BLOCK_N_16, 8  # enough programs: each row block read once per token
+    elif tokens * cdiv(heads, 16) <= sms // 8:
+        block_h, block_n, warps = 16, BLOCK_N_16, 4  # a handful of tokens: shortest programs
+    else:
+        block_h, block_n, warps = 32, BLOCK_N_16, 4
+    cfg = {
+        "BLOCK_H": min(block_h, max(16, next_power_of_2(heads))), "BLOCK_N": block_n, "num_warps": warps,
+        "num_stages": NUM_STAGES, "ctas_per_sm": CTAS_PER_SM,
+    }
+    cfg.update(overrides or {})
+    head_blocks = cdiv(heads, cfg["BLOCK_H"])
+    blocks = max(1, cdiv(width, cfg["BLOCK_N"]) + cdiv(extra_width, cfg["BLOCK_N"]))
+    if num_splits is None:
+        limit = min(MAX_SPLITS, blocks, max(1, (width + extra_width) // MIN_ROWS_PER_SPLIT))
+        num_splits = pick_splits(tokens * head_blocks, cfg["ctas_per_sm"] * sms, limit)
+    per_split = cdiv(blocks, max(1, min(int(num_splits), blocks)))
+    return {**cfg, "head_blocks": head_blocks, "blocks_per_split": per_split, "num_splits": cdiv(blocks, per_split)}
+
+
+def launch_sparse_attention(
+    q: torch.Tensor,
+    kv: torch.Tensor,
+    indices: torch.Tensor,
+    sinks: torch.Tensor,
+    softmax_scale: float,
+    extra_kv: torch.Tensor | None = None,
+    extra_indices: torch.Tensor | None = None,
+    *,
+    num_splits: int | None = None,
+    overrides: dict | None = None,
+) -> torch.Tensor:
+    """sparse_attention with an optional forced split count (tests use it to exercise the combine)
+    and tile overrides (see `plan`)."""
+    sparse_ops.check_sparse_attention_shapes(q, kv, indices, sinks, extra_kv, extra_indices)
+    tokens, heads, dim = q.shape
+    out = torch.empty_like(q, memory_format=torch.contiguous_format)
+    if tokens == 0 or heads == 0 or dim == 0:
+        return out
+    if q.stride(-1) != 1:
+        q = q.contiguous()
+    if kv.stride(-1) != 1:
+        kv = kv.contiguous()
+    if indices.stride(-1) != 1:
+        indices = indices.contiguous()
+    if sinks.stride(-1) != 1:
+        sinks = sinks.contiguous()
+    has_extra = extra_kv is not None
+    if has_extra:
+        if extra_kv.stride(-1) != 1:
+            extra_kv = extra_kv.contiguous()
+        if extra_indices.stride(-1) != 1:
+            extra_indices = extra_indices.contiguous()
+        xkv, xidx, width2 = extra_kv, extra_indices, extra_indices.shape[1]
+    else:
+        xkv, xidx, width2 = kv, indices, 0  # unused placeholders
+    dtypes = {q.dtype, kv.dtype, xkv.dtype}
+    dot_f32 = torch.float32 in dtypes or len(dtypes) > 1
+    cfg = plan(tokens, heads, indices.shape[1], width2, dot_f32, q.device, num_splits, overrides)
+    splits = cfg["num_splits"]
+    direct = splits == 1
+    if direct:
+        part_out = part_lse = out  # unused
+        po_strides, pl_strides = (0, 0, 0), (0, 0)
+    else:
+        part_out = torch.empty(tokens, splits, heads, dim, dtype=torch.float32, device=q.device)
+        part_lse = torch.empty(tokens, splits, heads, dtype=torch.float32, device=q.device)
+        po_strides = (part_out.stride(0), part_out.stride(1), part_out.stride(2))
+        pl_strides = (part_lse.stride(0), part_lse.stride(1))
+    block_d = max(16, next_power_of_2(dim))
+    manual_rne = interpreting() and q.dtype == torch.bfloat16
+    _sparse_attention_kernel[(tokens * cfg["head_blocks"], splits)](
+        q, kv, indices, xkv, xidx, sinks,
+        out, part_out, part_lse,
+        float(softmax_scale) * LOG2E,
+        indices.shape[1], width2,
+        cfg["blocks_per_split"],
+        q.stride(0), q.stride(1),
+        kv.stride(0), indices.stride(0),
+        xkv.stride(0), xidx.stride(0),
+        out.stride(0), out.stride(1),
+        *po_strides,
+        *pl_strides,
+        H=heads, D=dim,
+        HEAD_BLOCKS=cfg["head_blocks"],
+        BLOCK_H=cfg["BLOCK_H"], BLOCK_N=cfg["BLOCK_N"], BLOCK_D=block_d,
+        HAS_EXTRA=has_extra,
+        DIRECT=direct,
+        DOT_F32=dot_f32 or upcast_dot(),
+        DOT_PRECISION=dot_precision(dot_f32 or upcast_dot()),
+        MANUAL_RNE=manual_rne,
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+    )
+    if not direct:
+        combine_h = min(COMBINE_H, next_power_of_2(heads))
+        head_blocks = cdiv(heads, combine_h)
+        _sparse_attention_combine_kernel[(tokens * head_blocks,)](
+            part_out, part_lse, sinks, out,
+            splits,
+            *po_strides,
+            *pl_strides,
+            out.stride(0), out.stride(1),
+            H=heads, D=dim,
+            HEAD_BLOCKS=head_blocks,
+            BLOCK_H=combine_h, BLOCK_D=block_d,
+            MANUAL_RNE=manual_rne,
+            num_warps=COMBINE_WARPS,
+        )
+    return out
+
+
+def sparse_attention(
+    q: torch.Tensor,
+    kv: torch.Tensor,
+    indices: torch.Tensor,
+    sinks: torch.Tensor,
+    *,
+    softmax_scale: float,
+    extra_kv: torch.Tensor | None = None,
+    extra_indices: torch.Tensor | None = None,
+) -> torch.Tensor:
+    return launch_sparse_attention(q, kv, indices, sinks, softmax_scale, extra_kv, extra_indices)
+
+
+REGISTRATIONS = [
+    Registration(
+        op="sparse_attention",
+        fn=sparse_attention,
+        dtypes=(torch.float32, torch.bfloat16, torch.float16),
+        note="Triton (heads as M over gathered row blocks, both lists in one online softmax, sink in the normaliser, split + combine)",
+    )
+]
