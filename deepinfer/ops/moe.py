@@ -50,7 +50,7 @@ def gate(
     num_experts = logits.shape[-1]
     check_gate_args(num_experts, top_k, score_func, correction_bias, n_group, topk_group)
     acc = torch.float64 if logits.dtype == torch.float64 else torch.float32
-    scores = _expert_scores(logits.to(acc), score_func)
+    scores = expert_scores(logits.to(acc), score_func)
     selection = scores if correction_bias is None else scores + correction_bias.to(acc)
     if n_group > 1:
         selection = _mask_losing_groups(selection, n_group, topk_group, by_top2=correction_bias is not None)
@@ -79,7 +79,8 @@ def check_gate_args(num_experts, top_k, score_func, correction_bias, n_group, to
         raise ValueError(f"correction_bias has shape {tuple(correction_bias.shape)}, expected ({num_experts},)")
 
 
-def _expert_scores(logits: torch.Tensor, score_func: str) -> torch.Tensor:
+def expert_scores(logits: torch.Tensor, score_func: str) -> torch.Tensor:
+    """The gate's per-expert scores (softmax | sigmoid | sqrt(softplus)); V4's hash routing weighs its table's experts by them."""
     if score_func == "softmax":
         return logits.softmax(dim=-1)
     if score_func == "sigmoid":

@@ -9,12 +9,12 @@ Weights are renormalised and scaled by routed_scaling_factor in both.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from deepinfer.model.deepseek_v4.config import HASH_MOE, V4Config
 from deepinfer.model.linear import FusedLinear
 from deepinfer.model.moe import stack_experts
 from deepinfer.model.weights import FLOAT32, LINEAR, TensorSpec, WeightStore
+from deepinfer.ops.moe import expert_scores
 
 INDEX = "index"  # an integer table (tid2eid), kept as int64
 EXPERT = "expert"  # a routed expert's projection: dense, FP8 block-scaled, or MXFP4 (packed) as stored
@@ -64,10 +64,7 @@ class V4MoE:
         # Hash routing: the experts come from the table; the scores only weigh them (torch glue:
         # a lookup and a gather, nothing a backend would fuse on its own).
         ids = self.tid2eid[input_ids].long()
-        if c.scoring_func == "sqrtsoftplus":
-            scores = torch.sqrt(F.softplus(logits))
-        else:
-            scores = torch.sigmoid(logits) if c.scoring_func == "sigmoid" else logits.softmax(-1)
+        scores = expert_scores(logits, c.scoring_func)  # the gate op's own scoring
         weights = scores.gather(1, ids)
         weights = weights / weights.sum(dim=-1, keepdim=True)
         return weights * c.routed_scaling_factor, ids.to(torch.int32)

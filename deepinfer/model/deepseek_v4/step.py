@@ -106,10 +106,10 @@ def _plan_compressor(seqs: list[SeqStep], ratio: int, overlap: bool, block_size:
     ring = _ring_size(ratio, overlap)
     rows = max(1, block_size // ratio)
     history, order, window_starts, prev_starts, entry_positions, pool_rows, ring_rows, ring_tokens = ([] for _ in range(8))
-    num_history = sum(_history_span(s, ratio, overlap)[1] - _history_span(s, ratio, overlap)[0] for s in seqs)
+    spans = [_history_span(s, ratio, overlap) for s in seqs]
+    num_history = sum(stop - first for first, stop in spans)
     token_base, history_base = 0, 0
-    for s in seqs:
-        first_pos, stop = _history_span(s, ratio, overlap)
+    for s, (first_pos, stop) in zip(seqs, spans):
         source_start = len(order)  # where this sequence's sources begin in the ordered buffer
         for p in range(first_pos, stop):
             history.append(s.slot * ring + p % ring)
