@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 
+import torch
 import triton
 import triton.language as tl
 
@@ -26,6 +27,16 @@ def cdiv(a: int, b: int) -> int:
 def next_power_of_2(n: int) -> int:
     """The smallest power of two >= n (1 for n <= 1)."""
     return 1 << (max(int(n), 1) - 1).bit_length()
+
+
+def fp8_views(cache):
+    """An FP8 KV cache (deepinfer.ops.kv_cache_format: rows of W e4m3 values + a float32 scale) as
+    the two views its kernels take: its bytes (uint8, same shape) and the same memory as float32
+    (a row at byte offset o has its scale at float32 index (o + W) / 4). Every row width and stride
+    of such a cache is a multiple of 4 bytes; anything else is refused."""
+    if cache.stride(-1) != 1 or cache.shape[-1] % 4 or any(st % 4 for st in cache.stride()[:-1]) or cache.storage_offset() % 4:
+        raise ValueError(f"an FP8 KV cache needs contiguous rows and strides in multiples of 4 bytes (its float32 scales), got {tuple(cache.shape)}")
+    return cache.view(torch.uint8), cache.view(torch.float32)  # both alias the cache
 
 
 def pick_splits(base: int, slots: int, limit: int) -> int:
@@ -108,6 +119,38 @@ def to_bf16_rne(x):
     rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
     rounded = tl.where(x != x, (bits >> 16) | 0x40, rounded)
     return rounded.to(tl.uint16).to(tl.bfloat16, bitcast=True)
+
+
+@triton.jit
+def e4m3_rne_bits(v):
+    """The e4m3fn byte (as int32, 0..255) nearest to float32 v (|v| < 464), ties to even.
+
+    Integer arithmetic only: the interpreter's float8 cast is wrong (it truncates), and Ascend A2/A3
+    have no float8 type; on NVIDIA devices `v.to(tl.float8e4nv)` (cvt.rn) gives the same byte."""
+    bits = v.to(tl.int32, bitcast=True)
+    sign = (bits >> 24) & 0x80
+    mag_bits = bits & 0x7FFFFFFF
+    mag = mag_bits.to(tl.float32, bitcast=True)
+    # Normal range (|v| >= 2^-6): drop 20 of float32's 23 mantissa bits, round half to even; a
+    # carry moves into the exponent by itself. Then rebias the exponent from 127 to 7.
+    rounded = (mag_bits + 0x7FFFF + ((mag_bits >> 20) & 1)) >> 20
+    normal = rounded - ((127 - 7) << 3)
+    # Subnormal range: code = round_half_even(|v| * 2^9); adding 2^23 rounds to an integer (RNE),
+    # whose value sits in the low mantissa bits. A result of 8 is the smallest normal, 2^-6.
+    sub = (mag * 512.0 + 8388608.0).to(tl.int32, bitcast=True) - 0x4B000000
+    code = tl.where(mag >= 0.015625, normal, sub)
+    return code | sign
+
+
+@triton.jit
+def e4m3_bits_to_f32(code):
+    """The float32 value of e4m3fn bytes (int32 0..255; the NaN codes are never written), by integer
+    arithmetic: for hardware without a float8 type (Ascend A2/A3)."""
+    exponent = (code >> 3) & 15
+    mantissa = code & 7
+    normal = ((exponent + (127 - 7)) << 23) | (mantissa << 20)
+    magnitude = tl.where(exponent > 0, normal.to(tl.float32, bitcast=True), mantissa.to(tl.float32) * 0.001953125)  # subnormal: m * 2^-9
+    return tl.where((code & 0x80) != 0, -magnitude, magnitude)
 
 
 @triton.jit

@@ -15,6 +15,7 @@ from functools import partial
 
 import torch
 
+from deepinfer.ops import kv_cache_format
 from deepinfer_conformance.cases import Case, randn
 
 DTYPES = (torch.float32, torch.bfloat16)
@@ -170,11 +171,13 @@ def indexer_topk_inputs(
     dim: int = INDEX_DIM,
     spare_rows: int = 9,
     zero_scores: float = 0.0,
+    fp8_keys: bool = False,
 ):
     """Indexer queries of the sequences `seqs` ((start, length) each) over their compressed keys:
     each sequence's entries at random distinct rows of one pool (its table -1 past its last entry),
     query t seeing the entries whose window is complete at its position. Weights carry the
     caller's scales (index_n_heads^-0.5 * index_head_dim^-0.5), of both signs as weights_proj gives.
+    fp8_keys: the keys as an FP8 cache's rows (kv_cache_format), the top-k margin checked on their values.
     zero_scores: that fraction of the keys points away from every query head (relu: a score of
     exactly 0, equal scores that rank by lowest entry id), weights then positive."""
     entries = [(start + length) // ratio for start, length in seqs]
@@ -192,7 +195,7 @@ def indexer_topk_inputs(
     if zero_scores:
         keys[:, 0] = torch.where(torch.rand(pool, generator=gen, dtype=torch.float64) < zero_scores, -8.0, 8.0)
     kw = {
-        "index_keys": keys.to(dtype),
+        "index_keys": kv_cache_format.quantize_rows(keys) if fp8_keys else keys.to(dtype),
         "entry_rows": int32(table).view(len(seqs), width),
         "token_seq": int32(token_seq),
         "num_visible": int32(num_visible),
@@ -219,7 +222,7 @@ def topk_margin(q, weights, index_keys, entry_rows, token_seq, num_visible, top_
     A boundary among scores of exactly 0 is no gap: those rank by entry id."""
     if entry_rows.shape[1] == 0:
         return float("inf")
-    keys = index_keys.double()[entry_rows.long()[token_seq.long()].clamp(min=0)]
+    keys = kv_cache_format.dequantize_rows(index_keys, torch.float64)[entry_rows.long()[token_seq.long()].clamp(min=0)]
     scores = (torch.relu(torch.einsum("thd,ted->the", q.double(), keys)) * weights.double()[..., None]).sum(dim=1)
     margin = float("inf")
     for row, visible in zip(scores, num_visible.tolist()):

@@ -72,6 +72,8 @@ from deepinfer.errors import UserError
 
 __all__ = ["BUILTIN_PROMPTS", "add_parser", "command_line", "run"]
 
+KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3")  # deepinfer.ops.kv_cache_format's (repeated: the CLI imports no torch before it must)
+
 
 def add_parser(sub) -> None:
     p = sub.add_parser(
@@ -107,6 +109,8 @@ def add_parser(sub) -> None:
     p.add_argument("--max-num-seqs", type=int, default=256, metavar="N", help="sequences per step at most (default 256)")
     p.add_argument("--max-num-batched-tokens", type=int, default=8192, metavar="N", help="tokens per step; longer prompts prefill in chunks (default 8192)")
     p.add_argument("--num-kv-blocks", type=int, metavar="N", help="KV cache pages (default: from the memory budget)")
+    p.add_argument("--kv-cache-dtype", default="auto", choices=KV_CACHE_DTYPES,
+                   help="auto: the model dtype; fp8 (= fp8_e4m3): e4m3 rows with a per-token scale, about half the bytes per token")
     p.add_argument("--no-prefix-caching", action="store_true", help="switch the prefix cache off")
     p.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs for decode steps (cuda backend)")
     p.add_argument("--interpret", action="store_true",
@@ -155,6 +159,7 @@ def load_llm(args, ctx):
         expert_load=args.expert_load,
         dist_timeout=args.dist_timeout,
         cpu_threads=args.cpu_threads,
+        kv_cache_dtype=args.kv_cache_dtype,
     )
 
 

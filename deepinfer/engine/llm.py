@@ -69,6 +69,10 @@ class LLM:
     cpu_threads: torch's intra-op threads (None: the rule of deepinfer.engine.cpu_threads, applied
     when the ops run on the CPU: OMP_NUM_THREADS if set, else the usable cores but one).
 
+    kv_cache_dtype: "auto" (the model dtype) or "fp8" / "fp8_e4m3" (vLLM's names): e4m3 cache rows
+    with one float32 scale per token, about half the bytes per token, so about twice the tokens fit
+    (deepinfer.ops.kv_cache_format states the layout; docs/architecture.md the accuracy).
+
     backend_options: the backend's options, e.g. {"ep_path": "nccl"} (`deepinfer backends` lists
     each backend's; an unknown option or value is a one-line error).
     """
@@ -96,6 +100,7 @@ class LLM:
         dist_timeout: float = 300.0,
         backend_options: Mapping[str, str] | None = None,
         cpu_threads: int | None = None,
+        kv_cache_dtype: str = "auto",
     ):
         from deepinfer.model.facts import checkpoint_facts
         from deepinfer.model.loader import load_model
@@ -112,6 +117,7 @@ class LLM:
             seed=seed,
             enforce_eager=enforce_eager,
             eplb_interval=eplb_interval,
+            kv_cache_dtype=kv_cache_dtype,
         )
         config.validate()
         check_cpu_threads(cpu_threads)

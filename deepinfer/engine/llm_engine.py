@@ -20,6 +20,7 @@ from deepinfer.engine.outputs import CompletionOutput, RequestOutput
 from deepinfer.engine.sampling_params import InvalidRequestError, SamplingParams
 from deepinfer.engine.scheduler import ScheduledBatch, Scheduler
 from deepinfer.engine.sequence import Sequence, SequenceStatus
+from deepinfer.ops import kv_cache_format
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +38,9 @@ class EngineConfig:
     # EPLB: every this many steps, re-place the experts from the load counted since the last time
     # (all ranks together); None: the placement chosen at load time stays.
     eplb_interval: int | None = None
+    # "auto": the cache in the model dtype; "fp8" (or "fp8_e4m3"): e4m3 rows with a per-token scale,
+    # about half the bytes per token (deepinfer.ops.kv_cache_format)
+    kv_cache_dtype: str = "auto"
 
     def validate(self) -> None:
         for name in ("max_num_seqs", "max_num_batched_tokens", "num_kv_blocks", "max_model_len", "eplb_interval"):
@@ -47,6 +51,8 @@ class EngineConfig:
             raise InvalidRequestError(f"kv_cache_memory_gib must be > 0, got {self.kv_cache_memory_gib!r}")
         if not isinstance(self.seed, int) or isinstance(self.seed, bool):
             raise InvalidRequestError(f"seed must be an integer, got {self.seed!r}")
+        if self.kv_cache_dtype not in kv_cache_format.KV_CACHE_DTYPES:
+            raise InvalidRequestError(f"kv_cache_dtype must be one of {', '.join(kv_cache_format.KV_CACHE_DTYPES)}, got {self.kv_cache_dtype!r}")
 
 
 def derive_seed(base_seed: int, index: int) -> int:
@@ -78,6 +84,7 @@ class LLMEngine:
         self.runtime = runtime
         self.tokenizer = loaded.tokenizer
         self.dtype = dtype
+        self.cache_dtype = kv_cache_format.cache_dtype(config.kv_cache_dtype, dtype)
         model_config = loaded.config
         self.vocab_size = int(model_config.vocab_size)
         self.max_model_len = min(config.max_model_len or model_config.max_position_embeddings, model_config.max_position_embeddings)
@@ -102,7 +109,7 @@ class LLMEngine:
             loaded.model,
             runtime.ops,
             runtime.device,
-            dtype,
+            self.cache_dtype,
             self.block_size,
             num_blocks,
             graph_capture=self._graph_capture(runtime, loaded.model, dist),
@@ -115,10 +122,13 @@ class LLMEngine:
         self.num_generated_tokens = 0
         self.num_steps = 0  # forward steps run (idle ones included: equal on every rank)
         self.eplb = self._eplb_schedule(loaded.model, runtime.device, dist)  # None: the load-time placement stays
-        log.info("KV cache: %d blocks of %d tokens (%d tokens)", num_blocks, self.block_size, num_blocks * self.block_size)
+        log.info(
+            "KV cache: %d blocks of %d tokens (%d tokens), %s",
+            num_blocks, self.block_size, num_blocks * self.block_size, str(self.cache_dtype).removeprefix("torch."),
+        )  # fmt: skip
 
     def _num_blocks_from_memory(self, model, device: torch.device) -> int:
-        per_block = kv_block_bytes(model, self.block_size, self.dtype)
+        per_block = kv_block_bytes(model, self.block_size, self.cache_dtype)
         if self.config.kv_cache_memory_gib is not None:
             budget = int(self.config.kv_cache_memory_gib * GiB)
         else:

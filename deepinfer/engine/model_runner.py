@@ -23,11 +23,12 @@ ACCELERATOR_MEMORY_UTILIZATION = 0.9  # like vLLM's gpu_memory_utilization
 
 
 def kv_block_bytes(model, block_size: int, dtype: torch.dtype) -> int:
-    """Bytes one block takes over all layers (the model's own layout when it has one: DeepSeek-V4)."""
+    """Bytes one block takes over all layers in a cache of `dtype` (the model's own layout when it
+    has one: DeepSeek-V4)."""
     if hasattr(model, "kv_block_bytes"):
         return model.kv_block_bytes(block_size, dtype)
     per_layer = 1
-    for dim in model.kv_cache_shape(1, block_size):
+    for dim in model.kv_cache_shape(1, block_size, dtype):
         per_layer *= dim
     return per_layer * torch.empty((), dtype=dtype).element_size() * model.num_layers
 
@@ -52,7 +53,7 @@ class ModelRunner:
         model,
         ops,
         device: torch.device,
-        dtype: torch.dtype,
+        dtype: torch.dtype,  # the caches' (the model's, or float8_e4m3fn for an FP8 cache)
         block_size: int,
         num_blocks: int,
         *,
@@ -72,7 +73,7 @@ class ModelRunner:
         if hasattr(model, "new_caches"):  # a model with its own cache layout (DeepSeek-V4)
             self.kv_caches = model.new_caches(num_blocks, block_size, num_state_slots, dtype)
         else:
-            shape = model.kv_cache_shape(num_blocks, block_size)
+            shape = model.kv_cache_shape(num_blocks, block_size, dtype)
             self.kv_caches = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(model.num_layers)]
         self.graphs = None
         if graph_capture is not None and getattr(model, "supports_device_graphs", True):

@@ -15,6 +15,7 @@ import torch
 from deepinfer.model.config import ModelConfig
 from deepinfer.model.linear import LinearWeight
 from deepinfer.model.weights import LINEAR, PARAM, TensorSpec, WeightStore
+from deepinfer.ops import kv_cache_format
 
 LORA_NORM_EPS = 1e-6  # q_a_layernorm / kv_a_layernorm use the RMSNorm default, not config.rms_norm_eps (as DeepSeek and HF do)
 
@@ -98,7 +99,7 @@ class MLAttention:
         """Materialise per-head K and V for each sequence's whole context from the cache; [T, H, v]."""
         c = self.config
         block_size = kv_cache.shape[1]
-        rows = kv_cache[step.context_slots // block_size, step.context_slots % block_size].to(q_nope.dtype)  # [Tk, C+R]
+        rows = kv_cache_format.dequantize_rows(kv_cache[step.context_slots // block_size, step.context_slots % block_size], q_nope.dtype)  # [Tk, C+R]
         context_len = rows.shape[0]
         kv = self.kv_b_proj(ops, rows[:, : c.kv_lora_rank].contiguous()).view(context_len, self.heads, -1)
         k_nope, v = kv.split([c.qk_nope_head_dim, c.v_head_dim], dim=-1)

@@ -15,6 +15,7 @@ from deepinfer.model.forward_batch import ForwardBatch
 from deepinfer.model.mlp import DenseMLP, mlp_specs
 from deepinfer.model.moe import EXPERT_PROJECTIONS, ExpertPlacement, ExpertSource, MoE, expert_tensor_prefix, moe_specs
 from deepinfer.model.weights import PARAM, TensorSpec, WeightStore
+from deepinfer.ops import kv_cache_format
 from deepinfer.ops.rope import rope_cos_sin_cache
 
 
@@ -197,9 +198,10 @@ class DeepseekForCausalLM:
         for moe in self.moe_layers:
             moe(self.ops, empty)
 
-    def kv_cache_shape(self, num_blocks: int, block_size: int) -> tuple[int, int, int]:
-        """One layer's paged latent cache: [num_blocks, block_size, kv_lora_rank + qk_rope_head_dim]."""
-        return (num_blocks, block_size, self.config.kv_cache_width)
+    def kv_cache_shape(self, num_blocks: int, block_size: int, dtype: torch.dtype | None = None) -> tuple[int, int, int]:
+        """One layer's paged latent cache in `dtype` (default the model's): [num_blocks, block_size,
+        kv_lora_rank + qk_rope_head_dim], 4 more for an FP8 cache's per-token scale."""
+        return (num_blocks, block_size, kv_cache_format.row_width(self.config.kv_cache_width, dtype or self.dtype))
 
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch, kv_caches: list[torch.Tensor]) -> torch.Tensor:

@@ -10,10 +10,16 @@ from __future__ import annotations
 
 import torch
 
+from deepinfer.ops import kv_cache_format
 from deepinfer.registry import ALLCLOSE, op
 
 
-@op(family="attention", outputs=("kv_cache",), compare=ALLCLOSE, in_place="kv_cache")
+def _dequantized_cache(kwargs, outputs):
+    """An FP8 cache compares by its values (e4m3 times the row's scale), not by its raw bytes."""
+    return {"kv_cache": kv_cache_format.dequantize_rows(outputs["kv_cache"])}
+
+
+@op(family="attention", outputs=("kv_cache",), compare=ALLCLOSE, in_place="kv_cache", canonicalize=_dequantized_cache)
 def kv_cache_write(
     kv_c: torch.Tensor,
     k_pe: torch.Tensor,
@@ -24,8 +30,9 @@ def kv_cache_write(
 
     kv_c: [T, C]; k_pe: [T, R]; kv_cache: [num_blocks, block_size, C + R], written in place and
     returned; slot_mapping: [T] int64, a negative slot skips the token (padding). Values are cast to
-    the cache dtype. Rows of slots no token names are left untouched; the non-negative slots must be
-    distinct and below num_blocks * block_size.
+    the cache dtype; an FP8 cache ([..., C + R + 4] float8_e4m3fn) gets each row quantised with its
+    own scale (kv_cache_format.quantize_rows). Rows of slots no token names are left untouched; the
+    non-negative slots must be distinct and below num_blocks * block_size.
     """
     num_blocks, block_size, _ = kv_cache.shape
     check_kv_cache_write_shapes(kv_c, k_pe, kv_cache, slot_mapping)
@@ -33,7 +40,8 @@ def kv_cache_write(
     slots = slot_mapping[written].long()
     if slots.numel() and int(slots.max()) >= num_blocks * block_size:
         raise ValueError(f"slot {int(slots.max())} is past the cache's {num_blocks * block_size} slots")
-    rows = torch.cat((kv_c[written], k_pe[written]), dim=-1).to(kv_cache.dtype)
+    rows = torch.cat((kv_c[written], k_pe[written]), dim=-1)
+    rows = kv_cache_format.quantize_rows(rows) if kv_cache_format.is_fp8(kv_cache) else rows.to(kv_cache.dtype)
     kv_cache[slots // block_size, slots % block_size] = rows
     return kv_cache
 
@@ -53,7 +61,7 @@ def _visible_keys(query_positions: torch.Tensor, num_keys: int, sliding_window: 
 
 def check_kv_cache_write_shapes(kv_c: torch.Tensor, k_pe: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
     """`kv_cache_write`'s shapes (no host synchronisation): every backend's check."""
-    width = kv_cache.shape[-1]
+    width = kv_cache_format.value_width(kv_cache)
     if kv_c.shape[-1] + k_pe.shape[-1] != width:
         raise ValueError(f"kv_c ({kv_c.shape[-1]}) + k_pe ({k_pe.shape[-1]}) widths do not match the cache row ({width})")
     if not kv_c.shape[0] == k_pe.shape[0] == slot_mapping.shape[0]:
@@ -64,8 +72,9 @@ def check_mla_decode_shapes(q_nope: torch.Tensor, q_rope: torch.Tensor, kv_cache
     """`mla_decode`'s shapes and window (no host synchronisation): every backend's check."""
     if q_rope.shape[:3] != q_nope.shape[:3]:
         raise ValueError(f"q_rope {tuple(q_rope.shape)} does not match q_nope {tuple(q_nope.shape)} in [B, S, H]")
-    if q_nope.shape[-1] + q_rope.shape[-1] != kv_cache.shape[-1]:
-        raise ValueError(f"q_nope ({q_nope.shape[-1]}) + q_rope ({q_rope.shape[-1]}) widths do not match the cache row ({kv_cache.shape[-1]})")
+    width = kv_cache_format.value_width(kv_cache)
+    if q_nope.shape[-1] + q_rope.shape[-1] != width:
+        raise ValueError(f"q_nope ({q_nope.shape[-1]}) + q_rope ({q_rope.shape[-1]}) widths do not match the cache row ({width})")
     _check_window(sliding_window)
 
 
@@ -111,7 +120,7 @@ def mla_decode(
 
     q_nope: [B, S, H, C], the no-position part of each query already multiplied by W_UK (so it lives
     in the latent space); q_rope: [B, S, H, R], rotated. S >= 1 query tokens per request (S > 1 for
-    MTP / speculative verification). kv_cache: [num_blocks, block_size, C + R]; block_table:
+    MTP / speculative verification). kv_cache: [num_blocks, block_size, C + R] (C + R + 4 for FP8); block_table:
     [B, max_blocks] int32; seq_lens: [B] int32, the number of cached tokens of each request, the
     request's S new tokens included (they are written before the call), so seq_lens[b] >= S.
     Token j of request b is row j % block_size of page block_table[b, j // block_size].
@@ -121,7 +130,8 @@ def mla_decode(
     first C values of token j's cache row and k_j the last R:
         score_j = (q_nope . c_j + q_rope . k_j) * softmax_scale,  out = sum_j softmax(score)_j c_j.
     Returns [B, S, H, C] in q's dtype (the caller applies W_UV). Accumulates in float32 (float64
-    when q is float64; the cache is upcast to the same dtype, whatever its own).
+    when q is float64; the cache is upcast to the same dtype, whatever its own; FP8 rows are
+    dequantised with their scale first).
     """
     batch, num_queries, heads, latent_dim = q_nope.shape
     check_mla_decode_shapes(q_nope, q_rope, kv_cache, sliding_window)
@@ -131,7 +141,7 @@ def mla_decode(
     out = torch.empty(batch, num_queries, heads, latent_dim, dtype=acc, device=q_nope.device)
     for b in range(batch):
         num_tokens = int(seq_lens[b])
-        rows = _cached_rows(kv_cache, block_table[b], num_tokens).to(acc)
+        rows = kv_cache_format.dequantize_rows(_cached_rows(kv_cache, block_table[b], num_tokens), acc)
         latents, rope_keys = rows[:, :latent_dim], rows[:, latent_dim:]
         scores = (q_nope[b].to(acc) @ latents.T + q_rope[b].to(acc) @ rope_keys.T) * softmax_scale  # [S, H, N]
         positions = num_tokens - num_queries + torch.arange(num_queries, device=q_nope.device)

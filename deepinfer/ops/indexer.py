@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from deepinfer.ops import kv_cache_format
 from deepinfer.ops.sparse_attention import V4
 from deepinfer.registry import EXACT, op
 
@@ -19,7 +20,7 @@ def check_indexer_topk_shapes(q, weights, index_keys, entry_rows, token_seq, num
     """`indexer_topk`'s shapes (no host synchronisation): every backend's check."""
     if q.dim() != 3 or weights.shape != q.shape[:2]:
         raise ValueError(f"indexer_topk wants q [T, H, D] and weights [T, H]; got {tuple(q.shape)} and {tuple(weights.shape)}")
-    if index_keys.dim() != 2 or index_keys.shape[1] != q.shape[2]:
+    if index_keys.dim() != 2 or kv_cache_format.value_width(index_keys) != q.shape[2]:
         raise ValueError(f"index_keys must be [N, D={q.shape[2]}], got {tuple(index_keys.shape)}")
     if entry_rows.dim() != 2 or token_seq.shape != (q.shape[0],) or num_visible.shape != (q.shape[0],):
         raise ValueError(
@@ -46,8 +47,9 @@ def indexer_topk(
 
     q: [T, H, D] indexer queries (rotated); weights: [T, H] float32 per-head weights (the caller
     folds in every scale); index_keys: [N, D] the indexer's compressed keys (a paged pool viewed
-    flat); entry_rows: [B, E] int32, the row of each sequence's entry e; token_seq: [T] int32, the
-    sequence of each query; num_visible: [T] int32, the entries 0..num_visible-1 query t may see
+    flat; FP8 rows [N, D + 4] are dequantised, deepinfer.ops.kv_cache_format); entry_rows: [B, E]
+    int32, the row of each sequence's entry e; token_seq: [T] int32, the sequence of each query;
+    num_visible: [T] int32, the entries 0..num_visible-1 query t may see
     (those whose window is complete at its position). score(t, e) = sum_h weights[t, h] *
     relu(q[t, h] . index_keys[entry_rows[token_seq[t], e]]). Returns [T, top_k] int32 entry ids (not
     rows): the top_k visible entries by score, -1 where fewer are visible. Equal scores (relu makes
@@ -65,7 +67,7 @@ def indexer_topk(
     for b in range(entry_rows.shape[0]):  # each sequence's keys are read once, for all its queries
         mine = (seq_of == b).nonzero().squeeze(1)
         if mine.numel():
-            keys = index_keys.to(acc)[entry_rows[b].long().clamp(min=0)]  # [E, D]
+            keys = kv_cache_format.dequantize_rows(index_keys[entry_rows[b].long().clamp(min=0)], acc)  # [E, D]
             per_head = torch.relu(torch.einsum("thd,ed->the", q[mine].to(acc), keys))
             scores[mine] = (per_head * weights[mine].to(acc)[..., None]).sum(dim=1)
     visible = torch.arange(max_entries, device=q.device)[None, :] < num_visible.long()[:, None]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import torch
 
+from deepinfer.ops import kv_cache_format
 from deepinfer.registry import ALLCLOSE, op
 
 V4 = ("deepseek_v4",)
@@ -25,13 +26,13 @@ def check_sparse_attention_shapes(q, kv, indices, sinks, extra_kv, extra_indices
     """`sparse_attention`'s shapes (no host synchronisation): every backend's check."""
     if q.dim() != 3 or kv.dim() != 2 or indices.dim() != 2:
         raise ValueError(f"sparse_attention wants q [T, H, D], kv [N, D], indices [T, K]; got {tuple(q.shape)}, {tuple(kv.shape)}, {tuple(indices.shape)}")
-    if kv.shape[1] != q.shape[2] or indices.shape[0] != q.shape[0]:
+    if kv_cache_format.value_width(kv) != q.shape[2] or indices.shape[0] != q.shape[0]:
         raise ValueError(f"q {tuple(q.shape)}, kv {tuple(kv.shape)} and indices {tuple(indices.shape)} disagree on D or T")
     if sinks.shape != (q.shape[1],):
         raise ValueError(f"sinks must be [H={q.shape[1]}], got {tuple(sinks.shape)}")
     if (extra_kv is None) != (extra_indices is None):
         raise ValueError("extra_kv and extra_indices go together")
-    if extra_kv is not None and (extra_kv.dim() != 2 or extra_kv.shape[1] != q.shape[2] or extra_indices.shape[0] != q.shape[0]):
+    if extra_kv is not None and (extra_kv.dim() != 2 or kv_cache_format.value_width(extra_kv) != q.shape[2] or extra_indices.shape[0] != q.shape[0]):
         raise ValueError(f"extra_kv {tuple(extra_kv.shape)} / extra_indices {tuple(extra_indices.shape)} do not fit q {tuple(q.shape)}")
 
 
@@ -40,7 +41,7 @@ def _gather(rows: torch.Tensor, indices: torch.Tensor, acc: torch.dtype) -> tupl
     valid = indices >= 0
     if indices.numel() and int(indices.max()) >= rows.shape[0]:
         raise ValueError(f"row id {int(indices.max())} is past the cache's {rows.shape[0]} rows")
-    picked = rows.to(acc)[indices.clamp(min=0).long()]
+    picked = kv_cache_format.dequantize_rows(rows[indices.clamp(min=0).long()], acc)
     return picked * valid[..., None], valid
 
 
@@ -58,7 +59,8 @@ def sparse_attention(
     """Attention of each query over the rows it lists, keys and values being the same rows.
 
     q: [T, H, D]; kv: [N, D]; indices: [T, K] int32, the rows of kv query t attends to, -1 for none
-    (a row listed twice counts twice: callers list each once). extra_kv: [M, D] and extra_indices:
+    (a row listed twice counts twice: callers list each once); an FP8 kv ([N, D + 4] float8_e4m3fn,
+    deepinfer.ops.kv_cache_format) is dequantised row by row. extra_kv: [M, D] and extra_indices:
     [T, K2] likewise, a second cache attended in the same softmax (V4's compressed entries).
     sinks: [H] float32, one logit per head that joins every softmax without a value (gpt-oss and V4's
     attention sinks). With s_j = (q_t,h . row_j) * softmax_scale over every listed row j:

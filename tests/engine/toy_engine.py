@@ -44,7 +44,7 @@ class ToyModel:
         self.freqs = torch.rand(dim, generator=gen)
         self.unembed = torch.randn(num_layers * dim, vocab_size, generator=gen, dtype=torch.float64) * 2
 
-    def kv_cache_shape(self, num_blocks: int, block_size: int) -> tuple[int, ...]:
+    def kv_cache_shape(self, num_blocks: int, block_size: int, dtype=None) -> tuple[int, ...]:
         return (num_blocks, block_size, self.dim)
 
     def rows(self, token_ids: torch.Tensor, positions: torch.Tensor, layer: int) -> torch.Tensor:

@@ -135,6 +135,22 @@ def test_preemption(nocache_llm, solo):
     assert computed[True] < computed[False]
 
 
+def test_fp8_cache_runs_alike_batched_chunked_and_after_replay(nocache_llm):
+    """With an FP8 cache (e4m3 rows with a per-token scale: the window KV, the compressed entries and the
+    indexer keys), greedy tokens still do not depend on how a prompt runs: every read, replay included,
+    sees the same quantised rows."""
+    prompts = [PROMPTS[0], PROMPTS[1], PROMPTS[4]]
+    alone = engine_over(nocache_llm, kv_cache_dtype="fp8", enable_prefix_caching=False)
+    layer = alone.engine.runner.kv_caches[1]  # a CSA layer: window, entries and indexer keys
+    assert {t.dtype for t in (layer.swa, layer.compressor.pool, layer.indexer.pool)} == {torch.float8_e4m3fn}
+    assert layer.swa.shape[-1] == 64 + 4 and layer.indexer.pool.shape[-1] == 32 + 4  # tiny-v4: head_dim 64, index_head_dim 32
+    solo = [tokens(generate(alone, [p]))[0] for p in prompts]
+    llm = engine_over(nocache_llm, kv_cache_dtype="fp8", num_kv_blocks=256, max_num_batched_tokens=37)
+    assert tokens(generate(llm, prompts)) == solo
+    again = generate(llm, prompts)
+    assert again[0].num_cached_tokens == 592 and tokens(again) == solo
+
+
 def test_block_manager_state_slots_and_replay():
     ids = iter(range(100))
 

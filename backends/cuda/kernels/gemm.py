@@ -74,7 +74,7 @@ stages, then halves BLOCK_K, until the buffers fit.
 Deviation (interpreter only): Triton's interpreter converts float32 to float8e4nv incorrectly
 (truncation that even loses the exponent carry: 7.96 -> 4.0, seen with Triton 3.9 on 2026-11-30),
 so under TRITON_INTERPRET=1 the quantiser builds the e4m3 byte with integer arithmetic
-(`_e4m3_rne_bits`, round to nearest even with subnormals, exactly what the GPU's cvt.rn does).
+(`e4m3_rne_bits`, round to nearest even with subnormals, exactly what the GPU's cvt.rn does).
 Also, tl.dot on bf16 returns garbage there: dot operands are upcast to float32
 (deepinfer.triton_common.upcast_dot).
 """
@@ -89,7 +89,7 @@ import triton.language as tl
 
 from deepinfer.ops import gemm as gemm_ops
 from deepinfer.ops import quant
-from deepinfer.triton_common import cdiv, interpreting, next_power_of_2, upcast_dot
+from deepinfer.triton_common import cdiv, e4m3_rne_bits, interpreting, next_power_of_2, upcast_dot
 from deepinfer_cuda.kernels.common import Registration, capability, dot_precision, num_sms
 from deepinfer_cuda.options import MXFP4_PATH
 from deepinfer_cuda.tuning import config
@@ -106,26 +106,6 @@ _KERNEL_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 # ---------------------------------------------------------------------------------------------
 # fp8 activation quantiser (per token, per 128-column group)
-
-
-@triton.jit
-def _e4m3_rne_bits(v):
-    """The e4m3fn byte (as int32, 0..255) nearest to float32 v (|v| < 464), ties to even.
-
-    Integer arithmetic only: used under the interpreter, whose float8 cast is wrong."""
-    bits = v.to(tl.int32, bitcast=True)
-    sign = (bits >> 24) & 0x80
-    mag_bits = bits & 0x7FFFFFFF
-    mag = mag_bits.to(tl.float32, bitcast=True)
-    # Normal range (|v| >= 2^-6): drop 20 of float32's 23 mantissa bits, round half to even; a
-    # carry moves into the exponent by itself. Then rebias the exponent from 127 to 7.
-    rounded = (mag_bits + 0x7FFFF + ((mag_bits >> 20) & 1)) >> 20
-    normal = rounded - ((127 - 7) << 3)
-    # Subnormal range: code = round_half_even(|v| * 2^9); adding 2^23 rounds to an integer (RNE),
-    # whose value sits in the low mantissa bits. A result of 8 is the smallest normal, 2^-6.
-    sub = (mag * 512.0 + 8388608.0).to(tl.int32, bitcast=True) - 0x4B000000
-    code = tl.where(mag >= 0.015625, normal, sub)
-    return code | sign
 
 
 @triton.jit
@@ -150,7 +130,7 @@ def _quant_act_fp8_kernel(
     y = tl.math.div_rn(x, scale[:, None])
     q_ptrs = q_ptr + rows[:, None] * stride_qr + cols[None, :]
     if MANUAL_CVT:
-        tl.store(q_ptrs, _e4m3_rne_bits(y).to(tl.uint8), mask=mask)  # q_ptr is a uint8 view
+        tl.store(q_ptrs, e4m3_rne_bits(y).to(tl.uint8), mask=mask)  # q_ptr is a uint8 view
     else:
         tl.store(q_ptrs, y.to(tl.float8e4nv), mask=mask)
     tl.store(s_ptr + rows * stride_sr + g, scale, mask=row_ok)
@@ -196,7 +176,7 @@ def _mx_e4m3_quantise(v, MANUAL_CVT: tl.constexpr):
     inv = ((254 - byte) << 23).to(tl.float32, bitcast=True)  # 2^-X, a float32 normal
     y = tl.minimum(tl.maximum(v * inv[:, :, None], -448.0), 448.0)
     if MANUAL_CVT:
-        codes = _e4m3_rne_bits(y)
+        codes = e4m3_rne_bits(y)
     else:
         codes = y.to(tl.float8e4nv).to(tl.uint8, bitcast=True).to(tl.int32)
     return codes, byte

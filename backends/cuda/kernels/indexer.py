@@ -35,6 +35,10 @@ yields is an element's exact value, the tie rule is reproduced bit for bit by co
 an in-kernel select would need per-query digit histograms (atomics, several passes) or ~32
 bisection passes over rows of up to 256k entries.
 
+FP8 keys (deepinfer.ops.kv_cache_format, an FP8 cache's indexer pool) are gathered as bytes, their
+e4m3 values converted exactly to q's dtype, and each key's float32 scale multiplies its score at
+the end (relu(s * x) = s * relu(x) for s > 0).
+
 Memory: the float32 scores [T, E] (4 bytes per query and entry), topk's values [T, k] and the
 chunk counts [T, 2 * chunks]. Offsets are int64 (T x E can pass 2^31 in a long prefill). float64
 inputs (a test dtype) go to the reference.
@@ -46,9 +50,10 @@ import torch
 import triton
 import triton.language as tl
 
+from deepinfer.ops import kv_cache_format
 from deepinfer.ops.indexer import check_indexer_topk_shapes
 from deepinfer.ops.indexer import indexer_topk as _reference
-from deepinfer.triton_common import cdiv, interpreting, next_power_of_2, upcast_dot
+from deepinfer.triton_common import cdiv, fp8_views, interpreting, next_power_of_2, upcast_dot
 from deepinfer_cuda.kernels.common import Registration, dot_precision
 
 _MAX_BLOCK_T = 16  # queries per scoring program
@@ -62,7 +67,7 @@ _MAX_BLOCK_K = 1024  # topk values read per step
 
 @triton.jit
 def _indexer_scores_kernel(
-    q_ptr, w_ptr, keys_ptr, rows_ptr, seq_ptr, nv_ptr, scores_ptr,
+    q_ptr, w_ptr, keys_ptr, key_scale_ptr, rows_ptr, seq_ptr, nv_ptr, scores_ptr,
     T, E, H, D,
     stride_qt, stride_qh, stride_wt, stride_wh, stride_k, stride_rb, stride_s,
     BLOCK_T: tl.constexpr,
@@ -71,6 +76,7 @@ def _indexer_scores_kernel(
     BLOCK_E: tl.constexpr,
     DOT_F32: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    FP8: tl.constexpr,  # FP8 keys: keys_ptr their bytes, key_scale_ptr the same memory as float32
 ):
     t0 = tl.program_id(0) * BLOCK_T
     first = tl.program_id(1) * BLOCK_E
@@ -83,8 +89,11 @@ def _indexer_scores_kernel(
     # The key tile [BLOCK_E, D] of the sequence `cur`: reloaded only when the next query's sequence differs.
     if DOT_F32:
         keys = tl.zeros([BLOCK_E, BLOCK_D], dtype=tl.float32)
+    elif FP8:
+        keys = tl.zeros([BLOCK_E, BLOCK_D], dtype=q_ptr.dtype.element_ty)
     else:
         keys = tl.zeros([BLOCK_E, BLOCK_D], dtype=keys_ptr.dtype.element_ty)
+    key_scale = tl.full([BLOCK_E], 1.0, tl.float32)
     cur = tl.program_id(0) * 0 - 1
     for i in range(0, BLOCK_T):
         t = t0 + i
@@ -98,7 +107,12 @@ def _indexer_scores_kernel(
                     rows = tl.load(rows_ptr + seq.to(tl.int64) * stride_rb + offs_e, mask=e_in, other=0)
                     rows = tl.maximum(rows.to(tl.int64), 0)  # -1 past a table's last entry: never visible
                     k = tl.load(keys_ptr + rows[:, None] * stride_k + offs_d[None, :], mask=e_in[:, None] & d_ok[None, :], other=0.0)
-                    if DOT_F32:
+                    if FP8:
+                        # e4m3 values, exact in q's dtype; relu(s * x) = s * relu(x) for the scale s > 0
+                        k = k.to(tl.float8e4nv, bitcast=True)
+                        key_scale = tl.load(key_scale_ptr + (rows * stride_k + D) // 4, mask=e_in, other=0.0)
+                        k = k.to(tl.float32) if DOT_F32 else k.to(q_ptr.dtype.element_ty)
+                    elif DOT_F32:
                         k = k.to(tl.float32)
                     keys = k
                     cur = seq
@@ -108,6 +122,8 @@ def _indexer_scores_kernel(
                 logits = tl.dot(keys, qt, input_precision=DOT_PRECISION)  # [BLOCK_E, BLOCK_H], float32
                 w = tl.load(w_ptr + t64 * stride_wt + offs_h * stride_wh, mask=h_ok, other=0.0).to(tl.float32)
                 score = tl.sum(tl.maximum(logits, 0.0) * w[None, :], axis=1)
+                if FP8:
+                    score = score * key_scale
                 tl.store(dst, tl.where(offs_e < nv, score, float("-inf")), mask=e_in)
             else:
                 tl.store(dst, tl.full([BLOCK_E], float("-inf"), tl.float32), mask=e_in)
@@ -211,7 +227,10 @@ def indexer_topk(
     num_visible = num_visible.contiguous()
 
     scores = torch.empty(tokens, max_entries, dtype=torch.float32, device=q.device)
-    dot_f32 = q.dtype == torch.float32 or index_keys.dtype == torch.float32 or q.dtype != index_keys.dtype
+    fp8 = kv_cache_format.is_fp8(index_keys)
+    keys, key_scales = fp8_views(index_keys) if fp8 else (index_keys, index_keys)
+    # (FP8 keys convert to q's dtype exactly)
+    dot_f32 = q.dtype == torch.float32 or (not fp8 and (index_keys.dtype == torch.float32 or q.dtype != index_keys.dtype))
     block_h = max(16, next_power_of_2(heads))
     block_d = max(16, next_power_of_2(dim))
     # Queries per program: about the queries per sequence (host-known shapes: a prefill's queries share
@@ -223,12 +242,13 @@ def indexer_topk(
     else:
         block_e = max(16, min(_GPU_BLOCK_E, _GPU_TILE // max(block_d, block_h)))
     _indexer_scores_kernel[(cdiv(tokens, block_t), cdiv(max_entries, block_e))](
-        q, weights, index_keys, entry_rows, token_seq, num_visible, scores,
+        q, weights, keys, key_scales, entry_rows, token_seq, num_visible, scores,
         tokens, max_entries, heads, dim,
-        q.stride(0), q.stride(1), weights.stride(0), weights.stride(1), index_keys.stride(0), entry_rows.stride(0), scores.stride(0),
+        q.stride(0), q.stride(1), weights.stride(0), weights.stride(1), keys.stride(0), entry_rows.stride(0), scores.stride(0),
         BLOCK_T=block_t, BLOCK_H=block_h, BLOCK_D=block_d, BLOCK_E=block_e,
         DOT_F32=dot_f32 or upcast_dot(),
         DOT_PRECISION=dot_precision(dot_f32 or upcast_dot()),
+        FP8=fp8,
         num_warps=8 if block_e * max(block_d, block_h) >= 128 * 128 else 4,
     )
 

@@ -6,6 +6,10 @@ slot // block_size, cast to the cache dtype (round to nearest even, as torch's .
 (padding) writes nothing: its stores are masked off, so the launch never reads slot values on the
 host (CUDA-graph safe). Loads and stores are contiguous along the row (16-byte vectors).
 
+An FP8 cache (deepinfer.ops.kv_cache_format) gets each row quantised in the same program: the
+row's amax, its scale, the e4m3 bytes and the scale's 4 bytes after them, bit-exact with the
+reference.
+
 Deviation (interpreter only): Triton's interpreter truncates float32 -> bfloat16 casts (the GPU rounds
 to nearest even, as torch does); under TRITON_INTERPRET=1 that cast is done by bit arithmetic instead.
 
@@ -22,26 +26,29 @@ import triton
 import triton.language as tl
 
 from deepinfer.ops import attention as attention_ops
-from deepinfer.triton_common import interpreting, next_power_of_2, to_bf16_rne
+from deepinfer.ops import kv_cache_format
+from deepinfer.triton_common import e4m3_rne_bits, fp8_views, interpreting, next_power_of_2, to_bf16_rne
 from deepinfer_cuda.kernels.common import Registration
 from deepinfer_cuda.tuning import config
 
 
 @triton.jit
 def _kv_cache_write_kernel(
-    kv_c_ptr, k_pe_ptr, cache_ptr, slot_ptr,
+    kv_c_ptr, k_pe_ptr, cache_ptr, scale_ptr, slot_ptr,
     stride_c_t, stride_r_t,
     stride_cache_page, stride_cache_row,
     C: tl.constexpr, R: tl.constexpr,
     BLOCK_C: tl.constexpr, BLOCK_R: tl.constexpr,
     PAGE: tl.constexpr,
-    MANUAL_RNE: tl.constexpr,  # float32 -> bfloat16 by bit arithmetic (the interpreter truncates)
+    MANUAL_RNE: tl.constexpr,  # float32 -> bfloat16 (or e4m3 with FP8) by bit arithmetic (the interpreter truncates)
+    FP8: tl.constexpr,  # an FP8 cache: cache_ptr its bytes, scale_ptr the same memory as float32
 ):
     t = tl.program_id(0).to(tl.int64)
     slot = tl.load(slot_ptr + t).to(tl.int64)
     keep = slot >= 0
     safe = tl.where(keep, slot, 0)
-    row = cache_ptr + (safe // PAGE) * stride_cache_page + (safe % PAGE) * stride_cache_row
+    row_off = (safe // PAGE) * stride_cache_page + (safe % PAGE) * stride_cache_row
+    row = cache_ptr + row_off
     offs_c = tl.arange(0, BLOCK_C)
     offs_r = tl.arange(0, BLOCK_R)
     # (a scalar mask broadcast with `&` upsets the interpreter: compare vectors instead)
@@ -49,11 +56,34 @@ def _kv_cache_write_kernel(
     r_ok = (offs_r < R) & ((offs_r * 0 + slot) >= 0)
     latent = tl.load(kv_c_ptr + t * stride_c_t + offs_c, mask=c_ok, other=0.0)
     rope = tl.load(k_pe_ptr + t * stride_r_t + offs_r, mask=r_ok, other=0.0)
+    if FP8:
+        _write_fp8_row(latent.to(tl.float32), rope.to(tl.float32), row, scale_ptr, row_off, offs_c, offs_r, c_ok, r_ok, keep, C, R, MANUAL_RNE)
+        return
     if MANUAL_RNE:
         latent = to_bf16_rne(latent)
         rope = to_bf16_rne(rope)
     tl.store(row + offs_c, latent.to(cache_ptr.dtype.element_ty), mask=c_ok)
     tl.store(row + C + offs_r, rope.to(cache_ptr.dtype.element_ty), mask=r_ok)
+
+
+@triton.jit
+def _write_fp8_row(latent, rope, row, scale_ptr, row_off, offs_c, offs_r, c_ok, r_ok, keep, C: tl.constexpr, R: tl.constexpr, MANUAL_CVT: tl.constexpr):
+    """One token's row in the FP8 format (deepinfer.ops.kv_cache_format), bit-exact with its
+    reference: scale = max(amax, 1e-4) / 448 and the values divided by it (IEEE divisions), rounded
+    to e4m3 (nearest even), the scale's 4 bytes after the values."""
+    amax = tl.maximum(tl.max(tl.abs(latent), axis=0), tl.max(tl.abs(rope), axis=0))
+    scale = tl.math.div_rn(tl.maximum(amax, 1e-4), 448.0)
+    ql = tl.math.div_rn(latent, scale)
+    qr = tl.math.div_rn(rope, scale)
+    if MANUAL_CVT:
+        bl = e4m3_rne_bits(ql).to(tl.uint8)
+        br = e4m3_rne_bits(qr).to(tl.uint8)
+    else:
+        bl = ql.to(tl.float8e4nv).to(tl.uint8, bitcast=True)
+        br = qr.to(tl.float8e4nv).to(tl.uint8, bitcast=True)
+    tl.store(row + offs_c, bl, mask=c_ok)
+    tl.store(row + C + offs_r, br, mask=r_ok)
+    tl.store(scale_ptr + (row_off + C + R) // 4, scale, mask=keep)
 
 
 @lru_cache(maxsize=None)
@@ -82,14 +112,17 @@ def kv_cache_write(
     if not slot_mapping.is_contiguous():
         slot_mapping = slot_mapping.contiguous()
     cfg = _config(kv_cache.device)
+    fp8 = kv_cache_format.is_fp8(kv_cache)
+    cache, scales = fp8_views(kv_cache) if fp8 else (kv_cache, kv_cache)
     _kv_cache_write_kernel[(tokens,)](
-        kv_c, k_pe, kv_cache, slot_mapping,
+        kv_c, k_pe, cache, scales, slot_mapping,
         kv_c.stride(0), k_pe.stride(0),
-        kv_cache.stride(0), kv_cache.stride(1),
+        cache.stride(0), cache.stride(1),
         C=latent_dim, R=rope_dim,
         BLOCK_C=next_power_of_2(max(latent_dim, 1)), BLOCK_R=next_power_of_2(max(rope_dim, 1)),
         PAGE=block_size,
-        MANUAL_RNE=interpreting() and kv_c.dtype == torch.float32 and k_pe.dtype == torch.float32 and kv_cache.dtype == torch.bfloat16,
+        MANUAL_RNE=interpreting() and (fp8 or (kv_c.dtype == torch.float32 and k_pe.dtype == torch.float32 and kv_cache.dtype == torch.bfloat16)),
+        FP8=fp8,
         num_warps=cfg["num_warps"],
     )
     return kv_cache

@@ -10,6 +10,11 @@ each cache tile ONCE for all of them:
 The tile c/k of BLOCK_N cache rows is loaded once per iteration (16-byte vectors along the row)
 and feeds both products, with an online (log-sum-exp) softmax in float32 in between.
 
+An FP8 cache (deepinfer.ops.kv_cache_format: e4m3 values, the token's float32 scale at the row's
+end) is read as bytes: the tile's e4m3 values convert exactly to q's dtype and feed the same dots,
+and each row's scale multiplies its column of scores and of softmax weights (s * (q . v) and
+(p * s) . v), so no element of the tile is ever scaled.
+
 Grid: (row tiles, B, splits). Row tiles: one tile of BLOCK_M >= S*H rows when S*H <= 64 (the
 memory-bound case: 16 heads), else tiles of 64 rows (128 heads: compute-bound; the row tiles of one
 (request, split) are neighbours in launch order, so the second tile's cache reads hit L2). Splits:
@@ -39,7 +44,8 @@ import triton
 import triton.language as tl
 
 from deepinfer.ops import attention as attention_ops
-from deepinfer.triton_common import cdiv, next_power_of_2, pick_splits, upcast_dot
+from deepinfer.ops import kv_cache_format
+from deepinfer.triton_common import cdiv, fp8_views, next_power_of_2, pick_splits, upcast_dot
 from deepinfer_cuda.kernels.common import Registration, dot_precision, num_sms
 from deepinfer_cuda.tuning import config
 
@@ -47,8 +53,8 @@ LOG2E = 1.4426950408889634
 
 
 @triton.jit
-def _tile_rows(kv_ptr, bt_row, start, split_end, arange_n, stride_kv_page, stride_kv_row, PAGE: tl.constexpr, BLOCK_N: tl.constexpr):
-    """Row pointers of the cache tile holding tokens start .. start+BLOCK_N-1, and which are < split_end."""
+def _tile_rows(bt_row, start, split_end, arange_n, stride_kv_page, stride_kv_row, PAGE: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Row offsets (elements) of the cache tile holding tokens start .. start+BLOCK_N-1, and which are < split_end."""
     offs_n = start + arange_n
     n_ok = offs_n < split_end
     if PAGE % BLOCK_N == 0:
@@ -58,24 +64,29 @@ def _tile_rows(kv_ptr, bt_row, start, split_end, arange_n, stride_kv_page, strid
     else:
         page = tl.load(bt_row + offs_n // PAGE, mask=n_ok, other=0).to(tl.int64)
         row_off = page * stride_kv_page + (offs_n % PAGE).to(tl.int64) * stride_kv_row
-    return kv_ptr + row_off, n_ok
+    return row_off, n_ok
 
 
 @triton.jit
-def _load_cols(rows, n_ok, offs, col0, WIDTH: tl.constexpr, BLOCK: tl.constexpr, DOT_F32: tl.constexpr, EVICT: tl.constexpr):
-    """tile[n, c] = cache row n, columns col0 + c (zeros for rows past the split or columns past WIDTH)."""
+def _load_cols(rows, n_ok, offs, col0, like, WIDTH: tl.constexpr, BLOCK: tl.constexpr, DOT_F32: tl.constexpr, EVICT: tl.constexpr, FP8: tl.constexpr):
+    """tile[n, c] = cache row n, columns col0 + c (zeros for rows past the split or columns past WIDTH).
+    FP8: the rows are bytes; their e4m3 values come out exactly in `like`'s dtype (float32 with
+    DOT_F32), unscaled: the caller applies each row's scale to the scores and the weights."""
     if WIDTH == BLOCK:  # (the fast path: row masks only, no per-column predicates)
         t = tl.load(rows[:, None] + col0 + offs[None, :], mask=n_ok[:, None], other=0.0, eviction_policy=EVICT)
     else:
         t = tl.load(rows[:, None] + col0 + offs[None, :], mask=n_ok[:, None] & (offs < WIDTH)[None, :], other=0.0, eviction_policy=EVICT)
-    if DOT_F32:
+    if FP8:
+        t = t.to(tl.float8e4nv, bitcast=True)
+        t = t.to(tl.float32) if DOT_F32 else t.to(like.dtype)
+    elif DOT_F32:
         t = t.to(tl.float32)
     return t
 
 
 @triton.jit
 def _mla_decode_split_kernel(
-    q_nope_ptr, q_rope_ptr, kv_ptr, block_table_ptr, seq_lens_ptr,
+    q_nope_ptr, q_rope_ptr, kv_ptr, scale_ptr, block_table_ptr, seq_lens_ptr,
     out_ptr, part_out_ptr, part_lse_ptr, arrivals_ptr,
     qk_scale,  # softmax_scale * log2(e): scores live in the log2 domain
     window,  # sliding window (used only when HAS_WINDOW)
@@ -99,6 +110,7 @@ def _mla_decode_split_kernel(
     DOT_F32: tl.constexpr,  # dot operands in float32 (float32 inputs, mixed dtypes, or the interpreter)
     DOT_PRECISION: tl.constexpr,
     EVICT: tl.constexpr,  # eviction policy of the cache-tile loads ("" or "evict_first": read once, streamed)
+    FP8: tl.constexpr,  # an FP8 cache: kv_ptr its bytes, scale_ptr the same memory as float32 (a row's scale at (row + C + R) / 4)
 ):
     pid_m = tl.program_id(0)
     b = tl.program_id(1)
@@ -133,7 +145,7 @@ def _mla_decode_split_kernel(
     if DOT_F32:
         qn = qn.to(tl.float32)
         qr = qr.to(tl.float32)
-    else:
+    elif not FP8:  # (an FP8 tile comes out in q's dtype)
         qn = qn.to(kv_ptr.dtype.element_ty)
         qr = qr.to(kv_ptr.dtype.element_ty)
 
@@ -145,13 +157,19 @@ def _mla_decode_split_kernel(
     arange_n = tl.arange(0, BLOCK_N)
     for start_n in range(lo, split_end, BLOCK_N):
         offs_n = start_n + arange_n
-        rows, n_ok = _tile_rows(kv_ptr, bt_row, start_n, split_end, arange_n, stride_kv_page, stride_kv_row, PAGE, BLOCK_N)
+        row_off, n_ok = _tile_rows(bt_row, start_n, split_end, arange_n, stride_kv_page, stride_kv_row, PAGE, BLOCK_N)
+        rows = kv_ptr + row_off
         # One load of the tile feeds both products: c as keys (transposed) and as values.
-        kc = _load_cols(rows, n_ok, offs_c, 0, C, BLOCK_C, DOT_F32, EVICT)
-        kr = _load_cols(rows, n_ok, offs_r, C, R, BLOCK_R, DOT_F32, EVICT)
+        kc = _load_cols(rows, n_ok, offs_c, 0, qn, C, BLOCK_C, DOT_F32, EVICT, FP8)
+        kr = _load_cols(rows, n_ok, offs_r, C, qn, R, BLOCK_R, DOT_F32, EVICT, FP8)
         scores = tl.dot(qn, tl.trans(kc), input_precision=DOT_PRECISION)
         scores += tl.dot(qr, tl.trans(kr), input_precision=DOT_PRECISION)
-        scores = scores * qk_scale
+        if FP8:
+            # value = e4m3 * row scale: the scale multiplies a key's score and, below, its weight.
+            row_scale = tl.load(scale_ptr + (row_off + C + R) // 4, mask=n_ok, other=0.0)
+            scores = scores * (row_scale * qk_scale)[None, :]
+        else:
+            scores = scores * qk_scale
         visible = n_ok[None, :] & (offs_n[None, :] <= pos[:, None])
         if HAS_WINDOW:
             visible = visible & (offs_n[None, :] > pos[:, None] - window)
@@ -163,6 +181,8 @@ def _mla_decode_split_kernel(
         p = tl.exp2(scores - m_safe[:, None])
         l_i = l_i * alpha + tl.sum(p, axis=1)
         acc = acc * alpha[:, None]
+        if FP8:
+            p = p * row_scale[None, :]
         acc = tl.dot(p.to(kc.dtype), kc, acc, input_precision=DOT_PRECISION)
         m_i = m_new
 
@@ -358,6 +378,8 @@ def launch_mla_decode_with_handle(
     attention_ops.check_mla_decode_shapes(q_nope, q_rope, kv_cache, sliding_window)
     if kv_cache.stride(-1) != 1:
         raise ValueError("kv_cache rows must be contiguous (last stride 1)")
+    fp8 = kv_cache_format.is_fp8(kv_cache)
+    kv_bytes, kv_scales = fp8_views(kv_cache) if fp8 else (kv_cache, kv_cache)
     out = torch.empty(batch, num_queries, heads, latent_dim, dtype=q_nope.dtype, device=q_nope.device)
     if batch == 0 or num_queries == 0 or heads == 0 or latent_dim == 0:
         return out, None
@@ -373,7 +395,8 @@ def launch_mla_decode_with_handle(
     cfg, block_m, row_tiles, per_split, splits = plan(batch, rows, capacity, q_nope.device, num_splits, tokens_per_split, overrides)
     block_c = max(16, next_power_of_2(latent_dim))
     block_r = max(16, next_power_of_2(rope_dim))
-    dot_f32 = upcast_dot() or q_nope.dtype == torch.float32 or kv_cache.dtype == torch.float32 or q_nope.dtype != kv_cache.dtype
+    # (an FP8 tile is converted to q's dtype in the kernel, exactly)
+    dot_f32 = upcast_dot() or q_nope.dtype == torch.float32 or (not fp8 and (kv_cache.dtype == torch.float32 or q_nope.dtype != kv_cache.dtype))
     direct = splits == 1
     fused = not direct and cfg.get("fused_combine", False) and row_tiles * batch <= _ARRIVALS
     arrivals = _arrivals(q_nope.device) if fused else seq_lens  # seq_lens: an unused placeholder
@@ -389,7 +412,7 @@ def launch_mla_decode_with_handle(
         pl_strides = (part_lse.stride(0), part_lse.stride(1))
     grid = (row_tiles, batch, splits)
     handle = _mla_decode_split_kernel[grid](
-        q_nope, q_rope, kv_cache, block_table, seq_lens,
+        q_nope, q_rope, kv_bytes, kv_scales, block_table, seq_lens,
         out, part_out, part_lse, arrivals,
         float(softmax_scale) * LOG2E,
         int(sliding_window or 0),
@@ -412,6 +435,7 @@ def launch_mla_decode_with_handle(
         DOT_F32=dot_f32,
         DOT_PRECISION=dot_precision(dot_f32),
         EVICT=cfg.get("evict", ""),
+        FP8=fp8,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )
     if not direct and not fused:

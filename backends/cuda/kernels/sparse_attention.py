@@ -36,6 +36,10 @@ heads than BLOCK_H are masked rows (tl.dot wants M >= 16). float32 inputs take i
 (a flat cache of V4's 512-wide rows passes 2^31 elements at 4M rows), as are the token offsets of
 q and out.
 
+An FP8 cache (deepinfer.ops.kv_cache_format) is gathered as bytes: its e4m3 values convert
+exactly to q's dtype and feed the same dots, and each row's float32 scale (after its values)
+multiplies that row's scores and softmax weights, never the tile's elements.
+
 Row ids must be < the cache's rows (the reference raises on larger ids; checking here would need
 a host synchronisation): the kernel does not check them.
 
@@ -50,8 +54,9 @@ import torch
 import triton
 import triton.language as tl
 
+from deepinfer.ops import kv_cache_format
 from deepinfer.ops import sparse_attention as sparse_ops
-from deepinfer.triton_common import cdiv, interpreting, next_power_of_2, pick_splits, to_bf16_rne, upcast_dot
+from deepinfer.triton_common import cdiv, fp8_views, interpreting, next_power_of_2, pick_splits, to_bf16_rne, upcast_dot
 from deepinfer_cuda.kernels.common import Registration, dot_precision, num_sms
 
 LOG2E = 1.4426950408889634
@@ -71,20 +76,27 @@ COMBINE_WARPS = 4
 
 @triton.jit
 def _attend(
-    q, m_i, l_i, acc, kv_ptr, idx_row, width, stride_kv, blk_lo, blk_hi, qk_scale,
+    q, m_i, l_i, acc, kv_ptr, scale_ptr, idx_row, width, stride_kv, blk_lo, blk_hi, qk_scale,
     arange_n, offs_d, d_ok,
-    BLOCK_N: tl.constexpr, DOT_F32: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    D: tl.constexpr, BLOCK_N: tl.constexpr, DOT_F32: tl.constexpr, DOT_PRECISION: tl.constexpr, FP8: tl.constexpr,
 ):
-    """Fold the row blocks blk_lo .. blk_hi - 1 of one index list into the running (m, l, acc)."""
+    """Fold the row blocks blk_lo .. blk_hi - 1 of one index list into the running (m, l, acc).
+    FP8: kv_ptr holds the cache's bytes and scale_ptr the same memory as float32."""
     for blk in range(blk_lo, blk_hi):
         offs_n = blk * BLOCK_N + arange_n
         ids = tl.load(idx_row + offs_n, mask=offs_n < width, other=-1)
         ok = ids >= 0
-        rows = kv_ptr + tl.where(ok, ids, 0).to(tl.int64) * stride_kv
+        row_off = tl.where(ok, ids, 0).to(tl.int64) * stride_kv
+        rows = kv_ptr + row_off
         tile = tl.load(rows[:, None] + offs_d[None, :], mask=ok[:, None] & d_ok[None, :], other=0.0)
-        if DOT_F32:
+        if FP8:  # e4m3 -> q's dtype is exact; each row's scale multiplies its scores and weights
+            tile = tile.to(tl.float8e4nv, bitcast=True).to(q.dtype)
+        elif DOT_F32:
             tile = tile.to(tl.float32)
         scores = tl.dot(q, tl.trans(tile), input_precision=DOT_PRECISION) * qk_scale
+        if FP8:
+            row_scale = tl.load(scale_ptr + (row_off + D) // 4, mask=ok, other=0.0)
+            scores = scores * row_scale[None, :]
         scores = tl.where(ok[None, :], scores, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(scores, axis=1))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
@@ -92,6 +104,8 @@ def _attend(
         p = tl.exp2(scores - m_safe[:, None])
         l_i = l_i * alpha + tl.sum(p, axis=1)
         acc = acc * alpha[:, None]
+        if FP8:
+            p = p * row_scale[None, :]
         acc = tl.dot(p.to(tile.dtype), tile, acc, input_precision=DOT_PRECISION)
         m_i = m_new
     return m_i, l_i, acc
@@ -107,7 +121,7 @@ def _store_out(ptrs, values, mask, MANUAL_RNE: tl.constexpr):
 
 @triton.jit
 def _sparse_attention_kernel(
-    q_ptr, kv_ptr, idx_ptr, xkv_ptr, xidx_ptr, sinks_ptr,
+    q_ptr, kv_ptr, kv_scale_ptr, idx_ptr, xkv_ptr, xkv_scale_ptr, xidx_ptr, sinks_ptr,
     out_ptr, part_out_ptr, part_lse_ptr,
     qk_scale,  # softmax_scale * log2(e): scores live in the log2 domain
     K, K2,  # widths of the two index lists
@@ -126,6 +140,8 @@ def _sparse_attention_kernel(
     DOT_F32: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     MANUAL_RNE: tl.constexpr,
+    FP8: tl.constexpr,  # kv is an FP8 cache (deepinfer.ops.kv_cache_format)
+    XFP8: tl.constexpr,  # extra_kv is
 ):
     pid = tl.program_id(0)
     split = tl.program_id(1)
@@ -152,15 +168,15 @@ def _sparse_attention_kernel(
     lo = split * blocks_per_split
     hi = lo + blocks_per_split
     m_i, l_i, acc = _attend(
-        q, m_i, l_i, acc, kv_ptr, idx_ptr + t * stride_idx_t, K, stride_kv, lo, tl.minimum(hi, nb1), qk_scale,
-        arange_n, offs_d, d_ok, BLOCK_N, DOT_F32, DOT_PRECISION,
+        q, m_i, l_i, acc, kv_ptr, kv_scale_ptr, idx_ptr + t * stride_idx_t, K, stride_kv, lo, tl.minimum(hi, nb1), qk_scale,
+        arange_n, offs_d, d_ok, D, BLOCK_N, DOT_F32, DOT_PRECISION, FP8,
     )
     if HAS_EXTRA:
         nb2 = tl.cdiv(K2, BLOCK_N)
         m_i, l_i, acc = _attend(
-            q, m_i, l_i, acc, xkv_ptr, xidx_ptr + t * stride_xidx_t, K2, stride_xkv,
+            q, m_i, l_i, acc, xkv_ptr, xkv_scale_ptr, xidx_ptr + t * stride_xidx_t, K2, stride_xkv,
             tl.maximum(lo - nb1, 0), tl.minimum(hi - nb1, nb2), qk_scale,
-            arange_n, offs_d, d_ok, BLOCK_N, DOT_F32, DOT_PRECISION,
+            arange_n, offs_d, d_ok, D, BLOCK_N, DOT_F32, DOT_PRECISION, XFP8,
         )
 
     mask = h_ok[:, None] & d_ok[None, :]
@@ -288,7 +304,10 @@ def launch_sparse_attention(
         xkv, xidx, width2 = extra_kv, extra_indices, extra_indices.shape[1]
     else:
         xkv, xidx, width2 = kv, indices, 0  # unused placeholders
-    dtypes = {q.dtype, kv.dtype, xkv.dtype}
+    fp8, xfp8 = kv_cache_format.is_fp8(kv), has_extra and kv_cache_format.is_fp8(xkv)
+    kv, kv_scales = fp8_views(kv) if fp8 else (kv, kv)
+    xkv, xkv_scales = fp8_views(xkv) if xfp8 else (xkv, xkv)
+    dtypes = {q.dtype, *(c.dtype for c, f in ((kv, fp8), (xkv, xfp8)) if not f)}  # (an FP8 tile converts to q's dtype exactly)
     dot_f32 = torch.float32 in dtypes or len(dtypes) > 1
     cfg = plan(tokens, heads, indices.shape[1], width2, dot_f32, q.device, num_splits, overrides)
     splits = cfg["num_splits"]
@@ -304,7 +323,7 @@ def launch_sparse_attention(
     block_d = max(16, next_power_of_2(dim))
     manual_rne = interpreting() and q.dtype == torch.bfloat16
     _sparse_attention_kernel[(tokens * cfg["head_blocks"], splits)](
-        q, kv, indices, xkv, xidx, sinks,
+        q, kv, kv_scales, indices, xkv, xkv_scales, xidx, sinks,
         out, part_out, part_lse,
         float(softmax_scale) * LOG2E,
         indices.shape[1], width2,
@@ -323,6 +342,7 @@ def launch_sparse_attention(
         DOT_F32=dot_f32 or upcast_dot(),
         DOT_PRECISION=dot_precision(dot_f32 or upcast_dot()),
         MANUAL_RNE=manual_rne,
+        FP8=fp8, XFP8=xfp8,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )
     if not direct:

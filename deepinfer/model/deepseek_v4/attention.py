@@ -89,13 +89,13 @@ class V4Attention:
         extra = {}
         if self.compressor is not None:
             self.compressor(ops, x, cache.compressor, step, cos_sin)
-            pool = cache.compressor.pool.view(-1, self.dim)
+            pool = cache.compressor.pool.flatten(0, 1)
             if self.indexer is not None:
                 rows = self._selected_rows(ops, x, q_latent, cache, step, cos_sin)
             else:
                 rows = step.ratios[self.ratio].visible_rows
             extra = {"extra_kv": pool, "extra_indices": rows}
-        out = ops.sparse_attention(q, cache.swa.view(-1, self.dim), step.window_rows, self.sinks, softmax_scale=self.config.softmax_scale, **extra)
+        out = ops.sparse_attention(q, cache.swa.flatten(0, 1), step.window_rows, self.sinks, softmax_scale=self.config.softmax_scale, **extra)
         out = self._rotate(ops, out, step.positions, inverse)
         return self._project(ops, out)
 
@@ -114,7 +114,7 @@ class V4Attention:
         nope = c.index_head_dim - self.rope_dim
         iq = torch.cat((iq[..., :nope], ops.rope(iq[..., nope:].contiguous(), step.positions, cos_sin, interleaved=True)), dim=-1)
         weights = self.index_weights(ops, x).float() * self.index_scale
-        keys = cache.indexer.pool.view(-1, c.index_head_dim)
+        keys = cache.indexer.pool.flatten(0, 1)
         ids = ops.indexer_topk(iq, weights, keys, plan.entry_rows, step.token_seq, plan.num_visible, top_k=c.index_topk)
         if plan.entry_rows.shape[1] == 0:
             return ids

@@ -10,6 +10,9 @@ Per sequence (a state slot, held while the sequence runs): each compressor's ope
 per-token projections (value and gate logits, float32) of its last `ring` tokens, `ring` = 2 x ratio
 with overlapping windows (CSA), else ratio. These are rebuilt, not cached: a prefix hit recomputes
 the last `prefix_replay_tokens` tokens (bounded replay), whose sliding-window KV is already paged.
+
+In an FP8 cache (float8_e4m3fn) every paged row carries its token's float32 scale in 4 more bytes
+(deepinfer.ops.kv_cache_format); the rings stay float32 (per-sequence state, not per token).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from deepinfer.model.deepseek_v4.config import CSA, SLIDING, V4Config
+from deepinfer.ops.kv_cache_format import row_width
 
 RING_DTYPE = torch.float32
 
@@ -56,7 +60,7 @@ def _compressor(num_blocks, block_size, slots, ratio, overlap, dim, dtype, devic
     return CompressorCache(
         ratio,
         overlap,
-        torch.zeros(num_blocks, rows_per_block(block_size, ratio), dim, dtype=dtype, device=device),
+        torch.zeros(num_blocks, rows_per_block(block_size, ratio), row_width(dim, dtype), dtype=dtype, device=device),
         torch.zeros(slots, ring, width, dtype=RING_DTYPE, device=device),
         torch.zeros(slots, ring, width, dtype=RING_DTYPE, device=device),
     )
@@ -65,7 +69,7 @@ def _compressor(num_blocks, block_size, slots, ratio, overlap, dim, dtype, devic
 def allocate(config: V4Config, num_blocks: int, block_size: int, slots: int, dtype: torch.dtype, device) -> list[LayerCache]:
     caches = []
     for layer in range(config.num_hidden_layers):
-        swa = torch.zeros(num_blocks, block_size, config.head_dim, dtype=dtype, device=device)
+        swa = torch.zeros(num_blocks, block_size, row_width(config.head_dim, dtype), dtype=dtype, device=device)
         kind, ratio = config.layer_types[layer], config.compress_ratio(layer)
         if kind == SLIDING:
             caches.append(LayerCache(swa))
@@ -78,16 +82,17 @@ def allocate(config: V4Config, num_blocks: int, block_size: int, slots: int, dty
 
 
 def block_bytes(config: V4Config, block_size: int, dtype: torch.dtype) -> int:
-    """Bytes one token block takes over every layer (the paged caches)."""
+    """Bytes one token block takes over every layer (the paged caches) in a cache of `dtype`."""
     size = torch.empty((), dtype=dtype).element_size()
+    head, index = row_width(config.head_dim, dtype), row_width(config.index_head_dim, dtype)
     total = 0
     for layer in range(config.num_hidden_layers):
-        total += block_size * config.head_dim
+        total += block_size * head
         if ratio := config.compress_ratio(layer):
             rows = rows_per_block(block_size, ratio)
-            total += rows * config.head_dim
+            total += rows * head
             if config.layer_types[layer] == CSA:
-                total += rows * config.index_head_dim
+                total += rows * index
     return total * size
 
 
