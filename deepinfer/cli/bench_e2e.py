@@ -6,6 +6,11 @@ The floor is the bytes a decode step must read over the copy bandwidth measured 
 model it checks that the model, its KV cache and the bandwidth test fit in the device's free memory
 (the full 27 layers need at least 71 GiB: on a smaller device, or the CPU, cut it with --layers).
 `--backend-option KEY=VALUE` reaches deepinfer's side as `deepinfer run --backend-option` does.
+
+`--model-shape v4-flash`: a random DeepSeek-V4-Flash-shaped model instead (fp8_block projections,
+mxfp4 experts, --kv-cache-dtype fp8 by default), cut to the layers that fit, decoding from each
+--context (default 4096 and 32768) at each --batch (default 1, 64, 256), against its floor; no HF
+peer (deepinfer/bench/e2e_v4.py says how).
 """
 
 from __future__ import annotations
@@ -15,33 +20,48 @@ from pathlib import Path
 
 from deepinfer.errors import UserError
 
+MODEL_SHAPES = ("v2-lite", "v4-flash")
+
 
 def add_parser(what) -> None:
     from deepinfer.cli.bench import BACKEND_HELP, add_backend_option_flag
 
     e2e = what.add_parser(
         "e2e",
-        help="decode step time of a random DeepSeek-V2-Lite-shaped model vs its floor and HF transformers",
+        help="decode step time of a random DeepSeek-V2-Lite- (or V4-Flash-) shaped model vs its floor (and HF transformers)",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     e2e.add_argument("--backend", default="auto", help=f"the backend that runs deepinfer's side: {BACKEND_HELP}")
-    e2e.add_argument("--batch", type=int, action="append", default=None, help="batch size (repeatable; default 1 and 64)")
-    e2e.add_argument("--layers", type=int, default=None, help="cut the model to this many layers (default: all 27)")
-    e2e.add_argument("--prompt-len", type=int, default=128, help="prompt tokens per request (default 128)")
-    e2e.add_argument("--new-tokens", type=int, default=64, help="decode steps timed (default 64)")
-    e2e.add_argument("--no-hf", action="store_true", help="skip the transformers peer")
+    e2e.add_argument("--model-shape", choices=MODEL_SHAPES, default=MODEL_SHAPES[0], help="the model's shape (default v2-lite)")
+    e2e.add_argument("--batch", type=int, action="append", default=None, help="batch size (repeatable; default 1 and 64; v4-flash: 1, 64 and 256)")
+    e2e.add_argument("--layers", type=int, default=None, help="cut the model to this many layers (default: all 27; v4-flash: as many as fit)")
+    e2e.add_argument("--prompt-len", type=int, default=None, help="prompt tokens per request (default 128; v2-lite only)")
+    e2e.add_argument("--new-tokens", type=int, default=None, help="decode steps timed (default 64; v4-flash: 16)")
+    e2e.add_argument("--no-hf", action="store_true", help="skip the transformers peer (v4-flash has none)")
+    e2e.add_argument("--context", type=int, action="append", default=None,
+                     help="v4-flash: tokens in each request's cache when decoding starts (repeatable; default 4096 and 32768)")
+    e2e.add_argument("--kv-cache-dtype", choices=("auto", "fp8"), default=None, help="v4-flash: the KV cache's dtype (default fp8; auto: the model's)")
     e2e.add_argument("--json", type=Path, default=None, metavar="FILE", help="write the results to FILE")
     add_backend_option_flag(e2e, "deepinfer's side")
     e2e.set_defaults(func=run_e2e)
 
 
 def run_e2e(args: argparse.Namespace) -> int:
+    if args.model_shape == "v4-flash":
+        from deepinfer.cli.bench_e2e_v4 import run_e2e_v4
+
+        return run_e2e_v4(args)
+    for flag, value in (("--context", args.context), ("--kv-cache-dtype", args.kv_cache_dtype)):
+        if value is not None:
+            raise UserError(f"{flag} is for --model-shape v4-flash (the v2-lite run takes --prompt-len and the model dtype's cache)")
     from deepinfer.bench import e2e
     from deepinfer.cli.bench import backend_options, choose_backend
     from deepinfer.plugins import load_plugins
 
     given = backend_options(args)
+    args.prompt_len = 128 if args.prompt_len is None else args.prompt_len
+    args.new_tokens = 64 if args.new_tokens is None else args.new_tokens
     batches = tuple(args.batch or (1, 64))
     for name, value in (("--batch", min(batches)), ("--prompt-len", args.prompt_len), ("--new-tokens", args.new_tokens), ("--layers", args.layers or 1)):
         if value < 1:

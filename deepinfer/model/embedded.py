@@ -272,18 +272,25 @@ def random_v4_weights(config_dict: dict | None = None, seed: int = V4_SEED) -> d
         if spec.kind == INDEX:
             tensors[name] = torch.stack([torch.randperm(config.n_routed_experts, generator=generator)[: spec.shape[1]] for _ in range(spec.shape[0])])
             continue
-        if name.endswith("norm.weight"):
-            value = 1 + 0.1 * torch.randn(spec.shape, generator=generator)
-        elif name.endswith(("attn_sink", "_base", "gate.bias")) or name.endswith("ape"):
-            value = 0.5 * torch.randn(spec.shape, generator=generator)
-        elif name.endswith("_scale"):
-            value = 1 + 0.2 * torch.randn(spec.shape, generator=generator)
-        elif name == "embed.weight":
-            value = torch.randn(spec.shape, generator=generator)
-        else:
-            value = torch.randn(spec.shape, generator=generator) * spec.shape[-1] ** -0.5
+        value = random_v4_value(name, spec.shape, generator)
         tensors[name] = value.float() if spec.kind == FLOAT32 else value.to(torch.bfloat16)
     return tensors
+
+
+def random_v4_value(name: str, shape: tuple[int, ...], generator: torch.Generator, device: torch.device | None = None) -> torch.Tensor:
+    """The float32 draw of one V4 tensor (not an index table) by its DeepSeek name, from `generator`
+    (on `device`): random_v4_weights' recipe, which `deepinfer bench e2e --model-shape v4-flash`
+    follows on the device for the tensors it keeps in float."""
+    draw = torch.randn(shape, generator=generator, device=device)
+    if name.endswith("norm.weight"):
+        return 1 + 0.1 * draw
+    if name.endswith(("attn_sink", "_base", "gate.bias")) or name.endswith("ape"):
+        return 0.5 * draw
+    if name.endswith("_scale"):
+        return 1 + 0.2 * draw
+    if name == "embed.weight":
+        return draw
+    return draw * shape[-1] ** -0.5
 
 
 @dataclass(frozen=True)

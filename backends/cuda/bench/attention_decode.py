@@ -12,6 +12,9 @@ q [B, 1, H, 576]). The naive per-request torch reference is far too slow to be a
 kv_cache_write: 128 decode tokens scattered into shuffled slots of a bf16 cache; the peer is torch
 index_copy_ of the concatenated rows (the reference without its host-side bounds check).
 
+Both again with an FP8 cache (kv_cache_dtype="fp8", deepinfer.ops.kv_cache_format: 580-byte rows),
+bytes counted on the FP8 rows.
+
 `python -m deepinfer_cuda.bench.attention_decode` (on a GPU) runs these cases, then sweeps
 mla_decode tuning variants (each checked against a float32 torch computation), captures
 mla_decode (split + combine) and kv_cache_write in CUDA graphs, and profiles split vs combine:
@@ -28,6 +31,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from deepinfer.ops import kv_cache_format
 from deepinfer_cuda.bench.common import BenchCase
 
 OPS = ("mla_decode", "kv_cache_write")  # what this bench module covers: the runner finds it by this
@@ -38,12 +42,14 @@ PAGE = 64
 SCALE = (128 + 64) ** -0.5
 
 
-def _mla_setup(batch: int, ctx: int, heads: int, queries: int = 1, dtype: torch.dtype = torch.bfloat16, page: int = PAGE):
+def _mla_setup(batch: int, ctx: int, heads: int, queries: int = 1, dtype: torch.dtype = torch.bfloat16, page: int = PAGE, fp8: bool = False):
     def setup(device: torch.device) -> dict:
         g = torch.Generator(device=device).manual_seed(0)
         pages = -(-ctx // page)
         num_blocks = batch * pages + 7
         kv_cache = torch.randn(num_blocks, page, LATENT + ROPE, device=device, dtype=dtype, generator=g)
+        if fp8:
+            kv_cache = kv_cache_format.quantize_rows(kv_cache)
         order = torch.randperm(num_blocks, device=device, generator=g)[: batch * pages]
         block_table = order.view(batch, pages).to(torch.int32).contiguous()
         state = {
@@ -64,7 +70,7 @@ def _materialise(s: dict) -> None:
     if "k_dense" in s:
         return
     kv, bt, ctx = s["kv_cache"], s["block_table"], s["ctx"]
-    rows = kv[bt.long()].flatten(1, 2)[:, :ctx]  # [B, ctx, 576]
+    rows = kv_cache_format.dequantize_rows(kv[bt.long()].flatten(1, 2)[:, :ctx], s["q_nope"].dtype)  # [B, ctx, 576]
     s["k_dense"] = rows.unsqueeze(1).contiguous()  # [B, 1, ctx, 576]
     s["v_dense"] = rows[..., :LATENT].unsqueeze(1).contiguous()  # [B, 1, ctx, 512]
     batch, queries, heads, _ = s["q_nope"].shape
@@ -86,8 +92,7 @@ def _mla_peer(s: dict):
 
 def _mla_bytes(s: dict) -> float:
     batch, queries, heads, _ = s["q_nope"].shape
-    el = s["kv_cache"].element_size()
-    cache = batch * s["ctx"] * (LATENT + ROPE) * el
+    cache = batch * s["ctx"] * s["kv_cache"].shape[-1] * s["kv_cache"].element_size()  # an FP8 row: 576 + 4 bytes
     q = batch * queries * heads * (LATENT + ROPE) * s["q_nope"].element_size()
     out = batch * queries * heads * LATENT * s["q_nope"].element_size()
     return cache + q + out
@@ -98,14 +103,15 @@ def _mla_flops(s: dict) -> float:
     return 2.0 * batch * heads * queries * s["ctx"] * ((LATENT + ROPE) + LATENT)
 
 
-def _write_setup(tokens: int, num_blocks: int = 4096, dtype: torch.dtype = torch.bfloat16):
+def _write_setup(tokens: int, num_blocks: int = 4096, dtype: torch.dtype = torch.bfloat16, fp8: bool = False):
     def setup(device: torch.device) -> dict:
         g = torch.Generator(device=device).manual_seed(0)
         slots = torch.randperm(num_blocks * PAGE, device=device, generator=g)[:tokens]
+        cache = torch.randn(num_blocks, PAGE, LATENT + ROPE, device=device, dtype=dtype, generator=g)
         return {
             "kv_c": torch.randn(tokens, LATENT, device=device, dtype=dtype, generator=g),
             "k_pe": torch.randn(tokens, ROPE, device=device, dtype=dtype, generator=g),
-            "kv_cache": torch.randn(num_blocks, PAGE, LATENT + ROPE, device=device, dtype=dtype, generator=g),
+            "kv_cache": kv_cache_format.quantize_rows(cache) if fp8 else cache,
             "slot_mapping": slots.to(torch.int64),
         }
 
@@ -120,15 +126,15 @@ def _write_kernel(s: dict):
 
 def _write_peer(s: dict):
     cache = s["kv_cache"]
-    rows = torch.cat((s["kv_c"], s["k_pe"]), dim=-1).to(cache.dtype)
+    rows = torch.cat((s["kv_c"], s["k_pe"]), dim=-1)
+    rows = kv_cache_format.quantize_rows(rows) if kv_cache_format.is_fp8(cache) else rows.to(cache.dtype)
     cache.view(-1, cache.shape[-1]).index_copy_(0, s["slot_mapping"], rows)
     return cache
 
 
 def _write_bytes(s: dict) -> float:
     t = s["kv_c"].shape[0]
-    width = LATENT + ROPE
-    return t * width * (s["kv_c"].element_size() + s["kv_cache"].element_size()) + t * 8
+    return t * ((LATENT + ROPE) * s["kv_c"].element_size() + s["kv_cache"].shape[-1] * s["kv_cache"].element_size()) + t * 8
 
 
 def _write_flops(s: dict) -> float:
@@ -143,6 +149,14 @@ CASES = [
     BenchCase("mla_decode", "B128_ctx4096_H128_S1_bf16_page64", _mla_setup(128, 4096, 128), _mla_kernel, _mla_peer, _SDPA,
               _mla_flops, _mla_bytes, bound="compute"),
     BenchCase("kv_cache_write", "T128_bf16_page64", _write_setup(128), _write_kernel, _write_peer, "torch cat + index_copy_",
+              _write_flops, _write_bytes, bound="memory"),
+    # FP8 cache (kv_cache_dtype="fp8": e4m3 rows + a float32 scale per token, 580 bytes): half the bytes
+    # of bf16's to stream; the peer attends over the dequantised bf16 rows.
+    BenchCase("mla_decode", "B128_ctx4096_H16_S1_fp8cache_page64", _mla_setup(128, 4096, 16, fp8=True), _mla_kernel, _mla_peer, _SDPA + ", dequantised",
+              _mla_flops, _mla_bytes, bound="memory"),
+    BenchCase("mla_decode", "B128_ctx4096_H128_S1_fp8cache_page64", _mla_setup(128, 4096, 128, fp8=True), _mla_kernel, _mla_peer, _SDPA + ", dequantised",
+              _mla_flops, _mla_bytes, bound="compute"),
+    BenchCase("kv_cache_write", "T128_fp8cache_page64", _write_setup(128, fp8=True), _write_kernel, _write_peer, "torch quantise + index_copy_",
               _write_flops, _write_bytes, bound="memory"),
 ]
 

@@ -1,0 +1,322 @@
+"""Benchmarks of DeepSeek-V4's attention ops at V4-Flash sizes: sparse_attention, compress_kv, indexer_topk.
+
+V4-Flash: 64 query heads of D = 512 (rope 64) over one shared KV row per token, window 128, CSA
+layers (ratio 4, overlapping windows) whose indexer (64 heads of 128) picks the top 512 compressed
+entries, HCA layers (ratio 128); caches paged in blocks of 64 tokens (16 CSA entries per block),
+handed out in a shuffled order as a paged allocator leaves them; bf16 caches, and for a few
+decode cases (`_fp8kv`) the FP8 cache (kv_cache_dtype="fp8": e4m3 rows with the token's float32
+scale inline, 516 bytes per 512-wide row, 132 per indexer key; deepinfer.ops.kv_cache_format).
+
+sparse_attention (scale D^-1/2, one sink per head): decode, T = batch queries (one per sequence)
+at the last position of a `ctx`-token context, each listing its window's 128 rows and 512 entries
+the indexer could pick (random distinct ones among the ctx/4 of its sequence, ascending); a
+prefill chunk, the last 4096 queries of a 32k context, each listing its window and 512 of the
+entries visible at its position. Bytes: every distinct listed row (in its cache format) read once (decode: no two
+queries share one; prefill: the chunk's window rows and pool rows are shared), q read, out
+written, the id lists read. Flops: 4 * H * D per listed (query, row) pair (QK^T and PV). Decode
+does 4 * 64 * 512 flops per 1 KiB row read, 128 flop/byte, under the H200's ~180 (matmul rate over
+copy bandwidth): memory-bound; FP8 rows (516 bytes) double that to 254 flop/byte, over the ridge:
+those cases count as compute-bound, as does the prefill chunk, which reuses every row across
+queries. Peer: the reference's arithmetic (float32 gather, FP8 rows dequantised, einsum, softmax
+with the sink) without its host-side bounds check (so the decode peer is graph-timed like the
+kernel), in chunks of queries whose float32 gathered rows stay under 1 GiB (at T = 4096 the whole
+gather would be 5.4 GB).
+
+compress_kv (float32 projections, as the model passes them): decode, every one of 256 sequences
+closes a window this step (CSA: the previous and current windows' 8 source rows of width 1024;
+HCA: the window's 128 rows of width 512); prefill, the entries of the first 8192 tokens of a
+sequence (CSA 2048 entries, HCA 64). Bytes: the kv and gate values each entry pools (entries x
+slots x D, float32) read once, the position bias, the starts, the entries written. Flops: 5 per
+pooled value (bias add, exp, weight multiply, two sums). Memory-bound. Peer: the reference op
+(vectorised torch, no host synchronisation).
+
+indexer_topk (bf16 queries and keys, float32 weights, top 512): decode, one query per sequence
+for 64 sequences of 4k, 32k and 64k tokens (1024, 8192, 16384 keys each); a prefill chunk, the
+last 4096 queries of one 32k-token sequence (each sees the keys complete at its position). Bytes:
+each sequence's keys once, its entry table, the queries, weights and ids (the float32 score matrix
+the kernel writes and reads back is the implementation's, not counted). Flops: 2 * H * (D + 1) per
+(query, visible key): the dot products, relu and weighting. Decode: 64 flop/byte, memory-bound;
+prefill: every key serves 4096 queries, compute-bound. Peer: the reference's arithmetic and tie rule
+(`_top_ids_lowest_first`) vectorised over queries (the reference loops over sequences with host
+synchronisations), in chunks whose [t, H, E] float32 products stay under 1 GiB.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from deepinfer.ops import kv_cache_format
+from deepinfer_cuda.bench.common import BenchCase
+
+OPS = ("sparse_attention", "compress_kv", "indexer_topk")  # what this bench module covers: the runner finds it by this
+TABLE_ORDER = 70  # where its rows sit in `deepinfer bench ops`: after the V3-shaped families
+
+HEADS, DIM = 64, 512
+WINDOW, CSA_RATIO, HCA_RATIO, TOP_K = 128, 4, 128, 512
+INDEX_HEADS, INDEX_DIM = 64, 128
+PAGE = 64  # tokens per KV block
+SCALE = DIM**-0.5
+FP8 = torch.float8_e4m3fn  # an FP8 KV cache (kv_cache_dtype="fp8"): e4m3 rows with the token's float32 scale inline
+PEER_BYTES = 1 << 30  # the chunked peers' largest float32 intermediate
+
+
+@dataclass(frozen=True)
+class GraphCase(BenchCase):
+    """Decode-sized: timed from a CUDA graph replay (the kernels are graph-safe; so are the peers)."""
+
+    graph: bool = True
+
+
+def _gen(device: torch.device) -> torch.Generator:
+    return torch.Generator(device=device).manual_seed(0)
+
+
+def _paged_rows(entries: int, per_page: int, batch: int, g: torch.Generator, device: torch.device) -> tuple[torch.Tensor, int]:
+    """[batch, entries] flat cache rows of each sequence's entries 0..entries-1, `per_page` per page,
+    pages shuffled over the whole cache; and the cache's rows."""
+    pages = -(-entries // per_page)
+    order = torch.randperm(batch * pages, device=device, generator=g).view(batch, pages)
+    e = torch.arange(entries, device=device)
+    return order[:, e // per_page] * per_page + e % per_page, batch * pages * per_page
+
+
+def _cache(rows: int, width: int, dtype: torch.dtype, g: torch.Generator, device: torch.device, chunk: int = 1 << 16) -> torch.Tensor:
+    """[rows, width] N(0, 1) cache rows in `dtype`; an FP8 cache's rows quantised with their scales
+    ([rows, width + 4], deepinfer.ops.kv_cache_format), `chunk` rows at a time."""
+    if not kv_cache_format.is_fp8(dtype):
+        return torch.randn(rows, width, device=device, dtype=dtype, generator=g)
+    out = torch.empty(rows, kv_cache_format.row_width(width, dtype), device=device, dtype=dtype)
+    for lo in range(0, rows, chunk):
+        out[lo : lo + chunk] = kv_cache_format.quantize_rows(torch.randn(min(chunk, rows - lo), width, device=device, generator=g))
+    return out
+
+
+def _random_subset(visible: torch.Tensor, width: int, k: int, g: torch.Generator) -> torch.Tensor:
+    """[T, k] ascending random distinct ids below visible[t] (of `width`), -1 where fewer are visible."""
+    keys = torch.rand(visible.shape[0], width, device=visible.device, generator=g)
+    keys = keys.masked_fill(torch.arange(width, device=visible.device)[None, :] >= visible[:, None], -1.0)
+    top = keys.topk(min(k, width), dim=1)
+    ids = torch.where(top.values >= 0, top.indices, width).sort(dim=1).values
+    return torch.where(ids < width, ids, -1)
+
+
+# ---------------------------------------------------------------------------------------------- sparse_attention
+
+
+def _sparse_setup(batch: int, ctx: int, chunk: int = 1, kv_dtype: torch.dtype = torch.bfloat16):
+    """`batch` sequences of `ctx` tokens; the last `chunk` tokens of each query (decode: chunk 1);
+    caches of `kv_dtype` (bf16, or float8_e4m3fn: an FP8 cache's rows with their scales)."""
+
+    def setup(device: torch.device) -> dict:
+        g = _gen(device)
+        tokens = batch * chunk
+        pos = (ctx - chunk + torch.arange(chunk, device=device)).repeat(batch)  # [T] positions
+        seq = torch.arange(batch, device=device).repeat_interleave(chunk)
+        # Window rows: only the blocks the chunk's windows touch exist, each sequence's shuffled.
+        first = max(0, ctx - chunk - WINDOW + 1)
+        swa_rows, swa_size = _paged_rows(ctx - first + PAGE, PAGE, batch, g, device)  # rows of positions first.. (first // PAGE aligned)
+        start = first // PAGE * PAGE
+        win = pos[:, None] - WINDOW + 1 + torch.arange(WINDOW, device=device)[None, :]  # [T, 128] positions
+        window = torch.where(win >= 0, swa_rows[seq[:, None], (win - start).clamp(min=0)], -1)
+        # Compressed entries: ctx / 4 per sequence, 16 per block; each query lists 512 of those visible.
+        entries = ctx // CSA_RATIO
+        pool_rows, pool_size = _paged_rows(entries, PAGE // CSA_RATIO, batch, g, device)
+        chosen = _random_subset((pos + 1) // CSA_RATIO, entries, TOP_K, g)
+        extra = torch.where(chosen >= 0, pool_rows[seq[:, None], chosen.clamp(min=0)], -1)
+        state = {
+            "q": torch.randn(tokens, HEADS, DIM, device=device, dtype=torch.bfloat16, generator=g),
+            "kv": _cache(swa_size, DIM, kv_dtype, g, device),
+            "indices": window.to(torch.int32).contiguous(),
+            "extra_kv": _cache(pool_size, DIM, kv_dtype, g, device),
+            "extra_indices": extra.to(torch.int32).contiguous(),
+            "sinks": torch.randn(HEADS, device=device, dtype=torch.float32, generator=g),
+        }
+        state["distinct_rows"] = sum(int(torch.unique(state[k][state[k] >= 0]).numel()) for k in ("indices", "extra_indices"))
+        state["pairs"] = sum(int((state[k] >= 0).sum()) for k in ("indices", "extra_indices"))
+        return state
+
+    return setup
+
+
+def _sparse_kernel(s: dict):
+    from deepinfer_cuda.kernels.sparse_attention import sparse_attention
+
+    return sparse_attention(s["q"], s["kv"], s["indices"], s["sinks"], softmax_scale=SCALE, extra_kv=s["extra_kv"], extra_indices=s["extra_indices"])
+
+
+def _sparse_peer(s: dict) -> torch.Tensor:
+    q, sinks = s["q"], s["sinks"]
+    out = torch.empty_like(q)
+    width = s["indices"].shape[1] + s["extra_indices"].shape[1]
+    step = max(1, PEER_BYTES // (width * DIM * 4))
+    for lo in range(0, q.shape[0], step):
+        idx, xidx = s["indices"][lo : lo + step], s["extra_indices"][lo : lo + step]
+        rows = torch.cat([kv_cache_format.dequantize_rows(c[i.clamp(min=0).long()]) for c, i in ((s["kv"], idx), (s["extra_kv"], xidx))], dim=1)
+        valid = torch.cat((idx >= 0, xidx >= 0), dim=1)
+        scores = torch.einsum("thd,tkd->thk", q[lo : lo + step].float(), rows) * SCALE
+        scores = scores.masked_fill(~valid[:, None, :], float("-inf"))
+        sink = sinks[None, :, None].expand(scores.shape[0], -1, 1)
+        probs = torch.softmax(torch.cat((scores, sink), dim=-1), dim=-1)[..., :-1]
+        out[lo : lo + step] = torch.einsum("thk,tkd->thd", probs, rows).to(q.dtype)
+    return out
+
+
+def _sparse_bytes(s: dict) -> float:
+    q = s["q"]
+    lists = (s["indices"].numel() + s["extra_indices"].numel()) * 4
+    row = s["kv"].shape[1] * s["kv"].element_size()  # 1024 bytes in bf16, 516 in fp8 (values and scale)
+    return s["distinct_rows"] * row + 2 * q.numel() * q.element_size() + lists + s["sinks"].numel() * 4
+
+
+def _sparse_flops(s: dict) -> float:
+    return 4.0 * HEADS * DIM * s["pairs"]
+
+
+# ---------------------------------------------------------------------------------------------- compress_kv
+
+
+def _compress_setup(ratio: int, overlap: bool, entries: int, decode: bool):
+    """Decode: `entries` sequences, each closing one window from its own contiguous sources; prefill:
+    the first `entries` windows of one sequence."""
+
+    def setup(device: torch.device) -> dict:
+        g = _gen(device)
+        width = 2 * DIM if overlap else DIM
+        e = torch.arange(entries, device=device)
+        if decode:
+            span = 2 * ratio if overlap else ratio  # history rows (the previous window with overlap) + the window
+            rows, starts = entries * span, e * span + (ratio if overlap else 0)
+            prev = starts - ratio if overlap else starts
+        else:
+            rows, starts = entries * ratio, e * ratio
+            prev = torch.where(e > 0, starts - ratio, -1) if overlap else starts
+        return {
+            "kv": torch.randn(rows, width, device=device, generator=g),
+            "gate": torch.randn(rows, width, device=device, generator=g),
+            "position_bias": 0.5 * torch.randn(ratio, width, device=device, generator=g),
+            "window_starts": starts.contiguous(),
+            "prev_starts": prev.contiguous(),
+            "ratio": ratio,
+            "overlap": overlap,
+        }
+
+    return setup
+
+
+def _compress_args(s: dict) -> tuple:
+    return s["kv"], s["gate"], s["position_bias"], s["window_starts"], s["prev_starts"]
+
+
+def _compress_kernel(s: dict):
+    from deepinfer_cuda.kernels.compressor import compress_kv
+
+    return compress_kv(*_compress_args(s), ratio=s["ratio"], overlap=s["overlap"])
+
+
+def _compress_peer(s: dict):
+    from deepinfer.ops.compressor import compress_kv
+
+    return compress_kv(*_compress_args(s), ratio=s["ratio"], overlap=s["overlap"])
+
+
+def _pooled(s: dict) -> int:
+    """Values pooled: entries x slots x D."""
+    slots = 2 * s["ratio"] if s["overlap"] else s["ratio"]
+    return s["window_starts"].numel() * slots * DIM
+
+
+def _compress_bytes(s: dict) -> float:
+    entries = s["window_starts"].numel()
+    starts = entries * 8 * (2 if s["overlap"] else 1)
+    return 2 * _pooled(s) * 4 + s["position_bias"].numel() * 4 + starts + entries * DIM * s["kv"].element_size()
+
+
+def _compress_flops(s: dict) -> float:
+    return 5.0 * _pooled(s)
+
+
+# ---------------------------------------------------------------------------------------------- indexer_topk
+
+
+def _indexer_setup(batch: int, ctx: int, chunk: int = 1, kv_dtype: torch.dtype = torch.bfloat16):
+    def setup(device: torch.device) -> dict:
+        g = _gen(device)
+        entries = ctx // CSA_RATIO
+        rows, size = _paged_rows(entries, PAGE // CSA_RATIO, batch, g, device)
+        pos = (ctx - chunk + torch.arange(chunk, device=device)).repeat(batch)
+        tokens = batch * chunk
+        return {
+            "q": torch.randn(tokens, INDEX_HEADS, INDEX_DIM, device=device, dtype=torch.bfloat16, generator=g),
+            "weights": torch.randn(tokens, INDEX_HEADS, device=device, generator=g) * (INDEX_HEADS * INDEX_DIM) ** -0.5,
+            "index_keys": _cache(size, INDEX_DIM, kv_dtype, g, device),
+            "entry_rows": rows.to(torch.int32).contiguous(),
+            "token_seq": torch.arange(batch, device=device, dtype=torch.int32).repeat_interleave(chunk),
+            "num_visible": ((pos + 1) // CSA_RATIO).to(torch.int32),
+        }
+
+    return setup
+
+
+def _indexer_args(s: dict) -> tuple:
+    return s["q"], s["weights"], s["index_keys"], s["entry_rows"], s["token_seq"], s["num_visible"]
+
+
+def _indexer_kernel(s: dict):
+    from deepinfer_cuda.kernels.indexer import indexer_topk
+
+    return indexer_topk(*_indexer_args(s), top_k=TOP_K)
+
+
+def _indexer_peer(s: dict) -> torch.Tensor:
+    from deepinfer.ops.indexer import _top_ids_lowest_first
+
+    q, weights, keys, rows = s["q"], s["weights"], s["index_keys"], s["entry_rows"]
+    tokens, heads, _ = q.shape
+    entries = rows.shape[1]
+    scores = torch.empty(tokens, entries, device=q.device)
+    shared = kv_cache_format.dequantize_rows(keys[rows[0].long()]) if rows.shape[0] == 1 else None  # one sequence: its keys once
+    step = max(1, PEER_BYTES // (heads * entries * 4))
+    for lo in range(0, tokens, step):
+        qc = q[lo : lo + step].float()
+        if shared is not None:
+            logits = torch.einsum("thd,ed->the", qc, shared)
+        else:
+            logits = torch.einsum("thd,ted->the", qc, kv_cache_format.dequantize_rows(keys[rows[s["token_seq"][lo : lo + step].long()].long()]))
+        scores[lo : lo + step] = (torch.relu(logits) * weights[lo : lo + step, :, None]).sum(dim=1)
+    visible = torch.arange(entries, device=q.device)[None, :] < s["num_visible"].long()[:, None]
+    out = torch.full((tokens, TOP_K), -1, dtype=torch.int32, device=q.device)
+    out[:, : min(TOP_K, entries)] = _top_ids_lowest_first(scores.masked_fill(~visible, float("-inf")), min(TOP_K, entries)).to(torch.int32)
+    return out
+
+
+def _indexer_bytes(s: dict) -> float:
+    tokens = s["q"].shape[0]
+    keys = s["entry_rows"].numel() * (s["index_keys"].shape[1] * s["index_keys"].element_size() + 4)  # each sequence's keys (256 or 132 bytes) and table once
+    per_query = INDEX_HEADS * INDEX_DIM * s["q"].element_size() + INDEX_HEADS * 4 + TOP_K * 4 + 8  # q, weights, ids, seq + visible
+    return keys + tokens * per_query
+
+
+def _indexer_flops(s: dict) -> float:
+    return 2.0 * INDEX_HEADS * (INDEX_DIM + 1) * float(s["num_visible"].sum())
+
+
+SPARSE = (_sparse_kernel, _sparse_peer, "torch: the reference's float32 gather + einsum (no bounds check; chunks of <= 1 GiB)", _sparse_flops, _sparse_bytes)
+COMPRESS = (_compress_kernel, _compress_peer, "torch reference (deepinfer.ops.compressor)", _compress_flops, _compress_bytes)
+INDEXER = (_indexer_kernel, _indexer_peer, "torch: the reference's scores and tie rule, vectorised over queries", _indexer_flops, _indexer_bytes)
+
+CASES = [
+    *[GraphCase("sparse_attention", f"decode_B{b}_ctx{ctx // 1024}k_w128+top512_H64_D512_bf16", _sparse_setup(b, ctx), *SPARSE)
+      for ctx in (4096, 32768) for b in (1, 64, 256)],
+    *[GraphCase("sparse_attention", f"decode_B{b}_ctx32k_w128+top512_H64_D512_fp8kv", _sparse_setup(b, 32768, kv_dtype=FP8), *SPARSE, bound="compute")
+      for b in (64, 256)],
+    BenchCase("sparse_attention", "prefill_T4096_ctx32k_w128+top512_H64_D512_bf16", _sparse_setup(1, 32768, 4096), *SPARSE, bound="compute"),
+    GraphCase("compress_kv", "decode_B256_CSA_r4_overlap_D512_f32", _compress_setup(CSA_RATIO, True, 256, decode=True), *COMPRESS),
+    GraphCase("compress_kv", "decode_B256_HCA_r128_D512_f32", _compress_setup(HCA_RATIO, False, 256, decode=True), *COMPRESS),
+    BenchCase("compress_kv", "prefill_T8192_CSA_r4_overlap_D512_f32", _compress_setup(CSA_RATIO, True, 8192 // CSA_RATIO, decode=False), *COMPRESS),
+    BenchCase("compress_kv", "prefill_T8192_HCA_r128_D512_f32", _compress_setup(HCA_RATIO, False, 8192 // HCA_RATIO, decode=False), *COMPRESS),
+    *[GraphCase("indexer_topk", f"decode_B64_ctx{ctx // 1024}k_H64_D128_top512_bf16", _indexer_setup(64, ctx), *INDEXER) for ctx in (4096, 32768, 65536)],
+    GraphCase("indexer_topk", "decode_B64_ctx32k_H64_D128_top512_fp8kv", _indexer_setup(64, 32768, kv_dtype=FP8), *INDEXER),
+    BenchCase("indexer_topk", "prefill_T4096_ctx32k_H64_D128_top512_bf16", _indexer_setup(1, 32768, 4096), *INDEXER, bound="compute"),
+]  # fmt: skip

@@ -1,0 +1,391 @@
+"""End-to-end decode benchmark of a random DeepSeek-V4-Flash-shaped model (`deepinfer bench e2e --model-shape v4-flash`).
+
+The model is deepinfer's own `DeepseekV4ForCausalLM`, filled through the V4 loader's store
+(`V4Weights`) with random weights drawn on the device in DeepSeek's release formats: dense
+projections fp8_block, routed experts mxfp4 (deepinfer/bench/v4_weights.py says which and how).
+V4-Flash: hidden 4096, 64 heads of 512 (rope 64) over one shared KV head, window 128, CSA ratio 4
+with a top-512 indexer (64 heads of 128), HCA ratio 128, hc_mult 4, 256 experts top-6 of width
+2048 plus one shared expert, vocabulary 129280, 43 layers (2 sliding-only, then CSA / HCA
+alternating, the last CSA). No transformers peer: the model is too large for it.
+
+Layers: before anything is built the memory the run needs (weights, the transient copies of one
+layer's experts while they are stacked, the KV cache for the largest batch x context, the state
+slots, the bandwidth test, activation headroom) is checked against the device's free memory; the
+model keeps its first N layers, N the most that fit (or --layers, refused in one line when it does
+not fit). Every figure, the floor included, is for those N layers.
+
+Contexts: prefilling batch x context tokens (256 x 32k) would take far longer than the decode it
+measures, and V4's paged caches keep every token's window row; so each request starts at its
+cache length instead: its prompt of `context` random tokens is admitted with the first context - 1
+counted as computed (what a prefix-cache hit does, minus the hit: `admit_at_cache_length`), the
+caches hold random values, and one step computes the last prompt token. The decode steps that
+follow read as much cache as a real run at that length. `warmup` decode steps run untimed, then
+`steps` decode steps are timed one after the other by stepping the engine (scheduling, the V4
+host plan, the forward and sampling: the whole step).
+
+Floor (`floor_parts`): the bytes one decode step must read, over the copy bandwidth measured in the
+same run: every weight the step touches once (the dense weights; the routed experts hit at that
+batch, E(1 - (1 - k/E)^batch) expected distinct experts of E for batch x k random picks; the
+embedding rows and hash-table rows of the batch's tokens) plus each sequence's cache reads at the
+timed steps' middle position p: the window's min(128, p+1) rows in every layer; in CSA layers the
+indexer's keys of every complete window ((p+1)//4) and the min(512, (p+1)//4) selected entries; in
+HCA layers every complete entry ((p+1)//128). A cache row counts its bytes in the cache's format
+(fp8: W values and the row's 4-byte scale; bf16: 2W). Left out (a lower bound): writes,
+activations, the compressors' per-sequence window state and the host work.
+"""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+import json
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from deepinfer.bench.device_api import device_name, synchronize
+from deepinfer.bench.e2e import GiB, copy_bandwidth, free_memory
+from deepinfer.errors import UserError
+
+V4_FLASH = {
+    "model_type": "deepseek_v4", "vocab_size": 129280, "hidden_size": 4096, "num_hidden_layers": 43,
+    "num_attention_heads": 64, "num_key_value_heads": 1, "head_dim": 512, "qk_rope_head_dim": 64,
+    "q_lora_rank": 1024, "o_groups": 8, "o_lora_rank": 1024, "sliding_window": 128,
+    "compress_ratios": [0, 0] + [4, 128] * 20 + [4], "num_hash_layers": 3,
+    "index_n_heads": 64, "index_head_dim": 128, "index_topk": 512,
+    "hc_mult": 4, "hc_sinkhorn_iters": 20, "hc_eps": 1e-6,
+    "n_routed_experts": 256, "n_shared_experts": 1, "num_experts_per_tok": 6, "moe_intermediate_size": 2048,
+    "scoring_func": "sqrtsoftplus", "norm_topk_prob": True, "routed_scaling_factor": 1.5, "swiglu_limit": 10.0,
+    "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "compress_rope_theta": 160000.0,
+    "rope_scaling": {"type": "yarn", "factor": 16, "original_max_position_embeddings": 65536, "beta_fast": 32, "beta_slow": 1},
+    "max_position_embeddings": 1048576, "tie_word_embeddings": False, "num_nextn_predict_layers": 0,
+    "bos_token_id": 0, "eos_token_id": 1,
+}  # fmt: skip
+FULL_LAYERS = V4_FLASH["num_hidden_layers"]
+WARMUP_STEPS = 2  # untimed decode steps before the timed ones
+ACTIVATIONS_GIB = 2.0  # headroom for a decode step's activations, logits and the allocator's slack
+SEED = 0
+
+
+def flash_config(layers: int | None = None, overrides: dict | None = None):
+    """The V4Config of the V4-Flash shape (with `overrides`), cut to its first `layers` layers."""
+    from deepinfer.model.deepseek_v4.config import V4Config
+
+    raw = {**V4_FLASH, **(overrides or {})}
+    if layers is not None:
+        raw["num_hidden_layers"] = layers
+    return V4Config.from_dict(raw, source="the V4-Flash shape")
+
+
+def model_len(contexts, steps: int, warmup: int = WARMUP_STEPS) -> int:
+    """Positions the run needs: the longest context, the step of its last prompt token, the decode
+    steps and one spare token (its KV blocks count `model_len - 1` tokens per sequence)."""
+    return max(contexts) + warmup + steps + 3
+
+
+def distinct_experts(num_experts: int, top_k: int, batch: int) -> float:
+    """Expected distinct experts among `batch` tokens, each picking top_k distinct experts uniformly."""
+    return num_experts * (1 - (1 - top_k / num_experts) ** batch)
+
+
+# ---------------------------------------------------------------------------------------------
+# Floor and memory
+
+
+def floor_parts(config, batch: int, position: int, kv_dtype: torch.dtype, dtype_bytes: int = 2) -> dict[str, float]:
+    """Bytes one decode step at `position` must read (module docstring): "dense weights" (every weight
+    but the routed experts, the embedding rows of the batch and the hash table rows it looks up),
+    "routed experts" (the expected distinct experts per MoE layer) and "KV" (every sequence's cache
+    reads, rows in the format of a `kv_dtype` cache: W + 4 bytes in fp8, 2W in bf16)."""
+    from deepinfer.bench.v4_weights import kept_bytes
+    from deepinfer.model.deepseek_v4.config import CSA, HCA
+    from deepinfer.model.deepseek_v4.model import model_tensor_specs
+    from deepinfer.model.deepseek_v4.moe import EXPERT, INDEX
+    from deepinfer.ops.kv_cache_format import row_width
+
+    c = config
+    dense = routed = 0.0
+    touched = distinct_experts(c.n_routed_experts, c.num_experts_per_tok, batch)
+    for name, spec in model_tensor_specs(c).items():
+        if name == "embed.weight":
+            dense += batch * c.hidden_size * dtype_bytes
+        elif spec.kind == INDEX:
+            dense += batch * c.num_experts_per_tok * 8
+        elif spec.kind == EXPERT:
+            routed += kept_bytes(name, spec, dtype_bytes) * touched / c.n_routed_experts
+        else:
+            dense += kept_bytes(name, spec, dtype_bytes)
+    size = torch.empty((), dtype=kv_dtype).element_size()
+    row, key = row_width(c.head_dim, kv_dtype) * size, row_width(c.index_head_dim, kv_dtype) * size  # bytes of a KV row, an indexer key
+    per_seq = 0
+    for layer in range(c.num_hidden_layers):
+        kind, ratio = c.layer_types[layer], c.compress_ratio(layer)
+        per_seq += min(c.sliding_window, position + 1) * row
+        visible = (position + 1) // ratio if ratio else 0
+        if kind == CSA:
+            per_seq += visible * key + min(c.index_topk, visible) * row
+        elif kind == HCA:
+            per_seq += visible * row
+    return {"dense weights": dense, "routed experts": routed, "KV": float(batch * per_seq)}
+
+
+def kv_blocks(batches, contexts, tokens_after: int, block_size: int) -> int:
+    """KV blocks the largest (batch, context) pair holds at its last step (context + tokens_after tokens each)."""
+    return max(b * -(-(ctx + tokens_after) // block_size) for b in batches for ctx in contexts)
+
+
+def memory_parts(config, num_blocks: int, block_size: int, max_batch: int, kv_dtype: torch.dtype, dtype: torch.dtype, copy_gib: float) -> dict[str, float]:
+    """Bytes the run holds at once on the device, by part: the weights as kept; one MoE layer's routed
+    experts twice more while the model stacks them (the drawn experts, then gate and up stacked
+    before they are fused); the KV cache blocks and the state slots; the bandwidth test's two
+    buffers; ACTIVATIONS_GIB of headroom."""
+    from deepinfer.bench.v4_weights import kept_bytes
+    from deepinfer.model.deepseek_v4 import caches
+    from deepinfer.model.deepseek_v4.model import model_tensor_specs
+    from deepinfer.model.deepseek_v4.moe import EXPERT
+
+    size = torch.empty((), dtype=dtype).element_size()
+    weights = experts = 0
+    for name, spec in model_tensor_specs(config).items():
+        kept = kept_bytes(name, spec, size)
+        weights += kept
+        if spec.kind == EXPERT and name.startswith("layers.0."):
+            experts += kept
+    return {
+        "weights": float(weights),
+        "expert stacking": 2.0 * experts,
+        "KV cache": float(num_blocks * caches.block_bytes(config, block_size, kv_dtype) + max_batch * caches.slot_bytes(config)),
+        "bandwidth test": 2 * copy_gib * GiB,
+        "activations": ACTIVATIONS_GIB * GiB,
+    }
+
+
+def choose_layers(plan: Callable[[int], dict[str, float]], free: int | None, layers: int | None, device: torch.device, most: int = FULL_LAYERS) -> int:
+    """`layers` when given and it fits, else the most layers (<= `most`) whose `plan(n)` fits `free`
+    bytes (all of them when free memory cannot be told). One UserError line when none fits."""
+    if layers is not None:
+        _check(plan(layers), free, device, f"the {layers}-layer model; cut it further with --layers, or lower --batch / --context")
+        return layers
+    if free is None:
+        return most
+    low, high = 0, most  # plan(n) grows with n: the largest n that fits, by bisection
+    while low < high:
+        mid = (low + high + 1) // 2
+        if sum(plan(mid).values()) <= free:
+            low = mid
+        else:
+            high = mid - 1
+    if low == 0:
+        _check(plan(1), free, device, "even one layer; lower --batch / --context, or run on a device with more memory")
+    return low
+
+
+def _check(parts: dict[str, float], free: int | None, device: torch.device, what: str) -> None:
+    need = sum(parts.values())
+    if free is None or need <= free:
+        return
+    detail = ", ".join(f"{name} {value / GiB:.1f}" for name, value in parts.items())
+    raise UserError(f"bench e2e --model-shape v4-flash needs at least {need / GiB:.1f} GiB on {device} ({detail}) and {free / GiB:.1f} GiB is free for {what}")
+
+
+# ---------------------------------------------------------------------------------------------
+# Starting at a cache length
+
+
+def admit_at_cache_length(engine, prompt: list[int], params):
+    """Queue a request and admit it at once with its first len(prompt) - 1 tokens counted as computed:
+    pages for all its tokens and a state slot, as the scheduler admits a prefix-cache hit of that
+    length (minus the replay), so the next step computes only its last prompt token. The cache
+    rows of the skipped tokens hold whatever the cache holds. Prefix caching must be off (the
+    skipped blocks were never computed and must never be registered)."""
+    from deepinfer.engine.sequence import SequenceStatus
+
+    if engine.block_manager.enable_prefix_caching:
+        raise ValueError("admit_at_cache_length needs an engine without prefix caching")
+    seq = engine.add_request(prompt, params)
+    scheduler = engine.scheduler
+    if not engine.block_manager.can_allocate(seq) or len(scheduler.running) >= scheduler.max_num_seqs:
+        raise RuntimeError(f"no room to admit a request of {len(prompt)} tokens (KV blocks or sequences)")
+    scheduler.waiting.remove(seq)
+    engine.block_manager.allocate(seq)
+    seq.num_computed_tokens = seq.num_cached_kv = seq.num_cached_tokens = len(prompt) - 1
+    seq.prefill_target = seq.num_tokens
+    seq.status = SequenceStatus.RUNNING
+    bisect.insort(scheduler.running, seq, key=lambda s: s.seq_id)
+    return seq
+
+
+def fill_random(obj, generator: torch.Generator, chunk: int = 1 << 26) -> None:
+    """Fill every floating tensor in `obj` (a tensor, or dataclasses / lists / tuples / dicts of them:
+    the model's caches) with N(0, 1) values; an FP8 cache's rows get N(0, 1) values quantised with
+    their scales (deepinfer.ops.kv_cache_format), `chunk` elements at a time. Integer tensors are
+    left as they are."""
+    from deepinfer.ops import kv_cache_format
+
+    if isinstance(obj, torch.Tensor):
+        if not obj.is_floating_point():
+            return
+        if not kv_cache_format.is_fp8(obj):
+            obj.normal_(generator=generator)
+            return
+        rows = obj.view(-1, obj.shape[-1])
+        width = kv_cache_format.value_width(obj)
+        step = max(1, chunk // obj.shape[-1])
+        for lo in range(0, rows.shape[0], step):
+            hi = min(lo + step, rows.shape[0])
+            rows[lo:hi] = kv_cache_format.quantize_rows(torch.randn(hi - lo, width, generator=generator, device=obj.device))
+    elif isinstance(obj, (list, tuple)):
+        for item in obj:
+            fill_random(item, generator, chunk)
+    elif isinstance(obj, dict):
+        for item in obj.values():
+            fill_random(item, generator, chunk)
+    elif dataclasses.is_dataclass(obj):
+        for f in dataclasses.fields(obj):
+            fill_random(getattr(obj, f.name), generator, chunk)
+
+
+# ---------------------------------------------------------------------------------------------
+# The run
+
+
+@dataclass
+class V4Result:
+    batch: int
+    context: int
+    steps: int
+    step_ms: float
+    floor_ms: float
+    floor_bytes: float
+    tok_s: float
+    plan_ms: float  # of step_ms: the V4 host plan of one such decode step (plan_step), timed apart
+    floor_parts: dict[str, float] = field(default_factory=dict)
+
+
+def host_plan_ms(engine, config, block_size: int, device: torch.device) -> float:
+    """Milliseconds of the host plan (`plan_step`: every token's window rows and each sequence's
+    entry table, built in Python and copied to the device) of a decode step of the running
+    sequences, built as the model builds it each step: the share of a step the device does not do."""
+    from deepinfer.model.deepseek_v4.step import SeqStep, plan_step
+
+    seqs = [SeqStep(s.num_computed_tokens, 1, s.num_cached_kv, s.state_slot, list(s.block_table)) for s in engine.scheduler.running]
+    synchronize(device)
+    start = time.perf_counter()
+    plan_step(config, seqs, block_size, device)
+    synchronize(device)
+    return (time.perf_counter() - start) * 1e3
+
+
+def run(
+    backend: str = "auto",
+    batches=(1, 64, 256),
+    contexts=(4096, 32768),
+    steps: int = 16,
+    warmup: int = WARMUP_STEPS,
+    layers: int | None = None,
+    kv_cache_dtype: str = "fp8",
+    json_path: Path | None = None,
+    copy_gib: float = 2.0,
+    backend_options: dict[str, str] | None = None,
+    config_overrides: dict | None = None,
+    dtype: torch.dtype = torch.bfloat16,
+    progress: Callable[[str], None] | None = None,
+) -> tuple[list[V4Result], dict]:
+    """Build the model (cut to fit), then time `steps` decode steps per (batch, context) pair.
+    Returns the results and the run's facts (layers, formats, bandwidth...). `kv_cache_dtype`:
+    EngineConfig's ("auto": the model dtype; "fp8": e4m3 rows with a per-token scale)."""
+    from deepinfer.bench.v4_weights import RandomV4Weights
+    from deepinfer.engine.llm_engine import EngineConfig, LLMEngine
+    from deepinfer.engine.sampling_params import SamplingParams
+    from deepinfer.model.deepseek_v4.config import CSA, HCA, SLIDING
+    from deepinfer.model.deepseek_v4.model import DeepseekV4ForCausalLM
+    from deepinfer.model.facts import model_facts
+    from deepinfer.model.loader import LoadedModel
+    from deepinfer.ops import kv_cache_format
+    from deepinfer.runtime import open_runtime
+
+    say = progress or (lambda line: print(f"deepinfer: {line}", file=sys.stderr, flush=True))
+    kv_dtype = kv_cache_format.cache_dtype(kv_cache_dtype, dtype)
+    full = flash_config(overrides=config_overrides)
+    runtime = open_runtime(backend, dtype=dtype, options=backend_options, model=model_facts(full))
+    device = runtime.device
+    block_size = int(runtime.backend.kv_block_size)
+    max_len = model_len(contexts, steps, warmup)
+    tokens_after = max_len - 1 - max(contexts)  # tokens each request gets past its context (a spare one included)
+    num_blocks = kv_blocks(batches, contexts, tokens_after, block_size)
+    engine_config = EngineConfig(max_num_seqs=max(batches), max_num_batched_tokens=max(batches), num_kv_blocks=num_blocks,
+                                 enable_prefix_caching=False, max_model_len=max_len, kv_cache_dtype=kv_cache_dtype)  # fmt: skip
+
+    def plan(n: int) -> dict[str, float]:
+        return memory_parts(flash_config(n, config_overrides), num_blocks, block_size, max(batches), kv_dtype, dtype, copy_gib)
+
+    n_layers = choose_layers(plan, free_memory(device, runtime.memory_info), layers, device, full.num_hidden_layers)
+    config = flash_config(n_layers, config_overrides)
+    short = {SLIDING: "sliding", CSA: "CSA", HCA: "HCA"}
+    kinds = {short[kind]: config.layer_types.count(kind) for kind in dict.fromkeys(config.layer_types)}
+    say(f"V4-Flash shape cut to {n_layers} of {full.num_hidden_layers} layers ({', '.join(f'{n} {k}' for k, n in kinds.items())}); "
+        f"{sum(plan(n_layers).values()) / GiB:.1f} GiB planned on {device}")  # fmt: skip
+    bandwidth = copy_bandwidth(device, copy_gib)
+    model = DeepseekV4ForCausalLM(config, runtime.ops, device, dtype, max_positions=max_len)
+    model.load_weights(RandomV4Weights(config, device, dtype, seed=SEED))
+    loaded = LoadedModel(model=model, config=config, tokenizer=None, path=f"in-memory DeepSeek-V4-Flash-shaped model ({n_layers} layers)", dummy_weights=True)
+    engine = LLMEngine(loaded, runtime, dtype, engine_config)
+    generator = torch.Generator(device=device).manual_seed(SEED + 1)
+    fill_random(engine.runner.kv_caches, generator)
+    say(f"model built, caches filled ({num_blocks} blocks of {block_size} tokens); timing")
+
+    size = torch.empty((), dtype=dtype).element_size()
+    params = SamplingParams(temperature=0.0, max_tokens=tokens_after, ignore_eos=True)
+    tokens = torch.Generator().manual_seed(SEED + 2)
+    results = []
+    for context in contexts:
+        base = torch.randint(0, config.vocab_size, (context - 1,), generator=tokens).tolist()
+        for batch in batches:
+            last = torch.randint(0, config.vocab_size, (batch,), generator=tokens).tolist()
+            for token in last:
+                admit_at_cache_length(engine, base + [token], params)
+            for _ in range(1 + warmup):  # the last prompt token, then untimed decode steps
+                engine.step()
+            synchronize(device)
+            start = time.perf_counter()
+            for _ in range(steps):
+                engine.step()
+            synchronize(device)
+            step = (time.perf_counter() - start) / steps
+            plan_ms = host_plan_ms(engine, config, block_size, device)
+            engine.abort_all()
+            parts = floor_parts(config, batch, context + warmup + steps // 2, kv_dtype, size)
+            floor = sum(parts.values())
+            results.append(V4Result(batch, context, steps, step * 1e3, floor / bandwidth * 1e3, floor, batch / step, plan_ms, parts))
+            say(f"batch {batch} context {context}: {step * 1e3:.2f} ms per step (host plan {plan_ms:.2f} ms)")
+    info = {
+        "gpu": device_name(device), "torch": torch.__version__, "backend": runtime.backend.name, "backend_options": dict(runtime.options),
+        "copy_bandwidth_tb_s": bandwidth / 1e12, "layers": n_layers, "of_layers": full.num_hidden_layers, "layer_types": kinds,
+        "kv_cache_dtype": kv_cache_dtype, "dtype": str(dtype).removeprefix("torch."), "kv_block_size": block_size,
+        "weights": "dense projections fp8_block (e4m3, 128x128 scales), routed experts mxfp4 (e2m1 + e8m0 per 32); see deepinfer/bench/v4_weights.py",
+        "start": "each request admitted at its cache length (random cache contents), then one step for its last prompt token",
+        "date": time.strftime("%Y-%m-%d"),
+    }  # fmt: skip
+    if json_path is not None:
+        json_path.write_text(json.dumps({"machine": info, "results": [asdict(r) for r in results]}, indent=1))
+    return results, info
+
+
+def format_results(results: list[V4Result], info: dict) -> str:
+    kinds = ", ".join(f"{n} {k}" for k, n in info["layer_types"].items())
+    lines = [
+        f"{info['layers']} of {info['of_layers']} layers ({kinds}); KV cache {info['kv_cache_dtype']}; "
+        f"copy bandwidth {info['copy_bandwidth_tb_s']:.3f} TB/s; floor = bytes read / copy bandwidth, for these layers",
+        "batch  context  ms/step  host plan ms  floor ms  of floor    tok/s  floor GB: dense  experts     KV",
+    ]
+    for r in results:
+        p = {k: v / 1e9 for k, v in r.floor_parts.items()}
+        lines.append(
+            f"{r.batch:5d}  {r.context:7d}  {r.step_ms:7.2f}  {r.plan_ms:12.2f}  {r.floor_ms:8.2f}  {r.floor_ms / r.step_ms:8.0%}  {r.tok_s:7.0f}"
+            f"  {p['dense weights']:15.2f}  {p['routed experts']:7.2f}  {p['KV']:6.2f}"
+        )
+    return "\n".join(lines)
