@@ -40,7 +40,7 @@ import torch.nn.functional as F
 
 from deepinfer.distributed.expert_parallel import ep_size_of
 from deepinfer.ops import gemm as gemm_ops
-from deepinfer.ops import quant
+from deepinfer.ops import kv_cache_format, quant
 from deepinfer.registry import ModelFacts, Registration, ResolveContext
 from deepinfer_ascend import device as _device
 from deepinfer_ascend.options import NPU_FAST_PATHS
@@ -67,7 +67,8 @@ DEVIATIONS: tuple[Deviation, ...] = (
         what="Only under npu_fast_paths=all. The one [num_blocks, 128, C+R] latent cache is passed "
         "as two strided views (latent part, rope part) where the op is used with two separate caches. "
         "seq_lens is read back to the host (.tolist()) on every call. Chosen only for block size 128, "
-        "C 512, R 64, bf16/fp16, heads in {1,2,4,...,128}, no sliding window (the model's facts).",
+        "C 512, R 64, bf16/fp16, heads in {1,2,4,...,128}, no sliding window (the model's facts). "
+        "An FP8 cache (kv_cache_dtype=fp8) is refused with a ValueError at call time.",
         why="vllm-ascend keeps separate contiguous latent and rope caches; whether aclnn's fused attention "
         "reads non-contiguous key views in place, copies them (the whole cache, every layer, every step) "
         "or rejects them could not be checked without hardware. actual_seq_lengths_kv is an int[] "
@@ -271,6 +272,12 @@ def mla_decode(
     rope = q_rope.shape[-1]
     if sliding_window is not None:
         raise _not_chosen_for("mla_decode", f"sliding_window={sliding_window}")
+    if kv_cache_format.is_fp8(kv_cache):
+        # The fused op has no row format with an inline float32 scale per token (its antiquant modes
+        # take separate scale tensors), and .to(dtype) would read the scale bytes as values. ModelFacts
+        # carry no cache dtype, so this cannot be refused at resolve time: the Triton kernel serves
+        # FP8 caches, and an engine with kv_cache_dtype=fp8 must not enable npu_fast_paths=all.
+        raise _not_chosen_for("mla_decode", "an FP8 KV cache (kv_cache_dtype=fp8)")
     if kv_cache.dim() != 3 or kv_cache.shape[1] != MLA_BLOCK_SIZE or (latent, rope) != (MLA_LATENT, MLA_ROPE) or heads not in MLA_HEADS:
         raise _not_chosen_for("mla_decode", f"cache {tuple(kv_cache.shape)}, {heads} heads, latent {latent} + rope {rope}")
     if batch == 0:

@@ -1,4 +1,5 @@
-"""The ascend backend's mla_decode, prefill and kv_cache_write Triton kernels against the op references.
+"""The ascend backend's mla_decode, prefill and kv_cache_write Triton kernels against the op references
+(and the FP8-cache paths of sparse_attention and indexer_topk's scoring kernel, beyond the golden set).
 
 The kernels run under community Triton's interpreter (TRITON_INTERPRET=1, numpy on the CPU), once
 per simulated chip (DEEPINFER_ASCEND_SIM_CHIP=910B: 24 AI / 48 vector cores, 192 KB buffer; 950:
@@ -11,7 +12,10 @@ Shapes stay small (latent 64 + rope 16 mostly); the golden set covers latent 512
 cases reach what the golden set does not: paged block sizes 16/32/128, forced splits (the combine
 kernel merging empty partials), S = 1..4 with windows 1/5/40, S*H rows beyond one head block, the
 C-chunked score path, widths that are not powers of two, mixed q/cache dtypes, q_len 0 requests,
-more tokens than cores (the persistent loops wrap), float32 -> bfloat16 cache writes, strided inputs.
+more tokens than cores (the persistent loops wrap), float32 -> bfloat16 cache writes, strided inputs,
+and FP8 caches (deepinfer.ops.kv_cache_format): byte-exact writes of hard rows, mla_decode's four
+column parts with latent widths that leave parts empty, forced splits and head blocks, and
+sparse_attention with one FP8 and one model-dtype list in the same softmax.
 """
 
 from __future__ import annotations
@@ -25,6 +29,8 @@ from pathlib import Path
 
 import pytest
 import torch
+
+from deepinfer.ops import kv_cache_format
 
 try:
     import triton as _triton
@@ -54,7 +60,13 @@ def _close(out, ref, dtypes, length):
     assert (err <= bound).all(), f"max err {err.max():.3g}, worst err/bound {(err / bound).max():.3g}"
 
 
-def _mla_inputs(gen, dtype, *, seq_lens, queries, heads, latent=64, rope=16, page=16, q_dtype=None, spare=2, extra_cols=1):
+def _fp8_rows(gen, shape):
+    """Rows of random values and magnitudes (0.1 .. 10 per row) in the FP8 format: the row scales matter."""
+    rows = torch.randn(*shape, generator=gen) * 10.0 ** (2 * torch.rand(*shape[:-1], 1, generator=gen) - 1)
+    return kv_cache_format.quantize_rows(rows)
+
+
+def _mla_inputs(gen, dtype, *, seq_lens, queries, heads, latent=64, rope=16, page=16, q_dtype=None, spare=2, extra_cols=1, fp8=False):
     pages = [-(-n // page) for n in seq_lens]
     num_blocks = sum(pages) + spare  # spare pages hold values no request may read
     order = torch.randperm(num_blocks, generator=gen)
@@ -68,7 +80,7 @@ def _mla_inputs(gen, dtype, *, seq_lens, queries, heads, latent=64, rope=16, pag
     return {
         "q_nope": torch.randn(batch, queries, heads, latent, generator=gen).to(q_dtype),
         "q_rope": torch.randn(batch, queries, heads, rope, generator=gen).to(q_dtype),
-        "kv_cache": torch.randn(num_blocks, page, latent + rope, generator=gen).to(dtype),
+        "kv_cache": _fp8_rows(gen, (num_blocks, page, latent + rope)) if fp8 else torch.randn(num_blocks, page, latent + rope, generator=gen).to(dtype),
         "block_table": table,
         "seq_lens": torch.tensor(seq_lens, dtype=torch.int32),
     }
@@ -83,12 +95,14 @@ def _check_mla(inputs, *, window=None, scale=0.125, wrapper=False, **kernel_kw):
         out = mla.mla_decode(*args, softmax_scale=scale, sliding_window=window)
     else:
         out = mla.launch_mla_decode(*args, scale, window, **kernel_kw)
-    ref = ref_mla_decode(
-        inputs["q_nope"].double(), inputs["q_rope"].double(), inputs["kv_cache"].double(), inputs["block_table"], inputs["seq_lens"],
-        softmax_scale=scale, sliding_window=window,
+    fp8 = kv_cache_format.is_fp8(inputs["kv_cache"])
+    ref = ref_mla_decode(  # (an FP8 cache is dequantised by the reference, in float64 for float64 q)
+        inputs["q_nope"].double(), inputs["q_rope"].double(), inputs["kv_cache"] if fp8 else inputs["kv_cache"].double(),
+        inputs["block_table"], inputs["seq_lens"], softmax_scale=scale, sliding_window=window,
     )
     assert out.dtype == inputs["q_nope"].dtype and out.shape == inputs["q_nope"].shape
-    _close(out, ref, (inputs["q_nope"].dtype, inputs["kv_cache"].dtype), int(inputs["seq_lens"].max()))
+    dtypes = (inputs["q_nope"].dtype,) if fp8 else (inputs["q_nope"].dtype, inputs["kv_cache"].dtype)
+    _close(out, ref, dtypes, int(inputs["seq_lens"].max()))
     return out
 
 
@@ -138,7 +152,10 @@ def _prefill_case(dtype, seed, *, window=None, tiles=None, wrapper=False, **shap
     return run
 
 
-def _kv_write_case(src_dtype, cache_dtype, *, page, blocks, tokens, skip, strided=False, latent=48, rope=16, seed=1):
+def _kv_write_case(src_dtype, cache_dtype, *, page, blocks, tokens, skip, strided=False, latent=48, rope=16, seed=1, hard_rows=False):
+    """hard_rows: token 0 all zeros (the amax floor), token 1 x 1e4, token 2 x 1e-3 with a 1e-6 rope
+    part (e4m3 subnormals and zeros beside larger values)."""
+
     def run():
         from deepinfer.ops.attention import kv_cache_write as ref_kv_cache_write
         from deepinfer_ascend.kernels import kv_cache as kvw
@@ -152,11 +169,19 @@ def _kv_write_case(src_dtype, cache_dtype, *, page, blocks, tokens, skip, stride
         else:
             kv_c = torch.randn(tokens, latent, generator=gen).to(src_dtype)
             k_pe = torch.randn(tokens, rope, generator=gen).to(src_dtype)
-        cache = torch.randn(blocks, page, latent + rope, generator=gen).to(cache_dtype)
+        if hard_rows:
+            kv_c[0], k_pe[0] = 0.0, 0.0
+            kv_c[1] *= 1e4
+            kv_c[2] *= 1e-3
+            k_pe[2] *= 1e-6
+        fp8 = kv_cache_format.is_fp8(cache_dtype)
+        cache = _fp8_rows(gen, (blocks, page, latent + rope)) if fp8 else torch.randn(blocks, page, latent + rope, generator=gen).to(cache_dtype)
         want = ref_kv_cache_write(kv_c, k_pe, cache.clone(), slots)
         got = cache.clone()
         ret = kvw.kv_cache_write(kv_c, k_pe, got, slots)
         assert ret.data_ptr() == got.data_ptr()
+        if fp8:  # bit-exact: the e4m3 bytes and the scale's 4 bytes of every row
+            got, want = got.view(torch.uint8), want.view(torch.uint8)
         assert torch.equal(got, want), f"max diff {(got.double() - want.double()).abs().max():.3g}"
 
     return run
@@ -177,7 +202,42 @@ def _kv_write_past_cache():
     assert torch.equal(padded[1], cache[1]) and torch.equal(padded[0, 6:], cache[0, 6:])
 
 
-F32, BF16 = torch.float32, torch.bfloat16
+def _sparse_fp8_case(dtype, seed, *, kv_fp8, extra_fp8, tokens=3, heads=5, dim=48, rows=40, width=20, extra_rows=12, extra_width=6, num_splits=None):
+    """sparse_attention with either list's cache FP8 (or both), -1 padding, a token listing nothing."""
+
+    def run():
+        from deepinfer.ops.sparse_attention import sparse_attention as ref_sparse_attention
+        from deepinfer_ascend.kernels import sparse_attention as sa
+
+        gen = torch.Generator().manual_seed(seed)
+
+        def cache(n, fp8):
+            return _fp8_rows(gen, (n, dim)) if fp8 else torch.randn(n, dim, generator=gen).to(dtype)
+
+        def ids(n, k):
+            out = torch.stack([torch.randperm(n, generator=gen)[:k] for _ in range(tokens)]).to(torch.int32)
+            out[:, ::3] = -1
+            out[-1] = -1  # the last token lists no row of this list
+            return out
+
+        q = torch.randn(tokens, heads, dim, generator=gen).to(dtype)
+        kv, xkv = cache(rows, kv_fp8), cache(extra_rows, extra_fp8)
+        indices, extra_indices = ids(rows, width), ids(extra_rows, extra_width)
+        extra_indices[-1, 0] = 1  # ... but one of the other list
+        sinks = torch.randn(heads, generator=gen)
+        scale = dim**-0.5
+        out = sa.launch_sparse_attention(q, kv, indices, sinks, scale, xkv, extra_indices, num_splits=num_splits)
+        ref = ref_sparse_attention(
+            q.double(), kv if kv_fp8 else kv.double(), indices, sinks, softmax_scale=scale,
+            extra_kv=xkv if extra_fp8 else xkv.double(), extra_indices=extra_indices,
+        )
+        assert out.dtype == dtype and out.shape == q.shape
+        _close(out, ref, (dtype,), width + extra_width)
+
+    return run
+
+
+F32, BF16, FP8 = torch.float32, torch.bfloat16, torch.float8_e4m3fn
 
 CASES = {
     # mla_decode: 5 requests around page edges (page 16), 3 forced splits -> empty partials in the combine
@@ -203,6 +263,16 @@ CASES = {
     "mla_full_width_page128_bf16": _mla_case(BF16, 10, wrapper=True, seq_lens=[129, 300], queries=2, heads=8, latent=512, rope=64, page=128),
     "mla_full_width_page128_f32": _mla_case(F32, 11, wrapper=True, seq_lens=[1, 140], queries=1, heads=16, latent=512, rope=64, page=128),
     "mla_deterministic": _mla_deterministic,
+    # FP8 cache: four latent parts (latent 64 -> parts of 32, two of them wholly masked), row scales
+    # over 1e-2 .. 1e2, forced splits, MTP rows with a window, two head blocks, the full width
+    "mla_fp8_pages16_splits3_f32": _mla_case(F32, 21, fp8=True, seq_lens=[1, 15, 16, 17, 40], queries=1, heads=4, kernel_kw={"num_splits": 3}),
+    "mla_fp8_s4_window5_page32_bf16": _mla_case(
+        BF16, 22, fp8=True, window=5, seq_lens=[4, 70], queries=4, heads=3, page=32, kernel_kw={"num_splits": 2}
+    ),
+    "mla_fp8_rows24_head_blocks_latent48_f32": _mla_case(
+        F32, 23, fp8=True, seq_lens=[2, 50], queries=2, heads=12, latent=48, page=16, kernel_kw={"tiles": {"BLOCK_H": 16}}
+    ),
+    "mla_fp8_full_width_page128_bf16": _mla_case(BF16, 24, fp8=True, wrapper=True, seq_lens=[129, 300], queries=2, heads=8, latent=512, rope=64, page=128),
     # prefill: d 64/64, a request with no queries, more items than cores (persistent loop wraps)
     "prefill_d64_qlen0_f32": _prefill_case(F32, 1, q_lens=[1, 0, 17, 9], k_lens=[1, 5, 17, 30], heads=4, qk_dim=64, v_dim=64),
     "prefill_d64_bf16_wrapper": _prefill_case(BF16, 2, wrapper=True, q_lens=[20, 3], k_lens=[20, 50], heads=3, qk_dim=64, v_dim=64),
@@ -220,6 +290,14 @@ CASES = {
     "kv_write_strided_f32": _kv_write_case(F32, F32, page=32, blocks=3, tokens=5, skip=[2], strided=True, latent=64),
     "kv_write_all_skipped": _kv_write_case(BF16, BF16, page=16, blocks=2, tokens=4, skip=[0, 1, 2, 3]),
     "kv_write_past_cache_skipped": _kv_write_past_cache,
+    "kv_write_fp8_hard_rows_from_f32_many_tokens": _kv_write_case(F32, FP8, page=16, blocks=6, tokens=70, skip=[5, 69], hard_rows=True),
+    "kv_write_fp8_hard_rows_from_bf16_strided_page128": _kv_write_case(
+        BF16, FP8, page=128, blocks=2, tokens=9, skip=[4], strided=True, latent=64, hard_rows=True
+    ),
+    # sparse_attention: FP8 window rows with model-dtype compressed rows and the converse, both FP8 split
+    "sparse_bf16_fp8_kv_plain_extra": _sparse_fp8_case(BF16, 31, kv_fp8=True, extra_fp8=False),
+    "sparse_f32_plain_kv_fp8_extra_splits3": _sparse_fp8_case(F32, 32, kv_fp8=False, extra_fp8=True, num_splits=3),
+    "sparse_f32_fp8_both_d64_h20": _sparse_fp8_case(F32, 33, kv_fp8=True, extra_fp8=True, dim=64, heads=20),
 }
 
 
@@ -238,31 +316,59 @@ def _worker() -> None:
 
 
 def _compile_variants():
-    """(name, kernel, pointer types, constexprs): every constexpr branch of the three kernel files."""
+    """(name, kernel, pointer types, constexprs): every constexpr branch of the three kernel files,
+    and the FP8 branches of sparse_attention's and indexer_topk's scoring kernels."""
+    from deepinfer_ascend.kernels import indexer as ix
     from deepinfer_ascend.kernels import kv_cache as kvw
     from deepinfer_ascend.kernels import mla_decode as mla
     from deepinfer_ascend.kernels import prefill as pf
+    from deepinfer_ascend.kernels import sparse_attention as sa
 
-    mla_ptrs = {n: "*bf16" for n in ("q_nope_ptr", "q_rope_ptr", "kv_ptr", "out_ptr")}
+    mla_ptrs = {n: "*bf16" for n in ("q_nope_ptr", "q_rope_ptr", "kv_ptr", "scale_ptr", "out_ptr")}
     mla_ptrs.update(block_table_ptr="*i32", seq_lens_ptr="*i32", part_out_ptr="*fp32", part_lse_ptr="*fp32")
-    mla_base = dict(S=2, H=4, C=48, R=16, BLOCK_C=64, BLOCK_R=16, PAGE=32, BLOCK_H=16, BLOCK_N=16, DOT_F32=False, DOT_PRECISION=None, MANUAL_RNE=False)
+    mla_base = dict(
+        S=2, H=4, C=48, R=16, BLOCK_C=64, BLOCK_R=16, PAGE=32, BLOCK_H=16, BLOCK_N=16, DOT_F32=False, DOT_PRECISION=None, MANUAL_RNE=False, FP8=False
+    )
+    mla_fp8_ptrs = {**mla_ptrs, "kv_ptr": "*u8", "scale_ptr": "*fp32"}
+    mla_fp8 = {**mla_base, "BLOCK_C": 128, "BLOCK_R": 32, "Q_CHUNK": 32, "FP8": True}
     pf_ptrs = {n: "*bf16" for n in ("q_ptr", "k_ptr", "v_ptr", "out_ptr")}
     pf_ptrs.update(cu_q_ptr="*i32", cu_k_ptr="*i32")
     pf_base = dict(H=2, D_QK=48, D_V=24, BLOCK_M=16, BLOCK_N=16, BLOCK_D1=32, BLOCK_D2=16, BLOCK_DV=32, DOT_F32=False, DOT_PRECISION=None, MANUAL_RNE=False)
-    kv_ptrs = {"kv_c_ptr": "*bf16", "k_pe_ptr": "*bf16", "cache_ptr": "*bf16", "slot_ptr": "*i64"}
-    kv_base = dict(C=48, R=16, BLOCK_C=64, BLOCK_R=16, PAGE=128, MANUAL_RNE=False)
+    kv_ptrs = {"kv_c_ptr": "*bf16", "k_pe_ptr": "*bf16", "cache_ptr": "*bf16", "scale_ptr": "*bf16", "slot_ptr": "*i64"}
+    kv_base = dict(C=48, R=16, BLOCK_C=64, BLOCK_R=16, PAGE=128, MANUAL_RNE=False, FP8=False)
+    kv_fp8_ptrs = {**kv_ptrs, "cache_ptr": "*u8", "scale_ptr": "*fp32"}
+    sa_ptrs = {n: "*bf16" for n in ("q_ptr", "kv_ptr", "kv_scale_ptr", "xkv_ptr", "xkv_scale_ptr", "out_ptr")}
+    sa_ptrs.update(idx_ptr="*i32", xidx_ptr="*i32", sinks_ptr="*fp32", part_out_ptr="*fp32", part_lse_ptr="*fp32")
+    sa_base = dict(H=8, D=48, HEAD_BLOCKS=1, BLOCK_H=16, BLOCK_N=16, BLOCK_D=64, Q_CHUNK=0, HAS_EXTRA=True, DIRECT=True, DOT_F32=False, DOT_PRECISION=None)
+    sa_base.update(IDX64=False, FP8=False, XFP8=False, PARTS=False)
+    sa_fp8 = {**sa_base, "BLOCK_D": 128, "Q_CHUNK": 32, "PARTS": True}
+    sa_fp8_kv_ptrs = {**sa_ptrs, "kv_ptr": "*u8", "kv_scale_ptr": "*fp32"}
+    sa_fp8_both_ptrs = {**sa_fp8_kv_ptrs, "xkv_ptr": "*u8", "xkv_scale_ptr": "*fp32"}
+    ix_ptrs = {"q_ptr": "*bf16", "w_ptr": "*fp32", "keys_ptr": "*bf16", "key_scale_ptr": "*bf16", "rows_ptr": "*i32", "seq_ptr": "*i32", "nv_ptr": "*i32"}
+    ix_ptrs.update(scores_ptr="*fp32")
+    ix_base = dict(BLOCK_H=16, BLOCK_D=32, BLOCK_E=32, DOT_F32=False, DOT_PRECISION=None, IDX64=False, FP8=False)
+    ix_fp8_ptrs = {**ix_ptrs, "keys_ptr": "*u8", "key_scale_ptr": "*fp32"}
     split = mla._mla_decode_split_kernel
     combine_ptrs = {"part_out_ptr": "*fp32", "part_lse_ptr": "*fp32", "out_ptr": "*bf16"}
     return [
         ("mla_resident_direct", split, mla_ptrs, {**mla_base, "Q_CHUNK": 0, "HAS_WINDOW": False, "DIRECT": True, "IDX64": False}),
         ("mla_resident_split_window_idx64", split, mla_ptrs, {**mla_base, "Q_CHUNK": 0, "HAS_WINDOW": True, "DIRECT": False, "IDX64": True}),
         ("mla_q_chunked_split_window", split, mla_ptrs, {**mla_base, "Q_CHUNK": 32, "HAS_WINDOW": True, "DIRECT": False, "IDX64": False}),
+        ("mla_fp8_direct", split, mla_fp8_ptrs, {**mla_fp8, "HAS_WINDOW": False, "DIRECT": True, "IDX64": False}),
+        ("mla_fp8_split_window_idx64", split, mla_fp8_ptrs, {**mla_fp8, "HAS_WINDOW": True, "DIRECT": False, "IDX64": True}),
         ("mla_combine", mla._mla_decode_combine_kernel, combine_ptrs, dict(ROWS=8, C=48, BLOCK_M=16, BLOCK_C=64, MANUAL_RNE=False)),
         ("prefill", pf._prefill_kernel, pf_ptrs, {**pf_base, "HAS_WINDOW": False, "IDX64": False}),
         ("prefill_window_idx64", pf._prefill_kernel, pf_ptrs, {**pf_base, "HAS_WINDOW": True, "IDX64": True}),
         ("prefill_one_dot", pf._prefill_kernel, pf_ptrs, {**pf_base, "D_QK": 32, "BLOCK_D2": 0, "HAS_WINDOW": True, "IDX64": False}),
         ("kv_write", kvw._kv_cache_write_kernel, kv_ptrs, {**kv_base, "IDX64": False}),
         ("kv_write_idx64", kvw._kv_cache_write_kernel, kv_ptrs, {**kv_base, "IDX64": True}),
+        ("kv_write_fp8", kvw._kv_cache_write_kernel, kv_fp8_ptrs, {**kv_base, "BLOCK_R": 32, "IDX64": False, "FP8": True}),
+        ("kv_write_fp8_idx64", kvw._kv_cache_write_kernel, kv_fp8_ptrs, {**kv_base, "BLOCK_R": 32, "IDX64": True, "FP8": True}),
+        ("sparse_resident", sa._sparse_attention_kernel, sa_ptrs, sa_base),
+        ("sparse_fp8_kv_plain_extra_split", sa._sparse_attention_kernel, sa_fp8_kv_ptrs, {**sa_fp8, "FP8": True, "DIRECT": False}),
+        ("sparse_fp8_both_idx64", sa._sparse_attention_kernel, sa_fp8_both_ptrs, {**sa_fp8, "FP8": True, "XFP8": True, "IDX64": True}),
+        ("indexer_scores", ix._indexer_scores_kernel, ix_ptrs, ix_base),
+        ("indexer_scores_fp8_idx64", ix._indexer_scores_kernel, ix_fp8_ptrs, {**ix_base, "FP8": True, "IDX64": True}),
     ]
 
 
@@ -378,7 +484,7 @@ def test_tile_plans_fit_half_the_buffer(chip, monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     monkeypatch.setenv("DEEPINFER_ASCEND_SIM_CHIP", chip)
     from deepinfer_ascend.device import current
-    from deepinfer_ascend.kernels import mla_decode, prefill
+    from deepinfer_ascend.kernels import indexer, mla_decode, prefill, sparse_attention
 
     half = current().ub_bytes // 2
     for page in (16, 64, 128, 256):
@@ -394,6 +500,17 @@ def test_tile_plans_fit_half_the_buffer(chip, monkeypatch):
     assert cfg["num_splits"] > 1  # one request cannot fill the AI cores alone
     assert mla_decode.plan(1, 16, 128, 4096, 512, 64, 4)["Q_CHUNK"] == (0 if chip == "950" else 128)
     assert mla_decode.plan(current().num_aicore, 16, 128, 4096, 512, 64, 2)["num_splits"] == 1
+    # FP8 caches with bf16 activations (the decode temporaries counted): four latent parts of 128
+    for page in (16, 64, 128):
+        for rows in (1, 16, 48, 128):
+            cfg = mla_decode.plan(4, rows, page, 32 * page, 512, 64, 2, fp8=True)
+            assert cfg["bytes"] <= half and page % cfg["BLOCK_N"] == 0 and cfg["Q_CHUNK"] * mla_decode.FP8_PARTS == cfg["BLOCK_C"] == 512
+    cfg = sparse_attention.plan(1, 64, 512, 128, 512, 2, fp8=True)
+    assert cfg["bytes"] <= half and cfg["Q_CHUNK"] * sparse_attention.PARTS == cfg["BLOCK_D"] == 512
+    for e_dot in (2, 4):
+        for fp8 in (False, True):
+            block_e, block_d = indexer._score_blocks(64, 128, e_dot, fp8)
+            assert indexer._score_bytes(64, block_d, block_e, e_dot, fp8) <= half and block_e >= 64
     for d_qk, d_v in ((192, 128), (64, 64)):
         d1, d2 = prefill._split_head_dim(d_qk)
         assert d1 + d2 == d_qk

@@ -23,7 +23,7 @@ import torch
 
 import deepinfer_ascend.npu_ops as npu_ops
 import deepinfer_ascend.probe as probe
-from deepinfer.ops import quant
+from deepinfer.ops import kv_cache_format, quant
 from deepinfer.options import BackendOptionError
 from deepinfer.plugins import BackendSpec
 from deepinfer.registry import EXACT, ModelFacts, Registration, Registry, ResolveContext, all_ops
@@ -418,6 +418,11 @@ def test_mla_decode_refuses_calls_outside_the_ops_mla_mode(fake_npu):
     args, _ = _mla_inputs(1)
     with pytest.raises(ValueError, match="sliding_window"):
         npu_ops.mla_decode(*args, softmax_scale=0.05, sliding_window=16)
+    # An FP8 cache (rows of e4m3 values + a float32 scale) is not the fused op's format.
+    q_nope, q_rope, kv_cache, block_table, seq_lens = args
+    fp8_cache = kv_cache_format.quantize_rows(kv_cache)
+    with pytest.raises(ValueError, match="FP8"):
+        npu_ops.mla_decode(q_nope, q_rope, fp8_cache, block_table, seq_lens, **kwargs)
     assert not fake_npu.calls
 
 

@@ -29,10 +29,20 @@ library call, and since kth is an element's exact value the tie rule is reproduc
 comparisons alone; an in-kernel select would need per-query digit histograms (atomics, several
 passes) or ~32 bisection passes over rows of up to 256k entries on the vector cores.
 
+FP8 keys (deepinfer.ops.kv_cache_format: D e4m3 bytes, then the key's float32 scale; an FP8
+cache's indexer pool): the kernel takes the pool's bytes and the same memory as float32
+(`fp8_views`; key row i's scale at float32 index (i * row stride + D) / 4). Each gathered key chunk
+is decoded by integer arithmetic (`deepinfer.triton_common.e4m3_bits_to_f32`: A2/A3 have no
+float8 type) exactly to q's dtype, and each key's scale multiplies its score after the head sum
+(relu(s * x) = s * relu(x) for the scale s > 0).
+
 Buffer budget (half the unified buffer): scores item: q chunk [BLOCK_H, BLOCK_D] + key chunk
 [BLOCK_D, BLOCK_E] in the dot dtype + logits and their weighted relu, [BLOCK_H, BLOCK_E] float32
 each; BLOCK_E is the largest power of two <= 128 that fits (bf16, 64 heads of 128: 64 on A2/A3,
-128 on 950). Selection: about 10 live [BLOCK] 4-byte vectors (scores, masks, two prefix sums,
+128 on 950). FP8 keys add the decode of the key chunk, 13 bytes per element (its bytes, two int32
+temporaries, the float32 values), so D is cut into smaller chunks instead of narrowing BLOCK_E:
+bf16, 64 heads: A2/A3 BLOCK_E 64 x BLOCK_D 32 -> 66 KB; 950 BLOCK_E 128 x BLOCK_D 32 -> 128 KB.
+Selection: about 10 live [BLOCK] 4-byte vectors (scores, masks, two prefix sums,
 positions, ids): 40 bytes per element (2048-entry chunks on A2/A3 and 950).
 
 Index arithmetic is int32; IDX64 switches the key-row and score offsets to int64 when the key pool
@@ -45,9 +55,10 @@ import torch
 import triton
 import triton.language as tl
 
+from deepinfer.ops import kv_cache_format
 from deepinfer.ops.indexer import check_indexer_topk_shapes
 from deepinfer.ops.indexer import indexer_topk as _reference
-from deepinfer.triton_common import cdiv, next_power_of_2, upcast_dot
+from deepinfer.triton_common import cdiv, e4m3_bits_to_f32, fp8_views, next_power_of_2, upcast_dot
 from deepinfer_ascend.kernels.common import Registration, aligned, cube_grid, current, dot_precision, launch_options, tile_elems, vector_grid
 
 INT32_LIMIT = 2**31
@@ -56,11 +67,12 @@ _MAX_BLOCK_E = 128  # entries per scoring item
 _SELECT_BYTES_PER_ELEM = 40
 _MAX_SELECT_BLOCK = 4096
 _MAX_BLOCK_K = 1024  # top-k values read per step
+_FP8_DECODE_BYTES = 13  # live bytes per decoded key element: the e4m3 byte, two int32 temporaries, the float32 value
 
 
 @triton.jit
 def _indexer_scores_kernel(
-    q_ptr, w_ptr, keys_ptr, rows_ptr, seq_ptr, nv_ptr, scores_ptr,
+    q_ptr, w_ptr, keys_ptr, key_scale_ptr, rows_ptr, seq_ptr, nv_ptr, scores_ptr,
     T, E, H, D, e_blocks,
     stride_qt, stride_qh, stride_wt, stride_wh, stride_k, stride_rb, stride_s,
     BLOCK_H: tl.constexpr,
@@ -69,6 +81,7 @@ def _indexer_scores_kernel(
     DOT_F32: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     IDX64: tl.constexpr,
+    FP8: tl.constexpr,  # FP8 keys: keys_ptr their bytes, key_scale_ptr the same memory as float32
 ):
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
@@ -90,9 +103,10 @@ def _indexer_scores_kernel(
             seq = tl.load(seq_ptr + t).to(tl.int32)
             rows = tl.maximum(tl.load(rows_ptr + seq * stride_rb + offs_e, mask=vis, other=0).to(tl.int32), 0)
             if IDX64:
-                k_rows = keys_ptr + rows.to(tl.int64) * stride_k
+                k_off = rows.to(tl.int64) * stride_k
             else:
-                k_rows = keys_ptr + rows * stride_k
+                k_off = rows * stride_k
+            k_rows = keys_ptr + k_off
             q_rows = q_ptr + t * stride_qt + offs_h * stride_qh
             logits = tl.zeros([BLOCK_H, BLOCK_E], dtype=tl.float32)
             for d0 in range(0, D, BLOCK_D):
@@ -102,10 +116,15 @@ def _indexer_scores_kernel(
                 kt = tl.load(k_rows[None, :] + d[:, None], mask=d_ok[:, None] & vis[None, :], other=0.0)  # [BLOCK_D, BLOCK_E]
                 if DOT_F32:
                     q = q.to(tl.float32)
+                if FP8:  # e4m3 bytes -> q's dtype, exact (the key's scale is applied to its score)
+                    kt = e4m3_bits_to_f32(kt.to(tl.int32)).to(q.dtype)
+                elif DOT_F32:
                     kt = kt.to(tl.float32)
                 logits = tl.dot(q, kt, logits, input_precision=DOT_PRECISION)
             w = tl.load(w_ptr + t * stride_wt + offs_h * stride_wh, mask=h_ok, other=0.0).to(tl.float32)
             score = tl.sum(tl.maximum(logits, 0.0) * w[:, None], axis=0)
+            if FP8:  # relu(s * x) = s * relu(x) for the key's scale s > 0
+                score = score * tl.load(key_scale_ptr + (k_off + D) // 4, mask=vis, other=0.0)
             tl.store(dst, tl.where(vis, score, float("-inf")), mask=offs_e < E)
         else:
             tl.store(dst, tl.full([BLOCK_E], float("-inf"), tl.float32), mask=offs_e < E)
@@ -199,13 +218,26 @@ def _indexer_select_kernel(
                 tl.store(out_row + p, tl.full([BLOCK_K], -1, tl.int32), mask=(p >= taken) & (p < TOP_K))
 
 
-def _block_e(block_h: int, block_d: int, e_dot: int) -> int:
-    """Largest power-of-two entry block <= _MAX_BLOCK_E whose scoring tiles fit half the buffer."""
+def _score_bytes(block_h: int, block_d: int, block_e: int, e_dot: int, fp8: bool) -> int:
+    """On-chip bytes of a scoring item's live tiles (see the module docstring)."""
+    e_key = e_dot + (_FP8_DECODE_BYTES if fp8 else 0)
+    return block_h * block_d * e_dot + block_d * block_e * e_key + 2 * block_h * block_e * 4
+
+
+def _score_blocks(block_h: int, dim: int, e_dot: int, fp8: bool = False) -> tuple[int, int]:
+    """(BLOCK_E, BLOCK_D): the largest power-of-two entry block <= _MAX_BLOCK_E whose scoring tiles
+    fit half the buffer, BLOCK_D = min(next_pow2(D), 128); FP8 keys try narrower D chunks (>= 32)
+    before a narrower entry block."""
     budget = current().ub_bytes // 2
+    top_d = max(16, min(next_power_of_2(dim), _MAX_BLOCK_D))
+    widths = [d for d in (128, 64, 32) if d <= top_d] if fp8 and top_d >= 32 else [top_d]
     block_e = _MAX_BLOCK_E
-    while block_e > 16 and block_h * block_d * e_dot + block_d * block_e * e_dot + 2 * block_h * block_e * 4 > budget:
+    while block_e > (32 if fp8 else 16):
+        for block_d in widths:
+            if _score_bytes(block_h, block_d, block_e, e_dot, fp8) <= budget:
+                return block_e, block_d
         block_e //= 2
-    return block_e
+    return block_e, widths[-1]
 
 
 def indexer_topk(
@@ -237,20 +269,23 @@ def indexer_topk(
 
     row_stride = aligned(max_entries, torch.float32)
     scores = torch.empty(tokens, row_stride, dtype=torch.float32, device=q.device)[:, :max_entries]
-    dot_f32 = q.dtype == torch.float32 or index_keys.dtype == torch.float32 or q.dtype != index_keys.dtype
+    fp8 = kv_cache_format.is_fp8(index_keys)
+    keys, key_scales = fp8_views(index_keys) if fp8 else (index_keys, index_keys)  # (key_scales: unused without FP8)
+    # (FP8 keys decode to q's dtype exactly)
+    dot_f32 = q.dtype == torch.float32 or (not fp8 and (index_keys.dtype == torch.float32 or q.dtype != index_keys.dtype))
     block_h = max(16, next_power_of_2(heads))
-    block_d = max(16, min(next_power_of_2(dim), _MAX_BLOCK_D))
-    block_e = _block_e(block_h, block_d, 4 if dot_f32 else q.element_size())
+    block_e, block_d = _score_blocks(block_h, dim, 4 if dot_f32 else q.element_size(), fp8)
     e_blocks = cdiv(max_entries, block_e)
-    idx64 = max(tokens * row_stride, index_keys.shape[0] * index_keys.stride(0) + dim) >= INT32_LIMIT
+    idx64 = max(tokens * row_stride, keys.shape[0] * keys.stride(0) + keys.shape[1]) >= INT32_LIMIT
     _indexer_scores_kernel[(cube_grid(tokens * e_blocks),)](
-        q, weights, index_keys, entry_rows, token_seq, num_visible, scores,
+        q, weights, keys, key_scales, entry_rows, token_seq, num_visible, scores,
         tokens, max_entries, heads, dim, e_blocks,
-        q.stride(0), q.stride(1), weights.stride(0), weights.stride(1), index_keys.stride(0), entry_rows.stride(0), scores.stride(0),
+        q.stride(0), q.stride(1), weights.stride(0), weights.stride(1), keys.stride(0), entry_rows.stride(0), scores.stride(0),
         BLOCK_H=block_h, BLOCK_D=block_d, BLOCK_E=block_e,
         DOT_F32=dot_f32 or upcast_dot(),
         DOT_PRECISION=dot_precision(dot_f32 or upcast_dot()),
         IDX64=idx64,
+        FP8=fp8,
         **launch_options(),
     )
 
@@ -282,6 +317,7 @@ REGISTRATIONS = [
     Registration(
         op="indexer_topk",
         fn=indexer_topk,
-        note="Triton (ascend): persistent cube grid of heads x entries scores, torch.topk threshold + ordered tie-rule select",
+        note="Triton (ascend): persistent cube grid of heads x entries scores, torch.topk threshold + ordered tie-rule select; "
+        "FP8 keys decoded by integer e4m3, key scales on the scores",
     ),
 ]

@@ -8,9 +8,20 @@ int64 offsets only when the cache tensor does), and when the slot is non-negativ
 cast to the cache dtype. A negative slot (padding) skips the token with a scalar branch: nothing is
 loaded or stored, and the host never reads the slots (no synchronisation).
 
+An FP8 cache (deepinfer.ops.kv_cache_format: W e4m3 bytes, then the row's float32 scale) gets each
+row quantised by the program that writes it, bit-exact with the reference: amax over latent and
+rope together, scale = max(amax, 1e-4) / 448 and the values divided by it (tl.math.div_rn: IEEE
+division, as torch's), each value rounded to nearest even to an e4m3 byte by integer arithmetic
+(`deepinfer.triton_common.e4m3_rne_bits`: A2/A3 have no float8 type, and the same code runs under
+the interpreter), the scale's 4 bytes stored after them. The kernel takes two views of the cache
+(`fp8_views`): its bytes, and the same memory as float32 for the scale (a row at byte offset o
+has its scale at float32 index (o + C + R) / 4).
+
 Buffer: one [next_pow2(C)] and one [next_pow2(R)] row of the source dtype plus their casts: 2.3 KB
 for C=512, R=64 in float32, far under the 192 KB (A2/A3) / 256 KB (950) unified buffer. Rows are
-padded to powers of two (>= 16 elements: 32 bytes for 16-bit dtypes) and masked.
+padded to powers of two (>= 16 elements: 32 bytes for 16-bit dtypes; >= 32 for the byte rows of an
+FP8 cache) and masked. FP8 adds the float32 copies, the quotients and about four int32 temporaries
+of the rounding: under 16 KB for C=512, R=64.
 
 Deviation (interpreter only): community Triton's interpreter truncates float32 -> bfloat16 casts
 (the hardware and torch round to nearest even); under TRITON_INTERPRET=1 that cast is done by bit
@@ -28,7 +39,8 @@ import triton
 import triton.language as tl
 
 from deepinfer.ops import attention as attention_ops
-from deepinfer.triton_common import interpreting, next_power_of_2, to_bf16_rne
+from deepinfer.ops import kv_cache_format
+from deepinfer.triton_common import e4m3_rne_bits, fp8_views, interpreting, next_power_of_2, to_bf16_rne
 from deepinfer_ascend.kernels.common import Registration, launch_options, vector_grid
 
 INT32_LIMIT = 2**31
@@ -36,7 +48,7 @@ INT32_LIMIT = 2**31
 
 @triton.jit
 def _kv_cache_write_kernel(
-    kv_c_ptr, k_pe_ptr, cache_ptr, slot_ptr,
+    kv_c_ptr, k_pe_ptr, cache_ptr, scale_ptr, slot_ptr,
     num_tokens, num_slots,
     stride_c_t, stride_r_t,
     stride_cache_page, stride_cache_row,
@@ -45,6 +57,7 @@ def _kv_cache_write_kernel(
     PAGE: tl.constexpr,
     IDX64: tl.constexpr,  # the cache has >= 2^31 elements: int64 row offsets
     MANUAL_RNE: tl.constexpr,  # float32 -> bfloat16 by bit arithmetic (the interpreter truncates)
+    FP8: tl.constexpr,  # an FP8 cache: cache_ptr its bytes, scale_ptr the same memory as float32
 ):
     pid = tl.program_id(0)
     num_programs = tl.num_programs(0)
@@ -61,14 +74,31 @@ def _kv_cache_write_kernel(
             else:
                 dst = slot.to(tl.int32)
                 tok = t
-            row = cache_ptr + (dst // PAGE) * stride_cache_page + (dst % PAGE) * stride_cache_row
+            row_off = (dst // PAGE) * stride_cache_page + (dst % PAGE) * stride_cache_row
+            row = cache_ptr + row_off
             latent = tl.load(kv_c_ptr + tok * stride_c_t + offs_c, mask=c_ok, other=0.0)
             rope = tl.load(k_pe_ptr + tok * stride_r_t + offs_r, mask=r_ok, other=0.0)
-            if MANUAL_RNE:
-                latent = to_bf16_rne(latent)
-                rope = to_bf16_rne(rope)
-            tl.store(row + offs_c, latent.to(cache_ptr.dtype.element_ty), mask=c_ok)
-            tl.store(row + C + offs_r, rope.to(cache_ptr.dtype.element_ty), mask=r_ok)
+            if FP8:
+                _write_fp8_row(latent.to(tl.float32), rope.to(tl.float32), row, scale_ptr + (row_off + C + R) // 4, offs_c, offs_r, c_ok, r_ok, C)
+            else:
+                if MANUAL_RNE:
+                    latent = to_bf16_rne(latent)
+                    rope = to_bf16_rne(rope)
+                tl.store(row + offs_c, latent.to(cache_ptr.dtype.element_ty), mask=c_ok)
+                tl.store(row + C + offs_r, rope.to(cache_ptr.dtype.element_ty), mask=r_ok)
+
+
+@triton.jit
+def _write_fp8_row(latent, rope, row, scale_at, offs_c, offs_r, c_ok, r_ok, C: tl.constexpr):
+    """One token's FP8 row (deepinfer.ops.kv_cache_format), bit-exact with the reference: the scale
+    max(amax, 1e-4) / 448 and the quotients by IEEE division, e4m3 bytes by integer rounding (ties
+    to even), the scale after the values. Masked lanes hold 0.0 and do not move the amax."""
+    amax = tl.maximum(tl.max(tl.abs(latent), axis=0), tl.max(tl.abs(rope), axis=0))
+    scale = tl.math.div_rn(tl.maximum(amax, 1e-4), 448.0)
+    tl.store(row + offs_c, e4m3_rne_bits(tl.math.div_rn(latent, scale)).to(tl.uint8), mask=c_ok)
+    tl.store(row + C + offs_r, e4m3_rne_bits(tl.math.div_rn(rope, scale)).to(tl.uint8), mask=r_ok)
+    tl.store(scale_at, scale)
+
 
 def kv_cache_write(
     kv_c: torch.Tensor,
@@ -91,19 +121,23 @@ def kv_cache_write(
     if not slot_mapping.is_contiguous():
         slot_mapping = slot_mapping.contiguous()
     big = max(kv_cache.numel() + kv_cache.stride(0), kv_c.numel() + kv_c.stride(0), k_pe.numel() + k_pe.stride(0)) >= INT32_LIMIT
+    fp8 = kv_cache_format.is_fp8(kv_cache)
+    cache, scales = fp8_views(kv_cache) if fp8 else (kv_cache, kv_cache)  # (scales: unused without FP8)
     manual_rne = interpreting() and kv_cache.dtype == torch.bfloat16 and torch.float32 in (kv_c.dtype, k_pe.dtype)
     if manual_rne and (kv_c.dtype != torch.float32 or k_pe.dtype != torch.float32):
         kv_c, k_pe = kv_c.float(), k_pe.float()  # (one dtype for the bit-rounding path)
+    least = 32 if fp8 else 16  # a padded row of at least 32 bytes
     _kv_cache_write_kernel[(vector_grid(tokens),)](
-        kv_c, k_pe, kv_cache, slot_mapping,
+        kv_c, k_pe, cache, scales, slot_mapping,
         tokens, num_blocks * block_size,
         kv_c.stride(0), k_pe.stride(0),
-        kv_cache.stride(0), kv_cache.stride(1),
+        cache.stride(0), cache.stride(1),
         C=latent_dim, R=rope_dim,
-        BLOCK_C=max(16, next_power_of_2(latent_dim)), BLOCK_R=max(16, next_power_of_2(rope_dim)),
+        BLOCK_C=max(least, next_power_of_2(latent_dim)), BLOCK_R=max(least, next_power_of_2(rope_dim)),
         PAGE=block_size,
         IDX64=big,
         MANUAL_RNE=manual_rne,
+        FP8=fp8,
         **launch_options(),
     )
     return kv_cache
@@ -114,6 +148,6 @@ REGISTRATIONS = [
         op="kv_cache_write",
         fn=kv_cache_write,
         dtypes=(torch.float32, torch.bfloat16, torch.float16),
-        note="Triton (ascend) vector kernel, persistent grid over tokens, scalar skip of padding slots",
+        note="Triton (ascend) vector kernel, persistent grid over tokens, scalar skip of padding slots; FP8 rows quantised in-kernel (integer e4m3 rounding)",
     )
 ]

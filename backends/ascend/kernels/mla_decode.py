@@ -36,7 +36,25 @@ Buffer budget (unified buffer, keep all live tiles under half of it; bytes for C
     accumulator alone is 64 KB at 32 rows, so it never does, and S*H rows run as head blocks of 16.
     Head blocks are the fastest-varying item index, so the head blocks of one (request, split) run
     at the same time on neighbouring cores and share the cache tiles through L2.
+  FP8 cache (FP8_PARTS quarters, below): converted tile BLOCK_N*(C+R)*e + the decode of one
+    quarter BLOCK_N*(C/4)*13 (its bytes, two int32 temporaries, the float32 values) + q
+    BLOCK_H*(C+R)*e + acc BLOCK_H*C*4 + scores BLOCK_H*BLOCK_N*(4+e).
+    bf16, 16 rows: A2/A3 and 950 BLOCK_N 16 -> 95.5 KB (BLOCK_N 32 would be 141 KB).
+    float32 q: nothing fits half the buffer of either chip; the smallest tiles (16 x 16, 132 KB)
+    leave no room for double buffering (float32 activations are a test dtype).
 The combine kernel holds [16, C] float32 accumulator + partial: 64 KB.
+
+FP8 cache (deepinfer.ops.kv_cache_format: rows of C + R e4m3 bytes, then the token's float32
+scale): the kernel takes the cache's bytes and the same memory as float32 (`fp8_views`; a row at
+byte offset o has its scale at float32 index (o + C + R) / 4). The bytes are decoded by integer
+arithmetic (`deepinfer.triton_common.e4m3_bits_to_f32`: A2/A3 have no float8 type) to q's dtype,
+exactly, and feed the same cube products; each row's scale multiplies its column of scores and,
+after the softmax statistics, of weights (s * (q . v) and (p * s) @ v), so no tile element is ever
+scaled. The decode needs about 13 bytes of temporaries per element, so a whole [16, 576] tile
+would take 117 KB on its own: the latent columns are decoded as FP8_PARTS = 4 quarters, each with
+its own [BLOCK_H, C/4] accumulator (four named tiles: a Triton tensor cannot be written in
+parts), and only one quarter's decode is live at a time. The 580-byte rows halve the DMA of a
+bf16 cache; the tiles are smaller (BLOCK_N 16) because of the decode, not the bytes.
 
 Index arithmetic is int32 (page * page stride stays int32 unless the cache tensor has >= 2^31
 elements, then IDX64 switches the row offsets to int64).
@@ -55,13 +73,16 @@ import triton
 import triton.language as tl
 
 from deepinfer.ops import attention as attention_ops
-from deepinfer.triton_common import cdiv, interpreting, next_power_of_2, pick_splits, to_bf16_rne, upcast_dot
+from deepinfer.ops import kv_cache_format
+from deepinfer.triton_common import cdiv, e4m3_bits_to_f32, fp8_views, interpreting, next_power_of_2, pick_splits, to_bf16_rne, upcast_dot
 from deepinfer_ascend.kernels.common import Registration, cube_grid, current, dot_precision, launch_options, vector_grid
 
 INT32_LIMIT = 2**31
 MIN_TOKENS_PER_SPLIT = 256  # a split's partial write (rows * C * 4 bytes) stays small next to its reads
 MAX_SPLITS = 64
 COMBINE_ROWS = 16
+FP8_PARTS = 4  # an FP8 cache's latent columns are decoded (and accumulated) in this many parts
+FP8_DECODE_BYTES = 13  # live bytes per decoded element: the e4m3 byte, two int32 temporaries, the float32 value
 
 
 @triton.jit
@@ -73,8 +94,102 @@ def _store_rows(ptrs, values, mask, MANUAL_RNE: tl.constexpr):
 
 
 @triton.jit
+def _load_q_cols(q_rows, row_ok, col0, WIDTH: tl.constexpr, BLOCK: tl.constexpr, DOT_F32: tl.constexpr):
+    """q[rows, col0 : col0 + BLOCK] (zeros past WIDTH), in the dot dtype."""
+    offs = col0 + tl.arange(0, BLOCK)
+    q = tl.load(q_rows[:, None] + offs[None, :], mask=row_ok[:, None] & (offs < WIDTH)[None, :], other=0.0)
+    if DOT_F32:
+        q = q.to(tl.float32)
+    return q
+
+
+@triton.jit
+def _fp8_cols(rows, n_ok, col0, like, WIDTH: tl.constexpr, BLOCK: tl.constexpr):
+    """Columns col0 .. col0 + BLOCK - 1 of FP8 cache rows (byte pointers; zeros past WIDTH or for
+    rows not n_ok): the e4m3 values, unscaled, exactly in `like`'s dtype."""
+    offs = col0 + tl.arange(0, BLOCK)
+    b = tl.load(rows[:, None] + offs[None, :], mask=n_ok[:, None] & (offs < WIDTH)[None, :], other=0)
+    return e4m3_bits_to_f32(b.to(tl.int32)).to(like.dtype)
+
+
+@triton.jit
+def _attend_fp8(
+    q_rows_n, q_rows_r, row_ok, pos, start, end, kv_ptr, scale_ptr, bt_row, sm_scale, window,
+    stride_kv_page, stride_kv_row,
+    C: tl.constexpr, R: tl.constexpr, BLOCK_R: tl.constexpr, PAGE: tl.constexpr,
+    BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, PART: tl.constexpr,
+    HAS_WINDOW: tl.constexpr, DOT_F32: tl.constexpr, DOT_PRECISION: tl.constexpr, IDX64: tl.constexpr,
+):
+    """One item's keys start .. end - 1 over an FP8 cache: (m, l, and the four accumulator parts
+    [BLOCK_H, PART], latent columns k * PART ...). Each part is decoded once per tile and feeds both
+    of its products; each row's scale multiplies its scores and its weights."""
+    qr = _load_q_cols(q_rows_r, row_ok, 0, R, BLOCK_R, DOT_F32)
+    q0 = _load_q_cols(q_rows_n, row_ok, 0 * PART, C, PART, DOT_F32)
+    q1 = _load_q_cols(q_rows_n, row_ok, 1 * PART, C, PART, DOT_F32)
+    q2 = _load_q_cols(q_rows_n, row_ok, 2 * PART, C, PART, DOT_F32)
+    q3 = _load_q_cols(q_rows_n, row_ok, 3 * PART, C, PART, DOT_F32)
+    m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
+    acc0 = tl.zeros([BLOCK_H, PART], dtype=tl.float32)
+    acc1 = tl.zeros([BLOCK_H, PART], dtype=tl.float32)
+    acc2 = tl.zeros([BLOCK_H, PART], dtype=tl.float32)
+    acc3 = tl.zeros([BLOCK_H, PART], dtype=tl.float32)
+    arange_n = tl.arange(0, BLOCK_N)
+    for start_n in range(start, end, BLOCK_N):
+        page = tl.load(bt_row + start_n // PAGE)
+        if IDX64:
+            row0 = page.to(tl.int64) * stride_kv_page + (start_n % PAGE) * stride_kv_row
+        else:
+            row0 = page * stride_kv_page + (start_n % PAGE) * stride_kv_row
+        row_off = row0 + arange_n * stride_kv_row
+        kv_rows = kv_ptr + row_off
+        offs_n = start_n + arange_n
+        n_ok = offs_n < end
+        kr = _fp8_cols(kv_rows + C, n_ok, 0, qr, R, BLOCK_R)
+        scores = tl.dot(qr, tl.trans(kr), input_precision=DOT_PRECISION)
+        v0 = _fp8_cols(kv_rows, n_ok, 0 * PART, q0, C, PART)
+        scores = tl.dot(q0, tl.trans(v0), scores, input_precision=DOT_PRECISION)
+        v1 = _fp8_cols(kv_rows, n_ok, 1 * PART, q1, C, PART)
+        scores = tl.dot(q1, tl.trans(v1), scores, input_precision=DOT_PRECISION)
+        v2 = _fp8_cols(kv_rows, n_ok, 2 * PART, q2, C, PART)
+        scores = tl.dot(q2, tl.trans(v2), scores, input_precision=DOT_PRECISION)
+        v3 = _fp8_cols(kv_rows, n_ok, 3 * PART, q3, C, PART)
+        scores = tl.dot(q3, tl.trans(v3), scores, input_precision=DOT_PRECISION)
+        # value = e4m3 * the row's scale: the scale multiplies a key's scores and, below, its weights.
+        row_scale = tl.load(scale_ptr + (row_off + C + R) // 4, mask=n_ok, other=0.0)
+        scores = scores * (row_scale * sm_scale)[None, :]
+        visible = n_ok[None, :] & (offs_n[None, :] <= pos[:, None])
+        if HAS_WINDOW:
+            visible = visible & (offs_n[None, :] > pos[:, None] - window)
+        scores = tl.where(visible, scores, float("-inf"))
+
+        m_new = tl.maximum(m_i, tl.max(scores, axis=1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp(m_i - m_safe)
+        p = tl.exp(scores - m_safe[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        p = (p * row_scale[None, :]).to(v0.dtype)
+        acc0 = tl.dot(p, v0, acc0 * alpha[:, None], input_precision=DOT_PRECISION)
+        acc1 = tl.dot(p, v1, acc1 * alpha[:, None], input_precision=DOT_PRECISION)
+        acc2 = tl.dot(p, v2, acc2 * alpha[:, None], input_precision=DOT_PRECISION)
+        acc3 = tl.dot(p, v3, acc3 * alpha[:, None], input_precision=DOT_PRECISION)
+        m_i = m_new
+    return m_i, l_i, acc0, acc1, acc2, acc3
+
+
+@triton.jit
+def _store_parts(rows, acc0, acc1, acc2, acc3, l_safe, row_ok, C: tl.constexpr, PART: tl.constexpr, MANUAL_RNE: tl.constexpr):
+    """The normalised accumulator parts of `_attend_fp8` into columns k * PART ... of `rows`."""
+    offs = tl.arange(0, PART)
+    _store_rows(rows[:, None] + offs[None, :], acc0 / l_safe[:, None], row_ok[:, None] & (offs < C)[None, :], MANUAL_RNE)
+    _store_rows(rows[:, None] + PART + offs[None, :], acc1 / l_safe[:, None], row_ok[:, None] & (PART + offs < C)[None, :], MANUAL_RNE)
+    _store_rows(rows[:, None] + 2 * PART + offs[None, :], acc2 / l_safe[:, None], row_ok[:, None] & (2 * PART + offs < C)[None, :], MANUAL_RNE)
+    _store_rows(rows[:, None] + 3 * PART + offs[None, :], acc3 / l_safe[:, None], row_ok[:, None] & (3 * PART + offs < C)[None, :], MANUAL_RNE)
+
+
+@triton.jit
 def _mla_decode_split_kernel(
-    q_nope_ptr, q_rope_ptr, kv_ptr, block_table_ptr, seq_lens_ptr,
+    q_nope_ptr, q_rope_ptr, kv_ptr, scale_ptr, block_table_ptr, seq_lens_ptr,
     out_ptr, part_out_ptr, part_lse_ptr,
     sm_scale,
     window,  # sliding window (used only when HAS_WINDOW)
@@ -91,13 +206,14 @@ def _mla_decode_split_kernel(
     BLOCK_C: tl.constexpr, BLOCK_R: tl.constexpr,
     PAGE: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
-    Q_CHUNK: tl.constexpr,  # 0: q resident; else the scores are summed over C chunks of this width
+    Q_CHUNK: tl.constexpr,  # 0: q resident; else the scores are summed over C chunks of this width (FP8: the part width, BLOCK_C / 4)
     HAS_WINDOW: tl.constexpr,
     DIRECT: tl.constexpr,  # one split: write the final output, no partials
     DOT_F32: tl.constexpr,  # dot operands in float32 (float32 / mixed inputs, or the interpreter)
     DOT_PRECISION: tl.constexpr,
     IDX64: tl.constexpr,
     MANUAL_RNE: tl.constexpr,
+    FP8: tl.constexpr,  # an FP8 cache: kv_ptr its bytes, scale_ptr the same memory as float32
 ):
     pid = tl.program_id(0)
     num_programs = tl.num_programs(0)
@@ -130,76 +246,93 @@ def _mla_decode_split_kernel(
 
         q_rows_n = q_nope_ptr + b * stride_qn_b + offs_m * stride_qn_m
         q_rows_r = q_rope_ptr + b * stride_qr_b + offs_m * stride_qr_m
-        qr = tl.load(q_rows_r[:, None] + offs_r[None, :], mask=row_ok[:, None] & r_ok[None, :], other=0.0)
-        if DOT_F32:
-            qr = qr.to(tl.float32)
-        if Q_CHUNK == 0:
-            qn = tl.load(q_rows_n[:, None] + offs_c[None, :], mask=row_ok[:, None] & c_ok[None, :], other=0.0)
-            if DOT_F32:
-                qn = qn.to(tl.float32)
-
-        m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
-        l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
-        acc = tl.zeros([BLOCK_H, BLOCK_C], dtype=tl.float32)
-        bt_row = block_table_ptr + b * stride_bt_b
-        for start_n in range(start, end, BLOCK_N):
-            # The tile lies inside one page (BLOCK_N divides PAGE): one page number, consecutive rows.
-            page = tl.load(bt_row + start_n // PAGE)
-            if IDX64:
-                row0 = page.to(tl.int64) * stride_kv_page + (start_n % PAGE) * stride_kv_row
+        if FP8:
+            m_i, l_i, acc0, acc1, acc2, acc3 = _attend_fp8(
+                q_rows_n, q_rows_r, row_ok, pos, start, end, kv_ptr, scale_ptr, block_table_ptr + b * stride_bt_b, sm_scale, window,
+                stride_kv_page, stride_kv_row, C, R, BLOCK_R, PAGE, BLOCK_H, BLOCK_N, Q_CHUNK,
+                HAS_WINDOW, DOT_F32, DOT_PRECISION, IDX64,
+            )
+            has = l_i > 0.0
+            l_safe = tl.where(has, l_i, 1.0)
+            if DIRECT:
+                o_rows = out_ptr + b * stride_o_b + offs_m * stride_o_m
+                _store_parts(o_rows, acc0, acc1, acc2, acc3, l_safe, row_ok, C, Q_CHUNK, MANUAL_RNE)
             else:
-                row0 = page * stride_kv_page + (start_n % PAGE) * stride_kv_row
-            kv_rows = kv_ptr + row0 + arange_n * stride_kv_row
-            offs_n = start_n + arange_n
-            n_ok = offs_n < end
-            kr = tl.load(kv_rows[:, None] + C + offs_r[None, :], mask=n_ok[:, None] & r_ok[None, :], other=0.0)
-            if DOT_F32:
-                kr = kr.to(tl.float32)
-            scores = tl.dot(qr, tl.trans(kr), input_precision=DOT_PRECISION)
-            if Q_CHUNK == 0:
-                kc = tl.load(kv_rows[:, None] + offs_c[None, :], mask=n_ok[:, None] & c_ok[None, :], other=0.0)
-                if DOT_F32:
-                    kc = kc.to(tl.float32)
-                scores = tl.dot(qn, tl.trans(kc), scores, input_precision=DOT_PRECISION)
-            else:
-                for c0 in tl.static_range(0, BLOCK_C, Q_CHUNK):
-                    offs_cc = c0 + tl.arange(0, Q_CHUNK)
-                    cc_ok = offs_cc < C
-                    qc = tl.load(q_rows_n[:, None] + offs_cc[None, :], mask=row_ok[:, None] & cc_ok[None, :], other=0.0)
-                    kcc = tl.load(kv_rows[:, None] + offs_cc[None, :], mask=n_ok[:, None] & cc_ok[None, :], other=0.0)
-                    if DOT_F32:
-                        qc = qc.to(tl.float32)
-                        kcc = kcc.to(tl.float32)
-                    scores = tl.dot(qc, tl.trans(kcc), scores, input_precision=DOT_PRECISION)
-                kc = tl.load(kv_rows[:, None] + offs_c[None, :], mask=n_ok[:, None] & c_ok[None, :], other=0.0)
-                if DOT_F32:
-                    kc = kc.to(tl.float32)
-            scores = scores * sm_scale
-            visible = n_ok[None, :] & (offs_n[None, :] <= pos[:, None])
-            if HAS_WINDOW:
-                visible = visible & (offs_n[None, :] > pos[:, None] - window)
-            scores = tl.where(visible, scores, float("-inf"))
-
-            m_new = tl.maximum(m_i, tl.max(scores, axis=1))
-            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-            alpha = tl.exp(m_i - m_safe)
-            p = tl.exp(scores - m_safe[:, None])
-            l_i = l_i * alpha + tl.sum(p, axis=1)
-            acc = acc * alpha[:, None]
-            acc = tl.dot(p.to(kc.dtype), kc, acc, input_precision=DOT_PRECISION)
-            m_i = m_new
-
-        has = l_i > 0.0
-        out = acc / tl.where(has, l_i, 1.0)[:, None]
-        out_mask = row_ok[:, None] & c_ok[None, :]
-        if DIRECT:
-            o_rows = out_ptr + b * stride_o_b + offs_m * stride_o_m
-            _store_rows(o_rows[:, None] + offs_c[None, :], out, out_mask, MANUAL_RNE)
+                po_rows = part_out_ptr + b * stride_po_b + split * stride_po_split + offs_m * stride_po_m
+                _store_parts(po_rows, acc0, acc1, acc2, acc3, l_safe, row_ok, C, Q_CHUNK, False)
+                lse = tl.where(has, m_i + tl.log(l_safe), float("-inf"))
+                tl.store(part_lse_ptr + b * stride_pl_b + split * stride_pl_split + offs_m, lse, mask=row_ok)
         else:
-            lse = tl.where(has, m_i + tl.log(tl.where(has, l_i, 1.0)), float("-inf"))
-            po_rows = part_out_ptr + b * stride_po_b + split * stride_po_split + offs_m * stride_po_m
-            tl.store(po_rows[:, None] + offs_c[None, :], out, mask=out_mask)
-            tl.store(part_lse_ptr + b * stride_pl_b + split * stride_pl_split + offs_m, lse, mask=row_ok)
+            qr = tl.load(q_rows_r[:, None] + offs_r[None, :], mask=row_ok[:, None] & r_ok[None, :], other=0.0)
+            if DOT_F32:
+                qr = qr.to(tl.float32)
+            if Q_CHUNK == 0:
+                qn = tl.load(q_rows_n[:, None] + offs_c[None, :], mask=row_ok[:, None] & c_ok[None, :], other=0.0)
+                if DOT_F32:
+                    qn = qn.to(tl.float32)
+
+            m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
+            l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
+            acc = tl.zeros([BLOCK_H, BLOCK_C], dtype=tl.float32)
+            bt_row = block_table_ptr + b * stride_bt_b
+            for start_n in range(start, end, BLOCK_N):
+                # The tile lies inside one page (BLOCK_N divides PAGE): one page number, consecutive rows.
+                page = tl.load(bt_row + start_n // PAGE)
+                if IDX64:
+                    row0 = page.to(tl.int64) * stride_kv_page + (start_n % PAGE) * stride_kv_row
+                else:
+                    row0 = page * stride_kv_page + (start_n % PAGE) * stride_kv_row
+                kv_rows = kv_ptr + row0 + arange_n * stride_kv_row
+                offs_n = start_n + arange_n
+                n_ok = offs_n < end
+                kr = tl.load(kv_rows[:, None] + C + offs_r[None, :], mask=n_ok[:, None] & r_ok[None, :], other=0.0)
+                if DOT_F32:
+                    kr = kr.to(tl.float32)
+                scores = tl.dot(qr, tl.trans(kr), input_precision=DOT_PRECISION)
+                if Q_CHUNK == 0:
+                    kc = tl.load(kv_rows[:, None] + offs_c[None, :], mask=n_ok[:, None] & c_ok[None, :], other=0.0)
+                    if DOT_F32:
+                        kc = kc.to(tl.float32)
+                    scores = tl.dot(qn, tl.trans(kc), scores, input_precision=DOT_PRECISION)
+                else:
+                    for c0 in tl.static_range(0, BLOCK_C, Q_CHUNK):
+                        offs_cc = c0 + tl.arange(0, Q_CHUNK)
+                        cc_ok = offs_cc < C
+                        qc = tl.load(q_rows_n[:, None] + offs_cc[None, :], mask=row_ok[:, None] & cc_ok[None, :], other=0.0)
+                        kcc = tl.load(kv_rows[:, None] + offs_cc[None, :], mask=n_ok[:, None] & cc_ok[None, :], other=0.0)
+                        if DOT_F32:
+                            qc = qc.to(tl.float32)
+                            kcc = kcc.to(tl.float32)
+                        scores = tl.dot(qc, tl.trans(kcc), scores, input_precision=DOT_PRECISION)
+                    kc = tl.load(kv_rows[:, None] + offs_c[None, :], mask=n_ok[:, None] & c_ok[None, :], other=0.0)
+                    if DOT_F32:
+                        kc = kc.to(tl.float32)
+                scores = scores * sm_scale
+                visible = n_ok[None, :] & (offs_n[None, :] <= pos[:, None])
+                if HAS_WINDOW:
+                    visible = visible & (offs_n[None, :] > pos[:, None] - window)
+                scores = tl.where(visible, scores, float("-inf"))
+
+                m_new = tl.maximum(m_i, tl.max(scores, axis=1))
+                m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+                alpha = tl.exp(m_i - m_safe)
+                p = tl.exp(scores - m_safe[:, None])
+                l_i = l_i * alpha + tl.sum(p, axis=1)
+                acc = acc * alpha[:, None]
+                acc = tl.dot(p.to(kc.dtype), kc, acc, input_precision=DOT_PRECISION)
+                m_i = m_new
+
+            has = l_i > 0.0
+            out = acc / tl.where(has, l_i, 1.0)[:, None]
+            out_mask = row_ok[:, None] & c_ok[None, :]
+            if DIRECT:
+                o_rows = out_ptr + b * stride_o_b + offs_m * stride_o_m
+                _store_rows(o_rows[:, None] + offs_c[None, :], out, out_mask, MANUAL_RNE)
+            else:
+                lse = tl.where(has, m_i + tl.log(tl.where(has, l_i, 1.0)), float("-inf"))
+                po_rows = part_out_ptr + b * stride_po_b + split * stride_po_split + offs_m * stride_po_m
+                tl.store(po_rows[:, None] + offs_c[None, :], out, mask=out_mask)
+                tl.store(part_lse_ptr + b * stride_pl_b + split * stride_pl_split + offs_m, lse, mask=row_ok)
 
 
 @triton.jit
@@ -244,43 +377,49 @@ def _mla_decode_combine_kernel(
         _store_rows(o_rows[:, None] + offs_c[None, :], out, mask, MANUAL_RNE)
 
 
-def _tile_bytes(block_h: int, block_n: int, block_c: int, block_r: int, e_dot: int, q_chunk: int) -> int:
+def _tile_bytes(block_h: int, block_n: int, block_c: int, block_r: int, e_dot: int, q_chunk: int, fp8: bool = False) -> int:
     """On-chip bytes of every live tile of one split-kernel program (see the module docstring)."""
     acc = block_h * block_c * 4
     scores = block_h * block_n * 4 + block_h * block_n * e_dot
+    if fp8:  # decoded tile + one part's decode + q + acc + scores
+        decode = block_n * max(block_c // FP8_PARTS, block_r) * FP8_DECODE_BYTES
+        return block_n * (block_c + block_r) * e_dot + decode + block_h * (block_c + block_r) * e_dot + acc + scores
     if q_chunk == 0:
         return block_n * (block_c + block_r) * e_dot + block_h * (block_c + block_r) * e_dot + acc + scores
     return block_n * block_c * e_dot + block_n * (q_chunk + block_r) * e_dot + block_h * (q_chunk + block_r) * e_dot + acc + scores
 
 
 @lru_cache(maxsize=256)
-def _tiles(rows: int, page: int, block_c: int, block_r: int, e_dot: int, budget: int) -> tuple[int, int, int]:
+def _tiles(rows: int, page: int, block_c: int, block_r: int, e_dot: int, budget: int, fp8: bool = False) -> tuple[int, int, int]:
     """(BLOCK_H, BLOCK_N, Q_CHUNK) that fit `budget` bytes: the most rows per tile first (fewer
     re-reads of the cache), then the longest tile of at least 32 tokens; BLOCK_N 16 and then
-    C-chunked scores only when nothing else fits."""
+    C-chunked scores only when nothing else fits. FP8: Q_CHUNK is the part width (BLOCK_C / 4)."""
     heads = [h for h in (64, 32, 16) if h <= max(16, next_power_of_2(rows))]
     lengths = [n for n in (128, 64, 32) if n <= page]
-    for chunk in (0, min(128, block_c)):
+    for chunk in (block_c // FP8_PARTS,) if fp8 else (0, min(128, block_c)):
         for candidates in ([(h, n) for h in heads for n in lengths], [(h, 16) for h in heads]):
             for block_h, block_n in candidates:
-                if _tile_bytes(block_h, block_n, block_c, block_r, e_dot, chunk) <= budget:
+                if _tile_bytes(block_h, block_n, block_c, block_r, e_dot, chunk, fp8) <= budget:
                     return block_h, block_n, chunk
-    return 16, 16, min(64, block_c)
+    return 16, 16, block_c // FP8_PARTS if fp8 else min(64, block_c)
 
 
 def plan(
     batch: int, rows: int, page: int, capacity: int, latent_dim: int, rope_dim: int, e_dot: int,
-    num_splits: int | None = None, tiles: dict | None = None,
+    num_splits: int | None = None, tiles: dict | None = None, fp8: bool = False,
 ) -> dict:
-    """Tiles and split count from host-known shapes only (capacity = block-table width * page)."""
+    """Tiles and split count from host-known shapes only (capacity = block-table width * page).
+    fp8: an FP8 cache (e_dot is q's dot dtype); its byte rows are padded to >= 32 bytes per part."""
     dev = current()
-    block_c = max(16, next_power_of_2(latent_dim))
-    block_r = max(16, next_power_of_2(rope_dim))
-    block_h, block_n, q_chunk = _tiles(rows, page, block_c, block_r, e_dot, dev.ub_bytes // 2)
+    block_c = max(FP8_PARTS * 32 if fp8 else 16, next_power_of_2(latent_dim))
+    block_r = max(32 if fp8 else 16, next_power_of_2(rope_dim))
+    block_h, block_n, q_chunk = _tiles(rows, page, block_c, block_r, e_dot, dev.ub_bytes // 2, fp8)
     if tiles:
         block_h, block_n, q_chunk = tiles.get("BLOCK_H", block_h), tiles.get("BLOCK_N", block_n), tiles.get("Q_CHUNK", q_chunk)
         if page % block_n or block_c % max(q_chunk, 1):
             raise ValueError(f"BLOCK_N {block_n} must divide the block size {page} and Q_CHUNK {q_chunk} the padded latent width {block_c}")
+        if fp8 and q_chunk != block_c // FP8_PARTS:
+            raise ValueError(f"an FP8 cache's Q_CHUNK is the part width {block_c // FP8_PARTS}, got {q_chunk}")
     head_blocks = cdiv(rows, block_h)
     tiles = max(1, cdiv(capacity, block_n))
     if num_splits is None:
@@ -290,7 +429,7 @@ def plan(
     return {
         "BLOCK_H": block_h, "BLOCK_N": block_n, "Q_CHUNK": q_chunk, "BLOCK_C": block_c, "BLOCK_R": block_r,
         "head_blocks": head_blocks, "num_splits": num_splits,
-        "bytes": _tile_bytes(block_h, block_n, block_c, block_r, e_dot, q_chunk),
+        "bytes": _tile_bytes(block_h, block_n, block_c, block_r, e_dot, q_chunk, fp8),
     }
 
 
@@ -316,6 +455,8 @@ def launch_mla_decode(
         raise ValueError(f"the ascend mla_decode kernel needs a power-of-two block size >= 16, got {page}")
     if kv_cache.stride(-1) != 1:
         raise ValueError("kv_cache rows must be contiguous (last stride 1)")
+    fp8 = kv_cache_format.is_fp8(kv_cache)
+    kv, kv_scales = fp8_views(kv_cache) if fp8 else (kv_cache, kv_cache)  # (kv_scales: unused without FP8)
     out = torch.empty(batch, num_queries, heads, latent_dim, dtype=q_nope.dtype, device=q_nope.device)
     if batch == 0 or num_queries == 0 or heads == 0 or latent_dim == 0:
         return out
@@ -330,9 +471,12 @@ def launch_mla_decode(
     if seq_lens.dtype != torch.int32:
         seq_lens = seq_lens.to(torch.int32)  # (a device-side cast, no synchronisation)
 
-    dot_f32 = q_nope.dtype == torch.float32 or kv_cache.dtype == torch.float32 or q_nope.dtype != kv_cache.dtype or q_rope.dtype != kv_cache.dtype
-    e_dot = 4 if dot_f32 else kv_cache.element_size()
-    cfg = plan(batch, rows, page, block_table.shape[1] * page, latent_dim, rope_dim, e_dot, num_splits, tiles)
+    if fp8:  # the e4m3 values convert exactly to q's dtype: the dots run in it
+        dot_f32 = torch.float32 in (q_nope.dtype, q_rope.dtype) or q_nope.dtype != q_rope.dtype
+    else:
+        dot_f32 = q_nope.dtype == torch.float32 or kv_cache.dtype == torch.float32 or q_nope.dtype != kv_cache.dtype or q_rope.dtype != kv_cache.dtype
+    e_dot = 4 if dot_f32 else q_nope.element_size()
+    cfg = plan(batch, rows, page, block_table.shape[1] * page, latent_dim, rope_dim, e_dot, num_splits, tiles, fp8)
     splits = cfg["num_splits"]
     direct = splits == 1
     if direct:
@@ -346,14 +490,14 @@ def launch_mla_decode(
     manual_rne = interpreting() and q_nope.dtype == torch.bfloat16
     items = batch * cfg["head_blocks"] * splits
     _mla_decode_split_kernel[(cube_grid(items),)](
-        q_nope, q_rope, kv_cache, block_table, seq_lens,
+        q_nope, q_rope, kv, kv_scales, block_table, seq_lens,
         out, part_out, part_lse,
         float(softmax_scale),
         int(sliding_window or 0),
         items, cfg["head_blocks"], splits,
         q_nope.stride(0), q_nope.stride(2),
         q_rope.stride(0), q_rope.stride(2),
-        kv_cache.stride(0), kv_cache.stride(1),
+        kv.stride(0), kv.stride(1),
         block_table.stride(0),
         out.stride(0), out.stride(2),
         *po_strides,
@@ -369,6 +513,7 @@ def launch_mla_decode(
         DOT_PRECISION=dot_precision(dot_f32 or upcast_dot()),
         IDX64=kv_cache.numel() + kv_cache.stride(0) >= INT32_LIMIT,
         MANUAL_RNE=manual_rne,
+        FP8=fp8,
         **launch_options(),
     )
     if not direct:
@@ -406,6 +551,7 @@ REGISTRATIONS = [
         op="mla_decode",
         fn=mla_decode,
         dtypes=(torch.float32, torch.bfloat16, torch.float16),
-        note="Triton (ascend) heads as M, persistent cube grid over (request, head block, split), deterministic combine",
+        note="Triton (ascend) heads as M, persistent cube grid over (request, head block, split), deterministic combine; "
+        "FP8 cache decoded in four column parts (integer e4m3), row scales on scores and weights",
     )
 ]

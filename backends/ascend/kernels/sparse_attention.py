@@ -35,7 +35,25 @@ Buffer budget (unified buffer, all live tiles under half of it; D = 512 padded t
     whole tile is gathered for the value product. float32, 16 x 16: 82 KB.
   More heads per block (32, 64) only when they fit: with D = 512 a [32, 512] float32 accumulator
   is 64 KB, so V4's 64 heads run as head blocks of 16 that re-read the rows from L2.
+  FP8 caches (PARTS, below): decoded tile BLOCK_N*D*e + the decode of one quarter
+    BLOCK_N*(D/4)*13 (its bytes, two int32 temporaries, the float32 values) + q BLOCK_H*D*e + acc
+    BLOCK_H*D*4 + scores BLOCK_H*BLOCK_N*(4 + e).
+    bf16, 16 heads: A2/A3 and 950 BLOCK_N 16 -> 91.5 KB (BLOCK_N 32 would be 135 KB).
+    float32 q: 950 BLOCK_N 16 -> 124 KB; A2/A3: nothing fits half the buffer, the smallest tiles
+    (16 x 16, 124 KB) leave no room for double buffering (float32 activations are a test dtype).
 The combine kernel holds [16, D] float32 accumulator + partial: 64 KB.
+
+FP8 caches (deepinfer.ops.kv_cache_format: D e4m3 bytes, then the row's float32 scale; kv and
+extra_kv each either format): an FP8 cache is passed as its bytes and the same memory as float32
+(`fp8_views`; row i's scale at float32 index (i * row stride + D) / 4). Its gathered bytes are
+decoded by integer arithmetic (`deepinfer.triton_common.e4m3_bits_to_f32`: A2/A3 have no float8
+type) exactly to q's dtype and feed the same cube products; each row's scale multiplies its
+column of scores and, after the softmax statistics, of weights (s * (q . v) and (p * s) @ v), so no
+tile element is ever scaled. The decode needs about 13 bytes of temporaries per element (a whole
+[16, 512] tile: 104 KB on its own), so when either list's cache is FP8 the row blocks are decoded
+(and, for a list in the model dtype, loaded) as PARTS = 4 column quarters, each with its own
+[BLOCK_H, D/4] accumulator (four named tiles: a Triton tensor cannot be written in parts), and
+only one quarter's decode is live at a time.
 
 Index arithmetic is int32; IDX64 switches the row, token and partial offsets to int64 when a
 tensor has >= 2^31 elements (a flat cache of 512-wide rows does at 4M rows). Row ids must be < the
@@ -55,14 +73,17 @@ import torch
 import triton
 import triton.language as tl
 
+from deepinfer.ops import kv_cache_format
 from deepinfer.ops import sparse_attention as sparse_ops
-from deepinfer.triton_common import cdiv, next_power_of_2, pick_splits, upcast_dot
+from deepinfer.triton_common import cdiv, e4m3_bits_to_f32, fp8_views, next_power_of_2, pick_splits, upcast_dot
 from deepinfer_ascend.kernels.common import Registration, cube_grid, current, dot_precision, launch_options, to_output, vector_grid
 
 INT32_LIMIT = 2**31
 MIN_ROWS_PER_SPLIT = 128  # a split's partial write (BLOCK_H * D * 4 bytes) stays small next to its reads
 MAX_SPLITS = 32
 COMBINE_H = 16
+PARTS = 4  # with an FP8 cache, row blocks are decoded (and accumulated) in this many column parts
+FP8_DECODE_BYTES = 13  # live bytes per decoded element: the e4m3 byte, two int32 temporaries, the float32 value
 
 
 @triton.jit
@@ -114,8 +135,91 @@ def _attend(
 
 
 @triton.jit
+def _load_part(rows, ok, col0, like, D: tl.constexpr, PART: tl.constexpr, FP8: tl.constexpr):
+    """Columns col0 .. col0 + PART - 1 of gathered rows (zeros past D or for rows not ok) in `like`'s
+    dtype. FP8: byte rows, the e4m3 values decoded exactly, unscaled."""
+    offs = col0 + tl.arange(0, PART)
+    mask = ok[:, None] & (offs < D)[None, :]
+    if FP8:
+        t = e4m3_bits_to_f32(tl.load(rows[:, None] + offs[None, :], mask=mask, other=0).to(tl.int32))
+    else:
+        t = tl.load(rows[:, None] + offs[None, :], mask=mask, other=0.0)
+    return t.to(like.dtype)
+
+
+@triton.jit
+def _attend_parts(
+    q0, q1, q2, q3, m_i, l_i, acc0, acc1, acc2, acc3, kv_ptr, scale_ptr, idx_row, width, stride_kv, blk_lo, blk_hi, sm_scale,
+    arange_n,
+    D: tl.constexpr, PART: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr, IDX64: tl.constexpr, FP8: tl.constexpr,
+):
+    """`_attend` with q and the accumulator in PARTS = 4 column parts [.., PART] (taken when a cache
+    is FP8): each part of a row block is loaded (decoded) once and feeds both of its products.
+    FP8: kv_ptr holds the cache's bytes, scale_ptr the same memory as float32, and each row's scale
+    multiplies its scores and its weights."""
+    for blk in range(blk_lo, blk_hi):
+        offs_n = blk * BLOCK_N + arange_n
+        ids = tl.load(idx_row + offs_n, mask=offs_n < width, other=-1)
+        ok = ids >= 0
+        safe = tl.where(ok, ids, 0)
+        if IDX64:
+            row_off = safe.to(tl.int64) * stride_kv
+        else:
+            row_off = safe * stride_kv
+        rows = kv_ptr + row_off
+        v0 = _load_part(rows, ok, 0 * PART, q0, D, PART, FP8)
+        scores = tl.dot(q0, tl.trans(v0), input_precision=DOT_PRECISION)
+        v1 = _load_part(rows, ok, 1 * PART, q1, D, PART, FP8)
+        scores = tl.dot(q1, tl.trans(v1), scores, input_precision=DOT_PRECISION)
+        v2 = _load_part(rows, ok, 2 * PART, q2, D, PART, FP8)
+        scores = tl.dot(q2, tl.trans(v2), scores, input_precision=DOT_PRECISION)
+        v3 = _load_part(rows, ok, 3 * PART, q3, D, PART, FP8)
+        scores = tl.dot(q3, tl.trans(v3), scores, input_precision=DOT_PRECISION)
+        if FP8:  # value = e4m3 * the row's scale: it multiplies the row's scores and, below, its weights
+            row_scale = tl.load(scale_ptr + (row_off + D) // 4, mask=ok, other=0.0)
+            scores = scores * (row_scale * sm_scale)[None, :]
+        else:
+            scores = scores * sm_scale
+        scores = tl.where(ok[None, :], scores, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(scores, axis=1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp(m_i - m_safe)
+        p = tl.exp(scores - m_safe[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        if FP8:
+            p = p * row_scale[None, :]
+        p = p.to(v0.dtype)
+        acc0 = tl.dot(p, v0, acc0 * alpha[:, None], input_precision=DOT_PRECISION)
+        acc1 = tl.dot(p, v1, acc1 * alpha[:, None], input_precision=DOT_PRECISION)
+        acc2 = tl.dot(p, v2, acc2 * alpha[:, None], input_precision=DOT_PRECISION)
+        acc3 = tl.dot(p, v3, acc3 * alpha[:, None], input_precision=DOT_PRECISION)
+        m_i = m_new
+    return m_i, l_i, acc0, acc1, acc2, acc3
+
+
+@triton.jit
+def _load_q_part(q_rows, h_ok, col0, D: tl.constexpr, PART: tl.constexpr, DOT_F32: tl.constexpr):
+    offs = col0 + tl.arange(0, PART)
+    q = tl.load(q_rows[:, None] + offs[None, :], mask=h_ok[:, None] & (offs < D)[None, :], other=0.0)
+    if DOT_F32:
+        q = q.to(tl.float32)
+    return q
+
+
+@triton.jit
+def _store_parts(rows, acc0, acc1, acc2, acc3, factor, h_ok, like_ptr, D: tl.constexpr, PART: tl.constexpr):
+    """acc parts * factor[:, None] into columns k * PART ... of `rows`, in like_ptr's element type."""
+    offs = tl.arange(0, PART)
+    f = factor[:, None]
+    tl.store(rows[:, None] + offs[None, :], to_output(acc0 * f, like_ptr), mask=h_ok[:, None] & (offs < D)[None, :])
+    tl.store(rows[:, None] + PART + offs[None, :], to_output(acc1 * f, like_ptr), mask=h_ok[:, None] & (PART + offs < D)[None, :])
+    tl.store(rows[:, None] + 2 * PART + offs[None, :], to_output(acc2 * f, like_ptr), mask=h_ok[:, None] & (2 * PART + offs < D)[None, :])
+    tl.store(rows[:, None] + 3 * PART + offs[None, :], to_output(acc3 * f, like_ptr), mask=h_ok[:, None] & (3 * PART + offs < D)[None, :])
+
+
+@triton.jit
 def _sparse_attention_kernel(
-    q_ptr, kv_ptr, idx_ptr, xkv_ptr, xidx_ptr, sinks_ptr,
+    q_ptr, kv_ptr, kv_scale_ptr, idx_ptr, xkv_ptr, xkv_scale_ptr, xidx_ptr, sinks_ptr,
     out_ptr, part_out_ptr, part_lse_ptr,
     sm_scale,
     K, K2,  # widths of the two index lists
@@ -129,12 +233,15 @@ def _sparse_attention_kernel(
     H: tl.constexpr, D: tl.constexpr,
     HEAD_BLOCKS: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    Q_CHUNK: tl.constexpr,  # 0: q resident; else the scores are summed over D chunks of this width
+    Q_CHUNK: tl.constexpr,  # 0: q resident; else the scores are summed over D chunks of this width (PARTS: the part width)
     HAS_EXTRA: tl.constexpr,
     DIRECT: tl.constexpr,  # one split: normalise with the sink and write out, no partials
     DOT_F32: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     IDX64: tl.constexpr,
+    FP8: tl.constexpr,  # kv is an FP8 cache: kv_ptr its bytes, kv_scale_ptr the same memory as float32
+    XFP8: tl.constexpr,  # extra_kv is (xkv_ptr, xkv_scale_ptr)
+    PARTS: tl.constexpr,  # q and the accumulator in 4 column parts of Q_CHUNK (set when FP8 or XFP8)
 ):
     pid = tl.program_id(0)
     num_programs = tl.num_programs(0)
@@ -154,47 +261,83 @@ def _sparse_attention_kernel(
         offs_h = hb * BLOCK_H + arange_h
         h_ok = offs_h < H
         q_rows = q_ptr + t * stride_q_t + offs_h * stride_q_h
-        if Q_CHUNK == 0:
-            q_full = tl.load(q_rows[:, None] + offs_d[None, :], mask=h_ok[:, None] & d_ok[None, :], other=0.0)
-            if DOT_F32:
-                q_full = q_full.to(tl.float32)
-        else:
-            q_full = 0.0  # (unused)
-
-        m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
-        l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
-        acc = tl.zeros([BLOCK_H, BLOCK_D], dtype=tl.float32)
         # This split's row blocks, counted over the window's list and then the extra list.
         lo = split * blocks_per_split
         hi = lo + blocks_per_split
-        m_i, l_i, acc = _attend(
-            q_rows, h_ok, m_i, l_i, acc, kv_ptr, idx_ptr + t * stride_idx_t, K, stride_kv, lo, tl.minimum(hi, nb1), sm_scale,
-            arange_n, offs_d, d_ok, q_full, D, BLOCK_H, BLOCK_N, BLOCK_D, Q_CHUNK, DOT_F32, DOT_PRECISION, IDX64,
-        )
-        if HAS_EXTRA:
+        if PARTS:
+            q0 = _load_q_part(q_rows, h_ok, 0 * Q_CHUNK, D, Q_CHUNK, DOT_F32)
+            q1 = _load_q_part(q_rows, h_ok, 1 * Q_CHUNK, D, Q_CHUNK, DOT_F32)
+            q2 = _load_q_part(q_rows, h_ok, 2 * Q_CHUNK, D, Q_CHUNK, DOT_F32)
+            q3 = _load_q_part(q_rows, h_ok, 3 * Q_CHUNK, D, Q_CHUNK, DOT_F32)
+            m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
+            l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
+            acc0 = tl.zeros([BLOCK_H, Q_CHUNK], dtype=tl.float32)
+            acc1 = tl.zeros([BLOCK_H, Q_CHUNK], dtype=tl.float32)
+            acc2 = tl.zeros([BLOCK_H, Q_CHUNK], dtype=tl.float32)
+            acc3 = tl.zeros([BLOCK_H, Q_CHUNK], dtype=tl.float32)
+            m_i, l_i, acc0, acc1, acc2, acc3 = _attend_parts(
+                q0, q1, q2, q3, m_i, l_i, acc0, acc1, acc2, acc3, kv_ptr, kv_scale_ptr, idx_ptr + t * stride_idx_t, K, stride_kv,
+                lo, tl.minimum(hi, nb1), sm_scale, arange_n, D, Q_CHUNK, BLOCK_N, DOT_PRECISION, IDX64, FP8,
+            )
+            if HAS_EXTRA:
+                m_i, l_i, acc0, acc1, acc2, acc3 = _attend_parts(
+                    q0, q1, q2, q3, m_i, l_i, acc0, acc1, acc2, acc3, xkv_ptr, xkv_scale_ptr, xidx_ptr + t * stride_xidx_t, K2, stride_xkv,
+                    tl.maximum(lo - nb1, 0), tl.minimum(hi - nb1, nb2), sm_scale, arange_n, D, Q_CHUNK, BLOCK_N, DOT_PRECISION, IDX64, XFP8,
+                )
+            if DIRECT:
+                sink = tl.load(sinks_ptr + offs_h, mask=h_ok, other=0.0).to(tl.float32)
+                top = tl.maximum(m_i, sink)
+                top = tl.where(top == float("-inf"), 0.0, top)
+                w = tl.exp(m_i - top)
+                denom = l_i * w + tl.exp(sink - top)
+                o_rows = out_ptr + t * stride_o_t + offs_h * stride_o_h
+                _store_parts(o_rows, acc0, acc1, acc2, acc3, w / tl.where(denom > 0.0, denom, 1.0), h_ok, out_ptr, D, Q_CHUNK)
+            else:
+                has = l_i > 0.0
+                l_safe = tl.where(has, l_i, 1.0)
+                po_rows = part_out_ptr + t * stride_po_t + split * stride_po_split + offs_h * stride_po_h
+                _store_parts(po_rows, acc0, acc1, acc2, acc3, 1.0 / l_safe, h_ok, part_out_ptr, D, Q_CHUNK)
+                lse = tl.where(has, m_i + tl.log(l_safe), float("-inf"))
+                tl.store(part_lse_ptr + t * stride_pl_t + split * stride_pl_split + offs_h, lse, mask=h_ok)
+        else:
+            if Q_CHUNK == 0:
+                q_full = tl.load(q_rows[:, None] + offs_d[None, :], mask=h_ok[:, None] & d_ok[None, :], other=0.0)
+                if DOT_F32:
+                    q_full = q_full.to(tl.float32)
+            else:
+                q_full = 0.0  # (unused)
+
+            m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
+            l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
+            acc = tl.zeros([BLOCK_H, BLOCK_D], dtype=tl.float32)
             m_i, l_i, acc = _attend(
-                q_rows, h_ok, m_i, l_i, acc, xkv_ptr, xidx_ptr + t * stride_xidx_t, K2, stride_xkv,
-                tl.maximum(lo - nb1, 0), tl.minimum(hi - nb1, nb2), sm_scale,
+                q_rows, h_ok, m_i, l_i, acc, kv_ptr, idx_ptr + t * stride_idx_t, K, stride_kv, lo, tl.minimum(hi, nb1), sm_scale,
                 arange_n, offs_d, d_ok, q_full, D, BLOCK_H, BLOCK_N, BLOCK_D, Q_CHUNK, DOT_F32, DOT_PRECISION, IDX64,
             )
+            if HAS_EXTRA:
+                m_i, l_i, acc = _attend(
+                    q_rows, h_ok, m_i, l_i, acc, xkv_ptr, xidx_ptr + t * stride_xidx_t, K2, stride_xkv,
+                    tl.maximum(lo - nb1, 0), tl.minimum(hi - nb1, nb2), sm_scale,
+                    arange_n, offs_d, d_ok, q_full, D, BLOCK_H, BLOCK_N, BLOCK_D, Q_CHUNK, DOT_F32, DOT_PRECISION, IDX64,
+                )
 
-        mask = h_ok[:, None] & d_ok[None, :]
-        if DIRECT:
-            sink = tl.load(sinks_ptr + offs_h, mask=h_ok, other=0.0).to(tl.float32)
-            top = tl.maximum(m_i, sink)
-            top = tl.where(top == float("-inf"), 0.0, top)
-            w = tl.exp(m_i - top)
-            denom = l_i * w + tl.exp(sink - top)
-            out = acc * (w / tl.where(denom > 0.0, denom, 1.0))[:, None]
-            o_rows = out_ptr + t * stride_o_t + offs_h * stride_o_h
-            tl.store(o_rows[:, None] + offs_d[None, :], to_output(out, out_ptr), mask=mask)
-        else:
-            has = l_i > 0.0
-            out = acc / tl.where(has, l_i, 1.0)[:, None]
-            lse = tl.where(has, m_i + tl.log(tl.where(has, l_i, 1.0)), float("-inf"))
-            po_rows = part_out_ptr + t * stride_po_t + split * stride_po_split + offs_h * stride_po_h
-            tl.store(po_rows[:, None] + offs_d[None, :], out, mask=mask)
-            tl.store(part_lse_ptr + t * stride_pl_t + split * stride_pl_split + offs_h, lse, mask=h_ok)
+            mask = h_ok[:, None] & d_ok[None, :]
+            if DIRECT:
+                sink = tl.load(sinks_ptr + offs_h, mask=h_ok, other=0.0).to(tl.float32)
+                top = tl.maximum(m_i, sink)
+                top = tl.where(top == float("-inf"), 0.0, top)
+                w = tl.exp(m_i - top)
+                denom = l_i * w + tl.exp(sink - top)
+                out = acc * (w / tl.where(denom > 0.0, denom, 1.0))[:, None]
+                o_rows = out_ptr + t * stride_o_t + offs_h * stride_o_h
+                tl.store(o_rows[:, None] + offs_d[None, :], to_output(out, out_ptr), mask=mask)
+            else:
+                has = l_i > 0.0
+                out = acc / tl.where(has, l_i, 1.0)[:, None]
+                lse = tl.where(has, m_i + tl.log(tl.where(has, l_i, 1.0)), float("-inf"))
+                po_rows = part_out_ptr + t * stride_po_t + split * stride_po_split + offs_h * stride_po_h
+                tl.store(po_rows[:, None] + offs_d[None, :], out, mask=mask)
+                tl.store(part_lse_ptr + t * stride_pl_t + split * stride_pl_split + offs_h, lse, mask=h_ok)
 
 
 @triton.jit
@@ -245,34 +388,37 @@ def _sparse_attention_combine_kernel(
         tl.store(o_rows[:, None] + offs_d[None, :], to_output(out, out_ptr), mask=mask)
 
 
-def _tile_bytes(block_h: int, block_n: int, block_d: int, e_dot: int, q_chunk: int) -> int:
+def _tile_bytes(block_h: int, block_n: int, block_d: int, e_dot: int, q_chunk: int, fp8: bool = False) -> int:
     """On-chip bytes of every live tile of one attention program (see the module docstring)."""
     acc = block_h * block_d * 4
     scores = block_h * block_n * (4 + e_dot)
+    if fp8:  # decoded row block + one part's decode + q + acc + scores
+        return block_n * block_d * e_dot + block_n * (block_d // PARTS) * FP8_DECODE_BYTES + block_h * block_d * e_dot + acc + scores
     if q_chunk == 0:
         return block_n * block_d * e_dot + block_h * block_d * e_dot + acc + scores
     return block_n * block_d * e_dot + (block_n + block_h) * q_chunk * e_dot + acc + scores
 
 
 @lru_cache(maxsize=256)
-def _tiles(heads: int, block_d: int, e_dot: int, budget: int) -> tuple[int, int, int]:
+def _tiles(heads: int, block_d: int, e_dot: int, budget: int, fp8: bool = False) -> tuple[int, int, int]:
     """(BLOCK_H, BLOCK_N, Q_CHUNK) that fit `budget` bytes: the most heads per block first (fewer
     re-reads of the rows), then the longest row block of at least 32 rows; 16 rows and then
-    D-chunked scores only when nothing else fits."""
+    D-chunked scores only when nothing else fits. fp8 (PARTS): Q_CHUNK is the part width D / 4."""
     heads_options = [h for h in (64, 32, 16) if h <= max(16, next_power_of_2(heads))]
-    for chunk in (0, min(128, block_d)):
+    for chunk in (block_d // PARTS,) if fp8 else (0, min(128, block_d)):
         for candidates in ([(h, n) for h in heads_options for n in (128, 64, 32)], [(h, 16) for h in heads_options]):
             for block_h, block_n in candidates:
-                if _tile_bytes(block_h, block_n, block_d, e_dot, chunk) <= budget:
+                if _tile_bytes(block_h, block_n, block_d, e_dot, chunk, fp8) <= budget:
                     return block_h, block_n, chunk
-    return 16, 16, min(64, block_d)
+    return 16, 16, block_d // PARTS if fp8 else min(64, block_d)
 
 
-def plan(tokens: int, heads: int, dim: int, width: int, extra_width: int, e_dot: int, num_splits: int | None = None) -> dict:
-    """Tiles and split count from host-known shapes only (width, extra_width: the lists' K, K2)."""
+def plan(tokens: int, heads: int, dim: int, width: int, extra_width: int, e_dot: int, num_splits: int | None = None, fp8: bool = False) -> dict:
+    """Tiles and split count from host-known shapes only (width, extra_width: the lists' K, K2).
+    fp8: a list's cache is FP8 (the PARTS layout; byte parts padded to >= 32 bytes)."""
     dev = current()
-    block_d = max(16, next_power_of_2(dim))
-    block_h, block_n, q_chunk = _tiles(heads, block_d, e_dot, dev.ub_bytes // 2)
+    block_d = max(PARTS * 32 if fp8 else 16, next_power_of_2(dim))
+    block_h, block_n, q_chunk = _tiles(heads, block_d, e_dot, dev.ub_bytes // 2, fp8)
     head_blocks = cdiv(heads, block_h)
     blocks = max(1, cdiv(width, block_n) + cdiv(extra_width, block_n))
     if num_splits is None:
@@ -282,7 +428,7 @@ def plan(tokens: int, heads: int, dim: int, width: int, extra_width: int, e_dot:
     return {
         "BLOCK_H": block_h, "BLOCK_N": block_n, "Q_CHUNK": q_chunk, "BLOCK_D": block_d,
         "head_blocks": head_blocks, "blocks_per_split": per_split, "num_splits": cdiv(blocks, per_split),
-        "bytes": _tile_bytes(block_h, block_n, block_d, e_dot, q_chunk),
+        "bytes": _tile_bytes(block_h, block_n, block_d, e_dot, q_chunk, fp8),
     }
 
 
@@ -320,10 +466,13 @@ def launch_sparse_attention(
         xkv, xidx, width2 = extra_kv, extra_indices, extra_indices.shape[1]
     else:
         xkv, xidx, width2 = kv, indices, 0  # unused placeholders
-    dtypes = {q.dtype, kv.dtype, xkv.dtype}
+    fp8, xfp8 = kv_cache_format.is_fp8(kv), has_extra and kv_cache_format.is_fp8(xkv)
+    kv, kv_scales = fp8_views(kv) if fp8 else (kv, kv)  # (the scale views are unused without FP8)
+    xkv, xkv_scales = fp8_views(xkv) if xfp8 else (xkv, xkv)
+    dtypes = {q.dtype, *(c.dtype for c, f in ((kv, fp8), (xkv, xfp8)) if not f)}  # (FP8 rows decode to q's dtype exactly)
     dot_f32 = torch.float32 in dtypes or len(dtypes) > 1
     e_dot = 4 if dot_f32 else q.element_size()
-    cfg = plan(tokens, heads, dim, indices.shape[1], width2, e_dot, num_splits)
+    cfg = plan(tokens, heads, dim, indices.shape[1], width2, e_dot, num_splits, fp8 or xfp8)
     splits = cfg["num_splits"]
     direct = splits == 1
     if direct:
@@ -338,7 +487,7 @@ def launch_sparse_attention(
     idx64 = max(t.numel() + t.stride(0) for t in (q, kv, xkv, indices, xidx, out, part_out)) >= INT32_LIMIT
     items = tokens * splits * cfg["head_blocks"]
     _sparse_attention_kernel[(cube_grid(items),)](
-        q, kv, indices, xkv, xidx, sinks,
+        q, kv, kv_scales, indices, xkv, xkv_scales, xidx, sinks,
         out, part_out, part_lse,
         float(softmax_scale),
         indices.shape[1], width2,
@@ -358,6 +507,7 @@ def launch_sparse_attention(
         DOT_F32=dot_f32 or upcast_dot(),
         DOT_PRECISION=dot_precision(dot_f32 or upcast_dot()),
         IDX64=idx64,
+        FP8=fp8, XFP8=xfp8, PARTS=fp8 or xfp8,
         **launch_options(),
     )
     if not direct:
@@ -397,6 +547,7 @@ REGISTRATIONS = [
         op="sparse_attention",
         fn=sparse_attention,
         dtypes=(torch.float32, torch.bfloat16, torch.float16),
-        note="Triton (ascend) heads as M over gathered row blocks, persistent cube grid over (token, split, head block), deterministic combine",
+        note="Triton (ascend) heads as M over gathered row blocks, persistent cube grid over (token, split, head block), deterministic combine; "
+        "FP8 caches decoded in four column parts (integer e4m3), row scales on scores and weights",
     )
 ]
