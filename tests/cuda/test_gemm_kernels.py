@@ -1,7 +1,7 @@
 """The cuda backend's linear / grouped_gemm kernels and fused fp8 quantiser under the Triton interpreter.
 
-Shapes beyond the golden set, every format (dense, fp8_block, mxfp4 through both of its paths) and
-layout (linear, contiguous, masked): random sizes, partial blocks, experts with zero tokens, padding
+Shapes beyond the golden set, every format (dense, fp8_block, mxfp4 through each of its paths, the
+register dequant path of every mx format) and layout (linear, contiguous, masked): random sizes, partial blocks, experts with zero tokens, padding
 rows, masked_m = 0, float32 with ieee precision, mixed weight dtypes, split-K; compared with the op
 references in deepinfer.ops (computed in float64 from the same inputs, as the golden set is) within
 the op's tolerance. The quantiser must match deepinfer.ops.quant.quantize_act_fp8 bit for bit.
@@ -140,9 +140,9 @@ def test_linear_fp8_block(kg, t, n, k, dtype):
     assert_matches("linear", kg.linear(**kw), kw)
 
 
-@pytest.fixture(params=["dot_scaled", "upcast"])
+@pytest.fixture(params=["dot_scaled", "upcast", "register"])
 def mx_path(request, kg, monkeypatch):
-    monkeypatch.setattr(kg, "MXFP4_DOT_SCALED", request.param == "dot_scaled")
+    monkeypatch.setattr(kg, "MXFP4_AUTO_PATH", request.param)
     return request.param
 
 
@@ -317,3 +317,115 @@ def test_plan_reads_shapes_only_and_the_launch_applies_it(kg, monkeypatch):
     kw = {"x": x, "weight": w, "masked_m": torch.tensor([16, 5], dtype=torch.int32)}
     assert_matches("grouped_gemm", kg.grouped_gemm(**kw), kw)
     assert plans == [masked]
+
+
+# ---------------------------------------------------------------------------------------------- register dequant path
+# MX_MODE 3 (SM90's default for every mx format; backend option mxfp4_path=register forces it anywhere):
+# the weight tile dequantised in registers (e2m1 / e4m3 bits placed into bf16's, times a power of two per
+# 32 k) is the dot's left operand, x^T the right one; mxfp8 and mxfp4_a8 take x's MX FP8 values as bf16
+# (`mxfp8_act_values`). Under the interpreter the bf16 multiply runs in float32 on the same bits and
+# factors (MX_DQ 1): the bit layout, the factor exponents and the accumulator's 2^64 shift are the GPU's.
+
+
+REG_FMTS = ["mxfp4", "mxfp8", "mxfp4_a8"]
+
+
+
+@pytest.fixture(scope="module")
+def reg_ops(kg):
+    linear, grouped_gemm = kg._gemm_ops(mx_path="register")
+    return {"linear": linear, "grouped_gemm": grouped_gemm}
+
+
+def test_register_path_is_planned_as_mx_mode_3(kg):
+    x = torch.empty(4, 96, dtype=torch.bfloat16)
+    for fmt in REG_FMTS:
+        w = weight_in(fmt, n=32, k=96, seed=1)["weight"]
+        plan = kg.plan_gemm(x, w, fmt, kg._LINEAR, "register")
+        assert plan.mx_mode == kg._MX_REGISTER and plan.mx_dq == 1  # interpreter: float32 arithmetic on the bf16 bits
+    assert kg.plan_gemm(x.half(), weight_in("mxfp4", n=32, k=96, seed=1)["weight"], "mxfp4", kg._LINEAR, "register").mx_dq == 2
+
+
+@pytest.mark.parametrize("fmt", REG_FMTS)
+@pytest.mark.parametrize(
+    "t,n,k,dtype",
+    [
+        (5, 64, 128, torch.bfloat16),
+        (33, 96, 96, torch.bfloat16),  # K (96) not a multiple of BLOCK_K (128), N not of BLOCK_N
+        (2, 40, 512, torch.float16),  # few programs: split-K
+        (3, 48, 160, torch.float32),
+    ],
+)
+def test_register_path_linear(kg, reg_ops, fmt, t, n, k, dtype):
+    x = rand(t, k, seed=n + k, dtype=dtype)
+    x[:, 3] *= 300.0  # a large column
+    kw = {"x": x, **weight_in(fmt, n=n, k=k, seed=t)}
+    assert_matches("linear", reg_ops["linear"](**kw), kw)
+
+
+@pytest.mark.parametrize("fmt", REG_FMTS)
+@pytest.mark.parametrize(
+    "counts,pad,n,k,dtype",
+    [
+        ([5, 0, 35, 1, 0, 19, 10, 0], 5, 96, 160, torch.bfloat16),  # empty experts, padding rows, K % BLOCK_K != 0
+        ([0, 0, 0, 23], 0, 64, 256, torch.float16),  # every token on the last expert
+        ([0, 0, 0], 4, 32, 64, torch.bfloat16),  # no token at all, padding only
+        ([100, 70], 0, 72, 128, torch.bfloat16),  # more rows than a large tile: the "large" variant
+    ],
+)
+def test_register_path_grouped_contiguous(kg, reg_ops, fmt, counts, pad, n, k, dtype):
+    e = len(counts)
+    offsets = torch.tensor([0, *torch.tensor(counts).cumsum(0).tolist()], dtype=torch.int32)
+    m = int(offsets[-1]) + pad
+    kw = {"x": rand(m, k, seed=m + k, dtype=dtype), **weight_in(fmt, e, n=n, k=k, seed=e), "expert_offsets": offsets}
+    assert_matches("grouped_gemm", reg_ops["grouped_gemm"](**kw), kw)
+
+
+@pytest.mark.parametrize("fmt", REG_FMTS)
+@pytest.mark.parametrize(
+    "masked,max_m,n,k,dtype",
+    [
+        ([3, 0, 16, 9], 16, 64, 192, torch.bfloat16),  # masked_m 0, one expert full, K % BLOCK_K != 0
+        ([0, 0], 8, 32, 64, torch.bfloat16),  # nothing valid
+        ([16, 16], 16, 128, 1024, torch.bfloat16),  # decode-shaped: split-K, fixed-order reduce
+        ([7, 1, 2], 8, 48, 256, torch.float16),
+    ],
+)
+def test_register_path_grouped_masked(kg, reg_ops, fmt, masked, max_m, n, k, dtype):
+    e = len(masked)
+    kw = {
+        "x": rand(e, max_m, k, seed=max_m + k, dtype=dtype),
+        **weight_in(fmt, e, n=n, k=k, seed=n),
+        "masked_m": torch.tensor(masked, dtype=torch.int32),
+    }
+    if masked == [16, 16]:
+        assert kg.plan_gemm(kw["x"], kw["weight"], fmt, kg._MASKED, "register").split > 1
+    assert_matches("grouped_gemm", reg_ops["grouped_gemm"](**kw), kw)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_register_path_every_e2m1_code_and_scale_extremes(kg, reg_ops, dtype):
+    """Each weight row holds every byte (so every code in both nibbles: zero, the subnormal 0.5, the
+    signs) under scales from 2^-127 (byte 0) to 2^16; x one-hot columns read the weights back."""
+    n, k = 16, 512
+    packed = torch.arange(256, dtype=torch.uint8).repeat(n, 1)  # [16, 256]: K/2 = 256
+    scale = torch.tensor([127, 0, 100, 120, 126, 128, 130, 135, 143, 110, 127, 127, 64, 192, 125, 131], dtype=torch.uint8)
+    scale = scale[:, None].expand(n, k // 32).contiguous()
+    if dtype == torch.float16:
+        scale = scale.clamp(104, 127)  # fp16 weights (|w| >= 2^-24) and outputs in range
+    x = torch.eye(k)[::7].to(dtype)  # 74 rows, each picking one k
+    x = torch.cat([x, rand(3, k, seed=9, dtype=dtype)])
+    kw = {"x": x, "weight": packed, "weight_scale": scale, "fmt": "mxfp4"}
+    assert_matches("linear", reg_ops["linear"](**kw), kw)
+
+
+def test_mxfp8_act_values_is_the_reference_quantise_dequantise(kg):
+    x = rand(37, 320, seed=5, dtype=torch.float64)
+    x[:, 7] *= 1e4  # a large column: the rest of its group becomes small or subnormal e4m3
+    x[3] *= 1e-30
+    x[4] = 0.0  # all-zero groups
+    for dtype in (torch.bfloat16, torch.float16, torch.float32):
+        xd = x.to(dtype)
+        want = quant.dequantize_mxfp8(*quant.quantize_act_mxfp8(xd), dtype=torch.float64)
+        got = kg.mxfp8_act_values(xd)
+        assert got.dtype == torch.bfloat16 and torch.equal(got.double(), want)

@@ -28,7 +28,7 @@ def chosen(kg, path):
 
 def test_the_option_picks_the_registration(kg):
     assert chosen(kg, None) == chosen(kg, "auto") == {"linear": kg.linear, "grouped_gemm": kg.grouped_gemm}
-    for path in ("dot_scaled", "upcast"):
+    for path in ("dot_scaled", "upcast", "register"):
         assert {op: fn.__qualname__ for op, fn in chosen(kg, path).items()} == {"linear": f"linear_mxfp4_{path}", "grouped_gemm": f"grouped_gemm_mxfp4_{path}"}
 
 
@@ -37,8 +37,28 @@ def test_a_forced_path_plans_that_path_whatever_the_machines_default(kg, monkeyp
     for default in (True, False):
         monkeypatch.setattr(kg, "MXFP4_DOT_SCALED", default)
         assert kg.plan_gemm(x, w, "mxfp4", kg._LINEAR).mx_mode == (kg._MX_DOT_SCALED if default else kg._MX_UPCAST)
-        assert kg.plan_gemm(x, w, "mxfp4", kg._LINEAR, False).mx_mode == kg._MX_UPCAST
-        assert kg.plan_gemm(x, w, "mxfp4", kg._LINEAR, True).mx_mode == kg._MX_DOT_SCALED
+        assert kg.plan_gemm(x, w, "mxfp4", kg._LINEAR, "upcast").mx_mode == kg._MX_UPCAST
+        assert kg.plan_gemm(x, w, "mxfp4", kg._LINEAR, "dot_scaled").mx_mode == kg._MX_DOT_SCALED
+        assert kg.plan_gemm(x, w, "mxfp4", kg._LINEAR, "register").mx_mode == kg._MX_REGISTER
+    # float32 activations stay on the exact upcast whatever is forced
+    assert kg.plan_gemm(x.float(), w, "mxfp4", kg._LINEAR, "register").mx_mode == kg._MX_UPCAST
+
+
+def test_sm90_takes_the_register_path_by_default(kg, monkeypatch):
+    """auto: SM90 (no block-scaled MMA) dequantises in registers, mxfp8 and mxfp4_a8 too; SM100 keeps
+    tl.dot_scaled (mxfp4) and the native block-scaled MMA (mxfp8, mxfp4_a8). Planned from meta tensors."""
+    x = torch.empty(16, 256, dtype=torch.bfloat16, device="meta")
+    w4 = torch.empty(64, 128, dtype=torch.uint8, device="meta")
+    w8 = torch.empty(64, 256, dtype=quant.FP8_DTYPE, device="meta")
+    monkeypatch.setattr(kg, "interpreting", lambda: False)
+    monkeypatch.setattr(kg, "MXFP4_DOT_SCALED", True)
+    for cap, want4, want8 in (((9, 0), kg._MX_REGISTER, kg._MX_REGISTER), ((10, 0), kg._MX_DOT_SCALED, kg._MX_NATIVE)):
+        monkeypatch.setattr(kg, "capability", lambda device=None, cap=cap: cap)
+        assert kg.plan_gemm(x, w4, "mxfp4", kg._LINEAR).mx_mode == want4
+        assert kg.plan_gemm(x, w4, "mxfp4_a8", kg._LINEAR).mx_mode == want8
+        assert kg.plan_gemm(x, w8, "mxfp8", kg._LINEAR).mx_mode == want8
+    plan = kg.plan_gemm(x, w4, "mxfp4", kg._LINEAR, "register")
+    assert plan.mx_dq == 0  # bf16 pairs through PTX on a GPU
 
 
 def test_the_forced_upcast_computes_the_op(kg, monkeypatch):

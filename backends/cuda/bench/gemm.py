@@ -16,7 +16,7 @@ The fp8 cases include the fused activation quantiser (the op takes bf16 activati
 times the GEMM alone on pre-quantised activations, as DeepGEMM reports it.
 
 `python -m deepinfer_cuda.bench.gemm [--check [--quick] [--only TEXT]] [--sweep [VARIANT ...]] [--bench]`
-on a GPU: correctness against the references (every format and layout, both mxfp4 paths, the TMA
+on a GPU: correctness against the references (every format and layout, each mxfp4 path, the TMA
 kernel, the quantiser bit for bit, CUDA-graph capture with new offsets on replay), a sweep of tile
 configurations for the tuning tables, and these cases through the bench runner.
 """
@@ -320,7 +320,7 @@ def check(device: torch.device, quick: bool = False, only: str | None = None) ->
     def x_of(*shape, dtype=torch.bfloat16):
         return torch.randn(*shape, device=device, generator=g).to(dtype)
 
-    paths = [True, False]
+    paths = list(kg.MXFP4_PATHS)
     for fmt in ("dense", "fp8_block", "mxfp4"):
         shapes = [(1, 200, 320), (16, 576, 7168), (64, 256, 1000 if fmt != "mxfp4" else 992), (300, 768, 1024)]
         plan = ((torch.bfloat16, shapes), (torch.float16, shapes[1:3]), (torch.float32, shapes[2:4]))
@@ -328,10 +328,10 @@ def check(device: torch.device, quick: bool = False, only: str | None = None) ->
             plan = ((torch.float32, shapes[2:4]),) + (((torch.bfloat16, shapes[1:2]),) if fmt == "mxfp4" else ())
         for dtype, todo in plan:
             for t, n, k in todo:
-                for mx in paths if fmt == "mxfp4" else [kg.MXFP4_DOT_SCALED]:
-                    kg.MXFP4_DOT_SCALED = mx
-                    compare(f"linear {fmt} {dtype} {t}x{k}->{n} dot_scaled={mx}", "linear", {"x": x_of(t, k, dtype=dtype), **weights(fmt, (), n, k)})
-        kg.MXFP4_DOT_SCALED = True
+                for mx in paths if fmt == "mxfp4" else [None]:
+                    kg.MXFP4_AUTO_PATH = mx
+                    compare(f"linear {fmt} {dtype} {t}x{k}->{n} mxfp4_path={mx}", "linear", {"x": x_of(t, k, dtype=dtype), **weights(fmt, (), n, k)})
+        kg.MXFP4_AUTO_PATH = None
         for counts, pad in [([5, 0, 350, 1, 0, 190, 100, 0], 7), ([0, 0, 0, 1023], 0), ([16] * 64, 0), ([0] * 4, 3)][2 if quick else 0 : 3 if quick else 4]:
             e = len(counts)
             offs = torch.tensor([0, *torch.tensor(counts).cumsum(0).tolist()], dtype=torch.int32, device=device)
@@ -401,7 +401,8 @@ def _opts(cfgs, extras):
 
 
 # variant -> [(config overrides, options)]; options: tma (tensor-descriptor kernel), ws (warp
-# specialisation of its K loop), mx (mxfp4 through tl.dot_scaled, else the in-kernel upcast)
+# specialisation of its K loop), mx (the mxfp4 path forced: "dot_scaled" or "upcast"; the register path has
+# its own tuning variants, swept by tools/gpu/mxfp4_speed.py)
 SWEEP = {
     "fp8_block_large": _opts([dict(BLOCK_M=128, BLOCK_N=128, num_warps=8, num_stages=4)], [{"tma": True}, {"tma": True, "ws": True}, {"tma": True, "kp": True}])
     + _opts([dict(BLOCK_M=128, BLOCK_N=128, num_warps=8, num_stages=3)], [{"tma": True, "kp": True}])
@@ -419,7 +420,7 @@ SWEEP = {
             dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=256, num_warps=8, num_stages=4),
             dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=512, num_warps=4, num_stages=3),
         ],
-        [{"mx": True}, {"mx": False}],
+        [{"mx": "dot_scaled"}, {"mx": "upcast"}],
     ),
     "dense_large": _opts([dict(BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, num_warps=8, num_stages=3)], [{"tma": True}, {"tma": True, "ws": True}])
     + _opts(
@@ -479,7 +480,7 @@ def _sweep_variant(variant: str, device: torch.device) -> list[dict]:
         flags = {"tma": extra.get("tma", False), "warp_specialize": extra.get("ws", False), "k_pairs": extra.get("kp", False)}
         full = {**table_config("gemm", variant, device), **cfg, **flags}
         kg.config = lambda op, v, dev, _full=full, _variant=variant: dict(_full) if v == _variant else table_config(op, v, dev)
-        kg.MXFP4_DOT_SCALED = extra.get("mx", kg._mxfp4_dot_scaled_default())
+        kg.MXFP4_AUTO_PATH = extra.get("mx")
         try:
             case.kernel(state)
             torch.cuda.synchronize(device)
@@ -491,7 +492,7 @@ def _sweep_variant(variant: str, device: torch.device) -> list[dict]:
         print(f"sweep {variant:16s} {case.name[:40]:40s} {cfg} {extra} {line}", flush=True)
         results.append({"variant": variant, "case": case.name, "cfg": cfg, "extra": extra, "ms": ms, "rate": rate})
     kg.config = table_config
-    kg.MXFP4_DOT_SCALED = kg._mxfp4_dot_scaled_default()
+    kg.MXFP4_AUTO_PATH = None
     return results
 
 

@@ -44,29 +44,56 @@ Formats:
   reduced precision, fine for bf16/fp16 outputs but not for float32's tolerance (seen on the H200:
   up to 72x the bound): float32 activations take the fp8 values upcast to bf16 (exact) through the
   bf16 MMA, which sums in float32.
-- mxfp4 (W4A16): packed e2m1 weights [N, K/2] with e8m0 scales [N, K/32]. Two paths:
-  `tl.dot_scaled(x, None, "bf16"|"fp16", w, w_scale, "e2m1")` (emulated with an upcast on SM90,
-  native on SM100), or an in-kernel upcast (nibbles -> float32 bit patterns -> times 2^(s-127) ->
-  the dot dtype; x split into even and odd columns so the two nibble halves need no interleave)
-  for float32 activations and where dot_scaled is unavailable. `mxfp4_path()` says which path
-  bf16/fp16 activations take on this machine, and the registration note names it; the backend
-  option mxfp4_path=dot_scaled|upcast (deepinfer_cuda.options) forces one, chosen when the ops are
-  resolved (the forced registrations at the end of this module). Both paths are checked under the interpreter and on the H200.
-
+- mxfp4 (W4A16): packed e2m1 weights [N, K/2] with e8m0 scales [N, K/32]. Three paths for bf16/fp16
+  activations: the register dequant (MX_MODE 3, below; SM90's), `tl.dot_scaled(x, None, "bf16"|"fp16",
+  w, w_scale, "e2m1")` (MX_MODE 1; SM100's: tcgen05 kind::f16 after Triton's upcast), or the in-kernel
+  upcast (MX_MODE 0: nibbles -> float32 bit patterns -> times 2^(s-127) -> the dot dtype; x split into
+  even and odd columns so the two nibble halves need no interleave), which float32 activations always
+  take (exact) and where dot_scaled is missing. `mxfp4_path()` says which path bf16/fp16 take on this
+  machine, and the registration note names it; the backend option mxfp4_path=dot_scaled|upcast|register
+  (deepinfer_cuda.options) forces one, chosen when the ops are resolved (the forced registrations at
+  the end of this module; register takes mxfp8 and mxfp4_a8 too). Every path is checked under the
+  interpreter.
 - mxfp8 (W8A8 MX): e4m3 weights [N, K] with e8m0 scales [N, K/32]; the activation is quantised
   first by `_quant_act_mxfp8_kernel` (per token and 32 columns, bit-exact with
   `deepinfer.ops.quant.quantize_act_mxfp8`; integer e4m3 rounding under the interpreter), then
   MX_MODE 2: `tl.dot_scaled(w, w_scale, "e4m3", x^T, x_scale, "e4m3")` with the weight tile as the
   left operand (BLOCK_N rows: tcgen05's block-scaled MMA needs M = 128) and the tokens as N (16 for
-  decode), the [BLOCK_N, BLOCK_M] accumulator stored transposed. SM100: tcgen05 kind::mxf8f6f4
-  block_scale; SM90: Triton's emulation (upcast to bf16, wgmma). mxfp4 stays W4A16: the
+  decode), the [BLOCK_N, BLOCK_M] accumulator stored transposed: SM100's path, tcgen05 kind::mxf8f6f4
+  block_scale. SM90 takes MX_MODE 3 on the activation's MX FP8 values (below). mxfp4 stays W4A16: the
   block-scaled MMA needs both operands in MX formats, so on SM100 it runs kind::f16 after Triton's
   upcast (docs/backends/cuda.md says what was tried).
 - mxfp4_a8 (W4A8 MX): mxfp4's packed e2m1 weights and e8m0 scales, the activation quantised as for
   mxfp8 (same quantiser kernel), then MX_MODE 2 with the packed weight tile as the left operand:
   `tl.dot_scaled(w_e2m1 [BLOCK_N, BLOCK_K/2], w_scale, "e2m1", x^T e4m3, x_scale, "e4m3")`. SM100:
-  tcgen05 kind::mxf8f6f4 block_scale (e4m3 x e2m1); SM90: Triton's emulation. The kernel sees FMT 2
-  (the mxfp4 weight layout) with MX_MODE 2; tuning entries "mxfp4_a8_small" / "mxfp4_a8_large".
+  tcgen05 kind::mxf8f6f4 block_scale (e4m3 x e2m1); SM90: MX_MODE 3. The kernel sees FMT 2 (the mxfp4
+  weight layout); tuning entries "mxfp4_a8_small" / "mxfp4_a8_large" (MX_MODE 2).
+
+MX on SM90: the register dequant path (MX_MODE 3). Hopper has no block-scaled MMA, and Triton's
+dot_scaled emulation (and MX_MODE 0) put the upcast weight on wgmma's shared-memory side, with
+tokens as M (a 16-token decode tile cannot fill the 64-row wgmma). MX_MODE 3 swaps the operands
+as MX_MODE 2 does: acc [BLOCK_N, BLOCK_M], the weight tile is wgmma's A operand, which Hopper takes
+from registers, and x^T [BLOCK_K, BLOCK_M] (K-contiguous loads) its shared-memory B operand. Per K
+step the weight bytes are loaded K-contiguous ([BLOCK_N, BLOCK_K/2] packed e2m1, or [BLOCK_N,
+BLOCK_K] e4m3) and dequantised in registers by bit placement (`_mx_register_tile`): one integer
+multiply spreads a byte's two codes into the two halves of a 32-bit word, two masks put the
+exponent/mantissa bits on bf16's bits 8:6 and the signs on bit 15, so each half is the bf16 of
+the code's value * 2^-126 (code 1 = 0.5 lands on the bf16 subnormal 2^-127; e4m3 likewise, value *
+2^-120); one PTX `fma.rn.bf16x2` per word multiplies both halves by 2^(s - 127 + 126 - 64) for the
+group's e8m0 byte s (bf16 arithmetic keeps subnormals; triton_kernels' Hopper mxfp4 upcast relies on
+the same). The pairs are already in x's K order (low nibble = even k), so the [BLOCK_N, BLOCK_K/2]
+words unpack into the [BLOCK_N, BLOCK_K] bf16 tile by join + reshape, which Triton lays out as the
+wgmma register operand straight from the shared-memory bytes (no layout conversion). The extra
+2^-64 keeps every factor a finite bf16 for s up to 192 (|w| < 2^68; above, the factor is inf) and
+the float32 accumulator is multiplied by 2^64 before the store; weights below 2^-62 (s < 66) lose
+bits or flush, far below any tolerance. fp16 activations take exact float32 values converted to fp16 (MX_DQ 2); under the
+interpreter, whose bf16 arithmetic is integer arithmetic on the bits, the same bits and factors
+are multiplied in float32 (MX_DQ 1). mxfp8 and mxfp4_a8 feed the activation's MX FP8 values as
+bf16 (`mxfp8_act_values`: the quantiser's rounding, then e4m3 * 2^X, exact in bf16) to the same
+kernel (FMT 3: e4m3 weight pairs, FMT 2: e2m1). K strides must be 1 (the launcher makes them so),
+so the unit stride is a compile-time fact and the loads vectorise and pipeline. Tuning entries
+"<fmt>_reg_small" (decode: 16-token tiles, split-K as for every small variant) and "<fmt>_reg_large"
+(prefill: a 256-token tile so that one dequantised weight tile feeds a whole 192-token expert).
 
 float32 dots (and mixed dtypes) keep wide operands in shared memory: `_fit_shared_memory` drops
 stages, then halves BLOCK_K, until the buffers fit.
@@ -99,7 +126,8 @@ MX_GROUP = quant.MX_BLOCK  # 32
 
 _FMT_ID = {"dense": 0, "fp8_block": 1, "mxfp4": 2, "mxfp8": 3, "mxfp4_a8": 2}  # mxfp4_a8: the mxfp4 weight layout, MX_MODE 2
 _MX_FMTS = ("mxfp4", "mxfp8", "mxfp4_a8")
-_MX_UPCAST, _MX_DOT_SCALED, _MX_NATIVE = 0, 1, 2  # MX_MODE: how an mx weight meets the activations
+_MX_UPCAST, _MX_DOT_SCALED, _MX_NATIVE, _MX_REGISTER = 0, 1, 2, 3  # MX_MODE: how an mx weight meets the activations
+MXFP4_PATHS = ("dot_scaled", "upcast", "register")  # backend option mxfp4_path's forced paths
 _LINEAR, _CONTIGUOUS, _MASKED = 0, 1, 2
 _KERNEL_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
@@ -190,6 +218,7 @@ def _quant_act_mxfp8_kernel(
     BLOCK_R: tl.constexpr,
     GROUPS: tl.constexpr,  # 32-column groups per program
     MANUAL_CVT: tl.constexpr,
+    VALUES: tl.constexpr = False,  # store the MX FP8 values themselves (bf16 into q_ptr), no scales
 ):
     pid_r = tl.program_id(0)
     pid_g = tl.program_id(1)
@@ -201,8 +230,14 @@ def _quant_act_mxfp8_kernel(
     mask = row_ok[:, None, None] & g_ok[None, :, None]
     x = tl.load(x_ptr + rows[:, None, None] * stride_xr + cols[None, :, :], mask=mask, other=0.0).to(tl.float32)
     codes, byte = _mx_e4m3_quantise(x, MANUAL_CVT)
-    tl.store(q_ptr + rows[:, None, None] * stride_qr + cols[None, :, :], codes.to(tl.uint8), mask=mask)
-    tl.store(s_ptr + rows[:, None] * stride_sr + groups[None, :], byte.to(tl.uint8), mask=row_ok[:, None] & g_ok[None, :])
+    if VALUES:
+        # e4m3 bits placed in float32's are the value * 2^-120 (subnormals too); times 2^(byte - 127)
+        raw = (((codes & 0x7F) << 20) | ((codes & 0x80) << 24)).to(tl.float32, bitcast=True)
+        vals = (raw * 1.329227995784916e36) * _mx_factor(byte)[:, :, None]  # 2^120
+        tl.store(q_ptr + rows[:, None, None] * stride_qr + cols[None, :, :], vals.to(tl.bfloat16), mask=mask)
+    else:
+        tl.store(q_ptr + rows[:, None, None] * stride_qr + cols[None, :, :], codes.to(tl.uint8), mask=mask)
+        tl.store(s_ptr + rows[:, None] * stride_sr + groups[None, :], byte.to(tl.uint8), mask=row_ok[:, None] & g_ok[None, :])
 
 
 def quantize_act_mxfp8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -225,6 +260,26 @@ def quantize_act_mxfp8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return q.view(quant.FP8_DTYPE).reshape(*x.shape[:-1], k), sc.reshape(*x.shape[:-1], k // MX_GROUP)
 
 
+def mxfp8_act_values(x: torch.Tensor) -> torch.Tensor:
+    """`quant.dequantize_mxfp8(*quant.quantize_act_mxfp8(x))` in one pass, as bfloat16 (exact: an e4m3
+    value times a power of two, inside bf16's range): x [..., K] (K a multiple of 32) -> [..., K].
+    The register path's activation for mxfp8 and mxfp4_a8 (MX_MODE 3)."""
+    k = x.shape[-1]
+    x2 = x.reshape(-1, k)
+    if k and x2.stride(-1) != 1:
+        x2 = x2.contiguous()
+    rows = x2.shape[0]
+    v = torch.empty(rows, k, dtype=torch.bfloat16, device=x.device)
+    if rows and k:
+        cfg = config("gemm", "quant_act_mx", x.device)
+        grid = (cdiv(rows, cfg["BLOCK_R"]), cdiv(k // MX_GROUP, cfg["GROUPS"]))
+        _quant_act_mxfp8_kernel[grid](
+            x2, v, v, rows, k, x2.stride(0), v.stride(0), 0,
+            BLOCK_R=cfg["BLOCK_R"], GROUPS=cfg["GROUPS"], MANUAL_CVT=interpreting(), VALUES=True, num_warps=cfg["num_warps"],
+        )
+    return v.reshape(*x.shape[:-1], k)
+
+
 # ---------------------------------------------------------------------------------------------
 # The GEMM
 
@@ -245,6 +300,98 @@ def _e2m1_value(c):
     bits = tl.where(e == 0, m * 0x3F000000, ((e + 126) << 23) | (m << 22))
     bits = bits | ((c & 8) << 28)
     return bits.to(tl.float32, bitcast=True)
+
+
+# MX_MODE 3 (register dequant): weights leave this path as value * 2^-MX_SHIFT (bf16) and the float32
+# accumulator is multiplied back by 2^MX_SHIFT, so that one bf16 multiply per pair covers the e8m0 range
+# that matters (module doc: "MX on SM90").
+MX_SHIFT = tl.constexpr(64)
+MX_UNSHIFT = tl.constexpr(2.0**64)
+
+
+@triton.jit
+def _e2m1_bf16_pairs(b):
+    """Packed bytes (int32 0..255, two e2m1 codes each) -> int32 words of two raw bfloat16s: the low
+    half from the low nibble (even k), the high half from the high nibble, each equal to the code's
+    value * 2^-126. The code's exponent and mantissa bits land on bf16's bits 8:6 (exponent field 0..3,
+    so code 1 = 0.5 lands on the subnormal 2^-127, a multiply handles it) and its sign on bit 15."""
+    a = b * 0x40040  # b << 6 | b << 18 (no overlap): codes' bits 2:0 at 8:6 and 24:22, signs at 9 and 25
+    return (a & 0x01C001C0) | ((a << 6) & -0x7FFF8000)  # -0x7FFF8000 = 0x80008000: the signs at 15 and 31
+
+
+@triton.jit
+def _e4m3_bf16_pairs(lo, hi):
+    """e4m3 bytes (int32 0..255) of even and odd k -> int32 words of two raw bfloat16s, each the value
+    * 2^-120 (exponent and mantissa bits at bf16's 10:4; e4m3 subnormals land on bf16 subnormals)."""
+    v = lo | (hi << 16)
+    return ((v << 4) & 0x07F007F0) | ((v << 8) & -0x7FFF8000)
+
+
+@triton.jit
+def _bf16_pairs_scaled(words, factor_pairs, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """words * factor_pairs, both int32 [BLOCK_N, BLOCK_K/2] words of two bfloat16s, as one PTX
+    bf16x2 multiply each (Triton's own bf16 multiply is scalar and ptxas pairs it with extra byte
+    permutes), then unpacked into a [BLOCK_N, BLOCK_K] bf16 tile in k order. -0.0 is the addend so a
+    product's zero keeps its sign; subnormal inputs are exact (bf16 arithmetic has no flush to zero)."""
+    prod = tl.inline_asm_elementwise(
+        "{ .reg .b32 z; mov.b32 z, 0x80008000; fma.rn.bf16x2 $0, $1, $2, z; }",
+        "=r,r,r", [words, factor_pairs], dtype=tl.int32, is_pure=True, pack=1,
+    )
+    pairs = tl.join(prod.to(tl.int16), (prod >> 16).to(tl.int16))
+    return tl.reshape(pairs, (BLOCK_N, BLOCK_K)).to(tl.bfloat16, bitcast=True)
+
+
+@triton.jit
+def _groups_to_pairs(t, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """[BLOCK_N, BLOCK_K/32] per-group values -> [BLOCK_N, BLOCK_K/2], one per k pair."""
+    return tl.reshape(tl.broadcast_to(t[:, :, None], (BLOCK_N, BLOCK_K // 32, 16)), (BLOCK_N, BLOCK_K // 2))
+
+
+@triton.jit
+def _groups_to_k(t, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """[BLOCK_N, BLOCK_K/32] per-group values -> [BLOCK_N, BLOCK_K], one per k."""
+    return tl.reshape(tl.broadcast_to(t[:, :, None], (BLOCK_N, BLOCK_K // 32, 32)), (BLOCK_N, BLOCK_K))
+
+
+@triton.jit
+def _mx_register_tile(w, ws, FMT: tl.constexpr, MX_DQ: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """The weight tile of MX_MODE 3 in registers, k in x's order: [BLOCK_N, BLOCK_K] from the packed
+    e2m1 bytes [BLOCK_N, BLOCK_K/2] (FMT 2) or the e4m3 bytes [BLOCK_N, BLOCK_K] (FMT 3) and the e8m0
+    bytes ws [BLOCK_N, BLOCK_K/32].
+
+    MX_DQ 0 (GPU, 16-bit bf16 dots): raw bf16 pairs times 2^(s - 127 + RAW - MX_SHIFT) (RAW = 126 for
+    e2m1, 120 for e4m3), one bf16x2 multiply per pair: bf16 value * 2^-MX_SHIFT, exact for scales s up
+    to 127 + MX_SHIFT + 1 (e2m1) / + 7 (e4m3); beyond that the factor saturates to inf (weights of
+    2^65 and more). MX_DQ 1 (interpreter, whose bf16 arithmetic is integer arithmetic on the bits):
+    the same bits and factors, multiplied in float32 (the same values). MX_DQ 2 (fp16 activations):
+    exact float32 values (no shift), then fp16."""
+    s = ws.to(tl.int32)
+    if FMT == 2:
+        words = _e2m1_bf16_pairs(w.to(tl.int32))
+        raw_exp: tl.constexpr = 126
+        raw_unit: tl.constexpr = 8.507059173023462e37  # 2^126
+    else:
+        lo, hi = tl.split(tl.reshape(w.to(tl.uint8, bitcast=True).to(tl.int32), (BLOCK_N, BLOCK_K // 2, 2)))
+        words = _e4m3_bf16_pairs(lo, hi)
+        raw_exp: tl.constexpr = 120
+        raw_unit: tl.constexpr = 1.329227995784916e36  # 2^120
+    if MX_DQ == 0:
+        # bf16 exponent field of 2^(s - 127 + raw_exp - MX_SHIFT), at most 255 (inf)
+        field = tl.minimum(s, 255 - raw_exp + MX_SHIFT) + (raw_exp - MX_SHIFT)
+        out = _bf16_pairs_scaled(words, _groups_to_pairs(field * 0x00800080, BLOCK_N, BLOCK_K), BLOCK_N, BLOCK_K)
+    else:
+        # a bf16's float32 is its bits shifted up by 16 (built so, not converted: the interpreter's bf16
+        # conversion flushes subnormals)
+        lo = (words << 16).to(tl.float32, bitcast=True)
+        hi = (words & -65536).to(tl.float32, bitcast=True)
+        raw = tl.reshape(tl.join(lo, hi), (BLOCK_N, BLOCK_K))
+        if MX_DQ == 1:
+            field = tl.minimum(s, 255 - raw_exp + MX_SHIFT) + (raw_exp - MX_SHIFT)
+            out = raw * _groups_to_k((field << 23).to(tl.float32, bitcast=True), BLOCK_N, BLOCK_K)
+        else:
+            # exact: raw * 2^raw_exp is the code's value; _mx_factor keeps e8m0's 0 (2^-127) and 255 (NaN)
+            out = ((raw * raw_unit) * _groups_to_k(_mx_factor(s), BLOCK_N, BLOCK_K)).to(tl.float16)
+    return out
 
 
 @triton.jit
@@ -309,8 +456,9 @@ def _gemm_kernel(
     EVEN_K: tl.constexpr,
     DOT_F32: tl.constexpr,  # convert dot operands to float32 (ieee precision)
     DOT_PRECISION: tl.constexpr,
-    MX_MODE: tl.constexpr,  # mx formats: 0 in-kernel upcast, 1 dot_scaled(16-bit x), 2 dot_scaled(mx x mx, swapped)
+    MX_MODE: tl.constexpr,  # mx formats: 0 in-kernel upcast, 1 dot_scaled(16-bit x), 2 dot_scaled(mx x mx, swapped), 3 register dequant (swapped)
     MX_LHS: tl.constexpr,  # "bf16" | "fp16": dot_scaled's format of x (MX_MODE 1)
+    MX_DQ: tl.constexpr,  # MX_MODE 3: how the weight tile is dequantised (_mx_register_tile)
     FP8_VIA_BF16: tl.constexpr,  # fp8 operands upcast to bf16 (exact) for a float32-exact sum
     SCALAR_WS: tl.constexpr,  # the N block lies in one 128-row weight-scale block
 ):
@@ -334,7 +482,7 @@ def _gemm_kernel(
     it0 = pid_s * iters_per_split
     it1 = tl.minimum(it0 + iters_per_split, total_iters)
 
-    if MX_MODE == 2:
+    if MX_MODE >= 2:
         acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)  # swapped: weight rows are the MMA's M
     else:
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
@@ -346,7 +494,7 @@ def _gemm_kernel(
         offs_kp = tl.arange(0, BLOCK_K // 2)
         offs_ks = tl.arange(0, BLOCK_K // 32)
         ws_base = ws_ptr + e64 * stride_wse + cols_c[:, None] * stride_wsn
-    if MX_MODE == 2:
+    if MX_MODE >= 2:
         wt_base = w_ptr + e64 * stride_we + cols_c[:, None] * stride_wn  # [BLOCK_N, *]: K contiguous
         xt_off = e64 * stride_xe + rows_c[None, :] * stride_xm  # [*, BLOCK_M]
         xsc_off = e64 * stride_xse + rows_c[:, None] * stride_xsm  # [BLOCK_M, *]
@@ -354,7 +502,36 @@ def _gemm_kernel(
     for it in range(it0, it1):
         k0 = it * BLOCK_K
         kk = k0 + offs_k
-        if MX_MODE == 2:
+        if MX_MODE == 3:
+            # Register dequant, swapped (SM90: no block-scaled MMA): the weight tile, loaded K-contiguous,
+            # becomes bf16/fp16 in registers (wgmma's A operand) and x^T [BLOCK_K, BLOCK_M] is the
+            # shared-memory B operand, so 16-token decode tiles still fill the 64-row wgmma.
+            ks = it * (BLOCK_K // 32) + offs_ks
+            if FMT == 2:
+                kw = it * (BLOCK_K // 2) + offs_kp
+                kw_ok = kw < K // 2
+            else:
+                kw = kk
+                kw_ok = kk < K
+            # K strides are 1 here (the launcher sees to it): the unit stride is known at compile time
+            # whatever the launch specialises, so the loads vectorise and pipeline.
+            if EVEN_K:
+                wt = tl.load(wt_base + kw[None, :])
+                bs = tl.load(ws_base + ks[None, :])
+                xt = tl.load(x_ptr + xt_off + kk[:, None])
+            else:
+                if FMT == 2:
+                    wt = tl.load(wt_base + kw[None, :], mask=kw_ok[None, :], other=0)
+                else:
+                    wt = tl.load(wt_base + kw[None, :], mask=kw_ok[None, :], other=0.0)
+                bs = tl.load(ws_base + ks[None, :], mask=(ks < K // 32)[None, :], other=127)
+                xt = tl.load(x_ptr + xt_off + kk[:, None], mask=(kk < K)[:, None], other=0.0)
+            wv = _mx_register_tile(wt, bs, FMT, MX_DQ, BLOCK_N, BLOCK_K)
+            if DOT_F32:
+                acc = tl.dot(wv.to(tl.float32), xt.to(tl.float32), acc, input_precision="ieee")
+            else:
+                acc = tl.dot(wv, xt, acc)
+        elif MX_MODE == 2:
             # Block-scaled MMA (SM100: tcgen05 kind::mxf8f6f4; SM90: Triton upcasts to bf16 and
             # runs wgmma) on MX FP8 activations: the weight tile is the MMA's 128-row side and the
             # tokens its N side, so decode tiles of 16 rows still meet tcgen05's M = 128.
@@ -448,7 +625,9 @@ def _gemm_kernel(
                     else:
                         acc = tl.dot(a, wv.to(a.dtype), acc)
 
-    if MX_MODE == 2:  # acc is [BLOCK_N, BLOCK_M]
+    if MX_MODE == 3 and MX_DQ < 2:
+        acc = acc * MX_UNSHIFT  # the weights came shifted by 2^-MX_SHIFT (_mx_register_tile)
+    if MX_MODE >= 2:  # acc is [BLOCK_N, BLOCK_M]
         out_mask = (cols < N)[:, None] & (rows < row_end)[None, :]
         out_ptrs = out_ptr + e64 * stride_oe + rows.to(tl.int64)[None, :] * stride_om + cols[:, None] * stride_on
     else:
@@ -573,41 +752,70 @@ def _mxfp4_dot_scaled_default() -> bool:
 
 
 MXFP4_DOT_SCALED = _mxfp4_dot_scaled_default()
+# The path mxfp4_path=auto takes ("dot_scaled", "upcast" or "register"); None: chosen per device by
+# `_mx_mode`. Benchmarks set it to time each path (deepinfer_cuda.bench.gemm).
+MXFP4_AUTO_PATH: str | None = None
 
-def _mx_mode(fmt: str, x: torch.Tensor, mxfp4_dot_scaled: bool | None = None) -> int:
-    """How an mx weight meets x. mxfp8 (W8A8 by contract) and mxfp4_a8 (W4A8): x quantised to MX FP8
-    and tl.dot_scaled on both MX operands (native block-scaled MMA on SM100, Triton's bf16 emulation
-    on SM90). mxfp4
-    (W4A16): tl.dot_scaled with x as bf16/fp16 (SM100 too: tcgen05's block-scaled MMA takes only
-    fp8/fp6/fp4 operands, so Triton upcasts the e2m1 side and runs kind::f16), or the in-kernel upcast.
-    mxfp4_dot_scaled: the path backend option mxfp4_path forces (None: this machine's, MXFP4_DOT_SCALED)."""
+
+def _register_dequant_device(x: torch.Tensor) -> bool:
+    """SM90 (Hopper): no block-scaled MMA, and Triton's dot_scaled emulation is slow there, so MX
+    weights are dequantised in registers (MX_MODE 3). SM100 keeps tl.dot_scaled (native)."""
+    return capability(x.device)[0] == 9
+
+
+def _mx_mode(fmt: str, x: torch.Tensor, mx_path: str | None = None) -> int:
+    """How an mx weight meets x.
+
+    mxfp4 (W4A16) with bf16/fp16 x: "register" (MX_MODE 3: e2m1 -> bf16 in registers, weight tile as
+    wgmma's register operand), "dot_scaled" (x as bf16/fp16: on SM100 Triton upcasts the e2m1 side and
+    runs kind::f16, tcgen05's block-scaled MMA taking only fp8/fp6/fp4 operands) or "upcast" (MX_MODE
+    0); auto: register on SM90, else dot_scaled where Triton has it. float32 x: always the upcast (exact).
+    mxfp8 (W8A8) and mxfp4_a8 (W4A8): x quantised to MX FP8; "register" (SM90's auto: x's MX FP8 values
+    as bf16, the weight dequantised in registers, MX_MODE 3) or tl.dot_scaled on both MX operands
+    (MX_MODE 2; native block-scaled MMA on SM100). mx_path: a path forced (backend option mxfp4_path,
+    benchmarks, tests); None: auto."""
     if fmt in ("mxfp8", "mxfp4_a8"):
+        if mx_path == "register" or (mx_path is None and _register_dequant_device(x)):
+            return _MX_REGISTER
         if not hasattr(tl, "dot_scaled"):
             raise RuntimeError(f"{fmt} GEMM needs tl.dot_scaled, missing in Triton {triton.__version__}")
         return _MX_NATIVE
-    if fmt != "mxfp4":
+    if fmt != "mxfp4" or x.dtype not in (torch.bfloat16, torch.float16):
         return _MX_UPCAST
-    dot_scaled = MXFP4_DOT_SCALED if mxfp4_dot_scaled is None else mxfp4_dot_scaled
-    if dot_scaled and x.dtype in (torch.bfloat16, torch.float16):
-        return _MX_DOT_SCALED
-    return _MX_UPCAST
+    path = mx_path or MXFP4_AUTO_PATH
+    if path is None:
+        path = "register" if _register_dequant_device(x) else ("dot_scaled" if MXFP4_DOT_SCALED else "upcast")
+    return {"register": _MX_REGISTER, "dot_scaled": _MX_DOT_SCALED, "upcast": _MX_UPCAST}[path]
 
 
 def mxfp4_path() -> str:
+    """What mxfp4 with bf16/fp16 activations runs on this machine (mxfp4_path=auto)."""
+    try:
+        sm90 = not interpreting() and torch.cuda.is_available() and torch.cuda.get_device_capability(0)[0] == 9
+    except Exception:  # noqa: BLE001 - no usable device
+        sm90 = False
+    if sm90:
+        return "e2m1 dequantised in registers, weight tile as wgmma's register operand (SM90)"
     return "tl.dot_scaled" if MXFP4_DOT_SCALED else "in-kernel e2m1 upcast"
 
 
-def _variant(fmt: str, rows_per_expert: float) -> str:
-    return f"{fmt}_{'small' if rows_per_expert <= 64 else 'large'}"
+def _variant(fmt: str, rows_per_expert: float, mx_mode: int | None = None) -> str:
+    """The tuning entry: <fmt>_small (<= 64 rows per expert: decode) or <fmt>_large; the register
+    dequant path (MX_MODE 3) has its own, <fmt>_reg_small / _large (mxfp4_a8 takes mxfp4's)."""
+    size = "small" if rows_per_expert <= 64 else "large"
+    if mx_mode == _MX_REGISTER:
+        return f"{'mxfp8' if fmt == 'mxfp8' else 'mxfp4'}_reg_{size}"
+    return f"{fmt}_{size}"
 
 
 SHARED_MEMORY_BUDGET = 200 * 1024  # bytes of pipeline buffers; SM90/SM100 have 227 KiB per block
 
 
-def _fit_shared_memory(fmt, x, weight, dot_f32, block_m, block_n, block_k, num_stages):
+def _fit_shared_memory(fmt, x, weight, dot_f32, block_m, block_n, block_k, num_stages, x_bytes=None):
     """Fewer stages, then a narrower K block, until the operand buffers fit (float32 dots
-    and mixed dtypes keep wide operands in shared memory)."""
-    a_bytes = 4 if dot_f32 else (1 if fmt == "fp8_block" else x.element_size())
+    and mixed dtypes keep wide operands in shared memory). x_bytes: x's element size as the kernel
+    reads it, where that is not x's (the register path's bf16 MX FP8 values)."""
+    a_bytes = 4 if dot_f32 else (1 if fmt == "fp8_block" else (x_bytes or x.element_size()))
     b_per_k = {"dense": 4 if dot_f32 else weight.element_size(), "fp8_block": 4 if dot_f32 else 1, "mxfp4": 0.5, "mxfp8": 1, "mxfp4_a8": 0.5}[fmt]
     min_k = FP8_GROUP if fmt == "fp8_block" else (2 * MX_GROUP if fmt in _MX_FMTS else 16)
 
@@ -658,8 +866,9 @@ class GemmPlan:
     group_m: int
     num_warps: int
     num_stages: int
-    mx_mode: int  # _MX_UPCAST, _MX_DOT_SCALED or _MX_NATIVE
+    mx_mode: int  # _MX_UPCAST, _MX_DOT_SCALED, _MX_NATIVE or _MX_REGISTER
     mx_lhs: str  # dot_scaled's format of x (MX_MODE 1): "bf16" | "fp16"
+    mx_dq: int  # MX_MODE 3: the weight dequantisation (_mx_register_tile's MX_DQ)
     dot_f32: bool  # dot operands converted to float32 (ieee)
     fp8_via_bf16: bool  # fp8 operands upcast to bf16 (exact) for a float32-exact sum
     num_m_tiles: int  # row tiles on the grid (an upper bound for contiguous: + E)
@@ -681,10 +890,10 @@ class GemmPlan:
         return FP8_GROUP % self.block_n == 0
 
 
-def plan_gemm(x: torch.Tensor, weight: torch.Tensor, fmt: str, layout: int, mxfp4_dot_scaled: bool | None = None) -> GemmPlan:
+def plan_gemm(x: torch.Tensor, weight: torch.Tensor, fmt: str, layout: int, mx_path: str | None = None) -> GemmPlan:
     """The launch's tiles, dot dtype, split-K and kernel, from the tensors' shapes, dtypes, strides
     and alignment, the device and its tuning entry only (never their values: no host sync).
-    For non-empty products (rows, N and K > 0)."""
+    For non-empty products (rows, N and K > 0). mx_path: an mx path forced (`_mx_mode`)."""
     device = x.device
     k = x.shape[-1]
     experts = weight.shape[0] if layout != _LINEAR else 1
@@ -698,7 +907,11 @@ def plan_gemm(x: torch.Tensor, weight: torch.Tensor, fmt: str, layout: int, mxfp
         rows_total = x.shape[0]
         rows_per_expert = rows_total / max(experts, 1)
 
-    cfg = config("gemm", _variant(fmt, rows_per_expert), device)
+    mx_mode = _mx_mode(fmt, x, mx_path)
+    register = mx_mode == _MX_REGISTER
+    # The register path's x is bf16/fp16 (mxfp8 and mxfp4_a8: x's MX FP8 values as bf16, exact).
+    x_dtype = x.dtype if (not register or fmt == "mxfp4") else torch.bfloat16
+    cfg = config("gemm", _variant(fmt, rows_per_expert, mx_mode), device)
     block_m = max(16, min(cfg["BLOCK_M"], next_power_of_2(int(rows_per_expert) if rows_per_expert >= 1 else 1)))
     block_n = cfg["BLOCK_N"]
     if fmt == "fp8_block":
@@ -707,7 +920,6 @@ def plan_gemm(x: torch.Tensor, weight: torch.Tensor, fmt: str, layout: int, mxfp
         block_k = max(2 * MX_GROUP, min(cfg["BLOCK_K"], next_power_of_2(k)))
     else:
         block_k = max(16, min(cfg["BLOCK_K"], next_power_of_2(k)))
-    mx_mode = _mx_mode(fmt, x, mxfp4_dot_scaled)
 
     # The dot dtype.
     upcast = upcast_dot()
@@ -716,14 +928,18 @@ def plan_gemm(x: torch.Tensor, weight: torch.Tensor, fmt: str, layout: int, mxfp
     elif fmt == "fp8_block":
         dot_f32 = upcast
     else:
-        dot_f32 = upcast or x.dtype == torch.float32
+        dot_f32 = upcast or x_dtype == torch.float32
+    # MX_MODE 3's weight dequantisation (_mx_register_tile): 0 bf16 pairs (PTX), 1 the same values in
+    # float32 (the interpreter's bf16 arithmetic is wrong), 2 exact float32 then fp16 (fp16 x).
+    mx_dq = (1 if interpreting() else 0) if x_dtype == torch.bfloat16 else 2
     # Hopper's fp8 MMA sums with reduced precision (DeepSeek-V3 report: ~14 bits), invisible in a
     # bf16/fp16 output but not within float32's tolerance: float32 activations take the fp8 values
     # upcast to bf16 (exact) through the bf16 MMA, which sums in float32.
     fp8_via_bf16 = fmt == "fp8_block" and x.dtype == torch.float32 and not dot_f32
     num_stages = cfg["num_stages"]
     if not interpreting():
-        block_k, num_stages = _fit_shared_memory(fmt, x, weight, dot_f32, block_m, block_n, block_k, num_stages)
+        block_k, num_stages = _fit_shared_memory(fmt, x, weight, dot_f32, block_m, block_n, block_k, num_stages,
+                                                 x_bytes=2 if register else None)
 
     # Tiles, grid and split-K.
     num_n = cdiv(n, block_n)
@@ -749,18 +965,19 @@ def plan_gemm(x: torch.Tensor, weight: torch.Tensor, fmt: str, layout: int, mxfp
         fmt=fmt, layout=layout, experts=experts, n=n, k=k, max_m=max_m, rows_total=rows_total,
         block_m=block_m, block_n=block_n, block_k=block_k, group_m=cfg.get("GROUP_M", 8),
         num_warps=cfg["num_warps"], num_stages=num_stages,
-        mx_mode=mx_mode, mx_lhs="fp16" if x.dtype == torch.float16 else "bf16",
+        mx_mode=mx_mode, mx_lhs="fp16" if x.dtype == torch.float16 else "bf16", mx_dq=mx_dq,
         dot_f32=dot_f32, fp8_via_bf16=fp8_via_bf16,
         num_m_tiles=num_m_tiles, num_n=num_n, split=split, iters_per_split=iters_per_split,
         tma=tma, k_pairs=k_pairs, warp_specialize=bool(cfg.get("warp_specialize", False)),
     )
 
 
-def launch_gemm(x, weight, weight_scale, fmt, layout, *, offsets=None, masked_m=None, prequantised=None, mxfp4_dot_scaled=None) -> torch.Tensor:
+def launch_gemm(x, weight, weight_scale, fmt, layout, *, offsets=None, masked_m=None, prequantised=None, mx_path=None) -> torch.Tensor:
     """out = the product for x in `layout`: plan, quantise the activation (fp8_block, MX FP8), launch.
 
-    prequantised: (x_q, x_scale) already made by the activation quantiser (benchmarks of the GEMM alone).
-    mxfp4_dot_scaled: the mxfp4 path backend option mxfp4_path forces (None: this machine's)."""
+    prequantised: (x_q, x_scale) already made by the activation quantiser (benchmarks of the GEMM
+    alone; the register path of mxfp8 / mxfp4_a8: (mxfp8_act_values(x), None)).
+    mx_path: the mx path forced (backend option mxfp4_path, `_mx_mode`; None: this machine's)."""
     n = weight.shape[-2]
     if layout == _MASKED:
         out = torch.empty(weight.shape[0], x.shape[1], n, dtype=x.dtype, device=x.device)
@@ -770,12 +987,16 @@ def launch_gemm(x, weight, weight_scale, fmt, layout, *, offsets=None, masked_m=
         return out
     if x.shape[-1] == 0:
         return out.zero_()
-    plan = plan_gemm(x, weight, fmt, layout, mxfp4_dot_scaled)
+    plan = plan_gemm(x, weight, fmt, layout, mx_path)
     xq, xs = x, None
     if fmt == "fp8_block":
         xq, xs = prequantised if prequantised is not None else quantize_act_fp8(x)
     elif plan.mx_mode == _MX_NATIVE:
         xq, xs = prequantised if prequantised is not None else quantize_act_mxfp8(x)
+    elif plan.mx_mode == _MX_REGISTER:
+        if fmt != "mxfp4":
+            xq, xs = prequantised if prequantised is not None else (mxfp8_act_values(x), None)
+        xq, weight, weight_scale = (t if t.stride(-1) == 1 else t.contiguous() for t in (xq, weight, weight_scale))  # unit K strides
     launch = _launch_tma if plan.tma else _launch_pointers
     launch(plan, xq, xs, weight, weight_scale, out, offsets if offsets is not None else weight, masked_m if masked_m is not None else weight)
     return out
@@ -826,7 +1047,7 @@ def _launch_pointers(plan, xq, xs, weight, weight_scale, out, offs_arg, mm_arg) 
         BLOCK_M=p.block_m, BLOCK_N=p.block_n, BLOCK_K=p.block_k, GROUP_M=p.group_m,
         SPLIT_K=p.split, E_POW2=next_power_of_2(p.experts), EVEN_K=p.k % p.block_k == 0,
         DOT_F32=p.dot_f32, DOT_PRECISION=dot_precision(p.dot_f32),
-        MX_MODE=p.mx_mode, MX_LHS=p.mx_lhs,
+        MX_MODE=p.mx_mode, MX_LHS=p.mx_lhs, MX_DQ=p.mx_dq,
         FP8_VIA_BF16=p.fp8_via_bf16, SCALAR_WS=p.scalar_ws,
         num_warps=p.num_warps, num_stages=p.num_stages,
     )
@@ -875,16 +1096,17 @@ def _weight_operands(weight: torch.Tensor, weight_scale: torch.Tensor | None, fm
 # The ops
 
 
-def _gemm_ops(mxfp4_dot_scaled: bool | None = None):
-    """The `linear` and `grouped_gemm` kernels. mxfp4_dot_scaled: the mxfp4 path with bf16/fp16
-    activations (backend option mxfp4_path=dot_scaled|upcast); None: this machine's default.
-    float32 activations always take the upcast."""
+def _gemm_ops(mx_path: str | None = None):
+    """The `linear` and `grouped_gemm` kernels. mx_path: the mxfp4 path with bf16/fp16 activations
+    (backend option mxfp4_path=dot_scaled|upcast|register; "register" also takes mxfp8 and mxfp4_a8
+    through the register dequant); None: this machine's default. float32 activations with mxfp4
+    weights always take the upcast."""
 
     def linear(x: torch.Tensor, weight: torch.Tensor, *, weight_scale: torch.Tensor | None = None, fmt: str = "dense") -> torch.Tensor:
         gemm_ops.check_linear_args(x, weight, weight_scale, fmt)
         _check_dtype(x)
         weight, weight_scale = _weight_operands(weight, weight_scale, fmt)
-        return launch_gemm(x, weight, weight_scale, fmt, _LINEAR, mxfp4_dot_scaled=mxfp4_dot_scaled)
+        return launch_gemm(x, weight, weight_scale, fmt, _LINEAR, mx_path=mx_path)
 
     def grouped_gemm(
         x: torch.Tensor,
@@ -900,13 +1122,12 @@ def _gemm_ops(mxfp4_dot_scaled: bool | None = None):
         weight, weight_scale = _weight_operands(weight, weight_scale, fmt)
         if expert_offsets is not None:
             gemm_ops.check_index_vector("expert_offsets", expert_offsets, experts + 1, x.device)
-            return launch_gemm(x, weight, weight_scale, fmt, _CONTIGUOUS, offsets=expert_offsets, mxfp4_dot_scaled=mxfp4_dot_scaled)
+            return launch_gemm(x, weight, weight_scale, fmt, _CONTIGUOUS, offsets=expert_offsets, mx_path=mx_path)
         gemm_ops.check_index_vector("masked_m", masked_m, experts, x.device)
-        return launch_gemm(x, weight, weight_scale, fmt, _MASKED, masked_m=masked_m, mxfp4_dot_scaled=mxfp4_dot_scaled)
+        return launch_gemm(x, weight, weight_scale, fmt, _MASKED, masked_m=masked_m, mx_path=mx_path)
 
-    if mxfp4_dot_scaled is not None:
-        suffix = "dot_scaled" if mxfp4_dot_scaled else "upcast"
-        linear.__qualname__, grouped_gemm.__qualname__ = f"linear_mxfp4_{suffix}", f"grouped_gemm_mxfp4_{suffix}"
+    if mx_path is not None:
+        linear.__qualname__, grouped_gemm.__qualname__ = f"linear_mxfp4_{mx_path}", f"grouped_gemm_mxfp4_{mx_path}"
     else:
         linear.__qualname__, grouped_gemm.__qualname__ = "linear", "grouped_gemm"
     return linear, grouped_gemm
@@ -919,10 +1140,10 @@ _NOTE = (
     "Triton: one tiled GEMM (grouped tiles, split-K for decode shapes) for dense, fp8_block "
     "(fused per-token-group quantiser, fp8 tl.dot per 128-K group, DeepGEMM-style promotion) and "
     f"mxfp4 (bf16/fp16 activations: {mxfp4_path()}; float32 activations: in-kernel e2m1 upcast); "
-    "mxfp8 and mxfp4_a8 (MX FP8 activation quantiser, tl.dot_scaled on both MX operands with the weight "
-    "tile as the MMA's 128-row side: block-scaled tcgen05 on SM100, Triton's emulation on SM90)"
+    "mxfp8 and mxfp4_a8 (MX FP8 activation quantiser; SM100: tl.dot_scaled on both MX operands with the weight "
+    "tile as the MMA's 128-row side, block-scaled tcgen05; SM90: the MX FP8 values as bf16 and the weight "
+    "dequantised in registers)"
 )
-
 
 
 def _forced_by(path: str):
@@ -943,13 +1164,18 @@ REGISTRATIONS = [
         note=_NOTE + "; contiguous layout: tile->expert map computed in-kernel from expert_offsets, no host sync",
     ),
 ]
-# mxfp4_path=dot_scaled|upcast: the same kernels with the mxfp4 path fixed, chosen at resolve (above
-# the default registrations by priority; never chosen under mxfp4_path=auto).
-for _path, _dot_scaled in (("dot_scaled", True), ("upcast", False)):
-    for _op, _fn in zip(("linear", "grouped_gemm"), _gemm_ops(mxfp4_dot_scaled=_dot_scaled)):
+# mxfp4_path=dot_scaled|upcast|register: the same kernels with the mxfp4 path fixed, chosen at resolve
+# (above the default registrations by priority; never chosen under mxfp4_path=auto).
+_FORCED_NOTES = {
+    "dot_scaled": "tl.dot_scaled",
+    "upcast": "in-kernel e2m1 upcast",
+    "register": "e2m1 dequantised in registers, weight tile as the MMA's register operand (mxfp8 and mxfp4_a8 too)",
+}
+for _path in MXFP4_PATHS:
+    for _op, _fn in zip(("linear", "grouped_gemm"), _gemm_ops(mx_path=_path)):
         REGISTRATIONS.append(Registration(
-            op=_op, fn=_fn, formats=("mxfp4",), dtypes=_KERNEL_DTYPES, when=_forced_by(_path), priority=1,
-            unusable=_dot_scaled_unusable if _dot_scaled else None,
-            note=f"Triton: the GEMM above, mxfp4 with bf16/fp16 activations by "
-                 f"{'tl.dot_scaled' if _dot_scaled else 'in-kernel e2m1 upcast'} (mxfp4_path={_path})",
+            op=_op, fn=_fn, formats=("mxfp4", "mxfp8", "mxfp4_a8") if _path == "register" else ("mxfp4",),
+            dtypes=_KERNEL_DTYPES, when=_forced_by(_path), priority=1,
+            unusable=_dot_scaled_unusable if _path == "dot_scaled" else None,
+            note=f"Triton: the GEMM above, mxfp4 with bf16/fp16 activations by {_FORCED_NOTES[_path]} (mxfp4_path={_path})",
         ))  # fmt: skip

@@ -19,6 +19,12 @@ CONFIGS: dict[str, dict[str, dict]] = {
         # mxfp4_a8 (W4A8 MX: mxfp4 weights, MX FP8 activations; the mxfp8 kernel path): as mxfp8. Not measured.
         "mxfp4_a8_small": {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 4, "num_stages": 3},
         "mxfp4_a8_large": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 3},
+        # The register dequant path (MX_MODE 3, swapped: BLOCK_N weight rows are the MMA's M side, BLOCK_M tokens
+        # its N side; mxfp4_a8 takes mxfp4's entries). Small tiles here: the interpreter runs them.
+        "mxfp4_reg_small": {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 4, "num_stages": 3},
+        "mxfp4_reg_large": {"BLOCK_M": 128, "BLOCK_N": 64, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 4, "num_stages": 3},
+        "mxfp8_reg_small": {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 4, "num_stages": 3},
+        "mxfp8_reg_large": {"BLOCK_M": 128, "BLOCK_N": 64, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 4, "num_stages": 3},
         "quant_act": {"BLOCK_R": 16, "num_warps": 4},
         # quant_act_mx: the two-term MX FP8 split of bf16 activations (native mx path), BLOCK_R rows x GROUPS*32 columns.
         "quant_act_mx": {"BLOCK_R": 16, "GROUPS": 4, "num_warps": 4},

@@ -31,6 +31,19 @@ CONFIGS: dict[str, dict[str, dict]] = {
         "mxfp4_a8_small": {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 4, "num_stages": 3},
         "mxfp4_a8_large": {"BLOCK_M": 128, "BLOCK_N": 64, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 8, "num_stages": 3},
         "quant_act": {"BLOCK_R": 16, "num_warps": 4},
+        # The register dequant path (MX_MODE 3: the weight tile dequantised to bf16 in registers is wgmma's A
+        # operand, BLOCK_N weight rows its M side; x^T tokens its N side; mxfp4_a8 takes mxfp4's entries). NEW,
+        # NOT MEASURED on the H200: chosen by compiling for sm90 (Triton 3.9, unit strides specialised as the
+        # launcher does; registers, spills, shared memory, SASS instructions per weight element in the K loop).
+        # Decode (16-token tiles): 128x128 w4 s4 191 regs, 42 KB, 5.0 instructions per element (64x256 5.2, 128x256
+        # w8 5.2); the 64-row tile of a 48-token expert 252 regs. Prefill: BLOCK_M 256 tokens (a 192-token
+        # expert in one tile: one dequant per weight tile) x 128 weight rows x K 64, w8 s3: 212 regs, 107 KB
+        # (K 128 at s2 spills 48 B; 256x256 spills). tools/gpu/mxfp4_speed.py sweeps the alternatives.
+        "mxfp4_reg_small": {"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 4, "num_stages": 4},
+        "mxfp4_reg_large": {"BLOCK_M": 256, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 8, "num_stages": 3},
+        # mxfp8 (e4m3 weights): decode 128x128 w4 s4 189 regs, 67 KB, 6.5 per element; prefill 256x128x64 w8 s3 210 regs.
+        "mxfp8_reg_small": {"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 4, "num_stages": 4},
+        "mxfp8_reg_large": {"BLOCK_M": 256, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 8, "num_stages": 3},
     },
     # prefill: tma = K/V tiles through TMA descriptors. bf16 tiles measured on the H200 (2026-11-30):
     # 128x64 w8 s3 + TMA 432 TFLOP/s at B4x4096 H16 192/128; 64x64 w4 s3 + TMA 447 at d128 (2 CTAs/SM).
