@@ -1,17 +1,23 @@
 """One step's index plan for DeepSeek-V4: which cache rows each token reads and writes.
 
 Built once per forward on the host from the batch's host-side facts (positions, pages, state
-slots), shared by every layer of the same type, and copied to the device in one go. The layers
-then only gather, call ops and scatter.
+slots), shared by every layer of the same type, then copied to the device. The layers then only
+gather, call ops and scatter.
+
+Every table is tensor arithmetic over the batch's padded page matrix, never a Python loop per token
+or entry: at V4-Flash decode sizes the ratio-4 entry table alone holds batch x context / 4 rows.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from array import array
+from dataclasses import dataclass, field, fields, replace
 
 import torch
 
 from deepinfer.model.deepseek_v4.config import CSA, V4Config
+
+I32, I64 = torch.int32, torch.int64
 
 
 @dataclass
@@ -62,83 +68,191 @@ def _ring_size(ratio: int, overlap: bool) -> int:
     return 2 * ratio if overlap else ratio
 
 
-def _entry_row(pages: list[int], entry: int, ratio: int, block_size: int, rows: int) -> int:
-    last = (entry + 1) * ratio - 1  # the entry lives in the block of its window's last token
-    return pages[last // block_size] * rows + (last % block_size) // ratio
-
-
 def plan_step(config: V4Config, seqs: list[SeqStep], block_size: int, device: torch.device) -> V4Step:
-    window = config.sliding_window
-    positions, token_seq, window_rows, write_slots = [], [], [], []
-    for b, s in enumerate(seqs):
-        for p in range(s.start, s.start + s.length):
-            positions.append(p)
-            token_seq.append(b)
-            window_rows.append([s.pages[q // block_size] * block_size + q % block_size if q >= 0 else -1
-                                for q in range(p - window + 1, p + 1)])  # fmt: skip
-            write_slots.append(s.pages[p // block_size] * block_size + p % block_size if p >= s.cached else -1)
+    return _to_device(_plan_on_host(config, _Batch.of(seqs, block_size)), device)
 
-    def tensor(values, dtype):
-        return torch.tensor(values, dtype=dtype).to(device, non_blocking=True)
 
-    step = V4Step(
-        tensor(positions, torch.int64), tensor(token_seq, torch.int32), tensor(window_rows, torch.int32).view(-1, window), tensor(write_slots, torch.int64)
-    )
+def _plan_on_host(config: V4Config, batch: _Batch) -> V4Step:
+    token_seq, offset = _segments(batch.length)
+    positions = batch.start[token_seq] + offset
+    step = V4Step(positions, token_seq.to(I32), _window_rows(batch, token_seq, positions, config.sliding_window), _write_slots(batch, token_seq, positions))
     kinds = {(config.compress_ratio(i), config.layer_types[i] == CSA) for i in range(config.num_hidden_layers) if config.compress_ratio(i)}
     for ratio in sorted({r for r, _ in kinds}):
-        rows = max(1, block_size // ratio)
-        ends = [(s.start + s.length) // ratio for s in seqs]
-        width = max(ends, default=0)
-        table = [[_entry_row(s.pages, e, ratio, block_size, rows) for e in range(n)] + [-1] * (width - n) for s, n in zip(seqs, ends)]
-        visible = [(p + 1) // ratio for p in positions]
-        plan = RatioPlan(tensor(table, torch.int32).view(len(seqs), width), tensor(visible, torch.int32))
+        table = _entry_table(batch, ratio)
+        visible = (positions + 1) // ratio  # entries whose window is complete at the token's position
+        plan = RatioPlan(table, visible.to(I32))
         if any(not overlap for r, overlap in kinds if r == ratio):
-            all_rows = [[table[b][e] if e < n else -1 for e in range(width)] for b, n in zip(token_seq, visible)]
-            plan.visible_rows = tensor(all_rows, torch.int32).view(len(positions), width)
+            plan.visible_rows = _visible_rows(table, token_seq, visible)
         step.ratios[ratio] = plan
     indexer_kinds = {(r, True) for r, overlap in kinds if overlap}  # the CSA indexer's own compressor
     for ratio, overlap in sorted(kinds | indexer_kinds):
-        step.compressors[(ratio, overlap)] = _plan_compressor(seqs, ratio, overlap, block_size, tensor)
+        step.compressors[(ratio, overlap)] = _plan_compressor(batch, token_seq, positions, ratio, overlap)
     return step
 
 
-def _plan_compressor(seqs: list[SeqStep], ratio: int, overlap: bool, block_size: int, tensor) -> CompressorPlan:
+def _to_device(step: V4Step, device: torch.device) -> V4Step:
+    """The same plan with every table on `device` (a no-op on the host)."""
+
+    def moved(plan):
+        tensors = {f.name: getattr(plan, f.name) for f in fields(plan)}
+        return replace(plan, **{name: t.to(device, non_blocking=True) for name, t in tensors.items() if isinstance(t, torch.Tensor)})
+
+    step = moved(step)
+    step.ratios = {ratio: moved(plan) for ratio, plan in step.ratios.items()}
+    step.compressors = {kind: moved(plan) for kind, plan in step.compressors.items()}
+    return step
+
+
+# ---- the batch as tensors ----------------------------------------------------------------------
+
+
+@dataclass
+class _Batch:
+    """The host facts of the step's sequences as int64 tensors, one row per sequence."""
+
+    start: torch.Tensor  # [B]
+    length: torch.Tensor  # [B]
+    cached: torch.Tensor  # [B]
+    slot: torch.Tensor  # [B]
+    end: torch.Tensor  # [B]: start + length
+    pages: torch.Tensor  # [B, max_pages]: the block tables, padded with 0 (padding is only ever read masked)
+    block_size: int
+
+    @classmethod
+    def of(cls, seqs: list[SeqStep], block_size: int) -> _Batch:
+        start, length, cached, slot = torch.tensor([(s.start, s.length, s.cached, s.slot) for s in seqs], dtype=I64).view(-1, 4).unbind(1)
+        return cls(start, length, cached, slot, start + length, _page_matrix([s.pages for s in seqs]), block_size)
+
+
+def _page_matrix(tables: list[list[int]]) -> torch.Tensor:
+    width = max(map(len, tables), default=0)
+    padding = [0] * width
+    flat = array("q")  # array.fromlist reads Python ints several times faster than torch.tensor does
+    for table in tables:
+        flat.fromlist(table)
+        flat.fromlist(padding[len(table) :])
+    if not flat:
+        return torch.zeros(len(tables), width, dtype=I64)
+    return torch.frombuffer(flat, dtype=I64).view(len(tables), width)
+
+
+def _starts(counts: torch.Tensor) -> torch.Tensor:
+    """Where each segment of `counts` items begins once they are concatenated."""
+    return counts.cumsum(0) - counts
+
+
+def _segments(counts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(owner, offset) of every item of the concatenated segments: item i is item offset[i] of segment owner[i]."""
+    total = int(counts.sum())
+    starts = _starts(counts)
+    # The owner of an item: the segments starting at or before it, less one (an empty segment starts where the next
+    # does). Not repeat_interleave: its CPU kernel forks a thread team even for a few items.
+    owner = torch.bincount(starts, minlength=total + 1)[:total].cumsum(0) - 1
+    return owner, torch.arange(total) - starts[owner]
+
+
+# ---- the sliding window ------------------------------------------------------------------------
+
+
+def _page_at(batch: _Batch, seq: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """batch.pages[seq, index] (broadcast together), by index_select over the flat matrix: a few times faster than
+    advanced indexing on the CPU."""
+    flat = seq * batch.pages.shape[1] + index
+    return batch.pages.view(-1).index_select(0, flat.view(-1)).view(flat.shape)
+
+
+def _token_slots(batch: _Batch, seq: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """Flat sliding-window cache slots of `positions` (>= 0) of sequences `seq` (broadcast together)."""
+    bs = batch.block_size
+    return _page_at(batch, seq, positions // bs) * bs + positions % bs
+
+
+def _window_rows(batch: _Batch, token_seq: torch.Tensor, positions: torch.Tensor, window: int) -> torch.Tensor:
+    """[T, window] int32: the slots of positions p - window + 1 .. p of each token at p, -1 before position 0."""
+    q = positions[:, None] + torch.arange(1 - window, 1)
+    return _token_slots(batch, token_seq[:, None], q.clamp(min=0)).masked_fill_(q < 0, -1).to(I32)
+
+
+def _write_slots(batch: _Batch, token_seq: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """[T] int64: the slot each token writes, -1 where its KV is already paged (a replayed token)."""
+    return _token_slots(batch, token_seq, positions).masked_fill_(positions < batch.cached[token_seq], -1)
+
+
+# ---- compressed entries ------------------------------------------------------------------------
+
+
+def _entry_rows(batch: _Batch, seq: torch.Tensor, entry: torch.Tensor, ratio: int) -> torch.Tensor:
+    """Flat pool rows of entries `entry` of sequences `seq` (broadcast together)."""
+    bs = batch.block_size
+    last = (entry + 1) * ratio - 1  # the entry lives in the block of its window's last token
+    return _page_at(batch, seq, last // bs) * max(1, bs // ratio) + (last % bs) // ratio
+
+
+def _entry_table(batch: _Batch, ratio: int) -> torch.Tensor:
+    """[B, E] int32: each sequence's entry rows up to the end of this step, -1 past its last; E the longest."""
+    ends = batch.end // ratio
+    width = int(ends.max()) if len(ends) else 0
+    bs = batch.block_size
+    if bs % ratio and ratio % bs:  # a layout the caches refuse (rows_per_block): entry by entry
+        table = _entry_rows(batch, torch.arange(len(ends))[:, None], torch.arange(width), ratio).to(I32)
+    else:  # `rows` consecutive entries to a block; with ratio > block size, one in every `stride`-th block
+        rows, stride = max(1, bs // ratio), max(1, ratio // bs)
+        table = _blocked_entry_rows(batch.pages[:, stride - 1 :: stride], rows, width)
+    shortest = int(ends.min()) if len(ends) else 0  # padding lies only past the shortest sequence's end
+    table[:, shortest:].masked_fill_(torch.arange(shortest, width) >= ends[:, None], -1)
+    return table
+
+
+def _blocked_entry_rows(pages: torch.Tensor, rows: int, width: int) -> torch.Tensor:
+    """[B, width] int32: entry e at row e % rows of pages[:, e // rows]: one broadcast add over the pages, written in
+    place (width need not be a whole number of blocks)."""
+    first_rows = pages[:, : -(-width // rows)].to(I32) * rows
+    table = torch.empty(len(pages), width, dtype=I32)
+    full = width // rows  # blocks whose entries all lie in the table
+    torch.add(first_rows[:, :full, None], torch.arange(rows, dtype=I32), out=table[:, : full * rows].view(len(pages), full, rows))
+    table[:, full * rows :] = first_rows[:, full:] + torch.arange(width - full * rows, dtype=I32)
+    return table
+
+
+def _visible_rows(table: torch.Tensor, token_seq: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:
+    """[T, E] int32: the rows of the first `visible` entries of each token's sequence, -1 beyond."""
+    rows = table.index_select(0, token_seq)
+    fewest = int(visible.min()) if len(visible) else 0  # columns before it are visible to every token
+    rows[:, fewest:].masked_fill_(torch.arange(fewest, table.shape[1]) >= visible[:, None], -1)
+    return rows
+
+
+# ---- compressors -------------------------------------------------------------------------------
+
+
+def _plan_compressor(batch: _Batch, token_seq: torch.Tensor, positions: torch.Tensor, ratio: int, overlap: bool) -> CompressorPlan:
     ring = _ring_size(ratio, overlap)
-    rows = max(1, block_size // ratio)
-    history, order, window_starts, prev_starts, entry_positions, pool_rows, ring_rows, ring_tokens = ([] for _ in range(8))
-    spans = [_history_span(s, ratio, overlap) for s in seqs]
-    num_history = sum(stop - first for first, stop in spans)
-    token_base, history_base = 0, 0
-    for s, (first_pos, stop) in zip(seqs, spans):
-        source_start = len(order)  # where this sequence's sources begin in the ordered buffer
-        for p in range(first_pos, stop):
-            history.append(s.slot * ring + p % ring)
-            order.append(history_base + p - first_pos)
-        history_base += stop - first_pos
-        order.extend(num_history + token_base + i for i in range(s.length))
+    # The entries to emit: windows closing in this step, from the first whose entry is not paged yet.
+    first_window = torch.maximum(batch.start, batch.cached) // ratio
+    # Their sources before this step, read from the ring: [first, start); an overlapping window also pools the one before.
+    back = ratio * (first_window > 0) if overlap else 0
+    first = torch.minimum(first_window * ratio - back, batch.start)
+    history_lens = batch.start - first
+    history_seq, history_offset = _segments(history_lens)
+    history = batch.slot[history_seq] * ring + (first[history_seq] + history_offset) % ring
 
-        def source_row(p: int) -> int:
-            return source_start + p - first_pos
+    # Sources: cat(history rows, token rows), laid out by sequence (its history, then its tokens): its positions first .. end - 1.
+    num_history, num_tokens = len(history), len(positions)
+    token_source = torch.arange(num_tokens) + history_lens.cumsum(0)[token_seq]  # after its own sequence's history
+    history_source = torch.arange(num_history) + _starts(batch.length)[history_seq]  # after earlier sequences' tokens
+    order = torch.empty(num_history + num_tokens, dtype=I64)
+    order[history_source] = torch.arange(num_history)
+    order[token_source] = torch.arange(num_history, num_history + num_tokens)
 
-        end = s.start + s.length
-        for w in range(max(s.start, s.cached) // ratio, end // ratio):
-            window_starts.append(source_row(w * ratio))
-            prev_starts.append(source_row((w - 1) * ratio) if overlap and w > 0 else -1)
-            entry_positions.append(w * ratio)
-            pool_rows.append(_entry_row(s.pages, w, ratio, block_size, rows))
-        for p in range(max(s.start, end - ring), end):
-            ring_rows.append(s.slot * ring + p % ring)
-            ring_tokens.append(token_base + p - s.start)
-        token_base += s.length
-    i64 = torch.int64
-    return CompressorPlan(
-        tensor(history, i64), tensor(order, i64), tensor(window_starts, i64), tensor(prev_starts, i64),
-        tensor(entry_positions, i64), tensor(pool_rows, i64), tensor(ring_rows, i64), tensor(ring_tokens, i64),
-    )  # fmt: skip
+    # An entry is emitted at the token that closes its window.
+    closes = ((positions + 1) % ratio == 0) & (positions + 1 > first_window[token_seq] * ratio)
+    closing = closes.nonzero().squeeze(1)
+    window = (positions[closing] + 1) // ratio - 1
+    window_starts = token_source[closing] - (ratio - 1)
+    prev_starts = torch.where(window > 0, window_starts - ratio, -1) if overlap else torch.full_like(window, -1)
+    pool_rows = _entry_rows(batch, token_seq[closing], window, ratio)
 
-
-def _history_span(s: SeqStep, ratio: int, overlap: bool) -> tuple[int, int]:
-    """Positions before this step that the entries emitted this step pool: [first, s.start), read from the ring."""
-    first_window = max(s.start, s.cached) // ratio
-    first = first_window * ratio - (ratio if overlap and first_window > 0 else 0)
-    return min(first, s.start), s.start
+    # The ring keeps each sequence's last `ring` tokens.
+    ring_tokens = (positions >= (batch.end - ring)[token_seq]).nonzero().squeeze(1)
+    ring_rows = batch.slot[token_seq[ring_tokens]] * ring + positions[ring_tokens] % ring
+    return CompressorPlan(history, order, window_starts, prev_starts, window * ratio, pool_rows, ring_rows, ring_tokens)
