@@ -268,7 +268,7 @@ class V4Result:
 
 def host_plan_ms(engine, config, block_size: int, device: torch.device) -> float:
     """Milliseconds of the host plan (`plan_step`: every token's window rows and each sequence's
-    entry table, built in Python and copied to the device) of a decode step of the running
+    entry table, built on the host with torch and copied to the device) of a decode step of the running
     sequences, built as the model builds it each step: the share of a step the device does not do."""
     from deepinfer.model.deepseek_v4.step import SeqStep, plan_step
 

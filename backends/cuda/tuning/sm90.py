@@ -32,18 +32,22 @@ CONFIGS: dict[str, dict[str, dict]] = {
         "mxfp4_a8_large": {"BLOCK_M": 128, "BLOCK_N": 64, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 8, "num_stages": 3},
         "quant_act": {"BLOCK_R": 16, "num_warps": 4},
         # The register dequant path (MX_MODE 3: the weight tile dequantised to bf16 in registers is wgmma's A
-        # operand, BLOCK_N weight rows its M side; x^T tokens its N side; mxfp4_a8 takes mxfp4's entries). NEW,
-        # NOT MEASURED on the H200: chosen by compiling for sm90 (Triton 3.9, unit strides specialised as the
-        # launcher does; registers, spills, shared memory, SASS instructions per weight element in the K loop).
+        # operand, BLOCK_N weight rows its M side; x^T tokens its N side; mxfp4_a8 takes mxfp4's entries).
+        # First chosen by compiling for sm90 (Triton 3.9, unit strides specialised as the launcher does;
+        # registers, spills, shared memory, SASS instructions per weight element in the K loop), then swept on
+        # the H200 (2026-12-01, tools/gpu/mxfp4_speed.py, V4-Flash experts): prefill 8192x6 tokens w13 256 experts
+        # 128x128x128 w8 s3 6.09 ms (271 TFLOP/s, 0.62x bf16) beat 256x128x64 (6.95 ms) and 128x64x128 (6.77);
+        # decode masked 16 tokens x 256 experts: 64x128x128 w4 s4 1.20 ms (0.45 of copy on the packed bytes),
+        # split_target_per_sm 4 1.16 ms but 7% slower on the contiguous 64-token case, so not taken.
         # Decode (16-token tiles): 128x128 w4 s4 191 regs, 42 KB, 5.0 instructions per element (64x256 5.2, 128x256
         # w8 5.2); the 64-row tile of a 48-token expert 252 regs. Prefill: BLOCK_M 256 tokens (a 192-token
         # expert in one tile: one dequant per weight tile) x 128 weight rows x K 64, w8 s3: 212 regs, 107 KB
-        # (K 128 at s2 spills 48 B; 256x256 spills). tools/gpu/mxfp4_speed.py sweeps the alternatives.
+        # (K 128 at s2 spills 48 B; 256x256 spills); the H200 preferred 128x128x128 w8 s3 (above).
         "mxfp4_reg_small": {"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 4, "num_stages": 4},
-        "mxfp4_reg_large": {"BLOCK_M": 256, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 8, "num_stages": 3},
+        "mxfp4_reg_large": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 3},
         # mxfp8 (e4m3 weights): decode 128x128 w4 s4 189 regs, 67 KB, 6.5 per element; prefill 256x128x64 w8 s3 210 regs.
         "mxfp8_reg_small": {"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 4, "num_stages": 4},
-        "mxfp8_reg_large": {"BLOCK_M": 256, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 8, "num_stages": 3},
+        "mxfp8_reg_large": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 3},  # as mxfp4's (not swept)
     },
     # prefill: tma = K/V tiles through TMA descriptors. bf16 tiles measured on the H200 (2026-11-30):
     # 128x64 w8 s3 + TMA 432 TFLOP/s at B4x4096 H16 192/128; 64x64 w4 s3 + TMA 447 at d128 (2 CTAs/SM).
