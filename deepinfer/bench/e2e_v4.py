@@ -30,7 +30,7 @@ embedding rows and hash-table rows of the batch's tokens) plus each sequence's c
 timed steps' middle position p: the window's min(128, p+1) rows in every layer; in CSA layers the
 indexer's keys of every complete window ((p+1)//4) and the min(512, (p+1)//4) selected entries; in
 HCA layers every complete entry ((p+1)//128). A cache row counts its bytes in the cache's format
-(fp8: W values and the row's 4-byte scale; bf16: 2W). Left out (a lower bound): writes,
+(fp8: W values and the row's 16-byte tail, its scale and padding; bf16: 2W). Left out (a lower bound): writes,
 activations, the compressors' per-sequence window state and the host work.
 """
 
@@ -100,7 +100,7 @@ def floor_parts(config, batch: int, position: int, kv_dtype: torch.dtype, dtype_
     """Bytes one decode step at `position` must read (module docstring): "dense weights" (every weight
     but the routed experts, the embedding rows of the batch and the hash table rows it looks up),
     "routed experts" (the expected distinct experts per MoE layer) and "KV" (every sequence's cache
-    reads, rows in the format of a `kv_dtype` cache: W + 4 bytes in fp8, 2W in bf16)."""
+    reads, rows in the format of a `kv_dtype` cache: W + 16 bytes in fp8, 2W in bf16)."""
     from deepinfer.bench.v4_weights import kept_bytes
     from deepinfer.model.deepseek_v4.config import CSA, HCA
     from deepinfer.model.deepseek_v4.model import model_tensor_specs

@@ -4,6 +4,8 @@ The latent KV cache holds, per token and layer, `kv_lora_rank` compressed values
 `qk_rope_head_dim` rotated key values (512 + 64 = 576 for DeepSeek-V3), in pages of `block_size`
 tokens: `kv_cache: [num_blocks, block_size, kv_lora_rank + rope_dim]`. Slot `s` is
 `(s // block_size, s % block_size)`. A request's block table lists its pages in order.
+An FP8 cache (float8_e4m3fn) has rows 16 bytes wider: the values in e4m3, the token's float32
+scale and padding (deepinfer.ops.kv_cache_format); every op here reads and writes both formats.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ def kv_cache_write(
 
     kv_c: [T, C]; k_pe: [T, R]; kv_cache: [num_blocks, block_size, C + R], written in place and
     returned; slot_mapping: [T] int64, a negative slot skips the token (padding). Values are cast to
-    the cache dtype; an FP8 cache ([..., C + R + 4] float8_e4m3fn) gets each row quantised with its
+    the cache dtype; an FP8 cache ([..., C + R + 16] float8_e4m3fn) gets each row quantised with its
     own scale (kv_cache_format.quantize_rows). Rows of slots no token names are left untouched; the
     non-negative slots must be distinct and below num_blocks * block_size.
     """
@@ -120,7 +122,7 @@ def mla_decode(
 
     q_nope: [B, S, H, C], the no-position part of each query already multiplied by W_UK (so it lives
     in the latent space); q_rope: [B, S, H, R], rotated. S >= 1 query tokens per request (S > 1 for
-    MTP / speculative verification). kv_cache: [num_blocks, block_size, C + R] (C + R + 4 for FP8); block_table:
+    MTP / speculative verification). kv_cache: [num_blocks, block_size, C + R] (C + R + 16 for FP8); block_table:
     [B, max_blocks] int32; seq_lens: [B] int32, the number of cached tokens of each request, the
     request's S new tokens included (they are written before the call), so seq_lens[b] >= S.
     Token j of request b is row j % block_size of page block_table[b, j // block_size].

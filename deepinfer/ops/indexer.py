@@ -47,7 +47,7 @@ def indexer_topk(
 
     q: [T, H, D] indexer queries (rotated); weights: [T, H] float32 per-head weights (the caller
     folds in every scale); index_keys: [N, D] the indexer's compressed keys (a paged pool viewed
-    flat; FP8 rows [N, D + 4] are dequantised, deepinfer.ops.kv_cache_format); entry_rows: [B, E]
+    flat; FP8 rows [N, D + 16] are dequantised, deepinfer.ops.kv_cache_format); entry_rows: [B, E]
     int32, the row of each sequence's entry e; token_seq: [T] int32, the sequence of each query;
     num_visible: [T] int32, the entries 0..num_visible-1 query t may see
     (those whose window is complete at its position). score(t, e) = sum_h weights[t, h] *

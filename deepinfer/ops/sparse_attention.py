@@ -59,7 +59,7 @@ def sparse_attention(
     """Attention of each query over the rows it lists, keys and values being the same rows.
 
     q: [T, H, D]; kv: [N, D]; indices: [T, K] int32, the rows of kv query t attends to, -1 for none
-    (a row listed twice counts twice: callers list each once); an FP8 kv ([N, D + 4] float8_e4m3fn,
+    (a row listed twice counts twice: callers list each once); an FP8 kv ([N, D + 16] float8_e4m3fn,
     deepinfer.ops.kv_cache_format) is dequantised row by row. extra_kv: [M, D] and extra_indices:
     [T, K2] likewise, a second cache attended in the same softmax (V4's compressed entries).
     sinks: [H] float32, one logit per head that joins every softmax without a value (gpt-oss and V4's

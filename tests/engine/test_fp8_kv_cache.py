@@ -68,7 +68,7 @@ def oracle(loaded, runtime):
 def test_the_caches_are_fp8_rows_with_their_scale(loaded, runtime):
     llm = make_llm(loaded, runtime, num_kv_blocks=8)
     cache = llm.engine.runner.kv_caches[0]
-    assert cache.dtype == torch.float8_e4m3fn and cache.shape == (8, 16, loaded.config.kv_cache_width + 4)
+    assert cache.dtype == torch.float8_e4m3fn and cache.shape == (8, 16, loaded.config.kv_cache_width + 16)
 
 
 def test_greedy_tokens_match_the_fp8_oracle_batched_chunked_and_after_a_hit(loaded, runtime, oracle):
@@ -81,9 +81,9 @@ def test_greedy_tokens_match_the_fp8_oracle_batched_chunked_and_after_a_hit(load
 
 def test_the_budget_counts_half_the_bytes_per_token(loaded, runtime):
     model = loaded.model
-    width = loaded.config.kv_cache_width  # 80 in the tiny model, 576 in DeepSeek-V3 (580 / 1152 = 50.3%)
-    assert kv_block_bytes(model, 64, torch.float8_e4m3fn) == 64 * (width + 4) * model.num_layers
-    assert kv_block_bytes(model, 64, torch.float8_e4m3fn) / kv_block_bytes(model, 64, torch.bfloat16) == (width + 4) / (2 * width)
+    width = loaded.config.kv_cache_width  # 80 in the tiny model, 576 in DeepSeek-V3 (592 / 1152 = 51.4%)
+    assert kv_block_bytes(model, 64, torch.float8_e4m3fn) == 64 * (width + 16) * model.num_layers
+    assert kv_block_bytes(model, 64, torch.float8_e4m3fn) / kv_block_bytes(model, 64, torch.bfloat16) == (width + 16) / (2 * width)
     budget = int(0.01 * 2**30)
     fp8 = make_llm(loaded, runtime, kv_cache_memory_gib=0.01).engine.num_kv_blocks
     full = LLMEngine(loaded, runtime, torch.float32, EngineConfig(kv_cache_memory_gib=0.01)).num_kv_blocks

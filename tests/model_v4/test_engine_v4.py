@@ -143,7 +143,7 @@ def test_fp8_cache_runs_alike_batched_chunked_and_after_replay(nocache_llm):
     alone = engine_over(nocache_llm, kv_cache_dtype="fp8", enable_prefix_caching=False)
     layer = alone.engine.runner.kv_caches[1]  # a CSA layer: window, entries and indexer keys
     assert {t.dtype for t in (layer.swa, layer.compressor.pool, layer.indexer.pool)} == {torch.float8_e4m3fn}
-    assert layer.swa.shape[-1] == 64 + 4 and layer.indexer.pool.shape[-1] == 32 + 4  # tiny-v4: head_dim 64, index_head_dim 32
+    assert layer.swa.shape[-1] == 64 + 16 and layer.indexer.pool.shape[-1] == 32 + 16  # tiny-v4: head_dim 64, index_head_dim 32
     solo = [tokens(generate(alone, [p]))[0] for p in prompts]
     llm = engine_over(nocache_llm, kv_cache_dtype="fp8", num_kv_blocks=256, max_num_batched_tokens=37)
     assert tokens(generate(llm, prompts)) == solo

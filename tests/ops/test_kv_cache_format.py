@@ -11,11 +11,12 @@ from deepinfer.ops import kv_cache_format as fmt
 
 
 def test_row_is_e4m3_values_then_the_float32_scale_little_endian():
-    row = torch.tensor([[1.0, -2.0, 0.5, 448.0 * 3]])
+    row = torch.tensor([[1.0, -2.0, 0.5, 448.0 * 3] + [0.0] * 12])
     q = fmt.quantize_rows(row)
-    assert q.dtype == torch.float8_e4m3fn and q.shape == (1, 8)
-    scale = struct.unpack("<f", bytes(q[0, 4:].view(torch.uint8).tolist()))[0]
+    assert q.dtype == torch.float8_e4m3fn and q.shape == (1, 32)  # 16 values, the scale, 12 zero bytes
+    scale = struct.unpack("<f", bytes(q[0, 16:20].view(torch.uint8).tolist()))[0]
     assert scale == pytest.approx(3.0)
+    assert q[0, 20:].view(torch.uint8).tolist() == [0] * 12
     assert q[0, :4].float().tolist() == [0.34375, -0.6875, 0.171875, 448.0]  # the e4m3 values nearest 1/3, -2/3, 1/6, 448
     assert fmt.row_scales(q).item() == scale
 
@@ -38,8 +39,10 @@ def test_zero_rows_keep_a_finite_scale_and_dequantise_to_zero():
 
 
 def test_widths_and_dtypes():
-    assert fmt.row_width(576, torch.float8_e4m3fn) == 580 and fmt.row_width(576, torch.bfloat16) == 576
-    assert fmt.value_width(torch.empty(2, 4, 580, dtype=torch.float8_e4m3fn)) == 576
+    assert fmt.row_width(576, torch.float8_e4m3fn) == 592 and fmt.row_width(576, torch.bfloat16) == 576
+    assert fmt.value_width(torch.empty(2, 4, 592, dtype=torch.float8_e4m3fn)) == 576
+    with pytest.raises(ValueError, match="multiple of 16 values, got 24"):
+        fmt.row_width(24, torch.float8_e4m3fn)
     assert fmt.value_width(torch.empty(2, 4, 576)) == 576
     assert fmt.cache_dtype("auto", torch.bfloat16) == torch.bfloat16
     assert fmt.cache_dtype("fp8", torch.bfloat16) == fmt.cache_dtype("fp8_e4m3", torch.float32) == torch.float8_e4m3fn
