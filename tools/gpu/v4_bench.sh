@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One call on nvidia-h200 (repo root): issue 16's figures. The GEMM golden cases again (the SM90 MX
+# One call on nvidia-h200 (repo root): DeepSeek-V4's figures. The GEMM golden cases again (the SM90 MX
 # tuning entries changed after the sweep), `deepinfer bench ops` for the V4 ops, the FP8-cache attention
 # cases and the grouped GEMM, then `deepinfer bench e2e --model-shape v4-flash` (batch 1/64/256, context
 # 4k/32k, fp8 linears + mxfp4 experts + fp8 KV, layers cut to fit).
