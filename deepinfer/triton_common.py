@@ -154,6 +154,68 @@ def e4m3_bits_to_f32(code):
 
 
 @triton.jit
+def softmax_block(scores, m_i, l_i, BASE2: tl.constexpr):
+    """One key block of an online softmax over rows of `scores` [M, N] (flash attention's update):
+    returns the block's unnormalised weights p, the factor alpha that rescales what was accumulated
+    before it, and the new running max and sum. Scores are in the log2 domain with BASE2, natural
+    otherwise; a row that has seen only -inf keeps m = -inf and weights 0 (no NaN)."""
+    m_new = tl.maximum(m_i, tl.max(scores, axis=1))
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    if BASE2:
+        alpha = tl.exp2(m_i - m_safe)
+        p = tl.exp2(scores - m_safe[:, None])
+    else:
+        alpha = tl.exp(m_i - m_safe)
+        p = tl.exp(scores - m_safe[:, None])
+    return p, alpha, m_new, l_i * alpha + tl.sum(p, axis=1)
+
+
+@triton.jit
+def normalise_with_sink(acc, m_i, l_i, sink, BASE2: tl.constexpr):
+    """The output of an online softmax whose normaliser also counts a per-row sink logit (no value):
+    acc * 2^(m - M) / (l * 2^(m - M) + 2^(sink - M)) with M = max(m, sink) (e^ without BASE2); zero
+    for a row that saw no key, never a division by zero."""
+    top = tl.maximum(m_i, sink)
+    top = tl.where(top == float("-inf"), 0.0, top)
+    if BASE2:
+        w = tl.exp2(m_i - top)
+        denom = l_i * w + tl.exp2(sink - top)
+    else:
+        w = tl.exp(m_i - top)
+        denom = l_i * w + tl.exp(sink - top)
+    return acc * (w / tl.where(denom > 0.0, denom, 1.0))[:, None]
+
+
+@triton.jit
+def split_partial(acc, m_i, l_i, BASE2: tl.constexpr):
+    """A split's normalised partial output and its log-sum-exp (-inf for a row that saw no key), for
+    a combine that merges the splits in a fixed order."""
+    has = l_i > 0.0
+    out = acc / tl.where(has, l_i, 1.0)[:, None]
+    if BASE2:
+        lse = tl.where(has, m_i + tl.log2(tl.where(has, l_i, 1.0)), float("-inf"))
+    else:
+        lse = tl.where(has, m_i + tl.log(tl.where(has, l_i, 1.0)), float("-inf"))
+    return out, lse
+
+
+@triton.jit
+def fp8_kv_row(latent, rope, MANUAL_CVT: tl.constexpr):
+    """One token's row in the FP8 KV format (deepinfer.ops.kv_cache_format), bit-exact with its
+    reference: scale = max(amax, 1e-4) / 448 and the values divided by it (IEEE divisions), rounded
+    to e4m3 (nearest even). Returns the two parts' e4m3 bytes (uint8) and the float32 scale.
+    MANUAL_CVT: integer rounding (the interpreter; hardware without a float8 type: the float8 branch
+    is a constexpr branch that such a caller never compiles)."""
+    amax = tl.maximum(tl.max(tl.abs(latent), axis=0), tl.max(tl.abs(rope), axis=0))
+    scale = tl.math.div_rn(tl.maximum(amax, 1e-4), 448.0)
+    ql = tl.math.div_rn(latent, scale)
+    qr = tl.math.div_rn(rope, scale)
+    if MANUAL_CVT:
+        return e4m3_rne_bits(ql).to(tl.uint8), e4m3_rne_bits(qr).to(tl.uint8), scale
+    return ql.to(tl.float8e4nv).to(tl.uint8, bitcast=True), qr.to(tl.float8e4nv).to(tl.uint8, bitcast=True), scale
+
+
+@triton.jit
 def order_key(x):
     """float32 -> int32 whose order is the floats' order (-0.0 maps to +0.0's key): thresholds
     searched over keys are always an element's value, so ties behave as the reference's `>=`."""

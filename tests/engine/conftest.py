@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 
 @pytest.fixture(scope="module")
@@ -14,3 +15,21 @@ def api(cache):
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("DEEPINFER_CACHE", str(cache))
         return LLM(backend="reference", announce=False, num_kv_blocks=64)
+
+
+@pytest.fixture(scope="module")
+def runtime():
+    """The reference backend in float32."""
+    from deepinfer.runtime import open_runtime
+
+    return open_runtime("reference", dtype=torch.float32)
+
+
+@pytest.fixture(scope="module")
+def loaded(runtime, tmp_path_factory):
+    """The embedded tiny DeepSeek-V3 default, loaded once per module on `runtime` (its own cache folder)."""
+    from deepinfer.model.loader import load_model
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("DEEPINFER_CACHE", str(tmp_path_factory.mktemp("cache")))
+        return load_model(None, runtime.ops, runtime.device, torch.float32)

@@ -17,10 +17,9 @@ from deepinfer.engine.llm import LLM
 from deepinfer.engine.llm_engine import EngineConfig, LLMEngine
 from deepinfer.engine.model_runner import kv_block_bytes
 from deepinfer.engine.sampling_params import InvalidRequestError
-from deepinfer.model.loader import load_model
-from deepinfer.runtime import open_runtime
 
 from cli_helpers import run_cli
+from engine.fresh_prefill import greedy_by_fresh_prefill, tokens
 
 MAX_TOKENS = 5
 PROMPTS = [
@@ -31,38 +30,13 @@ PROMPTS = [
 GREEDY = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True)
 
 
-@pytest.fixture(scope="module")
-def runtime():
-    return open_runtime("reference", dtype=torch.float32)
-
-
-@pytest.fixture(scope="module")
-def loaded(runtime, tmp_path_factory):
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("DEEPINFER_CACHE", str(tmp_path_factory.mktemp("cache")))
-        return load_model(None, runtime.ops, runtime.device, torch.float32)
-
-
 def make_llm(loaded, runtime, **options) -> LLM:
     return LLM.from_engine(LLMEngine(loaded, runtime, torch.float32, EngineConfig(kv_cache_dtype="fp8", **options)))
 
 
-def tokens(outputs):
-    return [o.outputs[0].token_ids for o in outputs]
-
-
 @pytest.fixture(scope="module")
 def oracle(loaded, runtime):
-    llm = make_llm(loaded, runtime, enable_prefix_caching=False, num_kv_blocks=64)
-    one = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True)
-    want = []
-    for prompt in PROMPTS:
-        ids = loaded.tokenizer.encode(prompt)
-        out = []
-        for _ in range(MAX_TOKENS):
-            out.append(llm.generate({"prompt_token_ids": ids + out}, one, use_tqdm=False)[0].outputs[0].token_ids[0])
-        want.append(out)
-    return want
+    return greedy_by_fresh_prefill(make_llm(loaded, runtime, enable_prefix_caching=False, num_kv_blocks=64), loaded.tokenizer, PROMPTS, MAX_TOKENS)
 
 
 def test_the_caches_are_fp8_rows_with_their_scale(loaded, runtime):

@@ -20,6 +20,7 @@ import triton
 import triton.language as tl
 
 from deepinfer.registry import Registration  # noqa: F401  (kernel modules import it from here)
+from deepinfer.triton_common import e4m3_bits_to_f32
 from deepinfer_ascend.device import current
 
 
@@ -81,3 +82,46 @@ def to_output(x, out_ptr):
     else:
         y = x.to(out_ptr.dtype.element_ty)
     return y
+
+
+@triton.jit
+def add_chunked_scores(
+    scores, q_rows, q_ok, k_rows, k_ok, WIDTH: tl.constexpr, BLOCK_W: tl.constexpr, CHUNK: tl.constexpr, DOT_F32: tl.constexpr, DOT_PRECISION: tl.constexpr
+):
+    """scores [M, N] += q [M, WIDTH] . k [N, WIDTH]^T, loaded CHUNK columns at a time from the row
+    pointers q_rows [M] and k_rows [N] (masks q_ok, k_ok): the attention kernels' way to keep the
+    query and key tiles of a wide head (512) inside the unified buffer."""
+    for c0 in tl.static_range(0, BLOCK_W, CHUNK):
+        offs = c0 + tl.arange(0, CHUNK)
+        ok = offs < WIDTH
+        qc = tl.load(q_rows[:, None] + offs[None, :], mask=q_ok[:, None] & ok[None, :], other=0.0)
+        kc = tl.load(k_rows[:, None] + offs[None, :], mask=k_ok[:, None] & ok[None, :], other=0.0)
+        if DOT_F32:
+            qc = qc.to(tl.float32)
+            kc = kc.to(tl.float32)
+        scores = tl.dot(qc, tl.trans(kc), scores, input_precision=DOT_PRECISION)
+    return scores
+
+
+@triton.jit
+def load_q_cols(q_rows, row_ok, col0, WIDTH: tl.constexpr, BLOCK: tl.constexpr, DOT_F32: tl.constexpr):
+    """q[rows, col0 : col0 + BLOCK] (zeros past WIDTH), in the dot dtype."""
+    offs = col0 + tl.arange(0, BLOCK)
+    q = tl.load(q_rows[:, None] + offs[None, :], mask=row_ok[:, None] & (offs < WIDTH)[None, :], other=0.0)
+    if DOT_F32:
+        q = q.to(tl.float32)
+    return q
+
+
+@triton.jit
+def load_kv_cols(rows, ok, col0, like, WIDTH: tl.constexpr, BLOCK: tl.constexpr, FP8: tl.constexpr):
+    """Columns col0 .. col0 + BLOCK - 1 of cache rows (zeros past WIDTH or for rows not ok) in
+    `like`'s dtype. FP8: byte rows, their e4m3 values decoded exactly by integer arithmetic
+    (A2/A3 have no float8 type), unscaled: the caller applies each row's scale."""
+    offs = col0 + tl.arange(0, BLOCK)
+    mask = ok[:, None] & (offs < WIDTH)[None, :]
+    if FP8:
+        t = e4m3_bits_to_f32(tl.load(rows[:, None] + offs[None, :], mask=mask, other=0).to(tl.int32))
+    else:
+        t = tl.load(rows[:, None] + offs[None, :], mask=mask, other=0.0)
+    return t.to(like.dtype)

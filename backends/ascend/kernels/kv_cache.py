@@ -40,7 +40,7 @@ import triton.language as tl
 
 from deepinfer.ops import attention as attention_ops
 from deepinfer.ops import kv_cache_format
-from deepinfer.triton_common import e4m3_rne_bits, fp8_views, interpreting, next_power_of_2, to_bf16_rne
+from deepinfer.triton_common import fp8_kv_row, fp8_views, interpreting, next_power_of_2, to_bf16_rne
 from deepinfer_ascend.kernels.common import Registration, launch_options, vector_grid
 
 INT32_LIMIT = 2**31
@@ -79,25 +79,17 @@ def _kv_cache_write_kernel(
             latent = tl.load(kv_c_ptr + tok * stride_c_t + offs_c, mask=c_ok, other=0.0)
             rope = tl.load(k_pe_ptr + tok * stride_r_t + offs_r, mask=r_ok, other=0.0)
             if FP8:
-                _write_fp8_row(latent.to(tl.float32), rope.to(tl.float32), row, scale_ptr + (row_off + C + R) // 4, offs_c, offs_r, c_ok, r_ok, C)
+                # (integer e4m3 rounding: A2/A3 have no float8 type)
+                bl, br, scale = fp8_kv_row(latent.to(tl.float32), rope.to(tl.float32), MANUAL_CVT=True)
+                tl.store(row + offs_c, bl, mask=c_ok)
+                tl.store(row + C + offs_r, br, mask=r_ok)
+                tl.store(scale_ptr + (row_off + C + R) // 4, scale)
             else:
                 if MANUAL_RNE:
                     latent = to_bf16_rne(latent)
                     rope = to_bf16_rne(rope)
                 tl.store(row + offs_c, latent.to(cache_ptr.dtype.element_ty), mask=c_ok)
                 tl.store(row + C + offs_r, rope.to(cache_ptr.dtype.element_ty), mask=r_ok)
-
-
-@triton.jit
-def _write_fp8_row(latent, rope, row, scale_at, offs_c, offs_r, c_ok, r_ok, C: tl.constexpr):
-    """One token's FP8 row (deepinfer.ops.kv_cache_format), bit-exact with the reference: the scale
-    max(amax, 1e-4) / 448 and the quotients by IEEE division, e4m3 bytes by integer rounding (ties
-    to even), the scale after the values. Masked lanes hold 0.0 and do not move the amax."""
-    amax = tl.maximum(tl.max(tl.abs(latent), axis=0), tl.max(tl.abs(rope), axis=0))
-    scale = tl.math.div_rn(tl.maximum(amax, 1e-4), 448.0)
-    tl.store(row + offs_c, e4m3_rne_bits(tl.math.div_rn(latent, scale)).to(tl.uint8), mask=c_ok)
-    tl.store(row + C + offs_r, e4m3_rne_bits(tl.math.div_rn(rope, scale)).to(tl.uint8), mask=r_ok)
-    tl.store(scale_at, scale)
 
 
 def kv_cache_write(

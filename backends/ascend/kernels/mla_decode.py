@@ -74,8 +74,28 @@ import triton.language as tl
 
 from deepinfer.ops import attention as attention_ops
 from deepinfer.ops import kv_cache_format
-from deepinfer.triton_common import cdiv, e4m3_bits_to_f32, fp8_views, interpreting, next_power_of_2, pick_splits, to_bf16_rne, upcast_dot
-from deepinfer_ascend.kernels.common import Registration, cube_grid, current, dot_precision, launch_options, vector_grid
+from deepinfer.triton_common import (
+    cdiv,
+    fp8_views,
+    interpreting,
+    next_power_of_2,
+    pick_splits,
+    softmax_block,
+    split_partial,
+    to_bf16_rne,
+    upcast_dot,
+)
+from deepinfer_ascend.kernels.common import (
+    Registration,
+    add_chunked_scores,
+    cube_grid,
+    current,
+    dot_precision,
+    launch_options,
+    load_kv_cols,
+    load_q_cols,
+    vector_grid,
+)
 
 INT32_LIMIT = 2**31
 MIN_TOKENS_PER_SPLIT = 256  # a split's partial write (rows * C * 4 bytes) stays small next to its reads
@@ -94,25 +114,6 @@ def _store_rows(ptrs, values, mask, MANUAL_RNE: tl.constexpr):
 
 
 @triton.jit
-def _load_q_cols(q_rows, row_ok, col0, WIDTH: tl.constexpr, BLOCK: tl.constexpr, DOT_F32: tl.constexpr):
-    """q[rows, col0 : col0 + BLOCK] (zeros past WIDTH), in the dot dtype."""
-    offs = col0 + tl.arange(0, BLOCK)
-    q = tl.load(q_rows[:, None] + offs[None, :], mask=row_ok[:, None] & (offs < WIDTH)[None, :], other=0.0)
-    if DOT_F32:
-        q = q.to(tl.float32)
-    return q
-
-
-@triton.jit
-def _fp8_cols(rows, n_ok, col0, like, WIDTH: tl.constexpr, BLOCK: tl.constexpr):
-    """Columns col0 .. col0 + BLOCK - 1 of FP8 cache rows (byte pointers; zeros past WIDTH or for
-    rows not n_ok): the e4m3 values, unscaled, exactly in `like`'s dtype."""
-    offs = col0 + tl.arange(0, BLOCK)
-    b = tl.load(rows[:, None] + offs[None, :], mask=n_ok[:, None] & (offs < WIDTH)[None, :], other=0)
-    return e4m3_bits_to_f32(b.to(tl.int32)).to(like.dtype)
-
-
-@triton.jit
 def _attend_fp8(
     q_rows_n, q_rows_r, row_ok, pos, start, end, kv_ptr, scale_ptr, bt_row, sm_scale, window,
     stride_kv_page, stride_kv_row,
@@ -123,11 +124,11 @@ def _attend_fp8(
     """One item's keys start .. end - 1 over an FP8 cache: (m, l, and the four accumulator parts
     [BLOCK_H, PART], latent columns k * PART ...). Each part is decoded once per tile and feeds both
     of its products; each row's scale multiplies its scores and its weights."""
-    qr = _load_q_cols(q_rows_r, row_ok, 0, R, BLOCK_R, DOT_F32)
-    q0 = _load_q_cols(q_rows_n, row_ok, 0 * PART, C, PART, DOT_F32)
-    q1 = _load_q_cols(q_rows_n, row_ok, 1 * PART, C, PART, DOT_F32)
-    q2 = _load_q_cols(q_rows_n, row_ok, 2 * PART, C, PART, DOT_F32)
-    q3 = _load_q_cols(q_rows_n, row_ok, 3 * PART, C, PART, DOT_F32)
+    qr = load_q_cols(q_rows_r, row_ok, 0, R, BLOCK_R, DOT_F32)
+    q0 = load_q_cols(q_rows_n, row_ok, 0 * PART, C, PART, DOT_F32)
+    q1 = load_q_cols(q_rows_n, row_ok, 1 * PART, C, PART, DOT_F32)
+    q2 = load_q_cols(q_rows_n, row_ok, 2 * PART, C, PART, DOT_F32)
+    q3 = load_q_cols(q_rows_n, row_ok, 3 * PART, C, PART, DOT_F32)
     m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
     acc0 = tl.zeros([BLOCK_H, PART], dtype=tl.float32)
@@ -145,15 +146,15 @@ def _attend_fp8(
         kv_rows = kv_ptr + row_off
         offs_n = start_n + arange_n
         n_ok = offs_n < end
-        kr = _fp8_cols(kv_rows + C, n_ok, 0, qr, R, BLOCK_R)
+        kr = load_kv_cols(kv_rows + C, n_ok, 0, qr, R, BLOCK_R, True)
         scores = tl.dot(qr, tl.trans(kr), input_precision=DOT_PRECISION)
-        v0 = _fp8_cols(kv_rows, n_ok, 0 * PART, q0, C, PART)
+        v0 = load_kv_cols(kv_rows, n_ok, 0 * PART, q0, C, PART, True)
         scores = tl.dot(q0, tl.trans(v0), scores, input_precision=DOT_PRECISION)
-        v1 = _fp8_cols(kv_rows, n_ok, 1 * PART, q1, C, PART)
+        v1 = load_kv_cols(kv_rows, n_ok, 1 * PART, q1, C, PART, True)
         scores = tl.dot(q1, tl.trans(v1), scores, input_precision=DOT_PRECISION)
-        v2 = _fp8_cols(kv_rows, n_ok, 2 * PART, q2, C, PART)
+        v2 = load_kv_cols(kv_rows, n_ok, 2 * PART, q2, C, PART, True)
         scores = tl.dot(q2, tl.trans(v2), scores, input_precision=DOT_PRECISION)
-        v3 = _fp8_cols(kv_rows, n_ok, 3 * PART, q3, C, PART)
+        v3 = load_kv_cols(kv_rows, n_ok, 3 * PART, q3, C, PART, True)
         scores = tl.dot(q3, tl.trans(v3), scores, input_precision=DOT_PRECISION)
         # value = e4m3 * the row's scale: the scale multiplies a key's scores and, below, its weights.
         row_scale = tl.load(scale_ptr + (row_off + C + R) // 4, mask=n_ok, other=0.0)
@@ -163,11 +164,7 @@ def _attend_fp8(
             visible = visible & (offs_n[None, :] > pos[:, None] - window)
         scores = tl.where(visible, scores, float("-inf"))
 
-        m_new = tl.maximum(m_i, tl.max(scores, axis=1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.exp(m_i - m_safe)
-        p = tl.exp(scores - m_safe[:, None])
-        l_i = l_i * alpha + tl.sum(p, axis=1)
+        p, alpha, m_new, l_i = softmax_block(scores, m_i, l_i, BASE2=False)
         p = (p * row_scale[None, :]).to(v0.dtype)
         acc0 = tl.dot(p, v0, acc0 * alpha[:, None], input_precision=DOT_PRECISION)
         acc1 = tl.dot(p, v1, acc1 * alpha[:, None], input_precision=DOT_PRECISION)
@@ -295,15 +292,7 @@ def _mla_decode_split_kernel(
                         kc = kc.to(tl.float32)
                     scores = tl.dot(qn, tl.trans(kc), scores, input_precision=DOT_PRECISION)
                 else:
-                    for c0 in tl.static_range(0, BLOCK_C, Q_CHUNK):
-                        offs_cc = c0 + tl.arange(0, Q_CHUNK)
-                        cc_ok = offs_cc < C
-                        qc = tl.load(q_rows_n[:, None] + offs_cc[None, :], mask=row_ok[:, None] & cc_ok[None, :], other=0.0)
-                        kcc = tl.load(kv_rows[:, None] + offs_cc[None, :], mask=n_ok[:, None] & cc_ok[None, :], other=0.0)
-                        if DOT_F32:
-                            qc = qc.to(tl.float32)
-                            kcc = kcc.to(tl.float32)
-                        scores = tl.dot(qc, tl.trans(kcc), scores, input_precision=DOT_PRECISION)
+                    scores = add_chunked_scores(scores, q_rows_n, row_ok, kv_rows, n_ok, C, BLOCK_C, Q_CHUNK, DOT_F32, DOT_PRECISION)
                     kc = tl.load(kv_rows[:, None] + offs_c[None, :], mask=n_ok[:, None] & c_ok[None, :], other=0.0)
                     if DOT_F32:
                         kc = kc.to(tl.float32)
@@ -313,23 +302,17 @@ def _mla_decode_split_kernel(
                     visible = visible & (offs_n[None, :] > pos[:, None] - window)
                 scores = tl.where(visible, scores, float("-inf"))
 
-                m_new = tl.maximum(m_i, tl.max(scores, axis=1))
-                m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-                alpha = tl.exp(m_i - m_safe)
-                p = tl.exp(scores - m_safe[:, None])
-                l_i = l_i * alpha + tl.sum(p, axis=1)
+                p, alpha, m_new, l_i = softmax_block(scores, m_i, l_i, BASE2=False)
                 acc = acc * alpha[:, None]
                 acc = tl.dot(p.to(kc.dtype), kc, acc, input_precision=DOT_PRECISION)
                 m_i = m_new
 
-            has = l_i > 0.0
-            out = acc / tl.where(has, l_i, 1.0)[:, None]
+            out, lse = split_partial(acc, m_i, l_i, BASE2=False)
             out_mask = row_ok[:, None] & c_ok[None, :]
             if DIRECT:
                 o_rows = out_ptr + b * stride_o_b + offs_m * stride_o_m
                 _store_rows(o_rows[:, None] + offs_c[None, :], out, out_mask, MANUAL_RNE)
             else:
-                lse = tl.where(has, m_i + tl.log(tl.where(has, l_i, 1.0)), float("-inf"))
                 po_rows = part_out_ptr + b * stride_po_b + split * stride_po_split + offs_m * stride_po_m
                 tl.store(po_rows[:, None] + offs_c[None, :], out, mask=out_mask)
                 tl.store(part_lse_ptr + b * stride_pl_b + split * stride_pl_split + offs_m, lse, mask=row_ok)

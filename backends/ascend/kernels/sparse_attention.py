@@ -75,8 +75,28 @@ import triton.language as tl
 
 from deepinfer.ops import kv_cache_format
 from deepinfer.ops import sparse_attention as sparse_ops
-from deepinfer.triton_common import cdiv, e4m3_bits_to_f32, fp8_views, next_power_of_2, pick_splits, upcast_dot
-from deepinfer_ascend.kernels.common import Registration, cube_grid, current, dot_precision, launch_options, to_output, vector_grid
+from deepinfer.triton_common import (
+    cdiv,
+    fp8_views,
+    next_power_of_2,
+    normalise_with_sink,
+    pick_splits,
+    softmax_block,
+    split_partial,
+    upcast_dot,
+)
+from deepinfer_ascend.kernels.common import (
+    Registration,
+    add_chunked_scores,
+    cube_grid,
+    current,
+    dot_precision,
+    launch_options,
+    load_kv_cols,
+    load_q_cols,
+    to_output,
+    vector_grid,
+)
 
 INT32_LIMIT = 2**31
 MIN_ROWS_PER_SPLIT = 128  # a split's partial write (BLOCK_H * D * 4 bytes) stays small next to its reads
@@ -110,41 +130,16 @@ def _attend(
             scores = tl.dot(q_full, tl.trans(tile), input_precision=DOT_PRECISION)
         else:
             scores = tl.zeros([BLOCK_H, BLOCK_N], dtype=tl.float32)
-            for c0 in tl.static_range(0, BLOCK_D, Q_CHUNK):
-                offs_c = c0 + tl.arange(0, Q_CHUNK)
-                c_ok = offs_c < D
-                qc = tl.load(q_rows[:, None] + offs_c[None, :], mask=h_ok[:, None] & c_ok[None, :], other=0.0)
-                kc = tl.load(rows[:, None] + offs_c[None, :], mask=ok[:, None] & c_ok[None, :], other=0.0)
-                if DOT_F32:
-                    qc = qc.to(tl.float32)
-                    kc = kc.to(tl.float32)
-                scores = tl.dot(qc, tl.trans(kc), scores, input_precision=DOT_PRECISION)
+            scores = add_chunked_scores(scores, q_rows, h_ok, rows, ok, D, BLOCK_D, Q_CHUNK, DOT_F32, DOT_PRECISION)
             tile = tl.load(rows[:, None] + offs_d[None, :], mask=ok[:, None] & d_ok[None, :], other=0.0)
             if DOT_F32:
                 tile = tile.to(tl.float32)
         scores = tl.where(ok[None, :], scores * sm_scale, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(scores, axis=1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.exp(m_i - m_safe)
-        p = tl.exp(scores - m_safe[:, None])
-        l_i = l_i * alpha + tl.sum(p, axis=1)
+        p, alpha, m_new, l_i = softmax_block(scores, m_i, l_i, BASE2=False)
         acc = acc * alpha[:, None]
         acc = tl.dot(p.to(tile.dtype), tile, acc, input_precision=DOT_PRECISION)
         m_i = m_new
     return m_i, l_i, acc
-
-
-@triton.jit
-def _load_part(rows, ok, col0, like, D: tl.constexpr, PART: tl.constexpr, FP8: tl.constexpr):
-    """Columns col0 .. col0 + PART - 1 of gathered rows (zeros past D or for rows not ok) in `like`'s
-    dtype. FP8: byte rows, the e4m3 values decoded exactly, unscaled."""
-    offs = col0 + tl.arange(0, PART)
-    mask = ok[:, None] & (offs < D)[None, :]
-    if FP8:
-        t = e4m3_bits_to_f32(tl.load(rows[:, None] + offs[None, :], mask=mask, other=0).to(tl.int32))
-    else:
-        t = tl.load(rows[:, None] + offs[None, :], mask=mask, other=0.0)
-    return t.to(like.dtype)
 
 
 @triton.jit
@@ -167,13 +162,13 @@ def _attend_parts(
         else:
             row_off = safe * stride_kv
         rows = kv_ptr + row_off
-        v0 = _load_part(rows, ok, 0 * PART, q0, D, PART, FP8)
+        v0 = load_kv_cols(rows, ok, 0 * PART, q0, D, PART, FP8)
         scores = tl.dot(q0, tl.trans(v0), input_precision=DOT_PRECISION)
-        v1 = _load_part(rows, ok, 1 * PART, q1, D, PART, FP8)
+        v1 = load_kv_cols(rows, ok, 1 * PART, q1, D, PART, FP8)
         scores = tl.dot(q1, tl.trans(v1), scores, input_precision=DOT_PRECISION)
-        v2 = _load_part(rows, ok, 2 * PART, q2, D, PART, FP8)
+        v2 = load_kv_cols(rows, ok, 2 * PART, q2, D, PART, FP8)
         scores = tl.dot(q2, tl.trans(v2), scores, input_precision=DOT_PRECISION)
-        v3 = _load_part(rows, ok, 3 * PART, q3, D, PART, FP8)
+        v3 = load_kv_cols(rows, ok, 3 * PART, q3, D, PART, FP8)
         scores = tl.dot(q3, tl.trans(v3), scores, input_precision=DOT_PRECISION)
         if FP8:  # value = e4m3 * the row's scale: it multiplies the row's scores and, below, its weights
             row_scale = tl.load(scale_ptr + (row_off + D) // 4, mask=ok, other=0.0)
@@ -181,11 +176,7 @@ def _attend_parts(
         else:
             scores = scores * sm_scale
         scores = tl.where(ok[None, :], scores, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(scores, axis=1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.exp(m_i - m_safe)
-        p = tl.exp(scores - m_safe[:, None])
-        l_i = l_i * alpha + tl.sum(p, axis=1)
+        p, alpha, m_new, l_i = softmax_block(scores, m_i, l_i, BASE2=False)
         if FP8:
             p = p * row_scale[None, :]
         p = p.to(v0.dtype)
@@ -195,15 +186,6 @@ def _attend_parts(
         acc3 = tl.dot(p, v3, acc3 * alpha[:, None], input_precision=DOT_PRECISION)
         m_i = m_new
     return m_i, l_i, acc0, acc1, acc2, acc3
-
-
-@triton.jit
-def _load_q_part(q_rows, h_ok, col0, D: tl.constexpr, PART: tl.constexpr, DOT_F32: tl.constexpr):
-    offs = col0 + tl.arange(0, PART)
-    q = tl.load(q_rows[:, None] + offs[None, :], mask=h_ok[:, None] & (offs < D)[None, :], other=0.0)
-    if DOT_F32:
-        q = q.to(tl.float32)
-    return q
 
 
 @triton.jit
@@ -265,10 +247,10 @@ def _sparse_attention_kernel(
         lo = split * blocks_per_split
         hi = lo + blocks_per_split
         if PARTS:
-            q0 = _load_q_part(q_rows, h_ok, 0 * Q_CHUNK, D, Q_CHUNK, DOT_F32)
-            q1 = _load_q_part(q_rows, h_ok, 1 * Q_CHUNK, D, Q_CHUNK, DOT_F32)
-            q2 = _load_q_part(q_rows, h_ok, 2 * Q_CHUNK, D, Q_CHUNK, DOT_F32)
-            q3 = _load_q_part(q_rows, h_ok, 3 * Q_CHUNK, D, Q_CHUNK, DOT_F32)
+            q0 = load_q_cols(q_rows, h_ok, 0 * Q_CHUNK, D, Q_CHUNK, DOT_F32)
+            q1 = load_q_cols(q_rows, h_ok, 1 * Q_CHUNK, D, Q_CHUNK, DOT_F32)
+            q2 = load_q_cols(q_rows, h_ok, 2 * Q_CHUNK, D, Q_CHUNK, DOT_F32)
+            q3 = load_q_cols(q_rows, h_ok, 3 * Q_CHUNK, D, Q_CHUNK, DOT_F32)
             m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
             l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
             acc0 = tl.zeros([BLOCK_H, Q_CHUNK], dtype=tl.float32)
@@ -324,17 +306,11 @@ def _sparse_attention_kernel(
             mask = h_ok[:, None] & d_ok[None, :]
             if DIRECT:
                 sink = tl.load(sinks_ptr + offs_h, mask=h_ok, other=0.0).to(tl.float32)
-                top = tl.maximum(m_i, sink)
-                top = tl.where(top == float("-inf"), 0.0, top)
-                w = tl.exp(m_i - top)
-                denom = l_i * w + tl.exp(sink - top)
-                out = acc * (w / tl.where(denom > 0.0, denom, 1.0))[:, None]
+                out = normalise_with_sink(acc, m_i, l_i, sink, BASE2=False)
                 o_rows = out_ptr + t * stride_o_t + offs_h * stride_o_h
                 tl.store(o_rows[:, None] + offs_d[None, :], to_output(out, out_ptr), mask=mask)
             else:
-                has = l_i > 0.0
-                out = acc / tl.where(has, l_i, 1.0)[:, None]
-                lse = tl.where(has, m_i + tl.log(tl.where(has, l_i, 1.0)), float("-inf"))
+                out, lse = split_partial(acc, m_i, l_i, BASE2=False)
                 po_rows = part_out_ptr + t * stride_po_t + split * stride_po_split + offs_h * stride_po_h
                 tl.store(po_rows[:, None] + offs_d[None, :], out, mask=mask)
                 tl.store(part_lse_ptr + t * stride_pl_t + split * stride_pl_split + offs_h, lse, mask=h_ok)

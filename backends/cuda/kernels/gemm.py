@@ -240,23 +240,33 @@ def _quant_act_mxfp8_kernel(
         tl.store(s_ptr + rows[:, None] * stride_sr + groups[None, :], byte.to(tl.uint8), mask=row_ok[:, None] & g_ok[None, :])
 
 
-def quantize_act_mxfp8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The fused quantiser, same contract as `deepinfer.ops.quant.quantize_act_mxfp8` (bit-exact):
-    x [..., K] (K a multiple of 32) -> (x_fp8 [..., K] float8_e4m3fn, scale uint8 [..., K/32] e8m0)."""
-    k = x.shape[-1]
-    x2 = x.reshape(-1, k)
-    if k and x2.stride(-1) != 1:
-        x2 = x2.contiguous()
-    rows = x2.shape[0]
-    q = torch.empty(rows, k, dtype=torch.uint8, device=x.device)
-    sc = torch.empty(rows, k // MX_GROUP, dtype=torch.uint8, device=x.device)
+def _run_mx_quantiser(x: torch.Tensor, q: torch.Tensor, sc: torch.Tensor | None) -> None:
+    """`_quant_act_mxfp8_kernel` over x [rows, K] (unit column stride) into q (and sc; None: the
+    values themselves into q, VALUES mode)."""
+    rows, k = x.shape
     if rows and k:
         cfg = config("gemm", "quant_act_mx", x.device)
         grid = (cdiv(rows, cfg["BLOCK_R"]), cdiv(k // MX_GROUP, cfg["GROUPS"]))
         _quant_act_mxfp8_kernel[grid](
-            x2, q, sc, rows, k, x2.stride(0), q.stride(0), sc.stride(0),
-            BLOCK_R=cfg["BLOCK_R"], GROUPS=cfg["GROUPS"], MANUAL_CVT=interpreting(), num_warps=cfg["num_warps"],
+            x, q, q if sc is None else sc, rows, k, x.stride(0), q.stride(0), 0 if sc is None else sc.stride(0),
+            BLOCK_R=cfg["BLOCK_R"], GROUPS=cfg["GROUPS"], MANUAL_CVT=interpreting(), VALUES=sc is None, num_warps=cfg["num_warps"],
         )
+
+
+def _as_rows(x: torch.Tensor) -> torch.Tensor:
+    """x [..., K] as [rows, K] with a unit column stride."""
+    x2 = x.reshape(-1, x.shape[-1])
+    return x2.contiguous() if x.shape[-1] and x2.stride(-1) != 1 else x2
+
+
+def quantize_act_mxfp8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The fused quantiser, same contract as `deepinfer.ops.quant.quantize_act_mxfp8` (bit-exact):
+    x [..., K] (K a multiple of 32) -> (x_fp8 [..., K] float8_e4m3fn, scale uint8 [..., K/32] e8m0)."""
+    k = x.shape[-1]
+    x2 = _as_rows(x)
+    q = torch.empty(x2.shape[0], k, dtype=torch.uint8, device=x.device)
+    sc = torch.empty(x2.shape[0], k // MX_GROUP, dtype=torch.uint8, device=x.device)
+    _run_mx_quantiser(x2, q, sc)
     return q.view(quant.FP8_DTYPE).reshape(*x.shape[:-1], k), sc.reshape(*x.shape[:-1], k // MX_GROUP)
 
 
@@ -264,20 +274,10 @@ def mxfp8_act_values(x: torch.Tensor) -> torch.Tensor:
     """`quant.dequantize_mxfp8(*quant.quantize_act_mxfp8(x))` in one pass, as bfloat16 (exact: an e4m3
     value times a power of two, inside bf16's range): x [..., K] (K a multiple of 32) -> [..., K].
     The register path's activation for mxfp8 and mxfp4_a8 (MX_MODE 3)."""
-    k = x.shape[-1]
-    x2 = x.reshape(-1, k)
-    if k and x2.stride(-1) != 1:
-        x2 = x2.contiguous()
-    rows = x2.shape[0]
-    v = torch.empty(rows, k, dtype=torch.bfloat16, device=x.device)
-    if rows and k:
-        cfg = config("gemm", "quant_act_mx", x.device)
-        grid = (cdiv(rows, cfg["BLOCK_R"]), cdiv(k // MX_GROUP, cfg["GROUPS"]))
-        _quant_act_mxfp8_kernel[grid](
-            x2, v, v, rows, k, x2.stride(0), v.stride(0), 0,
-            BLOCK_R=cfg["BLOCK_R"], GROUPS=cfg["GROUPS"], MANUAL_CVT=interpreting(), VALUES=True, num_warps=cfg["num_warps"],
-        )
-    return v.reshape(*x.shape[:-1], k)
+    x2 = _as_rows(x)
+    v = torch.empty(x2.shape, dtype=torch.bfloat16, device=x.device)
+    _run_mx_quantiser(x2, v, None)
+    return v.reshape(x.shape)
 
 
 # ---------------------------------------------------------------------------------------------

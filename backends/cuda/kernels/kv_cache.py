@@ -27,7 +27,7 @@ import triton.language as tl
 
 from deepinfer.ops import attention as attention_ops
 from deepinfer.ops import kv_cache_format
-from deepinfer.triton_common import e4m3_rne_bits, fp8_views, interpreting, next_power_of_2, to_bf16_rne
+from deepinfer.triton_common import fp8_kv_row, fp8_views, interpreting, next_power_of_2, to_bf16_rne
 from deepinfer_cuda.kernels.common import Registration
 from deepinfer_cuda.tuning import config
 
@@ -57,33 +57,16 @@ def _kv_cache_write_kernel(
     latent = tl.load(kv_c_ptr + t * stride_c_t + offs_c, mask=c_ok, other=0.0)
     rope = tl.load(k_pe_ptr + t * stride_r_t + offs_r, mask=r_ok, other=0.0)
     if FP8:
-        _write_fp8_row(latent.to(tl.float32), rope.to(tl.float32), row, scale_ptr, row_off, offs_c, offs_r, c_ok, r_ok, keep, C, R, MANUAL_RNE)
+        bl, br, scale = fp8_kv_row(latent.to(tl.float32), rope.to(tl.float32), MANUAL_RNE)
+        tl.store(row + offs_c, bl, mask=c_ok)
+        tl.store(row + C + offs_r, br, mask=r_ok)
+        tl.store(scale_ptr + (row_off + C + R) // 4, scale, mask=keep)
         return
     if MANUAL_RNE:
         latent = to_bf16_rne(latent)
         rope = to_bf16_rne(rope)
     tl.store(row + offs_c, latent.to(cache_ptr.dtype.element_ty), mask=c_ok)
     tl.store(row + C + offs_r, rope.to(cache_ptr.dtype.element_ty), mask=r_ok)
-
-
-@triton.jit
-def _write_fp8_row(latent, rope, row, scale_ptr, row_off, offs_c, offs_r, c_ok, r_ok, keep, C: tl.constexpr, R: tl.constexpr, MANUAL_CVT: tl.constexpr):
-    """One token's row in the FP8 format (deepinfer.ops.kv_cache_format), bit-exact with its
-    reference: scale = max(amax, 1e-4) / 448 and the values divided by it (IEEE divisions), rounded
-    to e4m3 (nearest even), the scale's 4 bytes after the values."""
-    amax = tl.maximum(tl.max(tl.abs(latent), axis=0), tl.max(tl.abs(rope), axis=0))
-    scale = tl.math.div_rn(tl.maximum(amax, 1e-4), 448.0)
-    ql = tl.math.div_rn(latent, scale)
-    qr = tl.math.div_rn(rope, scale)
-    if MANUAL_CVT:
-        bl = e4m3_rne_bits(ql).to(tl.uint8)
-        br = e4m3_rne_bits(qr).to(tl.uint8)
-    else:
-        bl = ql.to(tl.float8e4nv).to(tl.uint8, bitcast=True)
-        br = qr.to(tl.float8e4nv).to(tl.uint8, bitcast=True)
-    tl.store(row + offs_c, bl, mask=c_ok)
-    tl.store(row + C + offs_r, br, mask=r_ok)
-    tl.store(scale_ptr + (row_off + C + R) // 4, scale, mask=keep)
 
 
 @lru_cache(maxsize=None)

@@ -45,7 +45,7 @@ import triton.language as tl
 
 from deepinfer.ops import attention as attention_ops
 from deepinfer.ops import kv_cache_format
-from deepinfer.triton_common import cdiv, fp8_views, next_power_of_2, pick_splits, upcast_dot
+from deepinfer.triton_common import cdiv, fp8_views, next_power_of_2, pick_splits, softmax_block, split_partial, upcast_dot
 from deepinfer_cuda.kernels.common import Registration, dot_precision, num_sms
 from deepinfer_cuda.tuning import config
 
@@ -175,24 +175,17 @@ def _mla_decode_split_kernel(
             visible = visible & (offs_n[None, :] > pos[:, None] - window)
         scores = tl.where(visible, scores, float("-inf"))
 
-        m_new = tl.maximum(m_i, tl.max(scores, axis=1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.exp2(m_i - m_safe)
-        p = tl.exp2(scores - m_safe[:, None])
-        l_i = l_i * alpha + tl.sum(p, axis=1)
+        p, alpha, m_i, l_i = softmax_block(scores, m_i, l_i, BASE2=True)
         acc = acc * alpha[:, None]
         if FP8:
             p = p * row_scale[None, :]
         acc = tl.dot(p.to(kc.dtype), kc, acc, input_precision=DOT_PRECISION)
-        m_i = m_new
 
-    has = l_i > 0.0
-    out = acc / tl.where(has, l_i, 1.0)[:, None]
+    out, lse = split_partial(acc, m_i, l_i, BASE2=True)
     if DIRECT:
         o_rows = out_ptr + b64 * stride_o_b + s_idx * stride_o_s + h_idx * stride_o_h
         tl.store(o_rows[:, None] + offs_c[None, :], out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & c_ok[None, :])
     else:
-        lse = tl.where(has, m_i + tl.log2(tl.where(has, l_i, 1.0)), float("-inf"))
         po_rows = part_out_ptr + b64 * stride_po_b + split * stride_po_split + offs_m * stride_po_m
         tl.store(po_rows[:, None] + offs_c[None, :], out, mask=row_ok[:, None] & c_ok[None, :])
         tl.store(part_lse_ptr + b64 * stride_pl_b + split * stride_pl_split + offs_m, lse, mask=row_ok)

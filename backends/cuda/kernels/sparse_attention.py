@@ -56,7 +56,18 @@ import triton.language as tl
 
 from deepinfer.ops import kv_cache_format
 from deepinfer.ops import sparse_attention as sparse_ops
-from deepinfer.triton_common import cdiv, fp8_views, interpreting, next_power_of_2, pick_splits, to_bf16_rne, upcast_dot
+from deepinfer.triton_common import (
+    cdiv,
+    fp8_views,
+    interpreting,
+    next_power_of_2,
+    normalise_with_sink,
+    pick_splits,
+    softmax_block,
+    split_partial,
+    to_bf16_rne,
+    upcast_dot,
+)
 from deepinfer_cuda.kernels.common import Registration, dot_precision, num_sms
 
 LOG2E = 1.4426950408889634
@@ -98,16 +109,11 @@ def _attend(
             row_scale = tl.load(scale_ptr + (row_off + D) // 4, mask=ok, other=0.0)
             scores = scores * row_scale[None, :]
         scores = tl.where(ok[None, :], scores, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(scores, axis=1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.exp2(m_i - m_safe)
-        p = tl.exp2(scores - m_safe[:, None])
-        l_i = l_i * alpha + tl.sum(p, axis=1)
+        p, alpha, m_i, l_i = softmax_block(scores, m_i, l_i, BASE2=True)
         acc = acc * alpha[:, None]
         if FP8:
             p = p * row_scale[None, :]
         acc = tl.dot(p.to(tile.dtype), tile, acc, input_precision=DOT_PRECISION)
-        m_i = m_new
     return m_i, l_i, acc
 
 
@@ -182,17 +188,11 @@ def _sparse_attention_kernel(
     mask = h_ok[:, None] & d_ok[None, :]
     if DIRECT:
         sink = tl.load(sinks_ptr + offs_h, mask=h_ok, other=0.0).to(tl.float32) * 1.4426950408889634
-        top = tl.maximum(m_i, sink)
-        top = tl.where(top == float("-inf"), 0.0, top)
-        w = tl.exp2(m_i - top)
-        denom = l_i * w + tl.exp2(sink - top)
-        out = acc * (w / tl.where(denom > 0.0, denom, 1.0))[:, None]
+        out = normalise_with_sink(acc, m_i, l_i, sink, BASE2=True)
         o_rows = out_ptr + t * stride_o_t + offs_h.to(tl.int64) * stride_o_h
         _store_out(o_rows[:, None] + offs_d[None, :], out, mask, MANUAL_RNE)
     else:
-        has = l_i > 0.0
-        out = acc / tl.where(has, l_i, 1.0)[:, None]
-        lse = tl.where(has, m_i + tl.log2(tl.where(has, l_i, 1.0)), float("-inf"))
+        out, lse = split_partial(acc, m_i, l_i, BASE2=True)
         po_rows = part_out_ptr + t * stride_po_t + split * stride_po_split + offs_h * stride_po_h
         tl.store(po_rows[:, None] + offs_d[None, :], out, mask=mask)
         tl.store(part_lse_ptr + t * stride_pl_t + split * stride_pl_split + offs_h, lse, mask=h_ok)
