@@ -211,8 +211,12 @@ def fp8_kv_row(latent, rope, MANUAL_CVT: tl.constexpr):
     ql = tl.math.div_rn(latent, scale)
     qr = tl.math.div_rn(rope, scale)
     if MANUAL_CVT:
-        return e4m3_rne_bits(ql).to(tl.uint8), e4m3_rne_bits(qr).to(tl.uint8), scale
-    return ql.to(tl.float8e4nv).to(tl.uint8, bitcast=True), qr.to(tl.float8e4nv).to(tl.uint8, bitcast=True), scale
+        bl = e4m3_rne_bits(ql).to(tl.uint8)
+        br = e4m3_rne_bits(qr).to(tl.uint8)
+    else:
+        bl = ql.to(tl.float8e4nv).to(tl.uint8, bitcast=True)
+        br = qr.to(tl.float8e4nv).to(tl.uint8, bitcast=True)
+    return bl, br, scale
 
 
 @triton.jit

@@ -431,7 +431,8 @@ def launch_mla_decode_with_handle(
         FP8=fp8,
         # float32 q over an FP8 cache (a test dtype): the bytes are pipelined and converted to float32
         # tiles; with the bf16 tiles' stages that needed 258 KB of shared memory on the H200 (232 KB)
-        num_warps=cfg["num_warps"], num_stages=1 if fp8 and dot_f32 else cfg["num_stages"],
+        num_warps=cfg.get("fp8_num_warps", cfg["num_warps"]) if fp8 else cfg["num_warps"],
+        num_stages=1 if fp8 and dot_f32 else cfg["num_stages"],
     )
     if not direct and not fused:
         ccfg = _config(q_nope.device, "combine")
