@@ -87,8 +87,8 @@ def test_floor_of_a_hand_counted_model():
     assert e2e_v4.distinct_experts(16, 4, 2) == 7.0
     assert parts["routed experts"] == 2 * 7 * 3 * (8192 + 512) == 365568
     # Per sequence: the window's 128 rows of 128 in both layers; CSA: 75 index keys of 64 and 16 selected entries of 128;
-    # HCA: 2 complete entries of 128; FP8 rows of one byte per value and a 4-byte scale.
-    assert parts["KV"] == 2 * (2 * 128 * 132 + 75 * 68 + 16 * 132 + 2 * 132) == 82536
+    # HCA: 2 complete entries of 128; FP8 rows of one byte per value and a 16-byte tail (scale + padding).
+    assert parts["KV"] == 2 * (2 * 128 * 144 + 75 * 80 + 16 * 144 + 2 * 144) == 90912
     bf16 = e2e_v4.floor_parts(config, batch=2, position=299, kv_dtype=torch.bfloat16, dtype_bytes=2)
     assert bf16["KV"] == 2 * (2 * 128 * 128 + 75 * 64 + 16 * 128 + 2 * 128) * 2
 

@@ -53,7 +53,7 @@ after the softmax statistics, of weights (s * (q . v) and (p * s) @ v), so no ti
 scaled. The decode needs about 13 bytes of temporaries per element, so a whole [16, 576] tile
 would take 117 KB on its own: the latent columns are decoded as FP8_PARTS = 4 quarters, each with
 its own [BLOCK_H, C/4] accumulator (four named tiles: a Triton tensor cannot be written in
-parts), and only one quarter's decode is live at a time. The 580-byte rows halve the DMA of a
+parts), and only one quarter's decode is live at a time. The 592-byte rows about halve the DMA of a
 bf16 cache; the tiles are smaller (BLOCK_N 16) because of the decode, not the bytes.
 
 Index arithmetic is int32 (page * page stride stays int32 unless the cache tensor has >= 2^31

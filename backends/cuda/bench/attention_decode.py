@@ -12,7 +12,7 @@ q [B, 1, H, 576]). The naive per-request torch reference is far too slow to be a
 kv_cache_write: 128 decode tokens scattered into shuffled slots of a bf16 cache; the peer is torch
 index_copy_ of the concatenated rows (the reference without its host-side bounds check).
 
-Both again with an FP8 cache (kv_cache_dtype="fp8", deepinfer.ops.kv_cache_format: 580-byte rows),
+Both again with an FP8 cache (kv_cache_dtype="fp8", deepinfer.ops.kv_cache_format: 592-byte rows),
 bytes counted on the FP8 rows.
 
 `python -m deepinfer_cuda.bench.attention_decode` (on a GPU) runs these cases, then sweeps
@@ -150,7 +150,7 @@ CASES = [
               _mla_flops, _mla_bytes, bound="compute"),
     BenchCase("kv_cache_write", "T128_bf16_page64", _write_setup(128), _write_kernel, _write_peer, "torch cat + index_copy_",
               _write_flops, _write_bytes, bound="memory"),
-    # FP8 cache (kv_cache_dtype="fp8": e4m3 rows + a float32 scale per token, 580 bytes): half the bytes
+    # FP8 cache (kv_cache_dtype="fp8": e4m3 rows + a float32 scale per token and padding, 592 bytes): about half the bytes
     # of bf16's to stream; the peer attends over the dequantised bf16 rows.
     BenchCase("mla_decode", "B128_ctx4096_H16_S1_fp8cache_page64", _mla_setup(128, 4096, 16, fp8=True), _mla_kernel, _mla_peer, _SDPA + ", dequantised",
               _mla_flops, _mla_bytes, bound="memory"),

@@ -5,7 +5,7 @@ layers (ratio 4, overlapping windows) whose indexer (64 heads of 128) picks the 
 entries, HCA layers (ratio 128); caches paged in blocks of 64 tokens (16 CSA entries per block),
 handed out in a shuffled order as a paged allocator leaves them; bf16 caches, and for a few
 decode cases (`_fp8kv`) the FP8 cache (kv_cache_dtype="fp8": e4m3 rows with the token's float32
-scale inline, 516 bytes per 512-wide row, 132 per indexer key; deepinfer.ops.kv_cache_format).
+scale and padding inline, 528 bytes per 512-wide row, 144 per indexer key; deepinfer.ops.kv_cache_format).
 
 sparse_attention (scale D^-1/2, one sink per head): decode, T = batch queries (one per sequence)
 at the last position of a `ctx`-token context, each listing its window's 128 rows and 512 entries
@@ -15,7 +15,7 @@ entries visible at its position. Bytes: every distinct listed row (in its cache 
 queries share one; prefill: the chunk's window rows and pool rows are shared), q read, out
 written, the id lists read. Flops: 4 * H * D per listed (query, row) pair (QK^T and PV). Decode
 does 4 * 64 * 512 flops per 1 KiB row read, 128 flop/byte, under the H200's ~180 (matmul rate over
-copy bandwidth): memory-bound; FP8 rows (516 bytes) double that to 254 flop/byte, over the ridge:
+copy bandwidth): memory-bound; FP8 rows (528 bytes) nearly double that to 248 flop/byte, over the ridge:
 those cases count as compute-bound, as does the prefill chunk, which reuses every row across
 queries. Peer: the reference's arithmetic (float32 gather, FP8 rows dequantised, einsum, softmax
 with the sink) without its host-side bounds check (so the decode peer is graph-timed like the
@@ -166,7 +166,7 @@ def _sparse_peer(s: dict) -> torch.Tensor:
 def _sparse_bytes(s: dict) -> float:
     q = s["q"]
     lists = (s["indices"].numel() + s["extra_indices"].numel()) * 4
-    row = s["kv"].shape[1] * s["kv"].element_size()  # 1024 bytes in bf16, 516 in fp8 (values and scale)
+    row = s["kv"].shape[1] * s["kv"].element_size()  # 1024 bytes in bf16, 528 in fp8 (values, scale, padding)
     return s["distinct_rows"] * row + 2 * q.numel() * q.element_size() + lists + s["sinks"].numel() * 4
 
 
@@ -293,7 +293,7 @@ def _indexer_peer(s: dict) -> torch.Tensor:
 
 def _indexer_bytes(s: dict) -> float:
     tokens = s["q"].shape[0]
-    keys = s["entry_rows"].numel() * (s["index_keys"].shape[1] * s["index_keys"].element_size() + 4)  # each sequence's keys (256 or 132 bytes) and table once
+    keys = s["entry_rows"].numel() * (s["index_keys"].shape[1] * s["index_keys"].element_size() + 4)  # each sequence's keys (256 or 144 bytes) and table once
     per_query = INDEX_HEADS * INDEX_DIM * s["q"].element_size() + INDEX_HEADS * 4 + TOP_K * 4 + 8  # q, weights, ids, seq + visible
     return keys + tokens * per_query
 
