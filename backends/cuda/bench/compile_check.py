@@ -56,6 +56,18 @@ KNOWN_FAILURES: dict[tuple[str, str, str], str] = {
     ('mla_decode fp8 cache B64 H128 ctx4096', "_mla_decode_split_kernel", "sm100"): (
         "rows_gt64 64x64 w8 s2 with the FP8 tile converted in registers: 256 bytes of spills; SM100 untuned and unmeasured (no such GPU here)"
     ),
+    **{
+        (case, "_sparse_attention_kernel", arch): (
+            "a [BLOCK_H, 512] q block, [BLOCK_N, 512] row tile and [BLOCK_H, 512] accumulator per program: 255 registers and "
+            "spills, found by this check after the H200 run that measured decode at 26-40% of copy and prefill at 33% of the "
+            "matmul rate; the tiles are to be re-tuned on the H200"
+        )
+        for case, arch in (
+            ("sparse_attention bf16 decode T64 H64", "sm90"), ("sparse_attention bf16 decode T64 H64", "sm100"),
+            ("sparse_attention fp8 cache decode T64 H64", "sm90"), ("sparse_attention fp8 cache decode T64 H64", "sm100"),
+            ("sparse_attention bf16 prefill T4096 H64", "sm90"),
+        )
+    },
     ('mla_decode bf16 B64 H128 ctx4096', "_mla_decode_split_kernel", "sm90"): (
         "rows_gt64 64x64 w8 s2: 264 bytes of spills; measured fastest on the H200 anyway (570 us; 4 or 16 warps 1017 / 1200 us)"
     ),
@@ -223,6 +235,20 @@ def _bitmask(b: int, v: int) -> Callable[[], None]:
     return call
 
 
+def _sparse_attention(t: int, heads: int, extra: int, fp8: bool = False) -> Callable[[], None]:
+    """DeepSeek-V4's attention: t queries of `heads` x 512 over a 128-row window + `extra` entries."""
+    def call():
+        from deepinfer_cuda.kernels import sparse_attention
+
+        width = 512 + 16 if fp8 else 512
+        dtype = torch.float8_e4m3fn if fp8 else torch.bfloat16
+        sparse_attention.sparse_attention(
+            _t(t, heads, 512), _t(65536, width, dtype=dtype), _t(t, 128, dtype=torch.int32), _t(heads, dtype=torch.float32),
+            softmax_scale=512 ** -0.5, extra_kv=_t(16384, width, dtype=dtype), extra_indices=_t(t, extra, dtype=torch.int32),
+        )
+    return call
+
+
 def _kv_cache_write(t: int, blocks: int, page: int = 64, fp8: bool = False) -> Callable[[], None]:
     def call():
         from deepinfer_cuda.kernels import kv_cache
@@ -273,6 +299,10 @@ CASES: list[Case] = [
     Case("kv_cache_write bf16 T64 page64 576", _kv_cache_write(64, 4096), None),
     Case("kv_cache_write bf16 T4096 page64 576", _kv_cache_write(4096, 4096), None),
     Case("kv_cache_write fp8 cache T64 page64 576", _kv_cache_write(64, 4096, fp8=True), None),
+    # DeepSeek-V4-Flash: 64 heads of 512, window 128 + top-512 entries
+    Case("sparse_attention bf16 decode T64 H64", _sparse_attention(64, 64, 512), "mma", DECODE_16_ROWS),  # 32-head blocks: M = 32
+    Case("sparse_attention fp8 cache decode T64 H64", _sparse_attention(64, 64, 512, fp8=True), "mma", DECODE_16_ROWS),
+    Case("sparse_attention bf16 prefill T4096 H64", _sparse_attention(4096, 64, 512), "mma"),
 ]
 
 # Helper kernels a matrix case launches besides its GEMM/attention kernel (no MMA of their own).
@@ -305,7 +335,7 @@ class Launch:
 
 @contextlib.contextmanager
 def _as_arch(arch: str, launches: list[Launch]):
-    from deepinfer_cuda.kernels import activation, gemm, kv_cache, mla_decode, moe, norm, prefill, rope, sampling
+    from deepinfer_cuda.kernels import activation, gemm, kv_cache, mla_decode, moe, norm, prefill, rope, sampling, sparse_attention
 
     cfg = lambda op, variant, device=None: arch_config(op, variant, arch)  # noqa: E731
     patches = [
@@ -319,8 +349,10 @@ def _as_arch(arch: str, launches: list[Launch]):
         (moe, "_cfg", cfg), (moe, "interpreting", lambda: False),
         (sampling, "_cfg", cfg), (sampling, "interpreting", lambda: False),
         (kv_cache, "_config", lambda device: arch_config("kv_cache_write", "tokens", arch)), (kv_cache, "interpreting", lambda: False),
+        (sparse_attention, "num_sms", lambda device: SM_COUNT[arch]), (sparse_attention, "interpreting", lambda: False),
+        (sparse_attention, "upcast_dot", lambda: False),
     ]
-    modules = (activation, gemm, kv_cache, mla_decode, moe, norm, prefill, rope, sampling)
+    modules = (activation, gemm, kv_cache, mla_decode, moe, norm, prefill, rope, sampling, sparse_attention)
     kernels = [v for mod in modules for v in vars(mod).values() if hasattr(v, "run") and hasattr(v, "arg_names")]
     saved = [(mod, name, getattr(mod, name)) for mod, name, _ in patches]
     try:
