@@ -38,6 +38,7 @@ import torch
 from safetensors.torch import save_file
 
 from deepinfer.errors import UserError
+from deepinfer.ops import kv_cache_format
 from deepinfer.options import parse_assignments
 from deepinfer.plugins import load_plugins
 from deepinfer.registry import ModelFacts, RegistryError, ResolveContext, all_ops
@@ -91,7 +92,7 @@ def case_facts(op: str, kwargs: dict) -> ModelFacts:
     if op == "mla_decode":
         return ModelFacts(
             num_heads=a["q_nope"].shape[2], kv_lora_rank=a["q_nope"].shape[-1], qk_rope_head_dim=a["q_rope"].shape[-1],
-            sliding_window=a["sliding_window"] or 0, kv_block_size=a["kv_cache"].shape[1],
+            sliding_window=a["sliding_window"] or 0, kv_block_size=a["kv_cache"].shape[1], kv_cache_fp8=kv_cache_format.is_fp8(a["kv_cache"]),
         )  # fmt: skip
     if spec.model_types:  # an op of some models only (DeepSeek-V4's): the case stands for the first
         return ModelFacts(model_type=spec.model_types[0])

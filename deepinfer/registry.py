@@ -218,6 +218,7 @@ class ModelFacts:
     v_head_dim: int | None = None  # prefill's value head dim
     sliding_window: int | None = None  # 0: no window
     kv_block_size: int | None = None  # the paged cache's block size
+    kv_cache_fp8: bool | None = None  # the paged cache holds FP8 rows (kv_cache_dtype="fp8", deepinfer.ops.kv_cache_format)
 
 
 @dataclass(frozen=True)

@@ -68,7 +68,8 @@ DEVIATIONS: tuple[Deviation, ...] = (
         "as two strided views (latent part, rope part) where the op is used with two separate caches. "
         "seq_lens is read back to the host (.tolist()) on every call. Chosen only for block size 128, "
         "C 512, R 64, bf16/fp16, heads in {1,2,4,...,128}, no sliding window (the model's facts). "
-        "An FP8 cache (kv_cache_dtype=fp8) is refused with a ValueError at call time.",
+        "Never chosen for an FP8 cache (kv_cache_dtype=fp8: the model's facts say so at resolve; the Triton kernel serves it), "
+        "and a call with one is refused.",
         why="vllm-ascend keeps separate contiguous latent and rope caches; whether aclnn's fused attention "
         "reads non-contiguous key views in place, copies them (the whole cache, every layer, every step) "
         "or rejects them could not be checked without hardware. actual_seq_lengths_kv is an int[] "
@@ -274,9 +275,8 @@ def mla_decode(
         raise _not_chosen_for("mla_decode", f"sliding_window={sliding_window}")
     if kv_cache_format.is_fp8(kv_cache):
         # The fused op has no row format with an inline float32 scale per token (its antiquant modes
-        # take separate scale tensors), and .to(dtype) would read the scale bytes as values. ModelFacts
-        # carry no cache dtype, so this cannot be refused at resolve time: the Triton kernel serves
-        # FP8 caches, and an engine with kv_cache_dtype=fp8 must not enable npu_fast_paths=all.
+        # take separate scale tensors), and .to(dtype) would read the scale bytes as values. Resolve
+        # already keeps this path from an FP8 cache (ModelFacts.kv_cache_fp8); a direct call is refused.
         raise _not_chosen_for("mla_decode", "an FP8 KV cache (kv_cache_dtype=fp8)")
     if kv_cache.dim() != 3 or kv_cache.shape[1] != MLA_BLOCK_SIZE or (latent, rope) != (MLA_LATENT, MLA_ROPE) or heads not in MLA_HEADS:
         raise _not_chosen_for("mla_decode", f"cache {tuple(kv_cache.shape)}, {heads} heads, latent {latent} + rope {rope}")
@@ -600,7 +600,7 @@ def prefill_head_dims_served(dqk: int, dv: int) -> bool:
 def _serves_mla_decode(ctx: ResolveContext) -> bool:
     m = ctx.model
     return (m.sliding_window == 0 and m.kv_block_size == MLA_BLOCK_SIZE and (m.kv_lora_rank, m.qk_rope_head_dim) == (MLA_LATENT, MLA_ROPE)
-            and m.num_heads in MLA_HEADS)  # fmt: skip
+            and m.num_heads in MLA_HEADS and m.kv_cache_fp8 is False)  # fmt: skip  (an FP8 cache or an unknown one: the Triton kernel)
 
 
 def _serves_prefill(ctx: ResolveContext) -> bool:

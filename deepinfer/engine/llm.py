@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 from dataclasses import dataclass
@@ -105,6 +106,7 @@ class LLM:
         from deepinfer.model.facts import checkpoint_facts
         from deepinfer.model.loader import load_model
         from deepinfer.plugins import load_plugins
+        from deepinfer.registry import ModelFacts
         from deepinfer.runtime import open_runtime
 
         config = EngineConfig(
@@ -140,7 +142,7 @@ class LLM:
         ep_size = dist.world_size if dist is not None else 1
         runtime = open_runtime(
             backend, dtype=torch_dtype, ep_size=ep_size, allow_fallback=allow_fallback, plugins=plugins, interpret=interpret,
-            options=backend_options, model=lambda: checkpoint_facts(model),
+            options=backend_options, model=lambda: dataclasses.replace(checkpoint_facts(model) or ModelFacts(), kv_cache_fp8=kv_cache_dtype != "auto"),
         )  # fmt: skip
         if dist is not None and runtime.device.type != dist.device.type:
             raise InvalidRequestError(f"backend {runtime.backend.name} runs on {runtime.device.type}, but the process group was formed for {dist.device.type}")

@@ -504,6 +504,7 @@ def test_mxfp8_activation_quantiser():
 DEEPSEEK_V3 = ModelFacts(
     num_experts=256, top_k=8, score_func="sigmoid", n_group=8, topk_group=4, renormalize=True, correction_bias=True,
     num_heads=128, kv_lora_rank=512, qk_rope_head_dim=64, qk_head_dim=192, v_head_dim=128, sliding_window=0, kv_block_size=128,
+    kv_cache_fp8=False,
 )
 
 
@@ -569,7 +570,8 @@ def test_gate_is_chosen_by_the_models_routing(monkeypatch, kwargs):
 
 def test_attention_fast_paths_are_chosen_by_the_models_shapes(monkeypatch):
     all_paths = {"npu_fast_paths": "all"}
-    for change in (dict(kv_block_size=64), dict(num_heads=3), dict(sliding_window=128), dict(kv_lora_rank=256)):
+    changes = (dict(kv_block_size=64), dict(num_heads=3), dict(sliding_window=128), dict(kv_lora_rank=256), dict(kv_cache_fp8=True), dict(kv_cache_fp8=None))
+    for change in changes:
         assert _picked(monkeypatch, "A2", all_paths, model=dataclasses.replace(DEEPSEEK_V3, **change))["mla_decode"] == "triton", change
     for change in (dict(qk_head_dim=100), dict(v_head_dim=256), dict(sliding_window=128)):
         assert _picked(monkeypatch, "A2", all_paths, model=dataclasses.replace(DEEPSEEK_V3, **change))["prefill"] == "triton", change

@@ -76,3 +76,12 @@ def test_cli_flag(tmp_path):
     ok = run_cli("run", "--backend", "reference", "--kv-cache-dtype", "fp8", "--prompt", "hi", "--max-tokens", "3", "--no-progress", env=env)
     assert ok.returncode == 0, ok.stderr
     assert ok.stdout.strip()
+
+
+def test_kernels_are_chosen_knowing_the_cache_format(tmp_path, monkeypatch):
+    """LLM tells the resolver whether the cache is FP8 (ModelFacts.kv_cache_fp8), so a kernel that
+    cannot read FP8 rows (the ascend torch_npu attention fast path) is never chosen for one."""
+    monkeypatch.setenv("DEEPINFER_CACHE", str(tmp_path))
+    for dtype, fp8 in (("fp8", True), ("auto", False)):
+        llm = LLM(backend="reference", dtype="float32", kv_cache_dtype=dtype, num_kv_blocks=8, announce=False)
+        assert llm.engine.runtime.ops.ctx.model.kv_cache_fp8 is fp8
