@@ -39,6 +39,11 @@ def fp8_views(cache):
     return cache.view(torch.uint8), cache.view(torch.float32)  # both alias the cache
 
 
+def last_dim_contiguous(*tensors):
+    """Each tensor with a unit last stride (copied only when it has not): what the kernels' row loads assume."""
+    return tuple(t if t.stride(-1) == 1 else t.contiguous() for t in tensors)
+
+
 def pick_splits(base: int, slots: int, limit: int) -> int:
     """The split count whose base * splits programs fill `slots` concurrent programs best (fewest
     splits on near-ties), at most `limit`.
@@ -217,6 +222,23 @@ def fp8_kv_row(latent, rope, MANUAL_CVT: tl.constexpr):
         bl = ql.to(tl.float8e4nv).to(tl.uint8, bitcast=True)
         br = qr.to(tl.float8e4nv).to(tl.uint8, bitcast=True)
     return bl, br, scale
+
+
+@triton.jit
+def sinkhorn_mix(z, n_ok, hc_eps, sinkhorn_iters):
+    """DeepSeek-V4's hyper-connection mixing matrix from its logits z [T, N_PAD, N_PAD] (rows and
+    columns past N masked by n_ok): a row softmax plus hc_eps, then alternating column and row
+    normalisations (Sinkhorn), `sinkhorn_iters` column passes in all, as the reference does."""
+    valid = (n_ok[:, None] & n_ok[None, :])[None, :, :]
+    z = tl.where(valid, z, -1.0e30)
+    ez = tl.where(valid, tl.exp(z - tl.max(z, axis=2)[:, :, None]), 0.0)
+    row_sum = tl.where(n_ok[None, :], tl.sum(ez, axis=2), 1.0)
+    c = tl.where(valid, ez / row_sum[:, :, None] + hc_eps, 0.0)
+    c = c / (tl.sum(c, axis=1)[:, None, :] + hc_eps)
+    for _ in range(1, sinkhorn_iters):
+        c = c / (tl.sum(c, axis=2)[:, :, None] + hc_eps)
+        c = c / (tl.sum(c, axis=1)[:, None, :] + hc_eps)
+    return c
 
 
 @triton.jit

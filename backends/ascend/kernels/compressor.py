@@ -32,7 +32,7 @@ import triton.language as tl
 
 from deepinfer.ops.compressor import check_compress_kv_args
 from deepinfer.ops.compressor import compress_kv as _reference
-from deepinfer.triton_common import cdiv, next_power_of_2
+from deepinfer.triton_common import cdiv, last_dim_contiguous, next_power_of_2
 from deepinfer_ascend.kernels.common import Registration, launch_options, tile_elems, to_output, vector_grid
 
 _BYTES_PER_ELEM = 40
@@ -136,12 +136,7 @@ def compress_kv(
     out = torch.empty(entries, dim, dtype=kv.dtype, device=kv.device)
     if entries == 0 or dim == 0:
         return out
-    if kv.stride(-1) != 1:
-        kv = kv.contiguous()
-    if gate.stride(-1) != 1:
-        gate = gate.contiguous()
-    if position_bias.stride(-1) != 1:
-        position_bias = position_bias.contiguous()
+    kv, gate, position_bias = last_dim_contiguous(kv, gate, position_bias)
     window_starts = window_starts.contiguous()
     prev_starts = prev_starts.contiguous() if overlap else window_starts
     block_d = max(min(next_power_of_2(dim), _MAX_COLS), 32 // kv.element_size())

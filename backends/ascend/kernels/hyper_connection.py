@@ -55,7 +55,7 @@ import triton
 import triton.language as tl
 
 from deepinfer.ops import hyper_connection as hc_ops
-from deepinfer.triton_common import cdiv, interpreting, next_power_of_2
+from deepinfer.triton_common import cdiv, interpreting, next_power_of_2, sinkhorn_mix
 from deepinfer_ascend.device import current
 from deepinfer_ascend.kernels.common import Registration, launch_options, tile_elems, to_output, vector_grid
 
@@ -147,16 +147,7 @@ def _mixings(
     m_comb = tl.sum(tl.where(((w[None, :] == col[:, None]) & e_ok[:, None])[None, :, :], m[:, None, :], 0.0), axis=2)
     b_comb = tl.load(base_ptr + col, mask=e_ok, other=0.0)
     z = tl.reshape(m_comb * s2 + b_comb[None, :], [BLOCK_T, N_PAD, N_PAD])
-    valid = (n_ok[:, None] & n_ok[None, :])[None, :, :]
-    z = tl.where(valid, z, -1.0e30)
-    ez = tl.where(valid, tl.exp(z - tl.max(z, axis=2)[:, :, None]), 0.0)
-    row_sum = tl.where(n_ok[None, :], tl.sum(ez, axis=2), 1.0)
-    c = tl.where(valid, ez / row_sum[:, :, None] + hc_eps, 0.0)
-    c = c / (tl.sum(c, axis=1)[:, None, :] + hc_eps)
-    for _ in range(1, sinkhorn_iters):
-        c = c / (tl.sum(c, axis=2)[:, :, None] + hc_eps)
-        c = c / (tl.sum(c, axis=1)[:, None, :] + hc_eps)
-    return pre, post, c
+    return pre, post, sinkhorn_mix(z, n_ok, hc_eps, sinkhorn_iters)
 
 
 @triton.jit

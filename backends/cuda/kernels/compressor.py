@@ -31,7 +31,7 @@ import triton
 import triton.language as tl
 
 from deepinfer.ops.compressor import check_compress_kv_args
-from deepinfer.triton_common import cdiv, interpreting, next_power_of_2, to_bf16_rne
+from deepinfer.triton_common import cdiv, interpreting, last_dim_contiguous, next_power_of_2, to_bf16_rne
 from deepinfer_cuda.kernels.common import Registration
 from deepinfer_cuda.kernels.precise_math import precise_exp
 
@@ -120,12 +120,7 @@ def compress_kv(
     out = torch.empty(entries, dim, dtype=kv.dtype, device=kv.device)
     if entries == 0 or dim == 0:
         return out
-    if kv.stride(-1) != 1:
-        kv = kv.contiguous()
-    if gate.stride(-1) != 1:
-        gate = gate.contiguous()
-    if position_bias.stride(-1) != 1:
-        position_bias = position_bias.contiguous()
+    kv, gate, position_bias = last_dim_contiguous(kv, gate, position_bias)
     window_starts = window_starts.contiguous()
     prev_starts = prev_starts.contiguous() if overlap else window_starts
     block_r = next_power_of_2(ratio)

@@ -53,7 +53,7 @@ import triton.language as tl
 from deepinfer.ops import kv_cache_format
 from deepinfer.ops.indexer import check_indexer_topk_shapes
 from deepinfer.ops.indexer import indexer_topk as _reference
-from deepinfer.triton_common import cdiv, fp8_views, interpreting, next_power_of_2, upcast_dot
+from deepinfer.triton_common import cdiv, fp8_views, interpreting, last_dim_contiguous, next_power_of_2, upcast_dot
 from deepinfer_cuda.kernels.common import Registration, dot_precision
 
 _MAX_BLOCK_T = 16  # queries per scoring program
@@ -217,12 +217,7 @@ def indexer_topk(
     k = min(top_k, max_entries)
     if tokens == 0 or k <= 0:
         return torch.full((tokens, top_k), -1, dtype=torch.int32, device=q.device)
-    if q.stride(-1) != 1:
-        q = q.contiguous()
-    if index_keys.stride(-1) != 1:
-        index_keys = index_keys.contiguous()
-    if entry_rows.stride(-1) != 1:
-        entry_rows = entry_rows.contiguous()
+    q, index_keys, entry_rows = last_dim_contiguous(q, index_keys, entry_rows)
     token_seq = token_seq.contiguous()
     num_visible = num_visible.contiguous()
 
