@@ -235,6 +235,8 @@ class ResolveContext:
     ep_size: int = 1
     options: Mapping[str, Any] = field(default_factory=dict)
     model: ModelFacts = field(default_factory=ModelFacts)
+    # Deterministic mode: only batch-invariant kernels (Kernel.batch_invariant) may be chosen.
+    deterministic: bool = False
 
 
 @dataclass(frozen=True)
@@ -253,8 +255,14 @@ class Kernel:
     # Capability of an expert-parallel dispatch/combine: given the same token bound on every rank
     # (ranks, bound, top_k), it makes no host synchronisation, so device graphs may capture it.
     capturable_with_token_bound: Callable[[int, int, int], bool] | None = None
+    # Its result for one request (a row, a sequence, a query) is bit for bit the same whatever else
+    # the call holds: the batch's size and composition, the request's place in it, how its prefill
+    # was chunked and whether its prefix came from the cache. Deterministic mode chooses only these.
+    batch_invariant: bool = False
 
     def applies(self, ctx: ResolveContext, fmt: str | None) -> bool:
+        if ctx.deterministic and not self.batch_invariant:
+            return False
         if self.dtypes is not None and ctx.dtype not in self.dtypes:
             return False
         if fmt is not None and self.formats is not None and fmt not in self.formats:
@@ -289,6 +297,7 @@ class Registration:
     priority: int = 0
     unusable: Callable[[ResolveContext], str | None] | None = None  # see Kernel
     capturable_with_token_bound: Callable[[int, int, int], bool] | None = None  # see Kernel
+    batch_invariant: bool = False  # see Kernel
 
 
 class Registry:
@@ -311,6 +320,7 @@ class Registry:
         note: str = "",
         unusable: Callable[[ResolveContext], str | None] | None = None,
         capturable_with_token_bound: Callable[[int, int, int], bool] | None = None,
+        batch_invariant: bool = False,
     ) -> None:
         spec = self.ops.get(op_name)
         if spec is None:
@@ -320,15 +330,16 @@ class Registry:
         if fmts is not None and not fmts <= set(spec.formats):
             raise RegistryError(f"backend {backend!r}: op {op_name!r} has formats {spec.formats}, not {sorted(fmts - set(spec.formats))}")
         kernel = Kernel(
-            op_name, backend, fn, fmts, frozenset(dtypes) if dtypes is not None else None, when, priority, note, unusable, capturable_with_token_bound
-        )
+            op_name, backend, fn, fmts, frozenset(dtypes) if dtypes is not None else None, when, priority, note, unusable,
+            capturable_with_token_bound, batch_invariant,
+        )  # fmt: skip
         self.kernels.setdefault(backend, {}).setdefault(op_name, []).append(kernel)
 
     def register_all(self, backend: str, registrations: Iterable[Registration]) -> None:
         for r in registrations:
             self.register_kernel(
                 backend, r.op, r.fn, formats=r.formats, dtypes=r.dtypes, when=r.when, priority=r.priority, note=r.note,
-                unusable=r.unusable, capturable_with_token_bound=r.capturable_with_token_bound,
+                unusable=r.unusable, capturable_with_token_bound=r.capturable_with_token_bound, batch_invariant=r.batch_invariant,
             )  # fmt: skip
 
     def candidates(self, backend: str, op_name: str) -> list[Kernel]:
@@ -358,6 +369,10 @@ class Registry:
         kernel for is left out of the table, and calling it is that error. `allow_fallback` serves
         the former by the reference, never the latter: a DeepSeek-V3 run with the fallback allowed
         neither falls back to nor logs DeepSeek-V4's ops.
+
+        In deterministic mode (`ctx.deterministic`) only batch-invariant kernels are chosen, and an
+        op the model needs that has none is an error naming it, fallback allowed or not: the
+        reference on another device is no invariant kernel, and a silent swap would break the promise.
         """
         chosen: dict[str, Callable | dict[str, Callable]] = {}
         kernels: dict[str, Kernel | None] = {}
@@ -375,7 +390,13 @@ class Registry:
                 if kernel is None:
                     if optional:
                         continue
-                    if not allow_fallback:
+                    if ctx.deterministic and self.candidates(ctx.backend, name):
+                        raise RegistryError(
+                            f"deterministic mode: backend {ctx.backend!r} has no batch-invariant kernel for op {label!r} "
+                            f"(dtype {str(ctx.dtype).removeprefix('torch.')}); run without --deterministic, or choose a backend "
+                            "that has one (`deepinfer backends` marks them)"
+                        )
+                    if not allow_fallback or ctx.deterministic:
                         raise RegistryError(
                             f"backend {ctx.backend!r} has no kernel for op {label!r} (dtype {str(ctx.dtype).removeprefix('torch.')}); "
                             "implement it, or allow the reference fallback explicitly (--allow-fallback)"
@@ -430,6 +451,11 @@ class OpTable:
             f"backend {self.ctx.backend!r} has no kernel for op {name!r} (declared {why}); "
             "register one in a plugin's deepinfer_register_kernels, or allow the reference fallback explicitly (--allow-fallback)"
         )
+
+    @property
+    def deterministic(self) -> bool:
+        """Every op resolved to a batch-invariant kernel: the model keeps its own glue invariant too."""
+        return self.ctx.deterministic
 
     def kernel(self, name: str, fmt: str | None = None) -> Callable:
         impl = self._chosen[name]

@@ -46,12 +46,14 @@ def open_runtime(
     plugins: Plugins | None = None,
     options: Mapping[str, Any] | None = None,
     model: ModelFacts | Callable[[], ModelFacts | None] | None = None,
+    deterministic: bool = False,
 ) -> Runtime:
     """Select `backend` ("auto" picks the available one of highest priority: cuda, ascend, reference),
     check its probe and its `options` (BackendSpec.options; unknown ones and bad values are errors),
     collect its kernels and resolve every op. `model`: what the model's calls will look like, for
     kernels that serve only some models, or a function giving it, called once the backend and its
-    options passed (it may read a checkpoint's config). Raises BackendError / BackendOptionError / RegistryError
+    options passed (it may read a checkpoint's config). `deterministic`: resolve every op to a
+    batch-invariant kernel (deepinfer.registry.Kernel.batch_invariant) or fail naming the op. Raises BackendError / BackendOptionError / RegistryError
     with a one-line message."""
     plugins = plugins or load_plugins()
     if backend == "auto":
@@ -66,7 +68,7 @@ def open_runtime(
     registry = plugins.registry(spec.name, interpret=interpret, options=resolved)
     facts = model() if callable(model) else model
     facts = dataclasses.replace(facts or ModelFacts(), kv_block_size=spec.kv_block_size)
-    ctx = ResolveContext(backend=spec.name, device=device, dtype=dtype, ep_size=ep_size, options=resolved, model=facts)
+    ctx = ResolveContext(backend=spec.name, device=device, dtype=dtype, ep_size=ep_size, options=resolved, model=facts, deterministic=deterministic)
     ops = registry.resolve(ctx, allow_fallback=allow_fallback)
     on_device = not interpret
     return Runtime(

@@ -2,7 +2,8 @@
 
 It registers through the same hooks and entry point as every other backend. Its kernels are the
 ops' reference functions themselves, so it is complete by construction and is the yardstick the
-conformance suite measures the others with.
+conformance suite measures the others with. Each op has a second, batch-invariant kernel for
+deterministic mode: the same function with every sum computed exactly (`deepinfer/exact_order.py`).
 """
 
 from __future__ import annotations
@@ -42,8 +43,12 @@ def deepinfer_add_backends(register):
 def deepinfer_register_kernels(backend: BackendSpec, registry: Registry, interpret: bool):
     if backend.name != NAME:
         return
+    from deepinfer.exact_order import invariant
+
     for name, spec in registry.ops.items():
         registry.register_kernel(NAME, name, spec.reference, note="pure torch")
+        # Deterministic mode's kernel: the same definition with every sum exact (deepinfer/exact_order.py).
+        registry.register_kernel(NAME, name, invariant(spec.reference), note="pure torch, exact sums", priority=-1, batch_invariant=True)
 
 
 @hookimpl

@@ -3,6 +3,7 @@ and its options.
 
 Coverage is listed per backend, one op per line with the notes of its kernels, wrapped to the
 terminal's width: kernel notes are sentences, and a table with a column per backend would cut them.
+A kernel marked "(batch-invariant)" is one deterministic mode (`--deterministic`) may choose.
 Then the backend's options (`--backend-option KEY=VALUE`, `LLM(backend_options=...)`): each one's
 allowed values, its default and the environment variable that supplies the default, and what it does.
 """
@@ -51,9 +52,9 @@ def collect(plugins: Plugins) -> dict:
         if found.available or interpret:
             try:
                 registry = plugins.registry(name, interpret=interpret, registry=Registry(ops))
-                entry["coverage"] = {
-                    op: sorted({k.note or "kernel" for k in kernels}) for op, kernels in registry.coverage(name).items()
-                }
+                coverage = registry.coverage(name)
+                entry["coverage"] = {op: sorted({_label(k) for k in kernels}) for op, kernels in coverage.items()}
+                entry["batch_invariant"] = {op: any(k.batch_invariant for k in kernels) for op, kernels in coverage.items()}
                 entry["coverage_source"] = "device" if found.available else "interpreter"
                 try:
                     entry["env"] = plugins.env_report(name)
@@ -63,6 +64,10 @@ def collect(plugins: Plugins) -> dict:
                 entry["coverage_error"] = f"{type(exc).__name__}: {exc}"
         report["backends"].append(entry)
     return report
+
+
+def _label(kernel) -> str:
+    return (kernel.note or "kernel") + (" (batch-invariant)" if kernel.batch_invariant else "")
 
 
 def _wrap(text: str, width: int, first: str, rest: str) -> list[str]:
@@ -101,7 +106,8 @@ def _coverage_lines(b: dict, ops: list[str], width: int) -> list[str]:
         return [f"{b['name']}: op coverage not collected ({why})"]
     covered = sum(1 for op in ops if b["coverage"].get(op))
     source = "" if b["coverage_source"] == "device" else " (as registered for the Triton interpreter: no device here)"
-    lines = _wrap(f"{b['name']}: {covered}/{len(ops)} ops covered{source}", width, "", "  ")
+    invariant = sum(1 for op in ops if b.get("batch_invariant", {}).get(op))
+    lines = _wrap(f"{b['name']}: {covered}/{len(ops)} ops covered, {invariant} with a batch-invariant kernel{source}", width, "", "  ")
     op_width = max(len(o) for o in ops) + 2
     for op in ops:
         notes = b["coverage"].get(op) or ["- (no kernel)"]

@@ -113,6 +113,9 @@ def add_parser(sub) -> None:
                    help="auto: the model dtype; fp8 (= fp8_e4m3): e4m3 rows with a per-token scale, about half the bytes per token")
     p.add_argument("--no-prefix-caching", action="store_true", help="switch the prefix cache off")
     p.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs for decode steps (cuda backend)")
+    p.add_argument("--deterministic", action="store_true",
+                   help="batch-invariant kernels only: a request's logits and tokens are bit-identical whatever it is batched with "
+                        "(an error names any op the backend has no such kernel for)")
     p.add_argument("--interpret", action="store_true",
                    help="run the backend's Triton kernels in the Triton interpreter on the CPU (slow; for checking kernels)")
     p.add_argument("--cpu-threads", type=int, metavar="N",
@@ -160,6 +163,7 @@ def load_llm(args, ctx):
         dist_timeout=args.dist_timeout,
         cpu_threads=args.cpu_threads,
         kv_cache_dtype=args.kv_cache_dtype,
+        deterministic=args.deterministic,
     )
 
 

@@ -74,6 +74,12 @@ class LLM:
     with one float32 scale per token, about half the bytes per token, so about twice the tokens fit
     (deepinfer.ops.kv_cache_format states the layout; docs/architecture.md the accuracy).
 
+    deterministic: every op runs a batch-invariant kernel (`deepinfer backends` marks them) and the
+    model keeps its own glue invariant, so a request's logits, and with its seed its tokens, are
+    bit-identical whatever it is batched with, however its prefill is chunked and whether its
+    prefix came from the cache (docs/architecture.md says what else it covers). A backend without
+    such a kernel for an op the model needs is a one-line error naming the op.
+
     backend_options: the backend's options, e.g. {"ep_path": "nccl"} (`deepinfer backends` lists
     each backend's; an unknown option or value is a one-line error).
     """
@@ -102,6 +108,7 @@ class LLM:
         backend_options: Mapping[str, str] | None = None,
         cpu_threads: int | None = None,
         kv_cache_dtype: str = "auto",
+        deterministic: bool = False,
     ):
         from deepinfer.model.facts import checkpoint_facts
         from deepinfer.model.loader import load_model
@@ -120,6 +127,7 @@ class LLM:
             enforce_eager=enforce_eager,
             eplb_interval=eplb_interval,
             kv_cache_dtype=kv_cache_dtype,
+            deterministic=deterministic,
         )
         config.validate()
         check_cpu_threads(cpu_threads)
@@ -142,7 +150,7 @@ class LLM:
         ep_size = dist.world_size if dist is not None else 1
         runtime = open_runtime(
             backend, dtype=torch_dtype, ep_size=ep_size, allow_fallback=allow_fallback, plugins=plugins, interpret=interpret,
-            options=backend_options, model=lambda: dataclasses.replace(checkpoint_facts(model) or ModelFacts(), kv_cache_fp8=kv_cache_dtype != "auto"),
+            options=backend_options, deterministic=config.deterministic, model=lambda: dataclasses.replace(checkpoint_facts(model) or ModelFacts(), kv_cache_fp8=kv_cache_dtype != "auto"),
         )  # fmt: skip
         if dist is not None and runtime.device.type != dist.device.type:
             raise InvalidRequestError(f"backend {runtime.backend.name} runs on {runtime.device.type}, but the process group was formed for {dist.device.type}")

@@ -41,12 +41,16 @@ class EngineConfig:
     # "auto": the cache in the model dtype; "fp8" (or "fp8_e4m3"): e4m3 rows with a per-token scale,
     # about half the bytes per token (deepinfer.ops.kv_cache_format)
     kv_cache_dtype: str = "auto"
+    # Batch-invariant kernels only (the runtime must be opened with the same flag: LLM does it).
+    deterministic: bool = False
 
     def validate(self) -> None:
         for name in ("max_num_seqs", "max_num_batched_tokens", "num_kv_blocks", "max_model_len", "eplb_interval"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
                 raise InvalidRequestError(f"{name} must be an integer >= 1, got {value!r}")
+        if not isinstance(self.deterministic, bool):
+            raise InvalidRequestError(f"deterministic must be True or False, got {self.deterministic!r}")
         if self.kv_cache_memory_gib is not None and not self.kv_cache_memory_gib > 0:
             raise InvalidRequestError(f"kv_cache_memory_gib must be > 0, got {self.kv_cache_memory_gib!r}")
         if not isinstance(self.seed, int) or isinstance(self.seed, bool):
@@ -82,6 +86,10 @@ class LLMEngine:
         self.dist = dist
         self.loaded = loaded
         self.runtime = runtime
+        if config.deterministic != runtime.ops.deterministic:
+            raise InvalidRequestError(
+                f"EngineConfig(deterministic={config.deterministic}) needs a runtime opened with open_runtime(..., deterministic={config.deterministic})"
+            )
         self.tokenizer = loaded.tokenizer
         self.dtype = dtype
         self.cache_dtype = kv_cache_format.cache_dtype(config.kv_cache_dtype, dtype)

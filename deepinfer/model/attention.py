@@ -74,6 +74,7 @@ class MLAttention:
         w_kv_b = self.kv_b_proj.dequantized(dtype).view(self.heads, c.qk_nope_head_dim + c.v_head_dim, c.kv_lora_rank)
         self.w_uk = w_kv_b[:, : c.qk_nope_head_dim]
         self.w_uv = w_kv_b[:, c.qk_nope_head_dim :]
+        self._w_uk_by_head: torch.Tensor | None = None  # W_UK^T per head [H, C, nope], deterministic mode only
         self.softmax_scale = c.softmax_scale
 
     def __call__(self, ops, x: torch.Tensor, kv_cache: torch.Tensor, step: StepContext) -> torch.Tensor:
@@ -112,9 +113,7 @@ class MLAttention:
         """Attention in the latent space: q_nope @ W_UK per head, mla_decode, then W_UV; [T, H, v]."""
         c = self.config
         batch, per_seq = step.decode_shape
-        # The per-head absorption products are plain torch glue (torch.einsum, a batched matmul over
-        # heads), as vLLM does it; no registry op covers a per-head bmm.
-        q_latent = torch.einsum("thd,hdc->thc", q_nope, self.w_uk)
+        q_latent = self._absorb_uk(ops, q_nope)
         latent_out = ops.mla_decode(
             q_latent.reshape(batch, per_seq, self.heads, c.kv_lora_rank),
             q_pe.reshape(batch, per_seq, self.heads, c.qk_rope_head_dim),
@@ -123,4 +122,30 @@ class MLAttention:
             step.seq_lens,
             softmax_scale=self.softmax_scale,
         )
-        return torch.einsum("thc,hvc->thv", latent_out.reshape(-1, self.heads, c.kv_lora_rank), self.w_uv)
+        return self._absorb_uv(ops, latent_out.reshape(-1, self.heads, c.kv_lora_rank))
+
+    # The per-head absorption products are torch glue (torch.einsum, a batched matmul over heads),
+    # as vLLM does it. A batched matmul's reduction order follows the token count, so deterministic
+    # mode runs them as grouped_gemm's masked layout instead (one "expert" per head, every token a
+    # row of each), whose kernels are batch-invariant.
+
+    def _absorb_uk(self, ops, q_nope: torch.Tensor) -> torch.Tensor:
+        """q_nope [T, H, nope] @ W_UK per head -> [T, H, C]."""
+        if not ops.deterministic:
+            return torch.einsum("thd,hdc->thc", q_nope, self.w_uk)
+        if self._w_uk_by_head is None:
+            self._w_uk_by_head = self.w_uk.transpose(1, 2).contiguous()
+        return self._per_head(ops, q_nope, self._w_uk_by_head)
+
+    def _absorb_uv(self, ops, latent: torch.Tensor) -> torch.Tensor:
+        """latent [T, H, C] @ W_UV^T per head -> [T, H, v]."""
+        if not ops.deterministic:
+            return torch.einsum("thc,hvc->thv", latent, self.w_uv)
+        return self._per_head(ops, latent, self.w_uv)
+
+    def _per_head(self, ops, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        """x [T, H, K] times weight [H, N, K] per head, as grouped_gemm's masked layout -> [T, H, N]."""
+        tokens = x.shape[0]
+        rows = torch.full((self.heads,), tokens, dtype=torch.int32, device=x.device)
+        out = ops.grouped_gemm(x.transpose(0, 1).contiguous(), weight, masked_m=rows, fmt="dense")
+        return out.transpose(0, 1)

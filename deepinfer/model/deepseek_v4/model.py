@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 
+from deepinfer import exact_order
 from deepinfer.model.deepseek_v4 import caches as v4_caches
 from deepinfer.model.deepseek_v4.attention import V4Attention, attention_specs
 from deepinfer.model.deepseek_v4.config import V4Config
@@ -162,9 +163,10 @@ class DeepseekV4ForCausalLM:
         the sampled rows only), then the final norm and the vocabulary projection."""
         c = self.config
         fn, base, scale = self.hc_head
-        flat = streams.flatten(1).float()
-        flat = flat * torch.rsqrt(flat.square().mean(-1, keepdim=True) + c.rms_norm_eps)
-        pre = torch.sigmoid(flat @ fn.T * scale + base) + c.hc_eps
-        hidden = (pre[..., None] * streams.float()).sum(dim=1).to(streams.dtype)
+        with exact_order.glue(ops.deterministic):
+            flat = streams.flatten(1).float()
+            flat = flat * torch.rsqrt(flat.square().mean(-1, keepdim=True) + c.rms_norm_eps)
+            pre = torch.sigmoid(flat @ fn.T * scale + base) + c.hc_eps
+            hidden = (pre[..., None] * streams.float()).sum(dim=1).to(streams.dtype)
         hidden, _ = ops.rms_norm(hidden, self.norm, eps=c.rms_norm_eps)
         return ops.linear(hidden, self.head, fmt="dense").float()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch
 
+from deepinfer import exact_order
 from deepinfer.model.deepseek_v4.config import HASH_MOE, V4Config
 from deepinfer.model.linear import FusedLinear
 from deepinfer.model.moe import stack_experts
@@ -64,9 +65,10 @@ class V4MoE:
         # Hash routing: the experts come from the table; the scores only weigh them (torch glue:
         # a lookup and a gather, nothing a backend would fuse on its own).
         ids = self.tid2eid[input_ids].long()
-        scores = expert_scores(logits, c.scoring_func)  # the gate op's own scoring
-        weights = scores.gather(1, ids)
-        weights = weights / weights.sum(dim=-1, keepdim=True)
+        with exact_order.glue(ops.deterministic):
+            scores = expert_scores(logits, c.scoring_func)  # the gate op's own scoring
+            weights = scores.gather(1, ids)
+            weights = weights / weights.sum(dim=-1, keepdim=True)
         return weights * c.routed_scaling_factor, ids.to(torch.int32)
 
     def __call__(self, ops, x: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
