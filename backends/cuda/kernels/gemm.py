@@ -890,10 +890,14 @@ class GemmPlan:
         return FP8_GROUP % self.block_n == 0
 
 
-def plan_gemm(x: torch.Tensor, weight: torch.Tensor, fmt: str, layout: int, mx_path: str | None = None) -> GemmPlan:
+def plan_gemm(x: torch.Tensor, weight: torch.Tensor, fmt: str, layout: int, mx_path: str | None = None, invariant: bool = False) -> GemmPlan:
     """The launch's tiles, dot dtype, split-K and kernel, from the tensors' shapes, dtypes, strides
     and alignment, the device and its tuning entry only (never their values: no host sync).
-    For non-empty products (rows, N and K > 0). mx_path: an mx path forced (`_mx_mode`)."""
+    For non-empty products (rows, N and K > 0). mx_path: an mx path forced (`_mx_mode`).
+
+    invariant (deterministic mode): nothing depends on the number of rows: the decode ("small")
+    tuning entry with its full BLOCK_M, and a split-K chosen as if there were one row tile, so every
+    output element is summed over K in the same tiles and the same split order whatever the batch."""
     device = x.device
     k = x.shape[-1]
     experts = weight.shape[0] if layout != _LINEAR else 1
@@ -911,8 +915,11 @@ def plan_gemm(x: torch.Tensor, weight: torch.Tensor, fmt: str, layout: int, mx_p
     register = mx_mode == _MX_REGISTER
     # The register path's x is bf16/fp16 (mxfp8 and mxfp4_a8: x's MX FP8 values as bf16, exact).
     x_dtype = x.dtype if (not register or fmt == "mxfp4") else torch.bfloat16
-    cfg = config("gemm", _variant(fmt, rows_per_expert, mx_mode), device)
-    block_m = max(16, min(cfg["BLOCK_M"], next_power_of_2(int(rows_per_expert) if rows_per_expert >= 1 else 1)))
+    cfg = config("gemm", _variant(fmt, 0 if invariant else rows_per_expert, mx_mode), device)
+    if invariant:
+        block_m = cfg["BLOCK_M"]
+    else:
+        block_m = max(16, min(cfg["BLOCK_M"], next_power_of_2(int(rows_per_expert) if rows_per_expert >= 1 else 1)))
     block_n = cfg["BLOCK_N"]
     if fmt == "fp8_block":
         block_k = FP8_GROUP  # one scale group per step
@@ -949,6 +956,8 @@ def plan_gemm(x: torch.Tensor, weight: torch.Tensor, fmt: str, layout: int, mx_p
     else:
         num_m_tiles = cdiv(rows_total, block_m) + (experts if layout == _CONTIGUOUS else 0)
         programs = cdiv(rows_total, block_m) * num_n
+    if invariant:
+        programs = num_n * experts  # as if every expert had one row tile: the split follows N and K only
     total_iters = cdiv(k, block_k)
     split = 1
     target = cfg.get("split_target_per_sm", 2) * num_sms(device)
@@ -972,12 +981,13 @@ def plan_gemm(x: torch.Tensor, weight: torch.Tensor, fmt: str, layout: int, mx_p
     )
 
 
-def launch_gemm(x, weight, weight_scale, fmt, layout, *, offsets=None, masked_m=None, prequantised=None, mx_path=None) -> torch.Tensor:
+def launch_gemm(x, weight, weight_scale, fmt, layout, *, offsets=None, masked_m=None, prequantised=None, mx_path=None, invariant=False) -> torch.Tensor:
     """out = the product for x in `layout`: plan, quantise the activation (fp8_block, MX FP8), launch.
 
     prequantised: (x_q, x_scale) already made by the activation quantiser (benchmarks of the GEMM
     alone; the register path of mxfp8 / mxfp4_a8: (mxfp8_act_values(x), None)).
-    mx_path: the mx path forced (backend option mxfp4_path, `_mx_mode`; None: this machine's)."""
+    mx_path: the mx path forced (backend option mxfp4_path, `_mx_mode`; None: this machine's).
+    invariant: the batch-invariant plan (`plan_gemm`)."""
     n = weight.shape[-2]
     if layout == _MASKED:
         out = torch.empty(weight.shape[0], x.shape[1], n, dtype=x.dtype, device=x.device)
@@ -987,7 +997,7 @@ def launch_gemm(x, weight, weight_scale, fmt, layout, *, offsets=None, masked_m=
         return out
     if x.shape[-1] == 0:
         return out.zero_()
-    plan = plan_gemm(x, weight, fmt, layout, mx_path)
+    plan = plan_gemm(x, weight, fmt, layout, mx_path, invariant)
     xq, xs = x, None
     if fmt == "fp8_block":
         xq, xs = prequantised if prequantised is not None else quantize_act_fp8(x)
@@ -1096,17 +1106,17 @@ def _weight_operands(weight: torch.Tensor, weight_scale: torch.Tensor | None, fm
 # The ops
 
 
-def _gemm_ops(mx_path: str | None = None):
+def _gemm_ops(mx_path: str | None = None, invariant: bool = False):
     """The `linear` and `grouped_gemm` kernels. mx_path: the mxfp4 path with bf16/fp16 activations
     (backend option mxfp4_path=dot_scaled|upcast|register; "register" also takes mxfp8 and mxfp4_a8
     through the register dequant); None: this machine's default. float32 activations with mxfp4
-    weights always take the upcast."""
+    weights always take the upcast. invariant: the batch-invariant plan (deterministic mode)."""
 
     def linear(x: torch.Tensor, weight: torch.Tensor, *, weight_scale: torch.Tensor | None = None, fmt: str = "dense") -> torch.Tensor:
         gemm_ops.check_linear_args(x, weight, weight_scale, fmt)
         _check_dtype(x)
         weight, weight_scale = _weight_operands(weight, weight_scale, fmt)
-        return launch_gemm(x, weight, weight_scale, fmt, _LINEAR, mx_path=mx_path)
+        return launch_gemm(x, weight, weight_scale, fmt, _LINEAR, mx_path=mx_path, invariant=invariant)
 
     def grouped_gemm(
         x: torch.Tensor,
@@ -1122,14 +1132,12 @@ def _gemm_ops(mx_path: str | None = None):
         weight, weight_scale = _weight_operands(weight, weight_scale, fmt)
         if expert_offsets is not None:
             gemm_ops.check_index_vector("expert_offsets", expert_offsets, experts + 1, x.device)
-            return launch_gemm(x, weight, weight_scale, fmt, _CONTIGUOUS, offsets=expert_offsets, mx_path=mx_path)
+            return launch_gemm(x, weight, weight_scale, fmt, _CONTIGUOUS, offsets=expert_offsets, mx_path=mx_path, invariant=invariant)
         gemm_ops.check_index_vector("masked_m", masked_m, experts, x.device)
-        return launch_gemm(x, weight, weight_scale, fmt, _MASKED, masked_m=masked_m, mx_path=mx_path)
+        return launch_gemm(x, weight, weight_scale, fmt, _MASKED, masked_m=masked_m, mx_path=mx_path, invariant=invariant)
 
-    if mx_path is not None:
-        linear.__qualname__, grouped_gemm.__qualname__ = f"linear_mxfp4_{mx_path}", f"grouped_gemm_mxfp4_{mx_path}"
-    else:
-        linear.__qualname__, grouped_gemm.__qualname__ = "linear", "grouped_gemm"
+    suffix = (f"_mxfp4_{mx_path}" if mx_path is not None else "") + ("_invariant" if invariant else "")
+    linear.__qualname__, grouped_gemm.__qualname__ = f"linear{suffix}", f"grouped_gemm{suffix}"
     return linear, grouped_gemm
 
 
@@ -1157,6 +1165,7 @@ def _dot_scaled_unusable(ctx) -> str | None:
     return f"backend option mxfp4_path=dot_scaled, but Triton {triton.__version__} has no tl.dot_scaled (mxfp4_path=auto or upcast works)"
 
 
+_INVARIANT_NOTE = "Triton: the GEMM above with one plan for every row count (decode tiles, split-K from N and K only)"
 REGISTRATIONS = [
     Registration(op="linear", fn=linear, formats=("dense", "fp8_block", "mxfp4", "mxfp8", "mxfp4_a8"), dtypes=_KERNEL_DTYPES, note=_NOTE),
     Registration(
@@ -1164,6 +1173,10 @@ REGISTRATIONS = [
         note=_NOTE + "; contiguous layout: tile->expert map computed in-kernel from expert_offsets, no host sync",
     ),
 ]
+# Deterministic mode's kernels: below the default ones by priority, chosen only when only batch-invariant ones may be.
+for _op, _fn in zip(("linear", "grouped_gemm"), _gemm_ops(invariant=True)):
+    REGISTRATIONS.append(Registration(op=_op, fn=_fn, formats=("dense", "fp8_block", "mxfp4", "mxfp8", "mxfp4_a8"), dtypes=_KERNEL_DTYPES,
+                                      priority=-1, batch_invariant=True, note=_INVARIANT_NOTE))  # fmt: skip
 # mxfp4_path=dot_scaled|upcast|register: the same kernels with the mxfp4 path fixed, chosen at resolve
 # (above the default registrations by priority; never chosen under mxfp4_path=auto).
 _FORCED_NOTES = {
@@ -1172,10 +1185,12 @@ _FORCED_NOTES = {
     "register": "e2m1 dequantised in registers, weight tile as the MMA's register operand (mxfp8 and mxfp4_a8 too)",
 }
 for _path in MXFP4_PATHS:
-    for _op, _fn in zip(("linear", "grouped_gemm"), _gemm_ops(mx_path=_path)):
-        REGISTRATIONS.append(Registration(
-            op=_op, fn=_fn, formats=("mxfp4", "mxfp8", "mxfp4_a8") if _path == "register" else ("mxfp4",),
-            dtypes=_KERNEL_DTYPES, when=_forced_by(_path), priority=1,
-            unusable=_dot_scaled_unusable if _path == "dot_scaled" else None,
-            note=f"Triton: the GEMM above, mxfp4 with bf16/fp16 activations by {_FORCED_NOTES[_path]} (mxfp4_path={_path})",
-        ))  # fmt: skip
+    for _invariant in (False, True):
+        for _op, _fn in zip(("linear", "grouped_gemm"), _gemm_ops(mx_path=_path, invariant=_invariant)):
+            REGISTRATIONS.append(Registration(
+                op=_op, fn=_fn, formats=("mxfp4", "mxfp8", "mxfp4_a8") if _path == "register" else ("mxfp4",),
+                dtypes=_KERNEL_DTYPES, when=_forced_by(_path), priority=0 if _invariant else 1, batch_invariant=_invariant,
+                unusable=_dot_scaled_unusable if _path == "dot_scaled" else None,
+                note=f"Triton: the GEMM above, mxfp4 with bf16/fp16 activations by {_FORCED_NOTES[_path]} (mxfp4_path={_path})"
+                     + (", one plan for every row count" if _invariant else ""),
+            ))  # fmt: skip

@@ -28,6 +28,11 @@ split program of each (row tile, request) to finish, which counts arrivals in a 
 counter array and resets its counter for the next launch ("fused_combine", the default), or by a
 separate combine kernel.
 
+Deterministic mode (the batch-invariant registration): the context is cut into splits of a fixed
+INVARIANT_TOKENS_PER_SPLIT tokens, whatever the batch, and the partials are always merged by the
+separate combine kernel; a request's splits past its length add exact zeros, so its output is the
+same bits alone or beside a longer request.
+
 Tiles come from the tuning table by rows per request (`rows_le16` .. `rows_gt64`); the H200
 figures behind them, and why the 128-head case stays below its target, are in docs/performance.md.
 
@@ -251,13 +256,14 @@ def _mla_decode_combine_kernel(
     lses = tl.load(lse_row + offs_k * stride_pl_split, mask=offs_k < num_splits, other=float("-inf"))
     top = tl.max(lses, axis=0)
     top = tl.where(top == float("-inf"), 0.0, top)
-    denom = tl.sum(tl.exp2(lses - top), axis=0)
+    denom = 0.0  # summed in split order (not a tree over BLOCK_SPLITS): the same bits for any split count
     acc = tl.zeros([BLOCK_C], dtype=tl.float32)
     po_row = part_out_ptr + b * stride_po_b + m * stride_po_m
     for k in range(num_splits):
         w = tl.exp2(tl.load(lse_row + k * stride_pl_split) - top)
         # Every split program writes its partial (zeros when it saw no key), so all are finite.
         part = tl.load(po_row + k * stride_po_split + offs_c, mask=c_ok, other=0.0)
+        denom += w
         acc += w * part
     out = acc / tl.where(denom > 0.0, denom, 1.0)
     s = m // H
@@ -340,12 +346,13 @@ def launch_mla_decode(
     num_splits: int | None = None,
     tokens_per_split: int | None = None,
     overrides: dict | None = None,
+    separate_combine: bool = False,
 ) -> torch.Tensor:
-    """mla_decode with an optional forced split (tests use it to exercise the combine kernel) and
-    tuning-entry overrides (the bench sweep uses them)."""
+    """mla_decode with an optional forced split (tests use it to exercise the combine kernel),
+    tuning-entry overrides (the bench sweep uses them) and the combine kernel forced."""
     out, _ = launch_mla_decode_with_handle(
         q_nope, q_rope, kv_cache, block_table, seq_lens, softmax_scale, sliding_window,
-        num_splits=num_splits, tokens_per_split=tokens_per_split, overrides=overrides,
+        num_splits=num_splits, tokens_per_split=tokens_per_split, overrides=overrides, separate_combine=separate_combine,
     )
     return out
 
@@ -362,6 +369,7 @@ def launch_mla_decode_with_handle(
     num_splits: int | None = None,
     tokens_per_split: int | None = None,
     overrides: dict | None = None,
+    separate_combine: bool = False,
 ):
     """`launch_mla_decode`, also returning what launching the split kernel returned: its compiled
     handle (registers, spills, shared memory: the bench sweep reports them), None for empty inputs."""
@@ -391,7 +399,7 @@ def launch_mla_decode_with_handle(
     # (an FP8 tile is converted to q's dtype in the kernel, exactly)
     dot_f32 = upcast_dot() or q_nope.dtype == torch.float32 or (not fp8 and (kv_cache.dtype == torch.float32 or q_nope.dtype != kv_cache.dtype))
     direct = splits == 1
-    fused = not direct and cfg.get("fused_combine", False) and row_tiles * batch <= _ARRIVALS
+    fused = not direct and not separate_combine and cfg.get("fused_combine", False) and row_tiles * batch <= _ARRIVALS
     arrivals = _arrivals(q_nope.device) if fused else seq_lens  # seq_lens: an unused placeholder
     if direct:
         part_out = out  # unused
@@ -462,11 +470,37 @@ def mla_decode(
     return launch_mla_decode(q_nope, q_rope, kv_cache, block_table, seq_lens, softmax_scale, sliding_window)
 
 
+# Deterministic mode's split size; a multiple of every table's BLOCK_N. Not yet tuned on the H200.
+INVARIANT_TOKENS_PER_SPLIT = 512
+
+
+def mla_decode_invariant(
+    q_nope: torch.Tensor,
+    q_rope: torch.Tensor,
+    kv_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    *,
+    softmax_scale: float,
+    sliding_window: int | None = None,
+) -> torch.Tensor:
+    return launch_mla_decode(q_nope, q_rope, kv_cache, block_table, seq_lens, softmax_scale, sliding_window,
+                             tokens_per_split=INVARIANT_TOKENS_PER_SPLIT, separate_combine=True)  # fmt: skip
+
+
 REGISTRATIONS = [
     Registration(
         op="mla_decode",
         fn=mla_decode,
         dtypes=(torch.float32, torch.bfloat16, torch.float16),
         note="Triton (heads as M, split-KV + deterministic combine)",
-    )
+    ),
+    Registration(
+        op="mla_decode",
+        fn=mla_decode_invariant,
+        dtypes=(torch.float32, torch.bfloat16, torch.float16),
+        priority=-1,
+        batch_invariant=True,
+        note=f"Triton (the kernel above with splits of {INVARIANT_TOKENS_PER_SPLIT} tokens whatever the batch, merged by the combine kernel)",
+    ),
 ]
