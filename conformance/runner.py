@@ -84,9 +84,14 @@ def measure_case(case: CaseRecord, produced: dict[str, torch.Tensor | None], ref
     return Measure(all(p.ok for p in parts), worst.score, worst.detail)
 
 
-def worker_command(backend: str, out_dir: Path, golden_dirs: list[Path], interpret: bool, ops: list[str] | None, options: dict[str, str] | None = None):
+def worker_command(
+    backend: str, out_dir: Path, golden_dirs: list[Path], interpret: bool, ops: list[str] | None, options: dict[str, str] | None = None,
+    deterministic: bool = False,
+):
     """The command line and environment of one backend's worker process."""
     cmd = [sys.executable, "-m", "deepinfer_conformance.worker", "--backend", backend, "--out", str(out_dir)]
+    if deterministic:
+        cmd.append("--deterministic")
     for folder in golden_dirs:
         cmd += ["--golden", str(folder)]
     if interpret:
@@ -102,14 +107,15 @@ def worker_command(backend: str, out_dir: Path, golden_dirs: list[Path], interpr
 
 
 def run_workers(
-    backends: list[str], out_dir: Path, golden_dirs: list[Path], interpret: bool, ops: list[str] | None, shares: dict[str, dict[str, str]]
+    backends: list[str], out_dir: Path, golden_dirs: list[Path], interpret: bool, ops: list[str] | None, shares: dict[str, dict[str, str]],
+    deterministic: bool = False,
 ) -> dict[str, dict]:
     """Every backend's worker at once (each its own process, so several cores or devices work
     together); their reports by backend. The first backend (in the given order) whose worker failed
     is a one-line UserError naming it."""
     procs = {}
     for b in backends:
-        cmd, env = worker_command(b, out_dir, golden_dirs, interpret, ops, shares[b])
+        cmd, env = worker_command(b, out_dir, golden_dirs, interpret, ops, shares[b], deterministic)
         procs[b] = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     stderr = {b: proc.communicate()[1] for b, proc in procs.items()}
     for b, proc in procs.items():
@@ -148,9 +154,12 @@ def options_per_backend(backends: list[str], options: dict[str, str] | None) -> 
 
 
 def run(
-    backends: list[str], *, interpret: bool = False, ops: list[str] | None = None, golden_dir: Path = GOLDEN_DIR, options: dict[str, str] | None = None
+    backends: list[str], *, interpret: bool = False, ops: list[str] | None = None, golden_dir: Path = GOLDEN_DIR, options: dict[str, str] | None = None,
+    deterministic: bool = False,
 ) -> list[Row]:
-    """options: backend options (`--backend-option`), each passed to the backends that declare it."""
+    """options: backend options (`--backend-option`), each passed to the backends that declare it.
+    deterministic: check the kernels deterministic mode chooses (the batch-invariant ones); an op
+    with none is a "missing" row."""
     shares = options_per_backend(backends, options)
     rows: list[Row] = []
     with tempfile.TemporaryDirectory(prefix="deepinfer-conformance-") as tmp:
@@ -163,7 +172,7 @@ def run(
             if unknown:
                 raise UserError(f"no conformance cases for op(s) {', '.join(sorted(unknown))}")
         rows += [Row(f.entry_point, "-", "-", "-", "-", "error", None, f"{f.entry_point} failed to load: {f.error}") for f in failures]
-        reports = run_workers(backends, out_dir, golden.dirs, interpret, ops, shares)
+        reports = run_workers(backends, out_dir, golden.dirs, interpret, ops, shares, deterministic)
         produced_by = {b: {} for b in backends}
         for case in cases:
             reference = golden.outputs(case)

@@ -102,8 +102,10 @@ def case_facts(op: str, kwargs: dict) -> ModelFacts:
 def run_backend(
     backend: str, out_dir: Path, golden_dirs: Sequence[Path] = (GOLDEN_DIR,), interpret: bool = False, ops_filter: list[str] | None = None,
     options: dict[str, str] | None = None,
+    deterministic: bool = False,
 ) -> dict:
-    """options: the backend's options (unknown ones and bad values: one-line errors, before any case)."""
+    """options: the backend's options (unknown ones and bad values: one-line errors, before any case).
+    deterministic: run the kernels deterministic mode chooses (the batch-invariant ones)."""
     plugins = load_plugins()
     spec = plugins.require(backend, interpret=interpret)
     device = torch.device(spec.device(interpret))
@@ -118,7 +120,8 @@ def run_backend(
             continue
         op = ops[case.op]
         inputs = golden.inputs(case)
-        ctx = ResolveContext(backend=backend, device=device, dtype=case.torch_dtype, options=options, model=case_facts(case.op, inputs))
+        ctx = ResolveContext(backend=backend, device=device, dtype=case.torch_dtype, options=options, model=case_facts(case.op, inputs),
+                             deterministic=deterministic)  # fmt: skip
         try:
             kernel = registry.choose(ctx, case.op, case.fmt)
         except RegistryError as exc:  # chosen by an option, but it cannot run here
@@ -133,7 +136,8 @@ def run_backend(
             continue
         if kernel is None:
             fmt = f"[{case.fmt}]" if case.fmt else ""
-            results[case.id] = {"status": "missing", "error": f"no {backend} kernel for {case.op}{fmt} in {case.dtype}"}
+            which = "batch-invariant kernel" if deterministic else "kernel"
+            results[case.id] = {"status": "missing", "error": f"no {backend} {which} for {case.op}{fmt} in {case.dtype}"}
             continue
         kwargs = to_device(inputs, device)
         before = snapshot_inputs(kwargs, op.in_place)
@@ -160,7 +164,7 @@ def run_backend(
         results[case.id] = {"status": "ran", "note": kernel.note, "seconds": seconds, "none_outputs": none_outputs}
     out_dir.mkdir(parents=True, exist_ok=True)
     save_file(outputs, str(out_dir / f"{backend}.safetensors"))
-    report = {"backend": backend, "device": str(device), "interpret": interpret, "options": options, "cases": results}
+    report = {"backend": backend, "device": str(device), "interpret": interpret, "deterministic": deterministic, "options": options, "cases": results}
     (out_dir / f"{backend}.json").write_text(json.dumps(report, indent=1))
     return report
 
@@ -173,9 +177,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--interpret", action="store_true")
     parser.add_argument("--op", action="append", default=None)
     parser.add_argument("--backend-option", action="append", default=None, metavar="KEY=VALUE")
+    parser.add_argument("--deterministic", action="store_true")
     args = parser.parse_args(argv)
     try:
-        run_backend(args.backend, args.out, args.golden or [GOLDEN_DIR], args.interpret, args.op, parse_assignments(args.backend_option))
+        run_backend(args.backend, args.out, args.golden or [GOLDEN_DIR], args.interpret, args.op, parse_assignments(args.backend_option),
+                    args.deterministic)  # fmt: skip
     except UserError as exc:
         print(f"deepinfer: error: {exc}", file=sys.stderr)
         return exc.exit_code

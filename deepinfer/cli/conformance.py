@@ -17,6 +17,8 @@ def add_parser(sub) -> None:
                    help="a backend option for the backends that declare it, e.g. npu_fast_paths=on (repeatable; see `deepinfer backends`)")
     p.add_argument("--json", type=Path, default=None, help="also write the rows as JSON to FILE")
     p.add_argument("--golden", type=Path, default=None, help="golden set folder (default: the packaged one)")
+    p.add_argument("--deterministic", action="store_true",
+                   help="check the kernels deterministic mode chooses (the batch-invariant ones); an op without one is a missing row")
     p.add_argument("--quiet", action="store_true", help="print failing rows and the summary only (which names the ops without a kernel)")
     p.set_defaults(func=run)
 
@@ -34,12 +36,13 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"cannot write {args.json}: folder {args.json.parent} does not exist")
     from deepinfer.options import parse_assignments
 
-    rows = runner.run(args.backend, interpret=args.interpret, ops=args.op, golden_dir=Path(golden), options=parse_assignments(args.backend_option))
+    rows = runner.run(args.backend, interpret=args.interpret, ops=args.op, golden_dir=Path(golden), options=parse_assignments(args.backend_option),
+                      deterministic=args.deterministic)  # fmt: skip
     shown = [r for r in rows if r.status not in ("pass", runner.NO_KERNEL) or r.cross_ok is False] if args.quiet else rows
     if shown:
         print(runner.format_table(shown))
     text, ok = runner.summary(rows)
-    mode = " (Triton interpreter)" if args.interpret else ""
+    mode = (" (Triton interpreter)" if args.interpret else "") + (" (deterministic: batch-invariant kernels)" if args.deterministic else "")
     print(f"\nconformance {' vs '.join(args.backend)}{mode}: {text}")
     if args.json is not None:
         runner.write_json(rows, args.json)
