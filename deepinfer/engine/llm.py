@@ -150,7 +150,8 @@ class LLM:
         ep_size = dist.world_size if dist is not None else 1
         runtime = open_runtime(
             backend, dtype=torch_dtype, ep_size=ep_size, allow_fallback=allow_fallback, plugins=plugins, interpret=interpret,
-            options=backend_options, deterministic=config.deterministic, model=lambda: dataclasses.replace(checkpoint_facts(model) or ModelFacts(), kv_cache_fp8=kv_cache_dtype != "auto"),
+            options=backend_options, deterministic=config.deterministic,
+            model=lambda: dataclasses.replace(checkpoint_facts(model) or ModelFacts(), kv_cache_fp8=kv_cache_dtype != "auto"),
         )  # fmt: skip
         if dist is not None and runtime.device.type != dist.device.type:
             raise InvalidRequestError(f"backend {runtime.backend.name} runs on {runtime.device.type}, but the process group was formed for {dist.device.type}")
