@@ -77,6 +77,18 @@ decode (<= 16 rows per expert):
 
 The quantiser's tile is [16 rows, 128 columns]: 8 KB per live float32/int32 temporary.
 
+Deterministic mode (the batch-invariant registrations, `linear_invariant` / `grouped_gemm_invariant`)
+--------------------------------------------------------------------------------------------------
+The only batch-dependent choice above is BLOCK_M (and with it BLOCK_N) from the rows per expert:
+a row's K sum is the same sequence of BLOCK_K-wide dots either way, but each dot is a cube product
+of another tile shape, whose accumulation inside the 128-wide K step the hardware is free to order
+differently. The invariant kernels plan every call's tiles for INVARIANT_ROWS = 64 rows per expert
+(A2/A3: dense bf16 M64 N128, fp8 M64 N32, mxfp4 M64 N32; 950: M64 N128 / N64 / N64), so an output
+element is computed by one tile shape and one K order whatever the call holds; there is no split-K
+anywhere, and the quantisers work per row (exact). Cost on hardware: prefill GEMMs re-read each
+weight tile per 64 rows instead of per 128 where 128 fitted (from L2); decode computes padded rows
+of a 64-row tile (the cube is idle there anyway: decode GEMMs are weight-bandwidth bound).
+
 Interpreter deviations (TRITON_INTERPRET=1, `upcast_dot()` -> DOT_F32): dot operands are
 converted to float32 (community Triton's interpreter computes bf16 tl.dot wrongly, and its bf16 elementwise arithmetic
 too: negating a bf16 tensor negates its integer bits, so no bf16 arithmetic appears here, only
@@ -106,6 +118,9 @@ FP8_GROUP = quant.FP8_BLOCK  # 128: activation group width, weight block edge, B
 MX_GROUP = quant.MX_BLOCK  # 32
 BLOCK_K = 128
 QUANT_BLOCK_R = 16  # rows per quantiser tile: [16, 128] float32 = 8 KB per live temporary
+# Deterministic mode plans every GEMM's tiles for this many rows per expert, whatever the call holds
+# (module docstring, "Deterministic mode").
+INVARIANT_ROWS = 64
 
 _FMT_ID = {"dense": 0, "fp8_block": 1, "mxfp4": 2, "mxfp8": 3, "mxfp4_a8": 2}  # mxfp4_a8: mxfp4 decode, float32 activations
 _LINEAR, _CONTIGUOUS, _MASKED = 0, 1, 2
@@ -469,8 +484,11 @@ def _contiguous_rows(t: torch.Tensor) -> torch.Tensor:
     return t if t.shape[-1] == 0 or t.stride(-1) == 1 else t.contiguous()
 
 
-def launch_gemm(x, weight, weight_scale, fmt, layout, bounds=None):
-    """out = the product for x in `layout` (weight [E, N, K...] for grouped layouts, [N, K...] for linear)."""
+def launch_gemm(x, weight, weight_scale, fmt, layout, bounds=None, invariant=False):
+    """out = the product for x in `layout` (weight [E, N, K...] for grouped layouts, [N, K...] for linear).
+
+    invariant (deterministic mode): the tiles are planned for INVARIANT_ROWS rows per expert whatever
+    the call holds, so every output element is one fixed sequence of BLOCK_K dots of one tile shape."""
     k = x.shape[-1]
     w3 = weight if layout != _LINEAR else weight.unsqueeze(0)
     experts, n = w3.shape[0], w3.shape[1]
@@ -499,7 +517,7 @@ def launch_gemm(x, weight, weight_scale, fmt, layout, bounds=None):
         ws3 = _contiguous_rows(ws3)
 
     dot = _dot_kind(fmt, x.dtype, w3.dtype, fp8_dot_enabled())
-    bm, bn = plan_tiles(fmt, dot, x.dtype, w3.dtype, rows_per_expert)
+    bm, bn = plan_tiles(fmt, dot, x.dtype, w3.dtype, INVARIANT_ROWS if invariant else rows_per_expert)
 
     xs = None
     xq = x
@@ -561,9 +579,23 @@ def linear(
     weight_scale: torch.Tensor | None = None,
     fmt: str = "dense",
 ) -> torch.Tensor:
+    return _linear(x, weight, weight_scale, fmt, invariant=False)
+
+
+def linear_invariant(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    *,
+    weight_scale: torch.Tensor | None = None,
+    fmt: str = "dense",
+) -> torch.Tensor:
+    return _linear(x, weight, weight_scale, fmt, invariant=True)
+
+
+def _linear(x, weight, weight_scale, fmt, invariant):
     gemm_ops.check_linear_args(x, weight, weight_scale, fmt)
     _check_dtype(x)
-    return launch_gemm(x, weight, weight_scale, fmt, _LINEAR)
+    return launch_gemm(x, weight, weight_scale, fmt, _LINEAR, invariant=invariant)
 
 
 def grouped_gemm(
@@ -575,13 +607,29 @@ def grouped_gemm(
     weight_scale: torch.Tensor | None = None,
     fmt: str = "dense",
 ) -> torch.Tensor:
+    return _grouped_gemm(x, weight, expert_offsets, masked_m, weight_scale, fmt, invariant=False)
+
+
+def grouped_gemm_invariant(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    *,
+    expert_offsets: torch.Tensor | None = None,
+    masked_m: torch.Tensor | None = None,
+    weight_scale: torch.Tensor | None = None,
+    fmt: str = "dense",
+) -> torch.Tensor:
+    return _grouped_gemm(x, weight, expert_offsets, masked_m, weight_scale, fmt, invariant=True)
+
+
+def _grouped_gemm(x, weight, expert_offsets, masked_m, weight_scale, fmt, invariant):
     experts = gemm_ops.check_grouped_args(x, weight, weight_scale, fmt, expert_offsets, masked_m)
     _check_dtype(x)
     if expert_offsets is not None:
         gemm_ops.check_index_vector("expert_offsets", expert_offsets, experts + 1, x.device)
-        return launch_gemm(x, weight, weight_scale, fmt, _CONTIGUOUS, bounds=expert_offsets)
+        return launch_gemm(x, weight, weight_scale, fmt, _CONTIGUOUS, bounds=expert_offsets, invariant=invariant)
     gemm_ops.check_index_vector("masked_m", masked_m, experts, x.device)
-    return launch_gemm(x, weight, weight_scale, fmt, _MASKED, bounds=masked_m)
+    return launch_gemm(x, weight, weight_scale, fmt, _MASKED, bounds=masked_m, invariant=invariant)
 
 
 
@@ -592,10 +640,13 @@ _NOTE = (
     "mxfp8 and mxfp4_a8: activations through the MX FP8 quantiser (torch), dequantised, float32 dot"
 )
 
+_FORMATS = ("dense", "fp8_block", "mxfp4", "mxfp8", "mxfp4_a8")
+_INVARIANT_NOTE = f"Triton (ascend): the GEMM above with one tile plan for every row count (planned for {INVARIANT_ROWS} rows per expert)"
 REGISTRATIONS = [
-    Registration(op="linear", fn=linear, formats=("dense", "fp8_block", "mxfp4", "mxfp8", "mxfp4_a8"), dtypes=_KERNEL_DTYPES, note=_NOTE),
-    Registration(
-        op="grouped_gemm", fn=grouped_gemm, formats=("dense", "fp8_block", "mxfp4", "mxfp8", "mxfp4_a8"), dtypes=_KERNEL_DTYPES,
-        note=_NOTE + "; contiguous and masked layouts",
-    ),
+    Registration(op="linear", fn=linear, formats=_FORMATS, dtypes=_KERNEL_DTYPES, note=_NOTE),
+    Registration(op="grouped_gemm", fn=grouped_gemm, formats=_FORMATS, dtypes=_KERNEL_DTYPES, note=_NOTE + "; contiguous and masked layouts"),
+    # Deterministic mode's kernels: below the default ones by priority, chosen only when only batch-invariant ones may be.
+    Registration(op="linear", fn=linear_invariant, formats=_FORMATS, dtypes=_KERNEL_DTYPES, priority=-1, batch_invariant=True, note=_INVARIANT_NOTE),
+    Registration(op="grouped_gemm", fn=grouped_gemm_invariant, formats=_FORMATS, dtypes=_KERNEL_DTYPES, priority=-1, batch_invariant=True,
+                 note=_INVARIANT_NOTE + "; contiguous and masked layouts"),
 ]

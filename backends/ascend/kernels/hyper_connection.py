@@ -40,6 +40,14 @@ BLOCK_D = 256 on A2/A3 (BLOCK_D = 512 on 950). Under the interpreter (no buffer;
 operation, not per element) a chunk is a whole segment, the collapse steps are 2048 wide and at
 most two D ranges repeat the mixings.
 
+Deterministic mode (`hc_pre_invariant`): the fused and split launches compute the same numbers
+in the same order, but they are two compiled kernels, and whether a compiler contracts or
+schedules their float32 adds alike is not guaranteed; choosing between them by T would make a
+token's mixings depend on the batch on hardware. The invariant kernel always takes the split
+launch (the fused one only where K is one segment, a fact of the model); BLOCK_T = 4, SEG and
+the chunk widths are fixed already. Cost: prefill writes and re-reads the segment partials
+(cdiv(K, SEG) * W_PAD float32 per token, 2 KB for V4-Flash): small next to x's two passes.
+
 hc_post: out[t, k] = post[t, k] * y[t] + sum_j comb[t, j, k] * x[t, j]: memory-bound, persistent
 grid over (token tile, D tile) items; each reads y and the N streams of its tile once and writes
 the N output streams; the sum over j runs in order j = 0..N-1. Budget ~16 bytes per output element.
@@ -213,6 +221,24 @@ def hc_pre(
     hc_eps: float,
     sinkhorn_iters: int,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return _hc_pre(x, fn, base, scale, norm_eps, hc_eps, sinkhorn_iters, invariant=False)
+
+
+def hc_pre_invariant(
+    x: torch.Tensor,
+    fn: torch.Tensor,
+    base: torch.Tensor,
+    scale: torch.Tensor,
+    *,
+    norm_eps: float,
+    hc_eps: float,
+    sinkhorn_iters: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return _hc_pre(x, fn, base, scale, norm_eps, hc_eps, sinkhorn_iters, invariant=True)
+
+
+def _hc_pre(x, fn, base, scale, norm_eps, hc_eps, sinkhorn_iters, invariant):
+    """invariant: the split launch for every T (the fused one only where K is one segment)."""
     hc_ops.check_hc_pre_shapes(x, fn, base, scale)
     T, N, D = x.shape
     K, W = N * D, (2 + N) * N
@@ -233,7 +259,7 @@ def hc_pre(
     segments = cdiv(K, _SEG)
     cores = current().num_vectorcore
     common = dict(BLOCK_T=_BLOCK_T, W_PAD=w_pad, BLOCK_K=block_k, SEG=_SEG, EVEN_K=K % _SEG == 0)
-    fused = tiles >= cores or segments == 1
+    fused = segments == 1 or (tiles >= cores and not invariant)
     if fused:
         part = part_ss = post  # unused
         d_splits, d_per_split = 1, D
@@ -329,8 +355,17 @@ REGISTRATIONS = [
         note="Triton (ascend): persistent vector grid, token tiles, norm + projection in one pass, Sinkhorn on the vector unit, split-K for few tokens",
     ),
     Registration(
+        op="hc_pre",
+        fn=hc_pre_invariant,
+        priority=-1,
+        batch_invariant=True,
+        note="Triton (ascend): the kernels above, always the split launch (segment partials summed in order), never chosen by T",
+    ),
+    # Invariant as it is: every output element is post * y + the comb-mixed streams summed in the order j = 0..N-1, no tile reduction.
+    Registration(
         op="hc_post",
         fn=hc_post,
+        batch_invariant=True,
         note="Triton (ascend): persistent vector grid, (token, D) tiles, post * y + comb-mixed streams in one pass",
     ),
 ]

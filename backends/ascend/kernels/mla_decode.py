@@ -59,6 +59,21 @@ bf16 cache; the tiles are smaller (BLOCK_N 16) because of the decode, not the by
 Index arithmetic is int32 (page * page stride stays int32 unless the cache tensor has >= 2^31
 elements, then IDX64 switches the row offsets to int64).
 
+Deterministic mode (`mla_decode_invariant`, the batch-invariant registration): the default split
+count follows the batch size and the block table's width (the batch's longest request), so a
+request's key range is cut differently, and merged directly or by the combine, depending on its
+neighbours. The invariant plan launches NUM = min(MAX_SPLITS, cdiv(AI cores, head blocks)) splits
+(the chip and the model's heads only: one request alone fills the AI cores), and each request cuts
+its own visible range [lo, seq_len) into runs of max(cdiv(tiles, NUM), 256 tokens) whole tiles: the
+cut depends on the request's own length only. A split past the request's range loads and stores
+nothing (its lse stays the -inf the launcher filled in, and the combine reads no partial for it),
+so short requests cost no extra traffic; the partials are merged by the combine kernel in split
+order, in which empty splits add exact zeros. One split per call (DIRECT) only where NUM is 1 for
+the chip and the model. Cost on hardware: a partial write and the combine for every request (the
+default skips both for large batches), the partial buffer batch * NUM * rows * C * 4 bytes
+(<= 786 KB a request on a 910B), and no more than NUM-way parallelism for a long request in a
+large batch (the default would use fewer splits there anyway).
+
 Deviations (interpreter only): bf16 dot operands are upcast to float32 (community Triton's
 interpreter computes bf16 tl.dot wrongly: deepinfer.triton_common.upcast_dot); bf16 outputs are
 rounded to nearest even by bit arithmetic (the interpreter truncates float32 -> bfloat16 casts).
@@ -101,6 +116,8 @@ INT32_LIMIT = 2**31
 MIN_TOKENS_PER_SPLIT = 256  # a split's partial write (rows * C * 4 bytes) stays small next to its reads
 MAX_SPLITS = 64
 COMBINE_ROWS = 16
+# Deterministic mode: a split of a request holds at least this many of its keys (a multiple of every BLOCK_N).
+INVARIANT_MIN_SPLIT_TOKENS = 256
 FP8_PARTS = 4  # an FP8 cache's latent columns are decoded (and accumulated) in this many parts
 FP8_DECODE_BYTES = 13  # live bytes per decoded element: the e4m3 byte, two int32 temporaries, the float32 value
 
@@ -211,6 +228,7 @@ def _mla_decode_split_kernel(
     IDX64: tl.constexpr,
     MANUAL_RNE: tl.constexpr,
     FP8: tl.constexpr,  # an FP8 cache: kv_ptr its bytes, scale_ptr the same memory as float32
+    MIN_SPLIT_TILES: tl.constexpr = 0,  # deterministic mode: a split holds at least this many tiles; an empty split does nothing
 ):
     pid = tl.program_id(0)
     num_programs = tl.num_programs(0)
@@ -238,8 +256,12 @@ def _mla_decode_split_kernel(
         else:
             lo = seq_len * 0
         per_split = tl.cdiv(tl.cdiv(seq_len - lo, BLOCK_N), num_splits) * BLOCK_N
+        if MIN_SPLIT_TILES > 0:
+            per_split = tl.maximum(per_split, MIN_SPLIT_TILES * BLOCK_N)
         start = lo + split * per_split
         end = tl.minimum(start + per_split, seq_len)
+        if MIN_SPLIT_TILES > 0 and not DIRECT:
+            row_ok = row_ok & (start < end)  # an empty split loads and stores nothing (its lse stays -inf)
 
         q_rows_n = q_nope_ptr + b * stride_qn_b + offs_m * stride_qn_m
         q_rows_r = q_rope_ptr + b * stride_qr_b + offs_m * stride_qr_m
@@ -328,6 +350,7 @@ def _mla_decode_combine_kernel(
     ROWS: tl.constexpr, C: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_C: tl.constexpr,
     MANUAL_RNE: tl.constexpr,
+    SKIP_EMPTY: tl.constexpr = False,  # deterministic mode: a split with lse -inf wrote no partial
 ):
     """Items (request, row block): merge the splits' normalised partials in split order."""
     pid = tl.program_id(0)
@@ -346,8 +369,11 @@ def _mla_decode_combine_kernel(
         po_rows = part_out_ptr + b * stride_po_b + offs_m * stride_po_m
         for k in range(num_splits):
             lse = tl.load(lse_rows + k * stride_pl_split, mask=row_ok, other=float("-inf"))
-            # Every split writes its partial (zeros when it saw no key), so all are finite.
-            part = tl.load(po_rows[:, None] + k * stride_po_split + offs_c[None, :], mask=mask, other=0.0)
+            if SKIP_EMPTY:  # (the weight of such a split is 0: its partial is read as zeros)
+                part = tl.load(po_rows[:, None] + k * stride_po_split + offs_c[None, :], mask=mask & (lse > float("-inf"))[:, None], other=0.0)
+            else:
+                # Every split writes its partial (zeros when it saw no key), so all are finite.
+                part = tl.load(po_rows[:, None] + k * stride_po_split + offs_c[None, :], mask=mask, other=0.0)
             m_new = tl.maximum(m_i, lse)
             m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
             alpha = tl.exp(m_i - m_safe)
@@ -389,10 +415,12 @@ def _tiles(rows: int, page: int, block_c: int, block_r: int, e_dot: int, budget:
 
 def plan(
     batch: int, rows: int, page: int, capacity: int, latent_dim: int, rope_dim: int, e_dot: int,
-    num_splits: int | None = None, tiles: dict | None = None, fp8: bool = False,
+    num_splits: int | None = None, tiles: dict | None = None, fp8: bool = False, invariant: bool = False,
 ) -> dict:
     """Tiles and split count from host-known shapes only (capacity = block-table width * page).
-    fp8: an FP8 cache (e_dot is q's dot dtype); its byte rows are padded to >= 32 bytes per part."""
+    fp8: an FP8 cache (e_dot is q's dot dtype); its byte rows are padded to >= 32 bytes per part.
+    invariant (deterministic mode): the split count from the chip and the head blocks only, and
+    splits of at least INVARIANT_MIN_SPLIT_TOKENS (`MIN_SPLIT_TILES`): see the module docstring."""
     dev = current()
     block_c = max(FP8_PARTS * 32 if fp8 else 16, next_power_of_2(latent_dim))
     block_r = max(32 if fp8 else 16, next_power_of_2(rope_dim))
@@ -405,13 +433,19 @@ def plan(
             raise ValueError(f"an FP8 cache's Q_CHUNK is the part width {block_c // FP8_PARTS}, got {q_chunk}")
     head_blocks = cdiv(rows, block_h)
     tiles = max(1, cdiv(capacity, block_n))
-    if num_splits is None:
-        limit = min(MAX_SPLITS, tiles, max(1, capacity // MIN_TOKENS_PER_SPLIT))
-        num_splits = pick_splits(batch * head_blocks, dev.num_aicore, limit)
-    num_splits = max(1, min(int(num_splits), tiles))
+    if invariant:
+        if num_splits is None:
+            num_splits = min(MAX_SPLITS, cdiv(dev.num_aicore, head_blocks))  # one request fills the AI cores
+        num_splits = max(1, int(num_splits))  # (never clamped by the block table's width: the batch's longest request)
+    else:
+        if num_splits is None:
+            limit = min(MAX_SPLITS, tiles, max(1, capacity // MIN_TOKENS_PER_SPLIT))
+            num_splits = pick_splits(batch * head_blocks, dev.num_aicore, limit)
+        num_splits = max(1, min(int(num_splits), tiles))
     return {
         "BLOCK_H": block_h, "BLOCK_N": block_n, "Q_CHUNK": q_chunk, "BLOCK_C": block_c, "BLOCK_R": block_r,
         "head_blocks": head_blocks, "num_splits": num_splits,
+        "MIN_SPLIT_TILES": INVARIANT_MIN_SPLIT_TOKENS // block_n if invariant else 0,
         "bytes": _tile_bytes(block_h, block_n, block_c, block_r, e_dot, q_chunk, fp8),
     }
 
@@ -427,9 +461,11 @@ def launch_mla_decode(
     *,
     num_splits: int | None = None,
     tiles: dict | None = None,
+    invariant: bool = False,
 ) -> torch.Tensor:
     """mla_decode with an optional forced split count and tile overrides (BLOCK_H, BLOCK_N, Q_CHUNK):
-    tests use them to exercise the combine and the C-chunked path on small shapes."""
+    tests use them to exercise the combine and the C-chunked path on small shapes. invariant: the
+    batch-invariant plan (deterministic mode, `plan`)."""
     batch, num_queries, heads, latent_dim = q_nope.shape
     rope_dim = q_rope.shape[-1]
     _, page, _ = kv_cache.shape
@@ -459,15 +495,18 @@ def launch_mla_decode(
     else:
         dot_f32 = q_nope.dtype == torch.float32 or kv_cache.dtype == torch.float32 or q_nope.dtype != kv_cache.dtype or q_rope.dtype != kv_cache.dtype
     e_dot = 4 if dot_f32 else q_nope.element_size()
-    cfg = plan(batch, rows, page, block_table.shape[1] * page, latent_dim, rope_dim, e_dot, num_splits, tiles, fp8)
+    cfg = plan(batch, rows, page, block_table.shape[1] * page, latent_dim, rope_dim, e_dot, num_splits, tiles, fp8, invariant)
     splits = cfg["num_splits"]
-    direct = splits == 1
+    direct = splits == 1  # (deterministic mode: only where the chip and the model give one split to every call)
     if direct:
         part_out = part_lse = out  # unused
         po_strides, pl_strides = (0, 0, 0), (0, 0)
     else:
         part_out = torch.empty(batch, splits, rows, latent_dim, dtype=torch.float32, device=q_nope.device)
-        part_lse = torch.empty(batch, splits, rows, dtype=torch.float32, device=q_nope.device)
+        if invariant:  # an empty split writes nothing: its lse stays -inf and its partial is never read
+            part_lse = torch.full((batch, splits, rows), float("-inf"), dtype=torch.float32, device=q_nope.device)
+        else:
+            part_lse = torch.empty(batch, splits, rows, dtype=torch.float32, device=q_nope.device)
         po_strides = (part_out.stride(0), part_out.stride(1), part_out.stride(2))
         pl_strides = (part_lse.stride(0), part_lse.stride(1))
     manual_rne = interpreting() and q_nope.dtype == torch.bfloat16
@@ -497,6 +536,7 @@ def launch_mla_decode(
         IDX64=kv_cache.numel() + kv_cache.stride(0) >= INT32_LIMIT,
         MANUAL_RNE=manual_rne,
         FP8=fp8,
+        MIN_SPLIT_TILES=cfg["MIN_SPLIT_TILES"],
         **launch_options(),
     )
     if not direct:
@@ -511,6 +551,7 @@ def launch_mla_decode(
             ROWS=rows, C=latent_dim,
             BLOCK_M=COMBINE_ROWS, BLOCK_C=cfg["BLOCK_C"],
             MANUAL_RNE=manual_rne,
+            SKIP_EMPTY=invariant,
             **launch_options(),
         )
     return out
@@ -529,6 +570,19 @@ def mla_decode(
     return launch_mla_decode(q_nope, q_rope, kv_cache, block_table, seq_lens, softmax_scale, sliding_window)
 
 
+def mla_decode_invariant(
+    q_nope: torch.Tensor,
+    q_rope: torch.Tensor,
+    kv_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    *,
+    softmax_scale: float,
+    sliding_window: int | None = None,
+) -> torch.Tensor:
+    return launch_mla_decode(q_nope, q_rope, kv_cache, block_table, seq_lens, softmax_scale, sliding_window, invariant=True)
+
+
 REGISTRATIONS = [
     Registration(
         op="mla_decode",
@@ -536,5 +590,14 @@ REGISTRATIONS = [
         dtypes=(torch.float32, torch.bfloat16, torch.float16),
         note="Triton (ascend) heads as M, persistent cube grid over (request, head block, split), deterministic combine; "
         "FP8 cache decoded in four column parts (integer e4m3), row scales on scores and weights",
-    )
+    ),
+    Registration(
+        op="mla_decode",
+        fn=mla_decode_invariant,
+        dtypes=(torch.float32, torch.bfloat16, torch.float16),
+        priority=-1,
+        batch_invariant=True,
+        note="Triton (ascend) the kernel above with a split count from the chip and the head blocks only, "
+        f"splits of >= {INVARIANT_MIN_SPLIT_TOKENS} tokens of each request's own range, empty splits skipped",
+    ),
 ]

@@ -30,6 +30,12 @@ combine
     the fixed order k = 0..K-1 in float32, cast to the output dtype. Budget: a few BLOCK_D float32
     vectors (BLOCK_D <= 2048).
 
+Deterministic mode: dispatch and combine are batch-invariant as they are (exact copies; a fixed
+k order per token). The gate's BLOCK_T follows T, and its softmax normaliser and renormalisation
+are tl.sum over a [BLOCK_T, ...] tile's axis 1, whose reduction tree the hardware may choose by
+the tile's shape: `gate_invariant` always takes the most tokens the buffer holds (BLOCK_T from E
+and the chip only). Cost: a decode batch's tile is mostly masked rows (a few idle vector lanes).
+
 float64 logits / expert_out (a test dtype: the vector units have no float64 arithmetic) go to the
 reference.
 """
@@ -161,6 +167,25 @@ def gate(
     renormalize: bool = False,
     routed_scaling_factor: float = 1.0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
+    return _gate(logits, top_k, score_func, correction_bias, n_group, topk_group, renormalize, routed_scaling_factor, invariant=False)
+
+
+def gate_invariant(
+    logits: torch.Tensor,
+    *,
+    top_k: int,
+    score_func: str = "softmax",
+    correction_bias: torch.Tensor | None = None,
+    n_group: int = 1,
+    topk_group: int = 1,
+    renormalize: bool = False,
+    routed_scaling_factor: float = 1.0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    return _gate(logits, top_k, score_func, correction_bias, n_group, topk_group, renormalize, routed_scaling_factor, invariant=True)
+
+
+def _gate(logits, top_k, score_func, correction_bias, n_group, topk_group, renormalize, routed_scaling_factor, invariant):
+    """invariant: BLOCK_T is the most tokens the buffer takes, whatever T (deterministic mode)."""
     E = logits.shape[-1]
     check_gate_args(E, top_k, score_func, correction_bias, n_group, topk_group)
     if logits.dtype == torch.float64 or logits.numel() >= _INT32_LIMIT:
@@ -180,7 +205,8 @@ def gate(
         return weights.reshape(*logits.shape[:-1], top_k), ids.reshape(*logits.shape[:-1], top_k)
     bias = correction_bias.to(torch.float32).contiguous() if correction_bias is not None else x
     block_e = max(next_power_of_2(E), 8)
-    block_t = max(1, min(tile_elems(_GATE_BYTES_PER_ELEM) // block_e, next_power_of_2(T)))
+    most = tile_elems(_GATE_BYTES_PER_ELEM) // block_e
+    block_t = max(1, most if invariant else min(most, next_power_of_2(T)))
     n_tiles = cdiv(T, block_t)
     _gate_kernel[(vector_grid(n_tiles),)](
         x, bias, weights, ids,
@@ -411,6 +437,11 @@ def combine(
 
 REGISTRATIONS = [
     Registration(op="gate", fn=gate, note="Triton (ascend): fused scores, bias, group-limited top-k per token tile, persistent vector grid"),
-    Registration(op="dispatch", fn=dispatch, note="Triton (ascend): deterministic counting sort (count, one-program scan, row copy), no host sync"),
-    Registration(op="combine", fn=combine, note="Triton (ascend): K rows gathered per token, fixed-order float32 sum"),
+    Registration(op="gate", fn=gate_invariant, priority=-1, batch_invariant=True,
+                 note="Triton (ascend): the gate above with BLOCK_T fixed by E and the buffer (not by T)"),
+    # Invariant as it is: integer counts and exact row copies (a row's values never depend on the batch, only where it lands).
+    Registration(op="dispatch", fn=dispatch, batch_invariant=True,
+                 note="Triton (ascend): deterministic counting sort (count, one-program scan, row copy), no host sync"),
+    # Invariant as it is: one token per tile row, its K rows summed in the fixed order k = 0..K-1, BLOCK_D from D only.
+    Registration(op="combine", fn=combine, batch_invariant=True, note="Triton (ascend): K rows gathered per token, fixed-order float32 sum"),
 ]

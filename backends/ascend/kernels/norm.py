@@ -18,6 +18,12 @@ Outputs are rounded to nearest even (`common.to_output`, shared with the other v
 hand on the float32 bits, since the interpreter's cast truncates and triton-ascend's default
 rounding mode is not documented.
 
+Deterministic mode (`rms_norm_invariant`): BLOCK_T above follows T (fewer rows per tile for a
+short batch), and a row's sum of squares is a tl.sum over the tile's axis 1, whose reduction tree
+the hardware may choose by the tile's shape. The invariant kernel always takes the most rows the
+buffer holds (BLOCK_T from D and the chip only); the chunked path already has one row per tile.
+Cost: a small batch's tile is mostly masked rows (no memory traffic; a few idle vector lanes).
+
 float64 inputs (a test dtype; Ascend vector units have no float64 arithmetic) go to the reference.
 """
 
@@ -109,6 +115,21 @@ def rms_norm(
     eps: float = 1e-6,
     residual: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    return _rms_norm(x, weight, eps, residual, invariant=False)
+
+
+def rms_norm_invariant(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    *,
+    eps: float = 1e-6,
+    residual: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    return _rms_norm(x, weight, eps, residual, invariant=True)
+
+
+def _rms_norm(x, weight, eps, residual, invariant):
+    """invariant: BLOCK_T is the most rows the buffer takes, whatever T (deterministic mode)."""
     D = x.shape[-1]
     if x.dtype == torch.float64 or x.numel() >= 2**31:
         # no float64 on the vector units; int32 offsets: the reference takes these
@@ -131,7 +152,7 @@ def rms_norm(
     if chunked:
         block_d, block_t = elems, 1
     else:
-        block_t = max(1, min(elems // block_d, next_power_of_2(T)))
+        block_t = max(1, elems // block_d if invariant else min(elems // block_d, next_power_of_2(T)))
     n_tiles = cdiv(T, block_t)
     _rms_norm_kernel[(vector_grid(n_tiles),)](
         x2, r2 if h is not None else x2, w, out, h if h is not None else out,
@@ -147,5 +168,12 @@ REGISTRATIONS = [
         op="rms_norm",
         fn=rms_norm,
         note="Triton (ascend): persistent vector grid, rows in one tile or two chunked passes, float32 statistics",
+    ),
+    Registration(
+        op="rms_norm",
+        fn=rms_norm_invariant,
+        priority=-1,
+        batch_invariant=True,
+        note="Triton (ascend): the kernel above with BLOCK_T fixed by D and the buffer (not by T)",
     ),
 ]

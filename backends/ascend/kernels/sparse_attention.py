@@ -55,6 +55,17 @@ tile element is ever scaled. The decode needs about 13 bytes of temporaries per 
 [BLOCK_H, D/4] accumulator (four named tiles: a Triton tensor cannot be written in parts), and
 only one quarter's decode is live at a time.
 
+Deterministic mode (`sparse_attention_invariant`, the batch-invariant registration): the default
+split count follows T and the lists' widths (padded to the batch's longest list), and with it the
+cut of a token's row blocks and direct vs merged output. The invariant kernel always runs one split
+(DIRECT): each token's row blocks are folded in list order (window list, then extra list) by one
+program and normalised with the sink there. A wider list adds blocks of -1 ids, whose scores are
+-inf: they leave the running max, sum and accumulator exactly as they were (alpha = e^0 = 1,
+weights 0), so padding to a neighbour's width changes no bit. A split count of a fixed number of
+rows per list would be invariant too, but its partials (T * splits * H * D float32) are far too
+large for prefill. Cost on hardware: decode with few tokens keeps T * head blocks AI cores busy
+(V4's 64 heads: 4 per token, so a batch of 6 fills a 910B), long lists are one core's work.
+
 Index arithmetic is int32; IDX64 switches the row, token and partial offsets to int64 when a
 tensor has >= 2^31 elements (a flat cache of 512-wide rows does at 4M rows). Row ids must be < the
 cache's rows (the reference raises on larger ids; checking here would need a host
@@ -518,6 +529,19 @@ def sparse_attention(
     return launch_sparse_attention(q, kv, indices, sinks, softmax_scale, extra_kv, extra_indices)
 
 
+def sparse_attention_invariant(
+    q: torch.Tensor,
+    kv: torch.Tensor,
+    indices: torch.Tensor,
+    sinks: torch.Tensor,
+    *,
+    softmax_scale: float,
+    extra_kv: torch.Tensor | None = None,
+    extra_indices: torch.Tensor | None = None,
+) -> torch.Tensor:
+    return launch_sparse_attention(q, kv, indices, sinks, softmax_scale, extra_kv, extra_indices, num_splits=1)
+
+
 REGISTRATIONS = [
     Registration(
         op="sparse_attention",
@@ -525,5 +549,13 @@ REGISTRATIONS = [
         dtypes=(torch.float32, torch.bfloat16, torch.float16),
         note="Triton (ascend) heads as M over gathered row blocks, persistent cube grid over (token, split, head block), deterministic combine; "
         "FP8 caches decoded in four column parts (integer e4m3), row scales on scores and weights",
-    )
+    ),
+    Registration(
+        op="sparse_attention",
+        fn=sparse_attention_invariant,
+        dtypes=(torch.float32, torch.bfloat16, torch.float16),
+        priority=-1,
+        batch_invariant=True,
+        note="Triton (ascend) the kernel above with one split for every call: each token's row blocks in list order, sink in the final normaliser",
+    ),
 ]

@@ -81,5 +81,8 @@ REGISTRATIONS = [
         fn=silu_and_mul,
         dtypes=(torch.float32, torch.bfloat16, torch.float16, torch.float64),
         note="Triton (fused gate/up tile)",
+        # Batch-invariant as it is: elementwise, each output from its own gate/up pair by the same
+        # instructions whatever the tile (no reduction), so the T-dependent tile changes no value.
+        batch_invariant=True,
     )
 ]

@@ -88,5 +88,7 @@ REGISTRATIONS = [
         fn=clamped_silu_and_mul,
         dtypes=(torch.float32, torch.bfloat16, torch.float16, torch.float64),
         note="Triton (fused gate/up tile, clamps in registers)",
+        # Batch-invariant as it is: elementwise (no reduction), so the T-dependent tile changes no value.
+        batch_invariant=True,
     )
 ]

@@ -22,6 +22,11 @@ Row offsets are int64 (rows x width can pass 2^31). window_starts / prev_starts 
 device: no host synchronisation (CUDA-graph safe). Computed in float32 (float64 for float64 kv);
 bfloat16 outputs are rounded to nearest even by bit arithmetic under the interpreter (its casts
 truncate).
+
+Deterministic mode (`compress_kv_invariant`): BLOCK_E is the tile's full tile // (RATIO_PAD *
+BLOCK_D) entries whatever the number of entries (the default lowers it to the entries of the call),
+so the sums along the slot axis of the [BLOCK_E, RATIO, BLOCK_D] tile keep one reduction tree on a
+GPU; BLOCK_D follows D and the ratio only.
 """
 
 from __future__ import annotations
@@ -113,6 +118,24 @@ def compress_kv(
     ratio: int,
     overlap: bool,
 ) -> torch.Tensor:
+    return launch_compress_kv(kv, gate, position_bias, window_starts, prev_starts, ratio, overlap)
+
+
+def compress_kv_invariant(
+    kv: torch.Tensor,
+    gate: torch.Tensor,
+    position_bias: torch.Tensor,
+    window_starts: torch.Tensor,
+    prev_starts: torch.Tensor,
+    *,
+    ratio: int,
+    overlap: bool,
+) -> torch.Tensor:
+    return launch_compress_kv(kv, gate, position_bias, window_starts, prev_starts, ratio, overlap, invariant=True)
+
+
+def launch_compress_kv(kv, gate, position_bias, window_starts, prev_starts, ratio, overlap, *, invariant: bool = False) -> torch.Tensor:
+    """compress_kv; invariant: one entry tile for every number of entries (deterministic mode)."""
     check_compress_kv_args(kv, gate, position_bias, window_starts, prev_starts, ratio, overlap)
     width = kv.shape[1]
     dim = width // 2 if overlap else width
@@ -128,7 +151,9 @@ def compress_kv(
     block_d = max(1, min(next_power_of_2(dim), tile // block_r))
     if not interpreting():
         block_d = min(block_d, _MAX_BLOCK_D)
-    block_e = max(1, min(next_power_of_2(entries), tile // (block_r * block_d)))
+    block_e = max(1, tile // (block_r * block_d))
+    if not invariant:
+        block_e = min(block_e, next_power_of_2(entries))
     grid = (cdiv(entries, block_e), cdiv(dim, block_d))
     _compress_kv_kernel[grid](
         kv, gate, position_bias, window_starts, prev_starts, out,
@@ -150,5 +175,13 @@ REGISTRATIONS = [
         fn=compress_kv,
         dtypes=(torch.float32, torch.bfloat16, torch.float16, torch.float64),
         note="Triton: [entries x slots x channels] tiles, one-shot softmax along the slots",
-    )
+    ),
+    Registration(
+        op="compress_kv",
+        fn=compress_kv_invariant,
+        dtypes=(torch.float32, torch.bfloat16, torch.float16, torch.float64),
+        priority=-1,
+        batch_invariant=True,
+        note="Triton: the kernel above with one entry tile for every number of entries",
+    ),
 ]

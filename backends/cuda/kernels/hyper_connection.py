@@ -39,6 +39,14 @@ output streams; the sum over j runs in order j = 0..N-1.
 
 The wrappers read only shapes and strides: no host synchronisation (CUDA-graph safe).
 
+Deterministic mode: the two launch shapes are meant to compute the same numbers, but they are
+two compiled kernels (a segment's partial in registers or through memory), and the choice follows
+T; `hc_pre_invariant` takes the split launch for every T (the fused one only when K is one segment,
+a fact of the model), so a token's numbers never depend on which one ran. BLOCK_T, BLOCK_K and SEG
+are fixed already; the split and D-split counts only choose which program computes a segment or a
+D chunk. hc_post is batch-invariant as it is: every output element is its own post * y + sum over
+j in order (no reduction across lanes), so its T-dependent tile changes no value.
+
 Deviation (interpreter only): under TRITON_INTERPRET=1 a tile is 16 tokens (the interpreter's dot
 is a slow numpy matmul), a chunk is a whole segment and the collapse steps are 2048 wide (the
 interpreter pays per operation and per jit-function call, tl.sum included, not per element), and
@@ -236,6 +244,24 @@ def hc_pre(
     hc_eps: float,
     sinkhorn_iters: int,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return launch_hc_pre(x, fn, base, scale, norm_eps, hc_eps, sinkhorn_iters)
+
+
+def hc_pre_invariant(
+    x: torch.Tensor,
+    fn: torch.Tensor,
+    base: torch.Tensor,
+    scale: torch.Tensor,
+    *,
+    norm_eps: float,
+    hc_eps: float,
+    sinkhorn_iters: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return launch_hc_pre(x, fn, base, scale, norm_eps, hc_eps, sinkhorn_iters, invariant=True)
+
+
+def launch_hc_pre(x, fn, base, scale, norm_eps, hc_eps, sinkhorn_iters, *, invariant: bool = False):
+    """hc_pre; invariant: the split launch for every T (deterministic mode)."""
     hc_ops.check_hc_pre_shapes(x, fn, base, scale)
     T, N, D = x.shape
     K, W = N * D, (2 + N) * N
@@ -263,7 +289,7 @@ def hc_pre(
     block_d = _INTERP_BLOCK_D if interp else _PRE_BLOCK_D
     common = dict(ACC=_acc(x.dtype), BLOCK_T=block_t, W_PAD=w_pad, BLOCK_K=block_k, SEG=_PRE_SEG, EVEN_K=K % _PRE_SEG == 0,
                   USE_DOT=x.dtype != torch.float64, num_warps=_PRE_WARPS, num_stages=_PRE_STAGES)
-    fused = tiles >= sms or segments == 1
+    fused = segments == 1 or (not invariant and tiles >= sms)
     if fused:
         part = part_ss = post  # unused
         grid, d_per_split = (tiles, 1), D
@@ -354,9 +380,18 @@ REGISTRATIONS = [
         note="Triton: token tiles, one pass for norm + projection, Sinkhorn in registers, collapse; split-K partials for few tokens",
     ),
     Registration(
+        op="hc_pre",
+        fn=hc_pre_invariant,
+        dtypes=_DTYPES,
+        priority=-1,
+        batch_invariant=True,
+        note="Triton: the hc_pre above, split-K partials for every token count (one launch shape whatever T)",
+    ),
+    Registration(
         op="hc_post",
         fn=hc_post,
         dtypes=_DTYPES,
         note="Triton: (token, D) tiles, post * y + comb-mixed streams in one pass",
+        batch_invariant=True,  # elementwise per output (see the module docstring)
     ),
 ]

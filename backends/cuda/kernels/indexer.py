@@ -42,9 +42,20 @@ the end (relu(s * x) = s * relu(x) for s > 0).
 Memory: the float32 scores [T, E] (4 bytes per query and entry), topk's values [T, k] and the
 chunk counts [T, 2 * chunks]. Offsets are int64 (T x E can pass 2^31 in a long prefill). float64
 inputs (a test dtype) go to the reference.
+
+Deterministic mode (`indexer_topk_invariant`): on a GPU the default is batch-invariant already: the
+entry tile (BLOCK_E), BLOCK_H, BLOCK_D and the warps come from the head count and D only, entry
+blocks are aligned to entry 0 of the sequence's table, and BLOCK_T is a loop over queries (each
+query's dot and head sum are the same instructions whatever BLOCK_T), not a tile axis; the selection
+is integer counting against an exact threshold. The invariant registration differs under the
+interpreter only, where the default sizes the entry tile by the batch's padded table width: it
+takes the GPU's entry tile there too (numpy's matmul may give a row other bits in another shape).
+float64 (a test dtype) goes to the reference under `deepinfer.exact_order.invariant`.
 """
 
 from __future__ import annotations
+
+from functools import lru_cache
 
 import torch
 import triton
@@ -209,9 +220,28 @@ def indexer_topk(
     *,
     top_k: int,
 ) -> torch.Tensor:
+    return launch_indexer_topk(q, weights, index_keys, entry_rows, token_seq, num_visible, top_k)
+
+
+def indexer_topk_invariant(
+    q: torch.Tensor,
+    weights: torch.Tensor,
+    index_keys: torch.Tensor,
+    entry_rows: torch.Tensor,
+    token_seq: torch.Tensor,
+    num_visible: torch.Tensor,
+    *,
+    top_k: int,
+) -> torch.Tensor:
+    return launch_indexer_topk(q, weights, index_keys, entry_rows, token_seq, num_visible, top_k, invariant=True)
+
+
+def launch_indexer_topk(q, weights, index_keys, entry_rows, token_seq, num_visible, top_k, *, invariant: bool = False) -> torch.Tensor:
+    """indexer_topk; invariant: the GPU's entry tile under the interpreter too (deterministic mode)."""
     check_indexer_topk_shapes(q, weights, index_keys, entry_rows, token_seq, num_visible)
     if q.dtype == torch.float64 or index_keys.dtype == torch.float64:
-        return _reference(q, weights, index_keys, entry_rows, token_seq, num_visible, top_k=top_k)
+        reference = _invariant_reference() if invariant else _reference
+        return reference(q, weights, index_keys, entry_rows, token_seq, num_visible, top_k=top_k)
     tokens, heads, dim = q.shape
     max_entries = entry_rows.shape[1]
     k = min(top_k, max_entries)
@@ -231,7 +261,7 @@ def indexer_topk(
     # Queries per program: about the queries per sequence (host-known shapes: a prefill's queries share
     # their sequence's key tiles; a decode batch has one query per sequence).
     block_t = max(1, min(next_power_of_2(tokens // max(entry_rows.shape[0], 1)), _MAX_BLOCK_T))
-    if interpreting():
+    if interpreting() and not invariant:
         block_e = max(16, min(next_power_of_2(max_entries), _INTERPRET_BLOCK_E))
         block_t = max(block_t, min(next_power_of_2(tokens), _MAX_BLOCK_T))
     else:
@@ -270,11 +300,26 @@ def indexer_topk(
     return out
 
 
+@lru_cache(maxsize=None)
+def _invariant_reference():
+    from deepinfer.exact_order import invariant
+
+    return invariant(_reference)
+
+
 REGISTRATIONS = [
     Registration(
         op="indexer_topk",
         fn=indexer_topk,
         dtypes=(torch.float32, torch.bfloat16, torch.float16, torch.float64),
         note="Triton: heads x entries tensor-core scores, torch.topk threshold + ordered tie-rule select",
-    )
+    ),
+    Registration(
+        op="indexer_topk",
+        fn=indexer_topk_invariant,
+        dtypes=(torch.float32, torch.bfloat16, torch.float16, torch.float64),
+        priority=-1,
+        batch_invariant=True,
+        note="Triton: the kernel above (batch-invariant on a GPU as it is; the GPU's entry tile under the interpreter too)",
+    ),
 ]

@@ -117,5 +117,8 @@ REGISTRATIONS = [
         fn=kv_cache_write,
         dtypes=(torch.float32, torch.bfloat16, torch.float16, torch.float64),
         note="Triton (one program per token, masked skip)",
+        # Batch-invariant as it is: one program per token with tiles from C and R only; the FP8 row's
+        # amax is a max (exact in any order).
+        batch_invariant=True,
     )
 ]

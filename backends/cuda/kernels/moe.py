@@ -22,6 +22,12 @@ dispatch (a counting sort by expert, stable in slot order, no host synchronisati
 combine
     One program per (token, column split): K rows gathered through row_of_slot, weighted sum in the
     fixed order k = 0..K-1 in float32 (float64 for float64), cast to the output dtype.
+
+Deterministic mode: dispatch (integer counting and exact row copies) and combine (each output
+element its own k-ordered sum; the column split only chooses which program computes it) are
+batch-invariant as they are. The gate's default tile shrinks with T, and the softmax and
+renormalising sums run over that [BLOCK_T, E] tile's axis, whose reduction tree follows the tile's
+shape on a GPU; `gate_invariant` launches one tile (tile_elems // E tokens) for every T.
 """
 
 from __future__ import annotations
@@ -182,6 +188,25 @@ def gate(
     renormalize: bool = False,
     routed_scaling_factor: float = 1.0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
+    return _gate(logits, top_k, score_func, correction_bias, n_group, topk_group, renormalize, routed_scaling_factor)
+
+
+def gate_invariant(
+    logits: torch.Tensor,
+    *,
+    top_k: int,
+    score_func: str = "softmax",
+    correction_bias: torch.Tensor | None = None,
+    n_group: int = 1,
+    topk_group: int = 1,
+    renormalize: bool = False,
+    routed_scaling_factor: float = 1.0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    return _gate(logits, top_k, score_func, correction_bias, n_group, topk_group, renormalize, routed_scaling_factor, invariant=True)
+
+
+def _gate(logits, top_k, score_func, correction_bias, n_group, topk_group, renormalize, routed_scaling_factor, invariant=False):
+    """gate; invariant: one token tile for every T (deterministic mode)."""
     E = logits.shape[-1]
     check_gate_args(E, top_k, score_func, correction_bias, n_group, topk_group)
     x = logits.reshape(-1, E)
@@ -198,7 +223,9 @@ def gate(
     bias = correction_bias.contiguous() if correction_bias is not None else x
     cfg = _cfg("gate", "tokens", logits.device)
     block_e = next_power_of_2(E)
-    block_t = max(1, min(cfg["tile_elems"] // block_e, next_power_of_2(T)))
+    block_t = max(1, cfg["tile_elems"] // block_e)
+    if not invariant:
+        block_t = min(block_t, next_power_of_2(T))
     _gate_kernel[(triton.cdiv(T, block_t),)](
         x, bias, weights, ids,
         T, E, x.stride(0), E // n_group, float(routed_scaling_factor),
@@ -437,6 +464,9 @@ def combine(
 
 REGISTRATIONS = [
     Registration(op="gate", fn=gate, note="Triton (fused scores, bias, group-limited top-k in registers)"),
-    Registration(op="dispatch", fn=dispatch, note="Triton (deterministic counting sort + row copy, no host sync)"),
-    Registration(op="combine", fn=combine, note="Triton (gather K rows, fixed-order float32 sum)"),
-]
+    Registration(op="gate", fn=gate_invariant, priority=-1, batch_invariant=True,
+                 note="Triton (the gate above with one tile of tile_elems // E tokens for every token count)"),
+    # dispatch and combine: batch-invariant as they are (see the module docstring).
+    Registration(op="dispatch", fn=dispatch, note="Triton (deterministic counting sort + row copy, no host sync)", batch_invariant=True),
+    Registration(op="combine", fn=combine, note="Triton (gather K rows, fixed-order float32 sum)", batch_invariant=True),
+]  # fmt: skip

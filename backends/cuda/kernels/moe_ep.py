@@ -21,8 +21,18 @@ symmetric-memory buffers; same rows, same order), unless the backend option ep_p
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from deepinfer.distributed.expert_parallel import EP_PRIORITY, expert_parallel_kernels  # noqa: F401
 from deepinfer_cuda.kernels import moe as local
 
-REGISTRATIONS = expert_parallel_kernels(local.dispatch, local.combine, library="NCCL", local_note="Triton")
+# Batch-invariant (deterministic mode may choose them): rows cross ranks as exact copies, and the
+# combine is the local one on the source rank, each token's K rows summed in k order; which rank
+# (or redundant copy) computed a row does not change it (the invariant grouped_gemm, identical
+# copies). The symmetric-memory path (moe_ep_symm) is not marked: its owners' partials are summed
+# per owner rank, and which rank holds a token's copy of a redundant expert follows its place in
+# the batch, so the order of additions does; with ep_size > 1 deterministic mode takes this path.
+REGISTRATIONS = [
+    replace(r, batch_invariant=True) for r in expert_parallel_kernels(local.dispatch, local.combine, library="NCCL", local_note="Triton")
+]
 dispatch, combine = (r.fn for r in REGISTRATIONS)

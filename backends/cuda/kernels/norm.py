@@ -8,6 +8,11 @@ every thread issues 16-byte loads. Rows longer than `max_block_d` fall back to a
 over column chunks (the second pass re-reads the inputs, which L2 mostly still holds).
 
 The wrapper reads only shapes and strides: no host synchronisation (CUDA-graph safe).
+
+Deterministic mode (the batch-invariant registration, `rms_norm_invariant`): the rows kernel with
+one tile for every T, the full tile_elems // BLOCK_D rows and its warps, so each row's sum of
+squares has the same reduction tree (a tl.sum over the tile's axis follows the tile's shape and
+warps on a GPU) whatever the batch; the long-row loop already depends on D only.
 """
 
 from __future__ import annotations
@@ -131,6 +136,23 @@ def rms_norm(
     eps: float = 1e-6,
     residual: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    return launch_rms_norm(x, weight, eps, residual)
+
+
+def rms_norm_invariant(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    *,
+    eps: float = 1e-6,
+    residual: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    return launch_rms_norm(x, weight, eps, residual, invariant=True)
+
+
+def launch_rms_norm(
+    x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None, *, invariant: bool = False
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """rms_norm; invariant: one rows tile for every T (deterministic mode, see the module docstring)."""
     D = x.shape[-1]
     x2 = _rows(x, D)
     T = x2.shape[0]
@@ -149,7 +171,7 @@ def rms_norm(
     acc = _acc(x.dtype)
     block_d = next_power_of_2(D)
     if block_d <= cfg["max_block_d"]:
-        block_t = _rows_per_program(T, block_d, cfg)
+        block_t = max(1, cfg["tile_elems"] // block_d) if invariant else _rows_per_program(T, block_d, cfg)
         grid = (triton.cdiv(T, block_t),)
         _rms_norm_rows_kernel[grid](
             x2, r2, w, out2, h2, T, D,
@@ -174,5 +196,13 @@ REGISTRATIONS = [
         fn=rms_norm,
         dtypes=(torch.float32, torch.bfloat16, torch.float16, torch.float64),
         note="Triton (rows in registers, fused residual add)",
-    )
+    ),
+    Registration(
+        op="rms_norm",
+        fn=rms_norm_invariant,
+        dtypes=(torch.float32, torch.bfloat16, torch.float16, torch.float64),
+        priority=-1,
+        batch_invariant=True,
+        note="Triton (the kernel above with one tile of tile_elems // D rows for every row count)",
+    ),
 ]

@@ -22,6 +22,16 @@ then come from the next request (or zero fill past Tk) and get probability 0 thr
 The pointer path serves strided inputs and the default table (the interpreter). `warp_specialize`
 (tl.range) is an option the tables leave off: Triton 3.6 fails to compile it for this loop on SM90.
 
+Deterministic mode (`prefill_invariant`): a query's key blocks are aligned to its request's key
+position 0 and the tiles come from the head dims and dtype only, so the blocks it visits and their
+order do not depend on the batch; a block wholly masked for a row (past its position, before its
+window) leaves its (m, l, acc) exactly as they were (p = 0, alpha = 1). What does depend on how the
+queries were cut into query blocks (chunked prefill, a cached prefix) is which of a row's blocks
+run mask-free: that path computes exp2(s * scale - m) as one FMA on a GPU, the masked one rounds
+s * scale first. The invariant kernel runs every key block through the masked path (MASK_ALL), so a
+row's arithmetic is the same whichever query block holds it. The interpreter (numpy, no FMA) gives
+both paths the same bits, so only a GPU can show the difference.
+
 Deviation (interpreter only): dot operands are upcast to float32 under TRITON_INTERPRET=1
 (deepinfer.triton_common.upcast_dot); float32 operands use input_precision="ieee". The H200
 figures are in docs/performance.md.
@@ -149,6 +159,7 @@ def _prefill_kernel(
     BLOCK_D1: tl.constexpr, BLOCK_D2: tl.constexpr, BLOCK_DV: tl.constexpr,
     HAS_WINDOW: tl.constexpr, DOT_F32: tl.constexpr, DOT_PRECISION: tl.constexpr,
     USE_DESC: tl.constexpr, WARP_SPEC: tl.constexpr, POS_SCALE: tl.constexpr,
+    MASK_ALL: tl.constexpr,  # every key block through the masked path (deterministic mode)
 ):
     pid = tl.program_id(0)
     head = tl.program_id(1)
@@ -204,6 +215,8 @@ def _prefill_kernel(
         )
     else:
         full_lo = diag_lo * 0
+    if MASK_ALL:
+        diag_lo = full_lo  # no mask-free blocks: the masked loop below covers [full_lo, last_pos]
     acc, l_i, m_i = _attend_blocks(
         acc, l_i, m_i, q1, q2, k_base, v_base, stride_kt, stride_vt, K_DESC1, K_DESC2, V_DESC, k_start, head,
         full_lo, diag_lo, pos, k_len, window, qk_scale,
@@ -257,8 +270,10 @@ def launch_prefill(
     sliding_window: int | None,
     *,
     cfg: dict | None = None,
+    mask_all: bool = False,
 ) -> torch.Tensor:
-    """The launcher behind `prefill`; `cfg` overrides the tuning table (tests use small blocks)."""
+    """The launcher behind `prefill`; `cfg` overrides the tuning table (tests use small blocks);
+    mask_all: every key block through the masked path (`prefill_invariant`)."""
     attention_ops.check_prefill_shapes(q, k, v, cu_seqlens_q, cu_seqlens_k, sliding_window)
     num_tokens, heads, d_qk = q.shape
     d_v = v.shape[2]
@@ -295,7 +310,7 @@ def launch_prefill(
         BLOCK_D1=block_d1, BLOCK_D2=block_d2, BLOCK_DV=block_dv,
         HAS_WINDOW=sliding_window is not None,
         DOT_F32=upcast_dot(), DOT_PRECISION=dot_precision(q.dtype == torch.float32),
-        USE_DESC=use_desc, WARP_SPEC=bool(c.get("warp_specialize", False)), POS_SCALE=softmax_scale > 0,
+        USE_DESC=use_desc, WARP_SPEC=bool(c.get("warp_specialize", False)), POS_SCALE=softmax_scale > 0, MASK_ALL=mask_all,
         num_warps=c.get("num_warps", 4), num_stages=c.get("num_stages", 2),
     )
     return out
@@ -314,13 +329,34 @@ def prefill(
     return launch_prefill(q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale, sliding_window)
 
 
+def prefill_invariant(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    *,
+    softmax_scale: float,
+    sliding_window: int | None = None,
+) -> torch.Tensor:
+    return launch_prefill(q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale, sliding_window, mask_all=True)
+
+
 REGISTRATIONS = [
     Registration(
         op="prefill",
         fn=prefill,
         dtypes=(torch.float32, torch.float16, torch.bfloat16),
         note="Triton FA2 var-len causal (split Dqk dots, mask-free interior blocks)",
-    )
+    ),
+    Registration(
+        op="prefill",
+        fn=prefill_invariant,
+        dtypes=(torch.float32, torch.float16, torch.bfloat16),
+        priority=-1,
+        batch_invariant=True,
+        note="Triton FA2 var-len causal, every key block through the masked path (the same arithmetic however the queries were chunked)",
+    ),
 ]
 
-__all__ = ["prefill", "launch_prefill", "REGISTRATIONS"]
+__all__ = ["prefill", "prefill_invariant", "launch_prefill", "REGISTRATIONS"]

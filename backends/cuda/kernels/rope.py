@@ -116,5 +116,8 @@ REGISTRATIONS = [
         fn=rope,
         dtypes=(torch.float32, torch.bfloat16, torch.float16, torch.float64),
         note="Triton (table lookup by position, interleaved/half)",
+        # Batch-invariant as it is: elementwise per (token, head, pair) from the token's own position
+        # (no reduction), so the T-dependent tile changes no value.
+        batch_invariant=True,
     )
 ]

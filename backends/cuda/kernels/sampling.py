@@ -728,6 +728,10 @@ def apply_token_bitmask(logits: torch.Tensor, bitmask: torch.Tensor) -> torch.Te
 
 
 REGISTRATIONS = [
-    Registration(op="sample", fn=sample, note="Triton (no sort: bisection on float keys over gathered candidates, in-kernel hash noise)"),
-    Registration(op="apply_token_bitmask", fn=apply_token_bitmask, note="Triton (in place)"),
-]
+    # Batch-invariant as they are. sample: every program serves one row (the chunk passes one chunk of
+    # it); the chunking, workspace and warps come from V and the device's entry only, never from B,
+    # and the noise is a hash of the row's own seed and position. apply_token_bitmask: elementwise.
+    Registration(op="sample", fn=sample, note="Triton (no sort: bisection on float keys over gathered candidates, in-kernel hash noise)",
+                 batch_invariant=True),
+    Registration(op="apply_token_bitmask", fn=apply_token_bitmask, note="Triton (in place)", batch_invariant=True),
+]  # fmt: skip

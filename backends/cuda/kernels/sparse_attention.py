@@ -40,6 +40,16 @@ An FP8 cache (deepinfer.ops.kv_cache_format) is gathered as bytes: its e4m3 valu
 exactly to q's dtype and feed the same dots, and each row's float32 scale (after its values)
 multiplies that row's scores and softmax weights, never the tile's elements.
 
+Deterministic mode (`sparse_attention_invariant`): `plan` picks BLOCK_H and the warps from T, and
+the split count from T and the lists' widths, which a batch pads to its longest list; a split
+boundary then falls elsewhere in a query's rows, and the extra list's blocks shift against the
+splits when the window list's width changes. The invariant launch takes one tile for every call
+(bf16/fp16: the full-grid 64-head tile, 8 warps; float32: 16 x 32, 4 warps; BLOCK_H capped by the
+head count) and ONE split: each program folds all of its token's row blocks in list order, window
+list first, and normalises with the sink itself (DIRECT, no partials, no combine). Row blocks are
+aligned to each list's position 0, and a block of padding (-1) leaves (m, l, acc) exactly as they
+were, so a list padded to another width gives the same bits.
+
 Row ids must be < the cache's rows (the reference raises on larger ids; checking here would need
 a host synchronisation): the kernel does not check them.
 
@@ -241,14 +251,17 @@ def _sparse_attention_combine_kernel(
 
 def plan(
     tokens: int, heads: int, width: int, extra_width: int, dot_f32: bool, device: torch.device,
-    num_splits: int | None = None, overrides: dict | None = None,
+    num_splits: int | None = None, overrides: dict | None = None, invariant: bool = False,
 ) -> dict:
     """Tiles and split count from host-known shapes only (width, extra_width: the lists' K, K2).
-    `overrides` replaces BLOCK_H / BLOCK_N / num_warps / num_stages (the GPU sweep uses it)."""
+    `overrides` replaces BLOCK_H / BLOCK_N / num_warps / num_stages (the GPU sweep uses it).
+    invariant: one tile and one split for every call (deterministic mode, see the module docstring)."""
     sms = num_sms(device)
+    if invariant:
+        num_splits = 1
     if dot_f32:
         block_h, block_n, warps = BLOCK_H_F32, BLOCK_N_F32, 4
-    elif tokens * cdiv(heads, BLOCK_H_MAX) >= sms // 2:
+    elif invariant or tokens * cdiv(heads, BLOCK_H_MAX) >= sms // 2:
         block_h, block_n, warps = BLOCK_H_MAX, BLOCK_N_16, 8  # enough programs: each row block read once per token
     elif tokens * cdiv(heads, 16) <= sms // 8:
         block_h, block_n, warps = 16, BLOCK_N_16, 4  # a handful of tokens: shortest programs
@@ -279,9 +292,10 @@ def launch_sparse_attention(
     *,
     num_splits: int | None = None,
     overrides: dict | None = None,
+    invariant: bool = False,
 ) -> torch.Tensor:
     """sparse_attention with an optional forced split count (tests use it to exercise the combine)
-    and tile overrides (see `plan`)."""
+    and tile overrides (see `plan`); invariant: the batch-invariant plan."""
     sparse_ops.check_sparse_attention_shapes(q, kv, indices, sinks, extra_kv, extra_indices)
     tokens, heads, dim = q.shape
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
@@ -309,7 +323,7 @@ def launch_sparse_attention(
     xkv, xkv_scales = fp8_views(xkv) if xfp8 else (xkv, xkv)
     dtypes = {q.dtype, *(c.dtype for c, f in ((kv, fp8), (xkv, xfp8)) if not f)}  # (an FP8 tile converts to q's dtype exactly)
     dot_f32 = torch.float32 in dtypes or len(dtypes) > 1
-    cfg = plan(tokens, heads, indices.shape[1], width2, dot_f32, q.device, num_splits, overrides)
+    cfg = plan(tokens, heads, indices.shape[1], width2, dot_f32, q.device, num_splits, overrides, invariant)
     splits = cfg["num_splits"]
     direct = splits == 1
     if direct:
@@ -376,11 +390,32 @@ def sparse_attention(
     return launch_sparse_attention(q, kv, indices, sinks, softmax_scale, extra_kv, extra_indices)
 
 
+def sparse_attention_invariant(
+    q: torch.Tensor,
+    kv: torch.Tensor,
+    indices: torch.Tensor,
+    sinks: torch.Tensor,
+    *,
+    softmax_scale: float,
+    extra_kv: torch.Tensor | None = None,
+    extra_indices: torch.Tensor | None = None,
+) -> torch.Tensor:
+    return launch_sparse_attention(q, kv, indices, sinks, softmax_scale, extra_kv, extra_indices, invariant=True)
+
+
 REGISTRATIONS = [
     Registration(
         op="sparse_attention",
         fn=sparse_attention,
         dtypes=(torch.float32, torch.bfloat16, torch.float16),
         note="Triton (heads as M over gathered row blocks, both lists in one online softmax, sink in the normaliser, split + combine)",
-    )
+    ),
+    Registration(
+        op="sparse_attention",
+        fn=sparse_attention_invariant,
+        dtypes=(torch.float32, torch.bfloat16, torch.float16),
+        priority=-1,
+        batch_invariant=True,
+        note="Triton (the kernel above with one tile and one split for every call: no partials, no combine)",
+    ),
 ]
