@@ -179,8 +179,11 @@ def run(
     config_overrides: dict | None = None,
     copy_gib: float = 2.0,
     backend_options: dict[str, str] | None = None,
+    deterministic: bool = False,
 ) -> list[E2EResult]:
-    """backend_options: the backend's options for deepinfer's side (`bench e2e --backend-option`)."""
+    """backend_options: the backend's options for deepinfer's side (`bench e2e --backend-option`).
+    deterministic: deepinfer's side in deterministic mode (batch-invariant kernels: its cost is this
+    run's step time over the default mode's)."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     from deepinfer.engine.llm import LLM
@@ -193,7 +196,7 @@ def run(
     from deepinfer.runtime import open_runtime
 
     cfg = dict(V2_LITE, **(config_overrides or {}), **({"num_hidden_layers": layers} if layers else {}))
-    runtime = open_runtime(backend, dtype=torch.bfloat16, options=backend_options)
+    runtime = open_runtime(backend, dtype=torch.bfloat16, options=backend_options, deterministic=deterministic)
     device = runtime.device
     needed = memory_needed(cfg, max(batches), prompt_len, new_tokens, with_hf, copy_gib)
     check_fits(needed, free_memory(device, runtime.memory_info), device, cfg["num_hidden_layers"])
@@ -206,7 +209,8 @@ def run(
     model = DeepseekForCausalLM(config, runtime.ops, device, torch.bfloat16)
     model.load_weights(WeightStore(hf_to_deepinfer_tensors(hf.state_dict(), cfg)))
     loaded = LoadedModel(model=model, config=config, tokenizer=None, path="in-memory DeepSeek-V2-Lite-shaped model", dummy_weights=True)
-    engine_config = EngineConfig(max_num_seqs=max(batches), max_num_batched_tokens=max(batches) * prompt_len, kv_cache_memory_gib=ENGINE_KV_CACHE_GIB)
+    engine_config = EngineConfig(max_num_seqs=max(batches), max_num_batched_tokens=max(batches) * prompt_len, kv_cache_memory_gib=ENGINE_KV_CACHE_GIB,
+                                 deterministic=deterministic)  # fmt: skip
     engine = LLMEngine(loaded, runtime, torch.bfloat16, engine_config)
     llm = LLM.from_engine(engine)
     results = []
@@ -249,7 +253,7 @@ def run(
         )
     if json_path is not None:
         info = {"gpu": device_name(device), "torch": torch.__version__, "copy_bandwidth_tb_s": bandwidth / 1e12, "layers": cfg["num_hidden_layers"],
-                "backend": runtime.backend.name, "backend_options": dict(runtime.options), "date": time.strftime("%Y-%m-%d")}
+                "backend": runtime.backend.name, "backend_options": dict(runtime.options), "deterministic": deterministic, "date": time.strftime("%Y-%m-%d")}
         json_path.write_text(json.dumps({"machine": info, "results": [asdict(r) for r in results]}, indent=1))
     return results
 

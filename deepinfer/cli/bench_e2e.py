@@ -42,6 +42,8 @@ def add_parser(what) -> None:
     e2e.add_argument("--context", type=int, action="append", default=None,
                      help="v4-flash: tokens in each request's cache when decoding starts (repeatable; default 4096 and 32768)")
     e2e.add_argument("--kv-cache-dtype", choices=("auto", "fp8"), default=None, help="v4-flash: the KV cache's dtype (default fp8; auto: the model's)")
+    e2e.add_argument("--deterministic", action="store_true",
+                     help="v2-lite: deepinfer's side in deterministic mode (batch-invariant kernels); compare with a run without it for the cost")
     e2e.add_argument("--json", type=Path, default=None, metavar="FILE", help="write the results to FILE")
     add_backend_option_flag(e2e, "deepinfer's side")
     e2e.set_defaults(func=run_e2e)
@@ -51,6 +53,8 @@ def run_e2e(args: argparse.Namespace) -> int:
     if args.model_shape == "v4-flash":
         from deepinfer.cli.bench_e2e_v4 import run_e2e_v4
 
+        if args.deterministic:
+            raise UserError("--deterministic is for --model-shape v2-lite (the v4-flash run has no deterministic variant yet)")
         return run_e2e_v4(args)
     for flag, value in (("--context", args.context), ("--kv-cache-dtype", args.kv_cache_dtype)):
         if value is not None:
@@ -76,6 +80,6 @@ def run_e2e(args: argparse.Namespace) -> int:
     spec = choose_backend(load_plugins(), args.backend)  # one line when it cannot run here
     spec.resolve_options(given)  # unknown options and bad values: one line, before the model is built
     results = e2e.run(spec.name, batches, args.prompt_len, args.new_tokens, args.layers, with_hf=not args.no_hf, json_path=args.json,
-                      backend_options=given)
+                      backend_options=given, deterministic=args.deterministic)
     print(e2e.format_results(results))
     return 0

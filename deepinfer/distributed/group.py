@@ -30,6 +30,8 @@ log = logging.getLogger(__name__)
 
 # The collective library for each torch device type.
 PROCESS_GROUP_BACKENDS = {"cuda": "nccl", "npu": "hccl", "cpu": "gloo"}
+# The libraries' own switches for a fixed reduction order (read when their communicators form).
+DETERMINISTIC_COLLECTIVES = {"nccl": {"NCCL_ALGO": "Ring", "NCCL_PROTO": "Simple"}, "hccl": {"HCCL_DETERMINISTIC": "true"}}
 DEFAULT_TIMEOUT_S = 300.0
 MAX_TIMEOUT_S = 1e9  # ~31 years: timedelta and the stores' millisecond counts hold it
 
@@ -139,6 +141,7 @@ def init_distributed(
     *,
     device: str | torch.device | None = None,
     backend: str | None = None,
+    deterministic: bool = False,
 ) -> DistContext | None:
     """Join the run's process group from torchrun's environment; None for a one-process run.
 
@@ -147,6 +150,12 @@ def init_distributed(
     library, by default the device's (nccl, hccl, gloo). The rendezvous and every collective of the
     group time out after timeout_s; a rank missing at the rendezvous raises DistributedError.
     Calling it again returns the group already formed.
+
+    deterministic: pin the collective library's reduction order before the group forms (NCCL: the
+    ring algorithm with the simple protocol; HCCL: its deterministic switch; gloo reduces in a fixed
+    order already), unless the user set those variables. Today's data path reduces no floats across
+    ranks (all_to_all moves rows; the all_reduces sum integer flags and loads), so this guards any
+    float collective rather than changing one.
     """
     timeout_s = check_timeout(timeout_s)
     world_size = env_world_size()
@@ -163,6 +172,9 @@ def init_distributed(
         raise DistributedError(f"no collective library for device type {device_type!r}; known: {', '.join(PROCESS_GROUP_BACKENDS)}")
     backend = backend or PROCESS_GROUP_BACKENDS[device_type]
     torch_device = _bind_device(device_type, local_rank)
+    if deterministic:
+        for name, value in DETERMINISTIC_COLLECTIVES.get(backend, {}).items():
+            os.environ.setdefault(name, value)
 
     if dist.is_initialized():
         if dist.get_world_size() != world_size or dist.get_rank() != rank:

@@ -141,7 +141,7 @@ class LLM:
             torch_dtype = resolve_dtype(dtype, device_type())
         else:
             torch_dtype = resolve_dtype(dtype, "cpu")
-        dist = join_expert_parallel(ep, dist_timeout, device_type)
+        dist = join_expert_parallel(ep, dist_timeout, device_type, deterministic)
         announce = announce and (dist is None or dist.rank == 0)
         if interpret:
             # Triton kernels on the CPU (how CI checks the cuda and ascend kernels); Triton reads
@@ -337,12 +337,13 @@ def check_text(text: str, what: str) -> None:
         ) from None
 
 
-def join_expert_parallel(ep: int | None, timeout_s: float, device_type):
+def join_expert_parallel(ep: int | None, timeout_s: float, device_type, deterministic: bool = False):
     """The run's DistContext for expert parallelism over `ep` ranks (None: one process).
 
     ep=None takes the torchrun world (WORLD_SIZE), if any. ep > 1 needs one process per rank:
     torchrun --nproc-per-node ep (or `deepinfer run --ep N`, which starts it). device_type: a
-    callable giving the backend's device type (the process group's collective library follows it)."""
+    callable giving the backend's device type (the process group's collective library follows it).
+    deterministic: the collective library in its deterministic mode (`init_distributed`)."""
     from deepinfer.distributed.group import check_timeout, env_world_size, init_distributed
 
     check_timeout(timeout_s)
@@ -360,7 +361,7 @@ def join_expert_parallel(ep: int | None, timeout_s: float, device_type):
         raise InvalidRequestError(f"ep={ep}, but torchrun started {world_size} processes (WORLD_SIZE); expert parallelism spans all of them")
     if ep == 1:
         return None
-    return init_distributed(timeout_s, device=device_type())
+    return init_distributed(timeout_s, device=device_type(), deterministic=deterministic)
 
 
 def num_nodes(dist) -> int:

@@ -74,9 +74,11 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
 
 
 REGISTRATIONS = [
+    # Invariant as it is: elementwise (BLOCK_T follows T, but no value is reduced across a tile).
     Registration(
         op="silu_and_mul",
         fn=silu_and_mul,
+        batch_invariant=True,
         note="Triton (ascend): persistent vector grid, row x column tiles, float32 math",
     ),
 ]

@@ -81,9 +81,11 @@ def clamped_silu_and_mul(x: torch.Tensor, *, limit: float) -> torch.Tensor:
 
 
 REGISTRATIONS = [
+    # Invariant as it is: elementwise (BLOCK_T follows T, but no value is reduced across a tile).
     Registration(
         op="clamped_silu_and_mul",
         fn=clamped_silu_and_mul,
+        batch_invariant=True,
         note="Triton (ascend): persistent vector grid, row x column tiles, clamps in registers, float32 math",
     ),
 ]

@@ -157,9 +157,12 @@ def compress_kv(
 
 
 REGISTRATIONS = [
+    # Invariant as it is: per element an online softmax over its window's slots in a fixed order (BLOCK_E follows the
+    # entry count, but nothing is reduced across a tile).
     Registration(
         op="compress_kv",
         fn=compress_kv,
+        batch_invariant=True,
         note="Triton (ascend): persistent vector grid, entry x channel tiles, online softmax over the slots",
     ),
 ]

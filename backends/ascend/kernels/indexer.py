@@ -309,9 +309,12 @@ def indexer_topk(
 
 
 REGISTRATIONS = [
+    # Invariant as it is: a score is one (query, entry block) item with tiles from heads, D and the chip; the selection
+    # compares scores with the k-th largest one (an exact value), so entries past a query's own (padding) change nothing.
     Registration(
         op="indexer_topk",
         fn=indexer_topk,
+        batch_invariant=True,
         note="Triton (ascend): persistent cube grid of heads x entries scores, torch.topk threshold + ordered tie-rule select; "
         "FP8 keys decoded by integer e4m3, key scales on the scores",
     ),

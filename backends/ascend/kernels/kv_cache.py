@@ -136,9 +136,11 @@ def kv_cache_write(
 
 
 REGISTRATIONS = [
+    # Invariant as it is: one token per loop iteration, its row copied (or quantised by its own amax) alone.
     Registration(
         op="kv_cache_write",
         fn=kv_cache_write,
+        batch_invariant=True,
         dtypes=(torch.float32, torch.bfloat16, torch.float16),
         note="Triton (ascend) vector kernel, persistent grid over tokens, scalar skip of padding slots; FP8 rows quantised in-kernel (integer e4m3 rounding)",
     )

@@ -38,8 +38,16 @@ sum, as vllm-ascend uses on A2/A3). No Ascend hardware was available to write it
 
 from __future__ import annotations
 
+import dataclasses
+
 from deepinfer.distributed.expert_parallel import EP_PRIORITY, expert_parallel_kernels  # noqa: F401
 from deepinfer_ascend.kernels import moe as local
 
-REGISTRATIONS = expert_parallel_kernels(local.dispatch, local.combine, library="HCCL", local_note="Triton (ascend)")
+# Batch-invariant: the local kernels are (exact row copies; combine's fixed k order per token), and
+# all_to_all_single only moves rows, bit for bit, adding nothing: a token's combined output is its
+# K expert rows summed in the order k = 0..K-1 whatever the other ranks' batches hold.
+REGISTRATIONS = [
+    dataclasses.replace(r, batch_invariant=True)
+    for r in expert_parallel_kernels(local.dispatch, local.combine, library="HCCL", local_note="Triton (ascend)")
+]
 dispatch, combine = (r.fn for r in REGISTRATIONS)

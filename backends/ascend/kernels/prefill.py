@@ -295,9 +295,12 @@ def prefill(
 
 
 REGISTRATIONS = [
+    # Invariant as it is: tiles from the head dims, dtype and chip only; query blocks and key blocks are aligned to each
+    # request's own start, key blocks are visited in ascending order, and a block wholly masked for a row leaves it unchanged.
     Registration(
         op="prefill",
         fn=prefill,
+        batch_invariant=True,
         dtypes=(torch.float32, torch.float16, torch.bfloat16),
         note="Triton (ascend) FA2 var-len causal, persistent cube grid over (query block, head), mask-free interior blocks",
     )

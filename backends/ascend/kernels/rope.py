@@ -99,9 +99,11 @@ def rope(
 
 
 REGISTRATIONS = [
+    # Invariant as it is: elementwise rotations, no reduction (BLOCK_H follows H, not T).
     Registration(
         op="rope",
         fn=rope,
+        batch_invariant=True,
         note="Triton (ascend): persistent vector grid, token x head-block tiles, cos/sin rows gathered by position",
     ),
 ]

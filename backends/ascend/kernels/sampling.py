@@ -740,10 +740,13 @@ def apply_token_bitmask(logits: torch.Tensor, bitmask: torch.Tensor) -> torch.Te
 
 
 REGISTRATIONS = [
+    # Invariant as it is: one row per loop iteration with tiles from the chip only, exact fixed-point sums, hashed noise.
     Registration(
         op="sample",
         fn=sample,
+        batch_invariant=True,
         note="Triton (ascend): row per program iteration, no sort: threshold searches over float keys, exact fixed-point sums, in-kernel hash noise",
     ),
-    Registration(op="apply_token_bitmask", fn=apply_token_bitmask, note="Triton (ascend): in place, [words, 32] tiles"),
+    # Invariant as it is: no arithmetic, a row's forbidden logits set to -inf.
+    Registration(op="apply_token_bitmask", fn=apply_token_bitmask, batch_invariant=True, note="Triton (ascend): in place, [words, 32] tiles"),
 ]

@@ -1,0 +1,446 @@
+"""Deterministic mode's cuda kernels are batch-invariant, checked under the Triton interpreter.
+
+For every op the cuda backend implements, the kernel deterministic mode resolves (the registry with
+`ResolveContext(deterministic=True)`) runs on one request alone and inside batches of other requests
+(other sizes, other positions, longer and shorter lists, block tables and entry tables), and the
+request's outputs must be the same bits (torch.equal). prefill: the same request's queries whole and
+in chunks over the earlier part as cached keys. linear / grouped_gemm: the same rows beside
+different numbers of rows on other experts, contiguous and masked.
+
+What the interpreter can and cannot show. It runs numpy on the CPU: a split count, split-K, K step,
+tile config or combine path chosen from the batch changes the bits here too, and these checks catch
+it (the default kernels of linear, grouped_gemm, mla_decode and sparse_attention fail them). Two
+kinds of difference exist on a GPU only: another reduction tree for a tl.sum over a tile whose shape
+or warps follow the batch (rms_norm's rows per program, the gate's and compress_kv's token tiles,
+hc_pre's fused-or-split choice), and an FMA contracted on one code path and not on another
+(prefill's mask-free key blocks). numpy reduces every row of a tile the same way whatever its shape
+and never fuses a multiply-add, so for those ops these checks pass for the default kernels as well
+and the invariance rests on how the kernels are built (each module's docstring says why); they
+still catch a block structure or a split that moves with the batch.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from deepinfer.ops import kv_cache_format, quant
+from deepinfer.ops.rope import rope_cos_sin_cache
+from deepinfer.plugins import load_plugins
+from deepinfer.registry import ResolveContext
+
+from triton_mode import require_interpreter
+
+CPU = torch.device("cpu")
+DTYPES = (torch.float32, torch.bfloat16)
+# (requests or rows before the one checked, after it): alone is (0, 0)
+LAYOUTS = ((1, 0), (0, 3), (17, 2))
+
+
+@pytest.fixture(scope="module")
+def reg():
+    require_interpreter()
+    plugins = load_plugins()
+    options = plugins.require("cuda", interpret=True).resolve_options(None)
+    return plugins.registry("cuda", interpret=True, options=options), options
+
+
+def kernel(reg, op: str, dtype: torch.dtype, fmt: str | None = None, deterministic: bool = True):
+    registry, options = reg
+    ctx = ResolveContext(backend="cuda", device=CPU, dtype=dtype, options=options, deterministic=deterministic)
+    chosen = registry.choose(ctx, op, fmt)
+    assert chosen is not None, f"no cuda kernel for {op}[{fmt}] in {dtype}"
+    assert chosen.batch_invariant or not deterministic
+    return chosen.fn
+
+
+def gen(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+def randn(g, *shape, dtype=torch.float32, scale=1.0) -> torch.Tensor:
+    return (torch.randn(*shape, generator=g) * scale).to(dtype)
+
+
+def same(got: torch.Tensor, want: torch.Tensor, what: str = "") -> None:
+    assert got.dtype == want.dtype and got.shape == want.shape, what
+    assert torch.equal(got, want), f"{what}: {int((got != want).sum())} of {want.numel()} values differ"
+
+
+def around(g, req: torch.Tensor, before: int, after: int, **kw) -> torch.Tensor:
+    """req's rows (dim 0) with `before` random rows in front and `after` behind."""
+    def rows(n):
+        return randn(g, n, *req.shape[1:], dtype=req.dtype, **kw)
+
+    return torch.cat([rows(before), req, rows(after)])
+
+
+# ---------------------------------------------------------------------------------------------- which kernels
+
+
+SEPARATE = {"linear", "grouped_gemm", "mla_decode", "rms_norm", "gate", "prefill", "sparse_attention", "indexer_topk", "compress_kv", "hc_pre"}
+AS_THEY_ARE = {"rope", "silu_and_mul", "clamped_silu_and_mul", "kv_cache_write", "dispatch", "combine", "sample", "apply_token_bitmask", "hc_post"}
+
+
+def test_default_kernels_still_chosen_without_deterministic(reg):
+    registry, _ = reg
+    assert set(registry.kernels["cuda"]) == SEPARATE | AS_THEY_ARE
+    for op in sorted(SEPARATE | AS_THEY_ARE):
+        fmts = registry.ops[op].formats or (None,)
+        for fmt in fmts:
+            default = kernel(reg, op, torch.bfloat16, fmt, deterministic=False)
+            invariant = kernel(reg, op, torch.bfloat16, fmt)
+            if op in SEPARATE:
+                assert default is not invariant and "invariant" not in default.__qualname__, (op, fmt)
+                assert "invariant" in invariant.__qualname__, (op, fmt)
+            else:
+                assert default is invariant, (op, fmt)
+
+
+# ---------------------------------------------------------------------------------------------- row-wise ops
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_rms_norm(reg, dtype):
+    fn, g = kernel(reg, "rms_norm", dtype), gen(1)
+    x, r, w = randn(g, 2, 96, dtype=dtype), randn(g, 2, 96, dtype=dtype), randn(g, 96, dtype=dtype)
+    out, h = fn(x, w, eps=1e-6, residual=r)
+    for before, after in LAYOUTS:
+        got, got_h = fn(around(g, x, before, after), w, eps=1e-6, residual=around(g, r, before, after))
+        same(got[before : before + 2], out, f"out {before, after}")
+        same(got_h[before : before + 2], h, f"h {before, after}")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_rope(reg, dtype):
+    fn, g = kernel(reg, "rope", dtype), gen(2)
+    cache = rope_cos_sin_cache(32, 64, 10000.0, dtype=dtype)
+    x, pos = randn(g, 2, 3, 32, dtype=dtype), torch.tensor([5, 41])
+    for interleaved in (True, False):
+        out = fn(x, pos, cache, interleaved=interleaved)
+        for before, after in LAYOUTS:
+            p = torch.cat([torch.randint(0, 64, (before,), generator=g), pos, torch.randint(0, 64, (after,), generator=g)])
+            same(fn(around(g, x, before, after), p, cache, interleaved=interleaved)[before : before + 2], out, f"{interleaved} {before, after}")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("op", ["silu_and_mul", "clamped_silu_and_mul"])
+def test_activations(reg, op, dtype):
+    fn, g = kernel(reg, op, dtype), gen(3)
+    kw = {"limit": 2.0} if op == "clamped_silu_and_mul" else {}
+    x = randn(g, 2, 2 * 80, dtype=dtype, scale=2.0)
+    out = fn(x, **kw)
+    for before, after in LAYOUTS:
+        same(fn(around(g, x, before, after, scale=2.0), **kw)[before : before + 2], out, f"{before, after}")
+
+
+@pytest.mark.parametrize("cache_dtype", [torch.float32, torch.bfloat16, kv_cache_format.FP8_DTYPE])
+def test_kv_cache_write(reg, cache_dtype):
+    dtype = torch.float32 if cache_dtype == torch.float32 else torch.bfloat16
+    fn, g = kernel(reg, "kv_cache_write", dtype), gen(4)
+    C, R, blocks, page = 64, 16, 6, 16
+    width = kv_cache_format.row_width(C + R, cache_dtype)
+    kv_c, k_pe, slots = randn(g, 2, C, dtype=dtype), randn(g, 2, R, dtype=dtype), torch.tensor([7, 50])
+    alone = fn(kv_c, k_pe, torch.zeros(blocks, page, width, dtype=cache_dtype), slots).view(-1, width)[slots]
+    others = [s for s in range(blocks * page) if s not in (7, 50)]
+    for before, after in LAYOUTS:
+        pick = torch.randperm(len(others), generator=g)[: before + after]
+        other = torch.tensor(others)[pick]
+        s = torch.cat([other[:before], slots, other[before:]])
+        s[before + 2 :][::3] = -1  # padding rows write nothing
+        cache = torch.zeros(blocks, page, width, dtype=cache_dtype)
+        fn(around(g, kv_c, before, after), around(g, k_pe, before, after), cache, s)
+        same(cache.view(-1, width)[slots].view(torch.uint8), alone.view(torch.uint8), f"{before, after}")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_hc_post(reg, dtype):
+    fn, g = kernel(reg, "hc_post", dtype), gen(5)
+    y, x = randn(g, 2, 64, dtype=dtype), randn(g, 2, 4, 64, dtype=dtype)
+    post, comb = torch.rand(2, 4, generator=g) * 2, torch.softmax(randn(g, 2, 4, 4), dim=-1)
+    out = fn(y, x, post, comb)
+    for before, after in LAYOUTS:
+        got = fn(around(g, y, before, after), around(g, x, before, after), around(g, post, before, after), around(g, comb, before, after))
+        same(got[before : before + 2], out, f"{before, after}")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_hc_pre(reg, dtype):
+    # K = 4 x 512 = 2 segments. Under the interpreter the default kernel takes the fused launch from
+    # 64 tokens on (4 "SMs" x 16-token tiles), the split one below: 70 tokens cross it.
+    fn, g = kernel(reg, "hc_pre", dtype), gen(6)
+    N, D, W = 4, 512, 24
+    kw = {"fn": randn(g, W, N * D, scale=(N * D) ** -0.5), "base": randn(g, W, scale=0.5), "scale": torch.tensor([0.5, 0.4, 1.1]),
+          "norm_eps": 1e-6, "hc_eps": 1e-6, "sinkhorn_iters": 20}  # fmt: skip
+    x = randn(g, 2, N, D, dtype=dtype)
+    want = fn(x, **kw)
+    for before, after in ((1, 0), (40, 28)):
+        got = fn(around(g, x, before, after), **kw)
+        for name, a, b in zip(("out", "post", "comb"), got, want):
+            same(a[before : before + 2], b, f"{name} {before, after}")
+
+
+# ---------------------------------------------------------------------------------------------- MoE
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(
+    "route",
+    [
+        {"top_k": 6, "score_func": "softmax", "renormalize": True},
+        {"top_k": 4, "score_func": "sqrtsoftplus", "n_group": 4, "topk_group": 2, "renormalize": True, "routed_scaling_factor": 2.5},
+    ],
+)
+def test_gate(reg, dtype, route):
+    fn, g = kernel(reg, "gate", dtype), gen(7)
+    E = 64
+    bias = randn(g, E, scale=0.1) if route["score_func"] == "sqrtsoftplus" else None
+    logits = randn(g, 2, E, dtype=dtype, scale=2.0)
+    w, ids = fn(logits, correction_bias=bias, **route)
+    for before, after in LAYOUTS:
+        got_w, got_ids = fn(around(g, logits, before, after, scale=2.0), correction_bias=bias, **route)
+        same(got_w[before : before + 2], w, f"weights {before, after}")
+        same(got_ids[before : before + 2], ids, f"ids {before, after}")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_dispatch_and_combine(reg, dtype):
+    dispatch, combine, g = kernel(reg, "dispatch", dtype), kernel(reg, "combine", dtype), gen(8)
+    E, K, D = 8, 3, 48
+
+    def run(x, ids, w, at):
+        expert_x, _, row_of_slot = dispatch(x, ids, num_experts=E)
+        mine = row_of_slot[at * K : (at + 2) * K].long()
+        # what the experts would return: any function of each row alone
+        return expert_x[mine], combine(expert_x * 1.5 - 0.25, w, row_of_slot)[at : at + 2]
+
+    x, ids, w = randn(g, 2, D, dtype=dtype), torch.tensor([[3, 0, 5], [5, 1, 3]], dtype=torch.int32), torch.rand(2, K, generator=g)
+    rows, out = run(x, ids, w, 0)
+    for before, after in LAYOUTS:
+        other_ids = torch.stack([torch.randperm(E, generator=g)[:K] for _ in range(before + after)]).to(torch.int32)
+        all_ids = torch.cat([other_ids[:before], ids, other_ids[before:]])
+        got_rows, got = run(around(g, x, before, after), all_ids, torch.cat([torch.rand(before, K), w, torch.rand(after, K)]), before)
+        same(got_rows, rows, f"dispatched rows {before, after}")
+        same(got, out, f"combined {before, after}")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("layout", ["contiguous", "masked"])
+def test_grouped_gemm(reg, dtype, layout):
+    # 3 rows of expert 1. Beside them: nothing, or rows on other experts (and on expert 1 before
+    # them), up to more than 64 rows per expert, where the default plan takes the large tiles
+    # (another BLOCK_K: another order of the sums over K, which the interpreter shows).
+    fn, g = kernel(reg, "grouped_gemm", dtype, "dense"), gen(9)
+    E, N, Kd = 3, 64, 256
+    weight = randn(g, E, N, Kd, dtype=dtype, scale=0.05)
+    x = randn(g, 3, Kd, dtype=dtype)
+    for counts in ((0, 0, 0), (5, 2, 0), (0, 1, 130), (80, 70, 90)):  # other rows per expert (expert 1's go first)
+        if layout == "contiguous":
+            parts = [randn(g, counts[0], Kd, dtype=dtype), randn(g, counts[1], Kd, dtype=dtype), x, randn(g, counts[2], Kd, dtype=dtype)]
+            sizes = torch.tensor([counts[0], counts[1] + 3, counts[2]])
+            offsets = torch.cat([torch.zeros(1, dtype=torch.long), sizes.cumsum(0)]).to(torch.int32)
+            got = fn(torch.cat(parts), weight, expert_offsets=offsets)
+            start = counts[0] + counts[1]
+        else:
+            max_m = max(counts[0], counts[1] + 3, counts[2])
+            xm = randn(g, E, max_m, Kd, dtype=dtype)
+            xm[1, counts[1] : counts[1] + 3] = x
+            masked = torch.tensor([counts[0], counts[1] + 3, counts[2]], dtype=torch.int32)
+            got = fn(xm, weight, masked_m=masked)[1]
+            start = counts[1]
+        if counts == (0, 0, 0):
+            want = got[start : start + 3]
+        same(got[start : start + 3], want, f"{layout} {counts}")
+
+
+@pytest.mark.parametrize("dtype, fmt", [(torch.float32, "dense"), (torch.bfloat16, "dense"), (torch.bfloat16, "fp8_block")])
+def test_linear(reg, dtype, fmt):
+    # 3 rows alone, then among 4, 20 and 133 rows: the default plan changes tiles at 64 rows.
+    fn, g = kernel(reg, "linear", dtype, fmt), gen(10)
+    w = randn(g, 128, 256, scale=0.05)
+    weights = {"weight": w.to(dtype)} if fmt == "dense" else dict(zip(("weight", "weight_scale"), quant.quantize_weight_fp8_block(w)), fmt=fmt)
+    x = randn(g, 3, 256, dtype=dtype)
+    want = fn(x, **weights)
+    for before, after in ((1, 0), (0, 17), (70, 60)):
+        same(fn(around(g, x, before, after), **weights)[before : before + 3], want, f"{before, after}")
+
+
+# ---------------------------------------------------------------------------------------------- sampling
+
+
+def test_sample(reg):
+    fn, g = kernel(reg, "sample", torch.float32), gen(11)
+    V = 5000  # two chunks of the vocabulary
+    logits = randn(g, 2, V, scale=3.0)
+    params = {
+        "temperature": torch.tensor([0.8, 1.3]), "top_k": torch.tensor([40, 0]), "top_p": torch.tensor([0.9, 1.0]),
+        "min_p": torch.tensor([0.0, 0.05]), "seeds": torch.tensor([123, 7]), "positions": torch.tensor([9, 30]),
+    }  # fmt: skip
+    want = fn(logits, **params)
+    for before, after in ((1, 0), (0, 3), (5, 2)):
+        n = before + after
+        other = {
+            "temperature": torch.rand(n, generator=g) * torch.randint(0, 2, (n,), generator=g), "top_k": torch.randint(0, 50, (n,), generator=g),
+            "top_p": 0.5 + 0.5 * torch.rand(n, generator=g), "min_p": 0.1 * torch.rand(n, generator=g),
+            "seeds": torch.randint(0, 1000, (n,), generator=g), "positions": torch.randint(0, 100, (n,), generator=g),
+        }  # fmt: skip
+        mixed = {k: torch.cat([other[k][:before].to(v.dtype), v, other[k][before:].to(v.dtype)]) for k, v in params.items()}
+        same(fn(around(g, logits, before, after, scale=3.0), **mixed)[before : before + 2], want, f"{before, after}")
+
+
+def test_apply_token_bitmask(reg):
+    fn, g = kernel(reg, "apply_token_bitmask", torch.float32), gen(12)
+    V = 300
+    logits, mask = randn(g, 2, V), torch.randint(-(2**31), 2**31, (2, (V + 31) // 32), generator=g, dtype=torch.int64).to(torch.int32)
+    want = fn(logits.clone(), mask)
+    for before, after in LAYOUTS:
+        other = torch.randint(-(2**31), 2**31, (before + after, mask.shape[1]), generator=g, dtype=torch.int64).to(torch.int32)
+        got = fn(around(g, logits, before, after), torch.cat([other[:before], mask, other[before:]]))
+        same(got[before : before + 2], want, f"{before, after}")
+
+
+# ---------------------------------------------------------------------------------------------- attention
+
+
+def _prefill(fn, parts, window, scale=0.2):
+    """parts: (q, k, v) per request, packed; returns the packed output."""
+    q, k, v = (torch.cat([p[i] for p in parts]) for i in range(3))
+    cu_q = torch.tensor([0] + [p[0].shape[0] for p in parts]).cumsum(0).to(torch.int32)
+    cu_k = torch.tensor([0] + [p[1].shape[0] for p in parts]).cumsum(0).to(torch.int32)
+    return fn(q, k, v, cu_q, cu_k, softmax_scale=scale, sliding_window=window)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("window", [None, 24])
+def test_prefill_batches_and_chunks(reg, dtype, window):
+    # One request of 100 queries (Dqk 48 = 32 + 16: the split dot; the default table's 64-query
+    # blocks), alone, beside other requests (a cached prefix among them), and in chunks: 38 queries,
+    # then 62 over the first 38 keys as a cached prefix, then 30 + 32 + 38 with another batch around.
+    fn, g = kernel(reg, "prefill", dtype), gen(13)
+    H, Dqk, Dv, T = 2, 48, 32, 100
+    q, k, v = randn(g, T, H, Dqk, dtype=dtype), randn(g, T, H, Dqk, dtype=dtype), randn(g, T, H, Dv, dtype=dtype)
+
+    def other(nq, nk):
+        return randn(g, nq, H, Dqk, dtype=dtype), randn(g, nk, H, Dqk, dtype=dtype), randn(g, nk, H, Dv, dtype=dtype)
+
+    want = _prefill(fn, [(q, k, v)], window)
+    same(_prefill(fn, [other(70, 70), (q, k, v), other(5, 40)], window)[70:170], want, "batched")
+    same(_prefill(fn, [other(3, 3), other(1, 200), (q, k, v)], window)[4:104], want, "batched after a decode-like request")
+    for cuts, around_it in (((38,), (0, 0)), ((30, 62), (1, 2))):
+        got, start = [], 0
+        for end in (*cuts, T):
+            before = [other(n, n + 7) for n in range(around_it[0])]
+            after = [other(n + 9, n + 9) for n in range(around_it[1])]
+            out = _prefill(fn, [*before, (q[start:end], k[:end], v[:end]), *after], window)
+            skip = sum(b[0].shape[0] for b in before)
+            got.append(out[skip : skip + end - start])
+            start = end
+        same(torch.cat(got), want, f"chunks at {cuts}")
+
+
+def _mla(g, dtype, seq_lens, heads=4, latent=64, rope=16, page=64, width=None):
+    pages = [-(-n // page) for n in seq_lens]
+    blocks = sum(pages) + 2
+    order = torch.randperm(blocks, generator=g)
+    table = torch.zeros(len(seq_lens), width or max(pages), dtype=torch.int32)
+    start = 0
+    for b, count in enumerate(pages):
+        table[b, :count] = order[start : start + count]
+        start += count
+    return {
+        "q_nope": randn(g, len(seq_lens), 1, heads, latent, dtype=dtype), "q_rope": randn(g, len(seq_lens), 1, heads, rope, dtype=dtype),
+        "kv_cache": randn(g, blocks, page, latent + rope, dtype=dtype), "block_table": table, "seq_lens": torch.tensor(seq_lens, dtype=torch.int32),
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_mla_decode(reg, dtype):
+    # A 600-token request alone (the default kernel splits it in two), beside 17 short ones (one
+    # split), and beside a longer one (a wider block table, a third split that is empty for it).
+    fn, g = kernel(reg, "mla_decode", dtype), gen(14)
+    alone = _mla(g, dtype, [600])
+    want = fn(**alone, softmax_scale=0.1)
+    for lens, at in (([50] * 17 + [600], 17), ([1100, 600, 3], 1)):
+        batch = _mla(g, dtype, lens)
+        table_row = batch["block_table"][at]
+        # the request's own pages: its queries and its tokens' rows, at its pages of this batch
+        batch["q_nope"][at], batch["q_rope"][at] = alone["q_nope"][0], alone["q_rope"][0]
+        for i in range(-(-600 // 64)):
+            batch["kv_cache"][table_row[i]] = alone["kv_cache"][alone["block_table"][0, i]]
+        same(fn(**batch, softmax_scale=0.1)[at : at + 1], want, f"{lens}")
+
+
+def _lists(g, n_valid, width, rows):
+    """A query's row list: n_valid distinct rows in [0, rows), -1 padded to width."""
+    ids = torch.full((width,), -1, dtype=torch.int32)
+    ids[:n_valid] = torch.randperm(rows, generator=g)[:n_valid].to(torch.int32)
+    return ids
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_sparse_attention(reg, dtype):
+    # One query: 100 window rows and 200 compressed entries (the default kernel splits them in two
+    # when alone), then padded to the widths of a batch of longer lists, and among 17 other queries.
+    fn, g = kernel(reg, "sparse_attention", dtype), gen(15)
+    H, D, rows, xrows = 4, 64, 400, 300
+    kv, xkv, sinks = randn(g, rows, D, dtype=dtype), randn(g, xrows, D, dtype=dtype), randn(g, H)
+    q = randn(g, 1, H, D, dtype=dtype)
+    win, ext = _lists(g, 100, 100, rows), _lists(g, 200, 200, xrows)
+    want = fn(q, kv, win[None], sinks, softmax_scale=0.125, extra_kv=xkv, extra_indices=ext[None])
+    for (before, after), (width, xwidth) in (((1, 0), (160, 200)), ((0, 3), (100, 290)), ((17, 0), (130, 250))):
+        n = before + after
+        wl = torch.stack([_lists(g, int(torch.randint(1, width + 1, (1,), generator=g)), width, rows) for _ in range(n)] or [win[:0]])
+        xl = torch.stack([_lists(g, int(torch.randint(0, xwidth + 1, (1,), generator=g)), xwidth, xrows) for _ in range(n)] or [ext[:0]])
+        pad_w = torch.cat([win, torch.full((width - 100,), -1, dtype=torch.int32)])
+        pad_x = torch.cat([ext, torch.full((xwidth - 200,), -1, dtype=torch.int32)])
+        indices = torch.cat([wl[:before], pad_w[None], wl[before:n]]) if n else pad_w[None]
+        extra = torch.cat([xl[:before], pad_x[None], xl[before:n]]) if n else pad_x[None]
+        got = fn(around(g, q, before, after), kv, indices, sinks, softmax_scale=0.125, extra_kv=xkv, extra_indices=extra)
+        same(got[before : before + 1], want, f"{before, after} widths {width, xwidth}")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_indexer_topk(reg, dtype):
+    # A sequence of 40 entries with two queries, alone and beside sequences with up to 150 entries
+    # (its table padded to their width), at another place in the batch.
+    fn, g = kernel(reg, "indexer_topk", dtype), gen(16)
+    H, D, pool = 16, 32, 400
+    keys = randn(g, pool, D, dtype=dtype)
+    mine = torch.randperm(pool, generator=g)[:40].to(torch.int32)
+    q, w = randn(g, 2, H, D, dtype=dtype), randn(g, 2, H, scale=0.1)
+    nv = torch.tensor([38, 40], dtype=torch.int32)
+
+    def run(tables, at, width, q_all, w_all, seq, vis):
+        t = torch.full((len(tables), width), -1, dtype=torch.int32)
+        for b, rows in enumerate(tables):
+            t[b, : len(rows)] = rows
+        return fn(q_all, w_all, keys, t, seq, vis, top_k=8)
+
+    want = run([mine], 0, 40, q, w, torch.zeros(2, dtype=torch.int32), nv)
+    others = [torch.randperm(pool, generator=g)[:n].to(torch.int32) for n in (150, 7, 90)]
+    got = run([others[0], mine, others[1]], 1, 160, around(g, q, 3, 1), around(g, w, 3, 1, scale=0.1),
+              torch.tensor([0, 0, 0, 1, 1, 2], dtype=torch.int32), torch.tensor([150, 120, 3, 38, 40, 7], dtype=torch.int32))  # fmt: skip
+    same(got[3:5], want, "beside longer tables")
+    got = run([mine, others[2]], 0, 90, around(g, q, 0, 3), around(g, w, 0, 3, scale=0.1),
+              torch.tensor([0, 0, 1, 1, 1], dtype=torch.int32), torch.tensor([38, 40, 90, 60, 1], dtype=torch.int32))  # fmt: skip
+    same(got[0:2], want, "first in the batch")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("ratio, overlap", [(4, True), (8, False)])
+def test_compress_kv(reg, dtype, ratio, overlap):
+    fn, g = kernel(reg, "compress_kv", dtype), gen(17)
+    D = 32
+    width = 2 * D if overlap else D
+    rows = 64
+    kv, gate = randn(g, rows, width, dtype=dtype), randn(g, rows, width, dtype=dtype, scale=3.0)
+    bias = randn(g, ratio, width, scale=0.5)
+    starts = torch.tensor([ratio, 5 * ratio])
+    prevs = torch.tensor([0, 4 * ratio]) if overlap else starts
+    want = fn(kv, gate, bias, starts, prevs, ratio=ratio, overlap=overlap)
+    for before, after in LAYOUTS:
+        o_starts = torch.randint(0, rows - ratio, (before + after,), generator=g)
+        o_prevs = torch.where(o_starts >= ratio, o_starts - ratio, -1) if overlap else o_starts
+        s = torch.cat([o_starts[:before], starts, o_starts[before:]])
+        p = torch.cat([o_prevs[:before], prevs, o_prevs[before:]])
+        same(fn(kv, gate, bias, s, p, ratio=ratio, overlap=overlap)[before : before + 2], want, f"{before, after}")
