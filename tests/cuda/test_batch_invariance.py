@@ -329,7 +329,7 @@ def test_prefill_batches_and_chunks(reg, dtype, window):
     for cuts, around_it in (((38,), (0, 0)), ((30, 62), (1, 2))):
         got, start = [], 0
         for end in (*cuts, T):
-            before = [other(n, n + 7) for n in range(around_it[0])]
+            before = [other(n + 3, n + 10) for n in range(around_it[0])]
             after = [other(n + 9, n + 9) for n in range(around_it[1])]
             out = _prefill(fn, [*before, (q[start:end], k[:end], v[:end]), *after], window)
             skip = sum(b[0].shape[0] for b in before)
@@ -389,12 +389,12 @@ def test_sparse_attention(reg, dtype):
     want = fn(q, kv, win[None], sinks, softmax_scale=0.125, extra_kv=xkv, extra_indices=ext[None])
     for (before, after), (width, xwidth) in (((1, 0), (160, 200)), ((0, 3), (100, 290)), ((17, 0), (130, 250))):
         n = before + after
-        wl = torch.stack([_lists(g, int(torch.randint(1, width + 1, (1,), generator=g)), width, rows) for _ in range(n)] or [win[:0]])
-        xl = torch.stack([_lists(g, int(torch.randint(0, xwidth + 1, (1,), generator=g)), xwidth, xrows) for _ in range(n)] or [ext[:0]])
+        wl = torch.stack([_lists(g, int(torch.randint(1, width + 1, (1,), generator=g)), width, rows) for _ in range(n)])
+        xl = torch.stack([_lists(g, int(torch.randint(0, xwidth + 1, (1,), generator=g)), xwidth, xrows) for _ in range(n)])
         pad_w = torch.cat([win, torch.full((width - 100,), -1, dtype=torch.int32)])
         pad_x = torch.cat([ext, torch.full((xwidth - 200,), -1, dtype=torch.int32)])
-        indices = torch.cat([wl[:before], pad_w[None], wl[before:n]]) if n else pad_w[None]
-        extra = torch.cat([xl[:before], pad_x[None], xl[before:n]]) if n else pad_x[None]
+        indices = torch.cat([wl[:before], pad_w[None], wl[before:]])
+        extra = torch.cat([xl[:before], pad_x[None], xl[before:]])
         got = fn(around(g, q, before, after), kv, indices, sinks, softmax_scale=0.125, extra_kv=xkv, extra_indices=extra)
         same(got[before : before + 1], want, f"{before, after} widths {width, xwidth}")
 

@@ -1,6 +1,7 @@
 """Expert parallelism end to end on the CPU (gloo, reference backend, float32, the embedded tiny
 model): greedy generation with 2 and 4 ranks equals one rank, with and without redundant experts
-(placed by EPLB from a skewed synthetic load, then re-placed during the run), with idle ranks;
+(placed by EPLB from a skewed synthetic load, then re-placed during the run), with idle ranks, and
+in deterministic mode (equal to one deterministic process);
 `deepinfer run --ep 2` (which starts torchrun) writes its output once, in input order; a rank
 that dies or hangs ends the run with a one-line error on the other ranks, keeping written results.
 
@@ -54,6 +55,9 @@ def scenarios(world: int) -> dict[str, dict]:
             "llm": {"num_redundant_experts": redundant, "expert_load": skewed_load(), "eplb_interval": 2},
         },
         "fewer_prompts_than_ranks": {"prompts": list(range(world - 2 if world > 2 else 1)), "llm": {}},
+        # batch-invariant kernels on every rank (gloo reduces in a fixed order): tokens equal one
+        # deterministic process's
+        "deterministic": {"prompts": list(range(len(PROMPTS))), "llm": {"deterministic": True}},
     }
 
 
@@ -96,9 +100,19 @@ def cache(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def expected(cache) -> list[list[int]]:
     """Greedy tokens of every prompt, one process, every expert local (--ep 1)."""
+    return _one_process_tokens(cache)
+
+
+@pytest.fixture(scope="module")
+def expected_deterministic(cache) -> list[list[int]]:
+    """The same in deterministic mode (other kernels: the tokens may differ from `expected`)."""
+    return _one_process_tokens(cache, deterministic=True)
+
+
+def _one_process_tokens(cache, **kwargs) -> list[list[int]]:
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("DEEPINFER_CACHE", str(cache))
-        llm = make_llm()
+        llm = make_llm(**kwargs)
         indices = range(len(PROMPTS))
         outputs = llm.generate([{"prompt_token_ids": PROMPTS[i]} for i in indices], sampling_params(indices), use_tqdm=False)
     tokens = [o.outputs[0].token_ids for o in outputs]
@@ -154,12 +168,12 @@ def test_cli_passes_every_option_to_the_ranks():
 
 
 @pytest.mark.parametrize("world", [2, 4])
-def test_expert_parallel_generation_equals_one_rank(world, cache, expected, tmp_path):
+def test_expert_parallel_generation_equals_one_rank(world, cache, expected, expected_deterministic, tmp_path):
     run = torchrun(world, "worker", str(tmp_path), env=subprocess_env(cache))
     assert run.returncode == 0, run.stderr[-4000:]
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(world)]
     for name, scenario in scenarios(world).items():
-        want = [expected[i] for i in scenario["prompts"]]
+        want = [(expected_deterministic if name == "deterministic" else expected)[i] for i in scenario["prompts"]]
         assert ranks[0][name]["tokens"] == want, f"{name}: --ep {world} differs from --ep 1"
         for r, rank in enumerate(ranks):
             stats = rank[name]

@@ -261,7 +261,7 @@ def _mla_decode_split_kernel(
         start = lo + split * per_split
         end = tl.minimum(start + per_split, seq_len)
         if MIN_SPLIT_TILES > 0 and not DIRECT:
-            row_ok = row_ok & (start < end)  # an empty split loads and stores nothing (its lse stays -inf)
+            row_ok = row_ok & ((arange_m * 0 + start) < end)  # an empty split loads and stores nothing (its lse stays -inf)
 
         q_rows_n = q_nope_ptr + b * stride_qn_b + offs_m * stride_qn_m
         q_rows_r = q_rope_ptr + b * stride_qr_b + offs_m * stride_qr_m
