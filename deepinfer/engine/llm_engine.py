@@ -112,7 +112,8 @@ class LLMEngine:
             num_blocks, self.block_size, config.enable_prefix_caching,
             num_state_slots=self.num_state_slots, prefix_replay_tokens=getattr(model, "prefix_replay_tokens", 0),
         )  # fmt: skip
-        self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens)
+        self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens,
+                                   final_length=self._final_length if config.deterministic else None)  # fmt: skip
         self.runner = ModelRunner(
             loaded.model,
             runtime.ops,
@@ -172,6 +173,10 @@ class LLMEngine:
         seq = Sequence(index, prompt_token_ids, params, seed, prompt)
         self.scheduler.add(seq)
         return seq
+
+    def _final_length(self, seq) -> int:
+        """The most tokens `seq` can reach: prompt + max_tokens, capped by the model's length."""
+        return min(seq.num_prompt_tokens + (seq.params.max_tokens or self.max_model_len), self.max_model_len)
 
     def check_request(self, prompt_token_ids: list[int], params: SamplingParams, what: str = "prompt") -> None:
         if not prompt_token_ids:

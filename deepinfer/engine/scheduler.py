@@ -7,14 +7,20 @@ admitted in request order while KV pages, `max_num_seqs` and the step's token bu
 decodes one token. A decode that needs a new page when none is free preempts the newest running
 sequence: its pages are freed and it waits to be recomputed (its prefix may still be cached).
 The oldest request always progresses, so the engine cannot livelock.
+
+Deterministic mode admits a request only when the pages for its longest possible length (prompt +
+max_tokens, capped by the model's length) fit beside what the running sequences may still take, so
+no decode ever runs out of pages and nothing is preempted: a recomputed request would rebuild its
+generated tokens' keys by prefill, whose arithmetic is not decode's.
 """
 
 from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass
+from typing import Callable
 
-from deepinfer.engine.block_manager import BlockManager
+from deepinfer.engine.block_manager import BlockManager, blocks_for
 from deepinfer.engine.sequence import Sequence, SequenceStatus
 
 
@@ -30,7 +36,10 @@ class ScheduledBatch:
 
 
 class Scheduler:
-    def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int):
+    def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int,
+                 final_length: Callable[[Sequence], int] | None = None):  # fmt: skip
+        """final_length: a sequence's longest possible length; given, admission reserves pages up to
+        it for every running sequence (deterministic mode: never preempt)."""
         if max_num_seqs < 1 or max_num_batched_tokens < 1:
             raise ValueError(f"need max_num_seqs >= 1 and max_num_batched_tokens >= 1, got {max_num_seqs} and {max_num_batched_tokens}")
         self.block_manager = block_manager
@@ -39,6 +48,7 @@ class Scheduler:
         self.waiting: list[Sequence] = []  # by seq_id: preempted sequences go back in request order
         self.running: list[Sequence] = []  # by seq_id: the newest is preempted first
         self.num_preemptions = 0
+        self.final_length = final_length
 
     def add(self, seq: Sequence) -> None:
         seq.status = SequenceStatus.WAITING
@@ -60,7 +70,7 @@ class Scheduler:
                 budget -= chunk
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
-            if not self.block_manager.can_allocate(seq):
+            if not self.block_manager.can_allocate(seq) or (self.final_length is not None and not self._fits_to_the_end(seq)):
                 break  # in order: a later, smaller request does not overtake
             self.waiting.pop(0)
             self.block_manager.allocate(seq)
@@ -73,6 +83,15 @@ class Scheduler:
             seqs.append(seq), chunks.append(chunk)
             budget -= chunk
         return ScheduledBatch(True, seqs, chunks) if seqs else None
+
+    def _fits_to_the_end(self, seq: Sequence) -> bool:
+        """seq's pages up to its final length fit beside the pages the running sequences may still take."""
+        bm = self.block_manager
+        owed = sum(max(0, blocks_for(self.final_length(s), bm.block_size) - len(s.block_table)) for s in self.running)
+        hits = bm.cached_prefix(seq)
+        revived = sum(1 for b in hits if bm.blocks[b].ref_count == 0)  # cached but free: they leave the free queue
+        need = blocks_for(self.final_length(seq), bm.block_size) - len(hits) + revived
+        return need + owed <= bm.num_free_blocks
 
     def _schedule_decode(self) -> ScheduledBatch:
         scheduled = []

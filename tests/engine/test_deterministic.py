@@ -16,10 +16,10 @@ STEPS = 6
 VOCAB = SMALL_VOCAB
 
 
-def _llm(checkpoint, **kwargs):
+def _llm(checkpoint, num_kv_blocks_override: int = 512, **kwargs):
     from deepinfer import LLM
 
-    return LLM(model=str(checkpoint), backend="reference", dtype="float32", announce=False, num_kv_blocks=512, **kwargs)
+    return LLM(model=str(checkpoint), backend="reference", dtype="float32", announce=False, num_kv_blocks=num_kv_blocks_override, **kwargs)
 
 
 @pytest.fixture(scope="module")
@@ -117,3 +117,20 @@ def test_deepseek_v4_logits_do_not_depend_on_batching_chunking_or_a_prefix_hit(v
     got = run_probe(chunked, recorder, V4_PROBE, [], 3)
     assert got[2] > 0
     assert (differing_steps(want, got[0]), got[1]) == ([], tokens)
+
+
+def test_a_full_cache_delays_admission_instead_of_preempting(checkpoint, alone):
+    """With 24 pages for 20 requests the default mode preempts (and recomputes) requests; the
+    deterministic one admits a request only when its pages to its last token are free, so none is
+    preempted and the probe's logits stay its solo run's."""
+    from deepinfer import SamplingParams
+
+    neighbours = neighbour_prompts(19, VOCAB, seed=21, lengths=(20, 40))
+    params = [SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True) for _ in neighbours]
+    default = _llm(checkpoint, enable_prefix_caching=False, num_kv_blocks_override=24)
+    assert sum(o.metrics["num_preemptions"] for o in default.generate(neighbours, params, use_tqdm=False)) > 0
+    llm = _llm(checkpoint, deterministic=True, enable_prefix_caching=False, num_kv_blocks_override=24)
+    recorder = ProbeLogits(llm)
+    steps, tokens, _ = run_probe(llm, recorder, PROBE, neighbours, STEPS)
+    assert differing_steps(alone[0], steps) == [] and tokens == alone[1]
+    assert llm.engine.scheduler.num_preemptions == 0
