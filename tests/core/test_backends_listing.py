@@ -32,8 +32,8 @@ def test_long_notes_wrap_instead_of_being_cut():
     text = format_report(report, ["linear", "rope"], width=80)
     assert max(len(line) for line in text.splitlines()) <= 80
     assert LONG_NOTE in _flat(text) and "a second kernel" in text
-    assert "gpu: 1/2 ops covered (as registered for the Triton interpreter: no device here)" in _flat(text)
-    assert "cpu: 1/2 ops covered\n" in text
+    assert "gpu: 1/2 ops covered, 0 with a batch-invariant kernel (as registered for the Triton interpreter: no device here)" in _flat(text)
+    assert "cpu: 1/2 ops covered, 0 with a batch-invariant kernel\n" in text
     assert "rope                 - (no kernel)" not in text and "rope    - (no kernel)" in text
 
 

@@ -276,7 +276,9 @@ def _check_prefill(out, q, k, v, cu_q, cu_k, scale, window):
 
 def test_prefill_signature_matches_the_op(prefill_kernels):
     check_signature(OPS["prefill"], prefill_kernels.prefill, "cuda")
-    assert [r.op for r in prefill_kernels.REGISTRATIONS] == ["prefill"]
+    check_signature(OPS["prefill"], prefill_kernels.prefill_invariant, "cuda")
+    # the default kernel, and deterministic mode's (every key block masked)
+    assert [(r.op, r.batch_invariant) for r in prefill_kernels.REGISTRATIONS] == [("prefill", False), ("prefill", True)]
 
 
 @pytest.mark.parametrize(

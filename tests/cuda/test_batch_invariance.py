@@ -47,9 +47,6 @@ def reg():
 
 def kernel(reg, op: str, dtype: torch.dtype, fmt: str | None = None, deterministic: bool = True):
     registry, options = reg
-    import os
-    if os.environ.get("BI_DEFAULT"):
-        deterministic = False
     ctx = ResolveContext(backend="cuda", device=CPU, dtype=dtype, options=options, deterministic=deterministic)
     chosen = registry.choose(ctx, op, fmt)
     assert chosen is not None, f"no cuda kernel for {op}[{fmt}] in {dtype}"
@@ -72,6 +69,7 @@ def same(got: torch.Tensor, want: torch.Tensor, what: str = "") -> None:
 
 def around(g, req: torch.Tensor, before: int, after: int, **kw) -> torch.Tensor:
     """req's rows (dim 0) with `before` random rows in front and `after` behind."""
+
     def rows(n):
         return randn(g, n, *req.shape[1:], dtype=req.dtype, **kw)
 
@@ -86,18 +84,21 @@ AS_THEY_ARE = {"rope", "silu_and_mul", "clamped_silu_and_mul", "kv_cache_write",
 
 
 def test_default_kernels_still_chosen_without_deterministic(reg):
+    """Every op (format, dtype) the cuda backend serves has a batch-invariant kernel; without
+    deterministic mode the default one is chosen: a separate kernel where deterministic mode has
+    its own, the same one where the default is batch-invariant as it is."""
     registry, _ = reg
     assert set(registry.kernels["cuda"]) == SEPARATE | AS_THEY_ARE
     for op in sorted(SEPARATE | AS_THEY_ARE):
-        fmts = registry.ops[op].formats or (None,)
-        for fmt in fmts:
-            default = kernel(reg, op, torch.bfloat16, fmt, deterministic=False)
-            invariant = kernel(reg, op, torch.bfloat16, fmt)
-            if op in SEPARATE:
-                assert default is not invariant and "invariant" not in default.__qualname__, (op, fmt)
-                assert "invariant" in invariant.__qualname__, (op, fmt)
-            else:
-                assert default is invariant, (op, fmt)
+        for fmt in registry.ops[op].formats or (None,):
+            for dtype in (torch.float32, torch.bfloat16, torch.float16):
+                default = kernel(reg, op, dtype, fmt, deterministic=False)
+                invariant = kernel(reg, op, dtype, fmt)
+                if op in SEPARATE:
+                    assert default is not invariant and "invariant" not in default.__qualname__, (op, fmt, dtype)
+                    assert "invariant" in invariant.__qualname__, (op, fmt, dtype)
+                else:
+                    assert default is invariant, (op, fmt, dtype)
 
 
 # ---------------------------------------------------------------------------------------------- row-wise ops
@@ -186,6 +187,8 @@ def test_hc_pre(reg, dtype):
 # ---------------------------------------------------------------------------------------------- MoE
 
 
+# The fixed token tile's padding rows renormalise 0 / 0 (numpy warns; those rows are never stored).
+@pytest.mark.filterwarnings("ignore:invalid value encountered in divide:RuntimeWarning")
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize(
     "route",
@@ -280,7 +283,7 @@ def test_sample(reg):
         "min_p": torch.tensor([0.0, 0.05]), "seeds": torch.tensor([123, 7]), "positions": torch.tensor([9, 30]),
     }  # fmt: skip
     want = fn(logits, **params)
-    for before, after in ((1, 0), (0, 3), (5, 2)):
+    for before, after in ((1, 0), (3, 2)):  # (the interpreter takes ~0.4 s per filtered row)
         n = before + after
         other = {
             "temperature": torch.rand(n, generator=g) * torch.randint(0, 2, (n,), generator=g), "top_k": torch.randint(0, 50, (n,), generator=g),
@@ -313,8 +316,7 @@ def _prefill(fn, parts, window, scale=0.2):
     return fn(q, k, v, cu_q, cu_k, softmax_scale=scale, sliding_window=window)
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("window", [None, 24])
+@pytest.mark.parametrize("dtype, window", [(torch.float32, None), (torch.bfloat16, 24)])
 def test_prefill_batches_and_chunks(reg, dtype, window):
     # One request of 100 queries (Dqk 48 = 32 + 16: the split dot; the default table's 64-query
     # blocks), alone, beside other requests (a cached prefix among them), and in chunks: 38 queries,
@@ -358,12 +360,12 @@ def _mla(g, dtype, seq_lens, heads=4, latent=64, rope=16, page=64, width=None):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_mla_decode(reg, dtype):
-    # A 600-token request alone (the default kernel splits it in two), beside 17 short ones (one
-    # split), and beside a longer one (a wider block table, a third split that is empty for it).
+    # A 600-token request alone, beside 9 short ones and beside a longer one with a wider block
+    # table (the default kernel cuts the request at 320 tokens alone, at 512 there).
     fn, g = kernel(reg, "mla_decode", dtype), gen(14)
     alone = _mla(g, dtype, [600])
     want = fn(**alone, softmax_scale=0.1)
-    for lens, at in (([50] * 17 + [600], 17), ([1100, 600, 3], 1)):
+    for lens, at in (([50] * 9 + [600], 9), ([900, 600, 3], 1)):
         batch = _mla(g, dtype, lens)
         table_row = batch["block_table"][at]
         # the request's own pages: its queries and its tokens' rows, at its pages of this batch
@@ -383,14 +385,14 @@ def _lists(g, n_valid, width, rows):
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_sparse_attention(reg, dtype):
     # One query: 100 window rows and 200 compressed entries (the default kernel splits them in two
-    # when alone), then padded to the widths of a batch of longer lists, and among 17 other queries.
+    # when alone, not in a batch), padded to the widths of batches of longer lists, at other places.
     fn, g = kernel(reg, "sparse_attention", dtype), gen(15)
     H, D, rows, xrows = 4, 64, 400, 300
     kv, xkv, sinks = randn(g, rows, D, dtype=dtype), randn(g, xrows, D, dtype=dtype), randn(g, H)
     q = randn(g, 1, H, D, dtype=dtype)
     win, ext = _lists(g, 100, 100, rows), _lists(g, 200, 200, xrows)
     want = fn(q, kv, win[None], sinks, softmax_scale=0.125, extra_kv=xkv, extra_indices=ext[None])
-    for (before, after), (width, xwidth) in (((1, 0), (160, 200)), ((0, 3), (100, 290)), ((17, 0), (130, 250))):
+    for (before, after), (width, xwidth) in (((1, 0), (160, 200)), ((0, 3), (100, 290)), ((6, 0), (130, 250))):
         n = before + after
         wl = torch.stack([_lists(g, int(torch.randint(1, width + 1, (1,), generator=g)), width, rows) for _ in range(n)])
         xl = torch.stack([_lists(g, int(torch.randint(0, xwidth + 1, (1,), generator=g)), xwidth, xrows) for _ in range(n)])

@@ -182,6 +182,6 @@ REGISTRATIONS = [
         dtypes=(torch.float32, torch.bfloat16, torch.float16, torch.float64),
         priority=-1,
         batch_invariant=True,
-        note="Triton: the kernel above with one entry tile for every number of entries",
+        note="Triton: [entries x slots x channels] tiles, one-shot softmax along the slots; one entry tile for every number of entries",
     ),
 ]

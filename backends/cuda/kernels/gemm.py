@@ -1165,7 +1165,10 @@ def _dot_scaled_unusable(ctx) -> str | None:
     return f"backend option mxfp4_path=dot_scaled, but Triton {triton.__version__} has no tl.dot_scaled (mxfp4_path=auto or upcast works)"
 
 
-_INVARIANT_NOTE = "Triton: the GEMM above with one plan for every row count (decode tiles, split-K from N and K only)"
+_INVARIANT_NOTE = (
+    f"Triton: the tiled GEMM (mxfp4 with bf16/fp16 activations: {mxfp4_path()}) with one plan for every row count "
+    "(decode tiles, split-K from N and K only)"
+)
 REGISTRATIONS = [
     Registration(op="linear", fn=linear, formats=("dense", "fp8_block", "mxfp4", "mxfp8", "mxfp4_a8"), dtypes=_KERNEL_DTYPES, note=_NOTE),
     Registration(

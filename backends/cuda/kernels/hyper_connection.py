@@ -385,7 +385,7 @@ REGISTRATIONS = [
         dtypes=_DTYPES,
         priority=-1,
         batch_invariant=True,
-        note="Triton: the hc_pre above, split-K partials for every token count (one launch shape whatever T)",
+        note="Triton: token tiles, one pass for norm + projection, Sinkhorn in registers, collapse; split-K partials for every token count",
     ),
     Registration(
         op="hc_post",

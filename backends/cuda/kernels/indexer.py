@@ -320,6 +320,6 @@ REGISTRATIONS = [
         dtypes=(torch.float32, torch.bfloat16, torch.float16, torch.float64),
         priority=-1,
         batch_invariant=True,
-        note="Triton: the kernel above (batch-invariant on a GPU as it is; the GPU's entry tile under the interpreter too)",
+        note="Triton: heads x entries tensor-core scores, torch.topk threshold + ordered tie-rule select; the GPU's entry tile under the interpreter too",
     ),
 ]

@@ -465,7 +465,7 @@ def combine(
 REGISTRATIONS = [
     Registration(op="gate", fn=gate, note="Triton (fused scores, bias, group-limited top-k in registers)"),
     Registration(op="gate", fn=gate_invariant, priority=-1, batch_invariant=True,
-                 note="Triton (the gate above with one tile of tile_elems // E tokens for every token count)"),
+                 note="Triton (fused scores, bias, group-limited top-k in registers; one tile of tile_elems // E tokens for every token count)"),
     # dispatch and combine: batch-invariant as they are (see the module docstring).
     Registration(op="dispatch", fn=dispatch, note="Triton (deterministic counting sort + row copy, no host sync)", batch_invariant=True),
     Registration(op="combine", fn=combine, note="Triton (gather K rows, fixed-order float32 sum)", batch_invariant=True),

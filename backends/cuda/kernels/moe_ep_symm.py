@@ -786,6 +786,15 @@ def unusable(ctx) -> str | None:
     return f"backend option ep_path=symm, but the symmetric-memory EP path cannot run: {reason} (ep_path=auto or nccl uses all_to_all_single)"
 
 
+def _forced_in_deterministic_mode(ctx) -> bool:
+    return ctx.deterministic and ctx.ep_size > 1 and EP_PATH.value(ctx) == "symm"
+
+
+def _not_invariant(ctx) -> str:
+    return ("backend option ep_path=symm has no batch-invariant kernel (its per-owner partial sums follow where a token's "
+            "redundant experts land, which follows its batch position); deterministic mode takes ep_path=auto or nccl")  # fmt: skip
+
+
 REGISTRATIONS = [
     Registration(op="dispatch", fn=dispatch, when=chosen, unusable=unusable, priority=SYMM_PRIORITY,
                  capturable_with_token_bound=capturable_with_token_bound,
@@ -793,4 +802,11 @@ REGISTRATIONS = [
     Registration(op="combine", fn=combine, when=chosen, unusable=unusable, priority=SYMM_PRIORITY,
                  capturable_with_token_bound=capturable_with_token_bound,
                  note="Triton scatter back into the sources' symmetric-memory buffers + Triton fixed-order combine"),
+]  # fmt: skip
+# ep_path=symm forced in deterministic mode: a one-line refusal, not a silent switch to the NCCL path.
+# (Listed as a candidate of deterministic mode only to say why it cannot serve.)
+REGISTRATIONS += [
+    Registration(op=op, fn=fn, when=_forced_in_deterministic_mode, unusable=_not_invariant, priority=SYMM_PRIORITY, batch_invariant=True,
+                 note="(deterministic mode with ep_path=symm: refused, see docs/architecture.md)")
+    for op, fn in (("dispatch", dispatch), ("combine", combine))
 ]  # fmt: skip

@@ -203,6 +203,6 @@ REGISTRATIONS = [
         dtypes=(torch.float32, torch.bfloat16, torch.float16, torch.float64),
         priority=-1,
         batch_invariant=True,
-        note="Triton (the kernel above with one tile of tile_elems // D rows for every row count)",
+        note="Triton (rows in registers, fused residual add; one tile of tile_elems // D rows for every row count)",
     ),
 ]

@@ -416,6 +416,6 @@ REGISTRATIONS = [
         dtypes=(torch.float32, torch.bfloat16, torch.float16),
         priority=-1,
         batch_invariant=True,
-        note="Triton (the kernel above with one tile and one split for every call: no partials, no combine)",
+        note="Triton (heads as M over gathered row blocks, both lists in one online softmax, sink in the normaliser; one tile, one split: no partials)",
     ),
 ]
