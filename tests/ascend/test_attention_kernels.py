@@ -357,9 +357,14 @@ def _compile_variants():
         ("mla_fp8_direct", split, mla_fp8_ptrs, {**mla_fp8, "HAS_WINDOW": False, "DIRECT": True, "IDX64": False}),
         ("mla_fp8_split_window_idx64", split, mla_fp8_ptrs, {**mla_fp8, "HAS_WINDOW": True, "DIRECT": False, "IDX64": True}),
         ("mla_combine", mla._mla_decode_combine_kernel, combine_ptrs, dict(ROWS=8, C=48, BLOCK_M=16, BLOCK_C=64, MANUAL_RNE=False)),
+        # deterministic mode's variants: splits of at least 4 tiles, a combine that skips empty splits
+        ("mla_invariant_split", split, mla_ptrs, {**mla_base, "Q_CHUNK": 0, "HAS_WINDOW": False, "DIRECT": False, "IDX64": False, "MIN_SPLIT_TILES": 4}),
+        ("mla_combine_skip_empty", mla._mla_decode_combine_kernel, combine_ptrs,
+         dict(ROWS=8, C=48, BLOCK_M=16, BLOCK_C=64, MANUAL_RNE=False, SKIP_EMPTY=True)),
         ("prefill", pf._prefill_kernel, pf_ptrs, {**pf_base, "HAS_WINDOW": False, "IDX64": False}),
         ("prefill_window_idx64", pf._prefill_kernel, pf_ptrs, {**pf_base, "HAS_WINDOW": True, "IDX64": True}),
         ("prefill_one_dot", pf._prefill_kernel, pf_ptrs, {**pf_base, "D_QK": 32, "BLOCK_D2": 0, "HAS_WINDOW": True, "IDX64": False}),
+        ("prefill_mask_all", pf._prefill_kernel, pf_ptrs, {**pf_base, "HAS_WINDOW": False, "IDX64": False, "MASK_ALL": True}),
         ("kv_write", kvw._kv_cache_write_kernel, kv_ptrs, {**kv_base, "IDX64": False}),
         ("kv_write_idx64", kvw._kv_cache_write_kernel, kv_ptrs, {**kv_base, "IDX64": True}),
         ("kv_write_fp8", kvw._kv_cache_write_kernel, kv_fp8_ptrs, {**kv_base, "BLOCK_R": 32, "IDX64": False, "FP8": True}),
@@ -466,7 +471,7 @@ def test_registrations_match_the_ops_and_yield_to_the_npu_path(monkeypatch):
 
     all_ops()
     regs = [*kv_cache.REGISTRATIONS, *mla_decode.REGISTRATIONS, *prefill.REGISTRATIONS]
-    assert sorted(r.op for r in regs) == ["kv_cache_write", "mla_decode", "prefill"]
+    assert sorted({r.op for r in regs}) == ["kv_cache_write", "mla_decode", "prefill"]
     registry = Registry()
     registry.register_all("ascend", regs)
     ctx = ResolveContext(backend="ascend", options={"npu_fast_paths": "all"})

@@ -19,6 +19,13 @@ Buffer budget: about 10 float32 [BLOCK_E, BLOCK_D] values live (running m, denom
 the slot's value, logit, bias, two exps, the new maximum, the mask): 40 bytes per element under
 half the unified buffer: 2048-element tiles on A2/A3 and on 950 (rounded down to a power of two).
 
+Deterministic mode (`compress_kv_invariant`): an element's result is its own online softmax over
+its slots in a fixed order, whatever the tile; but BLOCK_E follows the entry count, so calls with
+other counts run other compiled kernels, and whether the compiler contracts `den * alpha + p` and
+`num * alpha + p * v` into FMAs alike in each is not guaranteed. The invariant kernel always takes
+the most entries the buffer holds (BLOCK_E from the channels and the chip only). Cost: a few
+masked rows in a small call.
+
 Index arithmetic is int32 (row * stride; IDX64 switches to int64 when kv or gate has >= 2^31
 elements). window_starts / prev_starts are read on the device: no host synchronisation. float64
 inputs (a test dtype; no float64 on the vector units) go to the reference.
@@ -127,6 +134,24 @@ def compress_kv(
     ratio: int,
     overlap: bool,
 ) -> torch.Tensor:
+    return _compress_kv(kv, gate, position_bias, window_starts, prev_starts, ratio, overlap, invariant=False)
+
+
+def compress_kv_invariant(
+    kv: torch.Tensor,
+    gate: torch.Tensor,
+    position_bias: torch.Tensor,
+    window_starts: torch.Tensor,
+    prev_starts: torch.Tensor,
+    *,
+    ratio: int,
+    overlap: bool,
+) -> torch.Tensor:
+    return _compress_kv(kv, gate, position_bias, window_starts, prev_starts, ratio, overlap, invariant=True)
+
+
+def _compress_kv(kv, gate, position_bias, window_starts, prev_starts, ratio, overlap, invariant):
+    """invariant: BLOCK_E is the most entries the buffer takes, whatever E (deterministic mode)."""
     check_compress_kv_args(kv, gate, position_bias, window_starts, prev_starts, ratio, overlap)
     if kv.dtype == torch.float64:
         return _reference(kv, gate, position_bias, window_starts, prev_starts, ratio=ratio, overlap=overlap)
@@ -140,7 +165,8 @@ def compress_kv(
     window_starts = window_starts.contiguous()
     prev_starts = prev_starts.contiguous() if overlap else window_starts
     block_d = max(min(next_power_of_2(dim), _MAX_COLS), 32 // kv.element_size())
-    block_e = max(1, min(tile_elems(_BYTES_PER_ELEM) // block_d, next_power_of_2(entries)))
+    most = tile_elems(_BYTES_PER_ELEM) // block_d
+    block_e = max(1, most if invariant else min(most, next_power_of_2(entries)))
     d_tiles = cdiv(dim, block_d)
     n_tiles = cdiv(entries, block_e) * d_tiles
     idx64 = max(kv.shape[0] * kv.stride(0), gate.shape[0] * gate.stride(0), entries * dim) + width >= INT32_LIMIT
@@ -157,12 +183,16 @@ def compress_kv(
 
 
 REGISTRATIONS = [
-    # Invariant as it is: per element an online softmax over its window's slots in a fixed order (BLOCK_E follows the
-    # entry count, but nothing is reduced across a tile).
     Registration(
         op="compress_kv",
         fn=compress_kv,
-        batch_invariant=True,
         note="Triton (ascend): persistent vector grid, entry x channel tiles, online softmax over the slots",
+    ),
+    Registration(
+        op="compress_kv",
+        fn=compress_kv_invariant,
+        priority=-1,
+        batch_invariant=True,
+        note="Triton (ascend): the kernel above with BLOCK_E fixed by the channels and the buffer (not by the entry count)",
     ),
 ]

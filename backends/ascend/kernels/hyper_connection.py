@@ -48,6 +48,10 @@ launch (the fused one only where K is one segment, a fact of the model); BLOCK_T
 the chunk widths are fixed already. Cost: prefill writes and re-reads the segment partials
 (cdiv(K, SEG) * W_PAD float32 per token, 2 KB for V4-Flash): small next to x's two passes.
 
+`hc_post_invariant`: hc_post's elements are sums over j in a fixed order whatever the tile, but
+its BLOCK_T follows T, and calls with other T would run other compiled kernels whose FMA
+contraction of `out += c * x` need not agree; the invariant kernel fixes BLOCK_T by D and the chip.
+
 hc_post: out[t, k] = post[t, k] * y[t] + sum_j comb[t, j, k] * x[t, j]: memory-bound, persistent
 grid over (token tile, D tile) items; each reads y and the N streams of its tile once and writes
 the N output streams; the sum over j runs in order j = 0..N-1. Budget ~16 bytes per output element.
@@ -325,6 +329,15 @@ def _check_hc_post_shapes(y, x, post, comb) -> None:
 
 
 def hc_post(y: torch.Tensor, x: torch.Tensor, post: torch.Tensor, comb: torch.Tensor) -> torch.Tensor:
+    return _hc_post(y, x, post, comb, invariant=False)
+
+
+def hc_post_invariant(y: torch.Tensor, x: torch.Tensor, post: torch.Tensor, comb: torch.Tensor) -> torch.Tensor:
+    return _hc_post(y, x, post, comb, invariant=True)
+
+
+def _hc_post(y, x, post, comb, invariant):
+    """invariant: BLOCK_T is the most tokens the buffer takes, whatever T (deterministic mode)."""
     _check_hc_post_shapes(y, x, post, comb)
     T, N, D = x.shape
     if x.dtype == torch.float64 or x.numel() >= _INT32_LIMIT:
@@ -339,7 +352,7 @@ def hc_post(y: torch.Tensor, x: torch.Tensor, post: torch.Tensor, comb: torch.Te
     n_pad = next_power_of_2(N)
     elems = tile_elems(_POST_BYTES_PER_ELEM) // n_pad
     block_d = max(8, min(next_power_of_2(D), _POST_MAX_BLOCK_D, elems))
-    block_t = max(1, min(next_power_of_2(T), elems // block_d))
+    block_t = max(1, elems // block_d if invariant else min(next_power_of_2(T), elems // block_d))
     n_tiles = cdiv(T, block_t) * cdiv(D, block_d)
     _hc_post_kernel[(vector_grid(n_tiles),)](
         y, x, post, comb, out, T, D, y.stride(0), x.stride(0), out.stride(0),
@@ -361,11 +374,16 @@ REGISTRATIONS = [
         batch_invariant=True,
         note="Triton (ascend): the kernels above, always the split launch (segment partials summed in order), never chosen by T",
     ),
-    # Invariant as it is: every output element is post * y + the comb-mixed streams summed in the order j = 0..N-1, no tile reduction.
     Registration(
         op="hc_post",
         fn=hc_post,
-        batch_invariant=True,
         note="Triton (ascend): persistent vector grid, (token, D) tiles, post * y + comb-mixed streams in one pass",
+    ),
+    Registration(
+        op="hc_post",
+        fn=hc_post_invariant,
+        priority=-1,
+        batch_invariant=True,
+        note="Triton (ascend): the kernel above with BLOCK_T fixed by D and the buffer (not by T)",
     ),
 ]

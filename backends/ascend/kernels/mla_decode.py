@@ -202,6 +202,100 @@ def _store_parts(rows, acc0, acc1, acc2, acc3, l_safe, row_ok, C: tl.constexpr, 
 
 
 @triton.jit
+def _decode_item(
+    q_nope_ptr, q_rope_ptr, kv_ptr, scale_ptr, block_table_ptr, out_ptr, part_out_ptr, part_lse_ptr,
+    sm_scale, window, b, split, offs_m, row_ok, pos, start, end,
+    stride_qn_b, stride_qn_m, stride_qr_b, stride_qr_m, stride_kv_page, stride_kv_row, stride_bt_b,
+    stride_o_b, stride_o_m, stride_po_b, stride_po_split, stride_po_m, stride_pl_b, stride_pl_split,
+    C: tl.constexpr, R: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_R: tl.constexpr, PAGE: tl.constexpr,
+    BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, Q_CHUNK: tl.constexpr, HAS_WINDOW: tl.constexpr, DIRECT: tl.constexpr,
+    DOT_F32: tl.constexpr, DOT_PRECISION: tl.constexpr, IDX64: tl.constexpr, MANUAL_RNE: tl.constexpr, FP8: tl.constexpr,
+):
+    """One work item of the split kernel: request b's rows offs_m (row_ok) over its keys start .. end - 1
+    (split `split`): the normalised output (DIRECT) or the float32 partial and its log-sum-exp."""
+    arange_n = tl.arange(0, BLOCK_N)
+    offs_c = tl.arange(0, BLOCK_C)
+    offs_r = tl.arange(0, BLOCK_R)
+    c_ok = offs_c < C
+    r_ok = offs_r < R
+    q_rows_n = q_nope_ptr + b * stride_qn_b + offs_m * stride_qn_m
+    q_rows_r = q_rope_ptr + b * stride_qr_b + offs_m * stride_qr_m
+    if FP8:
+        m_i, l_i, acc0, acc1, acc2, acc3 = _attend_fp8(
+            q_rows_n, q_rows_r, row_ok, pos, start, end, kv_ptr, scale_ptr, block_table_ptr + b * stride_bt_b, sm_scale, window,
+            stride_kv_page, stride_kv_row, C, R, BLOCK_R, PAGE, BLOCK_H, BLOCK_N, Q_CHUNK,
+            HAS_WINDOW, DOT_F32, DOT_PRECISION, IDX64,
+        )
+        has = l_i > 0.0
+        l_safe = tl.where(has, l_i, 1.0)
+        if DIRECT:
+            o_rows = out_ptr + b * stride_o_b + offs_m * stride_o_m
+            _store_parts(o_rows, acc0, acc1, acc2, acc3, l_safe, row_ok, C, Q_CHUNK, MANUAL_RNE)
+        else:
+            po_rows = part_out_ptr + b * stride_po_b + split * stride_po_split + offs_m * stride_po_m
+            _store_parts(po_rows, acc0, acc1, acc2, acc3, l_safe, row_ok, C, Q_CHUNK, False)
+            lse = tl.where(has, m_i + tl.log(l_safe), float("-inf"))
+            tl.store(part_lse_ptr + b * stride_pl_b + split * stride_pl_split + offs_m, lse, mask=row_ok)
+    else:
+        qr = tl.load(q_rows_r[:, None] + offs_r[None, :], mask=row_ok[:, None] & r_ok[None, :], other=0.0)
+        if DOT_F32:
+            qr = qr.to(tl.float32)
+        if Q_CHUNK == 0:
+            qn = tl.load(q_rows_n[:, None] + offs_c[None, :], mask=row_ok[:, None] & c_ok[None, :], other=0.0)
+            if DOT_F32:
+                qn = qn.to(tl.float32)
+
+        m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
+        l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
+        acc = tl.zeros([BLOCK_H, BLOCK_C], dtype=tl.float32)
+        bt_row = block_table_ptr + b * stride_bt_b
+        for start_n in range(start, end, BLOCK_N):
+            # The tile lies inside one page (BLOCK_N divides PAGE): one page number, consecutive rows.
+            page = tl.load(bt_row + start_n // PAGE)
+            if IDX64:
+                row0 = page.to(tl.int64) * stride_kv_page + (start_n % PAGE) * stride_kv_row
+            else:
+                row0 = page * stride_kv_page + (start_n % PAGE) * stride_kv_row
+            kv_rows = kv_ptr + row0 + arange_n * stride_kv_row
+            offs_n = start_n + arange_n
+            n_ok = offs_n < end
+            kr = tl.load(kv_rows[:, None] + C + offs_r[None, :], mask=n_ok[:, None] & r_ok[None, :], other=0.0)
+            if DOT_F32:
+                kr = kr.to(tl.float32)
+            scores = tl.dot(qr, tl.trans(kr), input_precision=DOT_PRECISION)
+            if Q_CHUNK == 0:
+                kc = tl.load(kv_rows[:, None] + offs_c[None, :], mask=n_ok[:, None] & c_ok[None, :], other=0.0)
+                if DOT_F32:
+                    kc = kc.to(tl.float32)
+                scores = tl.dot(qn, tl.trans(kc), scores, input_precision=DOT_PRECISION)
+            else:
+                scores = add_chunked_scores(scores, q_rows_n, row_ok, kv_rows, n_ok, C, BLOCK_C, Q_CHUNK, DOT_F32, DOT_PRECISION)
+                kc = tl.load(kv_rows[:, None] + offs_c[None, :], mask=n_ok[:, None] & c_ok[None, :], other=0.0)
+                if DOT_F32:
+                    kc = kc.to(tl.float32)
+            scores = scores * sm_scale
+            visible = n_ok[None, :] & (offs_n[None, :] <= pos[:, None])
+            if HAS_WINDOW:
+                visible = visible & (offs_n[None, :] > pos[:, None] - window)
+            scores = tl.where(visible, scores, float("-inf"))
+
+            p, alpha, m_new, l_i = softmax_block(scores, m_i, l_i, BASE2=False)
+            acc = acc * alpha[:, None]
+            acc = tl.dot(p.to(kc.dtype), kc, acc, input_precision=DOT_PRECISION)
+            m_i = m_new
+
+        out, lse = split_partial(acc, m_i, l_i, BASE2=False)
+        out_mask = row_ok[:, None] & c_ok[None, :]
+        if DIRECT:
+            o_rows = out_ptr + b * stride_o_b + offs_m * stride_o_m
+            _store_rows(o_rows[:, None] + offs_c[None, :], out, out_mask, MANUAL_RNE)
+        else:
+            po_rows = part_out_ptr + b * stride_po_b + split * stride_po_split + offs_m * stride_po_m
+            tl.store(po_rows[:, None] + offs_c[None, :], out, mask=out_mask)
+            tl.store(part_lse_ptr + b * stride_pl_b + split * stride_pl_split + offs_m, lse, mask=row_ok)
+
+
+@triton.jit
 def _mla_decode_split_kernel(
     q_nope_ptr, q_rope_ptr, kv_ptr, scale_ptr, block_table_ptr, seq_lens_ptr,
     out_ptr, part_out_ptr, part_lse_ptr,
@@ -233,11 +327,6 @@ def _mla_decode_split_kernel(
     pid = tl.program_id(0)
     num_programs = tl.num_programs(0)
     arange_m = tl.arange(0, BLOCK_H)
-    arange_n = tl.arange(0, BLOCK_N)
-    offs_c = tl.arange(0, BLOCK_C)
-    offs_r = tl.arange(0, BLOCK_R)
-    c_ok = offs_c < C
-    r_ok = offs_r < R
     for item in range(pid, num_items, num_programs):
         hb = item % num_head_blocks
         rest = item // num_head_blocks
@@ -260,84 +349,24 @@ def _mla_decode_split_kernel(
             per_split = tl.maximum(per_split, MIN_SPLIT_TILES * BLOCK_N)
         start = lo + split * per_split
         end = tl.minimum(start + per_split, seq_len)
+
         if MIN_SPLIT_TILES > 0 and not DIRECT:
-            row_ok = row_ok & ((arange_m * 0 + start) < end)  # an empty split loads and stores nothing (its lse stays -inf)
-
-        q_rows_n = q_nope_ptr + b * stride_qn_b + offs_m * stride_qn_m
-        q_rows_r = q_rope_ptr + b * stride_qr_b + offs_m * stride_qr_m
-        if FP8:
-            m_i, l_i, acc0, acc1, acc2, acc3 = _attend_fp8(
-                q_rows_n, q_rows_r, row_ok, pos, start, end, kv_ptr, scale_ptr, block_table_ptr + b * stride_bt_b, sm_scale, window,
-                stride_kv_page, stride_kv_row, C, R, BLOCK_R, PAGE, BLOCK_H, BLOCK_N, Q_CHUNK,
-                HAS_WINDOW, DOT_F32, DOT_PRECISION, IDX64,
-            )
-            has = l_i > 0.0
-            l_safe = tl.where(has, l_i, 1.0)
-            if DIRECT:
-                o_rows = out_ptr + b * stride_o_b + offs_m * stride_o_m
-                _store_parts(o_rows, acc0, acc1, acc2, acc3, l_safe, row_ok, C, Q_CHUNK, MANUAL_RNE)
-            else:
-                po_rows = part_out_ptr + b * stride_po_b + split * stride_po_split + offs_m * stride_po_m
-                _store_parts(po_rows, acc0, acc1, acc2, acc3, l_safe, row_ok, C, Q_CHUNK, False)
-                lse = tl.where(has, m_i + tl.log(l_safe), float("-inf"))
-                tl.store(part_lse_ptr + b * stride_pl_b + split * stride_pl_split + offs_m, lse, mask=row_ok)
+            if start < end:  # an empty split does nothing: its lse stays the -inf the launcher filled in
+                _decode_item(
+                    q_nope_ptr, q_rope_ptr, kv_ptr, scale_ptr, block_table_ptr, out_ptr, part_out_ptr, part_lse_ptr,
+                    sm_scale, window, b, split, offs_m, row_ok, pos, start, end,
+                    stride_qn_b, stride_qn_m, stride_qr_b, stride_qr_m, stride_kv_page, stride_kv_row, stride_bt_b,
+                    stride_o_b, stride_o_m, stride_po_b, stride_po_split, stride_po_m, stride_pl_b, stride_pl_split,
+                    C, R, BLOCK_C, BLOCK_R, PAGE, BLOCK_H, BLOCK_N, Q_CHUNK, HAS_WINDOW, DIRECT, DOT_F32, DOT_PRECISION, IDX64, MANUAL_RNE, FP8,
+                )
         else:
-            qr = tl.load(q_rows_r[:, None] + offs_r[None, :], mask=row_ok[:, None] & r_ok[None, :], other=0.0)
-            if DOT_F32:
-                qr = qr.to(tl.float32)
-            if Q_CHUNK == 0:
-                qn = tl.load(q_rows_n[:, None] + offs_c[None, :], mask=row_ok[:, None] & c_ok[None, :], other=0.0)
-                if DOT_F32:
-                    qn = qn.to(tl.float32)
-
-            m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
-            l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
-            acc = tl.zeros([BLOCK_H, BLOCK_C], dtype=tl.float32)
-            bt_row = block_table_ptr + b * stride_bt_b
-            for start_n in range(start, end, BLOCK_N):
-                # The tile lies inside one page (BLOCK_N divides PAGE): one page number, consecutive rows.
-                page = tl.load(bt_row + start_n // PAGE)
-                if IDX64:
-                    row0 = page.to(tl.int64) * stride_kv_page + (start_n % PAGE) * stride_kv_row
-                else:
-                    row0 = page * stride_kv_page + (start_n % PAGE) * stride_kv_row
-                kv_rows = kv_ptr + row0 + arange_n * stride_kv_row
-                offs_n = start_n + arange_n
-                n_ok = offs_n < end
-                kr = tl.load(kv_rows[:, None] + C + offs_r[None, :], mask=n_ok[:, None] & r_ok[None, :], other=0.0)
-                if DOT_F32:
-                    kr = kr.to(tl.float32)
-                scores = tl.dot(qr, tl.trans(kr), input_precision=DOT_PRECISION)
-                if Q_CHUNK == 0:
-                    kc = tl.load(kv_rows[:, None] + offs_c[None, :], mask=n_ok[:, None] & c_ok[None, :], other=0.0)
-                    if DOT_F32:
-                        kc = kc.to(tl.float32)
-                    scores = tl.dot(qn, tl.trans(kc), scores, input_precision=DOT_PRECISION)
-                else:
-                    scores = add_chunked_scores(scores, q_rows_n, row_ok, kv_rows, n_ok, C, BLOCK_C, Q_CHUNK, DOT_F32, DOT_PRECISION)
-                    kc = tl.load(kv_rows[:, None] + offs_c[None, :], mask=n_ok[:, None] & c_ok[None, :], other=0.0)
-                    if DOT_F32:
-                        kc = kc.to(tl.float32)
-                scores = scores * sm_scale
-                visible = n_ok[None, :] & (offs_n[None, :] <= pos[:, None])
-                if HAS_WINDOW:
-                    visible = visible & (offs_n[None, :] > pos[:, None] - window)
-                scores = tl.where(visible, scores, float("-inf"))
-
-                p, alpha, m_new, l_i = softmax_block(scores, m_i, l_i, BASE2=False)
-                acc = acc * alpha[:, None]
-                acc = tl.dot(p.to(kc.dtype), kc, acc, input_precision=DOT_PRECISION)
-                m_i = m_new
-
-            out, lse = split_partial(acc, m_i, l_i, BASE2=False)
-            out_mask = row_ok[:, None] & c_ok[None, :]
-            if DIRECT:
-                o_rows = out_ptr + b * stride_o_b + offs_m * stride_o_m
-                _store_rows(o_rows[:, None] + offs_c[None, :], out, out_mask, MANUAL_RNE)
-            else:
-                po_rows = part_out_ptr + b * stride_po_b + split * stride_po_split + offs_m * stride_po_m
-                tl.store(po_rows[:, None] + offs_c[None, :], out, mask=out_mask)
-                tl.store(part_lse_ptr + b * stride_pl_b + split * stride_pl_split + offs_m, lse, mask=row_ok)
+            _decode_item(
+                q_nope_ptr, q_rope_ptr, kv_ptr, scale_ptr, block_table_ptr, out_ptr, part_out_ptr, part_lse_ptr,
+                sm_scale, window, b, split, offs_m, row_ok, pos, start, end,
+                stride_qn_b, stride_qn_m, stride_qr_b, stride_qr_m, stride_kv_page, stride_kv_row, stride_bt_b,
+                stride_o_b, stride_o_m, stride_po_b, stride_po_split, stride_po_m, stride_pl_b, stride_pl_split,
+                C, R, BLOCK_C, BLOCK_R, PAGE, BLOCK_H, BLOCK_N, Q_CHUNK, HAS_WINDOW, DIRECT, DOT_F32, DOT_PRECISION, IDX64, MANUAL_RNE, FP8,
+            )
 
 
 @triton.jit

@@ -27,6 +27,19 @@ operand size. The first of (64,128), (64,64), (64,32), (32,64), (32,32), (16,32)
 Index arithmetic is int32 (IDX64 switches the row offsets to int64 when a tensor has >= 2^31
 elements).
 
+Deterministic mode (`prefill_invariant`): tiles come from the head dims, dtype and chip only, and
+query and key blocks are aligned to each request's own start, so a query meets the same key blocks
+in the same order however its prefill was chunked and whatever the batch holds. What does move
+with the chunking is which of its key blocks take the mask-free interior loop and which the masked
+one (that depends on the first query of its query block): the two loops compute a visible score
+the same way in the source, but they are separately compiled code, and whether the compiler
+contracts `s * sm_scale - m` or the softmax update into FMAs alike in both is not guaranteed. The
+invariant kernel (MASK_ALL) folds every key block of [window start, last query] through the one
+masked loop. A block wholly masked for a row leaves it exactly as it was (its weights are
+exp(-inf) = 0 and alpha = exp(0) = 1), so blocks a chunking adds or skips for a row change no bit.
+Cost on hardware: the mask (a compare and a select per score) on interior blocks too, a few
+per cent of the vector work next to the exponentials.
+
 Deviations (interpreter only): bf16 dot operands are upcast to float32 (deepinfer.triton_common.upcast_dot); bf16
 outputs are rounded to nearest even by bit arithmetic (the interpreter truncates the cast).
 """
@@ -122,6 +135,7 @@ def _prefill_kernel(
     HAS_WINDOW: tl.constexpr,
     DOT_F32: tl.constexpr, DOT_PRECISION: tl.constexpr,
     IDX64: tl.constexpr, MANUAL_RNE: tl.constexpr,
+    MASK_ALL: tl.constexpr = False,  # deterministic mode: one masked loop over every key block
 ):
     pid = tl.program_id(0)
     num_programs = tl.num_programs(0)
@@ -171,29 +185,41 @@ def _prefill_kernel(
             l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
             m_i = tl.zeros([BLOCK_M], dtype=tl.float32) - 1.0e30
 
-            # Key blocks [full_lo, diag_lo) are visible to every row of the block: no mask.
-            diag_lo = (first_pos + 1) // BLOCK_N * BLOCK_N
-            if HAS_WINDOW:
-                lo = tl.maximum(first_pos - window + 1, 0) // BLOCK_N * BLOCK_N
-                full_lo = tl.cdiv(tl.maximum(last_pos - window + 1, 0), BLOCK_N) * BLOCK_N
-                full_lo = tl.minimum(tl.maximum(full_lo, lo), diag_lo)
+            if MASK_ALL:
+                # Deterministic mode: every key block through the one masked loop (module docstring).
+                if HAS_WINDOW:
+                    lo = tl.maximum(first_pos - window + 1, 0) // BLOCK_N * BLOCK_N
+                else:
+                    lo = first_pos * 0
                 acc, l_i, m_i = _attend_blocks(
                     acc, l_i, m_i, q1, q2, k_base, v_base, stride_kt, stride_vt,
-                    lo, full_lo, pos, k_len, window, sm_scale,
+                    lo, last_pos + 1, pos, k_len, window, sm_scale,
                     True, HAS_WINDOW, D_QK, D_V, BLOCK_N, BLOCK_D1, BLOCK_D2, BLOCK_DV, DOT_F32, DOT_PRECISION,
                 )
             else:
-                full_lo = diag_lo * 0
-            acc, l_i, m_i = _attend_blocks(
-                acc, l_i, m_i, q1, q2, k_base, v_base, stride_kt, stride_vt,
-                full_lo, diag_lo, pos, k_len, window, sm_scale,
-                False, HAS_WINDOW, D_QK, D_V, BLOCK_N, BLOCK_D1, BLOCK_D2, BLOCK_DV, DOT_F32, DOT_PRECISION,
-            )
-            acc, l_i, m_i = _attend_blocks(
-                acc, l_i, m_i, q1, q2, k_base, v_base, stride_kt, stride_vt,
-                diag_lo, last_pos + 1, pos, k_len, window, sm_scale,
-                True, HAS_WINDOW, D_QK, D_V, BLOCK_N, BLOCK_D1, BLOCK_D2, BLOCK_DV, DOT_F32, DOT_PRECISION,
-            )
+                # Key blocks [full_lo, diag_lo) are visible to every row of the block: no mask.
+                diag_lo = (first_pos + 1) // BLOCK_N * BLOCK_N
+                if HAS_WINDOW:
+                    lo = tl.maximum(first_pos - window + 1, 0) // BLOCK_N * BLOCK_N
+                    full_lo = tl.cdiv(tl.maximum(last_pos - window + 1, 0), BLOCK_N) * BLOCK_N
+                    full_lo = tl.minimum(tl.maximum(full_lo, lo), diag_lo)
+                    acc, l_i, m_i = _attend_blocks(
+                        acc, l_i, m_i, q1, q2, k_base, v_base, stride_kt, stride_vt,
+                        lo, full_lo, pos, k_len, window, sm_scale,
+                        True, HAS_WINDOW, D_QK, D_V, BLOCK_N, BLOCK_D1, BLOCK_D2, BLOCK_DV, DOT_F32, DOT_PRECISION,
+                    )
+                else:
+                    full_lo = diag_lo * 0
+                acc, l_i, m_i = _attend_blocks(
+                    acc, l_i, m_i, q1, q2, k_base, v_base, stride_kt, stride_vt,
+                    full_lo, diag_lo, pos, k_len, window, sm_scale,
+                    False, HAS_WINDOW, D_QK, D_V, BLOCK_N, BLOCK_D1, BLOCK_D2, BLOCK_DV, DOT_F32, DOT_PRECISION,
+                )
+                acc, l_i, m_i = _attend_blocks(
+                    acc, l_i, m_i, q1, q2, k_base, v_base, stride_kt, stride_vt,
+                    diag_lo, last_pos + 1, pos, k_len, window, sm_scale,
+                    True, HAS_WINDOW, D_QK, D_V, BLOCK_N, BLOCK_D1, BLOCK_D2, BLOCK_DV, DOT_F32, DOT_PRECISION,
+                )
 
             out = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]  # rows past q_len (never stored) may be empty
             o_rows = out_ptr + q_row0 * stride_ot + head * stride_oh + offs_m * stride_ot
@@ -243,8 +269,10 @@ def launch_prefill(
     sliding_window: int | None,
     *,
     tiles: tuple[int, int] | None = None,
+    invariant: bool = False,
 ) -> torch.Tensor:
-    """The launcher behind `prefill`; `tiles` = (BLOCK_M, BLOCK_N) overrides the budget's choice (tests)."""
+    """The launcher behind `prefill`; `tiles` = (BLOCK_M, BLOCK_N) overrides the budget's choice (tests).
+    invariant: every key block through the masked loop (deterministic mode)."""
     attention_ops.check_prefill_shapes(q, k, v, cu_seqlens_q, cu_seqlens_k, sliding_window)
     num_tokens, heads, d_qk = q.shape
     d_v = v.shape[2]
@@ -276,6 +304,7 @@ def launch_prefill(
         HAS_WINDOW=sliding_window is not None,
         DOT_F32=upcast, DOT_PRECISION=dot_precision(upcast),
         IDX64=big, MANUAL_RNE=interpreting() and q.dtype == torch.bfloat16,
+        MASK_ALL=invariant,
         **launch_options(),
     )
     return out
@@ -294,14 +323,32 @@ def prefill(
     return launch_prefill(q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale, sliding_window)
 
 
+def prefill_invariant(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    *,
+    softmax_scale: float,
+    sliding_window: int | None = None,
+) -> torch.Tensor:
+    return launch_prefill(q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale, sliding_window, invariant=True)
+
+
 REGISTRATIONS = [
-    # Invariant as it is: tiles from the head dims, dtype and chip only; query blocks and key blocks are aligned to each
-    # request's own start, key blocks are visited in ascending order, and a block wholly masked for a row leaves it unchanged.
     Registration(
         op="prefill",
         fn=prefill,
-        batch_invariant=True,
         dtypes=(torch.float32, torch.float16, torch.bfloat16),
         note="Triton (ascend) FA2 var-len causal, persistent cube grid over (query block, head), mask-free interior blocks",
-    )
+    ),
+    Registration(
+        op="prefill",
+        fn=prefill_invariant,
+        dtypes=(torch.float32, torch.float16, torch.bfloat16),
+        priority=-1,
+        batch_invariant=True,
+        note="Triton (ascend) the kernel above with every key block through one masked loop (no mask-free interior path)",
+    ),
 ]
