@@ -64,8 +64,9 @@ def differing_steps(want: dict[int, torch.Tensor], got: dict[int, torch.Tensor])
     return [(p, float((got[p] - want[p]).abs().max())) for p in sorted(want) if not torch.equal(got[p], want[p])]
 
 
-def write_small_checkpoint(folder: Path, model_type: str = "deepseek_v3") -> Path:
-    """The embedded tiny V3 (or V4) with a SMALL_VOCAB vocabulary and no tokenizer (prompts are token ids)."""
+def write_small_checkpoint(folder: Path, model_type: str = "deepseek_v3", **overrides) -> Path:
+    """The embedded tiny V3 (or V4) with a SMALL_VOCAB vocabulary and no tokenizer (prompts are token
+    ids); `overrides` change more of its config (e.g. fewer layers)."""
     from safetensors.torch import save_file
 
     from deepinfer.model import embedded
@@ -73,10 +74,10 @@ def write_small_checkpoint(folder: Path, model_type: str = "deepseek_v3") -> Pat
 
     folder.mkdir(parents=True, exist_ok=True)
     if model_type == "deepseek_v4":
-        config = {**embedded.V4_CONFIG, "vocab_size": SMALL_VOCAB}
+        config = {**embedded.V4_CONFIG, "vocab_size": SMALL_VOCAB, **overrides}
         tensors = embedded.random_v4_weights(config)
     else:
-        config = {**embedded.CONFIG, "vocab_size": SMALL_VOCAB}
+        config = {**embedded.CONFIG, "vocab_size": SMALL_VOCAB, **overrides}
         tensors = embedded.random_weights(ModelConfig.from_dict(config))
     (folder / "config.json").write_text(json.dumps(config, indent=2))
     save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
