@@ -2,10 +2,11 @@
 
 - every golden case passes with the core counts of a 910B (A2) and of a 950;
 - the cuda and ascend kernels agree with each other: sampled tokens and gate ids identical;
+- so do both backends' batch-invariant kernels (deterministic mode), every case passing;
 - the tiny embedded model generates the same greedy tokens through the ascend kernels as through
   the reference backend.
 
-The two conformance runs are separate processes started together when the module's first test
+The three conformance runs are separate processes started together when the module's first test
 asks for them, so they share the machine's cores with each other and with the in-process
 generation test (the interpreter keeps one core busy per process).
 """
@@ -24,13 +25,15 @@ def _env(chip: str) -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def conformance_runs(tmp_path_factory):
-    """`deepinfer conformance` of cuda vs ascend (910B) and of ascend alone (950), both running."""
+    """`deepinfer conformance` of cuda vs ascend (910B), of ascend alone (950), and of cuda vs ascend
+    in deterministic mode (their batch-invariant kernels), all running."""
     folder = tmp_path_factory.mktemp("ascend_conformance")
     runs = {}
-    for name, chip, backends in (("cross", "910B", ("cuda", "ascend")), ("a950", "950", ("ascend",))):
+    for name, chip, backends, extra in (("cross", "910B", ("cuda", "ascend"), []), ("a950", "950", ("ascend",), []),
+                                        ("deterministic", "910B", ("cuda", "ascend"), ["--deterministic"])):  # fmt: skip
         report = folder / f"{name}.json"
         args = [a for b in backends for a in ("--backend", b)]
-        command = [sys.executable, "-m", "deepinfer", "conformance", *args, "--interpret", "--quiet", "--json", str(report)]
+        command = [sys.executable, "-m", "deepinfer", "conformance", *args, "--interpret", "--quiet", *extra, "--json", str(report)]
         runs[name] = (subprocess.Popen(command, env=_env(chip), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True), report)
     yield runs
     for proc, _ in runs.values():
@@ -83,3 +86,10 @@ def test_cuda_and_ascend_kernels_pass_every_case_and_agree(conformance_runs):
 def test_ascend_kernels_pass_every_case_with_950_core_counts(conformance_runs):
     _, rows = _finished(conformance_runs["a950"])
     assert len(rows) >= 89 and all(r["status"] == "pass" for r in rows)
+
+
+def test_the_batch_invariant_kernels_of_both_backends_pass_every_case_and_agree(conformance_runs):
+    stdout, rows = _finished(conformance_runs["deterministic"])
+    assert rows and all(r["status"] == "pass" for r in rows), [r for r in rows if r["status"] != "pass"][:3]
+    assert all(r["cross_ok"] for r in rows if r["backend"] == "ascend")
+    assert "deterministic" in stdout.splitlines()[-1]

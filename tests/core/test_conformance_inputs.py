@@ -43,8 +43,8 @@ def overwriting(monkeypatch):
     monkeypatch.setattr(plugins_mod, "load_plugins", lambda: plugins)
     monkeypatch.setattr(worker, "load_plugins", lambda: plugins)
     # the runner's worker, in this process (a subprocess would not see this plugin)
-    monkeypatch.setattr(runner, "run_workers", lambda backends, out_dir, golden_dirs, interpret, ops, shares:
-                        {b: worker.run_backend(b, out_dir, golden_dirs, interpret, ops, shares[b]) for b in backends})
+    monkeypatch.setattr(runner, "run_workers", lambda backends, out_dir, golden_dirs, interpret, ops, shares, deterministic=False:
+                        {b: worker.run_backend(b, out_dir, golden_dirs, interpret, ops, shares[b], deterministic) for b in backends})
 
 
 def test_a_kernel_that_overwrites_its_input_fails_naming_it(overwriting):

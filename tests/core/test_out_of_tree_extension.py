@@ -38,7 +38,7 @@ def test_backends_lists_the_new_op_and_every_backends_coverage_of_it(ext_env):
     backends = {b["name"]: b for b in report["backends"]}
     assert backends["oot_ext"]["available"] and backends["oot_ext"]["plugin"] == "oot_ext"
     assert backends["oot_ext"]["coverage"]["softcap"] == ["planted bug: hard clip", "torch, in place in float32"]
-    assert backends["reference"]["coverage"]["softcap"] == ["pure torch"]  # the reference serves every declared op
+    assert backends["reference"]["coverage"]["softcap"] == ["pure torch", "pure torch, exact sums (batch-invariant)"]  # the reference serves every declared op
     assert backends["cuda"]["coverage"]["softcap"] == ["Triton (deepinfer-oot-extension)"]  # a kernel on a backend it does not own
     core = set(all_ops())  # this process does not see the extension
     assert all(backends["oot_ext"]["coverage"][op] == ["reference (oot_ext)"] for op in core)

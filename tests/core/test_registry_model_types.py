@@ -118,8 +118,8 @@ def test_cuda_and_ascend_under_the_interpreter_serve_v3_and_v4_without_a_fallbac
 @pytest.fixture
 def worker_in_process(without_v4, monkeypatch):
     monkeypatch.setattr(worker, "load_plugins", lambda: without_v4)
-    monkeypatch.setattr(runner, "run_workers", lambda backends, out_dir, golden_dirs, interpret, ops, shares:
-                        {b: worker.run_backend(b, out_dir, golden_dirs, interpret, ops, shares[b]) for b in backends})  # fmt: skip
+    monkeypatch.setattr(runner, "run_workers", lambda backends, out_dir, golden_dirs, interpret, ops, shares, deterministic=False:
+                        {b: worker.run_backend(b, out_dir, golden_dirs, interpret, ops, shares[b], deterministic) for b in backends})  # fmt: skip
 
 
 def test_conformance_shows_no_kernel_rows_for_the_v4_ops_and_does_not_fail(worker_in_process):

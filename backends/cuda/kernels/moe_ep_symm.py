@@ -807,6 +807,6 @@ REGISTRATIONS = [
 # (Listed as a candidate of deterministic mode only to say why it cannot serve.)
 REGISTRATIONS += [
     Registration(op=op, fn=fn, when=_forced_in_deterministic_mode, unusable=_not_invariant, priority=SYMM_PRIORITY, batch_invariant=True,
-                 note="(deterministic mode with ep_path=symm: refused, see docs/architecture.md)")
+                 capturable_with_token_bound=capturable_with_token_bound, note="(deterministic mode with ep_path=symm: refused, see docs/architecture.md)")
     for op, fn in (("dispatch", dispatch), ("combine", combine))
 ]  # fmt: skip
