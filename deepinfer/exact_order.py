@@ -89,12 +89,14 @@ def _operand_slices(x: torch.Tensor, dims: tuple[int, ...], beta: int, count: in
     if entry is None or entry[0]() is not base:
         entry = (weakref.ref(base, lambda _, key=id(base): _SLICE_CACHE.pop(key, None)), {})
         _SLICE_CACHE[id(base)] = entry
-    key = (x.storage_offset(), tuple(x.shape), x.stride(), x.dtype, dims, beta, count, x._version)
-    if key not in entry[1]:
-        entry[1].clear()  # an older version or view of the same tensor
+    # One entry per view (a grouped GEMM's experts are views of one tensor); a write to the tensor
+    # bumps its version and makes the entry stale.
+    key = (x.storage_offset(), tuple(x.shape), x.stride(), x.dtype, dims, beta, count)
+    cached = entry[1].get(key)
+    if cached is None or cached[0] != x._version:
         x64, bad = _finite_split(x.to(torch.float64))
-        entry[1][key] = (_slices(x64, dims, beta, count), bad)
-    return entry[1][key]
+        cached = entry[1][key] = (x._version, _slices(x64, dims, beta, count), bad)
+    return cached[1], cached[2]
 
 
 def exact_contract(
