@@ -107,15 +107,19 @@ class BlockManager:
 
     # -- decode ------------------------------------------------------------------------------
 
+    def new_blocks_needed(self, seq: Sequence, lookahead: int = 0) -> int:
+        """Pages seq lacks for its tokens and `lookahead` positions after them (speculative drafts)."""
+        return max(0, blocks_for(seq.num_tokens + lookahead, self.block_size) - len(seq.block_table))
+
     def needs_new_block(self, seq: Sequence) -> bool:
-        return len(seq.block_table) * self.block_size < seq.num_tokens
+        return self.new_blocks_needed(seq) > 0
 
-    def can_append(self, seq: Sequence) -> bool:
-        """Whether seq's newest token can get a slot (a new page only at a block boundary)."""
-        return not self.needs_new_block(seq) or self.num_free_blocks > 0
+    def can_append(self, seq: Sequence, lookahead: int = 0) -> bool:
+        """Whether seq's newest token (and `lookahead` positions after it) can get slots."""
+        return self.new_blocks_needed(seq, lookahead) <= self.num_free_blocks
 
-    def append_slot(self, seq: Sequence) -> None:
-        if self.needs_new_block(seq):
+    def append_slot(self, seq: Sequence, lookahead: int = 0) -> None:
+        for _ in range(self.new_blocks_needed(seq, lookahead)):
             seq.block_table.append(self._take_free_block())
 
     # -- after a step ------------------------------------------------------------------------

@@ -80,6 +80,13 @@ class LLM:
     prefix came from the cache (docs/architecture.md says what else it covers). A backend without
     such a kernel for an op the model needs is a one-line error naming the op.
 
+    speculative: speculative decoding, e.g. {"method": "mtp", "num_drafts": 3, "policy": "confidence"}
+    or "mtp:3:confidence": the checkpoint's MTP layer drafts k tokens per request and step, the
+    target verifies them in one forward; policy "fixed" verifies all k, "confidence" only as many as
+    pay for themselves at the current load (deepinfer.engine.speculative). The tokens are the ones
+    the same request draws without speculation (same seed, same stateless noise), as far as the
+    target's logits agree bit for bit. `llm.speculative_metrics()` reports acceptance.
+
     backend_options: the backend's options, e.g. {"ep_path": "nccl"} (`deepinfer backends` lists
     each backend's; an unknown option or value is a one-line error).
     """
@@ -109,6 +116,7 @@ class LLM:
         cpu_threads: int | None = None,
         kv_cache_dtype: str = "auto",
         deterministic: bool = False,
+        speculative: Any = None,
     ):
         from deepinfer.model.facts import checkpoint_facts
         from deepinfer.model.loader import load_model
@@ -128,6 +136,7 @@ class LLM:
             eplb_interval=eplb_interval,
             kv_cache_dtype=kv_cache_dtype,
             deterministic=deterministic,
+            speculative=speculative,
         )
         config.validate()
         check_cpu_threads(cpu_threads)
@@ -210,6 +219,12 @@ class LLM:
 
     def get_tokenizer(self):
         return self.tokenizer
+
+    def speculative_metrics(self) -> dict[str, float] | None:
+        """Speculative decoding's figures since the LLM was built (None without speculation):
+        acceptance_length, drafts_verified_per_step, accepted_per_verified, ..."""
+        spec = self.engine.speculative
+        return spec.metrics.summary() if spec is not None else None
 
     # -- generation ----------------------------------------------------------------------------
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import logging
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -43,6 +44,8 @@ class EngineConfig:
     kv_cache_dtype: str = "auto"
     # Batch-invariant kernels only (the runtime must be opened with the same flag: LLM does it).
     deterministic: bool = False
+    # Speculative decoding (deepinfer.engine.speculative): None, or what SpeculativeConfig.parse takes.
+    speculative: Any = None
 
     def validate(self) -> None:
         for name in ("max_num_seqs", "max_num_batched_tokens", "num_kv_blocks", "max_model_len", "eplb_interval"):
@@ -55,6 +58,9 @@ class EngineConfig:
             raise InvalidRequestError(f"kv_cache_memory_gib must be > 0, got {self.kv_cache_memory_gib!r}")
         if not isinstance(self.seed, int) or isinstance(self.seed, bool):
             raise InvalidRequestError(f"seed must be an integer, got {self.seed!r}")
+        from deepinfer.engine.speculative.config import SpeculativeConfig
+
+        self.speculative = SpeculativeConfig.parse(self.speculative)
         if self.kv_cache_dtype not in kv_cache_format.KV_CACHE_DTYPES:
             raise InvalidRequestError(f"kv_cache_dtype must be one of {', '.join(kv_cache_format.KV_CACHE_DTYPES)}, got {self.kv_cache_dtype!r}")
 
@@ -107,13 +113,12 @@ class LLMEngine:
         # Per-sequence model state beside the paged cache (DeepSeek-V4's compressor windows): one
         # slot per running sequence; a prefix hit recomputes the tokens that rebuild it.
         self.num_state_slots = config.max_num_seqs if hasattr(model, "state_slot_bytes") else 0
+        self.num_draft_layers = self._draft_layers(model, dist)
         num_blocks = config.num_kv_blocks or self._num_blocks_from_memory(model, runtime.device)
         self.block_manager = BlockManager(
             num_blocks, self.block_size, config.enable_prefix_caching,
             num_state_slots=self.num_state_slots, prefix_replay_tokens=getattr(model, "prefix_replay_tokens", 0),
         )  # fmt: skip
-        self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens,
-                                   final_length=self._final_length if config.deterministic else None)  # fmt: skip
         self.runner = ModelRunner(
             loaded.model,
             runtime.ops,
@@ -125,7 +130,12 @@ class LLMEngine:
             max_num_seqs=config.max_num_seqs,
             max_model_len=self.max_model_len,
             num_state_slots=self.num_state_slots,
+            num_draft_layers=self.num_draft_layers,
         )
+        self.speculative = self._speculative_decoder(model, runtime)
+        self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens,
+                                   final_length=self._final_length if config.deterministic else None,
+                                   lookahead=self.speculative.lookahead if self.speculative is not None else None)  # fmt: skip
         self._next_request_index = 0
         self.num_prompt_tokens_computed = 0  # prefill work done, recompute after preemption included
         self.num_generated_tokens = 0
@@ -136,8 +146,41 @@ class LLMEngine:
             num_blocks, self.block_size, num_blocks * self.block_size, str(self.cache_dtype).removeprefix("torch."),
         )  # fmt: skip
 
+    def _draft_layers(self, model, dist) -> int:
+        """The draft model's cache layers (speculative decoding with MTP: one), checked up front."""
+        if self.config.speculative is None:
+            return 0
+        if dist is not None:
+            raise InvalidRequestError("speculative decoding does not run with expert parallelism (ep > 1) yet; drop one of them")
+        if not hasattr(model, "build_mtp_layers"):
+            raise InvalidRequestError(f"speculative decoding with MTP runs DeepSeek V2/V3 checkpoints; {type(model).__name__}'s MTP layers are not wired yet")
+        model.build_mtp_layers()
+        return 1
+
+    def _speculative_decoder(self, model, runtime):
+        spec = self.config.speculative
+        if spec is None:
+            return None
+        from deepinfer.engine.speculative.decoder import SpeculativeDecoder
+        from deepinfer.engine.speculative.mtp_drafter import MTPDrafter
+
+        cost = self._cost_model(spec) if spec.policy == "confidence" else None
+        return SpeculativeDecoder(spec, model, self.runner, runtime.ops, self._final_length, MTPDrafter(model, self.runner), cost)
+
+    def _cost_model(self, spec):
+        """The confidence policy's step times: given, or measured now on the device."""
+        from deepinfer.engine.speculative.cost_model import StepCostModel, measure
+
+        if spec.cost_model is not None:
+            return StepCostModel.from_table(*spec.step_costs())
+        from deepinfer.engine.speculative.cost_probe import CostProbe
+
+        probe = CostProbe(self.runner, self.loaded.model, self.block_manager)
+        most = min(self.config.max_num_seqs * (spec.num_drafts + 1), self.config.max_num_batched_tokens)
+        return measure(probe.target, probe.draft, most, probe.synchronize)
+
     def _num_blocks_from_memory(self, model, device: torch.device) -> int:
-        per_block = kv_block_bytes(model, self.block_size, self.cache_dtype)
+        per_block = kv_block_bytes(model, self.block_size, self.cache_dtype, self.num_draft_layers)
         if self.config.kv_cache_memory_gib is not None:
             budget = int(self.config.kv_cache_memory_gib * GiB)
         else:
@@ -206,6 +249,8 @@ class LLMEngine:
         """Drop every unfinished request (a caller stopped iterating)."""
         for seq in list(self.scheduler.running):
             self.scheduler.finish(seq)
+            if self.speculative is not None:
+                self.speculative.forget(seq)
         self.scheduler.waiting.clear()
 
     # -- stepping ----------------------------------------------------------------------------
@@ -213,8 +258,8 @@ class LLMEngine:
     def _graph_capture(self, runtime, model, dist):
         """The backend's device graphs for decode steps (runtime.graph_capture), unless the user
         asked for eager steps or expert-parallel steps cannot be captured; None: eager."""
-        if runtime.graph_capture is None or self.config.enforce_eager:
-            return None
+        if runtime.graph_capture is None or self.config.enforce_eager or self.config.speculative is not None:
+            return None  # speculative steps (drafting, verification of varying lengths) run eagerly
         if dist is not None:
             from deepinfer.distributed.lockstep import ep_decode_capturable
 
@@ -253,16 +298,29 @@ class LLMEngine:
         """Run the model on a scheduled batch, sample, check stop conditions (the second half of
         `step`). graph_size: None replays a device graph where one applies (one rank); with expert
         parallelism, the size of the graph every rank replays this step, or 0 for an eager step."""
-        samplers, tokens = self.runner.run(batch, use_graphs=graph_size != 0, graph_size=graph_size)
-        self.scheduler.commit(batch)
+        if self.speculative is not None:
+            samplers, emitted = self.speculative.run(batch)
+        else:
+            samplers, tokens = self.runner.run(batch, use_graphs=graph_size != 0, graph_size=graph_size)
+            emitted = [[t] for t in tokens]
         if batch.is_prefill:
+            self.scheduler.commit(batch)
             self.num_prompt_tokens_computed += batch.num_tokens
         finished = []
-        for seq, token in zip(samplers, tokens):
-            seq.token_ids.append(int(token))
-            self.num_generated_tokens += 1
-            if self._check_stop(seq, int(token)):
+        for seq, tokens in zip(samplers, emitted):
+            appended = 0
+            for token in tokens:  # a speculative step emits several: a stop inside the run drops the rest
+                seq.token_ids.append(int(token))
+                appended += 1
+                self.num_generated_tokens += 1
+                if self._check_stop(seq, int(token)):
+                    break
+            if not batch.is_prefill:
+                self.scheduler.commit_tokens(seq, appended)  # each appended token's predecessor was computed
+            if seq.finish_reason is not None:
                 self.scheduler.finish(seq)
+                if self.speculative is not None:
+                    self.speculative.forget(seq)
                 finished.append(seq)
         return finished
 
@@ -307,5 +365,11 @@ class LLMEngine:
             outputs=[completion],
             finished=seq.status is SequenceStatus.FINISHED,
             num_cached_tokens=seq.num_cached_tokens or 0,
-            metrics={"num_preemptions": seq.num_preemptions},
+            metrics=self._request_metrics(seq),
         )
+
+    def _request_metrics(self, seq: Sequence) -> dict:
+        metrics = {"num_preemptions": seq.num_preemptions}
+        if self.speculative is not None:
+            metrics.update(num_drafts_verified=seq.num_drafts_verified, num_drafts_accepted=seq.num_drafts_accepted)
+        return metrics

@@ -22,15 +22,15 @@ CPU_KV_CACHE_BYTES = GiB // 4
 ACCELERATOR_MEMORY_UTILIZATION = 0.9  # like vLLM's gpu_memory_utilization
 
 
-def kv_block_bytes(model, block_size: int, dtype: torch.dtype) -> int:
+def kv_block_bytes(model, block_size: int, dtype: torch.dtype, draft_layers: int = 0) -> int:
     """Bytes one block takes over all layers in a cache of `dtype` (the model's own layout when it
-    has one: DeepSeek-V4)."""
+    has one: DeepSeek-V4), and over `draft_layers` more (speculative decoding's MTP layers)."""
     if hasattr(model, "kv_block_bytes"):
         return model.kv_block_bytes(block_size, dtype)
     per_layer = 1
     for dim in model.kv_cache_shape(1, block_size, dtype):
         per_layer *= dim
-    return per_layer * torch.empty((), dtype=dtype).element_size() * model.num_layers
+    return per_layer * torch.empty((), dtype=dtype).element_size() * (model.num_layers + draft_layers)
 
 
 def kv_cache_budget(device: torch.device, memory_info: Callable[[torch.device], tuple[int, int]] | None) -> int:
@@ -61,6 +61,7 @@ class ModelRunner:
         max_num_seqs: int = 256,
         max_model_len: int = 4096,
         num_state_slots: int = 0,
+        num_draft_layers: int = 0,
     ):
         """graph_capture: the backend's device graphs, to replay decode steps (None: every step eager).
         num_state_slots: per-sequence state the model keeps beside the paged cache (DeepSeek-V4's
@@ -75,6 +76,9 @@ class ModelRunner:
         else:
             shape = model.kv_cache_shape(num_blocks, block_size, dtype)
             self.kv_caches = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(model.num_layers)]
+        # the draft model's layers (speculative decoding: MTP), paged like the target's, same block tables
+        self.draft_kv_caches = [torch.zeros(model.kv_cache_shape(num_blocks, block_size, dtype), dtype=dtype, device=device)
+                                for _ in range(num_draft_layers)]  # fmt: skip
         self.graphs = None
         if graph_capture is not None and getattr(model, "supports_device_graphs", True):
             from deepinfer.engine.decode_graphs import DecodeGraphs
@@ -122,6 +126,40 @@ class ModelRunner:
             host=host,
         )
         return forward_batch, samplers
+
+    def rows_batch(self, seqs: list[Sequence], starts: list[int], tokens: list[list[int]], *, last_only: bool = False) -> ForwardBatch:
+        """A decode-path ForwardBatch over given tokens (speculative steps: drafts are not in
+        seq.token_ids): sequence b's tokens[b] at positions starts[b], starts[b] + 1, ...; its cache
+        then holds starts[b] + len(tokens[b]) tokens. Logits of every row, or of each sequence's
+        last row (last_only)."""
+        bs = self.block_size
+        input_ids, positions, slots, cu, seq_lens, logits_rows = [], [], [], [0], [], []
+        for seq, start, ids in zip(seqs, starts, tokens):
+            end = start + len(ids)
+            input_ids.extend(ids)
+            positions.extend(range(start, end))
+            slots.extend(seq.block_table[p // bs] * bs + p % bs for p in range(start, end))
+            logits_rows.extend([cu[-1] + len(ids) - 1] if last_only else range(cu[-1], cu[-1] + len(ids)))
+            cu.append(cu[-1] + len(ids))
+            seq_lens.append(end)
+        width = max(len(seq.block_table) for seq in seqs)
+        tables = [seq.block_table + [0] * (width - len(seq.block_table)) for seq in seqs]
+        lengths = [len(ids) for ids in tokens]
+        host = HostBatch(starts=list(starts), lengths=lengths, cached=[s.num_cached_kv for s in seqs], slots=[s.state_slot for s in seqs],
+                         pages=[s.block_table for s in seqs])  # fmt: skip
+        return ForwardBatch(
+            is_prefill=False,
+            input_ids=self._tensor(input_ids, torch.int64),
+            positions=self._tensor(positions, torch.int64),
+            slot_mapping=self._tensor(slots, torch.int64),
+            cu_seqlens_q=self._tensor(cu, torch.int32),
+            seq_lens=self._tensor(seq_lens, torch.int32),
+            block_tables=self._tensor(tables, torch.int32),
+            logits_indices=self._tensor(logits_rows, torch.int64),
+            max_query_len=max(lengths),
+            max_seq_len=max(seq_lens),
+            host=host,
+        )
 
     def replayable(self, batch: ScheduledBatch) -> bool:
         """Whether this step would replay a captured device graph: a decode step (one new token per

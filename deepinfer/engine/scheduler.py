@@ -37,9 +37,10 @@ class ScheduledBatch:
 
 class Scheduler:
     def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int,
-                 final_length: Callable[[Sequence], int] | None = None):  # fmt: skip
+                 final_length: Callable[[Sequence], int] | None = None, lookahead: Callable[[Sequence], int] | None = None):  # fmt: skip
         """final_length: a sequence's longest possible length; given, admission reserves pages up to
-        it for every running sequence (deterministic mode: never preempt)."""
+        it for every running sequence (deterministic mode: never preempt). lookahead: positions
+        past its last token a decode step may write (speculative decoding's drafts; None: 0)."""
         if max_num_seqs < 1 or max_num_batched_tokens < 1:
             raise ValueError(f"need max_num_seqs >= 1 and max_num_batched_tokens >= 1, got {max_num_seqs} and {max_num_batched_tokens}")
         self.block_manager = block_manager
@@ -49,6 +50,7 @@ class Scheduler:
         self.running: list[Sequence] = []  # by seq_id: the newest is preempted first
         self.num_preemptions = 0
         self.final_length = final_length
+        self.lookahead = lookahead or (lambda seq: 0)
 
     def add(self, seq: Sequence) -> None:
         seq.status = SequenceStatus.WAITING
@@ -98,13 +100,14 @@ class Scheduler:
         queue = list(self.running)
         while queue:
             seq = queue.pop(0)
-            while not self.block_manager.can_append(seq):
+            ahead = self.lookahead(seq)
+            while not self.block_manager.can_append(seq, ahead):
                 victim = queue.pop() if queue else seq
                 self.preempt(victim)
                 if victim is seq:
                     break
             else:
-                self.block_manager.append_slot(seq)
+                self.block_manager.append_slot(seq, ahead)
                 scheduled.append(seq)
         # Requests are checked to fit the cache alone, so the oldest one always gets its page.
         assert scheduled or not self.running and not self.waiting, "scheduler made no progress"
@@ -125,6 +128,13 @@ class Scheduler:
             old = seq.num_computed_tokens
             seq.num_computed_tokens += n
             self.block_manager.commit(seq, old)
+
+    def commit_tokens(self, seq: Sequence, computed: int) -> None:
+        """After a speculative decode step: `computed` more of seq's tokens have their KV in the
+        cache (the positions whose tokens were kept; rejected drafts' rows are overwritten later)."""
+        old = seq.num_computed_tokens
+        seq.num_computed_tokens += computed
+        self.block_manager.commit(seq, old)
 
     def finish(self, seq: Sequence) -> None:
         self.running.remove(seq)

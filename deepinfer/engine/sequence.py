@@ -49,6 +49,8 @@ class Sequence:
         self.prefill_target = 0
         self.num_cached_tokens: int | None = None  # prefix-cache hit at the first admission
         self.num_preemptions = 0
+        self.num_drafts_verified = 0  # speculative decoding: drafts this request verified, and accepted
+        self.num_drafts_accepted = 0
         self.finish_reason: str | None = None  # "stop" | "length"
         self.stop_reason: int | str | None = None  # the stop token id or stop string, None for EOS/length
         self._block_hashes: list[bytes] = []

@@ -36,6 +36,9 @@ class StepContext:
     cu_seqlens_k: torch.Tensor | None = None  # [B+1] int32
     # decode: B sequences of S new tokens each
     decode_shape: tuple[int, int] | None = None
+    # decode with different counts per sequence (speculative verification): per count S, the
+    # sequences that bring S tokens and those tokens' rows; each group is one mla_decode call
+    decode_groups: list[tuple[int, torch.Tensor, torch.Tensor]] | None = None
 
 
 def attention_specs(config: ModelConfig, prefix: str) -> dict[str, TensorSpec]:
@@ -112,8 +115,20 @@ class MLAttention:
     def _absorbed(self, ops, q_nope, q_pe, kv_cache, step: StepContext) -> torch.Tensor:
         """Attention in the latent space: q_nope @ W_UK per head, mla_decode, then W_UV; [T, H, v]."""
         c = self.config
-        batch, per_seq = step.decode_shape
         q_latent = self._absorb_uk(ops, q_nope)
+        if step.decode_groups is not None:
+            latent_out = torch.empty_like(q_latent)
+            for size, seqs, rows in step.decode_groups:
+                latent_out[rows] = ops.mla_decode(
+                    q_latent[rows].view(-1, size, self.heads, c.kv_lora_rank),
+                    q_pe[rows].view(-1, size, self.heads, c.qk_rope_head_dim),
+                    kv_cache,
+                    step.block_tables[seqs],
+                    step.seq_lens[seqs],
+                    softmax_scale=self.softmax_scale,
+                ).view(-1, self.heads, c.kv_lora_rank)
+            return self._absorb_uv(ops, latent_out)
+        batch, per_seq = step.decode_shape
         latent_out = ops.mla_decode(
             q_latent.reshape(batch, per_seq, self.heads, c.kv_lora_rank),
             q_pe.reshape(batch, per_seq, self.heads, c.qk_rope_head_dim),

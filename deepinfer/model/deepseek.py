@@ -12,8 +12,10 @@ import torch
 from deepinfer.model.attention import MLAttention, StepContext, attention_specs
 from deepinfer.model.config import ModelConfig
 from deepinfer.model.forward_batch import ForwardBatch
+from deepinfer.model.errors import CheckpointError
 from deepinfer.model.mlp import DenseMLP, mlp_specs
 from deepinfer.model.moe import EXPERT_PROJECTIONS, ExpertPlacement, ExpertSource, MoE, expert_tensor_prefix, moe_specs
+from deepinfer.model.mtp import SHARED_COPIES, MTPLayer, mtp_extra_specs
 from deepinfer.model.weights import PARAM, TensorSpec, WeightStore
 from deepinfer.ops import kv_cache_format
 from deepinfer.ops.rope import rope_cos_sin_cache
@@ -112,8 +114,9 @@ class DeepseekForCausalLM:
         self.norm: torch.Tensor | None = None
         self.lm_head: torch.Tensor | None = None
         # MTP modules (HF: model.layers.{num_hidden_layers + i}.*), kept by name (relative to that
-        # prefix, in their stored format) for speculative decoding; not run yet.
+        # prefix, in their kept format); `build_mtp_layers` makes the draft model of them.
         self.mtp_weights: list[dict[str, torch.Tensor]] = []
+        self.mtp_layers: list[MTPLayer] = []
 
     # ---- loading -------------------------------------------------------------------------------
 
@@ -134,6 +137,42 @@ class DeepseekForCausalLM:
         self.layers = [DecoderLayer(c, i, weights, self.dtype, self.placement, moe_index.get(i, 0)) for i in range(c.num_hidden_layers)]
         mtp = [weights.take_prefix(p) for p in self.mtp_prefixes()]
         self.mtp_weights = mtp if all(mtp) else []  # empty when the checkpoint ships none (HF's save_pretrained drops them)
+
+    def build_mtp_layers(self) -> list[MTPLayer]:
+        """The MTP modules as draft layers (speculative decoding), built once from the kept weights;
+        a checkpoint without them, or with some of their tensors missing or misshapen, is a one-line
+        CheckpointError naming the problem."""
+        if self.mtp_layers:
+            return self.mtp_layers
+        c = self.config
+        if not c.num_nextn_predict_layers or not self.mtp_weights:
+            raise CheckpointError(
+                f"this checkpoint has no MTP layers (num_nextn_predict_layers={c.num_nextn_predict_layers}, "
+                f"{'no' if not self.mtp_weights else len(self.mtp_weights)} MTP tensor sets stored)",
+                "speculative decoding with method 'mtp' needs a checkpoint that ships them (DeepSeek-V3/R1, or the embedded tiny-v3)",
+            )
+        if self.placement is not None:
+            raise CheckpointError("MTP speculative decoding does not run with expert parallelism or redundant experts yet", "drop --speculative or --ep")
+        layers = []
+        for i, prefix in enumerate(self.mtp_prefixes()):
+            layer = c.num_hidden_layers + i
+            store = {f"{prefix}{name}": t for name, t in self.mtp_weights[i].items() if name not in SHARED_COPIES}
+            specs = {**DecoderLayer.specs(c, layer), **mtp_extra_specs(c, prefix)}
+            for name, spec in specs.items():
+                if name not in store:
+                    raise CheckpointError(f"MTP layer {layer}: tensor {name} (shape {list(spec.shape)}) is missing", "the checkpoint's MTP layers are incomplete")
+                if tuple(store[name].shape) != spec.shape:
+                    raise CheckpointError(
+                        f"MTP layer {layer}: tensor {name} has shape {list(store[name].shape)}, config.json implies {list(spec.shape)}",
+                        "the checkpoint and its config.json disagree",
+                    )
+            weights = WeightStore(store)
+            block = DecoderLayer(c, layer, weights, self.dtype)
+            layers.append(MTPLayer(c, weights, prefix, block, self.embed_tokens, self.lm_head))
+            if weights.remaining():
+                raise CheckpointError(f"MTP layer {layer}: unexpected tensor {weights.remaining()[0]}", "the checkpoint does not match its config.json")
+        self.mtp_layers = layers
+        return layers
 
     def skipped_expert_tensors(self, stored_names) -> set[str]:
         """Checkpoint tensors this rank does not load: the experts its placement leaves to others
@@ -204,8 +243,10 @@ class DeepseekForCausalLM:
         return (num_blocks, block_size, kv_cache_format.row_width(self.config.kv_cache_width, dtype or self.dtype))
 
     @torch.inference_mode()
-    def forward(self, batch: ForwardBatch, kv_caches: list[torch.Tensor]) -> torch.Tensor:
-        """Run one step; returns float32 logits [len(batch.logits_indices), vocab]."""
+    def forward(self, batch: ForwardBatch, kv_caches: list[torch.Tensor], *, hidden_states: bool = False):
+        """Run one step; returns float32 logits [len(batch.logits_indices), vocab], and with
+        `hidden_states` also every new token's final hidden state [T, hidden] (after the final norm:
+        what the MTP draft layers read)."""
         if len(kv_caches) != self.num_layers:
             raise ValueError(f"forward needs {self.num_layers} KV caches (one per layer), got {len(kv_caches)}")
         ops = self.ops
@@ -215,12 +256,23 @@ class DeepseekForCausalLM:
         residual = None
         for layer, kv_cache in zip(self.layers, kv_caches):
             hidden, residual = layer(ops, hidden, residual, kv_cache, step)
+        if hidden_states:
+            hidden, _ = ops.rms_norm(hidden, self.norm, eps=self.config.rms_norm_eps, residual=residual)
+            return ops.linear(hidden[batch.logits_indices], self.lm_head, fmt="dense").float(), hidden
         hidden = hidden[batch.logits_indices]
         residual = residual[batch.logits_indices]
         hidden, _ = ops.rms_norm(hidden, self.norm, eps=self.config.rms_norm_eps, residual=residual)
         return ops.linear(hidden, self.lm_head, fmt="dense").float()
 
     __call__ = forward
+
+    @torch.inference_mode()
+    def forward_mtp(self, index: int, batch: ForwardBatch, prev_hidden: torch.Tensor, kv_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """MTP module `index` over a step: batch.input_ids hold token p+1 for each position p;
+        returns (float32 logits at batch.logits_indices, the layer's output to chain from)."""
+        layer = self.build_mtp_layers()[index]
+        step = self._step_context(batch, block_size=kv_cache.shape[1])
+        return layer(self.ops, batch.input_ids, batch.positions, prev_hidden, kv_cache, step, batch.logits_indices)
 
     def _step_context(self, batch: ForwardBatch, block_size: int) -> StepContext:
         step = StepContext(
@@ -235,11 +287,28 @@ class DeepseekForCausalLM:
         num_seqs, num_tokens = batch.num_seqs, int(batch.input_ids.shape[0])
         if batch.is_prefill:
             step.context_slots, step.cu_seqlens_k = _context_slots(batch.seq_lens, batch.block_tables, block_size)
+        elif batch.host is not None and len(set(batch.host.lengths)) > 1:
+            step.decode_groups = _decode_groups(batch.host.lengths, batch.positions.device)
         else:
             if num_seqs == 0 or num_tokens % num_seqs:
                 raise ValueError(f"a decode step needs the same number of new tokens per sequence: {num_tokens} tokens, {num_seqs} sequences")
             step.decode_shape = (num_seqs, num_tokens // num_seqs)
         return step
+
+
+def _decode_groups(lengths: list[int], device: torch.device) -> list[tuple[int, torch.Tensor, torch.Tensor]]:
+    """A decode step whose sequences bring different numbers of new tokens (speculative
+    verification): per distinct count S, (S, the sequences' indices, their tokens' rows)."""
+    starts, total = [], 0
+    for n in lengths:
+        starts.append(total)
+        total += n
+    groups = []
+    for size in sorted(set(lengths)):
+        seqs = [b for b, n in enumerate(lengths) if n == size]
+        rows = [starts[b] + i for b in seqs for i in range(size)]
+        groups.append((size, torch.tensor(seqs, dtype=torch.int64).to(device), torch.tensor(rows, dtype=torch.int64).to(device)))
+    return groups
 
 
 def _context_slots(seq_lens: torch.Tensor, block_tables: torch.Tensor, block_size: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -24,7 +24,7 @@ import torch
 from deepinfer.model.config import ModelConfig
 from deepinfer.model.errors import LoadError
 
-VERSION = "1"  # bump whenever the config, the seed or the generation recipe changes
+VERSION = "2"  # bump whenever the config, the seed or the generation recipe changes
 NAME = f"tiny-deepseek-v3-{VERSION}"
 SEED = 20241226
 
@@ -70,7 +70,7 @@ CONFIG = {
         "mscale_all_dim": 1.0,
     },
     "tie_word_embeddings": False,
-    "num_nextn_predict_layers": 0,
+    "num_nextn_predict_layers": 1,  # one MTP layer: the draft model of speculative decoding
     "bos_token_id": 0,
     "eos_token_id": 1,
     "torch_dtype": "bfloat16",
@@ -201,6 +201,29 @@ def random_weights(config: ModelConfig) -> dict[str, torch.Tensor]:
         else:
             value = torch.randn(spec.shape, generator=generator) * spec.shape[-1] ** -0.5
         tensors[name] = value.to(torch.bfloat16)
+    tensors.update(random_mtp_weights(config))
+    return tensors
+
+
+def random_mtp_weights(config: ModelConfig) -> dict[str, torch.Tensor]:
+    """The MTP layers' tensors (without the copies of the embedding and head real checkpoints
+    store), drawn like the main model's from a generator of their own: the main weights do not
+    depend on whether the model has MTP layers."""
+    from deepinfer.model.deepseek import DecoderLayer
+    from deepinfer.model.mtp import mtp_extra_specs
+
+    generator = torch.Generator().manual_seed(SEED + 1)
+    tensors = {}
+    for i in range(config.num_nextn_predict_layers):
+        layer = config.num_hidden_layers + i
+        specs = {**DecoderLayer.specs(config, layer), **mtp_extra_specs(config, f"model.layers.{layer}.")}
+        for name, spec in sorted(specs.items()):
+            if name.endswith("norm.weight"):
+                tensors[name] = torch.ones(spec.shape, dtype=torch.bfloat16)
+            elif name.endswith("e_score_correction_bias"):
+                tensors[name] = (0.1 * torch.randn(spec.shape, generator=generator)).float()
+            else:
+                tensors[name] = (torch.randn(spec.shape, generator=generator) * spec.shape[-1] ** -0.5).to(torch.bfloat16)
     return tensors
 
 

@@ -1,0 +1,64 @@
+"""How many of its drafts each request verifies in a step.
+
+FixedPolicy: all of them (up to k), as vLLM and SGLang do.
+
+ConfidencePolicy (DSpark's idea): draft i of a request is accepted with probability a_i given the
+ones before it were (AcceptanceEstimator), so verifying it adds prod_{j <= i} a_j expected tokens.
+Those gains fall along each request's drafts, so the best n drafts to verify over the batch are
+the n largest gains (each request's verified drafts stay a prefix). The step then yields
+B + (sum of those gains) expected tokens (every request gets at least its bonus token) in
+draft time + step(B + n) seconds (StepCostModel); the policy verifies the n that maximises the
+ratio. At low load extra tokens are almost free and it verifies nearly everything; as the step
+becomes compute-bound, only the likely drafts are worth their time.
+"""
+
+from __future__ import annotations
+
+from deepinfer.engine.speculative.acceptance import AcceptanceEstimator
+from deepinfer.engine.speculative.cost_model import StepCostModel
+
+
+class FixedPolicy:
+    def choose(self, requests: list[int], confidences: list[list[float]]) -> list[int]:
+        return [len(c) for c in confidences]
+
+    def record(self, request: int, confidences: list[float], num_accepted: int) -> None:
+        pass
+
+    def forget(self, request: int) -> None:
+        pass
+
+
+class ConfidencePolicy:
+    def __init__(self, cost: StepCostModel, estimator: AcceptanceEstimator | None = None):
+        self.cost = cost
+        self.estimator = estimator or AcceptanceEstimator()
+
+    def choose(self, requests: list[int], confidences: list[list[float]]) -> list[int]:
+        """requests: their ids; confidences[b]: request b's drafts' confidences (len: drafts it
+        may verify). Returns how many each verifies."""
+        gains = []
+        for b, (request, confs) in enumerate(zip(requests, confidences)):
+            reach = 1.0
+            for i, confidence in enumerate(confs):
+                reach *= self.estimator.probability(request, confidence)
+                gains.append((-reach, b, i))
+        gains.sort()
+        batch = len(requests)
+        draft = self.cost.draft_seconds * batch
+        expected, best, best_n = float(batch), batch / (draft + self.cost.step(batch)), 0
+        for n, (neg_gain, _, _) in enumerate(gains, start=1):
+            expected -= neg_gain
+            rate = expected / (draft + self.cost.step(batch + n))
+            if rate > best:
+                best, best_n = rate, n
+        chosen = [0] * batch
+        for _, b, _ in gains[:best_n]:
+            chosen[b] += 1
+        return chosen
+
+    def record(self, request: int, confidences: list[float], num_accepted: int) -> None:
+        self.estimator.record(request, confidences, num_accepted)
+
+    def forget(self, request: int) -> None:
+        self.estimator.forget(request)
