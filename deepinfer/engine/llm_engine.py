@@ -84,9 +84,12 @@ def _eos_ids(*values) -> frozenset[int]:
 class LLMEngine:
     """Owns the scheduler, the block manager and the model runner for one loaded model."""
 
-    def __init__(self, loaded, runtime, dtype: torch.dtype, config: EngineConfig | None = None, dist=None):
+    def __init__(self, loaded, runtime, dtype: torch.dtype, config: EngineConfig | None = None, dist=None, draft_source=None):
         """dist: the run's DistContext when the experts span several ranks (attention data
-        parallel: this engine runs this rank's requests; see engine/data_parallel.py)."""
+        parallel: this engine runs this rank's requests; see engine/data_parallel.py).
+        draft_source: with config.speculative, drafts from this instead of the checkpoint's MTP
+        layer (ControlledDraft: benchmarks and tests of the verification policy)."""
+        self.draft_source = draft_source
         self.config = config = config or EngineConfig()
         config.validate()
         self.dist = dist
@@ -148,7 +151,7 @@ class LLMEngine:
 
     def _draft_layers(self, model, dist) -> int:
         """The draft model's cache layers (speculative decoding with MTP: one), checked up front."""
-        if self.config.speculative is None:
+        if self.config.speculative is None or self.draft_source is not None:
             return 0
         if dist is not None:
             raise InvalidRequestError("speculative decoding does not run with expert parallelism (ep > 1) yet; drop one of them")
@@ -164,8 +167,9 @@ class LLMEngine:
         from deepinfer.engine.speculative.decoder import SpeculativeDecoder
         from deepinfer.engine.speculative.mtp_drafter import MTPDrafter
 
+        drafter = self.draft_source or MTPDrafter(model, self.runner)
         cost = self._cost_model(spec) if spec.policy == "confidence" else None
-        return SpeculativeDecoder(spec, model, self.runner, runtime.ops, self._final_length, MTPDrafter(model, self.runner), cost)
+        return SpeculativeDecoder(spec, model, self.runner, runtime.ops, self._final_length, drafter, cost)
 
     def _cost_model(self, spec):
         """The confidence policy's step times: given, or measured now on the device."""
@@ -177,7 +181,8 @@ class LLMEngine:
 
         probe = CostProbe(self.runner, self.loaded.model, self.block_manager)
         most = min(self.config.max_num_seqs * (spec.num_drafts + 1), self.config.max_num_batched_tokens)
-        return measure(probe.target, probe.draft, most, probe.synchronize)
+        draft = probe.draft if self.draft_source is None else None  # a draft source that runs no model costs nothing
+        return measure(probe.target, draft, most, probe.synchronize)
 
     def _num_blocks_from_memory(self, model, device: torch.device) -> int:
         per_block = kv_block_bytes(model, self.block_size, self.cache_dtype, self.num_draft_layers)

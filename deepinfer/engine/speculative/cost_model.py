@@ -42,7 +42,8 @@ class StepCostModel:
 
 
 def measure(target_forward, draft_forward, max_tokens: int, synchronize, repeats: int = 3) -> StepCostModel:
-    """target_forward(T) / draft_forward(T) run one forward over T one-token sequences;
+    """target_forward(T) / draft_forward(T) run one forward over T one-token sequences (no
+    draft_forward: drafting costs nothing);
     synchronize() waits for the device. Times T = 1, 2, 4, ... up to max_tokens (the median of
     `repeats` runs after one warm-up run)."""
     points = []
@@ -65,7 +66,7 @@ def measure(target_forward, draft_forward, max_tokens: int, synchronize, repeats
         return statistics.median(runs)
 
     table = {n: timed(target_forward, n) for n in points}
-    per_request = timed(draft_forward, points[-1]) / points[-1]
+    per_request = timed(draft_forward, points[-1]) / points[-1] if draft_forward is not None else 0.0
     model = StepCostModel.from_table(table, per_request)
     log.info("speculative cost model (seconds by tokens): %s", model.as_dict())
     return model
