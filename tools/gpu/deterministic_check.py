@@ -107,15 +107,21 @@ torch.save({"steps": steps, "tokens": tokens}, sys.argv[3])
 """
 
 
-def cross_backend() -> list[tuple[str, str]]:
+def cross_backend(backends=("cuda", "ascend"), keep: Path | None = None) -> list[tuple[str, str]]:
+    """keep: a folder to save each backend's logits in (the other side can then run elsewhere: the
+    ascend interpreter on a CPU machine, `--compare-with`)."""
     with tempfile.TemporaryDirectory() as tmp:
         ckpt = write_small_checkpoint(Path(tmp) / "tiny-v3-small-vocab")
         got = {}
-        for backend in ("cuda", "ascend"):
+        for backend in backends:
             env = dict(os.environ, TRITON_INTERPRET="1") if backend == "ascend" else {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
             out = Path(tmp) / f"{backend}.pt"
             subprocess.run([sys.executable, "-c", CROSS, str(ckpt), backend, str(out)], check=True, env=env, timeout=900)
             got[backend] = torch.load(out)
+            if keep is not None:
+                torch.save(got[backend], keep / f"{backend}_logits.pt")
+    if len(got) < 2:
+        return []
     diff = max(float((got["cuda"]["steps"][p] - got["ascend"]["steps"][p]).abs().max()) for p in got["cuda"]["steps"])
     same = got["cuda"]["tokens"] == got["ascend"]["tokens"]
     return [("float32 logits, cuda (GPU) vs ascend (interpreter)", f"max |diff| {diff:.3g} over {len(got['cuda']['steps'])} steps, tokens equal {same}")]
@@ -125,7 +131,12 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--layers", type=int, default=27)
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--only", choices=("cuda", "ascend"), help="only this backend's cross-backend logits, saved into --keep")
+    parser.add_argument("--keep", type=Path, help="folder for the cross-backend logits")
     args = parser.parse_args()
+    if args.only:
+        cross_backend((args.only,), args.keep)
+        return 0
     rows = bit_identity(args.layers)
     try:
         rows += cross_backend()
