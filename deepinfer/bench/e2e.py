@@ -184,15 +184,9 @@ def run(
     """backend_options: the backend's options for deepinfer's side (`bench e2e --backend-option`).
     deterministic: deepinfer's side in deterministic mode (batch-invariant kernels: its cost is this
     run's step time over the default mode's)."""
-    from transformers import AutoConfig, AutoModelForCausalLM
-
     from deepinfer.engine.llm import LLM
     from deepinfer.engine.llm_engine import EngineConfig, LLMEngine
     from deepinfer.engine.sampling_params import SamplingParams
-    from deepinfer.model.config import ModelConfig
-    from deepinfer.model.deepseek import DeepseekForCausalLM
-    from deepinfer.model.loader import LoadedModel
-    from deepinfer.model.weights import WeightStore
     from deepinfer.runtime import open_runtime
 
     cfg = dict(V2_LITE, **(config_overrides or {}), **({"num_hidden_layers": layers} if layers else {}))
@@ -201,14 +195,7 @@ def run(
     needed = memory_needed(cfg, max(batches), prompt_len, new_tokens, with_hf, copy_gib)
     check_fits(needed, free_memory(device, runtime.memory_info), device, cfg["num_hidden_layers"])
     bandwidth = copy_bandwidth(device, copy_gib)
-    torch.manual_seed(0)
-    hf_config = AutoConfig.for_model("deepseek_v2", **cfg)
-    with torch.device(device):
-        hf = AutoModelForCausalLM.from_config(hf_config, dtype=torch.bfloat16).eval()
-    config = ModelConfig.from_dict({**hf_config.to_dict(), **cfg, "model_type": "deepseek_v2"}, source="V2-Lite-shaped random model")
-    model = DeepseekForCausalLM(config, runtime.ops, device, torch.bfloat16)
-    model.load_weights(WeightStore(hf_to_deepinfer_tensors(hf.state_dict(), cfg)))
-    loaded = LoadedModel(model=model, config=config, tokenizer=None, path="in-memory DeepSeek-V2-Lite-shaped model", dummy_weights=True)
+    loaded, hf = build_v2_lite(runtime, cfg)
     engine_config = EngineConfig(max_num_seqs=max(batches), max_num_batched_tokens=max(batches) * prompt_len, kv_cache_memory_gib=ENGINE_KV_CACHE_GIB,
                                  deterministic=deterministic)  # fmt: skip
     engine = LLMEngine(loaded, runtime, torch.bfloat16, engine_config)
@@ -256,6 +243,27 @@ def run(
                 "backend": runtime.backend.name, "backend_options": dict(runtime.options), "deterministic": deterministic, "date": time.strftime("%Y-%m-%d")}
         json_path.write_text(json.dumps({"machine": info, "results": [asdict(r) for r in results]}, indent=1))
     return results
+
+
+def build_v2_lite(runtime, cfg: dict):
+    """The random V2-Lite-shaped model (config `cfg`, seed 0), built by transformers on the runtime's
+    device, and deepinfer's model over the very same tensors: (LoadedModel, the HF model)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from deepinfer.model.config import ModelConfig
+    from deepinfer.model.deepseek import DeepseekForCausalLM
+    from deepinfer.model.loader import LoadedModel
+    from deepinfer.model.weights import WeightStore
+
+    torch.manual_seed(0)
+    hf_config = AutoConfig.for_model("deepseek_v2", **cfg)
+    with torch.device(runtime.device):
+        hf = AutoModelForCausalLM.from_config(hf_config, dtype=torch.bfloat16).eval()
+    config = ModelConfig.from_dict({**hf_config.to_dict(), **cfg, "model_type": "deepseek_v2"}, source="V2-Lite-shaped random model")
+    model = DeepseekForCausalLM(config, runtime.ops, runtime.device, torch.bfloat16)
+    model.load_weights(WeightStore(hf_to_deepinfer_tensors(hf.state_dict(), cfg)))
+    loaded = LoadedModel(model=model, config=config, tokenizer=None, path="in-memory DeepSeek-V2-Lite-shaped model", dummy_weights=True)
+    return loaded, hf
 
 
 def format_results(results: list[E2EResult]) -> str:

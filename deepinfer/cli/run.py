@@ -116,6 +116,10 @@ def add_parser(sub) -> None:
     p.add_argument("--deterministic", action="store_true",
                    help="batch-invariant kernels only: a request's logits and tokens are bit-identical whatever it is batched with "
                         "(an error names any op the backend has no such kernel for)")
+    p.add_argument("--speculative", metavar="SPEC",
+                   help="speculative decoding: METHOD[:NUM_DRAFTS[:POLICY]] (e.g. mtp:3:confidence) or a JSON object "
+                        "{\"method\": \"mtp\", \"num_drafts\": 3, \"policy\": \"fixed\"|\"confidence\"}; "
+                        "the checkpoint's MTP layer drafts, the model verifies")
     p.add_argument("--interpret", action="store_true",
                    help="run the backend's Triton kernels in the Triton interpreter on the CPU (slow; for checking kernels)")
     p.add_argument("--cpu-threads", type=int, metavar="N",
@@ -164,6 +168,7 @@ def load_llm(args, ctx):
         cpu_threads=args.cpu_threads,
         kv_cache_dtype=args.kv_cache_dtype,
         deterministic=args.deterministic,
+        speculative=args.speculative,
     )
 
 
@@ -186,6 +191,13 @@ def check_flags(args) -> None:
     if args.cpu_threads is not None and not 1 <= args.cpu_threads <= MAX_CPU_THREADS:
         raise UserError(f"--cpu-threads must lie in [1, {MAX_CPU_THREADS}], got {args.cpu_threads}")
     check_timeout(args.dist_timeout, "--dist-timeout")
+    if args.speculative is not None:
+        from deepinfer.engine.speculative.config import SpeculativeConfig
+
+        try:
+            SpeculativeConfig.parse(args.speculative)
+        except UserError as exc:
+            raise UserError(f"--speculative: {str(exc).removeprefix('speculative: ')}") from None
     check_flag_params(args)
 
 
@@ -484,6 +496,11 @@ def print_summary(llm, requests: int, skipped: int, counts: dict, wall: float, o
             ("backend", llm.chosen_by),  # "ascend (requested)" or "auto-selected reference (...)"
             ("model", model),
         ]
+        spec = llm.speculative_metrics()
+        if spec is not None:
+            rows.append(("speculative", f"{spec['acceptance_length']:.2f} tokens per verification (acceptance length), "
+                                        f"{spec['drafts_verified_per_step']:.2f} drafts verified per request and step, "
+                                        f"{spec['accepted_per_verified']:.1%} of them accepted"))  # fmt: skip
         if llm.engine.runtime.device.type == "cpu":
             import torch
 
