@@ -38,8 +38,12 @@ class SpecResult:
 
 
 def run(backend: str, concurrency: tuple[int, ...], *, layers: int | None, prompt_len: int, new_tokens: int, num_drafts: int,
-        first: float, decay: float, spread: float, json_path: Path | None = None, on_result=None) -> list[SpecResult]:  # fmt: skip
-    """on_result(SpecResult): called as each row is measured (a run cut short keeps what it measured)."""
+        first: float, decay: float, spread: float, json_path: Path | None = None, on_result=None, deterministic: bool = False) -> list[SpecResult]:  # fmt: skip
+    """on_result(SpecResult): called as each row is measured (a run cut short keeps what it measured).
+    deterministic: every engine in deterministic mode, so that a request's logits, and its greedy
+    continuation, do not depend on the step's batch shapes (verification steps are not decode
+    steps): in bf16 the default mode's near-ties resolve differently with speculation, the
+    continuation is left and the controlled drafts stop agreeing."""
     from deepinfer.bench.e2e import V2_LITE, build_v2_lite
     from deepinfer.engine.llm import LLM
     from deepinfer.engine.llm_engine import EngineConfig, LLMEngine
@@ -49,7 +53,7 @@ def run(backend: str, concurrency: tuple[int, ...], *, layers: int | None, promp
     from deepinfer.runtime import open_runtime
 
     cfg = dict(V2_LITE, **({"num_hidden_layers": layers} if layers else {}))
-    runtime = open_runtime(backend, dtype=torch.bfloat16)
+    runtime = open_runtime(backend, dtype=torch.bfloat16, deterministic=deterministic)
     device = runtime.device
     loaded, hf = build_v2_lite(runtime, cfg)
     del hf
@@ -62,7 +66,9 @@ def run(backend: str, concurrency: tuple[int, ...], *, layers: int | None, promp
         prompts = [{"prompt_token_ids": p.tolist()} for p in torch.randint(0, cfg["vocab_size"], (n, prompt_len), generator=gen)]
 
         def engine(spec=None, draft=None):
-            config = EngineConfig(max_num_seqs=n, max_num_batched_tokens=max(n * prompt_len, 8192), kv_cache_memory_gib=KV_CACHE_GIB, speculative=spec)
+            # no prefix cache: the warm-up run and the timed one do the same work (a hit's prefill is another kernel variant)
+            config = EngineConfig(max_num_seqs=n, max_num_batched_tokens=max(n * prompt_len, 8192), kv_cache_memory_gib=KV_CACHE_GIB, speculative=spec,
+                                  enable_prefix_caching=False, deterministic=deterministic)  # fmt: skip
             return LLM.from_engine(LLMEngine(loaded, runtime, torch.bfloat16, config, draft_source=draft))
 
         def timed(llm):
@@ -97,7 +103,7 @@ def run(backend: str, concurrency: tuple[int, ...], *, layers: int | None, promp
             empty_cache(device)
     if json_path is not None:
         info = {"device": device_name(device), "torch": torch.__version__, "layers": cfg["num_hidden_layers"], "backend": runtime.backend.name,
-                "prompt_len": prompt_len, "new_tokens": new_tokens, "profile": {"first": first, "decay": decay, "spread": spread},
+                "prompt_len": prompt_len, "new_tokens": new_tokens, "deterministic": deterministic, "profile": {"first": first, "decay": decay, "spread": spread},
                 "date": time.strftime("%Y-%m-%d")}  # fmt: skip
         json_path.write_text(json.dumps({"machine": info, "results": [asdict(r) for r in results]}, indent=1))
     return results

@@ -28,6 +28,8 @@ def add_parser(what) -> None:
     p.add_argument("--first", type=float, default=0.9, help="probability that draft 1 agrees (default 0.9)")
     p.add_argument("--decay", type=float, default=0.8, help="each further draft agrees with this factor less (default 0.8)")
     p.add_argument("--spread", type=float, default=0.5, help="per-request factor on the profile, uniform in [1 - spread, 1] (default 0.5)")
+    p.add_argument("--deterministic", action="store_true",
+                   help="every run in deterministic mode: continuations do not depend on batch shapes, so the controlled drafts keep agreeing")
     p.add_argument("--json", type=Path, default=None, metavar="FILE", help="write the results to FILE")
     p.set_defaults(func=run_speculative)
 
@@ -59,6 +61,6 @@ def run_speculative(args: argparse.Namespace) -> int:
     spec = choose_backend(load_plugins(), args.backend)
     results = speculative.run(spec.name, concurrency, layers=args.layers, prompt_len=args.prompt_len, new_tokens=args.new_tokens,
                               num_drafts=args.num_drafts, first=args.first, decay=args.decay, spread=args.spread, json_path=args.json,
-                              on_result=lambda r: print(f"measured: {r}", flush=True))  # fmt: skip
+                              on_result=lambda r: print(f"measured: {r}", flush=True), deterministic=args.deterministic)  # fmt: skip
     print(speculative.format_results(results))
     return 0
