@@ -103,8 +103,8 @@ def run(backend: str, concurrency: tuple[int, ...], *, layers: int | None, promp
             empty_cache(device)
     if json_path is not None:
         info = {"device": device_name(device), "torch": torch.__version__, "layers": cfg["num_hidden_layers"], "backend": runtime.backend.name,
-                "prompt_len": prompt_len, "new_tokens": new_tokens, "deterministic": deterministic, "profile": {"first": first, "decay": decay, "spread": spread},
-                "date": time.strftime("%Y-%m-%d")}  # fmt: skip
+                "prompt_len": prompt_len, "new_tokens": new_tokens, "deterministic": deterministic,
+                "profile": {"first": first, "decay": decay, "spread": spread}, "date": time.strftime("%Y-%m-%d")}  # fmt: skip
         json_path.write_text(json.dumps({"machine": info, "results": [asdict(r) for r in results]}, indent=1))
     return results
 
@@ -115,5 +115,6 @@ def format_results(results: list[SpecResult]) -> str:
     for r in results:
         spec = (f"{r.acceptance_length:10.2f}  {r.drafts_verified_per_step:13.2f}  {r.accepted_per_verified:17.1%}"
                 if r.acceptance_length is not None else f"{'-':>10}  {'-':>13}  {'-':>17}")  # fmt: skip
-        lines.append(f"{r.concurrency:10d}  {r.mode:<14}  {r.tokens_per_s:5.0f}  {r.tokens_per_s / base[r.concurrency]:6.2f}x  {spec}  {r.outputs_equal:>5}/{r.concurrency}")
+        ratio = r.tokens_per_s / base[r.concurrency]
+        lines.append(f"{r.concurrency:10d}  {r.mode:<14}  {r.tokens_per_s:5.0f}  {ratio:6.2f}x  {spec}  {r.outputs_equal:>5}/{r.concurrency}")
     return "\n".join(lines)

@@ -42,7 +42,8 @@ def run_speculative(args: argparse.Namespace) -> int:
     from deepinfer.plugins import load_plugins
 
     concurrency = tuple(args.concurrency or (16, 64))
-    for name, value in (("--concurrency", min(concurrency)), ("--prompt-len", args.prompt_len), ("--new-tokens", args.new_tokens), ("--layers", args.layers or 1)):
+    counts = (("--concurrency", min(concurrency)), ("--prompt-len", args.prompt_len), ("--new-tokens", args.new_tokens), ("--layers", args.layers or 1))
+    for name, value in counts:
         if value < 1:
             raise UserError(f"{name} must be at least 1, not {value}")
     if not 1 <= args.num_drafts <= MAX_DRAFTS:

@@ -11,8 +11,8 @@ import torch
 
 from deepinfer.model.attention import MLAttention, StepContext, attention_specs
 from deepinfer.model.config import ModelConfig
-from deepinfer.model.forward_batch import ForwardBatch
 from deepinfer.model.errors import CheckpointError
+from deepinfer.model.forward_batch import ForwardBatch
 from deepinfer.model.mlp import DenseMLP, mlp_specs
 from deepinfer.model.moe import EXPERT_PROJECTIONS, ExpertPlacement, ExpertSource, MoE, expert_tensor_prefix, moe_specs
 from deepinfer.model.mtp import SHARED_COPIES, MTPLayer, mtp_extra_specs
@@ -160,7 +160,9 @@ class DeepseekForCausalLM:
             specs = {**DecoderLayer.specs(c, layer), **mtp_extra_specs(c, prefix)}
             for name, spec in specs.items():
                 if name not in store:
-                    raise CheckpointError(f"MTP layer {layer}: tensor {name} (shape {list(spec.shape)}) is missing", "the checkpoint's MTP layers are incomplete")
+                    raise CheckpointError(
+                        f"MTP layer {layer}: tensor {name} (shape {list(spec.shape)}) is missing", "the checkpoint's MTP layers are incomplete"
+                    )
                 if tuple(store[name].shape) != spec.shape:
                     raise CheckpointError(
                         f"MTP layer {layer}: tensor {name} has shape {list(store[name].shape)}, config.json implies {list(spec.shape)}",

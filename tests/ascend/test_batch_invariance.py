@@ -582,6 +582,42 @@ def test_sample_and_bitmask():
     assert_invariant(run, (3,))
 
 
+def test_rejection_sample():
+    """A 3-row request (its first draft accepted) among n one- or two-row requests: its tokens do not change."""
+    from deepinfer.ops.sampling import sample
+
+    table = ops(torch.float32)
+    g = gen(12)
+    vocab = 200
+    logits = randn(g, 3, vocab, scale=3.0)
+    params = (torch.tensor([0.8]), torch.tensor([0], dtype=torch.int32), torch.tensor([1.0]), torch.tensor([0.0]),
+              torch.tensor([4321], dtype=torch.int64), torch.tensor([57], dtype=torch.int64))  # fmt: skip
+    drafts = torch.tensor([int(sample(logits[:1], *params)[0]), 5, -1])  # the first draft accepted: the second row decides
+
+    def run(n):
+        gn = gen(1200 + n)
+        at = place(n)
+        counts = torch.randint(1, 3, (n + 1,), generator=gn)
+        counts[at] = 3
+        cu_rows = torch.cat([torch.zeros(1, dtype=torch.int64), counts.cumsum(0)]).to(torch.int32)
+        first = int(cu_rows[at])
+        lg = randn(gn, int(counts.sum()), vocab, scale=3.0)
+        lg[first : first + 3] = logits
+        dr = torch.randint(0, vocab, (lg.shape[0],), generator=gn)
+        dr[first : first + 3] = drafts
+        # greedy or temperature-only neighbours (the filters' invariance is test_sample_and_bitmask's)
+        m = n + 1
+        others = (torch.randint(0, 2, (m,), generator=gn) * (0.5 + torch.rand(m, generator=gn)), torch.zeros(m, dtype=torch.int32), torch.ones(m),
+                  torch.zeros(m), torch.randint(0, 2**40, (m,), generator=gn), torch.randint(0, 4096, (m,), generator=gn))  # fmt: skip
+        for o, p in zip(others, params):
+            o[at] = p[0]
+        tokens = table.rejection_sample(lg, dr, cu_rows, *others)
+        assert tokens[first] == drafts[0]
+        return tokens[first : first + 3]
+
+    assert_invariant(run, (1, 3))
+
+
 # ---------------------------------------------------------------------------------------------
 # DeepSeek-V4's ops
 
@@ -707,3 +743,19 @@ def test_the_default_plans_follow_the_batch(op, launches):
     launches.watch(*watched)
     with pytest.raises(AssertionError, match="compile-time arguments differ"):
         assert_invariant(run, neighbours, launches)
+
+
+def test_mla_decode_queries_alone_or_among_s():
+    """Speculative verification: S = 6 queries of a request (16 heads) give each query the bits it
+    gets alone, as the decode step of its position (seq_len = its position + 1)."""
+    fn = ops(torch.bfloat16).mla_decode
+    g = gen(17)
+    s, heads, c, r, page, n = 6, 16, 64, 16, 128, 300
+    pages = -(-n // page)
+    cache = randn(g, pages + 1, page, c + r, dtype=torch.bfloat16)
+    table = torch.arange(pages, 0, -1, dtype=torch.int32)[None]
+    q_nope, q_rope = randn(g, 1, s, heads, c, dtype=torch.bfloat16), randn(g, 1, s, heads, r, dtype=torch.bfloat16)
+    together = fn(q_nope, q_rope, cache, table, torch.tensor([n], dtype=torch.int32), softmax_scale=0.1)
+    for i in range(s):
+        alone = fn(q_nope[:, i : i + 1], q_rope[:, i : i + 1], cache, table, torch.tensor([n - s + i + 1], dtype=torch.int32), softmax_scale=0.1)
+        assert torch.equal(together[:, i : i + 1], alone), f"query {i}"

@@ -1,4 +1,4 @@
-"""The ascend backend's sample and apply_token_bitmask kernels under the Triton interpreter on
+"""The ascend backend's sample, apply_token_bitmask and rejection_sample kernels under the Triton interpreter on
 both simulated chips, and through Triton's front end. The checks are in
 tests/ascend/vector_checks.py, which says why they run in a subprocess per chip."""
 

@@ -5,7 +5,7 @@ chunked long row, ties, -inf rows, strided views, float64 (handed to the referen
 kernel's fallback searches forced with tiny candidate slots. Everything is compared with the op
 references in deepinfer.ops; ids and tokens exactly. One family per test file:
 test_misc_kernels.py (rms_norm, rope, silu_and_mul), test_moe_kernels.py (gate, dispatch, combine),
-test_sampling_kernels.py (sample, apply_token_bitmask).
+test_sampling_kernels.py (sample, apply_token_bitmask, rejection_sample).
 
 Triton decides at import whether kernels are interpreted, and the simulated chip is read from the
 environment, so each (family, chip) runs in a fresh subprocess: this file as a script,
@@ -288,6 +288,36 @@ def check_sampling(gen):
     need = S.PATH_TOPK_CANDIDATES | S.PATH_TOPK_ROWS | S.PATH_TOPP_CANDIDATES | S.PATH_TOPP_ROWS | S.PATH_TOKEN_CANDIDATES
     assert seen & need == need, seen
 
+    # rejection_sample's accept kernel: more requests than vector cores (the persistent request loop),
+    # a request of 21 rows (more than a 16-row step), drafts equal to the drawn tokens for a prefix of
+    # each request, drafts that differ from them in the high 32 bits only. The rows' tokens come from
+    # the reference's sample here (the sample kernel is checked above, the whole op by conformance).
+    import types
+
+    from deepinfer.ops.rejection_sampling import rejection_sample as ref_rejection
+    from deepinfer_ascend.kernels import rejection_sampling as R
+
+    counts = torch.tensor([21] + [1 + i % 4 for i in range(69)])
+    kw = rows_inputs(40, [rows[i % 8] for i in range(70)])
+    per_request = {n: kw[n] for n in ("temperature", "top_k", "top_p", "min_p", "seeds", "positions")}
+    cu_rows = torch.cat([torch.zeros(1, dtype=torch.int64), counts.cumsum(0)]).to(torch.int32)
+    owner = torch.repeat_interleave(torch.arange(70), counts)
+    index = torch.arange(len(owner)) - cu_rows[:-1].long()[owner]
+    logits = 3.0 * torch.randn(len(owner), 40, generator=gen)
+    drawn = ref_sample(logits, *(v[owner] for n, v in per_request.items() if n != "positions"), per_request["positions"][owner] + index)
+    accepted = torch.randint(0, 5, (70,), generator=gen)
+    accepted[0] = 18
+    drafts = torch.where(index < accepted[owner], drawn, drawn + (torch.arange(len(owner)) % 2 + 1) * 2**32 * (owner % 3 == 0) + (owner % 3 != 0))
+    call = dict(logits=logits, draft_tokens=drafts, cu_rows=cu_rows, **per_request)
+    kernels, R._sampling = R._sampling, types.SimpleNamespace(sample=ref_sample)
+    try:
+        out = R.rejection_sample(**call)
+    finally:
+        R._sampling = kernels
+    want = ref_rejection(**call)
+    assert out.dtype == torch.int64 and torch.equal(out, want), (out.tolist(), want.tolist())
+    assert (out == -1).any() and (out[: counts[0]] != -1).sum() == 19
+
     # apply_token_bitmask: bit 31 (words of -1 and of INT32_MIN), a partial last word, several
     # dtypes, a strided view (in place through a copy), float64
     for rows_, V, dtype in [(3, 33, torch.float32), (5, 1003, torch.bfloat16), (2, 4099, torch.float16), (2, 70, torch.float64)]:
@@ -322,6 +352,7 @@ def frontend(family: str) -> None:
         return
     import deepinfer_ascend.device as device
     from deepinfer_ascend.kernels import activation, moe, norm, rope
+    from deepinfer_ascend.kernels import rejection_sampling as R
     from deepinfer_ascend.kernels import sampling as S
     from deepinfer_ascend.kernels.common import tile_elems
 
@@ -374,6 +405,7 @@ def frontend(family: str) -> None:
             build(S._sample_kernel, {**S._sample_sizes(), "NATIVE_U32": native, "RECORD_PATH": native},
                   logits_ptr="*fp32", stride_row=i32, temp_ptr="*fp32", topk_ptr="*i32", topp_ptr="*fp32", minp_ptr="*fp32",
                   seed_ptr="*i32", pos_ptr="*i32", out_ptr="*i64", path_ptr="*i32", B=i32, V=i32)
+        build(R._accept_kernel, dict(BLOCK=R._ACCEPT_BLOCK), sampled_ptr="*i32", draft_ptr="*i32", cu_ptr="*i32", out_ptr="*i32", B=i32)
     print(f"FRONT END OK {family} {os.environ.get('DEEPINFER_ASCEND_SIM_CHIP', '910B')}", flush=True)
 
 

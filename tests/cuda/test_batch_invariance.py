@@ -80,7 +80,10 @@ def around(g, req: torch.Tensor, before: int, after: int, **kw) -> torch.Tensor:
 
 
 SEPARATE = {"linear", "grouped_gemm", "mla_decode", "rms_norm", "gate", "prefill", "sparse_attention", "indexer_topk", "compress_kv", "hc_pre"}
-AS_THEY_ARE = {"rope", "silu_and_mul", "clamped_silu_and_mul", "kv_cache_write", "dispatch", "combine", "sample", "apply_token_bitmask", "hc_post"}
+AS_THEY_ARE = {
+    "rope", "silu_and_mul", "clamped_silu_and_mul", "kv_cache_write", "dispatch", "combine", "sample", "apply_token_bitmask", "hc_post",
+    "rejection_sample",
+}  # fmt: skip
 
 
 def test_default_kernels_still_chosen_without_deterministic(reg):
@@ -294,6 +297,40 @@ def test_sample(reg):
         same(fn(around(g, logits, before, after, scale=3.0), **mixed)[before : before + 2], want, f"{before, after}")
 
 
+def _verify_requests(g, counts: list[int], vocab: int) -> dict:
+    """rejection_sample's inputs for requests of the given row counts, random parameters and drafts."""
+    n, rows = len(counts), sum(counts)
+    return {
+        "logits": randn(g, rows, vocab, scale=3.0), "draft_tokens": torch.randint(0, vocab, (rows,), generator=g),
+        "cu_rows": torch.tensor([0, *torch.tensor(counts).cumsum(0).tolist()], dtype=torch.int32),
+        # greedy or temperature-only rows (the filters' invariance is test_sample's; they cost ~0.3 s a row here)
+        "temperature": torch.randint(0, 2, (n,), generator=g) * (0.5 + torch.rand(n, generator=g)), "top_k": torch.zeros(n, dtype=torch.int32),
+        "top_p": torch.ones(n), "min_p": torch.zeros(n),
+        "seeds": torch.randint(0, 1000, (n,), generator=g), "positions": torch.randint(0, 100, (n,), generator=g),
+    }  # fmt: skip
+
+
+def _joined(parts: list[dict]) -> dict:
+    counts = [int(c) for p in parts for c in (p["cu_rows"][1:] - p["cu_rows"][:-1])]
+    joined = {k: torch.cat([p[k] for p in parts]) for k in parts[0] if k != "cu_rows"}
+    return {**joined, "cu_rows": torch.tensor([0, *torch.tensor(counts).cumsum(0).tolist()], dtype=torch.int32)}
+
+
+def test_rejection_sample(reg):
+    from deepinfer.ops.sampling import sample
+
+    fn, g = kernel(reg, "rejection_sample", torch.float32), gen(13)
+    V = 200
+    probe = {**_verify_requests(g, [3], V), "temperature": torch.tensor([0.8])}
+    params = [probe[k] for k in ("temperature", "top_k", "top_p", "min_p", "seeds", "positions")]
+    probe["draft_tokens"][0] = sample(probe["logits"][:1], *params)[0]  # the first draft accepted: the second row decides
+    want = fn(**probe)
+    assert want[0] == probe["draft_tokens"][0]
+    for before, after in (([2], []), ([1], [1, 2])):  # neighbouring requests' row counts
+        got = fn(**_joined([_verify_requests(g, before, V), probe, _verify_requests(g, after, V)]))
+        same(got[sum(before) : sum(before) + 3], want, f"{before, after}")
+
+
 def test_apply_token_bitmask(reg):
     fn, g = kernel(reg, "apply_token_bitmask", torch.float32), gen(12)
     V = 300
@@ -449,3 +486,20 @@ def test_compress_kv(reg, dtype, ratio, overlap):
         s = torch.cat([o_starts[:before], starts, o_starts[before:]])
         p = torch.cat([o_prevs[:before], prevs, o_prevs[before:]])
         same(fn(kv, gate, bias, s, p, ratio=ratio, overlap=overlap)[before : before + 2], want, f"{before, after}")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_mla_decode_queries_alone_or_among_s(reg, dtype):
+    """Speculative verification: S = 6 queries of a request (16 heads: 96 rows, another tile plan
+    for the default kernel than one query's 16) give each query the bits it gets alone, as the
+    decode step of its position (seq_len = its position + 1)."""
+    fn, g = kernel(reg, "mla_decode", dtype), gen(16)
+    s, heads = 6, 16
+    inputs = _mla(g, dtype, [600], heads=heads)
+    inputs["q_nope"] = randn(g, 1, s, heads, 64, dtype=dtype)
+    inputs["q_rope"] = randn(g, 1, s, heads, 16, dtype=dtype)
+    together = fn(**inputs, softmax_scale=0.1)
+    for i in range(s):
+        alone = dict(inputs, q_nope=inputs["q_nope"][:, i : i + 1], q_rope=inputs["q_rope"][:, i : i + 1],
+                     seq_lens=torch.tensor([600 - s + i + 1], dtype=torch.int32))  # fmt: skip
+        same(together[:, i : i + 1], fn(**alone, softmax_scale=0.1), f"query {i}")

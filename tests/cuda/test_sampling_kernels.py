@@ -1,4 +1,4 @@
-"""The cuda backend's sample and apply_token_bitmask kernels under the Triton interpreter (CPU).
+"""The cuda backend's sample, apply_token_bitmask and rejection_sample (its accept kernel) kernels under the Triton interpreter (CPU).
 
 `sample` must give the reference's tokens bit for bit for equal logits: rows mixing every
 parameter (greedy, temperature, top-k, top-p, min-p and their combinations), vocabularies that
@@ -226,3 +226,49 @@ def test_registrations(k):
     assert {r.op for r in k.REGISTRATIONS} == {"sample", "apply_token_bitmask"}
     for r in k.REGISTRATIONS:
         check_signature(ops[r.op], r.fn, "cuda")
+
+
+# ---------------------------------------------------------------------------------------------- rejection_sample
+
+
+@pytest.fixture(scope="module")
+def rk():
+    dev = require_interpreter_or_gpu()
+    return kernel_module("deepinfer_cuda.kernels.rejection_sampling"), dev
+
+
+def test_rejection_sample_accept_kernel(rk, monkeypatch):
+    """The accept kernel over many requests, one of 21 rows (more than a 16-row step), drafts equal to
+    the drawn tokens for a prefix of each request, drafts off in the high 32 bits only. The rows'
+    tokens come from the reference's sample (the sample kernel is tested above, the op by conformance)."""
+    from types import SimpleNamespace
+
+    from deepinfer.ops.rejection_sampling import rejection_sample as ref_rejection
+
+    module, dev = rk
+    monkeypatch.setattr(module, "_sampling", SimpleNamespace(sample=lambda *a: ref.sample(*[t.cpu() for t in a]).to(dev)))
+    g = torch.Generator().manual_seed(21)
+    counts = torch.tensor([21] + [1 + i % 4 for i in range(29)])
+    B, T, V = len(counts), int(counts.sum()), 40
+    kw = dict(zip(["logits", "temperature", "top_k", "top_p", "min_p", "seeds", "positions"], _rows(B, V, seed=21, kind="peaked")))
+    kw["logits"] = torch.randn(T, V, generator=g) * 3
+    kw["cu_rows"] = torch.cat([torch.zeros(1, dtype=torch.int64), counts.cumsum(0)]).to(torch.int32)
+    owner = torch.repeat_interleave(torch.arange(B), counts)
+    index = torch.arange(T) - kw["cu_rows"][:-1].long()[owner]
+    per_row = [kw[k][owner] for k in ("temperature", "top_k", "top_p", "min_p", "seeds")]
+    drawn = ref.sample(kw["logits"], *per_row, kw["positions"][owner] + index)
+    accepted = torch.randint(0, 5, (B,), generator=g)
+    accepted[0] = 18
+    off = torch.where(owner % 3 == 0, (index % 2 + 1) * 2**32, 1)
+    kw["draft_tokens"] = torch.where(index < accepted[owner], drawn, drawn + off)
+    got = module.rejection_sample(**{k: v.to(dev) for k, v in kw.items()}).cpu()
+    assert got.dtype == torch.int64 and torch.equal(got, ref_rejection(**kw))
+    assert (got[:21] != -1).sum() == 19 and (got == -1).any()
+
+
+def test_rejection_sample_registration(rk):
+    from deepinfer.registry import all_ops, check_signature
+
+    module, _ = rk
+    assert [(r.op, r.batch_invariant) for r in module.REGISTRATIONS] == [("rejection_sample", True)]
+    check_signature(all_ops()["rejection_sample"], module.rejection_sample, "cuda")

@@ -71,3 +71,48 @@ def test_seeded_sampling_is_identical_over_200_completions(checkpoint, backend):
         completions += [tuple(o.outputs[0].token_ids) for o in outs[:probes]]
     assert len(completions) == 200
     assert len(set(completions)) == 1, sorted(set(completions))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_speculative_verification_gives_the_decode_steps_logits(checkpoint, backend):
+    """Deterministic mode with speculation: a verification step scores the request's last token and
+    its drafts together (S = 4 query tokens); each kept row's logits are the bits the plain decode
+    step of that position gives (drafts from a source that always agrees: every row is kept)."""
+    import dataclasses
+
+    from deepinfer import LLM
+    from deepinfer.engine.llm_engine import LLMEngine
+    from deepinfer.engine.speculative.controlled_draft import ControlledDraft
+
+    from engine.determinism import PROBE_SEED
+
+    plain = _llm(checkpoint, backend, enable_prefix_caching=False)
+    probe = list(range(100, 106))
+    alone, tokens, _ = run_probe(plain, ProbeLogits(plain), probe, [], 5)
+    engine = plain.engine
+    config = dataclasses.replace(engine.config, speculative={"method": "mtp", "num_drafts": 3})
+    config.validate()
+    draft = ControlledDraft({tuple(probe): tokens}, [1.0], SMALL_VOCAB)
+    spec = LLM.from_engine(LLMEngine(engine.loaded, engine.runtime, engine.dtype, config, draft_source=draft))
+    ops, verified = spec.engine.runner.ops, {}
+    inner = ops.rejection_sample
+
+    def recording(logits, draft_tokens, cu_rows, temperature, top_k, top_p, min_p, seeds, positions):
+        out = inner(logits, draft_tokens, cu_rows, temperature, top_k, top_p, min_p, seeds, positions)
+        for b, seed in enumerate(seeds.tolist()):
+            if seed == PROBE_SEED:
+                for i, row in enumerate(range(int(cu_rows[b]), int(cu_rows[b + 1]))):
+                    if int(out[row]) >= 0:
+                        verified[int(positions[b]) + i] = logits[row].detach().to("cpu", copy=True)
+        return out
+
+    ops.rejection_sample = recording
+    try:
+        recorder = ProbeLogits(spec)
+        first, got, _ = run_probe(spec, recorder, probe, neighbour_prompts(1, SMALL_VOCAB, seed=3, lengths=SHORT), 5)
+    finally:
+        ops.rejection_sample = inner
+    assert got == tokens
+    assert len(verified) >= 3  # the probe's 4 decoded tokens came from verification rows (several per step)
+    steps = {**first, **verified}
+    assert differing_steps(alone, {p: steps[p] for p in alone}) == []

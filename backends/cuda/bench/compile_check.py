@@ -227,6 +227,17 @@ def _sample(b: int, v: int) -> Callable[[], None]:
     return call
 
 
+def _rejection_sample(b: int, drafts: int, v: int) -> Callable[[], None]:
+    """b requests of `drafts` drafts and a bonus row each: the sample kernels on every row, then the accept kernel."""
+    def call():
+        from deepinfer_cuda.kernels import rejection_sampling
+
+        t, f32, i32, i64 = b * (drafts + 1), torch.float32, torch.int32, torch.int64
+        rejection_sampling.rejection_sample(_t(t, v, dtype=f32), _t(t, dtype=i64), _t(b + 1, dtype=i32), _t(b, dtype=f32), _t(b, dtype=i32),
+                                            _t(b, dtype=f32), _t(b, dtype=f32), _t(b, dtype=i64), _t(b, dtype=i64))
+    return call
+
+
 def _bitmask(b: int, v: int) -> Callable[[], None]:
     def call():
         from deepinfer_cuda.kernels import sampling
@@ -295,6 +306,7 @@ CASES: list[Case] = [
     Case("grouped_gemm fp8_block prefill contig (E8 8192 7168->4096)", _grouped_contiguous("fp8_block", 8, 8192, 4096, 7168), "mma"),
     # Sampling over DeepSeek-V3's 129280-token vocabulary, and the MLA cache write (512 latent + 64 rope).
     Case("sample fp32 B64 V129280", _sample(64, 129280), None),
+    Case("rejection_sample fp32 B64 (3 drafts) V129280", _rejection_sample(64, 3, 129280), None),
     Case("apply_token_bitmask fp32 B64 V129280", _bitmask(64, 129280), None),
     Case("kv_cache_write bf16 T64 page64 576", _kv_cache_write(64, 4096), None),
     Case("kv_cache_write bf16 T4096 page64 576", _kv_cache_write(4096, 4096), None),
@@ -335,7 +347,7 @@ class Launch:
 
 @contextlib.contextmanager
 def _as_arch(arch: str, launches: list[Launch]):
-    from deepinfer_cuda.kernels import activation, gemm, kv_cache, mla_decode, moe, norm, prefill, rope, sampling, sparse_attention
+    from deepinfer_cuda.kernels import activation, gemm, kv_cache, mla_decode, moe, norm, prefill, rejection_sampling, rope, sampling, sparse_attention
 
     cfg = lambda op, variant, device=None: arch_config(op, variant, arch)  # noqa: E731
     patches = [
@@ -352,7 +364,7 @@ def _as_arch(arch: str, launches: list[Launch]):
         (sparse_attention, "num_sms", lambda device: SM_COUNT[arch]), (sparse_attention, "interpreting", lambda: False),
         (sparse_attention, "upcast_dot", lambda: False),
     ]
-    modules = (activation, gemm, kv_cache, mla_decode, moe, norm, prefill, rope, sampling, sparse_attention)
+    modules = (activation, gemm, kv_cache, mla_decode, moe, norm, prefill, rejection_sampling, rope, sampling, sparse_attention)
     kernels = [v for mod in modules for v in vars(mod).values() if hasattr(v, "run") and hasattr(v, "arg_names")]
     saved = [(mod, name, getattr(mod, name)) for mod, name, _ in patches]
     try:

@@ -347,12 +347,15 @@ def launch_mla_decode(
     tokens_per_split: int | None = None,
     overrides: dict | None = None,
     separate_combine: bool = False,
+    tiles_of_one_query: bool = False,
 ) -> torch.Tensor:
     """mla_decode with an optional forced split (tests use it to exercise the combine kernel),
-    tuning-entry overrides (the bench sweep uses them) and the combine kernel forced."""
+    tuning-entry overrides (the bench sweep uses them), the combine kernel forced, and the tiles
+    planned for one query token whatever S is (tiles_of_one_query: deterministic mode)."""
     out, _ = launch_mla_decode_with_handle(
         q_nope, q_rope, kv_cache, block_table, seq_lens, softmax_scale, sliding_window,
         num_splits=num_splits, tokens_per_split=tokens_per_split, overrides=overrides, separate_combine=separate_combine,
+        tiles_of_one_query=tiles_of_one_query,
     )
     return out
 
@@ -370,6 +373,7 @@ def launch_mla_decode_with_handle(
     tokens_per_split: int | None = None,
     overrides: dict | None = None,
     separate_combine: bool = False,
+    tiles_of_one_query: bool = False,
 ):
     """`launch_mla_decode`, also returning what launching the split kernel returned: its compiled
     handle (registers, spills, shared memory: the bench sweep reports them), None for empty inputs."""
@@ -393,7 +397,12 @@ def launch_mla_decode_with_handle(
 
     rows = num_queries * heads
     capacity = block_table.shape[1] * page
-    cfg, block_m, row_tiles, per_split, splits = plan(batch, rows, capacity, q_nope.device, num_splits, tokens_per_split, overrides)
+    # tiles_of_one_query: the configuration (BLOCK_N, BLOCK_M, ...) an S = 1 call takes, so each
+    # query's reduction order is the same whether it comes alone (decode) or among S (speculative
+    # verification); its rows then span whole tiles of their own or share one with the same order.
+    plan_rows = heads if tiles_of_one_query else rows
+    cfg, block_m, row_tiles, per_split, splits = plan(batch, plan_rows, capacity, q_nope.device, num_splits, tokens_per_split, overrides)
+    row_tiles = cdiv(rows, block_m)
     block_c = max(16, next_power_of_2(latent_dim))
     block_r = max(16, next_power_of_2(rope_dim))
     # (an FP8 tile is converted to q's dtype in the kernel, exactly)
@@ -485,7 +494,7 @@ def mla_decode_invariant(
     sliding_window: int | None = None,
 ) -> torch.Tensor:
     return launch_mla_decode(q_nope, q_rope, kv_cache, block_table, seq_lens, softmax_scale, sliding_window,
-                             tokens_per_split=INVARIANT_TOKENS_PER_SPLIT, separate_combine=True)  # fmt: skip
+                             tokens_per_split=INVARIANT_TOKENS_PER_SPLIT, separate_combine=True, tiles_of_one_query=True)  # fmt: skip
 
 
 REGISTRATIONS = [
@@ -501,6 +510,7 @@ REGISTRATIONS = [
         dtypes=(torch.float32, torch.bfloat16, torch.float16),
         priority=-1,
         batch_invariant=True,
-        note=f"Triton (the kernel above with splits of {INVARIANT_TOKENS_PER_SPLIT} tokens whatever the batch, merged by the combine kernel)",
+        note=f"Triton (the kernel above with splits of {INVARIANT_TOKENS_PER_SPLIT} tokens whatever the batch and one query's tiles "
+        "whatever S, merged by the combine kernel)",
     ),
 ]
