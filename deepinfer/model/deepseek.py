@@ -151,8 +151,6 @@ class DeepseekForCausalLM:
                 f"{'no' if not self.mtp_weights else len(self.mtp_weights)} MTP tensor sets stored)",
                 "speculative decoding with method 'mtp' needs a checkpoint that ships them (DeepSeek-V3/R1, or the embedded tiny-v3)",
             )
-        if self.placement is not None:
-            raise CheckpointError("MTP speculative decoding does not run with expert parallelism or redundant experts yet", "drop --speculative or --ep")
         layers = []
         for i, prefix in enumerate(self.mtp_prefixes()):
             layer = c.num_hidden_layers + i

@@ -89,8 +89,10 @@ def test_a_rank_failure_is_one_line_from_the_launcher(cache, tmp_path):
     """Every rank fails to load a truncated checkpoint (its config.json, checked before, is fine)."""
     import shutil
 
+    from deepinfer.model.embedded import NAME
+
     model = tmp_path / "model"
-    shutil.copytree(cache / "tiny-deepseek-v3-1", model)
+    shutil.copytree(cache / NAME, model)
     weights = model / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
     proc = deepinfer("run", "--ep", "2", "--backend", "reference", "--model", str(model), "--prompt", "hi", env=env_for(cache, tmp_path))
