@@ -141,9 +141,8 @@ REJECTION_RECIPES = [
     # The first draft rejected in every request: the correction at row 0, -1 after it.
     ("b4_v1000_first_rejected",
      partial(rejection_inputs, vocab=1000, requests=[((0.7, 0, 1.0, 0.0), 2, 0), ((1.0, 1, 1.0, 0.0), 3, 0), ((1.0, 0, 1.0, 0.1), 1, 0), (GREEDY, 2, 0)])),
-    # DeepSeek-V3's vocabulary, a few rows (each costs seconds in the interpreter): a top-k + top-p request whose draft is
-    # accepted (its bonus row sampled), a greedy one whose draft is rejected.
-    ("b2_v129280", partial(rejection_inputs, vocab=129280, requests=[((1.0, 50, 0.9, 0.0), 1, 1), (GREEDY, 1, 0)])),
+    # (DeepSeek-V3's vocabulary is `sample`'s b2_v129280 case: the rows are sampled by that kernel, and the accept scan
+    # reads only tokens; at that size each row costs seconds in the interpreter, in every conformance pass of CI)
     # One request, no drafts: one row, the bonus token.
     ("b1_v1003_no_drafts", partial(rejection_inputs, vocab=1003, requests=[((0.8, 50, 0.9, 0.05), 0, 0)])),
 ]
