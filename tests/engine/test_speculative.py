@@ -163,7 +163,8 @@ def test_sampled_tokens_match_and_their_distribution(checkpoint):
 
     from deepinfer import SamplingParams
 
-    vocab_ckpt = write_small_checkpoint(checkpoint.parent / "tiny-v3-vocab64", num_hidden_layers=1, first_k_dense_replace=0, vocab_size=64)
+    # one dense layer and a dense MTP layer (first_k_dense_replace past both): the cheapest model with every path
+    vocab_ckpt = write_small_checkpoint(checkpoint.parent / "tiny-v3-vocab64", num_hidden_layers=1, first_k_dense_replace=2, vocab_size=64)
     prompt = {"prompt_token_ids": [5, 9, 14, 3]}
     n = 20000
     params = [SamplingParams(temperature=1.0, top_p=0.9 if i % 2 else 1.0, max_tokens=3, ignore_eos=True, seed=i) for i in range(n)]

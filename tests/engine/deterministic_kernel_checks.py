@@ -5,7 +5,11 @@ requests, prefilled in chunks and after a prefix hit; 200 seeded temperature-1 o
 over differently composed batches are identical (the decode steps' logits are the first test's; the
 H200 script samples 16 tokens a completion). Sizes are the smallest that still cross what the
 kernels' plans depend on (a second 64-row GEMM tile, a second KV page, chunk boundaries): the
-interpreter pays per program."""
+interpreter pays per program.
+
+The checks take the backend from a `backend` fixture: test_deterministic_kernels_cuda.py and
+test_deterministic_kernels_ascend.py import them, one file per backend (two files spread over CI's
+two workers)."""
 
 from __future__ import annotations
 
@@ -13,7 +17,6 @@ import pytest
 
 from engine.determinism import SMALL_VOCAB, ProbeLogits, differing_steps, neighbour_prompts, run_probe, write_small_checkpoint
 
-BACKENDS = ["cuda", "ascend"]
 SHORT = (1, 4)  # neighbours' prompt lengths
 
 
@@ -32,7 +35,6 @@ def _llm(checkpoint, backend, **kwargs):
                deterministic=True, **kwargs)  # fmt: skip
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
 def test_logits_do_not_depend_on_the_batch(checkpoint, backend):
     llm = _llm(checkpoint, backend, enable_prefix_caching=False)
     recorder = ProbeLogits(llm)
@@ -43,7 +45,6 @@ def test_logits_do_not_depend_on_the_batch(checkpoint, backend):
         assert (differing_steps(alone, steps), got) == ([], tokens), f"{n} neighbours"
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
 def test_chunked_prefill_and_a_prefix_hit_give_the_same_logits(checkpoint, backend):
     whole = _llm(checkpoint, backend, enable_prefix_caching=False)
     probe = list(range(100, 102 + whole.engine.block_size))  # a full page and two tokens (cuda: 64 tokens a page, ascend: 128)
@@ -57,7 +58,6 @@ def test_chunked_prefill_and_a_prefix_hit_give_the_same_logits(checkpoint, backe
     assert (differing_steps(alone, steps), got) == ([], tokens), "after a prefix hit"
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
 def test_seeded_sampling_is_identical_over_200_completions(checkpoint, backend):
     from deepinfer import SamplingParams
 
@@ -73,7 +73,6 @@ def test_seeded_sampling_is_identical_over_200_completions(checkpoint, backend):
     assert len(set(completions)) == 1, sorted(set(completions))
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
 def test_speculative_verification_gives_the_decode_steps_logits(checkpoint, backend):
     """Deterministic mode with speculation: a verification step scores the request's last token and
     its drafts together (S = 4 query tokens); each kept row's logits are the bits the plain decode
