@@ -63,7 +63,7 @@ def _ops_with_own_invariant_kernels() -> list[str]:
     return sorted(own)
 
 
-def _finished(run) -> tuple[str, list[dict]]:
+def _finished(run, every_op: bool = True) -> tuple[str, list[dict]]:
     """The run's output and its rows; both backends have kernels for every op, the model-specific
     ones (DeepSeek-V4's) included, so no row is "no kernel"."""
     from deepinfer.registry import all_ops
@@ -74,7 +74,8 @@ def _finished(run) -> tuple[str, list[dict]]:
     rows = json.loads(report.read_text())
     model_specific = {name for name, spec in all_ops().items() if spec.model_types}
     unserved = [r for r in rows if r["status"] == "no kernel"]
-    assert not unserved and model_specific <= {r["op"] for r in rows}, "both backends serve every model-specific op (DeepSeek-V4's)"
+    assert not unserved, unserved[:3]
+    assert not every_op or model_specific <= {r["op"] for r in rows}, "both backends serve every model-specific op (DeepSeek-V4's)"
     return stdout, rows
 
 
@@ -84,13 +85,13 @@ def test_tiny_model_greedy_tokens_through_ascend_kernels_equal_the_reference(chi
     from deepinfer import LLM, SamplingParams
 
     prompts = ["Hello, my name is", "The capital of France is"]
-    params = SamplingParams(temperature=0.0, max_tokens=3)
+    params = SamplingParams(temperature=0.0, max_tokens=2)  # a prefill step and a decode step
     ascend = LLM(backend="ascend", interpret=True, announce=False)
     assert ascend.backend == "ascend" and ascend.engine.block_size == 128
     reference = LLM(backend="reference", announce=False)
     got = [o.outputs[0].token_ids for o in ascend.generate(prompts, params, use_tqdm=False)]
     want = [o.outputs[0].token_ids for o in reference.generate(prompts, params, use_tqdm=False)]
-    assert got == want and all(len(t) == 3 for t in got)
+    assert got == want and all(len(t) == 2 for t in got)
 
 
 def test_cuda_and_ascend_kernels_pass_every_case_and_agree(conformance_runs):
@@ -111,7 +112,7 @@ def test_ascend_kernels_pass_every_case_with_950_core_counts(conformance_runs):
 
 
 def test_the_batch_invariant_kernels_of_both_backends_pass_every_case_and_agree(conformance_runs):
-    stdout, rows = _finished(conformance_runs["deterministic"])
+    stdout, rows = _finished(conformance_runs["deterministic"], every_op=False)
     assert rows and all(r["status"] == "pass" for r in rows), [r for r in rows if r["status"] != "pass"][:3]
     assert all(r["cross_ok"] for r in rows if r["backend"] == "ascend")
     assert "deterministic" in stdout.splitlines()[-1]
