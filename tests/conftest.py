@@ -17,6 +17,35 @@ os.environ.setdefault("TRITON_INTERPRET", "1")
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
+# CI runs two workers that take whole files in collection order (pytest-xdist --dist loadfile). The
+# files that take minutes start first, so that neither worker is left running one at the end while
+# the other waits (longest first; measured with --durations on the 2-core CI machine).
+LONGEST_FIRST = (
+    "ascend/test_end_to_end.py",
+    "engine/test_deterministic_kernels_ascend.py",
+    "cuda/test_end_to_end.py",
+    "engine/test_deterministic_kernels_cuda.py",
+    "ascend/test_sampling_kernels.py",
+    "cuda/test_compile_check.py",
+    "ascend/test_moe_kernels.py",
+    "distributed/test_ep_generate.py",
+    "engine/test_speculative.py",
+)
+
+
+def pytest_collection_modifyitems(config, items):
+    """The LONGEST_FIRST files before the others (each file's tests keep their order)."""
+    tests = Path(__file__).parent
+
+    def rank(item) -> int:
+        try:
+            name = Path(str(item.fspath)).relative_to(tests).as_posix()
+        except ValueError:
+            return len(LONGEST_FIRST)
+        return LONGEST_FIRST.index(name) if name in LONGEST_FIRST else len(LONGEST_FIRST)
+
+    items.sort(key=rank)
+
 
 def pip_install_fixture(name: str, tmp_path_factory) -> Path:
     """pip-install tests/fixtures/<name> into a fresh folder; return it (add it to PYTHONPATH)."""

@@ -50,12 +50,22 @@ def rejection_sample(
     counts = (cu_rows[1:] - cu_rows[:-1]).long()
     if counts.numel() and bool((counts < 1).any()):
         raise ValueError(f"every request needs at least one row (its bonus row), got rows per request {counts.tolist()}")
-    owner = torch.repeat_interleave(torch.arange(counts.numel(), device=logits.device), counts, output_size=rows)
-    index = torch.arange(rows, device=logits.device) - cu_rows[:-1].long()[owner]
-    sampled = sample(
-        logits, temperature[owner], top_k[owner], top_p[owner], min_p[owner], seeds[owner], positions.long()[owner] + index
-    )
+    owner, index, per_row = rows_of_requests(cu_rows, rows, temperature, top_k, top_p, min_p, seeds, positions)
+    sampled = sample(logits, **per_row)
     is_bonus = index == counts[owner] - 1
     stops = (sampled != draft_tokens.long()) | is_bonus
     first_stop = torch.full_like(counts, rows).scatter_reduce(0, owner, torch.where(stops, index, rows), reduce="amin")
     return torch.where(index <= first_stop[owner], sampled, -1)
+
+
+def rows_of_requests(cu_rows, rows: int, temperature, top_k, top_p, min_p, seeds, positions):
+    """(owner, index, per_row): each row's request and its index in it ([rows] int64), and `sample`'s
+    per-row arguments (the request's parameters and seed, position = the request's + index). Device
+    operations only, no host synchronisation (every backend's kernel starts from it)."""
+    starts = cu_rows[:-1].long()
+    owner = torch.repeat_interleave(torch.arange(starts.numel(), device=cu_rows.device), cu_rows[1:].long() - starts, output_size=rows)
+    index = torch.arange(rows, device=cu_rows.device) - starts[owner]
+    per_row = dict(temperature=temperature[owner], top_k=top_k[owner], top_p=top_p[owner], min_p=min_p[owner], seeds=seeds[owner],
+                   positions=positions.long()[owner] + index)  # fmt: skip
+    return owner, index, per_row
+

@@ -246,7 +246,10 @@ def test_rejection_sample_accept_kernel(rk, monkeypatch):
     from deepinfer.ops.rejection_sampling import rejection_sample as ref_rejection
 
     module, dev = rk
-    monkeypatch.setattr(module, "_sampling", SimpleNamespace(sample=lambda *a: ref.sample(*[t.cpu() for t in a]).to(dev)))
+    def on_cpu(logits, **kw):
+        return ref.sample(logits.cpu(), **{k: t.cpu() for k, t in kw.items()}).to(dev)
+
+    monkeypatch.setattr(module, "_sampling", SimpleNamespace(sample=on_cpu))
     g = torch.Generator().manual_seed(21)
     counts = torch.tensor([21] + [1 + i % 4 for i in range(29)])
     B, T, V = len(counts), int(counts.sum()), 40

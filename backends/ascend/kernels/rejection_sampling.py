@@ -31,6 +31,7 @@ import torch
 import triton
 import triton.language as tl
 
+from deepinfer.ops.rejection_sampling import rows_of_requests
 from deepinfer_ascend.kernels import sampling as _sampling
 from deepinfer_ascend.kernels.common import Registration, launch_options, vector_grid
 
@@ -81,12 +82,8 @@ def rejection_sample(
     if 2 * rows >= 2**31:
         raise ValueError(f"rejection_sample (ascend Triton): {rows} rows exceed int32 offsets")
     cu = cu_rows.to(torch.int32).contiguous()
-    starts = cu[:-1].long()
-    owner = torch.repeat_interleave(torch.arange(requests, device=device), cu[1:].long() - starts, output_size=rows)
-    index = torch.arange(rows, device=device) - starts[owner]
-    sampled = _sampling.sample(
-        logits, temperature[owner], top_k[owner], top_p[owner], min_p[owner], seeds[owner], positions.long()[owner] + index
-    )
+    _, _, per_row = rows_of_requests(cu, rows, temperature, top_k, top_p, min_p, seeds, positions)
+    sampled = _sampling.sample(logits, **per_row)
     drafts = draft_tokens.to(torch.int64).contiguous()
     _accept_kernel[(vector_grid(requests),)](
         sampled.contiguous().view(torch.int32), drafts.view(torch.int32), cu, out.view(torch.int32), requests,

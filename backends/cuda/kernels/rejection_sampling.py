@@ -29,6 +29,7 @@ import torch
 import triton
 import triton.language as tl
 
+from deepinfer.ops.rejection_sampling import rows_of_requests
 from deepinfer_cuda.kernels import sampling as _sampling
 from deepinfer_cuda.kernels.common import Registration
 
@@ -74,12 +75,8 @@ def rejection_sample(
     if rows == 0 or requests <= 0:
         return out
     cu = cu_rows if cu_rows.dtype == torch.int32 and cu_rows.is_contiguous() else cu_rows.to(torch.int32).contiguous()
-    starts = cu[:-1].long()
-    owner = torch.repeat_interleave(torch.arange(requests, device=device), cu[1:].long() - starts, output_size=rows)
-    index = torch.arange(rows, device=device) - starts[owner]
-    sampled = _sampling.sample(
-        logits, temperature[owner], top_k[owner], top_p[owner], min_p[owner], seeds[owner], positions.long()[owner] + index
-    )
+    _, _, per_row = rows_of_requests(cu, rows, temperature, top_k, top_p, min_p, seeds, positions)
+    sampled = _sampling.sample(logits, **per_row)
     drafts = draft_tokens if draft_tokens.dtype == torch.int64 and draft_tokens.is_contiguous() else draft_tokens.to(torch.int64).contiguous()
     _accept_kernel[(requests,)](sampled, drafts, cu, out, BLOCK=_ACCEPT_BLOCK, num_warps=1)
     return out
