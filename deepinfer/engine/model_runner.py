@@ -86,76 +86,62 @@ class ModelRunner:
             max_blocks = -(-max_model_len // block_size)
             self.graphs = DecodeGraphs(model, ops, self.kv_caches, device, max_num_seqs, max_blocks, graph_capture)
 
-    def _tensor(self, values, dtype: torch.dtype) -> torch.Tensor:
+    def tensor(self, values, dtype: torch.dtype) -> torch.Tensor:
+        """A host list as a tensor on the device (copied without waiting)."""
         return torch.tensor(values, dtype=dtype).to(self.device, non_blocking=True)
 
     def prepare(self, batch: ScheduledBatch) -> tuple[ForwardBatch, list[Sequence]]:
         """The ForwardBatch for this step, and the sequences that sample a token (in logits order)."""
-        bs = self.block_size
-        input_ids, positions, slots, cu_seqlens, seq_lens, logits_indices, samplers = [], [], [], [0], [], [], []
-        for seq, n in zip(batch.seqs, batch.num_new_tokens):
-            start, end = seq.num_computed_tokens, seq.num_computed_tokens + n
-            input_ids.extend(seq.token_ids[start:end])
-            positions.extend(range(start, end))
-            slots.extend(seq.block_table[p // bs] * bs + p % bs for p in range(start, end))
-            cu_seqlens.append(cu_seqlens[-1] + n)
-            seq_lens.append(end)
-            if end == seq.num_tokens:  # its last token is computed: it samples the next one
-                logits_indices.append(cu_seqlens[-1] - 1)
+        starts = [seq.num_computed_tokens for seq in batch.seqs]
+        tokens = [seq.token_ids[start : start + n] for seq, start, n in zip(batch.seqs, starts, batch.num_new_tokens)]
+        logits_rows, samplers, end = [], [], 0
+        for seq, start, n in zip(batch.seqs, starts, batch.num_new_tokens):
+            end += n
+            if start + n == seq.num_tokens:  # its last token is computed: it samples the next one
+                logits_rows.append(end - 1)
                 samplers.append(seq)
-        host = HostBatch(
-            starts=[seq.num_computed_tokens for seq in batch.seqs],
-            lengths=list(batch.num_new_tokens),
-            cached=[seq.num_cached_kv for seq in batch.seqs],
-            slots=[seq.state_slot for seq in batch.seqs],
-            pages=[seq.block_table for seq in batch.seqs],
-        )
-        width = max(len(seq.block_table) for seq in batch.seqs)
-        tables = [seq.block_table + [0] * (width - len(seq.block_table)) for seq in batch.seqs]
-        forward_batch = ForwardBatch(
-            is_prefill=batch.is_prefill,
-            input_ids=self._tensor(input_ids, torch.int64),
-            positions=self._tensor(positions, torch.int64),
-            slot_mapping=self._tensor(slots, torch.int64),
-            cu_seqlens_q=self._tensor(cu_seqlens, torch.int32),
-            seq_lens=self._tensor(seq_lens, torch.int32),
-            block_tables=self._tensor(tables, torch.int32),
-            logits_indices=self._tensor(logits_indices, torch.int64),
-            max_query_len=max(batch.num_new_tokens),
-            max_seq_len=max(seq_lens),
-            host=host,
-        )
-        return forward_batch, samplers
+        return self._forward_batch(batch.seqs, starts, tokens, batch.is_prefill, logits_rows), samplers
 
     def rows_batch(self, seqs: list[Sequence], starts: list[int], tokens: list[list[int]], *, last_only: bool = False) -> ForwardBatch:
         """A decode-path ForwardBatch over given tokens (speculative steps: drafts are not in
         seq.token_ids): sequence b's tokens[b] at positions starts[b], starts[b] + 1, ...; its cache
         then holds starts[b] + len(tokens[b]) tokens. Logits of every row, or of each sequence's
         last row (last_only)."""
+        logits_rows, end = [], 0
+        for ids in tokens:
+            logits_rows.extend([end + len(ids) - 1] if last_only else range(end, end + len(ids)))
+            end += len(ids)
+        return self._forward_batch(seqs, starts, tokens, False, logits_rows)
+
+    def _forward_batch(self, seqs: list[Sequence], starts: list[int], tokens: list[list[int]], is_prefill: bool, logits_rows: list[int]) -> ForwardBatch:
+        """Sequence b's tokens[b] at positions starts[b], ..., written to their cache slots; logits of `logits_rows`."""
         bs = self.block_size
-        input_ids, positions, slots, cu, seq_lens, logits_rows = [], [], [], [0], [], []
+        positions, slots, cu_seqlens, seq_lens = [], [], [0], []
         for seq, start, ids in zip(seqs, starts, tokens):
             end = start + len(ids)
-            input_ids.extend(ids)
             positions.extend(range(start, end))
             slots.extend(seq.block_table[p // bs] * bs + p % bs for p in range(start, end))
-            logits_rows.extend([cu[-1] + len(ids) - 1] if last_only else range(cu[-1], cu[-1] + len(ids)))
-            cu.append(cu[-1] + len(ids))
+            cu_seqlens.append(cu_seqlens[-1] + len(ids))
             seq_lens.append(end)
+        lengths = [len(ids) for ids in tokens]
+        host = HostBatch(
+            starts=list(starts),
+            lengths=lengths,
+            cached=[seq.num_cached_kv for seq in seqs],
+            slots=[seq.state_slot for seq in seqs],
+            pages=[seq.block_table for seq in seqs],
+        )
         width = max(len(seq.block_table) for seq in seqs)
         tables = [seq.block_table + [0] * (width - len(seq.block_table)) for seq in seqs]
-        lengths = [len(ids) for ids in tokens]
-        host = HostBatch(starts=list(starts), lengths=lengths, cached=[s.num_cached_kv for s in seqs], slots=[s.state_slot for s in seqs],
-                         pages=[s.block_table for s in seqs])  # fmt: skip
         return ForwardBatch(
-            is_prefill=False,
-            input_ids=self._tensor(input_ids, torch.int64),
-            positions=self._tensor(positions, torch.int64),
-            slot_mapping=self._tensor(slots, torch.int64),
-            cu_seqlens_q=self._tensor(cu, torch.int32),
-            seq_lens=self._tensor(seq_lens, torch.int32),
-            block_tables=self._tensor(tables, torch.int32),
-            logits_indices=self._tensor(logits_rows, torch.int64),
+            is_prefill=is_prefill,
+            input_ids=self.tensor([t for ids in tokens for t in ids], torch.int64),
+            positions=self.tensor(positions, torch.int64),
+            slot_mapping=self.tensor(slots, torch.int64),
+            cu_seqlens_q=self.tensor(cu_seqlens, torch.int32),
+            seq_lens=self.tensor(seq_lens, torch.int32),
+            block_tables=self.tensor(tables, torch.int32),
+            logits_indices=self.tensor(logits_rows, torch.int64),
             max_query_len=max(lengths),
             max_seq_len=max(seq_lens),
             host=host,
@@ -175,11 +161,11 @@ class ModelRunner:
         forward_batch, samplers = self.prepare(batch)
         graphs = self.graphs
         if use_graphs and self.replayable(batch) and len(samplers) == forward_batch.num_seqs == forward_batch.input_ids.shape[0]:
-            return samplers, graphs.run(forward_batch, self._sampling(samplers), graph_size).tolist()
+            return samplers, graphs.run(forward_batch, self.sampling_tensors(samplers), graph_size).tolist()
         logits = self.model.forward(forward_batch, self.kv_caches)
         if not samplers:
             return [], []
-        tokens = self.ops.sample(logits=logits.float(), **self._sampling(samplers))
+        tokens = self.ops.sample(logits=logits.float(), **self.sampling_tensors(samplers))
         return samplers, tokens.tolist()
 
     @torch.inference_mode()
@@ -187,13 +173,14 @@ class ModelRunner:
         """A step with no tokens on this rank: the MoE layers still join their collectives."""
         self.model.forward_idle()
 
-    def _sampling(self, samplers: list[Sequence]) -> dict[str, torch.Tensor]:
+    def sampling_tensors(self, samplers: list[Sequence]) -> dict[str, torch.Tensor]:
+        """`sample`'s per-row arguments for these sequences' next tokens."""
         params = [seq.params for seq in samplers]
         return dict(
-            temperature=self._tensor([p.temperature for p in params], torch.float32),
-            top_k=self._tensor([max(p.top_k, 0) for p in params], torch.int32),
-            top_p=self._tensor([p.top_p for p in params], torch.float32),
-            min_p=self._tensor([p.min_p for p in params], torch.float32),
-            seeds=self._tensor([seq.seed for seq in samplers], torch.int64),
-            positions=self._tensor([seq.num_tokens for seq in samplers], torch.int64),  # where the new token goes
+            temperature=self.tensor([p.temperature for p in params], torch.float32),
+            top_k=self.tensor([max(p.top_k, 0) for p in params], torch.int32),
+            top_p=self.tensor([p.top_p for p in params], torch.float32),
+            min_p=self.tensor([p.min_p for p in params], torch.float32),
+            seeds=self.tensor([seq.seed for seq in samplers], torch.int64),
+            positions=self.tensor([seq.num_tokens for seq in samplers], torch.int64),  # where the new token goes
         )

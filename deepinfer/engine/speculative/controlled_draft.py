@@ -61,10 +61,10 @@ class ControlledDraft:
         return drafts, confidences
 
     def after_prefill(self, batch, forward_batch, target_hidden, samplers, sampled) -> None:
-        pass
+        """Nothing to compute: the drafts come from the recorded continuations, not from a model."""
 
     def after_verify(self, seqs, starts, emitted, target_hidden, rows) -> None:
-        pass
+        """Nothing to compute (as after_prefill)."""
 
     def forget(self, seq_id: int) -> None:
-        pass
+        """No per-request state is kept."""

@@ -53,7 +53,7 @@ class SpeculativeDecoder:
         runner = self.runner
         forward_batch, samplers = runner.prepare(batch)
         logits, hidden = self.model.forward(forward_batch, runner.kv_caches, hidden_states=True)
-        tokens = self.ops.sample(logits=logits.float(), **runner._sampling(samplers)).tolist() if samplers else []
+        tokens = self.ops.sample(logits=logits.float(), **runner.sampling_tensors(samplers)).tolist() if samplers else []
         self.drafter.after_prefill(batch, forward_batch, hidden, samplers, tokens)
         return samplers, [[t] for t in tokens]
 
@@ -70,9 +70,9 @@ class SpeculativeDecoder:
         cu = [0]
         for k in verify:
             cu.append(cu[-1] + k + 1)
-        sampling = runner._sampling(seqs)
+        sampling = runner.sampling_tensors(seqs)
         out = self.ops.rejection_sample(
-            logits.float(), runner._tensor(draft_rows, torch.int64), runner._tensor(cu, torch.int32), sampling["temperature"],
+            logits.float(), runner.tensor(draft_rows, torch.int64), runner.tensor(cu, torch.int32), sampling["temperature"],
             sampling["top_k"], sampling["top_p"], sampling["min_p"], sampling["seeds"], sampling["positions"],
         ).tolist()  # fmt: skip
         emitted, kept_rows = [], []

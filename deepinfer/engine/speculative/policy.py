@@ -23,10 +23,10 @@ class FixedPolicy:
         return [len(c) for c in confidences]
 
     def record(self, request: int, confidences: list[float], num_accepted: int) -> None:
-        pass
+        """Verifying every draft needs no acceptance record."""
 
     def forget(self, request: int) -> None:
-        pass
+        """No per-request state is kept."""
 
 
 class ConfidencePolicy:
