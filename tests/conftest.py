@@ -23,6 +23,7 @@ FIXTURES = Path(__file__).parent / "fixtures"
 LONGEST_FIRST = (
     "ascend/test_end_to_end.py",
     "engine/test_deterministic_kernels_ascend.py",
+    "engine/test_deterministic.py",
     "cuda/test_end_to_end.py",
     "engine/test_deterministic_kernels_cuda.py",
     "ascend/test_sampling_kernels.py",
