@@ -51,8 +51,7 @@ class MTPLayer:
     def __call__(self, ops, input_ids, positions, prev_hidden, kv_cache, step, logits_indices) -> tuple[torch.Tensor, torch.Tensor]:
         """input_ids [T] (token p+1 at each position p), prev_hidden [T, hidden] -> (float32 logits
         [len(logits_indices), vocab] for token p+2, y [T, hidden] to chain the next draft from)."""
-        embeds = self.embed_tokens[input_ids]
-        embeds = torch.where((positions == 0)[:, None], torch.zeros_like(embeds), embeds)
+        embeds = self.embed_tokens[input_ids].masked_fill((positions == 0)[:, None], 0)
         e, _ = ops.rms_norm(embeds, self.enorm, eps=self.eps)
         h, _ = ops.rms_norm(prev_hidden.to(e.dtype).contiguous(), self.hnorm, eps=self.eps)
         x = self.eh_proj(ops, torch.cat((e, h), dim=-1))

@@ -30,9 +30,10 @@ class MTPDrafter:
 
     def _run(self, batch, prev_hidden):
         logits, hidden = self.model.forward_mtp(0, batch, prev_hidden, self.cache)
-        probs = torch.softmax(logits.float(), dim=-1)
-        confidence, token = probs.max(dim=-1)
-        return token.tolist(), confidence.tolist(), hidden
+        confidence, token = torch.softmax(logits.float(), dim=-1).max(dim=-1)
+        # one copy to the host for both (token ids < 2^24 are exact in float32)
+        confidences, tokens = torch.stack((confidence, token.to(confidence.dtype))).tolist()
+        return [int(t) for t in tokens], confidences, hidden
 
     def after_prefill(self, batch, forward_batch, target_hidden, samplers, sampled: list[int]) -> None:
         """The MTP pass over a prefill step's tokens; draft 1 for the sequences that sampled."""
