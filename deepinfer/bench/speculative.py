@@ -7,7 +7,8 @@ probability first * decay^i (times a per-request factor in [1 - spread, 1], so s
 more predictable than others), reporting that probability as its confidence (a calibrated
 confidence head). What is measured is the policy itself: how many drafts it verifies, how many it
 keeps, and the tokens per second of the whole run (prefill included, the same for every mode),
-against the run without speculation (CUDA graphs on; speculative steps run eagerly).
+against the run without speculation (CUDA graphs on in both: verification steps replay graphs of
+their padded shape; the MTP drafter's passes and prefill steps run eagerly).
 """
 
 from __future__ import annotations

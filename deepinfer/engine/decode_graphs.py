@@ -6,6 +6,12 @@ forward and sampling) is captured. Inputs live in static buffers of the largest 
 n sequences runs the graph of the smallest bucket >= n, with padding rows that write no KV
 (slot -1) and read one cached token.
 
+Speculative verification steps (every sequence brings 1 + k tokens: its last token and k drafts)
+replay graphs of their own, one per (padded batch size, tokens per sequence S): a sequence that
+verifies fewer drafts than the step's S is padded with rows that write no KV; causal attention
+keeps its real rows' outputs from seeing them. These graphs return the logits and final hidden
+states of every row (verification samples outside the graph, over the real rows only).
+
 The graphs are the backend's (BackendSpec.graph_capture: CUDA graphs on the cuda backend); this
 runner names no device API, and the engine builds it only for a backend that declares one.
 """
@@ -32,23 +38,26 @@ def batch_buckets(max_batch: int) -> list[int]:
 
 class DecodeGraphs:
     def __init__(
-        self, model, ops, kv_caches: list[torch.Tensor], device: torch.device, max_batch: int, max_blocks_per_seq: int, capture: GraphCapture
-    ):
+        self, model, ops, kv_caches: list[torch.Tensor], device: torch.device, max_batch: int, max_blocks_per_seq: int, capture: GraphCapture,
+        max_tokens_per_seq: int = 1,
+    ):  # fmt: skip
+        """max_tokens_per_seq: the most rows a sequence brings to a step (speculative decoding: 1 + k)."""
         self.model, self.ops, self.kv_caches, self.device = model, ops, kv_caches, device
         self.api = capture
         self.buckets = batch_buckets(max_batch)
-        n, w = max_batch, max_blocks_per_seq
+        self.max_tokens_per_seq = max_tokens_per_seq
+        n, w, rows = max_batch, max_blocks_per_seq, max_batch * max_tokens_per_seq
 
         def zeros(*shape, dtype):
             return torch.zeros(*shape, dtype=dtype, device=device)
 
-        self.input_ids = zeros(n, dtype=torch.int64)
-        self.positions = zeros(n, dtype=torch.int64)
-        self.slot_mapping = torch.full((n,), -1, dtype=torch.int64, device=device)
+        self.input_ids = zeros(rows, dtype=torch.int64)
+        self.positions = zeros(rows, dtype=torch.int64)
+        self.slot_mapping = torch.full((rows,), -1, dtype=torch.int64, device=device)
         self.seq_lens = torch.ones(n, dtype=torch.int32, device=device)
         self.block_tables = zeros(n, w, dtype=torch.int32)
         self.cu_seqlens_q = torch.arange(n + 1, dtype=torch.int32, device=device)
-        self.logits_indices = torch.arange(n, dtype=torch.int64, device=device)
+        self.logits_indices = torch.arange(rows, dtype=torch.int64, device=device)
         self.temperature = zeros(n, dtype=torch.float32)
         self.top_k = zeros(n, dtype=torch.int32)
         self.top_p = torch.ones(n, dtype=torch.float32, device=device)
@@ -56,6 +65,7 @@ class DecodeGraphs:
         self.seeds = zeros(n, dtype=torch.int64)
         self.sample_positions = zeros(n, dtype=torch.int64)
         self.graphs: dict[int, tuple[Graph, torch.Tensor]] = {}
+        self.row_graphs: dict[tuple[int, int], tuple[Graph, tuple[torch.Tensor, torch.Tensor]]] = {}
         self.pool = capture.new_pool(device)
         self.collective = False  # expert parallelism: no capture on demand (only all ranks together)
 
@@ -70,18 +80,22 @@ class DecodeGraphs:
     def bucket(self, n: int) -> int | None:
         return next((b for b in self.buckets if b >= n), None)
 
-    def _step(self, size: int) -> torch.Tensor:
-        batch = ForwardBatch(
+    def _batch(self, size: int, per_seq: int) -> ForwardBatch:
+        rows = size * per_seq
+        return ForwardBatch(
             is_prefill=False,
-            input_ids=self.input_ids[:size],
-            positions=self.positions[:size],
-            slot_mapping=self.slot_mapping[:size],
-            cu_seqlens_q=self.cu_seqlens_q[: size + 1],
+            input_ids=self.input_ids[:rows],
+            positions=self.positions[:rows],
+            slot_mapping=self.slot_mapping[:rows],
+            cu_seqlens_q=self.cu_seqlens_q[: size + 1] * per_seq if per_seq > 1 else self.cu_seqlens_q[: size + 1],
             seq_lens=self.seq_lens[:size],
             block_tables=self.block_tables[:size],
-            logits_indices=self.logits_indices[:size],
+            logits_indices=self.logits_indices[:rows],
+            max_query_len=per_seq,
         )
-        logits = self.model.forward(batch, self.kv_caches)
+
+    def _step(self, size: int) -> torch.Tensor:
+        logits = self.model.forward(self._batch(size, 1), self.kv_caches)
         return self.ops.sample(
             logits=logits.float(),
             temperature=self.temperature[:size],
@@ -116,6 +130,35 @@ class DecodeGraphs:
             getattr(self, name)[:n].copy_(sampling[name])
         self.sample_positions[:n].copy_(sampling["positions"])
         return self._replay(n, size)[:n]
+
+    def rows_replayable(self, n: int, per_seq: int) -> bool:
+        """Whether a step of n sequences with per_seq rows each has a graph (captured or to capture)."""
+        return self.bucket(n) is not None and per_seq <= self.max_tokens_per_seq and not self.collective
+
+    @torch.inference_mode()
+    def run_rows(self, fb: ForwardBatch, per_seq: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Float32 logits and final hidden states of every row of a step whose n sequences bring
+        per_seq rows each (fb: padded so by `ModelRunner.forward_rows`), by the graph of
+        (the smallest bucket that holds n, per_seq): [n * per_seq, vocab], [n * per_seq, hidden]."""
+        n = fb.num_seqs
+        size, rows, w = self.bucket(n), n * per_seq, fb.block_tables.shape[1]
+        self.input_ids[:rows].copy_(fb.input_ids)
+        self.positions[:rows].copy_(fb.positions)
+        self.slot_mapping[:rows].copy_(fb.slot_mapping)
+        self.seq_lens[:n].copy_(fb.seq_lens)
+        self.block_tables[:n, :w].copy_(fb.block_tables)
+        self.block_tables[:n, w:].zero_()
+        self.slot_mapping[rows : size * per_seq].fill_(-1)  # padding sequences write nothing
+        self.seq_lens[n:size].fill_(per_seq)  # and each of their rows reads at least one (harmless) cached token
+        self.block_tables[n:size].zero_()
+        key = (size, per_seq)
+        if key not in self.row_graphs:
+            self.row_graphs[key] = self.api.capture(lambda: self.model.forward(self._batch(size, per_seq), self.kv_caches, hidden_states=True),
+                                                    device=self.device, pool=self.pool, warmups=WARMUPS)  # fmt: skip
+            log.info("captured a device graph for steps of %d sequences x %d rows", size, per_seq)
+        graph, (logits, hidden) = self.row_graphs[key]
+        graph.replay()
+        return logits[:rows], hidden[:rows]
 
     @torch.inference_mode()
     def run_padding(self, size: int) -> None:

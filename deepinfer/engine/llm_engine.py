@@ -134,6 +134,7 @@ class LLMEngine:
             max_model_len=self.max_model_len,
             num_state_slots=self.num_state_slots,
             num_draft_layers=self.num_draft_layers,
+            max_tokens_per_seq=1 + (config.speculative.num_drafts if config.speculative is not None else 0),
         )
         self.speculative = self._speculative_decoder(model, runtime)
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens,
@@ -263,8 +264,8 @@ class LLMEngine:
     def _graph_capture(self, runtime, model, dist):
         """The backend's device graphs for decode steps (runtime.graph_capture), unless the user
         asked for eager steps or expert-parallel steps cannot be captured; None: eager."""
-        if runtime.graph_capture is None or self.config.enforce_eager or self.config.speculative is not None:
-            return None  # speculative steps (drafting, verification of varying lengths) run eagerly
+        if runtime.graph_capture is None or self.config.enforce_eager:
+            return None
         if dist is not None:
             from deepinfer.distributed.lockstep import ep_decode_capturable
 

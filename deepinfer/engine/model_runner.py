@@ -62,10 +62,12 @@ class ModelRunner:
         max_model_len: int = 4096,
         num_state_slots: int = 0,
         num_draft_layers: int = 0,
+        max_tokens_per_seq: int = 1,
     ):
         """graph_capture: the backend's device graphs, to replay decode steps (None: every step eager).
         num_state_slots: per-sequence state the model keeps beside the paged cache (DeepSeek-V4's
-        compressor windows), one slot per running sequence."""
+        compressor windows), one slot per running sequence. max_tokens_per_seq: the most rows a
+        sequence brings to a decode step (speculative verification: 1 + k)."""
         self.model = model
         self.ops = ops
         self.device = device
@@ -83,8 +85,9 @@ class ModelRunner:
         if graph_capture is not None and getattr(model, "supports_device_graphs", True):
             from deepinfer.engine.decode_graphs import DecodeGraphs
 
-            max_blocks = -(-max_model_len // block_size)
-            self.graphs = DecodeGraphs(model, ops, self.kv_caches, device, max_num_seqs, max_blocks, graph_capture)
+            # a verification's padding rows may reach max_tokens_per_seq - 1 positions past the model's length
+            max_blocks = -(-(max_model_len + max_tokens_per_seq - 1) // block_size)
+            self.graphs = DecodeGraphs(model, ops, self.kv_caches, device, max_num_seqs, max_blocks, graph_capture, max_tokens_per_seq)
 
     def tensor(self, values, dtype: torch.dtype) -> torch.Tensor:
         """A host list as a tensor on the device (copied without waiting)."""
@@ -113,16 +116,43 @@ class ModelRunner:
             end += len(ids)
         return self._forward_batch(seqs, starts, tokens, False, logits_rows)
 
-    def _forward_batch(self, seqs: list[Sequence], starts: list[int], tokens: list[list[int]], is_prefill: bool, logits_rows: list[int]) -> ForwardBatch:
-        """Sequence b's tokens[b] at positions starts[b], ..., written to their cache slots; logits of `logits_rows`."""
+    def forward_rows(self, seqs: list[Sequence], starts: list[int], tokens: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+        """The model's float32 logits and final hidden states at every row of `tokens` (sequence b's
+        tokens[b] at positions starts[b], ...: a speculative verification), in their order. By a
+        device graph of the step's padded shape (every sequence padded to the longest one's rows)
+        when the backend has graphs, else eagerly."""
+        per_seq = max(len(ids) for ids in tokens)
+        graphs = self.graphs
+        if graphs is None or not graphs.rows_replayable(len(seqs), per_seq):
+            return self.model.forward(self.rows_batch(seqs, starts, tokens), self.kv_caches, hidden_states=True)
+        padded = self._forward_batch(seqs, starts, tokens, False, [], pad_to=per_seq)
+        logits, hidden = graphs.run_rows(padded, per_seq)
+        if all(len(ids) == per_seq for ids in tokens):
+            return logits, hidden
+        real = self.tensor([b * per_seq + i for b, ids in enumerate(tokens) for i in range(len(ids))], torch.int64)
+        return logits[real], hidden[real]
+
+    def _forward_batch(self, seqs: list[Sequence], starts: list[int], tokens: list[list[int]], is_prefill: bool, logits_rows: list[int],
+                       pad_to: int | None = None) -> ForwardBatch:  # fmt: skip
+        """Sequence b's tokens[b] at positions starts[b], ..., written to their cache slots; logits of `logits_rows`.
+        pad_to: every sequence brings this many rows, its own then padding ones (token 0 at its last
+        position, written nowhere; the causal mask hides them from its own rows), and every row's logits."""
         bs = self.block_size
         positions, slots, cu_seqlens, seq_lens = [], [], [0], []
         for seq, start, ids in zip(seqs, starts, tokens):
             end = start + len(ids)
             positions.extend(range(start, end))
             slots.extend(seq.block_table[p // bs] * bs + p % bs for p in range(start, end))
-            cu_seqlens.append(cu_seqlens[-1] + len(ids))
+            if pad_to is not None:
+                padding = pad_to - len(ids)
+                positions.extend([end - 1] * padding)
+                slots.extend([-1] * padding)
+                end = start + pad_to
+            cu_seqlens.append(cu_seqlens[-1] + end - start)
             seq_lens.append(end)
+        if pad_to is not None:
+            tokens = [ids + [0] * (pad_to - len(ids)) for ids in tokens]
+            logits_rows = list(range(len(seqs) * pad_to))
         lengths = [len(ids) for ids in tokens]
         host = HostBatch(
             starts=list(starts),

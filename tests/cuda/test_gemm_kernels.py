@@ -429,3 +429,22 @@ def test_mxfp8_act_values_is_the_reference_quantise_dequantise(kg):
         want = quant.dequantize_mxfp8(*quant.quantize_act_mxfp8(xd), dtype=torch.float64)
         got = kg.mxfp8_act_values(xd)
         assert got.dtype == torch.bfloat16 and torch.equal(got.double(), want)
+
+
+def test_the_invariant_plan_takes_one_entry_for_every_row_count(kg, monkeypatch):
+    """Deterministic mode's plan on an SM90 device: sm90's dense_invariant tiles (swept for batch
+    1 to 256) at 1 row and at 256, one split; a format without an _invariant entry takes its decode
+    entry, also for every row count."""
+    import deepinfer_cuda.tuning as tuning
+    from deepinfer_cuda.tuning import sm90
+
+    monkeypatch.setattr(tuning, "capability", lambda device: (9, 0))
+    w = weight_in("dense", n=256, k=1024, seed=3, dtype=torch.bfloat16)["weight"]
+    plans = [kg.plan_gemm(rand(rows, 1024, seed=rows, dtype=torch.bfloat16), w, "dense", kg._LINEAR, invariant=True) for rows in (1, 64, 256)]
+    entry = sm90.CONFIGS["gemm"]["dense_invariant"]
+    assert all((p.block_m, p.block_n, p.block_k, p.split) == (entry["BLOCK_M"], entry["BLOCK_N"], entry["BLOCK_K"], plans[0].split) for p in plans)
+    fp8 = weight_in("fp8_block", n=256, k=1024, seed=4)
+    small = sm90.CONFIGS["gemm"]["fp8_block_small"]
+    for rows in (1, 256):
+        plan = kg.plan_gemm(rand(rows, 1024, seed=rows, dtype=torch.bfloat16), fp8["weight"], "fp8_block", kg._LINEAR, invariant=True)
+        assert (plan.block_m, plan.block_n) == (small["BLOCK_M"], small["BLOCK_N"])

@@ -67,3 +67,28 @@ def test_the_engine_names_no_device_api(forbidden):
 
     for path in Path(engine.__file__).parent.glob("*.py"):
         assert forbidden not in path.read_text(), f"{path.name} has {forbidden}"
+
+
+def test_verification_steps_replay_graphs_of_their_padded_shape(monkeypatch):
+    """Speculative verification on a backend with graphs: each step replays the graph of (batch
+    bucket, longest request's rows), shorter requests padded; greedy tokens stay those of eager
+    steps without speculation."""
+    from deepinfer.engine.llm_engine import LLMEngine
+    from deepinfer.engine.speculative.controlled_draft import ControlledDraft, geometric_profile
+
+    plain = llm_on(monkeypatch, FakeBackend(), "reference")
+    want = tokens(plain)
+    graphs = RecordingGraphs()
+    spec = {"method": "mtp", "num_drafts": 3, "policy": "confidence", "cost_model": {"1": 0.01, "4096": 0.01, "draft": 0.0}}
+    base = llm_on(monkeypatch, FakeBackend(graphs=graphs), "fake", speculative=spec)
+    prompts = [base.engine.tokenizer.encode(p) for p in PROMPTS]
+    draft = ControlledDraft({tuple(p): w for p, w in zip(prompts, want)}, geometric_profile(0.9, 0.7, 3), base.engine.vocab_size, spread=0.9)
+    llm = LLM.from_engine(LLMEngine(base.engine.loaded, base.engine.runtime, base.engine.dtype, base.engine.config, draft_source=draft))
+    runner = llm.engine.runner
+    shapes, forward_rows = [], runner.forward_rows
+    monkeypatch.setattr(runner, "forward_rows", lambda seqs, starts, rows: shapes.append(sorted({len(r) for r in rows})) or forward_rows(seqs, starts, rows))
+    got = [o.outputs[0].token_ids for o in llm.generate([{"prompt_token_ids": p} for p in prompts], GREEDY, use_tqdm=False)]
+    assert got == want
+    assert runner.graphs.row_graphs and all(per_seq <= 4 for _, per_seq in runner.graphs.row_graphs)
+    assert any(len(s) > 1 for s in shapes), "no step mixed request lengths: padding went untested"
+    assert llm.speculative_metrics()["accepted_per_verified"] > 0

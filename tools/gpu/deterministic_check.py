@@ -120,8 +120,11 @@ def cross_backend(backends=("cuda", "ascend"), keep: Path | None = None) -> list
             got[backend] = torch.load(out)
             if keep is not None:
                 torch.save(got[backend], keep / f"{backend}_logits.pt")
-    if len(got) < 2:
-        return []
+    return compared(got) if len(got) == 2 else []
+
+
+def compared(got: dict) -> list[tuple[str, str]]:
+    """The cross-backend row from both backends' probe logits."""
     diff = max(float((got["cuda"]["steps"][p] - got["ascend"]["steps"][p]).abs().max()) for p in got["cuda"]["steps"])
     same = got["cuda"]["tokens"] == got["ascend"]["tokens"]
     return [("float32 logits, cuda (GPU) vs ascend (interpreter)", f"max |diff| {diff:.3g} over {len(got['cuda']['steps'])} steps, tokens equal {same}")]
@@ -133,7 +136,11 @@ def main() -> int:
     parser.add_argument("--json", type=Path)
     parser.add_argument("--only", choices=("cuda", "ascend"), help="only this backend's cross-backend logits, saved into --keep")
     parser.add_argument("--keep", type=Path, help="folder for the cross-backend logits")
+    parser.add_argument("--compare", type=Path, help="a folder holding both backends' kept logits: print their difference")
     args = parser.parse_args()
+    if args.compare:
+        print(*compared({b: torch.load(args.compare / f"{b}_logits.pt") for b in ("cuda", "ascend")})[0], sep="  ")
+        return 0
     if args.only:
         cross_backend((args.only,), args.keep)
         return 0

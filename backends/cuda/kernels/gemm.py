@@ -808,6 +808,17 @@ def _variant(fmt: str, rows_per_expert: float, mx_mode: int | None = None) -> st
     return f"{fmt}_{size}"
 
 
+def _invariant_config(fmt: str, mx_mode: int | None, device) -> dict:
+    """Deterministic mode's one entry for every row count: the table's <fmt>_invariant where one
+    was measured (its tiles must serve batch 1 and batch 256 alike), else the decode entry."""
+    if mx_mode != _MX_REGISTER:
+        try:
+            return config("gemm", f"{fmt}_invariant", device)
+        except KeyError:
+            pass
+    return config("gemm", _variant(fmt, 0, mx_mode), device)
+
+
 SHARED_MEMORY_BUDGET = 200 * 1024  # bytes of pipeline buffers; SM90/SM100 have 227 KiB per block
 
 
@@ -895,8 +906,8 @@ def plan_gemm(x: torch.Tensor, weight: torch.Tensor, fmt: str, layout: int, mx_p
     and alignment, the device and its tuning entry only (never their values: no host sync).
     For non-empty products (rows, N and K > 0). mx_path: an mx path forced (`_mx_mode`).
 
-    invariant (deterministic mode): nothing depends on the number of rows: the decode ("small")
-    tuning entry with its full BLOCK_M, and a split-K chosen as if there were one row tile, so every
+    invariant (deterministic mode): nothing depends on the number of rows: one tuning entry
+    (`_invariant_config`) with its full BLOCK_M, and a split-K chosen as if there were one row tile, so every
     output element is summed over K in the same tiles and the same split order whatever the batch."""
     device = x.device
     k = x.shape[-1]
@@ -915,7 +926,7 @@ def plan_gemm(x: torch.Tensor, weight: torch.Tensor, fmt: str, layout: int, mx_p
     register = mx_mode == _MX_REGISTER
     # The register path's x is bf16/fp16 (mxfp8 and mxfp4_a8: x's MX FP8 values as bf16, exact).
     x_dtype = x.dtype if (not register or fmt == "mxfp4") else torch.bfloat16
-    cfg = config("gemm", _variant(fmt, 0 if invariant else rows_per_expert, mx_mode), device)
+    cfg = _invariant_config(fmt, mx_mode, device) if invariant else config("gemm", _variant(fmt, rows_per_expert, mx_mode), device)
     if invariant:
         block_m = cfg["BLOCK_M"]
     else:

@@ -30,6 +30,11 @@ CONFIGS: dict[str, dict[str, dict]] = {
         # prefill 128x64x64 w8 s3 228 regs (BLOCK_N 128 spills 56 B, 128x128x128 796 B).
         "mxfp4_a8_small": {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 4, "num_stages": 3},
         "mxfp4_a8_large": {"BLOCK_M": 128, "BLOCK_N": 64, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 8, "num_stages": 3},
+        # Deterministic mode's one entry for every row count (dense only; the other formats take their _small).
+        # Swept on the H200 2026-12-02 (tools/gpu/invariant_gemm_sweep.py, the 8-layer e2e model's decode GEMMs
+        # at batch 1/64/256 against the default plans): 64x128x128 w8 s4 0.94/1.04/0.90x the default's time;
+        # dense_small's 64x64x256 w4 s4 1.28/1.43/1.13x; 16- and 32-row tiles lose at batch 256 (1.06-1.79x).
+        "dense_invariant": {"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 4},
         "quant_act": {"BLOCK_R": 16, "num_warps": 4},
         # The register dequant path (MX_MODE 3: the weight tile dequantised to bf16 in registers is wgmma's A
         # operand, BLOCK_N weight rows its M side; x^T tokens its N side; mxfp4_a8 takes mxfp4's entries).

@@ -6,7 +6,8 @@ a greedy request, or a sampled one with its seed, repeats them). Draft i of a st
 continuation with probability profile[i] (per request scaled by a factor drawn once, so requests
 differ in how predictable they are) and is otherwise a token that differs from it. Each draft's
 confidence is its agreement probability: a calibrated confidence head. Whether a draft agrees is a
-fixed hash of (request, position, draft index), so runs repeat. Once a request's output leaves
+fixed hash of (prompt, position, draft index), so runs repeat: a second run of the same prompts
+takes the same steps (a benchmark's warm-up captures the graphs of its timed run). Once a request's output leaves
 its recorded continuation (a near-tie resolved differently), its drafts stop agreeing.
 """
 
@@ -35,22 +36,22 @@ class ControlledDraft:
         self.vocab_size = vocab_size
         self.spread = spread
         self.seed = seed
-
-    def _factor(self, seq) -> float:
-        return 1.0 - self.spread * _uniform(self.seed, "request", seq.seq_id)
+        self.prompt_index = {prompt: i for i, prompt in enumerate(continuations)}  # a request's key, whatever its seq_id
 
     def propose(self, seqs, caps: list[int]) -> tuple[list[list[int]], list[list[float]]]:
         drafts, confidences = [], []
         for seq, cap in zip(seqs, caps):
-            known = self.continuations.get(tuple(seq.token_ids[: seq.num_prompt_tokens]), [])
+            prompt = tuple(seq.token_ids[: seq.num_prompt_tokens])
+            known = self.continuations.get(prompt, [])
+            key = self.prompt_index.get(prompt, -1)
             done = seq.num_output_tokens
             on_track = known[:done] == seq.output_token_ids
-            factor = self._factor(seq)
+            factor = 1.0 - self.spread * _uniform(self.seed, "request", key)
             tokens, confs = [], []
             for i in range(cap):
                 p = min(1.0, self.profile[min(i, len(self.profile) - 1)] * factor)
                 true = known[done + i] if on_track and done + i < len(known) else None
-                agrees = true is not None and _uniform(self.seed, seq.seq_id, seq.num_tokens, i) < p
+                agrees = true is not None and _uniform(self.seed, key, seq.num_tokens, i) < p
                 if agrees:
                     tokens.append(true)
                 else:  # a token the continuation does not have here

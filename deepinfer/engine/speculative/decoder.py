@@ -8,7 +8,8 @@ Decode step, for B requests with c computed tokens each (the last token not yet 
      verification never emits past them; the scheduler gave positions c .. c + cap_b pages);
   2. choose: the policy decides how many drafts k_b each request verifies;
   3. verify: one target forward over [last token, k_b drafts] per request (a decode step whose
-     requests bring different numbers of tokens), then `rejection_sample` keeps the drafts the
+     requests bring different numbers of tokens; a device graph's replay where the backend has
+     graphs, every request padded to the step's longest), then `rejection_sample` keeps the drafts the
      target agrees with and adds the token after them;
   4. re-draft: the draft source's pass over the kept positions (MTP: draft 1 for the next step).
 The engine appends the emitted tokens one at a time (a stop condition inside the run discards the
@@ -64,8 +65,7 @@ class SpeculativeDecoder:
         verify = self.policy.choose([s.seq_id for s in seqs], confidences)
         starts = [s.num_computed_tokens for s in seqs]
         inputs = [[s.token_ids[-1]] + d[:k] for s, d, k in zip(seqs, drafts, verify)]
-        forward_batch = runner.rows_batch(seqs, starts, inputs)
-        logits, hidden = self.model.forward(forward_batch, runner.kv_caches, hidden_states=True)
+        logits, hidden = runner.forward_rows(seqs, starts, inputs)
         draft_rows = [t for d, k in zip(drafts, verify) for t in d[:k] + [-1]]
         cu = [0]
         for k in verify:
