@@ -157,7 +157,9 @@ class LLMEngine:
         if dist is not None:
             raise InvalidRequestError("speculative decoding does not run with expert parallelism (ep > 1) yet; drop one of them")
         if not hasattr(model, "build_mtp_layers"):
-            raise InvalidRequestError(f"speculative decoding with MTP runs DeepSeek V2/V3 checkpoints; {type(model).__name__}'s MTP layers are not wired yet")
+            raise InvalidRequestError(
+                f"speculative decoding with MTP runs DeepSeek V2/V3/V4 checkpoints; {type(model).__name__} has no MTP layers to draft with"
+            )
         model.build_mtp_layers()
         return 1
 
@@ -192,7 +194,8 @@ class LLMEngine:
         else:
             budget = kv_cache_budget(device, self.runtime.memory_info)
         if self.num_state_slots:
-            budget -= self.num_state_slots * model.state_slot_bytes()
+            lookahead = self.config.speculative.num_drafts if self.config.speculative is not None else 0
+            budget -= self.num_state_slots * model.state_slot_bytes(self.num_draft_layers, lookahead)
         enough = self.config.max_num_seqs * blocks_for(self.max_model_len, self.block_size)  # more is never used
         num_blocks = min(budget // per_block, enough)
         if num_blocks < 1:

@@ -26,7 +26,7 @@ def kv_block_bytes(model, block_size: int, dtype: torch.dtype, draft_layers: int
     """Bytes one block takes over all layers in a cache of `dtype` (the model's own layout when it
     has one: DeepSeek-V4), and over `draft_layers` more (speculative decoding's MTP layers)."""
     if hasattr(model, "kv_block_bytes"):
-        return model.kv_block_bytes(block_size, dtype)
+        return model.kv_block_bytes(block_size, dtype, draft_layers)
     per_layer = 1
     for dim in model.kv_cache_shape(1, block_size, dtype):
         per_layer *= dim
@@ -74,13 +74,16 @@ class ModelRunner:
         self.block_size = block_size
         self.num_blocks = num_blocks
         if hasattr(model, "new_caches"):  # a model with its own cache layout (DeepSeek-V4)
-            self.kv_caches = model.new_caches(num_blocks, block_size, num_state_slots, dtype)
+            self.kv_caches = model.new_caches(num_blocks, block_size, num_state_slots, dtype, lookahead=max_tokens_per_seq - 1)
         else:
             shape = model.kv_cache_shape(num_blocks, block_size, dtype)
             self.kv_caches = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(model.num_layers)]
         # the draft model's layers (speculative decoding: MTP), paged like the target's, same block tables
-        self.draft_kv_caches = [torch.zeros(model.kv_cache_shape(num_blocks, block_size, dtype), dtype=dtype, device=device)
-                                for _ in range(num_draft_layers)]  # fmt: skip
+        if hasattr(model, "new_draft_caches"):  # laid out as the model's own layers (DeepSeek-V4)
+            self.draft_kv_caches = model.new_draft_caches(num_draft_layers, num_blocks, block_size, num_state_slots, dtype, lookahead=max_tokens_per_seq - 1)
+        else:
+            self.draft_kv_caches = [torch.zeros(model.kv_cache_shape(num_blocks, block_size, dtype), dtype=dtype, device=device)
+                                    for _ in range(num_draft_layers)]  # fmt: skip
         self.graphs = None
         if graph_capture is not None and getattr(model, "supports_device_graphs", True):
             from deepinfer.engine.decode_graphs import DecodeGraphs

@@ -227,7 +227,7 @@ def random_mtp_weights(config: ModelConfig) -> dict[str, torch.Tensor]:
     return tensors
 
 
-V4_VERSION = "1"
+V4_VERSION = "2"
 V4_SEED = 20260424
 V4_CONFIG = {
     "architectures": ["DeepseekV4ForCausalLM"],
@@ -270,7 +270,7 @@ V4_CONFIG = {
     },
     "max_position_embeddings": 65536,
     "tie_word_embeddings": False,
-    "num_nextn_predict_layers": 0,
+    "num_nextn_predict_layers": 1,  # a sliding-window MTP block (as V4-Flash's), for speculative decoding
     "bos_token_id": 0,
     "eos_token_id": 1,
     "torch_dtype": "bfloat16",
@@ -278,20 +278,30 @@ V4_CONFIG = {
 }
 
 
-def random_v4_weights(config_dict: dict | None = None, seed: int = V4_SEED) -> dict[str, torch.Tensor]:
+def random_v4_weights(config_dict: dict | None = None, seed: int = V4_SEED, mtp: bool = True) -> dict[str, torch.Tensor]:
     """Every tensor of a V4 model, in DeepSeek's names, drawn in name order from one seeded generator:
     projections ~ N(0, 1/fan_in) and embeddings ~ N(0, 1) in bf16; norms near 1, sinks, position
     biases, hyper-connection and router tensors in float32 with spreads that make every path
-    matter; tid2eid distinct experts per token."""
-    from deepinfer.model.deepseek_v4.config import V4Config
+    matter; tid2eid distinct experts per token. With `mtp` and num_nextn_predict_layers, also the MTP
+    blocks (sliding window, scored MoE) from a generator of their own, so the main weights stay those
+    of a checkpoint without them."""
+    from deepinfer.model.deepseek_v4.config import MOE, SLIDING, V4Config
     from deepinfer.model.deepseek_v4.model import model_tensor_specs
+    from deepinfer.model.deepseek_v4.mtp import mtp_tensor_specs
+
+    config = V4Config.from_dict(config_dict or V4_CONFIG)
+    tensors = _draw_v4(config, model_tensor_specs(config), torch.Generator().manual_seed(seed))
+    for index in range(config.num_nextn_predict_layers if mtp else 0):
+        tensors.update(_draw_v4(config, mtp_tensor_specs(config, (SLIDING, MOE), index), torch.Generator().manual_seed(seed + 1 + index)))
+    return tensors
+
+
+def _draw_v4(config, specs: dict, generator: torch.Generator) -> dict[str, torch.Tensor]:
     from deepinfer.model.deepseek_v4.moe import INDEX
     from deepinfer.model.weights import FLOAT32
 
-    config = V4Config.from_dict(config_dict or V4_CONFIG)
-    generator = torch.Generator().manual_seed(seed)
     tensors = {}
-    for name, spec in sorted(model_tensor_specs(config).items()):
+    for name, spec in sorted(specs.items()):
         if spec.kind == INDEX:
             tensors[name] = torch.stack([torch.randperm(config.n_routed_experts, generator=generator)[: spec.shape[1]] for _ in range(spec.shape[0])])
             continue

@@ -14,7 +14,7 @@ class CostProbe:
         self.runner, self.model = runner, model
         self.device = runner.device
         self.block = block_manager.num_blocks - 1  # free at start-up, and handed out last
-        self.hidden_size = int(model.config.hidden_size)
+        self.hidden = None  # the last target probe's hidden states (the draft probe's input)
 
     def _batch(self, tokens: int) -> ForwardBatch:
         def tensor(values, dtype):
@@ -35,12 +35,14 @@ class CostProbe:
 
     @torch.inference_mode()
     def target(self, tokens: int) -> None:
-        self.model.forward(self._batch(tokens), self.runner.kv_caches, hidden_states=True)
+        _, self.hidden = self.model.forward(self._batch(tokens), self.runner.kv_caches, hidden_states=True)
 
     @torch.inference_mode()
     def draft(self, tokens: int) -> None:
-        hidden = torch.zeros(tokens, self.hidden_size, dtype=self.model.dtype, device=self.device)
-        self.model.forward_mtp(0, self._batch(tokens), hidden, self.runner.draft_kv_caches[0])
+        """The MTP pass over the last target probe's hidden states (of the model's own shape: V4's are
+        residual streams), as many rows as it had."""
+        hidden = self.hidden[:tokens]
+        self.model.forward_mtp(0, self._batch(hidden.shape[0]), hidden, self.runner.draft_kv_caches[0])
 
     def synchronize(self) -> None:
         synchronize(self.device)

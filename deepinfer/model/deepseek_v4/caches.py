@@ -27,6 +27,13 @@ from deepinfer.ops.kv_cache_format import row_width
 RING_DTYPE = torch.float32
 
 
+def ring_size(ratio: int, overlap: bool, lookahead: int = 0) -> int:
+    """A compressor's ring rows: the tokens an open window (and, with overlap, the one before) pools,
+    plus `lookahead`: a speculative verification writes the rows of up to that many positions past
+    the last accepted token, which must not land on a row the next step still reads."""
+    return (2 * ratio if overlap else ratio) + lookahead
+
+
 def rows_per_block(block_size: int, ratio: int) -> int:
     if block_size % ratio and ratio % block_size:
         raise ValueError(f"the KV block size {block_size} and the compression ratio {ratio} must divide one another")
@@ -55,8 +62,8 @@ class LayerCache:
     indexer: CompressorCache | None = None
 
 
-def _compressor(num_blocks, block_size, slots, ratio, overlap, dim, dtype, device) -> CompressorCache:
-    ring, width = (2 * ratio, 2 * dim) if overlap else (ratio, dim)
+def _compressor(num_blocks, block_size, slots, ratio, overlap, dim, dtype, device, lookahead) -> CompressorCache:
+    ring, width = ring_size(ratio, overlap, lookahead), 2 * dim if overlap else dim
     return CompressorCache(
         ratio,
         overlap,
@@ -66,27 +73,30 @@ def _compressor(num_blocks, block_size, slots, ratio, overlap, dim, dtype, devic
     )
 
 
-def allocate(config: V4Config, num_blocks: int, block_size: int, slots: int, dtype: torch.dtype, device) -> list[LayerCache]:
+def allocate(config: V4Config, num_blocks: int, block_size: int, slots: int, dtype: torch.dtype, device, first: int = 0,
+             lookahead: int = 0) -> list[LayerCache]:  # fmt: skip
+    """The caches of layers first .. num_hidden_layers - 1 (an MTP block: its config's last layer);
+    lookahead: the most positions a step writes past a sequence's last accepted token (`ring_size`)."""
     caches = []
-    for layer in range(config.num_hidden_layers):
+    for layer in range(first, config.num_hidden_layers):
         swa = torch.zeros(num_blocks, block_size, row_width(config.head_dim, dtype), dtype=dtype, device=device)
         kind, ratio = config.layer_types[layer], config.compress_ratio(layer)
         if kind == SLIDING:
             caches.append(LayerCache(swa))
             continue
         overlap = kind == CSA
-        main = _compressor(num_blocks, block_size, slots, ratio, overlap, config.head_dim, dtype, device)
-        index = _compressor(num_blocks, block_size, slots, ratio, True, config.index_head_dim, dtype, device) if overlap else None
+        main = _compressor(num_blocks, block_size, slots, ratio, overlap, config.head_dim, dtype, device, lookahead)
+        index = _compressor(num_blocks, block_size, slots, ratio, True, config.index_head_dim, dtype, device, lookahead) if overlap else None
         caches.append(LayerCache(swa, main, index))
     return caches
 
 
-def block_bytes(config: V4Config, block_size: int, dtype: torch.dtype) -> int:
-    """Bytes one token block takes over every layer (the paged caches) in a cache of `dtype`."""
+def block_bytes(config: V4Config, block_size: int, dtype: torch.dtype, first: int = 0) -> int:
+    """Bytes one token block takes over layers first.. (the paged caches) in a cache of `dtype`."""
     size = torch.empty((), dtype=dtype).element_size()
     head, index = row_width(config.head_dim, dtype), row_width(config.index_head_dim, dtype)
     total = 0
-    for layer in range(config.num_hidden_layers):
+    for layer in range(first, config.num_hidden_layers):
         total += block_size * head
         if ratio := config.compress_ratio(layer):
             rows = rows_per_block(block_size, ratio)
@@ -96,14 +106,14 @@ def block_bytes(config: V4Config, block_size: int, dtype: torch.dtype) -> int:
     return total * size
 
 
-def slot_bytes(config: V4Config) -> int:
-    """Bytes one state slot takes over every layer (the compressors' rings)."""
+def slot_bytes(config: V4Config, first: int = 0, lookahead: int = 0) -> int:
+    """Bytes one state slot takes over layers first.. (the compressors' rings, `ring_size`)."""
     size = torch.empty((), dtype=RING_DTYPE).element_size()
     total = 0
-    for layer in range(config.num_hidden_layers):
+    for layer in range(first, config.num_hidden_layers):
         if ratio := config.compress_ratio(layer):
             if config.layer_types[layer] == CSA:
-                total += 2 * (2 * ratio) * (2 * config.head_dim + 2 * config.index_head_dim)
+                total += 2 * ring_size(ratio, True, lookahead) * (2 * config.head_dim + 2 * config.index_head_dim)
             else:
-                total += 2 * ratio * config.head_dim
+                total += 2 * ring_size(ratio, False, lookahead) * config.head_dim
     return total * size

@@ -11,6 +11,7 @@ from deepinfer.model.checkpoint import find_tensors
 from deepinfer.model.deepseek_v4.checkpoint import canonical_tensors, check_v4_tensors, load_v4_tensors
 from deepinfer.model.deepseek_v4.config import V4Config
 from deepinfer.model.deepseek_v4.model import DeepseekV4ForCausalLM, model_tensor_specs
+from deepinfer.model.deepseek_v4.mtp import mtp_kinds, mtp_prefixes, mtp_tensor_specs
 from deepinfer.model.errors import CheckpointError, LoadError
 from deepinfer.model.memory import TENSOR_BOOKKEEPING, MemoryEstimate, check_fits
 
@@ -44,11 +45,18 @@ def load_v4(folder: Path, config: V4Config, ops, device: torch.device, dtype: to
         problem = f"{folder / 'config.json'} implies about {implied} tensors, the checkpoint holds {len(stored)}"
         raise CheckpointError(problem, "the checkpoint does not match its config.json")
     specs = model_tensor_specs(config)
+    mtp_blocks = {}  # the MTP blocks the checkpoint ships whole (speculative decoding's drafter): index -> types
+    for index, prefix in enumerate(mtp_prefixes(config)):
+        if any(name.startswith(prefix) for name in stored):
+            block = mtp_tensor_specs(config, kinds := mtp_kinds(stored, index), index)
+            if all(name in stored for name in block):
+                specs.update(block)
+                mtp_blocks[index] = kinds
     check_fits(estimate_v4_memory(specs, stored, dtype, rope_positions, config.qk_rope_head_dim), device, config, str(folder / "config.json"))
     model = DeepseekV4ForCausalLM(config, ops, device, dtype, max_positions=rope_positions)  # the RoPE tables: after the memory check
-    scales = check_v4_tensors(stored, specs, folder, tuple(model.mtp_prefixes()))
+    scales = check_v4_tensors(stored, specs, folder, tuple(mtp_prefixes(config)))
     weights = load_v4_tensors(stored, source, specs, scales, model.device, dtype)
-    model.load_weights(weights)
+    model.load_weights(weights, mtp_blocks)
     if weights.remaining():  # check_v4_tensors lets nothing else through; a leftover is a bug here
         raise RuntimeError(f"tensors loaded but not used by the model: {weights.remaining()[:5]}")
     return model

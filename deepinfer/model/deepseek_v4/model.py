@@ -14,6 +14,7 @@ from deepinfer.model.deepseek_v4 import caches as v4_caches
 from deepinfer.model.deepseek_v4.attention import V4Attention, attention_specs
 from deepinfer.model.deepseek_v4.config import V4Config
 from deepinfer.model.deepseek_v4.moe import V4MoE, moe_specs
+from deepinfer.model.deepseek_v4.mtp import V4MTPLayer, mtp_config, mtp_prefixes
 from deepinfer.model.deepseek_v4.step import SeqStep, plan_step
 from deepinfer.model.forward_batch import ForwardBatch
 from deepinfer.model.weights import FLOAT32, PARAM, TensorSpec, WeightStore
@@ -48,8 +49,9 @@ def model_tensor_specs(config: V4Config) -> dict[str, TensorSpec]:
 
 
 class V4DecoderLayer:
-    def __init__(self, config: V4Config, layer: int, weights: WeightStore, dtype: torch.dtype):
-        p = f"layers.{layer}."
+    def __init__(self, config: V4Config, layer: int, weights: WeightStore, dtype: torch.dtype, prefix: str | None = None):
+        """prefix: the layer's tensors' (default `layers.<layer>.`; the MTP block's `mtp.N.`)."""
+        p = prefix or f"layers.{layer}."
         self.config = config
         self.attn_norm = weights.tensor(f"{p}attn_norm.weight")
         self.ffn_norm = weights.tensor(f"{p}ffn_norm.weight")
@@ -96,7 +98,9 @@ class DeepseekV4ForCausalLM:
         compress = rope_cos_sin_cache(rd, self.max_positions, config.compress_rope["rope_theta"], compress_scaling).to(self.device)
         self.ropes = {"main": (main, _inverse(main)), "compress": (compress, _inverse(compress))}
         self.layers: list[V4DecoderLayer] = []
-        self.mtp_weights: list[dict[str, torch.Tensor]] = []
+        self.mtp_layers: list[V4MTPLayer] = []
+        self.mtp_configs: list[V4Config] = []
+        self.mtp_problem: str | None = None
         self.placement = None  # no expert parallelism for V4 yet
         self.expert_source = None
 
@@ -105,68 +109,112 @@ class DeepseekV4ForCausalLM:
     def tensor_specs(self) -> dict[str, TensorSpec]:
         return model_tensor_specs(self.config)
 
-    def mtp_prefixes(self) -> list[str]:
-        return [f"mtp.{i}." for i in range(self.config.num_nextn_predict_layers)]
-
-    def load_weights(self, weights: WeightStore) -> None:
+    def load_weights(self, weights: WeightStore, mtp_blocks: dict[int, tuple[str, str]] | None = None) -> None:
+        """mtp_blocks: the MTP blocks whose tensors were all loaded, index -> their types
+        (`mtp.mtp_kinds`). Any other `mtp.*` tensor is dropped, and the MTP blocks are then not
+        offered as a drafter (`build_mtp_layers` says why)."""
         c = self.config
         self.embed = weights.tensor("embed.weight")
         self.norm = weights.tensor("norm.weight")
         self.head = self.embed if c.tie_word_embeddings else weights.tensor("head.weight")
         self.hc_head = tuple(weights.tensor(f"hc_head_{part}") for part in ("fn", "base", "scale"))
         self.layers = [V4DecoderLayer(c, i, weights, self.dtype) for i in range(c.num_hidden_layers)]
-        mtp = [weights.take_prefix(p) for p in self.mtp_prefixes()]
-        self.mtp_weights = mtp if all(mtp) else []  # kept, in their stored format, for speculative decoding
+        blocks = sorted((mtp_blocks or {}).items())
+        self.mtp_configs = [mtp_config(c, kinds, i) for i, kinds in blocks]
+        self.mtp_layers = [V4MTPLayer(mc, weights, i, self.dtype) for (i, _), mc in zip(blocks, self.mtp_configs)]
+        leftover = sorted(p + rest for p in mtp_prefixes(c) for rest in weights.take_prefix(p))
+        if leftover:
+            self.mtp_problem = f"its MTP tensors are not the V4 block layout deepinfer knows (e.g. {leftover[0]})"
+            self.mtp_layers, self.mtp_configs = [], []
+
+    def build_mtp_layers(self) -> list[V4MTPLayer]:
+        """The checkpoint's MTP blocks (speculative decoding's drafter); a one-line error without them."""
+        if not self.mtp_layers:
+            from deepinfer.model.errors import CheckpointError
+
+            problem = self.mtp_problem or "it has no MTP layers (mtp.0.* tensors)"
+            fix = "drop speculative, or use a checkpoint that ships its MTP layers"
+            raise CheckpointError(f"the checkpoint cannot draft for speculative decoding: {problem}", fix)
+        return self.mtp_layers
 
     def skipped_expert_tensors(self, stored_names) -> set[str]:
         return set()
 
     # ---- caches --------------------------------------------------------------------------------
 
-    def kv_block_bytes(self, block_size: int, dtype: torch.dtype) -> int:
-        return v4_caches.block_bytes(self.config, block_size, dtype)
+    def kv_block_bytes(self, block_size: int, dtype: torch.dtype, draft_layers: int = 0) -> int:
+        """Bytes per token block over every layer's paged caches, and over `draft_layers` MTP blocks."""
+        return v4_caches.block_bytes(self.config, block_size, dtype) + sum(
+            v4_caches.block_bytes(mc, block_size, dtype, first=mc.num_hidden_layers - 1) for mc in self.mtp_configs[:draft_layers])
 
-    def state_slot_bytes(self) -> int:
-        return v4_caches.slot_bytes(self.config)
+    def state_slot_bytes(self, draft_layers: int = 0, lookahead: int = 0) -> int:
+        """Bytes per state slot (the compressors' rings, `lookahead` rows longer: `caches.ring_size`), MTP blocks' included."""
+        return v4_caches.slot_bytes(self.config, lookahead=lookahead) + sum(
+            v4_caches.slot_bytes(mc, first=mc.num_hidden_layers - 1, lookahead=lookahead) for mc in self.mtp_configs[:draft_layers])
 
     @property
     def prefix_replay_tokens(self) -> int:
         return self.config.prefix_replay_tokens
 
-    def new_caches(self, num_blocks: int, block_size: int, num_slots: int, dtype: torch.dtype) -> list:
+    def new_caches(self, num_blocks: int, block_size: int, num_slots: int, dtype: torch.dtype, lookahead: int = 0) -> list:
+        """lookahead: the most positions a step writes past a sequence's last accepted token (speculative
+        decoding's drafts): the compressors' rings grow by as many rows (`caches.ring_size`)."""
         for ratio in self.config.ratios:
             v4_caches.rows_per_block(block_size, ratio)  # the block size must suit every ratio
-        return v4_caches.allocate(self.config, num_blocks, block_size, num_slots, dtype, self.device)
+        return v4_caches.allocate(self.config, num_blocks, block_size, num_slots, dtype, self.device, lookahead=lookahead)
+
+    def new_draft_caches(self, count: int, num_blocks: int, block_size: int, num_slots: int, dtype: torch.dtype, lookahead: int = 0) -> list:
+        """The first `count` MTP blocks' caches, laid out as a main layer of their type."""
+        return [v4_caches.allocate(mc, num_blocks, block_size, num_slots, dtype, self.device, first=mc.num_hidden_layers - 1, lookahead=lookahead)[0]
+                for mc in self.mtp_configs[:count]]  # fmt: skip
 
     # ---- running -------------------------------------------------------------------------------
 
     @torch.inference_mode()
-    def forward(self, batch: ForwardBatch, caches: list) -> torch.Tensor:
-        """Run one step; returns float32 logits [len(batch.logits_indices), vocab]."""
+    def forward(self, batch: ForwardBatch, caches: list, *, hidden_states: bool = False):
+        """Run one step; returns float32 logits [len(batch.logits_indices), vocab], and with
+        `hidden_states` also every new token's residual streams [T, hc_mult, hidden] before the head
+        (what the MTP block reads)."""
         if len(caches) != self.num_layers:
             raise ValueError(f"forward needs {self.num_layers} layer caches, got {len(caches)}")
         ops, c = self.ops, self.config
-        block_size = caches[0].swa.shape[1]
-        host = batch.host
-        seqs = [SeqStep(start, length, cached, slot, pages) for start, length, cached, slot, pages in
-                zip(host.starts, host.lengths, host.cached, host.slots, host.pages)]  # fmt: skip
-        step = plan_step(c, seqs, block_size, self.device)
+        step = self._plan(c, batch, caches)
         streams = self.embed[batch.input_ids].unsqueeze(1).expand(-1, c.hc_mult, -1).contiguous()
         for layer, cache in zip(self.layers, caches):
             streams = layer(ops, streams, cache, step, self.ropes, batch.input_ids)
-        return self._logits(ops, streams[batch.logits_indices])
+        logits = self._logits(ops, streams[batch.logits_indices], self.hc_head, self.norm)
+        return (logits, streams) if hidden_states else logits
 
     __call__ = forward
 
-    def _logits(self, ops, streams: torch.Tensor) -> torch.Tensor:
-        """Collapse the streams with the head's own mixing (hc_head, torch glue: once per step, on
-        the sampled rows only), then the final norm and the vocabulary projection."""
+    @torch.inference_mode()
+    def forward_mtp(self, index: int, batch: ForwardBatch, prev_hidden: torch.Tensor, cache) -> tuple[torch.Tensor, torch.Tensor]:
+        """MTP block `index` over a step: batch.input_ids hold token p+1 for each position p,
+        prev_hidden the streams at p; returns (float32 logits at batch.logits_indices, the block's
+        output streams to chain from)."""
+        layer = self.build_mtp_layers()[index]
+        step = self._plan(layer.config, batch, [cache])
+        streams = layer(self.ops, self.embed, batch.input_ids, step.positions, prev_hidden, cache, step, self.ropes)
+        return self._logits(self.ops, streams[batch.logits_indices], layer.hc_head, layer.norm), streams
+
+    def _plan(self, config: V4Config, batch: ForwardBatch, caches: list):
+        """The step's cache rows, for caches laid out by `new_caches` (their ring length says the lookahead)."""
+        host = batch.host
+        seqs = [SeqStep(start, length, cached, slot, pages) for start, length, cached, slot, pages in
+                zip(host.starts, host.lengths, host.cached, host.slots, host.pages)]  # fmt: skip
+        ring = next((cache.compressor for cache in caches if cache.compressor is not None), None)
+        lookahead = ring.ring - v4_caches.ring_size(ring.ratio, ring.overlap) if ring is not None else 0
+        return plan_step(config, seqs, caches[0].swa.shape[1], self.device, lookahead)
+
+    def _logits(self, ops, streams: torch.Tensor, hc_head, norm) -> torch.Tensor:
+        """Collapse the streams with a head's own mixing (hc_head, torch glue: once per step, on
+        the sampled rows only), then its final norm and the vocabulary projection."""
         c = self.config
-        fn, base, scale = self.hc_head
+        fn, base, scale = hc_head
         with exact_order.glue(ops.deterministic):
             flat = streams.flatten(1).float()
             flat = flat * torch.rsqrt(flat.square().mean(-1, keepdim=True) + c.rms_norm_eps)
             pre = torch.sigmoid(flat @ fn.T * scale + base) + c.hc_eps
             hidden = (pre[..., None] * streams.float()).sum(dim=1).to(streams.dtype)
-        hidden, _ = ops.rms_norm(hidden, self.norm, eps=c.rms_norm_eps)
+        hidden, _ = ops.rms_norm(hidden, norm, eps=c.rms_norm_eps)
         return ops.linear(hidden, self.head, fmt="dense").float()

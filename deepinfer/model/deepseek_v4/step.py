@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, fields, replace
 
 import torch
 
+from deepinfer.model.deepseek_v4.caches import ring_size
 from deepinfer.model.deepseek_v4.config import CSA, V4Config
 
 I32, I64 = torch.int32, torch.int64
@@ -64,15 +65,12 @@ class V4Step:
     compressors: dict[tuple[int, bool], CompressorPlan] = field(default_factory=dict)
 
 
-def _ring_size(ratio: int, overlap: bool) -> int:
-    return 2 * ratio if overlap else ratio
+def plan_step(config: V4Config, seqs: list[SeqStep], block_size: int, device: torch.device, lookahead: int = 0) -> V4Step:
+    """lookahead: the caches' extra ring rows (`caches.ring_size`)."""
+    return _to_device(_plan_on_host(config, _Batch.of(seqs, block_size), lookahead), device)
 
 
-def plan_step(config: V4Config, seqs: list[SeqStep], block_size: int, device: torch.device) -> V4Step:
-    return _to_device(_plan_on_host(config, _Batch.of(seqs, block_size)), device)
-
-
-def _plan_on_host(config: V4Config, batch: _Batch) -> V4Step:
+def _plan_on_host(config: V4Config, batch: _Batch, lookahead: int = 0) -> V4Step:
     token_seq, offset = _segments(batch.length)
     positions = batch.start[token_seq] + offset
     step = V4Step(positions, token_seq.to(I32), _window_rows(batch, token_seq, positions, config.sliding_window), _write_slots(batch, token_seq, positions))
@@ -86,7 +84,7 @@ def _plan_on_host(config: V4Config, batch: _Batch) -> V4Step:
         step.ratios[ratio] = plan
     indexer_kinds = {(r, True) for r, overlap in kinds if overlap}  # the CSA indexer's own compressor
     for ratio, overlap in sorted(kinds | indexer_kinds):
-        step.compressors[(ratio, overlap)] = _plan_compressor(batch, token_seq, positions, ratio, overlap)
+        step.compressors[(ratio, overlap)] = _plan_compressor(batch, token_seq, positions, ratio, overlap, lookahead)
     return step
 
 
@@ -225,8 +223,8 @@ def _visible_rows(table: torch.Tensor, token_seq: torch.Tensor, visible: torch.T
 # ---- compressors -------------------------------------------------------------------------------
 
 
-def _plan_compressor(batch: _Batch, token_seq: torch.Tensor, positions: torch.Tensor, ratio: int, overlap: bool) -> CompressorPlan:
-    ring = _ring_size(ratio, overlap)
+def _plan_compressor(batch: _Batch, token_seq: torch.Tensor, positions: torch.Tensor, ratio: int, overlap: bool, lookahead: int) -> CompressorPlan:
+    ring = ring_size(ratio, overlap, lookahead)
     # The entries to emit: windows closing in this step, from the first whose entry is not paged yet.
     first_window = torch.maximum(batch.start, batch.cached) // ratio
     # Their sources before this step, read from the ring: [first, start); an overlapping window also pools the one before.
