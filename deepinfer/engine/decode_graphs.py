@@ -119,17 +119,21 @@ class DecodeGraphs:
         step's, the same on every rank), the rest padding."""
         n = fb.num_seqs
         size = size or self.bucket(n)
-        w = fb.block_tables.shape[1]
-        self.input_ids[:n].copy_(fb.input_ids)
-        self.positions[:n].copy_(fb.positions)
-        self.slot_mapping[:n].copy_(fb.slot_mapping)
-        self.seq_lens[:n].copy_(fb.seq_lens)
-        self.block_tables[:n, :w].copy_(fb.block_tables)
-        self.block_tables[:n, w:].zero_()
+        self._load(fb, n)
         for name in ("temperature", "top_k", "top_p", "min_p", "seeds"):
             getattr(self, name)[:n].copy_(sampling[name])
         self.sample_positions[:n].copy_(sampling["positions"])
         return self._replay(n, size)[:n]
+
+    def _load(self, fb: ForwardBatch, n: int) -> None:
+        """fb's rows and its n sequences into the static buffers' first rows."""
+        rows, w = fb.input_ids.shape[0], fb.block_tables.shape[1]
+        self.input_ids[:rows].copy_(fb.input_ids)
+        self.positions[:rows].copy_(fb.positions)
+        self.slot_mapping[:rows].copy_(fb.slot_mapping)
+        self.seq_lens[:n].copy_(fb.seq_lens)
+        self.block_tables[:n, :w].copy_(fb.block_tables)
+        self.block_tables[:n, w:].zero_()
 
     def rows_replayable(self, n: int, per_seq: int) -> bool:
         """Whether a step of n sequences with per_seq rows each has a graph (captured or to capture)."""
@@ -141,13 +145,8 @@ class DecodeGraphs:
         per_seq rows each (fb: padded so by `ModelRunner.forward_rows`), by the graph of
         (the smallest bucket that holds n, per_seq): [n * per_seq, vocab], [n * per_seq, hidden]."""
         n = fb.num_seqs
-        size, rows, w = self.bucket(n), n * per_seq, fb.block_tables.shape[1]
-        self.input_ids[:rows].copy_(fb.input_ids)
-        self.positions[:rows].copy_(fb.positions)
-        self.slot_mapping[:rows].copy_(fb.slot_mapping)
-        self.seq_lens[:n].copy_(fb.seq_lens)
-        self.block_tables[:n, :w].copy_(fb.block_tables)
-        self.block_tables[:n, w:].zero_()
+        size, rows = self.bucket(n), n * per_seq
+        self._load(fb, n)
         self.slot_mapping[rows : size * per_seq].fill_(-1)  # padding sequences write nothing
         self.seq_lens[n:size].fill_(per_seq)  # and each of their rows reads at least one (harmless) cached token
         self.block_tables[n:size].zero_()

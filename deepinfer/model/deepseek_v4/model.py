@@ -24,27 +24,38 @@ from deepinfer.ops.rope import rope_cos_sin_cache
 def model_tensor_specs(config: V4Config) -> dict[str, TensorSpec]:
     """Every tensor of the main model (MTP layers aside), by DeepSeek's name, with shape and kind."""
     c = config
-    n, hidden = c.hc_mult, c.hidden_size
-    mix = (2 + n) * n
-    specs = {
-        "embed.weight": TensorSpec((c.vocab_size, hidden), PARAM),
-        "norm.weight": TensorSpec((hidden,), FLOAT32),
-        "hc_head_fn": TensorSpec((n, n * hidden), FLOAT32),
-        "hc_head_base": TensorSpec((n,), FLOAT32),
-        "hc_head_scale": TensorSpec((1,), FLOAT32),
-    }
+    hidden = c.hidden_size
+    specs = {"embed.weight": TensorSpec((c.vocab_size, hidden), PARAM), **head_specs(c, "")}
     if not c.tie_word_embeddings:
         specs["head.weight"] = TensorSpec((c.vocab_size, hidden), PARAM)
     for layer in range(c.num_hidden_layers):
-        p = f"layers.{layer}."
-        specs[f"{p}attn_norm.weight"] = TensorSpec((hidden,), FLOAT32)
-        specs[f"{p}ffn_norm.weight"] = TensorSpec((hidden,), FLOAT32)
-        for block in ("attn", "ffn"):
-            specs[f"{p}hc_{block}_fn"] = TensorSpec((mix, n * hidden), FLOAT32)
-            specs[f"{p}hc_{block}_base"] = TensorSpec((mix,), FLOAT32)
-            specs[f"{p}hc_{block}_scale"] = TensorSpec((3,), FLOAT32)
-        specs.update(attention_specs(c, layer, f"{p}attn."))
-        specs.update(moe_specs(c, layer, f"{p}ffn."))
+        specs.update(decoder_layer_specs(c, layer, f"layers.{layer}."))
+    return specs
+
+
+def head_specs(config: V4Config, prefix: str) -> dict[str, TensorSpec]:
+    """A head's own tensors (the main model's, an MTP block's): the streams' collapse and the final norm."""
+    n, hidden = config.hc_mult, config.hidden_size
+    return {
+        f"{prefix}norm.weight": TensorSpec((hidden,), FLOAT32),
+        f"{prefix}hc_head_fn": TensorSpec((n, n * hidden), FLOAT32),
+        f"{prefix}hc_head_base": TensorSpec((n,), FLOAT32),
+        f"{prefix}hc_head_scale": TensorSpec((1,), FLOAT32),
+    }
+
+
+def decoder_layer_specs(config: V4Config, layer: int, prefix: str) -> dict[str, TensorSpec]:
+    """One decoder layer's tensors (its norms, hyper-connection mixes, attention and MoE) under `prefix`."""
+    c = config
+    n, hidden = c.hc_mult, c.hidden_size
+    mix = (2 + n) * n
+    specs = {f"{prefix}attn_norm.weight": TensorSpec((hidden,), FLOAT32), f"{prefix}ffn_norm.weight": TensorSpec((hidden,), FLOAT32)}
+    for block in ("attn", "ffn"):
+        specs[f"{prefix}hc_{block}_fn"] = TensorSpec((mix, n * hidden), FLOAT32)
+        specs[f"{prefix}hc_{block}_base"] = TensorSpec((mix,), FLOAT32)
+        specs[f"{prefix}hc_{block}_scale"] = TensorSpec((3,), FLOAT32)
+    specs.update(attention_specs(c, layer, f"{prefix}attn."))
+    specs.update(moe_specs(c, layer, f"{prefix}ffn."))
     return specs
 
 

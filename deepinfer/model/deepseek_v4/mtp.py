@@ -59,33 +59,21 @@ def mtp_config(config: V4Config, kinds: tuple[str, str], index: int = 0) -> V4Co
 
 
 def mtp_tensor_specs(config: V4Config, kinds: tuple[str, str], index: int = 0) -> dict[str, TensorSpec]:
-    """MTP block `index`'s tensors, for a block of these types."""
-    from deepinfer.model.deepseek_v4.attention import attention_specs
-    from deepinfer.model.deepseek_v4.moe import moe_specs
+    """MTP block `index`'s tensors, for a block of these types: a decoder layer's, its input
+    projections and norms, and a head's own collapse and norm."""
+    from deepinfer.model.deepseek_v4.model import decoder_layer_specs, head_specs
 
     prefix = mtp_prefix(index)
     c = mtp_config(config, kinds, index)
-    layer, hidden, n = c.num_hidden_layers - 1, c.hidden_size, c.hc_mult
-    mix = (2 + n) * n
-    specs = {
-        f"{prefix}attn_norm.weight": TensorSpec((hidden,), FLOAT32),
-        f"{prefix}ffn_norm.weight": TensorSpec((hidden,), FLOAT32),
+    hidden = c.hidden_size
+    return {
         f"{prefix}enorm.weight": TensorSpec((hidden,), FLOAT32),
         f"{prefix}hnorm.weight": TensorSpec((hidden,), FLOAT32),
-        f"{prefix}norm.weight": TensorSpec((hidden,), FLOAT32),
         f"{prefix}e_proj.weight": TensorSpec((hidden, hidden), LINEAR),
         f"{prefix}h_proj.weight": TensorSpec((hidden, hidden), LINEAR),
-        f"{prefix}hc_head_fn": TensorSpec((n, n * hidden), FLOAT32),
-        f"{prefix}hc_head_base": TensorSpec((n,), FLOAT32),
-        f"{prefix}hc_head_scale": TensorSpec((1,), FLOAT32),
+        **head_specs(c, prefix),
+        **decoder_layer_specs(c, c.num_hidden_layers - 1, prefix),
     }
-    for block in ("attn", "ffn"):
-        specs[f"{prefix}hc_{block}_fn"] = TensorSpec((mix, n * hidden), FLOAT32)
-        specs[f"{prefix}hc_{block}_base"] = TensorSpec((mix,), FLOAT32)
-        specs[f"{prefix}hc_{block}_scale"] = TensorSpec((3,), FLOAT32)
-    specs.update(attention_specs(c, layer, f"{prefix}attn."))
-    specs.update(moe_specs(c, layer, f"{prefix}ffn."))
-    return specs
 
 
 class V4MTPLayer:
