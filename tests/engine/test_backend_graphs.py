@@ -92,3 +92,15 @@ def test_verification_steps_replay_graphs_of_their_padded_shape(monkeypatch):
     assert runner.graphs.row_graphs and all(per_seq <= 4 for _, per_seq in runner.graphs.row_graphs)
     assert any(len(s) > 1 for s in shapes), "no step mixed request lengths: padding went untested"
     assert llm.speculative_metrics()["accepted_per_verified"] > 0
+
+
+def test_the_confidence_policy_prices_graph_steps(monkeypatch):
+    """With graphs, the start-up cost probe times verification graphs (capturing them) and the
+    confidence policy prices a step by its padded rows; greedy tokens stay the eager run's."""
+    want = tokens(llm_on(monkeypatch, FakeBackend(), "reference"))
+    graphs = RecordingGraphs()
+    llm = llm_on(monkeypatch, FakeBackend(graphs=graphs), "fake", speculative={"method": "mtp", "num_drafts": 3, "policy": "confidence"})
+    probed = set(llm.engine.runner.graphs.row_graphs)
+    assert probed and max(per_seq for _, per_seq in probed) == 4  # 4 sequences x 4 rows: the most a step holds
+    assert llm.engine.speculative.policy.padded
+    assert tokens(llm) == want

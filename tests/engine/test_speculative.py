@@ -16,7 +16,6 @@ import pytest
 from engine.determinism import SMALL_VOCAB, neighbour_prompts, write_small_checkpoint
 
 FLAT_COSTS = {"1": 0.01, "4096": 0.01, "draft": 0.0}  # a step costs the same whatever its tokens: verify everything likely
-STEEP_COSTS = {"1": 0.01, "2": 0.02, "4096": 40.96, "draft": 0.0}  # every token costs a full step: verify only sure drafts
 
 
 @pytest.fixture(scope="module")

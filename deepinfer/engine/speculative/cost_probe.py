@@ -1,5 +1,9 @@
-"""The forwards the cost model times at start-up: T one-token sequences at position 0, all writing
-one slot of a block nobody holds yet (its rows are rewritten when it is handed out)."""
+"""The forwards the cost model times at start-up: T tokens as sequences at position 0 onwards, all
+writing slots of a block nobody holds yet (its rows are rewritten when it is handed out).
+
+Eagerly, T one-token sequences. With device graphs a verification step is a graph replay of
+(batch bucket, S rows per sequence), so T is timed as such a replay: S = ceil(T / the largest
+bucket), ceil(T / S) sequences (the replay also captures that graph at start-up)."""
 
 from __future__ import annotations
 
@@ -16,25 +20,36 @@ class CostProbe:
         self.block = block_manager.num_blocks - 1  # free at start-up, and handed out last
         self.hidden = None  # the last target probe's hidden states (the draft probe's input)
 
-    def _batch(self, tokens: int) -> ForwardBatch:
+    def _batch(self, seqs: int, per_seq: int = 1) -> ForwardBatch:
         def tensor(values, dtype):
             return torch.tensor(values, dtype=dtype).to(self.device)
 
-        slot = self.block * self.runner.block_size
+        bs = self.runner.block_size
+        pages = [self.block] * -(-per_seq // bs)
+        rows = seqs * per_seq
         return ForwardBatch(
             is_prefill=False,
-            input_ids=tensor([0] * tokens, torch.int64),
-            positions=tensor([0] * tokens, torch.int64),
-            slot_mapping=tensor([slot] * tokens, torch.int64),
-            cu_seqlens_q=tensor(list(range(tokens + 1)), torch.int32),
-            seq_lens=tensor([1] * tokens, torch.int32),
-            block_tables=tensor([[self.block]] * tokens, torch.int32),
-            logits_indices=tensor(list(range(tokens)), torch.int64),
-            host=HostBatch(starts=[0] * tokens, lengths=[1] * tokens, cached=[0] * tokens, slots=[-1] * tokens, pages=[[self.block]] * tokens),
+            input_ids=tensor([0] * rows, torch.int64),
+            positions=tensor(list(range(per_seq)) * seqs, torch.int64),
+            slot_mapping=tensor([self.block * bs + p % bs for p in range(per_seq)] * seqs, torch.int64),
+            cu_seqlens_q=tensor([b * per_seq for b in range(seqs + 1)], torch.int32),
+            seq_lens=tensor([per_seq] * seqs, torch.int32),
+            block_tables=tensor([pages] * seqs, torch.int32),
+            logits_indices=tensor(list(range(rows)), torch.int64),
+            max_query_len=per_seq,
+            max_seq_len=per_seq,
+            host=HostBatch(starts=[0] * seqs, lengths=[per_seq] * seqs, cached=[0] * seqs, slots=[-1] * seqs, pages=[pages] * seqs),
         )
 
     @torch.inference_mode()
     def target(self, tokens: int) -> None:
+        graphs = self.runner.graphs
+        if graphs is not None:
+            per_seq = -(-tokens // graphs.buckets[-1])
+            seqs = -(-tokens // per_seq)
+            if graphs.rows_replayable(seqs, per_seq):
+                _, self.hidden = graphs.run_rows(self._batch(seqs, per_seq), per_seq)
+                return
         _, self.hidden = self.model.forward(self._batch(tokens), self.runner.kv_caches, hidden_states=True)
 
     @torch.inference_mode()

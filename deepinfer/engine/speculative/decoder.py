@@ -37,7 +37,8 @@ class SpeculativeDecoder:
         self.ops = ops
         self.final_length = final_length
         self.drafter = drafter
-        self.policy = ConfidencePolicy(cost_model) if config.policy == "confidence" else FixedPolicy()
+        # with device graphs a verification step is padded to its longest request (ModelRunner.forward_rows)
+        self.policy = ConfidencePolicy(cost_model, padded=runner.graphs is not None) if config.policy == "confidence" else FixedPolicy()
         self.metrics = SpeculativeMetrics()
 
     def lookahead(self, seq) -> int:
