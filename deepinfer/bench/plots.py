@@ -1,0 +1,113 @@
+"""PNG plots of benchmark files (matplotlib, an optional dependency: `pip install 'deepinfer[plots]'`),
+drawn on any machine from the JSON the benchmarks write (the GPU machine need not have matplotlib):
+
+- a `bench throughput` / `bench sweep` file: output tokens/s against time per output token, one
+  point per concurrency (labelled), one line per (input, output) length pair, the Pareto front marked;
+- a `bench e2e` file: decode step time against the HBM floor (the bytes a step must read at copy
+  bandwidth) per batch size, with the share of the floor reached.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from deepinfer.errors import UserError
+
+
+def require_matplotlib():
+    try:
+        import matplotlib
+    except ImportError:
+        raise UserError("plots need matplotlib: pip install 'deepinfer[plots]' (or run `deepinfer bench plot FILE` where it is installed)") from None
+    matplotlib.use("Agg")  # files only, no display
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def kind_of(data: dict, path: Path) -> str:
+    if data.get("kind") == "throughput":
+        return "throughput"
+    results = data.get("results")
+    if isinstance(results, list) and results and isinstance(results[0], dict) and "deepinfer_step_ms" in results[0]:
+        return "e2e"
+    raise UserError(f"{path} is neither a `bench throughput`/`sweep` nor a `bench e2e` --json file")
+
+
+def pareto(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """The points no other point beats on both (lower latency x, higher throughput y), by x."""
+    front, best = [], float("-inf")
+    for x, y in sorted(points, key=lambda p: (p[0], -p[1])):
+        if y > best:
+            front.append((x, y))
+            best = y
+    return front
+
+
+def plot_throughput(data: dict, out: Path) -> Path:
+    plt = require_matplotlib()
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    groups: dict[tuple, list] = {}
+    for r in data["results"]:
+        if r["tpot_ms"]["mean"] is not None:
+            groups.setdefault((round(r["input_len"]), round(r["output_len"])), []).append(r)
+    everything = []
+    for (inp, outp), rows in sorted(groups.items()):
+        rows.sort(key=lambda r: r["concurrency"])
+        xs, ys = [r["tpot_ms"]["mean"] for r in rows], [r["output_tokens_per_s"] for r in rows]
+        everything += list(zip(xs, ys))
+        ax.plot(xs, ys, marker="o", label=f"in {inp} / out {outp}")
+        for r, x, y in zip(rows, xs, ys):
+            ax.annotate(str(r["concurrency"]), (x, y), textcoords="offset points", xytext=(4, 4), fontsize=8)
+    if everything:
+        fx, fy = zip(*pareto(everything))
+        ax.plot(fx, fy, linestyle="--", color="grey", label="Pareto front")
+    ax.set_xlabel("time per output token (ms, mean)")
+    ax.set_ylabel("output tokens/s")
+    ax.set_title(_title(data, "throughput vs per-token latency (labels: concurrency)"))
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    return _save(fig, plt, out)
+
+
+def plot_e2e(data: dict, out: Path) -> Path:
+    plt = require_matplotlib()
+    rows = sorted(data["results"], key=lambda r: r["batch"])
+    batches = [r["batch"] for r in rows]
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    ax.plot(batches, [r["deepinfer_step_ms"] for r in rows], marker="o", label="decode step")
+    ax.plot(batches, [r["floor_ms"] for r in rows], marker="s", linestyle="--", label="HBM floor")
+    for r in rows:
+        share = r["floor_ms"] / r["deepinfer_step_ms"]
+        ax.annotate(f"{share:.0%}", (r["batch"], r["deepinfer_step_ms"]), textcoords="offset points", xytext=(4, 4), fontsize=8)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("batch (requests)")
+    ax.set_ylabel("ms per decode step")
+    ax.set_title(_title(data, "decode step vs HBM floor (labels: share of the floor)"))
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    return _save(fig, plt, out)
+
+
+def _title(data: dict, what: str) -> str:
+    machine = data.get("machine") or {}
+    where = " ".join(str(v) for v in (machine.get("gpu") or machine.get("device"), machine.get("backend")) if v)
+    return f"{what}\n{where} {machine.get('date', '')}".strip()
+
+
+def _save(fig, plt, out: Path) -> Path:
+    fig.tight_layout()
+    fig.savefig(out, dpi=120)
+    plt.close(fig)
+    return out
+
+
+def plot_file(path: Path, out_dir: Path) -> Path:
+    """The plot of one benchmark file, written to out_dir/<file stem>.png."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise UserError(f"cannot read {path}: {exc}") from None
+    out = out_dir / f"{path.stem}.png"
+    return plot_throughput(data, out) if kind_of(data, path) == "throughput" else plot_e2e(data, out)

@@ -1,0 +1,120 @@
+"""`deepinfer bench throughput` and `deepinfer bench sweep`: offline serving throughput as vLLM's
+`bench throughput` measures it (random prompts of given input/output lengths, or a JSONL file of
+real prompts; at most --concurrency requests in flight), with each request's time to first token
+and time per output token; `sweep` runs a grid of concurrencies and lengths and, where matplotlib
+is installed, plots throughput against per-token latency. `deepinfer bench plot FILE...` draws
+the plots of `throughput`/`sweep` and `e2e` --json files (deepinfer/bench/throughput.py, plots.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+from deepinfer.errors import UserError
+
+
+def _workload_flags(p: argparse.ArgumentParser, repeatable: bool) -> None:
+    many = {"action": "append", "default": None} if repeatable else {}
+    again = " (repeatable: a grid)" if repeatable else ""
+    p.add_argument("--model", default=None, metavar="PATH", help="an HF checkpoint folder, or an embedded tiny model (default: the embedded tiny-v3)")
+    p.add_argument("--backend", default="auto", help="auto (as for `run`: cuda, then ascend, then reference) or a backend from `deepinfer backends`")
+    p.add_argument("--dtype", default="auto", choices=("auto", "bfloat16", "float16", "float32"), help="auto: bfloat16 on accelerators, float32 on the CPU")
+    p.add_argument("--num-prompts", type=int, default=64, help="requests in the workload (default 64)")
+    p.add_argument("--input-len", type=int, metavar="N", help=f"mean prompt tokens of random prompts (default 128){again}", **many)
+    p.add_argument("--output-len", type=int, metavar="N", help=f"mean output tokens (default 128){again}", **many)
+    p.add_argument("--range-ratio", type=float, default=0.0, help="lengths drawn uniformly in [len x (1 - r), len x (1 + r)] (default 0: fixed)")
+    p.add_argument("--concurrency", type=int, metavar="N", help=f"most requests in flight (default: all of them){again}", **many)
+    p.add_argument("--dataset", type=Path, default=None, metavar="FILE.jsonl",
+                   help='real prompts instead: one {"prompt": ...} or {"prompt_token_ids": [...]} per line, optional "max_tokens"')
+    p.add_argument("--max-num-seqs", type=int, default=None, help="the engine's running-request cap (default: the largest concurrency)")
+    p.add_argument("--enforce-eager", action="store_true", help="no device graphs")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random prompts and of sampling (default 0)")
+    p.add_argument("--json", type=Path, default=None, metavar="FILE", help="write the results to FILE")
+
+
+def add_parser(what) -> None:
+    p = what.add_parser("throughput", help="offline throughput with per-request latencies (vLLM's bench throughput shape)",
+                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    _workload_flags(p, repeatable=False)
+    p.set_defaults(func=run_throughput, sweep=False)
+    s = what.add_parser("sweep", help="throughput over a grid of concurrencies and lengths, with a throughput vs latency plot",
+                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    _workload_flags(s, repeatable=True)
+    s.add_argument("--plot", type=Path, default=None, metavar="DIR", help="also write the plot (PNG) into DIR (needs matplotlib)")
+    s.set_defaults(func=run_throughput, sweep=True)
+    g = what.add_parser("plot", help="PNG plots of `throughput`/`sweep`/`e2e` --json files (needs matplotlib)", description=__doc__,
+                        formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    g.add_argument("files", type=Path, nargs="+", metavar="FILE", help="--json files of `bench throughput`, `bench sweep` or `bench e2e`")
+    g.add_argument("--out", type=Path, default=Path("."), metavar="DIR", help="folder for the PNGs (default: here)")
+    g.set_defaults(func=run_plot)
+
+
+def _positive(name: str, values) -> None:
+    for value in values:
+        if value < 1:
+            raise UserError(f"{name} must be at least 1, not {value}")
+
+
+def run_throughput(args: argparse.Namespace) -> int:
+    from deepinfer.bench import throughput
+
+    as_list = (lambda v, d: v or [d]) if args.sweep else (lambda v, d: [v if v is not None else d])  # noqa: E731
+    input_lens, output_lens = as_list(args.input_len, 128), as_list(args.output_len, 128)
+    concurrencies = as_list(args.concurrency, args.num_prompts)
+    _positive("--num-prompts", [args.num_prompts])
+    _positive("--input-len", input_lens)
+    _positive("--output-len", output_lens)
+    _positive("--concurrency", concurrencies)
+    if not 0 <= args.range_ratio < 1:
+        raise UserError(f"--range-ratio must lie in [0, 1), not {args.range_ratio}")
+    if args.dataset is not None and not args.dataset.is_file():
+        raise UserError(f"--dataset {args.dataset}: no such file")
+    if args.json is not None and not args.json.parent.is_dir():
+        raise UserError(f"cannot write {args.json}: folder {args.json.parent} does not exist")
+    plot = getattr(args, "plot", None)
+    if plot is not None:
+        if not plot.is_dir():
+            raise UserError(f"--plot {plot}: no such folder")
+        from deepinfer.bench.plots import require_matplotlib
+
+        require_matplotlib()  # a missing matplotlib is a one-line error before the benchmark, not after
+    from deepinfer import LLM
+
+    llm = LLM(model=args.model, backend=args.backend, dtype=args.dtype, seed=args.seed, max_num_seqs=args.max_num_seqs or max(concurrencies),
+              enforce_eager=args.enforce_eager, announce=False)  # fmt: skip
+    vocab = llm.engine.vocab_size
+
+    def make(input_len: int, output_len: int):
+        if args.dataset is not None:
+            return throughput.jsonl_requests(args.dataset, llm.engine.tokenizer, output_len)
+        return throughput.random_requests(args.num_prompts, input_len, output_len, args.range_ratio, vocab, args.seed)
+
+    grid = [(c, i, o) for i in input_lens for o in output_lens for c in concurrencies]
+    results = throughput.sweep(llm, grid, make)
+    print(throughput.format_results(results))
+    machine = {"backend": llm.backend, "model": args.model or "tiny-v3", "device": str(llm.engine.runtime.device), "date": time.strftime("%Y-%m-%d")}
+    if args.json is not None:
+        throughput.write_json(args.json, results, machine)
+    if plot is not None:
+        from dataclasses import asdict
+
+        from deepinfer.bench.plots import plot_throughput
+
+        out = plot_throughput({"kind": "throughput", "machine": machine, "results": [asdict(r) for r in results]}, plot / "sweep.png")
+        print(f"plot: {out}")
+    return 0
+
+
+def run_plot(args: argparse.Namespace) -> int:
+    from deepinfer.bench.plots import plot_file
+
+    if not args.out.is_dir():
+        raise UserError(f"--out {args.out}: no such folder")
+    for path in args.files:
+        if not path.is_file():
+            raise UserError(f"{path}: no such file")
+    for path in args.files:
+        print(f"plot: {plot_file(path, args.out)}")
+    return 0
