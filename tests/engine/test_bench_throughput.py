@@ -48,7 +48,8 @@ def test_sweep_writes_json_and_plots_it(tmp_path, capsys):
     assert (tmp_path / "sweep.png").stat().st_size > 1000
     assert main(["bench", "plot", str(out), "--out", str(tmp_path)]) == 0 and (tmp_path / "sweep.png").is_file()
     e2e = tmp_path / "e2e.json"
-    e2e.write_text(json.dumps({"machine": {"gpu": "H200"}, "results": [{"batch": b, "deepinfer_step_ms": 2.0 * b**0.5, "floor_ms": 0.4 * b**0.5} for b in (1, 64, 256)]}))
+    rows = [{"batch": b, "deepinfer_step_ms": 2.0 * b**0.5, "floor_ms": 0.4 * b**0.5} for b in (1, 64, 256)]
+    e2e.write_text(json.dumps({"machine": {"gpu": "H200"}, "results": rows}))
     assert main(["bench", "plot", str(e2e), "--out", str(tmp_path)]) == 0 and (tmp_path / "e2e.png").stat().st_size > 1000
 
 
