@@ -11,7 +11,7 @@ COMMON=(--batch 64 --batch 256 --prompt-len 128 --new-tokens 32 --skew 0.5)
   export CUDA_VISIBLE_DEVICES=1
   step ep1 170 python -m deepinfer bench e2e-ep --ep 1 "${COMMON[@]}" --json "$OUT/ep1.json"
   step ep1_eager 110 python -m deepinfer bench e2e-ep --ep 1 "${COMMON[@]}" --enforce-eager --json "$OUT/ep1_eager.json"
-  step e2e_profile 120 python tools/gpu/e2e_profile.py 4
+  step e2e_profile 120 python tools/gpu/e2e_profile.py --layers 4
 ) & GPU1=$!
 export CUDA_VISIBLE_DEVICES=0
 step sweep 140 python -m deepinfer_cuda.bench.sampling --sweep --json "$OUT/sweep.json"
