@@ -63,12 +63,7 @@ def plot_throughput(data: dict, out: Path) -> Path:
     if everything:
         fx, fy = zip(*pareto(everything))
         ax.plot(fx, fy, linestyle="--", color="grey", label="Pareto front")
-    ax.set_xlabel("time per output token (ms, mean)")
-    ax.set_ylabel("output tokens/s")
-    ax.set_title(_title(data, "throughput vs per-token latency (labels: concurrency)"))
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    return _save(fig, plt, out)
+    return _finish(plt, fig, ax, data, "time per output token (ms, mean)", "output tokens/s", "throughput vs per-token latency (labels: concurrency)", out)
 
 
 def plot_e2e(data: dict, out: Path) -> Path:
@@ -82,21 +77,18 @@ def plot_e2e(data: dict, out: Path) -> Path:
         share = r["floor_ms"] / r["deepinfer_step_ms"]
         ax.annotate(f"{share:.0%}", (r["batch"], r["deepinfer_step_ms"]), textcoords="offset points", xytext=(4, 4), fontsize=8)
     ax.set_xscale("log", base=2)
-    ax.set_xlabel("batch (requests)")
-    ax.set_ylabel("ms per decode step")
-    ax.set_title(_title(data, "decode step vs HBM floor (labels: share of the floor)"))
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    return _save(fig, plt, out)
+    return _finish(plt, fig, ax, data, "batch (requests)", "ms per decode step", "decode step vs HBM floor (labels: share of the floor)", out)
 
 
-def _title(data: dict, what: str) -> str:
+def _finish(plt, fig, ax, data: dict, xlabel: str, ylabel: str, what: str, out: Path) -> Path:
+    """Labels, a title naming the machine and date of `data`, grid and legend; the PNG written to out."""
     machine = data.get("machine") or {}
     where = " ".join(str(v) for v in (machine.get("gpu") or machine.get("device"), machine.get("backend")) if v)
-    return f"{what}\n{where} {machine.get('date', '')}".strip()
-
-
-def _save(fig, plt, out: Path) -> Path:
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(f"{what}\n{where} {machine.get('date', '')}".strip())
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(out, dpi=120)
     plt.close(fig)
