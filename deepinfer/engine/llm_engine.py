@@ -134,7 +134,7 @@ class LLMEngine:
             max_model_len=self.max_model_len,
             num_state_slots=self.num_state_slots,
             num_draft_layers=self.num_draft_layers,
-            max_tokens_per_seq=1 + (config.speculative.num_drafts if config.speculative is not None else 0),
+            max_tokens_per_seq=1 + self._draft_lookahead,
         )
         self.speculative = self._speculative_decoder(model, runtime)
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens,
@@ -149,6 +149,11 @@ class LLMEngine:
             "KV cache: %d blocks of %d tokens (%d tokens), %s",
             num_blocks, self.block_size, num_blocks * self.block_size, str(self.cache_dtype).removeprefix("torch."),
         )  # fmt: skip
+
+    @property
+    def _draft_lookahead(self) -> int:
+        """The most positions a step writes past a sequence's last accepted token (speculation's k)."""
+        return self.config.speculative.num_drafts if self.config.speculative is not None else 0
 
     def _draft_layers(self, model, dist) -> int:
         """The draft model's cache layers (speculative decoding with MTP: one), checked up front."""
@@ -194,8 +199,7 @@ class LLMEngine:
         else:
             budget = kv_cache_budget(device, self.runtime.memory_info)
         if self.num_state_slots:
-            lookahead = self.config.speculative.num_drafts if self.config.speculative is not None else 0
-            budget -= self.num_state_slots * model.state_slot_bytes(self.num_draft_layers, lookahead)
+            budget -= self.num_state_slots * model.state_slot_bytes(self.num_draft_layers, self._draft_lookahead)
         enough = self.config.max_num_seqs * blocks_for(self.max_model_len, self.block_size)  # more is never used
         num_blocks = min(budget // per_block, enough)
         if num_blocks < 1:

@@ -108,6 +108,7 @@ Also, tl.dot on bf16 returns garbage there: dot operands are upcast to float32
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 import torch
@@ -812,10 +813,8 @@ def _invariant_config(fmt: str, mx_mode: int | None, device) -> dict:
     """Deterministic mode's one entry for every row count: the table's <fmt>_invariant where one
     was measured (its tiles must serve batch 1 and batch 256 alike), else the decode entry."""
     if mx_mode != _MX_REGISTER:
-        try:
+        with contextlib.suppress(KeyError):  # no entry measured for this format
             return config("gemm", f"{fmt}_invariant", device)
-        except KeyError:
-            pass
     return config("gemm", _variant(fmt, 0, mx_mode), device)
 
 

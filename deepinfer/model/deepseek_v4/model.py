@@ -110,7 +110,6 @@ class DeepseekV4ForCausalLM:
         self.ropes = {"main": (main, _inverse(main)), "compress": (compress, _inverse(compress))}
         self.layers: list[V4DecoderLayer] = []
         self.mtp_layers: list[V4MTPLayer] = []
-        self.mtp_configs: list[V4Config] = []
         self.mtp_problem: str | None = None
         self.placement = None  # no expert parallelism for V4 yet
         self.expert_source = None
@@ -130,13 +129,11 @@ class DeepseekV4ForCausalLM:
         self.head = self.embed if c.tie_word_embeddings else weights.tensor("head.weight")
         self.hc_head = tuple(weights.tensor(f"hc_head_{part}") for part in ("fn", "base", "scale"))
         self.layers = [V4DecoderLayer(c, i, weights, self.dtype) for i in range(c.num_hidden_layers)]
-        blocks = sorted((mtp_blocks or {}).items())
-        self.mtp_configs = [mtp_config(c, kinds, i) for i, kinds in blocks]
-        self.mtp_layers = [V4MTPLayer(mc, weights, i, self.dtype) for (i, _), mc in zip(blocks, self.mtp_configs)]
+        self.mtp_layers = [V4MTPLayer(mtp_config(c, kinds, i), weights, i, self.dtype) for i, kinds in sorted((mtp_blocks or {}).items())]
         leftover = sorted(p + rest for p in mtp_prefixes(c) for rest in weights.take_prefix(p))
         if leftover:
             self.mtp_problem = f"its MTP tensors are not the V4 block layout deepinfer knows (e.g. {leftover[0]})"
-            self.mtp_layers, self.mtp_configs = [], []
+            self.mtp_layers = []
 
     def build_mtp_layers(self) -> list[V4MTPLayer]:
         """The checkpoint's MTP blocks (speculative decoding's drafter); a one-line error without them."""
@@ -156,12 +153,12 @@ class DeepseekV4ForCausalLM:
     def kv_block_bytes(self, block_size: int, dtype: torch.dtype, draft_layers: int = 0) -> int:
         """Bytes per token block over every layer's paged caches, and over `draft_layers` MTP blocks."""
         return v4_caches.block_bytes(self.config, block_size, dtype) + sum(
-            v4_caches.block_bytes(mc, block_size, dtype, first=mc.num_hidden_layers - 1) for mc in self.mtp_configs[:draft_layers])
+            v4_caches.block_bytes(m.config, block_size, dtype, first=m.layer) for m in self.mtp_layers[:draft_layers])
 
     def state_slot_bytes(self, draft_layers: int = 0, lookahead: int = 0) -> int:
         """Bytes per state slot (the compressors' rings, `lookahead` rows longer: `caches.ring_size`), MTP blocks' included."""
         return v4_caches.slot_bytes(self.config, lookahead=lookahead) + sum(
-            v4_caches.slot_bytes(mc, first=mc.num_hidden_layers - 1, lookahead=lookahead) for mc in self.mtp_configs[:draft_layers])
+            v4_caches.slot_bytes(m.config, first=m.layer, lookahead=lookahead) for m in self.mtp_layers[:draft_layers])
 
     @property
     def prefix_replay_tokens(self) -> int:
@@ -176,8 +173,8 @@ class DeepseekV4ForCausalLM:
 
     def new_draft_caches(self, count: int, num_blocks: int, block_size: int, num_slots: int, dtype: torch.dtype, lookahead: int = 0) -> list:
         """The first `count` MTP blocks' caches, laid out as a main layer of their type."""
-        return [v4_caches.allocate(mc, num_blocks, block_size, num_slots, dtype, self.device, first=mc.num_hidden_layers - 1, lookahead=lookahead)[0]
-                for mc in self.mtp_configs[:count]]  # fmt: skip
+        return [v4_caches.allocate(m.config, num_blocks, block_size, num_slots, dtype, self.device, first=m.layer, lookahead=lookahead)[0]
+                for m in self.mtp_layers[:count]]  # fmt: skip
 
     # ---- running -------------------------------------------------------------------------------
 
