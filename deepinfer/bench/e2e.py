@@ -184,9 +184,6 @@ def run(
     """backend_options: the backend's options for deepinfer's side (`bench e2e --backend-option`).
     deterministic: deepinfer's side in deterministic mode (batch-invariant kernels: its cost is this
     run's step time over the default mode's)."""
-    from deepinfer.engine.llm import LLM
-    from deepinfer.engine.llm_engine import EngineConfig, LLMEngine
-    from deepinfer.engine.sampling_params import SamplingParams
     from deepinfer.runtime import open_runtime
 
     cfg = dict(V2_LITE, **(config_overrides or {}), **({"num_hidden_layers": layers} if layers else {}))
@@ -196,18 +193,14 @@ def run(
     check_fits(needed, free_memory(device, runtime.memory_info), device, cfg["num_hidden_layers"])
     bandwidth = copy_bandwidth(device, copy_gib)
     loaded, hf = build_v2_lite(runtime, cfg)
-    engine_config = EngineConfig(max_num_seqs=max(batches), max_num_batched_tokens=max(batches) * prompt_len, kv_cache_memory_gib=ENGINE_KV_CACHE_GIB,
-                                 deterministic=deterministic)  # fmt: skip
-    engine = LLMEngine(loaded, runtime, torch.bfloat16, engine_config)
-    llm = LLM.from_engine(engine)
+    llm = bench_llm(loaded, runtime, max(batches), prompt_len, deterministic)
     results = []
     gen = torch.Generator().manual_seed(1)
     for batch in batches:
-        prompts = torch.randint(0, cfg["vocab_size"], (batch, prompt_len), generator=gen)
-        requests = [{"prompt_token_ids": p.tolist()} for p in prompts]
+        prompts = random_prompts(cfg, batch, prompt_len, gen)
 
         def ours(n):
-            return llm.generate(requests, SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True), use_tqdm=False)
+            return greedy(llm, prompts, n)
 
         # Warm-up runs both timed calls once: the first prefill over a cached prefix compiles its own
         # kernel variant and each batch size captures its own graphs; none of that may land in a timing.
@@ -244,6 +237,28 @@ def run(
                 "backend": runtime.backend.name, "backend_options": dict(runtime.options), "deterministic": deterministic, "date": time.strftime("%Y-%m-%d")}
         json_path.write_text(json.dumps({"machine": info, "results": [asdict(r) for r in results]}, indent=1))
     return results
+
+
+def bench_llm(loaded, runtime, max_batch: int, prompt_len: int, deterministic: bool = False):
+    """deepinfer's LLM over `loaded`, sized for `max_batch` prompts of `prompt_len` tokens in one step."""
+    from deepinfer.engine.llm import LLM
+    from deepinfer.engine.llm_engine import EngineConfig, LLMEngine
+
+    engine_config = EngineConfig(max_num_seqs=max_batch, max_num_batched_tokens=max_batch * prompt_len, kv_cache_memory_gib=ENGINE_KV_CACHE_GIB,
+                                 deterministic=deterministic)  # fmt: skip
+    return LLM.from_engine(LLMEngine(loaded, runtime, torch.bfloat16, engine_config))
+
+
+def random_prompts(cfg: dict, batch: int, prompt_len: int, gen: torch.Generator) -> torch.Tensor:
+    return torch.randint(0, cfg["vocab_size"], (batch, prompt_len), generator=gen)
+
+
+def greedy(llm, prompts: torch.Tensor, new_tokens: int):
+    """`new_tokens` greedy tokens for each prompt row, EOS ignored (every request runs every step)."""
+    from deepinfer.engine.sampling_params import SamplingParams
+
+    requests = [{"prompt_token_ids": p.tolist()} for p in prompts]
+    return llm.generate(requests, SamplingParams(temperature=0.0, max_tokens=new_tokens, ignore_eos=True), use_tqdm=False)
 
 
 def build_v2_lite(runtime, cfg: dict):

@@ -1,20 +1,25 @@
 """Where a decode step of the e2e model spends its time (GPU only): kernels by time per decode step.
 
-python tools/gpu/e2e_profile.py [--layers N] [--batch B ...] [--deterministic] [--rows R]
+python tools/gpu/e2e_profile.py [--layers N] [--batch B ...] [--deterministic] [--rows R] [--trace DIR]
 
-Each batch gets its own engine (bench e2e's warm-up compiles and captures outside the profile). Two
-profiled `bench e2e` runs that differ only in the tokens generated (1 and 16 after the prompt): each
-kernel's time in the second minus its time in the first, over the decode steps between them, is its
-time per decode step (prefill, model building and the copy-bandwidth probe cancel), so deterministic
-mode's kernels can be set against the default's step by step. Not yet run on the H200 in this form.
+One engine per batch over `bench e2e`'s random V2-Lite-shaped model (warm-up compiles and captures
+outside the profile). Two profiled generations that differ only in the tokens generated (1 and
+1 + NEW): each kernel's time in the second minus its time in the first, over the NEW decode steps
+between them, is its time per decode step (prefill cancels), so deterministic mode's kernels can be
+set against the default's step by step. --trace writes the longer run's Chrome trace (device idle
+time between steps shows there).
 """
 
 import argparse
 from collections import Counter
+from pathlib import Path
 
+import torch
 from torch.profiler import ProfilerActivity, profile
 
 from deepinfer.bench import e2e
+from deepinfer.bench.device_api import synchronize
+from deepinfer.runtime import open_runtime
 
 NEW = 16
 
@@ -31,26 +36,37 @@ def kernel_times(prof) -> Counter:
     return times
 
 
-def profiled(batch: int, layers: int, deterministic: bool, new_tokens: int) -> Counter:
+def profiled(llm, prompts, new_tokens: int, device, trace: Path | None = None) -> Counter:
+    synchronize(device)
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        e2e.run(batches=(batch,), layers=layers, with_hf=False, new_tokens=new_tokens, deterministic=deterministic)
+        e2e.greedy(llm, prompts, new_tokens)
+        synchronize(device)
+    if trace is not None:
+        prof.export_chrome_trace(str(trace))
     return kernel_times(prof)
 
 
 parser = argparse.ArgumentParser()
-parser.add_argument("--layers", type=int, default=4)
+parser.add_argument("--layers", type=int, default=8)
 parser.add_argument("--batch", type=int, action="append")
+parser.add_argument("--prompt-len", type=int, default=128)
 parser.add_argument("--deterministic", action="store_true")
 parser.add_argument("--rows", type=int, default=25)
+parser.add_argument("--trace", type=Path)
 args = parser.parse_args()
-for batch in args.batch or [1]:
-    e2e.run(batches=(batch,), layers=args.layers, with_hf=False, new_tokens=8, deterministic=args.deterministic)  # compile, capture
-    # e2e.run generates 1 and 1 + new_tokens tokens 4 times each (a warm-up, then 3 timed runs), and
-    # builds the same model each time: two runs with new_tokens 1 and NEW differ by 4 x (NEW - 1) decode steps
-    short = profiled(batch, args.layers, args.deterministic, 1)
-    long = profiled(batch, args.layers, args.deterministic, NEW)
-    steps = 4 * (NEW - 1)
-    per_step = Counter({k: (long[k] - short.get(k, 0)) / steps for k in long})
+batches = args.batch or [1]
+cfg = dict(e2e.V2_LITE, num_hidden_layers=args.layers)
+runtime = open_runtime("auto", dtype=torch.bfloat16, deterministic=args.deterministic)
+loaded, _ = e2e.build_v2_lite(runtime, cfg)
+llm = e2e.bench_llm(loaded, runtime, max(batches), args.prompt_len, args.deterministic)
+gen = torch.Generator().manual_seed(1)
+for batch in batches:
+    prompts = e2e.random_prompts(cfg, batch, args.prompt_len, gen)
+    e2e.greedy(llm, prompts, 1), e2e.greedy(llm, prompts, 1 + NEW)  # compile, capture
+    short = profiled(llm, prompts, 1, runtime.device)
+    trace = args.trace / f"trace_b{batch}_{'det' if args.deterministic else 'default'}.json" if args.trace else None
+    long = profiled(llm, prompts, 1 + NEW, runtime.device, trace)
+    per_step = Counter({k: (long[k] - short.get(k, 0)) / NEW for k in long})
     total = sum(v for v in per_step.values() if v > 0)
     print(f"### batch {batch}, deterministic={args.deterministic}: {total / 1e3:.3f} ms of kernels per decode step")
     for name, us in per_step.most_common(args.rows):
