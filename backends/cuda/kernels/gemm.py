@@ -925,7 +925,9 @@ def plan_gemm(x: torch.Tensor, weight: torch.Tensor, fmt: str, layout: int, mx_p
     register = mx_mode == _MX_REGISTER
     # The register path's x is bf16/fp16 (mxfp8 and mxfp4_a8: x's MX FP8 values as bf16, exact).
     x_dtype = x.dtype if (not register or fmt == "mxfp4") else torch.bfloat16
-    cfg = _invariant_config(fmt, mx_mode, device) if invariant else config("gemm", _variant(fmt, rows_per_expert, mx_mode), device)
+    # float32 dense products (the MoE router) sum with FMAs, not the MMA: tiles of their own
+    tuned = "dense_f32" if fmt == "dense" and torch.float32 in (x.dtype, weight.dtype) else fmt
+    cfg = _invariant_config(tuned, mx_mode, device) if invariant else config("gemm", _variant(tuned, rows_per_expert, mx_mode), device)
     if invariant:
         block_m = cfg["BLOCK_M"]
     else:

@@ -1,0 +1,7 @@
+#!/usr/bin/env bash
+# One call on nvidia-h200 (repo root): the float32 router GEMM's tiles (tools/gpu/router_gemm_sweep.py), then
+# bench e2e in both modes with the best candidate.
+source tools/gpu/preamble.sh
+unset TRITON_INTERPRET
+cd tools/gpu && step sweep 560 python router_gemm_sweep.py --json "$R/sweep.json" --e2e; cd ../..
+grep -v Warning "$R/sweep.txt" | grep -v "^(" | tail -40
