@@ -3,5 +3,5 @@
 # bench e2e in both modes with the best candidate.
 source tools/gpu/preamble.sh
 unset TRITON_INTERPRET
-cd tools/gpu && step sweep 560 python router_gemm_sweep.py --json "$R/sweep.json" --e2e; cd ../..
+step sweep 560 python tools/gpu/router_gemm_sweep.py --json "$R/sweep.json" --e2e
 grep -v Warning "$R/sweep.txt" | grep -v "^(" | tail -40
