@@ -1,16 +1,20 @@
 """Where a decode step of the e2e model spends its time (GPU only): kernels by time per decode step.
 
-python tools/gpu/e2e_profile.py [--layers N] [--batch B ...] [--deterministic] [--rows R] [--trace DIR]
+python tools/gpu/e2e_profile.py [--layers N] [--batch B ...] [--deterministic] [--rows R] [--trace DIR] [--host]
 
 One engine per batch over `bench e2e`'s random V2-Lite-shaped model (warm-up compiles and captures
 outside the profile). Two profiled generations that differ only in the tokens generated (1 and
 1 + NEW): each kernel's time in the second minus its time in the first, over the NEW decode steps
 between them, is its time per decode step (prefill cancels), so deterministic mode's kernels can be
 set against the default's step by step. --trace writes the longer run's Chrome trace (device idle
-time between steps shows there).
+time between steps shows there). Each batch first prints its unprofiled ms per decode step (fastest of 3);
+--host then prints the host's Python functions by own time over the longer generation (cProfile).
 """
 
 import argparse
+import cProfile
+import pstats
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -53,6 +57,7 @@ parser.add_argument("--prompt-len", type=int, default=128)
 parser.add_argument("--deterministic", action="store_true")
 parser.add_argument("--rows", type=int, default=25)
 parser.add_argument("--trace", type=Path)
+parser.add_argument("--host", action="store_true")
 args = parser.parse_args()
 batches = args.batch or [1]
 cfg = dict(e2e.V2_LITE, num_hidden_layers=args.layers)
@@ -63,6 +68,21 @@ gen = torch.Generator().manual_seed(1)
 for batch in batches:
     prompts = e2e.random_prompts(cfg, batch, args.prompt_len, gen)
     e2e.greedy(llm, prompts, 1), e2e.greedy(llm, prompts, 1 + NEW)  # compile, capture
+    wall = {}
+    for n in (1, 1 + NEW):
+        runs = []
+        for _ in range(3):
+            synchronize(runtime.device)
+            start = time.perf_counter()
+            e2e.greedy(llm, prompts, n)
+            synchronize(runtime.device)
+            runs.append(time.perf_counter() - start)
+        wall[n] = min(runs)
+    print(f"### batch {batch}: {(wall[1 + NEW] - wall[1]) / NEW * 1e3:.3f} ms per decode step (unprofiled)")
+    if args.host:
+        host = cProfile.Profile()
+        host.runcall(e2e.greedy, llm, prompts, 1 + NEW)
+        pstats.Stats(host).sort_stats("tottime").print_stats(args.rows)
     short = profiled(llm, prompts, 1, runtime.device)
     trace = args.trace / f"trace_b{batch}_{'det' if args.deterministic else 'default'}.json" if args.trace else None
     long = profiled(llm, prompts, 1 + NEW, runtime.device, trace)

@@ -35,6 +35,13 @@ CONFIGS: dict[str, dict[str, dict]] = {
         # at batch 1/64/256 against the default plans): 64x128x128 w8 s4 0.94/1.04/0.90x the default's time;
         # dense_small's 64x64x256 w4 s4 1.28/1.43/1.13x; 16- and 32-row tiles lose at batch 256 (1.06-1.79x).
         "dense_invariant": {"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 4},
+        # float32 dense (the MoE router, 2048 -> 64 experts), swept on the H200 2026-12-02 (tools/gpu/router_gemm_sweep.py,
+        # weights rotated past L2, CUDA graphs): every 2-warp candidate 8-16 us at 1/64/256 rows (torch.mm fp32 4.3/8.6/8.9 us);
+        # these 8.2/8.7 us (small), 12.8 us at 256 rows (large), 9.8/10.6/15.4 us (invariant). The bf16 entries it took before
+        # spent 43-83 us per call in the e2e decode profile.
+        "dense_f32_small": {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 32, "GROUP_M": 8, "num_warps": 2, "num_stages": 3, "min_iters_per_split": 2},
+        "dense_f32_large": {"BLOCK_M": 32, "BLOCK_N": 64, "BLOCK_K": 32, "GROUP_M": 8, "num_warps": 2, "num_stages": 3, "min_iters_per_split": 2},
+        "dense_f32_invariant": {"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 2, "num_stages": 3, "min_iters_per_split": 2},
         "quant_act": {"BLOCK_R": 16, "num_warps": 4},
         # The register dequant path (MX_MODE 3: the weight tile dequantised to bf16 in registers is wgmma's A
         # operand, BLOCK_N weight rows its M side; x^T tokens its N side; mxfp4_a8 takes mxfp4's entries).
