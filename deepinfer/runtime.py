@@ -28,6 +28,7 @@ class Runtime:
     plugins: Plugins
     chosen_by: str  # which backend and how it was chosen, for the user: "cuda (requested)" or "auto-selected reference (...)"
     graph_capture: GraphCapture | None = None
+    async_execution: bool = False
     memory_info: Callable[[torch.device], tuple[int, int]] | None = None
 
     @property
@@ -74,6 +75,7 @@ def open_runtime(
     return Runtime(
         spec, device, ops, plugins, chosen_by,
         graph_capture=spec.graph_capture if on_device else None,
+        async_execution=spec.async_execution and on_device,
         memory_info=spec.memory_info if on_device else None,
     )  # fmt: skip
 

@@ -26,6 +26,7 @@ def deepinfer_add_backends(register):
             auto_priority=20,
             options=OPTIONS,
             graph_capture=TorchGraphCapture("cuda", "CUDAGraph"),  # decode steps replay as CUDA graphs
+            async_execution=True,  # kernels queue on CUDA streams: the engine overlaps scheduling with them
             memory_info=memory_info,
             device_count=device_count,
             bench_runner="deepinfer_cuda.bench.runner:run",  # `bench ops --backend cuda`: ceilings, kernels and torch peers

@@ -124,11 +124,14 @@ class BlockManager:
 
     # -- after a step ------------------------------------------------------------------------
 
-    def commit(self, seq: Sequence, old_computed: int) -> None:
-        """Register the blocks that became full and computed since `old_computed` tokens."""
+    def commit(self, seq: Sequence, old_computed: int, computed: int | None = None) -> None:
+        """Register the blocks that became full and computed since `old_computed` tokens, up to
+        `computed` (default seq.num_computed_tokens; overlap scheduling: the tokens after it are
+        not known on the host yet)."""
         if not self.enable_prefix_caching:
             return
-        for index in range(old_computed // self.block_size, seq.num_computed_tokens // self.block_size):
+        computed = seq.num_computed_tokens if computed is None else computed
+        for index in range(old_computed // self.block_size, computed // self.block_size):
             block = self.blocks[seq.block_table[index]]
             if block.hash is not None:  # a cache hit: registered already
                 continue

@@ -89,6 +89,11 @@ class LLM:
 
     backend_options: the backend's options, e.g. {"ep_path": "nccl"} (`deepinfer backends` lists
     each backend's; an unknown option or value is a one-line error).
+
+    overlap: overlap scheduling, the host scheduling and launching decode step n+1 while the device
+    runs step n (deepinfer.engine.overlap). None: on where the backend runs asynchronously (cuda,
+    ascend) unless speculative decoding or expert parallelism is on; False: off (`--no-overlap`);
+    True: on (on the CPU it runs but gains nothing), refused with speculation or expert parallelism.
     """
 
     def __init__(
@@ -117,6 +122,7 @@ class LLM:
         kv_cache_dtype: str = "auto",
         deterministic: bool = False,
         speculative: Any = None,
+        overlap: bool | None = None,
     ):
         from deepinfer.model.facts import checkpoint_facts
         from deepinfer.model.loader import load_model
@@ -137,6 +143,7 @@ class LLM:
             kv_cache_dtype=kv_cache_dtype,
             deterministic=deterministic,
             speculative=speculative,
+            overlap=overlap,
         )
         config.validate()
         check_cpu_threads(cpu_threads)

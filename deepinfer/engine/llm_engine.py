@@ -46,6 +46,10 @@ class EngineConfig:
     deterministic: bool = False
     # Speculative decoding (deepinfer.engine.speculative): None, or what SpeculativeConfig.parse takes.
     speculative: Any = None
+    # Overlap scheduling (deepinfer.engine.overlap): None: on where the backend runs asynchronously
+    # (cuda, ascend) and the steps allow it (no speculation, no expert parallelism); False: off; True: on,
+    # on any backend (the CPU gains nothing: tests), an error where the steps do not allow it.
+    overlap: bool | None = None
 
     def validate(self) -> None:
         for name in ("max_num_seqs", "max_num_batched_tokens", "num_kv_blocks", "max_model_len", "eplb_interval"):
@@ -54,6 +58,8 @@ class EngineConfig:
                 raise InvalidRequestError(f"{name} must be an integer >= 1, got {value!r}")
         if not isinstance(self.deterministic, bool):
             raise InvalidRequestError(f"deterministic must be True or False, got {self.deterministic!r}")
+        if self.overlap is not None and not isinstance(self.overlap, bool):
+            raise InvalidRequestError(f"overlap must be None (auto), True or False, got {self.overlap!r}")
         if self.kv_cache_memory_gib is not None and not self.kv_cache_memory_gib > 0:
             raise InvalidRequestError(f"kv_cache_memory_gib must be > 0, got {self.kv_cache_memory_gib!r}")
         if not isinstance(self.seed, int) or isinstance(self.seed, bool):
@@ -140,6 +146,7 @@ class LLMEngine:
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens,
                                    final_length=self._final_length if config.deterministic else None,
                                    lookahead=self.speculative.lookahead if self.speculative is not None else None)  # fmt: skip
+        self.overlap = self._overlap_scheduler(runtime, dist)
         self._next_request_index = 0
         self.num_prompt_tokens_computed = 0  # prefill work done, recompute after preemption included
         self.num_generated_tokens = 0
@@ -154,6 +161,18 @@ class LLMEngine:
     def _draft_lookahead(self) -> int:
         """The most positions a step writes past a sequence's last accepted token (speculation's k)."""
         return self.config.speculative.num_drafts if self.config.speculative is not None else 0
+
+    def _overlap_scheduler(self, runtime, dist):
+        """Overlap scheduling as config.overlap asks (None: where the backend runs asynchronously)."""
+        wanted = self.config.overlap
+        blocker = "speculative decoding" if self.speculative is not None else "expert parallelism" if dist is not None else None
+        if wanted is False or (wanted is None and (blocker or not runtime.async_execution)):
+            return None
+        if blocker:
+            raise InvalidRequestError(f"overlap scheduling does not combine with {blocker} (its steps wait for their own tokens); leave overlap unset or False")
+        from deepinfer.engine.overlap import OverlapScheduler
+
+        return OverlapScheduler(self, async_copies=runtime.async_execution)
 
     def _draft_layers(self, model, dist) -> int:
         """The draft model's cache layers (speculative decoding with MTP: one), checked up front."""
@@ -265,6 +284,8 @@ class LLMEngine:
             if self.speculative is not None:
                 self.speculative.forget(seq)
         self.scheduler.waiting.clear()
+        if self.overlap is not None:
+            self.overlap.drop()
 
     # -- stepping ----------------------------------------------------------------------------
 
@@ -291,7 +312,10 @@ class LLMEngine:
         return EplbSchedule(model, device, dist, self.config.eplb_interval)
 
     def step(self) -> list[Sequence]:
-        """Schedule, run the model, sample, check stop conditions. Returns the sequences that finished."""
+        """Schedule, run the model, sample, check stop conditions. Returns the sequences that finished.
+        With overlap scheduling, a decode step is launched here and finished by the next call."""
+        if self.overlap is not None:
+            return self.overlap.step()
         self.before_step()
         return self.execute(self.schedule())
 
@@ -337,26 +361,33 @@ class LLMEngine:
                 finished.append(seq)
         return finished
 
-    def _check_stop(self, seq: Sequence, token: int) -> bool:
+    def _check_stop(self, seq: Sequence, token: int, length: int | None = None) -> bool:
+        """Whether `token`, seq's token number `length` (default: its newest), ends it; sets the reason.
+        (Overlap scheduling: tokens of a step still in flight may follow it in seq.token_ids.)"""
         params = seq.params
+        length = seq.num_tokens if length is None else length
         if not params.ignore_eos and token in self.eos_token_ids:
             seq.finish_reason = "stop"
         elif token in params.stop_token_ids:
             seq.finish_reason, seq.stop_reason = "stop", token
-        elif params.stop and (stop := self._stop_string_in_tail(seq)) is not None:
+        elif params.stop and (stop := self._stop_string_in_tail(seq, length)) is not None:
             seq.finish_reason, seq.stop_reason = "stop", stop
-        elif params.max_tokens is not None and seq.num_output_tokens >= params.max_tokens:
-            seq.finish_reason = "length"
-        elif seq.num_tokens >= self.max_model_len:
+        elif self.ends_by_length(seq, length):
             seq.finish_reason = "length"
         return seq.finish_reason is not None
 
-    def _stop_string_in_tail(self, seq: Sequence) -> str | None:
-        """The stop string that the newest token completed, if any. Only the output's tail is decoded:
+    def ends_by_length(self, seq: Sequence, length: int) -> bool:
+        """Whether seq ends when it holds `length` tokens (max_tokens or the model's length), whatever they are."""
+        max_tokens = seq.params.max_tokens
+        return (max_tokens is not None and length - seq.num_prompt_tokens >= max_tokens) or length >= self.max_model_len
+
+    def _stop_string_in_tail(self, seq: Sequence, length: int) -> str | None:
+        """The stop string that token number `length` completed, if any. Only the output's tail is decoded:
         a string of L characters spans at most 4L byte-level tokens, plus one for the new token."""
         params = seq.params
         window = 4 * max(len(s) for s in params.stop) + 1
-        tail = self.tokenizer.decode(seq.output_token_ids[-window:], skip_special_tokens=params.skip_special_tokens)
+        output = seq.token_ids[seq.num_prompt_tokens : length]
+        tail = self.tokenizer.decode(output[-window:], skip_special_tokens=params.skip_special_tokens)
         found = [(tail.find(s), s) for s in params.stop if s in tail]
         return min(found)[1] if found else None
 

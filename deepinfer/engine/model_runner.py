@@ -191,15 +191,26 @@ class ModelRunner:
         """One forward step; returns the sequences that sampled and their new tokens. use_graphs=False
         runs a replayable step eagerly (expert parallelism: another rank's step is not replayable);
         graph_size: the graph to replay (expert parallelism: the step's, on every rank)."""
+        samplers, tokens = self.launch(batch, use_graphs, graph_size)
+        return samplers, tokens.tolist()
+
+    @torch.inference_mode()
+    def launch(self, batch: ScheduledBatch, use_graphs: bool = True, graph_size: int | None = None,
+               inputs_from: tuple[list[int], list[int], torch.Tensor] | None = None) -> tuple[list[Sequence], torch.Tensor]:  # fmt: skip
+        """`run` without waiting: the new tokens stay a device tensor, queued behind the step.
+        inputs_from (rows, sources, tokens): input rows taken from a device tensor, input_ids[rows[i]] =
+        tokens[sources[i]] (overlap scheduling: the step before's tokens, not on the host yet)."""
         forward_batch, samplers = self.prepare(batch)
+        if inputs_from is not None:
+            rows, sources, tokens = inputs_from
+            forward_batch.input_ids.index_copy_(0, self.tensor(rows, torch.int64), tokens.index_select(0, self.tensor(sources, torch.int64)))
         graphs = self.graphs
         if use_graphs and self.replayable(batch) and len(samplers) == forward_batch.num_seqs == forward_batch.input_ids.shape[0]:
-            return samplers, graphs.run(forward_batch, self.sampling_tensors(samplers), graph_size).tolist()
+            return samplers, graphs.run(forward_batch, self.sampling_tensors(samplers), graph_size)
         logits = self.model.forward(forward_batch, self.kv_caches)
         if not samplers:
-            return [], []
-        tokens = self.ops.sample(logits=logits.float(), **self.sampling_tensors(samplers))
-        return samplers, tokens.tolist()
+            return [], torch.empty(0, dtype=torch.int64, device=self.device)
+        return samplers, self.ops.sample(logits=logits.float(), **self.sampling_tensors(samplers))
 
     @torch.inference_mode()
     def run_idle(self) -> None:

@@ -86,6 +86,30 @@ class Scheduler:
             budget -= chunk
         return ScheduledBatch(True, seqs, chunks) if seqs else None
 
+    def schedule_decode_ahead(self, leaving: set[int]) -> ScheduledBatch | None:
+        """The next decode step, scheduled while the step before it still runs (overlap scheduling):
+        every running sequence but those `leaving` (seq ids that the step in flight ends by length).
+        None when the step should wait for the one in flight instead: a prefill is due (its first
+        token is not pending), nothing is left, or the pages would not go round without preempting."""
+        if self._prefill_due():
+            return None
+        seqs = [seq for seq in self.running if seq.seq_id not in leaving]
+        bm = self.block_manager
+        if not seqs or sum(bm.new_blocks_needed(seq) for seq in seqs) > bm.num_free_blocks:
+            return None
+        for seq in seqs:
+            bm.append_slot(seq)
+        return ScheduledBatch(False, seqs, [1] * len(seqs))
+
+    def _prefill_due(self) -> bool:
+        """Whether `schedule` would prefill now: a running prompt not finished, or an admissible waiting one."""
+        if any(seq.is_prefilling for seq in self.running):
+            return True
+        if not self.waiting or len(self.running) >= self.max_num_seqs:
+            return False
+        seq = self.waiting[0]
+        return self.block_manager.can_allocate(seq) and (self.final_length is None or self._fits_to_the_end(seq))
+
     def _fits_to_the_end(self, seq: Sequence) -> bool:
         """seq's pages up to its final length fit beside the pages the running sequences may still take."""
         bm = self.block_manager

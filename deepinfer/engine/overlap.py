@@ -1,0 +1,123 @@
+"""Overlap scheduling: the host schedules and launches decode step n+1 while the device runs step n.
+
+Run one at a time, a decode step is: schedule, build the inputs, launch, wait for the tokens, append
+them and check the stops; the device idles through everything but the launch (on the H200, 0.4-1.6 ms
+of a 2-8 ms step: docs/performance.md). Overlapped, step n+1 is scheduled, built and queued behind
+step n before step n's tokens are waited for; each sequence's newest token, which step n+1 takes as
+input and the host does not know yet, is copied from step n's output on the device, and step n's
+tokens reach the host (a copy queued behind it) while step n+1 runs.
+
+What the host cannot know when it launches step n+1:
+- whether a sequence stops at step n on EOS, a stop token or a stop string: it runs in step n+1 all
+  the same, and that row is dropped (its KV lands past the sequence's end, in pages freed with it,
+  before any later step can reuse them: one device queue keeps the order);
+- whether a waiting request would fit once step n's stops free their pages: it is admitted one step
+  later than without overlap.
+Sequences that step n ends by length (max_tokens, the model's length) are known and left out.
+
+Only decode follows decode ahead of time: a step that prefills (a prompt chunk, an admission) or that
+would have to preempt a sequence waits for the step in flight first, and is scheduled as without
+overlap. A sequence's tokens are the same either way, except where a different batch composition
+moves its logits (default mode: as with any batching; deterministic mode: never). Speculative
+decoding and expert parallelism step without it (their steps wait for their tokens).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from deepinfer.engine.scheduler import ScheduledBatch
+from deepinfer.engine.sequence import Sequence, SequenceStatus
+
+PENDING = -1  # a token id in seq.token_ids while the step that samples it is in flight
+
+
+@dataclass
+class InFlight:
+    """A launched decode step whose tokens the host has not read yet."""
+
+    samplers: list[Sequence]
+    tokens: torch.Tensor  # on the device, one per sampler
+    host: torch.Tensor  # the same, copied to host memory once `copied` has passed
+    copied: torch.Event | None  # None: the copy was synchronous
+    positions: list[int]  # where each sampler's token goes in its token_ids
+    rows: dict[int, int]  # seq_id -> its row in `tokens`
+
+
+class OverlapScheduler:
+    """Drives `LLMEngine.step` one decode step ahead (see the module docstring)."""
+
+    def __init__(self, engine, async_copies: bool):
+        """async_copies: the device runs behind the host (pinned host buffers and events for the
+        tokens' copies); False on the CPU, where every launch has already run (tests)."""
+        self.engine = engine
+        self.async_copies = async_copies
+        self.in_flight: InFlight | None = None
+        self.steps_ahead = 0  # steps launched behind one in flight
+
+    def step(self) -> list[Sequence]:
+        """Launch the next step behind the one in flight when it may go ahead, then finish the one
+        in flight. Returns the sequences that finished (none on a step that only launched)."""
+        engine = self.engine
+        previous, self.in_flight = self.in_flight, None
+        if previous is not None and not any(seq.status is SequenceStatus.RUNNING for seq in previous.samplers):
+            previous = None  # every sequence in it stopped the step before: nothing to read
+        if previous is None:
+            engine.before_step()
+            batch = engine.schedule()
+            if batch.is_prefill:
+                return engine.execute(batch)
+            self.in_flight = self._launch(batch, None)
+            return []
+        leaving = {seq.seq_id for seq, at in zip(previous.samplers, previous.positions) if engine.ends_by_length(seq, at + 1)}
+        batch = engine.scheduler.schedule_decode_ahead(leaving)
+        if batch is not None:
+            engine.before_step()
+            self.in_flight = self._launch(batch, previous)
+            self.steps_ahead += 1
+        return self._finish(previous)
+
+    def drop(self) -> None:
+        """Forget the step in flight (its requests were aborted; the device finishes it unread)."""
+        self.in_flight = None
+
+    def _launch(self, batch: ScheduledBatch, previous: InFlight | None) -> InFlight:
+        runner = self.engine.runner
+        inputs_from = None
+        if previous is not None:  # each sequence's input is its token from the step in flight
+            rows = [row for row, seq in enumerate(batch.seqs) if seq.token_ids[seq.num_computed_tokens] == PENDING]
+            inputs_from = (rows, [previous.rows[batch.seqs[row].seq_id] for row in rows], previous.tokens)
+        samplers, tokens = runner.launch(batch, inputs_from=inputs_from)
+        host = torch.empty(tokens.shape, dtype=tokens.dtype, pin_memory=self.async_copies)
+        host.copy_(tokens, non_blocking=self.async_copies)
+        copied = None
+        if self.async_copies:
+            copied = torch.Event(device=tokens.device)
+            copied.record()
+        positions = []
+        for seq in samplers:  # its input is in the cache once the step has run
+            seq.num_computed_tokens += 1
+            positions.append(seq.num_tokens)
+            seq.token_ids.append(PENDING)
+        return InFlight(samplers, tokens, host, copied, positions, {seq.seq_id: row for row, seq in enumerate(samplers)})
+
+    def _finish(self, step: InFlight) -> list[Sequence]:
+        """Step's tokens into their sequences, the stops checked; a sequence that stops drops the
+        token a later step in flight holds for it."""
+        engine = self.engine
+        if step.copied is not None:
+            step.copied.synchronize()
+        finished = []
+        for seq, token, at in zip(step.samplers, step.host.tolist(), step.positions):
+            if seq.status is not SequenceStatus.RUNNING:  # it stopped at the step before this one
+                continue
+            seq.token_ids[at] = token
+            engine.scheduler.block_manager.commit(seq, at - 1, at)  # prefix cache: blocks of known tokens only
+            engine.num_generated_tokens += 1
+            if engine._check_stop(seq, token, at + 1):
+                del seq.token_ids[at + 1 :]
+                engine.scheduler.finish(seq)
+                finished.append(seq)
+        return finished
