@@ -180,10 +180,11 @@ def run(
     copy_gib: float = 2.0,
     backend_options: dict[str, str] | None = None,
     deterministic: bool = False,
+    overlap: bool | None = None,
 ) -> list[E2EResult]:
     """backend_options: the backend's options for deepinfer's side (`bench e2e --backend-option`).
     deterministic: deepinfer's side in deterministic mode (batch-invariant kernels: its cost is this
-    run's step time over the default mode's)."""
+    run's step time over the default mode's). overlap: LLM's (None: where the backend runs asynchronously)."""
     from deepinfer.runtime import open_runtime
 
     cfg = dict(V2_LITE, **(config_overrides or {}), **({"num_hidden_layers": layers} if layers else {}))
@@ -193,7 +194,7 @@ def run(
     check_fits(needed, free_memory(device, runtime.memory_info), device, cfg["num_hidden_layers"])
     bandwidth = copy_bandwidth(device, copy_gib)
     loaded, hf = build_v2_lite(runtime, cfg)
-    llm = bench_llm(loaded, runtime, max(batches), prompt_len, deterministic)
+    llm = bench_llm(loaded, runtime, max(batches), prompt_len, deterministic, overlap)
     results = []
     gen = torch.Generator().manual_seed(1)
     for batch in batches:
@@ -234,18 +235,19 @@ def run(
         )
     if json_path is not None:
         info = {"gpu": device_name(device), "torch": torch.__version__, "copy_bandwidth_tb_s": bandwidth / 1e12, "layers": cfg["num_hidden_layers"],
-                "backend": runtime.backend.name, "backend_options": dict(runtime.options), "deterministic": deterministic, "date": time.strftime("%Y-%m-%d")}
+                "backend": runtime.backend.name, "backend_options": dict(runtime.options), "deterministic": deterministic,
+                "overlap": llm.engine.overlap is not None, "date": time.strftime("%Y-%m-%d")}
         json_path.write_text(json.dumps({"machine": info, "results": [asdict(r) for r in results]}, indent=1))
     return results
 
 
-def bench_llm(loaded, runtime, max_batch: int, prompt_len: int, deterministic: bool = False):
+def bench_llm(loaded, runtime, max_batch: int, prompt_len: int, deterministic: bool = False, overlap: bool | None = None):
     """deepinfer's LLM over `loaded`, sized for `max_batch` prompts of `prompt_len` tokens in one step."""
     from deepinfer.engine.llm import LLM
     from deepinfer.engine.llm_engine import EngineConfig, LLMEngine
 
     engine_config = EngineConfig(max_num_seqs=max_batch, max_num_batched_tokens=max_batch * prompt_len, kv_cache_memory_gib=ENGINE_KV_CACHE_GIB,
-                                 deterministic=deterministic)  # fmt: skip
+                                 deterministic=deterministic, overlap=overlap)  # fmt: skip
     return LLM.from_engine(LLMEngine(loaded, runtime, torch.bfloat16, engine_config))
 
 

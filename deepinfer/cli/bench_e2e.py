@@ -44,6 +44,7 @@ def add_parser(what) -> None:
     e2e.add_argument("--kv-cache-dtype", choices=("auto", "fp8"), default=None, help="v4-flash: the KV cache's dtype (default fp8; auto: the model's)")
     e2e.add_argument("--deterministic", action="store_true",
                      help="v2-lite: deepinfer's side in deterministic mode (batch-invariant kernels); compare with a run without it for the cost")
+    e2e.add_argument("--no-overlap", action="store_true", help="each decode step waits for the one before (default: overlap scheduling on cuda and ascend)")
     e2e.add_argument("--json", type=Path, default=None, metavar="FILE", help="write the results to FILE")
     add_backend_option_flag(e2e, "deepinfer's side")
     e2e.set_defaults(func=run_e2e)
@@ -80,6 +81,6 @@ def run_e2e(args: argparse.Namespace) -> int:
     spec = choose_backend(load_plugins(), args.backend)  # one line when it cannot run here
     spec.resolve_options(given)  # unknown options and bad values: one line, before the model is built
     results = e2e.run(spec.name, batches, args.prompt_len, args.new_tokens, args.layers, with_hf=not args.no_hf, json_path=args.json,
-                      backend_options=given, deterministic=args.deterministic)
+                      backend_options=given, deterministic=args.deterministic, overlap=False if args.no_overlap else None)
     print(e2e.format_results(results))
     return 0

@@ -113,6 +113,7 @@ def add_parser(sub) -> None:
                    help="auto: the model dtype; fp8 (= fp8_e4m3): e4m3 rows with a per-token scale, about half the bytes per token")
     p.add_argument("--no-prefix-caching", action="store_true", help="switch the prefix cache off")
     p.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs for decode steps (cuda backend)")
+    p.add_argument("--no-overlap", action="store_true", help="each decode step waits for the one before (default: overlap scheduling on cuda and ascend)")
     p.add_argument("--deterministic", action="store_true",
                    help="batch-invariant kernels only: a request's logits and tokens are bit-identical whatever it is batched with "
                         "(an error names any op the backend has no such kernel for)")
@@ -169,6 +170,7 @@ def load_llm(args, ctx):
         kv_cache_dtype=args.kv_cache_dtype,
         deterministic=args.deterministic,
         speculative=args.speculative,
+        overlap=False if args.no_overlap else None,
     )
 
 
