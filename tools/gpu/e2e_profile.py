@@ -13,6 +13,7 @@ time between steps shows there). Each batch first prints its unprofiled ms per d
 
 import argparse
 import cProfile
+import json
 import pstats
 import time
 from collections import Counter
@@ -40,6 +41,25 @@ def kernel_times(prof) -> Counter:
     return times
 
 
+def device_idle(trace: Path) -> tuple[float, float]:
+    """(device idle ms, window ms) over the decode steps of a Chrome trace: from the first graph
+    replay's first kernel to the last kernel, the time no kernel or copy ran (the profiler slows the
+    host, so this is an upper bound)."""
+    events = json.loads(trace.read_text())["traceEvents"]
+    graphs = {e["args"].get("correlation") for e in events if e.get("name") == "cudaGraphLaunch"}
+    device = sorted((e for e in events if e.get("ph") == "X" and e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")), key=lambda e: e["ts"])
+    start = next((e["ts"] for e in device if e["args"].get("correlation") in graphs), None)
+    if start is None:
+        return float("nan"), float("nan")
+    busy, end = 0.0, start
+    for e in device:
+        if e["ts"] + e["dur"] <= end:
+            continue
+        busy += e["ts"] + e["dur"] - max(e["ts"], end)
+        end = e["ts"] + e["dur"]
+    return (end - start - busy) / 1e3, (end - start) / 1e3
+
+
 def profiled(llm, prompts, new_tokens: int, device, trace: Path | None = None) -> Counter:
     synchronize(device)
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
@@ -58,12 +78,13 @@ parser.add_argument("--deterministic", action="store_true")
 parser.add_argument("--rows", type=int, default=25)
 parser.add_argument("--trace", type=Path)
 parser.add_argument("--host", action="store_true")
+parser.add_argument("--no-overlap", action="store_true")
 args = parser.parse_args()
 batches = args.batch or [1]
 cfg = dict(e2e.V2_LITE, num_hidden_layers=args.layers)
 runtime = open_runtime("auto", dtype=torch.bfloat16, deterministic=args.deterministic)
 loaded, _ = e2e.build_v2_lite(runtime, cfg)
-llm = e2e.bench_llm(loaded, runtime, max(batches), args.prompt_len, args.deterministic)
+llm = e2e.bench_llm(loaded, runtime, max(batches), args.prompt_len, args.deterministic, overlap=False if args.no_overlap else None)
 gen = torch.Generator().manual_seed(1)
 for batch in batches:
     prompts = e2e.random_prompts(cfg, batch, args.prompt_len, gen)
@@ -84,10 +105,14 @@ for batch in batches:
         host.runcall(e2e.greedy, llm, prompts, 1 + NEW)
         pstats.Stats(host).sort_stats("tottime").print_stats(args.rows)
     short = profiled(llm, prompts, 1, runtime.device)
-    trace = args.trace / f"trace_b{batch}_{'det' if args.deterministic else 'default'}.json" if args.trace else None
+    name = f"trace_b{batch}_{'det' if args.deterministic else 'default'}{'_sync' if args.no_overlap else ''}.json"
+    trace = args.trace / name if args.trace else None
     long = profiled(llm, prompts, 1 + NEW, runtime.device, trace)
     per_step = Counter({k: (long[k] - short.get(k, 0)) / NEW for k in long})
     total = sum(v for v in per_step.values() if v > 0)
     print(f"### batch {batch}, deterministic={args.deterministic}: {total / 1e3:.3f} ms of kernels per decode step")
+    if trace is not None:
+        idle, window = device_idle(trace)
+        print(f"### batch {batch}: device idle {idle:.2f} of {window:.2f} ms of decode steps ({idle / window:.1%}, profiled)")
     for name, us in per_step.most_common(args.rows):
         print(f"  {us:9.1f} us  {us / total:6.1%}  {name[:100]}")
