@@ -262,7 +262,11 @@ def read_chat_template(value: str | None) -> str | None:
     if value is None:
         return None
     path = Path(value).expanduser()
-    if path.is_file():
+    try:
+        is_file = path.is_file()
+    except OSError:  # a template longer than a file name may be
+        is_file = False
+    if is_file:
         try:
             return path.read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as exc:

@@ -182,9 +182,11 @@ def test_the_cli_chats_with_another_folders_tokenizer_and_template(tmp_path, cap
     capsys.readouterr()
 
 
-@pytest.mark.parametrize("as_file", [True, False])
-def test_the_cli_chat_template_flag(tmp_path, capsys, as_file):
-    template = "<<{% for m in messages %}{{ m['content'] }}{% endfor %}>>"
+@pytest.mark.parametrize(
+    "as_file, padding", [(True, ""), (False, ""), (False, "{# a comment longer than a file name may be #}" * 8)], ids=["file", "inline", "inline-long"]
+)
+def test_the_cli_chat_template_flag(tmp_path, capsys, as_file, padding):
+    template = padding + "<<{% for m in messages %}{{ m['content'] }}{% endfor %}>>"
     if as_file:
         (tmp_path / "t.jinja").write_text(template, encoding="utf-8")
     out = tmp_path / "out.jsonl"
