@@ -229,6 +229,10 @@ def check_flags(args) -> None:
         raise UserError(f"--cpu-threads must lie in [1, {MAX_CPU_THREADS}], got {args.cpu_threads}")
     check_timeout(args.dist_timeout, "--dist-timeout")
     read_chat_template(args.chat_template)
+    if args.tokenizer is not None:
+        from deepinfer.model.tokenizer import check_tokenizer_folder
+
+        check_tokenizer_folder(args.tokenizer)
     if args.speculative is not None:
         from deepinfer.engine.speculative.config import SpeculativeConfig
 

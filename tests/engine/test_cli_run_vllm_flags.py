@@ -143,6 +143,8 @@ def test_the_new_flags_travel_to_the_ranks():
         (["--kv-cache-dtype", "fp8_e5m2"], ["--kv-cache-dtype", "invalid choice"]),
         (["--max-num-batched-tokens", "0"], ["--max-num-batched-tokens must be >= 1"]),
         (["--seed", "x"], ["--seed", "invalid int value"]),
+        (["--tokenizer", "no/such/folder"], ["tokenizer path no/such/folder does not exist"]),
+        (["--chat-template", "no/such/file.jinja"], ["--chat-template no/such/file.jinja: no such file"]),
     ],
 )
 def test_bad_engine_flags_are_one_line(capsys, built, argv, needles):
