@@ -17,6 +17,7 @@ from typing import Sequence as SequenceType
 
 import torch
 
+from deepinfer.engine.chat import conversations, render_chat
 from deepinfer.engine.cpu_threads import check_cpu_threads, use_cpu_threads
 from deepinfer.engine.dtype_names import AUTO, torch_name
 from deepinfer.engine.llm_engine import EngineConfig, LLMEngine
@@ -270,8 +271,6 @@ class LLM:
         template, a malformed message, the template's own error) is a one-line InvalidRequestError
         naming the conversation.
         """
-        from deepinfer.engine.chat import conversations, render_chat
-
         batch = conversations(messages)
         names = [f"conversation {i}" for i in range(len(batch))]
         prompts = [
