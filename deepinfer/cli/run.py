@@ -33,6 +33,16 @@ start yourself: 0, the summary counts them), 2 for bad flags, files or input lin
 130 when interrupted. With no prompts at all it runs a few built-in
 prompts on the embedded default model.
 
+Chat: "messages" lines, and --prompt texts with --chat, are rendered by the tokenizer's chat
+template, as LLM.chat renders them; --chat-template FILE (or the template itself) replaces it, and
+--tokenizer FOLDER loads the tokenizer, its template included, from another folder than the model's.
+
+vLLM's engine flags, with vLLM's meaning: --dtype (auto, half = float16, bfloat16, float = float32),
+--max-model-len, --gpu-memory-utilization, --kv-cache-dtype, --max-num-seqs,
+--max-num-batched-tokens, --enforce-eager, --seed, --tokenizer, --chat-template. --tensor-parallel-size
+(-tp) is accepted at 1 only: deepinfer has no tensor parallelism and spreads a model over devices by
+expert parallelism (--ep, below).
+
 CPU threads: a run on the CPU uses every usable core but one (see deepinfer/engine/cpu_threads.py);
 --cpu-threads N or OMP_NUM_THREADS choose.
 
@@ -68,6 +78,8 @@ from deepinfer.cli.run_output import (
     scan,
 )
 from deepinfer.cli.run_requests import BUILTIN_PROMPTS, Request, check_flag_params, collect_requests, make_params
+from deepinfer.engine.chat import FixNames, render_chat
+from deepinfer.engine.dtype_names import DTYPE_NAMES
 from deepinfer.errors import UserError
 
 __all__ = ["BUILTIN_PROMPTS", "add_parser", "command_line", "run"]
@@ -93,6 +105,9 @@ def add_parser(sub) -> None:
     p.add_argument("--resume", action="store_true", help="skip ids already in --output (error rows included) and append the rest")
     p.add_argument("--overwrite", action="store_true", help="replace an existing --output file")
     p.add_argument("--chat", action="store_true", help="wrap plain prompts in the tokenizer's chat template")
+    p.add_argument("--chat-template", metavar="FILE|TEMPLATE",
+                   help="the chat template for --chat and \"messages\" lines instead of the tokenizer's: a Jinja file, or the template itself")
+    p.add_argument("--tokenizer", metavar="PATH", help="load the tokenizer (and its chat template) from this folder instead of the model's")
     p.add_argument("--max-tokens", type=int, default=16, metavar="N", help="tokens to generate per request at most (default 16, as vLLM)")
     p.add_argument("--temperature", type=float, default=1.0, metavar="T", help="0 is greedy (default 1.0)")
     p.add_argument("--top-p", type=float, default=1.0, metavar="P", help="nucleus sampling (default 1.0: off)")
@@ -102,13 +117,20 @@ def add_parser(sub) -> None:
     p.add_argument("--stop", action="append", metavar="TEXT", help="a stop string (repeat for several)")
     p.add_argument("--ignore-eos", action="store_true", help="keep generating past the end-of-sequence token")
     p.add_argument("--seed", type=int, default=0, help="seed from which each request's sampling seed is derived (default 0)")
-    p.add_argument("--dtype", default="auto", choices=("auto", "bfloat16", "float16", "float32"), help="auto: bfloat16 on accelerators, float32 on the CPU")
+    p.add_argument("--dtype", default="auto", choices=DTYPE_NAMES, metavar="DTYPE",
+                   help="the model's dtype: auto (bfloat16 on accelerators, float32 on the CPU), half = float16, bfloat16, "
+                        "float = float32 (vLLM's names; bf16, fp16, fp32 too)")
     p.add_argument("--allow-fallback", action="store_true", help="let the reference serve ops the backend has no kernel for")
     p.add_argument("--backend-option", action="append", metavar="KEY=VALUE",
                    help="a backend option, e.g. ep_path=nccl (repeatable; `deepinfer backends` lists each backend's options)")
     p.add_argument("--max-num-seqs", type=int, default=256, metavar="N", help="sequences per step at most (default 256)")
     p.add_argument("--max-num-batched-tokens", type=int, default=8192, metavar="N", help="tokens per step; longer prompts prefill in chunks (default 8192)")
+    p.add_argument("--max-model-len", type=int, metavar="N",
+                   help="the longest sequence, prompt and generated tokens (default and most: the model's max_position_embeddings)")
     p.add_argument("--num-kv-blocks", type=int, metavar="N", help="KV cache pages (default: from the memory budget)")
+    p.add_argument("--gpu-memory-utilization", type=float, default=0.9, metavar="F",
+                   help="the share in (0, 1] of the accelerator's memory the engine may use; the KV cache gets what of it is free "
+                        "once the weights are loaded (default 0.9; the CPU's cache is a share of the free RAM)")
     p.add_argument("--kv-cache-dtype", default="auto", choices=KV_CACHE_DTYPES,
                    help="auto: the model dtype; fp8 (= fp8_e4m3): e4m3 rows with a per-token scale, about half the bytes per token")
     p.add_argument("--no-prefix-caching", action="store_true", help="switch the prefix cache off")
@@ -127,6 +149,8 @@ def add_parser(sub) -> None:
                    help="torch's CPU threads (default on the CPU: OMP_NUM_THREADS if set, else the usable cores but one)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     ep = p.add_argument_group("expert parallelism (see docs/distributed.md)")
+    ep.add_argument("--tensor-parallel-size", "-tp", type=int, default=1, metavar="N",
+                    help="accepted for vLLM command lines: 1 only (deepinfer has no tensor parallelism; use --ep N)")
     ep.add_argument("--ep", type=int, metavar="N", help="shard the experts over N devices, one process each (default 1; under torchrun: its process count)")
     ep.add_argument("--num-redundant-experts", type=int, default=0, metavar="R",
                     help="extra copies of busy experts per MoE layer (experts + R must divide by N)")
@@ -151,11 +175,14 @@ def load_llm(args, ctx):
     return LLM(
         model=args.model,
         backend=args.backend,
+        tokenizer=args.tokenizer,
         dtype=args.dtype,
         seed=args.seed,
         max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens,
+        max_model_len=args.max_model_len,
         num_kv_blocks=args.num_kv_blocks,
+        gpu_memory_utilization=args.gpu_memory_utilization,
         enable_prefix_caching=not args.no_prefix_caching,
         enforce_eager=args.enforce_eager,
         interpret=args.interpret,
@@ -179,20 +206,35 @@ def check_flags(args) -> None:
     from deepinfer.distributed.group import check_timeout
     from deepinfer.engine.cpu_threads import MAX_CPU_THREADS
 
+    if args.tensor_parallel_size != 1:
+        size = args.tensor_parallel_size
+        if size < 1:
+            raise UserError(f"--tensor-parallel-size must be 1, got {size}")
+        raise UserError(
+            f"--tensor-parallel-size {size}: deepinfer has no tensor parallelism; it spreads a MoE model over {size} devices "
+            f"by expert parallelism, with attention data parallel: --ep {size} (docs/distributed.md)"
+        )
     if args.ep is not None and args.ep < 1:
         raise UserError(f"--ep must be >= 1, got {args.ep}")
     counts = (
         ("--max-num-seqs", args.max_num_seqs), ("--max-num-batched-tokens", args.max_num_batched_tokens),
-        ("--num-kv-blocks", args.num_kv_blocks), ("--eplb-interval", args.eplb_interval),
+        ("--max-model-len", args.max_model_len), ("--num-kv-blocks", args.num_kv_blocks), ("--eplb-interval", args.eplb_interval),
     )
     for flag, value in counts:
         if value is not None and value < 1:
             raise UserError(f"{flag} must be >= 1, got {value}")
+    if not 0 < args.gpu_memory_utilization <= 1:
+        raise UserError(f"--gpu-memory-utilization must be a fraction in (0, 1], got {args.gpu_memory_utilization}")
     if args.num_redundant_experts < 0:
         raise UserError(f"--num-redundant-experts must be >= 0, got {args.num_redundant_experts}")
     if args.cpu_threads is not None and not 1 <= args.cpu_threads <= MAX_CPU_THREADS:
         raise UserError(f"--cpu-threads must lie in [1, {MAX_CPU_THREADS}], got {args.cpu_threads}")
     check_timeout(args.dist_timeout, "--dist-timeout")
+    read_chat_template(args.chat_template)
+    if args.tokenizer is not None:
+        from deepinfer.model.tokenizer import check_tokenizer_folder
+
+        check_tokenizer_folder(args.tokenizer)
     if args.speculative is not None:
         from deepinfer.engine.speculative.config import SpeculativeConfig
 
@@ -206,16 +248,38 @@ def check_flags(args) -> None:
 # ---- running -----------------------------------------------------------------------------------
 
 
-def render_prompt(tokenizer, request: Request, chat: bool) -> str | None:
-    """The prompt text (None for token-id prompts): chat messages go through the chat template."""
+CLI_FIXES = FixNames(chat_template="pass --chat-template FILE", tokenizer="pass --tokenizer FOLDER (a folder that holds one)")
+
+
+def render_prompt(tokenizer, request: Request, chat: bool, chat_template: str | None = None) -> str | None:
+    """The prompt text (None for token-id prompts): chat messages go through the chat template
+    (`chat_template`: --chat-template's, else the tokenizer's), as LLM.chat renders them."""
     messages = request.messages
     if messages is None and chat and request.prompt is not None:
         messages = [{"role": "user", "content": request.prompt}]
     if messages is None:
         return request.prompt
-    if tokenizer is None or not getattr(tokenizer, "has_chat_template", True):
-        raise UserError(f"{request.source}: chat messages need a chat template, and this model's tokenizer has none")
-    return tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+    return render_chat(tokenizer, messages, request.source, chat_template=chat_template, fixes=CLI_FIXES)
+
+
+def read_chat_template(value: str | None) -> str | None:
+    """--chat-template as Jinja source: the file it names, else the value itself when it reads as a
+    template (it holds a brace or a newline; vLLM's rule). One line (exit 2) otherwise."""
+    if value is None:
+        return None
+    path = Path(value).expanduser()
+    try:
+        is_file = path.is_file()
+    except OSError:  # a template longer than a file name may be
+        is_file = False
+    if is_file:
+        try:
+            return path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise UserError(f"--chat-template: cannot read {value} ({exc})") from None
+    if not any(c in value for c in "{}\n"):
+        raise UserError(f"--chat-template {value}: no such file (and it is not a Jinja template)")
+    return value
 
 
 def to_stdout(text: str) -> None:
@@ -301,13 +365,14 @@ def generate_all(args, ctx, output: OutputFile | None, done: set[str]) -> int:
                 print(f"deepinfer: nothing to do: all {skipped} requests are already in {args.output}", file=sys.stderr)
             return 0
     params = [make_params(args, r) if r.error is None else None for r in requests]  # refused values fail their line, before the model loads
+    chat_template = read_chat_template(args.chat_template)
     llm = load_llm(args, ctx) if any(r.error is None for r in requests) else None  # all refused: no model needed
     refused: dict[int, str] = {i: r.error for i, r in enumerate(requests) if r.error is not None}
     prompts: list[str | None] = [None] * len(requests)
     for i, request in enumerate(requests):
         if i not in refused:
             try:
-                prompts[i] = render_prompt(llm.tokenizer, request, args.chat)
+                prompts[i] = render_prompt(llm.tokenizer, request, args.chat, chat_template)
             except UserError as exc:
                 refused[i] = str(exc)
     runnable = [i for i in range(len(requests)) if i not in refused]

@@ -17,34 +17,27 @@ from typing import Sequence as SequenceType
 
 import torch
 
+from deepinfer.engine.chat import conversations, render_chat
 from deepinfer.engine.cpu_threads import check_cpu_threads, use_cpu_threads
+from deepinfer.engine.dtype_names import AUTO, torch_name
 from deepinfer.engine.llm_engine import EngineConfig, LLMEngine
 from deepinfer.engine.outputs import RequestOutput
 from deepinfer.engine.sampling_params import InvalidRequestError, SamplingParams
-
-DTYPES = {
-    "bfloat16": torch.bfloat16,
-    "bf16": torch.bfloat16,
-    "float16": torch.float16,
-    "fp16": torch.float16,
-    "half": torch.float16,
-    "float32": torch.float32,
-    "fp32": torch.float32,
-    "float": torch.float32,
-}
 
 Prompt = str | dict[str, Any]
 
 
 def resolve_dtype(dtype: str | torch.dtype, device_type: str) -> torch.dtype:
-    """"auto": bfloat16 on accelerators, float32 on the CPU (the reference backend)."""
+    """"auto": bfloat16 on accelerators, float32 on the CPU (the reference backend); any other name
+    through deepinfer.engine.dtype_names (vLLM's: half = float16, float = float32)."""
     if isinstance(dtype, torch.dtype):
         return dtype
-    if dtype == "auto":
+    if dtype == AUTO:
         return torch.float32 if device_type == "cpu" else torch.bfloat16
-    if dtype not in DTYPES:
-        raise InvalidRequestError(f"unknown dtype {dtype!r}; use auto, {', '.join(DTYPES)}")
-    return DTYPES[dtype]
+    try:
+        return getattr(torch, torch_name(dtype))
+    except ValueError as exc:
+        raise InvalidRequestError(str(exc)) from None
 
 
 class LLM:
@@ -55,8 +48,15 @@ class LLM:
     seed: requests without their own seed get one derived from it and their request index.
     max_num_seqs / max_num_batched_tokens: sequences per step / tokens per step (longer prompts are
     prefilled in chunks). num_kv_blocks: KV pages (default: as many as fit kv_cache_memory_gib, or
-    most of the accelerator's free memory, or 256 MiB on the CPU). allow_fallback: let the reference
+    what is still free of the gpu_memory_utilization share of the accelerator's memory once the
+    weights are loaded, or 256 MiB on the CPU). gpu_memory_utilization: vLLM's, a fraction in
+    (0, 1] (default 0.9). max_model_len: the longest sequence, prompt and generated tokens
+    (default and upper bound: the model's max_position_embeddings). allow_fallback: let the reference
     serve ops the backend lacks. announce: print the backend choice and "dummy weights" to stderr.
+    dtype: "auto" (bfloat16 on accelerators, float32 on the CPU) or a name of
+    deepinfer.engine.dtype_names (vLLM's: half, float16, bfloat16, float, float32), or a torch.dtype.
+    tokenizer: a folder to load the tokenizer (tokenizer.json, tokenizer_config.json and its chat
+    template) from instead of the model's (vLLM's tokenizer=).
 
     Expert parallelism (docs/distributed.md): ep: ranks the routed experts are sharded over, one
     process per rank started by torchrun (None: torchrun's WORLD_SIZE, or 1); every rank builds
@@ -106,8 +106,10 @@ class LLM:
         max_num_batched_tokens: int = 8192,
         num_kv_blocks: int | None = None,
         kv_cache_memory_gib: float | None = None,
+        gpu_memory_utilization: float = 0.9,
         enable_prefix_caching: bool = True,
         max_model_len: int | None = None,
+        tokenizer: str | os.PathLike | None = None,
         allow_fallback: bool = False,
         announce: bool = True,
         enforce_eager: bool = False,
@@ -135,6 +137,7 @@ class LLM:
             max_num_batched_tokens=max_num_batched_tokens,
             num_kv_blocks=num_kv_blocks,
             kv_cache_memory_gib=kv_cache_memory_gib,
+            gpu_memory_utilization=gpu_memory_utilization,
             enable_prefix_caching=enable_prefix_caching,
             max_model_len=max_model_len,
             seed=seed,
@@ -179,7 +182,7 @@ class LLM:
             from deepinfer.model.moe import ExpertSharding
 
             experts = ExpertSharding(dist, num_redundant_experts, num_nodes(dist), _expert_load(expert_load))
-        loaded = load_model(model, runtime.ops, runtime.device, torch_dtype, experts, max_model_len=max_model_len)
+        loaded = load_model(model, runtime.ops, runtime.device, torch_dtype, experts, max_model_len=max_model_len, tokenizer=tokenizer)
         if announce and loaded.dummy_weights:
             print(f"deepinfer: model {loaded.path}: dummy weights (random, for trying the engine; the text is gibberish)", file=sys.stderr)
         self._setup(LLMEngine(loaded, runtime, torch_dtype, config, dist=dist))
@@ -250,7 +253,44 @@ class LLM:
         and runs its share (attention data parallel); rank 0 returns every result and the other
         ranks return an empty list.
         """
-        stream = self.generate_iter(prompts, sampling_params, use_tqdm)
+        return self._collect(self.generate_iter(prompts, sampling_params, use_tqdm))
+
+    def chat(
+        self,
+        messages,
+        sampling_params: SamplingParams | SequenceType[SamplingParams] | None = None,
+        use_tqdm: bool = True,
+        *,
+        chat_template: str | None = None,
+        add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
+        chat_template_kwargs: Mapping[str, Any] | None = None,
+    ) -> list[RequestOutput]:
+        """Generate the next message of each conversation (vLLM's LLM.chat); one RequestOutput per
+        conversation, in input order, whose .prompt is the rendered text.
+
+        messages: one conversation, a list of {"role": "system" | "user" | "assistant", "content": str}
+        dicts, or a list of conversations. Each is rendered by the tokenizer's chat template, or by
+        `chat_template` (Jinja source) when given, then generated as generate() does (sampling_params:
+        one for all, or one per conversation). add_generation_prompt: end with the assistant's turn
+        header; continue_final_message (with add_generation_prompt=False): let the model continue
+        the last message instead. chat_template_kwargs: more template variables. A problem (no chat
+        template, a malformed message, the template's own error) is a one-line InvalidRequestError
+        naming the conversation.
+        """
+        batch = conversations(messages)
+        names = [f"conversation {i}" for i in range(len(batch))]
+        prompts = [
+            render_chat(
+                self.tokenizer, conversation, name, add_generation_prompt=add_generation_prompt, continue_final_message=continue_final_message,
+                chat_template=chat_template, chat_template_kwargs=chat_template_kwargs,
+            )
+            for conversation, name in zip(batch, names)
+        ]  # fmt: skip
+        return self._collect(self.generate_iter(prompts, sampling_params, use_tqdm, names=names))
+
+    def _collect(self, stream: "GenerationStream") -> list[RequestOutput]:
+        """Every result of `stream`, in input order (ranks other than 0: an empty list)."""
         results: list[RequestOutput | None] = [None] * stream.num_requests
         for index, output in stream:
             results[index] = output

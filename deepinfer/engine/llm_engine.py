@@ -32,6 +32,10 @@ class EngineConfig:
     max_num_batched_tokens: int = 8192  # per-step token budget: longer prompts prefill in chunks
     num_kv_blocks: int | None = None  # None: as many as kv_cache_memory_gib (or the default budget) holds
     kv_cache_memory_gib: float | None = None
+    # The share of the accelerator's memory the engine may use (vLLM's gpu_memory_utilization): the
+    # KV cache gets what of it is still free once the weights are loaded. Unused when
+    # num_kv_blocks or kv_cache_memory_gib sizes the cache, and on the CPU (a share of the free RAM).
+    gpu_memory_utilization: float = 0.9
     enable_prefix_caching: bool = True
     max_model_len: int | None = None  # None: the model's max_position_embeddings
     seed: int = 0  # requests without a seed get one derived from this and their request index
@@ -60,6 +64,9 @@ class EngineConfig:
             raise InvalidRequestError(f"deterministic must be True or False, got {self.deterministic!r}")
         if self.overlap is not None and not isinstance(self.overlap, bool):
             raise InvalidRequestError(f"overlap must be None (auto), True or False, got {self.overlap!r}")
+        utilization = self.gpu_memory_utilization
+        if not isinstance(utilization, (int, float)) or isinstance(utilization, bool) or not 0 < utilization <= 1:
+            raise InvalidRequestError(f"gpu_memory_utilization must be a fraction in (0, 1], got {utilization!r}")
         if self.kv_cache_memory_gib is not None and not self.kv_cache_memory_gib > 0:
             raise InvalidRequestError(f"kv_cache_memory_gib must be > 0, got {self.kv_cache_memory_gib!r}")
         if not isinstance(self.seed, int) or isinstance(self.seed, bool):
@@ -216,15 +223,17 @@ class LLMEngine:
         if self.config.kv_cache_memory_gib is not None:
             budget = int(self.config.kv_cache_memory_gib * GiB)
         else:
-            budget = kv_cache_budget(device, self.runtime.memory_info)
+            budget = kv_cache_budget(device, self.runtime.memory_info, self.config.gpu_memory_utilization)
         if self.num_state_slots:
             budget -= self.num_state_slots * model.state_slot_bytes(self.num_draft_layers, self._draft_lookahead)
         enough = self.config.max_num_seqs * blocks_for(self.max_model_len, self.block_size)  # more is never used
         num_blocks = min(budget // per_block, enough)
         if num_blocks < 1:
+            share = self.config.kv_cache_memory_gib is None and self.runtime.memory_info is not None  # the budget came from it
+            fix = f"raise gpu_memory_utilization ({self.config.gpu_memory_utilization}) or set" if share else "set"
             raise InvalidRequestError(
                 f"no memory for the KV cache: one block of {self.block_size} tokens takes {per_block} bytes, the budget is {budget}; "
-                "set num_kv_blocks / kv_cache_memory_gib"
+                f"{fix} num_kv_blocks / kv_cache_memory_gib"
             )
         return num_blocks
 

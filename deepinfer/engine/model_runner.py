@@ -19,7 +19,6 @@ GiB = 1 << 30
 # Default KV budget on the CPU (capped by a quarter of the free RAM): zeroing the cache is a
 # start-up cost, and the CPU runs small models; raise it with kv_cache_memory_gib / num_kv_blocks.
 CPU_KV_CACHE_BYTES = GiB // 4
-ACCELERATOR_MEMORY_UTILIZATION = 0.9  # like vLLM's gpu_memory_utilization
 
 
 def kv_block_bytes(model, block_size: int, dtype: torch.dtype, draft_layers: int = 0) -> int:
@@ -33,10 +32,12 @@ def kv_block_bytes(model, block_size: int, dtype: torch.dtype, draft_layers: int
     return per_layer * torch.empty((), dtype=dtype).element_size() * (model.num_layers + draft_layers)
 
 
-def kv_cache_budget(device: torch.device, memory_info: Callable[[torch.device], tuple[int, int]] | None) -> int:
-    """Bytes the KV cache may take when the user gave no size: most of the accelerator's free
-    memory (weights are loaded by now; `memory_info`, the backend's, gives (free, total) bytes), or
-    a modest share of the host's RAM when the backend reports no device memory (the CPU)."""
+def kv_cache_budget(device: torch.device, memory_info: Callable[[torch.device], tuple[int, int]] | None, memory_utilization: float) -> int:
+    """Bytes the KV cache may take when the user gave no size: on an accelerator, what is free of
+    the `memory_utilization` share of its memory that the engine may use (vLLM's
+    gpu_memory_utilization: weights are loaded by now, so what they and anything else on the device
+    hold is already taken; `memory_info`, the backend's, gives (free, total) bytes); a modest
+    share of the host's RAM when the backend reports no device memory (the CPU)."""
     if memory_info is None:
         try:
             available = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
@@ -44,7 +45,7 @@ def kv_cache_budget(device: torch.device, memory_info: Callable[[torch.device], 
             available = 4 * CPU_KV_CACHE_BYTES
         return min(CPU_KV_CACHE_BYTES, available // 4)
     free, total = memory_info(device)
-    return max(0, int(free - (1 - ACCELERATOR_MEMORY_UTILIZATION) * total))
+    return max(0, int(free - (1 - memory_utilization) * total))
 
 
 class ModelRunner:

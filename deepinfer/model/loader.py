@@ -17,7 +17,7 @@ from deepinfer.model.folder import folder_file, read_json_object
 from deepinfer.model.linear import LinearWeight
 from deepinfer.model.memory import check_fits, estimate_model_memory
 from deepinfer.model.moe import EXPERT_PROJECTIONS, ExpertSharding, expert_tensor_prefix
-from deepinfer.model.tokenizer import Tokenizer
+from deepinfer.model.tokenizer import Tokenizer, check_tokenizer_folder
 from deepinfer.model.weights import WeightStore
 
 log = logging.getLogger(__name__)
@@ -75,6 +75,7 @@ def load_model(
     experts: ExpertSharding | None = None,
     *,
     max_model_len: int | None = None,
+    tokenizer: str | Path | None = None,
 ) -> LoadedModel:
     """Load the checkpoint folder `path` (None or "tiny-v3": the embedded tiny DeepSeek-V3 with dummy
     weights; "tiny-v4": the embedded tiny DeepSeek-V4).
@@ -84,7 +85,9 @@ def load_model(
     memory included (checked from config.json before anything is allocated). `experts`: expert
     parallelism / redundant experts; this rank then loads only the experts it holds.
     `max_model_len`: the longest sequence the engine will run (None: max_position_embeddings);
-    the RoPE table holds that many positions.
+    the RoPE table holds that many positions; longer than max_position_embeddings is a LoadError.
+    `tokenizer`: a folder to load the tokenizer from instead of the checkpoint's (checked before
+    the weights load).
     """
     if not dtype.is_floating_point:
         raise LoadError(f"dtype {dtype} is not a floating dtype", "use bfloat16, float16 or float32")
@@ -99,8 +102,9 @@ def load_model(
             raise LoadError(f"model path {path} does not exist", "pass an HF checkpoint folder")
         if not folder.is_dir():
             raise LoadError(f"model path {path} is a file", "pass the checkpoint folder that holds it")
+    tokenizer_folder = check_tokenizer_folder(tokenizer) if tokenizer is not None else None
     try:
-        return _load_folder(folder, ops, torch.device(device), dtype, experts, max_model_len, dummy=embedded is not None)
+        return _load_folder(folder, ops, torch.device(device), dtype, experts, max_model_len, dummy=embedded is not None, tokenizer_folder=tokenizer_folder)
     except CheckpointError as exc:
         if embedded is not None or _is_embedded_folder(folder):
             raise CheckpointError(exc.problem, f"the embedded model is generated locally: delete {folder} and run again; it is regenerated") from None
@@ -114,14 +118,26 @@ def _is_embedded_folder(folder: Path) -> bool:
 
 
 def _load_folder(
-    folder: Path, ops, device: torch.device, dtype: torch.dtype, experts: ExpertSharding | None, max_model_len: int | None, dummy: bool
+    folder: Path,
+    ops,
+    device: torch.device,
+    dtype: torch.dtype,
+    experts: ExpertSharding | None,
+    max_model_len: int | None,
+    dummy: bool,
+    tokenizer_folder: Path | None = None,
 ) -> LoadedModel:
     config = load_config(folder)
+    if max_model_len is not None and max_model_len > config.max_position_embeddings:
+        raise LoadError(
+            f"max_model_len {max_model_len} is longer than the model's max_position_embeddings {config.max_position_embeddings} "
+            f"({folder / CONFIG_FILE})", f"lower it, or leave it out to run at {config.max_position_embeddings}",
+        )  # fmt: skip
     if config.model_type == "deepseek_v4":
         from deepinfer.model.deepseek_v4.load import load_v4
 
         model = load_v4(folder, config, ops, device, dtype, max_model_len, experts)
-        return _loaded(model, config, folder, dummy)
+        return _loaded(model, config, folder, dummy, tokenizer_folder)
     rope_positions = min(max_model_len or config.max_position_embeddings, config.max_position_embeddings)
     held = physical = None
     if experts is not None and config.n_routed_experts:
@@ -146,12 +162,16 @@ def _load_folder(
         model.expert_source = CheckpointExperts(stored, specs, model.device, dtype)
     if weights.remaining():  # check_tensors lets nothing else through; a leftover is a bug here
         raise RuntimeError(f"tensors loaded but not used by the model: {weights.remaining()[:5]}")
-    return _loaded(model, config, folder, dummy)
+    return _loaded(model, config, folder, dummy, tokenizer_folder)
 
 
-def _loaded(model, config, folder: Path, dummy: bool) -> LoadedModel:
-    tokenizer = Tokenizer.from_folder(folder, config.bos_token_id, config.eos_token_ids)
+def _loaded(model, config, folder: Path, dummy: bool, tokenizer_folder: Path | None) -> LoadedModel:
+    """The LoadedModel, with the tokenizer of `tokenizer_folder` (None: the checkpoint's own)."""
+    if tokenizer_folder is not None:
+        tokenizer = Tokenizer.from_other_folder(tokenizer_folder, config.bos_token_id, config.eos_token_ids)
+    else:
+        tokenizer = Tokenizer.from_folder(folder, config.bos_token_id, config.eos_token_ids)
     if tokenizer is not None and tokenizer.vocab_size > config.vocab_size:
-        log.warning("%s: the tokenizer has %d tokens, the model's vocab_size is %d", folder, tokenizer.vocab_size, config.vocab_size)
+        log.warning("%s: the tokenizer has %d tokens, the model's vocab_size is %d", tokenizer_folder or folder, tokenizer.vocab_size, config.vocab_size)
     dummy = dummy or bool(config.raw.get("deepinfer_dummy_weights"))
     return LoadedModel(model=model, config=config, tokenizer=tokenizer, path=str(folder), dummy_weights=dummy)

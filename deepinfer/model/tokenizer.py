@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 from datetime import datetime
@@ -50,7 +51,6 @@ class Tokenizer:
             self.eos_token_id = self.eos_token_ids[0]
         self.add_bos = add_bos and self.bos_token_id is not None
         self.chat_template = chat_template
-        self._compiled_template = None
 
     @classmethod
     def from_folder(cls, folder: str | Path, bos_token_id: int | None = None, eos_token_ids: Iterable[int] = ()) -> "Tokenizer | None":
@@ -89,6 +89,19 @@ class Tokenizer:
             add_bos = bos_id is not None and first == [bos_id]
         return cls(backend, bos_token=bos, eos_token=eos, add_bos=add_bos, chat_template=_chat_template(folder, config), extra_eos_ids=eos_ids)
 
+    @classmethod
+    def from_other_folder(cls, path: str | Path, bos_token_id: int | None = None, eos_token_ids: Iterable[int] = ()) -> "Tokenizer":
+        """The tokenizer of a folder other than the checkpoint's (vLLM's tokenizer=): it must hold a
+        tokenizer.json (a LoadError naming the folder otherwise; check_tokenizer_folder says so
+        before the weights load). bos_token_id / eos_token_ids: the model's, as in from_folder."""
+        folder = check_tokenizer_folder(path)
+        try:
+            tokenizer = cls.from_folder(folder, bos_token_id, eos_token_ids)
+        except CheckpointError as exc:  # a broken file of that folder, not of the checkpoint (the loader's fix for those does not apply)
+            raise LoadError(exc.problem, exc.fix) from None
+        assert tokenizer is not None  # check_tokenizer_folder found its tokenizer.json
+        return tokenizer
+
     # ---- text <-> ids --------------------------------------------------------------------------
 
     @property
@@ -122,16 +135,27 @@ class Tokenizer:
     def has_chat_template(self) -> bool:
         return bool(self.chat_template)
 
-    def apply_chat_template(self, messages: list[Mapping[str, Any]], add_generation_prompt: bool = True, **kwargs) -> str:
-        """Render `messages` ([{"role": ..., "content": ...}]) with the checkpoint's chat template."""
-        if not self.chat_template:
+    def apply_chat_template(
+        self,
+        messages: list[Mapping[str, Any]],
+        add_generation_prompt: bool = True,
+        *,
+        chat_template: str | None = None,
+        continue_final_message: bool = False,
+        **kwargs,
+    ) -> str:
+        """Render `messages` ([{"role": ..., "content": ...}]) with the checkpoint's chat template, or
+        with `chat_template` (Jinja source) given for this call; `kwargs` reach the template as
+        variables. continue_final_message: cut the text right after the last message's content (no
+        end-of-turn marker follows it), for the model to continue that message; as transformers
+        does, the content, stripped of outer spacing, must appear in the rendered text."""
+        template = chat_template or self.chat_template
+        if not template:
             raise LoadError("this checkpoint's tokenizer_config.json has no chat_template; run without --chat or add one")
-        if self._compiled_template is None:
-            self._compiled_template = _compile(self.chat_template)
         from jinja2 import TemplateError
 
         try:
-            return self._compiled_template.render(
+            text = _compile(template).render(
                 messages=list(messages),
                 add_generation_prompt=add_generation_prompt,
                 bos_token=self.bos_token or "",
@@ -140,6 +164,30 @@ class Tokenizer:
             )
         except TemplateError as exc:
             raise LoadError(f"the chat template failed: {exc}") from None
+        return _cut_after_final_message(text, messages[-1]["content"]) if continue_final_message else text
+
+
+def _cut_after_final_message(text: str, final: str) -> str:
+    """`text` up to the end of the last message's content (transformers' continue_final_message:
+    the spacing the template kept is kept; where it stripped the content, the stripped form counts)."""
+    if final.strip() not in text:
+        raise LoadError("continue_final_message: the last message's content does not appear in the rendered chat (the template drops it)")
+    start = text.rindex(final.strip())
+    if text[start : start + len(final.lstrip())] == final:  # the template kept the content's trailing spacing
+        return text[: start + len(final.lstrip())]
+    return text[: start + len(final.strip())]
+
+
+def check_tokenizer_folder(path: str | Path) -> Path:
+    """`path` as a folder that holds a tokenizer.json; a LoadError saying what is wrong otherwise."""
+    folder = Path(path).expanduser()
+    if not folder.exists():
+        raise LoadError(f"tokenizer path {path} does not exist", f"pass a folder that holds {TOKENIZER_FILE}")
+    if not folder.is_dir():
+        raise LoadError(f"tokenizer path {path} is a file", f"pass the folder that holds {TOKENIZER_FILE} (and {TOKENIZER_CONFIG})")
+    if folder_file(folder, TOKENIZER_FILE) is None:
+        raise LoadError(f"tokenizer folder {path} has no {TOKENIZER_FILE}", f"pass a folder that holds the tokenizer ({TOKENIZER_FILE}, {TOKENIZER_CONFIG})")
+    return folder
 
 
 def _first_line(exc: Exception) -> str:
@@ -178,8 +226,9 @@ TOKENIZER_CONFIG_FIELDS = (
 )
 
 
+@functools.lru_cache(maxsize=8)
 def _compile(source: str):
-    """A sandboxed jinja2 template with the globals HF chat templates use."""
+    """A sandboxed jinja2 template with the globals HF chat templates use (compiled once per source)."""
     from jinja2 import TemplateSyntaxError
     from jinja2.ext import loopcontrols
     from jinja2.sandbox import ImmutableSandboxedEnvironment

@@ -52,11 +52,11 @@ def test_the_kv_cache_budget_asks_the_backend_for_device_memory(monkeypatch):
         asked.append(device)
         return 3 * GiB, 10 * GiB
 
-    assert kv_cache_budget(None, memory_info) == 2 * GiB  # free - 10% of total
+    assert kv_cache_budget(None, memory_info, 0.9) == 2 * GiB  # free - 10% of total
     monkeypatch.setattr(plugins_mod, "load_plugins", lambda: Plugins(load_entry_points=False, extra_plugins=(FakeBackend(memory_info=memory_info), reference)))
     llm = LLM(backend="fake", announce=False, max_num_seqs=2)
     assert asked and llm.engine.num_kv_blocks >= 1
-    assert kv_cache_budget(None, None) <= 256 * (1 << 20)  # no device memory reported: a share of the host's RAM
+    assert kv_cache_budget(None, None, 0.9) <= 256 * (1 << 20)  # no device memory reported: a share of the host's RAM
 
 
 @pytest.mark.parametrize("forbidden", ['device.type == "cuda"', "torch.cuda", "getattr(torch, device.type"])
