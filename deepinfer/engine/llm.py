@@ -94,6 +94,11 @@ class LLM:
     runs step n (deepinfer.engine.overlap). None: on where the backend runs asynchronously (cuda,
     ascend) unless speculative decoding or expert parallelism is on; False: off (`--no-overlap`);
     True: on (on the CPU it runs but gains nothing), refused with speculation or expert parallelism.
+
+    mixed_steps: a step that prefills a prompt (chunk) also decodes one token of every running
+    request, within max_num_batched_tokens, so a long prompt does not stall generation. None: on
+    unless deterministic mode or speculative decoding is on; False: off (`--no-mixed-steps`); True:
+    on, refused with those two.
     """
 
     def __init__(
@@ -125,6 +130,7 @@ class LLM:
         deterministic: bool = False,
         speculative: Any = None,
         overlap: bool | None = None,
+        mixed_steps: bool | None = None,
     ):
         from deepinfer.model.facts import checkpoint_facts
         from deepinfer.model.loader import load_model
@@ -147,6 +153,7 @@ class LLM:
             deterministic=deterministic,
             speculative=speculative,
             overlap=overlap,
+            mixed_steps=mixed_steps,
         )
         config.validate()
         check_cpu_threads(cpu_threads)

@@ -54,6 +54,11 @@ class EngineConfig:
     # (cuda, ascend) and the steps allow it (no speculation, no expert parallelism); False: off; True: on,
     # on any backend (the CPU gains nothing: tests), an error where the steps do not allow it.
     overlap: bool | None = None
+    # Mixed steps: a prefill step also decodes a token of every running request (Scheduler's
+    # mixed_steps). None: on unless deterministic mode or speculative decoding (a decode token on the
+    # prefill path has other kernels, so its logits would depend on the step; verification steps
+    # decode only); True: on, an error with those; False: off.
+    mixed_steps: bool | None = None
 
     def validate(self) -> None:
         for name in ("max_num_seqs", "max_num_batched_tokens", "num_kv_blocks", "max_model_len", "eplb_interval"):
@@ -62,8 +67,9 @@ class EngineConfig:
                 raise InvalidRequestError(f"{name} must be an integer >= 1, got {value!r}")
         if not isinstance(self.deterministic, bool):
             raise InvalidRequestError(f"deterministic must be True or False, got {self.deterministic!r}")
-        if self.overlap is not None and not isinstance(self.overlap, bool):
-            raise InvalidRequestError(f"overlap must be None (auto), True or False, got {self.overlap!r}")
+        for name in ("overlap", "mixed_steps"):
+            if getattr(self, name) is not None and not isinstance(getattr(self, name), bool):
+                raise InvalidRequestError(f"{name} must be None (auto), True or False, got {getattr(self, name)!r}")
         utilization = self.gpu_memory_utilization
         if not isinstance(utilization, (int, float)) or isinstance(utilization, bool) or not 0 < utilization <= 1:
             raise InvalidRequestError(f"gpu_memory_utilization must be a fraction in (0, 1], got {utilization!r}")
@@ -152,7 +158,8 @@ class LLMEngine:
         self.speculative = self._speculative_decoder(model, runtime)
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens,
                                    final_length=self._final_length if config.deterministic else None,
-                                   lookahead=self.speculative.lookahead if self.speculative is not None else None)  # fmt: skip
+                                   lookahead=self.speculative.lookahead if self.speculative is not None else None,
+                                   mixed_steps=self._mixed_steps())  # fmt: skip
         self.overlap = self._overlap_scheduler(runtime, dist)
         self._next_request_index = 0
         self.num_prompt_tokens_computed = 0  # prefill work done, recompute after preemption included
@@ -168,6 +175,17 @@ class LLMEngine:
     def _draft_lookahead(self) -> int:
         """The most positions a step writes past a sequence's last accepted token (speculation's k)."""
         return self.config.speculative.num_drafts if self.config.speculative is not None else 0
+
+    def _mixed_steps(self) -> bool:
+        """Whether prefill steps take the running requests' decode tokens too (config.mixed_steps)."""
+        wanted = self.config.mixed_steps
+        blocker = "deterministic mode" if self.config.deterministic else "speculative decoding" if self.speculative is not None else None
+        if wanted and blocker:
+            raise InvalidRequestError(
+                f"mixed steps do not combine with {blocker} (a decode token on the prefill path, or a verification step, has other kernels); "
+                "leave mixed_steps unset or False"
+            )
+        return bool(wanted or (wanted is None and not blocker))
 
     def _overlap_scheduler(self, runtime, dist):
         """Overlap scheduling as config.overlap asks (None: where the backend runs asynchronously)."""
@@ -351,7 +369,7 @@ class LLMEngine:
             emitted = [[t] for t in tokens]
         if batch.is_prefill:
             self.scheduler.commit(batch)
-            self.num_prompt_tokens_computed += batch.num_tokens
+            self.num_prompt_tokens_computed += batch.num_prompt_tokens
         finished = []
         for seq, tokens in zip(samplers, emitted):
             appended = 0

@@ -26,21 +26,31 @@ from deepinfer.engine.sequence import Sequence, SequenceStatus
 
 @dataclass
 class ScheduledBatch:
-    is_prefill: bool
+    is_prefill: bool  # a prefill step (run on the prefill path), decode rows possibly mixed in
     seqs: list[Sequence]
     num_new_tokens: list[int]  # per sequence: tokens computed this step
+    num_decodes: int = 0  # a mixed step: its first num_decodes sequences decode one token each
 
     @property
     def num_tokens(self) -> int:
         return sum(self.num_new_tokens)
 
+    @property
+    def num_prompt_tokens(self) -> int:
+        """Prompt tokens computed this step (a prefill step's tokens but its mixed-in decode rows)."""
+        return self.num_tokens - self.num_decodes if self.is_prefill else 0
+
 
 class Scheduler:
     def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int,
-                 final_length: Callable[[Sequence], int] | None = None, lookahead: Callable[[Sequence], int] | None = None):  # fmt: skip
+                 final_length: Callable[[Sequence], int] | None = None, lookahead: Callable[[Sequence], int] | None = None,
+                 mixed_steps: bool = False):  # fmt: skip
         """final_length: a sequence's longest possible length; given, admission reserves pages up to
         it for every running sequence (deterministic mode: never preempt). lookahead: positions
-        past its last token a decode step may write (speculative decoding's drafts; None: 0)."""
+        past its last token a decode step may write (speculative decoding's drafts; None: 0).
+        mixed_steps: a prefill step also decodes one token of every running sequence that is past
+        its prompt (those tokens first, the prompt chunks in the rest of the token budget), so a
+        long prompt does not stall the requests already generating."""
         if max_num_seqs < 1 or max_num_batched_tokens < 1:
             raise ValueError(f"need max_num_seqs >= 1 and max_num_batched_tokens >= 1, got {max_num_seqs} and {max_num_batched_tokens}")
         self.block_manager = block_manager
@@ -50,6 +60,7 @@ class Scheduler:
         self.running: list[Sequence] = []  # by seq_id: the newest is preempted first
         self.num_preemptions = 0
         self.final_length = final_length
+        self.mixed_steps = mixed_steps
         self.lookahead = lookahead or (lambda seq: 0)
 
     def add(self, seq: Sequence) -> None:
@@ -63,7 +74,8 @@ class Scheduler:
         return self._schedule_prefill() or self._schedule_decode()
 
     def _schedule_prefill(self) -> ScheduledBatch | None:
-        budget = self.max_num_batched_tokens
+        decodes = self._decodes_to_mix()
+        budget = self.max_num_batched_tokens - len(decodes)
         seqs, chunks = [], []
         for seq in self.running:  # part-way through their prompt
             if seq.is_prefilling and budget > 0:
@@ -84,7 +96,25 @@ class Scheduler:
             chunk = min(seq.prefill_target - seq.num_computed_tokens, budget)
             seqs.append(seq), chunks.append(chunk)
             budget -= chunk
-        return ScheduledBatch(True, seqs, chunks) if seqs else None
+        if not seqs:
+            return None
+        return ScheduledBatch(True, decodes + seqs, [1] * len(decodes) + chunks, num_decodes=len(decodes))
+
+    def _decodes_to_mix(self) -> list[Sequence]:
+        """The running sequences past their prompt, each with its slot for one more token, when a
+        mixed step may take them: all of them fit the pages without preempting and leave part of
+        the token budget to prompts. Else none (a prefill step alone, as without mixing)."""
+        if not self.mixed_steps:
+            return []
+        decodes = [seq for seq in self.running if not seq.is_prefilling]
+        bm = self.block_manager
+        if not decodes or len(decodes) >= self.max_num_batched_tokens or sum(bm.new_blocks_needed(s) for s in decodes) > bm.num_free_blocks:
+            return []
+        if not any(s.is_prefilling for s in self.running) and not self._admissible():
+            return []  # no prompt to prefill: a decode step (with its own checks) follows
+        for seq in decodes:
+            bm.append_slot(seq)
+        return decodes
 
     def schedule_decode_ahead(self, leaving: set[int]) -> ScheduledBatch | None:
         """The next decode step, scheduled while the step before it still runs (overlap scheduling):
@@ -103,8 +133,10 @@ class Scheduler:
 
     def _prefill_due(self) -> bool:
         """Whether `schedule` would prefill now: a running prompt not finished, or an admissible waiting one."""
-        if any(seq.is_prefilling for seq in self.running):
-            return True
+        return any(seq.is_prefilling for seq in self.running) or self._admissible()
+
+    def _admissible(self) -> bool:
+        """Whether the first waiting request would be admitted now."""
         if not self.waiting or len(self.running) >= self.max_num_seqs:
             return False
         seq = self.waiting[0]
