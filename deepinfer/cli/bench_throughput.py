@@ -31,6 +31,8 @@ def _workload_flags(p: argparse.ArgumentParser, repeatable: bool) -> None:
     p.add_argument("--max-num-seqs", type=int, default=None, help="the engine's running-request cap (default: the largest concurrency)")
     p.add_argument("--enforce-eager", action="store_true", help="no device graphs")
     p.add_argument("--no-overlap", action="store_true", help="each decode step waits for the one before (default: overlap scheduling on cuda and ascend)")
+    p.add_argument("--no-mixed-steps", action="store_true",
+                   help="prefill steps do not also decode running requests (default: they do, except in deterministic mode)")
     p.add_argument("--seed", type=int, default=0, help="seed of the random prompts and of sampling (default 0)")
     p.add_argument("--json", type=Path, default=None, metavar="FILE", help="write the results to FILE")
 
@@ -84,7 +86,8 @@ def run_throughput(args: argparse.Namespace) -> int:
     from deepinfer import LLM
 
     llm = LLM(model=args.model, backend=args.backend, dtype=args.dtype, seed=args.seed, max_num_seqs=args.max_num_seqs or max(concurrencies),
-              enforce_eager=args.enforce_eager, overlap=False if args.no_overlap else None, announce=False)  # fmt: skip
+              enforce_eager=args.enforce_eager, overlap=False if args.no_overlap else None,
+              mixed_steps=False if args.no_mixed_steps else None, announce=False)  # fmt: skip
     vocab = llm.engine.vocab_size
 
     def make(input_len: int, output_len: int):

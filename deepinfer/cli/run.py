@@ -136,6 +136,8 @@ def add_parser(sub) -> None:
     p.add_argument("--no-prefix-caching", action="store_true", help="switch the prefix cache off")
     p.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs for decode steps (cuda backend)")
     p.add_argument("--no-overlap", action="store_true", help="each decode step waits for the one before (default: overlap scheduling on cuda and ascend)")
+    p.add_argument("--no-mixed-steps", action="store_true",
+                   help="prefill steps do not also decode running requests (default: they do, except in deterministic mode)")
     p.add_argument("--deterministic", action="store_true",
                    help="batch-invariant kernels only: a request's logits and tokens are bit-identical whatever it is batched with "
                         "(an error names any op the backend has no such kernel for)")
@@ -198,6 +200,7 @@ def load_llm(args, ctx):
         deterministic=args.deterministic,
         speculative=args.speculative,
         overlap=False if args.no_overlap else None,
+        mixed_steps=False if args.no_mixed_steps else None,
     )
 
 
