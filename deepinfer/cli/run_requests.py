@@ -65,6 +65,15 @@ class Request:
 
 
 def read_jsonl_requests(path: str) -> list[Request]:
+    requests = [parse_line(line, f"{path} line {number}", number) for number, line in read_input_lines(path)]
+    if not requests:
+        raise UserError(f"input file {path} has no prompts")
+    return requests
+
+
+def read_input_lines(path: str) -> list[tuple[int, str]]:
+    """The non-blank lines of a UTF-8 JSONL file with their line numbers; a UserError naming what
+    keeps the file from being read."""
     file = Path(path)
     if not file.is_file():
         raise UserError(f"input file {path} not found" if not file.exists() else f"input {path} is not a file")
@@ -74,10 +83,7 @@ def read_jsonl_requests(path: str) -> list[Request]:
         raise UserError(f"cannot read {path}: it is not UTF-8 text (byte {exc.object[exc.start]:#04x} at offset {exc.start})") from None
     except OSError as exc:
         raise UserError(f"cannot read {path}: {exc.strerror or exc}") from None
-    requests = [parse_line(line, f"{path} line {number}", number) for number, line in enumerate(lines, start=1) if line.strip()]
-    if not requests:
-        raise UserError(f"input file {path} has no prompts")
-    return requests
+    return [(number, line) for number, line in enumerate(lines, start=1) if line.strip()]
 
 
 def parse_line(line: str, where: str, number: int) -> Request:
@@ -96,10 +102,9 @@ def parse_line(line: str, where: str, number: int) -> Request:
     request = Request(item[id_key] if batch else item.get("id", number), id_key, where, number)
     if not isinstance(request.id, (str, int)) or isinstance(request.id, bool):
         raise UserError(f"{where}: {id_key} must be a string or an integer, got {short(request.id)}")
-    bad_text = _lone_surrogate(item)
+    bad_text = unicode_problem(item)
     if bad_text is not None:
-        shown = bad_text.encode("ascii", "backslashreplace").decode()
-        request.fail(f"{shown} holds a lone surrogate, which is not valid Unicode text (an escape such as \\udc00 without its pair)")
+        request.fail(bad_text)
         return request
     if batch:
         source = _batch_body(item, request)
@@ -167,7 +172,16 @@ def _read_body(source: dict, request: Request, in_body: bool) -> None:
     request.chat_options = fields.chat
 
 
-def _lone_surrogate(value, path: str = "") -> str | None:
+def unicode_problem(item) -> str | None:
+    """Why a parsed line is not valid Unicode text (a string in it holds a lone surrogate); None when it is."""
+    bad = lone_surrogate(item)
+    if bad is None:
+        return None
+    shown = bad.encode("ascii", "backslashreplace").decode()
+    return f"{shown} holds a lone surrogate, which is not valid Unicode text (an escape such as \\udc00 without its pair)"
+
+
+def lone_surrogate(value, path: str = "") -> str | None:
     """Where in a parsed JSON value a string holds a lone surrogate (it cannot be encoded as UTF-8):
     a path such as `body.messages[0].content`; None when there is none."""
     if isinstance(value, str):
@@ -179,12 +193,12 @@ def _lone_surrogate(value, path: str = "") -> str | None:
     if isinstance(value, dict):
         for key, item in value.items():
             inner = f"{path}.{key}" if path else key
-            found = _lone_surrogate(key, f"a key in {path or 'the line'}") or _lone_surrogate(item, inner)
+            found = lone_surrogate(key, f"a key in {path or 'the line'}") or lone_surrogate(item, inner)
             if found:
                 return found
     elif isinstance(value, list):
         for i, item in enumerate(value):
-            found = _lone_surrogate(item, f"{path}[{i}]")
+            found = lone_surrogate(item, f"{path}[{i}]")
             if found:
                 return found
     return None
@@ -206,13 +220,19 @@ def collect_requests(args) -> tuple[list[Request], bool]:
             requests.append(Request(n, "id", f"--prompt {n}", n, prompt=text))
     else:
         return [Request(n, "id", f"built-in prompt {n}", n, prompt=text) for n, text in enumerate(BUILTIN_PROMPTS, start=1)], True
+    refuse_duplicate_ids(requests)
+    return requests, False
+
+
+def refuse_duplicate_ids(requests) -> None:
+    """A UserError naming the first request whose id an earlier one has (ids are how the output
+    and --resume tell requests apart)."""
     seen: dict[str, str] = {}
     for request in requests:
         key = json.dumps(request.id)
         if key in seen:
             raise UserError(f"{request.source}: duplicate {request.id_key} {short(request.id)} (first at {seen[key]})")
         seen[key] = request.source
-    return requests, False
 
 
 def flag_params(args) -> dict:
