@@ -56,7 +56,7 @@ import time
 from deepinfer.cli.batch_requests import BatchRequest, Failure, read_batch_requests
 from deepinfer.cli.batch_rows import BATCH_ROWS, WRITE_FAILED, error_row, result_row, row_text
 from deepinfer.cli.engine_flags import add_engine_flags, check_engine_flags, load_llm, read_chat_template
-from deepinfer.cli.request_fields import COMPLETIONS
+from deepinfer.cli.request_fields import COMPLETIONS, name
 from deepinfer.cli.request_fields import describe as describe_fields
 from deepinfer.cli.run import CLI_FIXES, Command, print_summary, run_command, to_stdout
 from deepinfer.cli.run_output import InOrder, OutputFile, add_output_flags
@@ -94,8 +94,8 @@ def run_batch(args) -> int:
 
 def check_flags(args) -> None:
     check_engine_flags(args)
-    for name in args.served_model_name or ():
-        if not name.strip():
+    for served in args.served_model_name or ():
+        if not served.strip():
             raise UserError("--served-model-name: a name may not be empty")
 
 
@@ -127,7 +127,8 @@ def make_params(args, request: BatchRequest) -> list | None:
         except ValueError as exc:
             text = str(exc).removeprefix("SamplingParams: ")
             param = next((p for p in request.fields.sources if text.startswith(p)), None)
-            request.fail(text, request.fields.sources.get(param))
+            field = request.fields.sources.get(param)
+            request.fail(text if field in (None, param) else f"{name(field)}: {text}", field)
             return None
     return params
 
