@@ -21,8 +21,9 @@ NAME..., else --model as given (default tiny-v3). Any other name fails the line 
 status 404 "The model `x` does not exist". The bodies' "model" is the first served name.
 
 Defaults are the endpoint's, as in vLLM: max_tokens 16 for /v1/completions, and for chat no limit
-but the model's length (--max-model-len); temperature 1, top_p 1. Unlike vLLM, the checkpoint's
-generation_config.json does not change them. A line without "seed" samples with a seed derived from
+but the model's length (--max-model-len; such a line needs a KV cache that holds a whole sequence of
+that length, else it fails: give it max_tokens, or lower --max-model-len); temperature 1, top_p 1.
+Unlike vLLM, the checkpoint's generation_config.json does not change them. A line without "seed" samples with a seed derived from
 --seed and its line number, so a rerun or --resume repeats it.
 
 Output (-o FILE), one row per line, in input order (deepinfer/cli/batch_rows.py):

@@ -1,7 +1,8 @@
-"""The output file of `deepinfer run -o`: one JSON row per request, in input order, kept safe from
-kills, reruns and mistakes.
+"""The output file of `deepinfer run -o` and `deepinfer run-batch -o`: one JSON row per request, in
+input order, kept safe from kills, reruns and mistakes. Each command describes its rows to --resume
+with a RowFormat (run-batch's: deepinfer/cli/batch_rows.py); `run`'s are below.
 
-A row is a result, `{"id" | "custom_id": ..., "prompt", "text", "token_ids", "finish_reason",
+A `run` row is a result, `{"id" | "custom_id": ..., "prompt", "text", "token_ids", "finish_reason",
 "prompt_tokens", "completion_tokens"}`, or an error, `{"id" | "custom_id": ..., "error":
 {"message": str, "type": "invalid_request_error" | "generation_error"}}` (the request was refused
 before it ran / failed while running or being written). Error rows are written in JSON's ASCII
