@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import json
 import textwrap
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 COMPLETIONS = "/v1/completions"
@@ -132,10 +132,10 @@ class BadField(ValueError):
 class BodyFields:
     """What a body's fields ask for: SamplingParams keywords, render_chat keywords, the model named."""
 
-    sampling: dict
-    chat: dict
+    sampling: dict = field(default_factory=dict)
+    chat: dict = field(default_factory=dict)
     model: Any = None
-    sources: dict | None = None  # SamplingParams keyword -> the body field that set it
+    sources: dict = field(default_factory=dict)  # SamplingParams keyword -> the body field that set it
 
 
 def read_fields(body: dict, skip, endpoint: str | None = None, where: str = "") -> BodyFields:
@@ -154,10 +154,10 @@ def read_fields(body: dict, skip, endpoint: str | None = None, where: str = "") 
             off = f"leave it out or set it to {' or '.join(json.dumps(v) for v in (*rule.values, None))}"
             hint = f" ({rule.hint})" if rule.hint else ""
             raise BadField(f"{name(key)}: {short(value)} is not supported (deepinfer does not implement {key}){hint}; {off}", key)
-        if isinstance(rule, Chat) and value is not None and (not isinstance(value, rule.kind) or (rule.kind is not bool and isinstance(value, bool))):
+        if isinstance(rule, Chat) and value is not None and not isinstance(value, rule.kind):
             kind = {bool: "true or false", dict: "a JSON object"}[rule.kind]
             raise BadField(f"{name(key)} must be {kind}, got {short(value)}", key)
-    fields = BodyFields(sampling={}, chat={}, sources={})
+    fields = BodyFields()
     for key, rule in FIELDS.items():  # the table's order: a later field wins (max_completion_tokens)
         if key not in body or key in skip:
             continue
