@@ -210,6 +210,8 @@ def command_line(parser: argparse.ArgumentParser, args: argparse.Namespace) -> l
         elif isinstance(action, argparse._AppendAction):
             for item in value:
                 words += [flag, str(item)]
+        elif isinstance(value, list):  # nargs="+"
+            words += [flag, *map(str, value)]
         else:
             words += [flag, str(value)]
     return words

@@ -1,4 +1,4 @@
-"""`deepinfer run | backends | conformance | bench`.
+"""`deepinfer run | run-batch | backends | conformance | bench`.
 
 Building the parser imports no torch and loads no backend plugin (`deepinfer --help` answers at
 once); each command imports what it needs when it runs. The one exception is `deepinfer bench`
@@ -15,7 +15,7 @@ import sys
 from deepinfer import __version__
 from deepinfer.errors import UserError
 
-SUBCOMMANDS = ("run", "backends", "conformance", "bench")
+SUBCOMMANDS = ("run", "run-batch", "backends", "conformance", "bench")
 
 
 class Parser(argparse.ArgumentParser):
@@ -37,7 +37,7 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
     for name in SUBCOMMANDS:
-        module = importlib.import_module(f"deepinfer.cli.{name}")
+        module = importlib.import_module(f"deepinfer.cli.{name.replace('-', '_')}")
         if name == "bench":
             module.add_parser(sub, argv)  # backend plugins may add bench subcommands
         else:

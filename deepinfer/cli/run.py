@@ -2,15 +2,17 @@
 
 Input (-i FILE), one request per line:
   {"prompt": "...", "id": ...}, or "messages": [{"role": ..., "content": ...}] (chat template), or
-  "prompt_token_ids": [...]; "id" defaults to the line number. Optional sampling keys: max_tokens
-  (or max_completion_tokens), temperature, top_p, top_k, min_p, seed, stop, stop_token_ids,
-  ignore_eos, skip_special_tokens.
+  "prompt_token_ids": [...]; "id" defaults to the line number. Optional fields, by the table of
+  deepinfer/cli/request_fields.py (listed at the end): sampling (max_tokens or max_completion_tokens,
+  temperature, top_p, top_k, min_p, seed, stop, stop_token_ids, ignore_eos, skip_special_tokens;
+  null: the flag's value), the chat template's options for "messages" (add_generation_prompt,
+  continue_final_message, chat_template_kwargs), ignored fields ("model": the run uses --model;
+  "user", "request_id"), and fields deepinfer does not implement yet, accepted only at the value
+  that switches them off (n 1, stream false, logprobs false, presence_penalty 0, ...). Any other
+  field fails its line (below).
   Or an OpenAI batch line: {"custom_id": ..., "method": "POST", "url": "/v1/chat/completions" or
-  "/v1/completions", "body": {the same keys}}.
-  Ignored keys: "model" (the run uses --model), "user". Keys deepinfer does not implement are
-  accepted only at the value that switches them off: n 1, best_of 1, stream false, echo false,
-  logprobs false, top_logprobs 0, presence_penalty 0, frequency_penalty 0, repetition_penalty 1,
-  min_tokens 0. Any other key fails its line (below).
+  "/v1/completions", "body": {the same fields}}; `deepinfer run-batch` reads these files and
+  writes OpenAI's batch output format.
 
 Output (-o FILE): one JSON row per request, in input order (a request that finishes early waits
 for the ones before it), each written once it is its turn:
@@ -61,15 +63,22 @@ import json
 import signal
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from deepinfer.cli import launch
+from deepinfer.cli.engine_flags import KV_CACHE_DTYPES, add_engine_flags, check_engine_flags, load_llm, read_chat_template
 from deepinfer.cli.launch import launched_by_torchrun, run_as_rank, torchrun
+from deepinfer.cli.request_fields import describe as describe_fields
 from deepinfer.cli.run_output import (
     GENERATION_FAILED,
     INVALID_REQUEST,
+    RUN_ROWS,
     InOrder,
     OutputFile,
+    RowFormat,
+    add_output_flags,
     check_output_args,
     check_unlocked,
     error_row,
@@ -79,35 +88,22 @@ from deepinfer.cli.run_output import (
 )
 from deepinfer.cli.run_requests import BUILTIN_PROMPTS, Request, check_flag_params, collect_requests, make_params
 from deepinfer.engine.chat import FixNames, render_chat
-from deepinfer.engine.dtype_names import DTYPE_NAMES
 from deepinfer.errors import UserError
 
-__all__ = ["BUILTIN_PROMPTS", "add_parser", "command_line", "run"]
-
-KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3")  # deepinfer.ops.kv_cache_format's (repeated: the CLI imports no torch before it must)
+__all__ = ["BUILTIN_PROMPTS", "KV_CACHE_DTYPES", "add_parser", "command_line", "load_llm", "run"]
 
 
 def add_parser(sub) -> None:
     p = sub.add_parser(
         "run",
         help="generate text for prompts (the default command)",
-        description=__doc__,
+        description=f"{__doc__}\n{describe_fields()}",
         formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    p.add_argument("--backend", default="auto", help="auto (cuda, then ascend, then reference), cuda, ascend or reference")
-    p.add_argument(
-        "--model", metavar="PATH",
-        help="an HF checkpoint folder, or tiny-v3 / tiny-v4: the embedded tiny DeepSeek-V3 / V4 (dummy weights; default tiny-v3)",
     )
     p.add_argument("--prompt", action="append", metavar="TEXT", help="a prompt (repeat for several)")
     p.add_argument("-i", "--input", metavar="FILE", help="prompts as JSONL: {\"prompt\": ...} or OpenAI batch lines (format above)")
-    p.add_argument("-o", "--output", metavar="FILE", help="write one JSON row per request (a result or an error), in input order")
-    p.add_argument("--resume", action="store_true", help="skip ids already in --output (error rows included) and append the rest")
-    p.add_argument("--overwrite", action="store_true", help="replace an existing --output file")
+    add_output_flags(p, "one JSON row per request (a result or an error)")
     p.add_argument("--chat", action="store_true", help="wrap plain prompts in the tokenizer's chat template")
-    p.add_argument("--chat-template", metavar="FILE|TEMPLATE",
-                   help="the chat template for --chat and \"messages\" lines instead of the tokenizer's: a Jinja file, or the template itself")
-    p.add_argument("--tokenizer", metavar="PATH", help="load the tokenizer (and its chat template) from this folder instead of the model's")
     p.add_argument("--max-tokens", type=int, default=16, metavar="N", help="tokens to generate per request at most (default 16, as vLLM)")
     p.add_argument("--temperature", type=float, default=1.0, metavar="T", help="0 is greedy (default 1.0)")
     p.add_argument("--top-p", type=float, default=1.0, metavar="P", help="nucleus sampling (default 1.0: off)")
@@ -116,51 +112,7 @@ def add_parser(sub) -> None:
     p.add_argument("--min-p", type=float, default=0.0, metavar="P", help="drop tokens below P times the top probability (default 0: off)")
     p.add_argument("--stop", action="append", metavar="TEXT", help="a stop string (repeat for several)")
     p.add_argument("--ignore-eos", action="store_true", help="keep generating past the end-of-sequence token")
-    p.add_argument("--seed", type=int, default=0, help="seed from which each request's sampling seed is derived (default 0)")
-    p.add_argument("--dtype", default="auto", choices=DTYPE_NAMES, metavar="DTYPE",
-                   help="the model's dtype: auto (bfloat16 on accelerators, float32 on the CPU), half = float16, bfloat16, "
-                        "float = float32 (vLLM's names; bf16, fp16, fp32 too)")
-    p.add_argument("--allow-fallback", action="store_true", help="let the reference serve ops the backend has no kernel for")
-    p.add_argument("--backend-option", action="append", metavar="KEY=VALUE",
-                   help="a backend option, e.g. ep_path=nccl (repeatable; `deepinfer backends` lists each backend's options)")
-    p.add_argument("--max-num-seqs", type=int, default=256, metavar="N", help="sequences per step at most (default 256)")
-    p.add_argument("--max-num-batched-tokens", type=int, default=8192, metavar="N", help="tokens per step; longer prompts prefill in chunks (default 8192)")
-    p.add_argument("--max-model-len", type=int, metavar="N",
-                   help="the longest sequence, prompt and generated tokens (default and most: the model's max_position_embeddings)")
-    p.add_argument("--num-kv-blocks", type=int, metavar="N", help="KV cache pages (default: from the memory budget)")
-    p.add_argument("--gpu-memory-utilization", type=float, default=0.9, metavar="F",
-                   help="the share in (0, 1] of the accelerator's memory the engine may use; the KV cache gets what of it is free "
-                        "once the weights are loaded (default 0.9; the CPU's cache is a share of the free RAM)")
-    p.add_argument("--kv-cache-dtype", default="auto", choices=KV_CACHE_DTYPES,
-                   help="auto: the model dtype; fp8 (= fp8_e4m3): e4m3 rows with a per-token scale, about half the bytes per token")
-    p.add_argument("--no-prefix-caching", action="store_true", help="switch the prefix cache off")
-    p.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs for decode steps (cuda backend)")
-    p.add_argument("--no-overlap", action="store_true", help="each decode step waits for the one before (default: overlap scheduling on cuda and ascend)")
-    p.add_argument("--no-mixed-steps", action="store_true",
-                   help="prefill steps do not also decode running requests (default: they do, except in deterministic mode)")
-    p.add_argument("--deterministic", action="store_true",
-                   help="batch-invariant kernels only: a request's logits and tokens are bit-identical whatever it is batched with "
-                        "(an error names any op the backend has no such kernel for)")
-    p.add_argument("--speculative", metavar="SPEC",
-                   help="speculative decoding: METHOD[:NUM_DRAFTS[:POLICY]] (e.g. mtp:3:confidence) or a JSON object "
-                        "{\"method\": \"mtp\", \"num_drafts\": 3, \"policy\": \"fixed\"|\"confidence\"}; "
-                        "the checkpoint's MTP layer drafts, the model verifies")
-    p.add_argument("--interpret", action="store_true",
-                   help="run the backend's Triton kernels in the Triton interpreter on the CPU (slow; for checking kernels)")
-    p.add_argument("--cpu-threads", type=int, metavar="N",
-                   help="torch's CPU threads (default on the CPU: OMP_NUM_THREADS if set, else the usable cores but one)")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    ep = p.add_argument_group("expert parallelism (see docs/distributed.md)")
-    ep.add_argument("--tensor-parallel-size", "-tp", type=int, default=1, metavar="N",
-                    help="accepted for vLLM command lines: 1 only (deepinfer has no tensor parallelism; use --ep N)")
-    ep.add_argument("--ep", type=int, metavar="N", help="shard the experts over N devices, one process each (default 1; under torchrun: its process count)")
-    ep.add_argument("--num-redundant-experts", type=int, default=0, metavar="R",
-                    help="extra copies of busy experts per MoE layer (experts + R must divide by N)")
-    ep.add_argument("--eplb", action="store_true", help="count the expert load and re-place the experts by EPLB every --eplb-interval steps")
-    ep.add_argument("--eplb-interval", type=int, default=1000, metavar="STEPS", help="steps between EPLB rebalances (default 1000)")
-    ep.add_argument("--expert-load", metavar="FILE", help="JSON [MoE layers][experts] token counts: place the experts by EPLB from the start")
-    ep.add_argument("--dist-timeout", type=float, default=300.0, metavar="S",
-                    help="seconds (> 0) a rank waits for the others in a collective before the run fails (default 300)")
+    add_engine_flags(p)
     p.set_defaults(func=run)
     global _PARSER
     _PARSER = p
@@ -169,82 +121,9 @@ def add_parser(sub) -> None:
 _PARSER: argparse.ArgumentParser | None = None
 
 
-def load_llm(args, ctx):
-    """The run's LLM (every rank builds the same one; `ctx`: the rank's DistContext, None alone)."""
-    from deepinfer.engine.llm import LLM
-    from deepinfer.options import parse_assignments
-
-    return LLM(
-        model=args.model,
-        backend=args.backend,
-        tokenizer=args.tokenizer,
-        dtype=args.dtype,
-        seed=args.seed,
-        max_num_seqs=args.max_num_seqs,
-        max_num_batched_tokens=args.max_num_batched_tokens,
-        max_model_len=args.max_model_len,
-        num_kv_blocks=args.num_kv_blocks,
-        gpu_memory_utilization=args.gpu_memory_utilization,
-        enable_prefix_caching=not args.no_prefix_caching,
-        enforce_eager=args.enforce_eager,
-        interpret=args.interpret,
-        allow_fallback=args.allow_fallback,
-        backend_options=parse_assignments(args.backend_option),
-        ep=ctx.world_size if ctx is not None else 1,
-        num_redundant_experts=args.num_redundant_experts,
-        eplb_interval=args.eplb_interval if args.eplb else None,
-        expert_load=args.expert_load,
-        dist_timeout=args.dist_timeout,
-        cpu_threads=args.cpu_threads,
-        kv_cache_dtype=args.kv_cache_dtype,
-        deterministic=args.deterministic,
-        speculative=args.speculative,
-        overlap=False if args.no_overlap else None,
-        mixed_steps=False if args.no_mixed_steps else None,
-    )
-
-
 def check_flags(args) -> None:
     """Flag values no run could use: one line naming the flag (exit 2), before anything starts."""
-    from deepinfer.distributed.group import check_timeout
-    from deepinfer.engine.cpu_threads import MAX_CPU_THREADS
-
-    if args.tensor_parallel_size != 1:
-        size = args.tensor_parallel_size
-        if size < 1:
-            raise UserError(f"--tensor-parallel-size must be 1, got {size}")
-        raise UserError(
-            f"--tensor-parallel-size {size}: deepinfer has no tensor parallelism; it spreads a MoE model over {size} devices "
-            f"by expert parallelism, with attention data parallel: --ep {size} (docs/distributed.md)"
-        )
-    if args.ep is not None and args.ep < 1:
-        raise UserError(f"--ep must be >= 1, got {args.ep}")
-    counts = (
-        ("--max-num-seqs", args.max_num_seqs), ("--max-num-batched-tokens", args.max_num_batched_tokens),
-        ("--max-model-len", args.max_model_len), ("--num-kv-blocks", args.num_kv_blocks), ("--eplb-interval", args.eplb_interval),
-    )
-    for flag, value in counts:
-        if value is not None and value < 1:
-            raise UserError(f"{flag} must be >= 1, got {value}")
-    if not 0 < args.gpu_memory_utilization <= 1:
-        raise UserError(f"--gpu-memory-utilization must be a fraction in (0, 1], got {args.gpu_memory_utilization}")
-    if args.num_redundant_experts < 0:
-        raise UserError(f"--num-redundant-experts must be >= 0, got {args.num_redundant_experts}")
-    if args.cpu_threads is not None and not 1 <= args.cpu_threads <= MAX_CPU_THREADS:
-        raise UserError(f"--cpu-threads must lie in [1, {MAX_CPU_THREADS}], got {args.cpu_threads}")
-    check_timeout(args.dist_timeout, "--dist-timeout")
-    read_chat_template(args.chat_template)
-    if args.tokenizer is not None:
-        from deepinfer.model.tokenizer import check_tokenizer_folder
-
-        check_tokenizer_folder(args.tokenizer)
-    if args.speculative is not None:
-        from deepinfer.engine.speculative.config import SpeculativeConfig
-
-        try:
-            SpeculativeConfig.parse(args.speculative)
-        except UserError as exc:
-            raise UserError(f"--speculative: {str(exc).removeprefix('speculative: ')}") from None
+    check_engine_flags(args)
     check_flag_params(args)
 
 
@@ -262,27 +141,7 @@ def render_prompt(tokenizer, request: Request, chat: bool, chat_template: str | 
         messages = [{"role": "user", "content": request.prompt}]
     if messages is None:
         return request.prompt
-    return render_chat(tokenizer, messages, request.source, chat_template=chat_template, fixes=CLI_FIXES)
-
-
-def read_chat_template(value: str | None) -> str | None:
-    """--chat-template as Jinja source: the file it names, else the value itself when it reads as a
-    template (it holds a brace or a newline; vLLM's rule). One line (exit 2) otherwise."""
-    if value is None:
-        return None
-    path = Path(value).expanduser()
-    try:
-        is_file = path.is_file()
-    except OSError:  # a template longer than a file name may be
-        is_file = False
-    if is_file:
-        try:
-            return path.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as exc:
-            raise UserError(f"--chat-template: cannot read {value} ({exc})") from None
-    if not any(c in value for c in "{}\n"):
-        raise UserError(f"--chat-template {value}: no such file (and it is not a Jinja template)")
-    return value
+    return render_chat(tokenizer, messages, request.source, chat_template=chat_template, fixes=CLI_FIXES, **request.chat_options)
 
 
 def to_stdout(text: str) -> None:
@@ -299,24 +158,42 @@ def as_text(request: Request, prompt: str | None, output) -> str:
     return f"[{request.id}] prompt: {shown!r}\n    completion: {completion.text!r} ({completion.finish_reason})"
 
 
+@dataclass(frozen=True)
+class Command:
+    """What `run` and `run-batch` do differently. The rest is shared: the output file (locked,
+    resumable, in input order) and expert parallelism's ranks and their launcher."""
+
+    name: str  # the subcommand, as each rank torchrun starts parses it again
+    rows: RowFormat  # the output's rows, which --resume reads
+    check_flags: Callable[[argparse.Namespace], None]  # one line (exit 2) for flags no run could use
+    request_ids: Callable[[argparse.Namespace], list[str]]  # every request's id as JSON text (a broken input: UserError)
+    generate: Callable[..., int]  # generate(args, ctx, output, done): the run on one rank, its exit code
+    parser: Callable[[], argparse.ArgumentParser]  # the subcommand's parser, to rebuild its command line
+
+
 def run(args) -> int:
-    check_flags(args)
+    return run_command(args, RUN)
+
+
+def run_command(args, command: Command) -> int:
+    """`command` alone, as N ranks it starts (--ep N), or as one rank of a torchrun."""
+    command.check_flags(args)
     if not launched_by_torchrun():
         if (args.ep or 1) > 1:
-            return launch_ranks(args)
-        return run_rank(args, None)
+            return launch_ranks(args, command)
+        return run_rank(args, None, command)
     from deepinfer.distributed.group import env_rank
 
     rank = env_rank()  # RANK=abc: one line naming it
-    return run_as_rank(lambda: run_in_torchrun(args), rank)
+    return run_as_rank(lambda: run_in_torchrun(args, command), rank)
 
 
-def run_in_torchrun(args) -> int:
+def run_in_torchrun(args, command: Command) -> int:
     ctx = join_run(args)
     if ctx is None:  # torchrun with one process
-        return run_rank(args, None)
+        return run_rank(args, None, command)
     try:
-        return launch.report_outcome(run_rank(args, ctx))  # failed requests: not a failed rank
+        return launch.report_outcome(run_rank(args, ctx, command))  # failed requests: not a failed rank
     except UserError as exc:
         _failing.append(exc)
         if f"rank {ctx.rank}" not in str(exc):  # say which rank, once (keeping the error's class)
@@ -327,7 +204,7 @@ def run_in_torchrun(args) -> int:
         raise
 
 
-def run_rank(args, ctx) -> int:
+def run_rank(args, ctx, command: Command) -> int:
     """The whole run on one process; `ctx`: its DistContext under torchrun (None: alone)."""
     first = ctx is None or ctx.rank == 0
     output, done, error = None, set(), None
@@ -337,7 +214,7 @@ def run_rank(args, ctx) -> int:
             if path is not None:
                 output = OutputFile.open(path)
                 if args.resume:
-                    done = output.resume()  # may drop a torn last line
+                    done = output.resume(command.rows)  # may drop a torn last line
         except UserError as exc:
             if ctx is None:
                 raise
@@ -348,7 +225,7 @@ def run_rank(args, ctx) -> int:
             done = set(done)
         if error is not None:
             raise UserError(error)
-        return generate_all(args, ctx, output, done)
+        return command.generate(args, ctx, output, done)
     finally:
         if output is not None:
             output.close()
@@ -471,18 +348,19 @@ def share_from_rank0(ctx, value):
     return box[0]
 
 
-def launch_ranks(args) -> int:
-    """`deepinfer run --ep N` on one host: check once what every rank would check, then start N
-    ranks with torchrun (one line if one of them fails)."""
-    left = preflight(args)
+def launch_ranks(args, command: Command) -> int:
+    """`deepinfer run --ep N` (or run-batch) on one host: check once what every rank would check,
+    then start N ranks with torchrun (one line if one of them fails)."""
+    left = preflight(args, command)
     if left == 0:
         print(f"deepinfer: nothing to do: every request is already in {args.output}", file=sys.stderr)
         return 0
     check_ep_setup(args)
-    return torchrun(args.ep, ["run", *command_line(args)], what="run", verbose=getattr(args, "verbose", False))
+    words = [command.name, *launch.command_line(command.parser(), args)]
+    return torchrun(args.ep, words, what=command.name, verbose=getattr(args, "verbose", False))
 
 
-def preflight(args) -> int:
+def preflight(args, command: Command) -> int:
     """The output file, the lock and the requests, checked as rank 0 will (changing nothing);
     the number of requests left to run."""
     from deepinfer.options import parse_assignments
@@ -493,9 +371,8 @@ def preflight(args) -> int:
     if path is not None:
         check_unlocked(path)
         if args.resume and path.exists():
-            done = scan(path).done
-    requests, _ = collect_requests(args)
-    return sum(json.dumps(r.id) not in done for r in requests)
+            done = scan(path, command.rows).done
+    return sum(key not in done for key in command.request_ids(args))
 
 
 def check_ep_setup(args) -> None:
@@ -581,3 +458,8 @@ def print_summary(llm, requests: int, skipped: int, counts: dict, wall: float, o
     if builtin:
         lines.append("  (built-in prompts; pass --prompt TEXT or -i prompts.jsonl, and --model PATH for a real checkpoint)")
     print("\n".join(lines), file=sys.stderr)
+
+
+RUN = Command(
+    "run", RUN_ROWS, check_flags, lambda args: [json.dumps(r.id) for r in collect_requests(args)[0]], generate_all, lambda: _PARSER,
+)

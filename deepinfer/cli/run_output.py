@@ -1,7 +1,8 @@
-"""The output file of `deepinfer run -o`: one JSON row per request, in input order, kept safe from
-kills, reruns and mistakes.
+"""The output file of `deepinfer run -o` and `deepinfer run-batch -o`: one JSON row per request, in
+input order, kept safe from kills, reruns and mistakes. Each command describes its rows to --resume
+with a RowFormat (run-batch's: deepinfer/cli/batch_rows.py); `run`'s are below.
 
-A row is a result, `{"id" | "custom_id": ..., "prompt", "text", "token_ids", "finish_reason",
+A `run` row is a result, `{"id" | "custom_id": ..., "prompt", "text", "token_ids", "finish_reason",
 "prompt_tokens", "completion_tokens"}`, or an error, `{"id" | "custom_id": ..., "error":
 {"message": str, "type": "invalid_request_error" | "generation_error"}}` (the request was refused
 before it ran / failed while running or being written). Error rows are written in JSON's ASCII
@@ -31,6 +32,7 @@ import stat
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Callable
 
 from deepinfer.errors import UserError
 
@@ -72,14 +74,32 @@ def is_row(item) -> bool:
     return isinstance(item, dict) and ("id" in item or "custom_id" in item) and ("text" in item or "error" in item)
 
 
-def is_row_start(torn: bytes) -> bool:
+@dataclass(frozen=True)
+class RowFormat:
+    """What the rows of one command's output look like, for --resume: which parsed lines are rows,
+    the id of a row (what --resume skips by), and how a row begins (json.dumps, its id key first,
+    then one of `second_keys`), to tell a torn last row from a line that is no row at all."""
+
+    what: str  # "a deepinfer result or error row", for messages
+    is_row: Callable[[Any], bool]
+    row_id: Callable[[dict], Any]
+    starts: tuple[str, ...]
+    second_keys: tuple[str, ...]
+
+
+RUN_ROWS = RowFormat(
+    "a deepinfer result or error row", is_row, lambda item: item["custom_id" if "custom_id" in item else "id"], ROW_STARTS, ROW_SECOND_KEYS
+)
+
+
+def is_row_start(torn: bytes, rows: RowFormat = RUN_ROWS) -> bool:
     """Whether a torn last line (no newline, not complete JSON) is the beginning of a row: what a
     run killed while writing it leaves, and the only torn line --resume may drop."""
     try:
         text = codecs.getincrementaldecoder("utf-8")().decode(torn, final=False)  # a cut multibyte character is fine
     except UnicodeDecodeError:
         return False
-    for start in ROW_STARTS:
+    for start in rows.starts:
         if start.startswith(text):
             return True
         if not text.startswith(start):
@@ -90,8 +110,16 @@ def is_row_start(torn: bytes) -> bool:
         except ValueError:
             return rest.startswith('"')  # cut inside a string id
         after = rest[end:]
-        return any(key.startswith(after) or after.startswith(key) for key in ROW_SECOND_KEYS)
+        return any(key.startswith(after) or after.startswith(key) for key in rows.second_keys)
     return False
+
+
+def add_output_flags(p, rows: str) -> None:
+    """-o, --resume and --overwrite, the flags of the output file this module keeps safe (`rows`: what
+    the file holds, for -o's help)."""
+    p.add_argument("-o", "--output", metavar="FILE", help=f"write {rows}, in input order")
+    p.add_argument("--resume", action="store_true", help="skip the requests already in --output (error rows included) and append the rest")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing --output file")
 
 
 def same_file(a: str | Path, b: str | Path) -> bool:
@@ -138,7 +166,7 @@ class Scan:
     needs_newline: bool = False  # the last row is whole, only its newline is missing
 
 
-def scan(path: Path) -> Scan:
+def scan(path: Path, rows: RowFormat = RUN_ROWS) -> Scan:
     """Read an output file for --resume (nothing is changed). A UserError for a line that is not a
     row, or a last line that is neither a row nor the beginning of one."""
     try:
@@ -154,13 +182,13 @@ def scan(path: Path) -> Scan:
             whole = json.loads(last)
         except ValueError:
             whole = None
-        if is_row(whole):
+        if rows.is_row(whole):
             result.needs_newline = True
             lines.append(last)
-        elif whole is None and is_row_start(last):
+        elif whole is None and is_row_start(last, rows):
             result.torn_at = len(data) - len(last)
         else:
-            raise UserError(f"{path} line {number}: the last line is not a deepinfer result or error row, nor the start of one; is -o the right file?")
+            raise UserError(f"{path} line {number}: the last line is not {rows.what}, nor the start of one; is -o the right file?")
     for number, line in enumerate(lines, start=1):
         if not line.strip():
             continue
@@ -168,9 +196,9 @@ def scan(path: Path) -> Scan:
             item = json.loads(line)
         except ValueError:
             raise UserError(f"{path} line {number} is not valid JSON; fix or remove it, then --resume again") from None
-        if not is_row(item):
-            raise UserError(f"{path} line {number} is not a deepinfer result or error row; is -o the right file?")
-        result.done.add(json.dumps(item["custom_id" if "custom_id" in item else "id"]))
+        if not rows.is_row(item):
+            raise UserError(f"{path} line {number} is not {rows.what}; is -o the right file?")
+        result.done.add(json.dumps(rows.row_id(item)))
     return result
 
 
@@ -224,8 +252,8 @@ class OutputFile:
                 raise
         return out
 
-    def resume(self) -> set[str]:
-        found = scan(self.path)  # under the lock: nobody else appends meanwhile
+    def resume(self, rows: RowFormat = RUN_ROWS) -> set[str]:
+        found = scan(self.path, rows)  # under the lock: nobody else appends meanwhile
         try:
             if found.torn_at is not None:
                 print(f"deepinfer: {self.path}: dropping an unfinished last line from an interrupted run", file=sys.stderr)

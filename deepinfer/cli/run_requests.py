@@ -13,10 +13,12 @@ Two kinds of defect:
   Unicode, a prompt too long for the model). That line alone fails: it gets an error row in the
   output and the rest of the file runs.
 
-Every key is accounted for: SAMPLING_KEYS map onto SamplingParams; IGNORED_KEYS do not change what
-is generated and are accepted; NEUTRAL_VALUES are OpenAI / vLLM features deepinfer does not
-implement, accepted only at the value that switches them off (clients often send the defaults);
-any other key fails the line, naming it.
+Every key is accounted for: besides the prompt ("prompt", "messages" or "prompt_token_ids") and
+"id", a key is read by the table of deepinfer/cli/request_fields.py (the one `run-batch` reads too):
+sampling fields map onto SamplingParams, the chat template's options apply to "messages", ignored
+fields change nothing generated, fields deepinfer does not implement are accepted only at the value
+that switches them off; any other key fails the line, naming it. A field's endpoint is not checked
+here: `run` reads every field on every line ("model" is ignored: the run's model is --model).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from deepinfer.cli.request_fields import BadField, name, read_fields, short
 from deepinfer.errors import UserError
 
 BUILTIN_PROMPTS = [
@@ -35,40 +38,6 @@ BUILTIN_PROMPTS = [
     "def fibonacci(n):",
 ]
 
-# JSONL keys that map onto SamplingParams (OpenAI's names; max_completion_tokens is its newer
-# name; top_k, min_p, stop_token_ids, ignore_eos and skip_special_tokens are vLLM's).
-SAMPLING_KEYS = {
-    "max_tokens": "max_tokens",
-    "max_completion_tokens": "max_tokens",
-    "temperature": "temperature",
-    "top_p": "top_p",
-    "top_k": "top_k",
-    "min_p": "min_p",
-    "seed": "seed",
-    "stop": "stop",
-    "stop_token_ids": "stop_token_ids",
-    "ignore_eos": "ignore_eos",
-    "skip_special_tokens": "skip_special_tokens",
-}
-# Accepted and ignored: they do not change what is generated.
-IGNORED_KEYS = {
-    "model": "the run's model is --model",
-    "user": "an end-user tag for a server's abuse monitoring",
-}
-# Not implemented: accepted only at the value that switches them off (None too); any other value
-# fails the line. stream: the results go to the output file, never as a stream.
-NEUTRAL_VALUES = {
-    "n": 1,
-    "best_of": 1,
-    "stream": False,
-    "echo": False,
-    "logprobs": False,
-    "top_logprobs": 0,
-    "presence_penalty": 0,
-    "frequency_penalty": 0,
-    "repetition_penalty": 1,
-    "min_tokens": 0,
-}
 PROMPT_KEYS = ("prompt", "messages", "prompt_token_ids")
 BATCH_LINE_KEYS = ("custom_id", "method", "url", "body")
 BATCH_URLS = ("/v1/chat/completions", "/v1/completions")
@@ -86,6 +55,7 @@ class Request:
     messages: list | None = None
     prompt_token_ids: list | None = None
     overrides: dict = field(default_factory=dict)
+    chat_options: dict = field(default_factory=dict)  # render_chat's keywords for "messages"
     error: str | None = None  # why this request fails (it gets an error row); None: it runs
 
     def fail(self, problem: str) -> None:
@@ -95,6 +65,15 @@ class Request:
 
 
 def read_jsonl_requests(path: str) -> list[Request]:
+    requests = [parse_line(line, f"{path} line {number}", number) for number, line in read_input_lines(path)]
+    if not requests:
+        raise UserError(f"input file {path} has no prompts")
+    return requests
+
+
+def read_input_lines(path: str) -> list[tuple[int, str]]:
+    """The non-blank lines of a UTF-8 JSONL file with their line numbers; a UserError naming what
+    keeps the file from being read."""
     file = Path(path)
     if not file.is_file():
         raise UserError(f"input file {path} not found" if not file.exists() else f"input {path} is not a file")
@@ -104,10 +83,7 @@ def read_jsonl_requests(path: str) -> list[Request]:
         raise UserError(f"cannot read {path}: it is not UTF-8 text (byte {exc.object[exc.start]:#04x} at offset {exc.start})") from None
     except OSError as exc:
         raise UserError(f"cannot read {path}: {exc.strerror or exc}") from None
-    requests = [parse_line(line, f"{path} line {number}", number) for number, line in enumerate(lines, start=1) if line.strip()]
-    if not requests:
-        raise UserError(f"input file {path} has no prompts")
-    return requests
+    return [(number, line) for number, line in enumerate(lines, start=1) if line.strip()]
 
 
 def parse_line(line: str, where: str, number: int) -> Request:
@@ -125,11 +101,10 @@ def parse_line(line: str, where: str, number: int) -> Request:
     id_key = "custom_id" if batch else "id"
     request = Request(item[id_key] if batch else item.get("id", number), id_key, where, number)
     if not isinstance(request.id, (str, int)) or isinstance(request.id, bool):
-        raise UserError(f"{where}: {id_key} must be a string or an integer, got {_short(request.id)}")
-    bad_text = _lone_surrogate(item)
+        raise UserError(f"{where}: {id_key} must be a string or an integer, got {short(request.id)}")
+    bad_text = unicode_problem(item)
     if bad_text is not None:
-        shown = bad_text.encode("ascii", "backslashreplace").decode()
-        request.fail(f"{shown} holds a lone surrogate, which is not valid Unicode text (an escape such as \\udc00 without its pair)")
+        request.fail(bad_text)
         return request
     if batch:
         source = _batch_body(item, request)
@@ -145,11 +120,11 @@ def _batch_body(item: dict, request: Request) -> dict | None:
     """The body of an OpenAI batch line, or None (request failed) when the line is not one deepinfer runs."""
     extra = [k for k in item if k not in BATCH_LINE_KEYS]
     if extra:
-        request.fail(f"unknown field {_name(extra[0])} in an OpenAI batch line (it holds {', '.join(BATCH_LINE_KEYS)})")
+        request.fail(f"unknown field {name(extra[0])} in an OpenAI batch line (it holds {', '.join(BATCH_LINE_KEYS)})")
     elif item.get("method", "POST") != "POST":
-        request.fail(f"method {_short(item['method'])} is not supported; batch lines are POST requests")
+        request.fail(f"method {short(item['method'])} is not supported; batch lines are POST requests")
     elif item.get("url", BATCH_URLS[0]) not in BATCH_URLS:
-        request.fail(f"url {_short(item['url'])} is not supported; deepinfer runs {' and '.join(BATCH_URLS)}")
+        request.fail(f"url {short(item['url'])} is not supported; deepinfer runs {' and '.join(BATCH_URLS)}")
     elif not isinstance(item.get("body"), dict):
         request.fail("an OpenAI batch line needs a \"body\" object")
     return item["body"] if request.error is None else None
@@ -158,8 +133,11 @@ def _batch_body(item: dict, request: Request) -> dict | None:
 def _read_body(source: dict, request: Request, in_body: bool) -> None:
     """Fill `request` from the keys of a line (or a batch line's body), failing it on the first bad key."""
     where = " in \"body\"" if in_body else ""
-    problem = _unsupported_key(source, where)
     given = [k for k in PROMPT_KEYS if k in source]
+    try:
+        fields, problem = read_fields(source, skip=PROMPT_KEYS, where=where), None
+    except BadField as exc:
+        fields, problem = None, str(exc)
     if not given:
         request.fail(f"no \"prompt\", \"messages\" or \"prompt_token_ids\"{where}" + (f" ({problem})" if problem else ""))
         return
@@ -167,7 +145,7 @@ def _read_body(source: dict, request: Request, in_body: bool) -> None:
         request.fail(problem)
         return
     if len(given) > 1:
-        request.fail(f"give one of {', '.join(_name(k) for k in given)}, not several")
+        request.fail(f"give one of {', '.join(name(k) for k in given)}, not several")
         return
     key, value = given[0], source[given[0]]
     if key == "messages":
@@ -177,6 +155,9 @@ def _read_body(source: dict, request: Request, in_body: bool) -> None:
             request.fail("\"messages\" must be a non-empty list of {\"role\": str, \"content\": str}")
             return
         request.messages = value
+    elif fields.chat:
+        request.fail(f"{name(next(iter(fields.chat)))} applies to \"messages\" only")
+        return
     elif key == "prompt_token_ids":
         if not isinstance(value, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in value):
             request.fail("\"prompt_token_ids\" must be a list of integers")
@@ -187,31 +168,20 @@ def _read_body(source: dict, request: Request, in_body: bool) -> None:
             request.fail(f"\"prompt\" must be a string, got {type(value).__name__}")
             return
         request.prompt = value
-    request.overrides = {SAMPLING_KEYS[k]: v for k, v in source.items() if k in SAMPLING_KEYS}
+    request.overrides = fields.sampling
+    request.chat_options = fields.chat
 
 
-def _unsupported_key(source: dict, where: str) -> str | None:
-    """The first key of a line that deepinfer does not run as given (see the module docstring)."""
-    for key, value in source.items():
-        if key in PROMPT_KEYS or key in SAMPLING_KEYS or key in IGNORED_KEYS:
-            continue
-        if key in NEUTRAL_VALUES:
-            if value is not None and not _same(value, NEUTRAL_VALUES[key]):
-                neutral = json.dumps(NEUTRAL_VALUES[key])
-                return f"{_name(key)}: {_short(value)} is not supported (deepinfer does not implement {key}); leave it out or set it to {neutral}"
-            continue
-        return f"unknown field {_name(key)}{where}; deepinfer does not implement it (the fields it reads are in `deepinfer run --help`)"
-    return None
+def unicode_problem(item) -> str | None:
+    """Why a parsed line is not valid Unicode text (a string in it holds a lone surrogate); None when it is."""
+    bad = lone_surrogate(item)
+    if bad is None:
+        return None
+    shown = bad.encode("ascii", "backslashreplace").decode()
+    return f"{shown} holds a lone surrogate, which is not valid Unicode text (an escape such as \\udc00 without its pair)"
 
 
-def _same(value, neutral) -> bool:
-    """value equals the neutral value, type included (True is not 1, 0.0 is 0)."""
-    if isinstance(neutral, bool) or isinstance(value, bool):
-        return value is neutral
-    return isinstance(value, (int, float)) and value == neutral
-
-
-def _lone_surrogate(value, path: str = "") -> str | None:
+def lone_surrogate(value, path: str = "") -> str | None:
     """Where in a parsed JSON value a string holds a lone surrogate (it cannot be encoded as UTF-8):
     a path such as `body.messages[0].content`; None when there is none."""
     if isinstance(value, str):
@@ -223,25 +193,15 @@ def _lone_surrogate(value, path: str = "") -> str | None:
     if isinstance(value, dict):
         for key, item in value.items():
             inner = f"{path}.{key}" if path else key
-            found = _lone_surrogate(key, f"a key in {path or 'the line'}") or _lone_surrogate(item, inner)
+            found = lone_surrogate(key, f"a key in {path or 'the line'}") or lone_surrogate(item, inner)
             if found:
                 return found
     elif isinstance(value, list):
         for i, item in enumerate(value):
-            found = _lone_surrogate(item, f"{path}[{i}]")
+            found = lone_surrogate(item, f"{path}[{i}]")
             if found:
                 return found
     return None
-
-
-def _name(key: str) -> str:
-    return json.dumps(key)  # quoted, and escaped if it holds odd characters
-
-
-def _short(value, limit: int = 60) -> str:
-    """A parsed JSON value as JSON text, cut to `limit` characters."""
-    text = json.dumps(value)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def collect_requests(args) -> tuple[list[Request], bool]:
@@ -260,13 +220,19 @@ def collect_requests(args) -> tuple[list[Request], bool]:
             requests.append(Request(n, "id", f"--prompt {n}", n, prompt=text))
     else:
         return [Request(n, "id", f"built-in prompt {n}", n, prompt=text) for n, text in enumerate(BUILTIN_PROMPTS, start=1)], True
+    refuse_duplicate_ids(requests)
+    return requests, False
+
+
+def refuse_duplicate_ids(requests) -> None:
+    """A UserError naming the first request whose id an earlier one has (ids are how the output
+    and --resume tell requests apart)."""
     seen: dict[str, str] = {}
     for request in requests:
         key = json.dumps(request.id)
         if key in seen:
-            raise UserError(f"{request.source}: duplicate {request.id_key} {_short(request.id)} (first at {seen[key]})")
+            raise UserError(f"{request.source}: duplicate {request.id_key} {short(request.id)} (first at {seen[key]})")
         seen[key] = request.source
-    return requests, False
 
 
 def flag_params(args) -> dict:
@@ -293,7 +259,7 @@ def check_flag_params(args) -> None:
         SamplingParams(**flag_params(args))
     except ValueError as exc:
         text = str(exc).removeprefix("SamplingParams: ")
-        flag = next((f for name, f in FLAGS.items() if text.startswith(name)), "a sampling flag")
+        flag = next((f for param, f in FLAGS.items() if text.startswith(param)), "a sampling flag")
         raise UserError(f"{flag}: {text}") from None
 
 

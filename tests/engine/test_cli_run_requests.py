@@ -60,6 +60,10 @@ LINES = [
     ({"id": "\udc00", "prompt": "x"}, "\udc00", ["id holds a lone surrogate"]),
     ({"custom_id": "surrogate-chat", "body": {"messages": [{"role": "user", "content": "\ud800"}]}}, "surrogate-chat", ["body.messages[0].content"]),
     ({"id": "vocabulary", "prompt_token_ids": [0, 10**12]}, "vocabulary", ["outside the vocabulary"]),
+    ({"id": "chat-option-on-prompt", "prompt": "x", "add_generation_prompt": False}, "chat-option-on-prompt",
+     ['"add_generation_prompt" applies to "messages" only']),
+    ({"id": "chat-option-type", "messages": CHAT, "continue_final_message": "yes"}, "chat-option-type", ['"continue_final_message" must be true or false']),
+    ({"id": "null-sampling", "prompt": "x", "temperature": None, "top_p": None, "seed": None, "max_tokens": 2}, "null-sampling", None),  # null: the default
     # Known keys at their neutral value, and ignored keys: the line runs.
     (
         {"custom_id": "neutral", "method": "POST", "url": "/v1/completions",
@@ -164,3 +168,19 @@ def test_top_k_at_its_bound_runs_and_keeps_every_token(api):
     params = [SamplingParams(temperature=1.0, top_k=k, seed=3, max_tokens=4) for k in (0, 2**31 - 1)]
     off, bound = api.generate(["Hello", "Hello"], params, use_tqdm=False)
     assert off.outputs[0].token_ids == bound.outputs[0].token_ids
+
+
+def test_the_chat_template_options_of_a_messages_line(tmp_path, capsys, api):
+    """add_generation_prompt / continue_final_message / chat_template_kwargs (the table's chat
+    options) render the line's messages as LLM.chat renders them."""
+    messages = [*CHAT, {"role": "assistant", "content": "Hi"}]
+    src = write_lines(tmp_path / "in.jsonl", [
+        {"id": "continue", "messages": messages, "add_generation_prompt": False, "continue_final_message": True},
+        {"id": "kwargs", "messages": CHAT, "chat_template_kwargs": {"unused": 1}},
+    ])  # fmt: skip
+    out = tmp_path / "out.jsonl"
+    assert main(["run", *FAST, "--max-tokens", "1", "-i", str(src), "-o", str(out)]) == 0
+    rows = [json.loads(line) for line in out.read_text(encoding="utf-8").splitlines()]
+    assert rows[0]["prompt"] == api.tokenizer.apply_chat_template(messages, add_generation_prompt=False, continue_final_message=True)
+    assert rows[1]["prompt"] == api.tokenizer.apply_chat_template(CHAT, add_generation_prompt=True)
+    assert rows[0]["prompt"] != api.tokenizer.apply_chat_template(messages, add_generation_prompt=True)

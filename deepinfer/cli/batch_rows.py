@@ -1,0 +1,95 @@
+"""The rows `deepinfer run-batch` writes: OpenAI's batch output format, as vLLM's run-batch writes it.
+
+A result:
+  {"id": "deepinfer-<hex>", "custom_id": ..., "response": {"status_code": 200, "request_id":
+   "deepinfer-batch-<hex>", "body": <a Completion or a ChatCompletion>}, "error": null}
+The body is what the endpoint answers: {"id": "cmpl-<hex>" | "chatcmpl-<hex>", "object":
+"text_completion" | "chat.completion", "created", "model", "choices": [{"index", "text" |
+"message": {"role": "assistant", "content"}, "logprobs": null, "finish_reason": "stop" | "length",
+"stop_reason"}], "usage": {"prompt_tokens", "completion_tokens", "total_tokens"}}. It validates as
+openai.types.Completion / openai.types.chat.ChatCompletion. "model" is the first served name;
+"stop_reason" (the stop string or token id that ended the choice, null for EOS or length) is vLLM's
+addition. A completions body with several prompts has a choice per prompt, in the prompts' order,
+and usage counts them all.
+
+An error:
+  {"id": ..., "custom_id": ..., "response": {"status_code": 400 | 404 | 500, "request_id": ...,
+   "body": null}, "error": {"object": "error", "message": ..., "type": "BadRequestError" |
+   "NotFoundError" | "InternalServerError", "param": the field to blame or null, "code": the status}}
+vLLM's error response, kept flat (vLLM 0.10 and later nest it one level deeper, under "error"), so
+that `row["error"]["message"]` and `["code"]` read as OpenAI's batch errors do. 400: the request
+cannot run as written; 404: it names a model the run does not serve (vLLM's answer); 500: its
+result could not be written (text that is not valid Unicode).
+
+Results are written with their text as is (UTF-8); error rows in JSON's ASCII form, so that a
+custom_id that is not valid Unicode text is written back as the input spelled it.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+
+from deepinfer.cli.batch_requests import BatchRequest, Failure
+from deepinfer.cli.request_fields import COMPLETIONS
+from deepinfer.cli.run_output import RowFormat
+
+ERROR_TYPES = {400: "BadRequestError", 404: "NotFoundError", 500: "InternalServerError"}  # vLLM's names for the statuses
+WRITE_FAILED = 500
+
+
+def result_row(request: BatchRequest, outputs: list, model: str) -> dict:
+    """The row of a request whose every choice finished (`outputs`: a RequestOutput per choice)."""
+    hex_id = uuid.uuid4().hex
+    completions = request.url == COMPLETIONS
+    choices = []
+    for index, output in enumerate(outputs):
+        completion = output.outputs[0]
+        choice = {"index": index}
+        if completions:
+            choice["text"] = completion.text
+        else:
+            choice["message"] = {"role": "assistant", "content": completion.text}
+        choice.update(logprobs=None, finish_reason=completion.finish_reason, stop_reason=completion.stop_reason)
+        choices.append(choice)
+    prompt_tokens = sum(len(o.prompt_token_ids) for o in outputs)
+    completion_tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
+    body = {
+        "id": f"{'cmpl' if completions else 'chatcmpl'}-{hex_id}",
+        "object": "text_completion" if completions else "chat.completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": choices,
+        "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens, "total_tokens": prompt_tokens + completion_tokens},
+    }
+    return _row(request, {"status_code": 200, "request_id": f"deepinfer-batch-{hex_id}", "body": body}, None)
+
+
+def error_row(request: BatchRequest, failure: Failure) -> dict:
+    error = {"object": "error", "message": failure.message, "type": ERROR_TYPES[failure.status], "param": failure.param, "code": failure.status}
+    return _row(request, {"status_code": failure.status, "request_id": f"deepinfer-batch-{uuid.uuid4().hex}", "body": None}, error)
+
+
+def _row(request: BatchRequest, response: dict, error: dict | None) -> dict:
+    return {"id": f"deepinfer-{uuid.uuid4().hex}", "custom_id": request.custom_id, "response": response, "error": error}
+
+
+def row_text(row: dict) -> str:
+    """The row as one line of JSON (no newline): results readable (non-ASCII as is), error rows
+    ASCII. Raises UnicodeEncodeError for a result that is not valid Unicode."""
+    if row["error"] is not None:
+        return json.dumps(row, ensure_ascii=True)
+    text = json.dumps(row, ensure_ascii=False)
+    text.encode("utf-8")
+    return text
+
+
+def is_batch_row(item) -> bool:
+    """A row of run-batch's output (parsed): the four keys, a string id and custom_id."""
+    if not isinstance(item, dict) or set(item) != {"id", "custom_id", "response", "error"}:
+        return False
+    return isinstance(item["id"], str) and isinstance(item["custom_id"], str)
+
+
+BATCH_ROWS = RowFormat("an OpenAI batch output row of deepinfer run-batch", is_batch_row, lambda item: item["custom_id"], ('{"id": ',), (', "custom_id": ',))

@@ -1,0 +1,177 @@
+"""The engine flags `deepinfer run` and `deepinfer run-batch` share: the model, the backend and
+vLLM's engine flags with vLLM's meaning, the tokenizer and chat template, expert parallelism. Each
+command adds them with `add_engine_flags`, checks them with `check_engine_flags` (one line, exit 2,
+before anything starts) and builds its LLM with `load_llm`.
+
+vLLM's engine flags, with vLLM's meaning: --dtype (auto, half = float16, bfloat16, float = float32),
+--max-model-len, --gpu-memory-utilization, --kv-cache-dtype, --max-num-seqs,
+--max-num-batched-tokens, --enforce-eager, --seed, --tokenizer, --chat-template. --tensor-parallel-size
+(-tp) is accepted at 1 only: deepinfer has no tensor parallelism and spreads a model over devices by
+expert parallelism (--ep).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from deepinfer.engine.dtype_names import DTYPE_NAMES
+from deepinfer.errors import UserError
+
+KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3")  # deepinfer.ops.kv_cache_format's (repeated: the CLI imports no torch before it must)
+
+
+def add_engine_flags(p) -> None:
+    """The engine's flags, in a group of their own, and expert parallelism's in another."""
+    engine = p.add_argument_group("engine (shared by run and run-batch; vLLM's flags keep vLLM's meaning)")
+    engine.add_argument("--backend", default="auto", help="auto (cuda, then ascend, then reference), cuda, ascend or reference")
+    engine.add_argument(
+        "--model", metavar="PATH",
+        help="an HF checkpoint folder, or tiny-v3 / tiny-v4: the embedded tiny DeepSeek-V3 / V4 (dummy weights; default tiny-v3)",
+    )
+    engine.add_argument("--tokenizer", metavar="PATH", help="load the tokenizer (and its chat template) from this folder instead of the model's")
+    engine.add_argument("--chat-template", metavar="FILE|TEMPLATE",
+                        help="the chat template for chat messages instead of the tokenizer's: a Jinja file, or the template itself")
+    engine.add_argument("--seed", type=int, default=0, help="seed from which each request's sampling seed is derived (default 0)")
+    engine.add_argument("--dtype", default="auto", choices=DTYPE_NAMES, metavar="DTYPE",
+                        help="the model's dtype: auto (bfloat16 on accelerators, float32 on the CPU), half = float16, bfloat16, "
+                             "float = float32 (vLLM's names; bf16, fp16, fp32 too)")
+    engine.add_argument("--allow-fallback", action="store_true", help="let the reference serve ops the backend has no kernel for")
+    engine.add_argument("--backend-option", action="append", metavar="KEY=VALUE",
+                        help="a backend option, e.g. ep_path=nccl (repeatable; `deepinfer backends` lists each backend's options)")
+    engine.add_argument("--max-num-seqs", type=int, default=256, metavar="N", help="sequences per step at most (default 256)")
+    engine.add_argument("--max-num-batched-tokens", type=int, default=8192, metavar="N",
+                        help="tokens per step; longer prompts prefill in chunks (default 8192)")
+    engine.add_argument("--max-model-len", type=int, metavar="N",
+                        help="the longest sequence, prompt and generated tokens (default and most: the model's max_position_embeddings)")
+    engine.add_argument("--num-kv-blocks", type=int, metavar="N", help="KV cache pages (default: from the memory budget)")
+    engine.add_argument("--gpu-memory-utilization", type=float, default=0.9, metavar="F",
+                        help="the share in (0, 1] of the accelerator's memory the engine may use; the KV cache gets what of it is free "
+                             "once the weights are loaded (default 0.9; the CPU's cache is a share of the free RAM)")
+    engine.add_argument("--kv-cache-dtype", default="auto", choices=KV_CACHE_DTYPES,
+                        help="auto: the model dtype; fp8 (= fp8_e4m3): e4m3 rows with a per-token scale, about half the bytes per token")
+    engine.add_argument("--no-prefix-caching", action="store_true", help="switch the prefix cache off")
+    engine.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs for decode steps (cuda backend)")
+    engine.add_argument("--no-overlap", action="store_true", help="each decode step waits for the one before (default: overlap scheduling on cuda and ascend)")
+    engine.add_argument("--no-mixed-steps", action="store_true",
+                        help="prefill steps do not also decode running requests (default: they do, except in deterministic mode)")
+    engine.add_argument("--deterministic", action="store_true",
+                        help="batch-invariant kernels only: a request's logits and tokens are bit-identical whatever it is batched with "
+                             "(an error names any op the backend has no such kernel for)")
+    engine.add_argument("--speculative", metavar="SPEC",
+                        help="speculative decoding: METHOD[:NUM_DRAFTS[:POLICY]] (e.g. mtp:3:confidence) or a JSON object "
+                             "{\"method\": \"mtp\", \"num_drafts\": 3, \"policy\": \"fixed\"|\"confidence\"}; "
+                             "the checkpoint's MTP layer drafts, the model verifies")
+    engine.add_argument("--interpret", action="store_true",
+                        help="run the backend's Triton kernels in the Triton interpreter on the CPU (slow; for checking kernels)")
+    engine.add_argument("--cpu-threads", type=int, metavar="N",
+                        help="torch's CPU threads (default on the CPU: OMP_NUM_THREADS if set, else the usable cores but one)")
+    engine.add_argument("--no-progress", action="store_true", help="no progress bar")
+    ep = p.add_argument_group("expert parallelism (see docs/distributed.md)")
+    ep.add_argument("--tensor-parallel-size", "-tp", type=int, default=1, metavar="N",
+                    help="accepted for vLLM command lines: 1 only (deepinfer has no tensor parallelism; use --ep N)")
+    ep.add_argument("--ep", type=int, metavar="N", help="shard the experts over N devices, one process each (default 1; under torchrun: its process count)")
+    ep.add_argument("--num-redundant-experts", type=int, default=0, metavar="R",
+                    help="extra copies of busy experts per MoE layer (experts + R must divide by N)")
+    ep.add_argument("--eplb", action="store_true", help="count the expert load and re-place the experts by EPLB every --eplb-interval steps")
+    ep.add_argument("--eplb-interval", type=int, default=1000, metavar="STEPS", help="steps between EPLB rebalances (default 1000)")
+    ep.add_argument("--expert-load", metavar="FILE", help="JSON [MoE layers][experts] token counts: place the experts by EPLB from the start")
+    ep.add_argument("--dist-timeout", type=float, default=300.0, metavar="S",
+                    help="seconds (> 0) a rank waits for the others in a collective before the run fails (default 300)")
+
+
+def load_llm(args, ctx):
+    """The run's LLM (every rank builds the same one; `ctx`: the rank's DistContext, None alone)."""
+    from deepinfer.engine.llm import LLM
+    from deepinfer.options import parse_assignments
+
+    return LLM(
+        model=args.model,
+        backend=args.backend,
+        tokenizer=args.tokenizer,
+        dtype=args.dtype,
+        seed=args.seed,
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        max_model_len=args.max_model_len,
+        num_kv_blocks=args.num_kv_blocks,
+        gpu_memory_utilization=args.gpu_memory_utilization,
+        enable_prefix_caching=not args.no_prefix_caching,
+        enforce_eager=args.enforce_eager,
+        interpret=args.interpret,
+        allow_fallback=args.allow_fallback,
+        backend_options=parse_assignments(args.backend_option),
+        ep=ctx.world_size if ctx is not None else 1,
+        num_redundant_experts=args.num_redundant_experts,
+        eplb_interval=args.eplb_interval if args.eplb else None,
+        expert_load=args.expert_load,
+        dist_timeout=args.dist_timeout,
+        cpu_threads=args.cpu_threads,
+        kv_cache_dtype=args.kv_cache_dtype,
+        deterministic=args.deterministic,
+        speculative=args.speculative,
+        overlap=False if args.no_overlap else None,
+        mixed_steps=False if args.no_mixed_steps else None,
+    )
+
+
+def check_engine_flags(args) -> None:
+    """Engine flag values no run could use: one line naming the flag (exit 2), before anything starts."""
+    from deepinfer.distributed.group import check_timeout
+    from deepinfer.engine.cpu_threads import MAX_CPU_THREADS
+
+    if args.tensor_parallel_size != 1:
+        size = args.tensor_parallel_size
+        if size < 1:
+            raise UserError(f"--tensor-parallel-size must be 1, got {size}")
+        raise UserError(
+            f"--tensor-parallel-size {size}: deepinfer has no tensor parallelism; it spreads a MoE model over {size} devices "
+            f"by expert parallelism, with attention data parallel: --ep {size} (docs/distributed.md)"
+        )
+    if args.ep is not None and args.ep < 1:
+        raise UserError(f"--ep must be >= 1, got {args.ep}")
+    counts = (
+        ("--max-num-seqs", args.max_num_seqs), ("--max-num-batched-tokens", args.max_num_batched_tokens),
+        ("--max-model-len", args.max_model_len), ("--num-kv-blocks", args.num_kv_blocks), ("--eplb-interval", args.eplb_interval),
+    )
+    for flag, value in counts:
+        if value is not None and value < 1:
+            raise UserError(f"{flag} must be >= 1, got {value}")
+    if not 0 < args.gpu_memory_utilization <= 1:
+        raise UserError(f"--gpu-memory-utilization must be a fraction in (0, 1], got {args.gpu_memory_utilization}")
+    if args.num_redundant_experts < 0:
+        raise UserError(f"--num-redundant-experts must be >= 0, got {args.num_redundant_experts}")
+    if args.cpu_threads is not None and not 1 <= args.cpu_threads <= MAX_CPU_THREADS:
+        raise UserError(f"--cpu-threads must lie in [1, {MAX_CPU_THREADS}], got {args.cpu_threads}")
+    check_timeout(args.dist_timeout, "--dist-timeout")
+    read_chat_template(args.chat_template)
+    if args.tokenizer is not None:
+        from deepinfer.model.tokenizer import check_tokenizer_folder
+
+        check_tokenizer_folder(args.tokenizer)
+    if args.speculative is not None:
+        from deepinfer.engine.speculative.config import SpeculativeConfig
+
+        try:
+            SpeculativeConfig.parse(args.speculative)
+        except UserError as exc:
+            raise UserError(f"--speculative: {str(exc).removeprefix('speculative: ')}") from None
+
+
+def read_chat_template(value: str | None) -> str | None:
+    """--chat-template as Jinja source: the file it names, else the value itself when it reads as a
+    template (it holds a brace or a newline; vLLM's rule). One line (exit 2) otherwise."""
+    if value is None:
+        return None
+    path = Path(value).expanduser()
+    try:
+        is_file = path.is_file()
+    except OSError:  # a template longer than a file name may be
+        is_file = False
+    if is_file:
+        try:
+            return path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise UserError(f"--chat-template: cannot read {value} ({exc})") from None
+    if not any(c in value for c in "{}\n"):
+        raise UserError(f"--chat-template {value}: no such file (and it is not a Jinja template)")
+    return value

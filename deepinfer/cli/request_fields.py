@@ -1,0 +1,205 @@
+"""What deepinfer does with each field of a request body: the one table that `deepinfer run` (its
+JSONL lines, OpenAI batch lines included) and `deepinfer run-batch` read.
+
+Every field a body may hold besides its prompt is in FIELDS, under one rule:
+- Sampling(param): the value becomes SamplingParams.<param>; null leaves the default (vLLM's
+  reading), except where the rule keeps it (max_tokens null: no limit but the model's length);
+- Chat(option): how the chat template renders "messages" (render_chat's argument of that name);
+- Ignored(why): accepted and ignored, as vLLM ignores it: it changes nothing that is generated;
+- Off(values): an OpenAI / vLLM feature deepinfer does not implement yet, accepted only at a value
+  that switches it off (null too; clients often send the defaults). Any other value fails the line,
+  naming the field;
+- Model(): the model the request names (`run` ignores it; `run-batch` checks it, as vLLM does).
+A field not in FIELDS fails its line as unknown. vLLM would log a warning and drop it; deepinfer
+never runs a request with part of it silently dropped.
+
+Enabling a field deepinfer learns is one line here: once SamplingParams implements
+presence_penalty, its rule becomes Sampling("presence_penalty").
+
+`only` ties a field to one endpoint, as vLLM's request types do (top_logprobs and the chat
+template's options belong to /v1/chat/completions, suffix and best_of to /v1/completions). `run-batch`
+refuses a field at the other endpoint; `run` reads every field on every line.
+"""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from dataclasses import dataclass, field
+from typing import Any
+
+COMPLETIONS = "/v1/completions"
+CHAT = "/v1/chat/completions"
+
+
+@dataclass(frozen=True)
+class Sampling:
+    param: str  # SamplingParams' field
+    keep_null: bool = False  # null is a value (passed on), not "the default"
+    only: str | None = None
+
+
+@dataclass(frozen=True)
+class Chat:
+    option: str  # render_chat's keyword argument
+    kind: type  # the JSON type the value must have (bool, dict)
+    only: str | None = None
+
+
+@dataclass(frozen=True)
+class Ignored:
+    why: str
+    only: str | None = None
+
+
+@dataclass(frozen=True)
+class Off:
+    values: tuple  # the values that switch it off (null always does)
+    only: str | None = None
+    hint: str = ""  # what to do instead, if there is something
+
+
+@dataclass(frozen=True)
+class Model:
+    only: str | None = None
+
+
+FIELDS: dict[str, Sampling | Chat | Ignored | Off | Model] = {
+    "model": Model(),
+    # Sampling: OpenAI's names; top_k, min_p, stop_token_ids, ignore_eos, skip_special_tokens are vLLM's.
+    # max_completion_tokens is OpenAI's newer name; listed after max_tokens, it wins when both are set (vLLM).
+    "max_tokens": Sampling("max_tokens", keep_null=True),
+    "max_completion_tokens": Sampling("max_tokens"),
+    "temperature": Sampling("temperature"),
+    "top_p": Sampling("top_p"),
+    "top_k": Sampling("top_k"),
+    "min_p": Sampling("min_p"),
+    "seed": Sampling("seed"),
+    "stop": Sampling("stop"),
+    "stop_token_ids": Sampling("stop_token_ids"),
+    "ignore_eos": Sampling("ignore_eos"),
+    "skip_special_tokens": Sampling("skip_special_tokens"),
+    # The chat template's options (vLLM's extra chat parameters).
+    "add_generation_prompt": Chat("add_generation_prompt", bool, only=CHAT),
+    "continue_final_message": Chat("continue_final_message", bool, only=CHAT),
+    "chat_template_kwargs": Chat("chat_template_kwargs", dict, only=CHAT),
+    # Accepted and ignored, as vLLM does.
+    "user": Ignored("an end-user tag for a server's abuse monitoring"),
+    "request_id": Ignored("a name for the request in a server's logs; the output's ids are deepinfer's own"),
+    "parallel_tool_calls": Ignored("it only matters with tools", only=CHAT),
+    # Not implemented yet: accepted only where they are switched off.
+    "n": Off((1,)),
+    "best_of": Off((1,), only=COMPLETIONS),
+    "stream": Off((False,), hint="the results go to the output file"),
+    "stream_options": Off(()),
+    "echo": Off((False,)),
+    "suffix": Off((), only=COMPLETIONS),
+    "logprobs": Off((False,)),
+    "top_logprobs": Off((0,), only=CHAT),
+    "prompt_logprobs": Off(()),
+    "presence_penalty": Off((0,)),
+    "frequency_penalty": Off((0,)),
+    "repetition_penalty": Off((1,)),
+    "min_tokens": Off((0,)),
+    "logit_bias": Off(({},)),
+    "allowed_token_ids": Off(()),
+    "bad_words": Off(([],)),
+    "include_stop_str_in_output": Off((False,)),
+    "spaces_between_special_tokens": Off((True,)),
+    "truncate_prompt_tokens": Off(()),
+    "use_beam_search": Off((False,)),
+    "length_penalty": Off((1,)),
+    "response_format": Off(({"type": "text"},)),
+    "structured_outputs": Off(()),
+    "tools": Off((), only=CHAT),
+    "tool_choice": Off(("none",), only=CHAT),
+    "reasoning_effort": Off((), only=CHAT, hint='DeepSeek\'s thinking is switched by "chat_template_kwargs": {"thinking": true}'),
+    "chat_template": Off((), only=CHAT, hint="pass --chat-template"),
+    "priority": Off((0,)),
+    "cache_salt": Off(()),
+}
+
+
+class BadField(ValueError):
+    """A field the line cannot run with; `param` names it (the "param" of an OpenAI error)."""
+
+    def __init__(self, message: str, param: str | None):
+        super().__init__(message)
+        self.param = param
+
+
+@dataclass
+class BodyFields:
+    """What a body's fields ask for: SamplingParams keywords, render_chat keywords, the model named."""
+
+    sampling: dict = field(default_factory=dict)
+    chat: dict = field(default_factory=dict)
+    model: Any = None
+    sources: dict = field(default_factory=dict)  # SamplingParams keyword -> the body field that set it
+
+
+def read_fields(body: dict, skip, endpoint: str | None = None, where: str = "") -> BodyFields:
+    """The fields of `body` other than those in `skip` (its prompt), by FIELDS; BadField for the
+    first field (in the body's order) that fails. `endpoint`: check `only` against it (run-batch).
+    `where`: how a message places the fields (' in "body"')."""
+    for key, value in body.items():
+        if key in skip:
+            continue
+        rule = FIELDS.get(key)
+        if rule is None:
+            raise BadField(f"unknown field {name(key)}{where}; deepinfer does not implement it (`--help` lists the fields it reads)", key)
+        if endpoint is not None and rule.only is not None and rule.only != endpoint:
+            raise BadField(f"{name(key)} is a field of {rule.only} requests, not of {endpoint}", key)
+        if isinstance(rule, Off) and value is not None and not any(same(value, v) for v in rule.values):
+            off = f"leave it out or set it to {' or '.join(json.dumps(v) for v in (*rule.values, None))}"
+            hint = f" ({rule.hint})" if rule.hint else ""
+            raise BadField(f"{name(key)}: {short(value)} is not supported (deepinfer does not implement {key}){hint}; {off}", key)
+        if isinstance(rule, Chat) and value is not None and not isinstance(value, rule.kind):
+            kind = {bool: "true or false", dict: "a JSON object"}[rule.kind]
+            raise BadField(f"{name(key)} must be {kind}, got {short(value)}", key)
+    fields = BodyFields()
+    for key, rule in FIELDS.items():  # the table's order: a later field wins (max_completion_tokens)
+        if key not in body or key in skip:
+            continue
+        value = body[key]
+        if isinstance(rule, Sampling) and (value is not None or rule.keep_null):
+            fields.sampling[rule.param] = value
+            fields.sources[rule.param] = key
+        elif isinstance(rule, Chat) and value is not None:
+            fields.chat[rule.option] = value
+        elif isinstance(rule, Model):
+            fields.model = value
+    return fields
+
+
+def describe() -> str:
+    """The table as --help text: which fields run, which are ignored, which only switched off."""
+    def listed(kind) -> str:
+        return ", ".join(k for k, rule in FIELDS.items() if isinstance(rule, kind))
+
+    off = ", ".join(f"{k} {' / '.join(json.dumps(v) for v in rule.values) or 'null'}" for k, rule in FIELDS.items() if isinstance(rule, Off))
+    text = (
+        f"Request fields (deepinfer/cli/request_fields.py): sampling: {listed(Sampling)}; the chat template's options: "
+        f"{listed(Chat)}; ignored, as vLLM ignores them: {listed(Ignored)}; not implemented yet, accepted only at the value "
+        f"that switches them off (or null): {off}. Any other field fails its line."
+    )
+    return textwrap.fill(text, width=100, break_on_hyphens=False)
+
+
+def same(value, neutral) -> bool:
+    """value equals the neutral value, type included for numbers (True is not 1, 0.0 is 0)."""
+    if isinstance(neutral, bool) or isinstance(value, bool):
+        return value is neutral
+    if isinstance(neutral, (int, float)):
+        return isinstance(value, (int, float)) and value == neutral
+    return type(value) is type(neutral) and value == neutral
+
+
+def name(key: str) -> str:
+    return json.dumps(key)  # quoted, and escaped if it holds odd characters
+
+
+def short(value, limit: int = 60) -> str:
+    """A parsed JSON value as JSON text, cut to `limit` characters."""
+    text = json.dumps(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
