@@ -19,11 +19,10 @@ Two kinds of defect, as for `deepinfer run`:
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 
 from deepinfer.cli.request_fields import CHAT, COMPLETIONS, BadField, BodyFields, name, read_fields, short
-from deepinfer.cli.run_requests import read_input_lines, refuse_duplicate_ids, unicode_problem
+from deepinfer.cli.run_requests import json_object_line, read_input_lines, refuse_duplicate_ids, unicode_problem
 from deepinfer.errors import UserError
 
 LINE_KEYS = ("custom_id", "method", "url", "body")
@@ -79,12 +78,7 @@ def read_batch_requests(path: str, served_models: list[str]) -> list[BatchReques
 def parse_batch_line(line: str, where: str, number: int, served_models: list[str]) -> BatchRequest:
     """The request of one line; a UserError for a defect of the file, `request.failure` set for a
     defect of this request."""
-    try:
-        item = json.loads(line)
-    except json.JSONDecodeError as exc:
-        raise UserError(f"{where}: not valid JSON ({exc.msg} at column {exc.colno})") from None
-    if not isinstance(item, dict):
-        raise UserError(f"{where}: expected a JSON object, got {type(item).__name__}")
+    item = json_object_line(line, where)
     if "custom_id" not in item:
         raise UserError(f"{where}: an OpenAI batch line needs a \"custom_id\"")
     if not isinstance(item["custom_id"], str):

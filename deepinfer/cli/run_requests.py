@@ -86,15 +86,21 @@ def read_input_lines(path: str) -> list[tuple[int, str]]:
     return [(number, line) for number, line in enumerate(lines, start=1) if line.strip()]
 
 
-def parse_line(line: str, where: str, number: int) -> Request:
-    """The request of one JSONL line; a UserError for a defect of the file (see the module docstring),
-    `request.error` set for a defect of this request."""
+def json_object_line(line: str, where: str) -> dict:
+    """One JSONL line's object; a UserError (a defect of the file) when it is not JSON or not an object."""
     try:
         item = json.loads(line)
     except json.JSONDecodeError as exc:
         raise UserError(f"{where}: not valid JSON ({exc.msg} at column {exc.colno})") from None
     if not isinstance(item, dict):
         raise UserError(f"{where}: expected a JSON object, got {type(item).__name__}")
+    return item
+
+
+def parse_line(line: str, where: str, number: int) -> Request:
+    """The request of one JSONL line; a UserError for a defect of the file (see the module docstring),
+    `request.error` set for a defect of this request."""
+    item = json_object_line(line, where)
     batch = "custom_id" in item or "body" in item
     if batch and "custom_id" not in item:
         raise UserError(f"{where}: an OpenAI batch line needs a \"custom_id\"")

@@ -7,6 +7,18 @@ import torch
 
 
 @pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+    """This module's model cache folder (the embedded models are written there on first use)."""
+    return tmp_path_factory.mktemp("deepinfer_cache")
+
+
+@pytest.fixture
+def model_cache(cache, monkeypatch):
+    """DEEPINFER_CACHE pointed at the module's `cache` (a module opts in: pytestmark = usefixtures)."""
+    monkeypatch.setenv("DEEPINFER_CACHE", str(cache))
+
+
+@pytest.fixture(scope="module")
 def api(cache):
     """An LLM over the embedded default on the reference backend, built once per test module (each
     module gives its own model `cache` folder)."""

@@ -19,14 +19,7 @@ from cli_helpers import write_lines
 FAST = ["--backend", "reference", "--no-progress", "--num-kv-blocks", "64"]
 
 
-@pytest.fixture(scope="module")
-def cache(tmp_path_factory):
-    return tmp_path_factory.mktemp("deepinfer_cache")
-
-
-@pytest.fixture(autouse=True)
-def model_cache(cache, monkeypatch):
-    monkeypatch.setenv("DEEPINFER_CACHE", str(cache))
+pytestmark = pytest.mark.usefixtures("model_cache")  # tests/engine/conftest.py
 
 
 def read_lines(path):

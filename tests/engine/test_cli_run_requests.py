@@ -18,11 +18,6 @@ FAST = ["--backend", "reference", "--no-progress", "--num-kv-blocks", "64"]
 GREEDY = ["--temperature", "0", "--ignore-eos"]
 
 
-@pytest.fixture(scope="module")
-def cache(tmp_path_factory):
-    return tmp_path_factory.mktemp("deepinfer_cache")
-
-
 @pytest.fixture(autouse=True)
 def model_cache(cache, monkeypatch):
     monkeypatch.setenv("DEEPINFER_CACHE", str(cache))

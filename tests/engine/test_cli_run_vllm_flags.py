@@ -31,14 +31,7 @@ MiB = 1 << 20
 VLLM_DTYPES = {"half": torch.float16, "float16": torch.float16, "bfloat16": torch.bfloat16, "float": torch.float32, "float32": torch.float32}
 
 
-@pytest.fixture(scope="module")
-def cache(tmp_path_factory):
-    return tmp_path_factory.mktemp("deepinfer_cache")
-
-
-@pytest.fixture(autouse=True)
-def model_cache(cache, monkeypatch):
-    monkeypatch.setenv("DEEPINFER_CACHE", str(cache))
+pytestmark = pytest.mark.usefixtures("model_cache")  # tests/engine/conftest.py
 
 
 @pytest.fixture

@@ -31,14 +31,7 @@ RENDERED = f"{BOS}You are a helpful assistant.<｜User｜>What is 2 + 2?<｜Assi
 OTHER_TEMPLATE = "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}{% if add_generation_prompt %}assistant:{% endif %}"
 
 
-@pytest.fixture(scope="module")
-def cache(tmp_path_factory):
-    return tmp_path_factory.mktemp("deepinfer_cache")
-
-
-@pytest.fixture(autouse=True)
-def model_cache(cache, monkeypatch):
-    monkeypatch.setenv("DEEPINFER_CACHE", str(cache))
+pytestmark = pytest.mark.usefixtures("model_cache")  # tests/engine/conftest.py
 
 
 @pytest.fixture(scope="module")
