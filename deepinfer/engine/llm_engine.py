@@ -18,6 +18,7 @@ import torch
 from deepinfer.engine.block_manager import BlockManager, blocks_for
 from deepinfer.engine.model_runner import GiB, ModelRunner, kv_block_bytes, kv_cache_budget
 from deepinfer.engine.outputs import CompletionOutput, RequestOutput
+from deepinfer.engine.parallel_samples import add_samples, finished_requests, release_held_back
 from deepinfer.engine.sampling_params import InvalidRequestError, SamplingParams
 from deepinfer.engine.scheduler import ScheduledBatch, Scheduler
 from deepinfer.engine.sequence import Sequence, SequenceStatus
@@ -162,6 +163,7 @@ class LLMEngine:
                                    mixed_steps=self._mixed_steps())  # fmt: skip
         self.overlap = self._overlap_scheduler(runtime, dist)
         self._next_request_index = 0
+        self._next_sample_id = -1  # seq ids of parallel samples 1..n-1 count down (request indices are >= 0)
         self.num_prompt_tokens_computed = 0  # prefill work done, recompute after preemption included
         self.num_generated_tokens = 0
         self.num_steps = 0  # forward steps run (idle ones included: equal on every rank)
@@ -274,6 +276,8 @@ class LLMEngine:
         seed = params.seed if params.seed is not None else derive_seed(self.config.seed, index)
         seq = Sequence(index, prompt_token_ids, params, seed, prompt)
         self.scheduler.add(seq)
+        if params.n > 1:  # the other samples start when seq's prompt is in the cache (deepinfer.engine.parallel_samples)
+            self._next_sample_id -= len(add_samples(seq, self._next_sample_id))
         return seq
 
     def _final_length(self, seq) -> int:
@@ -291,6 +295,9 @@ class LLMEngine:
                 f"{what} has {len(prompt_token_ids)} tokens; the model's maximum length is {self.max_model_len}, "
                 "which must leave room for at least one generated token"
             )
+        if params.n > 1 and (self.speculative is not None or self.dist is not None):
+            blocker = "speculative decoding" if self.speculative is not None else "expert parallelism (ep > 1)"
+            raise InvalidRequestError(f"{what}: n={params.n} samples do not run with {blocker} yet; use n=1")
         if params.stop and self.tokenizer is None:
             raise InvalidRequestError(f"{what}: stop strings need a tokenizer, and this checkpoint has no tokenizer.json; use stop_token_ids")
         longest = min(len(prompt_token_ids) + (params.max_tokens or self.max_model_len), self.max_model_len)
@@ -339,8 +346,9 @@ class LLMEngine:
         return EplbSchedule(model, device, dist, self.config.eplb_interval)
 
     def step(self) -> list[Sequence]:
-        """Schedule, run the model, sample, check stop conditions. Returns the sequences that finished.
-        With overlap scheduling, a decode step is launched here and finished by the next call."""
+        """Schedule, run the model, sample, check stop conditions. Returns the requests that finished,
+        each by its sample 0 once all its samples have (make_output gives them all). With overlap
+        scheduling, a decode step is launched here and finished by the next call."""
         if self.overlap is not None:
             return self.overlap.step()
         self.before_step()
@@ -370,6 +378,7 @@ class LLMEngine:
         if batch.is_prefill:
             self.scheduler.commit(batch)
             self.num_prompt_tokens_computed += batch.num_prompt_tokens
+            release_held_back(self.scheduler, batch.seqs)
         finished = []
         for seq, tokens in zip(samplers, emitted):
             appended = 0
@@ -386,7 +395,7 @@ class LLMEngine:
                 if self.speculative is not None:
                     self.speculative.forget(seq)
                 finished.append(seq)
-        return finished
+        return finished_requests(finished)
 
     def _check_stop(self, seq: Sequence, token: int, length: int | None = None) -> bool:
         """Whether `token`, seq's token number `length` (default: its newest), ends it; sets the reason.
@@ -421,6 +430,19 @@ class LLMEngine:
     # -- outputs -----------------------------------------------------------------------------
 
     def make_output(self, seq: Sequence) -> RequestOutput:
+        """The RequestOutput of seq's request: a CompletionOutput per sample (n), finished when all are."""
+        seq = seq.head
+        return RequestOutput(
+            request_id=str(seq.seq_id),
+            prompt=seq.prompt,
+            prompt_token_ids=seq.token_ids[: seq.num_prompt_tokens],
+            outputs=[self._completion(sample) for sample in seq.samples],
+            finished=all(sample.status is SequenceStatus.FINISHED for sample in seq.samples),
+            num_cached_tokens=seq.num_cached_tokens or 0,
+            metrics=self._request_metrics(seq),
+        )
+
+    def _completion(self, seq: Sequence) -> CompletionOutput:
         params = seq.params
         ids = seq.output_token_ids
         text_ids = ids[:-1] if seq.finish_reason == "stop" and not isinstance(seq.stop_reason, str) else ids  # EOS / stop id: not in the text
@@ -428,19 +450,11 @@ class LLMEngine:
         if isinstance(seq.stop_reason, str):
             cuts = [i for i in (text.find(s) for s in params.stop) if i >= 0]
             text = text[: min(cuts)] if cuts else text
-        completion = CompletionOutput(0, text, list(ids), seq.finish_reason, seq.stop_reason)
-        return RequestOutput(
-            request_id=str(seq.seq_id),
-            prompt=seq.prompt,
-            prompt_token_ids=seq.token_ids[: seq.num_prompt_tokens],
-            outputs=[completion],
-            finished=seq.status is SequenceStatus.FINISHED,
-            num_cached_tokens=seq.num_cached_tokens or 0,
-            metrics=self._request_metrics(seq),
-        )
+        return CompletionOutput(seq.sample_index, text, list(ids), seq.finish_reason, seq.stop_reason)
 
     def _request_metrics(self, seq: Sequence) -> dict:
-        metrics = {"num_preemptions": seq.num_preemptions}
+        """num_preemptions counts every sample's."""
+        metrics = {"num_preemptions": sum(sample.num_preemptions for sample in seq.samples)}
         if self.speculative is not None:
             metrics.update(num_drafts_verified=seq.num_drafts_verified, num_drafts_accepted=seq.num_drafts_accepted)
         return metrics

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 import torch
 
+from deepinfer.engine.parallel_samples import finished_requests
 from deepinfer.engine.scheduler import ScheduledBatch
 from deepinfer.engine.sequence import Sequence, SequenceStatus
 
@@ -59,7 +60,7 @@ class OverlapScheduler:
 
     def step(self) -> list[Sequence]:
         """Launch the next step behind the one in flight when it may go ahead, then finish the one
-        in flight. Returns the sequences that finished (none on a step that only launched)."""
+        in flight. Returns the requests that finished, by their sample 0 (none on a step that only launched)."""
         engine = self.engine
         previous, self.in_flight = self.in_flight, None
         if previous is not None and not any(seq.status is SequenceStatus.RUNNING for seq in previous.samplers):
@@ -120,4 +121,4 @@ class OverlapScheduler:
                 del seq.token_ids[at + 1 :]
                 engine.scheduler.finish(seq)
                 finished.append(seq)
-        return finished
+        return finished_requests(finished)

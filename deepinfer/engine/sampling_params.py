@@ -44,6 +44,12 @@ class SamplingParams:
     stop_token_ids: a list of token ids that end generation (kept in token_ids, left out of the
     text, like EOS).
     ignore_eos: keep generating past EOS (benchmarks).
+    n: samples of the prompt (vLLM's n): the request's RequestOutput holds n CompletionOutputs,
+    index 0..n-1, and finishes when all have. Sample 0 samples with the request's seed (as with
+    n=1), sample j > 0 with derive_seed(that seed, j): different samples at temperature > 0, the
+    same ones on a rerun. The extra samples start once sample 0's prompt is in the KV cache and
+    share its full blocks through the prefix cache (docs/architecture.md); with prefix caching off
+    each computes the prompt itself. Not with speculative decoding or expert parallelism.
     """
 
     temperature: float = 1.0
@@ -56,6 +62,7 @@ class SamplingParams:
     stop_token_ids: list[int] | None = None
     ignore_eos: bool = False
     skip_special_tokens: bool = True
+    n: int = 1
 
     def __post_init__(self) -> None:
         def bad(message: str) -> InvalidRequestError:
@@ -71,6 +78,8 @@ class SamplingParams:
             raise bad(f"min_p must be in [0, 1], got {_short(self.min_p)}")
         if self.max_tokens is not None and (not _is_int(self.max_tokens) or self.max_tokens < 1):
             raise bad(f"max_tokens must be an integer >= 1 (or None), got {_short(self.max_tokens)}")
+        if not _is_int(self.n) or self.n < 1:
+            raise bad(f"n must be an integer >= 1, got {_short(self.n)}")
         if self.seed is not None and (not _is_int(self.seed) or not INT64_MIN <= self.seed <= INT64_MAX):
             raise bad(f"seed must be a 64-bit signed integer or None, got {_short(self.seed)}")
         for name in ("ignore_eos", "skip_special_tokens"):

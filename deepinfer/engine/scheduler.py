@@ -56,8 +56,8 @@ class Scheduler:
         self.block_manager = block_manager
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
-        self.waiting: list[Sequence] = []  # by seq_id: preempted sequences go back in request order
-        self.running: list[Sequence] = []  # by seq_id: the newest is preempted first
+        self.waiting: list[Sequence] = []  # by Sequence.order: preempted sequences go back in request order
+        self.running: list[Sequence] = []  # by Sequence.order: the newest is preempted first
         self.num_preemptions = 0
         self.final_length = final_length
         self.mixed_steps = mixed_steps
@@ -65,7 +65,7 @@ class Scheduler:
 
     def add(self, seq: Sequence) -> None:
         seq.status = SequenceStatus.WAITING
-        bisect.insort(self.waiting, seq, key=lambda s: s.seq_id)
+        bisect.insort(self.waiting, seq, key=lambda s: s.order)
 
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
@@ -92,7 +92,7 @@ class Scheduler:
                 seq.num_cached_tokens = seq.num_cached_kv
             seq.prefill_target = seq.num_tokens
             seq.status = SequenceStatus.RUNNING
-            bisect.insort(self.running, seq, key=lambda s: s.seq_id)
+            bisect.insort(self.running, seq, key=lambda s: s.order)
             chunk = min(seq.prefill_target - seq.num_computed_tokens, budget)
             seqs.append(seq), chunks.append(chunk)
             budget -= chunk

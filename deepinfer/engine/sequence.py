@@ -32,10 +32,20 @@ class Sequence:
     the cache, in the pages `block_table` lists. A sequence prefills until `num_computed_tokens`
     reaches `prefill_target` (its length when it was admitted); afterwards each decode step computes
     its last token and samples the next.
+
+    A request with SamplingParams.n > 1 is n sequences (deepinfer.engine.parallel_samples): sample 0
+    is the request (its seq_id is the request index, as with n=1), `samples` lists all n, and
+    `held_back` the ones that start once its prompt is in the cache; each sample's `head` is sample 0.
     """
 
-    def __init__(self, seq_id: int, prompt_token_ids: list[int], params: SamplingParams, seed: int, prompt: str | None = None):
+    def __init__(self, seq_id: int, prompt_token_ids: list[int], params: SamplingParams, seed: int, prompt: str | None = None,
+                 request_index: int | None = None, sample_index: int = 0):  # fmt: skip
         self.seq_id = seq_id
+        self.request_index = seq_id if request_index is None else request_index
+        self.sample_index = sample_index
+        self.head = self  # sample 0 of the request
+        self.samples: list[Sequence] = [self]  # on sample 0: the request's samples, by sample_index
+        self.held_back: list[Sequence] = []  # on sample 0: samples not queued until its prompt is computed
         self.prompt = prompt
         self.token_ids = list(prompt_token_ids)
         self.num_prompt_tokens = len(self.token_ids)
@@ -69,6 +79,11 @@ class Sequence:
     @property
     def num_output_tokens(self) -> int:
         return len(self.token_ids) - self.num_prompt_tokens
+
+    @property
+    def order(self) -> tuple[int, int]:
+        """The scheduler's order: by request, a request's samples together (n=1: the seq_id's order)."""
+        return self.request_index, self.sample_index
 
     @property
     def is_prefilling(self) -> bool:
