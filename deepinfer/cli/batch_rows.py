@@ -9,8 +9,9 @@ The body is what the endpoint answers: {"id": "cmpl-<hex>" | "chatcmpl-<hex>", "
 "stop_reason"}], "usage": {"prompt_tokens", "completion_tokens", "total_tokens"}}. It validates as
 openai.types.Completion / openai.types.chat.ChatCompletion. "model" is the first served name;
 "stop_reason" (the stop string or token id that ended the choice, null for EOS or length) is vLLM's
-addition. A completions body with several prompts has a choice per prompt, in the prompts' order,
-and usage counts them all.
+addition. A body with "n" has n choices per prompt; a completions body with several prompts has a
+prompt's n choices after the previous prompt's (choice i*n + j: prompt i, sample j, as vLLM numbers
+them). Usage counts each prompt's tokens once and every choice's tokens.
 
 An error:
   {"id": ..., "custom_id": ..., "response": {"status_code": 400 | 404 | 500, "request_id": ...,
@@ -40,21 +41,21 @@ WRITE_FAILED = 500
 
 
 def result_row(request: BatchRequest, outputs: list, model: str) -> dict:
-    """The row of a request whose every choice finished (`outputs`: a RequestOutput per choice)."""
+    """The row of a request whose every prompt finished (`outputs`: a RequestOutput per prompt, each
+    with n samples): a choice per sample, numbered over all of them."""
     hex_id = uuid.uuid4().hex
     completions = request.url == COMPLETIONS
     choices = []
-    for index, output in enumerate(outputs):
-        completion = output.outputs[0]
-        choice = {"index": index}
+    for completion in (c for output in outputs for c in output.outputs):  # a prompt's n samples in a row, as vLLM numbers them
+        choice = {"index": len(choices)}
         if completions:
             choice["text"] = completion.text
         else:
             choice["message"] = {"role": "assistant", "content": completion.text}
         choice.update(logprobs=None, finish_reason=completion.finish_reason, stop_reason=completion.stop_reason)
         choices.append(choice)
-    prompt_tokens = sum(len(o.prompt_token_ids) for o in outputs)
-    completion_tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
+    prompt_tokens = sum(len(o.prompt_token_ids) for o in outputs)  # once per prompt, whatever its n
+    completion_tokens = sum(len(c.token_ids) for o in outputs for c in o.outputs)
     body = {
         "id": f"{'cmpl' if completions else 'chatcmpl'}-{hex_id}",
         "object": "text_completion" if completions else "chat.completion",

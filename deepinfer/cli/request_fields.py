@@ -3,7 +3,9 @@ JSONL lines, OpenAI batch lines included) and `deepinfer run-batch` read.
 
 Every field a body may hold besides its prompt is in FIELDS, under one rule:
 - Sampling(param): the value becomes SamplingParams.<param>; null leaves the default (vLLM's
-  reading), except where the rule keeps it (max_tokens null: no limit but the model's length);
+  reading), except where the rule keeps it (max_tokens null: no limit but the model's length).
+  `run_values`: `run` accepts only these (and null), where its rows cannot hold what the field asks
+  (n: a `run` row holds one output; run-batch writes n choices);
 - Chat(option): how the chat template renders "messages" (render_chat's argument of that name);
 - Ignored(why): accepted and ignored, as vLLM ignores it: it changes nothing that is generated;
 - Off(values): an OpenAI / vLLM feature deepinfer does not implement yet, accepted only at a value
@@ -37,6 +39,8 @@ class Sampling:
     param: str  # SamplingParams' field
     keep_null: bool = False  # null is a value (passed on), not "the default"
     only: str | None = None
+    run_values: tuple | None = None  # the only values `run` takes (None: any)
+    run_hint: str = ""  # why `run` takes no other, and what to do instead
 
 
 @dataclass(frozen=True)
@@ -79,6 +83,7 @@ FIELDS: dict[str, Sampling | Chat | Ignored | Off | Model] = {
     "stop_token_ids": Sampling("stop_token_ids"),
     "ignore_eos": Sampling("ignore_eos"),
     "skip_special_tokens": Sampling("skip_special_tokens"),
+    "n": Sampling("n", run_values=(1,), run_hint="a `deepinfer run` row holds one output; deepinfer run-batch writes n choices"),
     # The chat template's options (vLLM's extra chat parameters).
     "add_generation_prompt": Chat("add_generation_prompt", bool, only=CHAT),
     "continue_final_message": Chat("continue_final_message", bool, only=CHAT),
@@ -88,7 +93,6 @@ FIELDS: dict[str, Sampling | Chat | Ignored | Off | Model] = {
     "request_id": Ignored("a name for the request in a server's logs; the output's ids are deepinfer's own"),
     "parallel_tool_calls": Ignored("it only matters with tools", only=CHAT),
     # Not implemented yet: accepted only where they are switched off.
-    "n": Off((1,)),
     "best_of": Off((1,), only=COMPLETIONS),
     "stream": Off((False,), hint="the results go to the output file"),
     "stream_options": Off(()),
@@ -154,6 +158,10 @@ def read_fields(body: dict, skip, endpoint: str | None = None, where: str = "") 
             off = f"leave it out or set it to {' or '.join(json.dumps(v) for v in (*rule.values, None))}"
             hint = f" ({rule.hint})" if rule.hint else ""
             raise BadField(f"{name(key)}: {short(value)} is not supported (deepinfer does not implement {key}){hint}; {off}", key)
+        run_refuses = isinstance(rule, Sampling) and endpoint is None and rule.run_values is not None and value is not None
+        if run_refuses and not any(same(value, v) for v in rule.run_values):
+            off = " or ".join(json.dumps(v) for v in (*rule.run_values, None))
+            raise BadField(f"{name(key)}: {short(value)} is not supported by deepinfer run ({rule.run_hint}); leave it out or set it to {off}", key)
         if isinstance(rule, Chat) and value is not None and not isinstance(value, rule.kind):
             kind = {bool: "true or false", dict: "a JSON object"}[rule.kind]
             raise BadField(f"{name(key)} must be {kind}, got {short(value)}", key)
@@ -179,7 +187,7 @@ def describe() -> str:
 
     off = ", ".join(f"{k} {' / '.join(json.dumps(v) for v in rule.values) or 'null'}" for k, rule in FIELDS.items() if isinstance(rule, Off))
     text = (
-        f"Request fields (deepinfer/cli/request_fields.py): sampling: {listed(Sampling)}; the chat template's options: "
+        f"Request fields (deepinfer/cli/request_fields.py): sampling: {listed(Sampling)} (n: run-batch only; run takes 1); the chat template's options: "
         f"{listed(Chat)}; ignored, as vLLM ignores them: {listed(Ignored)}; not implemented yet, accepted only at the value "
         f"that switches them off (or null): {off}. Any other field fails its line."
     )

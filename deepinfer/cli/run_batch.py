@@ -6,10 +6,11 @@ Input (-i FILE), one request per line (deepinfer/cli/batch_requests.py):
    "body": {"model": ..., "messages": [{"role": "user", "content": "Hi"}], "max_completion_tokens": 64}}
   {"custom_id": "b", "method": "POST", "url": "/v1/completions",
    "body": {"prompt": "Hello, my name is", "max_tokens": 16, "temperature": 0, "stop": ["\\n"]}}
-  A completions "prompt" is a string, a list of token ids, or a list of either (a choice each).
+  A completions "prompt" is a string, a list of token ids, or a list of either (a choice each;
+  "n": N gives N choices per prompt, samples that share the prompt's KV blocks).
   The body's other fields are listed at the end of this help; every one is either honoured,
   ignored as vLLM ignores it ("user", "request_id"), or not implemented yet and accepted only at the
-  value that switches it off ("n": 1, "logprobs": false, "presence_penalty": 0, ...). Any other
+  value that switches it off ("logprobs": false, "presence_penalty": 0, ...). Any other
   field, or another value, fails that line with an error row naming the field: a request never runs
   with part of it dropped. A field of one endpoint fails at the other (top_logprobs and the chat
   template's options are chat fields; suffix and best_of completions fields), as in vLLM.
@@ -112,9 +113,10 @@ def request_ids(args) -> list[str]:
 
 
 def make_params(args, request: BatchRequest) -> list | None:
-    """A SamplingParams per choice (the endpoint's defaults, then the body's fields); None, with the
-    request failed, when a value is refused. Without a "seed", choice 0 samples with the seed `run`
-    gives the same line and choice j > 0 with one derived from it."""
+    """A SamplingParams per prompt (the endpoint's defaults, then the body's fields); None, with the
+    request failed, when a value is refused. Without a "seed", prompt 0 samples with the seed `run`
+    gives the same line and prompt j > 0 with one derived from it (with "n", the engine derives each
+    sample's seed from its prompt's)."""
     from deepinfer.engine.llm_engine import derive_seed
     from deepinfer.engine.sampling_params import SamplingParams
 

@@ -93,7 +93,7 @@ RUNS = {
 FAILS = {
     "presence-penalty": (lambda i: (COMPLETIONS, {"prompt": "x", "presence_penalty": 0.5}), "presence_penalty", 400, ["not supported"]),
     "frequency-penalty": (lambda i: (CHAT, {"messages": HI, "frequency_penalty": 1.0}), "frequency_penalty", 400, ["not supported"]),
-    "n": (lambda i: (COMPLETIONS, {"prompt": "x", "n": 2}), "n", 400, ['"n": 2 is not supported']),
+    "n-zero": (lambda i: (COMPLETIONS, {"prompt": "x", "n": 0}), "n", 400, ['"n": n must be an integer >= 1, got 0']),
     "logprobs": (lambda i: (CHAT, {"messages": HI, "logprobs": True, "top_logprobs": 2}), "logprobs", 400, ['"logprobs"']),
     "completion-logprobs": (lambda i: (COMPLETIONS, {"prompt": "x", "logprobs": 1}), "logprobs", 400, ['"logprobs"']),
     "stream": (lambda i: (CHAT, {"messages": HI, "stream": True}), "stream", 400, ['"stream"']),
@@ -301,6 +301,31 @@ def test_bodies_validate_and_usage_counts_the_tokens(tmp_path, capsys, api):
     err = capsys.readouterr().err
     assert f"prompt tokens     {sum(b.usage.prompt_tokens for b in bodies)}" in err
     assert f"generated tokens  {sum(b.usage.completion_tokens for b in bodies)}" in err
+
+
+def test_n_gives_n_choices_per_prompt(tmp_path, capsys, api):
+    """"n": a choice per sample, a prompt's samples in a row (choice i*n + j), usage counting each
+    prompt once and every choice's tokens; greedy samples are the n=1 output, sampled ones differ."""
+    items = [
+        line("greedy", COMPLETIONS, {"prompt": ["a", "b c"], "n": 2, "max_tokens": 3, "temperature": 0, "ignore_eos": True}),
+        line("sampled", COMPLETIONS, {"prompt": ["a", "b c"], "n": 3, "max_tokens": 4, "temperature": 1, "seed": 5, "ignore_eos": True}),
+        line("chat", CHAT, {"messages": HI, "n": 3, "max_completion_tokens": 4, "seed": 2, "ignore_eos": True}),
+    ]  # fmt: skip
+    src, out = write_lines(tmp_path / "in.jsonl", items), tmp_path / "out.jsonl"
+    assert main(["run-batch", *FAST, "-i", str(src), "-o", str(out)]) == 0
+    rows = read_rows(out)
+    greedy, sampled, chat = [validate(row) for row in rows]
+    assert isinstance(chat, ChatCompletion) and isinstance(sampled, Completion)
+    assert [c.index for c in greedy.choices] == [0, 1, 2, 3] and [c.index for c in sampled.choices] == [*range(6)]
+    assert [c.index for c in chat.choices] == [0, 1, 2]
+    one = api.generate(["a", "b c"], SamplingParams(temperature=0, max_tokens=3, ignore_eos=True), use_tqdm=False)
+    assert [c.text for c in greedy.choices] == [o.outputs[0].text for o in one for _ in range(2)]
+    tokenizer = api.get_tokenizer()
+    prompt_tokens = len(tokenizer.encode("a")) + len(tokenizer.encode("b c"))
+    assert (greedy.usage.prompt_tokens, greedy.usage.completion_tokens) == (prompt_tokens, 4 * 3)
+    assert (sampled.usage.prompt_tokens, sampled.usage.completion_tokens) == (prompt_tokens, 6 * 4)
+    assert chat.usage.completion_tokens == 3 * 4 and all(c.finish_reason == "length" for c in chat.choices)
+    assert len({c.text for c in sampled.choices[:3]}) == 3 and len({c.message.content for c in chat.choices}) == 3
 
 
 def test_the_served_model_names(tmp_path, capsys):

@@ -40,7 +40,7 @@ LINES = [
     ({"custom_id": "logprobs", "body": {"messages": CHAT, "logprobs": True, "top_logprobs": 2}}, "logprobs", ["logprobs"]),
     ({"id": "min-tokens", "prompt": "x", "min_tokens": 3}, "min-tokens", ["min_tokens"]),
     ({"id": "best-of", "prompt": "x", "best_of": 2}, "best-of", ["best_of"]),
-    ({"id": "n", "prompt": "x", "n": 2}, "n", ['"n"']),
+    ({"id": "n", "prompt": "x", "n": 2}, "n", ['"n": 2 is not supported by deepinfer run', "run-batch"]),
     ({"id": "logit-bias", "prompt": "x", "logit_bias": {"1": 5}}, "logit-bias", ["logit_bias"]),
     ({"id": "format", "prompt": "x", "response_format": {"type": "json_object"}}, "format", ["response_format"]),
     ({"id": "tools", "prompt": "x", "tools": []}, "tools", ['"tools"']),
