@@ -93,7 +93,7 @@ RUNS = {
 FAILS = {
     "presence-penalty": (lambda i: (COMPLETIONS, {"prompt": "x", "presence_penalty": 0.5}), "presence_penalty", 400, ["not supported"]),
     "frequency-penalty": (lambda i: (CHAT, {"messages": HI, "frequency_penalty": 1.0}), "frequency_penalty", 400, ["not supported"]),
-    "n-zero": (lambda i: (COMPLETIONS, {"prompt": "x", "n": 0}), "n", 400, ['"n": n must be an integer >= 1, got 0']),
+    "n-zero": (lambda i: (COMPLETIONS, {"prompt": "x", "n": 0}), "n", 400, ['n must be an integer >= 1, got 0']),
     "logprobs": (lambda i: (CHAT, {"messages": HI, "logprobs": True, "top_logprobs": 2}), "logprobs", 400, ['"logprobs"']),
     "completion-logprobs": (lambda i: (COMPLETIONS, {"prompt": "x", "logprobs": 1}), "logprobs", 400, ['"logprobs"']),
     "stream": (lambda i: (CHAT, {"messages": HI, "stream": True}), "stream", 400, ['"stream"']),
