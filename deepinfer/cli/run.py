@@ -8,8 +8,9 @@ Input (-i FILE), one request per line:
   null: the flag's value), the chat template's options for "messages" (add_generation_prompt,
   continue_final_message, chat_template_kwargs), ignored fields ("model": the run uses --model;
   "user", "request_id"), and fields deepinfer does not implement yet, accepted only at the value
-  that switches them off (n 1, stream false, logprobs false, presence_penalty 0, ...). Any other
-  field fails its line (below).
+  that switches them off (stream false, logprobs false, presence_penalty 0, ...); "n" only at 1
+  (a row holds one output: `deepinfer run-batch` writes n choices). Any other field fails its line
+  (below).
   Or an OpenAI batch line: {"custom_id": ..., "method": "POST", "url": "/v1/chat/completions" or
   "/v1/completions", "body": {the same fields}}; `deepinfer run-batch` reads these files and
   writes OpenAI's batch output format.
