@@ -181,3 +181,29 @@ def test_speculative_decoding_refuses_n(checkpoint):
     with pytest.raises(InvalidRequestError, match=r"^prompt 0: n=2 samples do not run with speculative decoding yet; use n=1$"):
         llm.generate(PROMPTS[:1], _params(n=2), use_tqdm=False)
     assert len(llm.generate(PROMPTS[:1], _params(n=1), use_tqdm=False)[0].outputs) == 1
+
+
+def test_one_token_samples_start_after_sample_0_has_finished(checkpoint):
+    llm = _llm(checkpoint)
+    output = llm.generate([LONG_PROMPT], _params(temperature=1.0, n=3, seed=1, max_tokens=1), use_tqdm=False)[0]
+    assert output.finished and [len(c.token_ids) for c in output.outputs] == [1, 1, 1]
+    assert output.outputs[0].token_ids == llm.generate([LONG_PROMPT], _params(temperature=1.0, seed=1, max_tokens=1), use_tqdm=False)[0].outputs[0].token_ids
+    assert llm.engine.block_manager.num_free_blocks == llm.engine.block_manager.num_blocks
+
+
+def test_preemption_under_a_small_cache(checkpoint):
+    llm = _llm(checkpoint, deterministic=False, num_kv_blocks=8)  # 3 samples of 40 + 30 tokens need 15 pages unshared
+    outputs = llm.generate([LONG_PROMPT, PROMPTS[0]], _params(temperature=1.0, n=3, seed=2, max_tokens=30), use_tqdm=False)
+    assert all(o.finished and [len(c.token_ids) for c in o.outputs] == [30] * 3 for o in outputs)
+    assert sum(o.metrics["num_preemptions"] for o in outputs) > 0
+    assert llm.engine.block_manager.num_free_blocks == 8 and not llm.engine.has_unfinished()
+
+
+def test_an_abandoned_stream_drops_every_sample(checkpoint):
+    llm = _llm(checkpoint)
+    stream = llm.generate_iter([LONG_PROMPT, *PROMPTS], _params(temperature=1.0, n=3, max_tokens=5), use_tqdm=False)
+    next(stream)
+    stream.close()
+    assert not llm.engine.has_unfinished() and llm.engine.block_manager.num_free_blocks == llm.engine.block_manager.num_blocks
+    outputs = llm.generate(PROMPTS[:2], _params(temperature=1.0, n=2, max_tokens=3), use_tqdm=False)
+    assert [[len(c.token_ids) for c in o.outputs] for o in outputs] == [[3, 3], [3, 3]]
