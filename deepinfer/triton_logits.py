@@ -56,7 +56,8 @@ def row_logsumexp_and_rank(row_ptr, V, chosen, BLOCK: tl.constexpr):
         x = tl.load(row_ptr + offs, mask=ok, other=float("-inf"))
         new_m = tl.maximum(m, x)
         finite = new_m > float("-inf")
-        s = tl.where(finite, s * tl.exp(tl.where(finite, m - new_m, 0.0)) + tl.exp(tl.where(finite, x - new_m, float("-inf"))), s)
+        shift = tl.where(finite, new_m, 0.0)  # lanes still all -inf subtract 0, never -inf - -inf
+        s = tl.where(finite, s * tl.exp(m - shift) + tl.exp(x - shift), s)
         m = new_m
         count += (ok & (x >= chosen)).to(tl.int32)
     top = tl.max(m, axis=0)

@@ -257,6 +257,18 @@ def test_preemption_and_overlap_keep_the_tokens(overlap):
     assert [o.token_ids for o in want] == [oracle_greedy(toy_llm(), p, sp, 14) for p, sp in zip(prompts, params)]
 
 
+def test_overlap_scheduling_reads_the_newest_token_on_the_device():
+    """Launched ahead, a decode step's newest token is not on the host yet: the bad word "km" must
+    still ban "m" right after a "k", and the penalties count every token."""
+    params = [greedy(max_tokens=16, bad_words=["km"], logprobs=1), greedy(max_tokens=16, **PENALTIES)]
+    llm = toy_llm(overlap=True)
+    got = generate(llm, [PROMPT, PROMPT], params)
+    assert llm.engine.overlap.steps_ahead > 10
+    for out, p in zip(got, params):
+        assert out.token_ids == oracle_greedy(llm, PROMPT, p, 16)
+    assert "km" not in got[0].text and got[0].logprobs == generate(toy_llm(), [PROMPT], params[0])[0].logprobs
+
+
 def test_requests_without_options_run_no_processing_op(monkeypatch):
     llm = toy_llm()
     runner = llm.engine.runner
