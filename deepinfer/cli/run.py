@@ -4,13 +4,14 @@ Input (-i FILE), one request per line:
   {"prompt": "...", "id": ...}, or "messages": [{"role": ..., "content": ...}] (chat template), or
   "prompt_token_ids": [...]; "id" defaults to the line number. Optional sampling keys: max_tokens
   (or max_completion_tokens), temperature, top_p, top_k, min_p, seed, stop, stop_token_ids,
-  ignore_eos, skip_special_tokens.
+  ignore_eos, skip_special_tokens, presence_penalty, frequency_penalty, repetition_penalty,
+  logit_bias ({"token id": bias}), min_tokens, bad_words, allowed_token_ids,
+  include_stop_str_in_output.
   Or an OpenAI batch line: {"custom_id": ..., "method": "POST", "url": "/v1/chat/completions" or
   "/v1/completions", "body": {the same keys}}.
   Ignored keys: "model" (the run uses --model), "user". Keys deepinfer does not implement are
   accepted only at the value that switches them off: n 1, best_of 1, stream false, echo false,
-  logprobs false, top_logprobs 0, presence_penalty 0, frequency_penalty 0, repetition_penalty 1,
-  min_tokens 0. Any other key fails its line (below).
+  logprobs false, top_logprobs 0. Any other key fails its line (below).
 
 Output (-o FILE): one JSON row per request, in input order (a request that finishes early waits
 for the ones before it), each written once it is its turn:

@@ -36,7 +36,9 @@ BUILTIN_PROMPTS = [
 ]
 
 # JSONL keys that map onto SamplingParams (OpenAI's names; max_completion_tokens is its newer
-# name; top_k, min_p, stop_token_ids, ignore_eos and skip_special_tokens are vLLM's).
+# name; top_k, min_p, stop_token_ids, ignore_eos, skip_special_tokens, repetition_penalty,
+# min_tokens, bad_words, allowed_token_ids and include_stop_str_in_output are vLLM's). logit_bias
+# comes as OpenAI writes it, {"token id": bias} with the ids as JSON strings.
 SAMPLING_KEYS = {
     "max_tokens": "max_tokens",
     "max_completion_tokens": "max_tokens",
@@ -49,6 +51,14 @@ SAMPLING_KEYS = {
     "stop_token_ids": "stop_token_ids",
     "ignore_eos": "ignore_eos",
     "skip_special_tokens": "skip_special_tokens",
+    "presence_penalty": "presence_penalty",
+    "frequency_penalty": "frequency_penalty",
+    "repetition_penalty": "repetition_penalty",
+    "logit_bias": "logit_bias",
+    "min_tokens": "min_tokens",
+    "bad_words": "bad_words",
+    "allowed_token_ids": "allowed_token_ids",
+    "include_stop_str_in_output": "include_stop_str_in_output",
 }
 # Accepted and ignored: they do not change what is generated.
 IGNORED_KEYS = {
@@ -64,10 +74,6 @@ NEUTRAL_VALUES = {
     "echo": False,
     "logprobs": False,
     "top_logprobs": 0,
-    "presence_penalty": 0,
-    "frequency_penalty": 0,
-    "repetition_penalty": 1,
-    "min_tokens": 0,
 }
 PROMPT_KEYS = ("prompt", "messages", "prompt_token_ids")
 BATCH_LINE_KEYS = ("custom_id", "method", "url", "body")
@@ -188,6 +194,14 @@ def _read_body(source: dict, request: Request, in_body: bool) -> None:
             return
         request.prompt = value
     request.overrides = {SAMPLING_KEYS[k]: v for k, v in source.items() if k in SAMPLING_KEYS}
+    if isinstance(request.overrides.get("logit_bias"), dict):
+        request.overrides["logit_bias"] = _token_keys(request.overrides["logit_bias"])
+
+
+def _token_keys(bias: dict) -> dict:
+    """OpenAI's logit_bias keys are token ids written as JSON strings: "42" -> 42. Other keys stay
+    as they are, for SamplingParams to refuse with its message."""
+    return {int(k) if isinstance(k, str) and k.isascii() and k.isdigit() else k: v for k, v in bias.items()}
 
 
 def _unsupported_key(source: dict, where: str) -> str | None:
