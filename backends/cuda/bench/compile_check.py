@@ -379,7 +379,19 @@ class Launch:
 @contextlib.contextmanager
 def _as_arch(arch: str, launches: list[Launch]):
     from deepinfer_cuda.kernels import (
-        activation, gemm, kv_cache, logits_processing, logprobs, mla_decode, moe, norm, prefill, rejection_sampling, rope, sampling, sparse_attention,
+        activation,
+        gemm,
+        kv_cache,
+        logits_processing,
+        logprobs,
+        mla_decode,
+        moe,
+        norm,
+        prefill,
+        rejection_sampling,
+        rope,
+        sampling,
+        sparse_attention,
     )
 
     cfg = lambda op, variant, device=None: arch_config(op, variant, arch)  # noqa: E731
