@@ -326,3 +326,29 @@ def test_bad_option_values_are_one_line_errors(kwargs, message):
     with pytest.raises(ValueError, match=message) as info:
         SamplingParams(**kwargs)
     assert "\n" not in str(info.value)
+
+
+def test_penalty_history_slots_are_filled_from_the_tokens_and_reclaimed():
+    """A slot holds its request's output counts and prompt bits; a request that lost its slot (it
+    stopped running and another took it) gets another, refilled from its tokens."""
+    from deepinfer.engine.penalty_history import PenaltyHistory
+    from deepinfer.engine.sequence import Sequence, SequenceStatus
+    from deepinfer.ops.penalties import unpack_bits
+
+    history = PenaltyHistory(num_slots=2, vocab_size=40, device=torch.device("cpu"))
+    seqs = [Sequence(i, [3, 33, 3, 39], SamplingParams(**PENALTIES), seed=0) for i in range(3)]
+    for seq in seqs:
+        seq.status = SequenceStatus.RUNNING
+    seqs[0].token_ids += [5, 5, 7]
+    a, b = history.slot(seqs[0]), history.slot(seqs[1])
+    assert {a, b} == {0, 1} and history.slot(seqs[0]) == a
+    assert history.output_counts[a].tolist() == [2 if v == 5 else 1 if v == 7 else 0 for v in range(40)]
+    assert unpack_bits(history.prompt_mask[a : a + 1], 40)[0].nonzero().flatten().tolist() == [3, 33, 39]
+    with pytest.raises(RuntimeError, match="all 2 penalty history slots are held by running requests"):
+        history.slot(seqs[2])
+    seqs[0].status = SequenceStatus.WAITING  # preempted: its slot may go
+    assert history.slot(seqs[2]) == a and history.output_counts[a].sum() == 0
+    history.record(torch.tensor([a, -1]), torch.tensor([9, 9]))
+    assert history.output_counts[a, 9] == 1 and history.output_counts[b, 9] == 0
+    seqs[0].status, seqs[1].status = SequenceStatus.RUNNING, SequenceStatus.FINISHED
+    assert history.slot(seqs[0]) == b and history.output_counts[b].tolist() == [2 if v == 5 else 1 if v == 7 else 0 for v in range(40)]

@@ -10,8 +10,9 @@ apply_penalties
 apply_token_bias
     Grid: `vector_grid(n_tiles)` programs over tiles of BLOCK entries, launched twice: the finite
     biases (load, add, store: at most one applies per row and token, the op's promise), then the bans
-    (a store of -inf). A ban therefore wins over a bias on the same token, as the op says. Each entry
-    compares its prefix with its row's recent tokens on chip.
+    (a store of -inf): two launches, so that a bias's load-add-store never races a ban's store on the
+    same logit, and the ban wins, as the op says. Each entry compares its prefix with its row's
+    recent tokens on chip.
 
 Buffer budget: apply_penalties keeps about 6 live 4-byte values per logit (logits, counts, words,
 the seen mask and the two where results), so BLOCK is the largest power of two within half the

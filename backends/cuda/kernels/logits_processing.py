@@ -8,9 +8,10 @@ apply_penalties: grid (B, cdiv(V, BLOCK)), in place. A program whose row has no 
 
 apply_token_bias: two launches over the entries, BLOCK of them per program: the finite biases
   (load, add, store: at most one applies per row and token, the op's promise, so no two programs
-  write one logit), then the bans (a store of -inf, which any number of programs may repeat). The
-  order makes a ban win over a bias on the same token, as the op says. Each entry compares its
-  prefix with its row's recent tokens in registers.
+  write one logit), then the bans (a store of -inf, which any number of programs may repeat). Two
+  launches, so that a bias's load-add-store never races a ban's store on the same logit: the ban
+  wins either way, as the op says. Each entry compares its prefix with its row's recent tokens in
+  registers.
 
 Both are batch-invariant as they are: every logit's result depends on its own row's inputs only.
 """
