@@ -46,9 +46,8 @@ class StepProcessing:
 
     allowed: torch.Tensor | None  # [B, ceil(V/32)] int32 bitmask
     bias: tuple[torch.Tensor, ...] | None  # rows, tokens, values, prefixes, recent tokens (newest patched in at apply)
-    newest_known: torch.Tensor | None  # [B] bool: the row has generated a token (its newest is its last input)
+    newest: tuple[torch.Tensor, torch.Tensor] | None  # each row's last input row [B] and whether it generated a token [B]
     penalties: tuple[torch.Tensor, ...] | None  # slots, presence, frequency, repetition
-    input_rows: torch.Tensor  # [B] int64: each sampler's last input row (its newest token)
 
 
 class LogitsProcessing:
@@ -65,13 +64,12 @@ class LogitsProcessing:
         sampler needs any."""
         if not any(needs_processing(seq) for seq in samplers):
             return None
-        return StepProcessing(
-            allowed=self._allowed(samplers),
-            bias=self._bias(samplers),
-            newest_known=self._to_device(torch.tensor([seq.num_output_tokens > 0 for seq in samplers])),
-            penalties=self._penalties(samplers),
-            input_rows=self._to_device(torch.tensor(input_rows, dtype=torch.int64)),
-        )
+        bias = self._bias(samplers)
+        newest = None
+        if bias is not None and bias[4].shape[1]:  # prefixes to match: the newest token comes from the input on the device
+            generated = torch.tensor([seq.num_output_tokens > 0 for seq in samplers])
+            newest = (self._to_device(torch.tensor(input_rows, dtype=torch.int64)), self._to_device(generated))
+        return StepProcessing(allowed=self._allowed(samplers), bias=bias, newest=newest, penalties=self._penalties(samplers))
 
     def _allowed(self, samplers: list[Sequence]) -> torch.Tensor | None:
         masks = [seq.constraints.allowed if seq.constraints is not None else None for seq in samplers]
@@ -127,9 +125,9 @@ class LogitsProcessing:
             ops.apply_token_bitmask(logits=logits, bitmask=step.allowed)
         if step.bias is not None:
             rows, tokens, values, prefixes, recent = step.bias
-            if recent.shape[1]:
-                newest = input_ids.index_select(0, step.input_rows)
-                recent[:, -1] = torch.where(step.newest_known, newest, -1)
+            if step.newest is not None:
+                input_rows, generated = step.newest
+                recent[:, -1] = torch.where(generated, input_ids.index_select(0, input_rows), -1)
             ops.apply_token_bias(logits=logits, rows=rows, tokens=tokens, values=values, prefixes=prefixes, recent_tokens=recent)
         if step.penalties is not None:
             slots, presence, frequency, repetition = step.penalties
