@@ -14,9 +14,10 @@ _LAZY_EXPORTS = {
     "SamplingParams": "deepinfer.engine.sampling_params",
     "RequestOutput": "deepinfer.engine.outputs",
     "CompletionOutput": "deepinfer.engine.outputs",
+    "Logprob": "deepinfer.engine.outputs",
 }
 
-__all__ = ["LLM", "SamplingParams", "RequestOutput", "CompletionOutput", "__version__"]
+__all__ = ["LLM", "SamplingParams", "RequestOutput", "CompletionOutput", "Logprob", "__version__"]
 
 
 def __getattr__(name: str):

@@ -41,6 +41,7 @@ class Sampling:
     only: str | None = None
     run_values: tuple | None = None  # the only values `run` takes (None: any)
     run_hint: str = ""  # why `run` takes no other, and what to do instead
+    convert: Any = None  # JSON's spelling -> SamplingParams' (None: as it is)
 
 
 @dataclass(frozen=True)
@@ -84,6 +85,16 @@ FIELDS: dict[str, Sampling | Chat | Ignored | Off | Model] = {
     "ignore_eos": Sampling("ignore_eos"),
     "skip_special_tokens": Sampling("skip_special_tokens"),
     "n": Sampling("n", run_values=(1,), run_hint="a `deepinfer run` row holds one output; deepinfer run-batch writes n choices"),
+    # Logits processing (SamplingParams); repetition_penalty, min_tokens, bad_words, allowed_token_ids and
+    # include_stop_str_in_output are vLLM's. logit_bias comes as OpenAI writes it: {"token id": bias}.
+    "presence_penalty": Sampling("presence_penalty"),
+    "frequency_penalty": Sampling("frequency_penalty"),
+    "repetition_penalty": Sampling("repetition_penalty"),
+    "min_tokens": Sampling("min_tokens"),
+    "logit_bias": Sampling("logit_bias", convert=lambda bias: token_keys(bias) if isinstance(bias, dict) else bias),
+    "allowed_token_ids": Sampling("allowed_token_ids"),
+    "bad_words": Sampling("bad_words"),
+    "include_stop_str_in_output": Sampling("include_stop_str_in_output"),
     # The chat template's options (vLLM's extra chat parameters).
     "add_generation_prompt": Chat("add_generation_prompt", bool, only=CHAT),
     "continue_final_message": Chat("continue_final_message", bool, only=CHAT),
@@ -101,14 +112,6 @@ FIELDS: dict[str, Sampling | Chat | Ignored | Off | Model] = {
     "logprobs": Off((False,)),
     "top_logprobs": Off((0,), only=CHAT),
     "prompt_logprobs": Off(()),
-    "presence_penalty": Off((0,)),
-    "frequency_penalty": Off((0,)),
-    "repetition_penalty": Off((1,)),
-    "min_tokens": Off((0,)),
-    "logit_bias": Off(({},)),
-    "allowed_token_ids": Off(()),
-    "bad_words": Off(([],)),
-    "include_stop_str_in_output": Off((False,)),
     "spaces_between_special_tokens": Off((True,)),
     "truncate_prompt_tokens": Off(()),
     "use_beam_search": Off((False,)),
@@ -171,13 +174,19 @@ def read_fields(body: dict, skip, endpoint: str | None = None, where: str = "") 
             continue
         value = body[key]
         if isinstance(rule, Sampling) and (value is not None or rule.keep_null):
-            fields.sampling[rule.param] = value
+            fields.sampling[rule.param] = rule.convert(value) if rule.convert is not None else value
             fields.sources[rule.param] = key
         elif isinstance(rule, Chat) and value is not None:
             fields.chat[rule.option] = value
         elif isinstance(rule, Model):
             fields.model = value
     return fields
+
+
+def token_keys(bias: dict) -> dict:
+    """OpenAI's logit_bias keys are token ids written as JSON strings: "42" -> 42. Other keys stay
+    as they are, for SamplingParams to refuse with its message."""
+    return {int(k) if isinstance(k, str) and k.isascii() and k.isdigit() else k: v for k, v in bias.items()}
 
 
 def describe() -> str:

@@ -4,11 +4,13 @@ Input (-i FILE), one request per line:
   {"prompt": "...", "id": ...}, or "messages": [{"role": ..., "content": ...}] (chat template), or
   "prompt_token_ids": [...]; "id" defaults to the line number. Optional fields, by the table of
   deepinfer/cli/request_fields.py (listed at the end): sampling (max_tokens or max_completion_tokens,
-  temperature, top_p, top_k, min_p, seed, stop, stop_token_ids, ignore_eos, skip_special_tokens;
-  null: the flag's value), the chat template's options for "messages" (add_generation_prompt,
+  temperature, top_p, top_k, min_p, seed, stop, stop_token_ids, ignore_eos, skip_special_tokens,
+  presence_penalty, frequency_penalty, repetition_penalty, logit_bias ({"token id": bias}),
+  min_tokens, bad_words, allowed_token_ids, include_stop_str_in_output; null: the flag's value),
+  the chat template's options for "messages" (add_generation_prompt,
   continue_final_message, chat_template_kwargs), ignored fields ("model": the run uses --model;
   "user", "request_id"), and fields deepinfer does not implement yet, accepted only at the value
-  that switches them off (stream false, logprobs false, presence_penalty 0, ...); "n" only at 1
+  that switches them off (stream false, logprobs false, ...); "n" only at 1
   (a row holds one output: `deepinfer run-batch` writes n choices). Any other field fails its line
   (below).
   Or an OpenAI batch line: {"custom_id": ..., "method": "POST", "url": "/v1/chat/completions" or

@@ -60,7 +60,7 @@ class BlockManager:
     def cached_prefix(self, seq: Sequence) -> list[int]:
         """Ids of the cached blocks that hold seq's leading full blocks. At least one token is
         always left to compute: the step that computes it yields the logits to sample from."""
-        if not self.enable_prefix_caching:
+        if not self.enable_prefix_caching or not seq.reads_prefix_cache:
             return []
         hits = []
         for index in range((seq.num_tokens - 1) // self.block_size):

@@ -16,12 +16,14 @@ from typing import Any
 import torch
 
 from deepinfer.engine.block_manager import BlockManager, blocks_for
+from deepinfer.engine.logprobs import position_logprobs
 from deepinfer.engine.model_runner import GiB, ModelRunner, kv_block_bytes, kv_cache_budget
 from deepinfer.engine.outputs import CompletionOutput, RequestOutput
 from deepinfer.engine.parallel_samples import add_samples, finished_requests, release_held_back
 from deepinfer.engine.sampling_params import InvalidRequestError, SamplingParams
 from deepinfer.engine.scheduler import ScheduledBatch, Scheduler
 from deepinfer.engine.sequence import Sequence, SequenceStatus
+from deepinfer.engine.token_constraints import check_token_options, token_constraints
 from deepinfer.ops import kv_cache_format
 
 log = logging.getLogger(__name__)
@@ -155,6 +157,7 @@ class LLMEngine:
             num_state_slots=self.num_state_slots,
             num_draft_layers=self.num_draft_layers,
             max_tokens_per_seq=1 + self._draft_lookahead,
+            vocab_size=self.vocab_size,
         )
         self.speculative = self._speculative_decoder(model, runtime)
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens,
@@ -275,6 +278,7 @@ class LLMEngine:
         self._next_request_index = max(self._next_request_index, index + 1)
         seed = params.seed if params.seed is not None else derive_seed(self.config.seed, index)
         seq = Sequence(index, prompt_token_ids, params, seed, prompt)
+        seq.constraints = token_constraints(params, self.tokenizer, self.vocab_size, self.eos_token_ids)
         self.scheduler.add(seq)
         if params.n > 1:  # the other samples start when seq's prompt is in the cache (deepinfer.engine.parallel_samples)
             self._next_sample_id -= len(add_samples(seq, self._next_sample_id))
@@ -300,6 +304,11 @@ class LLMEngine:
             raise InvalidRequestError(f"{what}: n={params.n} samples do not run with {blocker} yet; use n=1")
         if params.stop and self.tokenizer is None:
             raise InvalidRequestError(f"{what}: stop strings need a tokenizer, and this checkpoint has no tokenizer.json; use stop_token_ids")
+        check_token_options(params, self.tokenizer, self.vocab_size, what)
+        if self.config.speculative is not None:
+            extra = self._speculation_refuses(params)
+            if extra:
+                raise InvalidRequestError(f"{what}: {extra} does not combine with speculative decoding yet; run without --speculative for it")
         longest = min(len(prompt_token_ids) + (params.max_tokens or self.max_model_len), self.max_model_len)
         needed = blocks_for(longest, self.block_size)
         if needed > self.num_kv_blocks:
@@ -307,6 +316,17 @@ class LLMEngine:
                 f"{what} needs {needed} KV blocks of {self.block_size} tokens for {longest} tokens (prompt + max_tokens), "
                 f"the cache holds {self.num_kv_blocks}; raise num_kv_blocks or lower max_tokens"
             )
+
+    @staticmethod
+    def _speculation_refuses(params: SamplingParams) -> str | None:
+        """The first sampling option the speculative decoder does not run (verification samples
+        every drafted row with `rejection_sample`, which processes no logits and gathers no logprobs)."""
+        defaults = SamplingParams()
+        for name in ("presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias", "min_tokens", "bad_words",
+                     "allowed_token_ids", "logprobs", "prompt_logprobs"):  # fmt: skip
+            if getattr(params, name) != getattr(defaults, name):
+                return name
+        return None
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()
@@ -372,18 +392,21 @@ class LLMEngine:
         parallelism, the size of the graph every rank replays this step, or 0 for an eager step."""
         if self.speculative is not None:
             samplers, emitted = self.speculative.run(batch)
+            records = [None] * len(samplers)
         else:
-            samplers, tokens = self.runner.run(batch, use_graphs=graph_size != 0, graph_size=graph_size)
+            samplers, tokens, records = self.runner.run(batch, use_graphs=graph_size != 0, graph_size=graph_size)
             emitted = [[t] for t in tokens]
         if batch.is_prefill:
             self.scheduler.commit(batch)
             self.num_prompt_tokens_computed += batch.num_prompt_tokens
             release_held_back(self.scheduler, batch.seqs)
         finished = []
-        for seq, tokens in zip(samplers, emitted):
+        for seq, tokens, record in zip(samplers, emitted, records):
             appended = 0
             for token in tokens:  # a speculative step emits several: a stop inside the run drops the rest
                 seq.token_ids.append(int(token))
+                if record is not None:
+                    seq.add_logprobs(record)
                 appended += 1
                 self.num_generated_tokens += 1
                 if self._check_stop(seq, int(token)):
@@ -402,13 +425,16 @@ class LLMEngine:
         (Overlap scheduling: tokens of a step still in flight may follow it in seq.token_ids.)"""
         params = seq.params
         length = seq.num_tokens if length is None else length
-        if not params.ignore_eos and token in self.eos_token_ids:
+        generated = length - seq.num_prompt_tokens
+        if generated < params.min_tokens:  # EOS and stop token ids are banned until then, stop strings not looked for
+            pass
+        elif not params.ignore_eos and token in self.eos_token_ids:
             seq.finish_reason = "stop"
         elif token in params.stop_token_ids:
             seq.finish_reason, seq.stop_reason = "stop", token
-        elif params.stop and (stop := self._stop_string_in_tail(seq, length)) is not None:
+        elif params.stop and generated > params.min_tokens and (stop := self._stop_string_in_tail(seq, length)) is not None:
             seq.finish_reason, seq.stop_reason = "stop", stop
-        elif self.ends_by_length(seq, length):
+        if seq.finish_reason is None and self.ends_by_length(seq, length):
             seq.finish_reason = "length"
         return seq.finish_reason is not None
 
@@ -419,12 +445,16 @@ class LLMEngine:
 
     def _stop_string_in_tail(self, seq: Sequence, length: int) -> str | None:
         """The stop string that token number `length` completed, if any. Only the output's tail is decoded:
-        a string of L characters spans at most 4L byte-level tokens, plus one for the new token."""
+        a string of L characters spans at most 4L byte-level tokens, plus one for the new token. With
+        min_tokens, a stop string must end past the text of the first min_tokens tokens (vLLM looks
+        only at text that arrives after them)."""
         params = seq.params
         window = 4 * max(len(s) for s in params.stop) + 1
         output = seq.token_ids[seq.num_prompt_tokens : length]
-        tail = self.tokenizer.decode(output[-window:], skip_special_tokens=params.skip_special_tokens)
-        found = [(tail.find(s), s) for s in params.stop if s in tail]
+        start = max(0, len(output) - window)
+        tail = self.tokenizer.decode(output[start:], skip_special_tokens=params.skip_special_tokens)
+        held = len(self.tokenizer.decode(output[start : params.min_tokens], skip_special_tokens=params.skip_special_tokens)) if start < params.min_tokens else 0
+        found = [(i, s) for s in params.stop if (i := _find_ending_after(tail, s, held)) >= 0]
         return min(found)[1] if found else None
 
     # -- outputs -----------------------------------------------------------------------------
@@ -440,17 +470,25 @@ class LLMEngine:
             finished=all(sample.status is SequenceStatus.FINISHED for sample in seq.samples),
             num_cached_tokens=seq.num_cached_tokens or 0,
             metrics=self._request_metrics(seq),
+            prompt_logprobs=[position_logprobs(r, self.tokenizer) for r in seq.prompt_logprobs] if seq.prompt_logprobs is not None else None,
         )
 
     def _completion(self, seq: Sequence) -> CompletionOutput:
         params = seq.params
         ids = seq.output_token_ids
-        text_ids = ids[:-1] if seq.finish_reason == "stop" and not isinstance(seq.stop_reason, str) else ids  # EOS / stop id: not in the text
+        by_token = seq.finish_reason == "stop" and not isinstance(seq.stop_reason, str)
+        text_ids = ids[:-1] if by_token and not params.include_stop_str_in_output else ids  # EOS / stop id: not in the text
         text = self.tokenizer.decode(text_ids, skip_special_tokens=params.skip_special_tokens) if self.tokenizer is not None else ""
         if isinstance(seq.stop_reason, str):
-            cuts = [i for i in (text.find(s) for s in params.stop) if i >= 0]
-            text = text[: min(cuts)] if cuts else text
-        return CompletionOutput(seq.sample_index, text, list(ids), seq.finish_reason, seq.stop_reason)
+            held = len(self.tokenizer.decode(ids[: params.min_tokens], skip_special_tokens=params.skip_special_tokens)) if params.min_tokens else 0
+            cuts = [(i, s) for s in params.stop if (i := _find_ending_after(text, s, held)) >= 0]
+            if cuts:
+                at, stop = min(cuts)
+                text = text[: at + len(stop)] if params.include_stop_str_in_output else text[:at]
+        return CompletionOutput(
+            seq.sample_index, text, list(ids), seq.finish_reason, seq.stop_reason, cumulative_logprob=seq.cumulative_logprob,
+            logprobs=[position_logprobs(r, self.tokenizer) for r in seq.logprobs] if seq.logprobs is not None else None,
+        )  # fmt: skip
 
     def _request_metrics(self, seq: Sequence) -> dict:
         """num_preemptions counts every sample's."""
@@ -458,3 +496,9 @@ class LLMEngine:
         if self.speculative is not None:
             metrics.update(num_drafts_verified=seq.num_drafts_verified, num_drafts_accepted=seq.num_drafts_accepted)
         return metrics
+
+
+def _find_ending_after(text: str, stop: str, held: int) -> int:
+    """Where the first occurrence of `stop` in `text` that ends past character `held` starts; -1: none."""
+    at = text.find(stop, max(0, held - len(stop) + 1))
+    return at

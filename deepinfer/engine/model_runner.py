@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import logging
 import os
+from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
 
 from deepinfer.device_graphs import GraphCapture
+from deepinfer.engine.logits_processing import LogitsProcessing, needs_processing
+from deepinfer.engine.logprobs import LogprobRows, TokenLogprobs
 from deepinfer.engine.scheduler import ScheduledBatch
 from deepinfer.engine.sequence import Sequence
 from deepinfer.model.forward_batch import ForwardBatch, HostBatch
@@ -48,6 +51,37 @@ def kv_cache_budget(device: torch.device, memory_info: Callable[[torch.device], 
     return max(0, int(free - (1 - memory_utilization) * total))
 
 
+def samples_eagerly(seq: Sequence) -> bool:
+    """Whether seq's next token needs a step outside device graphs: its logits are processed
+    (deepinfer.engine.logits_processing) or its logprobs gathered."""
+    return seq.params.logprobs is not None or needs_processing(seq)
+
+
+@dataclass
+class StepRows:
+    """A step's ForwardBatch and what its logits rows are for: the samplers' rows, and rows whose
+    logits give prompt logprobs (position p predicts prompt token p + 1)."""
+
+    forward_batch: ForwardBatch
+    samplers: list[Sequence]
+    input_rows: list[int]  # per sampler, its last input row (its newest token)
+    sample_select: list[int] | None = None  # the samplers' positions among the logits rows (None: all of them, in order)
+    prompt_select: list[int] = field(default_factory=list)  # positions among the logits rows of prompt-logprob rows
+    prompt_targets: list[int] = field(default_factory=list)  # the prompt token each of them predicts
+    prompt_owners: list[tuple[Sequence, int]] = field(default_factory=list)  # (sequence, the target's index in its prompt)
+
+
+@dataclass
+class LaunchedStep:
+    """A launched step's results, on the device: the samplers' new tokens and, for the rows that
+    asked, their logprobs (owners: sampler indices) and prompt logprobs (owners: StepRows.prompt_owners)."""
+
+    samplers: list[Sequence]
+    tokens: torch.Tensor
+    logprobs: LogprobRows | None = None
+    prompt_logprobs: LogprobRows | None = None
+
+
 class ModelRunner:
     def __init__(
         self,
@@ -64,11 +98,13 @@ class ModelRunner:
         num_state_slots: int = 0,
         num_draft_layers: int = 0,
         max_tokens_per_seq: int = 1,
+        vocab_size: int | None = None,
     ):
         """graph_capture: the backend's device graphs, to replay decode steps (None: every step eager).
         num_state_slots: per-sequence state the model keeps beside the paged cache (DeepSeek-V4's
         compressor windows), one slot per running sequence. max_tokens_per_seq: the most rows a
-        sequence brings to a decode step (speculative verification: 1 + k)."""
+        sequence brings to a decode step (speculative verification: 1 + k). vocab_size: the logits'
+        width (the penalty history's; default: the model's vocab_size)."""
         self.model = model
         self.ops = ops
         self.device = device
@@ -85,6 +121,7 @@ class ModelRunner:
         else:
             self.draft_kv_caches = [torch.zeros(model.kv_cache_shape(num_blocks, block_size, dtype), dtype=dtype, device=device)
                                     for _ in range(num_draft_layers)]  # fmt: skip
+        self.processing = LogitsProcessing(ops, device, vocab_size or model.vocab_size, max_num_seqs)
         self.graphs = None
         if graph_capture is not None and getattr(model, "supports_device_graphs", True):
             from deepinfer.engine.decode_graphs import DecodeGraphs
@@ -98,16 +135,36 @@ class ModelRunner:
         return torch.tensor(values, dtype=dtype).to(self.device, non_blocking=True)
 
     def prepare(self, batch: ScheduledBatch) -> tuple[ForwardBatch, list[Sequence]]:
-        """The ForwardBatch for this step, and the sequences that sample a token (in logits order)."""
+        """The ForwardBatch for this step, and the sequences that sample a token (in logits order).
+        (No prompt-logprob rows: speculative decoding, which calls this, refuses prompt_logprobs.)"""
+        rows = self.step_rows(batch)
+        return rows.forward_batch, rows.samplers
+
+    def step_rows(self, batch: ScheduledBatch) -> StepRows:
+        """The step's ForwardBatch, its samplers (in logits order) and its prompt-logprob rows."""
         starts = [seq.num_computed_tokens for seq in batch.seqs]
         tokens = [seq.token_ids[start : start + n] for seq, start, n in zip(batch.seqs, starts, batch.num_new_tokens)]
-        logits_rows, samplers, end = [], [], 0
+        logits_rows, samplers, input_rows, sample_select = [], [], [], []
+        prompt_select, prompt_targets, prompt_owners = [], [], []
+        end = 0
         for seq, start, n in zip(batch.seqs, starts, batch.num_new_tokens):
-            end += n
+            first, end = end, end + n
+            if batch.is_prefill and seq.prompt_logprobs is not None:
+                # position p's logits predict prompt token p + 1; targets already gathered are skipped
+                for p in range(max(start, len(seq.prompt_logprobs) - 1), min(start + n, seq.num_prompt_tokens - 1)):
+                    prompt_select.append(len(logits_rows))
+                    logits_rows.append(first + p - start)
+                    prompt_targets.append(seq.token_ids[p + 1])
+                    prompt_owners.append((seq, p + 1))
             if start + n == seq.num_tokens:  # its last token is computed: it samples the next one
+                sample_select.append(len(logits_rows))
                 logits_rows.append(end - 1)
                 samplers.append(seq)
-        return self._forward_batch(batch.seqs, starts, tokens, batch.is_prefill, logits_rows), samplers
+                input_rows.append(end - 1)
+        forward_batch = self._forward_batch(batch.seqs, starts, tokens, batch.is_prefill, logits_rows)
+        if not prompt_select:
+            return StepRows(forward_batch, samplers, input_rows)
+        return StepRows(forward_batch, samplers, input_rows, sample_select, prompt_select, prompt_targets, prompt_owners)
 
     def rows_batch(self, seqs: list[Sequence], starts: list[int], tokens: list[list[int]], *, last_only: bool = False) -> ForwardBatch:
         """A decode-path ForwardBatch over given tokens (speculative steps: drafts are not in
@@ -183,35 +240,71 @@ class ModelRunner:
 
     def replayable(self, batch: ScheduledBatch) -> bool:
         """Whether this step would replay a captured device graph: a decode step (one new token per
-        sequence) of a batch size some graph covers."""
+        sequence) of a batch size some graph covers, in which no sequence processes its logits or
+        gathers logprobs (those steps run eagerly: the graphs hold no buffers for their inputs)."""
         return (self.graphs is not None and not batch.is_prefill and all(n == 1 for n in batch.num_new_tokens)
-                and self.graphs.bucket(len(batch.seqs)) is not None)
+                and self.graphs.bucket(len(batch.seqs)) is not None and not any(samples_eagerly(seq) for seq in batch.seqs))
 
     @torch.inference_mode()
-    def run(self, batch: ScheduledBatch, use_graphs: bool = True, graph_size: int | None = None) -> tuple[list[Sequence], list[int]]:
-        """One forward step; returns the sequences that sampled and their new tokens. use_graphs=False
-        runs a replayable step eagerly (expert parallelism: another rank's step is not replayable);
-        graph_size: the graph to replay (expert parallelism: the step's, on every rank)."""
-        samplers, tokens = self.launch(batch, use_graphs, graph_size)
-        return samplers, tokens.tolist()
+    def run(self, batch: ScheduledBatch, use_graphs: bool = True, graph_size: int | None = None
+            ) -> tuple[list[Sequence], list[int], list[TokenLogprobs | None]]:  # fmt: skip
+        """One forward step; returns the sequences that sampled, their new tokens and, per sampler,
+        the new token's TokenLogprobs record (None unless it asked for logprobs). Prompt logprobs
+        gathered in the step go straight into their sequences. use_graphs=False runs a replayable
+        step eagerly (expert parallelism: another rank's step is not replayable); graph_size: the
+        graph to replay (expert parallelism: the step's, on every rank)."""
+        step = self.launch(batch, use_graphs, graph_size)
+        if step.prompt_logprobs is not None:
+            for (seq, index), record in step.prompt_logprobs.to_host().records():
+                assert index == len(seq.prompt_logprobs), f"{seq}: prompt logprob {index} arrives after {len(seq.prompt_logprobs)}"
+                seq.prompt_logprobs.append(record)
+        records: list[TokenLogprobs | None] = [None] * len(step.samplers)
+        if step.logprobs is not None:
+            for i, record in step.logprobs.to_host().records():
+                records[i] = record
+        return step.samplers, step.tokens.tolist(), records
 
     @torch.inference_mode()
     def launch(self, batch: ScheduledBatch, use_graphs: bool = True, graph_size: int | None = None,
-               inputs_from: tuple[list[int], list[int], torch.Tensor] | None = None) -> tuple[list[Sequence], torch.Tensor]:  # fmt: skip
-        """`run` without waiting: the new tokens stay a device tensor, queued behind the step.
-        inputs_from (rows, sources, tokens): input rows taken from a device tensor, input_ids[rows[i]] =
-        tokens[sources[i]] (overlap scheduling: the step before's tokens, not on the host yet)."""
-        forward_batch, samplers = self.prepare(batch)
+               inputs_from: tuple[list[int], list[int], torch.Tensor] | None = None) -> LaunchedStep:  # fmt: skip
+        """`run` without waiting: the new tokens (and logprobs) stay device tensors, queued behind the
+        step. inputs_from (rows, sources, tokens): input rows taken from a device tensor,
+        input_ids[rows[i]] = tokens[sources[i]] (overlap scheduling: the step before's tokens, not
+        on the host yet)."""
+        rows = self.step_rows(batch)
+        forward_batch, samplers = rows.forward_batch, rows.samplers
         if inputs_from is not None:
-            rows, sources, tokens = inputs_from
-            forward_batch.input_ids.index_copy_(0, self.tensor(rows, torch.int64), tokens.index_select(0, self.tensor(sources, torch.int64)))
+            into, sources, tokens = inputs_from
+            forward_batch.input_ids.index_copy_(0, self.tensor(into, torch.int64), tokens.index_select(0, self.tensor(sources, torch.int64)))
         graphs = self.graphs
         if use_graphs and self.replayable(batch) and len(samplers) == forward_batch.num_seqs == forward_batch.input_ids.shape[0]:
-            return samplers, graphs.run(forward_batch, self.sampling_tensors(samplers), graph_size)
-        logits = self.model.forward(forward_batch, self.kv_caches)
+            return LaunchedStep(samplers, graphs.run(forward_batch, self.sampling_tensors(samplers), graph_size))
+        logits = self.model.forward(forward_batch, self.kv_caches).float()
+        prompt_logprobs = None
+        if rows.prompt_select:
+            prompt_logprobs = LogprobRows.gather(
+                self.ops, logits.index_select(0, self.tensor(rows.prompt_select, torch.int64)), self.tensor(rows.prompt_targets, torch.int64),
+                rows.prompt_owners, [seq.params.prompt_logprobs for seq, _ in rows.prompt_owners],
+            )  # fmt: skip
         if not samplers:
-            return [], torch.empty(0, dtype=torch.int64, device=self.device)
-        return samplers, self.ops.sample(logits=logits.float(), **self.sampling_tensors(samplers))
+            return LaunchedStep([], torch.empty(0, dtype=torch.int64, device=self.device), prompt_logprobs=prompt_logprobs)
+        if rows.sample_select is not None:
+            logits = logits.index_select(0, self.tensor(rows.sample_select, torch.int64))
+        processing = self.processing.plan(samplers, rows.input_rows)
+        wanted = [i for i, seq in enumerate(samplers) if seq.params.logprobs is not None]
+        raw = None
+        if wanted:  # the model's own logits: copied before the processing changes them in place
+            raw = logits if processing is None and len(wanted) == len(samplers) else logits.index_select(0, self.tensor(wanted, torch.int64))
+        if processing is not None:
+            self.processing.apply(logits, processing, forward_batch.input_ids)
+        tokens = self.ops.sample(logits=logits, **self.sampling_tensors(samplers))
+        if processing is not None:
+            self.processing.after_sampling(processing, tokens)
+        logprobs = None
+        if wanted:
+            chosen = tokens if len(wanted) == len(samplers) else tokens.index_select(0, self.tensor(wanted, torch.int64))
+            logprobs = LogprobRows.gather(self.ops, raw, chosen, wanted, [samplers[i].params.logprobs for i in wanted])
+        return LaunchedStep(samplers, tokens, logprobs, prompt_logprobs)
 
     @torch.inference_mode()
     def run_idle(self) -> None:

@@ -6,14 +6,28 @@ from dataclasses import dataclass, field
 
 
 @dataclass
+class Logprob:
+    """One token's log-probability at one position (vLLM's): rank 1 is the most likely token;
+    decoded_token is its text alone (None without a tokenizer)."""
+
+    logprob: float
+    rank: int | None = None
+    decoded_token: str | None = None
+
+
+# Per position, {token id: Logprob}: the chosen token first, then the top tokens (vLLM's layout).
+PositionLogprobs = dict[int, Logprob]
+
+
+@dataclass
 class CompletionOutput:
     index: int
     text: str
     token_ids: list[int]
     finish_reason: str | None  # "stop" (EOS, a stop token id or a stop string) | "length" | None while running
     stop_reason: int | str | None = None  # the stop token id or stop string that ended it; None for EOS or length
-    cumulative_logprob: float | None = None  # not computed
-    logprobs: None = None  # not computed
+    cumulative_logprob: float | None = None  # the sum of the generated tokens' logprobs (when logprobs was asked for)
+    logprobs: list[PositionLogprobs] | None = None  # one per generated token (when logprobs was asked for)
 
     def finished(self) -> bool:
         return self.finish_reason is not None
@@ -27,6 +41,7 @@ class RequestOutput:
     outputs: list[CompletionOutput]
     finished: bool
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache
+    prompt_logprobs: list[PositionLogprobs | None] | None = None  # per prompt token, None for the first (when asked for)
     metrics: dict = field(default_factory=dict)  # num_preemptions, ...
 
     def __repr__(self) -> str:

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 import torch
 
 from deepinfer.engine.parallel_samples import finished_requests
+from deepinfer.engine.logprobs import LogprobRows
 from deepinfer.engine.scheduler import ScheduledBatch
 from deepinfer.engine.sequence import Sequence, SequenceStatus
 
@@ -45,6 +46,7 @@ class InFlight:
     copied: torch.Event | None  # None: the copy was synchronous
     positions: list[int]  # where each sampler's token goes in its token_ids
     rows: dict[int, int]  # seq_id -> its row in `tokens`
+    logprobs: LogprobRows | None = None  # the samplers' logprobs that asked, copied to the host with the tokens
 
 
 class OverlapScheduler:
@@ -90,9 +92,11 @@ class OverlapScheduler:
         if previous is not None:  # each sequence's input is its token from the step in flight
             rows = [row for row, seq in enumerate(batch.seqs) if seq.token_ids[seq.num_computed_tokens] == PENDING]
             inputs_from = (rows, [previous.rows[batch.seqs[row].seq_id] for row in rows], previous.tokens)
-        samplers, tokens = runner.launch(batch, inputs_from=inputs_from)
+        launched = runner.launch(batch, inputs_from=inputs_from)
+        samplers, tokens = launched.samplers, launched.tokens
         host = torch.empty(tokens.shape, dtype=tokens.dtype, pin_memory=self.async_copies)
         host.copy_(tokens, non_blocking=self.async_copies)
+        logprobs = launched.logprobs.to_host(pinned=self.async_copies) if launched.logprobs is not None else None
         copied = None
         if self.async_copies:
             copied = torch.Event(device=tokens.device)
@@ -102,7 +106,7 @@ class OverlapScheduler:
             seq.num_computed_tokens += 1
             positions.append(seq.num_tokens)
             seq.token_ids.append(PENDING)
-        return InFlight(samplers, tokens, host, copied, positions, {seq.seq_id: row for row, seq in enumerate(samplers)})
+        return InFlight(samplers, tokens, host, copied, positions, {seq.seq_id: row for row, seq in enumerate(samplers)}, logprobs)
 
     def _finish(self, step: InFlight) -> list[Sequence]:
         """Step's tokens into their sequences, the stops checked; a sequence that stops drops the
@@ -111,10 +115,13 @@ class OverlapScheduler:
         if step.copied is not None:
             step.copied.synchronize()
         finished = []
-        for seq, token, at in zip(step.samplers, step.host.tolist(), step.positions):
+        records = dict(step.logprobs.records()) if step.logprobs is not None else {}
+        for row, (seq, token, at) in enumerate(zip(step.samplers, step.host.tolist(), step.positions)):
             if seq.status is not SequenceStatus.RUNNING:  # it stopped at the step before this one
                 continue
             seq.token_ids[at] = token
+            if row in records:
+                seq.add_logprobs(records[row])
             engine.scheduler.block_manager.commit(seq, at - 1, at)  # prefix cache: blocks of known tokens only
             engine.num_generated_tokens += 1
             if engine._check_stop(seq, token, at + 1):

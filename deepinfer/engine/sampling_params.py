@@ -9,6 +9,7 @@ from deepinfer.errors import UserError
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 INT32_MAX = 2**31 - 1  # top_k's bound: the sampling op takes it as int32
+MAX_LOGPROBS = 20  # logprobs / prompt_logprobs at most (vLLM's default max_logprobs)
 
 
 class InvalidRequestError(UserError, ValueError):
@@ -50,6 +51,31 @@ class SamplingParams:
     same ones on a rerun. The extra samples start once sample 0's prompt is in the KV cache and
     share its full blocks through the prefix cache (docs/architecture.md); with prefix caching off
     each computes the prompt itself. Not with speculative decoding or expert parallelism.
+    include_stop_str_in_output: keep the stop string that ended the text in it (and the text of
+    an EOS or stop token id).
+
+    What vLLM adds on top, applied to the model's float32 logits in this order before `sample`
+    (temperature, top-k, top-p and min-p come after all of them):
+    allowed_token_ids: only these tokens may be sampled (a non-empty list of token ids).
+    bad_words: strings that must not be generated: each word is tokenized as it is and with a
+    leading space (when that gives a distinct token sequence of the same length), and the last
+    token of such a sequence is banned whenever the tokens generated just before match the rest of
+    it (vLLM's rule; needs the model's tokenizer).
+    min_tokens: EOS and stop_token_ids are banned until this many tokens were generated, and stop
+    strings are not looked for before then (at most max_tokens).
+    logit_bias: {token id: bias} added to those logits (finite values).
+    repetition_penalty (> 0, 1 = off): a token seen in the prompt or the output has its logit divided
+    by it when positive, multiplied when not. frequency_penalty and presence_penalty (in [-2, 2],
+    0 = off): subtracted from a logit, times the token's count in the output, and once if it occurs
+    there at all (OpenAI's definitions; the prompt does not count).
+
+    logprobs: None, or k in [0, 20]: each generated token's log-probability, its rank and the k most
+    likely tokens (CompletionOutput.logprobs: one {token id: Logprob} per token, and
+    cumulative_logprob). prompt_logprobs: the same for every prompt token but the first (None there);
+    a request asking for them reads nothing from the prefix cache (every position is computed).
+    Log-probabilities are those of the model's own distribution, log_softmax of its raw logits,
+    before any of the processing above and before temperature (vLLM's default, raw_logprobs): they
+    describe the model, not the filters, and are the same whatever a request's sampling settings.
     """
 
     temperature: float = 1.0
@@ -63,6 +89,16 @@ class SamplingParams:
     ignore_eos: bool = False
     skip_special_tokens: bool = True
     n: int = 1
+    include_stop_str_in_output: bool = False
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logit_bias: dict[int, float] | None = None
+    min_tokens: int = 0
+    bad_words: list[str] | None = None
+    allowed_token_ids: list[int] | None = None
+    logprobs: int | None = None
+    prompt_logprobs: int | None = None
 
     def __post_init__(self) -> None:
         def bad(message: str) -> InvalidRequestError:
@@ -82,12 +118,30 @@ class SamplingParams:
             raise bad(f"n must be an integer >= 1, got {_short(self.n)}")
         if self.seed is not None and (not _is_int(self.seed) or not INT64_MIN <= self.seed <= INT64_MAX):
             raise bad(f"seed must be a 64-bit signed integer or None, got {_short(self.seed)}")
-        for name in ("ignore_eos", "skip_special_tokens"):
+        for name in ("ignore_eos", "skip_special_tokens", "include_stop_str_in_output"):
             if not isinstance(getattr(self, name), bool):
                 raise bad(f"{name} must be True or False, got {_short(getattr(self, name))}")
+        for name in ("presence_penalty", "frequency_penalty"):
+            if not _is_number(getattr(self, name)) or not -2 <= getattr(self, name) <= 2:
+                raise bad(f"{name} must be in [-2, 2], got {_short(getattr(self, name))}")
+        if not _is_number(self.repetition_penalty) or self.repetition_penalty <= 0:
+            raise bad(f"repetition_penalty must be a finite number > 0, got {_short(self.repetition_penalty)}")
+        if not _is_int(self.min_tokens) or self.min_tokens < 0:
+            raise bad(f"min_tokens must be an integer >= 0, got {_short(self.min_tokens)}")
+        if self.max_tokens is not None and self.min_tokens > self.max_tokens:
+            raise bad(f"min_tokens ({self.min_tokens}) must be at most max_tokens ({self.max_tokens})")
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(self, name)
+            if value is not None and (not _is_int(value) or not 0 <= value <= MAX_LOGPROBS):
+                raise bad(f"{name} must be None or an integer in [0, {MAX_LOGPROBS}], got {_short(value)}")
         self.temperature, self.top_p, self.min_p = float(self.temperature), float(self.top_p), float(self.min_p)
+        self.presence_penalty, self.frequency_penalty = float(self.presence_penalty), float(self.frequency_penalty)
+        self.repetition_penalty = float(self.repetition_penalty)
         self.stop = self._strings(self.stop, bad)
         self.stop_token_ids = self._token_ids(self.stop_token_ids, bad)
+        self.logit_bias = self._logit_bias(self.logit_bias, bad)
+        self.bad_words = self._bad_words(self.bad_words, bad)
+        self.allowed_token_ids = self._allowed(self.allowed_token_ids, bad)
 
     @staticmethod
     def _strings(stop, bad) -> list[str]:
@@ -106,6 +160,40 @@ class SamplingParams:
             raise bad(f"stop_token_ids must be a list of token ids >= 0, got {_short(ids)}")
         return list(ids)
 
+    @staticmethod
+    def _logit_bias(bias, bad) -> dict[int, float]:
+        if bias is None:
+            return {}
+        if not isinstance(bias, dict) or not all(_is_int(t) and 0 <= t <= INT64_MAX and _is_number(b) for t, b in bias.items()):
+            raise bad(f"logit_bias must be a dict of token ids >= 0 to finite numbers, got {_short(bias)}")
+        return {t: float(b) for t, b in bias.items()}
+
+    @staticmethod
+    def _bad_words(words, bad) -> list[str]:
+        if words is None:
+            return []
+        if not isinstance(words, (list, tuple)) or not all(isinstance(w, str) and w.strip() for w in words):
+            raise bad(f"bad_words must be a list of non-blank strings, got {_short(words)}")
+        return list(words)
+
+    @staticmethod
+    def _allowed(ids, bad) -> list[int] | None:
+        if ids is None:
+            return None
+        if not isinstance(ids, (list, tuple)) or not ids or not all(_is_int(t) and 0 <= t <= INT64_MAX for t in ids):
+            raise bad(f"allowed_token_ids must be a non-empty list of token ids >= 0 (or None), got {_short(ids)}")
+        return list(ids)
+
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+    @property
+    def penalized(self) -> bool:
+        """Whether a penalty is on: the request then needs its token history on the device."""
+        return self.presence_penalty != 0.0 or self.frequency_penalty != 0.0 or self.repetition_penalty != 1.0
+
+    @property
+    def processes_logits(self) -> bool:
+        """Whether anything runs on the logits before `sample` (penalties, bias, bans, masks)."""
+        return self.penalized or bool(self.logit_bias) or bool(self.bad_words) or self.allowed_token_ids is not None or self.min_tokens > 0

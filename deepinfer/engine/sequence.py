@@ -63,6 +63,12 @@ class Sequence:
         self.num_drafts_accepted = 0
         self.finish_reason: str | None = None  # "stop" | "length"
         self.stop_reason: int | str | None = None  # the stop token id or stop string, None for EOS/length
+        self.constraints = None  # its TokenConstraints (deepinfer.engine.token_constraints), None without token options
+        # Logprobs (when params ask for them): a TokenLogprobs record per generated token and their
+        # logprobs' sum; per prompt token, the first None (nothing predicts it).
+        self.logprobs: list | None = [] if params.logprobs is not None else None
+        self.cumulative_logprob: float | None = 0.0 if params.logprobs is not None else None
+        self.prompt_logprobs: list | None = [None] if params.prompt_logprobs is not None else None
         self._block_hashes: list[bytes] = []
 
     def __len__(self) -> int:
@@ -84,6 +90,15 @@ class Sequence:
     def order(self) -> tuple[int, int]:
         """The scheduler's order: by request, a request's samples together (n=1: the seq_id's order)."""
         return self.request_index, self.sample_index
+    def reads_prefix_cache(self) -> bool:
+        """Whether admission may skip computing a cached prefix: not when the request wants its
+        prompt's logprobs, which need the logits of every prompt position (vLLM's rule)."""
+        return self.params.prompt_logprobs is None
+
+    def add_logprobs(self, record) -> None:
+        """The TokenLogprobs record of the token just appended."""
+        self.logprobs.append(record)
+        self.cumulative_logprob += record[1]
 
     @property
     def is_prefilling(self) -> bool:

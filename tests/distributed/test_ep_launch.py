@@ -139,7 +139,7 @@ def test_run_ep_shows_rank0_progress_and_writes_in_input_order(cache, tmp_path):
     """Rows in input order, a bad line's error row among them (exit code 1, no error line); rank
     0's bar counts the tokens of both ranks."""
     lines = [{"id": f"r{i}", "prompt_token_ids": p, "max_tokens": 8 - 2 * i} for i, p in enumerate(PROMPTS)]
-    lines.insert(2, {"id": "bad", "prompt": "x", "presence_penalty": 1})
+    lines.insert(2, {"id": "bad", "prompt": "x", "presence_penalty": 3})
     src = tmp_path / "in.jsonl"
     src.write_text("".join(json.dumps(line) + "\n" for line in lines))
     out = tmp_path / "out.jsonl"

@@ -35,13 +35,14 @@ LINES = [
     ({"id": "many", "prompt": "x", "max_tokens": "many"}, "many", ["max_tokens"]),
     ({"id": "empty-chat", "messages": []}, "empty-chat", ["messages"]),
     ({"id": "both", "prompt": "x", "messages": CHAT}, "both", ["one of"]),
-    ({"id": "presence", "prompt": "x", "presence_penalty": 0.5}, "presence", ["presence_penalty"]),
-    ({"custom_id": "frequency", "body": {"prompt": "x", "frequency_penalty": 1}}, "frequency", ["frequency_penalty"]),
+    ({"id": "presence", "prompt": "x", "presence_penalty": 2.5}, "presence", ["presence_penalty must be in [-2, 2]"]),
+    ({"custom_id": "frequency", "body": {"prompt": "x", "frequency_penalty": "1"}}, "frequency", ["frequency_penalty"]),
     ({"custom_id": "logprobs", "body": {"messages": CHAT, "logprobs": True, "top_logprobs": 2}}, "logprobs", ["logprobs"]),
-    ({"id": "min-tokens", "prompt": "x", "min_tokens": 3}, "min-tokens", ["min_tokens"]),
+    ({"id": "min-tokens", "prompt": "x", "min_tokens": -3}, "min-tokens", ["min_tokens"]),
     ({"id": "best-of", "prompt": "x", "best_of": 2}, "best-of", ["best_of"]),
     ({"id": "n", "prompt": "x", "n": 2}, "n", ['"n": 2 is not supported by deepinfer run', "run-batch"]),
-    ({"id": "logit-bias", "prompt": "x", "logit_bias": {"1": 5}}, "logit-bias", ["logit_bias"]),
+    ({"id": "logit-bias", "prompt": "x", "logit_bias": {"one": 5}}, "logit-bias", ["logit_bias must be a dict of token ids"]),
+    ({"id": "logit-bias-vocabulary", "prompt": "x", "logit_bias": {"1000000": 5}}, "logit-bias-vocabulary", ["logit_bias has token id 1000000"]),
     ({"id": "format", "prompt": "x", "response_format": {"type": "json_object"}}, "format", ["response_format"]),
     ({"id": "tools", "prompt": "x", "tools": []}, "tools", ['"tools"']),
     ({"id": "typo", "prompt": "x", "temprature": 0}, "typo", ['unknown field "temprature"']),
@@ -64,6 +65,12 @@ LINES = [
         {"custom_id": "neutral", "method": "POST", "url": "/v1/completions",
          "body": {"model": "gpt-4o", "user": "u1", "prompt": "Hi", "stream": False, "n": 1, "presence_penalty": 0, "logprobs": None, "max_tokens": 3}},
         "neutral", None,
+    ),  # fmt: skip
+    # The sampling options vLLM adds run with their values: penalties, a bias (OpenAI's string ids), bans, min_tokens.
+    (
+        {"id": "options", "prompt": "Hi", "max_tokens": 4, "presence_penalty": 0.5, "frequency_penalty": 0.5, "repetition_penalty": 1.2,
+         "logit_bias": {"7": 100}, "min_tokens": 2, "bad_words": ["zz"], "allowed_token_ids": [7, 8, 9], "include_stop_str_in_output": True},
+        "options", None,
     ),  # fmt: skip
     ({"id": "short-last", "prompt": "The sky is", "max_tokens": 1}, "short-last", None),
 ]
@@ -91,6 +98,7 @@ def test_each_bad_request_fails_alone_and_resume_counts_it_done(tmp_path, capsys
     want = api.generate(["Once upon a time", "Hi", "The sky is"], params, use_tqdm=False)
     got = {row.get("id", row.get("custom_id")): row for row in rows if "text" in row}
     assert [got[k]["token_ids"] for k in ("long-first", "neutral", "short-last")] == [w.outputs[0].token_ids for w in want]
+    assert got["options"]["token_ids"] == [7, 7, 7, 7], "the bias of 100 on token 7 picks it every time"
     # The error rows are finished requests: --resume has nothing left, and never fails on them.
     assert main(["run", *FAST, *GREEDY, "-i", str(src), "-o", str(out), "--resume"]) == 0
     assert "nothing to do" in capsys.readouterr().err
@@ -98,7 +106,7 @@ def test_each_bad_request_fails_alone_and_resume_counts_it_done(tmp_path, capsys
 
 
 def test_every_line_refused_loads_no_model_and_prints_error_rows(tmp_path, capsys):
-    src = write_lines(tmp_path / "in.jsonl", [{"id": "a", "prompt": "x", "presence_penalty": 1}, {"id": "b", "prompt": "y", "best_of": 3}])
+    src = write_lines(tmp_path / "in.jsonl", [{"id": "a", "prompt": "x", "presence_penalty": 3}, {"id": "b", "prompt": "y", "best_of": 3}])
     assert main(["run", *FAST, "-i", str(src)]) == 1
     out, err = capsys.readouterr()
     rows = [json.loads(line) for line in out.splitlines()]

@@ -24,8 +24,8 @@ class ToyTokenizer:
     bos_token_id, eos_token_id = 0, 1
     vocab_size = 2 + len(ALPHABET)
 
-    def encode(self, text: str) -> list[int]:
-        return [2 + self.ALPHABET.index(c) for c in text]
+    def encode(self, text: str, add_bos: bool | None = None) -> list[int]:
+        return ([self.bos_token_id] if add_bos else []) + [2 + self.ALPHABET.index(c) for c in text]
 
     def decode(self, ids, skip_special_tokens: bool = True) -> str:
         special = {0: "<bos>", 1: "<eos>"}

@@ -246,6 +246,34 @@ def _bitmask(b: int, v: int) -> Callable[[], None]:
     return call
 
 
+def _penalties(b: int, v: int, slots: int) -> Callable[[], None]:
+    def call():
+        from deepinfer_cuda.kernels import logits_processing
+
+        f32, i32, i64 = torch.float32, torch.int32, torch.int64
+        logits_processing.apply_penalties(_t(b, v, dtype=f32), _t(b, dtype=i64), _t(slots, v, dtype=i32), _t(slots, (v + 31) // 32, dtype=i32),
+                                          _t(b, dtype=f32), _t(b, dtype=f32), _t(b, dtype=f32))
+    return call
+
+
+def _token_bias(b: int, v: int, entries: int, width: int) -> Callable[[], None]:
+    def call():
+        from deepinfer_cuda.kernels import logits_processing
+
+        i64 = torch.int64
+        logits_processing.apply_token_bias(_t(b, v, dtype=torch.float32), _t(entries, dtype=i64), _t(entries, dtype=i64), _t(entries, dtype=torch.float32),
+                                           _t(entries, width, dtype=i64), _t(b, width, dtype=i64))
+    return call
+
+
+def _logprobs(rows: int, v: int, top: int) -> Callable[[], None]:
+    def call():
+        from deepinfer_cuda.kernels import logprobs
+
+        logprobs.gather_logprobs(_t(rows, v, dtype=torch.float32), _t(rows, dtype=torch.int64), top)
+    return call
+
+
 def _sparse_attention(t: int, heads: int, extra: int, fp8: bool = False) -> Callable[[], None]:
     """DeepSeek-V4's attention: t queries of `heads` x 512 over a 128-row window + `extra` entries."""
     def call():
@@ -308,6 +336,9 @@ CASES: list[Case] = [
     Case("sample fp32 B64 V129280", _sample(64, 129280), None),
     Case("rejection_sample fp32 B64 (3 drafts) V129280", _rejection_sample(64, 3, 129280), None),
     Case("apply_token_bitmask fp32 B64 V129280", _bitmask(64, 129280), None),
+    Case("apply_penalties fp32 B64 V129280", _penalties(64, 129280, 256), None),
+    Case("apply_token_bias fp32 B64 (4096 entries, prefixes of 4) V129280", _token_bias(64, 129280, 4096, 4), None),
+    Case("gather_logprobs fp32 R64 top20 V129280", _logprobs(64, 129280, 20), None),
     Case("kv_cache_write bf16 T64 page64 576", _kv_cache_write(64, 4096), None),
     Case("kv_cache_write bf16 T4096 page64 576", _kv_cache_write(4096, 4096), None),
     Case("kv_cache_write fp8 cache T64 page64 576", _kv_cache_write(64, 4096, fp8=True), None),
@@ -347,7 +378,21 @@ class Launch:
 
 @contextlib.contextmanager
 def _as_arch(arch: str, launches: list[Launch]):
-    from deepinfer_cuda.kernels import activation, gemm, kv_cache, mla_decode, moe, norm, prefill, rejection_sampling, rope, sampling, sparse_attention
+    from deepinfer_cuda.kernels import (
+        activation,
+        gemm,
+        kv_cache,
+        logits_processing,
+        logprobs,
+        mla_decode,
+        moe,
+        norm,
+        prefill,
+        rejection_sampling,
+        rope,
+        sampling,
+        sparse_attention,
+    )
 
     cfg = lambda op, variant, device=None: arch_config(op, variant, arch)  # noqa: E731
     patches = [
@@ -360,11 +405,13 @@ def _as_arch(arch: str, launches: list[Launch]):
         (norm, "config", cfg), (activation, "config", cfg), (rope, "config", cfg),
         (moe, "_cfg", cfg), (moe, "interpreting", lambda: False),
         (sampling, "_cfg", cfg), (sampling, "interpreting", lambda: False),
+        (logits_processing, "_cfg", cfg), (logits_processing, "interpreting", lambda: False),
+        (logprobs, "_cfg", lambda device: arch_config("gather_logprobs", "rows", arch)),
         (kv_cache, "_config", lambda device: arch_config("kv_cache_write", "tokens", arch)), (kv_cache, "interpreting", lambda: False),
         (sparse_attention, "num_sms", lambda device: SM_COUNT[arch]), (sparse_attention, "interpreting", lambda: False),
         (sparse_attention, "upcast_dot", lambda: False),
     ]
-    modules = (activation, gemm, kv_cache, mla_decode, moe, norm, prefill, rejection_sampling, rope, sampling, sparse_attention)
+    modules = (activation, gemm, kv_cache, logits_processing, logprobs, mla_decode, moe, norm, prefill, rejection_sampling, rope, sampling, sparse_attention)
     kernels = [v for mod in modules for v in vars(mod).values() if hasattr(v, "run") and hasattr(v, "arg_names")]
     saved = [(mod, name, getattr(mod, name)) for mod, name, _ in patches]
     try:
@@ -380,7 +427,7 @@ def _as_arch(arch: str, launches: list[Launch]):
             setattr(mod, name, value)
 
 
-_OPTION_KEYS = ("num_warps", "num_stages", "num_ctas", "maxnreg")
+_OPTION_KEYS = ("num_warps", "num_stages", "num_ctas", "maxnreg", "enable_fp_fusion")
 
 
 def _source(launch: Launch):

@@ -84,4 +84,9 @@ CONFIGS: dict[str, dict[str, dict]] = {
     # per-row plan/finish kernels.
     "sample": {"chunks": {"BLOCK": 4096, "N_GROUPS": 32, "SEG": 256, "CAP": 4096, "TILE_C": 64, "num_warps": 8, "row_warps": 8}},
     "apply_token_bitmask": {"rows": {"BLOCK": 4096, "num_warps": 8}},
+    # apply_penalties: B x cdiv(V, BLOCK) elementwise programs; apply_token_bias: BLOCK entries per
+    # program; gather_logprobs: one program per row streaming BLOCK logits at a time.
+    "apply_penalties": {"rows": {"BLOCK": 2048, "num_warps": 4}},
+    "apply_token_bias": {"entries": {"BLOCK": 128, "num_warps": 4}},
+    "gather_logprobs": {"rows": {"BLOCK": 2048, "num_warps": 8}},
 }

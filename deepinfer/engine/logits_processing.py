@@ -1,0 +1,143 @@
+"""What runs on a step's logits between the model and `sample`, for the requests that ask for it:
+allowed_token_ids, bad_words, min_tokens, logit_bias and the penalties, through registry ops.
+
+Order (vLLM's), on the model's float32 logits, in place:
+  1. apply_token_bitmask: tokens outside allowed_token_ids -> -inf;
+  2. apply_token_bias: bad-word bans (their preceding tokens matched on the device against each
+     row's last generated tokens), min_tokens' bans of EOS and the stop token ids, logit_bias;
+  3. apply_penalties: repetition, frequency, presence, from the token history on the device
+     (deepinfer.engine.penalty_history);
+then `sample` (temperature, top-k, top-p, min-p) draws from the result, and the sampled tokens are
+counted into the history. Requests without these options are rows the ops leave alone; a step in
+which no request has any runs none of them, so it samples exactly as before.
+
+The host's part per step is small: each row's entries were listed when its request was queued
+(deepinfer.engine.token_constraints) and are only concatenated; a row's last generated tokens come
+from its token list, the newest one from the step's input on the device (with overlap scheduling
+the host does not know it yet). Steps that process logits run eagerly, never as a device graph
+(`needs_processing` tells the runner): the graphs hold no buffers for these inputs, and steps
+without them keep the graphs' speed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from deepinfer.engine.penalty_history import PenaltyHistory
+from deepinfer.engine.sequence import Sequence
+
+
+def needs_processing(seq: Sequence) -> bool:
+    """Whether seq's next token needs any of the steps above (min_tokens only until it is met)."""
+    params = seq.params
+    constraints = seq.constraints
+    if params.penalized or (params.allowed_token_ids is not None):
+        return True
+    if constraints is None:
+        return False
+    return bool(constraints.tokens.numel()) or seq.num_output_tokens < constraints.min_tokens
+
+
+@dataclass
+class StepProcessing:
+    """One step's inputs to the processing ops, on the device (None: that op does not run)."""
+
+    allowed: torch.Tensor | None  # [B, ceil(V/32)] int32 bitmask
+    bias: tuple[torch.Tensor, ...] | None  # rows, tokens, values, prefixes, recent tokens (newest patched in at apply)
+    newest: tuple[torch.Tensor, torch.Tensor] | None  # each row's last input row [B] and whether it generated a token [B]
+    penalties: tuple[torch.Tensor, ...] | None  # slots, presence, frequency, repetition
+
+
+class LogitsProcessing:
+    def __init__(self, ops, device: torch.device, vocab_size: int, max_num_seqs: int):
+        self.ops, self.device, self.vocab_size = ops, device, vocab_size
+        self.history = PenaltyHistory(max_num_seqs, vocab_size, device)
+        self._everything_allowed: torch.Tensor | None = None  # [ceil(V/32)] int32 of -1, on the device
+
+    def _to_device(self, t: torch.Tensor) -> torch.Tensor:
+        return t.to(self.device, non_blocking=True)
+
+    def plan(self, samplers: list[Sequence], input_rows: list[int]) -> StepProcessing | None:
+        """This step's processing inputs (input_rows: each sampler's last input row); None when no
+        sampler needs any."""
+        if not any(needs_processing(seq) for seq in samplers):
+            return None
+        bias = self._bias(samplers)
+        newest = None
+        if bias is not None and bias[4].shape[1]:  # prefixes to match: the newest token comes from the input on the device
+            generated = torch.tensor([seq.num_output_tokens > 0 for seq in samplers])
+            newest = (self._to_device(torch.tensor(input_rows, dtype=torch.int64)), self._to_device(generated))
+        return StepProcessing(allowed=self._allowed(samplers), bias=bias, newest=newest, penalties=self._penalties(samplers))
+
+    def _allowed(self, samplers: list[Sequence]) -> torch.Tensor | None:
+        masks = [seq.constraints.allowed if seq.constraints is not None else None for seq in samplers]
+        if all(m is None for m in masks):
+            return None
+        if self._everything_allowed is None:
+            self._everything_allowed = torch.full((-(-self.vocab_size // 32),), -1, dtype=torch.int32, device=self.device)
+        rows = []
+        for seq, mask in zip(samplers, masks):
+            if mask is not None and mask.device != self.device:
+                seq.constraints.allowed = mask = self._to_device(mask)  # moved once, kept on the device
+            rows.append(self._everything_allowed if mask is None else mask)
+        return torch.stack(rows)
+
+    def _bias(self, samplers: list[Sequence]) -> tuple[torch.Tensor, ...] | None:
+        per_row = [seq.constraints.entries(seq.num_output_tokens) if seq.constraints is not None else None for seq in samplers]
+        counts = [0 if e is None else e[0].numel() for e in per_row]
+        if not any(counts):
+            return None
+        width = max(seq.constraints.width for seq in samplers if seq.constraints is not None)
+        kept = [e for e in per_row if e is not None and e[0].numel()]
+        rows = torch.repeat_interleave(torch.arange(len(samplers)), torch.tensor(counts))
+        tokens = torch.cat([e[0] for e in kept])
+        values = torch.cat([e[1] for e in kept])
+        prefixes = torch.cat([torch.nn.functional.pad(e[2], (width - e[2].shape[1], 0), value=-1) for e in kept])
+        # Each row's last `width` generated tokens, oldest first, -1 where fewer; the newest is
+        # taken from the step's input on the device when the row is processed.
+        recent = torch.full((len(samplers), width), -1, dtype=torch.int64)
+        if width:
+            for b, seq in enumerate(samplers):
+                tail = seq.output_token_ids[-width:]
+                if tail:
+                    recent[b, width - len(tail) :] = torch.tensor(tail)
+        return tuple(self._to_device(t) for t in (rows, tokens, values, prefixes, recent))
+
+    def _penalties(self, samplers: list[Sequence]) -> tuple[torch.Tensor, ...] | None:
+        if not any(seq.params.penalized for seq in samplers):
+            return None
+        slots = [self.history.slot(seq) if seq.params.penalized else -1 for seq in samplers]
+        params = [seq.params for seq in samplers]
+        return (
+            self._to_device(torch.tensor(slots, dtype=torch.int64)),
+            self._to_device(torch.tensor([p.presence_penalty for p in params], dtype=torch.float32)),
+            self._to_device(torch.tensor([p.frequency_penalty for p in params], dtype=torch.float32)),
+            self._to_device(torch.tensor([p.repetition_penalty for p in params], dtype=torch.float32)),
+        )
+
+    def apply(self, logits: torch.Tensor, step: StepProcessing, input_ids: torch.Tensor) -> torch.Tensor:
+        """Run the step's processing on its samplers' float32 logits [B, V], in place (input_ids:
+        the step's input tokens on the device)."""
+        ops = self.ops
+        if step.allowed is not None:
+            ops.apply_token_bitmask(logits=logits, bitmask=step.allowed)
+        if step.bias is not None:
+            rows, tokens, values, prefixes, recent = step.bias
+            if step.newest is not None:
+                input_rows, generated = step.newest
+                recent[:, -1] = torch.where(generated, input_ids.index_select(0, input_rows), -1)
+            ops.apply_token_bias(logits=logits, rows=rows, tokens=tokens, values=values, prefixes=prefixes, recent_tokens=recent)
+        if step.penalties is not None:
+            slots, presence, frequency, repetition = step.penalties
+            ops.apply_penalties(
+                logits=logits, slots=slots, output_counts=self.history.output_counts, prompt_mask=self.history.prompt_mask,
+                presence_penalty=presence, frequency_penalty=frequency, repetition_penalty=repetition,
+            )  # fmt: skip
+        return logits
+
+    def after_sampling(self, step: StepProcessing, tokens: torch.Tensor) -> None:
+        """Count the step's sampled tokens into the penalized rows' history (on the device)."""
+        if step.penalties is not None:
+            self.history.record(step.penalties[0], tokens)

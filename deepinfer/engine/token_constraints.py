@@ -1,0 +1,97 @@
+"""What a request's token options become once, when it is queued: its logit-bias entries, the bans
+its bad words make (with the tokens that must precede each), the tokens min_tokens holds back, and
+its allowed-token bitmask. Each step only picks these up per row (deepinfer.engine.logits_processing);
+nothing here is recomputed while the request runs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from deepinfer.engine.sampling_params import InvalidRequestError, SamplingParams
+
+NEG_INF = float("-inf")
+
+
+@dataclass
+class TokenConstraints:
+    """One request's entries for `apply_token_bias` and its allowed bitmask, as host tensors."""
+
+    tokens: torch.Tensor  # [n] int64: logit_bias tokens, then bad words' last tokens
+    values: torch.Tensor  # [n] float32: the biases, -inf for the bans
+    prefixes: torch.Tensor  # [n, width] int64: tokens that must precede (right-aligned, -1 = any)
+    stop_tokens: torch.Tensor  # [m] int64: banned while fewer than min_tokens were generated
+    min_tokens: int
+    allowed: torch.Tensor | None  # [ceil(V/32)] int32 bitmask of allowed_token_ids, or None
+
+    @property
+    def width(self) -> int:
+        """The longest prefix an entry needs: how many recent tokens the request's rows must bring."""
+        return self.prefixes.shape[1]
+
+    def entries(self, generated: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(tokens, values, prefixes) for a row that has generated `generated` tokens so far."""
+        if generated >= self.min_tokens or not self.stop_tokens.numel():
+            return self.tokens, self.values, self.prefixes
+        held = self.stop_tokens.numel()
+        return (
+            torch.cat([self.tokens, self.stop_tokens]),
+            torch.cat([self.values, torch.full((held,), NEG_INF)]),
+            torch.cat([self.prefixes, torch.full((held, self.width), -1, dtype=torch.int64)]),
+        )
+
+
+def bad_word_token_ids(tokenizer, words: list[str]) -> list[list[int]]:
+    """vLLM's tokenization of bad words: each word as given (leading spaces stripped) and, when that
+    gives a different first token and as many tokens, with one leading space."""
+    sequences = []
+    for word in words:
+        plain = tokenizer.encode(word.lstrip(), add_bos=False)
+        sequences.append(plain)
+        spaced = tokenizer.encode(" " + word.lstrip(), add_bos=False)
+        if spaced and spaced[0] != plain[0] and len(spaced) == len(plain):
+            sequences.append(spaced)
+    return sequences
+
+
+def check_token_options(params: SamplingParams, tokenizer, vocab_size: int, what: str) -> None:
+    """One-line InvalidRequestErrors for token options this model cannot take."""
+    for name, ids in (("logit_bias", list(params.logit_bias)), ("allowed_token_ids", params.allowed_token_ids or [])):
+        outside = next((t for t in ids if t >= vocab_size), None)
+        if outside is not None:
+            raise InvalidRequestError(f"{what}: {name} has token id {outside}, outside the vocabulary [0, {vocab_size})")
+    if params.bad_words:
+        if tokenizer is None:
+            raise InvalidRequestError(f"{what}: bad_words need a tokenizer, and this checkpoint has no tokenizer.json; use logit_bias with -100 instead")
+        for word, ids in zip(params.bad_words, bad_word_token_ids(tokenizer, params.bad_words)):
+            if not ids or max(ids) >= vocab_size:
+                raise InvalidRequestError(f"{what}: bad word {word!r} tokenizes to {ids}, not to token ids of the vocabulary [0, {vocab_size})")
+
+
+def token_constraints(params: SamplingParams, tokenizer, vocab_size: int, eos_token_ids) -> TokenConstraints | None:
+    """The request's constraints (None when it has no token option). Checked by check_token_options first."""
+    stop = set(params.stop_token_ids) | (set() if params.ignore_eos else set(eos_token_ids))
+    min_tokens = params.min_tokens if stop else 0
+    if not (params.logit_bias or params.bad_words or params.allowed_token_ids is not None or min_tokens):
+        return None
+    words = bad_word_token_ids(tokenizer, params.bad_words) if params.bad_words else []
+    width = max((len(w) - 1 for w in words), default=0)
+    tokens = list(params.logit_bias) + [w[-1] for w in words]
+    values = list(params.logit_bias.values()) + [NEG_INF] * len(words)
+    prefixes = [[-1] * width for _ in params.logit_bias] + [[-1] * (width - len(w) + 1) + w[:-1] for w in words]
+    allowed = None
+    if params.allowed_token_ids is not None:
+        bits = torch.zeros(-(-vocab_size // 32) * 32, dtype=torch.int64)
+        bits[torch.tensor(params.allowed_token_ids, dtype=torch.int64)] = 1
+        words32 = (bits.view(-1, 32) << torch.arange(32)).sum(dim=1)
+        allowed = torch.where(words32 >= 2**31, words32 - 2**32, words32).to(torch.int32)
+    return TokenConstraints(
+        tokens=torch.tensor(tokens, dtype=torch.int64),
+        values=torch.tensor(values, dtype=torch.float32),
+        prefixes=torch.tensor(prefixes, dtype=torch.int64).reshape(len(tokens), width),
+        stop_tokens=torch.tensor(sorted(stop), dtype=torch.int64),
+        min_tokens=min_tokens,
+        allowed=allowed,
+    )
