@@ -28,8 +28,8 @@ from dataclasses import dataclass
 
 import torch
 
-from deepinfer.engine.parallel_samples import finished_requests
 from deepinfer.engine.logprobs import LogprobRows
+from deepinfer.engine.parallel_samples import finished_requests
 from deepinfer.engine.scheduler import ScheduledBatch
 from deepinfer.engine.sequence import Sequence, SequenceStatus
 
