@@ -90,6 +90,8 @@ class Sequence:
     def order(self) -> tuple[int, int]:
         """The scheduler's order: by request, a request's samples together (n=1: the seq_id's order)."""
         return self.request_index, self.sample_index
+
+    @property
     def reads_prefix_cache(self) -> bool:
         """Whether admission may skip computing a cached prefix: not when the request wants its
         prompt's logprobs, which need the logits of every prompt position (vLLM's rule)."""

@@ -88,11 +88,12 @@ RUNS = {
                                                       {"role": "user", "content": [{"type": "text", "text": "Hi"}, {"type": "text", "text": str(i)}]}],
                                          "max_tokens": 2, "request_id": f"r{i}"}),
     "chat-default-max-tokens": lambda i: (CHAT, {"messages": [{"role": "user", "content": f"Talk {i}"}], "top_logprobs": 0}),
+    "completion-penalties": lambda i: (COMPLETIONS, {"prompt": "x", "max_tokens": 3, "presence_penalty": 0.5, "repetition_penalty": 1.2,
+                                                     "logit_bias": {"5": 2.0}}),
+    "chat-frequency-penalty": lambda i: (CHAT, {"messages": HI, "max_tokens": 3, "frequency_penalty": 1.0, "min_tokens": 1}),
 }  # fmt: skip
 # Lines that fail alone: (kind, body maker, the error's param, its status, words its message holds).
 FAILS = {
-    "presence-penalty": (lambda i: (COMPLETIONS, {"prompt": "x", "presence_penalty": 0.5}), "presence_penalty", 400, ["not supported"]),
-    "frequency-penalty": (lambda i: (CHAT, {"messages": HI, "frequency_penalty": 1.0}), "frequency_penalty", 400, ["not supported"]),
     "n-zero": (lambda i: (COMPLETIONS, {"prompt": "x", "n": 0}), "n", 400, ['n must be an integer >= 1, got 0']),
     "logprobs": (lambda i: (CHAT, {"messages": HI, "logprobs": True, "top_logprobs": 2}), "logprobs", 400, ['"logprobs"']),
     "completion-logprobs": (lambda i: (COMPLETIONS, {"prompt": "x", "logprobs": 1}), "logprobs", 400, ['"logprobs"']),
