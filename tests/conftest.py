@@ -31,6 +31,9 @@ LONGEST_FIRST = (
     "ascend/test_moe_kernels.py",
     "distributed/test_ep_generate.py",
     "engine/test_speculative.py",
+    "ascend/test_misc_kernels.py",
+    "engine/test_cli_run_batch.py",
+    "cuda/test_batch_invariance.py",
 )
 
 

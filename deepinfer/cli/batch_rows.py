@@ -5,13 +5,16 @@ A result:
    "deepinfer-batch-<hex>", "body": <a Completion or a ChatCompletion>}, "error": null}
 The body is what the endpoint answers: {"id": "cmpl-<hex>" | "chatcmpl-<hex>", "object":
 "text_completion" | "chat.completion", "created", "model", "choices": [{"index", "text" |
-"message": {"role": "assistant", "content"}, "logprobs": null, "finish_reason": "stop" | "length",
+"message": {"role": "assistant", "content"}, "logprobs", "finish_reason": "stop" | "length",
 "stop_reason"}], "usage": {"prompt_tokens", "completion_tokens", "total_tokens"}}. It validates as
 openai.types.Completion / openai.types.chat.ChatCompletion. "model" is the first served name;
 "stop_reason" (the stop string or token id that ended the choice, null for EOS or length) is vLLM's
 addition. A body with "n" has n choices per prompt; a completions body with several prompts has a
 prompt's n choices after the previous prompt's (choice i*n + j: prompt i, sample j, as vLLM numbers
-them). Usage counts each prompt's tokens once and every choice's tokens.
+them). Usage counts each prompt's tokens once and every choice's tokens. "logprobs" is null unless
+asked for (completions: "logprobs": k; chat: "logprobs": true, "top_logprobs": k): then OpenAI's
+shape of each endpoint, from the model's raw distribution (SamplingParams.logprobs: vLLM's default),
+each token's text as the tokenizer decodes it alone.
 
 An error:
   {"id": ..., "custom_id": ..., "response": {"status_code": 400 | 404 | 500, "request_id": ...,
@@ -52,7 +55,10 @@ def result_row(request: BatchRequest, outputs: list, model: str) -> dict:
             choice["text"] = completion.text
         else:
             choice["message"] = {"role": "assistant", "content": completion.text}
-        choice.update(logprobs=None, finish_reason=completion.finish_reason, stop_reason=completion.stop_reason)
+        logprobs = None
+        if completion.logprobs is not None:
+            logprobs = (completion_logprobs if completions else chat_logprobs)(completion, request.fields.sampling["logprobs"])
+        choice.update(logprobs=logprobs, finish_reason=completion.finish_reason, stop_reason=completion.stop_reason)
         choices.append(choice)
     prompt_tokens = sum(len(o.prompt_token_ids) for o in outputs)  # once per prompt, whatever its n
     completion_tokens = sum(len(c.token_ids) for o in outputs for c in o.outputs)
@@ -65,6 +71,42 @@ def result_row(request: BatchRequest, outputs: list, model: str) -> dict:
         "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens, "total_tokens": prompt_tokens + completion_tokens},
     }
     return _row(request, {"status_code": 200, "request_id": f"deepinfer-batch-{hex_id}", "body": body}, None)
+
+
+def _top(position: dict, k: int) -> list[tuple[str, float]]:
+    """A position's k most likely tokens, by rank: (text, logprob)."""
+    ranked = sorted((lp.rank, lp.decoded_token or "", lp.logprob) for lp in position.values() if lp.rank is not None and lp.rank <= k)
+    return [(text, logprob) for _, text, logprob in ranked]
+
+
+def completion_logprobs(completion, k: int) -> dict:
+    """OpenAI's Completion choice logprobs: each generated token's text, logprob, offset in the
+    text, and its position's k most likely tokens {text: logprob}."""
+    tokens, offsets, offset = [], [], 0
+    for token_id, position in zip(completion.token_ids, completion.logprobs):
+        text = position[token_id].decoded_token or ""
+        tokens.append(text), offsets.append(offset)
+        offset += len(text)
+    return {
+        "tokens": tokens,
+        "token_logprobs": [position[t].logprob for t, position in zip(completion.token_ids, completion.logprobs)],
+        "top_logprobs": [dict(_top(position, k)) for position in completion.logprobs],
+        "text_offset": offsets,
+    }
+
+
+def chat_logprobs(completion, k: int) -> dict:
+    """OpenAI's ChatCompletion choice logprobs: per generated token its text, logprob and UTF-8
+    bytes, and its position's k most likely tokens (top_logprobs)."""
+
+    def entry(text: str, logprob: float) -> dict:
+        return {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8"))}
+
+    content = []
+    for token_id, position in zip(completion.token_ids, completion.logprobs):
+        chosen = position[token_id]
+        content.append({**entry(chosen.decoded_token or "", chosen.logprob), "top_logprobs": [entry(t, lp) for t, lp in _top(position, k)]})
+    return {"content": content, "refusal": None}
 
 
 def error_row(request: BatchRequest, failure: Failure) -> dict:

@@ -65,11 +65,20 @@ class Off:
 
 
 @dataclass(frozen=True)
+class Logprobs:
+    """OpenAI's logprobs: on /v1/completions an int k (the top k per token, null: none); on
+    /v1/chat/completions a bool, with "top_logprobs" k beside it. Both become SamplingParams.logprobs
+    = k. `deepinfer run` rows have no logprobs: there only the values that switch them off."""
+
+    only: str | None = None
+
+
+@dataclass(frozen=True)
 class Model:
     only: str | None = None
 
 
-FIELDS: dict[str, Sampling | Chat | Ignored | Off | Model] = {
+FIELDS: dict[str, Sampling | Chat | Ignored | Off | Logprobs | Model] = {
     "model": Model(),
     # Sampling: OpenAI's names; top_k, min_p, stop_token_ids, ignore_eos, skip_special_tokens are vLLM's.
     # max_completion_tokens is OpenAI's newer name; listed after max_tokens, it wins when both are set (vLLM).
@@ -109,8 +118,8 @@ FIELDS: dict[str, Sampling | Chat | Ignored | Off | Model] = {
     "stream_options": Off(()),
     "echo": Off((False,)),
     "suffix": Off((), only=COMPLETIONS),
-    "logprobs": Off((False,)),
-    "top_logprobs": Off((0,), only=CHAT),
+    "logprobs": Logprobs(),
+    "top_logprobs": Logprobs(only=CHAT),
     "prompt_logprobs": Off(()),
     "spaces_between_special_tokens": Off((True,)),
     "truncate_prompt_tokens": Off(()),
@@ -165,6 +174,9 @@ def read_fields(body: dict, skip, endpoint: str | None = None, where: str = "") 
         if run_refuses and not any(same(value, v) for v in rule.run_values):
             off = " or ".join(json.dumps(v) for v in (*rule.run_values, None))
             raise BadField(f"{name(key)}: {short(value)} is not supported by deepinfer run ({rule.run_hint}); leave it out or set it to {off}", key)
+        if isinstance(rule, Logprobs) and endpoint is None and value not in (None, False, 0):
+            raise BadField(f"{name(key)}: {short(value)} is not supported by deepinfer run (its rows hold no logprobs; deepinfer run-batch "
+                           f"writes them); leave it out or set it to {'0' if key == 'top_logprobs' else 'false'} or null", key)  # fmt: skip
         if isinstance(rule, Chat) and value is not None and not isinstance(value, rule.kind):
             kind = {bool: "true or false", dict: "a JSON object"}[rule.kind]
             raise BadField(f"{name(key)} must be {kind}, got {short(value)}", key)
@@ -180,7 +192,30 @@ def read_fields(body: dict, skip, endpoint: str | None = None, where: str = "") 
             fields.chat[rule.option] = value
         elif isinstance(rule, Model):
             fields.model = value
+    if endpoint is not None:
+        _read_logprobs(body, endpoint, fields)
     return fields
+
+
+def _read_logprobs(body: dict, endpoint: str, fields: BodyFields) -> None:
+    """SamplingParams.logprobs from OpenAI's fields (see Logprobs); BadField for a wrong type."""
+    wanted = body.get("logprobs")
+    if endpoint == CHAT:
+        top = body.get("top_logprobs")
+        if wanted not in (None, True, False):
+            raise BadField(f"{name('logprobs')} must be true or false on {CHAT}, got {short(wanted)}", "logprobs")
+        if top is not None and (not isinstance(top, int) or isinstance(top, bool)):
+            raise BadField(f"{name('top_logprobs')} must be an integer, got {short(top)}", "top_logprobs")
+        if top and not wanted:
+            raise BadField(f"{name('top_logprobs')} needs \"logprobs\": true", "top_logprobs")
+        if wanted:
+            fields.sampling["logprobs"] = top or 0
+            fields.sources["logprobs"] = "top_logprobs" if top else "logprobs"
+    elif wanted is not None and wanted is not False:
+        if not isinstance(wanted, int) or isinstance(wanted, bool):
+            raise BadField(f"{name('logprobs')} must be an integer (the top tokens per position) on {COMPLETIONS}, got {short(wanted)}", "logprobs")
+        fields.sampling["logprobs"] = wanted
+        fields.sources["logprobs"] = "logprobs"
 
 
 def token_keys(bias: dict) -> dict:
@@ -196,7 +231,8 @@ def describe() -> str:
 
     off = ", ".join(f"{k} {' / '.join(json.dumps(v) for v in rule.values) or 'null'}" for k, rule in FIELDS.items() if isinstance(rule, Off))
     text = (
-        f"Request fields (deepinfer/cli/request_fields.py): sampling: {listed(Sampling)} (n: run-batch only; run takes 1); the chat template's options: "
+        f"Request fields (deepinfer/cli/request_fields.py): sampling: {listed(Sampling)} (n: run-batch only; run takes 1); "
+        f"{listed(Logprobs)} (run-batch only: an int on completions, true with top_logprobs on chat); the chat template's options: "
         f"{listed(Chat)}; ignored, as vLLM ignores them: {listed(Ignored)}; not implemented yet, accepted only at the value "
         f"that switches them off (or null): {off}. Any other field fails its line."
     )

@@ -82,7 +82,7 @@ def around(g, req: torch.Tensor, before: int, after: int, **kw) -> torch.Tensor:
 SEPARATE = {"linear", "grouped_gemm", "mla_decode", "rms_norm", "gate", "prefill", "sparse_attention", "indexer_topk", "compress_kv", "hc_pre"}
 AS_THEY_ARE = {
     "rope", "silu_and_mul", "clamped_silu_and_mul", "kv_cache_write", "dispatch", "combine", "sample", "apply_token_bitmask", "hc_post",
-    "rejection_sample",
+    "rejection_sample", "apply_penalties", "apply_token_bias", "gather_logprobs",
 }  # fmt: skip
 
 

@@ -18,7 +18,7 @@ HI = [{"role": "user", "content": "Say hi"}]
 LINES = [
     {"custom_id": "a", "method": "POST", "url": "/v1/completions", "body": {"prompt": "Hello, my name is", "max_tokens": 6, "seed": 1}},
     {"custom_id": "b", "method": "POST", "url": "/v1/chat/completions", "body": {"model": "alias", "messages": HI, "max_tokens": 3}},
-    {"custom_id": "bad", "method": "POST", "url": "/v1/completions", "body": {"prompt": "x", "presence_penalty": 1}},
+    {"custom_id": "bad", "method": "POST", "url": "/v1/completions", "body": {"prompt": "x", "echo": True}},
     {"custom_id": "c", "method": "POST", "url": "/v1/completions", "body": {"prompt": [[0, 671, 7664], [0, 16, 223, 17]], "max_tokens": 4}},
     {"custom_id": "d", "method": "POST", "url": "/v1/chat/completions", "body": {"messages": HI, "max_completion_tokens": 2, "temperature": 0}},
 ]
@@ -63,7 +63,7 @@ def test_run_batch_ep_writes_what_one_process_writes(cache, tmp_path):
             body = row["response"]["body"]
             (Completion if body["object"] == "text_completion" else ChatCompletion).model_validate(body)
             assert body["model"] == "deepseek"
-    assert rows[2]["error"]["param"] == "presence_penalty"
+    assert rows[2]["error"]["param"] == "echo"
     assert [content(row) for row in rows] == [content(json.loads(line)) for line in alone.read_text(encoding="utf-8").splitlines()]
     # Everything done: no rank is started.
     proc = deepinfer("run-batch", "--ep", "2", *common, "-i", str(src), "-o", str(ranks), "--resume", cache=cache, tmp=tmp_path)

@@ -90,13 +90,17 @@ RUNS = {
     "chat-default-max-tokens": lambda i: (CHAT, {"messages": [{"role": "user", "content": f"Talk {i}"}], "top_logprobs": 0}),
     "completion-penalties": lambda i: (COMPLETIONS, {"prompt": "x", "max_tokens": 3, "presence_penalty": 0.5, "repetition_penalty": 1.2,
                                                      "logit_bias": {"5": 2.0}}),
+    "chat-logprobs": lambda i: (CHAT, {"messages": HI, "max_tokens": 2, "logprobs": True, "top_logprobs": 2}),
+    "completion-logprobs": lambda i: (COMPLETIONS, {"prompt": f"x {i}", "max_tokens": 3, "logprobs": 1}),
     "chat-frequency-penalty": lambda i: (CHAT, {"messages": HI, "max_tokens": 3, "frequency_penalty": 1.0, "min_tokens": 1}),
 }  # fmt: skip
 # Lines that fail alone: (kind, body maker, the error's param, its status, words its message holds).
 FAILS = {
     "n-zero": (lambda i: (COMPLETIONS, {"prompt": "x", "n": 0}), "n", 400, ['n must be an integer >= 1, got 0']),
-    "logprobs": (lambda i: (CHAT, {"messages": HI, "logprobs": True, "top_logprobs": 2}), "logprobs", 400, ['"logprobs"']),
-    "completion-logprobs": (lambda i: (COMPLETIONS, {"prompt": "x", "logprobs": 1}), "logprobs", 400, ['"logprobs"']),
+    "chat-logprobs-not-bool": (lambda i: (CHAT, {"messages": HI, "logprobs": 2}), "logprobs", 400, ['"logprobs" must be true or false']),
+    "top-logprobs-alone": (lambda i: (CHAT, {"messages": HI, "top_logprobs": 2}), "top_logprobs", 400, ['"top_logprobs" needs "logprobs": true']),
+    "completion-logprobs-not-int": (lambda i: (COMPLETIONS, {"prompt": "x", "logprobs": "3"}), "logprobs", 400, ['"logprobs" must be an integer']),
+    "too-many-logprobs": (lambda i: (COMPLETIONS, {"prompt": "x", "logprobs": 50}), "logprobs", 400, ["logprobs"]),
     "stream": (lambda i: (CHAT, {"messages": HI, "stream": True}), "stream", 400, ['"stream"']),
     "echo": (lambda i: (COMPLETIONS, {"prompt": "x", "echo": True}), "echo", 400, ['"echo"']),
     "unknown": (lambda i: (COMPLETIONS, {"prompt": "x", "temprature": 0}), "temprature", 400, ['unknown field "temprature"']),
@@ -198,6 +202,29 @@ def test_a_vllm_shaped_file_runs_with_rows_in_input_order(full_run):
             assert json.dumps(param) in error["message"] or param in error["message"], (kind, error["message"])
 
 
+def check_logprobs(request: dict, choice, tokens: int) -> None:
+    """A choice's logprobs: none unless asked; else one entry per generated token, its top k by
+    logprob, each logprob <= 0 and the chosen token's at most the best one's."""
+    k = request.get("top_logprobs", 0) if request.get("logprobs") is True else request.get("logprobs")
+    if k is None or k is False:
+        assert choice.logprobs is None
+        return
+    if hasattr(choice.logprobs, "content"):  # chat
+        content = choice.logprobs.content
+        assert len(content) == tokens  # (each token decoded alone: their texts need not add up to the message)
+        for entry in content:
+            assert entry.logprob <= 0 and len(entry.top_logprobs) == k and bytes(entry.bytes) == entry.token.encode()
+            tops = [t.logprob for t in entry.top_logprobs]
+            assert tops == sorted(tops, reverse=True) and (not tops or entry.logprob <= tops[0] + 1e-6)
+    else:
+        lp = choice.logprobs
+        assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == len(lp.text_offset) == tokens
+        assert lp.text_offset == [sum(len(t) for t in lp.tokens[:i]) for i in range(tokens)]
+        for chosen, top in zip(lp.token_logprobs, lp.top_logprobs):
+            assert chosen <= 0 and len(top) <= k and all(v <= 0 for v in top.values())
+            assert chosen <= max(top.values()) + 1e-6
+
+
 def check_result(kind: str, item: dict, body) -> None:
     """What a result body of each kind must hold, beyond its type."""
     request = item["body"]
@@ -215,7 +242,8 @@ def check_result(kind: str, item: dict, body) -> None:
     if limit is None:  # the endpoint's default: 16 for completions, the model's length for chat
         limit = 16 if item["url"] == COMPLETIONS else MAX_MODEL_LEN - body.usage.prompt_tokens
     for choice in body.choices:
-        assert choice.finish_reason in ("stop", "length") and choice.logprobs is None
+        assert choice.finish_reason in ("stop", "length")
+        check_logprobs(request, choice, body.usage.completion_tokens // prompts)
     if all(choice.finish_reason == "length" for choice in body.choices):
         assert body.usage.completion_tokens == limit * prompts, (kind, body.usage)
     else:
@@ -258,11 +286,14 @@ def test_resume_after_an_interrupted_run_completes_it_without_duplicates(full_ru
 
 
 def same_content(row: dict) -> dict:
-    """A row without what differs between two runs (its ids and creation time)."""
+    """A row without what differs between two runs: its ids and creation time, and its logprobs'
+    values (a recomputed line runs in another batch, which may move their last bits; the tokens
+    and their texts stay, and the values are checked against the engine elsewhere)."""
     body = row["response"]["body"]
     if body is None:
         return {"error": row["error"], "status": row["response"]["status_code"]}
-    return {"choices": body["choices"], "usage": body["usage"], "model": body["model"], "object": body["object"]}
+    choices = json.loads(json.dumps(body["choices"]), parse_float=lambda text: 0.0)  # the choices' only floats are logprobs
+    return {"choices": choices, "usage": body["usage"], "model": body["model"], "object": body["object"]}
 
 
 # ---- bodies, usage and the served model ---------------------------------------------------------
@@ -327,6 +358,30 @@ def test_n_gives_n_choices_per_prompt(tmp_path, capsys, api):
     assert (sampled.usage.prompt_tokens, sampled.usage.completion_tokens) == (prompt_tokens, 6 * 4)
     assert chat.usage.completion_tokens == 3 * 4 and all(c.finish_reason == "length" for c in chat.choices)
     assert len({c.text for c in sampled.choices[:3]}) == 3 and len({c.message.content for c in chat.choices}) == 3
+
+
+def test_logprobs_are_the_engines(tmp_path, capsys, api):
+    """Completions "logprobs": k and chat "logprobs": true with "top_logprobs": k carry the values
+    LLM.generate / LLM.chat give with SamplingParams(logprobs=k), in OpenAI's two shapes."""
+    items = [
+        line("text", COMPLETIONS, {"prompt": "Hello, my name is", "max_tokens": 3, "temperature": 0, "ignore_eos": True, "logprobs": 2}),
+        line("chat", CHAT, {"messages": HI, "max_tokens": 3, "temperature": 0, "ignore_eos": True, "logprobs": True, "top_logprobs": 3}),
+        line("chat-chosen-only", CHAT, {"messages": HI, "max_tokens": 2, "temperature": 0, "ignore_eos": True, "logprobs": True}),
+    ]  # fmt: skip
+    src, out = write_lines(tmp_path / "in.jsonl", items), tmp_path / "out.jsonl"
+    assert main(["run-batch", *FAST, "-i", str(src), "-o", str(out)]) == 0
+    text, chat, chosen_only = [validate(row) for row in read_rows(out)]
+    want = api.generate(["Hello, my name is"], SamplingParams(temperature=0, max_tokens=3, ignore_eos=True, logprobs=2), use_tqdm=False)[0].outputs[0]
+    lp = text.choices[0].logprobs
+    assert lp.token_logprobs == pytest.approx([pos[t].logprob for t, pos in zip(want.token_ids, want.logprobs)], abs=1e-6)
+    ranked = [sorted((v for v in pos.values() if v.rank <= 2), key=lambda v: v.rank) for pos in want.logprobs]
+    assert [list(top.values()) for top in lp.top_logprobs] == [pytest.approx([v.logprob for v in r], abs=1e-6) for r in ranked]
+    assert lp.tokens == [pos[t].decoded_token for t, pos in zip(want.token_ids, want.logprobs)]
+    want = api.chat(HI, SamplingParams(temperature=0, max_tokens=3, ignore_eos=True, logprobs=3), use_tqdm=False)[0].outputs[0]
+    content = chat.choices[0].logprobs.content
+    assert [e.logprob for e in content] == pytest.approx([pos[t].logprob for t, pos in zip(want.token_ids, want.logprobs)], abs=1e-6)
+    assert all(len(e.top_logprobs) == 3 for e in content) and all(e.top_logprobs == [] for e in chosen_only.choices[0].logprobs.content)
+    assert text.choices[0].logprobs is not None and chat.choices[0].logprobs.refusal is None
 
 
 def test_the_served_model_names(tmp_path, capsys):
