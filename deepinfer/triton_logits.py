@@ -44,6 +44,19 @@ def bias_entries(rows_ptr, tokens_ptr, values_ptr, prefixes_ptr, recent_ptr, ent
 
 
 @triton.jit
+def store_bias(logits_ptr, stride_l, rows, tokens, values, applies, BANS: tl.constexpr, BLOCK: tl.constexpr):
+    """One pass of apply_token_bias over a tile of entries: the applying bans' -inf (BANS), else the
+    applying finite values added (bans go last, so a ban wins over any bias)."""
+    ban = values == float("-inf")
+    where = logits_ptr + rows * stride_l + tokens
+    if BANS:
+        tl.store(where, tl.full([BLOCK], float("-inf"), tl.float32), mask=applies & ban)
+    else:
+        add = applies & (ban == 0)
+        tl.store(where, tl.load(where, mask=add, other=0.0) + values, mask=add)
+
+
+@triton.jit
 def row_logsumexp_and_rank(row_ptr, V, chosen, BLOCK: tl.constexpr):
     """(log-sum-exp of the row's V logits, how many of them are >= `chosen`): one pass, a running
     maximum and rescaled sum per lane (float32), the lanes merged at the end. -inf logits add 0."""

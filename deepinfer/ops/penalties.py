@@ -21,6 +21,21 @@ def unpack_bits(words: torch.Tensor, vocab: int) -> torch.Tensor:
     return ((widened[:, :, None] >> bit_index) & 1).flatten(1)[:, :vocab].bool()
 
 
+def penalty_kernel_args(logits, slots, output_counts, prompt_mask, presence_penalty, frequency_penalty, repetition_penalty) -> list | None:
+    """The kernels' tensor arguments (slots int64; output counts and prompt mask int32 with unit-stride
+    rows; the three penalties float32) after the checks; None when logits is empty. Both backends'
+    launchers start here."""
+    check_penalty_inputs(logits, slots, output_counts, prompt_mask, presence_penalty, frequency_penalty, repetition_penalty)
+    if logits.shape[0] == 0 or logits.shape[1] == 0:
+        return None
+    if logits.dtype != torch.float32 or logits.stride(-1) != 1:
+        raise ValueError(f"apply_penalties runs on float32 logits with unit-stride rows, got {logits.dtype} with strides {logits.stride()}")
+    counts = output_counts if output_counts.dtype == torch.int32 and output_counts.stride(-1) == 1 else output_counts.to(torch.int32).contiguous()
+    mask = prompt_mask if prompt_mask.dtype == torch.int32 and prompt_mask.stride(-1) == 1 else prompt_mask.to(torch.int32).contiguous()
+    params = [t.to(torch.float32).contiguous() for t in (presence_penalty, frequency_penalty, repetition_penalty)]
+    return [slots.to(torch.int64).contiguous(), counts, mask, *params]
+
+
 def check_penalty_inputs(logits, slots, output_counts, prompt_mask, presence_penalty, frequency_penalty, repetition_penalty) -> None:
     """One-line ValueErrors for shapes that do not fit together (every backend calls this)."""
     rows, vocab = logits.shape

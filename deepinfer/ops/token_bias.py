@@ -15,6 +15,18 @@ import torch
 from deepinfer.registry import ALLCLOSE, op
 
 
+def token_bias_kernel_args(logits, rows, tokens, values, prefixes, recent_tokens) -> list | None:
+    """The kernels' tensor arguments (rows, tokens, values, prefixes, recent tokens: int64 / float32,
+    contiguous) after the checks; None when there is no entry. Both backends' launchers start here."""
+    check_token_bias_inputs(logits, rows, tokens, values, prefixes, recent_tokens)
+    if rows.shape[0] == 0:
+        return None
+    if logits.dtype != torch.float32 or logits.stride(-1) != 1:
+        raise ValueError(f"apply_token_bias runs on float32 logits with unit-stride rows, got {logits.dtype} with strides {logits.stride()}")
+    pairs = ((rows, torch.int64), (tokens, torch.int64), (values, torch.float32), (prefixes, torch.int64), (recent_tokens, torch.int64))
+    return [t.to(dtype).contiguous() for t, dtype in pairs]
+
+
 def check_token_bias_inputs(logits, rows, tokens, values, prefixes, recent_tokens) -> None:
     """One-line ValueErrors for shapes that do not fit together (every backend calls this)."""
     batch, _ = logits.shape

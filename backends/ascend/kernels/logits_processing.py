@@ -28,10 +28,10 @@ import torch
 import triton
 import triton.language as tl
 
-from deepinfer.ops.penalties import check_penalty_inputs
-from deepinfer.ops.token_bias import check_token_bias_inputs
+from deepinfer.ops.penalties import penalty_kernel_args
+from deepinfer.ops.token_bias import token_bias_kernel_args
 from deepinfer.triton_common import cdiv, next_power_of_2
-from deepinfer.triton_logits import bias_entries, penalize
+from deepinfer.triton_logits import bias_entries, penalize, store_bias
 from deepinfer_ascend.kernels.common import Registration, launch_options, tile_elems, vector_grid
 
 _PENALTY_BYTES_PER_ELEM = 24
@@ -74,19 +74,15 @@ def apply_penalties(
     frequency_penalty: torch.Tensor,
     repetition_penalty: torch.Tensor,
 ) -> torch.Tensor:
-    check_penalty_inputs(logits, slots, output_counts, prompt_mask, presence_penalty, frequency_penalty, repetition_penalty)
-    rows, vocab = logits.shape
-    if rows == 0 or vocab == 0:
+    args = penalty_kernel_args(logits, slots, output_counts, prompt_mask, presence_penalty, frequency_penalty, repetition_penalty)
+    if args is None:
         return logits
-    if logits.dtype != torch.float32 or logits.stride(-1) != 1:
-        raise ValueError(f"apply_penalties runs on float32 logits with unit-stride rows, got {logits.dtype} with strides {logits.stride()}")
-    counts = output_counts if output_counts.dtype == torch.int32 and output_counts.stride(-1) == 1 else output_counts.to(torch.int32).contiguous()
-    mask = prompt_mask if prompt_mask.dtype == torch.int32 and prompt_mask.stride(-1) == 1 else prompt_mask.to(torch.int32).contiguous()
-    params = [t.to(torch.float32).contiguous() for t in (presence_penalty, frequency_penalty, repetition_penalty)]
+    rows, vocab = logits.shape
+    slots, counts, mask, *params = args
     block = max(32, min(_MAX_BLOCK, tile_elems(_PENALTY_BYTES_PER_ELEM), next_power_of_2(vocab)))
     n_tiles = rows * cdiv(vocab, block)
     _penalties_kernel[(vector_grid(n_tiles),)](
-        logits, logits.stride(0), slots.to(torch.int64).contiguous(), counts, counts.stride(0), mask, mask.stride(0), *params, rows, vocab,
+        logits, logits.stride(0), slots, counts, counts.stride(0), mask, mask.stride(0), *params, rows, vocab,
         BLOCK=block, **launch_options(),
     )
     return logits
@@ -103,13 +99,7 @@ def _token_bias_kernel(
     for tile in range(pid, tl.cdiv(N, BLOCK), nprog):
         entries = tile * BLOCK + ar
         rows, tokens, values, applies = bias_entries(rows_ptr, tokens_ptr, values_ptr, prefixes_ptr, recent_ptr, entries, N, P, BLOCK_P)
-        ban = values == float("-inf")
-        where = logits_ptr + rows * stride_l + tokens
-        if BANS:
-            tl.store(where, tl.full([BLOCK], float("-inf"), tl.float32), mask=applies & ban)
-        else:
-            add = applies & (ban == 0)
-            tl.store(where, tl.load(where, mask=add, other=0.0) + values, mask=add)
+        store_bias(logits_ptr, stride_l, rows, tokens, values, applies, BANS, BLOCK)
 
 
 def apply_token_bias(
@@ -120,14 +110,10 @@ def apply_token_bias(
     prefixes: torch.Tensor,
     recent_tokens: torch.Tensor,
 ) -> torch.Tensor:
-    check_token_bias_inputs(logits, rows, tokens, values, prefixes, recent_tokens)
-    n, width = rows.shape[0], recent_tokens.shape[1]
-    if n == 0:
+    args = token_bias_kernel_args(logits, rows, tokens, values, prefixes, recent_tokens)
+    if args is None:
         return logits
-    if logits.dtype != torch.float32 or logits.stride(-1) != 1:
-        raise ValueError(f"apply_token_bias runs on float32 logits with unit-stride rows, got {logits.dtype} with strides {logits.stride()}")
-    args = [t.to(dtype).contiguous() for t, dtype in ((rows, torch.int64), (tokens, torch.int64), (values, torch.float32),
-                                                       (prefixes, torch.int64), (recent_tokens, torch.int64))]  # fmt: skip
+    n, width = rows.shape[0], recent_tokens.shape[1]
     grid = (vector_grid(cdiv(n, _ENTRIES)),)
     for bans in (False, True):
         _token_bias_kernel[grid](
