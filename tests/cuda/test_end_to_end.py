@@ -96,6 +96,11 @@ def test_cuda_graph_decode_gives_the_eager_tokens():
     assert graphs == eager
 
 
+@pytest.mark.skipif(
+    mode() != GPU,
+    reason="runs on a GPU only (TRITON_INTERPRET=0 pytest tests/cuda/test_end_to_end.py): in CI the kernels' golden cases (interpreter) and "
+    "tests/engine/test_sampling_options.py (the engine's wiring) cover it; the full tiny model through the interpreter took 105 s of a 20-minute CI",
+)
 def test_sampling_options_and_logprobs_through_the_cuda_kernels_equal_the_reference():
     """Penalties, logit_bias, bad_words, min_tokens, allowed_token_ids and logprobs (float32), beside
     requests without options: the same tokens as the reference backend, logprobs within 1e-5. On a
@@ -108,7 +113,7 @@ def test_sampling_options_and_logprobs_through_the_cuda_kernels_equal_the_refere
     options = SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True, presence_penalty=0.5, frequency_penalty=0.3, repetition_penalty=1.4,
                              logit_bias={100: 2.0, 7: -5.0}, bad_words=["the", " is"], min_tokens=2, logprobs=3)  # fmt: skip
     allowed = SamplingParams(temperature=0.9, seed=3, max_tokens=n, allowed_token_ids=list(range(300, 400)), logprobs=0)
-    params = [plain, options, allowed, plain] if mode() == GPU else [plain, options, allowed]  # the interpreter: three rows suffice
+    params = [plain, options, allowed, plain]
     prompts = PROMPTS[: len(params)]
     want = _llm("reference", "float32").generate(prompts, params, use_tqdm=False)
     got = _llm("cuda", "float32").generate(prompts, params, use_tqdm=False)
