@@ -426,14 +426,13 @@ class LLMEngine:
         params = seq.params
         length = seq.num_tokens if length is None else length
         generated = length - seq.num_prompt_tokens
-        if generated < params.min_tokens:  # EOS and stop token ids are banned until then, stop strings not looked for
-            pass
-        elif not params.ignore_eos and token in self.eos_token_ids:
-            seq.finish_reason = "stop"
-        elif token in params.stop_token_ids:
-            seq.finish_reason, seq.stop_reason = "stop", token
-        elif params.stop and generated > params.min_tokens and (stop := self._stop_string_in_tail(seq, length)) is not None:
-            seq.finish_reason, seq.stop_reason = "stop", stop
+        if generated >= params.min_tokens:  # before that, EOS and stop token ids are banned and stop strings not looked for
+            if not params.ignore_eos and token in self.eos_token_ids:
+                seq.finish_reason = "stop"
+            elif token in params.stop_token_ids:
+                seq.finish_reason, seq.stop_reason = "stop", token
+            elif params.stop and generated > params.min_tokens and (stop := self._stop_string_in_tail(seq, length)) is not None:
+                seq.finish_reason, seq.stop_reason = "stop", stop
         if seq.finish_reason is None and self.ends_by_length(seq, length):
             seq.finish_reason = "length"
         return seq.finish_reason is not None

@@ -24,6 +24,22 @@ def check_logprobs_inputs(logits, token_ids, num_top) -> None:
         raise ValueError(f"num_top must be an integer in [0, {min(MAX_TOP, logits.shape[1])}], got {num_top!r}")
 
 
+def logprobs_kernel_args(logits, token_ids, num_top):
+    """What both backends' kernels start from, after the checks: the logits as float32 with unit-stride
+    rows, the token ids as int64, and the four outputs (token logprobs, ranks, top ids, top logprobs),
+    allocated empty on the logits' device."""
+    check_logprobs_inputs(logits, token_ids, num_top)
+    rows, device = logits.shape[0], logits.device
+    outputs = (
+        torch.empty(rows, dtype=torch.float32, device=device),
+        torch.empty(rows, dtype=torch.int64, device=device),
+        torch.empty(rows, num_top, dtype=torch.int64, device=device),
+        torch.empty(rows, num_top, dtype=torch.float32, device=device),
+    )
+    x = logits if logits.dtype == torch.float32 and logits.stride(-1) == 1 else logits.to(torch.float32).contiguous()
+    return x, token_ids.to(torch.int64).contiguous(), outputs
+
+
 def _summation_depth(kwargs) -> int:
     """The log-sum-exp's rounding grows with the depth of its summation tree, about log2(V)."""
     return int(math.log2(max(2, kwargs["logits"].shape[-1]))) + 1

@@ -18,7 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-from deepinfer.ops.logprobs import check_logprobs_inputs
+from deepinfer.ops.logprobs import logprobs_kernel_args
 from deepinfer.triton_common import next_power_of_2
 from deepinfer.triton_logits import row_logsumexp_and_rank, row_next_top
 from deepinfer_ascend.kernels.common import Registration, launch_options, tile_elems, vector_grid
@@ -49,21 +49,15 @@ def _logprobs_kernel(
 
 
 def gather_logprobs(logits: torch.Tensor, token_ids: torch.Tensor, num_top: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    check_logprobs_inputs(logits, token_ids, num_top)
-    rows, vocab = logits.shape
-    device = logits.device
-    token_lp = torch.empty(rows, dtype=torch.float32, device=device)
-    ranks = torch.empty(rows, dtype=torch.int64, device=device)
-    top_ids = torch.empty(rows, num_top, dtype=torch.int64, device=device)
-    top_lp = torch.empty(rows, num_top, dtype=torch.float32, device=device)
+    x, ids, (token_lp, ranks, top_ids, top_lp) = logprobs_kernel_args(logits, token_ids, num_top)
+    rows, vocab = x.shape
     if rows == 0:
         return token_lp, ranks, top_ids, top_lp
-    x = logits if logits.dtype == torch.float32 and logits.stride(-1) == 1 else logits.to(torch.float32).contiguous()
     if x.shape[0] * x.stride(0) >= 2**31:
         raise ValueError(f"gather_logprobs on ascend takes fewer than 2^31 logits per call (int32 offsets), got {tuple(x.shape)}")
     block = max(32, min(_MAX_BLOCK, tile_elems(_BYTES_PER_ELEM), next_power_of_2(vocab)))
     _logprobs_kernel[(vector_grid(rows),)](
-        x, x.stride(0), token_ids.to(torch.int64).contiguous(), token_lp, ranks, top_ids, top_lp, rows, vocab, num_top,
+        x, x.stride(0), ids, token_lp, ranks, top_ids, top_lp, rows, vocab, num_top,
         BLOCK=block, **launch_options(),
     )
     return token_lp, ranks, top_ids, top_lp
