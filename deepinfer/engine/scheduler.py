@@ -107,14 +107,19 @@ class Scheduler:
         if not self.mixed_steps:
             return []
         decodes = [seq for seq in self.running if not seq.is_prefilling]
+        if not decodes or len(decodes) >= self.max_num_batched_tokens or not self._prefill_due():
+            return []  # (no prompt to prefill: a decode step, with its own checks, follows)
+        return decodes if self._slots_for_all(decodes) else []
+
+    def _slots_for_all(self, seqs: list[Sequence]) -> bool:
+        """Give every one of seqs its slot for one more token when the free pages go round without
+        preempting (True); else change nothing (False)."""
         bm = self.block_manager
-        if not decodes or len(decodes) >= self.max_num_batched_tokens or sum(bm.new_blocks_needed(s) for s in decodes) > bm.num_free_blocks:
-            return []
-        if not any(s.is_prefilling for s in self.running) and not self._admissible():
-            return []  # no prompt to prefill: a decode step (with its own checks) follows
-        for seq in decodes:
+        if sum(bm.new_blocks_needed(seq) for seq in seqs) > bm.num_free_blocks:
+            return False
+        for seq in seqs:
             bm.append_slot(seq)
-        return decodes
+        return True
 
     def schedule_decode_ahead(self, leaving: set[int]) -> ScheduledBatch | None:
         """The next decode step, scheduled while the step before it still runs (overlap scheduling):
@@ -124,11 +129,8 @@ class Scheduler:
         if self._prefill_due():
             return None
         seqs = [seq for seq in self.running if seq.seq_id not in leaving]
-        bm = self.block_manager
-        if not seqs or sum(bm.new_blocks_needed(seq) for seq in seqs) > bm.num_free_blocks:
+        if not seqs or not self._slots_for_all(seqs):
             return None
-        for seq in seqs:
-            bm.append_slot(seq)
         return ScheduledBatch(False, seqs, [1] * len(seqs))
 
     def _prefill_due(self) -> bool:
