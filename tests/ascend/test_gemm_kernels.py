@@ -244,6 +244,8 @@ def _script(chip: str) -> int:
             contiguous_case("mxfp4", [2, 11, 0, 6], 3, 96, 192, torch.bfloat16, 44),
             contiguous_case("mxfp4", [0, 0, 0], 6, 32, 64, torch.bfloat16, 45),  # no rows at all
             contiguous_case("mxfp4_a8", [2, 11, 0, 6], 3, 96, 192, torch.bfloat16, 46),
+            # decode: fewer rows than experts (a grid of min(tiles + E, rows) row tiles)
+            contiguous_case("dense", [0, 1, 0, 0, 1, 0, 1, 0, 0, 0, 1, 0, 1, 1, 0, 0], 0, 64, 64, torch.bfloat16, 47),
         ])
 
     def masked_case(fmt, counts, max_m, n, k, dt, seed, mm_dtype=torch.int32):

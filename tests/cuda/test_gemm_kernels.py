@@ -231,6 +231,16 @@ def test_many_experts_decode_split(kg):
     assert_matches("grouped_gemm", kg.grouped_gemm(**kw), kw)
 
 
+def test_decode_grid_has_no_more_row_tiles_than_rows(kg):
+    # one token's top-6 over 64 experts: the grid holds 6 row tiles (each expert with rows takes no more
+    # tiles than rows), not 1 + 64 mostly empty ones; every row is still computed, wherever its expert sits
+    counts = [1 if e in (2, 4, 25, 26, 57, 63) else 0 for e in range(64)]
+    offsets = torch.tensor([0, *torch.tensor(counts).cumsum(0).tolist()], dtype=torch.int32)
+    kw = {"x": rand(6, 64, seed=7, dtype=torch.float32), **weight_in("dense", 64, n=16, k=64, seed=8), "expert_offsets": offsets}
+    assert kg.plan_gemm(kw["x"], kw["weight"], "dense", kg._CONTIGUOUS).num_m_tiles == 6
+    assert_matches("grouped_gemm", kg.grouped_gemm(**kw), kw)
+
+
 def test_bad_arguments_raise(kg):
     x = rand(4, 64, seed=0)
     w = weight_in("dense", 2, n=16, k=64, seed=0)["weight"]

@@ -12,7 +12,7 @@ expert_offsets[e+1] - expert_offsets[e] (contiguous), min(masked_m[e], max_m) (m
 tile base, and takes the tiles t of each expert with t % num_programs == pid. So the real tiles
 are dense and dealt round-robin: empty experts, padding rows and rows at or past masked_m cost no
 work, nothing is searched, and no value goes back to the host. The grid itself is sized from
-shapes only: bound = (cdiv(M, BLOCK_M) + E) * cdiv(N, BLOCK_N) for contiguous,
+shapes only: bound = min(cdiv(M, BLOCK_M) + E, M) * cdiv(N, BLOCK_N) for contiguous,
 E * cdiv(max_m, BLOCK_M) * cdiv(N, BLOCK_N) for masked, then capped at the AI-core count.
 Index arithmetic is int32 inside a tile; the per-expert and per-row-block bases are int64 scalars
 (DeepSeek-V3's expert weights [256, 4096, 7168] exceed 2^31 elements).
@@ -543,7 +543,7 @@ def launch_gemm(x, weight, weight_scale, fmt, layout, bounds=None, invariant=Fal
     if layout == _MASKED:
         bound = experts * cdiv(max_m, bm) * num_n
     elif layout == _CONTIGUOUS:
-        bound = (cdiv(m_arg, bm) + experts) * num_n
+        bound = min(cdiv(m_arg, bm) + experts, m_arg) * num_n  # an expert takes no more tiles than rows
     else:
         bound = cdiv(m_arg, bm) * num_n
     dummy = out

@@ -881,7 +881,7 @@ class GemmPlan:
     mx_dq: int  # MX_MODE 3: the weight dequantisation (_mx_register_tile's MX_DQ)
     dot_f32: bool  # dot operands converted to float32 (ieee)
     fp8_via_bf16: bool  # fp8 operands upcast to bf16 (exact) for a float32-exact sum
-    num_m_tiles: int  # row tiles on the grid (an upper bound for contiguous: + E)
+    num_m_tiles: int  # row tiles on the grid (contiguous: an upper bound, min(row tiles + E, rows))
     num_n: int
     split: int  # split-K factor; 1: none
     iters_per_split: int
@@ -966,7 +966,11 @@ def plan_gemm(x: torch.Tensor, weight: torch.Tensor, fmt: str, layout: int, mx_p
         num_m_tiles = cdiv(rows_per_expert, block_m)
         programs = experts * num_m_tiles * num_n
     else:
-        num_m_tiles = cdiv(rows_total, block_m) + (experts if layout == _CONTIGUOUS else 0)
+        num_m_tiles = cdiv(rows_total, block_m)
+        if layout == _CONTIGUOUS:
+            # each expert's last tile may be partial (+ E), and an expert with rows takes no more tiles
+            # than rows: at decode (6 rows over 64 experts) the grid is 6 tiles, not 65 mostly empty ones
+            num_m_tiles = min(num_m_tiles + experts, rows_total)
         programs = cdiv(rows_total, block_m) * num_n
     if invariant:
         programs = num_n * experts  # as if every expert had one row tile: the split follows N and K only
