@@ -19,6 +19,9 @@ def _workload_flags(p: argparse.ArgumentParser, repeatable: bool) -> None:
     many = {"action": "append", "default": None} if repeatable else {}
     again = " (repeatable: a grid)" if repeatable else ""
     p.add_argument("--model", default=None, metavar="PATH", help="an HF checkpoint folder, or an embedded tiny model (default: the embedded tiny-v3)")
+    p.add_argument("--model-shape", choices=("v2-lite",), default=None,
+                   help="instead of --model: a random-weight DeepSeek-V2-Lite-shaped model built on the device (bench e2e's; bf16)")
+    p.add_argument("--layers", type=int, default=None, help="--model-shape: cut the model to this many layers (default: all 27)")
     p.add_argument("--backend", default="auto", help="auto (as for `run`: cuda, then ascend, then reference) or a backend from `deepinfer backends`")
     p.add_argument("--dtype", default="auto", choices=("auto", "bfloat16", "float16", "float32"), help="auto: bfloat16 on accelerators, float32 on the CPU")
     p.add_argument("--num-prompts", type=int, default=64, help="requests in the workload (default 64)")
@@ -83,11 +86,24 @@ def run_throughput(args: argparse.Namespace) -> int:
         from deepinfer.bench.plots import require_matplotlib
 
         require_matplotlib()  # a missing matplotlib is a one-line error before the benchmark, not after
-    from deepinfer import LLM
+    engine_options = {"seed": args.seed, "max_num_seqs": args.max_num_seqs or max(concurrencies), "enforce_eager": args.enforce_eager,
+                      "overlap": False if args.no_overlap else None, "mixed_steps": False if args.no_mixed_steps else None}  # fmt: skip
+    if args.model_shape is not None:
+        if args.model is not None:
+            raise UserError("give --model or --model-shape, not both")
+        if args.dataset is not None and any('"prompt"' in line for line in args.dataset.read_text().splitlines()):
+            raise UserError("--model-shape builds a model without a tokenizer: give the --dataset lines as prompt_token_ids")
+        if args.layers is not None:
+            _positive("--layers", [args.layers])
+        from deepinfer.bench.throughput import random_shape_llm
 
-    llm = LLM(model=args.model, backend=args.backend, dtype=args.dtype, seed=args.seed, max_num_seqs=args.max_num_seqs or max(concurrencies),
-              enforce_eager=args.enforce_eager, overlap=False if args.no_overlap else None,
-              mixed_steps=False if args.no_mixed_steps else None, announce=False)  # fmt: skip
+        llm = random_shape_llm(args.backend, args.layers, engine_options)
+    elif args.layers is not None:
+        raise UserError("--layers cuts a --model-shape model; a --model checkpoint runs whole")
+    else:
+        from deepinfer import LLM
+
+        llm = LLM(model=args.model, backend=args.backend, dtype=args.dtype, announce=False, **engine_options)
     vocab = llm.engine.vocab_size
 
     def make(input_len: int, output_len: int):
@@ -98,7 +114,11 @@ def run_throughput(args: argparse.Namespace) -> int:
     grid = [(c, i, o) for i in input_lens for o in output_lens for c in concurrencies]
     results = throughput.sweep(llm, grid, make)
     print(throughput.format_results(results))
-    machine = {"backend": llm.backend, "model": args.model or "tiny-v3", "device": str(llm.engine.runtime.device), "date": time.strftime("%Y-%m-%d")}
+    model = args.model or "tiny-v3"
+    if args.model_shape is not None:
+        model = f"random {args.model_shape} ({llm.engine.loaded.config.num_hidden_layers} layers)"
+    machine = {"backend": llm.backend, "model": model, "device": str(llm.engine.runtime.device), "date": time.strftime("%Y-%m-%d"),
+               "overlap": llm.engine.overlap is not None, "mixed_steps": llm.engine.scheduler.mixed_steps}  # fmt: skip
     if args.json is not None:
         throughput.write_json(args.json, results, machine)
     if plot is not None:

@@ -68,6 +68,9 @@ def test_a_dataset_file_gives_the_prompts(tmp_path, capsys):
         (["--range-ratio", "1.5"], "--range-ratio must lie in [0, 1), not 1.5"),
         (["--dataset", "/nonexistent.jsonl"], "--dataset /nonexistent.jsonl: no such file"),
         (["--json", "/nonexistent/x.json"], "cannot write /nonexistent/x.json: folder /nonexistent does not exist"),
+        (["--model-shape", "v2-lite", "--model", "tiny-v3"], "give --model or --model-shape, not both"),
+        (["--layers", "2"], "--layers cuts a --model-shape model; a --model checkpoint runs whole"),
+        (["--model-shape", "v2-lite", "--layers", "0"], "--layers must be at least 1, not 0"),
     ],
 )
 def test_bad_input_is_one_line(args, message):
@@ -80,3 +83,21 @@ def test_a_file_that_is_no_benchmark_is_one_line(tmp_path):
     bad.write_text(json.dumps({"results": [{"foo": 1}]}))
     proc = run_cli("bench", "plot", str(bad), "--out", str(tmp_path))
     assert proc.returncode == 2 and "is neither a `bench throughput`/`sweep` nor a `bench e2e` --json file" in proc.stderr
+
+
+def test_a_random_model_shape_runs_cut_to_its_layers(tmp_path, monkeypatch, capsys):
+    """--model-shape v2-lite: bench e2e's random-weight model (shrunk here to test sizes), cut to --layers."""
+    from deepinfer.bench import e2e
+
+    small = dict(vocab_size=256, hidden_size=64, intermediate_size=96, moe_intermediate_size=32, num_attention_heads=4, num_key_value_heads=4,
+                 n_routed_experts=8, num_experts_per_tok=2, kv_lora_rank=32, qk_rope_head_dim=16, v_head_dim=16, qk_nope_head_dim=16,
+                 bos_token_id=0, eos_token_id=1)  # fmt: skip
+    monkeypatch.setattr(e2e, "V2_LITE", dict(e2e.V2_LITE, **small))
+    out = tmp_path / "r.json"
+    args = ["bench", "throughput", "--backend", "reference", "--model-shape", "v2-lite", "--layers", "2", "--num-prompts", "3",
+            "--input-len", "6", "--output-len", "3", "--no-mixed-steps", "--json", str(out)]  # fmt: skip
+    assert main(args) == 0
+    data = json.loads(out.read_text())
+    assert data["machine"]["model"] == "random v2-lite (2 layers)" and data["machine"]["mixed_steps"] is False
+    (row,) = data["results"]
+    assert row["num_requests"] == 3 and row["output_len"] == 3 and row["input_len"] == 6
