@@ -4,7 +4,7 @@
 # same command again with that cache (Triton keeps compiled kernels in ~/.triton/cache by default, so a user's
 # second run is a warm one). Wall time of the whole process for 1 token (start to first token: imports, model
 # load, compilation, device graph capture) and for 16 tokens.
-source tools/gpu/preamble.sh
+[ -n "$R" ] || source tools/gpu/preamble.sh
 unset TRITON_INTERPRET
 timed() { local t=$(date +%s.%N); "$@" > /dev/null 2>&1 || echo "failed: $*" >&2; echo "$(date +%s.%N) - $t" | bc; }
 for tokens in 1 16; do
