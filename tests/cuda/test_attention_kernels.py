@@ -180,7 +180,7 @@ def test_fused_combine_counters_are_left_at_zero():
     args = (inputs["q_nope"], inputs["q_rope"], inputs["kv_cache"], inputs["block_table"], inputs["seq_lens"], 0.1)
     for _ in range(2):
         K.mla.launch_mla_decode(*args, tokens_per_split=16, overrides={"BLOCK_N": 16, "fused_combine": True})
-        assert int(K.mla._arrivals(K.device).count_nonzero()) == 0
+        assert int(K.mla.arrival_counters(K.device, "mla_decode").count_nonzero()) == 0
 
 
 def test_split_plan_uses_shapes_only():

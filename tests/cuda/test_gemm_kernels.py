@@ -241,6 +241,32 @@ def test_decode_grid_has_no_more_row_tiles_than_rows(kg):
     assert_matches("grouped_gemm", kg.grouped_gemm(**kw), kw)
 
 
+@pytest.mark.parametrize("layout", ["linear", "contiguous", "masked"])
+def test_split_partials_sum_in_kernel_as_the_reduce_kernel_does(kg, monkeypatch, layout):
+    """Split-K: the tile's last program sums the partials (no second launch), bit for bit as the
+    separate reduce kernel, and leaves every arrival counter at zero for the next launch."""
+    x = rand(3, 1024, seed=9, dtype=torch.float32)
+    if layout == "linear":
+        kw = {"x": x, **weight_in("dense", n=48, k=1024, seed=10)}
+        run, plan = kg.linear, kg.plan_gemm(x, kw["weight"], "dense", kg._LINEAR)
+    elif layout == "contiguous":
+        kw = {"x": x, **weight_in("dense", 4, n=48, k=1024, seed=10), "expert_offsets": torch.tensor([0, 1, 1, 3, 3], dtype=torch.int32)}
+        run, plan = kg.grouped_gemm, kg.plan_gemm(x, kw["weight"], "dense", kg._CONTIGUOUS)
+    else:
+        kw = {"x": rand(2, 3, 1024, seed=9), **weight_in("dense", 2, n=48, k=1024, seed=10), "masked_m": torch.tensor([3, 1], dtype=torch.int32)}
+        run, plan = kg.grouped_gemm, kg.plan_gemm(kw["x"], kw["weight"], "dense", kg._MASKED)
+    assert plan.split > 1
+    fused = run(**kw)
+    assert int(kg.arrival_counters(x.device, "gemm").count_nonzero()) == 0
+    monkeypatch.setattr(kg, "ARRIVALS", 0)  # too few counters: the second kernel sums
+    second = run(**kw)
+    if layout == "masked":  # rows past masked_m are left unwritten (either way)
+        fused, second = torch.cat([fused[0, :3], fused[1, :1]]), torch.cat([second[0, :3], second[1, :1]])
+    assert torch.equal(fused, second)
+    if layout != "masked":
+        assert_matches("linear" if layout == "linear" else "grouped_gemm", fused, kw)
+
+
 def test_bad_arguments_raise(kg):
     x = rand(4, 64, seed=0)
     w = weight_in("dense", 2, n=16, k=64, seed=0)["weight"]

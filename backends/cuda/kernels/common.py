@@ -1,9 +1,10 @@
-"""What the cuda kernel modules share beyond `deepinfer.triton_common`: the registration record and
-CUDA facts (compute capability, SM count, tf32 dots, warps per tile). Not a registration module."""
+"""What the cuda kernel modules share beyond `deepinfer.triton_common`: the registration record,
+CUDA facts (compute capability, SM count, tf32 dots, warps per tile) and the split programs' arrival
+counters. Not a registration module."""
 
 from __future__ import annotations
 
-from functools import cache
+from functools import cache, lru_cache
 
 import torch
 
@@ -42,3 +43,15 @@ def num_warps_for(tile_elems: int, elem_bytes: int, cfg: dict) -> int:
     within the tuning entry's min_warps..max_warps."""
     warps = next_power_of_2(max((tile_elems * elem_bytes) // (32 * cfg["bytes_per_thread"]), 1))
     return max(cfg.get("min_warps", 1), min(cfg["max_warps"], warps))
+
+
+ARRIVALS = 1 << 16  # arrival counters per device and user; a launch with more tiles than this merges by a second kernel
+
+
+@lru_cache(maxsize=None)
+def arrival_counters(device: torch.device, user: str) -> torch.Tensor:
+    """Zeroed int32 counters in which a kernel's split programs count their arrivals, so that the last
+    one to arrive merges the partials (no second launch). Each tile's merging program resets its
+    counter to zero, so one allocation per (device, kernel family) serves every launch on the
+    device's single compute stream, CUDA-graph replays included."""
+    return torch.zeros(ARRIVALS, dtype=torch.int32, device=device)

@@ -29,7 +29,9 @@ Tiles are grouped GROUP_M row tiles at a time (L2 reuse of the weight tiles). De
 (few rows per expert) take the "small" tuning variant: BLOCK_M 16..64, wide BLOCK_K and deep
 pipelines so the weight stream keeps HBM busy, and split-K when the (expert, N-block) programs
 would not fill the GPU twice over; split-K partials go to a float32 workspace [SPLIT_K, rows, N]
-and a second kernel sums them in a fixed order (deterministic, no atomics).
+and are summed in a fixed split order (deterministic): by the tile's last program to arrive (an
+arrival counter per tile, no second launch: at batch 1 a decode step has ~60 split GEMMs), or by
+a second kernel when the tiles outnumber the counters.
 
 Formats:
 - dense: both operands converted to one dot dtype: x's dtype when the weight has the same one
@@ -118,7 +120,7 @@ import triton.language as tl
 from deepinfer.ops import gemm as gemm_ops
 from deepinfer.ops import quant
 from deepinfer.triton_common import cdiv, e4m3_rne_bits, interpreting, next_power_of_2, upcast_dot
-from deepinfer_cuda.kernels.common import Registration, capability, dot_precision, num_sms
+from deepinfer_cuda.kernels.common import ARRIVALS, Registration, arrival_counters, capability, dot_precision, num_sms
 from deepinfer_cuda.options import MXFP4_PATH
 from deepinfer_cuda.tuning import config
 
@@ -439,7 +441,7 @@ def _tile_of_program(
 
 @triton.jit
 def _gemm_kernel(
-    x_ptr, xs_ptr, w_ptr, ws_ptr, out_ptr, offs_ptr, mm_ptr,
+    x_ptr, xs_ptr, w_ptr, ws_ptr, out_ptr, offs_ptr, mm_ptr, final_ptr, arrivals_ptr,
     M, N, K, E, num_m_tiles, iters_per_split,
     stride_xe, stride_xm, stride_xk,
     stride_xse, stride_xsm,
@@ -462,6 +464,7 @@ def _gemm_kernel(
     MX_DQ: tl.constexpr,  # MX_MODE 3: how the weight tile is dequantised (_mx_register_tile)
     FP8_VIA_BF16: tl.constexpr,  # fp8 operands upcast to bf16 (exact) for a float32-exact sum
     SCALAR_WS: tl.constexpr,  # the N block lies in one 128-row weight-scale block
+    FUSED_REDUCE: tl.constexpr,  # split-K: the tile's last program to arrive sums the partials into final_ptr
 ):
     e, row_start, row_end, pid_n, pid_s = _tile_of_program(
         offs_ptr, mm_ptr, M, N, E, num_m_tiles, LAYOUT, BLOCK_M, BLOCK_N, GROUP_M, SPLIT_K, E_POW2
@@ -630,14 +633,33 @@ def _gemm_kernel(
         acc = acc * MX_UNSHIFT  # the weights came shifted by 2^-MX_SHIFT (_mx_register_tile)
     if MX_MODE >= 2:  # acc is [BLOCK_N, BLOCK_M]
         out_mask = (cols < N)[:, None] & (rows < row_end)[None, :]
-        out_ptrs = out_ptr + e64 * stride_oe + rows.to(tl.int64)[None, :] * stride_om + cols[:, None] * stride_on
+        out_offs = e64 * stride_oe + rows.to(tl.int64)[None, :] * stride_om + cols[:, None] * stride_on
     else:
         out_mask = (rows < row_end)[:, None] & (cols < N)[None, :]
-        out_ptrs = out_ptr + e64 * stride_oe + rows.to(tl.int64)[:, None] * stride_om + cols[None, :] * stride_on
+        out_offs = e64 * stride_oe + rows.to(tl.int64)[:, None] * stride_om + cols[None, :] * stride_on
+    out_ptrs = out_ptr + out_offs
     if SPLIT_K == 1:
         tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=out_mask)
     else:
         tl.store(out_ptrs + pid_s * stride_os, acc, mask=out_mask)
+        if FUSED_REDUCE:
+            # The tile's split programs count their arrivals; the last one sums every partial in split
+            # order (as _split_k_reduce_kernel does: the same bits, whichever program that is) and
+            # resets the counter for the next launch. The barrier puts this program's stores before
+            # its release; partials are read from L2 (.cg): other SMs wrote them.
+            tl.debug_barrier()
+            if LAYOUT == 2:
+                tile = (e * tl.num_programs(1) + pid_n) * tl.num_programs(0) + tl.program_id(0)
+            else:
+                tile = tl.program_id(0)
+            counter = arrivals_ptr + tile
+            arrived = tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu")
+            if arrived == SPLIT_K - 1:
+                tl.store(counter, 0)
+                total = tl.load(out_ptrs, mask=out_mask, other=0.0, cache_modifier=".cg")
+                for s in range(1, SPLIT_K):
+                    total += tl.load(out_ptrs + s * stride_os, mask=out_mask, other=0.0, cache_modifier=".cg")
+                tl.store(final_ptr + out_offs, total.to(final_ptr.dtype.element_ty), mask=out_mask)
 
 
 @triton.jit
@@ -1047,7 +1069,7 @@ def _out_strides(plan: GemmPlan, out: torch.Tensor) -> tuple:
 
 
 def _launch_pointers(plan, xq, xs, weight, weight_scale, out, offs_arg, mm_arg) -> None:
-    """`_gemm_kernel` (pointer loads, every format, split-K partials summed by a second kernel).
+    """`_gemm_kernel` (pointer loads, every format, split-K partials summed in-kernel or by a second kernel).
     offs_arg / mm_arg: expert_offsets / masked_m, or any device tensor where the layout has none."""
     p = plan
     x_strides = tuple(xq.stride()) if p.layout == _MASKED else (0, *xq.stride())
@@ -1060,9 +1082,13 @@ def _launch_pointers(plan, xq, xs, weight, weight_scale, out, offs_arg, mm_arg) 
     else:
         dest, stride_os, dest_strides = out, 0, _out_strides(p, out)
     grid = (p.num_m_tiles, p.num_n, p.experts * p.split) if p.layout == _MASKED else (p.num_m_tiles * p.num_n, p.split)
+    tiles = p.num_m_tiles * p.num_n * (p.experts if p.layout == _MASKED else 1)
+    # the partials sum in-kernel (one launch) when the tiles fit the counters and the output is laid out as a partial
+    fused = p.split > 1 and tiles <= ARRIVALS and out.is_contiguous()
+    arrivals = arrival_counters(out.device, "gemm") if fused else out
     _gemm_kernel[grid](
         xq, xs if xs is not None else xq, weight, weight_scale if weight_scale is not None else weight, dest,
-        offs_arg, mm_arg,
+        offs_arg, mm_arg, out, arrivals,
         p.m_arg, p.n, p.k, p.experts, p.num_m_tiles, p.iters_per_split,
         *x_strides,
         *xs_strides,
@@ -1074,10 +1100,10 @@ def _launch_pointers(plan, xq, xs, weight, weight_scale, out, offs_arg, mm_arg) 
         SPLIT_K=p.split, E_POW2=next_power_of_2(p.experts), EVEN_K=p.k % p.block_k == 0,
         DOT_F32=p.dot_f32, DOT_PRECISION=dot_precision(p.dot_f32),
         MX_MODE=p.mx_mode, MX_LHS=p.mx_lhs, MX_DQ=p.mx_dq,
-        FP8_VIA_BF16=p.fp8_via_bf16, SCALAR_WS=p.scalar_ws,
+        FP8_VIA_BF16=p.fp8_via_bf16, SCALAR_WS=p.scalar_ws, FUSED_REDUCE=fused,
         num_warps=p.num_warps, num_stages=p.num_stages,
     )
-    if p.split > 1:
+    if p.split > 1 and not fused:
         numel = out.numel()
         block = 1024
         _split_k_reduce_kernel[(cdiv(numel, block),)](dest, out, numel, stride_os, SPLIT_K=p.split, BLOCK=block, num_warps=4)

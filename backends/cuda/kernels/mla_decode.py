@@ -51,7 +51,7 @@ import triton.language as tl
 from deepinfer.ops import attention as attention_ops
 from deepinfer.ops import kv_cache_format
 from deepinfer.triton_common import cdiv, fp8_views, next_power_of_2, pick_splits, softmax_block, split_partial, upcast_dot
-from deepinfer_cuda.kernels.common import Registration, dot_precision, num_sms
+from deepinfer_cuda.kernels.common import ARRIVALS, Registration, arrival_counters, dot_precision, num_sms
 from deepinfer_cuda.tuning import config
 
 LOG2E = 1.4426950408889634
@@ -271,14 +271,6 @@ def _mla_decode_combine_kernel(
     tl.store(out_ptr + b * stride_o_b + s * stride_o_s + h * stride_o_h + offs_c, out.to(out_ptr.dtype.element_ty), mask=c_ok)
 
 
-_ARRIVALS = 1 << 16  # (row tile, request) arrival counters per device; larger grids take the combine kernel
-
-
-@lru_cache(maxsize=None)
-def _arrivals(device: torch.device) -> torch.Tensor:
-    """Zeroed int32 counters the fused combine counts split arrivals in; each user resets its own
-    to zero, so one allocation per device serves every launch on the device's (single) stream."""
-    return torch.zeros(_ARRIVALS, dtype=torch.int32, device=device)
 
 
 @lru_cache(maxsize=None)
@@ -408,8 +400,8 @@ def launch_mla_decode_with_handle(
     # (an FP8 tile is converted to q's dtype in the kernel, exactly)
     dot_f32 = upcast_dot() or q_nope.dtype == torch.float32 or (not fp8 and (kv_cache.dtype == torch.float32 or q_nope.dtype != kv_cache.dtype))
     direct = splits == 1
-    fused = not direct and not separate_combine and cfg.get("fused_combine", False) and row_tiles * batch <= _ARRIVALS
-    arrivals = _arrivals(q_nope.device) if fused else seq_lens  # seq_lens: an unused placeholder
+    fused = not direct and not separate_combine and cfg.get("fused_combine", False) and row_tiles * batch <= ARRIVALS
+    arrivals = arrival_counters(q_nope.device, "mla_decode") if fused else seq_lens  # seq_lens: an unused placeholder
     if direct:
         part_out = out  # unused
         part_lse = out
