@@ -6,7 +6,7 @@
 # load, compilation, device graph capture) and for 16 tokens.
 [ -n "$R" ] || source tools/gpu/preamble.sh
 unset TRITON_INTERPRET
-timed() { local t=$(date +%s.%N); "$@" > /dev/null 2>&1 || echo "failed: $*" >&2; echo "$(date +%s.%N) - $t" | bc; }
+timed() { local t=$EPOCHREALTIME; "$@" > /dev/null 2>&1 || echo "failed: $*" >&2; awk "BEGIN { printf \"%.1f\", $EPOCHREALTIME - $t }"; }
 for tokens in 1 16; do
   export TRITON_CACHE_DIR=$(mktemp -d)
   for run in cold warm warm; do

@@ -1068,6 +1068,9 @@ def _out_strides(plan: GemmPlan, out: torch.Tensor) -> tuple:
     return tuple(out.stride()) if plan.layout == _MASKED else (0, *out.stride())
 
 
+_FUSED_REDUCE_ELEMS_PER_THREAD = 64  # accumulator elements per thread up to which split-K sums in-kernel
+
+
 def _launch_pointers(plan, xq, xs, weight, weight_scale, out, offs_arg, mm_arg) -> None:
     """`_gemm_kernel` (pointer loads, every format, split-K partials summed in-kernel or by a second kernel).
     offs_arg / mm_arg: expert_offsets / masked_m, or any device tensor where the layout has none."""
@@ -1083,8 +1086,11 @@ def _launch_pointers(plan, xq, xs, weight, weight_scale, out, offs_arg, mm_arg) 
         dest, stride_os, dest_strides = out, 0, _out_strides(p, out)
     grid = (p.num_m_tiles, p.num_n, p.experts * p.split) if p.layout == _MASKED else (p.num_m_tiles * p.num_n, p.split)
     tiles = p.num_m_tiles * p.num_n * (p.experts if p.layout == _MASKED else 1)
-    # the partials sum in-kernel (one launch) when the tiles fit the counters and the output is laid out as a partial
-    fused = p.split > 1 and tiles <= ARRIVALS and out.is_contiguous()
+    # The partials sum in-kernel (one launch) when the tiles fit the counters and the tile is a decode
+    # tile: a large one's epilogue (its sum and a partial in registers, 128 per thread each for 128x256
+    # over 8 warps) made the H200's batch-256 decode GEMMs 27% slower; those keep the second kernel.
+    small_tile = p.block_m * p.block_n <= _FUSED_REDUCE_ELEMS_PER_THREAD * 32 * p.num_warps
+    fused = p.split > 1 and small_tile and tiles <= ARRIVALS and out.is_contiguous()
     arrivals = arrival_counters(out.device, "gemm") if fused else out
     _gemm_kernel[grid](
         xq, xs if xs is not None else xq, weight, weight_scale if weight_scale is not None else weight, dest,
