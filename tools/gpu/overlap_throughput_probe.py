@@ -1,0 +1,50 @@
+"""Why a serving workload runs slower with overlap scheduling (GPU): the `bench throughput` workload on the
+random V2-Lite-shaped model, with overlap on and off, each engine step timed and classified (prefill, decode,
+decode launched ahead; replayed graph or eager; graph captures), then a per-kind summary.
+
+python tools/gpu/overlap_throughput_probe.py [--layers 8] [--prompts 256]
+"""
+
+import argparse
+import collections
+import time
+
+from deepinfer.bench import throughput
+
+p = argparse.ArgumentParser()
+p.add_argument("--layers", type=int, default=8)
+p.add_argument("--prompts", type=int, default=256)
+args = p.parse_args()
+
+for overlap in (None, False):
+    llm = throughput.random_shape_llm("cuda", args.layers, {"max_num_seqs": 64, "overlap": overlap})
+    engine, runner = llm.engine, llm.engine.runner
+    requests = throughput.random_requests(args.prompts, 512, 128, 0.5, engine.vocab_size, 0)
+    throughput.run(llm, requests, 64, warmup=False)  # compile, capture
+    kinds, seconds, sizes = collections.Counter(), collections.Counter(), collections.Counter()
+    launch = runner.launch
+
+    def traced_launch(batch, *a, **kw):
+        kind = "prefill" if batch.is_prefill else ("graph" if runner.replayable(batch) else "eager")
+        kinds["launch_" + kind] += 1
+        sizes[kind] += len(batch.seqs)
+        return launch(batch, *a, **kw)
+
+    runner.launch = traced_launch
+    if runner.graphs is not None:
+        capture = runner.graphs._capture
+        runner.graphs._capture = lambda size: kinds.update(["capture"]) or capture(size)
+    step = engine.step
+
+    def traced_step():
+        t = time.perf_counter()
+        out = step()
+        seconds["step"] += time.perf_counter() - t
+        kinds["step"] += 1
+        return out
+
+    engine.step = traced_step
+    result = throughput.run(llm, requests, 64, warmup=False)
+    print(f"overlap={overlap}: {result.seconds:.2f} s, out tok/s {result.output_tokens_per_s:.0f}, TTFT {result.ttft_ms['mean']:.1f} ms, "
+          f"TPOT {result.tpot_ms['mean']:.2f} ms; steps {kinds['step']} in {seconds['step']:.2f} s; {dict(kinds)}; "
+          f"mean rows {({k: round(v / max(kinds['launch_' + k], 1), 1) for k, v in sizes.items()})}", flush=True)
