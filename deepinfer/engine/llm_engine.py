@@ -299,16 +299,11 @@ class LLMEngine:
                 f"{what} has {len(prompt_token_ids)} tokens; the model's maximum length is {self.max_model_len}, "
                 "which must leave room for at least one generated token"
             )
-        if params.n > 1 and (self.speculative is not None or self.dist is not None):
-            blocker = "speculative decoding" if self.speculative is not None else "expert parallelism (ep > 1)"
-            raise InvalidRequestError(f"{what}: n={params.n} samples do not run with {blocker} yet; use n=1")
+        if params.n > 1 and self.dist is not None:
+            raise InvalidRequestError(f"{what}: n={params.n} samples do not run with expert parallelism (ep > 1) yet; use n=1")
         if params.stop and self.tokenizer is None:
             raise InvalidRequestError(f"{what}: stop strings need a tokenizer, and this checkpoint has no tokenizer.json; use stop_token_ids")
         check_token_options(params, self.tokenizer, self.vocab_size, what)
-        if self.config.speculative is not None:
-            extra = self._speculation_refuses(params)
-            if extra:
-                raise InvalidRequestError(f"{what}: {extra} does not combine with speculative decoding yet; run without --speculative for it")
         longest = min(len(prompt_token_ids) + (params.max_tokens or self.max_model_len), self.max_model_len)
         needed = blocks_for(longest, self.block_size)
         if needed > self.num_kv_blocks:
@@ -316,17 +311,6 @@ class LLMEngine:
                 f"{what} needs {needed} KV blocks of {self.block_size} tokens for {longest} tokens (prompt + max_tokens), "
                 f"the cache holds {self.num_kv_blocks}; raise num_kv_blocks or lower max_tokens"
             )
-
-    @staticmethod
-    def _speculation_refuses(params: SamplingParams) -> str | None:
-        """The first sampling option the speculative decoder does not run (verification samples
-        every drafted row with `rejection_sample`, which processes no logits and gathers no logprobs)."""
-        defaults = SamplingParams()
-        for name in ("presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias", "min_tokens", "bad_words",
-                     "allowed_token_ids", "logprobs", "prompt_logprobs"):  # fmt: skip
-            if getattr(params, name) != getattr(defaults, name):
-                return name
-        return None
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()
@@ -391,19 +375,18 @@ class LLMEngine:
         `step`). graph_size: None replays a device graph where one applies (one rank); with expert
         parallelism, the size of the graph every rank replays this step, or 0 for an eager step."""
         if self.speculative is not None:
-            samplers, emitted = self.speculative.run(batch)
-            records = [None] * len(samplers)
+            samplers, emitted, records = self.speculative.run(batch)
         else:
-            samplers, tokens, records = self.runner.run(batch, use_graphs=graph_size != 0, graph_size=graph_size)
-            emitted = [[t] for t in tokens]
+            samplers, tokens, step_records = self.runner.run(batch, use_graphs=graph_size != 0, graph_size=graph_size)
+            emitted, records = [[t] for t in tokens], [[r] for r in step_records]
         if batch.is_prefill:
             self.scheduler.commit(batch)
             self.num_prompt_tokens_computed += batch.num_prompt_tokens
             release_held_back(self.scheduler, batch.seqs)
         finished = []
-        for seq, tokens, record in zip(samplers, emitted, records):
+        for seq, tokens, token_records in zip(samplers, emitted, records):
             appended = 0
-            for token in tokens:  # a speculative step emits several: a stop inside the run drops the rest
+            for token, record in zip(tokens, token_records):  # a speculative step emits several: a stop inside the run drops the rest
                 seq.token_ids.append(int(token))
                 if record is not None:
                     seq.add_logprobs(record)

@@ -8,7 +8,9 @@ Order (vLLM's), on the model's float32 logits, in place:
   3. apply_penalties: repetition, frequency, presence, from the token history on the device
      (deepinfer.engine.penalty_history);
 then `sample` (temperature, top-k, top-p, min-p) draws from the result, and the sampled tokens are
-counted into the history. Requests without these options are rows the ops leave alone; a step in
+counted into the history. A speculative verification brings several rows per request: row i is
+processed as the step after the drafts before it would be (`plan`'s drafts), and `rejection_sample`
+draws from the result. Requests without these options are rows the ops leave alone; a step in
 which no request has any runs none of them, so it samples exactly as before.
 
 The host's part per step is small: each row's entries were listed when its request was queued
@@ -47,7 +49,10 @@ class StepProcessing:
     allowed: torch.Tensor | None  # [B, ceil(V/32)] int32 bitmask
     bias: tuple[torch.Tensor, ...] | None  # rows, tokens, values, prefixes, recent tokens (newest patched in at apply)
     newest: tuple[torch.Tensor, torch.Tensor] | None  # each row's last input row [B] and whether it generated a token [B]
-    penalties: tuple[torch.Tensor, ...] | None  # slots, presence, frequency, repetition
+    penalties: tuple[torch.Tensor, ...] | None  # slots (in the history), presence, frequency, repetition
+    # rows whose history runs past their slot's (drafts before them): slots into tables of their own,
+    # the output counts and prompt mask (PenaltyHistory.with_tokens); None: the history's tables
+    tables: tuple[torch.Tensor, ...] | None = None
 
 
 class LogitsProcessing:
@@ -59,17 +64,27 @@ class LogitsProcessing:
     def _to_device(self, t: torch.Tensor) -> torch.Tensor:
         return t.to(self.device, non_blocking=True)
 
-    def plan(self, samplers: list[Sequence], input_rows: list[int]) -> StepProcessing | None:
+    def plan(self, samplers: list[Sequence], input_rows: list[int], drafts: list[list[int]] | None = None) -> StepProcessing | None:
         """This step's processing inputs (input_rows: each sampler's last input row); None when no
-        sampler needs any."""
+        sampler needs any. drafts (a speculative verification): sampler b brings 1 + len(drafts[b])
+        logits rows, the input rows input_rows[b], input_rows[b] + 1, ..., and row i is processed as
+        the step after b's tokens then drafts[b][:i] would be (its penalties, min_tokens and bad-word
+        prefixes count those drafts)."""
         if not any(needs_processing(seq) for seq in samplers):
             return None
-        bias = self._bias(samplers)
+        if drafts is None:
+            seqs, extra, rows = samplers, [[]] * len(samplers), input_rows
+        else:  # a row per verified position: its sequence, the drafts before it, its input row
+            seqs = [seq for seq, d in zip(samplers, drafts) for _ in range(len(d) + 1)]
+            extra = [d[:i] for d in drafts for i in range(len(d) + 1)]
+            rows = [row + i for row, d in zip(input_rows, drafts) for i in range(len(d) + 1)]
+        bias = self._bias(seqs, extra)
         newest = None
         if bias is not None and bias[4].shape[1]:  # prefixes to match: the newest token comes from the input on the device
-            generated = torch.tensor([seq.num_output_tokens > 0 for seq in samplers])
-            newest = (self._to_device(torch.tensor(input_rows, dtype=torch.int64)), self._to_device(generated))
-        return StepProcessing(allowed=self._allowed(samplers), bias=bias, newest=newest, penalties=self._penalties(samplers))
+            generated = torch.tensor([seq.num_output_tokens + len(e) > 0 for seq, e in zip(seqs, extra)])
+            newest = (self._to_device(torch.tensor(rows, dtype=torch.int64)), self._to_device(generated))
+        penalties, tables = self._penalties(seqs, extra)
+        return StepProcessing(allowed=self._allowed(seqs), bias=bias, newest=newest, penalties=penalties, tables=tables)
 
     def _allowed(self, samplers: list[Sequence]) -> torch.Tensor | None:
         masks = [seq.constraints.allowed if seq.constraints is not None else None for seq in samplers]
@@ -84,8 +99,8 @@ class LogitsProcessing:
             rows.append(self._everything_allowed if mask is None else mask)
         return torch.stack(rows)
 
-    def _bias(self, samplers: list[Sequence]) -> tuple[torch.Tensor, ...] | None:
-        per_row = [seq.constraints.entries(seq.num_output_tokens) if seq.constraints is not None else None for seq in samplers]
+    def _bias(self, samplers: list[Sequence], extra: list[list[int]]) -> tuple[torch.Tensor, ...] | None:
+        per_row = [seq.constraints.entries(seq.num_output_tokens + len(e)) if seq.constraints is not None else None for seq, e in zip(samplers, extra)]
         counts = [0 if e is None else e[0].numel() for e in per_row]
         if not any(counts):
             return None
@@ -95,27 +110,30 @@ class LogitsProcessing:
         tokens = torch.cat([e[0] for e in kept])
         values = torch.cat([e[1] for e in kept])
         prefixes = torch.cat([torch.nn.functional.pad(e[2], (width - e[2].shape[1], 0), value=-1) for e in kept])
-        # Each row's last `width` generated tokens, oldest first, -1 where fewer; the newest is
-        # taken from the step's input on the device when the row is processed.
+        # Each row's last `width` generated tokens (its drafts included), oldest first, -1 where
+        # fewer; the newest is taken from the step's input on the device when the row is processed.
         recent = torch.full((len(samplers), width), -1, dtype=torch.int64)
         if width:
-            for b, seq in enumerate(samplers):
-                tail = seq.output_token_ids[-width:]
+            for b, (seq, e) in enumerate(zip(samplers, extra)):
+                tail = (seq.output_token_ids[-width:] + e)[-width:]
                 if tail:
                     recent[b, width - len(tail) :] = torch.tensor(tail)
         return tuple(self._to_device(t) for t in (rows, tokens, values, prefixes, recent))
 
-    def _penalties(self, samplers: list[Sequence]) -> tuple[torch.Tensor, ...] | None:
+    def _penalties(self, samplers: list[Sequence], extra: list[list[int]]) -> tuple[tuple[torch.Tensor, ...] | None, tuple[torch.Tensor, ...] | None]:
+        """(penalties, tables): see StepProcessing."""
         if not any(seq.params.penalized for seq in samplers):
-            return None
+            return None, None
         slots = [self.history.slot(seq) if seq.params.penalized else -1 for seq in samplers]
         params = [seq.params for seq in samplers]
-        return (
+        penalties = (
             self._to_device(torch.tensor(slots, dtype=torch.int64)),
             self._to_device(torch.tensor([p.presence_penalty for p in params], dtype=torch.float32)),
             self._to_device(torch.tensor([p.frequency_penalty for p in params], dtype=torch.float32)),
             self._to_device(torch.tensor([p.repetition_penalty for p in params], dtype=torch.float32)),
         )
+        drafted = any(e for slot, e in zip(slots, extra) if slot >= 0)
+        return penalties, self.history.with_tokens(slots, extra) if drafted else None
 
     def apply(self, logits: torch.Tensor, step: StepProcessing, input_ids: torch.Tensor) -> torch.Tensor:
         """Run the step's processing on its samplers' float32 logits [B, V], in place (input_ids:
@@ -131,13 +149,17 @@ class LogitsProcessing:
             ops.apply_token_bias(logits=logits, rows=rows, tokens=tokens, values=values, prefixes=prefixes, recent_tokens=recent)
         if step.penalties is not None:
             slots, presence, frequency, repetition = step.penalties
+            counts, prompt_mask = self.history.output_counts, self.history.prompt_mask
+            if step.tables is not None:
+                slots, counts, prompt_mask = step.tables
             ops.apply_penalties(
-                logits=logits, slots=slots, output_counts=self.history.output_counts, prompt_mask=self.history.prompt_mask,
+                logits=logits, slots=slots, output_counts=counts, prompt_mask=prompt_mask,
                 presence_penalty=presence, frequency_penalty=frequency, repetition_penalty=repetition,
             )  # fmt: skip
         return logits
 
     def after_sampling(self, step: StepProcessing, tokens: torch.Tensor) -> None:
-        """Count the step's sampled tokens into the penalized rows' history (on the device)."""
+        """Count the step's sampled tokens into the penalized rows' history (on the device; a row
+        without a token, -1, counts nothing)."""
         if step.penalties is not None:
             self.history.record(step.penalties[0], tokens)

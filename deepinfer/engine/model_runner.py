@@ -134,12 +134,6 @@ class ModelRunner:
         """A host list as a tensor on the device (copied without waiting)."""
         return torch.tensor(values, dtype=dtype).to(self.device, non_blocking=True)
 
-    def prepare(self, batch: ScheduledBatch) -> tuple[ForwardBatch, list[Sequence]]:
-        """The ForwardBatch for this step, and the sequences that sample a token (in logits order).
-        (No prompt-logprob rows: speculative decoding, which calls this, refuses prompt_logprobs.)"""
-        rows = self.step_rows(batch)
-        return rows.forward_batch, rows.samplers
-
     def step_rows(self, batch: ScheduledBatch) -> StepRows:
         """The step's ForwardBatch, its samplers (in logits order) and its prompt-logprob rows."""
         starts = [seq.num_computed_tokens for seq in batch.seqs]
@@ -253,15 +247,19 @@ class ModelRunner:
         gathered in the step go straight into their sequences. use_graphs=False runs a replayable
         step eagerly (expert parallelism: another rank's step is not replayable); graph_size: the
         graph to replay (expert parallelism: the step's, on every rank)."""
-        step = self.launch(batch, use_graphs, graph_size)
+        return self.collect(self.launch(batch, use_graphs, graph_size))
+
+    def collect(self, step: LaunchedStep) -> tuple[list[Sequence], list[int], list[TokenLogprobs | None]]:
+        """A launched step's results on the host: its prompt logprobs filed into their sequences; its
+        samplers, the tokens of its rows and, per row, the TokenLogprobs record (None unless asked)."""
         if step.prompt_logprobs is not None:
             for (seq, index), record in step.prompt_logprobs.to_host().records():
                 assert index == len(seq.prompt_logprobs), f"{seq}: prompt logprob {index} arrives after {len(seq.prompt_logprobs)}"
                 seq.prompt_logprobs.append(record)
-        records: list[TokenLogprobs | None] = [None] * len(step.samplers)
+        records: list[TokenLogprobs | None] = [None] * step.tokens.shape[0]
         if step.logprobs is not None:
-            for i, record in step.logprobs.to_host().records():
-                records[i] = record
+            for row, record in step.logprobs.to_host().records():
+                records[row] = record
         return step.samplers, step.tokens.tolist(), records
 
     @torch.inference_mode()
@@ -279,7 +277,12 @@ class ModelRunner:
         graphs = self.graphs
         if use_graphs and self.replayable(batch) and len(samplers) == forward_batch.num_seqs == forward_batch.input_ids.shape[0]:
             return LaunchedStep(samplers, graphs.run(forward_batch, self.sampling_tensors(samplers), graph_size))
-        logits = self.model.forward(forward_batch, self.kv_caches).float()
+        return self.sample_step(rows, self.model.forward(forward_batch, self.kv_caches).float())
+
+    def sample_step(self, rows: StepRows, logits: torch.Tensor) -> LaunchedStep:
+        """An eager step's results from the model's float32 logits at its logits rows: the prompt
+        logprobs, then the samplers' tokens (`sample_rows`)."""
+        samplers = rows.samplers
         prompt_logprobs = None
         if rows.prompt_select:
             prompt_logprobs = LogprobRows.gather(
@@ -290,21 +293,44 @@ class ModelRunner:
             return LaunchedStep([], torch.empty(0, dtype=torch.int64, device=self.device), prompt_logprobs=prompt_logprobs)
         if rows.sample_select is not None:
             logits = logits.index_select(0, self.tensor(rows.sample_select, torch.int64))
-        processing = self.processing.plan(samplers, rows.input_rows)
-        wanted = [i for i, seq in enumerate(samplers) if seq.params.logprobs is not None]
+        sampling = self.sampling_tensors(samplers)
+        tokens, logprobs = self.sample_rows(logits, samplers, rows.input_rows, rows.forward_batch.input_ids, lambda x: self.ops.sample(logits=x, **sampling))
+        return LaunchedStep(samplers, tokens, logprobs, prompt_logprobs)
+
+    def sample_rows(self, logits: torch.Tensor, samplers: list[Sequence], input_rows: list[int], input_ids: torch.Tensor,
+                    draw: Callable[[torch.Tensor], torch.Tensor], drafts: list[list[int]] | None = None
+                    ) -> tuple[torch.Tensor, LogprobRows | None]:  # fmt: skip
+        """The samplers' tokens from their float32 logits rows [R, V]: processed in place
+        (deepinfer.engine.logits_processing; input_rows, input_ids: as LogitsProcessing.plan and
+        apply take them), drawn by draw(logits) -> [R] int64, counted into the penalty history; and
+        for the samplers that ask, the logprobs of their raw rows (owners: row indices). One row per
+        sampler, or with drafts (a speculative verification) sampler b's 1 + len(drafts[b])
+        consecutive rows, row i's history being b's tokens then drafts[b][:i]; draw may then leave a
+        row without a token (-1, after a rejected draft): nothing is counted for it, and its logprobs
+        (gathered for token 0) are for the caller to drop."""
+        per_seq = [1] * len(samplers) if drafts is None else [1 + len(d) for d in drafts]
+        processing = self.processing.plan(samplers, input_rows, drafts)
+        first = 0
+        wanted, num_top = [], []
+        for seq, n in zip(samplers, per_seq):
+            if seq.params.logprobs is not None:
+                wanted.extend(range(first, first + n))
+                num_top.extend([seq.params.logprobs] * n)
+            first += n
+        everything = len(wanted) == logits.shape[0]
         raw = None
         if wanted:  # the model's own logits: copied before the processing changes them in place
-            raw = logits if processing is None and len(wanted) == len(samplers) else logits.index_select(0, self.tensor(wanted, torch.int64))
+            raw = logits if processing is None and everything else logits.index_select(0, self.tensor(wanted, torch.int64))
         if processing is not None:
-            self.processing.apply(logits, processing, forward_batch.input_ids)
-        tokens = self.ops.sample(logits=logits, **self.sampling_tensors(samplers))
+            self.processing.apply(logits, processing, input_ids)
+        tokens = draw(logits)
         if processing is not None:
             self.processing.after_sampling(processing, tokens)
         logprobs = None
         if wanted:
-            chosen = tokens if len(wanted) == len(samplers) else tokens.index_select(0, self.tensor(wanted, torch.int64))
-            logprobs = LogprobRows.gather(self.ops, raw, chosen, wanted, [samplers[i].params.logprobs for i in wanted])
-        return LaunchedStep(samplers, tokens, logprobs, prompt_logprobs)
+            chosen = tokens if everything else tokens.index_select(0, self.tensor(wanted, torch.int64))
+            logprobs = LogprobRows.gather(self.ops, raw, chosen.clamp(min=0), wanted, num_top)
+        return tokens, logprobs
 
     @torch.inference_mode()
     def run_idle(self) -> None:

@@ -8,6 +8,9 @@ preemption freed it), then kept up to date on the device: each step adds its sam
 their counts behind the sampling, so the host never sends a token list again and a step launched
 before the previous one's tokens reached the host (overlap scheduling) still reads them.
 
+A speculative verification's rows read their request's counts with the drafts before each row
+added: a copy for the step (`with_tokens`); only the tokens the verification keeps are recorded.
+
 Slots go back when their request is no longer running (finished, aborted or preempted): they are
 reclaimed lazily, when a new request needs one. A preempted request that gets its slot back finds
 its counts as it left them; one whose slot was taken is given another and refilled.
@@ -64,9 +67,28 @@ class PenaltyHistory:
         self.output_counts[slot].copy_(counts)
         self.prompt_mask[slot].copy_(torch.where(words >= 2**31, words - 2**32, words).to(torch.int32))
 
+    def with_tokens(self, slots: list[int], extra: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(slots, output_counts, prompt_mask) for rows whose history runs past their slot's (a
+        speculative verification's rows, each after the drafts before it): a table row per row with a
+        slot (slots[r] >= 0), its slot's counts plus the tokens extra[r], and its slot's prompt bits;
+        rows without a slot keep -1. Gathered on the device: [rows with a slot, V] int32 for the step."""
+        held = [r for r, slot in enumerate(slots) if slot >= 0]
+        index = torch.tensor([slots[r] for r in held], dtype=torch.int64).to(self.device, non_blocking=True)
+        counts = self.output_counts.index_select(0, index)
+        rows = [i for i, r in enumerate(held) for _ in extra[r]]
+        if rows:
+            tokens = torch.tensor([t for r in held for t in extra[r]], dtype=torch.int64)
+            counts.index_put_((torch.tensor(rows).to(self.device), tokens.to(self.device)), torch.ones(len(rows), dtype=torch.int32, device=self.device),
+                              accumulate=True)  # fmt: skip
+        table_slots = [-1] * len(slots)
+        for i, r in enumerate(held):
+            table_slots[r] = i
+        return torch.tensor(table_slots, dtype=torch.int64).to(self.device, non_blocking=True), counts, self.prompt_mask.index_select(0, index)
+
     def record(self, slots: torch.Tensor, tokens: torch.Tensor) -> None:
         """Count the sampled tokens of the rows with a slot (slots [B] int64 on the device, -1 for
-        rows without one; tokens [B] int64): on the device, behind the sampling, no host wait."""
-        held = slots >= 0
-        # Rows without a slot add 0 to slot 0's count of their token: the same shapes every step, no host look.
-        self.output_counts.index_put_((slots.clamp(min=0), tokens), held.to(torch.int32), accumulate=True)
+        rows without one; tokens [B] int64, -1 for a row that kept no token: a speculative
+        verification's rows after a rejected draft): on the device, behind the sampling, no host wait."""
+        held = (slots >= 0) & (tokens >= 0)
+        # Rows without a slot or a token add 0 (at slot 0, token 0 where they name none): the same shapes every step, no host look.
+        self.output_counts.index_put_((slots.clamp(min=0), tokens.clamp(min=0)), held.to(torch.int32), accumulate=True)

@@ -69,15 +69,17 @@ def test_the_engine_names_no_device_api(forbidden):
         assert forbidden not in path.read_text(), f"{path.name} has {forbidden}"
 
 
-def test_verification_steps_replay_graphs_of_their_padded_shape(monkeypatch):
+@pytest.mark.parametrize("params", [GREEDY, SamplingParams(temperature=0, max_tokens=6, repetition_penalty=0.4, logit_bias={5: 2.0}, logprobs=2)],
+                         ids=["greedy", "options"])  # fmt: skip
+def test_verification_steps_replay_graphs_of_their_padded_shape(monkeypatch, params):
     """Speculative verification on a backend with graphs: each step replays the graph of (batch
-    bucket, longest request's rows), shorter requests padded; greedy tokens stay those of eager
-    steps without speculation."""
+    bucket, longest request's rows), shorter requests padded; greedy tokens (and logprobs) stay those
+    of eager steps without speculation, with options processed on the replay's logits too."""
     from deepinfer.engine.llm_engine import LLMEngine
     from deepinfer.engine.speculative.controlled_draft import ControlledDraft, geometric_profile
 
-    plain = llm_on(monkeypatch, FakeBackend(), "reference")
-    want = tokens(plain)
+    plain = llm_on(monkeypatch, FakeBackend(), "reference").generate(PROMPTS, params, use_tqdm=False)
+    want = [o.outputs[0].token_ids for o in plain]
     graphs = RecordingGraphs()
     spec = {"method": "mtp", "num_drafts": 3, "policy": "confidence", "cost_model": {"1": 0.01, "4096": 0.01, "draft": 0.0}}
     base = llm_on(monkeypatch, FakeBackend(graphs=graphs), "fake", speculative=spec)
@@ -87,8 +89,10 @@ def test_verification_steps_replay_graphs_of_their_padded_shape(monkeypatch):
     runner = llm.engine.runner
     shapes, forward_rows = [], runner.forward_rows
     monkeypatch.setattr(runner, "forward_rows", lambda seqs, starts, rows: shapes.append(sorted({len(r) for r in rows})) or forward_rows(seqs, starts, rows))
-    got = [o.outputs[0].token_ids for o in llm.generate([{"prompt_token_ids": p} for p in prompts], GREEDY, use_tqdm=False)]
-    assert got == want
+    outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in outputs] == want
+    for got, expected in zip(outputs, plain):
+        assert got.outputs[0].cumulative_logprob == pytest.approx(expected.outputs[0].cumulative_logprob, abs=1e-4)
     assert runner.graphs.row_graphs and all(per_seq <= 4 for _, per_seq in runner.graphs.row_graphs)
     assert any(len(s) > 1 for s in shapes), "no step mixed request lengths: padding went untested"
     assert llm.speculative_metrics()["accepted_per_verified"] > 0

@@ -174,15 +174,6 @@ def test_bad_n(n):
         SamplingParams(n=n)
 
 
-def test_speculative_decoding_refuses_n(checkpoint):
-    from deepinfer.engine.sampling_params import InvalidRequestError
-
-    llm = _llm(checkpoint, deterministic=False, speculative="mtp:2")
-    with pytest.raises(InvalidRequestError, match=r"^prompt 0: n=2 samples do not run with speculative decoding yet; use n=1$"):
-        llm.generate(PROMPTS[:1], _params(n=2), use_tqdm=False)
-    assert len(llm.generate(PROMPTS[:1], _params(n=1), use_tqdm=False)[0].outputs) == 1
-
-
 def test_one_token_samples_start_after_sample_0_has_finished(checkpoint):
     llm = _llm(checkpoint)
     output = llm.generate([LONG_PROMPT], _params(temperature=1.0, n=3, seed=1, max_tokens=1), use_tqdm=False)[0]

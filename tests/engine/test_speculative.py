@@ -214,17 +214,3 @@ def test_checkpoint_without_mtp_layers_is_refused(tmp_path):
     folder = write_small_checkpoint(tmp_path / "no-mtp", num_hidden_layers=1, num_nextn_predict_layers=0)
     with pytest.raises(LoadError, match="this checkpoint has no MTP layers"):
         LLM(model=str(folder), backend="reference", dtype="float32", announce=False, num_kv_blocks=8, speculative="mtp:2")
-
-
-@pytest.mark.parametrize("option", [dict(presence_penalty=0.5), dict(logit_bias={3: 1.0}), dict(min_tokens=2), dict(logprobs=1), dict(prompt_logprobs=0)])
-def test_options_verification_does_not_run_are_refused_before_anything_runs(checkpoint, option):
-    """Verification samples every drafted row with rejection_sample, which processes no logits and
-    gathers no logprobs: such a request is a one-line error, and requests without them still run."""
-    from deepinfer.engine.sampling_params import InvalidRequestError
-
-    llm = _llm(checkpoint, speculative="mtp:2")
-    name = next(iter(option))
-    with pytest.raises(InvalidRequestError, match=f"prompt 0: {name} does not combine with speculative decoding yet") as info:
-        llm.generate([PROMPTS[0]], _greedy(**option), use_tqdm=False)
-    assert "\n" not in str(info.value)
-    assert llm.generate([PROMPTS[0]], _greedy(max_tokens=3), use_tqdm=False)[0].outputs[0].finish_reason == "length"
