@@ -129,7 +129,8 @@ FIELDS: dict[str, Sampling | Chat | Ignored | Off | Logprobs | Model] = {
     "structured_outputs": Off(()),
     "tools": Off((), only=CHAT),
     "tool_choice": Off(("none",), only=CHAT),
-    "reasoning_effort": Off((), only=CHAT, hint='DeepSeek\'s thinking is switched by "chat_template_kwargs": {"thinking": true}'),
+    "reasoning_effort": Off((), only=CHAT, hint='DeepSeek\'s thinking and effort go in "chat_template_kwargs": '
+                                                 '{"thinking": true}, for V4 also "reasoning_effort": "max"'),
     "chat_template": Off((), only=CHAT, hint="pass --chat-template"),
     "priority": Off((0,)),
     "cache_salt": Off(()),

@@ -90,7 +90,7 @@ from deepinfer.cli.run_output import (
     scan,
 )
 from deepinfer.cli.run_requests import BUILTIN_PROMPTS, Request, check_flag_params, collect_requests, make_params
-from deepinfer.engine.chat import FixNames, render_chat
+from deepinfer.engine.chat import FixNames
 from deepinfer.errors import UserError
 
 __all__ = ["BUILTIN_PROMPTS", "KV_CACHE_DTYPES", "add_parser", "command_line", "load_llm", "run"]
@@ -136,15 +136,16 @@ def check_flags(args) -> None:
 CLI_FIXES = FixNames(chat_template="pass --chat-template FILE", tokenizer="pass --tokenizer FOLDER (a folder that holds one)")
 
 
-def render_prompt(tokenizer, request: Request, chat: bool, chat_template: str | None = None) -> str | None:
+def render_prompt(llm, request: Request, chat: bool, chat_template: str | None = None) -> str | None:
     """The prompt text (None for token-id prompts): chat messages go through the chat template
-    (`chat_template`: --chat-template's, else the tokenizer's), as LLM.chat renders them."""
+    (`chat_template`: --chat-template's, else the tokenizer's, else the model's built-in format),
+    as LLM.chat renders them."""
     messages = request.messages
     if messages is None and chat and request.prompt is not None:
         messages = [{"role": "user", "content": request.prompt}]
     if messages is None:
         return request.prompt
-    return render_chat(tokenizer, messages, request.source, chat_template=chat_template, fixes=CLI_FIXES, **request.chat_options)
+    return llm.render_conversation(messages, request.source, chat_template=chat_template, fixes=CLI_FIXES, **request.chat_options)
 
 
 def to_stdout(text: str) -> None:
@@ -255,7 +256,7 @@ def generate_all(args, ctx, output: OutputFile | None, done: set[str]) -> int:
     for i, request in enumerate(requests):
         if i not in refused:
             try:
-                prompts[i] = render_prompt(llm.tokenizer, request, args.chat, chat_template)
+                prompts[i] = render_prompt(llm, request, args.chat, chat_template)
             except UserError as exc:
                 refused[i] = str(exc)
     runnable = [i for i in range(len(requests)) if i not in refused]
