@@ -10,7 +10,7 @@ Input (-i FILE), one request per line (deepinfer/cli/batch_requests.py):
   "n": N gives N choices per prompt, samples that share the prompt's KV blocks).
   The body's other fields are listed at the end of this help; every one is either honoured,
   ignored as vLLM ignores it ("user", "request_id"), or not implemented yet and accepted only at the
-  value that switches it off ("logprobs": false, "presence_penalty": 0, ...). Any other
+  value that switches it off ("echo": false, "stream": false, ...). Any other
   field, or another value, fails that line with an error row naming the field: a request never runs
   with part of it dropped. A field of one endpoint fails at the other (top_logprobs and the chat
   template's options are chat fields; suffix and best_of completions fields), as in vLLM.
