@@ -84,6 +84,8 @@ def render_chat(
             f"{what}: add_generation_prompt and continue_final_message exclude each other (a new assistant turn, or the last message "
             "continued); set add_generation_prompt=False to continue the last message"
         )
+    if continue_final_message and conversation[-1]["content"] is None:
+        raise InvalidRequestError(f"{what}: continue_final_message continues the last message's content, and it has none (only tool calls)")
     kwargs = dict(chat_template_kwargs or {})
     reserved = [name for name in RESERVED_TEMPLATE_VARIABLES if name in kwargs]
     if reserved:

@@ -133,6 +133,7 @@ def test_tool_calls_and_results():
         ([*TOOL_CONVERSATION[:1], {"role": "assistant", "content": None, "tool_calls": [{"function": {"name": "f", "arguments": "{"}}]}],
          {"add_generation_prompt": False}, "message 1, tool call 0: the arguments of 'f' are not JSON text"),
         (CONVERSATION, {"tools": [{"name": "f"}]}, "tools must be a list of"),
+        (TOOL_CONVERSATION[:2], {"add_generation_prompt": False, "continue_final_message": True}, "it has none (only tool calls)"),
     ],
 )  # fmt: skip
 def test_what_the_format_has_no_place_for_is_one_line(v4, conversation, kwargs, needle):
