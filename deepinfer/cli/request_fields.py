@@ -5,7 +5,8 @@ Every field a body may hold besides its prompt is in FIELDS, under one rule:
 - Sampling(param): the value becomes SamplingParams.<param>; null leaves the default (vLLM's
   reading), except where the rule keeps it (max_tokens null: no limit but the model's length).
   `run_values`: `run` accepts only these (and null), where its rows cannot hold what the field asks
-  (n: a `run` row holds one output; run-batch writes n choices);
+  (n: a `run` row holds one output; run-batch writes n choices); `batch_hint`: run-batch accepts
+  only null, where an OpenAI body has no place for the result (prompt_logprobs: `run` rows hold them);
 - Chat(option): how the chat template renders "messages" (render_chat's argument of that name);
 - Ignored(why): accepted and ignored, as vLLM ignores it: it changes nothing that is generated;
 - Off(values): an OpenAI / vLLM feature deepinfer does not implement yet, accepted only at a value
@@ -42,6 +43,7 @@ class Sampling:
     run_values: tuple | None = None  # the only values `run` takes (None: any)
     run_hint: str = ""  # why `run` takes no other, and what to do instead
     convert: Any = None  # JSON's spelling -> SamplingParams' (None: as it is)
+    batch_hint: str = ""  # set: run-batch takes only null; why, and what to do instead
 
 
 @dataclass(frozen=True)
@@ -68,7 +70,8 @@ class Off:
 class Logprobs:
     """OpenAI's logprobs: on /v1/completions an int k (the top k per token, null: none); on
     /v1/chat/completions a bool, with "top_logprobs" k beside it. Both become SamplingParams.logprobs
-    = k. `deepinfer run` rows have no logprobs: there only the values that switch them off."""
+    = k. `deepinfer run` reads either spelling on any line (true or "top_logprobs": chat's; an int:
+    completions')."""
 
     only: str | None = None
 
@@ -120,7 +123,7 @@ FIELDS: dict[str, Sampling | Chat | Ignored | Off | Logprobs | Model] = {
     "suffix": Off((), only=COMPLETIONS),
     "logprobs": Logprobs(),
     "top_logprobs": Logprobs(only=CHAT),
-    "prompt_logprobs": Off(()),
+    "prompt_logprobs": Sampling("prompt_logprobs", batch_hint="an OpenAI batch body has no place for them; deepinfer run writes them in its rows"),
     "spaces_between_special_tokens": Off((True,)),
     "truncate_prompt_tokens": Off(()),
     "use_beam_search": Off((False,)),
@@ -129,7 +132,8 @@ FIELDS: dict[str, Sampling | Chat | Ignored | Off | Logprobs | Model] = {
     "structured_outputs": Off(()),
     "tools": Off((), only=CHAT),
     "tool_choice": Off(("none",), only=CHAT),
-    "reasoning_effort": Off((), only=CHAT, hint='DeepSeek\'s thinking is switched by "chat_template_kwargs": {"thinking": true}'),
+    "reasoning_effort": Off((), only=CHAT, hint='DeepSeek\'s thinking and effort go in "chat_template_kwargs": '
+                                                 '{"thinking": true}, for V4 also "reasoning_effort": "max"'),
     "chat_template": Off((), only=CHAT, hint="pass --chat-template"),
     "priority": Off((0,)),
     "cache_salt": Off(()),
@@ -174,9 +178,8 @@ def read_fields(body: dict, skip, endpoint: str | None = None, where: str = "") 
         if run_refuses and not any(same(value, v) for v in rule.run_values):
             off = " or ".join(json.dumps(v) for v in (*rule.run_values, None))
             raise BadField(f"{name(key)}: {short(value)} is not supported by deepinfer run ({rule.run_hint}); leave it out or set it to {off}", key)
-        if isinstance(rule, Logprobs) and endpoint is None and value not in (None, False, 0):
-            raise BadField(f"{name(key)}: {short(value)} is not supported by deepinfer run (its rows hold no logprobs; deepinfer run-batch "
-                           f"writes them); leave it out or set it to {'0' if key == 'top_logprobs' else 'false'} or null", key)  # fmt: skip
+        if isinstance(rule, Sampling) and endpoint is not None and rule.batch_hint and value is not None:
+            raise BadField(f"{name(key)}: {short(value)} is not supported by deepinfer run-batch ({rule.batch_hint}); leave it out or set it to null", key)
         if isinstance(rule, Chat) and value is not None and not isinstance(value, rule.kind):
             kind = {bool: "true or false", dict: "a JSON object"}[rule.kind]
             raise BadField(f"{name(key)} must be {kind}, got {short(value)}", key)
@@ -192,9 +195,14 @@ def read_fields(body: dict, skip, endpoint: str | None = None, where: str = "") 
             fields.chat[rule.option] = value
         elif isinstance(rule, Model):
             fields.model = value
-    if endpoint is not None:
-        _read_logprobs(body, endpoint, fields)
+    _read_logprobs(body, endpoint or _logprobs_spelling(body), fields)
     return fields
+
+
+def _logprobs_spelling(body: dict) -> str:
+    """Which endpoint's logprobs fields a `run` line (no endpoint) writes: chat's ("logprobs": true
+    / false, or "top_logprobs"), else completions' ("logprobs": k)."""
+    return CHAT if isinstance(body.get("logprobs"), bool) or body.get("top_logprobs") is not None else COMPLETIONS
 
 
 def _read_logprobs(body: dict, endpoint: str, fields: BodyFields) -> None:
@@ -231,8 +239,9 @@ def describe() -> str:
 
     off = ", ".join(f"{k} {' / '.join(json.dumps(v) for v in rule.values) or 'null'}" for k, rule in FIELDS.items() if isinstance(rule, Off))
     text = (
-        f"Request fields (deepinfer/cli/request_fields.py): sampling: {listed(Sampling)} (n: run-batch only; run takes 1); "
-        f"{listed(Logprobs)} (run-batch only: an int on completions, true with top_logprobs on chat); the chat template's options: "
+        f"Request fields (deepinfer/cli/request_fields.py): sampling: {listed(Sampling)} (n: run-batch only, run takes 1; "
+        f"prompt_logprobs: run only); {listed(Logprobs)} (an int on completions, true with top_logprobs on chat; run reads either); "
+        "the chat template's options: "
         f"{listed(Chat)}; ignored, as vLLM ignores them: {listed(Ignored)}; not implemented yet, accepted only at the value "
         f"that switches them off (or null): {off}. Any other field fails its line."
     )

@@ -9,8 +9,8 @@ Input (-i FILE), one request per line:
   min_tokens, bad_words, allowed_token_ids, include_stop_str_in_output; null: the flag's value),
   the chat template's options for "messages" (add_generation_prompt,
   continue_final_message, chat_template_kwargs), ignored fields ("model": the run uses --model;
-  "user", "request_id"), and fields deepinfer does not implement yet, accepted only at the value
-  that switches them off (stream false, logprobs false, ...); "n" only at 1
+  "user", "request_id"), logprobs (below), and fields deepinfer does not implement yet, accepted only at
+  the value that switches them off (stream false, echo false, ...); "n" only at 1
   (a row holds one output: `deepinfer run-batch` writes n choices). Any other field fails its line
   (below).
   Or an OpenAI batch line: {"custom_id": ..., "method": "POST", "url": "/v1/chat/completions" or
@@ -21,6 +21,11 @@ Output (-o FILE): one JSON row per request, in input order (a request that finis
 for the ones before it), each written once it is its turn:
   {"id" or "custom_id", "prompt", "text", "token_ids", "finish_reason", "prompt_tokens",
   "completion_tokens"}
+and, when the request asks for them (--logprobs N / --prompt-logprobs N, or the line's "logprobs":
+N or true with "top_logprobs": N, "prompt_logprobs": N), "logprobs" (one entry per generated token)
+with "cumulative_logprob", and "prompt_logprobs" (one per prompt token, null for the first): an
+entry is vLLM's {"<token id>": {"logprob", "rank", "decoded_token"}}, the chosen token first, then
+the N most likely by rank (rank 1 is the most likely; the model's raw distribution, as vLLM's).
 A request that fails alone (an unknown or unsupported key, a bad value, text that is not valid
 Unicode, a prompt too long for the model) gets an error row instead, and the others run:
   {"id" or "custom_id", "error": {"message": ..., "type": "invalid_request_error" or
@@ -90,7 +95,7 @@ from deepinfer.cli.run_output import (
     scan,
 )
 from deepinfer.cli.run_requests import BUILTIN_PROMPTS, Request, check_flag_params, collect_requests, make_params
-from deepinfer.engine.chat import FixNames, render_chat
+from deepinfer.engine.chat import FixNames
 from deepinfer.errors import UserError
 
 __all__ = ["BUILTIN_PROMPTS", "KV_CACHE_DTYPES", "add_parser", "command_line", "load_llm", "run"]
@@ -115,6 +120,9 @@ def add_parser(sub) -> None:
     p.add_argument("--min-p", type=float, default=0.0, metavar="P", help="drop tokens below P times the top probability (default 0: off)")
     p.add_argument("--stop", action="append", metavar="TEXT", help="a stop string (repeat for several)")
     p.add_argument("--ignore-eos", action="store_true", help="keep generating past the end-of-sequence token")
+    p.add_argument("--logprobs", type=int, metavar="N",
+                   help="each row gets every generated token's logprob, rank and the N most likely tokens (0 to 20; 0: the chosen token only)")
+    p.add_argument("--prompt-logprobs", type=int, metavar="N", help="each row gets the same for every prompt token but the first (0 to 20)")
     add_engine_flags(p)
     p.set_defaults(func=run)
     global _PARSER
@@ -136,15 +144,16 @@ def check_flags(args) -> None:
 CLI_FIXES = FixNames(chat_template="pass --chat-template FILE", tokenizer="pass --tokenizer FOLDER (a folder that holds one)")
 
 
-def render_prompt(tokenizer, request: Request, chat: bool, chat_template: str | None = None) -> str | None:
+def render_prompt(llm, request: Request, chat: bool, chat_template: str | None = None) -> str | None:
     """The prompt text (None for token-id prompts): chat messages go through the chat template
-    (`chat_template`: --chat-template's, else the tokenizer's), as LLM.chat renders them."""
+    (`chat_template`: --chat-template's, else the tokenizer's, else the model's built-in format),
+    as LLM.chat renders them."""
     messages = request.messages
     if messages is None and chat and request.prompt is not None:
         messages = [{"role": "user", "content": request.prompt}]
     if messages is None:
         return request.prompt
-    return render_chat(tokenizer, messages, request.source, chat_template=chat_template, fixes=CLI_FIXES, **request.chat_options)
+    return llm.render_conversation(messages, request.source, chat_template=chat_template, fixes=CLI_FIXES, **request.chat_options)
 
 
 def to_stdout(text: str) -> None:
@@ -255,7 +264,7 @@ def generate_all(args, ctx, output: OutputFile | None, done: set[str]) -> int:
     for i, request in enumerate(requests):
         if i not in refused:
             try:
-                prompts[i] = render_prompt(llm.tokenizer, request, args.chat, chat_template)
+                prompts[i] = render_prompt(llm, request, args.chat, chat_template)
             except UserError as exc:
                 refused[i] = str(exc)
     runnable = [i for i in range(len(requests)) if i not in refused]
@@ -269,7 +278,8 @@ def generate_all(args, ctx, output: OutputFile | None, done: set[str]) -> int:
             on_invalid=lambda k, exc: refused.__setitem__(runnable[k], str(exc)),
         )  # fmt: skip
     counts = {"prompt": 0, "generated": 0, "failed": 0}
-    readable = output is None and not args.input  # prompts typed on the command line: show them as text
+    # Prompts typed on the command line: shown as text (rows, as with -o, when they carry logprobs).
+    readable = output is None and not args.input and args.logprobs is None and args.prompt_logprobs is None
 
     def emit(index: int, item) -> None:
         request = requests[index]

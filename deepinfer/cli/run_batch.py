@@ -10,7 +10,7 @@ Input (-i FILE), one request per line (deepinfer/cli/batch_requests.py):
   "n": N gives N choices per prompt, samples that share the prompt's KV blocks).
   The body's other fields are listed at the end of this help; every one is either honoured,
   ignored as vLLM ignores it ("user", "request_id"), or not implemented yet and accepted only at the
-  value that switches it off ("logprobs": false, "presence_penalty": 0, ...). Any other
+  value that switches it off ("echo": false, "stream": false, ...). Any other
   field, or another value, fails that line with an error row naming the field: a request never runs
   with part of it dropped. A field of one endpoint fails at the other (top_logprobs and the chat
   template's options are chat fields; suffix and best_of completions fields), as in vLLM.
@@ -62,7 +62,6 @@ from deepinfer.cli.request_fields import COMPLETIONS, name
 from deepinfer.cli.request_fields import describe as describe_fields
 from deepinfer.cli.run import CLI_FIXES, Command, print_summary, run_command, to_stdout
 from deepinfer.cli.run_output import InOrder, OutputFile, add_output_flags
-from deepinfer.engine.chat import render_chat
 from deepinfer.errors import UserError
 
 __all__ = ["BATCH", "add_parser", "run_batch"]
@@ -136,11 +135,12 @@ def make_params(args, request: BatchRequest) -> list | None:
     return params
 
 
-def engine_prompts(tokenizer, request: BatchRequest, chat_template: str | None) -> list[dict]:
+def engine_prompts(llm, request: BatchRequest, chat_template: str | None) -> list[dict]:
     """The engine's prompts for a request, a choice each: chat messages through the chat template
-    (--chat-template's, else the tokenizer's, with the body's options), as LLM.chat renders them."""
+    (--chat-template's, else the tokenizer's, else the model's built-in format, with the body's
+    options), as LLM.chat renders them."""
     if request.messages is not None:
-        text = render_chat(tokenizer, request.messages, request.source, chat_template=chat_template, fixes=CLI_FIXES, **request.fields.chat)
+        text = llm.render_conversation(request.messages, request.source, chat_template=chat_template, fixes=CLI_FIXES, **request.fields.chat)
         return [{"prompt": text}]
     return [{"prompt": p} if isinstance(p, str) else {"prompt_token_ids": p} for p in request.prompts]
 
@@ -166,7 +166,7 @@ def generate_batch(args, ctx, output: OutputFile | None, done: set[str]) -> int:
         if request.failure is not None:
             continue
         try:
-            prompts = engine_prompts(llm.tokenizer, request, chat_template)
+            prompts = engine_prompts(llm, request, chat_template)
         except UserError as exc:
             request.fail(str(exc))
             continue

@@ -3,7 +3,8 @@ input order, kept safe from kills, reruns and mistakes. Each command describes i
 with a RowFormat (run-batch's: deepinfer/cli/batch_rows.py); `run`'s are below.
 
 A `run` row is a result, `{"id" | "custom_id": ..., "prompt", "text", "token_ids", "finish_reason",
-"prompt_tokens", "completion_tokens"}`, or an error, `{"id" | "custom_id": ..., "error":
+"prompt_tokens", "completion_tokens"}` (with "logprobs" and "cumulative_logprob", "prompt_logprobs"
+when the request asks for them: `logprobs_json`), or an error, `{"id" | "custom_id": ..., "error":
 {"message": str, "type": "invalid_request_error" | "generation_error"}}` (the request was refused
 before it ran / failed while running or being written). Error rows are written in JSON's ASCII
 form, so that even an id that is not valid Unicode text is written back as the input spelled it.
@@ -44,7 +45,7 @@ ROW_SECOND_KEYS = (', "prompt": ', ', "error": ')  # and goes on
 
 def result_row(request, prompt: str | None, output) -> dict:
     completion = output.outputs[0]
-    return {
+    row = {
         request.id_key: request.id,
         "prompt": prompt,
         "text": completion.text,
@@ -53,6 +54,22 @@ def result_row(request, prompt: str | None, output) -> dict:
         "prompt_tokens": len(output.prompt_token_ids),
         "completion_tokens": len(completion.token_ids),
     }
+    if completion.logprobs is not None:
+        row["logprobs"] = logprobs_json(completion.logprobs)
+        row["cumulative_logprob"] = completion.cumulative_logprob
+    if output.prompt_logprobs is not None:
+        row["prompt_logprobs"] = logprobs_json(output.prompt_logprobs)
+    return row
+
+
+def logprobs_json(positions) -> list:
+    """Per position, vLLM's {token id: Logprob} as JSON (None stays null): {"<token id>": {"logprob",
+    "rank", "decoded_token"}}, in the dict's order (the chosen token, then the top tokens by rank),
+    as vLLM's API writes prompt_logprobs. Keyed by id, not text: two tokens may share a text."""
+    def entry(lp) -> dict:
+        return {"logprob": lp.logprob, "rank": lp.rank, "decoded_token": lp.decoded_token}
+
+    return [None if position is None else {str(token): entry(lp) for token, lp in position.items()} for position in positions]
 
 
 def error_row(request, message: str, kind: str = INVALID_REQUEST) -> dict:

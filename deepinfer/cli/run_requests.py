@@ -251,10 +251,15 @@ def flag_params(args) -> dict:
         min_p=args.min_p,
         stop=args.stop,
         ignore_eos=args.ignore_eos,
+        logprobs=args.logprobs,
+        prompt_logprobs=args.prompt_logprobs,
     )
 
 
-FLAGS = {"max_tokens": "--max-tokens", "temperature": "--temperature", "top_p": "--top-p", "top_k": "--top-k", "min_p": "--min-p", "stop": "--stop"}
+FLAGS = {
+    "max_tokens": "--max-tokens", "temperature": "--temperature", "top_p": "--top-p", "top_k": "--top-k", "min_p": "--min-p", "stop": "--stop",
+    "logprobs": "--logprobs", "prompt_logprobs": "--prompt-logprobs",
+}  # fmt: skip
 
 
 def check_flag_params(args) -> None:

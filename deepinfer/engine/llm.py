@@ -17,7 +17,7 @@ from typing import Sequence as SequenceType
 
 import torch
 
-from deepinfer.engine.chat import conversations, render_chat
+from deepinfer.engine.chat import PYTHON_API, FixNames, conversations, render_chat
 from deepinfer.engine.cpu_threads import check_cpu_threads, use_cpu_threads
 from deepinfer.engine.dtype_names import AUTO, torch_name
 from deepinfer.engine.llm_engine import EngineConfig, LLMEngine
@@ -271,6 +271,7 @@ class LLM:
         chat_template: str | None = None,
         add_generation_prompt: bool = True,
         continue_final_message: bool = False,
+        tools: list[dict[str, Any]] | None = None,
         chat_template_kwargs: Mapping[str, Any] | None = None,
     ) -> list[RequestOutput]:
         """Generate the next message of each conversation (vLLM's LLM.chat); one RequestOutput per
@@ -278,23 +279,32 @@ class LLM:
 
         messages: one conversation, a list of {"role": "system" | "user" | "assistant", "content": str}
         dicts, or a list of conversations. Each is rendered by the tokenizer's chat template, or by
-        `chat_template` (Jinja source) when given, then generated as generate() does (sampling_params:
-        one for all, or one per conversation). add_generation_prompt: end with the assistant's turn
-        header; continue_final_message (with add_generation_prompt=False): let the model continue
-        the last message instead. chat_template_kwargs: more template variables. A problem (no chat
-        template, a malformed message, the template's own error) is a one-line InvalidRequestError
-        naming the conversation.
+        `chat_template` (Jinja source) when given, or, for a DeepSeek-V4 model whose tokenizer has
+        no template, by deepinfer's encoder of V4's format (deepinfer.engine.chat_dsv4:
+        chat_template_kwargs {"thinking": True, "reasoning_effort": "max"}, reasoning_content, tool
+        calls), then generated as generate() does (sampling_params: one for all, or one per
+        conversation). add_generation_prompt: end with the assistant's turn header;
+        continue_final_message (with add_generation_prompt=False): let the model continue the last
+        message instead. tools: OpenAI's tool definitions. chat_template_kwargs: more template
+        variables. A problem (no chat template, a malformed message, the template's own error) is a
+        one-line InvalidRequestError naming the conversation.
         """
         batch = conversations(messages)
         names = [f"conversation {i}" for i in range(len(batch))]
         prompts = [
-            render_chat(
-                self.tokenizer, conversation, name, add_generation_prompt=add_generation_prompt, continue_final_message=continue_final_message,
-                chat_template=chat_template, chat_template_kwargs=chat_template_kwargs,
+            self.render_conversation(
+                conversation, name, add_generation_prompt=add_generation_prompt, continue_final_message=continue_final_message,
+                chat_template=chat_template, chat_template_kwargs=chat_template_kwargs, tools=tools,
             )
             for conversation, name in zip(batch, names)
         ]  # fmt: skip
         return self._collect(self.generate_iter(prompts, sampling_params, use_tqdm, names=names))
+
+    def render_conversation(self, conversation, what: str, *, fixes: FixNames = PYTHON_API, **options) -> str:
+        """One conversation's prompt text as chat() renders it (deepinfer.engine.chat.render_chat,
+        with this model's tokenizer and its built-in format); `deepinfer run` and `run-batch`
+        render their "messages" through it too. `options`: render_chat's keywords."""
+        return render_chat(self.tokenizer, conversation, what, model_type=self.engine.loaded.config.model_type, fixes=fixes, **options)
 
     def _collect(self, stream: "GenerationStream") -> list[RequestOutput]:
         """Every result of `stream`, in input order (ranks other than 0: an empty list)."""

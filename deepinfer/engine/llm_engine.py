@@ -299,8 +299,6 @@ class LLMEngine:
                 f"{what} has {len(prompt_token_ids)} tokens; the model's maximum length is {self.max_model_len}, "
                 "which must leave room for at least one generated token"
             )
-        if params.n > 1 and self.dist is not None:
-            raise InvalidRequestError(f"{what}: n={params.n} samples do not run with expert parallelism (ep > 1) yet; use n=1")
         if params.stop and self.tokenizer is None:
             raise InvalidRequestError(f"{what}: stop strings need a tokenizer, and this checkpoint has no tokenizer.json; use stop_token_ids")
         check_token_options(params, self.tokenizer, self.vocab_size, what)

@@ -50,7 +50,8 @@ class SamplingParams:
     n=1), sample j > 0 with derive_seed(that seed, j): different samples at temperature > 0, the
     same ones on a rerun. The extra samples start once sample 0's prompt is in the KV cache and
     share its full blocks through the prefix cache (docs/architecture.md); with prefix caching off
-    each computes the prompt itself. Not with speculative decoding or expert parallelism.
+    each computes the prompt itself. Not with speculative decoding; with expert parallelism the
+    samples run on their request's rank.
     include_stop_str_in_output: keep the stop string that ended the text in it (and the text of
     an EOS or stop token id).
 

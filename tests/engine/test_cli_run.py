@@ -153,6 +153,8 @@ def test_bad_input_files(tmp_path, capsys, lines, needles):
         (["--cpu-threads", "0", "--prompt", "x"], ["--cpu-threads"]),
         (["--max-num-seqs", "0", "--prompt", "x"], ["--max-num-seqs"]),
         (["--model", "no/such/folder", "--prompt", "x"], ["does not exist"]),
+        (["--logprobs", "21", "--prompt", "x"], ["--logprobs", "logprobs"]),
+        (["--prompt-logprobs", "-1", "--prompt", "x"], ["--prompt-logprobs", "prompt_logprobs"]),
     ],
 )
 def test_bad_arguments(tmp_path, capsys, argv, needles):
@@ -160,6 +162,58 @@ def test_bad_arguments(tmp_path, capsys, argv, needles):
     if "--backend" not in argv:
         argv = ["--backend", "reference", *argv]
     one_line_error(capsys, ["run", "--no-progress", *argv], *needles)
+
+
+def _check_logprobs(row: dict, output) -> None:
+    """A row's logprobs are the engine's: per position the same token ids in the same order (the
+    chosen one, then the top ones by rank), ranks and texts; the values within float32 rounding (the batches differ)."""
+    completion = output.outputs[0]
+    assert row["token_ids"] == completion.token_ids
+    assert row["cumulative_logprob"] == pytest.approx(completion.cumulative_logprob, rel=1e-5)
+    for got, want in ((row["logprobs"], completion.logprobs), (row["prompt_logprobs"], output.prompt_logprobs)):
+        assert len(got) == len(want)
+        for entries, position in zip(got, want):
+            if position is None:
+                assert entries is None
+                continue
+            assert [int(token) for token in entries] == list(position)
+            assert [(e["rank"], e["decoded_token"]) for e in entries.values()] == [(lp.rank, lp.decoded_token) for lp in position.values()]
+            assert [e["logprob"] for e in entries.values()] == pytest.approx([lp.logprob for lp in position.values()], rel=1e-5, abs=1e-6)
+
+
+def test_rows_carry_the_logprobs_llm_generate_returns(tmp_path, capsys, api):
+    """--logprobs / --prompt-logprobs for every request, a line's own fields (either OpenAI spelling)
+    for that one; the rows hold what LLM.generate / LLM.chat return for the same request."""
+    chat = [{"role": "user", "content": "Say hi"}]
+    lines = [
+        {"id": "flags", "prompt": "Hello, my name is"},
+        {"id": "own", "prompt": "The sky is", "logprobs": 4, "prompt_logprobs": 0},
+        {"custom_id": "chat", "url": "/v1/chat/completions", "body": {"messages": chat, "logprobs": True, "top_logprobs": 1}},
+        {"id": "null", "prompt_token_ids": [0, 671, 7664, 294], "logprobs": None},  # null: the flag's value
+    ]
+    src, out = write_lines(tmp_path / "in.jsonl", lines), tmp_path / "out.jsonl"
+    greedy = ["--temperature", "0", "--ignore-eos", "--max-tokens", "3"]
+    assert main(["run", *FAST, *greedy, "--logprobs", "2", "--prompt-logprobs", "1", "-i", str(src), "-o", str(out)]) == 0
+    rows = read_lines(out)
+
+    def params(logprobs, prompt_logprobs):
+        return SamplingParams(temperature=0, max_tokens=3, ignore_eos=True, logprobs=logprobs, prompt_logprobs=prompt_logprobs)
+
+    want = api.generate(["Hello, my name is", "The sky is", {"prompt_token_ids": [0, 671, 7664, 294]}],
+                        [params(2, 1), params(4, 0), params(2, 1)], use_tqdm=False)  # fmt: skip
+    want.insert(2, api.chat(chat, params(1, 1), use_tqdm=False)[0])
+    for row, output in zip(rows, want):
+        _check_logprobs(row, output)
+    own = rows[1]  # the top 4, and the chosen token first when it is not among them
+    assert [len(p) for p in own["logprobs"]] == [4 if p[str(t)]["rank"] <= 4 else 5 for t, p in zip(own["token_ids"], own["logprobs"])]
+    assert rows[0]["prompt_logprobs"][0] is None and len(rows[0]["prompt_logprobs"]) == rows[0]["prompt_tokens"]
+    # Without them a row has no such keys; --prompt with --logprobs prints rows, not the readable text.
+    assert main(["run", *FAST, "--prompt", "hi", "--max-tokens", "1", "-o", str(tmp_path / "plain.jsonl")]) == 0
+    assert not {"logprobs", "cumulative_logprob", "prompt_logprobs"} & set(read_lines(tmp_path / "plain.jsonl")[0])
+    capsys.readouterr()
+    assert main(["run", *FAST, "--prompt", "hi", "--max-tokens", "2", "--logprobs", "0"]) == 0
+    (row,) = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [len(position) for position in row["logprobs"]] == [1, 1] and "prompt_logprobs" not in row
 
 
 @pytest.mark.parametrize(

@@ -473,3 +473,16 @@ def test_the_field_table_names_real_parameters():
             assert rule.param in params, key
         if isinstance(rule, Chat):
             assert rule.option in chat, key
+
+
+def test_prompt_logprobs_are_read_by_run_only():
+    """`run` rows hold prompt logprobs; an OpenAI batch body has no place for them, so run-batch
+    takes only null, naming the field (the line's error "param")."""
+    from deepinfer.cli.request_fields import BadField, read_fields
+
+    body = {"prompt": "x", "prompt_logprobs": 1}
+    assert read_fields(body, skip=("prompt",)).sampling == {"prompt_logprobs": 1}
+    with pytest.raises(BadField, match=r'^"prompt_logprobs": 1 is not supported by deepinfer run-batch .*deepinfer run writes them') as info:
+        read_fields(body, skip=("prompt",), endpoint=COMPLETIONS)
+    assert info.value.param == "prompt_logprobs"
+    assert read_fields({**body, "prompt_logprobs": None}, skip=("prompt",), endpoint=COMPLETIONS).sampling == {}

@@ -118,6 +118,9 @@ def test_a_template_and_its_variables_given_for_the_call(api):
         (CONVERSATION, {"chat_template_kwargs": {"messages": []}}, "chat_template_kwargs may not set 'messages'"),
         (CONVERSATION, {"chat_template": "{{ raise_exception('system messages are not supported') }}"}, "system messages are not supported"),
         (CONVERSATION, {"chat_template": "{% for %}"}, "the chat template does not parse"),
+        # An assistant message with only tool calls has content None; a template that cannot take it fails in one line.
+        ([*CONVERSATION, {"role": "assistant", "content": None, "tool_calls": [{"id": "1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]}],
+         {"add_generation_prompt": False}, "the chat template failed on this conversation (TypeError: "),
         (CONVERSATION, {"chat_template": ""}, "chat_template must be a non-empty Jinja template string"),
         (CONVERSATION, {"chat_template": "{{ messages[0]['content'] }}", "add_generation_prompt": False, "continue_final_message": True},
          "the last message's content does not appear in the rendered chat"),
