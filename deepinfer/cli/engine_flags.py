@@ -49,6 +49,9 @@ def add_engine_flags(p) -> None:
                              "once the weights are loaded (default 0.9; the CPU's cache is a share of the free RAM)")
     engine.add_argument("--kv-cache-dtype", default="auto", choices=KV_CACHE_DTYPES,
                         help="auto: the model dtype; fp8 (= fp8_e4m3): e4m3 rows with a per-token scale, about half the bytes per token")
+    engine.add_argument("--logprobs-mode", default="raw_logprobs", choices=("raw_logprobs", "processed_logprobs"),
+                        help="what logprobs report: the model's own (default, as vLLM) or the distribution sampled from "
+                             "(after penalties, logit_bias, bans and temperature)")
     engine.add_argument("--no-prefix-caching", action="store_true", help="switch the prefix cache off")
     engine.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs for decode steps (cuda backend)")
     engine.add_argument("--no-overlap", action="store_true", help="each decode step waits for the one before (default: overlap scheduling on cuda and ascend)")
@@ -111,6 +114,7 @@ def load_llm(args, ctx):
         speculative=args.speculative,
         overlap=False if args.no_overlap else None,
         mixed_steps=False if args.no_mixed_steps else None,
+        logprobs_mode=args.logprobs_mode,
     )
 
 

@@ -99,6 +99,11 @@ class LLM:
     request, within max_num_batched_tokens, so a long prompt does not stall generation. None: on
     unless deterministic mode or speculative decoding is on; False: off (`--no-mixed-steps`); True:
     on, refused with those two.
+
+    logprobs_mode (vLLM's): "raw_logprobs" (default) reports the model's log-probabilities before
+    any processing; "processed_logprobs" those of the distribution sampled from (after penalties,
+    logit_bias, bans, min_tokens and temperature; top-k/top-p/min_p truncation not applied).
+    prompt_logprobs are raw either way.
     """
 
     def __init__(
@@ -131,6 +136,7 @@ class LLM:
         speculative: Any = None,
         overlap: bool | None = None,
         mixed_steps: bool | None = None,
+        logprobs_mode: str = "raw_logprobs",
     ):
         from deepinfer.model.facts import checkpoint_facts
         from deepinfer.model.loader import load_model
@@ -154,6 +160,7 @@ class LLM:
             speculative=speculative,
             overlap=overlap,
             mixed_steps=mixed_steps,
+            logprobs_mode=logprobs_mode,
         )
         config.validate()
         check_cpu_threads(cpu_threads)

@@ -29,6 +29,9 @@ from deepinfer.ops import kv_cache_format
 log = logging.getLogger(__name__)
 
 
+LOGPROBS_MODES = ("raw_logprobs", "processed_logprobs")
+
+
 @dataclass
 class EngineConfig:
     max_num_seqs: int = 256
@@ -62,6 +65,10 @@ class EngineConfig:
     # prefill path has other kernels, so its logits would depend on the step; verification steps
     # decode only); True: on, an error with those; False: off.
     mixed_steps: bool | None = None
+    # What `logprobs` reports (vLLM's logprobs_mode): "raw_logprobs", the model's log-softmax before
+    # any processing (vLLM's default); "processed_logprobs", the distribution sampled from: after
+    # penalties, logit_bias, bans, min_tokens and temperature (not top-k/top-p/min_p truncation).
+    logprobs_mode: str = "raw_logprobs"
 
     def validate(self) -> None:
         for name in ("max_num_seqs", "max_num_batched_tokens", "num_kv_blocks", "max_model_len", "eplb_interval"):
@@ -73,6 +80,8 @@ class EngineConfig:
         for name in ("overlap", "mixed_steps"):
             if getattr(self, name) is not None and not isinstance(getattr(self, name), bool):
                 raise InvalidRequestError(f"{name} must be None (auto), True or False, got {getattr(self, name)!r}")
+        if self.logprobs_mode not in LOGPROBS_MODES:
+            raise InvalidRequestError(f"logprobs_mode must be one of {', '.join(LOGPROBS_MODES)}, got {self.logprobs_mode!r}")
         utilization = self.gpu_memory_utilization
         if not isinstance(utilization, (int, float)) or isinstance(utilization, bool) or not 0 < utilization <= 1:
             raise InvalidRequestError(f"gpu_memory_utilization must be a fraction in (0, 1], got {utilization!r}")
@@ -158,6 +167,7 @@ class LLMEngine:
             num_draft_layers=self.num_draft_layers,
             max_tokens_per_seq=1 + self._draft_lookahead,
             vocab_size=self.vocab_size,
+            processed_logprobs=config.logprobs_mode == "processed_logprobs",
         )
         self.speculative = self._speculative_decoder(model, runtime)
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens,

@@ -2,7 +2,8 @@
 the results' way to the requests.
 
 The log-probabilities are the model's raw distribution, log_softmax of the float32 logits before
-any processing (logits_processing) and before temperature: vLLM's default (raw_logprobs). A step's
+any processing (logits_processing) and before temperature: vLLM's default (raw_logprobs); with
+logprobs_mode "processed_logprobs" those of the processed rows over temperature. A step's
 results stay device tensors until the step's tokens are read (with overlap scheduling a later step
 is queued before then: their copies to the host are queued with the tokens', never waited for on
 their own); then each row becomes a TokenLogprobs record in its request, and `make_output` turns

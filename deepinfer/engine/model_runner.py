@@ -99,12 +99,14 @@ class ModelRunner:
         num_draft_layers: int = 0,
         max_tokens_per_seq: int = 1,
         vocab_size: int | None = None,
+        processed_logprobs: bool = False,
     ):
         """graph_capture: the backend's device graphs, to replay decode steps (None: every step eager).
         num_state_slots: per-sequence state the model keeps beside the paged cache (DeepSeek-V4's
         compressor windows), one slot per running sequence. max_tokens_per_seq: the most rows a
         sequence brings to a decode step (speculative verification: 1 + k). vocab_size: the logits'
-        width (the penalty history's; default: the model's vocab_size)."""
+        width (the penalty history's; default: the model's vocab_size). processed_logprobs: logprobs
+        of the processed rows over temperature (logprobs_mode "processed_logprobs"), else of the raw rows."""
         self.model = model
         self.ops = ops
         self.device = device
@@ -122,6 +124,7 @@ class ModelRunner:
             self.draft_kv_caches = [torch.zeros(model.kv_cache_shape(num_blocks, block_size, dtype), dtype=dtype, device=device)
                                     for _ in range(num_draft_layers)]  # fmt: skip
         self.processing = LogitsProcessing(ops, device, vocab_size or model.vocab_size, max_num_seqs)
+        self.processed_logprobs = processed_logprobs
         self.graphs = None
         if graph_capture is not None and getattr(model, "supports_device_graphs", True):
             from deepinfer.engine.decode_graphs import DecodeGraphs
@@ -318,19 +321,29 @@ class ModelRunner:
                 num_top.extend([seq.params.logprobs] * n)
             first += n
         everything = len(wanted) == logits.shape[0]
-        raw = None
-        if wanted:  # the model's own logits: copied before the processing changes them in place
-            raw = logits if processing is None and everything else logits.index_select(0, self.tensor(wanted, torch.int64))
+        source = None
+        if wanted and not self.processed_logprobs:  # the model's own logits: copied before the processing changes them in place
+            source = logits if processing is None and everything else logits.index_select(0, self.tensor(wanted, torch.int64))
         if processing is not None:
             self.processing.apply(logits, processing, input_ids)
+        if wanted and self.processed_logprobs:  # the distribution sampled from: processed, over temperature (greedy: 1)
+            rows = logits if everything else logits.index_select(0, self.tensor(wanted, torch.int64))
+            temperature = [t if t > 0 else 1.0 for t in self._row_temperatures(samplers, per_seq, wanted)]
+            source = rows / self.tensor(temperature, torch.float32)[:, None]
         tokens = draw(logits)
         if processing is not None:
             self.processing.after_sampling(processing, tokens)
         logprobs = None
         if wanted:
             chosen = tokens if everything else tokens.index_select(0, self.tensor(wanted, torch.int64))
-            logprobs = LogprobRows.gather(self.ops, raw, chosen.clamp(min=0), wanted, num_top)
+            logprobs = LogprobRows.gather(self.ops, source, chosen.clamp(min=0), wanted, num_top)
         return tokens, logprobs
+
+    @staticmethod
+    def _row_temperatures(samplers: list[Sequence], per_seq: list[int], rows: list[int]) -> list[float]:
+        """The temperature of each of `rows` (rows of the samplers' per_seq consecutive rows each)."""
+        by_row = [seq.params.temperature for seq, n in zip(samplers, per_seq) for _ in range(n)]
+        return [by_row[r] for r in rows]
 
     @torch.inference_mode()
     def run_idle(self) -> None:

@@ -77,6 +77,8 @@ class SamplingParams:
     Log-probabilities are those of the model's own distribution, log_softmax of its raw logits,
     before any of the processing above and before temperature (vLLM's default, raw_logprobs): they
     describe the model, not the filters, and are the same whatever a request's sampling settings.
+    LLM(logprobs_mode="processed_logprobs") reports the distribution sampled from instead (after the
+    processing and temperature, before top-k/top-p/min_p truncation).
     """
 
     temperature: float = 1.0

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from deepinfer import SamplingParams
+from deepinfer.engine.sampling_params import InvalidRequestError
 from deepinfer.engine.token_constraints import bad_word_token_ids
 
 from engine.toy_engine import ToyTokenizer, toy_llm
@@ -206,6 +207,26 @@ def test_logprobs_are_the_raw_model_distribution():
     assert all(len(p) == 1 for p in zero.logprobs)
     none = generate(llm, [PROMPT], SamplingParams(temperature=0, max_tokens=3))[0]
     assert none.logprobs is None and none.cumulative_logprob is None
+
+
+def test_processed_logprobs_are_the_distribution_sampled_from():
+    """logprobs_mode="processed_logprobs" (vLLM's): log_softmax of the processed logits (the options'
+    definitions) over temperature; the tokens are those of the raw mode's run (same seed)."""
+    temperature = 0.8
+    params = SamplingParams(temperature=temperature, seed=5, max_tokens=6, ignore_eos=True, logprobs=3, logit_bias={7: 2.5}, **PENALTIES)
+    raw = generate(toy_llm(), [PROMPT], params)[0]
+    llm = toy_llm(logprobs_mode="processed_logprobs")
+    out = generate(llm, [PROMPT], params)[0]
+    assert out.token_ids == raw.token_ids
+    ids = llm.tokenizer.encode(PROMPT)
+    for i, (token, position) in enumerate(zip(out.token_ids, out.logprobs)):
+        output = out.token_ids[:i]
+        x = processed_logits(llm.engine.loaded.model.reference_logits(ids + output).double(), params, ids, output, llm.tokenizer) / temperature
+        check_position(position, token, x.log_softmax(-1), 3, x)
+    greedy_out = generate(llm, [PROMPT], SamplingParams(temperature=0, max_tokens=2, logprobs=1, logit_bias={7: 100.0}))[0]
+    assert greedy_out.token_ids[0] == 7 and greedy_out.logprobs[0][7].logprob > -1e-5, "the bias makes token 7 all but certain"
+    with pytest.raises(InvalidRequestError, match="logprobs_mode must be one of raw_logprobs, processed_logprobs, got 'processed'"):
+        toy_llm(logprobs_mode="processed")
 
 
 def test_prompt_logprobs_in_chunks_and_without_prefix_cache_reads():
