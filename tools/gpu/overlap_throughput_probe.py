@@ -24,11 +24,30 @@ for overlap in (None, False):
     kinds, seconds, sizes = collections.Counter(), collections.Counter(), collections.Counter()
     launch = runner.launch
 
+    current = []  # what the engine step in progress did
+
     def traced_launch(batch, *a, **kw):
         kind = "prefill" if batch.is_prefill else ("graph" if runner.replayable(batch) else "eager")
         kinds["launch_" + kind] += 1
         sizes[kind] += len(batch.seqs)
-        return launch(batch, *a, **kw)
+        current.append(kind)
+        t = time.perf_counter()
+        out = launch(batch, *a, **kw)
+        seconds["launch_" + kind] += time.perf_counter() - t
+        return out
+
+    if engine.overlap is not None:
+        finish = engine.overlap._finish
+
+        def traced_finish(step):
+            current.append("finish")
+            kinds["finish"] += 1
+            t = time.perf_counter()
+            out = finish(step)
+            seconds["finish"] += time.perf_counter() - t
+            return out
+
+        engine.overlap._finish = traced_finish
 
     runner.launch = traced_launch
     if runner.graphs is not None:
@@ -37,10 +56,14 @@ for overlap in (None, False):
     step = engine.step
 
     def traced_step():
+        current.clear()
         t = time.perf_counter()
         out = step()
-        seconds["step"] += time.perf_counter() - t
+        took = time.perf_counter() - t
+        seconds["step"] += took
         kinds["step"] += 1
+        seconds["step:" + "+".join(current)] += took
+        kinds["step:" + "+".join(current)] += 1
         return out
 
     engine.step = traced_step
@@ -48,3 +71,6 @@ for overlap in (None, False):
     print(f"overlap={overlap}: {result.seconds:.2f} s, out tok/s {result.output_tokens_per_s:.0f}, TTFT {result.ttft_ms['mean']:.1f} ms, "
           f"TPOT {result.tpot_ms['mean']:.2f} ms; steps {kinds['step']} in {seconds['step']:.2f} s; {dict(kinds)}; "
           f"mean rows {({k: round(v / max(kinds['launch_' + k], 1), 1) for k, v in sizes.items()})}", flush=True)
+    for key in sorted(seconds):
+        count = kinds.get(key, kinds.get(key.removeprefix("launch_"), 0)) or kinds.get("launch_" + key, 0) or 1
+        print(f"  {key:28s} {seconds[key] * 1e3:9.1f} ms in all, {count:5d} calls, {seconds[key] * 1e3 / count:7.2f} ms each", flush=True)
