@@ -88,7 +88,7 @@ def test_tiny_model_greedy_tokens_through_ascend_kernels_equal_the_reference(chi
 
     from engine.determinism import SMALL_VOCAB, neighbour_prompts, write_small_checkpoint
 
-    model = str(write_small_checkpoint(tmp_path / "tiny-v3-small-vocab"))
+    model = str(write_small_checkpoint(tmp_path / "tiny-v3-small-vocab", num_hidden_layers=2))  # a dense layer and a MoE layer
     prompts = neighbour_prompts(2, SMALL_VOCAB, seed=3, lengths=(5, 12))
     params = SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True)  # a prefill step and a decode step
     ascend = LLM(model=model, backend="ascend", interpret=True, announce=False)

@@ -47,7 +47,7 @@ def test_float32_greedy_tokens_equal_the_reference_exactly(tmp_path):
 
         from engine.determinism import SMALL_VOCAB, neighbour_prompts, write_small_checkpoint
 
-        model = str(write_small_checkpoint(tmp_path / "tiny-v3-small-vocab"))
+        model = str(write_small_checkpoint(tmp_path / "tiny-v3-small-vocab", num_hidden_layers=2))  # a dense layer and a MoE layer
         prompts = neighbour_prompts(len(PROMPTS), SMALL_VOCAB, seed=3, lengths=(5, 12))
         params = SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
         want, got = ([o.outputs[0].token_ids for o in _llm(backend, "float32", model=model).generate(prompts, params, use_tqdm=False)]

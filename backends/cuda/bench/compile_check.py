@@ -47,9 +47,6 @@ EXPECTED_MX = {"sm90": "wgmma", "sm100": "tcgen05.mma.block_scale"}  # SM90 emul
 # Updated 2026-11-30 (Triton 3.9, CPU-only): the decode spills and the mxfp4 prefill spill were fixed by
 # configurations; 16-row tiles and mxfp4 (W4A16) on SM100 now carry their own expectation (see CASES).
 KNOWN_FAILURES: dict[tuple[str, str, str], str] = {
-    ('linear dense bf16 decode (8x7168->4096)', "_gemm_kernel", "sm90"): (
-        "dense_small 64x64x256 w4 s4: 72 bytes of spills; 8 warps (no spills) measured slower on the H200 (linear decode 91% -> 85% of copy)"
-    ),
     ('mla_decode fp8 cache B64 H128 ctx4096', "_mla_decode_split_kernel", "sm90"): (
         "rows_gt64 64x64 w8 s2 with the FP8 tile converted in registers: 40 bytes of spills (the bf16 case spills 264); not yet re-tuned on the H200"
     ),

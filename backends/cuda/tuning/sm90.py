@@ -13,8 +13,8 @@ CONFIGS: dict[str, dict[str, dict]] = {
     # yet checked for correctness on the GPU: off). Decode: dense_small 95% of copy bandwidth
     # (masked 64x16), fp8_block_small 82%; mxfp4_small 23% (dot_scaled; the upcast path: 12%).
     # Changed 2026-11-30 for spills found by the SM90 compile check, then re-measured on the H200: fp8_block_small
-    # 4 -> 8 warps (4 spilled 252 B): fp8 masked decode 41% -> 60% of copy. dense_small stays at 4 warps (it spills
-    # 72 B, a known compile-check failure): 8 warps measured slower (masked 64x16 95% -> 92% of copy, contiguous
+    # 4 -> 8 warps (4 spilled 252 B): fp8 masked decode 41% -> 60% of copy. dense_small stays at 4 warps (it spilled
+    # 72 B until the split-K sum moved into the kernel, 2026-12-02: no spills since): 8 warps measured slower (masked 64x16 95% -> 92% of copy, contiguous
     # 88% -> 84%, linear 16x7168->36864 91% -> 85%). mxfp4_large BLOCK_K 128 -> 64 (spilled 400 B). mxfp8_large
     # is new (not measured): 128x64x64 (BLOCK_N 128 spills 548 B).
     "gemm": {
