@@ -172,3 +172,14 @@ def test_disable_additional_properties():
     spec = StructuredOutputsParams(json={"type": "object", "properties": {"a": {"type": "object", "properties": {}}}}, disable_additional_properties=True)
     schema = spec.json_schema()
     assert schema["additionalProperties"] is False and schema["properties"]["a"]["additionalProperties"] is False
+
+
+def test_run_row_of_a_failed_grammar(api):
+    """`deepinfer run` writes a request whose grammar failed as an error row (generation_error)."""
+    from types import SimpleNamespace
+
+    from deepinfer.cli.run_output import GENERATION_FAILED, result_row
+
+    out = api.generate([PROMPT], _params(regex="(unclosed"), use_tqdm=False)[0]
+    row = result_row(SimpleNamespace(id_key="id", id="r1", source="input.jsonl line 1"), PROMPT, out)
+    assert row["error"]["type"] == GENERATION_FAILED and row["error"]["message"].startswith("input.jsonl line 1: regex does not compile")
