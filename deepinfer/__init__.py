@@ -12,12 +12,13 @@ __version__ = "0.1.0"
 _LAZY_EXPORTS = {
     "LLM": "deepinfer.engine.llm",
     "SamplingParams": "deepinfer.engine.sampling_params",
+    "StructuredOutputsParams": "deepinfer.engine.structured_params",
     "RequestOutput": "deepinfer.engine.outputs",
     "CompletionOutput": "deepinfer.engine.outputs",
     "Logprob": "deepinfer.engine.outputs",
 }
 
-__all__ = ["LLM", "SamplingParams", "RequestOutput", "CompletionOutput", "Logprob", "__version__"]
+__all__ = ["LLM", "SamplingParams", "StructuredOutputsParams", "RequestOutput", "CompletionOutput", "Logprob", "__version__"]
 
 
 def __getattr__(name: str):

@@ -45,7 +45,11 @@ WRITE_FAILED = 500
 
 def result_row(request: BatchRequest, outputs: list, model: str) -> dict:
     """The row of a request whose every prompt finished (`outputs`: a RequestOutput per prompt, each
-    with n samples): a choice per sample, numbered over all of them."""
+    with n samples): a choice per sample, numbered over all of them. A request that failed while
+    running (its structured-output grammar did not compile) is an error row (400, "structured_outputs")."""
+    failed = next((c.error for output in outputs for c in output.outputs if c.error is not None), None)
+    if failed is not None:
+        return error_row(request, Failure(f"{request.source}: {failed}", "structured_outputs"))
     hex_id = uuid.uuid4().hex
     completions = request.url == COMPLETIONS
     choices = []

@@ -128,8 +128,9 @@ FIELDS: dict[str, Sampling | Chat | Ignored | Off | Logprobs | Model] = {
     "truncate_prompt_tokens": Off(()),
     "use_beam_search": Off((False,)),
     "length_penalty": Off((1,)),
-    "response_format": Off(({"type": "text"},)),
-    "structured_outputs": Off(()),
+    # Structured output: vLLM's structured_outputs object, or OpenAI's response_format (text, json_object, json_schema).
+    "response_format": Sampling("structured_outputs", convert=lambda value: structured_from_response_format(value)),
+    "structured_outputs": Sampling("structured_outputs"),
     "tools": Off((), only=CHAT),
     "tool_choice": Off(("none",), only=CHAT),
     "reasoning_effort": Off((), only=CHAT, hint='DeepSeek\'s thinking and effort go in "chat_template_kwargs": '
@@ -224,6 +225,21 @@ def _read_logprobs(body: dict, endpoint: str, fields: BodyFields) -> None:
             raise BadField(f"{name('logprobs')} must be an integer (the top tokens per position) on {COMPLETIONS}, got {short(wanted)}", "logprobs")
         fields.sampling["logprobs"] = wanted
         fields.sources["logprobs"] = "logprobs"
+
+
+def structured_from_response_format(value):
+    """OpenAI's response_format as SamplingParams.structured_outputs: {"type": "text"} none,
+    {"type": "json_object"} any JSON object, {"type": "json_schema", "json_schema": {"schema": ...}} that schema."""
+    kind = value.get("type") if isinstance(value, dict) else None
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return {"json_object": True}
+    schema = value.get("json_schema") if kind == "json_schema" else None
+    if isinstance(schema, dict) and "schema" in schema:
+        return {"json": schema["schema"]}
+    wanted = '{"type": "text" | "json_object"} or {"type": "json_schema", "json_schema": {"schema": ...}}'
+    raise BadField(f"response_format must be {wanted}, got {short(value)}", "response_format")
 
 
 def token_keys(bias: dict) -> dict:

@@ -193,8 +193,9 @@ def generate_batch(args, ctx, output: OutputFile | None, done: set[str]) -> int:
             row = error_row(request, item)
         else:
             row = result_row(request, item, model)
-            counts["prompt"] += row["response"]["body"]["usage"]["prompt_tokens"]
-            counts["generated"] += row["response"]["body"]["usage"]["completion_tokens"]
+            if row["error"] is None:  # (an error row: the request's grammar failed)
+                counts["prompt"] += row["response"]["body"]["usage"]["prompt_tokens"]
+                counts["generated"] += row["response"]["body"]["usage"]["completion_tokens"]
         try:
             line = row_text(row)
         except UnicodeEncodeError as exc:  # a result that is not valid Unicode: its own error row, the run goes on

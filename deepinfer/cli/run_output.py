@@ -44,7 +44,10 @@ ROW_SECOND_KEYS = (', "prompt": ', ', "error": ')  # and goes on
 
 
 def result_row(request, prompt: str | None, output) -> dict:
+    """The request's result row; an error row (generation_error) when it failed while running (its grammar)."""
     completion = output.outputs[0]
+    if completion.error is not None:
+        return error_row(request, f"{request.source}: {completion.error}", GENERATION_FAILED)
     row = {
         request.id_key: request.id,
         "prompt": prompt,

@@ -104,6 +104,9 @@ class LLM:
     any processing; "processed_logprobs" those of the distribution sampled from (after penalties,
     logit_bias, bans, min_tokens and temperature; top-k/top-p/min_p truncation not applied).
     prompt_logprobs are raw either way.
+
+    grammar_compile_timeout_s: a request with structured_outputs whose grammar has not compiled
+    this long after it was added fails alone (finish_reason "error", CompletionOutput.error).
     """
 
     def __init__(
@@ -137,6 +140,7 @@ class LLM:
         overlap: bool | None = None,
         mixed_steps: bool | None = None,
         logprobs_mode: str = "raw_logprobs",
+        grammar_compile_timeout_s: float = 30.0,
     ):
         from deepinfer.model.facts import checkpoint_facts
         from deepinfer.model.loader import load_model
@@ -161,6 +165,7 @@ class LLM:
             overlap=overlap,
             mixed_steps=mixed_steps,
             logprobs_mode=logprobs_mode,
+            grammar_compile_timeout_s=grammar_compile_timeout_s,
         )
         config.validate()
         check_cpu_threads(cpu_threads)

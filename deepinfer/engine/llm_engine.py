@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from deepinfer.engine.block_manager import BlockManager, blocks_for
+from deepinfer.engine.grammar_wait import GrammarWait
 from deepinfer.engine.logprobs import position_logprobs
 from deepinfer.engine.model_runner import GiB, ModelRunner, kv_block_bytes, kv_cache_budget
 from deepinfer.engine.outputs import CompletionOutput, RequestOutput
@@ -69,6 +70,9 @@ class EngineConfig:
     # any processing (vLLM's default); "processed_logprobs", the distribution sampled from: after
     # penalties, logit_bias, bans, min_tokens and temperature (not top-k/top-p/min_p truncation).
     logprobs_mode: str = "raw_logprobs"
+    # Structured output: a request whose grammar has not compiled this many seconds after it was
+    # added fails alone (finish_reason "error"); the compilation runs on in its thread.
+    grammar_compile_timeout_s: float = 30.0
 
     def validate(self) -> None:
         for name in ("max_num_seqs", "max_num_batched_tokens", "num_kv_blocks", "max_model_len", "eplb_interval"):
@@ -85,6 +89,9 @@ class EngineConfig:
         utilization = self.gpu_memory_utilization
         if not isinstance(utilization, (int, float)) or isinstance(utilization, bool) or not 0 < utilization <= 1:
             raise InvalidRequestError(f"gpu_memory_utilization must be a fraction in (0, 1], got {utilization!r}")
+        timeout = self.grammar_compile_timeout_s
+        if not isinstance(timeout, (int, float)) or isinstance(timeout, bool) or not timeout > 0:
+            raise InvalidRequestError(f"grammar_compile_timeout_s must be a number of seconds > 0, got {timeout!r}")
         if self.kv_cache_memory_gib is not None and not self.kv_cache_memory_gib > 0:
             raise InvalidRequestError(f"kv_cache_memory_gib must be > 0, got {self.kv_cache_memory_gib!r}")
         if not isinstance(self.seed, int) or isinstance(self.seed, bool):
@@ -168,6 +175,7 @@ class LLMEngine:
             max_tokens_per_seq=1 + self._draft_lookahead,
             vocab_size=self.vocab_size,
             processed_logprobs=config.logprobs_mode == "processed_logprobs",
+            pin_host_buffers=runtime.async_execution,
         )
         self.speculative = self._speculative_decoder(model, runtime)
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens,
@@ -175,6 +183,8 @@ class LLMEngine:
                                    lookahead=self.speculative.lookahead if self.speculative is not None else None,
                                    mixed_steps=self._mixed_steps())  # fmt: skip
         self.overlap = self._overlap_scheduler(runtime, dist)
+        self.grammars = None  # its GrammarCompiler, made for the first request with structured_outputs
+        self.grammar_wait = GrammarWait(config.grammar_compile_timeout_s)
         self._next_request_index = 0
         self._next_sample_id = -1  # seq ids of parallel samples 1..n-1 count down (request indices are >= 0)
         self.num_prompt_tokens_computed = 0  # prefill work done, recompute after preemption included
@@ -289,10 +299,20 @@ class LLMEngine:
         seed = params.seed if params.seed is not None else derive_seed(self.config.seed, index)
         seq = Sequence(index, prompt_token_ids, params, seed, prompt)
         seq.constraints = token_constraints(params, self.tokenizer, self.vocab_size, self.eos_token_ids)
-        self.scheduler.add(seq)
         if params.n > 1:  # the other samples start when seq's prompt is in the cache (deepinfer.engine.parallel_samples)
             self._next_sample_id -= len(add_samples(seq, self._next_sample_id))
+        if params.structured_outputs is None:
+            self.scheduler.add(seq)
+        else:  # queued once its grammar has compiled (deepinfer.engine.grammar_wait)
+            self.grammar_wait.add(seq, self._grammar_compiler().submit(params.structured_outputs))
         return seq
+
+    def _grammar_compiler(self):
+        if self.grammars is None:
+            from deepinfer.engine.structured_output import GrammarCompiler
+
+            self.grammars = GrammarCompiler(self.tokenizer, self.vocab_size, self.eos_token_ids)
+        return self.grammars
 
     def _final_length(self, seq) -> int:
         """The most tokens `seq` can reach: prompt + max_tokens, capped by the model's length."""
@@ -312,6 +332,8 @@ class LLMEngine:
         if params.stop and self.tokenizer is None:
             raise InvalidRequestError(f"{what}: stop strings need a tokenizer, and this checkpoint has no tokenizer.json; use stop_token_ids")
         check_token_options(params, self.tokenizer, self.vocab_size, what)
+        if params.structured_outputs is not None:
+            self._check_structured(what)
         longest = min(len(prompt_token_ids) + (params.max_tokens or self.max_model_len), self.max_model_len)
         needed = blocks_for(longest, self.block_size)
         if needed > self.num_kv_blocks:
@@ -320,8 +342,19 @@ class LLMEngine:
                 f"the cache holds {self.num_kv_blocks}; raise num_kv_blocks or lower max_tokens"
             )
 
+    def _check_structured(self, what: str) -> None:
+        """One-line errors for structured output where this engine cannot give it."""
+        from deepinfer.engine.structured_output import require_llguidance
+
+        blocker = "speculative decoding" if self.speculative is not None else "expert parallelism" if self.dist is not None else None
+        if blocker:
+            raise InvalidRequestError(f"{what}: structured_outputs does not combine with {blocker} yet; drop one of them")
+        if self.tokenizer is None:
+            raise InvalidRequestError(f"{what}: structured_outputs needs a tokenizer, and this checkpoint has no tokenizer.json")
+        require_llguidance()
+
     def has_unfinished(self) -> bool:
-        return self.scheduler.has_unfinished()
+        return self.scheduler.has_unfinished() or bool(self.grammar_wait)
 
     def abort_all(self) -> None:
         """Drop every unfinished request (a caller stopped iterating)."""
@@ -330,6 +363,7 @@ class LLMEngine:
             if self.speculative is not None:
                 self.speculative.forget(seq)
         self.scheduler.waiting.clear()
+        self.grammar_wait.clear()
         if self.overlap is not None:
             self.overlap.drop()
 
@@ -360,11 +394,15 @@ class LLMEngine:
     def step(self) -> list[Sequence]:
         """Schedule, run the model, sample, check stop conditions. Returns the requests that finished,
         each by its sample 0 once all its samples have (make_output gives them all). With overlap
-        scheduling, a decode step is launched here and finished by the next call."""
+        scheduling, a decode step is launched here and finished by the next call. Requests whose
+        grammar is ready join first; those whose grammar failed are returned, finished ("error")."""
+        failed = finished_requests(self.grammar_wait.admit(self.scheduler.add, block=not self.scheduler.has_unfinished()))
+        if not self.scheduler.has_unfinished():
+            return failed
         if self.overlap is not None:
-            return self.overlap.step()
+            return failed + self.overlap.step()
         self.before_step()
-        return self.execute(self.schedule())
+        return failed + self.execute(self.schedule())
 
     def schedule(self) -> ScheduledBatch:
         """This step's batch (what `step` runs; with expert parallelism, scheduled before the ranks
@@ -417,6 +455,8 @@ class LLMEngine:
         params = seq.params
         length = seq.num_tokens if length is None else length
         generated = length - seq.num_prompt_tokens
+        if seq.grammar is not None and self._grammar_ends(seq, token):
+            return True
         if generated >= params.min_tokens:  # before that, EOS and stop token ids are banned and stop strings not looked for
             if not params.ignore_eos and token in self.eos_token_ids:
                 seq.finish_reason = "stop"
@@ -427,6 +467,23 @@ class LLMEngine:
         if seq.finish_reason is None and self.ends_by_length(seq, length):
             seq.finish_reason = "length"
         return seq.finish_reason is not None
+
+    @staticmethod
+    def _grammar_ends(seq: Sequence, token: int) -> bool:
+        """Advance seq's grammar with its new token; True, the reason set, when that ends seq: the
+        grammar is complete ("stop", stop_reason the token when it is a stop token id) or its matcher
+        failed ("error")."""
+        from deepinfer.engine.structured_output import GrammarError
+
+        try:
+            complete = seq.grammar.accept(token)
+        except GrammarError as exc:
+            seq.finish_reason, seq.error = "error", str(exc)
+            return True
+        if complete:
+            seq.finish_reason = "stop"
+            seq.stop_reason = token if token in seq.params.stop_token_ids else None
+        return complete
 
     def ends_by_length(self, seq: Sequence, length: int) -> bool:
         """Whether seq ends when it holds `length` tokens (max_tokens or the model's length), whatever they are."""
@@ -466,7 +523,8 @@ class LLMEngine:
     def _completion(self, seq: Sequence) -> CompletionOutput:
         params = seq.params
         ids = seq.output_token_ids
-        by_token = seq.finish_reason == "stop" and not isinstance(seq.stop_reason, str)
+        # ended by EOS or a stop token id (not by a grammar that completed on an ordinary token)
+        by_token = seq.finish_reason == "stop" and bool(ids) and (ids[-1] == seq.stop_reason or (seq.stop_reason is None and ids[-1] in self.eos_token_ids))
         text_ids = ids[:-1] if by_token and not params.include_stop_str_in_output else ids  # EOS / stop id: not in the text
         text = self.tokenizer.decode(text_ids, skip_special_tokens=params.skip_special_tokens) if self.tokenizer is not None else ""
         if isinstance(seq.stop_reason, str):
@@ -477,7 +535,7 @@ class LLMEngine:
                 text = text[: at + len(stop)] if params.include_stop_str_in_output else text[:at]
         return CompletionOutput(
             seq.sample_index, text, list(ids), seq.finish_reason, seq.stop_reason, cumulative_logprob=seq.cumulative_logprob,
-            logprobs=[position_logprobs(r, self.tokenizer) for r in seq.logprobs] if seq.logprobs is not None else None,
+            logprobs=[position_logprobs(r, self.tokenizer) for r in seq.logprobs] if seq.logprobs is not None else None, error=seq.error,
         )  # fmt: skip
 
     def _request_metrics(self, seq: Sequence) -> dict:

@@ -1,7 +1,11 @@
 """What runs on a step's logits between the model and `sample`, for the requests that ask for it:
-allowed_token_ids, bad_words, min_tokens, logit_bias and the penalties, through registry ops.
+structured output, allowed_token_ids, bad_words, min_tokens, logit_bias and the penalties, through
+registry ops.
 
 Order (vLLM's), on the model's float32 logits, in place:
+  0. apply_token_bitmask: tokens the request's grammar does not allow next -> -inf (structured
+     output: the masks are filled on the host by llguidance, deepinfer.engine.structured_output,
+     into one int32 bitmask [rows, ceil(V/32)], all ones for the free rows, moved once per step);
   1. apply_token_bitmask: tokens outside allowed_token_ids -> -inf;
   2. apply_token_bias: bad-word bans (their preceding tokens matched on the device against each
      row's last generated tokens), min_tokens' bans of EOS and the stop token ids, logit_bias;
@@ -35,7 +39,7 @@ def needs_processing(seq: Sequence) -> bool:
     """Whether seq's next token needs any of the steps above (min_tokens only until it is met)."""
     params = seq.params
     constraints = seq.constraints
-    if params.penalized or (params.allowed_token_ids is not None):
+    if params.penalized or (params.allowed_token_ids is not None) or seq.grammar is not None:
         return True
     if constraints is None:
         return False
@@ -47,6 +51,7 @@ class StepProcessing:
     """One step's inputs to the processing ops, on the device (None: that op does not run)."""
 
     allowed: torch.Tensor | None  # [B, ceil(V/32)] int32 bitmask
+    grammar: torch.Tensor | None  # [B, ceil(V/32)] int32 bitmask of the grammars' next tokens (-1: a row without one)
     bias: tuple[torch.Tensor, ...] | None  # rows, tokens, values, prefixes, recent tokens (newest patched in at apply)
     newest: tuple[torch.Tensor, torch.Tensor] | None  # each row's last input row [B] and whether it generated a token [B]
     penalties: tuple[torch.Tensor, ...] | None  # slots (in the history), presence, frequency, repetition
@@ -56,8 +61,9 @@ class StepProcessing:
 
 
 class LogitsProcessing:
-    def __init__(self, ops, device: torch.device, vocab_size: int, max_num_seqs: int):
-        self.ops, self.device, self.vocab_size = ops, device, vocab_size
+    def __init__(self, ops, device: torch.device, vocab_size: int, max_num_seqs: int, pin_host_buffers: bool = False):
+        """pin_host_buffers: the host buffers the device reads (grammar masks) are pinned (the device runs behind the host)."""
+        self.ops, self.device, self.vocab_size, self.pin_host_buffers = ops, device, vocab_size, pin_host_buffers
         self.history = PenaltyHistory(max_num_seqs, vocab_size, device)
         self._everything_allowed: torch.Tensor | None = None  # [ceil(V/32)] int32 of -1, on the device
 
@@ -84,7 +90,7 @@ class LogitsProcessing:
             generated = torch.tensor([seq.num_output_tokens + len(e) > 0 for seq, e in zip(seqs, extra)])
             newest = (self._to_device(torch.tensor(rows, dtype=torch.int64)), self._to_device(generated))
         penalties, tables = self._penalties(seqs, extra)
-        return StepProcessing(allowed=self._allowed(seqs), bias=bias, newest=newest, penalties=penalties, tables=tables)
+        return StepProcessing(allowed=self._allowed(seqs), grammar=self._grammar(seqs), bias=bias, newest=newest, penalties=penalties, tables=tables)
 
     def _allowed(self, samplers: list[Sequence]) -> torch.Tensor | None:
         masks = [seq.constraints.allowed if seq.constraints is not None else None for seq in samplers]
@@ -98,6 +104,17 @@ class LogitsProcessing:
                 seq.constraints.allowed = mask = self._to_device(mask)  # moved once, kept on the device
             rows.append(self._everything_allowed if mask is None else mask)
         return torch.stack(rows)
+
+    def _grammar(self, samplers: list[Sequence]) -> torch.Tensor | None:
+        """The grammar rows' masks, filled on the host into one bitmask and moved once."""
+        rows = [(b, seq.grammar) for b, seq in enumerate(samplers) if seq.grammar is not None]
+        if not rows:
+            return None
+        from deepinfer.engine.structured_output import fill_bitmasks
+
+        host = torch.full((len(samplers), -(-self.vocab_size // 32)), -1, dtype=torch.int32, pin_memory=self.pin_host_buffers)
+        fill_bitmasks(rows, host)
+        return self._to_device(host)
 
     def _bias(self, samplers: list[Sequence], extra: list[list[int]]) -> tuple[torch.Tensor, ...] | None:
         per_row = [seq.constraints.entries(seq.num_output_tokens + len(e)) if seq.constraints is not None else None for seq, e in zip(samplers, extra)]
@@ -139,6 +156,8 @@ class LogitsProcessing:
         """Run the step's processing on its samplers' float32 logits [B, V], in place (input_ids:
         the step's input tokens on the device)."""
         ops = self.ops
+        if step.grammar is not None:
+            ops.apply_token_bitmask(logits=logits, bitmask=step.grammar)
         if step.allowed is not None:
             ops.apply_token_bitmask(logits=logits, bitmask=step.allowed)
         if step.bias is not None:

@@ -100,13 +100,15 @@ class ModelRunner:
         max_tokens_per_seq: int = 1,
         vocab_size: int | None = None,
         processed_logprobs: bool = False,
+        pin_host_buffers: bool = False,
     ):
         """graph_capture: the backend's device graphs, to replay decode steps (None: every step eager).
         num_state_slots: per-sequence state the model keeps beside the paged cache (DeepSeek-V4's
         compressor windows), one slot per running sequence. max_tokens_per_seq: the most rows a
         sequence brings to a decode step (speculative verification: 1 + k). vocab_size: the logits'
         width (the penalty history's; default: the model's vocab_size). processed_logprobs: logprobs
-        of the processed rows over temperature (logprobs_mode "processed_logprobs"), else of the raw rows."""
+        of the processed rows over temperature (logprobs_mode "processed_logprobs"), else of the raw rows.
+        pin_host_buffers: the device runs behind the host, so host tensors it reads (grammar masks) are pinned."""
         self.model = model
         self.ops = ops
         self.device = device
@@ -123,7 +125,7 @@ class ModelRunner:
         else:
             self.draft_kv_caches = [torch.zeros(model.kv_cache_shape(num_blocks, block_size, dtype), dtype=dtype, device=device)
                                     for _ in range(num_draft_layers)]  # fmt: skip
-        self.processing = LogitsProcessing(ops, device, vocab_size or model.vocab_size, max_num_seqs)
+        self.processing = LogitsProcessing(ops, device, vocab_size or model.vocab_size, max_num_seqs, pin_host_buffers)
         self.processed_logprobs = processed_logprobs
         self.graphs = None
         if graph_capture is not None and getattr(model, "supports_device_graphs", True):

@@ -24,10 +24,12 @@ class CompletionOutput:
     index: int
     text: str
     token_ids: list[int]
-    finish_reason: str | None  # "stop" (EOS, a stop token id or a stop string) | "length" | None while running
+    # "stop" (EOS, a stop token id, a stop string, a completed grammar) | "length" | "error" | None while running
+    finish_reason: str | None
     stop_reason: int | str | None = None  # the stop token id or stop string that ended it; None for EOS or length
     cumulative_logprob: float | None = None  # the sum of the generated tokens' logprobs (when logprobs was asked for)
     logprobs: list[PositionLogprobs] | None = None  # one per generated token (when logprobs was asked for)
+    error: str | None = None  # finish_reason "error": why (its grammar did not compile in time, or failed), on one line
 
     def finished(self) -> bool:
         return self.finish_reason is not None

@@ -20,6 +20,11 @@ would have to preempt a sequence waits for the step in flight first, and is sche
 overlap. A sequence's tokens are the same either way, except where a different batch composition
 moves its logits (default mode: as with any batching; deterministic mode: never). Speculative
 decoding and expert parallelism step without it (their steps wait for their tokens).
+
+Structured output: a step's grammar masks are filled on the host from each matcher, which must have
+consumed the step before's token first; so while any running sequence has a grammar, no step is
+launched ahead (each step waits for the one in flight, as a prefill step does): the simplest rule
+that is right, at the cost of the overlap for those steps only.
 """
 
 from __future__ import annotations
@@ -75,7 +80,8 @@ class OverlapScheduler:
             self.in_flight = self._launch(batch, None)
             return []
         leaving = {seq.seq_id for seq, at in zip(previous.samplers, previous.positions) if engine.ends_by_length(seq, at + 1)}
-        batch = engine.scheduler.schedule_decode_ahead(leaving)
+        constrained = any(seq.grammar is not None for seq in engine.scheduler.running)  # masks need step n's tokens
+        batch = None if constrained else engine.scheduler.schedule_decode_ahead(leaving)
         if batch is not None:
             engine.before_step()
             self.in_flight = self._launch(batch, previous)

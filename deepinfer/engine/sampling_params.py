@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from deepinfer.errors import UserError
+
+if TYPE_CHECKING:
+    from deepinfer.engine.structured_params import StructuredOutputsParams
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 INT32_MAX = 2**31 - 1  # top_k's bound: the sampling op takes it as int32
@@ -24,7 +28,7 @@ def _is_number(value) -> bool:
     return (_is_int(value) or isinstance(value, float)) and math.isfinite(value)
 
 
-def _short(value, limit: int = 80) -> str:
+def short_repr(value, limit: int = 80) -> str:
     """repr(value), cut to `limit` characters (a message quotes what it refuses, never a whole file)."""
     text = repr(value)
     return text if len(text) <= limit else text[: limit - 3] + "..."
@@ -79,6 +83,11 @@ class SamplingParams:
     describe the model, not the filters, and are the same whatever a request's sampling settings.
     LLM(logprobs_mode="processed_logprobs") reports the distribution sampled from instead (after the
     processing and temperature, before top-k/top-p/min_p truncation).
+
+    structured_outputs: a StructuredOutputsParams (or a dict of its fields): the output must match a
+    JSON schema, a regex, a grammar or one of a list of choices (deepinfer.engine.structured_output);
+    a token mask from the grammar comes before everything above, and the request finishes ("stop")
+    when the grammar is complete. Needs llguidance (pip install 'deepinfer[structured]').
     """
 
     temperature: float = 1.0
@@ -102,41 +111,42 @@ class SamplingParams:
     allowed_token_ids: list[int] | None = None
     logprobs: int | None = None
     prompt_logprobs: int | None = None
+    structured_outputs: StructuredOutputsParams | None = None
 
     def __post_init__(self) -> None:
         def bad(message: str) -> InvalidRequestError:
             return InvalidRequestError(f"SamplingParams: {message}")
 
         if not _is_number(self.temperature) or self.temperature < 0:
-            raise bad(f"temperature must be a finite number >= 0, got {_short(self.temperature)}")
+            raise bad(f"temperature must be a finite number >= 0, got {short_repr(self.temperature)}")
         if not _is_number(self.top_p) or not 0 < self.top_p <= 1:
-            raise bad(f"top_p must be in (0, 1], got {_short(self.top_p)}")
+            raise bad(f"top_p must be in (0, 1], got {short_repr(self.top_p)}")
         if not _is_int(self.top_k) or not -1 <= self.top_k <= INT32_MAX:
-            raise bad(f"top_k must be an integer in [1, {INT32_MAX}], or 0 / -1 to switch it off, got {_short(self.top_k)}")
+            raise bad(f"top_k must be an integer in [1, {INT32_MAX}], or 0 / -1 to switch it off, got {short_repr(self.top_k)}")
         if not _is_number(self.min_p) or not 0 <= self.min_p <= 1:
-            raise bad(f"min_p must be in [0, 1], got {_short(self.min_p)}")
+            raise bad(f"min_p must be in [0, 1], got {short_repr(self.min_p)}")
         if self.max_tokens is not None and (not _is_int(self.max_tokens) or self.max_tokens < 1):
-            raise bad(f"max_tokens must be an integer >= 1 (or None), got {_short(self.max_tokens)}")
+            raise bad(f"max_tokens must be an integer >= 1 (or None), got {short_repr(self.max_tokens)}")
         if not _is_int(self.n) or self.n < 1:
-            raise bad(f"n must be an integer >= 1, got {_short(self.n)}")
+            raise bad(f"n must be an integer >= 1, got {short_repr(self.n)}")
         if self.seed is not None and (not _is_int(self.seed) or not INT64_MIN <= self.seed <= INT64_MAX):
-            raise bad(f"seed must be a 64-bit signed integer or None, got {_short(self.seed)}")
+            raise bad(f"seed must be a 64-bit signed integer or None, got {short_repr(self.seed)}")
         for name in ("ignore_eos", "skip_special_tokens", "include_stop_str_in_output"):
             if not isinstance(getattr(self, name), bool):
-                raise bad(f"{name} must be True or False, got {_short(getattr(self, name))}")
+                raise bad(f"{name} must be True or False, got {short_repr(getattr(self, name))}")
         for name in ("presence_penalty", "frequency_penalty"):
             if not _is_number(getattr(self, name)) or not -2 <= getattr(self, name) <= 2:
-                raise bad(f"{name} must be in [-2, 2], got {_short(getattr(self, name))}")
+                raise bad(f"{name} must be in [-2, 2], got {short_repr(getattr(self, name))}")
         if not _is_number(self.repetition_penalty) or self.repetition_penalty <= 0:
-            raise bad(f"repetition_penalty must be a finite number > 0, got {_short(self.repetition_penalty)}")
+            raise bad(f"repetition_penalty must be a finite number > 0, got {short_repr(self.repetition_penalty)}")
         if not _is_int(self.min_tokens) or self.min_tokens < 0:
-            raise bad(f"min_tokens must be an integer >= 0, got {_short(self.min_tokens)}")
+            raise bad(f"min_tokens must be an integer >= 0, got {short_repr(self.min_tokens)}")
         if self.max_tokens is not None and self.min_tokens > self.max_tokens:
             raise bad(f"min_tokens ({self.min_tokens}) must be at most max_tokens ({self.max_tokens})")
         for name in ("logprobs", "prompt_logprobs"):
             value = getattr(self, name)
             if value is not None and (not _is_int(value) or not 0 <= value <= MAX_LOGPROBS):
-                raise bad(f"{name} must be None or an integer in [0, {MAX_LOGPROBS}], got {_short(value)}")
+                raise bad(f"{name} must be None or an integer in [0, {MAX_LOGPROBS}], got {short_repr(value)}")
         self.temperature, self.top_p, self.min_p = float(self.temperature), float(self.top_p), float(self.min_p)
         self.presence_penalty, self.frequency_penalty = float(self.presence_penalty), float(self.frequency_penalty)
         self.repetition_penalty = float(self.repetition_penalty)
@@ -145,6 +155,7 @@ class SamplingParams:
         self.logit_bias = self._logit_bias(self.logit_bias, bad)
         self.bad_words = self._bad_words(self.bad_words, bad)
         self.allowed_token_ids = self._allowed(self.allowed_token_ids, bad)
+        self.structured_outputs = self._structured(self.structured_outputs, bad)
 
     @staticmethod
     def _strings(stop, bad) -> list[str]:
@@ -152,7 +163,7 @@ class SamplingParams:
             return []
         items = [stop] if isinstance(stop, str) else list(stop) if isinstance(stop, (list, tuple)) else None
         if items is None or not all(isinstance(s, str) and s for s in items):
-            raise bad(f"stop must be a non-empty string or a list of them, got {_short(stop)}")
+            raise bad(f"stop must be a non-empty string or a list of them, got {short_repr(stop)}")
         return items
 
     @staticmethod
@@ -160,7 +171,7 @@ class SamplingParams:
         if ids is None:
             return []
         if not isinstance(ids, (list, tuple)) or not all(_is_int(t) and 0 <= t <= INT64_MAX for t in ids):
-            raise bad(f"stop_token_ids must be a list of token ids >= 0, got {_short(ids)}")
+            raise bad(f"stop_token_ids must be a list of token ids >= 0, got {short_repr(ids)}")
         return list(ids)
 
     @staticmethod
@@ -168,7 +179,7 @@ class SamplingParams:
         if bias is None:
             return {}
         if not isinstance(bias, dict) or not all(_is_int(t) and 0 <= t <= INT64_MAX and _is_number(b) for t, b in bias.items()):
-            raise bad(f"logit_bias must be a dict of token ids >= 0 to finite numbers, got {_short(bias)}")
+            raise bad(f"logit_bias must be a dict of token ids >= 0 to finite numbers, got {short_repr(bias)}")
         return {t: float(b) for t, b in bias.items()}
 
     @staticmethod
@@ -176,7 +187,7 @@ class SamplingParams:
         if words is None:
             return []
         if not isinstance(words, (list, tuple)) or not all(isinstance(w, str) and w.strip() for w in words):
-            raise bad(f"bad_words must be a list of non-blank strings, got {_short(words)}")
+            raise bad(f"bad_words must be a list of non-blank strings, got {short_repr(words)}")
         return list(words)
 
     @staticmethod
@@ -184,8 +195,21 @@ class SamplingParams:
         if ids is None:
             return None
         if not isinstance(ids, (list, tuple)) or not ids or not all(_is_int(t) and 0 <= t <= INT64_MAX for t in ids):
-            raise bad(f"allowed_token_ids must be a non-empty list of token ids >= 0 (or None), got {_short(ids)}")
+            raise bad(f"allowed_token_ids must be a non-empty list of token ids >= 0 (or None), got {short_repr(ids)}")
         return list(ids)
+
+    @staticmethod
+    def _structured(value, bad) -> StructuredOutputsParams | None:
+        from deepinfer.engine.structured_params import StructuredOutputsParams
+
+        if value is None or isinstance(value, StructuredOutputsParams):
+            return value
+        if not isinstance(value, dict):
+            raise bad(f"structured_outputs must be a StructuredOutputsParams or a dict of its fields, got {short_repr(value)}")
+        unknown = sorted(set(value) - set(StructuredOutputsParams.__dataclass_fields__))
+        if unknown:
+            raise bad(f"structured_outputs has unknown field(s) {', '.join(map(repr, unknown))}")
+        return StructuredOutputsParams(**value)
 
     @property
     def greedy(self) -> bool:
@@ -199,4 +223,7 @@ class SamplingParams:
     @property
     def processes_logits(self) -> bool:
         """Whether anything runs on the logits before `sample` (penalties, bias, bans, masks)."""
-        return self.penalized or bool(self.logit_bias) or bool(self.bad_words) or self.allowed_token_ids is not None or self.min_tokens > 0
+        return (
+            self.penalized or bool(self.logit_bias) or bool(self.bad_words) or self.allowed_token_ids is not None or self.min_tokens > 0
+            or self.structured_outputs is not None
+        )  # fmt: skip

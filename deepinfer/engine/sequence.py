@@ -61,7 +61,9 @@ class Sequence:
         self.num_preemptions = 0
         self.num_drafts_verified = 0  # speculative decoding: drafts this request verified, and accepted
         self.num_drafts_accepted = 0
-        self.finish_reason: str | None = None  # "stop" | "length"
+        self.finish_reason: str | None = None  # "stop" | "length" | "error"
+        self.error: str | None = None  # with finish_reason "error": what failed (its grammar)
+        self.grammar = None  # its SequenceGrammar (structured output), once its request's grammar compiled
         self.stop_reason: int | str | None = None  # the stop token id or stop string, None for EOS/length
         self.constraints = None  # its TokenConstraints (deepinfer.engine.token_constraints), None without token options
         # Logprobs (when params ask for them): a TokenLogprobs record per generated token and their

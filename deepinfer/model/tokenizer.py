@@ -108,6 +108,10 @@ class Tokenizer:
     def vocab_size(self) -> int:
         return self._tk.get_vocab_size(with_added_tokens=True)
 
+    def backend_json(self) -> str:
+        """The `tokenizers` tokenizer serialized as tokenizer.json (what llguidance builds its own from)."""
+        return self._tk.to_str()
+
     def encode(self, text: str, add_bos: bool | None = None) -> list[int]:
         """Token ids of `text`; special tokens written in the text are recognised.
 

@@ -1,0 +1,72 @@
+"""Requests waiting for their grammar: held out of the scheduler until it has compiled.
+
+A request with structured_outputs is added here instead of to the scheduler's queue; its grammar
+compiles in the GrammarCompiler's threads meanwhile, and the other requests keep running. At each
+engine step, `admit` queues the requests whose grammar is ready (each sample gets its own matcher)
+and fails those whose grammar did not compile, or is not ready `timeout_s` after the request was
+added: such a request finishes at once with finish_reason "error" and the message in its output's
+`error`; nothing else is affected. When nothing else is left to run, `admit` waits for the first
+grammar to be ready (or to run out of time) rather than spin.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import time
+from concurrent.futures import Future
+
+from deepinfer.engine.sequence import Sequence, SequenceStatus
+from deepinfer.engine.structured_output import GrammarError, SequenceGrammar, one_line
+
+
+class GrammarWait:
+    def __init__(self, timeout_s: float):
+        self.timeout_s = timeout_s
+        self._waiting: list[tuple[Sequence, Future, float]] = []  # (sample 0, its grammar, when it was added)
+
+    def __bool__(self) -> bool:
+        return bool(self._waiting)
+
+    def add(self, head: Sequence, grammar: Future) -> None:
+        self._waiting.append((head, grammar, time.monotonic()))
+
+    def clear(self) -> None:
+        self._waiting.clear()
+
+    def admit(self, queue, block: bool) -> list[Sequence]:
+        """Queue (queue(seq)) each request whose grammar is ready; fail the others that are due.
+        Returns the failed requests' heads. block: wait until at least one request is settled."""
+        if block and self._waiting:
+            deadline = min(added for _, _, added in self._waiting) + self.timeout_s
+            pending = [future for _, future, _ in self._waiting]
+            concurrent.futures.wait(pending, timeout=max(0.0, deadline - time.monotonic()), return_when=concurrent.futures.FIRST_COMPLETED)
+        failed, still = [], []
+        now = time.monotonic()
+        for head, future, added in self._waiting:
+            if future.done():
+                try:
+                    template = future.result()
+                except GrammarError as exc:
+                    failed.append(_fail(head, str(exc)))
+                    continue
+                except Exception as exc:  # llguidance's own failure (its tokenizer, say): this request's, not the run's
+                    failed.append(_fail(head, f"grammar compilation failed: {type(exc).__name__}: {one_line(str(exc))}"))
+                    continue
+                for sample in head.samples:
+                    sample.grammar = SequenceGrammar(template)
+                queue(head)
+            elif now - added >= self.timeout_s:
+                failed.append(_fail(head, f"the grammar did not compile within grammar_compile_timeout_s={self.timeout_s:g} s"))
+            else:
+                still.append((head, future, added))
+        self._waiting = still
+        return failed
+
+
+def _fail(head: Sequence, message: str) -> Sequence:
+    """Finish every sample of head's request with the error (they never ran)."""
+    for sample in head.samples:
+        sample.status = SequenceStatus.FINISHED
+        sample.finish_reason, sample.error = "error", message
+    head.held_back = []
+    return head

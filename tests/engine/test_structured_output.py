@@ -1,0 +1,185 @@
+"""Structured output (deepinfer.engine.structured_output) on the embedded tiny model with random
+weights and DeepSeek's real tokenizer: the model never wants to comply, so every output that matches
+does so only through the grammar's masks.
+
+JSON schemas run with disable_any_whitespace (a random model otherwise spends its tokens on
+whitespace) and bound every string, array and number, so each grammar completes well inside
+max_tokens: the tests assert finish_reason "stop" and a valid document for every one of them.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+jsonschema = pytest.importorskip("jsonschema")
+pytest.importorskip("llguidance")
+
+from deepinfer import SamplingParams, StructuredOutputsParams  # noqa: E402
+from deepinfer.engine.sampling_params import InvalidRequestError  # noqa: E402
+
+PROMPT = "Answer:"
+
+SCHEMAS = [
+    {"type": "boolean"},
+    {"type": "integer", "minimum": -5, "maximum": 5},
+    {"type": "string", "enum": ["red", "green", "blue"]},
+    {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"], "additionalProperties": False},
+    {"type": "object", "properties": {"age": {"type": "integer", "minimum": 0, "maximum": 120}}, "required": ["age"], "additionalProperties": False},
+    {"type": "object", "properties": {"code": {"type": "string", "pattern": "^[A-Z]{3}[0-9]{2}$"}}, "required": ["code"], "additionalProperties": False},
+    {"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 9}, "minItems": 2, "maxItems": 4},
+    {"type": "object", "properties": {"color": {"enum": ["red", "green"]}, "size": {"type": "integer", "minimum": 1, "maximum": 3}},
+     "required": ["color"], "additionalProperties": False},
+    {"type": "object", "properties": {"x": {"type": "number", "minimum": 0, "maximum": 1}, "name": {"type": "string", "maxLength": 4}},
+     "required": ["x", "name"], "additionalProperties": False},
+    {"type": "object", "properties": {"point": {"type": "object", "properties": {"x": {"type": "integer", "minimum": 0, "maximum": 9},
+                                                                                    "y": {"type": "integer", "minimum": 0, "maximum": 9}},
+                                                "required": ["x", "y"], "additionalProperties": False}},
+     "required": ["point"], "additionalProperties": False},
+    {"type": "object", "properties": {"tags": {"type": "array", "items": {"enum": ["a", "b"]}, "minItems": 1, "maxItems": 3},
+                                      "id": {"type": "string", "pattern": "^[0-9]{4}$"}},
+     "required": ["tags", "id"], "additionalProperties": False},
+    {"type": "array", "items": {"type": "object", "properties": {"k": {"enum": ["u", "v"]}, "n": {"type": "integer", "minimum": 0, "maximum": 5}},
+                                "required": ["k", "n"], "additionalProperties": False}, "minItems": 1, "maxItems": 2},
+]  # fmt: skip
+
+
+def _params(max_tokens=120, seed=0, temperature=1.0, **structured) -> SamplingParams:
+    return SamplingParams(max_tokens=max_tokens, seed=seed, temperature=temperature, structured_outputs=StructuredOutputsParams(**structured))
+
+
+def test_json_schemas_validate(api):
+    params = [_params(json=schema, disable_any_whitespace=True, seed=i) for i, schema in enumerate(SCHEMAS)]
+    for schema, out in zip(SCHEMAS, api.generate([PROMPT] * len(params), params, use_tqdm=False)):
+        completion = out.outputs[0]
+        assert completion.finish_reason == "stop", (schema, completion.text)
+        jsonschema.validate(json.loads(completion.text), schema)
+
+
+def test_json_object_and_whitespace(api):
+    """json_object with default (flexible) whitespace: a JSON object when it completes; cut by max_tokens
+    is allowed (the random model likes whitespace), then the text is a prefix that is still open."""
+    out = api.generate([PROMPT], _params(json_object=True, max_tokens=24), use_tqdm=False)[0].outputs[0]
+    assert out.text.startswith("{")
+    if out.finish_reason == "stop":
+        assert isinstance(json.loads(out.text), dict)
+    else:
+        assert out.finish_reason == "length"
+
+
+OCTET = "(25[0-5]|2[0-4][0-9]|1?[0-9]?[0-9])"
+
+
+@pytest.mark.parametrize(
+    "regex",
+    [r"[0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])", r"[a-z]{1,8}@[a-z]{1,8}\.(com|org)", rf"({OCTET}\.){{3}}{OCTET}"],
+    ids=["date", "email", "ipv4"],
+)
+def test_regex(api, regex):
+    outs = api.generate([PROMPT] * 2, [_params(regex=regex, seed=s, max_tokens=40) for s in (1, 2)], use_tqdm=False)
+    for out in outs:
+        assert out.outputs[0].finish_reason == "stop" and re.fullmatch(regex, out.outputs[0].text), out.outputs[0].text
+
+
+def test_lark_arithmetic(api):
+    grammar = 'start: expr\nexpr: term (("+" | "-") term)*\nterm: NUMBER | "(" expr ")"\nNUMBER: /[1-9]/'
+    outs = api.generate([PROMPT] * 3, [_params(grammar=grammar, seed=s, max_tokens=40) for s in range(3)], use_tqdm=False)
+    for out in outs:
+        text = out.outputs[0].text
+        if out.outputs[0].finish_reason == "stop":  # an expression that is complete: it evaluates
+            assert re.fullmatch(r"[0-9+\-()]+", text) and isinstance(eval(text), int), text
+        else:  # cut by max_tokens (the grammar may recurse): still made of the grammar's characters
+            assert out.outputs[0].finish_reason == "length" and re.fullmatch(r"[0-9+\-()]+", text), text
+
+
+def test_choice_n_and_same_seed(api):
+    """Each of n samples has its own matcher; the same seed gives the same output."""
+    choices = ["alpha", "beta", "gamma delta"]
+    params = SamplingParams(n=3, max_tokens=10, seed=7, temperature=1.0, structured_outputs={"choice": choices})
+    first, again = (api.generate([PROMPT], params, use_tqdm=False)[0] for _ in range(2))
+    assert [c.text for c in first.outputs] == [c.text for c in again.outputs]
+    assert all(c.text in choices and c.finish_reason == "stop" for c in first.outputs)
+
+
+def test_mixed_batch_and_per_request_errors(api):
+    """Free requests, constrained ones and two that do not compile in one batch: the bad ones fail
+    alone with a one-line error, the others complete; the free ones are as without the others."""
+    free = SamplingParams(max_tokens=8, seed=3)
+    params = [free, _params(regex="[0-9]{3}"), _params(regex="[a-"), _params(json={"type": "frobnicate"}), free]
+    outs = api.generate([PROMPT, PROMPT, PROMPT, PROMPT, "other"], params, use_tqdm=False)
+    alone = api.generate([PROMPT, "other"], free, use_tqdm=False)
+    assert [outs[0].outputs[0].token_ids, outs[4].outputs[0].token_ids] == [o.outputs[0].token_ids for o in alone]
+    assert re.fullmatch("[0-9]{3}", outs[1].outputs[0].text)
+    for out, what in ((outs[2], "regex"), (outs[3], "json")):
+        completion = out.outputs[0]
+        assert out.finished and completion.finish_reason == "error" and completion.token_ids == []
+        assert completion.error.startswith(f"{what} does not compile") and "\n" not in completion.error
+
+
+def test_compile_timeout(api, monkeypatch):
+    """A grammar not ready within grammar_compile_timeout_s fails its request; the free one completes."""
+    from deepinfer.engine import structured_output
+
+    def slow(spec, _original=structured_output.grammar_text):
+        import time
+
+        time.sleep(0.5)
+        return _original(spec)
+
+    monkeypatch.setattr(structured_output, "grammar_text", slow)
+    monkeypatch.setattr(api.engine.grammar_wait, "timeout_s", 0.05)
+    outs = api.generate([PROMPT] * 2, [_params(regex="[0-9]{2}x"), SamplingParams(max_tokens=4)], use_tqdm=False)
+    assert outs[0].outputs[0].finish_reason == "error" and "grammar_compile_timeout_s" in outs[0].outputs[0].error
+    assert outs[1].outputs[0].finish_reason == "length"
+
+
+def test_preemption_and_overlap():
+    """Few KV pages (requests are preempted and recomputed) and overlap scheduling forced on: the
+    matchers advance once per token, so every output still matches."""
+    from deepinfer import LLM
+
+    llm = LLM(backend="reference", announce=False, num_kv_blocks=6, max_num_seqs=4, overlap=True)
+    regex = "[0-9]{100,110}"
+    outs = llm.generate([PROMPT] * 4, [_params(regex=regex, seed=s, max_tokens=60) for s in range(4)], use_tqdm=False)
+    assert sum(o.metrics["num_preemptions"] for o in outs) > 0
+    for out in outs:
+        assert out.outputs[0].finish_reason in ("stop", "length") and re.fullmatch("[0-9]*", out.outputs[0].text)
+        if out.outputs[0].finish_reason == "stop":
+            assert re.fullmatch(regex, out.outputs[0].text)
+
+
+@pytest.mark.parametrize(
+    "fields, message",
+    [
+        ({}, "exactly one"),
+        ({"json": {"type": "object"}, "regex": "a"}, "exactly one"),
+        ({"choice": []}, "choice must be"),
+        ({"json": "{not json"}, "not valid JSON"),
+        ({"regex": "a", "structural_tag": "x"}, "structural_tag"),
+        ({"regex": "a", "backend": "xgrammar"}, "backend"),
+    ],
+)
+def test_params_checked_eagerly(fields, message):
+    with pytest.raises(InvalidRequestError, match=message):
+        StructuredOutputsParams(**fields)
+    with pytest.raises(InvalidRequestError, match="unknown field"):
+        SamplingParams(structured_outputs={"regexp": "a"})
+
+
+def test_disable_additional_properties():
+    spec = StructuredOutputsParams(json={"type": "object", "properties": {"a": {"type": "object", "properties": {}}}}, disable_additional_properties=True)
+    schema = spec.json_schema()
+    assert schema["additionalProperties"] is False and schema["properties"]["a"]["additionalProperties"] is False
+
+
+def test_run_row_of_a_failed_grammar(api):
+    """`deepinfer run` writes a request whose grammar failed as an error row (generation_error)."""
+    from types import SimpleNamespace
+
+    from deepinfer.cli.run_output import GENERATION_FAILED, result_row
+
+    out = api.generate([PROMPT], _params(regex="(unclosed"), use_tqdm=False)[0]
+    row = result_row(SimpleNamespace(id_key="id", id="r1", source="input.jsonl line 1"), PROMPT, out)
+    assert row["error"]["type"] == GENERATION_FAILED and row["error"]["message"].startswith("input.jsonl line 1: regex does not compile")
