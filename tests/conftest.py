@@ -34,15 +34,6 @@ LONGEST_FIRST = (
     "ascend/test_misc_kernels.py",
     "engine/test_cli_run_batch.py",
     "cuda/test_batch_invariance.py",
-    "core/test_out_of_tree_extension.py",
-    "engine/test_speculative_options.py",
-    "distributed/test_ep_symm_kernels.py",
-    "distributed/test_ep_launch.py",
-    "ascend/test_attention_kernels.py",
-    "engine/test_structured_output.py",
-    "distributed/test_ep_e2e_bench.py",
-    "engine/test_cli_run_output.py",
-    "core/test_conformance.py",
 )
 
 
