@@ -1,8 +1,8 @@
 """Deterministic mode end to end through the ascend backend's Triton kernels in the interpreter: the
 checks of engine/deterministic_kernel_checks.py (which says what they check) with backend = "ascend",
-but the 200 seeded completions: the cuda file runs those through the engine (50 s of CI in the
-interpreter), and the ascend sampling kernel's batch invariance is checked directly
-(tests/ascend/test_batch_invariance.py)."""
+but the 200 seeded completions (they run through the cuda kernels compiled on a GPU; in CI the
+reference backend's 200 completions and the ascend sampling kernel's batch invariance,
+tests/ascend/test_batch_invariance.py, cover them)."""
 
 from __future__ import annotations
 
