@@ -910,6 +910,7 @@ class GemmPlan:
     tma: bool  # `_gemm_tma_kernel` (tensor descriptors), else `_gemm_kernel` (pointers)
     k_pairs: bool  # tma fp8: two 128-K groups per step
     warp_specialize: bool  # tma: tl.range(warp_specialize=True)
+    fused_reduce: bool  # split-K partials summed by the tile's last program (arrival counters), not a second kernel
 
     @property
     def m_arg(self) -> int:
@@ -920,6 +921,9 @@ class GemmPlan:
     def scalar_ws(self) -> bool:
         """An N block lies inside one 128-row weight-scale block."""
         return FP8_GROUP % self.block_n == 0
+
+
+_FUSED_REDUCE_ELEMS_PER_THREAD = 64  # accumulator elements per thread up to which split-K sums in-kernel
 
 
 def plan_gemm(x: torch.Tensor, weight: torch.Tensor, fmt: str, layout: int, mx_path: str | None = None, invariant: bool = False) -> GemmPlan:
@@ -1008,6 +1012,12 @@ def plan_gemm(x: torch.Tensor, weight: torch.Tensor, fmt: str, layout: int, mx_p
     k_pairs = tma and bool(cfg.get("k_pairs", False)) and fmt == "fp8_block" and FP8_GROUP % block_n == 0
     if k_pairs:
         num_stages = min(num_stages, 3)  # four loads per stage
+    # The partials sum in-kernel (one launch) when the tiles fit the counters and the tile is a decode
+    # tile: a large one's epilogue (its sum and a partial in registers, 128 per thread each for 128x256
+    # over 8 warps) made the H200's batch-256 decode GEMMs 27% slower; those keep the second kernel.
+    tiles = num_m_tiles * num_n * (experts if layout == _MASKED else 1)
+    small_tile = block_m * block_n <= _FUSED_REDUCE_ELEMS_PER_THREAD * 32 * cfg["num_warps"]
+    fused_reduce = split > 1 and small_tile and tiles <= ARRIVALS
     return GemmPlan(
         fmt=fmt, layout=layout, experts=experts, n=n, k=k, max_m=max_m, rows_total=rows_total,
         block_m=block_m, block_n=block_n, block_k=block_k, group_m=cfg.get("GROUP_M", 8),
@@ -1015,7 +1025,7 @@ def plan_gemm(x: torch.Tensor, weight: torch.Tensor, fmt: str, layout: int, mx_p
         mx_mode=mx_mode, mx_lhs="fp16" if x.dtype == torch.float16 else "bf16", mx_dq=mx_dq,
         dot_f32=dot_f32, fp8_via_bf16=fp8_via_bf16,
         num_m_tiles=num_m_tiles, num_n=num_n, split=split, iters_per_split=iters_per_split,
-        tma=tma, k_pairs=k_pairs, warp_specialize=bool(cfg.get("warp_specialize", False)),
+        tma=tma, k_pairs=k_pairs, warp_specialize=bool(cfg.get("warp_specialize", False)), fused_reduce=fused_reduce,
     )
 
 
@@ -1068,9 +1078,6 @@ def _out_strides(plan: GemmPlan, out: torch.Tensor) -> tuple:
     return tuple(out.stride()) if plan.layout == _MASKED else (0, *out.stride())
 
 
-_FUSED_REDUCE_ELEMS_PER_THREAD = 64  # accumulator elements per thread up to which split-K sums in-kernel
-
-
 def _launch_pointers(plan, xq, xs, weight, weight_scale, out, offs_arg, mm_arg) -> None:
     """`_gemm_kernel` (pointer loads, every format, split-K partials summed in-kernel or by a second kernel).
     offs_arg / mm_arg: expert_offsets / masked_m, or any device tensor where the layout has none."""
@@ -1085,13 +1092,7 @@ def _launch_pointers(plan, xq, xs, weight, weight_scale, out, offs_arg, mm_arg) 
     else:
         dest, stride_os, dest_strides = out, 0, _out_strides(p, out)
     grid = (p.num_m_tiles, p.num_n, p.experts * p.split) if p.layout == _MASKED else (p.num_m_tiles * p.num_n, p.split)
-    tiles = p.num_m_tiles * p.num_n * (p.experts if p.layout == _MASKED else 1)
-    # The partials sum in-kernel (one launch) when the tiles fit the counters and the tile is a decode
-    # tile: a large one's epilogue (its sum and a partial in registers, 128 per thread each for 128x256
-    # over 8 warps) made the H200's batch-256 decode GEMMs 27% slower; those keep the second kernel.
-    small_tile = p.block_m * p.block_n <= _FUSED_REDUCE_ELEMS_PER_THREAD * 32 * p.num_warps
-    fused = p.split > 1 and small_tile and tiles <= ARRIVALS and out.is_contiguous()
-    arrivals = arrival_counters(out.device, "gemm") if fused else out
+    arrivals = arrival_counters(out.device, "gemm") if p.fused_reduce else out
     _gemm_kernel[grid](
         xq, xs if xs is not None else xq, weight, weight_scale if weight_scale is not None else weight, dest,
         offs_arg, mm_arg, out, arrivals,
@@ -1106,10 +1107,10 @@ def _launch_pointers(plan, xq, xs, weight, weight_scale, out, offs_arg, mm_arg) 
         SPLIT_K=p.split, E_POW2=next_power_of_2(p.experts), EVEN_K=p.k % p.block_k == 0,
         DOT_F32=p.dot_f32, DOT_PRECISION=dot_precision(p.dot_f32),
         MX_MODE=p.mx_mode, MX_LHS=p.mx_lhs, MX_DQ=p.mx_dq,
-        FP8_VIA_BF16=p.fp8_via_bf16, SCALAR_WS=p.scalar_ws, FUSED_REDUCE=fused,
+        FP8_VIA_BF16=p.fp8_via_bf16, SCALAR_WS=p.scalar_ws, FUSED_REDUCE=p.fused_reduce,
         num_warps=p.num_warps, num_stages=p.num_stages,
     )
-    if p.split > 1 and not fused:
+    if p.split > 1 and not p.fused_reduce:
         numel = out.numel()
         block = 1024
         _split_k_reduce_kernel[(cdiv(numel, block),)](dest, out, numel, stride_os, SPLIT_K=p.split, BLOCK=block, num_warps=4)
