@@ -12,13 +12,11 @@ from __future__ import annotations
 import json
 import re
 
+import jsonschema  # the test extra installs it and llguidance: missing, these tests fail rather than skip
 import pytest
 
-jsonschema = pytest.importorskip("jsonschema")
-pytest.importorskip("llguidance")
-
-from deepinfer import SamplingParams, StructuredOutputsParams  # noqa: E402
-from deepinfer.engine.sampling_params import InvalidRequestError  # noqa: E402
+from deepinfer import SamplingParams, StructuredOutputsParams
+from deepinfer.engine.sampling_params import InvalidRequestError
 
 PROMPT = "Answer:"
 
