@@ -140,6 +140,17 @@ class BlockManager:
                 self.cached[block_hash] = block.block_id
                 block.hash = block_hash
 
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached prefix (benchmarks: a repeated workload then computes what it computed
+        the first time, not cache hits). Only while no sequence holds a page, as vLLM's: False, and
+        nothing forgotten, otherwise."""
+        if any(block.ref_count for block in self.blocks):
+            return False
+        for block in self.blocks:
+            block.hash = None
+        self.cached.clear()
+        return True
+
     def free(self, seq: Sequence) -> None:
         """Release seq's pages. Its last blocks go first in the LRU order: a shared prefix lives at the
         front of a sequence, so its head blocks are the ones worth keeping."""

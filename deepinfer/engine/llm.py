@@ -257,6 +257,11 @@ class LLM:
 
     # -- generation ----------------------------------------------------------------------------
 
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached prompt prefix (vLLM's name): a repeated workload is then computed again,
+        not served from the cache. False, and nothing forgotten, while a request is unfinished."""
+        return self.engine.reset_prefix_cache()
+
     def generate(
         self,
         prompts: Prompt | SequenceType[Prompt],

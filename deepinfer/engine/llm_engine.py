@@ -356,6 +356,10 @@ class LLMEngine:
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished() or bool(self.grammar_wait)
 
+    def reset_prefix_cache(self) -> bool:
+        """Forget the cached prefixes (BlockManager.reset_prefix_cache): False while requests run."""
+        return not self.has_unfinished() and self.block_manager.reset_prefix_cache()
+
     def abort_all(self) -> None:
         """Drop every unfinished request (a caller stopped iterating)."""
         for seq in list(self.scheduler.running):

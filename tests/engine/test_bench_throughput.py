@@ -40,6 +40,21 @@ def test_the_concurrency_cap_holds_and_the_figures_add_up(monkeypatch):
     assert 0 < result.ttft_ms["mean"] <= result.seconds * 1e3 and result.tpot_ms["p99"] >= result.tpot_ms["median"] > 0
 
 
+def test_the_timed_pass_computes_every_prompt_as_the_warmup_did():
+    """The warm-up pass's prefix cache is forgotten: cache hits in the timed pass would make it a
+    different workload (cheaper prefills, kernels of other shapes compiled inside the timing)."""
+    from deepinfer import LLM
+
+    llm = LLM(backend="reference", announce=False, max_num_seqs=4)
+    requests = throughput.random_requests(4, 40, 2, 0.0, llm.engine.vocab_size)
+    computed = []
+    run = llm.engine.runner.run
+    llm.engine.runner.run = lambda batch, *a, **kw: computed.append(sum(batch.num_new_tokens) if batch.is_prefill else 0) or run(batch, *a, **kw)
+    throughput.run(llm, requests, concurrency=4)
+    assert sum(computed) == 2 * 4 * 40, "each pass prefills all 160 prompt tokens"
+    assert llm.reset_prefix_cache()
+
+
 def test_sweep_writes_json_and_plots_it(tmp_path, capsys):
     out = tmp_path / "sweep.json"
     assert main(["bench", "sweep", *TINY, "--concurrency", "1", "--concurrency", "3", "--json", str(out), "--plot", str(tmp_path)]) == 0

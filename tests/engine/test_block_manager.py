@@ -172,3 +172,18 @@ def test_decode_takes_a_new_block_only_at_a_boundary():
     assert manager.can_append(b)
     manager.append_slot(b)
     assert len(b.block_table) == 2
+
+
+def test_reset_prefix_cache_forgets_only_when_no_page_is_held():
+    manager = BlockManager(num_blocks=8, block_size=4)
+    a = seq(range(10))
+    manager.allocate(a)
+    computed(manager, a)
+    assert not manager.reset_prefix_cache(), "a running sequence holds cached pages"
+    assert manager.cached_prefix(seq([*range(8), 5])) == a.block_table[:2]
+    manager.free(a)
+    assert manager.reset_prefix_cache()
+    again = seq(range(10))
+    assert manager.cached_prefix(again) == []
+    manager.allocate(again)
+    assert again.num_computed_tokens == 0 and manager.num_free_blocks == 5
