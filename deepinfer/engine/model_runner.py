@@ -10,6 +10,7 @@ from typing import Callable
 import torch
 
 from deepinfer.device_graphs import GraphCapture
+from deepinfer.engine.host_staging import to_device
 from deepinfer.engine.logits_processing import LogitsProcessing, needs_processing
 from deepinfer.engine.logprobs import LogprobRows, TokenLogprobs
 from deepinfer.engine.scheduler import ScheduledBatch
@@ -108,7 +109,7 @@ class ModelRunner:
         sequence brings to a decode step (speculative verification: 1 + k). vocab_size: the logits'
         width (the penalty history's; default: the model's vocab_size). processed_logprobs: logprobs
         of the processed rows over temperature (logprobs_mode "processed_logprobs"), else of the raw rows.
-        pin_host_buffers: the device runs behind the host, so host tensors it reads (grammar masks) are pinned."""
+        pin_host_buffers: the device runs behind the host, so host tensors it reads (step inputs, grammar masks) are pinned."""
         self.model = model
         self.ops = ops
         self.device = device
@@ -125,6 +126,7 @@ class ModelRunner:
         else:
             self.draft_kv_caches = [torch.zeros(model.kv_cache_shape(num_blocks, block_size, dtype), dtype=dtype, device=device)
                                     for _ in range(num_draft_layers)]  # fmt: skip
+        self.pin_host_buffers = pin_host_buffers
         self.processing = LogitsProcessing(ops, device, vocab_size or model.vocab_size, max_num_seqs, pin_host_buffers)
         self.processed_logprobs = processed_logprobs
         self.graphs = None
@@ -138,6 +140,10 @@ class ModelRunner:
     def tensor(self, values, dtype: torch.dtype) -> torch.Tensor:
         """A host list as a tensor on the device (copied without waiting)."""
         return torch.tensor(values, dtype=dtype).to(self.device, non_blocking=True)
+
+    def tensors(self, *fields: tuple[list, torch.dtype]) -> list[torch.Tensor]:
+        """Host lists (values, dtype) as device tensors through one copy (engine/host_staging.py)."""
+        return to_device(list(fields), self.device, self.pin_host_buffers)
 
     def step_rows(self, batch: ScheduledBatch) -> StepRows:
         """The step's ForwardBatch, its samplers (in logits order) and its prompt-logprob rows."""
@@ -223,15 +229,19 @@ class ModelRunner:
         )
         width = max(len(seq.block_table) for seq in seqs)
         tables = [seq.block_table + [0] * (width - len(seq.block_table)) for seq in seqs]
+        input_ids, positions, slot_mapping, cu_seqlens_q, seq_lens_t, block_tables, logits_indices = self.tensors(
+            ([t for ids in tokens for t in ids], torch.int64), (positions, torch.int64), (slots, torch.int64), (cu_seqlens, torch.int32),
+            (seq_lens, torch.int32), (tables, torch.int32), (logits_rows, torch.int64),
+        )  # fmt: skip
         return ForwardBatch(
             is_prefill=is_prefill,
-            input_ids=self.tensor([t for ids in tokens for t in ids], torch.int64),
-            positions=self.tensor(positions, torch.int64),
-            slot_mapping=self.tensor(slots, torch.int64),
-            cu_seqlens_q=self.tensor(cu_seqlens, torch.int32),
-            seq_lens=self.tensor(seq_lens, torch.int32),
-            block_tables=self.tensor(tables, torch.int32),
-            logits_indices=self.tensor(logits_rows, torch.int64),
+            input_ids=input_ids,
+            positions=positions,
+            slot_mapping=slot_mapping,
+            cu_seqlens_q=cu_seqlens_q,
+            seq_lens=seq_lens_t,
+            block_tables=block_tables,
+            logits_indices=logits_indices,
             max_query_len=max(lengths),
             max_seq_len=max(seq_lens),
             host=host,
@@ -355,11 +365,12 @@ class ModelRunner:
     def sampling_tensors(self, samplers: list[Sequence]) -> dict[str, torch.Tensor]:
         """`sample`'s per-row arguments for these sequences' next tokens."""
         params = [seq.params for seq in samplers]
-        return dict(
-            temperature=self.tensor([p.temperature for p in params], torch.float32),
-            top_k=self.tensor([max(p.top_k, 0) for p in params], torch.int32),
-            top_p=self.tensor([p.top_p for p in params], torch.float32),
-            min_p=self.tensor([p.min_p for p in params], torch.float32),
-            seeds=self.tensor([seq.seed for seq in samplers], torch.int64),
-            positions=self.tensor([seq.num_tokens for seq in samplers], torch.int64),  # where the new token goes
-        )
+        names = ("temperature", "top_k", "top_p", "min_p", "seeds", "positions")
+        return dict(zip(names, self.tensors(
+            ([p.temperature for p in params], torch.float32),
+            ([max(p.top_k, 0) for p in params], torch.int32),
+            ([p.top_p for p in params], torch.float32),
+            ([p.min_p for p in params], torch.float32),
+            ([seq.seed for seq in samplers], torch.int64),
+            ([seq.num_tokens for seq in samplers], torch.int64),  # where the new token goes
+        )))  # fmt: skip

@@ -50,7 +50,7 @@ def test_fp8_weights_stay_fp8_in_memory(fp8_pair):
     fp8, _ = fp8_pair
     dense_layer, moe_layer = fp8.model.layers[0], fp8.model.layers[1]
     attn = dense_layer.attn
-    for w in (attn.q_a_proj, attn.q_b_proj, attn.kv_a_proj, attn.kv_b_proj, attn.o_proj, dense_layer.mlp.down):
+    for w in (*attn.q_kv_a.parts, attn.q_b_proj, attn.kv_b_proj, attn.o_proj, dense_layer.mlp.down):
         assert w.weight.dtype == FP8 and w.scale.dtype == torch.float32 and w.fmt == "fp8_block"
     assert all(p.weight.dtype == FP8 for p in dense_layer.mlp.gate_up.parts)
     assert moe_layer.mlp.down.weight.dtype == FP8 and moe_layer.mlp.down.scale.shape == (8, 1, 1)

@@ -1,0 +1,28 @@
+"""Host lists to device tensors through one packed copy (engine/host_staging.py)."""
+
+import pytest
+import torch
+
+from deepinfer.engine.host_staging import ALIGN, to_device
+
+
+def test_every_field_comes_back_with_its_values_dtype_and_shape():
+    fields = [([1, 2, 3], torch.int64), ([[1, 2], [3, 4], [5, 6]], torch.int32), ([], torch.int64), ([0.5, -1.5], torch.float32), ([7], torch.int32)]
+    out = to_device(fields, torch.device("cpu"), pinned=False)
+    for (values, dtype), t in zip(fields, out):
+        assert t.dtype == dtype and torch.equal(t, torch.tensor(values, dtype=dtype))
+
+
+def test_the_fields_share_one_buffer_each_on_an_aligned_offset():
+    out = to_device([([1], torch.int32), ([2, 3, 4], torch.int64), ([1.0], torch.float32)], torch.device("cpu"), pinned=False)
+    base = out[0].untyped_storage().data_ptr()
+    assert all(t.untyped_storage().data_ptr() == base for t in out), "one buffer, so one host-to-device copy"
+    assert all(t.data_ptr() % ALIGN == 0 for t in out)
+    out[1].add_(1)  # a field is its own slice: writing it leaves the others alone
+    assert out[0].tolist() == [1] and out[1].tolist() == [3, 4, 5] and out[2].tolist() == [1.0]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_one_pinned_copy_reaches_the_device():
+    out = to_device([([1, 2], torch.int64), ([[3]], torch.int32)], torch.device("cuda"), pinned=True)
+    assert [t.device.type for t in out] == ["cuda", "cuda"] and out[0].tolist() == [1, 2] and out[1].tolist() == [[3]]
