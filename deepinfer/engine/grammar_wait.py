@@ -30,6 +30,10 @@ class GrammarWait:
     def add(self, head: Sequence, grammar: Future) -> None:
         self._waiting.append((head, grammar, time.monotonic()))
 
+    def remove(self, head: Sequence) -> None:
+        """Stop waiting for head's request (it was aborted); its grammar compiles on, unused."""
+        self._waiting = [entry for entry in self._waiting if entry[0] is not head]
+
     def clear(self) -> None:
         self._waiting.clear()
 
