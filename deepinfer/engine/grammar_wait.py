@@ -27,6 +27,9 @@ class GrammarWait:
     def __bool__(self) -> bool:
         return bool(self._waiting)
 
+    def __len__(self) -> int:
+        return len(self._waiting)
+
     def add(self, head: Sequence, grammar: Future) -> None:
         self._waiting.append((head, grammar, time.monotonic()))
 
