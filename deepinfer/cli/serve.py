@@ -1,6 +1,6 @@
 """`deepinfer serve`: an OpenAI-compatible HTTP server on the engine (deepinfer.serve).
 
-  deepinfer serve --model PATH [--host 127.0.0.1] [--port 8000] [--api-key KEY] [--ep N]
+  deepinfer serve --model PATH [--host 127.0.0.1] [--port 8000] [--api-key KEY]
 
 Routes: POST /v1/completions and /v1/chat/completions (streamed by server-sent events with
 "stream": true, or whole), GET /v1/models, /health (never needs the key) and /metrics (Prometheus
@@ -15,9 +15,8 @@ request and frees its KV pages. --max-queue bounds the requests waiting for the 
 SIGINT / SIGTERM stop taking requests, give the unfinished ones --shutdown-timeout seconds, then
 abort them with a final event.
 
-The engine flags are `deepinfer run`'s. With --ep N the experts are sharded over N ranks started by
-torchrun: rank 0 serves HTTP and deals the requests round-robin to the ranks; every rank steps its
-engine in lockstep (deepinfer.serve.lockstep_loop).
+The engine flags are `deepinfer run`'s. Expert parallelism (--ep N) is not implemented for serve
+yet: --ep > 1 is a one-line error (run-batch --ep N runs expert-parallel batches).
 
 Needs the serve extra: pip install 'deepinfer[serve]'.
 """
@@ -102,34 +101,15 @@ def listen(host: str, port: int) -> socket.socket:
 
 
 def serve(args) -> int:
-    from deepinfer.cli.launch import launched_by_torchrun, run_as_rank
+    from deepinfer.cli.launch import launched_by_torchrun
 
     require_serve_extra()
     check_flags(args)
-    if not launched_by_torchrun():
-        if (args.ep or 1) > 1:
-            return launch_ranks(args)
-        return serve_rank(args, None)
-    from deepinfer.cli.run import join_run
-    from deepinfer.distributed.group import env_rank
-
-    rank = env_rank()
-
-    def body() -> int:
-        ctx = join_run(args)
-        return serve_rank(args, ctx)
-
-    return run_as_rank(body, rank)
-
-
-def launch_ranks(args) -> int:
-    from deepinfer.cli import launch
-    from deepinfer.cli.run import check_ep_setup
-
-    check_ep_setup(args)
-    listen(args.host, args.port).close()  # the port is free before N ranks load the model (rank 0 binds it again)
-    words = ["serve", *launch.command_line(_PARSER, args)]
-    return launch.torchrun(args.ep, words, what="serve", verbose=getattr(args, "verbose", False))
+    if (args.ep or 1) > 1 or launched_by_torchrun():
+        # Not built yet: rank 0 would have to deal requests to the ranks and gather their tokens every step.
+        raise UserError("deepinfer serve runs one process for now: expert parallelism (--ep N, torchrun) is not implemented for serve yet; "
+                        "use deepinfer run-batch --ep N for expert-parallel batches")
+    return serve_rank(args)
 
 
 def served_models(args) -> list[str]:
@@ -138,27 +118,16 @@ def served_models(args) -> list[str]:
     return list(args.served_model_name or [args.model or DEFAULT])
 
 
-def serve_rank(args, ctx) -> int:
-    """This process's part: the whole server alone; under torchrun rank 0 serves HTTP and every rank steps."""
+def serve_rank(args) -> int:
+    """The whole server in this process: the engine thread and uvicorn (blocks until a signal stops it)."""
     from deepinfer.serve.app import ServeConfig
     from deepinfer.serve.server import make_frontend, make_server
 
-    first = ctx is None or ctx.rank == 0
-    sock = listen(args.host, args.port) if first else None
+    sock = listen(args.host, args.port)
     chat_template = read_chat_template(args.chat_template)
-    llm = load_llm(args, ctx)
-    if not first:
-        from deepinfer.serve.lockstep_loop import follow
-
-        follow(llm, ctx)
-        return 0
+    llm = load_llm(args, None)
     config = ServeConfig(served_models(args), args.api_key, chat_template, args.seed, args.request_timeout)
-    loop_kwargs = {}
-    if ctx is not None:
-        from deepinfer.serve.lockstep_loop import LockstepLoop
-
-        loop_kwargs = {"loop_class": LockstepLoop, "ctx": ctx}
-    front = make_frontend(llm, config, args.max_queue, **loop_kwargs)
+    front = make_frontend(llm, config, args.max_queue)
     server = make_server(front, args.host, args.port, args.shutdown_timeout, args.log_level)
     host, port = sock.getsockname()[:2]
     print(f"deepinfer: serving {', '.join(config.served_models)} on http://{host}:{port} (backend {llm.backend}; Ctrl-C stops)",

@@ -1,7 +1,6 @@
 """`deepinfer serve`: an OpenAI-compatible HTTP server on the engine.
 
 - engine_loop.py: the engine's own thread, a thread-safe inbox, updates to each request's asyncio queue
-- lockstep_loop.py: the same with expert parallelism (rank 0 serves, every rank steps)
 - protocol.py: OpenAI's errors, streamed chunks and server-sent events
 - app.py: the FastAPI routes (request bodies read by run-batch's field table)
 - metrics.py: the Prometheus metrics

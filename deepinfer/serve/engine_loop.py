@@ -14,7 +14,8 @@ deadline (the request timeout) is checked after every step; a job past it is abo
 `stop(grace)`: new jobs are refused; running ones get `grace` seconds to finish, then are aborted,
 each told so in a final update, and the thread ends.
 
-Expert parallelism replaces only how a step runs (`_step`): deepinfer.serve.lockstep_loop.
+Expert parallelism is not served yet; its loop would replace how a step runs (`_step`) by the
+ranks' lockstep (deepinfer.engine.data_parallel shows the agreement each step needs).
 """
 
 from __future__ import annotations

@@ -90,6 +90,7 @@ def test_usage_errors_are_one_line(capsys, monkeypatch):
     one_line(["serve", "--port", "70000"], "--port must lie in [0, 65535]")
     one_line(["serve", "--max-queue", "0"], "--max-queue must be >= 1")
     one_line(["serve", "--request-timeout", "0"], "--request-timeout must be > 0")
+    one_line(["serve", "--ep", "2"], "expert parallelism (--ep N, torchrun) is not implemented for serve yet")
     taken = socket.socket()
     taken.bind(("127.0.0.1", 0))
     taken.listen(1)
