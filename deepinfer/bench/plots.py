@@ -4,7 +4,9 @@ drawn on any machine from the JSON the benchmarks write (the GPU machine need no
 - a `bench throughput` / `bench sweep` file: output tokens/s against time per output token, one
   point per concurrency (labelled), one line per (input, output) length pair, the Pareto front marked;
 - a `bench e2e` file: decode step time against the HBM floor (the bytes a step must read at copy
-  bandwidth) per batch size, with the share of the floor reached.
+  bandwidth) per batch size, with the share of the floor reached;
+- a `bench serve` file: TTFT and TPOT (median and p99) against the achieved request throughput, one
+  point per request rate (labelled).
 """
 
 from __future__ import annotations
@@ -27,12 +29,12 @@ def require_matplotlib():
 
 
 def kind_of(data: dict, path: Path) -> str:
-    if data.get("kind") == "throughput":
-        return "throughput"
+    if data.get("kind") in ("throughput", "serve"):
+        return data["kind"]
     results = data.get("results")
     if isinstance(results, list) and results and isinstance(results[0], dict) and "deepinfer_step_ms" in results[0]:
         return "e2e"
-    raise UserError(f"{path} is neither a `bench throughput`/`sweep` nor a `bench e2e` --json file")
+    raise UserError(f"{path} is neither a `bench throughput`/`sweep`, a `bench serve` nor a `bench e2e` --json file")
 
 
 def pareto(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
@@ -80,6 +82,22 @@ def plot_e2e(data: dict, out: Path) -> Path:
     return _finish(plt, fig, ax, data, "batch (requests)", "ms per decode step", "decode step vs HBM floor (labels: share of the floor)", out)
 
 
+def plot_serve(data: dict, out: Path) -> Path:
+    plt = require_matplotlib()
+    rows = [r for r in data["results"] if r["ttft_ms"]["median"] is not None]
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    xs = [r["request_throughput"] for r in rows]
+    for metric, style in (("ttft_ms", "o"), ("tpot_ms", "s")):
+        for stat, line in (("median", "-"), ("p99", "--")):
+            ys = [r[metric][stat] for r in rows]
+            if all(y is not None for y in ys):
+                ax.plot(xs, ys, marker=style, linestyle=line, label=f"{metric.removesuffix('_ms').upper()} {stat}")
+    for r, x in zip(rows, xs):
+        ax.annotate(str(r["request_rate"]), (x, r["ttft_ms"]["median"]), textcoords="offset points", xytext=(4, 4), fontsize=8)
+    ax.set_yscale("log")
+    return _finish(plt, fig, ax, data, "achieved requests/s", "ms", "serving latency vs load (labels: request rate offered)", out)
+
+
 def _finish(plt, fig, ax, data: dict, xlabel: str, ylabel: str, what: str, out: Path) -> Path:
     """Labels, a title naming the machine and date of `data`, grid and legend; the PNG written to out."""
     machine = data.get("machine") or {}
@@ -102,4 +120,4 @@ def plot_file(path: Path, out_dir: Path) -> Path:
     except (OSError, json.JSONDecodeError) as exc:
         raise UserError(f"cannot read {path}: {exc}") from None
     out = out_dir / f"{path.stem}.png"
-    return plot_throughput(data, out) if kind_of(data, path) == "throughput" else plot_e2e(data, out)
+    return {"throughput": plot_throughput, "serve": plot_serve, "e2e": plot_e2e}[kind_of(data, path)](data, out)

@@ -26,6 +26,7 @@ from deepinfer.cli.run_requests import json_object_line, read_input_lines, refus
 from deepinfer.errors import UserError
 
 LINE_KEYS = ("custom_id", "method", "url", "body")
+DEFAULT_MAX_TOKENS = {COMPLETIONS: 16}  # vLLM's CompletionRequest default; a chat request has none (the model's length)
 PROMPT_FIELD = {COMPLETIONS: "prompt", CHAT: "messages"}  # each endpoint's prompt; the other's is refused at it
 NOT_FOUND = 404
 
@@ -90,7 +91,7 @@ def parse_batch_line(line: str, where: str, number: int, served_models: list[str
         return request
     body = _body(item, request)
     if body is not None:
-        _read_body(body, request, served_models)
+        read_body(body, request, served_models)
     return request
 
 
@@ -113,8 +114,10 @@ def _body(item: dict, request: BatchRequest) -> dict | None:
     return None
 
 
-def _read_body(body: dict, request: BatchRequest, served_models: list[str]) -> None:
-    """Fill `request` from its body, failing it on the first problem (in the body's order)."""
+def read_body(body: dict, request: BatchRequest, served_models: list[str], *, skip=(), where: str = " in \"body\"") -> None:
+    """Fill `request` (its url set) from a request body, failing it on the first problem (in the
+    body's order): the one check of a body that run-batch's lines and `deepinfer serve`'s requests
+    share. `skip`: fields the caller reads itself (the server: "stream", "stream_options")."""
     prompt_field = PROMPT_FIELD[request.url]
     other = next(f for f in PROMPT_FIELD.values() if f != prompt_field)
     for key in body:
@@ -123,7 +126,7 @@ def _read_body(body: dict, request: BatchRequest, served_models: list[str]) -> N
                          f"not of {request.url} (it reads {name(prompt_field)})", key)  # fmt: skip
             return
     try:
-        request.fields = read_fields(body, skip=(prompt_field,), endpoint=request.url, where=" in \"body\"")
+        request.fields = read_fields(body, skip=(prompt_field, *skip), endpoint=request.url, where=where)
     except BadField as exc:
         request.fail(str(exc), exc.param)
         return
@@ -187,3 +190,27 @@ def _messages(value, request: BatchRequest) -> list | None:
             return None
         messages.append({**message, "content": content})
     return messages
+
+
+def sampling_params(request: BatchRequest, base_seed: int) -> list | None:
+    """A SamplingParams per prompt of a read request (the endpoint's defaults, then the body's
+    fields); None, with the request failed, when a value is refused. Without a "seed", prompt 0
+    samples with derive_seed(base_seed, request.ordinal) and prompt j > 0 with one derived from that
+    (with "n", the engine derives each sample's seed from its prompt's)."""
+    from deepinfer.engine.llm_engine import derive_seed
+    from deepinfer.engine.sampling_params import SamplingParams
+
+    values = {"max_tokens": DEFAULT_MAX_TOKENS.get(request.url), **request.fields.sampling}
+    line_seed = derive_seed(base_seed, request.ordinal)
+    params = []
+    for choice in range(max(1, len(request.prompts))):
+        seed = values.get("seed", line_seed if choice == 0 else derive_seed(line_seed, choice))
+        try:
+            params.append(SamplingParams(**{**values, "seed": seed}))
+        except ValueError as exc:
+            text = str(exc).removeprefix("SamplingParams: ")
+            param = next((p for p in request.fields.sources if text.startswith(p)), None)
+            field = request.fields.sources.get(param)
+            request.fail(text if field in (None, param) else f"{name(field)}: {text}", field)
+            return None
+    return params

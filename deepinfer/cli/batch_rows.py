@@ -51,6 +51,12 @@ def result_row(request: BatchRequest, outputs: list, model: str) -> dict:
     if failed is not None:
         return error_row(request, Failure(f"{request.source}: {failed}", "structured_outputs"))
     hex_id = uuid.uuid4().hex
+    return _row(request, {"status_code": 200, "request_id": f"deepinfer-batch-{hex_id}", "body": response_body(request, outputs, model, hex_id)}, None)
+
+
+def response_body(request: BatchRequest, outputs: list, model: str, hex_id: str) -> dict:
+    """The endpoint's answer (a Completion or a ChatCompletion) to a request whose every prompt
+    finished: what run-batch's rows carry and what `deepinfer serve` answers."""
     completions = request.url == COMPLETIONS
     choices = []
     for completion in (c for output in outputs for c in output.outputs):  # a prompt's n samples in a row, as vLLM numbers them
@@ -66,7 +72,7 @@ def result_row(request: BatchRequest, outputs: list, model: str) -> dict:
         choices.append(choice)
     prompt_tokens = sum(len(o.prompt_token_ids) for o in outputs)  # once per prompt, whatever its n
     completion_tokens = sum(len(c.token_ids) for o in outputs for c in o.outputs)
-    body = {
+    return {
         "id": f"{'cmpl' if completions else 'chatcmpl'}-{hex_id}",
         "object": "text_completion" if completions else "chat.completion",
         "created": int(time.time()),
@@ -74,7 +80,6 @@ def result_row(request: BatchRequest, outputs: list, model: str) -> dict:
         "choices": choices,
         "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens, "total_tokens": prompt_tokens + completion_tokens},
     }
-    return _row(request, {"status_code": 200, "request_id": f"deepinfer-batch-{hex_id}", "body": body}, None)
 
 
 def _top(position: dict, k: int) -> list[tuple[str, float]]:
@@ -83,10 +88,11 @@ def _top(position: dict, k: int) -> list[tuple[str, float]]:
     return [(text, logprob) for _, text, logprob in ranked]
 
 
-def completion_logprobs(completion, k: int) -> dict:
+def completion_logprobs(completion, k: int, offset: int = 0) -> dict:
     """OpenAI's Completion choice logprobs: each generated token's text, logprob, offset in the
-    text, and its position's k most likely tokens {text: logprob}."""
-    tokens, offsets, offset = [], [], 0
+    text (from `offset`: a streamed chunk's tokens follow the text sent before), and its position's
+    k most likely tokens {text: logprob}."""
+    tokens, offsets = [], []
     for token_id, position in zip(completion.token_ids, completion.logprobs):
         text = position[token_id].decoded_token or ""
         tokens.append(text), offsets.append(offset)

@@ -1,4 +1,4 @@
-"""`deepinfer run | run-batch | backends | conformance | bench`.
+"""`deepinfer run | run-batch | serve | backends | conformance | bench`.
 
 Building the parser imports no torch and loads no backend plugin (`deepinfer --help` answers at
 once); each command imports what it needs when it runs. The one exception is `deepinfer bench`
@@ -15,7 +15,7 @@ import sys
 from deepinfer import __version__
 from deepinfer.errors import UserError
 
-SUBCOMMANDS = ("run", "run-batch", "backends", "conformance", "bench")
+SUBCOMMANDS = ("run", "run-batch", "serve", "backends", "conformance", "bench")
 
 
 class Parser(argparse.ArgumentParser):

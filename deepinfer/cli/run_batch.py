@@ -55,19 +55,15 @@ import json
 import sys
 import time
 
-from deepinfer.cli.batch_requests import BatchRequest, Failure, read_batch_requests
+from deepinfer.cli.batch_requests import BatchRequest, Failure, read_batch_requests, sampling_params
 from deepinfer.cli.batch_rows import BATCH_ROWS, WRITE_FAILED, error_row, result_row, row_text
 from deepinfer.cli.engine_flags import add_engine_flags, check_engine_flags, load_llm, read_chat_template
-from deepinfer.cli.request_fields import COMPLETIONS, name
 from deepinfer.cli.request_fields import describe as describe_fields
 from deepinfer.cli.run import CLI_FIXES, Command, print_summary, run_command, to_stdout
 from deepinfer.cli.run_output import InOrder, OutputFile, add_output_flags
 from deepinfer.errors import UserError
 
 __all__ = ["BATCH", "add_parser", "run_batch"]
-
-DEFAULT_MAX_TOKENS = {COMPLETIONS: 16}  # vLLM's CompletionRequest default; a chat request has none (the model's length)
-
 
 def add_parser(sub) -> None:
     p = sub.add_parser(
@@ -112,27 +108,8 @@ def request_ids(args) -> list[str]:
 
 
 def make_params(args, request: BatchRequest) -> list | None:
-    """A SamplingParams per prompt (the endpoint's defaults, then the body's fields); None, with the
-    request failed, when a value is refused. Without a "seed", prompt 0 samples with the seed `run`
-    gives the same line and prompt j > 0 with one derived from it (with "n", the engine derives each
-    sample's seed from its prompt's)."""
-    from deepinfer.engine.llm_engine import derive_seed
-    from deepinfer.engine.sampling_params import SamplingParams
-
-    values = {"max_tokens": DEFAULT_MAX_TOKENS.get(request.url), **request.fields.sampling}
-    line_seed = derive_seed(args.seed, request.ordinal)
-    params = []
-    for choice in range(max(1, len(request.prompts))):
-        seed = values.get("seed", line_seed if choice == 0 else derive_seed(line_seed, choice))
-        try:
-            params.append(SamplingParams(**{**values, "seed": seed}))
-        except ValueError as exc:
-            text = str(exc).removeprefix("SamplingParams: ")
-            param = next((p for p in request.fields.sources if text.startswith(p)), None)
-            field = request.fields.sources.get(param)
-            request.fail(text if field in (None, param) else f"{name(field)}: {text}", field)
-            return None
-    return params
+    """A SamplingParams per prompt (batch_requests.sampling_params), seeds derived from --seed and the line number."""
+    return sampling_params(request, args.seed)
 
 
 def engine_prompts(llm, request: BatchRequest, chat_template: str | None) -> list[dict]:

@@ -27,8 +27,15 @@ class GrammarWait:
     def __bool__(self) -> bool:
         return bool(self._waiting)
 
+    def __len__(self) -> int:
+        return len(self._waiting)
+
     def add(self, head: Sequence, grammar: Future) -> None:
         self._waiting.append((head, grammar, time.monotonic()))
+
+    def remove(self, head: Sequence) -> None:
+        """Stop waiting for head's request (it was aborted); its grammar compiles on, unused."""
+        self._waiting = [entry for entry in self._waiting if entry[0] is not head]
 
     def clear(self) -> None:
         self._waiting.clear()

@@ -349,7 +349,7 @@ class LLM:
         raising, call on_invalid(index, error) for each prompt that fails its checks and leave it
         out (its index is never yielded); the others run.
         """
-        requests = self._make_requests(prompts, sampling_params, names, on_invalid)
+        requests = self.make_requests(prompts, sampling_params, names, on_invalid)
         self.engine.abort_all()  # leftovers of an iterator that was never run
         base = self._num_submitted
         self._num_submitted += len(requests)
@@ -370,8 +370,11 @@ class LLM:
                 position[self.engine.add_request(ids, params, text, index=base + i).seq_id] = i
         return GenerationStream(self.engine, position, len(requests), use_tqdm, queued=queued)
 
-    def _make_requests(self, prompts, sampling_params, names=None, on_invalid=None) -> list[tuple[list[int], SamplingParams, str | None] | None]:
-        """Each prompt tokenized and checked; None for one that failed (reported to on_invalid)."""
+    def make_requests(self, prompts, sampling_params, names=None, on_invalid=None) -> list[tuple[list[int], SamplingParams, str | None] | None]:
+        """Each prompt tokenized and checked against the engine, as generate() does before it queues
+        anything: (token ids, params, text) each, for LLMEngine.add_request; InvalidRequestError
+        for the first that fails, or with on_invalid, None for it (reported to on_invalid). Touches no
+        engine state: `deepinfer serve` calls it off the engine's thread."""
         if isinstance(prompts, (str, dict)):
             prompts = [prompts]
         prompts = list(prompts)

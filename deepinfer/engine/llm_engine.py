@@ -360,6 +360,29 @@ class LLMEngine:
         """Forget the cached prefixes (BlockManager.reset_prefix_cache): False while requests run."""
         return not self.has_unfinished() and self.block_manager.reset_prefix_cache()
 
+    def abort(self, seq: Sequence) -> bool:
+        """Drop one unfinished request, every sample of it, wherever it is (waiting for its grammar,
+        queued, held back, running): its KV pages are freed now, its samples finish with
+        finish_reason "abort" (vLLM's) where they had none. False, and nothing changed, when every
+        sample had already finished. Between steps only (the engine is not thread-safe); with
+        overlap scheduling a step in flight that holds it finishes without it, as after a stop."""
+        head = seq.head
+        if all(sample.status is SequenceStatus.FINISHED for sample in head.samples):
+            return False
+        self.grammar_wait.remove(head)
+        head.held_back = []
+        for sample in head.samples:
+            if sample.status is SequenceStatus.RUNNING:
+                self.scheduler.finish(sample)
+            elif sample.status is SequenceStatus.WAITING and sample in self.scheduler.waiting:
+                self.scheduler.waiting.remove(sample)
+            if sample.status is not SequenceStatus.FINISHED or sample.finish_reason is None:
+                sample.status = SequenceStatus.FINISHED
+                sample.finish_reason = sample.finish_reason or "abort"
+            if self.speculative is not None:
+                self.speculative.forget(sample)
+        return True
+
     def abort_all(self) -> None:
         """Drop every unfinished request (a caller stopped iterating)."""
         for seq in list(self.scheduler.running):

@@ -24,7 +24,7 @@ class CompletionOutput:
     index: int
     text: str
     token_ids: list[int]
-    # "stop" (EOS, a stop token id, a stop string, a completed grammar) | "length" | "error" | None while running
+    # "stop" (EOS, a stop token id, a stop string, a completed grammar) | "length" | "error" | "abort" (LLMEngine.abort) | None while running
     finish_reason: str | None
     stop_reason: int | str | None = None  # the stop token id or stop string that ended it; None for EOS or length
     cumulative_logprob: float | None = None  # the sum of the generated tokens' logprobs (when logprobs was asked for)

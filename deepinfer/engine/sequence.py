@@ -61,7 +61,7 @@ class Sequence:
         self.num_preemptions = 0
         self.num_drafts_verified = 0  # speculative decoding: drafts this request verified, and accepted
         self.num_drafts_accepted = 0
-        self.finish_reason: str | None = None  # "stop" | "length" | "error"
+        self.finish_reason: str | None = None  # "stop" | "length" | "error" | "abort"
         self.error: str | None = None  # with finish_reason "error": what failed (its grammar)
         self.grammar = None  # its SequenceGrammar (structured output), once its request's grammar compiled
         self.stop_reason: int | str | None = None  # the stop token id or stop string, None for EOS/length

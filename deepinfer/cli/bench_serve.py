@@ -1,0 +1,158 @@
+"""`deepinfer bench serve`: serving latency and throughput over HTTP at a sweep of request rates.
+
+It starts a server in this process (on a free loopback port: --model, or --model-shape v2-lite
+--layers N for a random-weight DeepSeek-V2-Lite-shaped model) or drives one already running
+(--url), with Poisson arrivals at each --request-rate (inf: all at once) of --num-prompts random
+token-id prompts, streamed. It prints TTFT, TPOT and ITL percentiles and the throughputs per rate,
+writes them to --json, and with --plot DIR a PNG (deepinfer/bench/serve.py, plots.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import threading
+import time
+from pathlib import Path
+
+from deepinfer.errors import UserError
+
+
+def add_parser(what) -> None:
+    p = what.add_parser("serve", help="a server's TTFT / TPOT / throughput over HTTP at a sweep of request rates (vLLM's bench serve shape)",
+                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    p.add_argument("--url", default=None, help="a running server (e.g. http://127.0.0.1:8000); default: start one here")
+    p.add_argument("--api-key", default=None, help="the --url server's API key")
+    p.add_argument("--served-model", default=None, metavar="NAME", help="the model name the requests give (default: the server's first)")
+    p.add_argument("--model", default=None, metavar="PATH", help="the server started here: an HF checkpoint folder or an embedded tiny model")
+    p.add_argument("--model-shape", choices=("v2-lite",), default=None, help="instead of --model: a random-weight DeepSeek-V2-Lite-shaped model (bf16)")
+    p.add_argument("--layers", type=int, default=None, help="--model-shape: cut the model to this many layers (default: all 27)")
+    p.add_argument("--backend", default="auto", help="the server started here: auto or a backend from `deepinfer backends`")
+    p.add_argument("--max-num-seqs", type=int, default=256, help="the server started here: its running-request cap (default 256)")
+    p.add_argument("--vocab", type=int, default=None, help="--url: the model's vocabulary size, for the random prompts (default: 32000)")
+    p.add_argument("--request-rate", type=float, action="append", default=None, metavar="R",
+                   help="requests per second, Poisson arrivals (repeatable: the sweep; inf: all at once; default 1, 4, 16, inf)")
+    p.add_argument("--num-prompts", type=int, default=64, help="requests per rate (default 64)")
+    p.add_argument("--input-len", type=int, default=128, help="mean prompt tokens (default 128)")
+    p.add_argument("--output-len", type=int, default=128, help="mean output tokens (default 128)")
+    p.add_argument("--range-ratio", type=float, default=0.5, help="lengths drawn uniformly in [len x (1 - r), len x (1 + r)] (default 0.5)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the prompts and the arrivals (default 0)")
+    p.add_argument("--json", type=Path, default=None, metavar="FILE", help="write the results to FILE")
+    p.add_argument("--plot", type=Path, default=None, metavar="DIR", help="also write the plot (PNG) into DIR (needs matplotlib)")
+    p.set_defaults(func=run_bench_serve)
+
+
+def check(args) -> list[float]:
+    rates = args.request_rate or [1.0, 4.0, 16.0, math.inf]
+    if any(not r > 0 for r in rates):
+        raise UserError(f"--request-rate must be > 0 (or inf), got {min(rates)}")
+    for name in ("num_prompts", "input_len", "output_len", "max_num_seqs"):
+        if getattr(args, name) < 1:
+            raise UserError(f"--{name.replace('_', '-')} must be at least 1, not {getattr(args, name)}")
+    if not 0 <= args.range_ratio < 1:
+        raise UserError(f"--range-ratio must lie in [0, 1), not {args.range_ratio}")
+    if args.json is not None and not args.json.parent.is_dir():
+        raise UserError(f"cannot write {args.json}: folder {args.json.parent} does not exist")
+    if args.plot is not None:
+        if not args.plot.is_dir():
+            raise UserError(f"--plot {args.plot}: no such folder")
+        from deepinfer.bench.plots import require_matplotlib
+
+        require_matplotlib()
+    if args.url is not None and (args.model or args.model_shape or args.layers):
+        raise UserError("--url drives a running server: --model, --model-shape and --layers are for one started here")
+    if args.model is not None and args.model_shape is not None:
+        raise UserError("give --model or --model-shape, not both")
+    if args.layers is not None and args.model_shape is None:
+        raise UserError("--layers cuts a --model-shape model")
+    return sorted(rates)
+
+
+def run_bench_serve(args) -> int:
+    from deepinfer.bench import serve as bench
+    from deepinfer.cli.serve import require_serve_extra
+
+    rates = check(args)
+    require_serve_extra()
+    server = None
+    if args.url is None:
+        server, url, model, llm = start_server(args)
+        vocab = llm.engine.vocab_size
+        machine = {"backend": llm.backend, "device": str(llm.engine.runtime.device), "model": model}
+    else:
+        url, model, vocab = args.url.rstrip("/"), args.served_model or first_model(args.url, args.api_key), args.vocab or 32000
+        machine = {"url": url, "model": model}
+    machine["date"] = time.strftime("%Y-%m-%d")
+    try:
+        workload = bench.random_workload(args.num_prompts, args.input_len, args.output_len, args.range_ratio, vocab, args.seed)
+        results = bench.sweep(url, model, workload, rates, args.seed, api_key=args.api_key)
+    finally:
+        if server is not None:
+            server.stop()
+    print(bench.format_results(results))
+    data = bench.to_json(results, machine, {"num_prompts": args.num_prompts, "input_len": args.input_len, "output_len": args.output_len,
+                                            "range_ratio": args.range_ratio, "seed": args.seed})  # fmt: skip
+    if args.json is not None:
+        import json
+
+        args.json.write_text(json.dumps(data, indent=2) + "\n")
+    if args.plot is not None:
+        from deepinfer.bench.plots import plot_serve
+
+        print(f"plot: {plot_serve(data, args.plot / 'serve.png')}")
+    return 0
+
+
+def first_model(url: str, api_key: str | None) -> str:
+    import httpx2
+
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    try:
+        reply = httpx2.get(f"{url.rstrip('/')}/v1/models", headers=headers, timeout=30)
+        reply.raise_for_status()
+        return reply.json()["data"][0]["id"]
+    except (httpx2.HTTPError, KeyError, IndexError, ValueError) as exc:
+        raise UserError(f"--url {url}: cannot list its models ({exc})") from None
+
+
+class InProcessServer:
+    """`deepinfer serve` on a free loopback port, in a thread of this process (the benchmark's client runs beside it)."""
+
+    def __init__(self, llm, model: str, max_queue: int):
+        from deepinfer.cli.serve import listen
+        from deepinfer.serve.app import ServeConfig
+        from deepinfer.serve.server import make_frontend, make_server
+
+        self.sock = listen("127.0.0.1", 0)
+        self.port = self.sock.getsockname()[1]
+        self.front = make_frontend(llm, ServeConfig([model]), max_queue)
+        self.server = make_server(self.front, "127.0.0.1", self.port, shutdown_timeout_s=0)
+        self.front.loop.start()
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
+        self.thread.start()
+        while not self.server.started:
+            if not self.thread.is_alive():
+                raise UserError("the benchmark's server did not start")
+            time.sleep(0.02)
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(60)
+        self.front.loop.stop(0)
+        self.front.loop.join(30)
+
+
+def start_server(args):
+    engine_options = {"seed": args.seed, "max_num_seqs": args.max_num_seqs}
+    if args.model_shape is not None:
+        from deepinfer.bench.throughput import random_shape_llm
+
+        llm = random_shape_llm(args.backend, args.layers, engine_options)
+        model = f"random-{args.model_shape}-{llm.engine.loaded.config.num_hidden_layers}-layers"
+    else:
+        from deepinfer import LLM
+
+        llm = LLM(model=args.model, backend=args.backend, announce=False, **engine_options)
+        model = args.model or "tiny-v3"
+    server = InProcessServer(llm, model, max_queue=max(1024, args.num_prompts))
+    return server, f"http://127.0.0.1:{server.port}", model, llm

@@ -1,0 +1,143 @@
+"""`deepinfer serve`: an OpenAI-compatible HTTP server on the engine (deepinfer.serve).
+
+  deepinfer serve --model PATH [--host 127.0.0.1] [--port 8000] [--api-key KEY]
+
+Routes: POST /v1/completions and /v1/chat/completions (streamed by server-sent events with
+"stream": true, or whole), GET /v1/models, /health (never needs the key) and /metrics (Prometheus
+text). The request bodies are read by the field table `deepinfer run-batch` reads
+(deepinfer/cli/request_fields.py: the same fields, the same refusals), plus "stream" and
+"stream_options": {"include_usage": true}. Errors are OpenAI's {"error": {"message", "type",
+"param", "code"}}.
+
+Requests join the running batch at the next engine step. A client that disconnects aborts its
+request and frees its KV pages. --max-queue bounds the requests waiting for the running batch (then
+429); --request-timeout aborts a request that runs longer (408, or an error event when streamed);
+SIGINT / SIGTERM stop taking requests, give the unfinished ones --shutdown-timeout seconds, then
+abort them with a final event.
+
+The engine flags are `deepinfer run`'s. Expert parallelism (--ep N) is not implemented for serve
+yet: --ep > 1 is a one-line error (run-batch --ep N runs expert-parallel batches).
+
+Needs the serve extra: pip install 'deepinfer[serve]'.
+"""
+
+from __future__ import annotations
+
+import argparse
+import socket
+import sys
+
+from deepinfer.cli.engine_flags import add_engine_flags, check_engine_flags, load_llm, read_chat_template
+from deepinfer.errors import UserError
+
+SERVE_MODULES = ("fastapi", "uvicorn", "prometheus_client")
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("serve", help="an OpenAI-compatible HTTP server (completions, chat, streaming, metrics)",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    p.add_argument("--host", default="127.0.0.1", help="the address to listen on (default 127.0.0.1; 0.0.0.0: every interface)")
+    p.add_argument("--port", type=int, default=8000, help="the port to listen on (default 8000; 0: any free port, printed)")
+    p.add_argument("--api-key", metavar="KEY", help="require 'Authorization: Bearer KEY' on every route but /health")
+    p.add_argument("--served-model-name", nargs="+", metavar="NAME",
+                   help="the model names requests may give (default: --model as given); answers carry the first")
+    p.add_argument("--max-queue", type=int, default=1024, metavar="N",
+                   help="requests that may wait for the running batch; more are answered 429 (default 1024)")
+    p.add_argument("--request-timeout", type=float, metavar="S", help="abort a request still unfinished after S seconds (default: none)")
+    p.add_argument("--shutdown-timeout", type=float, default=30.0, metavar="S",
+                   help="on SIGINT/SIGTERM, seconds the unfinished requests get before they are aborted (default 30)")
+    p.add_argument("--log-level", default="warning", choices=("critical", "error", "warning", "info", "debug"), help="uvicorn's log level")
+    add_engine_flags(p)
+    p.set_defaults(func=serve)
+    global _PARSER
+    _PARSER = p
+
+
+_PARSER: argparse.ArgumentParser | None = None
+
+
+def require_serve_extra() -> None:
+    import importlib.util
+
+    missing = [m for m in SERVE_MODULES if importlib.util.find_spec(m) is None]
+    if missing:
+        raise UserError(f"deepinfer serve needs {', '.join(missing)}: pip install 'deepinfer[serve]'")
+
+
+def check_flags(args) -> None:
+    check_engine_flags(args)
+    if not 0 <= args.port <= 65535:
+        raise UserError(f"--port must lie in [0, 65535], got {args.port}")
+    if args.max_queue < 1:
+        raise UserError(f"--max-queue must be >= 1, got {args.max_queue}")
+    if args.request_timeout is not None and not args.request_timeout > 0:
+        raise UserError(f"--request-timeout must be > 0 seconds, got {args.request_timeout}")
+    if not args.shutdown_timeout >= 0:
+        raise UserError(f"--shutdown-timeout must be >= 0 seconds, got {args.shutdown_timeout}")
+    if args.api_key is not None and not args.api_key.strip():
+        raise UserError("--api-key may not be empty")
+    for served in args.served_model_name or ():
+        if not served.strip():
+            raise UserError("--served-model-name: a name may not be empty")
+
+
+def listen(host: str, port: int) -> socket.socket:
+    """The listening socket, bound before the model loads: a taken port is a one-line error at once."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as exc:
+        raise UserError(f"--host {host}: {exc.strerror}") from None
+    family, kind, proto, _, address = infos[0]
+    sock = socket.socket(family, kind, proto)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind(address)
+    except OSError as exc:
+        sock.close()
+        raise UserError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
+    sock.listen(2048)
+    sock.set_inheritable(True)
+    return sock
+
+
+def serve(args) -> int:
+    from deepinfer.cli.launch import launched_by_torchrun
+
+    require_serve_extra()
+    check_flags(args)
+    if (args.ep or 1) > 1 or launched_by_torchrun():
+        # Not built yet: rank 0 would have to deal requests to the ranks and gather their tokens every step.
+        raise UserError("deepinfer serve runs one process for now: expert parallelism (--ep N, torchrun) is not implemented for serve yet; "
+                        "use deepinfer run-batch --ep N for expert-parallel batches")
+    return serve_rank(args)
+
+
+def served_models(args) -> list[str]:
+    from deepinfer.model.embedded import DEFAULT
+
+    return list(args.served_model_name or [args.model or DEFAULT])
+
+
+def serve_rank(args) -> int:
+    """The whole server in this process: the engine thread and uvicorn (blocks until a signal stops it)."""
+    from deepinfer.serve.app import ServeConfig
+    from deepinfer.serve.server import make_frontend, make_server
+
+    sock = listen(args.host, args.port)
+    chat_template = read_chat_template(args.chat_template)
+    llm = load_llm(args, None)
+    config = ServeConfig(served_models(args), args.api_key, chat_template, args.seed, args.request_timeout)
+    front = make_frontend(llm, config, args.max_queue)
+    server = make_server(front, args.host, args.port, args.shutdown_timeout, args.log_level)
+    host, port = sock.getsockname()[:2]
+    print(f"deepinfer: serving {', '.join(config.served_models)} on http://{host}:{port} (backend {llm.backend}; Ctrl-C stops)",
+          file=sys.stderr, flush=True)  # fmt: skip
+    front.loop.start()
+    try:
+        server.run(sockets=[sock])
+    finally:
+        front.loop.stop(0)
+        front.loop.join(30)
+    if front.loop.error is not None:
+        raise UserError(f"the engine failed: {type(front.loop.error).__name__}: {front.loop.error}")
+    return 0

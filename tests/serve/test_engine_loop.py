@@ -1,0 +1,103 @@
+"""The engine thread of `deepinfer serve` without HTTP (deepinfer.serve.engine_loop): the bounded
+queue refuses what does not fit, a job past its deadline is aborted with a 408 update and its pages
+freed, stop() aborts what is unfinished with a final 503 update and refuses new jobs; and the
+command's usage errors are one line with exit code 2 (the serve extra missing, a bad flag, a port
+already taken)."""
+
+from __future__ import annotations
+
+import queue
+import socket
+import time
+
+import pytest
+
+from deepinfer import SamplingParams
+from deepinfer.serve.engine_loop import EngineLoop, Job, QueueFull, ShuttingDown
+
+
+@pytest.fixture(scope="module")
+def llm(cache):
+    from deepinfer import LLM
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("DEEPINFER_CACHE", str(cache))
+        return LLM(backend="reference", num_kv_blocks=64, max_model_len=256, announce=False)
+
+
+def job(llm, max_tokens: int, stream=False, deadline=None):
+    updates: queue.Queue = queue.Queue()
+    prompts = llm.make_requests(["Hello there"], SamplingParams(max_tokens=max_tokens, ignore_eos=True, temperature=0))
+    return Job(prompts, updates.put, stream, deadline), updates
+
+
+def final(updates: queue.Queue, timeout: float = 60):
+    while True:
+        update = updates.get(timeout=timeout)
+        if update.kind != "tokens":
+            return update
+
+
+def test_the_queue_is_bounded(llm):
+    loop = EngineLoop(llm, max_queue=2)
+    loop._thread.start = lambda: None  # never started: the inbox only fills
+    loop._thread.is_alive = lambda: True
+    loop.submit(job(llm, 2)[0])
+    loop.submit(job(llm, 2)[0])
+    with pytest.raises(QueueFull, match=r"queue is full \(2 requests wait for the engine, --max-queue 2\)"):
+        loop.submit(job(llm, 2)[0])
+
+
+def test_deadline_and_stop(llm):
+    loop = EngineLoop(llm, max_queue=8)
+    loop.start()
+    try:
+        quick, quick_updates = job(llm, 3)
+        loop.submit(quick)
+        done = final(quick_updates)
+        assert done.kind == "done" and len(done.outputs[0].outputs[0].token_ids) == 3
+        late, late_updates = job(llm, 200, stream=True, deadline=time.monotonic() + 0.3)
+        loop.submit(late)
+        update = final(late_updates)
+        assert update.kind == "aborted" and update.status == 408 and "--request-timeout" in update.message
+        assert [d.final.finish_reason for d in update.deltas if d.final is not None] == ["abort"]
+        long, long_updates = job(llm, 200, stream=True)
+        loop.submit(long)
+        assert long_updates.get(timeout=60).kind == "tokens"  # it runs
+        loop.stop(0)
+        update = final(long_updates)
+        assert update.kind == "aborted" and update.status == 503 and "shutting down" in update.message
+        with pytest.raises(ShuttingDown):
+            loop.submit(job(llm, 2)[0])
+        loop.join(30)
+        assert not loop.alive and loop.error is None
+        assert not llm.engine.has_unfinished() and llm.engine.block_manager.num_free_blocks == llm.engine.num_kv_blocks
+    finally:
+        loop.stop(0)
+        loop.join(30)
+
+
+def test_usage_errors_are_one_line(capsys, monkeypatch):
+    import importlib.util
+
+    from deepinfer.cli.main import main
+
+    def one_line(argv, needle):
+        assert main(argv) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and err.startswith("deepinfer: error: ") and needle in err, err
+
+    one_line(["serve", "--port", "70000"], "--port must lie in [0, 65535]")
+    one_line(["serve", "--max-queue", "0"], "--max-queue must be >= 1")
+    one_line(["serve", "--request-timeout", "0"], "--request-timeout must be > 0")
+    one_line(["serve", "--ep", "2"], "expert parallelism (--ep N, torchrun) is not implemented for serve yet")
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen(1)
+    try:
+        one_line(["serve", "--backend", "reference", "--port", str(taken.getsockname()[1])], "cannot listen on 127.0.0.1:")
+    finally:
+        taken.close()
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "uvicorn" else real(name, *a))
+    one_line(["serve"], "deepinfer serve needs uvicorn: pip install 'deepinfer[serve]'")
