@@ -1,8 +1,9 @@
 """`deepinfer bench serve`: an OpenAI-compatible server driven over HTTP at a sweep of request rates
 (vLLM's `bench serve` shape), from an async client (httpx2).
 
-For each rate: --num-prompts requests of random token-id prompts (lengths drawn uniformly in
-len x [1 - r, 1 + r]) arrive as a Poisson process of that rate (inf: all at once), each a streamed
+After an untimed warm-up pass, for each rate: --num-prompts requests of random token-id prompts,
+new ones per rate so that no rate hits the prefix cache another filled (lengths drawn uniformly in
+len x [1 - r, 1 + r]), arrive as a Poisson process of that rate (inf: all at once), each a streamed
 /v1/completions request with ignore_eos and max_tokens its output length. Per request: TTFT (the
 first streamed token), TPOT ((latency - TTFT) / (output tokens - 1)), ITL (the gaps between
 streamed chunks: one engine step each). Per rate: request and token throughputs over the wall
@@ -118,11 +119,17 @@ def summarize(rate: float, records: list[RequestRecord], wall_s: float) -> dict:
     }  # fmt: skip
 
 
-def sweep(url: str, model: str, workload, rates: list[float], seed: int, api_key: str | None = None, max_connections: int = 1024) -> list[dict]:
+def sweep(url: str, model: str, make_workload, rates: list[float], seed: int, api_key: str | None = None, max_connections: int = 1024,
+          warmup: bool = True) -> list[dict]:  # fmt: skip
+    """Each rate over a workload of its own (make_workload(seed + i)): prompts a rate before it sent
+    would hit the server's prefix cache and make a different, cheaper workload. warmup: first an
+    untimed pass, all at once, over prompts of their own (the server compiles and captures there)."""
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    if warmup:
+        asyncio.run(run_rate(url, model, make_workload(seed + len(rates)), math.inf, seed, headers, max_connections))
     results = []
-    for rate in rates:
-        records, wall = asyncio.run(run_rate(url, model, workload, rate, seed, headers, max_connections))
+    for i, rate in enumerate(rates):
+        records, wall = asyncio.run(run_rate(url, model, make_workload(seed + i), rate, seed, headers, max_connections))
         results.append(summarize(rate, records, wall))
     return results
 

@@ -37,6 +37,7 @@ def add_parser(what) -> None:
     p.add_argument("--output-len", type=int, default=128, help="mean output tokens (default 128)")
     p.add_argument("--range-ratio", type=float, default=0.5, help="lengths drawn uniformly in [len x (1 - r), len x (1 + r)] (default 0.5)")
     p.add_argument("--seed", type=int, default=0, help="seed of the prompts and the arrivals (default 0)")
+    p.add_argument("--no-warmup", action="store_true", help="skip the untimed pass before the sweep (compiles and captures then land in the first rate)")
     p.add_argument("--json", type=Path, default=None, metavar="FILE", help="write the results to FILE")
     p.add_argument("--plot", type=Path, default=None, metavar="DIR", help="also write the plot (PNG) into DIR (needs matplotlib)")
     p.set_defaults(func=run_bench_serve)
@@ -84,8 +85,10 @@ def run_bench_serve(args) -> int:
         machine = {"url": url, "model": model}
     machine["date"] = time.strftime("%Y-%m-%d")
     try:
-        workload = bench.random_workload(args.num_prompts, args.input_len, args.output_len, args.range_ratio, vocab, args.seed)
-        results = bench.sweep(url, model, workload, rates, args.seed, api_key=args.api_key)
+        def workload(seed: int):
+            return bench.random_workload(args.num_prompts, args.input_len, args.output_len, args.range_ratio, vocab, seed)
+
+        results = bench.sweep(url, model, workload, rates, args.seed, api_key=args.api_key, warmup=not args.no_warmup)
     finally:
         if server is not None:
             server.stop()

@@ -54,3 +54,25 @@ def test_bench_serve_against_a_url(tmp_path, cache):
         assert check_results(out, ["inf"])["machine"]["model"] == "tiny-v3"
     finally:
         assert server.stop()[0] == 0
+
+
+def test_every_rate_and_the_warmup_send_prompts_of_their_own(monkeypatch):
+    """A prompt sent before would hit the server's prefix cache: a cheaper, different workload."""
+    import deepinfer.bench.serve as bench
+
+    sent = []
+
+    async def fake_run_rate(url, model, workload, rate, seed, headers, max_connections):
+        sent.append((rate, workload))
+        return [], 1.0
+
+    monkeypatch.setattr(bench, "run_rate", fake_run_rate)
+    monkeypatch.setattr(bench, "summarize", lambda rate, records, wall: {"request_rate": rate})
+    make = lambda seed: bench.random_workload(4, 32, 2, 0.0, 1000, seed)  # noqa: E731
+    assert bench.sweep("http://x", "m", make, [5.0, float("inf")], seed=0) == [{"request_rate": 5.0}, {"request_rate": float("inf")}]
+    assert [rate for rate, _ in sent] == [float("inf"), 5.0, float("inf")], "the untimed warm-up first, all at once"
+    prompts = [tuple(p) for _, workload in sent for p, _ in workload]
+    assert len(set(prompts)) == len(prompts) == 12
+    sent.clear()
+    bench.sweep("http://x", "m", make, [5.0], seed=0, warmup=False)
+    assert len(sent) == 1
