@@ -60,7 +60,8 @@ class BackendSpec:
     may choose, deepinfer.options), `graph_capture` (device graphs for decode steps,
     deepinfer.device_graphs; None: every step runs eagerly), `async_execution` (the device runs queued
     work while the host goes on, so the engine schedules step n+1 while step n runs: deepinfer.engine.overlap),
-    `memory_info` ((free, total) bytes
+    `compiles_on_first_use` (its kernels compile per shape when first called, so a server warms up
+    before its first request: deepinfer.engine.warmup), `memory_info` ((free, total) bytes
     of a device, for the KV cache budget; None: the host's RAM is the budget) and `device_count`
     (its devices on this host, counted without starting one; None: torch.<device_type>.device_count()),
     which `local_devices` answers with.
@@ -79,6 +80,7 @@ class BackendSpec:
     options: tuple[BackendOption, ...] = ()
     graph_capture: GraphCapture | None = None
     async_execution: bool = False
+    compiles_on_first_use: bool = False
     memory_info: Callable[[torch.device], tuple[int, int]] | None = None
     device_count: Callable[[], int] | None = None
 

@@ -29,6 +29,7 @@ class Runtime:
     chosen_by: str  # which backend and how it was chosen, for the user: "cuda (requested)" or "auto-selected reference (...)"
     graph_capture: GraphCapture | None = None
     async_execution: bool = False
+    compiles_on_first_use: bool = False  # the interpreter compiles nothing
     memory_info: Callable[[torch.device], tuple[int, int]] | None = None
 
     @property
@@ -76,6 +77,7 @@ def open_runtime(
         spec, device, ops, plugins, chosen_by,
         graph_capture=spec.graph_capture if on_device else None,
         async_execution=spec.async_execution and on_device,
+        compiles_on_first_use=spec.compiles_on_first_use and on_device,
         memory_info=spec.memory_info if on_device else None,
     )  # fmt: skip
 

@@ -29,6 +29,7 @@ def deepinfer_add_backends(register):
             memory_info=memory_info,
             device_count=device_count,
             async_execution=True,  # kernels queue on NPU streams (not run on hardware here)
+            compiles_on_first_use=True,  # triton-ascend compiles each kernel specialisation on its first call
             # graph_capture: not declared. torch_npu's NPUGraph (aclgraph) has the CUDA-graph API
             # (deepinfer.device_graphs.TorchGraphCapture("npu", "NPUGraph", import_first="torch_npu")), but it
             # has never run here; docs/backends/ascend.md says what must be checked on hardware first.

@@ -27,6 +27,7 @@ def deepinfer_add_backends(register):
             options=OPTIONS,
             graph_capture=TorchGraphCapture("cuda", "CUDAGraph"),  # decode steps replay as CUDA graphs
             async_execution=True,  # kernels queue on CUDA streams: the engine overlaps scheduling with them
+            compiles_on_first_use=True,  # Triton compiles each kernel specialisation on its first call
             memory_info=memory_info,
             device_count=device_count,
             bench_runner="deepinfer_cuda.bench.runner:run",  # `bench ops --backend cuda`: ceilings, kernels and torch peers

@@ -157,5 +157,7 @@ def start_server(args):
 
         llm = LLM(model=args.model, backend=args.backend, announce=False, **engine_options)
         model = args.model or "tiny-v3"
+    if llm.compiles_on_first_use and not args.no_warmup:
+        llm.warm_up()  # as `deepinfer serve` does before its first request
     server = InProcessServer(llm, model, max_queue=max(1024, args.num_prompts))
     return server, f"http://127.0.0.1:{server.port}", model, llm

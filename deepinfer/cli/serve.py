@@ -46,6 +46,9 @@ def add_parser(sub) -> None:
     p.add_argument("--request-timeout", type=float, metavar="S", help="abort a request still unfinished after S seconds (default: none)")
     p.add_argument("--shutdown-timeout", type=float, default=30.0, metavar="S",
                    help="on SIGINT/SIGTERM, seconds the unfinished requests get before they are aborted (default 30)")
+    p.add_argument("--no-warmup", action="store_true",
+                   help="take requests at once, without first compiling every step size and capturing the decode graphs "
+                        "(default: warm up where the backend compiles on first use; the first requests of each size then wait)")
     p.add_argument("--log-level", default="warning", choices=("critical", "error", "warning", "info", "debug"), help="uvicorn's log level")
     add_engine_flags(p)
     p.set_defaults(func=serve)
@@ -126,6 +129,10 @@ def serve_rank(args) -> int:
     sock = listen(args.host, args.port)
     chat_template = read_chat_template(args.chat_template)
     llm = load_llm(args, None)
+    if llm.compiles_on_first_use and not args.no_warmup:
+        done = llm.warm_up()
+        print(f"deepinfer: warmed up in {done['seconds']:.1f} s ({done['prefills']} prefill sizes up to {done['largest_prefill']} tokens, "
+              f"{done['graphs_captured']} decode graphs)", file=sys.stderr, flush=True)  # fmt: skip
     config = ServeConfig(served_models(args), args.api_key, chat_template, args.seed, args.request_timeout)
     front = make_frontend(llm, config, args.max_queue)
     server = make_server(front, args.host, args.port, args.shutdown_timeout, args.log_level)

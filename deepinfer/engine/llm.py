@@ -257,6 +257,20 @@ class LLM:
 
     # -- generation ----------------------------------------------------------------------------
 
+    def warm_up(self) -> dict[str, float]:
+        """Compile and capture now what the first requests of each size would otherwise wait for
+        (engine/warmup.py): a prefill of every power of two up to the token budget, the decode graph
+        of every batch bucket. Requests after it run and are seeded as without it."""
+        from deepinfer.engine.warmup import warm_up
+
+        return warm_up(self.engine)
+
+    @property
+    def compiles_on_first_use(self) -> bool:
+        """Whether the backend compiles kernels or captures graphs on first use (a warm-up pays off)."""
+        runtime = self.engine.runtime
+        return runtime.compiles_on_first_use or runtime.graph_capture is not None
+
     def reset_prefix_cache(self) -> bool:
         """Forget every cached prompt prefix (vLLM's name): a repeated workload is then computed again,
         not served from the cache. False, and nothing forgotten, while a request is unfinished."""

@@ -1,0 +1,56 @@
+"""Start-up warm-up: compile and capture before the first request what serving would otherwise
+compile in the middle of it.
+
+The Triton kernels specialise on a step's size (block sizes from the next power of two of its
+tokens, of the rows per expert), and a decode batch replays the device graph of its size bucket,
+captured on first use. Without a warm-up the first requests of each new size stall every running
+request for the compile or capture (on the H200, a second or more at a time in `bench serve`: the
+p99 inter-token gaps). The warm-up runs one prefill of every power of two up to the step's token
+budget (random prompts, one token each) and captures the decode graph of every bucket, then forgets
+the prefix cache and the counters it moved: requests after it run, and are seeded, as without it.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from deepinfer.engine.sampling_params import InvalidRequestError, SamplingParams
+
+
+def prefill_sizes(budget: int) -> list[int]:
+    """1, 2, 4, ... up to `budget`, and `budget` itself."""
+    sizes, n = [], 1
+    while n < budget:
+        sizes.append(n)
+        n *= 2
+    return sizes + [budget]
+
+
+def warm_up(engine, seed: int = 0) -> dict[str, float]:
+    """Warm `engine` up (module docstring); returns what it did: prefills, graphs, seconds."""
+    if engine.dist is not None:
+        raise InvalidRequestError("the start-up warm-up does not run under expert parallelism yet (its steps would need every rank); leave it off")
+    if engine.has_unfinished():
+        raise InvalidRequestError("warm up an engine before it takes requests, not while requests run")
+    start = time.perf_counter()
+    counters = engine.num_prompt_tokens_computed, engine.num_generated_tokens, engine._next_request_index
+    budget = min(engine.config.max_num_batched_tokens, engine.max_model_len - 1, engine.num_kv_blocks * engine.block_size - 1)
+    gen = torch.Generator().manual_seed(seed)
+    params = SamplingParams(max_tokens=1, ignore_eos=True)
+    sizes = prefill_sizes(max(1, budget))
+    for i, n in enumerate(sizes):  # one at a time: each step is exactly n tokens
+        prompt = torch.randint(0, engine.vocab_size, (n,), generator=gen).tolist()
+        engine.add_request(prompt, params, what="a warm-up prompt", index=counters[2] + i)
+        while engine.has_unfinished():
+            engine.step()
+    graphs = engine.runner.graphs
+    captured = 0
+    if graphs is not None:
+        for size in graphs.buckets:
+            captured += size not in graphs.graphs
+            graphs.capture(size)
+    engine.reset_prefix_cache()
+    engine.num_prompt_tokens_computed, engine.num_generated_tokens, engine._next_request_index = counters
+    return {"prefills": len(sizes), "largest_prefill": sizes[-1], "graphs_captured": captured, "seconds": time.perf_counter() - start}
