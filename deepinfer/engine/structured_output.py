@@ -70,6 +70,20 @@ def grammar_text(spec: StructuredOutputsParams) -> str:
     return llguidance.LLMatcher.grammar_from_regex(spec.regex)
 
 
+def check_compiles(spec: StructuredOutputsParams) -> None:
+    """A GrammarError when spec's grammar does not compile (checked without a tokenizer: the CLI's
+    flags, before the model loads)."""
+    import llguidance
+
+    try:
+        grammar = grammar_text(spec)
+    except ValueError as exc:
+        raise GrammarError(f"{spec.kind} does not compile: {one_line(str(exc))}") from None
+    problem = llguidance.LLMatcher.validate_grammar(grammar, None)
+    if problem:
+        raise GrammarError(f"{spec.kind} does not compile: {one_line(problem)}")
+
+
 class GrammarCompiler:
     """Compiles grammars in a thread pool, each (kind, spec, options) once."""
 
