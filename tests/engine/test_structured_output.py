@@ -20,10 +20,19 @@ from deepinfer.engine.sampling_params import InvalidRequestError
 
 PROMPT = "Answer:"
 
+# A point: reused inline and through $ref
+POINT = {"type": "object", "properties": {"x": {"type": "integer", "minimum": 0, "maximum": 9}, "y": {"type": "integer", "minimum": 0, "maximum": 9}},
+         "required": ["x", "y"], "additionalProperties": False}  # fmt: skip
+# 20 schemas of increasing difficulty: scalars with ranges and steps, enums, nullable types, flat
+# objects with required and optional keys, string patterns, bounded arrays, const, anyOf, nested
+# objects, arrays of objects, $ref, oneOf, and a record that combines them.
 SCHEMAS = [
     {"type": "boolean"},
     {"type": "integer", "minimum": -5, "maximum": 5},
     {"type": "string", "enum": ["red", "green", "blue"]},
+    {"type": "number", "minimum": -1.5, "maximum": 2.5, "multipleOf": 0.25},
+    {"type": "integer", "exclusiveMinimum": 0, "exclusiveMaximum": 100, "multipleOf": 5},
+    {"type": ["string", "null"], "maxLength": 3},
     {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"], "additionalProperties": False},
     {"type": "object", "properties": {"age": {"type": "integer", "minimum": 0, "maximum": 120}}, "required": ["age"], "additionalProperties": False},
     {"type": "object", "properties": {"code": {"type": "string", "pattern": "^[A-Z]{3}[0-9]{2}$"}}, "required": ["code"], "additionalProperties": False},
@@ -32,15 +41,27 @@ SCHEMAS = [
      "required": ["color"], "additionalProperties": False},
     {"type": "object", "properties": {"x": {"type": "number", "minimum": 0, "maximum": 1}, "name": {"type": "string", "maxLength": 4}},
      "required": ["x", "name"], "additionalProperties": False},
-    {"type": "object", "properties": {"point": {"type": "object", "properties": {"x": {"type": "integer", "minimum": 0, "maximum": 9},
-                                                                                    "y": {"type": "integer", "minimum": 0, "maximum": 9}},
-                                                "required": ["x", "y"], "additionalProperties": False}},
-     "required": ["point"], "additionalProperties": False},
+    {"type": "object", "properties": {"version": {"const": 2}, "kind": {"enum": ["x", "y"]}}, "required": ["version", "kind"], "additionalProperties": False},
+    {"anyOf": [{"type": "integer", "minimum": 0, "maximum": 9}, {"type": "string", "enum": ["none"]}]},
+    {"type": "object", "properties": {"point": POINT}, "required": ["point"], "additionalProperties": False},
     {"type": "object", "properties": {"tags": {"type": "array", "items": {"enum": ["a", "b"]}, "minItems": 1, "maxItems": 3},
                                       "id": {"type": "string", "pattern": "^[0-9]{4}$"}},
      "required": ["tags", "id"], "additionalProperties": False},
     {"type": "array", "items": {"type": "object", "properties": {"k": {"enum": ["u", "v"]}, "n": {"type": "integer", "minimum": 0, "maximum": 5}},
                                 "required": ["k", "n"], "additionalProperties": False}, "minItems": 1, "maxItems": 2},
+    {"$defs": {"point": POINT}, "type": "object", "properties": {"from": {"$ref": "#/$defs/point"}, "to": {"$ref": "#/$defs/point"}},
+     "required": ["from", "to"], "additionalProperties": False},
+    {"oneOf": [{"type": "object", "properties": {"kind": {"const": "circle"}, "r": {"type": "integer", "minimum": 1, "maximum": 9}},
+                "required": ["kind", "r"], "additionalProperties": False},
+               {"type": "object", "properties": {"kind": {"const": "square"}, "side": {"type": "integer", "minimum": 1, "maximum": 9}},
+                "required": ["kind", "side"], "additionalProperties": False}]},
+    {"type": "object", "properties": {
+        "name": {"type": "string", "pattern": "^[A-Z][a-z]{1,5}$"},
+        "age": {"type": "integer", "minimum": 0, "maximum": 120},
+        "emails": {"type": "array", "items": {"type": "string", "pattern": "^[a-z]{1,4}@[a-z]{1,4}\\.(com|org)$"}, "maxItems": 2},
+        "address": {"type": "object", "properties": {"city": {"enum": ["Paris", "Oslo", "Lima"]}, "zip": {"type": "string", "pattern": "^[0-9]{5}$"}},
+                    "required": ["city", "zip"], "additionalProperties": False}},
+     "required": ["name", "age", "address"], "additionalProperties": False},
 ]  # fmt: skip
 
 
@@ -49,7 +70,8 @@ def _params(max_tokens=120, seed=0, temperature=1.0, **structured) -> SamplingPa
 
 
 def test_json_schemas_validate(api):
-    params = [_params(json=schema, disable_any_whitespace=True, seed=i) for i, schema in enumerate(SCHEMAS)]
+    assert len(SCHEMAS) == 20
+    params = [_params(json=schema, disable_any_whitespace=True, seed=i, max_tokens=60) for i, schema in enumerate(SCHEMAS)]
     for schema, out in zip(SCHEMAS, api.generate([PROMPT] * len(params), params, use_tqdm=False)):
         completion = out.outputs[0]
         assert completion.finish_reason == "stop", (schema, completion.text)
@@ -81,20 +103,66 @@ def test_regex(api, regex):
         assert out.outputs[0].finish_reason == "stop" and re.fullmatch(regex, out.outputs[0].text), out.outputs[0].text
 
 
-def test_lark_arithmetic(api):
-    grammar = 'start: expr\nexpr: term (("+" | "-") term)*\nterm: NUMBER | "(" expr ")"\nNUMBER: /[1-9]/'
-    outs = api.generate([PROMPT] * 3, [_params(grammar=grammar, seed=s, max_tokens=40) for s in range(3)], use_tqdm=False)
+ARITHMETIC = {
+    "lark": 'start: expr\nexpr: term (("+" | "-") term)*\nterm: NUMBER | "(" expr ")"\nNUMBER: /[1-9]/',
+    "ebnf": 'root ::= expr\nexpr ::= term (("+" | "-") term)*\nterm ::= [1-9] | "(" expr ")"',  # GBNF, which llguidance converts to Lark
+}
+
+
+def parse_arithmetic(text: str, complete: bool) -> None:
+    """Parse text by ARITHMETIC's grammar (recursive descent); complete=False: text may stop
+    anywhere (an output cut by max_tokens is a prefix of a sentence). AssertionError otherwise."""
+    at = 0
+
+    def term() -> bool:  # False: the text ended inside it
+        nonlocal at
+        if at == len(text):
+            return False
+        if text[at] == "(":
+            at += 1
+            if not expr():
+                return False
+            if at == len(text):
+                return False
+            assert text[at] == ")", (text, at)
+            at += 1
+            return True
+        assert text[at] in "123456789", (text, at)
+        at += 1
+        return True
+
+    def expr() -> bool:
+        nonlocal at
+        if not term():
+            return False
+        while at < len(text) and text[at] in "+-":
+            at += 1
+            if not term():
+                return False
+        return True
+
+    finished = expr()
+    assert (finished and at == len(text)) if complete else at == len(text), text
+
+
+@pytest.mark.parametrize("syntax", ["lark", "ebnf"])
+def test_arithmetic_grammar(api, syntax):
+    """The random model nests parentheses at will: an output may be cut by max_tokens, and is then
+    a prefix of a sentence; a finished one parses and evaluates."""
+    outs = api.generate([PROMPT] * 4, [_params(grammar=ARITHMETIC[syntax], seed=s, max_tokens=40) for s in range(4)], use_tqdm=False)
+    reasons = [out.outputs[0].finish_reason for out in outs]
+    assert "stop" in reasons and set(reasons) <= {"stop", "length"}, reasons
     for out in outs:
         text = out.outputs[0].text
-        if out.outputs[0].finish_reason == "stop":  # an expression that is complete: it evaluates
-            assert re.fullmatch(r"[0-9+\-()]+", text) and isinstance(eval(text), int), text
-        else:  # cut by max_tokens (the grammar may recurse): still made of the grammar's characters
-            assert out.outputs[0].finish_reason == "length" and re.fullmatch(r"[0-9+\-()]+", text), text
+        parse_arithmetic(text, complete=out.outputs[0].finish_reason == "stop")
+        if out.outputs[0].finish_reason == "stop":
+            assert isinstance(eval(text), int), text
 
 
 def test_choice_n_and_same_seed(api):
-    """Each of n samples has its own matcher; the same seed gives the same output."""
-    choices = ["alpha", "beta", "gamma delta"]
+    """Each of n samples has its own matcher; the same seed gives the same output. Choices that
+    share prefixes (tokens in common) still end on a whole choice."""
+    choices = ["alpha", "beta", "gamma delta", "New York", "New Jersey", "Newark"]
     params = SamplingParams(n=3, max_tokens=10, seed=7, temperature=1.0, structured_outputs={"choice": choices})
     first, again = (api.generate([PROMPT], params, use_tqdm=False)[0] for _ in range(2))
     assert [c.text for c in first.outputs] == [c.text for c in again.outputs]
