@@ -3,7 +3,8 @@ sequence, and each step's token masks.
 
 - Compiling: `GrammarCompiler.submit` starts a request's grammar in a thread pool when the request
   is added, and caches it by StructuredOutputsParams.key() (kind, spec, options): requests with the
-  same schema share one compilation. What is compiled is an llguidance LLMatcher, kept unused as a
+  same schema share one compilation. The cache keeps the `cache_size` most recently used grammars
+  (EngineConfig.grammar_cache_size); a request holds its own grammar, evicted or not. What is compiled is an llguidance LLMatcher, kept unused as a
   template; each sequence (each of a request's n samples) gets its own deep copy. The llguidance
   tokenizer is built once, from the checkpoint's tokenizer.json, with the model's vocabulary size
   and the engine's EOS ids as llguidance's EOS (so the mask allows EOS exactly where the grammar
@@ -23,6 +24,7 @@ from __future__ import annotations
 import logging
 import re
 import threading
+from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
 
 import torch
@@ -87,14 +89,15 @@ def check_compiles(spec: StructuredOutputsParams) -> None:
 class GrammarCompiler:
     """Compiles grammars in a thread pool, each (kind, spec, options) once."""
 
-    def __init__(self, tokenizer, vocab_size: int, eos_token_ids):
+    def __init__(self, tokenizer, vocab_size: int, eos_token_ids, cache_size: int = 256):
         if tokenizer is None:
             raise InvalidRequestError("structured_outputs needs the checkpoint's tokenizer.json, and this checkpoint has none")
         self._tokenizer, self.vocab_size, self.eos_token_ids = tokenizer, vocab_size, sorted(eos_token_ids)
         self._ll_tokenizer = None
         self._tokenizer_lock = threading.Lock()
         self._pool = ThreadPoolExecutor(COMPILE_THREADS, thread_name_prefix="deepinfer-grammar")
-        self._cache: dict[tuple[str, str], Future] = {}
+        self.cache_size = cache_size
+        self._cache: OrderedDict[tuple[str, str], Future] = OrderedDict()  # least recently used first
 
     def submit(self, spec: StructuredOutputsParams) -> Future:
         """A future of spec's template matcher (raises GrammarError when it does not compile)."""
@@ -102,7 +105,15 @@ class GrammarCompiler:
         future = self._cache.get(key)
         if future is None:
             future = self._cache[key] = self._pool.submit(self._compile, spec)
+            while len(self._cache) > self.cache_size:
+                self._cache.popitem(last=False)
+        else:
+            self._cache.move_to_end(key)
         return future
+
+    def cached_keys(self) -> list[tuple[str, str]]:
+        """The cached grammars' keys, least recently used first."""
+        return list(self._cache)
 
     def ll_tokenizer(self):
         """The llguidance tokenizer (built once, about a second for a 128k vocabulary)."""

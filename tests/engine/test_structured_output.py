@@ -69,13 +69,20 @@ def _params(max_tokens=120, seed=0, temperature=1.0, **structured) -> SamplingPa
     return SamplingParams(max_tokens=max_tokens, seed=seed, temperature=temperature, structured_outputs=StructuredOutputsParams(**structured))
 
 
+def accepted(api, spec: StructuredOutputsParams, token_ids: list[int]) -> bool:
+    """Whether a fresh matcher of spec takes token_ids and may end there (or has ended, on EOS)."""
+    matcher = api.engine._grammar_compiler().submit(spec).result().deep_copy()
+    return all(matcher.consume_token(t) for t in token_ids) and (matcher.is_accepting() or matcher.is_stopped())
+
+
 def test_json_schemas_validate(api):
     assert len(SCHEMAS) == 20
     params = [_params(json=schema, disable_any_whitespace=True, seed=i, max_tokens=60) for i, schema in enumerate(SCHEMAS)]
-    for schema, out in zip(SCHEMAS, api.generate([PROMPT] * len(params), params, use_tqdm=False)):
+    for schema, p, out in zip(SCHEMAS, params, api.generate([PROMPT] * len(params), params, use_tqdm=False)):
         completion = out.outputs[0]
         assert completion.finish_reason == "stop", (schema, completion.text)
         jsonschema.validate(json.loads(completion.text), schema)
+        assert accepted(api, p.structured_outputs, completion.token_ids)
 
 
 def test_json_object_and_whitespace(api):
@@ -98,9 +105,10 @@ OCTET = "(25[0-5]|2[0-4][0-9]|1?[0-9]?[0-9])"
     ids=["date", "email", "ipv4"],
 )
 def test_regex(api, regex):
-    outs = api.generate([PROMPT] * 2, [_params(regex=regex, seed=s, max_tokens=40) for s in (1, 2)], use_tqdm=False)
-    for out in outs:
+    params = [_params(regex=regex, seed=s, max_tokens=40) for s in (1, 2)]
+    for p, out in zip(params, api.generate([PROMPT] * 2, params, use_tqdm=False)):
         assert out.outputs[0].finish_reason == "stop" and re.fullmatch(regex, out.outputs[0].text), out.outputs[0].text
+        assert accepted(api, p.structured_outputs, out.outputs[0].token_ids)
 
 
 ARITHMETIC = {
@@ -182,6 +190,62 @@ def test_mixed_batch_and_per_request_errors(api):
         completion = out.outputs[0]
         assert out.finished and completion.finish_reason == "error" and completion.token_ids == []
         assert completion.error.startswith(f"{what} does not compile") and "\n" not in completion.error
+
+
+def test_eos_only_where_the_grammar_accepts(api):
+    """EOS pushed up by +100: free, the request ends at once; constrained, EOS comes at the first
+    place the grammar may end, never before; a budget too small for the grammar ends by length."""
+    eos = min(api.engine.eos_token_ids)
+    free = api.generate([PROMPT], SamplingParams(max_tokens=8, logit_bias={eos: 100.0}), use_tqdm=False)[0].outputs[0]
+    assert free.token_ids == [eos] and free.finish_reason == "stop"
+    spec = StructuredOutputsParams(regex="[0-9]{3,6}")
+    ids = api.generate([PROMPT], SamplingParams(max_tokens=20, logit_bias={eos: 100.0}, structured_outputs=spec), use_tqdm=False)[0].outputs[0]
+    assert ids.finish_reason == "stop" and ids.token_ids[-1] == eos and re.fullmatch("[0-9]{3,6}", ids.text), ids
+    assert accepted(api, spec, ids.token_ids[:-1]) and not any(accepted(api, spec, ids.token_ids[:k]) for k in range(len(ids.token_ids) - 1))
+    long = "[0-9]{30,40}"
+    short, enough = api.generate([PROMPT] * 2, [_params(regex=long, max_tokens=3), _params(regex=long, max_tokens=40)], use_tqdm=False)
+    assert short.outputs[0].finish_reason == "length" and re.fullmatch("[0-9]+", short.outputs[0].text) and len(short.outputs[0].text) < 30
+    assert not accepted(api, StructuredOutputsParams(regex=long), short.outputs[0].token_ids)
+    assert enough.outputs[0].finish_reason == "stop" and re.fullmatch(long, enough.outputs[0].text)
+
+
+def test_min_tokens_with_a_grammar(api):
+    """min_tokens bans EOS while the grammar can go on; a grammar that is complete ends the request
+    before min_tokens (its end wins: an output past it could not match); a grammar whose only way on
+    is a token min_tokens bans fails that request with a one-line error."""
+    eos = min(api.engine.eos_token_ids)
+    digits = SamplingParams(max_tokens=20, min_tokens=4, logit_bias={eos: 100.0}, structured_outputs={"regex": "[0-9]{1,20}"})
+    choice = SamplingParams(max_tokens=20, min_tokens=5, seed=1, structured_outputs={"choice": ["yes", "no"]})
+    a, b = (api.tokenizer.encode(text, add_bos=False) for text in ("a", "b"))
+    assert len(a) == len(b) == 1
+    # after "a" the grammar allows "b" (a stop token id here) or its end: min_tokens bans both
+    conflict = SamplingParams(max_tokens=20, min_tokens=5, stop_token_ids=b, logit_bias={a[0]: 100.0}, structured_outputs={"choice": ["a", "ab"]})
+    first, second, third = (out.outputs[0] for out in api.generate([PROMPT] * 3, [digits, choice, conflict], use_tqdm=False))
+    assert first.finish_reason == "stop" and len(first.token_ids) == 5 and first.token_ids[-1] == eos and re.fullmatch("[0-9]+", first.text)
+    assert second.finish_reason == "stop" and second.text in ("yes", "no") and len(second.token_ids) < 5
+    assert third.finish_reason == "error" and third.text == "a" and "\n" not in third.error
+    assert third.error.startswith("after 1 tokens the grammar allows only its end") and "min_tokens=5" in third.error
+
+
+def test_grammar_cache_is_bounded_lru(api, monkeypatch):
+    from collections import OrderedDict
+
+    from deepinfer.engine.llm_engine import EngineConfig
+
+    compiler = api.engine._grammar_compiler()
+    assert compiler.cache_size == api.engine.config.grammar_cache_size == 256
+    monkeypatch.setattr(compiler, "cache_size", 2)
+    monkeypatch.setattr(compiler, "_cache", OrderedDict())
+    a, b, c = (StructuredOutputsParams(regex=r) for r in ("a+", "b+", "c+"))
+    first = compiler.submit(a)
+    compiler.submit(b)
+    assert compiler.submit(a) is first  # a hit: a is now the most recently used
+    compiler.submit(c)  # b, the least recently used, is dropped
+    assert compiler.cached_keys() == [a.key(), c.key()]
+    out = api.generate([PROMPT], _params(regex="b+", max_tokens=4), use_tqdm=False)[0].outputs[0]  # b compiles again and runs
+    assert re.fullmatch("b+", out.text) and compiler.cached_keys() == [c.key(), b.key()]
+    with pytest.raises(InvalidRequestError, match="grammar_cache_size must be an integer >= 1"):
+        EngineConfig(grammar_cache_size=0).validate()
 
 
 def test_compile_timeout(api, monkeypatch):
