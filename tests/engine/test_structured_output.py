@@ -248,6 +248,30 @@ def test_grammar_cache_is_bounded_lru(api, monkeypatch):
         EngineConfig(grammar_cache_size=0).validate()
 
 
+def test_masks_filled_while_the_forward_runs_one_copy_per_step(api, monkeypatch):
+    """Each step: the forward is launched, then the grammar rows' masks are filled on the host (the
+    device runs the forward meanwhile on an asynchronous backend), copied once, then sampled."""
+    from deepinfer.engine import structured_output
+
+    runner, events = api.engine.runner, []
+
+    def spy(name, call):
+        return lambda *args, **kwargs: (events.append(name), call(*args, **kwargs))[1]
+
+    monkeypatch.setattr(runner.model, "forward", spy("forward", runner.model.forward))
+    monkeypatch.setattr(structured_output, "fill_bitmasks", spy("fill", structured_output.fill_bitmasks))
+    monkeypatch.setattr(runner.ops, "sample", spy("sample", runner.ops.sample))
+    masks = runner.processing.grammar_masks
+    copies = masks.copies
+    params = [_params(regex="[0-9]{6}", max_tokens=10), SamplingParams(max_tokens=6, ignore_eos=True), _params(choice=["north", "south"], seed=2)]
+    outs = api.generate([PROMPT] * 3, params, use_tqdm=False)
+    assert re.fullmatch("[0-9]{6}", outs[0].outputs[0].text) and outs[2].outputs[0].text in ("north", "south")
+    steps = "".join({"forward": "F", "fill": "M", "sample": "S"}[e] for e in events)
+    # the free request may start alone while the grammars compile; a step fills its masks between its forward and its sampling
+    assert re.fullmatch("(FM?S)+", steps) and steps.count("M") >= 2, steps
+    assert masks.copies - copies == steps.count("M")  # one copy per step with a grammar row
+
+
 def test_compile_timeout(api, monkeypatch):
     """A grammar not ready within grammar_compile_timeout_s fails its request; the free one completes."""
     from deepinfer.engine import structured_output
