@@ -348,9 +348,8 @@ class LLMEngine:
         """One-line errors for structured output where this engine cannot give it."""
         from deepinfer.engine.structured_output import require_llguidance
 
-        blocker = "speculative decoding" if self.speculative is not None else "expert parallelism" if self.dist is not None else None
-        if blocker:
-            raise InvalidRequestError(f"{what}: structured_outputs does not combine with {blocker} yet; drop one of them")
+        if self.dist is not None:  # the lockstep steps (deepinfer.engine.data_parallel) do not admit requests that wait for a grammar
+            raise InvalidRequestError(f"{what}: structured_outputs does not combine with expert parallelism yet; drop one of them")
         if self.tokenizer is None:
             raise InvalidRequestError(f"{what}: structured_outputs needs a tokenizer, and this checkpoint has no tokenizer.json")
         require_llguidance()

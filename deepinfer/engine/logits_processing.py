@@ -59,8 +59,8 @@ class GrammarMasks:
         self.copies = 0  # host -> device copies issued (one per step with a grammar row)
 
     def fill(self, num_rows: int, rows: list) -> torch.Tensor:
-        """The device bitmask [num_rows, words] of these rows: rows' (index, SequenceGrammar) masks
-        filled by llguidance, every other row all ones."""
+        """The device bitmask [num_rows, words]: rows' (row, SequenceGrammar, drafts) masks filled by
+        llguidance (structured_output.fill_bitmasks), every other row all ones."""
         from deepinfer.engine.structured_output import fill_bitmasks
 
         if self._copied is not None:
@@ -125,7 +125,8 @@ class LogitsProcessing:
             generated = torch.tensor([seq.num_output_tokens + len(e) > 0 for seq, e in zip(seqs, extra)])
             newest = (self._to_device(torch.tensor(rows, dtype=torch.int64)), self._to_device(generated))
         penalties, tables = self._penalties(seqs, extra)
-        return StepProcessing(allowed=self._allowed(seqs), grammar=self._grammar(seqs), bias=bias, newest=newest, penalties=penalties, tables=tables)
+        grammar = self._grammar(samplers, drafts)
+        return StepProcessing(allowed=self._allowed(seqs), grammar=grammar, bias=bias, newest=newest, penalties=penalties, tables=tables)
 
     def _allowed(self, samplers: list[Sequence]) -> torch.Tensor | None:
         masks = [seq.constraints.allowed if seq.constraints is not None else None for seq in samplers]
@@ -140,12 +141,18 @@ class LogitsProcessing:
             rows.append(self._everything_allowed if mask is None else mask)
         return torch.stack(rows)
 
-    def _grammar(self, samplers: list[Sequence]) -> torch.Tensor | None:
-        """The grammar rows' masks, filled on the host into one bitmask and moved once (GrammarMasks)."""
-        rows = [(b, seq.grammar) for b, seq in enumerate(samplers) if seq.grammar is not None]
+    def _grammar(self, samplers: list[Sequence], drafts: list[list[int]] | None) -> torch.Tensor | None:
+        """The grammar rows' masks, filled on the host into one bitmask and moved once (GrammarMasks);
+        with drafts, sampler b's 1 + len(drafts[b]) rows, each the mask after the drafts before it."""
+        drafts = drafts if drafts is not None else [[]] * len(samplers)
+        rows, first = [], 0
+        for seq, d in zip(samplers, drafts):
+            if seq.grammar is not None:
+                rows.append((first, seq.grammar, d))
+            first += 1 + len(d)
         if not rows:
             return None
-        return self.grammar_masks.fill(len(samplers), rows)
+        return self.grammar_masks.fill(first, rows)
 
     def _bias(self, samplers: list[Sequence], extra: list[list[int]]) -> tuple[torch.Tensor, ...] | None:
         per_row = [seq.constraints.entries(seq.num_output_tokens + len(e)) if seq.constraints is not None else None for seq, e in zip(samplers, extra)]

@@ -11,7 +11,9 @@ sequence, and each step's token masks.
   may end). A compile error becomes a GrammarError with llguidance's message on one line.
 - Each step: `fill_bitmasks` writes the constrained rows' masks into one host int32 bitmask
   [rows, ceil(V/32)] (deepinfer.engine.logits_processing moves it to the device once and applies it
-  with `apply_token_bitmask`).
+  with `apply_token_bitmask`). A speculative verification brings a row per draft position: the
+  matcher is advanced through the drafts for their masks and rolled back, so it only ever holds the
+  tokens the verification keeps (each emitted token is then accepted as below).
 - After sampling: `SequenceGrammar.accept` advances the sequence's matcher with its token; the
   request finishes when the matcher is stopped (the grammar is complete: on the token that
   completes it, or on EOS where the grammar could go on).
@@ -157,13 +159,26 @@ class SequenceGrammar:
 _executor = None
 
 
-def fill_bitmasks(rows: list[tuple[int, SequenceGrammar]], bitmask: torch.Tensor) -> None:
-    """Write each (row, grammar)'s allowed next tokens into bitmask[row] (a host int32 [B, ceil(V/32)]
-    tensor, contiguous), the rows in parallel (llguidance's executor threads)."""
+def fill_bitmasks(rows: list[tuple[int, SequenceGrammar, list[int]]], bitmask: torch.Tensor) -> None:
+    """For each (row, grammar, drafts), write the grammar's allowed next tokens into bitmask[row]
+    and, with drafts (a speculative verification), the tokens allowed after drafts[:i] into
+    bitmask[row + i] for i = 1 .. len(drafts) (bitmask: a host int32 [R, ceil(V/32)] tensor,
+    contiguous). The grammars' matchers are advanced through their drafts and rolled back: they
+    end as they began. Rows after a draft the grammar refuses are left as they are: that draft is
+    banned by the row before it, so verification never reaches them. Each position's rows are
+    filled in parallel (llguidance's executor threads)."""
     global _executor
     import llguidance
     from llguidance.torch import fill_next_token_bitmask_par
 
     if _executor is None:
         _executor = llguidance.LLExecutor()
-    fill_next_token_bitmask_par(_executor, [(grammar.matcher, row) for row, grammar in rows], bitmask)
+    valid = [grammar.matcher.validate_tokens(drafts) if drafts else 0 for _, grammar, drafts in rows]  # drafts the grammar takes
+    for i in range(max(valid, default=0) + 1):
+        fill_next_token_bitmask_par(_executor, [(grammar.matcher, row + i) for (row, grammar, _), n in zip(rows, valid) if i <= n], bitmask)
+        for (_, grammar, drafts), n in zip(rows, valid):
+            if i < n and not grammar.matcher.consume_token(drafts[i]):
+                raise GrammarError(f"the grammar matcher refused draft token {drafts[i]} it had validated")
+    for (_, grammar, _), n in zip(rows, valid):
+        if n and not grammar.matcher.rollback(n):
+            raise GrammarError(f"the grammar matcher could not roll back {n} draft tokens: {one_line(grammar.matcher.get_error())}")

@@ -272,6 +272,13 @@ def test_masks_filled_while_the_forward_runs_one_copy_per_step(api, monkeypatch)
     assert masks.copies - copies == steps.count("M")  # one copy per step with a grammar row
 
 
+def test_expert_parallelism_is_refused_in_one_line(api, monkeypatch):
+    """With expert parallelism the ranks' lockstep steps do not admit requests that wait for a grammar: refused up front."""
+    monkeypatch.setattr(api.engine, "dist", object())
+    with pytest.raises(InvalidRequestError, match="prompt: structured_outputs does not combine with expert parallelism yet; drop one of them"):
+        api.engine.check_request([5, 6], _params(regex="a"))
+
+
 def test_compile_timeout(api, monkeypatch):
     """A grammar not ready within grammar_compile_timeout_s fails its request; the free one completes."""
     from deepinfer.engine import structured_output
