@@ -6,7 +6,9 @@ drawn on any machine from the JSON the benchmarks write (the GPU machine need no
 - a `bench e2e` file: decode step time against the HBM floor (the bytes a step must read at copy
   bandwidth) per batch size, with the share of the floor reached;
 - a `bench serve` file: TTFT and TPOT (median and p99) against the achieved request throughput, one
-  point per request rate (labelled).
+  point per request rate (labelled);
+- a `bench structured` file: the grammar-mask fill per step against batch size, and output tokens/s
+  with 0/50/100% of the batch constrained.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ def require_matplotlib():
 
 
 def kind_of(data: dict, path: Path) -> str:
-    if data.get("kind") in ("throughput", "serve"):
+    if data.get("kind") in ("throughput", "serve", "structured"):
         return data["kind"]
     results = data.get("results")
     if isinstance(results, list) and results and isinstance(results[0], dict) and "deepinfer_step_ms" in results[0]:
@@ -98,6 +100,28 @@ def plot_serve(data: dict, out: Path) -> Path:
     return _finish(plt, fig, ax, data, "achieved requests/s", "ms", "serving latency vs load (labels: request rate offered)", out)
 
 
+def plot_structured(data: dict, out: Path) -> Path:
+    plt = require_matplotlib()
+    fig, (left, ax) = plt.subplots(1, 2, figsize=(11, 4.5))
+    masks = sorted(data["mask_fill"], key=lambda m: m["batch"])
+    left.plot([m["batch"] for m in masks], [m["ms_per_step"] for m in masks], marker="o", label="mask fill (host)")
+    left.set_xscale("log", base=2)
+    left.set_xlabel("batch (constrained requests)")
+    left.set_ylabel("ms per step (median)")
+    left.set_title("grammar mask fill per step")
+    left.grid(alpha=0.3)
+    left.legend(fontsize=8)
+    runs = data["throughput"]
+    if runs:
+        labels = [f"{r['constrained']}/{r['batch']}" for r in runs]
+        bars = ax.bar(labels, [r["output_tokens_per_s"] for r in runs])
+        free = runs[0]["output_tokens_per_s"]
+        for bar, r in zip(bars, runs):
+            ax.annotate(f"{r['output_tokens_per_s'] / free - 1:+.1%}", (bar.get_x() + bar.get_width() / 2, bar.get_height()),
+                        textcoords="offset points", xytext=(0, 3), ha="center", fontsize=8)  # fmt: skip
+    return _finish(plt, fig, ax, data, "constrained requests / batch", "output tokens/s", "decode throughput (labels: vs free)", out)
+
+
 def _finish(plt, fig, ax, data: dict, xlabel: str, ylabel: str, what: str, out: Path) -> Path:
     """Labels, a title naming the machine and date of `data`, grid and legend; the PNG written to out."""
     machine = data.get("machine") or {}
@@ -106,7 +130,8 @@ def _finish(plt, fig, ax, data: dict, xlabel: str, ylabel: str, what: str, out: 
     ax.set_ylabel(ylabel)
     ax.set_title(f"{what}\n{where} {machine.get('date', '')}".strip())
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(out, dpi=120)
     plt.close(fig)
@@ -120,4 +145,4 @@ def plot_file(path: Path, out_dir: Path) -> Path:
     except (OSError, json.JSONDecodeError) as exc:
         raise UserError(f"cannot read {path}: {exc}") from None
     out = out_dir / f"{path.stem}.png"
-    return {"throughput": plot_throughput, "serve": plot_serve, "e2e": plot_e2e}[kind_of(data, path)](data, out)
+    return {"throughput": plot_throughput, "serve": plot_serve, "structured": plot_structured, "e2e": plot_e2e}[kind_of(data, path)](data, out)

@@ -145,18 +145,24 @@ def run(llm, requests: list[Request], concurrency: int, warmup: bool = True) -> 
     )
 
 
-def random_shape_llm(backend: str, layers: int | None, engine_options: dict):
+def random_shape_llm(backend: str, layers: int | None, engine_options: dict, overrides: dict | None = None, tokenizer=None):
     """An LLM over bench e2e's random-weight DeepSeek-V2-Lite-shaped model (bf16, cut to `layers`),
-    for serving figures at a real model's sizes without its checkpoint; engine_options: EngineConfig's."""
+    for serving figures at a real model's sizes without its checkpoint; engine_options: EngineConfig's.
+    overrides: config values changed (bench structured: DeepSeek-V3's vocabulary); tokenizer: the
+    model's (none by default: token-id prompts only)."""
+    import dataclasses
+
     from deepinfer.bench.e2e import ENGINE_KV_CACHE_GIB, V2_LITE, build_v2_lite
     from deepinfer.engine.llm import LLM
     from deepinfer.engine.llm_engine import EngineConfig, LLMEngine
     from deepinfer.runtime import open_runtime
 
-    cfg = dict(V2_LITE, **({"num_hidden_layers": layers} if layers else {}))
+    cfg = dict(V2_LITE, **({"num_hidden_layers": layers} if layers else {}), **(overrides or {}))
     runtime = open_runtime(backend, dtype=torch.bfloat16)
     loaded, hf = build_v2_lite(runtime, cfg)
     del hf  # the transformers peer bench e2e compares with: not needed here
+    if tokenizer is not None:
+        loaded = dataclasses.replace(loaded, tokenizer=tokenizer)
     config = EngineConfig(kv_cache_memory_gib=ENGINE_KV_CACHE_GIB, **engine_options)
     return LLM.from_engine(LLMEngine(loaded, runtime, torch.bfloat16, config))
 

@@ -5,7 +5,8 @@ against its floor and HF transformers, `e2e-ep` expert-parallel decode over N de
 `prefix-replay` DeepSeek-V4's prefix-cache hits (bounded replay) as the prefix grows, `speculative`
 speculative decoding's verification policies, `throughput` and `sweep` offline serving throughput
 with per-request latencies (vLLM's `bench throughput` shape), `serve` an OpenAI-compatible server
-over HTTP at a sweep of request rates (TTFT, TPOT, ITL), `plot` their PNG plots. Backend
+over HTTP at a sweep of request rates (TTFT, TPOT, ITL), `plot` their PNG plots, `structured`
+structured output's mask fill per step and constrained vs free throughput. Backend
 plugins add their own subcommands through the `deepinfer_add_bench_commands` hook (the cuda backend
 adds `compile`); `deepinfer bench --help` lists every one installed.
 """
@@ -22,7 +23,7 @@ def add_parser(sub, argv: list[str] | None = None) -> None:
     """Add `bench` and its subcommands. The backend plugins' subcommands need the plugins loaded
     (which imports torch): that happens only when `argv` may name one (see wants_backend_commands);
     argv None means always."""
-    from deepinfer.cli import bench_e2e, bench_e2e_ep, bench_ops, bench_prefix_replay, bench_serve, bench_speculative, bench_throughput
+    from deepinfer.cli import bench_e2e, bench_e2e_ep, bench_ops, bench_prefix_replay, bench_serve, bench_speculative, bench_structured, bench_throughput
 
     p = sub.add_parser("bench", help="benchmarks (results go to files, never to test asserts)", description=__doc__)
     what = p.add_subparsers(dest="what", metavar="WHAT", parser_class=type(p))
@@ -33,6 +34,7 @@ def add_parser(sub, argv: list[str] | None = None) -> None:
     bench_speculative.add_parser(what)  # speculative decoding: fixed vs confidence-driven verification
     bench_throughput.add_parser(what)  # `throughput`, `sweep` (offline serving, vLLM's shape) and `plot`
     bench_serve.add_parser(what)  # `serve`: a server over HTTP at a sweep of request rates (vLLM's bench serve shape)
+    bench_structured.add_parser(what)  # structured output: mask fill per step, constrained vs free throughput
     if argv is None or wants_backend_commands(argv, built_in=set(what.choices)):
         add_backend_commands(what)
     p.set_defaults(func=lambda args: say_what(what))

@@ -38,6 +38,10 @@ requests) and appends the rest; an interrupted run loses at most the rows still 
 earlier one, which --resume recomputes. The output may not be the input file, and the run locks
 it: a second run on the same output fails at once.
 
+Structured output for every request without a field of its own: --json-schema FILE, --regex REGEX,
+--choice TEXT (repeated) or --grammar FILE (deepinfer/cli/structured_flags.py); a flag whose file or
+grammar is bad stops the run before it starts (exit 2).
+
 Exit code: 0 when every request ran, 1 when any request got an error row (under a torchrun you
 start yourself: 0, the summary counts them), 2 for bad flags, files or input lines (nothing runs),
 130 when interrupted. With no prompts at all it runs a few built-in
@@ -95,6 +99,7 @@ from deepinfer.cli.run_output import (
     scan,
 )
 from deepinfer.cli.run_requests import BUILTIN_PROMPTS, Request, check_flag_params, collect_requests, make_params
+from deepinfer.cli.structured_flags import add_structured_flags, check_structured_flags
 from deepinfer.engine.chat import FixNames
 from deepinfer.errors import UserError
 
@@ -123,6 +128,7 @@ def add_parser(sub) -> None:
     p.add_argument("--logprobs", type=int, metavar="N",
                    help="each row gets every generated token's logprob, rank and the N most likely tokens (0 to 20; 0: the chosen token only)")
     p.add_argument("--prompt-logprobs", type=int, metavar="N", help="each row gets the same for every prompt token but the first (0 to 20)")
+    add_structured_flags(p)
     add_engine_flags(p)
     p.set_defaults(func=run)
     global _PARSER
@@ -135,6 +141,7 @@ _PARSER: argparse.ArgumentParser | None = None
 def check_flags(args) -> None:
     """Flag values no run could use: one line naming the flag (exit 2), before anything starts."""
     check_engine_flags(args)
+    check_structured_flags(args)
     check_flag_params(args)
 
 

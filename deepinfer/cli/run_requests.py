@@ -253,6 +253,7 @@ def flag_params(args) -> dict:
         ignore_eos=args.ignore_eos,
         logprobs=args.logprobs,
         prompt_logprobs=args.prompt_logprobs,
+        structured_outputs=args.structured_outputs,  # --json-schema, --regex, --choice, --grammar (deepinfer.cli.structured_flags)
     )
 
 

@@ -107,6 +107,8 @@ class LLM:
 
     grammar_compile_timeout_s: a request with structured_outputs whose grammar has not compiled
     this long after it was added fails alone (finish_reason "error", CompletionOutput.error).
+    grammar_cache_size: compiled grammars kept for later requests with the same spec (the least
+    recently used is dropped past it).
     """
 
     def __init__(
@@ -141,6 +143,7 @@ class LLM:
         mixed_steps: bool | None = None,
         logprobs_mode: str = "raw_logprobs",
         grammar_compile_timeout_s: float = 30.0,
+        grammar_cache_size: int = 256,
     ):
         from deepinfer.model.facts import checkpoint_facts
         from deepinfer.model.loader import load_model
@@ -166,6 +169,7 @@ class LLM:
             mixed_steps=mixed_steps,
             logprobs_mode=logprobs_mode,
             grammar_compile_timeout_s=grammar_compile_timeout_s,
+            grammar_cache_size=grammar_cache_size,
         )
         config.validate()
         check_cpu_threads(cpu_threads)

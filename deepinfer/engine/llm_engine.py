@@ -73,9 +73,11 @@ class EngineConfig:
     # Structured output: a request whose grammar has not compiled this many seconds after it was
     # added fails alone (finish_reason "error"); the compilation runs on in its thread.
     grammar_compile_timeout_s: float = 30.0
+    # Structured output: compiled grammars kept for reuse by later requests (least recently used dropped).
+    grammar_cache_size: int = 256
 
     def validate(self) -> None:
-        for name in ("max_num_seqs", "max_num_batched_tokens", "num_kv_blocks", "max_model_len", "eplb_interval"):
+        for name in ("max_num_seqs", "max_num_batched_tokens", "num_kv_blocks", "max_model_len", "eplb_interval", "grammar_cache_size"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
                 raise InvalidRequestError(f"{name} must be an integer >= 1, got {value!r}")
@@ -311,7 +313,7 @@ class LLMEngine:
         if self.grammars is None:
             from deepinfer.engine.structured_output import GrammarCompiler
 
-            self.grammars = GrammarCompiler(self.tokenizer, self.vocab_size, self.eos_token_ids)
+            self.grammars = GrammarCompiler(self.tokenizer, self.vocab_size, self.eos_token_ids, self.config.grammar_cache_size)
         return self.grammars
 
     def _final_length(self, seq) -> int:
@@ -346,9 +348,8 @@ class LLMEngine:
         """One-line errors for structured output where this engine cannot give it."""
         from deepinfer.engine.structured_output import require_llguidance
 
-        blocker = "speculative decoding" if self.speculative is not None else "expert parallelism" if self.dist is not None else None
-        if blocker:
-            raise InvalidRequestError(f"{what}: structured_outputs does not combine with {blocker} yet; drop one of them")
+        if self.dist is not None:  # the lockstep steps (deepinfer.engine.data_parallel) do not admit requests that wait for a grammar
+            raise InvalidRequestError(f"{what}: structured_outputs does not combine with expert parallelism yet; drop one of them")
         if self.tokenizer is None:
             raise InvalidRequestError(f"{what}: structured_outputs needs a tokenizer, and this checkpoint has no tokenizer.json")
         require_llguidance()
@@ -482,7 +483,7 @@ class LLMEngine:
         params = seq.params
         length = seq.num_tokens if length is None else length
         generated = length - seq.num_prompt_tokens
-        if seq.grammar is not None and self._grammar_ends(seq, token):
+        if seq.grammar is not None and self._grammar_ends(seq, token, generated - 1):
             return True
         if generated >= params.min_tokens:  # before that, EOS and stop token ids are banned and stop strings not looked for
             if not params.ignore_eos and token in self.eos_token_ids:
@@ -496,16 +497,30 @@ class LLMEngine:
         return seq.finish_reason is not None
 
     @staticmethod
-    def _grammar_ends(seq: Sequence, token: int) -> bool:
+    def _grammar_ends(seq: Sequence, token: int, generated: int) -> bool:
         """Advance seq's grammar with its new token; True, the reason set, when that ends seq: the
-        grammar is complete ("stop", stop_reason the token when it is a stop token id) or its matcher
-        failed ("error")."""
+        grammar is complete ("stop", stop_reason the token when it is a stop token id; before
+        min_tokens too: the grammar's end wins, an output past it could not match) or its matcher
+        failed ("error").
+
+        The mask lets `sample` draw only tokens the grammar allows, so a token it refuses means the
+        request's other options (min_tokens' bans of EOS and stop token ids, allowed_token_ids,
+        bad_words, a logit_bias of -inf) banned every token the grammar allowed: that is the error.
+        generated: the tokens seq generated before this one."""
         from deepinfer.engine.structured_output import GrammarError
 
+        accepting = seq.grammar.matcher.is_accepting()
         try:
             complete = seq.grammar.accept(token)
         except GrammarError as exc:
-            seq.finish_reason, seq.error = "error", str(exc)
+            log.debug("request %s: %s", seq.seq_id, exc)
+            if accepting and generated < seq.params.min_tokens:
+                seq.error = (f"after {generated} tokens the grammar allows only its end (EOS) or stop token ids, which min_tokens={seq.params.min_tokens} "
+                             "bans: no token fits both; lower min_tokens")  # fmt: skip
+            else:
+                seq.error = (f"after {generated} tokens no token fits both the grammar and the request's other token options "
+                             "(allowed_token_ids, bad_words, logit_bias, min_tokens)")  # fmt: skip
+            seq.finish_reason = "error"
             return True
         if complete:
             seq.finish_reason = "stop"

@@ -5,7 +5,7 @@ registry ops.
 Order (vLLM's), on the model's float32 logits, in place:
   0. apply_token_bitmask: tokens the request's grammar does not allow next -> -inf (structured
      output: the masks are filled on the host by llguidance, deepinfer.engine.structured_output,
-     into one int32 bitmask [rows, ceil(V/32)], all ones for the free rows, moved once per step);
+     into one int32 bitmask [rows, ceil(V/32)], all ones for the free rows: `GrammarMasks`);
   1. apply_token_bitmask: tokens outside allowed_token_ids -> -inf;
   2. apply_token_bias: bad-word bans (their preceding tokens matched on the device against each
      row's last generated tokens), min_tokens' bans of EOS and the stop token ids, logit_bias;
@@ -46,6 +46,40 @@ def needs_processing(seq: Sequence) -> bool:
     return bool(constraints.tokens.numel()) or seq.num_output_tokens < constraints.min_tokens
 
 
+class GrammarMasks:
+    """A step's grammar bitmask: filled on the host into one reused buffer (pinned where the device
+    runs behind the host), then one non_blocking copy to the device. `plan` runs after the step's
+    forward is launched, so on an asynchronous backend the host fills the masks while the device
+    runs the forward, and the copy queues behind it, ahead of the step's sampling."""
+
+    def __init__(self, device: torch.device, vocab_size: int, pinned: bool):
+        self.device, self.words, self.pinned = device, -(-vocab_size // 32), pinned
+        self._host: torch.Tensor | None = None  # [rows, words] int32, grown to the largest step
+        self._copied = None  # an event after the last copy out of _host: refill only once it has passed
+        self.copies = 0  # host -> device copies issued (one per step with a grammar row)
+
+    def fill(self, num_rows: int, rows: list) -> torch.Tensor:
+        """The device bitmask [num_rows, words]: rows' (row, SequenceGrammar, drafts) masks filled by
+        llguidance (structured_output.fill_bitmasks), every other row all ones."""
+        from deepinfer.engine.structured_output import fill_bitmasks
+
+        if self._copied is not None:
+            self._copied.synchronize()
+        if self._host is None or self._host.shape[0] < num_rows:
+            self._host = torch.empty((num_rows, self.words), dtype=torch.int32, pin_memory=self.pinned)
+        host = self._host[:num_rows]
+        host.fill_(-1)
+        fill_bitmasks(rows, host)
+        self.copies += 1
+        mask = host.to(self.device, non_blocking=True)
+        if self.pinned:
+            self._copied = torch.Event(device=self.device)
+            self._copied.record()
+        elif mask.data_ptr() == host.data_ptr():  # on the host already (the CPU): not the buffer the next step refills
+            mask = mask.clone()
+        return mask
+
+
 @dataclass
 class StepProcessing:
     """One step's inputs to the processing ops, on the device (None: that op does not run)."""
@@ -66,6 +100,7 @@ class LogitsProcessing:
         self.ops, self.device, self.vocab_size, self.pin_host_buffers = ops, device, vocab_size, pin_host_buffers
         self.history = PenaltyHistory(max_num_seqs, vocab_size, device)
         self._everything_allowed: torch.Tensor | None = None  # [ceil(V/32)] int32 of -1, on the device
+        self.grammar_masks = GrammarMasks(device, vocab_size, pin_host_buffers)
 
     def _to_device(self, t: torch.Tensor) -> torch.Tensor:
         return t.to(self.device, non_blocking=True)
@@ -90,7 +125,8 @@ class LogitsProcessing:
             generated = torch.tensor([seq.num_output_tokens + len(e) > 0 for seq, e in zip(seqs, extra)])
             newest = (self._to_device(torch.tensor(rows, dtype=torch.int64)), self._to_device(generated))
         penalties, tables = self._penalties(seqs, extra)
-        return StepProcessing(allowed=self._allowed(seqs), grammar=self._grammar(seqs), bias=bias, newest=newest, penalties=penalties, tables=tables)
+        grammar = self._grammar(samplers, drafts)
+        return StepProcessing(allowed=self._allowed(seqs), grammar=grammar, bias=bias, newest=newest, penalties=penalties, tables=tables)
 
     def _allowed(self, samplers: list[Sequence]) -> torch.Tensor | None:
         masks = [seq.constraints.allowed if seq.constraints is not None else None for seq in samplers]
@@ -105,16 +141,18 @@ class LogitsProcessing:
             rows.append(self._everything_allowed if mask is None else mask)
         return torch.stack(rows)
 
-    def _grammar(self, samplers: list[Sequence]) -> torch.Tensor | None:
-        """The grammar rows' masks, filled on the host into one bitmask and moved once."""
-        rows = [(b, seq.grammar) for b, seq in enumerate(samplers) if seq.grammar is not None]
+    def _grammar(self, samplers: list[Sequence], drafts: list[list[int]] | None) -> torch.Tensor | None:
+        """The grammar rows' masks, filled on the host into one bitmask and moved once (GrammarMasks);
+        with drafts, sampler b's 1 + len(drafts[b]) rows, each the mask after the drafts before it."""
+        drafts = drafts if drafts is not None else [[]] * len(samplers)
+        rows, first = [], 0
+        for seq, d in zip(samplers, drafts):
+            if seq.grammar is not None:
+                rows.append((first, seq.grammar, d))
+            first += 1 + len(d)
         if not rows:
             return None
-        from deepinfer.engine.structured_output import fill_bitmasks
-
-        host = torch.full((len(samplers), -(-self.vocab_size // 32)), -1, dtype=torch.int32, pin_memory=self.pin_host_buffers)
-        fill_bitmasks(rows, host)
-        return self._to_device(host)
+        return self.grammar_masks.fill(first, rows)
 
     def _bias(self, samplers: list[Sequence], extra: list[list[int]]) -> tuple[torch.Tensor, ...] | None:
         per_row = [seq.constraints.entries(seq.num_output_tokens + len(e)) if seq.constraints is not None else None for seq, e in zip(samplers, extra)]

@@ -24,7 +24,8 @@ decoding and expert parallelism step without it (their steps wait for their toke
 Structured output: a step's grammar masks are filled on the host from each matcher, which must have
 consumed the step before's token first; so while any running sequence has a grammar, no step is
 launched ahead (each step waits for the one in flight, as a prefill step does): the simplest rule
-that is right, at the cost of the overlap for those steps only.
+that is right, at the cost of the overlap for those steps only. Within such a step the masks are
+still filled while the device runs the step's forward (deepinfer.engine.logits_processing.GrammarMasks).
 """
 
 from __future__ import annotations

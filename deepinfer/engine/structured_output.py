@@ -3,14 +3,17 @@ sequence, and each step's token masks.
 
 - Compiling: `GrammarCompiler.submit` starts a request's grammar in a thread pool when the request
   is added, and caches it by StructuredOutputsParams.key() (kind, spec, options): requests with the
-  same schema share one compilation. What is compiled is an llguidance LLMatcher, kept unused as a
+  same schema share one compilation. The cache keeps the `cache_size` most recently used grammars
+  (EngineConfig.grammar_cache_size); a request holds its own grammar, evicted or not. What is compiled is an llguidance LLMatcher, kept unused as a
   template; each sequence (each of a request's n samples) gets its own deep copy. The llguidance
   tokenizer is built once, from the checkpoint's tokenizer.json, with the model's vocabulary size
   and the engine's EOS ids as llguidance's EOS (so the mask allows EOS exactly where the grammar
   may end). A compile error becomes a GrammarError with llguidance's message on one line.
 - Each step: `fill_bitmasks` writes the constrained rows' masks into one host int32 bitmask
   [rows, ceil(V/32)] (deepinfer.engine.logits_processing moves it to the device once and applies it
-  with `apply_token_bitmask`).
+  with `apply_token_bitmask`). A speculative verification brings a row per draft position: the
+  matcher is advanced through the drafts for their masks and rolled back, so it only ever holds the
+  tokens the verification keeps (each emitted token is then accepted as below).
 - After sampling: `SequenceGrammar.accept` advances the sequence's matcher with its token; the
   request finishes when the matcher is stopped (the grammar is complete: on the token that
   completes it, or on EOS where the grammar could go on).
@@ -23,6 +26,7 @@ from __future__ import annotations
 import logging
 import re
 import threading
+from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
 
 import torch
@@ -70,17 +74,32 @@ def grammar_text(spec: StructuredOutputsParams) -> str:
     return llguidance.LLMatcher.grammar_from_regex(spec.regex)
 
 
+def check_compiles(spec: StructuredOutputsParams) -> None:
+    """A GrammarError when spec's grammar does not compile (checked without a tokenizer: the CLI's
+    flags, before the model loads)."""
+    import llguidance
+
+    try:
+        grammar = grammar_text(spec)
+    except ValueError as exc:
+        raise GrammarError(f"{spec.kind} does not compile: {one_line(str(exc))}") from None
+    problem = llguidance.LLMatcher.validate_grammar(grammar, None)
+    if problem:
+        raise GrammarError(f"{spec.kind} does not compile: {one_line(problem)}")
+
+
 class GrammarCompiler:
     """Compiles grammars in a thread pool, each (kind, spec, options) once."""
 
-    def __init__(self, tokenizer, vocab_size: int, eos_token_ids):
+    def __init__(self, tokenizer, vocab_size: int, eos_token_ids, cache_size: int = 256):
         if tokenizer is None:
             raise InvalidRequestError("structured_outputs needs the checkpoint's tokenizer.json, and this checkpoint has none")
         self._tokenizer, self.vocab_size, self.eos_token_ids = tokenizer, vocab_size, sorted(eos_token_ids)
         self._ll_tokenizer = None
         self._tokenizer_lock = threading.Lock()
         self._pool = ThreadPoolExecutor(COMPILE_THREADS, thread_name_prefix="deepinfer-grammar")
-        self._cache: dict[tuple[str, str], Future] = {}
+        self.cache_size = cache_size
+        self._cache: OrderedDict[tuple[str, str], Future] = OrderedDict()  # least recently used first
 
     def submit(self, spec: StructuredOutputsParams) -> Future:
         """A future of spec's template matcher (raises GrammarError when it does not compile)."""
@@ -88,7 +107,15 @@ class GrammarCompiler:
         future = self._cache.get(key)
         if future is None:
             future = self._cache[key] = self._pool.submit(self._compile, spec)
+            while len(self._cache) > self.cache_size:
+                self._cache.popitem(last=False)
+        else:
+            self._cache.move_to_end(key)
         return future
+
+    def cached_keys(self) -> list[tuple[str, str]]:
+        """The cached grammars' keys, least recently used first."""
+        return list(self._cache)
 
     def ll_tokenizer(self):
         """The llguidance tokenizer (built once, about a second for a 128k vocabulary)."""
@@ -132,13 +159,26 @@ class SequenceGrammar:
 _executor = None
 
 
-def fill_bitmasks(rows: list[tuple[int, SequenceGrammar]], bitmask: torch.Tensor) -> None:
-    """Write each (row, grammar)'s allowed next tokens into bitmask[row] (a host int32 [B, ceil(V/32)]
-    tensor, contiguous), the rows in parallel (llguidance's executor threads)."""
+def fill_bitmasks(rows: list[tuple[int, SequenceGrammar, list[int]]], bitmask: torch.Tensor) -> None:
+    """For each (row, grammar, drafts), write the grammar's allowed next tokens into bitmask[row]
+    and, with drafts (a speculative verification), the tokens allowed after drafts[:i] into
+    bitmask[row + i] for i = 1 .. len(drafts) (bitmask: a host int32 [R, ceil(V/32)] tensor,
+    contiguous). The grammars' matchers are advanced through their drafts and rolled back: they
+    end as they began. Rows after a draft the grammar refuses are left as they are: that draft is
+    banned by the row before it, so verification never reaches them. Each position's rows are
+    filled in parallel (llguidance's executor threads)."""
     global _executor
     import llguidance
     from llguidance.torch import fill_next_token_bitmask_par
 
     if _executor is None:
         _executor = llguidance.LLExecutor()
-    fill_next_token_bitmask_par(_executor, [(grammar.matcher, row) for row, grammar in rows], bitmask)
+    valid = [grammar.matcher.validate_tokens(drafts) if drafts else 0 for _, grammar, drafts in rows]  # drafts the grammar takes
+    for i in range(max(valid, default=0) + 1):
+        fill_next_token_bitmask_par(_executor, [(grammar.matcher, row + i) for (row, grammar, _), n in zip(rows, valid) if i <= n], bitmask)
+        for (_, grammar, drafts), n in zip(rows, valid):
+            if i < n and not grammar.matcher.consume_token(drafts[i]):
+                raise GrammarError(f"the grammar matcher refused draft token {drafts[i]} it had validated")
+    for (_, grammar, _), n in zip(rows, valid):
+        if n and not grammar.matcher.rollback(n):
+            raise GrammarError(f"the grammar matcher could not roll back {n} draft tokens: {one_line(grammar.matcher.get_error())}")

@@ -20,10 +20,19 @@ from deepinfer.engine.sampling_params import InvalidRequestError
 
 PROMPT = "Answer:"
 
+# A point: reused inline and through $ref
+POINT = {"type": "object", "properties": {"x": {"type": "integer", "minimum": 0, "maximum": 9}, "y": {"type": "integer", "minimum": 0, "maximum": 9}},
+         "required": ["x", "y"], "additionalProperties": False}  # fmt: skip
+# 20 schemas of increasing difficulty: scalars with ranges and steps, enums, nullable types, flat
+# objects with required and optional keys, string patterns, bounded arrays, const, anyOf, nested
+# objects, arrays of objects, $ref, oneOf, and a record that combines them.
 SCHEMAS = [
     {"type": "boolean"},
     {"type": "integer", "minimum": -5, "maximum": 5},
     {"type": "string", "enum": ["red", "green", "blue"]},
+    {"type": "number", "minimum": -1.5, "maximum": 2.5, "multipleOf": 0.25},
+    {"type": "integer", "exclusiveMinimum": 0, "exclusiveMaximum": 100, "multipleOf": 5},
+    {"type": ["string", "null"], "maxLength": 3},
     {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"], "additionalProperties": False},
     {"type": "object", "properties": {"age": {"type": "integer", "minimum": 0, "maximum": 120}}, "required": ["age"], "additionalProperties": False},
     {"type": "object", "properties": {"code": {"type": "string", "pattern": "^[A-Z]{3}[0-9]{2}$"}}, "required": ["code"], "additionalProperties": False},
@@ -32,15 +41,27 @@ SCHEMAS = [
      "required": ["color"], "additionalProperties": False},
     {"type": "object", "properties": {"x": {"type": "number", "minimum": 0, "maximum": 1}, "name": {"type": "string", "maxLength": 4}},
      "required": ["x", "name"], "additionalProperties": False},
-    {"type": "object", "properties": {"point": {"type": "object", "properties": {"x": {"type": "integer", "minimum": 0, "maximum": 9},
-                                                                                    "y": {"type": "integer", "minimum": 0, "maximum": 9}},
-                                                "required": ["x", "y"], "additionalProperties": False}},
-     "required": ["point"], "additionalProperties": False},
+    {"type": "object", "properties": {"version": {"const": 2}, "kind": {"enum": ["x", "y"]}}, "required": ["version", "kind"], "additionalProperties": False},
+    {"anyOf": [{"type": "integer", "minimum": 0, "maximum": 9}, {"type": "string", "enum": ["none"]}]},
+    {"type": "object", "properties": {"point": POINT}, "required": ["point"], "additionalProperties": False},
     {"type": "object", "properties": {"tags": {"type": "array", "items": {"enum": ["a", "b"]}, "minItems": 1, "maxItems": 3},
                                       "id": {"type": "string", "pattern": "^[0-9]{4}$"}},
      "required": ["tags", "id"], "additionalProperties": False},
     {"type": "array", "items": {"type": "object", "properties": {"k": {"enum": ["u", "v"]}, "n": {"type": "integer", "minimum": 0, "maximum": 5}},
                                 "required": ["k", "n"], "additionalProperties": False}, "minItems": 1, "maxItems": 2},
+    {"$defs": {"point": POINT}, "type": "object", "properties": {"from": {"$ref": "#/$defs/point"}, "to": {"$ref": "#/$defs/point"}},
+     "required": ["from", "to"], "additionalProperties": False},
+    {"oneOf": [{"type": "object", "properties": {"kind": {"const": "circle"}, "r": {"type": "integer", "minimum": 1, "maximum": 9}},
+                "required": ["kind", "r"], "additionalProperties": False},
+               {"type": "object", "properties": {"kind": {"const": "square"}, "side": {"type": "integer", "minimum": 1, "maximum": 9}},
+                "required": ["kind", "side"], "additionalProperties": False}]},
+    {"type": "object", "properties": {
+        "name": {"type": "string", "pattern": "^[A-Z][a-z]{1,5}$"},
+        "age": {"type": "integer", "minimum": 0, "maximum": 120},
+        "emails": {"type": "array", "items": {"type": "string", "pattern": "^[a-z]{1,4}@[a-z]{1,4}\\.(com|org)$"}, "maxItems": 2},
+        "address": {"type": "object", "properties": {"city": {"enum": ["Paris", "Oslo", "Lima"]}, "zip": {"type": "string", "pattern": "^[0-9]{5}$"}},
+                    "required": ["city", "zip"], "additionalProperties": False}},
+     "required": ["name", "age", "address"], "additionalProperties": False},
 ]  # fmt: skip
 
 
@@ -48,12 +69,20 @@ def _params(max_tokens=120, seed=0, temperature=1.0, **structured) -> SamplingPa
     return SamplingParams(max_tokens=max_tokens, seed=seed, temperature=temperature, structured_outputs=StructuredOutputsParams(**structured))
 
 
+def accepted(api, spec: StructuredOutputsParams, token_ids: list[int]) -> bool:
+    """Whether a fresh matcher of spec takes token_ids and may end there (or has ended, on EOS)."""
+    matcher = api.engine._grammar_compiler().submit(spec).result().deep_copy()
+    return all(matcher.consume_token(t) for t in token_ids) and (matcher.is_accepting() or matcher.is_stopped())
+
+
 def test_json_schemas_validate(api):
-    params = [_params(json=schema, disable_any_whitespace=True, seed=i) for i, schema in enumerate(SCHEMAS)]
-    for schema, out in zip(SCHEMAS, api.generate([PROMPT] * len(params), params, use_tqdm=False)):
+    assert len(SCHEMAS) == 20
+    params = [_params(json=schema, disable_any_whitespace=True, seed=i, max_tokens=60) for i, schema in enumerate(SCHEMAS)]
+    for schema, p, out in zip(SCHEMAS, params, api.generate([PROMPT] * len(params), params, use_tqdm=False)):
         completion = out.outputs[0]
         assert completion.finish_reason == "stop", (schema, completion.text)
         jsonschema.validate(json.loads(completion.text), schema)
+        assert accepted(api, p.structured_outputs, completion.token_ids)
 
 
 def test_json_object_and_whitespace(api):
@@ -76,25 +105,72 @@ OCTET = "(25[0-5]|2[0-4][0-9]|1?[0-9]?[0-9])"
     ids=["date", "email", "ipv4"],
 )
 def test_regex(api, regex):
-    outs = api.generate([PROMPT] * 2, [_params(regex=regex, seed=s, max_tokens=40) for s in (1, 2)], use_tqdm=False)
-    for out in outs:
+    params = [_params(regex=regex, seed=s, max_tokens=40) for s in (1, 2)]
+    for p, out in zip(params, api.generate([PROMPT] * 2, params, use_tqdm=False)):
         assert out.outputs[0].finish_reason == "stop" and re.fullmatch(regex, out.outputs[0].text), out.outputs[0].text
+        assert accepted(api, p.structured_outputs, out.outputs[0].token_ids)
 
 
-def test_lark_arithmetic(api):
-    grammar = 'start: expr\nexpr: term (("+" | "-") term)*\nterm: NUMBER | "(" expr ")"\nNUMBER: /[1-9]/'
-    outs = api.generate([PROMPT] * 3, [_params(grammar=grammar, seed=s, max_tokens=40) for s in range(3)], use_tqdm=False)
+ARITHMETIC = {
+    "lark": 'start: expr\nexpr: term (("+" | "-") term)*\nterm: NUMBER | "(" expr ")"\nNUMBER: /[1-9]/',
+    "ebnf": 'root ::= expr\nexpr ::= term (("+" | "-") term)*\nterm ::= [1-9] | "(" expr ")"',  # GBNF, which llguidance converts to Lark
+}
+
+
+def parse_arithmetic(text: str, complete: bool) -> None:
+    """Parse text by ARITHMETIC's grammar (recursive descent); complete=False: text may stop
+    anywhere (an output cut by max_tokens is a prefix of a sentence). AssertionError otherwise."""
+    at = 0
+
+    def term() -> bool:  # False: the text ended inside it
+        nonlocal at
+        if at == len(text):
+            return False
+        if text[at] == "(":
+            at += 1
+            if not expr():
+                return False
+            if at == len(text):
+                return False
+            assert text[at] == ")", (text, at)
+            at += 1
+            return True
+        assert text[at] in "123456789", (text, at)
+        at += 1
+        return True
+
+    def expr() -> bool:
+        nonlocal at
+        if not term():
+            return False
+        while at < len(text) and text[at] in "+-":
+            at += 1
+            if not term():
+                return False
+        return True
+
+    finished = expr()
+    assert (finished and at == len(text)) if complete else at == len(text), text
+
+
+@pytest.mark.parametrize("syntax", ["lark", "ebnf"])
+def test_arithmetic_grammar(api, syntax):
+    """The random model nests parentheses at will: an output may be cut by max_tokens, and is then
+    a prefix of a sentence; a finished one parses and evaluates."""
+    outs = api.generate([PROMPT] * 4, [_params(grammar=ARITHMETIC[syntax], seed=s, max_tokens=40) for s in range(4)], use_tqdm=False)
+    reasons = [out.outputs[0].finish_reason for out in outs]
+    assert "stop" in reasons and set(reasons) <= {"stop", "length"}, reasons
     for out in outs:
         text = out.outputs[0].text
-        if out.outputs[0].finish_reason == "stop":  # an expression that is complete: it evaluates
-            assert re.fullmatch(r"[0-9+\-()]+", text) and isinstance(eval(text), int), text
-        else:  # cut by max_tokens (the grammar may recurse): still made of the grammar's characters
-            assert out.outputs[0].finish_reason == "length" and re.fullmatch(r"[0-9+\-()]+", text), text
+        parse_arithmetic(text, complete=out.outputs[0].finish_reason == "stop")
+        if out.outputs[0].finish_reason == "stop":
+            assert isinstance(eval(text), int), text
 
 
 def test_choice_n_and_same_seed(api):
-    """Each of n samples has its own matcher; the same seed gives the same output."""
-    choices = ["alpha", "beta", "gamma delta"]
+    """Each of n samples has its own matcher; the same seed gives the same output. Choices that
+    share prefixes (tokens in common) still end on a whole choice."""
+    choices = ["alpha", "beta", "gamma delta", "New York", "New Jersey", "Newark"]
     params = SamplingParams(n=3, max_tokens=10, seed=7, temperature=1.0, structured_outputs={"choice": choices})
     first, again = (api.generate([PROMPT], params, use_tqdm=False)[0] for _ in range(2))
     assert [c.text for c in first.outputs] == [c.text for c in again.outputs]
@@ -114,6 +190,93 @@ def test_mixed_batch_and_per_request_errors(api):
         completion = out.outputs[0]
         assert out.finished and completion.finish_reason == "error" and completion.token_ids == []
         assert completion.error.startswith(f"{what} does not compile") and "\n" not in completion.error
+
+
+def test_eos_only_where_the_grammar_accepts(api):
+    """EOS pushed up by +100: free, the request ends at once; constrained, EOS comes at the first
+    place the grammar may end, never before; a budget too small for the grammar ends by length."""
+    eos = min(api.engine.eos_token_ids)
+    free = api.generate([PROMPT], SamplingParams(max_tokens=8, logit_bias={eos: 100.0}), use_tqdm=False)[0].outputs[0]
+    assert free.token_ids == [eos] and free.finish_reason == "stop"
+    spec = StructuredOutputsParams(regex="[0-9]{3,6}")
+    ids = api.generate([PROMPT], SamplingParams(max_tokens=20, logit_bias={eos: 100.0}, structured_outputs=spec), use_tqdm=False)[0].outputs[0]
+    assert ids.finish_reason == "stop" and ids.token_ids[-1] == eos and re.fullmatch("[0-9]{3,6}", ids.text), ids
+    assert accepted(api, spec, ids.token_ids[:-1]) and not any(accepted(api, spec, ids.token_ids[:k]) for k in range(len(ids.token_ids) - 1))
+    long = "[0-9]{30,40}"
+    short, enough = api.generate([PROMPT] * 2, [_params(regex=long, max_tokens=3), _params(regex=long, max_tokens=40)], use_tqdm=False)
+    assert short.outputs[0].finish_reason == "length" and re.fullmatch("[0-9]+", short.outputs[0].text) and len(short.outputs[0].text) < 30
+    assert not accepted(api, StructuredOutputsParams(regex=long), short.outputs[0].token_ids)
+    assert enough.outputs[0].finish_reason == "stop" and re.fullmatch(long, enough.outputs[0].text)
+
+
+def test_min_tokens_with_a_grammar(api):
+    """min_tokens bans EOS while the grammar can go on; a grammar that is complete ends the request
+    before min_tokens (its end wins: an output past it could not match); a grammar whose only way on
+    is a token min_tokens bans fails that request with a one-line error."""
+    eos = min(api.engine.eos_token_ids)
+    digits = SamplingParams(max_tokens=20, min_tokens=4, logit_bias={eos: 100.0}, structured_outputs={"regex": "[0-9]{1,20}"})
+    choice = SamplingParams(max_tokens=20, min_tokens=5, seed=1, structured_outputs={"choice": ["yes", "no"]})
+    a, b = (api.tokenizer.encode(text, add_bos=False) for text in ("a", "b"))
+    assert len(a) == len(b) == 1
+    # after "a" the grammar allows "b" (a stop token id here) or its end: min_tokens bans both
+    conflict = SamplingParams(max_tokens=20, min_tokens=5, stop_token_ids=b, logit_bias={a[0]: 100.0}, structured_outputs={"choice": ["a", "ab"]})
+    first, second, third = (out.outputs[0] for out in api.generate([PROMPT] * 3, [digits, choice, conflict], use_tqdm=False))
+    assert first.finish_reason == "stop" and len(first.token_ids) == 5 and first.token_ids[-1] == eos and re.fullmatch("[0-9]+", first.text)
+    assert second.finish_reason == "stop" and second.text in ("yes", "no") and len(second.token_ids) < 5
+    assert third.finish_reason == "error" and third.text == "a" and "\n" not in third.error
+    assert third.error.startswith("after 1 tokens the grammar allows only its end") and "min_tokens=5" in third.error
+
+
+def test_grammar_cache_is_bounded_lru(api, monkeypatch):
+    from collections import OrderedDict
+
+    from deepinfer.engine.llm_engine import EngineConfig
+
+    compiler = api.engine._grammar_compiler()
+    assert compiler.cache_size == api.engine.config.grammar_cache_size == 256
+    monkeypatch.setattr(compiler, "cache_size", 2)
+    monkeypatch.setattr(compiler, "_cache", OrderedDict())
+    a, b, c = (StructuredOutputsParams(regex=r) for r in ("a+", "b+", "c+"))
+    first = compiler.submit(a)
+    compiler.submit(b)
+    assert compiler.submit(a) is first  # a hit: a is now the most recently used
+    compiler.submit(c)  # b, the least recently used, is dropped
+    assert compiler.cached_keys() == [a.key(), c.key()]
+    out = api.generate([PROMPT], _params(regex="b+", max_tokens=4), use_tqdm=False)[0].outputs[0]  # b compiles again and runs
+    assert re.fullmatch("b+", out.text) and compiler.cached_keys() == [c.key(), b.key()]
+    with pytest.raises(InvalidRequestError, match="grammar_cache_size must be an integer >= 1"):
+        EngineConfig(grammar_cache_size=0).validate()
+
+
+def test_masks_filled_while_the_forward_runs_one_copy_per_step(api, monkeypatch):
+    """Each step: the forward is launched, then the grammar rows' masks are filled on the host (the
+    device runs the forward meanwhile on an asynchronous backend), copied once, then sampled."""
+    from deepinfer.engine import structured_output
+
+    runner, events = api.engine.runner, []
+
+    def spy(name, call):
+        return lambda *args, **kwargs: (events.append(name), call(*args, **kwargs))[1]
+
+    monkeypatch.setattr(runner.model, "forward", spy("forward", runner.model.forward))
+    monkeypatch.setattr(structured_output, "fill_bitmasks", spy("fill", structured_output.fill_bitmasks))
+    monkeypatch.setattr(runner.ops, "sample", spy("sample", runner.ops.sample))
+    masks = runner.processing.grammar_masks
+    copies = masks.copies
+    params = [_params(regex="[0-9]{6}", max_tokens=10), SamplingParams(max_tokens=6, ignore_eos=True), _params(choice=["north", "south"], seed=2)]
+    outs = api.generate([PROMPT] * 3, params, use_tqdm=False)
+    assert re.fullmatch("[0-9]{6}", outs[0].outputs[0].text) and outs[2].outputs[0].text in ("north", "south")
+    steps = "".join({"forward": "F", "fill": "M", "sample": "S"}[e] for e in events)
+    # the free request may start alone while the grammars compile; a step fills its masks between its forward and its sampling
+    assert re.fullmatch("(FM?S)+", steps) and steps.count("M") >= 2, steps
+    assert masks.copies - copies == steps.count("M")  # one copy per step with a grammar row
+
+
+def test_expert_parallelism_is_refused_in_one_line(api, monkeypatch):
+    """With expert parallelism the ranks' lockstep steps do not admit requests that wait for a grammar: refused up front."""
+    monkeypatch.setattr(api.engine, "dist", object())
+    with pytest.raises(InvalidRequestError, match="prompt: structured_outputs does not combine with expert parallelism yet; drop one of them"):
+        api.engine.check_request([5, 6], _params(regex="a"))
 
 
 def test_compile_timeout(api, monkeypatch):

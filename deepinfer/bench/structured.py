@@ -1,0 +1,155 @@
+"""Structured output's cost: the host's mask fill per step against batch size, and decode throughput
+with 0%, 50% and 100% of a batch constrained by a JSON schema.
+
+- Mask fill: B matchers of SCHEMA (each a copy of one compiled grammar), each at its own point of a
+  valid document; a step fills all B rows' masks into one host bitmask (structured_output.
+  fill_bitmasks, llguidance's threads) and then advances every matcher by its next token. The
+  time is the fill's, median over the steps.
+- Throughput: `batch` requests of random prompt token ids decoding `output_len` tokens each at
+  temperature 1, all in flight together; the constrained ones follow SCHEMA, whose arrays of at
+  least `output_len` items never let a document end first, so every request produces output_len
+  tokens and the runs differ only by the masks. An untimed pass first compiles the grammar and the
+  kernels. Overhead = 1 - constrained tokens/s over free tokens/s.
+
+Grammars need the model's tokenizer: the embedded tiny models carry DeepSeek's (V3's, 129280 ids);
+the random V2-Lite-shaped model is built here with that vocabulary and tokenizer instead of
+V2-Lite's 102400 ids (its embedding and lm_head are ~26% larger; the layers are V2-Lite's).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+SCHEMA = {"type": "array", "items": {"type": "object", "properties": {"id": {"type": "integer", "minimum": 0, "maximum": 999},
+                                                                     "tag": {"enum": ["alpha", "beta", "gamma"]}},
+                                     "required": ["id", "tag"], "additionalProperties": False}}  # fmt: skip
+# one valid document, tokenized, walked by the mask-fill matchers
+DOCUMENT = json.dumps([{"id": i * 37 % 1000, "tag": ("alpha", "beta", "gamma")[i % 3]} for i in range(40)], separators=(",", ":"))
+SHARES = (0.0, 0.5, 1.0)
+
+
+def deepseek_vocab_shape_llm(backend: str, layers: int | None, engine_options: dict):
+    """The random V2-Lite-shaped model with DeepSeek-V3's vocabulary, BOS/EOS ids and tokenizer (the
+    embedded tiny model's copy), so grammars have a real tokenizer (module docstring)."""
+    from deepinfer.bench.throughput import random_shape_llm
+    from deepinfer.model import embedded
+    from deepinfer.model.tokenizer import Tokenizer
+
+    folder = embedded.ensure_embedded(alias="tiny-v3")
+    ids = {key: embedded.CONFIG[key] for key in ("vocab_size", "bos_token_id", "eos_token_id")}
+    tokenizer = Tokenizer.from_folder(folder, bos_token_id=ids["bos_token_id"], eos_token_ids=[ids["eos_token_id"]])
+    return random_shape_llm(backend, layers, engine_options, overrides=ids, tokenizer=tokenizer)
+
+
+def schema(min_items: int) -> dict:
+    """SCHEMA with at least min_items items: a document cannot end before that many tokens."""
+    return {**SCHEMA, "minItems": min_items}
+
+
+@dataclass
+class MaskFill:
+    batch: int
+    ms_per_step: float  # median
+    us_per_row: float
+
+
+@dataclass
+class Throughput:
+    constrained_share: float
+    constrained: int
+    batch: int
+    output_len: int
+    output_tokens: int
+    wall_s: float
+    output_tokens_per_s: float
+
+
+def spec_of(min_items: int):
+    from deepinfer.engine.structured_params import StructuredOutputsParams
+
+    return StructuredOutputsParams(json=schema(min_items), disable_any_whitespace=True)
+
+
+def mask_fill(llm, batches: list[int], steps: int) -> list[MaskFill]:
+    """Mask fill time per step for each batch size (module docstring)."""
+    from deepinfer.engine.structured_output import SequenceGrammar, fill_bitmasks
+
+    engine = llm.engine
+    template = engine._grammar_compiler().submit(spec_of(0)).result()
+    tokens = engine.tokenizer.encode(DOCUMENT, add_bos=False)
+    words = -(-engine.vocab_size // 32)
+    results = []
+    for batch in batches:
+        grammars = [SequenceGrammar(template) for _ in range(batch)]
+        at = [(b * 7) % (len(tokens) - steps - 1) for b in range(batch)]  # each at its own point of the document
+        for grammar, start in zip(grammars, at):
+            for token in tokens[:start]:
+                grammar.accept(token)
+        host = torch.empty((batch, words), dtype=torch.int32)
+        rows = [(b, grammar, []) for b, grammar in enumerate(grammars)]
+        times = []
+        for step in range(steps):
+            start = time.perf_counter()
+            fill_bitmasks(rows, host)
+            times.append(time.perf_counter() - start)
+            for grammar, first in zip(grammars, at):
+                grammar.accept(tokens[first + step])
+        ms = statistics.median(times) * 1e3
+        results.append(MaskFill(batch, ms, ms * 1e3 / batch))
+    return results
+
+
+def throughput(llm, batch: int, input_len: int, output_len: int, seed: int) -> list[Throughput]:
+    """Output tokens/s of `batch` requests with SHARES of them constrained (module docstring)."""
+    from deepinfer.engine.sampling_params import SamplingParams
+
+    gen = torch.Generator().manual_seed(seed)
+    prompts = [{"prompt_token_ids": torch.randint(2, llm.engine.vocab_size, (input_len,), generator=gen).tolist()} for _ in range(batch)]
+    spec = spec_of(output_len)
+    results = []
+    for share in SHARES:
+        constrained = round(share * batch)
+        params = [SamplingParams(temperature=1.0, seed=seed + i, max_tokens=output_len, ignore_eos=True, structured_outputs=spec if i < constrained else None)
+                  for i in range(batch)]  # fmt: skip
+        llm.generate(prompts, params, use_tqdm=False)  # untimed: the grammar compiles, kernels warm up
+        llm.reset_prefix_cache()
+        start = time.perf_counter()
+        outs = llm.generate(prompts, params, use_tqdm=False)
+        wall = time.perf_counter() - start
+        llm.reset_prefix_cache()
+        done = sum(len(o.outputs[0].token_ids) for o in outs)
+        bad = [o.outputs[0].error for o in outs if o.outputs[0].finish_reason != "length"]
+        if bad:
+            raise RuntimeError(f"a benchmark request did not run to its length: {bad[0]}")
+        results.append(Throughput(share, constrained, batch, output_len, done, wall, done / wall))
+    return results
+
+
+def overhead(results: list[Throughput]) -> dict[str, float]:
+    """1 - tokens/s with a share constrained over tokens/s with none, per share."""
+    free = next(r.output_tokens_per_s for r in results if r.constrained == 0)
+    return {f"{r.constrained_share:.0%}": 1 - r.output_tokens_per_s / free for r in results if r.constrained}
+
+
+def write_json(path: Path, masks: list[MaskFill], runs: list[Throughput], machine: dict) -> None:
+    data = {"kind": "structured", "machine": machine, "schema": SCHEMA, "mask_fill": [asdict(m) for m in masks],
+            "throughput": [asdict(r) for r in runs], "overhead": overhead(runs) if runs else {}}  # fmt: skip
+    path.write_text(json.dumps(data, indent=1))
+
+
+def format_results(masks: list[MaskFill], runs: list[Throughput]) -> str:
+    lines = ["mask fill per step:", "  batch  ms/step  us/row"]
+    lines += [f"  {m.batch:5d}  {m.ms_per_step:7.3f}  {m.us_per_row:6.1f}" for m in masks]
+    if runs:
+        lines += [f"decode, batch {runs[0].batch}, {runs[0].output_len} output tokens each:", "  constrained  out tok/s  overhead"]
+        costs = overhead(runs)
+        for r in runs:
+            cost = costs.get(f"{r.constrained_share:.0%}", 0.0)
+            lines.append(f"  {r.constrained:4d} ({r.constrained_share:4.0%})  {r.output_tokens_per_s:9.1f}  {cost:8.1%}")
+    return "\n".join(lines)
