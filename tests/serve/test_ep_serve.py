@@ -1,6 +1,6 @@
 """`deepinfer serve --ep 2` on gloo (two CPU ranks of the embedded tiny model, one HTTP front end on
 rank 0): completions and chat, whole and streamed, n > 1, give the tokens one process's
-LLM.generate gives (the requests are dealt to both ranks); a client that disconnects frees the KV
+LLM.generate gives (the requests are dealt to both ranks), structured output is a 400; a client that disconnects frees the KV
 pages on the rank that ran its request, the other rank's request running on (the per-rank gauges
 of /metrics); SIGTERM to the launcher stops every rank, exit code 0."""
 
@@ -77,6 +77,8 @@ def test_completions_and_chat_equal_one_process(server, client, llm):
             pieces[choice.index] = pieces.get(choice.index, "") + (choice.delta.content or "")
     one = llm.chat(HI, SamplingParams(max_tokens=4, temperature=0), use_tqdm=False)[0].outputs[0].text
     assert pieces == {0: one, 1: one}
+    with pytest.raises(openai.BadRequestError, match="structured_outputs does not combine with expert parallelism"):
+        client.chat.completions.create(model="tiny-v3", messages=HI, max_tokens=4, response_format={"type": "json_object"})
     metrics = server.metrics()
     assert metrics['deepinfer_requests_total{endpoint="/v1/completions",status="200"}'] == 1 + len(PROMPTS)
     assert metrics["deepinfer_generation_tokens_total"] == 4 * 2 * 6 + 8 * len(PROMPTS) + 2 * 4
