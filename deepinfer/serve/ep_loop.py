@@ -40,6 +40,7 @@ import torch.distributed as dist
 from deepinfer.distributed.group import DistContext, collective_failure, is_collective_error
 from deepinfer.distributed.lockstep import LockstepRunner
 from deepinfer.distributed.step_agreement import StepAgreement
+from deepinfer.errors import UserError
 from deepinfer.serve.engine_loop import EngineLoop, Job, Update
 
 log = logging.getLogger(__name__)
@@ -103,7 +104,10 @@ class EpEngineLoop(EngineLoop):
         except BaseException as exc:
             self.error = exc
             if self.first:
-                log.exception("the engine loop of rank 0 failed")
+                if isinstance(exc, UserError):  # a collective broke (a rank died, a timeout): its one line is the story
+                    log.error("the engine loop of rank 0 failed: %s", exc)
+                else:
+                    log.exception("the engine loop of rank 0 failed")
                 self._fail_jobs(f"the engine failed: {type(exc).__name__}: {exc}")
             else:
                 log.info("the engine loop of rank %d ended: %s", self.ctx.rank, exc)

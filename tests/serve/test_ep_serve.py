@@ -2,11 +2,13 @@
 rank 0): completions and chat, whole and streamed, n > 1, give the tokens one process's
 LLM.generate gives (the requests are dealt to both ranks), structured output is a 400; a client that disconnects frees the KV
 pages on the rank that ran its request, the other rank's request running on (the per-rank gauges
-of /metrics); SIGTERM to the launcher stops every rank, exit code 0."""
+of /metrics); SIGTERM to the launcher stops every rank, exit code 0; a rank that dies ends the
+server: its clients get a 500, the launcher one line naming the rank."""
 
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 
@@ -124,3 +126,27 @@ def test_sigterm_to_the_launcher_stops_every_rank(server):
     assert code == 0, err
     assert "starting 2 ranks" in err and "2 expert-parallel ranks" in err and "error" not in err, err
     assert not [pid for pid in ranks if Path(f"/proc/{pid}").exists()], "a rank outlived the launcher"
+
+
+def test_a_rank_that_dies_ends_the_server_with_one_line(cache, tmp_path):
+    """Rank 1 dies (exit 7, no message) in its third step."""
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(
+        "import os\n"
+        "if os.environ.get('RANK') == '1':\n"
+        "    from deepinfer.engine.llm_engine import LLMEngine\n"
+        "    before_step = LLMEngine.before_step  # once per forward step on every rank\n"
+        "    LLMEngine.before_step = lambda self: os._exit(7) if self.num_steps >= 2 else before_step(self)\n"
+    )
+    path = os.pathsep.join([str(hook), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    server = ServerProcess(*FLAGS, cache=cache, env={"PYTHONPATH": path})
+    try:
+        reply = httpx2.post(f"{server.url}/v1/completions", json={"prompt": "Hello", "max_tokens": 20, "ignore_eos": True}, timeout=60)
+        assert reply.status_code == 500 and "PeerFailure" in reply.json()["error"]["message"], reply.text
+        code, err = server.proc.wait(timeout=60), server.proc.stderr.read()
+    finally:
+        server.stop()
+    errors = [line for line in err.splitlines() if line.startswith("deepinfer: error: ")]
+    assert code == 1 and len(errors) == 1 and "rank 1 exited with code 7" in errors[0] and "(logs: " in errors[0], err
+    assert "Traceback" not in err, err
