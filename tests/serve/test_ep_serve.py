@@ -1,14 +1,16 @@
 """`deepinfer serve --ep 2` on gloo (two CPU ranks of the embedded tiny model, one HTTP front end on
 rank 0): completions and chat, whole and streamed, n > 1, give the tokens one process's
-LLM.generate gives (the requests are dealt to both ranks), structured output is a 400; a client that disconnects frees the KV
-pages on the rank that ran its request, the other rank's request running on (the per-rank gauges
-of /metrics); SIGTERM to the launcher stops every rank, exit code 0; a rank that dies ends the
-server: its clients get a 500, the launcher one line naming the rank."""
+LLM.generate gives (the requests are dealt to both ranks); structured output is a 400; a client
+that disconnects frees the KV pages on the rank that ran its request, the other rank's request
+running on (the per-rank gauges of /metrics); SIGTERM to the launcher drains through rank 0 (a
+running stream ends with its final event) and stops every rank, exit code 0; a rank that dies ends
+the server: its clients get a 500, the launcher prints one line naming the rank."""
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import time
 from pathlib import Path
 
@@ -18,7 +20,7 @@ import pytest
 
 from serve.server_process import ServerProcess
 
-FLAGS = ["--ep", "2", "--backend", "reference", "--dtype", "float32", "--num-kv-blocks", "64", "--max-model-len", "160", "--shutdown-timeout", "5"]
+FLAGS = ["--ep", "2", "--backend", "reference", "--dtype", "float32", "--num-kv-blocks", "64", "--max-model-len", "160", "--shutdown-timeout", "1"]
 PROMPTS = ["Hello, my name is", "The sky", "One two three", "Request number 7 says"]
 HI = [{"role": "user", "content": "Say hi"}]
 
@@ -120,8 +122,17 @@ def test_a_disconnect_frees_the_pages_on_its_rank(server):
 
 
 def test_sigterm_to_the_launcher_stops_every_rank(server):
+    """A stream still running gets --shutdown-timeout (1 s), then its final error event."""
     ranks = children(server.proc.pid)
     assert len(ranks) == 2
+    body = {"prompt": "Hello there", "max_tokens": 150, "ignore_eos": True, "temperature": 0, "stream": True}
+    with httpx2.Client(timeout=60) as http, http.stream("POST", f"{server.url}/v1/completions", json=body) as stream:
+        lines = stream.iter_lines()
+        assert next(line for line in lines if line.startswith("data: {"))
+        server.proc.send_signal(signal.SIGTERM)
+        rest = [line.removeprefix("data: ") for line in lines if line.startswith("data: ")]
+    assert rest[-1] == "[DONE]" and "shutting down" in json.loads(rest[-2])["error"]["message"], rest[-3:]
+    server.proc.wait(timeout=60)  # (a second signal would kill the ranks)
     code, err = server.stop()
     assert code == 0, err
     assert "starting 2 ranks" in err and "2 expert-parallel ranks" in err and "error" not in err, err
