@@ -15,8 +15,11 @@ request and frees its KV pages. --max-queue bounds the requests waiting for the 
 SIGINT / SIGTERM stop taking requests, give the unfinished ones --shutdown-timeout seconds, then
 abort them with a final event.
 
-The engine flags are `deepinfer run`'s. Expert parallelism (--ep N) is not implemented for serve
-yet: --ep > 1 is a one-line error (run-batch --ep N runs expert-parallel batches).
+The engine flags are `deepinfer run`'s. Expert parallelism: --ep N starts N ranks on this host
+(one process per device; or start them yourself with torchrun): rank 0 serves HTTP and deals each
+request to the rank with the fewest requests, every rank steps its own engine in lockstep (idle
+ranks run idle steps), and the tokens flow back to rank 0 (deepinfer/serve/ep_loop.py). SIGINT /
+SIGTERM to the launcher stop rank 0 gracefully, which stops the other ranks.
 
 Needs the serve extra: pip install 'deepinfer[serve]'.
 """
@@ -51,6 +54,7 @@ def add_parser(sub) -> None:
                         "(default: warm up where the backend compiles on first use; the first requests of each size then wait)")
     p.add_argument("--log-level", default="warning", choices=("critical", "error", "warning", "info", "debug"), help="uvicorn's log level")
     add_engine_flags(p)
+    p.add_argument("--listen-fd", type=int, help=argparse.SUPPRESS)  # --ep N: the socket the launcher bound, passed to rank 0
     p.set_defaults(func=serve)
     global _PARSER
     _PARSER = p
@@ -104,14 +108,19 @@ def listen(host: str, port: int) -> socket.socket:
 
 
 def serve(args) -> int:
-    from deepinfer.cli.launch import launched_by_torchrun
+    from deepinfer.cli.launch import launched_by_torchrun, run_as_rank
 
     require_serve_extra()
     check_flags(args)
-    if (args.ep or 1) > 1 or launched_by_torchrun():
-        # Not built yet: rank 0 would have to deal requests to the ranks and gather their tokens every step.
-        raise UserError("deepinfer serve runs one process for now: expert parallelism (--ep N, torchrun) is not implemented for serve yet; "
-                        "use deepinfer run-batch --ep N for expert-parallel batches")
+    if launched_by_torchrun():
+        from deepinfer.distributed.group import env_rank
+
+        rank = env_rank()
+        return run_as_rank(lambda: serve_ep_rank(args), rank)
+    if (args.ep or 1) > 1:
+        from deepinfer.cli.serve_launch import launch_serve_ranks
+
+        return launch_serve_ranks(args, _PARSER)
     return serve_rank(args)
 
 
@@ -121,30 +130,65 @@ def served_models(args) -> list[str]:
     return list(args.served_model_name or [args.model or DEFAULT])
 
 
-def serve_rank(args) -> int:
-    """The whole server in this process: the engine thread and uvicorn (blocks until a signal stops it)."""
+def serve_rank(args, llm=None, sock=None, chat_template=None, loop_class=None, **loop_kwargs) -> int:
+    """The whole server in this process: the engine thread and uvicorn (blocks until a signal stops
+    it). With expert parallelism, rank 0's: its loaded `llm`, its socket and an EpEngineLoop."""
     from deepinfer.serve.app import ServeConfig
+    from deepinfer.serve.engine_loop import EngineLoop
     from deepinfer.serve.server import make_frontend, make_server
 
-    sock = listen(args.host, args.port)
-    chat_template = read_chat_template(args.chat_template)
-    llm = load_llm(args, None)
-    if llm.compiles_on_first_use and not args.no_warmup:
-        done = llm.warm_up()
-        print(f"deepinfer: warmed up in {done['seconds']:.1f} s ({done['prefills']} prefill sizes up to {done['largest_prefill']} tokens, "
-              f"{done['graphs_captured']} decode graphs)", file=sys.stderr, flush=True)  # fmt: skip
+    if llm is None:
+        sock = listen(args.host, args.port)
+        chat_template = read_chat_template(args.chat_template)
+        llm = load_llm(args, None)
+        if llm.compiles_on_first_use and not args.no_warmup:  # (one process; the ranks of --ep N skip it: warm_up refuses)
+            done = llm.warm_up()
+            print(f"deepinfer: warmed up in {done['seconds']:.1f} s ({done['prefills']} prefill sizes up to {done['largest_prefill']} tokens, "
+                  f"{done['graphs_captured']} decode graphs)", file=sys.stderr, flush=True)  # fmt: skip
     config = ServeConfig(served_models(args), args.api_key, chat_template, args.seed, args.request_timeout)
-    front = make_frontend(llm, config, args.max_queue)
-    server = make_server(front, args.host, args.port, args.shutdown_timeout, args.log_level)
+    ranks = llm.world_size
+    front = make_frontend(llm, config, args.max_queue, loop_class or EngineLoop, ranks=ranks, **loop_kwargs)
+    server = make_server(front, args.host, args.port, args.shutdown_timeout, args.log_level, exit_if_engine_fails=ranks > 1)
     host, port = sock.getsockname()[:2]
-    print(f"deepinfer: serving {', '.join(config.served_models)} on http://{host}:{port} (backend {llm.backend}; Ctrl-C stops)",
-          file=sys.stderr, flush=True)  # fmt: skip
+    where = f"backend {llm.backend}" + (f", {ranks} expert-parallel ranks" if ranks > 1 else "")
+    print(f"deepinfer: serving {', '.join(config.served_models)} on http://{host}:{port} ({where}; Ctrl-C stops)", file=sys.stderr, flush=True)
     front.loop.start()
     try:
         server.run(sockets=[sock])
     finally:
         front.loop.stop(0)
         front.loop.join(30)
-    if front.loop.error is not None:
-        raise UserError(f"the engine failed: {type(front.loop.error).__name__}: {front.loop.error}")
+    error = front.loop.error
+    if error is not None:
+        if ranks > 1 and isinstance(error, UserError):  # a rank's collective broke: its one line (PeerFailure: another rank's fault)
+            raise error
+        raise UserError(f"the engine failed: {type(error).__name__}: {error}")
     return 0
+
+
+def serve_ep_rank(args) -> int:
+    """One rank of `serve --ep N`: rank 0 the server and its engine loop, the others their engine
+    loop in this thread, until rank 0 says stop (deepinfer.serve.ep_loop)."""
+    import signal
+
+    from deepinfer.cli.run import join_run
+    from deepinfer.distributed.group import destroy_distributed
+    from deepinfer.serve.ep_loop import EpEngineLoop, control_group
+
+    ctx = join_run(args)
+    if ctx is None:  # torchrun with one process
+        return serve_rank(args)
+    if ctx.rank != 0:  # rank 0 stops the ranks (a signal here would break the lockstep under it)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    sock = (socket.socket(fileno=args.listen_fd) if args.listen_fd is not None else listen(args.host, args.port)) if ctx.rank == 0 else None
+    chat_template = read_chat_template(args.chat_template)
+    llm = load_llm(args, ctx)
+    group = control_group(ctx)
+    try:
+        if ctx.rank != 0:
+            EpEngineLoop(llm, args.max_queue, ctx=ctx, group=group).run_rank()
+            return 0
+        return serve_rank(args, llm=llm, sock=sock, chat_template=chat_template, loop_class=EpEngineLoop, ctx=ctx, group=group)
+    finally:
+        destroy_distributed()

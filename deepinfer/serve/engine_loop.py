@@ -14,8 +14,8 @@ deadline (the request timeout) is checked after every step; a job past it is abo
 `stop(grace)`: new jobs are refused; running ones get `grace` seconds to finish, then are aborted,
 each told so in a final update, and the thread ends.
 
-Expert parallelism is not served yet; its loop would replace how a step runs (`_step`) by the
-ranks' lockstep (deepinfer.engine.data_parallel shows the agreement each step needs).
+With expert parallelism every rank runs an EpEngineLoop (deepinfer.serve.ep_loop), which keeps
+this class's job bookkeeping and replaces the loop by the ranks' lockstep.
 """
 
 from __future__ import annotations
@@ -242,13 +242,17 @@ class EngineLoop:
     def _expire(self) -> None:
         now = time.monotonic()
         for key in [k for k, live in self._live.items() if live.job.deadline is not None and now >= live.job.deadline]:
-            live = self._live.pop(key)
-            for head in live.heads:
-                self.engine.abort(head)
-            message = "the request did not finish within the server's --request-timeout; it was aborted"
-            live.job.sink(Update("aborted", deltas=self._deltas(live), message=message, status=408))
-            if self.metrics is not None:
-                self.metrics.aborted("timeout")
+            self._time_out(key)
+
+    def _time_out(self, key: int) -> None:
+        """Abort a job past its deadline, telling it so (408)."""
+        live = self._live.pop(key)
+        for head in live.heads:
+            self.engine.abort(head)
+        message = "the request did not finish within the server's --request-timeout; it was aborted"
+        live.job.sink(Update("aborted", deltas=self._deltas(live), message=message, status=408))
+        if self.metrics is not None:
+            self.metrics.aborted("timeout")
 
     def _publish(self) -> None:
         """After a step: each job's news through its sink."""

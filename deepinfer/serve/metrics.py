@@ -13,13 +13,18 @@ counts requests by endpoint and status.
 - deepinfer_kv_cache_usage_ratio: the share of KV pages held by unfinished requests (pages that only
   keep a cached prefix count as free: they are handed out again when needed)
 - deepinfer_step_seconds: engine step time (histogram)
+
+With expert parallelism (serve --ep N) the engine's gauges and counters are sums over the ranks
+(the KV ratio: pages held over all ranks' pages), and these show each rank (label "rank"):
+
+- deepinfer_rank_num_requests_running, deepinfer_rank_num_requests_waiting, deepinfer_rank_kv_cache_usage_ratio
 """
 
 from __future__ import annotations
 
 
 class ServeMetrics:
-    def __init__(self):
+    def __init__(self, ranks: int = 1):
         from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
         self.registry = CollectorRegistry()
@@ -33,6 +38,11 @@ class ServeMetrics:
         self.kv_usage = Gauge("deepinfer_kv_cache_usage_ratio", "share of the KV cache pages held by unfinished requests", registry=r)
         buckets = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
         self.step_seconds = Histogram("deepinfer_step_seconds", "engine step time", buckets=buckets, registry=r)
+        if ranks > 1:
+            self.rank_running = Gauge("deepinfer_rank_num_requests_running", "engine requests in a rank's running batch", ["rank"], registry=r)
+            self.rank_waiting = Gauge("deepinfer_rank_num_requests_waiting", "engine requests waiting for a rank's running batch", ["rank"], registry=r)
+            self.rank_kv_usage = Gauge("deepinfer_rank_kv_cache_usage_ratio", "share of a rank's KV cache pages held by unfinished requests",
+                                       ["rank"], registry=r)  # fmt: skip
 
     def request(self, endpoint: str, status: int) -> None:
         self.requests.labels(endpoint, str(status)).inc()
@@ -49,6 +59,11 @@ class ServeMetrics:
         self.running.set(running)
         self.waiting.set(waiting)
         self.kv_usage.set(kv_usage)
+
+    def rank_state(self, rank: int, running: int, waiting: int, kv_usage: float) -> None:
+        self.rank_running.labels(str(rank)).set(running)
+        self.rank_waiting.labels(str(rank)).set(waiting)
+        self.rank_kv_usage.labels(str(rank)).set(kv_usage)
 
     def text(self) -> bytes:
         from prometheus_client import generate_latest

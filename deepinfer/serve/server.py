@@ -21,14 +21,17 @@ from deepinfer.serve.metrics import ServeMetrics
 log = logging.getLogger(__name__)
 
 
-def make_frontend(llm, config: ServeConfig, max_queue: int, loop_class=EngineLoop, **loop_kwargs) -> Frontend:
-    metrics = ServeMetrics()
+def make_frontend(llm, config: ServeConfig, max_queue: int, loop_class=EngineLoop, ranks: int = 1, **loop_kwargs) -> Frontend:
+    """ranks: the expert-parallel ranks the metrics show one by one (1: one process)."""
+    metrics = ServeMetrics(ranks)
     loop = loop_class(llm, max_queue, metrics, **loop_kwargs)
     return Frontend(llm, loop, metrics, config)
 
 
-def make_server(front: Frontend, host: str, port: int, shutdown_timeout_s: float, log_level: str = "warning"):
-    """A uvicorn Server for the app whose shutdown drains the engine first (module docstring)."""
+def make_server(front: Frontend, host: str, port: int, shutdown_timeout_s: float, log_level: str = "warning", exit_if_engine_fails: bool = False):
+    """A uvicorn Server for the app whose shutdown drains the engine first (module docstring).
+    exit_if_engine_fails: stop serving once the engine loop died of an error (expert parallelism:
+    the ranks' group is broken; one process keeps answering /health with 503 instead)."""
     import uvicorn
 
     class Server(uvicorn.Server):
@@ -45,6 +48,11 @@ def make_server(front: Frontend, host: str, port: int, shutdown_timeout_s: float
             finally:
                 for sig, handler in original.items():
                     signal.signal(sig, handler)
+
+        async def on_tick(self, counter: int) -> bool:
+            if exit_if_engine_fails and front.loop.error is not None and not front.loop.alive:
+                return True
+            return await super().on_tick(counter)
 
         async def shutdown(self, sockets=None):
             for server in self.servers:  # stop accepting before the drain, not after it

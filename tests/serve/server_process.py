@@ -18,12 +18,14 @@ def free_port() -> int:
 
 
 class ServerProcess:
-    def __init__(self, *flags: str, cache, api_key: str | None = None, timeout_s: float = 120):
+    def __init__(self, *flags: str, cache, api_key: str | None = None, timeout_s: float = 120, env: dict | None = None):
+        """env: more environment variables for the server."""
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.api_key = api_key
+        extra = env or {}
         env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
-        env.update(DEEPINFER_CACHE=str(cache), OMP_NUM_THREADS="1")
+        env.update(DEEPINFER_CACHE=str(cache), OMP_NUM_THREADS="1", **extra)
         key = ["--api-key", api_key] if api_key else []
         argv = [sys.executable, "-m", "deepinfer", "serve", "--port", str(self.port), *key, *flags]
         self.proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

@@ -2,7 +2,7 @@
 queue refuses what does not fit, a job past its deadline is aborted with a 408 update and its pages
 freed, stop() aborts what is unfinished with a final 503 update and refuses new jobs; and the
 command's usage errors are one line with exit code 2 (the serve extra missing, a bad flag, a port
-already taken)."""
+already taken, with --ep N too, and experts that do not divide over the ranks), no rank started."""
 
 from __future__ import annotations
 
@@ -77,7 +77,7 @@ def test_deadline_and_stop(llm):
         loop.join(30)
 
 
-def test_usage_errors_are_one_line(capsys, monkeypatch):
+def test_usage_errors_are_one_line(capsys, monkeypatch, cache):
     import importlib.util
 
     from deepinfer.cli.main import main
@@ -90,12 +90,15 @@ def test_usage_errors_are_one_line(capsys, monkeypatch):
     one_line(["serve", "--port", "70000"], "--port must lie in [0, 65535]")
     one_line(["serve", "--max-queue", "0"], "--max-queue must be >= 1")
     one_line(["serve", "--request-timeout", "0"], "--request-timeout must be > 0")
-    one_line(["serve", "--ep", "2"], "expert parallelism (--ep N, torchrun) is not implemented for serve yet")
+    monkeypatch.setenv("DEEPINFER_CACHE", str(cache))
+    # --ep N: checked once by the launcher, before any rank starts.
+    one_line(["serve", "--ep", "3", "--backend", "reference"], "16 routed experts + 0 redundant = 16 experts per layer do not divide over --ep 3 ranks")
     taken = socket.socket()
     taken.bind(("127.0.0.1", 0))
     taken.listen(1)
     try:
         one_line(["serve", "--backend", "reference", "--port", str(taken.getsockname()[1])], "cannot listen on 127.0.0.1:")
+        one_line(["serve", "--ep", "2", "--backend", "reference", "--port", str(taken.getsockname()[1])], "cannot listen on 127.0.0.1:")
     finally:
         taken.close()
     real = importlib.util.find_spec
