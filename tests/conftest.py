@@ -17,6 +17,33 @@ os.environ.setdefault("TRITON_INTERPRET", "1")
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
+
+def _row_invariant_interpreter_dot() -> None:
+    """The interpreter's tl.dot is numpy's float32 matmul (OpenBLAS sgemm), whose rounding of a row
+    depends on where the row sits in the tile on some CPUs (measured: AMD EPYC, OpenBLAS 0.3.31
+    Haswell kernels: 1143 of 4096 values of a 64-row product change when a row moves). A GPU's MMA
+    rounds a row the same wherever it sits, and the batch-invariance tests check the kernels' own
+    tiling and reduction order, not the host's BLAS: so float32 products are summed in float64 and
+    rounded once, which no row position changes."""
+    import numpy as np
+    from triton.runtime import interpreter
+
+    original = interpreter.InterpreterBuilder.create_dot
+
+    def create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
+        acc = d.data
+        fp8 = 8 in (a.dtype.primitive_bitwidth, b.dtype.primitive_bitwidth)  # converted by the original (numpy's own fp16 loops, not BLAS)
+        if fp8 or acc.dtype != np.float32 or a.data.dtype.kind != "f" or b.data.dtype.kind != "f":
+            return original(self, a, b, d, input_precision, max_num_imprecise_acc)
+        product = np.matmul(a.data.astype(np.float64), b.data.astype(np.float64)).astype(np.float32)
+        return interpreter.TensorHandle(product + acc, d.dtype.scalar)
+
+    interpreter.InterpreterBuilder.create_dot = create_dot
+
+
+if os.environ.get("TRITON_INTERPRET") == "1":
+    _row_invariant_interpreter_dot()
+
 # CI runs two workers that take whole files in collection order (pytest-xdist --dist loadfile). The
 # files that take minutes start first, so that neither worker is left running one at the end while
 # the other waits (longest first; measured with --durations on the 2-core CI machine).

@@ -97,7 +97,7 @@ def test_a_file_that_is_no_benchmark_is_one_line(tmp_path):
     bad = tmp_path / "x.json"
     bad.write_text(json.dumps({"results": [{"foo": 1}]}))
     proc = run_cli("bench", "plot", str(bad), "--out", str(tmp_path))
-    assert proc.returncode == 2 and "is neither a `bench throughput`/`sweep` nor a `bench e2e` --json file" in proc.stderr
+    assert proc.returncode == 2 and "is neither a `bench throughput`/`sweep`, a `bench serve` nor a `bench e2e` --json file" in proc.stderr
 
 
 def test_a_random_model_shape_runs_cut_to_its_layers(tmp_path, monkeypatch, capsys):

@@ -373,13 +373,16 @@ def test_logprobs_are_the_engines(tmp_path, capsys, api):
     text, chat, chosen_only = [validate(row) for row in read_rows(out)]
     want = api.generate(["Hello, my name is"], SamplingParams(temperature=0, max_tokens=3, ignore_eos=True, logprobs=2), use_tqdm=False)[0].outputs[0]
     lp = text.choices[0].logprobs
-    assert lp.token_logprobs == pytest.approx([pos[t].logprob for t, pos in zip(want.token_ids, want.logprobs)], abs=1e-6)
+    # run-batch steps its three lines in one batch, generate this one alone: float32 logits move by a
+    # few 1e-6 with the batch where the host's BLAS rounds a row by its position (AMD EPYC, OpenBLAS)
+    close = dict(abs=1e-5)
+    assert lp.token_logprobs == pytest.approx([pos[t].logprob for t, pos in zip(want.token_ids, want.logprobs)], **close)
     ranked = [sorted((v for v in pos.values() if v.rank <= 2), key=lambda v: v.rank) for pos in want.logprobs]
-    assert [list(top.values()) for top in lp.top_logprobs] == [pytest.approx([v.logprob for v in r], abs=1e-6) for r in ranked]
+    assert [list(top.values()) for top in lp.top_logprobs] == [pytest.approx([v.logprob for v in r], **close) for r in ranked]
     assert lp.tokens == [pos[t].decoded_token for t, pos in zip(want.token_ids, want.logprobs)]
     want = api.chat(HI, SamplingParams(temperature=0, max_tokens=3, ignore_eos=True, logprobs=3), use_tqdm=False)[0].outputs[0]
     content = chat.choices[0].logprobs.content
-    assert [e.logprob for e in content] == pytest.approx([pos[t].logprob for t, pos in zip(want.token_ids, want.logprobs)], abs=1e-6)
+    assert [e.logprob for e in content] == pytest.approx([pos[t].logprob for t, pos in zip(want.token_ids, want.logprobs)], abs=1e-5)
     assert all(len(e.top_logprobs) == 3 for e in content) and all(e.top_logprobs == [] for e in chosen_only.choices[0].logprobs.content)
     assert text.choices[0].logprobs is not None and chat.choices[0].logprobs.refusal is None
 
