@@ -15,6 +15,7 @@ import threading
 import time
 from pathlib import Path
 
+from deepinfer.cli.bench_outputs import check_outputs
 from deepinfer.errors import UserError
 
 
@@ -52,14 +53,7 @@ def check(args) -> list[float]:
             raise UserError(f"--{name.replace('_', '-')} must be at least 1, not {getattr(args, name)}")
     if not 0 <= args.range_ratio < 1:
         raise UserError(f"--range-ratio must lie in [0, 1), not {args.range_ratio}")
-    if args.json is not None and not args.json.parent.is_dir():
-        raise UserError(f"cannot write {args.json}: folder {args.json.parent} does not exist")
-    if args.plot is not None:
-        if not args.plot.is_dir():
-            raise UserError(f"--plot {args.plot}: no such folder")
-        from deepinfer.bench.plots import require_matplotlib
-
-        require_matplotlib()
+    check_outputs(args.json, args.plot)
     if args.url is not None and (args.model or args.model_shape or args.layers):
         raise UserError("--url drives a running server: --model, --model-shape and --layers are for one started here")
     if args.model is not None and args.model_shape is not None:

@@ -9,6 +9,7 @@ import argparse
 import time
 from pathlib import Path
 
+from deepinfer.cli.bench_outputs import check_outputs
 from deepinfer.errors import UserError
 
 MASK_BATCHES = "1,2,4,8,16,32,64,128,256"
@@ -53,14 +54,7 @@ def run_structured(args: argparse.Namespace) -> int:
     for name in ("batch", "input_len", "output_len", "mask_steps"):
         if getattr(args, name) < 1:
             raise UserError(f"--{name.replace('_', '-')} must be at least 1, not {getattr(args, name)}")
-    if args.json is not None and not args.json.parent.is_dir():
-        raise UserError(f"cannot write {args.json}: folder {args.json.parent} does not exist")
-    if args.plot is not None:
-        if not args.plot.is_dir():
-            raise UserError(f"--plot {args.plot}: no such folder")
-        from deepinfer.bench.plots import require_matplotlib
-
-        require_matplotlib()
+    check_outputs(args.json, args.plot)
     from deepinfer.engine.structured_output import require_llguidance
 
     require_llguidance()

@@ -12,6 +12,7 @@ import argparse
 import time
 from pathlib import Path
 
+from deepinfer.cli.bench_outputs import check_outputs
 from deepinfer.errors import UserError
 
 
@@ -77,15 +78,8 @@ def run_throughput(args: argparse.Namespace) -> int:
         raise UserError(f"--range-ratio must lie in [0, 1), not {args.range_ratio}")
     if args.dataset is not None and not args.dataset.is_file():
         raise UserError(f"--dataset {args.dataset}: no such file")
-    if args.json is not None and not args.json.parent.is_dir():
-        raise UserError(f"cannot write {args.json}: folder {args.json.parent} does not exist")
-    plot = getattr(args, "plot", None)
-    if plot is not None:
-        if not plot.is_dir():
-            raise UserError(f"--plot {plot}: no such folder")
-        from deepinfer.bench.plots import require_matplotlib
-
-        require_matplotlib()  # a missing matplotlib is a one-line error before the benchmark, not after
+    plot = getattr(args, "plot", None)  # `throughput` has no --plot, `sweep` has
+    check_outputs(args.json, plot)
     engine_options = {"seed": args.seed, "max_num_seqs": args.max_num_seqs or max(concurrencies), "enforce_eager": args.enforce_eager,
                       "overlap": False if args.no_overlap else None, "mixed_steps": False if args.no_mixed_steps else None}  # fmt: skip
     if args.model_shape is not None:
