@@ -49,18 +49,23 @@ if os.environ.get("TRITON_INTERPRET") == "1":
 # the other waits (longest first; measured with --durations on the 2-core CI machine).
 LONGEST_FIRST = (
     "ascend/test_end_to_end.py",
+    "cuda/test_compile_check.py",
+    "ascend/test_attention_kernels.py",
     "engine/test_deterministic_kernels_ascend.py",
     "engine/test_deterministic.py",
     "cuda/test_end_to_end.py",
     "engine/test_deterministic_kernels_cuda.py",
     "ascend/test_sampling_kernels.py",
-    "cuda/test_compile_check.py",
     "ascend/test_moe_kernels.py",
     "distributed/test_ep_generate.py",
     "engine/test_speculative.py",
     "ascend/test_misc_kernels.py",
     "engine/test_cli_run_batch.py",
     "cuda/test_batch_invariance.py",
+    "serve/test_ep_serve.py",
+    "engine/test_structured_output.py",
+    "cuda/test_structured_output_kernels.py",
+    "ascend/test_structured_output_kernels.py",
 )
 
 

@@ -1,6 +1,9 @@
-"""Ahead-of-time compile check of the cuda kernels for SM90 and SM100 (issue 8, items 3-4); no GPU needed.
+"""Ahead-of-time compile check of the cuda kernels for SM100 (Blackwell, no such GPU here); no GPU needed.
 
-Runs `deepinfer bench compile --arch sm90,sm100 --json FILE` in a subprocess without TRITON_INTERPRET
+SM90 is the same command with --arch sm90, run on the H200 where the kernels also run and are timed
+(`bash tools/gpu/gemm_symm_compile_check.sh`: `bench compile --arch sm90,sm100`): in CI the two
+architectures took 6.6 minutes of a 20-minute budget on the 2-core machine, and SM100 is the one
+nothing else checks. Runs `deepinfer bench compile --arch sm100 --json FILE` in a subprocess without TRITON_INTERPRET
 (tests/conftest.py sets it for this process, and interpreted kernels cannot be compiled), then checks
 every kernel: compiled, no spills, the expected matrix instruction class (SM90 wgmma, SM100 tcgen05,
 block-scaled tcgen05 for mxfp8 and mxfp4_a8; a case's own expectation where it differs, with why).
@@ -26,17 +29,20 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "deepinfer.cli.main", "bench", "compile", *args], env=env, capture_output=True, text=True, timeout=900)
 
 
+ARCHS = ("sm100",)
+
+
 @pytest.fixture(scope="module")
 def report(tmp_path_factory):
     path = tmp_path_factory.mktemp("compile") / "compile.json"
-    proc = _cli("--arch", "sm90,sm100", "--json", str(path))
+    proc = _cli("--arch", ",".join(ARCHS), "--json", str(path))
     print(proc.stdout)
     assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-3000:]
     return json.loads(path.read_text())
 
 
-def test_every_case_compiles_for_both_archs(report):
-    for arch in ("sm90", "sm100"):
+def test_every_case_compiles_for_every_arch_checked(report):
+    for arch in ARCHS:
         cases = {r["case"] for r in report["results"] if r["arch"] == arch}
         assert cases == {c.name for c in cc.CASES}, arch
 
@@ -54,8 +60,7 @@ def test_kernels_compile_without_spills_at_the_expected_mma_class(report):
         if r["expected"]:
             assert cc.CLASSES.index(r["instr"]) >= cc.CLASSES.index(r["expected"]), f"{where}: {r['instr']}, expected {r['expected']}"
     matrix = [r for r in report["results"] if r["expected"] and (r["case"], r["kernel"], r["arch"]) not in cc.KNOWN_FAILURES]
-    assert {r["arch"] for r in matrix} == {"sm90", "sm100"}
-    assert any(r["instr"] == "wgmma" for r in matrix if r["arch"] == "sm90")
+    assert {r["arch"] for r in matrix} == set(ARCHS)
     assert any(r["instr"].startswith("tcgen05") for r in matrix if r["arch"] == "sm100")
     # mxfp8 (both operands MX) reaches the block-scaled tcgen05 MMA on SM100, decode (16 tokens, swapped) included
     mx8 = [r for r in matrix if r["arch"] == "sm100" and "mxfp8" in r["case"]]
@@ -68,6 +73,8 @@ def test_kernels_compile_without_spills_at_the_expected_mma_class(report):
 def test_known_failures_still_fail(report):
     by_key = {(r["case"], r["kernel"], r["arch"]): r for r in report["results"]}
     for key, why in cc.KNOWN_FAILURES.items():
+        if key[2] not in ARCHS:
+            continue
         assert key in by_key, f"known failure {key} no longer produced by the check"
         assert not by_key[key]["ok"], f"{key} now passes ({why}): remove it from KNOWN_FAILURES"
 
