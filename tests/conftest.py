@@ -49,7 +49,6 @@ if os.environ.get("TRITON_INTERPRET") == "1":
 # the other waits (longest first; measured with --durations on the 2-core CI machine).
 LONGEST_FIRST = (
     "ascend/test_end_to_end.py",
-    "cuda/test_compile_check.py",
     "ascend/test_attention_kernels.py",
     "engine/test_deterministic_kernels_ascend.py",
     "engine/test_deterministic.py",
