@@ -6,8 +6,13 @@ forward and sampling) is captured. Inputs live in static buffers of the largest 
 n sequences runs the graph of the smallest bucket >= n, with padding rows that write no KV
 (slot -1) and read one cached token.
 
+A decode step whose logits are processed (penalties, logit bias, grammar masks, ...) or whose
+logprobs are gathered cannot sample inside a graph (the graphs hold no buffers for those inputs):
+it replays the forward-only graph of its bucket (`run_rows` with one row per sequence) and samples
+eagerly from the graph's logits, so that only the sampling, not the whole model, leaves the graph.
+
 Speculative verification steps (every sequence brings 1 + k tokens: its last token and k drafts)
-replay graphs of their own, one per (padded batch size, tokens per sequence S): a sequence that
+replay such forward-only graphs too, one per (padded batch size, tokens per sequence S): a sequence that
 verifies fewer drafts than the step's S is padded with rows that write no KV; causal attention
 keeps its real rows' outputs from seeing them. These graphs return the logits and final hidden
 states of every row (verification samples outside the graph, over the real rows only).
@@ -150,14 +155,19 @@ class DecodeGraphs:
         self.slot_mapping[rows : size * per_seq].fill_(-1)  # padding sequences write nothing
         self.seq_lens[n:size].fill_(per_seq)  # and each of their rows reads at least one (harmless) cached token
         self.block_tables[n:size].zero_()
-        key = (size, per_seq)
-        if key not in self.row_graphs:
-            self.row_graphs[key] = self.api.capture(lambda: self.model.forward(self._batch(size, per_seq), self.kv_caches, hidden_states=True),
-                                                    device=self.device, pool=self.pool, warmups=WARMUPS)  # fmt: skip
-            log.info("captured a device graph for steps of %d sequences x %d rows", size, per_seq)
-        graph, (logits, hidden) = self.row_graphs[key]
+        self.capture_rows(size, per_seq)
+        graph, (logits, hidden) = self.row_graphs[(size, per_seq)]
         graph.replay()
         return logits[:rows], hidden[:rows]
+
+    def capture_rows(self, size: int, per_seq: int) -> None:
+        """Capture the forward-only graph of `size` sequences x `per_seq` rows now, unless it is."""
+        if (size, per_seq) not in self.row_graphs:
+            self.row_graphs[(size, per_seq)] = self.api.capture(
+                lambda: self.model.forward(self._batch(size, per_seq), self.kv_caches, hidden_states=True), device=self.device, pool=self.pool,
+                warmups=WARMUPS,
+            )  # fmt: skip
+            log.info("captured a device graph for steps of %d sequences x %d rows", size, per_seq)
 
     @torch.inference_mode()
     def run_padding(self, size: int) -> None:

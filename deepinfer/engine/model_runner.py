@@ -53,8 +53,8 @@ def kv_cache_budget(device: torch.device, memory_info: Callable[[torch.device], 
 
 
 def samples_eagerly(seq: Sequence) -> bool:
-    """Whether seq's next token needs a step outside device graphs: its logits are processed
-    (deepinfer.engine.logits_processing) or its logprobs gathered."""
+    """Whether seq's next token is sampled outside the whole-step device graph: its logits are
+    processed (deepinfer.engine.logits_processing) or its logprobs gathered."""
     return seq.params.logprobs is not None or needs_processing(seq)
 
 
@@ -250,7 +250,7 @@ class ModelRunner:
     def replayable(self, batch: ScheduledBatch) -> bool:
         """Whether this step would replay a captured device graph: a decode step (one new token per
         sequence) of a batch size some graph covers, in which no sequence processes its logits or
-        gathers logprobs (those steps run eagerly: the graphs hold no buffers for their inputs)."""
+        gathers logprobs (the graphs hold no buffers for their inputs: `forward_replayable`)."""
         return (self.graphs is not None and not batch.is_prefill and all(n == 1 for n in batch.num_new_tokens)
                 and self.graphs.bucket(len(batch.seqs)) is not None and not any(samples_eagerly(seq) for seq in batch.seqs))
 
@@ -290,9 +290,19 @@ class ModelRunner:
             into, sources, tokens = inputs_from
             forward_batch.input_ids.index_copy_(0, self.tensor(into, torch.int64), tokens.index_select(0, self.tensor(sources, torch.int64)))
         graphs = self.graphs
-        if use_graphs and self.replayable(batch) and len(samplers) == forward_batch.num_seqs == forward_batch.input_ids.shape[0]:
+        one_row_each = len(samplers) == forward_batch.num_seqs == forward_batch.input_ids.shape[0]
+        if use_graphs and self.replayable(batch) and one_row_each:
             return LaunchedStep(samplers, graphs.run(forward_batch, self.sampling_tensors(samplers), graph_size))
+        if use_graphs and one_row_each and self.forward_replayable(batch):  # only the sampling runs eagerly
+            return self.sample_step(rows, graphs.run_rows(forward_batch, 1)[0])
         return self.sample_step(rows, self.model.forward(forward_batch, self.kv_caches).float())
+
+    def forward_replayable(self, batch: ScheduledBatch) -> bool:
+        """Whether this decode step's forward would replay a forward-only graph (a step whose logits
+        are processed or whose logprobs are gathered: it samples eagerly from the graph's logits).
+        Not under expert parallelism, whose ranks capture and replay only whole-step graphs together."""
+        return (self.graphs is not None and not batch.is_prefill and all(n == 1 for n in batch.num_new_tokens)
+                and self.graphs.rows_replayable(len(batch.seqs), 1))
 
     def sample_step(self, rows: StepRows, logits: torch.Tensor) -> LaunchedStep:
         """An eager step's results from the model's float32 logits at its logits rows: the prompt

@@ -6,7 +6,8 @@ tokens, of the rows per expert), and a decode batch replays the device graph of 
 captured on first use. Without a warm-up the first requests of each new size stall every running
 request for the compile or capture (on the H200, a second or more at a time in `bench serve`: the
 p99 inter-token gaps). The warm-up runs one prefill of every power of two up to the step's token
-budget (random prompts, one token each) and captures the decode graph of every bucket, then forgets
+budget (random prompts, one token each) and captures the decode graphs of every bucket (the whole
+step's, and the forward-only one that steps with processed logits or logprobs replay), then forgets
 the prefix cache and the counters it moved: requests after it run, and are seeded, as without it.
 """
 
@@ -49,8 +50,9 @@ def warm_up(engine, seed: int = 0) -> dict[str, float]:
     captured = 0
     if graphs is not None:
         for size in graphs.buckets:
-            captured += size not in graphs.graphs
+            captured += (size not in graphs.graphs) + ((size, 1) not in graphs.row_graphs)
             graphs.capture(size)
+            graphs.capture_rows(size, 1)  # the forward alone: steps that process their logits sample outside it
     engine.reset_prefix_cache()
     engine.num_prompt_tokens_computed, engine.num_generated_tokens, engine._next_request_index = counters
     return {"prefills": len(sizes), "largest_prefill": sizes[-1], "graphs_captured": captured, "seconds": time.perf_counter() - start}

@@ -69,6 +69,27 @@ def test_the_engine_names_no_device_api(forbidden):
         assert forbidden not in path.read_text(), f"{path.name} has {forbidden}"
 
 
+def test_decode_steps_that_process_their_logits_replay_the_forward_and_sample_outside_it(monkeypatch):
+    """Penalties, a logit bias and logprobs: such a decode step cannot sample inside the whole-step
+    graph, so it replays the forward-only graph of its bucket and samples from its logits; tokens
+    and logprobs equal the eager run's, and the model runs eagerly only in prefill steps."""
+    params = SamplingParams(temperature=0.8, seed=3, max_tokens=6, repetition_penalty=1.3, presence_penalty=0.5, logit_bias={5: 2.0}, logprobs=2)
+    plain = llm_on(monkeypatch, FakeBackend(), "reference").generate(PROMPTS, params, use_tqdm=False)
+    graphs = RecordingGraphs()
+    llm = llm_on(monkeypatch, FakeBackend(graphs=graphs), "fake")
+    runner = llm.engine.runner
+    eager, forward = [], runner.model.forward
+    monkeypatch.setattr(runner.model, "forward", lambda batch, *a, **kw: eager.append(batch.is_prefill) or forward(batch, *a, **kw))
+    outputs = llm.generate(PROMPTS, params, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in outputs] == [o.outputs[0].token_ids for o in plain]
+    for got, expected in zip(outputs, plain):
+        assert got.outputs[0].cumulative_logprob == pytest.approx(expected.outputs[0].cumulative_logprob, abs=1e-4)
+    assert not runner.graphs.graphs and set(runner.graphs.row_graphs) == {(4, 1)}, "the steps replayed forward-only graphs"
+    assert graphs.replays == 5  # the 5 decode steps after the prefill
+    decode_forwards = len(eager) - sum(eager)  # the recording graphs call the forward to capture and to replay
+    assert decode_forwards == graphs.warmups + len(graphs.captured) + graphs.replays, "a decode step ran its forward eagerly"
+
+
 @pytest.mark.parametrize("params", [GREEDY, SamplingParams(temperature=0, max_tokens=6, repetition_penalty=0.4, logit_bias={5: 2.0}, logprobs=2)],
                          ids=["greedy", "options"])  # fmt: skip
 def test_verification_steps_replay_graphs_of_their_padded_shape(monkeypatch, params):

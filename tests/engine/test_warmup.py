@@ -20,11 +20,15 @@ class FakeGraphs:
     """Stands in for DecodeGraphs: records what is captured (the CPU has no device graphs)."""
 
     def __init__(self, buckets):
-        self.buckets, self.graphs, self.captured = buckets, {}, []
+        self.buckets, self.graphs, self.row_graphs, self.captured = buckets, {}, {}, []
 
     def capture(self, size):
         self.captured.append(size)
         self.graphs[size] = object()
+
+    def capture_rows(self, size, per_seq):
+        self.captured.append((size, per_seq))
+        self.row_graphs[(size, per_seq)] = object()
 
 
 def test_warm_up_prefills_every_size_captures_every_bucket_and_leaves_no_trace():
@@ -39,7 +43,7 @@ def test_warm_up_prefills_every_size_captures_every_bucket_and_leaves_no_trace()
     done = llm.warm_up()
     engine.runner.run, engine.runner.graphs = run, None
     assert prefills == [1, 2, 4, 8, 16, 32, 40] and done["prefills"] == 7 and done["largest_prefill"] == 40
-    assert graphs.captured == [1, 2, 4] and done["graphs_captured"] == 2
+    assert graphs.captured == [1, (1, 1), 2, (2, 1), 4, (4, 1)] and done["graphs_captured"] == 5  # whole-step and forward-only graphs
     assert not engine.has_unfinished() and not engine.block_manager.cached
     assert engine.num_generated_tokens == 0 and engine.num_prompt_tokens_computed == 0
 
