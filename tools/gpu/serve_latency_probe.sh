@@ -7,6 +7,7 @@
 #               per rate the client's TTFT/TPOT/ITL and the server's thread CPU seconds and engine step time
 #   switch      split with the server's sys.setswitchinterval(0.0005)
 #   sampled     split with a 50 Hz stack sampler of the engine and HTTP threads (SIGUSR2 dumps)
+#   kernels     the cuda kernel tests compiled on the GPU (TRITON_INTERPRET=0), and greedy generation through them
 source tools/gpu/preamble.sh
 unset TRITON_INTERPRET
 L=${LAYERS:-8}
@@ -48,5 +49,11 @@ for s in $STEPS; do
     split) probe split ;;
     switch) probe switch --switch-interval 0.0005 ;;
     sampled) probe sampled --sample-hz 50 ;;
+    kernels)
+      export TRITON_INTERPRET=0
+      step kernels 300 python -m pytest -q -x -p no:cacheprovider tests/cuda/test_gemm_kernels.py tests/cuda/test_moe_kernels.py \
+        tests/cuda/test_misc_kernels.py tests/cuda/test_attention_kernels.py tests/cuda/test_end_to_end.py -k "not prefill"
+      unset TRITON_INTERPRET
+      tail -3 "$R/kernels.txt" ;;
   esac
 done

@@ -60,7 +60,7 @@ class Compiles:
     """Triton JIT compiles (new kernel specialisations) by kernel name, through triton.knobs' hooks."""
 
     def __init__(self):
-        self.names, self.seconds, self._started = collections.Counter(), 0.0, {}
+        self.names, self.seconds, self._started, self.verbose = collections.Counter(), 0.0, {}, False
         try:
             from triton import knobs
         except ImportError:
@@ -77,6 +77,9 @@ class Compiles:
         name = getattr(kw.get("fn"), "name", "?")
         start = self._started.pop((name, str(kw.get("key"))), None)
         self.names[name] += 1
+        if self.verbose:  # what made this specialisation new: its constexprs and argument types
+            constants = {k: v for k, v in (kw.get("compile") or {}).get("constants", {}).items() if not str(k).startswith("(")}
+            print(f"COMPILE {name} {str(kw.get('repr'))[:1500]} constants={str(constants)[:800]}", flush=True)
         if start is not None:
             self.seconds += time.perf_counter() - start
 
@@ -100,6 +103,7 @@ def main() -> int:
     from deepinfer.bench.throughput import random_shape_llm
     from deepinfer.cli.bench_serve import InProcessServer
 
+    compiles = Compiles()
     if args.model:
         from deepinfer import LLM
 
@@ -108,8 +112,8 @@ def main() -> int:
         llm = random_shape_llm(args.backend, args.layers, {"seed": 0, "max_num_seqs": 256})
     if llm.compiles_on_first_use:
         print("warm-up", llm.warm_up(), flush=True)
-    compiles = Compiles()
     print("after warm-up:", compiles.take(), flush=True)
+    compiles.verbose = True
     if args.switch_interval is not None:
         sys.setswitchinterval(args.switch_interval)
     server = InProcessServer(llm, "random", max_queue=4096)

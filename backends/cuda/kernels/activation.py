@@ -19,7 +19,7 @@ from deepinfer_cuda.kernels.common import Registration, num_warps_for
 from deepinfer_cuda.tuning import config
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["T"])
 def _silu_and_mul_kernel(
     x_ptr, out_ptr,
     T, I,

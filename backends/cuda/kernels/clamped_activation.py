@@ -25,7 +25,7 @@ from deepinfer_cuda.kernels.common import Registration, num_warps_for
 _CFG = {"max_block_i": 2048, "tile_elems": 4096, "bytes_per_thread": 32, "min_warps": 4, "max_warps": 8, "min_programs": 264, "min_tile_elems": 1024}
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["T"])
 def _clamped_silu_and_mul_kernel(
     x_ptr, out_ptr,
     T, I,

@@ -139,7 +139,7 @@ _KERNEL_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 # fp8 activation quantiser (per token, per 128-column group)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["R"])
 def _quant_act_fp8_kernel(
     x_ptr, q_ptr, s_ptr,
     R, K,
@@ -213,7 +213,7 @@ def _mx_e4m3_quantise(v, MANUAL_CVT: tl.constexpr):
     return codes, byte
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["R"])
 def _quant_act_mxfp8_kernel(
     x_ptr, q_ptr, s_ptr,
     R, K,
@@ -439,7 +439,7 @@ def _tile_of_program(
     return e, row_start, row_end, pid_n, pid_s
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["M", "num_m_tiles"])
 def _gemm_kernel(
     x_ptr, xs_ptr, w_ptr, ws_ptr, out_ptr, offs_ptr, mm_ptr, final_ptr, arrivals_ptr,
     M, N, K, E, num_m_tiles, iters_per_split,
@@ -678,7 +678,7 @@ def _tma_step(acc, it, x_desc, w_desc, x_row, w_row, xs_base, ws_base, ws_tile, 
     return acc
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["M", "num_m_tiles", "MAX_M"])
 def _gemm_tma_kernel(
     x_desc, xs_ptr, w_desc, ws_ptr, out_ptr, offs_ptr, mm_ptr,
     M, N, K, E, num_m_tiles, MAX_M,
@@ -747,7 +747,7 @@ def _gemm_tma_kernel(
     tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=out_mask)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["numel"])
 def _split_k_reduce_kernel(ws_ptr, out_ptr, numel, stride_s, SPLIT_K: tl.constexpr, BLOCK: tl.constexpr):
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < numel

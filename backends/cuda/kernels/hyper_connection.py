@@ -122,7 +122,7 @@ def _segment_partial(
     return acc, tl.sum(sq, axis=1)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["T"])
 def _hc_pre_mix_kernel(
     x_ptr, fn_ptr, part_ptr, part_ss_ptr,
     T, K, seg_per_split, stride_t, stride_fn,
@@ -176,7 +176,7 @@ def _mixings(
     return pre, post, sinkhorn_mix(z, n_ok, hc_eps, sinkhorn_iters)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["T"])
 def _hc_pre_kernel(
     x_ptr, fn_ptr, base_ptr, scale_ptr, part_ptr, part_ss_ptr,
     out_ptr, post_ptr, comb_ptr,
@@ -314,7 +314,7 @@ def launch_hc_pre(x, fn, base, scale, norm_eps, hc_eps, sinkhorn_iters, *, invar
     return out, post, comb
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["T"])
 def _hc_post_kernel(
     y_ptr, x_ptr, post_ptr, comb_ptr, out_ptr,
     T, D, stride_y, stride_x, stride_out,

@@ -76,7 +76,7 @@ _INTERPRET_SELECT_BLOCK = 8192
 _MAX_BLOCK_K = 1024  # topk values read per step
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["T"])
 def _indexer_scores_kernel(
     q_ptr, w_ptr, keys_ptr, key_scale_ptr, rows_ptr, seq_ptr, nv_ptr, scores_ptr,
     T, E, H, D,

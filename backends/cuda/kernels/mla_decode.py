@@ -89,7 +89,7 @@ def _load_cols(rows, n_ok, offs, col0, like, WIDTH: tl.constexpr, BLOCK: tl.cons
     return t
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["tokens_per_split", "num_splits"])
 def _mla_decode_split_kernel(
     q_nope_ptr, q_rope_ptr, kv_ptr, scale_ptr, block_table_ptr, seq_lens_ptr,
     out_ptr, part_out_ptr, part_lse_ptr, arrivals_ptr,
@@ -236,7 +236,7 @@ def _merge_splits(
     tl.store(o_rows[:, None] + offs_c[None, :], out.to(o_base.dtype.element_ty), mask=row_ok[:, None] & c_ok[None, :])
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_splits"])
 def _mla_decode_combine_kernel(
     part_out_ptr, part_lse_ptr, out_ptr,
     num_splits,

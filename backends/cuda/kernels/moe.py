@@ -79,7 +79,7 @@ def _sqrt(x):
     return y
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["T"])
 def _gate_kernel(
     logits_ptr, bias_ptr, w_ptr, ids_ptr,
     T, E, stride_t, group_size, scale,
@@ -241,7 +241,7 @@ def _gate(logits, top_k, score_func, correction_bias, n_group, topk_group, renor
 # dispatch
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["S", "n_tiles"])
 def _dispatch_count_kernel(
     ids_ptr, rank_ptr, counts_ptr,
     S, E, n_tiles,
@@ -261,7 +261,7 @@ def _dispatch_count_kernel(
     tl.store(counts_ptr + ex.to(tl.int64) * n_tiles + tile, cnt, mask=ex < E)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n_tiles"])
 def _dispatch_scan_kernel(
     counts_ptr, prefix_ptr, totals_ptr,
     n_tiles,
@@ -280,7 +280,7 @@ def _dispatch_scan_kernel(
     tl.store(totals_ptr + e, total)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n_tiles"])
 def _dispatch_copy_kernel(
     x_ptr, ids_ptr, rank_ptr, prefix_ptr, totals_ptr,
     out_ptr, row_of_slot_ptr, offsets_ptr,

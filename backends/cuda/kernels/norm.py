@@ -28,7 +28,7 @@ from deepinfer_cuda.kernels.common import Registration, num_warps_for
 from deepinfer_cuda.tuning import config
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["T"])
 def _rms_norm_rows_kernel(
     x_ptr, r_ptr, w_ptr, out_ptr, h_ptr,
     T, D,

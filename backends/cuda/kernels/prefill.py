@@ -149,7 +149,7 @@ def _attend_blocks(
     return acc, l_i, m_i
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_requests", "search_steps"])
 def _prefill_kernel(
     Q, K, V, O, CU_Q, CU_K, K_DESC1, K_DESC2, V_DESC,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,

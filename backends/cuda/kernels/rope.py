@@ -26,7 +26,7 @@ from deepinfer_cuda.kernels.common import Registration, num_warps_for
 from deepinfer_cuda.tuning import config
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["T"])
 def _rope_kernel(
     x_ptr, pos_ptr, cs_ptr, out_ptr,
     T, H, D,
