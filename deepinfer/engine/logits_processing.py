@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import torch
 
 from deepinfer.engine.penalty_history import PenaltyHistory
-from deepinfer.engine.sequence import Sequence
+from deepinfer.engine.sequence import Sequence, SequenceStatus
 
 
 def needs_processing(seq: Sequence) -> bool:
@@ -143,11 +143,14 @@ class LogitsProcessing:
 
     def _grammar(self, samplers: list[Sequence], drafts: list[list[int]] | None) -> torch.Tensor | None:
         """The grammar rows' masks, filled on the host into one bitmask and moved once (GrammarMasks);
-        with drafts, sampler b's 1 + len(drafts[b]) rows, each the mask after the drafts before it."""
+        with drafts, sampler b's 1 + len(drafts[b]) rows, each the mask after the drafts before it.
+        A sequence no longer running (overlap scheduling: it stopped, or its grammar failed, at the
+        step before, after this step was launched) gets all ones: its matcher may be terminated,
+        and its token is dropped."""
         drafts = drafts if drafts is not None else [[]] * len(samplers)
         rows, first = [], 0
         for seq, d in zip(samplers, drafts):
-            if seq.grammar is not None:
+            if seq.grammar is not None and seq.status is SequenceStatus.RUNNING:
                 rows.append((first, seq.grammar, d))
             first += 1 + len(d)
         if not rows:
@@ -176,10 +179,12 @@ class LogitsProcessing:
         return tuple(self._to_device(t) for t in (rows, tokens, values, prefixes, recent))
 
     def _penalties(self, samplers: list[Sequence], extra: list[list[int]]) -> tuple[tuple[torch.Tensor, ...] | None, tuple[torch.Tensor, ...] | None]:
-        """(penalties, tables): see StepProcessing."""
+        """(penalties, tables): see StepProcessing. A sequence no longer running (overlap
+        scheduling, as in `_grammar`) gets no slot: its dropped token is not counted, and a slot it
+        gave up is never taken back."""
         if not any(seq.params.penalized for seq in samplers):
             return None, None
-        slots = [self.history.slot(seq) if seq.params.penalized else -1 for seq in samplers]
+        slots = [self.history.slot(seq) if seq.params.penalized and seq.status is SequenceStatus.RUNNING else -1 for seq in samplers]
         params = [seq.params for seq in samplers]
         penalties = (
             self._to_device(torch.tensor(slots, dtype=torch.int64)),

@@ -83,6 +83,15 @@ class LaunchedStep:
     prompt_logprobs: LogprobRows | None = None
 
 
+@dataclass
+class PendingSample:
+    """A launched step's forward whose sampling is still to come (`ModelRunner.launch_forward`):
+    its rows and the model's float32 logits at its logits rows, on the device."""
+
+    rows: StepRows
+    logits: torch.Tensor
+
+
 class ModelRunner:
     def __init__(
         self,
@@ -284,18 +293,44 @@ class ModelRunner:
         step. inputs_from (rows, sources, tokens): input rows taken from a device tensor,
         input_ids[rows[i]] = tokens[sources[i]] (overlap scheduling: the step before's tokens, not
         on the host yet)."""
+        rows = self._step_inputs(batch, inputs_from)
+        if use_graphs and self.replayable(batch) and self._one_row_each(rows):
+            return LaunchedStep(rows.samplers, self.graphs.run(rows.forward_batch, self.sampling_tensors(rows.samplers), graph_size))
+        return self.sample_step(rows, self._logits(batch, rows, use_graphs))
+
+    @torch.inference_mode()
+    def launch_forward(self, batch: ScheduledBatch, inputs_from: tuple[list[int], list[int], torch.Tensor] | None = None) -> PendingSample:
+        """The first half of `launch`: the step's forward only (the forward-only graph where it
+        replays, else eager), its logits left on the device unsampled; `sample_pending` finishes
+        it. Overlap scheduling of grammar steps: the masks are filled once the step before's
+        tokens have advanced the matchers, while the device runs this forward."""
+        rows = self._step_inputs(batch, inputs_from)
+        return PendingSample(rows, self._logits(batch, rows, True))
+
+    @torch.inference_mode()
+    def sample_pending(self, pending: PendingSample) -> LaunchedStep:
+        """The second half of `launch_forward`: the step's logits processed and sampled (`sample_step`)."""
+        return self.sample_step(pending.rows, pending.logits)
+
+    def _step_inputs(self, batch: ScheduledBatch, inputs_from: tuple[list[int], list[int], torch.Tensor] | None) -> StepRows:
+        """The step's rows (`step_rows`), the inputs taken from a device tensor copied in (`launch`'s inputs_from)."""
         rows = self.step_rows(batch)
-        forward_batch, samplers = rows.forward_batch, rows.samplers
         if inputs_from is not None:
             into, sources, tokens = inputs_from
-            forward_batch.input_ids.index_copy_(0, self.tensor(into, torch.int64), tokens.index_select(0, self.tensor(sources, torch.int64)))
-        graphs = self.graphs
-        one_row_each = len(samplers) == forward_batch.num_seqs == forward_batch.input_ids.shape[0]
-        if use_graphs and self.replayable(batch) and one_row_each:
-            return LaunchedStep(samplers, graphs.run(forward_batch, self.sampling_tensors(samplers), graph_size))
-        if use_graphs and one_row_each and self.forward_replayable(batch):  # only the sampling runs eagerly
-            return self.sample_step(rows, graphs.run_rows(forward_batch, 1)[0])
-        return self.sample_step(rows, self.model.forward(forward_batch, self.kv_caches).float())
+            rows.forward_batch.input_ids.index_copy_(0, self.tensor(into, torch.int64), tokens.index_select(0, self.tensor(sources, torch.int64)))
+        return rows
+
+    @staticmethod
+    def _one_row_each(rows: StepRows) -> bool:
+        forward_batch = rows.forward_batch
+        return len(rows.samplers) == forward_batch.num_seqs == forward_batch.input_ids.shape[0]
+
+    def _logits(self, batch: ScheduledBatch, rows: StepRows, use_graphs: bool) -> torch.Tensor:
+        """The model's float32 logits at the step's logits rows: by the forward-only graph where it
+        replays (only the sampling then runs eagerly), else eagerly."""
+        if use_graphs and self._one_row_each(rows) and self.forward_replayable(batch):
+            return self.graphs.run_rows(rows.forward_batch, 1)[0]
+        return self.model.forward(rows.forward_batch, self.kv_caches).float()
 
     def forward_replayable(self, batch: ScheduledBatch) -> bool:
         """Whether this decode step's forward would replay a forward-only graph (a step whose logits

@@ -22,10 +22,15 @@ moves its logits (default mode: as with any batching; deterministic mode: never)
 decoding and expert parallelism step without it (their steps wait for their tokens).
 
 Structured output: a step's grammar masks are filled on the host from each matcher, which must have
-consumed the step before's token first; so while any running sequence has a grammar, no step is
-launched ahead (each step waits for the one in flight, as a prefill step does): the simplest rule
-that is right, at the cost of the overlap for those steps only. Within such a step the masks are
-still filled while the device runs the step's forward (deepinfer.engine.logits_processing.GrammarMasks).
+consumed the step before's token first; but only the sampling needs them, not the forward. So a
+decode step with a grammar row goes ahead in two halves: its forward is launched behind step n (its
+logits stay on the device, ModelRunner.launch_forward), then step n is finished (its tokens advance
+the matchers), then step n+1's masks are filled and its sampling is queued behind its forward
+(ModelRunner.sample_pending). The device runs step n+1's forward while the host waits for step n,
+feeds the matchers and fills the masks. A sequence that step n stops (its grammar complete or
+failed included) still has its row in step n+1: that row gets an all-ones mask and no penalty slot
+(deepinfer.engine.logits_processing), and its token is dropped. Requests waiting for their grammar
+join through a prefill step, which waits for the step in flight as any prefill does.
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ from dataclasses import dataclass
 import torch
 
 from deepinfer.engine.logprobs import LogprobRows
+from deepinfer.engine.model_runner import LaunchedStep
 from deepinfer.engine.parallel_samples import finished_requests
 from deepinfer.engine.scheduler import ScheduledBatch
 from deepinfer.engine.sequence import Sequence, SequenceStatus
@@ -81,25 +87,37 @@ class OverlapScheduler:
             self.in_flight = self._launch(batch, None)
             return []
         leaving = {seq.seq_id for seq, at in zip(previous.samplers, previous.positions) if engine.ends_by_length(seq, at + 1)}
-        constrained = any(seq.grammar is not None for seq in engine.scheduler.running)  # masks need step n's tokens
-        batch = None if constrained else engine.scheduler.schedule_decode_ahead(leaving)
-        if batch is not None:
-            engine.before_step()
+        batch = engine.scheduler.schedule_decode_ahead(leaving)
+        if batch is None:
+            return self._finish(previous)
+        engine.before_step()
+        self.steps_ahead += 1
+        if not any(seq.grammar is not None for seq in batch.seqs):
             self.in_flight = self._launch(batch, previous)
-            self.steps_ahead += 1
-        return self._finish(previous)
+            return self._finish(previous)
+        # the masks need step n's tokens in the matchers: only the forward goes ahead of them
+        pending = engine.runner.launch_forward(batch, self._inputs_from(batch, previous))
+        finished = self._finish(previous)
+        self.in_flight = self._record(engine.runner.sample_pending(pending))
+        return finished
 
     def drop(self) -> None:
         """Forget the step in flight (its requests were aborted; the device finishes it unread)."""
         self.in_flight = None
 
     def _launch(self, batch: ScheduledBatch, previous: InFlight | None) -> InFlight:
-        runner = self.engine.runner
-        inputs_from = None
-        if previous is not None:  # each sequence's input is its token from the step in flight
-            rows = [row for row, seq in enumerate(batch.seqs) if seq.token_ids[seq.num_computed_tokens] == PENDING]
-            inputs_from = (rows, [previous.rows[batch.seqs[row].seq_id] for row in rows], previous.tokens)
-        launched = runner.launch(batch, inputs_from=inputs_from)
+        inputs_from = self._inputs_from(batch, previous) if previous is not None else None
+        return self._record(self.engine.runner.launch(batch, inputs_from=inputs_from))
+
+    @staticmethod
+    def _inputs_from(batch: ScheduledBatch, previous: InFlight) -> tuple[list[int], list[int], torch.Tensor]:
+        """ModelRunner.launch's inputs_from: each sequence's input is its token from the step in flight."""
+        rows = [row for row, seq in enumerate(batch.seqs) if seq.token_ids[seq.num_computed_tokens] == PENDING]
+        return rows, [previous.rows[batch.seqs[row].seq_id] for row in rows], previous.tokens
+
+    def _record(self, launched: LaunchedStep) -> InFlight:
+        """A launched step in flight: its tokens' (and logprobs') copies to the host queued behind
+        it, a pending token appended to each sampler still running."""
         samplers, tokens = launched.samplers, launched.tokens
         host = torch.empty(tokens.shape, dtype=tokens.dtype, pin_memory=self.async_copies)
         host.copy_(tokens, non_blocking=self.async_copies)
@@ -109,10 +127,11 @@ class OverlapScheduler:
             copied = torch.Event(device=tokens.device)
             copied.record()
         positions = []
-        for seq in samplers:  # its input is in the cache once the step has run
-            seq.num_computed_tokens += 1
+        for seq in samplers:
             positions.append(seq.num_tokens)
-            seq.token_ids.append(PENDING)
+            if seq.status is SequenceStatus.RUNNING:  # else it stopped at the step before (its row is dropped)
+                seq.num_computed_tokens += 1  # its input is in the cache once the step has run
+                seq.token_ids.append(PENDING)
         return InFlight(samplers, tokens, host, copied, positions, {seq.seq_id: row for row, seq in enumerate(samplers)}, logprobs)
 
     def _finish(self, step: InFlight) -> list[Sequence]:

@@ -90,6 +90,34 @@ def test_decode_steps_that_process_their_logits_replay_the_forward_and_sample_ou
     assert decode_forwards == graphs.warmups + len(graphs.captured) + graphs.replays, "a decode step ran its forward eagerly"
 
 
+def test_overlapped_grammar_steps_replay_the_forward_graph_then_sample(monkeypatch):
+    """Overlap scheduling with grammars on a backend with graphs: a constrained decode step goes
+    ahead as a replay of its bucket's forward-only graph, sampled once the step before's tokens have
+    advanced the matchers; the tokens are those of the same backend without overlap, and the model
+    runs eagerly only in prefill steps."""
+    params = [
+        SamplingParams(seed=1, max_tokens=10, structured_outputs={"regex": "[0-9]{5}"}),
+        SamplingParams(temperature=0.8, seed=2, max_tokens=8, repetition_penalty=1.3, logprobs=1),
+        SamplingParams(seed=3, max_tokens=10, presence_penalty=0.5, structured_outputs={"choice": ["north", "south", "east"]}),
+    ]
+    plain = llm_on(monkeypatch, FakeBackend(graphs=RecordingGraphs()), "fake", overlap=False).generate(PROMPTS, params, use_tqdm=False)
+    graphs = RecordingGraphs()
+    llm = llm_on(monkeypatch, FakeBackend(graphs=graphs), "fake", overlap=True)
+    runner = llm.engine.runner
+    eager, forward = [], runner.model.forward
+    monkeypatch.setattr(runner.model, "forward", lambda batch, *a, **kw: eager.append(batch.is_prefill) or forward(batch, *a, **kw))
+    pending, launch_forward = [], runner.launch_forward
+    monkeypatch.setattr(runner, "launch_forward", lambda batch, inputs_from=None: pending.append(len(batch.seqs)) or launch_forward(batch, inputs_from))
+    replays = graphs.replays
+    outputs = llm.generate(PROMPTS, params, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in outputs] == [o.outputs[0].token_ids for o in plain]
+    assert outputs[1].outputs[0].cumulative_logprob == pytest.approx(plain[1].outputs[0].cumulative_logprob, abs=1e-4)
+    assert [o.outputs[0].finish_reason for o in outputs] == ["stop", "length", "stop"]
+    assert len(pending) > 1 and llm.engine.overlap.steps_ahead >= len(pending)
+    decode_forwards = len(eager) - sum(eager)
+    assert decode_forwards == graphs.warmups + len(graphs.captured) + graphs.replays - replays, "a decode step ran its forward eagerly"
+
+
 @pytest.mark.parametrize("params", [GREEDY, SamplingParams(temperature=0, max_tokens=6, repetition_penalty=0.4, logit_bias={5: 2.0}, logprobs=2)],
                          ids=["greedy", "options"])  # fmt: skip
 def test_verification_steps_replay_graphs_of_their_padded_shape(monkeypatch, params):

@@ -344,3 +344,101 @@ def test_run_row_of_a_failed_grammar(api):
     out = api.generate([PROMPT], _params(regex="(unclosed"), use_tqdm=False)[0]
     row = result_row(SimpleNamespace(id_key="id", id="r1", source="input.jsonl line 1"), PROMPT, out)
     assert row["error"]["type"] == GENERATION_FAILED and row["error"]["message"].startswith("input.jsonl line 1: regex does not compile")
+
+
+@pytest.fixture(scope="module")
+def overlap_pair(cache):
+    """(synchronous LLM, overlapped LLM) in deterministic mode: a stopped sequence's dropped row
+    changes the overlapped steps' batches, which must not move the other rows' logits."""
+    from deepinfer import LLM
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("DEEPINFER_CACHE", str(cache))
+        return tuple(LLM(backend="reference", announce=False, num_kv_blocks=64, deterministic=True, overlap=overlap) for overlap in (False, True))
+
+
+def _overlap_spies(llm, monkeypatch):
+    """Record, per grammar step sampled after its forward went ahead, its samplers' statuses; check
+    that no terminated or failed matcher is asked for a mask."""
+    from deepinfer.engine import structured_output
+
+    runner, sampled = llm.engine.runner, []
+
+    def sample_pending(pending, _original=runner.sample_pending):
+        sampled.append([seq.status for seq in pending.rows.samplers])
+        return _original(pending)
+
+    def fill_bitmasks(rows, bitmask, _original=structured_output.fill_bitmasks):
+        assert not any(grammar.matcher.is_stopped() or grammar.matcher.is_error() for _, grammar, _ in rows)
+        return _original(rows, bitmask)
+
+    monkeypatch.setattr(runner, "sample_pending", sample_pending)
+    monkeypatch.setattr(structured_output, "fill_bitmasks", fill_bitmasks)
+    return sampled
+
+
+def _completions(outs):
+    return [(c.token_ids, c.text, c.finish_reason, c.stop_reason, c.logprobs, c.error) for c in (o.outputs[0] for o in outs)]
+
+
+def test_overlap_launches_grammar_steps_ahead(overlap_pair, monkeypatch):
+    """A mixed batch (grammars of every kind, free requests, penalties, logprobs; stops by the
+    grammar completing at different steps, by length, free ones running on after): with overlap,
+    the grammar steps' forwards go ahead of the step in flight and are sampled once its tokens
+    have advanced the matchers; the outputs are the synchronous engine's."""
+    from deepinfer.engine.sequence import SequenceStatus
+
+    sync, ahead = overlap_pair
+    json_spec = StructuredOutputsParams(json=SCHEMAS[10], disable_any_whitespace=True)
+    params = [
+        SamplingParams(max_tokens=40, seed=1, structured_outputs={"regex": "[0-9]{7}"}),
+        SamplingParams(max_tokens=10, seed=2, structured_outputs={"choice": ["north", "south", "east", "west"]}),
+        SamplingParams(max_tokens=60, seed=3, logprobs=2, repetition_penalty=1.3, presence_penalty=0.5, structured_outputs=json_spec),
+        SamplingParams(max_tokens=20, seed=4, ignore_eos=True, frequency_penalty=0.4),
+        SamplingParams(temperature=0.0, max_tokens=7, ignore_eos=True, logprobs=1),
+        SamplingParams(max_tokens=8, seed=5, logprobs=1, structured_outputs={"regex": "[a-z]{60,80}"}),
+        SamplingParams(max_tokens=30, seed=6, repetition_penalty=1.5, frequency_penalty=0.3, structured_outputs={"regex": "[0-9]{2}"}),
+        SamplingParams(temperature=0.0, max_tokens=12, structured_outputs={"regex": "(ab|cd){2,5}"}),
+    ]
+    prompts = [PROMPT, PROMPT, PROMPT, "other", PROMPT, "Hello", PROMPT, "x"]
+    want = sync.generate(prompts, params, use_tqdm=False)
+    sampled = _overlap_spies(ahead, monkeypatch)
+    before = ahead.engine.overlap.steps_ahead
+    got = ahead.generate(prompts, params, use_tqdm=False)
+    assert _completions(got) == _completions(want)
+    reasons = [o.outputs[0].finish_reason for o in got]
+    assert reasons[0] == reasons[1] == reasons[2] == reasons[6] == "stop" and reasons[5] == "length", reasons
+    assert len({len(o.outputs[0].token_ids) for o in got}) > 4 and min(len(o.outputs[0].token_ids) for o in got) > 1  # at different steps
+    assert ahead.engine.overlap.steps_ahead - before >= len(sampled) > 5
+    # rows of sequences that the step in flight stopped were sampled (and dropped) without failing
+    assert any(SequenceStatus.FINISHED in statuses for statuses in sampled)
+
+
+def test_overlap_rows_of_stopped_and_failed_grammars(overlap_pair, monkeypatch):
+    """Only constrained requests (before, no step went ahead while a grammar ran): a grammar that
+    completes, one whose matcher fails (min_tokens bans every token it allows: finish_reason
+    "error"), one that ends on EOS, each leaving a row in the step launched behind it, whose mask
+    is all ones and whose token is dropped; the others go on as in the synchronous engine."""
+    from deepinfer.engine.sequence import SequenceStatus
+
+    sync, ahead = overlap_pair
+    eos = min(ahead.engine.eos_token_ids)
+    a, b = (ahead.tokenizer.encode(text, add_bos=False) for text in ("a", "b"))
+    params = [
+        SamplingParams(max_tokens=20, min_tokens=5, stop_token_ids=b, logit_bias={a[0]: 100.0}, structured_outputs={"choice": ["a", "ab"]}),
+        SamplingParams(max_tokens=20, logit_bias={eos: 100.0}, repetition_penalty=1.2, structured_outputs={"regex": "[0-9]{3,6}"}),
+        SamplingParams(max_tokens=30, seed=8, presence_penalty=0.7, logprobs=1, structured_outputs={"regex": "[0-9]{12,20}"}),
+        SamplingParams(max_tokens=10, seed=9, structured_outputs={"choice": ["yes", "no"]}),
+    ]
+    want = sync.generate([PROMPT] * 4, params, use_tqdm=False)
+    sampled = _overlap_spies(ahead, monkeypatch)
+    before = ahead.engine.overlap.steps_ahead
+    got = ahead.generate([PROMPT] * 4, params, use_tqdm=False)
+    assert _completions(got) == _completions(want)
+    first, second, third, fourth = (o.outputs[0] for o in got)
+    assert first.finish_reason == "error" and first.text == "a"
+    assert second.finish_reason == "stop" and second.token_ids[-1] == eos and re.fullmatch("[0-9]{3,6}", second.text)
+    assert third.finish_reason == "stop" and re.fullmatch("[0-9]{12,20}", third.text)
+    assert fourth.finish_reason == "stop" and fourth.text in ("yes", "no")
+    assert ahead.engine.overlap.steps_ahead - before == len(sampled) > 5  # every step ahead is a grammar step
+    assert sum(statuses.count(SequenceStatus.FINISHED) for statuses in sampled) >= 3
