@@ -1,9 +1,10 @@
 """Start-up warm-up: compile and capture before the first request what serving would otherwise
 compile in the middle of it.
 
-The Triton kernels specialise on a step's size (block sizes from the next power of two of its
-tokens, of the rows per expert), and a decode batch replays the device graph of its size bucket,
-captured on first use. Without a warm-up the first requests of each new size stall every running
+The Triton kernels specialise on a step's size: the cuda backend makes every compile-time choice
+(tiles, split-K) from the power-of-two bucket of the step's tokens and leaves its size arguments
+unspecialised, so one step of each power of two compiles every kernel a step of that bucket needs;
+and a decode batch replays the device graph of its size bucket, captured on first use. Without a warm-up the first requests of each new size stall every running
 request for the compile or capture (on the H200, a second or more at a time in `bench serve`: the
 p99 inter-token gaps). The warm-up runs one prefill of every power of two up to the step's token
 budget (random prompts, one token each) and captures the decode graphs of every bucket (the whole

@@ -7,7 +7,8 @@
 #               per rate the client's TTFT/TPOT/ITL and the server's thread CPU seconds and engine step time
 #   switch      split with the server's sys.setswitchinterval(0.0005)
 #   sampled     split with a 50 Hz stack sampler of the engine and HTTP threads (SIGUSR2 dumps)
-#   kernels     the cuda kernel tests compiled on the GPU (TRITON_INTERPRET=0), and greedy generation through them
+#   kernels     the cuda kernels' golden cases compiled on the GPU (`deepinfer conformance`), attention and end-to-end tests
+#   stepprofile a constrained decode step's host time by piece (tools/gpu/structured_step_profile.py)
 source tools/gpu/preamble.sh
 unset TRITON_INTERPRET
 L=${LAYERS:-8}
@@ -51,9 +52,13 @@ for s in $STEPS; do
     sampled) probe sampled --sample-hz 50 ;;
     kernels)
       export TRITON_INTERPRET=0
-      step kernels 300 python -m pytest -q -x -p no:cacheprovider tests/cuda/test_gemm_kernels.py tests/cuda/test_moe_kernels.py \
-        tests/cuda/test_misc_kernels.py tests/cuda/test_attention_kernels.py tests/cuda/test_end_to_end.py -k "not prefill"
+      step conformance 240 python -m deepinfer conformance --backend cuda --quiet --json "$R/conformance.json"
+      tail -3 "$R/conformance.txt"
+      step kernels 200 python -m pytest -q -p no:cacheprovider tests/cuda/test_attention_kernels.py tests/cuda/test_end_to_end.py -k "not prefill"
       unset TRITON_INTERPRET
       tail -3 "$R/kernels.txt" ;;
+    stepprofile)
+      step stepprofile 200 python tools/gpu/structured_step_profile.py --layers "$L"
+      cat "$R/stepprofile.txt" | grep -v Warning | tail -24 ;;
   esac
 done

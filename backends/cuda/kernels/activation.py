@@ -58,13 +58,15 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     out2 = out.view(-1, I)
     cfg = _config(x.device)
     tile = cfg["tile_elems"]
+    bucket = next_power_of_2(T)  # decides the tile: one kernel per power-of-two bucket of T (what a warm-up compiles)
     while True:  # halve the tile until the grid fills the machine (decode batches), down to min_tile_elems
         block_i = min(next_power_of_2(I), cfg["max_block_i"], tile)
-        block_t = max(1, min(next_power_of_2(T), tile // block_i))
-        grid = (triton.cdiv(T, block_t), triton.cdiv(I, block_i))
-        if grid[0] * grid[1] >= cfg.get("min_programs", 1) or tile <= cfg.get("min_tile_elems", 1) or block_t * block_i == 1:
+        block_t = max(1, min(bucket, tile // block_i))
+        programs = triton.cdiv(bucket, block_t) * triton.cdiv(I, block_i)
+        if programs >= cfg.get("min_programs", 1) or tile <= cfg.get("min_tile_elems", 1) or block_t * block_i == 1:
             break
         tile //= 2
+    grid = (triton.cdiv(T, block_t), triton.cdiv(I, block_i))
     num_warps = num_warps_for(block_t * block_i, x.element_size(), cfg)
     _silu_and_mul_kernel[grid](
         x2, out2, T, I, x2.stride(0), out2.stride(0),

@@ -65,13 +65,14 @@ def clamped_silu_and_mul(x: torch.Tensor, *, limit: float) -> torch.Tensor:
     out2 = out.view(-1, I)
     cfg = _CFG
     tile = cfg["tile_elems"]
+    bucket = next_power_of_2(T)  # decides the tile: one kernel per power-of-two bucket of T (what a warm-up compiles)
     while True:  # halve the tile until the grid fills the machine (decode batches), down to min_tile_elems
         block_i = min(next_power_of_2(I), cfg["max_block_i"], tile)
-        block_t = max(1, min(next_power_of_2(T), tile // block_i))
-        grid = (cdiv(T, block_t), cdiv(I, block_i))
-        if grid[0] * grid[1] >= cfg["min_programs"] or tile <= cfg["min_tile_elems"] or block_t * block_i == 1:
+        block_t = max(1, min(bucket, tile // block_i))
+        if cdiv(bucket, block_t) * cdiv(I, block_i) >= cfg["min_programs"] or tile <= cfg["min_tile_elems"] or block_t * block_i == 1:
             break
         tile //= 2
+    grid = (cdiv(T, block_t), cdiv(I, block_i))
     _clamped_silu_and_mul_kernel[grid](
         x2, out2, T, I, x2.stride(0), out2.stride(0), float(limit),
         ACC=tl.float64 if x.dtype == torch.float64 else tl.float32,

@@ -933,7 +933,13 @@ def plan_gemm(x: torch.Tensor, weight: torch.Tensor, fmt: str, layout: int, mx_p
 
     invariant (deterministic mode): nothing depends on the number of rows: one tuning entry
     (`_invariant_config`) with its full BLOCK_M, and a split-K chosen as if there were one row tile, so every
-    output element is summed over K in the same tiles and the same split order whatever the batch."""
+    output element is summed over K in the same tiles and the same split order whatever the batch.
+
+    Otherwise the choices that become constexprs (tuning entry, BLOCK_M, split-K, the fused reduce) are
+    made for the row count rounded up to a power of two: every row count of one power-of-two bucket
+    compiles the same kernel, so a start-up warm-up of power-of-two steps compiles every kernel
+    that serving meets (a split-K chosen from the exact count compiled new variants mid-serving: on
+    the H200, seconds of stalled tokens). Only the grid and the row arguments see the exact count."""
     device = x.device
     k = x.shape[-1]
     experts = weight.shape[0] if layout != _LINEAR else 1
@@ -945,7 +951,7 @@ def plan_gemm(x: torch.Tensor, weight: torch.Tensor, fmt: str, layout: int, mx_p
     else:
         max_m = 0
         rows_total = x.shape[0]
-        rows_per_expert = rows_total / max(experts, 1)
+        rows_per_expert = next_power_of_2(rows_total) / max(experts, 1)  # the bucket's (docstring)
 
     mx_mode = _mx_mode(fmt, x, mx_path)
     register = mx_mode == _MX_REGISTER
@@ -989,15 +995,18 @@ def plan_gemm(x: torch.Tensor, weight: torch.Tensor, fmt: str, layout: int, mx_p
     # Tiles, grid and split-K.
     num_n = cdiv(n, block_n)
     if layout == _MASKED:
-        num_m_tiles = cdiv(rows_per_expert, block_m)
+        num_m_tiles = plan_m_tiles = cdiv(rows_per_expert, block_m)
         programs = experts * num_m_tiles * num_n
     else:
         num_m_tiles = cdiv(rows_total, block_m)
+        plan_rows = next_power_of_2(rows_total)  # the bucket's row tiles decide (docstring)
+        plan_m_tiles = cdiv(plan_rows, block_m)
         if layout == _CONTIGUOUS:
             # each expert's last tile may be partial (+ E), and an expert with rows takes no more tiles
             # than rows: at decode (6 rows over 64 experts) the grid is 6 tiles, not 65 mostly empty ones
             num_m_tiles = min(num_m_tiles + experts, rows_total)
-        programs = cdiv(rows_total, block_m) * num_n
+            plan_m_tiles = min(plan_m_tiles + experts, plan_rows)
+        programs = cdiv(plan_rows, block_m) * num_n
     if invariant:
         programs = num_n * experts  # as if every expert had one row tile: the split follows N and K only
     total_iters = cdiv(k, block_k)
@@ -1015,7 +1024,7 @@ def plan_gemm(x: torch.Tensor, weight: torch.Tensor, fmt: str, layout: int, mx_p
     # The partials sum in-kernel (one launch) when the tiles fit the counters and the tile is a decode
     # tile: a large one's epilogue (its sum and a partial in registers, 128 per thread each for 128x256
     # over 8 warps) made the H200's batch-256 decode GEMMs 27% slower; those keep the second kernel.
-    tiles = num_m_tiles * num_n * (experts if layout == _MASKED else 1)
+    tiles = plan_m_tiles * num_n * (experts if layout == _MASKED else 1)  # >= the grid's: the bucket's counters suffice
     small_tile = block_m * block_n <= _FUSED_REDUCE_ELEMS_PER_THREAD * 32 * cfg["num_warps"]
     fused_reduce = split > 1 and small_tile and tiles <= ARRIVALS
     return GemmPlan(

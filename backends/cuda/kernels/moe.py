@@ -400,7 +400,8 @@ def count_slots(topk_ids: torch.Tensor, num_experts: int, totals: torch.Tensor |
     if totals is None:
         totals = torch.empty(E, dtype=torch.int32, device=device)
     _dispatch_count_kernel[(n_tiles,)](ids, rank, counts, S, E, n_tiles, BLOCK_S=tile_s, BLOCK_E=block_e, num_warps=cfg["count_warps"])
-    _dispatch_scan_kernel[(E,)](counts, prefix, totals, n_tiles, BLOCK_N=min(1024, next_power_of_2(n_tiles)), num_warps=4)
+    block_n = min(1024, next_power_of_2(cdiv(next_power_of_2(S), tile_s)))  # S's power-of-two bucket decides: one kernel per bucket
+    _dispatch_scan_kernel[(E,)](counts, prefix, totals, n_tiles, BLOCK_N=block_n, num_warps=4)
     return SlotCounts(ids, rank, prefix, totals, tile_s, n_tiles)
 
 

@@ -120,11 +120,12 @@ def _rows(t: torch.Tensor, D: int) -> torch.Tensor:
 
 def _rows_per_program(T: int, block_d: int, cfg: dict) -> int:
     # Several rows per program for narrow rows, but never so many that fewer than `min_programs`
-    # programs remain (decode batches): the tile halves until the grid fills the machine.
-    tile = cfg["tile_elems"]
+    # programs remain (decode batches): the tile halves until the grid fills the machine. Decided for
+    # T's power-of-two bucket: one kernel per bucket (what a start-up warm-up compiles).
+    tile, bucket = cfg["tile_elems"], next_power_of_2(T)
     while True:
-        block_t = max(1, min(tile // block_d, next_power_of_2(T)))
-        if block_t == 1 or triton.cdiv(T, block_t) >= cfg.get("min_programs", 1):
+        block_t = max(1, min(tile // block_d, bucket))
+        if block_t == 1 or triton.cdiv(bucket, block_t) >= cfg.get("min_programs", 1):
             return block_t
         tile //= 2
 

@@ -92,13 +92,18 @@ def rope(
     cfg = _config(x.device)
     block_half = next_power_of_2(D // 2)
     tile = cfg["tile_elems"]
-    while True:  # halve the tile until the grid fills the machine (decode batches), down to min_tile_elems
+    # Halve the tile until the grid fills the machine (decode batches), down to min_tile_elems; decided
+    # for T rounded up to a power of two, so that every T of one bucket compiles one kernel (the
+    # start-up warm-up's power-of-two steps compile them all).
+    bucket = next_power_of_2(T)
+    while True:
         block_h = max(1, min(next_power_of_2(H), tile // (2 * block_half)))
-        block_t = max(1, min(next_power_of_2(T), tile // (block_h * 2 * block_half)))
-        grid = (triton.cdiv(T, block_t), triton.cdiv(H, block_h))
-        if grid[0] * grid[1] >= cfg.get("min_programs", 1) or tile <= cfg.get("min_tile_elems", 1) or block_t * block_h == 1:
+        block_t = max(1, min(bucket, tile // (block_h * 2 * block_half)))
+        programs = triton.cdiv(bucket, block_t) * triton.cdiv(H, block_h)
+        if programs >= cfg.get("min_programs", 1) or tile <= cfg.get("min_tile_elems", 1) or block_t * block_h == 1:
             break
         tile //= 2
+    grid = (triton.cdiv(T, block_t), triton.cdiv(H, block_h))
     num_warps = num_warps_for(block_t * block_h * 2 * block_half, x.element_size(), cfg)
     _rope_kernel[grid](
         x, pos, cs, out, T, H, D,
