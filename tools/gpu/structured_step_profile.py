@@ -51,7 +51,7 @@ def main() -> None:
     timed(logits_processing.LogitsProcessing, "apply", "processing apply")
     gen = torch.Generator().manual_seed(0)
     prompts = [{"prompt_token_ids": torch.randint(2, llm.engine.vocab_size, (32,), generator=gen).tolist()} for _ in range(args.batch)]
-    spec = bench.spec_of(args.output_len)
+    spec = bench.spec_of(bench.min_items(args.output_len))
     for share in (0.0, 1.0):
         constrained = round(share * args.batch)
         params = [SamplingParams(temperature=1.0, seed=i, max_tokens=args.output_len, ignore_eos=True, structured_outputs=spec if i < constrained else None)
