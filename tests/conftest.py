@@ -14,6 +14,12 @@ import pytest
 # CPU-only test machines: every Triton kernel runs in the interpreter. Triton decides at decoration
 # time, so this must be set before anything imports triton (conftest is imported first).
 os.environ.setdefault("TRITON_INTERPRET", "1")
+# CI's two xdist workers share two cores: each process, and every subprocess a test starts (the
+# conformance runs, the ranks), keeps to one OpenMP / BLAS thread; wider teams on a busy machine
+# only wait for each other (a conformance run: 150 -> 127 CPU seconds). Tests of the thread rule
+# set or clear OMP_NUM_THREADS themselves.
+for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_var, "1")
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
