@@ -46,8 +46,9 @@ def skewed_load() -> list[list[float]]:
 def scenarios(world: int) -> dict[str, dict]:
     """name -> (prompt indices, LLM keyword arguments)."""
     redundant = 4 if world == 4 else 2  # 16 + R experts must divide over the ranks
+    plain = {"plain": {"prompts": list(range(len(PROMPTS))), "llm": {}}} if world == 2 else {}  # at 4 ranks redundant_eplb runs every prompt
     return {
-        "plain": {"prompts": list(range(len(PROMPTS))), "llm": {}},
+        **plain,
         # EPLB places 16 + R experts from the skewed load, then re-places them from the counted load
         # every 2 steps (experts move between ranks and are read from the checkpoint again).
         "redundant_eplb": {

@@ -1,6 +1,6 @@
 """Deterministic mode end to end through the cuda and ascend Triton kernels, in the interpreter on
 the CPU (the H200 run is tools/gpu/deterministic_check.sh): the tiny V3 with a 512-token vocabulary
-and one layer (MLA attention and a MoE), float32. A request's logits are bit-identical at every step alone and among 3, 17 and 64 other
+and one layer (MLA attention and a MoE), float32. A request's logits are bit-identical at every step alone and among 17 and 64 other
 requests, prefilled in chunks and after a prefix hit; 200 seeded temperature-1 one-token completions
 over differently composed batches are identical (on a GPU only: the decode steps' logits are the first
 test's; the H200 script samples 16 tokens a completion). Sizes are the smallest that still cross what the
@@ -42,7 +42,7 @@ def test_logits_do_not_depend_on_the_batch(checkpoint, backend):
     recorder = ProbeLogits(llm)
     probe = list(range(100, 106))
     alone, tokens, _ = run_probe(llm, recorder, probe, [], 2)
-    for n in (3, 17, 64):
+    for n in (17, 64):  # past the 16-row tile of the float32 GEMM plan; past a 64-row tile
         steps, got, _ = run_probe(llm, recorder, probe, neighbour_prompts(n, SMALL_VOCAB, seed=n, lengths=SHORT), 2)
         assert (differing_steps(alone, steps), got) == ([], tokens), f"{n} neighbours"
 

@@ -71,7 +71,7 @@ def one_line_error(capsys, argv, *needles) -> str:
     return last
 
 
-# ---- a vLLM-shaped file: 200 mixed lines ---------------------------------------------------------
+# ---- a vLLM-shaped file: 100 mixed lines ---------------------------------------------------------
 
 # Lines that run: (kind, body maker). A body maker takes the line's number and returns (url, body).
 RUNS = {
@@ -125,7 +125,7 @@ BROKEN_LINES = {  # lines whose method or body cannot be read: (the line without
 }  # fmt: skip
 
 
-def mixed_file(path, count: int = 200) -> tuple:
+def mixed_file(path, count: int = 100) -> tuple:
     """`count` lines of every kind above, shuffled; and per line the expectation: None (it runs,
     with the kind's name) or (param, status, needles)."""
     kinds = [*RUNS] * 3 + [*FAILS] + [*BROKEN_LINES]
@@ -159,7 +159,7 @@ def cli(*args, cache, **kwargs) -> subprocess.Popen:
 
 @pytest.fixture(scope="module")
 def full_run(tmp_path_factory, cache):
-    """The 200-line file run as a user runs it (its own process), and what two more runs on the
+    """The 100-line file run as a user runs it (its own process), and what two more runs on the
     same output said while it ran: (items, expected, output path, exit code, stderr, second runs)."""
     tmp = tmp_path_factory.mktemp("batch")
     src, out = tmp / "requests.jsonl", tmp / "results.jsonl"
@@ -180,11 +180,11 @@ def test_a_vllm_shaped_file_runs_with_rows_in_input_order(full_run):
     items, expected, out, code, err, _ = full_run
     assert code == 1, f"some lines failed: exit code 1\n{err}"
     failed = sum(want is not None for _, want in expected)
-    assert f"requests          200; {failed} failed (error rows in {out})" in err, err
+    assert f"requests          100; {failed} failed (error rows in {out})" in err, err
     assert "Traceback" not in err
     rows = read_rows(out)
     assert [row["custom_id"] for row in rows] == [item["custom_id"] for item in items], "one row per line, in input order"
-    assert len({row["id"] for row in rows}) == 200 and len({row["response"]["request_id"] for row in rows}) == 200, "unique ids"
+    assert len({row["id"] for row in rows}) == 100 and len({row["response"]["request_id"] for row in rows}) == 100, "unique ids"
     for number, (row, item, (kind, want)) in enumerate(zip(rows, items, expected), start=1):
         assert list(row) == ["id", "custom_id", "response", "error"], row
         if want is None:
@@ -268,15 +268,15 @@ def test_resume_after_an_interrupted_run_completes_it_without_duplicates(full_ru
     text = full.read_text(encoding="utf-8")
     lines = text.splitlines(keepends=True)
     out = tmp_path / "results.jsonl"
-    out.write_text("".join(lines[:150]) + lines[150][:40], encoding="utf-8")  # a run killed while writing row 151
-    failing_left = any(want is not None for _, want in expected[150:])
+    out.write_text("".join(lines[:75]) + lines[75][:40], encoding="utf-8")  # a run killed while writing row 76
+    failing_left = any(want is not None for _, want in expected[75:])
     assert main(["run-batch", *FAST, "-i", str(src), "-o", str(out), "--resume"]) == int(failing_left)
     err = capsys.readouterr().err
-    assert "requests          50 (150 already in" in err and "unfinished last line" in err, err
+    assert "requests          25 (75 already in" in err and "unfinished last line" in err, err
     rows, want = read_rows(out), read_rows(full)
     assert [row["custom_id"] for row in rows] == [item["custom_id"] for item in items], "every line once, in input order"
-    assert out.read_text(encoding="utf-8").startswith("".join(lines[:150])), "the rows before are kept as they were"
-    for row, wanted in zip(rows[150:], want[150:]):
+    assert out.read_text(encoding="utf-8").startswith("".join(lines[:75])), "the rows before are kept as they were"
+    for row, wanted in zip(rows[75:], want[75:]):
         assert row["id"] != wanted["id"], "a resumed row is a new response"
         assert same_content(row) == same_content(wanted), row["custom_id"]  # seeds follow the lines: the same tokens
     # Nothing left: no model loaded, nothing written.

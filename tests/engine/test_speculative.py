@@ -153,31 +153,24 @@ def test_chunked_prefill_and_mtp_cache_rows(checkpoint):
     assert torch.allclose(decoded, prefilled, atol=1e-4, rtol=1e-4), float((decoded - prefilled).abs().max())
 
 
-def test_sampled_tokens_match_and_their_distribution(checkpoint):
-    """Temperature 1 (top-p 0.9 on half the requests), 20000 requests with seeds: the tokens with
+def test_sampled_tokens_match_those_without_speculation(checkpoint):
+    """Temperature 1 (top-p 0.9 on half the requests), 4000 requests with seeds: the tokens with
     speculation are the tokens without it, request by request (the verification draws `sample`'s
-    noise), so their distributions agree: chi-square over the third token's counts (bins with >= 5
-    expected) stays below the 0.999 quantile."""
-    import torch
-
+    noise), so their distributions are the same too; drafts are verified for every request."""
     from deepinfer import SamplingParams
 
     # one dense layer and a dense MTP layer (first_k_dense_replace past both): the cheapest model with every path
     vocab_ckpt = write_small_checkpoint(checkpoint.parent / "tiny-v3-vocab64", num_hidden_layers=1, first_k_dense_replace=2, vocab_size=64)
     prompt = {"prompt_token_ids": [5, 9, 14, 3]}
-    n = 20000
+    n = 4000
     params = [SamplingParams(temperature=1.0, top_p=0.9 if i % 2 else 1.0, max_tokens=3, ignore_eos=True, seed=i) for i in range(n)]
     plain = _llm(vocab_ckpt, max_num_seqs=2048, num_kv_blocks=2048)
     want = _tokens(plain.generate([prompt] * n, params, use_tqdm=False))
     spec = _llm(vocab_ckpt, {"method": "mtp", "num_drafts": 2}, max_num_seqs=2048, num_kv_blocks=2048)
     got = _tokens(spec.generate([prompt] * n, params, use_tqdm=False))
     assert spec.speculative_metrics()["verifications"] >= n
+    assert len({w[2] for w in want}) > 20, "the third tokens spread over the vocabulary: the seeds draw different tokens"
     assert got == want
-    a = torch.bincount(torch.tensor([g[2] for g in got]), minlength=64).double()
-    b = torch.bincount(torch.tensor([w[2] for w in want]), minlength=64).double()
-    keep = (a + b) >= 10
-    chi2 = float((((a - b) ** 2) / (a + b))[keep].sum())
-    assert chi2 < 2 * int(keep.sum()) + 40, chi2  # far below the 0.999 quantile for these degrees of freedom
 
 
 def test_deterministic_mode_with_speculation(checkpoint, baseline):
