@@ -37,6 +37,11 @@ from deepinfer.engine.structured_params import StructuredOutputsParams
 log = logging.getLogger(__name__)
 
 COMPILE_THREADS = 2  # grammar compilations at a time (llguidance releases the GIL while it builds one)
+# Threads of llguidance's executor for a step's masks. One: on the H200's 16-core host a 64-row step
+# of the bench's JSON schema took 0.94 ms on one thread and no less on 2-6 (4.49 vs 5.7-6.6 ms at 256
+# rows); the default (80% of the cores, 12 there) took 3.3 ms inside the engine
+# (tools/gpu/llg_par_probe.py, docs/performance.md). A mask costs ~15-50 us, too little to share out.
+MASK_THREADS = 1
 MESSAGE_LIMIT = 400  # characters of a compiler message kept in a request's error
 
 
@@ -166,13 +171,13 @@ def fill_bitmasks(rows: list[tuple[int, SequenceGrammar, list[int]]], bitmask: t
     contiguous). The grammars' matchers are advanced through their drafts and rolled back: they
     end as they began. Rows after a draft the grammar refuses are left as they are: that draft is
     banned by the row before it, so verification never reaches them. Each position's rows are
-    filled in parallel (llguidance's executor threads)."""
+    filled by llguidance's executor (MASK_THREADS), the GIL released."""
     global _executor
     import llguidance
     from llguidance.torch import fill_next_token_bitmask_par
 
     if _executor is None:
-        _executor = llguidance.LLExecutor()
+        _executor = llguidance.LLExecutor(MASK_THREADS)
     valid = [grammar.matcher.validate_tokens(drafts) if drafts else 0 for _, grammar, drafts in rows]  # drafts the grammar takes
     for i in range(max(valid, default=0) + 1):
         fill_next_token_bitmask_par(_executor, [(grammar.matcher, row + i) for (row, grammar, _), n in zip(rows, valid) if i <= n], bitmask)

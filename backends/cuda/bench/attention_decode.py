@@ -158,6 +158,13 @@ CASES = [
               _mla_flops, _mla_bytes, bound="compute"),
     BenchCase("kv_cache_write", "T128_fp8cache_page64", _write_setup(128, fp8=True), _write_kernel, _write_peer, "torch quantise + index_copy_",
               _write_flops, _write_bytes, bound="memory"),
+    # Long contexts at small batches (a single long request must spread over every SM: splits of the
+    # context). Timed from a CUDA graph, as the engine's decode runs: eagerly the host's launch (split +
+    # combine) would be the figure. 16 heads are memory-bound; 128 heads do 2 * 128 * 1088 flops per
+    # 1152-byte cache row (242 flop/byte, above the H200's ~200 balance point) at any batch: compute-bound.
+    *(BenchCase("mla_decode", f"B{b}_ctx{ctx // 1024}k_H{h}_S1_bf16_page64", _mla_setup(b, ctx, h), _mla_kernel, _mla_peer, _SDPA,
+                _mla_flops, _mla_bytes, bound="memory" if h == 16 else "compute", graph=True)
+      for h in (16, 128) for b in (1, 4, 8) for ctx in (8192, 32768, 65536)),
 ]
 
 

@@ -79,6 +79,13 @@ def _torch_temperature(s: dict):
     return torch.multinomial(probs, 1).squeeze(-1)
 
 
+def _torch_min_p(s: dict):
+    """min_p as vLLM's sampler applies it: probabilities below min_p times the row's largest dropped, multinomial."""
+    probs = (s["logits"] / s["temperature"][:, None]).softmax(dim=-1)
+    probs = probs.masked_fill(probs < s["min_p"][:, None] * probs.amax(dim=-1, keepdim=True), 0.0)
+    return torch.multinomial(probs, 1).squeeze(-1)
+
+
 def _bytes(s: dict) -> float:
     return float(s["logits"].numel() * 4)
 
@@ -117,6 +124,7 @@ def _bitmask_bytes(s: dict) -> float:
 
 SORT_PEER = "torch sort top-k/top-p + multinomial"
 SOFTMAX_PEER = "torch softmax + multinomial"
+MIN_P_PEER = "torch softmax + min_p mask + multinomial"
 
 CASES = [
     BenchCase("sample", "B256_V129280_topk50_topp0.9", _setup(256, VOCAB, 1.0, 50, 0.9, 0.0), _kernel, _torch_top_k_top_p, SORT_PEER, _zero, _bytes),
@@ -125,6 +133,12 @@ CASES = [
     # and top-p alone on peaked logits (the candidates come from the lane maxima).
     BenchCase("sample", "B256_V129280_temperature", _setup(256, VOCAB, 0.8, 0, 1.0, 0.0), _kernel, _torch_temperature, SOFTMAX_PEER, _zero, _bytes),
     BenchCase("sample", "B256_V129280_topp0.9_peaked", _setup(256, VOCAB, 1.0, 0, 0.9, 0.0, scale=4.0), _kernel, _torch_top_k_top_p, SORT_PEER, _zero, _bytes),
+    BenchCase("sample", "B256_V129280_minp0.1", _setup(256, VOCAB, 1.0, 0, 1.0, 0.1), _kernel, _torch_min_p, MIN_P_PEER, _zero, _bytes),
+    # The same from CUDA graphs (the engine's decode replays its sampling in one): the device's time
+    # without the host's launches (four kernels eagerly).
+    *(GraphCase("sample", f"{name}_replay", setup, _kernel, peer, peer_name, _zero, _bytes)
+      for name, setup, peer, peer_name in (("B256_V129280_greedy", _setup(256, VOCAB, 0.0, 0, 1.0, 0.0), _torch_argmax, "torch.argmax"),
+                                           ("B256_V129280_topk50_topp0.9", _setup(256, VOCAB, 1.0, 50, 0.9, 0.0), _torch_top_k_top_p, SORT_PEER))),
     # Decode-sized: a CUDA graph (proves no host synchronisation).
     GraphCase("sample", "B16_V129280_topk50_topp0.9", _setup(16, VOCAB, 1.0, 50, 0.9, 0.0), _kernel, _torch_top_k_top_p, SORT_PEER, _zero, _bytes),
     BenchCase("apply_token_bitmask", "B256_V129280_fp32", _bitmask_setup(256, VOCAB), _bitmask_kernel, _bitmask_peer, "torch reference", _zero, _bitmask_bytes),
