@@ -104,7 +104,9 @@ def _check_mla(inputs, *, window=None, scale=0.125, **kernel_kw):
         ([1, 63, 64, 65], 1, 4, 16, {}),  # tiles span pages (BLOCK_N 64 > page 16): per-token page lookup
         ([1, 63, 64, 65], 1, 4, 64, {"tokens_per_split": 16, "overrides": {"BLOCK_N": 16}}),  # 5 splits, tile inside a page
         ([2, 70, 33], 2, 3, 32, {"tokens_per_split": 32, "overrides": {"BLOCK_N": 16}}),  # MTP, S*H=6 rows padded to 16
-        ([4, 97], 4, 2, 16, {"num_splits": 3, "overrides": {"BLOCK_N": 16}}),  # S=4, combine with empty splits
+        ([4, 97], 4, 2, 16, {"num_splits": 3, "overrides": {"BLOCK_N": 16, "wide_combine": False}}),  # S=4, fused merge of empty splits
+        ([4, 97], 4, 2, 16, {"num_splits": 3, "overrides": {"BLOCK_N": 16, "wide_min_splits": 2}}),  # the same, wide combine (2 requests < the CPU's 4 "SMs")
+        ([700, 5], 1, 4, 16, {"tokens_per_split": 16, "overrides": {"BLOCK_N": 16}}),  # wide combine of 44 splits: two chunks of 32
         ([4, 97], 4, 2, 16, {"num_splits": 3, "overrides": {"BLOCK_N": 16, "fused_combine": False}}),  # the same, combine kernel
         ([1, 63, 64, 65], 1, 4, 64, {"tokens_per_split": 16, "overrides": {"BLOCK_N": 16, "fused_combine": False}}),
         ([3, 40], 3, 2, 32, {"overrides": {"BLOCK_N": 16, "evict": "evict_first"}}),  # one split (direct output), S=3
@@ -179,7 +181,7 @@ def test_fused_combine_counters_are_left_at_zero():
     inputs = {k: v.to(K.device) for k, v in _mla_inputs(gen, torch.float32, seq_lens=[40, 90, 7], queries=1, heads=4).items()}
     args = (inputs["q_nope"], inputs["q_rope"], inputs["kv_cache"], inputs["block_table"], inputs["seq_lens"], 0.1)
     for _ in range(2):
-        K.mla.launch_mla_decode(*args, tokens_per_split=16, overrides={"BLOCK_N": 16, "fused_combine": True})
+        K.mla.launch_mla_decode(*args, tokens_per_split=16, overrides={"BLOCK_N": 16, "fused_combine": True, "wide_combine": False})
         assert int(K.mla.arrival_counters(K.device, "mla_decode").count_nonzero()) == 0
 
 

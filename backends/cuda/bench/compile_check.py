@@ -317,6 +317,7 @@ CASES: list[Case] = [
     Case("prefill bf16 H16 192/128 (2x2048)", _prefill(4096, 16, 192, 128, 2), "mma"),
     Case("mla_decode bf16 B64 H16 ctx4096", _mla_decode(64, 1, 16, 4096), "mma", DECODE_16_ROWS),
     Case("mla_decode bf16 B64 H128 ctx4096", _mla_decode(64, 1, 128, 4096), "mma"),
+    Case("mla_decode bf16 B1 H16 ctx65536 (wide combine)", _mla_decode(1, 1, 16, 65536), "mma", DECODE_16_ROWS),
     Case("mla_decode fp8 cache B64 H16 ctx4096", _mla_decode(64, 1, 16, 4096, fp8=True), "mma", DECODE_16_ROWS),
     Case("mla_decode fp8 cache B64 H128 ctx4096", _mla_decode(64, 1, 128, 4096, fp8=True), "mma"),
     Case("rms_norm bf16 64x7168 +residual", _rms_norm(64, 7168), None),
@@ -346,7 +347,8 @@ CASES: list[Case] = [
 ]
 
 # Helper kernels a matrix case launches besides its GEMM/attention kernel (no MMA of their own).
-NON_MATRIX_KERNELS = {"_quant_act_fp8_kernel", "_quant_act_mxfp8_kernel", "_split_k_reduce_kernel", "_mla_decode_combine_kernel"}
+NON_MATRIX_KERNELS = {"_quant_act_fp8_kernel", "_quant_act_mxfp8_kernel", "_split_k_reduce_kernel", "_mla_decode_combine_kernel",
+                      "_mla_decode_wide_combine_kernel"}
 
 
 # ---------------------------------------------------------------------------------------------

@@ -26,7 +26,10 @@ kernel writes the normalised output directly; otherwise it writes per-split norm
 and their log-sum-exp, and they are merged in a fixed split order (deterministic): by the last
 split program of each (row tile, request) to finish, which counts arrivals in a per-device int32
 counter array and resets its counter for the next launch ("fused_combine", the default), or by a
-separate combine kernel.
+separate combine kernel. With fewer (row tile, request) groups than SMs (small batches, long
+contexts: many splits each) those merges would run on a few SMs, each reading every split's partial
+in turn, so from `wide_min_splits` splits on a wide combine kernel ("wide_combine") merges instead:
+a program per (query row, request, 64 latent columns), 32 splits a load.
 
 Deterministic mode (the batch-invariant registration): the context is cut into splits of a fixed
 INVARIANT_TOKENS_PER_SPLIT tokens, whatever the batch, and the partials are always merged by the
@@ -273,6 +276,50 @@ def _mla_decode_combine_kernel(
 
 
 
+WIDE_SPLITS = 32  # splits a wide-combine program reads at once
+WIDE_COLS = 64  # latent columns per wide-combine program
+
+
+@triton.jit(do_not_specialize=["num_splits"])
+def _mla_decode_wide_combine_kernel(
+    part_out_ptr, part_lse_ptr, out_ptr,
+    num_splits,
+    stride_po_b, stride_po_split, stride_po_m,
+    stride_pl_b, stride_pl_split,
+    stride_o_b, stride_o_s, stride_o_h,
+    H: tl.constexpr, C: tl.constexpr,
+    CHUNK: tl.constexpr, BLOCK_CC: tl.constexpr,
+):
+    """One program per (query row, request, WIDE_COLS latent columns): every split's partial of
+    those columns, CHUNK splits a load (the loads of a chunk in flight together, not one split after
+    another), summed as a tree within each chunk: deterministic for a given split count."""
+    m = tl.program_id(0)
+    b = tl.program_id(1).to(tl.int64)
+    offs_c = tl.program_id(2) * BLOCK_CC + tl.arange(0, BLOCK_CC)
+    c_ok = offs_c < C
+    offs_k = tl.arange(0, CHUNK)
+    lse_row = part_lse_ptr + b * stride_pl_b + m
+    top = tl.full([CHUNK], float("-inf"), dtype=tl.float32)
+    for k0 in range(0, num_splits, CHUNK):
+        top = tl.maximum(top, tl.load(lse_row + (k0 + offs_k) * stride_pl_split, mask=k0 + offs_k < num_splits, other=float("-inf")))
+    top_all = tl.max(top, axis=0)
+    top_all = tl.where(top_all == float("-inf"), 0.0, top_all)
+    denom = tl.zeros([CHUNK], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_CC], dtype=tl.float32)
+    po_row = part_out_ptr + b * stride_po_b + m * stride_po_m
+    for k0 in range(0, num_splits, CHUNK):
+        k_ok = k0 + offs_k < num_splits
+        w = tl.exp2(tl.load(lse_row + (k0 + offs_k) * stride_pl_split, mask=k_ok, other=float("-inf")) - top_all)
+        part = tl.load(po_row + (k0 + offs_k)[:, None] * stride_po_split + offs_c[None, :], mask=k_ok[:, None] & c_ok[None, :], other=0.0)
+        denom += w
+        acc += tl.sum(w[:, None] * part, axis=0)
+    total = tl.sum(denom, axis=0)
+    out = acc / tl.where(total > 0.0, total, 1.0)
+    s = m // H
+    h = m % H
+    tl.store(out_ptr + b * stride_o_b + s * stride_o_s + h * stride_o_h + offs_c, out.to(out_ptr.dtype.element_ty), mask=c_ok)
+
+
 @lru_cache(maxsize=None)
 def _config(device: torch.device, variant: str) -> dict:
     return config("mla_decode", variant, device)
@@ -400,7 +447,12 @@ def launch_mla_decode_with_handle(
     # (an FP8 tile is converted to q's dtype in the kernel, exactly)
     dot_f32 = upcast_dot() or q_nope.dtype == torch.float32 or (not fp8 and (kv_cache.dtype == torch.float32 or q_nope.dtype != kv_cache.dtype))
     direct = splits == 1
-    fused = not direct and not separate_combine and cfg.get("fused_combine", False) and row_tiles * batch <= ARRIVALS
+    # Few (row tile, request) groups: their merges would be that many programs, each reading every
+    # split's partial in turn, on a mostly idle GPU (B1 ctx8192 H16: 41 us, most of it the merge);
+    # the wide combine spreads them over rows x column blocks instead.
+    wide = (not direct and not separate_combine and cfg.get("wide_combine", False) and splits >= cfg.get("wide_min_splits", 8)
+            and row_tiles * batch < num_sms(q_nope.device))  # fmt: skip
+    fused = not direct and not wide and not separate_combine and cfg.get("fused_combine", False) and row_tiles * batch <= ARRIVALS
     arrivals = arrival_counters(q_nope.device, "mla_decode") if fused else seq_lens  # seq_lens: an unused placeholder
     if direct:
         part_out = out  # unused
@@ -443,7 +495,19 @@ def launch_mla_decode_with_handle(
         num_warps=cfg.get("fp8_num_warps", cfg["num_warps"]) if fp8 else cfg["num_warps"],
         num_stages=1 if fp8 and dot_f32 else cfg["num_stages"],
     )
-    if not direct and not fused:
+    if wide:
+        ccfg = _config(q_nope.device, "combine")
+        _mla_decode_wide_combine_kernel[(rows, batch, cdiv(latent_dim, WIDE_COLS))](
+            part_out, part_lse, out,
+            splits,
+            *po_strides,
+            *pl_strides,
+            out.stride(0), out.stride(1), out.stride(2),
+            H=heads, C=latent_dim,
+            CHUNK=WIDE_SPLITS, BLOCK_CC=WIDE_COLS,
+            num_warps=ccfg["num_warps"],
+        )
+    elif not direct and not fused:
         ccfg = _config(q_nope.device, "combine")
         _mla_decode_combine_kernel[(rows, batch)](
             part_out, part_lse, out,

@@ -56,16 +56,19 @@ CONFIGS: dict[str, dict[str, dict]] = {
     "mla_decode": {
         "rows_le16": {
             "BLOCK_N": 64, "num_warps": 4, "fp8_num_warps": 8, "num_stages": 2,
-            "ctas_per_sm": 2, "min_tokens_per_split": 256, "max_splits": 64, "fused_combine": True,
+            "ctas_per_sm": 2, "min_tokens_per_split": 256, "max_splits": 64, "fused_combine": True, "wide_combine": True,
         },
         "rows_le32": {
             "BLOCK_N": 64, "num_warps": 4, "fp8_num_warps": 8, "num_stages": 2,
-            "ctas_per_sm": 2, "min_tokens_per_split": 256, "max_splits": 64, "fused_combine": True,
+            "ctas_per_sm": 2, "min_tokens_per_split": 256, "max_splits": 64, "fused_combine": True, "wide_combine": True,
         },
-        "rows_le64": {"BLOCK_N": 64, "num_warps": 8, "num_stages": 2, "ctas_per_sm": 1, "min_tokens_per_split": 256, "max_splits": 64, "fused_combine": True},
+        "rows_le64": {
+            "BLOCK_N": 64, "num_warps": 8, "num_stages": 2, "ctas_per_sm": 1,
+            "min_tokens_per_split": 256, "max_splits": 64, "fused_combine": True, "wide_combine": True,
+        },
         "rows_gt64": {
             "BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 8, "num_stages": 2,
-            "ctas_per_sm": 1, "min_tokens_per_split": 256, "max_splits": 64, "fused_combine": True,
+            "ctas_per_sm": 1, "min_tokens_per_split": 256, "max_splits": 64, "fused_combine": True, "wide_combine": True,
         },
         "combine": {"num_warps": 4},
     },

@@ -62,10 +62,19 @@ CONFIGS: dict[str, dict[str, dict]] = {
     # mla_decode: SM90's choices. rows <= 64 are memory-bound (16-head tiles run mma.sync); rows_gt64 (128 heads)
     # keeps 64 x 64: a 128-row tile's 128 x 512 float32 output would take all of TMEM's 512 columns.
     "mla_decode": {
-        "rows_le16": {"BLOCK_N": 64, "num_warps": 4, "fp8_num_warps": 8, "num_stages": 2, "ctas_per_sm": 2, "min_tokens_per_split": 256, "max_splits": 64},
-        "rows_le32": {"BLOCK_N": 64, "num_warps": 4, "fp8_num_warps": 8, "num_stages": 2, "ctas_per_sm": 2, "min_tokens_per_split": 256, "max_splits": 64},
-        "rows_le64": {"BLOCK_N": 64, "num_warps": 8, "num_stages": 2, "ctas_per_sm": 1, "min_tokens_per_split": 256, "max_splits": 64},
-        "rows_gt64": {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 8, "num_stages": 2, "ctas_per_sm": 1, "min_tokens_per_split": 256, "max_splits": 64},
+        "rows_le16": {
+            "BLOCK_N": 64, "num_warps": 4, "fp8_num_warps": 8, "num_stages": 2, "ctas_per_sm": 2,
+            "min_tokens_per_split": 256, "max_splits": 64, "wide_combine": True,
+        },
+        "rows_le32": {
+            "BLOCK_N": 64, "num_warps": 4, "fp8_num_warps": 8, "num_stages": 2, "ctas_per_sm": 2,
+            "min_tokens_per_split": 256, "max_splits": 64, "wide_combine": True,
+        },
+        "rows_le64": {"BLOCK_N": 64, "num_warps": 8, "num_stages": 2, "ctas_per_sm": 1, "min_tokens_per_split": 256, "max_splits": 64, "wide_combine": True},
+        "rows_gt64": {
+            "BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 8, "num_stages": 2, "ctas_per_sm": 1,
+            "min_tokens_per_split": 256, "max_splits": 64, "wide_combine": True,
+        },
         "combine": {"num_warps": 4},
     },
     # sample: SM90's entry compiles without spills for SM100 (not measured on SM100).
