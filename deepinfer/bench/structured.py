@@ -3,7 +3,7 @@ with 0%, 50% and 100% of a batch constrained by a JSON schema.
 
 - Mask fill: B matchers of SCHEMA (each a copy of one compiled grammar), each at its own point of a
   valid document; a step fills all B rows' masks into one host bitmask (structured_output.
-  fill_bitmasks, llguidance's threads) and then advances every matcher by its next token. The
+  fill_bitmasks, llguidance's executor) and then advances every matcher by its next token. The
   time is the fill's, median over the steps.
 - Throughput: `batch` requests of random prompt token ids decoding `output_len` tokens each at
   temperature 1, all in flight together; the constrained ones follow SCHEMA, with at least

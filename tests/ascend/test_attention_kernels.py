@@ -10,7 +10,9 @@ case; the pytest functions below look their case up in it.
 
 Shapes stay small (latent 64 + rope 16 mostly); the golden set covers latent 512 + rope 64. The
 cases reach what the golden set does not: paged block sizes 16/32/128, forced splits (the combine
-kernel merging empty partials), S = 1..4 with windows 1/5/40, S*H rows beyond one head block, the
+kernel merging empty partials), the wide combine of small batches (one and two chunks of splits,
+partial chunks, empty splits, column blocks past the latent width) and the serial one with as many
+splits (forced, large batches, deterministic mode), S = 1..4 with windows 1/5/40, S*H rows beyond one head block, the
 C-chunked score path, widths that are not powers of two, mixed q/cache dtypes, q_len 0 requests,
 more tokens than cores (the persistent loops wrap), float32 -> bfloat16 cache writes, strided inputs,
 and FP8 caches (deepinfer.ops.kv_cache_format): byte-exact writes of hard rows, mla_decode's four
@@ -24,6 +26,7 @@ import json
 import os
 import subprocess
 import sys
+from contextlib import contextmanager
 from functools import lru_cache
 from pathlib import Path
 
@@ -86,15 +89,44 @@ def _mla_inputs(gen, dtype, *, seq_lens, queries, heads, latent=64, rope=16, pag
     }
 
 
-def _check_mla(inputs, *, window=None, scale=0.125, wrapper=False, **kernel_kw):
+@contextmanager
+def _combine_launches():
+    """Records which combine kernels a launch_mla_decode call launches ("serial", "wide")."""
+    from deepinfer_ascend.kernels import mla_decode as mla
+
+    launched = []
+    kernels = {"serial": "_mla_decode_combine_kernel", "wide": "_mla_decode_wide_combine_kernel"}
+
+    class Recorder:
+        def __init__(self, kind, kernel):
+            self.kind, self.kernel = kind, kernel
+
+        def __getitem__(self, grid):
+            launched.append(self.kind)
+            return self.kernel[grid]
+
+    saved = {name: getattr(mla, name) for name in kernels.values()}
+    try:
+        for kind, name in kernels.items():
+            setattr(mla, name, Recorder(kind, saved[name]))
+        yield launched
+    finally:
+        for name, kernel in saved.items():
+            setattr(mla, name, kernel)
+
+
+def _check_mla(inputs, *, window=None, scale=0.125, wrapper=False, combine=None, **kernel_kw):
+    """combine: the combine kernels the call must launch ([] for none, e.g. ["wide"]); None: unchecked."""
     from deepinfer.ops.attention import mla_decode as ref_mla_decode
     from deepinfer_ascend.kernels import mla_decode as mla
 
     args = (inputs["q_nope"], inputs["q_rope"], inputs["kv_cache"], inputs["block_table"], inputs["seq_lens"])
-    if wrapper:
-        out = mla.mla_decode(*args, softmax_scale=scale, sliding_window=window)
-    else:
-        out = mla.launch_mla_decode(*args, scale, window, **kernel_kw)
+    with _combine_launches() as launched:
+        if wrapper:
+            out = mla.mla_decode(*args, softmax_scale=scale, sliding_window=window)
+        else:
+            out = mla.launch_mla_decode(*args, scale, window, **kernel_kw)
+    assert combine is None or launched == combine, f"combine kernels launched: {launched}, expected {combine}"
     fp8 = kv_cache_format.is_fp8(inputs["kv_cache"])
     ref = ref_mla_decode(  # (an FP8 cache is dequantised by the reference, in float64 for float64 q)
         inputs["q_nope"].double(), inputs["q_rope"].double(), inputs["kv_cache"] if fp8 else inputs["kv_cache"].double(),
@@ -106,8 +138,10 @@ def _check_mla(inputs, *, window=None, scale=0.125, wrapper=False, **kernel_kw):
     return out
 
 
-def _mla_case(dtype, seed, window=None, wrapper=False, kernel_kw=None, **shape):
-    return lambda: _check_mla(_mla_inputs(torch.Generator().manual_seed(seed), dtype, **shape), window=window, wrapper=wrapper, **(kernel_kw or {}))
+def _mla_case(dtype, seed, window=None, wrapper=False, kernel_kw=None, combine=None, **shape):
+    return lambda: _check_mla(
+        _mla_inputs(torch.Generator().manual_seed(seed), dtype, **shape), window=window, wrapper=wrapper, combine=combine, **(kernel_kw or {})
+    )
 
 
 def _mla_deterministic():
@@ -118,6 +152,25 @@ def _mla_deterministic():
     a = mla.launch_mla_decode(*args, num_splits=4, tiles={"BLOCK_N": 16})
     b = mla.launch_mla_decode(*args, num_splits=4, tiles={"BLOCK_N": 16})
     assert torch.equal(a, b)
+
+
+def _mla_wide_against_serial():
+    """The wide combine: the same bits run to run, and the serial combine's values (another order of
+    the same sums); forcing it in deterministic mode is refused."""
+    from deepinfer_ascend.kernels import mla_decode as mla
+
+    d = _mla_inputs(torch.Generator().manual_seed(12), torch.float32, seq_lens=[620, 30, 333], queries=2, heads=3, latent=96)
+    args = (d["q_nope"], d["q_rope"], d["kv_cache"], d["block_table"], d["seq_lens"], 0.1)
+    kw = {"num_splits": 40, "tiles": {"BLOCK_N": 16}}
+    with _combine_launches() as launched:
+        a = mla.launch_mla_decode(*args, **kw)
+        b = mla.launch_mla_decode(*args, **kw)
+        serial = mla.launch_mla_decode(*args, **kw, wide_combine=False)
+    assert launched == ["wide", "wide", "serial"], launched
+    assert torch.equal(a, b)
+    torch.testing.assert_close(a, serial, rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match="deterministic mode"):
+        mla.launch_mla_decode(*args, **kw, invariant=True, wide_combine=True)
 
 
 def _prefill_inputs(gen, dtype, *, q_lens, k_lens, heads, qk_dim, v_dim):
@@ -263,6 +316,27 @@ CASES = {
     "mla_full_width_page128_bf16": _mla_case(BF16, 10, wrapper=True, seq_lens=[129, 300], queries=2, heads=8, latent=512, rope=64, page=128),
     "mla_full_width_page128_f32": _mla_case(F32, 11, wrapper=True, seq_lens=[1, 140], queries=1, heads=16, latent=512, rope=64, page=128),
     "mla_deterministic": _mla_deterministic,
+    # The wide combine (small batches, >= 8 splits): 40 splits = two chunks (32 + 8), the short
+    # requests' splits empty; 12 splits (a chunk of 16, partly masked) of MTP rows with a window, a
+    # latent of 160 (three column blocks, the last partly past it); the wrapper's own plan.
+    "mla_wide_splits40_empty_f32": _mla_case(
+        F32, 13, seq_lens=[5, 600, 1], queries=1, heads=4, kernel_kw={"num_splits": 40, "tiles": {"BLOCK_N": 16}}, combine=["wide"]
+    ),
+    "mla_wide_splits12_s2_window40_latent160_bf16": _mla_case(
+        BF16, 14, window=40, seq_lens=[2, 300, 77], queries=2, heads=3, latent=160, page=32,
+        kernel_kw={"num_splits": 12, "tiles": {"BLOCK_N": 16}}, combine=["wide"],
+    ),  # fmt: skip
+    "mla_wide_default_plan_bf16": _mla_case(BF16, 15, wrapper=True, seq_lens=[3000, 40], queries=1, heads=16, page=128, combine=["wide"]),
+    "mla_wide_against_serial": _mla_wide_against_serial,
+    # The serial combine with as many splits: forced, and in deterministic mode (empty splits skipped)
+    "mla_serial_forced_splits40_f32": _mla_case(
+        F32, 16, seq_lens=[5, 600, 1], queries=1, heads=4, kernel_kw={"num_splits": 40, "tiles": {"BLOCK_N": 16}, "wide_combine": False},
+        combine=["serial"],
+    ),  # fmt: skip
+    "mla_serial_invariant_splits40_bf16": _mla_case(
+        BF16, 17, seq_lens=[5, 600, 1], queries=1, heads=4, kernel_kw={"num_splits": 40, "tiles": {"BLOCK_N": 16}, "invariant": True},
+        combine=["serial"],
+    ),  # fmt: skip
     # FP8 cache: four latent parts (latent 64 -> parts of 32, two of them wholly masked), row scales
     # over 1e-2 .. 1e2, forced splits, MTP rows with a window, two head blocks, the full width
     "mla_fp8_pages16_splits3_f32": _mla_case(F32, 21, fp8=True, seq_lens=[1, 15, 16, 17, 40], queries=1, heads=4, kernel_kw={"num_splits": 3}),
@@ -361,6 +435,8 @@ def _compile_variants():
         ("mla_invariant_split", split, mla_ptrs, {**mla_base, "Q_CHUNK": 0, "HAS_WINDOW": False, "DIRECT": False, "IDX64": False, "MIN_SPLIT_TILES": 4}),
         ("mla_combine_skip_empty", mla._mla_decode_combine_kernel, combine_ptrs,
          dict(ROWS=8, C=48, BLOCK_M=16, BLOCK_C=64, MANUAL_RNE=False, SKIP_EMPTY=True)),
+        ("mla_wide_combine", mla._mla_decode_wide_combine_kernel, combine_ptrs, dict(C=48, CHUNK=32, BLOCK_CC=64, MANUAL_RNE=False)),
+        ("mla_wide_combine_rne", mla._mla_decode_wide_combine_kernel, combine_ptrs, dict(C=160, CHUNK=16, BLOCK_CC=64, MANUAL_RNE=True)),
         ("prefill", pf._prefill_kernel, pf_ptrs, {**pf_base, "HAS_WINDOW": False, "IDX64": False}),
         ("prefill_window_idx64", pf._prefill_kernel, pf_ptrs, {**pf_base, "HAS_WINDOW": True, "IDX64": True}),
         ("prefill_one_dot", pf._prefill_kernel, pf_ptrs, {**pf_base, "D_QK": 32, "BLOCK_D2": 0, "HAS_WINDOW": True, "IDX64": False}),
@@ -515,6 +591,15 @@ def test_tile_plans_fit_half_the_buffer(chip, monkeypatch):
     assert cfg["num_splits"] > 1  # one request cannot fill the AI cores alone
     assert mla_decode.plan(1, 16, 128, 4096, 512, 64, 4)["Q_CHUNK"] == (0 if chip == "950" else 128)
     assert mla_decode.plan(current().num_aicore, 16, 128, 4096, 512, 64, 2)["num_splits"] == 1
+    # The wide combine: fewer serial-combine items (batch x 16-row blocks) than vector cores, >= 8
+    # splits, never in deterministic mode; from the shapes alone.
+    cores = current().num_vectorcore
+    assert cfg["num_splits"] >= mla_decode.WIDE_MIN_SPLITS and cfg["wide_combine"]
+    assert mla_decode.plan(1, 128, 128, 4096, 512, 64, 2, num_splits=8)["wide_combine"]  # 8 row blocks
+    assert not mla_decode.plan(cores, 16, 128, 4096, 512, 64, 2, num_splits=8)["wide_combine"]
+    assert not mla_decode.plan(cores // 8, 128, 128, 4096, 512, 64, 2, num_splits=8)["wide_combine"]
+    assert not mla_decode.plan(1, 16, 128, 4096, 512, 64, 2, num_splits=mla_decode.WIDE_MIN_SPLITS - 1)["wide_combine"]
+    assert not mla_decode.plan(1, 16, 128, 4096, 512, 64, 2, invariant=True)["wide_combine"]
     # FP8 caches with bf16 activations (the decode temporaries counted): four latent parts of 128
     for page in (16, 64, 128):
         for rows in (1, 16, 48, 128):

@@ -10,7 +10,7 @@ from deepinfer_conformance.cases import all_cases
 from deepinfer_conformance.golden_io import GOLDEN_DIR, CaseRecord, read_cases
 from deepinfer_conformance.runner import measure
 
-from cli_helpers import run_cli
+from cli_helpers import run_cli, run_main
 
 
 def _record(compare="allclose", rtol=1e-2, atol=1e-3, reduction=10):
@@ -82,7 +82,7 @@ def test_a_planted_wrong_kernel_fails_and_the_backends_disagree(oot_env, tmp_pat
 
 def test_conformance_usage_errors_exit_2_with_one_line():
     for args in (["conformance"], ["conformance", "--backend", "nope"], ["conformance", "--backend", "reference", "--op", "nope"]):
-        result = run_cli(*args)
+        result = run_main(*args)
         assert result.returncode == 2, (args, result.stderr)
         assert "Traceback" not in result.stderr
         assert len(result.stderr.strip().splitlines()) == 1, result.stderr

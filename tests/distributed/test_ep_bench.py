@@ -13,6 +13,8 @@ import sys
 import pytest
 import torch
 
+from cli_helpers import run_main
+
 
 def deepinfer(*argv, env=None, timeout=120):
     environ = {**os.environ, **(env or {})}
@@ -55,7 +57,7 @@ def test_bench_ops_ep2_reference_over_gloo_writes_every_row(tmp_path):
     ],
 )
 def test_bench_ops_ep_bad_requests_are_one_line_errors(argv, message):
-    proc = deepinfer("bench", "ops", *argv, timeout=60)
+    proc = run_main("bench", "ops", *argv)
     assert proc.returncode == 2, proc.stderr
     assert message in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
 

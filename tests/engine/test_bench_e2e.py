@@ -91,11 +91,11 @@ def test_cli_refuses_a_run_that_does_not_fit_in_one_line(monkeypatch, capsys):
 
 
 def test_cli_asks_the_chosen_backend_whether_it_can_run():
-    from cli_helpers import run_cli
+    from cli_helpers import run_main
 
-    result = run_cli("bench", "e2e", "--backend", "cuda")
+    result = run_main("bench", "e2e", "--backend", "cuda")
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "backend 'cuda' is not available" in lines[0]
-    result = run_cli("bench", "e2e", "--layers", "28")
+    result = run_main("bench", "e2e", "--layers", "28")
     assert result.returncode == 2 and "--layers cuts the model: at most 27, not 28" in result.stderr

@@ -11,7 +11,7 @@ import pytest
 from deepinfer.bench import throughput
 from deepinfer.cli.main import main
 
-from cli_helpers import run_cli, write_lines
+from cli_helpers import run_main, write_lines
 
 TINY = ["--backend", "reference", "--num-prompts", "6", "--input-len", "12", "--output-len", "5"]
 
@@ -89,14 +89,14 @@ def test_a_dataset_file_gives_the_prompts(tmp_path, capsys):
     ],
 )
 def test_bad_input_is_one_line(args, message):
-    proc = run_cli("bench", "throughput", *TINY, *args)
+    proc = run_main("bench", "throughput", *TINY, *args)
     assert proc.returncode == 2 and message in proc.stderr and "Traceback" not in proc.stderr
 
 
 def test_a_file_that_is_no_benchmark_is_one_line(tmp_path):
     bad = tmp_path / "x.json"
     bad.write_text(json.dumps({"results": [{"foo": 1}]}))
-    proc = run_cli("bench", "plot", str(bad), "--out", str(tmp_path))
+    proc = run_main("bench", "plot", str(bad), "--out", str(tmp_path))
     assert proc.returncode == 2 and "is neither a `bench throughput`/`sweep`, a `bench serve` nor a `bench e2e` --json file" in proc.stderr
 
 
