@@ -12,12 +12,13 @@ Shapes stay small (latent 64 + rope 16 mostly); the golden set covers latent 512
 cases reach what the golden set does not: paged block sizes 16/32/128, forced splits (the combine
 kernel merging empty partials), the wide combine of small batches (one and two chunks of splits,
 partial chunks, empty splits, column blocks past the latent width) and the serial one with as many
-splits (forced, large batches, deterministic mode), S = 1..4 with windows 1/5/40, S*H rows beyond one head block, the
-C-chunked score path, widths that are not powers of two, mixed q/cache dtypes, q_len 0 requests,
-more tokens than cores (the persistent loops wrap), float32 -> bfloat16 cache writes, strided inputs,
-and FP8 caches (deepinfer.ops.kv_cache_format): byte-exact writes of hard rows, mla_decode's four
-column parts with latent widths that leave parts empty, forced splits and head blocks, and
-sparse_attention with one FP8 and one model-dtype list in the same softmax.
+splits (forced, deterministic mode; the plan's choice by batch in the plan test), S = 1..4 with
+windows 1/5/40, S*H rows beyond one head block, the C-chunked score path, widths that are not
+powers of two, mixed q/cache dtypes, q_len 0 requests, more tokens than cores (the persistent loops
+wrap), float32 -> bfloat16 cache writes, strided inputs, and FP8 caches
+(deepinfer.ops.kv_cache_format): byte-exact writes of hard rows, mla_decode's four column parts
+with latent widths that leave parts empty, forced splits and head blocks, and sparse_attention with
+one FP8 and one model-dtype list in the same softmax.
 """
 
 from __future__ import annotations

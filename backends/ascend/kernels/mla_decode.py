@@ -16,8 +16,15 @@ no host synchronisation. Inside the kernel each request's visible key range [lo,
 window's first tile) is cut into NUM_SPLITS equal runs of whole tiles, so splits balance per request
 whatever its length; a split with no tiles reports lse = -inf. One split: the kernel writes the
 normalised output directly. Several: it writes normalised float32 partials and their log-sum-exp,
-and a vector kernel (`vector_grid` over (request, 16-row block) items) merges them in split order
-(deterministic, no atomics).
+and a vector kernel on `vector_grid` programs merges them in a fixed order (no atomics):
+  serial combine: items (request, 16-row block), each reading every split's [16, C] partial in split
+    order. Large batches, fewer than WIDE_MIN_SPLITS splits, and always in deterministic mode.
+  wide combine: where the serial items would be fewer than the vector cores (small batches, long
+    contexts: many splits each; B1 with 16 heads is ONE item, so one vector core would merge
+    everything), items (request, query row, WIDE_COLS latent columns), each loading the splits'
+    [CHUNK, WIDE_COLS] partials CHUNK (<= WIDE_SPLITS) splits at a time and summing them as a tree
+    within each chunk, chunk after chunk: the same bits for a given split count. The choice (`plan`)
+    follows the batch, the row blocks, the split count and the vector-core count, never seq_lens.
 
 Tiles: BLOCK_N <= block_size (both powers of two), so a tile never crosses a page: one scalar load
 of the page number, then BLOCK_N consecutive rows (one contiguous DMA of BLOCK_N * (C + R) values).
@@ -42,7 +49,8 @@ Buffer budget (unified buffer, keep all live tiles under half of it; bytes for C
     bf16, 16 rows: A2/A3 and 950 BLOCK_N 16 -> 95.5 KB (BLOCK_N 32 would be 141 KB).
     float32 q: nothing fits half the buffer of either chip; the smallest tiles (16 x 16, 132 KB)
     leave no room for double buffering (float32 activations are a test dtype).
-The combine kernel holds [16, C] float32 accumulator + partial: 64 KB.
+The serial combine holds [16, C] float32 accumulator + partial: 64 KB; the wide one a [32, 64]
+float32 partial tile and its weighted copy + a [64] accumulator: 16.3 KB.
 
 FP8 cache (deepinfer.ops.kv_cache_format: rows of C + R e4m3 bytes, then the token's float32
 scale): the kernel takes the cache's bytes and the same memory as float32 (`fp8_views`; a row at
@@ -67,12 +75,14 @@ neighbours. The invariant plan launches NUM = min(MAX_SPLITS, cdiv(AI cores, hea
 its own visible range [lo, seq_len) into runs of max(cdiv(tiles, NUM), 256 tokens) whole tiles: the
 cut depends on the request's own length only. A split past the request's range loads and stores
 nothing (its lse stays the -inf the launcher filled in, and the combine reads no partial for it),
-so short requests cost no extra traffic; the partials are merged by the combine kernel in split
-order, in which empty splits add exact zeros. One split per call (DIRECT) only where NUM is 1 for
-the chip and the model. Cost on hardware: a partial write and the combine for every request (the
-default skips both for large batches), the partial buffer batch * NUM * rows * C * 4 bytes
-(<= 786 KB a request on a 910B), and no more than NUM-way parallelism for a long request in a
-large batch (the default would use fewer splits there anyway).
+so short requests cost no extra traffic; the partials are merged by the serial combine in split
+order, in which empty splits add exact zeros. Never by the wide combine: the choice between the two
+follows the batch (a request's sums would change order with its neighbours), and it reads every
+split's partial. One split per call (DIRECT) only where NUM is 1 for the chip and the model. Cost
+on hardware: a partial write and the combine for every request (the default skips both for large
+batches), the partial buffer batch * NUM * rows * C * 4 bytes (<= 786 KB a request on a 910B), no
+more than NUM-way parallelism for a long request in a large batch (the default would use fewer
+splits there anyway), and a serial merge of NUM splits on one vector core per 16 rows.
 
 Deviations (interpreter only): bf16 dot operands are upcast to float32 (community Triton's
 interpreter computes bf16 tl.dot wrongly: deepinfer.triton_common.upcast_dot); bf16 outputs are
@@ -116,6 +126,9 @@ INT32_LIMIT = 2**31
 MIN_TOKENS_PER_SPLIT = 256  # a split's partial write (rows * C * 4 bytes) stays small next to its reads
 MAX_SPLITS = 64
 COMBINE_ROWS = 16
+WIDE_MIN_SPLITS = 8  # fewer splits: the serial combine's merge is short anyway
+WIDE_SPLITS = 32  # splits a wide-combine item loads at once (at most)
+WIDE_COLS = 64  # latent columns per wide-combine item
 # Deterministic mode: a split of a request holds at least this many of its keys (a multiple of every BLOCK_N).
 INVARIANT_MIN_SPLIT_TOKENS = 256
 FP8_PARTS = 4  # an FP8 cache's latent columns are decoded (and accumulated) in this many parts
@@ -415,6 +428,54 @@ def _mla_decode_combine_kernel(
         _store_rows(o_rows[:, None] + offs_c[None, :], out, mask, MANUAL_RNE)
 
 
+@triton.jit
+def _mla_decode_wide_combine_kernel(
+    part_out_ptr, part_lse_ptr, out_ptr,
+    num_items, num_rows, num_col_blocks, num_splits,
+    stride_po_b, stride_po_split, stride_po_m,
+    stride_pl_b, stride_pl_split,
+    stride_o_b, stride_o_m,
+    C: tl.constexpr, CHUNK: tl.constexpr, BLOCK_CC: tl.constexpr,
+    MANUAL_RNE: tl.constexpr,
+):
+    """Items (request, query row, BLOCK_CC latent columns): every split's partial of those columns,
+    CHUNK splits a load (one [CHUNK, BLOCK_CC] tile instead of one split after another), summed as a
+    tree within each chunk. Every split must have written its partial (the default mode's kernel)."""
+    pid = tl.program_id(0)
+    num_programs = tl.num_programs(0)
+    offs_k = tl.arange(0, CHUNK)
+    arange_c = tl.arange(0, BLOCK_CC)
+    for item in range(pid, num_items, num_programs):
+        # Column blocks fastest: neighbouring cores read neighbouring columns of the same rows.
+        col_block = item % num_col_blocks
+        rest = item // num_col_blocks
+        m = rest % num_rows
+        b = rest // num_rows
+        offs_c = col_block * BLOCK_CC + arange_c
+        c_ok = offs_c < C
+        lse_row = part_lse_ptr + b * stride_pl_b + m
+        # The largest lse first, so that no weight overflows and none needs rescaling later.
+        top = tl.full([CHUNK], float("-inf"), dtype=tl.float32)
+        for k0 in range(0, num_splits, CHUNK):
+            lse = tl.load(lse_row + (k0 + offs_k) * stride_pl_split, mask=k0 + offs_k < num_splits, other=float("-inf"))
+            top = tl.maximum(top, lse)
+        top_all = tl.max(top, axis=0)
+        top_all = tl.where(top_all == float("-inf"), 0.0, top_all)
+        denom = tl.zeros([CHUNK], dtype=tl.float32)
+        acc = tl.zeros([BLOCK_CC], dtype=tl.float32)
+        po_row = part_out_ptr + b * stride_po_b + m * stride_po_m
+        for k0 in range(0, num_splits, CHUNK):
+            k_ok = k0 + offs_k < num_splits
+            w = tl.exp(tl.load(lse_row + (k0 + offs_k) * stride_pl_split, mask=k_ok, other=float("-inf")) - top_all)
+            # (a split that saw no key wrote a zero partial and lse -inf: weight 0)
+            part = tl.load(po_row + (k0 + offs_k)[:, None] * stride_po_split + offs_c[None, :], mask=k_ok[:, None] & c_ok[None, :], other=0.0)
+            denom += w
+            acc += tl.sum(w[:, None] * part, axis=0)
+        total = tl.sum(denom, axis=0)
+        out = acc / tl.where(total > 0.0, total, 1.0)
+        _store_rows(out_ptr + b * stride_o_b + m * stride_o_m + offs_c, out, c_ok, MANUAL_RNE)
+
+
 def _tile_bytes(block_h: int, block_n: int, block_c: int, block_r: int, e_dot: int, q_chunk: int, fp8: bool = False) -> int:
     """On-chip bytes of every live tile of one split-kernel program (see the module docstring)."""
     acc = block_h * block_c * 4
@@ -449,7 +510,9 @@ def plan(
     """Tiles and split count from host-known shapes only (capacity = block-table width * page).
     fp8: an FP8 cache (e_dot is q's dot dtype); its byte rows are padded to >= 32 bytes per part.
     invariant (deterministic mode): the split count from the chip and the head blocks only, and
-    splits of at least INVARIANT_MIN_SPLIT_TOKENS (`MIN_SPLIT_TILES`): see the module docstring."""
+    splits of at least INVARIANT_MIN_SPLIT_TOKENS (`MIN_SPLIT_TILES`): see the module docstring.
+    wide_combine: the partials are merged by the wide combine (fewer serial-combine items than
+    vector cores, at least WIDE_MIN_SPLITS splits; never in deterministic mode)."""
     dev = current()
     block_c = max(FP8_PARTS * 32 if fp8 else 16, next_power_of_2(latent_dim))
     block_r = max(32 if fp8 else 16, next_power_of_2(rope_dim))
@@ -471,9 +534,10 @@ def plan(
             limit = min(MAX_SPLITS, tiles, max(1, capacity // MIN_TOKENS_PER_SPLIT))
             num_splits = pick_splits(batch * head_blocks, dev.num_aicore, limit)
         num_splits = max(1, min(int(num_splits), tiles))
+    wide = not invariant and num_splits >= WIDE_MIN_SPLITS and batch * cdiv(rows, COMBINE_ROWS) < dev.num_vectorcore
     return {
         "BLOCK_H": block_h, "BLOCK_N": block_n, "Q_CHUNK": q_chunk, "BLOCK_C": block_c, "BLOCK_R": block_r,
-        "head_blocks": head_blocks, "num_splits": num_splits,
+        "head_blocks": head_blocks, "num_splits": num_splits, "wide_combine": wide,
         "MIN_SPLIT_TILES": INVARIANT_MIN_SPLIT_TOKENS // block_n if invariant else 0,
         "bytes": _tile_bytes(block_h, block_n, block_c, block_r, e_dot, q_chunk, fp8),
     }
@@ -491,10 +555,12 @@ def launch_mla_decode(
     num_splits: int | None = None,
     tiles: dict | None = None,
     invariant: bool = False,
+    wide_combine: bool | None = None,
 ) -> torch.Tensor:
     """mla_decode with an optional forced split count and tile overrides (BLOCK_H, BLOCK_N, Q_CHUNK):
     tests use them to exercise the combine and the C-chunked path on small shapes. invariant: the
-    batch-invariant plan (deterministic mode, `plan`)."""
+    batch-invariant plan (deterministic mode, `plan`). wide_combine: force the wide (True) or the
+    serial (False) combine instead of the plan's choice (tests)."""
     batch, num_queries, heads, latent_dim = q_nope.shape
     rope_dim = q_rope.shape[-1]
     _, page, _ = kv_cache.shape
@@ -527,6 +593,9 @@ def launch_mla_decode(
     cfg = plan(batch, rows, page, block_table.shape[1] * page, latent_dim, rope_dim, e_dot, num_splits, tiles, fp8, invariant)
     splits = cfg["num_splits"]
     direct = splits == 1  # (deterministic mode: only where the chip and the model give one split to every call)
+    if wide_combine and invariant:
+        raise ValueError("deterministic mode merges in split order: no wide combine (its empty splits write no partial)")
+    wide = not direct and (cfg["wide_combine"] if wide_combine is None else wide_combine)
     if direct:
         part_out = part_lse = out  # unused
         po_strides, pl_strides = (0, 0, 0), (0, 0)
@@ -568,7 +637,20 @@ def launch_mla_decode(
         MIN_SPLIT_TILES=cfg["MIN_SPLIT_TILES"],
         **launch_options(),
     )
-    if not direct:
+    if wide:
+        col_blocks = cdiv(latent_dim, WIDE_COLS)
+        combine_items = batch * rows * col_blocks
+        _mla_decode_wide_combine_kernel[(vector_grid(combine_items),)](
+            part_out, part_lse, out,
+            combine_items, rows, col_blocks, splits,
+            *po_strides,
+            *pl_strides,
+            out.stride(0), out.stride(2),
+            C=latent_dim, CHUNK=min(WIDE_SPLITS, next_power_of_2(splits)), BLOCK_CC=WIDE_COLS,
+            MANUAL_RNE=manual_rne,
+            **launch_options(),
+        )
+    elif not direct:
         row_blocks = cdiv(rows, COMBINE_ROWS)
         combine_items = batch * row_blocks
         _mla_decode_combine_kernel[(vector_grid(combine_items),)](
@@ -617,7 +699,8 @@ REGISTRATIONS = [
         op="mla_decode",
         fn=mla_decode,
         dtypes=(torch.float32, torch.bfloat16, torch.float16),
-        note="Triton (ascend) heads as M, persistent cube grid over (request, head block, split), deterministic combine; "
+        note="Triton (ascend) heads as M, persistent cube grid over (request, head block, split), deterministic combine "
+        "(wide over rows x 64 columns for small batches); "
         "FP8 cache decoded in four column parts (integer e4m3), row scales on scores and weights",
     ),
     Registration(

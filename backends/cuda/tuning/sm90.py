@@ -76,16 +76,20 @@ CONFIGS: dict[str, dict[str, dict]] = {
     # rows_le32 (S=2): same tile, 215 us. rows_le64 (S=4, 64 rows): 8 warps, one split, 311 us.
     # rows_gt64 (128 heads): 64x64 tiles, 8 warps, 2 stages, one split: 570 us = 256 TFLOP/s (4 warps or 16 spill:
     # 1017 / 1200 us; BLOCK_N 32: 804 us).
+    # wide_combine (2026-12-02, tools/gpu/mla_small_batch_sweep.py, graph replays): fewer (row tile, request) groups
+    # than SMs and >= 8 splits merge in the wide kernel: B1 ctx8192 H16 41 -> 17-23 us, H128 140 -> 35 us; from 2
+    # splits it was slower at B64/B128 H16 (98 -> 112, 168 -> 200 us). 16 heads take up to 256 splits: B1 ctx65536
+    # 75 -> 49 us (64 splits -> 205), B1 ctx32768 46 -> 36 us; 128 heads gained nothing past 64.
     "mla_decode": {
         # fp8_num_warps: an FP8 cache's tile is converted in registers; with 4 warps the H16 split kernel
         # spilled 680 B (255 regs, sm90 compile check); 8 warps: no spills (fp8 decode had measured 392 us vs bf16 168).
         "rows_le16": {
             "BLOCK_N": 64, "num_warps": 4, "fp8_num_warps": 8, "num_stages": 2,
-            "ctas_per_sm": 2, "min_tokens_per_split": 256, "max_splits": 64, "fused_combine": True, "wide_combine": True,
+            "ctas_per_sm": 2, "min_tokens_per_split": 256, "max_splits": 256, "fused_combine": True, "wide_combine": True,
         },
         "rows_le32": {
             "BLOCK_N": 64, "num_warps": 4, "fp8_num_warps": 8, "num_stages": 2,
-            "ctas_per_sm": 2, "min_tokens_per_split": 256, "max_splits": 64, "fused_combine": True, "wide_combine": True,
+            "ctas_per_sm": 2, "min_tokens_per_split": 256, "max_splits": 256, "fused_combine": True, "wide_combine": True,
         },
         "rows_le64": {
             "BLOCK_N": 64, "num_warps": 8, "num_stages": 2, "ctas_per_sm": 1,
