@@ -12,6 +12,8 @@ ranks must be equal, its log-probabilities within 2e-6 (a float32 log-sum-exp in
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -28,8 +30,10 @@ def on(device, value):
     return value.to(device) if isinstance(value, torch.Tensor) else value
 
 
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") == "1",
+                    reason="under the interpreter every golden case of both backends runs in tests/ascend/test_end_to_end.py's conformance runs")
 def test_golden_cases_pass(processing, logprobs, device):
-    """Every golden case of the three ops passes, as `deepinfer conformance` measures it."""
+    """Every golden case of the three ops passes, as `deepinfer conformance` measures it (compiled on a GPU)."""
     golden = GoldenTensors()
     cases = [c for c in read_cases() if c.op in OPS]
     assert len(cases) >= 12

@@ -46,7 +46,9 @@ def skewed_load() -> list[list[float]]:
 def scenarios(world: int) -> dict[str, dict]:
     """name -> (prompt indices, LLM keyword arguments)."""
     redundant = 4 if world == 4 else 2  # 16 + R experts must divide over the ranks
-    plain = {"plain": {"prompts": list(range(len(PROMPTS))), "llm": {}}} if world == 2 else {}  # at 4 ranks redundant_eplb runs every prompt
+    # At 4 ranks only what differs from 2: the sharding of 16 + 4 experts (redundant_eplb runs every
+    # prompt) and ranks without prompts; plain and deterministic runs are the 2-rank test's.
+    plain = {"plain": {"prompts": list(range(len(PROMPTS))), "llm": {}}} if world == 2 else {}
     return {
         **plain,
         # EPLB places 16 + R experts from the skewed load, then re-places them from the counted load
@@ -58,7 +60,7 @@ def scenarios(world: int) -> dict[str, dict]:
         "fewer_prompts_than_ranks": {"prompts": list(range(world - 2 if world > 2 else 1)), "llm": {}},
         # batch-invariant kernels on every rank (gloo reduces in a fixed order): tokens equal one
         # deterministic process's
-        "deterministic": {"prompts": list(range(len(PROMPTS))), "llm": {"deterministic": True}},
+        **({"deterministic": {"prompts": list(range(len(PROMPTS))), "llm": {"deterministic": True}}} if world == 2 else {}),
     }
 
 
