@@ -257,6 +257,35 @@ def split_partial(acc, m_i, l_i, BASE2: tl.constexpr):
 
 
 @triton.jit
+def merge_split_columns(lse_row, po_row, stride_pl_split, stride_po_split, num_splits, offs_c, c_ok, CHUNK: tl.constexpr, BASE2: tl.constexpr):
+    """One query row's output at columns offs_c from every split's normalised partial (po_row +
+    k * stride_po_split) and log-sum-exp (lse_row + k * stride_pl_split): CHUNK splits a load (one
+    [CHUNK, columns] tile, the loads in flight together), summed as a tree within each chunk and chunk
+    after chunk, so the bits depend on the split count. A split that saw no key has lse -inf: weight 0.
+    The wide combines of the split-KV attention kernels."""
+    offs_k = tl.arange(0, CHUNK)
+    top = tl.full([CHUNK], float("-inf"), dtype=tl.float32)
+    for k0 in range(0, num_splits, CHUNK):  # the largest lse first: no weight overflows, none is rescaled
+        top = tl.maximum(top, tl.load(lse_row + (k0 + offs_k) * stride_pl_split, mask=k0 + offs_k < num_splits, other=float("-inf")))
+    top_all = tl.max(top, axis=0)
+    top_all = tl.where(top_all == float("-inf"), 0.0, top_all)
+    denom = tl.zeros([CHUNK], dtype=tl.float32)
+    acc = tl.zeros(offs_c.shape, dtype=tl.float32)
+    for k0 in range(0, num_splits, CHUNK):
+        k_ok = k0 + offs_k < num_splits
+        lse = tl.load(lse_row + (k0 + offs_k) * stride_pl_split, mask=k_ok, other=float("-inf"))
+        if BASE2:
+            w = tl.exp2(lse - top_all)
+        else:
+            w = tl.exp(lse - top_all)
+        part = tl.load(po_row + (k0 + offs_k)[:, None] * stride_po_split + offs_c[None, :], mask=k_ok[:, None] & c_ok[None, :], other=0.0)
+        denom += w
+        acc += tl.sum(w[:, None] * part, axis=0)
+    total = tl.sum(denom, axis=0)
+    return acc / tl.where(total > 0.0, total, 1.0)
+
+
+@triton.jit
 def fp8_kv_row(latent, rope, MANUAL_CVT: tl.constexpr):
     """One token's row in the FP8 KV format (deepinfer.ops.kv_cache_format), bit-exact with its
     reference: scale = max(amax, 1e-4) / 448 and the values divided by it (IEEE divisions), rounded

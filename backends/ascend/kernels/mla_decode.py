@@ -103,6 +103,7 @@ from deepinfer.triton_common import (
     cdiv,
     fp8_views,
     interpreting,
+    merge_split_columns,
     next_power_of_2,
     pick_splits,
     softmax_block,
@@ -443,7 +444,6 @@ def _mla_decode_wide_combine_kernel(
     tree within each chunk. Every split must have written its partial (the default mode's kernel)."""
     pid = tl.program_id(0)
     num_programs = tl.num_programs(0)
-    offs_k = tl.arange(0, CHUNK)
     arange_c = tl.arange(0, BLOCK_CC)
     for item in range(pid, num_items, num_programs):
         # Column blocks fastest: neighbouring cores read neighbouring columns of the same rows.
@@ -453,26 +453,10 @@ def _mla_decode_wide_combine_kernel(
         b = rest // num_rows
         offs_c = col_block * BLOCK_CC + arange_c
         c_ok = offs_c < C
-        lse_row = part_lse_ptr + b * stride_pl_b + m
-        # The largest lse first, so that no weight overflows and none needs rescaling later.
-        top = tl.full([CHUNK], float("-inf"), dtype=tl.float32)
-        for k0 in range(0, num_splits, CHUNK):
-            lse = tl.load(lse_row + (k0 + offs_k) * stride_pl_split, mask=k0 + offs_k < num_splits, other=float("-inf"))
-            top = tl.maximum(top, lse)
-        top_all = tl.max(top, axis=0)
-        top_all = tl.where(top_all == float("-inf"), 0.0, top_all)
-        denom = tl.zeros([CHUNK], dtype=tl.float32)
-        acc = tl.zeros([BLOCK_CC], dtype=tl.float32)
-        po_row = part_out_ptr + b * stride_po_b + m * stride_po_m
-        for k0 in range(0, num_splits, CHUNK):
-            k_ok = k0 + offs_k < num_splits
-            w = tl.exp(tl.load(lse_row + (k0 + offs_k) * stride_pl_split, mask=k_ok, other=float("-inf")) - top_all)
-            # (a split that saw no key wrote a zero partial and lse -inf: weight 0)
-            part = tl.load(po_row + (k0 + offs_k)[:, None] * stride_po_split + offs_c[None, :], mask=k_ok[:, None] & c_ok[None, :], other=0.0)
-            denom += w
-            acc += tl.sum(w[:, None] * part, axis=0)
-        total = tl.sum(denom, axis=0)
-        out = acc / tl.where(total > 0.0, total, 1.0)
+        out = merge_split_columns(
+            part_lse_ptr + b * stride_pl_b + m, part_out_ptr + b * stride_po_b + m * stride_po_m, stride_pl_split, stride_po_split,
+            num_splits, offs_c, c_ok, CHUNK, BASE2=False,
+        )
         _store_rows(out_ptr + b * stride_o_b + m * stride_o_m + offs_c, out, c_ok, MANUAL_RNE)
 
 

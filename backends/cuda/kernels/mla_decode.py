@@ -53,7 +53,7 @@ import triton.language as tl
 
 from deepinfer.ops import attention as attention_ops
 from deepinfer.ops import kv_cache_format
-from deepinfer.triton_common import cdiv, fp8_views, next_power_of_2, pick_splits, softmax_block, split_partial, upcast_dot
+from deepinfer.triton_common import cdiv, fp8_views, merge_split_columns, next_power_of_2, pick_splits, softmax_block, split_partial, upcast_dot
 from deepinfer_cuda.kernels.common import ARRIVALS, Registration, arrival_counters, dot_precision, num_sms
 from deepinfer_cuda.tuning import config
 
@@ -297,24 +297,10 @@ def _mla_decode_wide_combine_kernel(
     b = tl.program_id(1).to(tl.int64)
     offs_c = tl.program_id(2) * BLOCK_CC + tl.arange(0, BLOCK_CC)
     c_ok = offs_c < C
-    offs_k = tl.arange(0, CHUNK)
-    lse_row = part_lse_ptr + b * stride_pl_b + m
-    top = tl.full([CHUNK], float("-inf"), dtype=tl.float32)
-    for k0 in range(0, num_splits, CHUNK):
-        top = tl.maximum(top, tl.load(lse_row + (k0 + offs_k) * stride_pl_split, mask=k0 + offs_k < num_splits, other=float("-inf")))
-    top_all = tl.max(top, axis=0)
-    top_all = tl.where(top_all == float("-inf"), 0.0, top_all)
-    denom = tl.zeros([CHUNK], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_CC], dtype=tl.float32)
-    po_row = part_out_ptr + b * stride_po_b + m * stride_po_m
-    for k0 in range(0, num_splits, CHUNK):
-        k_ok = k0 + offs_k < num_splits
-        w = tl.exp2(tl.load(lse_row + (k0 + offs_k) * stride_pl_split, mask=k_ok, other=float("-inf")) - top_all)
-        part = tl.load(po_row + (k0 + offs_k)[:, None] * stride_po_split + offs_c[None, :], mask=k_ok[:, None] & c_ok[None, :], other=0.0)
-        denom += w
-        acc += tl.sum(w[:, None] * part, axis=0)
-    total = tl.sum(denom, axis=0)
-    out = acc / tl.where(total > 0.0, total, 1.0)
+    out = merge_split_columns(
+        part_lse_ptr + b * stride_pl_b + m, part_out_ptr + b * stride_po_b + m * stride_po_m, stride_pl_split, stride_po_split,
+        num_splits, offs_c, c_ok, CHUNK, BASE2=True,
+    )
     s = m // H
     h = m % H
     tl.store(out_ptr + b * stride_o_b + s * stride_o_s + h * stride_o_h + offs_c, out.to(out_ptr.dtype.element_ty), mask=c_ok)
