@@ -162,6 +162,21 @@ def test_chunkings_agree(k, kind):
     assert {CANDIDATES, CANDIDATES_2} <= seen
 
 
+@pytest.mark.parametrize("programs", [8, 24])
+def test_second_pass_programs_sharing_a_rows_chunks(k, monkeypatch, programs):
+    # 8 rows in 16 chunks: 8 programs (one a row) or 24 (3 a row, chunks g, g + 3, ...) do the
+    # second chunk pass that 128 did; the same tokens, overflowed rows among them.
+    args = _rows(8, 1003, seed=42, kind="masked")
+    args[1][:3] = torch.tensor([0.9, 1.1, 0.7])
+    args[2][:3] = torch.tensor([10, 30, 0], dtype=torch.int32)
+    args[3][:3] = torch.tensor([0.9, 1.0, 0.8])
+    monkeypatch.setattr(k, "PASS2_PROGRAMS", programs)
+    paths = torch.empty(8, dtype=torch.int32)
+    got = k._sample(*args, block=64, n_groups=16, seg=8, cap=256, tile_c=64, paths=paths)
+    assert torch.equal(got, ref.sample(*args)), (got, paths)
+    assert CANDIDATES_2 in paths.tolist()
+
+
 def test_deepseek_vocabulary_paths(k):
     # V = 129280 in chunks of 4096 with 64 group maxima each (the H200's configuration): top-k (with
     # top-p, with min-p) gathers in the first chunk pass, top-p alone in the second; peaked rows.
