@@ -177,6 +177,24 @@ def test_second_pass_programs_sharing_a_rows_chunks(k, monkeypatch, programs):
     assert CANDIDATES_2 in paths.tolist()
 
 
+@pytest.mark.parametrize("programs", [8, 24])
+def test_first_pass_programs_sharing_a_rows_chunks(k, programs):
+    # greedy (one with filters set, which greedy ignores), temperature-only and filtered rows, 16
+    # chunks each, done by 8 first-pass programs (one a row: each loops over its row's 16 chunks) or
+    # 24 (chunks g, g + 3, ...): the reference's tokens either way.
+    args = _rows(8, 1003, seed=44, kind="ties")
+    args[1][:4] = torch.tensor([0.0, 0.0, 0.8, 1.3])
+    args[2][:4] = torch.tensor([0, 5, 0, 0], dtype=torch.int32)
+    args[3][:4] = torch.tensor([1.0, 0.5, 1.0, 1.0])
+    args[4][:4] = 0.0
+    args[1][4:] = torch.tensor([0.9, 1.1, 0.7, 1.0])
+    args[2][4:] = torch.tensor([10, 30, 0, 0], dtype=torch.int32)
+    args[3][4:] = torch.tensor([0.9, 1.0, 0.8, 1.0])
+    args[4][7] = 0.1
+    got = k._sample(*args, block=64, n_groups=16, seg=8, cap=256, tile_c=64, pass1_programs=programs)
+    assert torch.equal(got, ref.sample(*args)), got
+
+
 def test_deepseek_vocabulary_paths(k):
     # V = 129280 in chunks of 4096 with 64 group maxima each (the H200's configuration): top-k (with
     # top-p, with min-p) gathers in the first chunk pass, top-p alone in the second; peaked rows.

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # On nvidia-h200 (repo root): the sample kernels' tests compiled on the GPU, their device-time profile and
 # `bench ops --op sample`.
-source tools/gpu/preamble.sh
+[ -n "$R" ] || source tools/gpu/preamble.sh
 export TRITON_INTERPRET=0
 step sample_tests 200 python -m pytest -q -p no:cacheprovider tests/cuda/test_sampling_kernels.py
 tail -3 "$R/sample_tests.txt"

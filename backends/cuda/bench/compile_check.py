@@ -47,6 +47,14 @@ EXPECTED_MX = {"sm90": "wgmma", "sm100": "tcgen05.mma.block_scale"}  # SM90 emul
 # Updated 2026-11-30 (Triton 3.9, CPU-only): the decode spills and the mxfp4 prefill spill were fixed by
 # configurations; 16-row tiles and mxfp4 (W4A16) on SM100 now carry their own expectation (see CASES).
 KNOWN_FAILURES: dict[tuple[str, str, str], str] = {
+    **{
+        (case, "_sample_pass1_filter", "sm90"): (
+            "2-warp filter programs with the next chunk's load in flight (the SM90 entry): 26 bytes of spills on the H200's "
+            "Triton 3.6, 256 here; measured the fastest there anyway (top-k/top-p B256 382 us against 456 with 4 warps, which "
+            "do not spill)"
+        )
+        for case in ("sample fp32 B64 V129280", "rejection_sample fp32 B64 (3 drafts) V129280")
+    },
     ('mla_decode fp8 cache B64 H128 ctx4096', "_mla_decode_split_kernel", "sm90"): (
         "rows_gt64 64x64 w8 s2 with the FP8 tile converted in registers: 40 bytes of spills (the bf16 case spills 264); not yet re-tuned on the H200"
     ),

@@ -350,26 +350,70 @@ def _gather_chunk(x, offs, ok, L, sx, si, SEG: tl.constexpr):
     return cnt, out
 
 
-@triton.jit
-def _sample_pass1(
+@triton.jit(do_not_specialize=["G"])
+def _sample_pass1_argmax(
     logits_ptr, stride_row, temp_ptr, topk_ptr, topp_ptr, minp_ptr, seed_ptr, pos_ptr,
-    wf_ptr, wi_ptr, V, NCH, CH, WF, WI,
-    BLOCK: tl.constexpr, N_G: tl.constexpr, SEG: tl.constexpr, LIBDEVICE: tl.constexpr,
+    wf_ptr, wi_ptr, V, NCH, CH, WF, WI, G,
+    BLOCK: tl.constexpr, LIBDEVICE: tl.constexpr,
 ):
-    """Grid (B, NCH): one chunk of one row, read once from memory into registers."""
+    """Pass 1 of greedy and unfiltered rows, grid (B, G): the row's chunks g, g + G, ..., each
+    computed alone (G, from the batch size, changes which program does a chunk, never its result).
+    Greedy: the chunk's maximum and first argmax; unfiltered: its argmax of z + g (lowest index on
+    ties). Few registers, so many programs per SM, and the next chunk's load is issued before this
+    one's work: a greedy row streams at memory speed. Filtered rows return at once."""
     row = tl.program_id(0)
-    c = tl.program_id(1)
+    g = tl.program_id(1)
     td, k, top_p, min_p, greedy, k_on, p_on, m_on = _params(temp_ptr, topk_ptr, topp_ptr, minp_ptr, row, V)
-    filtered = k_on | p_on | m_on
-    fr = wf_ptr + row.to(tl.int64) * WF
-    ir = wi_ptr + row.to(tl.int64) * WI
-    x, offs, ok = _load_chunk(logits_ptr, stride_row, row, c, V, CH, BLOCK)
-    if greedy | filtered:
-        m = tl.max(x, axis=0)
-        tl.store(fr + c, m)
-        if greedy:
-            tl.store(ir + c, tl.min(tl.where(x == m, offs, _MAX_KEY), axis=0))
-        else:
+    if greedy | ((k_on | p_on | m_on) == 0):
+        fr = wf_ptr + row.to(tl.int64) * WF
+        ir = wi_ptr + row.to(tl.int64) * WI
+        rowhash = row_hash(tl.load(seed_ptr + row), tl.load(pos_ptr + row))
+        xn, offs, ok = _load_chunk(logits_ptr, stride_row, row, g, V, CH, BLOCK)
+        for c in range(g, NCH, G):
+            x = xn
+            xn, offs, ok = _load_chunk(logits_ptr, stride_row, row, c + G, V, CH, BLOCK)  # past the row: masked, no traffic
+            # this chunk's lanes, from the next one's (carrying fewer tensors keeps more programs per SM)
+            offs -= G * CH
+            ok = (offs < (c + 1) * CH) & (offs < V)
+            if greedy:
+                best = tl.max(x, axis=0)
+                arg = tl.min(tl.where(x == best, offs, _MAX_KEY), axis=0)
+            else:
+                val = tl.where(ok, tl.math.div_rn(x, td) + _gumbel(rowhash, offs, LIBDEVICE), float("-inf"))
+                best = tl.max(val, axis=0)
+                arg = tl.min(tl.where(ok & (val == best), offs, _MAX_KEY), axis=0)
+            tl.store(fr + c, best)
+            tl.store(ir + c, arg)
+
+
+@triton.jit(do_not_specialize=["G"])
+def _sample_pass1_filter(
+    logits_ptr, stride_row, temp_ptr, topk_ptr, topp_ptr, minp_ptr,
+    wf_ptr, wi_ptr, V, NCH, CH, WF, WI, G,
+    BLOCK: tl.constexpr, N_G: tl.constexpr, SEG: tl.constexpr, LIBDEVICE: tl.constexpr, PREFETCH: tl.constexpr,
+):
+    """Pass 1 of filtered rows, grid (B, G): the row's chunks g, g + G, ..., each read once from
+    memory into registers and computed alone (PREFETCH: the next chunk's load issued before this
+    one's work). Greedy and unfiltered rows return at once."""
+    row = tl.program_id(0)
+    g = tl.program_id(1)
+    td, k, top_p, min_p, greedy, k_on, p_on, m_on = _params(temp_ptr, topk_ptr, topp_ptr, minp_ptr, row, V)
+    if (greedy == 0) & (k_on | p_on | m_on):
+        fr = wf_ptr + row.to(tl.int64) * WF
+        ir = wi_ptr + row.to(tl.int64) * WI
+        if PREFETCH:
+            xn, _, _ = _load_chunk(logits_ptr, stride_row, row, g, V, CH, BLOCK)
+        for c in range(g, NCH, G):
+            if PREFETCH:
+                x = xn
+                xn, _, _ = _load_chunk(logits_ptr, stride_row, row, c + G, V, CH, BLOCK)
+                lanes = tl.arange(0, BLOCK)
+                offs = c * CH + lanes
+                ok = (lanes < CH) & (offs < V)
+            else:
+                x, offs, ok = _load_chunk(logits_ptr, stride_row, row, c, V, CH, BLOCK)
+            m = tl.max(x, axis=0)
+            tl.store(fr + c, m)
             # N_G strided groups (lane j of the chunk is in group j % N_G): their maxima are distinct
             # elements, so at least k logits are >= the k-th largest of any set of them
             key = order_key(x)
@@ -396,13 +440,6 @@ def _sample_pass1(
                 tl.store(fr + 2 * NCH + c, L)
                 tl.store(fr + 3 * NCH + c, out)
                 tl.store(ir + NCH + c, cnt)
-    else:
-        # unfiltered: the chunk's argmax of z + g (lowest index on ties)
-        rowhash = row_hash(tl.load(seed_ptr + row), tl.load(pos_ptr + row))
-        val = tl.where(ok, tl.math.div_rn(x, td) + _gumbel(rowhash, offs, LIBDEVICE), float("-inf"))
-        best = tl.max(val, axis=0)
-        tl.store(fr + c, best)
-        tl.store(ir + c, tl.min(tl.where(ok & (val == best), offs, _MAX_KEY), axis=0))
 
 
 @triton.jit
@@ -625,6 +662,7 @@ def sample(
     return _sample(logits, temperature, top_k, top_p, min_p, seeds, positions)
 
 
+PASS1_PROGRAMS = 2048  # programs of each first-pass kernel unless the tuning entry says (at least one a row)
 PASS2_PROGRAMS = 4096  # programs of the second chunk pass (at least one a row)
 
 
@@ -635,6 +673,7 @@ def _pow2(n: int) -> int:
 def _sample(
     logits, temperature, top_k, top_p, min_p, seeds, positions, *,
     block=None, n_groups=None, seg=None, cap=None, tile_c=None, num_warps=None, row_warps=None, paths=None,
+    pass1_programs=None, filter_programs=None, filter_prefetch=None, filter_warps=None,
 ):
     """`sample`, with the configuration overridable and the path each row took recorded (for tests
     and the sweep)."""
@@ -676,9 +715,18 @@ def _sample(
     path_ptr = paths if record else out
     warps = num_warps or cfg["num_warps"]
     rwarps = row_warps or cfg["row_warps"]
-    _sample_pass1[(B, nch)](
-        x, x.stride(0), *params, seeds, positions, wf, wi, V, nch, ch, wf_row, wi_row,
-        BLOCK=block, N_G=n_g, SEG=seg, LIBDEVICE=libdevice, num_warps=warps,
+    # pass 1: each kind of row in its own kernel (a greedy row's chunks must not wait on the filter
+    # kernel's registers), at most PASS1_PROGRAMS programs each, a row's chunks shared out among them
+    g1 = max(1, min(nch, -(-(pass1_programs or cfg.get("pass1_programs", PASS1_PROGRAMS)) // B)))
+    _sample_pass1_argmax[(B, g1)](
+        x, x.stride(0), *params, seeds, positions, wf, wi, V, nch, ch, wf_row, wi_row, g1,
+        BLOCK=block, LIBDEVICE=libdevice, num_warps=cfg.get("argmax_warps", warps),
+    )
+    gf = max(1, min(nch, -(-(filter_programs or cfg.get("filter_programs", PASS1_PROGRAMS)) // B)))
+    _sample_pass1_filter[(B, gf)](
+        x, x.stride(0), *params, wf, wi, V, nch, ch, wf_row, wi_row, gf,
+        BLOCK=block, N_G=n_g, SEG=seg, LIBDEVICE=libdevice, PREFETCH=cfg.get("filter_prefetch", False) if filter_prefetch is None else filter_prefetch,
+        num_warps=filter_warps or cfg.get("filter_warps", warps),
     )
     _sample_plan[(B,)](
         *params, out, path_ptr, wf, wi, V, nch, wf_row, wi_row,

@@ -77,6 +77,7 @@ CONFIGS: dict[str, dict[str, dict]] = {
         },
         "combine": {"num_warps": 4},
     },
-    # sample: SM90's entry compiles without spills for SM100 (not measured on SM100).
-    "sample": {"chunks": {"BLOCK": 2048, "N_GROUPS": 64, "SEG": 128, "CAP": 4096, "TILE_C": 128, "num_warps": 4, "row_warps": 8}},
+    # sample: SM90's entry but 4-warp filter programs: 2 warps spill here (not measured on SM100).
+    "sample": {"chunks": {"BLOCK": 2048, "N_GROUPS": 64, "SEG": 128, "CAP": 4096, "TILE_C": 128, "num_warps": 4, "row_warps": 8,
+                          "pass1_programs": 512, "filter_programs": 1024, "filter_prefetch": True, "filter_warps": 4}},
 }

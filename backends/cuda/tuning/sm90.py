@@ -105,10 +105,17 @@ CONFIGS: dict[str, dict[str, dict]] = {
     # (bench/moe.py --sweep, bench/sampling.py --sweep). dispatch T4096 K8 D7168 bf16: 180-185 us for
     # every block_bytes 2-16 KiB x 4-8 warps (16 warps slower); combine: 131-135 us (4.0 TB/s) for
     # 2-8 KiB x 4-16 warps, 16 KiB slower.
-    "dispatch": {"tokens": {"count_tile_elems": 16384, "count_warps": 8, "block_bytes": 8192, "target_programs": 1024, "copy_warps": 8}},
+    # 2026-12-03 (tools/gpu/sample_dispatch_probe.py --followup): 8192-element count tiles halve the counting sort
+    # (28.3 -> 15.5 us; 4096/4 warps 19.2, 32768 38.0): dispatch 176 -> 163 us. Streaming stores: no gain (174 us).
+    "dispatch": {"tokens": {"count_tile_elems": 8192, "count_warps": 8, "block_bytes": 8192, "target_programs": 1024, "copy_warps": 8}},
     "combine": {"tokens": {"block_bytes": 4096, "target_programs": 1024, "num_warps": 16}},
     # sample: measured on the H200 2026-11-30 (`python -m deepinfer_cuda.bench.sampling --sweep`, 5 configurations):
     # 2048-logit chunks, 4 warps is the best geometric mean (B256 top-k/top-p 388 us, greedy 85, temperature 177,
     # top-p peaked 535; B16 in a graph 53 us); 4096/4 warps is faster for top-k (367) but 6x slower for peaked top-p.
-    "sample": {"chunks": {"BLOCK": 2048, "N_GROUPS": 64, "SEG": 128, "CAP": 4096, "TILE_C": 128, "num_warps": 4, "row_warps": 8}},
+    # The first pass split in two kernels (2026-12-03, tools/gpu/sample_dispatch_probe.py, graph replays): greedy and
+    # unfiltered rows in 512 programs (greedy B256 47-48 us against torch.argmax's 48, was 60 in one kernel); filtered
+    # rows in 1024 programs of 2 warps, the next chunk's load issued first (top-k/top-p 382 us, was 377; 4 warps 456,
+    # 8 warps 691; a chunk a program 451-559).
+    "sample": {"chunks": {"BLOCK": 2048, "N_GROUPS": 64, "SEG": 128, "CAP": 4096, "TILE_C": 128, "num_warps": 4, "row_warps": 8,
+                          "pass1_programs": 512, "filter_programs": 1024, "filter_prefetch": True, "filter_warps": 2}},
 }
