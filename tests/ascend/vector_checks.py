@@ -216,6 +216,7 @@ def check_sampling(gen):
     from deepinfer.ops.sampling import sample as ref_sample
     from deepinfer.ops.sampling import sampling_uniform
     from deepinfer_ascend.kernels import sampling as S
+    from deepinfer_ascend.kernels import sampling_math as M
 
     # the hash, bit for bit, both ways of multiplying (halves in int32, native uint32)
     seeds = torch.tensor([0, -1, 2**63 - 1, -(2**63), 123456789012345, 7], dtype=torch.int64)
@@ -264,7 +265,7 @@ def check_sampling(gen):
     # the whole-row fallbacks (candidates overflow with one slot per lane)
     few = [2, 4, 7, 9, 12]
     paths = same_tokens({n: v[few] for n, v in kw.items()}, CAND_R=1)
-    assert any(p & S.PATH_TOPK_ROWS for p in paths.tolist()) and any(p & S.PATH_TOPP_ROWS for p in paths.tolist()), paths.tolist()
+    assert any(p & M.PATH_TOPK_ROWS for p in paths.tolist()) and any(p & M.PATH_TOPP_ROWS for p in paths.tolist()), paths.tolist()
     # ties: duplicated maxima (greedy and top-k = 1 pick among them by index / noise), ties at the
     # top-k threshold (all kept), a row of -inf, a row of one finite value
     V = 700
@@ -285,7 +286,7 @@ def check_sampling(gen):
     same_tokens(kw, CAND_R=1)
     # more rows than vector cores (the persistent row loop), a vocabulary smaller than a tile
     same_tokens(rows_inputs(40, [rows[(i % 2) + 10 * (i % 7 == 3)] for i in range(70)]))
-    need = S.PATH_TOPK_CANDIDATES | S.PATH_TOPK_ROWS | S.PATH_TOPP_CANDIDATES | S.PATH_TOPP_ROWS | S.PATH_TOKEN_CANDIDATES
+    need = M.PATH_TOPK_CANDIDATES | M.PATH_TOPK_ROWS | M.PATH_TOPP_CANDIDATES | M.PATH_TOPP_ROWS | M.PATH_TOKEN_CANDIDATES
     assert seen & need == need, seen
 
     # rejection_sample's accept kernel: more requests than vector cores (the persistent request loop),

@@ -20,9 +20,10 @@ The op's precondition (every request has at least one row, cu_rows from 0 to T) 
 check would read the counts on the host. Rows outside every request are left unwritten.
 
 Batch-invariant: a request's tokens depend only on its own rows. The expansion gathers (no
-arithmetic on values); `sample` is batch-invariant (one row per program iteration, tiles from the
-chip only, exact fixed-point sums, noise hashed from the row's own seed and position); the accept
-iteration for request b reads and writes only rows cu_rows[b]:cu_rows[b+1], integer comparisons only.
+arithmetic on values); `sample` is batch-invariant (the small-batch chunked path gives a row the
+row path's token bit for bit: exact fixed-point sums, exact threshold searches, noise hashed from
+the row's own seed and position); the accept iteration for request b reads and writes only rows
+cu_rows[b]:cu_rows[b+1], integer comparisons only.
 """
 
 from __future__ import annotations
