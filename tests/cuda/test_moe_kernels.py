@@ -131,6 +131,21 @@ def test_dispatch_and_combine_match_reference(k, case):
     torch.testing.assert_close(out.double(), exact, rtol=rtol, atol=atol * K)
 
 
+@pytest.mark.parametrize("tile_elems", [8192, 4096])
+def test_dispatch_with_smaller_count_tiles(k, monkeypatch, tile_elems):
+    # The SM90 table's 8192 (expert x slot) count elements: tiles of 32 slots at 256 experts (16 at 4096);
+    # the same rows, offsets and slots as the reference over many tiles.
+    import deepinfer_cuda.kernels.moe as moe
+
+    original = moe._cfg
+    monkeypatch.setattr(moe, "_cfg", lambda o, v, d: dict(original(o, v, d), count_tile_elems=tile_elems) if o == "dispatch" else original(o, v, d))
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(90, 24, generator=g)
+    ids = _ids(90, 8, 256, g, "random")
+    for a, b in zip(k.dispatch(x, ids, num_experts=256), ref.dispatch(x, ids, num_experts=256)):
+        assert torch.equal(a, b)
+
+
 def test_dispatch_empty_batch(k):
     out = k.dispatch(torch.randn(0, 8), torch.empty(0, 4, dtype=torch.int32), num_experts=16)
     assert out[0].shape == (0, 8) and torch.equal(out[1], torch.zeros(17, dtype=torch.int32)) and out[2].numel() == 0
