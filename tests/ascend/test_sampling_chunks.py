@@ -13,12 +13,11 @@ cores) unless a test sets DEEPINFER_ASCEND_SIM_CHIP (conftest.py here clears a c
 from __future__ import annotations
 
 import functools
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
+
+from ascend.vector_checks import CHIPS, run_frontend, sample_inputs, ties_and_minus_inf_rows
 
 V = 2000  # 8 chunks of 256 logits a row for B = 1, 2 and 5 on the simulated 910B
 # (temperature, top_k, top_p, min_p)
@@ -47,23 +46,6 @@ def simulated_910b(monkeypatch):
 
 def gen(seed: int) -> torch.Generator:
     return torch.Generator().manual_seed(seed)
-
-
-def inputs(g, rows, vocab=V, masked=(), scale=3.0):
-    B = len(rows)
-    logits = scale * torch.randn(B, vocab, generator=g)
-    for r in masked:
-        logits[r, torch.rand(vocab, generator=g) < 0.5] = float("-inf")
-    t, k, p, m = zip(*rows)
-    return dict(
-        logits=logits,
-        temperature=torch.tensor(t, dtype=torch.float32),
-        top_k=torch.tensor(k, dtype=torch.int32),
-        top_p=torch.tensor(p, dtype=torch.float32),
-        min_p=torch.tensor(m, dtype=torch.float32),
-        seeds=torch.randint(-(2**62), 2**62, (B,), generator=g),
-        positions=torch.randint(0, 2**20, (B,), generator=g),
-    )
 
 
 def row_path(kw, **sizes):
@@ -103,7 +85,7 @@ def same_tokens(kw, chunks=None, **sizes):
 @functools.lru_cache(maxsize=None)
 def every_kind_of_row():
     """ROWS with their row-path tokens (equal to the reference's), computed once."""
-    kw = inputs(gen(100), ROWS, masked=MASKED)
+    kw = sample_inputs(gen(100), V, ROWS, masked=MASKED)
     return kw, row_path(kw)
 
 
@@ -135,20 +117,7 @@ def test_a_mixed_batch_over_uneven_chunks():
 def test_ties_and_rows_of_minus_inf():
     """Duplicated maxima (greedy and top-k = 1 pick among them by index and noise), ties at the
     top-k threshold, a row of -inf, a row with one finite logit, on integer logits."""
-    vocab = 700
-    logits = torch.randint(-3, 4, (6, vocab), generator=gen(3)).float()
-    logits[4] = float("-inf")
-    logits[5] = float("-inf")
-    logits[5, 523] = 0.5
-    kw = dict(
-        logits=logits,
-        temperature=torch.tensor([0.0, 1.0, 1.0, 0.9, 1.0, 1.0]),
-        top_k=torch.tensor([0, 1, 50, 3, 4, 2], dtype=torch.int32),
-        top_p=torch.tensor([1.0, 1.0, 1.0, 0.6, 0.5, 0.9]),
-        min_p=torch.tensor([0.0, 0.0, 0.0, 0.0, 0.1, 0.0]),
-        seeds=torch.arange(6, dtype=torch.int64),
-        positions=torch.arange(6, dtype=torch.int64),
-    )
+    kw = ties_and_minus_inf_rows(gen(3), finite_at=523)
     want = row_path(kw)
     got, flags = chunked(kw)
     assert torch.equal(got, want), (got.tolist(), want.tolist(), flags)
@@ -163,7 +132,7 @@ def test_overflowing_segments_take_the_whole_row_searches():
     from deepinfer_ascend.kernels import sampling_math as M
 
     rows = [ROWS[i] for i in (3, 5, 10, 11)]
-    flags = same_tokens(inputs(gen(9), rows, masked=(0, 1)), CAND_R=1)
+    flags = same_tokens(sample_inputs(gen(9), V, rows, masked=(0, 1)), CAND_R=1)
     assert any(p & M.PATH_TOPK_ROWS for p in flags) and any(p & M.PATH_TOPP_ROWS for p in flags), flags
     assert any(not p & M.PATH_TOKEN_CANDIDATES for p in flags), flags
 
@@ -177,7 +146,7 @@ def test_a_row_alone_and_in_a_large_batch_get_the_same_token():
 
     probes = [1, 3, 6, 8, 9]
     kw, _ = every_kind_of_row()
-    batch = inputs(gen(22), [ROWS[j % 3] for j in range(49)])
+    batch = sample_inputs(gen(22), V, [ROWS[j % 3] for j in range(49)])
     places = [0, 11, 23, 36, 48]
     for i, at in zip(probes, places):
         for n, v in kw.items():
@@ -190,83 +159,8 @@ def test_a_row_alone_and_in_a_large_batch_get_the_same_token():
         assert alone[0] == in_batch[at], (i, alone.tolist(), in_batch[at].item(), flags)
 
 
-def test_chunked_kernels_pass_the_triton_front_end():
-    """The chunked kernels build to TTIR (CUDA target, no device needed) with both simulated chips' tiles."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    res = subprocess.run([sys.executable, os.path.abspath(__file__), "frontend"], env=env, capture_output=True, text=True, timeout=600)
-    if "NO CUDA BACKEND" in res.stdout:
-        pytest.fail("this Triton has no CUDA backend to build TTIR with; the test extra's triton has one")
-    assert res.returncode == 0, f"stdout:\n{res.stdout[-4000:]}\nstderr:\n{res.stderr[-8000:]}"
-    assert "FRONT END OK" in res.stdout, res.stdout[-4000:]
-
-
-def frontend() -> None:
-    """Build every chunked kernel with the sizes the wrapper picks for one row and for the most
-    chunks, on each simulated chip."""
-    try:
-        from triton._C.libtriton import ir
-        from triton.backends.compiler import GPUTarget
-        from triton.compiler import ASTSource
-        from triton.compiler.compiler import make_backend
-
-        target = GPUTarget("cuda", 90, 32)
-        backend = make_backend(target)
-    except Exception as e:  # noqa: BLE001
-        print(f"NO CUDA BACKEND: {e}")
-        return
-    import deepinfer_ascend.device as device
-    from deepinfer.triton_common import next_power_of_2
-    from deepinfer_ascend.kernels import sampling as S
-    from deepinfer_ascend.kernels import sampling_chunked as C
-
-    device.interpreting = lambda: True  # the simulated chip's sizes, while Triton compiles for real
-    options = backend.parse_options({})
-
-    def build(fn, constexprs, **signature):
-        context = ir.context()
-        ir.load_dialects(context)
-        backend.load_dialects(context)
-        sig = {**signature, **{name: "constexpr" for name in constexprs}}
-        ASTSource(fn=fn, signature=sig, constexprs=constexprs).make_ir(
-            target, options, backend.get_codegen_implementation(options), backend.get_module_map(), context
-        )
-
-    i32, pf, pi = "i32", "*fp32", "*i32"
-    rules = dict(logits_ptr=pf, stride_row=i32, temp_ptr=pf, topk_ptr=pi, topp_ptr=pf, minp_ptr=pf)
-    hash_in = dict(seed_ptr=pi, pos_ptr=pi)
-    items = dict(B=i32, V=i32, CH=i32, NCH=i32)
-    rows = dict(B=i32, V=i32, NCH=i32)
-    for chip in ("910B", "950"):
-        os.environ["DEEPINFER_ASCEND_SIM_CHIP"] = chip
-        sz = S._sample_sizes()
-        block, search = sz["BLOCK"], dict(SEARCH_L=sz["SEARCH_L"], NT=sz["NT"], ROUNDS=sz["ROUNDS"])
-        for nch_p in (next_power_of_2(device.current().num_vectorcore), 256):  # one row; the most chunks
-            groups = min(block, max(8, block // nch_p))
-            seg = sz["CAND_R"] * sz["CAND_L"] // nch_p
-            rb = max(1, min(nch_p, sz["CAND_L"] // seg))
-            for native in (False, True):
-                build(C._chunk_scan_kernel, dict(BLOCK=block, G=groups, NATIVE_U32=native),
-                      **rules, **hash_in, cmax_ptr=pf, cidx_ptr=pi, ckmin_ptr=pi, gkey_ptr=pi, cbest_ptr=pf, cbidx_ptr=pi, **items)
-                build(C._row_finish_kernel, dict(SEG=seg, NCH_P=nch_p, RB=rb, NATIVE_U32=native, **search),
-                      **rules, **hash_in, seg_x_ptr=pf, seg_i_ptr=pi, seg_n_ptr=pi, plan_f_ptr=pf, plan_i_ptr=pi, **rows)
-                build(C._chunk_token_kernel, dict(BLOCK=block, NATIVE_U32=native),
-                      **rules, **hash_in, plan_f_ptr=pf, plan_i_ptr=pi, cbest_ptr=pf, cbidx_ptr=pi, **items)
-                build(C._row_token_kernel, dict(NCH_P=nch_p, RECORD_PATH=native),
-                      plan_i_ptr=pi, cbest_ptr=pf, cbidx_ptr=pi, out_ptr="*i64", path_ptr=pi, B=i32, NCH=i32)
-            build(C._chunk_sums_kernel, dict(BLOCK=block, G=groups, SEG=seg, NCH_P=nch_p, NT=sz["NT"]),
-                  **rules, cmax_ptr=pf, ckmin_ptr=pi, gkey_ptr=pi, s_limbs_ptr=pi, coarse_ptr=pf,
-                  seg_x_ptr=pf, seg_i_ptr=pi, seg_n_ptr=pi, plan_i_ptr=pi, **items)
-            build(C._row_plan_kernel, dict(SEG=seg, NCH_P=nch_p, **search),
-                  **rules, cmax_ptr=pf, cidx_ptr=pi, ckmin_ptr=pi, cbest_ptr=pf, cbidx_ptr=pi, s_limbs_ptr=pi, coarse_ptr=pf,
-                  seg_x_ptr=pf, seg_i_ptr=pi, seg_n_ptr=pi, plan_f_ptr=pf, plan_i_ptr=pi, **rows)
-            build(C._chunk_mass_kernel, dict(BLOCK=block, NT=sz["NT"]), **rules, plan_f_ptr=pf, plan_i_ptr=pi, q_limbs_ptr=pi, approx_ptr=pf, **items)
-            build(C._chunk_collect_kernel, dict(BLOCK=block, SEG=seg, NCH_P=nch_p, NT=sz["NT"]),
-                  logits_ptr=pf, stride_row=i32, topp_ptr=pf, plan_f_ptr=pf, plan_i_ptr=pi, q_limbs_ptr=pi, approx_ptr=pf,
-                  seg_x_ptr=pf, seg_i_ptr=pi, seg_n_ptr=pi, **items)
-    print("FRONT END OK", flush=True)
-
-
-if __name__ == "__main__":
-    if sys.argv[1:] != ["frontend"]:
-        sys.exit("usage: python test_sampling_chunks.py frontend")
-    frontend()
+@pytest.mark.parametrize("chip", CHIPS)
+def test_chunked_kernels_pass_the_triton_front_end(chip):
+    """The chunked kernels build to TTIR (CUDA target, no device needed) with the chip's tiles, for
+    one row and for the most chunks (the builds are in vector_checks.py, with the other families')."""
+    run_frontend("sampling_chunked", chip)

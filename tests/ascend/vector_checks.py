@@ -14,7 +14,8 @@ environment, so each (family, chip) runs in a fresh subprocess: this file as a s
 The interpreter is lenient where a compiler is not (a variable given different shapes in the two
 branches of an `if` runs fine there), so every kernel also goes through Triton's real front end
 (`python vector_checks.py FAMILY frontend`: Python AST -> TTIR, for a CUDA target, no device
-needed) with each chip's tile sizes.
+needed) with each chip's tile sizes. The sample kernel's chunked small-batch path has its checks in
+test_sampling_chunks.py (in process) and only its front-end build here (FRONT_END_FAMILIES).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import sys
 
 CHIPS = ("910B", "950")
 FAMILIES = ("misc", "moe", "sampling")
+FRONT_END_FAMILIES = (*FAMILIES, "sampling_chunked")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -209,6 +211,48 @@ def check_moe(gen):
     assert e_x.shape == (0, 4) and offs.tolist() == [0, 0, 0, 0] and ros.numel() == 0
 
 
+def sample_inputs(gen, vocab, rows, masked=(), scale=3.0):
+    """`sample`'s arguments for rows of (temperature, top_k, top_p, min_p): scaled normal logits
+    (the `masked` rows with about half of them -inf), random seeds and positions."""
+    import torch
+
+    B = len(rows)
+    logits = scale * torch.randn(B, vocab, generator=gen)
+    for r in masked:
+        logits[r, torch.rand(vocab, generator=gen) < 0.5] = float("-inf")
+    t, k, p, m = zip(*rows)
+    return dict(
+        logits=logits,
+        temperature=torch.tensor(t, dtype=torch.float32),
+        top_k=torch.tensor(k, dtype=torch.int32),
+        top_p=torch.tensor(p, dtype=torch.float32),
+        min_p=torch.tensor(m, dtype=torch.float32),
+        seeds=torch.randint(-(2**62), 2**62, (B,), generator=gen),
+        positions=torch.randint(0, 2**20, (B,), generator=gen),
+    )
+
+
+def ties_and_minus_inf_rows(gen, finite_at):
+    """`sample`'s arguments for six rows of integer logits in [-3, 3] over 700 tokens (duplicated
+    maxima, ties at the top-k threshold): greedy, top-k 1 and 50, top-k with top-p, a row of -inf,
+    and a row of -inf but one finite logit at `finite_at`."""
+    import torch
+
+    logits = torch.randint(-3, 4, (6, 700), generator=gen).float()
+    logits[4] = float("-inf")
+    logits[5] = float("-inf")
+    logits[5, finite_at] = 0.5
+    return dict(
+        logits=logits,
+        temperature=torch.tensor([0.0, 1.0, 1.0, 0.9, 1.0, 1.0]),
+        top_k=torch.tensor([0, 1, 50, 3, 4, 2], dtype=torch.int32),
+        top_p=torch.tensor([1.0, 1.0, 1.0, 0.6, 0.5, 0.9]),
+        min_p=torch.tensor([0.0, 0.0, 0.0, 0.0, 0.1, 0.0]),
+        seeds=torch.arange(6, dtype=torch.int64),
+        positions=torch.arange(6, dtype=torch.int64),
+    )
+
+
 def check_sampling(gen):
     import torch
 
@@ -224,22 +268,6 @@ def check_sampling(gen):
     want = sampling_uniform(seeds, pos, 3001).view(torch.int32)
     for native in (False, True):
         assert torch.equal(S.uniform(seeds, pos, 3001, native_u32=native).view(torch.int32), want), native
-
-    def rows_inputs(V, rows, scale=3.0, masked=()):
-        B = len(rows)
-        logits = scale * torch.randn(B, V, generator=gen)
-        for r in masked:
-            logits[r, torch.rand(V, generator=gen) < 0.5] = float("-inf")
-        t, k, p, m = zip(*rows)
-        return dict(
-            logits=logits,
-            temperature=torch.tensor(t, dtype=torch.float32),
-            top_k=torch.tensor(k, dtype=torch.int32),
-            top_p=torch.tensor(p, dtype=torch.float32),
-            min_p=torch.tensor(m, dtype=torch.float32),
-            seeds=torch.randint(-(2**62), 2**62, (B,), generator=gen),
-            positions=torch.randint(0, 2**20, (B,), generator=gen),
-        )
 
     seen = 0
 
@@ -260,7 +288,7 @@ def check_sampling(gen):
         (1.0, 0, 0.01, 0.0), (1.3, 700, 0.8, 0.0), (1e-3, 3, 0.7, 0.0),
     ]
     # vocabulary 3000 > the 2048 candidate slots: top-p rows go through the estimated lower bound
-    kw = rows_inputs(3000, rows, masked=(2, 4, 9))
+    kw = sample_inputs(gen, 3000, rows, masked=(2, 4, 9))
     same_tokens(kw)
     # the whole-row fallbacks (candidates overflow with one slot per lane)
     few = [2, 4, 7, 9, 12]
@@ -268,24 +296,11 @@ def check_sampling(gen):
     assert any(p & M.PATH_TOPK_ROWS for p in paths.tolist()) and any(p & M.PATH_TOPP_ROWS for p in paths.tolist()), paths.tolist()
     # ties: duplicated maxima (greedy and top-k = 1 pick among them by index / noise), ties at the
     # top-k threshold (all kept), a row of -inf, a row of one finite value
-    V = 700
-    logits = torch.randint(-3, 4, (6, V), generator=gen).float()
-    logits[4] = float("-inf")
-    logits[5] = float("-inf")
-    logits[5, 123] = 0.5
-    kw = dict(
-        logits=logits,
-        temperature=torch.tensor([0.0, 1.0, 1.0, 0.9, 1.0, 1.0]),
-        top_k=torch.tensor([0, 1, 50, 3, 4, 2], dtype=torch.int32),
-        top_p=torch.tensor([1.0, 1.0, 1.0, 0.6, 0.5, 0.9]),
-        min_p=torch.tensor([0.0, 0.0, 0.0, 0.0, 0.1, 0.0]),
-        seeds=torch.arange(6, dtype=torch.int64),
-        positions=torch.arange(6, dtype=torch.int64),
-    )
+    kw = ties_and_minus_inf_rows(gen, finite_at=123)
     same_tokens(kw)
     same_tokens(kw, CAND_R=1)
     # more rows than vector cores (the persistent row loop), a vocabulary smaller than a tile
-    same_tokens(rows_inputs(40, [rows[(i % 2) + 10 * (i % 7 == 3)] for i in range(70)]))
+    same_tokens(sample_inputs(gen, 40, [rows[(i % 2) + 10 * (i % 7 == 3)] for i in range(70)]))
     need = M.PATH_TOPK_CANDIDATES | M.PATH_TOPK_ROWS | M.PATH_TOPP_CANDIDATES | M.PATH_TOPP_ROWS | M.PATH_TOKEN_CANDIDATES
     assert seen & need == need, seen
 
@@ -299,7 +314,7 @@ def check_sampling(gen):
     from deepinfer_ascend.kernels import rejection_sampling as R
 
     counts = torch.tensor([21] + [1 + i % 4 for i in range(69)])
-    kw = rows_inputs(40, [rows[i % 8] for i in range(70)])
+    kw = sample_inputs(gen, 40, [rows[i % 8] for i in range(70)])
     per_request = {n: kw[n] for n in ("temperature", "top_k", "top_p", "min_p", "seeds", "positions")}
     cu_rows = torch.cat([torch.zeros(1, dtype=torch.int64), counts.cumsum(0)]).to(torch.int32)
     owner = torch.repeat_interleave(torch.arange(70), counts)
@@ -383,6 +398,8 @@ def frontend(family: str) -> None:
                       stride_xt=i32, stride_xh=i32, stride_ot=i32, stride_oh=i32, stride_cs=i32)
             build(activation._silu_and_mul_kernel, dict(BLOCK_T=tile_elems(activation._BYTES_PER_ELEM) // 2048, BLOCK_I=2048),
                   x_ptr=p, out_ptr=p, T=i32, I=i32, stride_x=i32, stride_o=i32)
+    elif family == "sampling_chunked":
+        _build_chunked_sample_kernels(build, i32)
     elif family == "moe":
         for dt in ("bf16", "fp32"):
             p = "*" + dt
@@ -410,6 +427,46 @@ def frontend(family: str) -> None:
     print(f"FRONT END OK {family} {os.environ.get('DEEPINFER_ASCEND_SIM_CHIP', '910B')}", flush=True)
 
 
+def _build_chunked_sample_kernels(build, i32: str) -> None:
+    """Every kernel of the sample kernel's chunked path with the sizes its wrapper picks on the
+    simulated chip for one row and for the most chunks."""
+    import deepinfer_ascend.device as device
+    from deepinfer.triton_common import next_power_of_2
+    from deepinfer_ascend.kernels import sampling as S
+    from deepinfer_ascend.kernels import sampling_chunked as C
+
+    pf, pi = "*fp32", "*i32"
+    rules = dict(logits_ptr=pf, stride_row=i32, temp_ptr=pf, topk_ptr=pi, topp_ptr=pf, minp_ptr=pf)
+    hash_in = dict(seed_ptr=pi, pos_ptr=pi)
+    items = dict(B=i32, V=i32, CH=i32, NCH=i32)
+    rows = dict(B=i32, V=i32, NCH=i32)
+    sz = S._sample_sizes()
+    block, search = sz["BLOCK"], dict(SEARCH_L=sz["SEARCH_L"], NT=sz["NT"], ROUNDS=sz["ROUNDS"])
+    for nch_p in (next_power_of_2(device.current().num_vectorcore), 256):  # one row; the most chunks
+        groups = min(block, max(8, block // nch_p))
+        seg = sz["CAND_R"] * sz["CAND_L"] // nch_p
+        rb = max(1, min(nch_p, sz["CAND_L"] // seg))
+        for native in (False, True):
+            build(C._chunk_scan_kernel, dict(BLOCK=block, G=groups, NATIVE_U32=native),
+                  **rules, **hash_in, cmax_ptr=pf, cidx_ptr=pi, ckmin_ptr=pi, gkey_ptr=pi, cbest_ptr=pf, cbidx_ptr=pi, **items)
+            build(C._row_finish_kernel, dict(SEG=seg, NCH_P=nch_p, RB=rb, NATIVE_U32=native, **search),
+                  **rules, **hash_in, seg_x_ptr=pf, seg_i_ptr=pi, seg_n_ptr=pi, plan_f_ptr=pf, plan_i_ptr=pi, **rows)
+            build(C._chunk_token_kernel, dict(BLOCK=block, NATIVE_U32=native),
+                  **rules, **hash_in, plan_f_ptr=pf, plan_i_ptr=pi, cbest_ptr=pf, cbidx_ptr=pi, **items)
+            build(C._row_token_kernel, dict(NCH_P=nch_p, RECORD_PATH=native),
+                  plan_i_ptr=pi, cbest_ptr=pf, cbidx_ptr=pi, out_ptr="*i64", path_ptr=pi, B=i32, NCH=i32)
+        build(C._chunk_sums_kernel, dict(BLOCK=block, G=groups, SEG=seg, NCH_P=nch_p, NT=sz["NT"]),
+              **rules, cmax_ptr=pf, ckmin_ptr=pi, gkey_ptr=pi, s_limbs_ptr=pi, coarse_ptr=pf,
+              seg_x_ptr=pf, seg_i_ptr=pi, seg_n_ptr=pi, plan_i_ptr=pi, **items)
+        build(C._row_plan_kernel, dict(SEG=seg, NCH_P=nch_p, **search),
+              **rules, cmax_ptr=pf, cidx_ptr=pi, ckmin_ptr=pi, cbest_ptr=pf, cbidx_ptr=pi, s_limbs_ptr=pi, coarse_ptr=pf,
+              seg_x_ptr=pf, seg_i_ptr=pi, seg_n_ptr=pi, plan_f_ptr=pf, plan_i_ptr=pi, **rows)
+        build(C._chunk_mass_kernel, dict(BLOCK=block, NT=sz["NT"]), **rules, plan_f_ptr=pf, plan_i_ptr=pi, q_limbs_ptr=pi, approx_ptr=pf, **items)
+        build(C._chunk_collect_kernel, dict(BLOCK=block, SEG=seg, NCH_P=nch_p, NT=sz["NT"]),
+              logits_ptr=pf, stride_row=i32, topp_ptr=pf, plan_f_ptr=pf, plan_i_ptr=pi, q_limbs_ptr=pi, approx_ptr=pf,
+              seg_x_ptr=pf, seg_i_ptr=pi, seg_n_ptr=pi, **items)
+
+
 def main(family: str) -> None:
     global TOL
     import torch
@@ -426,6 +483,9 @@ def main(family: str) -> None:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) < 2 or sys.argv[1] not in FAMILIES:
-        sys.exit(f"usage: python vector_checks.py {{{','.join(FAMILIES)}}} [frontend]")
-    frontend(sys.argv[1]) if sys.argv[2:] == ["frontend"] else main(sys.argv[1])
+    if sys.argv[2:] == ["frontend"] and sys.argv[1] in FRONT_END_FAMILIES:
+        frontend(sys.argv[1])
+    elif len(sys.argv) == 2 and sys.argv[1] in FAMILIES:
+        main(sys.argv[1])
+    else:
+        sys.exit(f"usage: python vector_checks.py {{{','.join(FAMILIES)}}} | {{{','.join(FRONT_END_FAMILIES)}}} frontend")

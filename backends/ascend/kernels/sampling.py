@@ -73,30 +73,34 @@ import triton
 import triton.language as tl
 
 from deepinfer.ops.sampling import apply_token_bitmask as _reference_bitmask
-from deepinfer.triton_common import cdiv, from_order_key, next_power_of_2, order_key
+from deepinfer.triton_common import cdiv, next_power_of_2, order_key
 from deepinfer_ascend.kernels.common import Registration, current, launch_options, vector_grid
 from deepinfer_ascend.kernels.sampling_chunked import _chunking, _sample_chunked
 from deepinfer_ascend.kernels.sampling_math import (
     _MAX_KEY,
     _MIN_KEY,
     _PATH_TOKEN_CANDIDATES,
-    _PATH_TOPK_CANDIDATES,
-    _PATH_TOPK_ROWS,
-    _PATH_TOPP_BAD_GUESS,
-    _PATH_TOPP_CANDIDATES,
-    _PATH_TOPP_ROWS,
     NATIVE_U32,
-    _carry,
+    _coarse_bracket,
+    _coarse_thresholds,
+    _first_pass,
     _fixed_to_float,
+    _guessed_bound,
     _hash_uniform_halves,
-    _limbsum2,
-    _p_of,
-    _row_hash_halves,
+    _keep_first_max,
+    _kept,
+    _kept_mass_pass,
+    _lowest_index_of_max,
+    _mass_of_candidates,
+    _normaliser_tile,
+    _perturbed,
+    _refined_thresholds,
+    _row_hash,
+    _row_rules,
     _search_count,
-    _search_mass,
-    _split3,
-    _topk_rows,
-    _topp_rows,
+    _token_pass,
+    _topk_threshold,
+    _topp_threshold,
     _words,
 )
 
@@ -110,7 +114,7 @@ _CAND_LANES = 256  # candidate collection: lanes x slots per lane held on chip
 def _uniform_kernel(seed_ptr, pos_ptr, out_ptr, V, BLOCK: tl.constexpr, NATIVE_U32: tl.constexpr):
     """Test hook: sampling_uniform for one row per program."""
     row = tl.program_id(0)
-    rl, rh = _row_hash_halves(tl.load(seed_ptr + 2 * row), tl.load(seed_ptr + 2 * row + 1), tl.load(pos_ptr + 2 * row), NATIVE_U32)
+    rl, rh = _row_hash(seed_ptr, pos_ptr, row, NATIVE_U32)
     for start in range(0, V, BLOCK):
         offs = start + tl.arange(0, BLOCK)
         tl.store(out_ptr + row * V + offs, _hash_uniform_halves(rl, rh, offs, NATIVE_U32), mask=offs < V)
@@ -166,30 +170,12 @@ def _sample_kernel(
     for row in range(pid, B, nprog):
         path = tl.program_id(0) * 0
         lp = logits_ptr + row * stride_row
-        temp = tl.load(temp_ptr + row)
-        k = tl.load(topk_ptr + row)
-        top_p = tl.load(topp_ptr + row)
-        min_p = tl.load(minp_ptr + row)
-        greedy = temp == 0.0
-        td = tl.where(greedy, 1.0, temp)
-        k_on = (k > 0) & (k < V)
-        p_on = top_p < 1.0
-        m_on = min_p > 0.0
+        td, greedy, k, k_on, top_p, p_on, min_p, m_on = _row_rules(temp_ptr, topk_ptr, topp_ptr, minp_ptr, row, V)
 
-        # pass 1: lane maxima (first index per lane), the row maximum, the greedy token
-        lane_max = tl.full([BLOCK], float("-inf"), tl.float32)
-        lane_idx = tl.zeros([BLOCK], dtype=tl.int32)
-        lane_min = tl.full([BLOCK], _MAX_KEY, tl.int32)
-        for start in range(0, V, BLOCK):
-            offs = start + lanes
-            ok = offs < V
-            x = tl.load(lp + offs, mask=ok, other=float("-inf"))
-            up = x > lane_max
-            lane_idx = tl.where(up, offs, lane_idx)
-            lane_max = tl.where(up, x, lane_max)
-            lane_min = tl.minimum(lane_min, tl.where(ok, order_key(x), _MAX_KEY))
-        M = tl.max(lane_max, axis=0)
-        token = tl.min(tl.where(lane_max == M, lane_idx, _MAX_KEY), axis=0)
+        # pass 1: lane maxima (first index per lane), the row maximum, the greedy token (the noise
+        # comes later: no hash state yet)
+        lane_max, lane_idx, lane_min, _, _ = _first_pass(lp, 0, V, 0, 0, td, False, BLOCK, NATIVE_U32)
+        M, token = _lowest_index_of_max(lane_max, lane_idx)
         token = tl.where(M == float("-inf"), 0, token)  # all -inf: the reference's argmax is 0
         if (greedy == 0) & (M > float("-inf")):
             zmax = M / td
@@ -198,9 +184,8 @@ def _sample_kernel(
             lane_key = order_key(lane_max)[None, :]  # [1, BLOCK]: distinct elements of the row
             # pass 2 (top-p, min-p): the softmax normaliser, summed exactly
             r = td * 0.0 + 1.0
-            # top-p, a coarse bracket of its threshold: float32 estimates of the mass above the
-            # logits zmax - d_j (d_j = 0.25 e^{0.3 j}, up to 22.5 for NT = 16)
-            xc = (zmax - 0.25 * tl.exp(0.3 * tl.arange(0, NT).to(tl.float32))) * td
+            # top-p, a coarse bracket of its threshold: float32 estimates of the mass above NT logits
+            xc = _coarse_thresholds(zmax, td, NT)
             x_lo = zmax * 0.0
             x_hi = zmax * 0.0
             bracket = kmin * 0
@@ -213,20 +198,10 @@ def _sample_kernel(
                 for start in range(0, V, BLOCK):
                     offs = start + lanes
                     x = tl.load(lp + offs, mask=offs < V, other=float("-inf"))
-                    e = tl.exp(x / td - zmax)
-                    a, b, c = _split3(e)
-                    U, A, Bl, C = _carry(U, A + tl.sum(a, axis=0), Bl + tl.sum(b, axis=0), C + tl.sum(c, axis=0))
-                    if p_on:
-                        coarse += tl.sum(tl.where(x[:, None] >= xc[None, :], e[:, None], 0.0), axis=0)
+                    U, A, Bl, C, coarse = _normaliser_tile(x, td, zmax, xc, p_on, U, A, Bl, C, coarse)
                 S = _fixed_to_float(U, A, Bl, C)
                 r = 1.0 / S
-                n_c = tl.sum((coarse >= top_p * S * 1.0001).to(tl.int32), axis=0)
-                if n_c > 0:
-                    # the crossing lies between xc[j1] and xc[j1 - 1] (or M): the clear ones are a suffix
-                    j1 = NT - n_c
-                    x_lo = tl.max(tl.where(tl.arange(0, NT) == j1, xc, float("-inf")), axis=0)
-                    x_hi = tl.where(j1 > 0, tl.max(tl.where(tl.arange(0, NT) == j1 - 1, xc, float("-inf")), axis=0), M)
-                    bracket = n_c * 0 + 1
+                x_lo, x_hi, bracket = _coarse_bracket(coarse, S, top_p, xc, M, NT)
 
             # candidates: a set {key >= lo} held on chip that is known to contain every kept element
             have = kmin * 0
@@ -241,85 +216,37 @@ def _sample_kernel(
                 if k <= BLOCK:
                     lo_k = _search_count(lane_key, lane_key == lane_key, k, lo_k, kmax.to(tl.int64))
                 cx, ci, valid, n_slots = _collect(lp, V, lo_k.to(tl.int32), CAND_R, CAND_L)
-                if n_slots <= CAND_R:
-                    have = kmin * 0 + 1
-                    tk_key = _search_count(order_key(cx), valid, k, lo_k, kmax.to(tl.int64)).to(tl.int32)
-                    path = path | _PATH_TOPK_CANDIDATES
-                else:
-                    path = path | _PATH_TOPK_ROWS
-                    tk_key = _topk_rows(lp, V, k, lo_k, kmax.to(tl.int64), SEARCH_L, NT, ROUNDS).to(tl.int32)
+                have = (n_slots <= CAND_R).to(tl.int32)
+                tk_key, path = _topk_threshold(lp, V, k, cx, valid, have != 0, lo_k, kmax, path, SEARCH_L, NT, ROUNDS)
             # keep_p: q = p / Q over keep_k; threshold q(kappa) (see the module docstring)
             Q = td * 0.0 + 1.0
             tp = td * 0.0
             tp_on = kmin * 0
             if p_on:
-                lo_base = tl.maximum(kmin, tk_key).to(tl.int64)
-                lo_p = lo_base
-                guessed = kmin * 0
+                lo_p = tl.maximum(kmin, tk_key).to(tl.int64)
                 if have != 0:
                     # keep_k lies within the candidates: Q from them
-                    a, b, c = _split3(_p_of(cx, td, zmax, r))
-                    U, A, Bl, C = _limbsum2(valid & (order_key(cx) >= tk_key), a, b, c)
-                    Q = _fixed_to_float(U, A, Bl, C)
+                    Q = _mass_of_candidates(cx, valid, td, zmax, r, tk_key)
                 else:
                     # a pass for Q, which also refines the bracket: float32 estimates of the mass above
                     # NT logits evenly spaced in it; the largest one that clearly reaches top_p is a
                     # guess for a lower bound, checked exactly among the candidates
-                    xf = x_lo + (x_hi - x_lo) * (tl.arange(0, NT).to(tl.float32) / NT)
-                    approx = tl.zeros([NT], dtype=tl.float32)
-                    U = kmin * 0
-                    A = U
-                    Bl = U
-                    C = U
-                    for start in range(0, V, BLOCK):
-                        offs = start + lanes
-                        ok = offs < V
-                        x = tl.load(lp + offs, mask=ok, other=float("-inf"))
-                        p = tl.where(ok & (order_key(x) >= tk_key), _p_of(x, td, zmax, r), 0.0)
-                        a, b, c = _split3(p)
-                        U, A, Bl, C = _carry(U, A + tl.sum(a, axis=0), Bl + tl.sum(b, axis=0), C + tl.sum(c, axis=0))
-                        if bracket != 0:
-                            approx += tl.sum(tl.where(x[:, None] >= xf[None, :], p[:, None], 0.0), axis=0)
+                    xf = _refined_thresholds(x_lo, x_hi, NT)
+                    U, A, Bl, C, approx = _kept_mass_pass(lp, 0, V, td, zmax, r, tk_key, xf, bracket != 0, BLOCK, NT)
                     Q = _fixed_to_float(U, A, Bl, C)
-                    n_f = tl.sum((approx >= top_p * Q * 1.0001 + 1e-6).to(tl.int32), axis=0)
-                    if (bracket != 0) & (n_f > 0):
-                        # ascending thresholds: the clear ones are a prefix
-                        guess = order_key(tl.max(tl.where(tl.arange(0, NT) == n_f - 1, xf, float("-inf")), axis=0))
-                        lo_p = tl.maximum(lo_base, guess.to(tl.int64))
-                        guessed = (lo_p > lo_base).to(tl.int32)
+                    lo_p = _guessed_bound(tl.maximum(kmin, tk_key), approx, xf, Q, top_p, bracket != 0, NT).to(tl.int64)
                     cx, ci, valid, n_slots = _collect(lp, V, lo_p.to(tl.int32), CAND_R, CAND_L)
                     have = (n_slots <= CAND_R).to(tl.int32)
-                tp_key = lo_p
-                found = kmin * 0
-                if have != 0:
-                    ckey = tl.where(valid, order_key(cx), _MIN_KEY)
-                    a, b, c = _split3(tl.where(ckey >= tk_key, _p_of(cx, td, zmax, r) / Q, 0.0))
-                    tp_key, found = _search_mass(ckey, a, b, c, lo_p, kmax.to(tl.int64), top_p)
-                    path = path | _PATH_TOPP_CANDIDATES
-                    if (found == 0) & (guessed != 0):
-                        have = kmin * 0  # the guess was too high: search the whole row
-                        path = path | _PATH_TOPP_BAD_GUESS
-                if have == 0:
-                    path = path | _PATH_TOPP_ROWS
-                    tp_key, found = _topp_rows(lp, V, td, zmax, r, Q, tk_key, top_p, lo_base, kmax.to(tl.int64), SEARCH_L, NT, ROUNDS)
-                if found != 0:
-                    tp = _p_of(from_order_key(tp_key.to(tl.int32)), td, zmax, r) / Q
-                    tp_on = found
+                tp, tp_on, have, path = _topp_threshold(lp, V, cx, valid, have, td, zmax, r, Q, tk_key, top_p, kmin, lo_p, kmax, path, SEARCH_L, NT, ROUNDS)
             # keep_m: p >= min_p * max p, max p = p(M) = exp(0) * r
             thr = min_p * r
             # the token: argmax of z + g over the kept elements, lowest index on ties
-            rl, rh = _row_hash_halves(tl.load(seed_ptr + 2 * row), tl.load(seed_ptr + 2 * row + 1), tl.load(pos_ptr + 2 * row), NATIVE_U32)
+            rl, rh = _row_hash(seed_ptr, pos_ptr, row, NATIVE_U32)
             if have != 0:
                 # every kept element is a candidate; the slots are hashed one row of lanes at a
                 # time (a [CAND_L] vector), so the hash's temporaries stay small
                 path = path | _PATH_TOKEN_CANDIDATES
-                ckeep = valid & (order_key(cx) >= tk_key)
-                if p_on | m_on:
-                    cp = _p_of(cx, td, zmax, r)
-                    if tp_on != 0:
-                        ckeep = ckeep & (cp / Q >= tp)
-                    if m_on:
-                        ckeep = ckeep & (cp >= thr)
+                ckeep = _kept(cx, valid, td, zmax, r, Q, tk_key, tp, tp_on, thr, p_on, m_on)
                 slot_ar = tl.arange(0, CAND_R)[:, None]
                 cbest = tl.full([CAND_L], float("-inf"), tl.float32)
                 cbest_idx = tl.full([CAND_L], _MAX_KEY, tl.int32)
@@ -328,32 +255,11 @@ def _sample_kernel(
                     xi = tl.max(tl.where(on, cx, float("-inf")), axis=0)
                     ii = tl.max(tl.where(on, ci, 0), axis=0)
                     ki = tl.max(tl.where(on & ckeep, 1, 0), axis=0) > 0
-                    cval = tl.where(ki, xi / td - tl.log(-tl.log(_hash_uniform_halves(rl, rh, ii, NATIVE_U32))), float("-inf"))
-                    cup = cval > cbest  # a lane's slots are in index order: ties keep the lowest index
-                    cbest_idx = tl.where(cup, ii, cbest_idx)
-                    cbest = tl.where(cup, cval, cbest)
-                bmax = tl.max(cbest, axis=0)
-                token = tl.min(tl.where(cbest == bmax, cbest_idx, _MAX_KEY), axis=0)
+                    # a lane's slots are in index order: ties keep the lowest index
+                    cbest, cbest_idx = _keep_first_max(tl.where(ki, _perturbed(xi, td, rl, rh, ii, NATIVE_U32), float("-inf")), ii, cbest, cbest_idx)
+                bmax, token = _lowest_index_of_max(cbest, cbest_idx)
             else:
-                best = tl.full([BLOCK], float("-inf"), tl.float32)
-                best_idx = tl.full([BLOCK], _MAX_KEY, tl.int32)
-                for start in range(0, V, BLOCK):
-                    offs = start + lanes
-                    ok = offs < V
-                    x = tl.load(lp + offs, mask=ok, other=float("-inf"))
-                    keep = ok & (order_key(x) >= tk_key)
-                    if p_on | m_on:
-                        p = _p_of(x, td, zmax, r)
-                        if tp_on != 0:
-                            keep = keep & (p / Q >= tp)
-                        if m_on:
-                            keep = keep & (p >= thr)
-                    val = tl.where(keep, x / td - tl.log(-tl.log(_hash_uniform_halves(rl, rh, offs, NATIVE_U32))), float("-inf"))
-                    up = val > best
-                    best_idx = tl.where(up, offs, best_idx)
-                    best = tl.where(up, val, best)
-                bmax = tl.max(best, axis=0)
-                token = tl.min(tl.where(best == bmax, best_idx, _MAX_KEY), axis=0)
+                bmax, token = _token_pass(lp, 0, V, rl, rh, td, zmax, r, Q, tk_key, tp, tp_on, thr, p_on, m_on, BLOCK, NATIVE_U32)
             token = tl.where(bmax == float("-inf"), 0, token)  # nothing kept above -inf: index 0
         tl.store(out_ptr + row, token.to(tl.int64))
         if RECORD_PATH:

@@ -50,30 +50,33 @@ import torch
 import triton
 import triton.language as tl
 
-from deepinfer.triton_common import cdiv, from_order_key, next_power_of_2, order_key
+from deepinfer.triton_common import cdiv, next_power_of_2, order_key
 from deepinfer_ascend.kernels.common import current, launch_options, vector_grid
 from deepinfer_ascend.kernels.sampling_math import (
     _MAX_KEY,
     _MIN_KEY,
     _PATH_CHUNKED,
     _PATH_TOKEN_CANDIDATES,
-    _PATH_TOPK_CANDIDATES,
-    _PATH_TOPK_ROWS,
-    _PATH_TOPP_BAD_GUESS,
-    _PATH_TOPP_CANDIDATES,
-    _PATH_TOPP_ROWS,
     NATIVE_U32,
     _carry,
+    _coarse_bracket,
+    _coarse_thresholds,
+    _first_pass,
     _fixed_to_float,
-    _hash_uniform_halves,
-    _limbsum2,
-    _p_of,
-    _row_hash_halves,
+    _guessed_bound,
+    _kept,
+    _kept_mass_pass,
+    _lowest_index_of_max,
+    _mass_of_candidates,
+    _normaliser_tile,
+    _perturbed,
+    _refined_thresholds,
+    _row_hash,
+    _row_rules,
     _search_count,
-    _search_mass,
-    _split3,
-    _topk_rows,
-    _topp_rows,
+    _token_pass,
+    _topk_threshold,
+    _topp_threshold,
     _words,
 )
 
@@ -105,21 +108,18 @@ _TP_ON = tl.constexpr(32)
 
 
 @triton.jit
-def _row_rules(temp_ptr, topk_ptr, topp_ptr, minp_ptr, row, V):
-    """A row's parameters as the row kernel reads them: (td, greedy, k, k_on, top_p, p_on, min_p, m_on)."""
-    temp = tl.load(temp_ptr + row)
-    k = tl.load(topk_ptr + row)
-    top_p = tl.load(topp_ptr + row)
-    min_p = tl.load(minp_ptr + row)
-    greedy = temp == 0.0
-    td = tl.where(greedy, 1.0, temp)
-    return td, greedy, k, (k > 0) & (k < V), top_p, top_p < 1.0, min_p, min_p > 0.0
+def _chunk_span(item, NCH, CH, V):
+    """(row, chunk, start, end) of a (row, chunk) item."""
+    chunk = item % NCH
+    c0 = chunk * CH
+    return item // NCH, chunk, c0, tl.minimum(c0 + CH, V)
 
 
 @triton.jit
-def _perturbed(x, td, rl, rh, idx, NATIVE_U32: tl.constexpr):
-    """z + g: the value the token maximises (the row kernel's expression)."""
-    return x / td - tl.log(-tl.log(_hash_uniform_halves(rl, rh, idx, NATIVE_U32)))
+def _plan_of(plan_f_ptr, plan_i_ptr, row):
+    """A row's plan: (its float32 columns, its int32 columns, its flags)."""
+    plan_i = plan_i_ptr + row * _PLAN_W
+    return plan_f_ptr + row * _PLAN_W, plan_i, tl.load(plan_i + _I_FLAGS)
 
 
 @triton.jit
@@ -137,10 +137,9 @@ def _best_of_chunks(val_ptr, idx_ptr, row, NCH, NCH_P: tl.constexpr):
     """The lowest index among the chunks reaching the best value (0 when it is -inf)."""
     ch = tl.arange(0, NCH_P)
     on = ch < NCH
-    val = tl.load(val_ptr + row * NCH + ch, mask=on, other=float("-inf"))
-    idx = tl.load(idx_ptr + row * NCH + ch, mask=on, other=_MAX_KEY)
-    vmax = tl.max(val, axis=0)
-    token = tl.min(tl.where(val == vmax, idx, _MAX_KEY), axis=0)
+    vmax, token = _lowest_index_of_max(
+        tl.load(val_ptr + row * NCH + ch, mask=on, other=float("-inf")), tl.load(idx_ptr + row * NCH + ch, mask=on, other=_MAX_KEY)
+    )
     return tl.where(vmax == float("-inf"), 0, token)
 
 
@@ -156,6 +155,21 @@ def _sum_of_chunks(limbs_ptr, row, NCH, NCH_P: tl.constexpr):
     C = tl.sum(tl.load(base + 3, mask=on, other=0), axis=0)
     U, A, B, C = _carry(U, A, B, C)
     return _fixed_to_float(U, A, B, C)
+
+
+@triton.jit
+def _sum_of_chunk_vectors(vec_ptr, row, NCH, NCH_P: tl.constexpr, NT: tl.constexpr):
+    """The sum over a row's chunks of their [NT] float32 estimates (coarse or refined masses)."""
+    ch = tl.arange(0, NCH_P)[:, None]
+    return tl.sum(tl.load(vec_ptr + (row * NCH + ch) * NT + tl.arange(0, NT)[None, :], mask=ch < NCH, other=0.0), axis=0)
+
+
+@triton.jit
+def _store_first_index_of_max(val_ptr, idx_ptr, item, val, idx):
+    """A chunk's best value and the lowest index reaching it, for the row's combine."""
+    vmax, vidx = _lowest_index_of_max(val, idx)
+    tl.store(val_ptr + item, vmax)
+    tl.store(idx_ptr + item, vidx)
 
 
 @triton.jit
@@ -223,13 +237,7 @@ def _candidate_token(
         off = (row * NCH + ch) * SEG + s
         x = tl.load(seg_x_ptr + off, mask=ok, other=float("-inf"))
         idx = tl.load(seg_i_ptr + off, mask=ok, other=0)
-        keep = ok & (order_key(x) >= tk_key)
-        if p_on | m_on:
-            p = _p_of(x, td, zmax, r)
-            if tp_on != 0:
-                keep = keep & (p / Q >= tp)
-            if m_on:
-                keep = keep & (p >= thr)
+        keep = _kept(x, ok, td, zmax, r, Q, tk_key, tp, tp_on, thr, p_on, m_on)
         val = tl.where(keep, _perturbed(x, td, rl, rh, idx, NATIVE_U32), float("-inf"))
         vmax = tl.max(tl.max(val, axis=1), axis=0)
         vidx = tl.min(tl.min(tl.where(val == vmax, idx, _MAX_KEY), axis=1), axis=0)
@@ -248,47 +256,22 @@ def _chunk_scan_kernel(
 ):
     """Pass 1, per (row, chunk): the chunk's maximum with its first index and its smallest key; for
     top-k rows the maxima of G groups of its lanes; for unfiltered rows its argmax of z + g."""
-    pid = tl.program_id(0)
-    nprog = tl.num_programs(0)
     lanes = tl.arange(0, BLOCK)
-    for item in range(pid, B * NCH, nprog):
-        row = item // NCH
-        c0 = (item % NCH) * CH
-        c1 = tl.minimum(c0 + CH, V)
+    for item in range(tl.program_id(0), B * NCH, tl.num_programs(0)):
+        row, chunk, c0, c1 = _chunk_span(item, NCH, CH, V)
         lp = logits_ptr + row * stride_row
         td, greedy, k, k_on, top_p, p_on, min_p, m_on = _row_rules(temp_ptr, topk_ptr, topp_ptr, minp_ptr, row, V)
         unfiltered = (greedy == 0) & (k_on == 0) & (p_on == 0) & (m_on == 0)
-        rl, rh = _row_hash_halves(tl.load(seed_ptr + 2 * row), tl.load(seed_ptr + 2 * row + 1), tl.load(pos_ptr + 2 * row), NATIVE_U32)
-        lane_max = tl.full([BLOCK], float("-inf"), tl.float32)
-        lane_idx = tl.zeros([BLOCK], dtype=tl.int32)
-        lane_min = tl.full([BLOCK], _MAX_KEY, tl.int32)
-        best = tl.full([BLOCK], float("-inf"), tl.float32)
-        best_idx = tl.full([BLOCK], _MAX_KEY, tl.int32)
-        for start in range(c0, c1, BLOCK):
-            offs = start + lanes
-            ok = offs < c1
-            x = tl.load(lp + offs, mask=ok, other=float("-inf"))
-            up = x > lane_max
-            lane_idx = tl.where(up, offs, lane_idx)
-            lane_max = tl.where(up, x, lane_max)
-            lane_min = tl.minimum(lane_min, tl.where(ok, order_key(x), _MAX_KEY))
-            if unfiltered:
-                val = tl.where(ok, _perturbed(x, td, rl, rh, offs, NATIVE_U32), float("-inf"))
-                better = val > best
-                best_idx = tl.where(better, offs, best_idx)
-                best = tl.where(better, val, best)
-        cm = tl.max(lane_max, axis=0)
-        tl.store(cmax_ptr + item, cm)
-        tl.store(cidx_ptr + item, tl.min(tl.where(lane_max == cm, lane_idx, _MAX_KEY), axis=0))
+        rl, rh = _row_hash(seed_ptr, pos_ptr, row, NATIVE_U32)
+        lane_max, lane_idx, lane_min, best, best_idx = _first_pass(lp, c0, c1, rl, rh, td, unfiltered, BLOCK, NATIVE_U32)
+        _store_first_index_of_max(cmax_ptr, cidx_ptr, item, lane_max, lane_idx)
         tl.store(ckmin_ptr + item, tl.min(lane_min, axis=0))
         if k_on & (greedy == 0):
             # a lane that held no element of the chunk (a chunk shorter than a tile) counts as no group member
             lane_key = tl.where(c0 + lanes < c1, order_key(lane_max), _MIN_KEY)
             tl.store(gkey_ptr + item * G + tl.arange(0, G), tl.max(tl.reshape(lane_key, [BLOCK // G, G]), axis=0))
         if unfiltered:
-            bmax = tl.max(best, axis=0)
-            tl.store(cbest_ptr + item, bmax)
-            tl.store(cbidx_ptr + item, tl.min(tl.where(best == bmax, best_idx, _MAX_KEY), axis=0))
+            _store_first_index_of_max(cbest_ptr, cbidx_ptr, item, best, best_idx)
 
 
 @triton.jit
@@ -301,14 +284,9 @@ def _chunk_sums_kernel(
     """Pass 2, per (row, chunk) of the filtered rows: the chunk's part of S (exact limbs) and of the
     top-p coarse bracket; for top-k rows its elements >= the row's bound of the k-th largest,
     appended in index order to its segment."""
-    pid = tl.program_id(0)
-    nprog = tl.num_programs(0)
     lanes = tl.arange(0, BLOCK)
-    for item in range(pid, B * NCH, nprog):
-        row = item // NCH
-        chunk = item % NCH
-        c0 = chunk * CH
-        c1 = tl.minimum(c0 + CH, V)
+    for item in range(tl.program_id(0), B * NCH, tl.num_programs(0)):
+        row, chunk, c0, c1 = _chunk_span(item, NCH, CH, V)
         lp = logits_ptr + row * stride_row
         td, greedy, k, k_on, top_p, p_on, min_p, m_on = _row_rules(temp_ptr, topk_ptr, topp_ptr, minp_ptr, row, V)
         M, kmin = _row_max(cmax_ptr, ckmin_ptr, row, NCH, NCH_P)
@@ -320,7 +298,7 @@ def _chunk_sums_kernel(
                 lo_k = _topk_lower_bound(gkey_ptr, row, NCH, k, kmin, order_key(M), G, NCH_P)
                 if chunk == 0:
                     tl.store(plan_i_ptr + row * _PLAN_W + _I_LOK, lo_k)
-            xc = (zmax - 0.25 * tl.exp(0.3 * tl.arange(0, NT).to(tl.float32))) * td
+            xc = _coarse_thresholds(zmax, td, NT)
             U = kmin * 0
             A = U
             Bl = U
@@ -332,11 +310,7 @@ def _chunk_sums_kernel(
                 ok = offs < c1
                 x = tl.load(lp + offs, mask=ok, other=float("-inf"))
                 if p_on | m_on:
-                    e = tl.exp(x / td - zmax)
-                    a, b, c = _split3(e)
-                    U, A, Bl, C = _carry(U, A + tl.sum(a, axis=0), Bl + tl.sum(b, axis=0), C + tl.sum(c, axis=0))
-                    if p_on:
-                        coarse += tl.sum(tl.where(x[:, None] >= xc[None, :], e[:, None], 0.0), axis=0)
+                    U, A, Bl, C, coarse = _normaliser_tile(x, td, zmax, xc, p_on, U, A, Bl, C, coarse)
                 if k_on:
                     n = _append(seg_x_ptr + item * SEG, seg_i_ptr + item * SEG, ok & (order_key(x) >= lo_k), x, offs, n, SEG)
             if p_on | m_on:
@@ -358,18 +332,12 @@ def _row_plan_kernel(
     """Per row, after pass 2: greedy and unfiltered rows get their token (the lowest index among
     the best chunks'); filtered rows S -> r, the coarse bracket of the top-p threshold, and the
     top-k threshold (among the candidates; the whole-row search when a segment overflowed)."""
-    pid = tl.program_id(0)
-    nprog = tl.num_programs(0)
-    ch = tl.arange(0, NCH_P)
-    for row in range(pid, B, nprog):
+    for row in range(tl.program_id(0), B, tl.num_programs(0)):
         lp = logits_ptr + row * stride_row
         td, greedy, k, k_on, top_p, p_on, min_p, m_on = _row_rules(temp_ptr, topk_ptr, topp_ptr, minp_ptr, row, V)
         M, kmin = _row_max(cmax_ptr, ckmin_ptr, row, NCH, NCH_P)
         # greedy: the lowest index among the chunks reaching M (all -inf: the reference's argmax is 0)
-        cm = tl.load(cmax_ptr + row * NCH + ch, mask=ch < NCH, other=float("-inf"))
-        ci = tl.load(cidx_ptr + row * NCH + ch, mask=ch < NCH, other=_MAX_KEY)
-        token = tl.min(tl.where(cm == M, ci, _MAX_KEY), axis=0)
-        token = tl.where(M == float("-inf"), 0, token)
+        token = _best_of_chunks(cmax_ptr, cidx_ptr, row, NCH, NCH_P)
         flags = kmin * 0 + _DONE
         path = kmin * 0 + _PATH_CHUNKED
         r = td * 0.0 + 1.0
@@ -387,26 +355,16 @@ def _row_plan_kernel(
                     S = _sum_of_chunks(s_limbs_ptr, row, NCH, NCH_P)
                     r = 1.0 / S
                     if p_on:
-                        nt = tl.arange(0, NT)
-                        coarse = tl.sum(tl.load(coarse_ptr + (row * NCH + ch[:, None]) * NT + nt[None, :], mask=(ch < NCH)[:, None], other=0.0), axis=0)
-                        xc = (zmax - 0.25 * tl.exp(0.3 * nt.to(tl.float32))) * td
-                        n_c = tl.sum((coarse >= top_p * S * 1.0001).to(tl.int32), axis=0)
-                        if n_c > 0:
-                            # the crossing lies between xc[j1] and xc[j1 - 1] (or M): the clear ones are a suffix
-                            j1 = NT - n_c
-                            x_lo = tl.max(tl.where(nt == j1, xc, float("-inf")), axis=0)
-                            x_hi = tl.where(j1 > 0, tl.max(tl.where(nt == j1 - 1, xc, float("-inf")), axis=0), M)
+                        coarse = _sum_of_chunk_vectors(coarse_ptr, row, NCH, NCH_P, NT)
+                        x_lo, x_hi, bracket = _coarse_bracket(coarse, S, top_p, _coarse_thresholds(zmax, td, NT), M, NT)
+                        if bracket != 0:
                             flags = flags | _BRACKET
                 if k_on:
                     lo_k = tl.load(plan_i_ptr + row * _PLAN_W + _I_LOK).to(tl.int64)
                     cx, cidx, valid, n_max = _load_segments(seg_x_ptr, seg_i_ptr, seg_n_ptr, row, NCH, SEG, NCH_P)
                     if n_max <= SEG:
                         flags = flags | _HAVE_K
-                        tk_key = _search_count(order_key(cx), valid, k, lo_k, kmax.to(tl.int64)).to(tl.int32)
-                        path = path | _PATH_TOPK_CANDIDATES
-                    else:
-                        path = path | _PATH_TOPK_ROWS
-                        tk_key = _topk_rows(lp, V, k, lo_k, kmax.to(tl.int64), SEARCH_L, NT, ROUNDS).to(tl.int32)
+                    tk_key, path = _topk_threshold(lp, V, k, cx, valid, n_max <= SEG, lo_k, kmax, path, SEARCH_L, NT, ROUNDS)
                 if p_on & ((flags & _HAVE_K) == 0):
                     flags = flags | _NEED_Q
         plan_f = plan_f_ptr + row * _PLAN_W
@@ -431,37 +389,16 @@ def _chunk_mass_kernel(
     """Pass 3, per (row, chunk) of the top-p rows whose keep_k is not held by candidates: the
     chunk's part of Q (exact limbs) and of the float32 estimates of the mass above NT logits evenly
     spaced in the coarse bracket."""
-    pid = tl.program_id(0)
-    nprog = tl.num_programs(0)
-    lanes = tl.arange(0, BLOCK)
-    for item in range(pid, B * NCH, nprog):
-        row = item // NCH
-        flags = tl.load(plan_i_ptr + row * _PLAN_W + _I_FLAGS)
+    for item in range(tl.program_id(0), B * NCH, tl.num_programs(0)):
+        row, chunk, c0, c1 = _chunk_span(item, NCH, CH, V)
+        plan_f, plan_i, flags = _plan_of(plan_f_ptr, plan_i_ptr, row)
         if (flags & _NEED_Q) != 0:
-            c0 = (item % NCH) * CH
-            c1 = tl.minimum(c0 + CH, V)
-            lp = logits_ptr + row * stride_row
             td, greedy, k, k_on, top_p, p_on, min_p, m_on = _row_rules(temp_ptr, topk_ptr, topp_ptr, minp_ptr, row, V)
-            zmax = tl.load(plan_f_ptr + row * _PLAN_W + _F_M) / td
-            r = tl.load(plan_f_ptr + row * _PLAN_W + _F_R)
-            x_lo = tl.load(plan_f_ptr + row * _PLAN_W + _F_XLO)
-            x_hi = tl.load(plan_f_ptr + row * _PLAN_W + _F_XHI)
-            tk_key = tl.load(plan_i_ptr + row * _PLAN_W + _I_TK)
-            xf = x_lo + (x_hi - x_lo) * (tl.arange(0, NT).to(tl.float32) / NT)
-            approx = tl.zeros([NT], dtype=tl.float32)
-            U = flags * 0
-            A = U
-            Bl = U
-            C = U
-            for start in range(c0, c1, BLOCK):
-                offs = start + lanes
-                ok = offs < c1
-                x = tl.load(lp + offs, mask=ok, other=float("-inf"))
-                p = tl.where(ok & (order_key(x) >= tk_key), _p_of(x, td, zmax, r), 0.0)
-                a, b, c = _split3(p)
-                U, A, Bl, C = _carry(U, A + tl.sum(a, axis=0), Bl + tl.sum(b, axis=0), C + tl.sum(c, axis=0))
-                if (flags & _BRACKET) != 0:
-                    approx += tl.sum(tl.where(x[:, None] >= xf[None, :], p[:, None], 0.0), axis=0)
+            xf = _refined_thresholds(tl.load(plan_f + _F_XLO), tl.load(plan_f + _F_XHI), NT)
+            U, A, Bl, C, approx = _kept_mass_pass(
+                logits_ptr + row * stride_row, c0, c1, td, tl.load(plan_f + _F_M) / td, tl.load(plan_f + _F_R), tl.load(plan_i + _I_TK), xf,
+                (flags & _BRACKET) != 0, BLOCK, NT,
+            )
             _store_limbs(q_limbs_ptr, item, U, A, Bl, C)
             tl.store(approx_ptr + item * NT + tl.arange(0, NT), approx)
 
@@ -476,34 +413,20 @@ def _chunk_collect_kernel(
     threshold (the lowest estimate that clearly reaches top_p; every program of the row finds the
     same, the first chunk's keeps them for the plan), then the chunk's elements >= it appended to
     its segment."""
-    pid = tl.program_id(0)
-    nprog = tl.num_programs(0)
     lanes = tl.arange(0, BLOCK)
-    ch = tl.arange(0, NCH_P)
-    nt = tl.arange(0, NT)
-    for item in range(pid, B * NCH, nprog):
-        row = item // NCH
-        chunk = item % NCH
-        flags = tl.load(plan_i_ptr + row * _PLAN_W + _I_FLAGS)
+    for item in range(tl.program_id(0), B * NCH, tl.num_programs(0)):
+        row, chunk, c0, c1 = _chunk_span(item, NCH, CH, V)
+        plan_f, plan_i, flags = _plan_of(plan_f_ptr, plan_i_ptr, row)
         if (flags & _NEED_Q) != 0:
-            c0 = chunk * CH
-            c1 = tl.minimum(c0 + CH, V)
             lp = logits_ptr + row * stride_row
-            top_p = tl.load(topp_ptr + row)
             Q = _sum_of_chunks(q_limbs_ptr, row, NCH, NCH_P)
-            approx = tl.sum(tl.load(approx_ptr + (row * NCH + ch[:, None]) * NT + nt[None, :], mask=(ch < NCH)[:, None], other=0.0), axis=0)
-            x_lo = tl.load(plan_f_ptr + row * _PLAN_W + _F_XLO)
-            x_hi = tl.load(plan_f_ptr + row * _PLAN_W + _F_XHI)
-            xf = x_lo + (x_hi - x_lo) * (nt.to(tl.float32) / NT)
-            tk_key = tl.load(plan_i_ptr + row * _PLAN_W + _I_TK)
-            lo_p = tl.maximum(tl.load(plan_i_ptr + row * _PLAN_W + _I_KMIN), tk_key)
-            n_f = tl.sum((approx >= top_p * Q * 1.0001 + 1e-6).to(tl.int32), axis=0)
-            if ((flags & _BRACKET) != 0) & (n_f > 0):
-                # ascending thresholds: the clear ones are a prefix
-                lo_p = tl.maximum(lo_p, order_key(tl.max(tl.where(nt == n_f - 1, xf, float("-inf")), axis=0)))
+            approx = _sum_of_chunk_vectors(approx_ptr, row, NCH, NCH_P, NT)
+            xf = _refined_thresholds(tl.load(plan_f + _F_XLO), tl.load(plan_f + _F_XHI), NT)
+            lo_base = tl.maximum(tl.load(plan_i + _I_KMIN), tl.load(plan_i + _I_TK))
+            lo_p = _guessed_bound(lo_base, approx, xf, Q, tl.load(topp_ptr + row), (flags & _BRACKET) != 0, NT)
             if chunk == 0:
-                tl.store(plan_f_ptr + row * _PLAN_W + _F_Q, Q)
-                tl.store(plan_i_ptr + row * _PLAN_W + _I_LOP, lo_p)
+                tl.store(plan_f + _F_Q, Q)
+                tl.store(plan_i + _I_LOP, lo_p)
             n = flags * 0
             for start in range(c0, c1, BLOCK):
                 offs = start + lanes
@@ -524,12 +447,8 @@ def _row_finish_kernel(
     """Per filtered row: the top-p threshold (among the candidates; the whole-row search when they
     overflowed or the guess was too high), then the token among the candidates when they hold every
     kept element (else the row is left to the token pass)."""
-    pid = tl.program_id(0)
-    nprog = tl.num_programs(0)
-    for row in range(pid, B, nprog):
-        plan_f = plan_f_ptr + row * _PLAN_W
-        plan_i = plan_i_ptr + row * _PLAN_W
-        flags = tl.load(plan_i + _I_FLAGS)
+    for row in range(tl.program_id(0), B, tl.num_programs(0)):
+        plan_f, plan_i, flags = _plan_of(plan_f_ptr, plan_i_ptr, row)
         if (flags & _DONE) == 0:
             lp = logits_ptr + row * stride_row
             td, greedy, k, k_on, top_p, p_on, min_p, m_on = _row_rules(temp_ptr, topk_ptr, topp_ptr, minp_ptr, row, V)
@@ -553,39 +472,20 @@ def _row_finish_kernel(
             tp = td * 0.0
             tp_on = kmin * 0
             if p_on:
-                lo_base = tl.maximum(kmin, tk_key).to(tl.int64)
-                lo_p = lo_base
+                lo_p = tl.maximum(kmin, tk_key).to(tl.int64)
                 if (flags & _NEED_Q) != 0:
                     Q = tl.load(plan_f + _F_Q)
                     lo_p = tl.load(plan_i + _I_LOP).to(tl.int64)
                 else:
                     # keep_k lies within the candidates: Q from them
-                    a, b, c = _split3(_p_of(cx, td, zmax, r))
-                    U, A, Bl, C = _limbsum2(valid & (order_key(cx) >= tk_key), a, b, c)
-                    Q = _fixed_to_float(U, A, Bl, C)
-                guessed = (lo_p > lo_base).to(tl.int32)
-                tp_key = lo_p
-                found = kmin * 0
-                if have != 0:
-                    ckey = tl.where(valid, order_key(cx), _MIN_KEY)
-                    a, b, c = _split3(tl.where(ckey >= tk_key, _p_of(cx, td, zmax, r) / Q, 0.0))
-                    tp_key, found = _search_mass(ckey, a, b, c, lo_p, kmax.to(tl.int64), top_p)
-                    path = path | _PATH_TOPP_CANDIDATES
-                    if (found == 0) & (guessed != 0):
-                        have = kmin * 0  # the guess was too high: search the whole row
-                        path = path | _PATH_TOPP_BAD_GUESS
-                if have == 0:
-                    path = path | _PATH_TOPP_ROWS
-                    tp_key, found = _topp_rows(lp, V, td, zmax, r, Q, tk_key, top_p, lo_base, kmax.to(tl.int64), SEARCH_L, NT, ROUNDS)
-                if found != 0:
-                    tp = _p_of(from_order_key(tp_key.to(tl.int32)), td, zmax, r) / Q
-                    tp_on = found
+                    Q = _mass_of_candidates(cx, valid, td, zmax, r, tk_key)
+                tp, tp_on, have, path = _topp_threshold(lp, V, cx, valid, have, td, zmax, r, Q, tk_key, top_p, kmin, lo_p, kmax, path, SEARCH_L, NT, ROUNDS)
             thr = min_p * r
             if tp_on != 0:
                 flags = flags | _TP_ON
             if have != 0:
                 path = path | _PATH_TOKEN_CANDIDATES
-                rl, rh = _row_hash_halves(tl.load(seed_ptr + 2 * row), tl.load(seed_ptr + 2 * row + 1), tl.load(pos_ptr + 2 * row), NATIVE_U32)
+                rl, rh = _row_hash(seed_ptr, pos_ptr, row, NATIVE_U32)
                 token = _candidate_token(
                     seg_x_ptr, seg_i_ptr, seg_n_ptr, row, NCH, rl, rh, td, zmax, r, Q, tk_key, tp, tp_on, thr, p_on, m_on, SEG, RB, NATIVE_U32
                 )
@@ -607,47 +507,19 @@ def _chunk_token_kernel(
 ):
     """The token pass, per (row, chunk) of the rows whose candidates do not hold every kept element:
     the chunk's argmax of z + g over its kept elements."""
-    pid = tl.program_id(0)
-    nprog = tl.num_programs(0)
-    lanes = tl.arange(0, BLOCK)
-    for item in range(pid, B * NCH, nprog):
-        row = item // NCH
-        plan_f = plan_f_ptr + row * _PLAN_W
-        plan_i = plan_i_ptr + row * _PLAN_W
-        flags = tl.load(plan_i + _I_FLAGS)
+    for item in range(tl.program_id(0), B * NCH, tl.num_programs(0)):
+        row, chunk, c0, c1 = _chunk_span(item, NCH, CH, V)
+        plan_f, plan_i, flags = _plan_of(plan_f_ptr, plan_i_ptr, row)
         if (flags & _TOKEN_PASS) != 0:
-            c0 = (item % NCH) * CH
-            c1 = tl.minimum(c0 + CH, V)
-            lp = logits_ptr + row * stride_row
             td, greedy, k, k_on, top_p, p_on, min_p, m_on = _row_rules(temp_ptr, topk_ptr, topp_ptr, minp_ptr, row, V)
-            zmax = tl.load(plan_f + _F_M) / td
             r = tl.load(plan_f + _F_R)
-            Q = tl.load(plan_f + _F_Q)
-            tp = tl.load(plan_f + _F_TP)
-            tp_on = (flags & _TP_ON) != 0
-            tk_key = tl.load(plan_i + _I_TK)
-            thr = min_p * r
-            rl, rh = _row_hash_halves(tl.load(seed_ptr + 2 * row), tl.load(seed_ptr + 2 * row + 1), tl.load(pos_ptr + 2 * row), NATIVE_U32)
-            best = tl.full([BLOCK], float("-inf"), tl.float32)
-            best_idx = tl.full([BLOCK], _MAX_KEY, tl.int32)
-            for start in range(c0, c1, BLOCK):
-                offs = start + lanes
-                ok = offs < c1
-                x = tl.load(lp + offs, mask=ok, other=float("-inf"))
-                keep = ok & (order_key(x) >= tk_key)
-                if p_on | m_on:
-                    p = _p_of(x, td, zmax, r)
-                    if tp_on:
-                        keep = keep & (p / Q >= tp)
-                    if m_on:
-                        keep = keep & (p >= thr)
-                val = tl.where(keep, _perturbed(x, td, rl, rh, offs, NATIVE_U32), float("-inf"))
-                up = val > best
-                best_idx = tl.where(up, offs, best_idx)
-                best = tl.where(up, val, best)
-            bmax = tl.max(best, axis=0)
+            rl, rh = _row_hash(seed_ptr, pos_ptr, row, NATIVE_U32)
+            bmax, bidx = _token_pass(
+                logits_ptr + row * stride_row, c0, c1, rl, rh, td, tl.load(plan_f + _F_M) / td, r, tl.load(plan_f + _F_Q),
+                tl.load(plan_i + _I_TK), tl.load(plan_f + _F_TP), (flags & _TP_ON) != 0, min_p * r, p_on, m_on, BLOCK, NATIVE_U32,
+            )
             tl.store(cbest_ptr + item, bmax)
-            tl.store(cbidx_ptr + item, tl.min(tl.where(best == bmax, best_idx, _MAX_KEY), axis=0))
+            tl.store(cbidx_ptr + item, bidx)
 
 
 @triton.jit
@@ -657,9 +529,7 @@ def _row_token_kernel(
     NCH_P: tl.constexpr, RECORD_PATH: tl.constexpr,
 ):
     """Every row's token: decided by a row kernel, or the best of its chunks' in the token pass."""
-    pid = tl.program_id(0)
-    nprog = tl.num_programs(0)
-    for row in range(pid, B, nprog):
+    for row in range(tl.program_id(0), B, tl.num_programs(0)):
         plan_i = plan_i_ptr + row * _PLAN_W
         flags = tl.load(plan_i + _I_FLAGS)
         token = tl.load(plan_i + _I_TOKEN)

@@ -2,7 +2,9 @@
 small-batch chunked path (`sampling_chunked`) build a row's token from these same expressions,
 which is why they give it the same bits. Float keys, exact fixed-point sums, the noise hash, p,
 the threshold searches (over candidates held on chip, and over the whole row when the candidates
-overflow) and the PATH_* flags recording which searches a row took. Not a registration module.
+overflow), the streaming passes over a span of a row (the whole row in the row path, a chunk in the
+chunked one), the keep rules and the token's argmax, and the PATH_* flags recording which searches
+a row took. Not a registration module.
 
 Exact sums without float64 (the vector units have none): each value in [0, 1] is split into
 three 20-bit integer limbs (2^-20, 2^-40, 2^-60) summed in int32 with carries, so a sum is
@@ -31,7 +33,7 @@ import torch
 import triton
 import triton.language as tl
 
-from deepinfer.triton_common import mix32, order_key
+from deepinfer.triton_common import from_order_key, mix32, order_key
 
 _MIN_KEY = tl.constexpr(-(2**31))
 _MAX_KEY = tl.constexpr(2**31 - 1)
@@ -151,8 +153,12 @@ def _mix32_halves(l, h, NATIVE_U32: tl.constexpr):
 
 
 @triton.jit
-def _row_hash_halves(seed_lo, seed_hi, pos_lo, NATIVE_U32: tl.constexpr):
-    """mix(mix(mix(seed_lo + 0x9E3779B9) ^ seed_hi) ^ position_lo) from int32 words, as halves."""
+def _row_hash(seed_ptr, pos_ptr, row, NATIVE_U32: tl.constexpr):
+    """mix(mix(mix(seed_lo + 0x9E3779B9) ^ seed_hi) ^ position_lo), as halves, from the row's seed
+    and position words (int32 pairs, `_words`)."""
+    seed_lo = tl.load(seed_ptr + 2 * row)
+    seed_hi = tl.load(seed_ptr + 2 * row + 1)
+    pos_lo = tl.load(pos_ptr + 2 * row)
     l = (seed_lo & 0xFFFF) + 0x79B9
     h = (((seed_lo >> 16) & 0xFFFF) + 0x9E37 + (l >> 16)) & 0xFFFF
     l = l & 0xFFFF
@@ -175,6 +181,22 @@ def _words(t: torch.Tensor) -> torch.Tensor:
 
 
 # ---------------------------------------------------------------------------------------------
+# a row's parameters
+
+
+@triton.jit
+def _row_rules(temp_ptr, topk_ptr, topp_ptr, minp_ptr, row, V):
+    """A row's parameters: (td, greedy, k, k_on, top_p, p_on, min_p, m_on); td = 1 for greedy rows."""
+    temp = tl.load(temp_ptr + row)
+    k = tl.load(topk_ptr + row)
+    top_p = tl.load(topp_ptr + row)
+    min_p = tl.load(minp_ptr + row)
+    greedy = temp == 0.0
+    td = tl.where(greedy, 1.0, temp)
+    return td, greedy, k, (k > 0) & (k < V), top_p, top_p < 1.0, min_p, min_p > 0.0
+
+
+# ---------------------------------------------------------------------------------------------
 # p, as the reference computes it
 
 
@@ -182,6 +204,173 @@ def _words(t: torch.Tensor) -> torch.Tensor:
 def _p_of(x, td, zmax, r):
     # the reference: z = logits / t; p = softmax(z) = exp(z - max z) * (1 / sum)
     return tl.exp(x / td - zmax) * r
+
+
+# ---------------------------------------------------------------------------------------------
+# the token: the keep rules and the argmax of z + g (lowest index on ties)
+
+
+@triton.jit
+def _perturbed(x, td, rl, rh, idx, NATIVE_U32: tl.constexpr):
+    """z + g: the value the token maximises."""
+    return x / td - tl.log(-tl.log(_hash_uniform_halves(rl, rh, idx, NATIVE_U32)))
+
+
+@triton.jit
+def _kept(x, ok, td, zmax, r, Q, tk_key, tp, tp_on, thr, p_on, m_on):
+    """Which of the elements `ok` pass the row's filters: key >= the top-k threshold's, q >= tp
+    (tp_on), p >= min_p * max p (m_on)."""
+    keep = ok & (order_key(x) >= tk_key)
+    if p_on | m_on:
+        p = _p_of(x, td, zmax, r)
+        if tp_on != 0:
+            keep = keep & (p / Q >= tp)
+        if m_on:
+            keep = keep & (p >= thr)
+    return keep
+
+
+@triton.jit
+def _keep_first_max(val, idx, best, best_idx):
+    """Lane-wise running maximum with its index; an equal later value does not replace it, so a
+    lane keeps its lowest index among ties (tiles come in index order)."""
+    up = val > best
+    return tl.where(up, val, best), tl.where(up, idx, best_idx)
+
+
+@triton.jit
+def _lowest_index_of_max(val, idx):
+    """(max, the lowest index among the lanes that reach it) over a [N] vector."""
+    vmax = tl.max(val, axis=0)
+    return vmax, tl.min(tl.where(val == vmax, idx, _MAX_KEY), axis=0)
+
+
+# ---------------------------------------------------------------------------------------------
+# the streaming passes over a span [start, end) of a row (BLOCK-wide tiles)
+
+
+@triton.jit
+def _first_pass(lp, start, end, rl, rh, td, with_noise, BLOCK: tl.constexpr, NATIVE_U32: tl.constexpr):
+    """Lane maxima with their first index and lane minima of the keys; `with_noise` (unfiltered
+    rows) also the lanes' argmax of z + g, in the same pass (the row path passes a constexpr False:
+    no noise code there). Returns (lane_max, lane_idx, lane_min, best, best_idx)."""
+    lanes = tl.arange(0, BLOCK)
+    lane_max = tl.full([BLOCK], float("-inf"), tl.float32)
+    lane_idx = tl.zeros([BLOCK], dtype=tl.int32)
+    lane_min = tl.full([BLOCK], _MAX_KEY, tl.int32)
+    best = tl.full([BLOCK], float("-inf"), tl.float32)
+    best_idx = tl.full([BLOCK], _MAX_KEY, tl.int32)
+    for tile in range(start, end, BLOCK):
+        offs = tile + lanes
+        ok = offs < end
+        x = tl.load(lp + offs, mask=ok, other=float("-inf"))
+        lane_max, lane_idx = _keep_first_max(x, offs, lane_max, lane_idx)
+        lane_min = tl.minimum(lane_min, tl.where(ok, order_key(x), _MAX_KEY))
+        if with_noise:
+            best, best_idx = _keep_first_max(tl.where(ok, _perturbed(x, td, rl, rh, offs, NATIVE_U32), float("-inf")), offs, best, best_idx)
+    return lane_max, lane_idx, lane_min, best, best_idx
+
+
+@triton.jit
+def _add_limbs(U, A, B, C, v):
+    """The fixed-point sum (U, A, B, C) plus the exact sum of a tile of values in [0, 1]."""
+    a, b, c = _split3(v)
+    return _carry(U, A + tl.sum(a, axis=0), B + tl.sum(b, axis=0), C + tl.sum(c, axis=0))
+
+
+@triton.jit
+def _mass_above(x, w, thresholds):
+    """For each threshold, the float32 sum of the weights w of the tile's logits x >= it."""
+    return tl.sum(tl.where(x[:, None] >= thresholds[None, :], w[:, None], 0.0), axis=0)
+
+
+@triton.jit
+def _normaliser_tile(x, td, zmax, xc, p_on, U, A, B, C, coarse):
+    """One tile's part of S = sum exp(z - zmax) (exact limbs) and, for top-p, of the coarse
+    estimates of the mass above the logits xc."""
+    e = tl.exp(x / td - zmax)
+    U, A, B, C = _add_limbs(U, A, B, C, e)
+    if p_on:
+        coarse += _mass_above(x, e, xc)
+    return U, A, B, C, coarse
+
+
+@triton.jit
+def _kept_mass_pass(lp, start, end, td, zmax, r, tk_key, xf, bracket_found, BLOCK: tl.constexpr, NT: tl.constexpr):
+    """The span's part of Q = sum of p over keep_k (exact limbs) and, when the coarse bracket was
+    found, of the float32 estimates of that mass above the logits xf. Returns (U, A, B, C, approx)."""
+    lanes = tl.arange(0, BLOCK)
+    approx = tl.zeros([NT], dtype=tl.float32)
+    U = tk_key * 0
+    A = U
+    B = U
+    C = U
+    for tile in range(start, end, BLOCK):
+        offs = tile + lanes
+        ok = offs < end
+        x = tl.load(lp + offs, mask=ok, other=float("-inf"))
+        p = tl.where(ok & (order_key(x) >= tk_key), _p_of(x, td, zmax, r), 0.0)
+        U, A, B, C = _add_limbs(U, A, B, C, p)
+        if bracket_found:
+            approx += _mass_above(x, p, xf)
+    return U, A, B, C, approx
+
+
+@triton.jit
+def _token_pass(lp, start, end, rl, rh, td, zmax, r, Q, tk_key, tp, tp_on, thr, p_on, m_on, BLOCK: tl.constexpr, NATIVE_U32: tl.constexpr):
+    """(the best z + g over the span's kept elements, its lowest index); -inf when none is kept."""
+    lanes = tl.arange(0, BLOCK)
+    best = tl.full([BLOCK], float("-inf"), tl.float32)
+    best_idx = tl.full([BLOCK], _MAX_KEY, tl.int32)
+    for tile in range(start, end, BLOCK):
+        offs = tile + lanes
+        x = tl.load(lp + offs, mask=offs < end, other=float("-inf"))
+        keep = _kept(x, offs < end, td, zmax, r, Q, tk_key, tp, tp_on, thr, p_on, m_on)
+        best, best_idx = _keep_first_max(tl.where(keep, _perturbed(x, td, rl, rh, offs, NATIVE_U32), float("-inf")), offs, best, best_idx)
+    return _lowest_index_of_max(best, best_idx)
+
+
+# ---------------------------------------------------------------------------------------------
+# the top-p bracket: float32 estimates that narrow the exact search
+
+
+@triton.jit
+def _coarse_thresholds(zmax, td, NT: tl.constexpr):
+    """NT logits zmax - d_j (d_j = 0.25 e^{0.3 j}, up to 22.5 for NT = 16), descending."""
+    return (zmax - 0.25 * tl.exp(0.3 * tl.arange(0, NT).to(tl.float32))) * td
+
+
+@triton.jit
+def _coarse_bracket(coarse, S, top_p, xc, M, NT: tl.constexpr):
+    """(x_lo, x_hi, found): the logits around the top-p crossing from the coarse estimates (mass
+    above xc, unnormalised), when one clearly reaches top_p; x_lo, x_hi are 0 (unused) otherwise."""
+    nt = tl.arange(0, NT)
+    n_c = tl.sum((coarse >= top_p * S * 1.0001).to(tl.int32), axis=0)
+    x_lo = S * 0.0
+    x_hi = S * 0.0
+    if n_c > 0:
+        # the crossing lies between xc[j1] and xc[j1 - 1] (or M): the clear ones are a suffix
+        j1 = NT - n_c
+        x_lo = tl.max(tl.where(nt == j1, xc, float("-inf")), axis=0)
+        x_hi = tl.where(j1 > 0, tl.max(tl.where(nt == j1 - 1, xc, float("-inf")), axis=0), M)
+    return x_lo, x_hi, (n_c > 0).to(tl.int32)
+
+
+@triton.jit
+def _refined_thresholds(x_lo, x_hi, NT: tl.constexpr):
+    """NT logits evenly spaced in the coarse bracket, ascending."""
+    return x_lo + (x_hi - x_lo) * (tl.arange(0, NT).to(tl.float32) / NT)
+
+
+@triton.jit
+def _guessed_bound(lo, approx, xf, Q, top_p, bracket_found, NT: tl.constexpr):
+    """The key lower bound lo (int32) raised to the largest refined threshold xf whose estimated
+    mass clearly reaches top_p: a guess, checked exactly by the top-p search."""
+    n_f = tl.sum((approx >= top_p * Q * 1.0001 + 1e-6).to(tl.int32), axis=0)
+    if bracket_found & (n_f > 0):
+        # ascending thresholds: the clear ones are a prefix
+        lo = tl.maximum(lo, order_key(tl.max(tl.where(tl.arange(0, NT) == n_f - 1, xf, float("-inf")), axis=0)))
+    return lo
 
 
 # ---------------------------------------------------------------------------------------------
@@ -329,3 +518,58 @@ _PATH_TOPP_BAD_GUESS = tl.constexpr(PATH_TOPP_BAD_GUESS)
 _PATH_TOPP_ROWS = tl.constexpr(PATH_TOPP_ROWS)
 _PATH_TOKEN_CANDIDATES = tl.constexpr(PATH_TOKEN_CANDIDATES)
 _PATH_CHUNKED = tl.constexpr(PATH_CHUNKED)
+
+
+# ---------------------------------------------------------------------------------------------
+# the thresholds a row keeps: among its candidates when they are complete, else over the whole row
+
+
+@triton.jit
+def _topk_threshold(lp, V, k, cx, valid, complete, lo_k, kmax, path, SEARCH_L: tl.constexpr, NT: tl.constexpr, ROUNDS: tl.constexpr):
+    """(the k-th largest logit's key, path): bisected among the candidates cx (valid) when they
+    hold every element >= lo_k (complete), else searched over the row."""
+    if complete:
+        tk_key = _search_count(order_key(cx), valid, k, lo_k, kmax.to(tl.int64)).to(tl.int32)
+        path = path | _PATH_TOPK_CANDIDATES
+    else:
+        path = path | _PATH_TOPK_ROWS
+        tk_key = _topk_rows(lp, V, k, lo_k, kmax.to(tl.int64), SEARCH_L, NT, ROUNDS).to(tl.int32)
+    return tk_key, path
+
+
+@triton.jit
+def _mass_of_candidates(cx, valid, td, zmax, r, tk_key):
+    """Q, the exact sum of p over keep_k, when the candidates hold all of keep_k."""
+    a, b, c = _split3(_p_of(cx, td, zmax, r))
+    U, A, B, C = _limbsum2(valid & (order_key(cx) >= tk_key), a, b, c)
+    return _fixed_to_float(U, A, B, C)
+
+
+@triton.jit
+def _topp_threshold(
+    lp, V, cx, valid, have, td, zmax, r, Q, tk_key, top_p, kmin, lo_p, kmax, path,
+    SEARCH_L: tl.constexpr, NT: tl.constexpr, ROUNDS: tl.constexpr,
+):
+    """(tp, found, have, path): the threshold on q = p / Q, from kappa bisected among the
+    candidates (have: they hold every element >= lo_p) or over the whole row from the smallest key
+    of keep_k (they overflowed, or lo_p was a guess above it that does not reach top_p: have
+    becomes 0); found = 0 when the whole of keep_k does not reach top_p (every q is kept, tp unused)."""
+    lo_base = tl.maximum(kmin, tk_key).to(tl.int64)
+    guessed = lo_p > lo_base
+    tp_key = lo_p
+    found = tk_key * 0
+    if have != 0:
+        ckey = tl.where(valid, order_key(cx), _MIN_KEY)
+        a, b, c = _split3(tl.where(ckey >= tk_key, _p_of(cx, td, zmax, r) / Q, 0.0))
+        tp_key, found = _search_mass(ckey, a, b, c, lo_p, kmax.to(tl.int64), top_p)
+        path = path | _PATH_TOPP_CANDIDATES
+        if (found == 0) & guessed:
+            have = have * 0  # the guess was too high: search the whole row
+            path = path | _PATH_TOPP_BAD_GUESS
+    if have == 0:
+        path = path | _PATH_TOPP_ROWS
+        tp_key, found = _topp_rows(lp, V, td, zmax, r, Q, tk_key, top_p, lo_base, kmax.to(tl.int64), SEARCH_L, NT, ROUNDS)
+    tp = td * 0.0
+    if found != 0:
+        tp = _p_of(from_order_key(tp_key.to(tl.int32)), td, zmax, r) / Q
+    return tp, found, have, path
