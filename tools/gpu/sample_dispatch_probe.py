@@ -42,23 +42,56 @@ def _regs(kernel) -> list[str]:
     return out
 
 
+_CASES = {  # name: (temperature, top_k, top_p, min_p, logit scale), batch 256 at V 129280
+    "greedy": (0.0, 0, 1.0, 0.0, 1.0),
+    "topk50_topp0.9": (1.0, 50, 0.9, 0.0, 1.0),
+    "temperature": (0.8, 0, 1.0, 0.0, 1.0),
+    "topp0.9_peaked": (1.0, 0, 0.9, 0.0, 4.0),
+    "minp0.1": (1.0, 0, 1.0, 0.1, 1.0),
+}
+_ARGS = ("logits", "temperature", "top_k", "top_p", "min_p", "seeds", "positions")
+
+
+def _sample_cases(dev: torch.device, names) -> dict:
+    from deepinfer_cuda.bench import sampling as bench
+
+    return {n: bench._setup(256, bench.VOCAB, *_CASES[n][:4], scale=_CASES[n][4])(dev) for n in names}
+
+
+def _times(fn, cases: dict, kw: dict, b16: bool = False) -> str:
+    """One line: the op's graph-replay time per case (and B16 top-k/top-p) with these overrides."""
+    line = []
+    for name, s in cases.items():
+        args = tuple(s[a] for a in _ARGS)
+        line.append(f"{name} {graph_time_ms(lambda args=args: fn(*args, **kw)) * 1e3:6.1f}")
+    if b16:
+        small = tuple(cases["topk50_topp0.9"][a][:16] for a in _ARGS)
+        line.append(f"B16 topk/topp {graph_time_ms(lambda: fn(*small, **kw)) * 1e3:6.1f}")
+    return " | ".join(line)
+
+
 def sample_probe() -> None:
     from deepinfer_cuda.bench import sampling as bench
     from deepinfer_cuda.kernels import sampling as ks
 
     dev = torch.device("cuda")
     B, V = 256, bench.VOCAB
-    cases = {
-        "greedy": bench._setup(B, V, 0.0, 0, 1.0, 0.0)(dev),
-        "topk50_topp0.9": bench._setup(B, V, 1.0, 50, 0.9, 0.0)(dev),
-        "temperature": bench._setup(B, V, 0.8, 0, 1.0, 0.0)(dev),
-    }
+    cases = _sample_cases(dev, _CASES)
     logits = cases["greedy"]["logits"]
     ms_argmax = graph_time_ms(lambda: logits.argmax(dim=-1))
     gbytes = logits.numel() * 4 / 1e9
     print(f"torch.argmax: {ms_argmax * 1e3:7.1f} us {gbytes / ms_argmax:.2f} TB/s", flush=True)
-    cases["topp0.9_peaked"] = bench._setup(B, V, 1.0, 0, 0.9, 0.0, scale=4.0)(dev)
-    cases["minp0.1"] = bench._setup(B, V, 1.0, 0, 1.0, 0.1)(dev)
+    for block in (1024, 2048, 4096, 8192):
+        nch = -(-V // block)
+        ch = min(block, -(-(-(-V // nch)) // 16) * 16)
+        nch = -(-V // ch)
+        wf = torch.empty(B * nch, device=dev)
+        wi = torch.empty(B * nch, device=dev, dtype=torch.int32)
+        for warps in (1, 2, 4, 8):
+            if block // (32 * warps) > 64:
+                continue
+            ms = graph_time_ms(lambda: _greedy_chunks[(B, nch)](logits, logits.stride(0), wf, wi, V, nch, ch, BLOCK=block, num_warps=warps))
+            print(f"greedy-only chunk pass BLOCK {block:5d} warps {warps}: {ms * 1e3:7.1f} us {gbytes / ms:.2f} TB/s", flush=True)
     variants = [
         ("filter G=NCH (a chunk a program)", dict(filter_programs=1 << 20, filter_prefetch=False)),
         ("filter 2048 programs", dict(filter_programs=2048, filter_prefetch=False)),
@@ -70,16 +103,7 @@ def sample_probe() -> None:
         ("argmax 1024 programs, filter 8192", dict(pass1_programs=1024, filter_programs=8192, filter_prefetch=False)),
     ]
     for label, kw in variants:
-        line = []
-        for name, s in cases.items():
-            args = (s["logits"], s["temperature"], s["top_k"], s["top_p"], s["min_p"], s["seeds"], s["positions"])
-            ms = graph_time_ms(lambda args=args, kw=kw: ks._sample(*args, **kw))
-            line.append(f"{name} {ms * 1e3:6.1f}")
-        s = cases["topk50_topp0.9"]
-        small = tuple(t[:16] for t in (s["logits"], s["temperature"], s["top_k"], s["top_p"], s["min_p"], s["seeds"], s["positions"]))
-        ms = graph_time_ms(lambda kw=kw: ks._sample(*small, **kw))
-        line.append(f"B16 topk/topp {ms * 1e3:6.1f}")
-        print(f"{label:36s} us: " + " | ".join(line), flush=True)
+        print(f"{label:36s} us: " + _times(ks._sample, cases, kw, b16=True), flush=True)
     try:
         print("compiled:", *_regs(ks._sample_pass1_argmax), *_regs(ks._sample_pass1_filter), *_regs(ks._sample_pass2), sep="\n  ")
     except Exception as e:  # noqa: BLE001 - the cache's layout differs between Triton versions
@@ -125,21 +149,12 @@ def filter_probe() -> None:
     import importlib.util
     from pathlib import Path
 
-    from deepinfer_cuda.bench import sampling as bench
     from deepinfer_cuda.kernels import sampling as ks
 
     spec = importlib.util.spec_from_file_location("old_sampling", Path(__file__).with_name("old_sampling_probe_copy.py"))
     old = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(old)
-    dev = torch.device("cuda")
-    B, V = 256, bench.VOCAB
-    cases = {
-        "greedy": bench._setup(B, V, 0.0, 0, 1.0, 0.0)(dev),
-        "topk50_topp0.9": bench._setup(B, V, 1.0, 50, 0.9, 0.0)(dev),
-        "temperature": bench._setup(B, V, 0.8, 0, 1.0, 0.0)(dev),
-        "topp0.9_peaked": bench._setup(B, V, 1.0, 0, 0.9, 0.0, scale=4.0)(dev),
-        "minp0.1": bench._setup(B, V, 1.0, 0, 1.0, 0.1)(dev),
-    }
+    cases = _sample_cases(torch.device("cuda"), _CASES)
     variants = [("before the split (HEAD)", old._sample, {})]
     for programs in (1024, 1 << 20):
         for prefetch in (True, False):
@@ -149,16 +164,7 @@ def filter_probe() -> None:
                 label = f"filter {'G=NCH' if programs > 4096 else programs} {'prefetch' if prefetch else 'plain'} w{warps}"
                 variants.append((label, ks._sample, dict(filter_programs=programs, filter_prefetch=prefetch, filter_warps=warps)))
     for label, fn, kw in variants:
-        line = []
-        for name, s in cases.items():
-            args = (s["logits"], s["temperature"], s["top_k"], s["top_p"], s["min_p"], s["seeds"], s["positions"])
-            ms = graph_time_ms(lambda args=args, kw=kw, fn=fn: fn(*args, **kw))
-            line.append(f"{name} {ms * 1e3:6.1f}")
-        s = cases["topk50_topp0.9"]
-        small = tuple(t[:16] for t in (s["logits"], s["temperature"], s["top_k"], s["top_p"], s["min_p"], s["seeds"], s["positions"]))
-        ms = graph_time_ms(lambda kw=kw, fn=fn: fn(*small, **kw))
-        line.append(f"B16 topk/topp {ms * 1e3:6.1f}")
-        print(f"{label:28s} us: " + " | ".join(line), flush=True)
+        print(f"{label:28s} us: " + _times(fn, cases, kw, b16=True), flush=True)
     try:
         print("compiled:", *_regs(old._sample_pass1), *_regs(ks._sample_pass1_filter), sep="\n  ")
     except Exception as e:  # noqa: BLE001 - the cache's layout differs between Triton versions
@@ -168,28 +174,17 @@ def filter_probe() -> None:
 def followup_probe() -> None:
     """The second chunk pass's program count (sample) and the counting sort's tile and warps (dispatch)."""
     from deepinfer_cuda.bench import moe as moe_bench
-    from deepinfer_cuda.bench import sampling as bench
     from deepinfer_cuda.kernels import moe
     from deepinfer_cuda.kernels import sampling as ks
 
     dev = torch.device("cuda")
-    B, V = 256, bench.VOCAB
-    cases = {
-        "greedy": bench._setup(B, V, 0.0, 0, 1.0, 0.0)(dev),
-        "topk50_topp0.9": bench._setup(B, V, 1.0, 50, 0.9, 0.0)(dev),
-        "topp0.9_peaked": bench._setup(B, V, 1.0, 0, 0.9, 0.0, scale=4.0)(dev),
-        "minp0.1": bench._setup(B, V, 1.0, 0, 1.0, 0.1)(dev),
-    }
+    cases = _sample_cases(dev, ("greedy", "topk50_topp0.9", "topp0.9_peaked", "minp0.1"))
     logits = cases["greedy"]["logits"]
     print(f"torch.argmax {graph_time_ms(lambda: logits.argmax(dim=-1)) * 1e3:.1f} us", flush=True)
     original = ks.PASS2_PROGRAMS
     for programs in (512, 1024, 2048, 4096):
         ks.PASS2_PROGRAMS = programs
-        line = []
-        for name, s in cases.items():
-            args = (s["logits"], s["temperature"], s["top_k"], s["top_p"], s["min_p"], s["seeds"], s["positions"])
-            line.append(f"{name} {graph_time_ms(lambda args=args: ks._sample(*args)) * 1e3:6.1f}")
-        print(f"sample PASS2_PROGRAMS {programs:5d} us: " + " | ".join(line), flush=True)
+        print(f"sample PASS2_PROGRAMS {programs:5d} us: " + _times(ks._sample, cases, {}), flush=True)
     ks.PASS2_PROGRAMS = original
     s = moe_bench._routing_setup(4096, 8, 256, 7168)(dev)
     x, ids = s["x"], s["ids"]
