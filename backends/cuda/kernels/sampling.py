@@ -335,10 +335,16 @@ def _params(temp_ptr, topk_ptr, topp_ptr, minp_ptr, row, V):
 
 
 @triton.jit
-def _load_chunk(logits_ptr, stride_row, row, c, V, CH, BLOCK: tl.constexpr):
+def _chunk_lanes(c, V, CH, BLOCK: tl.constexpr):
+    """Chunk c's vocabulary indices and which of its BLOCK lanes hold one."""
     lanes = tl.arange(0, BLOCK)
     offs = c * CH + lanes
-    ok = (lanes < CH) & (offs < V)
+    return offs, (lanes < CH) & (offs < V)
+
+
+@triton.jit
+def _load_chunk(logits_ptr, stride_row, row, c, V, CH, BLOCK: tl.constexpr):
+    offs, ok = _chunk_lanes(c, V, CH, BLOCK)
     x = tl.load(logits_ptr + row.to(tl.int64) * stride_row + offs, mask=ok, other=float("-inf"))
     return x, offs, ok
 
@@ -414,9 +420,7 @@ def _sample_pass1_filter(
             if PREFETCH:
                 x = xn
                 xn, _, _ = _load_chunk(logits_ptr, stride_row, row, c + G, V, CH, BLOCK)
-                lanes = tl.arange(0, BLOCK)
-                offs = c * CH + lanes
-                ok = (lanes < CH) & (offs < V)
+                offs, ok = _chunk_lanes(c, V, CH, BLOCK)
             else:
                 x, offs, ok = _load_chunk(logits_ptr, stride_row, row, c, V, CH, BLOCK)
             m = tl.max(x, axis=0)
@@ -641,11 +645,13 @@ def _sample_finish(
 
 
 # Chunk configurations by architecture (a tuning table's "sample"/"chunks" entry, if any, wins):
-# BLOCK: chunk width (one chunk per program, held in registers; the row is cut into
-#   cdiv(V, BLOCK) chunks of equal length, whatever the batch size); N_GROUPS: strided group maxima
-#   per chunk (top-k up to N_GROUPS gathers in pass 1); SEG: candidate slots per chunk; CAP: the
-#   row's candidate capacity; TILE_C: candidates sorted in registers; num_warps: the chunk passes;
-#   row_warps: the per-row kernels. `python -m deepinfer_cuda.bench.sampling --sweep` prints
+# BLOCK: chunk width (a chunk held in registers; the row is cut into cdiv(V, BLOCK) chunks of
+#   equal length, whatever the batch size); N_GROUPS: strided group maxima per chunk (top-k up to
+#   N_GROUPS gathers in pass 1); SEG: candidate slots per chunk; CAP: the row's candidate capacity;
+#   TILE_C: candidates sorted in registers; num_warps: the chunk passes; row_warps: the per-row
+#   kernels. Optional: pass1_programs / filter_programs (the two first-pass kernels' programs,
+#   default PASS1_PROGRAMS), filter_prefetch (the filter kernel issues the next chunk's load first),
+#   filter_warps (its warps, default num_warps). `python -m deepinfer_cuda.bench.sampling --sweep` prints
 #   the line to paste here.
 @lru_cache(maxsize=None)
 def _cfg(op: str, variant: str, device: torch.device) -> dict:
@@ -671,6 +677,12 @@ def sample(
 
 PASS1_PROGRAMS = 2048  # programs of each first-pass kernel unless the tuning entry says (at least one a row)
 PASS2_PROGRAMS = 4096  # programs of the second chunk pass (at least one a row)
+
+
+def _programs_per_row(programs: int, nch: int, B: int) -> int:
+    """A chunk pass's programs per row: `programs` shared by the B rows, at least one a row, at
+    most one a chunk."""
+    return max(1, min(nch, -(-programs // B)))
 
 
 def _pow2(n: int) -> int:
@@ -724,12 +736,12 @@ def _sample(
     rwarps = row_warps or cfg["row_warps"]
     # pass 1: each kind of row in its own kernel (a greedy row's chunks must not wait on the filter
     # kernel's registers), at most PASS1_PROGRAMS programs each, a row's chunks shared out among them
-    g1 = max(1, min(nch, -(-(pass1_programs or cfg.get("pass1_programs", PASS1_PROGRAMS)) // B)))
+    g1 = _programs_per_row(pass1_programs or cfg.get("pass1_programs", PASS1_PROGRAMS), nch, B)
     _sample_pass1_argmax[(B, g1)](
         x, x.stride(0), *params, seeds, positions, wf, wi, V, nch, ch, wf_row, wi_row, g1,
-        BLOCK=block, LIBDEVICE=libdevice, num_warps=cfg.get("argmax_warps", warps),
+        BLOCK=block, LIBDEVICE=libdevice, num_warps=warps,
     )
-    gf = max(1, min(nch, -(-(filter_programs or cfg.get("filter_programs", PASS1_PROGRAMS)) // B)))
+    gf = _programs_per_row(filter_programs or cfg.get("filter_programs", PASS1_PROGRAMS), nch, B)
     _sample_pass1_filter[(B, gf)](
         x, x.stride(0), *params, wf, wi, V, nch, ch, wf_row, wi_row, gf,
         BLOCK=block, N_G=n_g, SEG=seg, LIBDEVICE=libdevice, PREFETCH=cfg.get("filter_prefetch", False) if filter_prefetch is None else filter_prefetch,
@@ -742,7 +754,7 @@ def _sample(
     # pass 2 works only for rows whose candidates overflowed pass 1; every other program returns at
     # once, so past PASS2_PROGRAMS programs a row's chunks are shared out (the H200: 16k programs
     # that return at once took 17 us of a 76 us greedy batch of 256)
-    g = max(1, min(nch, -(-PASS2_PROGRAMS // B)))
+    g = _programs_per_row(PASS2_PROGRAMS, nch, B)
     _sample_pass2[(B, g)](
         x, x.stride(0), *params, wf, wi, wq, V, nch, ch, wf_row, wi_row, g,
         BLOCK=block, N_G=n_g, SEG=seg, LIBDEVICE=libdevice, num_warps=warps,

@@ -79,12 +79,11 @@ CONFIGS: dict[str, dict[str, dict]] = {
     "gate": {"tokens": {"tile_elems": 1024, "num_warps": 4}},
     "dispatch": {"tokens": {"count_tile_elems": 16384, "count_warps": 8, "block_bytes": 4096, "target_programs": 1024, "copy_warps": 8}},
     "combine": {"tokens": {"block_bytes": 4096, "target_programs": 1024, "num_warps": 8}},
-    # sampling (deepinfer_cuda.kernels.sampling): sample runs one program per row; BLOCK lanes per
-    # pass over the vocabulary (also the candidate capacity), TILE_C candidates sorted in registers,
-    # N_GROUPS group maxima sorted for the candidate bound (small here: the interpreter's sort is slow).
-    # sample: B x cdiv(V, BLOCK) pass-1 programs; N_GROUPS group maxima per chunk bound top-k; SEG
-    # candidate slots per chunk, CAP per row; TILE_C candidates sorted in registers; row_warps for the
-    # per-row plan/finish kernels.
+    # sampling (deepinfer_cuda.kernels.sampling): sample cuts each row into cdiv(V, BLOCK) chunks, the
+    # chunk passes sharing a row's chunks among a bounded number of programs (the keys the kernel
+    # module's comment lists); N_GROUPS group maxima per chunk bound top-k (small here: the
+    # interpreter's sort is slow); SEG candidate slots per chunk, CAP per row; TILE_C candidates
+    # sorted in registers; row_warps for the per-row plan/finish kernels.
     "sample": {"chunks": {"BLOCK": 4096, "N_GROUPS": 32, "SEG": 256, "CAP": 4096, "TILE_C": 64, "num_warps": 8, "row_warps": 8}},
     "apply_token_bitmask": {"rows": {"BLOCK": 4096, "num_warps": 8}},
     # apply_penalties: B x cdiv(V, BLOCK) elementwise programs; apply_token_bias: BLOCK entries per
