@@ -64,7 +64,9 @@ class BackendSpec:
     before its first request: deepinfer.engine.warmup), `memory_info` ((free, total) bytes
     of a device, for the KV cache budget; None: the host's RAM is the budget) and `device_count`
     (its devices on this host, counted without starting one; None: torch.<device_type>.device_count()),
-    which `local_devices` answers with.
+    which `local_devices` answers with; `profiler_activity` (the torch.profiler.ProfilerActivity member
+    that records its device's kernels, e.g. "CUDA", for `deepinfer bench e2e --profile`; None: the
+    host's ops only).
     """
 
     name: str
@@ -83,6 +85,7 @@ class BackendSpec:
     compiles_on_first_use: bool = False
     memory_info: Callable[[torch.device], tuple[int, int]] | None = None
     device_count: Callable[[], int] | None = None
+    profiler_activity: str | None = None
 
     def device(self, interpret: bool = False) -> str:
         return "cpu" if interpret else self.device_type

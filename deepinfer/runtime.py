@@ -31,6 +31,7 @@ class Runtime:
     async_execution: bool = False
     compiles_on_first_use: bool = False  # the interpreter compiles nothing
     memory_info: Callable[[torch.device], tuple[int, int]] | None = None
+    profiler_activity: str | None = None  # the torch.profiler activity of the device's kernels (`bench e2e --profile`)
 
     @property
     def options(self) -> Mapping[str, str]:
@@ -79,6 +80,7 @@ def open_runtime(
         async_execution=spec.async_execution and on_device,
         compiles_on_first_use=spec.compiles_on_first_use and on_device,
         memory_info=spec.memory_info if on_device else None,
+        profiler_activity=spec.profiler_activity if on_device else None,
     )  # fmt: skip
 
 

@@ -30,6 +30,7 @@ def deepinfer_add_backends(register):
             compiles_on_first_use=True,  # Triton compiles each kernel specialisation on its first call
             memory_info=memory_info,
             device_count=device_count,
+            profiler_activity="CUDA",  # `bench e2e --profile`: torch.profiler records the CUDA kernels
             bench_runner="deepinfer_cuda.bench.runner:run",  # `bench ops --backend cuda`: ceilings, kernels and torch peers
         )
     )

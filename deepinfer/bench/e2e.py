@@ -49,6 +49,7 @@ class E2EResult:
     floor_bytes: float
     deepinfer_tok_s: float
     hf_tok_s: float | None
+    profile: dict | None = None  # `--profile`: time per decode step by kernel (deepinfer/bench/step_profile.py)
 
 
 def copy_bandwidth(device: torch.device, gib: float = 2.0) -> float:
@@ -181,10 +182,13 @@ def run(
     backend_options: dict[str, str] | None = None,
     deterministic: bool = False,
     overlap: bool | None = None,
+    profile_rows: int = 0,
 ) -> list[E2EResult]:
     """backend_options: the backend's options for deepinfer's side (`bench e2e --backend-option`).
     deterministic: deepinfer's side in deterministic mode (batch-invariant kernels: its cost is this
-    run's step time over the default mode's). overlap: LLM's (None: where the backend runs asynchronously)."""
+    run's step time over the default mode's). overlap: LLM's (None: where the backend runs asynchronously).
+    profile_rows: > 0 profiles deepinfer's decode step after its timing and keeps that many kernels
+    (deepinfer/bench/step_profile.py)."""
     from deepinfer.runtime import open_runtime
 
     cfg = dict(V2_LITE, **(config_overrides or {}), **({"num_hidden_layers": layers} if layers else {}))
@@ -227,10 +231,15 @@ def run(
                 hn = _timed(lambda: theirs(1 + new_tokens), device)
             hf_step = (hn - h1) / new_tokens
         floor_bytes = decode_floor_bytes(cfg, batch, prompt_len + new_tokens // 2)
+        profile = None
+        if profile_rows > 0:
+            from deepinfer.bench import step_profile
+
+            profile = step_profile.difference(ours, new_tokens, device, runtime.profiler_activity).to_json(profile_rows)
         results.append(
             E2EResult(
                 batch, prompt_len, new_tokens, step * 1e3, None if hf_step is None else hf_step * 1e3,
-                floor_bytes / bandwidth * 1e3, floor_bytes, batch / step, None if hf_step is None else batch / hf_step,
+                floor_bytes / bandwidth * 1e3, floor_bytes, batch / step, None if hf_step is None else batch / hf_step, profile,
             )
         )
     if json_path is not None:
@@ -289,4 +298,8 @@ def format_results(results: list[E2EResult]) -> str:
     for r in results:
         hf = f"{r.hf_step_ms:10.2f}  {r.hf_tok_s:8.0f}  {r.hf_step_ms / r.deepinfer_step_ms:6.2f}x" if r.hf_step_ms else "         -         -        -"
         lines.append(f"{r.batch:5d}  {r.deepinfer_step_ms:17.2f}  {r.floor_ms:8.2f}  {r.floor_ms / r.deepinfer_step_ms:7.0%}  {r.deepinfer_tok_s:15.0f}  {hf}")
+    if any(r.profile for r in results):
+        from deepinfer.bench.step_profile import format_profile
+
+        lines += [format_profile(f"batch {r.batch}", r.profile, r.deepinfer_step_ms) for r in results if r.profile]
     return "\n".join(lines)

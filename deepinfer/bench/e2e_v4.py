@@ -264,6 +264,7 @@ class V4Result:
     tok_s: float
     plan_ms: float  # of step_ms: the V4 host plan of one such decode step (plan_step), timed apart
     floor_parts: dict[str, float] = field(default_factory=dict)
+    profile: dict | None = None  # `--profile`: time per decode step by kernel (deepinfer/bench/step_profile.py)
 
 
 def host_plan_ms(engine, config, block_size: int, device: torch.device) -> float:
@@ -294,10 +295,12 @@ def run(
     config_overrides: dict | None = None,
     dtype: torch.dtype = torch.bfloat16,
     progress: Callable[[str], None] | None = None,
+    profile_rows: int = 0,
 ) -> tuple[list[V4Result], dict]:
     """Build the model (cut to fit), then time `steps` decode steps per (batch, context) pair.
     Returns the results and the run's facts (layers, formats, bandwidth...). `kv_cache_dtype`:
-    EngineConfig's ("auto": the model dtype; "fp8": e4m3 rows with a per-token scale)."""
+    EngineConfig's ("auto": the model dtype; "fp8": e4m3 rows with a per-token scale). profile_rows > 0:
+    then `steps` more decode steps under the profiler, keeping that many kernels (step_profile.py)."""
     from deepinfer.bench.v4_weights import RandomV4Weights
     from deepinfer.engine.llm_engine import EngineConfig, LLMEngine
     from deepinfer.engine.sampling_params import SamplingParams
@@ -314,7 +317,7 @@ def run(
     runtime = open_runtime(backend, dtype=dtype, options=backend_options, model=model_facts(full))
     device = runtime.device
     block_size = int(runtime.backend.kv_block_size)
-    max_len = model_len(contexts, steps, warmup)
+    max_len = model_len(contexts, steps * (2 if profile_rows > 0 else 1), warmup)  # the profiled steps run past the timed ones
     tokens_after = max_len - 1 - max(contexts)  # tokens each request gets past its context (a spare one included)
     num_blocks = kv_blocks(batches, contexts, tokens_after, block_size)
     engine_config = EngineConfig(max_num_seqs=max(batches), max_num_batched_tokens=max(batches), num_kv_blocks=num_blocks,
@@ -357,10 +360,19 @@ def run(
             synchronize(device)
             step = (time.perf_counter() - start) / steps
             plan_ms = host_plan_ms(engine, config, block_size, device)
+            profile = None
+            if profile_rows > 0:
+                from deepinfer.bench import step_profile
+
+                def decode_steps():
+                    for _ in range(steps):
+                        engine.step()
+
+                profile = step_profile.of_steps(decode_steps, steps, device, runtime.profiler_activity).to_json(profile_rows)
             engine.abort_all()
             parts = floor_parts(config, batch, context + warmup + steps // 2, kv_dtype, size)
             floor = sum(parts.values())
-            results.append(V4Result(batch, context, steps, step * 1e3, floor / bandwidth * 1e3, floor, batch / step, plan_ms, parts))
+            results.append(V4Result(batch, context, steps, step * 1e3, floor / bandwidth * 1e3, floor, batch / step, plan_ms, parts, profile))
             say(f"batch {batch} context {context}: {step * 1e3:.2f} ms per step (host plan {plan_ms:.2f} ms)")
     info = {
         "gpu": device_name(device), "torch": torch.__version__, "backend": runtime.backend.name, "backend_options": dict(runtime.options),
@@ -388,4 +400,8 @@ def format_results(results: list[V4Result], info: dict) -> str:
             f"{r.batch:5d}  {r.context:7d}  {r.step_ms:7.2f}  {r.plan_ms:12.2f}  {r.floor_ms:8.2f}  {r.floor_ms / r.step_ms:8.0%}  {r.tok_s:7.0f}"
             f"  {p['dense weights']:15.2f}  {p['routed experts']:7.2f}  {p['KV']:6.2f}"
         )
+    if any(r.profile for r in results):
+        from deepinfer.bench.step_profile import format_profile
+
+        lines += [format_profile(f"batch {r.batch} context {r.context}", r.profile, r.step_ms) for r in results if r.profile]
     return "\n".join(lines)

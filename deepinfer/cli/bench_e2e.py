@@ -11,6 +11,11 @@ model it checks that the model, its KV cache and the bandwidth test fit in the d
 mxfp4 experts, --kv-cache-dtype fp8 by default), cut to the layers that fit, decoding from each
 --context (default 4096 and 32768) at each --batch (default 1, 64, 256), against its floor; no HF
 peer (deepinfer/bench/e2e_v4.py says how).
+
+`--profile`: after the timing, deepinfer's decode step under torch's profiler, its kernels by time per
+step (deepinfer/bench/step_profile.py). `--deterministic-cost` (v2-lite): deepinfer's side built in
+both modes over the same weights in one process, taking turns --repeat times; each mode's median step
+and deterministic mode's cost (deepinfer/bench/deterministic_cost.py).
 """
 
 from __future__ import annotations
@@ -44,13 +49,20 @@ def add_parser(what) -> None:
     e2e.add_argument("--kv-cache-dtype", choices=("auto", "fp8"), default=None, help="v4-flash: the KV cache's dtype (default fp8; auto: the model's)")
     e2e.add_argument("--deterministic", action="store_true",
                      help="v2-lite: deepinfer's side in deterministic mode (batch-invariant kernels); compare with a run without it for the cost")
+    e2e.add_argument("--deterministic-cost", action="store_true",
+                     help="v2-lite: both modes in one process, alternated --repeat times: each mode's median ms/step and the cost (no HF peer)")
+    e2e.add_argument("--repeat", type=int, default=None, help="--deterministic-cost: rounds of the two modes (default 5)")
     e2e.add_argument("--no-overlap", action="store_true", help="each decode step waits for the one before (default: overlap scheduling on cuda and ascend)")
+    e2e.add_argument("--profile", action="store_true",
+                     help="after the timing, profile deepinfer's decode step: kernels by time per step and the device's idle share")
+    e2e.add_argument("--profile-rows", type=int, default=20, metavar="N", help="--profile: kernels listed per batch (default 20)")
     e2e.add_argument("--json", type=Path, default=None, metavar="FILE", help="write the results to FILE")
     add_backend_option_flag(e2e, "deepinfer's side")
     e2e.set_defaults(func=run_e2e)
 
 
 def run_e2e(args: argparse.Namespace) -> int:
+    check_modes(args)
     if args.model_shape == "v4-flash":
         from deepinfer.cli.bench_e2e_v4 import run_e2e_v4
 
@@ -80,7 +92,33 @@ def run_e2e(args: argparse.Namespace) -> int:
         raise UserError(f"cannot write {args.json}: folder {args.json.parent} does not exist")
     spec = choose_backend(load_plugins(), args.backend)  # one line when it cannot run here
     spec.resolve_options(given)  # unknown options and bad values: one line, before the model is built
+    overlap = False if args.no_overlap else None
+    if args.deterministic_cost:
+        from deepinfer.bench import deterministic_cost
+
+        costs = deterministic_cost.run(spec.name, batches, args.prompt_len, args.new_tokens, args.layers, args.repeat or 5, args.json,
+                                       backend_options=given, overlap=overlap)  # fmt: skip
+        print(deterministic_cost.format_results(costs))
+        return 0
     results = e2e.run(spec.name, batches, args.prompt_len, args.new_tokens, args.layers, with_hf=not args.no_hf, json_path=args.json,
-                      backend_options=given, deterministic=args.deterministic, overlap=False if args.no_overlap else None)
+                      backend_options=given, deterministic=args.deterministic, overlap=overlap, profile_rows=args.profile_rows if args.profile else 0)
     print(e2e.format_results(results))
     return 0
+
+
+def check_modes(args: argparse.Namespace) -> None:
+    """One line for a combination of --profile, --deterministic-cost and --repeat that means nothing."""
+    if args.profile_rows < 1:
+        raise UserError(f"--profile-rows must be at least 1, not {args.profile_rows}")
+    if args.repeat is not None and not args.deterministic_cost:
+        raise UserError("--repeat counts the rounds of --deterministic-cost")
+    if args.repeat is not None and args.repeat < 1:
+        raise UserError(f"--repeat must be at least 1, not {args.repeat}")
+    if not args.deterministic_cost:
+        return
+    if args.model_shape == "v4-flash":
+        raise UserError("--deterministic-cost is for --model-shape v2-lite (the v4-flash run has no deterministic variant yet)")
+    if args.deterministic:
+        raise UserError("--deterministic-cost runs both modes itself: leave out --deterministic")
+    if args.profile:
+        raise UserError("--deterministic-cost and --profile are separate runs: profile each mode with --profile (and --deterministic)")

@@ -30,12 +30,13 @@ def v4_arguments(args: argparse.Namespace) -> dict:
             raise UserError(f"{name} must be at least 1, not {value}")
     if args.layers is not None and args.layers > FULL_LAYERS:
         raise UserError(f"--layers cuts the model: at most {FULL_LAYERS} (V4-Flash), not {args.layers}")
-    if model_len(contexts, steps) > positions:
-        raise UserError(f"--context {max(contexts)} + --new-tokens {steps} exceeds V4-Flash's {positions} positions")
+    if model_len(contexts, steps * (2 if args.profile else 1)) > positions:
+        profiled = " (twice with --profile: the profiled steps follow the timed ones)" if args.profile else ""
+        raise UserError(f"--context {max(contexts)} + --new-tokens {steps}{profiled} exceeds V4-Flash's {positions} positions")
     if args.json is not None and not args.json.parent.exists():
         raise UserError(f"cannot write {args.json}: folder {args.json.parent} does not exist")
     return dict(batches=batches, contexts=contexts, steps=steps, layers=args.layers, kv_cache_dtype=args.kv_cache_dtype or DEFAULT_KV_CACHE_DTYPE,
-                json_path=args.json)  # fmt: skip
+                json_path=args.json, profile_rows=args.profile_rows if args.profile else 0)  # fmt: skip
 
 
 def run_e2e_v4(args: argparse.Namespace) -> int:

@@ -4,6 +4,7 @@ greedy tokens, and a floor computed from the config. (Its timings are only meani
 import itertools
 import json
 
+import pytest
 import torch
 
 from deepinfer.bench import e2e
@@ -99,3 +100,118 @@ def test_cli_asks_the_chosen_backend_whether_it_can_run():
     assert len(lines) == 1 and "backend 'cuda' is not available" in lines[0]
     result = run_main("bench", "e2e", "--layers", "28")
     assert result.returncode == 2 and "--layers cuts the model: at most 27, not 28" in result.stderr
+
+
+# -- --profile ------------------------------------------------------------------------------------
+
+
+def test_profile_lists_the_decode_steps_time_by_name(tmp_path, monkeypatch):
+    """The reference backend names no device profiler activity: the rows are the host's ops, each its
+    self time per decode step (generation of 1 + N tokens minus 1 token, over N)."""
+    clock = itertools.count(1)
+    monkeypatch.setattr(e2e, "_timed", lambda fn, device: (fn(), next(clock) * 1e-3)[1])
+    out = tmp_path / "e2e.json"
+    results = e2e.run("reference", batches=(2,), prompt_len=8, new_tokens=2, layers=2, with_hf=False, json_path=out, config_overrides=TINY_V2,
+                      copy_gib=0.01, profile_rows=5)  # fmt: skip
+    profile = results[0].profile
+    assert profile["device_kernels"] is False and profile["total_ms_per_step"] > 0
+    rows = list(profile["us_per_step"].values())
+    assert 0 < len(rows) <= 5 and rows == sorted(rows, reverse=True) and all(us > 0 for us in rows)
+    assert any(name.startswith("aten::") for name in profile["us_per_step"])
+    assert json.loads(out.read_text())["results"][0]["profile"] == profile
+    text = e2e.format_results(results)
+    assert "### batch 2:" in text and "host ops (self time" in text and "device idle" not in text
+
+
+def test_profile_keeps_the_device_events_when_the_backend_names_an_activity():
+    """A backend's profiler activity makes the rows its device's kernels, never the host ops that launched them."""
+    from types import SimpleNamespace
+
+    from torch.autograd import DeviceType
+
+    from deepinfer.bench import step_profile
+
+    class Recorded:
+        def key_averages(self):
+            return [SimpleNamespace(key="aten::mm", device_type=DeviceType.CPU, self_cpu_time_total=40.0, self_device_time_total=0.0),
+                    SimpleNamespace(key="gemm_kernel", device_type=DeviceType.CUDA, self_cpu_time_total=0.0, self_device_time_total=30.0),
+                    SimpleNamespace(key="norm_kernel", device_type=DeviceType.CUDA, self_cpu_time_total=0.0, self_device_time_total=10.0)]  # fmt: skip
+
+    assert step_profile.self_times(Recorded(), device=True) == {"gemm_kernel": 30.0, "norm_kernel": 10.0}
+    assert step_profile.self_times(Recorded(), device=False) == {"aten::mm": 40.0}
+    profile = step_profile._profile(step_profile.Counter({"gemm_kernel": 30.0, "norm_kernel": 10.0, "gone": -1.0}), "CUDA").to_json(1)
+    assert profile == {"device_kernels": True, "total_ms_per_step": 0.04, "us_per_step": {"gemm_kernel": 30.0}}
+    assert "device idle at least 60.0% of the step" in step_profile.format_profile("batch 1", profile, step_ms=0.1)
+
+
+def test_the_profiler_activity_is_the_backends():
+    from torch.profiler import ProfilerActivity
+
+    from deepinfer.bench.step_profile import activities
+    from deepinfer.plugins import load_plugins
+
+    assert activities(None) == [ProfilerActivity.CPU]
+    cuda = load_plugins().backends["cuda"]
+    assert activities(cuda.profiler_activity) == [ProfilerActivity.CPU, ProfilerActivity.CUDA]
+    with pytest.raises(ValueError, match="not a torch.profiler.ProfilerActivity"):
+        activities("Warp")
+
+
+# -- --deterministic-cost -------------------------------------------------------------------------
+
+
+def test_deterministic_cost_alternates_both_modes_over_the_same_weights(tmp_path, monkeypatch):
+    from deepinfer.bench import deterministic_cost
+
+    built, order = [], []
+    real_llm = e2e.bench_llm
+
+    def recording_llm(loaded, runtime, max_batch, prompt_len, deterministic=False, overlap=None):
+        model = loaded.model
+        built.append((deterministic, runtime.ops.ctx.deterministic, {"embed": model.embed_tokens.clone(), "head": model.lm_head.clone()}))
+        llm = real_llm(loaded, runtime, max_batch, prompt_len, deterministic, overlap)
+        llm.mode = deterministic
+        return llm
+
+    clock = itertools.count(1)
+
+    def timed(fn, device):  # each later generation takes longer: every step time is positive
+        fn()
+        return next(clock) * 1e-3
+
+    real_greedy = e2e.greedy
+    monkeypatch.setattr(e2e, "bench_llm", recording_llm)
+    monkeypatch.setattr(e2e, "_timed", timed)
+    monkeypatch.setattr(e2e, "greedy", lambda llm, prompts, n: (order.append(llm.mode), real_greedy(llm, prompts, n))[1])
+    out = tmp_path / "cost.json"
+    results = deterministic_cost.run("reference", batches=(1, 2), prompt_len=8, new_tokens=2, layers=2, repeat=3, json_path=out,
+                                     config_overrides=TINY_V2)  # fmt: skip
+    assert [(b[0], b[1]) for b in built] == [(False, False), (True, True)]
+    assert all(torch.equal(built[0][2][k], built[1][2][k]) for k in built[0][2]), "both modes run the same weights"
+    timed_order = order[4:16]  # batch 1: 2 warm-up generations per mode, then 3 rounds of (1, 1 + N) per mode, taking turns
+    assert timed_order == [False, False, True, True] * 3
+    for r in results:
+        assert len(r.default_runs) == len(r.deterministic_runs) == 3
+        assert r.default_ms == sorted(r.default_runs)[1] and r.cost == pytest.approx(r.deterministic_ms / r.default_ms - 1)
+    saved = json.loads(out.read_text())
+    assert saved["kind"] == "deterministic_cost" and saved["machine"]["repeat"] == 3 and [r["batch"] for r in saved["results"]] == [1, 2]
+    assert "cost" in deterministic_cost.format_results(results)
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--deterministic-cost", "--deterministic"], "--deterministic-cost runs both modes itself: leave out --deterministic"),
+        (["--deterministic-cost", "--model-shape", "v4-flash"], "--deterministic-cost is for --model-shape v2-lite"),
+        (["--deterministic-cost", "--profile"], "--deterministic-cost and --profile are separate runs"),
+        (["--repeat", "3"], "--repeat counts the rounds of --deterministic-cost"),
+        (["--deterministic-cost", "--repeat", "0"], "--repeat must be at least 1, not 0"),
+        (["--profile", "--profile-rows", "0"], "--profile-rows must be at least 1, not 0"),
+    ],
+)
+def test_profile_and_cost_flags_that_mean_nothing_are_one_line(argv, message, capsys):
+    from deepinfer.cli.main import main
+
+    assert main(["bench", "e2e", "--backend", "reference", *argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and message in err, err

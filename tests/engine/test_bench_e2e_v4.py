@@ -32,10 +32,12 @@ def test_v4_arguments_and_their_defaults():
     from deepinfer.cli.bench_e2e_v4 import v4_arguments
 
     kwargs = v4_arguments(parse("--model-shape", "v4-flash"))
-    assert kwargs == dict(batches=(1, 64, 256), contexts=(4096, 32768), steps=16, layers=None, kv_cache_dtype="fp8", json_path=None)
+    assert kwargs == dict(batches=(1, 64, 256), contexts=(4096, 32768), steps=16, layers=None, kv_cache_dtype="fp8", json_path=None, profile_rows=0)
     given = v4_arguments(parse("--model-shape", "v4-flash", "--batch", "8", "--context", "1000", "--context", "70000", "--new-tokens", "4",
                                "--layers", "3", "--kv-cache-dtype", "auto"))  # fmt: skip
-    assert given == dict(batches=(8,), contexts=(1000, 70000), steps=4, layers=3, kv_cache_dtype="auto", json_path=None)
+    assert given == dict(batches=(8,), contexts=(1000, 70000), steps=4, layers=3, kv_cache_dtype="auto", json_path=None, profile_rows=0)
+    profiled = v4_arguments(parse("--model-shape", "v4-flash", "--profile", "--profile-rows", "7"))
+    assert profiled["profile_rows"] == 7
     assert parse().model_shape == "v2-lite"  # the default shape is unchanged
 
 
@@ -178,8 +180,10 @@ def test_a_request_admitted_at_its_cache_length_computes_only_its_last_token(tin
 def test_the_tiny_run_on_the_reference_backend(tmp_path):
     out = tmp_path / "v4.json"
     results, info = e2e_v4.run("reference", batches=(1, 3), contexts=(300,), steps=2, warmup=1, kv_cache_dtype="fp8", json_path=out,
-                               config_overrides={**TINY, "num_hidden_layers": 4}, copy_gib=0.01, progress=lambda line: None)  # fmt: skip
+                               config_overrides={**TINY, "num_hidden_layers": 4}, copy_gib=0.01, progress=lambda line: None, profile_rows=3)  # fmt: skip
     assert [(r.batch, r.context) for r in results] == [(1, 300), (3, 300)]
+    for r in results:  # --profile: two more decode steps per pair under the profiler (the host's ops: the reference names no device activity)
+        assert r.profile["device_kernels"] is False and r.profile["total_ms_per_step"] > 0 and 0 < len(r.profile["us_per_step"]) <= 3
     assert info["layers"] == 4 and info["layer_types"] == {"sliding": 2, "CSA": 1, "HCA": 1} and info["backend"] == "reference"
     for r in results:
         assert r.step_ms > 0 and r.plan_ms > 0 and r.floor_ms > 0 and r.tok_s == r.batch / (r.step_ms / 1e3)
@@ -188,6 +192,8 @@ def test_the_tiny_run_on_the_reference_backend(tmp_path):
     saved = json.loads(out.read_text())
     assert saved["machine"]["kv_cache_dtype"] == "fp8" and len(saved["results"]) == 2
     assert "4 of 4 layers (2 sliding, 1 CSA, 1 HCA)" in e2e_v4.format_results(results, info)
+    assert "### batch 3 context 300:" in e2e_v4.format_results(results, info)
+    assert saved["results"][1]["profile"] == results[1].profile
 
 
 def test_the_kv_cache_dtype_reaches_the_engine_config(monkeypatch):
