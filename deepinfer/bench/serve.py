@@ -120,18 +120,49 @@ def summarize(rate: float, records: list[RequestRecord], wall_s: float) -> dict:
 
 
 def sweep(url: str, model: str, make_workload, rates: list[float], seed: int, api_key: str | None = None, max_connections: int = 1024,
-          warmup: bool = True) -> list[dict]:  # fmt: skip
+          warmup: bool = True, server_steps=None) -> list[dict]:  # fmt: skip
     """Each rate over a workload of its own (make_workload(seed + i)): prompts a rate before it sent
     would hit the server's prefix cache and make a different, cheaper workload. warmup: first an
-    untimed pass, all at once, over prompts of their own (the server compiles and captures there)."""
+    untimed pass, all at once, over prompts of their own (the server compiles and captures there).
+    server_steps: a function giving the server's (engine steps, their seconds) so far, or None where
+    it cannot tell; each rate then records the steps it took and their mean time."""
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     if warmup:
         asyncio.run(run_rate(url, model, make_workload(seed + len(rates)), math.inf, seed, headers, max_connections))
     results = []
     for i, rate in enumerate(rates):
+        before = server_steps() if server_steps else None
         records, wall = asyncio.run(run_rate(url, model, make_workload(seed + i), rate, seed, headers, max_connections))
-        results.append(summarize(rate, records, wall))
+        result = summarize(rate, records, wall)
+        after = server_steps() if server_steps else None
+        if before is not None and after is not None:
+            steps, seconds = after[0] - before[0], after[1] - before[1]
+            result["server_steps"] = int(steps)
+            result["server_step_ms"] = seconds / steps * 1e3 if steps else None
+        results.append(result)
     return results
+
+
+def server_step_totals(url: str, api_key: str | None = None) -> tuple[float, float] | None:
+    """(engine steps, their seconds) so far, from a deepinfer server's /metrics (`deepinfer_step_seconds`);
+    None when the server has no such metric (another server) or cannot be asked."""
+    import httpx2
+
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    try:
+        reply = httpx2.get(f"{url}/metrics", headers=headers, timeout=30)
+    except httpx2.HTTPError:
+        return None
+    if reply.status_code != 200:
+        return None
+    values = {}
+    for line in reply.text.splitlines():
+        name, _, value = line.rpartition(" ")
+        if name in ("deepinfer_step_seconds_count", "deepinfer_step_seconds_sum"):
+            values[name] = float(value)
+    if len(values) < 2:
+        return None
+    return values["deepinfer_step_seconds_count"], values["deepinfer_step_seconds_sum"]
 
 
 def format_results(results: list[dict]) -> str:
@@ -139,11 +170,17 @@ def format_results(results: list[dict]) -> str:
         return "-" if d[key] is None else f"{d[key]:.1f}"
 
     heads = ("TTFT p50", "TTFT p99", "TPOT p50", "TPOT p99")
-    lines = [f"{'rate':>6} {'done':>5} {'fail':>4} {'req/s':>7} {'out tok/s':>9} " + " ".join(f"{h:>9}" for h in heads) + f" {'ITL p99':>8}"]
+    steps = any("server_steps" in r for r in results)
+    lines = [f"{'rate':>6} {'done':>5} {'fail':>4} {'req/s':>7} {'out tok/s':>9} " + " ".join(f"{h:>9}" for h in heads) + f" {'ITL p99':>8}"
+             + (f" {'steps':>6} {'step ms':>8}" if steps else "")]  # fmt: skip
     for r in results:
-        lines.append(f"{str(r['request_rate']):>6} {r['completed']:>5} {r['failed']:>4} {r['request_throughput']:>7.2f} {r['output_tokens_per_s']:>9.1f} "
-                     f"{ms(r['ttft_ms'], 'median'):>9} {ms(r['ttft_ms'], 'p99'):>9} {ms(r['tpot_ms'], 'median'):>9} {ms(r['tpot_ms'], 'p99'):>9} "
-                     f"{ms(r['itl_ms'], 'p99'):>8}")  # fmt: skip
+        line = (f"{str(r['request_rate']):>6} {r['completed']:>5} {r['failed']:>4} {r['request_throughput']:>7.2f} {r['output_tokens_per_s']:>9.1f} "
+                f"{ms(r['ttft_ms'], 'median'):>9} {ms(r['ttft_ms'], 'p99'):>9} {ms(r['tpot_ms'], 'median'):>9} {ms(r['tpot_ms'], 'p99'):>9} "
+                f"{ms(r['itl_ms'], 'p99'):>8}")  # fmt: skip
+        if steps:
+            step_ms = r.get("server_step_ms")
+            line += f" {r.get('server_steps', '-'):>6} {'-' if step_ms is None else f'{step_ms:.2f}':>8}"
+        lines.append(line)
     return "\n".join(lines)
 
 

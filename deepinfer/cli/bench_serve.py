@@ -4,7 +4,12 @@ It starts a server in this process (on a free loopback port: --model, or --model
 --layers N for a random-weight DeepSeek-V2-Lite-shaped model) or drives one already running
 (--url), with Poisson arrivals at each --request-rate (inf: all at once) of --num-prompts random
 token-id prompts, streamed. It prints TTFT, TPOT and ITL percentiles and the throughputs per rate,
-writes them to --json, and with --plot DIR a PNG (deepinfer/bench/serve.py, plots.py).
+and, from the server's /metrics, the engine steps each rate took and their mean time; writes them to
+--json, and with --plot DIR a PNG (deepinfer/bench/serve.py, plots.py).
+
+`--server-process` starts the server in a process of its own instead of a thread of this one: the
+client's event loop then no longer shares the interpreter lock with the server (at high load that
+lock, not the engine, set the in-process figures: deepinfer/cli/bench_serve_process.py).
 """
 
 from __future__ import annotations
@@ -30,6 +35,8 @@ def add_parser(what) -> None:
     p.add_argument("--layers", type=int, default=None, help="--model-shape: cut the model to this many layers (default: all 27)")
     p.add_argument("--backend", default="auto", help="the server started here: auto or a backend from `deepinfer backends`")
     p.add_argument("--max-num-seqs", type=int, default=256, help="the server started here: its running-request cap (default 256)")
+    p.add_argument("--server-process", action="store_true",
+                   help="start the server in a process of its own (the client then shares no interpreter lock with it); default: a thread here")
     p.add_argument("--vocab", type=int, default=None, help="--url: the model's vocabulary size, for the random prompts (default: 32000)")
     p.add_argument("--request-rate", type=float, action="append", default=None, metavar="R",
                    help="requests per second, Poisson arrivals (repeatable: the sweep; inf: all at once; default 1, 4, 16, inf)")
@@ -54,8 +61,8 @@ def check(args) -> list[float]:
     if not 0 <= args.range_ratio < 1:
         raise UserError(f"--range-ratio must lie in [0, 1), not {args.range_ratio}")
     check_outputs(args.json, args.plot)
-    if args.url is not None and (args.model or args.model_shape or args.layers):
-        raise UserError("--url drives a running server: --model, --model-shape and --layers are for one started here")
+    if args.url is not None and (args.model or args.model_shape or args.layers or args.server_process):
+        raise UserError("--url drives a running server: --model, --model-shape, --layers and --server-process are for one started here")
     if args.model is not None and args.model_shape is not None:
         raise UserError("give --model or --model-shape, not both")
     if args.layers is not None and args.model_shape is None:
@@ -70,10 +77,14 @@ def run_bench_serve(args) -> int:
     rates = check(args)
     require_serve_extra()
     server = None
-    if args.url is None:
+    if args.server_process:
+        server = ServerProcess(args)
+        url, model, vocab = f"http://127.0.0.1:{server.facts['port']}", server.facts["model"], server.facts["vocab"]
+        machine = {"backend": server.facts["backend"], "device": server.facts["device"], "model": model, "server": "a process of its own"}
+    elif args.url is None:
         server, url, model, llm = start_server(args)
         vocab = llm.engine.vocab_size
-        machine = {"backend": llm.backend, "device": str(llm.engine.runtime.device), "model": model}
+        machine = {"backend": llm.backend, "device": str(llm.engine.runtime.device), "model": model, "server": "a thread of the client's process"}
     else:
         url, model, vocab = args.url.rstrip("/"), args.served_model or first_model(args.url, args.api_key), args.vocab or 32000
         machine = {"url": url, "model": model}
@@ -82,7 +93,8 @@ def run_bench_serve(args) -> int:
         def workload(seed: int):
             return bench.random_workload(args.num_prompts, args.input_len, args.output_len, args.range_ratio, vocab, seed)
 
-        results = bench.sweep(url, model, workload, rates, args.seed, api_key=args.api_key, warmup=not args.no_warmup)
+        results = bench.sweep(url, model, workload, rates, args.seed, api_key=args.api_key, warmup=not args.no_warmup,
+                              server_steps=lambda: bench.server_step_totals(url, args.api_key))  # fmt: skip
     finally:
         if server is not None:
             server.stop()
@@ -139,7 +151,43 @@ class InProcessServer:
         self.front.loop.join(30)
 
 
-def start_server(args):
+class ServerProcess:
+    """The server `start_server` would start, in a process of its own (deepinfer/cli/bench_serve_process.py):
+    started, waited for until it listens (its one JSON line), stopped by closing its standard input."""
+
+    def __init__(self, args):
+        import json
+        import subprocess
+        import sys
+
+        argv = [sys.executable, "-m", "deepinfer.cli.bench_serve_process", "--backend", args.backend, "--max-num-seqs", str(args.max_num_seqs),
+                "--seed", str(args.seed), "--max-queue", str(max(1024, args.num_prompts))]  # fmt: skip
+        for flag, value in (("--model", args.model), ("--model-shape", args.model_shape), ("--layers", args.layers)):
+            if value is not None:
+                argv += [flag, str(value)]
+        if args.no_warmup:
+            argv.append("--no-warmup")
+        # its stderr is ours: the model's progress and any error show as they come
+        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        line = self.proc.stdout.readline()  # blocks until it listens or exits
+        if not line:
+            code = self.proc.wait()
+            raise UserError(f"the benchmark's server process exited with code {code} before it listened (its message is above)")
+        self.facts = json.loads(line)
+
+    def stop(self) -> None:
+        import subprocess
+
+        self.proc.stdin.close()
+        try:
+            self.proc.wait(120)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def start_server(args, max_queue: int | None = None):
+    """The server of a run without --url, in a thread of this process: (server, url, model name, LLM)."""
     engine_options = {"seed": args.seed, "max_num_seqs": args.max_num_seqs}
     if args.model_shape is not None:
         from deepinfer.bench.throughput import random_shape_llm
@@ -153,5 +201,5 @@ def start_server(args):
         model = args.model or "tiny-v3"
     if llm.compiles_on_first_use and not args.no_warmup:
         llm.warm_up()  # as `deepinfer serve` does before its first request
-    server = InProcessServer(llm, model, max_queue=max(1024, args.num_prompts))
+    server = InProcessServer(llm, model, max_queue=max_queue or max(1024, args.num_prompts))
     return server, f"http://127.0.0.1:{server.port}", model, llm

@@ -1,6 +1,7 @@
 """`deepinfer bench serve` on the CPU with the tiny model: a server started in-process, two request
-rates (Poisson and all at once), every request completed, the percentiles ordered, the JSON and
-the PNG written; and the same driven against a running server by --url."""
+rates (Poisson and all at once), every request completed, the percentiles ordered, the engine steps
+of each rate read from the server's metrics, the JSON and the PNG written; the same with the server
+in a process of its own (--server-process), and driven against a running server by --url."""
 
 from __future__ import annotations
 
@@ -40,8 +41,32 @@ def test_bench_serve_in_process(tmp_path, cache, monkeypatch, capsys):
     assert main(argv) == 0
     data = check_results(out, [50.0, "inf"])
     assert all(r["e2e_ms"]["median"] >= r["ttft_ms"]["median"] for r in data["results"])
+    assert data["machine"]["server"] == "a thread of the client's process"
+    assert all(r["server_steps"] >= 3 and r["server_step_ms"] > 0 for r in data["results"]), "the engine steps each rate took, from /metrics"
     assert (tmp_path / "serve.png").stat().st_size > 0
     assert "TTFT p50" in capsys.readouterr().out
+
+
+def test_bench_serve_with_its_server_in_a_process_of_its_own(tmp_path, cache, monkeypatch):
+    monkeypatch.setenv("DEEPINFER_CACHE", str(cache))  # the server process inherits it
+    out = tmp_path / "serve.json"
+    argv = ["bench", "serve", "--server-process", "--backend", "reference", "--request-rate", "inf", "--num-prompts", "6", "--input-len", "8",
+            "--output-len", "3", "--range-ratio", "0", "--json", str(out)]  # fmt: skip
+    assert main(argv) == 0
+    data = check_results(out, ["inf"])
+    assert data["machine"]["server"] == "a process of its own" and data["machine"]["backend"] == "reference"
+    (rate,) = data["results"]
+    assert rate["server_steps"] >= 3 and rate["server_step_ms"] > 0  # 3 tokens each: at least 3 engine steps
+
+
+def test_a_server_process_that_fails_is_one_line(tmp_path, capfd):
+    argv = ["bench", "serve", "--server-process", "--backend", "reference", "--model", str(tmp_path / "missing"), "--num-prompts", "1"]
+    assert main(argv) == 2
+    err = capfd.readouterr().err
+    assert "the benchmark's server process exited with code 2 before it listened" in err
+    assert str(tmp_path / "missing") in err, "the server process says what was wrong"
+    assert main(["bench", "serve", "--server-process", "--url", "http://127.0.0.1:1"]) == 2
+    assert "--server-process are for one started here" in capfd.readouterr().err
 
 
 def test_bench_serve_against_a_url(tmp_path, cache):
@@ -76,3 +101,18 @@ def test_every_rate_and_the_warmup_send_prompts_of_their_own(monkeypatch):
     sent.clear()
     bench.sweep("http://x", "m", make, [5.0], seed=0, warmup=False)
     assert len(sent) == 1
+
+
+def test_each_rate_records_the_server_steps_it_took(monkeypatch):
+    import deepinfer.bench.serve as bench
+
+    async def fake_run_rate(url, model, workload, rate, seed, headers, max_connections):
+        return [], 1.0
+
+    totals = iter([(10, 1.0), (30, 1.5), (30, 1.5), (30, 1.5)])  # (steps, seconds) before and after each rate
+    monkeypatch.setattr(bench, "run_rate", fake_run_rate)
+    monkeypatch.setattr(bench, "summarize", lambda rate, records, wall: {"request_rate": rate})
+    make = lambda seed: bench.random_workload(2, 4, 2, 0.0, 1000, seed)  # noqa: E731
+    first, second = bench.sweep("http://x", "m", make, [5.0, 8.0], seed=0, warmup=False, server_steps=lambda: next(totals))
+    assert first["server_steps"] == 20 and first["server_step_ms"] == pytest.approx(25.0)
+    assert second["server_steps"] == 0 and second["server_step_ms"] is None
