@@ -40,7 +40,7 @@ COMPILE_THREADS = 2  # grammar compilations at a time (llguidance releases the G
 # Threads of llguidance's executor for a step's masks. One: on the H200's 16-core host a 64-row step
 # of the bench's JSON schema took 0.94 ms on one thread and no less on 2-6 (4.49 vs 5.7-6.6 ms at 256
 # rows); the default (80% of the cores, 12 there) took 3.3 ms inside the engine
-# (tools/gpu/llg_par_probe.py, docs/performance.md). A mask costs ~15-50 us, too little to share out.
+# (docs/measurements/2026-12-02/round2_h200/call1_mask_threads/). A mask costs ~15-50 us, too little to share out.
 MASK_THREADS = 1
 MESSAGE_LIMIT = 400  # characters of a compiler message kept in a request's error
 

@@ -1,9 +1,9 @@
 """Deterministic mode end to end through the cuda and ascend Triton kernels, in the interpreter on
-the CPU (the H200 run is tools/gpu/deterministic_check.sh): the tiny V3 with a 512-token vocabulary
-and one layer (MLA attention and a MoE), float32. A request's logits are bit-identical at every step alone and among 17 and 64 other
-requests, prefilled in chunks and after a prefix hit; 200 seeded temperature-1 one-token completions
-over differently composed batches are identical (on a GPU only: the decode steps' logits are the first
-test's; the H200 script samples 16 tokens a completion). Sizes are the smallest that still cross what the
+the CPU (on a GPU: `TRITON_INTERPRET=0 pytest tests/engine/test_deterministic_kernels_cuda.py`, as tools/gpu/check.sh runs
+it): the tiny V3 with a 512-token vocabulary and one layer (MLA attention and a MoE), float32. A request's
+logits are bit-identical at every step alone and among 17 and 64 other requests, prefilled in chunks and
+after a prefix hit; 200 seeded temperature-1 one-token completions over differently composed batches are
+identical (on a GPU only: the decode steps' logits are the first test's). Sizes are the smallest that still cross what the
 kernels' plans depend on (a second 64-row GEMM tile, a second KV page, chunk boundaries): the
 interpreter pays per program.
 

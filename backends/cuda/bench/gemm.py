@@ -402,7 +402,7 @@ def _opts(cfgs, extras):
 
 # variant -> [(config overrides, options)]; options: tma (tensor-descriptor kernel), ws (warp
 # specialisation of its K loop), mx (the mxfp4 path forced: "dot_scaled" or "upcast"; the register path has
-# its own tuning variants, swept by tools/gpu/mxfp4_speed.py)
+# its own tuning variants, swept at V4-Flash expert shapes on 2026-12-01: docs/measurements/2026-12-01/v4_fp8_mxfp4_h200/)
 SWEEP = {
     "fp8_block_large": _opts([dict(BLOCK_M=128, BLOCK_N=128, num_warps=8, num_stages=4)], [{"tma": True}, {"tma": True, "ws": True}, {"tma": True, "kp": True}])
     + _opts([dict(BLOCK_M=128, BLOCK_N=128, num_warps=8, num_stages=3)], [{"tma": True, "kp": True}])

@@ -31,11 +31,11 @@ CONFIGS: dict[str, dict[str, dict]] = {
         "mxfp4_a8_small": {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 4, "num_stages": 3},
         "mxfp4_a8_large": {"BLOCK_M": 128, "BLOCK_N": 64, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 8, "num_stages": 3},
         # Deterministic mode's one entry for every row count (dense only; the other formats take their _small).
-        # Swept on the H200 2026-12-02 (tools/gpu/invariant_gemm_sweep.py, the 8-layer e2e model's decode GEMMs
+        # Swept on the H200 2026-12-02 (docs/measurements/2026-12-02/deterministic_h200/: the 8-layer e2e model's decode GEMMs
         # at batch 1/64/256 against the default plans): 64x128x128 w8 s4 0.94/1.04/0.90x the default's time;
         # dense_small's 64x64x256 w4 s4 1.28/1.43/1.13x; 16- and 32-row tiles lose at batch 256 (1.06-1.79x).
         "dense_invariant": {"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 4},
-        # float32 dense (the MoE router, 2048 -> 64 experts), swept on the H200 2026-12-02 (tools/gpu/router_gemm_sweep.py,
+        # float32 dense (the MoE router, 2048 -> 64 experts), swept on the H200 2026-12-02 (measurements/2026-12-02/router_gemm_h200/,
         # weights rotated past L2, CUDA graphs): every 2-warp candidate 8-16 us at 1/64/256 rows (torch.mm fp32 4.3/8.6/8.9 us);
         # these 8.2/8.7 us (small), 12.8 us at 256 rows (large), 9.8/10.6/15.4 us (invariant). The bf16 entries it took before
         # spent 43-83 us per call in the e2e decode profile.
@@ -47,7 +47,7 @@ CONFIGS: dict[str, dict[str, dict]] = {
         # operand, BLOCK_N weight rows its M side; x^T tokens its N side; mxfp4_a8 takes mxfp4's entries).
         # First chosen by compiling for sm90 (Triton 3.9, unit strides specialised as the launcher does;
         # registers, spills, shared memory, SASS instructions per weight element in the K loop), then swept on
-        # the H200 (2026-12-01, tools/gpu/mxfp4_speed.py, V4-Flash experts): prefill 8192x6 tokens w13 256 experts
+        # the H200 (2026-12-01, measurements/2026-12-01/v4_fp8_mxfp4_h200/mxfp4_speed.json, V4-Flash experts): prefill 8192x6 tokens w13 256 experts
         # 128x128x128 w8 s3 6.09 ms (271 TFLOP/s, 0.62x bf16) beat 256x128x64 (6.95 ms) and 128x64x128 (6.77);
         # decode masked 16 tokens x 256 experts: 64x128x128 w4 s4 1.20 ms (0.45 of copy on the packed bytes),
         # split_target_per_sm 4 1.16 ms but 7% slower on the contiguous 64-token case, so not taken.
@@ -76,7 +76,7 @@ CONFIGS: dict[str, dict[str, dict]] = {
     # rows_le32 (S=2): same tile, 215 us. rows_le64 (S=4, 64 rows): 8 warps, one split, 311 us.
     # rows_gt64 (128 heads): 64x64 tiles, 8 warps, 2 stages, one split: 570 us = 256 TFLOP/s (4 warps or 16 spill:
     # 1017 / 1200 us; BLOCK_N 32: 804 us).
-    # wide_combine (2026-12-02, tools/gpu/mla_small_batch_sweep.py, graph replays): fewer (row tile, request) groups
+    # wide_combine (2026-12-02, measurements/2026-12-02/round2_h200/call3_mla_wide/mla_sweep.txt, graph replays): fewer (row tile, request) groups
     # than SMs and >= 8 splits merge in the wide kernel: B1 ctx8192 H16 41 -> 17-23 us, H128 140 -> 35 us; from 2
     # splits it was slower at B64/B128 H16 (98 -> 112, 168 -> 200 us). 16 heads take up to 256 splits: B1 ctx65536
     # 75 -> 49 us (64 splits -> 205), B1 ctx32768 46 -> 36 us; 128 heads gained nothing past 64.
@@ -105,14 +105,14 @@ CONFIGS: dict[str, dict[str, dict]] = {
     # (bench/moe.py --sweep, bench/sampling.py --sweep). dispatch T4096 K8 D7168 bf16: 180-185 us for
     # every block_bytes 2-16 KiB x 4-8 warps (16 warps slower); combine: 131-135 us (4.0 TB/s) for
     # 2-8 KiB x 4-16 warps, 16 KiB slower.
-    # 2026-12-03 (tools/gpu/sample_dispatch_probe.py --followup): 8192-element count tiles halve the counting sort
+    # 2026-12-03 (measurements/2026-12-03/round2_h200/call3_final_sample_dispatch/followup.txt): 8192-element count tiles halve the counting sort
     # (28.3 -> 15.5 us; 4096/4 warps 19.2, 32768 38.0): dispatch 176 -> 163 us. Streaming stores: no gain (174 us).
     "dispatch": {"tokens": {"count_tile_elems": 8192, "count_warps": 8, "block_bytes": 8192, "target_programs": 1024, "copy_warps": 8}},
     "combine": {"tokens": {"block_bytes": 4096, "target_programs": 1024, "num_warps": 16}},
     # sample: measured on the H200 2026-11-30 (`python -m deepinfer_cuda.bench.sampling --sweep`, 5 configurations):
     # 2048-logit chunks, 4 warps is the best geometric mean (B256 top-k/top-p 388 us, greedy 85, temperature 177,
     # top-p peaked 535; B16 in a graph 53 us); 4096/4 warps is faster for top-k (367) but 6x slower for peaked top-p.
-    # The first pass split in two kernels (2026-12-03, tools/gpu/sample_dispatch_probe.py, graph replays): greedy and
+    # The first pass split in two kernels (2026-12-03, measurements/2026-12-03/round2_h200/, graph replays): greedy and
     # unfiltered rows in 512 programs (greedy B256 47-48 us against torch.argmax's 48, was 60 in one kernel); filtered
     # rows in 1024 programs of 2 warps, the next chunk's load issued first (top-k/top-p 382 us, was 377; 4 warps 456,
     # 8 warps 691; a chunk a program 451-559).
