@@ -309,7 +309,7 @@ def _cli_with_fault(mode: str, at_step: int, argv: list[str]) -> int:
         if int(os.environ["RANK"]) == 1 and self.num_steps + 1 >= at_step:  # before step `at_step`
             if mode == "cli-die":
                 os._exit(7)
-            time.sleep(120)
+            time.sleep(24 * 3600)  # hangs, however long rank 0 takes to time out: only torchrun's stop ends it
 
     before_step = LLMEngine.before_step  # every rank calls it once per step, idle steps too
     LLMEngine.before_step = lambda self: (fault(self), before_step(self))[1]
