@@ -11,8 +11,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+from waits import HANG_S
 
-def run_cli(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None, timeout: int = 600) -> subprocess.CompletedProcess:
+
+def run_cli(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None, timeout: float = HANG_S) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "deepinfer", *args], env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout)
 
 

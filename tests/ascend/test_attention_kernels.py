@@ -506,6 +506,8 @@ WORKERS["compile"] = ("--compile", {})
 def _results() -> dict:
     """Start every worker at once (they are independent; the wall time is the slowest one's), then
     collect each one's JSON line: {"910B": {...}, "950": {...}, "compile": {...}}."""
+    from waits import HANG_S  # (here, not at the top: the script side runs without tests/ on its path)
+
     root = Path(__file__).resolve().parents[2]
     procs = {}
     for key, (mode, env_vars) in WORKERS.items():
@@ -518,7 +520,7 @@ def _results() -> dict:
     results = {}
     for key, proc in procs.items():
         try:
-            out, err = proc.communicate(timeout=600)
+            out, err = proc.communicate(timeout=HANG_S)
         except subprocess.TimeoutExpired:
             proc.kill()
             out, err = proc.communicate()

@@ -20,6 +20,8 @@ import sys
 
 import pytest
 
+from waits import HANG_S
+
 
 def _env(chip: str) -> dict[str, str]:
     return dict(os.environ, TRITON_INTERPRET="1", DEEPINFER_ASCEND_SIM_CHIP=chip)
@@ -69,7 +71,7 @@ def _finished(run, every_op: bool = True) -> tuple[str, list[dict]]:
     from deepinfer.registry import all_ops
 
     proc, report = run
-    stdout, stderr = proc.communicate(timeout=900)
+    stdout, stderr = proc.communicate(timeout=HANG_S)
     assert proc.returncode == 0, stdout[-3000:] + stderr[-2000:]
     rows = json.loads(report.read_text())
     model_specific = {name for name, spec in all_ops().items() if spec.model_types}

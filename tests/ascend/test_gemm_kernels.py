@@ -44,8 +44,10 @@ CHECKS = (
 
 
 def _run_chip(chip: str) -> dict[str, dict]:
+    from waits import HANG_S  # (here, not at the top: the script side runs without tests/ on its path)
+
     env = dict(os.environ, TRITON_INTERPRET="1", DEEPINFER_ASCEND_SIM_CHIP=chip)
-    proc = subprocess.run([sys.executable, str(Path(__file__).resolve()), chip], env=env, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run([sys.executable, str(Path(__file__).resolve()), chip], env=env, capture_output=True, text=True, timeout=HANG_S)
     results = {}
     for line in proc.stdout.splitlines():
         if line.startswith("{"):

@@ -35,17 +35,21 @@ FRONT_END_FAMILIES = (*FAMILIES, "sampling_chunked")
 
 def run_checks(family: str, chip: str) -> None:
     """The family's checks under the interpreter on the simulated chip; fails the calling test."""
+    from waits import HANG_S  # (here, not at the top: the script side runs without tests/ on its path)
+
     env = {**os.environ, "TRITON_INTERPRET": "1", "DEEPINFER_ASCEND_SIM_CHIP": chip}
-    res = subprocess.run([sys.executable, os.path.abspath(__file__), family], env=env, capture_output=True, text=True, timeout=900)
+    res = subprocess.run([sys.executable, os.path.abspath(__file__), family], env=env, capture_output=True, text=True, timeout=HANG_S)
     assert res.returncode == 0, f"stdout:\n{res.stdout[-4000:]}\nstderr:\n{res.stderr[-8000:]}"
     assert f"ALL OK {family} {chip}" in res.stdout, res.stdout[-4000:]
 
 
 def run_frontend(family: str, chip: str) -> None:
     """The family's kernels through Triton's front end with the simulated chip's tiles."""
+    from waits import HANG_S  # (here, not at the top: the script side runs without tests/ on its path)
+
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["DEEPINFER_ASCEND_SIM_CHIP"] = chip
-    res = subprocess.run([sys.executable, os.path.abspath(__file__), family, "frontend"], env=env, capture_output=True, text=True, timeout=600)
+    res = subprocess.run([sys.executable, os.path.abspath(__file__), family, "frontend"], env=env, capture_output=True, text=True, timeout=HANG_S)
     if "NO CUDA BACKEND" in res.stdout:
         import pytest  # (the script side needs no pytest)
 

@@ -21,6 +21,7 @@ from deepinfer.cli.main import build_parser, main
 from deepinfer.plugins import Availability, BackendSpec, Plugins, hookimpl
 
 from fake_backend import UNUSABLE
+from waits import HANG_S
 
 
 def _only(monkeypatch, *specs: BackendSpec) -> None:
@@ -127,7 +128,8 @@ def test_the_ranks_get_the_options(monkeypatch):
 def test_the_check_chooses_the_ep_paths_with_the_options():
     """ep_path=symm where symmetric memory cannot run (the interpreter) fails the check, before any rank."""
     argv = ["bench", "ops", "--backend", "cuda", "--ep", "2", "--backend-option", "ep_path=symm"]
-    proc = subprocess.run([sys.executable, "-m", "deepinfer", *argv], capture_output=True, text=True, timeout=120, env={**os.environ, "TRITON_INTERPRET": "1"})
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    proc = subprocess.run([sys.executable, "-m", "deepinfer", *argv], capture_output=True, text=True, timeout=HANG_S, env=env)
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode == 2 and len(lines) == 1, proc.stderr
     assert "backend 'cuda' cannot serve op 'dispatch': backend option ep_path=symm" in lines[0] and "starting" not in proc.stderr

@@ -14,6 +14,7 @@ import deepinfer
 from deepinfer.cli.main import build_parser
 
 from cli_helpers import run_cli
+from waits import HANG_S
 
 HELPS = [
     ["--help"],
@@ -40,7 +41,7 @@ print(json.dumps(seen), file=sys.stderr)
 
 
 def test_help_imports_no_torch_and_loads_no_plugin():
-    proc = subprocess.run([sys.executable, "-c", PROBE, json.dumps(HELPS)], capture_output=True, text=True, timeout=120)
+    proc = subprocess.run([sys.executable, "-c", PROBE, json.dumps(HELPS)], capture_output=True, text=True, timeout=HANG_S)
     assert proc.returncode == 0, proc.stderr
     seen = json.loads(proc.stderr.strip().splitlines()[-1])
     assert seen == {" ".join(argv): [] for argv in HELPS}
@@ -51,7 +52,7 @@ PLUGIN_HELPS = [["bench", "--help"], ["bench"], ["bench", "compile", "--help"]]
 
 
 def test_bench_help_loads_the_plugins_without_importing_torch():
-    proc = subprocess.run([sys.executable, "-c", PROBE, json.dumps(PLUGIN_HELPS)], capture_output=True, text=True, timeout=120)
+    proc = subprocess.run([sys.executable, "-c", PROBE, json.dumps(PLUGIN_HELPS)], capture_output=True, text=True, timeout=HANG_S)
     assert proc.returncode == 0, proc.stderr
     seen = json.loads(proc.stderr.strip().splitlines()[-1])
     assert seen == {" ".join(argv): ["deepinfer.plugins", "deepinfer_cuda", "pluggy"] for argv in PLUGIN_HELPS}

@@ -12,6 +12,8 @@ import torch
 
 from deepinfer_conformance.multirank import ranks_failed_message
 
+from waits import HANG_S
+
 
 def test_an_error_that_names_the_backend_is_not_prefixed_again():
     failed = [(0, "backend 'cuda' is not available: no GPU; check nvidia-smi"), (1, "backend 'cuda' is not available: no GPU; check nvidia-smi")]
@@ -28,7 +30,7 @@ def test_other_errors_get_the_backend_and_ep_once():
 def test_unavailable_backend_at_ep2_names_it_once():
     env = {**os.environ, "TRITON_INTERPRET": "0"}
     proc = subprocess.run([sys.executable, "-m", "deepinfer_conformance.multirank", "--backend", "cuda", "--ep", "2"],
-                          capture_output=True, text=True, timeout=120, env=env)
+                          capture_output=True, text=True, timeout=HANG_S, env=env)
     line = proc.stderr.strip()
     assert proc.returncode == 2 and "\n" not in line, proc.stderr
     assert line.startswith("deepinfer: error: backend 'cuda' is not available: ") and line.count("'cuda'") == 1, line

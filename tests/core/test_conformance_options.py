@@ -36,7 +36,7 @@ def test_options_go_to_the_backends_that_declare_them():
 
 
 def test_conformance_with_an_option_no_backend_has_exits_2_with_one_line():
-    result = run_cli("conformance", "--backend", "reference", "--backend-option", "npu_fast_paths=on", timeout=300)
+    result = run_cli("conformance", "--backend", "reference", "--backend-option", "npu_fast_paths=on")
     lines = result.stderr.strip().splitlines()
     assert result.returncode == 2 and len(lines) == 1 and "no backend of this run has option 'npu_fast_paths'" in lines[0], result.stderr
 

@@ -13,6 +13,8 @@ import pytest
 
 from deepinfer.discovery import module_names, registration_modules, submodules
 
+from waits import HANG_S
+
 
 def test_submodules_imports_every_public_module_of_a_package(tmp_path, monkeypatch):
     pkg = tmp_path / "discovered_pkg"
@@ -87,5 +89,5 @@ def test_the_core_does_not_import_the_shared_triton_module():
         "import sys, deepinfer, deepinfer.ops, deepinfer.registry, deepinfer.plugins, deepinfer.engine, deepinfer.cli.main\n"
         "assert 'deepinfer.triton_common' not in sys.modules, 'the core imported deepinfer.triton_common'\n"
     )
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=HANG_S, check=False)
     assert proc.returncode == 0, proc.stderr[-2000:]

@@ -18,6 +18,7 @@ from deepinfer import discovery
 from deepinfer.registry import OPS, OpSpec, Registry, RegistryError, ResolveContext, all_ops, load_op_packages
 
 from cli_helpers import run_cli
+from waits import HANG_S
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -83,7 +84,7 @@ def test_the_kernel_added_to_an_existing_backend_passes_under_the_interpreter(ex
 
 def test_the_packaged_golden_set_ignores_installed_case_packages(ext_env):
     """`generate` writes and checks the core cases only: out-of-tree goldens are computed per run."""
-    proc = subprocess.run([sys.executable, "-m", "deepinfer_conformance.generate", "--check"], env=ext_env, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run([sys.executable, "-m", "deepinfer_conformance.generate", "--check"], env=ext_env, capture_output=True, text=True, timeout=HANG_S)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "0 differences" in proc.stdout
 
@@ -121,7 +122,7 @@ print(json.dumps({
 
 
 def test_registry_and_open_runtime_resolve_the_new_op(ext_env):
-    proc = subprocess.run([sys.executable, "-c", API], env=ext_env, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run([sys.executable, "-c", API], env=ext_env, capture_output=True, text=True, timeout=HANG_S)
     assert proc.returncode == 0, proc.stderr[-3000:]
     got = json.loads(proc.stdout.strip().splitlines()[-1])
     assert got["family"] == "logits" and got["out_of_tree"] and got["declared_in"] == "deepinfer_oot_ext.ops"

@@ -13,6 +13,7 @@ from deepinfer.registry import all_ops
 from deepinfer.runtime import open_runtime
 
 from cli_helpers import run_cli
+from waits import HANG_S
 
 
 def test_builtin_backends_are_discovered_through_the_entry_point_group():
@@ -37,7 +38,7 @@ print(json.dumps(declared))
 
 def test_loading_the_plugins_and_declaring_backends_imports_no_torch():
     """Plugin modules and probe modules import torch only inside the functions that need it."""
-    proc = subprocess.run([sys.executable, "-c", DECLARE_ONLY], capture_output=True, text=True, timeout=120)
+    proc = subprocess.run([sys.executable, "-c", DECLARE_ONLY], capture_output=True, text=True, timeout=HANG_S)
     assert proc.returncode == 0, proc.stderr
     declared = json.loads(proc.stdout)
     assert {"reference", "cuda", "ascend"} <= set(declared["backends"]) and declared["failures"] == []

@@ -20,11 +20,13 @@ import pytest
 
 from deepinfer_cuda.bench import compile_check as cc
 
+from waits import HANG_S
+
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["TRITON_DEFAULT_FP_FUSION"] = "1"
-    return subprocess.run([sys.executable, "-m", "deepinfer.cli.main", "bench", "compile", *args], env=env, capture_output=True, text=True, timeout=900)
+    return subprocess.run([sys.executable, "-m", "deepinfer.cli.main", "bench", "compile", *args], env=env, capture_output=True, text=True, timeout=HANG_S)
 
 
 ARCHS = ("sm90", "sm100")

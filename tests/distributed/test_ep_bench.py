@@ -14,9 +14,10 @@ import pytest
 import torch
 
 from cli_helpers import run_main
+from waits import HANG_S
 
 
-def deepinfer(*argv, env=None, timeout=120):
+def deepinfer(*argv, env=None, timeout=HANG_S):
     environ = {**os.environ, **(env or {})}
     return subprocess.run([sys.executable, "-m", "deepinfer", *argv], capture_output=True, text=True, timeout=timeout, env=environ)
 
@@ -65,7 +66,7 @@ def test_bench_ops_ep_bad_requests_are_one_line_errors(argv, message):
 @pytest.mark.skipif(torch.cuda.is_available(), reason="runs only on a machine without a GPU (as CI is): it checks the error a GPU-less machine gives")
 def test_bench_ops_ep_cuda_without_a_gpu_is_an_error():
     """The backend's own reason (its probe's), and how to run its kernels on a CPU instead."""
-    proc = deepinfer("bench", "ops", "--backend", "cuda", "--ep", "2", env={"TRITON_INTERPRET": "0"}, timeout=60)
+    proc = deepinfer("bench", "ops", "--backend", "cuda", "--ep", "2", env={"TRITON_INTERPRET": "0"})
     assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
     assert "backend 'cuda' is not available: " in proc.stderr and "on a CPU: TRITON_INTERPRET=1" in proc.stderr, proc.stderr
 

@@ -15,6 +15,8 @@ import torch
 from deepinfer.bench import e2e_ep
 from deepinfer.model.weights import LINEAR, TensorSpec
 
+from waits import HANG_S
+
 TINY = dict(
     hidden_size=64, intermediate_size=128, moe_intermediate_size=32, num_attention_heads=4, num_key_value_heads=4,
     q_lora_rank=32, kv_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16, n_routed_experts=16,
@@ -34,7 +36,7 @@ def test_two_ranks_with_and_without_redundant_experts(tmp_path):
         "--num-redundant-experts", "0", "--num-redundant-experts", "2", "--skew", "1", "--skew-experts", "2", "--json", str(out),
     ]  # fmt: skip
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=180)
+    proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=HANG_S)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert e2e_ep.HEADER in proc.stdout
     saved = json.loads(out.read_text())
@@ -108,7 +110,7 @@ def test_four_ranks_with_redundant_experts(tmp_path):
         "--num-redundant-experts", "4", "--skew", "1", "--skew-experts", "2", "--json", str(out),
     ]  # fmt: skip
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=240)
+    proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=HANG_S)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     (row,) = json.loads(out.read_text())["results"]
     assert row["ep"] == 4 and row["num_redundant_experts"] == 4 and row["placement"] == "eplb"

@@ -83,9 +83,11 @@ def subprocess_env(cache: Path) -> dict[str, str]:
     return env
 
 
-def torchrun(nproc: int, *args: str, env: dict[str, str], timeout: int = 240) -> subprocess.CompletedProcess:
+def torchrun(nproc: int, *args: str, env: dict[str, str]) -> subprocess.CompletedProcess:
+    from waits import HANG_S  # (here, not at the top: the ranks run this file without tests/ on their path)
+
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc), str(HERE), *args]
-    return subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(command, env=env, capture_output=True, text=True, timeout=HANG_S)
 
 
 # ---- the single-process reference ---------------------------------------------------------------
@@ -172,7 +174,9 @@ def test_cli_passes_every_option_to_the_ranks():
 
 @pytest.mark.parametrize("world", [2, 4])
 def test_expert_parallel_generation_equals_one_rank(world, cache, expected, expected_deterministic, tmp_path):
-    run = torchrun(world, "worker", str(tmp_path), env=subprocess_env(cache))
+    from waits import HANG_S  # (here, not at the top: the ranks run this file without tests/ on their path)
+
+    run = torchrun(world, "worker", str(tmp_path), str(HANG_S), env=subprocess_env(cache))
     assert run.returncode == 0, run.stderr[-4000:]
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(world)]
     for name, scenario in scenarios(world).items():
@@ -195,7 +199,9 @@ def test_cli_ep2_spawns_torchrun_and_writes_once_in_input_order(cache, expected,
     out = tmp_path / "out.jsonl"
     args = ["run", "--ep", "2", "--backend", "reference", "--dtype", "float32", "--no-progress", "--num-kv-blocks", "32"]
     args += ["--temperature", "0", "--ignore-eos", "--num-redundant-experts", "2", "--eplb", "--eplb-interval", "3", "-i", str(src), "-o", str(out)]
-    run = subprocess.run([sys.executable, "-m", "deepinfer", *args], env=subprocess_env(cache), capture_output=True, text=True, timeout=240)
+    from waits import HANG_S  # (here, not at the top: the ranks run this file without tests/ on their path)
+
+    run = subprocess.run([sys.executable, "-m", "deepinfer", *args], env=subprocess_env(cache), capture_output=True, text=True, timeout=HANG_S)
     assert run.returncode == 0, run.stderr[-4000:]
     assert "torchrun --standalone --nproc-per-node 2" in run.stderr
     assert run.stderr.count("summary:") == 1 and run.stderr.count("dummy weights (random") == 1, run.stderr  # rank 0 only
@@ -269,13 +275,14 @@ def _check_local_weights(llm) -> bool:
     return True
 
 
-def _worker(out_dir: str) -> None:
+def _worker(out_dir: str, dist_timeout: float) -> None:
+    """Each scenario on this rank; dist_timeout: the hang guard (nothing here should time out, however slow)."""
     import gc
 
     world, rank = int(os.environ["WORLD_SIZE"]), int(os.environ["RANK"])
     report = {}
     for name, scenario in scenarios(world).items():
-        llm = make_llm(ep=world, dist_timeout=60, **scenario["llm"])
+        llm = make_llm(ep=world, dist_timeout=dist_timeout, **scenario["llm"])
         indices = scenario["prompts"]
         outputs = llm.generate([{"prompt_token_ids": PROMPTS[i]} for i in indices], sampling_params(indices), use_tqdm=False)
         engine = llm.engine
@@ -302,7 +309,7 @@ def _cli_with_fault(mode: str, at_step: int, argv: list[str]) -> int:
         if int(os.environ["RANK"]) == 1 and self.num_steps + 1 >= at_step:  # before step `at_step`
             if mode == "cli-die":
                 os._exit(7)
-            time.sleep(120)
+            time.sleep(24 * 3600)  # hangs, however long rank 0 takes to time out: only torchrun's stop ends it
 
     before_step = LLMEngine.before_step  # every rank calls it once per step, idle steps too
     LLMEngine.before_step = lambda self: (fault(self), before_step(self))[1]
@@ -312,6 +319,6 @@ def _cli_with_fault(mode: str, at_step: int, argv: list[str]) -> int:
 if __name__ == "__main__":
     mode, rest = sys.argv[1], sys.argv[2:]
     if mode == "worker":
-        _worker(rest[0])
+        _worker(rest[0], float(rest[1]))
     else:
         sys.exit(_cli_with_fault(mode, int(rest[0]), rest[1:]))

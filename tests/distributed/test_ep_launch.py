@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from waits import HANG_S
+
 PROMPTS = [[0, 2182, 11, 1100, 6657, 344], [0, 671, 7664, 294], [0, 16, 223, 17, 223, 18], [0, 4117]]
 
 
@@ -31,7 +33,7 @@ def env_for(cache: Path, tmp: Path, **extra) -> dict[str, str]:
     return env
 
 
-def deepinfer(*args: str, env: dict[str, str], timeout: int = 300) -> subprocess.CompletedProcess:
+def deepinfer(*args: str, env: dict[str, str], timeout: float = HANG_S) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "deepinfer", *args], env=env, capture_output=True, text=True, timeout=timeout)
 
 
@@ -201,7 +203,7 @@ def test_ctrl_c_stops_every_rank_with_one_line(cache, tmp_path):
             break
     os.killpg(proc.pid, signal.SIGINT)
     rest = proc.stderr.read()
-    proc.wait(timeout=120)
+    proc.wait(timeout=HANG_S)
     stderr = "".join(seen) + rest
     assert proc.returncode == 130, stderr
     assert stderr.strip().splitlines()[-1].startswith("deepinfer: interrupted (logs: "), stderr

@@ -15,6 +15,8 @@ import pytest
 from openai.types import Completion
 from openai.types.chat import ChatCompletion
 
+from waits import HANG_S
+
 HI = [{"role": "user", "content": "Say hi"}]
 LINES = [
     {"custom_id": "a", "method": "POST", "url": "/v1/completions", "body": {"prompt": "Hello, my name is", "max_tokens": 6, "seed": 1}},
@@ -39,7 +41,7 @@ def cache(tmp_path_factory) -> Path:
 def deepinfer(*args: str, cache: Path, tmp: Path) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
     env.update(DEEPINFER_CACHE=str(cache), OMP_NUM_THREADS="1", TMPDIR=str(tmp))
-    return subprocess.run([sys.executable, "-m", "deepinfer", *args], env=env, capture_output=True, text=True, timeout=300)
+    return subprocess.run([sys.executable, "-m", "deepinfer", *args], env=env, capture_output=True, text=True, timeout=HANG_S)
 
 
 def content(row: dict) -> dict:

@@ -14,6 +14,8 @@ import pytest
 
 from deepinfer.errors import UserError
 
+from waits import HANG_S
+
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 
@@ -85,7 +87,7 @@ def test_distributed_doc_does_not_deny_ep_graphs():
 def test_example_prints_token_id_prompts_readably(tmp_path):
     result = subprocess.run(
         [sys.executable, str(ROOT / "examples" / "offline_inference.py"), "--backend", "reference"],
-        capture_output=True, text=True, timeout=600, cwd=tmp_path,
+        capture_output=True, text=True, timeout=HANG_S, cwd=tmp_path,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-2000:]
     assert "prompt: None" not in result.stdout

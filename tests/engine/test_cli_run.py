@@ -15,6 +15,7 @@ from deepinfer.cli.main import main
 from deepinfer.cli.run import BUILTIN_PROMPTS
 
 from cli_helpers import write_lines
+from waits import HANG_S
 
 FAST = ["--backend", "reference", "--no-progress", "--num-kv-blocks", "64"]
 
@@ -234,6 +235,6 @@ def test_a_broken_torchrun_environment_is_one_line(capsys, monkeypatch, env, nee
 def test_errors_are_one_line_in_a_real_process(tmp_path):
     env = {**os.environ, "DEEPINFER_CACHE": str(tmp_path)}
     bad = write_lines(tmp_path / "in.jsonl", ['{"prompt": "fine"}', "{oops"])
-    proc = subprocess.run([sys.executable, "-m", "deepinfer", "run", "-i", str(bad)], capture_output=True, text=True, env=env, timeout=120)
+    proc = subprocess.run([sys.executable, "-m", "deepinfer", "run", "-i", str(bad)], capture_output=True, text=True, env=env, timeout=HANG_S)
     assert proc.returncode == 2
     assert proc.stderr.strip().count("\n") == 0 and "line 2" in proc.stderr and "Traceback" not in proc.stderr

@@ -12,7 +12,7 @@ import random
 import re
 import subprocess
 import sys
-import time
+from pathlib import Path
 
 import pytest
 from openai.types import Completion
@@ -23,6 +23,7 @@ from deepinfer.cli.main import main
 from deepinfer.cli.request_fields import FIELDS, Chat, Sampling
 
 from cli_helpers import write_lines
+from waits import finish, holds_flock, stopped_once
 
 MAX_MODEL_LEN = 48  # chat lines without max_tokens run to the model's length: keep it short on the CPU
 FAST = ["--backend", "reference", "--no-progress", "--num-kv-blocks", "64", "--max-model-len", str(MAX_MODEL_LEN)]
@@ -160,20 +161,24 @@ def cli(*args, cache, **kwargs) -> subprocess.Popen:
 @pytest.fixture(scope="module")
 def full_run(tmp_path_factory, cache):
     """The 100-line file run as a user runs it (its own process), and what two more runs on the
-    same output said while it ran: (items, expected, output path, exit code, stderr, second runs)."""
+    same output said while it held the output's lock: (items, expected, output path, exit code,
+    stderr, second runs). The first run is stopped (SIGSTOP) once it holds the lock and goes on
+    only after both others have exited, so they meet the lock on a machine of any speed."""
     tmp = tmp_path_factory.mktemp("batch")
     src, out = tmp / "requests.jsonl", tmp / "results.jsonl"
     items, expected = mixed_file(src)
+    if not Path("/proc/locks").exists():
+        pytest.skip("seeing the output's lock held needs Linux's /proc/locks")
     proc = cli("run-batch", *FAST, "-i", str(src), "-o", str(out), cache=cache)
-    deadline = time.monotonic() + 120
-    while not out.exists() and proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.05)
-    time.sleep(0.5)  # the file exists: the run has opened and locked it (one step, os.open then flock)
-    seconds = [cli("run-batch", *FAST, "-i", str(src), "-o", str(out), flag, cache=cache) for flag in ("--resume", "--overwrite")]
-    second_results = [(p.wait(timeout=120), p.communicate()[1]) for p in seconds]
-    assert proc.poll() is None, "the first run ended before the second started: give it more lines"
-    _, err = proc.communicate(timeout=600)
-    return items, expected, out, proc.returncode, err, second_results
+    with stopped_once(proc, lambda: holds_flock(proc.pid, out), "the first run holding the output's lock"):
+        flags = ("--resume", "--overwrite")
+        seconds = [cli("run-batch", *FAST, "-i", str(src), "-o", str(out), flag, cache=cache) for flag in flags]
+        second_results = []
+        for second, flag in zip(seconds, flags):
+            second_code, _, second_err = finish(second, f"a second run on the locked output ({flag})")
+            second_results.append((second_code, second_err))
+    code, _, err = finish(proc, "the first run")
+    return items, expected, out, code, err, second_results
 
 
 def test_a_vllm_shaped_file_runs_with_rows_in_input_order(full_run):

@@ -18,6 +18,7 @@ import pytest
 from deepinfer.cli.main import main
 
 from cli_helpers import write_lines
+from waits import HANG_S
 
 FAST = ["--backend", "reference", "--no-progress", "--num-kv-blocks", "64"]
 # Sampled (seeds follow the lines, so a resumed run repeats), two sequences a step: later requests
@@ -109,7 +110,7 @@ def test_a_full_disk_keeps_the_rows_before_and_resume_completes(tmp_path, cache,
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a failed write, not a killed process
 
     proc = cli("run", *FAST, *SAMPLING, "-i", str(src), "-o", str(out), env=child_env(cache), preexec_fn=small_files)
-    _, err = proc.communicate(timeout=300)
+    _, err = proc.communicate(timeout=HANG_S)
     assert proc.returncode == 2, err
     errors = [line for line in err.splitlines() if "error" in line]
     assert len(errors) == 1 and "Traceback" not in err, err
@@ -123,7 +124,7 @@ def test_dev_full_is_one_line(tmp_path, cache):
     if not os.path.exists("/dev/full"):
         pytest.skip("no /dev/full here")
     proc = cli("run", *FAST, "--prompt", "hi", "--max-tokens", "2", "-o", "/dev/full", env=child_env(cache))
-    _, err = proc.communicate(timeout=300)
+    _, err = proc.communicate(timeout=HANG_S)
     assert proc.returncode == 2
     assert "Traceback" not in err, err
     assert err.strip().splitlines()[-1].startswith("deepinfer: error: cannot write /dev/full: No space left on device (the disk is full)"), err

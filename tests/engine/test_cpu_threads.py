@@ -14,6 +14,8 @@ import torch
 from deepinfer.engine import cpu_threads
 from deepinfer.engine.sampling_params import InvalidRequestError
 
+from waits import HANG_S
+
 
 @pytest.fixture(autouse=True)
 def keep_threads():
@@ -61,6 +63,6 @@ def test_the_cli_chooses_and_reports_the_thread_count(tmp_path):
     default = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=True).stdout.strip()
     command = [sys.executable, "-m", "deepinfer", "run", "--backend", "reference", "--no-progress", "--prompt", "hi", "--max-tokens", "2"]
     for extra, want in (([], default), (["--cpu-threads", "2"], "2")):
-        proc = subprocess.run([*command, *extra], env=env, capture_output=True, text=True, timeout=300)
+        proc = subprocess.run([*command, *extra], env=env, capture_output=True, text=True, timeout=HANG_S)
         assert proc.returncode == 0, proc.stderr
         assert f"cpu threads       {want}\n" in proc.stderr, proc.stderr

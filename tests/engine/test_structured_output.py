@@ -18,6 +18,8 @@ import pytest
 from deepinfer import SamplingParams, StructuredOutputsParams
 from deepinfer.engine.sampling_params import InvalidRequestError
 
+from waits import HANG_S
+
 PROMPT = "Answer:"
 
 # A point: reused inline and through $ref
@@ -280,18 +282,24 @@ def test_expert_parallelism_is_refused_in_one_line(api, monkeypatch):
 
 
 def test_compile_timeout(api, monkeypatch):
-    """A grammar not ready within grammar_compile_timeout_s fails its request; the free one completes."""
+    """A grammar not ready within grammar_compile_timeout_s fails its request; the free one completes.
+    The compile goes on only once generate has returned, so it is late on a machine of any speed."""
+    import threading
+
     from deepinfer.engine import structured_output
 
-    def slow(spec, _original=structured_output.grammar_text):
-        import time
+    generated = threading.Event()
 
-        time.sleep(0.5)
+    def late(spec, _original=structured_output.grammar_text):
+        generated.wait(HANG_S)
         return _original(spec)
 
-    monkeypatch.setattr(structured_output, "grammar_text", slow)
+    monkeypatch.setattr(structured_output, "grammar_text", late)
     monkeypatch.setattr(api.engine.grammar_wait, "timeout_s", 0.05)
-    outs = api.generate([PROMPT] * 2, [_params(regex="[0-9]{2}x"), SamplingParams(max_tokens=4)], use_tqdm=False)
+    try:
+        outs = api.generate([PROMPT] * 2, [_params(regex="[0-9]{2}x"), SamplingParams(max_tokens=4)], use_tqdm=False)
+    finally:
+        generated.set()
     assert outs[0].outputs[0].finish_reason == "error" and "grammar_compile_timeout_s" in outs[0].outputs[0].error
     assert outs[1].outputs[0].finish_reason == "length"
 

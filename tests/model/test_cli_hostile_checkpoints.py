@@ -97,7 +97,7 @@ def test_fifo_weights_fail_at_once_from_the_command_line(ckpt):
     (ckpt / "model.safetensors").unlink()
     os.mkfifo(ckpt / "model.safetensors")
     try:
-        run = run_cli(*RUN, "--model", str(ckpt), timeout=120)
+        run = run_cli(*RUN, "--model", str(ckpt))
     except subprocess.TimeoutExpired:
         pytest.fail("deepinfer run blocked on a FIFO")
     err = run.stderr.strip().splitlines()

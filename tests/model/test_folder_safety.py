@@ -20,6 +20,8 @@ from deepinfer.model import folder as folder_module
 from deepinfer.model.errors import CheckpointError
 from deepinfer.model.loader import load_model
 
+from waits import HANG_S
+
 INDEX = "model.safetensors.index.json"
 
 
@@ -155,7 +157,7 @@ def test_fifos_in_place_of_any_file_are_refused_without_blocking(ckpt, tmp_path)
         os.mkfifo(folder / name)
         folders[name] = folder
     try:
-        run = subprocess.run([sys.executable, "-c", FIFO_LOADER, *map(str, folders.values())], capture_output=True, text=True, timeout=120)
+        run = subprocess.run([sys.executable, "-c", FIFO_LOADER, *map(str, folders.values())], capture_output=True, text=True, timeout=HANG_S)
     except subprocess.TimeoutExpired:
         pytest.fail("loading a folder with a FIFO blocked")
     assert run.returncode == 0, run.stderr

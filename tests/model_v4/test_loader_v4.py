@@ -16,6 +16,8 @@ from deepinfer.model.loader import load_model
 from deepinfer.ops import quant
 from deepinfer.runtime import open_runtime
 
+from waits import HANG_S
+
 TINY = {**V4_CONFIG, "sliding_window": 16, "compress_rates": {"compressed_sparse_attention": 4, "heavily_compressed_attention": 16},
         "index_topk": 8, "max_position_embeddings": 512, "num_nextn_predict_layers": 1, "o_lora_rank": 128}  # fmt: skip
 # o_lora_rank 128: each output group keeps whole FP8 blocks, so wo_a runs as an FP8 grouped GEMM (as V4's 1024 does)
@@ -158,7 +160,7 @@ def test_the_cli_runs_a_v4_folder_and_refuses_expert_parallelism(tmp_path, weigh
     for name in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copy(ensure_embedded(alias="tiny-v4") / name, folder / name)
     run = [sys.executable, "-m", "deepinfer", "run", "--model", str(folder), "--prompt", "hi", "--max-tokens", "3", "--backend", "reference"]
-    done = subprocess.run(run, capture_output=True, text=True, timeout=120)
+    done = subprocess.run(run, capture_output=True, text=True, timeout=HANG_S)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "completion" in done.stdout
     from cli_helpers import run_main

@@ -1,4 +1,5 @@
-"""A `deepinfer serve` subprocess on a free loopback port, as a user starts it; stopped by SIGTERM."""
+"""A `deepinfer serve` subprocess on a free loopback port, as a user starts it; ready once /health
+answers (however long loading takes: tests/waits.py); stopped by SIGTERM."""
 
 from __future__ import annotations
 
@@ -6,9 +7,10 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import httpx2
+
+from waits import HANG_S, finish, wait_until
 
 
 def free_port() -> int:
@@ -18,7 +20,7 @@ def free_port() -> int:
 
 
 class ServerProcess:
-    def __init__(self, *flags: str, cache, api_key: str | None = None, timeout_s: float = 120, env: dict | None = None):
+    def __init__(self, *flags: str, cache, api_key: str | None = None, env: dict | None = None):
         """env: more environment variables for the server."""
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -29,25 +31,24 @@ class ServerProcess:
         key = ["--api-key", api_key] if api_key else []
         argv = [sys.executable, "-m", "deepinfer", "serve", "--port", str(self.port), *key, *flags]
         self.proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"the server exited with {self.proc.returncode}: {self.proc.stderr.read()}")
-            try:
-                if httpx2.get(f"{self.url}/health", timeout=1).status_code == 200:
-                    return
-            except httpx2.HTTPError:
-                pass
-            time.sleep(0.2)
-        self.stop()
-        raise RuntimeError("the server did not answer /health in time")
+        try:
+            wait_until(self.healthy, "the server answering /health", self.proc, every_s=0.2)
+        except BaseException:
+            self.stop()
+            raise
+
+    def healthy(self) -> bool:
+        try:
+            return httpx2.get(f"{self.url}/health", timeout=HANG_S).status_code == 200
+        except httpx2.TransportError:  # not listening yet
+            return False
 
     def headers(self) -> dict:
         return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
 
     def metrics(self) -> dict[str, float]:
         """The metrics' samples by their text name (labels included)."""
-        text = httpx2.get(f"{self.url}/metrics", headers=self.headers(), timeout=10).text
+        text = httpx2.get(f"{self.url}/metrics", headers=self.headers(), timeout=HANG_S).text
         samples = {}
         for line in text.splitlines():
             if line and not line.startswith("#"):
@@ -55,13 +56,9 @@ class ServerProcess:
                 samples[name] = float(value)
         return samples
 
-    def stop(self, timeout: float = 60) -> tuple[int, str]:
-        """SIGTERM, then (exit code, stderr)."""
+    def stop(self) -> tuple[int, str]:
+        """SIGTERM, then (exit code, stderr) once it has exited."""
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
-        try:
-            _, err = self.proc.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            _, err = self.proc.communicate()
-        return self.proc.returncode, err
+        code, _, err = finish(self.proc, "the server after SIGTERM")
+        return code, err

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import time
 from pathlib import Path
 
 import httpx2
@@ -19,6 +18,7 @@ import openai
 import pytest
 
 from serve.server_process import ServerProcess
+from waits import HANG_S, wait_until
 
 FLAGS = ["--ep", "2", "--backend", "reference", "--dtype", "float32", "--num-kv-blocks", "64", "--max-model-len", "160", "--shutdown-timeout", "1"]
 PROMPTS = ["Hello, my name is", "The sky", "One two three", "Request number 7 says"]
@@ -50,7 +50,7 @@ def server(cache):
 
 @pytest.fixture(scope="module")
 def client(server):
-    return openai.OpenAI(base_url=f"{server.url}/v1", api_key="none", max_retries=0, timeout=60)
+    return openai.OpenAI(base_url=f"{server.url}/v1", api_key="none", max_retries=0, timeout=HANG_S)
 
 
 @pytest.fixture(scope="module")
@@ -95,30 +95,22 @@ def test_a_disconnect_frees_the_pages_on_its_rank(server):
         metrics = server.metrics()
         return [metrics[f'deepinfer_rank_{name}{{rank="{r}"}}'] for r in (0, 1)]
 
-    def wait_for(condition, what: str, timeout: float = 30):
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if condition():
-                return
-            time.sleep(0.05)
-        raise AssertionError(f"{what}: {server.metrics()}")
-
-    with httpx2.Client(timeout=60) as http:
+    with httpx2.Client(timeout=HANG_S) as http:
         with http.stream("POST", f"{server.url}/v1/completions", json=body) as first, http.stream("POST", f"{server.url}/v1/completions", json=body) as second:
             lines = [first.iter_lines(), second.iter_lines()]  # kept: an iterator dropped closes its connection
             for stream in lines:
                 assert json.loads(next(line for line in stream if line.startswith("data: ")).removeprefix("data: "))["choices"]
-            wait_for(lambda: rank_gauges("num_requests_running") == [1, 1], "one request on each rank")
+            wait_until(lambda: rank_gauges("num_requests_running") == [1, 1], "one request on each rank", server.proc)
             assert all(ratio > 0 for ratio in rank_gauges("kv_cache_usage_ratio"))
             first.close()  # its client goes away: the request on one rank is aborted
-            wait_for(lambda: sorted(rank_gauges("num_requests_running")) == [0, 1], "the closed stream's rank freed")
+            wait_until(lambda: sorted(rank_gauges("num_requests_running")) == [0, 1], "the closed stream's rank freed", server.proc)
             running = rank_gauges("num_requests_running")
             freed = running.index(0)
             assert rank_gauges("kv_cache_usage_ratio")[freed] == 0 and rank_gauges("kv_cache_usage_ratio")[1 - freed] > 0
             assert server.metrics()['deepinfer_requests_aborted_total{reason="disconnect"}'] == 1
             rest = [json.loads(line.removeprefix("data: ")) for line in lines[1] if line.startswith("data: {")]
         assert rest[-1]["choices"][0]["finish_reason"] == "length"
-    wait_for(lambda: rank_gauges("kv_cache_usage_ratio") == [0, 0], "every page free")
+    wait_until(lambda: rank_gauges("kv_cache_usage_ratio") == [0, 0], "every page free", server.proc)
 
 
 def test_sigterm_to_the_launcher_stops_every_rank(server):
@@ -126,13 +118,13 @@ def test_sigterm_to_the_launcher_stops_every_rank(server):
     ranks = children(server.proc.pid)
     assert len(ranks) == 2
     body = {"prompt": "Hello there", "max_tokens": 150, "ignore_eos": True, "temperature": 0, "stream": True}
-    with httpx2.Client(timeout=60) as http, http.stream("POST", f"{server.url}/v1/completions", json=body) as stream:
+    with httpx2.Client(timeout=HANG_S) as http, http.stream("POST", f"{server.url}/v1/completions", json=body) as stream:
         lines = stream.iter_lines()
         assert next(line for line in lines if line.startswith("data: {"))
         server.proc.send_signal(signal.SIGTERM)
         rest = [line.removeprefix("data: ") for line in lines if line.startswith("data: ")]
     assert rest[-1] == "[DONE]" and "shutting down" in json.loads(rest[-2])["error"]["message"], rest[-3:]
-    server.proc.wait(timeout=60)  # (a second signal would kill the ranks)
+    server.proc.wait(timeout=HANG_S)  # (a second signal would kill the ranks)
     code, err = server.stop()
     assert code == 0, err
     assert "starting 2 ranks" in err and "2 expert-parallel ranks" in err and "error" not in err, err
@@ -153,9 +145,9 @@ def test_a_rank_that_dies_ends_the_server_with_one_line(cache, tmp_path):
     path = os.pathsep.join([str(hook), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     server = ServerProcess(*FLAGS, cache=cache, env={"PYTHONPATH": path})
     try:
-        reply = httpx2.post(f"{server.url}/v1/completions", json={"prompt": "Hello", "max_tokens": 20, "ignore_eos": True}, timeout=60)
+        reply = httpx2.post(f"{server.url}/v1/completions", json={"prompt": "Hello", "max_tokens": 20, "ignore_eos": True}, timeout=HANG_S)
         assert reply.status_code == 500 and "PeerFailure" in reply.json()["error"]["message"], reply.text
-        code, err = server.proc.wait(timeout=60), server.proc.stderr.read()
+        code, err = server.proc.wait(timeout=HANG_S), server.proc.stderr.read()
     finally:
         server.stop()
     errors = [line for line in err.splitlines() if line.startswith("deepinfer: error: ")]

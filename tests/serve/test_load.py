@@ -1,5 +1,5 @@
 """`deepinfer serve` under load on loopback: 64 concurrent streaming clients send 500 seeded greedy
-requests against a server whose queue is bounded (--max-queue), under a hard time limit. Every
+requests against a server whose queue is bounded (--max-queue). Every
 request completes or is refused with 429 and its message; none is lost or answered twice; every
 completed one streams exactly the text LLM.generate gives. (Greedy tokens could differ only where a
 different batch moves a logit across the gap to the runner-up: the `expected` fixture checks that
@@ -18,8 +18,9 @@ import httpx2
 import pytest
 
 from serve.server_process import ServerProcess
+from waits import HANG_S, wait_until
 
-NUM_REQUESTS, CLIENTS, MAX_TOKENS, TIME_LIMIT_S = 500, 64, 4, 150
+NUM_REQUESTS, CLIENTS, MAX_TOKENS = 500, 64, 4
 PROMPTS = [f"Request number {i} says" for i in range(25)]
 FLAGS = ["--backend", "reference", "--max-num-seqs", "32", "--max-queue", "48", "--num-kv-blocks", "160",
          "--max-model-len", "128", "--shutdown-timeout", "0"]  # fmt: skip
@@ -81,7 +82,7 @@ async def load(url: str) -> list[dict]:
     todo = iter(range(NUM_REQUESTS))
     results = []
     limits = httpx2.Limits(max_connections=CLIENTS, max_keepalive_connections=CLIENTS)
-    async with httpx2.AsyncClient(timeout=60, limits=limits) as client:
+    async with httpx2.AsyncClient(timeout=HANG_S, limits=limits) as client:
 
         async def worker():
             for i in todo:
@@ -89,7 +90,7 @@ async def load(url: str) -> list[dict]:
                 if results[-1]["status"] == 429:
                     await asyncio.sleep(0.2)  # backs off, as a client told 429 should
 
-        await asyncio.wait_for(asyncio.gather(*(worker() for _ in range(CLIENTS))), TIME_LIMIT_S)
+        await asyncio.wait_for(asyncio.gather(*(worker() for _ in range(CLIENTS))), HANG_S)
     return results
 
 
@@ -116,7 +117,7 @@ def test_500_streaming_requests_from_64_clients(server, expected):
 
 def read_events(server, body: dict, count: int):
     """Open a stream, read `count` events, return (the open response, its line iterator, the events)."""
-    client = httpx2.Client(timeout=60)
+    client = httpx2.Client(timeout=HANG_S)
     response = client.send(client.build_request("POST", f"{server.url}/v1/completions", json={**body, "stream": True}), stream=True)
     assert response.status_code == 200
     lines = response.iter_lines()
@@ -129,13 +130,17 @@ def read_events(server, body: dict, count: int):
     return client, response, lines, got
 
 
-def wait_for(server, condition, timeout_s: float = 20) -> dict:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        metrics = server.metrics()
-        if condition(metrics) or time.monotonic() > deadline:
-            return metrics
-        time.sleep(0.05)
+def wait_for(server, condition, what: str) -> dict:
+    """The server's metrics once `condition` holds for them (polled: an event, not a time)."""
+    metrics = {}
+
+    def holds() -> bool:
+        metrics.clear()
+        metrics.update(server.metrics())
+        return condition(metrics)
+
+    wait_until(holds, what, server.proc)
+    return metrics
 
 
 def test_a_client_that_disconnects_frees_its_kv_blocks(server):
@@ -147,7 +152,7 @@ def test_a_client_that_disconnects_frees_its_kv_blocks(server):
     assert held["deepinfer_kv_cache_usage_ratio"] > 0 and held["deepinfer_num_requests_running"] == 1
     response.close()
     client.close()
-    metrics = wait_for(server, lambda m: m.get(aborted, 0) == before + 1 and m["deepinfer_kv_cache_usage_ratio"] == 0)
+    metrics = wait_for(server, lambda m: m.get(aborted, 0) == before + 1 and m["deepinfer_kv_cache_usage_ratio"] == 0, "the abort counted, the pages freed")
     assert metrics.get(aborted, 0) == before + 1, metrics
     assert metrics["deepinfer_kv_cache_usage_ratio"] == 0 and metrics["deepinfer_num_requests_running"] == 0
 

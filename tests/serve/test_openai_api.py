@@ -14,6 +14,7 @@ import openai
 import pytest
 
 from serve.server_process import ServerProcess
+from waits import HANG_S
 
 KEY = "sk-test"
 HI = [{"role": "user", "content": "Say hi"}]
@@ -30,7 +31,7 @@ def server(cache):
 
 @pytest.fixture(scope="module")
 def client(server):
-    return openai.OpenAI(base_url=f"{server.url}/v1", api_key=KEY, max_retries=0, timeout=60)
+    return openai.OpenAI(base_url=f"{server.url}/v1", api_key=KEY, max_retries=0, timeout=HANG_S)
 
 
 def streamed_texts(stream) -> tuple[dict[int, str], dict[int, str], list]:
@@ -140,17 +141,17 @@ def test_missing_or_wrong_key_is_401_but_health_is_open(server):
     for key in (None, "sk-wrong"):
         headers = {"Authorization": f"Bearer {key}"} if key else {}
         for method, path in (("GET", "/v1/models"), ("POST", "/v1/completions"), ("GET", "/metrics")):
-            reply = httpx2.request(method, f"{server.url}{path}", headers=headers, json={"prompt": "x"}, timeout=10)
+            reply = httpx2.request(method, f"{server.url}{path}", headers=headers, json={"prompt": "x"}, timeout=HANG_S)
             assert reply.status_code == 401 and reply.json()["error"]["type"] == "AuthenticationError", (path, reply.text)
     with pytest.raises(openai.AuthenticationError):
         openai.OpenAI(base_url=f"{server.url}/v1", api_key="nope", max_retries=0).models.list()
-    assert httpx2.get(f"{server.url}/health", timeout=10).status_code == 200
+    assert httpx2.get(f"{server.url}/health", timeout=HANG_S).status_code == 200
 
 
 def test_body_that_is_not_json_and_unknown_route(server):
-    reply = httpx2.post(f"{server.url}/v1/completions", headers=server.headers(), content=b"{not json", timeout=10)
+    reply = httpx2.post(f"{server.url}/v1/completions", headers=server.headers(), content=b"{not json", timeout=HANG_S)
     assert reply.status_code == 400 and "not valid JSON" in reply.json()["error"]["message"]
-    reply = httpx2.post(f"{server.url}/v1/embeddings", headers=server.headers(), json={}, timeout=10)
+    reply = httpx2.post(f"{server.url}/v1/embeddings", headers=server.headers(), json={}, timeout=HANG_S)
     assert reply.status_code == 404 and reply.json()["error"]["code"] == 404
 
 
