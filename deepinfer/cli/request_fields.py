@@ -26,6 +26,7 @@ refuses a field at the other endpoint; `run` reads every field on every line.
 
 from __future__ import annotations
 
+import difflib
 import json
 import textwrap
 from dataclasses import dataclass, field
@@ -33,6 +34,7 @@ from typing import Any
 
 COMPLETIONS = "/v1/completions"
 CHAT = "/v1/chat/completions"
+CLI_LISTING = "`--help` lists the fields it reads"  # where a command-line user finds the fields
 
 
 @dataclass(frozen=True)
@@ -159,16 +161,19 @@ class BodyFields:
     sources: dict = field(default_factory=dict)  # SamplingParams keyword -> the body field that set it
 
 
-def read_fields(body: dict, skip, endpoint: str | None = None, where: str = "") -> BodyFields:
+def read_fields(body: dict, skip, endpoint: str | None = None, where: str = "", listed: str = CLI_LISTING) -> BodyFields:
     """The fields of `body` other than those in `skip` (its prompt), by FIELDS; BadField for the
     first field (in the body's order) that fails. `endpoint`: check `only` against it (run-batch).
-    `where`: how a message places the fields (' in "body"')."""
+    `where`: how a message places the fields (' in "body"'). `listed`: where the reader of an
+    unknown field's message finds the fields (an HTTP client has no --help: "")."""
     for key, value in body.items():
         if key in skip:
             continue
         rule = FIELDS.get(key)
         if rule is None:
-            raise BadField(f"unknown field {name(key)}{where}; deepinfer does not implement it (`--help` lists the fields it reads)", key)
+            close = difflib.get_close_matches(key, FIELDS, n=1) if len(key) < 100 else []
+            guess = f"; did you mean {name(close[0])}?" if close else ""
+            raise BadField(f"unknown field {name(key)}{where}; deepinfer does not implement it{guess}{f' ({listed})' if listed else ''}", key)
         if endpoint is not None and rule.only is not None and rule.only != endpoint:
             raise BadField(f"{name(key)} is a field of {rule.only} requests, not of {endpoint}", key)
         if isinstance(rule, Off) and value is not None and not any(same(value, v) for v in rule.values):
@@ -279,5 +284,8 @@ def name(key: str) -> str:
 
 def short(value, limit: int = 60) -> str:
     """A parsed JSON value as JSON text, cut to `limit` characters."""
-    text = json.dumps(value)
+    try:
+        text = json.dumps(value)
+    except RecursionError:  # nested deeper than json.dumps goes: what it is will do
+        return f"a deeply nested {'object' if isinstance(value, dict) else 'array'}"
     return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -31,7 +31,7 @@ from deepinfer.cli.request_fields import COMPLETIONS
 from deepinfer.engine.outputs import CompletionOutput
 
 ERROR_TYPES = {
-    400: "BadRequestError", 401: "AuthenticationError", 404: "NotFoundError", 408: "TimeoutError", 429: "RateLimitError",
+    400: "BadRequestError", 401: "AuthenticationError", 404: "NotFoundError", 408: "TimeoutError", 413: "RequestTooLargeError", 429: "RateLimitError",
     500: "InternalServerError", 503: "ServiceUnavailableError",
 }  # fmt: skip
 
@@ -47,8 +47,14 @@ class ApiError(Exception):
 
 
 def error_body(status: int, message: str, param: str | None = None) -> dict:
-    return {"error": {"message": message, "type": ERROR_TYPES.get(status, "BadRequestError" if status < 500 else "InternalServerError"),
-                      "param": param, "code": status}}  # fmt: skip
+    """OpenAI's error object. Text a client sent may be quoted in it: a lone surrogate there is
+    written as its escape (\\udc00), so that the answer can be encoded as UTF-8."""
+    return {"error": {"message": utf8_safe(message), "type": ERROR_TYPES.get(status, "BadRequestError" if status < 500 else "InternalServerError"),
+                      "param": utf8_safe(param) if param is not None else None, "code": status}}  # fmt: skip
+
+
+def utf8_safe(text: str) -> str:
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def sse(item) -> str:
