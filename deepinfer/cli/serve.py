@@ -107,7 +107,7 @@ def check_api_key(key: str) -> None:
         raise UserError("--api-key may not be empty")
     bad = next((c for c in key if not "!" <= c <= "~"), None)
     if bad is not None:
-        what = "a space" if bad.isspace() else f"{bad.encode('ascii', 'backslashreplace').decode()!r}, which is not printable ASCII"
+        what = "a space" if bad.isspace() else f"U+{ord(bad):04X}, which is not printable ASCII"
         raise UserError(f"--api-key holds {what}: no client could send it in its 'Authorization: Bearer KEY' header; "
                         "choose a key of printable ASCII characters without spaces")  # fmt: skip
 

@@ -13,7 +13,9 @@ a "text_completion" (completions) or a "chat.completion.chunk" (chat) holding th
 text or finished in one engine step; a chat choice's first chunk carries {"role": "assistant"}.
 With "stream_options": {"include_usage": true} a last chunk with no choices carries the usage. A
 request aborted after its stream began (the request timeout, the server shutting down) ends with
-an error event, `data: {"error": {...}}`, then [DONE]: the client sees why, not a torn stream.
+an error event, `data: {"error": {...}}`, then [DONE]: the client sees why, not a torn stream. So
+does a request that failed while running (its grammar, or token options that left nothing to
+sample); the failed sample's last tokens are not sent.
 
 Text deltas: a choice's text is decoded from all its tokens after each step; what is sent is that
 text less (a) a trailing U+FFFD (a character whose bytes are split across tokens) and (b) the last
@@ -113,6 +115,8 @@ class StreamWriter:
         """The chunk of one update's deltas (None when it holds nothing to send)."""
         choices = []
         for d in deltas:
+            if d.final is not None and d.final.error is not None:  # it failed: the request's error event follows (its last draw meant nothing)
+                continue
             state = self.choices[(d.prompt, d.index)]
             offset = len(state.sent)
             text = state.add(d.token_ids, d.final)
