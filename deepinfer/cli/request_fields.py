@@ -254,7 +254,9 @@ def token_keys(bias: dict) -> dict:
 
 
 def describe() -> str:
-    """The table as --help text: which fields run, which are ignored, which only switched off."""
+    """The table as --help text: which fields run, which are ignored, which only switched off; and the bounds on a request."""
+    from deepinfer.cli.json_input import MAX_DEPTH
+    from deepinfer.engine.sampling_params import MAX_LOGIT_BIAS, MAX_N
     def listed(kind) -> str:
         return ", ".join(k for k, rule in FIELDS.items() if isinstance(rule, kind))
 
@@ -264,7 +266,9 @@ def describe() -> str:
         f"prompt_logprobs: run only); {listed(Logprobs)} (an int on completions, true with top_logprobs on chat; run reads either); "
         "the chat template's options: "
         f"{listed(Chat)}; ignored, as vLLM ignores them: {listed(Ignored)}; not implemented yet, accepted only at the value "
-        f"that switches them off (or null): {off}. Any other field fails its line."
+        f"that switches them off (or null): {off}. Any other field fails its line. Bounds: n <= {MAX_N} (vLLM's), logit_bias values "
+        f"in [-{MAX_LOGIT_BIAS}, {MAX_LOGIT_BIAS}] (OpenAI's), at most {MAX_DEPTH} levels of nested objects and arrays per line, and a "
+        "text no longer than the model's maximum length times its tokenizer's longest token (checked before tokenizing)."
     )
     return textwrap.fill(text, width=100, break_on_hyphens=False)
 

@@ -333,7 +333,7 @@ class LLMEngine:
             )
         if params.stop and self.tokenizer is None:
             raise InvalidRequestError(f"{what}: stop strings need a tokenizer, and this checkpoint has no tokenizer.json; use stop_token_ids", "stop")
-        check_token_options(params, self.tokenizer, self.vocab_size, what)
+        check_token_options(params, self.tokenizer, self.vocab_size, what, self.max_model_len)
         if params.structured_outputs is not None:
             self._check_structured(what)
         longest = min(len(prompt_token_ids) + (params.max_tokens or self.max_model_len), self.max_model_len)

@@ -71,8 +71,9 @@ def bad_word_token_ids(tokenizer, words: list[str]) -> list[list[int]]:
     return sequences
 
 
-def check_token_options(params: SamplingParams, tokenizer, vocab_size: int, what: str) -> None:
-    """One-line InvalidRequestErrors for token options this model cannot take."""
+def check_token_options(params: SamplingParams, tokenizer, vocab_size: int, what: str, max_model_len: int | None = None) -> None:
+    """One-line InvalidRequestErrors for token options this model cannot take. max_model_len: a bad
+    word longer than any text of that many tokens is refused before it is tokenized."""
     for name, ids in (("logit_bias", list(params.logit_bias)), ("allowed_token_ids", params.allowed_token_ids or [])):
         outside = next((t for t in ids if t >= vocab_size), None)
         if outside is not None:
@@ -81,6 +82,11 @@ def check_token_options(params: SamplingParams, tokenizer, vocab_size: int, what
         if tokenizer is None:
             raise InvalidRequestError(f"{what}: bad_words need a tokenizer, and this checkpoint has no tokenizer.json; use logit_bias with -100 instead",
                                       "bad_words")
+        if max_model_len is not None:
+            longest = max(params.bad_words, key=len)
+            if len(longest) > max_model_len * tokenizer.max_token_chars:
+                raise InvalidRequestError(f"{what}: a bad word of {len(longest)} characters is longer than any text of the model's maximum length "
+                                          f"({max_model_len} tokens) could be", "bad_words")  # fmt: skip
         for word, ids in zip(params.bad_words, bad_word_token_ids(tokenizer, params.bad_words)):
             if not ids or max(ids) >= vocab_size:
                 raise InvalidRequestError(f"{what}: bad word {word!r} tokenizes to {ids}, not to token ids of the vocabulary [0, {vocab_size})", "bad_words")

@@ -40,7 +40,7 @@ from starlette.exceptions import HTTPException
 from deepinfer.cli import json_input
 from deepinfer.cli.batch_requests import BatchRequest, read_body, sampling_params
 from deepinfer.cli.batch_rows import failed_param, response_body
-from deepinfer.cli.request_fields import CHAT, COMPLETIONS
+from deepinfer.cli.request_fields import CHAT, COMPLETIONS, short
 from deepinfer.cli.run_requests import lone_surrogate, surrogate_message
 from deepinfer.errors import UserError
 from deepinfer.serve.engine_loop import EngineLoop, Job, QueueFull, ShuttingDown, TooLarge
@@ -124,14 +124,14 @@ class Frontend:
             raise ApiError(400, f"the request body must be a JSON object, got a {type(body).__name__}")
         stream = body.get("stream")
         if stream not in (None, True, False):
-            raise ApiError(400, f'"stream" must be true or false, got {stream!r}', "stream")
+            raise ApiError(400, f'"stream" must be true or false, got {short(stream)}', "stream")
         options = body.get("stream_options")
         include_usage = False
         if options is not None:
             if not stream:
                 raise ApiError(400, '"stream_options" needs "stream": true', "stream_options")
             if not isinstance(options, dict) or set(options) - {"include_usage"} or not isinstance(options.get("include_usage", False), bool):
-                raise ApiError(400, f'"stream_options" must be {{"include_usage": true | false}}, got {options!r}', "stream_options")
+                raise ApiError(400, f'"stream_options" must be {{"include_usage": true | false}}, got {short(options)}', "stream_options")
             include_usage = options.get("include_usage", False)
         refuse_lone_surrogates(body)
         request = BatchRequest("", SOURCE, next(self._arrivals), url=url)

@@ -106,13 +106,18 @@ def test_a_text_too_long_for_the_model_is_refused_before_it_is_tokenized(tmp_pat
 
     monkeypatch.setattr(Tokenizer, "encode", recording)
     limit = 64 * 128  # --max-model-len 64 times the tiny tokenizer's longest token (128 characters)
-    lines = [{"id": "huge", "prompt": "word " * (limit // 5 + 1)}, {"id": "ok", "prompt": "Hello", "max_tokens": 2}]
+    lines = [
+        {"id": "huge", "prompt": "word " * (limit // 5 + 1)},
+        {"id": "huge-bad-word", "prompt": "Hello", "bad_words": ["word " * (limit // 5 + 1)]},
+        {"id": "ok", "prompt": "Hello", "max_tokens": 2},
+    ]
     src = write_lines(tmp_path / "in.jsonl", lines)
     out = tmp_path / "out.jsonl"
     result = run_main("run", *FAST, "--max-model-len", "64", "-i", str(src), "-o", str(out))
     assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
-    huge, ok = strict_rows(out)
+    huge, word, ok = strict_rows(out)
     assert "characters long, so at least" in huge["error"]["message"] and "maximum length is 64" in huge["error"]["message"], huge
+    assert "a bad word of 8195 characters is longer than any text" in word["error"]["message"], word
     assert ok["completion_tokens"] == 2
     assert 0 < longest[0] < limit  # the long text never reached the tokenizer
 
