@@ -257,6 +257,7 @@ def describe() -> str:
     """The table as --help text: which fields run, which are ignored, which only switched off; and the bounds on a request."""
     from deepinfer.cli.json_input import MAX_DEPTH
     from deepinfer.engine.sampling_params import MAX_LOGIT_BIAS, MAX_N
+
     def listed(kind) -> str:
         return ", ".join(k for k, rule in FIELDS.items() if isinstance(rule, kind))
 

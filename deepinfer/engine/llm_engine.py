@@ -550,7 +550,7 @@ class LLMEngine:
         options = [name for name, on in (("allowed_token_ids", seq.params.allowed_token_ids is not None), ("bad_words", bool(seq.params.bad_words)),
                                           ("min_tokens", generated < constraints.min_tokens)) if on]  # fmt: skip
         seq.error = (f"after {generated} tokens no token is left to sample: {' and '.join(options)} ban every token"
-                     + (" the grammar allows" if seq.grammar is not None else ""))
+                     + (" the grammar allows" if seq.grammar is not None else "") + "; let them allow more tokens")
         seq.finish_reason = "error"
         return True
 

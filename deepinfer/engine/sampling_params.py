@@ -56,13 +56,13 @@ class SamplingParams:
     stop_token_ids: a list of token ids that end generation (kept in token_ids, left out of the
     text, like EOS).
     ignore_eos: keep generating past EOS (benchmarks).
-    n: samples of the prompt (vLLM's n; at most 16384, vLLM's default bound): the request's RequestOutput holds n CompletionOutputs,
-    index 0..n-1, and finishes when all have. Sample 0 samples with the request's seed (as with
-    n=1), sample j > 0 with derive_seed(that seed, j): different samples at temperature > 0, the
-    same ones on a rerun. The extra samples start once sample 0's prompt is in the KV cache and
-    share its full blocks through the prefix cache (docs/architecture.md); with prefix caching off
-    each computes the prompt itself. Not with speculative decoding; with expert parallelism the
-    samples run on their request's rank.
+    n: samples of the prompt (vLLM's n; at most 16384, vLLM's default bound): the request's
+    RequestOutput holds n CompletionOutputs, index 0..n-1, and finishes when all have. Sample 0
+    samples with the request's seed (as with n=1), sample j > 0 with derive_seed(that seed, j):
+    different samples at temperature > 0, the same ones on a rerun. The extra samples start once
+    sample 0's prompt is in the KV cache and share its full blocks through the prefix cache
+    (docs/architecture.md); with prefix caching off each computes the prompt itself. Not with
+    speculative decoding; with expert parallelism the samples run on their request's rank.
     include_stop_str_in_output: keep the stop string that ended the text in it (and the text of
     an EOS or stop token id).
 
