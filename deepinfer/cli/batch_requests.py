@@ -21,7 +21,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from deepinfer.cli.request_fields import CHAT, COMPLETIONS, BadField, BodyFields, name, read_fields, short
+from deepinfer.cli import json_input
+from deepinfer.cli.request_fields import CHAT, CLI_LISTING, COMPLETIONS, BadField, BodyFields, name, read_fields, short
 from deepinfer.cli.run_requests import json_object_line, read_input_lines, refuse_duplicate_ids, unicode_problem
 from deepinfer.errors import UserError
 
@@ -85,6 +86,9 @@ def parse_batch_line(line: str, where: str, number: int, served_models: list[str
     if not isinstance(item["custom_id"], str):
         raise UserError(f"{where}: custom_id must be a string, got {short(item['custom_id'])}")
     request = BatchRequest(item["custom_id"], where, number)
+    if json_input.too_deep(item):  # before anything walks it
+        request.fail(f"the line {json_input.depth_problem()}")
+        return request
     problem = unicode_problem(item)
     if problem is not None:
         request.fail(problem)
@@ -114,10 +118,11 @@ def _body(item: dict, request: BatchRequest) -> dict | None:
     return None
 
 
-def read_body(body: dict, request: BatchRequest, served_models: list[str], *, skip=(), where: str = " in \"body\"") -> None:
+def read_body(body: dict, request: BatchRequest, served_models: list[str], *, skip=(), where: str = " in \"body\"", listed: str = CLI_LISTING) -> None:
     """Fill `request` (its url set) from a request body, failing it on the first problem (in the
     body's order): the one check of a body that run-batch's lines and `deepinfer serve`'s requests
-    share. `skip`: fields the caller reads itself (the server: "stream", "stream_options")."""
+    share. `skip`: fields the caller reads itself (the server: "stream", "stream_options");
+    `listed`: read_fields'."""
     prompt_field = PROMPT_FIELD[request.url]
     other = next(f for f in PROMPT_FIELD.values() if f != prompt_field)
     for key in body:
@@ -126,7 +131,7 @@ def read_body(body: dict, request: BatchRequest, served_models: list[str], *, sk
                          f"not of {request.url} (it reads {name(prompt_field)})", key)  # fmt: skip
             return
     try:
-        request.fields = read_fields(body, skip=(prompt_field, *skip), endpoint=request.url, where=where)
+        request.fields = read_fields(body, skip=(prompt_field, *skip), endpoint=request.url, where=where, listed=listed)
     except BadField as exc:
         request.fail(str(exc), exc.param)
         return

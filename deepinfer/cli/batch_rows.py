@@ -37,7 +37,7 @@ import uuid
 
 from deepinfer.cli.batch_requests import BatchRequest, Failure
 from deepinfer.cli.request_fields import COMPLETIONS
-from deepinfer.cli.run_output import RowFormat
+from deepinfer.cli.run_output import RowFormat, json_logprob
 
 ERROR_TYPES = {400: "BadRequestError", 404: "NotFoundError", 500: "InternalServerError"}  # vLLM's names for the statuses
 WRITE_FAILED = 500
@@ -46,12 +46,19 @@ WRITE_FAILED = 500
 def result_row(request: BatchRequest, outputs: list, model: str) -> dict:
     """The row of a request whose every prompt finished (`outputs`: a RequestOutput per prompt, each
     with n samples): a choice per sample, numbered over all of them. A request that failed while
-    running (its structured-output grammar did not compile) is an error row (400, "structured_outputs")."""
+    running (its structured-output grammar did not compile, its token options left no token to
+    sample) is an error row (400, the field `failed_param` blames)."""
     failed = next((c.error for output in outputs for c in output.outputs if c.error is not None), None)
     if failed is not None:
-        return error_row(request, Failure(f"{request.source}: {failed}", "structured_outputs"))
+        return error_row(request, Failure(f"{request.source}: {failed}", failed_param(request)))
     hex_id = uuid.uuid4().hex
     return _row(request, {"status_code": 200, "request_id": f"deepinfer-batch-{hex_id}", "body": response_body(request, outputs, model, hex_id)}, None)
+
+
+def failed_param(request: BatchRequest) -> str | None:
+    """The field to blame for a request that failed while running: its grammar (structured output),
+    else none alone (its token options left nothing to sample: the message names them)."""
+    return "structured_outputs" if request.fields.sampling.get("structured_outputs") is not None else None
 
 
 def response_body(request: BatchRequest, outputs: list, model: str, hex_id: str) -> dict:
@@ -83,8 +90,8 @@ def response_body(request: BatchRequest, outputs: list, model: str, hex_id: str)
 
 
 def _top(position: dict, k: int) -> list[tuple[str, float]]:
-    """A position's k most likely tokens, by rank: (text, logprob)."""
-    ranked = sorted((lp.rank, lp.decoded_token or "", lp.logprob) for lp in position.values() if lp.rank is not None and lp.rank <= k)
+    """A position's k most likely tokens, by rank: (text, logprob as JSON writes it)."""
+    ranked = sorted((lp.rank, lp.decoded_token or "", json_logprob(lp.logprob)) for lp in position.values() if lp.rank is not None and lp.rank <= k)
     return [(text, logprob) for _, text, logprob in ranked]
 
 
@@ -99,7 +106,7 @@ def completion_logprobs(completion, k: int, offset: int = 0) -> dict:
         offset += len(text)
     return {
         "tokens": tokens,
-        "token_logprobs": [position[t].logprob for t, position in zip(completion.token_ids, completion.logprobs)],
+        "token_logprobs": [json_logprob(position[t].logprob) for t, position in zip(completion.token_ids, completion.logprobs)],
         "top_logprobs": [dict(_top(position, k)) for position in completion.logprobs],
         "text_offset": offsets,
     }
@@ -110,7 +117,7 @@ def chat_logprobs(completion, k: int) -> dict:
     bytes, and its position's k most likely tokens (top_logprobs)."""
 
     def entry(text: str, logprob: float) -> dict:
-        return {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8"))}
+        return {"token": text, "logprob": json_logprob(logprob), "bytes": list(text.encode("utf-8"))}
 
     content = []
     for token_id, position in zip(completion.token_ids, completion.logprobs):

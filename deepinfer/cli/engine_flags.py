@@ -1,4 +1,4 @@
-"""The engine flags `deepinfer run` and `deepinfer run-batch` share: the model, the backend and
+"""The engine flags `deepinfer run`, `run-batch` and `serve` share: the model, the backend and
 vLLM's engine flags with vLLM's meaning, the tokenizer and chat template, expert parallelism. Each
 command adds them with `add_engine_flags`, checks them with `check_engine_flags` (one line, exit 2,
 before anything starts) and builds its LLM with `load_llm`.
@@ -22,7 +22,7 @@ KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3")  # deepinfer.ops.kv_cache_format's
 
 def add_engine_flags(p) -> None:
     """The engine's flags, in a group of their own, and expert parallelism's in another."""
-    engine = p.add_argument_group("engine (shared by run and run-batch; vLLM's flags keep vLLM's meaning)")
+    engine = p.add_argument_group("engine (vLLM's flags keep vLLM's meaning)")
     engine.add_argument("--backend", default="auto", help="auto (cuda, then ascend, then reference), cuda, ascend or reference")
     engine.add_argument(
         "--model", metavar="PATH",

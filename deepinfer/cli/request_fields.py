@@ -26,6 +26,7 @@ refuses a field at the other endpoint; `run` reads every field on every line.
 
 from __future__ import annotations
 
+import difflib
 import json
 import textwrap
 from dataclasses import dataclass, field
@@ -33,6 +34,7 @@ from typing import Any
 
 COMPLETIONS = "/v1/completions"
 CHAT = "/v1/chat/completions"
+CLI_LISTING = "`--help` lists the fields it reads"  # where a command-line user finds the fields
 
 
 @dataclass(frozen=True)
@@ -159,16 +161,19 @@ class BodyFields:
     sources: dict = field(default_factory=dict)  # SamplingParams keyword -> the body field that set it
 
 
-def read_fields(body: dict, skip, endpoint: str | None = None, where: str = "") -> BodyFields:
+def read_fields(body: dict, skip, endpoint: str | None = None, where: str = "", listed: str = CLI_LISTING) -> BodyFields:
     """The fields of `body` other than those in `skip` (its prompt), by FIELDS; BadField for the
     first field (in the body's order) that fails. `endpoint`: check `only` against it (run-batch).
-    `where`: how a message places the fields (' in "body"')."""
+    `where`: how a message places the fields (' in "body"'). `listed`: where the reader of an
+    unknown field's message finds the fields (an HTTP client has no --help: "")."""
     for key, value in body.items():
         if key in skip:
             continue
         rule = FIELDS.get(key)
         if rule is None:
-            raise BadField(f"unknown field {name(key)}{where}; deepinfer does not implement it (`--help` lists the fields it reads)", key)
+            close = difflib.get_close_matches(key, FIELDS, n=1) if len(key) < 100 else []
+            guess = f"; did you mean {name(close[0])}?" if close else ""
+            raise BadField(f"unknown field {name(key)}{where}; deepinfer does not implement it{guess}{f' ({listed})' if listed else ''}", key)
         if endpoint is not None and rule.only is not None and rule.only != endpoint:
             raise BadField(f"{name(key)} is a field of {rule.only} requests, not of {endpoint}", key)
         if isinstance(rule, Off) and value is not None and not any(same(value, v) for v in rule.values):
@@ -249,7 +254,10 @@ def token_keys(bias: dict) -> dict:
 
 
 def describe() -> str:
-    """The table as --help text: which fields run, which are ignored, which only switched off."""
+    """The table as --help text: which fields run, which are ignored, which only switched off; and the bounds on a request."""
+    from deepinfer.cli.json_input import MAX_DEPTH
+    from deepinfer.engine.sampling_params import MAX_LOGIT_BIAS, MAX_N
+
     def listed(kind) -> str:
         return ", ".join(k for k, rule in FIELDS.items() if isinstance(rule, kind))
 
@@ -259,7 +267,9 @@ def describe() -> str:
         f"prompt_logprobs: run only); {listed(Logprobs)} (an int on completions, true with top_logprobs on chat; run reads either); "
         "the chat template's options: "
         f"{listed(Chat)}; ignored, as vLLM ignores them: {listed(Ignored)}; not implemented yet, accepted only at the value "
-        f"that switches them off (or null): {off}. Any other field fails its line."
+        f"that switches them off (or null): {off}. Any other field fails its line. Bounds: n <= {MAX_N} (vLLM's), logit_bias values "
+        f"in [-{MAX_LOGIT_BIAS}, {MAX_LOGIT_BIAS}] (OpenAI's), at most {MAX_DEPTH} levels of nested objects and arrays per line, and a "
+        "text no longer than the model's maximum length times its tokenizer's longest token (checked before tokenizing)."
     )
     return textwrap.fill(text, width=100, break_on_hyphens=False)
 
@@ -279,5 +289,8 @@ def name(key: str) -> str:
 
 def short(value, limit: int = 60) -> str:
     """A parsed JSON value as JSON text, cut to `limit` characters."""
-    text = json.dumps(value)
+    try:
+        text = json.dumps(value)
+    except RecursionError:  # nested deeper than json.dumps goes: what it is will do
+        return f"a deeply nested {'object' if isinstance(value, dict) else 'array'}"
     return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -122,6 +122,13 @@ def engine_prompts(llm, request: BatchRequest, chat_template: str | None) -> lis
     return [{"prompt": p} if isinstance(p, str) else {"prompt_token_ids": p} for p in request.prompts]
 
 
+def refuse(request: BatchRequest, exc) -> None:
+    """Fail a request the engine refused (InvalidRequestError), blaming the body field behind the
+    SamplingParams field the error names, if it names one."""
+    param = exc.param
+    request.fail(str(exc), request.fields.sources.get(param, param) if param is not None else None)
+
+
 def generate_batch(args, ctx, output: OutputFile | None, done: set[str]) -> int:
     """Run every line not in `done`; write a row for each (rank 0), in input order. 1 when any failed."""
     first = ctx is None or ctx.rank == 0
@@ -158,7 +165,7 @@ def generate_batch(args, ctx, output: OutputFile | None, done: set[str]) -> int:
 
         # Every prompt is checked (tokenized, its length against the model) before anything runs.
         stream = llm.generate_iter(
-            inputs, part_params, use_tqdm=not args.no_progress, names=names, on_invalid=lambda k, exc: requests[parts[k][0]].fail(str(exc)),
+            inputs, part_params, use_tqdm=not args.no_progress, names=names, on_invalid=lambda k, exc: refuse(requests[parts[k][0]], exc),
         )  # fmt: skip
     choices: dict[int, list] = {}
     counts = {"prompt": 0, "generated": 0, "failed": 0}

@@ -41,6 +41,7 @@ INVALID_REQUEST = "invalid_request_error"  # refused before it ran
 GENERATION_FAILED = "generation_error"  # failed while running or being written
 ROW_STARTS = ('{"id": ', '{"custom_id": ')  # how every row begins (json.dumps, id key first)
 ROW_SECOND_KEYS = (', "prompt": ', ', "error": ')  # and goes on
+MIN_JSON_LOGPROB = -9999.0  # what a -inf log-probability is written as (vLLM's)
 
 
 def result_row(request, prompt: str | None, output) -> dict:
@@ -59,10 +60,17 @@ def result_row(request, prompt: str | None, output) -> dict:
     }
     if completion.logprobs is not None:
         row["logprobs"] = logprobs_json(completion.logprobs)
-        row["cumulative_logprob"] = completion.cumulative_logprob
+        row["cumulative_logprob"] = json_logprob(completion.cumulative_logprob)
     if output.prompt_logprobs is not None:
         row["prompt_logprobs"] = logprobs_json(output.prompt_logprobs)
     return row
+
+
+def json_logprob(logprob: float) -> float:
+    """A log-probability as JSON writes it: -inf (a token the request's options banned, reported
+    with --logprobs-mode processed_logprobs) becomes -9999.0, as vLLM's server writes it; JSON has
+    no infinities."""
+    return max(logprob, MIN_JSON_LOGPROB)
 
 
 def logprobs_json(positions) -> list:
@@ -70,7 +78,7 @@ def logprobs_json(positions) -> list:
     "rank", "decoded_token"}}, in the dict's order (the chosen token, then the top tokens by rank),
     as vLLM's API writes prompt_logprobs. Keyed by id, not text: two tokens may share a text."""
     def entry(lp) -> dict:
-        return {"logprob": lp.logprob, "rank": lp.rank, "decoded_token": lp.decoded_token}
+        return {"logprob": json_logprob(lp.logprob), "rank": lp.rank, "decoded_token": lp.decoded_token}
 
     return [None if position is None else {str(token): entry(lp) for token, lp in position.items()} for position in positions]
 

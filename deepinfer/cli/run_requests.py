@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from deepinfer.cli import json_input
 from deepinfer.cli.request_fields import BadField, name, read_fields, short
 from deepinfer.errors import UserError
 
@@ -41,6 +42,7 @@ BUILTIN_PROMPTS = [
 PROMPT_KEYS = ("prompt", "messages", "prompt_token_ids")
 BATCH_LINE_KEYS = ("custom_id", "method", "url", "body")
 BATCH_URLS = ("/v1/chat/completions", "/v1/completions")
+JSON_WHITESPACE = " \t\r"  # what a blank line may hold (JSON's whitespace; "\n" ends the line)
 
 
 @dataclass
@@ -78,20 +80,23 @@ def read_input_lines(path: str) -> list[tuple[int, str]]:
     if not file.is_file():
         raise UserError(f"input file {path} not found" if not file.exists() else f"input {path} is not a file")
     try:
-        lines = file.read_text(encoding="utf-8").splitlines()
+        text = file.read_text(encoding="utf-8")
     except UnicodeDecodeError as exc:
         raise UserError(f"cannot read {path}: it is not UTF-8 text (byte {exc.object[exc.start]:#04x} at offset {exc.start})") from None
     except OSError as exc:
         raise UserError(f"cannot read {path}: {exc.strerror or exc}") from None
-    return [(number, line) for number, line in enumerate(lines, start=1) if line.strip()]
+    # Lines end at "\n" only (a "\r" before it is JSON whitespace): str.splitlines() would also split
+    # at U+2028, U+0085 and the like, which JSON strings may hold as they are.
+    return [(number, line) for number, line in enumerate(text.split("\n"), start=1) if line.strip(JSON_WHITESPACE)]
 
 
 def json_object_line(line: str, where: str) -> dict:
-    """One JSONL line's object; a UserError (a defect of the file) when it is not JSON or not an object."""
+    """One JSONL line's object; a UserError (a defect of the file) when it is not JSON (or JSON
+    deepinfer cannot read: deepinfer.cli.json_input) or not an object."""
     try:
-        item = json.loads(line)
-    except json.JSONDecodeError as exc:
-        raise UserError(f"{where}: not valid JSON ({exc.msg} at column {exc.colno})") from None
+        item = json_input.parse(line)
+    except json_input.NotJson as exc:
+        raise UserError(f"{where}: not valid JSON ({exc})") from None
     if not isinstance(item, dict):
         raise UserError(f"{where}: expected a JSON object, got {type(item).__name__}")
     return item
@@ -108,6 +113,9 @@ def parse_line(line: str, where: str, number: int) -> Request:
     request = Request(item[id_key] if batch else item.get("id", number), id_key, where, number)
     if not isinstance(request.id, (str, int)) or isinstance(request.id, bool):
         raise UserError(f"{where}: {id_key} must be a string or an integer, got {short(request.id)}")
+    if json_input.too_deep(item):  # before anything walks it
+        request.fail(f"the line {json_input.depth_problem()}")
+        return request
     bad_text = unicode_problem(item)
     if bad_text is not None:
         request.fail(bad_text)
@@ -178,28 +186,31 @@ def _read_body(source: dict, request: Request, in_body: bool) -> None:
     request.chat_options = fields.chat
 
 
-def unicode_problem(item) -> str | None:
-    """Why a parsed line is not valid Unicode text (a string in it holds a lone surrogate); None when it is."""
-    bad = lone_surrogate(item)
-    if bad is None:
-        return None
-    shown = bad.encode("ascii", "backslashreplace").decode()
+def unicode_problem(item, root: str = "the line") -> str | None:
+    """Why a parsed line (`root`: what the message calls it) is not valid Unicode text (a string in
+    it holds a lone surrogate); None when it is."""
+    bad = lone_surrogate(item, root=root)
+    return None if bad is None else surrogate_message(bad)
+
+
+def surrogate_message(path: str) -> str:
+    shown = path.encode("ascii", "backslashreplace").decode()
     return f"{shown} holds a lone surrogate, which is not valid Unicode text (an escape such as \\udc00 without its pair)"
 
 
-def lone_surrogate(value, path: str = "") -> str | None:
+def lone_surrogate(value, path: str = "", root: str = "the line") -> str | None:
     """Where in a parsed JSON value a string holds a lone surrogate (it cannot be encoded as UTF-8):
-    a path such as `body.messages[0].content`; None when there is none."""
+    a path such as `body.messages[0].content` (`root` for the value itself); None when there is none."""
     if isinstance(value, str):
         try:
             value.encode("utf-8")
         except UnicodeEncodeError:
-            return path or "the line"
+            return path or root
         return None
     if isinstance(value, dict):
         for key, item in value.items():
             inner = f"{path}.{key}" if path else key
-            found = lone_surrogate(key, f"a key in {path or 'the line'}") or lone_surrogate(item, inner)
+            found = lone_surrogate(key, f"a key in {path or root}") or lone_surrogate(item, inner)
             if found:
                 return found
     elif isinstance(value, list):

@@ -9,9 +9,14 @@ text). The request bodies are read by the field table `deepinfer run-batch` read
 "stream_options": {"include_usage": true}. Errors are OpenAI's {"error": {"message", "type",
 "param", "code"}}.
 
+Limits, so that one hostile request fails alone: a body over --max-request-bytes (default 8 MiB) is
+answered 413; a body nested more than 100 levels deep, a text too long for --max-model-len whatever
+its tokens, or n over 16384 (vLLM's bound) is answered 400 before anything is tokenized.
+
 Requests join the running batch at the next engine step. A client that disconnects aborts its
-request and frees its KV pages. --max-queue bounds the requests waiting for the running batch (then
-429); --request-timeout aborts a request that runs longer (408, or an error event when streamed);
+request and frees its KV pages. --max-queue bounds the sequences (prompts times n) waiting for the
+running batch (then 429; a request that alone makes more: 400); --request-timeout aborts a request
+that runs longer (408, or an error event when streamed);
 SIGINT / SIGTERM stop taking requests, give the unfinished ones --shutdown-timeout seconds, then
 abort them with a final event.
 
@@ -31,6 +36,7 @@ import socket
 import sys
 
 from deepinfer.cli.engine_flags import add_engine_flags, check_engine_flags, load_llm, read_chat_template
+from deepinfer.cli.json_input import MAX_REQUEST_BYTES
 from deepinfer.errors import UserError
 
 SERVE_MODULES = ("fastapi", "uvicorn", "prometheus_client")
@@ -41,11 +47,15 @@ def add_parser(sub) -> None:
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     p.add_argument("--host", default="127.0.0.1", help="the address to listen on (default 127.0.0.1; 0.0.0.0: every interface)")
     p.add_argument("--port", type=int, default=8000, help="the port to listen on (default 8000; 0: any free port, printed)")
-    p.add_argument("--api-key", metavar="KEY", help="require 'Authorization: Bearer KEY' on every route but /health")
+    p.add_argument("--api-key", metavar="KEY",
+                   help="require 'Authorization: Bearer KEY' on every route but /health (printable ASCII without spaces, as a header carries it)")
     p.add_argument("--served-model-name", nargs="+", metavar="NAME",
                    help="the model names requests may give (default: --model as given); answers carry the first")
     p.add_argument("--max-queue", type=int, default=1024, metavar="N",
-                   help="requests that may wait for the running batch; more are answered 429 (default 1024)")
+                   help="sequences (a request's prompts times its n) that may wait for the running batch; more are answered 429, "
+                        "and a request that alone makes more, 400 (default 1024)")
+    p.add_argument("--max-request-bytes", type=int, default=MAX_REQUEST_BYTES, metavar="N",
+                   help=f"the largest request body read; a longer one is answered 413 before it is read whole (default {MAX_REQUEST_BYTES}: 8 MiB)")
     p.add_argument("--request-timeout", type=float, metavar="S", help="abort a request still unfinished after S seconds (default: none)")
     p.add_argument("--shutdown-timeout", type=float, default=30.0, metavar="S",
                    help="on SIGINT/SIGTERM, seconds the unfinished requests get before they are aborted (default 30)")
@@ -81,11 +91,25 @@ def check_flags(args) -> None:
         raise UserError(f"--request-timeout must be > 0 seconds, got {args.request_timeout}")
     if not args.shutdown_timeout >= 0:
         raise UserError(f"--shutdown-timeout must be >= 0 seconds, got {args.shutdown_timeout}")
-    if args.api_key is not None and not args.api_key.strip():
-        raise UserError("--api-key may not be empty")
+    if args.max_request_bytes < 1:
+        raise UserError(f"--max-request-bytes must be >= 1, got {args.max_request_bytes}")
+    if args.api_key is not None:
+        check_api_key(args.api_key)
     for served in args.served_model_name or ():
         if not served.strip():
             raise UserError("--served-model-name: a name may not be empty")
+
+
+def check_api_key(key: str) -> None:
+    """A key a client can send: printable ASCII without spaces. An HTTP header carries ASCII, and the
+    server strips the spaces around the key it is sent, so any other key could never be matched."""
+    if not key.strip():
+        raise UserError("--api-key may not be empty")
+    bad = next((c for c in key if not "!" <= c <= "~"), None)
+    if bad is not None:
+        what = "a space" if bad.isspace() else f"U+{ord(bad):04X}, which is not printable ASCII"
+        raise UserError(f"--api-key holds {what}: no client could send it in its 'Authorization: Bearer KEY' header; "
+                        "choose a key of printable ASCII characters without spaces")  # fmt: skip
 
 
 def listen(host: str, port: int) -> socket.socket:
@@ -145,7 +169,7 @@ def serve_rank(args, llm=None, sock=None, chat_template=None, loop_class=None, *
             done = llm.warm_up()
             print(f"deepinfer: warmed up in {done['seconds']:.1f} s ({done['prefills']} prefill sizes up to {done['largest_prefill']} tokens, "
                   f"{done['graphs_captured']} decode graphs)", file=sys.stderr, flush=True)  # fmt: skip
-    config = ServeConfig(served_models(args), args.api_key, chat_template, args.seed, args.request_timeout)
+    config = ServeConfig(served_models(args), args.api_key, chat_template, args.seed, args.request_timeout, max_request_bytes=args.max_request_bytes)
     ranks = llm.world_size
     front = make_frontend(llm, config, args.max_queue, loop_class or EngineLoop, ranks=ranks, **loop_kwargs)
     server = make_server(front, args.host, args.port, args.shutdown_timeout, args.log_level, exit_if_engine_fails=ranks > 1)

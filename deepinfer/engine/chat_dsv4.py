@@ -251,6 +251,8 @@ def _call(call, where: str) -> tuple[str, Mapping]:
             arguments = json.loads(arguments)
         except ValueError:
             raise InvalidRequestError(f"{where}: the arguments of {function['name']!r} are not JSON text") from None
+        except RecursionError:  # deeper than Python's parser goes (thousands of "[")
+            raise InvalidRequestError(f"{where}: the arguments of {function['name']!r} are nested too deeply to read") from None
     if not isinstance(arguments, Mapping):
         raise InvalidRequestError(f"{where}: the arguments of {function['name']!r} must be a JSON object, got {type(arguments).__name__}")
     return function["name"], arguments

@@ -30,6 +30,10 @@ class GrammarWait:
     def __len__(self) -> int:
         return len(self._waiting)
 
+    def num_samples(self) -> int:
+        """The samples of the waiting requests (n each)."""
+        return sum(len(head.samples) for head, _, _ in self._waiting)
+
     def add(self, head: Sequence, grammar: Future) -> None:
         self._waiting.append((head, grammar, time.monotonic()))
 

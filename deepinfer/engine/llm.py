@@ -428,6 +428,7 @@ class LLM:
         if self.tokenizer is None:
             raise InvalidRequestError(f"{what}: this checkpoint has no tokenizer.json; pass prompts as {{'prompt_token_ids': [...]}}")
         check_text(text, what)
+        check_text_length(text, what, self.tokenizer.max_token_chars, self.engine.max_model_len)
         return list(self.tokenizer.encode(text))
 
     def _tokenize(self, prompt: Prompt, what: str) -> tuple[list[int], str | None]:
@@ -452,6 +453,18 @@ def check_text(text: str, what: str) -> None:
         raise InvalidRequestError(
             f"{what} holds a lone surrogate (U+{ord(text[exc.start]):04X} at character {exc.start}), which is not valid Unicode text"
         ) from None
+
+
+def check_text_length(text: str, what: str, max_token_chars: int, max_model_len: int) -> None:
+    """InvalidRequestError, before tokenizing, for text too long for the model whatever its tokens
+    (a token spells at most max_token_chars characters: Tokenizer.max_token_chars): tokenizing tens
+    of megabytes takes gigabytes and seconds, for a prompt that would be refused after."""
+    fewest = -(-len(text) // max_token_chars)
+    if fewest >= max_model_len:
+        raise InvalidRequestError(
+            f"{what} is {len(text)} characters long, so at least {fewest} tokens (a token of this tokenizer spells at most {max_token_chars} "
+            f"characters); the model's maximum length is {max_model_len}, which must leave room for at least one generated token"
+        )
 
 
 def join_expert_parallel(ep: int | None, timeout_s: float, device_type, deterministic: bool = False):

@@ -332,8 +332,8 @@ class LLMEngine:
                 "which must leave room for at least one generated token"
             )
         if params.stop and self.tokenizer is None:
-            raise InvalidRequestError(f"{what}: stop strings need a tokenizer, and this checkpoint has no tokenizer.json; use stop_token_ids")
-        check_token_options(params, self.tokenizer, self.vocab_size, what)
+            raise InvalidRequestError(f"{what}: stop strings need a tokenizer, and this checkpoint has no tokenizer.json; use stop_token_ids", "stop")
+        check_token_options(params, self.tokenizer, self.vocab_size, what, self.max_model_len)
         if params.structured_outputs is not None:
             self._check_structured(what)
         longest = min(len(prompt_token_ids) + (params.max_tokens or self.max_model_len), self.max_model_len)
@@ -341,7 +341,8 @@ class LLMEngine:
         if needed > self.num_kv_blocks:
             raise InvalidRequestError(
                 f"{what} needs {needed} KV blocks of {self.block_size} tokens for {longest} tokens (prompt + max_tokens), "
-                f"the cache holds {self.num_kv_blocks}; raise num_kv_blocks or lower max_tokens"
+                f"the cache holds {self.num_kv_blocks}; raise num_kv_blocks or lower max_tokens",
+                "max_tokens",
             )
 
     def _check_structured(self, what: str) -> None:
@@ -349,13 +350,21 @@ class LLMEngine:
         from deepinfer.engine.structured_output import require_llguidance
 
         if self.dist is not None:  # the lockstep steps (deepinfer.engine.data_parallel) do not admit requests that wait for a grammar
-            raise InvalidRequestError(f"{what}: structured_outputs does not combine with expert parallelism yet; drop one of them")
+            raise InvalidRequestError(f"{what}: structured_outputs does not combine with expert parallelism yet; drop one of them", "structured_outputs")
         if self.tokenizer is None:
-            raise InvalidRequestError(f"{what}: structured_outputs needs a tokenizer, and this checkpoint has no tokenizer.json")
+            raise InvalidRequestError(f"{what}: structured_outputs needs a tokenizer, and this checkpoint has no tokenizer.json", "structured_outputs")
         require_llguidance()
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished() or bool(self.grammar_wait)
+
+    def num_waiting_sequences(self) -> int:
+        """Sequences (samples) not in the running batch yet: the scheduler's queue, the samples held
+        back until their request's prompt is cached, and every sample of a request waiting for its
+        grammar. What a server's queue bound counts (n samples weigh n)."""
+        scheduler = self.scheduler
+        held_back = sum(len(seq.held_back) for queue in (scheduler.waiting, scheduler.running) for seq in queue if seq.held_back)
+        return len(scheduler.waiting) + held_back + self.grammar_wait.num_samples()
 
     def reset_prefix_cache(self) -> bool:
         """Forget the cached prefixes (BlockManager.reset_prefix_cache): False while requests run."""
@@ -372,11 +381,10 @@ class LLMEngine:
             return False
         self.grammar_wait.remove(head)
         head.held_back = []
+        self.scheduler.remove_waiting([sample for sample in head.samples if sample.status is SequenceStatus.WAITING])  # one pass, whatever n
         for sample in head.samples:
             if sample.status is SequenceStatus.RUNNING:
                 self.scheduler.finish(sample)
-            elif sample.status is SequenceStatus.WAITING and sample in self.scheduler.waiting:
-                self.scheduler.waiting.remove(sample)
             if sample.status is not SequenceStatus.FINISHED or sample.finish_reason is None:
                 sample.status = SequenceStatus.FINISHED
                 sample.finish_reason = sample.finish_reason or "abort"
@@ -485,6 +493,8 @@ class LLMEngine:
         generated = length - seq.num_prompt_tokens
         if seq.grammar is not None and self._grammar_ends(seq, token, generated - 1):
             return True
+        if seq.constraints is not None and self._drew_banned(seq, token, length):
+            return True
         if generated >= params.min_tokens:  # before that, EOS and stop token ids are banned and stop strings not looked for
             if not params.ignore_eos and token in self.eos_token_ids:
                 seq.finish_reason = "stop"
@@ -526,6 +536,23 @@ class LLMEngine:
             seq.finish_reason = "stop"
             seq.stop_reason = token if token in seq.params.stop_token_ids else None
         return complete
+
+    @staticmethod
+    def _drew_banned(seq: Sequence, token: int, length: int) -> bool:
+        """True, seq failed ("error"), when `token` (seq's token number `length`) is one its token
+        options ban: they banned every token of its row, whose logits were all -inf, so the draw
+        meant nothing (TokenConstraints.drew_banned) and the request cannot go on."""
+        constraints = seq.constraints
+        generated = length - 1 - seq.num_prompt_tokens
+        recent = seq.token_ids[max(seq.num_prompt_tokens, length - 1 - constraints.width) : length - 1]
+        if not constraints.drew_banned(token, generated, recent):
+            return False
+        options = [name for name, on in (("allowed_token_ids", seq.params.allowed_token_ids is not None), ("bad_words", bool(seq.params.bad_words)),
+                                          ("min_tokens", generated < constraints.min_tokens)) if on]  # fmt: skip
+        seq.error = (f"after {generated} tokens no token is left to sample: {' and '.join(options)} ban every token"
+                     + (" the grammar allows" if seq.grammar is not None else "") + "; let them allow more tokens")
+        seq.finish_reason = "error"
+        return True
 
     def ends_by_length(self, seq: Sequence, length: int) -> bool:
         """Whether seq ends when it holds `length` tokens (max_tokens or the model's length), whatever they are."""

@@ -14,10 +14,17 @@ if TYPE_CHECKING:
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 INT32_MAX = 2**31 - 1  # top_k's bound: the sampling op takes it as int32
 MAX_LOGPROBS = 20  # logprobs / prompt_logprobs at most (vLLM's default max_logprobs)
+MAX_N = 16384  # samples per request at most (vLLM's default VLLM_MAX_N_SEQUENCES)
+MAX_LOGIT_BIAS = 100  # logit_bias values lie in [-100, 100] (OpenAI's range; larger ones overflow float32 logits to infinities)
 
 
 class InvalidRequestError(UserError, ValueError):
-    """A bad prompt or sampling parameter: a ValueError for the Python API, a one-line error for the CLI."""
+    """A bad prompt or sampling parameter: a ValueError for the Python API, a one-line error for the
+    CLI. param: the SamplingParams field to blame, where one is (the "param" of an OpenAI error)."""
+
+    def __init__(self, message: str, param: str | None = None):
+        super().__init__(message)
+        self.param = param
 
 
 def _is_int(value) -> bool:
@@ -49,13 +56,13 @@ class SamplingParams:
     stop_token_ids: a list of token ids that end generation (kept in token_ids, left out of the
     text, like EOS).
     ignore_eos: keep generating past EOS (benchmarks).
-    n: samples of the prompt (vLLM's n): the request's RequestOutput holds n CompletionOutputs,
-    index 0..n-1, and finishes when all have. Sample 0 samples with the request's seed (as with
-    n=1), sample j > 0 with derive_seed(that seed, j): different samples at temperature > 0, the
-    same ones on a rerun. The extra samples start once sample 0's prompt is in the KV cache and
-    share its full blocks through the prefix cache (docs/architecture.md); with prefix caching off
-    each computes the prompt itself. Not with speculative decoding; with expert parallelism the
-    samples run on their request's rank.
+    n: samples of the prompt (vLLM's n; at most 16384, vLLM's default bound): the request's
+    RequestOutput holds n CompletionOutputs, index 0..n-1, and finishes when all have. Sample 0
+    samples with the request's seed (as with n=1), sample j > 0 with derive_seed(that seed, j):
+    different samples at temperature > 0, the same ones on a rerun. The extra samples start once
+    sample 0's prompt is in the KV cache and share its full blocks through the prefix cache
+    (docs/architecture.md); with prefix caching off each computes the prompt itself. Not with
+    speculative decoding; with expert parallelism the samples run on their request's rank.
     include_stop_str_in_output: keep the stop string that ended the text in it (and the text of
     an EOS or stop token id).
 
@@ -68,7 +75,7 @@ class SamplingParams:
     it (vLLM's rule; needs the model's tokenizer).
     min_tokens: EOS and stop_token_ids are banned until this many tokens were generated, and stop
     strings are not looked for before then (at most max_tokens).
-    logit_bias: {token id: bias} added to those logits (finite values).
+    logit_bias: {token id: bias} added to those logits (values in [-100, 100], OpenAI's range).
     repetition_penalty (> 0, 1 = off): a token seen in the prompt or the output has its logit divided
     by it when positive, multiplied when not. frequency_penalty and presence_penalty (in [-2, 2],
     0 = off): subtracted from a logit, times the token's count in the output, and once if it occurs
@@ -127,8 +134,8 @@ class SamplingParams:
             raise bad(f"min_p must be in [0, 1], got {short_repr(self.min_p)}")
         if self.max_tokens is not None and (not _is_int(self.max_tokens) or self.max_tokens < 1):
             raise bad(f"max_tokens must be an integer >= 1 (or None), got {short_repr(self.max_tokens)}")
-        if not _is_int(self.n) or self.n < 1:
-            raise bad(f"n must be an integer >= 1, got {short_repr(self.n)}")
+        if not _is_int(self.n) or not 1 <= self.n <= MAX_N:
+            raise bad(f"n must be an integer in [1, {MAX_N}], got {short_repr(self.n)}")
         if self.seed is not None and (not _is_int(self.seed) or not INT64_MIN <= self.seed <= INT64_MAX):
             raise bad(f"seed must be a 64-bit signed integer or None, got {short_repr(self.seed)}")
         for name in ("ignore_eos", "skip_special_tokens", "include_stop_str_in_output"):
@@ -179,7 +186,11 @@ class SamplingParams:
         if bias is None:
             return {}
         if not isinstance(bias, dict) or not all(_is_int(t) and 0 <= t <= INT64_MAX and _is_number(b) for t, b in bias.items()):
-            raise bad(f"logit_bias must be a dict of token ids >= 0 to finite numbers, got {short_repr(bias)}")
+            raise bad(f"logit_bias must be a dict of token ids >= 0 to numbers in [-{MAX_LOGIT_BIAS}, {MAX_LOGIT_BIAS}], got {short_repr(bias)}")
+        outside = next(((t, b) for t, b in bias.items() if not -MAX_LOGIT_BIAS <= b <= MAX_LOGIT_BIAS), None)
+        if outside is not None:
+            raise bad(f"logit_bias values must lie in [-{MAX_LOGIT_BIAS}, {MAX_LOGIT_BIAS}] (OpenAI's range), got {outside[1]!r} for token {outside[0]}; "
+                      "to ban a token, use bad_words or allowed_token_ids")
         return {t: float(b) for t, b in bias.items()}
 
     @staticmethod

@@ -67,6 +67,13 @@ class Scheduler:
         seq.status = SequenceStatus.WAITING
         bisect.insort(self.waiting, seq, key=lambda s: s.order)
 
+    def remove_waiting(self, seqs: list[Sequence]) -> None:
+        """Take seqs (those of them that are queued) out of the waiting queue, in one pass over it:
+        aborting a request of n samples costs one pass, not n."""
+        if seqs and self.waiting:
+            gone = {id(seq) for seq in seqs}
+            self.waiting[:] = [seq for seq in self.waiting if id(seq) not in gone]
+
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
 

@@ -6,7 +6,7 @@ nothing here is recomputed while the request runs.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -25,11 +25,26 @@ class TokenConstraints:
     stop_tokens: torch.Tensor  # [m] int64: banned while fewer than min_tokens were generated
     min_tokens: int
     allowed: torch.Tensor | None  # [ceil(V/32)] int32 bitmask of allowed_token_ids, or None
+    # The same rules on the host, for `drew_banned`: allowed_token_ids, min_tokens' stop tokens, and
+    # per token the bad words' preceding tokens that ban it (() bans it always).
+    allowed_ids: frozenset[int] | None = None
+    stop_ids: frozenset[int] = frozenset()
+    bans: dict[int, list[tuple[int, ...]]] = field(default_factory=dict)
 
     @property
     def width(self) -> int:
         """The longest prefix an entry needs: how many recent tokens the request's rows must bring."""
         return self.prefixes.shape[1]
+
+    def drew_banned(self, token: int, generated: int, recent: list[int]) -> bool:
+        """Whether `token`, drawn after `generated` tokens (the last `width` of them: `recent`), was
+        one these options ban. `sample` never draws a -inf token from a row that holds a finite one,
+        so such a token means every token was banned: the request cannot go on (the engine fails it)."""
+        if self.allowed_ids is not None and token not in self.allowed_ids:
+            return True
+        if generated < self.min_tokens and token in self.stop_ids:
+            return True
+        return any(len(recent) >= len(before) and tuple(recent[len(recent) - len(before) :]) == before for before in self.bans.get(token, ()))
 
     def entries(self, generated: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(tokens, values, prefixes) for a row that has generated `generated` tokens so far."""
@@ -56,18 +71,25 @@ def bad_word_token_ids(tokenizer, words: list[str]) -> list[list[int]]:
     return sequences
 
 
-def check_token_options(params: SamplingParams, tokenizer, vocab_size: int, what: str) -> None:
-    """One-line InvalidRequestErrors for token options this model cannot take."""
+def check_token_options(params: SamplingParams, tokenizer, vocab_size: int, what: str, max_model_len: int | None = None) -> None:
+    """One-line InvalidRequestErrors for token options this model cannot take. max_model_len: a bad
+    word longer than any text of that many tokens is refused before it is tokenized."""
     for name, ids in (("logit_bias", list(params.logit_bias)), ("allowed_token_ids", params.allowed_token_ids or [])):
         outside = next((t for t in ids if t >= vocab_size), None)
         if outside is not None:
-            raise InvalidRequestError(f"{what}: {name} has token id {outside}, outside the vocabulary [0, {vocab_size})")
+            raise InvalidRequestError(f"{what}: {name} has token id {outside}, outside the vocabulary [0, {vocab_size})", name)
     if params.bad_words:
         if tokenizer is None:
-            raise InvalidRequestError(f"{what}: bad_words need a tokenizer, and this checkpoint has no tokenizer.json; use logit_bias with -100 instead")
+            raise InvalidRequestError(f"{what}: bad_words need a tokenizer, and this checkpoint has no tokenizer.json; use logit_bias with -100 instead",
+                                      "bad_words")
+        if max_model_len is not None:
+            longest = max(params.bad_words, key=len)
+            if len(longest) > max_model_len * tokenizer.max_token_chars:
+                raise InvalidRequestError(f"{what}: a bad word of {len(longest)} characters is longer than any text of the model's maximum length "
+                                          f"({max_model_len} tokens) could be", "bad_words")  # fmt: skip
         for word, ids in zip(params.bad_words, bad_word_token_ids(tokenizer, params.bad_words)):
             if not ids or max(ids) >= vocab_size:
-                raise InvalidRequestError(f"{what}: bad word {word!r} tokenizes to {ids}, not to token ids of the vocabulary [0, {vocab_size})")
+                raise InvalidRequestError(f"{what}: bad word {word!r} tokenizes to {ids}, not to token ids of the vocabulary [0, {vocab_size})", "bad_words")
 
 
 def token_constraints(params: SamplingParams, tokenizer, vocab_size: int, eos_token_ids) -> TokenConstraints | None:
@@ -81,6 +103,9 @@ def token_constraints(params: SamplingParams, tokenizer, vocab_size: int, eos_to
     tokens = list(params.logit_bias) + [w[-1] for w in words]
     values = list(params.logit_bias.values()) + [NEG_INF] * len(words)
     prefixes = [[-1] * width for _ in params.logit_bias] + [[-1] * (width - len(w) + 1) + w[:-1] for w in words]
+    bans: dict[int, list[tuple[int, ...]]] = {}
+    for w in words:
+        bans.setdefault(w[-1], []).append(tuple(w[:-1]))
     allowed = None
     if params.allowed_token_ids is not None:
         bits = torch.zeros(-(-vocab_size // 32) * 32, dtype=torch.int64)
@@ -94,4 +119,7 @@ def token_constraints(params: SamplingParams, tokenizer, vocab_size: int, eos_to
         stop_tokens=torch.tensor(sorted(stop), dtype=torch.int64),
         min_tokens=min_tokens,
         allowed=allowed,
+        allowed_ids=frozenset(params.allowed_token_ids) if params.allowed_token_ids is not None else None,
+        stop_ids=frozenset(stop),
+        bans=bans,
     )

@@ -20,6 +20,7 @@ log = logging.getLogger(__name__)
 TOKENIZER_FILE = "tokenizer.json"
 TOKENIZER_CONFIG = "tokenizer_config.json"
 CHAT_TEMPLATE_FILE = "chat_template.jinja"
+LONG_TEXT_CHARS = 1 << 16  # texts at least this long are tokenized without holding the GIL
 
 
 def _token_text(value: Any) -> str | None:
@@ -118,11 +119,22 @@ class Tokenizer:
         add_bos=None follows tokenizer_config's add_bos_token. A BOS is never doubled: text that
         already starts with the BOS token (a rendered chat template) gets none added.
         """
-        ids = self._tk.encode(text, add_special_tokens=False).ids
+        if len(text) < LONG_TEXT_CHARS:
+            ids = self._tk.encode(text, add_special_tokens=False).ids
+        else:  # the same tokens; encode_batch lets go of the GIL meanwhile, so a server's other threads keep running
+            ids = self._tk.encode_batch([text], add_special_tokens=False)[0].ids
         add = self.add_bos if add_bos is None else add_bos
         if add and self.bos_token_id is not None and ids[:1] != [self.bos_token_id]:
             ids = [self.bos_token_id, *ids]
         return ids
+
+    @functools.cached_property
+    def max_token_chars(self) -> int:
+        """The most characters one token of the vocabulary spells (its longest piece, special tokens
+        included): a text of C characters is at least C / max_token_chars tokens, for a tokenizer
+        that keeps every character of its input, as DeepSeek's byte-level ones do (a piece is
+        written one character per byte)."""
+        return max(1, max((len(piece) for piece in self._tk.get_vocab(with_added_tokens=True)), default=1))
 
     def decode(self, ids: Iterable[int], skip_special_tokens: bool = True) -> str:
         return self._tk.decode(list(ids), skip_special_tokens=skip_special_tokens)
@@ -168,8 +180,8 @@ class Tokenizer:
             )
         except TemplateError as exc:
             raise LoadError(f"the chat template failed: {exc}") from None
-        except (TypeError, ValueError, AttributeError, KeyError, IndexError) as exc:  # its operations on this conversation's values (a null content)
-            raise LoadError(f"the chat template failed on this conversation ({type(exc).__name__}: {exc})") from None
+        except Exception as exc:  # its operations on this conversation's values (a null content, 1/0, a range past the sandbox's bound, recursion)
+            raise LoadError(f"the chat template failed on this conversation ({type(exc).__name__}: {_first_line(exc)})") from None
         return _cut_after_final_message(text, messages[-1]["content"]) if continue_final_message else text
 
 

@@ -7,10 +7,13 @@ defaults and the seeds; run_batch.engine_prompts: chat messages through the chat
 "stream" and "stream_options", which only a server can honour. Its prompts are then tokenized and
 checked against the engine (LLM.make_requests) off the event loop, and handed to the engine thread
 as a Job (deepinfer.serve.engine_loop). A problem is an error answer before anything runs: 400 for
-the body (the field to blame as "param"), 404 for a model the server does not serve, 401 without
-the API key, 429 when the engine's queue is full, 503 while the server shuts down; 408 when a
-request outlives --request-timeout. A client that goes away aborts its request (streaming or not),
-which frees its KV pages at the next step boundary.
+the body (the field to blame as "param"; a body that is not JSON, nests deeper than
+deepinfer.cli.json_input reads, holds text that is not valid Unicode, or makes more sequences,
+prompts times n, than --max-queue lets wait: it never could), 413 for a body over
+--max-request-bytes (refused before it is read whole), 404 for a model the server does not serve,
+401 without the API key, 429 when the engine's queue is full, 503 while the server shuts down; 408
+when a request outlives --request-timeout. A client that goes away aborts its request (streaming or
+not), which frees its KV pages at the next step boundary.
 
 fastapi is imported here at the top (FastAPI reads the routes' annotations): only deepinfer serve
 imports this module.
@@ -34,11 +37,13 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 
+from deepinfer.cli import json_input
 from deepinfer.cli.batch_requests import BatchRequest, read_body, sampling_params
-from deepinfer.cli.batch_rows import response_body
-from deepinfer.cli.request_fields import CHAT, COMPLETIONS
+from deepinfer.cli.batch_rows import failed_param, response_body
+from deepinfer.cli.request_fields import CHAT, COMPLETIONS, short
+from deepinfer.cli.run_requests import lone_surrogate, surrogate_message
 from deepinfer.errors import UserError
-from deepinfer.serve.engine_loop import EngineLoop, Job, QueueFull, ShuttingDown
+from deepinfer.serve.engine_loop import EngineLoop, Job, QueueFull, ShuttingDown, TooLarge
 from deepinfer.serve.metrics import CONTENT_TYPE, ServeMetrics
 from deepinfer.serve.protocol import DONE, ApiError, StreamWriter, error_body, sse
 
@@ -55,6 +60,41 @@ class ServeConfig:
     base_seed: int = 0
     request_timeout_s: float | None = None
     poll_disconnect_s: float = 0.5  # how often a waiting non-streamed request looks for its client
+    max_request_bytes: int = json_input.MAX_REQUEST_BYTES  # a longer body is refused (413) before it is read whole
+
+
+def refuse_lone_surrogates(body: dict) -> None:
+    """400 naming the field whose text (or whose name) holds a lone surrogate: such text cannot be
+    tokenized, nor quoted in an answer (deepinfer.cli.run_requests.lone_surrogate)."""
+    for key, value in body.items():
+        path = lone_surrogate(key, "a field name") or lone_surrogate(value, key)
+        if path is not None:
+            raise ApiError(400, surrogate_message(path), None if path == "a field name" else key)
+
+
+async def read_json_body(request: Request, limit: int):
+    """The request's body as JSON: 413 past `limit` bytes (by its Content-Length, or as it arrives),
+    400 when it is not JSON deepinfer reads (deepinfer.cli.json_input) or nests too deeply."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise ApiError(413, too_large(f"{int(declared)} bytes", limit))
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise ApiError(413, too_large(f"more than {limit} bytes", limit))
+        chunks.append(chunk)
+    try:
+        body = json_input.parse(b"".join(chunks))
+    except json_input.NotJson as exc:
+        raise ApiError(400, f"the request body is not valid JSON ({exc})") from None
+    if json_input.too_deep(body):
+        raise ApiError(400, f"the request body {json_input.depth_problem()}")
+    return body
+
+
+def too_large(size: str, limit: int) -> str:
+    return f"the request body is {size}; this server reads at most {limit} bytes (deepinfer serve --max-request-bytes)"
 
 
 class Frontend:
@@ -84,22 +124,34 @@ class Frontend:
             raise ApiError(400, f"the request body must be a JSON object, got a {type(body).__name__}")
         stream = body.get("stream")
         if stream not in (None, True, False):
-            raise ApiError(400, f'"stream" must be true or false, got {stream!r}', "stream")
+            raise ApiError(400, f'"stream" must be true or false, got {short(stream)}', "stream")
         options = body.get("stream_options")
         include_usage = False
         if options is not None:
             if not stream:
                 raise ApiError(400, '"stream_options" needs "stream": true', "stream_options")
             if not isinstance(options, dict) or set(options) - {"include_usage"} or not isinstance(options.get("include_usage", False), bool):
-                raise ApiError(400, f'"stream_options" must be {{"include_usage": true | false}}, got {options!r}', "stream_options")
+                raise ApiError(400, f'"stream_options" must be {{"include_usage": true | false}}, got {short(options)}', "stream_options")
             include_usage = options.get("include_usage", False)
+        refuse_lone_surrogates(body)
         request = BatchRequest("", SOURCE, next(self._arrivals), url=url)
-        read_body(body, request, self.config.served_models, skip=("stream", "stream_options"), where="")
+        read_body(body, request, self.config.served_models, skip=("stream", "stream_options"), where="", listed="")
         params = sampling_params(request, self.config.base_seed) if request.failure is None else None
         if request.failure is not None:
             failure = request.failure
             raise ApiError(failure.status, failure.message.removeprefix(f"{SOURCE}: "), failure.param)
+        self.refuse_what_never_fits(request, params)
         return request, params, bool(stream), include_usage
+
+    def refuse_what_never_fits(self, request: BatchRequest, params: list) -> None:
+        """400 for a request of more sequences (prompts times n) than the queue lets wait: it would
+        be refused with 429 forever (checked before its prompts are tokenized)."""
+        prompts, n = max(1, len(request.prompts)), params[0].n
+        limit = self.loop.max_queue
+        if prompts * n > limit:
+            param = "prompt" if prompts > limit else request.fields.sources.get("n", "n")
+            raise ApiError(400, f"the request makes {prompts * n} sequences ({prompts} prompt{'s' if prompts > 1 else ''} times n = {n}), more than "
+                                f"the server lets wait at once (--max-queue {limit}); split it into smaller requests", param)  # fmt: skip
 
     def prepare(self, request: BatchRequest, params: list) -> list:
         """The engine requests of a read request: chat rendered, prompts tokenized and checked (ApiError otherwise)."""
@@ -110,7 +162,9 @@ class Frontend:
             names = ["the request" if len(prompts) == 1 else f"prompt {i}" for i in range(len(prompts))]
             return self.llm.make_requests(prompts, params, names)
         except UserError as exc:
-            raise ApiError(400, str(exc).removeprefix(f"{SOURCE}: "), "messages" if request.messages is not None else "prompt") from None
+            param = getattr(exc, "param", None)  # an InvalidRequestError names the SamplingParams field to blame, if one is
+            field = request.fields.sources.get(param, param) if param is not None else "messages" if request.messages is not None else "prompt"
+            raise ApiError(400, str(exc).removeprefix(f"{SOURCE}: "), field) from None
 
     def deadline(self) -> float | None:
         timeout = self.config.request_timeout_s
@@ -163,10 +217,7 @@ def build_app(front: Frontend):
         front.authorize(request)
         if front.draining:
             raise ApiError(503, "the server is shutting down and takes no new requests")
-        try:
-            body = await request.json()
-        except ValueError as exc:
-            raise ApiError(400, f"the request body is not valid JSON ({exc})") from None
+        body = await read_json_body(request, front.config.max_request_bytes)
         read, params, stream, include_usage = front.read_request(body, url)
         prompts = await run_in_threadpool(front.prepare, read, params)
         model = read.fields.model or front.config.served_models[0]
@@ -184,6 +235,8 @@ def build_app(front: Frontend):
             key = front.loop.submit(job)
         except QueueFull as exc:
             return error_response(url, 429, str(exc), headers={"Retry-After": "1"})
+        except TooLarge as exc:  # (read_request refuses these first)
+            return error_response(url, 400, str(exc))
         except ShuttingDown as exc:
             return error_response(url, 503, str(exc))
         hex_id = uuid.uuid4().hex
@@ -191,10 +244,10 @@ def build_app(front: Frontend):
             writer = StreamWriter(url, model, hex_id, front.llm.tokenizer, params, read.fields.sampling.get("logprobs"))
             writer.prompt_tokens = sum(len(ids) for ids, _, _ in prompts)
             front.metrics.request(url, 200)
-            return AbortOnClose(events(updates, writer, include_usage), on_close=lambda: front.loop.abort(key), media_type="text/event-stream")
+            return AbortOnClose(events(updates, writer, read, include_usage), on_close=lambda: front.loop.abort(key), media_type="text/event-stream")
         return await answer(request, url, key, updates, read, model, hex_id)
 
-    async def events(updates: asyncio.Queue, writer: StreamWriter, include_usage: bool):
+    async def events(updates: asyncio.Queue, writer: StreamWriter, read: BatchRequest, include_usage: bool):
         while True:
             update = await updates.get()
             chunk = writer.chunk(update.deltas)
@@ -205,7 +258,7 @@ def build_app(front: Frontend):
             if update.kind == "done":
                 failed = next((c.error for o in update.outputs for c in o.outputs if c.error is not None), None)
                 if failed is not None:
-                    yield sse(error_body(400, failed, "structured_outputs"))
+                    yield sse(error_body(400, failed, failed_param(read)))
                 elif include_usage:
                     yield sse(writer.usage_chunk())
             else:
@@ -230,7 +283,7 @@ def build_app(front: Frontend):
                 return error_response(url, update.status, update.message)
             failed = next((c.error for o in update.outputs for c in o.outputs if c.error is not None), None)
             if failed is not None:
-                return error_response(url, 400, failed, "structured_outputs")
+                return error_response(url, 400, failed, failed_param(read))
             front.metrics.request(url, 200)
             return JSONResponse(response_body(read, update.outputs, model, hex_id))
 

@@ -8,8 +8,10 @@ unfinished, and after each step hands every job what changed (`Update`) through 
 a callable the HTTP side gives (it calls loop.call_soon_threadsafe, so the update lands in the
 request's asyncio queue). When nothing is unfinished the thread sleeps on the inbox.
 
-Back-pressure: `submit` refuses a job (QueueFull) while `max_queue` engine requests are already
-waiting for a place in the running batch (the scheduler's waiting queue plus the inbox). A job's
+Back-pressure: `max_queue` bounds the sequences waiting for a place in the running batch (a
+request's n samples count n: LLMEngine.num_waiting_sequences, plus the jobs still in the inbox).
+`submit` refuses a job (QueueFull) that does not fit beside them now, and one bigger than the whole
+queue (TooLarge: it never would; the client must split it). A job's
 deadline (the request timeout) is checked after every step; a job past it is aborted and told so.
 `stop(grace)`: new jobs are refused; running ones get `grace` seconds to finish, then are aborted,
 each told so in a final update, and the thread ends.
@@ -40,6 +42,10 @@ class QueueFull(Exception):
     """The engine's waiting queue is at --max-queue: the job was not taken."""
 
 
+class TooLarge(Exception):
+    """The job alone holds more sequences than --max-queue allows to wait: it could never be taken."""
+
+
 class ShuttingDown(Exception):
     """The server is stopping: the job was not taken."""
 
@@ -54,6 +60,11 @@ class Job:
     stream: bool
     deadline: float | None = None  # time.monotonic() past which the job is aborted
     key: int = -1  # set by submit
+
+
+def job_sequences(job: Job) -> int:
+    """The engine sequences a job makes: n per prompt."""
+    return sum(params.n for _, params, _ in job.prompts)
 
 
 @dataclass
@@ -104,7 +115,7 @@ class EngineLoop:
         self._next_key = 0
         self._stopping = False  # no new jobs
         self._abort_at: float | None = None  # monotonic time the unfinished jobs get aborted (stop)
-        self.num_waiting = 0  # engine requests waiting for the running batch, as of the last step
+        self.num_waiting = 0  # sequences waiting for the running batch, as of the last step
         self.num_running = 0
         self.error: BaseException | None = None  # what killed the thread, if anything did
         self._thread = threading.Thread(target=self._run, name="deepinfer-engine", daemon=True)
@@ -119,13 +130,17 @@ class EngineLoop:
         return self._thread.is_alive()
 
     def submit(self, job: Job) -> int:
-        """Queue `job` for the engine thread; its key (for `abort`). QueueFull / ShuttingDown when it is not taken."""
+        """Queue `job` for the engine thread; its key (for `abort`). QueueFull / TooLarge / ShuttingDown when it is not taken."""
+        size = job_sequences(job)
+        if size > self.max_queue:
+            raise TooLarge(f"the request makes {size} sequences (prompts times n), more than the server lets wait at once (--max-queue {self.max_queue}); "
+                           "split it into smaller requests")  # fmt: skip
         with self._wake:
             if self._stopping or not self.alive:
                 raise ShuttingDown("the server is shutting down" if self._stopping else f"the engine stopped: {self.error!r}")
-            queued = self.num_waiting + sum(len(item[1].prompts) for item in self._inbox if item[0] == "add")
-            if queued + len(job.prompts) > self.max_queue:
-                raise QueueFull(f"the server's queue is full ({queued} requests wait for the engine, --max-queue {self.max_queue}); retry later")
+            queued = self.num_waiting + sum(job_sequences(item[1]) for item in self._inbox if item[0] == "add")
+            if queued + size > self.max_queue:
+                raise QueueFull(f"the server's queue is full ({queued} sequences wait for the engine, --max-queue {self.max_queue}); retry later")
             job.key = self._next_key
             self._next_key += 1
             self._inbox.append(("add", job))
@@ -308,7 +323,7 @@ class EngineLoop:
 
     def _publish_counts(self) -> None:
         scheduler = self.engine.scheduler
-        self.num_waiting = len(scheduler.waiting) + len(self.engine.grammar_wait)
+        self.num_waiting = self.engine.num_waiting_sequences()
         self.num_running = len(scheduler.running)
         if self.metrics is not None:
             blocks = self.engine.block_manager

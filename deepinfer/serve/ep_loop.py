@@ -159,7 +159,7 @@ class EpEngineLoop(EngineLoop):
         """This rank's updates and engine counts to rank 0 (every turn: they are the metrics too)."""
         engine = self.engine
         blocks = engine.block_manager
-        counts = (len(engine.scheduler.running), len(engine.scheduler.waiting) + len(engine.grammar_wait), blocks.num_blocks - blocks.num_free_blocks,
+        counts = (len(engine.scheduler.running), engine.num_waiting_sequences(), blocks.num_blocks - blocks.num_free_blocks,
                   blocks.num_blocks, engine.num_prompt_tokens_computed, engine.num_generated_tokens)  # fmt: skip
         mine, self._outbox = (self._outbox, counts), []
         gathered = [None] * self.ctx.world_size if self.first else None

@@ -13,7 +13,9 @@ a "text_completion" (completions) or a "chat.completion.chunk" (chat) holding th
 text or finished in one engine step; a chat choice's first chunk carries {"role": "assistant"}.
 With "stream_options": {"include_usage": true} a last chunk with no choices carries the usage. A
 request aborted after its stream began (the request timeout, the server shutting down) ends with
-an error event, `data: {"error": {...}}`, then [DONE]: the client sees why, not a torn stream.
+an error event, `data: {"error": {...}}`, then [DONE]: the client sees why, not a torn stream. So
+does a request that failed while running (its grammar, or token options that left nothing to
+sample); the failed sample's last tokens are not sent.
 
 Text deltas: a choice's text is decoded from all its tokens after each step; what is sent is that
 text less (a) a trailing U+FFFD (a character whose bytes are split across tokens) and (b) the last
@@ -31,7 +33,7 @@ from deepinfer.cli.request_fields import COMPLETIONS
 from deepinfer.engine.outputs import CompletionOutput
 
 ERROR_TYPES = {
-    400: "BadRequestError", 401: "AuthenticationError", 404: "NotFoundError", 408: "TimeoutError", 429: "RateLimitError",
+    400: "BadRequestError", 401: "AuthenticationError", 404: "NotFoundError", 408: "TimeoutError", 413: "RequestTooLargeError", 429: "RateLimitError",
     500: "InternalServerError", 503: "ServiceUnavailableError",
 }  # fmt: skip
 
@@ -47,8 +49,14 @@ class ApiError(Exception):
 
 
 def error_body(status: int, message: str, param: str | None = None) -> dict:
-    return {"error": {"message": message, "type": ERROR_TYPES.get(status, "BadRequestError" if status < 500 else "InternalServerError"),
-                      "param": param, "code": status}}  # fmt: skip
+    """OpenAI's error object. Text a client sent may be quoted in it: a lone surrogate there is
+    written as its escape (\\udc00), so that the answer can be encoded as UTF-8."""
+    return {"error": {"message": utf8_safe(message), "type": ERROR_TYPES.get(status, "BadRequestError" if status < 500 else "InternalServerError"),
+                      "param": utf8_safe(param) if param is not None else None, "code": status}}  # fmt: skip
+
+
+def utf8_safe(text: str) -> str:
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def sse(item) -> str:
@@ -107,6 +115,8 @@ class StreamWriter:
         """The chunk of one update's deltas (None when it holds nothing to send)."""
         choices = []
         for d in deltas:
+            if d.final is not None and d.final.error is not None:  # it failed: the request's error event follows (its last draw meant nothing)
+                continue
             state = self.choices[(d.prompt, d.index)]
             offset = len(state.sent)
             text = state.add(d.token_ids, d.final)

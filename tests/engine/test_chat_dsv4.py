@@ -132,6 +132,9 @@ def test_tool_calls_and_results():
         (CONVERSATION, {"chat_template_kwargs": {"thinking": True, "reasoning_effort": "low"}}, "'reasoning_effort' must be 'high' or 'max'"),
         ([*TOOL_CONVERSATION[:1], {"role": "assistant", "content": None, "tool_calls": [{"function": {"name": "f", "arguments": "{"}}]}],
          {"add_generation_prompt": False}, "message 1, tool call 0: the arguments of 'f' are not JSON text"),
+        # deeper than Python's JSON parser goes: a RecursionError traceback aborted the whole run
+        ([*TOOL_CONVERSATION[:1], {"role": "assistant", "content": None, "tool_calls": [{"function": {"name": "f", "arguments": "[" * 50_000}}]}],
+         {"add_generation_prompt": False}, "message 1, tool call 0: the arguments of 'f' are nested too deeply to read"),
         (CONVERSATION, {"tools": [{"name": "f"}]}, "tools must be a list of"),
         (TOOL_CONVERSATION[:2], {"add_generation_prompt": False, "continue_final_message": True}, "it has none (only tool calls)"),
     ],

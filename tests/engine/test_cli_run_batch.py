@@ -97,7 +97,7 @@ RUNS = {
 }  # fmt: skip
 # Lines that fail alone: (kind, body maker, the error's param, its status, words its message holds).
 FAILS = {
-    "n-zero": (lambda i: (COMPLETIONS, {"prompt": "x", "n": 0}), "n", 400, ['n must be an integer >= 1, got 0']),
+    "n-zero": (lambda i: (COMPLETIONS, {"prompt": "x", "n": 0}), "n", 400, ['n must be an integer in [1, 16384], got 0']),
     "chat-logprobs-not-bool": (lambda i: (CHAT, {"messages": HI, "logprobs": 2}), "logprobs", 400, ['"logprobs" must be true or false']),
     "top-logprobs-alone": (lambda i: (CHAT, {"messages": HI, "top_logprobs": 2}), "top_logprobs", 400, ['"top_logprobs" needs "logprobs": true']),
     "completion-logprobs-not-int": (lambda i: (COMPLETIONS, {"prompt": "x", "logprobs": "3"}), "logprobs", 400, ['"logprobs" must be an integer']),

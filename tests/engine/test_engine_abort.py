@@ -72,3 +72,38 @@ def test_abort_while_its_grammar_compiles(llm):
     assert engine.abort(seq)
     assert not engine.has_unfinished()
     assert engine.step() == []
+
+
+def test_abort_looks_through_the_queue_once_whatever_n(llm):
+    """Aborting a request of n queued samples removed them one by one (a search of the queue for
+    each: quadratic in n, minutes for a request of a million): now one pass over the queue."""
+    engine = llm.engine
+
+    class CountingQueue(list):
+        looks = 0
+
+        def __iter__(self):
+            CountingQueue.looks += 1
+            return super().__iter__()
+
+        def __contains__(self, item):
+            CountingQueue.looks += 1
+            return super().__contains__(item)
+
+        def remove(self, item):
+            CountingQueue.looks += 1
+            super().remove(item)
+
+    victim = engine.add_request(PROMPT, params(n=300))
+    while victim.held_back:  # sample 0's prompt is in the cache: the other samples are queued
+        engine.step()
+    assert sum(s.status is SequenceStatus.WAITING for s in victim.samples) >= 290
+    engine.scheduler.waiting = CountingQueue(engine.scheduler.waiting)
+    try:
+        assert engine.abort(victim)
+        assert CountingQueue.looks <= 1 and not engine.scheduler.waiting
+    finally:
+        engine.scheduler.waiting = list(engine.scheduler.waiting)
+    assert all(s.finish_reason == "abort" for s in victim.samples)
+    run_to_end(engine, [])
+    assert not engine.has_unfinished()

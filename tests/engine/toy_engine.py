@@ -23,6 +23,7 @@ class ToyTokenizer:
     ALPHABET = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789 .,:\n!?"
     bos_token_id, eos_token_id = 0, 1
     vocab_size = 2 + len(ALPHABET)
+    max_token_chars = 5  # "<eos>": a text of C characters is at least C / 5 tokens (Tokenizer.max_token_chars)
 
     def encode(self, text: str, add_bos: bool | None = None) -> list[int]:
         return ([self.bos_token_id] if add_bos else []) + [2 + self.ALPHABET.index(c) for c in text]

@@ -78,3 +78,29 @@ def test_missing_or_broken_tokenizer(tmp_path):
     (tmp_path / "tokenizer.json").write_text("{broken")
     with pytest.raises(LoadError, match="tokenizer.json"):
         Tokenizer.from_folder(tmp_path)
+
+
+def test_a_long_text_is_tokenized_without_holding_the_gil_and_to_the_same_tokens(tmp_path):
+    """A server tokenizes prompts off its event loop, but `tokenizers`' encode holds the GIL: a
+    prompt of megabytes stalled /health and every stream for seconds. Texts from LONG_TEXT_CHARS on
+    go through encode_batch, which lets go of it; the tokens are the same. (Which call lets go of
+    the GIL is `tokenizers`' own business: this checks that the long text takes that call.)"""
+    from deepinfer.model.tokenizer import LONG_TEXT_CHARS
+
+    tok = Tokenizer.from_folder(_write(tmp_path, config={"bos_token": "<s>", "eos_token": "</s>"}))
+
+    class Recording:
+        def __init__(self, backend):
+            self.backend, self.calls = backend, []
+
+        def __getattr__(self, name):
+            self.calls.append(name)
+            return getattr(self.backend, name)
+
+    backend = tok._tk
+    text = "hello world " * (LONG_TEXT_CHARS // 12 + 1)
+    expected = backend.encode(text, add_special_tokens=False).ids
+    tok._tk = Recording(backend)
+    assert tok.encode(text, add_bos=False) == expected and tok._tk.calls == ["encode_batch"]
+    tok._tk.calls.clear()
+    assert tok.encode("hello world", add_bos=False) == [2, 3] and tok._tk.calls == ["encode"]

@@ -13,7 +13,7 @@ import time
 import pytest
 
 from deepinfer import SamplingParams
-from deepinfer.serve.engine_loop import EngineLoop, Job, QueueFull, ShuttingDown
+from deepinfer.serve.engine_loop import EngineLoop, Job, QueueFull, ShuttingDown, TooLarge
 
 from waits import HANG_S
 
@@ -27,9 +27,9 @@ def llm(cache):
         return LLM(backend="reference", num_kv_blocks=64, max_model_len=256, announce=False)
 
 
-def job(llm, max_tokens: int, stream=False, deadline=None):
+def job(llm, max_tokens: int, stream=False, deadline=None, n=1):
     updates: queue.Queue = queue.Queue()
-    prompts = llm.make_requests(["Hello there"], SamplingParams(max_tokens=max_tokens, ignore_eos=True, temperature=0))
+    prompts = llm.make_requests(["Hello there"], SamplingParams(max_tokens=max_tokens, ignore_eos=True, temperature=0, n=n))
     return Job(prompts, updates.put, stream, deadline), updates
 
 
@@ -46,8 +46,21 @@ def test_the_queue_is_bounded(llm):
     loop._thread.is_alive = lambda: True
     loop.submit(job(llm, 2)[0])
     loop.submit(job(llm, 2)[0])
-    with pytest.raises(QueueFull, match=r"queue is full \(2 requests wait for the engine, --max-queue 2\)"):
+    with pytest.raises(QueueFull, match=r"queue is full \(2 sequences wait for the engine, --max-queue 2\)"):
         loop.submit(job(llm, 2)[0])
+
+
+def test_the_queue_counts_samples(llm):
+    """A request of n samples weighs n (one of "n": 1000000 filled the server while counting as
+    one); a request bigger than the whole queue could never be taken: TooLarge (a 400), not QueueFull."""
+    loop = EngineLoop(llm, max_queue=5)
+    loop._thread.start = lambda: None  # never started: the inbox only fills
+    loop._thread.is_alive = lambda: True
+    loop.submit(job(llm, 2, n=3)[0])
+    with pytest.raises(QueueFull, match=r"\(3 sequences wait"):
+        loop.submit(job(llm, 2, n=3)[0])
+    with pytest.raises(TooLarge, match=r"makes 6 sequences"):
+        loop.submit(job(llm, 2, n=6)[0])
 
 
 def test_deadline_and_stop(llm):
@@ -92,6 +105,10 @@ def test_usage_errors_are_one_line(capsys, monkeypatch, cache):
     one_line(["serve", "--port", "70000"], "--port must lie in [0, 65535]")
     one_line(["serve", "--max-queue", "0"], "--max-queue must be >= 1")
     one_line(["serve", "--request-timeout", "0"], "--request-timeout must be > 0")
+    one_line(["serve", "--max-request-bytes", "0"], "--max-request-bytes must be >= 1")
+    # A key no client could send (the server strips the spaces around the key it gets; headers are ASCII) was accepted.
+    one_line(["serve", "--api-key", " spaced "], "--api-key holds a space")
+    one_line(["serve", "--api-key", "cl\u00e9"], "--api-key holds U+00E9, which is not printable ASCII")
     monkeypatch.setenv("DEEPINFER_CACHE", str(cache))
     # --ep N: checked once by the launcher, before any rank starts.
     one_line(["serve", "--ep", "3", "--backend", "reference"], "16 routed experts + 0 redundant = 16 experts per layer do not divide over --ep 3 ranks")
@@ -106,3 +123,13 @@ def test_usage_errors_are_one_line(capsys, monkeypatch, cache):
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "uvicorn" else real(name, *a))
     one_line(["serve"], "deepinfer serve needs uvicorn: pip install 'deepinfer[serve]'")
+
+
+def test_serve_help_names_no_other_command_in_its_headings(capsys):
+    """serve --help's engine heading said "shared by run and run-batch"."""
+    from deepinfer.cli.main import main
+
+    with pytest.raises(SystemExit):
+        main(["serve", "--help"])
+    headings = [line for line in capsys.readouterr().out.splitlines() if line and not line.startswith(" ") and line.endswith(":")]
+    assert "engine (vLLM's flags keep vLLM's meaning):" in headings and not any("run" in h for h in headings), headings
