@@ -161,6 +161,25 @@ def test_usage_describes_the_request_lines():
         assert key in text, f"docs/usage.md does not describe the key {key}"
 
 
+def test_usage_lists_the_run_flag_groups_as_the_parser_has_them():
+    """docs/usage.md's table of `deepinfer run`'s flag groups: every group, each with its own flags."""
+    import argparse
+
+    from deepinfer.cli.flag_help import flag_groups
+    from deepinfer.cli.main import build_parser
+
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    text = (ROOT / "docs" / "usage.md").read_text(encoding="utf-8")
+    for name, group in flag_groups(sub.choices["run"]).items():
+        row = re.search(rf"^\| {name} \| (.*?) \|", text, re.M)
+        assert row, f"docs/usage.md's flag table has no row for the group {name}"
+        listed = set(re.findall(r"`(--?[a-z][a-z-]*)`", row.group(1)))
+        spellings = {s: a for a in group._group_actions for s in a.option_strings}
+        assert listed <= set(spellings), f"group {name}: docs/usage.md lists {sorted(listed - set(spellings))}, not in the group"
+        missing = [a.option_strings[-1] for a in group._group_actions if not listed & set(a.option_strings)]
+        assert not missing, f"group {name}: docs/usage.md does not list {missing}"
+
+
 def python_blocks(path: Path) -> list[str]:
     return re.findall(r"```python\n(.*?)```", path.read_text(encoding="utf-8"), flags=re.S)
 
