@@ -43,11 +43,11 @@ the options --backend-option takes. On the CPU the run uses every usable core bu
 (OMP_NUM_THREADS or --cpu-threads choose)."""
 
 PARALLEL_HELP = """expert parallelism over several devices (docs/distributed.md)
---ep N shards a MoE model's experts over N devices of this host, one process each (deepinfer starts
-them with torchrun); attention runs data parallel: each rank runs its own share of the requests.
-Flags, files, the devices and the model's expert count are checked once before the ranks start; a
-rank that fails is reported in one line. Under a torchrun you start yourself (several hosts) --ep
-defaults to the number of processes. deepinfer has no tensor parallelism."""
+--ep N shards a MoE model's experts over N devices of this host, one process each, which deepinfer
+starts; attention runs data parallel: each rank runs its own share of the requests. Flags, files,
+the devices and the model's expert count are checked once before the ranks start; a rank that fails
+is reported in one line. Under a torchrun you start yourself (several hosts) --ep defaults to the
+number of processes. deepinfer has no tensor parallelism; DeepSeek-V4 runs with --ep 1 only yet."""
 
 
 def add_engine_flags(p) -> None:
