@@ -51,7 +51,7 @@ from deepinfer.errors import UserError
 
 __all__ = ["BUILTIN_PROMPTS", "KV_CACHE_DTYPES", "add_parser", "command_line", "load_llm", "run"]
 
-INPUT_HELP = """the prompts: --prompt TEXT (repeatable), or a JSONL file (-i) of one request per line
+INPUT_HELP = """the prompts: --prompt TEXT, or a JSONL file (-i); the line format and every request field
 A line is {"prompt": "..."}, {"messages": [{"role": ..., "content": ...}]} (rendered by the chat
 template) or {"prompt_token_ids": [...]}, with an "id" (default: the line number) and any request
 field below (a field left out or null takes the flag's value); or an OpenAI batch line

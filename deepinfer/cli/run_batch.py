@@ -29,7 +29,8 @@ from deepinfer.errors import UserError
 
 __all__ = ["BATCH", "add_parser", "run_batch"]
 
-INPUT_HELP = """the OpenAI batch file (-i): one request per line (deepinfer/cli/batch_requests.py)
+INPUT_HELP = """the OpenAI batch file (-i); the line format and every request field
+One request per line (deepinfer/cli/batch_requests.py):
   {"custom_id": "a", "method": "POST", "url": "/v1/chat/completions",
    "body": {"model": ..., "messages": [{"role": "user", "content": "Hi"}], "max_completion_tokens": 64}}
   {"custom_id": "b", "method": "POST", "url": "/v1/completions",
