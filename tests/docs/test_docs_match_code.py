@@ -146,13 +146,28 @@ def test_readme_links_every_doc_page():
     assert not missing, f"README.md does not link {missing}"
 
 
+def anchors(path: Path) -> set[str]:
+    """The anchors GitHub gives a page's headings: lowercased, punctuation but - and _ dropped, spaces as -."""
+    headings = re.findall(r"^#+ (.+)$", re.sub(r"```.*?```", "", path.read_text(encoding="utf-8"), flags=re.S), flags=re.M)
+    return {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-") for h in headings}
+
+
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: p.relative_to(ROOT).as_posix())
 def test_relative_links_and_example_files_exist(page):
+    """Every relative link leads to a file (and a heading of it, for #anchors); every examples/ file named exists."""
     text = page.read_text(encoding="utf-8")
-    targets = [t.split("#")[0] for t in re.findall(r"\]\(([^)\s]+)\)", text) if not re.match(r"[a-z]+:|#", t)]
-    missing = [t for t in targets if t and not (page.parent / t).exists()]
-    missing += [f for f in re.findall(r"\bexamples/[\w.-]+\.\w+", text) if not (ROOT / f).is_file()]
-    assert not missing, f"{page.relative_to(ROOT)} points to missing files: {sorted(set(missing))}"
+    broken = []
+    for target in re.findall(r"\]\(([^)\s]+)\)", text):
+        if re.match(r"[a-z]+:", target):
+            continue
+        file, _, anchor = target.partition("#")
+        path = (page.parent / file) if file else page
+        if not path.exists():
+            broken.append(target)
+        elif anchor and path.suffix == ".md" and anchor not in anchors(path):
+            broken.append(target)
+    broken += [f for f in re.findall(r"\bexamples/[\w.-]+\.\w+", text) if not (ROOT / f).is_file()]
+    assert not broken, f"{page.relative_to(ROOT)} points to missing files or headings: {sorted(set(broken))}"
 
 
 def test_usage_describes_the_request_lines():
