@@ -1,14 +1,13 @@
-"""The engine flags `deepinfer run`, `run-batch` and `serve` share: the model, the backend and
-vLLM's engine flags with vLLM's meaning, the tokenizer and chat template, expert parallelism. Each
-command adds them with `add_engine_flags`, checks them with `check_engine_flags` (one line, exit 2,
-before anything starts) and builds its LLM with `load_llm`.
+"""The engine flags `deepinfer run`, `run-batch` and `serve` share: the model, vLLM's engine flags
+with vLLM's meaning, speculative decoding, the backend, expert parallelism. Each command adds them
+with `add_engine_flags` (in the groups its `--help=GROUP` shows), checks them with
+`check_engine_flags` (one line, exit 2, before anything starts) and builds its LLM with `load_llm`.
 
 vLLM's engine flags, with vLLM's meaning: --dtype (auto, half = float16, bfloat16, float = float32),
 --max-model-len, --gpu-memory-utilization, --kv-cache-dtype, --max-num-seqs,
 --max-num-batched-tokens, --enforce-eager, --seed, --tokenizer, --chat-template. --tensor-parallel-size
 (-tp) is accepted at 1 only: deepinfer has no tensor parallelism and spreads a model over devices by
-expert parallelism (--ep).
-"""
+expert parallelism (--ep)."""
 
 from __future__ import annotations
 
@@ -20,56 +19,90 @@ from deepinfer.errors import UserError
 KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3")  # deepinfer.ops.kv_cache_format's (repeated: the CLI imports no torch before it must)
 
 
+MODEL_HELP = """the checkpoint, its tokenizer and chat template, its dtype and length
+--model takes an HF checkpoint folder (DeepSeek V2, V3 or V4) or an embedded tiny model: tiny-v3 or
+tiny-v4 (dummy weights; made on first use). Chat messages are rendered by the tokenizer's chat
+template, as LLM.chat renders them (DeepSeek-V4 checkpoints ship a Python encoder instead, which
+deepinfer follows); --chat-template and --tokenizer replace the template or the whole tokenizer."""
+
+ENGINE_HELP = """scheduling and the KV cache (vLLM's flags, with vLLM's meaning)
+A step runs at most --max-num-seqs sequences and --max-num-batched-tokens tokens; longer prompts
+prefill in chunks. The KV cache is paged; its pages come from --gpu-memory-utilization's share of
+the device (or --num-kv-blocks), and a request that does not fit waits or is recomputed later."""
+
+SPECULATIVE_HELP = """speculative decoding: the checkpoint's MTP layer drafts, the model verifies
+SPEC is METHOD[:NUM_DRAFTS[:POLICY]] or the same as a JSON object: mtp:3:fixed verifies every draft
+each step, mtp:3:confidence the drafts that maximise expected tokens per second (from the drafts'
+confidence and a step-cost model measured at start-up; docs/architecture.md says how). A request's
+tokens are those it draws without speculation wherever the verifying logits equal a plain decode
+step's: always with --deterministic. Not with --ep yet."""
+
+BACKEND_HELP = """which backend runs the ops, and how its kernels run
+`deepinfer backends` lists each backend, whether it runs here (and why not), its op coverage and
+the options --backend-option takes. On the CPU the run uses every usable core but one
+(OMP_NUM_THREADS or --cpu-threads choose)."""
+
+PARALLEL_HELP = """expert parallelism over several devices (docs/distributed.md)
+--ep N shards a MoE model's experts over N devices of this host, one process each, which deepinfer
+starts; attention runs data parallel: each rank runs its own share of the requests. Flags, files,
+the devices and the model's expert count are checked once before the ranks start; a rank that fails
+is reported in one line. Under a torchrun you start yourself (several hosts) --ep defaults to the
+number of processes. deepinfer has no tensor parallelism; DeepSeek-V4 runs with --ep 1 only yet."""
+
+
 def add_engine_flags(p) -> None:
-    """The engine's flags, in a group of their own, and expert parallelism's in another."""
-    engine = p.add_argument_group("engine (vLLM's flags keep vLLM's meaning)")
-    engine.add_argument("--backend", default="auto", help="auto (cuda, then ascend, then reference), cuda, ascend or reference")
-    engine.add_argument(
+    """The engine's flags, in the groups `--help=GROUP` shows (deepinfer/cli/flag_help.py): model,
+    engine, speculative, backend, parallel."""
+    model = p.add_argument_group("model", MODEL_HELP)
+    model.add_argument(
         "--model", metavar="PATH",
         help="an HF checkpoint folder, or tiny-v3 / tiny-v4: the embedded tiny DeepSeek-V3 / V4 (dummy weights; default tiny-v3)",
     )
-    engine.add_argument("--tokenizer", metavar="PATH", help="load the tokenizer (and its chat template) from this folder instead of the model's")
-    engine.add_argument("--chat-template", metavar="FILE|TEMPLATE",
-                        help="the chat template for chat messages instead of the tokenizer's: a Jinja file, or the template itself")
-    engine.add_argument("--seed", type=int, default=0, help="seed from which each request's sampling seed is derived (default 0)")
-    engine.add_argument("--dtype", default="auto", choices=DTYPE_NAMES, metavar="DTYPE",
-                        help="the model's dtype: auto (bfloat16 on accelerators, float32 on the CPU), half = float16, bfloat16, "
-                             "float = float32 (vLLM's names; bf16, fp16, fp32 too)")
-    engine.add_argument("--allow-fallback", action="store_true", help="let the reference serve ops the backend has no kernel for")
-    engine.add_argument("--backend-option", action="append", metavar="KEY=VALUE",
-                        help="a backend option, e.g. ep_path=nccl (repeatable; `deepinfer backends` lists each backend's options)")
+    model.add_argument("--tokenizer", metavar="PATH", help="load the tokenizer (and its chat template) from this folder instead of the model's")
+    model.add_argument("--chat-template", metavar="FILE|TEMPLATE",
+                       help="the chat template for chat messages instead of the tokenizer's: a Jinja file, or the template itself")
+    model.add_argument("--dtype", default="auto", choices=DTYPE_NAMES, metavar="DTYPE",
+                       help="the model's dtype: auto (bfloat16 on accelerators, float32 on the CPU), half = float16, bfloat16, "
+                            "float = float32 (vLLM's names; bf16, fp16, fp32 too)")
+    model.add_argument("--max-model-len", type=int, metavar="N",
+                       help="the longest sequence, prompt and generated tokens (default and most: the model's max_position_embeddings)")
+    model.add_argument("--seed", type=int, default=0, help="seed from which each request's sampling seed is derived (default 0)")
+    model.add_argument("--logprobs-mode", default="raw_logprobs", choices=("raw_logprobs", "processed_logprobs"),
+                       help="what logprobs report: the model's own (default, as vLLM) or the distribution sampled from "
+                            "(after penalties, logit_bias, bans and temperature)")
+    engine = p.add_argument_group("engine", ENGINE_HELP)
     engine.add_argument("--max-num-seqs", type=int, default=256, metavar="N", help="sequences per step at most (default 256)")
     engine.add_argument("--max-num-batched-tokens", type=int, default=8192, metavar="N",
                         help="tokens per step; longer prompts prefill in chunks (default 8192)")
-    engine.add_argument("--max-model-len", type=int, metavar="N",
-                        help="the longest sequence, prompt and generated tokens (default and most: the model's max_position_embeddings)")
-    engine.add_argument("--num-kv-blocks", type=int, metavar="N", help="KV cache pages (default: from the memory budget)")
     engine.add_argument("--gpu-memory-utilization", type=float, default=0.9, metavar="F",
                         help="the share in (0, 1] of the accelerator's memory the engine may use; the KV cache gets what of it is free "
                              "once the weights are loaded (default 0.9; the CPU's cache is a share of the free RAM)")
+    engine.add_argument("--num-kv-blocks", type=int, metavar="N", help="KV cache pages (default: from the memory budget)")
     engine.add_argument("--kv-cache-dtype", default="auto", choices=KV_CACHE_DTYPES,
                         help="auto: the model dtype; fp8 (= fp8_e4m3): e4m3 rows with a per-token scale, about half the bytes per token")
-    engine.add_argument("--logprobs-mode", default="raw_logprobs", choices=("raw_logprobs", "processed_logprobs"),
-                        help="what logprobs report: the model's own (default, as vLLM) or the distribution sampled from "
-                             "(after penalties, logit_bias, bans and temperature)")
     engine.add_argument("--no-prefix-caching", action="store_true", help="switch the prefix cache off")
     engine.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs for decode steps (cuda backend)")
     engine.add_argument("--no-overlap", action="store_true", help="each decode step waits for the one before (default: overlap scheduling on cuda and ascend)")
     engine.add_argument("--no-mixed-steps", action="store_true",
                         help="prefill steps do not also decode running requests (default: they do, except in deterministic mode)")
-    engine.add_argument("--deterministic", action="store_true",
-                        help="batch-invariant kernels only: a request's logits and tokens are bit-identical whatever it is batched with "
-                             "(an error names any op the backend has no such kernel for)")
-    engine.add_argument("--speculative", metavar="SPEC",
-                        help="speculative decoding: METHOD[:NUM_DRAFTS[:POLICY]] (e.g. mtp:3:confidence) or a JSON object "
-                             "{\"method\": \"mtp\", \"num_drafts\": 3, \"policy\": \"fixed\"|\"confidence\"}; "
-                             "the checkpoint's MTP layer drafts, the model verifies")
-    engine.add_argument("--interpret", action="store_true",
-                        help="run the backend's Triton kernels in the Triton interpreter on the CPU (slow; for checking kernels)")
-    engine.add_argument("--cpu-threads", type=int, metavar="N",
-                        help="torch's CPU threads (default on the CPU: OMP_NUM_THREADS if set, else the usable cores but one)")
-    engine.add_argument("--no-progress", action="store_true", help="no progress bar")
-    ep = p.add_argument_group("expert parallelism (see docs/distributed.md)")
+    speculative = p.add_argument_group("speculative", SPECULATIVE_HELP)
+    speculative.add_argument("--speculative", metavar="SPEC",
+                             help="speculative decoding: METHOD[:NUM_DRAFTS[:POLICY]] (e.g. mtp:3:confidence) or a JSON object "
+                                  "{\"method\": \"mtp\", \"num_drafts\": 3, \"policy\": \"fixed\"|\"confidence\"}; "
+                                  "the checkpoint's MTP layer drafts, the model verifies")
+    backend = p.add_argument_group("backend", BACKEND_HELP)
+    backend.add_argument("--backend", default="auto", help="auto (cuda, then ascend, then reference), cuda, ascend or reference")
+    backend.add_argument("--allow-fallback", action="store_true", help="let the reference serve ops the backend has no kernel for")
+    backend.add_argument("--backend-option", action="append", metavar="KEY=VALUE",
+                         help="a backend option, e.g. ep_path=nccl (repeatable; `deepinfer backends` lists each backend's options)")
+    backend.add_argument("--deterministic", action="store_true",
+                         help="batch-invariant kernels only: a request's logits and tokens are bit-identical whatever it is batched with "
+                              "(an error names any op the backend has no such kernel for)")
+    backend.add_argument("--interpret", action="store_true",
+                         help="run the backend's Triton kernels in the Triton interpreter on the CPU (slow; for checking kernels)")
+    backend.add_argument("--cpu-threads", type=int, metavar="N",
+                         help="torch's CPU threads (default on the CPU: OMP_NUM_THREADS if set, else the usable cores but one)")
+    ep = p.add_argument_group("parallel", PARALLEL_HELP)
     ep.add_argument("--tensor-parallel-size", "-tp", type=int, default=1, metavar="N",
                     help="accepted for vLLM command lines: 1 only (deepinfer has no tensor parallelism; use --ep N)")
     ep.add_argument("--ep", type=int, metavar="N", help="shard the experts over N devices, one process each (default 1; under torchrun: its process count)")

@@ -1,72 +1,17 @@
 """`deepinfer run`: offline generation for prompts from the command line or a JSONL file.
 
-Input (-i FILE), one request per line:
-  {"prompt": "...", "id": ...}, or "messages": [{"role": ..., "content": ...}] (chat template), or
-  "prompt_token_ids": [...]; "id" defaults to the line number. Optional fields, by the table of
-  deepinfer/cli/request_fields.py (listed at the end): sampling (max_tokens or max_completion_tokens,
-  temperature, top_p, top_k, min_p, seed, stop, stop_token_ids, ignore_eos, skip_special_tokens,
-  presence_penalty, frequency_penalty, repetition_penalty, logit_bias ({"token id": bias}),
-  min_tokens, bad_words, allowed_token_ids, include_stop_str_in_output; null: the flag's value),
-  the chat template's options for "messages" (add_generation_prompt,
-  continue_final_message, chat_template_kwargs), ignored fields ("model": the run uses --model;
-  "user", "request_id"), logprobs (below), and fields deepinfer does not implement yet, accepted only at
-  the value that switches them off (stream false, echo false, ...); "n" only at 1
-  (a row holds one output: `deepinfer run-batch` writes n choices). Any other field fails its line
-  (below).
-  Or an OpenAI batch line: {"custom_id": ..., "method": "POST", "url": "/v1/chat/completions" or
-  "/v1/completions", "body": {the same fields}}; `deepinfer run-batch` reads these files and
-  writes OpenAI's batch output format.
+Generate text for prompts given with --prompt, or read from a JSONL file (-i, one request per line)
+into a JSONL file (-o, one row per request, in input order). With no prompts at all it runs a few
+built-in prompts on the embedded default model (tiny-v3: DeepSeek-V3's architecture, dummy weights).
+docs/usage.md describes it all, with examples.
 
-Output (-o FILE): one JSON row per request, in input order (a request that finishes early waits
-for the ones before it), each written once it is its turn:
-  {"id" or "custom_id", "prompt", "text", "token_ids", "finish_reason", "prompt_tokens",
-  "completion_tokens"}
-and, when the request asks for them (--logprobs N / --prompt-logprobs N, or the line's "logprobs":
-N or true with "top_logprobs": N, "prompt_logprobs": N), "logprobs" (one entry per generated token)
-with "cumulative_logprob", and "prompt_logprobs" (one per prompt token, null for the first): an
-entry is vLLM's {"<token id>": {"logprob", "rank", "decoded_token"}}, the chosen token first, then
-the N most likely by rank (rank 1 is the most likely; the model's raw distribution, as vLLM's).
-A request that fails alone (an unknown or unsupported key, a bad value, text that is not valid
-Unicode, a prompt too long for the model) gets an error row instead, and the others run:
-  {"id" or "custom_id", "error": {"message": ..., "type": "invalid_request_error" or
-  "generation_error"}}
-A line that breaks the file (not a JSON object, no usable id, a duplicate id) stops the run before
-it starts. Without -o the rows (or, for --prompt, readable text) go to stdout.
-
---resume skips the ids already in the output (error rows count as done: delete them to retry those
-requests) and appends the rest; an interrupted run loses at most the rows still waiting for an
-earlier one, which --resume recomputes. The output may not be the input file, and the run locks
-it: a second run on the same output fails at once.
-
-Structured output for every request without a field of its own: --json-schema FILE, --regex REGEX,
---choice TEXT (repeated) or --grammar FILE (deepinfer/cli/structured_flags.py); a flag whose file or
-grammar is bad stops the run before it starts (exit 2).
+  deepinfer run --prompt "The capital of France is" --temperature 0
+  deepinfer run -i examples/prompts.jsonl -o out.jsonl
+  deepinfer run --model /path/to/DeepSeek-V2-Lite -i prompts.jsonl -o out.jsonl --max-tokens 256
 
 Exit code: 0 when every request ran, 1 when any request got an error row (under a torchrun you
 start yourself: 0, the summary counts them), 2 for bad flags, files or input lines (nothing runs),
-130 when interrupted. With no prompts at all it runs a few built-in
-prompts on the embedded default model.
-
-Chat: "messages" lines, and --prompt texts with --chat, are rendered by the tokenizer's chat
-template, as LLM.chat renders them; --chat-template FILE (or the template itself) replaces it, and
---tokenizer FOLDER loads the tokenizer, its template included, from another folder than the model's.
-
-vLLM's engine flags, with vLLM's meaning: --dtype (auto, half = float16, bfloat16, float = float32),
---max-model-len, --gpu-memory-utilization, --kv-cache-dtype, --max-num-seqs,
---max-num-batched-tokens, --enforce-eager, --seed, --tokenizer, --chat-template. --tensor-parallel-size
-(-tp) is accepted at 1 only: deepinfer has no tensor parallelism and spreads a model over devices by
-expert parallelism (--ep, below).
-
-CPU threads: a run on the CPU uses every usable core but one (see deepinfer/engine/cpu_threads.py);
---cpu-threads N or OMP_NUM_THREADS choose.
-
-Expert parallelism: `--ep N` shards the experts over N devices of this host, one process each
-(it starts `torchrun --standalone --nproc-per-node N -m deepinfer run ...`); each rank runs every
-N-th request (attention data parallel) and rank 0 writes the output, in input order. Flags, files,
-requests, the backend's devices and the model's expert count are checked once before the ranks
-start; a rank that fails is reported in one line. Under torchrun (several hosts: see
-docs/distributed.md) `--ep` defaults to the number of processes.
-"""
+130 when interrupted."""
 
 from __future__ import annotations
 
@@ -81,6 +26,7 @@ from typing import Callable
 
 from deepinfer.cli import launch
 from deepinfer.cli.engine_flags import KV_CACHE_DTYPES, add_engine_flags, check_engine_flags, load_llm, read_chat_template
+from deepinfer.cli.flag_help import add_grouped_help
 from deepinfer.cli.launch import launched_by_torchrun, run_as_rank, torchrun
 from deepinfer.cli.request_fields import describe as describe_fields
 from deepinfer.cli.run_output import (
@@ -105,29 +51,57 @@ from deepinfer.errors import UserError
 
 __all__ = ["BUILTIN_PROMPTS", "KV_CACHE_DTYPES", "add_parser", "command_line", "load_llm", "run"]
 
+INPUT_HELP = """the prompts: --prompt TEXT, or a JSONL file (-i); the line format and every request field
+A line is {"prompt": "..."}, {"messages": [{"role": ..., "content": ...}]} (rendered by the chat
+template) or {"prompt_token_ids": [...]}, with an "id" (default: the line number) and any request
+field below (a field left out or null takes the flag's value); or an OpenAI batch line
+{"custom_id": ..., "method": "POST", "url": "/v1/chat/completions" or "/v1/completions", "body":
+{...}} (`deepinfer run-batch` reads such files and writes OpenAI's batch rows). A line whose fields
+deepinfer cannot honour fails alone (an error row); a line that breaks the file (not a JSON object,
+no usable id, a duplicate id) stops the run before it starts. examples/prompts.jsonl shows each kind.
+"""
+
+OUTPUT_HELP = """the rows: one JSON row per request, in input order, to -o FILE (else stdout)
+A row is {"id" (or "custom_id"), "prompt", "text", "token_ids", "finish_reason", "prompt_tokens",
+"completion_tokens"}, plus "logprobs" with "cumulative_logprob", and "prompt_logprobs", when asked
+for (--logprobs N, --prompt-logprobs N or the line's fields): per position vLLM's {"<token id>":
+{"logprob", "rank", "decoded_token"}}, the chosen token first, then the N most likely. A request
+that fails alone gets {"id", "error": {"message", "type"}} and the others run. The output may not be
+the input; the run locks it (a second run on it fails at once) and writes each row whole, so an
+interrupted run can go on with --resume (error rows count as done: delete them to retry those)."""
+
+SAMPLING_HELP = """the sampling options of every request without its own fields (vLLM's meaning)
+A line's fields (temperature, top_p, max_tokens, stop, logprobs, ...) win over these flags; each
+request samples with its own seed, from --seed and its line number, so a rerun repeats it."""
+
 
 def add_parser(sub) -> None:
     p = sub.add_parser(
         "run",
         help="generate text for prompts (the default command)",
-        description=f"{__doc__}\n{describe_fields()}",
+        description=__doc__.split("\n", 2)[2],
+        usage="%(prog)s [--prompt TEXT | -i FILE] [-o FILE] [--model PATH] [FLAG ...]",
         formatter_class=argparse.RawDescriptionHelpFormatter,
+        add_help=False,
     )
-    p.add_argument("--prompt", action="append", metavar="TEXT", help="a prompt (repeat for several)")
-    p.add_argument("-i", "--input", metavar="FILE", help="prompts as JSONL: {\"prompt\": ...} or OpenAI batch lines (format above)")
-    add_output_flags(p, "one JSON row per request (a result or an error)")
-    p.add_argument("--chat", action="store_true", help="wrap plain prompts in the tokenizer's chat template")
-    p.add_argument("--max-tokens", type=int, default=16, metavar="N", help="tokens to generate per request at most (default 16, as vLLM)")
-    p.add_argument("--temperature", type=float, default=1.0, metavar="T", help="0 is greedy (default 1.0)")
-    p.add_argument("--top-p", type=float, default=1.0, metavar="P", help="nucleus sampling (default 1.0: off)")
-    p.add_argument("--top-k", type=int, default=0, metavar="K",
-                   help="keep the K most likely tokens, K <= 2**31-1 (default 0: off; K >= the vocabulary keeps all)")
-    p.add_argument("--min-p", type=float, default=0.0, metavar="P", help="drop tokens below P times the top probability (default 0: off)")
-    p.add_argument("--stop", action="append", metavar="TEXT", help="a stop string (repeat for several)")
-    p.add_argument("--ignore-eos", action="store_true", help="keep generating past the end-of-sequence token")
-    p.add_argument("--logprobs", type=int, metavar="N",
-                   help="each row gets every generated token's logprob, rank and the N most likely tokens (0 to 20; 0: the chosen token only)")
-    p.add_argument("--prompt-logprobs", type=int, metavar="N", help="each row gets the same for every prompt token but the first (0 to 20)")
+    add_grouped_help(p)
+    inputs = p.add_argument_group("input", f"{INPUT_HELP}\n{describe_fields()}")
+    inputs.add_argument("--prompt", action="append", metavar="TEXT", help="a prompt (repeat for several)")
+    inputs.add_argument("-i", "--input", metavar="FILE", help="prompts as JSONL: {\"prompt\": ...} or OpenAI batch lines (format above)")
+    inputs.add_argument("--chat", action="store_true", help="wrap plain prompts in the tokenizer's chat template")
+    add_output_flags(p, "one JSON row per request (a result or an error)", OUTPUT_HELP)
+    sampling = p.add_argument_group("sampling", SAMPLING_HELP)
+    sampling.add_argument("--max-tokens", type=int, default=16, metavar="N", help="tokens to generate per request at most (default 16, as vLLM)")
+    sampling.add_argument("--temperature", type=float, default=1.0, metavar="T", help="0 is greedy (default 1.0)")
+    sampling.add_argument("--top-p", type=float, default=1.0, metavar="P", help="nucleus sampling (default 1.0: off)")
+    sampling.add_argument("--top-k", type=int, default=0, metavar="K",
+                          help="keep the K most likely tokens, K <= 2**31-1 (default 0: off; K >= the vocabulary keeps all)")
+    sampling.add_argument("--min-p", type=float, default=0.0, metavar="P", help="drop tokens below P times the top probability (default 0: off)")
+    sampling.add_argument("--stop", action="append", metavar="TEXT", help="a stop string (repeat for several)")
+    sampling.add_argument("--ignore-eos", action="store_true", help="keep generating past the end-of-sequence token")
+    sampling.add_argument("--logprobs", type=int, metavar="N",
+                          help="each row gets every generated token's logprob, rank and the N most likely tokens (0 to 20; 0: the chosen token only)")
+    sampling.add_argument("--prompt-logprobs", type=int, metavar="N", help="each row gets the same for every prompt token but the first (0 to 20)")
     add_structured_flags(p)
     add_engine_flags(p)
     p.set_defaults(func=run)

@@ -1,52 +1,15 @@
 """`deepinfer run-batch -i requests.jsonl -o results.jsonl`: an OpenAI batch file in, OpenAI's batch
 output format out, as vLLM's `run-batch` reads and writes them.
 
-Input (-i FILE), one request per line (deepinfer/cli/batch_requests.py):
-  {"custom_id": "a", "method": "POST", "url": "/v1/chat/completions",
-   "body": {"model": ..., "messages": [{"role": "user", "content": "Hi"}], "max_completion_tokens": 64}}
-  {"custom_id": "b", "method": "POST", "url": "/v1/completions",
-   "body": {"prompt": "Hello, my name is", "max_tokens": 16, "temperature": 0, "stop": ["\\n"]}}
-  A completions "prompt" is a string, a list of token ids, or a list of either (a choice each;
-  "n": N gives N choices per prompt, samples that share the prompt's KV blocks).
-  The body's other fields are listed at the end of this help; every one is either honoured,
-  ignored as vLLM ignores it ("user", "request_id"), or not implemented yet and accepted only at the
-  value that switches it off ("echo": false, "stream": false, ...). Any other
-  field, or another value, fails that line with an error row naming the field: a request never runs
-  with part of it dropped. A field of one endpoint fails at the other (top_logprobs and the chat
-  template's options are chat fields; suffix and best_of completions fields), as in vLLM.
-  vLLM's run-batch reads /v1/chat/completions (and embeddings and scores, which deepinfer does not
-  serve); deepinfer reads /v1/completions too, as OpenAI's Batch API does.
+Each line of -i is one request to /v1/completions or /v1/chat/completions; each row of -o is that
+request's Completion or ChatCompletion (or its error), in input order. A line that deepinfer cannot
+honour gets an error row naming the field and the rest of the file runs. docs/usage.md describes it
+all, with examples.
 
-Model: "model" may be left out, null, or one of the names the run serves: --served-model-name
-NAME..., else --model as given (default tiny-v3). Any other name fails the line with vLLM's answer,
-status 404 "The model `x` does not exist". The bodies' "model" is the first served name.
-
-Defaults are the endpoint's, as in vLLM: max_tokens 16 for /v1/completions, and for chat no limit
-but the model's length (--max-model-len; such a line needs a KV cache that holds a whole sequence of
-that length, else it fails: give it max_tokens, or lower --max-model-len); temperature 1, top_p 1.
-Unlike vLLM, the checkpoint's generation_config.json does not change them. A line without "seed" samples with a seed derived from
---seed and its line number, so a rerun or --resume repeats it.
-
-Output (-o FILE), one row per line, in input order (deepinfer/cli/batch_rows.py):
-  {"id": ..., "custom_id": ..., "response": {"status_code": 200, "request_id": ..., "body": {a
-   Completion or ChatCompletion: "id", "object", "created", "model", "choices", "usage"}}, "error": null}
-or, for a line that fails alone, "response": {"status_code": 400 (404: unknown model), "body": null}
-and "error": {"object": "error", "message", "type", "param" (the field to blame), "code"}.
-Without -o the rows go to stdout.
-
-The output file is kept as `deepinfer run` keeps it (deepinfer/cli/run_output.py): never the input,
-locked for the run (a second run on it fails at once), an existing file needs --resume or
---overwrite, one write per row. --resume skips the custom_ids already in the output (error rows
-count as done: delete them to retry those lines) and appends the rest, after dropping the torn last
-row an interrupted run may leave. A line that breaks the file (not a JSON object, no "custom_id"
-string, a duplicate custom_id) stops the run before it starts; vLLM stops on these too.
+  deepinfer run-batch -i examples/requests.jsonl -o results.jsonl
 
 Exit code: 0 when every line ran, 1 when any line got an error row, 2 for bad flags, files or input
-lines (nothing runs), 130 when interrupted.
-
-The engine flags are `deepinfer run`'s (deepinfer/cli/engine_flags.py), --ep included: each rank
-runs every N-th request and rank 0 writes the output.
-"""
+lines (nothing runs), 130 when interrupted."""
 
 from __future__ import annotations
 
@@ -58,6 +21,7 @@ import time
 from deepinfer.cli.batch_requests import BatchRequest, Failure, read_batch_requests, sampling_params
 from deepinfer.cli.batch_rows import BATCH_ROWS, WRITE_FAILED, error_row, result_row, row_text
 from deepinfer.cli.engine_flags import add_engine_flags, check_engine_flags, load_llm, read_chat_template
+from deepinfer.cli.flag_help import add_grouped_help
 from deepinfer.cli.request_fields import describe as describe_fields
 from deepinfer.cli.run import CLI_FIXES, Command, print_summary, run_command, to_stdout
 from deepinfer.cli.run_output import InOrder, OutputFile, add_output_flags
@@ -65,17 +29,48 @@ from deepinfer.errors import UserError
 
 __all__ = ["BATCH", "add_parser", "run_batch"]
 
+INPUT_HELP = """the OpenAI batch file (-i); the line format and every request field
+One request per line (deepinfer/cli/batch_requests.py):
+  {"custom_id": "a", "method": "POST", "url": "/v1/chat/completions",
+   "body": {"model": ..., "messages": [{"role": "user", "content": "Hi"}], "max_completion_tokens": 64}}
+  {"custom_id": "b", "method": "POST", "url": "/v1/completions",
+   "body": {"prompt": "Hello, my name is", "max_tokens": 16, "temperature": 0, "stop": ["\\n"]}}
+A completions "prompt" is a string, a list of token ids, or a list of either (a choice each); "n": N
+gives N choices per prompt. Every other body field is honoured, ignored as vLLM ignores it ("user"),
+or not implemented yet and accepted only at the value that switches it off ("stream": false, ...);
+any other field or value fails that line, naming the field, and a field of one endpoint fails at the
+other. "model" may be left out, null, or a name the run serves (--served-model-name, else --model as
+given); any other gets vLLM's 404. Defaults are the endpoint's: max_tokens 16 for completions, none
+but the model's length for chat (--max-model-len); unlike vLLM, generation_config.json does not
+change them. A line without "seed" samples with one derived from --seed and its line number, so a
+rerun repeats it. A line that breaks the file (not a JSON object, no "custom_id" string, a duplicate
+custom_id) stops the run before it starts.
+"""
+
+OUTPUT_HELP = """OpenAI's batch output rows: one per line, in input order, to -o FILE (else stdout)
+  {"id": ..., "custom_id": ..., "response": {"status_code": 200, "request_id": ..., "body": {a
+   Completion or ChatCompletion: "id", "object", "created", "model", "choices", "usage"}}, "error": null}
+or, for a line that fails alone, "response": {"status_code": 400 (404: unknown model), "body": null}
+and "error": {"object": "error", "message", "type", "param" (the field to blame), "code"}. The file
+is kept as `deepinfer run` keeps its output: never the input, locked for the run, an existing file
+needs --resume (skip the custom_ids already there, error rows included) or --overwrite, one write
+per row."""
+
 def add_parser(sub) -> None:
     p = sub.add_parser(
         "run-batch",
         help="run an OpenAI batch file (vLLM's run-batch): JSONL requests in, OpenAI batch output rows out",
-        description=f"{__doc__}\n{describe_fields()}",
+        description=__doc__.split("\n", 3)[3],
+        usage="%(prog)s -i FILE [-o FILE] [--model PATH] [FLAG ...]",
         formatter_class=argparse.RawDescriptionHelpFormatter,
+        add_help=False,
     )
-    p.add_argument("-i", "--input", required=True, metavar="FILE", help="the OpenAI batch input file (JSONL; format above)")
-    add_output_flags(p, "one OpenAI batch output row per line (a result or an error)")
-    p.add_argument("--served-model-name", nargs="+", metavar="NAME",
-                   help="the model names the requests may give (default: --model as given); the bodies carry the first")
+    add_grouped_help(p)
+    inputs = p.add_argument_group("input", f"{INPUT_HELP}\n{describe_fields()}")
+    inputs.add_argument("-i", "--input", required=True, metavar="FILE", help="the OpenAI batch input file (JSONL; format above)")
+    inputs.add_argument("--served-model-name", nargs="+", metavar="NAME",
+                        help="the model names the requests may give (default: --model as given); the bodies carry the first")
+    add_output_flags(p, "one OpenAI batch output row per line (a result or an error)", OUTPUT_HELP)
     add_engine_flags(p)
     p.set_defaults(func=run_batch)
     global _PARSER

@@ -142,12 +142,15 @@ def is_row_start(torn: bytes, rows: RowFormat = RUN_ROWS) -> bool:
     return False
 
 
-def add_output_flags(p, rows: str) -> None:
-    """-o, --resume and --overwrite, the flags of the output file this module keeps safe (`rows`: what
-    the file holds, for -o's help)."""
-    p.add_argument("-o", "--output", metavar="FILE", help=f"write {rows}, in input order")
-    p.add_argument("--resume", action="store_true", help="skip the requests already in --output (error rows included) and append the rest")
-    p.add_argument("--overwrite", action="store_true", help="replace an existing --output file")
+def add_output_flags(p, rows: str, description: str) -> None:
+    """The "output" flag group: -o, --resume and --overwrite, the flags of the output file this module
+    keeps safe (`rows`: what the file holds, for -o's help), and --no-progress. `description`: the
+    group's --help text (its first line the summary)."""
+    group = p.add_argument_group("output", description)
+    group.add_argument("-o", "--output", metavar="FILE", help=f"write {rows}, in input order")
+    group.add_argument("--resume", action="store_true", help="skip the requests already in --output (error rows included) and append the rest")
+    group.add_argument("--overwrite", action="store_true", help="replace an existing --output file")
+    group.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
 def same_file(a: str | Path, b: str | Path) -> bool:

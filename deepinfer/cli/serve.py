@@ -26,7 +26,7 @@ request to the rank with the fewest requests, every rank steps its own engine in
 ranks run idle steps), and the tokens flow back to rank 0 (deepinfer/serve/ep_loop.py). SIGINT /
 SIGTERM to the launcher stop rank 0 gracefully, which stops the other ranks.
 
-Needs the serve extra: pip install 'deepinfer[serve]'.
+Needs the serve extra: pip install 'deepinfer[serve]'. docs/serving.md describes it all, with examples.
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ import socket
 import sys
 
 from deepinfer.cli.engine_flags import add_engine_flags, check_engine_flags, load_llm, read_chat_template
+from deepinfer.cli.flag_help import add_grouped_help
 from deepinfer.cli.json_input import MAX_REQUEST_BYTES
 from deepinfer.errors import UserError
 
@@ -44,25 +45,28 @@ SERVE_MODULES = ("fastapi", "uvicorn", "prometheus_client")
 
 def add_parser(sub) -> None:
     p = sub.add_parser("serve", help="an OpenAI-compatible HTTP server (completions, chat, streaming, metrics)",
-                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
-    p.add_argument("--host", default="127.0.0.1", help="the address to listen on (default 127.0.0.1; 0.0.0.0: every interface)")
-    p.add_argument("--port", type=int, default=8000, help="the port to listen on (default 8000; 0: any free port, printed)")
-    p.add_argument("--api-key", metavar="KEY",
-                   help="require 'Authorization: Bearer KEY' on every route but /health (printable ASCII without spaces, as a header carries it)")
-    p.add_argument("--served-model-name", nargs="+", metavar="NAME",
-                   help="the model names requests may give (default: --model as given); answers carry the first")
-    p.add_argument("--max-queue", type=int, default=1024, metavar="N",
-                   help="sequences (a request's prompts times its n) that may wait for the running batch; more are answered 429, "
-                        "and a request that alone makes more, 400 (default 1024)")
-    p.add_argument("--max-request-bytes", type=int, default=MAX_REQUEST_BYTES, metavar="N",
-                   help=f"the largest request body read; a longer one is answered 413 before it is read whole (default {MAX_REQUEST_BYTES}: 8 MiB)")
-    p.add_argument("--request-timeout", type=float, metavar="S", help="abort a request still unfinished after S seconds (default: none)")
-    p.add_argument("--shutdown-timeout", type=float, default=30.0, metavar="S",
-                   help="on SIGINT/SIGTERM, seconds the unfinished requests get before they are aborted (default 30)")
-    p.add_argument("--no-warmup", action="store_true",
-                   help="take requests at once, without first compiling every step size and capturing the decode graphs "
-                        "(default: warm up where the backend compiles on first use; the first requests of each size then wait)")
-    p.add_argument("--log-level", default="warning", choices=("critical", "error", "warning", "info", "debug"), help="uvicorn's log level")
+                       description=__doc__, usage="%(prog)s [--model PATH] [--host HOST] [--port PORT] [FLAG ...]",
+                       formatter_class=argparse.RawDescriptionHelpFormatter, add_help=False)  # fmt: skip
+    add_grouped_help(p)
+    server = p.add_argument_group("server", "the HTTP server: address, key, model names, queue and time limits")
+    server.add_argument("--host", default="127.0.0.1", help="the address to listen on (default 127.0.0.1; 0.0.0.0: every interface)")
+    server.add_argument("--port", type=int, default=8000, help="the port to listen on (default 8000; 0: any free port, printed)")
+    server.add_argument("--api-key", metavar="KEY",
+                        help="require 'Authorization: Bearer KEY' on every route but /health (printable ASCII without spaces, as a header carries it)")
+    server.add_argument("--served-model-name", nargs="+", metavar="NAME",
+                        help="the model names requests may give (default: --model as given); answers carry the first")
+    server.add_argument("--max-queue", type=int, default=1024, metavar="N",
+                        help="sequences (a request's prompts times its n) that may wait for the running batch; more are answered 429, "
+                             "and a request that alone makes more, 400 (default 1024)")
+    server.add_argument("--max-request-bytes", type=int, default=MAX_REQUEST_BYTES, metavar="N",
+                        help=f"the largest request body read; a longer one is answered 413 before it is read whole (default {MAX_REQUEST_BYTES}: 8 MiB)")
+    server.add_argument("--request-timeout", type=float, metavar="S", help="abort a request still unfinished after S seconds (default: none)")
+    server.add_argument("--shutdown-timeout", type=float, default=30.0, metavar="S",
+                        help="on SIGINT/SIGTERM, seconds the unfinished requests get before they are aborted (default 30)")
+    server.add_argument("--no-warmup", action="store_true",
+                        help="take requests at once, without first compiling every step size and capturing the decode graphs "
+                             "(default: warm up where the backend compiles on first use; the first requests of each size then wait)")
+    server.add_argument("--log-level", default="warning", choices=("critical", "error", "warning", "info", "debug"), help="uvicorn's log level")
     add_engine_flags(p)
     p.add_argument("--listen-fd", type=int, help=argparse.SUPPRESS)  # --ep N: the socket the launcher bound, passed to rank 0
     p.set_defaults(func=serve)

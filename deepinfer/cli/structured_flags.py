@@ -18,9 +18,14 @@ from deepinfer.errors import UserError
 
 FLAGS = ("json_schema", "regex", "choice", "grammar")
 
+STRUCTURED_HELP = """structured output for every request without a structured_outputs or response_format field
+At most one of --json-schema, --regex, --choice, --grammar (needs llguidance: pip install
+'deepinfer[structured]'). A line's own field wins ({"type": "text"} included: that line runs free).
+A file that cannot be read or a grammar that does not compile stops the run before it starts."""
+
 
 def add_structured_flags(p) -> None:
-    group = p.add_argument_group("structured output (for every request without a structured_outputs or response_format field)")
+    group = p.add_argument_group("structured", STRUCTURED_HELP)
     one = group.add_mutually_exclusive_group()
     one.add_argument("--json-schema", metavar="FILE", help="the output is JSON valid under the JSON schema in FILE")
     one.add_argument("--regex", metavar="REGEX", help="the output matches REGEX (whole)")

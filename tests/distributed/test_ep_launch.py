@@ -174,7 +174,7 @@ def test_bench_e2e_ep_checks_before_starting_ranks(cache, tmp_path, argv, needle
 
 
 def test_the_readme_bench_e2e_ep_command_on_this_cpu_host(cache, tmp_path):
-    """`deepinfer bench e2e-ep --ep 2 --num-redundant-experts 32` (the README's GPU line) on a CPU
+    """`deepinfer bench e2e-ep --ep 2 --num-redundant-experts 32` (docs/benchmarks.md's two-GPU line) on a CPU
     host that cannot hold two ranks of the model: one line, before any rank starts."""
     import torch
 
