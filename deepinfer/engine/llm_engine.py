@@ -75,9 +75,14 @@ class EngineConfig:
     grammar_compile_timeout_s: float = 30.0
     # Structured output: compiled grammars kept for reuse by later requests (least recently used dropped).
     grammar_cache_size: int = 256
+    # Structured output: the largest spec a request may give (StructuredOutputsParams.size: a schema's,
+    # regex's, choice list's or grammar's bytes); larger ones are refused up front. 256 KiB: a choice
+    # list of ~11k short strings, whose compile took 0.3 s on a CPU core and its first mask 0.1 s (the
+    # 100,000-string lists of a hostile client took 48 s and then panicked llguidance).
+    max_grammar_bytes: int = 256 << 10
 
     def validate(self) -> None:
-        for name in ("max_num_seqs", "max_num_batched_tokens", "num_kv_blocks", "max_model_len", "eplb_interval", "grammar_cache_size"):
+        for name in ("max_num_seqs", "max_num_batched_tokens", "num_kv_blocks", "max_model_len", "eplb_interval", "grammar_cache_size", "max_grammar_bytes"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
                 raise InvalidRequestError(f"{name} must be an integer >= 1, got {value!r}")
@@ -306,15 +311,28 @@ class LLMEngine:
         if params.structured_outputs is None:
             self.scheduler.add(seq)
         else:  # queued once its grammar has compiled (deepinfer.engine.grammar_wait)
-            self.grammar_wait.add(seq, self._grammar_compiler().submit(params.structured_outputs))
+            compiler = self._grammar_compiler()
+            self.grammar_wait.add(seq, compiler.submit(params.structured_outputs), compiler.release)
         return seq
 
     def _grammar_compiler(self):
         if self.grammars is None:
-            from deepinfer.engine.structured_output import GrammarCompiler
+            from deepinfer.engine.grammar_compiler import GrammarCompiler
 
-            self.grammars = GrammarCompiler(self.tokenizer, self.vocab_size, self.eos_token_ids, self.config.grammar_cache_size)
+            config = self.config
+            self.grammars = GrammarCompiler(self.tokenizer, self.vocab_size, self.eos_token_ids, config.grammar_cache_size, config.grammar_compile_timeout_s)
         return self.grammars
+
+    def prepare_grammars(self):
+        """Start building llguidance's view of the tokenizer off the engine thread (about a second,
+        the GIL held; GrammarCompiler.prepare): a Future, or None where this engine takes no
+        structured output (no llguidance, no tokenizer, expert parallelism). `deepinfer serve`
+        waits for it before it takes requests, so no running request ever waits for it."""
+        try:
+            self._check_structured("structured_outputs")
+        except InvalidRequestError:
+            return None
+        return self._grammar_compiler().prepare()
 
     def _final_length(self, seq) -> int:
         """The most tokens `seq` can reach: prompt + max_tokens, capped by the model's length."""
@@ -335,7 +353,7 @@ class LLMEngine:
             raise InvalidRequestError(f"{what}: stop strings need a tokenizer, and this checkpoint has no tokenizer.json; use stop_token_ids")
         check_token_options(params, self.tokenizer, self.vocab_size, what)
         if params.structured_outputs is not None:
-            self._check_structured(what)
+            self._check_structured(what, params.structured_outputs)
         longest = min(len(prompt_token_ids) + (params.max_tokens or self.max_model_len), self.max_model_len)
         needed = blocks_for(longest, self.block_size)
         if needed > self.num_kv_blocks:
@@ -344,15 +362,22 @@ class LLMEngine:
                 f"the cache holds {self.num_kv_blocks}; raise num_kv_blocks or lower max_tokens"
             )
 
-    def _check_structured(self, what: str) -> None:
-        """One-line errors for structured output where this engine cannot give it."""
-        from deepinfer.engine.structured_output import require_llguidance
+    def _check_structured(self, what: str, spec=None) -> None:
+        """One-line errors for structured output where this engine cannot give it, or for a spec
+        over max_grammar_bytes."""
+        from deepinfer.engine.grammar_source import require_llguidance
 
         if self.dist is not None:  # the lockstep steps (deepinfer.engine.data_parallel) do not admit requests that wait for a grammar
             raise InvalidRequestError(f"{what}: structured_outputs does not combine with expert parallelism yet; drop one of them")
         if self.tokenizer is None:
             raise InvalidRequestError(f"{what}: structured_outputs needs a tokenizer, and this checkpoint has no tokenizer.json")
         require_llguidance()
+        limit = self.config.max_grammar_bytes
+        if spec is not None and spec.size() > limit:
+            raise InvalidRequestError(
+                f"{what}: the structured_outputs {spec.kind} is {spec.size()} bytes, too big to compile: the limit is {limit} "
+                "(max_grammar_bytes, --max-grammar-bytes)"
+            )
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished() or bool(self.grammar_wait)
@@ -484,6 +509,8 @@ class LLMEngine:
         length = seq.num_tokens if length is None else length
         generated = length - seq.num_prompt_tokens
         if seq.grammar is not None and self._grammar_ends(seq, token, generated - 1):
+            if seq.finish_reason == "stop" and seq.stop_reason is None and params.stop and generated > params.min_tokens:
+                seq.stop_reason = self._stop_string_in_tail(seq, length)  # a stop string this token completed too ends the text there
             return True
         if generated >= params.min_tokens:  # before that, EOS and stop token ids are banned and stop strings not looked for
             if not params.ignore_eos and token in self.eos_token_ids:
