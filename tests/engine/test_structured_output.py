@@ -20,6 +20,8 @@ import pytest
 from deepinfer import SamplingParams, StructuredOutputsParams
 from deepinfer.engine.sampling_params import InvalidRequestError
 
+from hostile_grammars import UNSATISFIABLE, nested_schema
+
 PROMPT = "Answer:"
 
 # A point: reused inline and through $ref
@@ -492,7 +494,7 @@ def test_a_stop_string_on_the_token_that_completes_the_grammar(api):
     assert (kept.text, kept.finish_reason, kept.stop_reason) == ("hello world", "stop", "world")
 
 
-@pytest.mark.parametrize("fields", [{"regex": r"[^\s\S]"}, {"json": {"$ref": "#"}}, {"grammar": "start: start"}], ids=["regex", "json", "lark"])
+@pytest.mark.parametrize("fields", UNSATISFIABLE, ids=["regex", "json", "lark"])
 def test_a_grammar_that_matches_nothing_says_so(api, fields):
     """Issue 38 (U3): an unsatisfiable grammar fails its request with that said, not as a clash with
     the request's other token options."""
@@ -515,13 +517,6 @@ def test_a_grammar_over_max_grammar_bytes_is_refused_up_front(api):
     assert not api.engine.has_unfinished()
     with pytest.raises(InvalidRequestError, match="max_grammar_bytes must be an integer >= 1"):
         EngineConfig(max_grammar_bytes=0).validate()
-
-
-def nested_schema(levels: int) -> dict:
-    schema = {"type": "string"}
-    for _ in range(levels):
-        schema = {"type": "object", "properties": {"a": schema}, "required": ["a"]}
-    return schema
 
 
 def test_a_schema_nested_too_deep_is_refused_when_made(api):
