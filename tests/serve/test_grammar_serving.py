@@ -89,7 +89,8 @@ def server(cache):
 
 
 def complete(server, **body) -> httpx2.Response:
-    return httpx2.post(f"{server.url}/v1/completions", json={"prompt": "x", "max_tokens": 4, **body}, timeout=None)
+    # (600 s: a guard for an engine that died and never answers, as it did before issue 38; no timing)
+    return httpx2.post(f"{server.url}/v1/completions", json={"prompt": "x", "max_tokens": 4, **body}, timeout=600)
 
 
 HOSTILE = [
