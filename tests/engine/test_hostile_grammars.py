@@ -43,3 +43,30 @@ def test_hostile_grammars_fail_their_line_alone(tmp_path, cache):
             message = row["error"]["message"]
             assert row["error"]["type"] == kind and message.startswith(f"{source} line {number}: ") and needle in message and "\n" not in message, row
     assert rows[-1]["text"] in ("yes", "no") and rows[1]["finish_reason"] == "stop"
+
+
+def test_the_structured_flags_are_checked_in_a_child_and_bounded(tmp_path, capsys, cache, monkeypatch):
+    """`run --grammar FILE` with a grammar that crashes llguidance (checked in the CLI's own process
+    before: a segmentation fault) and a flag over --max-grammar-bytes are one line, exit 2, before
+    the model loads; the limit reaches the engine."""
+    from deepinfer.cli.main import main
+
+    monkeypatch.setenv("DEEPINFER_CACHE", str(cache))
+    fast = ["run", "--backend", "reference", "--no-progress", "--num-kv-blocks", "64", "--prompt", "x", "--max-tokens", "3"]
+    grammar = tmp_path / "chain.lark"
+    grammar.write_text(CRASHES_THE_CHECK["lark_20000"], encoding="utf-8")
+    refused = [
+        (["--grammar", str(grammar)], "--grammar: grammar: llguidance's compiler crashed on it (signal SIGSEGV)"),
+        (["--max-grammar-bytes", "10", "--regex", "[0-9]{2000}"], "--regex: the regex is 11 bytes, over --max-grammar-bytes 10"),
+        (["--max-grammar-bytes", "0"], "--max-grammar-bytes must be >= 1, got 0"),
+    ]
+    for argv, needle in refused:
+        assert main([*fast, *argv]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.count("\n") == 0 and err.startswith("deepinfer: error: ") and needle in err, err
+    lines = tmp_path / "in.jsonl"
+    lines.write_text(json.dumps({"id": "long", "prompt": "x", "structured_outputs": {"regex": "b" * 101}}) + "\n", encoding="utf-8")
+    assert main([*fast[:-4], "--max-grammar-bytes", "100", "-i", str(lines)]) == 1
+    row = json.loads(capsys.readouterr().out)
+    assert row["error"]["message"].endswith("the structured_outputs regex is 101 bytes, too big to compile: the limit is 100 (max_grammar_bytes, "
+                                            "--max-grammar-bytes)")  # fmt: skip
