@@ -567,3 +567,22 @@ def test_small_grammars_are_not_queued_behind_large_ones(api, monkeypatch):
     finally:
         release.set()
         compiler.shutdown()
+
+
+def test_a_compiler_no_longer_used_is_freed_and_its_threads_end(api):
+    """The compile threads and their child processes hold the queue, not the compiler: an engine
+    dropped frees its compiler and llguidance's tokenizer (~100 MB), and the threads end."""
+    import gc
+    import weakref
+
+    from deepinfer.engine.grammar_compiler import GrammarCompiler
+
+    engine = api.engine
+    compiler = GrammarCompiler(engine.tokenizer, engine.vocab_size, engine.eos_token_ids)
+    assert not compiler.submit(StructuredOutputsParams(regex="[0-9]")).result().is_error()
+    workers, gone = list(compiler._queue._workers), weakref.ref(compiler)
+    del compiler
+    gc.collect()
+    assert gone() is None and len(workers) == 2
+    for worker in workers:
+        worker.join()
