@@ -27,9 +27,9 @@ def require_llguidance() -> None:
 
 
 def one_line(message: str) -> str:
-    """llguidance's multi-line message as one line (its drawing of the grammar source with carets
-    and a Rust panic's backtrace left out), cut to MESSAGE_LIMIT characters."""
-    message = re.split(r"<backtrace>|stack backtrace:", message, maxsplit=1)[0]
+    """llguidance's multi-line message as one line (its drawing of the grammar source with carets,
+    its parser's state dump and a Rust panic's backtrace left out), cut to MESSAGE_LIMIT characters."""
+    message = re.split(r"<backtrace>|stack backtrace:|<state>", message, maxsplit=1)[0]
     drawing = re.compile(r"^\s*(\^+|\d+ \|.*|\|.*)\s*$")
     text = " ".join(" ".join(line.split()) for line in message.splitlines() if line.strip() and not drawing.match(line))
     return text if len(text) <= MESSAGE_LIMIT else text[: MESSAGE_LIMIT - 3] + "..."

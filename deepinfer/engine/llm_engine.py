@@ -532,7 +532,9 @@ class LLMEngine:
 
         The mask lets `sample` draw only tokens the grammar allows, so a token it refuses means the
         request's other options (min_tokens' bans of EOS and stop token ids, allowed_token_ids,
-        bad_words, a logit_bias of -inf) banned every token the grammar allowed: that is the error.
+        bad_words, a logit_bias of -inf) banned every token the grammar allowed: that is the error;
+        unless the grammar allowed it and llguidance failed on its own (a limit of its parser: more
+        than 2,000 alternatives open at once, say), which is said as such.
         generated: the tokens seq generated before this one."""
         from deepinfer.engine.structured_output import GrammarError
 
@@ -541,7 +543,11 @@ class LLMEngine:
             complete = seq.grammar.accept(token)
         except GrammarError as exc:
             log.debug("request %s: %s", seq.seq_id, exc)
-            if accepting and generated < seq.params.min_tokens:
+            before = seq.token_ids[seq.num_prompt_tokens : seq.num_prompt_tokens + generated]
+            if seq.grammar.allows(before, token):
+                failure = str(exc).removeprefix("the grammar matcher failed: ")
+                seq.error = f"after {generated} tokens the grammar is too big or complex for llguidance: {failure}"
+            elif accepting and generated < seq.params.min_tokens:
                 seq.error = (f"after {generated} tokens the grammar allows only its end (EOS) or stop token ids, which min_tokens={seq.params.min_tokens} "
                              "bans: no token fits both; lower min_tokens")  # fmt: skip
             else:

@@ -33,7 +33,17 @@ class SequenceGrammar:
     """One sequence's matcher: it has consumed exactly the sequence's generated tokens."""
 
     def __init__(self, template):
+        self.template = template
         self.matcher = template.deep_copy()
+
+    def allows(self, tokens: list[int], token: int) -> bool:
+        """Whether the grammar lets `token` follow `tokens` (from a fresh matcher: for explaining a
+        failure, never on the way of a step)."""
+        fresh = self.template.deep_copy()
+        if tokens and not fresh.consume_tokens(tokens):
+            return False
+        mask = fresh.compute_bitmask()
+        return bool(mask[token // 8] >> (token % 8) & 1)
 
     def accept(self, token: int) -> bool:
         """Advance with the sampled token; True when the grammar is now complete (the sequence ends).

@@ -503,6 +503,17 @@ def test_a_grammar_that_matches_nothing_says_so(api, fields):
     assert out.finish_reason == "error" and out.token_ids == [] and out.error == f"{kind} matches nothing: no output satisfies it"
 
 
+def test_a_grammar_past_llguidance_s_limits_says_so(api):
+    """Issue 38 (U3): 2,500 choices open at once pass llguidance's limit of 2,000 items in a parser
+    row when the first token is consumed; that is the grammar's own failure, said as such (it was
+    reported as a clash with the request's other token options)."""
+    spec = StructuredOutputsParams(choice=[f"option number {i}" for i in range(2500)])
+    out = api.generate([PROMPT], SamplingParams(max_tokens=4, structured_outputs=spec), use_tqdm=False)[0].outputs[0]
+    assert out.finish_reason == "error" and len(out.token_ids) == 1, out
+    assert out.error.startswith("after 0 tokens the grammar is too big or complex for llguidance: Parser Error: Current row has 2501 items; max is 2000")
+    assert "\n" not in out.error and "<state>" not in out.error
+
+
 def test_a_grammar_over_max_grammar_bytes_is_refused_up_front(api):
     """Issue 38 (U3, F5): a 100,000-string choice list took llguidance 48 s and then a Rust panic
     (its backtrace in the 400): it is refused before it is compiled, the limit named."""
