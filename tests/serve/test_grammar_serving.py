@@ -33,8 +33,11 @@ def streamed(llm, prompt: str, params: SamplingParams) -> tuple[Job, queue.Queue
     return Job(llm.make_requests([prompt], params), updates.put, stream=True), updates
 
 
+GUARD_S = 600  # how long an update may take before the engine counts as dead (it never answers then): no timing
+
+
 def final(updates: queue.Queue):
-    while (update := updates.get()).kind == "tokens":
+    while (update := updates.get(timeout=GUARD_S)).kind == "tokens":
         pass
     return update
 
@@ -60,12 +63,12 @@ def test_a_running_stream_keeps_its_steps_while_a_grammar_compiles(llm, monkeypa
     try:
         free, free_updates = streamed(llm, "Hello there", SamplingParams(max_tokens=80, ignore_eos=True, temperature=0))
         loop.submit(free)
-        assert free_updates.get().kind == "tokens"
+        assert free_updates.get(timeout=GUARD_S).kind == "tokens"
         choice, choice_updates = streamed(llm, "Answer:", SamplingParams(max_tokens=8, structured_outputs={"choice": ["yes", "no"]}))
         loop.submit(choice)
         entered.wait()
         for _ in range(10):  # ten steps of the stream while the compile is held
-            assert free_updates.get().kind == "tokens"
+            assert free_updates.get(timeout=GUARD_S).kind == "tokens"
         assert not release.is_set() and choice_updates.empty() and loop._thread not in compiling
         release.set()
         done = final(choice_updates)
@@ -89,8 +92,7 @@ def server(cache):
 
 
 def complete(server, **body) -> httpx2.Response:
-    # (600 s: a guard for an engine that died and never answers, as it did before issue 38; no timing)
-    return httpx2.post(f"{server.url}/v1/completions", json={"prompt": "x", "max_tokens": 4, **body}, timeout=600)
+    return httpx2.post(f"{server.url}/v1/completions", json={"prompt": "x", "max_tokens": 4, **body}, timeout=GUARD_S)
 
 
 HOSTILE = [
@@ -134,3 +136,31 @@ def test_a_grammar_too_big_is_refused_before_it_compiles(server):
     wanted = "the structured_outputs choice is 2288890 bytes, too big to compile: the limit is 262144 (max_grammar_bytes, --max-grammar-bytes)"
     assert answer.status_code == 400 and error["message"] == wanted, error
     assert complete(server).status_code == 200
+
+
+def test_a_request_the_engine_cannot_add_fails_alone(llm, monkeypatch):
+    """Issue 38 (F1): a RecursionError while adding a request (a schema's copy) ended the engine
+    thread, and every later request got 503: that request fails (500), the thread serves on."""
+    add_request = llm.engine.add_request
+
+    def add_once_broken(ids, params, *args, **kwargs):
+        if params.max_tokens == 7:
+            raise RecursionError("maximum recursion depth exceeded")
+        return add_request(ids, params, *args, **kwargs)
+
+    monkeypatch.setattr(llm.engine, "add_request", add_once_broken)
+    loop = EngineLoop(llm, max_queue=8)
+    loop.start()
+    try:
+        broken, broken_updates = streamed(llm, "Hello", SamplingParams(max_tokens=7))
+        loop.submit(broken)
+        failed = final(broken_updates)
+        assert (failed.kind, failed.status) == ("failed", 500)
+        assert failed.message == "the engine could not take the request: RecursionError: maximum recursion depth exceeded"
+        fine, fine_updates = streamed(llm, "Hello", SamplingParams(max_tokens=3, ignore_eos=True))
+        loop.submit(fine)
+        assert final(fine_updates).kind == "done" and loop.alive
+    finally:
+        loop.stop(0)
+        loop.join(30)
+    assert loop.error is None
