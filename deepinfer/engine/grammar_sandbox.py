@@ -9,7 +9,7 @@ Lark conversion and llguidance's validation, the recursion that crashes) on a th
 SANDBOX_STACK_BYTES stack; the engine compiles the text the child returns on threads with a stack
 STACK_MARGIN times larger (deepinfer.engine.grammar_compiler), so what the child survived the
 engine survives. A child that crashes or runs past the timeout is reported as the request's error
-and replaced by a fresh one for the next grammar.
+and replaced by a fresh one for the next grammar. Its stderr is the engine's.
 
 Protocol: one JSON line per request on the child's stdin ({"fields": StructuredOutputsParams'
 fields}), one JSON line per answer on its stdout ({"grammar": text} or {"error": message}). The
@@ -31,7 +31,7 @@ import time
 
 from deepinfer.engine.grammar_source import GrammarError
 
-SANDBOX_STACK_BYTES = 32 << 20  # the child's checking thread (a Lark chain of ~10,000 rules fits; 8 MiB held ~1,000 per 3 MiB)
+SANDBOX_STACK_BYTES = 32 << 20  # the child's checking thread: ~10,000 chained Lark rules fit (llguidance 1.9 takes ~3 KB of stack a rule)
 STACK_MARGIN = 4  # the engine's compile threads have this many times the child's stack
 
 
@@ -73,8 +73,7 @@ class GrammarSandbox:
     def start(self) -> subprocess.Popen:
         """The child, started if it is not running."""
         if self._proc is None:
-            self._proc = subprocess.Popen([sys.executable, "-m", __name__], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                          stderr=subprocess.DEVNULL, bufsize=0)  # fmt: skip
+            self._proc = subprocess.Popen([sys.executable, "-m", __name__], stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0)
         return self._proc
 
     @staticmethod
@@ -100,8 +99,10 @@ class GrammarSandbox:
             proc.wait()
             return GrammarError(f"{kind}: llguidance's compiler took more than {timeout_s:g} s on it (grammar_compile_timeout_s); simplify it")
         code = proc.wait()
-        how = f"signal {signal.Signals(-code).name}" if code < 0 and -code in signal.valid_signals() else f"exit code {code}"
-        return GrammarError(f"{kind}: llguidance's compiler crashed on it ({how}): it is too deeply nested or too big; simplify it")
+        if code >= 0:  # it ended by itself: it could not start (its error is on stderr), not this grammar's doing
+            return GrammarError(f"{kind} could not be checked: the grammar checker process ended with exit code {code} (its error is on stderr)")
+        name = signal.Signals(-code).name if -code in signal.valid_signals() else str(-code)
+        return GrammarError(f"{kind}: llguidance's compiler crashed on it (signal {name}): it is too deeply nested or too big; simplify it")
 
 
 def check_compiles(spec, timeout_s: float = 30.0) -> None:
