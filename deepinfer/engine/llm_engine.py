@@ -76,9 +76,9 @@ class EngineConfig:
     # Structured output: compiled grammars kept for reuse by later requests (least recently used dropped).
     grammar_cache_size: int = 256
     # Structured output: the largest spec a request may give (StructuredOutputsParams.size: a schema's,
-    # regex's, choice list's or grammar's bytes); larger ones are refused up front. 256 KiB: a choice
-    # list of ~11k short strings, whose compile took 0.3 s on a CPU core and its first mask 0.1 s (the
-    # 100,000-string lists of a hostile client took 48 s and then panicked llguidance).
+    # regex's, choice list's or grammar's bytes); larger ones are refused up front. 256 KiB holds about
+    # 11k short choices; the grammars of a hostile client's 100k-string lists took llguidance most of
+    # a minute to compile and then panicked it (docs/performance.md).
     max_grammar_bytes: int = 256 << 10
 
     def validate(self) -> None:

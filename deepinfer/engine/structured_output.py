@@ -8,8 +8,8 @@
   matcher is advanced through the drafts for their masks and rolled back, so it only ever holds the
   tokens the verification keeps (each emitted token is then accepted as below). The masks are
   written by llguidance's executor straight into the tensor's memory: llguidance.torch, its torch
-  helpers, is not imported (it decorates a function with torch.compile at import, which took 3.2 s
-  of the engine thread on the first structured step).
+  helpers, is not imported (it decorates a function with torch.compile at import: seconds of the
+  engine thread on the first structured step, docs/performance.md).
 - After sampling: `SequenceGrammar.accept` advances the sequence's matcher with its token; the
   request finishes when the matcher is stopped (the grammar is complete: on the token that
   completes it, or on EOS where the grammar could go on).
