@@ -55,7 +55,7 @@ def run_structured(args: argparse.Namespace) -> int:
         if getattr(args, name) < 1:
             raise UserError(f"--{name.replace('_', '-')} must be at least 1, not {getattr(args, name)}")
     check_outputs(args.json, args.plot)
-    from deepinfer.engine.structured_output import require_llguidance
+    from deepinfer.engine.grammar_source import require_llguidance
 
     require_llguidance()
     options = {"seed": args.seed, "max_num_seqs": max(args.batch, 1)}

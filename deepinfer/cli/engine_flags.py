@@ -17,6 +17,7 @@ from deepinfer.engine.dtype_names import DTYPE_NAMES
 from deepinfer.errors import UserError
 
 KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3")  # deepinfer.ops.kv_cache_format's (repeated: the CLI imports no torch before it must)
+MAX_GRAMMAR_BYTES = 256 << 10  # EngineConfig.max_grammar_bytes's default (repeated for the same reason)
 
 
 MODEL_HELP = """the checkpoint, its tokenizer and chat template, its dtype and length
@@ -80,6 +81,9 @@ def add_engine_flags(p) -> None:
     engine.add_argument("--num-kv-blocks", type=int, metavar="N", help="KV cache pages (default: from the memory budget)")
     engine.add_argument("--kv-cache-dtype", default="auto", choices=KV_CACHE_DTYPES,
                         help="auto: the model dtype; fp8 (= fp8_e4m3): e4m3 rows with a per-token scale, about half the bytes per token")
+    engine.add_argument("--max-grammar-bytes", type=int, default=MAX_GRAMMAR_BYTES, metavar="N",
+                        help="the largest structured_outputs (schema, regex, choice list or grammar, in bytes) a request may give; "
+                             f"larger ones are refused (default {MAX_GRAMMAR_BYTES})")
     engine.add_argument("--no-prefix-caching", action="store_true", help="switch the prefix cache off")
     engine.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs for decode steps (cuda backend)")
     engine.add_argument("--no-overlap", action="store_true", help="each decode step waits for the one before (default: overlap scheduling on cuda and ascend)")
@@ -148,6 +152,7 @@ def load_llm(args, ctx):
         overlap=False if args.no_overlap else None,
         mixed_steps=False if args.no_mixed_steps else None,
         logprobs_mode=args.logprobs_mode,
+        max_grammar_bytes=args.max_grammar_bytes,
     )
 
 
@@ -169,6 +174,7 @@ def check_engine_flags(args) -> None:
     counts = (
         ("--max-num-seqs", args.max_num_seqs), ("--max-num-batched-tokens", args.max_num_batched_tokens),
         ("--max-model-len", args.max_model_len), ("--num-kv-blocks", args.num_kv_blocks), ("--eplb-interval", args.eplb_interval),
+        ("--max-grammar-bytes", args.max_grammar_bytes),
     )
     for flag, value in counts:
         if value is not None and value < 1:

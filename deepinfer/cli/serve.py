@@ -32,6 +32,7 @@ Needs the serve extra: pip install 'deepinfer[serve]'. docs/serving.md describes
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import socket
 import sys
 
@@ -165,14 +166,20 @@ def serve_rank(args, llm=None, sock=None, chat_template=None, loop_class=None, *
     from deepinfer.serve.engine_loop import EngineLoop
     from deepinfer.serve.server import make_frontend, make_server
 
+    grammars = None  # (--ep N: its ranks take no structured output)
     if llm is None:
         sock = listen(args.host, args.port)
         chat_template = read_chat_template(args.chat_template)
         llm = load_llm(args, None)
+        # llguidance's view of the tokenizer (a second, the GIL held) is built now, beside the warm-up,
+        # not when the first structured request comes while others stream (None: no structured output here)
+        grammars = llm.engine.prepare_grammars()
         if llm.compiles_on_first_use and not args.no_warmup:  # (one process; the ranks of --ep N skip it: warm_up refuses)
             done = llm.warm_up()
             print(f"deepinfer: warmed up in {done['seconds']:.1f} s ({done['prefills']} prefill sizes up to {done['largest_prefill']} tokens, "
                   f"{done['graphs_captured']} decode graphs)", file=sys.stderr, flush=True)  # fmt: skip
+    if grammars is not None:
+        concurrent.futures.wait([grammars])  # a failure is each structured request's own error, not the server's
     config = ServeConfig(served_models(args), args.api_key, chat_template, args.seed, args.request_timeout, max_request_bytes=args.max_request_bytes)
     ranks = llm.world_size
     front = make_frontend(llm, config, args.max_queue, loop_class or EngineLoop, ranks=ranks, **loop_kwargs)

@@ -4,9 +4,10 @@ every request that has no "structured_outputs" or "response_format" field of its
 field wins, {"type": "text"} included: that line runs free). --disable-any-whitespace (vLLM's
 option of that name) keeps --json-schema's JSON free of whitespace between its tokens.
 
-The flag is read and its grammar checked by llguidance once, before the model loads: a file that
-cannot be read, a schema that is not JSON, a regex, schema or grammar that does not compile, or
-llguidance missing is one line naming the flag (exit 2), not an error row per request.
+The flag is read and its grammar checked by llguidance once, before the model loads (in a child
+process: deepinfer.engine.grammar_sandbox): a file that cannot be read, a schema that is not JSON,
+a grammar over --max-grammar-bytes, a regex, schema or grammar that does not compile or crashes
+llguidance, or llguidance missing is one line naming the flag (exit 2), not an error row per request.
 """
 
 from __future__ import annotations
@@ -69,12 +70,15 @@ def check_structured_flags(args) -> None:
         fields = {"grammar": _read(flag, value)}
     else:
         fields = {given[0]: value}
-    from deepinfer.engine.structured_output import GrammarError, check_compiles, require_llguidance
+    from deepinfer.engine.grammar_sandbox import check_compiles
+    from deepinfer.engine.grammar_source import GrammarError, require_llguidance
     from deepinfer.engine.structured_params import StructuredOutputsParams
 
     try:
         spec = StructuredOutputsParams(**fields)
         require_llguidance()
+        if spec.size() > args.max_grammar_bytes:
+            raise GrammarError(f"the {spec.kind} is {spec.size()} bytes, over --max-grammar-bytes {args.max_grammar_bytes}")
         check_compiles(spec)
     except (ValueError, GrammarError) as exc:
         raise UserError(f"{flag}: {str(exc).removeprefix('StructuredOutputsParams: ')}") from None

@@ -109,6 +109,8 @@ class LLM:
     this long after it was added fails alone (finish_reason "error", CompletionOutput.error).
     grammar_cache_size: compiled grammars kept for later requests with the same spec (the least
     recently used is dropped past it).
+    max_grammar_bytes: the largest structured_outputs a request may give, in bytes (its schema,
+    regex, choice list or grammar); a larger one is refused (InvalidRequestError). Default 256 KiB.
     """
 
     def __init__(
@@ -144,6 +146,7 @@ class LLM:
         logprobs_mode: str = "raw_logprobs",
         grammar_compile_timeout_s: float = 30.0,
         grammar_cache_size: int = 256,
+        max_grammar_bytes: int = 256 << 10,
     ):
         from deepinfer.model.facts import checkpoint_facts
         from deepinfer.model.loader import load_model
@@ -170,6 +173,7 @@ class LLM:
             logprobs_mode=logprobs_mode,
             grammar_compile_timeout_s=grammar_compile_timeout_s,
             grammar_cache_size=grammar_cache_size,
+            max_grammar_bytes=max_grammar_bytes,
         )
         config.validate()
         check_cpu_threads(cpu_threads)

@@ -75,9 +75,14 @@ class EngineConfig:
     grammar_compile_timeout_s: float = 30.0
     # Structured output: compiled grammars kept for reuse by later requests (least recently used dropped).
     grammar_cache_size: int = 256
+    # Structured output: the largest spec a request may give (StructuredOutputsParams.size: a schema's,
+    # regex's, choice list's or grammar's bytes); larger ones are refused up front. 256 KiB holds about
+    # 11k short choices; the grammars of a hostile client's 100k-string lists took llguidance most of
+    # a minute to compile and then panicked it (docs/performance.md).
+    max_grammar_bytes: int = 256 << 10
 
     def validate(self) -> None:
-        for name in ("max_num_seqs", "max_num_batched_tokens", "num_kv_blocks", "max_model_len", "eplb_interval", "grammar_cache_size"):
+        for name in ("max_num_seqs", "max_num_batched_tokens", "num_kv_blocks", "max_model_len", "eplb_interval", "grammar_cache_size", "max_grammar_bytes"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
                 raise InvalidRequestError(f"{name} must be an integer >= 1, got {value!r}")
@@ -306,15 +311,28 @@ class LLMEngine:
         if params.structured_outputs is None:
             self.scheduler.add(seq)
         else:  # queued once its grammar has compiled (deepinfer.engine.grammar_wait)
-            self.grammar_wait.add(seq, self._grammar_compiler().submit(params.structured_outputs))
+            compiler = self._grammar_compiler()
+            self.grammar_wait.add(seq, compiler.submit(params.structured_outputs), compiler.release)
         return seq
 
     def _grammar_compiler(self):
         if self.grammars is None:
-            from deepinfer.engine.structured_output import GrammarCompiler
+            from deepinfer.engine.grammar_compiler import GrammarCompiler
 
-            self.grammars = GrammarCompiler(self.tokenizer, self.vocab_size, self.eos_token_ids, self.config.grammar_cache_size)
+            config = self.config
+            self.grammars = GrammarCompiler(self.tokenizer, self.vocab_size, self.eos_token_ids, config.grammar_cache_size, config.grammar_compile_timeout_s)
         return self.grammars
+
+    def prepare_grammars(self):
+        """Start building llguidance's view of the tokenizer off the engine thread (about a second,
+        the GIL held; GrammarCompiler.prepare): a Future, or None where this engine takes no
+        structured output (no llguidance, no tokenizer, expert parallelism). `deepinfer serve`
+        waits for it before it takes requests, so no running request ever waits for it."""
+        try:
+            self._check_structured("structured_outputs")
+        except InvalidRequestError:
+            return None
+        return self._grammar_compiler().prepare()
 
     def _final_length(self, seq) -> int:
         """The most tokens `seq` can reach: prompt + max_tokens, capped by the model's length."""
@@ -335,7 +353,7 @@ class LLMEngine:
             raise InvalidRequestError(f"{what}: stop strings need a tokenizer, and this checkpoint has no tokenizer.json; use stop_token_ids", "stop")
         check_token_options(params, self.tokenizer, self.vocab_size, what, self.max_model_len)
         if params.structured_outputs is not None:
-            self._check_structured(what)
+            self._check_structured(what, params.structured_outputs)
         longest = min(len(prompt_token_ids) + (params.max_tokens or self.max_model_len), self.max_model_len)
         needed = blocks_for(longest, self.block_size)
         if needed > self.num_kv_blocks:
@@ -345,15 +363,22 @@ class LLMEngine:
                 "max_tokens",
             )
 
-    def _check_structured(self, what: str) -> None:
-        """One-line errors for structured output where this engine cannot give it."""
-        from deepinfer.engine.structured_output import require_llguidance
+    def _check_structured(self, what: str, spec=None) -> None:
+        """One-line errors for structured output where this engine cannot give it, or for a spec
+        over max_grammar_bytes."""
+        from deepinfer.engine.grammar_source import require_llguidance
 
         if self.dist is not None:  # the lockstep steps (deepinfer.engine.data_parallel) do not admit requests that wait for a grammar
             raise InvalidRequestError(f"{what}: structured_outputs does not combine with expert parallelism yet; drop one of them", "structured_outputs")
         if self.tokenizer is None:
             raise InvalidRequestError(f"{what}: structured_outputs needs a tokenizer, and this checkpoint has no tokenizer.json", "structured_outputs")
         require_llguidance()
+        limit = self.config.max_grammar_bytes
+        if spec is not None and spec.size() > limit:
+            raise InvalidRequestError(
+                f"{what}: the structured_outputs {spec.kind} is {spec.size()} bytes, too big to compile: the limit is {limit} "
+                "(max_grammar_bytes, --max-grammar-bytes)"
+            )
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished() or bool(self.grammar_wait)
@@ -492,6 +517,8 @@ class LLMEngine:
         length = seq.num_tokens if length is None else length
         generated = length - seq.num_prompt_tokens
         if seq.grammar is not None and self._grammar_ends(seq, token, generated - 1):
+            if seq.finish_reason == "stop" and seq.stop_reason is None and params.stop and generated > params.min_tokens:
+                seq.stop_reason = self._stop_string_in_tail(seq, length)  # a stop string this token completed too ends the text there
             return True
         if seq.constraints is not None and self._drew_banned(seq, token, length):
             return True
@@ -515,7 +542,9 @@ class LLMEngine:
 
         The mask lets `sample` draw only tokens the grammar allows, so a token it refuses means the
         request's other options (min_tokens' bans of EOS and stop token ids, allowed_token_ids,
-        bad_words, a logit_bias of -inf) banned every token the grammar allowed: that is the error.
+        bad_words, a logit_bias of -inf) banned every token the grammar allowed: that is the error;
+        unless the grammar allowed it and llguidance failed on its own (a limit of its parser: more
+        than 2,000 alternatives open at once, say), which is said as such.
         generated: the tokens seq generated before this one."""
         from deepinfer.engine.structured_output import GrammarError
 
@@ -524,7 +553,11 @@ class LLMEngine:
             complete = seq.grammar.accept(token)
         except GrammarError as exc:
             log.debug("request %s: %s", seq.seq_id, exc)
-            if accepting and generated < seq.params.min_tokens:
+            before = seq.token_ids[seq.num_prompt_tokens : seq.num_prompt_tokens + generated]
+            if seq.grammar.allows(before, token):
+                failure = str(exc).removeprefix("the grammar matcher failed: ")
+                seq.error = f"after {generated} tokens the grammar is too big or complex for llguidance: {failure}"
+            elif accepting and generated < seq.params.min_tokens:
                 seq.error = (f"after {generated} tokens the grammar allows only its end (EOS) or stop token ids, which min_tokens={seq.params.min_tokens} "
                              "bans: no token fits both; lower min_tokens")  # fmt: skip
             else:

@@ -220,7 +220,10 @@ class SamplingParams:
         unknown = sorted(set(value) - set(StructuredOutputsParams.__dataclass_fields__))
         if unknown:
             raise bad(f"structured_outputs has unknown field(s) {', '.join(map(repr, unknown))}")
-        return StructuredOutputsParams(**value)
+        try:
+            return StructuredOutputsParams(**value)
+        except InvalidRequestError as exc:  # named by the field, so the server's 400 blames it ("param")
+            raise bad(f"structured_outputs: {str(exc).removeprefix('StructuredOutputsParams: ')}") from None
 
     @property
     def greedy(self) -> bool:

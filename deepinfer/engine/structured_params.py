@@ -6,8 +6,12 @@ object). Options honoured: disable_any_whitespace and whitespace_pattern (JSON w
 tokens), disable_additional_properties (objects of the schema that do not say otherwise take no
 other keys), disable_fallback (there is no fallback: always honoured), backend (None, "auto",
 "guidance" or "llguidance": llguidance is the one grammar engine). structural_tag is refused.
-The grammar itself is compiled later, in a worker thread (deepinfer.engine.structured_output): a
+The grammar itself is compiled later, off the engine thread (deepinfer.engine.grammar_compiler): a
 schema or a regex that does not compile fails its request alone, with the compiler's message.
+
+Bounds: a schema nests at most MAX_SCHEMA_DEPTH objects and arrays inside each other (checked here:
+llguidance's JSON reader stops at about 124 anyway, and the Python walks over a schema must not
+recurse without end); the engine bounds the spec's bytes (`size`, EngineConfig.max_grammar_bytes).
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from dataclasses import dataclass
 from deepinfer.engine.sampling_params import InvalidRequestError, short_repr
 
 KINDS = ("json", "regex", "choice", "grammar", "json_object")
+MAX_SCHEMA_DEPTH = 120
 BACKENDS = (None, "auto", "guidance", "llguidance")
 
 
@@ -73,8 +78,12 @@ class StructuredOutputsParams:
                 schema = json.loads(schema)
             except ValueError as exc:
                 raise _bad(f"json is not valid JSON ({exc})") from None
+            except RecursionError:
+                raise _too_deep() from None
         if not isinstance(schema, (dict, bool)):
             raise _bad(f"json must be a JSON schema (an object), got {short_repr(schema)}")
+        if _deeper_than(schema, MAX_SCHEMA_DEPTH):
+            raise _too_deep()
         try:
             json.dumps(schema)
         except (TypeError, ValueError) as exc:
@@ -94,6 +103,11 @@ class StructuredOutputsParams:
             return kind, json.dumps(list(self.choice))
         return kind, getattr(self, kind)
 
+    def size(self) -> int:
+        """The spec's bytes as the grammar compiler gets them (its key's text): what
+        EngineConfig.max_grammar_bytes bounds."""
+        return len(self.key()[1].encode())
+
     def json_schema(self) -> dict | bool:
         """The JSON schema to compile (json_object: any object), with disable_additional_properties applied."""
         schema = {"type": "object"} if self.kind == "json_object" else self.json
@@ -110,6 +124,24 @@ class StructuredOutputsParams:
         if self.whitespace_pattern is not None:
             options["whitespace_pattern"] = self.whitespace_pattern
         return options
+
+
+def _too_deep() -> InvalidRequestError:
+    return _bad(f"the json schema nests objects and arrays more than {MAX_SCHEMA_DEPTH} deep; llguidance reads no deeper, flatten it (with $defs)")
+
+
+def _deeper_than(value, limit: int) -> bool:
+    """Whether objects and arrays nest in value more than `limit` deep (walked without recursion)."""
+    stack = [(value, 1)]
+    while stack:
+        node, depth = stack.pop()
+        children = node.values() if isinstance(node, dict) else node if isinstance(node, list) else None
+        if children is None:
+            continue
+        if depth > limit:
+            return True
+        stack.extend((child, depth + 1) for child in children)
+    return False
 
 
 def _close_objects(node) -> None:

@@ -226,10 +226,16 @@ class EngineLoop:
         try:
             for ids, params, text in job.prompts:
                 heads.append(self.engine.add_request(ids, params, text))
-        except InvalidRequestError as exc:  # checked off the thread already; the engine has the last word
+        except Exception as exc:  # InvalidRequestError: checked off the thread already, the engine has the last word
             for head in heads:
                 self.engine.abort(head)
-            job.sink(Update("failed", message=str(exc), status=400))
+            if isinstance(exc, InvalidRequestError):
+                job.sink(Update("failed", message=str(exc), status=400))
+                return
+            # Anything else is a defect of ours (a RecursionError on a hostile schema killed this thread once):
+            # that request fails, the thread goes on serving the others.
+            log.exception("the engine could not take a request")
+            job.sink(Update("failed", message=f"the engine could not take the request: {type(exc).__name__}: {exc}", status=500))
             return
         self._live[job.key] = _Live(job, heads)
 

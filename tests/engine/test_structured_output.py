@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import json
 import re
+import sys
+import threading
 
 import jsonschema  # the test extra installs it and llguidance: missing, these tests fail rather than skip
 import pytest
@@ -18,7 +20,7 @@ import pytest
 from deepinfer import SamplingParams, StructuredOutputsParams
 from deepinfer.engine.sampling_params import InvalidRequestError
 
-from waits import HANG_S
+from hostile_grammars import UNSATISFIABLE, nested_schema
 
 PROMPT = "Answer:"
 
@@ -282,24 +284,21 @@ def test_expert_parallelism_is_refused_in_one_line(api, monkeypatch):
 
 
 def test_compile_timeout(api, monkeypatch):
-    """A grammar not ready within grammar_compile_timeout_s fails its request; the free one completes.
-    The compile goes on only once generate has returned, so it is late on a machine of any speed."""
-    import threading
+    """A grammar not ready within grammar_compile_timeout_s fails its request; the free one completes."""
+    from deepinfer.engine.grammar_sandbox import GrammarSandbox
 
-    from deepinfer.engine import structured_output
+    release = threading.Event()
 
-    generated = threading.Event()
+    def held(self, spec, timeout_s, _original=GrammarSandbox.translate):
+        release.wait()
+        return _original(self, spec, timeout_s)
 
-    def late(spec, _original=structured_output.grammar_text):
-        generated.wait(HANG_S)
-        return _original(spec)
-
-    monkeypatch.setattr(structured_output, "grammar_text", late)
+    monkeypatch.setattr(GrammarSandbox, "translate", held)
     monkeypatch.setattr(api.engine.grammar_wait, "timeout_s", 0.05)
     try:
         outs = api.generate([PROMPT] * 2, [_params(regex="[0-9]{2}x"), SamplingParams(max_tokens=4)], use_tqdm=False)
     finally:
-        generated.set()
+        release.set()
     assert outs[0].outputs[0].finish_reason == "error" and "grammar_compile_timeout_s" in outs[0].outputs[0].error
     assert outs[1].outputs[0].finish_reason == "length"
 
@@ -450,3 +449,151 @@ def test_overlap_rows_of_stopped_and_failed_grammars(overlap_pair, monkeypatch):
     assert fourth.finish_reason == "stop" and fourth.text in ("yes", "no")
     assert ahead.engine.overlap.steps_ahead - before == len(sampled) > 5  # every step ahead is a grammar step
     assert sum(statuses.count(SequenceStatus.FINISHED) for statuses in sampled) >= 3
+
+
+def test_masks_need_no_torch_compile(api, monkeypatch):
+    """Issue 38 (2): the first structured step imported llguidance.torch on the engine thread, whose
+    torch.compile decorator took 3.2 s; the masks are written by llguidance's executor without it."""
+    monkeypatch.delitem(sys.modules, "llguidance.torch", raising=False)
+    out = api.generate([PROMPT], _params(choice=["north", "south"], seed=3, max_tokens=6), use_tqdm=False)[0].outputs[0]
+    assert out.text in ("north", "south") and "llguidance.torch" not in sys.modules
+
+
+def test_prepare_builds_the_tokenizer_once_off_the_caller(cache, monkeypatch):
+    """Issue 38 (2): llguidance's view of the tokenizer (a second, the GIL held) is built once, on a
+    thread of its own, by prepare_grammars (what serve calls at start-up); later grammars reuse it."""
+    from deepinfer import LLM
+    from deepinfer.engine import grammar_compiler
+
+    builds = []
+
+    def build(*args, _original=grammar_compiler.build_ll_tokenizer):
+        builds.append(threading.current_thread())
+        return _original(*args)
+
+    monkeypatch.setattr(grammar_compiler, "build_ll_tokenizer", build)
+    monkeypatch.setenv("DEEPINFER_CACHE", str(cache))
+    llm = LLM(backend="reference", announce=False, num_kv_blocks=16)
+    llm.engine.prepare_grammars().result()
+    outs = llm.generate([PROMPT] * 2, [_params(regex="[0-9]{3}", max_tokens=8), _params(choice=["a", "b"], max_tokens=4)], use_tqdm=False)
+    assert re.fullmatch("[0-9]{3}", outs[0].outputs[0].text) and outs[1].outputs[0].text in ("a", "b")
+    assert len(builds) == 1 and builds[0] is not threading.current_thread()
+
+
+def test_a_stop_string_on_the_token_that_completes_the_grammar(api):
+    """Issue 38 (U2): the token that completes the grammar also completes a stop string: the text
+    ends at the stop string (stop_reason names it), as on any other token."""
+    words = api.tokenizer.encode("hello world", add_bos=False)
+    assert api.tokenizer.decode(words[-1:]).strip() == "world", "the last token holds the stop string"
+    cut, kept = (
+        api.generate([PROMPT], SamplingParams(max_tokens=8, stop=["world"], include_stop_str_in_output=keep, structured_outputs={"choice": ["hello world"]}),
+                     use_tqdm=False)[0].outputs[0]
+        for keep in (False, True)
+    )  # fmt: skip
+    assert (cut.text, cut.finish_reason, cut.stop_reason) == ("hello ", "stop", "world")
+    assert (kept.text, kept.finish_reason, kept.stop_reason) == ("hello world", "stop", "world")
+
+
+@pytest.mark.parametrize("fields", UNSATISFIABLE, ids=["regex", "json", "lark"])
+def test_a_grammar_that_matches_nothing_says_so(api, fields):
+    """Issue 38 (U3): an unsatisfiable grammar fails its request with that said, not as a clash with
+    the request's other token options."""
+    out = api.generate([PROMPT], SamplingParams(max_tokens=4, structured_outputs=fields), use_tqdm=False)[0].outputs[0]
+    kind = next(iter(fields))
+    assert out.finish_reason == "error" and out.token_ids == [] and out.error == f"{kind} matches nothing: no output satisfies it"
+
+
+def test_a_grammar_past_llguidance_s_limits_says_so(api):
+    """Issue 38 (U3): 2,500 choices open at once pass llguidance's limit of 2,000 items in a parser
+    row when the first token is consumed; that is the grammar's own failure, said as such (it was
+    reported as a clash with the request's other token options)."""
+    spec = StructuredOutputsParams(choice=[f"option number {i}" for i in range(2500)])
+    out = api.generate([PROMPT], SamplingParams(max_tokens=4, structured_outputs=spec), use_tqdm=False)[0].outputs[0]
+    assert out.finish_reason == "error" and len(out.token_ids) == 1, out
+    assert out.error.startswith("after 0 tokens the grammar is too big or complex for llguidance: Parser Error: Current row has 2501 items; max is 2000")
+    assert "\n" not in out.error and "<state>" not in out.error
+
+
+def test_a_grammar_over_max_grammar_bytes_is_refused_up_front(api):
+    """Issue 38 (U3, F5): a 100,000-string choice list took llguidance 48 s and then a Rust panic
+    (its backtrace in the 400): it is refused before it is compiled, the limit named."""
+    from deepinfer.engine.llm_engine import EngineConfig
+
+    choices = [f"option number {i}" for i in range(100_000)]
+    spec = StructuredOutputsParams(choice=choices)
+    with pytest.raises(InvalidRequestError) as refused:
+        api.generate([PROMPT], SamplingParams(max_tokens=4, structured_outputs=spec), use_tqdm=False)
+    assert str(refused.value) == (f"prompt 0: the structured_outputs choice is {spec.size()} bytes, too big to compile: "
+                                  "the limit is 262144 (max_grammar_bytes, --max-grammar-bytes)")  # fmt: skip
+    assert not api.engine.has_unfinished()
+    with pytest.raises(InvalidRequestError, match="max_grammar_bytes must be an integer >= 1"):
+        EngineConfig(max_grammar_bytes=0).validate()
+
+
+def test_a_schema_nested_too_deep_is_refused_when_made(api):
+    """Issue 38 (F1): a schema nested 400 levels deep (with disable_additional_properties: a
+    RecursionError on the engine thread, which died) is refused when the request is made, in one
+    line; the engine runs on. As deep as llguidance reads still compiles."""
+    from deepinfer.engine.structured_params import MAX_SCHEMA_DEPTH
+
+    deep = nested_schema(400)
+    for fields in ({"json": deep, "disable_additional_properties": True}, {"json": json.dumps(deep)}, {"json": "[" * 100_000}):
+        with pytest.raises(InvalidRequestError, match=f"the json schema nests objects and arrays more than {MAX_SCHEMA_DEPTH} deep"):
+            SamplingParams(structured_outputs=fields)
+    fits = nested_schema((MAX_SCHEMA_DEPTH - 1) // 2)  # an object level is two dicts deep
+    out = api.generate([PROMPT], _params(json=fits, disable_any_whitespace=True, disable_additional_properties=True, max_tokens=4), use_tqdm=False)[0]
+    assert out.outputs[0].finish_reason == "length" and out.outputs[0].text.startswith('{"a":')
+
+
+def test_small_grammars_are_not_queued_behind_large_ones(api, monkeypatch):
+    """Issue 38 (F5): large grammars (here held in their compile on purpose) never take every compile
+    thread, and the smallest pending grammar goes first: a small regex compiles while they wait. A
+    compile nobody waits for any more is dropped before it starts."""
+    from deepinfer.engine import grammar_compiler
+    from deepinfer.engine.grammar_sandbox import GrammarSandbox
+
+    release, started = threading.Event(), []
+
+    def held(self, spec, timeout_s, _original=GrammarSandbox.translate):
+        if spec.size() > grammar_compiler.SMALL_GRAMMAR_BYTES:
+            started.append(spec)
+            release.wait()
+        return _original(self, spec, timeout_s)
+
+    monkeypatch.setattr(GrammarSandbox, "translate", held)
+    engine = api.engine
+    compiler = grammar_compiler.GrammarCompiler(engine.tokenizer, engine.vocab_size, engine.eos_token_ids, threads=2)
+    try:
+        large = [StructuredOutputsParams(choice=[f"option {k} number {i}" for i in range(2000)]) for k in range(3)]
+        assert all(spec.size() > grammar_compiler.SMALL_GRAMMAR_BYTES for spec in large)
+        big = [compiler.submit(spec) for spec in large]
+        small = compiler.submit(StructuredOutputsParams(regex="[0-9]{3}"))
+        assert not small.result(timeout=300).is_error()  # (a guard against a hang, not a timing)
+        assert len(started) == 1 and not any(future.done() for future in big)
+        compiler.release(big[2])  # its one request stopped waiting before it started
+        assert big[2].cancelled() and large[2].key() not in compiler.cached_keys()
+        release.set()
+        assert all(not future.result(timeout=300).is_error() for future in big[:2])
+        assert started == large[:2]
+    finally:
+        release.set()
+        compiler.shutdown()
+
+
+def test_a_compiler_no_longer_used_is_freed_and_its_threads_end(api):
+    """The compile threads and their child processes hold the queue, not the compiler: an engine
+    dropped frees its compiler and llguidance's tokenizer (~100 MB), and the threads end."""
+    import gc
+    import weakref
+
+    from deepinfer.engine.grammar_compiler import GrammarCompiler
+
+    engine = api.engine
+    compiler = GrammarCompiler(engine.tokenizer, engine.vocab_size, engine.eos_token_ids)
+    assert not compiler.submit(StructuredOutputsParams(regex="[0-9]")).result().is_error()
+    workers, gone = list(compiler._queue._workers), weakref.ref(compiler)
+    del compiler
+    gc.collect()
+    assert gone() is None and len(workers) == 2
+    for worker in workers:
+        worker.join()
