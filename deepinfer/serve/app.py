@@ -89,7 +89,9 @@ async def read_json_body(request: Request, limit: int):
     except json_input.NotJson as exc:
         raise ApiError(400, f"the request body is not valid JSON ({exc})") from None
     if json_input.too_deep(body):
-        raise ApiError(400, f"the request body {json_input.depth_problem()}")
+        # blame the top-level field that nests too deep, as OpenAI's 400 names its param
+        field = next((key for key, value in body.items() if json_input.too_deep(value, json_input.MAX_DEPTH - 1)), None) if isinstance(body, dict) else None
+        raise ApiError(400, f"the request body {json_input.depth_problem()}", field)
     return body
 
 

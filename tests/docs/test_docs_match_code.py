@@ -230,7 +230,7 @@ def test_example_run_files_hold_runnable_lines(name):
     """Each line reads as `deepinfer run` reads it and makes a valid SamplingParams; each grammar compiles."""
     from deepinfer.cli.main import build_parser, parse
     from deepinfer.cli.run_requests import make_params, read_jsonl_requests
-    from deepinfer.engine.structured_output import check_compiles
+    from deepinfer.engine.grammar_sandbox import check_compiles
     from deepinfer.engine.structured_params import StructuredOutputsParams
 
     args = parse(build_parser(["run"]), ["run"])
@@ -263,7 +263,7 @@ def test_example_batch_file_lines_validate():
 def test_example_schema_is_a_valid_json_schema_that_compiles():
     import jsonschema
 
-    from deepinfer.engine.structured_output import check_compiles
+    from deepinfer.engine.grammar_sandbox import check_compiles
     from deepinfer.engine.structured_params import StructuredOutputsParams
 
     schema = json.loads(example("person.json").read_text(encoding="utf-8"))

@@ -15,7 +15,7 @@ from hostile_grammars import CRASHED_BEFORE, CRASHES_THE_CHECK, UNSATISFIABLE, n
 def test_hostile_grammars_fail_their_line_alone(tmp_path, cache):
     deep = {"json": nested_schema(400), "disable_additional_properties": True}
     lines = [
-        ({"id": "deep", "structured_outputs": deep}, "invalid_request_error", "the json schema nests objects and arrays more than 120 deep"),
+        ({"id": "deep", "structured_outputs": deep}, "invalid_request_error", "the line nests objects and arrays more than 100 levels deep"),
         ({"id": "lark_3000", "structured_outputs": {"grammar": CRASHED_BEFORE["lark_3000"]}}, None, "x"),
         ({"id": "refs_1000", "response_format": {"type": "json_schema", "json_schema": {"name": "r", "schema": CRASHED_BEFORE["refs_1000"]}}}, None, ""),
         ({"id": "lark_20000", "structured_outputs": {"grammar": CRASHES_THE_CHECK["lark_20000"]}}, "generation_error",

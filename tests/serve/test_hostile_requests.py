@@ -79,7 +79,7 @@ def test_lone_surrogates_are_400_naming_the_field(client):
 
 def test_bodies_nested_too_deeply_are_400(client):
     refused(client, "[" * 100_000, 400, None, "not valid JSON", "nested too deeply")
-    refused(client, {"prompt": "x", "stop": nested(150)}, 400, None, "more than 100 levels deep")
+    refused(client, {"prompt": "x", "stop": nested(150)}, 400, "stop", "more than 100 levels deep")
     refused(client, '{"prompt": "x", "seed": ' + "9" * 5000 + "}", 400, None, "not valid JSON", "4300 digits")
 
 
