@@ -45,3 +45,15 @@ def test_the_bounds_admit_the_released_shapes_and_their_edges():
     assert (flash.sliding_window, flash.index_topk, flash.hc_sinkhorn_iters) == (128, 512, 20)
     edge = V4Config.from_dict({**V4_CONFIG, "index_topk": 16384, "sliding_window": 16384, "hc_sinkhorn_iters": 256, "swiglu_limit": 3e38})
     assert (edge.index_topk, edge.sliding_window, edge.hc_sinkhorn_iters) == (16384, 16384, 256)
+
+
+def test_the_cli_refuses_such_a_config_in_one_line_before_reading_weights(tmp_path):
+    import json
+
+    from cli_helpers import run_main
+
+    (tmp_path / "config.json").write_text(json.dumps({**V4_CONFIG, "hc_sinkhorn_iters": 10**9}))
+    run = run_main("run", "--model", str(tmp_path), "--backend", "reference", "--prompt", "hi", "--no-progress")
+    assert run.returncode == 2 and run.stderr.strip().splitlines() == [
+        f"deepinfer: error: {tmp_path / 'config.json'}: hc_sinkhorn_iters is 1000000000, expected an integer in [1, 256]"
+    ], run.stderr
