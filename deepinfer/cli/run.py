@@ -455,7 +455,9 @@ def print_summary(llm, requests: int, skipped: int, counts: dict, wall: float, o
         ("prompt tokens", f"{counts['prompt']}"),
         ("generated tokens", f"{counts['generated']}"),
         ("wall time", f"{wall:.2f} s"),
-        ("throughput", f"{per_s(counts['prompt'])} prompt tok/s, {per_s(counts['generated'])} generated tok/s"),
+        # vLLM's offline throughput: over the wall time, so prompt tokens count in the total rather than as a prefill rate
+        ("throughput", f"{per_s(requests - failed)} requests/s, {per_s(counts['prompt'] + counts['generated'])} total tok/s (prompt + generated), "
+                       f"{per_s(counts['generated'])} generated tok/s"),  # fmt: skip
     ]
     if llm is not None:
         model = llm.model_path + (" (dummy weights: random, the text is gibberish)" if llm.dummy_weights else "")
