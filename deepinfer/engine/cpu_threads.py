@@ -37,12 +37,20 @@ def check_cpu_threads(value) -> None:
         raise InvalidRequestError(f"cpu_threads must be an integer in [1, {MAX_CPU_THREADS}] (or None: the default rule), got {value!r}")
 
 
+def cpu_threads_for(requested: int | None, on_cpu: bool) -> int:
+    """The thread count the rule gives, without setting it (`deepinfer backends` shows what a run would use)."""
+    if requested is not None:
+        return requested
+    if on_cpu and not os.environ.get("OMP_NUM_THREADS"):
+        return default_cpu_threads()
+    return torch.get_num_threads()  # the environment's choice (OMP_NUM_THREADS), or an accelerator run's: untouched
+
+
 def use_cpu_threads(requested: int | None, on_cpu: bool) -> int:
     """Set torch's intra-op thread count by the rule and return it. `on_cpu`: the run's ops run on
     the CPU (the default rule applies only then; an explicit `requested` applies always)."""
     check_cpu_threads(requested)
-    if requested is not None:
-        torch.set_num_threads(requested)
-    elif on_cpu and not os.environ.get("OMP_NUM_THREADS"):
-        torch.set_num_threads(default_cpu_threads())
+    threads = cpu_threads_for(requested, on_cpu)
+    if threads != torch.get_num_threads():
+        torch.set_num_threads(threads)
     return torch.get_num_threads()
