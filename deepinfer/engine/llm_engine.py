@@ -272,13 +272,14 @@ class LLMEngine:
             budget = int(self.config.kv_cache_memory_gib * GiB)
         else:
             budget = kv_cache_budget(device, self.runtime.memory_info, self.config.gpu_memory_utilization)
-        if self.num_state_slots:
-            budget -= self.num_state_slots * model.state_slot_bytes(self.num_draft_layers, self._draft_lookahead)
+        slots = self.num_state_slots * model.state_slot_bytes(self.num_draft_layers, self._draft_lookahead) if self.num_state_slots else 0
         enough = self.config.max_num_seqs * blocks_for(self.max_model_len, self.block_size)  # more is never used
-        num_blocks = min(budget // per_block, enough)
+        num_blocks = min((budget - slots) // per_block, enough)
         if num_blocks < 1:
             share = self.config.kv_cache_memory_gib is None and self.runtime.memory_info is not None  # the budget came from it
             fix = f"raise gpu_memory_utilization ({self.config.gpu_memory_utilization}) or set" if share else "set"
+            if slots:  # the model's per-sequence state came first
+                fix = f"lower max_num_seqs ({self.config.max_num_seqs} state slots take {slots} bytes of it), or {fix}"
             raise InvalidRequestError(
                 f"no memory for the KV cache: one block of {self.block_size} tokens takes {per_block} bytes, the budget is {budget}; "
                 f"{fix} num_kv_blocks / kv_cache_memory_gib"

@@ -208,6 +208,13 @@ def test_a_kv_cache_or_sequence_slots_beyond_the_free_device_memory_are_refused_
     assert LLM(backend="fake", announce=False, max_num_seqs=2, num_kv_blocks=8).engine.num_kv_blocks == 8
 
 
+def test_state_slots_that_leave_no_kv_budget_name_max_num_seqs(capsys, built):
+    """DeepSeek-V4 keeps a state slot per sequence: 3000 of tiny-v4's (90 KB each) outgrow the CPU's
+    256 MiB default budget, and the error says so instead of only "set num_kv_blocks"."""
+    argv = ["run", "--backend", "reference", "--no-progress", "--model", "tiny-v4", "--prompt", "x", "--max-num-seqs", "3000"]
+    one_line_error(capsys, argv, "no memory for the KV cache", "lower max_num_seqs (3000 state slots take")
+
+
 def test_max_model_len_bounds_the_requests(api_short):
     """--max-model-len / max_model_len: a prompt that leaves no room under it fails alone, as in vLLM."""
     ids = list(range(100, 164))  # 64 tokens
