@@ -7,7 +7,8 @@ the decode graphs' block table; on the host, the block manager's bookkeeping of 
 per-slot lists. A hostile size (--num-kv-blocks 10**12, --max-num-seqs 10**12) used to run for a
 minute and end in a MemoryError traceback; it now fails at once in one line naming the flag, what it
 would take and what is free. The estimate is a floor (activations, the allocator's slack and small
-buffers are left out), so a refusal is never a false alarm.
+buffers are left out); it counts the penalty tables before the first request with a penalty
+allocates them, so a run that would fail then fails at the start instead.
 """
 
 from __future__ import annotations
