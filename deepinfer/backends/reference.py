@@ -57,4 +57,7 @@ def deepinfer_env_report(backend: BackendSpec):
         return None
     import torch
 
-    return {"torch": torch.__version__, "python": platform.python_version(), "threads": str(torch.get_num_threads())}
+    from deepinfer.engine.cpu_threads import cpu_threads_for
+
+    # what `deepinfer run` sets on the CPU (--cpu-threads aside), not this process's torch default
+    return {"torch": torch.__version__, "python": platform.python_version(), "cpu threads": str(cpu_threads_for(None, on_cpu=True))}

@@ -158,7 +158,7 @@ def load_llm(args, ctx):
 
 def check_engine_flags(args) -> None:
     """Engine flag values no run could use: one line naming the flag (exit 2), before anything starts."""
-    from deepinfer.distributed.group import check_timeout
+    from deepinfer.distributed.environment import check_timeout
     from deepinfer.engine.cpu_threads import MAX_CPU_THREADS
 
     if args.tensor_parallel_size != 1:
@@ -187,6 +187,13 @@ def check_engine_flags(args) -> None:
         raise UserError(f"--cpu-threads must lie in [1, {MAX_CPU_THREADS}], got {args.cpu_threads}")
     check_timeout(args.dist_timeout, "--dist-timeout")
     read_chat_template(args.chat_template)
+    from deepinfer.model.embedded_names import check_model_path
+
+    check_model_path(args.model)  # a misspelt embedded name lists them, at once
+    if args.backend != "auto":
+        from deepinfer import plugins
+
+        plugins.load_plugins().backend(args.backend)  # the name only: declaring backends imports no torch, probing might
     if args.tokenizer is not None:
         from deepinfer.model.tokenizer import check_tokenizer_folder
 

@@ -21,7 +21,6 @@ import signal
 import sys
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Callable
 
 from deepinfer.cli import launch
@@ -175,7 +174,7 @@ def run_command(args, command: Command) -> int:
         if (args.ep or 1) > 1:
             return launch_ranks(args, command)
         return run_rank(args, None, command)
-    from deepinfer.distributed.group import env_rank
+    from deepinfer.distributed.environment import env_rank
 
     rank = env_rank()  # RANK=abc: one line naming it
     return run_as_rank(lambda: run_in_torchrun(args, command), rank)
@@ -381,16 +380,11 @@ def check_ep_setup(args) -> None:
     have = spec.local_devices(args.interpret)
     if have is not None and have < args.ep:
         raise UserError(f"--ep {args.ep} needs one {device} device per rank, and this host has {have} (backend {spec.name})")
-    from deepinfer.model.embedded import ensure_embedded, resolve_model
+    from deepinfer.model.embedded import ensure_embedded
+    from deepinfer.model.embedded_names import check_model_path, resolve_model
 
-    path, embedded = resolve_model(args.model)
-    if embedded is not None:
-        folder = ensure_embedded(alias=embedded)  # generated once here, before the ranks would race for it
-    else:
-        folder = Path(args.model).expanduser()
-        if not folder.is_dir():
-            problem = "is a file; pass the checkpoint folder that holds it" if folder.exists() else "does not exist; pass an HF checkpoint folder"
-            raise UserError(f"model path {args.model} {problem}")
+    embedded = resolve_model(args.model)[1]
+    folder = ensure_embedded(alias=embedded) if embedded is not None else check_model_path(args.model)  # generated once, before the ranks race for it
     config = load_config(folder)
     if config.model_type == "deepseek_v4":
         raise UserError("expert parallelism (--ep) is not implemented for DeepSeek-V4 yet; run it with --ep 1")
@@ -429,7 +423,9 @@ def print_summary(llm, requests: int, skipped: int, counts: dict, wall: float, o
         ("prompt tokens", f"{counts['prompt']}"),
         ("generated tokens", f"{counts['generated']}"),
         ("wall time", f"{wall:.2f} s"),
-        ("throughput", f"{per_s(counts['prompt'])} prompt tok/s, {per_s(counts['generated'])} generated tok/s"),
+        # vLLM's offline throughput: over the wall time, so prompt tokens count in the total rather than as a prefill rate
+        ("throughput", f"{per_s(requests - failed)} requests/s, {per_s(counts['prompt'] + counts['generated'])} total tok/s (prompt + generated), "
+                       f"{per_s(counts['generated'])} generated tok/s"),  # fmt: skip
     ]
     if llm is not None:
         model = llm.model_path + (" (dummy weights: random, the text is gibberish)" if llm.dummy_weights else "")

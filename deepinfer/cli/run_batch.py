@@ -93,7 +93,7 @@ def check_flags(args) -> None:
 
 def served_models(args) -> list[str]:
     """The model names requests may give: --served-model-name, else --model as given (vLLM's rule)."""
-    from deepinfer.model.embedded import DEFAULT
+    from deepinfer.model.embedded_names import DEFAULT
 
     return list(args.served_model_name or [args.model or DEFAULT])
 

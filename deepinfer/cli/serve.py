@@ -154,7 +154,7 @@ def serve(args) -> int:
 
 
 def served_models(args) -> list[str]:
-    from deepinfer.model.embedded import DEFAULT
+    from deepinfer.model.embedded_names import DEFAULT
 
     return list(args.served_model_name or [args.model or DEFAULT])
 

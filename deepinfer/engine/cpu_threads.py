@@ -6,13 +6,13 @@ one, at least one, and never more than torch's own default (the physical cores).
 short: an OpenMP team as wide as the machine waits at every op for its slowest thread, so one other
 busy process (another rank, a build, a test run) stalls the whole team, while a team one thread
 narrower loses at most 1/N of the idle machine (the same reserve as vLLM's CPU backend keeps).
+
+torch is imported where a count is read or set: the command line checks --cpu-threads before it.
 """
 
 from __future__ import annotations
 
 import os
-
-import torch
 
 from deepinfer.engine.sampling_params import InvalidRequestError
 
@@ -29,6 +29,8 @@ def usable_cpus() -> int:
 
 def default_cpu_threads() -> int:
     """The rule's default: one core left for the rest of the machine (see the module docstring)."""
+    import torch
+
     return max(1, min(torch.get_num_threads(), usable_cpus() - 1))
 
 
@@ -37,12 +39,24 @@ def check_cpu_threads(value) -> None:
         raise InvalidRequestError(f"cpu_threads must be an integer in [1, {MAX_CPU_THREADS}] (or None: the default rule), got {value!r}")
 
 
+def cpu_threads_for(requested: int | None, on_cpu: bool) -> int:
+    """The thread count the rule gives, without setting it (`deepinfer backends` shows what a run would use)."""
+    import torch
+
+    if requested is not None:
+        return requested
+    if on_cpu and not os.environ.get("OMP_NUM_THREADS"):
+        return default_cpu_threads()
+    return torch.get_num_threads()  # the environment's choice (OMP_NUM_THREADS), or an accelerator run's: untouched
+
+
 def use_cpu_threads(requested: int | None, on_cpu: bool) -> int:
     """Set torch's intra-op thread count by the rule and return it. `on_cpu`: the run's ops run on
     the CPU (the default rule applies only then; an explicit `requested` applies always)."""
+    import torch
+
     check_cpu_threads(requested)
-    if requested is not None:
-        torch.set_num_threads(requested)
-    elif on_cpu and not os.environ.get("OMP_NUM_THREADS"):
-        torch.set_num_threads(default_cpu_threads())
+    threads = cpu_threads_for(requested, on_cpu)
+    if threads != torch.get_num_threads():
+        torch.set_num_threads(threads)
     return torch.get_num_threads()

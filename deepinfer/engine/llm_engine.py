@@ -18,6 +18,7 @@ import torch
 from deepinfer.engine.block_manager import BlockManager, blocks_for
 from deepinfer.engine.grammar_wait import GrammarWait
 from deepinfer.engine.logprobs import position_logprobs
+from deepinfer.engine.memory_check import EngineSizes, check_engine_memory, seq_device_bytes
 from deepinfer.engine.model_runner import GiB, ModelRunner, kv_block_bytes, kv_cache_budget
 from deepinfer.engine.outputs import CompletionOutput, RequestOutput
 from deepinfer.engine.parallel_samples import add_samples, finished_requests, release_held_back
@@ -162,6 +163,8 @@ class LLMEngine:
         # slot per running sequence; a prefix hit recomputes the tokens that rebuild it.
         self.num_state_slots = config.max_num_seqs if hasattr(model, "state_slot_bytes") else 0
         self.num_draft_layers = self._draft_layers(model, dist)
+        graph_capture = self._graph_capture(runtime, loaded.model, dist)
+        self._check_memory(model, runtime, graph_capture is not None)  # before anything is allocated by these sizes
         num_blocks = config.num_kv_blocks or self._num_blocks_from_memory(model, runtime.device)
         self.block_manager = BlockManager(
             num_blocks, self.block_size, config.enable_prefix_caching,
@@ -174,7 +177,7 @@ class LLMEngine:
             self.cache_dtype,
             self.block_size,
             num_blocks,
-            graph_capture=self._graph_capture(runtime, loaded.model, dist),
+            graph_capture=graph_capture,
             max_num_seqs=config.max_num_seqs,
             max_model_len=self.max_model_len,
             num_state_slots=self.num_state_slots,
@@ -274,18 +277,35 @@ class LLMEngine:
             budget = int(self.config.kv_cache_memory_gib * GiB)
         else:
             budget = kv_cache_budget(device, self.runtime.memory_info, self.config.gpu_memory_utilization)
-        if self.num_state_slots:
-            budget -= self.num_state_slots * model.state_slot_bytes(self.num_draft_layers, self._draft_lookahead)
+        slots = self.num_state_slots * model.state_slot_bytes(self.num_draft_layers, self._draft_lookahead) if self.num_state_slots else 0
         enough = self.config.max_num_seqs * blocks_for(self.max_model_len, self.block_size)  # more is never used
-        num_blocks = min(budget // per_block, enough)
+        num_blocks = min((budget - slots) // per_block, enough)
         if num_blocks < 1:
             share = self.config.kv_cache_memory_gib is None and self.runtime.memory_info is not None  # the budget came from it
             fix = f"raise gpu_memory_utilization ({self.config.gpu_memory_utilization}) or set" if share else "set"
+            if slots:  # the model's per-sequence state came first
+                fix = f"lower max_num_seqs ({self.config.max_num_seqs} state slots take {slots} bytes of it), or {fix}"
             raise InvalidRequestError(
                 f"no memory for the KV cache: one block of {self.block_size} tokens takes {per_block} bytes, the budget is {budget}; "
                 f"{fix} num_kv_blocks / kv_cache_memory_gib"
             )
         return num_blocks
+
+    def _check_memory(self, model, runtime, graphs: bool) -> None:
+        """The KV cache (when num_kv_blocks sizes it; else the budget does, and it fits) and the
+        per-sequence buffers against free memory (memory_check)."""
+        state = model.state_slot_bytes(self.num_draft_layers, self._draft_lookahead) if self.num_state_slots else 0
+        graph_row = blocks_for(self.max_model_len + self._draft_lookahead, self.block_size) if graphs else 0
+        sizes = EngineSizes(
+            num_kv_blocks=self.config.num_kv_blocks or 0,
+            block_bytes=kv_block_bytes(model, self.block_size, self.cache_dtype, self.num_draft_layers),
+            max_num_seqs=self.config.max_num_seqs,
+            seq_bytes=seq_device_bytes(self.vocab_size, state, graph_row),
+        )
+        device_free = None
+        if runtime.memory_info is not None:
+            device_free = (runtime.memory_info(runtime.device)[0], f"free on {runtime.device}")
+        check_engine_memory(sizes, device_free, str(runtime.device))
 
     @property
     def num_kv_blocks(self) -> int:

@@ -171,6 +171,9 @@ class ModelConfig:
                 bad(f"n_group={n_group} does not divide n_routed_experts={self.n_routed_experts}")
             if not topk_group <= n_group:
                 bad(f"topk_group={topk_group} must lie in [1, n_group={n_group}]")
+            if self.uses_correction_bias and n_group > 1 and self.n_routed_experts // n_group < 2:
+                bad(f"n_group={n_group} leaves one expert per group of n_routed_experts={self.n_routed_experts}; "
+                    f"{self.topk_method} routing scores a group by its top two experts, so a group needs at least 2")
             if not self.num_experts_per_tok <= topk_group * (self.n_routed_experts // n_group):
                 bad(f"num_experts_per_tok={self.num_experts_per_tok} exceeds the experts of the {topk_group} kept groups")
 

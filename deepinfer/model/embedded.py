@@ -23,6 +23,7 @@ from typing import Any, Callable
 import torch
 
 from deepinfer.model.config import ModelConfig
+from deepinfer.model.embedded_names import DEFAULT, NAMES, resolve_model  # noqa: F401 (resolve_model: re-exported)
 from deepinfer.model.errors import LoadError
 
 VERSION = "2"  # bump whenever the config, the seed or the generation recipe changes
@@ -114,16 +115,6 @@ def cache_root() -> Path:
 def embedded_folder(cache_dir: str | Path | None = None, alias: str | None = None) -> Path:
     """Where an embedded model (default: tiny-v3) lives, whether generated yet or not."""
     return (Path(cache_dir) if cache_dir is not None else cache_root()) / EMBEDDED[alias or DEFAULT].folder_name
-
-
-def resolve_model(path: str | None) -> tuple[str | None, str | None]:
-    """(checkpoint path, embedded alias): None is the default embedded model; `tiny-v3` / `tiny-v4`
-    name the embedded ones unless a folder of that name exists (then the folder wins)."""
-    if path is None:
-        return None, DEFAULT
-    if path in EMBEDDED and not Path(path).expanduser().exists():
-        return None, path
-    return path, None
 
 
 def ensure_embedded(cache_dir: str | Path | None = None, alias: str | None = None) -> Path:
@@ -344,4 +335,4 @@ EMBEDDED = {
     "tiny-v3": EmbeddedModel("tiny-v3", NAME, CONFIG, lambda: random_weights(ModelConfig.from_dict(CONFIG)), CHAT_TEMPLATE),
     "tiny-v4": EmbeddedModel("tiny-v4", f"tiny-deepseek-v4-{V4_VERSION}", V4_CONFIG, random_v4_weights, None),
 }
-DEFAULT = "tiny-v3"
+assert tuple(EMBEDDED) == NAMES, "embedded_names.NAMES lists the embedded models (for the command line, without torch)"

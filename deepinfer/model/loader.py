@@ -91,17 +91,11 @@ def load_model(
     """
     if not dtype.is_floating_point:
         raise LoadError(f"dtype {dtype} is not a floating dtype", "use bfloat16, float16 or float32")
-    from deepinfer.model.embedded import ensure_embedded, resolve_model
+    from deepinfer.model.embedded import ensure_embedded
+    from deepinfer.model.embedded_names import check_model_path, resolve_model
 
-    path, embedded = resolve_model(path)
-    if embedded is not None:
-        folder = ensure_embedded(alias=embedded)
-    else:
-        folder = Path(path).expanduser()
-        if not folder.exists():
-            raise LoadError(f"model path {path} does not exist", "pass an HF checkpoint folder")
-        if not folder.is_dir():
-            raise LoadError(f"model path {path} is a file", "pass the checkpoint folder that holds it")
+    embedded = resolve_model(path)[1]
+    folder = ensure_embedded(alias=embedded) if embedded is not None else check_model_path(path)
     tokenizer_folder = check_tokenizer_folder(tokenizer) if tokenizer is not None else None
     try:
         return _load_folder(folder, ops, torch.device(device), dtype, experts, max_model_len, dummy=embedded is not None, tokenizer_folder=tokenizer_folder)

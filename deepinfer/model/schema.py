@@ -50,12 +50,19 @@ def _is_number(value: Any) -> bool:
         return False
 
 
-def integer(min: int | None = None) -> Kind:
+def integer(min: int | None = None, max: int | None = None) -> Kind:
+    """A JSON integer; `max`: the most a sane model uses of a size that nothing in the checkpoint
+    bounds (a loop count, a per-step table), so a hostile value fails here, not as an OOM or a hang."""
+    if max is not None:
+        return Kind(f"an integer in [{min}, {max}]", lambda v: _is_int(v) and min <= v <= max)
     return Kind(f"an integer >= {min}" if min is not None else "an integer", lambda v: _is_int(v) and (min is None or v >= min))
 
 
-def number(above: float | None = None, min: float | None = None) -> Kind:
-    """A finite JSON number (an integer counts); `above`: exclusive lower bound, `min`: inclusive."""
+def number(above: float | None = None, min: float | None = None, max: float | None = None) -> Kind:
+    """A finite JSON number (an integer counts); `above`: exclusive lower bound, `min`: inclusive; `max`: inclusive upper bound."""
+    if max is not None:
+        low = f"({above:g}" if above is not None else f"[{min:g}"
+        return Kind(f"a finite number in {low}, {max:g}]", lambda v: _is_number(v) and (v > above if above is not None else v >= min) and v <= max)
     if above is not None:
         return Kind(f"a finite number > {above:g}", lambda v: _is_number(v) and v > above)
     if min is not None:

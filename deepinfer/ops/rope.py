@@ -69,7 +69,9 @@ def rope_inv_freq(rot_dim: int, base: float, scaling: Mapping[str, Any] | None =
     beta_slow = float(scaling.get("beta_slow") or 1.0)
 
     def correction_dim(rotations: float) -> float:
-        return (rot_dim * math.log(original / (rotations * 2 * math.pi))) / (2 * math.log(base))
+        # log(original / (rotations 2 pi)) as a difference of logs: the quotient overflows to inf for a
+        # tiny beta and a huge original length (finite config values), the difference never does
+        return (rot_dim * (math.log(original) - math.log(rotations * 2 * math.pi))) / (2 * math.log(base))
 
     low = max(math.floor(correction_dim(beta_fast)), 0)
     high = min(math.ceil(correction_dim(beta_slow)), rot_dim - 1)

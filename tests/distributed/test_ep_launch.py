@@ -148,7 +148,7 @@ def test_run_ep_shows_rank0_progress_and_writes_in_input_order(cache, tmp_path):
     run = ("run", "--ep", "2", "--backend", "reference", "--dtype", "float32", "--num-kv-blocks", "32", "-i", str(src), "-o", str(out))
     proc = deepinfer(*run, env=env_for(cache, tmp_path))
     assert proc.returncode == 1 and not error_lines(proc.stderr), proc.stderr
-    assert "tok generated" in proc.stderr and "generation" in proc.stderr
+    assert "tok generated" in proc.stderr and "est. speed input" in proc.stderr
     assert "20 tok generated" in proc.stderr  # 8 + 6 + 4 + 2 tokens, counted on both ranks
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert [row["id"] for row in rows] == [line["id"] for line in lines]

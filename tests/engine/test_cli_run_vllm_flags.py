@@ -138,6 +138,9 @@ def test_the_new_flags_travel_to_the_ranks():
         (["--seed", "x"], ["--seed", "invalid int value"]),
         (["--tokenizer", "no/such/folder"], ["tokenizer path no/such/folder does not exist"]),
         (["--chat-template", "no/such/file.jinja"], ["--chat-template no/such/file.jinja: no such file"]),
+        # issue 38 (F9): sizes no memory holds, refused before the engine allocates them (they used to end in a MemoryError)
+        (["--num-kv-blocks", "1000000000000"], ["num_kv_blocks=1000000000000 does not fit", "KV blocks of", "available RAM", "--num-kv-blocks"]),
+        (["--max-num-seqs", "1000000000000"], ["max_num_seqs=1000000000000 does not fit", "sequence slots of", "--max-num-seqs"]),
     ],
 )
 def test_bad_engine_flags_are_one_line(capsys, built, argv, needles):
@@ -191,6 +194,25 @@ def test_the_cli_flag_sizes_the_kv_cache(monkeypatch, capsys, built):
     assert engine.config.gpu_memory_utilization == 0.7
     assert engine.num_kv_blocks == int(free - 0.3 * total) // per_block
     one_line_error(capsys, [*argv, "--gpu-memory-utilization", "0.3"], "no memory for the KV cache", "raise gpu_memory_utilization (0.3)")
+
+
+def test_a_kv_cache_or_sequence_slots_beyond_the_free_device_memory_are_refused_before_allocating(monkeypatch):
+    """num_kv_blocks / max_num_seqs are checked against the backend's free memory (6 MiB here), not only the host's."""
+    with pytest.raises(InvalidRequestError, match=r"num_kv_blocks=100000 does not fit: .* need .* on cpu, but 6.0 MiB is free on cpu") as info:
+        llm_with_device_memory(monkeypatch, 6 * MiB, 10 * MiB, num_kv_blocks=100_000)
+    assert "\n" not in str(info.value)
+    backend = FakeBackend(memory_info=lambda device: (6 * MiB, 10 * MiB))
+    monkeypatch.setattr(plugins_mod, "load_plugins", lambda: Plugins(load_entry_points=False, extra_plugins=(backend, reference)))
+    with pytest.raises(InvalidRequestError, match=r"max_num_seqs=1000 does not fit: 1000 sequence slots of \d+ bytes"):
+        LLM(backend="fake", announce=False, max_num_seqs=1000, num_kv_blocks=8)  # the penalty tables alone: 1000 x 129280 x 4 bytes
+    assert LLM(backend="fake", announce=False, max_num_seqs=2, num_kv_blocks=8).engine.num_kv_blocks == 8
+
+
+def test_state_slots_that_leave_no_kv_budget_name_max_num_seqs(capsys, built):
+    """DeepSeek-V4 keeps a state slot per sequence: 3000 of tiny-v4's (90 KB each) outgrow the CPU's
+    256 MiB default budget, and the error says so instead of only "set num_kv_blocks"."""
+    argv = ["run", "--backend", "reference", "--no-progress", "--model", "tiny-v4", "--prompt", "x", "--max-num-seqs", "3000"]
+    one_line_error(capsys, argv, "no memory for the KV cache", "lower max_num_seqs (3000 state slots take")
 
 
 def test_max_model_len_bounds_the_requests(api_short):

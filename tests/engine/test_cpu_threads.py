@@ -66,3 +66,16 @@ def test_the_cli_chooses_and_reports_the_thread_count(tmp_path):
         proc = subprocess.run([*command, *extra], env=env, capture_output=True, text=True, timeout=HANG_S)
         assert proc.returncode == 0, proc.stderr
         assert f"cpu threads       {want}\n" in proc.stderr, proc.stderr
+
+
+def test_backends_shows_the_thread_count_run_uses(monkeypatch, capsys):
+    """`deepinfer backends` showed torch's default (2 on a 2-core machine) where `run` uses the rule's 1 (issue 38)."""
+    from deepinfer.cli.main import main
+
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(cpu_threads, "usable_cpus", lambda: 4)
+    torch.set_num_threads(4)  # torch's default on a 4-core machine; the rule: 3
+    assert main(["backends"]) == 0
+    reference = next(line for line in capsys.readouterr().out.splitlines() if "python" in line and "torch" in line)
+    assert reference.rstrip().endswith("cpu threads 3"), reference
+    assert cpu_threads.use_cpu_threads(None, on_cpu=True) == 3

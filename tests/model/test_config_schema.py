@@ -85,6 +85,8 @@ def refused(change: dict, *needles: str) -> str:
         ({"n_group": 3}, ["n_group=3 does not divide n_routed_experts=8"]),
         ({"n_group": 4, "topk_group": 5}, ["topk_group=5 must lie in [1, n_group=4]"]),
         ({"num_experts_per_tok": 9}, ["num_experts_per_tok=9 exceeds"]),
+        # issue 38: a group of one expert used to fail at the first forward (noaux_tc scores a group by its top two)
+        ({"n_group": 8, "topk_group": 2}, ["n_group=8 leaves one expert per group of n_routed_experts=8", "at least 2"]),
     ],
 )
 def test_bad_field_is_one_line_naming_file_field_value_and_expectation(change, needles):

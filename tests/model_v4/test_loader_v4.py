@@ -119,6 +119,13 @@ def test_release_formats_stay_packed_and_match_their_dequantised_weights(tmp_pat
     torch.testing.assert_close(got, want, rtol=0, atol=0)
 
 
+def poke(tensors: dict, name: str, value: int) -> None:
+    """One element of tensors[name] set to `value` (its bytes, for an e8m0 scale), on a copy: the others share the module's weights."""
+    tensor = tensors[name].clone()
+    (tensor.view(torch.uint8) if tensor.dtype == torch.float8_e8m0fnu else tensor).view(-1)[-1] = value
+    tensors[name] = tensor
+
+
 @pytest.mark.parametrize(
     "break_it, message",
     [
@@ -137,6 +144,13 @@ def test_release_formats_stay_packed_and_match_their_dequantised_weights(tmp_pat
         (lambda t, c: c.update(index_topk="many"), "index_topk"),
         (lambda t, c: c.update(n_routed_experts=2**24), "implies about 201326752 tensors, the checkpoint holds"),
         (lambda t, c: c.update(max_position_embeddings=10**11), "RoPE table"),
+        # issue 38 (T8, U1): values that used to fail at the first forward, or load and yield NaN logprobs
+        (lambda t, c: poke(t, "layers.0.ffn.gate.tid2eid", 1000),
+         "tensor layers.0.ffn.gate.tid2eid holds expert id 1000, outside [0, n_routed_experts=16)"),
+        (lambda t, c: poke(t, "layers.0.ffn.gate.tid2eid", -1), "tensor layers.0.ffn.gate.tid2eid holds expert id -1"),
+        (lambda t, c: poke(t, "layers.2.ffn.experts.3.w1.scale", 0xFF),
+         "tensor layers.2.ffn.experts.3.w1.scale holds NaN or Inf values (e8m0 scale bytes 0xFF)"),
+        (lambda t, c: poke(t, "layers.0.attn.wq_a.scale", 0xFF), "tensor layers.0.attn.wq_a.scale holds NaN or Inf values"),
     ],
 )
 def test_broken_checkpoints_fail_with_one_line(tmp_path, ops, weights, break_it, message):

@@ -88,6 +88,14 @@ def test_yarn_table_matches_transformers():
     assert yarn_mscale(40.0, 1.0) == pytest.approx(0.1 * math.log(40.0) + 1.0)
 
 
+def test_yarn_correction_range_of_extreme_finite_configs_is_finite():
+    """A tiny beta_slow over a huge original length used to overflow the ratio inside the log: an
+    OverflowError traceback at load time for config values each of which is accepted (issue 38)."""
+    scaling = {"rope_type": "yarn", "factor": 16.0, "original_max_position_embeddings": 10**12, "beta_fast": 1e300, "beta_slow": 1e-300}
+    inv_freq, factor = rope_inv_freq(16, 160000.0, scaling)
+    assert torch.isfinite(inv_freq).all() and math.isfinite(factor)
+
+
 def test_unknown_rope_scaling_is_refused():
     with pytest.raises(ValueError, match="unsupported rope scaling type 'dynamic'"):
         rope_cos_sin_cache(64, 16, 10000.0, {"rope_type": "dynamic", "factor": 2.0})

@@ -113,17 +113,41 @@ def check_v4_tensors(stored: dict[str, StoredTensor], specs: dict[str, TensorSpe
     return scales
 
 
+E8M0_NAN = 0xFF  # e8m0 has no Inf and one NaN
+
+
 def _e8m0_to_float(scale: torch.Tensor) -> torch.Tensor:
     exponent = scale.view(torch.uint8).to(torch.int32) - 127
     return torch.ldexp(torch.ones_like(exponent, dtype=torch.float32), exponent)
 
 
+def check_e8m0(scale: torch.Tensor, name: str, file: Path) -> None:
+    """CheckpointError if an e8m0 scale holds its NaN (0xFF): every value it scales would be NaN."""
+    if bool((scale.view(torch.uint8) == E8M0_NAN).any()):
+        raise CheckpointError(
+            f"{file}: tensor {name} holds NaN or Inf values (e8m0 scale bytes 0xFF)",
+            "the checkpoint is broken (a failed training run or export); re-download or re-export it",
+        )
+
+
+def check_expert_ids(table: torch.Tensor, name: str, file: Path, num_experts: int) -> None:
+    """CheckpointError unless every id of a hash-routing table (tid2eid) names an expert in [0, num_experts)."""
+    bad = (table < 0) | (table >= num_experts)
+    if bool(bad.any()):
+        value = int(table[bad][0])
+        raise CheckpointError(
+            f"{file}: tensor {name} holds expert id {value}, outside [0, n_routed_experts={num_experts})", "the checkpoint does not match its config.json"
+        )
+
+
 def load_v4_tensors(
-    stored: dict[str, StoredTensor], source: dict[str, str], specs: dict[str, TensorSpec], scales: set[str], device: torch.device, dtype: torch.dtype
-) -> V4Weights:
+    stored: dict[str, StoredTensor], source: dict[str, str], specs: dict[str, TensorSpec], scales: set[str], device: torch.device, dtype: torch.dtype,
+    num_experts: int,
+) -> V4Weights:  # fmt: skip
     """Read every tensor into what the model keeps: projections as LinearWeight-ready pairs
     (`<name>` and, when quantised, `<name minus .weight>.weight_scale_inv` / a format marker), the
-    rest in their kept dtype. NaN/Inf are refused (`check_finite`)."""
+    rest in their kept dtype. NaN/Inf are refused (`check_finite`, `check_e8m0`), and so are hash
+    routing ids outside [0, num_experts) (`check_expert_ids`)."""
     wanted = sorted((t.file, t.offset, n) for n, t in stored.items() if not n.endswith(IGNORED_SUFFIXES))
     raw: dict[str, torch.Tensor] = {}
     current = handle = None
@@ -144,6 +168,7 @@ def load_v4_tensors(
             out[name] = _linear(name, tensor, raw, stored, device, dtype, file)
             continue
         if spec is not None and spec.kind == INDEX:
+            check_expert_ids(tensor, name, file, num_experts)
             out[name] = tensor.to(device=device, dtype=torch.int64)
             continue
         keep = torch.float32 if spec is not None and spec.kind == FLOAT32 else dtype
@@ -160,9 +185,11 @@ def _linear(name, tensor, raw, stored, device, dtype, file) -> LinearWeight:
         check_finite(kept, name, file, stored=tensor)
         return LinearWeight(kept)
     scale = raw[scale_name]
+    if stored[scale_name].dtype in E8M0:
+        check_e8m0(scale, scale_name, file)
     if stored[name].dtype == FP8:
         check_finite(tensor, name, file)
         scale = _e8m0_to_float(scale) if stored[scale_name].dtype in E8M0 else scale.float()
         check_finite(scale, scale_name, file)
         return LinearWeight(tensor.to(device), scale.to(device))
-    return LinearWeight(tensor.view(torch.uint8).to(device), scale.view(torch.uint8).to(device), "mxfp4")
+    return LinearWeight(tensor.view(torch.uint8).to(device), scale.view(torch.uint8).to(device), "mxfp4")  # e2m1 codes: all finite

@@ -20,6 +20,14 @@ LAYER_TYPES = (SLIDING, CSA, HCA)
 HASH_MOE, MOE = "hash_moe", "moe"
 _RATIO_TO_TYPE = {0: SLIDING, 4: CSA, 128: HCA}  # the legacy per-layer `compress_ratios`
 ROPE_TYPES = ("default", "yarn")
+FLOAT32_MAX = 3.4028234663852886e38  # swiglu_limit reaches the kernels as a float32
+# Fields that size no tensor of the checkpoint (so neither the shape checks nor the memory check bound
+# them) but a per-step table or a loop: a hostile value would be an OOM or a hang at the first step.
+# Each bound is far above what a released model uses (V4: window 128, top-k 512 / 1024, 20 Sinkhorn
+# iterations; V3.2's indexer: top-k 2048; sliding-window models: windows up to 4096).
+MAX_SLIDING_WINDOW = 16384  # each step's [tokens, sliding_window] row table
+MAX_INDEX_TOPK = 16384  # each CSA layer's [tokens, index_topk] selected entries per step
+MAX_SINKHORN_ITERS = 256  # iterations per hyper-connection mix, per layer and step
 
 
 def _string_list(choices: tuple[str, ...]) -> Kind:
@@ -105,8 +113,11 @@ class V4Config:
         if v["compress_rate_hca"] is not None:
             rates[HCA] = v["compress_rate_hca"]
         for kind in (CSA, HCA):
-            if not (isinstance(rates.get(kind), int) and not isinstance(rates.get(kind), bool) and rates[kind] >= 1):
-                bad(f"compress_rates.{kind} must be an integer >= 1, got {rates.get(kind)!r}")
+            rate = rates.get(kind)
+            if not (isinstance(rate, int) and not isinstance(rate, bool) and rate >= 1):
+                bad(f"compress_rates.{kind} must be an integer >= 1, got {rate!r}")
+            if rate & (rate - 1):  # the caches page entries in KV blocks of 16, 64 or 128 tokens: one must divide the other
+                bad(f"compress_rates.{kind} is {rate}, expected a power of two (1, 2, 4, ..., as DeepSeek's 4 and 128)")
         layer_types = v["layer_types"]
         if layer_types is None and v["compress_ratios"] is not None:
             unknown = [r for r in v["compress_ratios"] if r not in _RATIO_TO_TYPE]
@@ -181,6 +192,8 @@ class V4Config:
             bad(f"index_head_dim={self.index_head_dim} is narrower than the rope width {self.qk_rope_head_dim}")
         if CSA in self.layer_types and self.compress_rates[CSA] < 1:
             bad("compress_rates.compressed_sparse_attention must be >= 1")
+        if self.num_nextn_predict_layers > self.num_hidden_layers:
+            bad(f"num_nextn_predict_layers={self.num_nextn_predict_layers} exceeds num_hidden_layers={self.num_hidden_layers}")
         if not self.num_experts_per_tok <= self.n_routed_experts:
             bad(f"num_experts_per_tok={self.num_experts_per_tok} exceeds n_routed_experts={self.n_routed_experts}")
         if self.bos_token_id is not None and self.bos_token_id >= self.vocab_size:
@@ -203,16 +216,16 @@ FIELDS = (
     Field("q_lora_rank", integer(min=1), REQUIRED),
     Field("o_groups", integer(min=1), REQUIRED),
     Field("o_lora_rank", integer(min=1), REQUIRED),
-    Field("sliding_window", integer(min=1), REQUIRED),
+    Field("sliding_window", integer(min=1, max=MAX_SLIDING_WINDOW), REQUIRED),
     Field("layer_types", _string_list(LAYER_TYPES)),
     Field("compress_ratios", integers(min=0)),
     Field("compress_rate_csa", integer(min=1)),
     Field("compress_rate_hca", integer(min=1)),
     Field("index_n_heads", integer(min=1), REQUIRED),
     Field("index_head_dim", integer(min=2), REQUIRED),
-    Field("index_topk", integer(min=1), REQUIRED),
+    Field("index_topk", integer(min=1, max=MAX_INDEX_TOPK), REQUIRED),
     Field("hc_mult", integer(min=1), 4),
-    Field("hc_sinkhorn_iters", integer(min=1), 20),
+    Field("hc_sinkhorn_iters", integer(min=1, max=MAX_SINKHORN_ITERS), 20),
     Field("hc_eps", number(above=0), 1e-6),
     Field("mlp_layer_types", _string_list((HASH_MOE, MOE))),
     Field("num_hash_layers", integer(min=0)),
@@ -223,7 +236,7 @@ FIELDS = (
     Field("scoring_func", one_of("sqrtsoftplus", "sigmoid", "softmax"), "sqrtsoftplus"),
     Field("norm_topk_prob", BOOLEAN, True),
     Field("routed_scaling_factor", number(above=0), 1.0),
-    Field("swiglu_limit", number(above=0), 10.0),
+    Field("swiglu_limit", number(above=0, max=FLOAT32_MAX), 10.0),
     Field("rms_norm_eps", number(above=0), 1e-6),
     Field("rope_theta", number(above=1), 10000.0),
     Field("compress_rope_theta", number(above=1), 160000.0),

@@ -55,7 +55,7 @@ def load_v4(folder: Path, config: V4Config, ops, device: torch.device, dtype: to
     check_fits(estimate_v4_memory(specs, stored, dtype, rope_positions, config.qk_rope_head_dim), device, config, str(folder / "config.json"))
     model = DeepseekV4ForCausalLM(config, ops, device, dtype, max_positions=rope_positions)  # the RoPE tables: after the memory check
     scales = check_v4_tensors(stored, specs, folder, tuple(mtp_prefixes(config)))
-    weights = load_v4_tensors(stored, source, specs, scales, model.device, dtype)
+    weights = load_v4_tensors(stored, source, specs, scales, model.device, dtype, config.n_routed_experts)
     model.load_weights(weights, mtp_blocks)
     if weights.remaining():  # check_v4_tensors lets nothing else through; a leftover is a bug here
         raise RuntimeError(f"tensors loaded but not used by the model: {weights.remaining()[:5]}")
