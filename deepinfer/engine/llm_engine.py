@@ -254,7 +254,7 @@ class LLMEngine:
         """The confidence policy's step times: given, or measured now on the device."""
         from deepinfer.engine.speculative.cost_model import StepCostModel, measure
 
-        if spec.cost_model is not None:
+        if spec.cost_model is not None and not spec.remeasure:
             return StepCostModel.from_table(*spec.step_costs())
         from deepinfer.engine.speculative.cost_probe import CostProbe
 
