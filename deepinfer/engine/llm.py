@@ -84,7 +84,10 @@ class LLM:
     speculative: speculative decoding, e.g. {"method": "mtp", "num_drafts": 3, "policy": "confidence"}
     or "mtp:3:confidence": the checkpoint's MTP layer drafts k tokens per request and step, the
     target verifies them in one forward; policy "fixed" verifies all k, "confidence" only as many as
-    pay for themselves at the current load (deepinfer.engine.speculative). The tokens are the ones
+    pay for themselves at the current load (deepinfer.engine.speculative), priced by step costs
+    measured on the device once per machine and model shape and kept in the cache folder
+    ($DEEPINFER_CACHE, else ~/.cache/deepinfer; "cost_model": "measure" measures them again, a
+    {tokens: seconds} table gives them). The tokens are the ones
     the same request draws without speculation (same seed, same stateless noise), as far as the
     target's logits agree bit for bit. `llm.speculative_metrics()` reports acceptance.
 

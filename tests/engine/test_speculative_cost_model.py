@@ -193,7 +193,7 @@ def test_the_engine_announces_measures_keeps_and_reuses_its_step_costs(tmp_path,
     err = capsys.readouterr().err
     lines = [line for line in err.splitlines() if "speculative step costs" in line]
     assert len(lines) == 2 and lines[0].startswith("deepinfer: measuring the speculative step costs on cpu")
-    assert "(target forwards of 1 to 12 tokens, and the draft layer's; once per machine and model shape) ..." in lines[0]
+    assert ": target forwards of 1 to 12 tokens, and the draft layer's, once per machine and model shape ..." in lines[0]
     assert lines[1].startswith("deepinfer: speculative step costs measured in ") and "kept in" in lines[1]
     files = list((tmp_path / "cache" / "speculative-costs").glob("*.json"))
     assert len(files) == 1 and str(files[0]) in lines[1]

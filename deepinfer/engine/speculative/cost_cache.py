@@ -15,6 +15,7 @@ warning (the engine runs with what it measured).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -23,7 +24,6 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Callable
 
 from deepinfer.engine.speculative.cost_measure import CostSamples, measure, token_points
 from deepinfer.engine.speculative.cost_model import HingeFit, StepCostModel, fit
@@ -95,27 +95,32 @@ def store(path: Path, key: dict, samples: CostSamples, fitted: HingeFit, seconds
     data = {"key": key, "measured": time.strftime("%Y-%m-%d %H:%M:%S"), "measure_seconds": round(seconds, 3),
             "fit": {"flat_s": fitted.flat, "knee_tokens": fitted.knee, "per_token_s": fitted.per_token, "draft_s": fitted.draft},
             "samples": samples.as_dict()}  # fmt: skip
+    tmp = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile("w", dir=path.parent, prefix=path.stem, suffix=".tmp", delete=False) as tmp:
-            tmp.write(json.dumps(data, indent=1))
-        os.replace(tmp.name, path)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.stem, suffix=".tmp")
+        with os.fdopen(fd, "w") as out:
+            out.write(json.dumps(data, indent=1))
+        os.replace(tmp, path)
         return True
     except OSError as exc:
+        if tmp is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
         log.warning("cannot keep the speculative step costs in %s (%s); set DEEPINFER_CACHE to a writable folder", path, exc)
         return False
 
 
-def step_cost_model(probe, key: dict, remeasure: bool, announce: bool, warm_each_shape: bool = True, say: Callable[[str], None] | None = None) -> StepCostModel:
+def step_cost_model(probe, key: dict, remeasure: bool, announce: bool, warm_each_shape: bool = True) -> StepCostModel:
     """The fitted step costs for `key`: from the cache, or measured now with `probe` (CostProbe) and
-    kept. remeasure: measure even when the cache has them. announce: tell the user (say(line), by
-    default to stderr) what is measured, with a progress bar on a terminal, and what was found.
+    kept. remeasure: measure even when the cache has them. announce: tell the user on stderr what is
+    measured (before it starts, with a progress bar on a terminal) and what was found.
     warm_each_shape: see cost_measure.measure."""
 
     def tell(line: str) -> None:
         log.info(line)
         if announce:
-            (say or _to_stderr)(f"deepinfer: {line}")
+            print(f"deepinfer: {line}", file=sys.stderr, flush=True)
 
     path = cache_path(key)
     samples = None if remeasure else load(path, key)
@@ -126,7 +131,7 @@ def step_cost_model(probe, key: dict, remeasure: bool, announce: bool, warm_each
     most = key["max_tokens"]
     points = len(token_points(most)) + int(key["draft_model"])
     drafts = ", and the draft layer's" if key["draft_model"] else ""
-    tell(f"measuring the speculative step costs on {key['device']} (target forwards of 1 to {most} tokens{drafts}; once per machine and model shape) ...")
+    tell(f"measuring the speculative step costs on {key['device']}: target forwards of 1 to {most} tokens{drafts}, once per machine and model shape ...")
     from tqdm import tqdm
 
     bar = tqdm(total=points, desc="Step costs", unit="size", file=sys.stderr, disable=not (announce and sys.stderr.isatty()), leave=False)
@@ -139,6 +144,3 @@ def step_cost_model(probe, key: dict, remeasure: bool, announce: bool, warm_each
     tell(f"speculative step costs measured in {seconds:.1f} s: {fitted.describe()}" + (f"; kept in {path}" if kept else ""))
     return fitted.model()
 
-
-def _to_stderr(line: str) -> None:
-    print(line, file=sys.stderr, flush=True)
