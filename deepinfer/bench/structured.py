@@ -20,8 +20,9 @@ with 0%, 50% and 100% of a batch constrained by a JSON schema.
   per round (runs close in time) and reported as the median with the min and max over the rounds:
   on a busy CPU a single pair of runs gave -21% and +19%, noise.
 
-Defaults by the backend's bench_scale (BackendSpec): an accelerator's batch of 64, a CPU's smaller
-workload that two cores finish in a couple of minutes (DEFAULTS).
+`deepinfer bench structured` sizes the workload by the backend's bench_scale (BackendSpec): an
+accelerator's batch of 64, a CPU's smaller one that two cores finish in a couple of minutes
+(deepinfer/cli/bench_structured.py's DEFAULTS).
 
 Grammars need the model's tokenizer: the embedded tiny models carry DeepSeek's (V3's, 129280 ids);
 the random V2-Lite-shaped model is built here with that vocabulary and tokenizer instead of
@@ -44,11 +45,6 @@ SCHEMA = {"type": "array", "items": {"type": "object", "properties": {"id": {"ty
 # one valid document, tokenized, walked by the mask-fill matchers
 DOCUMENT = json.dumps([{"id": i * 37 % 1000, "tag": ("alpha", "beta", "gamma")[i % 3]} for i in range(40)], separators=(",", ":"))
 SHARES = (0.0, 0.5, 1.0)
-# the defaults of `deepinfer bench structured` by the backend's bench_scale (BackendSpec)
-DEFAULTS = {
-    "device": {"batch": 64, "input_len": 32, "output_len": 64, "mask_batches": "1,2,4,8,16,32,64,128,256", "mask_steps": 20, "repeats": 3},
-    "host": {"batch": 16, "input_len": 16, "output_len": 32, "mask_batches": "1,4,16,64", "mask_steps": 20, "repeats": 3},
-}
 
 
 def deepseek_vocab_shape_llm(backend: str, layers: int | None, engine_options: dict):

@@ -12,6 +12,7 @@ import pytest
 
 from deepinfer.bench import structured
 from deepinfer.bench.structured import Throughput
+from deepinfer.cli import bench_structured
 from deepinfer.cli.main import main
 
 pytestmark = pytest.mark.usefixtures("model_cache")  # tests/engine/conftest.py
@@ -90,7 +91,7 @@ def test_the_workload_defaults_are_the_backends(tmp_path, monkeypatch, capsys, b
     monkeypatch.setattr(plugins_mod, "load_plugins", lambda: plugins)
     out = tmp_path / "structured.json"
     assert main(["bench", "structured", "--backend", backend, "--no-throughput", "--mask-batches", "2", "--mask-steps", "2", "--json", str(out)]) == 0
-    assert f"deepinfer: workload ({scale} defaults, flags given override them): batch {structured.DEFAULTS[scale]['batch']}," in capsys.readouterr().err
+    assert f"deepinfer: workload ({scale} defaults, flags given override them): batch {bench_structured.DEFAULTS[scale]['batch']}," in capsys.readouterr().err
     workload = json.loads(out.read_text())["workload"]
-    assert workload == {**structured.DEFAULTS[scale], "mask_batches": "2", "mask_steps": 2}
-    assert structured.DEFAULTS["host"]["batch"] < structured.DEFAULTS["device"]["batch"]
+    assert workload == {**bench_structured.DEFAULTS[scale], "mask_batches": "2", "mask_steps": 2}
+    assert bench_structured.DEFAULTS["host"]["batch"] < bench_structured.DEFAULTS["device"]["batch"]
