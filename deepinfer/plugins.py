@@ -48,6 +48,9 @@ class Availability:
     details: dict[str, Any] = field(default_factory=dict)
 
 
+BENCH_SCALES = ("device", "host")  # BackendSpec.bench_scale
+
+
 @dataclass(frozen=True)
 class BackendSpec:
     """A backend as declared by `deepinfer_add_backends`: light, nothing imported or started yet.
@@ -62,11 +65,12 @@ class BackendSpec:
     work while the host goes on, so the engine schedules step n+1 while step n runs: deepinfer.engine.overlap),
     `compiles_on_first_use` (its kernels compile per shape when first called, so a server warms up
     before its first request: deepinfer.engine.warmup), `memory_info` ((free, total) bytes
-    of a device, for the KV cache budget; None: the host's RAM is the budget) and `device_count`
+    of a device, for the KV cache budget; None: the host's RAM is the budget), `device_count`
     (its devices on this host, counted without starting one; None: torch.<device_type>.device_count()),
     which `local_devices` answers with; `profiler_activity` (the torch.profiler.ProfilerActivity member
     that records its device's kernels, e.g. "CUDA", for `deepinfer bench e2e --profile`; None: the
-    host's ops only).
+    host's ops only) and `bench_scale` (the workload a benchmark's defaults are sized for: "device",
+    an accelerator's, or "host", what a CPU of a few cores runs in minutes).
     """
 
     name: str
@@ -86,6 +90,7 @@ class BackendSpec:
     memory_info: Callable[[torch.device], tuple[int, int]] | None = None
     device_count: Callable[[], int] | None = None
     profiler_activity: str | None = None
+    bench_scale: str = "device"
 
     def device(self, interpret: bool = False) -> str:
         return "cpu" if interpret else self.device_type
@@ -174,6 +179,10 @@ class Plugins:
             def register(spec: BackendSpec, _plugin=plugin_name) -> None:
                 if spec.name in self.backends:
                     self.failures.append(PluginFailure(_plugin, f"backend {spec.name!r} is already declared by {self.backends[spec.name].plugin}"))
+                    return
+                if spec.bench_scale not in BENCH_SCALES:
+                    problem = f"backend {spec.name!r} declares bench_scale {spec.bench_scale!r}, not one of {', '.join(BENCH_SCALES)}"
+                    self.failures.append(PluginFailure(_plugin, problem))
                     return
                 self.backends[spec.name] = BackendSpec(**{**spec.__dict__, "plugin": _plugin})
 

@@ -35,6 +35,7 @@ def deepinfer_add_backends(register):
             description="pure-torch definitions of every op; runs anywhere (slow)",
             kv_block_size=16,
             auto_priority=0,
+            bench_scale="host",  # a CPU: benchmarks default to workloads a few cores finish in minutes
         )
     )
 

@@ -10,6 +10,9 @@ here: it is the backend's capability (BackendSpec.graph_capture, deepinfer.devic
 
 from __future__ import annotations
 
+import platform
+from pathlib import Path
+
 import torch
 
 
@@ -47,6 +50,26 @@ def device_name(device: torch.device) -> str:
         return str(device)
     get_name = getattr(torch.get_device_module(device), "get_device_name", None)
     return get_name(device) if get_name is not None else str(device)
+
+
+def machine_name(device: torch.device) -> str:
+    """What a timing on `device` depends on, for results kept across runs: the device's own name, or
+    on the host the CPU's model and torch's thread count."""
+    if not on_host(device):
+        return device_name(device)
+    threads = torch.get_num_threads()
+    return f"cpu: {host_cpu_name()} ({threads} thread{'s' if threads != 1 else ''})"
+
+
+def host_cpu_name() -> str:
+    """The host CPU's model name (/proc/cpuinfo where there is one)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
 
 
 def peer_access(device_type: str, a: int, b: int) -> bool | None:

@@ -19,14 +19,13 @@ hit's (`identical`).
 from __future__ import annotations
 
 import json
-import platform
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
 
-from deepinfer.bench.device_api import device_name, on_host, synchronize
+from deepinfer.bench.device_api import device_name, host_cpu_name, on_host, synchronize
 
 
 @dataclass
@@ -68,19 +67,9 @@ def machine_info(engine) -> dict:
     info = {"device": device_name(device), "torch": torch.__version__, "backend": engine.runtime.backend.name,
             "backend_options": dict(engine.runtime.options), "date": time.strftime("%Y-%m-%d")}  # fmt: skip
     if on_host(device):
-        info["cpu"] = _cpu_name()
+        info["cpu"] = host_cpu_name()
         info["cpu_threads"] = torch.get_num_threads()
     return info
-
-
-def _cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def run(

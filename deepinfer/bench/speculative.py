@@ -9,6 +9,16 @@ confidence head). What is measured is the policy itself: how many drafts it veri
 keeps, and the tokens per second of the whole run (prefill included, the same for every mode),
 against the run without speculation (CUDA graphs on in both: verification steps replay graphs of
 their padded shape; the MTP drafter's passes and prefill steps run eagerly).
+
+The engines run in deterministic mode by default (batch-invariant kernels): a verification step is
+not a decode step, and with the backend's fastest kernels a request's logits depend on the step's
+shape, so in bf16 near-ties resolve differently with speculation than in the recorded run; from
+there the output leaves its recorded continuation, its drafts stop agreeing and acceptance counts
+nothing (on an H100: acceptance length 1.05 and 0/16 outputs equal, against 2.37 and 16/16). So
+the rows whose outputs left their continuations are flagged (`left_continuations`): in
+deterministic mode that is a bug, without it (`deterministic=False`) the figures under-count.
+Deterministic kernels are slower than the fastest ones (on the reference backend much slower: its
+sums are exact), so tokens/s compare modes with each other, not with a production run.
 """
 
 from __future__ import annotations
@@ -37,24 +47,28 @@ class SpecResult:
     accepted_per_verified: float | None
     outputs_equal: int  # requests whose tokens equal the run without speculation
 
+    @property
+    def left_continuations(self) -> int:
+        """Requests whose output left its recorded continuation (module docstring)."""
+        return self.concurrency - self.outputs_equal
+
 
 def run(backend: str, concurrency: tuple[int, ...], *, layers: int | None, prompt_len: int, new_tokens: int, num_drafts: int,
-        first: float, decay: float, spread: float, json_path: Path | None = None, on_result=None, deterministic: bool = False) -> list[SpecResult]:  # fmt: skip
+        first: float, decay: float, spread: float, json_path: Path | None = None, on_result=None, deterministic: bool = True,
+        config_overrides: dict | None = None) -> list[SpecResult]:  # fmt: skip
     """on_result(SpecResult): called as each row is measured (a run cut short keeps what it measured).
-    deterministic: every engine in deterministic mode, so that a request's logits, and its greedy
-    continuation, do not depend on the step's batch shapes (verification steps are not decode
-    steps): in bf16 the default mode's near-ties resolve differently with speculation, the
-    continuation is left and the controlled drafts stop agreeing."""
+    deterministic: every engine in deterministic mode (the default; module docstring), so that a
+    request's logits, and its greedy continuation, do not depend on the step's batch shapes.
+    config_overrides: change the model's shape (tests: a tiny one)."""
     from deepinfer.bench.e2e import V2_LITE, build_v2_lite
     from deepinfer.engine.llm import LLM
     from deepinfer.engine.llm_engine import EngineConfig, LLMEngine
     from deepinfer.engine.sampling_params import SamplingParams
     from deepinfer.engine.speculative.controlled_draft import ControlledDraft, geometric_profile
     from deepinfer.engine.speculative.metrics import SpeculativeMetrics
-    from deepinfer.runtime import open_runtime
 
-    cfg = dict(V2_LITE, **({"num_hidden_layers": layers} if layers else {}))
-    runtime = open_runtime(backend, dtype=torch.bfloat16, deterministic=deterministic)
+    cfg = {**V2_LITE, **(config_overrides or {}), **({"num_hidden_layers": layers} if layers else {})}
+    runtime = open_deterministic_runtime(backend, deterministic)
     device = runtime.device
     loaded, hf = build_v2_lite(runtime, cfg)
     del hf
@@ -70,7 +84,7 @@ def run(backend: str, concurrency: tuple[int, ...], *, layers: int | None, promp
             # no prefix cache: the warm-up run and the timed one do the same work (a hit's prefill is another kernel variant)
             config = EngineConfig(max_num_seqs=n, max_num_batched_tokens=max(n * prompt_len, 8192), kv_cache_memory_gib=KV_CACHE_GIB, speculative=spec,
                                   enable_prefix_caching=False, deterministic=deterministic)  # fmt: skip
-            return LLM.from_engine(LLMEngine(loaded, runtime, torch.bfloat16, config, draft_source=draft))
+            return LLM.from_engine(LLMEngine(loaded, runtime, torch.bfloat16, config, draft_source=draft, announce=True))
 
         def timed(llm):
             llm.generate(prompts, greedy, use_tqdm=False)  # warm-up: compiles, captures graphs, calibrates
@@ -106,8 +120,41 @@ def run(backend: str, concurrency: tuple[int, ...], *, layers: int | None, promp
         info = {"device": device_name(device), "torch": torch.__version__, "layers": cfg["num_hidden_layers"], "backend": runtime.backend.name,
                 "prompt_len": prompt_len, "new_tokens": new_tokens, "deterministic": deterministic,
                 "profile": {"first": first, "decay": decay, "spread": spread}, "date": time.strftime("%Y-%m-%d")}  # fmt: skip
-        json_path.write_text(json.dumps({"machine": info, "results": [asdict(r) for r in results]}, indent=1))
+        rows = [{**asdict(r), "left_continuations": r.left_continuations} for r in results]
+        json_path.write_text(json.dumps({"machine": info, "results": rows}, indent=1))
     return results
+
+
+def open_deterministic_runtime(backend: str, deterministic: bool):
+    """The runtime; in deterministic mode, a backend without a batch-invariant kernel for an op is a
+    one-line error saying what the default needs and what --no-deterministic measures instead."""
+    from deepinfer.registry import RegistryError
+    from deepinfer.runtime import open_runtime
+
+    try:
+        return open_runtime(backend, dtype=torch.bfloat16, deterministic=deterministic)
+    except RegistryError as exc:
+        if not deterministic or not str(exc).startswith("deterministic mode:"):
+            raise
+        problem = str(exc).split(";")[0]
+        raise RegistryError(
+            f"{problem}: bench speculative runs in deterministic mode so that outputs keep to their recorded continuations; "
+            "--no-deterministic measures with the backend's own kernels (rows whose outputs leave them are flagged, their acceptance under-counts)"
+        ) from None
+
+
+def notes(results: list[SpecResult], deterministic: bool) -> list[str]:
+    """What the table's figures cannot be trusted for: rows whose outputs left their recorded continuations."""
+    left = [r for r in results if r.left_continuations]
+    if not left:
+        return []
+    rows = ", ".join(f"{r.mode} at {r.concurrency} ({r.left_continuations} of {r.concurrency})" for r in left)
+    if deterministic:
+        return [f"error: outputs left their recorded continuations in deterministic mode: {rows}; speculation must keep a greedy "
+                "request's tokens there, so this is a bug (please report it), and these rows' acceptance figures do not measure the policy"]  # fmt: skip
+    return [f"warning: outputs left their recorded continuations: {rows}. Without --deterministic a verification step's logits differ "
+            "from a decode step's, near-ties resolve differently, and from there a request's drafts stop agreeing: these rows' acceptance "
+            "figures under-count. The default (deterministic mode) measures the policy."]  # fmt: skip
 
 
 def format_results(results: list[SpecResult]) -> str:
@@ -117,5 +164,6 @@ def format_results(results: list[SpecResult]) -> str:
         spec = (f"{r.acceptance_length:10.2f}  {r.drafts_verified_per_step:13.2f}  {r.accepted_per_verified:17.1%}"
                 if r.acceptance_length is not None else f"{'-':>10}  {'-':>13}  {'-':>17}")  # fmt: skip
         ratio = r.tokens_per_s / base[r.concurrency]
-        lines.append(f"{r.concurrency:10d}  {r.mode:<14}  {r.tokens_per_s:5.0f}  {ratio:6.2f}x  {spec}  {r.outputs_equal:>5}/{r.concurrency}")
+        flag = "  (left their continuations)" if r.left_continuations else ""
+        lines.append(f"{r.concurrency:10d}  {r.mode:<14}  {r.tokens_per_s:5.0f}  {ratio:6.2f}x  {spec}  {r.outputs_equal:>5}/{r.concurrency}{flag}")
     return "\n".join(lines)

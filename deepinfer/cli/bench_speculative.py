@@ -3,12 +3,14 @@ confidence-driven) on a random DeepSeek-V2-Lite-shaped model at given numbers of
 requests: tokens/s against the run without speculation, acceptance length, drafts verified per
 step, the share of verified drafts accepted. The drafts come from a draft source that agrees with
 each request's recorded continuation at a geometric rate (random weights accept no MTP draft;
-deepinfer/bench/speculative.py says how).
+deepinfer/bench/speculative.py says how). Every run is in deterministic mode unless --no-deterministic:
+otherwise outputs leave their recorded continuations at near-ties and acceptance counts nothing.
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 from deepinfer.errors import UserError
@@ -28,8 +30,10 @@ def add_parser(what) -> None:
     p.add_argument("--first", type=float, default=0.9, help="probability that draft 1 agrees (default 0.9)")
     p.add_argument("--decay", type=float, default=0.8, help="each further draft agrees with this factor less (default 0.8)")
     p.add_argument("--spread", type=float, default=0.5, help="per-request factor on the profile, uniform in [1 - spread, 1] (default 0.5)")
-    p.add_argument("--deterministic", action="store_true",
-                   help="every run in deterministic mode: continuations do not depend on batch shapes, so the controlled drafts keep agreeing")
+    p.add_argument("--deterministic", action=argparse.BooleanOptionalAction, default=True,
+                   help="every run in deterministic mode (the default): continuations do not depend on batch shapes, so the controlled drafts keep "
+                        "agreeing; --no-deterministic: the backend's fastest kernels, whose near-ties send outputs off their recorded continuations "
+                        "(those rows are flagged: their acceptance under-counts)")
     p.add_argument("--json", type=Path, default=None, metavar="FILE", help="write the results to FILE")
     p.set_defaults(func=run_speculative)
 
@@ -64,4 +68,7 @@ def run_speculative(args: argparse.Namespace) -> int:
                               num_drafts=args.num_drafts, first=args.first, decay=args.decay, spread=args.spread, json_path=args.json,
                               on_result=lambda r: print(f"measured: {r}", flush=True), deterministic=args.deterministic)  # fmt: skip
     print(speculative.format_results(results))
-    return 0
+    notes = speculative.notes(results, args.deterministic)
+    for line in notes:
+        print(line, file=sys.stderr)
+    return 1 if notes and args.deterministic else 0

@@ -1,18 +1,33 @@
 """`deepinfer bench structured`: structured output's cost (deepinfer/bench/structured.py): the host's
 grammar-mask fill per step against batch size, and output tokens/s with 0%, 50% and 100% of a batch
-constrained by a JSON schema (the overhead over free decoding), as JSON (--json) and a PNG (--plot).
+constrained by a JSON schema (the overhead over free decoding, with its spread over --repeats rounds),
+as JSON (--json) and a PNG (--plot). The workload's defaults are the backend's: an accelerator's
+(batch 64, 64 output tokens, mask fill up to 256 rows) or a CPU's (batch 16, 32 output tokens, mask
+fill up to 64 rows: a couple of minutes on two cores); each flag given overrides its default.
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from pathlib import Path
 
 from deepinfer.cli.bench_outputs import check_outputs
 from deepinfer.errors import UserError
 
-MASK_BATCHES = "1,2,4,8,16,32,64,128,256"
+# The workload's defaults by the backend's bench_scale (BackendSpec): an accelerator's, and a CPU's
+# that two cores finish in a couple of minutes (a batch of 64 took 9.5 minutes there).
+DEFAULTS = {
+    "device": {"batch": 64, "input_len": 32, "output_len": 64, "mask_batches": "1,2,4,8,16,32,64,128,256", "mask_steps": 20, "repeats": 3},
+    "host": {"batch": 16, "input_len": 16, "output_len": 32, "mask_batches": "1,4,16,64", "mask_steps": 20, "repeats": 3},
+}
+
+
+def _default(name: str) -> str:
+    """A flag's defaults as --help says them: the accelerator's, then the CPU's."""
+    device, host = DEFAULTS["device"][name], DEFAULTS["host"][name]
+    return f"default {device} on an accelerator, {host} on a CPU" if device != host else f"default {device}"
 
 
 def add_parser(what) -> None:
@@ -25,11 +40,13 @@ def add_parser(what) -> None:
     p.add_argument("--backend", default="auto", help="auto (cuda, then ascend, then reference) or a backend from `deepinfer backends`")
     p.add_argument("--dtype", default="auto", choices=("auto", "bfloat16", "float16", "float32"),
                    help="--model: auto is bfloat16 on accelerators, float32 on the CPU")
-    p.add_argument("--batch", type=int, default=64, help="requests decoding together in the throughput runs (default 64)")
-    p.add_argument("--input-len", type=int, default=32, help="prompt tokens of each request (default 32)")
-    p.add_argument("--output-len", type=int, default=64, help="output tokens of each request (default 64)")
-    p.add_argument("--mask-batches", default=MASK_BATCHES, metavar="B,B,...", help=f"batch sizes of the mask-fill timing (default {MASK_BATCHES})")
-    p.add_argument("--mask-steps", type=int, default=20, help="steps timed per mask batch size (default 20)")
+    p.add_argument("--batch", type=int, default=None, help=f"requests decoding together in the throughput runs ({_default('batch')})")
+    p.add_argument("--input-len", type=int, default=None, help=f"prompt tokens of each request ({_default('input_len')})")
+    p.add_argument("--output-len", type=int, default=None, help=f"output tokens of each request ({_default('output_len')})")
+    p.add_argument("--repeats", type=int, default=None,
+                   help=f"timed rounds of the throughput runs, each share once a round; overheads are their median, min and max ({_default('repeats')})")
+    p.add_argument("--mask-batches", default=None, metavar="B,B,...", help=f"batch sizes of the mask-fill timing ({_default('mask_batches')})")
+    p.add_argument("--mask-steps", type=int, default=None, help=f"steps timed per mask batch size ({_default('mask_steps')})")
     p.add_argument("--no-throughput", action="store_true", help="time the mask fill only")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", type=Path, default=None, metavar="FILE", help="write the results to FILE")
@@ -50,40 +67,50 @@ def _batches(text: str) -> list[int]:
 def run_structured(args: argparse.Namespace) -> int:
     from deepinfer.bench import structured
 
-    batches = _batches(args.mask_batches)
-    for name in ("batch", "input_len", "output_len", "mask_steps"):
-        if getattr(args, name) < 1:
+    if args.mask_batches is not None:
+        _batches(args.mask_batches)
+    for name in ("batch", "input_len", "output_len", "mask_steps", "repeats"):
+        if getattr(args, name) is not None and getattr(args, name) < 1:
             raise UserError(f"--{name.replace('_', '-')} must be at least 1, not {getattr(args, name)}")
     check_outputs(args.json, args.plot)
     from deepinfer.engine.grammar_source import require_llguidance
 
     require_llguidance()
-    options = {"seed": args.seed, "max_num_seqs": max(args.batch, 1)}
+    from deepinfer.cli.bench import choose_backend
+    from deepinfer.plugins import load_plugins
+
+    backend = choose_backend(load_plugins(), args.backend)
+    workload = {name: given if (given := getattr(args, name)) is not None else default for name, default in DEFAULTS[backend.bench_scale].items()}
+    batches = _batches(workload["mask_batches"])
+    options = {"seed": args.seed, "max_num_seqs": workload["batch"]}
     if args.model_shape is not None:
         if args.model is not None:
             raise UserError("give --model or --model-shape, not both")
         if args.layers is not None and args.layers < 1:
             raise UserError(f"--layers must be at least 1, not {args.layers}")
-        llm = structured.deepseek_vocab_shape_llm(args.backend, args.layers, options)
+        llm = structured.deepseek_vocab_shape_llm(backend.name, args.layers, options)
         model = f"random {args.model_shape} ({llm.engine.loaded.config.num_hidden_layers} layers, DeepSeek-V3 tokenizer and vocabulary)"
     elif args.layers is not None:
         raise UserError("--layers cuts a --model-shape model; a --model checkpoint runs whole")
     else:
         from deepinfer import LLM
 
-        llm = LLM(model=args.model, backend=args.backend, dtype=args.dtype, announce=False, **options)
+        llm = LLM(model=args.model, backend=backend.name, dtype=args.dtype, announce=False, **options)
         model = args.model or "tiny-v3"
         if llm.engine.tokenizer is None:
             raise UserError(f"model {model} has no tokenizer.json: grammars need one")
-    masks = structured.mask_fill(llm, batches, args.mask_steps)
-    runs = [] if args.no_throughput else structured.throughput(llm, args.batch, args.input_len, args.output_len, args.seed)
+    print(f"deepinfer: workload ({backend.bench_scale} defaults, flags given override them): " + ", ".join(f"{k} {v}" for k, v in workload.items()),
+          file=sys.stderr)  # fmt: skip
+    masks = structured.mask_fill(llm, batches, workload["mask_steps"])
+    sizes = (workload["batch"], workload["input_len"], workload["output_len"], args.seed, workload["repeats"])
+    runs = [] if args.no_throughput else structured.throughput(llm, *sizes)
     print(structured.format_results(masks, runs))
     import torch
 
     machine = {"backend": llm.backend, "model": model, "device": str(llm.engine.runtime.device), "date": time.strftime("%Y-%m-%d"),
                "cpu_threads": torch.get_num_threads() if llm.engine.runtime.device.type == "cpu" else None}  # fmt: skip
     if args.json is not None:
-        structured.write_json(args.json, masks, runs, machine)
+        structured.write_json(args.json, masks, runs, machine, workload)
     if args.plot is not None:
         import json
 

@@ -52,7 +52,8 @@ class LLM:
     weights are loaded, or 256 MiB on the CPU). gpu_memory_utilization: vLLM's, a fraction in
     (0, 1] (default 0.9). max_model_len: the longest sequence, prompt and generated tokens
     (default and upper bound: the model's max_position_embeddings). allow_fallback: let the reference
-    serve ops the backend lacks. announce: print the backend choice and "dummy weights" to stderr.
+    serve ops the backend lacks. announce: print the backend choice, "dummy weights" and long start-up work
+    (measuring speculative decoding's step costs) to stderr.
     dtype: "auto" (bfloat16 on accelerators, float32 on the CPU) or a name of
     deepinfer.engine.dtype_names (vLLM's: half, float16, bfloat16, float, float32), or a torch.dtype.
     tokenizer: a folder to load the tokenizer (tokenizer.json, tokenizer_config.json and its chat
@@ -83,7 +84,10 @@ class LLM:
     speculative: speculative decoding, e.g. {"method": "mtp", "num_drafts": 3, "policy": "confidence"}
     or "mtp:3:confidence": the checkpoint's MTP layer drafts k tokens per request and step, the
     target verifies them in one forward; policy "fixed" verifies all k, "confidence" only as many as
-    pay for themselves at the current load (deepinfer.engine.speculative). The tokens are the ones
+    pay for themselves at the current load (deepinfer.engine.speculative), priced by step costs
+    measured on the device once per machine and model shape and kept in the cache folder
+    ($DEEPINFER_CACHE, else ~/.cache/deepinfer; "cost_model": "measure" measures them again, a
+    {tokens: seconds} table gives them). The tokens are the ones
     the same request draws without speculation (same seed, same stateless noise), as far as the
     target's logits agree bit for bit. `llm.speculative_metrics()` reports acceptance.
 
@@ -212,7 +216,7 @@ class LLM:
         loaded = load_model(model, runtime.ops, runtime.device, torch_dtype, experts, max_model_len=max_model_len, tokenizer=tokenizer)
         if announce and loaded.dummy_weights:
             print(f"deepinfer: model {loaded.path}: dummy weights (random, for trying the engine; the text is gibberish)", file=sys.stderr)
-        self._setup(LLMEngine(loaded, runtime, torch_dtype, config, dist=dist))
+        self._setup(LLMEngine(loaded, runtime, torch_dtype, config, dist=dist, announce=announce))
 
     @classmethod
     def from_engine(cls, engine: LLMEngine) -> "LLM":

@@ -130,12 +130,14 @@ def _eos_ids(*values) -> frozenset[int]:
 class LLMEngine:
     """Owns the scheduler, the block manager and the model runner for one loaded model."""
 
-    def __init__(self, loaded, runtime, dtype: torch.dtype, config: EngineConfig | None = None, dist=None, draft_source=None):
+    def __init__(self, loaded, runtime, dtype: torch.dtype, config: EngineConfig | None = None, dist=None, draft_source=None, announce: bool = False):
         """dist: the run's DistContext when the experts span several ranks (attention data
         parallel: this engine runs this rank's requests; see engine/data_parallel.py).
         draft_source: with config.speculative, drafts from this instead of the checkpoint's MTP
-        layer (ControlledDraft: benchmarks and tests of the verification policy)."""
+        layer (ControlledDraft: benchmarks and tests of the verification policy).
+        announce: tell the user on stderr about long start-up work (measuring speculation's step costs)."""
         self.draft_source = draft_source
+        self.announce = announce
         self.config = config = config or EngineConfig()
         config.validate()
         self.dist = dist
@@ -259,17 +261,21 @@ class LLMEngine:
         return SpeculativeDecoder(spec, model, self.runner, runtime.ops, self._final_length, drafter, cost)
 
     def _cost_model(self, spec):
-        """The confidence policy's step times: given, or measured now on the device."""
-        from deepinfer.engine.speculative.cost_model import StepCostModel, measure
+        """The confidence policy's step times: given, or this machine's fit for the model's shape
+        (measured on the device the first time, then kept: deepinfer.engine.speculative.cost_cache)."""
+        from deepinfer.engine.speculative.cost_model import StepCostModel
 
-        if spec.cost_model is not None:
+        if spec.cost_model is not None and not spec.remeasure:
             return StepCostModel.from_table(*spec.step_costs())
+        from deepinfer.engine.speculative.cost_cache import cost_key, step_cost_model
         from deepinfer.engine.speculative.cost_probe import CostProbe
 
         probe = CostProbe(self.runner, self.loaded.model, self.block_manager)
         most = min(self.config.max_num_seqs * (spec.num_drafts + 1), self.config.max_num_batched_tokens)
-        draft = probe.draft if self.draft_source is None else None  # a draft source that runs no model costs nothing
-        return measure(probe.target, draft, most, probe.synchronize)
+        drafts = self.draft_source is None  # a draft source that runs no model costs nothing
+        # first-use work per shape (kernel compiles, graph captures) needs an untimed run before every size
+        warm_each_shape = self.runtime.compiles_on_first_use or self.runner.graphs is not None
+        return step_cost_model(probe, cost_key(self, most, drafts), spec.remeasure, self.announce, warm_each_shape)
 
     def _num_blocks_from_memory(self, model, device: torch.device) -> int:
         per_block = kv_block_bytes(model, self.block_size, self.cache_dtype, self.num_draft_layers)

@@ -169,3 +169,18 @@ def test_sys_exit_in_a_hook_or_a_probe_is_a_failure_too():
     assert any("deepinfer_add_backends raised SystemExit: 5" in f.error for f in plugins.failures)
     found = plugins.probe("exits_in_probe")
     assert not found.available and "SystemExit: 4" in found.reason
+
+
+def test_a_bench_scale_that_is_not_one_is_a_plugin_failure():
+    """BackendSpec.bench_scale sizes the benchmarks' default workloads: "device" or "host" (the reference's)."""
+    from types import SimpleNamespace
+
+    from deepinfer.plugins import BackendSpec, hookimpl
+
+    def declare(register):
+        register(BackendSpec(name="tiny_scale", device_type="cpu", probe=lambda interpret=False: None, bench_scale="tiny"))
+
+    plugins = Plugins(load_entry_points=False, extra_plugins=(SimpleNamespace(deepinfer_add_backends=hookimpl(declare)),))
+    assert "tiny_scale" not in plugins.backends
+    assert [f.error for f in plugins.failures] == ["backend 'tiny_scale' declares bench_scale 'tiny', not one of device, host"]
+    assert Plugins().backends["reference"].bench_scale == "host" and Plugins().backends["cuda"].bench_scale == "device"

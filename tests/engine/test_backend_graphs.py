@@ -155,10 +155,12 @@ def test_verification_steps_replay_graphs_of_their_padded_shape(monkeypatch, par
 
 def test_the_confidence_policy_prices_graph_steps(monkeypatch):
     """With graphs, the start-up cost probe times verification graphs (capturing them) and the
-    confidence policy prices a step by its padded rows; greedy tokens stay the eager run's."""
+    confidence policy prices a step by its padded rows; greedy tokens stay the eager run's. (cost_model
+    "measure": measured now, whatever an earlier run kept for this machine.)"""
     want = tokens(llm_on(monkeypatch, FakeBackend(), "reference"))
     graphs = RecordingGraphs()
-    llm = llm_on(monkeypatch, FakeBackend(graphs=graphs), "fake", speculative={"method": "mtp", "num_drafts": 3, "policy": "confidence"})
+    spec = {"method": "mtp", "num_drafts": 3, "policy": "confidence", "cost_model": "measure"}
+    llm = llm_on(monkeypatch, FakeBackend(graphs=graphs), "fake", speculative=spec)
     probed = set(llm.engine.runner.graphs.row_graphs)
     assert probed and max(per_seq for _, per_seq in probed) == 4  # 4 sequences x 4 rows: the most a step holds
     assert llm.engine.speculative.policy.padded

@@ -188,7 +188,7 @@ def test_deterministic_mode_with_speculation(checkpoint, baseline):
         ({"method": "mtp", "drafts": 3}, "unknown key 'drafts'"),
         ("{bad json", "is not valid JSON"),
         ({"method": "mtp", "policy": "fixed", "cost_model": {"1": 0.1}}, "cost_model is for policy 'confidence' only"),
-        ({"method": "mtp", "policy": "confidence", "cost_model": {"0": 0.1}}, "token counts >= 1"),
+        ({"method": "mtp", "policy": "confidence", "cost_model": {"0": 0.1}}, "token count >= 1"),
     ],
 )
 def test_bad_speculative_config_is_one_line(value, message):
