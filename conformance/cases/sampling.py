@@ -71,8 +71,11 @@ SAMPLE_RECIPES = [
     # A vocabulary not a multiple of 32, with structured-output -inf logits in rows 0 to 3.
     ("b12_v1003_mixed_masked",
      partial(sample_inputs, vocab=1003, rows=[(1.0, 0, 1.0, 0.0), (0.7, 20, 0.9, 0.0), GREEDY, (1.0, 0, 0.9, 0.1)] + MIXED_ROWS[1:9], masked_rows=4)),
-    # DeepSeek-V3's vocabulary: one nucleus row, one plain-temperature row over all 129280 tokens.
-    ("b2_v129280", partial(sample_inputs, vocab=129280, rows=[(0.7, 0, 0.9, 0.0), (1.0, 0, 1.0, 0.0)])),
+    # Rows of many chunks (every other case is one chunk): one nucleus row (the cuda kernel's second pass), one
+    # plain-temperature row. 32771 logits: cuda's 9 chunks (interpreter's table) or 17 (SM90's), more than its
+    # finish compacts at once (8 / 16 chunks' segments), the last chunk shorter; not a multiple of 32. DeepSeek-V3's
+    # 129280-token rows are `deepinfer bench ops`' size.
+    ("b2_v32771", partial(sample_inputs, vocab=32771, rows=[(0.7, 0, 0.9, 0.0), (1.0, 0, 1.0, 0.0)])),
     ("b1_v1003_greedy", partial(sample_inputs, vocab=1003, rows=[GREEDY])),
 ]
 
@@ -141,7 +144,7 @@ REJECTION_RECIPES = [
     # The first draft rejected in every request: the correction at row 0, -1 after it.
     ("b4_v1000_first_rejected",
      partial(rejection_inputs, vocab=1000, requests=[((0.7, 0, 1.0, 0.0), 2, 0), ((1.0, 1, 1.0, 0.0), 3, 0), ((1.0, 0, 1.0, 0.1), 1, 0), (GREEDY, 2, 0)])),
-    # (DeepSeek-V3's vocabulary is `sample`'s b2_v129280 case: the rows are sampled by that kernel, and the accept scan
+    # (rows of many chunks are `sample`'s b2_v32771 case: the rows are sampled by that kernel, and the accept scan
     # reads only tokens; at that size each row costs seconds in the interpreter, in every conformance pass of CI)
     # One request, no drafts: one row, the bonus token.
     ("b1_v1003_no_drafts", partial(rejection_inputs, vocab=1003, requests=[((0.8, 50, 0.9, 0.05), 0, 0)])),
