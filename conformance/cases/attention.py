@@ -3,8 +3,9 @@
 MLA shapes are DeepSeek-V3's latent cache (kv_lora_rank 512 + rope 64) in pages of 64 (CUDA) or
 128 (Ascend) tokens, except in the cases named c96_r32, whose point is not the width: a narrow latent
 (not a power of two, so the kernels' tiles have masked columns; the embedded tiny models' is 64)
-keeps their caches small. V3's width stays in the one-token decode, the window (two query tokens)
-and the FP8 cache's decodes and writes, so a GPU run still builds every kernel at the model's size.
+keeps their caches small. V3's width stays in the one-token decode, the window (two query tokens),
+the FP8 cache's decodes and the writes in pages of 64, so a GPU run still builds every kernel at the
+model's size.
 Every cache is filled with random values everywhere, so a kernel that reads a wrong page, a row past
 seq_len, or overwrites a row it should skip, gets a different answer.
 """
@@ -85,8 +86,7 @@ def prefill_inputs(gen, dtype, *, q_lens: list[int], k_lens: list[int], heads: i
 RECIPES = [
     # Slots across a page boundary, out of order, with a padding slot (-1) that must write nothing, and the cache's
     # last slot.
-    ("kv_cache_write", "bs64_c96_r32_across_blocks_skip",
-     partial(kv_cache_write_inputs, slots=[62, 63, 64, 65, -1, 127], block_size=64, num_blocks=2, latent=96, rope=32)),
+    ("kv_cache_write", "bs64_across_blocks_skip", partial(kv_cache_write_inputs, slots=[62, 63, 64, 65, -1, 127], block_size=64, num_blocks=2)),
     ("kv_cache_write", "bs128_c96_r32_across_blocks_skip",
      partial(kv_cache_write_inputs, slots=[200, 127, -1, 128, 5, 255], block_size=128, num_blocks=2, latent=96, rope=32)),
     ("mla_decode", "b1_s1_h16_len1", partial(mla_decode_inputs, seq_lens=[1], num_queries=1)),
@@ -97,7 +97,7 @@ RECIPES = [
     ("mla_decode", "b4_s1_h16_c96_r32_mixed_shuffled_pages",
      partial(mla_decode_inputs, seq_lens=[1, 63, 129, 20], num_queries=1, spare_blocks=2, shuffled=True, latent=96, rope=32)),
     ("prefill", "b1_q1_k1_h4_d64", partial(prefill_inputs, q_lens=[1], k_lens=[1], heads=4, qk_dim=64, v_dim=64)),
-    ("prefill", "b3_cached_prefix_h2_dqk192_dv128", partial(prefill_inputs, q_lens=[5, 1, 33], k_lens=[5, 40, 70], heads=2, qk_dim=192, v_dim=128)),
+    ("prefill", "b3_cached_prefix_h1_dqk192_dv128", partial(prefill_inputs, q_lens=[5, 1, 33], k_lens=[5, 40, 70], heads=1, qk_dim=192, v_dim=128)),
     ("prefill", "b2_q64_q65_h1_dqk192_dv128", partial(prefill_inputs, q_lens=[64, 65], k_lens=[64, 65], heads=1, qk_dim=192, v_dim=128)),
     ("prefill", "b2_window32_h2_dqk192_dv128", partial(prefill_inputs, q_lens=[40, 3], k_lens=[40, 70], heads=2, qk_dim=192, v_dim=128, sliding_window=32)),
 ]

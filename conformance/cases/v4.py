@@ -297,8 +297,8 @@ SINKS_H16 = [-30.0, -8.0, -2.0, -1.0, -0.5, 0.0, 0.5, 1.0, 2.0, 3.0, 4.0, 5.0, 6
 
 RECIPES = [
     # sparse_attention: the window alone (sliding layers), decode and a prefill from position 0, at V4's head_dim 512
-    # (as the FP8 copies of the decode and the CSA case, fp8_kv_cache.py); the cases below take 128 (the windows'
-    # 128 rows make their caches, and what they test is not the width).
+    # (as the sinks case and the FP8 copies of the decode and the CSA case, fp8_kv_cache.py); the HCA and CSA cases
+    # take 128 (the windows' 128 rows make their caches, and what they test is not the width).
     ("sparse_attention", "decode_t1_h16_d512_window128", partial(sparse_attention_inputs, seqs=[(190, 1)], heads=16)),
     ("sparse_attention", "prefill_from_0_t6_h8_d512_leading_padding", partial(sparse_attention_inputs, seqs=[(0, 6)], heads=8)),
     # HCA: every complete entry (ratio 128), two sequences with 2 and 3 entries.
@@ -307,8 +307,8 @@ RECIPES = [
     # CSA: the indexer's top-32 of the visible entries (ratio 4), fewer than 32 visible early on: 160 keys.
     ("sparse_attention", "csa_t6_h8_d128_top32_shuffled_padding",
      partial(sparse_attention_inputs, seqs=[(40, 2), (140, 3), (3, 1)], heads=8, dim=128, extra="csa", ratio=4, topk=32)),
-    ("sparse_attention", "sinks_large_and_small_t3_h16_d128_peaky",
-     partial(sparse_attention_inputs, seqs=[(130, 3)], heads=16, dim=128, extra="csa", ratio=4, topk=32, sinks=SINKS_H16, q_scale=3.0)),
+    ("sparse_attention", "sinks_large_and_small_t3_h16_d512_peaky",
+     partial(sparse_attention_inputs, seqs=[(130, 3)], heads=16, extra="csa", ratio=4, topk=32, sinks=SINKS_H16, q_scale=3.0)),
     # A query listing no row (zeros), and extra ids equal to the window's ids (other cache's rows).
     ("sparse_attention", "empty_query_same_ids_both_caches_t4_h4_d64",
      partial(sparse_attention_inputs, seqs=[(70, 4)], heads=4, dim=64, window=32, block_size=16, same_ids=True, empty_queries=(1,))),
@@ -337,10 +337,10 @@ RECIPES = [
     # Early in the sequences: no window complete yet, so no entry at all (E = 0).
     ("indexer_topk", "no_complete_window_b2_h64_d128", partial(indexer_topk_inputs, seqs=[(0, 2), (1, 1)], top_k=32)),
     ("indexer_topk", "ratio4_b2_h64_d128_top64_long", partial(indexer_topk_inputs, seqs=[(1000, 2), (511, 1)], top_k=64)),
-    # hc_pre: one decode token over 4 streams of 2304 (9 reduction segments: the split launch's uneven split, and
-    # two collapse splits under the interpreter, the second partial; V4-Flash's 4096 is `deepinfer bench ops`' size),
-    # smaller widths, one Sinkhorn round.
-    ("hc_pre", "t1_n4_d2304_sinkhorn20", partial(hc_pre_inputs, tokens=1, dim=2304)),
+    # hc_pre: one decode token whose streams span 9 reduction segments (the split launch's uneven split) and, under
+    # the interpreter, two collapse splits, the second partial: 2 streams of 4608, whose mixing weights are a third of
+    # 4 streams' (V4-Flash's 4 x 4096 is `deepinfer bench ops`' size); V4's 4 streams at smaller widths, one Sinkhorn round.
+    ("hc_pre", "t1_n2_d4608_sinkhorn20", partial(hc_pre_inputs, tokens=1, streams=2, dim=4608)),
     ("hc_pre", "t7_n4_d64_sinkhorn20", partial(hc_pre_inputs, tokens=7, dim=64)),
     ("hc_pre", "t5_n4_d512_sinkhorn1", partial(hc_pre_inputs, tokens=5, dim=512, sinkhorn_iters=1)),
     # A deep layer's streams: one large hidden state (x100) shared with 10% deviations, peaky mixings.
