@@ -5,7 +5,9 @@ The cache rows are e4m3 values with the token's float32 scale in 4 trailing byte
 so a kernel that reads a wrong row, ignores the scale or reads the scale bytes as values gets a
 different answer. The recipes are the bf16 cases' (attention.py, v4.py) with FP8 caches, plus rows
 the quantiser must take care over: all zeros (the amax floor), values up to 1e4, and values around
-e4m3's subnormals.
+e4m3's subnormals. Two keep the model's width where their plain twin is narrow (mla_decode's two
+requests of 64 and 65 tokens, sparse_attention's CSA case), so that an FP8 cache is read at V3's and
+V4's row widths by one- and two-token decodes and by both lists.
 """
 
 from __future__ import annotations
