@@ -12,6 +12,7 @@ dtype, after the op's canonicalisation.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import sys
 from pathlib import Path
@@ -22,7 +23,7 @@ from safetensors.torch import save_file
 
 from deepinfer.registry import OpSpec, all_ops
 from deepinfer_conformance.cases import Case, all_cases
-from deepinfer_conformance.golden_io import GOLDEN_DIR, MANIFEST, CaseRecord, GoldenTensors, key, read_cases, record_to_json, split_kwargs
+from deepinfer_conformance.golden_io import GOLDEN_DIR, MANIFEST, SEP, CaseRecord, GoldenTensors, key, read_cases, record_to_json, split_kwargs
 
 FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
@@ -45,9 +46,29 @@ def run_golden(spec: OpSpec, case: Case, kwargs: dict[str, Any]) -> dict[str, to
     return stored
 
 
+class OpFile:
+    """One op's tensors as they will be stored: a tensor bit-identical to one already held (same
+    dtype, shape and bytes) is not stored again; `add` returns the key that holds it."""
+
+    def __init__(self, tensors: dict[str, torch.Tensor]):
+        self.tensors = tensors
+        self._by_content: dict[tuple, list[str]] = {}
+
+    def add(self, name: str, t: torch.Tensor) -> str:
+        t = t.contiguous()
+        content = (t.dtype, tuple(t.shape), hashlib.sha256(_bytes(t).numpy().tobytes()).hexdigest())
+        for held in self._by_content.get(content, []):
+            if same_bits(self.tensors[held], t):
+                return held
+        self.tensors[name] = t
+        self._by_content.setdefault(content, []).append(name)
+        return name
+
+
 def build(cases: list[Case]) -> tuple[dict[str, dict[str, torch.Tensor]], list[CaseRecord]]:
     ops = all_ops()
     files: dict[str, dict[str, torch.Tensor]] = {}
+    op_files: dict[str, OpFile] = {}
     records = []
     for case in cases:
         spec = ops[case.op]
@@ -55,12 +76,16 @@ def build(cases: list[Case]) -> tuple[dict[str, dict[str, torch.Tensor]], list[C
         tensors, params = split_kwargs(kwargs)
         outputs = run_golden(spec, case, kwargs)
         tol = spec.tolerance(case.dtype)
-        bucket = files.setdefault(case.op, {})
-        for name, t in tensors.items():
-            bucket[key(case.id, "in", name)] = t.contiguous()
-        for name, t in outputs.items():
-            if t is not None:
-                bucket[key(case.id, "out", name)] = t.contiguous()
+        bucket = op_files.setdefault(case.op, OpFile(files.setdefault(case.op, {})))
+        stored_as = {}
+        for kind, named in (("in", tensors), ("out", outputs)):
+            for name, t in named.items():
+                if t is None:
+                    continue
+                own = key(case.id, kind, name)
+                held = bucket.add(own, t)
+                if held != own:
+                    stored_as[f"{kind}{SEP}{name}"] = held
         records.append(
             CaseRecord(
                 id=case.id,
@@ -77,6 +102,7 @@ def build(cases: list[Case]) -> tuple[dict[str, dict[str, torch.Tensor]], list[C
                 atol=tol.atol,
                 reduction_length=int(spec.reduction_length(kwargs)),
                 fmt=params.get("fmt"),
+                stored_as=stored_as,
             )
         )
     return files, records
@@ -90,7 +116,7 @@ def write(golden_dir: Path, files: dict[str, dict[str, torch.Tensor]], records: 
     for op_name, tensors in files.items():
         save_file(tensors, str(golden_dir / f"{op_name}.safetensors"), metadata={"op": op_name})
     manifest = {
-        "format": 1,
+        "format": 2,  # 2: cases may have `stored_as` (golden_io)
         "generated_by": "python -m deepinfer_conformance.generate",
         "torch": torch.__version__.split("+")[0],
         "cases": [record_to_json(r) for r in records],
@@ -114,10 +140,10 @@ def check(golden_dir: Path, files: dict[str, dict[str, torch.Tensor]], records: 
         old_in = golden.inputs(stored[record.id])
         old_out = golden.outputs(stored[record.id])
         for name in record.tensor_inputs:
-            if not same_bits(old_in[name], files[record.op][key(record.id, "in", name)]):
+            if not same_bits(old_in[name], files[record.op][record.tensor_key("in", name)]):
                 problems.append(f"{record.id}: input {name} differs")
         for name in record.outputs:
-            new = files[record.op][key(record.id, "out", name)]
+            new = files[record.op][record.tensor_key("out", name)]
             old = old_out[name]
             if record.compare[name] == "exact" or not old.is_floating_point():
                 if not same_bits(old, new):
@@ -130,10 +156,14 @@ def check(golden_dir: Path, files: dict[str, dict[str, torch.Tensor]], records: 
     return problems
 
 
+def _bytes(t: torch.Tensor) -> torch.Tensor:
+    return t.contiguous().flatten().view(torch.uint8)
+
+
 def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
     if a.dtype != b.dtype or a.shape != b.shape:
         return False
-    return torch.equal(a.contiguous().flatten().view(torch.uint8), b.contiguous().flatten().view(torch.uint8))
+    return torch.equal(_bytes(a), _bytes(b))
 
 
 def main(argv: list[str] | None = None) -> int:

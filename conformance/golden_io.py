@@ -1,7 +1,10 @@
 """Reading and writing the golden set: `<op>.safetensors` per op plus one `manifest.json` per folder.
 
 Tensor keys are `<case id>::in::<argument>` and `<case id>::out::<output>`; the manifest holds each
-case's plain parameters, compare modes, tolerance and reduction length.
+case's plain parameters, compare modes, tolerance and reduction length. A tensor bit-identical to one
+stored earlier in the same op's file (a rope table two cases share, the integer outputs of a recipe's
+two dtypes) is stored once: the later case's `stored_as` maps its `in::<argument>` / `out::<output>`
+to the key that holds it.
 """
 
 from __future__ import annotations
@@ -37,6 +40,11 @@ class CaseRecord:
     reduction_length: int
     fmt: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    stored_as: dict[str, str] = field(default_factory=dict)  # "in::x" -> the key of the identical tensor stored for another case
+
+    def tensor_key(self, kind: str, name: str) -> str:
+        """The key of this case's input ("in") or output ("out") `name` in its op's file."""
+        return self.stored_as.get(f"{kind}{SEP}{name}", key(self.id, kind, name))
 
     @property
     def torch_dtype(self) -> torch.dtype:
@@ -84,13 +92,13 @@ class GoldenTensors:
 
     def inputs(self, case: CaseRecord) -> dict[str, Any]:
         tensors = self._file(case.op)
-        kwargs = {name: tensors[key(case.id, "in", name)].clone() for name in case.tensor_inputs}
+        kwargs = {name: tensors[case.tensor_key("in", name)].clone() for name in case.tensor_inputs}  # (a kernel may write in place)
         kwargs.update(case.params)
         return kwargs
 
     def outputs(self, case: CaseRecord) -> dict[str, torch.Tensor | None]:
         tensors = self._file(case.op)
-        out: dict[str, torch.Tensor | None] = {name: tensors[key(case.id, "out", name)] for name in case.outputs}
+        out: dict[str, torch.Tensor | None] = {name: tensors[case.tensor_key("out", name)] for name in case.outputs}
         out.update({name: None for name in case.none_outputs})
         return out
 

@@ -1,8 +1,13 @@
 """Cases for kv_cache_write, mla_decode and prefill.
 
 MLA shapes are DeepSeek-V3's latent cache (kv_lora_rank 512 + rope 64) in pages of 64 (CUDA) or
-128 (Ascend) tokens. Every cache is filled with random values everywhere, so a kernel that reads a
-wrong page, a row past seq_len, or overwrites a row it should skip, gets a different answer.
+128 (Ascend) tokens, except in the cases named c96_r32, whose point is not the width: a narrow latent
+(not a power of two, so the kernels' tiles have masked columns; the embedded tiny models' is 64)
+keeps their caches small. V3's width stays in the one-token decode, the window (two query tokens),
+the FP8 cache's decodes and the writes in pages of 64, so a GPU run still builds every kernel at the
+model's size.
+Every cache is filled with random values everywhere, so a kernel that reads a wrong page, a row past
+seq_len, or overwrites a row it should skip, gets a different answer.
 """
 
 from __future__ import annotations
@@ -22,12 +27,12 @@ def cu_seqlens(lengths: list[int]) -> torch.Tensor:
     return torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
 
 
-def kv_cache_write_inputs(gen, dtype, *, slots: list[int], block_size: int, num_blocks: int):
+def kv_cache_write_inputs(gen, dtype, *, slots: list[int], block_size: int, num_blocks: int, latent: int = LATENT, rope: int = ROPE):
     tokens = len(slots)
     return {
-        "kv_c": randn(gen, tokens, LATENT, dtype=dtype),
-        "k_pe": randn(gen, tokens, ROPE, dtype=dtype),
-        "kv_cache": randn(gen, num_blocks, block_size, LATENT + ROPE, dtype=dtype),
+        "kv_c": randn(gen, tokens, latent, dtype=dtype),
+        "k_pe": randn(gen, tokens, rope, dtype=dtype),
+        "kv_cache": randn(gen, num_blocks, block_size, latent + rope, dtype=dtype),
         "slot_mapping": torch.tensor(slots, dtype=torch.int64),
     }
 
@@ -43,6 +48,8 @@ def mla_decode_inputs(
     spare_blocks: int = 1,
     shuffled: bool = False,
     sliding_window: int | None = None,
+    latent: int = LATENT,
+    rope: int = ROPE,
 ):
     pages = [-(-n // block_size) for n in seq_lens]
     num_blocks = sum(pages) + spare_blocks  # spare pages hold values no request may read
@@ -54,9 +61,9 @@ def mla_decode_inputs(
         start += count
     batch = len(seq_lens)
     return {
-        "q_nope": randn(gen, batch, num_queries, heads, LATENT, dtype=dtype),
-        "q_rope": randn(gen, batch, num_queries, heads, ROPE, dtype=dtype),
-        "kv_cache": randn(gen, num_blocks, block_size, LATENT + ROPE, dtype=dtype),
+        "q_nope": randn(gen, batch, num_queries, heads, latent, dtype=dtype),
+        "q_rope": randn(gen, batch, num_queries, heads, rope, dtype=dtype),
+        "kv_cache": randn(gen, num_blocks, block_size, latent + rope, dtype=dtype),
         "block_table": block_table,
         "seq_lens": torch.tensor(seq_lens, dtype=torch.int32),
         "softmax_scale": SOFTMAX_SCALE,
@@ -77,18 +84,22 @@ def prefill_inputs(gen, dtype, *, q_lens: list[int], k_lens: list[int], heads: i
 
 
 RECIPES = [
-    # Slots across a page boundary, out of order, with a padding slot (-1) that must write nothing.
-    ("kv_cache_write", "bs64_across_blocks_skip", partial(kv_cache_write_inputs, slots=[62, 63, 64, 65, -1, 130], block_size=64, num_blocks=3)),
-    ("kv_cache_write", "bs128_across_blocks_skip", partial(kv_cache_write_inputs, slots=[200, 127, -1, 128, 5], block_size=128, num_blocks=2)),
+    # Slots across a page boundary, out of order, with a padding slot (-1) that must write nothing, and the cache's
+    # last slot.
+    ("kv_cache_write", "bs64_across_blocks_skip", partial(kv_cache_write_inputs, slots=[62, 63, 64, 65, -1, 127], block_size=64, num_blocks=2)),
+    ("kv_cache_write", "bs128_c96_r32_across_blocks_skip",
+     partial(kv_cache_write_inputs, slots=[200, 127, -1, 128, 5, 255], block_size=128, num_blocks=2, latent=96, rope=32)),
     ("mla_decode", "b1_s1_h16_len1", partial(mla_decode_inputs, seq_lens=[1], num_queries=1)),
-    ("mla_decode", "b2_s1_h16_len64_len65", partial(mla_decode_inputs, seq_lens=[64, 65], num_queries=1)),
-    ("mla_decode", "b2_s2_h16_mtp_len2_len130", partial(mla_decode_inputs, seq_lens=[2, 130], num_queries=2)),
-    ("mla_decode", "b2_s2_h16_window48_len64_len150", partial(mla_decode_inputs, seq_lens=[64, 150], num_queries=2, sliding_window=48)),
-    ("mla_decode", "b4_s1_h16_mixed_shuffled_pages", partial(mla_decode_inputs, seq_lens=[1, 63, 129, 20], num_queries=1, spare_blocks=2, shuffled=True)),
+    ("mla_decode", "b2_s1_h16_c96_r32_len64_len65", partial(mla_decode_inputs, seq_lens=[64, 65], num_queries=1, latent=96, rope=32)),
+    ("mla_decode", "b2_s2_h16_c96_r32_mtp_len2_len130", partial(mla_decode_inputs, seq_lens=[2, 130], num_queries=2, latent=96, rope=32)),
+    # The window skips page 0, masks part of page 1 and crosses into page 2.
+    ("mla_decode", "b1_s2_h16_window48_len150", partial(mla_decode_inputs, seq_lens=[150], num_queries=2, sliding_window=48)),
+    ("mla_decode", "b4_s1_h16_c96_r32_mixed_shuffled_pages",
+     partial(mla_decode_inputs, seq_lens=[1, 63, 129, 20], num_queries=1, spare_blocks=2, shuffled=True, latent=96, rope=32)),
     ("prefill", "b1_q1_k1_h4_d64", partial(prefill_inputs, q_lens=[1], k_lens=[1], heads=4, qk_dim=64, v_dim=64)),
-    ("prefill", "b3_cached_prefix_h2_dqk192_dv128", partial(prefill_inputs, q_lens=[5, 1, 33], k_lens=[5, 70, 97], heads=2, qk_dim=192, v_dim=128)),
+    ("prefill", "b3_cached_prefix_h1_dqk192_dv128", partial(prefill_inputs, q_lens=[5, 1, 33], k_lens=[5, 40, 70], heads=1, qk_dim=192, v_dim=128)),
     ("prefill", "b2_q64_q65_h1_dqk192_dv128", partial(prefill_inputs, q_lens=[64, 65], k_lens=[64, 65], heads=1, qk_dim=192, v_dim=128)),
-    ("prefill", "b2_window32_h2_dqk192_dv128", partial(prefill_inputs, q_lens=[40, 3], k_lens=[40, 100], heads=2, qk_dim=192, v_dim=128, sliding_window=32)),
+    ("prefill", "b2_window32_h2_dqk192_dv128", partial(prefill_inputs, q_lens=[40, 3], k_lens=[40, 70], heads=2, qk_dim=192, v_dim=128, sliding_window=32)),
 ]
 
 CASES = [Case(op, name, dtype, make) for op, name, make in RECIPES for dtype in DTYPES]

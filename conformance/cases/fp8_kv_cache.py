@@ -5,7 +5,9 @@ The cache rows are e4m3 values with the token's float32 scale in 4 trailing byte
 so a kernel that reads a wrong row, ignores the scale or reads the scale bytes as values gets a
 different answer. The recipes are the bf16 cases' (attention.py, v4.py) with FP8 caches, plus rows
 the quantiser must take care over: all zeros (the amax floor), values up to 1e4, and values around
-e4m3's subnormals.
+e4m3's subnormals. Two keep the model's width where their plain twin is narrow (mla_decode's two
+requests of 64 and 65 tokens, sparse_attention's CSA case), so that an FP8 cache is read at V3's and
+V4's row widths by one- and two-token decodes and by both lists.
 """
 
 from __future__ import annotations
@@ -54,21 +56,21 @@ def hard_rows_write(gen, dtype, **layout):
 
 RECIPES = [
     ("kv_cache_write", "fp8_bs64_across_blocks_skip",
-     with_fp8(partial(kv_cache_write_inputs, slots=[62, 63, 64, 65, -1, 130], block_size=64, num_blocks=3), "kv_cache")),
-    ("kv_cache_write", "fp8_bs128_zero_large_tiny_rows", partial(hard_rows_write, slots=[200, 127, 5, -1, 128], block_size=128, num_blocks=2)),
+     with_fp8(partial(kv_cache_write_inputs, slots=[62, 63, 64, 65, -1, 127], block_size=64, num_blocks=2), "kv_cache")),
+    ("kv_cache_write", "fp8_bs128_c96_r32_zero_large_tiny_rows",
+     partial(hard_rows_write, slots=[200, 127, 5, -1, 128], block_size=128, num_blocks=2, latent=96, rope=32)),
     ("mla_decode", "fp8_b2_s1_h16_len64_len65", with_fp8(partial(mla_decode_inputs, seq_lens=[64, 65], num_queries=1), "kv_cache")),
-    ("mla_decode", "fp8_b2_s2_h16_window48_len64_len150",
-     with_fp8(partial(mla_decode_inputs, seq_lens=[64, 150], num_queries=2, sliding_window=48), "kv_cache")),
-    ("mla_decode", "fp8_b4_s1_h16_mixed_shuffled_pages",
-     with_fp8(partial(mla_decode_inputs, seq_lens=[1, 63, 129, 20], num_queries=1, spare_blocks=2, shuffled=True), "kv_cache")),
+    ("mla_decode", "fp8_b1_s2_h16_window48_len150", with_fp8(partial(mla_decode_inputs, seq_lens=[150], num_queries=2, sliding_window=48), "kv_cache")),
+    ("mla_decode", "fp8_b4_s1_h16_c96_r32_mixed_shuffled_pages",
+     with_fp8(partial(mla_decode_inputs, seq_lens=[1, 63, 129, 20], num_queries=1, spare_blocks=2, shuffled=True, latent=96, rope=32), "kv_cache")),
     ("sparse_attention", "fp8_decode_t1_h16_d512_window128", with_fp8(partial(sparse_attention_inputs, seqs=[(190, 1)], heads=16), "kv")),
     ("sparse_attention", "fp8_csa_t6_h8_d512_top32_shuffled_padding",
      with_fp8(partial(sparse_attention_inputs, seqs=[(40, 2), (140, 3), (3, 1)], heads=8, extra="csa", ratio=4, topk=32), "kv", "extra_kv")),
-    ("sparse_attention", "fp8_hca_t4_h16_d512_all_visible_entries",
-     with_fp8(partial(sparse_attention_inputs, seqs=[(260, 2), (390, 1)], heads=16, extra="hca", ratio=128), "kv", "extra_kv")),
+    ("sparse_attention", "fp8_hca_t4_h16_d128_all_visible_entries",
+     with_fp8(partial(sparse_attention_inputs, seqs=[(260, 2), (390, 1)], heads=16, dim=128, extra="hca", ratio=128), "kv", "extra_kv")),
     ("indexer_topk", "fp8_decode_t1_h64_d128_e100_top32", partial(indexer_topk_inputs, seqs=[(400, 1)], top_k=32, fp8_keys=True)),
-    ("indexer_topk", "fp8_prefill_b3_h64_d128_top16_mixed_visibility",
-     partial(indexer_topk_inputs, seqs=[(0, 6), (60, 3), (90, 4)], top_k=16, fp8_keys=True)),
+    ("indexer_topk", "fp8_prefill_b3_h16_d128_top16_mixed_visibility",
+     partial(indexer_topk_inputs, seqs=[(0, 6), (60, 3), (90, 4)], top_k=16, heads=16, fp8_keys=True)),
 ]  # fmt: skip
 
 CASES = [Case(op, name, dtype, make) for op, name, make in RECIPES for dtype in DTYPES]

@@ -64,28 +64,31 @@ UNEVEN = [5, 0, 12, 3, 8, 0, 1, 11]
 ALL_ON_ONE = [0, 0, 0, 37, 0, 0, 0, 0]
 
 FLOAT_RECIPES = [
-    ("linear", "t1_n160_k512", partial(linear_inputs, t=1, n=160, k=512)),
+    ("linear", "t1_n160_k256", partial(linear_inputs, t=1, n=160, k=256)),  # decode: float32 splits K (3 ways interpreted, 4 on SM90)
     ("linear", "t33_n192_k320", partial(linear_inputs, t=33, n=192, k=320)),
-    ("grouped_gemm", "contiguous_e8_empty_expert_padding", partial(contiguous_inputs, rows_per_expert=UNEVEN, padding=9, n=96, k=160)),
-    ("grouped_gemm", "contiguous_e8_all_on_one_expert", partial(contiguous_inputs, rows_per_expert=ALL_ON_ONE, padding=3, n=96, k=128)),
-    ("grouped_gemm", "masked_e4_m16", partial(masked_inputs, masked_m=[0, 16, 5, 1], max_m=16, n=128, k=192)),
+    # N and K not multiples of any backend's tiles (16..256), each at least one full tile.
+    ("grouped_gemm", "contiguous_e8_empty_expert_padding", partial(contiguous_inputs, rows_per_expert=UNEVEN, padding=9, n=80, k=144)),
+    ("grouped_gemm", "contiguous_e8_all_on_one_expert", partial(contiguous_inputs, rows_per_expert=ALL_ON_ONE, padding=3, n=96, k=64)),
+    ("grouped_gemm", "masked_e4_m16", partial(masked_inputs, masked_m=[0, 16, 5, 1], max_m=16, n=96, k=160)),
 ]
 
 QUANT_RECIPES = [
-    # 576x7168: the fp8 scale grid is 5x56, its last row a partial (64-row) block.
-    ("linear", "fp8_block_t3_n576_k7168", partial(linear_inputs, t=3, n=576, k=7168, fmt="fp8_block")),
+    # N 576 (DeepSeek-V3's kv_a rows): the fp8 scale grid is 5x4, its last row a partial (64-row) block (the model's K,
+    # 7168, is `deepinfer bench ops`' size; split-K decode is the k1024 case below).
+    ("linear", "fp8_block_t3_n576_k512", partial(linear_inputs, t=3, n=576, k=512, fmt="fp8_block")),
     ("linear", "fp8_block_t1_n200_k320_partial_blocks", partial(linear_inputs, t=1, n=200, k=320, fmt="fp8_block")),
     ("linear", "fp8_block_t5_n256_k1024_large_range", partial(linear_inputs, t=5, n=256, k=1024, fmt="fp8_block", wide_columns=24)),
     ("linear", "mxfp4_t7_n256_k512", partial(linear_inputs, t=7, n=256, k=512, fmt="mxfp4")),
+    # N 192: a partial 128-row scale block (and a partial 128-wide tile); K 256: two scale groups.
     ("grouped_gemm", "fp8_block_contiguous_e8_empty_expert_padding",
-     partial(contiguous_inputs, rows_per_expert=UNEVEN, padding=9, n=192, k=384, fmt="fp8_block")),
-    ("grouped_gemm", "fp8_block_masked_e4_m8", partial(masked_inputs, masked_m=[3, 0, 8, 1], max_m=8, n=256, k=512, fmt="fp8_block")),
+     partial(contiguous_inputs, rows_per_expert=UNEVEN, padding=9, n=192, k=256, fmt="fp8_block")),
+    ("grouped_gemm", "fp8_block_masked_e4_m8", partial(masked_inputs, masked_m=[3, 0, 8, 1], max_m=8, n=192, k=256, fmt="fp8_block")),
     ("grouped_gemm", "mxfp4_contiguous_e8_empty_expert_padding", partial(contiguous_inputs, rows_per_expert=UNEVEN, padding=9, n=128, k=256, fmt="mxfp4")),
-    ("grouped_gemm", "mxfp4_masked_e4_m8", partial(masked_inputs, masked_m=[8, 2, 0, 5], max_m=8, n=256, k=512, fmt="mxfp4")),
+    ("grouped_gemm", "mxfp4_masked_e4_m8", partial(masked_inputs, masked_m=[8, 2, 0, 5], max_m=8, n=192, k=256, fmt="mxfp4")),
     # mxfp8 (W8A16): K not a multiple of 128 (a partial K block of 32-groups), large activation range.
     ("linear", "mxfp8_t7_n256_k480_large_range", partial(linear_inputs, t=7, n=256, k=480, fmt="mxfp8", wide_columns=12)),
     ("grouped_gemm", "mxfp8_contiguous_e8_empty_expert_padding", partial(contiguous_inputs, rows_per_expert=UNEVEN, padding=9, n=128, k=256, fmt="mxfp8")),
-    ("grouped_gemm", "mxfp8_masked_e4_m8", partial(masked_inputs, masked_m=[8, 2, 0, 5], max_m=8, n=256, k=512, fmt="mxfp8")),
+    ("grouped_gemm", "mxfp8_masked_e4_m8", partial(masked_inputs, masked_m=[8, 2, 0, 5], max_m=8, n=192, k=256, fmt="mxfp8")),
     # mxfp4_a8 (W4A8 MX, mxfp4 weights with MX FP8 activations): kept small; K 480 leaves a partial K block of 32-groups.
     ("linear", "mxfp4_a8_t5_n128_k480_large_range", partial(linear_inputs, t=5, n=128, k=480, fmt="mxfp4_a8", wide_columns=8)),
     ("grouped_gemm", "mxfp4_a8_contiguous_e8_empty_expert_padding", partial(contiguous_inputs, rows_per_expert=UNEVEN, padding=9, n=64, k=256, fmt="mxfp4_a8")),

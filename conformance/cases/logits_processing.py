@@ -111,22 +111,24 @@ PENALTY_RECIPES = [
     ("b8_v1003", partial(penalty_inputs, vocab=1003, rows=PENALTY_ROWS, num_slots=6)),
     ("b8_v1003_masked", partial(penalty_inputs, vocab=1003, rows=PENALTY_ROWS, num_slots=6, masked=True)),
     ("b3_v33", partial(penalty_inputs, vocab=33, rows=[(2, 0.5, 0.5, 1.5), (0, -0.5, 1.0, 0.9), (-1, 0.0, 0.0, 1.0)], num_slots=3)),
-    # DeepSeek-V3's vocabulary.
-    ("b2_v129280", partial(penalty_inputs, vocab=129280, rows=[(1, 0.3, 0.2, 1.1), (0, 0.0, 0.0, 1.0)], num_slots=2)),
+    # Rows of two full blocks (both backends' 2048 logits) and a partial third of 907, ending in a partial prompt-mask
+    # word (DeepSeek-V3's 129280-token rows are `deepinfer bench ops`' size, not an edge).
+    ("b2_v5003", partial(penalty_inputs, vocab=5003, rows=[(1, 0.3, 0.2, 1.1), (0, 0.0, 0.0, 1.0)], num_slots=2)),
 ]
 
 BIAS_RECIPES = [
     ("b5_v1003_p3", partial(bias_inputs, batch=5, vocab=1003, width=3, num_bias=6, num_bans=24)),
     ("b4_v1000_p0", partial(bias_inputs, batch=4, vocab=1000, width=0, num_bias=9, num_bans=7)),
     ("b3_v33_p1", partial(bias_inputs, batch=3, vocab=33, width=1, num_bias=4, num_bans=10)),
-    ("b2_v129280_p2", partial(bias_inputs, batch=2, vocab=129280, width=2, num_bias=50, num_bans=8)),
+    # 151 entries: several programs' tiles of entries on both backends (128 cuda, 64 ascend).
+    ("b2_v5003_p2", partial(bias_inputs, batch=2, vocab=5003, width=2, num_bias=70, num_bans=8)),
 ]
 
 LOGPROB_RECIPES = [
     ("r7_v1003_top5", partial(logprob_inputs, rows=7, vocab=1003, num_top=5)),
     ("r4_v1000_top0", partial(logprob_inputs, rows=4, vocab=1000, num_top=0)),
     ("r3_v64_top64", partial(logprob_inputs, rows=3, vocab=64, num_top=64)),  # every token, in order
-    ("r2_v129280_top20", partial(logprob_inputs, rows=2, vocab=129280, num_top=20, special=False)),
+    ("r2_v5003_top20", partial(logprob_inputs, rows=2, vocab=5003, num_top=20, special=False)),  # rows of several 2048-logit blocks
 ]
 
 CASES = (

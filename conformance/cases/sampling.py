@@ -32,12 +32,18 @@ MIXED_ROWS = [
 ]
 
 
-def sample_inputs(gen, dtype, *, vocab: int, rows: list[tuple[float, int, float, float]], masked_rows: int = 0):
+def sample_inputs(gen, dtype, *, vocab: int, rows: list[tuple[float, int, float, float]], masked_rows: int = 0, top_at_end: int = 0):
     """Logits with a realistic spread (randn * 3) and one request per row. The first
     `masked_rows` rows carry structured-output -inf logits: row 0 keeps a single token, the
-    others about half the vocabulary."""
+    others about half the vocabulary. top_at_end: each row's that many largest logits moved to its
+    end (the same values, the largest in the row's last chunk)."""
     batch = len(rows)
     logits = randn(gen, batch, vocab, dtype=dtype, scale=3.0)
+    for r in range(batch if top_at_end else 0):
+        rest = torch.ones(vocab, dtype=torch.bool)
+        top = logits[r].topk(top_at_end).indices
+        rest[top] = False
+        logits[r] = torch.cat((logits[r, rest], logits[r, top]))
     for r in range(masked_rows):
         forbidden = torch.rand(vocab, generator=gen) < 0.5 if r else torch.arange(vocab) != vocab // 3
         logits[r, forbidden] = float("-inf")
@@ -71,8 +77,12 @@ SAMPLE_RECIPES = [
     # A vocabulary not a multiple of 32, with structured-output -inf logits in rows 0 to 3.
     ("b12_v1003_mixed_masked",
      partial(sample_inputs, vocab=1003, rows=[(1.0, 0, 1.0, 0.0), (0.7, 20, 0.9, 0.0), GREEDY, (1.0, 0, 0.9, 0.1)] + MIXED_ROWS[1:9], masked_rows=4)),
-    # DeepSeek-V3's vocabulary: one nucleus row, one plain-temperature row over all 129280 tokens.
-    ("b2_v129280", partial(sample_inputs, vocab=129280, rows=[(0.7, 0, 0.9, 0.0), (1.0, 0, 1.0, 0.0)])),
+    # Rows of many chunks (every other case is one chunk): a nucleus row (the cuda kernel's second pass with either
+    # table), one plain-temperature row, each row's 8 largest logits at its end, so that the token comes from the
+    # chunks the finish compacts last. 32771 logits: cuda's 9 chunks (interpreter's table) or 17 (SM90's), more than
+    # its finish compacts at once (8 / 16 chunks' segments), the last chunk shorter; not a multiple of 32. DeepSeek-V3's
+    # 129280-token rows are `deepinfer bench ops`' size.
+    ("b2_v32771", partial(sample_inputs, vocab=32771, rows=[(0.7, 0, 0.8, 0.0), (1.0, 0, 1.0, 0.0)], top_at_end=8)),
     ("b1_v1003_greedy", partial(sample_inputs, vocab=1003, rows=[GREEDY])),
 ]
 
@@ -141,7 +151,7 @@ REJECTION_RECIPES = [
     # The first draft rejected in every request: the correction at row 0, -1 after it.
     ("b4_v1000_first_rejected",
      partial(rejection_inputs, vocab=1000, requests=[((0.7, 0, 1.0, 0.0), 2, 0), ((1.0, 1, 1.0, 0.0), 3, 0), ((1.0, 0, 1.0, 0.1), 1, 0), (GREEDY, 2, 0)])),
-    # (DeepSeek-V3's vocabulary is `sample`'s b2_v129280 case: the rows are sampled by that kernel, and the accept scan
+    # (rows of many chunks are `sample`'s b2_v32771 case: the rows are sampled by that kernel, and the accept scan
     # reads only tokens; at that size each row costs seconds in the interpreter, in every conformance pass of CI)
     # One request, no drafts: one row, the bonus token.
     ("b1_v1003_no_drafts", partial(rejection_inputs, vocab=1003, requests=[((0.8, 50, 0.9, 0.05), 0, 0)])),

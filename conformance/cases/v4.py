@@ -2,11 +2,14 @@
 clamped_silu_and_mul.
 
 Shapes are V4's where it is cheap (head_dim 512 with a 128-token sliding window, CSA ratio 4 with
-overlapping windows, HCA ratio 128, the indexer's 64 heads of 128, 4 residual streams of V4-Flash's
-4096), cut to a few tokens. Row ids are laid out as deepinfer.model.deepseek_v4.step plans them
-(paged windows with -1 before position 0, per-sequence entry tables with -1 past their last entry,
-compressor sources contiguous per sequence) and every cache is filled everywhere, so a kernel that
-reads a row nobody listed gets a different answer.
+overlapping windows, HCA ratio 128, the indexer's 64 heads of 128, 4 residual streams), cut to a few
+tokens and, where a case's name says so, to narrower widths: the golden set holds the edges (tile
+remainders, masks, splits), `deepinfer bench ops` the full sizes (V4-Flash's 4096-wide streams). Row
+ids are laid out as deepinfer.model.deepseek_v4.step plans them (paged windows with -1 before
+position 0, per-sequence entry tables with -1 past their last entry, compressor sources contiguous
+per sequence), in pages of 16 rows (the kernels see row ids only) of which only those a window
+reaches are allocated, and every cache is filled everywhere, so a kernel that reads a row nobody
+listed gets a different answer.
 """
 
 from __future__ import annotations
@@ -32,15 +35,18 @@ def int32(values) -> torch.Tensor:
 # ---------------------------------------------------------------------------------- sparse_attention
 
 
-def paged_sequences(gen, seqs: list[tuple[int, int]], block_size: int, spare_blocks: int):
+def paged_sequences(gen, seqs: list[tuple[int, int]], block_size: int, spare_blocks: int, window: int):
     """Random distinct pages per sequence (start, length) as a block table would give them, and the
-    position of every query token. Returns (pages per sequence, [(seq, position)], number of blocks)."""
-    pages_needed = [-(-(start + length) // block_size) for start, length in seqs]
+    position of every query token. Pages before the first one a query's window reaches are never
+    read, so they are not allocated (None): the cache holds the windows' pages and `spare_blocks`
+    more. Returns (pages per sequence, [(seq, position)], number of blocks)."""
+    first_page = [max(0, start - window + 1) // block_size for start, _ in seqs]
+    pages_needed = [-(-(start + length) // block_size) - first for (start, length), first in zip(seqs, first_page)]
     num_blocks = sum(pages_needed) + spare_blocks
     order = torch.randperm(num_blocks, generator=gen).tolist()
     pages, tokens, taken = [], [], 0
-    for b, ((start, length), count) in enumerate(zip(seqs, pages_needed)):
-        pages.append(order[taken : taken + count])
+    for b, ((start, length), first, count) in enumerate(zip(seqs, first_page, pages_needed)):
+        pages.append([None] * first + order[taken : taken + count])
         taken += count
         tokens += [(b, p) for p in range(start, start + length)]
     return pages, tokens, num_blocks
@@ -59,7 +65,7 @@ def sparse_attention_inputs(
     heads: int,
     dim: int = HEAD_DIM,
     window: int = WINDOW,
-    block_size: int = 64,
+    block_size: int = 16,
     extra: str | None = None,
     ratio: int = 4,
     topk: int = 32,
@@ -75,7 +81,7 @@ def sparse_attention_inputs(
     -1 padded. `empty_queries` list no row at all; `scatter_padding` blanks that fraction of the
     listed ids anywhere in the rows; `same_ids` makes each query's extra ids the same numbers as its
     window ids (rows of the other cache). sinks: per head (default: randn)."""
-    pages, tokens, num_blocks = paged_sequences(gen, seqs, block_size, spare_blocks=1)
+    pages, tokens, num_blocks = paged_sequences(gen, seqs, block_size, spare_blocks=1, window=window)
     indices = int32([window_ids(pages[b], p, window, block_size) for b, p in tokens])
     kw = {
         "q": randn(gen, len(tokens), heads, dim, dtype=dtype, scale=q_scale),
@@ -135,7 +141,7 @@ def compress_kv_inputs(
     """The compressor's ordered sources (rows of projected kv / gate, each sequence's contiguous) and
     the windows closing this step. seqs: (first window, windows) per sequence; with overlap a
     sequence that does not start at window 0 also holds the previous window's tokens (its history),
-    and each sequence ends with an open window's tokens that no entry may read."""
+    and each sequence ends with a few tokens of an open window (1 to 7) that no entry may read."""
     width = 2 * dim if overlap else dim
     starts, prevs, rows = [], [], 0
     for first, count in seqs:
@@ -144,7 +150,7 @@ def compress_kv_inputs(
         for i in range(count):
             starts.append(base + i * ratio)
             prevs.append(base + (i - 1) * ratio if overlap and first + i > 0 else -1)
-        rows = base + count * ratio + int(torch.randint(1, ratio, (1,), generator=gen))  # the open window's tokens
+        rows = base + count * ratio + int(torch.randint(1, min(ratio, 8), (1,), generator=gen))  # the open window's tokens
     order = torch.randperm(len(starts), generator=gen) if shuffle else torch.arange(len(starts))
     return {
         "kv": randn(gen, rows, width, dtype=dtype),
@@ -290,15 +296,17 @@ def clamped_silu_inputs(gen, dtype, *, tokens: int, inter: int, scale: float = 1
 SINKS_H16 = [-30.0, -8.0, -2.0, -1.0, -0.5, 0.0, 0.5, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 10.0]
 
 RECIPES = [
-    # sparse_attention: the window alone (sliding layers), decode and a prefill from position 0.
+    # sparse_attention: the window alone (sliding layers), decode and a prefill from position 0, at V4's head_dim 512
+    # (as the sinks case and the FP8 copies of the decode and the CSA case, fp8_kv_cache.py); the HCA and CSA cases
+    # take 128 (the windows' 128 rows make their caches, and what they test is not the width).
     ("sparse_attention", "decode_t1_h16_d512_window128", partial(sparse_attention_inputs, seqs=[(190, 1)], heads=16)),
     ("sparse_attention", "prefill_from_0_t6_h8_d512_leading_padding", partial(sparse_attention_inputs, seqs=[(0, 6)], heads=8)),
     # HCA: every complete entry (ratio 128), two sequences with 2 and 3 entries.
-    ("sparse_attention", "hca_t4_h16_d512_all_visible_entries",
-     partial(sparse_attention_inputs, seqs=[(260, 2), (390, 1)], heads=16, extra="hca", ratio=128)),
+    ("sparse_attention", "hca_t4_h16_d128_all_visible_entries",
+     partial(sparse_attention_inputs, seqs=[(260, 2), (390, 1)], heads=16, dim=128, extra="hca", ratio=128)),
     # CSA: the indexer's top-32 of the visible entries (ratio 4), fewer than 32 visible early on: 160 keys.
-    ("sparse_attention", "csa_t6_h8_d512_top32_shuffled_padding",
-     partial(sparse_attention_inputs, seqs=[(40, 2), (140, 3), (3, 1)], heads=8, extra="csa", ratio=4, topk=32)),
+    ("sparse_attention", "csa_t6_h8_d128_top32_shuffled_padding",
+     partial(sparse_attention_inputs, seqs=[(40, 2), (140, 3), (3, 1)], heads=8, dim=128, extra="csa", ratio=4, topk=32)),
     ("sparse_attention", "sinks_large_and_small_t3_h16_d512_peaky",
      partial(sparse_attention_inputs, seqs=[(130, 3)], heads=16, extra="csa", ratio=4, topk=32, sinks=SINKS_H16, q_scale=3.0)),
     # A query listing no row (zeros), and extra ids equal to the window's ids (other cache's rows).
@@ -312,15 +320,16 @@ RECIPES = [
     ("compress_kv", "csa_ratio4_d128_overlap_indexer_prefill", partial(compress_kv_inputs, ratio=4, overlap=True, dim=INDEX_DIM, seqs=[(0, 16)])),
     ("compress_kv", "csa_ratio4_d64_overlap_large_gate_shuffled",
      partial(compress_kv_inputs, ratio=4, overlap=True, dim=64, seqs=[(0, 2), (9, 3)], gate_scale=30.0, bias_scale=5.0, shuffle=True)),
-    # HCA (ratio 128, one window per entry) and a ratio of 16 with a gate range that overflows a naive exp.
-    ("compress_kv", "hca_ratio128_d512", partial(compress_kv_inputs, ratio=128, overlap=False, dim=HEAD_DIM, seqs=[(0, 1), (3, 1)])),
+    # HCA (ratio 128, one window per entry; 128 channels: the cuda kernel's 4 channel blocks of 32 on a GPU, where
+    # V4's 512 would be 16) and a ratio of 16 with a gate range that overflows a naive exp.
+    ("compress_kv", "hca_ratio128_d128", partial(compress_kv_inputs, ratio=128, overlap=False, dim=128, seqs=[(0, 1), (3, 1)])),
     ("compress_kv", "ratio16_d64_large_gate",
      partial(compress_kv_inputs, ratio=16, overlap=False, dim=64, seqs=[(0, 2), (4, 1)], gate_scale=30.0, bias_scale=5.0)),
     # indexer_topk: V4's 64 heads of 128.
     ("indexer_topk", "decode_t1_h64_d128_e100_top32", partial(indexer_topk_inputs, seqs=[(400, 1)], top_k=32)),
     # Three sequences, their own tables; queries seeing 0, fewer than top_k and more than top_k entries.
-    ("indexer_topk", "prefill_b3_h64_d128_top16_mixed_visibility",
-     partial(indexer_topk_inputs, seqs=[(0, 6), (60, 3), (90, 4)], top_k=16)),
+    ("indexer_topk", "prefill_b3_h16_d128_top16_mixed_visibility",
+     partial(indexer_topk_inputs, seqs=[(0, 6), (60, 3), (90, 4)], top_k=16, heads=16)),
     ("indexer_topk", "top_k_above_entries_b2_h16_d64", partial(indexer_topk_inputs, seqs=[(80, 2), (30, 2)], top_k=64, heads=16, dim=64)),
     # More than top_k entries score exactly 0 (relu): the boundary falls among them, decided by lowest entry id.
     ("indexer_topk", "ties_at_zero_lowest_id_b2_h2_d16",
@@ -328,8 +337,10 @@ RECIPES = [
     # Early in the sequences: no window complete yet, so no entry at all (E = 0).
     ("indexer_topk", "no_complete_window_b2_h64_d128", partial(indexer_topk_inputs, seqs=[(0, 2), (1, 1)], top_k=32)),
     ("indexer_topk", "ratio4_b2_h64_d128_top64_long", partial(indexer_topk_inputs, seqs=[(1000, 2), (511, 1)], top_k=64)),
-    # hc_pre: V4-Flash's 4 streams of 4096 (one decode token), smaller widths, one Sinkhorn round.
-    ("hc_pre", "t1_n4_d4096_sinkhorn20", partial(hc_pre_inputs, tokens=1, dim=4096)),
+    # hc_pre: one decode token whose streams span 9 reduction segments (the split launch's uneven split) and, under
+    # the interpreter, two collapse splits, the second partial: 2 streams of 4608, whose mixing weights are a third of
+    # 4 streams' (V4-Flash's 4 x 4096 is `deepinfer bench ops`' size); V4's 4 streams at smaller widths, one Sinkhorn round.
+    ("hc_pre", "t1_n2_d4608_sinkhorn20", partial(hc_pre_inputs, tokens=1, streams=2, dim=4608)),
     ("hc_pre", "t7_n4_d64_sinkhorn20", partial(hc_pre_inputs, tokens=7, dim=64)),
     ("hc_pre", "t5_n4_d512_sinkhorn1", partial(hc_pre_inputs, tokens=5, dim=512, sinkhorn_iters=1)),
     # A deep layer's streams: one large hidden state (x100) shared with 10% deviations, peaky mixings.

@@ -17,8 +17,11 @@ from deepinfer.registry import ALLCLOSE, op
 
 
 def _dequantized_cache(kwargs, outputs):
-    """An FP8 cache compares by its values (e4m3 times the row's scale), not by its raw bytes."""
-    return {"kv_cache": kv_cache_format.dequantize_rows(outputs["kv_cache"])}
+    """An FP8 cache compares by its values (e4m3 times the row's scale, float32), not by its raw
+    bytes; any other cache as it is (in its own dtype: a bfloat16 cache's golden is half the bytes
+    of its float32 copy)."""
+    cache = outputs["kv_cache"]
+    return {"kv_cache": kv_cache_format.dequantize_rows(cache) if kv_cache_format.is_fp8(cache) else cache}
 
 
 @op(family="attention", outputs=("kv_cache",), compare=ALLCLOSE, in_place="kv_cache", canonicalize=_dequantized_cache)

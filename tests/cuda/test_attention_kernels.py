@@ -5,11 +5,10 @@ unless the environment says otherwise and a GPU is present; prefill runs under t
 only (on a GPU: `TRITON_INTERPRET=0 pytest tests/cuda/test_attention_kernels.py -k "not prefill"`).
 
 mla_decode: shapes stay small (latent 64 + rope 16 mostly) so the interpreter is quick; the
-conformance golden set covers latent 512 + rope 64. The cases reach what the golden set does not:
-page sizes 16/32/64 (a tile inside one page, and a tile spanning pages), seq_lens 1, 63, 64, 65 and
-more, S = 1..4 with causality among the new tokens, sliding windows, several row tiles (S*H > 64),
-latent widths that are not powers of two, mixed q/cache dtypes, and forced splits so the combine
-kernel merges many partials (empty ones included).
+conformance golden set covers latent 512 + rope 64 and 96 + 32, in pages of 64. The cases reach what
+the golden set does not: page sizes 16/32 (a tile spanning pages), S = 3..4 with causality among the
+new tokens, several row tiles (S*H > 64), other latent widths, mixed q/cache dtypes, and forced
+splits so the combine kernel merges many partials (empty ones included).
 
 prefill: random var-len batches beyond the golden set: q_len 1, cached prefixes, lengths at block
 boundaries (63/64/65/128), an empty request, sliding windows, float32 and bfloat16, Dqk 192 / Dv 128

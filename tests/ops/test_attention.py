@@ -12,7 +12,9 @@ import math
 import pytest
 import torch
 
+from deepinfer.ops import kv_cache_format
 from deepinfer.ops.attention import kv_cache_write, mla_decode, prefill
+from deepinfer.registry import all_ops
 
 F64 = torch.float64
 
@@ -119,6 +121,18 @@ def test_kv_cache_write_casts_to_the_cache_dtype():
     assert torch.equal(cache[1, 3], torch.cat((kv_c[0], k_pe[0])).to(torch.bfloat16))
     assert torch.equal(cache[0, 0], torch.cat((kv_c[1], k_pe[1])).to(torch.bfloat16))
     assert int((cache != 0).any(-1).sum()) == 2
+
+
+def test_kv_cache_write_compares_an_fp8_cache_by_its_values_and_any_other_as_it_is():
+    """The canonical form the golden set stores: an FP8 cache dequantised (float32), a bfloat16 cache
+    in bfloat16 (a float32 copy of it would double its golden's bytes for nothing)."""
+    spec = all_ops()["kv_cache_write"]
+    gen = torch.Generator().manual_seed(2)
+    cache = rand(gen, 2, 4, 16, dtype=torch.bfloat16)
+    assert spec.canonicalize({}, {"kv_cache": cache})["kv_cache"] is cache
+    fp8 = kv_cache_format.quantize_rows(cache)
+    values = spec.canonicalize({}, {"kv_cache": fp8})["kv_cache"]
+    assert values.dtype == torch.float32 and torch.equal(values, kv_cache_format.dequantize_rows(fp8))
 
 
 def test_kv_cache_write_rejects_bad_input():
