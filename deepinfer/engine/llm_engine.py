@@ -403,7 +403,8 @@ class LLMEngine:
         if spec is not None and spec.size() > limit:
             raise InvalidRequestError(
                 f"{what}: the structured_outputs {spec.kind} is {spec.size()} bytes, too big to compile: the limit is {limit} "
-                "(max_grammar_bytes, --max-grammar-bytes)"
+                "(max_grammar_bytes, --max-grammar-bytes)",
+                "structured_outputs",
             )
 
     def has_unfinished(self) -> bool:

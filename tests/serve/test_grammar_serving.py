@@ -130,11 +130,11 @@ def test_what_crashed_the_server_before_runs(server, body):
 def test_a_grammar_too_big_is_refused_before_it_compiles(server):
     """A 100,000-string choice list held a compile thread 48 s, then llguidance panicked (its Rust
     backtrace in the 400): refused up front, the limit named. (It is checked with the prompt, against
-    the engine: the 400 blames "prompt" for now.)"""
+    the engine, which names structured_outputs as the param.)"""
     answer = complete(server, **TOO_BIG)
     error = answer.json()["error"]
     wanted = "the structured_outputs choice is 2288890 bytes, too big to compile: the limit is 262144 (max_grammar_bytes, --max-grammar-bytes)"
-    assert answer.status_code == 400 and error["message"] == wanted, error
+    assert answer.status_code == 400 and error["message"] == wanted and error["param"] == "structured_outputs", error
     assert complete(server).status_code == 200
 
 
