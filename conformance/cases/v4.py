@@ -183,6 +183,18 @@ def compress_kv_ring_inputs(gen, dtype, *, ratio: int, overlap: bool, dim: int, 
     }
 
 
+def ring_write_inputs(gen, dtype, *, slots: int, ring: int, width: int, rows: list[int]):
+    """kv_cache_write as a V4 decode step writes its tokens' compressor projections into the ring: float32 rows
+    (whatever the model dtype: the ring is float32 state) of `width` channels and no rope part, the ring viewed as
+    pages of `ring` rows, one per state slot; row -1 (padding) writes nothing."""
+    return {
+        "kv_c": randn(gen, len(rows), width),
+        "k_pe": torch.empty(len(rows), 0),
+        "kv_cache": randn(gen, slots, ring, width),
+        "slot_mapping": torch.tensor(rows, dtype=torch.int64),
+    }
+
+
 # -------------------------------------------------------------------------------------- indexer_topk
 
 
@@ -348,6 +360,8 @@ RECIPES = [
      partial(compress_kv_ring_inputs, ratio=4, overlap=True, dim=64, ring=12, positions=[3, 5, 11, None, 15, 6, 23])),
     ("compress_kv", "decode_ring_hca_ratio128_d32_skipped",
      partial(compress_kv_ring_inputs, ratio=128, overlap=False, dim=32, ring=128, positions=[127, 130, None, 383])),
+    # kv_cache_write into the compressor ring (decode_plan): rows without a rope part, padding.
+    ("kv_cache_write", "decode_ring_f32_w128_no_rope_padding", partial(ring_write_inputs, slots=3, ring=12, width=128, rows=[3, -1, 35, 12])),
     # indexer_topk: V4's 64 heads of 128.
     ("indexer_topk", "decode_t1_h64_d128_e100_top32", partial(indexer_topk_inputs, seqs=[(400, 1)], top_k=32)),
     # Three sequences, their own tables; queries seeing 0, fewer than top_k and more than top_k entries.
