@@ -38,6 +38,7 @@ class ForwardBatch:
     max_query_len: int = 1  # host-side max of new tokens per sequence
     max_seq_len: int = 1  # host-side max of seq_lens
     host: HostBatch | None = None
+    state_slots: torch.Tensor | None = None  # [B] int32, each sequence's state slot (-1: none; DeepSeek-V4's compressor rings)
 
     @property
     def num_seqs(self) -> int:
