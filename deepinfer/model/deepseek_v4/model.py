@@ -198,7 +198,7 @@ class DeepseekV4ForCausalLM:
         if len(caches) != self.num_layers:
             raise ValueError(f"forward needs {self.num_layers} layer caches, got {len(caches)}")
         ops, c = self.ops, self.config
-        step = self._plan(c, batch, caches)
+        step = self.step_plan(c, batch, caches)
         streams = self.embed[batch.input_ids].unsqueeze(1).expand(-1, c.hc_mult, -1).contiguous()
         for layer, cache in zip(self.layers, caches):
             streams = layer(ops, streams, cache, step, self.ropes, batch.input_ids)
@@ -213,11 +213,11 @@ class DeepseekV4ForCausalLM:
         prev_hidden the streams at p; returns (float32 logits at batch.logits_indices, the block's
         output streams to chain from)."""
         layer = self.build_mtp_layers()[index]
-        step = self._plan(layer.config, batch, [cache])
+        step = self.step_plan(layer.config, batch, [cache])
         streams = layer(self.ops, self.embed, batch.input_ids, step.positions, prev_hidden, cache, step, self.ropes)
         return self._logits(self.ops, streams[batch.logits_indices], layer.hc_head, layer.norm), streams
 
-    def _plan(self, config: V4Config, batch: ForwardBatch, caches: list):
+    def step_plan(self, config: V4Config, batch: ForwardBatch, caches: list):
         """The step's cache rows, for caches laid out by `new_caches`: a decode step's planned on the device
         (decode_plan: what a device graph captures), any other step's on the host (step.py)."""
         rings = {(c.ratio, c.overlap): c.ring for cache in caches for c in (cache.compressor, cache.indexer) if c is not None}
