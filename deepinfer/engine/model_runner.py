@@ -10,7 +10,7 @@ from typing import Callable
 import torch
 
 from deepinfer.device_graphs import GraphCapture
-from deepinfer.engine.host_staging import to_device
+from deepinfer.engine.host_staging import padded_rows, to_device
 from deepinfer.engine.logits_processing import LogitsProcessing, needs_processing
 from deepinfer.engine.logprobs import LogprobRows, TokenLogprobs
 from deepinfer.engine.scheduler import ScheduledBatch
@@ -238,8 +238,7 @@ class ModelRunner:
             slots=[seq.state_slot for seq in seqs],
             pages=[seq.block_table for seq in seqs],
         )
-        width = max(len(seq.block_table) for seq in seqs)
-        tables = [seq.block_table + [0] * (width - len(seq.block_table)) for seq in seqs]
+        tables = padded_rows([seq.block_table for seq in seqs])
         input_ids, positions, slot_mapping, cu_seqlens_q, seq_lens_t, block_tables, logits_indices, state_slots = self.tensors(
             ([t for ids in tokens for t in ids], torch.int64), (positions, torch.int64), (slots, torch.int64), (cu_seqlens, torch.int32),
             (seq_lens, torch.int32), (tables, torch.int32), (logits_rows, torch.int64), (host.slots, torch.int32),
