@@ -9,7 +9,8 @@ import torch
 
 @dataclass
 class HostBatch:
-    """The step's per-sequence facts on the host, for models that plan cache rows there (DeepSeek-V4)."""
+    """The step's per-sequence facts on the host, for models that plan cache rows there (DeepSeek-V4, every step
+    but a decode step, which it plans on the device; a device graph's batch has none)."""
 
     starts: list[int]  # position of each sequence's first new token
     lengths: list[int]  # its new tokens
