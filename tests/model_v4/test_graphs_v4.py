@@ -3,17 +3,21 @@ test suite's recording ones (tests/fake_backend.py: the reference kernels; a rep
 static buffers, so it sees only what the graph's inputs hold): greedy tokens with graphs are those of eager decode
 and of eager decode on the host plan (step.py), with windows closing and not closing in the decode steps (CSA every 4
 tokens, HCA at 127 / 255 / 511), with prefix hits and bounded replay, preemption and an FP8 cache in one run, with
-overlap scheduling, and with speculative decoding (verification steps run eagerly on the host plan)."""
+overlap scheduling, and with speculative decoding (verification steps run eagerly on the host plan). And the decode
+step's model code (the plan and the glue between the ops) reads no device value on the host, so that a real device
+graph captures all of it (the recording graphs, which run the step again, would not notice)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
+from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException, FakeTensorMode
 
 import deepinfer.plugins as plugins_mod
 from deepinfer.backends import reference
 from deepinfer.engine.sampling_params import SamplingParams
 from deepinfer.model.deepseek_v4 import model as v4_model
+from deepinfer.model.forward_batch import ForwardBatch
 from deepinfer.plugins import Plugins
 
 from fake_backend import FakeBackend, RecordingGraphs
@@ -128,3 +132,74 @@ def test_speculative_decoding_with_graphs(graphs_llm, host_plan_tokens):
     assert all(per_seq == 1 for _, per_seq in graphs.row_graphs)
     rings = [c.compressor.ring - c.compressor.ratio * (2 if c.compressor.overlap else 1) for c in llm.engine.runner.kv_caches if c.compressor]
     assert sorted(set(rings)) == [4, 128], "the lookahead of 3 rows, rounded up to whole windows of 4 and 128"
+
+
+# ---- the whole decode step reads nothing on the host -----------------------------------------------------------------
+
+
+def _shapes(out):
+    if out is None or isinstance(out, torch.Tensor):
+        return out if out is None else (out.shape, out.dtype)
+    return tuple(_shapes(o) for o in out)
+
+
+def _empty(spec):
+    if spec is None:
+        return None
+    if isinstance(spec[0], torch.Size):
+        return torch.zeros(spec[0], dtype=spec[1])
+    return tuple(_empty(s) for s in spec)
+
+
+class RecordedOps:
+    """The model's ops, recording each call's output shapes (record=True), or answering each call, in the same order,
+    with zeros of the recorded shapes (the ops are the backends' to prove graph-safe; this checks the code between them)."""
+
+    def __init__(self, ops, calls: list, record: bool):
+        self._ops, self._calls, self._record = ops, calls, record
+
+    def __getattr__(self, name):
+        attr = getattr(self._ops, name)
+        if not callable(attr):
+            return attr
+
+        def call(*args, **kwargs):
+            if self._record:
+                out = attr(*args, **kwargs)
+                self._calls.append((name, _shapes(out)))
+                return out
+            recorded, spec = self._calls.pop(0)
+            assert recorded == name, f"the step called {name} where the recorded one called {recorded}"
+            return _empty(spec)
+
+        return call
+
+
+def test_the_decode_step_reads_nothing_on_the_host(graphs_llm, monkeypatch):
+    """tiny-v4's decode forward (sliding, CSA and HCA layers, hash and routed MoE, the head) over fake tensors
+    (FakeTensorMode: a host read of a device value, `.item()`, `.tolist()`, `bool()`, `nonzero`, a boolean mask, raises),
+    the ops answering with their recorded output shapes: the device plan, the compressors' ring path, the indexer's row
+    gather and every other line of glue keep to shapes, as a device graph needs."""
+    runner = engine_over(graphs_llm, enforce_eager=True).engine.runner
+    model, caches = runner.model, runner.kv_caches
+    positions = torch.tensor([200, 127, 5, 0])  # windows closing (127: HCA and CSA), not closing, the first token
+    tables = torch.arange(4 * 16, dtype=torch.int32).view(4, 16)
+    slots = tables.long().gather(1, (positions // 16)[:, None])[:, 0] * 16 + positions % 16
+    slots[3] = -1  # a padding row
+    batch = ForwardBatch(is_prefill=False, input_ids=torch.tensor([5, 6, 7, 0]), positions=positions, slot_mapping=slots,
+                         cu_seqlens_q=torch.arange(5, dtype=torch.int32), seq_lens=(positions + 1).int(), block_tables=tables,
+                         logits_indices=torch.arange(4), state_slots=torch.tensor([0, 1, 2, -1], dtype=torch.int32))  # fmt: skip
+    calls, ops = [], model.ops
+    monkeypatch.setattr(model, "ops", RecordedOps(ops, calls, record=True))
+    model.forward(batch, caches)
+    assert {"compress_kv", "indexer_topk", "sparse_attention", "kv_cache_write", "hc_pre", "dispatch"} <= {name for name, _ in calls}
+    monkeypatch.setattr(model, "ops", RecordedOps(ops, calls, record=False))
+    with FakeTensorMode(allow_non_fake_inputs=True) as mode:  # the weights and caches join as fakes
+        fake = ForwardBatch(**{k: mode.from_tensor(v) if isinstance(v, torch.Tensor) else v for k, v in vars(batch).items()})
+        logits = model.forward(fake, caches)
+    assert logits.shape == (4, model.config.vocab_size) and not calls, "every recorded op was called"
+    # The check bites: a host read planted in the plan raises under it.
+    monkeypatch.setattr(model, "ops", RecordedOps(ops, [], record=False))
+    monkeypatch.setattr(v4_model, "plan_decode", lambda *args: args[1].max().item())
+    with FakeTensorMode(allow_non_fake_inputs=True) as mode, pytest.raises((DataDependentOutputException, DynamicOutputShapeException)):
+        model.forward(ForwardBatch(**{k: mode.from_tensor(v) if isinstance(v, torch.Tensor) else v for k, v in vars(batch).items()}), caches)
