@@ -15,7 +15,9 @@ Speculative verification steps (every sequence brings 1 + k tokens: its last tok
 replay such forward-only graphs too, one per (padded batch size, tokens per sequence S): a sequence that
 verifies fewer drafts than the step's S is padded with rows that write no KV; causal attention
 keeps its real rows' outputs from seeing them. These graphs return the logits and final hidden
-states of every row (verification samples outside the graph, over the real rows only).
+states of every row (verification samples outside the graph, over the real rows only). A model may
+capture fewer rows per sequence than the engine's steps bring (`device_graph_tokens_per_seq`:
+DeepSeek-V4 plans only decode steps on the device); larger steps then run eagerly.
 
 The graphs are the backend's (BackendSpec.graph_capture: CUDA graphs on the cuda backend); this
 runner names no device API, and the engine builds it only for a backend that declares one.
