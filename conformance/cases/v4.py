@@ -356,10 +356,10 @@ RECIPES = [
      partial(compress_kv_inputs, ratio=16, overlap=False, dim=64, seqs=[(0, 2), (4, 1)], gate_scale=30.0, bias_scale=5.0)),
     # A decode step over the ring (deepinfer.model.deepseek_v4.decode_plan): one entry per sequence, -1 (skipped: zeros)
     # where no window closes or the row is padding; a first window, a previous window past the current one in the ring (a ring of 3 windows).
-    ("compress_kv", "decode_ring_csa_ratio4_d64_skipped",
-     partial(compress_kv_ring_inputs, ratio=4, overlap=True, dim=64, ring=12, positions=[3, 5, 11, None, 15, 6, 23])),
-    ("compress_kv", "decode_ring_hca_ratio128_d32_skipped",
-     partial(compress_kv_ring_inputs, ratio=128, overlap=False, dim=32, ring=128, positions=[127, 130, None, 383])),
+    ("compress_kv", "decode_ring_csa_ratio4_d32_skipped",
+     partial(compress_kv_ring_inputs, ratio=4, overlap=True, dim=32, ring=12, positions=[3, 5, 11, None, 15, 6, 23])),
+    ("compress_kv", "decode_ring_hca_ratio128_d16_skipped",
+     partial(compress_kv_ring_inputs, ratio=128, overlap=False, dim=16, ring=128, positions=[127, None, 130, 383])),
     # kv_cache_write into the compressor ring (decode_plan): rows without a rope part, padding.
     ("kv_cache_write", "decode_ring_f32_w128_no_rope_padding", partial(ring_write_inputs, slots=3, ring=12, width=128, rows=[3, -1, 35, 12])),
     # indexer_topk: V4's 64 heads of 128.
