@@ -86,14 +86,14 @@ def _window_rows(pos: torch.Tensor, live: torch.Tensor, block_tables: torch.Tens
 
 
 def _entry_table(entries: torch.Tensor, block_tables: torch.Tensor, block_size: int, ratio: int) -> torch.Tensor:
-    """[B, E_max] int32: the pool row of each sequence's entry e (in the block of its window's last token), -1 from
-    entries[b] on; E_max = the entries the block tables hold."""
-    width = block_tables.shape[1] * block_size // ratio
-    e = torch.arange(width, device=entries.device)
-    last = (e + 1) * ratio - 1
-    pages = block_tables.index_select(1, last // block_size).long()
-    rows = pages * rows_per_block(block_size, ratio) + (last % block_size) // ratio
-    return rows.masked_fill_(e >= entries[:, None], -1).to(I32)
+    """[B, E_max] int32: the pool row of each sequence's entry e, -1 from entries[b] on; E_max = the entries the block
+    tables hold (W * block_size // ratio). Entry e lives in the block of its window's last token: `rows` consecutive
+    entries to a block, or with ratio > block size one entry in every `stride`-th block (one broadcast add, in int32)."""
+    rows, stride = rows_per_block(block_size, ratio), max(1, ratio // block_size)
+    pages = block_tables[:, stride - 1 :: stride].to(I32)
+    table = (pages * rows)[:, :, None] + torch.arange(rows, dtype=I32, device=pages.device)
+    width = pages.shape[1] * rows
+    return table.view(pages.shape[0], width).masked_fill_(torch.arange(width, device=pages.device) >= entries[:, None], -1)
 
 
 def _ring_plan(pos, with_state, slot_mapping, state_slots, block_size: int, ratio: int, overlap: bool, ring: int) -> RingPlan:
