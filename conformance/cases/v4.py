@@ -163,6 +163,44 @@ def compress_kv_inputs(
     }
 
 
+def compress_kv_ring_inputs(gen, dtype, *, ratio: int, overlap: bool, dim: int, ring: int, positions: list[int | None]):
+    """A decode step over the flat compressor ring ([slots x ring] rows, row slot * ring + position % ring, every
+    row filled): one entry per sequence, the one whose window closes at its token's position p ((p + 1) % ratio
+    == 0), window start -1 (skipped) for the others and for padding (None); skipped entries carry a stale prev."""
+    width = 2 * dim if overlap else dim
+    starts, prevs = [], []
+    for slot, p in enumerate(positions):
+        base, window = slot * ring, (p + 1) // ratio - 1 if p is not None else -1
+        if p is None or (p + 1) % ratio:
+            starts.append(-1)
+            prevs.append(int(torch.randint(0, len(positions) * ring - ratio, (1,), generator=gen)) if overlap else -1)
+            continue
+        starts.append(base + window * ratio % ring)
+        prevs.append(base + (window - 1) * ratio % ring if overlap and window > 0 else -1)
+    rows = len(positions) * ring
+    return {
+        "kv": randn(gen, rows, width, dtype=dtype),
+        "gate": randn(gen, rows, width, dtype=dtype),
+        "position_bias": randn(gen, ratio, width, scale=0.5),
+        "window_starts": torch.tensor(starts, dtype=torch.int64),
+        "prev_starts": torch.tensor(prevs, dtype=torch.int64),
+        "ratio": ratio,
+        "overlap": overlap,
+    }
+
+
+def ring_write_inputs(gen, dtype, *, slots: int, ring: int, width: int, rows: list[int]):
+    """kv_cache_write as a V4 decode step writes its tokens' compressor projections into the ring: float32 rows
+    (whatever the model dtype: the ring is float32 state) of `width` channels and no rope part, the ring viewed as
+    pages of `ring` rows, one per state slot; row -1 (padding) writes nothing."""
+    return {
+        "kv_c": randn(gen, len(rows), width),
+        "k_pe": torch.empty(len(rows), 0),
+        "kv_cache": randn(gen, slots, ring, width),
+        "slot_mapping": torch.tensor(rows, dtype=torch.int64),
+    }
+
+
 # -------------------------------------------------------------------------------------- indexer_topk
 
 
@@ -325,6 +363,14 @@ RECIPES = [
     ("compress_kv", "hca_ratio128_d128", partial(compress_kv_inputs, ratio=128, overlap=False, dim=128, seqs=[(0, 1), (3, 1)])),
     ("compress_kv", "ratio16_d64_large_gate",
      partial(compress_kv_inputs, ratio=16, overlap=False, dim=64, seqs=[(0, 2), (4, 1)], gate_scale=30.0, bias_scale=5.0)),
+    # A decode step over the ring (deepinfer.model.deepseek_v4.decode_plan): one entry per sequence, -1 (skipped: zeros)
+    # where no window closes or the row is padding; a first window, a previous window past the current one in the ring (a ring of 3 windows).
+    ("compress_kv", "decode_ring_csa_ratio4_d32_skipped",
+     partial(compress_kv_ring_inputs, ratio=4, overlap=True, dim=32, ring=12, positions=[3, 5, 11, None, 15, 6, 23])),
+    ("compress_kv", "decode_ring_hca_ratio128_d16_skipped",
+     partial(compress_kv_ring_inputs, ratio=128, overlap=False, dim=16, ring=128, positions=[127, None, 130, 383])),
+    # kv_cache_write into the compressor ring (decode_plan): rows without a rope part, padding.
+    ("kv_cache_write", "decode_ring_f32_w128_no_rope_padding", partial(ring_write_inputs, slots=3, ring=12, width=128, rows=[3, -1, 35, 12])),
     # indexer_topk: V4's 64 heads of 128.
     ("indexer_topk", "decode_t1_h64_d128_e100_top32", partial(indexer_topk_inputs, seqs=[(400, 1)], top_k=32)),
     # Three sequences, their own tables; queries seeing 0, fewer than top_k and more than top_k entries.

@@ -20,8 +20,9 @@ cache length instead: its prompt of `context` random tokens is admitted with the
 counted as computed (what a prefix-cache hit does, minus the hit: `admit_at_cache_length`), the
 caches hold random values, and one step computes the last prompt token. The decode steps that
 follow read as much cache as a real run at that length. `warmup` decode steps run untimed, then
-`steps` decode steps are timed one after the other by stepping the engine (scheduling, the V4
-host plan, the forward and sampling: the whole step).
+`steps` decode steps are timed one after the other by stepping the engine (scheduling, the step's
+plan, the forward and sampling: the whole step), replaying device graphs where the backend has them
+(`enforce_eager`: every step eagerly).
 
 Floor (`floor_parts`): the bytes one decode step must read, over the copy bandwidth measured in the
 same run: every weight the step touches once (the dense weights; the routed experts hit at that
@@ -262,21 +263,19 @@ class V4Result:
     floor_ms: float
     floor_bytes: float
     tok_s: float
-    plan_ms: float  # of step_ms: the V4 host plan of one such decode step (plan_step), timed apart
+    plan_ms: float  # of step_ms: the plan of one such decode step as the model builds it (decode_plan, on the device), timed apart
     floor_parts: dict[str, float] = field(default_factory=dict)
     profile: dict | None = None  # `--profile`: time per decode step by kernel (deepinfer/bench/step_profile.py)
 
 
-def host_plan_ms(engine, config, block_size: int, device: torch.device) -> float:
-    """Milliseconds of the host plan (`plan_step`: every token's window rows and each sequence's
-    entry table, built on the host with torch and copied to the device) of a decode step of the running
-    sequences, built as the model builds it each step: the share of a step the device does not do."""
-    from deepinfer.model.deepseek_v4.step import SeqStep, plan_step
-
-    seqs = [SeqStep(s.num_computed_tokens, 1, s.num_cached_kv, s.state_slot, list(s.block_table)) for s in engine.scheduler.running]
+def plan_ms(engine, device: torch.device) -> float:
+    """Milliseconds of the plan of a decode step of the running sequences as the model builds it (decode_plan: tensor
+    arithmetic on the device, inside the step's graph when graphs replay), from the step's inputs on the device."""
+    runner, seqs = engine.runner, list(engine.scheduler.running)
+    batch = runner.rows_batch(seqs, [s.num_computed_tokens for s in seqs], [[s.token_ids[-1]] for s in seqs], last_only=True)
     synchronize(device)
     start = time.perf_counter()
-    plan_step(config, seqs, block_size, device)
+    runner.model.step_plan(runner.model.config, batch, runner.kv_caches)
     synchronize(device)
     return (time.perf_counter() - start) * 1e3
 
@@ -296,11 +295,13 @@ def run(
     dtype: torch.dtype = torch.bfloat16,
     progress: Callable[[str], None] | None = None,
     profile_rows: int = 0,
+    enforce_eager: bool = False,
 ) -> tuple[list[V4Result], dict]:
     """Build the model (cut to fit), then time `steps` decode steps per (batch, context) pair.
     Returns the results and the run's facts (layers, formats, bandwidth...). `kv_cache_dtype`:
     EngineConfig's ("auto": the model dtype; "fp8": e4m3 rows with a per-token scale). profile_rows > 0:
-    then `steps` more decode steps under the profiler, keeping that many kernels (step_profile.py)."""
+    then `steps` more decode steps under the profiler, keeping that many kernels (step_profile.py). enforce_eager: no
+    device graphs (EngineConfig's)."""
     from deepinfer.bench.v4_weights import RandomV4Weights
     from deepinfer.engine.llm_engine import EngineConfig, LLMEngine
     from deepinfer.engine.sampling_params import SamplingParams
@@ -321,7 +322,8 @@ def run(
     tokens_after = max_len - 1 - max(contexts)  # tokens each request gets past its context (a spare one included)
     num_blocks = kv_blocks(batches, contexts, tokens_after, block_size)
     engine_config = EngineConfig(max_num_seqs=max(batches), max_num_batched_tokens=max(batches), num_kv_blocks=num_blocks,
-                                 enable_prefix_caching=False, max_model_len=max_len, kv_cache_dtype=kv_cache_dtype)  # fmt: skip
+                                 enable_prefix_caching=False, max_model_len=max_len, kv_cache_dtype=kv_cache_dtype,
+                                 enforce_eager=enforce_eager)  # fmt: skip
 
     def plan(n: int) -> dict[str, float]:
         return memory_parts(flash_config(n, config_overrides), num_blocks, block_size, max(batches), kv_dtype, dtype, copy_gib)
@@ -359,7 +361,7 @@ def run(
                 engine.step()
             synchronize(device)
             step = (time.perf_counter() - start) / steps
-            plan_ms = host_plan_ms(engine, config, block_size, device)
+            plan = plan_ms(engine, device)
             profile = None
             if profile_rows > 0:
                 from deepinfer.bench import step_profile
@@ -372,12 +374,13 @@ def run(
             engine.abort_all()
             parts = floor_parts(config, batch, context + warmup + steps // 2, kv_dtype, size)
             floor = sum(parts.values())
-            results.append(V4Result(batch, context, steps, step * 1e3, floor / bandwidth * 1e3, floor, batch / step, plan_ms, parts, profile))
-            say(f"batch {batch} context {context}: {step * 1e3:.2f} ms per step (host plan {plan_ms:.2f} ms)")
+            results.append(V4Result(batch, context, steps, step * 1e3, floor / bandwidth * 1e3, floor, batch / step, plan, parts, profile))
+            say(f"batch {batch} context {context}: {step * 1e3:.2f} ms per step (plan {plan:.2f} ms)")
     info = {
         "gpu": device_name(device), "torch": torch.__version__, "backend": runtime.backend.name, "backend_options": dict(runtime.options),
         "copy_bandwidth_tb_s": bandwidth / 1e12, "layers": n_layers, "of_layers": full.num_hidden_layers, "layer_types": kinds,
         "kv_cache_dtype": kv_cache_dtype, "dtype": str(dtype).removeprefix("torch."), "kv_block_size": block_size,
+        "device_graphs": engine.runner.graphs is not None, "overlap": engine.overlap is not None,
         "weights": "dense projections fp8_block (e4m3, 128x128 scales), routed experts mxfp4 (e2m1 + e8m0 per 32); see deepinfer/bench/v4_weights.py",
         "start": "each request admitted at its cache length (random cache contents), then one step for its last prompt token",
         "date": time.strftime("%Y-%m-%d"),
@@ -391,8 +394,9 @@ def format_results(results: list[V4Result], info: dict) -> str:
     kinds = ", ".join(f"{n} {k}" for k, n in info["layer_types"].items())
     lines = [
         f"{info['layers']} of {info['of_layers']} layers ({kinds}); KV cache {info['kv_cache_dtype']}; "
-        f"copy bandwidth {info['copy_bandwidth_tb_s']:.3f} TB/s; floor = bytes read / copy bandwidth, for these layers",
-        "batch  context  ms/step  host plan ms  floor ms  of floor    tok/s  floor GB: dense  experts     KV",
+        f"copy bandwidth {info['copy_bandwidth_tb_s']:.3f} TB/s; floor = bytes read / copy bandwidth, for these layers; "
+        f"device graphs {'on' if info.get('device_graphs') else 'off'}",
+        "batch  context  ms/step  step plan ms  floor ms  of floor    tok/s  floor GB: dense  experts     KV",
     ]
     for r in results:
         p = {k: v / 1e9 for k, v in r.floor_parts.items()}

@@ -52,6 +52,7 @@ def add_parser(what) -> None:
     e2e.add_argument("--deterministic-cost", action="store_true",
                      help="v2-lite: both modes in one process, alternated --repeat times: each mode's median ms/step and the cost (no HF peer)")
     e2e.add_argument("--repeat", type=int, default=None, help="--deterministic-cost: rounds of the two modes (default 5)")
+    e2e.add_argument("--enforce-eager", action="store_true", help="v4-flash: every decode step eagerly, without device graphs (the graphs' baseline)")
     e2e.add_argument("--no-overlap", action="store_true", help="each decode step waits for the one before (default: overlap scheduling on cuda and ascend)")
     e2e.add_argument("--profile", action="store_true",
                      help="after the timing, profile deepinfer's decode step: kernels by time per step and the device's idle share")
@@ -69,9 +70,14 @@ def run_e2e(args: argparse.Namespace) -> int:
         if args.deterministic:
             raise UserError("--deterministic is for --model-shape v2-lite (the v4-flash run has no deterministic variant yet)")
         return run_e2e_v4(args)
-    for flag, value in (("--context", args.context), ("--kv-cache-dtype", args.kv_cache_dtype)):
+    v4_only = {
+        "--context": (args.context, "the v2-lite run takes --prompt-len"),
+        "--kv-cache-dtype": (args.kv_cache_dtype, "the v2-lite run takes the model dtype's cache"),
+        "--enforce-eager": (args.enforce_eager or None, "the v2-lite run compares with HF transformers, with device graphs where the backend has them"),
+    }
+    for flag, (value, why) in v4_only.items():
         if value is not None:
-            raise UserError(f"{flag} is for --model-shape v4-flash (the v2-lite run takes --prompt-len and the model dtype's cache)")
+            raise UserError(f"{flag} is for --model-shape v4-flash ({why})")
     from deepinfer.bench import e2e
     from deepinfer.cli.bench import backend_options, choose_backend
     from deepinfer.plugins import load_plugins

@@ -36,7 +36,7 @@ def v4_arguments(args: argparse.Namespace) -> dict:
     if args.json is not None and not args.json.parent.exists():
         raise UserError(f"cannot write {args.json}: folder {args.json.parent} does not exist")
     return dict(batches=batches, contexts=contexts, steps=steps, layers=args.layers, kv_cache_dtype=args.kv_cache_dtype or DEFAULT_KV_CACHE_DTYPE,
-                json_path=args.json, profile_rows=args.profile_rows if args.profile else 0)  # fmt: skip
+                json_path=args.json, profile_rows=args.profile_rows if args.profile else 0, enforce_eager=args.enforce_eager)  # fmt: skip
 
 
 def run_e2e_v4(args: argparse.Namespace) -> int:

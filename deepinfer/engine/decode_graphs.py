@@ -4,7 +4,7 @@ A decode step of a MoE model launches hundreds of small kernels; replaying a cap
 the launch gaps. Every decode-path op runs without host synchronisation, so the whole step (model
 forward and sampling) is captured. Inputs live in static buffers of the largest batch; a batch of
 n sequences runs the graph of the smallest bucket >= n, with padding rows that write no KV
-(slot -1) and read one cached token.
+(slot -1), own no state slot (-1) and read one cached token.
 
 A decode step whose logits are processed (penalties, logit bias, grammar masks, ...) or whose
 logprobs are gathered cannot sample inside a graph (the graphs hold no buffers for those inputs):
@@ -15,7 +15,9 @@ Speculative verification steps (every sequence brings 1 + k tokens: its last tok
 replay such forward-only graphs too, one per (padded batch size, tokens per sequence S): a sequence that
 verifies fewer drafts than the step's S is padded with rows that write no KV; causal attention
 keeps its real rows' outputs from seeing them. These graphs return the logits and final hidden
-states of every row (verification samples outside the graph, over the real rows only).
+states of every row (verification samples outside the graph, over the real rows only). A model may
+capture fewer rows per sequence than the engine's steps bring (`device_graph_tokens_per_seq`:
+DeepSeek-V4 plans only decode steps on the device); larger steps then run eagerly.
 
 The graphs are the backend's (BackendSpec.graph_capture: CUDA graphs on the cuda backend); this
 runner names no device API, and the engine builds it only for a backend that declares one.
@@ -60,6 +62,7 @@ class DecodeGraphs:
         self.positions = zeros(rows, dtype=torch.int64)
         self.slot_mapping = torch.full((rows,), -1, dtype=torch.int64, device=device)
         self.seq_lens = torch.ones(n, dtype=torch.int32, device=device)
+        self.state_slots = torch.full((n,), -1, dtype=torch.int32, device=device)  # the models that keep per-sequence state read them
         self.block_tables = zeros(n, w, dtype=torch.int32)
         self.cu_seqlens_q = torch.arange(n + 1, dtype=torch.int32, device=device)
         self.logits_indices = torch.arange(rows, dtype=torch.int64, device=device)
@@ -97,6 +100,7 @@ class DecodeGraphs:
             block_tables=self.block_tables[:size],
             logits_indices=self.logits_indices[:rows],
             max_query_len=per_seq,
+            state_slots=self.state_slots[:size],
         )
 
     def _step(self, size: int) -> torch.Tensor:
@@ -139,6 +143,10 @@ class DecodeGraphs:
         self.seq_lens[:n].copy_(fb.seq_lens)
         self.block_tables[:n, :w].copy_(fb.block_tables)
         self.block_tables[:n, w:].zero_()
+        if fb.state_slots is not None:
+            self.state_slots[:n].copy_(fb.state_slots)
+        else:
+            self.state_slots[:n].fill_(-1)
 
     def rows_replayable(self, n: int, per_seq: int) -> bool:
         """Whether a step of n sequences with per_seq rows each has a graph (captured or to capture)."""
@@ -155,6 +163,7 @@ class DecodeGraphs:
         self.slot_mapping[rows : size * per_seq].fill_(-1)  # padding sequences write nothing
         self.seq_lens[n:size].fill_(per_seq)  # and each of their rows reads at least one (harmless) cached token
         self.block_tables[n:size].zero_()
+        self.state_slots[n:size].fill_(-1)  # and own no per-sequence state
         self.capture_rows(size, per_seq)
         graph, (logits, hidden) = self.row_graphs[(size, per_seq)]
         graph.replay()
@@ -179,6 +188,7 @@ class DecodeGraphs:
         self.slot_mapping[n:size].fill_(-1)  # padding rows write nothing
         self.seq_lens[n:size].fill_(1)  # and read one (harmless) cached token
         self.block_tables[n:size].zero_()
+        self.state_slots[n:size].fill_(-1)  # and own no per-sequence state
         self.temperature[n:size].zero_()  # padding rows sample greedily
         if size not in self.graphs:
             if self.collective:

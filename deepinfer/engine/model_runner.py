@@ -10,7 +10,7 @@ from typing import Callable
 import torch
 
 from deepinfer.device_graphs import GraphCapture
-from deepinfer.engine.host_staging import to_device
+from deepinfer.engine.host_staging import padded_rows, to_device
 from deepinfer.engine.logits_processing import LogitsProcessing, needs_processing
 from deepinfer.engine.logprobs import LogprobRows, TokenLogprobs
 from deepinfer.engine.scheduler import ScheduledBatch
@@ -144,7 +144,9 @@ class ModelRunner:
 
             # a verification's padding rows may reach max_tokens_per_seq - 1 positions past the model's length
             max_blocks = -(-(max_model_len + max_tokens_per_seq - 1) // block_size)
-            self.graphs = DecodeGraphs(model, ops, self.kv_caches, device, max_num_seqs, max_blocks, graph_capture, max_tokens_per_seq)
+            # the model may capture fewer rows per sequence (DeepSeek-V4: decode steps only); larger steps run eagerly
+            graph_tokens = min(max_tokens_per_seq, getattr(model, "device_graph_tokens_per_seq", None) or max_tokens_per_seq)
+            self.graphs = DecodeGraphs(model, ops, self.kv_caches, device, max_num_seqs, max_blocks, graph_capture, graph_tokens)
 
     def tensor(self, values, dtype: torch.dtype) -> torch.Tensor:
         """A host list as a tensor on the device (copied without waiting)."""
@@ -236,11 +238,10 @@ class ModelRunner:
             slots=[seq.state_slot for seq in seqs],
             pages=[seq.block_table for seq in seqs],
         )
-        width = max(len(seq.block_table) for seq in seqs)
-        tables = [seq.block_table + [0] * (width - len(seq.block_table)) for seq in seqs]
-        input_ids, positions, slot_mapping, cu_seqlens_q, seq_lens_t, block_tables, logits_indices = self.tensors(
+        tables = padded_rows([seq.block_table for seq in seqs])
+        input_ids, positions, slot_mapping, cu_seqlens_q, seq_lens_t, block_tables, logits_indices, state_slots = self.tensors(
             ([t for ids in tokens for t in ids], torch.int64), (positions, torch.int64), (slots, torch.int64), (cu_seqlens, torch.int32),
-            (seq_lens, torch.int32), (tables, torch.int32), (logits_rows, torch.int64),
+            (seq_lens, torch.int32), (tables, torch.int32), (logits_rows, torch.int64), (host.slots, torch.int32),
         )  # fmt: skip
         return ForwardBatch(
             is_prefill=is_prefill,
@@ -254,6 +255,7 @@ class ModelRunner:
             max_query_len=max(lengths),
             max_seq_len=max(seq_lens),
             host=host,
+            state_slots=state_slots,
         )
 
     def replayable(self, batch: ScheduledBatch) -> bool:

@@ -9,7 +9,8 @@ import torch
 
 @dataclass
 class HostBatch:
-    """The step's per-sequence facts on the host, for models that plan cache rows there (DeepSeek-V4)."""
+    """The step's per-sequence facts on the host, for models that plan cache rows there (DeepSeek-V4, every step
+    but a decode step, which it plans on the device; a device graph's batch has none)."""
 
     starts: list[int]  # position of each sequence's first new token
     lengths: list[int]  # its new tokens
@@ -38,6 +39,7 @@ class ForwardBatch:
     max_query_len: int = 1  # host-side max of new tokens per sequence
     max_seq_len: int = 1  # host-side max of seq_lens
     host: HostBatch | None = None
+    state_slots: torch.Tensor | None = None  # [B] int32, each sequence's state slot (-1: none; DeepSeek-V4's compressor rings)
 
     @property
     def num_seqs(self) -> int:

@@ -43,8 +43,11 @@ def compress_kv(
 
     kv, gate: [N, W] per-token projections (W = 2D with overlap, else D); position_bias: [ratio, W]
     float32; window_starts: [E] int64, the row of each window's first token (its ratio tokens are the
-    rows that follow); prev_starts: [E] int64, with overlap the row of the previous window's first
-    token, -1 for a sequence's first window (those slots then weigh nothing); ignored without overlap.
+    rows that follow), or -1: no window (entry e is skipped: its output row is zeros whatever kv and
+    gate hold, and kernels read nothing for it; a decode step passes one entry per sequence, -1 where
+    no window closes, so that its shapes and launches do not depend on the data); prev_starts: [E] int64, with overlap the row of the previous
+    window's first token, -1 for a sequence's first window (those slots then weigh nothing); ignored
+    without overlap and for skipped entries.
     Without overlap, entry e, channel c: softmax over slots j < ratio of gate[s+j, c] + bias[j, c],
     weighing kv[s+j, c]. With overlap (D = W/2): slots j < ratio take kv[p+j, c] and
     gate[p+j, c] + bias[j, c] (p = prev_starts[e], first half), slots ratio + j take kv[s+j, D+c] and
@@ -52,18 +55,24 @@ def compress_kv(
     Returns [E, D] in kv's dtype; computed in float32 (float64 for float64 kv).
     """
     check_compress_kv_args(kv, gate, position_bias, window_starts, prev_starts, ratio, overlap)
+    dim = kv.shape[1] // 2 if overlap else kv.shape[1]
+    if kv.shape[0] == 0:  # no rows: every entry is skipped (its contract), nothing to read
+        return torch.zeros(window_starts.shape[0], dim, dtype=kv.dtype, device=kv.device)
     acc = torch.float64 if kv.dtype == torch.float64 else torch.float32
+    taken = window_starts >= 0
+    last = kv.shape[0] - 1  # a skipped entry reads row 0.. (clamped), then its result is dropped: no data-dependent shapes
     slots = torch.arange(ratio, device=kv.device)
-    rows = window_starts.long()[:, None] + slots  # [E, ratio]
+    rows = (torch.where(taken, window_starts, 0).long()[:, None] + slots).clamp(max=last)  # [E, ratio]
     values, logits = kv.to(acc)[rows], gate.to(acc)[rows] + position_bias.to(acc)  # [E, ratio, W]
     if overlap:
         half = kv.shape[1] // 2
-        has_prev = prev_starts >= 0
-        prev_rows = prev_starts.long().clamp(min=0)[:, None] + slots
+        has_prev = (prev_starts >= 0) & taken
+        prev_rows = (torch.where(has_prev, prev_starts, 0).long()[:, None] + slots).clamp(max=last)
         prev_values = kv.to(acc)[prev_rows][..., :half]
         prev_logits = (gate.to(acc)[prev_rows] + position_bias.to(acc))[..., :half]
         prev_logits = prev_logits.masked_fill(~has_prev[:, None, None], float("-inf"))
         values = torch.cat((prev_values, values[..., half:]), dim=1)  # [E, 2 * ratio, D]
         logits = torch.cat((prev_logits, logits[..., half:]), dim=1)
     weights = torch.softmax(logits, dim=1)
-    return (weights * values).sum(dim=1).to(kv.dtype)
+    pooled = (weights * values).sum(dim=1)
+    return torch.where(taken[:, None], pooled, 0).to(kv.dtype)

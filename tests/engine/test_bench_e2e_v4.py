@@ -32,12 +32,15 @@ def test_v4_arguments_and_their_defaults():
     from deepinfer.cli.bench_e2e_v4 import v4_arguments
 
     kwargs = v4_arguments(parse("--model-shape", "v4-flash"))
-    assert kwargs == dict(batches=(1, 64, 256), contexts=(4096, 32768), steps=16, layers=None, kv_cache_dtype="fp8", json_path=None, profile_rows=0)
+    assert kwargs == dict(batches=(1, 64, 256), contexts=(4096, 32768), steps=16, layers=None, kv_cache_dtype="fp8", json_path=None, profile_rows=0,
+                          enforce_eager=False)
     given = v4_arguments(parse("--model-shape", "v4-flash", "--batch", "8", "--context", "1000", "--context", "70000", "--new-tokens", "4",
                                "--layers", "3", "--kv-cache-dtype", "auto"))  # fmt: skip
-    assert given == dict(batches=(8,), contexts=(1000, 70000), steps=4, layers=3, kv_cache_dtype="auto", json_path=None, profile_rows=0)
+    assert given == dict(batches=(8,), contexts=(1000, 70000), steps=4, layers=3, kv_cache_dtype="auto", json_path=None, profile_rows=0,
+                         enforce_eager=False)
     profiled = v4_arguments(parse("--model-shape", "v4-flash", "--profile", "--profile-rows", "7"))
     assert profiled["profile_rows"] == 7
+    assert v4_arguments(parse("--model-shape", "v4-flash", "--enforce-eager"))["enforce_eager"] is True
     assert parse().model_shape == "v2-lite"  # the default shape is unchanged
 
 
@@ -52,6 +55,7 @@ def test_v4_arguments_and_their_defaults():
         (["--model-shape", "v4-flash", "--prompt-len", "64"], "--prompt-len is for the v2-lite shape"),
         (["--context", "4096"], "--context is for --model-shape v4-flash"),
         (["--kv-cache-dtype", "fp8"], "--kv-cache-dtype is for --model-shape v4-flash"),
+        (["--enforce-eager"], "--enforce-eager is for --model-shape v4-flash"),
     ],
 )
 def test_bad_arguments_are_one_line(argv, message, capsys):
@@ -185,6 +189,7 @@ def test_the_tiny_run_on_the_reference_backend(tmp_path):
     for r in results:  # --profile: two more decode steps per pair under the profiler (the host's ops: the reference names no device activity)
         assert r.profile["device_kernels"] is False and r.profile["total_ms_per_step"] > 0 and 0 < len(r.profile["us_per_step"]) <= 3
     assert info["layers"] == 4 and info["layer_types"] == {"sliding": 2, "CSA": 1, "HCA": 1} and info["backend"] == "reference"
+    assert info["device_graphs"] is False  # the reference backend has none
     for r in results:
         assert r.step_ms > 0 and r.plan_ms > 0 and r.floor_ms > 0 and r.tok_s == r.batch / (r.step_ms / 1e3)
         assert r.floor_bytes == sum(r.floor_parts.values())

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from deepinfer.engine.host_staging import ALIGN, to_device
+from deepinfer.engine.host_staging import ALIGN, padded_rows, to_device
 
 
 def test_every_field_comes_back_with_its_values_dtype_and_shape():
@@ -26,3 +26,13 @@ def test_the_fields_share_one_buffer_each_on_an_aligned_offset():
 def test_one_pinned_copy_reaches_the_device():
     out = to_device([([1, 2], torch.int64), ([[3]], torch.int32)], torch.device("cuda"), pinned=True)
     assert [t.device.type for t in out] == ["cuda", "cuda"] and out[0].tolist() == [1, 2] and out[1].tolist() == [[3]]
+
+
+def test_padded_rows_are_the_rows_padded_with_zeros():
+    rows = [[5, 1, 9], [], [2**31 - 1], [3, 3, 3, 3]]
+    want = torch.tensor([[5, 1, 9, 0], [0, 0, 0, 0], [2**31 - 1, 0, 0, 0], [3, 3, 3, 3]], dtype=torch.int32)
+    got = padded_rows(rows)
+    assert got.dtype == torch.int32 and torch.equal(got, want)
+    assert padded_rows([[], []]).shape == (2, 0) and padded_rows([]).shape == (0, 0)
+    (sent,) = to_device([(got, torch.int32)], torch.device("cpu"), pinned=False)  # a built tensor travels like a list
+    assert torch.equal(sent, want)

@@ -11,7 +11,9 @@ rows window_starts[e] + j, channels contiguous) and the bias row, and folds it i
 softmax in float32: running maximum m, denominator and numerator rescaled by exp(m_old - m_new).
 The current window's slots come first (with overlap: channels D..2D), so m is finite from slot 0
 on; with overlap the previous window's slots follow (rows prev_starts[e] + j, channels 0..D), their
-logits -inf where prev_starts[e] < 0, which adds exactly nothing. out = numerator / denominator,
+logits -inf where prev_starts[e] < 0, which adds exactly nothing. A window start of -1 (a decode
+step's sequence whose window does not close) masks the entry's loads off: its numerator stays 0 and
+it stores zeros. out = numerator / denominator,
 rounded to kv's dtype by `to_output`. The slot order is fixed: the reduction order does not depend
 on the grid.
 
@@ -67,15 +69,17 @@ def _compress_kv_kernel(
         offs_d = (tile % d_tiles) * BLOCK_D + arange_d
         e_ok = offs_e < E
         d_ok = offs_d < D
-        ok = e_ok[:, None] & d_ok[None, :]
+        out_ok = e_ok[:, None] & d_ok[None, :]
         if OVERLAP:
             col = offs_d + D  # the current window's slots: the second D channels
         else:
             col = offs_d
         if IDX64:
-            start = tl.load(starts_ptr + offs_e, mask=e_ok, other=0).to(tl.int64)
+            start = tl.load(starts_ptr + offs_e, mask=e_ok, other=-1).to(tl.int64)
         else:
-            start = tl.load(starts_ptr + offs_e, mask=e_ok, other=0).to(tl.int32)
+            start = tl.load(starts_ptr + offs_e, mask=e_ok, other=-1).to(tl.int32)
+        ok = out_ok & (start >= 0)[:, None]  # a start of -1 skips the entry: nothing loaded, zeros stored
+        start = tl.maximum(start, 0)
         kv_rows = kv_ptr + (start * stride_kv)[:, None] + col[None, :]
         g_rows = gate_ptr + (start * stride_g)[:, None] + col[None, :]
         b_row = bias_ptr + col
@@ -121,7 +125,7 @@ def _compress_kv_kernel(
             dst = out_ptr + (offs_e.to(tl.int64) * stride_o)[:, None] + offs_d[None, :]
         else:
             dst = out_ptr + (offs_e * stride_o)[:, None] + offs_d[None, :]
-        tl.store(dst, to_output(out, out_ptr), mask=ok)
+        tl.store(dst, to_output(out, out_ptr), mask=out_ok)
 
 
 def compress_kv(

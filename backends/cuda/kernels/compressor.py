@@ -11,7 +11,9 @@ softmax is then one tl.max and two tl.sum along the slot axis (a fixed reduction
 rescaling): out = sum_j exp(l_j - m) v_j / sum_j exp(l_j - m). With overlap a second tile holds the
 previous window's slots (rows prev_starts[e] + j, the first D channels; the current window's come
 from channels D..2D), masked to -inf logits where prev_starts[e] < 0; the maximum always includes
-the current window's slots, so it is finite. exp is libdevice's on the GPU (within 1 ulp: the
+the current window's slots, so it is finite. A window start of -1 (a decode step's sequence whose
+window does not close) masks the entry's loads off and stores zeros; a program whose entries are all
+skipped loads only the starts, so a decode step costs what its closing windows read. exp is libdevice's on the GPU (within 1 ulp: the
 gate logits span hundreds with large gates, where the approximate exp's relative error grows with
 the argument), numpy's under the interpreter.
 
@@ -74,8 +76,14 @@ def _compress_kv_kernel(
         col = offs_d + D
     else:
         col = offs_d
-    start = tl.load(starts_ptr + offs_e, mask=e_ok, other=0).to(tl.int64)
-    rows = start[:, None, None] + offs_j[None, :, None]
+    # A start of -1 skips the entry (no window closes there): its lanes load nothing and it stores zeros; a
+    # program whose entries are all skipped does not load the bias either (decode: most sequences close no window).
+    start = tl.load(starts_ptr + offs_e, mask=e_ok, other=-1).to(tl.int64)
+    taken = start >= 0
+    ok = ok & taken[:, None, None]
+    any_taken = tl.max(taken.to(tl.int32), axis=0)
+    jd_ok = jd_ok & ((offs_j[:, None] * 0 + any_taken) > 0)  # (a scalar mask broadcast with `&` upsets the interpreter)
+    rows = tl.maximum(start, 0)[:, None, None] + offs_j[None, :, None]
     value = tl.load(kv_ptr + rows * stride_kv + col[None, None, :], mask=ok, other=0.0).to(ACC)
     logit = tl.load(gate_ptr + rows * stride_g + col[None, None, :], mask=ok, other=0.0).to(ACC)
     bias = tl.load(bias_ptr + offs_j[:, None] * stride_b + col[None, :], mask=jd_ok, other=0.0).to(ACC)
@@ -91,7 +99,7 @@ def _compress_kv_kernel(
         p_bias = tl.load(bias_ptr + offs_j[:, None] * stride_b + offs_d[None, :], mask=jd_ok, other=0.0).to(ACC)
         p_logit = tl.where(p_ok, p_logit + p_bias[None, :, :], float("-inf"))
         m = tl.maximum(m, tl.max(p_logit, axis=1))
-    m = tl.where(m == float("-inf"), 0.0, m)  # lanes past E or D only
+    m = tl.where(m == float("-inf"), 0.0, m)  # lanes past E or D, and skipped entries (zeros: num = den = 0)
     w = precise_exp(logit - m[:, None, :], LIBDEVICE)
     num = tl.sum(w * value, axis=1)
     den = tl.sum(w, axis=1)

@@ -42,8 +42,9 @@ class SpeculativeDecoder:
         self.ops = ops
         self.final_length = final_length
         self.drafter = drafter
-        # with device graphs a verification step is padded to its longest request (ModelRunner.forward_rows)
-        self.policy = ConfidencePolicy(cost_model, padded=runner.graphs is not None) if config.policy == "confidence" else FixedPolicy()
+        # with device graphs that hold verification rows, a verification step is padded to its longest request (ModelRunner.forward_rows)
+        padded = runner.graphs is not None and runner.graphs.max_tokens_per_seq > 1
+        self.policy = ConfidencePolicy(cost_model, padded=padded) if config.policy == "confidence" else FixedPolicy()
         self.metrics = SpeculativeMetrics()
 
     def lookahead(self, seq) -> int:

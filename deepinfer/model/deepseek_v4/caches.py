@@ -8,7 +8,8 @@ Paged (in the engine's token blocks, so prefix caching shares them):
 
 Per sequence (a state slot, held while the sequence runs): each compressor's open window, the
 per-token projections (value and gate logits, float32) of its last `ring` tokens, `ring` = 2 x ratio
-with overlapping windows (CSA), else ratio. These are rebuilt, not cached: a prefix hit recomputes
+with overlapping windows (CSA), else ratio (more with speculative decoding: `ring_size`), token p in
+row p % ring of its slot. These are rebuilt, not cached: a prefix hit recomputes
 the last `prefix_replay_tokens` tokens (bounded replay), whose sliding-window KV is already paged.
 
 In an FP8 cache (float8_e4m3fn) every paged row carries its token's float32 scale in 4 more bytes
@@ -29,9 +30,11 @@ RING_DTYPE = torch.float32
 
 def ring_size(ratio: int, overlap: bool, lookahead: int = 0) -> int:
     """A compressor's ring rows: the tokens an open window (and, with overlap, the one before) pools,
-    plus `lookahead`: a speculative verification writes the rows of up to that many positions past
-    the last accepted token, which must not land on a row the next step still reads."""
-    return (2 * ratio if overlap else ratio) + lookahead
+    plus `lookahead` rounded up to whole windows: a speculative verification writes the rows of up to
+    that many positions past the last accepted token, which must not land on a row the next step
+    still reads. A whole number of windows keeps every window in consecutive rows (row = position %
+    ring), which a decode step pools in place (decode_plan)."""
+    return (2 * ratio if overlap else ratio) + -(-lookahead // ratio) * ratio
 
 
 def rows_per_block(block_size: int, ratio: int) -> int:

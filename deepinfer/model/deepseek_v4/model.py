@@ -13,6 +13,7 @@ from deepinfer import exact_order
 from deepinfer.model.deepseek_v4 import caches as v4_caches
 from deepinfer.model.deepseek_v4.attention import V4Attention, attention_specs
 from deepinfer.model.deepseek_v4.config import V4Config
+from deepinfer.model.deepseek_v4.decode_plan import plan_decode
 from deepinfer.model.deepseek_v4.moe import V4MoE, moe_specs
 from deepinfer.model.deepseek_v4.mtp import V4MTPLayer, mtp_config, mtp_prefixes
 from deepinfer.model.deepseek_v4.step import SeqStep, plan_step
@@ -85,6 +86,16 @@ class V4DecoderLayer:
         return ops.hc_post(self.ffn(ops, x, input_ids), streams, post, comb)
 
 
+def plans_on_device(batch: ForwardBatch) -> bool:
+    """Whether a step's plan is built on the device (decode_plan): a decode step, every sequence one token, with
+    its state slots, none of whose tokens is replayed (a replayed token's KV is already paged, which only the
+    host knows; a device graph's batch has no host facts and is always a decode step)."""
+    if batch.is_prefill or batch.max_query_len != 1 or batch.state_slots is None or batch.input_ids.shape[0] != batch.num_seqs:
+        return False
+    host = batch.host
+    return host is None or all(cached <= start for cached, start in zip(host.cached, host.starts))
+
+
 def _inverse(table: torch.Tensor) -> torch.Tensor:
     """The table that rotates by the opposite angle (cos, -sin): undoes a rotation."""
     half = table.shape[1] // 2
@@ -94,7 +105,8 @@ def _inverse(table: torch.Tensor) -> torch.Tensor:
 class DeepseekV4ForCausalLM:
     """`max_positions`: rows of the RoPE tables, the longest sequence the engine will run."""
 
-    supports_device_graphs = False  # a step plans its cache rows on the host (kernels and graphs: the V4 GPU issue)
+    supports_device_graphs = True  # a decode step plans its cache rows on the device (decode_plan)
+    device_graph_tokens_per_seq = 1  # only decode steps: a verification step's rows are planned on the host (step.py)
 
     def __init__(self, config: V4Config, ops, device, dtype: torch.dtype, max_positions: int | None = None):
         self.config = config
@@ -186,7 +198,7 @@ class DeepseekV4ForCausalLM:
         if len(caches) != self.num_layers:
             raise ValueError(f"forward needs {self.num_layers} layer caches, got {len(caches)}")
         ops, c = self.ops, self.config
-        step = self._plan(c, batch, caches)
+        step = self.step_plan(c, batch, caches)
         streams = self.embed[batch.input_ids].unsqueeze(1).expand(-1, c.hc_mult, -1).contiguous()
         for layer, cache in zip(self.layers, caches):
             streams = layer(ops, streams, cache, step, self.ropes, batch.input_ids)
@@ -201,18 +213,23 @@ class DeepseekV4ForCausalLM:
         prev_hidden the streams at p; returns (float32 logits at batch.logits_indices, the block's
         output streams to chain from)."""
         layer = self.build_mtp_layers()[index]
-        step = self._plan(layer.config, batch, [cache])
+        step = self.step_plan(layer.config, batch, [cache])
         streams = layer(self.ops, self.embed, batch.input_ids, step.positions, prev_hidden, cache, step, self.ropes)
         return self._logits(self.ops, streams[batch.logits_indices], layer.hc_head, layer.norm), streams
 
-    def _plan(self, config: V4Config, batch: ForwardBatch, caches: list):
-        """The step's cache rows, for caches laid out by `new_caches` (their ring length says the lookahead)."""
+    def step_plan(self, config: V4Config, batch: ForwardBatch, caches: list):
+        """The step's cache rows, for caches laid out by `new_caches`: a decode step's planned on the device
+        (decode_plan: what a device graph captures), any other step's on the host (step.py)."""
+        rings = {(c.ratio, c.overlap): c.ring for cache in caches for c in (cache.compressor, cache.indexer) if c is not None}
+        block_size = caches[0].swa.shape[1]
+        if plans_on_device(batch):
+            return plan_decode(config, batch.positions, batch.block_tables, batch.slot_mapping, batch.state_slots, block_size, rings)
         host = batch.host
+        if host is None:
+            raise ValueError("a DeepSeek-V4 step other than a decode step (one token per sequence, with state slots) needs the batch's host facts")
         seqs = [SeqStep(start, length, cached, slot, pages) for start, length, cached, slot, pages in
                 zip(host.starts, host.lengths, host.cached, host.slots, host.pages)]  # fmt: skip
-        ring = next((cache.compressor for cache in caches if cache.compressor is not None), None)
-        lookahead = ring.ring - v4_caches.ring_size(ring.ratio, ring.overlap) if ring is not None else 0
-        return plan_step(config, seqs, caches[0].swa.shape[1], self.device, lookahead)
+        return plan_step(config, seqs, block_size, self.device, rings=rings)
 
     def _logits(self, ops, streams: torch.Tensor, hc_head, norm) -> torch.Tensor:
         """Collapse the streams with a head's own mixing (hc_head, torch glue: once per step, on

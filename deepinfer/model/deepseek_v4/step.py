@@ -2,7 +2,9 @@
 
 Built once per forward on the host from the batch's host-side facts (positions, pages, state
 slots), shared by every layer of the same type, then copied to the device. The layers then only
-gather, call ops and scatter.
+gather, call ops and scatter. A decode step's plan is built on the device instead (decode_plan.py:
+the same tables at fixed shapes, what a device graph captures); this one serves every other step
+(prefill chunks, mixed steps, prefix-hit replay, speculative verification).
 
 Every table is tensor arithmetic over the batch's padded page matrix, never a Python loop per token
 or entry: at V4-Flash decode sizes the ratio-4 entry table alone holds batch x context / 4 rows.
@@ -62,19 +64,36 @@ class V4Step:
     window_rows: torch.Tensor  # [T, sliding_window] int32: flat sliding-window cache rows, -1 before position 0
     write_slots: torch.Tensor  # [T] int64: sliding-window cache slot each token writes, -1 for replayed tokens
     ratios: dict[int, RatioPlan] = field(default_factory=dict)
-    compressors: dict[tuple[int, bool], CompressorPlan] = field(default_factory=dict)
+    compressors: dict[tuple[int, bool], CompressorPlan] = field(default_factory=dict)  # a decode step's: decode_plan.RingPlan
 
 
-def plan_step(config: V4Config, seqs: list[SeqStep], block_size: int, device: torch.device, lookahead: int = 0) -> V4Step:
-    """lookahead: the caches' extra ring rows (`caches.ring_size`)."""
-    return _to_device(_plan_on_host(config, _Batch.of(seqs, block_size), lookahead), device)
+def plan_step(config: V4Config, seqs: list[SeqStep], block_size: int, device: torch.device, lookahead: int = 0,
+              rings: dict[tuple[int, bool], int] | None = None) -> V4Step:  # fmt: skip
+    """rings: the caches' ring rows per compressor kind, (ratio, overlap) -> rows (a kind not given: `caches.ring_size`
+    with `lookahead`)."""
+    return _to_device(_plan_on_host(config, _Batch.of(seqs, block_size), {**ring_sizes(config, lookahead), **(rings or {})}), device)
 
 
-def _plan_on_host(config: V4Config, batch: _Batch, lookahead: int = 0) -> V4Step:
+def layer_kinds(config: V4Config) -> set[tuple[int, bool]]:
+    """(ratio, overlap) of the compressed layers: overlap for CSA (the entries' compressor), not for HCA."""
+    return {(config.compress_ratio(i), config.layer_types[i] == CSA) for i in range(config.num_hidden_layers) if config.compress_ratio(i)}
+
+
+def compressor_kinds(config: V4Config) -> list[tuple[int, bool]]:
+    """Every compressor kind (ratio, overlap) a step plans: the layers' and the CSA indexer's own (overlapping)."""
+    kinds = layer_kinds(config)
+    return sorted(kinds | {(r, True) for r, overlap in kinds if overlap})
+
+
+def ring_sizes(config: V4Config, lookahead: int = 0) -> dict[tuple[int, bool], int]:
+    return {(ratio, overlap): ring_size(ratio, overlap, lookahead) for ratio, overlap in compressor_kinds(config)}
+
+
+def _plan_on_host(config: V4Config, batch: _Batch, rings: dict[tuple[int, bool], int]) -> V4Step:
     token_seq, offset = _segments(batch.length)
     positions = batch.start[token_seq] + offset
     step = V4Step(positions, token_seq.to(I32), _window_rows(batch, token_seq, positions, config.sliding_window), _write_slots(batch, token_seq, positions))
-    kinds = {(config.compress_ratio(i), config.layer_types[i] == CSA) for i in range(config.num_hidden_layers) if config.compress_ratio(i)}
+    kinds = layer_kinds(config)
     for ratio in sorted({r for r, _ in kinds}):
         table = _entry_table(batch, ratio)
         visible = (positions + 1) // ratio  # entries whose window is complete at the token's position
@@ -82,9 +101,8 @@ def _plan_on_host(config: V4Config, batch: _Batch, lookahead: int = 0) -> V4Step
         if any(not overlap for r, overlap in kinds if r == ratio):
             plan.visible_rows = _visible_rows(table, token_seq, visible)
         step.ratios[ratio] = plan
-    indexer_kinds = {(r, True) for r, overlap in kinds if overlap}  # the CSA indexer's own compressor
-    for ratio, overlap in sorted(kinds | indexer_kinds):
-        step.compressors[(ratio, overlap)] = _plan_compressor(batch, token_seq, positions, ratio, overlap, lookahead)
+    for ratio, overlap in compressor_kinds(config):
+        step.compressors[(ratio, overlap)] = _plan_compressor(batch, token_seq, positions, ratio, overlap, rings[(ratio, overlap)])
     return step
 
 
@@ -223,8 +241,7 @@ def _visible_rows(table: torch.Tensor, token_seq: torch.Tensor, visible: torch.T
 # ---- compressors -------------------------------------------------------------------------------
 
 
-def _plan_compressor(batch: _Batch, token_seq: torch.Tensor, positions: torch.Tensor, ratio: int, overlap: bool, lookahead: int) -> CompressorPlan:
-    ring = ring_size(ratio, overlap, lookahead)
+def _plan_compressor(batch: _Batch, token_seq: torch.Tensor, positions: torch.Tensor, ratio: int, overlap: bool, ring: int) -> CompressorPlan:
     # The entries to emit: windows closing in this step, from the first whose entry is not paged yet.
     first_window = torch.maximum(batch.start, batch.cached) // ratio
     # Their sources before this step, read from the ring: [first, start); an overlapping window also pools the one before.
