@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import os
 import socket
 import sys
 
@@ -153,6 +154,12 @@ def serve(args) -> int:
     return serve_rank(args)
 
 
+def torch_distributed_barrier(group) -> None:
+    import torch.distributed as dist
+
+    dist.barrier(group=group)
+
+
 def served_models(args) -> list[str]:
     from deepinfer.model.embedded_names import DEFAULT
 
@@ -223,7 +230,18 @@ def serve_ep_rank(args) -> int:
     try:
         if ctx.rank != 0:
             EpEngineLoop(llm, args.max_queue, ctx=ctx, group=group).run_rank()
-            return 0
-        return serve_rank(args, llm=llm, sock=sock, chat_template=chat_template, loop_class=EpEngineLoop, ctx=ctx, group=group)
+            code = 0
+        else:
+            code = serve_rank(args, llm=llm, sock=sock, chat_template=chat_template, loop_class=EpEngineLoop, ctx=ctx, group=group)
+        torch_distributed_barrier(group)  # every rank is past its last order before any leaves
     finally:
         destroy_distributed()
+    if ctx.rank != 0:
+        # A rank other than 0 ends without the interpreter's teardown: once rank 0 (which hosts the
+        # rendezvous store) has gone, destroying torch's distributed objects at exit aborted the
+        # process on a busy machine ("terminate called without an active exception", exit -6), so
+        # a clean stop was reported as a failure. Everything it writes is flushed first.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    return code
