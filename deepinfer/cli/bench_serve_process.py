@@ -24,6 +24,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--model", default=None)
     p.add_argument("--model-shape", default=None)
     p.add_argument("--layers", type=int, default=None)
+    p.add_argument("--max-model-len", type=int, default=None)
     p.add_argument("--max-num-seqs", type=int, default=256)
     p.add_argument("--max-queue", type=int, default=1024)
     p.add_argument("--seed", type=int, default=0)
