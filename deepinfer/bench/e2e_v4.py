@@ -235,7 +235,7 @@ def memory_parts(config, engines: list[EnginePlan], block_size: int, kv_dtype: t
         "KV cache": kv,
         "prefill activations": activations,
         "bandwidth test": 2 * copy_gib * GiB,
-        "matmul test": float(3 * matmul_n**2 * 2 + 2 * matmul_n**2),  # bf16 a, b, out; their fp8 copies
+        "matmul test": float(10 * matmul_n**2),  # bf16 a, b and out (2 bytes each); a and b in fp8; the fp8 product's bf16 output
         "activations": ACTIVATIONS_GIB * GiB,
     }
     return {name: value for name, value in parts.items() if value}

@@ -1,8 +1,8 @@
 """An LLM over the random DeepSeek-V4-Flash-shaped model, for `bench throughput`, `sweep` and `serve --model-shape v4-flash`.
 
 The model is `bench e2e --model-shape v4-flash`'s (deepinfer/bench/e2e_v4.py builds it: fp8_block
-projections, mxfp4 routed experts, bf16 activations, weights drawn on the device), with an FP8 KV
-cache, under an engine sized for the workload rather than for the config's 1M positions:
+projections, mxfp4 routed experts, weights drawn on the device; activations bf16 on accelerators),
+with an FP8 KV cache, under an engine sized for the workload rather than for the config's 1M positions:
 `max_model_len` is the workload's longest request (prompt and output; the callers compute it), since
 a V4 decode step plans on the device over tables as wide as the block table allows (max_model_len /
 ratio entries per sequence, deepinfer/model/deepseek_v4/decode_plan.py), and the KV cache holds
@@ -22,21 +22,29 @@ LOWER = "--max-num-seqs / --input-len / --output-len (or --max-model-len)"  # th
 
 
 def random_flash_llm(backend: str, layers: int | None, engine_options: dict, *, command: str, config_overrides: dict | None = None,
-                     dtype: torch.dtype = torch.bfloat16, kv_cache_dtype: str = "fp8", progress: Callable[[str], None] | None = None):  # fmt: skip
+                     dtype: str | torch.dtype = "auto", kv_cache_dtype: str = "fp8", progress: Callable[[str], None] | None = None):  # fmt: skip
     """The LLM; engine_options: EngineConfig's, `max_model_len` and `max_num_seqs` among them. `command`
-    names the benchmark in the one-line error of a model that does not fit."""
+    names the benchmark in the one-line error of a model that does not fit. dtype: the activations'
+    ("auto": bfloat16 on accelerators, as bench e2e runs, float32 on the CPU; LLM's rule)."""
+    import dataclasses
+
     from deepinfer.bench import e2e_v4
     from deepinfer.engine.block_manager import blocks_for
-    from deepinfer.engine.llm import LLM
+    from deepinfer.engine.llm import LLM, resolve_dtype
     from deepinfer.engine.llm_engine import EngineConfig, LLMEngine
     from deepinfer.model.facts import model_facts
     from deepinfer.ops import kv_cache_format
+    from deepinfer.plugins import load_plugins
     from deepinfer.runtime import open_runtime
 
     say = progress or (lambda line: print(f"deepinfer: {line}", file=sys.stderr, flush=True))
     max_len, max_seqs = engine_options["max_model_len"], engine_options["max_num_seqs"]
     full = e2e_v4.flash_config(overrides=config_overrides)
-    runtime = open_runtime(backend, dtype=dtype, model=model_facts(full))
+    plugins = load_plugins()
+    spec = plugins.auto()[0] if backend == "auto" else plugins.backend(backend)
+    dtype = resolve_dtype(dtype, spec.device(False))
+    facts = dataclasses.replace(model_facts(full), kv_cache_fp8=kv_cache_dtype != "auto")
+    runtime = open_runtime(backend, dtype=dtype, plugins=plugins, model=facts)
     device, block_size = runtime.device, int(runtime.backend.kv_block_size)
     kv_dtype = kv_cache_format.cache_dtype(kv_cache_dtype, dtype)
     num_blocks = max_seqs * blocks_for(max_len, block_size)

@@ -36,7 +36,8 @@ def _workload_flags(p: argparse.ArgumentParser, repeatable: bool) -> None:
     p.add_argument("--max-model-len", type=int, default=None, metavar="N",
                    help="the engine's longest sequence, prompt and output (default: v4-flash the workload's longest request; else the model's)")
     p.add_argument("--backend", default="auto", help="auto (as for `run`: cuda, then ascend, then reference) or a backend from `deepinfer backends`")
-    p.add_argument("--dtype", default="auto", choices=("auto", "bfloat16", "float16", "float32"), help="auto: bfloat16 on accelerators, float32 on the CPU")
+    p.add_argument("--dtype", default="auto", choices=("auto", "bfloat16", "float16", "float32"),
+                   help="auto: bfloat16 on accelerators, float32 on the CPU (--model-shape v2-lite: bfloat16)")
     p.add_argument("--num-prompts", type=int, default=64, help="requests in the workload (default 64)")
     p.add_argument("--input-len", type=int, metavar="N", help=f"mean prompt tokens of random prompts (default 128){again}", **many)
     p.add_argument("--output-len", type=int, metavar="N", help=f"mean output tokens (default 128){again}", **many)
@@ -106,7 +107,7 @@ def run_throughput(args: argparse.Namespace) -> int:
             check_shape_layers(args.model_shape, args.layers)
     engine_options["max_model_len"] = max_model_len(args, input_lens, output_lens)
     if args.model_shape is not None:
-        llm = throughput.shape_llm(args.model_shape, args.backend, args.layers, engine_options, "bench throughput")
+        llm = throughput.shape_llm(args.model_shape, args.backend, args.layers, engine_options, f"bench {'sweep' if args.sweep else 'throughput'}", args.dtype)
     elif args.layers is not None:
         raise UserError("--layers cuts a --model-shape model; a --model checkpoint runs whole")
     else:
