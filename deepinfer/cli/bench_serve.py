@@ -109,11 +109,13 @@ def run_bench_serve(args) -> int:
     if args.server_process:
         server = ServerProcess(args)
         url, model, vocab = f"http://127.0.0.1:{server.facts['port']}", server.facts["model"], server.facts["vocab"]
-        machine = {"backend": server.facts["backend"], "device": server.facts["device"], "model": model, "server": "a process of its own"}
+        machine = {"backend": server.facts["backend"], "device": server.facts["device"], "model": model, "server": "a process of its own",
+                   "max_model_len": server.facts.get("max_model_len")}  # fmt: skip
     elif args.url is None:
         server, url, model, llm = start_server(args)
         vocab = llm.engine.vocab_size
-        machine = {"backend": llm.backend, "device": str(llm.engine.runtime.device), "model": model, "server": "a thread of the client's process"}
+        machine = {"backend": llm.backend, "device": str(llm.engine.runtime.device), "model": model, "server": "a thread of the client's process",
+                   "max_model_len": llm.engine.max_model_len}  # fmt: skip
     else:
         url, model, vocab = args.url.rstrip("/"), args.served_model or first_model(args.url, args.api_key), args.vocab or 32000
         machine = {"url": url, "model": model}
