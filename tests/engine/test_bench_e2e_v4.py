@@ -222,13 +222,27 @@ def test_a_request_admitted_at_its_cache_length_computes_only_its_last_token(tin
     assert tiny_engine.block_manager.num_free_blocks == tiny_engine.num_kv_blocks
 
 
-def test_the_tiny_run_on_the_reference_backend(tmp_path):
+def test_the_tiny_run_on_the_reference_backend(tmp_path, monkeypatch):
+    import weakref
+
+    from deepinfer.engine.llm_engine import LLMEngine
+
+    engines, alive_before = [], []
+    real_init = LLMEngine.__init__
+
+    def init(self, *args, **kwargs):  # the decode rows' engine is gone (its caches freed) before the prefill rows' is built
+        alive_before.append([ref() is not None for ref in engines])
+        engines.append(weakref.ref(self))
+        real_init(self, *args, **kwargs)
+
+    monkeypatch.setattr(LLMEngine, "__init__", init)
     out = tmp_path / "v4.json"
     results, prefill, info = e2e_v4.run("reference", batches=(1, 3), contexts=(300,), steps=2, warmup=1, kv_cache_dtype="fp8", json_path=out,
                                         config_overrides={**TINY, "num_hidden_layers": 4}, copy_gib=0.01, progress=lambda line: None, profile_rows=3,
                                         prefills=((1, 20),), prefill_chunk=16, matmul_n=32)  # fmt: skip
     # after the decode rows, on an engine of its own: 20 tokens in steps of at most 16
     assert [(r.batch, r.prompt_len, r.steps) for r in prefill] == [(1, 20, 2)] and info["prefill_chunk_tokens"] == 16
+    assert alive_before == [[], [False]]
     assert [(r.batch, r.context) for r in results] == [(1, 300), (3, 300)]
     for r in results:  # --profile: two more decode steps per pair under the profiler (the host's ops: the reference names no device activity)
         assert r.profile["device_kernels"] is False and r.profile["total_ms_per_step"] > 0 and 0 < len(r.profile["us_per_step"]) <= 3
