@@ -456,9 +456,9 @@ def run(
         tokens_after = max_len - 1 - max(contexts)  # tokens each request gets past its context (a spare one included)
         engines.append(EnginePlan(kv_blocks(batches, contexts, tokens_after, block_size), max(batches)))
     if prefills:
-        prefill_len = max(length for _, length in prefills) + 1  # the longest prompt and its sampled token
+        prefill_max_len = max(length for _, length in prefills) + 1  # the longest prompt and its sampled token
         tokens = min(prefill_chunk, max(b * length for b, length in prefills))
-        engines.append(EnginePlan(prefill_blocks(prefills, block_size), max(b for b, _ in prefills), tokens, prefill_len - 1))
+        engines.append(EnginePlan(prefill_blocks(prefills, block_size), max(b for b, _ in prefills), tokens, prefill_max_len - 1))
         matmul_n = matmul_side(device, matmul_n)
     size = torch.empty((), dtype=dtype).element_size()
 
@@ -473,7 +473,7 @@ def run(
         f"{sum(plan(n_layers).values()) / GiB:.1f} GiB planned on {device}")  # fmt: skip
     bandwidth = copy_bandwidth(device, copy_gib) if batches else None
     rates = matmul_rates(device, matmul_n) if prefills else None
-    loaded = build_model(config, runtime, dtype, max(max_len, prefill_len if prefills else 0))
+    loaded = build_model(config, runtime, dtype, max(max_len, prefill_max_len if prefills else 0))
     info = {
         "gpu": device_name(device), "torch": torch.__version__, "backend": runtime.backend.name, "backend_options": dict(runtime.options),
         "layers": n_layers, "of_layers": full.num_hidden_layers, "layer_types": kinds,
@@ -482,11 +482,18 @@ def run(
         "date": time.strftime("%Y-%m-%d"),
     }  # fmt: skip
     results, prefill_results = [], []
+
+    def save() -> None:  # after each kind of rows: a failure in the prefill rows keeps the decode rows' figures
+        if json_path is not None:
+            data = {"machine": info, "results": [asdict(r) for r in results], "prefill": [asdict(r) for r in prefill_results]}
+            json_path.write_text(json.dumps(data, indent=1))
+
     if batches:
         info["copy_bandwidth_tb_s"] = bandwidth / 1e12
         info["start"] = "each request admitted at its cache length (random cache contents), then one step for its last prompt token"
         results = _decode_rows(loaded, runtime, dtype, config, batches, contexts, steps, warmup, max_len, engines[0].num_blocks, kv_cache_dtype,
                                kv_dtype, size, bandwidth, enforce_eager, profile_rows, say, info)  # fmt: skip
+        save()
     if prefills:
         info["matmul_tflops"] = {"bf16": rates.bf16 / 1e12, "fp8": None if rates.fp8 is None else rates.fp8 / 1e12}
         info["matmul_how"] = f"{MATMUL_HOW}; n = {rates.n}"
@@ -495,11 +502,9 @@ def run(
         info["prefill_chunk_tokens"] = prefill_chunk
         info["prefill_start"] = ("each prompt prefilled from position 0 (nothing cached, prefix caching off) in steps of at most "
                                  "max_num_batched_tokens, one token sampled; after one untimed pass of the same row")  # fmt: skip
-        prefill_results = _prefill_rows(loaded, runtime, dtype, config, prefills, prefill_chunk, prefill_len, engines[-1].num_blocks, kv_cache_dtype,
+        prefill_results = _prefill_rows(loaded, runtime, dtype, config, prefills, prefill_chunk, prefill_max_len, engines[-1].num_blocks, kv_cache_dtype,
                                         rates, say)  # fmt: skip
-    if json_path is not None:
-        data = {"machine": info, "results": [asdict(r) for r in results], "prefill": [asdict(r) for r in prefill_results]}
-        json_path.write_text(json.dumps(data, indent=1))
+        save()
     return results, prefill_results, info
 
 

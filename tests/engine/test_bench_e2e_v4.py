@@ -350,3 +350,16 @@ def test_cli_prefill_rows_alone_print_their_table(monkeypatch, tmp_path, capsys)
     assert "4 of 4 layers (2 sliding, 1 CSA, 1 HCA)" in table and "prefill: matmul bf16" in table and "1 x 24" in table
     (row,) = json.loads(out.read_text())["prefill"]
     assert row["steps"] == 2 and row["chunk_tokens"] == 16 and row["floor_s"] > 0
+
+
+def test_a_failing_prefill_row_keeps_the_decode_rows_in_the_json(tmp_path, monkeypatch):
+    def broken(*args, **kwargs):
+        raise RuntimeError("out of memory in a prefill row")
+
+    monkeypatch.setattr(e2e_v4, "_prefill_rows", broken)
+    out = tmp_path / "v4.json"
+    with pytest.raises(RuntimeError, match="out of memory in a prefill row"):
+        e2e_v4.run("reference", batches=(1,), contexts=(40,), steps=1, warmup=0, prefills=((1, 16),), json_path=out, dtype=torch.float32,
+                   config_overrides={**TINY, "num_hidden_layers": 2}, copy_gib=0.01, matmul_n=16, progress=lambda line: None)  # fmt: skip
+    saved = json.loads(out.read_text())
+    assert [(row["batch"], row["context"]) for row in saved["results"]] == [(1, 40)] and saved["prefill"] == []
