@@ -24,11 +24,14 @@ Why those rates: the bench's weights (deepinfer/bench/v4_weights.py) keep the at
 the indexer's wq_b and the shared expert in fp8_block, which the cuda kernels run as fp8 x fp8 MMAs
 (the activation quantised per 128 columns); the compressors' projections and weights_proj stay bf16
 as in the release; the routed experts are mxfp4 with bf16 activations (W4A16: Hopper has no fp4
-MMA, its kernels upcast the weights to bf16), so on a chip with native fp4 products the routed
-experts' part of this floor is loose (too long). Attention and indexer scoring are bf16 MMAs (FP8 KV
+MMA, its kernels upcast the weights to bf16); on a chip with native fp4 products (SM100) the
+experts could run faster than this rate, so there the floor is too long and a run's fraction of it
+flatters the run. Attention and indexer scoring are bf16 MMAs (FP8 KV
 rows convert to bf16 exactly). The pooling is vector work, divided by the matmul rate anyway (a
 lower bound). Where the device has no fp8 product to measure, the fp8 parts are divided by the bf16
-rate, and the run says so.
+rate, and the run says so (the host, the CPU, always: its fp8 product is an emulation). The rates
+are square n x n x n products (n = 8192 on a device): the model's GEMMs, narrower (K = 1024 for
+wq_b, N = 512 for wkv) or grouped (the experts), may top out lower, which this floor does not model.
 
 Left out (a lower bound): the router's and the hyper-connections' float32 products (about 0.5% of a
 token's FLOPs at V4-Flash widths), norms, rope, the activations, the head (one row per prompt), the
