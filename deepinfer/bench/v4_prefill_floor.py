@@ -29,7 +29,7 @@ experts could run faster than this rate, so there the floor is too long and a ru
 flatters the run. Attention and indexer scoring are bf16 MMAs (FP8 KV
 rows convert to bf16 exactly). The pooling is vector work, divided by the matmul rate anyway (a
 lower bound). Where the device has no fp8 product to measure, the fp8 parts are divided by the bf16
-rate, and the run says so (the host, the CPU, always: its fp8 product is an emulation). The rates
+rate, and the run says so (always on the host, the CPU, whose fp8 product is an emulation). The rates
 are square n x n x n products (n = 8192 on a device): the model's GEMMs, narrower (K = 1024 for
 wq_b, N = 512 for wkv) or grouped (the experts), may top out lower, which this floor does not model.
 
