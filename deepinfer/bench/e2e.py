@@ -10,6 +10,11 @@ in the same run.
 Nothing here is CUDA-specific: the backend's device is where both models live, synchronisation goes
 through torch.accelerator, and before anything is built the memory the run needs is checked against
 what the device has free (one line naming both when it does not fit).
+
+The machine's ceilings that the benchmarks' floors divide by are measured here, in the run that uses
+them, through torch's device-generic ops: `copy_bandwidth` (a device-to-device copy) and `matmul_rates`
+(bf16 `torch.matmul` and fp8 `torch._scaled_mm` products; the V4 prefill's compute floor,
+deepinfer/bench/v4_prefill_floor.py).
 """
 
 from __future__ import annotations
@@ -59,6 +64,62 @@ def copy_bandwidth(device: torch.device, gib: float = 2.0) -> float:
     src.normal_()
     times = [_timed(lambda: dst.copy_(src), device) for _ in range(13)][3:]
     return 2 * n * 2 / sorted(times)[len(times) // 2]
+
+
+@dataclass
+class MatmulRates:
+    """FLOP/s of square n x n x n products on a device, measured by `matmul_rates`."""
+
+    n: int
+    bf16: float
+    fp8: float | None  # None: the device has no fp8 product to measure (fp8_missing says why)
+    fp8_missing: str | None = None
+
+    def for_floor(self) -> dict[str, float]:
+        """The rate of each format class ("bf16", "fp8"); fp8 at the bf16 rate where it could not be measured."""
+        return {"bf16": self.bf16, "fp8": self.bf16 if self.fp8 is None else self.fp8}
+
+
+MATMUL_HOW = "n x n x n products, median of 10: bf16 by torch.matmul; fp8 by torch._scaled_mm (e4m3 x e4m3 -> bf16, per-tensor scales)"
+DEVICE_MATMUL_N, HOST_MATMUL_N = 8192, 1024  # the host's (CPU) smaller: its rate is a yardstick, and 8192 takes minutes there
+
+
+def matmul_rates(device: torch.device, n: int | None = None) -> MatmulRates:
+    """The device's bf16 and fp8 matmul rates (FLOP/s, 2 n^3 per product) through torch's device-generic
+    ops, as copy_bandwidth measures the copy: the ceilings a compute-bound step is held against. n: the
+    side (default DEVICE_MATMUL_N, HOST_MATMUL_N on the CPU). fp8 is None, with the reason, on the host
+    (torch's CPU fp8 product is an emulation thousands of times slower than its bf16 one, and the
+    reference backend runs fp8 weights dequantised) and on a device without torch._scaled_mm."""
+    from deepinfer.bench import device_api
+    from deepinfer.ops.quant import FP8_DTYPE
+
+    host = device_api.on_host(device)
+    n = matmul_side(device, n)
+    flops = 2.0 * n**3
+    a, b = torch.randn(n, n, device=device, dtype=torch.bfloat16), torch.randn(n, n, device=device, dtype=torch.bfloat16)
+    out = torch.empty(n, n, device=device, dtype=torch.bfloat16)
+    bf16 = flops / _median_time(lambda: torch.matmul(a, b, out=out), device)
+    if host:
+        return MatmulRates(n, bf16, None, "the host has no fp8 product (the reference backend runs fp8 weights dequantised)")
+    a8, b8 = a.to(FP8_DTYPE), b.to(FP8_DTYPE)
+    one = torch.ones((), device=device, dtype=torch.float32)
+    try:  # the second operand column-major, as the fp8 GEMMs of cuBLAS want it
+        fp8 = flops / _median_time(lambda: torch._scaled_mm(a8, b8.T, scale_a=one, scale_b=one, out_dtype=torch.bfloat16), device)
+    except (RuntimeError, NotImplementedError, TypeError) as exc:
+        return MatmulRates(n, bf16, None, f"torch._scaled_mm failed on {device}: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}")
+    return MatmulRates(n, bf16, fp8)
+
+
+def matmul_side(device: torch.device, n: int | None = None) -> int:
+    """The side of `matmul_rates`' products on `device`: n, or by default DEVICE_MATMUL_N (HOST_MATMUL_N on the CPU)."""
+    from deepinfer.bench.device_api import on_host
+
+    return n or (HOST_MATMUL_N if on_host(device) else DEVICE_MATMUL_N)
+
+
+def _median_time(fn, device: torch.device, runs: int = 10, warmup: int = 3) -> float:
+    times = [_timed(fn, device) for _ in range(warmup + runs)][warmup:]
+    return sorted(times)[len(times) // 2]
 
 
 def hf_to_deepinfer_tensors(state: dict[str, torch.Tensor], config: dict) -> dict[str, torch.Tensor]:

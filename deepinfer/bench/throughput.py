@@ -167,6 +167,22 @@ def random_shape_llm(backend: str, layers: int | None, engine_options: dict, ove
     return LLM.from_engine(LLMEngine(loaded, runtime, torch.bfloat16, config))
 
 
+def shape_llm(shape: str, backend: str, layers: int | None, engine_options: dict, command: str, dtype: str = "auto"):
+    """An LLM over a `--model-shape` model: "v2-lite" (`random_shape_llm`, bf16) or "v4-flash" (deepinfer/bench/v4_flash_llm.py:
+    cut to fit, FP8 KV, engine_options' max_model_len the workload's; `dtype` its activations', "auto": LLM's rule)."""
+    if shape == "v4-flash":
+        from deepinfer.bench.v4_flash_llm import random_flash_llm
+
+        return random_flash_llm(backend, layers, engine_options, command=f"{command} --model-shape v4-flash", dtype=dtype)
+    return random_shape_llm(backend, layers, engine_options)
+
+
+def longest_request(input_lens, output_lens, range_ratio: float) -> int:
+    """The most tokens (prompt and output) a request of the random workloads can have: each length drawn at most
+    int(len x (1 + range_ratio)) (`random_requests`, bench serve's `random_workload`)."""
+    return max(max(1, int(n * (1 + range_ratio))) for n in input_lens) + max(max(1, int(n * (1 + range_ratio))) for n in output_lens)
+
+
 def _params(request: Request):
     from deepinfer.engine.sampling_params import SamplingParams
 

@@ -9,8 +9,11 @@ model it checks that the model, its KV cache and the bandwidth test fit in the d
 
 `--model-shape v4-flash`: a random DeepSeek-V4-Flash-shaped model instead (fp8_block projections,
 mxfp4 experts, --kv-cache-dtype fp8 by default), cut to the layers that fit, decoding from each
---context (default 4096 and 32768) at each --batch (default 1, 64, 256), against its floor; no HF
-peer (deepinfer/bench/e2e_v4.py says how).
+--context (default 4096 and 32768) at each --batch (default 1, 64, 256), against its memory floor;
+then prefilling each --prefill row (default 8x8192 and 1x65536: prompts x tokens) in chunks of
+--prefill-chunk tokens (default 8192), against its compute floor (the FLOPs over the bf16 / fp8
+matmul rates measured in the same run); --no-prefill / --no-decode skip either; no HF peer
+(deepinfer/bench/e2e_v4.py and v4_prefill_floor.py say how).
 
 `--profile`: after the timing, deepinfer's decode step under torch's profiler, its kernels by time per
 step (deepinfer/bench/step_profile.py). `--deterministic-cost` (v2-lite): deepinfer's side built in
@@ -47,6 +50,12 @@ def add_parser(what) -> None:
     e2e.add_argument("--context", type=int, action="append", default=None,
                      help="v4-flash: tokens in each request's cache when decoding starts (repeatable; default 4096 and 32768)")
     e2e.add_argument("--kv-cache-dtype", choices=("auto", "fp8"), default=None, help="v4-flash: the KV cache's dtype (default fp8; auto: the model's)")
+    e2e.add_argument("--prefill", action="append", default=None, metavar="PROMPTSxTOKENS",
+                     help="v4-flash: a prefill row, PROMPTS prompts of TOKENS tokens each, chunked (repeatable; default 8x8192 and 1x65536)")
+    e2e.add_argument("--prefill-chunk", type=int, default=None, metavar="N",
+                     help="v4-flash: the prefill rows' max_num_batched_tokens, the most tokens one step computes (default 8192)")
+    e2e.add_argument("--no-prefill", action="store_true", help="v4-flash: skip the prefill rows")
+    e2e.add_argument("--no-decode", action="store_true", help="v4-flash: skip the decode rows (only the prefill rows)")
     e2e.add_argument("--deterministic", action="store_true",
                      help="v2-lite: deepinfer's side in deterministic mode (batch-invariant kernels); compare with a run without it for the cost")
     e2e.add_argument("--deterministic-cost", action="store_true",
@@ -74,6 +83,10 @@ def run_e2e(args: argparse.Namespace) -> int:
         "--context": (args.context, "the v2-lite run takes --prompt-len"),
         "--kv-cache-dtype": (args.kv_cache_dtype, "the v2-lite run takes the model dtype's cache"),
         "--enforce-eager": (args.enforce_eager or None, "the v2-lite run compares with HF transformers, with device graphs where the backend has them"),
+        "--prefill": (args.prefill, "the v2-lite run times decode steps only"),
+        "--prefill-chunk": (args.prefill_chunk, "the v2-lite run times decode steps only"),
+        "--no-prefill": (args.no_prefill or None, "the v2-lite run has no prefill rows"),
+        "--no-decode": (args.no_decode or None, "the v2-lite run times decode steps only"),
     }
     for flag, (value, why) in v4_only.items():
         if value is not None:

@@ -1,9 +1,10 @@
-"""`deepinfer bench e2e --model-shape v4-flash`: the arguments of the V4-Flash-shaped decode run,
+"""`deepinfer bench e2e --model-shape v4-flash`: the arguments of the V4-Flash-shaped decode and prefill run,
 checked in one line each before anything is built (deepinfer/bench/e2e_v4.py runs it)."""
 
 from __future__ import annotations
 
 import argparse
+import re
 
 from deepinfer.errors import UserError
 
@@ -13,30 +14,58 @@ DEFAULT_STEPS = 16
 DEFAULT_KV_CACHE_DTYPE = "fp8"
 
 
+def parse_prefill(word: str) -> tuple[int, int]:
+    """`--prefill PROMPTSxTOKENS` as (prompts, tokens); one UserError line when it is not that."""
+    match = re.fullmatch(r"(\d+)[xX](\d+)", word.strip())
+    if match is None:
+        raise UserError(f"--prefill takes PROMPTSxTOKENS, prompts of tokens each (e.g. 8x8192), not {word!r}")
+    prompts, tokens = int(match[1]), int(match[2])
+    if prompts < 1 or tokens < 1:
+        raise UserError(f"--prefill {word}: prompts and tokens must both be at least 1")
+    return prompts, tokens
+
+
 def v4_arguments(args: argparse.Namespace) -> dict:
     """The keyword arguments of e2e_v4.run from the command line (the defaults filled in); one
     UserError line for a bad value."""
-    from deepinfer.bench.e2e_v4 import FULL_LAYERS, V4_FLASH, model_len
+    from deepinfer.bench.e2e_v4 import DEFAULT_PREFILLS, FULL_LAYERS, PREFILL_CHUNK, V4_FLASH, model_len
 
     positions = V4_FLASH["max_position_embeddings"]
     if args.prompt_len is not None:
         raise UserError("--prompt-len is for the v2-lite shape; --model-shape v4-flash takes --context (tokens cached when decoding starts)")
-    batches = tuple(args.batch or DEFAULT_BATCHES)
-    contexts = tuple(args.context or DEFAULT_CONTEXTS)
+    if args.no_decode and args.no_prefill:
+        raise UserError("--no-decode and --no-prefill leave nothing to run: drop one")
+    decode_flags = {"--batch": args.batch, "--context": args.context, "--new-tokens": args.new_tokens, "--profile": args.profile or None,
+                    "--enforce-eager": args.enforce_eager or None}  # fmt: skip
+    given = [flag for flag, value in decode_flags.items() if value is not None]
+    if args.no_decode and given:
+        raise UserError(f"--no-decode skips the decode rows: leave out {given[0]} (it sets them)")
+    prefill_flags = [flag for flag, value in (("--prefill", args.prefill), ("--prefill-chunk", args.prefill_chunk)) if value is not None]
+    if args.no_prefill and prefill_flags:
+        raise UserError(f"--no-prefill skips the prefill rows: leave out {prefill_flags[0]} (it sets them)")
+    batches = () if args.no_decode else tuple(args.batch or DEFAULT_BATCHES)
+    contexts = () if args.no_decode else tuple(args.context or DEFAULT_CONTEXTS)
     steps = DEFAULT_STEPS if args.new_tokens is None else args.new_tokens
     layers = 1 if args.layers is None else args.layers
-    for name, value in (("--batch", min(batches)), ("--context", min(contexts)), ("--new-tokens", steps), ("--layers", layers)):
+    chunk = PREFILL_CHUNK if args.prefill_chunk is None else args.prefill_chunk
+    for name, value in (("--batch", min(batches, default=1)), ("--context", min(contexts, default=1)), ("--new-tokens", steps), ("--layers", layers),
+                        ("--prefill-chunk", chunk)):  # fmt: skip
         if value < 1:
             raise UserError(f"{name} must be at least 1, not {value}")
     if args.layers is not None and args.layers > FULL_LAYERS:
         raise UserError(f"--layers cuts the model: at most {FULL_LAYERS} (V4-Flash), not {args.layers}")
-    if model_len(contexts, steps * (2 if args.profile else 1)) > positions:
+    if contexts and model_len(contexts, steps * (2 if args.profile else 1)) > positions:
         profiled = " (twice with --profile: the profiled steps follow the timed ones)" if args.profile else ""
         raise UserError(f"--context {max(contexts)} + --new-tokens {steps}{profiled} exceeds V4-Flash's {positions} positions")
+    prefills = () if args.no_prefill else tuple(parse_prefill(word) for word in args.prefill) if args.prefill else DEFAULT_PREFILLS
+    for prompts, tokens in prefills:
+        if tokens + 1 > positions:
+            raise UserError(f"--prefill {prompts}x{tokens}: {tokens} tokens and the one sampled exceed V4-Flash's {positions} positions")
     if args.json is not None and not args.json.parent.exists():
         raise UserError(f"cannot write {args.json}: folder {args.json.parent} does not exist")
     return dict(batches=batches, contexts=contexts, steps=steps, layers=args.layers, kv_cache_dtype=args.kv_cache_dtype or DEFAULT_KV_CACHE_DTYPE,
-                json_path=args.json, profile_rows=args.profile_rows if args.profile else 0, enforce_eager=args.enforce_eager)  # fmt: skip
+                json_path=args.json, profile_rows=args.profile_rows if args.profile else 0, enforce_eager=args.enforce_eager,
+                prefills=prefills, prefill_chunk=chunk)  # fmt: skip
 
 
 def run_e2e_v4(args: argparse.Namespace) -> int:
@@ -48,6 +77,6 @@ def run_e2e_v4(args: argparse.Namespace) -> int:
     kwargs = v4_arguments(args)
     spec = choose_backend(load_plugins(), args.backend)  # one line when it cannot run here
     spec.resolve_options(given)  # unknown options and bad values: one line, before the model is built
-    results, info = e2e_v4.run(spec.name, backend_options=given, **kwargs)
-    print(e2e_v4.format_results(results, info))
+    results, prefill, info = e2e_v4.run(spec.name, backend_options=given, **kwargs)
+    print(e2e_v4.format_results(results, info, prefill))
     return 0

@@ -1,7 +1,9 @@
 """`deepinfer bench serve`: serving latency and throughput over HTTP at a sweep of request rates.
 
-It starts a server in this process (on a free loopback port: --model, or --model-shape v2-lite
---layers N for a random-weight DeepSeek-V2-Lite-shaped model) or drives one already running
+It starts a server in this process (on a free loopback port: --model, or --model-shape v2-lite |
+v4-flash for bench e2e's random-weight DeepSeek-V2-Lite- or V4-Flash-shaped model, cut with --layers;
+v4-flash as bench throughput builds it, deepinfer/bench/v4_flash_llm.py: FP8 KV, cut to fit,
+max_model_len the workload's longest request unless --max-model-len) or drives one already running
 (--url), with Poisson arrivals at each --request-rate (inf: all at once) of --num-prompts random
 token-id prompts, streamed. It prints TTFT, TPOT and ITL percentiles and the throughputs per rate,
 and, from the server's /metrics, the engine steps each rate took and their mean time; writes them to
@@ -21,6 +23,7 @@ import time
 from pathlib import Path
 
 from deepinfer.cli.bench_outputs import check_outputs
+from deepinfer.cli.bench_throughput import MODEL_SHAPES, check_shape_layers
 from deepinfer.errors import UserError
 
 
@@ -31,8 +34,14 @@ def add_parser(what) -> None:
     p.add_argument("--api-key", default=None, help="the --url server's API key")
     p.add_argument("--served-model", default=None, metavar="NAME", help="the model name the requests give (default: the server's first)")
     p.add_argument("--model", default=None, metavar="PATH", help="the server started here: an HF checkpoint folder or an embedded tiny model")
-    p.add_argument("--model-shape", choices=("v2-lite",), default=None, help="instead of --model: a random-weight DeepSeek-V2-Lite-shaped model (bf16)")
-    p.add_argument("--layers", type=int, default=None, help="--model-shape: cut the model to this many layers (default: all 27)")
+    p.add_argument("--model-shape", choices=MODEL_SHAPES, default=None,
+                   help="instead of --model: a random-weight model, bench e2e's: DeepSeek-V2-Lite-shaped (bf16), or DeepSeek-V4-Flash-shaped "
+                        "(fp8 projections, mxfp4 experts, FP8 KV cache)")
+    p.add_argument("--layers", type=int, default=None,
+                   help="--model-shape: cut the model to this many layers (default: v2-lite all 27; v4-flash as many as fit)")
+    p.add_argument("--max-model-len", type=int, default=None, metavar="N",
+                   help="the server started here: its longest sequence, prompt and output (default: v4-flash the workload's longest request; "
+                        "else the model's)")
     p.add_argument("--backend", default="auto", help="the server started here: auto or a backend from `deepinfer backends`")
     p.add_argument("--max-num-seqs", type=int, default=256, help="the server started here: its running-request cap (default 256)")
     p.add_argument("--server-process", action="store_true",
@@ -61,13 +70,33 @@ def check(args) -> list[float]:
     if not 0 <= args.range_ratio < 1:
         raise UserError(f"--range-ratio must lie in [0, 1), not {args.range_ratio}")
     check_outputs(args.json, args.plot)
-    if args.url is not None and (args.model or args.model_shape or args.layers or args.server_process):
-        raise UserError("--url drives a running server: --model, --model-shape, --layers and --server-process are for one started here")
+    if args.url is not None and (args.model or args.model_shape or args.layers or args.server_process or args.max_model_len):
+        raise UserError("--url drives a running server: --model, --model-shape, --layers, --max-model-len and --server-process are for one started here")
     if args.model is not None and args.model_shape is not None:
         raise UserError("give --model or --model-shape, not both")
     if args.layers is not None and args.model_shape is None:
         raise UserError("--layers cuts a --model-shape model")
+    if args.layers is not None:
+        if args.layers < 1:
+            raise UserError(f"--layers must be at least 1, not {args.layers}")
+        check_shape_layers(args.model_shape, args.layers)
+    if args.url is None:
+        args.max_model_len = serve_max_model_len(args)
     return sorted(rates)
+
+
+def serve_max_model_len(args) -> int | None:
+    """The started server's max_model_len: --max-model-len (refused in one line when the workload's longest
+    request does not fit), by default that longest request for --model-shape v4-flash (its device decode plan
+    is as wide as max_model_len allows), else None (the model's own)."""
+    from deepinfer.bench.throughput import longest_request
+
+    need = longest_request([args.input_len], [args.output_len], args.range_ratio)
+    if args.max_model_len is None:
+        return need if args.model_shape == "v4-flash" else None
+    if args.max_model_len < need:
+        raise UserError(f"--max-model-len {args.max_model_len} is shorter than the workload's longest request ({need} tokens, prompt and output)")
+    return args.max_model_len
 
 
 def run_bench_serve(args) -> int:
@@ -80,11 +109,13 @@ def run_bench_serve(args) -> int:
     if args.server_process:
         server = ServerProcess(args)
         url, model, vocab = f"http://127.0.0.1:{server.facts['port']}", server.facts["model"], server.facts["vocab"]
-        machine = {"backend": server.facts["backend"], "device": server.facts["device"], "model": model, "server": "a process of its own"}
+        machine = {"backend": server.facts["backend"], "device": server.facts["device"], "model": model, "server": "a process of its own",
+                   "max_model_len": server.facts.get("max_model_len")}  # fmt: skip
     elif args.url is None:
         server, url, model, llm = start_server(args)
         vocab = llm.engine.vocab_size
-        machine = {"backend": llm.backend, "device": str(llm.engine.runtime.device), "model": model, "server": "a thread of the client's process"}
+        machine = {"backend": llm.backend, "device": str(llm.engine.runtime.device), "model": model, "server": "a thread of the client's process",
+                   "max_model_len": llm.engine.max_model_len}  # fmt: skip
     else:
         url, model, vocab = args.url.rstrip("/"), args.served_model or first_model(args.url, args.api_key), args.vocab or 32000
         machine = {"url": url, "model": model}
@@ -160,15 +191,8 @@ class ServerProcess:
         import subprocess
         import sys
 
-        argv = [sys.executable, "-m", "deepinfer.cli.bench_serve_process", "--backend", args.backend, "--max-num-seqs", str(args.max_num_seqs),
-                "--seed", str(args.seed), "--max-queue", str(max(1024, args.num_prompts))]  # fmt: skip
-        for flag, value in (("--model", args.model), ("--model-shape", args.model_shape), ("--layers", args.layers)):
-            if value is not None:
-                argv += [flag, str(value)]
-        if args.no_warmup:
-            argv.append("--no-warmup")
         # its stderr is ours: the model's progress and any error show as they come
-        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self.proc = subprocess.Popen([sys.executable, *server_argv(args)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         line = self.proc.stdout.readline()  # blocks until it listens or exits
         if not line:
             code = self.proc.wait()
@@ -186,13 +210,25 @@ class ServerProcess:
             self.proc.wait()
 
 
+def server_argv(args) -> list[str]:
+    """The arguments of `python` that start `ServerProcess`'s server: the model flags of a run without --url."""
+    argv = ["-m", "deepinfer.cli.bench_serve_process", "--backend", args.backend, "--max-num-seqs", str(args.max_num_seqs),
+            "--seed", str(args.seed), "--max-queue", str(max(1024, args.num_prompts))]  # fmt: skip
+    for flag, value in (("--model", args.model), ("--model-shape", args.model_shape), ("--layers", args.layers), ("--max-model-len", args.max_model_len)):
+        if value is not None:
+            argv += [flag, str(value)]
+    if args.no_warmup:
+        argv.append("--no-warmup")
+    return argv
+
+
 def start_server(args, max_queue: int | None = None):
     """The server of a run without --url, in a thread of this process: (server, url, model name, LLM)."""
-    engine_options = {"seed": args.seed, "max_num_seqs": args.max_num_seqs}
+    engine_options = {"seed": args.seed, "max_num_seqs": args.max_num_seqs, "max_model_len": args.max_model_len}
     if args.model_shape is not None:
-        from deepinfer.bench.throughput import random_shape_llm
+        from deepinfer.bench.throughput import shape_llm
 
-        llm = random_shape_llm(args.backend, args.layers, engine_options)
+        llm = shape_llm(args.model_shape, args.backend, args.layers, engine_options, "bench serve")
         model = f"random-{args.model_shape}-{llm.engine.loaded.config.num_hidden_layers}-layers"
     else:
         from deepinfer import LLM

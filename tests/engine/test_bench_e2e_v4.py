@@ -33,11 +33,14 @@ def test_v4_arguments_and_their_defaults():
 
     kwargs = v4_arguments(parse("--model-shape", "v4-flash"))
     assert kwargs == dict(batches=(1, 64, 256), contexts=(4096, 32768), steps=16, layers=None, kv_cache_dtype="fp8", json_path=None, profile_rows=0,
-                          enforce_eager=False)
+                          enforce_eager=False, prefills=((8, 8192), (1, 65536)), prefill_chunk=8192)  # fmt: skip
     given = v4_arguments(parse("--model-shape", "v4-flash", "--batch", "8", "--context", "1000", "--context", "70000", "--new-tokens", "4",
-                               "--layers", "3", "--kv-cache-dtype", "auto"))  # fmt: skip
+                               "--layers", "3", "--kv-cache-dtype", "auto", "--prefill", "2x100", "--prefill", "1X5000", "--prefill-chunk", "512"))  # fmt: skip
     assert given == dict(batches=(8,), contexts=(1000, 70000), steps=4, layers=3, kv_cache_dtype="auto", json_path=None, profile_rows=0,
-                         enforce_eager=False)
+                         enforce_eager=False, prefills=((2, 100), (1, 5000)), prefill_chunk=512)  # fmt: skip
+    assert v4_arguments(parse("--model-shape", "v4-flash", "--no-prefill"))["prefills"] == ()
+    only_prefill = v4_arguments(parse("--model-shape", "v4-flash", "--no-decode", "--prefill", "1x64"))
+    assert only_prefill["batches"] == () and only_prefill["contexts"] == () and only_prefill["prefills"] == ((1, 64),)
     profiled = v4_arguments(parse("--model-shape", "v4-flash", "--profile", "--profile-rows", "7"))
     assert profiled["profile_rows"] == 7
     assert v4_arguments(parse("--model-shape", "v4-flash", "--enforce-eager"))["enforce_eager"] is True
@@ -56,6 +59,20 @@ def test_v4_arguments_and_their_defaults():
         (["--context", "4096"], "--context is for --model-shape v4-flash"),
         (["--kv-cache-dtype", "fp8"], "--kv-cache-dtype is for --model-shape v4-flash"),
         (["--enforce-eager"], "--enforce-eager is for --model-shape v4-flash"),
+        (["--prefill", "1x64"], "--prefill is for --model-shape v4-flash"),
+        (["--no-prefill"], "--no-prefill is for --model-shape v4-flash"),
+        (["--no-decode"], "--no-decode is for --model-shape v4-flash"),
+        (["--prefill-chunk", "64"], "--prefill-chunk is for --model-shape v4-flash"),
+        (["--model-shape", "v4-flash", "--prefill", "8"], "--prefill takes PROMPTSxTOKENS, prompts of tokens each (e.g. 8x8192), not '8'"),
+        (["--model-shape", "v4-flash", "--prefill", "8x"], "--prefill takes PROMPTSxTOKENS"),
+        (["--model-shape", "v4-flash", "--prefill", "0x64"], "--prefill 0x64: prompts and tokens must both be at least 1"),
+        (["--model-shape", "v4-flash", "--prefill", "1x1048576"], "1048576 tokens and the one sampled exceed V4-Flash's 1048576 positions"),
+        (["--model-shape", "v4-flash", "--prefill-chunk", "0"], "--prefill-chunk must be at least 1, not 0"),
+        (["--model-shape", "v4-flash", "--no-prefill", "--prefill", "1x64"], "--no-prefill skips the prefill rows: leave out --prefill"),
+        (["--model-shape", "v4-flash", "--no-prefill", "--prefill-chunk", "64"], "--no-prefill skips the prefill rows: leave out --prefill-chunk"),
+        (["--model-shape", "v4-flash", "--no-decode", "--batch", "4"], "--no-decode skips the decode rows: leave out --batch"),
+        (["--model-shape", "v4-flash", "--no-decode", "--profile"], "--no-decode skips the decode rows: leave out --profile"),
+        (["--model-shape", "v4-flash", "--no-decode", "--no-prefill"], "--no-decode and --no-prefill leave nothing to run"),
     ],
 )
 def test_bad_arguments_are_one_line(argv, message, capsys):
@@ -118,10 +135,34 @@ def test_the_v4_flash_plan_counts_its_weights_and_caches():
     flash = e2e_v4.flash_config()
     kinds = [flash.layer_types.count(kind) for kind in ("sliding_attention", "compressed_sparse_attention", "heavily_compressed_attention")]
     assert flash.num_hidden_layers == 43 and kinds == [2, 21, 20] and flash.mlp_layer_types.count("hash_moe") == 3
-    parts = e2e_v4.memory_parts(flash, num_blocks=1, block_size=64, max_batch=1, kv_dtype=torch.float8_e4m3fn, dtype=torch.bfloat16, copy_gib=2.0)
+    parts = e2e_v4.memory_parts(flash, [e2e_v4.EnginePlan(num_blocks=1, max_seqs=1)], block_size=64, kv_dtype=torch.float8_e4m3fn, dtype=torch.bfloat16,
+                                copy_gib=2.0)  # fmt: skip
     # 256 experts x 3 x 2048 x 4096 in mxfp4 (0.5 + 1/32 bytes each) per layer: 3.43 GB; 43 layers plus the rest: ~156 GB.
     assert 150e9 < parts["weights"] < 160e9 and parts["expert stacking"] == 2 * 256 * 3 * 2048 * 4096 * (0.5 + 1 / 32)
     assert parts["bandwidth test"] == 4 * GiB
+    assert "prefill activations" not in parts and "matmul test" not in parts  # a decode-only run holds neither
+
+
+def test_the_plan_holds_the_larger_engine_and_its_prefill_activations():
+    """The decode rows' engine and the prefill rows' run one after the other: the plan holds the larger one,
+    with its prefill step's activations (a hand count at V4-Flash widths, 8192 tokens, a 65536-token prompt)."""
+    from deepinfer.model.deepseek_v4 import caches
+
+    flash = e2e_v4.flash_config()
+    # Per token, bf16: streams 3*4*4096*2 = 98304; attention: q and output 4*64*512*2 = 262144, compressors' float32 projections
+    # 4*4*(512+128)*4 = 40960, the indexer's queries 3*64*128*2 = 49152 and scores over 65536/4 entries 2*16384*4 = 131072, the
+    # window's and HCA's row ids (128 + 512)*4 = 2560: 485888; MoE (6*(2*4096 + 3*2048) + 4096 + 3*2048)*2 = 192512. Times 1.5.
+    per_token = 98304 + max(262144 + 40960 + 49152 + 131072 + 2560, 192512)
+    assert e2e_v4.prefill_activation_bytes(flash, 8192, 65536) == 8192 * per_token * 1.5 == 7178551296
+    decode, prefill = e2e_v4.EnginePlan(num_blocks=3000, max_seqs=256), e2e_v4.EnginePlan(num_blocks=1100, max_seqs=8, prefill_tokens=8192, longest=65536)
+    kv = torch.float8_e4m3fn
+    block, slot = caches.block_bytes(flash, 64, kv), caches.slot_bytes(flash)
+    both = e2e_v4.memory_parts(flash, [decode, prefill], block_size=64, kv_dtype=kv, dtype=torch.bfloat16, copy_gib=2.0, matmul_n=8192)
+    assert both["KV cache"] == 1100 * block + 8 * slot and both["prefill activations"] == 7178551296  # the prefill engine holds more
+    assert both["matmul test"] == 10 * 8192**2
+    big_decode = e2e_v4.EnginePlan(num_blocks=40000, max_seqs=256)
+    held = e2e_v4.memory_parts(flash, [big_decode, prefill], block_size=64, kv_dtype=kv, dtype=torch.bfloat16)
+    assert held["KV cache"] == 40000 * block + 256 * slot and "prefill activations" not in held
 
 
 # -- weights, cache length, the run ----------------------------------------------------------
@@ -181,10 +222,27 @@ def test_a_request_admitted_at_its_cache_length_computes_only_its_last_token(tin
     assert tiny_engine.block_manager.num_free_blocks == tiny_engine.num_kv_blocks
 
 
-def test_the_tiny_run_on_the_reference_backend(tmp_path):
+def test_the_tiny_run_on_the_reference_backend(tmp_path, monkeypatch):
+    import weakref
+
+    from deepinfer.engine.llm_engine import LLMEngine
+
+    engines, alive_before = [], []
+    real_init = LLMEngine.__init__
+
+    def init(self, *args, **kwargs):  # the decode rows' engine is gone (its caches freed) before the prefill rows' is built
+        alive_before.append([ref() is not None for ref in engines])
+        engines.append(weakref.ref(self))
+        real_init(self, *args, **kwargs)
+
+    monkeypatch.setattr(LLMEngine, "__init__", init)
     out = tmp_path / "v4.json"
-    results, info = e2e_v4.run("reference", batches=(1, 3), contexts=(300,), steps=2, warmup=1, kv_cache_dtype="fp8", json_path=out,
-                               config_overrides={**TINY, "num_hidden_layers": 4}, copy_gib=0.01, progress=lambda line: None, profile_rows=3)  # fmt: skip
+    results, prefill, info = e2e_v4.run("reference", batches=(1, 3), contexts=(300,), steps=2, warmup=1, kv_cache_dtype="fp8", json_path=out,
+                                        config_overrides={**TINY, "num_hidden_layers": 4}, copy_gib=0.01, progress=lambda line: None, profile_rows=3,
+                                        prefills=((1, 20),), prefill_chunk=16, matmul_n=32)  # fmt: skip
+    # after the decode rows, on an engine of its own: 20 tokens in steps of at most 16
+    assert [(r.batch, r.prompt_len, r.steps) for r in prefill] == [(1, 20, 2)] and info["prefill_chunk_tokens"] == 16
+    assert alive_before == [[], [False]]
     assert [(r.batch, r.context) for r in results] == [(1, 300), (3, 300)]
     for r in results:  # --profile: two more decode steps per pair under the profiler (the host's ops: the reference names no device activity)
         assert r.profile["device_kernels"] is False and r.profile["total_ms_per_step"] > 0 and 0 < len(r.profile["us_per_step"]) <= 3
@@ -195,7 +253,7 @@ def test_the_tiny_run_on_the_reference_backend(tmp_path):
         assert r.floor_bytes == sum(r.floor_parts.values())
         assert r.floor_parts == e2e_v4.floor_parts(e2e_v4.flash_config(4, TINY), r.batch, 300 + 1 + 1, kv_dtype=torch.float8_e4m3fn, dtype_bytes=2)
     saved = json.loads(out.read_text())
-    assert saved["machine"]["kv_cache_dtype"] == "fp8" and len(saved["results"]) == 2
+    assert saved["machine"]["kv_cache_dtype"] == "fp8" and len(saved["results"]) == 2 and len(saved["prefill"]) == 1
     assert "4 of 4 layers (2 sliding, 1 CSA, 1 HCA)" in e2e_v4.format_results(results, info)
     assert "### batch 3 context 300:" in e2e_v4.format_results(results, info)
     assert saved["results"][1]["profile"] == results[1].profile
@@ -214,10 +272,18 @@ def test_the_kv_cache_dtype_reaches_the_engine_config(monkeypatch):
         raise Stop
 
     monkeypatch.setattr(llm_engine, "EngineConfig", recording)
+    small = dict(config_overrides={**TINY, "num_hidden_layers": 2}, copy_gib=0.01, matmul_n=32, progress=lambda line: None)
     for dtype in ("fp8", "auto"):
-        with pytest.raises(Stop):
-            e2e_v4.run("reference", batches=(1,), contexts=(300,), kv_cache_dtype=dtype, config_overrides=TINY, progress=lambda line: None)
+        with pytest.raises(Stop):  # the decode rows' engine first
+            e2e_v4.run("reference", batches=(1,), contexts=(300,), kv_cache_dtype=dtype, prefills=((1, 40),), **small)
     assert [kw["kv_cache_dtype"] for kw in seen] == ["fp8", "auto"] and not seen[0]["enable_prefix_caching"]
+    assert seen[0]["max_model_len"] == e2e_v4.model_len((300,), 16)  # the decode rows' own, whatever the prefill rows need
+    seen.clear()
+    with pytest.raises(Stop):  # only prefill rows: their engine
+        e2e_v4.run("reference", batches=(), contexts=(), kv_cache_dtype="fp8", prefills=((3, 40), (1, 100)), prefill_chunk=64, **small)
+    (prefill,) = seen
+    assert prefill["kv_cache_dtype"] == "fp8" and not prefill["enable_prefix_caching"] and prefill["enforce_eager"]
+    assert prefill["max_num_batched_tokens"] == 64 and prefill["max_num_seqs"] == 3 and prefill["max_model_len"] == 101
 
 
 def test_cli_refuses_a_run_that_does_not_fit_in_one_line(monkeypatch, capsys):
@@ -225,3 +291,75 @@ def test_cli_refuses_a_run_that_does_not_fit_in_one_line(monkeypatch, capsys):
     assert main(["bench", "e2e", "--model-shape", "v4-flash", "--backend", "reference"]) == 2
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and "bench e2e --model-shape v4-flash needs at least" in err and "3.0 GiB is free for even one layer" in err, err
+
+
+def test_the_prefill_rows_prefill_every_prompt_in_chunks_and_report(tmp_path, monkeypatch):
+    """Each row runs twice (untimed, then timed) through the engine's own prefill steps: every prompt token computed
+    from position 0, no step over the chunk; the figures come from the FLOP count and the rates measured in the run."""
+    from deepinfer.bench.v4_prefill_floor import RATE_OF_PART, floor_seconds, prefill_flops
+    from deepinfer.engine.model_runner import ModelRunner
+
+    steps = []
+    real_run = ModelRunner.run
+    monkeypatch.setattr(ModelRunner, "run", lambda self, batch, *a, **kw: steps.append((batch.is_prefill, batch.num_tokens)) or real_run(self, batch, *a, **kw))
+    out = tmp_path / "prefill.json"
+    results, prefill, info = e2e_v4.run("reference", batches=(), contexts=(), prefills=((2, 24), (1, 150)), prefill_chunk=64, json_path=out,
+                                        config_overrides={**TINY, "num_hidden_layers": 4}, dtype=torch.float32, matmul_n=32,
+                                        progress=lambda line: None)  # fmt: skip
+    assert results == [] and "copy_bandwidth_tb_s" not in info  # no decode rows
+    # 2 x 24 = 48 tokens fit one step; 150 take 64 + 64 + 22; each row twice
+    assert steps == [(True, 48), (True, 48), (True, 64), (True, 64), (True, 22), (True, 64), (True, 64), (True, 22)]
+    assert [(r.batch, r.prompt_len, r.chunk_tokens, r.steps) for r in prefill] == [(2, 24, 64, 1), (1, 150, 64, 3)]
+    rates = info["matmul_tflops"]
+    assert rates["bf16"] > 0 and rates["fp8"] is None and "the fp8 parts of the prefill floor are divided by the bf16 rate" in info["fp8_rate_missing"]
+    config = e2e_v4.flash_config(4, TINY)
+    for r in prefill:
+        assert r.flops == prefill_flops(config, r.batch, r.prompt_len) and r.rates == RATE_OF_PART
+        assert r.floor_flops == sum(r.flops.values())
+        assert r.floor_s == pytest.approx(floor_seconds(r.flops, {"bf16": rates["bf16"] * 1e12, "fp8": rates["bf16"] * 1e12}))
+        assert r.tok_s == r.batch * r.prompt_len / r.seconds and r.of_floor == r.floor_s / r.seconds
+    saved = json.loads(out.read_text())
+    assert saved["results"] == [] and [(row["batch"], row["prompt_len"], row["chunk_tokens"]) for row in saved["prefill"]] == [(2, 24, 64), (1, 150, 64)]
+    assert saved["machine"]["prefill_chunk_tokens"] == 64 and saved["machine"]["matmul_how"].endswith("n = 32")
+    table = e2e_v4.format_results(results, info, prefill)
+    assert "prefill: matmul bf16" in table and "1 x 150" in table and "batch  context" not in table
+
+
+def test_matmul_rates_measure_an_fp8_product_off_the_host(monkeypatch):
+    """On a device (here the CPU posing as one), the fp8 rate is torch._scaled_mm's; on the host it is not measured."""
+    from deepinfer.bench import device_api, e2e
+
+    on_cpu = e2e.matmul_rates(torch.device("cpu"), 16)
+    assert on_cpu.n == 16 and on_cpu.bf16 > 0 and on_cpu.fp8 is None and "the host has no fp8 product" in on_cpu.fp8_missing
+    assert on_cpu.for_floor() == {"bf16": on_cpu.bf16, "fp8": on_cpu.bf16}
+    monkeypatch.setattr(device_api, "on_host", lambda device: False)
+    monkeypatch.setattr(e2e, "synchronize", lambda device: None)
+    posed = e2e.matmul_rates(torch.device("cpu"), 16)
+    assert posed.fp8 > 0 and posed.fp8_missing is None and posed.for_floor() == {"bf16": posed.bf16, "fp8": posed.fp8}
+    assert e2e.matmul_side(torch.device("cpu")) == e2e.DEVICE_MATMUL_N  # (on_host is patched: a device's side)
+
+
+def test_cli_prefill_rows_alone_print_their_table(monkeypatch, tmp_path, capsys):
+    """`--no-decode --prefill 1x24 --prefill-chunk 16` at a test-only shrink of V4-Flash: one row, two steps, its table."""
+    monkeypatch.setattr(e2e_v4, "V4_FLASH", {**e2e_v4.V4_FLASH, **TINY, "num_hidden_layers": 4})
+    out = tmp_path / "v4.json"
+    argv = ["bench", "e2e", "--model-shape", "v4-flash", "--backend", "reference", "--no-decode", "--prefill", "1x24", "--prefill-chunk", "16",
+            "--json", str(out)]  # fmt: skip
+    assert main(argv) == 0
+    table = capsys.readouterr().out
+    assert "4 of 4 layers (2 sliding, 1 CSA, 1 HCA)" in table and "prefill: matmul bf16" in table and "1 x 24" in table
+    (row,) = json.loads(out.read_text())["prefill"]
+    assert row["steps"] == 2 and row["chunk_tokens"] == 16 and row["floor_s"] > 0
+
+
+def test_a_failing_prefill_row_keeps_the_decode_rows_in_the_json(tmp_path, monkeypatch):
+    def broken(*args, **kwargs):
+        raise RuntimeError("out of memory in a prefill row")
+
+    monkeypatch.setattr(e2e_v4, "_prefill_rows", broken)
+    out = tmp_path / "v4.json"
+    with pytest.raises(RuntimeError, match="out of memory in a prefill row"):
+        e2e_v4.run("reference", batches=(1,), contexts=(40,), steps=1, warmup=0, prefills=((1, 16),), json_path=out, dtype=torch.float32,
+                   config_overrides={**TINY, "num_hidden_layers": 2}, copy_gib=0.01, matmul_n=16, progress=lambda line: None)  # fmt: skip
+    saved = json.loads(out.read_text())
+    assert [(row["batch"], row["context"]) for row in saved["results"]] == [(1, 40)] and saved["prefill"] == []

@@ -55,6 +55,7 @@ def test_bench_serve_with_its_server_in_a_process_of_its_own(tmp_path, cache, mo
     assert main(argv) == 0
     data = check_results(out, ["inf"])
     assert data["machine"]["server"] == "a process of its own" and data["machine"]["backend"] == "reference"
+    assert data["machine"]["max_model_len"] > 8 + 3  # tiny-v3's own (no --max-model-len), told by the server process
     (rate,) = data["results"]
     assert rate["server_steps"] >= 3 and rate["server_step_ms"] > 0  # 3 tokens each: at least 3 engine steps
 
@@ -116,3 +117,63 @@ def test_each_rate_records_the_server_steps_it_took(monkeypatch):
     first, second = bench.sweep("http://x", "m", make, [5.0, 8.0], seed=0, warmup=False, server_steps=lambda: next(totals))
     assert first["server_steps"] == 20 and first["server_step_ms"] == pytest.approx(25.0)
     assert second["server_steps"] == 0 and second["server_step_ms"] is None
+
+
+# A test-only shrink of V4-Flash (deepinfer/bench/e2e_v4.py's shape): V4's window, ratios and formats at small widths, 4 layers.
+V4_TINY = dict(vocab_size=512, hidden_size=256, num_attention_heads=4, head_dim=128, qk_rope_head_dim=32, q_lora_rank=128, o_groups=2,
+               o_lora_rank=128, index_n_heads=4, index_head_dim=64, index_topk=16, n_routed_experts=16, num_experts_per_tok=4,
+               moe_intermediate_size=64, num_hidden_layers=4)  # fmt: skip
+
+
+def test_bench_serve_with_the_v4_flash_shape(tmp_path, monkeypatch):
+    """--model-shape v4-flash: the server started here runs bench e2e's random V4-Flash-shaped model (shrunk here), cut to
+    --layers, its max_model_len the workload's longest request."""
+    from deepinfer.bench import e2e_v4
+
+    monkeypatch.setattr(e2e_v4, "V4_FLASH", {**e2e_v4.V4_FLASH, **V4_TINY})
+    out = tmp_path / "serve.json"
+    argv = ["bench", "serve", "--backend", "reference", "--model-shape", "v4-flash", "--layers", "3", "--request-rate", "inf", "--num-prompts", "3",
+            "--input-len", "6", "--output-len", "3", "--range-ratio", "0", "--max-num-seqs", "4", "--json", str(out)]  # fmt: skip
+    assert main(argv) == 0
+    data = json.loads(out.read_text())
+    assert data["machine"]["model"] == "random-v4-flash-3-layers" and data["machine"]["max_model_len"] == 9
+    (rate,) = data["results"]
+    assert rate["completed"] == 3 and rate["failed"] == 0 and rate["output_tokens_per_s"] > 0, rate["errors"]
+
+
+def parse_serve(*argv: str):
+    from deepinfer.cli.main import build_parser
+
+    return build_parser(["bench", "serve", *argv]).parse_args(["bench", "serve", *argv])
+
+
+def test_the_v4_flash_server_process_gets_the_workloads_max_model_len():
+    from deepinfer.cli.bench_serve import check, server_argv
+
+    args = parse_serve("--model-shape", "v4-flash", "--layers", "8", "--input-len", "512", "--output-len", "128", "--range-ratio", "0.5")
+    check(args)
+    assert args.max_model_len == 768 + 192  # the longest prompt and output the workload draws
+    argv = server_argv(args)
+    assert argv[argv.index("--max-model-len") + 1] == "960" and argv[argv.index("--model-shape") + 1] == "v4-flash"
+    given = parse_serve("--model-shape", "v4-flash", "--input-len", "16", "--output-len", "8", "--max-model-len", "4096")
+    check(given)
+    assert given.max_model_len == 4096
+    tiny = parse_serve("--input-len", "16", "--output-len", "8")
+    check(tiny)
+    assert tiny.max_model_len is None and "--max-model-len" not in server_argv(tiny)  # a --model's own
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--url", "http://127.0.0.1:1", "--max-model-len", "64"], "--max-model-len and --server-process are for one started here"),
+        (["--model-shape", "v4-flash", "--layers", "44"], "--layers cuts the model: at most 43 (V4-Flash), not 44"),
+        (["--model-shape", "v4-flash", "--layers", "0"], "--layers must be at least 1, not 0"),
+        (["--input-len", "16", "--output-len", "8", "--range-ratio", "0", "--max-model-len", "20"],
+         "--max-model-len 20 is shorter than the workload's longest request (24 tokens, prompt and output)"),
+    ],
+)
+def test_bad_v4_flash_values_are_one_line(argv, message, capsys):
+    assert main(["bench", "serve", "--backend", "reference", *argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and message in err, err
