@@ -301,6 +301,26 @@ def _kv_cache_write(t: int, blocks: int, page: int = 64, fp8: bool = False) -> C
     return call
 
 
+def _hc_pre(t: int, streams: int = 4, hidden: int = 4096, invariant: bool = False) -> Callable[[], None]:
+    """DeepSeek-V4's hc_pre: t tokens of `streams` x `hidden` bf16 streams, the float32 mixing projection."""
+    def call():
+        from deepinfer_cuda.kernels import hyper_connection
+
+        width = (2 + streams) * streams
+        f32 = torch.float32
+        hyper_connection.launch_hc_pre(_t(t, streams, hidden), _t(width, streams * hidden, dtype=f32), _t(width, dtype=f32), _t(3, dtype=f32),
+                                       1e-6, 1e-6, 20, invariant=invariant)
+    return call
+
+
+def _quant_act_fp8(m: int, k: int) -> Callable[[], None]:
+    def call():
+        from deepinfer_cuda.kernels import gemm
+
+        gemm.quantize_act_fp8(_t(m, k))
+    return call
+
+
 @dataclass(frozen=True)
 class Case:
     name: str
@@ -352,6 +372,14 @@ CASES: list[Case] = [
     Case("sparse_attention bf16 decode T64 H64", _sparse_attention(64, 64, 512), "mma", DECODE_16_ROWS),  # 32-head blocks: M = 32
     Case("sparse_attention fp8 cache decode T64 H64", _sparse_attention(64, 64, 512, fp8=True), "mma", DECODE_16_ROWS),
     Case("sparse_attention bf16 prefill T4096 H64", _sparse_attention(4096, 64, 512), "mma"),
+    # hyper-connections (4 streams of 4096): decode (the split launch) and a prefill chunk (fused; invariant: split)
+    Case("hc_pre bf16 T1 N4 D4096", _hc_pre(1), None),
+    Case("hc_pre bf16 T64 N4 D4096", _hc_pre(64), None),
+    Case("hc_pre bf16 T8192 N4 D4096", _hc_pre(8192), None),
+    Case("hc_pre bf16 T8192 N4 D4096 invariant", _hc_pre(8192, invariant=True), None),
+    # the fp8 activation quantiser alone (decode rows)
+    Case("quant_act_fp8 bf16 M1 K4096", _quant_act_fp8(1, 4096), None),
+    Case("quant_act_fp8 bf16 M64 K4096", _quant_act_fp8(64, 4096), None),
 ]
 
 # Helper kernels a matrix case launches besides its GEMM/attention kernel (no MMA of their own).
@@ -388,6 +416,7 @@ def _as_arch(arch: str, launches: list[Launch]):
     from deepinfer_cuda.kernels import (
         activation,
         gemm,
+        hyper_connection,
         kv_cache,
         logits_processing,
         logprobs,
@@ -417,8 +446,10 @@ def _as_arch(arch: str, launches: list[Launch]):
         (kv_cache, "_config", lambda device: arch_config("kv_cache_write", "tokens", arch)), (kv_cache, "interpreting", lambda: False),
         (sparse_attention, "num_sms", lambda device: SM_COUNT[arch]), (sparse_attention, "interpreting", lambda: False),
         (sparse_attention, "upcast_dot", lambda: False),
+        (hyper_connection, "num_sms", lambda device: SM_COUNT[arch]), (hyper_connection, "interpreting", lambda: False),
     ]
-    modules = (activation, gemm, kv_cache, logits_processing, logprobs, mla_decode, moe, norm, prefill, rejection_sampling, rope, sampling, sparse_attention)
+    modules = (activation, gemm, hyper_connection, kv_cache, logits_processing, logprobs, mla_decode, moe, norm, prefill, rejection_sampling, rope,
+               sampling, sparse_attention)
     kernels = [v for mod in modules for v in vars(mod).values() if hasattr(v, "run") and hasattr(v, "arg_names")]
     saved = [(mod, name, getattr(mod, name)) for mod, name, _ in patches]
     try:

@@ -9,24 +9,34 @@ layer_input[t] = sum_n pre[t, n] * x[t, n]. The norm factors out of the dot, so 
 yields both the sum of squares and the W projections; the mixings (a few dozen numbers per token)
 are computed in registers; a second pass over x_t collapses the streams (pre needs the whole dot).
 
-A program owns BLOCK_T tokens: each fn chunk it loads serves all of them (fn is W x K = 1.5 MB
+A mix program owns BLOCK_T tokens: each fn chunk it loads serves all of them (fn is W x K = 1.5 MB
 for V4-Flash; re-reading it per token would cost far more than x). The projection is a float32
 tl.dot [BLOCK_T, BLOCK_K] x [BLOCK_K, W_PAD] (fn^T chunk) with input_precision "ieee": CUDA-core
 FMAs (tf32 would break float32's tolerance; W = 24 is padded to 32 columns, and bfloat16 x is
 converted to float32 first since fn is float32). float64 x (a test dtype) uses a broadcast
-multiply reduced per chunk instead. The reduction order is fixed: K is cut into segments of SEG
-elements (whole chunks); within a segment the dot accumulates the chunks in order and the squares
-accumulate per lane (reduced across lanes at the segment's end); the segments are added in order.
-Two launch shapes compute the same numbers:
+multiply reduced per chunk instead. K is cut into segments of SEG elements (whole chunks); within
+a segment the dot accumulates the chunks in order and the squares accumulate per lane (reduced
+across lanes at the segment's end). Two launch shapes:
 
-  * fused (at least one token tile per SM, i.e. prefill): grid (token tiles,), one kernel does the
-    projection over all segments, the mixings, and the collapse.
-  * split (decode and mid-size batches: one program per token tile would leave most SMs idle while
-    it streams all of fn): `_hc_pre_mix_kernel` with grid (token tiles, splits) writes every
-    segment's partial (float32 [segments, T, W_PAD] and the sum of squares [segments, T]);
-    `_hc_pre_kernel` with grid (token tiles, D splits) sums them in segment order, recomputes the
-    (cheap) mixings in every D split, stores post/comb from the first one and collapses its share
-    of D. (Partials are float64 for float64 x.)
+  * fused (at least one 32-token tile per SM, i.e. prefill, or K within one 1024-wide segment):
+    grid (token tiles,), `_hc_pre_kernel` does the projection over all segments (SEG = 1024, added
+    in order), the mixings, and the collapse.
+  * split (decode and mid-size batches; deterministic mode at every T). The fused shape gives one
+    program per token tile, and at T = 1 its 16 programs (one per 1024-wide segment in the old
+    split) each streamed 1024 x 24 fn values through 16 dependent chunk steps. The split launch
+    spreads the product instead: `_hc_pre_mix_kernel`, grid (16-token tiles, segments of SEG = 128),
+    one segment per program (128 programs per tile for K = 16384: a whole H100 at T = 1, two chunk
+    steps each), stores the segment's partial products and sum of squares (float32 [T, segments,
+    W_PAD] and [T, segments]); `_hc_pre_combine_kernel`, grid (tokens, D splits), loads all of a
+    token's partials as ONE [segments, W_PAD] tile (16 KB for V4-Flash, every load in flight at
+    once rather than one dependent load per segment), sums them with one tl.sum, computes the
+    mixings (repeated in every D split: a few hundred operations), stores post/comb from the first
+    split and collapses its share of D in 512-wide steps. SEG doubles for K past 256 segments (a
+    fact of the model). Partials are float64 for float64 x; at most 4096 tokens run per mix +
+    combine pair (the partials stay under 64 MB for V4-Flash).
+
+The two shapes sum in different orders (the split's segments by a tl.sum tree), so their numbers
+differ in the last bits; each is deterministic run to run.
 
 The N x N block is taken out of the W_PAD logits by a masked sum (exact) and reshaped to
 [BLOCK_T, N_PAD, N_PAD]; padding (N not a power of two) is masked to zero so Sinkhorn's sums see
@@ -39,18 +49,19 @@ output streams; the sum over j runs in order j = 0..N-1.
 
 The wrappers read only shapes and strides: no host synchronisation (CUDA-graph safe).
 
-Deterministic mode: the two launch shapes are meant to compute the same numbers, but they are
-two compiled kernels (a segment's partial in registers or through memory), and the choice follows
-T; `hc_pre_invariant` takes the split launch for every T (the fused one only when K is one segment,
-a fact of the model), so a token's numbers never depend on which one ran. BLOCK_T, BLOCK_K and SEG
-are fixed already; the split and D-split counts only choose which program computes a segment or a
-D chunk. hc_post is batch-invariant as it is: every output element is its own post * y + sum over
-j in order (no reduction across lanes), so its T-dependent tile changes no value.
+Deterministic mode: `hc_pre_invariant` takes the split launch for every T, and the split launch's
+compiled kernels are the same for every T: SEG, the mix tile (16 tokens, 64-wide chunks), the
+combine's tile (one token, every segment) and its collapse step are fixed by the model's shapes;
+T only sets the grids (which program computes a segment or a D chunk) and the 4096-token chunks,
+neither of which changes a value. The default `hc_pre` runs the same split launch below the fused
+threshold, so at decode sizes both give the same bits. hc_post is batch-invariant as it is: every
+output element is its own post * y + sum over j in order (no reduction across lanes), so its
+T-dependent tile changes no value.
 
 Deviation (interpreter only): under TRITON_INTERPRET=1 a tile is 16 tokens (the interpreter's dot
-is a slow numpy matmul), a chunk is a whole segment and the collapse steps are 2048 wide (the
-interpreter pays per operation and per jit-function call, tl.sum included, not per element), and
-at most two D splits repeat the mixings.
+is a slow numpy matmul; a combine program too, since numpy sums every row of a tile alike), a chunk
+is a whole segment and the collapse steps are 2048 wide (the interpreter pays per operation and
+per jit-function call, tl.sum included, not per element), and at most two D splits repeat the mixings.
 """
 
 from __future__ import annotations
@@ -63,15 +74,25 @@ from deepinfer.ops import hyper_connection as hc_ops
 from deepinfer.triton_common import cdiv, interpreting, next_power_of_2, sinkhorn_mix, to_bf16_rne
 from deepinfer_cuda.kernels.common import Registration, num_sms
 
-# hc_pre launch constants (the best of the H200 configurations tried: 16/32/64 tokens, chunks of 32/64,
-# 4/8 warps). BLOCK_K and SEG are fixed so that a token's numbers do not depend on the batch.
+# hc_pre's fused launch (the best of the H200 configurations tried: 16/32/64 tokens, chunks of 32/64,
+# 4/8 warps).
 _PRE_BLOCK_T = 32  # tokens per program (the dot's M)
 _PRE_BLOCK_K = 64  # projection chunk (elements of the flattened streams)
-_PRE_SEG = 1024  # reduction segment: the unit of the split launch
+_PRE_SEG = 1024  # the fused launch's reduction segment
 _PRE_BLOCK_D = 128  # collapse chunk: [BLOCK_T, N_PAD, BLOCK_D] per step
 _PRE_WARPS = 4
 _PRE_STAGES = 3
-_PRE_FILL = 2  # programs per SM the split launch aims for
+# hc_pre's split launch: one (token tile, segment) per program, then one token per combine program.
+# Fixed for every T (deterministic mode runs it at every T): a token's numbers do not depend on the batch.
+_SPLIT_SEG = 128  # reduction segment: 128 programs per token tile for V4-Flash's K = 16384
+_SPLIT_MAX_SEGMENTS = 256  # longer K doubles the segment (the combine's tile holds every segment)
+_SPLIT_BLOCK_T = 16  # tokens per mix program (the dot's smallest M)
+_SPLIT_BLOCK_K = 64
+_SPLIT_STAGES = 2
+_SPLIT_BLOCK_D = 512  # collapse chunk of a combine program
+_SPLIT_MAX_TOKENS = 4096  # tokens per mix + combine pair: partials of at most 64 MB (V4-Flash)
+_COMBINE_WARPS = 4
+_PRE_FILL = 2  # programs per SM the combine's D splits aim for
 _INTERP_BLOCK_D = 2048  # collapse chunk under the interpreter
 # hc_post launch constants.
 _POST_TILE = 4096  # output elements per program
@@ -125,24 +146,24 @@ def _segment_partial(
 @triton.jit(do_not_specialize=["T"])
 def _hc_pre_mix_kernel(
     x_ptr, fn_ptr, part_ptr, part_ss_ptr,
-    T, K, seg_per_split, stride_t, stride_fn,
+    T, K, n_seg, stride_t, stride_fn,
     ACC: tl.constexpr, W: tl.constexpr, BLOCK_T: tl.constexpr, W_PAD: tl.constexpr, BLOCK_K: tl.constexpr, SEG: tl.constexpr,
     EVEN_K: tl.constexpr, USE_DOT: tl.constexpr,
 ):
+    """One (token tile, segment) per program: the segment's partial products and sum of squares,
+    stored at row t * n_seg + seg of part [T, n_seg, W_PAD] and part_ss [T, n_seg]."""
     pid_t = tl.program_id(0)
-    pid_s = tl.program_id(1)
+    seg = tl.program_id(1)
     toks = (pid_t * BLOCK_T + tl.arange(0, BLOCK_T)).to(tl.int64)
     t_ok = toks < T
     w = tl.arange(0, W_PAD)
-    seg0 = pid_s * seg_per_split
-    for seg in range(seg0, tl.minimum(seg0 + seg_per_split, tl.cdiv(K, SEG))):
-        k_lo = seg * SEG
-        acc, ss = _segment_partial(
-            x_ptr, fn_ptr, toks, t_ok, stride_t, stride_fn, k_lo, tl.minimum(k_lo + SEG, K), ACC, W, BLOCK_T, W_PAD, BLOCK_K, EVEN_K, USE_DOT
-        )
-        row = seg * T + toks
-        tl.store(part_ptr + row[:, None] * W_PAD + w[None, :], acc.to(part_ptr.dtype.element_ty), mask=t_ok[:, None])
-        tl.store(part_ss_ptr + row, ss.to(part_ss_ptr.dtype.element_ty), mask=t_ok)
+    k_lo = seg * SEG
+    acc, ss = _segment_partial(
+        x_ptr, fn_ptr, toks, t_ok, stride_t, stride_fn, k_lo, tl.minimum(k_lo + SEG, K), ACC, W, BLOCK_T, W_PAD, BLOCK_K, EVEN_K, USE_DOT
+    )
+    row = toks * n_seg + seg
+    tl.store(part_ptr + row[:, None] * W_PAD + w[None, :], acc.to(part_ptr.dtype.element_ty), mask=t_ok[:, None])
+    tl.store(part_ss_ptr + row, ss.to(part_ss_ptr.dtype.element_ty), mask=t_ok)
 
 
 @triton.jit
@@ -176,46 +197,19 @@ def _mixings(
     return pre, post, sinkhorn_mix(z, n_ok, hc_eps, sinkhorn_iters)
 
 
-@triton.jit(do_not_specialize=["T"])
-def _hc_pre_kernel(
-    x_ptr, fn_ptr, base_ptr, scale_ptr, part_ptr, part_ss_ptr,
-    out_ptr, post_ptr, comb_ptr,
-    T, D, d_per_split, stride_t, stride_fn, stride_out,
-    norm_eps, hc_eps, sinkhorn_iters,
-    FUSED: tl.constexpr, ACC: tl.constexpr, N: tl.constexpr, MANUAL_RNE: tl.constexpr,
-    BLOCK_T: tl.constexpr, W_PAD: tl.constexpr, N_PAD: tl.constexpr, BLOCK_K: tl.constexpr, SEG: tl.constexpr, EVEN_K: tl.constexpr,
-    USE_DOT: tl.constexpr, BLOCK_D: tl.constexpr,
+@triton.jit
+def _store_mixed(
+    x_ptr, out_ptr, post_ptr, comb_ptr, toks, t_ok, pre, post, comb, store_mixings, d_lo, d_hi, D, stride_t, stride_out,
+    ACC: tl.constexpr, N: tl.constexpr, N_PAD: tl.constexpr, MANUAL_RNE: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
-    pid_t = tl.program_id(0)
-    pid_d = tl.program_id(1)
-    toks = (pid_t * BLOCK_T + tl.arange(0, BLOCK_T)).to(tl.int64)
-    t_ok = toks < T
-    K = N * D
-    w = tl.arange(0, W_PAD)
-    acc = tl.zeros([BLOCK_T, W_PAD], ACC)
-    ss = tl.zeros([BLOCK_T], ACC)
-    for seg in range(0, tl.cdiv(K, SEG)):
-        if FUSED:
-            k_lo = seg * SEG
-            seg_acc, seg_ss = _segment_partial(
-                x_ptr, fn_ptr, toks, t_ok, stride_t, stride_fn, k_lo, tl.minimum(k_lo + SEG, K), ACC, (2 + N) * N, BLOCK_T, W_PAD, BLOCK_K, EVEN_K, USE_DOT
-            )
-        else:
-            row = seg * T + toks
-            seg_acc = tl.load(part_ptr + row[:, None] * W_PAD + w[None, :], mask=t_ok[:, None], other=0.0).to(ACC)
-            seg_ss = tl.load(part_ss_ptr + row, mask=t_ok, other=0.0).to(ACC)
-        acc += seg_acc
-        ss += seg_ss
-    pre, post, comb = _mixings(acc, ss, base_ptr, scale_ptr, K, norm_eps, hc_eps, sinkhorn_iters, ACC, N, BLOCK_T, W_PAD, N_PAD)
+    """post / comb of the tokens (when store_mixings) and their layer input over d in [d_lo, d_hi)."""
     n = tl.arange(0, N_PAD)
     n_ok = n < N
-    if pid_d == 0:
+    if store_mixings:
         tl.store(post_ptr + toks[:, None] * N + n[None, :], post.to(post_ptr.dtype.element_ty), mask=t_ok[:, None] & n_ok[None, :])
         ij = n[:, None] * N + n[None, :]
         tl.store(comb_ptr + toks[:, None, None] * (N * N) + ij[None, :, :], comb.to(comb_ptr.dtype.element_ty),
                  mask=t_ok[:, None, None] & (n_ok[:, None] & n_ok[None, :])[None, :, :])
-    d_lo = pid_d * d_per_split
-    d_hi = tl.minimum(d_lo + d_per_split, D)
     dd = tl.arange(0, BLOCK_D)
     for d0 in range(d_lo, d_hi, BLOCK_D):
         d = d0 + dd
@@ -224,6 +218,63 @@ def _hc_pre_kernel(
                      mask=t_ok[:, None, None] & n_ok[None, :, None] & d_ok[None, None, :], other=0.0).to(ACC)
         li = tl.sum(xt * pre[:, :, None], axis=1)
         tl.store(out_ptr + toks[:, None] * stride_out + d[None, :], _to_out(li, out_ptr, MANUAL_RNE), mask=t_ok[:, None] & d_ok[None, :])
+
+
+@triton.jit(do_not_specialize=["T"])
+def _hc_pre_kernel(
+    x_ptr, fn_ptr, base_ptr, scale_ptr,
+    out_ptr, post_ptr, comb_ptr,
+    T, D, stride_t, stride_fn, stride_out,
+    norm_eps, hc_eps, sinkhorn_iters,
+    ACC: tl.constexpr, N: tl.constexpr, MANUAL_RNE: tl.constexpr,
+    BLOCK_T: tl.constexpr, W_PAD: tl.constexpr, N_PAD: tl.constexpr, BLOCK_K: tl.constexpr, SEG: tl.constexpr, EVEN_K: tl.constexpr,
+    USE_DOT: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    """The fused launch: one token tile per program, the segments in order, the mixings, the collapse of all of D."""
+    pid_t = tl.program_id(0)
+    toks = (pid_t * BLOCK_T + tl.arange(0, BLOCK_T)).to(tl.int64)
+    t_ok = toks < T
+    K = N * D
+    acc = tl.zeros([BLOCK_T, W_PAD], ACC)
+    ss = tl.zeros([BLOCK_T], ACC)
+    for seg in range(0, tl.cdiv(K, SEG)):
+        k_lo = seg * SEG
+        seg_acc, seg_ss = _segment_partial(
+            x_ptr, fn_ptr, toks, t_ok, stride_t, stride_fn, k_lo, tl.minimum(k_lo + SEG, K), ACC, (2 + N) * N, BLOCK_T, W_PAD, BLOCK_K, EVEN_K, USE_DOT
+        )
+        acc += seg_acc
+        ss += seg_ss
+    pre, post, comb = _mixings(acc, ss, base_ptr, scale_ptr, K, norm_eps, hc_eps, sinkhorn_iters, ACC, N, BLOCK_T, W_PAD, N_PAD)
+    _store_mixed(x_ptr, out_ptr, post_ptr, comb_ptr, toks, t_ok, pre, post, comb, True, 0, D, D, stride_t, stride_out, ACC, N, N_PAD, MANUAL_RNE, BLOCK_D)
+
+
+@triton.jit(do_not_specialize=["T"])
+def _hc_pre_combine_kernel(
+    x_ptr, base_ptr, scale_ptr, part_ptr, part_ss_ptr,
+    out_ptr, post_ptr, comb_ptr,
+    T, D, n_seg, d_per_split, stride_t, stride_out,
+    norm_eps, hc_eps, sinkhorn_iters,
+    ACC: tl.constexpr, N: tl.constexpr, MANUAL_RNE: tl.constexpr,
+    BLOCK_T: tl.constexpr, W_PAD: tl.constexpr, N_PAD: tl.constexpr, SEG_PAD: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    """The split launch's second kernel, grid (token tiles, D splits): each program loads all of its
+    tokens' segment partials as one tile, sums them over the segments (one tl.sum: a fixed tree),
+    computes the mixings and collapses its share of D; the first D split stores post and comb."""
+    pid_t = tl.program_id(0)
+    pid_d = tl.program_id(1)
+    toks = (pid_t * BLOCK_T + tl.arange(0, BLOCK_T)).to(tl.int64)
+    t_ok = toks < T
+    w = tl.arange(0, W_PAD)
+    s = tl.arange(0, SEG_PAD)
+    rows = toks[:, None] * n_seg + s[None, :]  # [BLOCK_T, SEG_PAD]
+    r_ok = t_ok[:, None] & (s < n_seg)[None, :]
+    parts = tl.load(part_ptr + rows[:, :, None] * W_PAD + w[None, None, :], mask=r_ok[:, :, None], other=0.0).to(ACC)
+    acc = tl.sum(parts, axis=1)
+    ss = tl.sum(tl.load(part_ss_ptr + rows, mask=r_ok, other=0.0).to(ACC), axis=1)
+    pre, post, comb = _mixings(acc, ss, base_ptr, scale_ptr, N * D, norm_eps, hc_eps, sinkhorn_iters, ACC, N, BLOCK_T, W_PAD, N_PAD)
+    d_lo = pid_d * d_per_split
+    _store_mixed(x_ptr, out_ptr, post_ptr, comb_ptr, toks, t_ok, pre, post, comb, pid_d == 0, d_lo, tl.minimum(d_lo + d_per_split, D), D,
+                 stride_t, stride_out, ACC, N, N_PAD, MANUAL_RNE, BLOCK_D)
 
 
 def _manual_rne(dtype: torch.dtype) -> bool:
@@ -277,41 +328,58 @@ def launch_hc_pre(x, fn, base, scale, norm_eps, hc_eps, sinkhorn_iters, *, invar
     comb = torch.empty(T, N, N, dtype=mix_dtype, device=x.device)
     w_pad, n_pad = max(16, next_power_of_2(W)), next_power_of_2(N)  # a dot's N >= 16
     interp = interpreting()
+    f64 = x.dtype == torch.float64
+    common = dict(ACC=_acc(x.dtype), W_PAD=w_pad, N=N, N_PAD=n_pad, MANUAL_RNE=_manual_rne(x.dtype))
+    dot = dict(USE_DOT=not f64, num_warps=_PRE_WARPS)
     # float64: no dot, a smaller broadcast tile. The interpreter: the dot's smallest M (its numpy
     # matmul is slow per element), whole segments per step (it pays per operation and per
     # jit-function call, tl.sum included, not per element).
-    block_t = 8 if x.dtype == torch.float64 else 16 if interp else _PRE_BLOCK_T
-    block_k = _PRE_SEG if interp else _PRE_BLOCK_K
-    tiles = cdiv(T, block_t)
-    segments = cdiv(K, _PRE_SEG)
-    sms = num_sms(x.device)
-    target = _PRE_FILL * sms
-    block_d = _INTERP_BLOCK_D if interp else _PRE_BLOCK_D
-    common = dict(ACC=_acc(x.dtype), BLOCK_T=block_t, W_PAD=w_pad, BLOCK_K=block_k, SEG=_PRE_SEG, EVEN_K=K % _PRE_SEG == 0,
-                  USE_DOT=x.dtype != torch.float64, num_warps=_PRE_WARPS, num_stages=_PRE_STAGES)
-    fused = segments == 1 or (not invariant and tiles >= sms)
-    if fused:
-        part = part_ss = post  # unused
-        grid, d_per_split = (tiles, 1), D
-    else:
-        splits = min(segments, cdiv(target, tiles))
-        seg_per_split = cdiv(segments, splits)
-        part = torch.empty(segments, T, w_pad, dtype=mix_dtype, device=x.device)
-        part_ss = torch.empty(segments, T, dtype=mix_dtype, device=x.device)
-        _hc_pre_mix_kernel[(tiles, cdiv(segments, seg_per_split))](
-            x, fn, part, part_ss, T, K, seg_per_split, x.stride(0), fn.stride(0), W=W, **common
+    fused_t = 8 if f64 else 16 if interp else _PRE_BLOCK_T
+    fused_tiles = cdiv(T, fused_t)
+    if not invariant and (K <= _PRE_SEG or fused_tiles >= num_sms(x.device)):
+        _hc_pre_kernel[(fused_tiles,)](
+            x, fn, base, scale, out, post, comb,
+            T, D, x.stride(0), fn.stride(0), out.stride(0),
+            float(norm_eps), float(hc_eps), int(sinkhorn_iters),
+            BLOCK_T=fused_t, BLOCK_K=_PRE_SEG if interp else _PRE_BLOCK_K,
+            SEG=_PRE_SEG, EVEN_K=K % _PRE_SEG == 0, BLOCK_D=_INTERP_BLOCK_D if interp else _PRE_BLOCK_D,
+            num_stages=_PRE_STAGES, **common, **dot,
         )
-        # every D split repeats the (cheap on a GPU) mixings; the interpreter keeps to two
-        d_splits = max(1, min(cdiv(target, tiles), cdiv(D, block_d), 2 if interp else D))
-        d_per_split = cdiv(cdiv(D, d_splits), block_d) * block_d
-        grid = (tiles, cdiv(D, d_per_split))
-    _hc_pre_kernel[grid](
-        x, fn, base, scale, part, part_ss, out, post, comb,
-        T, D, d_per_split, x.stride(0), fn.stride(0), out.stride(0),
-        float(norm_eps), float(hc_eps), int(sinkhorn_iters),
-        FUSED=fused, N=N, N_PAD=n_pad, MANUAL_RNE=_manual_rne(x.dtype), BLOCK_D=block_d, **common,
-    )
+        return out, post, comb
+    seg = split_segment(K)
+    n_seg = cdiv(K, seg)
+    mix_t = 8 if f64 else _SPLIT_BLOCK_T
+    comb_t = 16 if interp else 1
+    block_d = _INTERP_BLOCK_D if interp else _SPLIT_BLOCK_D
+    # the interpreter repeats the mixings in at most two D splits (it pays per operation)
+    d_splits = max(1, min(cdiv(D, block_d), 2 if interp else cdiv(_PRE_FILL * num_sms(x.device), cdiv(T, comb_t))))
+    d_per_split = cdiv(cdiv(D, d_splits), block_d) * block_d
+    for t0 in range(0, T, _SPLIT_MAX_TOKENS):  # bounded partials; a token's numbers do not depend on its chunk
+        t1 = min(T, t0 + _SPLIT_MAX_TOKENS)
+        xs, rows = x[t0:t1], t1 - t0
+        part = torch.empty(rows, n_seg, w_pad, dtype=mix_dtype, device=x.device)
+        part_ss = torch.empty(rows, n_seg, dtype=mix_dtype, device=x.device)
+        _hc_pre_mix_kernel[(cdiv(rows, mix_t), n_seg)](
+            xs, fn, part, part_ss, rows, K, n_seg, xs.stride(0), fn.stride(0),
+            ACC=common["ACC"], W=W, BLOCK_T=mix_t, W_PAD=w_pad, BLOCK_K=seg if interp else _SPLIT_BLOCK_K, SEG=seg, EVEN_K=K % seg == 0,
+            num_stages=_SPLIT_STAGES, **dot,
+        )
+        _hc_pre_combine_kernel[(cdiv(rows, comb_t), cdiv(D, d_per_split))](
+            xs, base, scale, part, part_ss, out[t0:t1], post[t0:t1], comb[t0:t1],
+            rows, D, n_seg, d_per_split, xs.stride(0), out.stride(0),
+            float(norm_eps), float(hc_eps), int(sinkhorn_iters),
+            BLOCK_T=comb_t, SEG_PAD=next_power_of_2(n_seg), BLOCK_D=block_d, num_warps=_COMBINE_WARPS, **common,
+        )
     return out, post, comb
+
+
+def split_segment(k: int) -> int:
+    """The split launch's reduction segment for K = N*D: `_SPLIT_SEG`, doubled until at most
+    `_SPLIT_MAX_SEGMENTS` segments remain (the combine holds them all in one tile). A fact of the model."""
+    seg = _SPLIT_SEG
+    while cdiv(k, seg) > _SPLIT_MAX_SEGMENTS:
+        seg *= 2
+    return seg
 
 
 @triton.jit(do_not_specialize=["T"])
