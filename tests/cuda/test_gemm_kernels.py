@@ -72,7 +72,8 @@ def assert_matches(op_name: str, got: torch.Tensor, kw: dict, rows_ok: torch.Ten
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
-@pytest.mark.parametrize("shape", [(7, 200), (2, 3, 384), (1, 128), (5, 1)])
+# rows 1, 2, 4, 6-8 and 33: every row tile the quantiser takes (its rows' power-of-two bucket, up to 16)
+@pytest.mark.parametrize("shape", [(7, 200), (2, 3, 384), (1, 128), (5, 1), (2, 130), (4, 256), (33, 128)])
 def test_quantiser_is_bit_exact(kg, dtype, shape):
     x = rand(*shape, seed=sum(shape), dtype=torch.float32)
     # a large dynamic range, tiny values (e4m3 subnormals after scaling), an all-zero group

@@ -179,17 +179,28 @@ def quantize_act_fp8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     q = torch.empty(rows, k, dtype=quant.FP8_DTYPE, device=x.device)
     s = torch.empty(rows, groups, dtype=torch.float32, device=x.device)
     if rows and k:
-        cfg = config("gemm", "quant_act", x.device)
+        block_r, warps = quant_act_tile(rows, config("gemm", "quant_act", x.device))
         manual = interpreting()
-        grid = (cdiv(rows, cfg["BLOCK_R"]), groups)
+        grid = (cdiv(rows, block_r), groups)
         _quant_act_fp8_kernel[grid](
             x2, q.view(torch.uint8) if manual else q, s,
             rows, k,
             x2.stride(0), q.stride(0), s.stride(0),
-            BLOCK_R=cfg["BLOCK_R"], GROUP=FP8_GROUP, MANUAL_CVT=manual,
-            num_warps=cfg["num_warps"],
+            BLOCK_R=block_r, GROUP=FP8_GROUP, MANUAL_CVT=manual,
+            num_warps=warps,
         )
     return q.reshape(*x.shape[:-1], k), s.reshape(*x.shape[:-1], groups)
+
+
+def quant_act_tile(rows: int, cfg: dict) -> tuple[int, int]:
+    """(rows per program, warps) of the fp8 quantiser: the power-of-two bucket of the rows, at most
+    the entry's BLOCK_R, and warps for `elems_per_thread` elements each (at most the entry's
+    num_warps). A decode row alone is one warp over its 128-column group (4 elements a thread, the
+    row maximum in shuffles); a 16-row tile of padding rows would make every thread quantise 16.
+    Every output element is its own row's (an exact maximum, IEEE divisions): the tile changes no value."""
+    block_r = min(cfg["BLOCK_R"], next_power_of_2(rows))
+    warps = max(1, min(cfg["num_warps"], block_r * FP8_GROUP // (32 * cfg.get("elems_per_thread", 8))))
+    return block_r, warps
 
 
 # ---------------------------------------------------------------------------------------------

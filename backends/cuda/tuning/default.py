@@ -6,7 +6,8 @@ Kernel modules add their entries here; an op/variant missing here falls back to 
 CONFIGS: dict[str, dict[str, dict]] = {
     # gemm (linear + grouped_gemm, every format): <fmt>_small serves <= 64 rows per expert (decode:
     # weight streaming, BLOCK_M is a cap lowered to the rows), <fmt>_large the rest. fp8 BLOCK_K is
-    # always 128 (the scale group). quant_act: the fused fp8 activation quantiser.
+    # always 128 (the scale group). quant_act: the fused fp8 activation quantiser, BLOCK_R rows (at most: fewer
+    # rows take their power-of-two bucket) x one 128-column group per program, warps for elems_per_thread each.
     "gemm": {
         "dense_small": {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 4, "num_stages": 3},
         "dense_large": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 8, "num_stages": 3},
@@ -29,7 +30,7 @@ CONFIGS: dict[str, dict[str, dict]] = {
         "mxfp4_reg_large": {"BLOCK_M": 128, "BLOCK_N": 64, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 4, "num_stages": 3},
         "mxfp8_reg_small": {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 4, "num_stages": 3},
         "mxfp8_reg_large": {"BLOCK_M": 128, "BLOCK_N": 64, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 4, "num_stages": 3},
-        "quant_act": {"BLOCK_R": 16, "num_warps": 4},
+        "quant_act": {"BLOCK_R": 16, "num_warps": 4, "elems_per_thread": 8},
         # quant_act_mx: the two-term MX FP8 split of bf16 activations (native mx path), BLOCK_R rows x GROUPS*32 columns.
         "quant_act_mx": {"BLOCK_R": 16, "GROUPS": 4, "num_warps": 4},
     },

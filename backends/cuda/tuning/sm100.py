@@ -48,7 +48,7 @@ CONFIGS: dict[str, dict[str, dict]] = {
         # (K 128 spills 184 B; BLOCK_M 64 x K 128: 236 regs, 0 spills, the fallback if 254 turns out to spill elsewhere).
         "mxfp4_a8_small": {"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 6},
         "mxfp4_a8_large": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 8, "num_stages": 4},
-        "quant_act": {"BLOCK_R": 16, "num_warps": 4},
+        "quant_act": {"BLOCK_R": 16, "num_warps": 4, "elems_per_thread": 8},
         "quant_act_mx": {"BLOCK_R": 16, "GROUPS": 4, "num_warps": 4},
     },
     # prefill (FA2, K/V through TMA): SM90's tiles. BLOCK_N 128 at 192/128 head dims would need ~208 KB for 2 stages,

@@ -42,7 +42,7 @@ CONFIGS: dict[str, dict[str, dict]] = {
         "dense_f32_small": {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 32, "GROUP_M": 8, "num_warps": 2, "num_stages": 3, "min_iters_per_split": 2},
         "dense_f32_large": {"BLOCK_M": 32, "BLOCK_N": 64, "BLOCK_K": 32, "GROUP_M": 8, "num_warps": 2, "num_stages": 3, "min_iters_per_split": 2},
         "dense_f32_invariant": {"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 2, "num_stages": 3, "min_iters_per_split": 2},
-        "quant_act": {"BLOCK_R": 16, "num_warps": 4},
+        "quant_act": {"BLOCK_R": 16, "num_warps": 4, "elems_per_thread": 8},
         # The register dequant path (MX_MODE 3: the weight tile dequantised to bf16 in registers is wgmma's A
         # operand, BLOCK_N weight rows its M side; x^T tokens its N side; mxfp4_a8 takes mxfp4's entries).
         # First chosen by compiling for sm90 (Triton 3.9, unit strides specialised as the launcher does;
