@@ -13,19 +13,23 @@ a vector broadcast multiply, kept as a [BLOCK_T, W_PAD, BLOCK_K] accumulator (on
 per chunk, no per-chunk reduction) that is reduced once per segment.
 
 A tile is BLOCK_T tokens, so each fn chunk [W_PAD, BLOCK_K] brought into the unified buffer
-serves all of them. The reduction order is fixed: K is cut into segments of SEG elements; a
-segment's partial is its accumulator's lane sums (chunks in order) reduced over the lanes, and the
-segments are added in order. Two launch shapes compute the same numbers, both persistent vector
-grids (`vector_grid`, each program looping over its work items):
+serves all of them. K is cut into segments of SEG elements; a segment's partial is its
+accumulator's lane sums (chunks in order) reduced over the lanes. Two launch shapes, both
+persistent vector grids (`vector_grid`, each program looping over its work items):
 
-  * fused (at least as many token tiles as vector cores): one kernel per token tile does the
-    projection over all segments, the mixings and the collapse.
-  * split (decode: one core would stream all of fn, 1.5 MB for V4-Flash, alone):
-    `_hc_pre_mix_kernel` over (token tile, segment range) items writes every segment's partial
-    (float32 [segments, T, W_PAD] and the sum of squares [segments, T]); `_hc_pre_kernel` over
-    (token tile, D range) items sums them in segment order, recomputes the mixings in every D
-    range (a few hundred vector operations), stores post/comb from the first one and collapses
-    its range of D.
+  * fused (at least as many token tiles as vector cores, or K within one 1024-wide segment): one
+    kernel per token tile does the projection over all segments (SEG = 1024, added in order), the
+    mixings and the collapse.
+  * split (decode, and deterministic mode at every T): `_hc_pre_mix_kernel` over (token tile,
+    segment) items with SEG = 256, one segment per item (64 items per tile for V4-Flash's K = 16384,
+    enough to keep 48-64 vector cores busy at T = 1, where the 1024-wide segments gave 16), writes
+    every segment's partial (float32 [T, segments, W_PAD] and the sum of squares [T, segments]);
+    `_hc_pre_kernel` over (token tile, D range) items loads a tile's partials as one block
+    [BLOCK_T, segments, W_PAD] (32 KB), sums them over the segments at once, recomputes the mixings
+    in every D range (a few hundred vector operations), stores post/comb from the first one and
+    collapses its range of D. SEG doubles for K past 64 segments (a fact of the model).
+
+The two shapes sum in different orders, so their numbers differ in the last bits.
 
 The N x N block is taken out of the W_PAD logits by a masked sum (exact) and reshaped to
 [BLOCK_T, N_PAD, N_PAD]; padding (N not a power of two) is masked to zero so Sinkhorn's sums see
@@ -40,13 +44,11 @@ BLOCK_D = 256 on A2/A3 (BLOCK_D = 512 on 950). Under the interpreter (no buffer;
 operation, not per element) a chunk is a whole segment, the collapse steps are 2048 wide and at
 most two D ranges repeat the mixings.
 
-Deterministic mode (`hc_pre_invariant`): the fused and split launches compute the same numbers
-in the same order, but they are two compiled kernels, and whether a compiler contracts or
-schedules their float32 adds alike is not guaranteed; choosing between them by T would make a
-token's mixings depend on the batch on hardware. The invariant kernel always takes the split
-launch (the fused one only where K is one segment, a fact of the model); BLOCK_T = 4, SEG and
-the chunk widths are fixed already. Cost: prefill writes and re-reads the segment partials
-(cdiv(K, SEG) * W_PAD float32 per token, 2 KB for V4-Flash): small next to x's two passes.
+Deterministic mode (`hc_pre_invariant`): the split launch for every T. Its kernels are the same
+for every T: BLOCK_T = 4, the split SEG and the chunk widths are fixed by the model's shapes and
+the chip; T only sets the items (which program computes a segment or a D range). Cost: prefill
+writes and re-reads the segment partials (segments * W_PAD float32 per token, 8 KB for V4-Flash):
+small next to x's two passes.
 
 `hc_post_invariant`: hc_post's elements are sums over j in a fixed order whatever the tile, but
 its BLOCK_T follows T, and calls with other T would run other compiled kernels whose FMA
@@ -73,7 +75,9 @@ from deepinfer_ascend.kernels.common import Registration, launch_options, tile_e
 
 _INT32_LIMIT = 2**31
 _BLOCK_T = 4  # tokens per hc_pre tile (fixed: a token's numbers do not depend on the batch)
-_SEG = 1024  # reduction segment: the unit of the split launch
+_SEG = 1024  # the fused launch's reduction segment
+_SPLIT_SEG = 256  # the split launch's: one (token tile, segment) item each, 64 items per tile for K = 16384
+_SPLIT_MAX_SEGMENTS = 64  # longer K doubles the split segment: the combine's [BLOCK_T, segments, W_PAD] block stays 32 KB
 _MIX_BYTES_PER_ELEM = 12
 _COLLAPSE_BYTES_PER_ELEM = 16
 _POST_BYTES_PER_ELEM = 16
@@ -111,24 +115,23 @@ def _segment_partial(
 @triton.jit
 def _hc_pre_mix_kernel(
     x_ptr, fn_ptr, part_ptr, part_ss_ptr,
-    T, K, seg_per_split, n_splits, stride_t, stride_fn,
+    T, K, n_seg, stride_t, stride_fn,
     W: tl.constexpr, BLOCK_T: tl.constexpr, W_PAD: tl.constexpr, BLOCK_K: tl.constexpr, SEG: tl.constexpr, EVEN_K: tl.constexpr,
 ):
+    """(token tile, segment) items: each segment's partial at row t * n_seg + seg of part [T, n_seg, W_PAD], part_ss [T, n_seg]."""
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
-    n_items = tl.cdiv(T, BLOCK_T) * n_splits
-    n_seg = tl.cdiv(K, SEG)
+    n_items = tl.cdiv(T, BLOCK_T) * n_seg
     w = tl.arange(0, W_PAD)
     for item in range(pid, n_items, nprog):
-        toks = (item // n_splits) * BLOCK_T + tl.arange(0, BLOCK_T)
+        toks = (item // n_seg) * BLOCK_T + tl.arange(0, BLOCK_T)
         t_ok = toks < T
-        seg0 = (item % n_splits) * seg_per_split
-        for seg in range(seg0, tl.minimum(seg0 + seg_per_split, n_seg)):
-            k_lo = seg * SEG
-            acc, ss = _segment_partial(x_ptr, fn_ptr, toks, t_ok, stride_t, stride_fn, k_lo, tl.minimum(k_lo + SEG, K), W, BLOCK_T, W_PAD, BLOCK_K, EVEN_K)
-            row = seg * T + toks
-            tl.store(part_ptr + row[:, None] * W_PAD + w[None, :], acc, mask=t_ok[:, None])
-            tl.store(part_ss_ptr + row, ss, mask=t_ok)
+        seg = item % n_seg
+        k_lo = seg * SEG
+        acc, ss = _segment_partial(x_ptr, fn_ptr, toks, t_ok, stride_t, stride_fn, k_lo, tl.minimum(k_lo + SEG, K), W, BLOCK_T, W_PAD, BLOCK_K, EVEN_K)
+        row = toks * n_seg + seg
+        tl.store(part_ptr + row[:, None] * W_PAD + w[None, :], acc, mask=t_ok[:, None])
+        tl.store(part_ss_ptr + row, ss, mask=t_ok)
 
 
 @triton.jit
@@ -166,17 +169,18 @@ def _mixings(
 def _hc_pre_kernel(
     x_ptr, fn_ptr, base_ptr, scale_ptr, part_ptr, part_ss_ptr,
     out_ptr, post_ptr, comb_ptr,
-    T, D, d_per_split, n_splits, stride_t, stride_fn, stride_out,
+    T, D, n_seg, d_per_split, n_splits, stride_t, stride_fn, stride_out,
     norm_eps, hc_eps, sinkhorn_iters,
     FUSED: tl.constexpr, N: tl.constexpr,
     BLOCK_T: tl.constexpr, W_PAD: tl.constexpr, N_PAD: tl.constexpr, BLOCK_K: tl.constexpr, SEG: tl.constexpr, EVEN_K: tl.constexpr, BLOCK_D: tl.constexpr,
+    SEG_PAD: tl.constexpr,
 ):
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     n_items = tl.cdiv(T, BLOCK_T) * n_splits
     K = N * D
-    n_seg = tl.cdiv(K, SEG)
     w = tl.arange(0, W_PAD)
+    s = tl.arange(0, SEG_PAD)
     n = tl.arange(0, N_PAD)
     n_ok = n < N
     nn_ok = (n_ok[:, None] & n_ok[None, :])[None, :, :]
@@ -186,20 +190,21 @@ def _hc_pre_kernel(
         toks = (item // n_splits) * BLOCK_T + tl.arange(0, BLOCK_T)
         t_ok = toks < T
         split = item % n_splits
-        acc = tl.zeros([BLOCK_T, W_PAD], tl.float32)
-        ss = tl.zeros([BLOCK_T], tl.float32)
-        for seg in range(0, n_seg):
-            if FUSED:
+        if FUSED:  # the segments in order
+            acc = tl.zeros([BLOCK_T, W_PAD], tl.float32)
+            ss = tl.zeros([BLOCK_T], tl.float32)
+            for seg in range(0, tl.cdiv(K, SEG)):
                 k_lo = seg * SEG
                 seg_acc, seg_ss = _segment_partial(
                     x_ptr, fn_ptr, toks, t_ok, stride_t, stride_fn, k_lo, tl.minimum(k_lo + SEG, K), (2 + N) * N, BLOCK_T, W_PAD, BLOCK_K, EVEN_K
                 )
-            else:
-                row = seg * T + toks
-                seg_acc = tl.load(part_ptr + row[:, None] * W_PAD + w[None, :], mask=t_ok[:, None], other=0.0)
-                seg_ss = tl.load(part_ss_ptr + row, mask=t_ok, other=0.0)
-            acc += seg_acc
-            ss += seg_ss
+                acc += seg_acc
+                ss += seg_ss
+        else:  # the tile's partials as one block [BLOCK_T, SEG_PAD, W_PAD], summed over the segments at once
+            rows = toks[:, None] * n_seg + s[None, :]
+            r_ok = t_ok[:, None] & (s < n_seg)[None, :]
+            acc = tl.sum(tl.load(part_ptr + rows[:, :, None] * W_PAD + w[None, None, :], mask=r_ok[:, :, None], other=0.0), axis=1)
+            ss = tl.sum(tl.load(part_ss_ptr + rows, mask=r_ok, other=0.0), axis=1)
         pre, post, comb = _mixings(acc, ss, base_ptr, scale_ptr, K, norm_eps, hc_eps, sinkhorn_iters, N, BLOCK_T, W_PAD, N_PAD)
         if split == 0:
             tl.store(post_ptr + toks[:, None] * N + n[None, :], post, mask=t_ok[:, None] & n_ok[None, :])
@@ -242,11 +247,11 @@ def hc_pre_invariant(
 
 
 def _hc_pre(x, fn, base, scale, norm_eps, hc_eps, sinkhorn_iters, invariant):
-    """invariant: the split launch for every T (the fused one only where K is one segment)."""
+    """invariant: the split launch for every T."""
     hc_ops.check_hc_pre_shapes(x, fn, base, scale)
     T, N, D = x.shape
     K, W = N * D, (2 + N) * N
-    if x.dtype == torch.float64 or T == 0 or D == 0 or x.numel() >= _INT32_LIMIT or T * next_power_of_2(W) * cdiv(K, _SEG) >= _INT32_LIMIT:
+    if x.dtype == torch.float64 or T == 0 or D == 0 or x.numel() >= _INT32_LIMIT or T * next_power_of_2(W) * cdiv(K, _SPLIT_SEG) >= _INT32_LIMIT:
         return hc_ops.hc_pre(x, fn, base, scale, norm_eps=norm_eps, hc_eps=hc_eps, sinkhorn_iters=sinkhorn_iters)
     if x.stride(2) != 1 or x.stride(1) != D:
         x = x.contiguous()
@@ -256,35 +261,33 @@ def _hc_pre(x, fn, base, scale, norm_eps, hc_eps, sinkhorn_iters, invariant):
     post = torch.empty(T, N, dtype=torch.float32, device=x.device)
     comb = torch.empty(T, N, N, dtype=torch.float32, device=x.device)
     w_pad, n_pad = next_power_of_2(W), next_power_of_2(N)
-    # the interpreter pays per operation, not per element (and has no buffer limit): whole segments
-    block_k = _SEG if interpreting() else max(8, min(_SEG, tile_elems(_MIX_BYTES_PER_ELEM) // (_BLOCK_T * w_pad)))
-    block_d = max(8, min(next_power_of_2(D), _INTERP_BLOCK_D if interpreting() else tile_elems(_COLLAPSE_BYTES_PER_ELEM) // (_BLOCK_T * n_pad)))
     tiles = cdiv(T, _BLOCK_T)
-    segments = cdiv(K, _SEG)
     cores = current().num_vectorcore
-    common = dict(BLOCK_T=_BLOCK_T, W_PAD=w_pad, BLOCK_K=block_k, SEG=_SEG, EVEN_K=K % _SEG == 0)
-    fused = segments == 1 or (tiles >= cores and not invariant)
+    fused = not invariant and (K <= _SEG or tiles >= cores)
+    seg = _SEG if fused else _SPLIT_SEG
+    while not fused and cdiv(K, seg) > _SPLIT_MAX_SEGMENTS:  # a fact of the model
+        seg *= 2
+    n_seg = cdiv(K, seg)
+    # the interpreter pays per operation, not per element (and has no buffer limit): whole segments
+    block_k = seg if interpreting() else max(8, min(seg, tile_elems(_MIX_BYTES_PER_ELEM) // (_BLOCK_T * w_pad)))
+    block_d = max(8, min(next_power_of_2(D), _INTERP_BLOCK_D if interpreting() else tile_elems(_COLLAPSE_BYTES_PER_ELEM) // (_BLOCK_T * n_pad)))
+    common = dict(BLOCK_T=_BLOCK_T, W_PAD=w_pad, BLOCK_K=block_k, SEG=seg, EVEN_K=K % seg == 0)
     if fused:
         part = part_ss = post  # unused
         d_splits, d_per_split = 1, D
     else:
-        splits = min(segments, cdiv(cores, tiles))
-        seg_per_split = cdiv(segments, splits)
-        splits = cdiv(segments, seg_per_split)
-        part = torch.empty(segments, T, w_pad, dtype=torch.float32, device=x.device)
-        part_ss = torch.empty(segments, T, dtype=torch.float32, device=x.device)
-        _hc_pre_mix_kernel[(vector_grid(tiles * splits),)](
-            x, fn, part, part_ss, T, K, seg_per_split, splits, x.stride(0), fn.stride(0), W=W, **common, **launch_options()
-        )
+        part = torch.empty(T, n_seg, w_pad, dtype=torch.float32, device=x.device)
+        part_ss = torch.empty(T, n_seg, dtype=torch.float32, device=x.device)
+        _hc_pre_mix_kernel[(vector_grid(tiles * n_seg),)](x, fn, part, part_ss, T, K, n_seg, x.stride(0), fn.stride(0), W=W, **common, **launch_options())
         # every D range repeats the mixings (cheap on the device; the interpreter pays per call: two)
         d_splits = max(1, min(cdiv(cores, tiles), cdiv(D, block_d), 2 if interpreting() else D))
         d_per_split = cdiv(cdiv(D, d_splits), block_d) * block_d
         d_splits = cdiv(D, d_per_split)
     _hc_pre_kernel[(vector_grid(tiles * d_splits),)](
         x, fn, base, scale, part, part_ss, out, post, comb,
-        T, D, d_per_split, d_splits, x.stride(0), fn.stride(0), out.stride(0),
+        T, D, n_seg, d_per_split, d_splits, x.stride(0), fn.stride(0), out.stride(0),
         float(norm_eps), float(hc_eps), int(sinkhorn_iters),
-        FUSED=fused, N=N, N_PAD=n_pad, BLOCK_D=block_d, **common, **launch_options(),
+        FUSED=fused, N=N, N_PAD=n_pad, BLOCK_D=block_d, SEG_PAD=1 if fused else next_power_of_2(n_seg), **common, **launch_options(),
     )
     return out, post, comb
 
