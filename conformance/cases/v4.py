@@ -383,10 +383,13 @@ RECIPES = [
     # Early in the sequences: no window complete yet, so no entry at all (E = 0).
     ("indexer_topk", "no_complete_window_b2_h64_d128", partial(indexer_topk_inputs, seqs=[(0, 2), (1, 1)], top_k=32)),
     ("indexer_topk", "ratio4_b2_h64_d128_top64_long", partial(indexer_topk_inputs, seqs=[(1000, 2), (511, 1)], top_k=64)),
-    # hc_pre: one decode token whose streams span 9 reduction segments (the split launch's uneven split) and, under
-    # the interpreter, two collapse splits, the second partial: 2 streams of 4608, whose mixing weights are a third of
-    # 4 streams' (V4-Flash's 4 x 4096 is `deepinfer bench ops`' size); V4's 4 streams at smaller widths, one Sinkhorn round.
+    # hc_pre: one decode token whose streams span many split segments (72 of 128 on cuda, 36 of 256 on ascend; the
+    # combine's tile padded to a power of two) and, under the interpreter, two collapse splits, the second partial:
+    # 2 streams of 4608, whose mixing weights are a third of 4 streams' (V4-Flash's 4 x 4096 is `deepinfer bench ops`'
+    # size); one decode token whose last split segment is partial (K = 4200); V4's 4 streams at smaller widths, one
+    # Sinkhorn round.
     ("hc_pre", "t1_n2_d4608_sinkhorn20", partial(hc_pre_inputs, tokens=1, streams=2, dim=4608)),
+    ("hc_pre", "t1_n2_d2100_partial_segment", partial(hc_pre_inputs, tokens=1, streams=2, dim=2100)),
     ("hc_pre", "t7_n4_d64_sinkhorn20", partial(hc_pre_inputs, tokens=7, dim=64)),
     ("hc_pre", "t5_n4_d512_sinkhorn1", partial(hc_pre_inputs, tokens=5, dim=512, sinkhorn_iters=1)),
     # A deep layer's streams: one large hidden state (x100) shared with 10% deviations, peaky mixings.
