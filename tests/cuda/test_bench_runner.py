@@ -109,7 +109,7 @@ def _by_case(result):
     return {r["case"]: r for r in result["results"]}
 
 
-BENCH_MODULES = ["attention_decode", "attention_prefill", "gemm", "moe", "sampling", "misc", "v4_attention", "v4_misc"]  # in TABLE_ORDER
+BENCH_MODULES = ["attention_decode", "attention_prefill", "gemm", "quant_act", "moe", "sampling", "misc", "v4_attention", "v4_misc"]  # in TABLE_ORDER
 
 
 def test_the_runner_finds_the_bench_modules_by_iterating_its_package():
@@ -311,6 +311,17 @@ def test_the_misc_cases_are_well_formed():
     assert {c.op for c in misc.CASES} == {"rms_norm", "silu_and_mul", "rope"} <= set(all_ops())
     assert all(c.peer is not None and c.bound == "memory" for c in misc.CASES)
     assert {c.name for c in misc.CASES if getattr(c, "graph", False)} >= {"T64_D7168_bf16_residual", "T64_I2048_bf16"}
+
+
+def test_the_quantiser_cases_are_well_formed_and_counted_by_hand():
+    from deepinfer.ops import quant
+    from deepinfer_cuda.bench import quant_act
+
+    assert {(c.op, c.name.split()[3]) for c in quant_act.CASES} == {("linear", "M1"), ("linear", "M64")}
+    assert all(c.graph and c.bound == "memory" for c in quant_act.CASES)
+    s = quant_act._setup(3, 300)(torch.device("cpu"))
+    assert all(torch.equal(a, b) for a, b in zip(quant_act._peer(s), quant.quantize_act_fp8(s["x"])))
+    assert quant_act._bytes(s) == 3 * 300 * 2 + 3 * 300 + 3 * 3 * 4  # bf16 read, e4m3 written, 3 groups of scales a row
 
 
 # ---------------------------------------------------------------------------------------------- CLI

@@ -24,7 +24,7 @@ def test_cases_are_well_formed(module):
     for case in module.CASES:
         assert case.peer is not None and case.peer_name and case.bound in ("memory", "compute")
         assert all(callable(f) for f in (case.setup, case.kernel, case.peer, case.bytes, case.flops))
-        assert getattr(case, "graph", False) == ("decode" in case.name or case.name.startswith(("T1_", "T64_"))), case.name
+        assert getattr(case, "graph", False) == ("decode" in case.name or case.name.startswith(("T1_", "T16_", "T64_"))), case.name
 
 
 def test_the_cases_cover_v4_flash_sizes():
@@ -35,8 +35,8 @@ def test_the_cases_cover_v4_flash_sizes():
     for ctx in (4, 32, 64):
         assert ("indexer_topk", f"decode_B64_ctx{ctx}k_H64_D128_top512_bf16") in names
     assert {n for op, n in names if op == "compress_kv"} >= {"decode_B256_CSA_r4_overlap_D512_f32", "prefill_T8192_HCA_r128_D512_f32"}
-    for op in ("hc_pre", "hc_post"):
-        assert {n for o, n in names if o == op} == {f"T{t}_N4_D4096_bf16" for t in (1, 64, 1024, 8192)}
+    for op, tokens in (("hc_pre", (1, 16, 64, 1024, 8192)), ("hc_post", (1, 64, 1024, 8192))):
+        assert {n for o, n in names if o == op} == {f"T{t}_N4_D4096_bf16" for t in tokens}
     assert {c.name.split("_")[0] for c in v4_misc.CASES if c.op == "clamped_silu_and_mul"} == {"T384", "T1536", "T49152"}
     prefills = {(c.op, c.bound) for c in v4_attention.CASES if c.name.startswith("prefill")}
     assert prefills == {("sparse_attention", "compute"), ("compress_kv", "memory"), ("indexer_topk", "compute")}

@@ -1,8 +1,8 @@
 """Benchmarks of DeepSeek-V4's hyper-connections and clipped SwiGLU at V4-Flash sizes: hc_pre, hc_post, clamped_silu_and_mul.
 
 hc_pre / hc_post: N = 4 residual streams of D = 4096 per token (bf16), the mixing projection fn
-[(2+N)N = 24, N*D = 16384] float32, 20 Sinkhorn iterations; T = 1, 64 (decode batches), 1024 and
-8192 tokens (prefill chunks).
+[(2+N)N = 24, N*D = 16384] float32, 20 Sinkhorn iterations; T = 1, 16 and 64 (decode batches; hc_post
+1 and 64), 1024 and 8192 tokens (prefill chunks).
   - hc_pre bytes: x read once, fn / base / scale read once, the layer input (bf16) and post / comb
     (float32) written. Flops: 2 * T * N*D * (24 + 2) (the projection, the sum of squares and the
     collapse), the Sinkhorn iterations' few hundred per token left out. About 21 flop/byte at any T
@@ -156,7 +156,7 @@ def _case(tokens: int):
 
 
 CASES = [
-    *[_case(t)("hc_pre", f"T{t}_N4_D4096_bf16", _hc_setup(t), *HC_PRE) for t in (1, 64, 1024, 8192)],
+    *[_case(t)("hc_pre", f"T{t}_N4_D4096_bf16", _hc_setup(t), *HC_PRE) for t in (1, 16, 64, 1024, 8192)],
     *[_case(t)("hc_post", f"T{t}_N4_D4096_bf16", _hc_setup(t), *HC_POST) for t in (1, 64, 1024, 8192)],
     GraphCase("clamped_silu_and_mul", "T384_I2048_bf16_decode_B64_top6", _act_setup(384), *ACT),
     GraphCase("clamped_silu_and_mul", "T1536_I2048_bf16_decode_B256_top6", _act_setup(1536), *ACT),
