@@ -21,19 +21,18 @@ across lanes at the segment's end). Two launch shapes:
   * fused (at least one 32-token tile per SM, i.e. prefill, or K within one 1024-wide segment):
     grid (token tiles,), `_hc_pre_kernel` does the projection over all segments (SEG = 1024, added
     in order), the mixings, and the collapse.
-  * split (decode and mid-size batches; deterministic mode at every T). The fused shape gives one
-    program per token tile, and at T = 1 its 16 programs (one per 1024-wide segment in the old
-    split) each streamed 1024 x 24 fn values through 16 dependent chunk steps. The split launch
-    spreads the product instead: `_hc_pre_mix_kernel`, grid (16-token tiles, segments of SEG = 128),
-    one segment per program (128 programs per tile for K = 16384: a whole H100 at T = 1, two chunk
-    steps each), stores the segment's partial products and sum of squares (float32 [T, segments,
-    W_PAD] and [T, segments]); `_hc_pre_combine_kernel`, grid (tokens, D splits), loads all of a
-    token's partials as ONE [segments, W_PAD] tile (16 KB for V4-Flash, every load in flight at
-    once rather than one dependent load per segment), sums them with one tl.sum, computes the
-    mixings (repeated in every D split: a few hundred operations), stores post/comb from the first
-    split and collapses its share of D in 512-wide steps. SEG doubles for K past 256 segments (a
-    fact of the model). Partials are float64 for float64 x; at most 4096 tokens run per mix +
-    combine pair (the partials stay under 64 MB for V4-Flash).
+  * split (decode and mid-size batches; deterministic mode at every T): one program per token
+    tile would leave most SMs idle while each streams all of fn through K / 64 dependent chunk
+    steps, so the product is spread over segments instead. `_hc_pre_mix_kernel`, grid (16-token
+    tiles, segments of SEG = 128), one segment per program (128 programs per tile for K = 16384: a
+    whole H100 at T = 1, two chunk steps each), stores the segment's partial products and sum of
+    squares (float32 [T, segments, W_PAD] and [T, segments]); `_hc_pre_combine_kernel`, grid
+    (tokens, D splits), loads all of a token's partials as ONE [segments, W_PAD] tile (16 KB for
+    V4-Flash: every load in flight at once, not one dependent load per segment), sums them with one
+    tl.sum, computes the mixings (repeated in every D split: a few hundred operations), stores
+    post/comb from the first split and collapses its share of D in 512-wide steps. SEG doubles for
+    K past 256 segments (a fact of the model). Partials are float64 for float64 x; at most 4096
+    tokens run per mix + combine pair (the partials stay under 64 MB for V4-Flash).
 
 The two shapes sum in different orders (the split's segments by a tl.sum tree), so their numbers
 differ in the last bits; each is deterministic run to run.
