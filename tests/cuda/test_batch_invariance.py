@@ -173,8 +173,9 @@ def test_hc_post(reg, dtype):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_hc_pre(reg, dtype):
-    # K = 4 x 512 = 2 segments. Under the interpreter the default kernel takes the fused launch from
-    # 64 tokens on (4 "SMs" x 16-token tiles), the split one below: 70 tokens cross it.
+    # K = 4 x 512: 16 split segments of 128 (2 fused ones of 1024). Under the interpreter the default kernel
+    # takes the fused launch from 64 tokens on (4 "SMs" x 16-token tiles), the split one below: 70 tokens
+    # cross it; the invariant kernel takes the split launch at every T.
     fn, g = kernel(reg, "hc_pre", dtype), gen(6)
     N, D, W = 4, 512, 24
     kw = {"fn": randn(g, W, N * D, scale=(N * D) ** -0.5), "base": randn(g, W, scale=0.5), "scale": torch.tensor([0.5, 0.4, 1.1]),
