@@ -257,17 +257,23 @@ def split_partial(acc, m_i, l_i, BASE2: tl.constexpr):
 
 
 @triton.jit
-def merge_split_columns(lse_row, po_row, stride_pl_split, stride_po_split, num_splits, offs_c, c_ok, CHUNK: tl.constexpr, BASE2: tl.constexpr):
+def merge_split_columns(
+    lse_row, po_row, stride_pl_split, stride_po_split, num_splits, offs_c, c_ok, CHUNK: tl.constexpr, BASE2: tl.constexpr, sink=0.0,
+    HAS_SINK: tl.constexpr = False,
+):
     """One query row's output at columns offs_c from every split's normalised partial (po_row +
     k * stride_po_split) and log-sum-exp (lse_row + k * stride_pl_split): CHUNK splits a load (one
     [CHUNK, columns] tile, the loads in flight together), summed as a tree within each chunk and chunk
     after chunk, so the bits depend on the split count. A split that saw no key has lse -inf: weight 0.
-    The wide combines of the split-KV attention kernels."""
+    HAS_SINK: `sink` (a logit in the lse's domain) joins the normaliser without a value (attention
+    sinks). The wide combines of the split-KV attention kernels."""
     offs_k = tl.arange(0, CHUNK)
     top = tl.full([CHUNK], float("-inf"), dtype=tl.float32)
     for k0 in range(0, num_splits, CHUNK):  # the largest lse first: no weight overflows, none is rescaled
         top = tl.maximum(top, tl.load(lse_row + (k0 + offs_k) * stride_pl_split, mask=k0 + offs_k < num_splits, other=float("-inf")))
     top_all = tl.max(top, axis=0)
+    if HAS_SINK:
+        top_all = tl.maximum(top_all, sink)
     top_all = tl.where(top_all == float("-inf"), 0.0, top_all)
     denom = tl.zeros([CHUNK], dtype=tl.float32)
     acc = tl.zeros(offs_c.shape, dtype=tl.float32)
@@ -282,6 +288,11 @@ def merge_split_columns(lse_row, po_row, stride_pl_split, stride_po_split, num_s
         denom += w
         acc += tl.sum(w[:, None] * part, axis=0)
     total = tl.sum(denom, axis=0)
+    if HAS_SINK:
+        if BASE2:
+            total += tl.exp2(sink - top_all)
+        else:
+            total += tl.exp(sink - top_all)
     return acc / tl.where(total > 0.0, total, 1.0)
 
 

@@ -413,8 +413,9 @@ def _compile_variants():
     kv_base = dict(C=48, R=16, BLOCK_C=64, BLOCK_R=16, PAGE=128, MANUAL_RNE=False, FP8=False)
     kv_fp8_ptrs = {**kv_ptrs, "cache_ptr": "*u8", "scale_ptr": "*fp32"}
     sa_ptrs = {n: "*bf16" for n in ("q_ptr", "kv_ptr", "kv_scale_ptr", "xkv_ptr", "xkv_scale_ptr", "out_ptr")}
-    sa_ptrs.update(idx_ptr="*i32", xidx_ptr="*i32", sinks_ptr="*fp32", part_out_ptr="*fp32", part_lse_ptr="*fp32")
-    sa_base = dict(H=8, D=48, HEAD_BLOCKS=1, BLOCK_H=16, BLOCK_N=16, BLOCK_D=64, Q_CHUNK=0, HAS_EXTRA=True, DIRECT=True, DOT_F32=False, DOT_PRECISION=None)
+    sa_ptrs.update(idx_ptr="*i32", xidx_ptr="*i32", xlen_ptr="*i32", sinks_ptr="*fp32", part_out_ptr="*fp32", part_lse_ptr="*fp32")
+    sa_base = dict(H=8, D=48, HEAD_BLOCKS=1, BLOCK_H=16, BLOCK_N=16, BLOCK_D=64, Q_CHUNK=0, HAS_EXTRA=True, HAS_LENGTHS=False, DIRECT=True, DOT_F32=False,
+                   DOT_PRECISION=None)  # fmt: skip
     sa_base.update(IDX64=False, FP8=False, XFP8=False, PARTS=False)
     sa_fp8 = {**sa_base, "BLOCK_D": 128, "Q_CHUNK": 32, "PARTS": True}
     sa_fp8_kv_ptrs = {**sa_ptrs, "kv_ptr": "*u8", "kv_scale_ptr": "*fp32"}
@@ -448,6 +449,9 @@ def _compile_variants():
         ("kv_write_fp8_idx64", kvw._kv_cache_write_kernel, kv_fp8_ptrs, {**kv_base, "BLOCK_R": 32, "IDX64": True, "FP8": True}),
         ("sparse_resident", sa._sparse_attention_kernel, sa_ptrs, sa_base),
         ("sparse_fp8_kv_plain_extra_split", sa._sparse_attention_kernel, sa_fp8_kv_ptrs, {**sa_fp8, "FP8": True, "DIRECT": False}),
+        ("sparse_lengths_split", sa._sparse_attention_kernel, sa_ptrs, {**sa_base, "HAS_LENGTHS": True, "DIRECT": False}),
+        ("sparse_fp8_lengths_split", sa._sparse_attention_kernel, sa_fp8_both_ptrs,
+         {**sa_fp8, "FP8": True, "XFP8": True, "HAS_LENGTHS": True, "DIRECT": False}),
         ("sparse_fp8_both_idx64", sa._sparse_attention_kernel, sa_fp8_both_ptrs, {**sa_fp8, "FP8": True, "XFP8": True, "IDX64": True}),
         ("indexer_scores", ix._indexer_scores_kernel, ix_ptrs, ix_base),
         ("indexer_scores_fp8_idx64", ix._indexer_scores_kernel, ix_fp8_ptrs, {**ix_base, "FP8": True, "IDX64": True}),
