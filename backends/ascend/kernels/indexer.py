@@ -1,8 +1,8 @@
 """Ascend Triton kernels: indexer_topk (DeepSeek-V4's Lightning Indexer: each query's top_k compressed entries).
 
 score(t, e) = sum_h weights[t, h] * relu(q[t, h] . keys[entry_rows[seq(t), e]]) over the entries
-e < num_visible[t]; the result is the top_k entry ids by score, equal scores lowest id first, -1
-past the visible ones (deepinfer.ops.indexer.indexer_topk). Two steps, no host synchronisation:
+e < num_visible[t]; the result is the rows entry_rows[seq(t), e] of the top_k entries e by score,
+equal scores lowest id first, -1 past the visible ones (deepinfer.ops.indexer.indexer_topk). Two steps, no host synchronisation:
 
 Scores (`_indexer_scores_kernel`): persistent cube grid, `cube_grid(items)` programs over
 (query, entry block) items, entry block fastest (the blocks of one query run on neighbouring
@@ -21,8 +21,8 @@ apply the reference's rule (`_top_ids_lowest_first`): every score > kth is taken
 room = k - #(topk values > kth) finite scores == kth in id order. `_indexer_count_kernel` counts
 each chunk's scores > kth and == kth; `_indexer_select_kernel` sums the counts of the chunks
 before its own (the ids taken before it: above + min(ties, room)), ranks its ties and its taken
-ids with tl.cumsum and stores the taken ids at their ranks: each row comes out compacted in
-ascending id order (as the reference's does), -1 after the last (written by chunk 0's item).
+ids with tl.cumsum and stores the taken ids' entry rows at their ranks: each row comes out compacted
+in ascending id order (as the reference's does), -1 after the last (written by chunk 0's item).
 Chunks rather than one item per query: a decode step has few queries over up to 256k entries, and
 every vector core takes part. torch glue rather than an in-kernel radix select: topk is one tuned
 library call, and since kth is an element's exact value the tie rule is reproduced bit for bit by
@@ -176,16 +176,17 @@ def _indexer_count_kernel(
 
 @triton.jit
 def _indexer_select_kernel(
-    scores_ptr, topv_ptr, counts_ptr, out_ptr,
+    scores_ptr, topv_ptr, counts_ptr, out_ptr, rows_ptr, seq_ptr,
     T, E, K, TOP_K, n_chunks,
-    stride_s, stride_v, stride_c, stride_o,
+    stride_s, stride_v, stride_c, stride_o, stride_rb,
     BLOCK: tl.constexpr,
     BLOCK_K: tl.constexpr,
     BLOCK_C: tl.constexpr,
     IDX64: tl.constexpr,
 ):
     """Per (query, chunk) item: the chunk's taken ids (every score > kth, and the ties while the
-    first `room` ties of the row in id order last), at their ranks in the row's ascending id list."""
+    first `room` ties of the row in id order last), as their entry rows at their ranks in the row's
+    ascending id list."""
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     offs = tl.arange(0, BLOCK)
@@ -210,7 +211,11 @@ def _indexer_select_kernel(
         take = (s > kth) | ((tied != 0) & (tied_before + tl.cumsum(tied, axis=0) <= room))
         pos = taken_before + tl.cumsum(take.to(tl.int32), axis=0) - 1
         out_row = out_ptr + t * stride_o
-        tl.store(out_row + pos, e, mask=take)
+        if IDX64:
+            table_row = rows_ptr + tl.load(seq_ptr + t).to(tl.int64) * stride_rb
+        else:
+            table_row = rows_ptr + tl.load(seq_ptr + t) * stride_rb
+        tl.store(out_row + pos, tl.load(table_row + e, mask=take, other=-1), mask=take)
         if c == 0:  # -1 after the row's last taken id
             taken = tl.sum(above_c, axis=0) + tl.minimum(tl.sum(tied_c, axis=0), room)
             for p0 in range(0, TOP_K, BLOCK_K):
@@ -299,9 +304,9 @@ def indexer_topk(
     )
     out = torch.empty(tokens, top_k, dtype=torch.int32, device=q.device)
     _indexer_select_kernel[(vector_grid(items),)](
-        scores, top, counts, out,
+        scores, top, counts, out, entry_rows, token_seq,
         tokens, max_entries, k, top_k, n_chunks,
-        scores.stride(0), top.stride(0), counts.stride(0), out.stride(0),
+        scores.stride(0), top.stride(0), counts.stride(0), out.stride(0), entry_rows.stride(0),
         BLOCK=block, BLOCK_K=block_k, BLOCK_C=max(8, next_power_of_2(n_chunks)), IDX64=idx64,
         **launch_options(),
     )

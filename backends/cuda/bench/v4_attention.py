@@ -287,7 +287,8 @@ def _indexer_peer(s: dict) -> torch.Tensor:
         scores[lo : lo + step] = (torch.relu(logits) * weights[lo : lo + step, :, None]).sum(dim=1)
     visible = torch.arange(entries, device=q.device)[None, :] < s["num_visible"].long()[:, None]
     out = torch.full((tokens, TOP_K), -1, dtype=torch.int32, device=q.device)
-    out[:, : min(TOP_K, entries)] = _top_ids_lowest_first(scores.masked_fill(~visible, float("-inf")), min(TOP_K, entries)).to(torch.int32)
+    ids = _top_ids_lowest_first(scores.masked_fill(~visible, float("-inf")), min(TOP_K, entries))
+    out[:, : min(TOP_K, entries)] = torch.where(ids >= 0, rows.long()[s["token_seq"].long()[:, None], ids.clamp(min=0)], -1).to(torch.int32)
     return out
 
 

@@ -113,13 +113,7 @@ class V4Attention:
         iq = _rotate_tail(ops, iq, self.rope_dim, step.positions, cos_sin)
         weights = self.index_weights(ops, x).float() * self.index_scale
         keys = cache.indexer.pool.flatten(0, 1)
-        ids = ops.indexer_topk(iq, weights, keys, plan.entry_rows, step.token_seq, plan.num_visible, top_k=c.index_topk)
-        width = plan.entry_rows.shape[1]
-        if width == 0:
-            return ids
-        # The selected entries' rows, read from the flat table: no [T, E] copy of each token's sequence's table.
-        rows = plan.entry_rows.reshape(-1)[step.token_seq.long()[:, None] * width + ids.long().clamp(min=0)]
-        return torch.where(ids >= 0, rows, torch.full_like(rows, -1))
+        return ops.indexer_topk(iq, weights, keys, plan.entry_rows, step.token_seq, plan.num_visible, top_k=c.index_topk)
 
     def _project(self, ops, out: torch.Tensor) -> torch.Tensor:
         tokens, groups = out.shape[0], self.config.o_groups
