@@ -150,7 +150,7 @@ def test_the_decode_plan_fills_the_gpu_for_one_query(sa, monkeypatch):
     # and the 512 selected entries (80 programs, each one row block), where 20 programs took 2 blocks.
     monkeypatch.setattr(sa, "num_sms", lambda device: 132)
     cfg = sa.plan(1, 64, 128, 512, False, torch.device("cpu"))
-    assert (cfg["BLOCK_H"], cfg["BLOCK_N"], cfg["head_blocks"], cfg["num_splits"]) == (16, 32, 4, 20)
+    assert (cfg["BLOCK_H"], cfg["BLOCK_N"], cfg["head_blocks"], cfg["num_splits"], cfg["num_warps"]) == (16, 32, 4, 20, 8)
     assert sa.plan(1, 64, 128, 512, False, torch.device("cpu"), invariant=True)["num_splits"] == 1
     big = sa.plan(256, 64, 128, 512, False, torch.device("cpu"))
     assert (big["BLOCK_H"], big["num_splits"]) == (64, 1)

@@ -19,8 +19,8 @@ sequences under one E, and a decode plan's E is E_max). Heads and D are padded t
 add exactly 0 (relu(0) * 0); D is one tile (V4: 128). bfloat16 / float16 products are exact in
 float32, so the scores differ from the reference's only by the order of the float32 sums.
 
-Selection (`_indexer_select_kernel`, one launch when a row fits a chunk of 16384 entries: V4-Flash
-decode up to 64k tokens of context): a program holds a row's visible scores in registers as int32
+Selection (`_indexer_select_kernel`, one launch when a row fits a chunk of 8192 entries: V4-Flash
+decode up to 32k tokens of context; two up to 1M): a program holds a row's visible scores in registers as int32
 order keys (the float's bits, negatives' magnitude bits flipped: integer order = float order, -0.0
 folded into +0.0) and finds the k-th largest key exactly, bit by bit (32 counts of the row: the
 largest x with #(keys >= x) >= k), then applies the reference's rule (`_top_ids_lowest_first`):
@@ -68,8 +68,8 @@ _MAX_BLOCK_T = 16  # queries per scoring program
 _GPU_BLOCK_E = 128  # entries per scoring program on a GPU (fewer for D or heads > 128)
 _GPU_TILE = 128 * 128  # elements of the key tile / the logits tile on a GPU
 _INTERPRET_BLOCK_E = 1024  # under the interpreter: few, large programs
-_GPU_SELECT_CHUNK = 16384  # scores a selection program holds in registers (16 warps: 32 a thread)
-_INTERPRET_SELECT_CHUNK = 16384
+_GPU_SELECT_CHUNK = 8192  # scores a selection program holds in registers (16 warps, 16 a thread: 122 registers on sm90; 16384 spill)
+_INTERPRET_SELECT_CHUNK = 8192
 _MAX_BLOCK_K = 1024  # -1 padding written per step
 
 
@@ -135,9 +135,9 @@ def _indexer_scores_kernel(
                 tl.store(dst, score, mask=offs_e < nv)  # (nothing past num_visible: the selection never reads it)
 
 
-KEY_NONE = -(2**31)  # the order key of no entry (below every score's: it is a NaN's bit pattern)
-KEY_NEG_INF = -2139095041  # the order key of -inf (bits 0xFF800000)
-KEY_POS_INF = 2139095040  # of +inf (0x7F800000)
+KEY_NONE = tl.constexpr(-(2**31))  # the order key of no entry (below every score's: it is a NaN's bit pattern)
+KEY_NEG_INF = tl.constexpr(-2139095041)  # the order key of -inf (bits 0xFF800000)
+KEY_POS_INF = tl.constexpr(2139095040)  # of +inf (0x7F800000)
 
 
 @triton.jit
@@ -192,11 +192,15 @@ def _indexer_select_kernel(
     # every score above kth, then the first `room` scores equal to a finite kth in id order.
     kth = tl.maximum(_kth_key(keys, TOP_K), KEY_NEG_INF)
     above = keys > kth
-    room = TOP_K - tl.sum(above.to(tl.int32), axis=0)
-    tied = ((keys == kth) & (kth != KEY_NEG_INF) & (kth != KEY_POS_INF)).to(tl.int32)
-    take = above | ((tied != 0) & (tl.cumsum(tied, axis=0) <= room))
-    pos = tl.cumsum(take.to(tl.int32), axis=0) - 1
-    taken = tl.sum(take.to(tl.int32), axis=0)
+    tie_key = tl.where((kth == KEY_NEG_INF) | (kth == KEY_POS_INF), KEY_NONE, kth)  # ties count at a finite kth only
+    tied = (keys == tie_key) & (keys != KEY_NONE)
+    # One scan counts both (CHUNK < 2^16): the aboves in the low 16 bits, the ties in the high ones.
+    counts = tl.cumsum(above.to(tl.int32) + (tied.to(tl.int32) << 16), axis=0)
+    room = TOP_K - (tl.max(counts, axis=0) & 0xFFFF)
+    ties_so_far = counts >> 16
+    take = above | (tied & (ties_so_far <= room))
+    pos = (counts & 0xFFFF) + tl.minimum(ties_so_far, room) - 1  # the aboves and the taken ties up to here
+    taken = TOP_K - room + tl.minimum(tl.max(ties_so_far, axis=0), room)
     if LAST:
         out_row = dst_ids_ptr + t * stride_dst
         if ROWS:
@@ -300,6 +304,8 @@ def select_topk(
     tokens, width = scores.shape
     cap = chunk or (_INTERPRET_SELECT_CHUNK if interpreting() else _GPU_SELECT_CHUNK)
     cap = max(cap, 4 * next_power_of_2(top_k))  # each launch keeps at most a quarter of its input
+    if cap >= 1 << 16:
+        raise ValueError(f"indexer_topk's selection takes top_k up to 16384 (its counts are 16-bit), got {top_k}")
     block_k = max(16, min(next_power_of_2(top_k), _MAX_BLOCK_K))
     src, src_ids, first = scores, scores, True
     while True:
@@ -317,7 +323,7 @@ def select_topk(
             width, top_k,
             src.stride(0), dst.stride(0), entry_rows.stride(0) if rows else 0,
             CHUNK=block, FIRST=first, LAST=last, ROWS=rows, BLOCK_K=block_k,
-            num_warps=max(4, min(16, block // 1024)),
+            num_warps=max(4, min(16, block // 512)),
         )
         if last:
             return dst_ids

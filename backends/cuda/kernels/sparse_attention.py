@@ -36,10 +36,11 @@ Tiles (bf16/fp16): BLOCK_D = D rounded up to a power of two (the q block stays r
 - 64 heads, 64 rows, 8 warps once T * cdiv(H, 64) programs fill half the SMs (prefill, large decode
   batches: each row block is read once per token, twice for 128 heads, the second time from L2);
 - a few tokens (16-head programs would leave half the SMs idle: decode of a small batch): 16 heads,
-  32 rows, 4 warps, two programs per SM, and splits down to one row block each, so that T * head
+  32 rows, 8 warps, two programs per SM, and splits down to one row block each, so that T * head
   blocks * splits programs fill the GPU; each program is then a short chain (its ids, its gather,
   two products, its partial) and the rows' re-reads by the other head blocks hit L2;
-- between: 32 heads, 64 rows, 8 warps (4 warps spill the [32, 512] accumulator beside the tile).
+- between: 32 heads, 64 rows (32 with an FP8 cache), 8 warps (4 warps spill the [32, 512]
+  accumulator beside the tile).
 Fewer heads than BLOCK_H are masked rows (tl.dot wants M >= 16). float32 inputs take input_precision
 "ieee" (no tf32 truncation; not on tensor cores) and 16-head, 32-row tiles. Row offsets are int64
 (a flat cache of V4's 512-wide rows passes 2^31 elements at 4M rows), as are the token offsets of
@@ -99,7 +100,7 @@ BLOCK_N_F32 = 32
 BLOCK_N_FEW = 32  # rows per tile when a few tokens run (decode of a small batch): shorter programs, more splits
 NUM_STAGES = 2
 CTAS_PER_SM = 1  # a 32- or 64-head program holds a [BLOCK_H, 512] float32 accumulator: one per SM
-CTAS_PER_SM_FEW = 2  # 16 heads x 32 rows: two programs fit an SM's registers
+CTAS_PER_SM_FEW = 2  # 16 heads x 32 rows, 8 warps: at most 128 registers a thread (sm90, FP8), two programs an SM
 MIN_ROWS_PER_SPLIT = 128  # a split's partial write (BLOCK_H * D * 4 bytes) stays small next to its reads
 MAX_SPLITS = 32
 COMBINE_ELEMS = 4096  # partial elements a combine program loads at once ([splits, columns] float32, 4 warps)
@@ -258,9 +259,10 @@ def _sparse_attention_combine_kernel(
 
 def plan(
     tokens: int, heads: int, width: int, extra_width: int, dot_f32: bool, device: torch.device,
-    num_splits: int | None = None, overrides: dict | None = None, invariant: bool = False,
+    num_splits: int | None = None, overrides: dict | None = None, invariant: bool = False, fp8: bool = False,
 ) -> dict:
-    """Tiles and split count from host-known shapes only (width, extra_width: the lists' K, K2).
+    """Tiles and split count from host-known shapes only (width, extra_width: the lists' K, K2; fp8:
+    a list's cache is FP8, whose tile conversion takes registers).
     `overrides` replaces BLOCK_H / BLOCK_N / num_warps / num_stages / ctas_per_sm (the GPU sweep
     uses it). invariant: one tile and one split for every call (deterministic mode, see the module
     docstring)."""
@@ -271,11 +273,11 @@ def plan(
     if dot_f32:
         block_h, block_n, warps, ctas = BLOCK_H_F32, BLOCK_N_F32, 4, CTAS_PER_SM_FEW if few else CTAS_PER_SM
     elif few:
-        block_h, block_n, warps, ctas = 16, BLOCK_N_FEW, 4, CTAS_PER_SM_FEW  # a few tokens: many short programs
+        block_h, block_n, warps, ctas = 16, BLOCK_N_FEW, 8, CTAS_PER_SM_FEW  # a few tokens: many short programs (4 warps: 255 registers with FP8)
     elif invariant or tokens * cdiv(heads, BLOCK_H_MAX) >= sms // 2:
         block_h, block_n, warps, ctas = BLOCK_H_MAX, BLOCK_N_16, 8, CTAS_PER_SM  # enough programs: each row block read once per token
-    else:
-        block_h, block_n, warps, ctas = 32, BLOCK_N_16, 8, CTAS_PER_SM  # 8 warps: 4 spill a [32, 512] accumulator and [64, 512] tile
+    else:  # 8 warps: 4 spill a [32, 512] accumulator beside a [64, 512] tile; an FP8 tile's conversion spills at 64 rows
+        block_h, block_n, warps, ctas = 32, BLOCK_N_FEW if fp8 else BLOCK_N_16, 8, CTAS_PER_SM
     cfg = {
         "BLOCK_H": min(block_h, max(16, next_power_of_2(heads))), "BLOCK_N": block_n, "num_warps": warps,
         "num_stages": NUM_STAGES, "ctas_per_sm": ctas,
@@ -337,7 +339,7 @@ def launch_sparse_attention(
     xkv, xkv_scales = fp8_views(xkv) if xfp8 else (xkv, xkv)
     dtypes = {q.dtype, *(c.dtype for c, f in ((kv, fp8), (xkv, xfp8)) if not f)}  # (an FP8 tile converts to q's dtype exactly)
     dot_f32 = torch.float32 in dtypes or len(dtypes) > 1
-    cfg = plan(tokens, heads, indices.shape[1], width2, dot_f32, q.device, num_splits, overrides, invariant)
+    cfg = plan(tokens, heads, indices.shape[1], width2, dot_f32, q.device, num_splits, overrides, invariant, fp8 or xfp8)
     splits = cfg["num_splits"]
     direct = splits == 1
     if direct:
