@@ -349,6 +349,44 @@ def from_order_key(k):
     return b.to(tl.float32, bitcast=True)
 
 
+ORDER_KEY_NONE = tl.constexpr(-(2**31))  # below every float's key (it is a NaN's bit pattern): no element
+ORDER_KEY_NEG_INF = tl.constexpr(-2139095041)  # order_key(-inf)
+ORDER_KEY_POS_INF = tl.constexpr(2139095040)  # order_key(+inf)
+
+
+@triton.jit
+def kth_largest_key(keys, k):
+    """The k-th largest of the int32 `keys` (an element's exact key), or ORDER_KEY_NONE when fewer
+    than k keys are above ORDER_KEY_NONE: the largest x with #(keys >= x) >= k, found bit by bit from
+    the top (32 counts of the tile)."""
+    x = tl.full([], -(2**31), tl.int64)
+    for b in tl.static_range(31, -1, -1):
+        cand = x + (1 << b)
+        count = tl.sum((keys >= cand.to(tl.int32)).to(tl.int32), axis=0)
+        x = tl.where(count >= k, cand, x)
+    return x.to(tl.int32)
+
+
+@triton.jit
+def top_k_lowest_first(keys, k):
+    """The top k of a tile of order keys (ORDER_KEY_NONE: no element; fewer than 2^16 of them) by
+    key, equal keys lowest position first, as deepinfer.ops.indexer._top_ids_lowest_first takes them:
+    every key above the k-th largest (-inf's key when fewer than k elements), then the first
+    room = k - #(above) keys equal to a finite k-th. Returns (take mask, each taken element's rank
+    among the taken in position order, the count taken)."""
+    kth = tl.maximum(kth_largest_key(keys, k), ORDER_KEY_NEG_INF)
+    above = keys > kth
+    tie_key = tl.where((kth == ORDER_KEY_NEG_INF) | (kth == ORDER_KEY_POS_INF), ORDER_KEY_NONE, kth)  # ties count at a finite kth only
+    tied = (keys == tie_key) & (keys != ORDER_KEY_NONE)
+    # One scan counts both: the aboves in the low 16 bits, the ties in the high ones.
+    counts = tl.cumsum(above.to(tl.int32) + (tied.to(tl.int32) << 16), axis=0)
+    room = k - (tl.max(counts, axis=0) & 0xFFFF)
+    ties_so_far = counts >> 16
+    take = above | (tied & (ties_so_far <= room))
+    rank = (counts & 0xFFFF) + tl.minimum(ties_so_far, room) - 1  # the aboves and the taken ties up to here
+    return take, rank, k - room + tl.minimum(tl.max(ties_so_far, axis=0), room)
+
+
 # ---------------------------------------------------------------------------------------------
 # the sampling hash: deepinfer.ops.sampling.sampling_uniform, in uint32
 

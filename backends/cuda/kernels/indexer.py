@@ -61,7 +61,17 @@ import triton.language as tl
 from deepinfer.ops import kv_cache_format
 from deepinfer.ops.indexer import check_indexer_topk_shapes
 from deepinfer.ops.indexer import indexer_topk as _reference
-from deepinfer.triton_common import cdiv, fp8_views, interpreting, last_dim_contiguous, next_power_of_2, upcast_dot
+from deepinfer.triton_common import (
+    ORDER_KEY_NONE,
+    cdiv,
+    fp8_views,
+    interpreting,
+    last_dim_contiguous,
+    next_power_of_2,
+    order_key,
+    top_k_lowest_first,
+    upcast_dot,
+)
 from deepinfer_cuda.kernels.common import Registration, dot_precision
 
 _MAX_BLOCK_T = 16  # queries per scoring program
@@ -135,32 +145,6 @@ def _indexer_scores_kernel(
                 tl.store(dst, score, mask=offs_e < nv)  # (nothing past num_visible: the selection never reads it)
 
 
-KEY_NONE = tl.constexpr(-(2**31))  # the order key of no entry (below every score's: it is a NaN's bit pattern)
-KEY_NEG_INF = tl.constexpr(-2139095041)  # the order key of -inf (bits 0xFF800000)
-KEY_POS_INF = tl.constexpr(2139095040)  # of +inf (0x7F800000)
-
-
-@triton.jit
-def _order_keys(s):
-    """float32 scores -> int32 keys that compare as the scores do (-0.0 as +0.0, equal floats equal keys)."""
-    s = tl.where(s == 0.0, 0.0, s)
-    b = s.to(tl.int32, bitcast=True)
-    return b ^ ((b >> 31) & 0x7FFFFFFF)
-
-
-@triton.jit
-def _kth_key(keys, k):
-    """The k-th largest of `keys` (an element's exact key), or KEY_NONE when fewer than k keys are
-    above KEY_NONE: the largest x with #(keys >= x) >= k, bit by bit from the top (32 counts of the
-    row held in registers)."""
-    x = tl.full([], -(2**31), tl.int64)
-    for b in tl.static_range(31, -1, -1):
-        cand = x + (1 << b)
-        count = tl.sum((keys >= cand.to(tl.int32)).to(tl.int32), axis=0)
-        x = tl.where(count >= k, cand, x)
-    return x.to(tl.int32)
-
-
 @triton.jit
 def _indexer_select_kernel(
     src_ptr, src_ids_ptr, nv_ptr, dst_ptr, dst_ids_ptr, rows_ptr, seq_ptr,
@@ -174,7 +158,7 @@ def _indexer_select_kernel(
 ):
     """Per (query, chunk of CHUNK entries): the chunk's top TOP_K by (score, then lowest id), in id
     order. LAST (one chunk holds the row): the row's selection. Otherwise the chunk's candidates
-    (order keys and ids at dst[t, c * TOP_K:], KEY_NONE / -1 after them): every entry the row's
+    (order keys and ids at dst[t, c * TOP_K:], ORDER_KEY_NONE / -1 after them): every entry the row's
     selection takes from the chunk is among them (a chunk gives at most TOP_K, and the row's order
     restricted to the chunk is the chunk's), and chunk after chunk they stay in id order."""
     t = tl.program_id(0).to(tl.int64)
@@ -183,24 +167,12 @@ def _indexer_select_kernel(
     if FIRST:
         nv = tl.minimum(tl.maximum(tl.load(nv_ptr + t).to(tl.int32), 0), width)
         ok = offs < nv
-        keys = tl.where(ok, _order_keys(tl.load(src_ptr + t * stride_src + offs, mask=ok, other=0.0)), KEY_NONE)
+        keys = tl.where(ok, order_key(tl.load(src_ptr + t * stride_src + offs, mask=ok, other=0.0)), ORDER_KEY_NONE)
         ids = offs
     else:
         ids = tl.load(src_ids_ptr + t * stride_src + offs, mask=offs < width, other=-1)
-        keys = tl.where(ids >= 0, tl.load(src_ptr + t * stride_src + offs, mask=offs < width, other=KEY_NONE), KEY_NONE)
-    # The reference's rule with kth its k-th largest visible score (-inf when fewer are visible):
-    # every score above kth, then the first `room` scores equal to a finite kth in id order.
-    kth = tl.maximum(_kth_key(keys, TOP_K), KEY_NEG_INF)
-    above = keys > kth
-    tie_key = tl.where((kth == KEY_NEG_INF) | (kth == KEY_POS_INF), KEY_NONE, kth)  # ties count at a finite kth only
-    tied = (keys == tie_key) & (keys != KEY_NONE)
-    # One scan counts both (CHUNK < 2^16): the aboves in the low 16 bits, the ties in the high ones.
-    counts = tl.cumsum(above.to(tl.int32) + (tied.to(tl.int32) << 16), axis=0)
-    room = TOP_K - (tl.max(counts, axis=0) & 0xFFFF)
-    ties_so_far = counts >> 16
-    take = above | (tied & (ties_so_far <= room))
-    pos = (counts & 0xFFFF) + tl.minimum(ties_so_far, room) - 1  # the aboves and the taken ties up to here
-    taken = TOP_K - room + tl.minimum(tl.max(ties_so_far, axis=0), room)
+        keys = tl.where(ids >= 0, tl.load(src_ptr + t * stride_src + offs, mask=offs < width, other=ORDER_KEY_NONE), ORDER_KEY_NONE)
+    take, pos, taken = top_k_lowest_first(keys, TOP_K)
     if LAST:
         out_row = dst_ids_ptr + t * stride_dst
         if ROWS:
@@ -213,12 +185,12 @@ def _indexer_select_kernel(
         key_row = dst_ptr + t * stride_dst + c * TOP_K
         tl.store(out_row + pos, ids, mask=take)
         tl.store(key_row + pos, keys, mask=take)
-    for p0 in range(0, TOP_K, BLOCK_K):  # -1 (and KEY_NONE) after the last taken
+    for p0 in range(0, TOP_K, BLOCK_K):  # -1 (and ORDER_KEY_NONE) after the last taken
         p = p0 + tl.arange(0, BLOCK_K)
         pad = (p >= taken) & (p < TOP_K)
         tl.store(out_row + p, tl.full([BLOCK_K], -1, tl.int32), mask=pad)
         if not LAST:
-            tl.store(key_row + p, tl.full([BLOCK_K], KEY_NONE, tl.int32), mask=pad)
+            tl.store(key_row + p, tl.full([BLOCK_K], ORDER_KEY_NONE, tl.int32), mask=pad)
 
 
 def indexer_topk(
