@@ -85,7 +85,7 @@ class V4Attention:
         kv, _ = ops.rms_norm(self.wkv(ops, x), self.kv_norm, eps=self.eps)
         kv = self._rotate(ops, kv.view(tokens, 1, self.dim), step.positions, cos_sin)[:, 0]
         nope = self.dim - self.rope_dim
-        ops.kv_cache_write(kv[:, :nope].contiguous(), kv[:, nope:].contiguous(), cache.swa, step.write_slots)
+        ops.kv_cache_write(kv[:, :nope], kv[:, nope:], cache.swa, step.write_slots)  # (row-strided views: the kernels take them)
         extra = {}
         if self.compressor is not None:
             self.compressor(ops, x, cache.compressor, step, cos_sin)
