@@ -257,17 +257,23 @@ def split_partial(acc, m_i, l_i, BASE2: tl.constexpr):
 
 
 @triton.jit
-def merge_split_columns(lse_row, po_row, stride_pl_split, stride_po_split, num_splits, offs_c, c_ok, CHUNK: tl.constexpr, BASE2: tl.constexpr):
+def merge_split_columns(
+    lse_row, po_row, stride_pl_split, stride_po_split, num_splits, offs_c, c_ok, CHUNK: tl.constexpr, BASE2: tl.constexpr, sink=0.0,
+    HAS_SINK: tl.constexpr = False,
+):
     """One query row's output at columns offs_c from every split's normalised partial (po_row +
     k * stride_po_split) and log-sum-exp (lse_row + k * stride_pl_split): CHUNK splits a load (one
     [CHUNK, columns] tile, the loads in flight together), summed as a tree within each chunk and chunk
     after chunk, so the bits depend on the split count. A split that saw no key has lse -inf: weight 0.
-    The wide combines of the split-KV attention kernels."""
+    HAS_SINK: `sink` (a logit in the lse's domain) joins the normaliser without a value (attention
+    sinks). The wide combines of the split-KV attention kernels."""
     offs_k = tl.arange(0, CHUNK)
     top = tl.full([CHUNK], float("-inf"), dtype=tl.float32)
     for k0 in range(0, num_splits, CHUNK):  # the largest lse first: no weight overflows, none is rescaled
         top = tl.maximum(top, tl.load(lse_row + (k0 + offs_k) * stride_pl_split, mask=k0 + offs_k < num_splits, other=float("-inf")))
     top_all = tl.max(top, axis=0)
+    if HAS_SINK:
+        top_all = tl.maximum(top_all, sink)
     top_all = tl.where(top_all == float("-inf"), 0.0, top_all)
     denom = tl.zeros([CHUNK], dtype=tl.float32)
     acc = tl.zeros(offs_c.shape, dtype=tl.float32)
@@ -282,6 +288,11 @@ def merge_split_columns(lse_row, po_row, stride_pl_split, stride_po_split, num_s
         denom += w
         acc += tl.sum(w[:, None] * part, axis=0)
     total = tl.sum(denom, axis=0)
+    if HAS_SINK:
+        if BASE2:
+            total += tl.exp2(sink - top_all)
+        else:
+            total += tl.exp(sink - top_all)
     return acc / tl.where(total > 0.0, total, 1.0)
 
 
@@ -336,6 +347,44 @@ def from_order_key(k):
     """The float32 whose `order_key` is k."""
     b = tl.where(k >= 0, k, k ^ 0x7FFFFFFF)
     return b.to(tl.float32, bitcast=True)
+
+
+ORDER_KEY_NONE = tl.constexpr(-(2**31))  # below every float's key (it is a NaN's bit pattern): no element
+ORDER_KEY_NEG_INF = tl.constexpr(-2139095041)  # order_key(-inf)
+ORDER_KEY_POS_INF = tl.constexpr(2139095040)  # order_key(+inf)
+
+
+@triton.jit
+def kth_largest_key(keys, k):
+    """The k-th largest of the int32 `keys` (an element's exact key), or ORDER_KEY_NONE when fewer
+    than k keys are above ORDER_KEY_NONE: the largest x with #(keys >= x) >= k, found bit by bit from
+    the top (32 counts of the tile)."""
+    x = tl.full([], -(2**31), tl.int64)
+    for b in tl.static_range(31, -1, -1):
+        cand = x + (1 << b)
+        count = tl.sum((keys >= cand.to(tl.int32)).to(tl.int32), axis=0)
+        x = tl.where(count >= k, cand, x)
+    return x.to(tl.int32)
+
+
+@triton.jit
+def top_k_lowest_first(keys, k):
+    """The top k of a tile of order keys (ORDER_KEY_NONE: no element; fewer than 2^16 of them) by
+    key, equal keys lowest position first, as deepinfer.ops.indexer._top_ids_lowest_first takes them:
+    every key above the k-th largest (-inf's key when fewer than k elements), then the first
+    room = k - #(above) keys equal to a finite k-th. Returns (take mask, each taken element's rank
+    among the taken in position order, the count taken)."""
+    kth = tl.maximum(kth_largest_key(keys, k), ORDER_KEY_NEG_INF)
+    above = keys > kth
+    tie_key = tl.where((kth == ORDER_KEY_NEG_INF) | (kth == ORDER_KEY_POS_INF), ORDER_KEY_NONE, kth)  # ties count at a finite kth only
+    tied = (keys == tie_key) & (keys != ORDER_KEY_NONE)
+    # One scan counts both: the aboves in the low 16 bits, the ties in the high ones.
+    counts = tl.cumsum(above.to(tl.int32) + (tied.to(tl.int32) << 16), axis=0)
+    room = k - (tl.max(counts, axis=0) & 0xFFFF)
+    ties_so_far = counts >> 16
+    take = above | (tied & (ties_so_far <= room))
+    rank = (counts & 0xFFFF) + tl.minimum(ties_so_far, room) - 1  # the aboves and the taken ties up to here
+    return take, rank, k - room + tl.minimum(tl.max(ties_so_far, axis=0), room)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -74,13 +74,17 @@ def sparse_attention_inputs(
     empty_queries: tuple[int, ...] = (),
     scatter_padding: float = 0.0,
     same_ids: bool = False,
+    lengths: bool = False,
+    extra_width: int | None = None,
 ):
     """Queries of the sequences `seqs` ((start, length) each) over their paged sliding windows, and,
     with `extra`, the compressed entries of a pool in the same softmax: "hca" every visible entry
     (-1 beyond), "csa" up to `topk` distinct visible entries in random order (an indexer's choice),
-    -1 padded. `empty_queries` list no row at all; `scatter_padding` blanks that fraction of the
-    listed ids anywhere in the rows; `same_ids` makes each query's extra ids the same numbers as its
-    window ids (rows of the other cache). sinks: per head (default: randn)."""
+    -1 padded (to `extra_width` columns when given: a decode plan's E_max). `empty_queries` list no
+    row at all; `scatter_padding` blanks that fraction of the listed ids anywhere in the rows;
+    `same_ids` makes each query's extra ids the same numbers as its window ids (rows of the other
+    cache). lengths: `extra_lengths` gives each query's count of listed entries, and the columns
+    after it hold ids of real pool rows, which the op must not read. sinks: per head (default: randn)."""
     pages, tokens, num_blocks = paged_sequences(gen, seqs, block_size, spare_blocks=1, window=window)
     indices = int32([window_ids(pages[b], p, window, block_size) for b, p in tokens])
     kw = {
@@ -109,8 +113,12 @@ def sparse_attention_inputs(
                 pick = torch.randperm(len(visible), generator=gen)[:topk].tolist()
                 visible = [visible[i] for i in pick]
             lists.append(visible)
-        width = topk if extra == "csa" else max(entries)
-        extra_ids = int32([ids + [-1] * (width - len(ids)) for ids in lists])
+        width = extra_width or (topk if extra == "csa" else max(entries))
+        if lengths:  # past each length: rows that exist (read them and the answer changes)
+            extra_ids = int32([ids + torch.randint(0, pool, (width - len(ids),), generator=gen).tolist() for ids in lists])
+            kw["extra_lengths"] = int32([len(ids) for ids in lists])
+        else:
+            extra_ids = int32([ids + [-1] * (width - len(ids)) for ids in lists])
         kw["extra_kv"] = randn(gen, pool, dim, dtype=dtype)
     if extra_ids is not None:
         kw["extra_indices"] = extra_ids
@@ -350,6 +358,11 @@ RECIPES = [
     # A query listing no row (zeros), and extra ids equal to the window's ids (other cache's rows).
     ("sparse_attention", "empty_query_same_ids_both_caches_t4_h4_d64",
      partial(sparse_attention_inputs, seqs=[(70, 4)], heads=4, dim=64, window=32, block_size=16, same_ids=True, empty_queries=(1,))),
+    # V4 decode's HCA lists: E_max columns, each query's visible entries counted by extra_lengths and real rows after them
+    # (never read); the second query sees no entry yet (length 0). Under the interpreter (4 "SMs") the two queries take
+    # 4 splits of 32-row blocks, the first query's last one empty (its 6 blocks run 2 a split).
+    ("sparse_attention", "hca_lengths_t2_h16_d128_emax96_garbage_past_length",
+     partial(sparse_attention_inputs, seqs=[(5119, 1), (60, 1)], heads=16, dim=128, extra="hca", ratio=128, lengths=True, extra_width=96)),
     ("sparse_attention", "scattered_padding_t5_h4_d64_k160",
      partial(sparse_attention_inputs, seqs=[(150, 3), (500, 2)], heads=4, dim=64, extra="csa", ratio=4, topk=32, scatter_padding=0.3, empty_queries=(4,))),
     # compress_kv: CSA (ratio 4, overlapping windows of 2 x 4 slots), first windows and continued ones.

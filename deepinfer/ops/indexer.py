@@ -9,11 +9,11 @@ from deepinfer.ops.sparse_attention import V4
 from deepinfer.registry import EXACT, op
 
 
-def _sorted_ids(kwargs, outputs):
-    """The top-k set is the contract, not its order: ids ascending, the -1 padding last."""
-    ids = outputs["topk_ids"].long()
-    key = torch.where(ids < 0, torch.iinfo(torch.int64).max, ids)
-    return {"topk_ids": ids.gather(-1, key.sort(dim=-1).indices).to(torch.int32)}
+def _sorted_rows(kwargs, outputs):
+    """The top-k set is the contract, not its order: rows ascending, the -1 padding last."""
+    rows = outputs["topk_rows"].long()
+    key = torch.where(rows < 0, torch.iinfo(torch.int64).max, rows)
+    return {"topk_rows": rows.gather(-1, key.sort(dim=-1).indices).to(torch.int32)}
 
 
 def check_indexer_topk_shapes(q, weights, index_keys, entry_rows, token_seq, num_visible) -> None:
@@ -30,7 +30,7 @@ def check_indexer_topk_shapes(q, weights, index_keys, entry_rows, token_seq, num
 
 
 @op(
-    family="attention", outputs=("topk_ids",), compare=EXACT, canonicalize=_sorted_ids,
+    family="attention", outputs=("topk_rows",), compare=EXACT, canonicalize=_sorted_rows,
     reduction_length=lambda kw: kw["q"].shape[1] * kw["q"].shape[2], model_types=V4,
 )  # fmt: skip
 def indexer_topk(
@@ -51,10 +51,11 @@ def indexer_topk(
     int32, the row of each sequence's entry e; token_seq: [T] int32, the sequence of each query;
     num_visible: [T] int32, the entries 0..num_visible-1 query t may see
     (those whose window is complete at its position). score(t, e) = sum_h weights[t, h] *
-    relu(q[t, h] . index_keys[entry_rows[token_seq[t], e]]). Returns [T, top_k] int32 entry ids (not
-    rows): the top_k visible entries by score, -1 where fewer are visible. Equal scores (relu makes
-    exact zeros common) rank by lowest entry id. The order of a row's ids is not part of the contract
-    (the conformance suite sorts them); scores are computed in float32.
+    relu(q[t, h] . index_keys[entry_rows[token_seq[t], e]]). Returns [T, top_k] int32: the rows
+    entry_rows[token_seq[t], e] of the top_k visible entries e by score (what sparse_attention lists
+    over the entry pool), -1 where fewer are visible. Equal scores (relu makes exact zeros common)
+    rank by lowest entry id. The order of a row's rows is not part of the contract (the conformance
+    suite sorts them); scores are computed in float32.
     """
     check_indexer_topk_shapes(q, weights, index_keys, entry_rows, token_seq, num_visible)
     tokens, max_entries = q.shape[0], entry_rows.shape[1]
@@ -74,7 +75,8 @@ def indexer_topk(
     scores = scores.masked_fill(~visible, float("-inf"))
     k = min(top_k, max_entries)
     ids = _top_ids_lowest_first(scores, k)
-    out[:, :k] = ids.to(torch.int32)
+    rows = entry_rows.long()[seq_of[:, None], ids.clamp(min=0)]
+    out[:, :k] = torch.where(ids >= 0, rows, -1).to(torch.int32)
     return out
 
 

@@ -22,7 +22,7 @@ def _listed_keys(kw) -> int:
     return kw["indices"].shape[1] + (0 if extra is None else extra.shape[1])
 
 
-def check_sparse_attention_shapes(q, kv, indices, sinks, extra_kv, extra_indices) -> None:
+def check_sparse_attention_shapes(q, kv, indices, sinks, extra_kv, extra_indices, extra_lengths=None) -> None:
     """`sparse_attention`'s shapes (no host synchronisation): every backend's check."""
     if q.dim() != 3 or kv.dim() != 2 or indices.dim() != 2:
         raise ValueError(f"sparse_attention wants q [T, H, D], kv [N, D], indices [T, K]; got {tuple(q.shape)}, {tuple(kv.shape)}, {tuple(indices.shape)}")
@@ -34,10 +34,14 @@ def check_sparse_attention_shapes(q, kv, indices, sinks, extra_kv, extra_indices
         raise ValueError("extra_kv and extra_indices go together")
     if extra_kv is not None and (extra_kv.dim() != 2 or kv_cache_format.value_width(extra_kv) != q.shape[2] or extra_indices.shape[0] != q.shape[0]):
         raise ValueError(f"extra_kv {tuple(extra_kv.shape)} / extra_indices {tuple(extra_indices.shape)} do not fit q {tuple(q.shape)}")
+    if extra_lengths is not None and (extra_indices is None or extra_lengths.shape != (q.shape[0],)):
+        raise ValueError(f"extra_lengths must be [T={q.shape[0]}] beside extra_indices, got {tuple(extra_lengths.shape)}")
 
 
-def _gather(rows: torch.Tensor, indices: torch.Tensor, acc: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """[T, K, D] rows (zeros where the id is -1) and the [T, K] validity mask."""
+def _gather(rows: torch.Tensor, indices: torch.Tensor, acc: torch.dtype, lengths: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """[T, K, D] rows (zeros where the id is -1 or past the row's length) and the [T, K] validity mask."""
+    if lengths is not None:  # ids past a row's length are not read, whatever they hold
+        indices = indices.masked_fill(torch.arange(indices.shape[1], device=indices.device)[None, :] >= lengths.long()[:, None], -1)
     valid = indices >= 0
     if indices.numel() and int(indices.max()) >= rows.shape[0]:
         raise ValueError(f"row id {int(indices.max())} is past the cache's {rows.shape[0]} rows")
@@ -55,6 +59,7 @@ def sparse_attention(
     softmax_scale: float,
     extra_kv: torch.Tensor | None = None,
     extra_indices: torch.Tensor | None = None,
+    extra_lengths: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Attention of each query over the rows it lists, keys and values being the same rows.
 
@@ -62,17 +67,20 @@ def sparse_attention(
     (a row listed twice counts twice: callers list each once); an FP8 kv ([N, D + 16] float8_e4m3fn,
     deepinfer.ops.kv_cache_format) is dequantised row by row. extra_kv: [M, D] and extra_indices:
     [T, K2] likewise, a second cache attended in the same softmax (V4's compressed entries).
+    extra_lengths: [T] int32, optional: query t lists only extra_indices[t, :extra_lengths[t]] (the
+    ids after are never read, whatever they hold), so a list padded to a batch's widest (V4 decode
+    plans E_max entries per sequence) costs its valid rows only; None: every column.
     sinks: [H] float32, one logit per head that joins every softmax without a value (gpt-oss and V4's
     attention sinks). With s_j = (q_t,h . row_j) * softmax_scale over every listed row j:
         out[t, h] = sum_j exp(s_j) row_j / (exp(sinks[h]) + sum_j exp(s_j)).
     A query that lists no row gets zeros. Returns [T, H, D] in q's dtype; accumulates in float32
     (float64 for float64 q).
     """
-    check_sparse_attention_shapes(q, kv, indices, sinks, extra_kv, extra_indices)
+    check_sparse_attention_shapes(q, kv, indices, sinks, extra_kv, extra_indices, extra_lengths)
     acc = torch.float64 if q.dtype == torch.float64 else torch.float32
     rows, valid = _gather(kv, indices, acc)
     if extra_kv is not None:
-        extra_rows, extra_valid = _gather(extra_kv, extra_indices, acc)
+        extra_rows, extra_valid = _gather(extra_kv, extra_indices, acc, extra_lengths)
         rows, valid = torch.cat((rows, extra_rows), dim=1), torch.cat((valid, extra_valid), dim=1)
     scores = torch.einsum("thd,tkd->thk", q.to(acc), rows) * softmax_scale
     scores = scores.masked_fill(~valid[:, None, :], float("-inf"))

@@ -18,7 +18,9 @@ powers of two, mixed q/cache dtypes, q_len 0 requests, more tokens than cores (t
 wrap), float32 -> bfloat16 cache writes, strided inputs, and FP8 caches
 (deepinfer.ops.kv_cache_format): byte-exact writes of hard rows, mla_decode's four column parts
 with latent widths that leave parts empty, forced splits and head blocks, and sparse_attention with
-one FP8 and one model-dtype list in the same softmax.
+one FP8 and one model-dtype list in the same softmax; sparse_attention's extra_lengths (real rows
+after each length, never read) and indexer_topk's selection over rows wider than a chunk (ties of
++0.0 and -0.0 at the boundary, garbage past num_visible).
 """
 
 from __future__ import annotations
@@ -291,6 +293,59 @@ def _sparse_fp8_case(dtype, seed, *, kv_fp8, extra_fp8, tokens=3, heads=5, dim=4
     return run
 
 
+def _sparse_lengths_case(seed, *, num_splits):
+    """sparse_attention with extra_lengths: real rows listed after each length (never read), a length of 0."""
+
+    def run():
+        from deepinfer.ops.sparse_attention import sparse_attention as ref_sparse_attention
+        from deepinfer_ascend.kernels import sparse_attention as sa
+
+        gen = torch.Generator().manual_seed(seed)
+        heads, dim = 4, 32
+        kv, xkv = torch.randn(60, dim, generator=gen), torch.randn(50, dim, generator=gen)
+        indices = torch.stack([torch.randperm(60, generator=gen)[:20] for _ in range(3)]).to(torch.int32)
+        extra = torch.randint(0, 50, (3, 40), generator=gen, dtype=torch.int32)
+        lengths = torch.tensor([33, 0, 7], dtype=torch.int32)
+        q, sinks = torch.randn(3, heads, dim, generator=gen), torch.randn(heads, generator=gen)
+        out = sa.launch_sparse_attention(q, kv, indices, sinks, 0.2, xkv, extra, lengths, num_splits=num_splits)
+        ref = ref_sparse_attention(q.double(), kv.double(), indices, sinks, softmax_scale=0.2, extra_kv=xkv.double(), extra_indices=extra,
+                                   extra_lengths=lengths)  # fmt: skip
+        _close(out, ref, (torch.float32,), 60)
+        unread = ref_sparse_attention(q.double(), kv.double(), indices, sinks, softmax_scale=0.2, extra_kv=xkv.double(), extra_indices=extra)
+        assert (unread - ref).abs().max() > 1e-3  # the rows past the lengths would change the answer
+
+    return run
+
+
+def _select_chunks_case(seed, *, width, top_k):
+    """indexer_topk's selection over rows wider than a chunk (candidates, then their selection), with
+    runs of equal scores (+0.0 and -0.0 alike) at the boundary and garbage past num_visible."""
+
+    def run():
+        from deepinfer.ops.indexer import _top_ids_lowest_first
+        from deepinfer_ascend.kernels import indexer as ix
+
+        gen = torch.Generator().manual_seed(seed)
+        rows = 3
+        values = torch.tensor([0.0, -0.0, 0.5, -0.5, 2.0])
+        scores = values[torch.randint(0, 5, (rows, width), generator=gen)]
+        scores[0, torch.randperm(width, generator=gen)[:3]] = 4.0  # three above, the rest of the top among the 2.0s
+        scores[1] = torch.where(torch.rand(width, generator=gen) < 0.5, 0.0, -0.0)
+        num_visible = torch.tensor([width, width - 5, top_k // 2], dtype=torch.int32)
+        for r, nv in enumerate(num_visible.tolist()):
+            scores[r, nv:] = float("nan")
+        table = (torch.arange(width, dtype=torch.int32) * 3 + 7)[None, :].repeat(2, 1)
+        table[1] += 1
+        seq = torch.tensor([1, 0, 1], dtype=torch.int32)
+        got = ix._select(scores, num_visible, top_k, table, seq, False)
+        masked = scores.double().masked_fill(torch.arange(width)[None, :] >= num_visible.long()[:, None], float("-inf"))
+        ids = _top_ids_lowest_first(masked, top_k)
+        want = torch.where(ids >= 0, table.long()[seq.long()[:, None], ids.clamp(min=0)], -1).to(torch.int32)
+        assert torch.equal(got, want), (got, want)
+
+    return run
+
+
 F32, BF16, FP8 = torch.float32, torch.bfloat16, torch.float8_e4m3fn
 
 CASES = {
@@ -371,6 +426,10 @@ CASES = {
     ),
     # sparse_attention: FP8 window rows with model-dtype compressed rows and the converse, both FP8 split
     "sparse_bf16_fp8_kv_plain_extra": _sparse_fp8_case(BF16, 31, kv_fp8=True, extra_fp8=False),
+    # extra_lengths: per-token split ranges (3 forced splits over 2..5 blocks), garbage after each length, a length of 0
+    "sparse_f32_lengths_splits3": _sparse_lengths_case(35, num_splits=3),
+    # indexer_topk's selection: 5000 scores a row, chunks of 2048 (both chips) -> 3 launches' worth of candidates
+    "indexer_select_chunks_ties_past_visible": _select_chunks_case(36, width=5000, top_k=8),
     "sparse_f32_plain_kv_fp8_extra_splits3": _sparse_fp8_case(F32, 32, kv_fp8=False, extra_fp8=True, num_splits=3),
     "sparse_f32_fp8_both_d64_h20": _sparse_fp8_case(F32, 33, kv_fp8=True, extra_fp8=True, dim=64, heads=20),
 }
@@ -413,8 +472,9 @@ def _compile_variants():
     kv_base = dict(C=48, R=16, BLOCK_C=64, BLOCK_R=16, PAGE=128, MANUAL_RNE=False, FP8=False)
     kv_fp8_ptrs = {**kv_ptrs, "cache_ptr": "*u8", "scale_ptr": "*fp32"}
     sa_ptrs = {n: "*bf16" for n in ("q_ptr", "kv_ptr", "kv_scale_ptr", "xkv_ptr", "xkv_scale_ptr", "out_ptr")}
-    sa_ptrs.update(idx_ptr="*i32", xidx_ptr="*i32", sinks_ptr="*fp32", part_out_ptr="*fp32", part_lse_ptr="*fp32")
-    sa_base = dict(H=8, D=48, HEAD_BLOCKS=1, BLOCK_H=16, BLOCK_N=16, BLOCK_D=64, Q_CHUNK=0, HAS_EXTRA=True, DIRECT=True, DOT_F32=False, DOT_PRECISION=None)
+    sa_ptrs.update(idx_ptr="*i32", xidx_ptr="*i32", xlen_ptr="*i32", sinks_ptr="*fp32", part_out_ptr="*fp32", part_lse_ptr="*fp32")
+    sa_base = dict(H=8, D=48, HEAD_BLOCKS=1, BLOCK_H=16, BLOCK_N=16, BLOCK_D=64, Q_CHUNK=0, HAS_EXTRA=True, HAS_LENGTHS=False, DIRECT=True, DOT_F32=False,
+                   DOT_PRECISION=None)  # fmt: skip
     sa_base.update(IDX64=False, FP8=False, XFP8=False, PARTS=False)
     sa_fp8 = {**sa_base, "BLOCK_D": 128, "Q_CHUNK": 32, "PARTS": True}
     sa_fp8_kv_ptrs = {**sa_ptrs, "kv_ptr": "*u8", "kv_scale_ptr": "*fp32"}
@@ -423,6 +483,9 @@ def _compile_variants():
     ix_ptrs.update(scores_ptr="*fp32")
     ix_base = dict(BLOCK_H=16, BLOCK_D=32, BLOCK_E=32, DOT_F32=False, DOT_PRECISION=None, IDX64=False, FP8=False)
     ix_fp8_ptrs = {**ix_ptrs, "keys_ptr": "*u8", "key_scale_ptr": "*fp32"}
+    sel_ptrs = {"src_ptr": "*fp32", "src_ids_ptr": "*fp32", "nv_ptr": "*i32", "dst_ptr": "*i32", "dst_ids_ptr": "*i32", "rows_ptr": "*i32",
+                "seq_ptr": "*i32"}  # fmt: skip
+    sel_base = dict(CHUNK=64, BLOCK_K=16, IDX64=False)
     split = mla._mla_decode_split_kernel
     combine_ptrs = {"part_out_ptr": "*fp32", "part_lse_ptr": "*fp32", "out_ptr": "*bf16"}
     return [
@@ -448,9 +511,16 @@ def _compile_variants():
         ("kv_write_fp8_idx64", kvw._kv_cache_write_kernel, kv_fp8_ptrs, {**kv_base, "BLOCK_R": 32, "IDX64": True, "FP8": True}),
         ("sparse_resident", sa._sparse_attention_kernel, sa_ptrs, sa_base),
         ("sparse_fp8_kv_plain_extra_split", sa._sparse_attention_kernel, sa_fp8_kv_ptrs, {**sa_fp8, "FP8": True, "DIRECT": False}),
+        ("sparse_lengths_split", sa._sparse_attention_kernel, sa_ptrs, {**sa_base, "HAS_LENGTHS": True, "DIRECT": False}),
+        ("sparse_fp8_lengths_split", sa._sparse_attention_kernel, sa_fp8_both_ptrs,
+         {**sa_fp8, "FP8": True, "XFP8": True, "HAS_LENGTHS": True, "DIRECT": False}),
         ("sparse_fp8_both_idx64", sa._sparse_attention_kernel, sa_fp8_both_ptrs, {**sa_fp8, "FP8": True, "XFP8": True, "IDX64": True}),
         ("indexer_scores", ix._indexer_scores_kernel, ix_ptrs, ix_base),
         ("indexer_scores_fp8_idx64", ix._indexer_scores_kernel, ix_fp8_ptrs, {**ix_base, "FP8": True, "IDX64": True}),
+        ("indexer_select_one_launch", ix._indexer_select_kernel, sel_ptrs, {**sel_base, "FIRST": True, "LAST": True}),
+        ("indexer_select_chunk_candidates_idx64", ix._indexer_select_kernel, sel_ptrs, {**sel_base, "FIRST": True, "LAST": False, "IDX64": True}),
+        ("indexer_select_over_candidates", ix._indexer_select_kernel, {**sel_ptrs, "src_ptr": "*i32", "src_ids_ptr": "*i32"},
+         {**sel_base, "FIRST": False, "LAST": True}),
     ]
 
 

@@ -108,3 +108,20 @@ def test_misc_peers_and_counts():
     assert v4_misc._post_bytes(s) == 2 * 3 * 16384 * 2 + 3 * 4096 * 2 + 3 * 20 * 4 and v4_misc._post_flops(s) == 10 * 3 * 16384
     a = v4_misc._act_setup(5)(CPU)
     assert v4_misc._act_peer(a).shape == (5, 2048) and v4_misc._act_bytes(a) == 1.5 * 5 * 4096 * 2 and v4_misc._act_flops(a) == 3 * 5 * 4096
+
+
+def test_padded_decode_cases_count_only_what_is_listed():
+    # An HCA layer's list padded to E_max with extra_lengths, and an indexer table wider than its keys:
+    # the peers are the references, the bytes those of the listed rows and visible keys only.
+    hca = v4_attention._hca_setup(2, 1024, 64, kv_dtype=torch.bfloat16)(CPU)  # 8 entries each in a 64-wide list
+    assert hca["extra_indices"].shape == (2, 64) and hca["extra_lengths"].tolist() == [8, 8]
+    assert (hca["extra_indices"][:, 8:] == -1).all() and hca["distinct_rows"] == hca["pairs"] == 2 * (128 + 8)
+    ref = sparse_attention(hca["q"], hca["kv"], hca["indices"], hca["sinks"], softmax_scale=v4_attention.SCALE, extra_kv=hca["extra_kv"],
+                           extra_indices=hca["extra_indices"], extra_lengths=hca["extra_lengths"])  # fmt: skip
+    assert torch.allclose(v4_attention._sparse_peer(hca).float(), ref.float(), atol=1e-2, rtol=1e-2)
+    assert v4_attention._sparse_bytes(hca) == 2 * (128 + 8) * 1024 + 2 * (2 * 64 * 512 * 2) + (2 * 128 + 2 * 8 + 2) * 4 + 64 * 4
+    wide = v4_attention._indexer_setup(2, 1024, emax=1000)(CPU)  # 256 keys each in a 1000-wide table
+    assert wide["entry_rows"].shape == (2, 1000)
+    assert torch.equal(v4_attention._indexer_peer(wide), indexer_topk(*v4_attention._indexer_args(wide), top_k=v4_attention.TOP_K))
+    narrow = v4_attention._indexer_setup(2, 1024)(CPU)
+    assert v4_attention._indexer_bytes(wide) == v4_attention._indexer_bytes(narrow)

@@ -1,8 +1,8 @@
 """Ascend Triton kernels: indexer_topk (DeepSeek-V4's Lightning Indexer: each query's top_k compressed entries).
 
 score(t, e) = sum_h weights[t, h] * relu(q[t, h] . keys[entry_rows[seq(t), e]]) over the entries
-e < num_visible[t]; the result is the top_k entry ids by score, equal scores lowest id first, -1
-past the visible ones (deepinfer.ops.indexer.indexer_topk). Two steps, no host synchronisation:
+e < num_visible[t]; the result is the rows entry_rows[seq(t), e] of the top_k entries e by score,
+equal scores lowest id first, -1 past the visible ones (deepinfer.ops.indexer.indexer_topk). Two steps, no host synchronisation:
 
 Scores (`_indexer_scores_kernel`): persistent cube grid, `cube_grid(items)` programs over
 (query, entry block) items, entry block fastest (the blocks of one query run on neighbouring
@@ -11,23 +11,18 @@ the query's heads as M and the gathered key rows as N: logits[H, BLOCK_E] = q[t]
 keys^T [D, BLOCK_E] (D in chunks of at most 128 accumulated in a fixed order, float32
 accumulation, "ieee" for float32 operands), then on the vector side relu, times weights[t, h] and
 a sum over the heads; only the float32 score is written: scores [T, E] (rows padded to 32 bytes),
--inf for entries t does not see. A block wholly past num_visible[t] writes -inf without loading.
+for the entries t sees. A block wholly past num_visible[t] loads and writes nothing.
 Heads and D are padded to 16 with zeros (relu(0) * 0 adds exactly 0).
 
-Selection: torch.topk(scores, k, sorted=False) (torch_npu's, on the device) gives the k-th
-largest score kth (the minimum of the returned values, an element's exact value), then two vector
-kernels, each `vector_grid(items)` programs looping over (query, chunk of BLOCK entries) items,
-apply the reference's rule (`_top_ids_lowest_first`): every score > kth is taken, and the first
-room = k - #(topk values > kth) finite scores == kth in id order. `_indexer_count_kernel` counts
-each chunk's scores > kth and == kth; `_indexer_select_kernel` sums the counts of the chunks
-before its own (the ids taken before it: above + min(ties, room)), ranks its ties and its taken
-ids with tl.cumsum and stores the taken ids at their ranks: each row comes out compacted in
-ascending id order (as the reference's does), -1 after the last (written by chunk 0's item).
-Chunks rather than one item per query: a decode step has few queries over up to 256k entries, and
-every vector core takes part. torch glue rather than an in-kernel radix select: topk is one tuned
-library call, and since kth is an element's exact value the tie rule is reproduced bit for bit by
-comparisons alone; an in-kernel select would need per-query digit histograms (atomics, several
-passes) or ~32 bisection passes over rows of up to 256k entries on the vector cores.
+Selection (`_indexer_select_kernel`, vector items over (query, chunk), as the cuda backend's):
+a chunk's visible scores as int32 order keys, the k-th largest key found exactly bit by bit (32
+counts), then the reference's rule (`_top_ids_lowest_first`: every key above it, then the first
+k - #(above) keys equal to a finite k-th in id order; deepinfer.triton_common.top_k_lowest_first),
+stored compacted in ascending id order. A row wider than a chunk keeps each chunk's top k as
+candidates (order keys and ids, in id order) and selects again over them, launch after launch,
+until one chunk holds the row: the last writes the entries' rows, -1 after the last. Only the
+entries below num_visible are scored or read (a decode plan's tables are E_max wide; torch.topk,
+which this replaces, ran over the whole [T, E] width, -inf padding included).
 
 FP8 keys (deepinfer.ops.kv_cache_format: D e4m3 bytes, then the key's float32 scale; an FP8
 cache's indexer pool): the kernel takes the pool's bytes and the same memory as float32
@@ -42,8 +37,8 @@ each; BLOCK_E is the largest power of two <= 128 that fits (bf16, 64 heads of 12
 128 on 950). FP8 keys add the decode of the key chunk, 13 bytes per element (its bytes, two int32
 temporaries, the float32 values), so D is cut into smaller chunks instead of narrowing BLOCK_E:
 bf16, 64 heads: A2/A3 BLOCK_E 64 x BLOCK_D 32 -> 66 KB; 950 BLOCK_E 128 x BLOCK_D 32 -> 128 KB.
-Selection: about 10 live [BLOCK] 4-byte vectors (scores, masks, two prefix sums,
-positions, ids): 40 bytes per element (2048-entry chunks on A2/A3 and 950).
+Selection: about 10 live [CHUNK] 4-byte vectors (keys, masks, the prefix sum, ranks, ids): 40
+bytes per element (2048-entry chunks on A2/A3 and 950; at least 2 * top_k).
 
 Index arithmetic is int32; IDX64 switches the key-row and score offsets to int64 when the key pool
 or the scores have >= 2^31 elements. float64 inputs (a test dtype) go to the reference.
@@ -58,7 +53,17 @@ import triton.language as tl
 from deepinfer.ops import kv_cache_format
 from deepinfer.ops.indexer import check_indexer_topk_shapes
 from deepinfer.ops.indexer import indexer_topk as _reference
-from deepinfer.triton_common import cdiv, e4m3_bits_to_f32, fp8_views, last_dim_contiguous, next_power_of_2, upcast_dot
+from deepinfer.triton_common import (
+    ORDER_KEY_NONE,
+    cdiv,
+    e4m3_bits_to_f32,
+    fp8_views,
+    last_dim_contiguous,
+    next_power_of_2,
+    order_key,
+    top_k_lowest_first,
+    upcast_dot,
+)
 from deepinfer_ascend.kernels.common import Registration, aligned, cube_grid, current, dot_precision, launch_options, tile_elems, vector_grid
 
 INT32_LIMIT = 2**31
@@ -125,97 +130,57 @@ def _indexer_scores_kernel(
             score = tl.sum(tl.maximum(logits, 0.0) * w[:, None], axis=0)
             if FP8:  # relu(s * x) = s * relu(x) for the key's scale s > 0
                 score = score * tl.load(key_scale_ptr + (k_off + D) // 4, mask=vis, other=0.0)
-            tl.store(dst, tl.where(vis, score, float("-inf")), mask=offs_e < E)
-        else:
-            tl.store(dst, tl.full([BLOCK_E], float("-inf"), tl.float32), mask=offs_e < E)
-
-
-@triton.jit
-def _kth_and_room(topv_ptr, t, K, stride_v, BLOCK_K: tl.constexpr):
-    """The k-th largest score of query t (the minimum of topk's k values: an element's exact value)
-    and how many scores equal to it are taken (k minus those above it)."""
-    offs_k = tl.arange(0, BLOCK_K)
-    top_row = topv_ptr + t * stride_v
-    kth = tl.min(tl.load(top_row + offs_k, mask=offs_k < K, other=float("inf")), axis=0)
-    for k0 in range(BLOCK_K, K, BLOCK_K):
-        kth = tl.minimum(kth, tl.min(tl.load(top_row + k0 + offs_k, mask=k0 + offs_k < K, other=float("inf")), axis=0))
-    above = tl.sum((tl.load(top_row + offs_k, mask=offs_k < K, other=float("-inf")) > kth).to(tl.int32), axis=0)
-    for k0 in range(BLOCK_K, K, BLOCK_K):
-        above += tl.sum((tl.load(top_row + k0 + offs_k, mask=k0 + offs_k < K, other=float("-inf")) > kth).to(tl.int32), axis=0)
-    return kth, K - above
-
-
-@triton.jit
-def _indexer_count_kernel(
-    scores_ptr, topv_ptr, counts_ptr,
-    T, E, K, n_chunks,
-    stride_s, stride_v, stride_c,
-    BLOCK: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-    IDX64: tl.constexpr,
-):
-    """Per (query, chunk of BLOCK entries) item: how many scores are > kth and how many equal it (finite)."""
-    pid = tl.program_id(0)
-    nprog = tl.num_programs(0)
-    offs = tl.arange(0, BLOCK)
-    for item in range(pid, T * n_chunks, nprog):
-        t = item // n_chunks
-        c = item % n_chunks
-        kth, room = _kth_and_room(topv_ptr, t, K, stride_v, BLOCK_K)
-        e = c * BLOCK + offs
-        if IDX64:
-            row = scores_ptr + t.to(tl.int64) * stride_s
-        else:
-            row = scores_ptr + t * stride_s
-        s = tl.load(row + e, mask=e < E, other=float("-inf"))
-        above = tl.sum((s > kth).to(tl.int32), axis=0)
-        tied = tl.sum(((s == kth) & (s > float("-inf")) & (s < float("inf"))).to(tl.int32), axis=0)
-        tl.store(counts_ptr + t * stride_c + 2 * c, above)
-        tl.store(counts_ptr + t * stride_c + 2 * c + 1, tied)
+            tl.store(dst, score, mask=vis)  # (nothing past num_visible: the selection never reads it)
 
 
 @triton.jit
 def _indexer_select_kernel(
-    scores_ptr, topv_ptr, counts_ptr, out_ptr,
-    T, E, K, TOP_K, n_chunks,
-    stride_s, stride_v, stride_c, stride_o,
-    BLOCK: tl.constexpr,
+    src_ptr, src_ids_ptr, nv_ptr, dst_ptr, dst_ids_ptr, rows_ptr, seq_ptr,
+    T, n_chunks, width, TOP_K,
+    stride_src, stride_dst, stride_rb,
+    CHUNK: tl.constexpr,
+    FIRST: tl.constexpr,  # src: the float32 scores (ids: their columns, valid below num_visible); else candidate keys and ids
+    LAST: tl.constexpr,  # write the row's entry rows (dst_ids [T, TOP_K], -1 after the last); else this chunk's candidates
     BLOCK_K: tl.constexpr,
-    BLOCK_C: tl.constexpr,
     IDX64: tl.constexpr,
 ):
-    """Per (query, chunk) item: the chunk's taken ids (every score > kth, and the ties while the
-    first `room` ties of the row in id order last), at their ranks in the row's ascending id list."""
+    """Per (query, chunk of CHUNK entries) item: the chunk's top TOP_K by (score, then lowest id), in
+    id order (deepinfer.triton_common.top_k_lowest_first). LAST (one chunk holds the row): the row's
+    selection, as entry rows. Otherwise the chunk's candidates (order keys and ids at
+    dst[t, c * TOP_K:], ORDER_KEY_NONE / -1 after them), which hold every entry the row takes from
+    the chunk, in id order chunk after chunk."""
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
-    offs = tl.arange(0, BLOCK)
-    offs_c = tl.arange(0, BLOCK_C)
     for item in range(pid, T * n_chunks, nprog):
         t = item // n_chunks
         c = item % n_chunks
-        kth, room = _kth_and_room(topv_ptr, t, K, stride_v, BLOCK_K)
-        count_row = counts_ptr + t * stride_c + 2 * offs_c
-        above_c = tl.load(count_row, mask=offs_c < n_chunks, other=0)
-        tied_c = tl.load(count_row + 1, mask=offs_c < n_chunks, other=0)
-        before = offs_c < c
-        tied_before = tl.sum(tl.where(before, tied_c, 0), axis=0)
-        taken_before = tl.sum(tl.where(before, above_c, 0), axis=0) + tl.minimum(tied_before, room)
-        e = c * BLOCK + offs
         if IDX64:
-            row = scores_ptr + t.to(tl.int64) * stride_s
+            t = t.to(tl.int64)
+        offs = c * CHUNK + tl.arange(0, CHUNK)
+        if FIRST:
+            nv = tl.minimum(tl.maximum(tl.load(nv_ptr + t).to(tl.int32), 0), width)
+            ok = offs < nv
+            keys = tl.where(ok, order_key(tl.load(src_ptr + t * stride_src + offs, mask=ok, other=0.0)), ORDER_KEY_NONE)
+            ids = offs
         else:
-            row = scores_ptr + t * stride_s
-        s = tl.load(row + e, mask=e < E, other=float("-inf"))
-        tied = ((s == kth) & (s > float("-inf")) & (s < float("inf"))).to(tl.int32)
-        take = (s > kth) | ((tied != 0) & (tied_before + tl.cumsum(tied, axis=0) <= room))
-        pos = taken_before + tl.cumsum(take.to(tl.int32), axis=0) - 1
-        out_row = out_ptr + t * stride_o
-        tl.store(out_row + pos, e, mask=take)
-        if c == 0:  # -1 after the row's last taken id
-            taken = tl.sum(above_c, axis=0) + tl.minimum(tl.sum(tied_c, axis=0), room)
-            for p0 in range(0, TOP_K, BLOCK_K):
-                p = p0 + tl.arange(0, BLOCK_K)
-                tl.store(out_row + p, tl.full([BLOCK_K], -1, tl.int32), mask=(p >= taken) & (p < TOP_K))
+            ids = tl.load(src_ids_ptr + t * stride_src + offs, mask=offs < width, other=-1)
+            keys = tl.where(ids >= 0, tl.load(src_ptr + t * stride_src + offs, mask=offs < width, other=ORDER_KEY_NONE), ORDER_KEY_NONE)
+        take, pos, taken = top_k_lowest_first(keys, TOP_K)
+        if LAST:
+            out_row = dst_ids_ptr + t * stride_dst
+            table_row = rows_ptr + tl.load(seq_ptr + t) * stride_rb
+            tl.store(out_row + pos, tl.load(table_row + ids, mask=take, other=-1), mask=take)
+        else:
+            out_row = dst_ids_ptr + t * stride_dst + c * TOP_K
+            key_row = dst_ptr + t * stride_dst + c * TOP_K
+            tl.store(out_row + pos, ids, mask=take)
+            tl.store(key_row + pos, keys, mask=take)
+        for p0 in range(0, TOP_K, BLOCK_K):  # -1 (and ORDER_KEY_NONE) after the last taken
+            p = p0 + tl.arange(0, BLOCK_K)
+            pad = (p >= taken) & (p < TOP_K)
+            tl.store(out_row + p, tl.full([BLOCK_K], -1, tl.int32), mask=pad)
+            if not LAST:
+                tl.store(key_row + p, tl.full([BLOCK_K], ORDER_KEY_NONE, tl.int32), mask=pad)
 
 
 def _score_bytes(block_h: int, block_d: int, block_e: int, e_dot: int, fp8: bool) -> int:
@@ -284,28 +249,39 @@ def indexer_topk(
         **launch_options(),
     )
 
-    top = torch.topk(scores, k, dim=1, sorted=False).values
-    block = max(16, min(next_power_of_2(max_entries), tile_elems(_SELECT_BYTES_PER_ELEM), _MAX_SELECT_BLOCK))
-    n_chunks = cdiv(max_entries, block)
-    counts = torch.empty(tokens, aligned(2 * n_chunks, torch.int32), dtype=torch.int32, device=q.device)
-    block_k = max(16, min(next_power_of_2(k), _MAX_BLOCK_K))
-    items = tokens * n_chunks
-    _indexer_count_kernel[(vector_grid(items),)](
-        scores, top, counts,
-        tokens, max_entries, k, n_chunks,
-        scores.stride(0), top.stride(0), counts.stride(0),
-        BLOCK=block, BLOCK_K=block_k, IDX64=idx64,
-        **launch_options(),
-    )
-    out = torch.empty(tokens, top_k, dtype=torch.int32, device=q.device)
-    _indexer_select_kernel[(vector_grid(items),)](
-        scores, top, counts, out,
-        tokens, max_entries, k, top_k, n_chunks,
-        scores.stride(0), top.stride(0), counts.stride(0), out.stride(0),
-        BLOCK=block, BLOCK_K=block_k, BLOCK_C=max(8, next_power_of_2(n_chunks)), IDX64=idx64,
-        **launch_options(),
-    )
-    return out
+    return _select(scores, num_visible, top_k, entry_rows, token_seq, idx64)
+
+
+def _select(scores, num_visible, top_k: int, entry_rows, token_seq, idx64: bool) -> torch.Tensor:
+    """[T, top_k] int32 entry rows of each query's selection: `_indexer_select_kernel` over chunks of
+    the row, then over the chunks' candidates, until one chunk holds them (each launch keeps at most
+    half of its input)."""
+    tokens = scores.shape[0]
+    width = scores.shape[1]
+    cap = max(min(tile_elems(_SELECT_BYTES_PER_ELEM), _MAX_SELECT_BLOCK), 2 * next_power_of_2(top_k))
+    if cap >= 1 << 16:
+        raise ValueError(f"indexer_topk's selection takes top_k up to 16384 (its counts are 16-bit), got {top_k}")
+    block_k = max(16, min(next_power_of_2(top_k), _MAX_BLOCK_K))
+    src, src_ids, first = scores, scores, True
+    while True:
+        block = max(16, min(cap, next_power_of_2(width)))
+        n_chunks = cdiv(width, block)
+        last = n_chunks == 1
+        if last:
+            dst = dst_ids = torch.empty(tokens, top_k, dtype=torch.int32, device=scores.device)
+        else:
+            dst = torch.empty(tokens, aligned(n_chunks * top_k, torch.int32), dtype=torch.int32, device=scores.device)
+            dst_ids = torch.empty_like(dst)
+        _indexer_select_kernel[(vector_grid(tokens * n_chunks),)](
+            src, src_ids, num_visible, dst, dst_ids, entry_rows, token_seq,
+            tokens, n_chunks, width, top_k,
+            src.stride(0), dst.stride(0), entry_rows.stride(0),
+            CHUNK=block, FIRST=first, LAST=last, BLOCK_K=block_k, IDX64=idx64 or tokens * dst.stride(0) >= INT32_LIMIT,
+            **launch_options(),
+        )
+        if last:
+            return dst_ids
+        src, src_ids, width, first = dst, dst_ids, n_chunks * top_k, False
 
 
 REGISTRATIONS = [
@@ -315,7 +291,7 @@ REGISTRATIONS = [
         op="indexer_topk",
         fn=indexer_topk,
         batch_invariant=True,
-        note="Triton (ascend): persistent cube grid of heads x entries scores, torch.topk threshold + ordered tie-rule select; "
+        note="Triton (ascend): persistent cube grid of heads x entries scores over the visible entries, exact k-th order key + ordered tie-rule select; "
         "FP8 keys decoded by integer e4m3, key scales on the scores",
     ),
 ]

@@ -212,11 +212,11 @@ def _store_parts(rows, acc0, acc1, acc2, acc3, factor, h_ok, like_ptr, D: tl.con
 
 @triton.jit
 def _sparse_attention_kernel(
-    q_ptr, kv_ptr, kv_scale_ptr, idx_ptr, xkv_ptr, xkv_scale_ptr, xidx_ptr, sinks_ptr,
+    q_ptr, kv_ptr, kv_scale_ptr, idx_ptr, xkv_ptr, xkv_scale_ptr, xidx_ptr, xlen_ptr, sinks_ptr,
     out_ptr, part_out_ptr, part_lse_ptr,
     sm_scale,
     K, K2,  # widths of the two index lists
-    num_items, num_splits, blocks_per_split,
+    num_items, num_splits,
     stride_q_t, stride_q_h,
     stride_kv, stride_idx_t,
     stride_xkv, stride_xidx_t,
@@ -228,6 +228,7 @@ def _sparse_attention_kernel(
     BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     Q_CHUNK: tl.constexpr,  # 0: q resident; else the scores are summed over D chunks of this width (PARTS: the part width)
     HAS_EXTRA: tl.constexpr,
+    HAS_LENGTHS: tl.constexpr,  # extra_lengths given: query t reads extra_indices[t, :extra_lengths[t]] only
     DIRECT: tl.constexpr,  # one split: normalise with the sink and write out, no partials
     DOT_F32: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
@@ -243,7 +244,6 @@ def _sparse_attention_kernel(
     offs_d = tl.arange(0, BLOCK_D)
     d_ok = offs_d < D
     nb1 = tl.cdiv(K, BLOCK_N)
-    nb2 = tl.cdiv(K2, BLOCK_N)
     for item in range(pid, num_items, num_programs):
         hb = item % HEAD_BLOCKS
         rest = item // HEAD_BLOCKS
@@ -254,9 +254,15 @@ def _sparse_attention_kernel(
         offs_h = hb * BLOCK_H + arange_h
         h_ok = offs_h < H
         q_rows = q_ptr + t * stride_q_t + offs_h * stride_q_h
-        # This split's row blocks, counted over the window's list and then the extra list.
-        lo = split * blocks_per_split
-        hi = lo + blocks_per_split
+        # This token's row blocks: the window list's, then the extra list's up to its length; this
+        # split takes the split-th run of cdiv(blocks, splits) of them.
+        width2 = K2
+        if HAS_LENGTHS:
+            width2 = tl.minimum(tl.maximum(tl.load(xlen_ptr + t).to(tl.int32), 0), K2)
+        nb2 = tl.cdiv(width2, BLOCK_N)
+        per_split = tl.cdiv(nb1 + nb2, num_splits)
+        lo = split * per_split
+        hi = lo + per_split
         if PARTS:
             q0 = load_q_cols(q_rows, h_ok, 0 * Q_CHUNK, D, Q_CHUNK, DOT_F32)
             q1 = load_q_cols(q_rows, h_ok, 1 * Q_CHUNK, D, Q_CHUNK, DOT_F32)
@@ -274,7 +280,7 @@ def _sparse_attention_kernel(
             )
             if HAS_EXTRA:
                 m_i, l_i, acc0, acc1, acc2, acc3 = _attend_parts(
-                    q0, q1, q2, q3, m_i, l_i, acc0, acc1, acc2, acc3, xkv_ptr, xkv_scale_ptr, xidx_ptr + t * stride_xidx_t, K2, stride_xkv,
+                    q0, q1, q2, q3, m_i, l_i, acc0, acc1, acc2, acc3, xkv_ptr, xkv_scale_ptr, xidx_ptr + t * stride_xidx_t, width2, stride_xkv,
                     tl.maximum(lo - nb1, 0), tl.minimum(hi - nb1, nb2), sm_scale, arange_n, D, Q_CHUNK, BLOCK_N, DOT_PRECISION, IDX64, XFP8,
                 )
             if DIRECT:
@@ -309,7 +315,7 @@ def _sparse_attention_kernel(
             )
             if HAS_EXTRA:
                 m_i, l_i, acc = _attend(
-                    q_rows, h_ok, m_i, l_i, acc, xkv_ptr, xidx_ptr + t * stride_xidx_t, K2, stride_xkv,
+                    q_rows, h_ok, m_i, l_i, acc, xkv_ptr, xidx_ptr + t * stride_xidx_t, width2, stride_xkv,
                     tl.maximum(lo - nb1, 0), tl.minimum(hi - nb1, nb2), sm_scale,
                     arange_n, offs_d, d_ok, q_full, D, BLOCK_H, BLOCK_N, BLOCK_D, Q_CHUNK, DOT_F32, DOT_PRECISION, IDX64,
                 )
@@ -411,10 +417,9 @@ def plan(tokens: int, heads: int, dim: int, width: int, extra_width: int, e_dot:
     if num_splits is None:
         limit = min(MAX_SPLITS, blocks, max(1, (width + extra_width) // MIN_ROWS_PER_SPLIT))
         num_splits = pick_splits(tokens * head_blocks, dev.num_aicore, limit)
-    per_split = cdiv(blocks, max(1, min(int(num_splits), blocks)))
     return {
         "BLOCK_H": block_h, "BLOCK_N": block_n, "Q_CHUNK": q_chunk, "BLOCK_D": block_d,
-        "head_blocks": head_blocks, "blocks_per_split": per_split, "num_splits": cdiv(blocks, per_split),
+        "head_blocks": head_blocks, "num_splits": max(1, min(int(num_splits), blocks, MAX_SPLITS)),
         "bytes": _tile_bytes(block_h, block_n, block_d, e_dot, q_chunk, fp8),
     }
 
@@ -427,11 +432,12 @@ def launch_sparse_attention(
     softmax_scale: float,
     extra_kv: torch.Tensor | None = None,
     extra_indices: torch.Tensor | None = None,
+    extra_lengths: torch.Tensor | None = None,
     *,
     num_splits: int | None = None,
 ) -> torch.Tensor:
     """sparse_attention with an optional forced split count (tests use it to exercise the combine)."""
-    sparse_ops.check_sparse_attention_shapes(q, kv, indices, sinks, extra_kv, extra_indices)
+    sparse_ops.check_sparse_attention_shapes(q, kv, indices, sinks, extra_kv, extra_indices, extra_lengths)
     tokens, heads, dim = q.shape
     out = torch.empty(tokens, heads, dim, dtype=q.dtype, device=q.device)
     if tokens == 0 or heads == 0 or dim == 0:
@@ -453,6 +459,8 @@ def launch_sparse_attention(
         xkv, xidx, width2 = extra_kv, extra_indices, extra_indices.shape[1]
     else:
         xkv, xidx, width2 = kv, indices, 0  # unused placeholders
+    has_lengths = has_extra and extra_lengths is not None
+    xlen = extra_lengths.contiguous() if has_lengths else indices  # (unused without lengths)
     fp8, xfp8 = kv_cache_format.is_fp8(kv), has_extra and kv_cache_format.is_fp8(xkv)
     kv, kv_scales = fp8_views(kv) if fp8 else (kv, kv)  # (the scale views are unused without FP8)
     xkv, xkv_scales = fp8_views(xkv) if xfp8 else (xkv, xkv)
@@ -474,11 +482,11 @@ def launch_sparse_attention(
     idx64 = max(t.numel() + t.stride(0) for t in (q, kv, xkv, indices, xidx, out, part_out)) >= INT32_LIMIT
     items = tokens * splits * cfg["head_blocks"]
     _sparse_attention_kernel[(cube_grid(items),)](
-        q, kv, kv_scales, indices, xkv, xkv_scales, xidx, sinks,
+        q, kv, kv_scales, indices, xkv, xkv_scales, xidx, xlen, sinks,
         out, part_out, part_lse,
         float(softmax_scale),
         indices.shape[1], width2,
-        items, splits, cfg["blocks_per_split"],
+        items, splits,
         q.stride(0), q.stride(1),
         kv.stride(0), indices.stride(0),
         xkv.stride(0), xidx.stride(0),
@@ -490,6 +498,7 @@ def launch_sparse_attention(
         BLOCK_H=cfg["BLOCK_H"], BLOCK_N=cfg["BLOCK_N"], BLOCK_D=cfg["BLOCK_D"],
         Q_CHUNK=cfg["Q_CHUNK"],
         HAS_EXTRA=has_extra,
+        HAS_LENGTHS=has_lengths,
         DIRECT=direct,
         DOT_F32=dot_f32 or upcast_dot(),
         DOT_PRECISION=dot_precision(dot_f32 or upcast_dot()),
@@ -525,8 +534,9 @@ def sparse_attention(
     softmax_scale: float,
     extra_kv: torch.Tensor | None = None,
     extra_indices: torch.Tensor | None = None,
+    extra_lengths: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    return launch_sparse_attention(q, kv, indices, sinks, softmax_scale, extra_kv, extra_indices)
+    return launch_sparse_attention(q, kv, indices, sinks, softmax_scale, extra_kv, extra_indices, extra_lengths)
 
 
 def sparse_attention_invariant(
@@ -538,8 +548,9 @@ def sparse_attention_invariant(
     softmax_scale: float,
     extra_kv: torch.Tensor | None = None,
     extra_indices: torch.Tensor | None = None,
+    extra_lengths: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    return launch_sparse_attention(q, kv, indices, sinks, softmax_scale, extra_kv, extra_indices, num_splits=1)
+    return launch_sparse_attention(q, kv, indices, sinks, softmax_scale, extra_kv, extra_indices, extra_lengths, num_splits=1)
 
 
 REGISTRATIONS = [

@@ -17,10 +17,12 @@ written, the id lists read. Flops: 4 * H * D per listed (query, row) pair (QK^T 
 does 4 * 64 * 512 flops per 1 KiB row read, 128 flop/byte, under the H200's ~180 (matmul rate over
 copy bandwidth): memory-bound; FP8 rows (528 bytes) nearly double that to 248 flop/byte, over the ridge:
 those cases count as compute-bound, as does the prefill chunk, which reuses every row across
-queries. Peer: the reference's arithmetic (float32 gather, FP8 rows dequantised, einsum, softmax
-with the sink) without its host-side bounds check (so the decode peer is graph-timed like the
-kernel), in chunks of queries whose float32 gathered rows stay under 1 GiB (at T = 4096 the whole
-gather would be 5.4 GB).
+queries. An HCA layer's decode (`hca256_emax8192`): each query lists its window and all 256 entries
+of a 32k context in an 8192-wide list (a device plan's E_max at max_model_len 1M), -1 after them and
+`extra_lengths` = 256: what the padding costs (its ids are not read, not counted). Peer: the
+reference's arithmetic (float32 gather, FP8 rows dequantised, einsum, softmax with the sink) without
+its host-side bounds check (so the decode peer is graph-timed like the kernel), in chunks of queries
+whose float32 gathered rows stay under 1 GiB (at T = 4096 the whole gather would be 5.4 GB).
 
 compress_kv (float32 projections, as the model passes them): decode, every one of 256 sequences
 closes a window this step (CSA: the previous and current windows' 8 source rows of width 1024;
@@ -31,7 +33,9 @@ pooled value (bias add, exp, weight multiply, two sums). Memory-bound. Peer: the
 (vectorised torch, no host synchronisation).
 
 indexer_topk (bf16 queries and keys, float32 weights, top 512): decode, one query per sequence
-for 64 sequences of 4k, 32k and 64k tokens (1024, 8192, 16384 keys each); a prefill chunk, the
+for 1 or 64 sequences of 4k, 32k and 64k tokens (1024, 8192, 16384 keys each), and (`emax65536`)
+32k-token sequences whose entry tables are 65536 wide (a device plan at max_model_len 256k: the
+8192 visible keys are the work; the table's -1 columns are not counted); a prefill chunk, the
 last 4096 queries of one 32k-token sequence (each sees the keys complete at its position). Bytes:
 each sequence's keys once, its entry table, the queries, weights and ids (the float32 score matrix
 the kernel writes and reads back is the implementation's, not counted). Flops: 2 * H * (D + 1) per
@@ -140,10 +144,33 @@ def _sparse_setup(batch: int, ctx: int, chunk: int = 1, kv_dtype: torch.dtype = 
     return setup
 
 
+def _hca_setup(batch: int, ctx: int, emax: int, kv_dtype: torch.dtype = FP8):
+    """A V4 decode step's HCA layer: `batch` sequences of `ctx` tokens, each query listing its window
+    and every one of its ctx / 128 compressed entries, in a list as wide as the device plan makes it
+    (E_max = `emax`: a max_model_len of 128 * emax), -1 after them, with extra_lengths."""
+
+    def setup(device: torch.device) -> dict:
+        state = _sparse_setup(batch, ctx, kv_dtype=kv_dtype)(device)
+        g = _gen(device)
+        entries = ctx // HCA_RATIO
+        pool_rows, pool_size = _paged_rows(entries, 1, batch, g, device)  # one HCA entry per other block: rows of their own
+        extra = torch.full((batch, emax), -1, dtype=torch.int32, device=device)
+        extra[:, :entries] = pool_rows.to(torch.int32)
+        state["extra_kv"] = _cache(pool_size, DIM, kv_dtype, g, device)
+        state["extra_indices"] = extra
+        state["extra_lengths"] = torch.full((batch,), entries, dtype=torch.int32, device=device)
+        state["distinct_rows"] = sum(int(torch.unique(state[k][state[k] >= 0]).numel()) for k in ("indices", "extra_indices"))
+        state["pairs"] = sum(int((state[k] >= 0).sum()) for k in ("indices", "extra_indices"))
+        return state
+
+    return setup
+
+
 def _sparse_kernel(s: dict):
     from deepinfer_cuda.kernels.sparse_attention import sparse_attention
 
-    return sparse_attention(s["q"], s["kv"], s["indices"], s["sinks"], softmax_scale=SCALE, extra_kv=s["extra_kv"], extra_indices=s["extra_indices"])
+    return sparse_attention(s["q"], s["kv"], s["indices"], s["sinks"], softmax_scale=SCALE, extra_kv=s["extra_kv"], extra_indices=s["extra_indices"],
+                            extra_lengths=s.get("extra_lengths"))  # fmt: skip
 
 
 def _sparse_peer(s: dict) -> torch.Tensor:
@@ -152,7 +179,7 @@ def _sparse_peer(s: dict) -> torch.Tensor:
     width = s["indices"].shape[1] + s["extra_indices"].shape[1]
     step = max(1, PEER_BYTES // (width * DIM * 4))
     for lo in range(0, q.shape[0], step):
-        idx, xidx = s["indices"][lo : lo + step], s["extra_indices"][lo : lo + step]
+        idx, xidx = s["indices"][lo : lo + step], s["extra_indices"][lo : lo + step]  # (-1 after each HCA list's length)
         rows = torch.cat([kv_cache_format.dequantize_rows(c[i.clamp(min=0).long()]) for c, i in ((s["kv"], idx), (s["extra_kv"], xidx))], dim=1)
         valid = torch.cat((idx >= 0, xidx >= 0), dim=1)
         scores = torch.einsum("thd,tkd->thk", q[lo : lo + step].float(), rows) * SCALE
@@ -165,7 +192,8 @@ def _sparse_peer(s: dict) -> torch.Tensor:
 
 def _sparse_bytes(s: dict) -> float:
     q = s["q"]
-    lists = (s["indices"].numel() + s["extra_indices"].numel()) * 4
+    lengths = s.get("extra_lengths")  # (the ids after a length are never read)
+    lists = (s["indices"].numel() + (s["extra_indices"].numel() if lengths is None else int(lengths.sum()) + lengths.numel())) * 4
     row = s["kv"].shape[1] * s["kv"].element_size()  # 1024 bytes in bf16, 528 in fp8 (values, scale, padding)
     return s["distinct_rows"] * row + 2 * q.numel() * q.element_size() + lists + s["sinks"].numel() * 4
 
@@ -240,11 +268,16 @@ def _compress_flops(s: dict) -> float:
 # ---------------------------------------------------------------------------------------------- indexer_topk
 
 
-def _indexer_setup(batch: int, ctx: int, chunk: int = 1, kv_dtype: torch.dtype = torch.bfloat16):
+def _indexer_setup(batch: int, ctx: int, chunk: int = 1, kv_dtype: torch.dtype = torch.bfloat16, emax: int | None = None):
+    """`batch` sequences of `ctx` tokens (ctx / 4 keys each), the last `chunk` tokens' queries; with
+    `emax`, entry tables as wide as a decode plan makes them (-1 after each sequence's keys)."""
+
     def setup(device: torch.device) -> dict:
         g = _gen(device)
         entries = ctx // CSA_RATIO
         rows, size = _paged_rows(entries, PAGE // CSA_RATIO, batch, g, device)
+        if emax is not None:
+            rows = torch.cat((rows, torch.full((batch, emax - entries), -1, dtype=rows.dtype, device=device)), dim=1)
         pos = (ctx - chunk + torch.arange(chunk, device=device)).repeat(batch)
         tokens = batch * chunk
         return {
@@ -274,6 +307,7 @@ def _indexer_peer(s: dict) -> torch.Tensor:
 
     q, weights, keys, rows = s["q"], s["weights"], s["index_keys"], s["entry_rows"]
     tokens, heads, _ = q.shape
+    rows = rows[:, : int(s["num_visible"].max())]  # (the columns past every query's visible entries score nothing)
     entries = rows.shape[1]
     scores = torch.empty(tokens, entries, device=q.device)
     shared = kv_cache_format.dequantize_rows(keys[rows[0].long()]) if rows.shape[0] == 1 else None  # one sequence: its keys once
@@ -287,13 +321,15 @@ def _indexer_peer(s: dict) -> torch.Tensor:
         scores[lo : lo + step] = (torch.relu(logits) * weights[lo : lo + step, :, None]).sum(dim=1)
     visible = torch.arange(entries, device=q.device)[None, :] < s["num_visible"].long()[:, None]
     out = torch.full((tokens, TOP_K), -1, dtype=torch.int32, device=q.device)
-    out[:, : min(TOP_K, entries)] = _top_ids_lowest_first(scores.masked_fill(~visible, float("-inf")), min(TOP_K, entries)).to(torch.int32)
+    ids = _top_ids_lowest_first(scores.masked_fill(~visible, float("-inf")), min(TOP_K, entries))
+    out[:, : min(TOP_K, entries)] = torch.where(ids >= 0, rows.long()[s["token_seq"].long()[:, None], ids.clamp(min=0)], -1).to(torch.int32)
     return out
 
 
 def _indexer_bytes(s: dict) -> float:
     tokens = s["q"].shape[0]
-    keys = s["entry_rows"].numel() * (s["index_keys"].shape[1] * s["index_keys"].element_size() + 4)  # each sequence's keys (256 or 144 bytes) and table once
+    # each sequence's keys (256 or 144 bytes) and their table entries once (not a wider table's -1 columns)
+    keys = int((s["entry_rows"] >= 0).sum()) * (s["index_keys"].shape[1] * s["index_keys"].element_size() + 4)
     per_query = INDEX_HEADS * INDEX_DIM * s["q"].element_size() + INDEX_HEADS * 4 + TOP_K * 4 + 8  # q, weights, ids, seq + visible
     return keys + tokens * per_query
 
@@ -310,13 +346,20 @@ CASES = [
     *[GraphCase("sparse_attention", f"decode_B{b}_ctx{ctx // 1024}k_w128+top512_H64_D512_bf16", _sparse_setup(b, ctx), *SPARSE)
       for ctx in (4096, 32768) for b in (1, 64, 256)],
     *[GraphCase("sparse_attention", f"decode_B{b}_ctx32k_w128+top512_H64_D512_fp8kv", _sparse_setup(b, 32768, kv_dtype=FP8), *SPARSE, bound="compute")
-      for b in (64, 256)],
+      for b in (1, 64, 256)],
+    # An HCA layer of a decode step served with max_model_len 1M: 256 visible entries in an 8192-wide list (extra_lengths)
+    *[GraphCase("sparse_attention", f"decode_B{b}_ctx32k_w128+hca256_emax8192_H64_D512_fp8kv", _hca_setup(b, 32768, 8192), *SPARSE, bound="compute")
+      for b in (1, 64)],
     BenchCase("sparse_attention", "prefill_T4096_ctx32k_w128+top512_H64_D512_bf16", _sparse_setup(1, 32768, 4096), *SPARSE, bound="compute"),
     GraphCase("compress_kv", "decode_B256_CSA_r4_overlap_D512_f32", _compress_setup(CSA_RATIO, True, 256, decode=True), *COMPRESS),
     GraphCase("compress_kv", "decode_B256_HCA_r128_D512_f32", _compress_setup(HCA_RATIO, False, 256, decode=True), *COMPRESS),
     BenchCase("compress_kv", "prefill_T8192_CSA_r4_overlap_D512_f32", _compress_setup(CSA_RATIO, True, 8192 // CSA_RATIO, decode=False), *COMPRESS),
     BenchCase("compress_kv", "prefill_T8192_HCA_r128_D512_f32", _compress_setup(HCA_RATIO, False, 8192 // HCA_RATIO, decode=False), *COMPRESS),
     *[GraphCase("indexer_topk", f"decode_B64_ctx{ctx // 1024}k_H64_D128_top512_bf16", _indexer_setup(64, ctx), *INDEXER) for ctx in (4096, 32768, 65536)],
-    GraphCase("indexer_topk", "decode_B64_ctx32k_H64_D128_top512_fp8kv", _indexer_setup(64, 32768, kv_dtype=FP8), *INDEXER),
+    *[GraphCase("indexer_topk", f"decode_B{b}_ctx32k_H64_D128_top512_fp8kv", _indexer_setup(b, 32768, kv_dtype=FP8), *INDEXER) for b in (1, 64)],
+    GraphCase("indexer_topk", "decode_B1_ctx32k_H64_D128_top512_bf16", _indexer_setup(1, 32768), *INDEXER),
+    # 8192 visible keys in a table as wide as max_model_len 256k makes it (65536 entries): the work is the visible keys'
+    *[GraphCase("indexer_topk", f"decode_B{b}_ctx32k_emax65536_H64_D128_top512_fp8kv", _indexer_setup(b, 32768, kv_dtype=FP8, emax=65536), *INDEXER)
+      for b in (1, 64)],
     BenchCase("indexer_topk", "prefill_T4096_ctx32k_H64_D128_top512_bf16", _indexer_setup(1, 32768, 4096), *INDEXER, bound="compute"),
 ]  # fmt: skip

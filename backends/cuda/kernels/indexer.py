@@ -1,8 +1,8 @@
 """Triton kernels: indexer_topk (DeepSeek-V4's Lightning Indexer: each query's top_k compressed entries).
 
 score(t, e) = sum_h weights[t, h] * relu(q[t, h] . keys[entry_rows[seq(t), e]]) over the entries
-e < num_visible[t]; the result is the top_k entry ids by score, equal scores lowest id first, -1
-past the visible ones (deepinfer.ops.indexer.indexer_topk). Two steps, no host synchronisation
+e < num_visible[t]; the result is the rows entry_rows[seq(t), e] of the top_k entries e by score,
+equal scores lowest id first, -1 past the visible ones (deepinfer.ops.indexer.indexer_topk). Two steps, no host synchronisation
 (CUDA-graph safe):
 
 Scores (`_indexer_scores_kernel`, grid (query blocks, entry blocks)): a program scores BLOCK_E
@@ -10,44 +10,41 @@ entries for BLOCK_T consecutive queries. The gathered key rows are the M side of
 product and the query's heads the N side: logits[BLOCK_E, H] = keys [BLOCK_E, D] @ q[t]^T [D, H]
 (float32 accumulation; float32 operands with input_precision "ieee", never tf32), then relu, times
 weights[t, h] and a tl.sum over the heads along N (within a warp's registers; a fixed tree order)
-- only the float32 score is written: scores [T, E], -inf for the entries t does not see. The key
+- only the float32 score is written: scores [T, E], for the entries t sees. The key
 tile is loaded once and kept while the next query belongs to the same sequence (a prefill's
 queries are consecutive), so a sequence's keys are read once per BLOCK_T queries; BLOCK_T comes
 from host-known shapes only (about T / B queries per sequence, at most 16; 1 in a decode batch). A
-block wholly past num_visible[t] writes -inf without loading anything (decode batches mix short
-and long sequences under one E). Heads and D are padded to 16 (tl.dot's minimum) with zeros, which
+block wholly past num_visible[t] loads and writes nothing (decode batches mix short and long
+sequences under one E, and a decode plan's E is E_max). Heads and D are padded to 16 (tl.dot's minimum) with zeros, which
 add exactly 0 (relu(0) * 0); D is one tile (V4: 128). bfloat16 / float16 products are exact in
 float32, so the scores differ from the reference's only by the order of the float32 sums.
 
-Selection: torch.topk(scores, k, sorted=False) gives the k-th largest score kth (the minimum of the
-returned values, an element's exact value), then two kernels over (query, chunk of BLOCK entries)
-apply the reference's rule (`_top_ids_lowest_first`): every score > kth is taken, and the first
-room = k - #(topk values > kth) finite scores == kth in id order. `_indexer_count_kernel` counts
-each chunk's scores > kth and == kth; `_indexer_select_kernel` sums the counts of the chunks
-before its own (the ids taken before it: above + min(ties, room)), ranks its ties and its taken
-ids with tl.cumsum and stores the taken ids at their ranks, so each row comes out compacted in
-ascending id order (as the reference's does), -1 after the last (written by chunk 0). Chunks
-rather than one program per query: a decode step has few queries over up to 256k entries.
-
-Why torch glue for the threshold rather than an in-kernel radix select: torch.topk is one tuned
-radix select on the GPU (and runs on the CPU under the interpreter), and since the threshold it
-yields is an element's exact value, the tie rule is reproduced bit for bit by comparisons alone;
-an in-kernel select would need per-query digit histograms (atomics, several passes) or ~32
-bisection passes over rows of up to 256k entries.
+Selection (`_indexer_select_kernel`, one launch when a row fits a chunk of 8192 entries: V4-Flash
+decode up to 32k tokens of context; two up to 1M): a program holds a row's visible scores in registers as int32
+order keys (the float's bits, negatives' magnitude bits flipped: integer order = float order, -0.0
+folded into +0.0) and finds the k-th largest key exactly, bit by bit (32 counts of the row: the
+largest x with #(keys >= x) >= k), then applies the reference's rule (`_top_ids_lowest_first`):
+every key above kth, and the first room = k - #(above) keys equal to a finite kth in id order
+(tl.cumsum), stored compacted in ascending id order as their entry rows, -1 after the last. Wider rows (long contexts)
+run the same kernel per chunk, keeping each chunk's top k as candidates (order keys and ids, in id
+order), and again over the candidates until they fit one chunk: a chunk gives the row's selection
+at most k entries, which are its own top k under the same order, so nothing the row takes is lost.
+Integer comparisons against an exact key: the tie rule holds bit for bit, and the result is the
+same whatever the batch.
 
 FP8 keys (deepinfer.ops.kv_cache_format, an FP8 cache's indexer pool) are gathered as bytes, their
 e4m3 values converted exactly to q's dtype, and each key's float32 scale multiplies its score at
 the end (relu(s * x) = s * relu(x) for s > 0).
 
-Memory: the float32 scores [T, E] (4 bytes per query and entry), topk's values [T, k] and the
-chunk counts [T, 2 * chunks]. Offsets are int64 (T x E can pass 2^31 in a long prefill). float64
-inputs (a test dtype) go to the reference.
+Memory: the float32 scores [T, E] (4 bytes per query and entry; only the visible ones written)
+and, for rows wider than a chunk, the candidates [T, chunks * k] (keys and ids). Offsets are int64
+(T x E can pass 2^31 in a long prefill). float64 inputs (a test dtype) go to the reference.
 
 Deterministic mode (`indexer_topk_invariant`): on a GPU the default is batch-invariant already: the
 entry tile (BLOCK_E), BLOCK_H, BLOCK_D and the warps come from the head count and D only, entry
 blocks are aligned to entry 0 of the sequence's table, and BLOCK_T is a loop over queries (each
 query's dot and head sum are the same instructions whatever BLOCK_T), not a tile axis; the selection
-is integer counting against an exact threshold. The invariant registration differs under the
+is integer counting against an exact key. The invariant registration differs under the
 interpreter only, where the default sizes the entry tile by the batch's padded table width: it
 takes the GPU's entry tile there too (numpy's matmul may give a row other bits in another shape).
 float64 (a test dtype) goes to the reference under `deepinfer.exact_order.invariant`.
@@ -64,16 +61,26 @@ import triton.language as tl
 from deepinfer.ops import kv_cache_format
 from deepinfer.ops.indexer import check_indexer_topk_shapes
 from deepinfer.ops.indexer import indexer_topk as _reference
-from deepinfer.triton_common import cdiv, fp8_views, interpreting, last_dim_contiguous, next_power_of_2, upcast_dot
+from deepinfer.triton_common import (
+    ORDER_KEY_NONE,
+    cdiv,
+    fp8_views,
+    interpreting,
+    last_dim_contiguous,
+    next_power_of_2,
+    order_key,
+    top_k_lowest_first,
+    upcast_dot,
+)
 from deepinfer_cuda.kernels.common import Registration, dot_precision
 
 _MAX_BLOCK_T = 16  # queries per scoring program
 _GPU_BLOCK_E = 128  # entries per scoring program on a GPU (fewer for D or heads > 128)
 _GPU_TILE = 128 * 128  # elements of the key tile / the logits tile on a GPU
 _INTERPRET_BLOCK_E = 1024  # under the interpreter: few, large programs
-_GPU_SELECT_BLOCK = 2048  # scores per selection program (one chunk of a row)
-_INTERPRET_SELECT_BLOCK = 8192
-_MAX_BLOCK_K = 1024  # topk values read per step
+_GPU_SELECT_CHUNK = 8192  # scores a selection program holds in registers (16 warps, 16 a thread: 122 registers on sm90; 16384 spill)
+_INTERPRET_SELECT_CHUNK = 8192
+_MAX_BLOCK_K = 1024  # -1 padding written per step
 
 
 @triton.jit(do_not_specialize=["T"])
@@ -135,79 +142,55 @@ def _indexer_scores_kernel(
                 score = tl.sum(tl.maximum(logits, 0.0) * w[None, :], axis=1)
                 if FP8:
                     score = score * key_scale
-                tl.store(dst, tl.where(offs_e < nv, score, float("-inf")), mask=e_in)
-            else:
-                tl.store(dst, tl.full([BLOCK_E], float("-inf"), tl.float32), mask=e_in)
-
-
-@triton.jit
-def _kth_and_room(topv_ptr, t, K, stride_v, BLOCK_K: tl.constexpr):
-    """The k-th largest score of query t (the minimum of topk's k values: an element's exact value)
-    and how many scores equal to it are taken (k minus those above it)."""
-    offs_k = tl.arange(0, BLOCK_K)
-    top_row = topv_ptr + t * stride_v
-    kth = tl.min(tl.load(top_row + offs_k, mask=offs_k < K, other=float("inf")), axis=0)
-    for k0 in range(BLOCK_K, K, BLOCK_K):
-        kth = tl.minimum(kth, tl.min(tl.load(top_row + k0 + offs_k, mask=k0 + offs_k < K, other=float("inf")), axis=0))
-    above = tl.sum((tl.load(top_row + offs_k, mask=offs_k < K, other=float("-inf")) > kth).to(tl.int32), axis=0)
-    for k0 in range(BLOCK_K, K, BLOCK_K):
-        above += tl.sum((tl.load(top_row + k0 + offs_k, mask=k0 + offs_k < K, other=float("-inf")) > kth).to(tl.int32), axis=0)
-    return kth, K - above
-
-
-@triton.jit
-def _indexer_count_kernel(
-    scores_ptr, topv_ptr, counts_ptr,
-    E, K,
-    stride_s, stride_v, stride_c,
-    BLOCK: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-):
-    """Per (query, chunk of BLOCK entries): how many scores are > kth and how many equal it (finite)."""
-    t = tl.program_id(0).to(tl.int64)
-    c = tl.program_id(1)
-    kth, room = _kth_and_room(topv_ptr, t, K, stride_v, BLOCK_K)
-    e = c * BLOCK + tl.arange(0, BLOCK)
-    s = tl.load(scores_ptr + t * stride_s + e, mask=e < E, other=float("-inf"))
-    above = tl.sum((s > kth).to(tl.int32), axis=0)
-    tied = tl.sum(((s == kth) & (s > float("-inf")) & (s < float("inf"))).to(tl.int32), axis=0)
-    tl.store(counts_ptr + t * stride_c + 2 * c, above)
-    tl.store(counts_ptr + t * stride_c + 2 * c + 1, tied)
+                tl.store(dst, score, mask=offs_e < nv)  # (nothing past num_visible: the selection never reads it)
 
 
 @triton.jit
 def _indexer_select_kernel(
-    scores_ptr, topv_ptr, counts_ptr, out_ptr,
-    E, K, TOP_K, n_chunks,
-    stride_s, stride_v, stride_c, stride_o,
-    BLOCK: tl.constexpr,
+    src_ptr, src_ids_ptr, nv_ptr, dst_ptr, dst_ids_ptr, rows_ptr, seq_ptr,
+    width, TOP_K,
+    stride_src, stride_dst, stride_rb,
+    CHUNK: tl.constexpr,
+    FIRST: tl.constexpr,  # src: the float32 scores (ids: their columns, valid below num_visible); else candidate keys and ids
+    LAST: tl.constexpr,  # write the row's ids (dst_ids [T, TOP_K], -1 after the last); else this chunk's candidates
+    ROWS: tl.constexpr,  # LAST writes entry_rows[token_seq[t], id] (rows_ptr, seq_ptr) instead of the ids
     BLOCK_K: tl.constexpr,
-    BLOCK_C: tl.constexpr,
 ):
-    """Per (query, chunk): the chunk's taken ids (every score > kth, and the ties while the first
-    `room` ties of the row in id order last), at their ranks in the row's ascending id list."""
+    """Per (query, chunk of CHUNK entries): the chunk's top TOP_K by (score, then lowest id), in id
+    order. LAST (one chunk holds the row): the row's selection. Otherwise the chunk's candidates
+    (order keys and ids at dst[t, c * TOP_K:], ORDER_KEY_NONE / -1 after them): every entry the row's
+    selection takes from the chunk is among them (a chunk gives at most TOP_K, and the row's order
+    restricted to the chunk is the chunk's), and chunk after chunk they stay in id order."""
     t = tl.program_id(0).to(tl.int64)
     c = tl.program_id(1)
-    kth, room = _kth_and_room(topv_ptr, t, K, stride_v, BLOCK_K)
-    offs_c = tl.arange(0, BLOCK_C)
-    count_row = counts_ptr + t * stride_c + 2 * offs_c
-    above_c = tl.load(count_row, mask=offs_c < n_chunks, other=0)
-    tied_c = tl.load(count_row + 1, mask=offs_c < n_chunks, other=0)
-    before = offs_c < c
-    tied_before = tl.sum(tl.where(before, tied_c, 0), axis=0)
-    taken_before = tl.sum(tl.where(before, above_c, 0), axis=0) + tl.minimum(tied_before, room)
-    e = c * BLOCK + tl.arange(0, BLOCK)
-    s = tl.load(scores_ptr + t * stride_s + e, mask=e < E, other=float("-inf"))
-    tied = ((s == kth) & (s > float("-inf")) & (s < float("inf"))).to(tl.int32)
-    take = (s > kth) | ((tied != 0) & (tied_before + tl.cumsum(tied, axis=0) <= room))
-    pos = taken_before + tl.cumsum(take.to(tl.int32), axis=0) - 1
-    out_row = out_ptr + t * stride_o
-    tl.store(out_row + pos, e, mask=take)
-    if c == 0:  # -1 after the row's last taken id
-        taken = tl.sum(above_c, axis=0) + tl.minimum(tl.sum(tied_c, axis=0), room)
-        for p0 in range(0, TOP_K, BLOCK_K):
-            p = p0 + tl.arange(0, BLOCK_K)
-            tl.store(out_row + p, tl.full([BLOCK_K], -1, tl.int32), mask=(p >= taken) & (p < TOP_K))
+    offs = c * CHUNK + tl.arange(0, CHUNK)
+    if FIRST:
+        nv = tl.minimum(tl.maximum(tl.load(nv_ptr + t).to(tl.int32), 0), width)
+        ok = offs < nv
+        keys = tl.where(ok, order_key(tl.load(src_ptr + t * stride_src + offs, mask=ok, other=0.0)), ORDER_KEY_NONE)
+        ids = offs
+    else:
+        ids = tl.load(src_ids_ptr + t * stride_src + offs, mask=offs < width, other=-1)
+        keys = tl.where(ids >= 0, tl.load(src_ptr + t * stride_src + offs, mask=offs < width, other=ORDER_KEY_NONE), ORDER_KEY_NONE)
+    take, pos, taken = top_k_lowest_first(keys, TOP_K)
+    if LAST:
+        out_row = dst_ids_ptr + t * stride_dst
+        if ROWS:
+            seq = tl.load(seq_ptr + t).to(tl.int64)
+            tl.store(out_row + pos, tl.load(rows_ptr + seq * stride_rb + ids, mask=take, other=-1), mask=take)
+        else:
+            tl.store(out_row + pos, ids, mask=take)
+    else:
+        out_row = dst_ids_ptr + t * stride_dst + c * TOP_K
+        key_row = dst_ptr + t * stride_dst + c * TOP_K
+        tl.store(out_row + pos, ids, mask=take)
+        tl.store(key_row + pos, keys, mask=take)
+    for p0 in range(0, TOP_K, BLOCK_K):  # -1 (and ORDER_KEY_NONE) after the last taken
+        p = p0 + tl.arange(0, BLOCK_K)
+        pad = (p >= taken) & (p < TOP_K)
+        tl.store(out_row + p, tl.full([BLOCK_K], -1, tl.int32), mask=pad)
+        if not LAST:
+            tl.store(key_row + p, tl.full([BLOCK_K], ORDER_KEY_NONE, tl.int32), mask=pad)
 
 
 def indexer_topk(
@@ -236,8 +219,10 @@ def indexer_topk_invariant(
     return launch_indexer_topk(q, weights, index_keys, entry_rows, token_seq, num_visible, top_k, invariant=True)
 
 
-def launch_indexer_topk(q, weights, index_keys, entry_rows, token_seq, num_visible, top_k, *, invariant: bool = False) -> torch.Tensor:
-    """indexer_topk; invariant: the GPU's entry tile under the interpreter too (deterministic mode)."""
+def launch_indexer_topk(q, weights, index_keys, entry_rows, token_seq, num_visible, top_k, *, invariant: bool = False,
+                        select_chunk: int | None = None) -> torch.Tensor:  # fmt: skip
+    """indexer_topk; invariant: the GPU's entry tile under the interpreter too (deterministic mode);
+    select_chunk: the selection's chunk (tests force several launches with a small one)."""
     check_indexer_topk_shapes(q, weights, index_keys, entry_rows, token_seq, num_visible)
     if q.dtype == torch.float64 or index_keys.dtype == torch.float64:
         reference = _invariant_reference() if invariant else _reference
@@ -277,27 +262,44 @@ def launch_indexer_topk(q, weights, index_keys, entry_rows, token_seq, num_visib
         num_warps=8 if block_e * max(block_d, block_h) >= 128 * 128 else 4,
     )
 
-    top = torch.topk(scores, k, dim=1, sorted=False).values
-    block = max(16, min(next_power_of_2(max_entries), _INTERPRET_SELECT_BLOCK if interpreting() else _GPU_SELECT_BLOCK))
-    n_chunks = cdiv(max_entries, block)
-    counts = torch.empty(tokens, 2 * n_chunks, dtype=torch.int32, device=q.device)
-    block_k = max(16, min(next_power_of_2(k), _MAX_BLOCK_K))
-    _indexer_count_kernel[(tokens, n_chunks)](
-        scores, top, counts,
-        max_entries, k,
-        scores.stride(0), top.stride(0), counts.stride(0),
-        BLOCK=block, BLOCK_K=block_k,
-        num_warps=4,
-    )
-    out = torch.empty(tokens, top_k, dtype=torch.int32, device=q.device)
-    _indexer_select_kernel[(tokens, n_chunks)](
-        scores, top, counts, out,
-        max_entries, k, top_k, n_chunks,
-        scores.stride(0), top.stride(0), counts.stride(0), out.stride(0),
-        BLOCK=block, BLOCK_K=block_k, BLOCK_C=max(2, next_power_of_2(n_chunks)),
-        num_warps=4,
-    )
-    return out
+    return select_topk(scores, num_visible, top_k, entry_rows=entry_rows, token_seq=token_seq, chunk=select_chunk)
+
+
+def select_topk(
+    scores: torch.Tensor, num_visible: torch.Tensor, top_k: int, *, entry_rows: torch.Tensor | None = None, token_seq: torch.Tensor | None = None,
+    chunk: int | None = None,
+) -> torch.Tensor:  # fmt: skip
+    """[T, top_k] int32: each row's top_k columns below num_visible[t] by score, equal scores lowest
+    column first, in column order, -1 after the last (the reference's `_top_ids_lowest_first`); with
+    entry_rows and token_seq, entry_rows[token_seq[t], column] instead of the column. Rows wider than
+    `chunk` are cut into chunks whose candidates the next launch selects from."""
+    tokens, width = scores.shape
+    cap = chunk or (_INTERPRET_SELECT_CHUNK if interpreting() else _GPU_SELECT_CHUNK)
+    cap = max(cap, 4 * next_power_of_2(top_k))  # each launch keeps at most a quarter of its input
+    if cap >= 1 << 16:
+        raise ValueError(f"indexer_topk's selection takes top_k up to 16384 (its counts are 16-bit), got {top_k}")
+    block_k = max(16, min(next_power_of_2(top_k), _MAX_BLOCK_K))
+    src, src_ids, first = scores, scores, True
+    while True:
+        block = max(16, min(cap, next_power_of_2(width)))
+        n_chunks = cdiv(width, block)
+        last = n_chunks == 1
+        if last:
+            dst = dst_ids = torch.empty(tokens, top_k, dtype=torch.int32, device=scores.device)
+        else:
+            dst = torch.empty(tokens, n_chunks * top_k, dtype=torch.int32, device=scores.device)
+            dst_ids = torch.empty_like(dst)
+        rows = entry_rows is not None and last
+        _indexer_select_kernel[(tokens, n_chunks)](
+            src, src_ids, num_visible, dst, dst_ids, entry_rows if rows else dst, token_seq if rows else dst,
+            width, top_k,
+            src.stride(0), dst.stride(0), entry_rows.stride(0) if rows else 0,
+            CHUNK=block, FIRST=first, LAST=last, ROWS=rows, BLOCK_K=block_k,
+            num_warps=max(4, min(16, block // 512)),
+        )
+        if last:
+            return dst_ids
+        src, src_ids, width, first = dst, dst_ids, n_chunks * top_k, False
 
 
 @lru_cache(maxsize=None)
@@ -312,7 +314,7 @@ REGISTRATIONS = [
         op="indexer_topk",
         fn=indexer_topk,
         dtypes=(torch.float32, torch.bfloat16, torch.float16, torch.float64),
-        note="Triton: heads x entries tensor-core scores, torch.topk threshold + ordered tie-rule select",
+        note="Triton: heads x entries tensor-core scores over the visible entries, in-register exact k-th key + ordered tie-rule select",
     ),
     Registration(
         op="indexer_topk",
@@ -320,6 +322,6 @@ REGISTRATIONS = [
         dtypes=(torch.float32, torch.bfloat16, torch.float16, torch.float64),
         priority=-1,
         batch_invariant=True,
-        note="Triton: heads x entries tensor-core scores, torch.topk threshold + ordered tie-rule select; the GPU's entry tile under the interpreter too",
+        note="Triton: heads x entries tensor-core scores, in-register exact k-th key + ordered tie-rule select; the GPU's entry tile under the interpreter too",
     ),
 ]

@@ -19,19 +19,29 @@ which is zero for a query that listed no row (acc = l = 0) and never divides by 
 
 Grid: (T * head blocks, splits), head blocks fastest: the head blocks of one token (H > 64) are
 neighbours in launch order and their row gathers hit L2. Splits: decode has T = batch, and T * head
-blocks programs may leave most SMs idle; then the token's row blocks (both lists, window first)
-are cut into `splits` runs of whole blocks, each program writes its normalised float32 partial and
-its log-sum-exp, and a combine kernel merges them in split order with the sink (deterministic).
-The split count comes from host-known shapes only (T, H, the lists' widths, the SM count), never
-from the ids, so the launch is CUDA-graph safe and the wrapper never synchronises.
+blocks programs may leave most SMs idle; then each token's row blocks (the window list's, then the
+extra list's) are cut into `splits` runs of cdiv(blocks, splits) whole blocks, each program writes
+its normalised float32 partial and its log-sum-exp, and a combine kernel merges them with the sink
+(deterministic: one [splits, columns] load per (token, head, column block) program, summed as a
+fixed tree; the loads are in flight together rather than one split after the other). The split
+count comes from host-known shapes only (T, H, the lists' widths, the SM count), never from the
+ids, so the launch is CUDA-graph safe and the wrapper never synchronises; the blocks a split takes
+are counted per token on the device, over the extra list's `extra_lengths[t]` ids when given (V4
+decode pads each HCA list to E_max entries: a token's splits share its valid rows, and the padding
+is never loaded, not even its ids). Rows past a list's end or listed as -1 are masked loads: no
+memory traffic.
 
-Tiles (bf16/fp16): BLOCK_N = 64 rows, BLOCK_D = D rounded up to a power of two (the q block stays
-resident and the [BLOCK_N, D] tile feeds both products), and BLOCK_H by the grid's size: 64 heads
-(8 warps) once T * cdiv(H, 64) programs fill half the SMs (prefill, large decode batches: each row
-block is read once per token, twice for 128 heads, the second time from L2); otherwise 32 heads
-(4 warps), and 16 when even 16-head blocks give at most SMs / 8 programs (decode of a few tokens:
-the programs are latency-bound, and shorter ones finish sooner while the re-reads hit L2). Fewer
-heads than BLOCK_H are masked rows (tl.dot wants M >= 16). float32 inputs take input_precision
+Tiles (bf16/fp16): BLOCK_D = D rounded up to a power of two (the q block stays resident and the
+[BLOCK_N, D] tile feeds both products). By the grid's size:
+- 64 heads, 64 rows, 8 warps once T * cdiv(H, 64) programs fill half the SMs (prefill, large decode
+  batches: each row block is read once per token, twice for 128 heads, the second time from L2);
+- a few tokens (16-head programs would leave half the SMs idle: decode of a small batch): 16 heads,
+  32 rows, 8 warps, two programs per SM, and splits down to one row block each, so that T * head
+  blocks * splits programs fill the GPU; each program is then a short chain (its ids, its gather,
+  two products, its partial) and the rows' re-reads by the other head blocks hit L2;
+- between: 32 heads, 64 rows (32 with an FP8 cache), 8 warps (4 warps spill the [32, 512]
+  accumulator beside the tile).
+Fewer heads than BLOCK_H are masked rows (tl.dot wants M >= 16). float32 inputs take input_precision
 "ieee" (no tf32 truncation; not on tensor cores) and 16-head, 32-row tiles. Row offsets are int64
 (a flat cache of V4's 512-wide rows passes 2^31 elements at 4M rows), as are the token offsets of
 q and out.
@@ -42,13 +52,12 @@ multiplies that row's scores and softmax weights, never the tile's elements.
 
 Deterministic mode (`sparse_attention_invariant`): `plan` picks BLOCK_H and the warps from T, and
 the split count from T and the lists' widths, which a batch pads to its longest list; a split
-boundary then falls elsewhere in a query's rows, and the extra list's blocks shift against the
-splits when the window list's width changes. The invariant launch takes one tile for every call
+boundary then falls elsewhere in a query's rows. The invariant launch takes one tile for every call
 (bf16/fp16: the full-grid 64-head tile, 8 warps; float32: 16 x 32, 4 warps; BLOCK_H capped by the
 head count) and ONE split: each program folds all of its token's row blocks in list order, window
 list first, and normalises with the sink itself (DIRECT, no partials, no combine). Row blocks are
-aligned to each list's position 0, and a block of padding (-1) leaves (m, l, acc) exactly as they
-were, so a list padded to another width gives the same bits.
+aligned to each list's position 0, and a block of padding (-1, or past extra_lengths) leaves
+(m, l, acc) exactly as they were, so a list padded to another width gives the same bits.
 
 Row ids must be < the cache's rows (the reference raises on larger ids; checking here would need
 a host synchronisation): the kernel does not check them.
@@ -70,6 +79,7 @@ from deepinfer.triton_common import (
     cdiv,
     fp8_views,
     interpreting,
+    merge_split_columns,
     next_power_of_2,
     normalise_with_sink,
     pick_splits,
@@ -87,11 +97,13 @@ BLOCK_H_MAX = 64  # heads per program on full grids: all of V4-Flash's 64; 128 h
 BLOCK_N_16 = 64  # rows per gathered tile, 16-bit operands: [64, 512] bf16 = 64 KiB
 BLOCK_H_F32 = 16  # float32 operands: [16, 512] float32 q + [32, 512] float32 tile + [16, 512] acc
 BLOCK_N_F32 = 32
+BLOCK_N_FEW = 32  # rows per tile when a few tokens run (decode of a small batch): shorter programs, more splits
 NUM_STAGES = 2
-CTAS_PER_SM = 1  # a 64-head program holds a [64, 512] float32 accumulator: one per SM
+CTAS_PER_SM = 1  # a 32- or 64-head program holds a [BLOCK_H, 512] float32 accumulator: one per SM
+CTAS_PER_SM_FEW = 2  # 16 heads x 32 rows, 8 warps: at most 128 registers a thread (sm90, FP8), two programs an SM
 MIN_ROWS_PER_SPLIT = 128  # a split's partial write (BLOCK_H * D * 4 bytes) stays small next to its reads
 MAX_SPLITS = 32
-COMBINE_H = 16  # heads per combine program: [16, D] float32 accumulator
+COMBINE_ELEMS = 4096  # partial elements a combine program loads at once ([splits, columns] float32, 4 warps)
 COMBINE_WARPS = 4
 
 
@@ -137,11 +149,10 @@ def _store_out(ptrs, values, mask, MANUAL_RNE: tl.constexpr):
 
 @triton.jit
 def _sparse_attention_kernel(
-    q_ptr, kv_ptr, kv_scale_ptr, idx_ptr, xkv_ptr, xkv_scale_ptr, xidx_ptr, sinks_ptr,
+    q_ptr, kv_ptr, kv_scale_ptr, idx_ptr, xkv_ptr, xkv_scale_ptr, xidx_ptr, xlen_ptr, sinks_ptr,
     out_ptr, part_out_ptr, part_lse_ptr,
     qk_scale,  # softmax_scale * log2(e): scores live in the log2 domain
     K, K2,  # widths of the two index lists
-    blocks_per_split,
     stride_q_t, stride_q_h,
     stride_kv, stride_idx_t,
     stride_xkv, stride_xidx_t,
@@ -152,6 +163,7 @@ def _sparse_attention_kernel(
     HEAD_BLOCKS: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     HAS_EXTRA: tl.constexpr,
+    HAS_LENGTHS: tl.constexpr,  # extra_lengths given: query t reads extra_indices[t, :extra_lengths[t]] only
     DIRECT: tl.constexpr,  # one split: normalise with the sink and write out, no partials
     DOT_F32: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
@@ -161,6 +173,7 @@ def _sparse_attention_kernel(
 ):
     pid = tl.program_id(0)
     split = tl.program_id(1)
+    num_splits = tl.num_programs(1)
     hb = pid % HEAD_BLOCKS
     t = (pid // HEAD_BLOCKS).to(tl.int64)
 
@@ -179,18 +192,23 @@ def _sparse_attention_kernel(
     l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
     acc = tl.zeros([BLOCK_H, BLOCK_D], dtype=tl.float32)
 
-    # This split's row blocks, counted over the window's list and then the extra list.
+    # This token's row blocks: the window list's, then the extra list's up to its length; split
+    # `split` takes the split-th run of cdiv(blocks, splits) of them (none past the token's last).
     nb1 = tl.cdiv(K, BLOCK_N)
-    lo = split * blocks_per_split
-    hi = lo + blocks_per_split
+    width2 = K2
+    if HAS_LENGTHS:
+        width2 = tl.minimum(tl.maximum(tl.load(xlen_ptr + t).to(tl.int32), 0), K2)
+    nb2 = tl.cdiv(width2, BLOCK_N)
+    per_split = tl.cdiv(nb1 + nb2, num_splits)
+    lo = split * per_split
+    hi = lo + per_split
     m_i, l_i, acc = _attend(
         q, m_i, l_i, acc, kv_ptr, kv_scale_ptr, idx_ptr + t * stride_idx_t, K, stride_kv, lo, tl.minimum(hi, nb1), qk_scale,
         arange_n, offs_d, d_ok, D, BLOCK_N, DOT_F32, DOT_PRECISION, FP8,
     )
     if HAS_EXTRA:
-        nb2 = tl.cdiv(K2, BLOCK_N)
         m_i, l_i, acc = _attend(
-            q, m_i, l_i, acc, xkv_ptr, xkv_scale_ptr, xidx_ptr + t * stride_xidx_t, K2, stride_xkv,
+            q, m_i, l_i, acc, xkv_ptr, xkv_scale_ptr, xidx_ptr + t * stride_xidx_t, width2, stride_xkv,
             tl.maximum(lo - nb1, 0), tl.minimum(hi - nb1, nb2), qk_scale,
             arange_n, offs_d, d_ok, D, BLOCK_N, DOT_F32, DOT_PRECISION, XFP8,
         )
@@ -216,69 +234,64 @@ def _sparse_attention_combine_kernel(
     stride_pl_t, stride_pl_split,
     stride_o_t, stride_o_h,
     H: tl.constexpr, D: tl.constexpr,
-    HEAD_BLOCKS: tl.constexpr,
-    BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
+    COL_BLOCKS: tl.constexpr,
+    SPLITS: tl.constexpr,  # splits a load: next_power_of_2(num_splits), at most MAX_SPLITS
+    BLOCK_C: tl.constexpr,
     MANUAL_RNE: tl.constexpr,
 ):
-    """One program per (token, BLOCK_H heads): merge the splits' partials in split order, the sink
-    joining the normaliser."""
+    """One program per (token, head, BLOCK_C columns): every split's partial columns in one
+    [SPLITS, BLOCK_C] load (all in flight together, not one split after another), merged as a
+    fixed tree with the sink joining the normaliser (deterministic)."""
     pid = tl.program_id(0)
-    hb = pid % HEAD_BLOCKS
-    t = (pid // HEAD_BLOCKS).to(tl.int64)
-    offs_h = hb * BLOCK_H + tl.arange(0, BLOCK_H)
-    h_ok = offs_h < H
-    offs_d = tl.arange(0, BLOCK_D)
-    mask = h_ok[:, None] & (offs_d < D)[None, :]
-    lse_rows = part_lse_ptr + t * stride_pl_t + offs_h
-    top = tl.load(sinks_ptr + offs_h, mask=h_ok, other=0.0).to(tl.float32) * 1.4426950408889634
-    sink = top
-    for k in range(num_splits):
-        top = tl.maximum(top, tl.load(lse_rows + k * stride_pl_split, mask=h_ok, other=float("-inf")))
-    top = tl.where(top == float("-inf"), 0.0, top)
-    denom = tl.exp2(sink - top)
-    acc = tl.zeros([BLOCK_H, BLOCK_D], dtype=tl.float32)
-    po_rows = part_out_ptr + t * stride_po_t + offs_h * stride_po_h
-    for k in range(num_splits):
-        w = tl.exp2(tl.load(lse_rows + k * stride_pl_split, mask=h_ok, other=float("-inf")) - top)
-        # Every split writes its partial (zeros when it saw no row), so all are finite.
-        part = tl.load(po_rows[:, None] + k * stride_po_split + offs_d[None, :], mask=mask, other=0.0)
-        denom += w
-        acc += w[:, None] * part
-    out = acc / tl.where(denom > 0.0, denom, 1.0)[:, None]
-    o_rows = out_ptr + t * stride_o_t + offs_h.to(tl.int64) * stride_o_h
-    _store_out(o_rows[:, None] + offs_d[None, :], out, mask, MANUAL_RNE)
+    cb = pid % COL_BLOCKS
+    rest = pid // COL_BLOCKS
+    h = rest % H
+    t = (rest // H).to(tl.int64)
+    offs_c = cb * BLOCK_C + tl.arange(0, BLOCK_C)
+    c_ok = offs_c < D
+    sink = tl.load(sinks_ptr + h).to(tl.float32) * 1.4426950408889634
+    out = merge_split_columns(
+        part_lse_ptr + t * stride_pl_t + h, part_out_ptr + t * stride_po_t + h * stride_po_h, stride_pl_split, stride_po_split,
+        num_splits, offs_c, c_ok, SPLITS, True, sink, True,
+    )
+    _store_out(out_ptr + t * stride_o_t + h.to(tl.int64) * stride_o_h + offs_c, out, c_ok, MANUAL_RNE)
 
 
 def plan(
     tokens: int, heads: int, width: int, extra_width: int, dot_f32: bool, device: torch.device,
-    num_splits: int | None = None, overrides: dict | None = None, invariant: bool = False,
+    num_splits: int | None = None, overrides: dict | None = None, invariant: bool = False, fp8: bool = False,
 ) -> dict:
-    """Tiles and split count from host-known shapes only (width, extra_width: the lists' K, K2).
-    `overrides` replaces BLOCK_H / BLOCK_N / num_warps / num_stages (the GPU sweep uses it).
-    invariant: one tile and one split for every call (deterministic mode, see the module docstring)."""
+    """Tiles and split count from host-known shapes only (width, extra_width: the lists' K, K2; fp8:
+    a list's cache is FP8, whose tile conversion takes registers).
+    `overrides` replaces BLOCK_H / BLOCK_N / num_warps / num_stages / ctas_per_sm (the GPU sweep
+    uses it). invariant: one tile and one split for every call (deterministic mode, see the module
+    docstring)."""
     sms = num_sms(device)
     if invariant:
         num_splits = 1
+    few = not invariant and tokens * cdiv(heads, 16) <= sms // 2  # 16-head programs leave half the SMs idle
     if dot_f32:
-        block_h, block_n, warps = BLOCK_H_F32, BLOCK_N_F32, 4
+        block_h, block_n, warps, ctas = BLOCK_H_F32, BLOCK_N_F32, 4, CTAS_PER_SM_FEW if few else CTAS_PER_SM
+    elif few:
+        block_h, block_n, warps, ctas = 16, BLOCK_N_FEW, 8, CTAS_PER_SM_FEW  # a few tokens: many short programs (4 warps: 255 registers with FP8)
     elif invariant or tokens * cdiv(heads, BLOCK_H_MAX) >= sms // 2:
-        block_h, block_n, warps = BLOCK_H_MAX, BLOCK_N_16, 8  # enough programs: each row block read once per token
-    elif tokens * cdiv(heads, 16) <= sms // 8:
-        block_h, block_n, warps = 16, BLOCK_N_16, 4  # a handful of tokens: shortest programs
-    else:
-        block_h, block_n, warps = 32, BLOCK_N_16, 4
+        block_h, block_n, warps, ctas = BLOCK_H_MAX, BLOCK_N_16, 8, CTAS_PER_SM  # enough programs: each row block read once per token
+    else:  # 8 warps: 4 spill a [32, 512] accumulator beside a [64, 512] tile; an FP8 tile's conversion spills at 64 rows
+        block_h, block_n, warps, ctas = 32, BLOCK_N_FEW if fp8 else BLOCK_N_16, 8, CTAS_PER_SM
     cfg = {
         "BLOCK_H": min(block_h, max(16, next_power_of_2(heads))), "BLOCK_N": block_n, "num_warps": warps,
-        "num_stages": NUM_STAGES, "ctas_per_sm": CTAS_PER_SM,
+        "num_stages": NUM_STAGES, "ctas_per_sm": ctas,
     }
     cfg.update(overrides or {})
     head_blocks = cdiv(heads, cfg["BLOCK_H"])
     blocks = max(1, cdiv(width, cfg["BLOCK_N"]) + cdiv(extra_width, cfg["BLOCK_N"]))
     if num_splits is None:
-        limit = min(MAX_SPLITS, blocks, max(1, (width + extra_width) // MIN_ROWS_PER_SPLIT))
+        # A few tokens: down to one row block per split, so that their programs fill the GPU (the
+        # partials stay in L2); otherwise splits of at least MIN_ROWS_PER_SPLIT rows.
+        rows_per_split = cfg["BLOCK_N"] if few else MIN_ROWS_PER_SPLIT
+        limit = min(MAX_SPLITS, blocks, max(1, (width + extra_width) // rows_per_split))
         num_splits = pick_splits(tokens * head_blocks, cfg["ctas_per_sm"] * sms, limit)
-    per_split = cdiv(blocks, max(1, min(int(num_splits), blocks)))
-    return {**cfg, "head_blocks": head_blocks, "blocks_per_split": per_split, "num_splits": cdiv(blocks, per_split)}
+    return {**cfg, "head_blocks": head_blocks, "num_splits": max(1, min(int(num_splits), blocks, MAX_SPLITS))}
 
 
 def launch_sparse_attention(
@@ -289,6 +302,7 @@ def launch_sparse_attention(
     softmax_scale: float,
     extra_kv: torch.Tensor | None = None,
     extra_indices: torch.Tensor | None = None,
+    extra_lengths: torch.Tensor | None = None,
     *,
     num_splits: int | None = None,
     overrides: dict | None = None,
@@ -296,7 +310,7 @@ def launch_sparse_attention(
 ) -> torch.Tensor:
     """sparse_attention with an optional forced split count (tests use it to exercise the combine)
     and tile overrides (see `plan`); invariant: the batch-invariant plan."""
-    sparse_ops.check_sparse_attention_shapes(q, kv, indices, sinks, extra_kv, extra_indices)
+    sparse_ops.check_sparse_attention_shapes(q, kv, indices, sinks, extra_kv, extra_indices, extra_lengths)
     tokens, heads, dim = q.shape
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
     if tokens == 0 or heads == 0 or dim == 0:
@@ -318,12 +332,14 @@ def launch_sparse_attention(
         xkv, xidx, width2 = extra_kv, extra_indices, extra_indices.shape[1]
     else:
         xkv, xidx, width2 = kv, indices, 0  # unused placeholders
+    has_lengths = has_extra and extra_lengths is not None
+    xlen = extra_lengths.contiguous() if has_lengths else indices  # (unused without lengths)
     fp8, xfp8 = kv_cache_format.is_fp8(kv), has_extra and kv_cache_format.is_fp8(xkv)
     kv, kv_scales = fp8_views(kv) if fp8 else (kv, kv)
     xkv, xkv_scales = fp8_views(xkv) if xfp8 else (xkv, xkv)
     dtypes = {q.dtype, *(c.dtype for c, f in ((kv, fp8), (xkv, xfp8)) if not f)}  # (an FP8 tile converts to q's dtype exactly)
     dot_f32 = torch.float32 in dtypes or len(dtypes) > 1
-    cfg = plan(tokens, heads, indices.shape[1], width2, dot_f32, q.device, num_splits, overrides, invariant)
+    cfg = plan(tokens, heads, indices.shape[1], width2, dot_f32, q.device, num_splits, overrides, invariant, fp8 or xfp8)
     splits = cfg["num_splits"]
     direct = splits == 1
     if direct:
@@ -337,11 +353,10 @@ def launch_sparse_attention(
     block_d = max(16, next_power_of_2(dim))
     manual_rne = interpreting() and q.dtype == torch.bfloat16
     _sparse_attention_kernel[(tokens * cfg["head_blocks"], splits)](
-        q, kv, kv_scales, indices, xkv, xkv_scales, xidx, sinks,
+        q, kv, kv_scales, indices, xkv, xkv_scales, xidx, xlen, sinks,
         out, part_out, part_lse,
         float(softmax_scale) * LOG2E,
         indices.shape[1], width2,
-        cfg["blocks_per_split"],
         q.stride(0), q.stride(1),
         kv.stride(0), indices.stride(0),
         xkv.stride(0), xidx.stride(0),
@@ -352,6 +367,7 @@ def launch_sparse_attention(
         HEAD_BLOCKS=cfg["head_blocks"],
         BLOCK_H=cfg["BLOCK_H"], BLOCK_N=cfg["BLOCK_N"], BLOCK_D=block_d,
         HAS_EXTRA=has_extra,
+        HAS_LENGTHS=has_lengths,
         DIRECT=direct,
         DOT_F32=dot_f32 or upcast_dot(),
         DOT_PRECISION=dot_precision(dot_f32 or upcast_dot()),
@@ -360,17 +376,18 @@ def launch_sparse_attention(
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )
     if not direct:
-        combine_h = min(COMBINE_H, next_power_of_2(heads))
-        head_blocks = cdiv(heads, combine_h)
-        _sparse_attention_combine_kernel[(tokens * head_blocks,)](
+        chunk = next_power_of_2(splits)
+        block_c = max(16, min(block_d, COMBINE_ELEMS // chunk))
+        col_blocks = cdiv(dim, block_c)
+        _sparse_attention_combine_kernel[(tokens * heads * col_blocks,)](
             part_out, part_lse, sinks, out,
             splits,
             *po_strides,
             *pl_strides,
             out.stride(0), out.stride(1),
             H=heads, D=dim,
-            HEAD_BLOCKS=head_blocks,
-            BLOCK_H=combine_h, BLOCK_D=block_d,
+            COL_BLOCKS=col_blocks,
+            SPLITS=chunk, BLOCK_C=block_c,
             MANUAL_RNE=manual_rne,
             num_warps=COMBINE_WARPS,
         )
@@ -386,8 +403,9 @@ def sparse_attention(
     softmax_scale: float,
     extra_kv: torch.Tensor | None = None,
     extra_indices: torch.Tensor | None = None,
+    extra_lengths: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    return launch_sparse_attention(q, kv, indices, sinks, softmax_scale, extra_kv, extra_indices)
+    return launch_sparse_attention(q, kv, indices, sinks, softmax_scale, extra_kv, extra_indices, extra_lengths)
 
 
 def sparse_attention_invariant(
@@ -399,8 +417,9 @@ def sparse_attention_invariant(
     softmax_scale: float,
     extra_kv: torch.Tensor | None = None,
     extra_indices: torch.Tensor | None = None,
+    extra_lengths: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    return launch_sparse_attention(q, kv, indices, sinks, softmax_scale, extra_kv, extra_indices, invariant=True)
+    return launch_sparse_attention(q, kv, indices, sinks, softmax_scale, extra_kv, extra_indices, extra_lengths, invariant=True)
 
 
 REGISTRATIONS = [

@@ -85,25 +85,24 @@ class V4Attention:
         kv, _ = ops.rms_norm(self.wkv(ops, x), self.kv_norm, eps=self.eps)
         kv = self._rotate(ops, kv.view(tokens, 1, self.dim), step.positions, cos_sin)[:, 0]
         nope = self.dim - self.rope_dim
-        ops.kv_cache_write(kv[:, :nope].contiguous(), kv[:, nope:].contiguous(), cache.swa, step.write_slots)
+        ops.kv_cache_write(kv[:, :nope], kv[:, nope:], cache.swa, step.write_slots)  # (row-strided views: the kernels take them)
         extra = {}
         if self.compressor is not None:
             self.compressor(ops, x, cache.compressor, step, cos_sin)
             pool = cache.compressor.pool.flatten(0, 1)
             if self.indexer is not None:
-                rows = self._selected_rows(ops, x, q_latent, cache, step, cos_sin)
-            else:
-                rows = step.ratios[self.ratio].visible_rows
-            extra = {"extra_kv": pool, "extra_indices": rows}
+                extra = {"extra_kv": pool, "extra_indices": self._selected_rows(ops, x, q_latent, cache, step, cos_sin)}
+            else:  # every visible entry: the first num_visible of a row (a decode plan's rows are E_max wide)
+                plan = step.ratios[self.ratio]
+                extra = {"extra_kv": pool, "extra_indices": plan.visible_rows, "extra_lengths": plan.num_visible}
         out = ops.sparse_attention(q, cache.swa.flatten(0, 1), step.window_rows, self.sinks, softmax_scale=self.config.softmax_scale, **extra)
         out = self._rotate(ops, out, step.positions, inverse)
         return self._project(ops, out)
 
     def _rotate(self, ops, x: torch.Tensor, positions: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
-        """Rotate the last rope_dim channels of x [T, H, D] (DeepSeek's interleaved pairs)."""
-        nope = self.dim - self.rope_dim
-        rotated = ops.rope(x[..., nope:].contiguous(), positions, table, interleaved=True)
-        return torch.cat((x[..., :nope], rotated), dim=-1)
+        """Rotate the last rope_dim channels of x [T, H, D] (DeepSeek's interleaved pairs) in place: x is
+        always this layer's own fresh tensor, and copying back rope_dim channels beats concatenating D."""
+        return _rotate_tail(ops, x, self.rope_dim, positions, table)
 
     def _selected_rows(self, ops, x, q_latent, cache: LayerCache, step: V4Step, cos_sin) -> torch.Tensor:
         """CSA: the indexer's top-k entries of each token, as rows of the entry pool."""
@@ -111,17 +110,10 @@ class V4Attention:
         self.indexer(ops, x, cache.indexer, step, cos_sin)
         plan = step.ratios[self.ratio]
         iq = self.index_wq_b(ops, q_latent).view(x.shape[0], c.index_n_heads, c.index_head_dim)
-        nope = c.index_head_dim - self.rope_dim
-        iq = torch.cat((iq[..., :nope], ops.rope(iq[..., nope:].contiguous(), step.positions, cos_sin, interleaved=True)), dim=-1)
+        iq = _rotate_tail(ops, iq, self.rope_dim, step.positions, cos_sin)
         weights = self.index_weights(ops, x).float() * self.index_scale
         keys = cache.indexer.pool.flatten(0, 1)
-        ids = ops.indexer_topk(iq, weights, keys, plan.entry_rows, step.token_seq, plan.num_visible, top_k=c.index_topk)
-        width = plan.entry_rows.shape[1]
-        if width == 0:
-            return ids
-        # The selected entries' rows, read from the flat table: no [T, E] copy of each token's sequence's table.
-        rows = plan.entry_rows.reshape(-1)[step.token_seq.long()[:, None] * width + ids.long().clamp(min=0)]
-        return torch.where(ids >= 0, rows, torch.full_like(rows, -1))
+        return ops.indexer_topk(iq, weights, keys, plan.entry_rows, step.token_seq, plan.num_visible, top_k=c.index_topk)
 
     def _project(self, ops, out: torch.Tensor) -> torch.Tensor:
         tokens, groups = out.shape[0], self.config.o_groups
@@ -130,3 +122,11 @@ class V4Attention:
         low = self.wo_a(ops, by_group.contiguous(), offsets)  # [G * T, O]
         low = low.view(groups, tokens, -1).transpose(0, 1).reshape(tokens, -1)
         return self.wo_b(ops, low.contiguous())
+
+
+def _rotate_tail(ops, x: torch.Tensor, rope_dim: int, positions: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
+    """x [T, H, D] with its last rope_dim channels rotated, written back into x (the rope op reads the
+    strided view directly where its backend can)."""
+    tail = x[..., x.shape[-1] - rope_dim :]
+    tail.copy_(ops.rope(tail, positions, table, interleaved=True))
+    return x
