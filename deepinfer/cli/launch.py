@@ -131,7 +131,25 @@ def _death(failure) -> str:
 
 def run_as_rank(body, rank: int) -> int:
     """Run a rank's command. Under `torchrun` above, an error is recorded in the launch folder
-    (the launcher prints the run's one line) instead of printed; else it propagates as usual."""
+    (the launcher prints the run's one line) instead of printed; else it propagates as usual. A rank
+    other than 0 then ends without the interpreter's teardown (`_leave`)."""
+    return _leave(_run_rank_body(body, rank), rank)
+
+
+def _leave(code: int, rank: int) -> int:
+    """Rank 0 returns; the others flush and end at once. Rank 0 hosts the rendezvous store: once it
+    has gone, the teardown of torch.distributed's objects at a later rank's exit aborted that rank
+    at times ("terminate called without an active exception", SIGABRT) after its work was done, so
+    a finished run was reported failed (seen for serve --ep under load, and bench e2e-ep idle). A
+    rank's outputs are closed by its command; only stdout and stderr are left to flush."""
+    if rank == 0:
+        return code
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def _run_rank_body(body, rank: int) -> int:
     folder = os.environ.get(LAUNCH_DIR_ENV)
     if not folder:
         return body()

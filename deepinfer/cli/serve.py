@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
-import os
 import socket
 import sys
 
@@ -236,12 +235,4 @@ def serve_ep_rank(args) -> int:
         torch_distributed_barrier(group)  # every rank is past its last order before any leaves
     finally:
         destroy_distributed()
-    if ctx.rank != 0:
-        # A rank other than 0 ends without the interpreter's teardown: once rank 0 (which hosts the
-        # rendezvous store) has gone, destroying torch's distributed objects at exit aborted the
-        # process on a busy machine ("terminate called without an active exception", exit -6), so
-        # a clean stop was reported as a failure. Everything it writes is flushed first.
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
-    return code
+    return code  # (a rank other than 0 then ends without the interpreter's teardown: launch.run_as_rank)
