@@ -371,6 +371,7 @@ class V4PrefillResult:
     floor_flops: float
     flops: dict[str, float] = field(default_factory=dict)  # by part
     rates: dict[str, str] = field(default_factory=dict)  # part -> the rate it is divided by ("fp8" / "bf16")
+    profile: dict | None = None  # `--profile`: one more pass of the row by kernel (deepinfer/bench/step_profile.py)
 
 
 def build_model(config, runtime, dtype: torch.dtype, max_positions: int):
@@ -435,8 +436,8 @@ def run(
     `batches` is empty), then each (prompts, tokens) prefill row of `prefills` (none when empty).
     Returns the decode results, the prefill results and the run's facts (layers, formats, bandwidth,
     matmul rates...). `kv_cache_dtype`: EngineConfig's ("auto": the model dtype; "fp8": e4m3 rows with a
-    per-token scale). profile_rows > 0: then `steps` more decode steps under the profiler, keeping that
-    many kernels (step_profile.py). enforce_eager: no device graphs for the decode rows (EngineConfig's).
+    per-token scale). profile_rows > 0: then `steps` more decode steps under the profiler, and one more pass of
+    each prefill row, keeping that many kernels (step_profile.py). enforce_eager: no device graphs for the decode rows (EngineConfig's).
     prefill_chunk: the prefill engine's max_num_batched_tokens. matmul_n: the matmul test's side
     (e2e.matmul_rates; default by device)."""
     from deepinfer.bench.e2e import matmul_rates, matmul_side
@@ -503,7 +504,7 @@ def run(
         info["prefill_start"] = ("each prompt prefilled from position 0 (nothing cached, prefix caching off) in steps of at most "
                                  "max_num_batched_tokens, one token sampled; after one untimed pass of the same row")  # fmt: skip
         prefill_results = _prefill_rows(loaded, runtime, dtype, config, prefills, prefill_chunk, prefill_max_len, engines[-1].num_blocks, kv_cache_dtype,
-                                        rates, say)  # fmt: skip
+                                        rates, profile_rows, say)  # fmt: skip
         save()
     return results, prefill_results, info
 
@@ -559,9 +560,10 @@ def _decode_rows(loaded, runtime, dtype, config, batches, contexts, steps, warmu
     return results
 
 
-def _prefill_rows(loaded, runtime, dtype, config, prefills, chunk, max_len, num_blocks, kv_cache_dtype, rates, say) -> list[V4PrefillResult]:
+def _prefill_rows(loaded, runtime, dtype, config, prefills, chunk, max_len, num_blocks, kv_cache_dtype, rates, profile_rows, say) -> list[V4PrefillResult]:
     """The prefill rows on an engine of their own (built once the decode rows' engine is gone): each row one
-    untimed pass (compiles, autotunes), then one timed pass, against its compute floor."""
+    untimed pass (compiles, autotunes), then one timed pass, against its compute floor; profile_rows > 0:
+    then one more pass under the profiler, keeping that many kernels."""
     import gc
 
     from deepinfer.bench.device_api import empty_cache
@@ -585,8 +587,16 @@ def _prefill_rows(loaded, runtime, dtype, config, prefills, chunk, max_len, num_
         flops = prefill_flops(config, batch, prompt_len)
         floor = floor_seconds(flops, rates.for_floor())
         total = sum(flops.values())
+        profile = None
+        if profile_rows > 0:
+            from deepinfer.bench import step_profile
+
+            def one_pass(batch=batch, prompt_len=prompt_len):
+                prefill_pass(engine, batch, prompt_len, tokens, device)
+
+            profile = step_profile.of_steps(one_pass, 1, device, runtime.profiler_activity).to_json(profile_rows)
         results.append(V4PrefillResult(batch, prompt_len, chunk, steps, seconds, batch * prompt_len / seconds, floor, floor / seconds, total, flops,
-                                       dict(RATE_OF_PART)))  # fmt: skip
+                                       dict(RATE_OF_PART), profile))  # fmt: skip
         say(f"prefill {batch} x {prompt_len}: {seconds:.3f} s in {steps} steps ({batch * prompt_len / seconds:.0f} tokens/s, floor {floor:.3f} s)")
     return results
 
@@ -620,8 +630,9 @@ def format_results(results: list[V4Result], info: dict, prefill: list[V4PrefillR
             f"{f'{r.batch} x {r.prompt_len}':>16}  {r.steps:5d}  {r.seconds:7.3f}  {r.tok_s:8.0f}  {r.floor_s:7.3f}  {r.of_floor:8.0%}"
             f"  {by_rate['fp8']:10.2f}  {by_rate['bf16']:6.2f}"
         )
-    if any(r.profile for r in results):
+    if any(r.profile for r in [*results, *prefill]):
         from deepinfer.bench.step_profile import format_profile
 
         lines += [format_profile(f"batch {r.batch} context {r.context}", r.profile, r.step_ms) for r in results if r.profile]
+        lines += [format_profile(f"prefill {r.batch} x {r.prompt_len}", r.profile, r.seconds * 1e3, "prefill pass") for r in prefill if r.profile]
     return "\n".join(lines)

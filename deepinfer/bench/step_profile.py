@@ -9,7 +9,8 @@ self time instead, which says where a CPU step goes.
 
 V2-Lite: two profiled generations that differ only in the tokens generated (1 and 1 + N); each
 name's time in the second minus its time in the first, over N, is its time per decode step (the
-prefill cancels). V4-Flash: N engine steps that only decode, profiled as they are.
+prefill cancels). V4-Flash: N engine steps that only decode, profiled as they are; and each prefill
+row's pass (its prompts from position 0 to their first token) once more, whole.
 """
 
 from __future__ import annotations
@@ -93,13 +94,14 @@ def of_steps(run_steps: Callable[[], object], steps: int, device: torch.device, 
     return _profile(Counter({name: us / steps for name, us in recorded(run_steps, device, activity).items()}), activity)
 
 
-def format_profile(label: str, profile: dict, step_ms: float) -> str:
-    """The lines `bench e2e --profile` prints for one batch, from StepProfile.to_json."""
+def format_profile(label: str, profile: dict, step_ms: float, unit: str = "decode step") -> str:
+    """The lines `bench e2e --profile` prints for one batch (or, unit "prefill pass", one prefill row), from StepProfile.to_json."""
     device, total = profile["device_kernels"], profile["total_ms_per_step"]
     what = "kernels" if device else "host ops (self time: this backend names no device profiler activity)"
-    lines = [f"### {label}: {step_ms:.3f} ms per decode step; {what} {total:.3f} ms per step"]
+    short = unit.split()[-1]
+    lines = [f"### {label}: {step_ms:.3f} ms per {unit}; {what} {total:.3f} ms per {short}"]
     if device:
-        lines.append(f"### {label}: device idle at least {max(0.0, 1 - total / step_ms):.1%} of the step (1 - kernels / step)")
+        lines.append(f"### {label}: device idle at least {max(0.0, 1 - total / step_ms):.1%} of the {short} (1 - kernels / {short})")
     if not profile["us_per_step"]:
         lines.append("  (no events recorded)")
     for name, us in profile["us_per_step"].items():

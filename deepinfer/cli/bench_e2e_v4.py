@@ -35,8 +35,7 @@ def v4_arguments(args: argparse.Namespace) -> dict:
         raise UserError("--prompt-len is for the v2-lite shape; --model-shape v4-flash takes --context (tokens cached when decoding starts)")
     if args.no_decode and args.no_prefill:
         raise UserError("--no-decode and --no-prefill leave nothing to run: drop one")
-    decode_flags = {"--batch": args.batch, "--context": args.context, "--new-tokens": args.new_tokens, "--profile": args.profile or None,
-                    "--enforce-eager": args.enforce_eager or None}  # fmt: skip
+    decode_flags = {"--batch": args.batch, "--context": args.context, "--new-tokens": args.new_tokens, "--enforce-eager": args.enforce_eager or None}
     given = [flag for flag, value in decode_flags.items() if value is not None]
     if args.no_decode and given:
         raise UserError(f"--no-decode skips the decode rows: leave out {given[0]} (it sets them)")

@@ -71,7 +71,7 @@ def test_v4_arguments_and_their_defaults():
         (["--model-shape", "v4-flash", "--no-prefill", "--prefill", "1x64"], "--no-prefill skips the prefill rows: leave out --prefill"),
         (["--model-shape", "v4-flash", "--no-prefill", "--prefill-chunk", "64"], "--no-prefill skips the prefill rows: leave out --prefill-chunk"),
         (["--model-shape", "v4-flash", "--no-decode", "--batch", "4"], "--no-decode skips the decode rows: leave out --batch"),
-        (["--model-shape", "v4-flash", "--no-decode", "--profile"], "--no-decode skips the decode rows: leave out --profile"),
+        (["--model-shape", "v4-flash", "--no-decode", "--enforce-eager"], "--no-decode skips the decode rows: leave out --enforce-eager"),
         (["--model-shape", "v4-flash", "--no-decode", "--no-prefill"], "--no-decode and --no-prefill leave nothing to run"),
     ],
 )
@@ -323,6 +323,24 @@ def test_the_prefill_rows_prefill_every_prompt_in_chunks_and_report(tmp_path, mo
     assert saved["machine"]["prefill_chunk_tokens"] == 64 and saved["machine"]["matmul_how"].endswith("n = 32")
     table = e2e_v4.format_results(results, info, prefill)
     assert "prefill: matmul bf16" in table and "1 x 150" in table and "batch  context" not in table
+
+
+def test_profile_adds_one_profiled_pass_of_each_prefill_row(monkeypatch):
+    """--profile on the prefill rows: each row once more under the profiler (a third pass of its prompts), its ops by
+    time in the row's result and in the table (the reference backend names no device activity: host ops)."""
+    from deepinfer.engine.model_runner import ModelRunner
+
+    steps = []
+    real_run = ModelRunner.run
+    monkeypatch.setattr(ModelRunner, "run", lambda self, batch, *a, **kw: steps.append(batch.num_tokens) or real_run(self, batch, *a, **kw))
+    results, prefill, info = e2e_v4.run("reference", batches=(), contexts=(), prefills=((2, 24),), prefill_chunk=64, profile_rows=5,
+                                        config_overrides={**TINY, "num_hidden_layers": 2}, dtype=torch.float32, matmul_n=32,
+                                        progress=lambda line: None)  # fmt: skip
+    assert steps == [48, 48, 48]  # untimed, timed, profiled
+    profile = prefill[0].profile
+    assert profile["device_kernels"] is False and 0 < len(profile["us_per_step"]) <= 5 and profile["total_ms_per_step"] > 0
+    table = e2e_v4.format_results(results, info, prefill)
+    assert f"### prefill 2 x 24: {prefill[0].seconds * 1e3:.3f} ms per prefill pass; host ops" in table
 
 
 def test_matmul_rates_measure_an_fp8_product_off_the_host(monkeypatch):
