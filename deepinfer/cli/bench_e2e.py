@@ -64,7 +64,7 @@ def add_parser(what) -> None:
     e2e.add_argument("--enforce-eager", action="store_true", help="v4-flash: every decode step eagerly, without device graphs (the graphs' baseline)")
     e2e.add_argument("--no-overlap", action="store_true", help="each decode step waits for the one before (default: overlap scheduling on cuda and ascend)")
     e2e.add_argument("--profile", action="store_true",
-                     help="after the timing, profile deepinfer's decode step (v4-flash: and each prefill row's pass): kernels by time and the device's idle share")
+                     help="after the timing, profile the decode step (v4-flash: and each prefill row): kernels by time and the device's idle share")
     e2e.add_argument("--profile-rows", type=int, default=20, metavar="N", help="--profile: kernels listed per batch (default 20)")
     e2e.add_argument("--json", type=Path, default=None, metavar="FILE", help="write the results to FILE")
     add_backend_option_flag(e2e, "deepinfer's side")
