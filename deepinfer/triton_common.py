@@ -39,6 +39,15 @@ def fp8_views(cache):
     return cache.view(torch.uint8), cache.view(torch.float32)  # both alias the cache
 
 
+def float32_dots(q, caches) -> bool:
+    """Whether an attention kernel's dots must take float32 operands: q and the caches it reads, as
+    (tensor, is_fp8) pairs, do not share one 16-bit dtype. An FP8 cache counts as q's dtype (its e4m3
+    values convert to it exactly). Pass only the caches the call reads: a placeholder standing in for
+    a list the call does not have would wrongly count."""
+    dtypes = {q.dtype, *(cache.dtype for cache, fp8 in caches if not fp8)}
+    return torch.float32 in dtypes or len(dtypes) > 1
+
+
 def last_dim_contiguous(*tensors):
     """Each tensor with a unit last stride (copied only when it has not): what the kernels' row loads assume."""
     return tuple(t if t.stride(-1) == 1 else t.contiguous() for t in tensors)

@@ -697,3 +697,25 @@ if __name__ == "__main__":
         _worker()
     elif "--compile" in sys.argv:
         _compile_worker()
+
+
+@pytest.mark.parametrize("chip", CHIPS)
+def test_a_window_only_call_over_an_fp8_cache_keeps_16_bit_dots(chip, monkeypatch):
+    """A sliding layer (no extra list) over an FP8 cache plans bf16 dots (e_dot 2): the extra list's placeholder
+    once counted as a second dtype and put these calls on float32 tiles."""
+    from triton_mode import kernel_module
+
+    from deepinfer.ops.sparse_attention import sparse_attention as ref_sparse_attention
+
+    monkeypatch.setenv("DEEPINFER_ASCEND_SIM_CHIP", chip)
+    sa = kernel_module("deepinfer_ascend.kernels.sparse_attention")
+    e_dots = []
+    real = sa.plan
+    monkeypatch.setattr(sa, "plan", lambda *a, **k: e_dots.append(a[5]) or real(*a, **k))
+    gen = torch.Generator().manual_seed(37)
+    kv = _fp8_rows(gen, (40, 48))
+    indices = torch.randint(0, 40, (3, 20), generator=gen, dtype=torch.int32)
+    q, sinks = torch.randn(3, 5, 48, generator=gen).to(BF16), torch.randn(5, generator=gen)
+    out = sa.launch_sparse_attention(q, kv, indices, sinks, 48**-0.5)
+    assert e_dots == [2]
+    _close(out, ref_sparse_attention(q.double(), kv, indices, sinks, softmax_scale=48**-0.5), (BF16,), 20)

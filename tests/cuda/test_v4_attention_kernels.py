@@ -154,3 +154,23 @@ def test_the_decode_plan_fills_the_gpu_for_one_query(sa, monkeypatch):
     assert sa.plan(1, 64, 128, 512, False, torch.device("cpu"), invariant=True)["num_splits"] == 1
     big = sa.plan(256, 64, 128, 512, False, torch.device("cpu"))
     assert (big["BLOCK_H"], big["num_splits"]) == (64, 1)
+
+
+def test_a_window_only_call_over_an_fp8_cache_keeps_16_bit_dots(sa, device, monkeypatch):
+    # A sliding layer (no extra list) over an FP8 cache: its bf16 tiles run on the tensor cores; the extra
+    # list's placeholder once counted as a second dtype and put these calls on float32 dots (16-head tiles).
+    from deepinfer.ops import kv_cache_format
+
+    plans = []
+    real = sa.plan
+    monkeypatch.setattr(sa, "plan", lambda *a, **k: plans.append(a[4]) or real(*a, **k))
+    g = torch.Generator().manual_seed(6)
+    heads, dim = 16, 64
+    kv = kv_cache_format.quantize_rows(torch.randn(40, dim, generator=g))
+    win = torch.randint(0, 40, (3, 8), generator=g, dtype=torch.int32)
+    q, sinks = torch.randn(3, heads, dim, generator=g).to(torch.bfloat16), torch.randn(heads, generator=g)
+    on = lambda t: t.to(device)  # noqa: E731
+    got = sa.launch_sparse_attention(on(q), on(kv), on(win), on(sinks), 0.125).cpu()
+    assert plans == [False]
+    want = ref_sparse_attention(q.double(), kv_cache_format.dequantize_rows(kv).double(), win, sinks, softmax_scale=0.125)
+    assert (got.double() - want).abs().max().item() < 3e-2

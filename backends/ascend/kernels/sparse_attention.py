@@ -88,6 +88,7 @@ from deepinfer.ops import kv_cache_format
 from deepinfer.ops import sparse_attention as sparse_ops
 from deepinfer.triton_common import (
     cdiv,
+    float32_dots,
     fp8_views,
     next_power_of_2,
     normalise_with_sink,
@@ -462,10 +463,9 @@ def launch_sparse_attention(
     has_lengths = has_extra and extra_lengths is not None
     xlen = extra_lengths.contiguous() if has_lengths else indices  # (unused without lengths)
     fp8, xfp8 = kv_cache_format.is_fp8(kv), has_extra and kv_cache_format.is_fp8(xkv)
+    dot_f32 = float32_dots(q, ((kv, fp8), (xkv, xfp8)) if has_extra else ((kv, fp8),))  # not the placeholder (it would put FP8 sliding layers on float32)
     kv, kv_scales = fp8_views(kv) if fp8 else (kv, kv)  # (the scale views are unused without FP8)
     xkv, xkv_scales = fp8_views(xkv) if xfp8 else (xkv, xkv)
-    dtypes = {q.dtype, *(c.dtype for c, f in ((kv, fp8), (xkv, xfp8)) if not f)}  # (FP8 rows decode to q's dtype exactly)
-    dot_f32 = torch.float32 in dtypes or len(dtypes) > 1
     e_dot = 4 if dot_f32 else q.element_size()
     cfg = plan(tokens, heads, dim, indices.shape[1], width2, e_dot, num_splits, fp8 or xfp8)
     splits = cfg["num_splits"]

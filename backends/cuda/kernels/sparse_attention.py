@@ -77,6 +77,7 @@ from deepinfer.ops import kv_cache_format
 from deepinfer.ops import sparse_attention as sparse_ops
 from deepinfer.triton_common import (
     cdiv,
+    float32_dots,
     fp8_views,
     interpreting,
     merge_split_columns,
@@ -335,10 +336,11 @@ def launch_sparse_attention(
     has_lengths = has_extra and extra_lengths is not None
     xlen = extra_lengths.contiguous() if has_lengths else indices  # (unused without lengths)
     fp8, xfp8 = kv_cache_format.is_fp8(kv), has_extra and kv_cache_format.is_fp8(xkv)
+    # Not the placeholder: counting it put every sliding layer with an FP8 cache on float32 dots
+    # (16-head tiles off the tensor cores, the e2e prefill profile's largest kernel on the H100).
+    dot_f32 = float32_dots(q, ((kv, fp8), (xkv, xfp8)) if has_extra else ((kv, fp8),))
     kv, kv_scales = fp8_views(kv) if fp8 else (kv, kv)
     xkv, xkv_scales = fp8_views(xkv) if xfp8 else (xkv, xkv)
-    dtypes = {q.dtype, *(c.dtype for c, f in ((kv, fp8), (xkv, xfp8)) if not f)}  # (an FP8 tile converts to q's dtype exactly)
-    dot_f32 = torch.float32 in dtypes or len(dtypes) > 1
     cfg = plan(tokens, heads, indices.shape[1], width2, dot_f32, q.device, num_splits, overrides, invariant, fp8 or xfp8)
     splits = cfg["num_splits"]
     direct = splits == 1
