@@ -703,9 +703,9 @@ if __name__ == "__main__":
 def test_a_window_only_call_over_an_fp8_cache_keeps_16_bit_dots(chip, monkeypatch):
     """A sliding layer (no extra list) over an FP8 cache plans bf16 dots (e_dot 2): the extra list's placeholder
     once counted as a second dtype and put these calls on float32 tiles."""
-    from triton_mode import kernel_module
-
     from deepinfer.ops.sparse_attention import sparse_attention as ref_sparse_attention
+
+    from triton_mode import kernel_module
 
     monkeypatch.setenv("DEEPINFER_ASCEND_SIM_CHIP", chip)
     sa = kernel_module("deepinfer_ascend.kernels.sparse_attention")
