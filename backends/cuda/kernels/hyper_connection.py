@@ -113,10 +113,10 @@ def _to_out(v, out_ptr, MANUAL_RNE: tl.constexpr):
 def _segment_partial(
     x_ptr, fn_ptr, toks, t_ok, stride_t, stride_fn, k_lo, k_hi,
     ACC: tl.constexpr, W: tl.constexpr, BLOCK_T: tl.constexpr, W_PAD: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
-    USE_DOT: tl.constexpr,
+    USE_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     """(sum_k x[t, k] fn[w, k], sum_k x[t, k]^2) over k in [k_lo, k_hi): the products accumulate
-    chunk by chunk in order (float32 dot, "ieee"), the squares per lane, reduced at the end."""
+    chunk by chunk in order (float32 dot at DOT_PRECISION), the squares per lane, reduced at the end."""
     w = tl.arange(0, W_PAD)
     kk = tl.arange(0, BLOCK_K)
     w_ok = w < W
@@ -133,7 +133,7 @@ def _segment_partial(
             xt = tl.load(x_ptrs, mask=t_ok[:, None] & k_ok[None, :], other=0.0).to(ACC)
             ft = tl.load(f_ptrs, mask=k_ok[:, None] & w_ok[None, :], other=0.0).to(ACC)
         if USE_DOT:
-            acc = tl.dot(xt, ft, acc, input_precision="ieee")
+            acc = tl.dot(xt, ft, acc, input_precision=DOT_PRECISION)
         else:  # float64 (a test dtype): broadcast multiply, reduced per chunk
             acc += tl.sum(xt[:, :, None] * ft[None, :, :], axis=1)
         sq += xt * xt
@@ -147,7 +147,7 @@ def _hc_pre_mix_kernel(
     x_ptr, fn_ptr, part_ptr, part_ss_ptr,
     T, K, n_seg, stride_t, stride_fn,
     ACC: tl.constexpr, W: tl.constexpr, BLOCK_T: tl.constexpr, W_PAD: tl.constexpr, BLOCK_K: tl.constexpr, SEG: tl.constexpr,
-    EVEN_K: tl.constexpr, USE_DOT: tl.constexpr,
+    EVEN_K: tl.constexpr, USE_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     """One (token tile, segment) per program: the segment's partial products and sum of squares,
     stored at row t * n_seg + seg of part [T, n_seg, W_PAD] and part_ss [T, n_seg]."""
@@ -158,7 +158,8 @@ def _hc_pre_mix_kernel(
     w = tl.arange(0, W_PAD)
     k_lo = seg * SEG
     acc, ss = _segment_partial(
-        x_ptr, fn_ptr, toks, t_ok, stride_t, stride_fn, k_lo, tl.minimum(k_lo + SEG, K), ACC, W, BLOCK_T, W_PAD, BLOCK_K, EVEN_K, USE_DOT
+        x_ptr, fn_ptr, toks, t_ok, stride_t, stride_fn, k_lo, tl.minimum(k_lo + SEG, K), ACC, W, BLOCK_T, W_PAD, BLOCK_K, EVEN_K, USE_DOT,
+        DOT_PRECISION,
     )
     row = toks * n_seg + seg
     tl.store(part_ptr + row[:, None] * W_PAD + w[None, :], acc.to(part_ptr.dtype.element_ty), mask=t_ok[:, None])
@@ -227,7 +228,7 @@ def _hc_pre_kernel(
     norm_eps, hc_eps, sinkhorn_iters,
     ACC: tl.constexpr, N: tl.constexpr, MANUAL_RNE: tl.constexpr,
     BLOCK_T: tl.constexpr, W_PAD: tl.constexpr, N_PAD: tl.constexpr, BLOCK_K: tl.constexpr, SEG: tl.constexpr, EVEN_K: tl.constexpr,
-    USE_DOT: tl.constexpr, BLOCK_D: tl.constexpr,
+    USE_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
     """The fused launch: one token tile per program, the segments in order, the mixings, the collapse of all of D."""
     pid_t = tl.program_id(0)
@@ -239,7 +240,8 @@ def _hc_pre_kernel(
     for seg in range(0, tl.cdiv(K, SEG)):
         k_lo = seg * SEG
         seg_acc, seg_ss = _segment_partial(
-            x_ptr, fn_ptr, toks, t_ok, stride_t, stride_fn, k_lo, tl.minimum(k_lo + SEG, K), ACC, (2 + N) * N, BLOCK_T, W_PAD, BLOCK_K, EVEN_K, USE_DOT
+            x_ptr, fn_ptr, toks, t_ok, stride_t, stride_fn, k_lo, tl.minimum(k_lo + SEG, K), ACC, (2 + N) * N, BLOCK_T, W_PAD, BLOCK_K, EVEN_K, USE_DOT,
+            DOT_PRECISION,
         )
         acc += seg_acc
         ss += seg_ss
@@ -329,7 +331,7 @@ def launch_hc_pre(x, fn, base, scale, norm_eps, hc_eps, sinkhorn_iters, *, invar
     interp = interpreting()
     f64 = x.dtype == torch.float64
     common = dict(ACC=_acc(x.dtype), W_PAD=w_pad, N=N, N_PAD=n_pad, MANUAL_RNE=_manual_rne(x.dtype))
-    dot = dict(USE_DOT=not f64, num_warps=_PRE_WARPS)
+    dot = dict(USE_DOT=not f64, DOT_PRECISION=dot_precision(x.dtype), num_warps=_PRE_WARPS)
     # float64: no dot, a smaller broadcast tile. The interpreter: the dot's smallest M (its numpy
     # matmul is slow per element), whole segments per step (it pays per operation and per
     # jit-function call, tl.sum included, not per element).
@@ -370,6 +372,14 @@ def launch_hc_pre(x, fn, base, scale, norm_eps, hc_eps, sinkhorn_iters, *, invar
             BLOCK_T=comb_t, SEG_PAD=next_power_of_2(n_seg), BLOCK_D=block_d, num_warps=_COMBINE_WARPS, **common,
         )
     return out, post, comb
+
+
+def dot_precision(dtype: torch.dtype) -> str:
+    """The projection's dot precision. 16-bit x is exact in tf32, so "tf32x3" (x * fn_hi + x * fn_lo on
+    the tensor cores, fn split into two tf32 parts) gives float32's products within about 2^-22 of
+    each: the float32 FMAs' ("ieee") accuracy at tensor-core speed (the fused launch was the prefill
+    profile's third kernel on the H100). float32 x keeps "ieee": its own low bits would be dropped."""
+    return "tf32x3" if dtype in (torch.bfloat16, torch.float16) and not interpreting() else "ieee"
 
 
 def split_segment(k: int) -> int:

@@ -17,10 +17,16 @@ CONFIGS: dict[str, dict[str, dict]] = {
     # 72 B until the split-K sum moved into the kernel, 2026-12-02: no spills since): 8 warps measured slower (masked 64x16 95% -> 92% of copy, contiguous
     # 88% -> 84%, linear 16x7168->36864 91% -> 85%). mxfp4_large BLOCK_K 128 -> 64 (spilled 400 B). mxfp8_large
     # is new (not measured): 128x64x64 (BLOCK_N 128 spills 548 B).
+    # Re-swept on an H100 2026-12-06 at V4-Flash's decode GEMMs (CUDA graphs, weights rotated past L2;
+    # docs/measurements/2026-12-06/h100_round3/): fp8_block_small 64x128 w8 s5 -> 64x64 w4 s6: batch 64 per layer
+    # 194 -> 148 us over its 8 fp8 GEMMs (wq_b 37 -> 20 us, wkv 16 -> 11, wq_a 17 -> 11), batch 1 113 -> 108 us; in the
+    # 8-layer e2e decode step 15.20 -> 14.93 ms at batch 64, batch 1 unchanged. Triton 3.9's sm90 compile of the new tile
+    # spills 332-456 B at 64 rows (none at 16): measured faster on the H100's Triton 3.6 anyway. dense_small s4 -> s5:
+    # the 129280-wide head at batch 1 401 -> 341 us (the 64-row tile fits 3 stages either way).
     "gemm": {
-        "dense_small": {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 256, "GROUP_M": 8, "num_warps": 4, "num_stages": 4},
+        "dense_small": {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 256, "GROUP_M": 8, "num_warps": 4, "num_stages": 5},
         "dense_large": {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 8, "num_stages": 3, "tma": True},
-        "fp8_block_small": {"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 5},
+        "fp8_block_small": {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 4, "num_stages": 6},
         "fp8_block_large": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 4, "tma": True, "k_pairs": False},
         "mxfp4_small": {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 256, "GROUP_M": 8, "num_warps": 4, "num_stages": 4},
         "mxfp4_large": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 8, "num_stages": 3},
