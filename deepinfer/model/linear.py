@@ -93,14 +93,23 @@ class FusedLinear:
     """
 
     parts: tuple[LinearWeight, ...]
+    widths: tuple[int, ...] = ()  # each given weight's out_features, in order (what `split` cuts the product into)
 
     @staticmethod
     def of(parts: list[LinearWeight]) -> "FusedLinear":
-        return FusedLinear((_concat(parts, dim=0),) if _fusable(parts) else tuple(parts))
+        widths = tuple(p.out_features for p in parts)
+        return FusedLinear((_concat(parts, dim=0),) if _fusable(parts) else tuple(parts), widths)
 
     def __call__(self, ops, x: torch.Tensor) -> torch.Tensor:
         outs = [p(ops, x) for p in self.parts]
         return outs[0] if len(outs) == 1 else torch.cat(outs, dim=-1)
+
+    def split(self, ops, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """Each given weight's product, in order: column views of the one fused product (one GEMM, one
+        activation quantisation), or each part's own product when the formats kept them apart (no concatenation)."""
+        if len(self.parts) == len(self.widths):
+            return tuple(p(ops, x) for p in self.parts)
+        return tuple(torch.split(self.parts[0](ops, x), self.widths, dim=-1))
 
 
 @dataclass

@@ -16,7 +16,7 @@ from deepinfer.model.deepseek_v4.caches import LayerCache
 from deepinfer.model.deepseek_v4.compressor import Compressor, compressor_specs
 from deepinfer.model.deepseek_v4.config import CSA, SLIDING, V4Config
 from deepinfer.model.deepseek_v4.step import V4Step
-from deepinfer.model.linear import ExpertWeights
+from deepinfer.model.linear import ExpertWeights, FusedLinear
 from deepinfer.model.weights import FLOAT32, LINEAR, TensorSpec, WeightStore
 
 
@@ -48,10 +48,10 @@ class V4Attention:
         c = self.config = config
         self.kind, self.ratio = c.layer_types[layer], c.compress_ratio(layer)
         self.heads, self.dim, self.rope_dim, self.eps = c.num_attention_heads, c.head_dim, c.qk_rope_head_dim, c.rms_norm_eps
-        self.wq_a = weights.linear(f"{prefix}wq_a")
+        # wq_a and wkv read the same x: one GEMM (and one activation quantisation) when their formats fuse
+        self.q_kv = FusedLinear.of([weights.linear(f"{prefix}wq_a"), weights.linear(f"{prefix}wkv")])
         self.q_norm = weights.tensor(f"{prefix}q_norm.weight")
         self.wq_b = weights.linear(f"{prefix}wq_b")
-        self.wkv = weights.linear(f"{prefix}wkv")
         self.kv_norm = weights.tensor(f"{prefix}norm.weight")
         wo_a = weights.linear(f"{prefix}wo_a")  # [G * O, H * D / G]: group g's rows are g*O:(g+1)*O
         groups = c.o_groups
@@ -78,11 +78,12 @@ class V4Attention:
         """x: [T, hidden] (the normed layer input); ropes: (cos_sin, inverse cos_sin) tables by name ("main", "compress")."""
         tokens = x.shape[0]
         cos_sin, inverse = ropes["main" if self.kind == SLIDING else "compress"]
-        q_latent, _ = ops.rms_norm(self.wq_a(ops, x), self.q_norm, eps=self.eps)
+        q_low, kv_raw = self.q_kv.split(ops, x)  # row-strided views of one product: rms_norm reads them as they are
+        q_latent, _ = ops.rms_norm(q_low, self.q_norm, eps=self.eps)
         q = self.wq_b(ops, q_latent).view(tokens * self.heads, self.dim)
         q, _ = ops.rms_norm(q.contiguous(), self.unit, eps=self.eps)
         q = self._rotate(ops, q.view(tokens, self.heads, self.dim), step.positions, cos_sin)
-        kv, _ = ops.rms_norm(self.wkv(ops, x), self.kv_norm, eps=self.eps)
+        kv, _ = ops.rms_norm(kv_raw, self.kv_norm, eps=self.eps)
         kv = self._rotate(ops, kv.view(tokens, 1, self.dim), step.positions, cos_sin)[:, 0]
         nope = self.dim - self.rope_dim
         ops.kv_cache_write(kv[:, :nope], kv[:, nope:], cache.swa, step.write_slots)  # (row-strided views: the kernels take them)
