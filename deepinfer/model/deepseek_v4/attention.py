@@ -67,9 +67,9 @@ class V4Attention:
         self.unit = torch.ones(self.dim, dtype=torch.float32, device=self.sinks.device)  # q's per-head RMS norm has no weight
         self.compressor = self.indexer = None
         if self.kind != SLIDING:
-            self.compressor = Compressor(weights, f"{prefix}compressor.", ratio=self.ratio, overlap=self.kind == CSA, rope_dim=self.rope_dim, eps=self.eps)
+            self.compressor = Compressor(weights, f"{prefix}compressor.", ratio=self.ratio, overlap=self.kind == CSA, eps=self.eps)
         if self.kind == CSA:
-            self.indexer = Compressor(weights, f"{prefix}indexer.compressor.", ratio=self.ratio, overlap=True, rope_dim=self.rope_dim, eps=self.eps)
+            self.indexer = Compressor(weights, f"{prefix}indexer.compressor.", ratio=self.ratio, overlap=True, eps=self.eps)
             self.index_wq_b = weights.linear(f"{prefix}indexer.wq_b")
             self.index_weights = weights.linear(f"{prefix}indexer.weights_proj")
             self.index_scale = (c.index_n_heads**-0.5) * (c.index_head_dim**-0.5)
