@@ -130,9 +130,10 @@ def norm_rope_kv_write(
 
     Why one op, and not folded into compress_kv: this is a decode step's compressor emission (three
     ops and two copies before), whose launches, not its bytes, cost. The norm needs a whole row, which
-    compress_kv's kernels split across programs by channel blocks (an HCA window is 128 rows of 2 x 512
-    channels: one program per entry would serialise the step's largest read); a separate row-wise op
-    reads its E x D float32 entries back (kilobytes) for one launch, and keeps compress_kv a pooling.
+    compress_kv's kernels split across programs by channel blocks (an HCA window is 128 rows of values
+    and 128 of gate logits, 512 channels each: one program per entry would serialise the step's largest
+    read); a separate row-wise op reads the E x D float32 entries back (kilobytes) for one launch, and
+    keeps compress_kv a pooling.
     """
     check_norm_rope_kv_write_args(x, weight, positions, cos_sin_cache, kv_cache, slot_mapping)
     acc = torch.float64 if x.dtype == torch.float64 else torch.float32
