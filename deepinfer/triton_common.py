@@ -326,6 +326,19 @@ def fp8_kv_row(latent, rope, MANUAL_CVT: tl.constexpr):
 
 
 @triton.jit
+def norm_rope_row(nope, tail, partner, w_nope, w_tail, w_partner, cos, sin, odd, D, eps):
+    """One row of norm_rope_kv_write (deepinfer.ops.compressor): the row is its first channels `nope` and its
+    rope channels `tail` (masked lanes 0), `partner` holds each tail lane's pair partner (channel c ^ 1) and
+    `odd` marks the second lane of each pair, so the rotation needs no shuffle across lanes. Returns the
+    RMS-normed nope channels and the normed, rotated tail, in the inputs' precision, in the reference's order:
+    (x * inv) * w, then a cos -/+ b sin."""
+    inv = 1.0 / tl.sqrt((tl.sum(nope * nope, axis=0) + tl.sum(tail * tail, axis=0)) / D + eps)
+    normed = nope * inv * w_nope
+    rotated = tail * inv * w_tail * cos + tl.where(odd, 1.0, -1.0) * (partner * inv * w_partner) * sin
+    return normed, rotated
+
+
+@triton.jit
 def sinkhorn_mix(z, n_ok, hc_eps, sinkhorn_iters):
     """DeepSeek-V4's hyper-connection mixing matrix from its logits z [T, N_PAD, N_PAD] (rows and
     columns past N masked by n_ok): a row softmax plus hc_eps, then alternating column and row

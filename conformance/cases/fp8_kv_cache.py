@@ -19,7 +19,7 @@ import torch
 from deepinfer.ops import kv_cache_format
 from deepinfer_conformance.cases import Case
 from deepinfer_conformance.cases.attention import kv_cache_write_inputs, mla_decode_inputs
-from deepinfer_conformance.cases.v4 import indexer_topk_inputs, sparse_attention_inputs
+from deepinfer_conformance.cases.v4 import indexer_topk_inputs, norm_rope_write_inputs, sparse_attention_inputs
 
 DTYPES = (torch.float32, torch.bfloat16)
 
@@ -54,6 +54,23 @@ def hard_rows_write(gen, dtype, **layout):
     return kw
 
 
+def exact_norm_rope_write(gen, dtype, *, dim: int, rope_dim: int, rows_per_block: int, pool_rows: list[int]):
+    """norm_rope_kv_write into an FP8 pool, its values exact in float32: rows of +-2^k (k per row) with eps 0 norm to
+    +-weight exactly, and a table of quarter turns (one of cos and sin 0, the other +-1) rotates them exactly. A value
+    computed in float32 and in float64 may otherwise fall on two sides of an e4m3 rounding boundary (a step of up to
+    1/8 of the value); here every backend quantises the same numbers and the comparison keeps its tolerance."""
+    kw = norm_rope_write_inputs(gen, dtype, dim=dim, rope_dim=rope_dim, rows_per_block=rows_per_block, pool_rows=pool_rows)
+    rows = len(pool_rows)
+    signs = torch.randint(0, 2, (rows, dim), generator=gen) * 2 - 1
+    kw["x"] = (signs * 2.0 ** torch.randint(-8, 9, (rows, 1), generator=gen)).to(kw["x"].dtype)
+    kw["eps"] = 0.0
+    turns = torch.randint(0, 4, (kw["cos_sin_cache"].shape[0], rope_dim // 2), generator=gen)
+    cos, sin = torch.tensor([1.0, 0.0, -1.0, 0.0])[turns], torch.tensor([0.0, 1.0, 0.0, -1.0])[turns]
+    kw["cos_sin_cache"] = torch.cat((cos, sin), dim=-1)
+    kw["kv_cache"] = fp8_cache(kw["kv_cache"])
+    return kw
+
+
 RECIPES = [
     ("kv_cache_write", "fp8_bs64_across_blocks_skip",
      with_fp8(partial(kv_cache_write_inputs, slots=[62, 63, 64, 65, -1, 127], block_size=64, num_blocks=2), "kv_cache")),
@@ -68,6 +85,8 @@ RECIPES = [
      with_fp8(partial(sparse_attention_inputs, seqs=[(40, 2), (140, 3), (3, 1)], heads=8, extra="csa", ratio=4, topk=32), "kv", "extra_kv")),
     ("sparse_attention", "fp8_hca_t4_h16_d128_all_visible_entries",
      with_fp8(partial(sparse_attention_inputs, seqs=[(260, 2), (390, 1)], heads=16, dim=128, extra="hca", ratio=128), "kv", "extra_kv")),
+    ("norm_rope_kv_write", "fp8_d512_r64_exact_values_skipped",
+     partial(exact_norm_rope_write, dim=512, rope_dim=64, rows_per_block=16, pool_rows=[3, -1, 20, 17])),
     ("indexer_topk", "fp8_decode_t1_h64_d128_e100_top32", partial(indexer_topk_inputs, seqs=[(400, 1)], top_k=32, fp8_keys=True)),
     ("indexer_topk", "fp8_prefill_b3_h16_d128_top16_mixed_visibility",
      partial(indexer_topk_inputs, seqs=[(0, 6), (60, 3), (90, 4)], top_k=16, heads=16, fp8_keys=True)),

@@ -1,5 +1,5 @@
-"""Cases for DeepSeek-V4's ops: sparse_attention, compress_kv, indexer_topk, hc_pre, hc_post and
-clamped_silu_and_mul.
+"""Cases for DeepSeek-V4's ops: sparse_attention, compress_kv, norm_rope_kv_write, indexer_topk, hc_pre,
+hc_post and clamped_silu_and_mul.
 
 Shapes are V4's where it is cheap (head_dim 512 with a 128-token sliding window, CSA ratio 4 with
 overlapping windows, HCA ratio 128, the indexer's 64 heads of 128, 4 residual streams), cut to a few
@@ -198,14 +198,38 @@ def compress_kv_ring_inputs(gen, dtype, *, ratio: int, overlap: bool, dim: int, 
 
 
 def ring_write_inputs(gen, dtype, *, slots: int, ring: int, width: int, rows: list[int]):
-    """kv_cache_write as a V4 decode step writes its tokens' compressor projections into the ring: float32 rows
-    (whatever the model dtype: the ring is float32 state) of `width` channels and no rope part, the ring viewed as
-    pages of `ring` rows, one per state slot; row -1 (padding) writes nothing."""
+    """kv_cache_write as a V4 decode step writes its tokens' compressor projections into the ring: rows in the
+    model (case) dtype, as the projection GEMM gives them, of `width` channels and no rope part, into the float32
+    ring (whatever the model dtype: the ring is float32 state) viewed as pages of `ring` rows, one per state slot;
+    row -1 (padding) writes nothing."""
     return {
-        "kv_c": randn(gen, len(rows), width),
+        "kv_c": randn(gen, len(rows), width, dtype=dtype),
         "k_pe": torch.empty(len(rows), 0),
         "kv_cache": randn(gen, slots, ring, width),
         "slot_mapping": torch.tensor(rows, dtype=torch.int64),
+    }
+
+
+# -------------------------------------------------------------------------------- norm_rope_kv_write
+
+
+def norm_rope_write_inputs(gen, dtype, *, dim: int, rope_dim: int, rows_per_block: int, pool_rows: list[int], x_dtype=torch.float32,
+                           x_scale: float = 1.0, max_position: int = 96):  # fmt: skip
+    """A compressor's emission: entries (float32, as compress_kv gives them, unless `x_dtype` is None: the case
+    dtype) normed, their last rope_dim channels rotated at their windows' first positions and written to pool
+    rows (flat, pages of rows_per_block rows), -1: skipped, with a position past the table there (never read).
+    The pool, in the case dtype, is filled everywhere; the table is random (not a rotation: a swapped cos and
+    sin, or a pair rotated the wrong way, changes the answer)."""
+    num_blocks = max(pool_rows) // rows_per_block + 2
+    positions = torch.randint(0, max_position, (len(pool_rows),), generator=gen)
+    return {
+        "x": randn(gen, len(pool_rows), dim, dtype=x_dtype or dtype, scale=x_scale),
+        "weight": 1 + randn(gen, dim, scale=0.3),
+        "positions": torch.where(torch.tensor(pool_rows) >= 0, positions, max_position + 7),
+        "cos_sin_cache": randn(gen, max_position, rope_dim),
+        "kv_cache": randn(gen, num_blocks, rows_per_block, dim, dtype=dtype),
+        "slot_mapping": torch.tensor(pool_rows, dtype=torch.int64),
+        "eps": 1e-6,
     }
 
 
@@ -384,6 +408,15 @@ RECIPES = [
      partial(compress_kv_ring_inputs, ratio=128, overlap=False, dim=16, ring=128, positions=[127, None, 130, 383])),
     # kv_cache_write into the compressor ring (decode_plan): rows without a rope part, padding.
     ("kv_cache_write", "decode_ring_f32_w128_no_rope_padding", partial(ring_write_inputs, slots=3, ring=12, width=128, rows=[3, -1, 35, 12])),
+    # norm_rope_kv_write: the compressor's emission into a CSA pool (16 rows a block) and an HCA pool (1 row a block), a
+    # decode step's skipped rows among them; the indexer's keys from rows in the case dtype; rope over every channel.
+    ("norm_rope_kv_write", "csa_d512_r64_decode_skipped",
+     partial(norm_rope_write_inputs, dim=HEAD_DIM, rope_dim=64, rows_per_block=16, pool_rows=[3, -1, 21, -1, 17])),
+    ("norm_rope_kv_write", "hca_d512_r64_large_entries",
+     partial(norm_rope_write_inputs, dim=HEAD_DIM, rope_dim=64, rows_per_block=1, pool_rows=[5, 0, 2], x_scale=100.0)),
+    ("norm_rope_kv_write", "indexer_d128_r64_rows_in_case_dtype",
+     partial(norm_rope_write_inputs, dim=INDEX_DIM, rope_dim=64, rows_per_block=16, pool_rows=[-1, 33, 4, 20], x_dtype=None)),
+    ("norm_rope_kv_write", "d16_all_rope", partial(norm_rope_write_inputs, dim=16, rope_dim=16, rows_per_block=4, pool_rows=[2, 7])),
     # indexer_topk: V4's 64 heads of 128.
     ("indexer_topk", "decode_t1_h64_d128_e100_top32", partial(indexer_topk_inputs, seqs=[(400, 1)], top_k=32)),
     # Three sequences, their own tables; queries seeing 0, fewer than top_k and more than top_k entries.

@@ -84,21 +84,36 @@ def _concat(parts: list, dim: int):
     return kind(weight, scale, parts[0].format)
 
 
+def _row_views(fused: LinearWeight, parts: list[LinearWeight]) -> tuple[LinearWeight, ...]:
+    """Each part as a view of its rows of the fused weight and of its scale rows (which `_concat` stacked
+    in the same order): the parts without copies of their own."""
+    views, row, scale_row = [], 0, 0
+    for p in parts:
+        rows, scale_rows = p.weight.shape[0], 0 if p.scale is None else p.scale.shape[0]
+        scale = None if fused.scale is None else fused.scale[scale_row : scale_row + scale_rows]
+        views.append(LinearWeight(fused.weight[row : row + rows], scale, p.format))
+        row, scale_row = row + rows, scale_row + scale_rows
+    return tuple(views)
+
+
 @dataclass
 class FusedLinear:
     """Several weights applied to the same input, outputs concatenated (gate then up).
 
     One fused weight when the formats allow it (always for dense weights); otherwise the parts run
-    one after the other and their outputs are concatenated.
+    one after the other and their outputs are concatenated. `given` keeps each weight as it was
+    given (views of the fused rows: no second copy), for callers that still name them.
     """
 
     parts: tuple[LinearWeight, ...]
-    widths: tuple[int, ...] = ()  # each given weight's out_features, in order (what `split` cuts the product into)
+    given: tuple[LinearWeight, ...] = ()
 
     @staticmethod
     def of(parts: list[LinearWeight]) -> "FusedLinear":
-        widths = tuple(p.out_features for p in parts)
-        return FusedLinear((_concat(parts, dim=0),) if _fusable(parts) else tuple(parts), widths)
+        if not _fusable(parts):
+            return FusedLinear(tuple(parts), tuple(parts))
+        fused = _concat(parts, dim=0)
+        return FusedLinear((fused,), _row_views(fused, parts))
 
     def __call__(self, ops, x: torch.Tensor) -> torch.Tensor:
         outs = [p(ops, x) for p in self.parts]
@@ -107,9 +122,9 @@ class FusedLinear:
     def split(self, ops, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """Each given weight's product, in order: column views of the one fused product (one GEMM, one
         activation quantisation), or each part's own product when the formats kept them apart (no concatenation)."""
-        if len(self.parts) == len(self.widths):
+        if len(self.parts) == len(self.given):
             return tuple(p(ops, x) for p in self.parts)
-        return tuple(torch.split(self.parts[0](ops, x), self.widths, dim=-1))
+        return tuple(torch.split(self.parts[0](ops, x), [g.out_features for g in self.given], dim=-1))
 
 
 @dataclass

@@ -16,7 +16,7 @@ from deepinfer.ops import kv_cache_format
 from deepinfer.registry import ALLCLOSE, op
 
 
-def _dequantized_cache(kwargs, outputs):
+def dequantized_cache(kwargs, outputs):
     """An FP8 cache compares by its values (e4m3 times the row's scale, float32), not by its raw
     bytes; any other cache as it is (in its own dtype: a bfloat16 cache's golden is half the bytes
     of its float32 copy)."""
@@ -24,7 +24,7 @@ def _dequantized_cache(kwargs, outputs):
     return {"kv_cache": kv_cache_format.dequantize_rows(cache) if kv_cache_format.is_fp8(cache) else cache}
 
 
-@op(family="attention", outputs=("kv_cache",), compare=ALLCLOSE, in_place="kv_cache", canonicalize=_dequantized_cache)
+@op(family="attention", outputs=("kv_cache",), compare=ALLCLOSE, in_place="kv_cache", canonicalize=dequantized_cache)
 def kv_cache_write(
     kv_c: torch.Tensor,
     k_pe: torch.Tensor,

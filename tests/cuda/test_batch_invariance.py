@@ -81,7 +81,7 @@ def around(g, req: torch.Tensor, before: int, after: int, **kw) -> torch.Tensor:
 
 SEPARATE = {"linear", "grouped_gemm", "mla_decode", "rms_norm", "gate", "prefill", "sparse_attention", "indexer_topk", "compress_kv", "hc_pre"}
 AS_THEY_ARE = {
-    "rope", "silu_and_mul", "clamped_silu_and_mul", "kv_cache_write", "dispatch", "combine", "sample", "apply_token_bitmask", "hc_post",
+    "rope", "silu_and_mul", "clamped_silu_and_mul", "kv_cache_write", "norm_rope_kv_write", "dispatch", "combine", "sample", "apply_token_bitmask", "hc_post",
     "rejection_sample", "apply_penalties", "apply_token_bias", "gather_logprobs",
 }  # fmt: skip
 
@@ -157,6 +157,27 @@ def test_kv_cache_write(reg, cache_dtype):
         s[before + 2 :][::3] = -1  # padding rows write nothing
         cache = torch.zeros(blocks, page, width, dtype=cache_dtype)
         fn(around(g, kv_c, before, after), around(g, k_pe, before, after), cache, s)
+        same(cache.view(-1, width)[slots].view(torch.uint8), alone.view(torch.uint8), f"{before, after}")
+
+
+@pytest.mark.parametrize("cache_dtype", [torch.float32, torch.bfloat16, kv_cache_format.FP8_DTYPE])
+def test_norm_rope_kv_write(reg, cache_dtype):
+    """A compressor's two entries (float32, as compress_kv gives them) write the same pool rows beside other entries and skipped rows."""
+    dtype = torch.float32 if cache_dtype == torch.float32 else torch.bfloat16
+    fn, g = kernel(reg, "norm_rope_kv_write", dtype), gen(6)
+    D, blocks, page = 64, 6, 4
+    width = kv_cache_format.row_width(D, cache_dtype)
+    x, weight, table = randn(g, 2, D, scale=3.0), 1 + randn(g, D, scale=0.3), rope_cos_sin_cache(16, 64, 10000.0)
+    positions, slots = torch.tensor([8, 60]), torch.tensor([7, 20])
+    alone = fn(x, weight, positions, table, torch.zeros(blocks, page, width, dtype=cache_dtype), slots, eps=1e-6).view(-1, width)[slots]
+    others = [s for s in range(blocks * page) if s not in (7, 20)]
+    for before, after in LAYOUTS:
+        other = torch.tensor(others)[torch.randperm(len(others), generator=g)[: before + after]]
+        s = torch.cat([other[:before], slots, other[before:]])
+        s[before + 2 :][::3] = -1  # skipped rows write nothing
+        p = torch.cat([torch.randint(0, 64, (before,), generator=g), positions, torch.randint(0, 64, (after,), generator=g)])
+        cache = torch.zeros(blocks, page, width, dtype=cache_dtype)
+        fn(around(g, x, before, after), weight, p, table, cache, s, eps=1e-6)
         same(cache.view(-1, width)[slots].view(torch.uint8), alone.view(torch.uint8), f"{before, after}")
 
 

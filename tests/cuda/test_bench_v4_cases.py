@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from deepinfer.ops.compressor import compress_kv
+from deepinfer.ops import kv_cache_format
+from deepinfer.ops.compressor import compress_kv, norm_rope_kv_write
 from deepinfer.ops.indexer import indexer_topk
 from deepinfer.ops.sparse_attention import sparse_attention
 from deepinfer.registry import all_ops
@@ -94,6 +95,20 @@ def test_compress_kv_cases(ratio, overlap, entries, decode):
     # kv and gate values pooled (float32), the bias, the starts (two lists with overlap), the float32 entries
     expected = 2 * entries * slots * 512 * 4 + ratio * s["kv"].shape[1] * 4 + entries * 8 * (2 if overlap else 1) + entries * 512 * 4
     assert v4_attention._compress_bytes(s) == expected and v4_attention._compress_flops(s) == 5 * entries * slots * 512
+
+
+@pytest.mark.parametrize("kv_dtype", [torch.bfloat16, torch.float8_e4m3fn])
+def test_norm_rope_kv_write_cases(kv_dtype):
+    s = v4_attention._emit_setup(5, kv_dtype)(CPU)
+    pool = s["pool"].clone()
+    want = norm_rope_kv_write(s["x"], s["weight"], s["positions"], s["table"], pool, s["slots"], eps=v4_attention.NORM_EPS)
+    got = v4_attention._emit_peer(s).view_as(want)
+    rows = lambda cache: kv_cache_format.dequantize_rows(cache.view(-1, cache.shape[-1])[s["slots"]])  # noqa: E731
+    assert torch.allclose(rows(got), rows(want), rtol=0.13 if kv_dtype != torch.bfloat16 else 1e-2, atol=1e-2)
+    # the float32 entries, the weight, a table row of 64 float32 per entry, its position and slot, the pool rows written
+    row_bytes = 1024 if kv_dtype == torch.bfloat16 else 528
+    assert v4_attention._emit_bytes(s) == 5 * (512 * 4 + 64 * 4 + 16 + row_bytes) + 512 * 4
+    assert v4_attention._emit_flops(s) == 5 * (4 * 512 + 3 * 64)
 
 
 def test_misc_peers_and_counts():

@@ -190,7 +190,7 @@ def test_weights_are_drawn_in_the_release_formats(tiny_engine):
     model = tiny_engine.loaded.model
     csa = model.layers[2]
     assert csa.attn.kind == "compressed_sparse_attention"
-    for projection in (*csa.attn.q_kv.parts, csa.attn.wq_b, csa.attn.wo_b, csa.attn.index_wq_b):
+    for projection in (csa.attn.wq_a, csa.attn.wq_b, csa.attn.wkv, csa.attn.wo_b, csa.attn.index_wq_b):
         assert projection.fmt == "fp8_block" and projection.weight.dtype == torch.float8_e4m3fn
     assert csa.attn.wo_a.fmt == "fp8_block"  # the grouped output projection, one FP8 "expert" per group
     assert csa.attn.compressor.wkv.fmt == "dense" and csa.attn.index_weights.fmt == "dense"  # bf16 in the release

@@ -98,7 +98,7 @@ def test_release_formats_stay_packed_and_match_their_dequantised_weights(tmp_pat
     release, dense = quantized_release(weights)
     loaded = load_model(str(write(tmp_path / "release", release)), ops, "cpu", torch.float32)
     layer = loaded.model.layers[1]
-    assert all(p.fmt == "fp8_block" and p.weight.dtype == torch.float8_e4m3fn for p in layer.attn.q_kv.parts)  # wq_a and wkv
+    assert layer.attn.wq_a.fmt == "fp8_block" and layer.attn.wq_a.weight.dtype == torch.float8_e4m3fn
     assert layer.attn.wo_a.fmt == "fp8_block" and layer.attn.wo_a.weight.shape[0] == TINY["o_groups"]  # one FP8 "expert" per group
     assert layer.ffn.down.fmt == "mxfp4" and layer.ffn.down.weight.dtype == torch.uint8  # packed in memory
     assert layer.ffn.down.weight.shape[-1] == TINY["moe_intermediate_size"] // 2

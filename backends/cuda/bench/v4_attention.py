@@ -1,4 +1,5 @@
-"""Benchmarks of DeepSeek-V4's attention ops at V4-Flash sizes: sparse_attention, compress_kv, indexer_topk.
+"""Benchmarks of DeepSeek-V4's attention ops at V4-Flash sizes: sparse_attention, compress_kv, norm_rope_kv_write,
+indexer_topk.
 
 V4-Flash: 64 query heads of D = 512 (rope 64) over one shared KV row per token, window 128, CSA
 layers (ratio 4, overlapping windows) whose indexer (64 heads of 128) picks the top 512 compressed
@@ -32,6 +33,15 @@ slots x D, float32) read once, the position bias, the starts, the entries writte
 pooled value (bias add, exp, weight multiply, two sums). Memory-bound. Peer: the reference op
 (vectorised torch, no host synchronisation).
 
+norm_rope_kv_write (the compressor's emission: compress_kv's float32 entries normed, their 64 rope
+channels rotated, written to a CSA pool of 16 rows a block, rows shuffled): decode, one entry for 1
+or 256 sequences, into a bf16 pool and (`fp8pool`) an FP8 one. Bytes: the entries (float32), the
+norm weight, each entry's table row (64 float32), its position and pool row, the pool rows written
+(in the pool's format). Flops: 4 per channel (square, sum, two scalings) and 3 more per rope channel.
+Memory-bound (and launch-bound in a decode step: this op replaces rms_norm, rope, kv_cache_write and
+two copies). Peer: the reference's arithmetic (float32 norm and rope, cast or quantised rows
+scattered into the pool) without its host-side bounds check, so it is graph-timed like the kernel.
+
 indexer_topk (bf16 queries and keys, float32 weights, top 512): decode, one query per sequence
 for 1 or 64 sequences of 4k, 32k and 64k tokens (1024, 8192, 16384 keys each), and (`emax65536`)
 32k-token sequences whose entry tables are 65536 wide (a device plan at max_model_len 256k: the
@@ -54,7 +64,7 @@ import torch
 from deepinfer.ops import kv_cache_format
 from deepinfer_cuda.bench.common import BenchCase
 
-OPS = ("sparse_attention", "compress_kv", "indexer_topk")  # what this bench module covers: the runner finds it by this
+OPS = ("sparse_attention", "compress_kv", "norm_rope_kv_write", "indexer_topk")  # what this bench module covers: the runner finds it by this
 TABLE_ORDER = 70  # where its rows sit in `deepinfer bench ops`: after the V3-shaped families
 
 HEADS, DIM = 64, 512
@@ -265,6 +275,61 @@ def _compress_flops(s: dict) -> float:
     return 5.0 * _pooled(s)
 
 
+# ---------------------------------------------------------------------------------------------- norm_rope_kv_write
+
+ROPE_DIM, NORM_EPS = 64, 1e-6
+
+
+def _emit_setup(entries: int, kv_dtype: torch.dtype = torch.bfloat16):
+    """`entries` closing windows' float32 entries, each to its own shuffled row of a CSA pool (16 rows a block)."""
+
+    def setup(device: torch.device) -> dict:
+        g = _gen(device)
+        per_block = PAGE // CSA_RATIO
+        rows = -(-entries // per_block) * per_block
+        return {
+            "x": torch.randn(entries, DIM, device=device, generator=g),
+            "weight": 1 + 0.1 * torch.randn(DIM, device=device, generator=g),
+            "positions": torch.randint(0, 32768, (entries,), device=device, generator=g),
+            "table": torch.randn(32768, ROPE_DIM, device=device, generator=g),
+            "pool": _cache(rows, DIM, kv_dtype, g, device).view(rows // per_block, per_block, -1),
+            "slots": torch.randperm(rows, device=device, generator=g)[:entries],
+        }
+
+    return setup
+
+
+def _emit_args(s: dict) -> tuple:
+    return s["x"], s["weight"], s["positions"], s["table"], s["pool"], s["slots"]
+
+
+def _emit_kernel(s: dict):
+    from deepinfer_cuda.kernels.norm_rope_kv_write import norm_rope_kv_write
+
+    return norm_rope_kv_write(*_emit_args(s), eps=NORM_EPS)
+
+
+def _emit_peer(s: dict):
+    from deepinfer.ops.rope import rope
+
+    x, pool = s["x"], s["pool"]
+    normed = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + NORM_EPS) * s["weight"]
+    rotated = rope(normed[:, None, DIM - ROPE_DIM :], s["positions"], s["table"], interleaved=True)[:, 0]
+    rows = torch.cat((normed[:, : DIM - ROPE_DIM], rotated), dim=-1)
+    rows = kv_cache_format.quantize_rows(rows) if kv_cache_format.is_fp8(pool) else rows.to(pool.dtype)
+    pool.view(-1, pool.shape[-1]).view(torch.uint8).index_copy_(0, s["slots"], rows.view(torch.uint8))  # (bytes: no float8 index_copy)
+    return pool
+
+
+def _emit_bytes(s: dict) -> float:
+    entries, pool = s["x"].shape[0], s["pool"]
+    return entries * (DIM * 4 + ROPE_DIM * 4 + 8 + 8 + pool.shape[-1] * pool.element_size()) + DIM * 4
+
+
+def _emit_flops(s: dict) -> float:
+    return s["x"].shape[0] * (4.0 * DIM + 3.0 * ROPE_DIM)
+
+
 # ---------------------------------------------------------------------------------------------- indexer_topk
 
 
@@ -340,6 +405,8 @@ def _indexer_flops(s: dict) -> float:
 
 SPARSE = (_sparse_kernel, _sparse_peer, "torch: the reference's float32 gather + einsum (no bounds check; chunks of <= 1 GiB)", _sparse_flops, _sparse_bytes)
 COMPRESS = (_compress_kernel, _compress_peer, "torch reference (deepinfer.ops.compressor)", _compress_flops, _compress_bytes)
+EMIT = (_emit_kernel, _emit_peer, "torch: the reference's float32 norm and rope, rows cast or quantised and scattered (no bounds check)", _emit_flops,
+        _emit_bytes)  # fmt: skip
 INDEXER = (_indexer_kernel, _indexer_peer, "torch: the reference's scores and tie rule, vectorised over queries", _indexer_flops, _indexer_bytes)
 
 CASES = [
@@ -355,6 +422,8 @@ CASES = [
     GraphCase("compress_kv", "decode_B256_HCA_r128_D512_f32", _compress_setup(HCA_RATIO, False, 256, decode=True), *COMPRESS),
     BenchCase("compress_kv", "prefill_T8192_CSA_r4_overlap_D512_f32", _compress_setup(CSA_RATIO, True, 8192 // CSA_RATIO, decode=False), *COMPRESS),
     BenchCase("compress_kv", "prefill_T8192_HCA_r128_D512_f32", _compress_setup(HCA_RATIO, False, 8192 // HCA_RATIO, decode=False), *COMPRESS),
+    *[GraphCase("norm_rope_kv_write", f"decode_B{b}_D512_r64_bf16", _emit_setup(b), *EMIT) for b in (1, 256)],
+    GraphCase("norm_rope_kv_write", "decode_B256_D512_r64_fp8pool", _emit_setup(256, FP8), *EMIT),
     *[GraphCase("indexer_topk", f"decode_B64_ctx{ctx // 1024}k_H64_D128_top512_bf16", _indexer_setup(64, ctx), *INDEXER) for ctx in (4096, 32768, 65536)],
     *[GraphCase("indexer_topk", f"decode_B{b}_ctx32k_H64_D128_top512_fp8kv", _indexer_setup(b, 32768, kv_dtype=FP8), *INDEXER) for b in (1, 64)],
     GraphCase("indexer_topk", "decode_B1_ctx32k_H64_D128_top512_bf16", _indexer_setup(1, 32768), *INDEXER),

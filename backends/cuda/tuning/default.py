@@ -74,6 +74,8 @@ CONFIGS: dict[str, dict[str, dict]] = {
         "combine": {"num_warps": 4},
     },
     "kv_cache_write": {"tokens": {"num_warps": 4}},
+    # norm_rope_kv_write: one row of up to 512 float32 channels per program. Not measured.
+    "norm_rope_kv_write": {"rows": {"num_warps": 4}},
     # moe (deepinfer_cuda.kernels.moe): gate holds tile_elems router scores per program; dispatch's
     # count tile is count_tile_elems one-hot entries; copy/combine move block_bytes per row per step
     # and split the columns until target_programs programs run.

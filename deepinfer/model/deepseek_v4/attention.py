@@ -50,6 +50,7 @@ class V4Attention:
         self.heads, self.dim, self.rope_dim, self.eps = c.num_attention_heads, c.head_dim, c.qk_rope_head_dim, c.rms_norm_eps
         # wq_a and wkv read the same x: one GEMM (and one activation quantisation) when their formats fuse
         self.q_kv = FusedLinear.of([weights.linear(f"{prefix}wq_a"), weights.linear(f"{prefix}wkv")])
+        self.wq_a, self.wkv = self.q_kv.given  # views of the fused rows (no second copy), by their checkpoint names
         self.q_norm = weights.tensor(f"{prefix}q_norm.weight")
         self.wq_b = weights.linear(f"{prefix}wq_b")
         self.kv_norm = weights.tensor(f"{prefix}norm.weight")
@@ -67,9 +68,9 @@ class V4Attention:
         self.unit = torch.ones(self.dim, dtype=torch.float32, device=self.sinks.device)  # q's per-head RMS norm has no weight
         self.compressor = self.indexer = None
         if self.kind != SLIDING:
-            self.compressor = Compressor(weights, f"{prefix}compressor.", ratio=self.ratio, overlap=self.kind == CSA, rope_dim=self.rope_dim, eps=self.eps)
+            self.compressor = Compressor(weights, f"{prefix}compressor.", ratio=self.ratio, overlap=self.kind == CSA, eps=self.eps)
         if self.kind == CSA:
-            self.indexer = Compressor(weights, f"{prefix}indexer.compressor.", ratio=self.ratio, overlap=True, rope_dim=self.rope_dim, eps=self.eps)
+            self.indexer = Compressor(weights, f"{prefix}indexer.compressor.", ratio=self.ratio, overlap=True, eps=self.eps)
             self.index_wq_b = weights.linear(f"{prefix}indexer.wq_b")
             self.index_weights = weights.linear(f"{prefix}indexer.weights_proj")
             self.index_scale = (c.index_n_heads**-0.5) * (c.index_head_dim**-0.5)

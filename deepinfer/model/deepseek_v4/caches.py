@@ -9,8 +9,10 @@ Paged (in the engine's token blocks, so prefix caching shares them):
 Per sequence (a state slot, held while the sequence runs): each compressor's open window, the
 per-token projections (value and gate logits, float32) of its last `ring` tokens, `ring` = 2 x ratio
 with overlapping windows (CSA), else ratio (more with speculative decoding: `ring_size`), token p in
-row p % ring of its slot. These are rebuilt, not cached: a prefix hit recomputes
-the last `prefix_replay_tokens` tokens (bounded replay), whose sliding-window KV is already paged.
+row p % ring of its slot. A ring row holds the token's value then its gate logits, as the compressor's
+one projection GEMM gives them, so a decode step stores both with one write. These are rebuilt, not
+cached: a prefix hit recomputes the last `prefix_replay_tokens` tokens (bounded replay), whose
+sliding-window KV is already paged.
 
 In an FP8 cache (float8_e4m3fn) every paged row carries its token's float32 scale in 4 more bytes
 (deepinfer.ops.kv_cache_format); the rings stay float32 (per-sequence state, not per token).
@@ -50,12 +52,24 @@ class CompressorCache:
     ratio: int
     overlap: bool
     pool: torch.Tensor  # [num_blocks, rows_per_block, D]
-    ring_kv: torch.Tensor  # [slots, ring, W] float32, W = 2D with overlap
-    ring_gate: torch.Tensor  # [slots, ring, W] float32
+    projections: torch.Tensor  # [slots, ring, 2W] float32, the ring: a token's value [W] then its gate logits [W], W = 2D with overlap
 
     @property
     def ring(self) -> int:
-        return self.ring_kv.shape[1]
+        return self.projections.shape[1]
+
+    @property
+    def width(self) -> int:
+        """W: the projections' width (2D with overlap)."""
+        return self.projections.shape[2] // 2
+
+    @property
+    def ring_kv(self) -> torch.Tensor:
+        return self.projections[..., : self.width]
+
+    @property
+    def ring_gate(self) -> torch.Tensor:
+        return self.projections[..., self.width :]
 
 
 @dataclass
@@ -71,8 +85,7 @@ def _compressor(num_blocks, block_size, slots, ratio, overlap, dim, dtype, devic
         ratio,
         overlap,
         torch.zeros(num_blocks, rows_per_block(block_size, ratio), row_width(dim, dtype), dtype=dtype, device=device),
-        torch.zeros(slots, ring, width, dtype=RING_DTYPE, device=device),
-        torch.zeros(slots, ring, width, dtype=RING_DTYPE, device=device),
+        torch.zeros(slots, ring, 2 * width, dtype=RING_DTYPE, device=device),
     )
 
 

@@ -11,6 +11,7 @@ import torch
 from deepinfer.model.deepseek_v4.caches import CompressorCache
 from deepinfer.model.deepseek_v4.decode_plan import RingPlan
 from deepinfer.model.deepseek_v4.step import V4Step
+from deepinfer.model.linear import FusedLinear
 from deepinfer.model.weights import FLOAT32, LINEAR, TensorSpec, WeightStore
 
 
@@ -25,45 +26,40 @@ def compressor_specs(prefix: str, hidden: int, dim: int, ratio: int, overlap: bo
 
 
 class Compressor:
-    def __init__(self, weights: WeightStore, prefix: str, *, ratio: int, overlap: bool, rope_dim: int, eps: float):
-        self.wkv = weights.linear(f"{prefix}wkv")
-        self.wgate = weights.linear(f"{prefix}wgate")
+    def __init__(self, weights: WeightStore, prefix: str, *, ratio: int, overlap: bool, eps: float):
+        # wkv and wgate read the same input: one GEMM whose [T, 2W] output is a ring row per token (value, then gate logits)
+        self.projections = FusedLinear.of([weights.linear(f"{prefix}wkv"), weights.linear(f"{prefix}wgate")])
+        self.wkv, self.wgate = self.projections.given  # (views of the fused weight's rows)
+        self.width = self.wkv.out_features
         self.position_bias = weights.tensor(f"{prefix}ape")
         self.norm = weights.tensor(f"{prefix}norm.weight")
-        self.ratio, self.overlap, self.rope_dim, self.eps = ratio, overlap, rope_dim, eps
+        self.ratio, self.overlap, self.eps = ratio, overlap, eps  # (the rope table's width is the rope dim)
 
     def __call__(self, ops, x: torch.Tensor, cache: CompressorCache, step: V4Step, cos_sin: torch.Tensor) -> None:
         """Emit the entries whose window closes in this step into the pool, and keep the open windows' tokens in the ring."""
         plan = step.compressors[(self.ratio, self.overlap)]
-        kv = self.wkv(ops, x).float()
-        gate = self.wgate(ops, x).float()
+        projected = self.projections(ops, x)  # [T, 2W] in x's dtype
         if isinstance(plan, RingPlan):
-            self._pool_in_ring(ops, x.dtype, kv, gate, cache, plan, cos_sin)
+            self._pool_in_ring(ops, projected, cache, plan, cos_sin)
             return
-        flat_kv, flat_gate = cache.ring_kv.view(-1, kv.shape[1]), cache.ring_gate.view(-1, gate.shape[1])
+        flat = cache.projections.view(-1, 2 * self.width)
+        projected = projected.to(flat.dtype)  # the ring's float32 (exact)
         if plan.window_starts.numel():
-            sources_kv = torch.cat((flat_kv[plan.history], kv))[plan.order]
-            sources_gate = torch.cat((flat_gate[plan.history], gate))[plan.order]
-            entries = ops.compress_kv(
-                sources_kv, sources_gate, self.position_bias, plan.window_starts, plan.prev_starts, ratio=self.ratio, overlap=self.overlap
-            )
-            self._emit(ops, entries.to(x.dtype), plan.positions, plan.pool_rows, cache.pool, cos_sin)
-        flat_kv[plan.ring_rows] = kv[plan.ring_tokens]
-        flat_gate[plan.ring_rows] = gate[plan.ring_tokens]
+            sources = torch.cat((flat[plan.history], projected))[plan.order]
+            entries = self._compress(ops, sources, plan.window_starts, plan.prev_starts)
+            ops.norm_rope_kv_write(entries, self.norm, plan.positions, cos_sin, cache.pool, plan.pool_rows, eps=self.eps)
+        flat[plan.ring_rows] = projected[plan.ring_tokens]
 
-    def _pool_in_ring(self, ops, dtype: torch.dtype, kv: torch.Tensor, gate: torch.Tensor, cache: CompressorCache, plan: RingPlan, cos_sin) -> None:
-        """A decode step (decode_plan): each token's projections into its ring row first (kv_cache_write, the ring
-        viewed as one page of `ring` rows per state slot, rows -1 skipped), then the windows that close pooled in
-        place from the ring (window start -1: none closes, a zero row written nowhere)."""
-        ops.kv_cache_write(kv, kv[:, :0], cache.ring_kv, plan.ring_rows)
-        ops.kv_cache_write(gate, gate[:, :0], cache.ring_gate, plan.ring_rows)
-        flat_kv, flat_gate = cache.ring_kv.view(-1, kv.shape[1]), cache.ring_gate.view(-1, gate.shape[1])
-        entries = ops.compress_kv(flat_kv, flat_gate, self.position_bias, plan.window_starts, plan.prev_starts, ratio=self.ratio, overlap=self.overlap)
-        self._emit(ops, entries.to(dtype), plan.positions, plan.pool_rows, cache.pool, cos_sin)
+    def _pool_in_ring(self, ops, projected: torch.Tensor, cache: CompressorCache, plan: RingPlan, cos_sin) -> None:
+        """A decode step (decode_plan), four launches: the projections GEMM; each token's projections into its
+        ring row (kv_cache_write, the ring viewed as one page of `ring` rows per state slot, rows -1 skipped,
+        cast to the ring's float32 on store); the windows that close pooled in place from the ring (window start
+        -1: none closes, a zero row written nowhere); the entries normed, rotated and written to the pool."""
+        ops.kv_cache_write(projected, projected[:, :0], cache.projections, plan.ring_rows)
+        entries = self._compress(ops, cache.projections.view(-1, 2 * self.width), plan.window_starts, plan.prev_starts)
+        ops.norm_rope_kv_write(entries, self.norm, plan.positions, cos_sin, cache.pool, plan.pool_rows, eps=self.eps)
 
-    def _emit(self, ops, entries: torch.Tensor, positions: torch.Tensor, pool_rows: torch.Tensor, pool: torch.Tensor, cos_sin) -> None:
-        """Norm the entries, rotate their rope channels at their positions, write them to their pool rows (-1: none)."""
-        entries, _ = ops.rms_norm(entries, self.norm, eps=self.eps)
-        dim = entries.shape[1]
-        rotated = ops.rope(entries[:, None, dim - self.rope_dim :].contiguous(), positions, cos_sin, interleaved=True)[:, 0]
-        ops.kv_cache_write(entries[:, : dim - self.rope_dim].contiguous(), rotated, pool, pool_rows)
+    def _compress(self, ops, rows: torch.Tensor, window_starts: torch.Tensor, prev_starts: torch.Tensor) -> torch.Tensor:
+        """compress_kv over ring-layout rows [N, 2W] (column views: the kernels take row-strided inputs); float32 entries [E, D]."""
+        kv, gate = rows[:, : self.width], rows[:, self.width :]
+        return ops.compress_kv(kv, gate, self.position_bias, window_starts, prev_starts, ratio=self.ratio, overlap=self.overlap)
