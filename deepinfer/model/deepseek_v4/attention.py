@@ -84,10 +84,8 @@ class V4Attention:
         q = self.wq_b(ops, q_latent).view(tokens * self.heads, self.dim)
         q, _ = ops.rms_norm(q.contiguous(), self.unit, eps=self.eps)
         q = self._rotate(ops, q.view(tokens, self.heads, self.dim), step.positions, cos_sin)
-        kv, _ = ops.rms_norm(kv_raw, self.kv_norm, eps=self.eps)
-        kv = self._rotate(ops, kv.view(tokens, 1, self.dim), step.positions, cos_sin)[:, 0]
-        nope = self.dim - self.rope_dim
-        ops.kv_cache_write(kv[:, :nope], kv[:, nope:], cache.swa, step.write_slots)  # (row-strided views: the kernels take them)
+        # the window row: normed, its rope channels rotated, written to its slot (-1: a replayed token's, skipped) in one launch
+        ops.norm_rope_kv_write(kv_raw, self.kv_norm, step.positions, cos_sin, cache.swa, step.write_slots, eps=self.eps)
         extra = {}
         if self.compressor is not None:
             self.compressor(ops, x, cache.compressor, step, cos_sin)
