@@ -237,6 +237,7 @@ class ModelRunner:
             cached=[seq.num_cached_kv for seq in seqs],
             slots=[seq.state_slot for seq in seqs],
             pages=[seq.block_table for seq in seqs],
+            upload=lambda fields: to_device(fields, self.device, self.pin_host_buffers),
         )
         tables = padded_rows([seq.block_table for seq in seqs])
         input_ids, positions, slot_mapping, cu_seqlens_q, seq_lens_t, block_tables, logits_indices, state_slots = self.tensors(

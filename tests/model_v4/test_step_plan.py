@@ -233,3 +233,28 @@ def test_plan_time_at_v4_flash_decode_sizes():
             plan_step(config, seqs, 64, CPU)
             times.append(time.perf_counter() - begin)
         print(f"plan_step, V4-Flash decode, batch {batch} x context {context}: {min(times) * 1e3:.2f} ms (best of 5, {torch.get_num_threads()} threads)")
+
+
+def test_an_upload_moves_the_whole_plan_in_one_call():
+    """With the engine's staging (HostBatch.upload), a prefill chunk's plan reaches the device through ONE transfer
+    of every table (one pageable copy per table made the host wait for the device's previous step each time):
+    the same plan, field by field, as views of one packed buffer."""
+    from deepinfer.engine.host_staging import to_device
+
+    config = CONFIGS["v4-flash"]
+    gen = random.Random("upload")
+    calls = []
+
+    def upload(fields):
+        calls.append(len(fields))
+        return to_device(fields, CPU, pinned=False)
+
+    for case in range(6):
+        seqs = random_batch(gen, 64, decode=case % 3 == 0)
+        calls.clear()
+        staged = plan_step(config, seqs, 64, CPU, upload=upload)
+        assert len(calls) == 1 and calls[0] >= 4, calls
+        assert_same(staged, plan_step(config, seqs, 64, CPU), f"case {case}: {seqs}")
+        tables = [t for plan in (staged, *staged.ratios.values(), *staged.compressors.values()) for t in vars(plan).values()
+                  if isinstance(t, torch.Tensor) and t.numel()]  # fmt: skip
+        assert len({t.untyped_storage().data_ptr() for t in tables}) == 1  # one buffer: one copy

@@ -229,7 +229,7 @@ class DeepseekV4ForCausalLM:
             raise ValueError("a DeepSeek-V4 step other than a decode step (one token per sequence, with state slots) needs the batch's host facts")
         seqs = [SeqStep(start, length, cached, slot, pages) for start, length, cached, slot, pages in
                 zip(host.starts, host.lengths, host.cached, host.slots, host.pages)]  # fmt: skip
-        return plan_step(config, seqs, block_size, self.device, rings=rings)
+        return plan_step(config, seqs, block_size, self.device, rings=rings, upload=host.upload)
 
     def _logits(self, ops, streams: torch.Tensor, hc_head, norm) -> torch.Tensor:
         """Collapse the streams with a head's own mixing (hc_head, torch glue: once per step, on
