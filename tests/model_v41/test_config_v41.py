@@ -34,7 +34,14 @@ FLASH_TEXT = {
     "dspark_target_layer_ids": [37, 38, 39], "dspark_markov_rank": 256, "dspark_n_routed_experts": 128, "dspark_num_experts_per_tok": 3,
 }  # fmt: skip
 FLASH = {**copy.deepcopy(TINY_V41), "image_token_id": 129264, "text_config": FLASH_TEXT}
-FLASH["vision_config"] = {"model_type": "deepseek_v41_vision", "num_hidden_layers": 32, "hidden_size": 1024, "num_attention_heads": 16, "intermediate_size": 2816, "patch_size": 14}
+FLASH["vision_config"] = {
+    "model_type": "deepseek_v41_vision",
+    "num_hidden_layers": 32,
+    "hidden_size": 1024,
+    "num_attention_heads": 16,
+    "intermediate_size": 2816,
+    "patch_size": 14,
+}
 
 
 def test_the_released_flash_config_gives_the_released_layer_schedule():
@@ -108,11 +115,27 @@ BAD = [
     ("text_config.window_size", 32, "text_config.window_size is 32 but sliding_window is 16"),
     ("text_config.index_topk", 10**9, r"text_config.index_topk is 1000000000, expected an integer in \[1, 16384\]"),
     ("text_config.hc_sinkhorn_iters", 10**6, r"text_config.hc_sinkhorn_iters is 1000000, expected an integer in \[1, 256\]"),
-    ("text_config.compress_ratios", [0, 0, 3, 3, 1, 1, 1, 1, 0, 0, 0], "text_config.compress_ratios is .*, expected a list of compress ratios, each 0 or a power of two"),
-    ("text_config.compress_ratios", [0, 0, 2, 2, 1, 1, 1, 1, 0, 0], r"compress_ratios has 10 entries, expected num_hidden_layers \+ num_nextn_predict_layers = 8 \+ 3"),
+    (
+        "text_config.compress_ratios",
+        [0, 0, 3, 3, 1, 1, 1, 1, 0, 0, 0],
+        "text_config.compress_ratios is .*, expected a list of compress ratios, each 0 or a power of two",
+    ),
+    (
+        "text_config.compress_ratios",
+        [0, 0, 2, 2, 1, 1, 1, 1, 0, 0],
+        r"compress_ratios has 10 entries, expected num_hidden_layers \+ num_nextn_predict_layers = 8 \+ 3",
+    ),
     ("text_config.compress_ratios", [0, 0, 2, 2, 1, 1, 1, 1, 0, 0, 2], r"compress_ratios ends with \[0, 0, 2\] for the DSpark blocks, expected 0 each"),
-    ("text_config.compress_ratios", [0, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0], r"layer 1 has compress_ratio 2 but no KV source at or before it \(kv_source_layer_ids \[2, 4\]\)"),
-    ("text_config.compress_ratios", [0, 0, 2, 1, 1, 1, 1, 1, 0, 0, 0], "layer 3 has compress_ratio 1 but reads the compressed KV of layer 2, whose compress_ratio is 2"),
+    (
+        "text_config.compress_ratios",
+        [0, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0],
+        r"layer 1 has compress_ratio 2 but no KV source at or before it \(kv_source_layer_ids \[2, 4\]\)",
+    ),
+    (
+        "text_config.compress_ratios",
+        [0, 0, 2, 1, 1, 1, 1, 1, 0, 0, 0],
+        "layer 3 has compress_ratio 1 but reads the compressed KV of layer 2, whose compress_ratio is 2",
+    ),
     ("text_config.kv_source_layer_ids", [1, 4], "kv_source_layer_ids holds layer 1, whose compress_ratio is 0"),
     ("text_config.kv_source_layer_ids", [2, 4, 5], "kv_source_layer_ids holds layer 5, which is not in index_source_layer_ids"),
     ("text_config.kv_source_layer_ids", [4, 2], r"kv_source_layer_ids is \[4, 2\], expected layer ids in increasing order without repeats"),

@@ -32,7 +32,14 @@ TINY_V41 = {
     "image_token_id": 255,
     "tie_word_embeddings": False,
     "quantization_config": {"quant_method": "fp8", "activation_scheme": "dynamic", "weight_block_size": [32, 32], "scale_fmt": "ue8m0", "expert_dtype": "fp4"},
-    "vision_config": {"model_type": "deepseek_v41_vision", "num_hidden_layers": 1, "hidden_size": 32, "num_attention_heads": 2, "intermediate_size": 64, "patch_size": 14},
+    "vision_config": {
+        "model_type": "deepseek_v41_vision",
+        "num_hidden_layers": 1,
+        "hidden_size": 32,
+        "num_attention_heads": 2,
+        "intermediate_size": 64,
+        "patch_size": 14,
+    },
     "text_config": {
         "model_type": "deepseek_v41_text",
         "vocab_size": 256,

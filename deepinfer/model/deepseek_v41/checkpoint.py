@@ -86,7 +86,9 @@ def check_v41_tensors(stored: dict[str, StoredTensor], specs: dict[str, V41Tenso
         if scale is None:
             raise CheckpointError(f"{tensor.file}: tensor {scale_name} (shape {list(scale_want)}) is missing for the quantised weight {name}", _FIX)
         if scale.shape != scale_want or scale.dtype not in E8M0:
-            problem = f"{scale.file}: tensor {scale_name} is {scale.dtype} {list(scale.shape)}, expected an e8m0 (F8_E8M0 or U8) scale of shape {list(scale_want)}"
+            problem = (
+                f"{scale.file}: tensor {scale_name} is {scale.dtype} {list(scale.shape)}, expected an e8m0 (F8_E8M0 or U8) scale of shape {list(scale_want)}"
+            )
             raise CheckpointError(problem, _FIX)
         scales.add(scale_name)
     vision = []

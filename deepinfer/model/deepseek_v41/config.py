@@ -29,7 +29,9 @@ MAX_DSPARK_BLOCK = 64  # draft tokens per DSpark block (the release: 5)
 
 
 def _layer_ids() -> Kind:
-    return Kind("a list of layer ids (integers >= 0)", lambda v: isinstance(v, list) and all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in v))
+    return Kind(
+        "a list of layer ids (integers >= 0)", lambda v: isinstance(v, list) and all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in v)
+    )
 
 
 def _counts() -> Kind:
@@ -190,7 +192,8 @@ class V41Config:
             if blocks < 1 or size < 1:
                 bad(f"{t}candidate_topk_blocks={blocks} and candidate_block_size={size} must be >= 1 while candidate_source_layer_id is set")
             if blocks * size - (size - 1) < self.index_topk:  # the fewest entries the kept blocks may hold must cover one top-k
-                bad(f"{t}candidate_topk_blocks x candidate_block_size - (candidate_block_size - 1) = {blocks * size - size + 1} is below index_topk={self.index_topk}")
+                fewest = blocks * size - (size - 1)
+                bad(f"{t}candidate_topk_blocks x candidate_block_size - (candidate_block_size - 1) = {fewest} is below index_topk={self.index_topk}")
         if len(self.engram_num_embeddings) != len(self.engram_layer_ids):
             bad(f"{t}engram_num_embeddings has {len(self.engram_num_embeddings)} tables for {len(self.engram_layer_ids)} engram_layer_ids")
         for layer, rows in zip(self.engram_layer_ids, self.engram_num_embeddings):

@@ -27,7 +27,9 @@ def validate_v41_folder(folder: Path, config: V41Config) -> tuple[dict, set[str]
     # (as V4's loader does: 2**24 experts would take minutes and gigabytes to list).
     implied = implied_tensor_count(config)
     if implied > 2 * len(stored) + 4096:
-        raise CheckpointError(f"{folder / 'config.json'} implies about {implied} tensors, the checkpoint holds {len(stored)}", "the checkpoint does not match its config.json")
+        raise CheckpointError(
+            f"{folder / 'config.json'} implies about {implied} tensors, the checkpoint holds {len(stored)}", "the checkpoint does not match its config.json"
+        )
     specs = v41_tensor_specs(config)
     scales, _ = check_v41_tensors(stored, specs, folder)
     return specs, scales

@@ -117,4 +117,15 @@ def implied_tensor_count(config: V41Config) -> int:
     return config.num_hidden_layers * per_layer + config.num_nextn_predict_layers * (3 * config.dspark_n_routed_experts + 40)
 
 
-__all__ = ["V41TensorSpec", "v41_tensor_specs", "dspark_tensor_specs", "implied_tensor_count", "FP8_BLOCK", "FP4_EXPERT", "FP8_ROWS", "FLOAT", "FLOAT32", "VISION_PREFIXES"]
+__all__ = [
+    "V41TensorSpec",
+    "v41_tensor_specs",
+    "dspark_tensor_specs",
+    "implied_tensor_count",
+    "FP8_BLOCK",
+    "FP4_EXPERT",
+    "FP8_ROWS",
+    "FLOAT",
+    "FLOAT32",
+    "VISION_PREFIXES",
+]
