@@ -18,7 +18,7 @@ from deepinfer.model.deepseek_v41.load import validate_v41_folder
 from deepinfer.model.errors import CheckpointError, LoadError
 from deepinfer.model.loader import load_model
 
-from cli_helpers import run_cli
+from cli_helpers import run_cli, run_main
 from model_v41.tiny_v41 import TINY_V41, VISION, random_v41_tensors, write_v41
 
 NOT_IMPLEMENTED = "were read and validated, but V4.1's forward (its layer roles) is not implemented yet"
@@ -128,3 +128,5 @@ def test_deepinfer_run_on_a_v41_folder_ends_in_the_not_implemented_line_with_exi
     assert "Traceback" not in done.stderr and "DeepseekV4" not in done.stderr
     last = done.stderr.strip().splitlines()[-1]
     assert last.startswith("deepinfer: error: ") and NOT_IMPLEMENTED in last and "is a DeepSeek-V4.1 checkpoint" in last
+    refused = run_main("run", "--model", str(release), "--backend", "reference", "--ep", "2")  # said once, before any rank starts
+    assert refused.returncode == 2 and NOT_IMPLEMENTED in refused.stderr and "Traceback" not in refused.stderr
