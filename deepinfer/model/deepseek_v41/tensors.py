@@ -15,7 +15,7 @@ from deepinfer.model.deepseek_v41.roles import LayerRole
 
 # Storage kinds (checkpoint.py says which dtypes each accepts):
 FP8_BLOCK = "fp8_block"  # a dense projection: FP8 e4m3 with an e8m0 `.scale` per 32x32 block, or a float
-FP4_EXPERT = "fp4_expert"  # a routed expert: e2m1 packed two per byte with an e8m0 `.scale` per 32, or FP8 / a float
+FP4_EXPERT = "fp4_expert"  # a routed expert: e2m1 packed two per byte with an e8m0 `.scale` per 32, or a float
 FP8_ROWS = "fp8_rows"  # an Engram table: FP8 e4m3 rows with an e8m0 `.scale` per row and 32 columns, or a float
 FLOAT = "float"  # norms, embeddings, small projections: BF16 / F16 / F32
 FLOAT32 = "float32"  # router, biases, sinks, hyper-connections: floats kept in float32
