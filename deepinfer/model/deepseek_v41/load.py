@@ -1,6 +1,6 @@
 """Loading a DeepSeek-V4.1 checkpoint folder: config and tensors validated; the model itself is not built yet.
 
-V4.1's forward (its layer roles, Engram, DSpark, 32x32-block FP8 GEMMs) is a later step of issue 40,
+V4.1's forward (its layer roles, Engram, DSpark, 32x32-block FP8 GEMMs) is not built yet,
 so a V4.1 folder ends here in one LoadError saying what was read and what is missing: never a
 traceback, and never a fall back to V4 (whose layers would load V4.1's tensors wrongly or not at all).
 Only the safetensors headers are read here: reading hundreds of gigabytes of weights only to refuse
@@ -44,5 +44,5 @@ def load_v41(folder: Path, config: V41Config) -> NoReturn:
         f"{len(config.engram_layer_ids)} Engram, {config.num_nextn_predict_layers} DSpark blocks) and the headers of its "
         f"{len(specs) + len(scales)} text tensors (names, shapes, dtypes, e8m0 scales) were read and validated, "
         "but V4.1's forward (its layer roles) is not implemented yet",
-        "run a DeepSeek V2/V3/V4 checkpoint meanwhile (V4.1 support is issue 40)",
+        "run a DeepSeek V2/V3/V4 checkpoint meanwhile",
     )
