@@ -264,6 +264,21 @@ def check_finite(tensor: torch.Tensor, name: str, file: Path, stored: torch.Tens
     )
 
 
+def read_in_file_order(wanted) -> dict[str, torch.Tensor]:
+    """Tensors by name from (file, offset, name, name in the file) entries, read in that sorted order (file by
+    file, each front to back: one open per file, sequential reads); an unreadable one is a one-line CheckpointError."""
+    raw: dict[str, torch.Tensor] = {}
+    current = handle = None
+    for file, _, name, source in sorted(wanted):
+        if file != current:
+            handle, current = open_safetensors(file), file
+        try:
+            raw[name] = handle.get_tensor(source)
+        except Exception as exc:  # safetensors raises its own error types
+            raise CheckpointError(f"{file}: cannot read tensor {name} ({exc})", "the file is corrupt, fetch it again") from None
+    return raw
+
+
 def open_safetensors(file: Path):
     regular_file(file)  # checked when found; again right before safetensors opens it by path
     try:

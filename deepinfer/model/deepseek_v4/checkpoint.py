@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from deepinfer.model.checkpoint import FLOAT_DTYPES, IGNORED_SUFFIXES, StoredTensor, check_finite, open_safetensors
+from deepinfer.model.checkpoint import FLOAT_DTYPES, IGNORED_SUFFIXES, StoredTensor, check_finite, read_in_file_order
 from deepinfer.model.config import ceil_div
 from deepinfer.model.deepseek_v4.moe import EXPERT, INDEX
 from deepinfer.model.errors import CheckpointError
@@ -148,16 +148,7 @@ def load_v4_tensors(
     (`<name>` and, when quantised, `<name minus .weight>.weight_scale_inv` / a format marker), the
     rest in their kept dtype. NaN/Inf are refused (`check_finite`, `check_e8m0`), and so are hash
     routing ids outside [0, num_experts) (`check_expert_ids`)."""
-    wanted = sorted((t.file, t.offset, n) for n, t in stored.items() if not n.endswith(IGNORED_SUFFIXES))
-    raw: dict[str, torch.Tensor] = {}
-    current = handle = None
-    for file, _, name in wanted:
-        if file != current:
-            handle, current = open_safetensors(file), file
-        try:
-            raw[name] = handle.get_tensor(source[name])
-        except Exception as exc:  # safetensors raises its own error types
-            raise CheckpointError(f"{file}: cannot read tensor {name} ({exc})", "the file is corrupt, fetch it again") from None
+    raw = read_in_file_order((t.file, t.offset, n, source[n]) for n, t in stored.items() if not n.endswith(IGNORED_SUFFIXES))
     out: dict = {}
     for name, tensor in raw.items():
         if name in scales:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from deepinfer.model.checkpoint import FLOAT_DTYPES, IGNORED_SUFFIXES, StoredTensor, check_finite, open_safetensors
+from deepinfer.model.checkpoint import FLOAT_DTYPES, IGNORED_SUFFIXES, StoredTensor, check_finite, read_in_file_order
 from deepinfer.model.config import ceil_div
 from deepinfer.model.deepseek_v4.checkpoint import E8M0, FP8, PACKED_FP4, check_e8m0
 from deepinfer.model.deepseek_v41.config import WEIGHT_BLOCK
@@ -110,16 +110,7 @@ def read_v41_tensors(
     """Every checked text tensor as kept: quantised weights as `QuantizedTensor` (FP8 and packed FP4
     stay so, with their e8m0 bytes), FLOAT32 kinds in float32, other floats in `dtype`. NaN / Inf are
     refused (`check_finite` on the FP8 bits, `check_e8m0` on the scale bytes). Call `check_v41_tensors` first."""
-    wanted = sorted((stored[n].file, stored[n].offset, n) for n in (*specs, *scales) if n in stored)
-    raw: dict[str, torch.Tensor] = {}
-    current = handle = None
-    for file, _, name in wanted:
-        if file != current:
-            handle, current = open_safetensors(file), file
-        try:
-            raw[name] = handle.get_tensor(name)
-        except Exception as exc:  # safetensors raises its own error types
-            raise CheckpointError(f"{file}: cannot read tensor {name} ({exc})", "the file is corrupt, fetch it again") from None
+    raw = read_in_file_order((stored[n].file, stored[n].offset, n, n) for n in (*specs, *scales) if n in stored)
     out: dict[str, torch.Tensor | QuantizedTensor] = {}
     for name, spec in specs.items():
         if name not in raw:
