@@ -220,7 +220,7 @@ def norm_rope_write_inputs(gen, dtype, *, dim: int, rope_dim: int, rows_per_bloc
     rows (flat, pages of rows_per_block rows), -1: skipped, with a position past the table there (never read).
     The pool, in the case dtype, is filled everywhere; the table is random (not a rotation: a swapped cos and
     sin, or a pair rotated the wrong way, changes the answer)."""
-    num_blocks = max(pool_rows) // rows_per_block + 2
+    num_blocks = max(pool_rows) // rows_per_block + 1  # the last row's block: its other rows stay as they were
     positions = torch.randint(0, max_position, (len(pool_rows),), generator=gen)
     return {
         "x": randn(gen, len(pool_rows), dim, dtype=x_dtype or dtype, scale=x_scale),

@@ -47,3 +47,12 @@ def test_a_case_that_writes_its_shared_input_leaves_the_other_cases_copy_alone(t
     first, again = read_cases(tmp_path)
     golden.inputs(first)["x"].fill_(7.0)  # as an in-place kernel writes its argument
     assert torch.equal(golden.inputs(again)["x"], ramp(None, torch.float32)["x"])
+
+
+def test_the_packaged_golden_set_stays_within_its_budget():
+    # 25 MB: a checkout must fit the 64 MiB copy to a lent GPU machine, and every clone pays for it. A case that
+    # needs more belongs in `bench ops`; a case sized to the edges it tests (tile remainders, masks, pages) fits.
+    from deepinfer_conformance.golden_io import GOLDEN_DIR
+
+    size = sum(f.stat().st_size for f in GOLDEN_DIR.iterdir() if f.is_file())
+    assert size <= 25_000_000, f"the golden set is {size / 1e6:.2f} MB; shrink the cases that grew (sizes by file: ls -lS {GOLDEN_DIR})"
