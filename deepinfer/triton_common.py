@@ -409,6 +409,40 @@ def top_k_lowest_first(keys, k):
     return take, rank, k - room + tl.minimum(tl.max(ties_so_far, axis=0), room)
 
 
+@triton.jit
+def selection_chunk(src_ptr, src_ids_ptr, nv_ptr, t, offs, width, stride_src, FIRST: tl.constexpr):
+    """(order keys, ids) of one chunk of a top-k selection row t at columns `offs`: FIRST, the row's float32
+    scores (ids: their columns, valid below num_visible[t] and width); else an earlier pass's candidates
+    (keys and ids, -1: none). indexer_topk's selection kernels (cuda, ascend) share it."""
+    if FIRST:
+        nv = tl.minimum(tl.maximum(tl.load(nv_ptr + t).to(tl.int32), 0), width)
+        ok = offs < nv
+        keys = tl.where(ok, order_key(tl.load(src_ptr + t * stride_src + offs, mask=ok, other=0.0)), ORDER_KEY_NONE)
+        ids = offs
+    else:
+        ids = tl.load(src_ids_ptr + t * stride_src + offs, mask=offs < width, other=-1)
+        keys = tl.where(ids >= 0, tl.load(src_ptr + t * stride_src + offs, mask=offs < width, other=ORDER_KEY_NONE), ORDER_KEY_NONE)
+    return keys, ids
+
+
+@triton.jit
+def store_candidates(key_row, id_row, keys, ids, take, pos):
+    """A chunk's taken keys and ids at their ranks `pos` of key_row / id_row (the next pass's candidates)."""
+    tl.store(id_row + pos, ids, mask=take)
+    tl.store(key_row + pos, keys, mask=take)
+
+
+@triton.jit
+def pad_selection(key_row, id_row, taken, TOP_K, BLOCK_K: tl.constexpr, KEYS: tl.constexpr):
+    """-1 in id_row (and, KEYS, ORDER_KEY_NONE in key_row) at ranks taken .. TOP_K - 1: after the last taken."""
+    for p0 in range(0, TOP_K, BLOCK_K):
+        p = p0 + tl.arange(0, BLOCK_K)
+        pad = (p >= taken) & (p < TOP_K)
+        tl.store(id_row + p, tl.full([BLOCK_K], -1, tl.int32), mask=pad)
+        if KEYS:
+            tl.store(key_row + p, tl.full([BLOCK_K], ORDER_KEY_NONE, tl.int32), mask=pad)
+
+
 # ---------------------------------------------------------------------------------------------
 # the sampling hash: deepinfer.ops.sampling.sampling_uniform, in uint32
 

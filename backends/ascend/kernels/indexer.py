@@ -54,13 +54,14 @@ from deepinfer.ops import kv_cache_format
 from deepinfer.ops.indexer import check_indexer_topk_shapes
 from deepinfer.ops.indexer import indexer_topk as _reference
 from deepinfer.triton_common import (
-    ORDER_KEY_NONE,
     cdiv,
     e4m3_bits_to_f32,
     fp8_views,
     last_dim_contiguous,
     next_power_of_2,
-    order_key,
+    pad_selection,
+    selection_chunk,
+    store_candidates,
     top_k_lowest_first,
     upcast_dot,
 )
@@ -157,30 +158,18 @@ def _indexer_select_kernel(
         if IDX64:
             t = t.to(tl.int64)
         offs = c * CHUNK + tl.arange(0, CHUNK)
-        if FIRST:
-            nv = tl.minimum(tl.maximum(tl.load(nv_ptr + t).to(tl.int32), 0), width)
-            ok = offs < nv
-            keys = tl.where(ok, order_key(tl.load(src_ptr + t * stride_src + offs, mask=ok, other=0.0)), ORDER_KEY_NONE)
-            ids = offs
-        else:
-            ids = tl.load(src_ids_ptr + t * stride_src + offs, mask=offs < width, other=-1)
-            keys = tl.where(ids >= 0, tl.load(src_ptr + t * stride_src + offs, mask=offs < width, other=ORDER_KEY_NONE), ORDER_KEY_NONE)
+        keys, ids = selection_chunk(src_ptr, src_ids_ptr, nv_ptr, t, offs, width, stride_src, FIRST)
         take, pos, taken = top_k_lowest_first(keys, TOP_K)
         if LAST:
             out_row = dst_ids_ptr + t * stride_dst
             table_row = rows_ptr + tl.load(seq_ptr + t) * stride_rb
             tl.store(out_row + pos, tl.load(table_row + ids, mask=take, other=-1), mask=take)
+            pad_selection(out_row, out_row, taken, TOP_K, BLOCK_K, False)
         else:
             out_row = dst_ids_ptr + t * stride_dst + c * TOP_K
             key_row = dst_ptr + t * stride_dst + c * TOP_K
-            tl.store(out_row + pos, ids, mask=take)
-            tl.store(key_row + pos, keys, mask=take)
-        for p0 in range(0, TOP_K, BLOCK_K):  # -1 (and ORDER_KEY_NONE) after the last taken
-            p = p0 + tl.arange(0, BLOCK_K)
-            pad = (p >= taken) & (p < TOP_K)
-            tl.store(out_row + p, tl.full([BLOCK_K], -1, tl.int32), mask=pad)
-            if not LAST:
-                tl.store(key_row + p, tl.full([BLOCK_K], ORDER_KEY_NONE, tl.int32), mask=pad)
+            store_candidates(key_row, out_row, keys, ids, take, pos)
+            pad_selection(key_row, out_row, taken, TOP_K, BLOCK_K, True)
 
 
 def _score_bytes(block_h: int, block_d: int, block_e: int, e_dot: int, fp8: bool) -> int:
