@@ -410,6 +410,22 @@ def top_k_lowest_first(keys, k):
 
 
 @triton.jit
+def split_row_blocks(K, K2, xlen_ptr, t, split, num_splits, BLOCK_N: tl.constexpr, HAS_LENGTHS: tl.constexpr):
+    """sparse_attention's blocks for query t and one split: (nb1, width2, nb2, lo, hi). The window list has
+    nb1 = cdiv(K, BLOCK_N) row blocks, the extra list nb2 over its width2 ids read (its first extra_lengths[t]
+    with HAS_LENGTHS, else all K2); the split takes the blocks lo .. hi - 1 of the two in sequence (runs of
+    cdiv(nb1 + nb2, num_splits)). The cuda and ascend kernels share it."""
+    nb1 = tl.cdiv(K, BLOCK_N)
+    width2 = K2
+    if HAS_LENGTHS:
+        width2 = tl.minimum(tl.maximum(tl.load(xlen_ptr + t).to(tl.int32), 0), K2)
+    nb2 = tl.cdiv(width2, BLOCK_N)
+    per_split = tl.cdiv(nb1 + nb2, num_splits)
+    lo = split * per_split
+    return nb1, width2, nb2, lo, lo + per_split
+
+
+@triton.jit
 def selection_chunk(src_ptr, src_ids_ptr, nv_ptr, t, offs, width, stride_src, FIRST: tl.constexpr):
     """(order keys, ids) of one chunk of a top-k selection row t at columns `offs`: FIRST, the row's float32
     scores (ids: their columns, valid below num_visible[t] and width); else an earlier pass's candidates

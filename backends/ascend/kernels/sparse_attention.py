@@ -95,6 +95,7 @@ from deepinfer.triton_common import (
     pick_splits,
     softmax_block,
     split_partial,
+    split_row_blocks,
     upcast_dot,
 )
 from deepinfer_ascend.kernels.common import (
@@ -244,7 +245,6 @@ def _sparse_attention_kernel(
     arange_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     d_ok = offs_d < D
-    nb1 = tl.cdiv(K, BLOCK_N)
     for item in range(pid, num_items, num_programs):
         hb = item % HEAD_BLOCKS
         rest = item // HEAD_BLOCKS
@@ -257,13 +257,7 @@ def _sparse_attention_kernel(
         q_rows = q_ptr + t * stride_q_t + offs_h * stride_q_h
         # This token's row blocks: the window list's, then the extra list's up to its length; this
         # split takes the split-th run of cdiv(blocks, splits) of them.
-        width2 = K2
-        if HAS_LENGTHS:
-            width2 = tl.minimum(tl.maximum(tl.load(xlen_ptr + t).to(tl.int32), 0), K2)
-        nb2 = tl.cdiv(width2, BLOCK_N)
-        per_split = tl.cdiv(nb1 + nb2, num_splits)
-        lo = split * per_split
-        hi = lo + per_split
+        nb1, width2, nb2, lo, hi = split_row_blocks(K, K2, xlen_ptr, t, split, num_splits, BLOCK_N, HAS_LENGTHS)
         if PARTS:
             q0 = load_q_cols(q_rows, h_ok, 0 * Q_CHUNK, D, Q_CHUNK, DOT_F32)
             q1 = load_q_cols(q_rows, h_ok, 1 * Q_CHUNK, D, Q_CHUNK, DOT_F32)

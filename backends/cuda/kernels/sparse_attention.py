@@ -86,6 +86,7 @@ from deepinfer.triton_common import (
     pick_splits,
     softmax_block,
     split_partial,
+    split_row_blocks,
     to_bf16_rne,
     upcast_dot,
 )
@@ -195,14 +196,7 @@ def _sparse_attention_kernel(
 
     # This token's row blocks: the window list's, then the extra list's up to its length; split
     # `split` takes the split-th run of cdiv(blocks, splits) of them (none past the token's last).
-    nb1 = tl.cdiv(K, BLOCK_N)
-    width2 = K2
-    if HAS_LENGTHS:
-        width2 = tl.minimum(tl.maximum(tl.load(xlen_ptr + t).to(tl.int32), 0), K2)
-    nb2 = tl.cdiv(width2, BLOCK_N)
-    per_split = tl.cdiv(nb1 + nb2, num_splits)
-    lo = split * per_split
-    hi = lo + per_split
+    nb1, width2, nb2, lo, hi = split_row_blocks(K, K2, xlen_ptr, t, split, num_splits, BLOCK_N, HAS_LENGTHS)
     m_i, l_i, acc = _attend(
         q, m_i, l_i, acc, kv_ptr, kv_scale_ptr, idx_ptr + t * stride_idx_t, K, stride_kv, lo, tl.minimum(hi, nb1), qk_scale,
         arange_n, offs_d, d_ok, D, BLOCK_N, DOT_F32, DOT_PRECISION, FP8,
