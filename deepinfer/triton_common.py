@@ -412,8 +412,8 @@ def top_k_lowest_first(keys, k):
 @triton.jit
 def split_row_blocks(K, K2, xlen_ptr, t, split, num_splits, BLOCK_N: tl.constexpr, HAS_LENGTHS: tl.constexpr):
     """sparse_attention's blocks for query t and one split: (nb1, width2, nb2, lo, hi). The window list has
-    nb1 = cdiv(K, BLOCK_N) row blocks, the extra list nb2 over its width2 ids read (its first extra_lengths[t]
-    with HAS_LENGTHS, else all K2); the split takes the blocks lo .. hi - 1 of the two in sequence (runs of
+    nb1 = cdiv(K, BLOCK_N) row blocks, the second (compressed entries') list nb2 over the width2 ids it reads (its
+    first xlen[t] with HAS_LENGTHS, else all K2); the split takes the blocks lo .. hi - 1 of the two in sequence (runs of
     cdiv(nb1 + nb2, num_splits)). The cuda and ascend kernels share it."""
     nb1 = tl.cdiv(K, BLOCK_N)
     width2 = K2
