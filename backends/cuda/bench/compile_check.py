@@ -585,7 +585,7 @@ def compile_launch(launch: Launch, arch: str):
 
 
 def _config_summary(constexprs: dict, options: dict) -> dict:
-    out = {k: v for k, v in constexprs.items() if k.startswith("BLOCK") or k in ("SPLIT_K", "FMT", "LAYOUT", "USE_DESC", "MX_MODE", "DIRECT")}
+    out = {k: v for k, v in constexprs.items() if k.startswith("BLOCK") or k in ("SPLIT_K", "FMT", "LAYOUT", "USE_DESC", "MX_MODE", "DIRECT", "W_DESC")}
     out.update(options)
     return {k: (v if isinstance(v, (int, float, bool, str)) else str(v)) for k, v in out.items()}
 

@@ -476,6 +476,7 @@ def _gemm_kernel(
     FP8_VIA_BF16: tl.constexpr,  # fp8 operands upcast to bf16 (exact) for a float32-exact sum
     SCALAR_WS: tl.constexpr,  # the N block lies in one 128-row weight-scale block
     FUSED_REDUCE: tl.constexpr,  # split-K: the tile's last program to arrive sums the partials into final_ptr
+    W_DESC: tl.constexpr = False,  # MX_MODE 3, FMT 2: w_ptr is a tensor descriptor of the packed weight as [E*N, K/2] (TMA)
 ):
     e, row_start, row_end, pid_n, pid_s = _tile_of_program(
         offs_ptr, mm_ptr, M, N, E, num_m_tiles, LAYOUT, BLOCK_M, BLOCK_N, GROUP_M, SPLIT_K, E_POW2
@@ -491,7 +492,8 @@ def _gemm_kernel(
     offs_k = tl.arange(0, BLOCK_K)
 
     x_base = x_ptr + e64 * stride_xe + rows_c[:, None] * stride_xm
-    w_base = w_ptr + e64 * stride_we + cols_c[None, :] * stride_wn
+    if not W_DESC:
+        w_base = w_ptr + e64 * stride_we + cols_c[None, :] * stride_wn
 
     total_iters = tl.cdiv(K, BLOCK_K)
     it0 = pid_s * iters_per_split
@@ -509,8 +511,9 @@ def _gemm_kernel(
         offs_kp = tl.arange(0, BLOCK_K // 2)
         offs_ks = tl.arange(0, BLOCK_K // 32)
         ws_base = ws_ptr + e64 * stride_wse + cols_c[:, None] * stride_wsn
-    if MX_MODE >= 2:
+    if MX_MODE >= 2 and not W_DESC:
         wt_base = w_ptr + e64 * stride_we + cols_c[:, None] * stride_wn  # [BLOCK_N, *]: K contiguous
+    if MX_MODE >= 2:
         xt_off = e64 * stride_xe + rows_c[None, :] * stride_xm  # [*, BLOCK_M]
         xsc_off = e64 * stride_xse + rows_c[:, None] * stride_xsm  # [BLOCK_M, *]
 
@@ -530,7 +533,13 @@ def _gemm_kernel(
                 kw_ok = kk < K
             # K strides are 1 here (the launcher sees to it): the unit stride is known at compile time
             # whatever the launch specialises, so the loads vectorise and pipeline.
-            if EVEN_K:
+            if W_DESC:
+                # TMA: the [BLOCK_N, BLOCK_K/2] tile in one bulk copy (rows past N belong to the next
+                # expert or are zero-filled: they only feed outputs masked at the store)
+                wt = w_ptr.load([(e * N + pid_n * BLOCK_N).to(tl.int32), it * (BLOCK_K // 2)])
+                bs = tl.load(ws_base + ks[None, :])
+                xt = tl.load(x_ptr + xt_off + kk[:, None])
+            elif EVEN_K:
                 wt = tl.load(wt_base + kw[None, :])
                 bs = tl.load(ws_base + ks[None, :])
                 xt = tl.load(x_ptr + xt_off + kk[:, None])
@@ -886,6 +895,18 @@ def _use_tma(cfg: dict, fmt: str, x: torch.Tensor, weight: torch.Tensor, k: int,
     return (k * weight.element_size()) % 16 == 0 and weight.is_contiguous() and weight.data_ptr() % 16 == 0
 
 
+def _use_weight_descriptor(cfg: dict, fmt: str, x: torch.Tensor, weight: torch.Tensor, k: int, block_k: int) -> bool:
+    """The register path's packed e2m1 weight tiles through TMA (tuning entry "w_tma"; SM90+): whole K
+    steps, the weight viewable as [E*N, K/2] with 16-byte aligned rows and base. On the H100 the expert
+    GEMMs of V4-Flash's decode read 10-12% faster so (docs/performance.md)."""
+    if not cfg.get("w_tma") or fmt not in ("mxfp4", "mxfp4_a8") or interpreting() or _TensorDescriptor is None:
+        return False
+    if capability(x.device) < (9, 0) or k % block_k:
+        return False
+    row_bytes = k // 2
+    return weight.is_contiguous() and row_bytes % 16 == 0 and weight.data_ptr() % 16 == 0
+
+
 try:
     from triton.tools.tensor_descriptor import TensorDescriptor as _TensorDescriptor
 except ImportError:  # older Triton: the pointer kernel serves
@@ -922,6 +943,7 @@ class GemmPlan:
     k_pairs: bool  # tma fp8: two 128-K groups per step
     warp_specialize: bool  # tma: tl.range(warp_specialize=True)
     fused_reduce: bool  # split-K partials summed by the tile's last program (arrival counters), not a second kernel
+    w_desc: bool = False  # MX_MODE 3 mxfp4: the packed weight tiles through a tensor descriptor (TMA) in `_gemm_kernel`
 
     @property
     def m_arg(self) -> int:
@@ -1038,6 +1060,7 @@ def plan_gemm(x: torch.Tensor, weight: torch.Tensor, fmt: str, layout: int, mx_p
     tiles = plan_m_tiles * num_n * (experts if layout == _MASKED else 1)  # >= the grid's: the bucket's counters suffice
     small_tile = block_m * block_n <= _FUSED_REDUCE_ELEMS_PER_THREAD * 32 * cfg["num_warps"]
     fused_reduce = split > 1 and small_tile and tiles <= ARRIVALS
+    w_desc = register and _use_weight_descriptor(cfg, fmt, x, weight, k, block_k)
     return GemmPlan(
         fmt=fmt, layout=layout, experts=experts, n=n, k=k, max_m=max_m, rows_total=rows_total,
         block_m=block_m, block_n=block_n, block_k=block_k, group_m=cfg.get("GROUP_M", 8),
@@ -1046,6 +1069,7 @@ def plan_gemm(x: torch.Tensor, weight: torch.Tensor, fmt: str, layout: int, mx_p
         dot_f32=dot_f32, fp8_via_bf16=fp8_via_bf16,
         num_m_tiles=num_m_tiles, num_n=num_n, split=split, iters_per_split=iters_per_split,
         tma=tma, k_pairs=k_pairs, warp_specialize=bool(cfg.get("warp_specialize", False)), fused_reduce=fused_reduce,
+        w_desc=w_desc,
     )
 
 
@@ -1113,8 +1137,12 @@ def _launch_pointers(plan, xq, xs, weight, weight_scale, out, offs_arg, mm_arg) 
         dest, stride_os, dest_strides = out, 0, _out_strides(p, out)
     grid = (p.num_m_tiles, p.num_n, p.experts * p.split) if p.layout == _MASKED else (p.num_m_tiles * p.num_n, p.split)
     arrivals = arrival_counters(out.device, "gemm") if p.fused_reduce else out
+    w_arg = weight
+    if p.w_desc:  # [E*N, K/2] packed bytes, one [BLOCK_N, BLOCK_K/2] box per K step
+        packed = weight.reshape(-1, p.k // 2)
+        w_arg = _TensorDescriptor(packed, list(packed.shape), list(packed.stride()), [p.block_n, p.block_k // 2])
     _gemm_kernel[grid](
-        xq, xs if xs is not None else xq, weight, weight_scale if weight_scale is not None else weight, dest,
+        xq, xs if xs is not None else xq, w_arg, weight_scale if weight_scale is not None else weight, dest,
         offs_arg, mm_arg, out, arrivals,
         p.m_arg, p.n, p.k, p.experts, p.num_m_tiles, p.iters_per_split,
         *x_strides,
@@ -1127,7 +1155,7 @@ def _launch_pointers(plan, xq, xs, weight, weight_scale, out, offs_arg, mm_arg) 
         SPLIT_K=p.split, E_POW2=next_power_of_2(p.experts), EVEN_K=p.k % p.block_k == 0,
         DOT_F32=p.dot_f32, DOT_PRECISION=dot_precision(p.dot_f32),
         MX_MODE=p.mx_mode, MX_LHS=p.mx_lhs, MX_DQ=p.mx_dq,
-        FP8_VIA_BF16=p.fp8_via_bf16, SCALAR_WS=p.scalar_ws, FUSED_REDUCE=p.fused_reduce,
+        FP8_VIA_BF16=p.fp8_via_bf16, SCALAR_WS=p.scalar_ws, FUSED_REDUCE=p.fused_reduce, W_DESC=p.w_desc,
         num_warps=p.num_warps, num_stages=p.num_stages,
     )
     if p.split > 1 and not p.fused_reduce:

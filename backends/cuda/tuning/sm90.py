@@ -61,7 +61,11 @@ CONFIGS: dict[str, dict[str, dict]] = {
         # w8 5.2); the 64-row tile of a 48-token expert 252 regs. Prefill: BLOCK_M 256 tokens (a 192-token
         # expert in one tile: one dequant per weight tile) x 128 weight rows x K 64, w8 s3: 212 regs, 107 KB
         # (K 128 at s2 spills 48 B; 256x256 spills); the H200 preferred 128x128x128 w8 s3 (above).
-        "mxfp4_reg_small": {"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 4, "num_stages": 4},
+        # w_tma: the packed weight tiles through TMA (an H100, 2026-12-06, V4-Flash's expert GEMMs at decode batch
+        # 64 / 256, 256 experts, random top-6): w13 880 -> 787 us, w2 431 -> 394 us at batch 64 (2.01 -> 2.25 TB/s);
+        # dequantisation removed altogether left the pointer kernel at 2.02 TB/s: its loads, not its ALU work,
+        # set the rate. K 256 with 3 stages was 4% faster at batch 256, 3% slower at 64.
+        "mxfp4_reg_small": {"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 4, "num_stages": 4, "w_tma": True},
         "mxfp4_reg_large": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 3},
         # mxfp8 (e4m3 weights): decode 128x128 w4 s4 189 regs, 67 KB, 6.5 per element; prefill 256x128x64 w8 s3 210 regs.
         "mxfp8_reg_small": {"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 4, "num_stages": 4},
