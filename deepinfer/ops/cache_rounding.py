@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 
 from deepinfer.ops.sparse_attention import V41
-from deepinfer.registry import ALLCLOSE, Tolerance, op
+from deepinfer.registry import EXACT, op
 
 CACHE_FORMATS = ("fp8", "nvfp4", "mxfp4")
 GROUP = {"fp8": 32, "nvfp4": 16, "mxfp4": 32}
@@ -46,10 +46,7 @@ def _e2m1(normalized: torch.Tensor) -> torch.Tensor:
 
 # Bit-exact: the rounding is float32 arithmetic every backend performs alike (golden inputs sit away
 # from midpoints only by chance, so a kernel that rounds differently fails here, as it should).
-@op(
-    family="misc", outputs=("out",), compare=ALLCLOSE, formats=CACHE_FORMATS, golden_precision="native",
-    tolerances={torch.float32: Tolerance(rtol=0.0, atol=0.0), torch.bfloat16: Tolerance(rtol=0.0, atol=0.0)}, model_types=V41,
-)  # fmt: skip
+@op(family="misc", outputs=("out",), compare=EXACT, formats=CACHE_FORMATS, golden_precision="native", model_types=V41)
 def cache_round(x: torch.Tensor, *, fmt: str) -> torch.Tensor:
     """x [..., C] replaced by its value after storing in cache format `fmt` (module doc) and reading back.
 
