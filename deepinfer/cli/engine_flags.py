@@ -11,6 +11,8 @@ expert parallelism (--ep)."""
 
 from __future__ import annotations
 
+import argparse
+
 from pathlib import Path
 
 from deepinfer.engine.dtype_names import DTYPE_NAMES
@@ -85,6 +87,9 @@ def add_engine_flags(p) -> None:
                         help="the largest structured_outputs (schema, regex, choice list or grammar, in bytes) a request may give; "
                              f"larger ones are refused (default {MAX_GRAMMAR_BYTES})")
     engine.add_argument("--no-prefix-caching", action="store_true", help="switch the prefix cache off")
+    engine.add_argument("--swa-bounded-replay", action=argparse.BooleanOptionalAction, default=True,
+                        help="DeepSeek-V4.1: run the decoder layers on a bounded tail at prefill and on a prefix hit (an approximation "
+                             "of a full prefill; default on, not implemented yet: pass --no-swa-bounded-replay to run every layer on every token)")
     engine.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs for decode steps (cuda backend)")
     engine.add_argument("--no-overlap", action="store_true", help="each decode step waits for the one before (default: overlap scheduling on cuda and ascend)")
     engine.add_argument("--no-mixed-steps", action="store_true",
@@ -136,6 +141,7 @@ def load_llm(args, ctx):
         num_kv_blocks=args.num_kv_blocks,
         gpu_memory_utilization=args.gpu_memory_utilization,
         enable_prefix_caching=not args.no_prefix_caching,
+        swa_bounded_replay=args.swa_bounded_replay,
         enforce_eager=args.enforce_eager,
         interpret=args.interpret,
         allow_fallback=args.allow_fallback,

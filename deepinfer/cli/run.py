@@ -389,9 +389,7 @@ def check_ep_setup(args) -> None:
     if config.model_type == "deepseek_v4":
         raise UserError("expert parallelism (--ep) is not implemented for DeepSeek-V4 yet; run it with --ep 1")
     if config.model_type == "deepseek_v41":  # before the ranks start, so that one process says it, once
-        from deepinfer.model.deepseek_v41.load import load_v41
-
-        load_v41(folder, config)
+        raise UserError("expert parallelism (--ep, redundant experts) is not implemented for DeepSeek-V4.1 yet; run it with --ep 1")
     experts = config.n_routed_experts or 0
     if not experts:
         raise UserError(f"model {folder} has no routed experts: --ep shards the experts of a MoE model")

@@ -15,7 +15,7 @@ def model_facts(config: ModelConfig) -> ModelFacts:
     """The facts of a DeepSeek V2/V3 model: its routing (deepinfer.model.moe passes these to `gate`)
     and its MLA head sizes (deepinfer.model.attention); no sliding window. DeepSeek-V4: its routing
     (sqrt-softplus scores with a bias, no groups) and its shared-KV heads and window; DeepSeek-V4.1
-    routes and attends alike (its forward is not implemented yet, deepseek_v41/load.py)."""
+    routes and attends alike."""
     if config.model_type in ("deepseek_v4", "deepseek_v41"):
         return ModelFacts(
             model_type=config.model_type,

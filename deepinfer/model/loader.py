@@ -136,10 +136,11 @@ def _load_folder(
 
         model = load_v4(folder, config, ops, device, dtype, max_model_len, experts)
         return _loaded(model, config, folder, dummy, tokenizer_folder)
-    if config.model_type == "deepseek_v41":  # validated, then refused in one line: no forward yet, and never V4's
+    if config.model_type == "deepseek_v41":  # its own model, never V4's
         from deepinfer.model.deepseek_v41.load import load_v41
 
-        load_v41(folder, config)
+        model = load_v41(folder, config, ops, device, dtype, max_model_len, experts)
+        return _loaded(model, config, folder, dummy, tokenizer_folder)
     rope_positions = min(max_model_len or config.max_position_embeddings, config.max_position_embeddings)
     held = physical = None
     if experts is not None and config.n_routed_experts:

@@ -16,7 +16,7 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     return (F.silu(gate) * up).to(x.dtype)
 
 
-@op(family="misc", outputs=("out",), compare=ALLCLOSE, model_types=("deepseek_v4",))
+@op(family="misc", outputs=("out",), compare=ALLCLOSE, model_types=("deepseek_v4", "deepseek_v41"))
 def clamped_silu_and_mul(x: torch.Tensor, *, limit: float) -> torch.Tensor:
     """DeepSeek-V4's clipped SwiGLU: x [T, 2I] holding gate then up; returns
     `silu(min(gate, limit)) * clamp(up, -limit, limit)`: [T, I], x's dtype, computed in float32."""

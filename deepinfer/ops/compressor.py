@@ -17,7 +17,7 @@ from deepinfer.ops import kv_cache_format
 from deepinfer.ops.attention import dequantized_cache, kv_cache_write
 from deepinfer.ops.norm import rms_norm
 from deepinfer.ops.rope import rope
-from deepinfer.ops.sparse_attention import V4
+from deepinfer.ops.sparse_attention import V4, V4_AND_V41
 from deepinfer.registry import ALLCLOSE, op
 
 
@@ -33,7 +33,7 @@ def check_compress_kv_args(kv, gate, position_bias, window_starts, prev_starts, 
         raise ValueError(f"window_starts and prev_starts must both be [E], got {tuple(window_starts.shape)} and {tuple(prev_starts.shape)}")
 
 
-@op(family="attention", outputs=("out",), compare=ALLCLOSE, reduction_length=lambda kw: 2 * kw["ratio"], model_types=V4)
+@op(family="attention", outputs=("out",), compare=ALLCLOSE, reduction_length=lambda kw: 2 * kw["ratio"], model_types=V4_AND_V41)
 def compress_kv(
     kv: torch.Tensor,
     gate: torch.Tensor,

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from deepinfer.ops.sparse_attention import V4
+from deepinfer.ops.sparse_attention import V4, V4_AND_V41, V41
 from deepinfer.registry import ALLCLOSE, op
 
 
@@ -53,9 +53,17 @@ def hc_pre(
     Computed in float32 (float64 for float64 x).
     """
     check_hc_pre_shapes(x, fn, base, scale)
-    tokens, n, _ = x.shape
     acc = torch.float64 if x.dtype == torch.float64 else torch.float32
     xf = x.to(acc)
+    pre, post, comb = _mixings(xf, fn, base, scale, norm_eps, hc_eps, sinkhorn_iters)
+    layer_input = (pre[..., None] * xf).sum(dim=1).to(x.dtype)
+    return layer_input, post, comb
+
+
+def _mixings(xf, fn, base, scale, norm_eps: float, hc_eps: float, sinkhorn_iters: int):
+    """(pre, post, comb) of streams xf [T, N, D] in their accumulation dtype (`hc_pre`'s formulas)."""
+    tokens, n, _ = xf.shape
+    acc = xf.dtype
     flat = xf.reshape(tokens, -1)
     flat = flat * torch.rsqrt(flat.square().mean(-1, keepdim=True) + norm_eps)
     mixes = flat @ fn.to(acc).T
@@ -69,11 +77,44 @@ def hc_pre(
     for _ in range(sinkhorn_iters - 1):
         comb = comb / (comb.sum(dim=-1, keepdim=True) + hc_eps)
         comb = comb / (comb.sum(dim=-2, keepdim=True) + hc_eps)
-    layer_input = (pre[..., None] * xf).sum(dim=1).to(x.dtype)
-    return layer_input, post, comb
+    return pre, post, comb
 
 
-@op(family="misc", outputs=("out",), compare=ALLCLOSE, reduction_length=lambda kw: kw["x"].shape[1] + 1, model_types=V4)
+@op(
+    family="misc", outputs=("layer_input", "pre", "post", "comb"), compare=ALLCLOSE, reduction_length=lambda kw: kw["x"].shape[1], model_types=V41,
+)  # fmt: skip
+def hc_pre_delayed(
+    x: torch.Tensor,
+    prev_pre: torch.Tensor,
+    fn: torch.Tensor,
+    base: torch.Tensor,
+    scale: torch.Tensor,
+    *,
+    norm_eps: float,
+    hc_eps: float,
+    sinkhorn_iters: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """DeepSeek-V4.1's single-pass hyper-connections: `hc_pre` whose collapse uses the previous site's `pre`.
+
+    V4.1 computes a site's mixings once, from the streams entering it, but collapses those streams with
+    the `pre` the *previous* site computed (the attention site of block b with block b-1's FFN-site
+    pre, the FFN site with block b's attention-site pre; the first block with the one-hot (1, 0, .., 0)),
+    so the collapse does not wait for the site's own projection. x: [T, N, D]; prev_pre: [T, N] float32;
+    fn, base, scale, norm_eps, hc_eps, sinkhorn_iters: as `hc_pre`. Returns (layer_input =
+    sum_n prev_pre[n] * x[t, n] in x's dtype, and this site's pre [T, N], post [T, N], comb [T, N, N]
+    float32, for the next site and this site's `hc_post`). Computed in float32 (float64 for float64 x).
+    """
+    check_hc_pre_shapes(x, fn, base, scale)
+    if prev_pre.shape != x.shape[:2]:
+        raise ValueError(f"prev_pre must be [T, N] = {tuple(x.shape[:2])}, got {tuple(prev_pre.shape)}")
+    acc = torch.float64 if x.dtype == torch.float64 else torch.float32
+    xf = x.to(acc)
+    pre, post, comb = _mixings(xf, fn, base, scale, norm_eps, hc_eps, sinkhorn_iters)
+    layer_input = (prev_pre.to(acc)[..., None] * xf).sum(dim=1).to(x.dtype)
+    return layer_input, pre, post, comb
+
+
+@op(family="misc", outputs=("out",), compare=ALLCLOSE, reduction_length=lambda kw: kw["x"].shape[1] + 1, model_types=V4_AND_V41)
 def hc_post(y: torch.Tensor, x: torch.Tensor, post: torch.Tensor, comb: torch.Tensor) -> torch.Tensor:
     """The streams after a block: out[t, k] = post[t, k] * y[t] + sum_j comb[t, j, k] * x[t, j].
 

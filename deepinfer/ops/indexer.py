@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from deepinfer.ops import kv_cache_format
-from deepinfer.ops.sparse_attention import V4
+from deepinfer.ops.sparse_attention import V4, V4_AND_V41
 from deepinfer.registry import EXACT, op
 
 
@@ -31,7 +31,7 @@ def check_indexer_topk_shapes(q, weights, index_keys, entry_rows, token_seq, num
 
 @op(
     family="attention", outputs=("topk_rows",), compare=EXACT, canonicalize=_sorted_rows,
-    reduction_length=lambda kw: kw["q"].shape[1] * kw["q"].shape[2], model_types=V4,
+    reduction_length=lambda kw: kw["q"].shape[1] * kw["q"].shape[2], model_types=V4_AND_V41,
 )  # fmt: skip
 def indexer_topk(
     q: torch.Tensor,
@@ -62,6 +62,14 @@ def indexer_topk(
     out = torch.full((tokens, top_k), -1, dtype=torch.int32, device=q.device)
     if tokens == 0 or max_entries == 0:
         return out
+    scores = index_scores(q, weights, index_keys, entry_rows, token_seq, num_visible)
+    return _top_rows(scores, entry_rows, token_seq, top_k, out)
+
+
+def index_scores(q, weights, index_keys, entry_rows, token_seq, num_visible) -> torch.Tensor:
+    """[T, E] the indexer's score of every entry for every query (`indexer_topk`'s), -inf where invisible;
+    float32 (float64 for float64 q)."""
+    tokens, max_entries = q.shape[0], entry_rows.shape[1]
     acc = torch.float64 if q.dtype == torch.float64 else torch.float32
     scores = torch.empty(tokens, max_entries, dtype=acc, device=q.device)
     seq_of = token_seq.long()
@@ -72,7 +80,13 @@ def indexer_topk(
             per_head = torch.relu(torch.einsum("thd,ed->the", q[mine].to(acc), keys))
             scores[mine] = (per_head * weights[mine].to(acc)[..., None]).sum(dim=1)
     visible = torch.arange(max_entries, device=q.device)[None, :] < num_visible.long()[:, None]
-    scores = scores.masked_fill(~visible, float("-inf"))
+    return scores.masked_fill(~visible, float("-inf"))
+
+
+def _top_rows(scores: torch.Tensor, entry_rows: torch.Tensor, token_seq: torch.Tensor, top_k: int, out: torch.Tensor) -> torch.Tensor:
+    """out [T, top_k] filled with the pool rows of each query's top_k finite-scored entries (-1 past them)."""
+    max_entries = scores.shape[1]
+    seq_of = token_seq.long()
     k = min(top_k, max_entries)
     ids = _top_ids_lowest_first(scores, k)
     rows = entry_rows.long()[seq_of[:, None], ids.clamp(min=0)]

@@ -15,6 +15,8 @@ from deepinfer.ops import kv_cache_format
 from deepinfer.registry import ALLCLOSE, op
 
 V4 = ("deepseek_v4",)
+V41 = ("deepseek_v41",)
+V4_AND_V41 = V4 + V41  # ops both models call
 
 
 def _listed_keys(kw) -> int:
@@ -49,7 +51,7 @@ def _gather(rows: torch.Tensor, indices: torch.Tensor, acc: torch.dtype, lengths
     return picked * valid[..., None], valid
 
 
-@op(family="attention", outputs=("out",), compare=ALLCLOSE, reduction_length=_listed_keys, model_types=V4)
+@op(family="attention", outputs=("out",), compare=ALLCLOSE, reduction_length=_listed_keys, model_types=V4_AND_V41)
 def sparse_attention(
     q: torch.Tensor,
     kv: torch.Tensor,

@@ -1,7 +1,7 @@
 """Loading DeepSeek-V4.1 checkpoints: a tiny random one in the released layout validates and reads in its
 stored formats (FP8 32x32 blocks, packed FP4 experts, FP8 Engram rows, e8m0 scales kept as bytes); each
-broken tensor is one line; and where the model would be built, one line says V4.1's forward is not
-implemented yet (exit code 2 from `deepinfer run`), never a fall back to V4."""
+broken tensor is one line; the loader builds the V4.1 model (never V4's), whose Engram needs the checkpoint's
+tokenizer.json; `deepinfer run` generates on the reference backend."""
 
 from __future__ import annotations
 
@@ -19,10 +19,7 @@ from deepinfer.model.errors import CheckpointError, LoadError
 from deepinfer.model.loader import load_model
 
 from cli_helpers import run_cli, run_main
-from model_v41.tiny_v41 import TINY_V41, VISION, random_v41_tensors, write_v41
-
-NOT_IMPLEMENTED = "were read and validated, but V4.1's forward (its layer roles) is not implemented yet"
-
+from model_v41.tiny_v41 import TINY_V41, VISION, random_v41_tensors, write_oracle_checkpoint, write_v41
 
 @pytest.fixture(scope="module")
 def tensors():
@@ -59,12 +56,14 @@ def test_the_release_layout_validates_and_reads_in_its_stored_formats(release, t
     assert "layers.2.attn.compressor.wgate.weight" in weights and "layers.4.attn.compressor.wgate.weight" not in weights  # ratio 1: no gate
 
 
-def test_load_model_validates_then_says_in_one_line_that_the_forward_is_not_implemented(release):
-    with pytest.raises(LoadError, match=re.escape(NOT_IMPLEMENTED)) as caught:
+def test_load_model_builds_the_v41_model_and_needs_the_checkpoints_tokenizer_for_engram(release, tmp_path):
+    from deepinfer.model.deepseek_v41.model import DeepseekV41ForCausalLM
+
+    with pytest.raises(CheckpointError, match="has no tokenizer.json: DeepSeek-V4.1's Engram hashes token ids through the checkpoint's own tokenizer") as caught:
         load_model(str(release), None, "cpu", torch.float32)
-    message = str(caught.value)
-    assert "\n" not in message and "8 layers: swa x2, full x2, reuse x3, reindex x1; 2 Engram, 3 DSpark blocks" in message
-    assert not isinstance(caught.value, CheckpointError)  # the checkpoint is fine: it is the engine that lacks V4.1
+    assert "\n" not in str(caught.value)
+    loaded = load_model(str(write_oracle_checkpoint(tmp_path / "oracle")), None, "cpu", torch.float32, max_model_len=256)
+    assert isinstance(loaded.model, DeepseekV41ForCausalLM) and loaded.tokenizer is not None  # never V4's model
 
 
 def _scale(tensors, name):
@@ -117,16 +116,15 @@ def test_a_broken_tensor_is_one_line_naming_it(tmp_path, tensors, change, messag
         specs, scales = validate_v41_folder(folder, config)
         read_v41_tensors(find_tensors(folder), specs, scales, torch.device("cpu"), torch.float32)  # values: NaN / Inf
     assert "\n" not in str(caught.value)
-    if "NaN" not in message:  # through the loader too: the header problem ends the load before the not-implemented line
+    if "NaN" not in message:  # through the loader too: the header problem ends the load before the model is built
         with pytest.raises(CheckpointError, match=message):
             load_model(str(folder), None, "cpu", torch.float32)
 
 
-def test_deepinfer_run_on_a_v41_folder_ends_in_the_not_implemented_line_with_exit_code_2(release):
-    done = run_cli("run", "--model", str(release), "--backend", "reference", "--max-tokens", "2")
-    assert done.returncode == 2, done.stderr
-    assert "Traceback" not in done.stderr and "DeepseekV4" not in done.stderr
-    last = done.stderr.strip().splitlines()[-1]
-    assert last.startswith("deepinfer: error: ") and NOT_IMPLEMENTED in last and "is a DeepSeek-V4.1 checkpoint" in last
-    refused = run_main("run", "--model", str(release), "--backend", "reference", "--ep", "2")  # said once, before any rank starts
-    assert refused.returncode == 2 and NOT_IMPLEMENTED in refused.stderr and "Traceback" not in refused.stderr
+def test_deepinfer_run_on_a_v41_folder_generates_and_refuses_expert_parallelism_in_one_line(tmp_path):
+    folder = write_oracle_checkpoint(tmp_path / "oracle")
+    done = run_cli("run", "--model", str(folder), "--backend", "reference", "--max-tokens", "3", "--max-model-len", "256", "--prompt", "a b c", "--temperature", "0", "--no-swa-bounded-replay")
+    assert done.returncode == 0, done.stderr
+    refused = run_main("run", "--model", str(folder), "--backend", "reference", "--ep", "2")
+    assert refused.returncode == 2 and "expert parallelism (--ep, redundant experts) is not implemented for DeepSeek-V4.1 yet" in refused.stderr
+    assert "Traceback" not in refused.stderr

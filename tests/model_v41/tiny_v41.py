@@ -155,3 +155,81 @@ def write_v41(folder: Path, tensors: dict[str, torch.Tensor], config: dict = TIN
         weight_map.update(dict.fromkeys(part, file))
     (folder / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
     return folder
+
+
+# ---- the oracle's checkpoint: NeMo Automodel's V4.1 code runs it too (make_oracle_fixtures.py) ----------------------
+
+# Engram bucket sizes: the primes above engram_vocab_size (20), one global walk, 6 per layer; a table holds their sum.
+ORACLE_PRIMES = ((23, 29, 31, 37, 41, 43), (47, 53, 59, 61, 67, 71))
+
+
+def tiny_vocabulary() -> list[str]:
+    """256 token strings: three specials, then words whose normalised keys collide (case, accents, spaces),
+    so the Engram token map compresses them (`engram_token_map`)."""
+    words = ["<bos>", "<eos>", "<pad>"]
+    letters = "abcdefghijklmnopqrstuvwxyz"
+    words += list(letters) + [c.upper() for c in letters[:20]] + [" " + c for c in letters[:20]] + ["é", "É", "  ", "\t"]
+    words += [a + b for a in letters[:8] for b in letters[:8]] + [(a + b).upper() for a in letters[:4] for b in letters[:8]]
+    words += [f"w{i}" for i in range(256 - len(words))]
+    return words
+
+
+def tiny_tokenizer_json() -> str:
+    """tokenizer.json of `tiny_vocabulary` (a WordLevel model: one token per id, decoded as itself)."""
+    from tokenizers import Tokenizer, models
+
+    vocab = {w: i for i, w in enumerate(tiny_vocabulary())}
+    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="<pad>"))
+    tokenizer.add_special_tokens(["<bos>", "<eos>", "<pad>"])
+    return tokenizer.to_str()
+
+
+ORACLE_COMPRESSED_VOCAB = 181  # distinct normalised keys of tiny_vocabulary (checked by the oracle test)
+ORACLE_V41 = tiny_config(
+    index_n_heads=8,  # enough heads that an all-negative (exactly zero) index score is rare
+    engram_vocab_size=20,
+    engram_num_embeddings=[sum(p) for p in ORACLE_PRIMES],
+    engram_compressed_vocab_size=ORACLE_COMPRESSED_VOCAB,
+)
+
+
+def oracle_tensors(config: dict = ORACLE_V41, seed: int = 0) -> dict[str, torch.Tensor]:
+    """Every tensor of `config` stored as the release stores them, with values of a trained model's sizes (norm
+    weights near 1, projections near unit gain, hyper-connection mixes near their biases), so that logits, routing
+    and top-k boundaries have margins a float32 comparison can resolve."""
+    torch.manual_seed(seed)
+    out = {}
+    for name, spec in v41_tensor_specs(V41Config.from_dict(config)).items():
+        shape = spec.shape
+        base = name.removesuffix(".weight")
+        if name.endswith(("norm.weight", "q_weight", "k_weight")):
+            w = 1 + 0.1 * torch.randn(shape)
+        elif name.endswith("attn_sink"):
+            w = torch.randn(shape)
+        elif name.endswith(("gate.bias", "bias_vl")):
+            w = 0.1 * torch.randn(shape)
+        elif "hc_" in name:
+            w = {"fn": 0.5 * torch.randn(shape) / shape[-1] ** 0.5, "base": 0.5 * torch.randn(shape), "scale": 0.5 + 0.1 * torch.randn(shape)}[name.rsplit("_", 1)[1]]
+        elif name == "embed.weight" or "engram.embed" in name:
+            w = torch.randn(shape)
+        else:  # a projection [out, in]: unit gain
+            w = torch.randn(shape) / shape[-1] ** 0.5
+        if spec.kind == FP8_BLOCK:
+            out[name], out[f"{base}.scale"] = fp8_e8m0(w, (32, 32))
+        elif spec.kind == FP8_ROWS:
+            out[name], out[f"{base}.scale"] = fp8_e8m0(w, (1, 32))
+        elif spec.kind == FP4_EXPERT:
+            packed, scale = quant.quantize_weight_mxfp4(w)
+            out[name], out[f"{base}.scale"] = packed.view(torch.int8), scale.view(torch.float8_e8m0fnu)
+        elif spec.kind == "float32":
+            out[name] = w.float()
+        else:
+            out[name] = w.to(torch.bfloat16)
+    return out
+
+
+def write_oracle_checkpoint(folder: Path, seed: int = 0) -> Path:
+    """The oracle's checkpoint folder: `ORACLE_V41`, `oracle_tensors(seed)` and the tiny tokenizer."""
+    write_v41(folder, oracle_tensors(ORACLE_V41, seed), ORACLE_V41)
+    (folder / "tokenizer.json").write_text(tiny_tokenizer_json())
+    return folder

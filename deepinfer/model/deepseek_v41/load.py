@@ -1,22 +1,24 @@
-"""Loading a DeepSeek-V4.1 checkpoint folder: config and tensors validated; the model itself is not built yet.
+"""Loading a DeepSeek-V4.1 checkpoint folder: config and tensor headers validated, tensors read, the model built.
 
-V4.1's forward (its layer roles, Engram, DSpark, 32x32-block FP8 GEMMs) is not built yet,
-so a V4.1 folder ends here in one LoadError saying what was read and what is missing: never a
-traceback, and never a fall back to V4 (whose layers would load V4.1's tensors wrongly or not at all).
-Only the safetensors headers are read here: reading hundreds of gigabytes of weights only to refuse
-the run would be pointless; `read_v41_tensors` reads and keeps them once the model exists.
+Never a fall back to V4 (whose layers would load V4.1's tensors wrongly or not at all). The Engram token map
+comes from the folder's own tokenizer.json.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import NoReturn
+
+import torch
 
 from deepinfer.model.checkpoint import find_tensors
-from deepinfer.model.deepseek_v41.checkpoint import check_v41_tensors
+from deepinfer.model.deepseek_v41.checkpoint import check_v41_tensors, read_v41_tensors
 from deepinfer.model.deepseek_v41.config import V41Config
+from deepinfer.model.deepseek_v41.engram_tokens import compressed_token_map
+from deepinfer.model.deepseek_v41.model import DeepseekV41ForCausalLM
 from deepinfer.model.deepseek_v41.tensors import implied_tensor_count, v41_tensor_specs
+from deepinfer.model.deepseek_v41.weights import V41Weights
 from deepinfer.model.errors import CheckpointError, LoadError
+from deepinfer.model.tokenizer import TOKENIZER_FILE
 
 
 def validate_v41_folder(folder: Path, config: V41Config) -> tuple[dict, set[str]]:
@@ -35,14 +37,32 @@ def validate_v41_folder(folder: Path, config: V41Config) -> tuple[dict, set[str]
     return specs, scales
 
 
-def load_v41(folder: Path, config: V41Config) -> NoReturn:
-    """Validate the folder, then refuse in one line: V4.1's forward is not implemented yet."""
+def engram_token_map(folder: Path, config: V41Config) -> tuple[torch.Tensor | None, int]:
+    """Engram's compressed token map from the folder's tokenizer.json (engram_tokens.py); (None, 0) without Engram."""
+    if not config.engram_layer_ids:
+        return None, 0
+    path = folder / TOKENIZER_FILE
+    if not path.is_file():
+        raise CheckpointError(f"{folder} has no {TOKENIZER_FILE}: DeepSeek-V4.1's Engram hashes token ids through the checkpoint's own tokenizer",
+                              "add the checkpoint's tokenizer.json")  # fmt: skip
+    from tokenizers import Tokenizer as Backend
+
+    token_map, count = compressed_token_map(Backend.from_file(str(path)), config.vocab_size)
+    if count != config.engram_compressed_vocab_size:
+        raise CheckpointError(
+            f"{path} normalises to {count} Engram token keys, config.json's text_config.engram_compressed_vocab_size is "
+            f"{config.engram_compressed_vocab_size}: the Engram hashes depend on it", "use the tokenizer.json the checkpoint ships",
+        )  # fmt: skip
+    return token_map, count
+
+
+def load_v41(folder: Path, config: V41Config, ops, device: torch.device, dtype: torch.dtype, max_model_len: int | None, experts) -> DeepseekV41ForCausalLM:
+    """Validate the folder, read its text tensors and build the model (DSpark blocks are read, not used yet)."""
+    if experts is not None:
+        raise LoadError("expert parallelism (--ep, redundant experts) is not implemented for DeepSeek-V4.1 yet", "run it with --ep 1")
     specs, scales = validate_v41_folder(folder, config)
-    roles = ", ".join(f"{kind} x{sum(r.kind == kind for r in config.roles)}" for kind in dict.fromkeys(r.kind for r in config.roles))
-    raise LoadError(
-        f"{folder} is a DeepSeek-V4.1 checkpoint: its config.json ({config.num_hidden_layers} layers: {roles}; "
-        f"{len(config.engram_layer_ids)} Engram, {config.num_nextn_predict_layers} DSpark blocks) and the headers of its "
-        f"{len(specs) + len(scales)} text tensors (names, shapes, dtypes, e8m0 scales) were read and validated, "
-        "but V4.1's forward (its layer roles) is not implemented yet",
-        "run a DeepSeek V2/V3/V4 checkpoint meanwhile",
-    )
+    token_map, compressed = engram_token_map(folder, config)
+    model = DeepseekV41ForCausalLM(config, ops, device, dtype, max_positions=max_model_len)
+    tensors = read_v41_tensors(find_tensors(folder), specs, scales, model.device, dtype)
+    model.load_weights(V41Weights(tensors, dtype), token_map, compressed)
+    return model

@@ -1,0 +1,89 @@
+"""V4.1's CSA2 attention: shared-KV MQA over a sliding window plus the compressed entries its top-k selects.
+
+Per token: q = wq_b(q_norm(wq_a x)) per head, rotated (no per-head q normalisation, unlike V4); one window row
+kv = FP8-rounded rotated kv_norm(wkv x), keys and values alike; with compress ratio > 0, the KV source's
+compressed entries chosen by the top-k owner's selection (a Full layer compresses and selects, a Reindex layer
+selects, a Reuse layer reads both: roles.py); one softmax over the window, the selected entries and a sink per
+head (`sparse_attention`); the output rotated back, then the grouped low-rank output projection. Layers with
+ratio > 0 rotate with the compressed RoPE (YaRN), ratio-0 layers with the plain one.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from deepinfer.model.deepseek_v41.caches import LayerState
+from deepinfer.model.deepseek_v41.compressor import V41Compressor
+from deepinfer.model.deepseek_v41.config import V41Config
+from deepinfer.model.deepseek_v41.indexer import V41Indexer
+from deepinfer.model.deepseek_v41.roles import LayerRole
+from deepinfer.model.deepseek_v41.spans import SharedKV, Span, rotate_tail
+from deepinfer.model.linear import ExpertWeights
+
+
+class V41Attention:
+    def __init__(self, config: V41Config, role: LayerRole, weights, prefix: str):
+        c = self.config = config
+        self.role, self.ratio = role, role.ratio
+        self.heads, self.dim, self.rope_dim, self.eps = c.num_attention_heads, c.head_dim, c.qk_rope_head_dim, c.rms_norm_eps
+        self.wq_a, self.wq_b, self.wkv = (weights.linear(f"{prefix}{n}") for n in ("wq_a", "wq_b", "wkv"))
+        self.q_norm, self.kv_norm = weights.tensor(f"{prefix}q_norm.weight"), weights.tensor(f"{prefix}kv_norm.weight")
+        wo_a = weights.tensor(f"{prefix}wo_a.weight")  # [G * O, H * D / G]: group g's rows are g*O:(g+1)*O
+        self.wo_a = ExpertWeights(wo_a.view(c.o_groups, -1, wo_a.shape[-1]), None)
+        self.wo_b = weights.linear(f"{prefix}wo_b")
+        self.sinks = weights.tensor(f"{prefix}attn_sink").float()
+        self.compressor = V41Compressor(weights, prefix, ratio=self.ratio, eps=self.eps, rope_dim=self.rope_dim) if role.has_compressor else None
+        self.indexer = V41Indexer(c, role, weights, prefix) if role.has_indexer else None
+
+    def __call__(self, ops, x: torch.Tensor, positions: torch.Tensor, spans: list[Span], state: LayerState,
+                 shared: list[SharedKV], ropes: dict) -> torch.Tensor:  # fmt: skip
+        """x: [T, hidden] (the normed layer input) of every sequence's new tokens; state: this layer's (caches.py);
+        shared: each sequence's CSA2 state from the layers before (updated here by Full and Reindex layers)."""
+        tokens = x.shape[0]
+        cos_sin, inverse = ropes["compress" if self.ratio else "main"]
+        q_latent, _ = ops.rms_norm(self.wq_a(ops, x), self.q_norm, eps=self.eps)
+        q = rotate_tail(ops, self.wq_b(ops, q_latent).view(tokens, self.heads, self.dim), self.rope_dim, positions, cos_sin)
+        kv, _ = ops.rms_norm(self.wkv(ops, x), self.kv_norm, eps=self.eps)
+        kv = ops.cache_round(rotate_tail(ops, kv[:, None, :], self.rope_dim, positions, cos_sin)[:, 0], fmt="fp8")
+        projected = self.compressor.projections(ops, x) if self.compressor is not None else None
+        index_q = self.indexer.queries(ops, x, q_latent, positions, cos_sin) if self.indexer is not None else None
+        out = torch.empty_like(q)
+        for span, kv_state in zip(spans, shared):
+            rows = span.rows
+            keys, window = self._window(kv[rows], span, state)
+            extra = {}
+            if self.ratio:
+                if self.compressor is not None:  # a Full layer: its own entries replace the state handed on
+                    count = self.compressor(ops, projected, span, state, cos_sin, x.dtype)
+                    kv_state.entries, kv_state.index_keys = state.entries[span.slot, :count], state.index_keys[span.slot, :count]
+                    kv_state.topk = kv_state.blocks = None
+                    kv_state.ratio = self.ratio
+                if self.indexer is not None and kv_state.entries.shape[0]:
+                    self.indexer.select(ops, index_q[0][rows], index_q[1][rows], span, kv_state, positions[rows])
+                if kv_state.entries.shape[0]:  # no complete group yet: nothing to attend beyond the window
+                    extra = {"extra_kv": kv_state.entries, "extra_indices": kv_state.topk}
+            out[rows] = ops.sparse_attention(q[rows], keys, window, self.sinks, softmax_scale=self.dim**-0.5, **extra)
+        out = rotate_tail(ops, out, self.rope_dim, positions, inverse)
+        return self._project(ops, out)
+
+    def _window(self, kv_new: torch.Tensor, span: Span, state: LayerState) -> tuple[torch.Tensor, torch.Tensor]:
+        """(the keys the span's window reaches: the ring's rows of earlier positions, then the new rows; and each
+        new token's window as rows of those keys [length, window] int32, -1 before position 0). The new rows are
+        then written into the ring."""
+        window = state.ring.shape[1]
+        low = max(0, span.start - window + 1)  # the earliest position any new token's window reaches
+        earlier = torch.arange(low, span.start, device=kv_new.device)
+        keys = torch.cat((state.ring[span.slot, earlier % window], kv_new))
+        seen = torch.arange(span.start, span.end, device=kv_new.device)[:, None] + torch.arange(1 - window, 1, device=kv_new.device)
+        rows = torch.where(seen >= 0, seen - low, -1).to(torch.int32)
+        last = torch.arange(max(span.start, span.end - window), span.end, device=kv_new.device)
+        state.ring[span.slot, last % window] = kv_new[last - span.start]
+        return keys, rows
+
+    def _project(self, ops, out: torch.Tensor) -> torch.Tensor:
+        tokens, groups = out.shape[0], self.config.o_groups
+        by_group = out.reshape(tokens, groups, -1).transpose(0, 1).reshape(groups * tokens, -1)
+        offsets = torch.arange(0, groups + 1, device=out.device, dtype=torch.int32) * tokens
+        low = self.wo_a(ops, by_group.contiguous(), offsets)  # [G * T, O]
+        low = low.view(groups, tokens, -1).transpose(0, 1).reshape(tokens, -1)
+        return self.wo_b(ops, low.contiguous())

@@ -1,0 +1,66 @@
+"""V4.1's compressor (KV-source layers only): one compressed KV entry and one index key per group of `ratio` tokens.
+
+Ratio 2: per channel, a softmax of the gate logits over the group's two tokens weighs their values (`compress_kv`
+without overlap and without a positional bias; projections in float32), cast to the model dtype and normed. Ratio
+1: the normed projection of each token (no gate). The entry is the latent rotated at the group's first position
+and rounded to NVFP4; the index key is `k_norm(indexer.wk latent)` rotated likewise and rounded to MXFP4, from the
+unrotated, unrounded latent. Only complete groups make entries; an open group's tokens wait in the sequence's state.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from deepinfer.model.deepseek_v41.caches import RAW_DTYPE, LayerState
+from deepinfer.model.deepseek_v41.spans import Span, rotate_tail
+from deepinfer.model.linear import LinearWeight
+
+
+class V41Compressor:
+    def __init__(self, weights, prefix: str, *, ratio: int, eps: float, rope_dim: int):
+        self.ratio, self.eps, self.rope_dim = ratio, eps, rope_dim
+        self.wkv = LinearWeight(weights.tensor(f"{prefix}compressor.wkv.weight").to(RAW_DTYPE))
+        self.wgate = LinearWeight(weights.tensor(f"{prefix}compressor.wgate.weight").to(RAW_DTYPE)) if ratio > 1 else None
+        self.norm = weights.tensor(f"{prefix}compressor.norm.weight")
+        self.wk = LinearWeight(weights.tensor(f"{prefix}indexer.wk.weight"))
+        self.k_norm = weights.tensor(f"{prefix}indexer.k_norm.weight")
+
+    def projections(self, ops, x: torch.Tensor) -> torch.Tensor:
+        """[T, 2D] float32 (value, then gate logits) for ratio > 1; the normed latent [T, D] in x's dtype for ratio 1."""
+        if self.ratio == 1:
+            # the release projects in the activation dtype here (its float32 weight cast down)
+            return ops.rms_norm(ops.linear(x, self.wkv.weight.to(x.dtype), fmt="dense"), self.norm, eps=self.eps)[0]
+        xf = x.to(RAW_DTYPE)
+        return torch.cat((self.wkv(ops, xf), self.wgate(ops, xf)), dim=-1)
+
+    def __call__(self, ops, projected: torch.Tensor, span: Span, state: LayerState, cos_sin: torch.Tensor, dtype: torch.dtype) -> int:
+        """Emit the entries of the groups that complete in this span into `state` (entries and index keys, rows
+        = group ids); keep the open group's tokens. Returns the number of entries the sequence now has."""
+        r = self.ratio
+        first, done = span.start // r, span.end // r  # groups touched from the first one open at start; complete ones
+        if done > first:
+            if r == 1:
+                latent = projected[span.rows]
+            else:
+                latent = self._pool(ops, projected[span.rows], span, state, first, done).to(dtype)
+                latent, _ = ops.rms_norm(latent, self.norm, eps=self.eps)
+            positions = torch.arange(first, done, device=latent.device) * r  # each group's first token
+            entry = rotate_tail(ops, latent[:, None, :], self.rope_dim, positions, cos_sin)[:, 0]
+            state.entries[span.slot, first:done] = ops.cache_round(entry, fmt="nvfp4")
+            key, _ = ops.rms_norm(self.wk(ops, latent), self.k_norm, eps=self.eps)
+            key = rotate_tail(ops, key[:, None, :], self.rope_dim, positions, cos_sin)[:, 0]
+            state.index_keys[span.slot, first:done] = ops.cache_round(key, fmt="mxfp4")
+        if r > 1:  # the open group's tokens (at most r - 1), for the step that completes it
+            for p in range(max(span.start, done * r), span.end):
+                state.pending[span.slot, p % r] = projected[span.offset + p - span.start]
+        return done
+
+    def _pool(self, ops, new: torch.Tensor, span: Span, state: LayerState, first: int, done: int) -> torch.Tensor:
+        """compress_kv over the complete groups' tokens: those before the span from the state, then the span's."""
+        r, width = self.ratio, new.shape[1] // 2
+        waiting = span.start - first * r  # the first group's tokens that arrived in earlier steps
+        earlier = state.pending[span.slot, [(first * r + i) % r for i in range(waiting)]] if waiting else new[:0]
+        rows = torch.cat((earlier, new[: done * r - span.start]))
+        starts = torch.arange(done - first, device=new.device) * r
+        no_bias = torch.zeros(r, width, dtype=rows.dtype, device=rows.device)  # V4.1's compressor has no positional bias
+        return ops.compress_kv(rows[:, :width], rows[:, width:], no_bias, starts, torch.full_like(starts, -1), ratio=r, overlap=False)

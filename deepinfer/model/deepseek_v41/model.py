@@ -1,0 +1,140 @@
+"""DeepSeek-V4.1 causal LM on registry ops: single-pass hyper-connected blocks of CSA2 attention and MoE, Engram.
+
+The residual is `hc_mult` streams per token. Each site (attention, FFN) computes its mixings from the streams
+entering it but collapses them with the previous site's `pre` (`hc_pre_delayed`; the first block with the
+one-hot); Engram layers add their memory to the streams first. After the last block the streams are collapsed
+with the last FFN-site `pre`, normed, and projected to float32 logits (no `hc_head`, unlike V4).
+
+The engine calls `forward(batch, caches)` with the state `new_caches` made (caches.py: by owner, one slot per
+running sequence). Every layer runs on every new token: there is no bounded replay yet.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from deepinfer import exact_order
+from deepinfer.model.deepseek_v41 import caches as v41_caches
+from deepinfer.model.deepseek_v41.attention import V41Attention
+from deepinfer.model.deepseek_v41.config import V41Config
+from deepinfer.model.deepseek_v41.engram import EngramHashing, V41Engram
+from deepinfer.model.deepseek_v41.moe import V41MoE
+from deepinfer.model.deepseek_v41.roles import LayerRole
+from deepinfer.model.deepseek_v41.spans import SharedKV, Span
+from deepinfer.model.forward_batch import ForwardBatch
+from deepinfer.ops.rope import rope_cos_sin_cache
+
+
+def _inverse(table: torch.Tensor) -> torch.Tensor:
+    """The table that rotates by the opposite angle (cos, -sin): undoes a rotation."""
+    half = table.shape[1] // 2
+    return torch.cat((table[:, :half], -table[:, half:]), dim=1)
+
+
+class V41Block:
+    def __init__(self, config: V41Config, role: LayerRole, weights):
+        p = f"layers.{role.layer}."
+        self.config, self.role = config, role
+        self.attn_norm, self.ffn_norm = weights.tensor(f"{p}attn_norm.weight"), weights.tensor(f"{p}ffn_norm.weight")
+        self.hc = {site: tuple(weights.tensor(f"{p}hc_{site}_{part}").float() for part in ("fn", "base", "scale")) for site in ("attn", "ffn")}
+        self.engram = V41Engram(config, weights, p) if role.engram is not None else None
+        self.attn = V41Attention(config, role, weights, f"{p}attn.")
+        self.ffn = V41MoE(config, weights, f"{p}ffn.", config.n_routed_experts)
+
+    def _site(self, ops, streams, pre, site: str):
+        c = self.config
+        fn, base, scale = self.hc[site]
+        return ops.hc_pre_delayed(streams, pre, fn, base, scale, norm_eps=c.rms_norm_eps, hc_eps=c.hc_eps, sinkhorn_iters=c.hc_sinkhorn_iters)
+
+    def __call__(self, ops, streams, pre, positions, spans, state, shared, ropes, engram_rows):
+        """(streams after the block, the FFN site's pre for the next block)."""
+        eps = self.config.rms_norm_eps
+        if self.engram is not None:
+            streams = self.engram(ops, streams, engram_rows[self.role.engram])
+        x, attn_pre, post, comb = self._site(ops, streams, pre, "attn")
+        x, _ = ops.rms_norm(x, self.attn_norm, eps=eps)
+        streams = ops.hc_post(self.attn(ops, x, positions, spans, state, shared, ropes), streams, post, comb)
+        x, ffn_pre, post, comb = self._site(ops, streams, attn_pre, "ffn")
+        x, _ = ops.rms_norm(x, self.ffn_norm, eps=eps)
+        return ops.hc_post(self.ffn(ops, x), streams, post, comb), ffn_pre
+
+
+class DeepseekV41ForCausalLM:
+    """`max_positions`: rows of the RoPE tables and of the compressed history, the longest sequence the engine runs."""
+
+    supports_device_graphs = False  # a step's spans are host facts (caches.py keeps no paged layout yet)
+    mtp_layers: list = []  # DSpark drafting is not served yet
+
+    def __init__(self, config: V41Config, ops, device, dtype: torch.dtype, max_positions: int | None = None):
+        self.config, self.ops, self.device, self.dtype = config, ops, torch.device(device), dtype
+        self.num_layers = config.num_hidden_layers
+        self.max_positions = min(max_positions or config.max_position_embeddings, config.max_position_embeddings)
+        rd = config.qk_rope_head_dim
+        main = rope_cos_sin_cache(rd, self.max_positions, config.rope_theta).to(self.device)
+        scaling = {k: v for k, v in config.compress_rope.items() if k != "rope_theta"} or None
+        compress = rope_cos_sin_cache(rd, self.max_positions, config.compress_rope["rope_theta"], scaling).to(self.device)
+        self.ropes = {"main": (main, _inverse(main)), "compress": (compress, _inverse(compress))}
+        self.placement = self.expert_source = None
+
+    def load_weights(self, weights, token_map: torch.Tensor | None = None, compressed_vocab: int = 0) -> None:
+        """weights: `weights.V41Weights`; token_map / compressed_vocab: Engram's (engram_tokens.py), needed when
+        the model has Engram layers."""
+        c = self.config
+        self.embed = weights.tensor("embed.weight")
+        self.norm = weights.tensor("norm.weight")
+        self.head = (self.embed if c.tie_word_embeddings else weights.tensor("head.weight")).float()
+        self.layers = [V41Block(c, role, weights) for role in c.roles]
+        self.engram_hashing = EngramHashing(c, token_map, compressed_vocab, self.device) if c.engram_layer_ids else None
+
+    # ---- caches --------------------------------------------------------------------------------
+
+    def kv_block_bytes(self, block_size: int, dtype: torch.dtype, draft_layers: int = 0) -> int:
+        """Nothing is paged yet: the whole state lives in the state slots (`state_slot_bytes`)."""
+        return 1
+
+    def state_slot_bytes(self, draft_layers: int = 0, lookahead: int = 0) -> int:
+        return v41_caches.slot_bytes(self.config, self.max_positions, self.dtype)
+
+    @property
+    def prefix_replay_tokens(self) -> int:
+        """A prefix hit recomputes the whole sequence: the compressed history lives in the sequence's state slot,
+        not in the shared blocks a hit would reuse."""
+        return self.max_positions
+
+    def new_caches(self, num_blocks: int, block_size: int, num_slots: int, dtype: torch.dtype, lookahead: int = 0) -> v41_caches.V41State:
+        return v41_caches.allocate(self.config, max(1, num_slots), self.max_positions, self.dtype, self.device)
+
+    # ---- running -------------------------------------------------------------------------------
+
+    @torch.inference_mode()
+    def forward(self, batch: ForwardBatch, caches: v41_caches.V41State, *, hidden_states: bool = False):
+        """Run one step; returns float32 logits [len(batch.logits_indices), vocab] (with `hidden_states`, also the
+        final streams [T, hc_mult, hidden])."""
+        ops, c = self.ops, self.config
+        host = batch.host
+        if host is None:
+            raise ValueError("a DeepSeek-V4.1 step needs the batch's host facts (each sequence's start, length and state slot)")
+        spans, offset = [], 0
+        for start, length, slot in zip(host.starts, host.lengths, host.slots):
+            spans.append(Span(max(slot, 0), start, length, offset))
+            offset += length
+        positions = batch.positions
+        engram_rows = self.engram_hashing(ops, batch.input_ids, spans, caches.engram_ids) if self.engram_hashing is not None else None
+        streams = self.embed[batch.input_ids].unsqueeze(1).expand(-1, c.hc_mult, -1).contiguous()
+        pre = torch.zeros(streams.shape[:2], dtype=torch.float32, device=self.device)
+        pre[:, 0] = 1  # the first site collapses with the one-hot
+        shared = [SharedKV() for _ in spans]
+        for layer, state in zip(self.layers, caches.layers):
+            streams, pre = layer(ops, streams, pre, positions, spans, state, shared, self.ropes, engram_rows)
+        logits = self._logits(ops, streams[batch.logits_indices], pre[batch.logits_indices])
+        return (logits, streams) if hidden_states else logits
+
+    __call__ = forward
+
+    def _logits(self, ops, streams: torch.Tensor, pre: torch.Tensor) -> torch.Tensor:
+        """Collapse with the last FFN site's pre (torch glue: once per step, on the sampled rows only; the
+        `hc_pre_delayed` collapse without its mixings), the final norm, the float32 vocabulary projection."""
+        with exact_order.glue(ops.deterministic):
+            hidden = (pre[..., None] * streams.float()).sum(dim=1).to(streams.dtype)
+        hidden, _ = ops.rms_norm(hidden, self.norm, eps=self.config.rms_norm_eps)
+        return ops.linear(hidden.float(), self.head, fmt="dense")
