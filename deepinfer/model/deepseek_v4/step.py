@@ -61,7 +61,7 @@ class RatioPlan:
 class V4Step:
     positions: torch.Tensor  # [T] int64
     token_seq: torch.Tensor  # [T] int32
-    window_rows: torch.Tensor  # [T, sliding_window] int32: flat sliding-window cache rows, -1 before position 0
+    window_rows: torch.Tensor | None  # [T, sliding_window] int32: flat sliding-window cache rows, -1 before position 0
     write_slots: torch.Tensor  # [T] int64: sliding-window cache slot each token writes, -1 for replayed tokens
     ratios: dict[int, RatioPlan] = field(default_factory=dict)
     compressors: dict[tuple[int, bool], CompressorPlan] = field(default_factory=dict)  # a decode step's: decode_plan.RingPlan
@@ -71,7 +71,12 @@ def plan_step(config: V4Config, seqs: list[SeqStep], block_size: int, device: to
               rings: dict[tuple[int, bool], int] | None = None, upload=None) -> V4Step:  # fmt: skip
     """rings: the caches' ring rows per compressor kind, (ratio, overlap) -> rows (a kind not given: `caches.ring_size`
     with `lookahead`). upload: HostBatch.upload, the engine's one-copy staging of host tensors (None: a copy each)."""
-    return _to_device(_plan_on_host(config, _Batch.of(seqs, block_size), {**ring_sizes(config, lookahead), **(rings or {})}), device, upload)
+    batch = _Batch.of(seqs, block_size)
+    step, (pages,) = _to_device(_plan_on_host(config, batch, {**ring_sizes(config, lookahead), **(rings or {})}), device, upload, also=[batch.pages])
+    # The window rows are the largest table (an 8192-token chunk: 1M slots, ~20 ms of host time): computed where the
+    # tables went, from the block tables, in a few launches on the device.
+    step.window_rows = _window_rows(pages, block_size, step.token_seq, step.positions, config.sliding_window)
+    return step
 
 
 def layer_kinds(config: V4Config) -> set[tuple[int, bool]]:
@@ -92,7 +97,7 @@ def ring_sizes(config: V4Config, lookahead: int = 0) -> dict[tuple[int, bool], i
 def _plan_on_host(config: V4Config, batch: _Batch, rings: dict[tuple[int, bool], int]) -> V4Step:
     token_seq, offset = _segments(batch.length)
     positions = batch.start[token_seq] + offset
-    step = V4Step(positions, token_seq.to(I32), _window_rows(batch, token_seq, positions, config.sliding_window), _write_slots(batch, token_seq, positions))
+    step = V4Step(positions, token_seq.to(I32), None, _write_slots(batch, token_seq, positions))  # window rows: plan_step
     kinds = layer_kinds(config)
     for ratio in sorted({r for r, _ in kinds}):
         table = _entry_table(batch, ratio)
@@ -106,24 +111,27 @@ def _plan_on_host(config: V4Config, batch: _Batch, rings: dict[tuple[int, bool],
     return step
 
 
-def _to_device(step: V4Step, device: torch.device, upload=None) -> V4Step:
+def _to_device(step: V4Step, device: torch.device, upload=None, also: list[torch.Tensor] = ()) -> tuple[V4Step, list[torch.Tensor]]:
     """The same plan with every table on `device` (a no-op on the host). With `upload`, all of them in one
     transfer that does not wait: a prefill chunk's tables are megabytes (8192 tokens: the window rows alone
     4 MB), and one pageable copy per table made the host wait for the device's previous step each time
-    (the H100's 8 x 8192 prefill profile: the device idle 17% of the pass)."""
+    (the H100's 8 x 8192 prefill profile: the device idle 17% of the pass). `also`: more tensors for the same
+    transfer, returned moved beside the plan."""
     plans = [step, *step.ratios.values(), *step.compressors.values()]
     found = [(plan, f.name, getattr(plan, f.name)) for plan in plans for f in fields(plan) if isinstance(getattr(plan, f.name), torch.Tensor)]
+    tensors = [t for _, _, t in found] + list(also)
     if upload is not None:
-        arrived = upload([(t, t.dtype) for _, _, t in found])
+        arrived = upload([(t, t.dtype) for t in tensors])
     else:
-        arrived = [t.to(device, non_blocking=True) for _, _, t in found]
+        arrived = [t.to(device, non_blocking=True) for t in tensors]
+    arrived, extra_arrived = arrived[: len(found)], arrived[len(found) :]
     moved = {id(plan): {} for plan in plans}
     for (plan, name, _), t in zip(found, arrived):
         moved[id(plan)][name] = t
     out = replace(step, **moved[id(step)])
     out.ratios = {ratio: replace(plan, **moved[id(plan)]) for ratio, plan in step.ratios.items()}
     out.compressors = {kind: replace(plan, **moved[id(plan)]) for kind, plan in step.compressors.items()}
-    return out
+    return out, list(extra_arrived)
 
 
 # ---- the batch as tensors ----------------------------------------------------------------------
@@ -190,10 +198,13 @@ def _token_slots(batch: _Batch, seq: torch.Tensor, positions: torch.Tensor) -> t
     return _page_at(batch, seq, positions // bs) * bs + positions % bs
 
 
-def _window_rows(batch: _Batch, token_seq: torch.Tensor, positions: torch.Tensor, window: int) -> torch.Tensor:
-    """[T, window] int32: the slots of positions p - window + 1 .. p of each token at p, -1 before position 0."""
-    q = positions[:, None] + torch.arange(1 - window, 1)
-    return _token_slots(batch, token_seq[:, None], q.clamp(min=0)).masked_fill_(q < 0, -1).to(I32)
+def _window_rows(pages: torch.Tensor, block_size: int, token_seq: torch.Tensor, positions: torch.Tensor, window: int) -> torch.Tensor:
+    """[T, window] int32: the slots of positions p - window + 1 .. p of each token at p, -1 before position 0, from the
+    padded block tables `pages` [B, max_pages] on the tokens' device."""
+    q = positions[:, None] + torch.arange(1 - window, 1, device=positions.device)
+    at = q.clamp(min=0)
+    flat = token_seq.long()[:, None] * pages.shape[1] + at // block_size
+    return (pages.view(-1).index_select(0, flat.view(-1)).view(flat.shape) * block_size + at % block_size).masked_fill_(q < 0, -1).to(I32)
 
 
 def _write_slots(batch: _Batch, token_seq: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
