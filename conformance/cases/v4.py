@@ -14,6 +14,7 @@ listed gets a different answer.
 
 from __future__ import annotations
 
+import zlib
 from functools import partial
 
 import torch
@@ -323,13 +324,14 @@ def residual_streams(gen, dtype, tokens: int, streams: int, dim: int, scale: flo
 
 
 def hc_pre_inputs(
-    gen, dtype, *, tokens: int, streams: int = 4, dim: int, sinkhorn_iters: int = 20, x_scale: float = 1.0, spread: float | None = None, mix_scale: float = 1.0
+    gen, dtype, *, tokens: int, streams: int = 4, dim: int, sinkhorn_iters: int = 20, x_scale: float = 1.0, spread: float | None = None, mix_scale: float = 1.0,
+    norm: bool = False,
 ):
     """Residual streams and the block's mixing parameters (float32): fn scaled so that the mixing
     logits of the normalised streams are O(1) (times `mix_scale`), biases and scales of the size
-    trained ones have."""
+    trained ones have; with `norm`, the block's RMSNorm weight (float32, around 1), drawn last."""
     width = (2 + streams) * streams
-    return {
+    inputs = {
         "x": residual_streams(gen, dtype, tokens, streams, dim, x_scale, spread),
         "fn": randn(gen, width, streams * dim, scale=mix_scale * (streams * dim) ** -0.5),
         "base": randn(gen, width, scale=0.5),
@@ -338,6 +340,15 @@ def hc_pre_inputs(
         "hc_eps": 1e-6,
         "sinkhorn_iters": sinkhorn_iters,
     }
+    if norm:
+        inputs["norm_weight"] = (1.0 + randn(gen, dim, dtype=torch.float64, scale=0.5)).float()
+    return inputs
+
+
+def drawn_as(recipe: str, make):
+    """`make` drawing from recipe `recipe`'s seed (the same op's): the inputs both draw first are equal, so the
+    golden set stores them once (and outputs that do not depend on what is drawn after them)."""
+    return lambda gen, dtype: make(torch.Generator().manual_seed(zlib.crc32(recipe.encode())), dtype)
 
 
 def hc_post_inputs(gen, dtype, *, tokens: int, streams: int = 4, dim: int, x_scale: float = 1.0, spread: float | None = None, y_scale: float = 1.0):
@@ -438,6 +449,12 @@ RECIPES = [
     ("hc_pre", "t1_n2_d2100_partial_segment", partial(hc_pre_inputs, tokens=1, streams=2, dim=2100)),
     ("hc_pre", "t7_n4_d64_sinkhorn20", partial(hc_pre_inputs, tokens=7, dim=64)),
     ("hc_pre", "t5_n4_d512_sinkhorn1", partial(hc_pre_inputs, tokens=5, dim=512, sinkhorn_iters=1)),
+    # The block's RMSNorm folded in (norm_weight), on the streams of the cases above (their inputs, post and comb are
+    # stored once): the split launch with two collapse splits under the interpreter (each needs the whole row's
+    # statistics), and the fused launch over a 7-token tile.
+    ("hc_pre", "t1_n2_d2100_partial_segment_normed",
+     drawn_as("hc_pre.t1_n2_d2100_partial_segment", partial(hc_pre_inputs, tokens=1, streams=2, dim=2100, norm=True))),
+    ("hc_pre", "t7_n4_d64_sinkhorn20_normed", drawn_as("hc_pre.t7_n4_d64_sinkhorn20", partial(hc_pre_inputs, tokens=7, dim=64, norm=True))),
     # A deep layer's streams: one large hidden state (x100) shared with 10% deviations, peaky mixings.
     ("hc_pre", "t3_n4_d256_large_residual_peaky_mix", partial(hc_pre_inputs, tokens=3, dim=256, x_scale=100.0, spread=0.1, mix_scale=4.0)),
     # hc_post

@@ -192,15 +192,19 @@ def test_hc_post(reg, dtype):
         same(got[before : before + 2], out, f"{before, after}")
 
 
+@pytest.mark.parametrize("normed", [False, True], ids=["plain", "norm_weight"])
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_hc_pre(reg, dtype):
+def test_hc_pre(reg, dtype, normed):
     # K = 4 x 512: 16 split segments of 128 (2 fused ones of 1024). Under the interpreter the default kernel
     # takes the fused launch from 64 tokens on (4 "SMs" x 16-token tiles), the split one below: 70 tokens
-    # cross it; the invariant kernel takes the split launch at every T.
+    # cross it; the invariant kernel takes the split launch at every T. With norm_weight the row's statistics
+    # follow the collapse's fixed chunks.
     fn, g = kernel(reg, "hc_pre", dtype), gen(6)
     N, D, W = 4, 512, 24
     kw = {"fn": randn(g, W, N * D, scale=(N * D) ** -0.5), "base": randn(g, W, scale=0.5), "scale": torch.tensor([0.5, 0.4, 1.1]),
           "norm_eps": 1e-6, "hc_eps": 1e-6, "sinkhorn_iters": 20}  # fmt: skip
+    if normed:
+        kw["norm_weight"] = 1.0 + randn(g, D, scale=0.3)
     x = randn(g, 2, N, D, dtype=dtype)
     want = fn(x, **kw)
     for before, after in ((1, 0), (40, 28)):
