@@ -20,6 +20,7 @@ from functools import partial
 import torch
 
 from deepinfer.ops import kv_cache_format
+from deepinfer.ops.rope import rope_cos_sin_cache
 from deepinfer_conformance.cases import Case, randn
 
 DTYPES = (torch.float32, torch.bfloat16)
@@ -237,6 +238,17 @@ def norm_rope_write_inputs(gen, dtype, *, dim: int, rope_dim: int, rows_per_bloc
 # -------------------------------------------------------------------------------------- indexer_topk
 
 
+def head_norm_rope_inputs(gen, dtype, *, tokens: int, heads: int, dim: int, normed: bool, x_scale: float = 1.0):
+    """Query heads (x_scale: as large as wq_b's outputs get) at positions spread over a 32-row table of rope
+    dim 64, or of every channel for narrower heads (equal tables are stored once)."""
+    return {
+        "x": randn(gen, tokens, heads, dim, dtype=dtype, scale=x_scale),
+        "positions": torch.randint(0, 32, (tokens,), generator=gen, dtype=torch.int64),
+        "cos_sin_cache": rope_cos_sin_cache(min(64, dim), 32, 10000.0),
+        "eps": 1e-6 if normed else None,
+    }
+
+
 def indexer_topk_inputs(
     gen,
     dtype,
@@ -428,6 +440,11 @@ RECIPES = [
     ("norm_rope_kv_write", "indexer_d128_r64_rows_in_case_dtype",
      partial(norm_rope_write_inputs, dim=INDEX_DIM, rope_dim=64, rows_per_block=16, pool_rows=[-1, 33, 4, 20], x_dtype=None)),
     ("norm_rope_kv_write", "d16_all_rope", partial(norm_rope_write_inputs, dim=16, rope_dim=16, rows_per_block=4, pool_rows=[2, 7])),
+    # head_norm_rope: V4's query heads (512 wide, rope 64), normed and rotated, 3 heads (a masked head block); the
+    # indexer's (128 wide), rotated only; a head that is all rope.
+    ("head_norm_rope", "q_t2_h3_d512_r64_normed", partial(head_norm_rope_inputs, tokens=2, heads=3, dim=HEAD_DIM, normed=True, x_scale=30.0)),
+    ("head_norm_rope", "indexer_t2_h5_d128_r64_rope_only", partial(head_norm_rope_inputs, tokens=2, heads=5, dim=INDEX_DIM, normed=False)),
+    ("head_norm_rope", "t3_h2_d16_all_rope_normed", partial(head_norm_rope_inputs, tokens=3, heads=2, dim=16, normed=True)),
     # indexer_topk: V4's 64 heads of 128.
     ("indexer_topk", "decode_t1_h64_d128_e100_top32", partial(indexer_topk_inputs, seqs=[(400, 1)], top_k=32)),
     # Three sequences, their own tables; queries seeing 0, fewer than top_k and more than top_k entries.

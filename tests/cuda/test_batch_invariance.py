@@ -81,8 +81,8 @@ def around(g, req: torch.Tensor, before: int, after: int, **kw) -> torch.Tensor:
 
 SEPARATE = {"linear", "grouped_gemm", "mla_decode", "rms_norm", "gate", "prefill", "sparse_attention", "indexer_topk", "compress_kv", "hc_pre"}
 AS_THEY_ARE = {
-    "rope", "silu_and_mul", "clamped_silu_and_mul", "kv_cache_write", "norm_rope_kv_write", "dispatch", "combine", "sample", "apply_token_bitmask", "hc_post",
-    "rejection_sample", "apply_penalties", "apply_token_bias", "gather_logprobs",
+    "rope", "head_norm_rope", "silu_and_mul", "clamped_silu_and_mul", "kv_cache_write", "norm_rope_kv_write", "dispatch", "combine", "sample",
+    "apply_token_bitmask", "hc_post", "rejection_sample", "apply_penalties", "apply_token_bias", "gather_logprobs",
 }  # fmt: skip
 
 
@@ -128,6 +128,19 @@ def test_rope(reg, dtype):
         for before, after in LAYOUTS:
             p = torch.cat([torch.randint(0, 64, (before,), generator=g), pos, torch.randint(0, 64, (after,), generator=g)])
             same(fn(around(g, x, before, after), p, cache, interleaved=interleaved)[before : before + 2], out, f"{interleaved} {before, after}")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_head_norm_rope(reg, dtype):
+    """Two tokens' heads, normed and rotated (and rotated only), give the same bits beside other tokens."""
+    fn, g = kernel(reg, "head_norm_rope", dtype), gen(2)
+    cache = rope_cos_sin_cache(16, 64, 10000.0)
+    x, pos = randn(g, 2, 3, 48, dtype=dtype, scale=5.0), torch.tensor([5, 41])
+    for eps in (1e-6, None):
+        out = fn(x.clone(), pos, cache, eps=eps)
+        for before, after in LAYOUTS:
+            p = torch.cat([torch.randint(0, 64, (before,), generator=g), pos, torch.randint(0, 64, (after,), generator=g)])
+            same(fn(around(g, x, before, after), p, cache, eps=eps)[before : before + 2], out, f"{eps} {before, after}")
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
