@@ -133,6 +133,21 @@ def sparse_attention_inputs(
     return kw
 
 
+def with_output_rotation(make, rope_dim: int, max_pos: int = 16):
+    """`make`'s sparse_attention inputs and, drawn after them, out_positions and the inverse rope table V4
+    passes (cos, -sin: the output's last rope_dim channels rotated back). The positions need not be the
+    queries' (the op takes them as given), so the table stays a few rows."""
+
+    def made(gen, dtype):
+        kw = make(gen, dtype)
+        table = rope_cos_sin_cache(rope_dim, max_pos, 10000.0)
+        kw["out_positions"] = torch.randint(0, max_pos, (kw["q"].shape[0],), generator=gen, dtype=torch.int64)
+        kw["out_cos_sin_cache"] = torch.cat((table[:, : rope_dim // 2], -table[:, rope_dim // 2 :]), dim=1)
+        return kw
+
+    return made
+
+
 # --------------------------------------------------------------------------------------- compress_kv
 
 
@@ -410,6 +425,14 @@ RECIPES = [
     # 4 splits of 32-row blocks, the first query's last one empty (its 6 blocks run 2 a split).
     ("sparse_attention", "hca_lengths_t2_h16_d128_emax96_garbage_past_length",
      partial(sparse_attention_inputs, seqs=[(5119, 1), (60, 1)], heads=16, dim=128, extra="hca", ratio=128, lengths=True, extra_width=96)),
+    # The output's rope channels rotated back in the op (out_positions), on the inputs of the cases above (stored once):
+    # under the interpreter the split partials' combine rotates (the lengths case), and a query that lists no row.
+    ("sparse_attention", "hca_lengths_t2_h16_d128_emax96_out_rotated_r64",
+     drawn_as("sparse_attention.hca_lengths_t2_h16_d128_emax96_garbage_past_length", with_output_rotation(
+         partial(sparse_attention_inputs, seqs=[(5119, 1), (60, 1)], heads=16, dim=128, extra="hca", ratio=128, lengths=True, extra_width=96), 64))),
+    ("sparse_attention", "empty_query_same_ids_t4_h4_d64_out_rotated_r16",
+     drawn_as("sparse_attention.empty_query_same_ids_both_caches_t4_h4_d64", with_output_rotation(
+         partial(sparse_attention_inputs, seqs=[(70, 4)], heads=4, dim=64, window=32, block_size=16, same_ids=True, empty_queries=(1,)), 16))),
     ("sparse_attention", "scattered_padding_t5_h4_d64_k160",
      partial(sparse_attention_inputs, seqs=[(150, 3), (500, 2)], heads=4, dim=64, extra="csa", ratio=4, topk=32, scatter_padding=0.3, empty_queries=(4,))),
     # compress_kv: CSA (ratio 4, overlapping windows of 2 x 4 slots), first windows and continued ones.

@@ -93,8 +93,9 @@ class V4Attention:
             else:  # every visible entry: the first num_visible of a row (a decode plan's rows are E_max wide)
                 plan = step.ratios[self.ratio]
                 extra = {"extra_kv": pool, "extra_indices": plan.visible_rows, "extra_lengths": plan.num_visible}
-        out = ops.sparse_attention(q, cache.swa.flatten(0, 1), step.window_rows, self.sinks, softmax_scale=self.config.softmax_scale, **extra)
-        out = ops.head_norm_rope(out, step.positions, inverse)  # the rope channels rotated back (V = K carried the key's rotation)
+        # the output's rope channels rotated back in the op's last step (V = K carried the key's rotation)
+        out = ops.sparse_attention(q, cache.swa.flatten(0, 1), step.window_rows, self.sinks, softmax_scale=self.config.softmax_scale,
+                                   out_positions=step.positions, out_cos_sin_cache=inverse, **extra)  # fmt: skip
         return self._project(ops, out)
 
     def _selected_rows(self, ops, x, q_latent, cache: LayerCache, step: V4Step, cos_sin) -> torch.Tensor:
