@@ -251,6 +251,23 @@ def test_gate(reg, dtype, route):
         same(got_ids[before : before + 2], ids, f"ids {before, after}")
 
 
+@pytest.mark.filterwarnings("ignore:invalid value encountered in divide:RuntimeWarning")
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_gate_hash_routing(reg, dtype):
+    """V4's hash routing: two tokens' table rows and weights beside other tokens (their ids too)."""
+    fn, g = kernel(reg, "gate", dtype), gen(7)
+    E, V, K = 64, 50, 6
+    table = torch.rand(V, E, generator=g).argsort(dim=-1)[:, :K]
+    route = {"top_k": K, "score_func": "sqrtsoftplus", "renormalize": True, "routed_scaling_factor": 1.5, "hash_table": table}
+    logits, tok = randn(g, 2, E, dtype=dtype, scale=2.0), torch.tensor([7, 31])
+    w, ids = fn(logits, token_ids=tok, **route)
+    for before, after in LAYOUTS:
+        others = torch.cat([torch.randint(0, V, (before,), generator=g), tok, torch.randint(0, V, (after,), generator=g)])
+        got_w, got_ids = fn(around(g, logits, before, after, scale=2.0), token_ids=others, **route)
+        same(got_w[before : before + 2], w, f"weights {before, after}")
+        same(got_ids[before : before + 2], ids, f"ids {before, after}")
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_dispatch_and_combine(reg, dtype):
     dispatch, combine, g = kernel(reg, "dispatch", dtype), kernel(reg, "combine", dtype), gen(8)
