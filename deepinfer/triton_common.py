@@ -339,6 +339,27 @@ def norm_rope_row(nope, tail, partner, w_nope, w_tail, w_partner, cos, sin, odd,
 
 
 @triton.jit
+def rotate_tail_pairs(x, col0, pos, cs_ptr, stride_cs, D: tl.constexpr, R: tl.constexpr, ROWS: tl.constexpr, WIDTH: tl.constexpr):
+    """x [ROWS, WIDTH] (float32: columns col0 .. col0 + WIDTH - 1 of rows D wide, col0 even) with its channels
+    c >= D - R rotated in DeepSeek's interleaved pairs by the table row at `pos` (`rope`, interleaved=True:
+    (a, b) -> (a cos - b sin, b cos + a sin)); the other channels are returned as they are. The pairs are taken
+    apart by masked sums over a [ROWS, WIDTH / 2, 2] view (exact; no tl.split, which triton-ascend may not
+    lower) and joined back with tl.join."""
+    pairs = tl.reshape(x, (ROWS, WIDTH // 2, 2))
+    lane = tl.arange(0, 2)[None, None, :]
+    a = tl.sum(tl.where(lane == 0, pairs, 0.0), axis=2)
+    b = tl.sum(tl.where(lane == 1, pairs, 0.0), axis=2)
+    first = col0 + 2 * tl.arange(0, WIDTH // 2)  # each pair's even channel
+    tail = (first >= D - R) & (first < D)
+    j = tl.where(tail, (first - (D - R)) // 2, 0)
+    cos = tl.load(cs_ptr + pos * stride_cs + j, mask=tail, other=1.0).to(tl.float32)[None, :]
+    sin = tl.load(cs_ptr + pos * stride_cs + R // 2 + j, mask=tail, other=0.0).to(tl.float32)[None, :]
+    ra = tl.where(tail[None, :], a * cos - b * sin, a)
+    rb = tl.where(tail[None, :], b * cos + a * sin, b)
+    return tl.reshape(tl.join(ra, rb), (ROWS, WIDTH))
+
+
+@triton.jit
 def sinkhorn_mix(z, n_ok, hc_eps, sinkhorn_iters):
     """DeepSeek-V4's hyper-connection mixing matrix from its logits z [T, N_PAD, N_PAD] (rows and
     columns past N masked by n_ok): a row softmax plus hc_eps, then alternating column and row

@@ -488,7 +488,11 @@ def gate(
     topk_group: int = 1,
     renormalize: bool = False,
     routed_scaling_factor: float = 1.0,
+    hash_table: torch.Tensor | None = None,
+    token_ids: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
+    if hash_table is not None:  # npu_moe_gating_top_k selects; it cannot take given experts
+        raise _not_chosen_for("gate", "hash routing (hash_table)")
     if not gating_supported(logits.shape[-1], top_k, score_func, correction_bias is not None, n_group, topk_group, renormalize):
         raise _not_chosen_for("gate", f"score_func {score_func}, renormalize {renormalize}, groups {n_group}/{topk_group}, top_k {top_k}")
     npu = _npu()

@@ -93,7 +93,7 @@ RECIPES = [
     ("mla_decode", "b2_s1_h16_c96_r32_len64_len65", partial(mla_decode_inputs, seq_lens=[64, 65], num_queries=1, latent=96, rope=32)),
     ("mla_decode", "b2_s2_h16_c96_r32_mtp_len2_len130", partial(mla_decode_inputs, seq_lens=[2, 130], num_queries=2, latent=96, rope=32)),
     # The window skips page 0, masks part of page 1 and crosses into page 2.
-    ("mla_decode", "b1_s2_h16_window48_len150", partial(mla_decode_inputs, seq_lens=[150], num_queries=2, sliding_window=48)),
+    ("mla_decode", "b1_s2_h16_window48_len150", partial(mla_decode_inputs, seq_lens=[150], num_queries=2, sliding_window=48, spare_blocks=0)),
     ("mla_decode", "b4_s1_h16_c96_r32_mixed_shuffled_pages",
      partial(mla_decode_inputs, seq_lens=[1, 63, 129, 20], num_queries=1, spare_blocks=2, shuffled=True, latent=96, rope=32)),
     ("prefill", "b1_q1_k1_h4_d64", partial(prefill_inputs, q_lens=[1], k_lens=[1], heads=4, qk_dim=64, v_dim=64)),

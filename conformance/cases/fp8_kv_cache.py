@@ -19,7 +19,7 @@ import torch
 from deepinfer.ops import kv_cache_format
 from deepinfer_conformance.cases import Case
 from deepinfer_conformance.cases.attention import kv_cache_write_inputs, mla_decode_inputs
-from deepinfer_conformance.cases.v4 import indexer_topk_inputs, norm_rope_write_inputs, sparse_attention_inputs
+from deepinfer_conformance.cases.v4 import drawn_as, indexer_topk_inputs, norm_rope_write_inputs, sparse_attention_inputs, with_output_rotation
 
 DTYPES = (torch.float32, torch.bfloat16)
 
@@ -92,4 +92,15 @@ RECIPES = [
      partial(indexer_topk_inputs, seqs=[(0, 6), (60, 3), (90, 4)], top_k=16, heads=16, fp8_keys=True)),
 ]  # fmt: skip
 
-CASES = [Case(op, name, dtype, make) for op, name, make in RECIPES for dtype in DTYPES]
+# In bfloat16 only (V4 runs an FP8 cache beside bf16 activations; the golden set's budget): the output rotated back
+# (out_positions) over the inputs of the HCA case above (stored once), rope channels in two of the column parts an
+# FP8 cache's accumulator is kept in on ascend.
+BF16_RECIPES = [
+    ("sparse_attention", "fp8_hca_t4_h16_d128_out_rotated_r64",
+     drawn_as("sparse_attention.fp8_hca_t4_h16_d128_all_visible_entries", with_output_rotation(
+         with_fp8(partial(sparse_attention_inputs, seqs=[(260, 2), (390, 1)], heads=16, dim=128, extra="hca", ratio=128), "kv", "extra_kv"), 64))),
+]  # fmt: skip
+
+CASES = [Case(op, name, dtype, make) for op, name, make in RECIPES for dtype in DTYPES] + [
+    Case(op, name, torch.bfloat16, make) for op, name, make in BF16_RECIPES
+]

@@ -21,6 +21,17 @@ def gate_inputs(gen, dtype, *, tokens: int, experts: int, top_k: int, bias: tupl
     return kw
 
 
+def hash_gate_inputs(gen, dtype, *, tokens: int, experts: int, top_k: int, vocab: int, table_dtype=torch.int64, **params):
+    """Router logits and a hash-routing table ([vocab, top_k] distinct experts per row, as V4's tid2eid) with
+    the tokens' ids (one id repeated: two tokens share their experts, not their weights)."""
+    kw = gate_inputs(gen, dtype, tokens=tokens, experts=experts, top_k=top_k, **params)
+    kw["hash_table"] = distinct_ids(gen, vocab, experts, top_k).to(table_dtype)
+    ids = torch.randint(0, vocab, (tokens,), generator=gen, dtype=torch.int64)
+    ids[-1] = ids[0]
+    kw["token_ids"] = ids
+    return kw
+
+
 def slot_rows(topk_ids: torch.Tensor) -> torch.Tensor:
     """row_of_slot as dispatch defines it: the rank of each slot in a stable sort by expert id."""
     order = torch.sort(topk_ids.flatten().long(), stable=True).indices
@@ -82,6 +93,11 @@ GATE_RECIPES = [
     ("sqrtsoftplus_bias_renorm",
      partial(gate_inputs, tokens=10, experts=64, top_k=6, bias=(0.0, 0.2), score_func="sqrtsoftplus", renormalize=True, routed_scaling_factor=1.5)),
     ("softmax_top1", partial(gate_inputs, tokens=17, experts=16, top_k=1, score_func="softmax")),
+    # Hash routing (V4's first layers): the experts from the table's row of each token id, weighed by sqrt(softplus)
+    # scores, renormalised and scaled; and softmax scores of one given expert, an int32 table.
+    ("v4_hash_sqrtsoftplus_renorm_t5",
+     partial(hash_gate_inputs, tokens=5, experts=64, top_k=6, vocab=37, score_func="sqrtsoftplus", renormalize=True, routed_scaling_factor=1.5)),
+    ("hash_softmax_top1_t3_int32_table", partial(hash_gate_inputs, tokens=3, experts=16, top_k=1, vocab=9, table_dtype=torch.int32, score_func="softmax")),
 ]
 
 DISPATCH_RECIPES = [

@@ -14,11 +14,13 @@ listed gets a different answer.
 
 from __future__ import annotations
 
+import zlib
 from functools import partial
 
 import torch
 
 from deepinfer.ops import kv_cache_format
+from deepinfer.ops.rope import rope_cos_sin_cache
 from deepinfer_conformance.cases import Case, randn
 
 DTYPES = (torch.float32, torch.bfloat16)
@@ -131,6 +133,21 @@ def sparse_attention_inputs(
     return kw
 
 
+def with_output_rotation(make, rope_dim: int, max_pos: int = 16):
+    """`make`'s sparse_attention inputs and, drawn after them, out_positions and the inverse rope table V4
+    passes (cos, -sin: the output's last rope_dim channels rotated back). The positions need not be the
+    queries' (the op takes them as given), so the table stays a few rows."""
+
+    def made(gen, dtype):
+        kw = make(gen, dtype)
+        table = rope_cos_sin_cache(rope_dim, max_pos, 10000.0)
+        kw["out_positions"] = torch.randint(0, max_pos, (kw["q"].shape[0],), generator=gen, dtype=torch.int64)
+        kw["out_cos_sin_cache"] = torch.cat((table[:, : rope_dim // 2], -table[:, rope_dim // 2 :]), dim=1)
+        return kw
+
+    return made
+
+
 # --------------------------------------------------------------------------------------- compress_kv
 
 
@@ -236,6 +253,17 @@ def norm_rope_write_inputs(gen, dtype, *, dim: int, rope_dim: int, rows_per_bloc
 # -------------------------------------------------------------------------------------- indexer_topk
 
 
+def head_norm_rope_inputs(gen, dtype, *, tokens: int, heads: int, dim: int, normed: bool, x_scale: float = 1.0):
+    """Query heads (x_scale: as large as wq_b's outputs get) at positions spread over a 32-row table of rope
+    dim 64, or of every channel for narrower heads (equal tables are stored once)."""
+    return {
+        "x": randn(gen, tokens, heads, dim, dtype=dtype, scale=x_scale),
+        "positions": torch.randint(0, 32, (tokens,), generator=gen, dtype=torch.int64),
+        "cos_sin_cache": rope_cos_sin_cache(min(64, dim), 32, 10000.0),
+        "eps": 1e-6 if normed else None,
+    }
+
+
 def indexer_topk_inputs(
     gen,
     dtype,
@@ -323,13 +351,14 @@ def residual_streams(gen, dtype, tokens: int, streams: int, dim: int, scale: flo
 
 
 def hc_pre_inputs(
-    gen, dtype, *, tokens: int, streams: int = 4, dim: int, sinkhorn_iters: int = 20, x_scale: float = 1.0, spread: float | None = None, mix_scale: float = 1.0
+    gen, dtype, *, tokens: int, streams: int = 4, dim: int, sinkhorn_iters: int = 20, x_scale: float = 1.0, spread: float | None = None, mix_scale: float = 1.0,
+    norm: bool = False,
 ):
     """Residual streams and the block's mixing parameters (float32): fn scaled so that the mixing
     logits of the normalised streams are O(1) (times `mix_scale`), biases and scales of the size
-    trained ones have."""
+    trained ones have; with `norm`, the block's RMSNorm weight (float32, around 1), drawn last."""
     width = (2 + streams) * streams
-    return {
+    inputs = {
         "x": residual_streams(gen, dtype, tokens, streams, dim, x_scale, spread),
         "fn": randn(gen, width, streams * dim, scale=mix_scale * (streams * dim) ** -0.5),
         "base": randn(gen, width, scale=0.5),
@@ -338,6 +367,15 @@ def hc_pre_inputs(
         "hc_eps": 1e-6,
         "sinkhorn_iters": sinkhorn_iters,
     }
+    if norm:
+        inputs["norm_weight"] = (1.0 + randn(gen, dim, dtype=torch.float64, scale=0.5)).float()
+    return inputs
+
+
+def drawn_as(recipe: str, make):
+    """`make` drawing from recipe `recipe`'s seed (the same op's): the inputs both draw first are equal, so the
+    golden set stores them once (and outputs that do not depend on what is drawn after them)."""
+    return lambda gen, dtype: make(torch.Generator().manual_seed(zlib.crc32(recipe.encode())), dtype)
 
 
 def hc_post_inputs(gen, dtype, *, tokens: int, streams: int = 4, dim: int, x_scale: float = 1.0, spread: float | None = None, y_scale: float = 1.0):
@@ -387,6 +425,14 @@ RECIPES = [
     # 4 splits of 32-row blocks, the first query's last one empty (its 6 blocks run 2 a split).
     ("sparse_attention", "hca_lengths_t2_h16_d128_emax96_garbage_past_length",
      partial(sparse_attention_inputs, seqs=[(5119, 1), (60, 1)], heads=16, dim=128, extra="hca", ratio=128, lengths=True, extra_width=96)),
+    # The output's rope channels rotated back in the op (out_positions), on the inputs of the cases above (stored once):
+    # under the interpreter the split partials' combine rotates (the lengths case), and a query that lists no row.
+    ("sparse_attention", "hca_lengths_t2_h16_d128_emax96_out_rotated_r64",
+     drawn_as("sparse_attention.hca_lengths_t2_h16_d128_emax96_garbage_past_length", with_output_rotation(
+         partial(sparse_attention_inputs, seqs=[(5119, 1), (60, 1)], heads=16, dim=128, extra="hca", ratio=128, lengths=True, extra_width=96), 64))),
+    ("sparse_attention", "empty_query_same_ids_t4_h4_d64_out_rotated_r16",
+     drawn_as("sparse_attention.empty_query_same_ids_both_caches_t4_h4_d64", with_output_rotation(
+         partial(sparse_attention_inputs, seqs=[(70, 4)], heads=4, dim=64, window=32, block_size=16, same_ids=True, empty_queries=(1,)), 16))),
     ("sparse_attention", "scattered_padding_t5_h4_d64_k160",
      partial(sparse_attention_inputs, seqs=[(150, 3), (500, 2)], heads=4, dim=64, extra="csa", ratio=4, topk=32, scatter_padding=0.3, empty_queries=(4,))),
     # compress_kv: CSA (ratio 4, overlapping windows of 2 x 4 slots), first windows and continued ones.
@@ -417,6 +463,11 @@ RECIPES = [
     ("norm_rope_kv_write", "indexer_d128_r64_rows_in_case_dtype",
      partial(norm_rope_write_inputs, dim=INDEX_DIM, rope_dim=64, rows_per_block=16, pool_rows=[-1, 33, 4, 20], x_dtype=None)),
     ("norm_rope_kv_write", "d16_all_rope", partial(norm_rope_write_inputs, dim=16, rope_dim=16, rows_per_block=4, pool_rows=[2, 7])),
+    # head_norm_rope: V4's query heads (512 wide, rope 64), normed and rotated, 3 heads (a masked head block); the
+    # indexer's (128 wide), rotated only; a head that is all rope.
+    ("head_norm_rope", "q_t2_h3_d512_r64_normed", partial(head_norm_rope_inputs, tokens=2, heads=3, dim=HEAD_DIM, normed=True, x_scale=30.0)),
+    ("head_norm_rope", "indexer_t2_h5_d128_r64_rope_only", partial(head_norm_rope_inputs, tokens=2, heads=5, dim=INDEX_DIM, normed=False)),
+    ("head_norm_rope", "t3_h2_d16_all_rope_normed", partial(head_norm_rope_inputs, tokens=3, heads=2, dim=16, normed=True)),
     # indexer_topk: V4's 64 heads of 128.
     ("indexer_topk", "decode_t1_h64_d128_e100_top32", partial(indexer_topk_inputs, seqs=[(400, 1)], top_k=32)),
     # Three sequences, their own tables; queries seeing 0, fewer than top_k and more than top_k entries.
@@ -438,6 +489,12 @@ RECIPES = [
     ("hc_pre", "t1_n2_d2100_partial_segment", partial(hc_pre_inputs, tokens=1, streams=2, dim=2100)),
     ("hc_pre", "t7_n4_d64_sinkhorn20", partial(hc_pre_inputs, tokens=7, dim=64)),
     ("hc_pre", "t5_n4_d512_sinkhorn1", partial(hc_pre_inputs, tokens=5, dim=512, sinkhorn_iters=1)),
+    # The block's RMSNorm folded in (norm_weight), on the streams of the cases above (their inputs, post and comb are
+    # stored once): the split launch with two collapse splits under the interpreter (each needs the whole row's
+    # statistics), and the fused launch over a 7-token tile.
+    ("hc_pre", "t1_n2_d2100_partial_segment_normed",
+     drawn_as("hc_pre.t1_n2_d2100_partial_segment", partial(hc_pre_inputs, tokens=1, streams=2, dim=2100, norm=True))),
+    ("hc_pre", "t7_n4_d64_sinkhorn20_normed", drawn_as("hc_pre.t7_n4_d64_sinkhorn20", partial(hc_pre_inputs, tokens=7, dim=64, norm=True))),
     # A deep layer's streams: one large hidden state (x100) shared with 10% deviations, peaky mixings.
     ("hc_pre", "t3_n4_d256_large_residual_peaky_mix", partial(hc_pre_inputs, tokens=3, dim=256, x_scale=100.0, spread=0.1, mix_scale=4.0)),
     # hc_post

@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import torch
 
+from deepinfer.ops.norm import rms_norm
 from deepinfer.ops.sparse_attention import V4, V4_AND_V41, V41
 from deepinfer.registry import ALLCLOSE, op
 
 
-def check_hc_pre_shapes(x, fn, base, scale) -> None:
+def check_hc_pre_shapes(x, fn, base, scale, norm_weight=None) -> None:
     """`hc_pre`'s shapes: every backend's check."""
     if x.dim() != 3:
         raise ValueError(f"hc_pre wants x [T, N, D], got {tuple(x.shape)}")
@@ -25,6 +26,8 @@ def check_hc_pre_shapes(x, fn, base, scale) -> None:
         raise ValueError(
             f"for N={n}, D={d}: fn [{width}, {n * d}], base [{width}], scale [3] expected; got {tuple(fn.shape)}, {tuple(base.shape)}, {tuple(scale.shape)}"
         )
+    if norm_weight is not None and norm_weight.shape != (d,):
+        raise ValueError(f"norm_weight must be [D={d}], got {tuple(norm_weight.shape)}")
 
 
 # The reduction length is the N streams summed into layer_input: the N*D-long mixing products pass
@@ -40,6 +43,7 @@ def hc_pre(
     norm_eps: float,
     hc_eps: float,
     sinkhorn_iters: int,
+    norm_weight: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The block input and the mixings of N residual streams.
 
@@ -51,12 +55,21 @@ def hc_pre(
     then comb's columns are normalised once (c / (colsum + hc_eps)), then sinkhorn_iters - 1 times
     rows then columns. layer_input = sum_n pre[n] * x[t, n] in x's dtype; post, comb float32.
     Computed in float32 (float64 for float64 x).
+
+    norm_weight: [D] float32, the block's own RMSNorm (attn_norm, ffn_norm), or None. When given,
+    layer_input is returned normed: exactly `rms_norm(layer_input, norm_weight, eps=norm_eps)` of the
+    layer_input above, rounded to x's dtype first (the statistics read the rounded row, as a separate
+    rms_norm would; V4 uses one norm_eps for the streams and the blocks' norms). An option of hc_pre and
+    not an op of its own: a decode step's rms_norm is a launch of its own that reads back a row hc_pre
+    has just written, while the collapse that writes it already holds the row.
     """
-    check_hc_pre_shapes(x, fn, base, scale)
+    check_hc_pre_shapes(x, fn, base, scale, norm_weight)
     acc = torch.float64 if x.dtype == torch.float64 else torch.float32
     xf = x.to(acc)
     pre, post, comb = _mixings(xf, fn, base, scale, norm_eps, hc_eps, sinkhorn_iters)
     layer_input = (pre[..., None] * xf).sum(dim=1).to(x.dtype)
+    if norm_weight is not None:
+        layer_input, _ = rms_norm(layer_input, norm_weight, eps=norm_eps)
     return layer_input, post, comb
 
 

@@ -32,6 +32,8 @@ def gate(
     topk_group: int = 1,
     renormalize: bool = False,
     routed_scaling_factor: float = 1.0,
+    hash_table: torch.Tensor | None = None,
+    token_ids: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Route each token to top_k of E experts, as DeepSeek's reference Gate does.
 
@@ -46,15 +48,27 @@ def gate(
     float64 logits). Returns (topk_weights [T, top_k] float32 (float64 for float64 logits),
     topk_ids [T, top_k] int32). The order of the top_k entries is not part of the contract (the
     conformance suite sorts each row by id).
+
+    Hash routing (DeepSeek-V4's first layers): hash_table [V, top_k] integer (the checkpoint's
+    tid2eid, ids in [0, E)) and token_ids [T] integer (each token's id, < V), together. Then
+    topk_ids = hash_table[token_ids] in the table's order and nothing is selected (no bias, no
+    groups: correction_bias None and n_group 1); the weights are the scores s at those ids,
+    renormalised and scaled as above. The lookup is the kernel's, so a hash-routed layer's routing is
+    one launch after the router's GEMM (it was a lookup, scores, a gather, a sum, a division and a
+    scaling in torch).
     """
     num_experts = logits.shape[-1]
     check_gate_args(num_experts, top_k, score_func, correction_bias, n_group, topk_group)
+    check_hash_routing(logits, top_k, correction_bias, n_group, hash_table, token_ids)
     acc = torch.float64 if logits.dtype == torch.float64 else torch.float32
     scores = expert_scores(logits.to(acc), score_func)
-    selection = scores if correction_bias is None else scores + correction_bias.to(acc)
-    if n_group > 1:
-        selection = _mask_losing_groups(selection, n_group, topk_group, by_top2=correction_bias is not None)
-    topk_ids = _top_indices(selection, top_k)
+    if hash_table is not None:
+        topk_ids = hash_table[token_ids.long()].long()
+    else:
+        selection = scores if correction_bias is None else scores + correction_bias.to(acc)
+        if n_group > 1:
+            selection = _mask_losing_groups(selection, n_group, topk_group, by_top2=correction_bias is not None)
+        topk_ids = _top_indices(selection, top_k)
     weights = scores.gather(-1, topk_ids)  # the bias only selects; it never weighs
     if renormalize:
         weights = weights / weights.sum(dim=-1, keepdim=True)
@@ -79,8 +93,22 @@ def check_gate_args(num_experts, top_k, score_func, correction_bias, n_group, to
         raise ValueError(f"correction_bias has shape {tuple(correction_bias.shape)}, expected ({num_experts},)")
 
 
+def check_hash_routing(logits, top_k, correction_bias, n_group, hash_table, token_ids) -> None:
+    """The gate's hash-routing arguments (every backend's check; no host synchronisation)."""
+    if (hash_table is None) != (token_ids is None):
+        raise ValueError("hash_table and token_ids go together")
+    if hash_table is None:
+        return
+    if hash_table.dim() != 2 or hash_table.shape[1] != top_k or hash_table.is_floating_point():
+        raise ValueError(f"hash_table must be an integer [V, top_k={top_k}] table, got {tuple(hash_table.shape)} {hash_table.dtype}")
+    if token_ids.shape != logits.shape[:-1] or token_ids.is_floating_point():
+        raise ValueError(f"token_ids must be integer ids shaped like the logits' tokens {tuple(logits.shape[:-1])}, got {tuple(token_ids.shape)}")
+    if correction_bias is not None or n_group != 1:
+        raise ValueError("hash routing selects nothing: it takes no correction_bias and no expert groups")
+
+
 def expert_scores(logits: torch.Tensor, score_func: str) -> torch.Tensor:
-    """The gate's per-expert scores (softmax | sigmoid | sqrt(softplus)); V4's hash routing weighs its table's experts by them."""
+    """The gate's per-expert scores (softmax | sigmoid | sqrt(softplus))."""
     if score_func == "softmax":
         return logits.softmax(dim=-1)
     if score_func == "sigmoid":

@@ -42,6 +42,51 @@ def rope(
     return out.to(x.dtype)
 
 
+def check_head_norm_rope_args(x, positions, cos_sin_cache) -> None:
+    """`head_norm_rope`'s shapes (no host synchronisation): every backend's check."""
+    if x.dim() != 3:
+        raise ValueError(f"head_norm_rope wants x [T, H, D], got {tuple(x.shape)}")
+    rope_dim = cos_sin_cache.shape[-1]
+    if cos_sin_cache.dim() != 2 or rope_dim % 2 or rope_dim > x.shape[-1] or x.shape[-1] % 2:
+        raise ValueError(f"cos_sin_cache must be [max_positions, R], R even and at most D={x.shape[-1]} (even), got {tuple(cos_sin_cache.shape)}")
+    if positions.shape != (x.shape[0],):
+        raise ValueError(f"positions must be [T={x.shape[0]}], got {tuple(positions.shape)}")
+
+
+# Normalised heads (magnitude ~1) and rope channels that sum two products: rope's length.
+@op(family="misc", outputs=("x",), compare=ALLCLOSE, reduction_length=lambda kw: 2, in_place="x", model_types=("deepseek_v4",))
+def head_norm_rope(
+    x: torch.Tensor,
+    positions: torch.Tensor,
+    cos_sin_cache: torch.Tensor,
+    *,
+    eps: float | None = None,
+) -> torch.Tensor:
+    """Each head of x RMS-normed without weight (when eps is given), then its last R channels rotated, in place.
+
+    x: [T, H, D] (D even; its last dimension contiguous), written in place and returned; positions: [T]
+    int64; cos_sin_cache: [max_positions, R] float32 (`rope`'s table, R even, R <= D). With eps, row
+    x[t, h] becomes n = x / sqrt(mean(x^2) + eps) (`rms_norm` with a weight of ones), rounded to x's
+    dtype; without (None), n = x. Then n's last R channels are rotated in DeepSeek's interleaved pairs
+    at positions[t] (`rope`, interleaved=True) and rounded again. So the result is bit for bit what
+    rms_norm, rope on the tail and a copy back give on this backend. Computed in float32 (float64 for
+    float64 x).
+
+    Why an op of its own: DeepSeek-V4's query heads are normed without weight and rotated on their
+    tail (and the indexer's query heads rotated only), each a launch of its own plus a copy of the
+    rotated tail back into the head. `rope` reads only the R rotary channels, so it cannot norm the
+    head, and `rms_norm` has neither positions nor a table; this op reads each head once, in place.
+    """
+    check_head_norm_rope_args(x, positions, cos_sin_cache)
+    acc = torch.float64 if x.dtype == torch.float64 else torch.float32
+    if eps is not None:
+        xf = x.to(acc)
+        x.copy_((xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype))
+    tail = x[..., x.shape[-1] - cos_sin_cache.shape[-1] :]
+    tail.copy_(rope(tail, positions, cos_sin_cache, interleaved=True))
+    return x
+
+
 def yarn_mscale(factor: float, mscale: float = 1.0) -> float:
     return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
 

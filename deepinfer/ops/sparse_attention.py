@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 
 from deepinfer.ops import kv_cache_format
+from deepinfer.ops.rope import rope
 from deepinfer.registry import ALLCLOSE, op
 
 V4 = ("deepseek_v4",)
@@ -24,7 +25,7 @@ def _listed_keys(kw) -> int:
     return kw["indices"].shape[1] + (0 if extra is None else extra.shape[1])
 
 
-def check_sparse_attention_shapes(q, kv, indices, sinks, extra_kv, extra_indices, extra_lengths=None) -> None:
+def check_sparse_attention_shapes(q, kv, indices, sinks, extra_kv, extra_indices, extra_lengths=None, out_positions=None, out_cos_sin_cache=None) -> None:
     """`sparse_attention`'s shapes (no host synchronisation): every backend's check."""
     if q.dim() != 3 or kv.dim() != 2 or indices.dim() != 2:
         raise ValueError(f"sparse_attention wants q [T, H, D], kv [N, D], indices [T, K]; got {tuple(q.shape)}, {tuple(kv.shape)}, {tuple(indices.shape)}")
@@ -38,6 +39,15 @@ def check_sparse_attention_shapes(q, kv, indices, sinks, extra_kv, extra_indices
         raise ValueError(f"extra_kv {tuple(extra_kv.shape)} / extra_indices {tuple(extra_indices.shape)} do not fit q {tuple(q.shape)}")
     if extra_lengths is not None and (extra_indices is None or extra_lengths.shape != (q.shape[0],)):
         raise ValueError(f"extra_lengths must be [T={q.shape[0]}] beside extra_indices, got {tuple(extra_lengths.shape)}")
+    if (out_positions is None) != (out_cos_sin_cache is None):
+        raise ValueError("out_positions and out_cos_sin_cache go together")
+    if out_positions is not None:
+        rope_dim = out_cos_sin_cache.shape[-1]
+        if out_positions.shape != (q.shape[0],) or out_cos_sin_cache.dim() != 2 or rope_dim % 2 or rope_dim > q.shape[2] or q.shape[2] % 2:
+            raise ValueError(
+                f"out_positions must be [T={q.shape[0]}] and out_cos_sin_cache [max_positions, R], R even and at most D={q.shape[2]} (even); "
+                f"got {tuple(out_positions.shape)} and {tuple(out_cos_sin_cache.shape)}"
+            )
 
 
 def _gather(rows: torch.Tensor, indices: torch.Tensor, acc: torch.dtype, lengths: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -62,6 +72,8 @@ def sparse_attention(
     extra_kv: torch.Tensor | None = None,
     extra_indices: torch.Tensor | None = None,
     extra_lengths: torch.Tensor | None = None,
+    out_positions: torch.Tensor | None = None,
+    out_cos_sin_cache: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Attention of each query over the rows it lists, keys and values being the same rows.
 
@@ -77,8 +89,15 @@ def sparse_attention(
         out[t, h] = sum_j exp(s_j) row_j / (exp(sinks[h]) + sum_j exp(s_j)).
     A query that lists no row gets zeros. Returns [T, H, D] in q's dtype; accumulates in float32
     (float64 for float64 q).
+    out_positions: [T] int64 and out_cos_sin_cache: [max_positions, R] float32 (`rope`'s table, R
+    even, R <= D), optional and together: then out's last R channels, rounded to q's dtype, are
+    rotated in DeepSeek's interleaved pairs at out_positions[t] (`rope`, interleaved=True) and rounded
+    again: bit for bit what `rope` on the returned tail gives. V4 passes the inverse table (cos, -sin)
+    and the query's positions: the values carried their key's rotation, which this undoes. In the op
+    rather than after it: the rotation is a launch (and a copy back) of its own, while the kernels
+    already hold every output row in their last step.
     """
-    check_sparse_attention_shapes(q, kv, indices, sinks, extra_kv, extra_indices, extra_lengths)
+    check_sparse_attention_shapes(q, kv, indices, sinks, extra_kv, extra_indices, extra_lengths, out_positions, out_cos_sin_cache)
     acc = torch.float64 if q.dtype == torch.float64 else torch.float32
     rows, valid = _gather(kv, indices, acc)
     if extra_kv is not None:
@@ -88,4 +107,8 @@ def sparse_attention(
     scores = scores.masked_fill(~valid[:, None, :], float("-inf"))
     sink = sinks.to(acc)[None, :, None].expand(q.shape[0], -1, 1)
     probs = torch.softmax(torch.cat((scores, sink), dim=-1), dim=-1)[..., :-1]
-    return torch.einsum("thk,tkd->thd", probs, rows).to(q.dtype)
+    out = torch.einsum("thk,tkd->thd", probs, rows).to(q.dtype)
+    if out_positions is not None:
+        nope = q.shape[2] - out_cos_sin_cache.shape[-1]
+        out = torch.cat((out[..., :nope], rope(out[..., nope:], out_positions, out_cos_sin_cache, interleaved=True)), dim=-1)
+    return out

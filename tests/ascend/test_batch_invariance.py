@@ -502,6 +502,13 @@ def test_rope_and_activations(dtype):
             return table.rope(xp[:, :96].reshape(-1, 3, 32), xp[:, 96].float().abs().long() % 256, cache, interleaved=interleaved)
 
         assert_invariant(_rows_run(fn, probe, lambda gn, n: randn(gn, n, 97, dtype=dtype)))
+    tail_table = rope_cos_sin_cache(16, 256, 10000.0, None)
+    for eps in (1e-6, None):  # head_norm_rope: 3 heads of 32 (rope on the last 16), normed or not, in place
+
+        def heads(xp, eps=eps):
+            return table.head_norm_rope(xp[:, :96].reshape(-1, 3, 32).contiguous(), xp[:, 96].float().abs().long() % 256, tail_table, eps=eps)
+
+        assert_invariant(_rows_run(heads, probe, lambda gn, n: randn(gn, n, 97, dtype=dtype)))
     probe = randn(g, 3, 2 * 300, dtype=dtype, scale=8.0)
     make = lambda gn, n: randn(gn, n, 600, dtype=dtype, scale=8.0)  # noqa: E731
     assert_invariant(_rows_run(table.silu_and_mul, probe, make))

@@ -81,8 +81,8 @@ def around(g, req: torch.Tensor, before: int, after: int, **kw) -> torch.Tensor:
 
 SEPARATE = {"linear", "grouped_gemm", "mla_decode", "rms_norm", "gate", "prefill", "sparse_attention", "indexer_topk", "compress_kv", "hc_pre"}
 AS_THEY_ARE = {
-    "rope", "silu_and_mul", "clamped_silu_and_mul", "kv_cache_write", "norm_rope_kv_write", "dispatch", "combine", "sample", "apply_token_bitmask", "hc_post",
-    "rejection_sample", "apply_penalties", "apply_token_bias", "gather_logprobs",
+    "rope", "head_norm_rope", "silu_and_mul", "clamped_silu_and_mul", "kv_cache_write", "norm_rope_kv_write", "dispatch", "combine", "sample",
+    "apply_token_bitmask", "hc_post", "rejection_sample", "apply_penalties", "apply_token_bias", "gather_logprobs",
 }  # fmt: skip
 
 
@@ -128,6 +128,19 @@ def test_rope(reg, dtype):
         for before, after in LAYOUTS:
             p = torch.cat([torch.randint(0, 64, (before,), generator=g), pos, torch.randint(0, 64, (after,), generator=g)])
             same(fn(around(g, x, before, after), p, cache, interleaved=interleaved)[before : before + 2], out, f"{interleaved} {before, after}")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_head_norm_rope(reg, dtype):
+    """Two tokens' heads, normed and rotated (and rotated only), give the same bits beside other tokens."""
+    fn, g = kernel(reg, "head_norm_rope", dtype), gen(2)
+    cache = rope_cos_sin_cache(16, 64, 10000.0)
+    x, pos = randn(g, 2, 3, 48, dtype=dtype, scale=5.0), torch.tensor([5, 41])
+    for eps in (1e-6, None):
+        out = fn(x.clone(), pos, cache, eps=eps)
+        for before, after in LAYOUTS:
+            p = torch.cat([torch.randint(0, 64, (before,), generator=g), pos, torch.randint(0, 64, (after,), generator=g)])
+            same(fn(around(g, x, before, after), p, cache, eps=eps)[before : before + 2], out, f"{eps} {before, after}")
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -192,15 +205,19 @@ def test_hc_post(reg, dtype):
         same(got[before : before + 2], out, f"{before, after}")
 
 
+@pytest.mark.parametrize("normed", [False, True], ids=["plain", "norm_weight"])
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_hc_pre(reg, dtype):
+def test_hc_pre(reg, dtype, normed):
     # K = 4 x 512: 16 split segments of 128 (2 fused ones of 1024). Under the interpreter the default kernel
     # takes the fused launch from 64 tokens on (4 "SMs" x 16-token tiles), the split one below: 70 tokens
-    # cross it; the invariant kernel takes the split launch at every T.
+    # cross it; the invariant kernel takes the split launch at every T. With norm_weight the row's statistics
+    # follow the collapse's fixed chunks.
     fn, g = kernel(reg, "hc_pre", dtype), gen(6)
     N, D, W = 4, 512, 24
     kw = {"fn": randn(g, W, N * D, scale=(N * D) ** -0.5), "base": randn(g, W, scale=0.5), "scale": torch.tensor([0.5, 0.4, 1.1]),
           "norm_eps": 1e-6, "hc_eps": 1e-6, "sinkhorn_iters": 20}  # fmt: skip
+    if normed:
+        kw["norm_weight"] = 1.0 + randn(g, D, scale=0.3)
     x = randn(g, 2, N, D, dtype=dtype)
     want = fn(x, **kw)
     for before, after in ((1, 0), (40, 28)):
@@ -230,6 +247,23 @@ def test_gate(reg, dtype, route):
     w, ids = fn(logits, correction_bias=bias, **route)
     for before, after in LAYOUTS:
         got_w, got_ids = fn(around(g, logits, before, after, scale=2.0), correction_bias=bias, **route)
+        same(got_w[before : before + 2], w, f"weights {before, after}")
+        same(got_ids[before : before + 2], ids, f"ids {before, after}")
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered in divide:RuntimeWarning")
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_gate_hash_routing(reg, dtype):
+    """V4's hash routing: two tokens' table rows and weights beside other tokens (their ids too)."""
+    fn, g = kernel(reg, "gate", dtype), gen(7)
+    E, V, K = 64, 50, 6
+    table = torch.rand(V, E, generator=g).argsort(dim=-1)[:, :K]
+    route = {"top_k": K, "score_func": "sqrtsoftplus", "renormalize": True, "routed_scaling_factor": 1.5, "hash_table": table}
+    logits, tok = randn(g, 2, E, dtype=dtype, scale=2.0), torch.tensor([7, 31])
+    w, ids = fn(logits, token_ids=tok, **route)
+    for before, after in LAYOUTS:
+        others = torch.cat([torch.randint(0, V, (before,), generator=g), tok, torch.randint(0, V, (after,), generator=g)])
+        got_w, got_ids = fn(around(g, logits, before, after, scale=2.0), token_ids=others, **route)
         same(got_w[before : before + 2], w, f"weights {before, after}")
         same(got_ids[before : before + 2], ids, f"ids {before, after}")
 

@@ -31,6 +31,11 @@ persistent vector grids (`vector_grid`, each program looping over its work items
 
 The two shapes sum in different orders, so their numbers differ in the last bits.
 
+With `norm_weight` (the block's RMSNorm folded in: no rms_norm launch after hc_pre), the collapse
+runs twice over a tile's rows: first over all of D for the sum of squares of the rows rounded to the
+output dtype (every D range repeats it), then over the item's own range, storing
+round(round(li) * rstd * weight) as rms_norm would.
+
 The N x N block is taken out of the W_PAD logits by a masked sum (exact) and reshaped to
 [BLOCK_T, N_PAD, N_PAD]; padding (N not a power of two) is masked to zero so Sinkhorn's sums see
 only the N x N block. float32 math; layer_input rounded to nearest even (`to_output`); post and
@@ -166,14 +171,23 @@ def _mixings(
 
 
 @triton.jit
+def _collapse(x_ptr, toks, t_ok, pre, d, d_ok, D, stride_t, N: tl.constexpr, N_PAD: tl.constexpr):
+    """sum_n pre[t, n] * x[t, n, d] over the chunk d of the tile's tokens [BLOCK_T, BLOCK_D], float32 (zeros where masked)."""
+    n = tl.arange(0, N_PAD)
+    xt = tl.load(x_ptr + toks[:, None, None] * stride_t + (n[None, :, None] * D + d[None, None, :]),
+                 mask=t_ok[:, None, None] & (n < N)[None, :, None] & d_ok[None, None, :], other=0.0).to(tl.float32)
+    return tl.sum(xt * pre[:, :, None], axis=1)
+
+
+@triton.jit
 def _hc_pre_kernel(
-    x_ptr, fn_ptr, base_ptr, scale_ptr, part_ptr, part_ss_ptr,
+    x_ptr, fn_ptr, base_ptr, scale_ptr, w_ptr, part_ptr, part_ss_ptr,
     out_ptr, post_ptr, comb_ptr,
     T, D, n_seg, d_per_split, n_splits, stride_t, stride_fn, stride_out,
     norm_eps, hc_eps, sinkhorn_iters,
     FUSED: tl.constexpr, N: tl.constexpr,
     BLOCK_T: tl.constexpr, W_PAD: tl.constexpr, N_PAD: tl.constexpr, BLOCK_K: tl.constexpr, SEG: tl.constexpr, EVEN_K: tl.constexpr, BLOCK_D: tl.constexpr,
-    SEG_PAD: tl.constexpr,
+    SEG_PAD: tl.constexpr, NORM: tl.constexpr,
 ):
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
@@ -209,14 +223,24 @@ def _hc_pre_kernel(
         if split == 0:
             tl.store(post_ptr + toks[:, None] * N + n[None, :], post, mask=t_ok[:, None] & n_ok[None, :])
             tl.store(comb_ptr + toks[:, None, None] * (N * N) + ij, comb, mask=t_ok[:, None, None] & nn_ok)
+        if NORM:
+            # The whole row's statistics first (every D range repeats them), of the row rounded to the output
+            # dtype, as a separate rms_norm would read it.
+            sq = tl.zeros([BLOCK_T, BLOCK_D], tl.float32)
+            for d0 in range(0, D, BLOCK_D):
+                d = d0 + dd
+                li = to_output(_collapse(x_ptr, toks, t_ok, pre, d, d < D, D, stride_t, N, N_PAD), out_ptr).to(tl.float32)
+                sq += li * li
+            inv = 1.0 / tl.sqrt(tl.sum(sq, axis=1) / D + norm_eps)
         d_lo = split * d_per_split
         d_hi = tl.minimum(d_lo + d_per_split, D)
         for d0 in range(d_lo, d_hi, BLOCK_D):
             d = d0 + dd
             d_ok = d < d_hi
-            xt = tl.load(x_ptr + toks[:, None, None] * stride_t + (n[None, :, None] * D + d[None, None, :]),
-                         mask=t_ok[:, None, None] & n_ok[None, :, None] & d_ok[None, None, :], other=0.0).to(tl.float32)
-            li = tl.sum(xt * pre[:, :, None], axis=1)
+            li = _collapse(x_ptr, toks, t_ok, pre, d, d_ok, D, stride_t, N, N_PAD)
+            if NORM:
+                wt = tl.load(w_ptr + d, mask=d_ok, other=0.0)
+                li = to_output(li, out_ptr).to(tl.float32) * inv[:, None] * wt[None, :]
             tl.store(out_ptr + toks[:, None] * stride_out + d[None, :], to_output(li, out_ptr), mask=t_ok[:, None] & d_ok[None, :])
 
 
@@ -229,8 +253,9 @@ def hc_pre(
     norm_eps: float,
     hc_eps: float,
     sinkhorn_iters: int,
+    norm_weight: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    return _hc_pre(x, fn, base, scale, norm_eps, hc_eps, sinkhorn_iters, invariant=False)
+    return _hc_pre(x, fn, base, scale, norm_eps, hc_eps, sinkhorn_iters, norm_weight, invariant=False)
 
 
 def hc_pre_invariant(
@@ -242,21 +267,23 @@ def hc_pre_invariant(
     norm_eps: float,
     hc_eps: float,
     sinkhorn_iters: int,
+    norm_weight: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    return _hc_pre(x, fn, base, scale, norm_eps, hc_eps, sinkhorn_iters, invariant=True)
+    return _hc_pre(x, fn, base, scale, norm_eps, hc_eps, sinkhorn_iters, norm_weight, invariant=True)
 
 
-def _hc_pre(x, fn, base, scale, norm_eps, hc_eps, sinkhorn_iters, invariant):
+def _hc_pre(x, fn, base, scale, norm_eps, hc_eps, sinkhorn_iters, norm_weight, invariant):
     """invariant: the split launch for every T."""
-    hc_ops.check_hc_pre_shapes(x, fn, base, scale)
+    hc_ops.check_hc_pre_shapes(x, fn, base, scale, norm_weight)
     T, N, D = x.shape
     K, W = N * D, (2 + N) * N
     if x.dtype == torch.float64 or T == 0 or D == 0 or x.numel() >= _INT32_LIMIT or T * next_power_of_2(W) * cdiv(K, _SPLIT_SEG) >= _INT32_LIMIT:
-        return hc_ops.hc_pre(x, fn, base, scale, norm_eps=norm_eps, hc_eps=hc_eps, sinkhorn_iters=sinkhorn_iters)
+        return hc_ops.hc_pre(x, fn, base, scale, norm_eps=norm_eps, hc_eps=hc_eps, sinkhorn_iters=sinkhorn_iters, norm_weight=norm_weight)
     if x.stride(2) != 1 or x.stride(1) != D:
         x = x.contiguous()
     fn = fn if fn.stride(1) == 1 else fn.contiguous()
     base, scale = base.to(torch.float32).contiguous(), scale.to(torch.float32).contiguous()
+    weight = base if norm_weight is None else norm_weight.to(torch.float32).contiguous()  # base: a placeholder, never read without NORM
     out = torch.empty(T, D, dtype=x.dtype, device=x.device)
     post = torch.empty(T, N, dtype=torch.float32, device=x.device)
     comb = torch.empty(T, N, N, dtype=torch.float32, device=x.device)
@@ -284,10 +311,11 @@ def _hc_pre(x, fn, base, scale, norm_eps, hc_eps, sinkhorn_iters, invariant):
         d_per_split = cdiv(cdiv(D, d_splits), block_d) * block_d
         d_splits = cdiv(D, d_per_split)
     _hc_pre_kernel[(vector_grid(tiles * d_splits),)](
-        x, fn, base, scale, part, part_ss, out, post, comb,
+        x, fn, base, scale, weight, part, part_ss, out, post, comb,
         T, D, n_seg, d_per_split, d_splits, x.stride(0), fn.stride(0), out.stride(0),
         float(norm_eps), float(hc_eps), int(sinkhorn_iters),
-        FUSED=fused, N=N, N_PAD=n_pad, BLOCK_D=block_d, SEG_PAD=1 if fused else next_power_of_2(n_seg), **common, **launch_options(),
+        FUSED=fused, N=N, N_PAD=n_pad, BLOCK_D=block_d, SEG_PAD=1 if fused else next_power_of_2(n_seg), NORM=norm_weight is not None,
+        **common, **launch_options(),
     )
     return out, post, comb
 

@@ -8,6 +8,8 @@ gate
     the top-2 biased scores, or the max without a bias; losing groups -> -inf, as DeepSeek's
     reference), then top_k rounds of "max, lowest index among the maxima, mark taken" (what the
     reference's stable descending sort picks: ties to the lowest index), renormalise and scale.
+    Hash routing (V4's first layers) skips the selection: each token's ids are loaded from its row
+    of the table (token ids read on the device) and weighed by their scores.
     Budget: ~8 live float32/int32 values per tile element (logits, scores, selection, taken,
     candidates, masks) = 32 bytes x BLOCK_T x BLOCK_E under half the unified buffer: 2048
     elements (A2/A3: 96 KB budget; 950: 128 KB -> 4096), e.g. 8 (16) tokens of 256 experts.
@@ -46,7 +48,7 @@ import torch
 import triton
 import triton.language as tl
 
-from deepinfer.ops.moe import SCORE_FUNCS, check_gate_args, require_local_experts
+from deepinfer.ops.moe import SCORE_FUNCS, check_gate_args, check_hash_routing, require_local_experts
 from deepinfer.ops.moe import combine as _reference_combine
 from deepinfer.ops.moe import gate as _reference_gate
 from deepinfer.triton_common import cdiv, log1p_from_log, next_power_of_2
@@ -62,10 +64,11 @@ _GATE_BYTES_PER_ELEM = 32
 
 @triton.jit
 def _gate_kernel(
-    logits_ptr, bias_ptr, w_ptr, ids_ptr,
-    T, E, stride_t, group_size, scale,
+    logits_ptr, bias_ptr, w_ptr, ids_ptr, table_ptr, tok_ids_ptr,
+    T, E, stride_t, group_size, scale, stride_table,
     TOP_K: tl.constexpr,
     SCORE: tl.constexpr,  # 0 softmax, 1 sigmoid, 2 sqrtsoftplus
+    HASH: tl.constexpr,  # hash routing: token t's experts are table[tok_ids[t]] (nothing selected)
     HAS_BIAS: tl.constexpr,
     N_GROUP: tl.constexpr,
     TOPK_GROUP: tl.constexpr,
@@ -137,13 +140,19 @@ def _gate_kernel(
         taken = tl.zeros([BLOCK_T, BLOCK_E], dtype=tl.int32)
         ids = tl.zeros([BLOCK_T, BLOCK_K], dtype=tl.int32)
         wts = tl.zeros([BLOCK_T, BLOCK_K], dtype=tl.float32)
+        if HASH:
+            tid = tl.load(tok_ids_ptr + tok, mask=t_ok, other=0).to(tl.int32)  # (vocabularies are far below 2^31 rows)
         for j in tl.static_range(TOP_K):
-            free = (taken == 0) & e_ok[None, :]
-            cand = tl.where(free, sel, float("-inf"))
-            mv = tl.max(cand, axis=1)
-            ij = tl.min(tl.where((cand == mv[:, None]) & free, ex[None, :], big), axis=1)
-            hit = ex[None, :] == ij[:, None]
-            taken = tl.where(hit, 1, taken)
+            if HASH:  # the table's j-th expert, weighed by its score (an exact masked sum picks it)
+                ij = tl.load(table_ptr + tid * stride_table + j, mask=t_ok, other=0).to(tl.int32)
+                hit = ex[None, :] == ij[:, None]
+            else:
+                free = (taken == 0) & e_ok[None, :]
+                cand = tl.where(free, sel, float("-inf"))
+                mv = tl.max(cand, axis=1)
+                ij = tl.min(tl.where((cand == mv[:, None]) & free, ex[None, :], big), axis=1)
+                hit = ex[None, :] == ij[:, None]
+                taken = tl.where(hit, 1, taken)
             wj = tl.sum(tl.where(hit, s, 0.0), axis=1)
             ids = tl.where(k_ar[None, :] == j, ij[:, None], ids)
             wts = tl.where(k_ar[None, :] == j, wj[:, None], wts)
@@ -166,8 +175,10 @@ def gate(
     topk_group: int = 1,
     renormalize: bool = False,
     routed_scaling_factor: float = 1.0,
+    hash_table: torch.Tensor | None = None,
+    token_ids: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    return _gate(logits, top_k, score_func, correction_bias, n_group, topk_group, renormalize, routed_scaling_factor, invariant=False)
+    return _gate(logits, top_k, score_func, correction_bias, n_group, topk_group, renormalize, routed_scaling_factor, hash_table, token_ids, invariant=False)
 
 
 def gate_invariant(
@@ -180,18 +191,22 @@ def gate_invariant(
     topk_group: int = 1,
     renormalize: bool = False,
     routed_scaling_factor: float = 1.0,
+    hash_table: torch.Tensor | None = None,
+    token_ids: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    return _gate(logits, top_k, score_func, correction_bias, n_group, topk_group, renormalize, routed_scaling_factor, invariant=True)
+    return _gate(logits, top_k, score_func, correction_bias, n_group, topk_group, renormalize, routed_scaling_factor, hash_table, token_ids, invariant=True)
 
 
-def _gate(logits, top_k, score_func, correction_bias, n_group, topk_group, renormalize, routed_scaling_factor, invariant):
+def _gate(logits, top_k, score_func, correction_bias, n_group, topk_group, renormalize, routed_scaling_factor, hash_table, token_ids, invariant):
     """invariant: BLOCK_T is the most tokens the buffer takes, whatever T (deterministic mode)."""
     E = logits.shape[-1]
     check_gate_args(E, top_k, score_func, correction_bias, n_group, topk_group)
-    if logits.dtype == torch.float64 or logits.numel() >= _INT32_LIMIT:
+    check_hash_routing(logits, top_k, correction_bias, n_group, hash_table, token_ids)
+    hashed = hash_table is not None
+    if logits.dtype == torch.float64 or logits.numel() >= _INT32_LIMIT or (hashed and hash_table.numel() >= _INT32_LIMIT):
         return _reference_gate(
             logits, top_k=top_k, score_func=score_func, correction_bias=correction_bias, n_group=n_group,
-            topk_group=topk_group, renormalize=renormalize, routed_scaling_factor=routed_scaling_factor,
+            topk_group=topk_group, renormalize=renormalize, routed_scaling_factor=routed_scaling_factor, hash_table=hash_table, token_ids=token_ids,
         )
     x = logits.reshape(-1, E)
     if x.dtype != torch.float32:
@@ -204,14 +219,16 @@ def _gate(logits, top_k, score_func, correction_bias, n_group, topk_group, renor
     if T == 0:
         return weights.reshape(*logits.shape[:-1], top_k), ids.reshape(*logits.shape[:-1], top_k)
     bias = correction_bias.to(torch.float32).contiguous() if correction_bias is not None else x
+    table = (hash_table if hash_table.stride(-1) == 1 else hash_table.contiguous()) if hashed else ids  # (placeholders without hash routing)
+    tok_ids = token_ids.reshape(-1).contiguous() if hashed else ids
     block_e = max(next_power_of_2(E), 8)
     most = tile_elems(_GATE_BYTES_PER_ELEM) // block_e
     block_t = max(1, most if invariant else min(most, next_power_of_2(T)))
     n_tiles = cdiv(T, block_t)
     _gate_kernel[(vector_grid(n_tiles),)](
-        x, bias, weights, ids,
-        T, E, x.stride(0), E // n_group, float(routed_scaling_factor),
-        TOP_K=top_k, SCORE=SCORE_FUNCS.index(score_func), HAS_BIAS=correction_bias is not None,
+        x, bias, weights, ids, table, tok_ids,
+        T, E, x.stride(0), E // n_group, float(routed_scaling_factor), table.stride(0),
+        TOP_K=top_k, SCORE=SCORE_FUNCS.index(score_func), HASH=hashed, HAS_BIAS=correction_bias is not None,
         N_GROUP=n_group, TOPK_GROUP=topk_group, RENORM=bool(renormalize),
         BLOCK_T=block_t, BLOCK_E=block_e, BLOCK_G=max(next_power_of_2(n_group), 8), BLOCK_K=max(next_power_of_2(top_k), 8),
         **launch_options(),

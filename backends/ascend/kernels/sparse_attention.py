@@ -66,6 +66,11 @@ rows per list would be invariant too, but its partials (T * splits * H * D float
 large for prefill. Cost on hardware: decode with few tokens keeps T * head blocks AI cores busy
 (V4's 64 heads: 4 per token, so a batch of 6 fills a 910B), long lists are one core's work.
 
+With out_positions (V4: the values carried their key's rotation, undone on the output), the step
+that writes a query's output rows rotates their last R channels (`triton_common.rotate_tail_pairs`,
+on the rows rounded to the output dtype, as the reference's rope reads them): a DIRECT item its
+[BLOCK_H, D] tile (with FP8 parts, the parts that hold rope channels), the combine its item's rows.
+
 Index arithmetic is int32; IDX64 switches the row, token and partial offsets to int64 when a
 tensor has >= 2^31 elements (a flat cache of 512-wide rows does at 4M rows). Row ids must be < the
 cache's rows (the reference raises on larger ids; checking here would need a host
@@ -90,9 +95,11 @@ from deepinfer.triton_common import (
     cdiv,
     float32_dots,
     fp8_views,
+    last_dim_contiguous,
     next_power_of_2,
     normalise_with_sink,
     pick_splits,
+    rotate_tail_pairs,
     softmax_block,
     split_partial,
     split_row_blocks,
@@ -202,20 +209,43 @@ def _attend_parts(
 
 
 @triton.jit
-def _store_parts(rows, acc0, acc1, acc2, acc3, factor, h_ok, like_ptr, D: tl.constexpr, PART: tl.constexpr):
-    """acc parts * factor[:, None] into columns k * PART ... of `rows`, in like_ptr's element type."""
+def _rotated_out(values, like_ptr, col0, pos, ocs_ptr, stride_ocs, D: tl.constexpr, R: tl.constexpr, ROWS: tl.constexpr, WIDTH: tl.constexpr):
+    """float32 output values [ROWS, WIDTH] (columns col0 ...) rounded to like_ptr's type, their channels
+    past D - R rotated at pos (the reference rotates the rounded output), in float32."""
+    return rotate_tail_pairs(to_output(values, like_ptr).to(tl.float32), col0, pos, ocs_ptr, stride_ocs, D, R, ROWS, WIDTH)
+
+
+@triton.jit
+def _store_part(
+    rows, values, h_ok, like_ptr, pos, ocs_ptr, stride_ocs,
+    COL0: tl.constexpr, ROWS: tl.constexpr, D: tl.constexpr, PART: tl.constexpr, ROPE: tl.constexpr, R: tl.constexpr,
+):
+    """One column part [ROWS, PART] into columns COL0 ... of `rows`, rotated first where it holds rope channels."""
     offs = tl.arange(0, PART)
+    if ROPE:
+        if COL0 + PART > D - R:
+            values = _rotated_out(values, like_ptr, COL0, pos, ocs_ptr, stride_ocs, D, R, ROWS, PART)
+    tl.store(rows[:, None] + COL0 + offs[None, :], to_output(values, like_ptr), mask=h_ok[:, None] & (COL0 + offs < D)[None, :])
+
+
+@triton.jit
+def _store_parts(
+    rows, acc0, acc1, acc2, acc3, factor, h_ok, like_ptr, pos, ocs_ptr, stride_ocs,
+    ROWS: tl.constexpr, D: tl.constexpr, PART: tl.constexpr, ROPE: tl.constexpr, R: tl.constexpr,
+):
+    """acc parts * factor[:, None] into columns k * PART ... of `rows`, in like_ptr's element type; with
+    ROPE the channels past D - R rotated at pos (in the parts that hold some)."""
     f = factor[:, None]
-    tl.store(rows[:, None] + offs[None, :], to_output(acc0 * f, like_ptr), mask=h_ok[:, None] & (offs < D)[None, :])
-    tl.store(rows[:, None] + PART + offs[None, :], to_output(acc1 * f, like_ptr), mask=h_ok[:, None] & (PART + offs < D)[None, :])
-    tl.store(rows[:, None] + 2 * PART + offs[None, :], to_output(acc2 * f, like_ptr), mask=h_ok[:, None] & (2 * PART + offs < D)[None, :])
-    tl.store(rows[:, None] + 3 * PART + offs[None, :], to_output(acc3 * f, like_ptr), mask=h_ok[:, None] & (3 * PART + offs < D)[None, :])
+    _store_part(rows, acc0 * f, h_ok, like_ptr, pos, ocs_ptr, stride_ocs, 0, ROWS, D, PART, ROPE, R)
+    _store_part(rows, acc1 * f, h_ok, like_ptr, pos, ocs_ptr, stride_ocs, PART, ROWS, D, PART, ROPE, R)
+    _store_part(rows, acc2 * f, h_ok, like_ptr, pos, ocs_ptr, stride_ocs, 2 * PART, ROWS, D, PART, ROPE, R)
+    _store_part(rows, acc3 * f, h_ok, like_ptr, pos, ocs_ptr, stride_ocs, 3 * PART, ROWS, D, PART, ROPE, R)
 
 
 @triton.jit
 def _sparse_attention_kernel(
     q_ptr, kv_ptr, kv_scale_ptr, idx_ptr, xkv_ptr, xkv_scale_ptr, xidx_ptr, xlen_ptr, sinks_ptr,
-    out_ptr, part_out_ptr, part_lse_ptr,
+    out_ptr, part_out_ptr, part_lse_ptr, opos_ptr, ocs_ptr,
     sm_scale,
     K, K2,  # widths of the two index lists
     num_items, num_splits,
@@ -224,10 +254,11 @@ def _sparse_attention_kernel(
     stride_xkv, stride_xidx_t,
     stride_o_t, stride_o_h,
     stride_po_t, stride_po_split, stride_po_h,
-    stride_pl_t, stride_pl_split,
+    stride_pl_t, stride_pl_split, stride_ocs,
     H: tl.constexpr, D: tl.constexpr,
     HEAD_BLOCKS: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    ROPE: tl.constexpr, R: tl.constexpr,  # out_positions given: the output's last R channels rotated at them (table ocs_ptr)
     Q_CHUNK: tl.constexpr,  # 0: q resident; else the scores are summed over D chunks of this width (PARTS: the part width)
     HAS_EXTRA: tl.constexpr,
     HAS_LENGTHS: tl.constexpr,  # extra_lengths given: query t reads extra_indices[t, :extra_lengths[t]] only
@@ -285,12 +316,14 @@ def _sparse_attention_kernel(
                 w = tl.exp(m_i - top)
                 denom = l_i * w + tl.exp(sink - top)
                 o_rows = out_ptr + t * stride_o_t + offs_h * stride_o_h
-                _store_parts(o_rows, acc0, acc1, acc2, acc3, w / tl.where(denom > 0.0, denom, 1.0), h_ok, out_ptr, D, Q_CHUNK)
+                pos = tl.load(opos_ptr + t).to(tl.int32)  # (unused without ROPE: opos_ptr then holds T or more ids; tables are far below 2^31 entries)
+                _store_parts(o_rows, acc0, acc1, acc2, acc3, w / tl.where(denom > 0.0, denom, 1.0), h_ok, out_ptr, pos, ocs_ptr, stride_ocs,
+                             BLOCK_H, D, Q_CHUNK, ROPE, R)
             else:
                 has = l_i > 0.0
                 l_safe = tl.where(has, l_i, 1.0)
                 po_rows = part_out_ptr + t * stride_po_t + split * stride_po_split + offs_h * stride_po_h
-                _store_parts(po_rows, acc0, acc1, acc2, acc3, 1.0 / l_safe, h_ok, part_out_ptr, D, Q_CHUNK)
+                _store_parts(po_rows, acc0, acc1, acc2, acc3, 1.0 / l_safe, h_ok, part_out_ptr, 0, ocs_ptr, stride_ocs, BLOCK_H, D, Q_CHUNK, False, R)
                 lse = tl.where(has, m_i + tl.log(l_safe), float("-inf"))
                 tl.store(part_lse_ptr + t * stride_pl_t + split * stride_pl_split + offs_h, lse, mask=h_ok)
         else:
@@ -319,6 +352,8 @@ def _sparse_attention_kernel(
             if DIRECT:
                 sink = tl.load(sinks_ptr + offs_h, mask=h_ok, other=0.0).to(tl.float32)
                 out = normalise_with_sink(acc, m_i, l_i, sink, BASE2=False)
+                if ROPE:
+                    out = _rotated_out(out, out_ptr, 0, tl.load(opos_ptr + t).to(tl.int32), ocs_ptr, stride_ocs, D, R, BLOCK_H, BLOCK_D)
                 o_rows = out_ptr + t * stride_o_t + offs_h * stride_o_h
                 tl.store(o_rows[:, None] + offs_d[None, :], to_output(out, out_ptr), mask=mask)
             else:
@@ -330,12 +365,13 @@ def _sparse_attention_kernel(
 
 @triton.jit
 def _sparse_attention_combine_kernel(
-    part_out_ptr, part_lse_ptr, sinks_ptr, out_ptr,
+    part_out_ptr, part_lse_ptr, sinks_ptr, out_ptr, opos_ptr, ocs_ptr,
     num_items, num_splits,
     stride_po_t, stride_po_split, stride_po_h,
     stride_pl_t, stride_pl_split,
-    stride_o_t, stride_o_h,
+    stride_o_t, stride_o_h, stride_ocs,
     H: tl.constexpr, D: tl.constexpr,
+    ROPE: tl.constexpr, R: tl.constexpr,
     HEAD_BLOCKS: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
     IDX64: tl.constexpr,
@@ -372,6 +408,8 @@ def _sparse_attention_combine_kernel(
             l_i = l_i * alpha + w
             m_i = m_new
         out = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
+        if ROPE:
+            out = _rotated_out(out, out_ptr, 0, tl.load(opos_ptr + t).to(tl.int32), ocs_ptr, stride_ocs, D, R, BLOCK_H, BLOCK_D)
         o_rows = out_ptr + t * stride_o_t + offs_h * stride_o_h
         tl.store(o_rows[:, None] + offs_d[None, :], to_output(out, out_ptr), mask=mask)
 
@@ -428,11 +466,13 @@ def launch_sparse_attention(
     extra_kv: torch.Tensor | None = None,
     extra_indices: torch.Tensor | None = None,
     extra_lengths: torch.Tensor | None = None,
+    out_positions: torch.Tensor | None = None,
+    out_cos_sin_cache: torch.Tensor | None = None,
     *,
     num_splits: int | None = None,
 ) -> torch.Tensor:
     """sparse_attention with an optional forced split count (tests use it to exercise the combine)."""
-    sparse_ops.check_sparse_attention_shapes(q, kv, indices, sinks, extra_kv, extra_indices, extra_lengths)
+    sparse_ops.check_sparse_attention_shapes(q, kv, indices, sinks, extra_kv, extra_indices, extra_lengths, out_positions, out_cos_sin_cache)
     tokens, heads, dim = q.shape
     out = torch.empty(tokens, heads, dim, dtype=q.dtype, device=q.device)
     if tokens == 0 or heads == 0 or dim == 0:
@@ -456,6 +496,10 @@ def launch_sparse_attention(
         xkv, xidx, width2 = kv, indices, 0  # unused placeholders
     has_lengths = has_extra and extra_lengths is not None
     xlen = extra_lengths.contiguous() if has_lengths else indices  # (unused without lengths)
+    rope = out_positions is not None
+    opos = out_positions.contiguous() if rope else indices  # (unused without the rotation)
+    ocs = last_dim_contiguous(out_cos_sin_cache)[0] if rope else sinks
+    rope_dim = ocs.shape[-1] if rope else 0
     fp8, xfp8 = kv_cache_format.is_fp8(kv), has_extra and kv_cache_format.is_fp8(xkv)
     dot_f32 = float32_dots(q, ((kv, fp8), (xkv, xfp8)) if has_extra else ((kv, fp8),))  # not the placeholder (it would put FP8 sliding layers on float32)
     kv, kv_scales = fp8_views(kv) if fp8 else (kv, kv)  # (the scale views are unused without FP8)
@@ -477,7 +521,7 @@ def launch_sparse_attention(
     items = tokens * splits * cfg["head_blocks"]
     _sparse_attention_kernel[(cube_grid(items),)](
         q, kv, kv_scales, indices, xkv, xkv_scales, xidx, xlen, sinks,
-        out, part_out, part_lse,
+        out, part_out, part_lse, opos, ocs,
         float(softmax_scale),
         indices.shape[1], width2,
         items, splits,
@@ -486,10 +530,11 @@ def launch_sparse_attention(
         xkv.stride(0), xidx.stride(0),
         out.stride(0), out.stride(1),
         *po_strides,
-        *pl_strides,
+        *pl_strides, ocs.stride(0),
         H=heads, D=dim,
         HEAD_BLOCKS=cfg["head_blocks"],
         BLOCK_H=cfg["BLOCK_H"], BLOCK_N=cfg["BLOCK_N"], BLOCK_D=cfg["BLOCK_D"],
+        ROPE=rope, R=rope_dim,
         Q_CHUNK=cfg["Q_CHUNK"],
         HAS_EXTRA=has_extra,
         HAS_LENGTHS=has_lengths,
@@ -505,12 +550,13 @@ def launch_sparse_attention(
         head_blocks = cdiv(heads, combine_h)
         combine_items = tokens * head_blocks
         _sparse_attention_combine_kernel[(vector_grid(combine_items),)](
-            part_out, part_lse, sinks, out,
+            part_out, part_lse, sinks, out, opos, ocs,
             combine_items, splits,
             *po_strides,
             *pl_strides,
-            out.stride(0), out.stride(1),
+            out.stride(0), out.stride(1), ocs.stride(0),
             H=heads, D=dim,
+            ROPE=rope, R=rope_dim,
             HEAD_BLOCKS=head_blocks,
             BLOCK_H=combine_h, BLOCK_D=cfg["BLOCK_D"],
             IDX64=idx64,
@@ -529,8 +575,10 @@ def sparse_attention(
     extra_kv: torch.Tensor | None = None,
     extra_indices: torch.Tensor | None = None,
     extra_lengths: torch.Tensor | None = None,
+    out_positions: torch.Tensor | None = None,
+    out_cos_sin_cache: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    return launch_sparse_attention(q, kv, indices, sinks, softmax_scale, extra_kv, extra_indices, extra_lengths)
+    return launch_sparse_attention(q, kv, indices, sinks, softmax_scale, extra_kv, extra_indices, extra_lengths, out_positions, out_cos_sin_cache)
 
 
 def sparse_attention_invariant(
@@ -543,8 +591,12 @@ def sparse_attention_invariant(
     extra_kv: torch.Tensor | None = None,
     extra_indices: torch.Tensor | None = None,
     extra_lengths: torch.Tensor | None = None,
+    out_positions: torch.Tensor | None = None,
+    out_cos_sin_cache: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    return launch_sparse_attention(q, kv, indices, sinks, softmax_scale, extra_kv, extra_indices, extra_lengths, num_splits=1)
+    return launch_sparse_attention(
+        q, kv, indices, sinks, softmax_scale, extra_kv, extra_indices, extra_lengths, out_positions, out_cos_sin_cache, num_splits=1
+    )
 
 
 REGISTRATIONS = [

@@ -37,6 +37,11 @@ across lanes at the segment's end). Two launch shapes:
 The two shapes sum in different orders (the split's segments by a tl.sum tree), so their numbers
 differ in the last bits; each is deterministic run to run.
 
+With `norm_weight` (the block's RMSNorm folded in: no rms_norm launch after hc_pre), the collapse
+runs twice over a token's row: first over all of D for the sum of squares of the row rounded to the
+output dtype (every D split of the combine repeats it: a few KB of x per token, from L2), then over
+the program's own share, storing round(round(li) * rstd * weight) as rms_norm would.
+
 The N x N block is taken out of the W_PAD logits by a masked sum (exact) and reshaped to
 [BLOCK_T, N_PAD, N_PAD]; padding (N not a power of two) is masked to zero so Sinkhorn's sums see
 only the N x N block. Math in float32; post and comb are stored float32. float64 x (a test dtype)
@@ -198,11 +203,21 @@ def _mixings(
 
 
 @triton.jit
+def _collapse(x_ptr, toks, t_ok, pre, d, d_ok, D, stride_t, ACC: tl.constexpr, N: tl.constexpr, N_PAD: tl.constexpr):
+    """sum_n pre[t, n] * x[t, n, d] over the chunk d of the tokens [BLOCK_T, BLOCK_D] (ACC; zeros where masked)."""
+    n = tl.arange(0, N_PAD)
+    xt = tl.load(x_ptr + toks[:, None, None] * stride_t + (n[None, :, None] * D + d[None, None, :]),
+                 mask=t_ok[:, None, None] & (n < N)[None, :, None] & d_ok[None, None, :], other=0.0).to(ACC)
+    return tl.sum(xt * pre[:, :, None], axis=1)
+
+
+@triton.jit
 def _store_mixed(
-    x_ptr, out_ptr, post_ptr, comb_ptr, toks, t_ok, pre, post, comb, store_mixings, d_lo, d_hi, D, stride_t, stride_out,
-    ACC: tl.constexpr, N: tl.constexpr, N_PAD: tl.constexpr, MANUAL_RNE: tl.constexpr, BLOCK_D: tl.constexpr,
+    x_ptr, out_ptr, post_ptr, comb_ptr, w_ptr, toks, t_ok, pre, post, comb, store_mixings, d_lo, d_hi, D, stride_t, stride_out, norm_eps,
+    ACC: tl.constexpr, N: tl.constexpr, N_PAD: tl.constexpr, MANUAL_RNE: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, NORM: tl.constexpr,
 ):
-    """post / comb of the tokens (when store_mixings) and their layer input over d in [d_lo, d_hi)."""
+    """post / comb of the tokens (when store_mixings) and their layer input over d in [d_lo, d_hi); with
+    NORM, rms-normed with the weight at w_ptr over the whole row (norm_eps)."""
     n = tl.arange(0, N_PAD)
     n_ok = n < N
     if store_mixings:
@@ -211,24 +226,34 @@ def _store_mixed(
         tl.store(comb_ptr + toks[:, None, None] * (N * N) + ij[None, :, :], comb.to(comb_ptr.dtype.element_ty),
                  mask=t_ok[:, None, None] & (n_ok[:, None] & n_ok[None, :])[None, :, :])
     dd = tl.arange(0, BLOCK_D)
+    if NORM:
+        # The whole row's statistics first (every D split repeats them: a split owns a share of D, the norm
+        # needs all of it), of the row rounded to the output dtype, as a separate rms_norm would read it.
+        sq = tl.zeros([BLOCK_T, BLOCK_D], ACC)
+        for d0 in range(0, D, BLOCK_D):
+            d = d0 + dd
+            li = _to_out(_collapse(x_ptr, toks, t_ok, pre, d, d < D, D, stride_t, ACC, N, N_PAD), out_ptr, MANUAL_RNE).to(ACC)
+            sq += li * li
+        inv = 1.0 / tl.sqrt(tl.sum(sq, axis=1) / D + norm_eps)
     for d0 in range(d_lo, d_hi, BLOCK_D):
         d = d0 + dd
         d_ok = d < d_hi
-        xt = tl.load(x_ptr + toks[:, None, None] * stride_t + (n[None, :, None] * D + d[None, None, :]),
-                     mask=t_ok[:, None, None] & n_ok[None, :, None] & d_ok[None, None, :], other=0.0).to(ACC)
-        li = tl.sum(xt * pre[:, :, None], axis=1)
+        li = _collapse(x_ptr, toks, t_ok, pre, d, d_ok, D, stride_t, ACC, N, N_PAD)
+        if NORM:
+            w = tl.load(w_ptr + d, mask=d_ok, other=0.0).to(ACC)
+            li = _to_out(li, out_ptr, MANUAL_RNE).to(ACC) * inv[:, None] * w[None, :]
         tl.store(out_ptr + toks[:, None] * stride_out + d[None, :], _to_out(li, out_ptr, MANUAL_RNE), mask=t_ok[:, None] & d_ok[None, :])
 
 
 @triton.jit(do_not_specialize=["T"])
 def _hc_pre_kernel(
-    x_ptr, fn_ptr, base_ptr, scale_ptr,
+    x_ptr, fn_ptr, base_ptr, scale_ptr, w_ptr,
     out_ptr, post_ptr, comb_ptr,
     T, D, stride_t, stride_fn, stride_out,
     norm_eps, hc_eps, sinkhorn_iters,
     ACC: tl.constexpr, N: tl.constexpr, MANUAL_RNE: tl.constexpr,
     BLOCK_T: tl.constexpr, W_PAD: tl.constexpr, N_PAD: tl.constexpr, BLOCK_K: tl.constexpr, SEG: tl.constexpr, EVEN_K: tl.constexpr,
-    USE_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr, BLOCK_D: tl.constexpr,
+    USE_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr, BLOCK_D: tl.constexpr, NORM: tl.constexpr,
 ):
     """The fused launch: one token tile per program, the segments in order, the mixings, the collapse of all of D."""
     pid_t = tl.program_id(0)
@@ -246,17 +271,18 @@ def _hc_pre_kernel(
         acc += seg_acc
         ss += seg_ss
     pre, post, comb = _mixings(acc, ss, base_ptr, scale_ptr, K, norm_eps, hc_eps, sinkhorn_iters, ACC, N, BLOCK_T, W_PAD, N_PAD)
-    _store_mixed(x_ptr, out_ptr, post_ptr, comb_ptr, toks, t_ok, pre, post, comb, True, 0, D, D, stride_t, stride_out, ACC, N, N_PAD, MANUAL_RNE, BLOCK_D)
+    _store_mixed(x_ptr, out_ptr, post_ptr, comb_ptr, w_ptr, toks, t_ok, pre, post, comb, True, 0, D, D, stride_t, stride_out, norm_eps,
+                 ACC, N, N_PAD, MANUAL_RNE, BLOCK_T, BLOCK_D, NORM)
 
 
 @triton.jit(do_not_specialize=["T"])
 def _hc_pre_combine_kernel(
-    x_ptr, base_ptr, scale_ptr, part_ptr, part_ss_ptr,
+    x_ptr, base_ptr, scale_ptr, w_ptr, part_ptr, part_ss_ptr,
     out_ptr, post_ptr, comb_ptr,
     T, D, n_seg, d_per_split, stride_t, stride_out,
     norm_eps, hc_eps, sinkhorn_iters,
     ACC: tl.constexpr, N: tl.constexpr, MANUAL_RNE: tl.constexpr,
-    BLOCK_T: tl.constexpr, W_PAD: tl.constexpr, N_PAD: tl.constexpr, SEG_PAD: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_T: tl.constexpr, W_PAD: tl.constexpr, N_PAD: tl.constexpr, SEG_PAD: tl.constexpr, BLOCK_D: tl.constexpr, NORM: tl.constexpr,
 ):
     """The split launch's second kernel, grid (token tiles, D splits): each program loads all of its
     tokens' segment partials as one tile, sums them over the segments (one tl.sum: a fixed tree),
@@ -274,8 +300,8 @@ def _hc_pre_combine_kernel(
     ss = tl.sum(tl.load(part_ss_ptr + rows, mask=r_ok, other=0.0).to(ACC), axis=1)
     pre, post, comb = _mixings(acc, ss, base_ptr, scale_ptr, N * D, norm_eps, hc_eps, sinkhorn_iters, ACC, N, BLOCK_T, W_PAD, N_PAD)
     d_lo = pid_d * d_per_split
-    _store_mixed(x_ptr, out_ptr, post_ptr, comb_ptr, toks, t_ok, pre, post, comb, pid_d == 0, d_lo, tl.minimum(d_lo + d_per_split, D), D,
-                 stride_t, stride_out, ACC, N, N_PAD, MANUAL_RNE, BLOCK_D)
+    _store_mixed(x_ptr, out_ptr, post_ptr, comb_ptr, w_ptr, toks, t_ok, pre, post, comb, pid_d == 0, d_lo, tl.minimum(d_lo + d_per_split, D), D,
+                 stride_t, stride_out, norm_eps, ACC, N, N_PAD, MANUAL_RNE, BLOCK_T, BLOCK_D, NORM)
 
 
 def _manual_rne(dtype: torch.dtype) -> bool:
@@ -295,8 +321,9 @@ def hc_pre(
     norm_eps: float,
     hc_eps: float,
     sinkhorn_iters: int,
+    norm_weight: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    return launch_hc_pre(x, fn, base, scale, norm_eps, hc_eps, sinkhorn_iters)
+    return launch_hc_pre(x, fn, base, scale, norm_eps, hc_eps, sinkhorn_iters, norm_weight)
 
 
 def hc_pre_invariant(
@@ -308,21 +335,24 @@ def hc_pre_invariant(
     norm_eps: float,
     hc_eps: float,
     sinkhorn_iters: int,
+    norm_weight: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    return launch_hc_pre(x, fn, base, scale, norm_eps, hc_eps, sinkhorn_iters, invariant=True)
+    return launch_hc_pre(x, fn, base, scale, norm_eps, hc_eps, sinkhorn_iters, norm_weight, invariant=True)
 
 
-def launch_hc_pre(x, fn, base, scale, norm_eps, hc_eps, sinkhorn_iters, *, invariant: bool = False):
+def launch_hc_pre(x, fn, base, scale, norm_eps, hc_eps, sinkhorn_iters, norm_weight=None, *, invariant: bool = False):
     """hc_pre; invariant: the split launch for every T (deterministic mode)."""
-    hc_ops.check_hc_pre_shapes(x, fn, base, scale)
+    hc_ops.check_hc_pre_shapes(x, fn, base, scale, norm_weight)
     T, N, D = x.shape
     K, W = N * D, (2 + N) * N
     if T == 0 or D == 0:
-        return hc_ops.hc_pre(x, fn, base, scale, norm_eps=norm_eps, hc_eps=hc_eps, sinkhorn_iters=sinkhorn_iters)
+        return hc_ops.hc_pre(x, fn, base, scale, norm_eps=norm_eps, hc_eps=hc_eps, sinkhorn_iters=sinkhorn_iters, norm_weight=norm_weight)
     if x.stride(2) != 1 or x.stride(1) != D:
         x = x.contiguous()
     fn = fn if fn.stride(1) == 1 else fn.contiguous()
     base, scale = base.contiguous(), scale.contiguous()
+    norm = norm_weight is not None
+    weight = norm_weight.contiguous() if norm else base  # base: a placeholder pointer, never read without NORM
     out = torch.empty(T, D, dtype=x.dtype, device=x.device)
     mix_dtype = torch.float64 if x.dtype == torch.float64 else torch.float32  # the reference's: float32, float64 for float64 x
     post = torch.empty(T, N, dtype=mix_dtype, device=x.device)
@@ -330,7 +360,7 @@ def launch_hc_pre(x, fn, base, scale, norm_eps, hc_eps, sinkhorn_iters, *, invar
     w_pad, n_pad = max(16, next_power_of_2(W)), next_power_of_2(N)  # a dot's N >= 16
     interp = interpreting()
     f64 = x.dtype == torch.float64
-    common = dict(ACC=_acc(x.dtype), W_PAD=w_pad, N=N, N_PAD=n_pad, MANUAL_RNE=_manual_rne(x.dtype))
+    common = dict(ACC=_acc(x.dtype), W_PAD=w_pad, N=N, N_PAD=n_pad, MANUAL_RNE=_manual_rne(x.dtype), NORM=norm)
     dot = dict(USE_DOT=not f64, DOT_PRECISION=dot_precision(x.dtype), num_warps=_PRE_WARPS)
     # float64: no dot, a smaller broadcast tile. The interpreter: the dot's smallest M (its numpy
     # matmul is slow per element), whole segments per step (it pays per operation and per
@@ -339,7 +369,7 @@ def launch_hc_pre(x, fn, base, scale, norm_eps, hc_eps, sinkhorn_iters, *, invar
     fused_tiles = cdiv(T, fused_t)
     if not invariant and (K <= _PRE_SEG or fused_tiles >= num_sms(x.device)):
         _hc_pre_kernel[(fused_tiles,)](
-            x, fn, base, scale, out, post, comb,
+            x, fn, base, scale, weight, out, post, comb,
             T, D, x.stride(0), fn.stride(0), out.stride(0),
             float(norm_eps), float(hc_eps), int(sinkhorn_iters),
             BLOCK_T=fused_t, BLOCK_K=_PRE_SEG if interp else _PRE_BLOCK_K,
@@ -366,7 +396,7 @@ def launch_hc_pre(x, fn, base, scale, norm_eps, hc_eps, sinkhorn_iters, *, invar
             num_stages=_SPLIT_STAGES, **dot,
         )
         _hc_pre_combine_kernel[(cdiv(rows, comb_t), cdiv(D, d_per_split))](
-            xs, base, scale, part, part_ss, out[t0:t1], post[t0:t1], comb[t0:t1],
+            xs, base, scale, weight, part, part_ss, out[t0:t1], post[t0:t1], comb[t0:t1],
             rows, D, n_seg, d_per_split, xs.stride(0), out.stride(0),
             float(norm_eps), float(hc_eps), int(sinkhorn_iters),
             BLOCK_T=comb_t, SEG_PAD=next_power_of_2(n_seg), BLOCK_D=block_d, num_warps=_COMBINE_WARPS, **common,

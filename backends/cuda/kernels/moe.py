@@ -5,7 +5,9 @@ gate
     hundred): scores (softmax / sigmoid / sqrt-softplus), the correction bias, the group-limited mask
     (group score = sum of the top-2 biased scores, or the max without a bias; losing groups -> -inf,
     as DeepSeek's reference), then top_k rounds of "max, lowest index among the maxima, mark taken"
-    (what a stable descending sort picks, ties to the lowest index), renormalise and scale.
+    (what a stable descending sort picks, ties to the lowest index), renormalise and scale. Hash
+    routing (V4's first layers) skips the selection: each token's ids are loaded from its row of the
+    table (token ids read on the device) and weighed by their scores.
 
 dispatch (a counting sort by expert, stable in slot order, no host synchronisation)
     1. count:  one program per tile of BLOCK_S slots: a one-hot [E, BLOCK_S] matrix and its running
@@ -40,7 +42,7 @@ import triton
 import triton.language as tl
 from triton.language.extra import libdevice
 
-from deepinfer.ops.moe import SCORE_FUNCS, check_gate_args, require_local_experts
+from deepinfer.ops.moe import SCORE_FUNCS, check_gate_args, check_hash_routing, require_local_experts
 from deepinfer.triton_common import cdiv, interpreting, log1p_from_log, next_power_of_2
 from deepinfer_cuda.kernels.common import Registration
 from deepinfer_cuda.kernels.precise_math import precise_exp as _exp
@@ -81,10 +83,11 @@ def _sqrt(x):
 
 @triton.jit(do_not_specialize=["T"])
 def _gate_kernel(
-    logits_ptr, bias_ptr, w_ptr, ids_ptr,
-    T, E, stride_t, group_size, scale,
+    logits_ptr, bias_ptr, w_ptr, ids_ptr, table_ptr, tok_ids_ptr,
+    T, E, stride_t, group_size, scale, stride_table,
     TOP_K: tl.constexpr,
     SCORE: tl.constexpr,  # 0 softmax, 1 sigmoid, 2 sqrtsoftplus
+    HASH: tl.constexpr,  # hash routing: token t's experts are table[tok_ids[t]] (nothing selected)
     HAS_BIAS: tl.constexpr,
     N_GROUP: tl.constexpr,
     TOPK_GROUP: tl.constexpr,
@@ -154,12 +157,18 @@ def _gate_kernel(
     taken = tl.zeros([BLOCK_T, BLOCK_E], dtype=tl.int1)
     ids = tl.zeros([BLOCK_T, BLOCK_K], dtype=tl.int32)
     wts = tl.zeros([BLOCK_T, BLOCK_K], dtype=s.dtype)
+    if HASH:
+        tid = tl.load(tok_ids_ptr + tok, mask=t_ok, other=0).to(tl.int64)
     for j in tl.static_range(TOP_K):
-        cand = tl.where(taken, float("-inf"), sel)
-        mv = tl.max(cand, axis=1)
-        ij = tl.min(tl.where((cand == mv[:, None]) & (taken == 0) & e_ok[None, :], ex[None, :], big), axis=1)
-        hit = ex[None, :] == ij[:, None]
-        taken = taken | hit
+        if HASH:  # the table's j-th expert, weighed by its score (an exact masked sum picks it)
+            ij = tl.load(table_ptr + tid * stride_table + j, mask=t_ok, other=0).to(tl.int32)
+            hit = ex[None, :] == ij[:, None]
+        else:
+            cand = tl.where(taken, float("-inf"), sel)
+            mv = tl.max(cand, axis=1)
+            ij = tl.min(tl.where((cand == mv[:, None]) & (taken == 0) & e_ok[None, :], ex[None, :], big), axis=1)
+            hit = ex[None, :] == ij[:, None]
+            taken = taken | hit
         wj = tl.sum(tl.where(hit, s, 0.0), axis=1)
         ids = tl.where(k_ar[None, :] == j, ij[:, None], ids)
         wts = tl.where(k_ar[None, :] == j, wj[:, None], wts)
@@ -187,8 +196,10 @@ def gate(
     topk_group: int = 1,
     renormalize: bool = False,
     routed_scaling_factor: float = 1.0,
+    hash_table: torch.Tensor | None = None,
+    token_ids: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    return _gate(logits, top_k, score_func, correction_bias, n_group, topk_group, renormalize, routed_scaling_factor)
+    return _gate(logits, top_k, score_func, correction_bias, n_group, topk_group, renormalize, routed_scaling_factor, hash_table, token_ids)
 
 
 def gate_invariant(
@@ -201,14 +212,20 @@ def gate_invariant(
     topk_group: int = 1,
     renormalize: bool = False,
     routed_scaling_factor: float = 1.0,
+    hash_table: torch.Tensor | None = None,
+    token_ids: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    return _gate(logits, top_k, score_func, correction_bias, n_group, topk_group, renormalize, routed_scaling_factor, invariant=True)
+    return _gate(
+        logits, top_k, score_func, correction_bias, n_group, topk_group, renormalize, routed_scaling_factor, hash_table, token_ids, invariant=True
+    )
 
 
-def _gate(logits, top_k, score_func, correction_bias, n_group, topk_group, renormalize, routed_scaling_factor, invariant=False):
+def _gate(logits, top_k, score_func, correction_bias, n_group, topk_group, renormalize, routed_scaling_factor, hash_table=None, token_ids=None,
+          invariant=False):  # fmt: skip
     """gate; invariant: one token tile for every T (deterministic mode)."""
     E = logits.shape[-1]
     check_gate_args(E, top_k, score_func, correction_bias, n_group, topk_group)
+    check_hash_routing(logits, top_k, correction_bias, n_group, hash_table, token_ids)
     x = logits.reshape(-1, E)
     if x.stride(-1) != 1:
         x = x.contiguous()
@@ -221,15 +238,18 @@ def _gate(logits, top_k, score_func, correction_bias, n_group, topk_group, renor
     if T == 0:
         return weights, ids
     bias = correction_bias.contiguous() if correction_bias is not None else x
+    hashed = hash_table is not None
+    table = (hash_table if hash_table.stride(-1) == 1 else hash_table.contiguous()) if hashed else ids  # (placeholders without hash routing)
+    tok_ids = token_ids.reshape(-1).contiguous() if hashed else ids
     cfg = _cfg("gate", "tokens", logits.device)
     block_e = next_power_of_2(E)
     block_t = max(1, cfg["tile_elems"] // block_e)
     if not invariant:
         block_t = min(block_t, next_power_of_2(T))
     _gate_kernel[(triton.cdiv(T, block_t),)](
-        x, bias, weights, ids,
-        T, E, x.stride(0), E // n_group, float(routed_scaling_factor),
-        TOP_K=top_k, SCORE=SCORE_FUNCS.index(score_func), HAS_BIAS=correction_bias is not None,
+        x, bias, weights, ids, table, tok_ids,
+        T, E, x.stride(0), E // n_group, float(routed_scaling_factor), table.stride(0),
+        TOP_K=top_k, SCORE=SCORE_FUNCS.index(score_func), HASH=hashed, HAS_BIAS=correction_bias is not None,
         N_GROUP=n_group, TOPK_GROUP=topk_group, RENORM=bool(renormalize),
         BLOCK_T=block_t, BLOCK_E=block_e, BLOCK_G=next_power_of_2(n_group), BLOCK_K=next_power_of_2(top_k),
         LIBDEVICE=not interpreting(), num_warps=cfg["num_warps"],

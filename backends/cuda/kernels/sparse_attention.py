@@ -62,6 +62,11 @@ aligned to each list's position 0, and a block of padding (-1, or past extra_len
 Row ids must be < the cache's rows (the reference raises on larger ids; checking here would need
 a host synchronisation): the kernel does not check them.
 
+With out_positions (V4: the values carried their key's rotation, undone on the output), the last
+step that writes a query's output rows rotates their last R channels: DIRECT programs their [BLOCK_H,
+D] tile, the combine its column block (whole pairs: its width is even and aligned). The rows are
+rounded to the output dtype first, as the reference's rope reads them (`triton_common.rotate_tail_pairs`).
+
 Deviations (interpreter only): dot operands are upcast to float32 under TRITON_INTERPRET=1
 (deepinfer.triton_common.upcast_dot); bf16 outputs are rounded to nearest even by bit arithmetic
 (the interpreter truncates float32 -> bfloat16 casts; a GPU rounds to nearest even).
@@ -80,10 +85,12 @@ from deepinfer.triton_common import (
     float32_dots,
     fp8_views,
     interpreting,
+    last_dim_contiguous,
     merge_split_columns,
     next_power_of_2,
     normalise_with_sink,
     pick_splits,
+    rotate_tail_pairs,
     softmax_block,
     split_partial,
     split_row_blocks,
@@ -142,6 +149,17 @@ def _attend(
 
 
 @triton.jit
+def _rounded_f32(values, ptrs, MANUAL_RNE: tl.constexpr):
+    """float32 values rounded to the output's element type (nearest even), back in float32: what the
+    output rotation reads (the reference rotates the rounded output)."""
+    if MANUAL_RNE:
+        r = to_bf16_rne(values).to(tl.float32)
+    else:
+        r = values.to(ptrs.dtype.element_ty).to(tl.float32)
+    return r
+
+
+@triton.jit
 def _store_out(ptrs, values, mask, MANUAL_RNE: tl.constexpr):
     if MANUAL_RNE:
         tl.store(ptrs, to_bf16_rne(values), mask=mask)
@@ -152,7 +170,7 @@ def _store_out(ptrs, values, mask, MANUAL_RNE: tl.constexpr):
 @triton.jit
 def _sparse_attention_kernel(
     q_ptr, kv_ptr, kv_scale_ptr, idx_ptr, xkv_ptr, xkv_scale_ptr, xidx_ptr, xlen_ptr, sinks_ptr,
-    out_ptr, part_out_ptr, part_lse_ptr,
+    out_ptr, part_out_ptr, part_lse_ptr, opos_ptr, ocs_ptr,
     qk_scale,  # softmax_scale * log2(e): scores live in the log2 domain
     K, K2,  # widths of the two index lists
     stride_q_t, stride_q_h,
@@ -160,10 +178,11 @@ def _sparse_attention_kernel(
     stride_xkv, stride_xidx_t,
     stride_o_t, stride_o_h,
     stride_po_t, stride_po_split, stride_po_h,
-    stride_pl_t, stride_pl_split,
+    stride_pl_t, stride_pl_split, stride_ocs,
     H: tl.constexpr, D: tl.constexpr,
     HEAD_BLOCKS: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    ROPE: tl.constexpr, R: tl.constexpr,  # out_positions given: the output's last R channels rotated at them (table ocs_ptr)
     HAS_EXTRA: tl.constexpr,
     HAS_LENGTHS: tl.constexpr,  # extra_lengths given: query t reads extra_indices[t, :extra_lengths[t]] only
     DIRECT: tl.constexpr,  # one split: normalise with the sink and write out, no partials
@@ -212,6 +231,9 @@ def _sparse_attention_kernel(
     if DIRECT:
         sink = tl.load(sinks_ptr + offs_h, mask=h_ok, other=0.0).to(tl.float32) * 1.4426950408889634
         out = normalise_with_sink(acc, m_i, l_i, sink, BASE2=True)
+        if ROPE:
+            pos = tl.load(opos_ptr + t).to(tl.int64)
+            out = rotate_tail_pairs(_rounded_f32(out, out_ptr, MANUAL_RNE), 0, pos, ocs_ptr, stride_ocs, D, R, BLOCK_H, BLOCK_D)
         o_rows = out_ptr + t * stride_o_t + offs_h.to(tl.int64) * stride_o_h
         _store_out(o_rows[:, None] + offs_d[None, :], out, mask, MANUAL_RNE)
     else:
@@ -223,12 +245,13 @@ def _sparse_attention_kernel(
 
 @triton.jit
 def _sparse_attention_combine_kernel(
-    part_out_ptr, part_lse_ptr, sinks_ptr, out_ptr,
+    part_out_ptr, part_lse_ptr, sinks_ptr, out_ptr, opos_ptr, ocs_ptr,
     num_splits,
     stride_po_t, stride_po_split, stride_po_h,
     stride_pl_t, stride_pl_split,
-    stride_o_t, stride_o_h,
+    stride_o_t, stride_o_h, stride_ocs,
     H: tl.constexpr, D: tl.constexpr,
+    ROPE: tl.constexpr, R: tl.constexpr,
     COL_BLOCKS: tl.constexpr,
     SPLITS: tl.constexpr,  # splits a load: next_power_of_2(num_splits), at most MAX_SPLITS
     BLOCK_C: tl.constexpr,
@@ -249,6 +272,10 @@ def _sparse_attention_combine_kernel(
         part_lse_ptr + t * stride_pl_t + h, part_out_ptr + t * stride_po_t + h * stride_po_h, stride_pl_split, stride_po_split,
         num_splits, offs_c, c_ok, SPLITS, True, sink, True,
     )
+    if ROPE:  # the column block holds whole pairs (BLOCK_C even, blocks start at multiples of it)
+        pos = tl.load(opos_ptr + t).to(tl.int64)
+        rounded = tl.reshape(_rounded_f32(out, out_ptr, MANUAL_RNE), (1, BLOCK_C))
+        out = tl.reshape(rotate_tail_pairs(rounded, cb * BLOCK_C, pos, ocs_ptr, stride_ocs, D, R, 1, BLOCK_C), (BLOCK_C,))
     _store_out(out_ptr + t * stride_o_t + h.to(tl.int64) * stride_o_h + offs_c, out, c_ok, MANUAL_RNE)
 
 
@@ -298,6 +325,8 @@ def launch_sparse_attention(
     extra_kv: torch.Tensor | None = None,
     extra_indices: torch.Tensor | None = None,
     extra_lengths: torch.Tensor | None = None,
+    out_positions: torch.Tensor | None = None,
+    out_cos_sin_cache: torch.Tensor | None = None,
     *,
     num_splits: int | None = None,
     overrides: dict | None = None,
@@ -305,7 +334,7 @@ def launch_sparse_attention(
 ) -> torch.Tensor:
     """sparse_attention with an optional forced split count (tests use it to exercise the combine)
     and tile overrides (see `plan`); invariant: the batch-invariant plan."""
-    sparse_ops.check_sparse_attention_shapes(q, kv, indices, sinks, extra_kv, extra_indices, extra_lengths)
+    sparse_ops.check_sparse_attention_shapes(q, kv, indices, sinks, extra_kv, extra_indices, extra_lengths, out_positions, out_cos_sin_cache)
     tokens, heads, dim = q.shape
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
     if tokens == 0 or heads == 0 or dim == 0:
@@ -329,6 +358,10 @@ def launch_sparse_attention(
         xkv, xidx, width2 = kv, indices, 0  # unused placeholders
     has_lengths = has_extra and extra_lengths is not None
     xlen = extra_lengths.contiguous() if has_lengths else indices  # (unused without lengths)
+    rope = out_positions is not None
+    opos = out_positions.contiguous() if rope else indices  # (unused without the rotation)
+    ocs = last_dim_contiguous(out_cos_sin_cache)[0] if rope else sinks
+    rope_dim = ocs.shape[-1] if rope else 0
     fp8, xfp8 = kv_cache_format.is_fp8(kv), has_extra and kv_cache_format.is_fp8(xkv)
     # Not the placeholder: counting it put every sliding layer with an FP8 cache on float32 dots
     # (16-head tiles off the tensor cores, the e2e prefill profile's largest kernel on the H100).
@@ -350,7 +383,7 @@ def launch_sparse_attention(
     manual_rne = interpreting() and q.dtype == torch.bfloat16
     _sparse_attention_kernel[(tokens * cfg["head_blocks"], splits)](
         q, kv, kv_scales, indices, xkv, xkv_scales, xidx, xlen, sinks,
-        out, part_out, part_lse,
+        out, part_out, part_lse, opos, ocs,
         float(softmax_scale) * LOG2E,
         indices.shape[1], width2,
         q.stride(0), q.stride(1),
@@ -358,9 +391,10 @@ def launch_sparse_attention(
         xkv.stride(0), xidx.stride(0),
         out.stride(0), out.stride(1),
         *po_strides,
-        *pl_strides,
+        *pl_strides, ocs.stride(0),
         H=heads, D=dim,
         HEAD_BLOCKS=cfg["head_blocks"],
+        ROPE=rope, R=rope_dim,
         BLOCK_H=cfg["BLOCK_H"], BLOCK_N=cfg["BLOCK_N"], BLOCK_D=block_d,
         HAS_EXTRA=has_extra,
         HAS_LENGTHS=has_lengths,
@@ -376,12 +410,13 @@ def launch_sparse_attention(
         block_c = max(16, min(block_d, COMBINE_ELEMS // chunk))
         col_blocks = cdiv(dim, block_c)
         _sparse_attention_combine_kernel[(tokens * heads * col_blocks,)](
-            part_out, part_lse, sinks, out,
+            part_out, part_lse, sinks, out, opos, ocs,
             splits,
             *po_strides,
             *pl_strides,
-            out.stride(0), out.stride(1),
+            out.stride(0), out.stride(1), ocs.stride(0),
             H=heads, D=dim,
+            ROPE=rope, R=rope_dim,
             COL_BLOCKS=col_blocks,
             SPLITS=chunk, BLOCK_C=block_c,
             MANUAL_RNE=manual_rne,
@@ -400,8 +435,10 @@ def sparse_attention(
     extra_kv: torch.Tensor | None = None,
     extra_indices: torch.Tensor | None = None,
     extra_lengths: torch.Tensor | None = None,
+    out_positions: torch.Tensor | None = None,
+    out_cos_sin_cache: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    return launch_sparse_attention(q, kv, indices, sinks, softmax_scale, extra_kv, extra_indices, extra_lengths)
+    return launch_sparse_attention(q, kv, indices, sinks, softmax_scale, extra_kv, extra_indices, extra_lengths, out_positions, out_cos_sin_cache)
 
 
 def sparse_attention_invariant(
@@ -414,8 +451,12 @@ def sparse_attention_invariant(
     extra_kv: torch.Tensor | None = None,
     extra_indices: torch.Tensor | None = None,
     extra_lengths: torch.Tensor | None = None,
+    out_positions: torch.Tensor | None = None,
+    out_cos_sin_cache: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    return launch_sparse_attention(q, kv, indices, sinks, softmax_scale, extra_kv, extra_indices, extra_lengths, invariant=True)
+    return launch_sparse_attention(
+        q, kv, indices, sinks, softmax_scale, extra_kv, extra_indices, extra_lengths, out_positions, out_cos_sin_cache, invariant=True
+    )
 
 
 REGISTRATIONS = [

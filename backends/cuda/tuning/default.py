@@ -76,6 +76,9 @@ CONFIGS: dict[str, dict[str, dict]] = {
     "kv_cache_write": {"tokens": {"num_warps": 4}},
     # norm_rope_kv_write: one row of up to 512 float32 channels per program. Not measured.
     "norm_rope_kv_write": {"rows": {"num_warps": 4}},
+    # head_norm_rope: whole heads of one token per program, tile_elems channels in all (4 of V4's 512-wide
+    # query heads: 16 programs a token at 64 heads); more under the interpreter (it pays per operation). Not measured.
+    "head_norm_rope": {"heads": {"tile_elems": 2048, "interpreter_tile_elems": 16384, "num_warps": 4}},
     # moe (deepinfer_cuda.kernels.moe): gate holds tile_elems router scores per program; dispatch's
     # count tile is count_tile_elems one-hot entries; copy/combine move block_bytes per row per step
     # and split the columns until target_programs programs run.

@@ -65,7 +65,6 @@ class V4Attention:
         )
         self.wo_b = weights.linear(f"{prefix}wo_b")
         self.sinks = weights.tensor(f"{prefix}attn_sink")
-        self.unit = torch.ones(self.dim, dtype=torch.float32, device=self.sinks.device)  # q's per-head RMS norm has no weight
         self.compressor = self.indexer = None
         if self.kind != SLIDING:
             self.compressor = Compressor(weights, f"{prefix}compressor.", ratio=self.ratio, overlap=self.kind == CSA, eps=self.eps)
@@ -81,9 +80,8 @@ class V4Attention:
         cos_sin, inverse = ropes["main" if self.kind == SLIDING else "compress"]
         q_low, kv_raw = self.q_kv.split(ops, x)  # row-strided views of one product: rms_norm reads them as they are
         q_latent, _ = ops.rms_norm(q_low, self.q_norm, eps=self.eps)
-        q = self.wq_b(ops, q_latent).view(tokens * self.heads, self.dim)
-        q, _ = ops.rms_norm(q.contiguous(), self.unit, eps=self.eps)
-        q = self._rotate(ops, q.view(tokens, self.heads, self.dim), step.positions, cos_sin)
+        # q's heads normed without weight and their rope channels rotated, in place, in one launch
+        q = ops.head_norm_rope(self.wq_b(ops, q_latent).view(tokens, self.heads, self.dim), step.positions, cos_sin, eps=self.eps)
         # the window row: normed, its rope channels rotated, written to its slot (-1: a replayed token's, skipped) in one launch
         ops.norm_rope_kv_write(kv_raw, self.kv_norm, step.positions, cos_sin, cache.swa, step.write_slots, eps=self.eps)
         extra = {}
@@ -95,14 +93,10 @@ class V4Attention:
             else:  # every visible entry: the first num_visible of a row (a decode plan's rows are E_max wide)
                 plan = step.ratios[self.ratio]
                 extra = {"extra_kv": pool, "extra_indices": plan.visible_rows, "extra_lengths": plan.num_visible}
-        out = ops.sparse_attention(q, cache.swa.flatten(0, 1), step.window_rows, self.sinks, softmax_scale=self.config.softmax_scale, **extra)
-        out = self._rotate(ops, out, step.positions, inverse)
+        # the output's rope channels rotated back in the op's last step (V = K carried the key's rotation)
+        out = ops.sparse_attention(q, cache.swa.flatten(0, 1), step.window_rows, self.sinks, softmax_scale=self.config.softmax_scale,
+                                   out_positions=step.positions, out_cos_sin_cache=inverse, **extra)  # fmt: skip
         return self._project(ops, out)
-
-    def _rotate(self, ops, x: torch.Tensor, positions: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
-        """Rotate the last rope_dim channels of x [T, H, D] (DeepSeek's interleaved pairs) in place: x is
-        always this layer's own fresh tensor, and copying back rope_dim channels beats concatenating D."""
-        return _rotate_tail(ops, x, self.rope_dim, positions, table)
 
     def _selected_rows(self, ops, x, q_latent, cache: LayerCache, step: V4Step, cos_sin) -> torch.Tensor:
         """CSA: the indexer's top-k entries of each token, as rows of the entry pool."""
@@ -110,7 +104,7 @@ class V4Attention:
         self.indexer(ops, x, cache.indexer, step, cos_sin)
         plan = step.ratios[self.ratio]
         iq = self.index_wq_b(ops, q_latent).view(x.shape[0], c.index_n_heads, c.index_head_dim)
-        iq = _rotate_tail(ops, iq, self.rope_dim, step.positions, cos_sin)
+        iq = ops.head_norm_rope(iq, step.positions, cos_sin)  # rotated only: the indexer's q heads are not normed
         weights = self.index_weights(ops, x).float() * self.index_scale
         keys = cache.indexer.pool.flatten(0, 1)
         return ops.indexer_topk(iq, weights, keys, plan.entry_rows, step.token_seq, plan.num_visible, top_k=c.index_topk)
@@ -123,10 +117,3 @@ class V4Attention:
         low = low.view(groups, tokens, -1).transpose(0, 1).reshape(tokens, -1)
         return self.wo_b(ops, low.contiguous())
 
-
-def _rotate_tail(ops, x: torch.Tensor, rope_dim: int, positions: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
-    """x [T, H, D] with its last rope_dim channels rotated, written back into x (the rope op reads the
-    strided view directly where its backend can)."""
-    tail = x[..., x.shape[-1] - rope_dim :]
-    tail.copy_(ops.rope(tail, positions, table, interleaved=True))
-    return x

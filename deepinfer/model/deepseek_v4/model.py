@@ -71,18 +71,16 @@ class V4DecoderLayer:
         self.attn = V4Attention(config, layer, weights, f"{p}attn.", dtype)
         self.ffn = V4MoE(config, layer, weights, f"{p}ffn.")
 
-    def _pre(self, ops, streams: torch.Tensor, block: str):
+    def _pre(self, ops, streams: torch.Tensor, block: str, norm: torch.Tensor):
+        """The block's input, already normed with its RMSNorm `norm` (hc_pre's option: one launch), and the mixings."""
         c = self.config
         fn, base, scale = self.hc[block]
-        return ops.hc_pre(streams, fn, base, scale, norm_eps=c.rms_norm_eps, hc_eps=c.hc_eps, sinkhorn_iters=c.hc_sinkhorn_iters)
+        return ops.hc_pre(streams, fn, base, scale, norm_eps=c.rms_norm_eps, hc_eps=c.hc_eps, sinkhorn_iters=c.hc_sinkhorn_iters, norm_weight=norm)
 
     def __call__(self, ops, streams: torch.Tensor, cache, step, ropes, input_ids: torch.Tensor) -> torch.Tensor:
-        eps = self.config.rms_norm_eps
-        x, post, comb = self._pre(ops, streams, "attn")
-        x, _ = ops.rms_norm(x, self.attn_norm, eps=eps)
+        x, post, comb = self._pre(ops, streams, "attn", self.attn_norm)
         streams = ops.hc_post(self.attn(ops, x, cache, step, ropes), streams, post, comb)
-        x, post, comb = self._pre(ops, streams, "ffn")
-        x, _ = ops.rms_norm(x, self.ffn_norm, eps=eps)
+        x, post, comb = self._pre(ops, streams, "ffn", self.ffn_norm)
         return ops.hc_post(self.ffn(ops, x, input_ids), streams, post, comb)
 
 

@@ -1,8 +1,8 @@
 """V4 MoE: routed experts (hash routing in the first layers, then scored top-k) plus a shared expert,
 every SwiGLU clipped at `swiglu_limit`.
 
-Hash layers take each token's experts from a frozen table (`tid2eid[token id]`); the router's
-sqrt(softplus) scores still weigh them. Scored layers pick the top-k of score + bias (`gate`).
+Hash layers take each token's experts from a frozen table (`tid2eid[token id]`, looked up by the
+`gate` op); the router's sqrt(softplus) scores still weigh them. Scored layers pick the top-k of score + bias (`gate`).
 Weights are renormalised and scaled by routed_scaling_factor in both.
 """
 
@@ -10,12 +10,10 @@ from __future__ import annotations
 
 import torch
 
-from deepinfer import exact_order
 from deepinfer.model.deepseek_v4.config import HASH_MOE, V4Config
 from deepinfer.model.linear import FusedLinear
 from deepinfer.model.moe import stack_experts
 from deepinfer.model.weights import FLOAT32, LINEAR, TensorSpec, WeightStore
-from deepinfer.ops.moe import expert_scores
 
 INDEX = "index"  # an integer table (tid2eid), kept as int64
 EXPERT = "expert"  # a routed expert's projection: dense, FP8 block-scaled, or MXFP4 (packed) as stored
@@ -57,19 +55,13 @@ class V4MoE:
                            weights.linear(f"{prefix}shared_experts.w2"))  # fmt: skip
 
     def _route(self, ops, x: torch.Tensor, input_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(weights, expert ids) per token: the gate selects by score + bias, or, hash-routed, looks the
+        experts up in tid2eid by token id (in the gate's kernel) and weighs them by their scores."""
         c = self.config
         logits = ops.linear(x.float(), self.router, fmt="dense")
-        if not self.hashed:
-            return ops.gate(logits, top_k=c.num_experts_per_tok, score_func=c.scoring_func, correction_bias=self.bias, renormalize=True,
-                            routed_scaling_factor=c.routed_scaling_factor)  # fmt: skip
-        # Hash routing: the experts come from the table; the scores only weigh them (torch glue:
-        # a lookup and a gather, nothing a backend would fuse on its own).
-        ids = self.tid2eid[input_ids].long()
-        with exact_order.glue(ops.deterministic):
-            scores = expert_scores(logits, c.scoring_func)  # the gate op's own scoring
-            weights = scores.gather(1, ids)
-            weights = weights / weights.sum(dim=-1, keepdim=True)
-        return weights * c.routed_scaling_factor, ids.to(torch.int32)
+        hashed = {"hash_table": self.tid2eid, "token_ids": input_ids} if self.hashed else {"correction_bias": self.bias}
+        return ops.gate(logits, top_k=c.num_experts_per_tok, score_func=c.scoring_func, renormalize=True,
+                        routed_scaling_factor=c.routed_scaling_factor, **hashed)  # fmt: skip
 
     def __call__(self, ops, x: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
         weights, ids = self._route(ops, x, input_ids)
