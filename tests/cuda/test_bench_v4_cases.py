@@ -37,7 +37,9 @@ def test_the_cases_cover_v4_flash_sizes():
         assert ("indexer_topk", f"decode_B64_ctx{ctx}k_H64_D128_top512_bf16") in names
     assert {n for op, n in names if op == "compress_kv"} >= {"decode_B256_CSA_r4_overlap_D512_f32", "prefill_T8192_HCA_r128_D512_f32"}
     for op, tokens in (("hc_pre", (1, 16, 64, 1024, 8192)), ("hc_post", (1, 64, 1024, 8192))):
-        assert {n for o, n in names if o == op} == {f"T{t}_N4_D4096_bf16" for t in tokens}
+        assert {n for o, n in names if o == op and not n.endswith("_normed")} == {f"T{t}_N4_D4096_bf16" for t in tokens}
+    assert {n for o, n in names if o == "hc_pre" and n.endswith("_normed")} == {f"T{t}_N4_D4096_bf16_normed" for t in (1, 64, 8192)}
+    assert {n for o, n in names if o == "head_norm_rope"} == {f"decode_B{b}_H64_D512_r64_bf16" for b in (1, 64, 256)}
     assert {c.name.split("_")[0] for c in v4_misc.CASES if c.op == "clamped_silu_and_mul"} == {"T384", "T1536", "T49152"}
     prefills = {(c.op, c.bound) for c in v4_attention.CASES if c.name.startswith("prefill")}
     assert prefills == {("sparse_attention", "compute"), ("compress_kv", "memory"), ("indexer_topk", "compute")}

@@ -64,7 +64,7 @@ import torch
 from deepinfer.ops import kv_cache_format
 from deepinfer_cuda.bench.common import BenchCase
 
-OPS = ("sparse_attention", "compress_kv", "norm_rope_kv_write", "indexer_topk")  # what this bench module covers: the runner finds it by this
+OPS = ("sparse_attention", "compress_kv", "norm_rope_kv_write", "head_norm_rope", "indexer_topk")  # what this bench module covers: the runner finds it by this
 TABLE_ORDER = 70  # where its rows sit in `deepinfer bench ops`: after the V3-shaped families
 
 HEADS, DIM = 64, 512
@@ -330,6 +330,52 @@ def _emit_flops(s: dict) -> float:
     return s["x"].shape[0] * (4.0 * DIM + 3.0 * ROPE_DIM)
 
 
+# ---------------------------------------------------------------------------------------------- head_norm_rope
+
+HEADS = 64  # V4-Flash's query heads
+
+
+def _heads_setup(tokens: int):
+    """q of `tokens` decode tokens: 64 heads of 512 channels (bf16), normed and their last 64 rotated in place."""
+
+    def setup(device: torch.device) -> dict:
+        g = _gen(device)
+        return {
+            "q": torch.randn(tokens, HEADS, DIM, device=device, generator=g).to(torch.bfloat16),
+            "positions": torch.randint(0, 32768, (tokens,), device=device, generator=g),
+            "table": torch.randn(32768, ROPE_DIM, device=device, generator=g),
+        }
+
+    return setup
+
+
+def _heads_kernel(s: dict):
+    from deepinfer_cuda.kernels.head_norm_rope import head_norm_rope
+
+    return head_norm_rope(s["q"], s["positions"], s["table"], eps=NORM_EPS)
+
+
+def _heads_peer(s: dict):
+    """What the model ran before the op: rms_norm over the heads, rope on the tail, the tail copied back (torch)."""
+    from deepinfer.ops.norm import rms_norm
+    from deepinfer.ops.rope import rope
+
+    q = s["q"]
+    normed, _ = rms_norm(q.view(-1, DIM), torch.ones(DIM, device=q.device), eps=NORM_EPS)
+    normed = normed.view(q.shape)
+    normed[..., DIM - ROPE_DIM :].copy_(rope(normed[..., DIM - ROPE_DIM :], s["positions"], s["table"], interleaved=True))
+    return normed
+
+
+def _heads_bytes(s: dict) -> float:
+    q = s["q"]
+    return 2 * q.numel() * q.element_size() + q.shape[0] * (ROPE_DIM * 4 + 8)
+
+
+def _heads_flops(s: dict) -> float:
+    return s["q"].shape[0] * HEADS * (4.0 * DIM + 3.0 * ROPE_DIM)
+
+
 # ---------------------------------------------------------------------------------------------- indexer_topk
 
 
@@ -405,6 +451,8 @@ def _indexer_flops(s: dict) -> float:
 
 SPARSE = (_sparse_kernel, _sparse_peer, "torch: the reference's float32 gather + einsum (no bounds check; chunks of <= 1 GiB)", _sparse_flops, _sparse_bytes)
 COMPRESS = (_compress_kernel, _compress_peer, "torch reference (deepinfer.ops.compressor)", _compress_flops, _compress_bytes)
+HEADS_NORM_ROPE = (_heads_kernel, _heads_peer, "torch: rms_norm over the heads, rope on the tail, the tail copied back (the model's earlier path)",
+                   _heads_flops, _heads_bytes)  # fmt: skip
 EMIT = (_emit_kernel, _emit_peer, "torch: the reference's float32 norm and rope, rows cast or quantised and scattered (no bounds check)", _emit_flops,
         _emit_bytes)  # fmt: skip
 INDEXER = (_indexer_kernel, _indexer_peer, "torch: the reference's scores and tie rule, vectorised over queries", _indexer_flops, _indexer_bytes)
@@ -424,6 +472,7 @@ CASES = [
     BenchCase("compress_kv", "prefill_T8192_HCA_r128_D512_f32", _compress_setup(HCA_RATIO, False, 8192 // HCA_RATIO, decode=False), *COMPRESS),
     *[GraphCase("norm_rope_kv_write", f"decode_B{b}_D512_r64_bf16", _emit_setup(b), *EMIT) for b in (1, 256)],
     GraphCase("norm_rope_kv_write", "decode_B256_D512_r64_fp8pool", _emit_setup(256, FP8), *EMIT),
+    *[GraphCase("head_norm_rope", f"decode_B{b}_H64_D512_r64_bf16", _heads_setup(b), *HEADS_NORM_ROPE) for b in (1, 64, 256)],
     *[GraphCase("indexer_topk", f"decode_B64_ctx{ctx // 1024}k_H64_D128_top512_bf16", _indexer_setup(64, ctx), *INDEXER) for ctx in (4096, 32768, 65536)],
     *[GraphCase("indexer_topk", f"decode_B{b}_ctx32k_H64_D128_top512_fp8kv", _indexer_setup(b, 32768, kv_dtype=FP8), *INDEXER) for b in (1, 64)],
     GraphCase("indexer_topk", "decode_B1_ctx32k_H64_D128_top512_bf16", _indexer_setup(1, 32768), *INDEXER),

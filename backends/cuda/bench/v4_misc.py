@@ -57,6 +57,7 @@ def _hc_setup(tokens: int):
             "scale": 1 + 0.2 * torch.randn(3, device=device, generator=g),
             "post": 2 * torch.rand(tokens, STREAMS, device=device, generator=g),
             "comb": torch.softmax(torch.randn(tokens, STREAMS, STREAMS, device=device, generator=g), dim=-1),
+            "norm_weight": 1 + 0.1 * torch.randn(HIDDEN, device=device, generator=g),  # the block's RMSNorm (attn_norm / ffn_norm)
         }
 
     return setup
@@ -79,6 +80,18 @@ def _pre_peer(s: dict):
     from deepinfer.ops.hyper_connection import hc_pre
 
     return hc_pre(*_pre_args(s), **_PRE_KW)
+
+
+def _pre_normed_kernel(s: dict):
+    from deepinfer_cuda.kernels.hyper_connection import hc_pre
+
+    return hc_pre(*_pre_args(s), **_PRE_KW, norm_weight=s["norm_weight"])
+
+
+def _pre_normed_peer(s: dict):
+    from deepinfer.ops.hyper_connection import hc_pre
+
+    return hc_pre(*_pre_args(s), **_PRE_KW, norm_weight=s["norm_weight"])
 
 
 def _pre_bytes(s: dict) -> float:
@@ -146,6 +159,7 @@ def _act_flops(s: dict) -> float:
 
 
 HC_PRE = (_pre_kernel, _pre_peer, "torch reference (deepinfer.ops.hyper_connection)", _pre_flops, _pre_bytes)
+HC_PRE_NORMED = (_pre_normed_kernel, _pre_normed_peer, "torch reference (hc_pre then rms_norm, one op)", _pre_flops, _pre_bytes)
 HC_POST = (_post_kernel, _post_peer, "torch reference (deepinfer.ops.hyper_connection)", _post_flops, _post_bytes)
 ACT = (_act_kernel, _act_peer, "torch reference (deepinfer.ops.activation)", _act_flops, _act_bytes)
 
@@ -157,6 +171,8 @@ def _case(tokens: int):
 
 CASES = [
     *[_case(t)("hc_pre", f"T{t}_N4_D4096_bf16", _hc_setup(t), *HC_PRE) for t in (1, 16, 64, 1024, 8192)],
+    # with the block's norm applied in the collapse (norm_weight): compare with the rows above
+    *[_case(t)("hc_pre", f"T{t}_N4_D4096_bf16_normed", _hc_setup(t), *HC_PRE_NORMED) for t in (1, 64, 8192)],
     *[_case(t)("hc_post", f"T{t}_N4_D4096_bf16", _hc_setup(t), *HC_POST) for t in (1, 64, 1024, 8192)],
     GraphCase("clamped_silu_and_mul", "T384_I2048_bf16_decode_B64_top6", _act_setup(384), *ACT),
     GraphCase("clamped_silu_and_mul", "T1536_I2048_bf16_decode_B256_top6", _act_setup(1536), *ACT),
