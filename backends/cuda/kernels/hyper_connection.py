@@ -37,10 +37,11 @@ across lanes at the segment's end). Two launch shapes:
 The two shapes sum in different orders (the split's segments by a tl.sum tree), so their numbers
 differ in the last bits; each is deterministic run to run.
 
-With `norm_weight` (the block's RMSNorm folded in: no rms_norm launch after hc_pre), the collapse
-runs twice over a token's row: first over all of D for the sum of squares of the row rounded to the
-output dtype (every D split of the combine repeats it: a few KB of x per token, from L2), then over
-the program's own share, storing round(round(li) * rstd * weight) as rms_norm would.
+With `norm_weight` (the block's RMSNorm folded in: no rms_norm launch after hc_pre), the split launch's
+combine runs the collapse twice over a token's row: first over all of D, 2048 wide per step, for the sum
+of squares of the row rounded to the output dtype (every D split repeats it: 32 KB of x per token, from
+L2), then over the program's own share, storing round(round(li) * rstd * weight) as rms_norm would. The
+fused launch (large T) has no room for that in its 32-token tile: the norm's own kernel runs after it.
 
 The N x N block is taken out of the W_PAD logits by a masked sum (exact) and reshaped to
 [BLOCK_T, N_PAD, N_PAD]; padding (N not a power of two) is masked to zero so Sinkhorn's sums see
@@ -96,6 +97,7 @@ _SPLIT_STAGES = 2
 _SPLIT_BLOCK_D = 512  # collapse chunk of a combine program
 _SPLIT_MAX_TOKENS = 4096  # tokens per mix + combine pair: partials of at most 64 MB (V4-Flash)
 _COMBINE_WARPS = 4
+_STATS_BLOCK_D = 2048  # with the block's norm: a combine program's row statistics per step (one token: 32 KB of x in two steps)
 _PRE_FILL = 2  # programs per SM the combine's D splits aim for
 _INTERP_BLOCK_D = 2048  # collapse chunk under the interpreter
 # hc_post launch constants.
@@ -215,9 +217,12 @@ def _collapse(x_ptr, toks, t_ok, pre, d, d_ok, D, stride_t, ACC: tl.constexpr, N
 def _store_mixed(
     x_ptr, out_ptr, post_ptr, comb_ptr, w_ptr, toks, t_ok, pre, post, comb, store_mixings, d_lo, d_hi, D, stride_t, stride_out, norm_eps,
     ACC: tl.constexpr, N: tl.constexpr, N_PAD: tl.constexpr, MANUAL_RNE: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, NORM: tl.constexpr,
+    STATS_BLOCK_D: tl.constexpr,
 ):
     """post / comb of the tokens (when store_mixings) and their layer input over d in [d_lo, d_hi); with
-    NORM, rms-normed with the weight at w_ptr over the whole row (norm_eps)."""
+    NORM, rms-normed with the weight at w_ptr over the whole row (norm_eps), its statistics taken in
+    STATS_BLOCK_D-wide steps (a decode token's split: 2048, so the row's loads are in flight together
+    rather than eight 512-wide steps one after another)."""
     n = tl.arange(0, N_PAD)
     n_ok = n < N
     if store_mixings:
@@ -229,9 +234,10 @@ def _store_mixed(
     if NORM:
         # The whole row's statistics first (every D split repeats them: a split owns a share of D, the norm
         # needs all of it), of the row rounded to the output dtype, as a separate rms_norm would read it.
-        sq = tl.zeros([BLOCK_T, BLOCK_D], ACC)
-        for d0 in range(0, D, BLOCK_D):
-            d = d0 + dd
+        ds = tl.arange(0, STATS_BLOCK_D)
+        sq = tl.zeros([BLOCK_T, STATS_BLOCK_D], ACC)
+        for d0 in range(0, D, STATS_BLOCK_D):
+            d = d0 + ds
             li = _to_out(_collapse(x_ptr, toks, t_ok, pre, d, d < D, D, stride_t, ACC, N, N_PAD), out_ptr, MANUAL_RNE).to(ACC)
             sq += li * li
         inv = 1.0 / tl.sqrt(tl.sum(sq, axis=1) / D + norm_eps)
@@ -253,7 +259,7 @@ def _hc_pre_kernel(
     norm_eps, hc_eps, sinkhorn_iters,
     ACC: tl.constexpr, N: tl.constexpr, MANUAL_RNE: tl.constexpr,
     BLOCK_T: tl.constexpr, W_PAD: tl.constexpr, N_PAD: tl.constexpr, BLOCK_K: tl.constexpr, SEG: tl.constexpr, EVEN_K: tl.constexpr,
-    USE_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr, BLOCK_D: tl.constexpr, NORM: tl.constexpr,
+    USE_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr, BLOCK_D: tl.constexpr, NORM: tl.constexpr, STATS_BLOCK_D: tl.constexpr,
 ):
     """The fused launch: one token tile per program, the segments in order, the mixings, the collapse of all of D."""
     pid_t = tl.program_id(0)
@@ -272,7 +278,7 @@ def _hc_pre_kernel(
         ss += seg_ss
     pre, post, comb = _mixings(acc, ss, base_ptr, scale_ptr, K, norm_eps, hc_eps, sinkhorn_iters, ACC, N, BLOCK_T, W_PAD, N_PAD)
     _store_mixed(x_ptr, out_ptr, post_ptr, comb_ptr, w_ptr, toks, t_ok, pre, post, comb, True, 0, D, D, stride_t, stride_out, norm_eps,
-                 ACC, N, N_PAD, MANUAL_RNE, BLOCK_T, BLOCK_D, NORM)
+                 ACC, N, N_PAD, MANUAL_RNE, BLOCK_T, BLOCK_D, NORM, STATS_BLOCK_D)
 
 
 @triton.jit(do_not_specialize=["T"])
@@ -283,6 +289,7 @@ def _hc_pre_combine_kernel(
     norm_eps, hc_eps, sinkhorn_iters,
     ACC: tl.constexpr, N: tl.constexpr, MANUAL_RNE: tl.constexpr,
     BLOCK_T: tl.constexpr, W_PAD: tl.constexpr, N_PAD: tl.constexpr, SEG_PAD: tl.constexpr, BLOCK_D: tl.constexpr, NORM: tl.constexpr,
+    STATS_BLOCK_D: tl.constexpr,
 ):
     """The split launch's second kernel, grid (token tiles, D splits): each program loads all of its
     tokens' segment partials as one tile, sums them over the segments (one tl.sum: a fixed tree),
@@ -301,7 +308,7 @@ def _hc_pre_combine_kernel(
     pre, post, comb = _mixings(acc, ss, base_ptr, scale_ptr, N * D, norm_eps, hc_eps, sinkhorn_iters, ACC, N, BLOCK_T, W_PAD, N_PAD)
     d_lo = pid_d * d_per_split
     _store_mixed(x_ptr, out_ptr, post_ptr, comb_ptr, w_ptr, toks, t_ok, pre, post, comb, pid_d == 0, d_lo, tl.minimum(d_lo + d_per_split, D), D,
-                 stride_t, stride_out, norm_eps, ACC, N, N_PAD, MANUAL_RNE, BLOCK_T, BLOCK_D, NORM)
+                 stride_t, stride_out, norm_eps, ACC, N, N_PAD, MANUAL_RNE, BLOCK_T, BLOCK_D, NORM, STATS_BLOCK_D)
 
 
 def _manual_rne(dtype: torch.dtype) -> bool:
@@ -368,13 +375,20 @@ def launch_hc_pre(x, fn, base, scale, norm_eps, hc_eps, sinkhorn_iters, norm_wei
     fused_t = 8 if f64 else 16 if interp else _PRE_BLOCK_T
     fused_tiles = cdiv(T, fused_t)
     if not invariant and (K <= _PRE_SEG or fused_tiles >= num_sms(x.device)):
+        if norm:
+            # The fused launch's tile (32 tokens) holds no room for the norm's row statistics (sm90: 796 bytes of
+            # spills, 10% slower at T 8192 than the norm's own kernel after it): the block's norm runs after it.
+            from deepinfer_cuda.kernels.norm import launch_rms_norm
+
+            out, post, comb = launch_hc_pre(x, fn, base, scale, norm_eps, hc_eps, sinkhorn_iters)
+            return launch_rms_norm(out, norm_weight, norm_eps, None)[0], post, comb
         _hc_pre_kernel[(fused_tiles,)](
             x, fn, base, scale, weight, out, post, comb,
             T, D, x.stride(0), fn.stride(0), out.stride(0),
             float(norm_eps), float(hc_eps), int(sinkhorn_iters),
             BLOCK_T=fused_t, BLOCK_K=_PRE_SEG if interp else _PRE_BLOCK_K,
             SEG=_PRE_SEG, EVEN_K=K % _PRE_SEG == 0, BLOCK_D=_INTERP_BLOCK_D if interp else _PRE_BLOCK_D,
-            num_stages=_PRE_STAGES, **common, **dot,
+            num_stages=_PRE_STAGES, STATS_BLOCK_D=_INTERP_BLOCK_D if interp else _PRE_BLOCK_D, **common, **dot,
         )
         return out, post, comb
     seg = split_segment(K)
@@ -400,6 +414,7 @@ def launch_hc_pre(x, fn, base, scale, norm_eps, hc_eps, sinkhorn_iters, norm_wei
             rows, D, n_seg, d_per_split, xs.stride(0), out.stride(0),
             float(norm_eps), float(hc_eps), int(sinkhorn_iters),
             BLOCK_T=comb_t, SEG_PAD=next_power_of_2(n_seg), BLOCK_D=block_d, num_warps=_COMBINE_WARPS, **common,
+            STATS_BLOCK_D=block_d if interp else min(_STATS_BLOCK_D, next_power_of_2(D)),
         )
     return out, post, comb
 
