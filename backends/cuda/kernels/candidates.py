@@ -21,8 +21,9 @@ visible entries of unmarked blocks to -inf, which the selection never takes (fin
 No host synchronisation (CUDA-graph safe). Deviation: num_visible is clamped to E (as indexer_topk's
 kernel does); the op's contract has num_visible <= E, and the reference, given more, would force no
 block in candidate_blocks once the newest entry's block lies past the table. float64 (a test dtype)
-goes to the reference. Batch-invariant where indexer_topk's default kernel is (module docstring there):
-the added kernels work per query, with tiles from block_size and top_blocks only.
+goes to the reference. Deterministic mode (`*_invariant`): scored with indexer_topk's invariant tile (its
+module docstring says why that is batch-invariant); the added kernels work per query, with tiles from
+block_size, top_blocks and the table width (a query's values do not depend on the tile).
 """
 
 from __future__ import annotations
@@ -118,6 +119,25 @@ def candidate_blocks(
     block_size: int,
     top_blocks: int,
 ) -> torch.Tensor:
+    return launch_candidate_blocks(q, weights, index_keys, entry_rows, token_seq, num_visible, block_size, top_blocks)
+
+
+def candidate_blocks_invariant(
+    q: torch.Tensor,
+    weights: torch.Tensor,
+    index_keys: torch.Tensor,
+    entry_rows: torch.Tensor,
+    token_seq: torch.Tensor,
+    num_visible: torch.Tensor,
+    *,
+    block_size: int,
+    top_blocks: int,
+) -> torch.Tensor:
+    return launch_candidate_blocks(q, weights, index_keys, entry_rows, token_seq, num_visible, block_size, top_blocks, invariant=True)
+
+
+def launch_candidate_blocks(q, weights, index_keys, entry_rows, token_seq, num_visible, block_size, top_blocks, *, invariant: bool = False):
+    """candidate_blocks; invariant: indexer_topk's invariant scoring tile (deterministic mode)."""
     check_indexer_topk_shapes(q, weights, index_keys, entry_rows, token_seq, num_visible)
     if block_size < 1 or top_blocks < 1:
         raise ValueError(f"candidate_blocks wants block_size >= 1 and top_blocks >= 1, got {block_size} and {top_blocks}")
@@ -129,7 +149,7 @@ def candidate_blocks(
         return out
     args = _prepared(q, weights, index_keys, entry_rows, token_seq, num_visible)
     num_visible = args[5]
-    scores = score_entries(*args)
+    scores = score_entries(*args, invariant=invariant)
     n_blocks = cdiv(entries, block_size)
     block_scores = torch.empty(tokens, n_blocks, dtype=torch.float32, device=q.device)
     below = torch.empty(tokens, dtype=torch.int32, device=q.device)
@@ -159,6 +179,26 @@ def indexer_topk_in_blocks(
     top_k: int,
     block_size: int,
 ) -> torch.Tensor:
+    return launch_indexer_topk_in_blocks(q, weights, index_keys, entry_rows, token_seq, num_visible, blocks, top_k, block_size)
+
+
+def indexer_topk_in_blocks_invariant(
+    q: torch.Tensor,
+    weights: torch.Tensor,
+    index_keys: torch.Tensor,
+    entry_rows: torch.Tensor,
+    token_seq: torch.Tensor,
+    num_visible: torch.Tensor,
+    blocks: torch.Tensor,
+    *,
+    top_k: int,
+    block_size: int,
+) -> torch.Tensor:
+    return launch_indexer_topk_in_blocks(q, weights, index_keys, entry_rows, token_seq, num_visible, blocks, top_k, block_size, invariant=True)
+
+
+def launch_indexer_topk_in_blocks(q, weights, index_keys, entry_rows, token_seq, num_visible, blocks, top_k, block_size, *, invariant: bool = False):
+    """indexer_topk_in_blocks; invariant: indexer_topk's invariant scoring tile (deterministic mode)."""
     check_indexer_topk_shapes(q, weights, index_keys, entry_rows, token_seq, num_visible)
     if blocks.dim() != 2 or blocks.shape[0] != q.shape[0]:
         raise ValueError(f"blocks must be [T={q.shape[0]}, NB], got {tuple(blocks.shape)}")
@@ -169,7 +209,7 @@ def indexer_topk_in_blocks(
         return torch.full((tokens, top_k), -1, dtype=torch.int32, device=q.device)
     args = _prepared(q, weights, index_keys, entry_rows, token_seq, num_visible)
     _, _, _, entry_rows, token_seq, num_visible = args
-    scores = score_entries(*args)
+    scores = score_entries(*args, invariant=invariant)
     n_blocks = cdiv(entries, block_size)
     marks = torch.zeros(tokens, n_blocks, dtype=torch.int8, device=q.device)
     blocks = blocks.contiguous()
@@ -197,5 +237,21 @@ REGISTRATIONS = [
         fn=indexer_topk_in_blocks,
         dtypes=_DTYPES,
         note="Triton: indexer scores, entries outside the listed blocks masked to -inf, exact top-k select",
+    ),
+    Registration(
+        op="candidate_blocks",
+        fn=candidate_blocks_invariant,
+        dtypes=_DTYPES,
+        priority=-1,
+        batch_invariant=True,
+        note="Triton: as above, scored with indexer_topk's invariant tile",
+    ),
+    Registration(
+        op="indexer_topk_in_blocks",
+        fn=indexer_topk_in_blocks_invariant,
+        dtypes=_DTYPES,
+        priority=-1,
+        batch_invariant=True,
+        note="Triton: as above, scored with indexer_topk's invariant tile",
     ),
 ]
