@@ -485,7 +485,7 @@ def _compile_variants():
     ix_fp8_ptrs = {**ix_ptrs, "keys_ptr": "*u8", "key_scale_ptr": "*fp32"}
     sel_ptrs = {"src_ptr": "*fp32", "src_ids_ptr": "*fp32", "nv_ptr": "*i32", "dst_ptr": "*i32", "dst_ids_ptr": "*i32", "rows_ptr": "*i32",
                 "seq_ptr": "*i32"}  # fmt: skip
-    sel_base = dict(CHUNK=64, BLOCK_K=16, IDX64=False)
+    sel_base = dict(CHUNK=64, BLOCK_K=16, IDX64=False, ROWS=True)
     split = mla._mla_decode_split_kernel
     combine_ptrs = {"part_out_ptr": "*fp32", "part_lse_ptr": "*fp32", "out_ptr": "*bf16"}
     return [
@@ -521,6 +521,7 @@ def _compile_variants():
         ("indexer_select_chunk_candidates_idx64", ix._indexer_select_kernel, sel_ptrs, {**sel_base, "FIRST": True, "LAST": False, "IDX64": True}),
         ("indexer_select_over_candidates", ix._indexer_select_kernel, {**sel_ptrs, "src_ptr": "*i32", "src_ids_ptr": "*i32"},
          {**sel_base, "FIRST": False, "LAST": True}),
+        ("indexer_select_ids", ix._indexer_select_kernel, sel_ptrs, {**sel_base, "FIRST": True, "LAST": True, "ROWS": False}),
     ]
 
 

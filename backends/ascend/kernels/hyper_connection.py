@@ -1,4 +1,8 @@
-"""Ascend Triton kernels: hc_pre and hc_post (DeepSeek-V4's manifold-constrained hyper-connections).
+"""Ascend Triton kernels: hc_pre, hc_pre_delayed and hc_post (DeepSeek-V4's manifold-constrained hyper-connections).
+
+hc_pre_delayed (DeepSeek-V4.1's single-pass hyper-connections) runs hc_pre's launches with DELAYED on:
+the mixings are computed alike and `pre` is stored beside post and comb, while the collapse weighs the
+streams by the previous site's pre (prev_pre [T, N], loaded where hc_pre uses its own).
 
 hc_pre, per token t (x_t: N streams of D, flattened to K = N*D; W = (2+N)N mixing logits):
 
@@ -182,12 +186,13 @@ def _collapse(x_ptr, toks, t_ok, pre, d, d_ok, D, stride_t, N: tl.constexpr, N_P
 @triton.jit
 def _hc_pre_kernel(
     x_ptr, fn_ptr, base_ptr, scale_ptr, w_ptr, part_ptr, part_ss_ptr,
-    out_ptr, post_ptr, comb_ptr,
+    out_ptr, post_ptr, comb_ptr, pre_ptr, prev_pre_ptr,
     T, D, n_seg, d_per_split, n_splits, stride_t, stride_fn, stride_out,
     norm_eps, hc_eps, sinkhorn_iters,
     FUSED: tl.constexpr, N: tl.constexpr,
     BLOCK_T: tl.constexpr, W_PAD: tl.constexpr, N_PAD: tl.constexpr, BLOCK_K: tl.constexpr, SEG: tl.constexpr, EVEN_K: tl.constexpr, BLOCK_D: tl.constexpr,
     SEG_PAD: tl.constexpr, NORM: tl.constexpr,
+    DELAYED: tl.constexpr,  # hc_pre_delayed: pre stored too, the streams collapsed by prev_pre [T, N]
 ):
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
@@ -223,6 +228,10 @@ def _hc_pre_kernel(
         if split == 0:
             tl.store(post_ptr + toks[:, None] * N + n[None, :], post, mask=t_ok[:, None] & n_ok[None, :])
             tl.store(comb_ptr + toks[:, None, None] * (N * N) + ij, comb, mask=t_ok[:, None, None] & nn_ok)
+            if DELAYED:
+                tl.store(pre_ptr + toks[:, None] * N + n[None, :], pre, mask=t_ok[:, None] & n_ok[None, :])
+        if DELAYED:
+            pre = tl.load(prev_pre_ptr + toks[:, None] * N + n[None, :], mask=t_ok[:, None] & n_ok[None, :], other=0.0).to(tl.float32)
         if NORM:
             # The whole row's statistics first (every D range repeats them), of the row rounded to the output
             # dtype, as a separate rms_norm would read it.
@@ -272,12 +281,46 @@ def hc_pre_invariant(
     return _hc_pre(x, fn, base, scale, norm_eps, hc_eps, sinkhorn_iters, norm_weight, invariant=True)
 
 
-def _hc_pre(x, fn, base, scale, norm_eps, hc_eps, sinkhorn_iters, norm_weight, invariant):
-    """invariant: the split launch for every T."""
+def hc_pre_delayed(
+    x: torch.Tensor,
+    prev_pre: torch.Tensor,
+    fn: torch.Tensor,
+    base: torch.Tensor,
+    scale: torch.Tensor,
+    *,
+    norm_eps: float,
+    hc_eps: float,
+    sinkhorn_iters: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    return _hc_pre(x, fn, base, scale, norm_eps, hc_eps, sinkhorn_iters, None, invariant=False, prev_pre=prev_pre)
+
+
+def hc_pre_delayed_invariant(
+    x: torch.Tensor,
+    prev_pre: torch.Tensor,
+    fn: torch.Tensor,
+    base: torch.Tensor,
+    scale: torch.Tensor,
+    *,
+    norm_eps: float,
+    hc_eps: float,
+    sinkhorn_iters: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    return _hc_pre(x, fn, base, scale, norm_eps, hc_eps, sinkhorn_iters, None, invariant=True, prev_pre=prev_pre)
+
+
+def _hc_pre(x, fn, base, scale, norm_eps, hc_eps, sinkhorn_iters, norm_weight, invariant, prev_pre=None):
+    """invariant: the split launch for every T. With prev_pre: hc_pre_delayed (the same launches; the
+    collapse weighs the streams by prev_pre, and pre is returned too)."""
     hc_ops.check_hc_pre_shapes(x, fn, base, scale, norm_weight)
     T, N, D = x.shape
     K, W = N * D, (2 + N) * N
+    delayed = prev_pre is not None
+    if delayed and prev_pre.shape != x.shape[:2]:  # the reference's own test
+        raise ValueError(f"prev_pre must be [T, N] = {tuple(x.shape[:2])}, got {tuple(prev_pre.shape)}")
     if x.dtype == torch.float64 or T == 0 or D == 0 or x.numel() >= _INT32_LIMIT or T * next_power_of_2(W) * cdiv(K, _SPLIT_SEG) >= _INT32_LIMIT:
+        if delayed:
+            return hc_ops.hc_pre_delayed(x, prev_pre, fn, base, scale, norm_eps=norm_eps, hc_eps=hc_eps, sinkhorn_iters=sinkhorn_iters)
         return hc_ops.hc_pre(x, fn, base, scale, norm_eps=norm_eps, hc_eps=hc_eps, sinkhorn_iters=sinkhorn_iters, norm_weight=norm_weight)
     if x.stride(2) != 1 or x.stride(1) != D:
         x = x.contiguous()
@@ -287,6 +330,8 @@ def _hc_pre(x, fn, base, scale, norm_eps, hc_eps, sinkhorn_iters, norm_weight, i
     out = torch.empty(T, D, dtype=x.dtype, device=x.device)
     post = torch.empty(T, N, dtype=torch.float32, device=x.device)
     comb = torch.empty(T, N, N, dtype=torch.float32, device=x.device)
+    pre = torch.empty(T, N, dtype=torch.float32, device=x.device) if delayed else post  # (post: an unused pointer)
+    prev_pre = prev_pre.to(torch.float32).contiguous() if delayed else post
     w_pad, n_pad = next_power_of_2(W), next_power_of_2(N)
     tiles = cdiv(T, _BLOCK_T)
     cores = current().num_vectorcore
@@ -311,13 +356,13 @@ def _hc_pre(x, fn, base, scale, norm_eps, hc_eps, sinkhorn_iters, norm_weight, i
         d_per_split = cdiv(cdiv(D, d_splits), block_d) * block_d
         d_splits = cdiv(D, d_per_split)
     _hc_pre_kernel[(vector_grid(tiles * d_splits),)](
-        x, fn, base, scale, weight, part, part_ss, out, post, comb,
+        x, fn, base, scale, weight, part, part_ss, out, post, comb, pre, prev_pre,
         T, D, n_seg, d_per_split, d_splits, x.stride(0), fn.stride(0), out.stride(0),
         float(norm_eps), float(hc_eps), int(sinkhorn_iters),
         FUSED=fused, N=N, N_PAD=n_pad, BLOCK_D=block_d, SEG_PAD=1 if fused else next_power_of_2(n_seg), NORM=norm_weight is not None,
-        **common, **launch_options(),
+        DELAYED=delayed, **common, **launch_options(),
     )
-    return out, post, comb
+    return (out, pre, post, comb) if delayed else (out, post, comb)
 
 
 @triton.jit
@@ -404,6 +449,18 @@ REGISTRATIONS = [
         priority=-1,
         batch_invariant=True,
         note="Triton (ascend): the kernels above, always the split launch (segment partials summed in order), never chosen by T",
+    ),
+    Registration(
+        op="hc_pre_delayed",
+        fn=hc_pre_delayed,
+        note="Triton (ascend): hc_pre's kernels, pre stored, the collapse weighted by the previous site's pre (V4.1's single-pass mHC)",
+    ),
+    Registration(
+        op="hc_pre_delayed",
+        fn=hc_pre_delayed_invariant,
+        priority=-1,
+        batch_invariant=True,
+        note="Triton (ascend): hc_pre's split launch for every token count, pre stored, the collapse weighted by the previous site's pre",
     ),
     Registration(
         op="hc_post",

@@ -142,6 +142,7 @@ def _indexer_select_kernel(
     CHUNK: tl.constexpr,
     FIRST: tl.constexpr,  # src: the float32 scores (ids: their columns, valid below num_visible); else candidate keys and ids
     LAST: tl.constexpr,  # write the row's entry rows (dst_ids [T, TOP_K], -1 after the last); else this chunk's candidates
+    ROWS: tl.constexpr,  # LAST writes entry_rows[token_seq[t], id] (rows_ptr, seq_ptr); else the ids themselves
     BLOCK_K: tl.constexpr,
     IDX64: tl.constexpr,
 ):
@@ -162,8 +163,11 @@ def _indexer_select_kernel(
         take, pos, taken = top_k_lowest_first(keys, TOP_K)
         if LAST:
             out_row = dst_ids_ptr + t * stride_dst
-            table_row = rows_ptr + tl.load(seq_ptr + t) * stride_rb
-            tl.store(out_row + pos, tl.load(table_row + ids, mask=take, other=-1), mask=take)
+            if ROWS:
+                table_row = rows_ptr + tl.load(seq_ptr + t) * stride_rb
+                tl.store(out_row + pos, tl.load(table_row + ids, mask=take, other=-1), mask=take)
+            else:
+                tl.store(out_row + pos, ids, mask=take)
             pad_selection(out_row, out_row, taken, TOP_K, BLOCK_K, False)
         else:
             out_row = dst_ids_ptr + t * stride_dst + c * TOP_K
@@ -215,7 +219,17 @@ def indexer_topk(
     q, index_keys, entry_rows = last_dim_contiguous(q, index_keys, entry_rows)
     token_seq = token_seq.contiguous()
     num_visible = num_visible.contiguous()
+    scores, idx64 = score_entries(q, weights, index_keys, entry_rows, token_seq, num_visible)
+    return select(scores, num_visible, top_k, entry_rows, token_seq, idx64)
 
+
+def score_entries(q, weights, index_keys, entry_rows, token_seq, num_visible) -> tuple[torch.Tensor, bool]:
+    """([T, E] float32 scores of each query's visible entries (`_indexer_scores_kernel`; columns at or
+    past num_visible[t] are not written; rows padded to 32 bytes), whether offsets need int64).
+    q, index_keys, entry_rows last-dim contiguous; token_seq, num_visible contiguous; not float64.
+    The V4.1 candidate kernels score with it too."""
+    tokens, heads, dim = q.shape
+    max_entries = entry_rows.shape[1]
     row_stride = aligned(max_entries, torch.float32)
     scores = torch.empty(tokens, row_stride, dtype=torch.float32, device=q.device)[:, :max_entries]
     fp8 = kv_cache_format.is_fp8(index_keys)
@@ -237,14 +251,13 @@ def indexer_topk(
         FP8=fp8,
         **launch_options(),
     )
+    return scores, idx64
 
-    return _select(scores, num_visible, top_k, entry_rows, token_seq, idx64)
 
-
-def _select(scores, num_visible, top_k: int, entry_rows, token_seq, idx64: bool) -> torch.Tensor:
+def select(scores, num_visible, top_k: int, entry_rows, token_seq, idx64: bool) -> torch.Tensor:
     """[T, top_k] int32 entry rows of each query's selection: `_indexer_select_kernel` over chunks of
     the row, then over the chunks' candidates, until one chunk holds them (each launch keeps at most
-    half of its input)."""
+    half of its input). entry_rows None: the selected columns themselves (ascending, -1 after them)."""
     tokens = scores.shape[0]
     width = scores.shape[1]
     cap = max(min(tile_elems(_SELECT_BYTES_PER_ELEM), _MAX_SELECT_BLOCK), 2 * next_power_of_2(top_k))
@@ -262,10 +275,10 @@ def _select(scores, num_visible, top_k: int, entry_rows, token_seq, idx64: bool)
             dst = torch.empty(tokens, aligned(n_chunks * top_k, torch.int32), dtype=torch.int32, device=scores.device)
             dst_ids = torch.empty_like(dst)
         _indexer_select_kernel[(vector_grid(tokens * n_chunks),)](
-            src, src_ids, num_visible, dst, dst_ids, entry_rows, token_seq,
+            src, src_ids, num_visible, dst, dst_ids, dst if entry_rows is None else entry_rows, dst if token_seq is None else token_seq,
             tokens, n_chunks, width, top_k,
-            src.stride(0), dst.stride(0), entry_rows.stride(0),
-            CHUNK=block, FIRST=first, LAST=last, BLOCK_K=block_k, IDX64=idx64 or tokens * dst.stride(0) >= INT32_LIMIT,
+            src.stride(0), dst.stride(0), 0 if entry_rows is None else entry_rows.stride(0),
+            CHUNK=block, FIRST=first, LAST=last, ROWS=entry_rows is not None, BLOCK_K=block_k, IDX64=idx64 or tokens * dst.stride(0) >= INT32_LIMIT,
             **launch_options(),
         )
         if last:

@@ -1,4 +1,8 @@
-"""Triton kernels: hc_pre and hc_post (DeepSeek-V4's manifold-constrained hyper-connections).
+"""Triton kernels: hc_pre, hc_pre_delayed and hc_post (DeepSeek-V4's manifold-constrained hyper-connections).
+
+hc_pre_delayed (DeepSeek-V4.1's single-pass hyper-connections) runs hc_pre's launches with DELAYED on:
+the mixings are computed alike and `pre` is stored beside post and comb, while the collapse weighs the
+streams by the previous site's pre (prev_pre [T, N], loaded where hc_pre uses its own).
 
 hc_pre, per token t (x_t: N streams of D, flattened to K = N*D; W = (2+N)N mixing logits):
 
@@ -215,16 +219,22 @@ def _collapse(x_ptr, toks, t_ok, pre, d, d_ok, D, stride_t, ACC: tl.constexpr, N
 
 @triton.jit
 def _store_mixed(
-    x_ptr, out_ptr, post_ptr, comb_ptr, w_ptr, toks, t_ok, pre, post, comb, store_mixings, d_lo, d_hi, D, stride_t, stride_out, norm_eps,
+    x_ptr, out_ptr, post_ptr, comb_ptr, w_ptr, pre_ptr, prev_pre_ptr, toks, t_ok, pre, post, comb, store_mixings, d_lo, d_hi, D, stride_t,
+    stride_out, norm_eps,
     ACC: tl.constexpr, N: tl.constexpr, N_PAD: tl.constexpr, MANUAL_RNE: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, NORM: tl.constexpr,
-    STATS_BLOCK_D: tl.constexpr,
+    STATS_BLOCK_D: tl.constexpr, DELAYED: tl.constexpr,
 ):
     """post / comb of the tokens (when store_mixings) and their layer input over d in [d_lo, d_hi); with
     NORM, rms-normed with the weight at w_ptr over the whole row (norm_eps), its statistics taken in
     STATS_BLOCK_D-wide steps (a decode token's split: 2048, so the row's loads are in flight together
-    rather than eight 512-wide steps one after another)."""
+    rather than eight 512-wide steps one after another). DELAYED (hc_pre_delayed): pre is stored too, and
+    the streams collapse with prev_pre [T, N] instead."""
     n = tl.arange(0, N_PAD)
     n_ok = n < N
+    if DELAYED:
+        if store_mixings:
+            tl.store(pre_ptr + toks[:, None] * N + n[None, :], pre.to(pre_ptr.dtype.element_ty), mask=t_ok[:, None] & n_ok[None, :])
+        pre = tl.load(prev_pre_ptr + toks[:, None] * N + n[None, :], mask=t_ok[:, None] & n_ok[None, :], other=0.0).to(ACC)
     if store_mixings:
         tl.store(post_ptr + toks[:, None] * N + n[None, :], post.to(post_ptr.dtype.element_ty), mask=t_ok[:, None] & n_ok[None, :])
         ij = n[:, None] * N + n[None, :]
@@ -254,12 +264,13 @@ def _store_mixed(
 @triton.jit(do_not_specialize=["T"])
 def _hc_pre_kernel(
     x_ptr, fn_ptr, base_ptr, scale_ptr, w_ptr,
-    out_ptr, post_ptr, comb_ptr,
+    out_ptr, post_ptr, comb_ptr, pre_ptr, prev_pre_ptr,
     T, D, stride_t, stride_fn, stride_out,
     norm_eps, hc_eps, sinkhorn_iters,
     ACC: tl.constexpr, N: tl.constexpr, MANUAL_RNE: tl.constexpr,
     BLOCK_T: tl.constexpr, W_PAD: tl.constexpr, N_PAD: tl.constexpr, BLOCK_K: tl.constexpr, SEG: tl.constexpr, EVEN_K: tl.constexpr,
     USE_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr, BLOCK_D: tl.constexpr, NORM: tl.constexpr, STATS_BLOCK_D: tl.constexpr,
+    DELAYED: tl.constexpr,
 ):
     """The fused launch: one token tile per program, the segments in order, the mixings, the collapse of all of D."""
     pid_t = tl.program_id(0)
@@ -277,19 +288,19 @@ def _hc_pre_kernel(
         acc += seg_acc
         ss += seg_ss
     pre, post, comb = _mixings(acc, ss, base_ptr, scale_ptr, K, norm_eps, hc_eps, sinkhorn_iters, ACC, N, BLOCK_T, W_PAD, N_PAD)
-    _store_mixed(x_ptr, out_ptr, post_ptr, comb_ptr, w_ptr, toks, t_ok, pre, post, comb, True, 0, D, D, stride_t, stride_out, norm_eps,
-                 ACC, N, N_PAD, MANUAL_RNE, BLOCK_T, BLOCK_D, NORM, STATS_BLOCK_D)
+    _store_mixed(x_ptr, out_ptr, post_ptr, comb_ptr, w_ptr, pre_ptr, prev_pre_ptr, toks, t_ok, pre, post, comb, True, 0, D, D, stride_t, stride_out,
+                 norm_eps, ACC, N, N_PAD, MANUAL_RNE, BLOCK_T, BLOCK_D, NORM, STATS_BLOCK_D, DELAYED)
 
 
 @triton.jit(do_not_specialize=["T"])
 def _hc_pre_combine_kernel(
     x_ptr, base_ptr, scale_ptr, w_ptr, part_ptr, part_ss_ptr,
-    out_ptr, post_ptr, comb_ptr,
+    out_ptr, post_ptr, comb_ptr, pre_ptr, prev_pre_ptr,
     T, D, n_seg, d_per_split, stride_t, stride_out,
     norm_eps, hc_eps, sinkhorn_iters,
     ACC: tl.constexpr, N: tl.constexpr, MANUAL_RNE: tl.constexpr,
     BLOCK_T: tl.constexpr, W_PAD: tl.constexpr, N_PAD: tl.constexpr, SEG_PAD: tl.constexpr, BLOCK_D: tl.constexpr, NORM: tl.constexpr,
-    STATS_BLOCK_D: tl.constexpr,
+    STATS_BLOCK_D: tl.constexpr, DELAYED: tl.constexpr,
 ):
     """The split launch's second kernel, grid (token tiles, D splits): each program loads all of its
     tokens' segment partials as one tile, sums them over the segments (one tl.sum: a fixed tree),
@@ -307,8 +318,9 @@ def _hc_pre_combine_kernel(
     ss = tl.sum(tl.load(part_ss_ptr + rows, mask=r_ok, other=0.0).to(ACC), axis=1)
     pre, post, comb = _mixings(acc, ss, base_ptr, scale_ptr, N * D, norm_eps, hc_eps, sinkhorn_iters, ACC, N, BLOCK_T, W_PAD, N_PAD)
     d_lo = pid_d * d_per_split
-    _store_mixed(x_ptr, out_ptr, post_ptr, comb_ptr, w_ptr, toks, t_ok, pre, post, comb, pid_d == 0, d_lo, tl.minimum(d_lo + d_per_split, D), D,
-                 stride_t, stride_out, norm_eps, ACC, N, N_PAD, MANUAL_RNE, BLOCK_T, BLOCK_D, NORM, STATS_BLOCK_D)
+    _store_mixed(x_ptr, out_ptr, post_ptr, comb_ptr, w_ptr, pre_ptr, prev_pre_ptr, toks, t_ok, pre, post, comb, pid_d == 0, d_lo,
+                 tl.minimum(d_lo + d_per_split, D), D, stride_t, stride_out, norm_eps, ACC, N, N_PAD, MANUAL_RNE, BLOCK_T, BLOCK_D, NORM,
+                 STATS_BLOCK_D, DELAYED)
 
 
 def _manual_rne(dtype: torch.dtype) -> bool:
@@ -347,12 +359,53 @@ def hc_pre_invariant(
     return launch_hc_pre(x, fn, base, scale, norm_eps, hc_eps, sinkhorn_iters, norm_weight, invariant=True)
 
 
-def launch_hc_pre(x, fn, base, scale, norm_eps, hc_eps, sinkhorn_iters, norm_weight=None, *, invariant: bool = False):
-    """hc_pre; invariant: the split launch for every T (deterministic mode)."""
+def hc_pre_delayed(
+    x: torch.Tensor,
+    prev_pre: torch.Tensor,
+    fn: torch.Tensor,
+    base: torch.Tensor,
+    scale: torch.Tensor,
+    *,
+    norm_eps: float,
+    hc_eps: float,
+    sinkhorn_iters: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    _check_prev_pre(x, prev_pre)
+    return launch_hc_pre(x, fn, base, scale, norm_eps, hc_eps, sinkhorn_iters, prev_pre=prev_pre)
+
+
+def hc_pre_delayed_invariant(
+    x: torch.Tensor,
+    prev_pre: torch.Tensor,
+    fn: torch.Tensor,
+    base: torch.Tensor,
+    scale: torch.Tensor,
+    *,
+    norm_eps: float,
+    hc_eps: float,
+    sinkhorn_iters: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    _check_prev_pre(x, prev_pre)
+    return launch_hc_pre(x, fn, base, scale, norm_eps, hc_eps, sinkhorn_iters, invariant=True, prev_pre=prev_pre)
+
+
+def _check_prev_pre(x, prev_pre) -> None:
+    # the reference's own test, verbatim (hc_pre's shapes are checked by the launch)
+    if prev_pre.shape != x.shape[:2]:
+        raise ValueError(f"prev_pre must be [T, N] = {tuple(x.shape[:2])}, got {tuple(prev_pre.shape)}")
+
+
+def launch_hc_pre(x, fn, base, scale, norm_eps, hc_eps, sinkhorn_iters, norm_weight=None, *, invariant: bool = False,
+                  prev_pre: torch.Tensor | None = None):
+    """hc_pre; invariant: the split launch for every T (deterministic mode). With prev_pre: hc_pre_delayed
+    (the same launches; the collapse weighs the streams by prev_pre, and pre is returned too)."""
     hc_ops.check_hc_pre_shapes(x, fn, base, scale, norm_weight)
     T, N, D = x.shape
     K, W = N * D, (2 + N) * N
+    delayed = prev_pre is not None
     if T == 0 or D == 0:
+        if delayed:
+            return hc_ops.hc_pre_delayed(x, prev_pre, fn, base, scale, norm_eps=norm_eps, hc_eps=hc_eps, sinkhorn_iters=sinkhorn_iters)
         return hc_ops.hc_pre(x, fn, base, scale, norm_eps=norm_eps, hc_eps=hc_eps, sinkhorn_iters=sinkhorn_iters, norm_weight=norm_weight)
     if x.stride(2) != 1 or x.stride(1) != D:
         x = x.contiguous()
@@ -364,10 +417,12 @@ def launch_hc_pre(x, fn, base, scale, norm_eps, hc_eps, sinkhorn_iters, norm_wei
     mix_dtype = torch.float64 if x.dtype == torch.float64 else torch.float32  # the reference's: float32, float64 for float64 x
     post = torch.empty(T, N, dtype=mix_dtype, device=x.device)
     comb = torch.empty(T, N, N, dtype=mix_dtype, device=x.device)
+    pre = torch.empty(T, N, dtype=mix_dtype, device=x.device) if delayed else post  # (post: an unused pointer)
+    prev_pre = prev_pre.contiguous() if delayed else post
     w_pad, n_pad = max(16, next_power_of_2(W)), next_power_of_2(N)  # a dot's N >= 16
     interp = interpreting()
     f64 = x.dtype == torch.float64
-    common = dict(ACC=_acc(x.dtype), W_PAD=w_pad, N=N, N_PAD=n_pad, MANUAL_RNE=_manual_rne(x.dtype), NORM=norm)
+    common = dict(ACC=_acc(x.dtype), W_PAD=w_pad, N=N, N_PAD=n_pad, MANUAL_RNE=_manual_rne(x.dtype), NORM=norm, DELAYED=delayed)
     dot = dict(USE_DOT=not f64, DOT_PRECISION=dot_precision(x.dtype), num_warps=_PRE_WARPS)
     # float64: no dot, a smaller broadcast tile. The interpreter: the dot's smallest M (its numpy
     # matmul is slow per element), whole segments per step (it pays per operation and per
@@ -383,14 +438,14 @@ def launch_hc_pre(x, fn, base, scale, norm_eps, hc_eps, sinkhorn_iters, norm_wei
             out, post, comb = launch_hc_pre(x, fn, base, scale, norm_eps, hc_eps, sinkhorn_iters)
             return launch_rms_norm(out, norm_weight, norm_eps, None)[0], post, comb
         _hc_pre_kernel[(fused_tiles,)](
-            x, fn, base, scale, weight, out, post, comb,
+            x, fn, base, scale, weight, out, post, comb, pre, prev_pre,
             T, D, x.stride(0), fn.stride(0), out.stride(0),
             float(norm_eps), float(hc_eps), int(sinkhorn_iters),
             BLOCK_T=fused_t, BLOCK_K=_PRE_SEG if interp else _PRE_BLOCK_K,
             SEG=_PRE_SEG, EVEN_K=K % _PRE_SEG == 0, BLOCK_D=_INTERP_BLOCK_D if interp else _PRE_BLOCK_D,
             num_stages=_PRE_STAGES, STATS_BLOCK_D=_INTERP_BLOCK_D if interp else _PRE_BLOCK_D, **common, **dot,
         )
-        return out, post, comb
+        return (out, pre, post, comb) if delayed else (out, post, comb)
     seg = split_segment(K)
     n_seg = cdiv(K, seg)
     mix_t = 8 if f64 else _SPLIT_BLOCK_T
@@ -410,13 +465,13 @@ def launch_hc_pre(x, fn, base, scale, norm_eps, hc_eps, sinkhorn_iters, norm_wei
             num_stages=_SPLIT_STAGES, **dot,
         )
         _hc_pre_combine_kernel[(cdiv(rows, comb_t), cdiv(D, d_per_split))](
-            xs, base, scale, weight, part, part_ss, out[t0:t1], post[t0:t1], comb[t0:t1],
+            xs, base, scale, weight, part, part_ss, out[t0:t1], post[t0:t1], comb[t0:t1], pre[t0:t1], prev_pre[t0:t1],
             rows, D, n_seg, d_per_split, xs.stride(0), out.stride(0),
             float(norm_eps), float(hc_eps), int(sinkhorn_iters),
             BLOCK_T=comb_t, SEG_PAD=next_power_of_2(n_seg), BLOCK_D=block_d, num_warps=_COMBINE_WARPS, **common,
             STATS_BLOCK_D=block_d if interp else min(_STATS_BLOCK_D, next_power_of_2(D)),
         )
-    return out, post, comb
+    return (out, pre, post, comb) if delayed else (out, post, comb)
 
 
 def dot_precision(dtype: torch.dtype) -> str:
@@ -508,6 +563,20 @@ REGISTRATIONS = [
         priority=-1,
         batch_invariant=True,
         note="Triton: token tiles, one pass for norm + projection, Sinkhorn in registers, collapse; split-K partials for every token count",
+    ),
+    Registration(
+        op="hc_pre_delayed",
+        fn=hc_pre_delayed,
+        dtypes=_DTYPES,
+        note="Triton: hc_pre's launches, pre stored, the collapse weighted by the previous site's pre (V4.1's single-pass mHC)",
+    ),
+    Registration(
+        op="hc_pre_delayed",
+        fn=hc_pre_delayed_invariant,
+        dtypes=_DTYPES,
+        priority=-1,
+        batch_invariant=True,
+        note="Triton: hc_pre's split launch for every token count, pre stored, the collapse weighted by the previous site's pre",
     ),
     Registration(
         op="hc_post",

@@ -224,8 +224,19 @@ def launch_indexer_topk(q, weights, index_keys, entry_rows, token_seq, num_visib
     q, index_keys, entry_rows = last_dim_contiguous(q, index_keys, entry_rows)
     token_seq = token_seq.contiguous()
     num_visible = num_visible.contiguous()
+    scores = score_entries(q, weights, index_keys, entry_rows, token_seq, num_visible, invariant=invariant)
+    return select_topk(scores, num_visible, top_k, entry_rows=entry_rows, token_seq=token_seq, chunk=select_chunk)
 
+
+def score_entries(q, weights, index_keys, entry_rows, token_seq, num_visible, *, invariant: bool = False) -> torch.Tensor:
+    """[T, E] float32: the indexer's score of each query's visible entries (`_indexer_scores_kernel`;
+    columns at or past num_visible[t] are not written). q, index_keys, entry_rows last-dim contiguous;
+    token_seq and num_visible contiguous; not float64. The V4.1 candidate kernels score with it too."""
+    tokens, heads, dim = q.shape
+    max_entries = entry_rows.shape[1]
     scores = torch.empty(tokens, max_entries, dtype=torch.float32, device=q.device)
+    if tokens == 0 or max_entries == 0:
+        return scores
     fp8 = kv_cache_format.is_fp8(index_keys)
     keys, key_scales = fp8_views(index_keys) if fp8 else (index_keys, index_keys)
     # (FP8 keys convert to q's dtype exactly)
@@ -250,8 +261,7 @@ def launch_indexer_topk(q, weights, index_keys, entry_rows, token_seq, num_visib
         FP8=fp8,
         num_warps=8 if block_e * max(block_d, block_h) >= 128 * 128 else 4,
     )
-
-    return select_topk(scores, num_visible, top_k, entry_rows=entry_rows, token_seq=token_seq, chunk=select_chunk)
+    return scores
 
 
 def select_topk(

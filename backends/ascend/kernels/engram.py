@@ -1,0 +1,163 @@
+"""Ascend Triton kernels: engram_hash and engram_gate_add (DeepSeek-V4.1's Engram: hashed n-gram rows, gated addition).
+
+Persistent vector grids (`vector_grid`): each program loops over tiles of BLOCK_T tokens.
+
+engram_hash: `deepinfer.triton_engram.engram_hash_rows` per tile: M - 1 xors and (M - 1) * H
+remainders of int64 values per token. The hash is int64 by definition (products of ids and 47-bit
+multipliers), so this kernel does int64 arithmetic, slow on the vector units but a few dozen
+operations per token; exact, as the reference (non-negative operands: the C remainder is torch's).
+
+engram_gate_add: a tile holds all N streams of BLOCK_T tokens; a first pass over D (chunks of
+BLOCK_D) accumulates per (token, stream) sum(X * q_weight * k_weight * K) (the weights multiplied
+first, as the reference does), sum(X^2) and sum(K^2) in float32; the gate follows
+(`deepinfer.triton_engram.engram_gate`); a second pass writes X + g * V, rounded to nearest even
+(`to_output`). token_mask False gives g = 0. Buffer: about 6 float32 values per [BLOCK_T, N_PAD,
+BLOCK_D] element (x, k, the weights, products): the tile is sized to half the unified buffer by
+`tile_elems`. float64 (a test dtype; no float64 on the vector units) goes to the reference; index
+arithmetic is int32 (tensors of 2^31 elements or more go to the reference).
+
+Both are batch-invariant as they are: a token's values come from that token alone, with tiles set by
+N, D, M, H and the chip only, never by T.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from deepinfer.ops.engram import engram_gate_add as _gate_reference
+from deepinfer.triton_common import cdiv, next_power_of_2
+from deepinfer.triton_engram import engram_gate, engram_hash_rows
+from deepinfer_ascend.kernels.common import Registration, launch_options, tile_elems, to_output, vector_grid
+
+_INT32_LIMIT = 2**31
+_HASH_BLOCK_T = 64
+_GATE_BYTES_PER_ELEM = 24
+_GATE_MAX_BLOCK_D = 1024
+_GATE_MAX_BLOCK_T = 16
+
+
+@triton.jit
+def _engram_hash_kernel(ids_ptr, mult_ptr, primes_ptr, offsets_ptr, out_ptr, T, stride_ids, stride_p, stride_out,
+                        M: tl.constexpr, H: tl.constexpr, H_PAD: tl.constexpr, BLOCK_T: tl.constexpr):  # fmt: skip
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+    for tile in range(pid, tl.cdiv(T, BLOCK_T), nprog):
+        toks = tile * BLOCK_T + tl.arange(0, BLOCK_T)
+        engram_hash_rows(ids_ptr, mult_ptr, primes_ptr, offsets_ptr, out_ptr, toks, toks < T, stride_ids, stride_p, stride_out, M, H, H_PAD)
+
+
+def engram_hash(ngram_ids: torch.Tensor, multipliers: torch.Tensor, primes: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+    if ngram_ids.dim() != 2 or multipliers.shape != (ngram_ids.shape[1],) or primes.shape != offsets.shape or primes.shape[0] != ngram_ids.shape[1] - 1:
+        raise ValueError(
+            f"engram_hash wants ngram_ids [T, M], multipliers [M], primes and offsets [M-1, H]; got {tuple(ngram_ids.shape)}, "
+            f"{tuple(multipliers.shape)}, {tuple(primes.shape)}, {tuple(offsets.shape)}"
+        )
+    tokens, m = ngram_ids.shape
+    heads = primes.shape[1] if primes.dim() == 2 else 0
+    out = torch.empty(tokens, (m - 1) * heads, dtype=torch.int64, device=ngram_ids.device)
+    if out.numel() == 0:
+        return out
+    ids = ngram_ids if ngram_ids.stride(1) == 1 else ngram_ids.contiguous()
+    primes, offsets = primes.contiguous(), offsets.contiguous()
+    _engram_hash_kernel[(vector_grid(cdiv(tokens, _HASH_BLOCK_T)),)](
+        ids, multipliers.contiguous(), primes, offsets, out, tokens, ids.stride(0), primes.stride(0), out.stride(0),
+        M=m, H=heads, H_PAD=next_power_of_2(heads), BLOCK_T=_HASH_BLOCK_T, **launch_options(),
+    )  # fmt: skip
+    return out
+
+
+@triton.jit
+def _engram_gate_add_kernel(
+    x_ptr, k_ptr, v_ptr, qw_ptr, kw_ptr, mask_ptr, out_ptr,
+    T, D, stride_xt, stride_kt, stride_vt, eps,
+    N: tl.constexpr, N_PAD: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, HAS_MASK: tl.constexpr,
+):  # fmt: skip
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+    n = tl.arange(0, N_PAD)
+    n_ok = n < N
+    dd = tl.arange(0, BLOCK_D)
+    for tile in range(pid, tl.cdiv(T, BLOCK_T), nprog):
+        toks = tile * BLOCK_T + tl.arange(0, BLOCK_T)
+        t_ok = toks < T
+        tn_ok = t_ok[:, None] & n_ok[None, :]
+        dot = tl.zeros([BLOCK_T, N_PAD], tl.float32)
+        sx = tl.zeros([BLOCK_T, N_PAD], tl.float32)
+        sk = tl.zeros([BLOCK_T, N_PAD], tl.float32)
+        for d0 in range(0, D, BLOCK_D):
+            d = d0 + dd
+            ok = tn_ok[:, :, None] & (d < D)[None, None, :]
+            col = (n[:, None] * D + d[None, :])[None, :, :]
+            x = tl.load(x_ptr + toks[:, None, None] * stride_xt + col, mask=ok, other=0.0).to(tl.float32)
+            k = tl.load(k_ptr + toks[:, None, None] * stride_kt + col, mask=ok, other=0.0).to(tl.float32)
+            w_ok = n_ok[:, None] & (d < D)[None, :]
+            qw = tl.load(qw_ptr + n[:, None] * D + d[None, :], mask=w_ok, other=0.0).to(tl.float32)
+            w = qw * tl.load(kw_ptr + n[:, None] * D + d[None, :], mask=w_ok, other=0.0).to(tl.float32)
+            dot += tl.sum(x * w[None, :, :] * k, axis=2)
+            sx += tl.sum(x * x, axis=2)
+            sk += tl.sum(k * k, axis=2)
+        gate = engram_gate(dot, sx, sk, D, eps)
+        if HAS_MASK:
+            keep = tl.load(mask_ptr + toks, mask=t_ok, other=0).to(tl.int32) != 0
+            gate = tl.where(keep[:, None], gate, 0.0)
+        for d0 in range(0, D, BLOCK_D):
+            d = d0 + dd
+            ok = tn_ok[:, :, None] & (d < D)[None, None, :]
+            col = (n[:, None] * D + d[None, :])[None, :, :]
+            x = tl.load(x_ptr + toks[:, None, None] * stride_xt + col, mask=ok, other=0.0).to(tl.float32)
+            v = tl.load(v_ptr + toks[:, None] * stride_vt + d[None, :], mask=t_ok[:, None] & (d < D)[None, :], other=0.0).to(tl.float32)
+            y = x + gate[:, :, None] * v[:, None, :]
+            tl.store(out_ptr + toks[:, None, None] * (N * D) + col, to_output(y, out_ptr), mask=ok)
+
+
+def engram_gate_add(
+    streams: torch.Tensor,
+    keys: torch.Tensor,
+    value: torch.Tensor,
+    q_weight: torch.Tensor,
+    k_weight: torch.Tensor,
+    *,
+    eps: float,
+    token_mask: torch.Tensor | None = None,
+) -> torch.Tensor:
+    if streams.dim() != 3 or keys.shape != streams.shape or value.shape != (streams.shape[0], streams.shape[2]):
+        raise ValueError(f"engram_gate_add wants streams and keys [T, N, D], value [T, D]; got {tuple(streams.shape)}, {tuple(keys.shape)}, {tuple(value.shape)}")
+    if q_weight.shape != streams.shape[1:] or k_weight.shape != streams.shape[1:]:
+        raise ValueError(f"q_weight and k_weight must be [N, D] = {tuple(streams.shape[1:])}, got {tuple(q_weight.shape)}, {tuple(k_weight.shape)}")
+    if streams.dtype == torch.float64 or max(streams.numel(), keys.numel(), streams.shape[0] * max(streams.stride(0), keys.stride(0))) >= _INT32_LIMIT:
+        return _gate_reference(streams, keys, value, q_weight, k_weight, eps=eps, token_mask=token_mask)
+    tokens, n, dim = streams.shape
+    out = torch.empty(tokens, n, dim, dtype=streams.dtype, device=streams.device)
+    if out.numel() == 0:
+        return out
+    streams, keys = (t if t.stride(2) == 1 and t.stride(1) == dim else t.contiguous() for t in (streams, keys))
+    value = value if value.stride(1) == 1 else value.contiguous()
+    q_weight, k_weight = q_weight.contiguous(), k_weight.contiguous()
+    mask = token_mask.contiguous() if token_mask is not None else streams  # (streams: an unused pointer)
+    n_pad = next_power_of_2(n)
+    block_d = max(8, min(next_power_of_2(dim), _GATE_MAX_BLOCK_D))
+    block_t = max(1, min(_GATE_MAX_BLOCK_T, tile_elems(_GATE_BYTES_PER_ELEM) // (n_pad * block_d)))
+    _engram_gate_add_kernel[(vector_grid(cdiv(tokens, block_t)),)](
+        streams, keys, value, q_weight, k_weight, mask, out,
+        tokens, dim, streams.stride(0), keys.stride(0), value.stride(0), float(eps),
+        N=n, N_PAD=n_pad, BLOCK_T=block_t, BLOCK_D=block_d, HAS_MASK=token_mask is not None, **launch_options(),
+    )  # fmt: skip
+    return out
+
+
+REGISTRATIONS = [
+    Registration(
+        op="engram_hash",
+        fn=engram_hash,
+        note="Triton (ascend): persistent vector grid over token tiles, int64 products, rolling xor and remainders (exact)",
+        batch_invariant=True,
+    ),
+    Registration(
+        op="engram_gate_add",
+        fn=engram_gate_add,
+        note="Triton (ascend): persistent vector grid, token tiles with all streams, one pass for the gate's sums, one for X + g * V",
+        batch_invariant=True,  # a token's values from that token alone (module docstring)
+    ),
+]
