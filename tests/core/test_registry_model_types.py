@@ -1,4 +1,4 @@
-"""Ops only some model types call (`OpSpec.model_types`: DeepSeek-V4's seven). A backend without
+"""Ops only some model types call (`OpSpec.model_types`: DeepSeek-V4's eight, five of them V4.1's too, and V4.1's six). A backend without
 kernels for them (cuda and ascend today) still serves DeepSeek-V2/V3 exactly as before; a V4 model
 there is a one-line error naming the first missing op and the fix, or, with the fallback allowed
 explicitly, the reference serves those ops and each is logged once. The conformance suite shows
@@ -37,10 +37,15 @@ def _resolve(plugins: Plugins, facts: ModelFacts, **kwargs):
     return plugins.registry(NAME).resolve(ResolveContext(NAME, dtype=torch.bfloat16, model=facts), **kwargs)
 
 
-def test_deepseek_v4_ops_are_declared_for_deepseek_v4_only():
+V41_ONLY = ("cache_round", "candidate_blocks", "engram_gate_add", "engram_hash", "hc_pre_delayed", "indexer_topk_in_blocks")
+SHARED_WITH_V41 = ("clamped_silu_and_mul", "compress_kv", "hc_post", "indexer_topk", "sparse_attention")
+
+
+def test_deepseek_v4_ops_are_declared_for_deepseek_v4_and_v41_only():
     ops = all_ops()
-    assert {name for name, spec in ops.items() if spec.model_types} == set(V4)
-    assert all(ops[name].model_types == ("deepseek_v4",) for name in V4)
+    assert {name for name, spec in ops.items() if spec.model_types} == set(V4) | set(V41_ONLY)
+    assert all(ops[name].model_types == (("deepseek_v4", "deepseek_v41") if name in SHARED_WITH_V41 else ("deepseek_v4",)) for name in V4)
+    assert all(ops[name].model_types == ("deepseek_v41",) for name in V41_ONLY)
     assert ops["sparse_attention"].needed_by(V4_FACTS) and not ops["sparse_attention"].needed_by(V3)
     assert not ops["sparse_attention"].needed_by(ModelFacts())  # unknown model: not called
     assert ops["rms_norm"].needed_by(V3) and ops["rms_norm"].needed_by(V4_FACTS) and ops["rms_norm"].needed_by(ModelFacts())
@@ -92,7 +97,9 @@ def test_a_checkpoints_facts_carry_its_model_type(alias, model_type):
     """The engine resolves the ops with checkpoint_facts: the model type decides which ops it needs."""
     facts = checkpoint_facts(alias)
     assert facts.model_type == model_type
-    assert all(spec.needed_by(facts) == (model_type == "deepseek_v4" or not spec.model_types) for spec in all_ops().values())
+    assert all(spec.needed_by(facts) == (model_type in spec.model_types or not spec.model_types) for spec in all_ops().values())
+    if model_type == "deepseek_v4":  # V4.1's own ops are not V4's
+        assert not any(all_ops()[name].needed_by(facts) for name in V41_ONLY)
 
 
 # ------------------------------------------------------------------------------ the real backends
