@@ -88,8 +88,9 @@ def add_engine_flags(p) -> None:
                              f"larger ones are refused (default {MAX_GRAMMAR_BYTES})")
     engine.add_argument("--no-prefix-caching", action="store_true", help="switch the prefix cache off")
     engine.add_argument("--swa-bounded-replay", action=argparse.BooleanOptionalAction, default=True,
-                        help="DeepSeek-V4.1: run the decoder layers on a bounded tail at prefill and on a prefix hit (an approximation "
-                             "of a full prefill; default on, not implemented yet: pass --no-swa-bounded-replay to run every layer on every token)")
+                        help="DeepSeek-V4.1: at prefill run the decoder layers (after the last KV source) only on the prompt's last "
+                             "sliding_window + dspark_block_size tokens, the encoder layers on every token (an approximation of a full "
+                             "prefill; default on; --no-swa-bounded-replay runs every layer on every token)")
     engine.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs for decode steps (cuda backend)")
     engine.add_argument("--no-overlap", action="store_true", help="each decode step waits for the one before (default: overlap scheduling on cuda and ascend)")
     engine.add_argument("--no-mixed-steps", action="store_true",
