@@ -23,8 +23,8 @@ MAX_GRAMMAR_BYTES = 256 << 10  # EngineConfig.max_grammar_bytes's default (repea
 
 
 MODEL_HELP = """the checkpoint, its tokenizer and chat template, its dtype and length
---model takes an HF checkpoint folder (DeepSeek V2, V3 or V4) or an embedded tiny model: tiny-v3 or
-tiny-v4 (dummy weights; made on first use). Chat messages are rendered by the tokenizer's chat
+--model takes an HF checkpoint folder (DeepSeek V2, V3, V4 or V4.1) or an embedded tiny model: tiny-v3,
+tiny-v4 or tiny-v41 (dummy weights; made on first use). Chat messages are rendered by the tokenizer's chat
 template, as LLM.chat renders them (DeepSeek-V4 checkpoints ship a Python encoder instead, which
 deepinfer follows); --chat-template and --tokenizer replace the template or the whole tokenizer."""
 
@@ -59,7 +59,7 @@ def add_engine_flags(p) -> None:
     model = p.add_argument_group("model", MODEL_HELP)
     model.add_argument(
         "--model", metavar="PATH",
-        help="an HF checkpoint folder, or tiny-v3 / tiny-v4: the embedded tiny DeepSeek-V3 / V4 (dummy weights; default tiny-v3)",
+        help="an HF checkpoint folder, or tiny-v3 / tiny-v4 / tiny-v41: the embedded tiny DeepSeek-V3 / V4 / V4.1 (dummy weights; default tiny-v3)",
     )
     model.add_argument("--tokenizer", metavar="PATH", help="load the tokenizer (and its chat template) from this folder instead of the model's")
     model.add_argument("--chat-template", metavar="FILE|TEMPLATE",

@@ -83,7 +83,7 @@ def load_model(
     swa_bounded_replay: bool = True,
 ) -> LoadedModel:
     """Load the checkpoint folder `path` (None or "tiny-v3": the embedded tiny DeepSeek-V3 with dummy
-    weights; "tiny-v4": the embedded tiny DeepSeek-V4).
+    weights; "tiny-v4" / "tiny-v41": the embedded tiny DeepSeek-V4 / V4.1).
 
     FP8 block-scaled weights stay FP8; every other floating weight is cast to `dtype`. Raises
     LoadError (one line naming the file or tensor) for anything that does not fit, the device's
