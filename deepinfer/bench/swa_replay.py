@@ -15,7 +15,6 @@ The engines load the model once each; timings are of the machine and backend nam
 from __future__ import annotations
 
 import json
-import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -129,8 +128,9 @@ def format_results(settings: dict, results: list[ReplayComparison]) -> str:
     for r in results:
         diff = "-" if r.first_divergence is None else str(r.first_divergence)
         lines.append(
-            f"{r.prompt_len:8d}  {r.decoder_rows_on:8d}/{r.decoder_rows_off:<8d}  {r.rows_on:7d}/{r.rows_off:<7d}  {r.prefill_ms_on:13.1f} {r.prefill_ms_off:5.1f}"
-            f"  {r.prefill_ms_off / r.prefill_ms_on:6.2f}x  {r.max_logit_diff:12.3g}  {r.max_abs_logit:11.3g}  {str(r.argmax_equal).lower():>6}  {r.greedy_margin:6.3f}"
+            f"{r.prompt_len:8d}  {r.decoder_rows_on:8d}/{r.decoder_rows_off:<8d}  {r.rows_on:7d}/{r.rows_off:<7d}"
+            f"  {r.prefill_ms_on:13.1f} {r.prefill_ms_off:5.1f}  {r.prefill_ms_off / r.prefill_ms_on:6.2f}x"
+            f"  {r.max_logit_diff:12.3g}  {r.max_abs_logit:11.3g}  {str(r.argmax_equal).lower():>6}  {r.greedy_margin:6.3f}"
             f"  {r.greedy_agree:5d}/{r.output_tokens:<6d}  {diff:>10}"
         )
     return "\n".join(lines)

@@ -25,8 +25,16 @@ def add_parser(sub, argv: list[str] | None = None) -> None:
     (which imports torch): that happens only when `argv` may name one (see wants_backend_commands);
     argv None means always."""
     from deepinfer.cli import (
-        bench_e2e, bench_e2e_ep, bench_ops, bench_prefix_replay, bench_serve, bench_speculative, bench_structured, bench_swa_replay, bench_throughput,
-    )  # fmt: skip
+        bench_e2e,
+        bench_e2e_ep,
+        bench_ops,
+        bench_prefix_replay,
+        bench_serve,
+        bench_speculative,
+        bench_structured,
+        bench_swa_replay,
+        bench_throughput,
+    )
 
     p = sub.add_parser("bench", help="benchmarks (results go to files, never to test asserts)", description=__doc__)
     what = p.add_subparsers(dest="what", metavar="WHAT", parser_class=type(p))

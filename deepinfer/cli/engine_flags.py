@@ -12,7 +12,6 @@ expert parallelism (--ep)."""
 from __future__ import annotations
 
 import argparse
-
 from pathlib import Path
 
 from deepinfer.engine.dtype_names import DTYPE_NAMES
