@@ -6,8 +6,8 @@ DSpark block of 5 = 21 prompt tokens.
 With it on, the engine's greedy tokens are deterministic and equal a reference written here from the model's
 blocks (the encoder over every token, then the decoder over the last 21 prompt tokens and every generated one,
 their windows starting at the tail); a prompt no longer than the tail gives exactly what the replay off gives;
-chunked prefill, one request at a time and a batch give the one-shot tokens; the decoder never reads a ring row
-below the tail. With it off every layer runs on every token (test_engine_v41.py: greedy tokens equal NeMo's).
+chunked prefill, one request at a time, a batch, a preemption and a prefix hit give the one-shot tokens; the
+decoder never reads a ring row below the tail. With it off every layer runs on every token (test_engine_v41.py: greedy tokens equal NeMo's).
 """
 
 from __future__ import annotations
@@ -158,3 +158,25 @@ def test_a_request_for_prompt_logprobs_runs_every_layer_on_every_token(folder):
     on_out, off_out = llm.generate([ids], params, use_tqdm=False)[0], off.generate([ids], params, use_tqdm=False)[0]
     assert list(on_out.outputs[0].token_ids) == list(off_out.outputs[0].token_ids)
     assert len(on_out.prompt_logprobs) == len(PROMPTS[1])
+
+
+def test_a_preempted_request_recomputes_the_one_shot_tokens(folder):
+    """Ten blocks of 16 for three prompts and their tokens: one is preempted and recomputed (its prompt and the tokens
+    it generated), the decoder again from its prompt's tail."""
+    llm = LLM(model=str(folder), backend="reference", dtype="float32", max_model_len=256, announce=False, num_kv_blocks=10, max_num_seqs=3)
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    outs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS], params, use_tqdm=False)
+    assert sum(o.metrics["num_preemptions"] for o in outs) >= 1
+    one_shot = LLM(model=str(folder), backend="reference", dtype="float32", max_model_len=256, announce=False, max_num_seqs=1)
+    assert [list(o.outputs[0].token_ids) for o in outs] == [list(o.outputs[0].token_ids) for o in one_shot.generate(
+        [{"prompt_token_ids": p} for p in PROMPTS], params, use_tqdm=False)]  # fmt: skip
+
+
+def test_a_prefix_hit_gives_the_one_shot_tokens(folder):
+    llm = LLM(model=str(folder), backend="reference", dtype="float32", max_model_len=256, announce=False, max_num_seqs=1)
+    params = SamplingParams(temperature=0, max_tokens=NEW, ignore_eos=True)
+    prompt = PROMPTS[2]
+    llm.generate([{"prompt_token_ids": prompt[:100]}], params, use_tqdm=False)
+    hit = llm.generate([{"prompt_token_ids": prompt}], params, use_tqdm=False)[0]
+    assert hit.num_cached_tokens > 0
+    assert list(hit.outputs[0].token_ids) == _generate(folder, [prompt])[0]
