@@ -2,7 +2,8 @@
 
 Built in: `ops` times a backend's ops, `e2e` a decode step of a random DeepSeek-V2-Lite-shaped model
 against its floor and HF transformers, `e2e-ep` expert-parallel decode over N devices,
-`prefix-replay` DeepSeek-V4's prefix-cache hits (bounded replay) as the prefix grows, `speculative`
+`prefix-replay` DeepSeek-V4's prefix-cache hits (bounded replay) as the prefix grows, `swa-replay`
+DeepSeek-V4.1's decoder SWA bounded replay on against off, `speculative`
 speculative decoding's verification policies, `throughput` and `sweep` offline serving throughput
 with per-request latencies (vLLM's `bench throughput` shape), `serve` an OpenAI-compatible server
 over HTTP at a sweep of request rates (TTFT, TPOT, ITL), `plot` their PNG plots, `structured`
@@ -23,7 +24,17 @@ def add_parser(sub, argv: list[str] | None = None) -> None:
     """Add `bench` and its subcommands. The backend plugins' subcommands need the plugins loaded
     (which imports torch): that happens only when `argv` may name one (see wants_backend_commands);
     argv None means always."""
-    from deepinfer.cli import bench_e2e, bench_e2e_ep, bench_ops, bench_prefix_replay, bench_serve, bench_speculative, bench_structured, bench_throughput
+    from deepinfer.cli import (
+        bench_e2e,
+        bench_e2e_ep,
+        bench_ops,
+        bench_prefix_replay,
+        bench_serve,
+        bench_speculative,
+        bench_structured,
+        bench_swa_replay,
+        bench_throughput,
+    )
 
     p = sub.add_parser("bench", help="benchmarks (results go to files, never to test asserts)", description=__doc__)
     what = p.add_subparsers(dest="what", metavar="WHAT", parser_class=type(p))
@@ -31,6 +42,7 @@ def add_parser(sub, argv: list[str] | None = None) -> None:
     bench_e2e.add_parser(what)
     bench_e2e_ep.add_parser(what)  # `bench e2e-ep --ep N`: expert-parallel scaling
     bench_prefix_replay.add_parser(what)  # DeepSeek-V4: a prefix hit's bounded replay
+    bench_swa_replay.add_parser(what)  # DeepSeek-V4.1: the decoder SWA bounded replay on vs off
     bench_speculative.add_parser(what)  # speculative decoding: fixed vs confidence-driven verification
     bench_throughput.add_parser(what)  # `throughput`, `sweep` (offline serving, vLLM's shape) and `plot`
     bench_serve.add_parser(what)  # `serve`: a server over HTTP at a sweep of request rates (vLLM's bench serve shape)

@@ -56,7 +56,7 @@ def model_positions(model: str) -> int:
 
     path, alias = resolve_model(model)
     if alias is not None:
-        return int(EMBEDDED[alias].config["max_position_embeddings"])
+        return EMBEDDED[alias].max_position_embeddings
     return int(load_config(Path(path).expanduser()).max_position_embeddings)
 
 

@@ -12,7 +12,6 @@ expert parallelism (--ep)."""
 from __future__ import annotations
 
 import argparse
-
 from pathlib import Path
 
 from deepinfer.engine.dtype_names import DTYPE_NAMES
@@ -23,8 +22,8 @@ MAX_GRAMMAR_BYTES = 256 << 10  # EngineConfig.max_grammar_bytes's default (repea
 
 
 MODEL_HELP = """the checkpoint, its tokenizer and chat template, its dtype and length
---model takes an HF checkpoint folder (DeepSeek V2, V3 or V4) or an embedded tiny model: tiny-v3 or
-tiny-v4 (dummy weights; made on first use). Chat messages are rendered by the tokenizer's chat
+--model takes an HF checkpoint folder (DeepSeek V2, V3, V4 or V4.1) or an embedded tiny model: tiny-v3,
+tiny-v4 or tiny-v41 (dummy weights; made on first use). Chat messages are rendered by the tokenizer's chat
 template, as LLM.chat renders them (DeepSeek-V4 checkpoints ship a Python encoder instead, which
 deepinfer follows); --chat-template and --tokenizer replace the template or the whole tokenizer."""
 
@@ -59,7 +58,7 @@ def add_engine_flags(p) -> None:
     model = p.add_argument_group("model", MODEL_HELP)
     model.add_argument(
         "--model", metavar="PATH",
-        help="an HF checkpoint folder, or tiny-v3 / tiny-v4: the embedded tiny DeepSeek-V3 / V4 (dummy weights; default tiny-v3)",
+        help="an HF checkpoint folder, or tiny-v3 / tiny-v4 / tiny-v41: the embedded tiny DeepSeek-V3 / V4 / V4.1 (dummy weights; default tiny-v3)",
     )
     model.add_argument("--tokenizer", metavar="PATH", help="load the tokenizer (and its chat template) from this folder instead of the model's")
     model.add_argument("--chat-template", metavar="FILE|TEMPLATE",
@@ -88,8 +87,9 @@ def add_engine_flags(p) -> None:
                              f"larger ones are refused (default {MAX_GRAMMAR_BYTES})")
     engine.add_argument("--no-prefix-caching", action="store_true", help="switch the prefix cache off")
     engine.add_argument("--swa-bounded-replay", action=argparse.BooleanOptionalAction, default=True,
-                        help="DeepSeek-V4.1: run the decoder layers on a bounded tail at prefill and on a prefix hit (an approximation "
-                             "of a full prefill; default on, not implemented yet: pass --no-swa-bounded-replay to run every layer on every token)")
+                        help="DeepSeek-V4.1: at prefill run the decoder layers (after the last KV source) only on the prompt's last "
+                             "sliding_window + dspark_block_size tokens, the encoder layers on every token (an approximation of a full "
+                             "prefill; default on; --no-swa-bounded-replay runs every layer on every token)")
     engine.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs for decode steps (cuda backend)")
     engine.add_argument("--no-overlap", action="store_true", help="each decode step waits for the one before (default: overlap scheduling on cuda and ascend)")
     engine.add_argument("--no-mixed-steps", action="store_true",

@@ -116,10 +116,12 @@ class LLM:
     max_grammar_bytes: the largest structured_outputs a request may give, in bytes (its schema,
     regex, choice list or grammar); a larger one is refused (InvalidRequestError). Default 256 KiB.
 
-    swa_bounded_replay: DeepSeek-V4.1's decoder SWA bounded replay (the decoder layers run on a bounded
-    tail at prefill and on a prefix hit: an approximation of a full prefill). Default on, as vLLM, SGLang
-    and ATOM do it; not implemented yet, so a V4.1 checkpoint needs False (every layer on every token:
-    greedy tokens equal a full forward's); other models have no decoder-only layers and ignore it.
+    swa_bounded_replay: DeepSeek-V4.1's decoder SWA bounded replay: at prefill (and on a prefix hit, which
+    recomputes the prompt) the encoder layers run on every prompt token and the decoder layers, those after
+    the last KV source, only on the prompt's last sliding_window + dspark_block_size tokens, so their cost
+    is flat in the prompt's length; an approximation of a full prefill (docs/models/deepseek_v41.md gives
+    the measured difference). Default on, as vLLM, SGLang and ATOM do it. False: every layer on every token
+    (greedy tokens equal a full forward's). Other models have no decoder-only layers and ignore it.
     """
 
     def __init__(
@@ -219,15 +221,8 @@ class LLM:
             from deepinfer.model.moe import ExpertSharding
 
             experts = ExpertSharding(dist, num_redundant_experts, num_nodes(dist), _expert_load(expert_load))
-        facts = checkpoint_facts(model)
-        if swa_bounded_replay and facts is not None and facts.model_type == "deepseek_v41":
-            from deepinfer.model.errors import LoadError
-
-            raise LoadError(
-                "DeepSeek-V4.1's decoder SWA bounded replay (swa_bounded_replay=True, the default) is not implemented yet",
-                "pass swa_bounded_replay=False (--no-swa-bounded-replay) to run every layer on every token",
-            )
-        loaded = load_model(model, runtime.ops, runtime.device, torch_dtype, experts, max_model_len=max_model_len, tokenizer=tokenizer)
+        loaded = load_model(model, runtime.ops, runtime.device, torch_dtype, experts, max_model_len=max_model_len, tokenizer=tokenizer,
+                            swa_bounded_replay=swa_bounded_replay)  # fmt: skip
         if announce and loaded.dummy_weights:
             print(f"deepinfer: model {loaded.path}: dummy weights (random, for trying the engine; the text is gibberish)", file=sys.stderr)
         self._setup(LLMEngine(loaded, runtime, torch_dtype, config, dist=dist, announce=announce))

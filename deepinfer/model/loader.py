@@ -80,9 +80,10 @@ def load_model(
     *,
     max_model_len: int | None = None,
     tokenizer: str | Path | None = None,
+    swa_bounded_replay: bool = True,
 ) -> LoadedModel:
     """Load the checkpoint folder `path` (None or "tiny-v3": the embedded tiny DeepSeek-V3 with dummy
-    weights; "tiny-v4": the embedded tiny DeepSeek-V4).
+    weights; "tiny-v4" / "tiny-v41": the embedded tiny DeepSeek-V4 / V4.1).
 
     FP8 block-scaled weights stay FP8; every other floating weight is cast to `dtype`. Raises
     LoadError (one line naming the file or tensor) for anything that does not fit, the device's
@@ -91,7 +92,8 @@ def load_model(
     `max_model_len`: the longest sequence the engine will run (None: max_position_embeddings);
     the RoPE table holds that many positions; longer than max_position_embeddings is a LoadError.
     `tokenizer`: a folder to load the tokenizer from instead of the checkpoint's (checked before
-    the weights load).
+    the weights load). `swa_bounded_replay`: DeepSeek-V4.1's decoder SWA bounded replay at prefill (other
+    models have no decoder-only layers and ignore it).
     """
     if not dtype.is_floating_point:
         raise LoadError(f"dtype {dtype} is not a floating dtype", "use bfloat16, float16 or float32")
@@ -102,7 +104,8 @@ def load_model(
     folder = ensure_embedded(alias=embedded) if embedded is not None else check_model_path(path)
     tokenizer_folder = check_tokenizer_folder(tokenizer) if tokenizer is not None else None
     try:
-        return _load_folder(folder, ops, torch.device(device), dtype, experts, max_model_len, dummy=embedded is not None, tokenizer_folder=tokenizer_folder)
+        return _load_folder(folder, ops, torch.device(device), dtype, experts, max_model_len, dummy=embedded is not None,
+                            tokenizer_folder=tokenizer_folder, swa_bounded_replay=swa_bounded_replay)  # fmt: skip
     except CheckpointError as exc:
         if embedded is not None or _is_embedded_folder(folder):
             raise CheckpointError(exc.problem, f"the embedded model is generated locally: delete {folder} and run again; it is regenerated") from None
@@ -124,6 +127,7 @@ def _load_folder(
     max_model_len: int | None,
     dummy: bool,
     tokenizer_folder: Path | None = None,
+    swa_bounded_replay: bool = True,
 ) -> LoadedModel:
     config = load_config(folder)
     if max_model_len is not None and max_model_len > config.max_position_embeddings:
@@ -139,7 +143,7 @@ def _load_folder(
     if config.model_type == "deepseek_v41":  # its own model, never V4's
         from deepinfer.model.deepseek_v41.load import load_v41
 
-        model = load_v41(folder, config, ops, device, dtype, max_model_len, experts)
+        model = load_v41(folder, config, ops, device, dtype, max_model_len, experts, swa_bounded_replay)
         return _loaded(model, config, folder, dummy, tokenizer_folder)
     rope_positions = min(max_model_len or config.max_position_embeddings, config.max_position_embeddings)
     held = physical = None

@@ -60,7 +60,8 @@ def engram_gate_add(
     token_mask: [T] bool, optional: False rows (image, padding) get g = 0. Returns [T, N, D] in streams'
     dtype (float64 for float64 streams)."""
     if streams.dim() != 3 or keys.shape != streams.shape or value.shape != (streams.shape[0], streams.shape[2]):
-        raise ValueError(f"engram_gate_add wants streams and keys [T, N, D], value [T, D]; got {tuple(streams.shape)}, {tuple(keys.shape)}, {tuple(value.shape)}")
+        got = f"{tuple(streams.shape)}, {tuple(keys.shape)}, {tuple(value.shape)}"
+        raise ValueError(f"engram_gate_add wants streams and keys [T, N, D], value [T, D]; got {got}")
     if q_weight.shape != streams.shape[1:] or k_weight.shape != streams.shape[1:]:
         raise ValueError(f"q_weight and k_weight must be [N, D] = {tuple(streams.shape[1:])}, got {tuple(q_weight.shape)}, {tuple(k_weight.shape)}")
     acc = torch.float64 if streams.dtype == torch.float64 else torch.float32

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from deepinfer.ops import kv_cache_format
-from deepinfer.ops.sparse_attention import V4, V4_AND_V41
+from deepinfer.ops.sparse_attention import V4_AND_V41
 from deepinfer.registry import EXACT, op
 
 

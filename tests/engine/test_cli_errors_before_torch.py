@@ -16,7 +16,7 @@ CASES = [
     (["run", "--prompt", "hi", "--dist-timeout", "-1"], "--dist-timeout must be a number of seconds"),
     (["run", "--prompt", "hi", "--temperature", "-1"], "--temperature: temperature must be a finite number >= 0"),
     (["run", "--prompt", "hi", "--speculative", "bogus"], "--speculative: method must be one of mtp"),
-    (["run", "--prompt", "hi", "--model", "tiny-v2"], "model path tiny-v2 does not exist; pass an HF checkpoint folder, or an embedded model: tiny-v3, tiny-v4"),  # noqa: E501
+    (["run", "--prompt", "hi", "--model", "tiny-v2"], "model path tiny-v2 does not exist; pass an HF checkpoint folder, or an embedded model: tiny-v3, tiny-v4, tiny-v41"),  # noqa: E501
     (["run", "--prompt", "hi", "--tokenizer", "{tmp}/none"], "tokenizer path {tmp}/none does not exist"),
     (["run", "--prompt", "hi", "--backend", "nope"], "unknown backend 'nope'; installed backends:"),
     (["run", "--prompt", "hi", "--chat-template", "{tmp}/none.jinja"], "--chat-template {tmp}/none.jinja: no such file"),
@@ -25,7 +25,7 @@ CASES = [
     (["run", "--prompt", "hi", "-o", "{tmp}/none/out.jsonl"], "output folder {tmp}/none does not exist"),
     (["run-batch", "-i", "{tmp}/none.jsonl", "-o", "{tmp}/out.jsonl"], "input file {tmp}/none.jsonl not found"),
     (["serve", "--port", "99999"], "--port must lie in [0, 65535], got 99999"),
-    (["serve", "--model", "tiny-v2"], "an embedded model: tiny-v3, tiny-v4"),
+    (["serve", "--model", "tiny-v2"], "an embedded model: tiny-v3, tiny-v4, tiny-v41"),
 ]
 
 PROBE = """

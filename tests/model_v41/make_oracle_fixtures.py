@@ -25,7 +25,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from model_v41.tiny_v41 import ORACLE_V41, write_oracle_checkpoint  # noqa: E402
+from model_v41.tiny_v41 import write_oracle_checkpoint  # noqa: E402
 
 FIXTURE = Path(__file__).parent / "fixtures" / "oracle_v41.safetensors"
 SEED = 0

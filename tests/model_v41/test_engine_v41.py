@@ -1,7 +1,7 @@
 """DeepSeek-V4.1 through the engine on the reference backend, float32, every layer on every token
 (swa_bounded_replay=False): greedy generation (prefill then decode steps over the per-owner state) gives the
 tokens of one-shot full forwards and NeMo Automodel's (the oracle fixture); chunked prefill and a batch of
-requests give the same; the bounded replay, on by default, is refused in one line for V4.1 (not implemented)."""
+requests give the same. The bounded replay, on by default, is tested in test_bounded_replay_v41.py."""
 
 from __future__ import annotations
 
@@ -11,7 +11,6 @@ from safetensors.torch import load_file
 
 from deepinfer.engine.llm import LLM
 from deepinfer.engine.sampling_params import SamplingParams
-from deepinfer.model.errors import LoadError
 
 from model_v41.make_oracle_fixtures import FIXTURE, PROMPTS
 from model_v41.test_oracle_v41 import full_forward
@@ -67,8 +66,3 @@ def test_a_full_forwards_greedy_continuation_is_nemos(folder, oracle):
         ids.append(int(full_forward(model, ids)[-1].argmax()))
     assert ids[len(prompt) :] == nemo
 
-
-def test_bounded_replay_on_is_refused_in_one_line_for_v41(folder):
-    with pytest.raises(LoadError, match=r"bounded replay \(swa_bounded_replay=True, the default\) is not implemented yet") as caught:
-        LLM(model=str(folder), backend="reference", dtype="float32", max_model_len=256, announce=False)
-    assert "\n" not in str(caught.value)

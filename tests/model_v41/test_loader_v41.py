@@ -6,7 +6,6 @@ tokenizer.json; `deepinfer run` generates on the reference backend."""
 from __future__ import annotations
 
 import logging
-import re
 
 import pytest
 import torch
@@ -15,11 +14,12 @@ from deepinfer.model.checkpoint import find_tensors
 from deepinfer.model.deepseek_v41.checkpoint import QuantizedTensor, read_v41_tensors
 from deepinfer.model.deepseek_v41.config import V41Config
 from deepinfer.model.deepseek_v41.load import validate_v41_folder
-from deepinfer.model.errors import CheckpointError, LoadError
+from deepinfer.model.errors import CheckpointError
 from deepinfer.model.loader import load_model
 
 from cli_helpers import run_cli, run_main
 from model_v41.tiny_v41 import TINY_V41, VISION, random_v41_tensors, write_oracle_checkpoint, write_v41
+
 
 @pytest.fixture(scope="module")
 def tensors():
@@ -59,7 +59,8 @@ def test_the_release_layout_validates_and_reads_in_its_stored_formats(release, t
 def test_load_model_builds_the_v41_model_and_needs_the_checkpoints_tokenizer_for_engram(release, tmp_path):
     from deepinfer.model.deepseek_v41.model import DeepseekV41ForCausalLM
 
-    with pytest.raises(CheckpointError, match="has no tokenizer.json: DeepSeek-V4.1's Engram hashes token ids through the checkpoint's own tokenizer") as caught:
+    missing = "has no tokenizer.json: DeepSeek-V4.1's Engram hashes token ids through the checkpoint's own tokenizer"
+    with pytest.raises(CheckpointError, match=missing) as caught:
         load_model(str(release), None, "cpu", torch.float32)
     assert "\n" not in str(caught.value)
     loaded = load_model(str(write_oracle_checkpoint(tmp_path / "oracle")), None, "cpu", torch.float32, max_model_len=256)
@@ -123,7 +124,8 @@ def test_a_broken_tensor_is_one_line_naming_it(tmp_path, tensors, change, messag
 
 def test_deepinfer_run_on_a_v41_folder_generates_and_refuses_expert_parallelism_in_one_line(tmp_path):
     folder = write_oracle_checkpoint(tmp_path / "oracle")
-    done = run_cli("run", "--model", str(folder), "--backend", "reference", "--max-tokens", "3", "--max-model-len", "256", "--prompt", "a b c", "--temperature", "0", "--no-swa-bounded-replay")
+    done = run_cli("run", "--model", str(folder), "--backend", "reference", "--max-tokens", "3", "--max-model-len", "256", "--prompt", "a b c",
+                   "--temperature", "0", "--no-swa-bounded-replay")  # fmt: skip
     assert done.returncode == 0, done.stderr
     refused = run_main("run", "--model", str(folder), "--backend", "reference", "--ep", "2")
     assert refused.returncode == 2 and "expert parallelism (--ep, redundant experts) is not implemented for DeepSeek-V4.1 yet" in refused.stderr

@@ -209,7 +209,8 @@ def oracle_tensors(config: dict = ORACLE_V41, seed: int = 0) -> dict[str, torch.
         elif name.endswith(("gate.bias", "bias_vl")):
             w = 0.1 * torch.randn(shape)
         elif "hc_" in name:
-            w = {"fn": 0.5 * torch.randn(shape) / shape[-1] ** 0.5, "base": 0.5 * torch.randn(shape), "scale": 0.5 + 0.1 * torch.randn(shape)}[name.rsplit("_", 1)[1]]
+            part = name.rsplit("_", 1)[1]
+            w = {"fn": 0.5 * torch.randn(shape) / shape[-1] ** 0.5, "base": 0.5 * torch.randn(shape), "scale": 0.5 + 0.1 * torch.randn(shape)}[part]
         elif name == "embed.weight" or "engram.embed" in name:
             w = torch.randn(shape)
         else:  # a projection [out, in]: unit gain

@@ -68,14 +68,14 @@ class V41Attention:
 
     def _window(self, kv_new: torch.Tensor, span: Span, state: LayerState) -> tuple[torch.Tensor, torch.Tensor]:
         """(the keys the span's window reaches: the ring's rows of earlier positions, then the new rows; and each
-        new token's window as rows of those keys [length, window] int32, -1 before position 0). The new rows are
-        then written into the ring."""
+        new token's window as rows of those keys [length, window] int32, -1 before position 0 and before the span's
+        `window_from`: the ring rows there were never computed). The new rows are then written into the ring."""
         window = state.ring.shape[1]
-        low = max(0, span.start - window + 1)  # the earliest position any new token's window reaches
+        low = max(0, span.window_from, span.start - window + 1)  # the earliest position any new token's window reaches
         earlier = torch.arange(low, span.start, device=kv_new.device)
         keys = torch.cat((state.ring[span.slot, earlier % window], kv_new))
         seen = torch.arange(span.start, span.end, device=kv_new.device)[:, None] + torch.arange(1 - window, 1, device=kv_new.device)
-        rows = torch.where(seen >= 0, seen - low, -1).to(torch.int32)
+        rows = torch.where(seen >= max(0, span.window_from), seen - low, -1).to(torch.int32)
         last = torch.arange(max(span.start, span.end - window), span.end, device=kv_new.device)
         state.ring[span.slot, last % window] = kv_new[last - span.start]
         return keys, rows

@@ -56,13 +56,15 @@ def engram_token_map(folder: Path, config: V41Config) -> tuple[torch.Tensor | No
     return token_map, count
 
 
-def load_v41(folder: Path, config: V41Config, ops, device: torch.device, dtype: torch.dtype, max_model_len: int | None, experts) -> DeepseekV41ForCausalLM:
-    """Validate the folder, read its text tensors and build the model (DSpark blocks are read, not used yet)."""
+def load_v41(folder: Path, config: V41Config, ops, device: torch.device, dtype: torch.dtype, max_model_len: int | None, experts,
+             swa_bounded_replay: bool = True) -> DeepseekV41ForCausalLM:  # fmt: skip
+    """Validate the folder, read its text tensors and build the model (DSpark blocks are read, not used yet).
+    swa_bounded_replay: the decoder SWA bounded replay at prefill (bounded_replay.py)."""
     if experts is not None:
         raise LoadError("expert parallelism (--ep, redundant experts) is not implemented for DeepSeek-V4.1 yet", "run it with --ep 1")
     specs, scales = validate_v41_folder(folder, config)
     token_map, compressed = engram_token_map(folder, config)
-    model = DeepseekV41ForCausalLM(config, ops, device, dtype, max_positions=max_model_len)
+    model = DeepseekV41ForCausalLM(config, ops, device, dtype, max_positions=max_model_len, swa_bounded_replay=swa_bounded_replay)
     tensors = read_v41_tensors(find_tensors(folder), specs, scales, model.device, dtype)
     model.load_weights(V41Weights(tensors, dtype), token_map, compressed)
     return model

@@ -6,7 +6,9 @@ one-hot); Engram layers add their memory to the streams first. After the last bl
 with the last FFN-site `pre`, normed, and projected to float32 logits (no `hc_head`, unlike V4).
 
 The engine calls `forward(batch, caches)` with the state `new_caches` made (caches.py: by owner, one slot per
-running sequence). Every layer runs on every new token: there is no bounded replay yet.
+running sequence). With the decoder SWA bounded replay (bounded_replay.py) a step's host facts name each
+sequence's first decoder position: the encoder layers run on every new token, the decoder layers on the rows from
+there on; without them every layer runs on every new token.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 import torch
 
 from deepinfer import exact_order
+from deepinfer.model.deepseek_v41 import bounded_replay
 from deepinfer.model.deepseek_v41 import caches as v41_caches
 from deepinfer.model.deepseek_v41.attention import V41Attention
 from deepinfer.model.deepseek_v41.config import V41Config
@@ -60,14 +63,18 @@ class V41Block:
 
 
 class DeepseekV41ForCausalLM:
-    """`max_positions`: rows of the RoPE tables and of the compressed history, the longest sequence the engine runs."""
+    """`max_positions`: rows of the RoPE tables and of the compressed history, the longest sequence the engine runs.
+    `swa_bounded_replay`: whether the engine should prefill the decoder layers on the prompt's tail only
+    (`decoder_replay_start`); a step without host facts for it runs every layer on every token either way."""
 
     supports_device_graphs = False  # a step's spans are host facts (caches.py keeps no paged layout yet)
     mtp_layers: list = []  # DSpark drafting is not served yet
 
-    def __init__(self, config: V41Config, ops, device, dtype: torch.dtype, max_positions: int | None = None):
+    def __init__(self, config: V41Config, ops, device, dtype: torch.dtype, max_positions: int | None = None, swa_bounded_replay: bool = True):
         self.config, self.ops, self.device, self.dtype = config, ops, torch.device(device), dtype
         self.num_layers = config.num_hidden_layers
+        self.swa_bounded_replay = swa_bounded_replay
+        self.decoder_start = bounded_replay.decoder_start(config)
         self.max_positions = min(max_positions or config.max_position_embeddings, config.max_position_embeddings)
         rd = config.qk_rope_head_dim
         main = rope_cos_sin_cache(rd, self.max_positions, config.rope_theta).to(self.device)
@@ -104,6 +111,10 @@ class DeepseekV41ForCausalLM:
     def new_caches(self, num_blocks: int, block_size: int, num_slots: int, dtype: torch.dtype, lookahead: int = 0) -> v41_caches.V41State:
         return v41_caches.allocate(self.config, max(1, num_slots), self.max_positions, self.dtype, self.device)
 
+    def decoder_replay_start(self, prompt_tokens: int) -> int:
+        """A sequence's first position its decoder layers compute (0: every position; bounded_replay.py)."""
+        return bounded_replay.decoder_from(self.config, prompt_tokens) if self.swa_bounded_replay else 0
+
     # ---- running -------------------------------------------------------------------------------
 
     @torch.inference_mode()
@@ -124,9 +135,24 @@ class DeepseekV41ForCausalLM:
         pre = torch.zeros(streams.shape[:2], dtype=torch.float32, device=self.device)
         pre[:, 0] = 1  # the first site collapses with the one-hot
         shared = [SharedKV() for _ in spans]
-        for layer, state in zip(self.layers, caches.layers):
+        split = self.decoder_start
+        for layer, state in zip(self.layers[:split], caches.layers[:split]):
             streams, pre = layer(ops, streams, pre, positions, spans, state, shared, self.ropes, engram_rows)
-        logits = self._logits(ops, streams[batch.logits_indices], pre[batch.logits_indices])
+        wanted = batch.logits_indices
+        tail = bounded_replay.decoder_tail(spans, shared, host.decoder_from, self.device) if host.decoder_from is not None else None
+        if tail is not None:  # the bounded replay: the decoder layers run on each sequence's rows from its decoder_from
+            spans, shared = tail.spans, tail.shared
+            if tail.rows is not None:
+                if hidden_states:
+                    raise ValueError("the final hidden states of every row are wanted, but the bounded replay cut rows from the decoder layers")
+                streams, pre, positions = streams[tail.rows], pre[tail.rows], positions[tail.rows]
+                engram_rows = [rows[tail.rows] for rows in engram_rows] if engram_rows is not None else None
+                wanted = tail.logits_rows(wanted)
+                if not tail.spans:  # a prompt chunk wholly before its tail: no decoder rows, nothing sampled
+                    return torch.empty(0, self.head.shape[0], dtype=torch.float32, device=self.device)
+        for layer, state in zip(self.layers[split:], caches.layers[split:]):
+            streams, pre = layer(ops, streams, pre, positions, spans, state, shared, self.ropes, engram_rows)
+        logits = self._logits(ops, streams[wanted], pre[wanted])
         return (logits, streams) if hidden_states else logits
 
     __call__ = forward

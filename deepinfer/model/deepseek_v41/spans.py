@@ -15,6 +15,7 @@ class Span:
     start: int  # position of its first new token
     length: int
     offset: int  # its first row among the step's tokens
+    window_from: int = 0  # the lowest position whose window row this layer computed (bounded_replay.py: the decoder's tail start)
 
     @property
     def rows(self) -> slice:
