@@ -123,7 +123,8 @@ def engram_gate_add(
     token_mask: torch.Tensor | None = None,
 ) -> torch.Tensor:
     if streams.dim() != 3 or keys.shape != streams.shape or value.shape != (streams.shape[0], streams.shape[2]):
-        raise ValueError(f"engram_gate_add wants streams and keys [T, N, D], value [T, D]; got {tuple(streams.shape)}, {tuple(keys.shape)}, {tuple(value.shape)}")
+        got = f"{tuple(streams.shape)}, {tuple(keys.shape)}, {tuple(value.shape)}"
+        raise ValueError(f"engram_gate_add wants streams and keys [T, N, D], value [T, D]; got {got}")
     if q_weight.shape != streams.shape[1:] or k_weight.shape != streams.shape[1:]:
         raise ValueError(f"q_weight and k_weight must be [N, D] = {tuple(streams.shape[1:])}, got {tuple(q_weight.shape)}, {tuple(k_weight.shape)}")
     if streams.dtype == torch.float64 or max(streams.numel(), keys.numel(), streams.shape[0] * max(streams.stride(0), keys.stride(0))) >= _INT32_LIMIT:

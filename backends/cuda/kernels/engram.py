@@ -82,7 +82,8 @@ def _engram_gate_add_kernel(
         x = tl.load(x_ptr + toks[:, None, None] * stride_xt + col, mask=ok, other=0.0).to(tl.float32)
         k = tl.load(k_ptr + toks[:, None, None] * stride_kt + col, mask=ok, other=0.0).to(tl.float32)
         w_ok = n_ok[:, None] & (d < D)[None, :]
-        w = tl.load(qw_ptr + n[:, None] * D + d[None, :], mask=w_ok, other=0.0).to(tl.float32) * tl.load(kw_ptr + n[:, None] * D + d[None, :], mask=w_ok, other=0.0).to(tl.float32)
+        nd = n[:, None] * D + d[None, :]
+        w = tl.load(qw_ptr + nd, mask=w_ok, other=0.0).to(tl.float32) * tl.load(kw_ptr + nd, mask=w_ok, other=0.0).to(tl.float32)
         dot += tl.sum(x * w[None, :, :] * k, axis=2)
         sx += tl.sum(x * x, axis=2)
         sk += tl.sum(k * k, axis=2)
@@ -115,7 +116,8 @@ def engram_gate_add(
     token_mask: torch.Tensor | None = None,
 ) -> torch.Tensor:
     if streams.dim() != 3 or keys.shape != streams.shape or value.shape != (streams.shape[0], streams.shape[2]):
-        raise ValueError(f"engram_gate_add wants streams and keys [T, N, D], value [T, D]; got {tuple(streams.shape)}, {tuple(keys.shape)}, {tuple(value.shape)}")
+        got = f"{tuple(streams.shape)}, {tuple(keys.shape)}, {tuple(value.shape)}"
+        raise ValueError(f"engram_gate_add wants streams and keys [T, N, D], value [T, D]; got {got}")
     if q_weight.shape != streams.shape[1:] or k_weight.shape != streams.shape[1:]:
         raise ValueError(f"q_weight and k_weight must be [N, D] = {tuple(streams.shape[1:])}, got {tuple(q_weight.shape)}, {tuple(k_weight.shape)}")
     if streams.dtype == torch.float64:
