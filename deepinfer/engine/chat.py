@@ -112,8 +112,10 @@ def render_chat(
 def built_in_format(model_type: str | None):
     """The encoder of a model whose checkpoint ships its conversation format as a program, not as a
     chat template (DeepSeek-V4's encoding_dsv4.py, which deepinfer never runs: its own encoder);
-    None for any other model."""
-    if model_type == "deepseek_v4":
+    None for any other model. DeepSeek-V4.1 shares V4's tokenizer and special tokens, and no public
+    source (NeMo Automodel's or ATOM's V4.1 code) shows a format of its own: it takes V4's
+    (docs/models/deepseek_v41.md)."""
+    if model_type in ("deepseek_v4", "deepseek_v41"):
         from deepinfer.engine.chat_dsv4 import encode_dsv4
 
         return encode_dsv4

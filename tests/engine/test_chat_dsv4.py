@@ -195,3 +195,16 @@ def test_run_and_run_batch_render_chat_lines_in_the_v4_format(v4, tmp_path, caps
     assert answer["usage"]["prompt_tokens"] == len(chat.prompt_token_ids)
     assert answer["choices"][0]["message"]["content"] == chat.outputs[0].text
     capsys.readouterr()
+
+
+def test_a_v41_model_renders_conversations_in_the_v4_format(cache, monkeypatch):
+    """DeepSeek-V4.1 (the embedded tiny-v41: DeepSeek's tokenizer, no chat template) takes V4's encoder,
+    thinking mode and tool results included: the same prompt text and token ids as tiny-v4's."""
+    monkeypatch.setenv("DEEPINFER_CACHE", str(cache))
+    v41 = LLM(model="tiny-v41", backend="reference", dtype="float32", announce=False)
+    assert not v41.tokenizer.has_chat_template
+    want = f"{HEAD}{ET}Hello!{EOS}{U}2+2?{A}{T}"
+    (out,) = v41.chat(CONVERSATION, GREEDY, use_tqdm=False, chat_template_kwargs={"thinking": True})
+    assert out.prompt == want and out.prompt_token_ids == v41.tokenizer.encode(want)
+    for token in (U, A, T, ET, EOS):
+        assert out.prompt_token_ids.count(v41.tokenizer.token_to_id(token)) == want.count(token), token
