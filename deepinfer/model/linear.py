@@ -55,8 +55,9 @@ class ExpertWeights:
     def out_features(self) -> int:
         return self.weight.shape[-2]
 
-    def __call__(self, ops, x: torch.Tensor, expert_offsets: torch.Tensor) -> torch.Tensor:
-        return ops.grouped_gemm(x, self.weight, expert_offsets=expert_offsets, weight_scale=self.scale, fmt=self.fmt)
+    def __call__(self, ops, x: torch.Tensor, expert_offsets: torch.Tensor | None = None, *, masked_m: torch.Tensor | None = None) -> torch.Tensor:
+        """The contiguous layout (x [M, K], expert_offsets) or the masked one (x [E, max_m, K], masked_m)."""
+        return ops.grouped_gemm(x, self.weight, expert_offsets=expert_offsets, masked_m=masked_m, weight_scale=self.scale, fmt=self.fmt)
 
     @staticmethod
     def stack(experts: list[LinearWeight]) -> "ExpertWeights":

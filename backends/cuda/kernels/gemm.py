@@ -139,22 +139,25 @@ _KERNEL_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 # fp8 activation quantiser (per token, per 128-column group)
 
 
-@triton.jit(do_not_specialize=["R"])
+@triton.jit(do_not_specialize=["R", "inner_rows"])
 def _quant_act_fp8_kernel(
     x_ptr, q_ptr, s_ptr,
-    R, K,
-    stride_xr, stride_qr, stride_sr,
+    R, K, inner_rows,
+    stride_xo, stride_xr, stride_qr, stride_sr,
     BLOCK_R: tl.constexpr,
     GROUP: tl.constexpr,
     MANUAL_CVT: tl.constexpr,
 ):
+    """x's row r at (r // inner_rows) * stride_xo + (r % inner_rows) * stride_xr: a [A, B, K] view whose rows
+    do not flatten (a transposed one) is read where it lies, the quantised rows written in order."""
     pid_r = tl.program_id(0)
     g = tl.program_id(1)
     rows = (pid_r * BLOCK_R + tl.arange(0, BLOCK_R)).to(tl.int64)
     cols = g * GROUP + tl.arange(0, GROUP)
     row_ok = rows < R
     mask = row_ok[:, None] & (cols < K)[None, :]
-    x = tl.load(x_ptr + rows[:, None] * stride_xr + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    x_rows = (rows // inner_rows) * stride_xo + (rows % inner_rows) * stride_xr
+    x = tl.load(x_ptr + x_rows[:, None] + cols[None, :], mask=mask, other=0.0).to(tl.float32)
     amax = tl.max(tl.abs(x), axis=1)
     amax = tl.maximum(amax, 1e-4)  # float32(1e-4), as the reference clamps
     scale = tl.math.div_rn(amax, 448.0)
@@ -172,10 +175,17 @@ def quantize_act_fp8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     x [..., K] -> (x_fp8 [..., K] float8_e4m3fn, x_scale float32 [..., ceil(K/128)])."""
     k = x.shape[-1]
     groups = cdiv(k, FP8_GROUP)
-    x2 = x.reshape(-1, k)
-    if k and x2.stride(-1) != 1:
-        x2 = x2.contiguous()
-    rows = x2.shape[0]
+    if x.dim() == 3 and k and x.stride(-1) == 1 and x.stride(0) != x.shape[1] * x.stride(1):
+        # [A, B, K] whose rows do not flatten (a transposed view: the grouped output projection's heads
+        # by group): read in place, two-level row strides, rather than copied first
+        x2, inner, stride_outer = x, x.shape[1], x.stride(0)
+        rows, stride_row = x.shape[0] * x.shape[1], x.stride(1)
+    else:
+        x2 = x.reshape(-1, k)
+        if k and x2.stride(-1) != 1:
+            x2 = x2.contiguous()
+        rows = x2.shape[0]
+        inner, stride_outer, stride_row = max(rows, 1), 0, x2.stride(0)
     q = torch.empty(rows, k, dtype=quant.FP8_DTYPE, device=x.device)
     s = torch.empty(rows, groups, dtype=torch.float32, device=x.device)
     if rows and k:
@@ -184,8 +194,8 @@ def quantize_act_fp8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         grid = (cdiv(rows, block_r), groups)
         _quant_act_fp8_kernel[grid](
             x2, q.view(torch.uint8) if manual else q, s,
-            rows, k,
-            x2.stride(0), q.stride(0), s.stride(0),
+            rows, k, inner,
+            stride_outer, stride_row, q.stride(0), s.stride(0),
             BLOCK_R=block_r, GROUP=FP8_GROUP, MANUAL_CVT=manual,
             num_warps=warps,
         )
@@ -1090,6 +1100,11 @@ def launch_gemm(x, weight, weight_scale, fmt, layout, *, offsets=None, masked_m=
     if x.shape[-1] == 0:
         return out.zero_()
     plan = plan_gemm(x, weight, fmt, layout, mx_path, invariant)
+    if layout == _MASKED and x.stride(0) < x.stride(1) and plan.split == 1:
+        # x [E, max_m, K] lies expert-minor (a transposed view): the output follows, [E, max_m, N] over
+        # [max_m, E, N] memory, so that a caller's transpose back is a view (a split-K's partials and their
+        # sum address the output as they address the partials: those keep the plain layout)
+        out = torch.empty(x.shape[1], weight.shape[0], n, dtype=x.dtype, device=x.device).transpose(0, 1)
     xq, xs = x, None
     if fmt == "fp8_block":
         xq, xs = prequantised if prequantised is not None else quantize_act_fp8(x)

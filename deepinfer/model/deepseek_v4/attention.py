@@ -96,7 +96,7 @@ class V4Attention:
         # the output's rope channels rotated back in the op's last step (V = K carried the key's rotation)
         out = ops.sparse_attention(q, cache.swa.flatten(0, 1), step.window_rows, self.sinks, softmax_scale=self.config.softmax_scale,
                                    out_positions=step.positions, out_cos_sin_cache=inverse, **extra)  # fmt: skip
-        return self._project(ops, out)
+        return grouped_output_projection(ops, out, self.wo_a, self.wo_b, self.config.o_groups, step.group_rows)
 
     def _selected_rows(self, ops, x, q_latent, cache: LayerCache, step: V4Step, cos_sin) -> torch.Tensor:
         """CSA: the indexer's top-k entries of each token, as rows of the entry pool."""
@@ -109,11 +109,15 @@ class V4Attention:
         keys = cache.indexer.pool.flatten(0, 1)
         return ops.indexer_topk(iq, weights, keys, plan.entry_rows, step.token_seq, plan.num_visible, top_k=c.index_topk)
 
-    def _project(self, ops, out: torch.Tensor) -> torch.Tensor:
-        tokens, groups = out.shape[0], self.config.o_groups
-        by_group = out.reshape(tokens, groups, -1).transpose(0, 1).reshape(groups * tokens, -1)
-        offsets = torch.arange(0, groups + 1, device=out.device, dtype=torch.int32) * tokens
-        low = self.wo_a(ops, by_group.contiguous(), offsets)  # [G * T, O]
-        low = low.view(groups, tokens, -1).transpose(0, 1).reshape(tokens, -1)
-        return self.wo_b(ops, low.contiguous())
 
+def grouped_output_projection(ops, out: torch.Tensor, wo_a: ExpertWeights, wo_b, groups: int, group_rows: torch.Tensor | None = None) -> torch.Tensor:
+    """The grouped low-rank output projection (V4 and V4.1): wo_a per group of heads, as grouped_gemm's masked
+    layout over the [G, T, H*D/G] view of out [T, H, D] (no copy: a backend reads it in place, cuda's activation
+    quantiser included), then wo_b over [T, G*O], itself a view where the backend wrote wo_a's output in x's memory
+    order (cuda). group_rows: [G] int32 of T, the masked layout's counts (made here when not given: a step that
+    makes it once spares a launch per layer)."""
+    tokens = out.shape[0]
+    if group_rows is None:
+        group_rows = torch.full((groups,), tokens, dtype=torch.int32, device=out.device)
+    low = wo_a(ops, out.reshape(tokens, groups, -1).transpose(0, 1), masked_m=group_rows)  # [G, T, O]
+    return wo_b(ops, low.transpose(0, 1).reshape(tokens, -1))

@@ -221,13 +221,17 @@ class DeepseekV4ForCausalLM:
         rings = {(c.ratio, c.overlap): c.ring for cache in caches for c in (cache.compressor, cache.indexer) if c is not None}
         block_size = caches[0].swa.shape[1]
         if plans_on_device(batch):
-            return plan_decode(config, batch.positions, batch.block_tables, batch.slot_mapping, batch.state_slots, block_size, rings)
-        host = batch.host
-        if host is None:
-            raise ValueError("a DeepSeek-V4 step other than a decode step (one token per sequence, with state slots) needs the batch's host facts")
-        seqs = [SeqStep(start, length, cached, slot, pages) for start, length, cached, slot, pages in
-                zip(host.starts, host.lengths, host.cached, host.slots, host.pages)]  # fmt: skip
-        return plan_step(config, seqs, block_size, self.device, rings=rings, upload=host.upload)
+            step = plan_decode(config, batch.positions, batch.block_tables, batch.slot_mapping, batch.state_slots, block_size, rings)
+        else:
+            host = batch.host
+            if host is None:
+                raise ValueError("a DeepSeek-V4 step other than a decode step (one token per sequence, with state slots) needs the batch's host facts")
+            seqs = [SeqStep(start, length, cached, slot, pages) for start, length, cached, slot, pages in
+                    zip(host.starts, host.lengths, host.cached, host.slots, host.pages)]  # fmt: skip
+            step = plan_step(config, seqs, block_size, self.device, rings=rings, upload=host.upload)
+        # once per step, not per layer: every layer's grouped output projection reads it
+        step.group_rows = torch.full((config.o_groups,), step.positions.shape[0], dtype=torch.int32, device=self.device)
+        return step
 
     def _logits(self, ops, streams: torch.Tensor, hc_head, norm) -> torch.Tensor:
         """Collapse the streams with a head's own mixing (hc_head, torch glue: once per step, on

@@ -65,6 +65,7 @@ class V4Step:
     write_slots: torch.Tensor  # [T] int64: sliding-window cache slot each token writes, -1 for replayed tokens
     ratios: dict[int, RatioPlan] = field(default_factory=dict)
     compressors: dict[tuple[int, bool], CompressorPlan] = field(default_factory=dict)  # a decode step's: decode_plan.RingPlan
+    group_rows: torch.Tensor | None = None  # [o_groups] int32, each the step's token count: the output projection's masked_m (the model's)
 
 
 def plan_step(config: V4Config, seqs: list[SeqStep], block_size: int, device: torch.device, lookahead: int = 0,

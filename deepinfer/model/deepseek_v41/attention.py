@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import torch
 
+from deepinfer.model.deepseek_v4.attention import grouped_output_projection
 from deepinfer.model.deepseek_v41.caches import LayerState
 from deepinfer.model.deepseek_v41.compressor import V41Compressor
 from deepinfer.model.deepseek_v41.config import V41Config
@@ -64,7 +65,7 @@ class V41Attention:
                     extra = {"extra_kv": kv_state.entries, "extra_indices": kv_state.topk}
             out[rows] = ops.sparse_attention(q[rows], keys, window, self.sinks, softmax_scale=self.dim**-0.5, **extra)
         out = rotate_tail(ops, out, self.rope_dim, positions, inverse)
-        return self._project(ops, out)
+        return grouped_output_projection(ops, out, self.wo_a, self.wo_b, self.config.o_groups)
 
     def _window(self, kv_new: torch.Tensor, span: Span, state: LayerState) -> tuple[torch.Tensor, torch.Tensor]:
         """(the keys the span's window reaches: the ring's rows of earlier positions, then the new rows; and each
@@ -80,10 +81,3 @@ class V41Attention:
         state.ring[span.slot, last % window] = kv_new[last - span.start]
         return keys, rows
 
-    def _project(self, ops, out: torch.Tensor) -> torch.Tensor:
-        tokens, groups = out.shape[0], self.config.o_groups
-        by_group = out.reshape(tokens, groups, -1).transpose(0, 1).reshape(groups * tokens, -1)
-        offsets = torch.arange(0, groups + 1, device=out.device, dtype=torch.int32) * tokens
-        low = self.wo_a(ops, by_group.contiguous(), offsets)  # [G * T, O]
-        low = low.view(groups, tokens, -1).transpose(0, 1).reshape(tokens, -1)
-        return self.wo_b(ops, low.contiguous())
