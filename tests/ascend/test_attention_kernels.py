@@ -337,7 +337,7 @@ def _select_chunks_case(seed, *, width, top_k):
         table = (torch.arange(width, dtype=torch.int32) * 3 + 7)[None, :].repeat(2, 1)
         table[1] += 1
         seq = torch.tensor([1, 0, 1], dtype=torch.int32)
-        got = ix._select(scores, num_visible, top_k, table, seq, False)
+        got = ix.select(scores, num_visible, top_k, table, seq, False)
         masked = scores.double().masked_fill(torch.arange(width)[None, :] >= num_visible.long()[:, None], float("-inf"))
         ids = _top_ids_lowest_first(masked, top_k)
         want = torch.where(ids >= 0, table.long()[seq.long()[:, None], ids.clamp(min=0)], -1).to(torch.int32)
@@ -472,10 +472,11 @@ def _compile_variants():
     kv_base = dict(C=48, R=16, BLOCK_C=64, BLOCK_R=16, PAGE=128, MANUAL_RNE=False, FP8=False)
     kv_fp8_ptrs = {**kv_ptrs, "cache_ptr": "*u8", "scale_ptr": "*fp32"}
     sa_ptrs = {n: "*bf16" for n in ("q_ptr", "kv_ptr", "kv_scale_ptr", "xkv_ptr", "xkv_scale_ptr", "out_ptr")}
-    sa_ptrs.update(idx_ptr="*i32", xidx_ptr="*i32", xlen_ptr="*i32", sinks_ptr="*fp32", part_out_ptr="*fp32", part_lse_ptr="*fp32")
+    sa_ptrs.update(idx_ptr="*i32", xidx_ptr="*i32", xlen_ptr="*i32", sinks_ptr="*fp32", part_out_ptr="*fp32", part_lse_ptr="*fp32", opos_ptr="*i64",
+                   ocs_ptr="*fp32")  # fmt: skip
     sa_base = dict(H=8, D=48, HEAD_BLOCKS=1, BLOCK_H=16, BLOCK_N=16, BLOCK_D=64, Q_CHUNK=0, HAS_EXTRA=True, HAS_LENGTHS=False, DIRECT=True, DOT_F32=False,
                    DOT_PRECISION=None)  # fmt: skip
-    sa_base.update(IDX64=False, FP8=False, XFP8=False, PARTS=False)
+    sa_base.update(IDX64=False, FP8=False, XFP8=False, PARTS=False, ROPE=False, R=16)
     sa_fp8 = {**sa_base, "BLOCK_D": 128, "Q_CHUNK": 32, "PARTS": True}
     sa_fp8_kv_ptrs = {**sa_ptrs, "kv_ptr": "*u8", "kv_scale_ptr": "*fp32"}
     sa_fp8_both_ptrs = {**sa_fp8_kv_ptrs, "xkv_ptr": "*u8", "xkv_scale_ptr": "*fp32"}
@@ -515,6 +516,9 @@ def _compile_variants():
         ("sparse_fp8_lengths_split", sa._sparse_attention_kernel, sa_fp8_both_ptrs,
          {**sa_fp8, "FP8": True, "XFP8": True, "HAS_LENGTHS": True, "DIRECT": False}),
         ("sparse_fp8_both_idx64", sa._sparse_attention_kernel, sa_fp8_both_ptrs, {**sa_fp8, "FP8": True, "XFP8": True, "IDX64": True}),
+        # the output's rope channels rotated back where it is written: in one split, and by the parts' merge
+        ("sparse_rope_direct", sa._sparse_attention_kernel, sa_ptrs, {**sa_base, "ROPE": True}),
+        ("sparse_fp8_rope_parts", sa._sparse_attention_kernel, sa_fp8_both_ptrs, {**sa_fp8, "FP8": True, "XFP8": True, "ROPE": True}),
         ("indexer_scores", ix._indexer_scores_kernel, ix_ptrs, ix_base),
         ("indexer_scores_fp8_idx64", ix._indexer_scores_kernel, ix_fp8_ptrs, {**ix_base, "FP8": True, "IDX64": True}),
         ("indexer_select_one_launch", ix._indexer_select_kernel, sel_ptrs, {**sel_base, "FIRST": True, "LAST": True}),

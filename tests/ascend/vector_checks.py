@@ -412,10 +412,13 @@ def frontend(family: str) -> None:
                   T=i32, D=i32, E=i32, stride_x=i32, stride_out=i32)
             build(moe._combine_kernel, dict(K=8, BLOCK_D=2048),
                   src_ptr=p, w_ptr="*fp32", row_of_slot_ptr="*i32", out_ptr=p, T=i32, D=i32, stride_src=i32, stride_out=i32)
-        for score, bias, groups in ((0, False, 1), (1, True, 8), (2, True, 1), (0, False, 8)):
+        # (V4's hash routing: sqrtsoftplus over the table's experts, renormalised, no bias or groups)
+        for score, bias, groups, hashed in ((0, False, 1, False), (1, True, 8, False), (2, True, 1, False), (0, False, 8, False), (2, False, 1, True)):
             gate_sizes = dict(BLOCK_T=tile_elems(moe._GATE_BYTES_PER_ELEM) // 256, BLOCK_E=256, BLOCK_G=8, BLOCK_K=8)
-            build(moe._gate_kernel, dict(TOP_K=8, SCORE=score, HAS_BIAS=bias, N_GROUP=groups, TOPK_GROUP=min(4, groups), RENORM=bias, **gate_sizes),
-                  logits_ptr="*fp32", bias_ptr="*fp32", w_ptr="*fp32", ids_ptr="*i32", T=i32, E=i32, stride_t=i32, group_size=i32, scale=f32)
+            build(moe._gate_kernel, dict(TOP_K=8, SCORE=score, HASH=hashed, HAS_BIAS=bias, N_GROUP=groups, TOPK_GROUP=min(4, groups), RENORM=bias or hashed,
+                                         **gate_sizes),
+                  logits_ptr="*fp32", bias_ptr="*fp32", w_ptr="*fp32", ids_ptr="*i32", table_ptr="*i64", tok_ids_ptr="*i64",
+                  T=i32, E=i32, stride_t=i32, group_size=i32, scale=f32, stride_table=i32)
         build(moe._dispatch_count_kernel, dict(BLOCK_S=moe._COUNT_S, BLOCK_E=moe._CHUNK_E), ids_ptr="*i32", rank_ptr="*i32", counts_ptr="*i32", S=i32, E=i32)
         build(moe._dispatch_scan_kernel, dict(BLOCK_N=moe._SCAN_N, BLOCK_E=moe._CHUNK_E),
               counts_ptr="*i32", prefix_ptr="*i32", offsets_ptr="*i32", E=i32, n_tiles=i32)

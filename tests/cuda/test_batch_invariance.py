@@ -79,10 +79,12 @@ def around(g, req: torch.Tensor, before: int, after: int, **kw) -> torch.Tensor:
 # ---------------------------------------------------------------------------------------------- which kernels
 
 
-SEPARATE = {"linear", "grouped_gemm", "mla_decode", "rms_norm", "gate", "prefill", "sparse_attention", "indexer_topk", "compress_kv", "hc_pre"}
+SEPARATE = {"linear", "grouped_gemm", "mla_decode", "rms_norm", "gate", "prefill", "sparse_attention", "indexer_topk", "compress_kv", "hc_pre",
+            "hc_pre_delayed", "candidate_blocks", "indexer_topk_in_blocks"}  # fmt: skip
 AS_THEY_ARE = {
     "rope", "head_norm_rope", "silu_and_mul", "clamped_silu_and_mul", "kv_cache_write", "norm_rope_kv_write", "dispatch", "combine", "sample",
     "apply_token_bitmask", "hc_post", "rejection_sample", "apply_penalties", "apply_token_bias", "gather_logprobs",
+    "cache_round", "engram_hash", "engram_gate_add",
 }  # fmt: skip
 
 
