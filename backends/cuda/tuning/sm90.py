@@ -71,6 +71,11 @@ CONFIGS: dict[str, dict[str, dict]] = {
         # mxfp8 (e4m3 weights): decode 128x128 w4 s4 189 regs, 67 KB, 6.5 per element; prefill 256x128x64 w8 s3 210 regs.
         "mxfp8_reg_small": {"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 4, "num_stages": 4},
         "mxfp8_reg_large": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 3},  # as mxfp4's (not swept)
+        # fp8_block32 (W8A16, V4.1's dense projections): mxfp8's register kernel (the same e4m3 weight tile and bf16 x^T), the
+        # scale row shared by 32 weight rows: mxfp8's tiles. NOT MEASURED; the sm90 compile check of the decode case:
+        # no spills (backends/cuda/bench/compile_check.py).
+        "fp8_block32_reg_small": {"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 4, "num_stages": 4},
+        "fp8_block32_reg_large": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 3},
     },
     # prefill: tma = K/V tiles through TMA descriptors. bf16 tiles measured on the H200 (2026-11-30):
     # 128x64 w8 s3 + TMA 432 TFLOP/s at B4x4096 H16 192/128; 64x64 w4 s3 + TMA 447 at d128 (2 CTAs/SM).
