@@ -134,7 +134,8 @@ def test_an_fp8_grouped_weight_whose_groups_split_a_scale_block_is_decoded():
         grouped = weights.grouped("wo_a", 2)
         assert grouped.fmt == fmt and tuple(grouped.weight.shape) == (2, rows, 64)
         decoded = quant.dequantize_weight_fp8_block32(q, scale, torch.float32).view(2, rows, 64)
-        assert torch.equal(grouped.weight.float() if fmt == "dense" else quant.dequantize_weight_fp8_block32(grouped.weight, grouped.scale, torch.float32), decoded)
+        kept = grouped.weight.float() if fmt == "dense" else quant.dequantize_weight_fp8_block32(grouped.weight, grouped.scale, torch.float32)
+        assert torch.equal(kept, decoded)
 
 
 def _scale(tensors, name):

@@ -81,6 +81,8 @@ decode (<= 16 rows per expert):
     fp8_block, fp8 dot              -                                 M128 N64 88 KB | M16 N128 34 KB
     mxfp4, bf16 activations         M128 N32 94 KB | M16 N32 52 KB    M128 N32 94 KB | M16 N64 100 KB
     mxfp4, fp16/fp32 activations    M32 N32 82 KB | M16 N32 72 KB     M64 N32 102 KB | M16 N32 72 KB
+    fp8_block32, bf16 activations   M64 N32 84 KB | M16 N32 66 KB     M128 N32 108 KB | M16 N64 128 KB
+    fp8_block32, fp16/fp32          M64 N32 92 KB | M16 N32 62 KB     M64 N32 92 KB | M16 N64 116 KB
 
 The quantiser's tile is [16 rows, 128 columns]: 8 KB per live float32/int32 temporary.
 

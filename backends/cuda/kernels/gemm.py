@@ -883,7 +883,8 @@ def _fit_shared_memory(fmt, x, weight, dot_f32, block_m, block_n, block_k, num_s
     and mixed dtypes keep wide operands in shared memory). x_bytes: x's element size as the kernel
     reads it, where that is not x's (the register path's bf16 MX FP8 values)."""
     a_bytes = 4 if dot_f32 else (1 if fmt == "fp8_block" else (x_bytes or x.element_size()))
-    b_per_k = {"dense": 4 if dot_f32 else weight.element_size(), "fp8_block": 4 if dot_f32 else 1, "mxfp4": 0.5, "mxfp8": 1, "mxfp4_a8": 0.5, "fp8_block32": 1}[fmt]
+    b_per_k = {"dense": 4 if dot_f32 else weight.element_size(), "fp8_block": 4 if dot_f32 else 1,
+               "mxfp4": 0.5, "mxfp8": 1, "mxfp4_a8": 0.5, "fp8_block32": 1}[fmt]  # fmt: skip
     min_k = FP8_GROUP if fmt == "fp8_block" else (2 * MX_GROUP if fmt in _MX_FMTS else 16)
 
     def need(bk, st):
