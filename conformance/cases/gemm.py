@@ -1,4 +1,4 @@
-"""Cases for the gemm ops: linear and grouped_gemm, in the dense, fp8_block, mxfp4, mxfp8 and mxfp4_a8 formats.
+"""Cases for the gemm ops: linear and grouped_gemm, in the dense, fp8_block, mxfp4, mxfp8, mxfp4_a8 and fp8_block32 formats.
 
 Quantised weights are made by the project's own quantisers from seeded float32 weights whose
 magnitude varies from row to row, so the fp8 block scales and the e8m0 scales differ.
@@ -10,7 +10,7 @@ from functools import partial
 
 import torch
 
-from deepinfer.ops.quant import quantize_weight_fp8_block, quantize_weight_mxfp4, quantize_weight_mxfp8
+from deepinfer.ops.quant import quantize_weight_fp8_block, quantize_weight_fp8_block32, quantize_weight_mxfp4, quantize_weight_mxfp8
 from deepinfer_conformance.cases import Case, randn
 
 FLOAT_DTYPES = (torch.float32, torch.bfloat16)
@@ -23,7 +23,10 @@ def make_weight(gen, dtype, *lead: int, n: int, k: int, fmt: str) -> dict:
     w = (randn(gen, *lead, n, k, dtype=torch.float64) * row_scale).float()
     if fmt == "dense":
         return {"weight": w.to(dtype)}
-    quantize = {"fp8_block": quantize_weight_fp8_block, "mxfp4": quantize_weight_mxfp4, "mxfp8": quantize_weight_mxfp8, "mxfp4_a8": quantize_weight_mxfp4}[fmt]
+    quantize = {
+        "fp8_block": quantize_weight_fp8_block, "mxfp4": quantize_weight_mxfp4, "mxfp8": quantize_weight_mxfp8, "mxfp4_a8": quantize_weight_mxfp4,
+        "fp8_block32": quantize_weight_fp8_block32,
+    }[fmt]  # fmt: skip
     weight, scale = quantize(w)
     return {"weight": weight, "weight_scale": scale, "fmt": fmt}
 
@@ -95,6 +98,18 @@ QUANT_RECIPES = [
     ("grouped_gemm", "mxfp4_a8_masked_e4_m8", partial(masked_inputs, masked_m=[8, 2, 0, 5], max_m=8, n=128, k=256, fmt="mxfp4_a8")),
 ]
 
-CASES = [Case(op, name, dtype, make) for op, name, make in FLOAT_RECIPES for dtype in FLOAT_DTYPES] + [
-    Case(op, name, dtype, make) for op, name, make in QUANT_RECIPES for dtype in QUANT_DTYPES
+# fp8_block32 (W8A16, DeepSeek-V4.1's e4m3 weights with e8m0 per 32x32 block; x unquantised): kept tiny (the golden
+# set's 25 MB). N 80 and K 112 leave partial 32-row and 32-column edge blocks; the grouped cases are wo_a's grouped
+# projection (a few groups, contiguous) and a masked decode layout, N 48 a partial block row per expert.
+BLOCK32_RECIPES = [
+    ("linear", "fp8_block32_t3_n80_k112_partial_blocks", partial(linear_inputs, t=3, n=80, k=112, fmt="fp8_block32", wide_columns=4)),
+    ("grouped_gemm", "fp8_block32_contiguous_e3_empty_group", partial(contiguous_inputs, rows_per_expert=[5, 0, 7], padding=2, n=48, k=64, fmt="fp8_block32")),
+    ("grouped_gemm", "fp8_block32_masked_e3_m8", partial(masked_inputs, masked_m=[3, 0, 8], max_m=8, n=40, k=96, fmt="fp8_block32")),
 ]
+
+CASES = (
+    [Case(op, name, dtype, make) for op, name, make in FLOAT_RECIPES for dtype in FLOAT_DTYPES]
+    + [Case(op, name, dtype, make) for op, name, make in QUANT_RECIPES for dtype in QUANT_DTYPES]
+    + [Case(op, name, dtype, make) for op, name, make in BLOCK32_RECIPES for dtype in QUANT_DTYPES]
+    + [Case("linear", BLOCK32_RECIPES[0][1], torch.float32, BLOCK32_RECIPES[0][2])]  # float32 activations: the upcast path
+)

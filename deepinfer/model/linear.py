@@ -2,7 +2,9 @@
 
 A dense weight is a float tensor; an FP8 one (DeepSeek-V3's checkpoints) stays float8_e4m3fn with
 its float32 multiplier per 128x128 block (the checkpoint's `weight_scale_inv`) and runs through the
-"fp8_block" format of the `linear` / `grouped_gemm` ops.
+"fp8_block" format of the `linear` / `grouped_gemm` ops. Other formats are named (`format`): "mxfp4"
+(packed e2m1, e8m0 per 32 columns) and "fp8_block32" (DeepSeek-V4.1's e4m3 with an e8m0 byte per
+32x32 block).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ class LinearWeight:
 
     weight: torch.Tensor
     scale: torch.Tensor | None = None
-    format: str | None = None  # None: "dense" without a scale, "fp8_block" with one; "mxfp4": packed e2m1 with e8m0 scales
+    format: str | None = None  # None: "dense" without a scale, "fp8_block" with one; or an `ops.gemm.FORMATS` name ("mxfp4", "fp8_block32")
 
     @property
     def fmt(self) -> str:
@@ -36,6 +38,10 @@ class LinearWeight:
     def dequantized(self, dtype: torch.dtype) -> torch.Tensor:
         if self.scale is None:
             return self.weight.to(dtype)
+        if self.fmt == "fp8_block32":
+            return quant.dequantize_weight_fp8_block32(self.weight, self.scale, dtype=dtype)
+        if self.fmt != "fp8_block":
+            raise ValueError(f"no dequantisation here for the {self.fmt} format")
         return quant.dequantize_weight_fp8_block(self.weight, self.scale, dtype=dtype)
 
 
@@ -70,12 +76,17 @@ class ExpertWeights:
         return ExpertWeights(weight, torch.stack(scales), experts[0].format)
 
 
+# Weight rows sharing one scale row, for the formats whose scales cover blocks of rows (others: one row each).
+_SCALE_BLOCK_ROWS = {"fp8_block": quant.FP8_BLOCK, "fp8_block32": quant.FP8_BLOCK32}
+
+
 def _fusable(parts: list) -> bool:
-    """Weights concatenated along N keep their fp8 blocks only if every part but the last fills whole blocks."""
+    """Weights concatenated along N keep their scale blocks only if every part but the last fills whole blocks."""
     formats = {p.fmt for p in parts}
     if len(formats) > 1:
         return False
-    return formats in ({"dense"}, {"mxfp4"}) or all(p.out_features % quant.FP8_BLOCK == 0 for p in parts[:-1])
+    rows = _SCALE_BLOCK_ROWS.get(formats.pop(), 1)
+    return all(p.out_features % rows == 0 for p in parts[:-1])
 
 
 def _concat(parts: list, dim: int):

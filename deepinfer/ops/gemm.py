@@ -24,6 +24,16 @@ Weight formats (the `fmt` argument; number formats and their (de)quantisers live
   tensor cores (SM100 tcgen05 kind::mxf8f6f4, e4m3 x e2m1) take them:
   out = dequantize(quantize_act_mxfp8(x)) @ dequantize_mxfp4(W)^T. "mxfp4" stays W4A16; a
   checkpoint's mxfp4 weights serve either format unchanged (the `_a8` suffix names the activations).
+- "fp8_block32": DeepSeek-V4.1's FP8 (`weight_block_size [32, 32]`, `scale_fmt "ue8m0"`): weight
+  float8_e4m3fn [N, K] with one e8m0 byte per 32x32 block, weight_scale uint8
+  [ceil(N/32), ceil(K/32)] (2^(s-127); edge blocks are partial when N or K is not a multiple of 32).
+  W8A16: the activation stays in its dtype, out = x @ dequantize_weight_fp8_block32(W)^T. Why not
+  quantise x as fp8_block does: V4.1's reference (NeMo Automodel, whose parity runs against
+  DeepSeek's code decoded the weights to BF16 on both sides) computes these GEMMs in BF16 from
+  dequantised weights, and how DeepSeek's own engine quantises their activations (block shape, which
+  inputs) is not known; W8A16 keeps the numbers of a forward that decodes the weights at load (the
+  same products: e4m3 * 2^k is exact in bf16) while the weights stay 1 byte each. A kernel dequantises
+  the weight tile (e4m3 * 2^(s-127)) where the products need it.
 
 Every product accumulates in float32 (float64 for float64 activations). Quantised weights and
 their scales are used as given (a float64 golden run leaves fp8/uint8 tensors untouched).
@@ -37,7 +47,7 @@ import torch
 from deepinfer.ops import quant
 from deepinfer.registry import ALLCLOSE, DEFAULT_TOLERANCES, Tolerance, op
 
-FORMATS = ("dense", "fp8_block", "mxfp4", "mxfp8", "mxfp4_a8")
+FORMATS = ("dense", "fp8_block", "mxfp4", "mxfp8", "mxfp4_a8", "fp8_block32")
 MX_FORMATS = ("mxfp4", "mxfp8", "mxfp4_a8")  # K a multiple of 32, e8m0 scales [N, K/32]
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
@@ -88,6 +98,8 @@ def _layout(fmt: str, n: int, k: int) -> tuple[tuple, tuple[int, int], tuple, tu
         return (quant.FP8_DTYPE,), (n, k), FLOAT_DTYPES, blocks
     if fmt == "mxfp8":
         return (quant.FP8_DTYPE,), (n, k), (torch.uint8,), (n, k // quant.MX_BLOCK)
+    if fmt == "fp8_block32":
+        return (quant.FP8_DTYPE,), (n, k), (torch.uint8,), (-(-n // quant.FP8_BLOCK32), -(-k // quant.FP8_BLOCK32))
     return (torch.uint8,), (n, k // 2), (torch.uint8,), (n, k // quant.MX_BLOCK)
 
 
@@ -131,6 +143,8 @@ def _weight_for_product(weight: torch.Tensor, weight_scale: torch.Tensor | None,
         return quant.dequantize_mxfp4(weight, weight_scale, dtype=acc)
     if fmt == "mxfp8":
         return quant.dequantize_mxfp8(weight, weight_scale, dtype=acc)
+    if fmt == "fp8_block32":
+        return quant.dequantize_weight_fp8_block32(weight, weight_scale, dtype=acc)
     return weight.to(acc)
 
 
@@ -209,7 +223,8 @@ def grouped_gemm(
     fmt: str = "dense",
 ) -> torch.Tensor:
     """One GEMM per expert: weight [E, N, K] (fp8_block scale [E, ceil(N/128), ceil(K/128)];
-    mxfp4 / mxfp4_a8 weight [E, N, K/2], scale [E, N, K/32]; mxfp8 weight [E, N, K], scale [E, N, K/32]). Exactly one layout is given:
+    mxfp4 / mxfp4_a8 weight [E, N, K/2], scale [E, N, K/32]; mxfp8 weight [E, N, K], scale [E, N, K/32];
+    fp8_block32 weight [E, N, K], scale [E, ceil(N/32), ceil(K/32)]). Exactly one layout is given:
 
     - contiguous (prefill, what `dispatch` produces): x [M, K] with expert e's rows at
       expert_offsets[e]:expert_offsets[e+1] (expert_offsets: [E+1] int32, starting at 0, ending at

@@ -5,6 +5,8 @@
   value = fp8 * scale (the checkpoint calls the weight's `weight_scale_inv`).
 - OCP MX FP4: e2m1 elements, two per byte, with one e8m0 power-of-two scale per 32 values.
 - OCP MX FP8: e4m3 elements (float8_e4m3fn), with one e8m0 power-of-two scale per 32 values.
+- FP8 e4m3 with one e8m0 power-of-two scale per 32x32 block, as DeepSeek-V4.1 ships its dense
+  projections (`weight_block_size [32, 32]`, `scale_fmt "ue8m0"`).
 
 Quantisers compute in float32 (the MX FP4 one in float64, where every step is exact) whatever
 the input's precision; dequantisers compute in float32 (float64 when asked for float64) and cast.
@@ -250,3 +252,55 @@ def quantize_act_mxfp8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     shared = _mx_shared_exponent(blocks.abs().amax(dim=-1), E4M3_EMAX)
     scaled = (blocks / torch.exp2(shared.float()).unsqueeze(-1)).clamp(-FP8_MAX, FP8_MAX)
     return scaled.to(FP8_DTYPE).flatten(-2), (shared + E8M0_BIAS).to(torch.uint8)
+
+
+# ---------------------------------------------------------------------------------------------
+# FP8 e4m3, 32x32 weight blocks with e8m0 scales (DeepSeek-V4.1's dense projections)
+
+FP8_BLOCK32 = 32  # weight blocks are 32x32, one e8m0 byte each
+
+
+def _expand_blocks32(scale: torch.Tensor, n: int, k: int) -> torch.Tensor:
+    """[..., ceil(N/32), ceil(K/32)] per-block values -> [..., N, K] (partial edge blocks cut)."""
+    rows = scale.repeat_interleave(FP8_BLOCK32, dim=-2).narrow(-2, 0, n)
+    return rows.repeat_interleave(FP8_BLOCK32, dim=-1).narrow(-1, 0, k)
+
+
+def quantize_weight_fp8_block32(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Quantise w [..., N, K] to e4m3 with one e8m0 (power-of-two) scale per 32x32 block, the way
+    DeepSeek's ue8m0 scales round: scale = 2^ceil(log2(max(amax, 1e-4) / 448)) (the float32 amax / 448
+    rounded up to a power of two unless it is one), so |w| / scale <= 448 and nothing saturates;
+    w_fp8 = (w / scale).to(float8_e4m3fn) (round to nearest even; dividing by a power of two is exact).
+    Blocks at the bottom and right edges are partial when N or K is not a multiple of 32; their amax
+    covers only the real values. Computed in float32.
+    Returns (w_fp8 [..., N, K], scale uint8 [..., ceil(N/32), ceil(K/32)], the e8m0 byte exponent + 127).
+    """
+    if w.dim() < 2 or not w.is_floating_point():
+        raise ValueError(f"quantize_weight_fp8_block32 takes a floating weight [..., N, K], got {tuple(w.shape)} {w.dtype}")
+    n, k = w.shape[-2:]
+    nb, kb = _ceil_div(n, FP8_BLOCK32), _ceil_div(k, FP8_BLOCK32)
+    wf = w.float()
+    padded = F.pad(wf.abs(), (0, kb * FP8_BLOCK32 - k, 0, nb * FP8_BLOCK32 - n))  # zeros leave amax alone
+    amax = padded.unflatten(-1, (kb, FP8_BLOCK32)).unflatten(-3, (nb, FP8_BLOCK32)).amax(dim=(-3, -1))
+    ratio = amax.clamp(min=AMAX_FLOOR) / FP8_MAX  # float32, > 0
+    mantissa, exponent = torch.frexp(ratio)  # ratio = m * 2^e, m in [0.5, 1): ceil(log2) = e - 1 if m == 0.5, else e
+    shared = (exponent - (mantissa == 0.5).to(exponent.dtype)).clamp(-E8M0_BIAS, E8M0_BIAS)
+    q = (wf / _expand_blocks32(torch.exp2(shared.float()), n, k)).clamp(-FP8_MAX, FP8_MAX)
+    return q.to(FP8_DTYPE), (shared + E8M0_BIAS).to(torch.uint8)
+
+
+def dequantize_weight_fp8_block32(w_fp8: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+    """w = e4m3 value * 2^(s - 127) for the e8m0 byte s of its 32x32 block, computed in float32 (float64
+    for float64) and cast to dtype (exact in float32; in bfloat16 too, but for values below 2^-133).
+
+    w_fp8: [..., N, K] float8_e4m3fn; scale: [..., ceil(N/32), ceil(K/32)] uint8 (255 is e8m0's NaN).
+    """
+    n, k = w_fp8.shape[-2:]
+    want = (*w_fp8.shape[:-2], _ceil_div(n, FP8_BLOCK32), _ceil_div(k, FP8_BLOCK32))
+    if w_fp8.dtype != FP8_DTYPE or scale.dtype != torch.uint8:
+        raise ValueError(f"fp8_block32 weight must be float8_e4m3fn and its scale uint8 (e8m0), got {w_fp8.dtype} and {scale.dtype}")
+    if tuple(scale.shape) != want:
+        raise ValueError(f"fp8_block32 weight {tuple(w_fp8.shape)} needs a scale of shape {want}, got {tuple(scale.shape)}")
+    acc = _compute_dtype(dtype)
+    factor = torch.exp2(scale.to(acc) - E8M0_BIAS).masked_fill(scale == 255, float("nan"))
+    return (w_fp8.to(acc) * _expand_blocks32(factor, n, k)).to(dtype)

@@ -183,13 +183,13 @@ def _weight(g, dtype, *lead, n, k, fmt):
     if fmt == "dense":
         return {"weight": w.to(dtype), "fmt": fmt}
     quantise = {"fp8_block": quant.quantize_weight_fp8_block, "mxfp4": quant.quantize_weight_mxfp4, "mxfp8": quant.quantize_weight_mxfp8,
-                "mxfp4_a8": quant.quantize_weight_mxfp4}[fmt]  # fmt: skip
+                "mxfp4_a8": quant.quantize_weight_mxfp4, "fp8_block32": quant.quantize_weight_fp8_block32}[fmt]  # fmt: skip
     weight, scale = quantise(w)
     return {"weight": weight, "weight_scale": scale, "fmt": fmt}
 
 
 GEMM_CASES = [("dense", torch.float32), ("dense", torch.bfloat16), ("fp8_block", torch.bfloat16), ("mxfp4", torch.bfloat16),
-              ("mxfp8", torch.bfloat16), ("mxfp4_a8", torch.bfloat16)]  # fmt: skip
+              ("mxfp8", torch.bfloat16), ("mxfp4_a8", torch.bfloat16), ("fp8_block32", torch.bfloat16)]  # fmt: skip
 GEMM_NEIGHBOURS = (1, 3, 17, 90)  # 91 rows: the probe in the second 64-row tile
 K, N = 256, 64
 

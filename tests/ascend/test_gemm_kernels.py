@@ -32,6 +32,7 @@ CHECKS = (
     "linear_dense",
     "linear_fp8_block",
     "linear_mxfp4",
+    "linear_fp8_block32",
     "contiguous_all_formats",
     "masked_all_formats",
     "fp8_dot_path_forced",
@@ -104,7 +105,8 @@ def _script(chip: str) -> int:
         w = torch.randn(*lead, n, k, generator=gen(seed)) * 10 ** (torch.rand(*lead, n, 1, generator=gen(seed + 1)) * 2 - 2)
         if fmt == "dense":
             return {"weight": w.to(dtype)}
-        q, s = (quant.quantize_weight_fp8_block if fmt == "fp8_block" else quant.quantize_weight_mxfp4)(w)
+        quantize = {"fp8_block": quant.quantize_weight_fp8_block, "fp8_block32": quant.quantize_weight_fp8_block32}.get(fmt, quant.quantize_weight_mxfp4)
+        q, s = quantize(w)
         return {"weight": q, "weight_scale": s, "fmt": fmt}
 
     def as_float64(kw):
@@ -230,6 +232,23 @@ def _script(chip: str) -> int:
             linear_case("mxfp4_a8", 3, 40, 160, torch.float32, 35),
         ])
 
+    def check_linear_fp8_block32():
+        # W8A16 (V4.1): e4m3 with e8m0 per 32x32 block; N and K not multiples of 32 (partial edge blocks),
+        # more N tiles than one scale row; then random e4m3 bytes under scales that differ in every block,
+        # read back one at a time by one-hot activations (exact products: a wrong block's scale shows)
+        weight = torch.randint(0, 256, (72, 100), generator=gen(75), dtype=torch.uint8)
+        weight[(weight & 0x7F) == 0x7F] = 0
+        scale = torch.randint(112, 140, (3, 4), generator=gen(76), dtype=torch.uint8)
+        x = torch.eye(100)[::3] * 3.0
+        return run_all([
+            linear_case("fp8_block32", 1, 80, 112, torch.bfloat16, 70),
+            linear_case("fp8_block32", 37, 264, 200, torch.bfloat16, 71),
+            linear_case("fp8_block32", 6, 96, 48, torch.float16, 72),
+            linear_case("fp8_block32", 4, 130, 300, torch.float32, 73),
+            *[("linear", {"x": x.to(dt), "weight": weight.view(quant.FP8_DTYPE), "weight_scale": scale, "fmt": "fp8_block32"}, f"every block's scale {dt}")
+              for dt in (torch.float32, torch.bfloat16)],
+        ])
+
     def contiguous_case(fmt, counts, padding, n, k, dt, seed, offsets_dtype=torch.int32):
         offsets = torch.tensor([0, *counts]).cumsum(0).to(offsets_dtype)
         m = int(offsets[-1]) + padding
@@ -246,6 +265,7 @@ def _script(chip: str) -> int:
             contiguous_case("mxfp4", [2, 11, 0, 6], 3, 96, 192, torch.bfloat16, 44),
             contiguous_case("mxfp4", [0, 0, 0], 6, 32, 64, torch.bfloat16, 45),  # no rows at all
             contiguous_case("mxfp4_a8", [2, 11, 0, 6], 3, 96, 192, torch.bfloat16, 46),
+            contiguous_case("fp8_block32", [2, 11, 0, 6], 3, 80, 144, torch.bfloat16, 48),  # wo_a's grouped projection
             # decode: fewer rows than experts (a grid of min(tiles + E, rows) row tiles)
             contiguous_case("dense", [0, 1, 0, 0, 1, 0, 1, 0, 0, 0, 1, 0, 1, 1, 0, 0], 0, 64, 64, torch.bfloat16, 47),
         ])
@@ -264,6 +284,7 @@ def _script(chip: str) -> int:
             masked_case("mxfp4", [5, 0, 16], 16, 64, 96, torch.bfloat16, 54),
             masked_case("mxfp4", [0, 0], 4, 32, 64, torch.float32, 55),
             masked_case("mxfp4_a8", [5, 0, 16], 16, 64, 96, torch.float16, 56),
+            masked_case("fp8_block32", [5, 0, 16], 16, 48, 80, torch.bfloat16, 57),
         ])
 
     def check_fp8_dot_forced():
@@ -293,6 +314,7 @@ def _script(chip: str) -> int:
         "linear_dense": check_linear_dense,
         "linear_fp8_block": check_linear_fp8,
         "linear_mxfp4": check_linear_mxfp4,
+        "linear_fp8_block32": check_linear_fp8_block32,
         "contiguous_all_formats": check_contiguous,
         "masked_all_formats": check_masked,
         "fp8_dot_path_forced": check_fp8_dot_forced,

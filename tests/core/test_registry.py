@@ -21,7 +21,7 @@ def test_every_op_of_the_issue_is_declared_with_a_reference():
         assert set(spec.compare.values()) <= {"allclose", "exact"}
     assert ops["sample"].compare["tokens"] == "exact"
     assert ops["gate"].compare["topk_ids"] == "exact"
-    assert set(ops["linear"].formats) == {"dense", "fp8_block", "mxfp4", "mxfp8", "mxfp4_a8"}
+    assert set(ops["linear"].formats) == {"dense", "fp8_block", "mxfp4", "mxfp8", "mxfp4_a8", "fp8_block32"}
 
 
 def test_kernel_with_a_different_signature_is_refused():
@@ -103,7 +103,7 @@ def test_formats_dispatch_by_fmt_and_dtype_and_predicates_filter():
     x, w = torch.randn(2, 4), torch.randn(3, 4)
     torch.testing.assert_close(table.linear(x, w, fmt="dense"), x @ w.T)
     assert seen == [("dense", "dense")]
-    assert table.fallbacks == ("linear[fp8_block]", "linear[mxfp4]", "linear[mxfp8]", "linear[mxfp4_a8]")
+    assert table.fallbacks == ("linear[fp8_block]", "linear[mxfp4]", "linear[mxfp8]", "linear[mxfp4_a8]", "linear[fp8_block32]")
     with pytest.raises(RegistryError, match="format 'int3'"):
         table.linear(x, w, fmt="int3")
 

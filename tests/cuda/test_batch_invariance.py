@@ -320,12 +320,13 @@ def test_grouped_gemm(reg, dtype, layout):
         same(got[start : start + 3], want, f"{layout} {counts}")
 
 
-@pytest.mark.parametrize("dtype, fmt", [(torch.float32, "dense"), (torch.bfloat16, "dense"), (torch.bfloat16, "fp8_block")])
+@pytest.mark.parametrize("dtype, fmt", [(torch.float32, "dense"), (torch.bfloat16, "dense"), (torch.bfloat16, "fp8_block"), (torch.bfloat16, "fp8_block32")])
 def test_linear(reg, dtype, fmt):
     # 3 rows alone, then among 4, 20 and 133 rows: the default plan changes tiles at 64 rows.
     fn, g = kernel(reg, "linear", dtype, fmt), gen(10)
     w = randn(g, 128, 256, scale=0.05)
-    weights = {"weight": w.to(dtype)} if fmt == "dense" else dict(zip(("weight", "weight_scale"), quant.quantize_weight_fp8_block(w)), fmt=fmt)
+    quantize = quant.quantize_weight_fp8_block32 if fmt == "fp8_block32" else quant.quantize_weight_fp8_block
+    weights = {"weight": w.to(dtype)} if fmt == "dense" else dict(zip(("weight", "weight_scale"), quantize(w)), fmt=fmt)
     x = randn(g, 3, 256, dtype=dtype)
     want = fn(x, **weights)
     for before, after in ((1, 0), (0, 17), (70, 60)):

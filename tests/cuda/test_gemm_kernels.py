@@ -44,6 +44,7 @@ def weight_in(fmt: str, *lead: int, n: int, k: int, seed: int, dtype=torch.float
         "mxfp4": quant.quantize_weight_mxfp4,
         "mxfp8": quant.quantize_weight_mxfp8,
         "mxfp4_a8": quant.quantize_weight_mxfp4,
+        "fp8_block32": quant.quantize_weight_fp8_block32,
     }[fmt]
     q, s = quantize(w)
     return {"weight": q, "weight_scale": s, "fmt": fmt}
@@ -170,10 +171,43 @@ def test_mxfp4_special_scales(kg, mx_path):
     assert_matches("linear", kg.linear(**kw), kw)
 
 
+@pytest.mark.parametrize(
+    "t,n,k,dtype",
+    [
+        (3, 80, 112, torch.bfloat16),  # N and K not multiples of 32: partial edge blocks
+        (33, 96, 160, torch.bfloat16),
+        (2, 40, 512, torch.float16),  # few programs: split-K
+        (3, 48, 100, torch.float32),  # float32 activations: always the upcast path
+    ],
+)
+def test_linear_fp8_block32(kg, mx_path, t, n, k, dtype):
+    # W8A16 (V4.1's FP8, e8m0 per 32x32 block): x unquantised, on mxfp4's path
+    x = rand(t, k, seed=n + k, dtype=dtype)
+    x[:, 3] *= 300.0  # a large column
+    kw = {"x": x, **weight_in("fp8_block32", n=n, k=k, seed=t)}
+    assert_matches("linear", kg.linear(**kw), kw)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_fp8_block32_every_blocks_scale_reads_back(kg, mx_path, dtype):
+    """Random e4m3 bytes under an e8m0 byte that differs in every 32x32 block (N 72, K 100: partial
+    edge blocks), read back one weight at a time by one-hot activations: exact products, so a weight
+    row or column that took another block's scale shows."""
+    weight = torch.randint(0, 256, (72, 100), generator=gen(75), dtype=torch.uint8)
+    weight[(weight & 0x7F) == 0x7F] = 0  # e4m3fn's NaN
+    low, high = (112, 133) if dtype == torch.float16 else (100, 140)  # fp16: weights of 2^-24 .. 3 * 448 * 2^5, in range
+    scale = torch.randint(low, high, (3, 4), generator=gen(76), dtype=torch.uint8)
+    x = (torch.eye(100)[::3] * 3.0).to(dtype)
+    kw = {"x": x, "weight": weight.view(quant.FP8_DTYPE), "weight_scale": scale, "fmt": "fp8_block32"}
+    got = kg.linear(**kw)
+    want = ref.linear(**as_float64(kw))
+    assert torch.equal(got.double(), want.to(dtype).double())
+
+
 # ---------------------------------------------------------------------------------------------- grouped_gemm
 
 
-FMTS = ["dense", "fp8_block", "mxfp4", "mxfp8", "mxfp4_a8"]
+FMTS = ["dense", "fp8_block", "mxfp4", "mxfp8", "mxfp4_a8", "fp8_block32"]
 
 
 @pytest.mark.parametrize("fmt", FMTS)
@@ -364,7 +398,7 @@ def test_plan_reads_shapes_only_and_the_launch_applies_it(kg, monkeypatch):
 # factors (MX_DQ 1): the bit layout, the factor exponents and the accumulator's 2^64 shift are the GPU's.
 
 
-REG_FMTS = ["mxfp4", "mxfp8", "mxfp4_a8"]
+REG_FMTS = ["mxfp4", "mxfp8", "mxfp4_a8", "fp8_block32"]
 
 
 

@@ -19,17 +19,19 @@ def kg(monkeypatch):
     return kg
 
 
-def chosen(kg, path):
+def chosen(kg, path, fmt="mxfp4"):
     registry = Registry()
     registry.register_all("cuda", kg.REGISTRATIONS)
     ctx = ResolveContext("cuda", dtype=torch.bfloat16, options={} if path is None else {"mxfp4_path": path})
-    return {op: registry.choose(ctx, op, "mxfp4").fn for op in ("linear", "grouped_gemm")}
+    return {op: registry.choose(ctx, op, fmt).fn for op in ("linear", "grouped_gemm")}
 
 
-def test_the_option_picks_the_registration(kg):
-    assert chosen(kg, None) == chosen(kg, "auto") == {"linear": kg.linear, "grouped_gemm": kg.grouped_gemm}
+@pytest.mark.parametrize("fmt", ["mxfp4", "fp8_block32"])  # fp8_block32 (W8A16) takes mxfp4's path
+def test_the_option_picks_the_registration(kg, fmt):
+    assert chosen(kg, None, fmt) == chosen(kg, "auto", fmt) == {"linear": kg.linear, "grouped_gemm": kg.grouped_gemm}
     for path in ("dot_scaled", "upcast", "register"):
-        assert {op: fn.__qualname__ for op, fn in chosen(kg, path).items()} == {"linear": f"linear_mxfp4_{path}", "grouped_gemm": f"grouped_gemm_mxfp4_{path}"}
+        want = {"linear": f"linear_mxfp4_{path}", "grouped_gemm": f"grouped_gemm_mxfp4_{path}"}
+        assert {op: fn.__qualname__ for op, fn in chosen(kg, path, fmt).items()} == want
 
 
 def test_a_forced_path_plans_that_path_whatever_the_machines_default(kg, monkeypatch):
@@ -57,6 +59,7 @@ def test_sm90_takes_the_register_path_by_default(kg, monkeypatch):
         assert kg.plan_gemm(x, w4, "mxfp4", kg._LINEAR).mx_mode == want4
         assert kg.plan_gemm(x, w4, "mxfp4_a8", kg._LINEAR).mx_mode == want8
         assert kg.plan_gemm(x, w8, "mxfp8", kg._LINEAR).mx_mode == want8
+        assert kg.plan_gemm(x, w8, "fp8_block32", kg._LINEAR).mx_mode == want4  # W8A16: mxfp4's path
     plan = kg.plan_gemm(x, w4, "mxfp4", kg._LINEAR, "register")
     assert plan.mx_dq == 0  # bf16 pairs through PTX on a GPU
 

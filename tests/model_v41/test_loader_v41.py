@@ -67,6 +67,77 @@ def test_load_model_builds_the_v41_model_and_needs_the_checkpoints_tokenizer_for
     assert isinstance(loaded.model, DeepseekV41ForCausalLM) and loaded.tokenizer is not None  # never V4's model
 
 
+def _held_bytes(obj, seen=None, storages=None) -> dict[int, tuple[int, torch.dtype]]:
+    """Every tensor storage reachable from the model's attributes (deepinfer objects, lists, tuples, dicts), once."""
+    seen = set() if seen is None else seen
+    storages = {} if storages is None else storages
+    if id(obj) in seen:
+        return storages
+    seen.add(id(obj))
+    if isinstance(obj, torch.Tensor):
+        storages.setdefault(obj.untyped_storage().data_ptr(), (obj.untyped_storage().nbytes(), obj.dtype))
+    elif isinstance(obj, (list, tuple)):
+        for v in obj:
+            _held_bytes(v, seen, storages)
+    elif isinstance(obj, dict):
+        for v in obj.values():
+            _held_bytes(v, seen, storages)
+    elif hasattr(obj, "__dict__") and type(obj).__module__.startswith("deepinfer") and not isinstance(obj, type):
+        for name, v in vars(obj).items():
+            if name not in ("ops", "config"):
+                _held_bytes(v, seen, storages)
+    return storages
+
+
+def test_the_fp8_projections_stay_fp8_and_the_memory_estimate_counts_their_bytes(tmp_path):
+    """Every FP8 32x32-block projection the model runs is kept as stored ("fp8_block32": 1 byte a weight, an e8m0 byte
+    a block), wo_a's groups as grouped-GEMM experts; the loader's memory estimate counts those bytes, not floats."""
+    from deepinfer.model.deepseek_v41.load import estimate_v41_memory
+    from deepinfer.model.deepseek_v41.tensors import FP8_BLOCK
+
+    from model_v41.tiny_v41 import ORACLE_V41
+
+    folder = write_oracle_checkpoint(tmp_path / "oracle")
+    model = load_model(str(folder), None, "cpu", torch.bfloat16, max_model_len=256).model
+    config = V41Config.from_dict(ORACLE_V41)
+    layer = model.layers[2]  # a Full layer with Engram: every kind of FP8 projection
+    attn, ffn = layer.attn, layer.ffn
+    kept = [attn.wq_a, attn.wq_b, attn.wkv, attn.wo_b, attn.indexer.wq_b, ffn.shared[0].parts[0], ffn.shared[1], layer.engram.wkv]
+    assert all(w.fmt == "fp8_block32" and w.weight.dtype == torch.float8_e4m3fn and w.scale.dtype == torch.uint8 for w in kept)
+    assert len(ffn.shared[0].parts) == 1  # w1 and w3 fused: whole 32-row blocks
+    groups, rank = config.o_groups, config.o_lora_rank
+    assert attn.wo_a.fmt == "fp8_block32" and tuple(attn.wo_a.weight.shape) == (groups, rank, attn.wo_a.weight.shape[-1])
+    assert tuple(attn.wo_a.scale.shape) == (groups, rank // 32, -(-attn.wo_a.weight.shape[-1] // 32))
+
+    held = _held_bytes(model)
+    rope = sum(t.untyped_storage().nbytes() for pair in model.ropes.values() for t in pair)
+    held_total = sum(n for n, _ in held.values()) - rope
+    specs, scales = validate_v41_folder(folder, config)
+    backbone = {n: s for n, s in specs.items() if not n.startswith("mtp.")}  # DSpark blocks: read, not kept yet
+    fp8_weights = sum(s.shape[0] * s.shape[1] for s in backbone.values() if s.kind == FP8_BLOCK)
+    assert sum(n for n, dtype in held.values() if dtype == torch.float8_e4m3fn) == fp8_weights
+    estimate = estimate_v41_memory(backbone, find_tensors(folder), scales, torch.bfloat16, 256, config.qk_rope_head_dim)
+    assert estimate.rope_table == rope
+    # a floor: what it leaves out is the Engram token map (int64 per vocabulary id) and a few small tensors
+    assert estimate.weights <= held_total <= estimate.weights + 8 * config.vocab_size + 64 * 1024
+
+
+def test_an_fp8_grouped_weight_whose_groups_split_a_scale_block_is_decoded():
+    from deepinfer.model.deepseek_v41.checkpoint import QuantizedTensor
+    from deepinfer.model.deepseek_v41.weights import V41Weights
+    from deepinfer.ops import quant
+
+    w = torch.randn(96, 64)
+    for rows, fmt in ((48, "dense"), (32, "fp8_block32")):  # 2 x 48 rows: a 32-row block straddles the groups
+        q, scale = quant.quantize_weight_fp8_block32(w[: 2 * rows])
+        weights = V41Weights({"wo_a.weight": QuantizedTensor(q, scale, "fp8_block", (32, 32))}, torch.float32)
+        grouped = weights.grouped("wo_a", 2)
+        assert grouped.fmt == fmt and tuple(grouped.weight.shape) == (2, rows, 64)
+        decoded = quant.dequantize_weight_fp8_block32(q, scale, torch.float32).view(2, rows, 64)
+        kept = grouped.weight.float() if fmt == "dense" else quant.dequantize_weight_fp8_block32(grouped.weight, grouped.scale, torch.float32)
+        assert torch.equal(kept, decoded)
+
+
 def _scale(tensors, name):
     return tensors[name.removesuffix(".weight") + ".scale"]
 

@@ -26,11 +26,21 @@ def fp8_product_by_blocks(x: torch.Tensor, w_fp8: torch.Tensor, w_scale: torch.T
     return out
 
 
+def fp8_block32_values(w_fp8: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """fp8_block32 as written: w[n, k] = e4m3 value * 2^(scale[n // 32, k // 32] - 127), in float64, element by element."""
+    n, k = w_fp8.shape
+    rows, cols = torch.arange(n)[:, None] // 32, torch.arange(k)[None, :] // 32
+    return w_fp8.double() * torch.exp2(scale.double()[rows, cols] - 127)
+
+
 def product_by_rows(x: torch.Tensor, weight: torch.Tensor, weight_scale, fmt: str) -> torch.Tensor:
     """x [T, K] times one expert's weight, in float64: dequantise, then one dot per output row."""
     if fmt == "fp8_block":
         return fp8_product_by_blocks(x, weight, weight_scale)
-    w = quant.dequantize_mxfp4(weight, weight_scale, torch.float64) if fmt == "mxfp4" else weight.double()
+    if fmt == "fp8_block32":  # W8A16: x as given
+        w = fp8_block32_values(weight, weight_scale)
+    else:
+        w = quant.dequantize_mxfp4(weight, weight_scale, torch.float64) if fmt == "mxfp4" else weight.double()
     xd = x.double()
     return torch.stack([xd @ w[n] for n in range(w.shape[0])], dim=1) if x.shape[0] else xd.new_zeros(0, w.shape[0])
 
@@ -39,7 +49,8 @@ def stored_weight(fmt: str, *lead: int, n: int, k: int, seed: int) -> dict:
     w = seeded(*lead, n, k, seed=seed, scale=0.05).float()
     if fmt == "dense":
         return {"weight": w}
-    weight, scale = (quant.quantize_weight_fp8_block if fmt == "fp8_block" else quant.quantize_weight_mxfp4)(w)
+    quantize = {"fp8_block": quant.quantize_weight_fp8_block, "fp8_block32": quant.quantize_weight_fp8_block32}.get(fmt, quant.quantize_weight_mxfp4)
+    weight, scale = quantize(w)
     return {"weight": weight, "weight_scale": scale, "fmt": fmt}
 
 
@@ -82,11 +93,11 @@ def test_mxfp4_a8_is_the_mx_fp8_activation_times_the_mxfp4_weight(dtype):
 
 
 
-@pytest.mark.parametrize("fmt", ["dense", "fp8_block", "mxfp4"])
+@pytest.mark.parametrize("fmt", ["dense", "fp8_block", "mxfp4", "fp8_block32"])
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
 def test_linear_matches_rowwise_float64(fmt, dtype):
     x = seeded(5, 320, seed=1).to(dtype)
-    kw = stored_weight(fmt, n=200, k=320, seed=2)  # fp8: a 2x3 scale grid, both edges partial
+    kw = stored_weight(fmt, n=200, k=320, seed=2)  # fp8: a 2x3 scale grid, both edges partial (fp8_block32: 7x10, N's partial)
     out = linear(x, **kw)
     assert out.shape == (5, 200)
     assert_close_to(out, product_by_rows(x, kw["weight"], kw.get("weight_scale"), fmt), dtype)
@@ -113,11 +124,24 @@ def test_linear_fp8_quantises_activations_even_in_the_float64_golden_run():
     assert (unquantised - expected).abs().max() > 1e-4 * expected.abs().max()
 
 
+def test_linear_fp8_block32_keeps_the_activation_and_reads_partial_blocks():
+    """W8A16: no activation quantisation, even with a large dynamic range (the float64 golden run computes with x's
+    exact values); N 72 and K 100 end in partial 32x32 blocks, each block's e8m0 byte its own."""
+    x = seeded(3, 100, seed=13)
+    x[:, [5, 77]] *= 1e3
+    weight = torch.randint(0, 256, (72, 100), generator=torch.Generator().manual_seed(14), dtype=torch.uint8)
+    weight[(weight & 0x7F) == 0x7F] = 0  # e4m3fn's NaN
+    scale = torch.randint(110, 140, (3, 4), generator=torch.Generator().manual_seed(15), dtype=torch.uint8)
+    out = linear(x, weight.view(quant.FP8_DTYPE), weight_scale=scale, fmt="fp8_block32")
+    expected = x @ fp8_block32_values(weight.view(quant.FP8_DTYPE), scale).T
+    assert torch.allclose(out, expected, rtol=1e-12, atol=1e-12 * expected.abs().max().item())
+
+
 # ------------------------------------------------------------------------------------------------
 # grouped_gemm
 
 
-@pytest.mark.parametrize("fmt", ["dense", "fp8_block", "mxfp4"])
+@pytest.mark.parametrize("fmt", ["dense", "fp8_block", "mxfp4", "fp8_block32"])
 @pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16])
 def test_grouped_gemm_contiguous_matches_per_expert_loops(fmt, dtype):
     counts = [4, 0, 9, 0, 0, 1, 2, 0]  # empty experts, including the last; 5 padding rows follow
@@ -134,7 +158,7 @@ def test_grouped_gemm_contiguous_matches_per_expert_loops(fmt, dtype):
     assert (out[16:] == 0).all()  # the reference writes zeros in the padding rows
 
 
-@pytest.mark.parametrize("fmt", ["dense", "fp8_block", "mxfp4"])
+@pytest.mark.parametrize("fmt", ["dense", "fp8_block", "mxfp4", "fp8_block32"])
 def test_grouped_gemm_all_tokens_on_one_expert_equals_linear(fmt):
     x = seeded(11, 128, seed=9).to(torch.bfloat16)
     kw = stored_weight(fmt, 4, n=64, k=128, seed=10)
@@ -143,7 +167,7 @@ def test_grouped_gemm_all_tokens_on_one_expert_equals_linear(fmt):
     assert torch.equal(out, linear(x, **expert_slice(kw, 2)))
 
 
-@pytest.mark.parametrize("fmt", ["dense", "fp8_block", "mxfp4"])
+@pytest.mark.parametrize("fmt", ["dense", "fp8_block", "mxfp4", "fp8_block32"])
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 def test_grouped_gemm_masked_matches_per_expert_loops(fmt, dtype):
     masked_m = torch.tensor([0, 6, 2, 6], dtype=torch.int32)  # an empty expert and a full one (max_m = 6)
@@ -202,6 +226,9 @@ BAD_LINEAR = [
      dict(x=torch.ones(2, 64), weight=torch.zeros(8, 32, dtype=torch.uint8), weight_scale=torch.zeros(8, 1, dtype=torch.uint8), fmt="mxfp4")),
     ("x must be", dict(x=torch.ones(1, 2, 64), weight=torch.ones(8, 64))),
     ("x must be", dict(x=torch.ones(2, 64, dtype=torch.int32), weight=torch.ones(8, 64))),
+    ("weight_scale must be",  # fp8_block32: [ceil(N/32), ceil(K/32)] e8m0 bytes
+     dict(x=torch.ones(2, 100), weight=fp8(40, 100)[0], weight_scale=torch.zeros(2, 3, dtype=torch.uint8), fmt="fp8_block32")),
+    ("weight_scale must be", dict(x=torch.ones(2, 100), weight=fp8(40, 100)[0], weight_scale=torch.ones(2, 4), fmt="fp8_block32")),
 ]
 
 

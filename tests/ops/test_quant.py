@@ -251,3 +251,44 @@ def test_mxfp8_activation_quantiser_saturates():
     q, s = quant.quantize_act_mxfp8(x)
     assert s.tolist() == [[127], [0]]  # X = floor(log2 500) - 8 = 0; an all-zero group gets X = -127
     assert q.float()[0, :2].tolist() == [448.0, 1.0]  # 500 / 2^0 saturates at e4m3's 448
+
+
+# ------------------------------------------------------------------------------------------------
+# FP8 e4m3 with e8m0 scales per 32x32 block (DeepSeek-V4.1)
+
+
+def test_fp8_block32_scales_round_amax_over_448_up_to_a_power_of_two_with_partial_edge_blocks():
+    w = torch.randn(40, 70, generator=torch.Generator().manual_seed(3))  # a 2x3 grid: the last row and column partial
+    w[0, 0] = 448.0 * 2.0**-3  # block (0, 0): amax / 448 exactly 2^-3, kept (not rounded up)
+    w[:32, :32].clamp_(-56.0, 56.0)
+    w[35, 65] = 1000.0  # block (1, 2), partial both ways: 1000 / 448 = 2.23 -> 2^2
+    w[32:, 32:64] = 0.0  # block (1, 1) all zero: the 1e-4 floor -> 2^ceil(log2(1e-4 / 448)) = 2^-22
+    q, scale = quant.quantize_weight_fp8_block32(w)
+    assert q.dtype == quant.FP8_DTYPE and scale.dtype == torch.uint8 and tuple(scale.shape) == (2, 3)
+    assert scale[0, 0] == 127 - 3 and scale[1, 2] == 127 + 2 and scale[1, 1] == 127 - 22
+    # every value within the block's scale: |w| / scale <= 448, no saturation, and the round trip is e4m3's rounding
+    back = quant.dequantize_weight_fp8_block32(q, scale, torch.float64)
+    factor = torch.exp2(scale.double() - 127).repeat_interleave(32, 0)[:40].repeat_interleave(32, 1)[:, :70]
+    assert (q.double().abs() <= 448).all()
+    assert torch.equal(back, (w.double() / factor).to(quant.FP8_DTYPE).double() * factor)
+
+
+def test_fp8_block32_matches_the_checkpoint_writer_and_decodes_leading_dims():
+    from deepinfer.model.embedded_v41 import fp8_e8m0  # the tiny V4.1 checkpoints' writer, DeepSeek's ue8m0 rule
+
+    w = torch.randn(3, 48, 80, generator=torch.Generator().manual_seed(4)) * torch.logspace(-3, 1, 48)[:, None]
+    q, scale = quant.quantize_weight_fp8_block32(w)
+    for e in range(3):
+        q_e, s_e = fp8_e8m0(w[e], (32, 32))
+        assert torch.equal(q[e].view(torch.uint8), q_e.view(torch.uint8)) and torch.equal(scale[e], s_e.view(torch.uint8))
+        assert torch.equal(quant.dequantize_weight_fp8_block32(q, scale, torch.float32)[e], quant.dequantize_weight_fp8_block32(q[e], scale[e], torch.float32))
+
+
+def test_fp8_block32_dequantize_rejects_a_scale_of_the_wrong_grid_or_dtype():
+    q, scale = quant.quantize_weight_fp8_block32(torch.randn(40, 70))
+    with pytest.raises(ValueError, match=r"needs a scale of shape \(2, 3\)"):
+        quant.dequantize_weight_fp8_block32(q, scale[:, :2])
+    with pytest.raises(ValueError, match="uint8"):
+        quant.dequantize_weight_fp8_block32(q, scale.float())
+    nan = quant.dequantize_weight_fp8_block32(q, torch.full_like(scale, 255), torch.float32)
+    assert nan.isnan().all()  # e8m0's 255 is NaN

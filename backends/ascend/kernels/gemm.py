@@ -1,4 +1,4 @@
-"""Ascend Triton kernels: `linear` and `grouped_gemm` in every weight format (dense, fp8_block, mxfp4, mxfp8, mxfp4_a8).
+"""Ascend Triton kernels: `linear` and `grouped_gemm` in every weight format (dense, fp8_block, mxfp4, mxfp8, mxfp4_a8, fp8_block32).
 
 Written for triton-ascend (A2/A3 and 950) in the Triton subset community Triton also interprets.
 
@@ -55,6 +55,13 @@ Formats
   contract's quantiser in torch, dequantised to float32, exact), the weights through the mxfp4
   decode (FMT 2), the dot in float32 (ieee). Not tuned: no Ascend hardware ran it (the 950's MX
   matmul takes exactly this pairing, see npu_ops; not wired).
+- fp8_block32 (W8A16, DeepSeek-V4.1's FP8: e4m3 weights with one e8m0 byte per 32x32 block, scales
+  [ceil(N/32), ceil(K/32)]): the activations stay as they are (the op's reference is x @ dequantised
+  W^T: no quantiser); the kernel is mxfp8's weight decode (FMT 3: `_e4m3_to_f16`, exact, times
+  2^(s-127) in float32) with WS_ROWS = 32, weight row n reading scale row n // 32, and scale columns
+  up to cdiv(K, 32) (a partial last K block). bf16 activations dot in bf16 (the decoded weight is
+  exact in bf16 but for values below 2^-133), float16 and float32 ones in float32 (ieee). Not tuned:
+  no Ascend hardware ran it.
 
 Tiles and the on-chip buffer
 ----------------------------
@@ -74,6 +81,8 @@ decode (<= 16 rows per expert):
     fp8_block, fp8 dot              -                                 M128 N64 88 KB | M16 N128 34 KB
     mxfp4, bf16 activations         M128 N32 94 KB | M16 N32 52 KB    M128 N32 94 KB | M16 N64 100 KB
     mxfp4, fp16/fp32 activations    M32 N32 82 KB | M16 N32 72 KB     M64 N32 102 KB | M16 N32 72 KB
+    fp8_block32, bf16 activations   M64 N32 84 KB | M16 N32 66 KB     M128 N32 108 KB | M16 N64 128 KB
+    fp8_block32, fp16/fp32          M64 N32 92 KB | M16 N32 62 KB     M64 N32 92 KB | M16 N64 116 KB
 
 The quantiser's tile is [16 rows, 128 columns]: 8 KB per live float32/int32 temporary.
 
@@ -122,7 +131,9 @@ QUANT_BLOCK_R = 16  # rows per quantiser tile: [16, 128] float32 = 8 KB per live
 # (module docstring, "Deterministic mode").
 INVARIANT_ROWS = 64
 
-_FMT_ID = {"dense": 0, "fp8_block": 1, "mxfp4": 2, "mxfp8": 3, "mxfp4_a8": 2}  # mxfp4_a8: mxfp4 decode, float32 activations
+# mxfp4_a8: mxfp4 decode, float32 activations; fp8_block32: mxfp8's e4m3 decode, one scale row per 32 weight rows
+_FMT_ID = {"dense": 0, "fp8_block": 1, "mxfp4": 2, "mxfp8": 3, "mxfp4_a8": 2, "fp8_block32": 3}
+_SCALE_ROWS = {"fp8_block32": quant.FP8_BLOCK32}  # weight rows per scale row (others: 1)
 _LINEAR, _CONTIGUOUS, _MASKED = 0, 1, 2
 _KERNEL_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 # dot operand kinds
@@ -297,9 +308,10 @@ def _gemm_tile(
     stride_we, stride_wn, stride_wse, stride_wsn,
     stride_oe, stride_om,
     FMT: tl.constexpr, DOT: tl.constexpr, DOT_F32: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, WS_ROWS: tl.constexpr,
 ):
-    """out[e, row0:row0+BLOCK_M (< row_end), n0:n0+BLOCK_N] for one expert."""
+    """out[e, row0:row0+BLOCK_M (< row_end), n0:n0+BLOCK_N] for one expert. WS_ROWS: weight rows per
+    scale row (FMT 3: 1 for mxfp8, 32 for fp8_block32)."""
     offs_m = tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
@@ -318,8 +330,13 @@ def _gemm_tile(
     if FMT >= 2:
         offs_kp = tl.arange(0, BLOCK_K // 2)
         offs_ks = tl.arange(0, BLOCK_K // 32)
-        ws_base = ws_ptr + e64 * stride_wse + tl.cast(n0, tl.int64) * stride_wsn
-        ws_rows = offs_n[:, None] * stride_wsn
+        ks_end = tl.cdiv(K, 32)  # scale columns (fp8_block32's last K block may be partial)
+        if WS_ROWS == 1:
+            ws_base = ws_ptr + e64 * stride_wse + tl.cast(n0, tl.int64) * stride_wsn
+            ws_rows = offs_n[:, None] * stride_wsn
+        else:  # n0 is a multiple of BLOCK_N; the tile's rows read scale rows (n0 + i) // WS_ROWS
+            ws_base = ws_ptr + e64 * stride_wse
+            ws_rows = ((n0 + offs_n) // WS_ROWS)[:, None] * stride_wsn
 
     for k0 in range(0, K, BLOCK_K):
         k_ok = (k0 + offs_k) < K
@@ -349,14 +366,17 @@ def _gemm_tile(
             a_s = tl.load(xs_base + offs_m * stride_sm + g, mask=row_ok, other=0.0)
             w_s = tl.load(ws_base + g)
             acc += part * (a_s * w_s)[:, None]
-        elif FMT == 3:  # mxfp8: activations arrive dequantised (float32); e4m3 bytes x 2^(s-127)
+        elif FMT == 3:  # mxfp8 (activations arrive dequantised, float32) / fp8_block32 (x as given); e4m3 bytes x 2^(s-127)
             ks = k0 // 32 + offs_ks
             b = tl.load(w_base + w_rows + (k0 + offs_k)[None, :], mask=col_ok[:, None] & k_ok[None, :], other=0)
-            s = tl.load(ws_base + ws_rows + ks[None, :], mask=col_ok[:, None] & (ks < K // 32)[None, :], other=127)
+            s = tl.load(ws_base + ws_rows + ks[None, :], mask=col_ok[:, None] & (ks < ks_end)[None, :], other=127)
             si = s.to(tl.int32)
             f = tl.where(si == 0, 0x00400000, tl.where(si == 255, 0x7FC00000, si << 23)).to(tl.float32, bitcast=True)  # 2^(s-127)
             wv = tl.reshape(tl.reshape(_e4m3_to_f16(b).to(tl.float32), (BLOCK_N, BLOCK_K // 32, 32)) * f[:, :, None], (BLOCK_N, BLOCK_K))
-            acc = tl.dot(a.to(tl.float32), tl.trans(wv), acc, input_precision="ieee")
+            if DOT == 1 or DOT_F32:
+                acc = tl.dot(a.to(tl.float32), tl.trans(wv), acc, input_precision="ieee")
+            else:  # bf16 activations (fp8_block32): the decoded weight is exact in bf16
+                acc = tl.dot(a, tl.trans(wv.to(tl.bfloat16)), acc)
         else:
             kp = k0 // 2 + offs_kp
             ks = k0 // 32 + offs_ks
@@ -381,13 +401,14 @@ def _gemm_kernel(
     stride_xe, stride_xm, stride_se, stride_sm,
     stride_we, stride_wn, stride_wse, stride_wsn,
     stride_oe, stride_om,
-    FMT: tl.constexpr,  # 0 dense, 1 fp8_block, 2 mxfp4
+    FMT: tl.constexpr,  # 0 dense, 1 fp8_block, 2 mxfp4 (and mxfp4_a8), 3 mxfp8 (and fp8_block32)
     LAYOUT: tl.constexpr,  # 0 linear (M rows), 1 contiguous (bounds = expert_offsets), 2 masked (bounds = masked_m, M = max_m)
     DOT: tl.constexpr,  # 0 operands as loaded, 1 float32 ieee, 2 float16 (fp8 decode), 3 fp8
     DOT_F32: tl.constexpr,  # every dot's operands in float32 (the interpreter: upcast_dot)
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    WS_ROWS: tl.constexpr = 1,  # weight rows per scale row (fp8_block32: 32)
 ):
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
@@ -413,7 +434,7 @@ def _gemm_kernel(
                 stride_xe, stride_xm, stride_se, stride_sm,
                 stride_we, stride_wn, stride_wse, stride_wsn,
                 stride_oe, stride_om,
-                FMT, DOT, DOT_F32, BLOCK_M, BLOCK_N, BLOCK_K,
+                FMT, DOT, DOT_F32, BLOCK_M, BLOCK_N, BLOCK_K, WS_ROWS,
             )
         base += count
 
@@ -429,7 +450,7 @@ def _dot_kind(fmt: str, x_dtype: torch.dtype, w_dtype: torch.dtype, fp8_dot: boo
         return _DOT_FP8 if fp8_dot and x_dtype in (torch.bfloat16, torch.float16) else _DOT_F16
     if fmt in ("mxfp8", "mxfp4_a8"):
         return _DOT_F32  # activations arrive dequantised to float32
-    return _DOT_NATIVE if x_dtype == torch.bfloat16 else _DOT_F32
+    return _DOT_NATIVE if x_dtype == torch.bfloat16 else _DOT_F32  # mxfp4, fp8_block32: bf16 x dots in bf16
 
 
 def tile_bytes(fmt: str, dot: int, x_bytes: int, w_bytes: int, bm: int, bn: int, bk: int = BLOCK_K) -> int:
@@ -446,6 +467,9 @@ def tile_bytes(fmt: str, dot: int, x_bytes: int, w_bytes: int, bm: int, bn: int,
         return 2 * bm * bk + bn * bk * (1 + 2 * 2 + 2) + 2 * acc
     if fmt == "mxfp8":  # float32 activations; weight bytes, int16 + float16 decode, float32 values and scaled copy
         return 4 * bm * bk + bn * bk * (1 + 2 + 2 + 4 + 4) + acc
+    if fmt == "fp8_block32":  # x as given (float32 copy for a float32 dot); mxfp8's decode, a bf16 copy for a bf16 dot
+        op = 4 if dot == _DOT_F32 else x_bytes
+        return bm * bk * op + bn * bk * (1 + 2 + 2 + 4 + 4 + (0 if dot == _DOT_F32 else 2)) + acc
     # mxfp4 (and mxfp4_a8, a float32 dot): packed bytes, joined nibbles, two int32 temporaries (bit building), bf16 values,
     # float32 copies of both operands for a float32 dot
     op = 4 if dot == _DOT_F32 else 2
@@ -532,6 +556,8 @@ def launch_gemm(x, weight, weight_scale, fmt, layout, bounds=None, invariant=Fal
         # to float32 (exact); the kernel decodes the e4m3 weight bytes and dots in float32.
         xq = quant.dequantize_mxfp8(*quant.quantize_act_mxfp8(x), dtype=torch.float32)
         w3 = w3.view(torch.uint8)
+    elif fmt == "fp8_block32":  # W8A16: x as given; the kernel decodes the e4m3 weight bytes
+        w3 = w3.view(torch.uint8)
     elif fmt == "mxfp4_a8":
         # W4A8 MX: the same activation quantiser, dequantised to float32 (exact); the mxfp4 weight decode.
         xq = quant.dequantize_mxfp8(*quant.quantize_act_mxfp8(x), dtype=torch.float32)
@@ -557,7 +583,7 @@ def launch_gemm(x, weight, weight_scale, fmt, layout, bounds=None, invariant=Fal
         ws3.stride(0) if ws3 is not None else 0, ws3.stride(1) if ws3 is not None else 0,
         out3.stride(0) if layout == _MASKED else 0, out3.stride(1),
         FMT=_FMT_ID[fmt], LAYOUT=layout, DOT=dot, DOT_F32=upcast_dot(),
-        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=BLOCK_K,
+        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=BLOCK_K, WS_ROWS=_SCALE_ROWS.get(fmt, 1),
         **launch_options(multibuffer=True),
     )
     return out
@@ -637,10 +663,11 @@ _NOTE = (
     "Triton (ascend): persistent cube-grid GEMM over expert-major tiles (no host sync); dense; "
     "fp8_block with a vector-grid per-token-group quantiser (bit-exact), fp8 bytes decoded to fp16 "
     "in-kernel (fp8 dot on 950 hardware), scales per 128-K group; mxfp4 unpacked to bf16 in-kernel; "
-    "mxfp8 and mxfp4_a8: activations through the MX FP8 quantiser (torch), dequantised, float32 dot"
+    "mxfp8 and mxfp4_a8: activations through the MX FP8 quantiser (torch), dequantised, float32 dot; "
+    "fp8_block32 (W8A16): e4m3 bytes decoded in-kernel with a scale per 32x32 block, x unquantised"
 )
 
-_FORMATS = ("dense", "fp8_block", "mxfp4", "mxfp8", "mxfp4_a8")
+_FORMATS = ("dense", "fp8_block", "mxfp4", "mxfp8", "mxfp4_a8", "fp8_block32")
 _INVARIANT_NOTE = f"Triton (ascend): the GEMM above with one tile plan for every row count (planned for {INVARIANT_ROWS} rows per expert)"
 REGISTRATIONS = [
     Registration(op="linear", fn=linear, formats=_FORMATS, dtypes=_KERNEL_DTYPES, note=_NOTE),

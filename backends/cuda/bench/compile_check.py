@@ -103,6 +103,8 @@ def _linear(fmt: str, m: int, n: int, k: int) -> Callable[[], None]:
             gemm.linear(_t(m, k), _t(n, k, dtype=torch.float8_e4m3fn), weight_scale=_t(n // 128, k // 128, dtype=torch.float32), fmt="fp8_block")
         elif fmt == "mxfp8":
             gemm.linear(_t(m, k), _t(n, k, dtype=torch.float8_e4m3fn), weight_scale=_t(n, k // 32, dtype=torch.uint8), fmt="mxfp8")
+        elif fmt == "fp8_block32":
+            gemm.linear(_t(m, k), _t(n, k, dtype=torch.float8_e4m3fn), weight_scale=_t(-(-n // 32), -(-k // 32), dtype=torch.uint8), fmt="fp8_block32")
         else:  # mxfp4 / mxfp4_a8: the same packed weight
             gemm.linear(_t(m, k), _t(n, k // 2, dtype=torch.uint8), weight_scale=_t(n, k // 32, dtype=torch.uint8), fmt=fmt)
     return call
@@ -187,6 +189,9 @@ def _grouped_contiguous(fmt: str, e: int, rows: int, n: int, k: int) -> Callable
         elif fmt == "fp8_block":
             gemm.grouped_gemm(_t(rows, k), _t(e, n, k, dtype=torch.float8_e4m3fn), expert_offsets=offs,
                               weight_scale=_t(e, n // 128, k // 128, dtype=torch.float32), fmt="fp8_block")
+        elif fmt == "fp8_block32":
+            gemm.grouped_gemm(_t(rows, k), _t(e, n, k, dtype=torch.float8_e4m3fn), expert_offsets=offs,
+                              weight_scale=_t(e, n // 32, k // 32, dtype=torch.uint8), fmt="fp8_block32")
         else:
             gemm.grouped_gemm(_t(rows, k), _t(e, n, k // 2, dtype=torch.uint8), expert_offsets=offs,
                               weight_scale=_t(e, n, k // 32, dtype=torch.uint8), fmt="mxfp4")
@@ -352,6 +357,13 @@ CASES: list[Case] = [
     # mxfp4_a8 (W4A8 MX): mxfp4 weights with MX FP8 activations, e4m3 x e2m1 -> kind::mxf8f6f4.block_scale on SM100
     Case("linear mxfp4_a8 prefill (4096x7168->4096)", _linear("mxfp4_a8", 4096, 4096, 7168), "mx"),
     Case("grouped_gemm mxfp4_a8 decode masked (E8 m16 7168->4096)", _grouped_masked("mxfp4_a8", 8, 16, 4096, 7168), "mx"),
+    # fp8_block32 (W8A16, DeepSeek-V4.1-Flash's dense projections: e4m3 with e8m0 per 32x32 block, x stays bf16): mxfp4's
+    # path (SM90 the register dequant, SM100 dot_scaled(bf16, e4m3) -> kind::f16 as mxfp4's); wq_b at decode, wq_a at
+    # prefill, and wo_a's grouped projection (8 groups of 4096 -> 1024) over a 4096-token prefill and a batch-64 decode.
+    Case("linear fp8_block32 decode (8x1280->32768)", _linear("fp8_block32", 8, 32768, 1280), "mx", MXFP4_W4A16),
+    Case("linear fp8_block32 prefill (4096x5120->1280)", _linear("fp8_block32", 4096, 1280, 5120), "mx", MXFP4_W4A16),
+    Case("grouped_gemm fp8_block32 prefill contig (G8 4096 4096->1024)", _grouped_contiguous("fp8_block32", 8, 4096, 1024, 4096), "mx", MXFP4_W4A16),
+    Case("grouped_gemm fp8_block32 decode contig (G8 512 4096->1024)", _grouped_contiguous("fp8_block32", 8, 512, 1024, 4096), "mx", MXFP4_W4A16),
     Case("prefill bf16 H16 192/128 (2x2048)", _prefill(4096, 16, 192, 128, 2), "mma"),
     Case("mla_decode bf16 B64 H16 ctx4096", _mla_decode(64, 1, 16, 4096), "mma", DECODE_16_ROWS),
     Case("mla_decode bf16 B64 H128 ctx4096", _mla_decode(64, 1, 128, 4096), "mma"),

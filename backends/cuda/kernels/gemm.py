@@ -1,4 +1,4 @@
-"""Triton kernels: `linear` and `grouped_gemm` in every weight format (dense, fp8_block, mxfp4, mxfp8, mxfp4_a8).
+"""Triton kernels: `linear` and `grouped_gemm` in every weight format (dense, fp8_block, mxfp4, mxfp8, mxfp4_a8, fp8_block32).
 
 One GEMM kernel serves both ops and all three formats; constexprs pick the format and the layout:
 
@@ -54,7 +54,7 @@ Formats:
   take (exact) and where dot_scaled is missing. `mxfp4_path()` says which path bf16/fp16 take on this
   machine, and the registration note names it; the backend option mxfp4_path=dot_scaled|upcast|register
   (deepinfer_cuda.options) forces one, chosen when the ops are resolved (the forced registrations at
-  the end of this module; register takes mxfp8 and mxfp4_a8 too). Every path is checked under the
+  the end of this module; every path takes fp8_block32 too, register mxfp8 and mxfp4_a8 too). Every path is checked under the
   interpreter.
 - mxfp8 (W8A8 MX): e4m3 weights [N, K] with e8m0 scales [N, K/32]; the activation is quantised
   first by `_quant_act_mxfp8_kernel` (per token and 32 columns, bit-exact with
@@ -70,6 +70,16 @@ Formats:
   `tl.dot_scaled(w_e2m1 [BLOCK_N, BLOCK_K/2], w_scale, "e2m1", x^T e4m3, x_scale, "e4m3")`. SM100:
   tcgen05 kind::mxf8f6f4 block_scale (e4m3 x e2m1); SM90: MX_MODE 3. The kernel sees FMT 2 (the mxfp4
   weight layout); tuning entries "mxfp4_a8_small" / "mxfp4_a8_large" (MX_MODE 2).
+- fp8_block32 (W8A16, DeepSeek-V4.1's FP8): e4m3 weights [N, K] with one e8m0 byte per 32x32 block,
+  scales [ceil(N/32), ceil(K/32)]; x stays in its dtype (no activation quantiser: the op's reference
+  is x @ dequantised W^T). The kernel sees FMT 3 (mxfp8's e4m3 weight layout and its dequantisation)
+  with WS_ROWS = 32: weight row n reads scale row n // 32, so the 32x32 blocks are mxfp8's per-row
+  K groups of 32 with the scale shared by 32 rows; the scale columns run to cdiv(K, 32) (a partial last
+  K block). Paths as mxfp4's (W4A16, the same choice by `_mx_mode` and backend option mxfp4_path): SM90
+  the register dequant (MX_MODE 3) on x itself; elsewhere tl.dot_scaled(x, None, "bf16"|"fp16", w,
+  w_scale, "e4m3") (MX_MODE 1) where Triton has it, else the in-kernel upcast (MX_MODE 0), which float32
+  activations always take. Tuning entries "fp8_block32_small" / "_large" and "fp8_block32_reg_small" /
+  "_reg_large" (as mxfp8's register tiles: the same e4m3 weight tile and bf16 x; not measured).
 
 MX on SM90: the register dequant path (MX_MODE 3). Hopper has no block-scaled MMA, and Triton's
 dot_scaled emulation (and MX_MODE 0) put the upcast weight on wgmma's shared-memory side, with
@@ -127,8 +137,11 @@ from deepinfer_cuda.tuning import config
 FP8_GROUP = quant.FP8_BLOCK  # 128: activation group width and weight block edge
 MX_GROUP = quant.MX_BLOCK  # 32
 
-_FMT_ID = {"dense": 0, "fp8_block": 1, "mxfp4": 2, "mxfp8": 3, "mxfp4_a8": 2}  # mxfp4_a8: the mxfp4 weight layout, MX_MODE 2
-_MX_FMTS = ("mxfp4", "mxfp8", "mxfp4_a8")
+# mxfp4_a8: the mxfp4 weight layout, MX_MODE 2; fp8_block32: the mxfp8 weight layout (e4m3 bytes), one scale row per 32 weight rows
+_FMT_ID = {"dense": 0, "fp8_block": 1, "mxfp4": 2, "mxfp8": 3, "mxfp4_a8": 2, "fp8_block32": 3}
+_MX_FMTS = ("mxfp4", "mxfp8", "mxfp4_a8", "fp8_block32")  # e8m0 scales per 32 along K
+_WEIGHT_ONLY_FMTS = ("mxfp4", "fp8_block32")  # W4A16 / W8A16: x stays in its dtype
+_SCALE_ROWS = {"fp8_block32": quant.FP8_BLOCK32}  # weight rows per scale row (others: 1)
 _MX_UPCAST, _MX_DOT_SCALED, _MX_NATIVE, _MX_REGISTER = 0, 1, 2, 3  # MX_MODE: how an mx weight meets the activations
 MXFP4_PATHS = ("dot_scaled", "upcast", "register")  # backend option mxfp4_path's forced paths
 _LINEAR, _CONTIGUOUS, _MASKED = 0, 1, 2
@@ -487,6 +500,7 @@ def _gemm_kernel(
     SCALAR_WS: tl.constexpr,  # the N block lies in one 128-row weight-scale block
     FUSED_REDUCE: tl.constexpr,  # split-K: the tile's last program to arrive sums the partials into final_ptr
     W_DESC: tl.constexpr = False,  # MX_MODE 3, FMT 2: w_ptr is a tensor descriptor of the packed weight as [E*N, K/2] (TMA)
+    WS_ROWS: tl.constexpr = 1,  # FMT >= 2: weight rows sharing one scale row (32: fp8_block32's 32x32 blocks)
 ):
     e, row_start, row_end, pid_n, pid_s = _tile_of_program(
         offs_ptr, mm_ptr, M, N, E, num_m_tiles, LAYOUT, BLOCK_M, BLOCK_N, GROUP_M, SPLIT_K, E_POW2
@@ -520,7 +534,8 @@ def _gemm_kernel(
     if FMT >= 2:
         offs_kp = tl.arange(0, BLOCK_K // 2)
         offs_ks = tl.arange(0, BLOCK_K // 32)
-        ws_base = ws_ptr + e64 * stride_wse + cols_c[:, None] * stride_wsn
+        ws_base = ws_ptr + e64 * stride_wse + (cols_c // WS_ROWS)[:, None] * stride_wsn
+        ks_end = tl.cdiv(K, 32)  # scale columns (fp8_block32's last K block may be partial)
     if MX_MODE >= 2 and not W_DESC:
         wt_base = w_ptr + e64 * stride_we + cols_c[:, None] * stride_wn  # [BLOCK_N, *]: K contiguous
     if MX_MODE >= 2:
@@ -558,7 +573,7 @@ def _gemm_kernel(
                     wt = tl.load(wt_base + kw[None, :], mask=kw_ok[None, :], other=0)
                 else:
                     wt = tl.load(wt_base + kw[None, :], mask=kw_ok[None, :], other=0.0)
-                bs = tl.load(ws_base + ks[None, :], mask=(ks < K // 32)[None, :], other=127)
+                bs = tl.load(ws_base + ks[None, :], mask=(ks < ks_end)[None, :], other=127)
                 xt = tl.load(x_ptr + xt_off + kk[:, None], mask=(kk < K)[:, None], other=0.0)
             wv = _mx_register_tile(wt, bs, FMT, MX_DQ, BLOCK_N, BLOCK_K)
             if DOT_F32:
@@ -640,14 +655,14 @@ def _gemm_kernel(
                     else:
                         acc = tl.dot(a_even, w_lo.to(a.dtype), acc)
                         acc = tl.dot(a_odd, w_hi.to(a.dtype), acc)
-            else:  # FMT 3, mxfp8: [BLOCK_K, BLOCK_N] e4m3 and [BLOCK_N, BLOCK_K/32] e8m0
+            else:  # FMT 3, mxfp8 / fp8_block32: [BLOCK_K, BLOCK_N] e4m3 and [BLOCK_N, BLOCK_K/32] e8m0
                 ks = k0 // 32 + offs_ks
                 if EVEN_K:
                     b = tl.load(w_base + kk[:, None] * stride_wk)
                     bs = tl.load(ws_base + ks[None, :] * stride_wsk)
                 else:
                     b = tl.load(w_base + kk[:, None] * stride_wk, mask=(kk < K)[:, None], other=0.0)
-                    bs = tl.load(ws_base + ks[None, :] * stride_wsk, mask=(ks < K // 32)[None, :], other=127)
+                    bs = tl.load(ws_base + ks[None, :] * stride_wsk, mask=(ks < ks_end)[None, :], other=127)
                 if MX_MODE == 1:
                     acc = tl.dot_scaled(a, None, MX_LHS, b, bs, "e4m3", acc)
                 else:
@@ -819,7 +834,7 @@ def _register_dequant_device(x: torch.Tensor) -> bool:
 def _mx_mode(fmt: str, x: torch.Tensor, mx_path: str | None = None) -> int:
     """How an mx weight meets x.
 
-    mxfp4 (W4A16) with bf16/fp16 x: "register" (MX_MODE 3: e2m1 -> bf16 in registers, weight tile as
+    mxfp4 (W4A16) and fp8_block32 (W8A16, the same choice) with bf16/fp16 x: "register" (MX_MODE 3: e2m1 -> bf16 in registers, weight tile as
     wgmma's register operand), "dot_scaled" (x as bf16/fp16: on SM100 Triton upcasts the e2m1 side and
     runs kind::f16, tcgen05's block-scaled MMA taking only fp8/fp6/fp4 operands) or "upcast" (MX_MODE
     0); auto: register on SM90, else dot_scaled where Triton has it. float32 x: always the upcast (exact).
@@ -833,7 +848,7 @@ def _mx_mode(fmt: str, x: torch.Tensor, mx_path: str | None = None) -> int:
         if not hasattr(tl, "dot_scaled"):
             raise RuntimeError(f"{fmt} GEMM needs tl.dot_scaled, missing in Triton {triton.__version__}")
         return _MX_NATIVE
-    if fmt != "mxfp4" or x.dtype not in (torch.bfloat16, torch.float16):
+    if fmt not in _WEIGHT_ONLY_FMTS or x.dtype not in (torch.bfloat16, torch.float16):
         return _MX_UPCAST
     path = mx_path or MXFP4_AUTO_PATH
     if path is None:
@@ -857,7 +872,7 @@ def _variant(fmt: str, rows_per_expert: float, mx_mode: int | None = None) -> st
     dequant path (MX_MODE 3) has its own, <fmt>_reg_small / _large (mxfp4_a8 takes mxfp4's)."""
     size = "small" if rows_per_expert <= 64 else "large"
     if mx_mode == _MX_REGISTER:
-        return f"{'mxfp8' if fmt == 'mxfp8' else 'mxfp4'}_reg_{size}"
+        return f"{fmt if fmt in ('mxfp8', 'fp8_block32') else 'mxfp4'}_reg_{size}"
     return f"{fmt}_{size}"
 
 
@@ -878,7 +893,8 @@ def _fit_shared_memory(fmt, x, weight, dot_f32, block_m, block_n, block_k, num_s
     and mixed dtypes keep wide operands in shared memory). x_bytes: x's element size as the kernel
     reads it, where that is not x's (the register path's bf16 MX FP8 values)."""
     a_bytes = 4 if dot_f32 else (1 if fmt == "fp8_block" else (x_bytes or x.element_size()))
-    b_per_k = {"dense": 4 if dot_f32 else weight.element_size(), "fp8_block": 4 if dot_f32 else 1, "mxfp4": 0.5, "mxfp8": 1, "mxfp4_a8": 0.5}[fmt]
+    b_per_k = {"dense": 4 if dot_f32 else weight.element_size(), "fp8_block": 4 if dot_f32 else 1,
+               "mxfp4": 0.5, "mxfp8": 1, "mxfp4_a8": 0.5, "fp8_block32": 1}[fmt]  # fmt: skip
     min_k = FP8_GROUP if fmt == "fp8_block" else (2 * MX_GROUP if fmt in _MX_FMTS else 16)
 
     def need(bk, st):
@@ -999,7 +1015,7 @@ def plan_gemm(x: torch.Tensor, weight: torch.Tensor, fmt: str, layout: int, mx_p
     mx_mode = _mx_mode(fmt, x, mx_path)
     register = mx_mode == _MX_REGISTER
     # The register path's x is bf16/fp16 (mxfp8 and mxfp4_a8: x's MX FP8 values as bf16, exact).
-    x_dtype = x.dtype if (not register or fmt == "mxfp4") else torch.bfloat16
+    x_dtype = x.dtype if (not register or fmt in _WEIGHT_ONLY_FMTS) else torch.bfloat16
     # float32 dense products (the MoE router) sum with FMAs, not the MMA: tiles of their own
     tuned = "dense_f32" if fmt == "dense" and torch.float32 in (x.dtype, weight.dtype) else fmt
     cfg = _invariant_config(tuned, mx_mode, device) if invariant else config("gemm", _variant(tuned, rows_per_expert, mx_mode), device)
@@ -1111,7 +1127,7 @@ def launch_gemm(x, weight, weight_scale, fmt, layout, *, offsets=None, masked_m=
     elif plan.mx_mode == _MX_NATIVE:
         xq, xs = prequantised if prequantised is not None else quantize_act_mxfp8(x)
     elif plan.mx_mode == _MX_REGISTER:
-        if fmt != "mxfp4":
+        if fmt not in _WEIGHT_ONLY_FMTS:
             xq, xs = prequantised if prequantised is not None else (mxfp8_act_values(x), None)
         xq, weight, weight_scale = (t if t.stride(-1) == 1 else t.contiguous() for t in (xq, weight, weight_scale))  # unit K strides
     launch = _launch_tma if plan.tma else _launch_pointers
@@ -1171,6 +1187,7 @@ def _launch_pointers(plan, xq, xs, weight, weight_scale, out, offs_arg, mm_arg) 
         DOT_F32=p.dot_f32, DOT_PRECISION=dot_precision(p.dot_f32),
         MX_MODE=p.mx_mode, MX_LHS=p.mx_lhs, MX_DQ=p.mx_dq,
         FP8_VIA_BF16=p.fp8_via_bf16, SCALAR_WS=p.scalar_ws, FUSED_REDUCE=p.fused_reduce, W_DESC=p.w_desc,
+        WS_ROWS=_SCALE_ROWS.get(p.fmt, 1),
         num_warps=p.num_warps, num_stages=p.num_stages,
     )
     if p.split > 1 and not p.fused_reduce:
@@ -1262,7 +1279,8 @@ _NOTE = (
     f"mxfp4 (bf16/fp16 activations: {mxfp4_path()}; float32 activations: in-kernel e2m1 upcast); "
     "mxfp8 and mxfp4_a8 (MX FP8 activation quantiser; SM100: tl.dot_scaled on both MX operands with the weight "
     "tile as the MMA's 128-row side, block-scaled tcgen05; SM90: the MX FP8 values as bf16 and the weight "
-    "dequantised in registers)"
+    "dequantised in registers); fp8_block32 (W8A16, e8m0 per 32x32 block: mxfp8's e4m3 weight path with a "
+    "scale row per 32 weight rows, x unquantised, on mxfp4's path)"
 )
 
 
@@ -1281,31 +1299,32 @@ _INVARIANT_NOTE = (
     f"Triton: the tiled GEMM (mxfp4 with bf16/fp16 activations: {mxfp4_path()}) with one plan for every row count "
     "(decode tiles, split-K from N and K only)"
 )
+FORMATS = ("dense", "fp8_block", "mxfp4", "mxfp8", "mxfp4_a8", "fp8_block32")
 REGISTRATIONS = [
-    Registration(op="linear", fn=linear, formats=("dense", "fp8_block", "mxfp4", "mxfp8", "mxfp4_a8"), dtypes=_KERNEL_DTYPES, note=_NOTE),
+    Registration(op="linear", fn=linear, formats=FORMATS, dtypes=_KERNEL_DTYPES, note=_NOTE),
     Registration(
-        op="grouped_gemm", fn=grouped_gemm, formats=("dense", "fp8_block", "mxfp4", "mxfp8", "mxfp4_a8"), dtypes=_KERNEL_DTYPES,
+        op="grouped_gemm", fn=grouped_gemm, formats=FORMATS, dtypes=_KERNEL_DTYPES,
         note=_NOTE + "; contiguous layout: tile->expert map computed in-kernel from expert_offsets, no host sync",
     ),
 ]
 # Deterministic mode's kernels: below the default ones by priority, chosen only when only batch-invariant ones may be.
 for _op, _fn in zip(("linear", "grouped_gemm"), _gemm_ops(invariant=True)):
-    REGISTRATIONS.append(Registration(op=_op, fn=_fn, formats=("dense", "fp8_block", "mxfp4", "mxfp8", "mxfp4_a8"), dtypes=_KERNEL_DTYPES,
+    REGISTRATIONS.append(Registration(op=_op, fn=_fn, formats=FORMATS, dtypes=_KERNEL_DTYPES,
                                       priority=-1, batch_invariant=True, note=_INVARIANT_NOTE))  # fmt: skip
 # mxfp4_path=dot_scaled|upcast|register: the same kernels with the mxfp4 path fixed, chosen at resolve
 # (above the default registrations by priority; never chosen under mxfp4_path=auto).
 _FORCED_NOTES = {
     "dot_scaled": "tl.dot_scaled",
     "upcast": "in-kernel e2m1 upcast",
-    "register": "e2m1 dequantised in registers, weight tile as the MMA's register operand (mxfp8 and mxfp4_a8 too)",
+    "register": "e2m1 dequantised in registers, weight tile as the MMA's register operand (mxfp8, mxfp4_a8 and fp8_block32 too)",
 }
 for _path in MXFP4_PATHS:
     for _invariant in (False, True):
         for _op, _fn in zip(("linear", "grouped_gemm"), _gemm_ops(mx_path=_path, invariant=_invariant)):
             REGISTRATIONS.append(Registration(
-                op=_op, fn=_fn, formats=("mxfp4", "mxfp8", "mxfp4_a8") if _path == "register" else ("mxfp4",),
+                op=_op, fn=_fn, formats=("mxfp4", "mxfp8", "mxfp4_a8", "fp8_block32") if _path == "register" else _WEIGHT_ONLY_FMTS,
                 dtypes=_KERNEL_DTYPES, when=_forced_by(_path), priority=0 if _invariant else 1, batch_invariant=_invariant,
                 unusable=_dot_scaled_unusable if _path == "dot_scaled" else None,
-                note=f"Triton: the GEMM above, mxfp4 with bf16/fp16 activations by {_FORCED_NOTES[_path]} (mxfp4_path={_path})"
+                note=f"Triton: the GEMM above, mxfp4 (and fp8_block32) with bf16/fp16 activations by {_FORCED_NOTES[_path]} (mxfp4_path={_path})"
                      + (", one plan for every row count" if _invariant else ""),
             ))  # fmt: skip

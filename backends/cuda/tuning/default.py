@@ -30,6 +30,12 @@ CONFIGS: dict[str, dict[str, dict]] = {
         "mxfp4_reg_large": {"BLOCK_M": 128, "BLOCK_N": 64, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 4, "num_stages": 3},
         "mxfp8_reg_small": {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 4, "num_stages": 3},
         "mxfp8_reg_large": {"BLOCK_M": 128, "BLOCK_N": 64, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 4, "num_stages": 3},
+        # fp8_block32 (W8A16, V4.1's e4m3 weights with e8m0 per 32x32 block; mxfp8's e4m3 weight tile, x unquantised):
+        # as mxfp8's entries. Not measured.
+        "fp8_block32_small": {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 4, "num_stages": 3},
+        "fp8_block32_large": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 3},
+        "fp8_block32_reg_small": {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 4, "num_stages": 3},
+        "fp8_block32_reg_large": {"BLOCK_M": 128, "BLOCK_N": 64, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 4, "num_stages": 3},
         "quant_act": {"BLOCK_R": 16, "num_warps": 4, "elems_per_thread": 8},
         # quant_act_mx: the two-term MX FP8 split of bf16 activations (native mx path), BLOCK_R rows x GROUPS*32 columns.
         "quant_act_mx": {"BLOCK_R": 16, "GROUPS": 4, "num_warps": 4},

@@ -48,6 +48,12 @@ CONFIGS: dict[str, dict[str, dict]] = {
         # (K 128 spills 184 B; BLOCK_M 64 x K 128: 236 regs, 0 spills, the fallback if 254 turns out to spill elsewhere).
         "mxfp4_a8_small": {"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 6},
         "mxfp4_a8_large": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 8, "num_stages": 4},
+        # fp8_block32 (W8A16: x stays bf16, dot_scaled(bf16, e4m3) -> the e4m3 upcast and kind::f16, as mxfp4's): NOT MEASURED,
+        # chosen by the compile check (Triton 3.9). Decode 64x64x128 w8 s3: 124 regs at 8 rows, 248 on wo_a's 64-row groups
+        # (default's 4 warps spill 168 B there). Prefill 128x64x64 w8 s3: 249 / 230 regs, no spills (linear, contiguous
+        # grouped); 128x128x128 s3 spills 2140 B, 128x128x64 72-724 B, 128x64x128 80 B.
+        "fp8_block32_small": {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 3},
+        "fp8_block32_large": {"BLOCK_M": 128, "BLOCK_N": 64, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 8, "num_stages": 3},
         "quant_act": {"BLOCK_R": 16, "num_warps": 4, "elems_per_thread": 8},
         "quant_act_mx": {"BLOCK_R": 16, "GROUPS": 4, "num_warps": 4},
     },

@@ -71,6 +71,14 @@ CONFIGS: dict[str, dict[str, dict]] = {
         # mxfp8 (e4m3 weights): decode 128x128 w4 s4 189 regs, 67 KB, 6.5 per element; prefill 256x128x64 w8 s3 210 regs.
         "mxfp8_reg_small": {"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 4, "num_stages": 4},
         "mxfp8_reg_large": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 3},  # as mxfp4's (not swept)
+        # fp8_block32 (W8A16, V4.1's dense projections): mxfp8's register kernel (the same e4m3 weight tile and bf16 x^T), the
+        # scale row shared by 32 weight rows. NOT MEASURED; chosen by the sm90 compile check (Triton 3.9): decode 64x64x128
+        # w4 s4 (119 regs at 8x1280->32768, 168 on wo_a's 64-row groups), since mxfp8's 64x128x128 w4 spills 800 B on
+        # 64-row contiguous groups (w8: 210 regs, no spills, the other candidate); prefill 128x64x128 w8 s3 (164 regs, no
+        # spills in the linear and the contiguous grouped case), since mxfp8's 128x128x128 spills 248 B in the contiguous
+        # layout (128x128x64 s3 224 B, 128x128x128 s2 136 B).
+        "fp8_block32_reg_small": {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 4, "num_stages": 4},
+        "fp8_block32_reg_large": {"BLOCK_M": 128, "BLOCK_N": 64, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 3},
     },
     # prefill: tma = K/V tiles through TMA descriptors. bf16 tiles measured on the H200 (2026-11-30):
     # 128x64 w8 s3 + TMA 432 TFLOP/s at B4x4096 H16 192/128; 64x64 w4 s3 + TMA 447 at d128 (2 CTAs/SM).

@@ -19,7 +19,6 @@ from deepinfer.model.deepseek_v41.config import V41Config
 from deepinfer.model.deepseek_v41.indexer import V41Indexer
 from deepinfer.model.deepseek_v41.roles import LayerRole
 from deepinfer.model.deepseek_v41.spans import SharedKV, Span, rotate_tail
-from deepinfer.model.linear import ExpertWeights
 
 
 class V41Attention:
@@ -29,8 +28,7 @@ class V41Attention:
         self.heads, self.dim, self.rope_dim, self.eps = c.num_attention_heads, c.head_dim, c.qk_rope_head_dim, c.rms_norm_eps
         self.wq_a, self.wq_b, self.wkv = (weights.linear(f"{prefix}{n}") for n in ("wq_a", "wq_b", "wkv"))
         self.q_norm, self.kv_norm = weights.tensor(f"{prefix}q_norm.weight"), weights.tensor(f"{prefix}kv_norm.weight")
-        wo_a = weights.tensor(f"{prefix}wo_a.weight")  # [G * O, H * D / G]: group g's rows are g*O:(g+1)*O
-        self.wo_a = ExpertWeights(wo_a.view(c.o_groups, -1, wo_a.shape[-1]), None)
+        self.wo_a = weights.grouped(f"{prefix}wo_a", c.o_groups)  # [G * O, H * D / G]: group g's rows are g*O:(g+1)*O
         self.wo_b = weights.linear(f"{prefix}wo_b")
         self.sinks = weights.tensor(f"{prefix}attn_sink").float()
         self.compressor = V41Compressor(weights, prefix, ratio=self.ratio, eps=self.eps, rope_dim=self.rope_dim) if role.has_compressor else None
