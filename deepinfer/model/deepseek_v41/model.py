@@ -102,6 +102,11 @@ class DeepseekV41ForCausalLM:
     def state_slot_bytes(self, draft_layers: int = 0, lookahead: int = 0) -> int:
         return v41_caches.slot_bytes(self.config, self.max_positions)
 
+    def cache_footprint(self) -> tuple[float, int]:
+        """(state bytes one token of history adds: the KV sources' stored entries and index keys; bytes a
+        sequence's state holds whatever its length: the window rings, an open group's projections, Engram's ids)."""
+        return v41_caches.history_bytes_per_token(self.config), v41_caches.fixed_bytes_per_request(self.config)
+
     @property
     def prefix_replay_tokens(self) -> int:
         """A prefix hit recomputes the whole sequence: the compressed history lives in the sequence's state slot,
