@@ -154,7 +154,8 @@ def run(
 
     def save() -> None:
         if json_path is not None:
-            json_path.write_text(json.dumps({"machine": info, "results": [asdict(r) for r in results], "prefill": [asdict(r) for r in prefill_results]}, indent=1))
+            data = {"machine": info, "results": [asdict(r) for r in results], "prefill": [asdict(r) for r in prefill_results]}
+            json_path.write_text(json.dumps(data, indent=1))
 
     size = torch.empty((), dtype=dtype).element_size()
     if batches:

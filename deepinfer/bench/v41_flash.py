@@ -203,7 +203,8 @@ def prefill_flops(config: V41Config, batch: int, prompt_len: int) -> dict[str, f
         selected = (lambda p: torch.clamp(torch.div(p + 1, r, rounding_mode="floor"), max=c.index_topk)) if r else (lambda p: 0 * p)
         parts["attention"] += batch * 4 * c.num_attention_heads * c.head_dim * _causal_sum(prompt_len, lambda p: window(p) + selected(p))
         if role.has_indexer:
-            parts["indexer scoring"] += batch * 2 * c.index_n_heads * c.index_head_dim * _causal_sum(prompt_len, lambda p: torch.div(p + 1, r, rounding_mode="floor"))
+            visible = _causal_sum(prompt_len, lambda p: torch.div(p + 1, r, rounding_mode="floor"))
+            parts["indexer scoring"] += batch * 2 * c.index_n_heads * c.index_head_dim * visible
     parts["projections"] += 2 * math.prod(specs["head.weight"].shape) * batch  # one sampled row per prompt
     return parts
 
