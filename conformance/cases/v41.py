@@ -1,4 +1,4 @@
-"""Cases for DeepSeek-V4.1's own ops: cache_round (its three cache formats), hc_pre_delayed, candidate_blocks,
+"""Cases for DeepSeek-V4.1's own ops: cache_round, cache_pack and cache_unpack (its three cache formats), hc_pre_delayed, candidate_blocks,
 indexer_topk_in_blocks, engram_hash and engram_gate_add. Small shapes: each runs in seconds under the interpreter."""
 
 from __future__ import annotations
@@ -18,6 +18,22 @@ def cache_round_inputs(gen, dtype, *, shape: tuple[int, ...], fmt: str, spread: 
     x = randn(gen, *shape, dtype=torch.float64) * torch.exp2(spread * (2 * torch.rand(*shape, generator=gen, dtype=torch.float64) - 1))
     x[..., :1, : min(16, shape[-1])] = 0  # a zero group: the scale's floor
     return {"x": x.to(dtype), "fmt": fmt}
+
+
+def cache_pack_inputs(gen, dtype, *, shape: tuple[int, ...], fmt: str, spread: float = 1.0):
+    """cache_round's values, one of them -0.0 (its sign bit is stored)."""
+    inputs = cache_round_inputs(gen, dtype, shape=shape, fmt=fmt, spread=spread)
+    inputs["x"][..., -1:, 1] = -0.0
+    return inputs
+
+
+def cache_unpack_inputs(gen, dtype, *, shape: tuple[int, ...], fmt: str, spread: float = 1.0):
+    """Rows the reference packed from cache_pack's values (every code and scale byte a quantiser writes), and
+    the output to read them into."""
+    from deepinfer.ops.cache_storage import cache_pack
+
+    x = cache_pack_inputs(gen, torch.float32, shape=shape, fmt=fmt, spread=spread)["x"]
+    return {"rows": cache_pack(x, fmt=fmt), "out": torch.zeros(shape, dtype=dtype), "fmt": fmt}
 
 
 def hc_pre_delayed_inputs(gen, dtype, **kw):
@@ -76,6 +92,12 @@ RECIPES = [
     ("cache_round", "fp8_t5_c64_wide_range", partial(cache_round_inputs, shape=(5, 64), fmt="fp8", spread=12.0)),
     ("cache_round", "nvfp4_t3_c40_partial_group", partial(cache_round_inputs, shape=(3, 40), fmt="nvfp4")),
     ("cache_round", "mxfp4_t4_h2_c32", partial(cache_round_inputs, shape=(4, 2, 32), fmt="mxfp4", spread=4.0)),
+    ("cache_pack", "fp8_t3_c64_wide_range", partial(cache_pack_inputs, shape=(3, 64), fmt="fp8", spread=12.0)),
+    ("cache_pack", "nvfp4_t3_c40_partial_group", partial(cache_pack_inputs, shape=(3, 40), fmt="nvfp4")),
+    ("cache_pack", "mxfp4_t2_h2_c48_partial_group", partial(cache_pack_inputs, shape=(2, 2, 48), fmt="mxfp4", spread=4.0)),
+    ("cache_unpack", "fp8_t3_c40_partial_group", partial(cache_unpack_inputs, shape=(3, 40), fmt="fp8", spread=12.0)),
+    ("cache_unpack", "nvfp4_t3_c64", partial(cache_unpack_inputs, shape=(3, 64), fmt="nvfp4", spread=4.0)),
+    ("cache_unpack", "mxfp4_t2_h2_c48_partial_group", partial(cache_unpack_inputs, shape=(2, 2, 48), fmt="mxfp4", spread=4.0)),
     ("hc_pre_delayed", "t5_n4_d32_sinkhorn20", partial(hc_pre_delayed_inputs, tokens=5, dim=32)),
     ("hc_pre_delayed", "t3_n4_d16_large_residual", partial(hc_pre_delayed_inputs, tokens=3, dim=16, x_scale=100.0, spread=0.1)),
     ("candidate_blocks", "b2_block8_top3", partial(candidate_inputs, seqs=[(24, 3), (10, 2)], block_size=8, top_blocks=3)),

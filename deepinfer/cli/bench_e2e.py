@@ -15,6 +15,11 @@ then prefilling each --prefill row (default 8x8192 and 1x65536: prompts x tokens
 matmul rates measured in the same run); --no-prefill / --no-decode skip either; no HF peer
 (deepinfer/bench/e2e_v4.py and v4_prefill_floor.py say how).
 
+`--model-shape v41-flash`: a random DeepSeek-V4.1-Flash-shaped model (mxfp4 experts, its caches in the
+release's formats), cut to the layers that fit, with v4-flash's decode and prefill rows (the prefill floor
+over the bf16 rate alone) and the cache bytes held per token of history and per request
+(deepinfer/bench/e2e_v41.py and v41_flash.py say how).
+
 `--profile`: after the timing, deepinfer's decode step under torch's profiler, its kernels by time per
 step (deepinfer/bench/step_profile.py); with v4-flash, also one more pass of each prefill row. `--deterministic-cost` (v2-lite): deepinfer's side built in
 both modes over the same weights in one process, taking turns --repeat times; each mode's median step
@@ -28,7 +33,7 @@ from pathlib import Path
 
 from deepinfer.errors import UserError
 
-MODEL_SHAPES = ("v2-lite", "v4-flash")
+MODEL_SHAPES = ("v2-lite", "v4-flash", "v41-flash")
 
 
 def add_parser(what) -> None:
@@ -36,7 +41,7 @@ def add_parser(what) -> None:
 
     e2e = what.add_parser(
         "e2e",
-        help="decode step time of a random DeepSeek-V2-Lite- (or V4-Flash-) shaped model vs its floor (and HF transformers)",
+        help="decode step time of a random DeepSeek-V2-Lite- (or V4-Flash-, V4.1-Flash-) shaped model vs its floor (and HF transformers)",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -73,12 +78,12 @@ def add_parser(what) -> None:
 
 def run_e2e(args: argparse.Namespace) -> int:
     check_modes(args)
-    if args.model_shape == "v4-flash":
-        from deepinfer.cli.bench_e2e_v4 import run_e2e_v4
+    if args.model_shape in ("v4-flash", "v41-flash"):
+        from deepinfer.cli.bench_e2e_v4 import run_e2e_v4, run_e2e_v41
 
         if args.deterministic:
-            raise UserError("--deterministic is for --model-shape v2-lite (the v4-flash run has no deterministic variant yet)")
-        return run_e2e_v4(args)
+            raise UserError(f"--deterministic is for --model-shape v2-lite (the {args.model_shape} run has no deterministic variant yet)")
+        return run_e2e_v4(args) if args.model_shape == "v4-flash" else run_e2e_v41(args)
     v4_only = {
         "--context": (args.context, "the v2-lite run takes --prompt-len"),
         "--kv-cache-dtype": (args.kv_cache_dtype, "the v2-lite run takes the model dtype's cache"),
@@ -135,8 +140,8 @@ def check_modes(args: argparse.Namespace) -> None:
         raise UserError(f"--repeat must be at least 1, not {args.repeat}")
     if not args.deterministic_cost:
         return
-    if args.model_shape == "v4-flash":
-        raise UserError("--deterministic-cost is for --model-shape v2-lite (the v4-flash run has no deterministic variant yet)")
+    if args.model_shape in ("v4-flash", "v41-flash"):
+        raise UserError(f"--deterministic-cost is for --model-shape v2-lite (the {args.model_shape} run has no deterministic variant yet)")
     if args.deterministic:
         raise UserError("--deterministic-cost runs both modes itself: leave out --deterministic")
     if args.profile:

@@ -435,6 +435,8 @@ def print_summary(llm, requests: int, skipped: int, counts: dict, wall: float, o
             ("backend", llm.chosen_by),  # "ascend (requested)" or "auto-selected reference (...)"
             ("model", model),
         ]
+        per_token, per_request = llm.cache_bytes_held()
+        rows.append(("cache held", f"{per_token:.6g} B per token of history" + (f" + {per_request} B per request (fixed)" if per_request else "")))
         spec = llm.speculative_metrics()
         if spec is not None:
             rows.append(("speculative", f"{spec['acceptance_length']:.2f} tokens per verification (acceptance length), "

@@ -267,6 +267,10 @@ class LLM:
     def dummy_weights(self) -> bool:
         return bool(getattr(self.engine.loaded, "dummy_weights", False))
 
+    def cache_bytes_held(self) -> tuple[float, int]:
+        """(cache bytes per token of history, cache bytes per running request that do not grow with it)."""
+        return self.engine.cache_bytes_held()
+
     def get_tokenizer(self):
         return self.tokenizer
 

@@ -317,6 +317,16 @@ class LLMEngine:
     def num_kv_blocks(self) -> int:
         return self.block_manager.num_blocks
 
+    def cache_bytes_held(self) -> tuple[float, int]:
+        """(bytes of cache one token of a sequence's history holds, bytes a running sequence holds whatever its
+        length): the model's own account when it keeps its history outside the paged blocks (DeepSeek-V4.1's
+        `cache_footprint`), else a block's bytes per token and the per-sequence state slot."""
+        model = self.loaded.model
+        if hasattr(model, "cache_footprint"):
+            return model.cache_footprint()
+        per_token = kv_block_bytes(model, self.block_size, self.cache_dtype, self.num_draft_layers) / self.block_size
+        return per_token, model.state_slot_bytes(self.num_draft_layers, self._draft_lookahead) if self.num_state_slots else 0
+
     # -- requests ----------------------------------------------------------------------------
 
     def add_request(

@@ -99,7 +99,7 @@ def random_v41_weights(config_dict: dict | None = None, seed: int = V41_SEED) ->
     generator = torch.Generator().manual_seed(seed)
     tensors = {}
     for name, spec in sorted(v41_tensor_specs(V41Config.from_dict(config_dict or V41_CONFIG)).items()):
-        value = _draw(name, spec.shape, generator)
+        value = draw_value(name, spec.shape, generator)
         base = name.removesuffix(".weight")
         if spec.kind == FP8_BLOCK:
             tensors[name], tensors[f"{base}.scale"] = fp8_e8m0(value, (32, 32))
@@ -113,10 +113,10 @@ def random_v41_weights(config_dict: dict | None = None, seed: int = V41_SEED) ->
     return tensors
 
 
-def _draw(name: str, shape: tuple[int, ...], generator: torch.Generator) -> torch.Tensor:
+def draw_value(name: str, shape: tuple[int, ...], generator: torch.Generator, device=None) -> torch.Tensor:
     """A float32 value of a trained model's size for the tensor `name`, so routing, top-k and greedy choices have
-    margins a float comparison resolves."""
-    draw = torch.randn(shape, generator=generator)
+    margins a float comparison resolves (drawn on `device`, the generator's)."""
+    draw = torch.randn(shape, generator=generator, device=device)
     if name.endswith(("norm.weight", "q_weight", "k_weight")):
         return 1 + 0.1 * draw
     if name.endswith("attn_sink"):

@@ -44,6 +44,26 @@ def _e2m1(normalized: torch.Tensor) -> torch.Tensor:
     return torch.copysign(levels[chosen], normalized)
 
 
+def quantised_groups(x: torch.Tensor, fmt: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [..., C] in cache format `fmt`: (the values divided by their scale and rounded to the format's grid
+    [..., ceil(C / group), group] float32, the padding channels 0; each group's float32 scale [..., groups, 1]).
+    Their product is the stored value (`cache_round`); the codes and scale bytes are cache_storage.py's."""
+    if fmt not in CACHE_FORMATS:
+        raise ValueError(f"cache format {fmt!r} is not one of {CACHE_FORMATS}")
+    group = GROUP[fmt]
+    padded = torch.nn.functional.pad(x.float(), (0, -x.shape[-1] % group))
+    grouped = padded.unflatten(-1, (-1, group))
+    amax = grouped.abs().amax(-1, keepdim=True)
+    if fmt == "fp8":
+        scale = power_of_two_ceiling(amax.clamp(min=1e-4) * (1 / 448))
+        return (grouped / scale).clamp(-448, 448).to(torch.float8_e4m3fn).float(), scale
+    if fmt == "nvfp4":
+        scale = (amax.clamp(min=6 * 2**-9) / 6).to(torch.float8_e4m3fn).float()
+    else:
+        scale = power_of_two_ceiling(amax.clamp(min=6 * 2**-126) * (1 / 6))
+    return _e2m1((grouped / scale).clamp(-6, 6)), scale
+
+
 # Bit-exact: the rounding is float32 arithmetic every backend performs alike (golden inputs sit away
 # from midpoints only by chance, so a kernel that rounds differently fails here, as it should).
 @op(family="misc", outputs=("out",), compare=EXACT, formats=CACHE_FORMATS, golden_precision="native", model_types=V41)
@@ -52,20 +72,5 @@ def cache_round(x: torch.Tensor, *, fmt: str) -> torch.Tensor:
 
     Groups are consecutive channels of the last dimension. Computed in float32 (the formats' scales
     are float32 bit operations, defined in float32 whatever x's dtype); returns x's dtype and shape."""
-    if fmt not in CACHE_FORMATS:
-        raise ValueError(f"cache_round fmt {fmt!r} is not one of {CACHE_FORMATS}")
-    group = GROUP[fmt]
-    channels = x.shape[-1]
-    padded = torch.nn.functional.pad(x.float(), (0, -channels % group))
-    grouped = padded.unflatten(-1, (-1, group))
-    amax = grouped.abs().amax(-1, keepdim=True)
-    if fmt == "fp8":
-        scale = power_of_two_ceiling(amax.clamp(min=1e-4) * (1 / 448))
-        rounded = (grouped / scale).clamp(-448, 448).to(torch.float8_e4m3fn).float()
-    else:
-        if fmt == "nvfp4":
-            scale = (amax.clamp(min=6 * 2**-9) / 6).to(torch.float8_e4m3fn).float()
-        else:
-            scale = power_of_two_ceiling(amax.clamp(min=6 * 2**-126) * (1 / 6))
-        rounded = _e2m1((grouped / scale).clamp(-6, 6))
-    return (rounded * scale).flatten(-2)[..., :channels].to(x.dtype)
+    rounded, scale = quantised_groups(x, fmt)
+    return (rounded * scale).flatten(-2)[..., : x.shape[-1]].to(x.dtype)

@@ -37,7 +37,7 @@ def _resolve(plugins: Plugins, facts: ModelFacts, **kwargs):
     return plugins.registry(NAME).resolve(ResolveContext(NAME, dtype=torch.bfloat16, model=facts), **kwargs)
 
 
-V41_ONLY = ("cache_round", "candidate_blocks", "engram_gate_add", "engram_hash", "hc_pre_delayed", "indexer_topk_in_blocks")
+V41_ONLY = ("cache_pack", "cache_round", "cache_unpack", "candidate_blocks", "engram_gate_add", "engram_hash", "hc_pre_delayed", "indexer_topk_in_blocks")
 SHARED_WITH_V41 = ("clamped_silu_and_mul", "compress_kv", "hc_post", "indexer_topk", "sparse_attention")
 
 

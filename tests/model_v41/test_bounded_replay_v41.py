@@ -132,7 +132,7 @@ def test_the_decoder_never_reads_a_ring_row_below_the_tail(model):
     ids = PROMPTS[0]
     caches = model.new_caches(1, 16, 1, torch.float32)
     for state in caches.layers[SPLIT:]:
-        state.ring.fill_(float("nan"))
+        state.ring.fill_(255)  # NaN e4m3 codes, out-of-range scales
     assert torch.equal(bounded_prefill(model, ids, caches), bounded_prefill(model, ids))
 
 

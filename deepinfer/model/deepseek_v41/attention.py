@@ -1,7 +1,7 @@
 """V4.1's CSA2 attention: shared-KV MQA over a sliding window plus the compressed entries its top-k selects.
 
 Per token: q = wq_b(q_norm(wq_a x)) per head, rotated (no per-head q normalisation, unlike V4); one window row
-kv = FP8-rounded rotated kv_norm(wkv x), keys and values alike; with compress ratio > 0, the KV source's
+kv = the rotated kv_norm(wkv x) stored in FP8 (caches.py) and read back, keys and values alike; with compress ratio > 0, the KV source's
 compressed entries chosen by the top-k owner's selection (a Full layer compresses and selects, a Reindex layer
 selects, a Reuse layer reads both: roles.py); one softmax over the window, the selected entries and a sink per
 head (`sparse_attention`); the output rotated back, then the grouped low-rank output projection. Layers with
@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from deepinfer.model.deepseek_v4.attention import grouped_output_projection
-from deepinfer.model.deepseek_v41.caches import LayerState
+from deepinfer.model.deepseek_v41.caches import ENTRY_FORMAT, INDEX_KEY_FORMAT, WINDOW_FORMAT, LayerState, read
 from deepinfer.model.deepseek_v41.compressor import V41Compressor
 from deepinfer.model.deepseek_v41.config import V41Config
 from deepinfer.model.deepseek_v41.indexer import V41Indexer
@@ -43,18 +43,22 @@ class V41Attention:
         q_latent, _ = ops.rms_norm(self.wq_a(ops, x), self.q_norm, eps=self.eps)
         q = rotate_tail(ops, self.wq_b(ops, q_latent).view(tokens, self.heads, self.dim), self.rope_dim, positions, cos_sin)
         kv, _ = ops.rms_norm(self.wkv(ops, x), self.kv_norm, eps=self.eps)
-        kv = ops.cache_round(rotate_tail(ops, kv[:, None, :], self.rope_dim, positions, cos_sin)[:, 0], fmt="fp8")
+        kv = rotate_tail(ops, kv[:, None, :], self.rope_dim, positions, cos_sin)[:, 0]
+        stored = ops.cache_pack(kv, fmt=WINDOW_FORMAT)  # the window rows as the ring keeps them
+        kv = read(ops, stored, WINDOW_FORMAT, self.dim, kv.dtype)
         projected = self.compressor.projections(ops, x) if self.compressor is not None else None
         index_q = self.indexer.queries(ops, x, q_latent, positions, cos_sin) if self.indexer is not None else None
         out = torch.empty_like(q)
         for span, kv_state in zip(spans, shared):
             rows = span.rows
-            keys, window = self._window(kv[rows], span, state)
+            keys, window = self._window(ops, kv[rows], stored[rows], span, state)
             extra = {}
             if self.ratio:
                 if self.compressor is not None:  # a Full layer: its own entries replace the state handed on
                     count = self.compressor(ops, projected, span, state, cos_sin, x.dtype)
-                    kv_state.entries, kv_state.index_keys = state.entries[span.slot, :count], state.index_keys[span.slot, :count]
+                    # read once here for every layer that borrows them (Reuse, Reindex)
+                    kv_state.entries = read(ops, state.entries[span.slot, :count], ENTRY_FORMAT, self.dim, x.dtype)
+                    kv_state.index_keys = read(ops, state.index_keys[span.slot, :count], INDEX_KEY_FORMAT, self.config.index_head_dim, x.dtype)
                     kv_state.topk = kv_state.blocks = None
                     kv_state.ratio = self.ratio
                 if self.indexer is not None and kv_state.entries.shape[0]:
@@ -65,17 +69,18 @@ class V41Attention:
         out = rotate_tail(ops, out, self.rope_dim, positions, inverse)
         return grouped_output_projection(ops, out, self.wo_a, self.wo_b, self.config.o_groups)
 
-    def _window(self, kv_new: torch.Tensor, span: Span, state: LayerState) -> tuple[torch.Tensor, torch.Tensor]:
+    def _window(self, ops, kv_new: torch.Tensor, stored_new: torch.Tensor, span: Span, state: LayerState) -> tuple[torch.Tensor, torch.Tensor]:
         """(the keys the span's window reaches: the ring's rows of earlier positions, then the new rows; and each
         new token's window as rows of those keys [length, window] int32, -1 before position 0 and before the span's
-        `window_from`: the ring rows there were never computed). The new rows are then written into the ring."""
+        `window_from`: the ring rows there were never computed). The new rows (stored: `stored_new`) are then
+        written into the ring."""
         window = state.ring.shape[1]
         low = max(0, span.window_from, span.start - window + 1)  # the earliest position any new token's window reaches
         earlier = torch.arange(low, span.start, device=kv_new.device)
-        keys = torch.cat((state.ring[span.slot, earlier % window], kv_new))
+        keys = torch.cat((read(ops, state.ring[span.slot, earlier % window], WINDOW_FORMAT, self.dim, kv_new.dtype), kv_new))
         seen = torch.arange(span.start, span.end, device=kv_new.device)[:, None] + torch.arange(1 - window, 1, device=kv_new.device)
         rows = torch.where(seen >= max(0, span.window_from), seen - low, -1).to(torch.int32)
         last = torch.arange(max(span.start, span.end - window), span.end, device=kv_new.device)
-        state.ring[span.slot, last % window] = kv_new[last - span.start]
+        state.ring[span.slot, last % window] = stored_new[last - span.start]
         return keys, rows
 

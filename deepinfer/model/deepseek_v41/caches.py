@@ -5,9 +5,11 @@
   the longest sequence the engine runs, plus the raw projections (value, gate logits) of a group's tokens
   that arrived before the group completed (ratio > 1);
 - Engram: the compressed ids of each sequence's last `engram_max_ngram_size - 1` tokens.
-Reuse and Reindex layers keep no history: they read their KV source's. Values are stored in the model's
-dtype after the release's cache rounding (`cache_round`), so they equal the released formats' decoded values;
-storing the released formats themselves (FP8, NVFP4, MXFP4 bytes) in paged blocks is a later step.
+Reuse and Reindex layers keep no history: they read their KV source's. Values are stored in the release's
+formats (deepinfer.ops.cache_storage): the window rows FP8 e4m3 with an e8m0 scale per 32 channels, the
+compressed entries NVFP4 (e2m1, an e4m3 scale per 16), the index keys MXFP4 (e2m1, an e8m0 scale per 32); the
+model writes them with `cache_pack` and reads back what a step attends to with `cache_unpack` (`read`), which
+gives the values `cache_round` gives, so the stored formats change no number.
 A sequence's state is written before it is read: a step reads only positions of its own earlier steps.
 """
 
@@ -18,15 +20,17 @@ from dataclasses import dataclass
 import torch
 
 from deepinfer.model.deepseek_v41.config import V41Config
+from deepinfer.ops.cache_storage import row_bytes
 
+WINDOW_FORMAT, ENTRY_FORMAT, INDEX_KEY_FORMAT = "fp8", "nvfp4", "mxfp4"
 RAW_DTYPE = torch.float32  # the compressor computes its projections in float32 (the release keeps its weights float32)
 
 
 @dataclass
 class LayerState:
-    ring: torch.Tensor  # [slots, window, head_dim]
-    entries: torch.Tensor | None = None  # [slots, max_entries, head_dim]: a KV source's compressed KV
-    index_keys: torch.Tensor | None = None  # [slots, max_entries, index_head_dim]
+    ring: torch.Tensor  # [slots, window, row_bytes(head_dim, WINDOW_FORMAT)] uint8
+    entries: torch.Tensor | None = None  # [slots, max_entries, row_bytes(head_dim, ENTRY_FORMAT)] uint8: a KV source's compressed KV
+    index_keys: torch.Tensor | None = None  # [slots, max_entries, row_bytes(index_head_dim, INDEX_KEY_FORMAT)] uint8
     pending: torch.Tensor | None = None  # [slots, ratio, 2 * head_dim] float32: an open group's projections, row = position % ratio
 
 
@@ -36,28 +40,46 @@ class V41State:
     engram_ids: torch.Tensor | None  # [slots, max_ngram - 1] int64: compressed ids of the last tokens, newest first
 
 
-def allocate(config: V41Config, slots: int, max_positions: int, dtype: torch.dtype, device) -> V41State:
+def allocate(config: V41Config, slots: int, max_positions: int, device) -> V41State:
     c = config
     layers = []
+    stored = lambda *shape: torch.zeros(*shape, dtype=torch.uint8, device=device)  # noqa: E731
     for role in c.roles:
-        ring = torch.zeros(slots, c.sliding_window, c.head_dim, dtype=dtype, device=device)
-        state = LayerState(ring)
+        state = LayerState(stored(slots, c.sliding_window, row_bytes(c.head_dim, WINDOW_FORMAT)))
         if role.has_compressor:
             entries = max_positions // role.ratio
-            state.entries = torch.zeros(slots, entries, c.head_dim, dtype=dtype, device=device)
-            state.index_keys = torch.zeros(slots, entries, c.index_head_dim, dtype=dtype, device=device)
+            state.entries = stored(slots, entries, row_bytes(c.head_dim, ENTRY_FORMAT))
+            state.index_keys = stored(slots, entries, row_bytes(c.index_head_dim, INDEX_KEY_FORMAT))
             state.pending = torch.zeros(slots, role.ratio, 2 * c.head_dim, dtype=RAW_DTYPE, device=device)
         layers.append(state)
     engram = torch.zeros(slots, c.engram_max_ngram_size - 1, dtype=torch.int64, device=device) if c.engram_layer_ids else None
     return V41State(layers, engram)
 
 
-def slot_bytes(config: V41Config, max_positions: int, dtype: torch.dtype) -> int:
-    """Bytes one state slot takes (`allocate` with one slot)."""
+def read(ops, rows: torch.Tensor, fmt: str, channels: int, dtype: torch.dtype) -> torch.Tensor:
+    """Stored rows [..., bytes] as values [..., channels] in `dtype`."""
+    return ops.cache_unpack(rows, torch.empty(*rows.shape[:-1], channels, dtype=dtype, device=rows.device), fmt=fmt)
+
+
+def history_bytes_per_token(config: V41Config) -> float:
+    """Bytes of history one token adds to a sequence's state: each KV source's compressed entry and index key,
+    one per `ratio` tokens (the release: 2.5 x (288 + 68) = 890)."""
     c = config
-    size = torch.empty((), dtype=dtype).element_size()
-    total = len(c.roles) * c.sliding_window * c.head_dim * size
-    for role in c.roles:
-        if role.has_compressor:
-            total += (max_positions // role.ratio) * (c.head_dim + c.index_head_dim) * size + role.ratio * 2 * c.head_dim * 4
+    row = row_bytes(c.head_dim, ENTRY_FORMAT) + row_bytes(c.index_head_dim, INDEX_KEY_FORMAT)
+    return sum(row / role.ratio for role in c.roles if role.has_compressor)
+
+
+def fixed_bytes_per_request(config: V41Config) -> int:
+    """Bytes of a sequence's state that do not grow with it: every layer's window ring, the raw projections of
+    an open group (ratio > 1) and Engram's last compressed ids."""
+    c = config
+    total = len(c.roles) * c.sliding_window * row_bytes(c.head_dim, WINDOW_FORMAT)
+    total += sum(role.ratio * 2 * c.head_dim * RAW_DTYPE.itemsize for role in c.roles if role.has_compressor)
     return total + (8 * (c.engram_max_ngram_size - 1) if c.engram_layer_ids else 0)
+
+
+def slot_bytes(config: V41Config, max_positions: int) -> int:
+    """Bytes one state slot takes (`allocate` with one slot): the fixed part and a history of max_positions."""
+    c = config
+    row = row_bytes(c.head_dim, ENTRY_FORMAT) + row_bytes(c.index_head_dim, INDEX_KEY_FORMAT)
+    return fixed_bytes_per_request(c) + sum((max_positions // role.ratio) * row for role in c.roles if role.has_compressor)

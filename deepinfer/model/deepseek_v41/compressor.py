@@ -3,7 +3,7 @@
 Ratio 2: per channel, a softmax of the gate logits over the group's two tokens weighs their values (`compress_kv`
 without overlap and without a positional bias; projections in float32), cast to the model dtype and normed. Ratio
 1: the normed projection of each token (no gate). The entry is the latent rotated at the group's first position
-and rounded to NVFP4; the index key is `k_norm(indexer.wk latent)` rotated likewise and rounded to MXFP4, from the
+and stored in NVFP4; the index key is `k_norm(indexer.wk latent)` rotated likewise and stored in MXFP4, from the
 unrotated, unrounded latent. Only complete groups make entries; an open group's tokens wait in the sequence's state.
 """
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from deepinfer.model.deepseek_v41.caches import RAW_DTYPE, LayerState
+from deepinfer.model.deepseek_v41.caches import ENTRY_FORMAT, INDEX_KEY_FORMAT, RAW_DTYPE, LayerState
 from deepinfer.model.deepseek_v41.spans import Span, rotate_tail
 from deepinfer.model.linear import LinearWeight
 
@@ -46,10 +46,10 @@ class V41Compressor:
                 latent, _ = ops.rms_norm(latent, self.norm, eps=self.eps)
             positions = torch.arange(first, done, device=latent.device) * r  # each group's first token
             entry = rotate_tail(ops, latent[:, None, :], self.rope_dim, positions, cos_sin)[:, 0]
-            state.entries[span.slot, first:done] = ops.cache_round(entry, fmt="nvfp4")
+            state.entries[span.slot, first:done] = ops.cache_pack(entry, fmt=ENTRY_FORMAT)
             key, _ = ops.rms_norm(self.wk(ops, latent), self.k_norm, eps=self.eps)
             key = rotate_tail(ops, key[:, None, :], self.rope_dim, positions, cos_sin)[:, 0]
-            state.index_keys[span.slot, first:done] = ops.cache_round(key, fmt="mxfp4")
+            state.index_keys[span.slot, first:done] = ops.cache_pack(key, fmt=INDEX_KEY_FORMAT)
         if r > 1:  # the open group's tokens (at most r - 1), for the step that completes it
             for p in range(max(span.start, done * r), span.end):
                 state.pending[span.slot, p % r] = projected[span.offset + p - span.start]

@@ -100,7 +100,12 @@ class DeepseekV41ForCausalLM:
         return 1
 
     def state_slot_bytes(self, draft_layers: int = 0, lookahead: int = 0) -> int:
-        return v41_caches.slot_bytes(self.config, self.max_positions, self.dtype)
+        return v41_caches.slot_bytes(self.config, self.max_positions)
+
+    def cache_footprint(self) -> tuple[float, int]:
+        """(state bytes one token of history adds: the KV sources' stored entries and index keys; bytes a
+        sequence's state holds whatever its length: the window rings, an open group's projections, Engram's ids)."""
+        return v41_caches.history_bytes_per_token(self.config), v41_caches.fixed_bytes_per_request(self.config)
 
     @property
     def prefix_replay_tokens(self) -> int:
@@ -109,7 +114,7 @@ class DeepseekV41ForCausalLM:
         return self.max_positions
 
     def new_caches(self, num_blocks: int, block_size: int, num_slots: int, dtype: torch.dtype, lookahead: int = 0) -> v41_caches.V41State:
-        return v41_caches.allocate(self.config, max(1, num_slots), self.max_positions, self.dtype, self.device)
+        return v41_caches.allocate(self.config, max(1, num_slots), self.max_positions, self.device)
 
     def decoder_replay_start(self, prompt_tokens: int) -> int:
         """A sequence's first position its decoder layers compute (0: every position; bounded_replay.py)."""
