@@ -31,7 +31,7 @@ import torch
 from deepinfer.model.deepseek_v41.config import V41Config
 from deepinfer.model.deepseek_v41.tensors import FLOAT32, FP4_EXPERT, v41_tensor_specs
 from deepinfer.model.embedded_v41 import draw_value
-from deepinfer.model.linear import LinearWeight
+from deepinfer.model.linear import ExpertWeights, LinearWeight
 from deepinfer.ops.cache_storage import row_bytes
 from deepinfer.ops.quant import MX_BLOCK
 
@@ -116,6 +116,12 @@ class RandomV41Weights:
         packed = torch.randint(0, 256, (rows, cols // 2), generator=self.generator, device=self.device, dtype=torch.uint8)
         scale = torch.full((rows, cols // MX_BLOCK), mxfp4_scale_byte(cols), dtype=torch.uint8, device=self.device)
         return LinearWeight(packed, scale, format="mxfp4")
+
+
+    def grouped(self, base: str, groups: int) -> ExpertWeights:
+        """`<base>.weight` [G * O, K] as G stacked weights [G, O, K] (the grouped output projection), dense as `linear`'s."""
+        w = self.tensor(f"{base}.weight")
+        return ExpertWeights(w.view(groups, w.shape[0] // groups, w.shape[1]), None)
 
 
 def build_model(config: V41Config, runtime, dtype: torch.dtype, max_positions: int, seed: int = 0):

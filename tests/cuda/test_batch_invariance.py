@@ -84,7 +84,7 @@ SEPARATE = {"linear", "grouped_gemm", "mla_decode", "rms_norm", "gate", "prefill
 AS_THEY_ARE = {
     "rope", "head_norm_rope", "silu_and_mul", "clamped_silu_and_mul", "kv_cache_write", "norm_rope_kv_write", "dispatch", "combine", "sample",
     "apply_token_bitmask", "hc_post", "rejection_sample", "apply_penalties", "apply_token_bias", "gather_logprobs",
-    "cache_round", "engram_hash", "engram_gate_add",
+    "cache_round", "cache_pack", "cache_unpack", "engram_hash", "engram_gate_add",
 }  # fmt: skip
 
 
