@@ -39,12 +39,9 @@ class V41Attention:
                  shared: list[SharedKV], ropes: dict) -> torch.Tensor:  # fmt: skip
         """x: [T, hidden] (the normed layer input) of every sequence's new tokens; state: this layer's (caches.py);
         shared: each sequence's CSA2 state from the layers before (updated here by Full and Reindex layers)."""
-        tokens = x.shape[0]
         cos_sin, inverse = ropes["compress" if self.ratio else "main"]
-        q_latent, _ = ops.rms_norm(self.wq_a(ops, x), self.q_norm, eps=self.eps)
-        q = rotate_tail(ops, self.wq_b(ops, q_latent).view(tokens, self.heads, self.dim), self.rope_dim, positions, cos_sin)
-        kv, _ = ops.rms_norm(self.wkv(ops, x), self.kv_norm, eps=self.eps)
-        kv = ops.cache_round(rotate_tail(ops, kv[:, None, :], self.rope_dim, positions, cos_sin)[:, 0], fmt="fp8")
+        q_latent, q = self.queries(ops, x, positions, cos_sin)
+        kv = self.window_kv(ops, x, positions, cos_sin)
         projected = self.compressor.projections(ops, x) if self.compressor is not None else None
         index_q = self.indexer.queries(ops, x, q_latent, positions, cos_sin) if self.indexer is not None else None
         out = torch.empty_like(q)
@@ -64,23 +61,35 @@ class V41Attention:
                     extra = {"extra_kv": kv_state.entries, "extra_indices": kv_state.topk}
             out[rows] = ops.sparse_attention(q[rows], keys, window, self.sinks, softmax_scale=self.dim**-0.5, **extra)
         out = rotate_tail(ops, out, self.rope_dim, positions, inverse)
-        return self._project(ops, out)
+        return self.project(ops, out)
+
+    def queries(self, ops, x: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(the normed q latent [T, q_lora_rank], the rotated queries [T, heads, head_dim])."""
+        q_latent, _ = ops.rms_norm(self.wq_a(ops, x), self.q_norm, eps=self.eps)
+        q = rotate_tail(ops, self.wq_b(ops, q_latent).view(x.shape[0], self.heads, self.dim), self.rope_dim, positions, cos_sin)
+        return q_latent, q
+
+    def window_kv(self, ops, x: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor) -> torch.Tensor:
+        """Each token's window row [T, head_dim]: kv_norm(wkv x) rotated, FP8-rounded (keys and values alike)."""
+        kv, _ = ops.rms_norm(self.wkv(ops, x), self.kv_norm, eps=self.eps)
+        return ops.cache_round(rotate_tail(ops, kv[:, None, :], self.rope_dim, positions, cos_sin)[:, 0], fmt="fp8")
 
     def _window(self, kv_new: torch.Tensor, span: Span, state: LayerState) -> tuple[torch.Tensor, torch.Tensor]:
         """(the keys the span's window reaches: the ring's rows of earlier positions, then the new rows; and each
         new token's window as rows of those keys [length, window] int32, -1 before position 0 and before the span's
         `window_from`: the ring rows there were never computed). The new rows are then written into the ring."""
-        window = state.ring.shape[1]
+        window, ring_rows = self.config.sliding_window, state.ring.shape[1]  # the ring holds speculative slack (caches.py)
         low = max(0, span.window_from, span.start - window + 1)  # the earliest position any new token's window reaches
         earlier = torch.arange(low, span.start, device=kv_new.device)
-        keys = torch.cat((state.ring[span.slot, earlier % window], kv_new))
+        keys = torch.cat((state.ring[span.slot, earlier % ring_rows], kv_new))
         seen = torch.arange(span.start, span.end, device=kv_new.device)[:, None] + torch.arange(1 - window, 1, device=kv_new.device)
         rows = torch.where(seen >= max(0, span.window_from), seen - low, -1).to(torch.int32)
-        last = torch.arange(max(span.start, span.end - window), span.end, device=kv_new.device)
-        state.ring[span.slot, last % window] = kv_new[last - span.start]
+        last = torch.arange(max(span.start, span.end - ring_rows), span.end, device=kv_new.device)
+        state.ring[span.slot, last % ring_rows] = kv_new[last - span.start]
         return keys, rows
 
-    def _project(self, ops, out: torch.Tensor) -> torch.Tensor:
+    def project(self, ops, out: torch.Tensor) -> torch.Tensor:
+        """The heads' outputs [T, heads, head_dim] (rotated back) through the grouped low-rank projection -> [T, hidden]."""
         tokens, groups = out.shape[0], self.config.o_groups
         by_group = out.reshape(tokens, groups, -1).transpose(0, 1).reshape(groups * tokens, -1)
         offsets = torch.arange(0, groups + 1, device=out.device, dtype=torch.int32) * tokens
