@@ -9,7 +9,6 @@ agree on; lockstep: one rank's part of the agreed step, through `schedule`, `bef
 from __future__ import annotations
 
 import dataclasses
-
 import hashlib
 import logging
 from dataclasses import dataclass
@@ -290,7 +289,7 @@ class LLMEngine:
         from deepinfer.engine.speculative.cost_cache import cost_key, step_cost_model
         from deepinfer.engine.speculative.cost_probe import CostProbe
 
-        probe = CostProbe(self.runner, self.loaded.model, self.block_manager)
+        probe = CostProbe(self.runner, self.loaded.model, self.block_manager, dspark=spec.method == "dspark" and self.draft_source is None)
         most = min(self.config.max_num_seqs * (spec.num_drafts + 1), self.config.max_num_batched_tokens)
         drafts = self.draft_source is None  # a draft source that runs no model costs nothing
         # first-use work per shape (kernel compiles, graph captures) needs an untimed run before every size

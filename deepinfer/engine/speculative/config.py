@@ -11,6 +11,7 @@ from deepinfer.engine.sampling_params import InvalidRequestError
 
 METHODS = ("mtp", "dspark")
 POLICIES = ("fixed", "confidence", "head")
+NOT_GIVEN = object()  # a field the user left out: the method's default (an explicit None is checked like any value)
 DEFAULTS = {"mtp": (3, "fixed"), "dspark": (None, "head")}  # method -> (num_drafts, policy) when not given; None: the block size
 MAX_DRAFTS = 16
 KEYS = ("method", "num_drafts", "policy", "cost_model")
@@ -34,15 +35,15 @@ class SpeculativeConfig:
     "measure": measured again now, replacing the cached fit."""
 
     method: str = "mtp"
-    num_drafts: int | None = None
-    policy: str | None = None
+    num_drafts: int | None = NOT_GIVEN  # type: ignore[assignment]
+    policy: str = NOT_GIVEN  # type: ignore[assignment]
     cost_model: dict | str | None = field(default=None, compare=False)
 
     def __post_init__(self):
         drafts, policy = DEFAULTS.get(self.method, (3, "fixed")) if isinstance(self.method, str) else (3, "fixed")  # an unknown one fails in validate()
-        if self.num_drafts is None:
+        if self.num_drafts is NOT_GIVEN:
             object.__setattr__(self, "num_drafts", drafts)
-        if self.policy is None:
+        if self.policy is NOT_GIVEN:
             object.__setattr__(self, "policy", policy)
 
     def with_block_size(self, block_size: int) -> "SpeculativeConfig":
