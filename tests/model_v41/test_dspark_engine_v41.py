@@ -103,7 +103,7 @@ def test_the_embedded_tiny_v41_drafts_with_its_one_block():
     llm = LLM(model="tiny-v41", backend="reference", dtype="float32", announce=False, speculative="dspark:5:fixed")
     assert _tokens(llm, prompts) == want
     metrics = llm.speculative_metrics()
-    assert metrics["verifications"] > 0 and metrics["drafts_verified_per_step"] == 5
+    assert metrics["verifications"] > 0 and metrics["drafts_verified_per_step"] > 4  # fixed: the whole block, fewer near max_tokens
 
 
 def test_other_models_refuse_dspark_and_v41_refuses_mtp_in_one_line(folder):

@@ -53,16 +53,17 @@ class DSparkDrafter:
 
     def after_prefill(self, batch, forward_batch, features, samplers, sampled: list[int]) -> None:
         """Keep the context of the step's rows; draft a block for the sequences that sampled (anchor: the token sampled)."""
-        slots, positions, rows, offset = [], [], [], 0
+        slots, positions, rows, offset, ends = [], [], [], 0, {}
         for seq, n in zip(batch.seqs, batch.num_new_tokens):
             start = seq.num_computed_tokens
             slots.append(seq.state_slot)
             positions.append(list(range(start, start + n)))
             rows.append(list(range(offset, offset + n)))
             offset += n
+            ends[seq.seq_id] = start + n  # the sampled token's position: the anchor's
         self._keep_context(slots, positions, features, rows)
         if samplers:
-            self._draft(samplers, sampled, [seq.num_computed_tokens + n for seq, n in zip(batch.seqs, batch.num_new_tokens) if seq in samplers])
+            self._draft(samplers, sampled, [ends[seq.seq_id] for seq in samplers])
 
     def after_verify(self, seqs, starts: list[int], emitted: list[list[int]], features: torch.Tensor, rows: list[list[int]]) -> None:
         """Keep the context of the positions a verification computed and kept (starts[b] ..., features at rows[b]);
