@@ -1,11 +1,13 @@
 """Speculative decoding's verification policies on the V2-Lite-shaped random model: fixed k against
-confidence-driven, at a given number of concurrent requests.
+confidence-driven (calibrated online, `confidence`; or read off a confidence head as DSpark's is, `head`),
+at a given number of concurrent requests.
 
 Random weights accept no MTP draft, so the drafts come from a ControlledDraft: each request's
 greedy continuation is recorded by a run without speculation, and draft i agrees with it with
 probability first * decay^i (times a per-request factor in [1 - spread, 1], so some requests are
 more predictable than others), reporting that probability as its confidence (a calibrated
-confidence head). What is measured is the policy itself: how many drafts it verifies, how many it
+confidence head: exactly what DSpark's head is trained to predict, so the `head` rows measure DSpark's
+policy on drafts of known acceptance). What is measured is the policy itself: how many drafts it verifies, how many it
 keeps, and the tokens per second of the whole run (prefill included, the same for every mode),
 against the run without speculation (CUDA graphs on in both: verification steps replay graphs of
 their padded shape; the MTP drafter's passes and prefill steps run eagerly).
@@ -39,7 +41,7 @@ KV_CACHE_GIB = 4.0  # each engine's cache: the runs' contexts are short
 @dataclass
 class SpecResult:
     concurrency: int
-    mode: str  # "no speculation", "fixed-5", "confidence-5"
+    mode: str  # "no speculation", "fixed-5", "confidence-5", "head-5"
     seconds: float
     tokens_per_s: float
     acceptance_length: float | None
@@ -55,8 +57,10 @@ class SpecResult:
 
 def run(backend: str, concurrency: tuple[int, ...], *, layers: int | None, prompt_len: int, new_tokens: int, num_drafts: int,
         first: float, decay: float, spread: float, json_path: Path | None = None, on_result=None, deterministic: bool = True,
-        config_overrides: dict | None = None) -> list[SpecResult]:  # fmt: skip
-    """on_result(SpecResult): called as each row is measured (a run cut short keeps what it measured).
+        config_overrides: dict | None = None, policies: tuple[str, ...] = ("fixed", "confidence"),
+        ) -> list[SpecResult]:  # fmt: skip
+    """policies: the rows measured with speculation (SpeculativeConfig's policies), in order.
+    on_result(SpecResult): called as each row is measured (a run cut short keeps what it measured).
     deterministic: every engine in deterministic mode (the default; module docstring), so that a
     request's logits, and its greedy continuation, do not depend on the step's batch shapes.
     config_overrides: change the model's shape (tests: a tiny one)."""
@@ -103,7 +107,7 @@ def run(backend: str, concurrency: tuple[int, ...], *, layers: int | None, promp
             on_result(results[-1])
         del plain
         continuations = {tuple(p["prompt_token_ids"]): w for p, w in zip(prompts, want)}
-        for policy in ("fixed", "confidence"):
+        for policy in policies:
             draft = ControlledDraft(continuations, geometric_profile(first, decay, num_drafts), cfg["vocab_size"], spread=spread)
             llm = engine({"method": "mtp", "num_drafts": num_drafts, "policy": policy}, draft)
             seconds, got = timed(llm)

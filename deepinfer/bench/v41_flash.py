@@ -95,6 +95,7 @@ class RandomV41Weights:
     def __init__(self, config: V41Config, device: torch.device, dtype: torch.dtype, seed: int = 0):
         self.specs, self.device, self.dtype = v41_tensor_specs(config), torch.device(device), dtype
         self.generator = torch.Generator(device=self.device).manual_seed(seed)
+        self.tensors: dict = {}  # what the model takes as stored (its DSpark blocks'): none, the shape has no DSpark blocks
 
     def __contains__(self, name: str) -> bool:
         return name in self.specs

@@ -1,9 +1,10 @@
 """`deepinfer bench speculative`: speculative decoding's verification policies (fixed k against
-confidence-driven) on a random DeepSeek-V2-Lite-shaped model at given numbers of concurrent
-requests: tokens/s against the run without speculation, acceptance length, drafts verified per
-step, the share of verified drafts accepted. The drafts come from a draft source that agrees with
-each request's recorded continuation at a geometric rate (random weights accept no MTP draft;
-deepinfer/bench/speculative.py says how). Every run is in deterministic mode unless --no-deterministic:
+confidence-driven: calibrated online, or read off a confidence head as DSpark's `head` policy does)
+on a random DeepSeek-V2-Lite-shaped model at given numbers of concurrent requests: tokens/s against
+the run without speculation, acceptance length, drafts verified per step, the share of verified
+drafts accepted. The drafts come from a draft source that agrees with each request's recorded
+continuation at a geometric rate (random weights accept no MTP draft; deepinfer/bench/speculative.py
+says how). Every run is in deterministic mode unless --no-deterministic:
 otherwise outputs leave their recorded continuations at near-ties and acceptance counts nothing.
 """
 
@@ -34,6 +35,8 @@ def add_parser(what) -> None:
                    help="every run in deterministic mode (the default): continuations do not depend on batch shapes, so the controlled drafts keep "
                         "agreeing; --no-deterministic: the backend's fastest kernels, whose near-ties send outputs off their recorded continuations "
                         "(those rows are flagged: their acceptance under-counts)")
+    p.add_argument("--policies", default="fixed,confidence", metavar="LIST",
+                   help="the policies measured, comma-separated, of fixed, confidence, head (DSpark's confidence-head policy); default fixed,confidence")
     p.add_argument("--json", type=Path, default=None, metavar="FILE", help="write the results to FILE")
     p.set_defaults(func=run_speculative)
 
@@ -42,7 +45,7 @@ def run_speculative(args: argparse.Namespace) -> int:
     from deepinfer.bench import speculative
     from deepinfer.bench.e2e import V2_LITE
     from deepinfer.cli.bench import choose_backend
-    from deepinfer.engine.speculative.config import MAX_DRAFTS
+    from deepinfer.engine.speculative.config import MAX_DRAFTS, POLICIES
     from deepinfer.plugins import load_plugins
 
     concurrency = tuple(args.concurrency or (16, 64))
@@ -61,12 +64,16 @@ def run_speculative(args: argparse.Namespace) -> int:
         raise UserError(f"--spread must lie in [0, 1), not {args.spread}")
     if args.prompt_len + args.new_tokens + args.num_drafts + 1 > V2_LITE["max_position_embeddings"]:
         raise UserError(f"--prompt-len + --new-tokens exceeds the model's {V2_LITE['max_position_embeddings']} positions")
+    policies = tuple(args.policies.split(","))
+    unknown = [p for p in policies if p not in POLICIES]
+    if unknown or not policies or len(set(policies)) != len(policies):
+        raise UserError(f"--policies lists distinct policies of {', '.join(POLICIES)}, not {args.policies!r}")
     if args.json is not None and not args.json.parent.exists():
         raise UserError(f"cannot write {args.json}: folder {args.json.parent} does not exist")
     spec = choose_backend(load_plugins(), args.backend)
     results = speculative.run(spec.name, concurrency, layers=args.layers, prompt_len=args.prompt_len, new_tokens=args.new_tokens,
                               num_drafts=args.num_drafts, first=args.first, decay=args.decay, spread=args.spread, json_path=args.json,
-                              on_result=lambda r: print(f"measured: {r}", flush=True), deterministic=args.deterministic)  # fmt: skip
+                              on_result=lambda r: print(f"measured: {r}", flush=True), deterministic=args.deterministic, policies=policies)  # fmt: skip
     print(speculative.format_results(results))
     notes = speculative.notes(results, args.deterministic)
     for line in notes:

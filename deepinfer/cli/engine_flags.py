@@ -32,10 +32,12 @@ A step runs at most --max-num-seqs sequences and --max-num-batched-tokens tokens
 prefill in chunks. The KV cache is paged; its pages come from --gpu-memory-utilization's share of
 the device (or --num-kv-blocks), and a request that does not fit waits or is recomputed later."""
 
-SPECULATIVE_HELP = """speculative decoding: the checkpoint's MTP layer drafts, the model verifies
+SPECULATIVE_HELP = """speculative decoding: the checkpoint's draft layers draft, the model verifies
 SPEC is METHOD[:NUM_DRAFTS[:POLICY]] or the same as a JSON object: mtp:3:fixed verifies every draft
 each step, mtp:3:confidence the drafts that maximise expected tokens per second (from the drafts'
-confidence and a step-cost model measured at start-up; docs/architecture.md says how). A request's
+confidence and a step-cost model measured at start-up; docs/architecture.md says how); on
+DeepSeek-V4.1, dspark drafts a block with its DSpark layers, and its default policy, head, verifies
+while the confidence head's expected gain beats the cost of the wider step (dspark:5:fixed: all). A request's
 tokens are those it draws without speculation wherever the verifying logits equal a plain decode
 step's: always with --deterministic. Not with --ep yet."""
 
@@ -96,9 +98,9 @@ def add_engine_flags(p) -> None:
                         help="prefill steps do not also decode running requests (default: they do, except in deterministic mode)")
     speculative = p.add_argument_group("speculative", SPECULATIVE_HELP)
     speculative.add_argument("--speculative", metavar="SPEC",
-                             help="speculative decoding: METHOD[:NUM_DRAFTS[:POLICY]] (e.g. mtp:3:confidence) or a JSON object "
-                                  "{\"method\": \"mtp\", \"num_drafts\": 3, \"policy\": \"fixed\"|\"confidence\"}; "
-                                  "the checkpoint's MTP layer drafts, the model verifies")
+                             help="speculative decoding: METHOD[:NUM_DRAFTS[:POLICY]] (e.g. mtp:3:confidence, or dspark on DeepSeek-V4.1) or a "
+                                  "JSON object {\"method\": \"mtp\"|\"dspark\", \"num_drafts\": 3, \"policy\": \"fixed\"|\"confidence\"|\"head\"}; "
+                                  "the checkpoint's MTP (V2/V3/V4) or DSpark (V4.1) layers draft, the model verifies")
     backend = p.add_argument_group("backend", BACKEND_HELP)
     backend.add_argument("--backend", default="auto", help="auto (cuda, then ascend, then reference), cuda, ascend or reference")
     backend.add_argument("--allow-fallback", action="store_true", help="let the reference serve ops the backend has no kernel for")

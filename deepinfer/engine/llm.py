@@ -87,7 +87,10 @@ class LLM:
     pay for themselves at the current load (deepinfer.engine.speculative), priced by step costs
     measured on the device once per machine and model shape and kept in the cache folder
     ($DEEPINFER_CACHE, else ~/.cache/deepinfer; "cost_model": "measure" measures them again, a
-    {tokens: seconds} table gives them). The tokens are the ones
+    {tokens: seconds} table gives them). On DeepSeek-V4.1, speculative="dspark" drafts with its DSpark
+    blocks (a block of dspark_block_size tokens at once; "dspark:K:POLICY" fewer), and its default policy
+    "head" verifies while the confidence head's expected gain beats the cost of the wider step; V2/V3/V4
+    keep "mtp". The tokens are the ones
     the same request draws without speculation (same seed, same stateless noise), as far as the
     target's logits agree bit for bit. `llm.speculative_metrics()` reports acceptance.
 

@@ -8,6 +8,7 @@ agree on; lockstep: one rank's part of the agreed step, through `schedule`, `bef
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import logging
 from dataclasses import dataclass
@@ -161,6 +162,8 @@ class LLMEngine:
             getattr(self.tokenizer, "eos_token_id", None),
         )
         model = loaded.model
+        if config.speculative is not None and config.speculative.method == "dspark" and draft_source is None:
+            config = self.config = dataclasses.replace(config, speculative=config.speculative.with_block_size(self._dspark_block_size(model)))
         # Per-sequence model state beside the paged cache (DeepSeek-V4's compressor windows): one
         # slot per running sequence; a prefix hit recomputes the tokens that rebuild it.
         self.num_state_slots = config.max_num_seqs if hasattr(model, "state_slot_bytes") else 0
@@ -236,15 +239,30 @@ class LLMEngine:
 
         return OverlapScheduler(self, async_copies=runtime.async_execution)
 
+    @staticmethod
+    def _dspark_block_size(model) -> int:
+        """The tokens a DSpark block drafts; a one-line error for a model without DSpark blocks."""
+        config = getattr(model, "config", None)
+        if not hasattr(model, "build_dspark"):
+            raise InvalidRequestError(f"speculative 'dspark' drafts with DeepSeek-V4.1's DSpark blocks; {type(model).__name__} has none "
+                                      "(DeepSeek V2/V3/V4 draft with mtp:K:fixed|confidence)")  # fmt: skip
+        if not config.num_nextn_predict_layers:
+            raise InvalidRequestError("speculative 'dspark': this DeepSeek-V4.1 checkpoint has no DSpark blocks (text_config.num_nextn_predict_layers is 0)")
+        return config.dspark_block_size
+
     def _draft_layers(self, model, dist) -> int:
-        """The draft model's cache layers (speculative decoding with MTP: one), checked up front."""
+        """The draft model's cache layers (speculative decoding with MTP: one; with DSpark: one, its context keys), checked up front."""
         if self.config.speculative is None or self.draft_source is not None:
             return 0
         if dist is not None:
             raise InvalidRequestError("speculative decoding does not run with expert parallelism (ep > 1) yet; drop one of them")
+        if self.config.speculative.method == "dspark":
+            model.build_dspark()
+            return 1
         if not hasattr(model, "build_mtp_layers"):
+            hint = " (DeepSeek-V4.1 drafts with its DSpark blocks: --speculative dspark)" if hasattr(model, "build_dspark") else ""
             raise InvalidRequestError(
-                f"speculative decoding with MTP runs DeepSeek V2/V3/V4 checkpoints; {type(model).__name__} has no MTP layers to draft with"
+                f"speculative decoding with MTP runs DeepSeek V2/V3/V4 checkpoints; {type(model).__name__} has no MTP layers to draft with{hint}"
             )
         model.build_mtp_layers()
         return 1
@@ -254,10 +272,11 @@ class LLMEngine:
         if spec is None:
             return None
         from deepinfer.engine.speculative.decoder import SpeculativeDecoder
+        from deepinfer.engine.speculative.dspark_drafter import DSparkDrafter
         from deepinfer.engine.speculative.mtp_drafter import MTPDrafter
 
-        drafter = self.draft_source or MTPDrafter(model, self.runner)
-        cost = self._cost_model(spec) if spec.policy == "confidence" else None
+        drafter = self.draft_source or (DSparkDrafter if spec.method == "dspark" else MTPDrafter)(model, self.runner)
+        cost = self._cost_model(spec) if spec.policy in ("confidence", "head") else None
         return SpeculativeDecoder(spec, model, self.runner, runtime.ops, self._final_length, drafter, cost)
 
     def _cost_model(self, spec):
@@ -270,7 +289,7 @@ class LLMEngine:
         from deepinfer.engine.speculative.cost_cache import cost_key, step_cost_model
         from deepinfer.engine.speculative.cost_probe import CostProbe
 
-        probe = CostProbe(self.runner, self.loaded.model, self.block_manager)
+        probe = CostProbe(self.runner, self.loaded.model, self.block_manager, dspark=spec.method == "dspark" and self.draft_source is None)
         most = min(self.config.max_num_seqs * (spec.num_drafts + 1), self.config.max_num_batched_tokens)
         drafts = self.draft_source is None  # a draft source that runs no model costs nothing
         # first-use work per shape (kernel compiles, graph captures) needs an untimed run before every size

@@ -84,3 +84,21 @@ def test_bad_flags_are_one_line(capsys, flags, needle):
     assert main(["bench", "speculative", "--backend", "reference", *flags]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and needle in err, err
+
+
+def test_the_head_policy_row_on_controlled_drafts(tmp_path, monkeypatch):
+    """DSpark's confidence-head policy on the controlled-acceptance setup: its row keeps the outputs and, reading
+    the drafts' (calibrated) confidences, verifies fewer drafts than fixed-k for about the same acceptance."""
+    monkeypatch.setenv("DEEPINFER_CACHE", str(tmp_path / "cache"))  # the head engine's step costs
+    results = speculative.run("reference", (4,), layers=2, prompt_len=8, new_tokens=12, num_drafts=5, first=0.9, decay=0.6, spread=0.3,
+                              config_overrides=TINY_V2, policies=("fixed", "head"))  # fmt: skip
+    assert [r.mode for r in results] == ["no speculation", "fixed-5", "head-5"]
+    fixed, head = results[1:]
+    assert fixed.outputs_equal == head.outputs_equal == 4
+    assert head.acceptance_length > 1.5 and head.drafts_verified_per_step < fixed.drafts_verified_per_step
+
+
+def test_bad_policies_are_one_line(capsys):
+    assert main(["bench", "speculative", "--backend", "reference", "--policies", "fixed,sometimes"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "--policies lists distinct policies of fixed, confidence, head" in err, err

@@ -187,7 +187,7 @@ def test_deterministic_mode_with_speculation(checkpoint, baseline):
         ("mtp:3:sometimes", "policy must be one of fixed, confidence"),
         ({"method": "mtp", "drafts": 3}, "unknown key 'drafts'"),
         ("{bad json", "is not valid JSON"),
-        ({"method": "mtp", "policy": "fixed", "cost_model": {"1": 0.1}}, "cost_model is for policy 'confidence' only"),
+        ({"method": "mtp", "policy": "fixed", "cost_model": {"1": 0.1}}, "cost_model is for policies 'confidence' and 'head' only"),
         ({"method": "mtp", "policy": "confidence", "cost_model": {"0": 0.1}}, "token count >= 1"),
     ],
 )

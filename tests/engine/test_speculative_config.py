@@ -40,7 +40,7 @@ HOSTILE = [
     (_confidence({"1": 0.1, "draft": -1}), "draft time must be seconds >= 0"),
     (_confidence({"1": 0.1, "draft": "0"}), "draft time must be seconds >= 0"),
     (_confidence({"1": 0.1, "draft": None}), "draft time must be seconds >= 0"),
-    ({"method": "mtp", "policy": "fixed", "cost_model": "measure"}, "cost_model is for policy 'confidence' only"),
+    ({"method": "mtp", "policy": "fixed", "cost_model": "measure"}, "cost_model is for policies 'confidence' and 'head' only"),
     ({"method": None}, "method must be one of mtp"),
     ({"method": ["mtp"]}, "method must be one of mtp"),
     ({"method": {"a": 1}}, "method must be one of mtp"),

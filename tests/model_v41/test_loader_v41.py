@@ -113,10 +113,10 @@ def test_the_fp8_projections_stay_fp8_and_the_memory_estimate_counts_their_bytes
     rope = sum(t.untyped_storage().nbytes() for pair in model.ropes.values() for t in pair)
     held_total = sum(n for n, _ in held.values()) - rope
     specs, scales = validate_v41_folder(folder, config)
-    backbone = {n: s for n, s in specs.items() if not n.startswith("mtp.")}  # DSpark blocks: read, not kept yet
-    fp8_weights = sum(s.shape[0] * s.shape[1] for s in backbone.values() if s.kind == FP8_BLOCK)
+    # every tensor, the DSpark blocks' included: the model keeps them for its drafter (dspark.py)
+    fp8_weights = sum(s.shape[0] * s.shape[1] for s in specs.values() if s.kind == FP8_BLOCK)
     assert sum(n for n, dtype in held.values() if dtype == torch.float8_e4m3fn) == fp8_weights
-    estimate = estimate_v41_memory(backbone, find_tensors(folder), scales, torch.bfloat16, 256, config.qk_rope_head_dim)
+    estimate = estimate_v41_memory(specs, find_tensors(folder), scales, torch.bfloat16, 256, config.qk_rope_head_dim)
     assert estimate.rope_table == rope
     # a floor: what it leaves out is the Engram token map (int64 per vocabulary id) and a few small tensors
     assert estimate.weights <= held_total <= estimate.weights + 8 * config.vocab_size + 64 * 1024

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from dataclasses import dataclass, field
 
 from deepinfer.engine.sampling_params import InvalidRequestError
 
-METHODS = ("mtp",)
-POLICIES = ("fixed", "confidence")
+METHODS = ("mtp", "dspark")
+POLICIES = ("fixed", "confidence", "head")
+NOT_GIVEN = object()  # a field the user left out: the method's default (an explicit None is checked like any value)
+DEFAULTS = {"mtp": (3, "fixed"), "dspark": (None, "head")}  # method -> (num_drafts, policy) when not given; None: the block size
 MAX_DRAFTS = 16
 KEYS = ("method", "num_drafts", "policy", "cost_model")
 MEASURE = "measure"  # cost_model: measure the step costs now, replacing this machine's cached fit
@@ -18,24 +21,44 @@ COST_MODEL_FORM = '{"1": 0.01, "64": 0.02, "draft": 0.001}'
 
 @dataclass(frozen=True)
 class SpeculativeConfig:
-    """method "mtp": the checkpoint's MTP layer drafts (chained for more than one draft).
-    num_drafts: drafts proposed per request and step (k). policy "fixed": every request verifies
-    all k (vLLM's and SGLang's behaviour); "confidence": each step, each request verifies only the
-    drafts that pay for themselves at the current load (deepinfer.engine.speculative.policy).
+    """method "mtp": the checkpoint's MTP layer drafts (chained for more than one draft), DeepSeek V2/V3/V4;
+    "dspark": DeepSeek-V4.1's DSpark blocks draft a block of tokens at once, with a confidence head.
+    num_drafts: drafts proposed per request and step (k; mtp: 3 unless given; dspark: the checkpoint's
+    block size unless given, at most that). policy "fixed": every request verifies all k (vLLM's and
+    SGLang's behaviour); "confidence": each step, each request verifies only the drafts that pay for
+    themselves at the current load, their acceptance calibrated online (deepinfer.engine.speculative.policy);
+    "head" (dspark's default): likewise, reading the draft's confidences as acceptance probabilities
+    (DSpark's confidence head is trained to be one: deepinfer.engine.speculative.head_policy).
     cost_model: the confidence policy's step times, {tokens in the step: seconds, ...} with
     "draft": seconds of one draft forward per request; None: this machine's fit for the model's
     shape, measured on the device the first time and cached (deepinfer.engine.speculative.cost_cache);
     "measure": measured again now, replacing the cached fit."""
 
     method: str = "mtp"
-    num_drafts: int = 3
-    policy: str = "fixed"
+    num_drafts: int | None = NOT_GIVEN  # type: ignore[assignment]
+    policy: str = NOT_GIVEN  # type: ignore[assignment]
     cost_model: dict | str | None = field(default=None, compare=False)
+
+    def __post_init__(self):
+        drafts, policy = DEFAULTS.get(self.method, (3, "fixed")) if isinstance(self.method, str) else (3, "fixed")  # an unknown one fails in validate()
+        if self.num_drafts is NOT_GIVEN:
+            object.__setattr__(self, "num_drafts", drafts)
+        if self.policy is NOT_GIVEN:
+            object.__setattr__(self, "policy", policy)
+
+    def with_block_size(self, block_size: int) -> "SpeculativeConfig":
+        """dspark on a checkpoint whose DSpark block drafts `block_size` tokens: num_drafts resolved (the block
+        size when not given); more than the block holds is a one-line error."""
+        if self.num_drafts is None:
+            return dataclasses.replace(self, num_drafts=block_size)
+        if self.num_drafts > block_size:
+            raise InvalidRequestError(f"speculative: dspark drafts at most the checkpoint's block of {block_size} tokens, num_drafts is {self.num_drafts}")
+        return self
 
     @classmethod
     def parse(cls, value) -> "SpeculativeConfig | None":
         """None, a SpeculativeConfig, a dict, a JSON object string, or the short form
-        "mtp[:k[:policy]]" (e.g. "mtp:5:confidence")."""
+        "METHOD[:k[:policy]]" (e.g. "mtp:5:confidence", "dspark", "dspark:3:fixed")."""
         if value is None or isinstance(value, SpeculativeConfig):
             return value
         if isinstance(value, str):
@@ -71,13 +94,15 @@ class SpeculativeConfig:
         if not isinstance(self.method, str) or self.method not in METHODS:
             raise InvalidRequestError(f"speculative: method must be one of {', '.join(METHODS)}, got {_shown(self.method)}")
         k = self.num_drafts
-        if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= MAX_DRAFTS:
+        if k is None and self.method == "dspark":
+            pass  # the block size, once the checkpoint is known (with_block_size)
+        elif not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= MAX_DRAFTS:
             raise InvalidRequestError(f"speculative: num_drafts must be an integer in [1, {MAX_DRAFTS}], got {_shown(k)}")
         if not isinstance(self.policy, str) or self.policy not in POLICIES:
             raise InvalidRequestError(f"speculative: policy must be one of {', '.join(POLICIES)}, got {_shown(self.policy)}")
         if self.cost_model is not None:
-            if self.policy != "confidence":
-                raise InvalidRequestError("speculative: cost_model is for policy 'confidence' only")
+            if self.policy not in ("confidence", "head"):
+                raise InvalidRequestError("speculative: cost_model is for policies 'confidence' and 'head' only")
             if not self.remeasure:
                 self.step_costs()
 

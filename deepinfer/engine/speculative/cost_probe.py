@@ -14,8 +14,10 @@ from deepinfer.model.forward_batch import ForwardBatch, HostBatch
 
 
 class CostProbe:
-    def __init__(self, runner, model, block_manager):
+    def __init__(self, runner, model, block_manager, dspark: bool = False):
+        """dspark: the draft timed is DeepSeek-V4.1's DSpark block (model.build_dspark), not an MTP pass."""
         self.runner, self.model = runner, model
+        self.dspark = model.build_dspark() if dspark else None
         self.device = runner.device
         self.block = block_manager.num_blocks - 1  # free at start-up, and handed out last
         self.hidden = None  # the last target probe's hidden states (the draft probe's input)
@@ -55,9 +57,24 @@ class CostProbe:
     @torch.inference_mode()
     def draft(self, tokens: int) -> None:
         """The MTP pass over the last target probe's hidden states (of the model's own shape: V4's are
-        residual streams), as many rows as it had."""
+        residual streams), as many rows as it had; DSpark: a block for each of `tokens` requests, over a
+        full window of context keys (the last target probe's features, keyed)."""
+        if self.dspark is not None:
+            self._dspark_blocks(tokens)
+            return
         hidden = self.hidden[:tokens]
         self.model.forward_mtp(0, self._batch(hidden.shape[0]), hidden, self.runner.draft_kv_caches[0])
+
+    def _dspark_blocks(self, requests: int) -> None:
+        dspark, ops = self.dspark, self.runner.ops
+        window = dspark.window
+        rows = self.hidden[torch.arange(window, device=self.device) % self.hidden.shape[0]]
+        keys = dspark.context_kv(ops, rows, torch.arange(window, device=self.device))  # [stages, window, head_dim]
+        context = keys[:, None].expand(-1, requests, -1, -1)
+        anchors = torch.zeros(requests, dtype=torch.int64, device=self.device)
+        positions = torch.full((requests,), window, dtype=torch.int64, device=self.device)
+        visible = torch.ones(requests, window, dtype=torch.bool, device=self.device)
+        dspark.draft(ops, dspark.hidden(ops, anchors, positions, context, visible), anchors)
 
     def synchronize(self) -> None:
         synchronize(self.device)

@@ -28,6 +28,7 @@ import torch
 
 from deepinfer.engine.model_runner import LaunchedStep
 from deepinfer.engine.speculative.config import SpeculativeConfig
+from deepinfer.engine.speculative.head_policy import HeadPolicy
 from deepinfer.engine.speculative.metrics import SpeculativeMetrics
 from deepinfer.engine.speculative.policy import ConfidencePolicy, FixedPolicy
 
@@ -44,7 +45,8 @@ class SpeculativeDecoder:
         self.drafter = drafter
         # with device graphs that hold verification rows, a verification step is padded to its longest request (ModelRunner.forward_rows)
         padded = runner.graphs is not None and runner.graphs.max_tokens_per_seq > 1
-        self.policy = ConfidencePolicy(cost_model, padded=padded) if config.policy == "confidence" else FixedPolicy()
+        policies = {"confidence": ConfidencePolicy, "head": HeadPolicy}
+        self.policy = policies[config.policy](cost_model, padded=padded) if config.policy in policies else FixedPolicy()
         self.metrics = SpeculativeMetrics()
 
     def lookahead(self, seq) -> int:

@@ -38,14 +38,10 @@ class V41Attention:
                  shared: list[SharedKV], ropes: dict) -> torch.Tensor:  # fmt: skip
         """x: [T, hidden] (the normed layer input) of every sequence's new tokens; state: this layer's (caches.py);
         shared: each sequence's CSA2 state from the layers before (updated here by Full and Reindex layers)."""
-        tokens = x.shape[0]
         cos_sin, inverse = ropes["compress" if self.ratio else "main"]
-        q_latent, _ = ops.rms_norm(self.wq_a(ops, x), self.q_norm, eps=self.eps)
-        q = rotate_tail(ops, self.wq_b(ops, q_latent).view(tokens, self.heads, self.dim), self.rope_dim, positions, cos_sin)
-        kv, _ = ops.rms_norm(self.wkv(ops, x), self.kv_norm, eps=self.eps)
-        kv = rotate_tail(ops, kv[:, None, :], self.rope_dim, positions, cos_sin)[:, 0]
-        stored = ops.cache_pack(kv, fmt=WINDOW_FORMAT)  # the window rows as the ring keeps them
-        kv = read(ops, stored, WINDOW_FORMAT, self.dim, kv.dtype)
+        q_latent, q = self.queries(ops, x, positions, cos_sin)
+        stored = ops.cache_pack(self._rotated_kv(ops, x, positions, cos_sin), fmt=WINDOW_FORMAT)  # the window rows as the ring keeps them
+        kv = read(ops, stored, WINDOW_FORMAT, self.dim, x.dtype)
         projected = self.compressor.projections(ops, x) if self.compressor is not None else None
         index_q = self.indexer.queries(ops, x, q_latent, positions, cos_sin) if self.indexer is not None else None
         out = torch.empty_like(q)
@@ -67,20 +63,40 @@ class V41Attention:
                     extra = {"extra_kv": kv_state.entries, "extra_indices": kv_state.topk}
             out[rows] = ops.sparse_attention(q[rows], keys, window, self.sinks, softmax_scale=self.dim**-0.5, **extra)
         out = rotate_tail(ops, out, self.rope_dim, positions, inverse)
+        return self.project(ops, out)
+
+    def queries(self, ops, x: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(the normed q latent [T, q_lora_rank], the rotated queries [T, heads, head_dim])."""
+        q_latent, _ = ops.rms_norm(self.wq_a(ops, x), self.q_norm, eps=self.eps)
+        q = rotate_tail(ops, self.wq_b(ops, q_latent).view(x.shape[0], self.heads, self.dim), self.rope_dim, positions, cos_sin)
+        return q_latent, q
+
+    def _rotated_kv(self, ops, x: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor) -> torch.Tensor:
+        """Each token's window row [T, head_dim] before the cache's rounding: kv_norm(wkv x), its rope channels rotated."""
+        kv, _ = ops.rms_norm(self.wkv(ops, x), self.kv_norm, eps=self.eps)
+        return rotate_tail(ops, kv[:, None, :], self.rope_dim, positions, cos_sin)[:, 0]
+
+    def window_kv(self, ops, x: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor) -> torch.Tensor:
+        """Each token's window row [T, head_dim] as the ring gives it back (FP8-rounded; keys and values alike): what
+        DSpark's stages attend to beside their context."""
+        return ops.cache_round(self._rotated_kv(ops, x, positions, cos_sin), fmt=WINDOW_FORMAT)
+
+    def project(self, ops, out: torch.Tensor) -> torch.Tensor:
+        """The heads' outputs [T, heads, head_dim] (rotated back) through the grouped low-rank projection -> [T, hidden]."""
         return grouped_output_projection(ops, out, self.wo_a, self.wo_b, self.config.o_groups)
 
     def _window(self, ops, kv_new: torch.Tensor, stored_new: torch.Tensor, span: Span, state: LayerState) -> tuple[torch.Tensor, torch.Tensor]:
         """(the keys the span's window reaches: the ring's rows of earlier positions, then the new rows; and each
         new token's window as rows of those keys [length, window] int32, -1 before position 0 and before the span's
         `window_from`: the ring rows there were never computed). The new rows (stored: `stored_new`) are then
-        written into the ring."""
-        window = state.ring.shape[1]
+        written into the ring, whose rows past the window are speculative slack (caches.py)."""
+        window, ring_rows = self.config.sliding_window, state.ring.shape[1]
         low = max(0, span.window_from, span.start - window + 1)  # the earliest position any new token's window reaches
         earlier = torch.arange(low, span.start, device=kv_new.device)
-        keys = torch.cat((read(ops, state.ring[span.slot, earlier % window], WINDOW_FORMAT, self.dim, kv_new.dtype), kv_new))
+        keys = torch.cat((read(ops, state.ring[span.slot, earlier % ring_rows], WINDOW_FORMAT, self.dim, kv_new.dtype), kv_new))
         seen = torch.arange(span.start, span.end, device=kv_new.device)[:, None] + torch.arange(1 - window, 1, device=kv_new.device)
         rows = torch.where(seen >= max(0, span.window_from), seen - low, -1).to(torch.int32)
-        last = torch.arange(max(span.start, span.end - window), span.end, device=kv_new.device)
-        state.ring[span.slot, last % window] = stored_new[last - span.start]
+        last = torch.arange(max(span.start, span.end - ring_rows), span.end, device=kv_new.device)
+        state.ring[span.slot, last % ring_rows] = stored_new[last - span.start]
         return keys, rows
 

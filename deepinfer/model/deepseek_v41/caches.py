@@ -1,10 +1,13 @@
 """DeepSeek-V4.1's per-sequence state, kept by owner: the simplest correct layout, one state slot per running sequence.
 
-- every layer: a ring of the window KV of its last `sliding_window` positions (position p in row p % window);
+- every layer: a ring of the window KV of its last `sliding_window` positions (position p in row p % rows);
 - KV-source (Full) layers only: the history of compressed KV entries and index keys, entry g in row g, up to
   the longest sequence the engine runs, plus the raw projections (value, gate logits) of a group's tokens
-  that arrived before the group completed (ratio > 1);
-- Engram: the compressed ids of each sequence's last `engram_max_ngram_size - 1` tokens.
+  that arrived before the group completed (ratio > 1), position p in row p % rows;
+- Engram: the compressed ids of each sequence's last `engram_max_ngram_size - 1` tokens, position p in row p % rows.
+The three rings hold `lookahead` rows more than they need (speculative decoding's drafts): a verification
+writes the rows of its drafts, and when a draft is rejected the next step reads the rows its positions
+overwrote would have held; with the slack they still hold them (ATOM sizes the window ring 128 + 5 likewise).
 Reuse and Reindex layers keep no history: they read their KV source's. Values are stored in the release's
 formats (deepinfer.ops.cache_storage): the window rows FP8 e4m3 with an e8m0 scale per 32 channels, the
 compressed entries NVFP4 (e2m1, an e4m3 scale per 16), the index keys MXFP4 (e2m1, an e8m0 scale per 32); the
@@ -28,31 +31,31 @@ RAW_DTYPE = torch.float32  # the compressor computes its projections in float32 
 
 @dataclass
 class LayerState:
-    ring: torch.Tensor  # [slots, window, row_bytes(head_dim, WINDOW_FORMAT)] uint8
+    ring: torch.Tensor  # [slots, window + lookahead, row_bytes(head_dim, WINDOW_FORMAT)] uint8
     entries: torch.Tensor | None = None  # [slots, max_entries, row_bytes(head_dim, ENTRY_FORMAT)] uint8: a KV source's compressed KV
     index_keys: torch.Tensor | None = None  # [slots, max_entries, row_bytes(index_head_dim, INDEX_KEY_FORMAT)] uint8
-    pending: torch.Tensor | None = None  # [slots, ratio, 2 * head_dim] float32: an open group's projections, row = position % ratio
+    pending: torch.Tensor | None = None  # [slots, ratio + lookahead, 2 * head_dim] float32: recent tokens' projections, row = position % rows
 
 
 @dataclass
 class V41State:
     layers: list[LayerState]
-    engram_ids: torch.Tensor | None  # [slots, max_ngram - 1] int64: compressed ids of the last tokens, newest first
+    engram_ids: torch.Tensor | None  # [slots, max_ngram - 1 + lookahead] int64: compressed ids of the last tokens, row = position % rows
 
 
-def allocate(config: V41Config, slots: int, max_positions: int, device) -> V41State:
+def allocate(config: V41Config, slots: int, max_positions: int, device, lookahead: int = 0) -> V41State:
     c = config
     layers = []
     stored = lambda *shape: torch.zeros(*shape, dtype=torch.uint8, device=device)  # noqa: E731
     for role in c.roles:
-        state = LayerState(stored(slots, c.sliding_window, row_bytes(c.head_dim, WINDOW_FORMAT)))
+        state = LayerState(stored(slots, c.sliding_window + lookahead, row_bytes(c.head_dim, WINDOW_FORMAT)))
         if role.has_compressor:
             entries = max_positions // role.ratio
             state.entries = stored(slots, entries, row_bytes(c.head_dim, ENTRY_FORMAT))
             state.index_keys = stored(slots, entries, row_bytes(c.index_head_dim, INDEX_KEY_FORMAT))
-            state.pending = torch.zeros(slots, role.ratio, 2 * c.head_dim, dtype=RAW_DTYPE, device=device)
+            state.pending = torch.zeros(slots, role.ratio + lookahead, 2 * c.head_dim, dtype=RAW_DTYPE, device=device)
         layers.append(state)
-    engram = torch.zeros(slots, c.engram_max_ngram_size - 1, dtype=torch.int64, device=device) if c.engram_layer_ids else None
+    engram = torch.zeros(slots, c.engram_max_ngram_size - 1 + lookahead, dtype=torch.int64, device=device) if c.engram_layer_ids else None
     return V41State(layers, engram)
 
 
@@ -69,17 +72,17 @@ def history_bytes_per_token(config: V41Config) -> float:
     return sum(row / role.ratio for role in c.roles if role.has_compressor)
 
 
-def fixed_bytes_per_request(config: V41Config) -> int:
+def fixed_bytes_per_request(config: V41Config, lookahead: int = 0) -> int:
     """Bytes of a sequence's state that do not grow with it: every layer's window ring, the raw projections of
-    an open group (ratio > 1) and Engram's last compressed ids."""
+    an open group (ratio > 1) and Engram's last compressed ids, each `lookahead` rows of speculative slack longer."""
     c = config
-    total = len(c.roles) * c.sliding_window * row_bytes(c.head_dim, WINDOW_FORMAT)
-    total += sum(role.ratio * 2 * c.head_dim * RAW_DTYPE.itemsize for role in c.roles if role.has_compressor)
-    return total + (8 * (c.engram_max_ngram_size - 1) if c.engram_layer_ids else 0)
+    total = len(c.roles) * (c.sliding_window + lookahead) * row_bytes(c.head_dim, WINDOW_FORMAT)
+    total += sum((role.ratio + lookahead) * 2 * c.head_dim * RAW_DTYPE.itemsize for role in c.roles if role.has_compressor)
+    return total + (8 * (c.engram_max_ngram_size - 1 + lookahead) if c.engram_layer_ids else 0)
 
 
-def slot_bytes(config: V41Config, max_positions: int) -> int:
+def slot_bytes(config: V41Config, max_positions: int, lookahead: int = 0) -> int:
     """Bytes one state slot takes (`allocate` with one slot): the fixed part and a history of max_positions."""
     c = config
     row = row_bytes(c.head_dim, ENTRY_FORMAT) + row_bytes(c.index_head_dim, INDEX_KEY_FORMAT)
-    return fixed_bytes_per_request(c) + sum((max_positions // role.ratio) * row for role in c.roles if role.has_compressor)
+    return fixed_bytes_per_request(c, lookahead) + sum((max_positions // role.ratio) * row for role in c.roles if role.has_compressor)

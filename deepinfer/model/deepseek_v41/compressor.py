@@ -50,16 +50,19 @@ class V41Compressor:
             key, _ = ops.rms_norm(self.wk(ops, latent), self.k_norm, eps=self.eps)
             key = rotate_tail(ops, key[:, None, :], self.rope_dim, positions, cos_sin)[:, 0]
             state.index_keys[span.slot, first:done] = ops.cache_pack(key, fmt=INDEX_KEY_FORMAT)
-        if r > 1:  # the open group's tokens (at most r - 1), for the step that completes it
-            for p in range(max(span.start, done * r), span.end):
-                state.pending[span.slot, p % r] = projected[span.offset + p - span.start]
+        if r > 1:
+            # the span's last tokens, for the step that completes their group; every one of the last `rows`, not
+            # only the open group's: a verification's rejected drafts may leave an earlier group open (caches.py)
+            rows = state.pending.shape[1]
+            for p in range(max(span.start, span.end - rows), span.end):
+                state.pending[span.slot, p % rows] = projected[span.offset + p - span.start]
         return done
 
     def _pool(self, ops, new: torch.Tensor, span: Span, state: LayerState, first: int, done: int) -> torch.Tensor:
         """compress_kv over the complete groups' tokens: those before the span from the state, then the span's."""
         r, width = self.ratio, new.shape[1] // 2
         waiting = span.start - first * r  # the first group's tokens that arrived in earlier steps
-        earlier = state.pending[span.slot, [(first * r + i) % r for i in range(waiting)]] if waiting else new[:0]
+        earlier = state.pending[span.slot, [(first * r + i) % state.pending.shape[1] for i in range(waiting)]] if waiting else new[:0]
         rows = torch.cat((earlier, new[: done * r - span.start]))
         starts = torch.arange(done - first, device=new.device) * r
         no_bias = torch.zeros(r, width, dtype=rows.dtype, device=rows.device)  # V4.1's compressor has no positional bias

@@ -55,19 +55,21 @@ class EngramHashing:
         self.constants = [tuple(t.to(device) for t in k) for k in hash_constants(config, compressed_vocab)]
 
     def __call__(self, ops, input_ids: torch.Tensor, spans: list[Span], history: torch.Tensor) -> list[torch.Tensor]:
-        """[T, rows per token] int64 per Engram layer. history: [slots, M-1] the compressed ids of each sequence's
-        tokens before its span (newest first; rewritten here with the span's last ones)."""
+        """[T, rows per token] int64 per Engram layer. history: [slots, R >= M-1] the compressed ids of each
+        sequence's recent tokens, position p in row p % R (caches.py; rewritten here with the span's last ones)."""
         lookback = self.config.engram_max_ngram_size - 1
         ids = self.token_map[input_ids]
+        ring_rows = history.shape[1]
         columns = []
         for span in spans:
             # this sequence's compressed ids, oldest first: its last lookback ids before the span (pad before
             # position 0), then the span's; a token's n-gram reads the n - 1 before it
-            before = history[span.slot].flip(0)
-            before = torch.where(torch.arange(span.start - lookback, span.start, device=ids.device) >= 0, before, self.pad)
+            earlier = torch.arange(span.start - lookback, span.start, device=ids.device)
+            before = torch.where(earlier >= 0, history[span.slot, earlier % ring_rows], self.pad)
             seq = torch.cat((before, ids[span.rows]))
             columns.append(torch.stack([seq[lookback - j : lookback - j + span.length] for j in range(lookback + 1)], dim=1))
-            history[span.slot] = seq[-lookback:].flip(0)
+            last = torch.arange(max(span.start - lookback, span.end - ring_rows), span.end, device=ids.device)
+            history[span.slot, last % ring_rows] = seq[last - span.start + lookback]
         grams = torch.cat(columns)  # [T, M]: column j the id j tokens back
         return [ops.engram_hash(grams, m, p, o) for m, p, o in self.constants]
 

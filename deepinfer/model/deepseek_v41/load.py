@@ -93,7 +93,7 @@ def engram_token_map(folder: Path, config: V41Config) -> tuple[torch.Tensor | No
 
 def load_v41(folder: Path, config: V41Config, ops, device: torch.device, dtype: torch.dtype, max_model_len: int | None, experts,
              swa_bounded_replay: bool = True) -> DeepseekV41ForCausalLM:  # fmt: skip
-    """Validate the folder, read its text tensors and build the model (DSpark blocks are read, not used yet).
+    """Validate the folder, read its text tensors and build the model (the DSpark blocks kept for its drafter).
     swa_bounded_replay: the decoder SWA bounded replay at prefill (bounded_replay.py)."""
     if experts is not None:
         raise LoadError("expert parallelism (--ep, redundant experts) is not implemented for DeepSeek-V4.1 yet", "run it with --ep 1")

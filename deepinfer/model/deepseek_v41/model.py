@@ -20,10 +20,12 @@ from deepinfer.model.deepseek_v41 import bounded_replay
 from deepinfer.model.deepseek_v41 import caches as v41_caches
 from deepinfer.model.deepseek_v41.attention import V41Attention
 from deepinfer.model.deepseek_v41.config import V41Config
+from deepinfer.model.deepseek_v41.dspark import RESIDUAL, V41DSpark
 from deepinfer.model.deepseek_v41.engram import EngramHashing, V41Engram
 from deepinfer.model.deepseek_v41.moe import V41MoE
 from deepinfer.model.deepseek_v41.roles import LayerRole
 from deepinfer.model.deepseek_v41.spans import SharedKV, Span
+from deepinfer.model.deepseek_v41.weights import V41Weights
 from deepinfer.model.forward_batch import ForwardBatch
 from deepinfer.ops.rope import rope_cos_sin_cache
 
@@ -49,11 +51,14 @@ class V41Block:
         fn, base, scale = self.hc[site]
         return ops.hc_pre_delayed(streams, pre, fn, base, scale, norm_eps=c.rms_norm_eps, hc_eps=c.hc_eps, sinkhorn_iters=c.hc_sinkhorn_iters)
 
-    def __call__(self, ops, streams, pre, positions, spans, state, shared, ropes, engram_rows):
-        """(streams after the block, the FFN site's pre for the next block)."""
+    def __call__(self, ops, streams, pre, positions, spans, state, shared, ropes, engram_rows, capture=None):
+        """(streams after the block, the FFN site's pre for the next block). capture(streams): called with the
+        streams entering the attention site (after Engram): DSpark's target features."""
         eps = self.config.rms_norm_eps
         if self.engram is not None:
             streams = self.engram(ops, streams, engram_rows[self.role.engram])
+        if capture is not None:
+            capture(streams)
         x, attn_pre, post, comb = self._site(ops, streams, pre, "attn")
         x, _ = ops.rms_norm(x, self.attn_norm, eps=eps)
         streams = ops.hc_post(self.attn(ops, x, positions, spans, state, shared, ropes), streams, post, comb)
@@ -62,13 +67,39 @@ class V41Block:
         return ops.hc_post(self.ffn(ops, x), streams, post, comb), ffn_pre
 
 
+class DraftFeatures:
+    """DSpark's target features of a step's rows: for each target layer, the mean over the hc streams entering its
+    attention site (after Engram), side by side [T, targets * hidden]. Rows a bounded replay keeps out of the
+    decoder stay zero (a draft reads the last `sliding_window` positions, which the replay's tail covers)."""
+
+    def __init__(self, config: V41Config, tokens: int, dtype: torch.dtype, device):
+        self.targets = {layer: i for i, layer in enumerate(config.dspark_target_layer_ids)}
+        self.hidden = config.hidden_size
+        self.out = torch.zeros(tokens, len(self.targets) * self.hidden, dtype=dtype, device=device)
+        self.rows: torch.Tensor | None = None  # the step's rows the layers now run on (None: all)
+
+    def capture(self, layer: V41Block):
+        i = self.targets.get(layer.role.layer)
+        if i is None:
+            return None
+
+        def keep(streams: torch.Tensor) -> None:
+            mean = streams.float().mean(dim=1).to(self.out.dtype)  # torch glue: a mean of hc_mult rows, float32 sum
+            columns = slice(i * self.hidden, (i + 1) * self.hidden)
+            if self.rows is None:
+                self.out[:, columns] = mean
+            else:
+                self.out[self.rows, columns] = mean
+
+        return keep
+
+
 class DeepseekV41ForCausalLM:
     """`max_positions`: rows of the RoPE tables and of the compressed history, the longest sequence the engine runs.
     `swa_bounded_replay`: whether the engine should prefill the decoder layers on the prompt's tail only
     (`decoder_replay_start`); a step without host facts for it runs every layer on every token either way."""
 
     supports_device_graphs = False  # a step's spans are host facts (caches.py keeps no paged layout yet)
-    mtp_layers: list = []  # DSpark drafting is not served yet
 
     def __init__(self, config: V41Config, ops, device, dtype: torch.dtype, max_positions: int | None = None, swa_bounded_replay: bool = True):
         self.config, self.ops, self.device, self.dtype = config, ops, torch.device(device), dtype
@@ -92,6 +123,17 @@ class DeepseekV41ForCausalLM:
         self.head = (self.embed if c.tie_word_embeddings else weights.tensor("head.weight")).float()
         self.layers = [V41Block(c, role, weights) for role in c.roles]
         self.engram_hashing = EngramHashing(c, token_map, compressed_vocab, self.device) if c.engram_layer_ids else None
+        # the DSpark blocks' tensors, built into a drafter only when speculative decoding asks for it (`build_dspark`)
+        self.dspark_weights = V41Weights({n: t for n, t in weights.tensors.items() if n.startswith("mtp.")}, weights.dtype)
+        self.dspark: V41DSpark | None = None
+
+    def build_dspark(self, confidence_input: str = RESIDUAL) -> V41DSpark:
+        """The DSpark drafter of the checkpoint's `mtp.*` blocks (dspark.py); a ValueError when it has none."""
+        if not self.config.num_nextn_predict_layers:
+            raise ValueError("this DeepSeek-V4.1 checkpoint has no DSpark blocks (text_config.num_nextn_predict_layers is 0)")
+        if self.dspark is None or self.dspark.confidence_input != confidence_input:
+            self.dspark = V41DSpark(self.config, self.dspark_weights, self.embed, self.head, self.ropes, confidence_input)
+        return self.dspark
 
     # ---- caches --------------------------------------------------------------------------------
 
@@ -100,12 +142,19 @@ class DeepseekV41ForCausalLM:
         return 1
 
     def state_slot_bytes(self, draft_layers: int = 0, lookahead: int = 0) -> int:
-        return v41_caches.slot_bytes(self.config, self.max_positions)
+        """A sequence's state in its stored bytes; with `draft_layers` (DSpark drafting), its drafter's context keys too."""
+        c = self.config
+        context = c.num_nextn_predict_layers * c.sliding_window * c.head_dim * torch.empty((), dtype=self.dtype).element_size() if draft_layers else 0
+        return v41_caches.slot_bytes(c, self.max_positions, lookahead) + context
 
     def cache_footprint(self) -> tuple[float, int]:
         """(state bytes one token of history adds: the KV sources' stored entries and index keys; bytes a
         sequence's state holds whatever its length: the window rings, an open group's projections, Engram's ids)."""
         return v41_caches.history_bytes_per_token(self.config), v41_caches.fixed_bytes_per_request(self.config)
+
+    def new_draft_caches(self, count: int, num_blocks: int, block_size: int, num_slots: int, dtype: torch.dtype, lookahead: int = 0) -> list:
+        """With `count` (DSpark drafting): one tensor, each sequence's DSpark context keys (`V41DSpark.new_context`)."""
+        return [self.build_dspark().new_context(max(1, num_slots), self.dtype, self.device)] if count else []
 
     @property
     def prefix_replay_tokens(self) -> int:
@@ -114,7 +163,7 @@ class DeepseekV41ForCausalLM:
         return self.max_positions
 
     def new_caches(self, num_blocks: int, block_size: int, num_slots: int, dtype: torch.dtype, lookahead: int = 0) -> v41_caches.V41State:
-        return v41_caches.allocate(self.config, max(1, num_slots), self.max_positions, self.device)
+        return v41_caches.allocate(self.config, max(1, num_slots), self.max_positions, self.device, lookahead)
 
     def decoder_replay_start(self, prompt_tokens: int) -> int:
         """A sequence's first position its decoder layers compute (0: every position; bounded_replay.py)."""
@@ -124,8 +173,9 @@ class DeepseekV41ForCausalLM:
 
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch, caches: v41_caches.V41State, *, hidden_states: bool = False):
-        """Run one step; returns float32 logits [len(batch.logits_indices), vocab] (with `hidden_states`, also the
-        final streams [T, hc_mult, hidden])."""
+        """Run one step; returns float32 logits [len(batch.logits_indices), vocab]. With `hidden_states`, also what a
+        V4.1 draft reads of every row: DSpark's target features [T, len(dspark_target_layer_ids) * hidden] (`features`),
+        zeros on the rows the bounded replay kept out of the decoder layers."""
         ops, c = self.ops, self.config
         host = batch.host
         if host is None:
@@ -139,26 +189,28 @@ class DeepseekV41ForCausalLM:
         streams = self.embed[batch.input_ids].unsqueeze(1).expand(-1, c.hc_mult, -1).contiguous()
         pre = torch.zeros(streams.shape[:2], dtype=torch.float32, device=self.device)
         pre[:, 0] = 1  # the first site collapses with the one-hot
+        features = DraftFeatures(c, streams.shape[0], streams.dtype, self.device) if hidden_states else None
         shared = [SharedKV() for _ in spans]
         split = self.decoder_start
         for layer, state in zip(self.layers[:split], caches.layers[:split]):
-            streams, pre = layer(ops, streams, pre, positions, spans, state, shared, self.ropes, engram_rows)
+            streams, pre = layer(ops, streams, pre, positions, spans, state, shared, self.ropes, engram_rows, features.capture(layer) if features else None)
         wanted = batch.logits_indices
         tail = bounded_replay.decoder_tail(spans, shared, host.decoder_from, self.device) if host.decoder_from is not None else None
         if tail is not None:  # the bounded replay: the decoder layers run on each sequence's rows from its decoder_from
             spans, shared = tail.spans, tail.shared
             if tail.rows is not None:
-                if hidden_states:
-                    raise ValueError("the final hidden states of every row are wanted, but the bounded replay cut rows from the decoder layers")
                 streams, pre, positions = streams[tail.rows], pre[tail.rows], positions[tail.rows]
                 engram_rows = [rows[tail.rows] for rows in engram_rows] if engram_rows is not None else None
                 wanted = tail.logits_rows(wanted)
+                if features is not None:
+                    features.rows = tail.rows
                 if not tail.spans:  # a prompt chunk wholly before its tail: no decoder rows, nothing sampled
-                    return torch.empty(0, self.head.shape[0], dtype=torch.float32, device=self.device)
+                    empty = torch.empty(0, self.head.shape[0], dtype=torch.float32, device=self.device)
+                    return (empty, features.out) if hidden_states else empty
         for layer, state in zip(self.layers[split:], caches.layers[split:]):
-            streams, pre = layer(ops, streams, pre, positions, spans, state, shared, self.ropes, engram_rows)
+            streams, pre = layer(ops, streams, pre, positions, spans, state, shared, self.ropes, engram_rows, features.capture(layer) if features else None)
         logits = self._logits(ops, streams[wanted], pre[wanted])
-        return (logits, streams) if hidden_states else logits
+        return (logits, features.out) if hidden_states else logits
 
     __call__ = forward
 

@@ -12,8 +12,10 @@ from deepinfer.model.moe import stack_experts
 
 
 class V41MoE:
-    def __init__(self, config: V41Config, weights, prefix: str, num_experts: int):
+    def __init__(self, config: V41Config, weights, prefix: str, num_experts: int, top_k: int | None = None):
+        """top_k: experts per token (default the config's num_experts_per_tok; DSpark's blocks route to fewer)."""
         self.config, self.num_experts = config, num_experts
+        self.top_k = top_k or config.num_experts_per_tok
         self.router = weights.tensor(f"{prefix}gate.weight").float()
         self.bias = weights.tensor(f"{prefix}gate.bias").float()
         experts = [tuple(weights.linear(f"{prefix}experts.{e}.{w}") for w in ("w1", "w3", "w2")) for e in range(num_experts)]
@@ -24,7 +26,7 @@ class V41MoE:
     def __call__(self, ops, x: torch.Tensor) -> torch.Tensor:
         c = self.config
         logits = ops.linear(x.float(), self.router, fmt="dense")
-        weights, ids = ops.gate(logits, top_k=c.num_experts_per_tok, score_func=c.scoring_func, correction_bias=self.bias,
+        weights, ids = ops.gate(logits, top_k=self.top_k, score_func=c.scoring_func, correction_bias=self.bias,
                                 renormalize=c.norm_topk_prob, routed_scaling_factor=c.routed_scaling_factor)  # fmt: skip
         expert_x, offsets, row_of_slot = ops.dispatch(x, ids, num_experts=self.num_experts)
         if expert_x.shape[0]:
