@@ -509,6 +509,18 @@ def run(
     return results, prefill_results, info
 
 
+def timed_decode_steps(engine, device, warmup: int, steps: int) -> float:
+    """Seconds per decode step of the admitted batch: its last prompt token and `warmup` untimed steps first."""
+    for _ in range(1 + warmup):
+        engine.step()
+    synchronize(device)
+    start = time.perf_counter()
+    for _ in range(steps):
+        engine.step()
+    synchronize(device)
+    return (time.perf_counter() - start) / steps
+
+
 def _decode_rows(loaded, runtime, dtype, config, batches, contexts, steps, warmup, max_len, num_blocks, kv_cache_dtype, kv_dtype, size, bandwidth,
                  enforce_eager, profile_rows, say, info) -> list[V4Result]:  # fmt: skip
     """The decode rows on an engine of their own, dropped (its caches and graphs freed) when they are done."""
@@ -534,14 +546,7 @@ def _decode_rows(loaded, runtime, dtype, config, batches, contexts, steps, warmu
             last = torch.randint(0, config.vocab_size, (batch,), generator=tokens).tolist()
             for token in last:
                 admit_at_cache_length(engine, base + [token], params)
-            for _ in range(1 + warmup):  # the last prompt token, then untimed decode steps
-                engine.step()
-            synchronize(device)
-            start = time.perf_counter()
-            for _ in range(steps):
-                engine.step()
-            synchronize(device)
-            step = (time.perf_counter() - start) / steps
+            step = timed_decode_steps(engine, device, warmup, steps)
             plan = plan_ms(engine, device)
             profile = None
             if profile_rows > 0:

@@ -25,7 +25,7 @@ from typing import Callable
 import torch
 
 from deepinfer.bench import e2e_v4, v41_flash
-from deepinfer.bench.device_api import device_name, synchronize
+from deepinfer.bench.device_api import device_name
 from deepinfer.bench.e2e import MATMUL_HOW, GiB, copy_bandwidth, free_memory
 
 COMMAND = "bench e2e --model-shape v41-flash"
@@ -185,14 +185,7 @@ def _decode_rows(loaded, runtime, dtype, config, batches, contexts, steps, warmu
         for batch in batches:
             for token in torch.randint(0, config.vocab_size, (batch,), generator=tokens).tolist():
                 e2e_v4.admit_at_cache_length(engine, base + [token], params)
-            for _ in range(1 + warmup):  # the last prompt token, then untimed decode steps
-                engine.step()
-            synchronize(device)
-            start = time.perf_counter()
-            for _ in range(steps):
-                engine.step()
-            synchronize(device)
-            step = (time.perf_counter() - start) / steps
+            step = e2e_v4.timed_decode_steps(engine, device, warmup, steps)
             engine.abort_all()
             parts = v41_flash.floor_parts(config, batch, context + warmup + steps // 2, size)
             floor = sum(parts.values())

@@ -19,6 +19,7 @@ from safetensors.torch import save_file
 
 from deepinfer.model.deepseek_v41.config import V41Config
 from deepinfer.model.deepseek_v41.tensors import FP4_EXPERT, FP8_BLOCK, FP8_ROWS, v41_tensor_specs
+from deepinfer.model.embedded_v41 import fp8_e8m0  # the embedded tiny-v41 writes its FP8 blocks the same way
 from deepinfer.ops import quant
 
 LAYERS = 8
@@ -107,18 +108,6 @@ def tiny_config(**text_overrides) -> dict:
     cfg = copy.deepcopy(TINY_V41)
     cfg["text_config"].update(text_overrides)
     return cfg
-
-
-def fp8_e8m0(w: torch.Tensor, block: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:
-    """e4m3 with a power-of-two (e8m0) scale per `block` of w, partial edge blocks included."""
-    rows, cols = w.shape
-    br, bc = block
-    pad = torch.zeros(-(-rows // br) * br, -(-cols // bc) * bc)
-    pad[:rows, :cols] = w.float().abs()
-    amax = pad.view(pad.shape[0] // br, br, pad.shape[1] // bc, bc).amax(dim=(1, 3)).clamp(min=1e-4)
-    exponent = torch.ceil(torch.log2(amax / 448)).clamp(-127, 127)
-    full = torch.exp2(exponent).repeat_interleave(br, 0)[:rows].repeat_interleave(bc, 1)[:, :cols]
-    return (w.float() / full).to(torch.float8_e4m3fn), (exponent + 127).to(torch.uint8).view(torch.float8_e8m0fnu)
 
 
 def random_v41_tensors(config: dict = TINY_V41, seed: int = 0, vision: bool = True) -> dict[str, torch.Tensor]:
