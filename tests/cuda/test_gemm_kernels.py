@@ -249,6 +249,35 @@ def test_grouped_gemm_masked(kg, fmt, masked, max_m, n, k, dtype):
     assert_matches("grouped_gemm", kg.grouped_gemm(**kw), kw)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_quantiser_reads_a_transposed_view_in_place(kg, dtype):
+    """The grouped output projection's heads by group: [G, T, K] as a view of [T, G * K], whose rows do not
+    flatten; the quantiser reads it where it lies (two-level row strides), the same bits as a copy's."""
+    heads = rand(5, 3 * 256, seed=3, scale=4.0).to(dtype)
+    view = heads.view(5, 3, 256).transpose(0, 1)
+    assert view.stride(0) < view.stride(1)
+    q, s = kg.quantize_act_fp8(view)
+    rq, rs = quant.quantize_act_fp8(view.contiguous())
+    assert q.shape == rq.shape and torch.equal(s, rs) and torch.equal(q.view(torch.uint8), rq.view(torch.uint8))
+
+
+@pytest.mark.parametrize("fmt", ["dense", "fp8_block"])
+@pytest.mark.parametrize("tokens", [1, 5, 40])
+def test_grouped_output_projection_over_the_heads_view(kg, fmt, tokens):
+    """V4's wo_a: the masked layout over the [G, T, K] view of the attention output, every row valid. The products
+    are the op's, and without split-K the output lies in x's memory order ([T, G, N]: the caller's transpose back
+    to [T, G * N] is a view, no copy); with split-K (the small decode grids) it keeps the plain layout."""
+    groups, k, n = 4, 256, 64
+    heads = rand(tokens, groups * k, seed=tokens, dtype=torch.bfloat16)
+    x = heads.view(tokens, groups, k).transpose(0, 1)
+    kw = {"x": x, **weight_in(fmt, groups, n=n, k=k, seed=7), "masked_m": torch.full((groups,), tokens, dtype=torch.int32)}
+    got = kg.grouped_gemm(**kw)
+    assert_matches("grouped_gemm", got, kw)
+    plan = kg.plan_gemm(x, kw["weight"], fmt, kg._MASKED)
+    if tokens > 1:  # (one token: both orders are one)
+        assert (got.stride(0) < got.stride(1)) == (plan.split == 1) and got.transpose(0, 1).is_contiguous() == (plan.split == 1)
+
+
 def test_offsets_of_any_integer_dtype(kg):
     offsets = torch.tensor([0, 3, 3, 9], dtype=torch.int64)
     kw = {"x": rand(12, 64, seed=1, dtype=torch.float32), **weight_in("dense", 3, n=32, k=64, seed=2), "expert_offsets": offsets}
