@@ -39,6 +39,15 @@ def engram_hash(ngram_ids: torch.Tensor, multipliers: torch.Tensor, primes: torc
     return torch.cat(rows, dim=-1) if rows else ngram_ids.new_zeros(ngram_ids.shape[0], 0)
 
 
+def check_engram_gate_args(streams, keys, value, q_weight, k_weight) -> None:
+    """`engram_gate_add`'s shapes: every backend's check."""
+    if streams.dim() != 3 or keys.shape != streams.shape or value.shape != (streams.shape[0], streams.shape[2]):
+        got = f"{tuple(streams.shape)}, {tuple(keys.shape)}, {tuple(value.shape)}"
+        raise ValueError(f"engram_gate_add wants streams and keys [T, N, D], value [T, D]; got {got}")
+    if q_weight.shape != streams.shape[1:] or k_weight.shape != streams.shape[1:]:
+        raise ValueError(f"q_weight and k_weight must be [N, D] = {tuple(streams.shape[1:])}, got {tuple(q_weight.shape)}, {tuple(k_weight.shape)}")
+
+
 @op(family="misc", outputs=("out",), compare=ALLCLOSE, reduction_length=lambda kw: kw["streams"].shape[2], model_types=V41)
 def engram_gate_add(
     streams: torch.Tensor,
@@ -59,11 +68,7 @@ def engram_gate_add(
         X_s + g * V
     token_mask: [T] bool, optional: False rows (image, padding) get g = 0. Returns [T, N, D] in streams'
     dtype (float64 for float64 streams)."""
-    if streams.dim() != 3 or keys.shape != streams.shape or value.shape != (streams.shape[0], streams.shape[2]):
-        got = f"{tuple(streams.shape)}, {tuple(keys.shape)}, {tuple(value.shape)}"
-        raise ValueError(f"engram_gate_add wants streams and keys [T, N, D], value [T, D]; got {got}")
-    if q_weight.shape != streams.shape[1:] or k_weight.shape != streams.shape[1:]:
-        raise ValueError(f"q_weight and k_weight must be [N, D] = {tuple(streams.shape[1:])}, got {tuple(q_weight.shape)}, {tuple(k_weight.shape)}")
+    check_engram_gate_args(streams, keys, value, q_weight, k_weight)
     acc = torch.float64 if streams.dtype == torch.float64 else torch.float32
     hidden, key = streams.to(acc), keys.to(acc)
     weights = q_weight.to(acc) * k_weight.to(acc)

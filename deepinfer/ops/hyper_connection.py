@@ -16,8 +16,8 @@ from deepinfer.ops.sparse_attention import V4, V4_AND_V41, V41
 from deepinfer.registry import ALLCLOSE, op
 
 
-def check_hc_pre_shapes(x, fn, base, scale, norm_weight=None) -> None:
-    """`hc_pre`'s shapes: every backend's check."""
+def check_hc_pre_shapes(x, fn, base, scale, norm_weight=None, prev_pre=None) -> None:
+    """`hc_pre`'s shapes (and `hc_pre_delayed`'s prev_pre): every backend's check."""
     if x.dim() != 3:
         raise ValueError(f"hc_pre wants x [T, N, D], got {tuple(x.shape)}")
     n, d = x.shape[1], x.shape[2]
@@ -28,6 +28,8 @@ def check_hc_pre_shapes(x, fn, base, scale, norm_weight=None) -> None:
         )
     if norm_weight is not None and norm_weight.shape != (d,):
         raise ValueError(f"norm_weight must be [D={d}], got {tuple(norm_weight.shape)}")
+    if prev_pre is not None and prev_pre.shape != x.shape[:2]:
+        raise ValueError(f"prev_pre must be [T, N] = {tuple(x.shape[:2])}, got {tuple(prev_pre.shape)}")
 
 
 # The reduction length is the N streams summed into layer_input: the N*D-long mixing products pass
@@ -117,9 +119,7 @@ def hc_pre_delayed(
     sum_n prev_pre[n] * x[t, n] in x's dtype, and this site's pre [T, N], post [T, N], comb [T, N, N]
     float32, for the next site and this site's `hc_post`). Computed in float32 (float64 for float64 x).
     """
-    check_hc_pre_shapes(x, fn, base, scale)
-    if prev_pre.shape != x.shape[:2]:
-        raise ValueError(f"prev_pre must be [T, N] = {tuple(x.shape[:2])}, got {tuple(prev_pre.shape)}")
+    check_hc_pre_shapes(x, fn, base, scale, prev_pre=prev_pre)
     acc = torch.float64 if x.dtype == torch.float64 else torch.float32
     xf = x.to(acc)
     pre, post, comb = _mixings(xf, fn, base, scale, norm_eps, hc_eps, sinkhorn_iters)

@@ -26,6 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
+from deepinfer.ops.engram import check_engram_gate_args
 from deepinfer.ops.engram import engram_gate_add as _gate_reference
 from deepinfer.triton_common import cdiv, next_power_of_2
 from deepinfer.triton_engram import engram_gate, engram_hash_rows
@@ -122,11 +123,7 @@ def engram_gate_add(
     eps: float,
     token_mask: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    if streams.dim() != 3 or keys.shape != streams.shape or value.shape != (streams.shape[0], streams.shape[2]):
-        got = f"{tuple(streams.shape)}, {tuple(keys.shape)}, {tuple(value.shape)}"
-        raise ValueError(f"engram_gate_add wants streams and keys [T, N, D], value [T, D]; got {got}")
-    if q_weight.shape != streams.shape[1:] or k_weight.shape != streams.shape[1:]:
-        raise ValueError(f"q_weight and k_weight must be [N, D] = {tuple(streams.shape[1:])}, got {tuple(q_weight.shape)}, {tuple(k_weight.shape)}")
+    check_engram_gate_args(streams, keys, value, q_weight, k_weight)
     if streams.dtype == torch.float64 or max(streams.numel(), keys.numel(), streams.shape[0] * max(streams.stride(0), keys.stride(0))) >= _INT32_LIMIT:
         return _gate_reference(streams, keys, value, q_weight, k_weight, eps=eps, token_mask=token_mask)
     tokens, n, dim = streams.shape

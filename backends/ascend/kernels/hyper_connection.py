@@ -312,12 +312,10 @@ def hc_pre_delayed_invariant(
 def _hc_pre(x, fn, base, scale, norm_eps, hc_eps, sinkhorn_iters, norm_weight, invariant, prev_pre=None):
     """invariant: the split launch for every T. With prev_pre: hc_pre_delayed (the same launches; the
     collapse weighs the streams by prev_pre, and pre is returned too)."""
-    hc_ops.check_hc_pre_shapes(x, fn, base, scale, norm_weight)
+    hc_ops.check_hc_pre_shapes(x, fn, base, scale, norm_weight, prev_pre)
     T, N, D = x.shape
     K, W = N * D, (2 + N) * N
     delayed = prev_pre is not None
-    if delayed and prev_pre.shape != x.shape[:2]:  # the reference's own test
-        raise ValueError(f"prev_pre must be [T, N] = {tuple(x.shape[:2])}, got {tuple(prev_pre.shape)}")
     if x.dtype == torch.float64 or T == 0 or D == 0 or x.numel() >= _INT32_LIMIT or T * next_power_of_2(W) * cdiv(K, _SPLIT_SEG) >= _INT32_LIMIT:
         if delayed:
             return hc_ops.hc_pre_delayed(x, prev_pre, fn, base, scale, norm_eps=norm_eps, hc_eps=hc_eps, sinkhorn_iters=sinkhorn_iters)

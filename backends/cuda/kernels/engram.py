@@ -23,6 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
+from deepinfer.ops.engram import check_engram_gate_args
 from deepinfer.ops.engram import engram_gate_add as _gate_reference
 from deepinfer.triton_common import cdiv, interpreting, next_power_of_2, to_bf16_rne
 from deepinfer.triton_engram import engram_gate, engram_hash_rows
@@ -115,11 +116,7 @@ def engram_gate_add(
     eps: float,
     token_mask: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    if streams.dim() != 3 or keys.shape != streams.shape or value.shape != (streams.shape[0], streams.shape[2]):
-        got = f"{tuple(streams.shape)}, {tuple(keys.shape)}, {tuple(value.shape)}"
-        raise ValueError(f"engram_gate_add wants streams and keys [T, N, D], value [T, D]; got {got}")
-    if q_weight.shape != streams.shape[1:] or k_weight.shape != streams.shape[1:]:
-        raise ValueError(f"q_weight and k_weight must be [N, D] = {tuple(streams.shape[1:])}, got {tuple(q_weight.shape)}, {tuple(k_weight.shape)}")
+    check_engram_gate_args(streams, keys, value, q_weight, k_weight)
     if streams.dtype == torch.float64:
         return _gate_reference(streams, keys, value, q_weight, k_weight, eps=eps, token_mask=token_mask)
     tokens, n, dim = streams.shape

@@ -370,7 +370,6 @@ def hc_pre_delayed(
     hc_eps: float,
     sinkhorn_iters: int,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    _check_prev_pre(x, prev_pre)
     return launch_hc_pre(x, fn, base, scale, norm_eps, hc_eps, sinkhorn_iters, prev_pre=prev_pre)
 
 
@@ -385,21 +384,14 @@ def hc_pre_delayed_invariant(
     hc_eps: float,
     sinkhorn_iters: int,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    _check_prev_pre(x, prev_pre)
     return launch_hc_pre(x, fn, base, scale, norm_eps, hc_eps, sinkhorn_iters, invariant=True, prev_pre=prev_pre)
-
-
-def _check_prev_pre(x, prev_pre) -> None:
-    # the reference's own test, verbatim (hc_pre's shapes are checked by the launch)
-    if prev_pre.shape != x.shape[:2]:
-        raise ValueError(f"prev_pre must be [T, N] = {tuple(x.shape[:2])}, got {tuple(prev_pre.shape)}")
 
 
 def launch_hc_pre(x, fn, base, scale, norm_eps, hc_eps, sinkhorn_iters, norm_weight=None, *, invariant: bool = False,
                   prev_pre: torch.Tensor | None = None):
     """hc_pre; invariant: the split launch for every T (deterministic mode). With prev_pre: hc_pre_delayed
     (the same launches; the collapse weighs the streams by prev_pre, and pre is returned too)."""
-    hc_ops.check_hc_pre_shapes(x, fn, base, scale, norm_weight)
+    hc_ops.check_hc_pre_shapes(x, fn, base, scale, norm_weight, prev_pre)
     T, N, D = x.shape
     K, W = N * D, (2 + N) * N
     delayed = prev_pre is not None
