@@ -46,7 +46,7 @@ def report(tmp_path_factory):
 def test_every_case_compiles_for_every_arch_checked(report):
     for arch in ARCHS:
         cases = {r["case"] for r in report["results"] if r["arch"] == arch}
-        assert cases == {c.name for c in cc.CASES}, arch
+        assert cases == {c.name for c in cc.CASES if arch in c.archs}, arch
 
 
 def test_kernels_compile_without_spills_at_the_expected_mma_class(report):
@@ -72,6 +72,13 @@ def test_kernels_compile_without_spills_at_the_expected_mma_class(report):
     assert len(mx4a8) == 2 and all(r["instr"] == "tcgen05.mma.block_scale" for r in mx4a8)
 
 
+def test_gluon_mxfp4_kernel_is_warp_specialised_wgmma_over_tma_on_sm90(report):
+    """The SM90 Gluon mxfp4 kernel (mxfp4_path=gluon) builds for every layout without spills, with wgmma and TMA loads."""
+    gluon = [r for r in report["results"] if r["kernel"] == "_mxfp4_gemm_ws_kernel"]
+    assert {r["case"] for r in gluon} == {c.name for c in cc.CASES if "gluon" in c.name}
+    assert all(r["arch"] == "sm90" and r["ok"] and r["tma"] and r["instr"] == "wgmma" and r["spills"] == 0 for r in gluon), gluon
+
+
 def test_known_failures_still_fail(report):
     by_key = {(r["case"], r["kernel"], r["arch"]): r for r in report["results"]}
     for key, why in cc.KNOWN_FAILURES.items():
@@ -85,6 +92,18 @@ def test_unknown_arch_is_a_usage_error():
     proc = _cli("--arch", "sm80")
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "unknown arch" in proc.stderr
+
+
+def test_a_case_is_compiled_only_for_its_archs_and_tma_is_read_from_the_ptx():
+    called = []
+    case = cc.Case("sm90 only", lambda: called.append(1), "mma", archs=("sm90",), tma=True)
+    assert cc.run(["sm100"], cases=[case]) == [] and not called
+    assert cc.uses_tma("cp.async.bulk.tensor.2d.shared::cta.global.mbarrier::complete_tx::bytes [x]")
+    assert not cc.uses_tma("cp.async.cg.shared.global [x]")
+    r = cc.Result("c", "sm90", "k", True, regs=100, spills=0, instr="wgmma", expected="wgmma", tma=False, needs_tma=True)
+    assert r.problems == ["no TMA load (cp.async.bulk.tensor), expected one"]
+    gluon = [c for c in cc.CASES if "gluon" in c.name]
+    assert len(gluon) == 4 and all(c.archs == ("sm90",) and c.tma for c in gluon)
 
 
 def test_instruction_class():

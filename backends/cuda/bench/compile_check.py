@@ -15,7 +15,10 @@ class (wgmma, tcgen05.mma, tcgen05.mma block-scaled, mma.sync).
 
 The check fails when a kernel does not compile, spills, or a matrix kernel uses a slower instruction
 class than expected for the arch (SM90: wgmma; SM100: tcgen05, block-scaled tcgen05 for mxfp8 and mxfp4_a8; a case's
-`expect` overrides this with a reason: 16-row decode tiles mma.sync, mxfp4 W4A16 on SM100 kind::f16).
+`expect` overrides this with a reason: 16-row decode tiles mma.sync, mxfp4 W4A16 on SM100 kind::f16), or a case
+that requires TMA (`Case.tma`: the SM90 Gluon mxfp4 kernel) finds no `cp.async.bulk.tensor` in its PTX. A case
+lists the archs it is built for (`Case.archs`; the Gluon kernel's are sm90 only). Gluon kernels compile through
+Gluon's own AST source; their launches are captured like the others.
 `KNOWN_FAILURES` lists (case, kernel, arch) that fail today, with why: they stay in the table,
 marked "known", and the test checks that they still fail (so the list is kept honest).
 
@@ -316,6 +319,24 @@ def _kv_cache_write(t: int, blocks: int, page: int = 64, fp8: bool = False) -> C
     return call
 
 
+def _gluon_mxfp4(layout: str, e: int, rows: int, n: int, k: int) -> Callable[[], None]:
+    """The SM90 Gluon mxfp4 kernel (mxfp4_path=gluon) through its own wrappers: masked (rows per expert),
+    contiguous (rows in all) or linear."""
+    def call():
+        from deepinfer_cuda.kernels import gemm_mxfp4_gluon as gluon_gemm
+
+        u8 = torch.uint8
+        if layout == "linear":
+            gluon_gemm.linear(_t(rows, k), _t(n, k // 2, dtype=u8), weight_scale=_t(n, k // 32, dtype=u8), fmt="mxfp4")
+        elif layout == "masked":
+            gluon_gemm.grouped_gemm(_t(e, rows, k), _t(e, n, k // 2, dtype=u8), masked_m=_t(e, dtype=torch.int32),
+                                    weight_scale=_t(e, n, k // 32, dtype=u8), fmt="mxfp4")
+        else:
+            gluon_gemm.grouped_gemm(_t(rows, k), _t(e, n, k // 2, dtype=u8), expert_offsets=_t(e + 1, dtype=torch.int32),
+                                    weight_scale=_t(e, n, k // 32, dtype=u8), fmt="mxfp4")
+    return call
+
+
 def _hc_pre(t: int, streams: int = 4, hidden: int = 4096, invariant: bool = False) -> Callable[[], None]:
     """DeepSeek-V4's hc_pre: t tokens of `streams` x `hidden` bf16 streams, the float32 mixing projection."""
     def call():
@@ -342,6 +363,8 @@ class Case:
     call: Callable[[], None]
     matrix: str | None  # None: elementwise; "mma": tl.dot; "mx": tl.dot_scaled (block-scaled)
     expect: dict | None = None  # arch -> instruction class, overriding EXPECTED / EXPECTED_MX (why: at its definition)
+    archs: tuple[str, ...] = tuple(ARCHS)  # the archs the case is compiled for
+    tma: bool = False  # its matrix kernel must load through TMA (cp.async.bulk.tensor in the PTX)
 
 
 # DeepSeek-V3 shapes: hidden 7168, MLA q/kv 192/128 heads 128, latent 512 + rope 64, experts 2048 wide.
@@ -404,6 +427,16 @@ CASES: list[Case] = [
     Case("hc_pre bf16 T64 N4 D4096", _hc_pre(64), None),
     Case("hc_pre bf16 T8192 N4 D4096", _hc_pre(8192), None),
     Case("hc_pre bf16 T8192 N4 D4096 invariant", _hc_pre(8192, invariant=True), None),
+    # The SM90 Gluon mxfp4 kernel (warp-specialised: TMA producer warp, wgmma consumers) at V4-Flash's expert shapes
+    # (hidden 4096, w13 2 x 2048 rows, w2 K 2048, 256 experts): decode B64 x top-6 (masked E8 m16 and contiguous 384 rows
+    # over 256 experts), prefill T8192 x top-6 through w2, and a linear.
+    Case("grouped_gemm mxfp4 gluon decode masked (E8 m16 4096->4096)", _gluon_mxfp4("masked", 8, 16, 4096, 4096), "mx", MXFP4_W4A16,
+         archs=("sm90",), tma=True),
+    Case("grouped_gemm mxfp4 gluon decode contig (E256 384 4096->4096)", _gluon_mxfp4("contiguous", 256, 384, 4096, 4096), "mx", MXFP4_W4A16,
+         archs=("sm90",), tma=True),
+    Case("grouped_gemm mxfp4 gluon prefill contig (E256 49152 2048->4096)", _gluon_mxfp4("contiguous", 256, 49152, 4096, 2048), "mx",
+         MXFP4_W4A16, archs=("sm90",), tma=True),
+    Case("linear mxfp4 gluon prefill (4096x4096->4096)", _gluon_mxfp4("linear", 1, 4096, 4096, 4096), "mx", MXFP4_W4A16, archs=("sm90",), tma=True),
     # the fp8 activation quantiser alone (decode rows)
     Case("quant_act_fp8 bf16 M1 K4096", _quant_act_fp8(1, 4096), None),
     Case("quant_act_fp8 bf16 M64 K4096", _quant_act_fp8(64, 4096), None),
@@ -443,6 +476,7 @@ def _as_arch(arch: str, launches: list[Launch]):
     from deepinfer_cuda.kernels import (
         activation,
         gemm,
+        gemm_mxfp4_gluon,
         hyper_connection,
         indexer,
         kv_cache,
@@ -462,6 +496,7 @@ def _as_arch(arch: str, launches: list[Launch]):
     patches = [
         (gemm, "config", cfg), (gemm, "capability", lambda device=None: ARCHS[arch]), (gemm, "interpreting", lambda: False),
         (gemm, "upcast_dot", lambda: False), (gemm, "MXFP4_DOT_SCALED", True), (gemm, "num_sms", lambda device: SM_COUNT[arch]),
+        (gemm_mxfp4_gluon, "config", cfg),
         (prefill, "config", cfg), (prefill, "upcast_dot", lambda: False),
         (mla_decode, "_config", lambda device, variant: arch_config("mla_decode", variant, arch)),
         (mla_decode, "_cached_plan", lambda *a: mla_decode._make_plan(*a, None)),
@@ -477,8 +512,8 @@ def _as_arch(arch: str, launches: list[Launch]):
         (hyper_connection, "num_sms", lambda device: SM_COUNT[arch]), (hyper_connection, "interpreting", lambda: False),
         (indexer, "interpreting", lambda: False), (indexer, "upcast_dot", lambda: False),
     ]
-    modules = (activation, gemm, hyper_connection, indexer, kv_cache, logits_processing, logprobs, mla_decode, moe, norm, prefill, rejection_sampling,
-               rope, sampling, sparse_attention)  # fmt: skip
+    modules = (activation, gemm, gemm_mxfp4_gluon, hyper_connection, indexer, kv_cache, logits_processing, logprobs, mla_decode, moe, norm, prefill,
+               rejection_sampling, rope, sampling, sparse_attention)  # fmt: skip
     kernels = [v for mod in modules for v in vars(mod).values() if hasattr(v, "run") and hasattr(v, "arg_names")]
     saved = [(mod, name, getattr(mod, name)) for mod, name, _ in patches]
     try:
@@ -536,6 +571,8 @@ class Result:
     shared: int | None = None
     instr: str = "none"
     expected: str | None = None  # the instruction class a matrix kernel must reach
+    tma: bool | None = None  # whether the PTX loads through TMA (cp.async.bulk.tensor)
+    needs_tma: bool = False  # the case requires it of its matrix kernel
     config: dict = field(default_factory=dict)
     seconds: float = 0.0
     known_failure: str = ""  # why, when (case, kernel, arch) is in KNOWN_FAILURES
@@ -550,6 +587,8 @@ class Result:
                 out.append(f"spills {self.spills} bytes")
             if self.expected and CLASSES.index(self.instr) < CLASSES.index(self.expected):
                 out.append(f"uses {self.instr}, expected {self.expected}")
+            if self.needs_tma and not self.tma:
+                out.append("no TMA load (cp.async.bulk.tensor), expected one")
         return out
 
     @property
@@ -567,6 +606,11 @@ def instruction_class(ptx: str) -> str:
     if re.search(r"\bmma\.sync", ptx):
         return "mma.sync"
     return "none"
+
+
+def uses_tma(ptx: str) -> bool:
+    """Whether the PTX copies tiles through the tensor memory accelerator (global -> shared)."""
+    return "cp.async.bulk.tensor" in ptx
 
 
 def _ptxas_stats(ptx: str, arch: str) -> tuple[int | None, int]:
@@ -592,12 +636,15 @@ def compile_launch(launch: Launch, arch: str):
 
     signature, constexprs, attrs, options = _source(launch)
     major = ARCHS[arch][0]
+    if getattr(launch.kernel, "is_gluon", lambda: False)():  # a Gluon kernel: its own AST source (explicit layouts)
+        from triton.experimental.gluon._runtime import GluonASTSource as ASTSource  # noqa: N814
     src = ASTSource(fn=launch.kernel, signature=signature, constexprs=constexprs, attrs=attrs)
     return triton.compile(src, target=GPUTarget("cuda", major * 10, 32), options=options), constexprs, options
 
 
 def _config_summary(constexprs: dict, options: dict) -> dict:
-    out = {k: v for k, v in constexprs.items() if k.startswith("BLOCK") or k in ("SPLIT_K", "FMT", "LAYOUT", "USE_DESC", "MX_MODE", "DIRECT", "W_DESC")}
+    keys = ("SPLIT_K", "FMT", "LAYOUT", "USE_DESC", "MX_MODE", "DIRECT", "W_DESC", "NUM_STAGES")
+    out = {k: v for k, v in constexprs.items() if k.startswith("BLOCK") or k in keys}
     out.update(options)
     return {k: (v if isinstance(v, (int, float, bool, str)) else str(v)) for k, v in out.items()}
 
@@ -619,13 +666,14 @@ def run_case(case: Case, arch: str) -> list[Result]:
         if case.matrix and name not in NON_MATRIX_KERNELS:
             expected = (case.expect or {}).get(arch) or (EXPECTED_MX if case.matrix == "mx" else EXPECTED)[arch]
         start = time.perf_counter()
-        r = Result(case.name, arch, name, False, expected=expected)
+        r = Result(case.name, arch, name, False, expected=expected, needs_tma=case.tma and expected is not None)
         try:
             compiled, constexprs, options = compile_launch(launch, arch)
             ptx = compiled.asm["ptx"]
             r.config = _config_summary(constexprs, options)
             r.shared = int(compiled.metadata.shared)
             r.instr = instruction_class(ptx)
+            r.tma = uses_tma(ptx)
             r.regs, r.spills = _ptxas_stats(ptx, arch)
             r.compiled = True
         except Exception as exc:  # noqa: BLE001 - a compile error is a result
@@ -643,6 +691,8 @@ def run(archs: list[str], cases: list[Case] | None = None, progress: Callable[[s
     results = []
     for arch in archs:
         for case in cases or CASES:
+            if arch not in case.archs:
+                continue
             for r in run_case(case, arch):
                 results.append(r)
                 if progress:

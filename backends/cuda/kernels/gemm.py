@@ -55,7 +55,8 @@ Formats:
   machine, and the registration note names it; the backend option mxfp4_path=dot_scaled|upcast|register
   (deepinfer_cuda.options) forces one, chosen when the ops are resolved (the forced registrations at
   the end of this module; every path takes fp8_block32 too, register mxfp8 and mxfp4_a8 too). Every path is checked under the
-  interpreter.
+  interpreter. mxfp4_path=gluon picks another implementation on SM90, the warp-specialised Gluon kernel of
+  gemm_mxfp4_gluon.py (its own registrations), which hands the calls it does not serve back to this module's register path.
 - mxfp8 (W8A8 MX): e4m3 weights [N, K] with e8m0 scales [N, K/32]; the activation is quantised
   first by `_quant_act_mxfp8_kernel` (per token and 32 columns, bit-exact with
   `deepinfer.ops.quant.quantize_act_mxfp8`; integer e4m3 rounding under the interpreter), then

@@ -68,6 +68,10 @@ CONFIGS: dict[str, dict[str, dict]] = {
         "mxfp4_reg_small": {"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 4, "num_stages": 4, "w_tma": True},
         # w_tma on the prefill tile too: V4-Flash's 8 x 8192 prefill 1.567 -> 1.535 s on an H100 (2026-12-06).
         "mxfp4_reg_large": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 3, "w_tma": True},
+        # The Gluon kernel (gemm_mxfp4_gluon.py, mxfp4_path=gluon): 8 consumer warps (two warpgroups over 128 weight rows)
+        # and a producer warp. NOT MEASURED: chosen so that the sm90 compile check builds them without spills.
+        "mxfp4_gluon_small": {"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 6, "producer_regs": 40},
+        "mxfp4_gluon_large": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 4, "producer_regs": 40},
         # mxfp8 (e4m3 weights): decode 128x128 w4 s4 189 regs, 67 KB, 6.5 per element; prefill 256x128x64 w8 s3 210 regs.
         "mxfp8_reg_small": {"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 4, "num_stages": 4},
         "mxfp8_reg_large": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 3},  # as mxfp4's (not swept)

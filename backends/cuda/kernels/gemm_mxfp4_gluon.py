@@ -1,0 +1,449 @@
+"""Gluon kernel: mxfp4 (W4A16) `grouped_gemm` and `linear` on SM90, warp-specialised.
+
+UNVERIFIED ON A GPU until `deepinfer conformance --backend cuda --backend-option mxfp4_path=gluon` passes;
+chosen only with that backend option on an SM90 device (default off). The `tl` kernel (gemm.py, MX_MODE 3)
+stays the default and is what the interpreter checks in CI; calls this kernel does not serve (below) go to it.
+
+Why: on SM90 the `tl` register-dequant kernel is load-bound (a probe removed its dequantisation and the
+rate stayed), and `tl` cannot split the loads from the dequantisation and the MMA into different warps.
+
+Schedule (one program per output tile, the grid and tile -> (expert, rows, N block) map of gemm.py's
+`_tile_of_program`, no split-K):
+- producer partition (1 warp): first the tile's whole scale strip ([BLOCK_N, K/32] e8m0 bytes as K/512
+  TMA boxes of [BLOCK_N, 16], TMA's narrowest, on their own mbarrier), then per K step of BLOCK_K the packed weight tile ([BLOCK_N, 32]
+  bytes per 64 K) and the activation tile ([BLOCK_M, 64] bf16 per 64 K) by TMA into a NUM_STAGES ring
+  of shared-memory stages, each with a `ready` mbarrier (expect-tx bytes) and an `empty` one.
+- consumer partition (the default one, num_warps warps = 1 or 2 warpgroups): per stage, the packed
+  bytes and their scales are read from shared memory straight into the layout of wgmma's register A
+  operand (`_packed_layout`: the bf16 operand's layout with each k pair as one element), dequantised
+  by bit placement (gemm.py's `_e2m1_bf16_pairs` trick and one `fma.rn.bf16x2` per pair, the same bits
+  as MX_MODE 3 with MX_DQ 0), and multiplied by `warpgroup_mma` (A = the weight tile in registers,
+  B = x^T, the activation tile's shared-memory view transposed), accumulating float32 [BLOCK_N, BLOCK_M]
+  (swapped as in MX_MODE 3: weight rows are wgmma's M, so 16-token decode tiles still fill it). One
+  wgmma group stays in flight; a stage is released (its `empty` arrive) once the wgmma that read it is done.
+- epilogue (consumer): times 2^64 (the dequantisation's shift), cast to x's dtype, stored transposed with
+  row and column masks, as gemm.py's.
+
+Served: bf16 x, mxfp4 weights, K a multiple of 512 (the scale boxes) with the strip's BLOCK_N * K/32 bytes
+and the ring within shared memory, contiguous operands with 16-byte aligned rows (x flattens to [rows, K]; the
+masked layout's rows past masked_m read the next expert's rows, the last tiles read TMA's zero fill:
+they only feed outputs the store masks). Everything else (fp16/float32 x, other formats, other shapes,
+a transposed masked x) runs the `tl` kernel with mxfp4_path=register.
+
+Triton 3.6 (the GPU machine) and 3.9 name the TMA load differently: `_tma_load` below is the one shim.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+
+from deepinfer.ops import gemm as gemm_ops
+from deepinfer.triton_common import cdiv, next_power_of_2
+from deepinfer_cuda.kernels import gemm
+from deepinfer_cuda.kernels.common import Registration, capability
+from deepinfer_cuda.options import MXFP4_PATH
+from deepinfer_cuda.tuning import config
+
+try:
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    # Version shim (the only one): Triton 3.9 calls the TMA global->shared copy `async_load` (3.6's name,
+    # async_copy_global_to_shared, raises there); 3.6 has only the old name. Same arguments.
+    _tma_load = tma.async_load if hasattr(tma, "async_load") else tma.async_copy_global_to_shared
+    GLUON_IMPORT_ERROR = None
+except ImportError as exc:  # a Triton without Gluon's Hopper pieces: the registration says why it cannot run
+    GLUON_IMPORT_ERROR = f"{type(exc).__name__}: {exc}"
+
+SCALE_BOX_K = 512  # K per row of the scale strip's TMA box: 16 e8m0 bytes, TMA's minimum inner box width
+SUB_K = 64  # K per TMA box and per wgmma: 128 bytes of bf16 x (the 128-byte swizzle's span), 32 bytes of packed weight
+_LINEAR, _CONTIGUOUS, _MASKED = 0, 1, 2
+
+
+if GLUON_IMPORT_ERROR is None:
+
+    @gluon.constexpr_function
+    def _packed_layout(block_n, sub_k, num_warps, grouped):
+        """The layout of the packed bytes [BLOCK_N, SUB_K/2] (grouped: [BLOCK_N, SUB_K/32, 16], row, scale
+        group, k pair in the group) in
+        which each thread holds exactly the k pairs that it holds of wgmma's bf16 register A operand
+        (DotOperandLayout(0, mma, k_width=2): lane 4g + t has rows g and g + 8 of its warp's 16 and, per 16 k,
+        the pairs t and t + 4), so that joining the two halves of each dequantised word gives that operand
+        without moving data between threads."""
+        reg = [[8, 0, 0], [0, 0, 4], [0, 0, 8]]
+        pairs = sub_k // 2
+        p = 16
+        while p < pairs:
+            reg.append([0, p // 16, 0])
+            p *= 2
+        rows = 16 * num_warps
+        while rows < block_n:
+            reg.append([rows, 0, 0])
+            rows *= 2
+        lane = [[0, 0, 1], [0, 0, 2], [1, 0, 0], [2, 0, 0], [4, 0, 0]]
+        warp = []
+        w = 1
+        while w < num_warps:
+            warp.append([16 * w, 0, 0])
+            w *= 2
+        if grouped:
+            return gl.DistributedLinearLayout(reg_bases=reg, lane_bases=lane, warp_bases=warp, block_bases=[], shape=[block_n, sub_k // 32, 16])
+        flat = lambda bases: [[n, 16 * g + i] for n, g, i in bases]  # noqa: E731
+        return gl.DistributedLinearLayout(reg_bases=flat(reg), lane_bases=flat(lane), warp_bases=flat(warp), block_bases=[], shape=[block_n, sub_k // 2])
+
+    @gluon.jit
+    def _tile_of_program(offs_ptr, mm_ptr, M, N, E, num_m_tiles,
+                         LAYOUT: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, GROUP_M: gl.constexpr, E_POW2: gl.constexpr,
+                         num_warps: gl.constexpr):
+        """gemm.py's `_tile_of_program` without split-K: (expert, first row, row bound, N block); a program
+        with no work gets row_start >= row_end."""
+        if LAYOUT == 2:
+            pid_m = gl.program_id(0)
+            pid_n = gl.program_id(1)
+            e = gl.program_id(2)
+            row_end = gl.load(mm_ptr + e).to(gl.int32)
+            row_start = pid_m * BLOCK_M
+        else:
+            pid = gl.program_id(0)
+            num_n = gl.cdiv(N, BLOCK_N)
+            per_group = GROUP_M * num_n
+            first_m = (pid // per_group) * GROUP_M
+            group_m = gl.minimum(num_m_tiles - first_m, GROUP_M)
+            t = first_m + (pid % per_group) % group_m
+            pid_n = (pid % per_group) // group_m
+            if LAYOUT == 1:
+                vec: gl.constexpr = gl.BlockedLayout([1], [32], [num_warps], [0])
+                idx = gl.arange(0, E_POW2, layout=vec)
+                lo = gl.load(offs_ptr + idx, mask=idx < E, other=0).to(gl.int32)
+                hi = gl.load(offs_ptr + idx + 1, mask=idx < E, other=0).to(gl.int32)
+                tiles = (hi - lo + BLOCK_M - 1) // BLOCK_M
+                ends = gl.associative_scan(tiles, 0, _add)  # tile index one past each expert's last tile
+                e = gl.sum((ends <= t).to(gl.int32), axis=0)  # E when t is past every expert's tiles
+                sel = idx == e
+                row_start = gl.sum(gl.where(sel, lo + (t - (ends - tiles)) * BLOCK_M, 0), axis=0)
+                row_end = gl.sum(gl.where(sel, hi, 0), axis=0)
+            else:
+                e = pid * 0
+                row_start = t * BLOCK_M
+                row_end = M
+        return e, row_start, row_end, pid_n
+
+    @gluon.jit
+    def _add(a, b):
+        return a + b
+
+    @gluon.jit
+    def _producer(x_desc, w_desc, s_desc, x_smem, w_smem, s_smem, ready, empty, scales_ready, x_row, w_row, num_steps,
+                  BLOCK_K: gl.constexpr, NUM_STAGES: gl.constexpr):
+        """One warp: the scale strip, then the ring. A stage's `empty` barrier has completed phase p - 1 when
+        the consumer released its previous use; a fresh barrier counts as having completed the phase before 0."""
+        SUBS: gl.constexpr = BLOCK_K // 64
+        SCALE_BOXES: gl.constexpr = s_smem.shape[0]
+        mbarrier.expect(scales_ready, SCALE_BOXES * s_desc.block_type.nbytes)
+        for box in gl.static_range(SCALE_BOXES):
+            _tma_load(s_desc, [w_row, box * 16], scales_ready, s_smem.index(box))
+        for step in range(num_steps):
+            stage = step % NUM_STAGES
+            mbarrier.wait(empty.index(stage), ((step // NUM_STAGES) & 1) ^ 1)
+            bar = ready.index(stage)
+            mbarrier.expect(bar, SUBS * (x_desc.block_type.nbytes + w_desc.block_type.nbytes))
+            for sub in gl.static_range(SUBS):
+                k = step * BLOCK_K + sub * 64
+                _tma_load(x_desc, [x_row, k], bar, x_smem.index(stage * SUBS + sub))
+                _tma_load(w_desc, [w_row, k // 2], bar, w_smem.index(stage * SUBS + sub))
+
+    @gluon.jit
+    def _dequantised_operand(packed_smem, scale_smem, a_layout: gl.constexpr, BLOCK_N: gl.constexpr, num_warps: gl.constexpr):
+        """The [BLOCK_N, 64] bf16 weight tile, shifted by 2^-64 (gemm.py's MX_SHIFT), in wgmma's register A
+        layout: packed e2m1 bytes [BLOCK_N, 32] and their two e8m0 bytes per row [BLOCK_N, 2]."""
+        flat_layout: gl.constexpr = _packed_layout(BLOCK_N, 64, num_warps, False)
+        p_layout: gl.constexpr = _packed_layout(BLOCK_N, 64, num_warps, True)
+        s_layout: gl.constexpr = gl.SliceLayout(2, p_layout)
+        b = gl.convert_layout(gl.reshape(packed_smem.load(flat_layout), [BLOCK_N, 2, 16]), p_layout).to(gl.int32)
+        s = scale_smem.load(s_layout).to(gl.int32)
+        a = b * 0x40040  # gemm.py's _e2m1_bf16_pairs: codes' bits 2:0 at 8:6 and 24:22, signs at 9 and 25
+        words = (a & 0x01C001C0) | ((a << 6) & -0x7FFF8000)  # the signs at 15 and 31
+        # bf16 exponent field of 2^(s - 127 + 126 - 64), saturating at inf, in both halves of a word
+        field = gl.minimum(s, 255 - 126 + 64) + (126 - 64)
+        factor = gl.expand_dims(field * 0x00800080, 2)
+        words, factor = gl.broadcast(words, factor)
+        prod = gl.inline_asm_elementwise(
+            "{ .reg .b32 z; mov.b32 z, 0x80008000; fma.rn.bf16x2 $0, $1, $2, z; }",
+            "=r,r,r", [words, factor], dtype=gl.int32, is_pure=True, pack=1,
+        )
+        pairs = gl.join(prod.to(gl.int16), (prod >> 16).to(gl.int16))  # [BLOCK_N, 2, 16, 2]: low half = even k
+        tile = gl.reshape(pairs, [BLOCK_N, 64]).to(gl.bfloat16, bitcast=True)
+        return gl.convert_layout(tile, a_layout)
+
+    @gluon.jit
+    def _consumer(x_smem, w_smem, s_smem, ready, empty, scales_ready, out_ptr, row_start, row_end, pid_n, e, N, num_steps,
+                  stride_oe, stride_om, stride_on,
+                  BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, NUM_STAGES: gl.constexpr, num_warps: gl.constexpr):
+        SUBS: gl.constexpr = BLOCK_K // 64
+        STEPS_PER_BOX: gl.constexpr = 512 // BLOCK_K
+        mma_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, BLOCK_M, 16])
+        a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma_layout, k_width=2)
+        acc = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=mma_layout)
+        mbarrier.wait(scales_ready, 0)
+        for box in range(num_steps // STEPS_PER_BOX):
+            scales = s_smem.index(box)  # [BLOCK_N, 16]: this 512-K span's e8m0 bytes
+            for j in gl.static_range(STEPS_PER_BOX):
+                step = box * STEPS_PER_BOX + j
+                stage = step % NUM_STAGES
+                mbarrier.wait(ready.index(stage), (step // NUM_STAGES) & 1)
+                for sub in gl.static_range(SUBS):
+                    a = _dequantised_operand(w_smem.index(stage * SUBS + sub), scales.slice((j * SUBS + sub) * 2, 2, dim=1), a_layout,
+                                             BLOCK_N, num_warps)
+                    acc = warpgroup_mma(a, x_smem.index(stage * SUBS + sub).permute((1, 0)), acc, is_async=True)
+                    acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
+                # the wgmma groups of the previous step are complete: release its stage
+                mbarrier.arrive(empty.index((step + NUM_STAGES - 1) % NUM_STAGES), pred=step > 0)
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+
+        # Epilogue: undo the 2^-64 shift, store out[row, col] = acc[col, row] with N contiguous per thread.
+        out_layout: gl.constexpr = gl.BlockedLayout([8, 1], [16, 2], [1, num_warps], [0, 1])
+        res = gl.convert_layout((acc * 18446744073709551616.0).to(out_ptr.dtype.element_ty), out_layout)
+        cols = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, out_layout))
+        rows = row_start + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, out_layout))
+        mask = (cols < N)[:, None] & (rows < row_end)[None, :]
+        offs = e.to(gl.int64) * stride_oe + rows.to(gl.int64)[None, :] * stride_om + cols[:, None] * stride_on
+        gl.store(out_ptr + offs, res, mask=mask)
+
+    @gluon.jit(do_not_specialize=["M", "num_m_tiles", "MAX_M"])
+    def _mxfp4_gemm_ws_kernel(
+        x_desc, w_desc, s_desc, out_ptr, offs_ptr, mm_ptr,
+        M, N, E, num_m_tiles, MAX_M,
+        stride_oe, stride_om, stride_on,
+        K: gl.constexpr,  # a multiple of 512: the scale strip's shared-memory shape depends on it
+        LAYOUT: gl.constexpr,  # 0 linear, 1 contiguous, 2 masked (gemm.py's)
+        BLOCK_M: gl.constexpr,
+        BLOCK_N: gl.constexpr,
+        BLOCK_K: gl.constexpr,  # K per ring stage: 64, 128 or 256 (SUB_K boxes per stage)
+        GROUP_M: gl.constexpr,
+        E_POW2: gl.constexpr,
+        NUM_STAGES: gl.constexpr,
+        PRODUCER_REGS: gl.constexpr,
+        num_warps: gl.constexpr,
+    ):
+        e, row_start, row_end, pid_n = _tile_of_program(offs_ptr, mm_ptr, M, N, E, num_m_tiles, LAYOUT, BLOCK_M, BLOCK_N, GROUP_M, E_POW2, num_warps)
+        if row_start < row_end:
+            SUBS: gl.constexpr = BLOCK_K // 64
+            x_row = row_start
+            if LAYOUT == 2:
+                x_row = e * MAX_M + row_start
+            w_row = e * N + pid_n * BLOCK_N
+            x_smem = gl.allocate_shared_memory(x_desc.dtype, [NUM_STAGES * SUBS] + x_desc.block_type.shape, x_desc.layout)
+            w_smem = gl.allocate_shared_memory(w_desc.dtype, [NUM_STAGES * SUBS] + w_desc.block_type.shape, w_desc.layout)
+            s_smem = gl.allocate_shared_memory(s_desc.dtype, [K // 512] + s_desc.block_type.shape, s_desc.layout)
+            ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+            empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+            scales_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+            for i in gl.static_range(NUM_STAGES):
+                mbarrier.init(ready.index(i), count=1)
+                mbarrier.init(empty.index(i), count=1)
+            mbarrier.init(scales_ready, count=1)
+            fence_async_shared()
+            num_steps = K // BLOCK_K
+            gl.warp_specialize(
+                [
+                    (_consumer, (x_smem, w_smem, s_smem, ready, empty, scales_ready, out_ptr, row_start, row_end, pid_n, e, N, num_steps,
+                                 stride_oe, stride_om, stride_on, BLOCK_M, BLOCK_N, BLOCK_K, NUM_STAGES, num_warps)),
+                    (_producer, (x_desc, w_desc, s_desc, x_smem, w_smem, s_smem, ready, empty, scales_ready, x_row, w_row, num_steps,
+                                 BLOCK_K, NUM_STAGES)),
+                ],
+                [1],
+                [PRODUCER_REGS],
+            )
+
+
+# ---------------------------------------------------------------------------------------------
+# Host side: which calls the kernel serves, its tiles, its descriptors
+
+
+SHARED_MEMORY_BUDGET = 220 * 1024  # SM90 gives a block 227 KiB; the rest is barriers and the epilogue's conversion
+
+
+@dataclass(frozen=True)
+class GluonPlan:
+    """One launch of `_mxfp4_gemm_ws_kernel`, made by `plan_gluon` from shapes and the tuning entry only."""
+
+    layout: int  # _LINEAR, _CONTIGUOUS or _MASKED
+    experts: int
+    n: int
+    k: int
+    max_m: int  # masked: rows per expert of x [E, max_m, K]; else 0
+    rows_total: int
+    block_m: int
+    block_n: int
+    block_k: int
+    group_m: int
+    num_warps: int
+    num_stages: int
+    producer_regs: int
+    num_m_tiles: int
+    num_n: int
+
+    @property
+    def grid(self) -> tuple[int, ...]:
+        if self.layout == _MASKED:
+            return (self.num_m_tiles, self.num_n, self.experts)
+        return (self.num_m_tiles * self.num_n,)
+
+
+def not_served(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, layout: int) -> str | None:
+    """Why the Gluon kernel does not serve this call (None: it does). Shapes, dtypes, strides and
+    alignment only; those calls run the tl kernel (module docstring)."""
+    k = x.shape[-1]
+    if x.dtype != torch.bfloat16:
+        return f"x is {x.dtype}, not bfloat16"
+    if k == 0 or k % SCALE_BOX_K:
+        return f"K={k} is not a positive multiple of {SCALE_BOX_K}"
+    if not (x.is_contiguous() and weight.is_contiguous() and weight_scale.is_contiguous()):
+        return "an operand is not contiguous"
+    if any(t.data_ptr() % 16 for t in (x, weight, weight_scale)):
+        return "an operand's base is not 16-byte aligned"
+    return None
+
+
+def _fit_stages(block_m: int, block_n: int, block_k: int, k: int, stages: int) -> int:
+    """The tuning entry's stages, fewer while the ring and the scale strip exceed the budget (at least 2)."""
+    strip = block_n * k // 32
+    per_stage = block_m * block_k * 2 + block_n * block_k // 2
+    while stages > 2 and strip + stages * per_stage > SHARED_MEMORY_BUDGET:
+        stages -= 1
+    return stages
+
+
+def plan_gluon(x: torch.Tensor, weight: torch.Tensor, layout: int, cfg_for=None) -> GluonPlan:
+    """Tiles and grid, as gemm.plan_gemm makes them for the tl kernel (the same bucketing of rows per
+    expert into the decode "_small" and prefill "_large" entries, a power-of-two BLOCK_M of at least 16
+    and at most the entry's), without split-K. cfg_for(variant): the tuning entry (default: this device's
+    "gemm" table; the compile check passes the target arch's)."""
+    k = x.shape[-1]
+    experts = weight.shape[0] if layout != _LINEAR else 1
+    n = weight.shape[-2]
+    if layout == _MASKED:
+        max_m = x.shape[1]
+        rows_total = experts * max_m
+        rows_per_expert = max_m
+    else:
+        max_m = 0
+        rows_total = x.shape[0]
+        rows_per_expert = next_power_of_2(rows_total) / max(experts, 1)
+    variant = "mxfp4_gluon_small" if rows_per_expert <= 64 else "mxfp4_gluon_large"
+    cfg = cfg_for(variant) if cfg_for is not None else config("gemm", variant, x.device)
+    block_m = max(16, min(cfg["BLOCK_M"], next_power_of_2(int(rows_per_expert) if rows_per_expert >= 1 else 1)))
+    block_n, block_k = cfg["BLOCK_N"], cfg["BLOCK_K"]
+    num_n = cdiv(n, block_n)
+    if layout == _MASKED:
+        num_m_tiles = cdiv(max_m, block_m)
+    else:
+        num_m_tiles = cdiv(rows_total, block_m)
+        if layout == _CONTIGUOUS:
+            num_m_tiles = min(num_m_tiles + experts, rows_total)  # gemm.plan_gemm's bound
+    return GluonPlan(
+        layout=layout, experts=experts, n=n, k=k, max_m=max_m, rows_total=rows_total,
+        block_m=block_m, block_n=block_n, block_k=block_k, group_m=cfg.get("GROUP_M", 8),
+        num_warps=cfg["num_warps"], num_stages=_fit_stages(block_m, block_n, block_k, k, cfg["num_stages"]),
+        producer_regs=cfg.get("producer_regs", 40), num_m_tiles=num_m_tiles, num_n=num_n,
+    )
+
+
+def descriptors(plan: GluonPlan, x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor):
+    """TMA descriptors: x as [rows, K] in [BLOCK_M, 64] boxes (128-byte swizzle), the packed weight as
+    [E*N, K/2] in [BLOCK_N, 32] boxes, the scales as [E*N, K/32] in [BLOCK_N, 16] boxes (unswizzled)."""
+    k = plan.k
+    x2 = x.reshape(-1, k)
+    w2 = weight.reshape(-1, k // 2)
+    s2 = weight_scale.reshape(-1, k // 32)
+    x_box, w_box, s_box = [plan.block_m, SUB_K], [plan.block_n, SUB_K // 2], [plan.block_n, 16]
+    return (
+        TensorDescriptor(x2, list(x2.shape), list(x2.stride()), x_box, gl.NVMMASharedLayout.get_default_for(x_box, gl.bfloat16)),
+        TensorDescriptor(w2, list(w2.shape), list(w2.stride()), w_box, gl.NVMMASharedLayout.get_default_for(w_box, gl.uint8)),
+        TensorDescriptor(s2, list(s2.shape), list(s2.stride()), s_box, gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=8, rank=2)),
+    )
+
+
+def launch(plan: GluonPlan, x, weight, weight_scale, out, offs_arg, mm_arg) -> None:
+    x_desc, w_desc, s_desc = descriptors(plan, x, weight, weight_scale)
+    strides = tuple(out.stride()) if plan.layout == _MASKED else (0, *out.stride())
+    _mxfp4_gemm_ws_kernel[plan.grid](
+        x_desc, w_desc, s_desc, out, offs_arg, mm_arg,
+        plan.max_m if plan.layout == _MASKED else plan.rows_total, plan.n, plan.experts, plan.num_m_tiles, plan.max_m,
+        *strides,
+        K=plan.k, LAYOUT=plan.layout, BLOCK_M=plan.block_m, BLOCK_N=plan.block_n, BLOCK_K=plan.block_k, GROUP_M=plan.group_m,
+        E_POW2=next_power_of_2(plan.experts), NUM_STAGES=plan.num_stages, PRODUCER_REGS=plan.producer_regs,
+        num_warps=plan.num_warps,
+    )
+
+
+def _run(x, weight, weight_scale, layout, *, offsets=None, masked_m=None) -> torch.Tensor:
+    """The Gluon kernel where it serves the call (`not_served`), else the tl kernel's register path."""
+    n = weight.shape[-2]
+    reason = not_served(x, weight, weight_scale, layout)
+    empty = x.numel() == 0 or n == 0
+    if reason is not None or empty or (layout == _MASKED and x.stride(0) < x.stride(1)):
+        return gemm.launch_gemm(x, weight, weight_scale, "mxfp4", layout, offsets=offsets, masked_m=masked_m, mx_path="register")
+    plan = plan_gluon(x, weight, layout)
+    shape = (weight.shape[0], x.shape[1], n) if layout == _MASKED else (x.shape[0], n)
+    out = torch.empty(shape, dtype=x.dtype, device=x.device)
+    launch(plan, x, weight, weight_scale, out, offsets if offsets is not None else weight, masked_m if masked_m is not None else weight)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# The ops and their registration
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, *, weight_scale: torch.Tensor | None = None, fmt: str = "dense") -> torch.Tensor:
+    gemm_ops.check_linear_args(x, weight, weight_scale, fmt)
+    return _run(x, weight, weight_scale, _LINEAR)
+
+
+def grouped_gemm(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    *,
+    expert_offsets: torch.Tensor | None = None,
+    masked_m: torch.Tensor | None = None,
+    weight_scale: torch.Tensor | None = None,
+    fmt: str = "dense",
+) -> torch.Tensor:
+    experts = gemm_ops.check_grouped_args(x, weight, weight_scale, fmt, expert_offsets, masked_m)
+    if expert_offsets is not None:
+        gemm_ops.check_index_vector("expert_offsets", expert_offsets, experts + 1, x.device)
+        return _run(x, weight, weight_scale, _CONTIGUOUS, offsets=expert_offsets)
+    gemm_ops.check_index_vector("masked_m", masked_m, experts, x.device)
+    return _run(x, weight, weight_scale, _MASKED, masked_m=masked_m)
+
+
+def is_sm90(device) -> bool:
+    """Whether `device` is a Hopper GPU (never starts a device that is not there)."""
+    device = torch.device(device)
+    return device.type == "cuda" and torch.cuda.is_available() and capability(device)[0] == 9
+
+
+def _chosen(ctx) -> bool:
+    """mxfp4_path=gluon on an SM90 device (elsewhere that option leaves mxfp4 to the default kernels)."""
+    return MXFP4_PATH.value(ctx) == "gluon" and is_sm90(ctx.device)
+
+
+def _unusable(ctx) -> str | None:
+    if GLUON_IMPORT_ERROR is not None:
+        return f"backend option mxfp4_path=gluon, but Triton {triton.__version__} has no usable Gluon for Hopper ({GLUON_IMPORT_ERROR})"
+    return None
+
+
+_NOTE = ("Gluon (SM90, mxfp4_path=gluon; unverified on a GPU until conformance passes): warp-specialised, a TMA producer warp "
+         "filling an mbarrier ring, consumer warpgroups dequantising e2m1 in registers into wgmma's A operand; bf16 x, "
+         "K a multiple of 512, else the tl register path")
+REGISTRATIONS = [
+    Registration(op="linear", fn=linear, formats=("mxfp4",), dtypes=(torch.bfloat16,), when=_chosen, priority=2, unusable=_unusable, note=_NOTE),
+    Registration(op="grouped_gemm", fn=grouped_gemm, formats=("mxfp4",), dtypes=(torch.bfloat16,), when=_chosen, priority=2, unusable=_unusable,
+                 note=_NOTE),
+]

@@ -1,0 +1,101 @@
+"""The SM90 Gluon mxfp4 kernel's host side on a CPU: which calls it serves, its tiles and stages, its TMA
+descriptors, and its registration under backend option mxfp4_path=gluon. Its compilation for sm90 is
+tests/cuda/test_compile_check.py's; its numbers are `deepinfer conformance --backend cuda --backend-option
+mxfp4_path=gluon` on an H100/H200 (not run here: no GPU)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from deepinfer.ops import quant
+from deepinfer.registry import Registry, ResolveContext
+from deepinfer_cuda.bench.compile_check import arch_config
+from deepinfer_cuda.options import MXFP4_PATH
+
+gg = pytest.importorskip("deepinfer_cuda.kernels.gemm_mxfp4_gluon")
+if gg.GLUON_IMPORT_ERROR is not None:
+    pytest.skip(f"no Gluon in this Triton: {gg.GLUON_IMPORT_ERROR}", allow_module_level=True)
+
+SM90 = lambda variant: arch_config("gemm", variant, "sm90")  # noqa: E731
+
+
+def _meta(*shape, dtype=torch.bfloat16):
+    return torch.empty(*shape, dtype=dtype, device="meta")
+
+
+def test_decode_and_prefill_tiles_at_v4_flash_expert_shapes():
+    u8 = torch.uint8
+    # decode, masked: 16 rows per expert -> the small entry, a 16-row tile (wgmma N = 16), one program per (row tile, N block, expert)
+    p = gg.plan_gluon(_meta(8, 16, 4096), _meta(8, 4096, 2048, dtype=u8), gg._MASKED, SM90)
+    assert (p.block_m, p.block_n, p.block_k, p.num_warps) == (16, 128, 128, 8)
+    assert p.grid == (1, 32, 8)
+    # decode, contiguous: B64 x top-6 over 256 experts (2 rows per expert in the bucket): row tiles + one partial per expert
+    p = gg.plan_gluon(_meta(384, 4096), _meta(256, 4096, 2048, dtype=u8), gg._CONTIGUOUS, SM90)
+    assert p.block_m == 16 and p.num_m_tiles == 384 // 16 + 256 and p.grid == (280 * 32,) and p.num_stages == 6
+    # prefill, contiguous: T8192 x top-6 through w2 (K 2048) -> the large entry
+    p = gg.plan_gluon(_meta(49152, 2048), _meta(256, 4096, 1024, dtype=u8), gg._CONTIGUOUS, SM90)
+    assert (p.block_m, p.num_stages) == (128, 4) and p.num_m_tiles == 49152 // 128 + 256
+
+
+def test_stages_shrink_to_fit_shared_memory():
+    assert gg._fit_stages(128, 128, 128, 4096, 4) == 4  # 16 KiB of scales + 4 x 40 KiB
+    assert gg._fit_stages(128, 128, 128, 32768, 4) == 2  # 128 KiB of scales
+    per_stage, strip = 128 * 128 * 2 + 128 * 64, 128 * 8192 // 32
+    stages = gg._fit_stages(128, 128, 128, 8192, 6)
+    assert strip + stages * per_stage <= gg.SHARED_MEMORY_BUDGET < strip + (stages + 1) * per_stage
+
+
+def test_calls_it_does_not_serve_say_why():
+    w, s = torch.zeros(2, 64, 256, dtype=torch.uint8), torch.zeros(2, 64, 16, dtype=torch.uint8)
+    x = torch.zeros(5, 512, dtype=torch.bfloat16)
+    assert gg.not_served(x, w, s, gg._CONTIGUOUS) is None
+    assert "bfloat16" in gg.not_served(x.half(), w, s, gg._CONTIGUOUS)
+    assert "multiple of 512" in gg.not_served(x[:, :256], w[..., :128], s[..., :8], gg._CONTIGUOUS)
+    assert "contiguous" in gg.not_served(torch.zeros(512, 5, dtype=torch.bfloat16).T, w, s, gg._CONTIGUOUS)
+
+
+def test_descriptors_view_the_operands_as_2d_tiles():
+    e, n, k, rows = 3, 256, 1024, 40
+    x = torch.zeros(rows, k, dtype=torch.bfloat16)
+    w, s = torch.zeros(e, n, k // 2, dtype=torch.uint8), torch.zeros(e, n, k // 32, dtype=torch.uint8)
+    plan = gg.plan_gluon(x, w, gg._CONTIGUOUS, SM90)
+    xd, wd, sd = gg.descriptors(plan, x, w, s)
+    assert (xd.shape, xd.block_shape) == ([rows, k], [plan.block_m, 64])
+    assert (wd.shape, wd.block_shape) == ([e * n, k // 2], [plan.block_n, 32])
+    assert (sd.shape, sd.strides, sd.block_shape) == ([e * n, k // 32], [k // 32, 1], [plan.block_n, 16])
+    assert xd.layout.swizzle_byte_width == 128 and sd.layout.swizzle_byte_width == 0
+
+
+def _chosen(monkeypatch, path, sm90, fmt="mxfp4", dtype=torch.bfloat16):
+    import deepinfer_cuda.kernels.gemm as kg
+
+    monkeypatch.setattr(gg, "is_sm90", lambda device: sm90)
+    registry = Registry()
+    registry.register_all("cuda", kg.REGISTRATIONS + gg.REGISTRATIONS)
+    ctx = ResolveContext("cuda", dtype=dtype, options={"mxfp4_path": path})
+    return registry.choose(ctx, "grouped_gemm", fmt).fn, registry.choose(ctx, "linear", fmt).fn
+
+
+def test_option_gluon_picks_it_only_on_sm90_for_mxfp4(monkeypatch):
+    import deepinfer_cuda.kernels.gemm as kg
+
+    assert "gluon" in MXFP4_PATH.choices and MXFP4_PATH.default == "auto"  # off unless asked for
+    assert _chosen(monkeypatch, "gluon", True) == (gg.grouped_gemm, gg.linear)
+    assert _chosen(monkeypatch, "auto", True) == (kg.grouped_gemm, kg.linear)
+    assert _chosen(monkeypatch, "gluon", False) == (kg.grouped_gemm, kg.linear)  # not SM90: as auto
+    assert _chosen(monkeypatch, "gluon", True, fmt="mxfp8")[0] is kg.grouped_gemm
+    assert _chosen(monkeypatch, "gluon", True, dtype=torch.float16)[0] is kg.grouped_gemm
+
+
+def test_calls_it_does_not_serve_run_the_tl_register_path():
+    """K 256 (not a multiple of 512): the wrapper hands the call to the tl kernel, interpreted here."""
+    import deepinfer_cuda.kernels.gemm as kg
+
+    gen = torch.Generator().manual_seed(0)
+    w, s = quant.quantize_weight_mxfp4(torch.randn(2, 64, 256, generator=gen))
+    x = torch.randn(2, 8, 256, generator=gen).bfloat16()
+    mm = torch.tensor([8, 3], dtype=torch.int32)
+    got = gg.grouped_gemm(x, w, masked_m=mm, weight_scale=s, fmt="mxfp4")
+    want = kg.launch_gemm(x, w, s, "mxfp4", kg._MASKED, masked_m=mm, mx_path="register")
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1, :3], want[1, :3])
