@@ -86,12 +86,9 @@ QUANT_RECIPES = [
     ("grouped_gemm", "fp8_block_contiguous_e8_empty_expert_padding",
      partial(contiguous_inputs, rows_per_expert=UNEVEN, padding=9, n=192, k=256, fmt="fp8_block")),
     ("grouped_gemm", "fp8_block_masked_e4_m8", partial(masked_inputs, masked_m=[3, 0, 8, 1], max_m=8, n=192, k=256, fmt="fp8_block")),
-    ("grouped_gemm", "mxfp4_contiguous_e8_empty_expert_padding", partial(contiguous_inputs, rows_per_expert=UNEVEN, padding=9, n=128, k=256, fmt="mxfp4")),
-    ("grouped_gemm", "mxfp4_masked_e4_m8", partial(masked_inputs, masked_m=[8, 2, 0, 5], max_m=8, n=192, k=256, fmt="mxfp4")),
-    # K 512: the smallest K the SM90 Gluon kernel (mxfp4_path=gluon) serves, so its conformance run exercises it (K 256 goes to the tl kernel).
-    ("grouped_gemm", "mxfp4_contiguous_e8_empty_expert_padding_k512",
-     partial(contiguous_inputs, rows_per_expert=UNEVEN, padding=9, n=192, k=512, fmt="mxfp4")),
-    ("grouped_gemm", "mxfp4_masked_e4_m8_k512", partial(masked_inputs, masked_m=[8, 2, 0, 5], max_m=8, n=128, k=512, fmt="mxfp4")),
+    # K 512: the smallest K the SM90 Gluon kernel (mxfp4_path=gluon) serves, so its conformance run exercises it; N 64: a partial 128-row tile.
+    ("grouped_gemm", "mxfp4_contiguous_e8_empty_expert_padding_k512", partial(contiguous_inputs, rows_per_expert=UNEVEN, padding=5, n=64, k=512, fmt="mxfp4")),
+    ("grouped_gemm", "mxfp4_masked_e4_m8_k512", partial(masked_inputs, masked_m=[8, 2, 0, 5], max_m=8, n=64, k=512, fmt="mxfp4")),
     # mxfp8 (W8A16): K not a multiple of 128 (a partial K block of 32-groups), large activation range.
     ("linear", "mxfp8_t7_n256_k480_large_range", partial(linear_inputs, t=7, n=256, k=480, fmt="mxfp8", wide_columns=12)),
     ("grouped_gemm", "mxfp8_contiguous_e8_empty_expert_padding", partial(contiguous_inputs, rows_per_expert=UNEVEN, padding=9, n=128, k=256, fmt="mxfp8")),
