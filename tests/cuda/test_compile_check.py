@@ -79,6 +79,23 @@ def test_gluon_mxfp4_kernel_is_warp_specialised_wgmma_over_tma_on_sm90(report):
     assert all(r["arch"] == "sm90" and r["ok"] and r["tma"] and r["instr"] == "wgmma" and r["spills"] == 0 for r in gluon), gluon
 
 
+def test_ci_compiles_the_gluon_kernels_for_sm90(tmp_path):
+    """The Gluon kernels have no interpreter twin of their own, so CI compiles them (seconds of ptxas, not the
+    full check's minutes): `bench compile --case gluon` builds each for SM90, warp-specialised wgmma over TMA, no spills."""
+    path = tmp_path / "gluon.json"
+    proc = _cli("--arch", "sm90", "--case", "gluon", "--json", str(path))
+    assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-3000:]
+    results = json.loads(path.read_text())["results"]
+    assert {r["case"] for r in results} == {c.name for c in cc.CASES if "gluon" in c.name and "sm90" in c.archs}
+    assert all(r["ok"] and r["tma"] and r["instr"] == "wgmma" and r["spills"] == 0 for r in results), results
+
+
+def test_a_case_filter_that_matches_nothing_is_a_usage_error():
+    proc = _cli("--arch", "sm90", "--case", "no such kernel")
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "no compile case" in proc.stderr
+
+
 def test_known_failures_still_fail(report):
     by_key = {(r["case"], r["kernel"], r["arch"]): r for r in report["results"]}
     for key, why in cc.KNOWN_FAILURES.items():

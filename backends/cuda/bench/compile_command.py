@@ -1,4 +1,4 @@
-"""`deepinfer bench compile --arch sm90,sm100 [--json FILE]`: the cuda backend's own bench subcommand.
+"""`deepinfer bench compile --arch sm90,sm100 [--case TEXT] [--json FILE]`: the cuda backend's own bench subcommand.
 
 The cuda plugin adds it to `deepinfer bench` through the `deepinfer_add_bench_commands` hook, so the
 core CLI knows nothing of CUDA architectures. It compiles every cuda kernel ahead of time for SM90 and
@@ -24,6 +24,7 @@ def add_compile_command(add) -> None:
     )
     p.add_argument("--arch", default="sm90,sm100", help="comma-separated: sm90, sm100 (default both)")
     p.add_argument("--json", type=Path, default=None, metavar="FILE", help="write the results to FILE")
+    p.add_argument("--case", default=None, metavar="TEXT", help="only the cases whose name contains TEXT (e.g. gluon: the Gluon kernels, which CI compiles)")
     p.set_defaults(func=run_compile)
 
 
@@ -39,9 +40,12 @@ def run_compile(args: argparse.Namespace) -> int:
         raise UserError(f"unknown arch(s) {', '.join(unknown) or repr(args.arch)}; known: {', '.join(compile_check.ARCHS)}")
     if args.json is not None and not args.json.parent.exists():
         raise UserError(f"cannot write {args.json}: folder {args.json.parent} does not exist")
+    cases = [c for c in compile_check.CASES if args.case is None or args.case in c.name]
+    if not cases:
+        raise UserError(f"no compile case's name contains {args.case!r}; `deepinfer bench compile --arch sm90` lists them all")
     print(compile_check.HEADER, flush=True)
     start = time.perf_counter()
-    results = compile_check.run(archs, progress=lambda line: print(line, flush=True))
+    results = compile_check.run(archs, cases=cases, progress=lambda line: print(line, flush=True))
     ok = compile_check.passed(results)
     known = sum(1 for r in results if not r.ok and r.known_failure)
     print(f"{len(results)} kernels x arch in {time.perf_counter() - start:.0f} s: {'PASS' if ok else 'FAIL'} ({known} known failures)")
