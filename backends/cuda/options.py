@@ -27,4 +27,14 @@ MXFP4_PATH = BackendOption(
     env="DEEPINFER_CUDA_MXFP4_PATH",
 )
 
-OPTIONS = (EP_PATH, MXFP4_PATH)
+PDL = BackendOption(
+    "pdl",
+    ("auto", "on", "off"),
+    "auto",
+    "programmatic dependent launch of the Triton kernels (each waits for the kernel before it with griddepcontrol.wait, "
+    "so the next one is launched and resident while it drains): auto = on where it can run (SM90 or newer, not "
+    "under the Triton interpreter); on = the same, an error where it cannot run; off = plain stream-ordered launches",
+    env="DEEPINFER_CUDA_PDL",
+)
+
+OPTIONS = (EP_PATH, MXFP4_PATH, PDL)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from deepinfer.device_graphs import TorchGraphCapture
 from deepinfer.plugins import BackendSpec, hookimpl
-from deepinfer_cuda.options import OPTIONS
+from deepinfer_cuda.options import OPTIONS, PDL
 from deepinfer_cuda.probe import device_count, probe, triton_version
 
 NAME = "cuda"
@@ -44,12 +44,44 @@ def memory_info(device) -> tuple[int, int]:
 
 
 @hookimpl
-def deepinfer_register_kernels(backend, registry, interpret):
+def deepinfer_register_kernels(backend, registry, options):
     if backend.name != NAME:
         return
     from deepinfer_cuda.kernels import registrations  # imports triton: only once selected
 
-    registry.register_all(NAME, registrations())
+    registry.register_all(NAME, with_pdl_option(registrations(), options.get(PDL.name, PDL.default)))
+
+
+def with_pdl_option(registrations, pdl: str):
+    """The registrations as backend option `pdl` wants them. PDL is how every kernel is launched, not
+    a choice between kernels, so the option is applied here, once, rather than by a `when` on a
+    second copy of every registration: auto leaves them as they are (each launch takes PDL where it
+    can run); off wraps every kernel so that its launches go without; on is auto, and every kernel
+    says at resolve where PDL cannot run (`unusable`: a one-line error, as ep_path=symm's)."""
+    from dataclasses import replace
+
+    from deepinfer_cuda.kernels.common import pdl_unavailable, without_pdl
+
+    registrations = list(registrations)  # (a generator, read more than once below)
+    if pdl == "on":
+
+        def unusable(own):
+            def reason(ctx):
+                why = pdl_unavailable(ctx.device)
+                if why is not None:
+                    return f"backend option pdl=on, but PDL cannot run here: {why} (pdl=auto or off)"
+                return own(ctx) if own is not None else None
+
+            return reason
+
+        return [replace(r, unusable=unusable(r.unusable)) for r in registrations]
+    if pdl == "off":
+        wrapped = {}  # one wrapper per kernel function: registrations that share a function still share one
+        for r in registrations:
+            if r.fn not in wrapped:
+                wrapped[r.fn] = without_pdl(r.fn)
+        return [replace(r, fn=wrapped[r.fn]) for r in registrations]
+    return registrations
 
 
 @hookimpl

@@ -4,7 +4,9 @@ the ptxas builds took 3-7 minutes of the 20-minute CI on the 2-core machine. CI 
 the command itself (usage errors, instruction classes). Runs `deepinfer bench compile --arch sm90,sm100 --json FILE` in a subprocess without TRITON_INTERPRET
 (tests/conftest.py sets it for this process, and interpreted kernels cannot be compiled), then checks
 every kernel: compiled, no spills, the expected matrix instruction class (SM90 wgmma, SM100 tcgen05,
-block-scaled tcgen05 for mxfp8 and mxfp4_a8; a case's own expectation where it differs, with why).
+block-scaled tcgen05 for mxfp8 and mxfp4_a8; a case's own expectation where it differs, with why);
+every launch passes its PDL argument, and the cases marked `pdl` compile a second time with PDL on
+(griddepcontrol.wait and .launch_dependents in the PTX, no spills where the kernel without PDL has none).
 Entries in compile_check.KNOWN_FAILURES stay visible in the table and must still fail: when one is
 fixed, the test says so and the entry is to be removed.
 """
@@ -65,10 +67,10 @@ def test_kernels_compile_without_spills_at_the_expected_mma_class(report):
     assert {r["arch"] for r in matrix} == set(ARCHS)
     assert any(r["instr"].startswith("tcgen05") for r in matrix if r["arch"] == "sm100")
     # mxfp8 (both operands MX) reaches the block-scaled tcgen05 MMA on SM100, decode (16 tokens, swapped) included
-    mx8 = [r for r in matrix if r["arch"] == "sm100" and "mxfp8" in r["case"]]
+    mx8 = [r for r in matrix if r["arch"] == "sm100" and "mxfp8" in r["case"] and not r["pdl"]]
     assert len(mx8) == 2 and all(r["instr"] == "tcgen05.mma.block_scale" for r in mx8)
     # so does mxfp4_a8 (W4A8 MX: e4m3 activations x e2m1 weights -> kind::mxf8f6f4.block_scale)
-    mx4a8 = [r for r in matrix if r["arch"] == "sm100" and "mxfp4_a8" in r["case"]]
+    mx4a8 = [r for r in matrix if r["arch"] == "sm100" and "mxfp4_a8" in r["case"] and not r["pdl"]]
     assert len(mx4a8) == 2 and all(r["instr"] == "tcgen05.mma.block_scale" for r in mx4a8)
 
 
@@ -96,8 +98,42 @@ def test_a_case_filter_that_matches_nothing_is_a_usage_error():
     assert "no compile case" in proc.stderr
 
 
+def test_pdl_variants_wait_and_trigger_without_new_spills(report):
+    """Every launch passes PDL (False on "meta" tensors: no griddepcontrol); each kernel of a `pdl` case
+    also has a row with PDL on, whose PTX waits and triggers, spilling only where the kernel without
+    PDL already does."""
+    rows = report["results"]
+    assert all(r["pdl_arg"] for r in rows), [(r["case"], r["kernel"]) for r in rows if not r["pdl_arg"]]
+    assert not any(any(r["griddepcontrol"]) for r in rows if not r["pdl"] and r["compiled"])
+    pdl_cases = {c.name for c in cc.CASES if c.pdl}
+    assert len(pdl_cases) >= 8
+    for arch in ARCHS:
+        base = {(r["case"], r["kernel"]): r for r in rows if r["arch"] == arch and not r["pdl"]}
+        with_pdl = {(r["case"], r["kernel"]): r for r in rows if r["arch"] == arch and r["pdl"]}
+        assert set(with_pdl) == {key for key in base if key[0] in pdl_cases}, arch
+        for key, r in with_pdl.items():
+            where = f"{arch} {key[0]} {key[1]} with PDL"
+            assert r["compiled"], f"{where}: {r['error']}"
+            assert r["griddepcontrol"] == [True, True], where
+            assert r["spills"] == 0 or base[key]["spills"], f"{where}: spills {r['spills']} bytes, none without PDL"
+
+
+def test_pdl_rows_problems():
+    """A PDL row without griddepcontrol, or spilling where its kernel without PDL does not, fails; a
+    launch that does not pass PDL fails."""
+    ok = cc.Result("c", "sm90", "k", True, regs=40, spills=0, pdl=True, griddepcontrol=(True, True), spills_without_pdl=0)
+    assert ok.ok
+    assert not cc.Result("c", "sm90", "k", True, regs=40, spills=0, pdl=True, griddepcontrol=(True, False), spills_without_pdl=0).ok
+    assert not cc.Result("c", "sm90", "k", True, regs=40, spills=8, pdl=True, griddepcontrol=(True, True), spills_without_pdl=0).ok
+    assert cc.Result("c", "sm90", "k", True, regs=40, spills=8, pdl=True, griddepcontrol=(True, True), spills_without_pdl=8).ok
+    assert not cc.Result("c", "sm90", "k", True, regs=40, spills=0, griddepcontrol=(True, True)).ok  # PDL off, yet griddepcontrol
+    assert not cc.Result("c", "sm90", "k", True, regs=40, spills=0, pdl_arg=False).ok
+    assert cc.griddepcontrol("griddepcontrol.wait;\n griddepcontrol.launch_dependents;") == (True, True)
+    assert cc.griddepcontrol("ld.global.v4.b32") == (False, False)
+
+
 def test_known_failures_still_fail(report):
-    by_key = {(r["case"], r["kernel"], r["arch"]): r for r in report["results"]}
+    by_key = {(r["case"], r["kernel"], r["arch"]): r for r in report["results"] if not r["pdl"]}
     for key, why in cc.KNOWN_FAILURES.items():
         if key[2] not in ARCHS:
             continue

@@ -13,6 +13,13 @@ wrapper's (no duplicated planning logic). Each captured launch is then compiled 
 registers and spills, `metadata.shared` the shared memory, and the PTX text the matrix instruction
 class (wgmma, tcgen05.mma, tcgen05.mma block-scaled, mma.sync).
 
+Programmatic dependent launch (PDL, deepinfer_cuda.kernels.common): every captured launch must pass
+the kernel's `PDL` argument (`**pdl_launch(device)`; False here, the tensors being on "meta"), and its
+PTX then holds no griddepcontrol. The cases marked `pdl` (the decode hot path's kernel families) are
+compiled a second time with PDL on (the constexpr and the `launch_pdl` option, as a launch on an SM90
+GPU makes them): that PTX must hold griddepcontrol.wait and griddepcontrol.launch_dependents, and
+must not spill where the kernel without PDL does not. Those rows carry `pdl` and show "+pdl".
+
 The check fails when a kernel does not compile, spills, or a matrix kernel uses a slower instruction
 class than expected for the arch (SM90: wgmma; SM100: tcgen05, block-scaled tcgen05 for mxfp8 and mxfp4_a8; a case's
 `expect` overrides this with a reason: 16-row decode tiles mma.sync, mxfp4 W4A16 on SM100 kind::f16), or a case
@@ -365,14 +372,15 @@ class Case:
     expect: dict | None = None  # arch -> instruction class, overriding EXPECTED / EXPECTED_MX (why: at its definition)
     archs: tuple[str, ...] = tuple(ARCHS)  # the archs the case is compiled for
     tma: bool = False  # its matrix kernel must load through TMA (cp.async.bulk.tensor in the PTX)
+    pdl: bool = False  # also compiled with PDL on: griddepcontrol in the PTX, no spills the kernel without PDL has not
 
 
 # DeepSeek-V3 shapes: hidden 7168, MLA q/kv 192/128 heads 128, latent 512 + rope 64, experts 2048 wide.
 CASES: list[Case] = [
     Case("linear dense bf16 prefill (4096x7168->4096)", _linear("dense", 4096, 4096, 7168), "mma"),
-    Case("linear dense bf16 decode (8x7168->4096)", _linear("dense", 8, 4096, 7168), "mma", DECODE_16_ROWS),
+    Case("linear dense bf16 decode (8x7168->4096)", _linear("dense", 8, 4096, 7168), "mma", DECODE_16_ROWS, pdl=True),
     Case("linear fp8_block prefill (4096x7168->4096)", _linear("fp8_block", 4096, 4096, 7168), "mma"),
-    Case("grouped_gemm fp8_block decode masked (E8 m16 7168->4096)", _grouped_masked("fp8_block", 8, 16, 4096, 7168), "mma", DECODE_16_ROWS),
+    Case("grouped_gemm fp8_block decode masked (E8 m16 7168->4096)", _grouped_masked("fp8_block", 8, 16, 4096, 7168), "mma", DECODE_16_ROWS, pdl=True),
     Case("linear mxfp4 prefill (4096x7168->4096)", _linear("mxfp4", 4096, 4096, 7168), "mx", MXFP4_W4A16),
     Case("grouped_gemm mxfp4 decode masked (E8 m16 7168->4096)", _grouped_masked("mxfp4", 8, 16, 4096, 7168), "mx", MXFP4_W4A16),
     Case("linear mxfp8 prefill (4096x7168->4096)", _linear("mxfp8", 4096, 4096, 7168), "mx"),
@@ -390,17 +398,17 @@ CASES: list[Case] = [
     Case("prefill bf16 H16 192/128 (2x2048)", _prefill(4096, 16, 192, 128, 2), "mma"),
     Case("mla_decode bf16 B64 H16 ctx4096", _mla_decode(64, 1, 16, 4096), "mma", DECODE_16_ROWS),
     Case("mla_decode bf16 B64 H128 ctx4096", _mla_decode(64, 1, 128, 4096), "mma"),
-    Case("mla_decode bf16 B1 H16 ctx65536 (wide combine)", _mla_decode(1, 1, 16, 65536), "mma", DECODE_16_ROWS),
+    Case("mla_decode bf16 B1 H16 ctx65536 (wide combine)", _mla_decode(1, 1, 16, 65536), "mma", DECODE_16_ROWS, pdl=True),
     Case("mla_decode fp8 cache B64 H16 ctx4096", _mla_decode(64, 1, 16, 4096, fp8=True), "mma", DECODE_16_ROWS),
     Case("mla_decode fp8 cache B64 H128 ctx4096", _mla_decode(64, 1, 128, 4096, fp8=True), "mma"),
-    Case("rms_norm bf16 64x7168 +residual", _rms_norm(64, 7168), None),
+    Case("rms_norm bf16 64x7168 +residual", _rms_norm(64, 7168), None, pdl=True),
     Case("silu_and_mul bf16 64x2048", _silu(64, 2048), None),
     Case("rope bf16 T4096 H128 D64", _rope(4096, 128, 64), None),
     # MoE routing and the contiguous (prefill) expert GEMM: 256 routed experts, top-8, 8 groups / top-4.
-    Case("gate fp32 sigmoid+bias T64 E256 top8 g8/4", _gate(64, 256, 8, 8, 4), None),
+    Case("gate fp32 sigmoid+bias T64 E256 top8 g8/4", _gate(64, 256, 8, 8, 4), None, pdl=True),
     Case("gate fp32 sigmoid+bias T4096 E256 top8 g8/4", _gate(4096, 256, 8, 8, 4), None),
     Case("dispatch bf16 T4096 K8 D7168 E256", _dispatch(4096, 8, 7168, 256), None),
-    Case("combine bf16 T64 K8 D7168", _combine(64, 8, 7168), None),
+    Case("combine bf16 T64 K8 D7168", _combine(64, 8, 7168), None, pdl=True),
     Case("combine bf16 T4096 K8 D7168", _combine(4096, 8, 7168), None),
     Case("grouped_gemm fp8_block prefill contig (E8 8192 7168->4096)", _grouped_contiguous("fp8_block", 8, 8192, 4096, 7168), "mma"),
     # Sampling over DeepSeek-V3's 129280-token vocabulary, and the MLA cache write (512 latent + 64 rope).
@@ -410,20 +418,20 @@ CASES: list[Case] = [
     Case("apply_penalties fp32 B64 V129280", _penalties(64, 129280, 256), None),
     Case("apply_token_bias fp32 B64 (4096 entries, prefixes of 4) V129280", _token_bias(64, 129280, 4096, 4), None),
     Case("gather_logprobs fp32 R64 top20 V129280", _logprobs(64, 129280, 20), None),
-    Case("kv_cache_write bf16 T64 page64 576", _kv_cache_write(64, 4096), None),
+    Case("kv_cache_write bf16 T64 page64 576", _kv_cache_write(64, 4096), None, pdl=True),
     Case("kv_cache_write bf16 T4096 page64 576", _kv_cache_write(4096, 4096), None),
     Case("kv_cache_write fp8 cache T64 page64 576", _kv_cache_write(64, 4096, fp8=True), None),
     # DeepSeek-V4-Flash: 64 heads of 512, window 128 + top-512 entries
     Case("sparse_attention bf16 decode T64 H64", _sparse_attention(64, 64, 512), "mma", DECODE_16_ROWS),  # 32-head blocks: M = 32
     Case("sparse_attention fp8 cache decode T64 H64", _sparse_attention(64, 64, 512, fp8=True), "mma", DECODE_16_ROWS),
     Case("sparse_attention bf16 prefill T4096 H64", _sparse_attention(4096, 64, 512), "mma"),
-    Case("sparse_attention bf16 decode T1 H64", _sparse_attention(1, 64, 512), "mma", DECODE_16_ROWS),  # 16-head blocks, many splits
+    Case("sparse_attention bf16 decode T1 H64", _sparse_attention(1, 64, 512), "mma", DECODE_16_ROWS, pdl=True),  # 16-head blocks, many splits
     Case("sparse_attention fp8 cache decode T1 H64", _sparse_attention(1, 64, 512, fp8=True), "mma", DECODE_16_ROWS),
     # V4-Flash's indexer at a 32k context (8192 keys: one selection launch) and a 256k one (65536: chunked selection)
-    Case("indexer_topk bf16 decode T1 E8192", _indexer_topk(1, 8192), "mma"),
+    Case("indexer_topk bf16 decode T1 E8192", _indexer_topk(1, 8192), "mma", pdl=True),
     Case("indexer_topk fp8 cache decode T64 E65536", _indexer_topk(64, 65536, fp8=True), "mma"),
     # hyper-connections (4 streams of 4096): decode (the split launch) and a prefill chunk (fused; invariant: split)
-    Case("hc_pre bf16 T1 N4 D4096", _hc_pre(1), None),
+    Case("hc_pre bf16 T1 N4 D4096", _hc_pre(1), None, pdl=True),
     Case("hc_pre bf16 T64 N4 D4096", _hc_pre(64), None),
     Case("hc_pre bf16 T8192 N4 D4096", _hc_pre(8192), None),
     Case("hc_pre bf16 T8192 N4 D4096 invariant", _hc_pre(8192, invariant=True), None),
@@ -529,7 +537,7 @@ def _as_arch(arch: str, launches: list[Launch]):
             setattr(mod, name, value)
 
 
-_OPTION_KEYS = ("num_warps", "num_stages", "num_ctas", "maxnreg", "enable_fp_fusion")
+_OPTION_KEYS = ("num_warps", "num_stages", "num_ctas", "maxnreg", "enable_fp_fusion", "launch_pdl")
 
 
 def _source(launch: Launch):
@@ -576,15 +584,25 @@ class Result:
     config: dict = field(default_factory=dict)
     seconds: float = 0.0
     known_failure: str = ""  # why, when (case, kernel, arch) is in KNOWN_FAILURES
+    pdl: bool = False  # compiled with PDL on (a case's `pdl`); the same case and kernel also has a row without
+    pdl_arg: bool = True  # the launch passed the kernel's PDL argument (pdl_launch)
+    griddepcontrol: tuple[bool, bool] = (False, False)  # the PTX holds griddepcontrol.wait, .launch_dependents
+    spills_without_pdl: int | None = None  # a PDL row: the spills of the same kernel without PDL
 
     @property
     def problems(self) -> list[str]:
         out = []
+        if not self.pdl_arg:
+            out.append("launched without its PDL argument (**pdl_launch(device))")
         if not self.compiled:
             out.append(f"did not compile: {self.error}")
         else:
-            if self.spills:
-                out.append(f"spills {self.spills} bytes")
+            if self.pdl and not all(self.griddepcontrol):
+                out.append("PDL on, but the PTX lacks griddepcontrol.wait or griddepcontrol.launch_dependents")
+            if not self.pdl and any(self.griddepcontrol):
+                out.append("griddepcontrol in the PTX with PDL off")
+            if self.spills and not (self.pdl and self.spills_without_pdl):
+                out.append(f"spills {self.spills} bytes" + (" (none without PDL)" if self.pdl else ""))
             if self.expected and CLASSES.index(self.instr) < CLASSES.index(self.expected):
                 out.append(f"uses {self.instr}, expected {self.expected}")
             if self.needs_tma and not self.tma:
@@ -629,17 +647,34 @@ def _ptxas_stats(ptx: str, arch: str) -> tuple[int | None, int]:
     return (int(regs.group(1)) if regs else None), spills
 
 
-def compile_launch(launch: Launch, arch: str):
+def compile_launch(launch: Launch, arch: str, pdl: bool = False):
+    """Compile a captured launch for `arch`; pdl: with PDL on (the `PDL` constexpr and the
+    `launch_pdl` option, as `pdl_launch` gives them on an SM90+ GPU)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
     signature, constexprs, attrs, options = _source(launch)
+    if pdl:
+        if "PDL" not in constexprs:
+            raise ValueError(f"{launch.kernel.__name__} has no PDL parameter")
+        constexprs["PDL"] = True
+        options["launch_pdl"] = True
     major = ARCHS[arch][0]
-    if getattr(launch.kernel, "is_gluon", lambda: False)():  # a Gluon kernel: its own AST source (explicit layouts)
+    if _is_gluon(launch.kernel):  # a Gluon kernel: its own AST source (explicit layouts)
         from triton.experimental.gluon._runtime import GluonASTSource as ASTSource  # noqa: N814
     src = ASTSource(fn=launch.kernel, signature=signature, constexprs=constexprs, attrs=attrs)
     return triton.compile(src, target=GPUTarget("cuda", major * 10, 32), options=options), constexprs, options
+
+
+def _is_gluon(kernel) -> bool:
+    """A Gluon kernel (no PDL argument: it launches without PDL, so the kernel after it waits for all of it)."""
+    return getattr(kernel, "is_gluon", lambda: False)()
+
+
+def griddepcontrol(ptx: str) -> tuple[bool, bool]:
+    """Whether the PTX waits on the preceding grid and lets the next one launch (PDL)."""
+    return "griddepcontrol.wait" in ptx, "griddepcontrol.launch_dependents" in ptx
 
 
 def _config_summary(constexprs: dict, options: dict) -> dict:
@@ -665,23 +700,34 @@ def run_case(case: Case, arch: str) -> list[Result]:
         expected = None
         if case.matrix and name not in NON_MATRIX_KERNELS:
             expected = (case.expect or {}).get(arch) or (EXPECTED_MX if case.matrix == "mx" else EXPECTED)[arch]
-        start = time.perf_counter()
-        r = Result(case.name, arch, name, False, expected=expected, needs_tma=case.tma and expected is not None)
-        try:
-            compiled, constexprs, options = compile_launch(launch, arch)
-            ptx = compiled.asm["ptx"]
-            r.config = _config_summary(constexprs, options)
-            r.shared = int(compiled.metadata.shared)
-            r.instr = instruction_class(ptx)
-            r.tma = uses_tma(ptx)
-            r.regs, r.spills = _ptxas_stats(ptx, arch)
-            r.compiled = True
-        except Exception as exc:  # noqa: BLE001 - a compile error is a result
-            r.error = f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1] if str(exc).strip() else ''}"[:300]
-        r.seconds = time.perf_counter() - start
-        r.known_failure = KNOWN_FAILURES.get((case.name, name, arch), "")
-        results.append(r)
+        base = _compile_result(case, arch, launch, expected, pdl=False)
+        results.append(base)
+        if case.pdl:
+            with_pdl = _compile_result(case, arch, launch, expected, pdl=True)
+            with_pdl.spills_without_pdl = base.spills
+            results.append(with_pdl)
     return results
+
+
+def _compile_result(case: Case, arch: str, launch: Launch, expected: str | None, pdl: bool) -> Result:
+    name = launch.kernel.__name__
+    start = time.perf_counter()
+    r = Result(case.name, arch, name, False, expected=expected, needs_tma=case.tma and expected is not None, pdl=pdl, pdl_arg="PDL" in launch.kwargs or _is_gluon(launch.kernel))
+    try:
+        compiled, constexprs, options = compile_launch(launch, arch, pdl=pdl)
+        ptx = compiled.asm["ptx"]
+        r.config = _config_summary(constexprs, options)
+        r.shared = int(compiled.metadata.shared)
+        r.instr = instruction_class(ptx)
+        r.griddepcontrol = griddepcontrol(ptx)
+        r.tma = uses_tma(ptx)
+        r.regs, r.spills = _ptxas_stats(ptx, arch)
+        r.compiled = True
+    except Exception as exc:  # noqa: BLE001 - a compile error is a result
+        r.error = f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1] if str(exc).strip() else ''}"[:300]
+    r.seconds = time.perf_counter() - start
+    r.known_failure = KNOWN_FAILURES.get((case.name, name, arch), "")
+    return r
 
 
 def run(archs: list[str], cases: list[Case] | None = None, progress: Callable[[str], None] | None = None) -> list[Result]:
@@ -711,13 +757,14 @@ def format_row(r: Result) -> str:
     spills = "-" if r.spills is None else str(r.spills)
     shared = "-" if r.shared is None else str(r.shared)
     exp = r.expected or "-"
-    line = f"{r.arch:<5} {status:<5} {r.case[:58]:<58} {r.kernel[:28]:<28} {regs:>4} {spills:>6} {shared:>7} {r.instr:<24} {exp:<24} {r.seconds:5.1f}s"
+    kernel = r.kernel + " +pdl" if r.pdl else r.kernel
+    line = f"{r.arch:<5} {status:<5} {r.case[:58]:<58} {kernel[:33]:<33} {regs:>4} {spills:>6} {shared:>7} {r.instr:<24} {exp:<24} {r.seconds:5.1f}s"
     if r.problems:
         line += "  " + "; ".join(r.problems) + (f" (known: {r.known_failure})" if r.known_failure else "")
     return line
 
 
-HEADER = f"{'arch':<5} {'check':<5} {'case':<58} {'kernel':<28} {'regs':>4} {'spills':>6} {'shared':>7} {'instructions':<24} {'expected':<24} {'time':>6}"
+HEADER = f"{'arch':<5} {'check':<5} {'case':<58} {'kernel':<33} {'regs':>4} {'spills':>6} {'shared':>7} {'instructions':<24} {'expected':<24} {'time':>6}"
 
 
 def to_json(results: list[Result]) -> str:

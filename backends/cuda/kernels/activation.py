@@ -15,7 +15,7 @@ import triton
 import triton.language as tl
 
 from deepinfer.triton_common import next_power_of_2
-from deepinfer_cuda.kernels.common import Registration, num_warps_for
+from deepinfer_cuda.kernels.common import Registration, num_warps_for, pdl_launch, pdl_prologue
 from deepinfer_cuda.tuning import config
 
 
@@ -27,7 +27,9 @@ def _silu_and_mul_kernel(
     ACC: tl.constexpr,
     BLOCK_T: tl.constexpr,
     BLOCK_I: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    pdl_prologue(PDL)
     pid_t = tl.program_id(0)
     pid_i = tl.program_id(1)
     rows = (pid_t * BLOCK_T + tl.arange(0, BLOCK_T)).to(tl.int64)
@@ -72,7 +74,7 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
         x2, out2, T, I, x2.stride(0), out2.stride(0),
         ACC=tl.float64 if x.dtype == torch.float64 else tl.float32,
         BLOCK_T=block_t, BLOCK_I=block_i,
-        num_warps=num_warps,
+        num_warps=num_warps, **pdl_launch(x2.device),
     )
     return out
 

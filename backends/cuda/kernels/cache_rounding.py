@@ -18,7 +18,7 @@ import triton.language as tl
 from deepinfer.ops.cache_rounding import CACHE_FORMATS, GROUP
 from deepinfer.triton_cache_rounding import round_groups
 from deepinfer.triton_common import cdiv, interpreting, to_bf16_rne
-from deepinfer_cuda.kernels.common import Registration
+from deepinfer_cuda.kernels.common import Registration, pdl_launch, pdl_prologue
 
 _GROUPS_PER_PROGRAM = 128  # 4096 channels of 32 per program: a memory-bound elementwise pass
 
@@ -26,8 +26,9 @@ _GROUPS_PER_PROGRAM = 128  # 4096 channels of 32 per program: a memory-bound ele
 @triton.jit
 def _cache_round_kernel(
     x_ptr, out_ptr, n_groups, groups_per_row, C, stride_x,
-    FMT: tl.constexpr, GROUP: tl.constexpr, BLOCK_G: tl.constexpr, MANUAL_RNE: tl.constexpr,
+    FMT: tl.constexpr, GROUP: tl.constexpr, BLOCK_G: tl.constexpr, MANUAL_RNE: tl.constexpr, PDL: tl.constexpr = False,
 ):
+    pdl_prologue(PDL)
     g = tl.program_id(0).to(tl.int64) * BLOCK_G + tl.arange(0, BLOCK_G)
     row = g // groups_per_row
     col = (g % groups_per_row) * GROUP
@@ -57,7 +58,7 @@ def cache_round(x: torch.Tensor, *, fmt: str) -> torch.Tensor:
     n_groups = rows.shape[0] * groups_per_row
     _cache_round_kernel[(cdiv(n_groups, _GROUPS_PER_PROGRAM),)](
         rows, out, n_groups, groups_per_row, channels, rows.stride(0),
-        FMT=fmt, GROUP=group, BLOCK_G=_GROUPS_PER_PROGRAM, MANUAL_RNE=x.dtype == torch.bfloat16 and interpreting(),
+        FMT=fmt, GROUP=group, BLOCK_G=_GROUPS_PER_PROGRAM, MANUAL_RNE=x.dtype == torch.bfloat16 and interpreting(), **pdl_launch(rows.device),
     )  # fmt: skip
     return out
 

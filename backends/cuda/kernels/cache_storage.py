@@ -18,19 +18,26 @@ from deepinfer.ops.cache_rounding import GROUP
 from deepinfer.ops.cache_storage import row_bytes
 from deepinfer.triton_cache_rounding import pack_groups, unpack_groups
 from deepinfer.triton_common import cdiv, interpreting, to_bf16_rne
-from deepinfer_cuda.kernels.common import Registration
+from deepinfer_cuda.kernels.common import Registration, pdl_launch, pdl_prologue
 
 _GROUPS_PER_PROGRAM = 128  # 4096 channels of 32 per program: a memory-bound elementwise pass
 
 
 @triton.jit
-def _pack_kernel(x_ptr, rows_ptr, n_groups, groups_per_row, C, stride_x, W, FMT: tl.constexpr, GROUP: tl.constexpr, BLOCK_G: tl.constexpr):
+def _pack_kernel(
+    x_ptr, rows_ptr, n_groups, groups_per_row, C, stride_x, W, FMT: tl.constexpr, GROUP: tl.constexpr, BLOCK_G: tl.constexpr, PDL: tl.constexpr = False,
+):  # fmt: skip
+    pdl_prologue(PDL)
     g = tl.program_id(0).to(tl.int64) * BLOCK_G + tl.arange(0, BLOCK_G)
     pack_groups(x_ptr, rows_ptr, g, n_groups, groups_per_row, C, stride_x, W, FMT, GROUP)
 
 
 @triton.jit
-def _unpack_kernel(rows_ptr, out_ptr, n_groups, groups_per_row, C, W, FMT: tl.constexpr, GROUP: tl.constexpr, BLOCK_G: tl.constexpr, MANUAL_RNE: tl.constexpr):
+def _unpack_kernel(
+    rows_ptr, out_ptr, n_groups, groups_per_row, C, W, FMT: tl.constexpr, GROUP: tl.constexpr, BLOCK_G: tl.constexpr, MANUAL_RNE: tl.constexpr,
+    PDL: tl.constexpr = False,
+):  # fmt: skip
+    pdl_prologue(PDL)
     g = tl.program_id(0).to(tl.int64) * BLOCK_G + tl.arange(0, BLOCK_G)
     values, offsets, ok = unpack_groups(rows_ptr, g, n_groups, groups_per_row, C, W, FMT, GROUP)
     if MANUAL_RNE:
@@ -51,7 +58,7 @@ def cache_pack(x: torch.Tensor, *, fmt: str) -> torch.Tensor:
     groups_per_row = cdiv(channels, GROUP[fmt])
     n_groups = rows.shape[0] * groups_per_row
     _pack_kernel[(cdiv(n_groups, _GROUPS_PER_PROGRAM),)](
-        rows, out, n_groups, groups_per_row, channels, rows.stride(0), width, FMT=fmt, GROUP=GROUP[fmt], BLOCK_G=_GROUPS_PER_PROGRAM,
+        rows, out, n_groups, groups_per_row, channels, rows.stride(0), width, FMT=fmt, GROUP=GROUP[fmt], BLOCK_G=_GROUPS_PER_PROGRAM, **pdl_launch(rows.device),
     )  # fmt: skip
     return out
 
@@ -69,7 +76,7 @@ def cache_unpack(rows: torch.Tensor, out: torch.Tensor, *, fmt: str) -> torch.Te
     n_groups = flat_rows.shape[0] * groups_per_row
     _unpack_kernel[(cdiv(n_groups, _GROUPS_PER_PROGRAM),)](
         flat_rows, dense, n_groups, groups_per_row, channels, width,
-        FMT=fmt, GROUP=GROUP[fmt], BLOCK_G=_GROUPS_PER_PROGRAM, MANUAL_RNE=out.dtype == torch.bfloat16 and interpreting(),
+        FMT=fmt, GROUP=GROUP[fmt], BLOCK_G=_GROUPS_PER_PROGRAM, MANUAL_RNE=out.dtype == torch.bfloat16 and interpreting(), **pdl_launch(flat_rows.device),
     )  # fmt: skip
     if dense is not out:
         out.copy_(dense)

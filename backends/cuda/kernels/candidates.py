@@ -36,7 +36,7 @@ from deepinfer.ops.candidates import candidate_blocks as _candidate_blocks_refer
 from deepinfer.ops.candidates import indexer_topk_in_blocks as _in_blocks_reference
 from deepinfer.ops.indexer import check_indexer_topk_shapes
 from deepinfer.triton_common import cdiv, last_dim_contiguous, next_power_of_2
-from deepinfer_cuda.kernels.common import Registration
+from deepinfer_cuda.kernels.common import Registration, pdl_launch, pdl_prologue
 from deepinfer_cuda.kernels.indexer import score_entries, select_topk
 
 _BLOCK_TILE = 4096  # scores read per block-scoring program (blocks x block_size)
@@ -47,9 +47,10 @@ _ROW_STEP = 1024  # block ids read per step of the per-query kernels
 @triton.jit
 def _block_scores_kernel(
     scores_ptr, nv_ptr, block_scores_ptr, below_ptr, E, n_blocks, stride_s, stride_b,
-    BLOCK_SIZE: tl.constexpr, BS_PAD: tl.constexpr, BLOCK_B: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr, BS_PAD: tl.constexpr, BLOCK_B: tl.constexpr, PDL: tl.constexpr = False,
 ):
     """Scores of query t's blocks below its newest one (max of their entries) and their count (below[t])."""
+    pdl_prologue(PDL)
     t = tl.program_id(0).to(tl.int64)
     b = tl.program_id(1) * BLOCK_B + tl.arange(0, BLOCK_B)
     nv = tl.minimum(tl.maximum(tl.load(nv_ptr + t), 0), E)
@@ -66,9 +67,10 @@ def _block_scores_kernel(
 @triton.jit
 def _append_newest_kernel(
     sel_ptr, nv_ptr, out_ptr, E, n_sel, top_blocks, stride_sel, stride_out,
-    BLOCK_SIZE: tl.constexpr, STEP: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr, STEP: tl.constexpr, PDL: tl.constexpr = False,
 ):
     """out[t] = the selected blocks (ascending, -1 after them), then the newest visible block, then -1."""
+    pdl_prologue(PDL)
     t = tl.program_id(0).to(tl.int64)
     nv = tl.minimum(tl.maximum(tl.load(nv_ptr + t), 0), E)
     newest = tl.where(nv > 0, (nv - 1) // BLOCK_SIZE, -1)
@@ -83,8 +85,9 @@ def _append_newest_kernel(
 
 
 @triton.jit
-def _mark_blocks_kernel(blocks_ptr, marks_ptr, n_listed, n_blocks, stride_bl, stride_m, STEP: tl.constexpr):
+def _mark_blocks_kernel(blocks_ptr, marks_ptr, n_listed, n_blocks, stride_bl, stride_m, STEP: tl.constexpr, PDL: tl.constexpr = False):
     """marks[t, b] = 1 for each listed block id b of query t inside the table (equal stores: order-free)."""
+    pdl_prologue(PDL)
     t = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, STEP)
     for c0 in range(0, n_listed, STEP):
@@ -94,8 +97,11 @@ def _mark_blocks_kernel(blocks_ptr, marks_ptr, n_listed, n_blocks, stride_bl, st
 
 
 @triton.jit
-def _mask_outside_blocks_kernel(scores_ptr, marks_ptr, nv_ptr, E, stride_s, stride_m, BLOCK_SIZE: tl.constexpr, BLOCK_E: tl.constexpr):
+def _mask_outside_blocks_kernel(
+    scores_ptr, marks_ptr, nv_ptr, E, stride_s, stride_m, BLOCK_SIZE: tl.constexpr, BLOCK_E: tl.constexpr, PDL: tl.constexpr = False,
+):  # fmt: skip
     """Visible entries of query t whose block is not marked score -inf."""
+    pdl_prologue(PDL)
     t = tl.program_id(0).to(tl.int64)
     e = tl.program_id(1) * BLOCK_E + tl.arange(0, BLOCK_E)
     vis = e < tl.minimum(tl.maximum(tl.load(nv_ptr + t), 0), E)
@@ -157,12 +163,12 @@ def launch_candidate_blocks(q, weights, index_keys, entry_rows, token_seq, num_v
     block_b = max(1, min(next_power_of_2(n_blocks), _BLOCK_TILE // bs_pad))
     _block_scores_kernel[(tokens, cdiv(n_blocks, block_b))](
         scores, num_visible, block_scores, below, entries, n_blocks, scores.stride(0), block_scores.stride(0),
-        BLOCK_SIZE=block_size, BS_PAD=bs_pad, BLOCK_B=block_b,
+        BLOCK_SIZE=block_size, BS_PAD=bs_pad, BLOCK_B=block_b, **pdl_launch(scores.device),
     )  # fmt: skip
     sel = select_topk(block_scores, below, top_blocks - 1) if top_blocks > 1 else out  # (top_blocks 1: nothing selected)
     step = max(16, min(next_power_of_2(top_blocks), _ROW_STEP))
     _append_newest_kernel[(tokens,)](
-        sel, num_visible, out, entries, top_blocks - 1, top_blocks, sel.stride(0), out.stride(0), BLOCK_SIZE=block_size, STEP=step,
+        sel, num_visible, out, entries, top_blocks - 1, top_blocks, sel.stride(0), out.stride(0), BLOCK_SIZE=block_size, STEP=step, **pdl_launch(sel.device),
     )  # fmt: skip
     return out
 
@@ -215,10 +221,10 @@ def launch_indexer_topk_in_blocks(q, weights, index_keys, entry_rows, token_seq,
     blocks = blocks.contiguous()
     if blocks.shape[1]:
         step = max(16, min(next_power_of_2(blocks.shape[1]), _ROW_STEP))
-        _mark_blocks_kernel[(tokens,)](blocks, marks, blocks.shape[1], n_blocks, blocks.stride(0), marks.stride(0), STEP=step)
+        _mark_blocks_kernel[(tokens,)](blocks, marks, blocks.shape[1], n_blocks, blocks.stride(0), marks.stride(0), STEP=step, **pdl_launch(blocks.device))
     block_e = max(16, min(next_power_of_2(entries), _MASK_TILE))
     _mask_outside_blocks_kernel[(tokens, cdiv(entries, block_e))](
-        scores, marks, num_visible, entries, scores.stride(0), marks.stride(0), BLOCK_SIZE=block_size, BLOCK_E=block_e,
+        scores, marks, num_visible, entries, scores.stride(0), marks.stride(0), BLOCK_SIZE=block_size, BLOCK_E=block_e, **pdl_launch(scores.device),
     )  # fmt: skip
     return select_topk(scores, num_visible, top_k, entry_rows=entry_rows, token_seq=token_seq)
 

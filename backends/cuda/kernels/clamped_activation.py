@@ -20,7 +20,7 @@ import triton
 import triton.language as tl
 
 from deepinfer.triton_common import cdiv, interpreting, next_power_of_2, to_bf16_rne
-from deepinfer_cuda.kernels.common import Registration, num_warps_for
+from deepinfer_cuda.kernels.common import Registration, num_warps_for, pdl_launch, pdl_prologue
 
 _CFG = {"max_block_i": 2048, "tile_elems": 4096, "bytes_per_thread": 32, "min_warps": 4, "max_warps": 8, "min_programs": 264, "min_tile_elems": 1024}
 
@@ -35,7 +35,9 @@ def _clamped_silu_and_mul_kernel(
     MANUAL_RNE: tl.constexpr,
     BLOCK_T: tl.constexpr,
     BLOCK_I: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    pdl_prologue(PDL)
     pid_t = tl.program_id(0)
     pid_i = tl.program_id(1)
     rows = (pid_t * BLOCK_T + tl.arange(0, BLOCK_T)).to(tl.int64)
@@ -78,7 +80,7 @@ def clamped_silu_and_mul(x: torch.Tensor, *, limit: float) -> torch.Tensor:
         ACC=tl.float64 if x.dtype == torch.float64 else tl.float32,
         MANUAL_RNE=x.dtype == torch.bfloat16 and interpreting(),
         BLOCK_T=block_t, BLOCK_I=block_i,
-        num_warps=num_warps_for(block_t * block_i, x.element_size(), cfg),
+        num_warps=num_warps_for(block_t * block_i, x.element_size(), cfg), **pdl_launch(x2.device),
     )
     return out
 

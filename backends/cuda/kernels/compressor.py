@@ -39,7 +39,7 @@ import triton.language as tl
 
 from deepinfer.ops.compressor import check_compress_kv_args
 from deepinfer.triton_common import cdiv, interpreting, last_dim_contiguous, next_power_of_2, to_bf16_rne
-from deepinfer_cuda.kernels.common import Registration
+from deepinfer_cuda.kernels.common import Registration, pdl_launch, pdl_prologue
 from deepinfer_cuda.kernels.precise_math import precise_exp
 
 _GPU_TILE = 4096  # elements of one [BLOCK_E, RATIO, BLOCK_D] tile on a GPU (two of them with overlap)
@@ -60,7 +60,9 @@ def _compress_kv_kernel(
     BLOCK_D: tl.constexpr,
     LIBDEVICE: tl.constexpr,
     MANUAL_RNE: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    pdl_prologue(PDL)
     pid_e = tl.program_id(0)
     pid_d = tl.program_id(1)
     offs_e = pid_e * BLOCK_E + tl.arange(0, BLOCK_E)
@@ -172,7 +174,7 @@ def launch_compress_kv(kv, gate, position_bias, window_starts, prev_starts, rati
         BLOCK_E=block_e, BLOCK_D=block_d,
         LIBDEVICE=not interpreting(),
         MANUAL_RNE=interpreting() and kv.dtype == torch.bfloat16,
-        num_warps=4,
+        num_warps=4, **pdl_launch(kv.device),
     )
     return out
 

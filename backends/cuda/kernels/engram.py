@@ -27,7 +27,7 @@ from deepinfer.ops.engram import check_engram_gate_args
 from deepinfer.ops.engram import engram_gate_add as _gate_reference
 from deepinfer.triton_common import cdiv, interpreting, next_power_of_2, to_bf16_rne
 from deepinfer.triton_engram import engram_gate, engram_hash_rows
-from deepinfer_cuda.kernels.common import Registration
+from deepinfer_cuda.kernels.common import Registration, pdl_launch, pdl_prologue
 
 _HASH_BLOCK_T = 128
 _GATE_TILE = 4096  # [BLOCK_T, N_PAD, BLOCK_D] elements per step
@@ -36,7 +36,8 @@ _GATE_MAX_BLOCK_D = 1024
 
 @triton.jit
 def _engram_hash_kernel(ids_ptr, mult_ptr, primes_ptr, offsets_ptr, out_ptr, T, stride_ids, stride_p, stride_out,
-                        M: tl.constexpr, H: tl.constexpr, H_PAD: tl.constexpr, BLOCK_T: tl.constexpr):  # fmt: skip
+                        M: tl.constexpr, H: tl.constexpr, H_PAD: tl.constexpr, BLOCK_T: tl.constexpr, PDL: tl.constexpr = False):  # fmt: skip
+    pdl_prologue(PDL)
     toks = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
     engram_hash_rows(ids_ptr, mult_ptr, primes_ptr, offsets_ptr, out_ptr, toks, toks < T, stride_ids, stride_p, stride_out, M, H, H_PAD)
 
@@ -56,7 +57,7 @@ def engram_hash(ngram_ids: torch.Tensor, multipliers: torch.Tensor, primes: torc
     primes, offsets = primes.contiguous(), offsets.contiguous()
     _engram_hash_kernel[(cdiv(tokens, _HASH_BLOCK_T),)](
         ids, multipliers.contiguous(), primes, offsets, out, tokens, ids.stride(0), primes.stride(0), out.stride(0),
-        M=m, H=heads, H_PAD=next_power_of_2(heads), BLOCK_T=_HASH_BLOCK_T,
+        M=m, H=heads, H_PAD=next_power_of_2(heads), BLOCK_T=_HASH_BLOCK_T, **pdl_launch(ids.device),
     )  # fmt: skip
     return out
 
@@ -66,7 +67,9 @@ def _engram_gate_add_kernel(
     x_ptr, k_ptr, v_ptr, qw_ptr, kw_ptr, mask_ptr, out_ptr,
     T, D, stride_xt, stride_kt, stride_vt, eps,
     N: tl.constexpr, N_PAD: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, HAS_MASK: tl.constexpr, MANUAL_RNE: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):  # fmt: skip
+    pdl_prologue(PDL)
     toks = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
     t_ok = toks < T
     n = tl.arange(0, N_PAD)
@@ -134,7 +137,7 @@ def engram_gate_add(
         streams, keys, value, q_weight, k_weight, mask, out,
         tokens, dim, streams.stride(0), keys.stride(0), value.stride(0), float(eps),
         N=n, N_PAD=n_pad, BLOCK_T=block_t, BLOCK_D=block_d, HAS_MASK=token_mask is not None,
-        MANUAL_RNE=streams.dtype == torch.bfloat16 and interpreting(),
+        MANUAL_RNE=streams.dtype == torch.bfloat16 and interpreting(), **pdl_launch(streams.device),
     )  # fmt: skip
     return out
 

@@ -131,7 +131,7 @@ import triton.language as tl
 from deepinfer.ops import gemm as gemm_ops
 from deepinfer.ops import quant
 from deepinfer.triton_common import cdiv, e4m3_rne_bits, interpreting, next_power_of_2, upcast_dot
-from deepinfer_cuda.kernels.common import ARRIVALS, Registration, arrival_counters, capability, dot_precision, num_sms
+from deepinfer_cuda.kernels.common import ARRIVALS, Registration, arrival_counters, capability, dot_precision, num_sms, pdl_launch, pdl_prologue
 from deepinfer_cuda.options import MXFP4_PATH
 from deepinfer_cuda.tuning import config
 
@@ -161,9 +161,11 @@ def _quant_act_fp8_kernel(
     BLOCK_R: tl.constexpr,
     GROUP: tl.constexpr,
     MANUAL_CVT: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
     """x's row r at (r // inner_rows) * stride_xo + (r % inner_rows) * stride_xr: a [A, B, K] view whose rows
     do not flatten (a transposed one) is read where it lies, the quantised rows written in order."""
+    pdl_prologue(PDL)
     pid_r = tl.program_id(0)
     g = tl.program_id(1)
     rows = (pid_r * BLOCK_R + tl.arange(0, BLOCK_R)).to(tl.int64)
@@ -211,7 +213,7 @@ def quantize_act_fp8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
             rows, k, inner,
             stride_outer, stride_row, q.stride(0), s.stride(0),
             BLOCK_R=block_r, GROUP=FP8_GROUP, MANUAL_CVT=manual,
-            num_warps=warps,
+            num_warps=warps, **pdl_launch(x2.device),
         )
     return q.reshape(*x.shape[:-1], k), s.reshape(*x.shape[:-1], groups)
 
@@ -257,7 +259,9 @@ def _quant_act_mxfp8_kernel(
     GROUPS: tl.constexpr,  # 32-column groups per program
     MANUAL_CVT: tl.constexpr,
     VALUES: tl.constexpr = False,  # store the MX FP8 values themselves (bf16 into q_ptr), no scales
+    PDL: tl.constexpr = False,
 ):
+    pdl_prologue(PDL)
     pid_r = tl.program_id(0)
     pid_g = tl.program_id(1)
     rows = (pid_r * BLOCK_R + tl.arange(0, BLOCK_R)).to(tl.int64)
@@ -287,7 +291,7 @@ def _run_mx_quantiser(x: torch.Tensor, q: torch.Tensor, sc: torch.Tensor | None)
         grid = (cdiv(rows, cfg["BLOCK_R"]), cdiv(k // MX_GROUP, cfg["GROUPS"]))
         _quant_act_mxfp8_kernel[grid](
             x, q, q if sc is None else sc, rows, k, x.stride(0), q.stride(0), 0 if sc is None else sc.stride(0),
-            BLOCK_R=cfg["BLOCK_R"], GROUPS=cfg["GROUPS"], MANUAL_CVT=interpreting(), VALUES=sc is None, num_warps=cfg["num_warps"],
+            BLOCK_R=cfg["BLOCK_R"], GROUPS=cfg["GROUPS"], MANUAL_CVT=interpreting(), VALUES=sc is None, num_warps=cfg["num_warps"], **pdl_launch(x.device),
         )
 
 
@@ -502,7 +506,9 @@ def _gemm_kernel(
     FUSED_REDUCE: tl.constexpr,  # split-K: the tile's last program to arrive sums the partials into final_ptr
     W_DESC: tl.constexpr = False,  # MX_MODE 3, FMT 2: w_ptr is a tensor descriptor of the packed weight as [E*N, K/2] (TMA)
     WS_ROWS: tl.constexpr = 1,  # FMT >= 2: weight rows sharing one scale row (32: fp8_block32's 32x32 blocks)
+    PDL: tl.constexpr = False,
 ):
+    pdl_prologue(PDL)
     e, row_start, row_end, pid_n, pid_s = _tile_of_program(
         offs_ptr, mm_ptr, M, N, E, num_m_tiles, LAYOUT, BLOCK_M, BLOCK_N, GROUP_M, SPLIT_K, E_POW2
     )
@@ -741,11 +747,13 @@ def _gemm_tma_kernel(
     SCALAR_WS: tl.constexpr,
     WARP_SPEC: tl.constexpr,
     K_PAIRS: tl.constexpr,  # fp8 with SCALAR_WS only
+    PDL: tl.constexpr = False,
 ):
     """The large-tile variant for SM90+: operands through tensor descriptors (TMA loads, zero fill
     past the tensor), no split-K. x is seen as [rows, K] (masked: [E * max_m, K]), the weight as
     [E * N, K]; rows or weight rows a tile reads beyond its expert only feed outputs that are
     masked at the store."""
+    pdl_prologue(PDL)
     e, row_start, row_end, pid_n, pid_s = _tile_of_program(
         offs_ptr, mm_ptr, M, N, E, num_m_tiles, LAYOUT, BLOCK_M, BLOCK_N, GROUP_M, 1, E_POW2
     )
@@ -794,7 +802,8 @@ def _gemm_tma_kernel(
 
 
 @triton.jit(do_not_specialize=["numel"])
-def _split_k_reduce_kernel(ws_ptr, out_ptr, numel, stride_s, SPLIT_K: tl.constexpr, BLOCK: tl.constexpr):
+def _split_k_reduce_kernel(ws_ptr, out_ptr, numel, stride_s, SPLIT_K: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr = False):
+    pdl_prologue(PDL)
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < numel
     acc = tl.load(ws_ptr + offs, mask=mask, other=0.0)
@@ -1189,12 +1198,12 @@ def _launch_pointers(plan, xq, xs, weight, weight_scale, out, offs_arg, mm_arg) 
         MX_MODE=p.mx_mode, MX_LHS=p.mx_lhs, MX_DQ=p.mx_dq,
         FP8_VIA_BF16=p.fp8_via_bf16, SCALAR_WS=p.scalar_ws, FUSED_REDUCE=p.fused_reduce, W_DESC=p.w_desc,
         WS_ROWS=_SCALE_ROWS.get(p.fmt, 1),
-        num_warps=p.num_warps, num_stages=p.num_stages,
+        num_warps=p.num_warps, num_stages=p.num_stages, **pdl_launch(xq.device),
     )
     if p.split > 1 and not p.fused_reduce:
         numel = out.numel()
         block = 1024
-        _split_k_reduce_kernel[(cdiv(numel, block),)](dest, out, numel, stride_os, SPLIT_K=p.split, BLOCK=block, num_warps=4)
+        _split_k_reduce_kernel[(cdiv(numel, block),)](dest, out, numel, stride_os, SPLIT_K=p.split, BLOCK=block, num_warps=4, **pdl_launch(dest.device))
 
 
 def _launch_tma(plan, xq, xs, weight, weight_scale, out, offs_arg, mm_arg) -> None:
@@ -1217,7 +1226,7 @@ def _launch_tma(plan, xq, xs, weight, weight_scale, out, offs_arg, mm_arg) -> No
         BLOCK_M=p.block_m, BLOCK_N=p.block_n, BLOCK_K=p.block_k, GROUP_M=p.group_m,
         E_POW2=next_power_of_2(p.experts), SCALAR_WS=p.scalar_ws, WARP_SPEC=p.warp_specialize,
         K_PAIRS=p.k_pairs,
-        num_warps=p.num_warps, num_stages=p.num_stages,
+        num_warps=p.num_warps, num_stages=p.num_stages, **pdl_launch(out.device),
     )
 
 

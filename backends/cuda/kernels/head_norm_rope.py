@@ -28,7 +28,7 @@ import triton.language as tl
 
 from deepinfer.ops.rope import check_head_norm_rope_args
 from deepinfer.triton_common import cdiv, interpreting, next_power_of_2, to_bf16_rne
-from deepinfer_cuda.kernels.common import Registration
+from deepinfer_cuda.kernels.common import Registration, pdl_launch, pdl_prologue
 from deepinfer_cuda.tuning import config
 
 
@@ -52,7 +52,9 @@ def _head_norm_rope_kernel(
     ACC: tl.constexpr,
     NORM: tl.constexpr,
     MANUAL_RNE: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):  # fmt: skip
+    pdl_prologue(PDL)
     t = tl.program_id(0).to(tl.int64)
     heads = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     c = tl.arange(0, BLOCK_D)
@@ -110,7 +112,7 @@ def head_norm_rope(
         ACC=tl.float64 if x.dtype == torch.float64 else tl.float32,
         NORM=eps is not None,
         MANUAL_RNE=interpreting() and x.dtype == torch.bfloat16,
-        num_warps=cfg["num_warps"],
+        num_warps=cfg["num_warps"], **pdl_launch(x.device),
     )  # fmt: skip
     return x
 

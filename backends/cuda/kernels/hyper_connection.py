@@ -81,7 +81,7 @@ import triton.language as tl
 
 from deepinfer.ops import hyper_connection as hc_ops
 from deepinfer.triton_common import cdiv, interpreting, next_power_of_2, sinkhorn_mix, to_bf16_rne
-from deepinfer_cuda.kernels.common import Registration, num_sms
+from deepinfer_cuda.kernels.common import Registration, num_sms, pdl_launch, pdl_prologue
 
 # hc_pre's fused launch (the best of the H200 configurations tried: 16/32/64 tokens, chunks of 32/64,
 # 4/8 warps).
@@ -158,10 +158,11 @@ def _hc_pre_mix_kernel(
     x_ptr, fn_ptr, part_ptr, part_ss_ptr,
     T, K, n_seg, stride_t, stride_fn,
     ACC: tl.constexpr, W: tl.constexpr, BLOCK_T: tl.constexpr, W_PAD: tl.constexpr, BLOCK_K: tl.constexpr, SEG: tl.constexpr,
-    EVEN_K: tl.constexpr, USE_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    EVEN_K: tl.constexpr, USE_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr, PDL: tl.constexpr = False,
 ):
     """One (token tile, segment) per program: the segment's partial products and sum of squares,
     stored at row t * n_seg + seg of part [T, n_seg, W_PAD] and part_ss [T, n_seg]."""
+    pdl_prologue(PDL)
     pid_t = tl.program_id(0)
     seg = tl.program_id(1)
     toks = (pid_t * BLOCK_T + tl.arange(0, BLOCK_T)).to(tl.int64)
@@ -270,9 +271,10 @@ def _hc_pre_kernel(
     ACC: tl.constexpr, N: tl.constexpr, MANUAL_RNE: tl.constexpr,
     BLOCK_T: tl.constexpr, W_PAD: tl.constexpr, N_PAD: tl.constexpr, BLOCK_K: tl.constexpr, SEG: tl.constexpr, EVEN_K: tl.constexpr,
     USE_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr, BLOCK_D: tl.constexpr, NORM: tl.constexpr, STATS_BLOCK_D: tl.constexpr,
-    DELAYED: tl.constexpr,
+    DELAYED: tl.constexpr, PDL: tl.constexpr = False,
 ):
     """The fused launch: one token tile per program, the segments in order, the mixings, the collapse of all of D."""
+    pdl_prologue(PDL)
     pid_t = tl.program_id(0)
     toks = (pid_t * BLOCK_T + tl.arange(0, BLOCK_T)).to(tl.int64)
     t_ok = toks < T
@@ -300,11 +302,12 @@ def _hc_pre_combine_kernel(
     norm_eps, hc_eps, sinkhorn_iters,
     ACC: tl.constexpr, N: tl.constexpr, MANUAL_RNE: tl.constexpr,
     BLOCK_T: tl.constexpr, W_PAD: tl.constexpr, N_PAD: tl.constexpr, SEG_PAD: tl.constexpr, BLOCK_D: tl.constexpr, NORM: tl.constexpr,
-    STATS_BLOCK_D: tl.constexpr, DELAYED: tl.constexpr,
+    STATS_BLOCK_D: tl.constexpr, DELAYED: tl.constexpr, PDL: tl.constexpr = False,
 ):
     """The split launch's second kernel, grid (token tiles, D splits): each program loads all of its
     tokens' segment partials as one tile, sums them over the segments (one tl.sum: a fixed tree),
     computes the mixings and collapses its share of D; the first D split stores post and comb."""
+    pdl_prologue(PDL)
     pid_t = tl.program_id(0)
     pid_d = tl.program_id(1)
     toks = (pid_t * BLOCK_T + tl.arange(0, BLOCK_T)).to(tl.int64)
@@ -435,7 +438,7 @@ def launch_hc_pre(x, fn, base, scale, norm_eps, hc_eps, sinkhorn_iters, norm_wei
             float(norm_eps), float(hc_eps), int(sinkhorn_iters),
             BLOCK_T=fused_t, BLOCK_K=_PRE_SEG if interp else _PRE_BLOCK_K,
             SEG=_PRE_SEG, EVEN_K=K % _PRE_SEG == 0, BLOCK_D=_INTERP_BLOCK_D if interp else _PRE_BLOCK_D,
-            num_stages=_PRE_STAGES, STATS_BLOCK_D=_INTERP_BLOCK_D if interp else _PRE_BLOCK_D, **common, **dot,
+            num_stages=_PRE_STAGES, STATS_BLOCK_D=_INTERP_BLOCK_D if interp else _PRE_BLOCK_D, **common, **dot, **pdl_launch(x.device),
         )
         return (out, pre, post, comb) if delayed else (out, post, comb)
     seg = split_segment(K)
@@ -454,14 +457,14 @@ def launch_hc_pre(x, fn, base, scale, norm_eps, hc_eps, sinkhorn_iters, norm_wei
         _hc_pre_mix_kernel[(cdiv(rows, mix_t), n_seg)](
             xs, fn, part, part_ss, rows, K, n_seg, xs.stride(0), fn.stride(0),
             ACC=common["ACC"], W=W, BLOCK_T=mix_t, W_PAD=w_pad, BLOCK_K=seg if interp else _SPLIT_BLOCK_K, SEG=seg, EVEN_K=K % seg == 0,
-            num_stages=_SPLIT_STAGES, **dot,
+            num_stages=_SPLIT_STAGES, **dot, **pdl_launch(xs.device),
         )
         _hc_pre_combine_kernel[(cdiv(rows, comb_t), cdiv(D, d_per_split))](
             xs, base, scale, weight, part, part_ss, out[t0:t1], post[t0:t1], comb[t0:t1], pre[t0:t1], prev_pre[t0:t1],
             rows, D, n_seg, d_per_split, xs.stride(0), out.stride(0),
             float(norm_eps), float(hc_eps), int(sinkhorn_iters),
             BLOCK_T=comb_t, SEG_PAD=next_power_of_2(n_seg), BLOCK_D=block_d, num_warps=_COMBINE_WARPS, **common,
-            STATS_BLOCK_D=block_d if interp else min(_STATS_BLOCK_D, next_power_of_2(D)),
+            STATS_BLOCK_D=block_d if interp else min(_STATS_BLOCK_D, next_power_of_2(D)), **pdl_launch(xs.device),
         )
     return (out, pre, post, comb) if delayed else (out, post, comb)
 
@@ -487,8 +490,9 @@ def split_segment(k: int) -> int:
 def _hc_post_kernel(
     y_ptr, x_ptr, post_ptr, comb_ptr, out_ptr,
     T, D, stride_y, stride_x, stride_out,
-    ACC: tl.constexpr, N: tl.constexpr, N_PAD: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, MANUAL_RNE: tl.constexpr,
+    ACC: tl.constexpr, N: tl.constexpr, N_PAD: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, MANUAL_RNE: tl.constexpr, PDL: tl.constexpr = False,
 ):
+    pdl_prologue(PDL)
     pid_t = tl.program_id(0)
     pid_d = tl.program_id(1)
     toks = (pid_t * BLOCK_T + tl.arange(0, BLOCK_T)).to(tl.int64)
@@ -534,7 +538,7 @@ def hc_post(y: torch.Tensor, x: torch.Tensor, post: torch.Tensor, comb: torch.Te
     block_t = max(1, min(next_power_of_2(T), _POST_TILE // (n_pad * block_d)))
     _hc_post_kernel[(cdiv(T, block_t), cdiv(D, block_d))](
         y, x, post, comb, out, T, D, y.stride(0), x.stride(0), out.stride(0),
-        ACC=_acc(x.dtype), N=N, N_PAD=n_pad, BLOCK_T=block_t, BLOCK_D=block_d, MANUAL_RNE=_manual_rne(x.dtype), num_warps=_POST_WARPS,
+        ACC=_acc(x.dtype), N=N, N_PAD=n_pad, BLOCK_T=block_t, BLOCK_D=block_d, MANUAL_RNE=_manual_rne(x.dtype), num_warps=_POST_WARPS, **pdl_launch(y.device),
     )
     return out
 

@@ -73,7 +73,7 @@ from deepinfer.triton_common import (
     top_k_lowest_first,
     upcast_dot,
 )
-from deepinfer_cuda.kernels.common import Registration, dot_precision
+from deepinfer_cuda.kernels.common import Registration, dot_precision, pdl_launch, pdl_prologue
 
 _MAX_BLOCK_T = 16  # queries per scoring program
 _GPU_BLOCK_E = 128  # entries per scoring program on a GPU (fewer for D or heads > 128)
@@ -96,7 +96,9 @@ def _indexer_scores_kernel(
     DOT_F32: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     FP8: tl.constexpr,  # FP8 keys: keys_ptr their bytes, key_scale_ptr the same memory as float32
+    PDL: tl.constexpr = False,
 ):
+    pdl_prologue(PDL)
     t0 = tl.program_id(0) * BLOCK_T
     first = tl.program_id(1) * BLOCK_E
     offs_e = first + tl.arange(0, BLOCK_E)
@@ -155,13 +157,14 @@ def _indexer_select_kernel(
     FIRST: tl.constexpr,  # src: the float32 scores (ids: their columns, valid below num_visible); else candidate keys and ids
     LAST: tl.constexpr,  # write the row's ids (dst_ids [T, TOP_K], -1 after the last); else this chunk's candidates
     ROWS: tl.constexpr,  # LAST writes entry_rows[token_seq[t], id] (rows_ptr, seq_ptr) instead of the ids
-    BLOCK_K: tl.constexpr,
+    BLOCK_K: tl.constexpr, PDL: tl.constexpr = False,
 ):
     """Per (query, chunk of CHUNK entries): the chunk's top TOP_K by (score, then lowest id), in id
     order. LAST (one chunk holds the row): the row's selection. Otherwise the chunk's candidates
     (order keys and ids at dst[t, c * TOP_K:], ORDER_KEY_NONE / -1 after them): every entry the row's
     selection takes from the chunk is among them (a chunk gives at most TOP_K, and the row's order
     restricted to the chunk is the chunk's), and chunk after chunk they stay in id order."""
+    pdl_prologue(PDL)
     t = tl.program_id(0).to(tl.int64)
     c = tl.program_id(1)
     offs = c * CHUNK + tl.arange(0, CHUNK)
@@ -259,7 +262,7 @@ def score_entries(q, weights, index_keys, entry_rows, token_seq, num_visible, *,
         DOT_F32=dot_f32 or upcast_dot(),
         DOT_PRECISION=dot_precision(dot_f32 or upcast_dot()),
         FP8=fp8,
-        num_warps=8 if block_e * max(block_d, block_h) >= 128 * 128 else 4,
+        num_warps=8 if block_e * max(block_d, block_h) >= 128 * 128 else 4, **pdl_launch(q.device),
     )
     return scores
 
@@ -294,7 +297,7 @@ def select_topk(
             width, top_k,
             src.stride(0), dst.stride(0), entry_rows.stride(0) if rows else 0,
             CHUNK=block, FIRST=first, LAST=last, ROWS=rows, BLOCK_K=block_k,
-            num_warps=max(4, min(16, block // 512)),
+            num_warps=max(4, min(16, block // 512)), **pdl_launch(src.device),
         )
         if last:
             return dst_ids

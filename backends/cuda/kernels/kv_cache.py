@@ -28,7 +28,7 @@ import triton.language as tl
 from deepinfer.ops import attention as attention_ops
 from deepinfer.ops import kv_cache_format
 from deepinfer.triton_common import fp8_kv_row, fp8_views, interpreting, next_power_of_2, to_bf16_rne
-from deepinfer_cuda.kernels.common import Registration
+from deepinfer_cuda.kernels.common import Registration, pdl_launch, pdl_prologue
 from deepinfer_cuda.tuning import config
 
 
@@ -42,7 +42,9 @@ def _kv_cache_write_kernel(
     PAGE: tl.constexpr,
     MANUAL_RNE: tl.constexpr,  # float32 -> bfloat16 (or e4m3 with FP8) by bit arithmetic (the interpreter truncates)
     FP8: tl.constexpr,  # an FP8 cache: cache_ptr its bytes, scale_ptr the same memory as float32
+    PDL: tl.constexpr = False,
 ):
+    pdl_prologue(PDL)
     t = tl.program_id(0).to(tl.int64)
     slot = tl.load(slot_ptr + t).to(tl.int64)
     keep = slot >= 0
@@ -106,7 +108,7 @@ def kv_cache_write(
         PAGE=block_size,
         MANUAL_RNE=interpreting() and (fp8 or (kv_c.dtype == torch.float32 and k_pe.dtype == torch.float32 and kv_cache.dtype == torch.bfloat16)),
         FP8=fp8,
-        num_warps=cfg["num_warps"],
+        num_warps=cfg["num_warps"], **pdl_launch(kv_c.device),
     )
     return kv_cache
 

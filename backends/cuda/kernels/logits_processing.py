@@ -28,7 +28,7 @@ from deepinfer.ops.penalties import penalty_kernel_args
 from deepinfer.ops.token_bias import token_bias_kernel_args
 from deepinfer.triton_common import interpreting, next_power_of_2
 from deepinfer.triton_logits import bias_entries, penalize, store_bias
-from deepinfer_cuda.kernels.common import Registration
+from deepinfer_cuda.kernels.common import Registration, pdl_launch, pdl_prologue
 from deepinfer_cuda.tuning import config
 
 
@@ -46,8 +46,9 @@ def _no_fusion() -> dict:
 def _penalties_kernel(
     logits_ptr, stride_l, slots_ptr, counts_ptr, stride_c, mask_ptr, stride_m,
     presence_ptr, frequency_ptr, repetition_ptr, V,
-    BLOCK: tl.constexpr,
+    BLOCK: tl.constexpr, PDL: tl.constexpr = False,
 ):
+    pdl_prologue(PDL)
     row = tl.program_id(0)
     slot = tl.load(slots_ptr + row)
     if slot >= 0:
@@ -80,7 +81,7 @@ def apply_penalties(
     cfg = _cfg("apply_penalties", "rows", logits.device)
     _penalties_kernel[(rows, triton.cdiv(vocab, cfg["BLOCK"]))](
         logits, logits.stride(0), slots, counts, counts.stride(0), mask, mask.stride(0), *params, vocab,
-        BLOCK=cfg["BLOCK"], num_warps=cfg["num_warps"], **_no_fusion(),
+        BLOCK=cfg["BLOCK"], num_warps=cfg["num_warps"], **_no_fusion(), **pdl_launch(logits.device),
     )
     return logits
 
@@ -88,8 +89,9 @@ def apply_penalties(
 @triton.jit
 def _token_bias_kernel(
     logits_ptr, stride_l, rows_ptr, tokens_ptr, values_ptr, prefixes_ptr, recent_ptr, N, P,
-    BANS: tl.constexpr, BLOCK: tl.constexpr, BLOCK_P: tl.constexpr,
+    BANS: tl.constexpr, BLOCK: tl.constexpr, BLOCK_P: tl.constexpr, PDL: tl.constexpr = False,
 ):
+    pdl_prologue(PDL)
     entries = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     rows, tokens, values, applies = bias_entries(rows_ptr, tokens_ptr, values_ptr, prefixes_ptr, recent_ptr, entries, N, P, BLOCK_P)
     store_bias(logits_ptr, stride_l, rows, tokens, values, applies, BANS, BLOCK)
@@ -111,7 +113,7 @@ def apply_token_bias(
     for bans in (False, True):
         _token_bias_kernel[(triton.cdiv(n, cfg["BLOCK"]),)](
             logits, logits.stride(0), *args, n, width,
-            BANS=bans, BLOCK=cfg["BLOCK"], BLOCK_P=next_power_of_2(max(width, 1)), num_warps=cfg["num_warps"],
+            BANS=bans, BLOCK=cfg["BLOCK"], BLOCK_P=next_power_of_2(max(width, 1)), num_warps=cfg["num_warps"], **pdl_launch(logits.device),
         )
     return logits
 

@@ -22,7 +22,7 @@ import triton.language as tl
 from deepinfer.ops.logprobs import logprobs_kernel_args
 from deepinfer.triton_common import next_power_of_2
 from deepinfer.triton_logits import row_logsumexp_and_rank, row_next_top
-from deepinfer_cuda.kernels.common import Registration
+from deepinfer_cuda.kernels.common import Registration, pdl_launch, pdl_prologue
 from deepinfer_cuda.tuning import config
 
 
@@ -34,8 +34,9 @@ def _cfg(device: torch.device) -> dict:
 @triton.jit
 def _logprobs_kernel(
     logits_ptr, stride_l, ids_ptr, token_lp_ptr, rank_ptr, top_ids_ptr, top_lp_ptr, V, NUM_TOP,
-    BLOCK: tl.constexpr,
+    BLOCK: tl.constexpr, PDL: tl.constexpr = False,
 ):
+    pdl_prologue(PDL)
     row = tl.program_id(0)
     lp = logits_ptr + row.to(tl.int64) * stride_l
     token = tl.load(ids_ptr + row)
@@ -61,7 +62,7 @@ def gather_logprobs(logits: torch.Tensor, token_ids: torch.Tensor, num_top: int)
     block = min(cfg["BLOCK"], next_power_of_2(vocab))
     _logprobs_kernel[(rows,)](
         x, x.stride(0), ids, token_lp, ranks, top_ids, top_lp, vocab, num_top,
-        BLOCK=block, num_warps=cfg["num_warps"],
+        BLOCK=block, num_warps=cfg["num_warps"], **pdl_launch(x.device),
     )
     return token_lp, ranks, top_ids, top_lp
 

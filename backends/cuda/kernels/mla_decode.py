@@ -54,7 +54,7 @@ import triton.language as tl
 from deepinfer.ops import attention as attention_ops
 from deepinfer.ops import kv_cache_format
 from deepinfer.triton_common import cdiv, fp8_views, merge_split_columns, next_power_of_2, pick_splits, softmax_block, split_partial, upcast_dot
-from deepinfer_cuda.kernels.common import ARRIVALS, Registration, arrival_counters, dot_precision, num_sms
+from deepinfer_cuda.kernels.common import ARRIVALS, Registration, arrival_counters, dot_precision, num_sms, pdl_launch, pdl_prologue
 from deepinfer_cuda.tuning import config
 
 LOG2E = 1.4426950408889634
@@ -119,7 +119,9 @@ def _mla_decode_split_kernel(
     DOT_PRECISION: tl.constexpr,
     EVICT: tl.constexpr,  # eviction policy of the cache-tile loads ("" or "evict_first": read once, streamed)
     FP8: tl.constexpr,  # an FP8 cache: kv_ptr its bytes, scale_ptr the same memory as float32 (a row's scale at (row + C + R) / 4)
+    PDL: tl.constexpr = False,
 ):
+    pdl_prologue(PDL)
     pid_m = tl.program_id(0)
     b = tl.program_id(1)
     split = tl.program_id(2)
@@ -247,9 +249,10 @@ def _mla_decode_combine_kernel(
     stride_pl_b, stride_pl_split,
     stride_o_b, stride_o_s, stride_o_h,
     H: tl.constexpr, C: tl.constexpr,
-    BLOCK_C: tl.constexpr, BLOCK_SPLITS: tl.constexpr,
+    BLOCK_C: tl.constexpr, BLOCK_SPLITS: tl.constexpr, PDL: tl.constexpr = False,
 ):
     """One program per (query row, request): merge the splits' partials in split order."""
+    pdl_prologue(PDL)
     m = tl.program_id(0)
     b = tl.program_id(1).to(tl.int64)
     offs_k = tl.arange(0, BLOCK_SPLITS)
@@ -288,11 +291,12 @@ def _mla_decode_wide_combine_kernel(
     stride_pl_b, stride_pl_split,
     stride_o_b, stride_o_s, stride_o_h,
     H: tl.constexpr, C: tl.constexpr,
-    CHUNK: tl.constexpr, BLOCK_CC: tl.constexpr,
+    CHUNK: tl.constexpr, BLOCK_CC: tl.constexpr, PDL: tl.constexpr = False,
 ):
     """One program per (query row, request, WIDE_COLS latent columns): every split's partial of
     those columns, CHUNK splits a load (the loads of a chunk in flight together, not one split after
     another), summed as a tree within each chunk: deterministic for a given split count."""
+    pdl_prologue(PDL)
     m = tl.program_id(0)
     b = tl.program_id(1).to(tl.int64)
     offs_c = tl.program_id(2) * BLOCK_CC + tl.arange(0, BLOCK_CC)
@@ -479,7 +483,7 @@ def launch_mla_decode_with_handle(
         # float32 q over an FP8 cache (a test dtype): the bytes are pipelined and converted to float32
         # tiles; with the bf16 tiles' stages that needed 258 KB of shared memory on the H200 (232 KB)
         num_warps=cfg.get("fp8_num_warps", cfg["num_warps"]) if fp8 else cfg["num_warps"],
-        num_stages=1 if fp8 and dot_f32 else cfg["num_stages"],
+        num_stages=1 if fp8 and dot_f32 else cfg["num_stages"], **pdl_launch(q_nope.device),
     )
     if wide:
         ccfg = _config(q_nope.device, "combine")
@@ -491,7 +495,7 @@ def launch_mla_decode_with_handle(
             out.stride(0), out.stride(1), out.stride(2),
             H=heads, C=latent_dim,
             CHUNK=WIDE_SPLITS, BLOCK_CC=WIDE_COLS,
-            num_warps=ccfg["num_warps"],
+            num_warps=ccfg["num_warps"], **pdl_launch(part_out.device),
         )
     elif not direct and not fused:
         ccfg = _config(q_nope.device, "combine")
@@ -503,7 +507,7 @@ def launch_mla_decode_with_handle(
             out.stride(0), out.stride(1), out.stride(2),
             H=heads, C=latent_dim,
             BLOCK_C=block_c, BLOCK_SPLITS=max(2, next_power_of_2(splits)),
-            num_warps=ccfg["num_warps"],
+            num_warps=ccfg["num_warps"], **pdl_launch(part_out.device),
         )
     return out, handle
 

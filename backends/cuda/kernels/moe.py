@@ -44,7 +44,7 @@ from triton.language.extra import libdevice
 
 from deepinfer.ops.moe import SCORE_FUNCS, check_gate_args, check_hash_routing, require_local_experts
 from deepinfer.triton_common import cdiv, interpreting, log1p_from_log, next_power_of_2
-from deepinfer_cuda.kernels.common import Registration
+from deepinfer_cuda.kernels.common import Registration, pdl_launch, pdl_prologue
 from deepinfer_cuda.kernels.precise_math import precise_exp as _exp
 from deepinfer_cuda.tuning import config
 
@@ -97,7 +97,9 @@ def _gate_kernel(
     BLOCK_G: tl.constexpr,
     BLOCK_K: tl.constexpr,
     LIBDEVICE: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    pdl_prologue(PDL)
     pid = tl.program_id(0)
     tok = pid * BLOCK_T + tl.arange(0, BLOCK_T)
     ex = tl.arange(0, BLOCK_E)
@@ -252,7 +254,7 @@ def _gate(logits, top_k, score_func, correction_bias, n_group, topk_group, renor
         TOP_K=top_k, SCORE=SCORE_FUNCS.index(score_func), HASH=hashed, HAS_BIAS=correction_bias is not None,
         N_GROUP=n_group, TOPK_GROUP=topk_group, RENORM=bool(renormalize),
         BLOCK_T=block_t, BLOCK_E=block_e, BLOCK_G=next_power_of_2(n_group), BLOCK_K=next_power_of_2(top_k),
-        LIBDEVICE=not interpreting(), num_warps=cfg["num_warps"],
+        LIBDEVICE=not interpreting(), num_warps=cfg["num_warps"], **pdl_launch(x.device),
     )
     return weights.reshape(*logits.shape[:-1], top_k), ids.reshape(*logits.shape[:-1], top_k)
 
@@ -267,7 +269,9 @@ def _dispatch_count_kernel(
     S, E, n_tiles,
     BLOCK_S: tl.constexpr,
     BLOCK_E: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    pdl_prologue(PDL)
     tile = tl.program_id(0)
     slot = tile * BLOCK_S + tl.arange(0, BLOCK_S)
     s_ok = slot < S
@@ -286,7 +290,9 @@ def _dispatch_scan_kernel(
     counts_ptr, prefix_ptr, totals_ptr,
     n_tiles,
     BLOCK_N: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    pdl_prologue(PDL)
     e = tl.program_id(0)
     base = e.to(tl.int64) * n_tiles
     total = tl.sum(tl.zeros([BLOCK_N], dtype=tl.int32), axis=0)
@@ -310,7 +316,9 @@ def _dispatch_copy_kernel(
     BLOCK_E: tl.constexpr,
     BLOCK_K: tl.constexpr,
     BLOCK_D: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    pdl_prologue(PDL)
     t = tl.program_id(0)
     split = tl.program_id(1)
     ex = tl.arange(0, BLOCK_E)
@@ -381,7 +389,7 @@ def dispatch(
         x2, layout.ids, layout.rank, layout.prefix, layout.totals, expert_x, row_of_slot, offsets,
         D, E, layout.n_tiles, x2.stride(0), expert_x.stride(0), per,
         K=K, TILE_S=layout.tile_s, BLOCK_E=next_power_of_2(E), BLOCK_K=next_power_of_2(K), BLOCK_D=block_d,
-        num_warps=cfg["copy_warps"],
+        num_warps=cfg["copy_warps"], **pdl_launch(x2.device),
     )
     return expert_x, offsets, row_of_slot
 
@@ -419,9 +427,11 @@ def count_slots(topk_ids: torch.Tensor, num_experts: int, totals: torch.Tensor |
     prefix = torch.empty(E, n_tiles, dtype=torch.int32, device=device)
     if totals is None:
         totals = torch.empty(E, dtype=torch.int32, device=device)
-    _dispatch_count_kernel[(n_tiles,)](ids, rank, counts, S, E, n_tiles, BLOCK_S=tile_s, BLOCK_E=block_e, num_warps=cfg["count_warps"])
+    _dispatch_count_kernel[(n_tiles,)](
+        ids, rank, counts, S, E, n_tiles, BLOCK_S=tile_s, BLOCK_E=block_e, num_warps=cfg["count_warps"], **pdl_launch(ids.device),
+    )  # fmt: skip
     block_n = min(1024, next_power_of_2(cdiv(next_power_of_2(S), tile_s)))  # S's power-of-two bucket decides: one kernel per bucket
-    _dispatch_scan_kernel[(E,)](counts, prefix, totals, n_tiles, BLOCK_N=block_n, num_warps=4)
+    _dispatch_scan_kernel[(E,)](counts, prefix, totals, n_tiles, BLOCK_N=block_n, num_warps=4, **pdl_launch(counts.device))
     return SlotCounts(ids, rank, prefix, totals, tile_s, n_tiles)
 
 
@@ -436,7 +446,9 @@ def _combine_kernel(
     K: tl.constexpr,
     ACC: tl.constexpr,
     BLOCK_D: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    pdl_prologue(PDL)
     t = tl.program_id(0)
     split = tl.program_id(1)
     col0 = split * cols_per_split
@@ -478,7 +490,7 @@ def combine(
     per, splits = _column_split(T, D, block_d, cfg["target_programs"])
     _combine_kernel[(T, splits)](
         src, w, rows, out, D, src.stride(0), out.stride(0), per,
-        K=K, ACC=acc, BLOCK_D=block_d, num_warps=cfg["num_warps"],
+        K=K, ACC=acc, BLOCK_D=block_d, num_warps=cfg["num_warps"], **pdl_launch(src.device),
     )
     return out
 

@@ -71,6 +71,15 @@ under `auto` its `when` takes it only on CUDA devices with ep_size > 1, all rank
 memory present; `symm` always takes it, and where it cannot run resolve fails with the reason
 (`unusable`); `nccl` never. Both registrations declare `capturable_with_token_bound`.
 Never uses NVLink multicast (multimem): only unicast peer pointers and the handle's barrier.
+
+No programmatic dependent launch (PDL, deepinfer_cuda.kernels.common), unlike the backend's other
+kernels: these kernels order themselves against peer ranks through symmetric-memory stores and the
+handle's barriers (system-scope release / acquire between kernels on the stream), not only through
+the stream. A PDL launch lets a kernel be resident before its predecessor has finished, which is
+safe only where its first act is griddepcontrol.wait on that predecessor; here the ordering that
+matters is across devices, so they keep plain stream-ordered launches. The local kernels they call
+(deepinfer_cuda.kernels.moe's count and scan) take PDL as everywhere: a kernel launched without it
+is waited for in full.
 """
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ import triton
 import triton.language as tl
 
 from deepinfer.triton_common import next_power_of_2
-from deepinfer_cuda.kernels.common import Registration, num_warps_for
+from deepinfer_cuda.kernels.common import Registration, num_warps_for, pdl_launch, pdl_prologue
 from deepinfer_cuda.tuning import config
 
 
@@ -38,7 +38,9 @@ def _rms_norm_rows_kernel(
     ACC: tl.constexpr,
     BLOCK_T: tl.constexpr,
     BLOCK_D: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    pdl_prologue(PDL)
     pid = tl.program_id(0)
     rows = (pid * BLOCK_T + tl.arange(0, BLOCK_T)).to(tl.int64)
     cols = tl.arange(0, BLOCK_D)
@@ -70,7 +72,9 @@ def _rms_norm_long_kernel(
     HAS_RESIDUAL: tl.constexpr,
     ACC: tl.constexpr,
     BLOCK_D: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    pdl_prologue(PDL)
     row = tl.program_id(0).to(tl.int64)
     x_row = x_ptr + row * stride_x
     r_row = r_ptr + row * stride_r
@@ -178,7 +182,7 @@ def launch_rms_norm(
             x2, r2, w, out2, h2, T, D,
             x2.stride(0), r2.stride(0), out2.stride(0), h2.stride(0), eps,
             HAS_RESIDUAL=residual is not None, ACC=acc, BLOCK_T=block_t, BLOCK_D=block_d,
-            num_warps=num_warps_for(block_t * block_d, x.element_size(), cfg),
+            num_warps=num_warps_for(block_t * block_d, x.element_size(), cfg), **pdl_launch(x2.device),
         )
     else:
         chunk = cfg["loop_block_d"]
@@ -186,7 +190,7 @@ def launch_rms_norm(
             x2, r2, w, out2, h2, D,
             x2.stride(0), r2.stride(0), out2.stride(0), h2.stride(0), eps,
             HAS_RESIDUAL=residual is not None, ACC=acc, BLOCK_D=chunk,
-            num_warps=num_warps_for(chunk, x.element_size(), cfg),
+            num_warps=num_warps_for(chunk, x.element_size(), cfg), **pdl_launch(x2.device),
         )
     return out, h
 

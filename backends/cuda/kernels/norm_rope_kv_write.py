@@ -31,7 +31,7 @@ import triton.language as tl
 from deepinfer.ops import kv_cache_format
 from deepinfer.ops.compressor import check_norm_rope_kv_write_args
 from deepinfer.triton_common import fp8_kv_row, fp8_views, interpreting, last_dim_contiguous, next_power_of_2, norm_rope_row, to_bf16_rne
-from deepinfer_cuda.kernels.common import Registration
+from deepinfer_cuda.kernels.common import Registration, pdl_launch, pdl_prologue
 from deepinfer_cuda.tuning import config
 
 
@@ -47,7 +47,9 @@ def _norm_rope_kv_write_kernel(
     ACC: tl.constexpr,
     MANUAL_RNE: tl.constexpr,  # float32 -> bfloat16 (or e4m3 with FP8) by bit arithmetic (the interpreter truncates)
     FP8: tl.constexpr,  # an FP8 cache: cache_ptr its bytes, scale_ptr the same memory as float32
+    PDL: tl.constexpr = False,
 ):  # fmt: skip
+    pdl_prologue(PDL)
     t = tl.program_id(0).to(tl.int64)
     slot = tl.load(slot_ptr + t).to(tl.int64)
     keep = slot >= 0
@@ -124,7 +126,7 @@ def norm_rope_kv_write(
         ACC=tl.float64 if x.dtype == torch.float64 else tl.float32,
         MANUAL_RNE=interpreting() and (fp8 or kv_cache.dtype == torch.bfloat16),
         FP8=fp8,
-        num_warps=_config(kv_cache.device)["num_warps"],
+        num_warps=_config(kv_cache.device)["num_warps"], **pdl_launch(x.device),
     )  # fmt: skip
     return kv_cache
 

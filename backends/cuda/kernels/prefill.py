@@ -45,7 +45,7 @@ import triton.language as tl
 
 from deepinfer.ops import attention as attention_ops
 from deepinfer.triton_common import find_request, next_power_of_2, upcast_dot
-from deepinfer_cuda.kernels.common import Registration, dot_precision
+from deepinfer_cuda.kernels.common import Registration, dot_precision, pdl_launch, pdl_prologue
 from deepinfer_cuda.tuning import config
 
 LOG2E = 1.4426950408889634
@@ -160,7 +160,9 @@ def _prefill_kernel(
     HAS_WINDOW: tl.constexpr, DOT_F32: tl.constexpr, DOT_PRECISION: tl.constexpr,
     USE_DESC: tl.constexpr, WARP_SPEC: tl.constexpr, POS_SCALE: tl.constexpr,
     MASK_ALL: tl.constexpr,  # every key block through the masked path (deterministic mode)
+    PDL: tl.constexpr = False,
 ):
+    pdl_prologue(PDL)
     pid = tl.program_id(0)
     head = tl.program_id(1)
     b = find_request(CU_Q, pid, num_requests, search_steps, BLOCK_M)
@@ -311,7 +313,7 @@ def launch_prefill(
         HAS_WINDOW=sliding_window is not None,
         DOT_F32=upcast_dot(), DOT_PRECISION=dot_precision(q.dtype == torch.float32),
         USE_DESC=use_desc, WARP_SPEC=bool(c.get("warp_specialize", False)), POS_SCALE=softmax_scale > 0, MASK_ALL=mask_all,
-        num_warps=c.get("num_warps", 4), num_stages=c.get("num_stages", 2),
+        num_warps=c.get("num_warps", 4), num_stages=c.get("num_stages", 2), **pdl_launch(q.device),
     )
     return out
 

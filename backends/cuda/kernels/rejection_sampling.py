@@ -31,14 +31,15 @@ import triton.language as tl
 
 from deepinfer.ops.rejection_sampling import rows_of_requests
 from deepinfer_cuda.kernels import sampling as _sampling
-from deepinfer_cuda.kernels.common import Registration
+from deepinfer_cuda.kernels.common import Registration, pdl_launch, pdl_prologue
 
 _ACCEPT_BLOCK = 16  # rows of a request compared per step (MTP verifies a few drafts per request)
 
 
 @triton.jit
-def _accept_kernel(sampled_ptr, draft_ptr, cu_ptr, out_ptr, BLOCK: tl.constexpr):
+def _accept_kernel(sampled_ptr, draft_ptr, cu_ptr, out_ptr, BLOCK: tl.constexpr, PDL: tl.constexpr = False):
     """Program b: request b's rows cu[b]:cu[b+1]; keep up to the first mismatch or the bonus row."""
+    pdl_prologue(PDL)
     b = tl.program_id(0)
     start = tl.load(cu_ptr + b).to(tl.int64)
     end = tl.load(cu_ptr + b + 1).to(tl.int64)
@@ -78,7 +79,7 @@ def rejection_sample(
     _, _, per_row = rows_of_requests(cu, rows, temperature, top_k, top_p, min_p, seeds, positions)
     sampled = _sampling.sample(logits, **per_row)
     drafts = draft_tokens if draft_tokens.dtype == torch.int64 and draft_tokens.is_contiguous() else draft_tokens.to(torch.int64).contiguous()
-    _accept_kernel[(requests,)](sampled, drafts, cu, out, BLOCK=_ACCEPT_BLOCK, num_warps=1)
+    _accept_kernel[(requests,)](sampled, drafts, cu, out, BLOCK=_ACCEPT_BLOCK, num_warps=1, **pdl_launch(sampled.device))
     return out
 
 

@@ -22,7 +22,7 @@ import triton
 import triton.language as tl
 
 from deepinfer.triton_common import next_power_of_2
-from deepinfer_cuda.kernels.common import Registration, num_warps_for
+from deepinfer_cuda.kernels.common import Registration, num_warps_for, pdl_launch, pdl_prologue
 from deepinfer_cuda.tuning import config
 
 
@@ -36,7 +36,9 @@ def _rope_kernel(
     BLOCK_T: tl.constexpr,
     BLOCK_H: tl.constexpr,
     BLOCK_HALF: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    pdl_prologue(PDL)
     pid_t = tl.program_id(0)
     pid_h = tl.program_id(1)
     half = D // 2
@@ -110,7 +112,7 @@ def rope(
         x.stride(0), x.stride(1), out.stride(0), out.stride(1), cs.stride(0),
         INTERLEAVED=bool(interleaved), ACC=tl.float64 if x.dtype == torch.float64 else tl.float32,
         BLOCK_T=block_t, BLOCK_H=block_h, BLOCK_HALF=block_half,
-        num_warps=num_warps,
+        num_warps=num_warps, **pdl_launch(x.device),
     )
     return out
 

@@ -86,7 +86,7 @@ import triton
 import triton.language as tl
 
 from deepinfer.triton_common import from_order_key, hash_uniform, interpreting, order_key, row_hash
-from deepinfer_cuda.kernels.common import Registration
+from deepinfer_cuda.kernels.common import Registration, pdl_launch, pdl_prologue
 from deepinfer_cuda.kernels.precise_math import precise_exp as _exp
 from deepinfer_cuda.kernels.precise_math import precise_log as _log
 from deepinfer_cuda.tuning import config
@@ -367,13 +367,14 @@ def _gather_chunk(x, offs, ok, L, sx, si, SEG: tl.constexpr):
 def _sample_pass1_argmax(
     logits_ptr, stride_row, temp_ptr, topk_ptr, topp_ptr, minp_ptr, seed_ptr, pos_ptr,
     wf_ptr, wi_ptr, V, NCH, CH, WF, WI, G,
-    BLOCK: tl.constexpr, LIBDEVICE: tl.constexpr,
+    BLOCK: tl.constexpr, LIBDEVICE: tl.constexpr, PDL: tl.constexpr = False,
 ):
     """Pass 1 of greedy and unfiltered rows, grid (B, G): the row's chunks g, g + G, ..., each
     computed alone (G, from the batch size, changes which program does a chunk, never its result).
     Greedy: the chunk's maximum and first argmax; unfiltered: its argmax of z + g (lowest index on
     ties). Few registers, so many programs per SM, and the next chunk's load is issued before this
     one's work: a greedy row streams at memory speed. Filtered rows return at once."""
+    pdl_prologue(PDL)
     row = tl.program_id(0)
     g = tl.program_id(1)
     td, k, top_p, min_p, greedy, k_on, p_on, m_on = _params(temp_ptr, topk_ptr, topp_ptr, minp_ptr, row, V)
@@ -403,11 +404,12 @@ def _sample_pass1_argmax(
 def _sample_pass1_filter(
     logits_ptr, stride_row, temp_ptr, topk_ptr, topp_ptr, minp_ptr,
     wf_ptr, wi_ptr, V, NCH, CH, WF, WI, G,
-    BLOCK: tl.constexpr, N_G: tl.constexpr, SEG: tl.constexpr, LIBDEVICE: tl.constexpr, PREFETCH: tl.constexpr,
+    BLOCK: tl.constexpr, N_G: tl.constexpr, SEG: tl.constexpr, LIBDEVICE: tl.constexpr, PREFETCH: tl.constexpr, PDL: tl.constexpr = False,
 ):
     """Pass 1 of filtered rows, grid (B, G): the row's chunks g, g + G, ..., each read once from
     memory into registers and computed alone (PREFETCH: the next chunk's load issued before this
     one's work). Greedy and unfiltered rows return at once."""
+    pdl_prologue(PDL)
     row = tl.program_id(0)
     g = tl.program_id(1)
     td, k, top_p, min_p, greedy, k_on, p_on, m_on = _params(temp_ptr, topk_ptr, topp_ptr, minp_ptr, row, V)
@@ -457,10 +459,11 @@ def _sample_pass1_filter(
 def _sample_plan(
     temp_ptr, topk_ptr, topp_ptr, minp_ptr, out_ptr, path_ptr,
     wf_ptr, wi_ptr, V, NCH, WF, WI,
-    NCH_P2: tl.constexpr, N_G: tl.constexpr, SEG: tl.constexpr, LIBDEVICE: tl.constexpr, RECORD_PATH: tl.constexpr,
+    NCH_P2: tl.constexpr, N_G: tl.constexpr, SEG: tl.constexpr, LIBDEVICE: tl.constexpr, RECORD_PATH: tl.constexpr, PDL: tl.constexpr = False,
 ):
     """One program per row: combine the chunks. Greedy and unfiltered rows get their token here;
     filtered rows get M, zmax, r, the candidate bound L and where their candidates come from."""
+    pdl_prologue(PDL)
     row = tl.program_id(0)
     td, k, top_p, min_p, greedy, k_on, p_on, m_on = _params(temp_ptr, topk_ptr, topp_ptr, minp_ptr, row, V)
     filtered = k_on | p_on | m_on
@@ -546,12 +549,13 @@ def _sample_plan(
 def _sample_pass2(
     logits_ptr, stride_row, temp_ptr, topk_ptr, topp_ptr, minp_ptr,
     wf_ptr, wi_ptr, wq_ptr, V, NCH, CH, WF, WI, G,
-    BLOCK: tl.constexpr, N_G: tl.constexpr, SEG: tl.constexpr, LIBDEVICE: tl.constexpr,
+    BLOCK: tl.constexpr, N_G: tl.constexpr, SEG: tl.constexpr, LIBDEVICE: tl.constexpr, PDL: tl.constexpr = False,
 ):
     """Grid (B, G), only rows of mode 2 work: for each of the row's chunks g, g + G, ..., gather
     the chunk's logits >= the row's bound and, for top-p without top-k, the chunk's sum of p (the
     top-p renormaliser's part). Each chunk is computed alone, so G (from the batch size) changes
     which program does it, never its result."""
+    pdl_prologue(PDL)
     row = tl.program_id(0)
     g = tl.program_id(1)
     fr = wf_ptr + row.to(tl.int64) * WF
@@ -577,10 +581,11 @@ def _sample_finish(
     logits_ptr, stride_row, temp_ptr, topk_ptr, topp_ptr, minp_ptr, seed_ptr, pos_ptr,
     out_ptr, path_ptr, wf_ptr, wi_ptr, wq_ptr, V, NCH, WF, WI,
     NCH_P2: tl.constexpr, N_G: tl.constexpr, SEG: tl.constexpr, CAP: tl.constexpr, CG: tl.constexpr,
-    TILE_C: tl.constexpr, FB_TILE: tl.constexpr, LIBDEVICE: tl.constexpr, RECORD_PATH: tl.constexpr,
+    TILE_C: tl.constexpr, FB_TILE: tl.constexpr, LIBDEVICE: tl.constexpr, RECORD_PATH: tl.constexpr, PDL: tl.constexpr = False,
 ):
     """One program per filtered row: compact the segments' logits >= L into the row's candidate
     list (index order), the exact phase on it, the whole-row fallback when needed."""
+    pdl_prologue(PDL)
     row = tl.program_id(0)
     fr = wf_ptr + row.to(tl.int64) * WF
     ir = wi_ptr + row.to(tl.int64) * WI
@@ -739,17 +744,17 @@ def _sample(
     g1 = _programs_per_row(pass1_programs or cfg.get("pass1_programs", PASS1_PROGRAMS), nch, B)
     _sample_pass1_argmax[(B, g1)](
         x, x.stride(0), *params, seeds, positions, wf, wi, V, nch, ch, wf_row, wi_row, g1,
-        BLOCK=block, LIBDEVICE=libdevice, num_warps=warps,
+        BLOCK=block, LIBDEVICE=libdevice, num_warps=warps, **pdl_launch(x.device),
     )
     gf = _programs_per_row(filter_programs or cfg.get("filter_programs", PASS1_PROGRAMS), nch, B)
     _sample_pass1_filter[(B, gf)](
         x, x.stride(0), *params, wf, wi, V, nch, ch, wf_row, wi_row, gf,
         BLOCK=block, N_G=n_g, SEG=seg, LIBDEVICE=libdevice, PREFETCH=cfg.get("filter_prefetch", False) if filter_prefetch is None else filter_prefetch,
-        num_warps=filter_warps or cfg.get("filter_warps", warps),
+        num_warps=filter_warps or cfg.get("filter_warps", warps), **pdl_launch(x.device),
     )
     _sample_plan[(B,)](
         *params, out, path_ptr, wf, wi, V, nch, wf_row, wi_row,
-        NCH_P2=nch_p2, N_G=n_g, SEG=seg, LIBDEVICE=libdevice, RECORD_PATH=record, num_warps=rwarps,
+        NCH_P2=nch_p2, N_G=n_g, SEG=seg, LIBDEVICE=libdevice, RECORD_PATH=record, num_warps=rwarps, **pdl_launch(out.device),
     )
     # pass 2 works only for rows whose candidates overflowed pass 1; every other program returns at
     # once, so past PASS2_PROGRAMS programs a row's chunks are shared out (the H200: 16k programs
@@ -757,12 +762,12 @@ def _sample(
     g = _programs_per_row(PASS2_PROGRAMS, nch, B)
     _sample_pass2[(B, g)](
         x, x.stride(0), *params, wf, wi, wq, V, nch, ch, wf_row, wi_row, g,
-        BLOCK=block, N_G=n_g, SEG=seg, LIBDEVICE=libdevice, num_warps=warps,
+        BLOCK=block, N_G=n_g, SEG=seg, LIBDEVICE=libdevice, num_warps=warps, **pdl_launch(x.device),
     )
     _sample_finish[(B,)](
         x, x.stride(0), *params, seeds, positions, out, path_ptr, wf, wi, wq, V, nch, wf_row, wi_row,
         NCH_P2=nch_p2, N_G=n_g, SEG=seg, CAP=cap, CG=max(1, min(nch_p2, 2048 // seg)), TILE_C=tile_c, FB_TILE=min(_pow2(V), 2048), LIBDEVICE=libdevice,
-        RECORD_PATH=record, num_warps=rwarps,
+        RECORD_PATH=record, num_warps=rwarps, **pdl_launch(x.device),
     )
     return out
 
@@ -772,7 +777,8 @@ def _sample(
 
 
 @triton.jit
-def _bitmask_kernel(logits_ptr, mask_ptr, V, W, stride_l, stride_m, BLOCK: tl.constexpr):
+def _bitmask_kernel(logits_ptr, mask_ptr, V, W, stride_l, stride_m, BLOCK: tl.constexpr, PDL: tl.constexpr = False):
+    pdl_prologue(PDL)
     row = tl.program_id(0).to(tl.int64)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     ok = offs < V
@@ -799,7 +805,7 @@ def apply_token_bitmask(logits: torch.Tensor, bitmask: torch.Tensor) -> torch.Te
     cfg = _cfg("apply_token_bitmask", "rows", logits.device)
     block = cfg["BLOCK"]
     _bitmask_kernel[(rows, triton.cdiv(vocab, block))](
-        logits, m, vocab, m.shape[1], logits.stride(0), m.stride(0), BLOCK=block, num_warps=cfg["num_warps"],
+        logits, m, vocab, m.shape[1], logits.stride(0), m.stride(0), BLOCK=block, num_warps=cfg["num_warps"], **pdl_launch(logits.device),
     )
     return logits
 

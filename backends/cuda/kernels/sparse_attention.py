@@ -97,7 +97,7 @@ from deepinfer.triton_common import (
     to_bf16_rne,
     upcast_dot,
 )
-from deepinfer_cuda.kernels.common import Registration, dot_precision, num_sms
+from deepinfer_cuda.kernels.common import Registration, dot_precision, num_sms, pdl_launch, pdl_prologue
 
 LOG2E = 1.4426950408889634
 
@@ -191,7 +191,9 @@ def _sparse_attention_kernel(
     MANUAL_RNE: tl.constexpr,
     FP8: tl.constexpr,  # kv is an FP8 cache (deepinfer.ops.kv_cache_format)
     XFP8: tl.constexpr,  # extra_kv is
+    PDL: tl.constexpr = False,
 ):
+    pdl_prologue(PDL)
     pid = tl.program_id(0)
     split = tl.program_id(1)
     num_splits = tl.num_programs(1)
@@ -256,10 +258,12 @@ def _sparse_attention_combine_kernel(
     SPLITS: tl.constexpr,  # splits a load: next_power_of_2(num_splits), at most MAX_SPLITS
     BLOCK_C: tl.constexpr,
     MANUAL_RNE: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
     """One program per (token, head, BLOCK_C columns): every split's partial columns in one
     [SPLITS, BLOCK_C] load (all in flight together, not one split after another), merged as a
     fixed tree with the sink joining the normaliser (deterministic)."""
+    pdl_prologue(PDL)
     pid = tl.program_id(0)
     cb = pid % COL_BLOCKS
     rest = pid // COL_BLOCKS
@@ -403,7 +407,7 @@ def launch_sparse_attention(
         DOT_PRECISION=dot_precision(dot_f32 or upcast_dot()),
         MANUAL_RNE=manual_rne,
         FP8=fp8, XFP8=xfp8,
-        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **pdl_launch(q.device),
     )
     if not direct:
         chunk = next_power_of_2(splits)
@@ -420,7 +424,7 @@ def launch_sparse_attention(
             COL_BLOCKS=col_blocks,
             SPLITS=chunk, BLOCK_C=block_c,
             MANUAL_RNE=manual_rne,
-            num_warps=COMBINE_WARPS,
+            num_warps=COMBINE_WARPS, **pdl_launch(part_out.device),
         )
     return out
 
