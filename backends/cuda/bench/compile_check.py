@@ -712,7 +712,8 @@ def run_case(case: Case, arch: str) -> list[Result]:
 def _compile_result(case: Case, arch: str, launch: Launch, expected: str | None, pdl: bool) -> Result:
     name = launch.kernel.__name__
     start = time.perf_counter()
-    r = Result(case.name, arch, name, False, expected=expected, needs_tma=case.tma and expected is not None, pdl=pdl, pdl_arg="PDL" in launch.kwargs or _is_gluon(launch.kernel))
+    needs_tma = case.tma and expected is not None
+    r = Result(case.name, arch, name, False, expected=expected, needs_tma=needs_tma, pdl=pdl, pdl_arg="PDL" in launch.kwargs or _is_gluon(launch.kernel))
     try:
         compiled, constexprs, options = compile_launch(launch, arch, pdl=pdl)
         ptx = compiled.asm["ptx"]
