@@ -995,6 +995,16 @@ class GemmPlan:
 _FUSED_REDUCE_ELEMS_PER_THREAD = 64  # accumulator elements per thread up to which split-K sums in-kernel
 
 
+def row_buckets(x: torch.Tensor, weight: torch.Tensor, layout: int) -> tuple[int, int, int, int, float]:
+    """(experts, N, masked max_m or 0, rows in all, rows per expert of the power-of-two bucket): what a
+    launch's tiles are chosen from (plan_gemm's docstring: why the bucket, not the exact count)."""
+    experts = weight.shape[0] if layout != _LINEAR else 1
+    n = weight.shape[-2]
+    if layout == _MASKED:
+        return experts, n, x.shape[1], experts * x.shape[1], x.shape[1]
+    return experts, n, 0, x.shape[0], next_power_of_2(x.shape[0]) / max(experts, 1)
+
+
 def plan_gemm(x: torch.Tensor, weight: torch.Tensor, fmt: str, layout: int, mx_path: str | None = None, invariant: bool = False) -> GemmPlan:
     """The launch's tiles, dot dtype, split-K and kernel, from the tensors' shapes, dtypes, strides
     and alignment, the device and its tuning entry only (never their values: no host sync).
@@ -1011,16 +1021,7 @@ def plan_gemm(x: torch.Tensor, weight: torch.Tensor, fmt: str, layout: int, mx_p
     the H200, seconds of stalled tokens). Only the grid and the row arguments see the exact count."""
     device = x.device
     k = x.shape[-1]
-    experts = weight.shape[0] if layout != _LINEAR else 1
-    n = weight.shape[-2]
-    if layout == _MASKED:
-        max_m = x.shape[1]
-        rows_total = experts * max_m
-        rows_per_expert = max_m
-    else:
-        max_m = 0
-        rows_total = x.shape[0]
-        rows_per_expert = next_power_of_2(rows_total) / max(experts, 1)  # the bucket's (docstring)
+    experts, n, max_m, rows_total, rows_per_expert = row_buckets(x, weight, layout)
 
     mx_mode = _mx_mode(fmt, x, mx_path)
     register = mx_mode == _MX_REGISTER

@@ -325,16 +325,7 @@ def plan_gluon(x: torch.Tensor, weight: torch.Tensor, layout: int, cfg_for=None)
     and at most the entry's), without split-K. cfg_for(variant): the tuning entry (default: this device's
     "gemm" table; the compile check passes the target arch's)."""
     k = x.shape[-1]
-    experts = weight.shape[0] if layout != _LINEAR else 1
-    n = weight.shape[-2]
-    if layout == _MASKED:
-        max_m = x.shape[1]
-        rows_total = experts * max_m
-        rows_per_expert = max_m
-    else:
-        max_m = 0
-        rows_total = x.shape[0]
-        rows_per_expert = next_power_of_2(rows_total) / max(experts, 1)
+    experts, n, max_m, rows_total, rows_per_expert = gemm.row_buckets(x, weight, layout)
     variant = "mxfp4_gluon_small" if rows_per_expert <= 64 else "mxfp4_gluon_large"
     cfg = cfg_for(variant) if cfg_for is not None else config("gemm", variant, x.device)
     block_m = max(16, min(cfg["BLOCK_M"], next_power_of_2(int(rows_per_expert) if rows_per_expert >= 1 else 1)))
