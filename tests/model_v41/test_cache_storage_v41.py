@@ -51,11 +51,17 @@ def test_the_release_holds_890_bytes_a_token_and_its_window_rings():
 
 
 def test_the_state_is_stored_bytes_and_its_budget_counts_them():
+    """The history in token blocks (block_bytes each), the rest in state slots (fixed_bytes_per_request each)."""
     config = V41Config.from_dict(tiny_config())
-    state = caches.allocate(config, 1, 256, "cpu")
-    tensors = [t for layer in state.layers for t in (layer.ring, layer.entries, layer.index_keys, layer.pending) if t is not None] + [state.engram_ids]
-    assert all(layer.ring.dtype == torch.uint8 for layer in state.layers)
-    assert caches.slot_bytes(config, 256) == sum(t.numel() * t.element_size() for t in tensors)
+    state = caches.allocate(config, 3, 16, 2, "cpu")
+    paged = [t for layer in state.layers for t in (layer.entries, layer.index_keys) if t is not None]
+    fixed = [t for layer in state.layers for t in (layer.ring, layer.pending) if t is not None] + [state.engram_ids]
+    assert all(layer.ring.dtype == torch.uint8 for layer in state.layers) and all(t.shape[0] == 3 for t in paged)
+    assert 3 * caches.block_bytes(config, 16) == sum(t.numel() * t.element_size() for t in paged)
+    assert 2 * caches.fixed_bytes_per_request(config) == sum(t.numel() * t.element_size() for t in fixed)
+    assert caches.block_bytes(config, 16) == 16 * caches.history_bytes_per_token(config)
+    with pytest.raises(ValueError, match="multiple of every DeepSeek-V4.1 compression ratio"):
+        caches.allocate(config, 3, 15, 2, "cpu")
 
 
 def test_deepinfer_runs_report_names_the_bytes_per_token_held():

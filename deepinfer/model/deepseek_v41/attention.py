@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from deepinfer.model.deepseek_v4.attention import grouped_output_projection
-from deepinfer.model.deepseek_v41.caches import ENTRY_FORMAT, INDEX_KEY_FORMAT, WINDOW_FORMAT, LayerState, read
+from deepinfer.model.deepseek_v41.caches import ENTRY_FORMAT, INDEX_KEY_FORMAT, WINDOW_FORMAT, LayerState, history_rows, read
 from deepinfer.model.deepseek_v41.compressor import V41Compressor
 from deepinfer.model.deepseek_v41.config import V41Config
 from deepinfer.model.deepseek_v41.indexer import V41Indexer
@@ -52,9 +52,11 @@ class V41Attention:
             if self.ratio:
                 if self.compressor is not None:  # a Full layer: its own entries replace the state handed on
                     count = self.compressor(ops, projected, span, state, cos_sin, x.dtype)
-                    # read once here for every layer that borrows them (Reuse, Reindex)
-                    kv_state.entries = read(ops, state.entries[span.slot, :count], ENTRY_FORMAT, self.dim, x.dtype)
-                    kv_state.index_keys = read(ops, state.index_keys[span.slot, :count], INDEX_KEY_FORMAT, self.config.index_head_dim, x.dtype)
+                    # read once here, through the block table, for every layer that borrows them (Reuse, Reindex)
+                    history = history_rows(span.pages, 0, count, state.entries.shape[1])
+                    kv_state.entries = read(ops, state.entries.view(-1, state.entries.shape[-1])[history], ENTRY_FORMAT, self.dim, x.dtype)
+                    keys_flat = state.index_keys.view(-1, state.index_keys.shape[-1])
+                    kv_state.index_keys = read(ops, keys_flat[history], INDEX_KEY_FORMAT, self.config.index_head_dim, x.dtype)
                     kv_state.topk = kv_state.blocks = None
                     kv_state.ratio = self.ratio
                 if self.indexer is not None and kv_state.entries.shape[0]:

@@ -5,13 +5,15 @@ without overlap and without a positional bias; projections in float32), cast to 
 1: the normed projection of each token (no gate). The entry is the latent rotated at the group's first position
 and stored in NVFP4; the index key is `k_norm(indexer.wk latent)` rotated likewise and stored in MXFP4, from the
 unrotated, unrounded latent. Only complete groups make entries; an open group's tokens wait in the sequence's state.
+Entries live in the sequence's token blocks (caches.py); groups inside a cached prefix's blocks are not written again
+(another sequence may be reading them), as DeepSeek-V4 leaves a hit's paged rows alone.
 """
 
 from __future__ import annotations
 
 import torch
 
-from deepinfer.model.deepseek_v41.caches import ENTRY_FORMAT, INDEX_KEY_FORMAT, RAW_DTYPE, LayerState
+from deepinfer.model.deepseek_v41.caches import ENTRY_FORMAT, INDEX_KEY_FORMAT, RAW_DTYPE, LayerState, history_rows
 from deepinfer.model.deepseek_v41.spans import Span, rotate_tail
 from deepinfer.model.linear import LinearWeight
 
@@ -34,22 +36,25 @@ class V41Compressor:
         return torch.cat((self.wkv(ops, xf), self.wgate(ops, xf)), dim=-1)
 
     def __call__(self, ops, projected: torch.Tensor, span: Span, state: LayerState, cos_sin: torch.Tensor, dtype: torch.dtype) -> int:
-        """Emit the entries of the groups that complete in this span into `state` (entries and index keys, rows
-        = group ids); keep the open group's tokens. Returns the number of entries the sequence now has."""
+        """Emit the entries of the groups that complete in this span into `state` (entries and index keys, in the
+        span's blocks), but those of a cached prefix's blocks; keep the open group's tokens. Returns the number of
+        entries the sequence now has."""
         r = self.ratio
-        first, done = span.start // r, span.end // r  # groups touched from the first one open at start; complete ones
+        done = span.end // r  # groups complete at the span's end
+        first = max(span.start // r, span.cached // r)  # the first group to emit: open at the start, past the shared blocks
         if done > first:
             if r == 1:
-                latent = projected[span.rows]
+                latent = projected[span.offset + first - span.start : span.offset + done - span.start]
             else:
                 latent = self._pool(ops, projected[span.rows], span, state, first, done).to(dtype)
                 latent, _ = ops.rms_norm(latent, self.norm, eps=self.eps)
             positions = torch.arange(first, done, device=latent.device) * r  # each group's first token
+            rows = history_rows(span.pages, first, done, state.entries.shape[1])
             entry = rotate_tail(ops, latent[:, None, :], self.rope_dim, positions, cos_sin)[:, 0]
-            state.entries[span.slot, first:done] = ops.cache_pack(entry, fmt=ENTRY_FORMAT)
+            state.entries.view(-1, state.entries.shape[-1])[rows] = ops.cache_pack(entry, fmt=ENTRY_FORMAT)
             key, _ = ops.rms_norm(self.wk(ops, latent), self.k_norm, eps=self.eps)
             key = rotate_tail(ops, key[:, None, :], self.rope_dim, positions, cos_sin)[:, 0]
-            state.index_keys[span.slot, first:done] = ops.cache_pack(key, fmt=INDEX_KEY_FORMAT)
+            state.index_keys.view(-1, state.index_keys.shape[-1])[rows] = ops.cache_pack(key, fmt=INDEX_KEY_FORMAT)
         if r > 1:
             # the span's last tokens, for the step that completes their group; every one of the last `rows`, not
             # only the open group's: a verification's rejected drafts may leave an earlier group open (caches.py)
@@ -59,11 +64,11 @@ class V41Compressor:
         return done
 
     def _pool(self, ops, new: torch.Tensor, span: Span, state: LayerState, first: int, done: int) -> torch.Tensor:
-        """compress_kv over the complete groups' tokens: those before the span from the state, then the span's."""
+        """compress_kv over the tokens of groups first .. done - 1: those before the span from the state, then the span's."""
         r, width = self.ratio, new.shape[1] // 2
-        waiting = span.start - first * r  # the first group's tokens that arrived in earlier steps
+        waiting = max(0, span.start - first * r)  # the first group's tokens that arrived in earlier steps
         earlier = state.pending[span.slot, [(first * r + i) % state.pending.shape[1] for i in range(waiting)]] if waiting else new[:0]
-        rows = torch.cat((earlier, new[: done * r - span.start]))
+        rows = torch.cat((earlier, new[max(0, first * r - span.start) : done * r - span.start]))
         starts = torch.arange(done - first, device=new.device) * r
         no_bias = torch.zeros(r, width, dtype=rows.dtype, device=rows.device)  # V4.1's compressor has no positional bias
         return ops.compress_kv(rows[:, :width], rows[:, width:], no_bias, starts, torch.full_like(starts, -1), ratio=r, overlap=False)

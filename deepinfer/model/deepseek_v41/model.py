@@ -5,9 +5,10 @@ entering it but collapses them with the previous site's `pre` (`hc_pre_delayed`;
 one-hot); Engram layers add their memory to the streams first. After the last block the streams are collapsed
 with the last FFN-site `pre`, normed, and projected to float32 logits (no `hc_head`, unlike V4).
 
-The engine calls `forward(batch, caches)` with the state `new_caches` made (caches.py: by owner, one slot per
-running sequence). With the decoder SWA bounded replay (bounded_replay.py) a step's host facts name each
-sequence's first decoder position: the encoder layers run on every new token, the decoder layers on the rows from
+The engine calls `forward(batch, caches)` with the caches `new_caches` made (caches.py: the KV sources' history in
+the engine's token blocks, read through each sequence's block table; the rest in one state slot per running
+sequence). With the decoder SWA bounded replay (bounded_replay.py) a step's host facts name each sequence's first
+decoder position: the encoder layers run on every new token, the decoder layers on the rows from
 there on; without them every layer runs on every new token.
 """
 
@@ -99,7 +100,7 @@ class DeepseekV41ForCausalLM:
     `swa_bounded_replay`: whether the engine should prefill the decoder layers on the prompt's tail only
     (`decoder_replay_start`); a step without host facts for it runs every layer on every token either way."""
 
-    supports_device_graphs = False  # a step's spans are host facts (caches.py keeps no paged layout yet)
+    supports_device_graphs = False  # a step's spans are host facts (no device-side plan of a V4.1 step yet)
 
     def __init__(self, config: V41Config, ops, device, dtype: torch.dtype, max_positions: int | None = None, swa_bounded_replay: bool = True):
         self.config, self.ops, self.device, self.dtype = config, ops, torch.device(device), dtype
@@ -138,18 +139,20 @@ class DeepseekV41ForCausalLM:
     # ---- caches --------------------------------------------------------------------------------
 
     def kv_block_bytes(self, block_size: int, dtype: torch.dtype, draft_layers: int = 0) -> int:
-        """Nothing is paged yet: the whole state lives in the state slots (`state_slot_bytes`)."""
-        return 1
+        """Bytes of one token block: the KV sources' stored entries and index keys of its tokens (caches.block_bytes;
+        the stored formats are the release's whatever the cache dtype; the DSpark drafter pages nothing). At least
+        1: a model without KV sources pages nothing, and the engine divides its budget by this."""
+        return max(1, v41_caches.block_bytes(self.config, block_size))
 
     def state_slot_bytes(self, draft_layers: int = 0, lookahead: int = 0) -> int:
-        """A sequence's state in its stored bytes; with `draft_layers` (DSpark drafting), its drafter's context keys too."""
+        """A sequence's fixed state in its stored bytes; with `draft_layers` (DSpark drafting), its drafter's context keys too."""
         c = self.config
         context = c.num_nextn_predict_layers * c.sliding_window * c.head_dim * torch.empty((), dtype=self.dtype).element_size() if draft_layers else 0
-        return v41_caches.slot_bytes(c, self.max_positions, lookahead) + context
+        return v41_caches.fixed_bytes_per_request(c, lookahead) + context
 
     def cache_footprint(self) -> tuple[float, int]:
-        """(state bytes one token of history adds: the KV sources' stored entries and index keys; bytes a
-        sequence's state holds whatever its length: the window rings, an open group's projections, Engram's ids)."""
+        """(cache bytes one token of history adds: the KV sources' stored entries and index keys, paged; bytes a
+        sequence's state slot holds whatever its length: the window rings, an open group's projections, Engram's ids)."""
         return v41_caches.history_bytes_per_token(self.config), v41_caches.fixed_bytes_per_request(self.config)
 
     def new_draft_caches(self, count: int, num_blocks: int, block_size: int, num_slots: int, dtype: torch.dtype, lookahead: int = 0) -> list:
@@ -158,12 +161,12 @@ class DeepseekV41ForCausalLM:
 
     @property
     def prefix_replay_tokens(self) -> int:
-        """A prefix hit recomputes the whole sequence: the compressed history lives in the sequence's state slot,
-        not in the shared blocks a hit would reuse."""
+        """A prefix hit recomputes the whole sequence: its history is in the shared blocks (and is not written again),
+        but the fixed state at the hit's boundary (window rings, Engram's ids) is not."""
         return self.max_positions
 
     def new_caches(self, num_blocks: int, block_size: int, num_slots: int, dtype: torch.dtype, lookahead: int = 0) -> v41_caches.V41State:
-        return v41_caches.allocate(self.config, max(1, num_slots), self.max_positions, self.device, lookahead)
+        return v41_caches.allocate(self.config, num_blocks, block_size, max(1, num_slots), self.device, lookahead)
 
     def decoder_replay_start(self, prompt_tokens: int) -> int:
         """A sequence's first position its decoder layers compute (0: every position; bounded_replay.py)."""
@@ -181,8 +184,8 @@ class DeepseekV41ForCausalLM:
         if host is None:
             raise ValueError("a DeepSeek-V4.1 step needs the batch's host facts (each sequence's start, length and state slot)")
         spans, offset = [], 0
-        for start, length, slot in zip(host.starts, host.lengths, host.slots):
-            spans.append(Span(max(slot, 0), start, length, offset))
+        for b, (start, length, slot, cached) in enumerate(zip(host.starts, host.lengths, host.slots, host.cached)):
+            spans.append(Span(max(slot, 0), start, length, offset, pages=batch.block_tables[b], cached=cached))
             offset += length
         positions = batch.positions
         engram_rows = self.engram_hashing(ops, batch.input_ids, spans, caches.engram_ids) if self.engram_hashing is not None else None

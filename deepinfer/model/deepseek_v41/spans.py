@@ -16,6 +16,8 @@ class Span:
     length: int
     offset: int  # its first row among the step's tokens
     window_from: int = 0  # the lowest position whose window row this layer computed (bounded_replay.py: the decoder's tail start)
+    pages: torch.Tensor | None = None  # [blocks] int32 on the device: its block table, where its paged history lives (caches.py)
+    cached: int = 0  # positions below this were in cached blocks when it was admitted: their history is shared, never rewritten
 
     @property
     def rows(self) -> slice:
