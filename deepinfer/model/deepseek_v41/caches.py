@@ -10,7 +10,9 @@ Per sequence (a state slot, held while the sequence runs; nothing here grows wit
 - every layer: a ring of the window KV of its last `sliding_window` positions (position p in row p % rows);
 - KV-source layers: the raw projections (value, gate logits) of a group's tokens that arrived before
   the group completed, position p in row p % rows;
-- Engram: the compressed ids of each sequence's last `engram_max_ngram_size - 1` tokens, position p in row p % rows.
+- Engram: the compressed ids of each sequence's last `engram_max_ngram_size - 1` tokens, position p in row p % rows, in
+  one row more than that (`engram_rows`): a step's write never lands on a row it reads, so a decode step run again (a
+  device graph's warm-ups) computes the same.
 The three rings hold `lookahead` rows more than they need (speculative decoding's drafts): a verification
 writes the rows of its drafts, and when a draft is rejected the next step reads the rows its positions
 overwrote would have held; with the slack they still hold them (ATOM sizes the window ring 128 + 5 likewise).
@@ -21,6 +23,9 @@ model writes them with `cache_pack` and reads back what a step attends to with `
 gives the values `cache_round` gives, so the stored formats change no number.
 A sequence's state is written before it is read: a step reads only positions of its own earlier steps, and
 entries of a cached prefix's blocks (computed by the sequence that registered them).
+One more state slot and one more block than asked for are scratch, never read: a decode step planned on the device
+(decode_plan.py) writes there what its padding rows and its groups that do not close would write, so that every
+row writes somewhere and its writes keep fixed shapes (one slot and one block beyond the engine's budget).
 """
 
 from __future__ import annotations
@@ -47,7 +52,12 @@ class LayerState:
 @dataclass
 class V41State:
     layers: list[LayerState]
-    engram_ids: torch.Tensor | None  # [slots, max_ngram - 1 + lookahead] int64: compressed ids of the last tokens, row = position % rows
+    engram_ids: torch.Tensor | None  # [slots, engram_rows] int64: compressed ids of the last tokens, row = position % rows
+
+    @property
+    def scratch_slot(self) -> int:
+        """The state slot no sequence owns (the last): a decode step's padding rows write their state there."""
+        return self.layers[0].ring.shape[0] - 1 if self.layers else 0
 
 
 def rows_per_block(block_size: int, ratio: int) -> int:
@@ -58,7 +68,9 @@ def rows_per_block(block_size: int, ratio: int) -> int:
 
 
 def allocate(config: V41Config, num_blocks: int, block_size: int, slots: int, device, lookahead: int = 0) -> V41State:
+    """Slots 0 .. slots - 1 and blocks 0 .. num_blocks - 1 for the engine's sequences, then one scratch slot and block."""
     c = config
+    slots, num_blocks = slots + 1, num_blocks + 1
     layers = []
     stored = lambda *shape: torch.zeros(*shape, dtype=torch.uint8, device=device)  # noqa: E731
     for role in c.roles:
@@ -69,8 +81,13 @@ def allocate(config: V41Config, num_blocks: int, block_size: int, slots: int, de
             state.index_keys = stored(num_blocks, rows, row_bytes(c.index_head_dim, INDEX_KEY_FORMAT))
             state.pending = torch.zeros(slots, role.ratio + lookahead, 2 * c.head_dim, dtype=RAW_DTYPE, device=device)
         layers.append(state)
-    engram = torch.zeros(slots, c.engram_max_ngram_size - 1 + lookahead, dtype=torch.int64, device=device) if c.engram_layer_ids else None
+    engram = torch.zeros(slots, engram_rows(c, lookahead), dtype=torch.int64, device=device) if c.engram_layer_ids else None
     return V41State(layers, engram)
+
+
+def engram_rows(config: V41Config, lookahead: int = 0) -> int:
+    """Rows of a slot's Engram history: the max_ngram - 1 ids a token reads, its own, and the speculative slack."""
+    return config.engram_max_ngram_size + lookahead
 
 
 def history_rows(pages: torch.Tensor, first: int, end: int, per_block: int) -> torch.Tensor:
@@ -107,4 +124,4 @@ def fixed_bytes_per_request(config: V41Config, lookahead: int = 0) -> int:
     c = config
     total = len(c.roles) * (c.sliding_window + lookahead) * row_bytes(c.head_dim, WINDOW_FORMAT)
     total += sum((role.ratio + lookahead) * 2 * c.head_dim * RAW_DTYPE.itemsize for role in c.roles if role.has_compressor)
-    return total + (8 * (c.engram_max_ngram_size - 1 + lookahead) if c.engram_layer_ids else 0)
+    return total + (8 * engram_rows(c, lookahead) if c.engram_layer_ids else 0)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 
 from deepinfer.model.deepseek_v41.caches import ENTRY_FORMAT, INDEX_KEY_FORMAT, RAW_DTYPE, LayerState, history_rows
+from deepinfer.model.deepseek_v41.decode_plan import RatioDecode
 from deepinfer.model.deepseek_v41.spans import Span, rotate_tail
 from deepinfer.model.linear import LinearWeight
 
@@ -49,12 +50,7 @@ class V41Compressor:
                 latent = self._pool(ops, projected[span.rows], span, state, first, done).to(dtype)
                 latent, _ = ops.rms_norm(latent, self.norm, eps=self.eps)
             positions = torch.arange(first, done, device=latent.device) * r  # each group's first token
-            rows = history_rows(span.pages, first, done, state.entries.shape[1])
-            entry = rotate_tail(ops, latent[:, None, :], self.rope_dim, positions, cos_sin)[:, 0]
-            state.entries.view(-1, state.entries.shape[-1])[rows] = ops.cache_pack(entry, fmt=ENTRY_FORMAT)
-            key, _ = ops.rms_norm(self.wk(ops, latent), self.k_norm, eps=self.eps)
-            key = rotate_tail(ops, key[:, None, :], self.rope_dim, positions, cos_sin)[:, 0]
-            state.index_keys.view(-1, state.index_keys.shape[-1])[rows] = ops.cache_pack(key, fmt=INDEX_KEY_FORMAT)
+            self._write(ops, latent, positions, history_rows(span.pages, first, done, state.entries.shape[1]), state, cos_sin)
         if r > 1:
             # the span's last tokens, for the step that completes their group; every one of the last `rows`, not
             # only the open group's: a verification's rejected drafts may leave an earlier group open (caches.py)
@@ -62,6 +58,33 @@ class V41Compressor:
             for p in range(max(span.start, span.end - rows), span.end):
                 state.pending[span.slot, p % rows] = projected[span.offset + p - span.start]
         return done
+
+    def decode(self, ops, projected: torch.Tensor, plan: RatioDecode, state: LayerState, cos_sin: torch.Tensor, dtype: torch.dtype) -> None:
+        """A decode step's (decode_plan.py): each token's projections into the pending ring, and the entry of the group
+        it closes into its row of the paged history; a token that closes none writes its entry to the scratch block."""
+        r = self.ratio
+        if r == 1:
+            latent = projected
+        else:
+            width = projected.shape[1] // 2
+            pending = state.pending.view(-1, 2 * width)
+            # torch glue: each token's group laid out [B * ratio] (its earlier tokens gathered from the ring, then its own),
+            # and an index_put of one row per token (padding rows: the scratch slot's)
+            rows = torch.cat((pending[plan.pending_reads], projected[:, None]), dim=1).flatten(0, 1)
+            pending[plan.pending_write] = projected
+            no_bias = torch.zeros(r, width, dtype=rows.dtype, device=rows.device)  # V4.1's compressor has no positional bias
+            none = torch.full_like(plan.pool_starts, -1)  # no overlap: no previous window
+            latent = ops.compress_kv(rows[:, :width], rows[:, width:], no_bias, plan.pool_starts, none, ratio=r, overlap=False).to(dtype)
+            latent, _ = ops.rms_norm(latent, self.norm, eps=self.eps)
+        self._write(ops, latent, plan.group_first, plan.write_rows, state, cos_sin)
+
+    def _write(self, ops, latent: torch.Tensor, positions: torch.Tensor, rows: torch.Tensor, state: LayerState, cos_sin: torch.Tensor) -> None:
+        """Entries [n, D] of groups starting at `positions`, and their index keys, stored into flat history rows `rows`."""
+        entry = rotate_tail(ops, latent[:, None, :], self.rope_dim, positions, cos_sin)[:, 0]
+        state.entries.view(-1, state.entries.shape[-1])[rows] = ops.cache_pack(entry, fmt=ENTRY_FORMAT)  # torch glue: index_put
+        key, _ = ops.rms_norm(self.wk(ops, latent), self.k_norm, eps=self.eps)
+        key = rotate_tail(ops, key[:, None, :], self.rope_dim, positions, cos_sin)[:, 0]
+        state.index_keys.view(-1, state.index_keys.shape[-1])[rows] = ops.cache_pack(key, fmt=INDEX_KEY_FORMAT)
 
     def _pool(self, ops, new: torch.Tensor, span: Span, state: LayerState, first: int, done: int) -> torch.Tensor:
         """compress_kv over the tokens of groups first .. done - 1: those before the span from the state, then the span's."""

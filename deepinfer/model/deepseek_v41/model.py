@@ -17,15 +17,16 @@ from __future__ import annotations
 import torch
 
 from deepinfer import exact_order
-from deepinfer.model.deepseek_v41 import bounded_replay
+from deepinfer.model.deepseek_v41 import bounded_replay, decode_plan
 from deepinfer.model.deepseek_v41 import caches as v41_caches
 from deepinfer.model.deepseek_v41.attention import V41Attention
 from deepinfer.model.deepseek_v41.config import V41Config
+from deepinfer.model.deepseek_v41.decode_plan import V41DecodePlan
 from deepinfer.model.deepseek_v41.dspark import RESIDUAL, V41DSpark
 from deepinfer.model.deepseek_v41.engram import EngramHashing, V41Engram
 from deepinfer.model.deepseek_v41.moe import V41MoE
 from deepinfer.model.deepseek_v41.roles import LayerRole
-from deepinfer.model.deepseek_v41.spans import SharedKV, Span
+from deepinfer.model.deepseek_v41.spans import SharedBatchKV, SharedKV, Span
 from deepinfer.model.deepseek_v41.weights import V41Weights
 from deepinfer.model.forward_batch import ForwardBatch
 from deepinfer.ops.rope import rope_cos_sin_cache
@@ -53,7 +54,8 @@ class V41Block:
         return ops.hc_pre_delayed(streams, pre, fn, base, scale, norm_eps=c.rms_norm_eps, hc_eps=c.hc_eps, sinkhorn_iters=c.hc_sinkhorn_iters)
 
     def __call__(self, ops, streams, pre, positions, spans, state, shared, ropes, engram_rows, capture=None):
-        """(streams after the block, the FFN site's pre for the next block). capture(streams): called with the
+        """(streams after the block, the FFN site's pre for the next block). spans and shared: the step's spans and each
+        one's SharedKV, or a decode step's V41DecodePlan and its SharedBatchKV. capture(streams): called with the
         streams entering the attention site (after Engram): DSpark's target features."""
         eps = self.config.rms_norm_eps
         if self.engram is not None:
@@ -62,7 +64,11 @@ class V41Block:
             capture(streams)
         x, attn_pre, post, comb = self._site(ops, streams, pre, "attn")
         x, _ = ops.rms_norm(x, self.attn_norm, eps=eps)
-        streams = ops.hc_post(self.attn(ops, x, positions, spans, state, shared, ropes), streams, post, comb)
+        if isinstance(spans, V41DecodePlan):  # a decode step planned on the device (decode_plan.py)
+            out = self.attn.decode(ops, x, spans, state, shared, ropes)
+        else:
+            out = self.attn(ops, x, positions, spans, state, shared, ropes)
+        streams = ops.hc_post(out, streams, post, comb)
         x, ffn_pre, post, comb = self._site(ops, streams, attn_pre, "ffn")
         x, _ = ops.rms_norm(x, self.ffn_norm, eps=eps)
         return ops.hc_post(self.ffn(ops, x), streams, post, comb), ffn_pre
@@ -100,7 +106,8 @@ class DeepseekV41ForCausalLM:
     `swa_bounded_replay`: whether the engine should prefill the decoder layers on the prompt's tail only
     (`decoder_replay_start`); a step without host facts for it runs every layer on every token either way."""
 
-    supports_device_graphs = False  # a step's spans are host facts (no device-side plan of a V4.1 step yet)
+    supports_device_graphs = True  # a decode step plans its rows on the device (decode_plan.py)
+    device_graph_tokens_per_seq = 1  # only decode steps: a prefill, chunk or verification runs the per-span path eagerly
 
     def __init__(self, config: V41Config, ops, device, dtype: torch.dtype, max_positions: int | None = None, swa_bounded_replay: bool = True):
         self.config, self.ops, self.device, self.dtype = config, ops, torch.device(device), dtype
@@ -180,9 +187,11 @@ class DeepseekV41ForCausalLM:
         V4.1 draft reads of every row: DSpark's target features [T, len(dspark_target_layer_ids) * hidden] (`features`),
         zeros on the rows the bounded replay kept out of the decoder layers."""
         ops, c = self.ops, self.config
+        if decode_plan.plans_on_device(batch, c):
+            return self._decode(batch, caches, hidden_states)
         host = batch.host
         if host is None:
-            raise ValueError("a DeepSeek-V4.1 step needs the batch's host facts (each sequence's start, length and state slot)")
+            raise ValueError("a DeepSeek-V4.1 step other than a decode step (one token per sequence, with state slots) needs the batch's host facts")
         spans, offset = [], 0
         for b, (start, length, slot, cached) in enumerate(zip(host.starts, host.lengths, host.slots, host.cached)):
             spans.append(Span(max(slot, 0), start, length, offset, pages=batch.block_tables[b], cached=cached))
@@ -216,6 +225,23 @@ class DeepseekV41ForCausalLM:
         return (logits, features.out) if hidden_states else logits
 
     __call__ = forward
+
+    def _decode(self, batch: ForwardBatch, caches: v41_caches.V41State, hidden_states: bool):
+        """A decode step (one token per sequence) on its device plan: every layer on every token, the whole batch in each
+        op, nothing read on the host (what a device graph captures; eager decode runs the same code)."""
+        ops, c = self.ops, self.config
+        plan = decode_plan.plan_decode(c, batch, caches)
+        engram_rows = self.engram_hashing.decode(ops, batch.input_ids, plan, caches.engram_ids) if self.engram_hashing is not None else None
+        streams = self.embed[batch.input_ids].unsqueeze(1).expand(-1, c.hc_mult, -1).contiguous()
+        pre = torch.zeros(streams.shape[:2], dtype=torch.float32, device=self.device)
+        pre[:, 0] = 1  # the first site collapses with the one-hot
+        features = DraftFeatures(c, streams.shape[0], streams.dtype, self.device) if hidden_states else None
+        shared = SharedBatchKV()
+        for layer, state in zip(self.layers, caches.layers):
+            streams, pre = layer(ops, streams, pre, plan.positions, plan, state, shared, self.ropes, engram_rows, features.capture(layer) if features else None)
+        wanted = batch.logits_indices
+        logits = self._logits(ops, streams[wanted], pre[wanted])
+        return (logits, features.out) if hidden_states else logits
 
     def _logits(self, ops, streams: torch.Tensor, pre: torch.Tensor) -> torch.Tensor:
         """Collapse with the last FFN site's pre (torch glue: once per step, on the sampled rows only; the
