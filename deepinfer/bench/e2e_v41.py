@@ -7,10 +7,11 @@ fit the device's free memory (`e2e_v4.choose_layers`) or `--layers`; decode requ
 (`e2e_v4.admit_at_cache_length`: the prompt's first context - 1 tokens counted as computed, the state slot's
 stored caches holding what they hold), one step computes the last prompt token, `warmup` untimed decode steps,
 then `steps` timed ones; prefill rows (`e2e_v4.prefill_pass`) prefill random prompts from position 0 in chunks of
-`prefill_chunk` tokens, one untimed pass then one timed. V4.1 keeps each sequence's whole state in a state slot
-sized for the engine's max_model_len (deepinfer/model/deepseek_v41/caches.py), so the memory plan counts
-max_num_seqs slots per engine; the bounded replay is on (its default). Decode floors are bytes over the copy
-bandwidth and prefill floors FLOPs over the bf16 matmul rate, both measured in the same run.
+`prefill_chunk` tokens, one untimed pass then one timed. V4.1 keeps each sequence's history in the engine's token
+blocks and the rest in a state slot (deepinfer/model/deepseek_v41/caches.py); the engine gets blocks for
+max_num_seqs sequences of max_model_len tokens, so the memory plan counts that history and max_num_seqs slots;
+the bounded replay is on (its default). Decode floors are bytes over the copy bandwidth and prefill floors FLOPs
+over the bf16 matmul rate, both measured in the same run.
 """
 
 from __future__ import annotations
@@ -59,7 +60,7 @@ class V41PrefillResult:
 
 def memory_parts(config, max_len: int, max_seqs: int, prefill_tokens: int, dtype: torch.dtype, copy_gib: float, matmul_n: int) -> dict[str, float]:
     """Bytes the run holds at once, by part: the weights as kept; one layer's routed experts twice more (while the
-    model stacks them); the larger engine's state slots (max_seqs sequences of max_len positions) and the unpacked
+    model stacks them); the larger engine's cache (max_seqs sequences of max_len positions: paged history, state slots) and the unpacked
     copy of one KV source's history per sequence a step reads (caches.py); a prefill step's activations (the streams
     and the larger of attention's and the MoE's temporaries per token, times e2e_v4.ACTIVATIONS_SLACK); the
     bandwidth and matmul tests; e2e_v4.ACTIVATIONS_GIB of headroom."""
@@ -80,7 +81,7 @@ def memory_parts(config, max_len: int, max_seqs: int, prefill_tokens: int, dtype
     parts = {
         "weights": float(weights),
         "expert stacking": 2.0 * experts,
-        "state slots": float(max_seqs * caches.slot_bytes(c, max_len) + unpacked),
+        "cache and state slots": float(max_seqs * (caches.fixed_bytes_per_request(c) + max_len * caches.history_bytes_per_token(c)) + unpacked),
         "prefill activations": float(activations),
         "bandwidth test": 2 * copy_gib * GiB,
         "matmul test": float(10 * matmul_n**2),

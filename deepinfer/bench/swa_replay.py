@@ -22,6 +22,8 @@ import torch
 
 from deepinfer.bench.prefix_replay import machine_info, timed_request
 
+BLOCK = 16  # token block size of `last_logits`' own caches
+
 
 @dataclass
 class ReplayComparison:
@@ -48,15 +50,17 @@ def last_logits(model, ids: list[int], bounded: bool, device) -> torch.Tensor:
     from deepinfer.model.forward_batch import ForwardBatch, HostBatch
 
     n = len(ids)
-    host = HostBatch(starts=[0], lengths=[n], cached=[0], slots=[0], pages=[[0]], decoder_from=[model.decoder_replay_start(n)] if bounded else None)
+    blocks = -(-n // BLOCK)  # the prompt's history in blocks 0, 1, ... of caches of its own
+    decoder_from = [model.decoder_replay_start(n)] if bounded else None
+    host = HostBatch(starts=[0], lengths=[n], cached=[0], slots=[0], pages=[list(range(blocks))], decoder_from=decoder_from)
     batch = ForwardBatch(
         is_prefill=True, input_ids=torch.tensor(ids, device=device), positions=torch.arange(n, device=device),
         slot_mapping=torch.zeros(n, dtype=torch.int64, device=device), cu_seqlens_q=torch.tensor([0, n], dtype=torch.int32, device=device),
-        seq_lens=torch.tensor([n], dtype=torch.int32, device=device), block_tables=torch.zeros(1, 1, dtype=torch.int32, device=device),
+        seq_lens=torch.tensor([n], dtype=torch.int32, device=device), block_tables=torch.arange(blocks, dtype=torch.int32, device=device)[None],
         logits_indices=torch.tensor([n - 1], device=device), max_query_len=n, max_seq_len=n, host=host,
         state_slots=torch.zeros(1, dtype=torch.int32, device=device),
     )  # fmt: skip
-    return model.forward(batch, model.new_caches(1, 16, 1, model.dtype))[0].float().cpu()
+    return model.forward(batch, model.new_caches(blocks, BLOCK, 1, model.dtype))[0].float().cpu()
 
 
 def run(

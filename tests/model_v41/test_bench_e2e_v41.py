@@ -45,7 +45,7 @@ def test_bad_arguments_are_one_line(argv, message, capsys):
 def test_the_shape_cut_keeps_the_sources_below_the_cut():
     full = v41_flash.flash_config()
     assert v41_flash.layer_kinds(full) == {"swa": 2, "full": 4, "reuse": 30, "reindex": 4}
-    assert v41_flash.cache_bytes(full) == {"history_bytes_per_token": 890.0, "fixed_bytes_per_request": 40 * 128 * 528 + 7 * 4096 + 24}
+    assert v41_flash.cache_bytes(full) == {"history_bytes_per_token": 890.0, "fixed_bytes_per_request": 40 * 128 * 528 + 7 * 4096 + 32}
     cut = v41_flash.flash_config(9)
     assert cut.kv_source_layer_ids == (2, 8) and cut.candidate_source_layer_id == -1 and cut.engram_layer_ids == (1,)
     assert v41_flash.flash_config(25).candidate_source_layer_id == 20

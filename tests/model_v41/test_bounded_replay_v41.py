@@ -23,7 +23,7 @@ from deepinfer.model.deepseek_v41.load import load_v41
 from deepinfer.model.deepseek_v41.spans import SharedKV, Span
 from deepinfer.runtime import open_runtime
 
-from model_v41.test_oracle_v41 import prefill_batch
+from model_v41.test_oracle_v41 import BLOCKS, one_sequence_caches, prefill_batch
 from model_v41.tiny_v41 import ORACLE_V41, write_oracle_checkpoint
 
 CONFIG = V41Config.from_dict(ORACLE_V41)
@@ -61,9 +61,10 @@ def reference_logits(model, ids: list[int], start: int) -> torch.Tensor:
     """The last position's logits of `ids` with the encoder layers over every token and the decoder layers over
     positions start.. only, windows beginning at `start`: the bounded replay written out from the model's blocks."""
     ops, c, n = model.ops, model.config, len(ids)
-    caches = model.new_caches(1, 16, 1, torch.float32)
+    caches = one_sequence_caches(model)
     input_ids, positions = torch.tensor(ids), torch.arange(n)
-    every = [Span(0, 0, n, 0)]
+    pages = torch.arange(BLOCKS, dtype=torch.int32)
+    every = [Span(0, 0, n, 0, pages=pages)]
     engram_rows = model.engram_hashing(ops, input_ids, every, caches.engram_ids)
     streams = model.embed[input_ids].unsqueeze(1).expand(-1, c.hc_mult, -1).contiguous()
     pre = torch.zeros(streams.shape[:2])
@@ -72,7 +73,7 @@ def reference_logits(model, ids: list[int], start: int) -> torch.Tensor:
     for layer, state in zip(model.layers[:SPLIT], caches.layers[:SPLIT]):
         streams, pre = layer(ops, streams, pre, positions, every, state, shared, model.ropes, engram_rows)
     # the decoder: the rows from `start` on, each keeping the encoder's selection at its position
-    tail = [Span(0, start, n - start, 0, window_from=start)]
+    tail = [Span(0, start, n - start, 0, window_from=start, pages=pages)]
     kv = shared[0]
     kept = [SharedKV(kv.entries, kv.index_keys, kv.topk[start:], None if kv.blocks is None else kv.blocks[start:], kv.ratio)]
     streams, pre, positions = streams[start:], pre[start:], positions[start:]
@@ -88,7 +89,7 @@ def bounded_prefill(model, ids: list[int], caches=None, bounded: bool = True) ->
     batch = prefill_batch(ids)
     batch.host.decoder_from = [model.decoder_replay_start(len(ids))] if bounded else None
     batch.logits_indices = torch.tensor([len(ids) - 1])
-    return model.forward(batch, caches if caches is not None else model.new_caches(1, 16, 1, torch.float32))[0]
+    return model.forward(batch, caches if caches is not None else one_sequence_caches(model))[0]
 
 
 def test_the_split_and_the_tail_are_the_configs():
@@ -130,7 +131,7 @@ def test_a_prompt_no_longer_than_the_tail_equals_the_replay_off_exactly(folder, 
 def test_the_decoder_never_reads_a_ring_row_below_the_tail(model):
     """A slot's decoder rings below the tail hold whatever an earlier sequence left: NaN changes nothing."""
     ids = PROMPTS[0]
-    caches = model.new_caches(1, 16, 1, torch.float32)
+    caches = one_sequence_caches(model)
     for state in caches.layers[SPLIT:]:
         state.ring.fill_(255)  # NaN e4m3 codes, out-of-range scales
     assert torch.equal(bounded_prefill(model, ids, caches), bounded_prefill(model, ids))
@@ -147,7 +148,7 @@ def test_a_cut_row_cannot_be_asked_for_its_logits(model):
     batch = prefill_batch(ids)
     batch.host.decoder_from = [model.decoder_replay_start(len(ids))]
     with pytest.raises(ValueError, match="before its sequence's decoder tail"):
-        model.forward(batch, model.new_caches(1, 16, 1, torch.float32))
+        model.forward(batch, one_sequence_caches(model))
 
 
 def test_a_request_for_prompt_logprobs_runs_every_layer_on_every_token(folder):

@@ -47,15 +47,23 @@ def test_the_release_holds_890_bytes_a_token_and_its_window_rings():
     assert caches.history_bytes_per_token(config) == 2.5 * (288 + 68) == 890
     rings = 40 * 128 * 528  # every layer's ring of FP8 rows
     pending = (3 * 2 + 1) * 2 * 512 * 4  # each KV source's open group of float32 projections
-    assert caches.fixed_bytes_per_request(config) == rings + pending + 3 * 8
+    assert caches.fixed_bytes_per_request(config) == rings + pending + 4 * 8  # Engram's last 3 ids and the new one's row
 
 
 def test_the_state_is_stored_bytes_and_its_budget_counts_them():
+    """The history in token blocks (block_bytes each), the rest in state slots (fixed_bytes_per_request each); one
+    more block and slot are the decode steps' scratch (decode_plan.py)."""
     config = V41Config.from_dict(tiny_config())
-    state = caches.allocate(config, 1, 256, "cpu")
-    tensors = [t for layer in state.layers for t in (layer.ring, layer.entries, layer.index_keys, layer.pending) if t is not None] + [state.engram_ids]
-    assert all(layer.ring.dtype == torch.uint8 for layer in state.layers)
-    assert caches.slot_bytes(config, 256) == sum(t.numel() * t.element_size() for t in tensors)
+    state = caches.allocate(config, 3, 16, 2, "cpu")
+    paged = [t for layer in state.layers for t in (layer.entries, layer.index_keys) if t is not None]
+    fixed = [t for layer in state.layers for t in (layer.ring, layer.pending) if t is not None] + [state.engram_ids]
+    assert all(layer.ring.dtype == torch.uint8 for layer in state.layers) and all(t.shape[0] == 3 + 1 for t in paged)
+    assert state.scratch_slot == 2 and all(t.shape[0] == 2 + 1 for t in fixed)
+    assert (3 + 1) * caches.block_bytes(config, 16) == sum(t.numel() * t.element_size() for t in paged)
+    assert (2 + 1) * caches.fixed_bytes_per_request(config) == sum(t.numel() * t.element_size() for t in fixed)
+    assert caches.block_bytes(config, 16) == 16 * caches.history_bytes_per_token(config)
+    with pytest.raises(ValueError, match="multiple of every DeepSeek-V4.1 compression ratio"):
+        caches.allocate(config, 3, 15, 2, "cpu")
 
 
 def test_deepinfer_runs_report_names_the_bytes_per_token_held():
@@ -65,4 +73,4 @@ def test_deepinfer_runs_report_names_the_bytes_per_token_held():
     per_token, per_request = llm.cache_bytes_held()
     # tiny-v41: KV sources of ratio 2, 2 and 1 with 32-wide entries (18 B) and keys (17 B); ten rings of 128 33-byte rows
     assert per_token == (0.5 + 0.5 + 1) * (18 + 17) == 70
-    assert per_request == 10 * 128 * 33 + (2 + 2 + 1) * 2 * 32 * 4 + 3 * 8
+    assert per_request == 10 * 128 * 33 + (2 + 2 + 1) * 2 * 32 * 4 + 4 * 8  # Engram: its last 3 ids and the new one's row

@@ -12,7 +12,7 @@ from safetensors.torch import load_file
 from deepinfer.model.deepseek_v41.dspark import NORMED, RESIDUAL
 
 from model_v41.make_dspark_fixtures import ANCHORS, FIXTURE
-from model_v41.test_oracle_v41 import model, prefill_batch  # noqa: F401  (the module's fixture)
+from model_v41.test_oracle_v41 import model, one_sequence_caches, prefill_batch  # noqa: F401  (the module's fixture)
 
 TOLERANCE = 1e-2  # as the target's oracle test: float noise can cross an FP8/FP4 rounding boundary
 
@@ -26,7 +26,7 @@ def draft_at(model, ids: list[int], confidence_input: str):  # noqa: F811
     """deepinfer's block at anchor len(ids) - 1: target features of the context, then the drafter."""
     anchor = len(ids) - 1
     ops = model.ops
-    _, features = model.forward(prefill_batch(ids[:anchor]), model.new_caches(1, 16, 1, torch.float32), hidden_states=True)
+    _, features = model.forward(prefill_batch(ids[:anchor]), one_sequence_caches(model), hidden_states=True)
     dspark = model.build_dspark(confidence_input)
     window = dspark.window
     positions = torch.arange(anchor - window, anchor)

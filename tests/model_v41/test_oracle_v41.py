@@ -36,20 +36,28 @@ def oracle():
     return load_file(str(FIXTURE))
 
 
+BLOCK, BLOCKS = 16, 16  # one sequence's caches (`one_sequence_caches`): blocks 0 .. 15 in order, 256 positions
+
+
+def one_sequence_caches(model, dtype: torch.dtype = torch.float32):
+    """Caches for one sequence in state slot 0, its history in blocks 0, 1, ... (`prefill_batch`'s block table)."""
+    return model.new_caches(BLOCKS, BLOCK, 1, dtype)
+
+
 def prefill_batch(ids: list[int]) -> ForwardBatch:
-    """One sequence's whole prompt in one step, state slot 0, every row's logits."""
+    """One sequence's whole prompt in one step, state slot 0, blocks 0, 1, ..., every row's logits."""
     n = len(ids)
-    host = HostBatch(starts=[0], lengths=[n], cached=[0], slots=[0], pages=[[0]])
+    host = HostBatch(starts=[0], lengths=[n], cached=[0], slots=[0], pages=[list(range(BLOCKS))])
     return ForwardBatch(
         is_prefill=True, input_ids=torch.tensor(ids), positions=torch.arange(n), slot_mapping=torch.zeros(n, dtype=torch.int64),
         cu_seqlens_q=torch.tensor([0, n], dtype=torch.int32), seq_lens=torch.tensor([n], dtype=torch.int32),
-        block_tables=torch.zeros(1, 1, dtype=torch.int32), logits_indices=torch.arange(n), max_query_len=n, max_seq_len=n,
+        block_tables=torch.arange(BLOCKS, dtype=torch.int32)[None], logits_indices=torch.arange(n), max_query_len=n, max_seq_len=n,
         host=host, state_slots=torch.zeros(1, dtype=torch.int32),
     )  # fmt: skip
 
 
 def full_forward(model, ids: list[int]) -> torch.Tensor:
-    return model.forward(prefill_batch(ids), model.new_caches(1, 16, 1, torch.float32))
+    return model.forward(prefill_batch(ids), one_sequence_caches(model))
 
 
 def test_the_tiny_tokenizer_compresses_to_the_configured_engram_vocabulary():

@@ -64,7 +64,7 @@ def plan_decode(config: V4Config, positions: torch.Tensor, block_tables: torch.T
     )
     for ratio in sorted({r for r, _ in rings}):
         entries = torch.where(live, (pos + 1) // ratio, 0)  # those complete at the token: every entry of the sequence so far
-        table = _entry_table(entries, block_tables, block_size, ratio)
+        table = entry_table(entries, block_tables, block_size, ratio)
         plan = RatioPlan(table, entries.to(I32))
         if (ratio, False) in rings:  # an HCA layer reads every visible entry
             plan.visible_rows = table  # a decode token sees every entry its sequence has
@@ -85,10 +85,11 @@ def _window_rows(pos: torch.Tensor, live: torch.Tensor, block_tables: torch.Tens
     return (pages * block_size + at % block_size).masked_fill_((q < 0) | ~live[:, None], -1).to(I32)
 
 
-def _entry_table(entries: torch.Tensor, block_tables: torch.Tensor, block_size: int, ratio: int) -> torch.Tensor:
+def entry_table(entries: torch.Tensor, block_tables: torch.Tensor, block_size: int, ratio: int) -> torch.Tensor:
     """[B, E_max] int32: the pool row of each sequence's entry e, -1 from entries[b] on; E_max = the entries the block
     tables hold (W * block_size // ratio). Entry e lives in the block of its window's last token: `rows` consecutive
-    entries to a block, or with ratio > block size one entry in every `stride`-th block (one broadcast add, in int32)."""
+    entries to a block, or with ratio > block size one entry in every `stride`-th block (one broadcast add, in int32).
+    DeepSeek-V4.1's decode plan reads its paged history with it too (the same layout: its ratios divide the block size)."""
     rows, stride = rows_per_block(block_size, ratio), max(1, ratio // block_size)
     pages = block_tables[:, stride - 1 :: stride].to(I32)
     table = (pages * rows)[:, :, None] + torch.arange(rows, dtype=I32, device=pages.device)

@@ -13,12 +13,13 @@ from __future__ import annotations
 import torch
 
 from deepinfer.model.deepseek_v4.attention import grouped_output_projection
-from deepinfer.model.deepseek_v41.caches import ENTRY_FORMAT, INDEX_KEY_FORMAT, WINDOW_FORMAT, LayerState, read
+from deepinfer.model.deepseek_v41.caches import ENTRY_FORMAT, INDEX_KEY_FORMAT, WINDOW_FORMAT, LayerState, history_rows, read
 from deepinfer.model.deepseek_v41.compressor import V41Compressor
 from deepinfer.model.deepseek_v41.config import V41Config
+from deepinfer.model.deepseek_v41.decode_plan import V41DecodePlan
 from deepinfer.model.deepseek_v41.indexer import V41Indexer
 from deepinfer.model.deepseek_v41.roles import LayerRole
-from deepinfer.model.deepseek_v41.spans import SharedKV, Span, rotate_tail
+from deepinfer.model.deepseek_v41.spans import SharedBatchKV, SharedKV, Span, rotate_tail
 
 
 class V41Attention:
@@ -52,9 +53,11 @@ class V41Attention:
             if self.ratio:
                 if self.compressor is not None:  # a Full layer: its own entries replace the state handed on
                     count = self.compressor(ops, projected, span, state, cos_sin, x.dtype)
-                    # read once here for every layer that borrows them (Reuse, Reindex)
-                    kv_state.entries = read(ops, state.entries[span.slot, :count], ENTRY_FORMAT, self.dim, x.dtype)
-                    kv_state.index_keys = read(ops, state.index_keys[span.slot, :count], INDEX_KEY_FORMAT, self.config.index_head_dim, x.dtype)
+                    # read once here, through the block table, for every layer that borrows them (Reuse, Reindex)
+                    history = history_rows(span.pages, 0, count, state.entries.shape[1])
+                    kv_state.entries = read(ops, state.entries.view(-1, state.entries.shape[-1])[history], ENTRY_FORMAT, self.dim, x.dtype)
+                    keys_flat = state.index_keys.view(-1, state.index_keys.shape[-1])
+                    kv_state.index_keys = read(ops, keys_flat[history], INDEX_KEY_FORMAT, self.config.index_head_dim, x.dtype)
                     kv_state.topk = kv_state.blocks = None
                     kv_state.ratio = self.ratio
                 if self.indexer is not None and kv_state.entries.shape[0]:
@@ -62,6 +65,32 @@ class V41Attention:
                 if kv_state.entries.shape[0]:  # no complete group yet: nothing to attend beyond the window
                     extra = {"extra_kv": kv_state.entries, "extra_indices": kv_state.topk}
             out[rows] = ops.sparse_attention(q[rows], keys, window, self.sinks, softmax_scale=self.dim**-0.5, **extra)
+        out = rotate_tail(ops, out, self.rope_dim, positions, inverse)
+        return self.project(ops, out)
+
+    def decode(self, ops, x: torch.Tensor, plan: V41DecodePlan, state: LayerState, shared: SharedBatchKV, ropes: dict) -> torch.Tensor:
+        """A decode step's attention (decode_plan.py), one token per row of x [B, hidden], the whole batch in one
+        `sparse_attention`: each token's window rows gathered from its slot's ring, its selected entries beside them."""
+        cos_sin, inverse = ropes["compress" if self.ratio else "main"]
+        positions = plan.positions
+        q_latent, q = self.queries(ops, x, positions, cos_sin)
+        stored = ops.cache_pack(self._rotated_kv(ops, x, positions, cos_sin), fmt=WINDOW_FORMAT)
+        ring = state.ring.view(-1, state.ring.shape[-1])
+        # torch glue: an index_put of one ring row per token (padding rows: the scratch slot's), then a gather of each
+        # token's [window] rows (its own among them), read back [B * window, head_dim] for the one attention call
+        ring[plan.ring_write] = stored
+        window = read(ops, ring[plan.window_rows], WINDOW_FORMAT, self.dim, x.dtype).flatten(0, 1)
+        extra = {}
+        if self.ratio:
+            if self.compressor is not None:  # a Full layer: its own entries replace the state handed on
+                ratio = plan.ratios[self.ratio]
+                self.compressor.decode(ops, self.compressor.projections(ops, x), ratio, state, cos_sin, x.dtype)
+                shared.take_source(ops, state.entries, state.index_keys, ratio.entry_table, ratio.visible, self.config.index_head_dim, x.dtype)
+            if self.indexer is not None:
+                iq, weights = self.indexer.queries(ops, x, q_latent, positions, cos_sin)
+                self.indexer.select_batch(ops, iq, weights, shared, self.dim, x.dtype)
+            extra = {"extra_kv": shared.selected, "extra_indices": shared.selected_indices}
+        out = ops.sparse_attention(q, window, plan.window_indices, self.sinks, softmax_scale=self.dim**-0.5, **extra)
         out = rotate_tail(ops, out, self.rope_dim, positions, inverse)
         return self.project(ops, out)
 

@@ -83,7 +83,7 @@ def decoder_tail(spans: list[Span], shared: list[SharedKV], starts: list[int], d
             continue
         cut = first - span.start
         pieces.append(torch.arange(span.offset + cut, span.offset + span.length, device=device))
-        kept_spans.append(Span(span.slot, first, length, offset, window_from=start))
+        kept_spans.append(replace(span, start=first, length=length, offset=offset, window_from=start))
         kept_shared.append(_cut(state, cut))
         offset += length
     rows = (torch.cat(pieces) if pieces else torch.zeros(0, dtype=torch.int64, device=device)) if cut_any else None

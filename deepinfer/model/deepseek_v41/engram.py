@@ -13,6 +13,7 @@ import math
 import torch
 
 from deepinfer.model.deepseek_v41.config import V41Config
+from deepinfer.model.deepseek_v41.decode_plan import V41DecodePlan
 from deepinfer.model.deepseek_v41.spans import Span
 
 
@@ -71,6 +72,18 @@ class EngramHashing:
             last = torch.arange(max(span.start - lookback, span.end - ring_rows), span.end, device=ids.device)
             history[span.slot, last % ring_rows] = seq[last - span.start + lookback]
         grams = torch.cat(columns)  # [T, M]: column j the id j tokens back
+        return [ops.engram_hash(grams, m, p, o) for m, p, o in self.constants]
+
+
+    def decode(self, ops, input_ids: torch.Tensor, plan: V41DecodePlan, history: torch.Tensor) -> list[torch.Tensor]:
+        """A decode step's (decode_plan.py): [B, rows per token] per Engram layer, one token per sequence, its n-grams
+        from the slot's last ids; the token's id then goes into its slot's history (padding rows: the scratch slot's)."""
+        ids = self.token_map[input_ids]
+        flat = history.view(-1)
+        # torch glue: a gather of each token's last ids (pad before position 0), then an index_put of its own id
+        before = torch.where(plan.engram_reads >= 0, flat[plan.engram_reads.clamp(min=0)], self.pad)  # [B, M - 1], oldest first
+        grams = torch.cat((ids[:, None], before.flip(1)), dim=1)  # [B, M]: column j the id j tokens back
+        flat[plan.engram_write] = ids
         return [ops.engram_hash(grams, m, p, o) for m, p, o in self.constants]
 
 

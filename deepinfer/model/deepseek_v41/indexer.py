@@ -11,7 +11,7 @@ import torch
 
 from deepinfer.model.deepseek_v41.config import V41Config
 from deepinfer.model.deepseek_v41.roles import LayerRole
-from deepinfer.model.deepseek_v41.spans import SharedKV, Span, rotate_tail
+from deepinfer.model.deepseek_v41.spans import SharedBatchKV, SharedKV, Span, rotate_tail
 
 
 class V41Indexer:
@@ -44,3 +44,15 @@ class V41Indexer:
         shared.topk = ops.indexer_topk(*args, top_k=c.index_topk)
         if self.is_candidate_source:
             shared.blocks = ops.candidate_blocks(*args, block_size=c.candidate_block_size, top_blocks=c.candidate_topk_blocks)
+
+    def select_batch(self, ops, iq: torch.Tensor, weights: torch.Tensor, shared: SharedBatchKV, head_dim: int, dtype: torch.dtype) -> None:
+        """A decode step's `select` (decode_plan.py): every token's selection at once over its sequence's entries."""
+        c = self.config
+        args = (iq, weights, shared.index_keys, shared.key_rows, shared.token_seq, shared.visible)
+        if self.role.candidate_filtered:
+            topk = ops.indexer_topk_in_blocks(*args, shared.blocks, top_k=c.index_topk, block_size=c.candidate_block_size)
+        else:
+            topk = ops.indexer_topk(*args, top_k=c.index_topk)
+            if self.is_candidate_source:
+                shared.blocks = ops.candidate_blocks(*args, block_size=c.candidate_block_size, top_blocks=c.candidate_topk_blocks)
+        shared.select(ops, topk, head_dim, dtype)

@@ -5,9 +5,10 @@ entering it but collapses them with the previous site's `pre` (`hc_pre_delayed`;
 one-hot); Engram layers add their memory to the streams first. After the last block the streams are collapsed
 with the last FFN-site `pre`, normed, and projected to float32 logits (no `hc_head`, unlike V4).
 
-The engine calls `forward(batch, caches)` with the state `new_caches` made (caches.py: by owner, one slot per
-running sequence). With the decoder SWA bounded replay (bounded_replay.py) a step's host facts name each
-sequence's first decoder position: the encoder layers run on every new token, the decoder layers on the rows from
+The engine calls `forward(batch, caches)` with the caches `new_caches` made (caches.py: the KV sources' history in
+the engine's token blocks, read through each sequence's block table; the rest in one state slot per running
+sequence). With the decoder SWA bounded replay (bounded_replay.py) a step's host facts name each sequence's first
+decoder position: the encoder layers run on every new token, the decoder layers on the rows from
 there on; without them every layer runs on every new token.
 """
 
@@ -16,15 +17,16 @@ from __future__ import annotations
 import torch
 
 from deepinfer import exact_order
-from deepinfer.model.deepseek_v41 import bounded_replay
+from deepinfer.model.deepseek_v41 import bounded_replay, decode_plan
 from deepinfer.model.deepseek_v41 import caches as v41_caches
 from deepinfer.model.deepseek_v41.attention import V41Attention
 from deepinfer.model.deepseek_v41.config import V41Config
+from deepinfer.model.deepseek_v41.decode_plan import V41DecodePlan
 from deepinfer.model.deepseek_v41.dspark import RESIDUAL, V41DSpark
 from deepinfer.model.deepseek_v41.engram import EngramHashing, V41Engram
 from deepinfer.model.deepseek_v41.moe import V41MoE
 from deepinfer.model.deepseek_v41.roles import LayerRole
-from deepinfer.model.deepseek_v41.spans import SharedKV, Span
+from deepinfer.model.deepseek_v41.spans import SharedBatchKV, SharedKV, Span
 from deepinfer.model.deepseek_v41.weights import V41Weights
 from deepinfer.model.forward_batch import ForwardBatch
 from deepinfer.ops.rope import rope_cos_sin_cache
@@ -52,7 +54,8 @@ class V41Block:
         return ops.hc_pre_delayed(streams, pre, fn, base, scale, norm_eps=c.rms_norm_eps, hc_eps=c.hc_eps, sinkhorn_iters=c.hc_sinkhorn_iters)
 
     def __call__(self, ops, streams, pre, positions, spans, state, shared, ropes, engram_rows, capture=None):
-        """(streams after the block, the FFN site's pre for the next block). capture(streams): called with the
+        """(streams after the block, the FFN site's pre for the next block). spans and shared: the step's spans and each
+        one's SharedKV, or a decode step's V41DecodePlan and its SharedBatchKV. capture(streams): called with the
         streams entering the attention site (after Engram): DSpark's target features."""
         eps = self.config.rms_norm_eps
         if self.engram is not None:
@@ -61,7 +64,11 @@ class V41Block:
             capture(streams)
         x, attn_pre, post, comb = self._site(ops, streams, pre, "attn")
         x, _ = ops.rms_norm(x, self.attn_norm, eps=eps)
-        streams = ops.hc_post(self.attn(ops, x, positions, spans, state, shared, ropes), streams, post, comb)
+        if isinstance(spans, V41DecodePlan):  # a decode step planned on the device (decode_plan.py)
+            out = self.attn.decode(ops, x, spans, state, shared, ropes)
+        else:
+            out = self.attn(ops, x, positions, spans, state, shared, ropes)
+        streams = ops.hc_post(out, streams, post, comb)
         x, ffn_pre, post, comb = self._site(ops, streams, attn_pre, "ffn")
         x, _ = ops.rms_norm(x, self.ffn_norm, eps=eps)
         return ops.hc_post(self.ffn(ops, x), streams, post, comb), ffn_pre
@@ -99,7 +106,8 @@ class DeepseekV41ForCausalLM:
     `swa_bounded_replay`: whether the engine should prefill the decoder layers on the prompt's tail only
     (`decoder_replay_start`); a step without host facts for it runs every layer on every token either way."""
 
-    supports_device_graphs = False  # a step's spans are host facts (caches.py keeps no paged layout yet)
+    supports_device_graphs = True  # a decode step plans its rows on the device (decode_plan.py)
+    device_graph_tokens_per_seq = 1  # only decode steps: a prefill, chunk or verification runs the per-span path eagerly
 
     def __init__(self, config: V41Config, ops, device, dtype: torch.dtype, max_positions: int | None = None, swa_bounded_replay: bool = True):
         self.config, self.ops, self.device, self.dtype = config, ops, torch.device(device), dtype
@@ -138,18 +146,20 @@ class DeepseekV41ForCausalLM:
     # ---- caches --------------------------------------------------------------------------------
 
     def kv_block_bytes(self, block_size: int, dtype: torch.dtype, draft_layers: int = 0) -> int:
-        """Nothing is paged yet: the whole state lives in the state slots (`state_slot_bytes`)."""
-        return 1
+        """Bytes of one token block: the KV sources' stored entries and index keys of its tokens (caches.block_bytes;
+        the stored formats are the release's whatever the cache dtype; the DSpark drafter pages nothing). At least
+        1: a model without KV sources pages nothing, and the engine divides its budget by this."""
+        return max(1, v41_caches.block_bytes(self.config, block_size))
 
     def state_slot_bytes(self, draft_layers: int = 0, lookahead: int = 0) -> int:
-        """A sequence's state in its stored bytes; with `draft_layers` (DSpark drafting), its drafter's context keys too."""
+        """A sequence's fixed state in its stored bytes; with `draft_layers` (DSpark drafting), its drafter's context keys too."""
         c = self.config
         context = c.num_nextn_predict_layers * c.sliding_window * c.head_dim * torch.empty((), dtype=self.dtype).element_size() if draft_layers else 0
-        return v41_caches.slot_bytes(c, self.max_positions, lookahead) + context
+        return v41_caches.fixed_bytes_per_request(c, lookahead) + context
 
     def cache_footprint(self) -> tuple[float, int]:
-        """(state bytes one token of history adds: the KV sources' stored entries and index keys; bytes a
-        sequence's state holds whatever its length: the window rings, an open group's projections, Engram's ids)."""
+        """(cache bytes one token of history adds: the KV sources' stored entries and index keys, paged; bytes a
+        sequence's state slot holds whatever its length: the window rings, an open group's projections, Engram's ids)."""
         return v41_caches.history_bytes_per_token(self.config), v41_caches.fixed_bytes_per_request(self.config)
 
     def new_draft_caches(self, count: int, num_blocks: int, block_size: int, num_slots: int, dtype: torch.dtype, lookahead: int = 0) -> list:
@@ -158,12 +168,12 @@ class DeepseekV41ForCausalLM:
 
     @property
     def prefix_replay_tokens(self) -> int:
-        """A prefix hit recomputes the whole sequence: the compressed history lives in the sequence's state slot,
-        not in the shared blocks a hit would reuse."""
+        """A prefix hit recomputes the whole sequence: its history is in the shared blocks (and is not written again),
+        but the fixed state at the hit's boundary (window rings, Engram's ids) is not."""
         return self.max_positions
 
     def new_caches(self, num_blocks: int, block_size: int, num_slots: int, dtype: torch.dtype, lookahead: int = 0) -> v41_caches.V41State:
-        return v41_caches.allocate(self.config, max(1, num_slots), self.max_positions, self.device, lookahead)
+        return v41_caches.allocate(self.config, num_blocks, block_size, max(1, num_slots), self.device, lookahead)
 
     def decoder_replay_start(self, prompt_tokens: int) -> int:
         """A sequence's first position its decoder layers compute (0: every position; bounded_replay.py)."""
@@ -177,12 +187,14 @@ class DeepseekV41ForCausalLM:
         V4.1 draft reads of every row: DSpark's target features [T, len(dspark_target_layer_ids) * hidden] (`features`),
         zeros on the rows the bounded replay kept out of the decoder layers."""
         ops, c = self.ops, self.config
+        if decode_plan.plans_on_device(batch, c):
+            return self._decode(batch, caches, hidden_states)
         host = batch.host
         if host is None:
-            raise ValueError("a DeepSeek-V4.1 step needs the batch's host facts (each sequence's start, length and state slot)")
+            raise ValueError("a DeepSeek-V4.1 step other than a decode step (one token per sequence, with state slots) needs the batch's host facts")
         spans, offset = [], 0
-        for start, length, slot in zip(host.starts, host.lengths, host.slots):
-            spans.append(Span(max(slot, 0), start, length, offset))
+        for b, (start, length, slot, cached) in enumerate(zip(host.starts, host.lengths, host.slots, host.cached)):
+            spans.append(Span(max(slot, 0), start, length, offset, pages=batch.block_tables[b], cached=cached))
             offset += length
         positions = batch.positions
         engram_rows = self.engram_hashing(ops, batch.input_ids, spans, caches.engram_ids) if self.engram_hashing is not None else None
@@ -213,6 +225,23 @@ class DeepseekV41ForCausalLM:
         return (logits, features.out) if hidden_states else logits
 
     __call__ = forward
+
+    def _decode(self, batch: ForwardBatch, caches: v41_caches.V41State, hidden_states: bool):
+        """A decode step (one token per sequence) on its device plan: every layer on every token, the whole batch in each
+        op, nothing read on the host (what a device graph captures; eager decode runs the same code)."""
+        ops, c = self.ops, self.config
+        plan = decode_plan.plan_decode(c, batch, caches)
+        engram_rows = self.engram_hashing.decode(ops, batch.input_ids, plan, caches.engram_ids) if self.engram_hashing is not None else None
+        streams = self.embed[batch.input_ids].unsqueeze(1).expand(-1, c.hc_mult, -1).contiguous()
+        pre = torch.zeros(streams.shape[:2], dtype=torch.float32, device=self.device)
+        pre[:, 0] = 1  # the first site collapses with the one-hot
+        features = DraftFeatures(c, streams.shape[0], streams.dtype, self.device) if hidden_states else None
+        shared = SharedBatchKV()
+        for layer, state in zip(self.layers, caches.layers):
+            streams, pre = layer(ops, streams, pre, plan.positions, plan, state, shared, self.ropes, engram_rows, features.capture(layer) if features else None)
+        wanted = batch.logits_indices
+        logits = self._logits(ops, streams[wanted], pre[wanted])
+        return (logits, features.out) if hidden_states else logits
 
     def _logits(self, ops, streams: torch.Tensor, pre: torch.Tensor) -> torch.Tensor:
         """Collapse with the last FFN site's pre (torch glue: once per step, on the sampled rows only; the
