@@ -5,13 +5,20 @@ they share a cached prefix). A full, computed block is registered under its chai
 (`Sequence.block_hash`); a later sequence whose leading blocks have the same hashes reuses them
 instead of recomputing. A block whose last user leaves keeps its hash and its data until it is
 handed out again: free blocks are an LRU queue, blocks without a hash (nothing to lose) first.
+
+A model with per-sequence state outside the blocks (a state slot) either recomputes the last
+`prefix_replay_tokens` before a hit's end to rebuild it (DeepSeek-V4), or keeps snapshots of the slot at
+block boundaries (`StateSnapshots`, DeepSeek-V4.1): a hit then reaches only the longest cached block whose
+snapshot is kept (and no further than the model's `hit_limit`), restores it and computes nothing before it.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
+from typing import Callable
 
 from deepinfer.engine.sequence import Sequence
+from deepinfer.engine.state_snapshots import StateSnapshots
 
 
 class Block:
@@ -46,6 +53,14 @@ class BlockManager:
         self.blocks = [Block(i) for i in range(num_blocks)]
         self.free_blocks: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))  # front: reused first
         self.cached: dict[bytes, int] = {}  # chained hash -> block id
+        self.snapshots: StateSnapshots | None = None  # the state slots' snapshots (`keep_snapshots`)
+        self.hit_limit: Callable[[Sequence], int] | None = None  # the most positions a sequence's hit may cover
+        self.launched: dict[int, tuple[int, int]] = {}  # seq_id -> (boundary, snapshot entry) captured when its step was launched
+
+    def keep_snapshots(self, snapshots: StateSnapshots, hit_limit: Callable[[Sequence], int] | None = None) -> None:
+        """Prefix hits restore state-slot snapshots instead of recomputing (module docstring); hit_limit(seq): the
+        most positions a hit of seq may cover (DeepSeek-V4.1's bounded replay: its decoder tail's start)."""
+        self.snapshots, self.hit_limit = snapshots, hit_limit
 
     @property
     def num_blocks(self) -> int:
@@ -59,16 +74,23 @@ class BlockManager:
 
     def cached_prefix(self, seq: Sequence) -> list[int]:
         """Ids of the cached blocks that hold seq's leading full blocks. At least one token is
-        always left to compute: the step that computes it yields the logits to sample from."""
+        always left to compute: the step that computes it yields the logits to sample from. With
+        snapshots, only up to the last block whose snapshot is kept, within the hit limit."""
         if not self.enable_prefix_caching or not seq.reads_prefix_cache:
             return []
-        hits = []
-        for index in range((seq.num_tokens - 1) // self.block_size):
-            block_id = self.cached.get(seq.block_hash(index, self.block_size))
+        most = (seq.num_tokens - 1) // self.block_size
+        if self.hit_limit is not None:
+            most = min(most, self.hit_limit(seq) // self.block_size)
+        hits, usable = [], 0
+        for index in range(most):
+            block_hash = seq.block_hash(index, self.block_size)
+            block_id = self.cached.get(block_hash)
             if block_id is None:
                 break
             hits.append(block_id)
-        return hits
+            if self.snapshots is None or block_hash in self.snapshots:
+                usable = len(hits)
+        return hits[:usable]
 
     def can_allocate(self, seq: Sequence) -> bool:
         if self.uses_state_slots and not self.free_slots:
@@ -91,9 +113,14 @@ class BlockManager:
         fresh = [self._take_free_block() for _ in range(blocks_for(seq.num_tokens, self.block_size) - len(hits))]
         seq.block_table = hits + fresh
         seq.num_cached_kv = len(hits) * self.block_size
-        seq.num_computed_tokens = max(0, seq.num_cached_kv - self.prefix_replay_tokens) if hits else 0
         if self.uses_state_slots:
             seq.state_slot = self.free_slots.pop()
+        if self.snapshots is not None:  # the state at the hit's end restored: continue from there
+            seq.num_computed_tokens = seq.num_cached_kv
+            if hits:
+                self.snapshots.restore(seq.block_hash(len(hits) - 1, self.block_size), seq.state_slot)
+        else:
+            seq.num_computed_tokens = max(0, seq.num_cached_kv - self.prefix_replay_tokens) if hits else 0
 
     def _take_free_block(self) -> int:
         block_id, _ = self.free_blocks.popitem(last=False)
@@ -101,6 +128,8 @@ class BlockManager:
         if block.hash is not None:  # evict its cached content
             if self.cached.get(block.hash) == block_id:
                 del self.cached[block.hash]
+                if self.snapshots is not None:  # unreachable without its block
+                    self.snapshots.drop(block.hash)
             block.hash = None
         block.ref_count = 1
         return block_id
@@ -139,6 +168,31 @@ class BlockManager:
             if block_hash not in self.cached:  # else another sequence computed the same prefix first
                 self.cached[block_hash] = block.block_id
                 block.hash = block_hash
+        if self.snapshots is not None and computed > old_computed and computed % self.block_size == 0 and seq.state_slot >= 0:
+            self._snapshot(seq, computed)
+
+    def _snapshot(self, seq: Sequence, boundary: int) -> None:
+        """File seq's state at `boundary` (a block's end) under that block's hash: the copy taken when the step
+        that reached it was launched (`note_launched`), else its slot now (nothing has run since that step)."""
+        block_hash = seq.block_hash(boundary // self.block_size - 1, self.block_size)
+        launched = self.launched.pop(seq.seq_id, None)
+        if launched is not None and launched[0] == boundary:
+            self.snapshots.file(block_hash, launched[1])
+            return
+        if launched is not None:
+            self.snapshots.release(launched[1])
+        self.snapshots.save(block_hash, seq.state_slot)
+
+    def note_launched(self, seq: Sequence, computed: int) -> None:
+        """A step that leaves seq with `computed` tokens computed was launched, and its tokens will be known
+        only after a later step is launched (overlap scheduling): when that is a block boundary, copy the
+        slot now, in the device's order, for `commit` to file."""
+        if self.snapshots is None or computed % self.block_size or seq.state_slot < 0:
+            return
+        stale = self.launched.pop(seq.seq_id, None)
+        if stale is not None:
+            self.snapshots.release(stale[1])
+        self.launched[seq.seq_id] = (computed, self.snapshots.capture(seq.state_slot))
 
     def reset_prefix_cache(self) -> bool:
         """Forget every cached prefix (benchmarks: a repeated workload then computes what it computed
@@ -149,6 +203,8 @@ class BlockManager:
         for block in self.blocks:
             block.hash = None
         self.cached.clear()
+        if self.snapshots is not None:
+            self.snapshots.clear()
         return True
 
     def free(self, seq: Sequence) -> None:
@@ -165,6 +221,9 @@ class BlockManager:
         seq.block_table = []
         seq.num_computed_tokens = 0
         seq.num_cached_kv = 0
+        launched = self.launched.pop(seq.seq_id, None)
+        if launched is not None:  # its step ended it: the copy is filed nowhere
+            self.snapshots.release(launched[1])
         if seq.state_slot >= 0:
             self.free_slots.append(seq.state_slot)
             seq.state_slot = -1

@@ -119,8 +119,8 @@ class LLM:
     max_grammar_bytes: the largest structured_outputs a request may give, in bytes (its schema,
     regex, choice list or grammar); a larger one is refused (InvalidRequestError). Default 256 KiB.
 
-    swa_bounded_replay: DeepSeek-V4.1's decoder SWA bounded replay: at prefill (and on a prefix hit, which
-    recomputes the prompt) the encoder layers run on every prompt token and the decoder layers, those after
+    swa_bounded_replay: DeepSeek-V4.1's decoder SWA bounded replay: at prefill (after a prefix hit too, which
+    stops at the decoder tail's start) the encoder layers run on every prompt token and the decoder layers, those after
     the last KV source, only on the prompt's last sliding_window + dspark_block_size tokens, so their cost
     is flat in the prompt's length; an approximation of a full prefill (docs/models/deepseek_v41.md gives
     the measured difference). Default on, as vLLM, SGLang and ATOM do it. False: every layer on every token

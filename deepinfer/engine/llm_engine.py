@@ -26,6 +26,7 @@ from deepinfer.engine.parallel_samples import add_samples, finished_requests, re
 from deepinfer.engine.sampling_params import InvalidRequestError, SamplingParams
 from deepinfer.engine.scheduler import ScheduledBatch, Scheduler
 from deepinfer.engine.sequence import Sequence, SequenceStatus
+from deepinfer.engine.state_snapshots import SNAPSHOT_SHARE, StateSnapshots, snapshot_capacity
 from deepinfer.engine.token_constraints import check_token_options, token_constraints
 from deepinfer.ops import kv_cache_format
 
@@ -165,12 +166,15 @@ class LLMEngine:
         if config.speculative is not None and config.speculative.method == "dspark" and draft_source is None:
             config = self.config = dataclasses.replace(config, speculative=config.speculative.with_block_size(self._dspark_block_size(model)))
         # Per-sequence model state beside the paged cache (DeepSeek-V4's compressor windows): one
-        # slot per running sequence; a prefix hit recomputes the tokens that rebuild it.
+        # slot per running sequence; a prefix hit recomputes the tokens that rebuild it (V4), or
+        # restores a snapshot of the slot taken at the hit's last block (V4.1: `prefix_state_tensors`).
         self.num_state_slots = config.max_num_seqs if hasattr(model, "state_slot_bytes") else 0
+        self.snapshots_wanted = config.enable_prefix_caching and hasattr(model, "prefix_state_tensors")
         self.num_draft_layers = self._draft_layers(model, dist)
         graph_capture = self._graph_capture(runtime, loaded.model, dist)
         self._check_memory(model, runtime, graph_capture is not None)  # before anything is allocated by these sizes
         num_blocks = config.num_kv_blocks or self._num_blocks_from_memory(model, runtime.device)
+        self.num_state_snapshots = self._snapshot_capacity(model, num_blocks)
         self.block_manager = BlockManager(
             num_blocks, self.block_size, config.enable_prefix_caching,
             num_state_slots=self.num_state_slots, prefix_replay_tokens=getattr(model, "prefix_replay_tokens", 0),
@@ -192,6 +196,11 @@ class LLMEngine:
             processed_logprobs=config.logprobs_mode == "processed_logprobs",
             pin_host_buffers=runtime.async_execution,
         )
+        if self.num_state_snapshots:
+            tensors = model.prefix_state_tensors(self.runner.kv_caches, self.runner.draft_kv_caches)
+            hit_limit = getattr(model, "prefix_hit_limit", None)
+            self.block_manager.keep_snapshots(StateSnapshots(tensors, self.num_state_snapshots),
+                                              (lambda seq: hit_limit(seq.num_prompt_tokens)) if hit_limit is not None else None)  # fmt: skip
         self.speculative = self._speculative_decoder(model, runtime)
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens,
                                    final_length=self._final_length if config.deterministic else None,
@@ -305,6 +314,10 @@ class LLMEngine:
         slots = self.num_state_slots * model.state_slot_bytes(self.num_draft_layers, self._draft_lookahead) if self.num_state_slots else 0
         enough = self.config.max_num_seqs * blocks_for(self.max_model_len, self.block_size)  # more is never used
         num_blocks = min((budget - slots) // per_block, enough)
+        if self.snapshots_wanted:  # the snapshot pool's share first (`_snapshot_capacity`), then blocks in what is left
+            share = min(max(0, budget - slots) * SNAPSHOT_SHARE // ((SNAPSHOT_SHARE + 1) * per_block), enough)
+            snapshots = self._snapshot_capacity(model, max(1, share)) * self._snapshot_bytes(model)
+            num_blocks = min((budget - slots - snapshots) // per_block, enough)
         if num_blocks < 1:
             share = self.config.kv_cache_memory_gib is None and self.runtime.memory_info is not None  # the budget came from it
             fix = f"raise gpu_memory_utilization ({self.config.gpu_memory_utilization}) or set" if share else "set"
@@ -316,16 +329,33 @@ class LLMEngine:
             )
         return num_blocks
 
+    def _snapshot_bytes(self, model) -> int:
+        """Bytes of one state snapshot: a copy of a state slot."""
+        return model.state_slot_bytes(self.num_draft_layers, self._draft_lookahead)
+
+    def _snapshot_capacity(self, model, num_blocks: int) -> int:
+        """State snapshots kept for prefix hits (0: none, the model has nothing to snapshot or prefix caching is off):
+        about a tenth of the blocks' bytes, at least one per running sequence, at most one per block
+        (`state_snapshots.snapshot_capacity`); the memory budget reserves them before it sizes the blocks."""
+        if not self.snapshots_wanted:
+            return 0
+        per_block = kv_block_bytes(model, self.block_size, self.cache_dtype, self.num_draft_layers)
+        return snapshot_capacity(num_blocks, per_block, self._snapshot_bytes(model), self.config.max_num_seqs)
+
     def _check_memory(self, model, runtime, graphs: bool) -> None:
         """The KV cache (when num_kv_blocks sizes it; else the budget does, and it fits) and the
         per-sequence buffers against free memory (memory_check)."""
         state = model.state_slot_bytes(self.num_draft_layers, self._draft_lookahead) if self.num_state_slots else 0
         graph_row = blocks_for(self.max_model_len + self._draft_lookahead, self.block_size) if graphs else 0
+        # the state snapshots, when num_kv_blocks sizes them (else the budget reserves them)
+        explicit = self.config.num_kv_blocks and self.snapshots_wanted
+        snapshots = self._snapshot_capacity(model, self.config.num_kv_blocks) * self._snapshot_bytes(model) if explicit else 0
         sizes = EngineSizes(
             num_kv_blocks=self.config.num_kv_blocks or 0,
             block_bytes=kv_block_bytes(model, self.block_size, self.cache_dtype, self.num_draft_layers),
             max_num_seqs=self.config.max_num_seqs,
             seq_bytes=seq_device_bytes(self.vocab_size, state, graph_row),
+            snapshot_bytes=snapshots,
         )
         device_free = None
         if runtime.memory_info is not None:
@@ -338,8 +368,8 @@ class LLMEngine:
 
     def cache_bytes_held(self) -> tuple[float, int]:
         """(bytes of cache one token of a sequence's history holds, bytes a running sequence holds whatever its
-        length): the model's own account when it keeps its history outside the paged blocks (DeepSeek-V4.1's
-        `cache_footprint`), else a block's bytes per token and the per-sequence state slot."""
+        length): the model's own account when it gives one (DeepSeek-V4.1's `cache_footprint`: the stored history per
+        token, the state slot), else a block's bytes per token and the per-sequence state slot."""
         model = self.loaded.model
         if hasattr(model, "cache_footprint"):
             return model.cache_footprint()

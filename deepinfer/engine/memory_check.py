@@ -30,6 +30,7 @@ class EngineSizes:
     block_bytes: int  # device bytes per KV block, over every layer
     max_num_seqs: int
     seq_bytes: int  # device bytes per sequence slot: state slot, penalty tables, graph block table
+    snapshot_bytes: int = 0  # device bytes of the state snapshots kept for prefix hits (sized from num_kv_blocks)
 
 
 def seq_device_bytes(vocab_size: int, state_slot_bytes: int, graph_blocks_per_seq: int) -> int:
@@ -41,7 +42,7 @@ def seq_device_bytes(vocab_size: int, state_slot_bytes: int, graph_blocks_per_se
 def check_engine_memory(sizes: EngineSizes, device_free: tuple[int, str] | None, where: str) -> None:
     """InvalidRequestError naming the flag that asks for more than is free. `device_free`: (free bytes
     on the device, how they were measured); None: the device is the host, whose RAM holds all."""
-    kv = sizes.num_kv_blocks * sizes.block_bytes
+    kv = sizes.num_kv_blocks * sizes.block_bytes + sizes.snapshot_bytes
     seqs = sizes.max_num_seqs * sizes.seq_bytes
     kv_host, seqs_host = sizes.num_kv_blocks * HOST_BYTES_PER_BLOCK, sizes.max_num_seqs * HOST_BYTES_PER_SEQ
     host_free = host_available()

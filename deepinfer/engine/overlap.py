@@ -130,6 +130,8 @@ class OverlapScheduler:
         for seq in samplers:
             positions.append(seq.num_tokens)
             if seq.status is SequenceStatus.RUNNING:  # else it stopped at the step before (its row is dropped)
+                # a prefix-hit snapshot of the state this step leaves, if a block boundary: copied now, before the next step runs
+                self.engine.scheduler.block_manager.note_launched(seq, seq.num_computed_tokens + 1)
                 seq.num_computed_tokens += 1  # its input is in the cache once the step has run
                 seq.token_ids.append(PENDING)
         return InFlight(samplers, tokens, host, copied, positions, {seq.seq_id: row for row, seq in enumerate(samplers)}, logprobs)

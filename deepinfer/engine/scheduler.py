@@ -8,6 +8,11 @@ decodes one token. A decode that needs a new page when none is free preempts the
 sequence: its pages are freed and it waits to be recomputed (its prefix may still be cached).
 The oldest request always progresses, so the engine cannot livelock.
 
+When the block manager keeps state snapshots (a model whose per-sequence state a prefix hit must restore:
+DeepSeek-V4.1), a prompt's chunks end on block boundaries where they can, vLLM's "align" mode: a chunk cut
+by the budget ends at the last boundary inside it, and every prompt ends a chunk at its last full block
+and at its hit limit's block (the bounded replay's tail start), so the states a later hit needs exist.
+
 Deterministic mode admits a request only when the pages for its longest possible length (prompt +
 max_tokens, capped by the model's length) fit beside what the running sequences may still take, so
 no decode ever runs out of pages and nothing is preempted: a recomputed request would rebuild its
@@ -86,7 +91,7 @@ class Scheduler:
         seqs, chunks = [], []
         for seq in self.running:  # part-way through their prompt
             if seq.is_prefilling and budget > 0:
-                chunk = min(seq.prefill_target - seq.num_computed_tokens, budget)
+                chunk = self._chunk(seq, budget)
                 seqs.append(seq), chunks.append(chunk)
                 budget -= chunk
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
@@ -100,12 +105,29 @@ class Scheduler:
             seq.prefill_target = seq.num_tokens
             seq.status = SequenceStatus.RUNNING
             bisect.insort(self.running, seq, key=lambda s: s.order)
-            chunk = min(seq.prefill_target - seq.num_computed_tokens, budget)
+            chunk = self._chunk(seq, budget)
             seqs.append(seq), chunks.append(chunk)
             budget -= chunk
         if not seqs:
             return None
         return ScheduledBatch(True, decodes + seqs, [1] * len(decodes) + chunks, num_decodes=len(decodes))
+
+    def _chunk(self, seq: Sequence, budget: int) -> int:
+        """seq's next prompt chunk within `budget` tokens: all it can take, ended on a block boundary when the block
+        manager keeps snapshots (module docstring) and the chunk reaches past one."""
+        start, target = seq.num_computed_tokens, seq.prefill_target
+        end = min(target, start + budget)
+        bm = self.block_manager
+        if bm.snapshots is None:
+            return end - start
+        bs = bm.block_size
+        stops = [target // bs * bs] + ([bm.hit_limit(seq) // bs * bs] if bm.hit_limit is not None else [])
+        for stop in sorted(stops):
+            if start < stop < end:
+                return stop - start
+        if end < target and end // bs * bs > start:  # cut by the budget: back to the last boundary
+            end = end // bs * bs
+        return end - start
 
     def _decodes_to_mix(self) -> list[Sequence]:
         """The running sequences past their prompt, each with its slot for one more token, when a

@@ -2,7 +2,8 @@
 Ascend backend on a simulated 910B): the tiny oracle checkpoint's logits and greedy tokens equal NVIDIA NeMo
 Automodel's (the oracle fixture), as test_oracle_v41.py and test_engine_v41.py check for the reference backend.
 One prompt each, to stay fast: a full forward (every row's logits; the last 8 rows are NeMo's greedy steps,
-teacher-forced), and the engine's prefill and first decode step."""
+teacher-forced), and the engine's prefill and first decode step; and on cuda one prefix hit (paged history and a
+state snapshot reused) against the reference backend's tokens without the prefix cache."""
 
 from __future__ import annotations
 
@@ -67,3 +68,24 @@ def test_engine_prefill_and_decode_through_the_kernels_give_nemos_tokens(backend
     params = SamplingParams(temperature=0, max_tokens=2, ignore_eos=True)  # a prefill step and a decode step
     out = llm.generate([{"prompt_token_ids": prompt}], params, use_tqdm=False)
     assert list(out[0].outputs[0].token_ids) == nemo[:2]
+
+
+def test_a_prefix_hit_through_the_cuda_kernels_gives_the_reference_tokens(folder):
+    """A 64-token prompt files the state snapshot at its end (the cuda backend's first block boundary); a 68-token
+    prompt extending it reuses that block's paged history and the snapshot, computes 4 tokens and decodes one, and
+    gives the reference backend's tokens without prefix caching (every layer on every token; cuda under the interpreter)."""
+    from deepinfer.engine.llm import LLM
+    from deepinfer.engine.sampling_params import SamplingParams
+
+    require_interpreter()
+    gen = torch.Generator().manual_seed(64)
+    first = torch.randint(3, 256, (64,), generator=gen).tolist()
+    extended = first + torch.randint(3, 256, (4,), generator=gen).tolist()
+    params = SamplingParams(temperature=0, max_tokens=2, ignore_eos=True)
+    common = dict(model=str(folder), dtype="float32", max_model_len=128, swa_bounded_replay=False, announce=False)
+    llm = LLM(backend="cuda", interpret=True, **common)
+    llm.generate([{"prompt_token_ids": first}], SamplingParams(temperature=0, max_tokens=1, ignore_eos=True), use_tqdm=False)
+    hit = llm.generate([{"prompt_token_ids": extended}], params, use_tqdm=False)[0]
+    plain = LLM(backend="reference", enable_prefix_caching=False, **common).generate([{"prompt_token_ids": extended}], params, use_tqdm=False)[0]
+    assert hit.num_cached_tokens == 64 and llm.engine.num_prompt_tokens_computed == 64 + 4
+    assert list(hit.outputs[0].token_ids) == list(plain.outputs[0].token_ids)

@@ -19,9 +19,10 @@ entries its top-k owner selects for t (an encoder layer's selection at t, or a d
 full compressed history) and the sink. Below the tail nothing of layer l exists.
 
 The boundary is a sequence's property, not a step's: `decoder_from` = max(0, prompt tokens - replay_tail), so a
-prompt prefilled in chunks, a recomputation after preemption and a prefix hit (which recomputes the sequence) all
-compute the same rows as one prefill. With `decoder_from` 0 (a prompt no longer than the tail, the replay off, or
-a request that wants its prompt's logprobs) every layer runs on every token, exactly the forward without it.
+prompt prefilled in chunks, a recomputation after preemption and a prefix hit (which reaches no further than
+`decoder_from`: the model's `prefix_hit_limit`) all compute the same rows as one prefill. With `decoder_from` 0 (a
+prompt no longer than the tail, the replay off, or a request that wants its prompt's logprobs) every layer runs on
+every token, exactly the forward without it.
 """
 
 from __future__ import annotations

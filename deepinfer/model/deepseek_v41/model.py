@@ -168,9 +168,25 @@ class DeepseekV41ForCausalLM:
 
     @property
     def prefix_replay_tokens(self) -> int:
-        """A prefix hit recomputes the whole sequence: its history is in the shared blocks (and is not written again),
-        but the fixed state at the hit's boundary (window rings, Engram's ids) is not."""
+        """Without state snapshots (a block manager that keeps none) a prefix hit recomputes the whole sequence: its
+        history is in the shared blocks (and is not written again), but the fixed state at the hit's end is not."""
         return self.max_positions
+
+    def prefix_state_tensors(self, caches: v41_caches.V41State, draft_caches: list) -> list[torch.Tensor]:
+        """Every per-sequence tensor (dim 0: the state slot) a prefix hit restores from a snapshot taken at a block
+        boundary (engine/state_snapshots.py): each layer's window ring, each KV source's open-group projections
+        (none is open at a boundary: the ratio divides the block size), Engram's last ids, and with DSpark drafting
+        its context keys. The history is not among them: it is in the shared blocks."""
+        tensors = [t for layer in caches.layers for t in (layer.ring, layer.pending) if t is not None]
+        return tensors + ([caches.engram_ids] if caches.engram_ids is not None else []) + list(draft_caches)
+
+    def prefix_hit_limit(self, prompt_tokens: int) -> int:
+        """The most positions a prefix hit of a sequence with `prompt_tokens` may cover: with the bounded replay, its
+        decoder tail's start (bounded_replay.py), so the hit's prefill computes the decoder rows one prefill would
+        (a snapshot's decoder rings hold rows computed for another prompt's tail); else any."""
+        if not self.swa_bounded_replay:
+            return self.max_positions
+        return bounded_replay.decoder_from(self.config, prompt_tokens) if self.decoder_start < self.num_layers else self.max_positions
 
     def new_caches(self, num_blocks: int, block_size: int, num_slots: int, dtype: torch.dtype, lookahead: int = 0) -> v41_caches.V41State:
         return v41_caches.allocate(self.config, num_blocks, block_size, max(1, num_slots), self.device, lookahead)
