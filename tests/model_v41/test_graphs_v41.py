@@ -45,12 +45,14 @@ def graphs_llm(tmp_path_factory):
 
 
 def engine_over(llm, **config):
-    """Another LLM over llm's loaded model and runtime (its recording graphs), with its own engine config and caches."""
+    """Another LLM over llm's loaded model and runtime (its recording graphs), with its own engine config and caches;
+    prefix caching off unless asked (with it on, prompt chunks end on block boundaries for the state snapshots, so
+    the sequences would not all start decoding in one step)."""
     from deepinfer.engine.llm import LLM
     from deepinfer.engine.llm_engine import EngineConfig, LLMEngine
 
     engine = llm.engine
-    return LLM.from_engine(LLMEngine(engine.loaded, engine.runtime, engine.dtype, EngineConfig(**{**SMALL, **config})))
+    return LLM.from_engine(LLMEngine(engine.loaded, engine.runtime, engine.dtype, EngineConfig(**{**SMALL, "enable_prefix_caching": False, **config})))
 
 
 def tokens(llm, batch=None) -> list[list[int]]:
@@ -89,8 +91,8 @@ def per_span_tokens(graphs_llm):
 
 def test_prefix_hits_and_preemption_with_graphs(graphs_llm, per_span_tokens):
     """One engine with prefix caching and too few blocks for every request's new tokens: the second run hits the cache
-    (the sequence is recomputed, the cached blocks' history not rewritten) and decoding preempts (recomputed)."""
-    blocks = sum(-(-n // 16) for n in PROMPT_LENS) + 1  # every prompt, not their new tokens
+    (restored from a state snapshot, the cached blocks' history not rewritten) and decoding preempts (recomputed)."""
+    blocks = sum(-(-n // 16) for n in PROMPT_LENS)  # every prompt's blocks, not all their new tokens'
     llm = engine_over(graphs_llm, enable_prefix_caching=True, num_kv_blocks=blocks)
     replays = llm.engine.runner.graphs.api.replays
     first = tokens(llm)
