@@ -27,6 +27,7 @@ a kernel for the op is held to every case of it again.
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import sys
 import time
@@ -45,6 +46,14 @@ from deepinfer.registry import ModelFacts, RegistryError, ResolveContext, all_op
 from deepinfer_conformance.golden_io import GOLDEN_DIR, GoldenSet, key
 
 NO_KERNEL = "no kernel"  # status of a model-specific op the backend has no kernel for (see above)
+
+
+def case_format(op, case) -> str | None:
+    """The weight format the case's call runs in: its own, else the op's default `fmt` (a dense gemm case
+    passes none), so the kernel checked is the one a model's call in that format dispatches to."""
+    if case.fmt is not None or not op.formats:
+        return case.fmt
+    return inspect.signature(op.reference).parameters["fmt"].default
 
 
 def to_device(kwargs: dict, device: torch.device) -> dict:
@@ -123,7 +132,7 @@ def run_backend(
         ctx = ResolveContext(backend=backend, device=device, dtype=case.torch_dtype, options=options, model=case_facts(case.op, inputs),
                              deterministic=deterministic)  # fmt: skip
         try:
-            kernel = registry.choose(ctx, case.op, case.fmt)
+            kernel = registry.choose(ctx, case.op, case_format(op, case))
         except RegistryError as exc:  # chosen by an option, but it cannot run here
             results[case.id] = {"status": "error", "error": str(exc)}
             continue
