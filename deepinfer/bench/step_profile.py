@@ -100,7 +100,11 @@ def format_profile(label: str, profile: dict, step_ms: float, unit: str = "decod
     what = "kernels" if device else "host ops (self time: this backend names no device profiler activity)"
     short = unit.split()[-1]
     lines = [f"### {label}: {step_ms:.3f} ms per {unit}; {what} {total:.3f} ms per {short}"]
-    if device:
+    if device and total > step_ms:
+        # kernels overlapped (programmatic dependent launch: a kernel is resident, waiting, before the one it follows ends),
+        # so their sum includes waits and bounds no idle time
+        lines.append(f"### {label}: kernels overlap ({total:.3f} ms of kernel spans in a {step_ms:.3f} ms {short}): no idle bound from their sum")
+    elif device:
         lines.append(f"### {label}: device idle at least {max(0.0, 1 - total / step_ms):.1%} of the {short} (1 - kernels / {short})")
     if not profile["us_per_step"]:
         lines.append("  (no events recorded)")

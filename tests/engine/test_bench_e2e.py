@@ -142,6 +142,9 @@ def test_profile_keeps_the_device_events_when_the_backend_names_an_activity():
     profile = step_profile._profile(step_profile.Counter({"gemm_kernel": 30.0, "norm_kernel": 10.0, "gone": -1.0}), "CUDA").to_json(1)
     assert profile == {"device_kernels": True, "total_ms_per_step": 0.04, "us_per_step": {"gemm_kernel": 30.0}}
     assert "device idle at least 60.0% of the step" in step_profile.format_profile("batch 1", profile, step_ms=0.1)
+    # kernels that overlap (PDL) sum to more than the step: no idle bound is claimed
+    overlapped = step_profile.format_profile("batch 1", profile, step_ms=0.03)
+    assert "kernels overlap" in overlapped and "idle at least" not in overlapped
 
 
 def test_the_profiler_activity_is_the_backends():
