@@ -80,12 +80,38 @@ def _chosen(monkeypatch, path, sm90, fmt="mxfp4", dtype=torch.bfloat16):
 def test_option_gluon_picks_it_only_on_sm90_for_mxfp4(monkeypatch):
     import deepinfer_cuda.kernels.gemm as kg
 
-    assert "gluon" in MXFP4_PATH.choices and MXFP4_PATH.default == "auto"  # off unless asked for
+    assert "gluon" in MXFP4_PATH.choices and MXFP4_PATH.default == "auto"
     assert _chosen(monkeypatch, "gluon", True) == (gg.grouped_gemm, gg.linear)
-    assert _chosen(monkeypatch, "auto", True) == (kg.grouped_gemm, kg.linear)
+    # auto on SM90: the prefill-sized calls on it (measured faster there), the rest on the tl kernel
+    assert _chosen(monkeypatch, "auto", True) == (gg._prefill_grouped_gemm, gg._prefill_linear)
+    assert _chosen(monkeypatch, "auto", False) == (kg.grouped_gemm, kg.linear)
+    assert _chosen(monkeypatch, "register", True) != (gg._prefill_grouped_gemm, gg._prefill_linear)
     assert _chosen(monkeypatch, "gluon", False) == (kg.grouped_gemm, kg.linear)  # not SM90: as auto
     assert _chosen(monkeypatch, "gluon", True, fmt="mxfp8")[0] is kg.grouped_gemm
     assert _chosen(monkeypatch, "gluon", True, dtype=torch.float16)[0] is kg.grouped_gemm
+
+
+def test_auto_takes_it_for_prefill_sized_calls_only():
+    """More than 64 rows per expert (gemm.py's prefill tiles) is prefill-sized: where it measured 1.4-1.5x the tl kernel;
+    decode sizes stay on the tl kernel (0.7-0.8x there)."""
+    u8 = torch.uint8
+    w = _meta(256, 4096, 2048, dtype=u8)
+    assert not gg.prefill_sized(_meta(6 * 256, 4096), w, gg._CONTIGUOUS)  # decode batch 256 x top-6 over 256 experts
+    assert gg.prefill_sized(_meta(6 * 8192, 4096), w, gg._CONTIGUOUS)  # an 8192-token chunk
+    assert not gg.prefill_sized(_meta(8, 16, 4096), _meta(8, 4096, 2048, dtype=u8), gg._MASKED)
+    assert gg.prefill_sized(_meta(1024, 4096), _meta(4096, 2048, dtype=u8), gg._LINEAR)
+
+
+def test_a_decode_sized_call_under_auto_runs_the_tl_register_path():
+    import deepinfer_cuda.kernels.gemm as kg
+
+    gen = torch.Generator().manual_seed(1)
+    w, s = quant.quantize_weight_mxfp4(torch.randn(2, 64, 512, generator=gen))
+    x = torch.randn(2, 8, 512, generator=gen).bfloat16()  # K 512: the Gluon kernel would serve it, but 8 rows per expert
+    mm = torch.tensor([8, 3], dtype=torch.int32)
+    got = gg._prefill_grouped_gemm(x, w, masked_m=mm, weight_scale=s, fmt="mxfp4")
+    want = kg.launch_gemm(x, w, s, "mxfp4", kg._MASKED, masked_m=mm, mx_path="register")
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1, :3], want[1, :3])
 
 
 def test_calls_it_does_not_serve_run_the_tl_register_path():

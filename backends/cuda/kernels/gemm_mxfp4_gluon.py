@@ -1,8 +1,12 @@
 """Gluon kernel: mxfp4 (W4A16) `grouped_gemm` and `linear` on SM90, warp-specialised.
 
-UNVERIFIED ON A GPU until `deepinfer conformance --backend cuda --backend-option mxfp4_path=gluon` passes;
-chosen only with that backend option on an SM90 device (default off). The `tl` kernel (gemm.py, MX_MODE 3)
-stays the default and is what the interpreter checks in CI; calls this kernel does not serve (below) go to it.
+Verified on an H100 (2026-12-06: `deepinfer conformance --backend cuda --backend-option mxfp4_path=gluon`, its
+mxfp4 cases exact) and measured there against the `tl` kernel at V4-Flash's expert shapes (docs/performance.md):
+1.41-1.50x faster at prefill (8192 tokens x top-6), 0.72-0.83x at decode (64-256 tokens, where the `tl` kernel's
+split-K keeps more loads in flight). So on SM90 backend option mxfp4_path=auto takes it for prefill-sized calls
+only (more than 64 rows per expert: gemm.py's "_large" tiles) and the `tl` kernel (MX_MODE 3) for the rest;
+mxfp4_path=gluon takes it for every call it serves. The `tl` kernel is what the interpreter checks in CI; calls
+this kernel does not serve (below) go to it.
 
 Why: on SM90 the `tl` register-dequant kernel is load-bound (a probe removed its dequantisation and the
 rate stayed), and `tl` cannot split the loads from the dequantisation and the MMA into different warps.
@@ -326,7 +330,7 @@ def plan_gluon(x: torch.Tensor, weight: torch.Tensor, layout: int, cfg_for=None)
     "gemm" table; the compile check passes the target arch's)."""
     k = x.shape[-1]
     experts, n, max_m, rows_total, rows_per_expert = gemm.row_buckets(x, weight, layout)
-    variant = "mxfp4_gluon_small" if rows_per_expert <= 64 else "mxfp4_gluon_large"
+    variant = "mxfp4_gluon_small" if rows_per_expert <= SMALL_ROWS_PER_EXPERT else "mxfp4_gluon_large"
     cfg = cfg_for(variant) if cfg_for is not None else config("gemm", variant, x.device)
     block_m = max(16, min(cfg["BLOCK_M"], next_power_of_2(int(rows_per_expert) if rows_per_expert >= 1 else 1)))
     block_n, block_k = cfg["BLOCK_N"], cfg["BLOCK_K"]
@@ -373,12 +377,22 @@ def launch(plan: GluonPlan, x, weight, weight_scale, out, offs_arg, mm_arg) -> N
     )
 
 
-def _run(x, weight, weight_scale, layout, *, offsets=None, masked_m=None) -> torch.Tensor:
-    """The Gluon kernel where it serves the call (`not_served`), else the tl kernel's register path."""
+SMALL_ROWS_PER_EXPERT = 64  # gemm.py's tuning variants: "_small" up to this many rows per expert, "_large" above
+
+
+def prefill_sized(x: torch.Tensor, weight: torch.Tensor, layout: int) -> bool:
+    """Whether a call's rows per expert take gemm.py's prefill ("_large") tiles: where this kernel measured faster."""
+    return gemm.row_buckets(x, weight, layout)[4] > SMALL_ROWS_PER_EXPERT
+
+
+def _run(x, weight, weight_scale, layout, *, offsets=None, masked_m=None, prefill_only=False) -> torch.Tensor:
+    """The Gluon kernel where it serves the call (`not_served`; with prefill_only, prefill-sized calls only), else the
+    tl kernel's register path."""
     n = weight.shape[-2]
     reason = not_served(x, weight, weight_scale, layout)
     empty = x.numel() == 0 or n == 0
-    if reason is not None or empty or (layout == _MASKED and x.stride(0) < x.stride(1)):
+    small = prefill_only and not prefill_sized(x, weight, layout)
+    if reason is not None or empty or small or (layout == _MASKED and x.stride(0) < x.stride(1)):
         return gemm.launch_gemm(x, weight, weight_scale, "mxfp4", layout, offsets=offsets, masked_m=masked_m, mx_path="register")
     plan = plan_gluon(x, weight, layout)
     shape = (weight.shape[0], x.shape[1], n) if layout == _MASKED else (x.shape[0], n)
@@ -391,26 +405,35 @@ def _run(x, weight, weight_scale, layout, *, offsets=None, masked_m=None) -> tor
 # The ops and their registration
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, *, weight_scale: torch.Tensor | None = None, fmt: str = "dense") -> torch.Tensor:
-    gemm_ops.check_linear_args(x, weight, weight_scale, fmt)
-    return _run(x, weight, weight_scale, _LINEAR)
+def _gluon_ops(prefill_only: bool):
+    """`linear` and `grouped_gemm` on this kernel: for every call it serves, or (prefill_only) for prefill-sized ones."""
+
+    def linear(x: torch.Tensor, weight: torch.Tensor, *, weight_scale: torch.Tensor | None = None, fmt: str = "dense") -> torch.Tensor:
+        gemm_ops.check_linear_args(x, weight, weight_scale, fmt)
+        return _run(x, weight, weight_scale, _LINEAR, prefill_only=prefill_only)
+
+    def grouped_gemm(
+        x: torch.Tensor,
+        weight: torch.Tensor,
+        *,
+        expert_offsets: torch.Tensor | None = None,
+        masked_m: torch.Tensor | None = None,
+        weight_scale: torch.Tensor | None = None,
+        fmt: str = "dense",
+    ) -> torch.Tensor:
+        experts = gemm_ops.check_grouped_args(x, weight, weight_scale, fmt, expert_offsets, masked_m)
+        if expert_offsets is not None:
+            gemm_ops.check_index_vector("expert_offsets", expert_offsets, experts + 1, x.device)
+            return _run(x, weight, weight_scale, _CONTIGUOUS, offsets=expert_offsets, prefill_only=prefill_only)
+        gemm_ops.check_index_vector("masked_m", masked_m, experts, x.device)
+        return _run(x, weight, weight_scale, _MASKED, masked_m=masked_m, prefill_only=prefill_only)
+
+    suffix = "_gluon_prefill" if prefill_only else "_gluon"
+    linear.__qualname__, grouped_gemm.__qualname__ = f"linear{suffix}", f"grouped_gemm{suffix}"
+    return linear, grouped_gemm
 
 
-def grouped_gemm(
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    *,
-    expert_offsets: torch.Tensor | None = None,
-    masked_m: torch.Tensor | None = None,
-    weight_scale: torch.Tensor | None = None,
-    fmt: str = "dense",
-) -> torch.Tensor:
-    experts = gemm_ops.check_grouped_args(x, weight, weight_scale, fmt, expert_offsets, masked_m)
-    if expert_offsets is not None:
-        gemm_ops.check_index_vector("expert_offsets", expert_offsets, experts + 1, x.device)
-        return _run(x, weight, weight_scale, _CONTIGUOUS, offsets=expert_offsets)
-    gemm_ops.check_index_vector("masked_m", masked_m, experts, x.device)
-    return _run(x, weight, weight_scale, _MASKED, masked_m=masked_m)
+linear, grouped_gemm = _gluon_ops(prefill_only=False)
 
 
 def is_sm90(device) -> bool:
@@ -424,17 +447,28 @@ def _chosen(ctx) -> bool:
     return MXFP4_PATH.value(ctx) == "gluon" and is_sm90(ctx.device)
 
 
+def _chosen_for_prefill(ctx) -> bool:
+    """mxfp4_path=auto on an SM90 device whose Triton has Gluon for Hopper (else auto is the tl kernels' alone)."""
+    return MXFP4_PATH.value(ctx) == "auto" and GLUON_IMPORT_ERROR is None and is_sm90(ctx.device)
+
+
 def _unusable(ctx) -> str | None:
     if GLUON_IMPORT_ERROR is not None:
         return f"backend option mxfp4_path=gluon, but Triton {triton.__version__} has no usable Gluon for Hopper ({GLUON_IMPORT_ERROR})"
     return None
 
 
-_NOTE = ("Gluon (SM90, mxfp4_path=gluon; unverified on a GPU until conformance passes): warp-specialised, a TMA producer warp "
-         "filling an mbarrier ring, consumer warpgroups dequantising e2m1 in registers into wgmma's A operand; bf16 x, "
-         "K a multiple of 512, else the tl register path")
+_NOTE = ("Gluon (SM90): warp-specialised, a TMA producer warp filling an mbarrier ring, consumer warpgroups dequantising e2m1 in "
+         "registers into wgmma's A operand; bf16 x, K a multiple of 512, else the tl register path")
+_prefill_linear, _prefill_grouped_gemm = _gluon_ops(prefill_only=True)
+_MXFP4_BF16 = dict(formats=("mxfp4",), dtypes=(torch.bfloat16,))
 REGISTRATIONS = [
-    Registration(op="linear", fn=linear, formats=("mxfp4",), dtypes=(torch.bfloat16,), when=_chosen, priority=2, unusable=_unusable, note=_NOTE),
-    Registration(op="grouped_gemm", fn=grouped_gemm, formats=("mxfp4",), dtypes=(torch.bfloat16,), when=_chosen, priority=2, unusable=_unusable,
-                 note=_NOTE),
+    Registration(op="linear", fn=linear, **_MXFP4_BF16, when=_chosen, priority=2, unusable=_unusable, note=_NOTE + " (mxfp4_path=gluon)"),
+    Registration(op="grouped_gemm", fn=grouped_gemm, **_MXFP4_BF16, when=_chosen, priority=2, unusable=_unusable, note=_NOTE + " (mxfp4_path=gluon)"),
+]
+# mxfp4_path=auto on SM90: prefill-sized calls on this kernel, the rest on the tl kernel (above the default registrations)
+REGISTRATIONS += [
+    Registration(op=op, fn=fn, **_MXFP4_BF16, when=_chosen_for_prefill, priority=1,
+                 note=_NOTE + f"; mxfp4_path=auto: more than {SMALL_ROWS_PER_EXPERT} rows per expert only, fewer on the tl register path")
+    for op, fn in (("linear", _prefill_linear), ("grouped_gemm", _prefill_grouped_gemm))
 ]
