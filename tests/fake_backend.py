@@ -102,3 +102,25 @@ class FakeBackend:
             return OPS["rms_norm"].reference(x, weight, eps=eps, residual=residual)
 
         return rms_norm
+
+
+def recording_graphs_llm(model: str, cache_dir, **config):
+    """`model` loaded on the fake backend with recording graphs (the reference kernels), prefix caching off unless
+    `config` turns it on: the graph tests' shared engine, over which each test builds engines of its own."""
+    import pytest
+
+    import deepinfer.plugins as plugins_mod
+    from deepinfer import LLM
+    from deepinfer.backends import reference
+    from deepinfer.plugins import Plugins
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("DEEPINFER_CACHE", str(cache_dir))
+        mp.setattr(plugins_mod, "load_plugins", lambda: Plugins(load_entry_points=False, extra_plugins=(FakeBackend(graphs=RecordingGraphs()), reference)))
+        return LLM(model=model, backend="fake", dtype="float32", announce=False, **{"enable_prefix_caching": False, **config})
+
+
+def random_prompts(lens, low: int, high: int, seed: int = 1) -> list[dict]:
+    """Token-id prompts of the given lengths, ids drawn in [low, high)."""
+    gen = torch.Generator().manual_seed(seed)
+    return [{"prompt_token_ids": torch.randint(low, high, (n,), generator=gen).tolist()} for n in lens]

@@ -13,14 +13,11 @@ import pytest
 import torch
 from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException, FakeTensorMode
 
-import deepinfer.plugins as plugins_mod
-from deepinfer.backends import reference
 from deepinfer.engine.sampling_params import SamplingParams
 from deepinfer.model.deepseek_v41 import decode_plan
 from deepinfer.model.forward_batch import ForwardBatch
-from deepinfer.plugins import Plugins
 
-from fake_backend import FakeBackend, RecordingGraphs
+from fake_backend import random_prompts, recording_graphs_llm
 from model_v4.test_graphs_v4 import RecordedOps
 
 PROMPT_LENS = (150, 40, 200, 7, 131)  # three past the window (and the 133-token replay tail), two inside it
@@ -29,19 +26,13 @@ SMALL = dict(max_num_seqs=8, max_model_len=512)  # graphs of at most 8 rows over
 
 
 def prompts(lens=PROMPT_LENS, seed: int = 1) -> list[dict]:
-    gen = torch.Generator().manual_seed(seed)
-    return [{"prompt_token_ids": torch.randint(3, 129000, (n,), generator=gen).tolist()} for n in lens]
+    return random_prompts(lens, 3, 129000, seed)
 
 
 @pytest.fixture(scope="module")
 def graphs_llm(tmp_path_factory):
     """tiny-v41 loaded once on the fake backend with recording graphs."""
-    from deepinfer import LLM
-
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("DEEPINFER_CACHE", str(tmp_path_factory.mktemp("cache")))
-        mp.setattr(plugins_mod, "load_plugins", lambda: Plugins(load_entry_points=False, extra_plugins=(FakeBackend(graphs=RecordingGraphs()), reference)))
-        return LLM(model="tiny-v41", backend="fake", dtype="float32", announce=False, enable_prefix_caching=False, **SMALL)
+    return recording_graphs_llm("tiny-v41", tmp_path_factory.mktemp("cache"), **SMALL)
 
 
 def engine_over(llm, **config):
