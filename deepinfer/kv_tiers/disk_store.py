@@ -181,11 +181,9 @@ class DiskStore:
         path = self.path(check_key(key))
         try:
             size = path.stat().st_size
-            path.unlink()
-        except FileNotFoundError:
+        except OSError:
             return False
-        except OSError as e:
-            self._error(e, f"removing {path}")
+        if not self._remove(path):
             return False
         with self._lock:
             self._stats.entries = max(0, self._stats.entries - 1)
