@@ -13,10 +13,13 @@ bit for bit (-0.0 stays -0.0, as torch.copysign gives). Backend-neutral like `de
 
 from __future__ import annotations
 
+import torch
 import triton
 import triton.language as tl
 
-from deepinfer.triton_common import e4m3_bits_to_f32, e4m3_rne_bits
+from deepinfer.ops.cache_rounding import GROUP
+from deepinfer.ops.cache_storage import check_unpack_args, row_bytes
+from deepinfer.triton_common import cdiv, e4m3_bits_to_f32, e4m3_rne_bits
 
 
 @triton.jit
@@ -156,3 +159,28 @@ def unpack_groups(rows_ptr, g, n_groups, groups_per_row, C, W, FMT: tl.constexpr
         value = e2m1_value((byte >> ((j[None, :] % 2) * 4)) & 15)
         b = tl.load(src + C // 2 + in_row, mask=g < n_groups, other=127).to(tl.int32)
     return value * byte_scale(b, FMT)[:, None], row[:, None] * C + col[:, None] + j[None, :], ok
+
+
+# ---- the host side of the cuda and ascend cache_pack / cache_unpack kernels: the rows and groups they walk
+
+
+def pack_layout(x: torch.Tensor, fmt: str) -> tuple[torch.Tensor, torch.Tensor, int, int]:
+    """(x as rows [R, C] with unit channel stride, the stored rows to fill uint8 [..., row_bytes(C, fmt)], groups per
+    row, groups in all) for a cache_pack kernel."""
+    channels = x.shape[-1]
+    out = torch.empty(*x.shape[:-1], row_bytes(channels, fmt), dtype=torch.uint8, device=x.device)
+    rows = x.reshape(-1, channels)
+    if rows.stride(-1) != 1:
+        rows = rows.contiguous()
+    groups_per_row = cdiv(channels, GROUP[fmt])
+    return rows, out, groups_per_row, rows.shape[0] * groups_per_row
+
+
+def unpack_layout(rows: torch.Tensor, out: torch.Tensor, fmt: str) -> tuple[torch.Tensor, torch.Tensor, int, int]:
+    """(the stored rows flat [R, W] and contiguous, the output to write (out itself when contiguous, else a contiguous
+    twin to copy into out after), groups per row, groups in all) for a cache_unpack kernel; checks the shapes."""
+    check_unpack_args(rows, out, fmt)
+    flat_rows = rows.reshape(-1, rows.shape[-1]).contiguous()
+    dense = out if out.is_contiguous() else torch.empty_like(out, memory_format=torch.contiguous_format)
+    groups_per_row = cdiv(out.shape[-1], GROUP[fmt])
+    return flat_rows, dense, groups_per_row, flat_rows.shape[0] * groups_per_row

@@ -34,6 +34,14 @@ def row_bytes(channels: int, fmt: str) -> int:
     return (channels // 2 if fmt in FP4_FORMATS else channels) + -(-channels // GROUP[fmt])
 
 
+def check_unpack_args(rows: torch.Tensor, out: torch.Tensor, fmt: str) -> None:
+    """cache_unpack's rows must be uint8 [..., row_bytes(C, fmt)] beside out [..., C]: a ValueError naming both otherwise
+    (every backend's kernel checks through here)."""
+    width = row_bytes(out.shape[-1], fmt)
+    if rows.dtype != torch.uint8 or rows.shape[:-1] != out.shape[:-1] or rows.shape[-1] != width:
+        raise ValueError(f"cache_unpack wants rows uint8 [..., {width}] for out {tuple(out.shape)} in {fmt}, got {rows.dtype} {tuple(rows.shape)}")
+
+
 def _e8m0(scale: torch.Tensor) -> torch.Tensor:
     """The exponent byte of power-of-two float32 scales (2^-126 .. 2^127)."""
     return (scale.contiguous().view(torch.int32) >> 23).to(torch.uint8)
@@ -69,11 +77,8 @@ def cache_pack(x: torch.Tensor, *, fmt: str) -> torch.Tensor:
 def cache_unpack(rows: torch.Tensor, out: torch.Tensor, *, fmt: str) -> torch.Tensor:
     """Stored rows uint8 [..., row_bytes(C, fmt)] read back into out [..., C] (its dtype): each code times
     its group's scale in float32, then cast. Returns out."""
+    check_unpack_args(rows, out, fmt)
     channels = out.shape[-1]
-    if rows.dtype != torch.uint8 or rows.shape[:-1] != out.shape[:-1] or rows.shape[-1] != row_bytes(channels, fmt):
-        raise ValueError(
-            f"cache_unpack wants rows uint8 [..., {row_bytes(channels, fmt)}] for out {tuple(out.shape)} in {fmt}, got {rows.dtype} {tuple(rows.shape)}"
-        )
     group = GROUP[fmt]
     width = channels if fmt == "fp8" else channels // 2
     codes, scale_bytes = rows[..., :width], rows[..., width:]

@@ -18,8 +18,7 @@ import triton.language as tl
 from deepinfer.ops.cache_rounding import GROUP
 from deepinfer.ops.cache_storage import cache_pack as _reference_pack
 from deepinfer.ops.cache_storage import cache_unpack as _reference_unpack
-from deepinfer.ops.cache_storage import row_bytes
-from deepinfer.triton_cache_rounding import pack_groups, unpack_groups
+from deepinfer.triton_cache_rounding import pack_groups, pack_layout, unpack_groups, unpack_layout
 from deepinfer.triton_common import cdiv
 from deepinfer_ascend.kernels.common import Registration, launch_options, tile_elems, to_output, vector_grid
 
@@ -53,19 +52,12 @@ def _block_groups(fmt: str) -> int:
 def cache_pack(x: torch.Tensor, *, fmt: str) -> torch.Tensor:
     if x.dtype == torch.float64:  # no float64 on the vector units (the rounding is float32 anyway)
         return _reference_pack(x, fmt=fmt)
-    channels = x.shape[-1]
-    width = row_bytes(channels, fmt)
-    out = torch.empty(*x.shape[:-1], width, dtype=torch.uint8, device=x.device)
+    rows, out, groups_per_row, n_groups = pack_layout(x, fmt)
     if x.numel() == 0:
         return out
-    rows = x.reshape(-1, channels)
-    if rows.stride(-1) != 1:
-        rows = rows.contiguous()
-    groups_per_row = cdiv(channels, GROUP[fmt])
-    n_groups = rows.shape[0] * groups_per_row
     block_g = _block_groups(fmt)
     _pack_kernel[(vector_grid(cdiv(n_groups, block_g)),)](
-        rows, out, n_groups, groups_per_row, channels, rows.stride(0), width, FMT=fmt, GROUP=GROUP[fmt], BLOCK_G=block_g, **launch_options(),
+        rows, out, n_groups, groups_per_row, x.shape[-1], rows.stride(0), out.shape[-1], FMT=fmt, GROUP=GROUP[fmt], BLOCK_G=block_g, **launch_options(),
     )  # fmt: skip
     return out
 
@@ -73,19 +65,12 @@ def cache_pack(x: torch.Tensor, *, fmt: str) -> torch.Tensor:
 def cache_unpack(rows: torch.Tensor, out: torch.Tensor, *, fmt: str) -> torch.Tensor:
     if out.dtype == torch.float64:
         return _reference_unpack(rows, out, fmt=fmt)
-    channels = out.shape[-1]
-    width = row_bytes(channels, fmt)
-    if rows.dtype != torch.uint8 or rows.shape[:-1] != out.shape[:-1] or rows.shape[-1] != width:
-        raise ValueError(f"cache_unpack wants rows uint8 [..., {width}] for out {tuple(out.shape)} in {fmt}, got {rows.dtype} {tuple(rows.shape)}")
+    flat_rows, dense, groups_per_row, n_groups = unpack_layout(rows, out, fmt)
     if out.numel() == 0:
         return out
-    flat_rows = rows.reshape(-1, width).contiguous()
-    dense = out if out.is_contiguous() else torch.empty_like(out, memory_format=torch.contiguous_format)
-    groups_per_row = cdiv(channels, GROUP[fmt])
-    n_groups = flat_rows.shape[0] * groups_per_row
     block_g = _block_groups(fmt)
     _unpack_kernel[(vector_grid(cdiv(n_groups, block_g)),)](
-        flat_rows, dense, n_groups, groups_per_row, channels, width, FMT=fmt, GROUP=GROUP[fmt], BLOCK_G=block_g, **launch_options(),
+        flat_rows, dense, n_groups, groups_per_row, out.shape[-1], flat_rows.shape[-1], FMT=fmt, GROUP=GROUP[fmt], BLOCK_G=block_g, **launch_options(),
     )  # fmt: skip
     if dense is not out:
         out.copy_(dense)

@@ -15,8 +15,7 @@ import triton
 import triton.language as tl
 
 from deepinfer.ops.cache_rounding import GROUP
-from deepinfer.ops.cache_storage import row_bytes
-from deepinfer.triton_cache_rounding import pack_groups, unpack_groups
+from deepinfer.triton_cache_rounding import pack_groups, pack_layout, unpack_groups, unpack_layout
 from deepinfer.triton_common import cdiv, interpreting, to_bf16_rne
 from deepinfer_cuda.kernels.common import Registration, pdl_launch, pdl_prologue
 
@@ -47,35 +46,22 @@ def _unpack_kernel(
 
 
 def cache_pack(x: torch.Tensor, *, fmt: str) -> torch.Tensor:
-    channels = x.shape[-1]
-    width = row_bytes(channels, fmt)
-    out = torch.empty(*x.shape[:-1], width, dtype=torch.uint8, device=x.device)
+    rows, out, groups_per_row, n_groups = pack_layout(x, fmt)
     if x.numel() == 0:
         return out
-    rows = x.reshape(-1, channels)
-    if rows.stride(-1) != 1:
-        rows = rows.contiguous()
-    groups_per_row = cdiv(channels, GROUP[fmt])
-    n_groups = rows.shape[0] * groups_per_row
     _pack_kernel[(cdiv(n_groups, _GROUPS_PER_PROGRAM),)](
-        rows, out, n_groups, groups_per_row, channels, rows.stride(0), width, FMT=fmt, GROUP=GROUP[fmt], BLOCK_G=_GROUPS_PER_PROGRAM, **pdl_launch(rows.device),
+        rows, out, n_groups, groups_per_row, x.shape[-1], rows.stride(0), out.shape[-1],
+        FMT=fmt, GROUP=GROUP[fmt], BLOCK_G=_GROUPS_PER_PROGRAM, **pdl_launch(rows.device),
     )  # fmt: skip
     return out
 
 
 def cache_unpack(rows: torch.Tensor, out: torch.Tensor, *, fmt: str) -> torch.Tensor:
-    channels = out.shape[-1]
-    width = row_bytes(channels, fmt)
-    if rows.dtype != torch.uint8 or rows.shape[:-1] != out.shape[:-1] or rows.shape[-1] != width:
-        raise ValueError(f"cache_unpack wants rows uint8 [..., {width}] for out {tuple(out.shape)} in {fmt}, got {rows.dtype} {tuple(rows.shape)}")
+    flat_rows, dense, groups_per_row, n_groups = unpack_layout(rows, out, fmt)
     if out.numel() == 0:
         return out
-    flat_rows = rows.reshape(-1, width).contiguous()
-    dense = out if out.is_contiguous() else torch.empty_like(out, memory_format=torch.contiguous_format)
-    groups_per_row = cdiv(channels, GROUP[fmt])
-    n_groups = flat_rows.shape[0] * groups_per_row
     _unpack_kernel[(cdiv(n_groups, _GROUPS_PER_PROGRAM),)](
-        flat_rows, dense, n_groups, groups_per_row, channels, width,
+        flat_rows, dense, n_groups, groups_per_row, out.shape[-1], flat_rows.shape[-1],
         FMT=fmt, GROUP=GROUP[fmt], BLOCK_G=_GROUPS_PER_PROGRAM, MANUAL_RNE=out.dtype == torch.bfloat16 and interpreting(), **pdl_launch(flat_rows.device),
     )  # fmt: skip
     if dense is not out:
