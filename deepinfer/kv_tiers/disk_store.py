@@ -25,6 +25,7 @@ Layout: `<root>/<key[:2]>/<key>.kvb`, one file per entry holding the block's byt
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import os
@@ -155,10 +156,8 @@ class DiskStore:
             os.replace(tmp, path)
         except OSError as e:
             self._error(e, f"writing {path}")
-            try:
+            with contextlib.suppress(OSError):  # the temp file may never have been created
                 tmp.unlink()
-            except OSError:
-                pass
             return False
         with self._lock:
             self._stats.stores += 1
@@ -222,7 +221,8 @@ class DiskStore:
             self._stats.entries = len(live)
             self._stats.bytes_held = total
 
-    def _entry_files(self):
+    def _files(self):
+        """(shard folder, file name) of every file in the shard folders; a folder that cannot be listed is skipped."""
         try:
             shards = [d for d in self.root.iterdir() if d.is_dir()]
         except OSError as e:
@@ -234,29 +234,24 @@ class DiskStore:
             except OSError:
                 continue
             for name in names:
-                if name.endswith(SUFFIX) and not name.startswith("."):
-                    yield shard / name
+                yield shard, name
+
+    def _entry_files(self):
+        for shard, name in self._files():
+            if name.endswith(SUFFIX) and not name.startswith("."):
+                yield shard / name
 
     def _clean_temp_files(self) -> None:
         now = time.time()  # temp files carry the file system's times, not the store's clock
-        try:
-            shards = [d for d in self.root.iterdir() if d.is_dir()]
-        except OSError as e:
-            self._error(e, f"listing {self.root}")
-            return
-        for shard in shards:
-            try:
-                names = [n for n in os.listdir(shard) if n.startswith(TEMP_PREFIX)]
-            except OSError:
-                continue
-            for name in names:
+        for shard, name in self._files():
+            if name.startswith(TEMP_PREFIX):
                 path = shard / name
                 try:
                     if _writer_gone(name, self._host) or now - path.stat().st_mtime > self.stale_temp_s:
                         path.unlink()
                         logger.info("disk KV store %s: removed a killed writer's temp file %s", self.root, name)
                 except OSError:
-                    pass  # renamed or removed meanwhile
+                    continue  # renamed or removed meanwhile
 
     # --- helpers ---
 

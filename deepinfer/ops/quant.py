@@ -49,6 +49,15 @@ def _expand_groups(scale: torch.Tensor, size: int, dim: int) -> torch.Tensor:
 # FP8 e4m3, 128x128 weight blocks
 
 
+def _block_amax(w: torch.Tensor, block: int) -> torch.Tensor:
+    """The amax of |w| [..., N, K] per block x block tile -> [..., ceil(N/block), ceil(K/block)]; edge tiles cover only
+    the real values."""
+    n, k = w.shape[-2:]
+    nb, kb = _ceil_div(n, block), _ceil_div(k, block)
+    padded = F.pad(w.abs(), (0, kb * block - k, 0, nb * block - n))  # zeros leave amax alone
+    return padded.unflatten(-1, (kb, block)).unflatten(-3, (nb, block)).amax(dim=(-3, -1))
+
+
 def quantize_weight_fp8_block(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Quantise w [..., N, K] to e4m3 with one float32 scale per 128x128 block.
 
@@ -60,10 +69,8 @@ def quantize_weight_fp8_block(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tens
     if w.dim() < 2 or not w.is_floating_point():
         raise ValueError(f"quantize_weight_fp8_block takes a floating weight [..., N, K], got {tuple(w.shape)} {w.dtype}")
     n, k = w.shape[-2:]
-    nb, kb = _ceil_div(n, FP8_BLOCK), _ceil_div(k, FP8_BLOCK)
     wf = w.float()
-    padded = F.pad(wf.abs(), (0, kb * FP8_BLOCK - k, 0, nb * FP8_BLOCK - n))  # zeros leave amax alone
-    amax = padded.unflatten(-1, (kb, FP8_BLOCK)).unflatten(-3, (nb, FP8_BLOCK)).amax(dim=(-3, -1))
+    amax = _block_amax(wf, FP8_BLOCK)
     scale = amax.clamp(min=AMAX_FLOOR) / FP8_MAX
     full_scale = _expand_groups(_expand_groups(scale, n, -2), k, -1)
     return (wf / full_scale).to(FP8_DTYPE), scale
@@ -278,10 +285,8 @@ def quantize_weight_fp8_block32(w: torch.Tensor) -> tuple[torch.Tensor, torch.Te
     if w.dim() < 2 or not w.is_floating_point():
         raise ValueError(f"quantize_weight_fp8_block32 takes a floating weight [..., N, K], got {tuple(w.shape)} {w.dtype}")
     n, k = w.shape[-2:]
-    nb, kb = _ceil_div(n, FP8_BLOCK32), _ceil_div(k, FP8_BLOCK32)
     wf = w.float()
-    padded = F.pad(wf.abs(), (0, kb * FP8_BLOCK32 - k, 0, nb * FP8_BLOCK32 - n))  # zeros leave amax alone
-    amax = padded.unflatten(-1, (kb, FP8_BLOCK32)).unflatten(-3, (nb, FP8_BLOCK32)).amax(dim=(-3, -1))
+    amax = _block_amax(wf, FP8_BLOCK32)
     ratio = amax.clamp(min=AMAX_FLOOR) / FP8_MAX  # float32, > 0
     mantissa, exponent = torch.frexp(ratio)  # ratio = m * 2^e, m in [0.5, 1): ceil(log2) = e - 1 if m == 0.5, else e
     shared = (exponent - (mantissa == 0.5).to(exponent.dtype)).clamp(-E8M0_BIAS, E8M0_BIAS)
