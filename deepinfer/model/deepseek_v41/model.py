@@ -214,10 +214,7 @@ class DeepseekV41ForCausalLM:
             offset += length
         positions = batch.positions
         engram_rows = self.engram_hashing(ops, batch.input_ids, spans, caches.engram_ids) if self.engram_hashing is not None else None
-        streams = self.embed[batch.input_ids].unsqueeze(1).expand(-1, c.hc_mult, -1).contiguous()
-        pre = torch.zeros(streams.shape[:2], dtype=torch.float32, device=self.device)
-        pre[:, 0] = 1  # the first site collapses with the one-hot
-        features = DraftFeatures(c, streams.shape[0], streams.dtype, self.device) if hidden_states else None
+        streams, pre, features = self._entering(batch.input_ids, hidden_states)
         shared = [SharedKV() for _ in spans]
         split = self.decoder_start
         for layer, state in zip(self.layers[:split], caches.layers[:split]):
@@ -248,16 +245,22 @@ class DeepseekV41ForCausalLM:
         ops, c = self.ops, self.config
         plan = decode_plan.plan_decode(c, batch, caches)
         engram_rows = self.engram_hashing.decode(ops, batch.input_ids, plan, caches.engram_ids) if self.engram_hashing is not None else None
-        streams = self.embed[batch.input_ids].unsqueeze(1).expand(-1, c.hc_mult, -1).contiguous()
-        pre = torch.zeros(streams.shape[:2], dtype=torch.float32, device=self.device)
-        pre[:, 0] = 1  # the first site collapses with the one-hot
-        features = DraftFeatures(c, streams.shape[0], streams.dtype, self.device) if hidden_states else None
+        streams, pre, features = self._entering(batch.input_ids, hidden_states)
         shared = SharedBatchKV()
         for layer, state in zip(self.layers, caches.layers):
             streams, pre = layer(ops, streams, pre, plan.positions, plan, state, shared, self.ropes, engram_rows, features.capture(layer) if features else None)
         wanted = batch.logits_indices
         logits = self._logits(ops, streams[wanted], pre[wanted])
         return (logits, features.out) if hidden_states else logits
+
+    def _entering(self, input_ids: torch.Tensor, hidden_states: bool):
+        """(the hc streams entering the first block: each token's embedding hc_mult times, the first site's pre: the
+        one-hot, DSpark's target features to fill when `hidden_states`)."""
+        streams = self.embed[input_ids].unsqueeze(1).expand(-1, self.config.hc_mult, -1).contiguous()
+        pre = torch.zeros(streams.shape[:2], dtype=torch.float32, device=self.device)
+        pre[:, 0] = 1  # the first site collapses with the one-hot
+        features = DraftFeatures(self.config, streams.shape[0], streams.dtype, self.device) if hidden_states else None
+        return streams, pre, features
 
     def _logits(self, ops, streams: torch.Tensor, pre: torch.Tensor) -> torch.Tensor:
         """Collapse with the last FFN site's pre (torch glue: once per step, on the sampled rows only; the
