@@ -183,15 +183,19 @@ class BlockManager:
             self.snapshots.release(launched[1])
         self.snapshots.save(block_hash, seq.state_slot)
 
+    def _release_launched(self, seq: Sequence) -> None:
+        """Give back the copy of seq's slot taken when its last step was launched, if one is waiting (`note_launched`)."""
+        launched = self.launched.pop(seq.seq_id, None)
+        if launched is not None:
+            self.snapshots.release(launched[1])
+
     def note_launched(self, seq: Sequence, computed: int) -> None:
         """A step that leaves seq with `computed` tokens computed was launched, and its tokens will be known
         only after a later step is launched (overlap scheduling): when that is a block boundary, copy the
         slot now, in the device's order, for `commit` to file."""
         if self.snapshots is None or computed % self.block_size or seq.state_slot < 0:
             return
-        stale = self.launched.pop(seq.seq_id, None)
-        if stale is not None:
-            self.snapshots.release(stale[1])
+        self._release_launched(seq)
         self.launched[seq.seq_id] = (computed, self.snapshots.capture(seq.state_slot))
 
     def reset_prefix_cache(self) -> bool:
@@ -221,9 +225,7 @@ class BlockManager:
         seq.block_table = []
         seq.num_computed_tokens = 0
         seq.num_cached_kv = 0
-        launched = self.launched.pop(seq.seq_id, None)
-        if launched is not None:  # its step ended it: the copy is filed nowhere
-            self.snapshots.release(launched[1])
+        self._release_launched(seq)  # its step ended it: a copy taken at its launch is filed nowhere
         if seq.state_slot >= 0:
             self.free_slots.append(seq.state_slot)
             seq.state_slot = -1
