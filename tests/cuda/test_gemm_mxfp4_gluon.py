@@ -15,7 +15,7 @@ from deepinfer_cuda.options import MXFP4_PATH
 
 gg = pytest.importorskip("deepinfer_cuda.kernels.gemm_mxfp4_gluon")
 if gg.GLUON_IMPORT_ERROR is not None:
-    pytest.skip(f"no Gluon for Hopper in this Triton (runs with Triton >= 3.5, as in CI and on the GPU machine): {gg.GLUON_IMPORT_ERROR}", allow_module_level=True)
+    pytest.skip(f"no Gluon for Hopper in this Triton (runs with Triton >= 3.5: CI, the GPU machine): {gg.GLUON_IMPORT_ERROR}", allow_module_level=True)
 
 SM90 = lambda variant: arch_config("gemm", variant, "sm90")  # noqa: E731
 
