@@ -88,6 +88,17 @@ def add_engine_flags(p) -> None:
                         help="the largest structured_outputs (schema, regex, choice list or grammar, in bytes) a request may give; "
                              f"larger ones are refused (default {MAX_GRAMMAR_BYTES})")
     engine.add_argument("--no-prefix-caching", action="store_true", help="switch the prefix cache off")
+    engine.add_argument("--kv-offload-cpu-gib", type=float, metavar="GIB",
+                        help="keep prefix-cache blocks that leave the device in this much pinned host memory, and load them back on a hit")
+    engine.add_argument("--kv-offload-dir", metavar="DIR",
+                        help="keep prefix-cache blocks in this directory too: checksummed files, found again after a restart and by every "
+                             "process given the same directory")
+    engine.add_argument("--kv-offload-disk-gib", type=float, metavar="GIB", help="the most --kv-offload-dir holds (default: half its free space)")
+    engine.add_argument("--kv-offload-ttl", type=float, metavar="S", dest="kv_offload_ttl_s",
+                        help="seconds a block lives in --kv-offload-dir and --kv-store-url from its write (default: no expiry)")
+    engine.add_argument("--kv-store-url", metavar="URL",
+                        help="a shared KV store behind the other tiers: redis://HOST:PORT/DB or valkey://... (pip install 'deepinfer[redis]'), "
+                             "or a plugin's scheme")
     engine.add_argument("--swa-bounded-replay", action=argparse.BooleanOptionalAction, default=True,
                         help="DeepSeek-V4.1: at prefill run the decoder layers (after the last KV source) only on the prompt's last "
                              "sliding_window + dspark_block_size tokens, the encoder layers on every token (an approximation of a full "
@@ -161,6 +172,11 @@ def load_llm(args, ctx):
         mixed_steps=False if args.no_mixed_steps else None,
         logprobs_mode=args.logprobs_mode,
         max_grammar_bytes=args.max_grammar_bytes,
+        kv_offload_cpu_gib=args.kv_offload_cpu_gib,
+        kv_offload_dir=args.kv_offload_dir,
+        kv_offload_disk_gib=args.kv_offload_disk_gib,
+        kv_offload_ttl_s=args.kv_offload_ttl_s,
+        kv_store_url=args.kv_store_url,
     )
 
 
@@ -187,6 +203,16 @@ def check_engine_flags(args) -> None:
     for flag, value in counts:
         if value is not None and value < 1:
             raise UserError(f"{flag} must be >= 1, got {value}")
+    for flag, value in (("--kv-offload-cpu-gib", args.kv_offload_cpu_gib), ("--kv-offload-disk-gib", args.kv_offload_disk_gib),
+                        ("--kv-offload-ttl", args.kv_offload_ttl_s)):  # fmt: skip
+        if value is not None and not value > 0:
+            raise UserError(f"{flag} must be > 0, got {value}")
+    if args.kv_offload_disk_gib is not None and args.kv_offload_dir is None:
+        raise UserError("--kv-offload-disk-gib sizes the disk tier: give --kv-offload-dir too")
+    if args.kv_offload_ttl_s is not None and args.kv_offload_dir is None and args.kv_store_url is None:
+        raise UserError("--kv-offload-ttl is the lifetime of --kv-offload-dir's and --kv-store-url's blocks: give one of them too")
+    if (args.kv_offload_cpu_gib or args.kv_offload_dir or args.kv_store_url) and args.no_prefix_caching:
+        raise UserError("the KV offload flags keep prefix-cache blocks: they do not combine with --no-prefix-caching")
     if not 0 < args.gpu_memory_utilization <= 1:
         raise UserError(f"--gpu-memory-utilization must be a fraction in (0, 1], got {args.gpu_memory_utilization}")
     if args.num_redundant_experts < 0:

@@ -442,6 +442,9 @@ def print_summary(llm, requests: int, skipped: int, counts: dict, wall: float, o
             rows.append(("speculative", f"{spec['acceptance_length']:.2f} tokens per verification (acceptance length), "
                                         f"{spec['drafts_verified_per_step']:.2f} drafts verified per request and step, "
                                         f"{spec['accepted_per_verified']:.1%} of them accepted"))  # fmt: skip
+        tiers = llm.kv_tier_stats()
+        if tiers is not None:
+            rows.append(("kv tiers", "; ".join(tier_summary(name, t) for name, t in tiers.items())))
         if llm.engine.runtime.device.type == "cpu":
             import torch
 
@@ -452,6 +455,13 @@ def print_summary(llm, requests: int, skipped: int, counts: dict, wall: float, o
     if builtin:
         lines.append("  (built-in prompts; pass --prompt TEXT or -i prompts.jsonl, and --model PATH for a real checkpoint)")
     print("\n".join(lines), file=sys.stderr)
+
+
+def tier_summary(name: str, t: dict) -> str:
+    """One tier's line of the summary: what was loaded from it and stored to it, and what it lost."""
+    lost = ", ".join(f"{t[k]} {k}" for k in ("evictions", "expired", "errors", "corrupt") if t[k])
+    return (f"{name}: {t['hit_blocks']} blocks loaded ({t['hit_bytes'] / 1e6:.3g} MB) by {t['loads']} requests, {t['stores']} stored, "
+            f"{t['entries']} held" + (f" ({lost})" if lost else ""))  # fmt: skip
 
 
 RUN = Command(

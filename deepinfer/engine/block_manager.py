@@ -56,6 +56,9 @@ class BlockManager:
         self.snapshots: StateSnapshots | None = None  # the state slots' snapshots (`keep_snapshots`)
         self.hit_limit: Callable[[Sequence], int] | None = None  # the most positions a sequence's hit may cover
         self.launched: dict[int, tuple[int, int]] = {}  # seq_id -> (boundary, snapshot entry) captured when its step was launched
+        # the KV tiers' hook (deepinfer.kv_tiers.tiered_cache): called with the cached blocks (id, chain hash) that just became
+        # evictable, before anything can evict them
+        self.on_evictable: Callable[[list[tuple[int, bytes]]], None] | None = None
 
     def keep_snapshots(self, snapshots: StateSnapshots, hit_limit: Callable[[Sequence], int] | None = None) -> None:
         """Prefix hits restore state-slot snapshots instead of recomputing (module docstring); hit_limit(seq): the
@@ -214,14 +217,7 @@ class BlockManager:
     def free(self, seq: Sequence) -> None:
         """Release seq's pages. Its last blocks go first in the LRU order: a shared prefix lives at the
         front of a sequence, so its head blocks are the ones worth keeping."""
-        for block_id in reversed(seq.block_table):
-            block = self.blocks[block_id]
-            block.ref_count -= 1
-            assert block.ref_count >= 0, f"block {block_id} freed twice"
-            if block.ref_count == 0:
-                self.free_blocks[block_id] = None
-                if block.hash is None:  # holds nothing reusable: hand it out before cached blocks
-                    self.free_blocks.move_to_end(block_id, last=False)
+        self._unref(reversed(seq.block_table))
         seq.block_table = []
         seq.num_computed_tokens = 0
         seq.num_cached_kv = 0
@@ -229,3 +225,48 @@ class BlockManager:
         if seq.state_slot >= 0:
             self.free_slots.append(seq.state_slot)
             seq.state_slot = -1
+
+    def _unref(self, block_ids) -> None:
+        """Drop one reference to each block; those left unused join the free queue (a cached one at its back, an
+        empty one at its front) and the cached ones are offered to the KV tiers (`on_evictable`)."""
+        evictable = []
+        for block_id in block_ids:
+            block = self.blocks[block_id]
+            block.ref_count -= 1
+            assert block.ref_count >= 0, f"block {block_id} freed twice"
+            if block.ref_count == 0:
+                self.free_blocks[block_id] = None
+                if block.hash is None:  # holds nothing reusable: hand it out before cached blocks
+                    self.free_blocks.move_to_end(block_id, last=False)
+                else:
+                    evictable.append((block_id, block.hash))
+        if evictable and self.on_evictable is not None:
+            self.on_evictable(evictable)
+
+    # -- the KV tiers' loads ---------------------------------------------------------------------
+
+    def take_blocks(self, count: int) -> list[int] | None:
+        """`count` free blocks, held (a reference each) for a load from a KV tier; None when fewer are free."""
+        if count > self.num_free_blocks:
+            return None
+        return [self._take_free_block() for _ in range(count)]
+
+    def hold_blocks(self, block_ids: list[int]) -> None:
+        """Take a reference to cached blocks (a waiting request's device hit, kept while the rest of its prefix loads)."""
+        for block_id in block_ids:
+            block = self.blocks[block_id]
+            if block.ref_count == 0:
+                del self.free_blocks[block_id]
+            block.ref_count += 1
+
+    def register_loaded(self, block_ids: list[int], hashes: list[bytes]) -> None:
+        """Blocks a KV tier's rows were copied into join the prefix cache under their chain hashes (still held);
+        one whose hash is cached already (computed meanwhile) stays empty."""
+        for block_id, block_hash in zip(block_ids, hashes):
+            if block_hash not in self.cached:
+                self.cached[block_hash] = block_id
+                self.blocks[block_id].hash = block_hash
+
+    def release_loaded(self, block_ids: list[int]) -> None:
+        """A load's hold on its blocks ends (its request was admitted and took its own references, or left)."""
+        self._unref(block_ids)

@@ -125,6 +125,17 @@ class LLM:
     is flat in the prompt's length; an approximation of a full prefill (docs/models/deepseek_v41.md gives
     the measured difference). Default on, as vLLM, SGLang and ATOM do it. False: every layer on every token
     (greedy tokens equal a full forward's). Other models have no decoder-only layers and ignore it.
+
+    KV tiers behind the prefix cache (deepinfer.kv_tiers; vLLM's KV offloading, SGLang's HiCache): a cached block
+    that leaves use is copied out, and a later request whose prefix is found there loads it back instead of
+    recomputing it (its tokens count in RequestOutput.num_cached_tokens). kv_offload_cpu_gib: pinned host memory
+    for blocks (GiB). kv_offload_dir: a directory of blocks, readable after a restart and by several processes
+    (kv_offload_disk_gib bounds it, default half the free space; kv_offload_ttl_s: an entry's lifetime, also
+    the shared store's). kv_store_url: a shared store, redis://host:port/db or valkey://... (through redis-py:
+    pip install 'deepinfer[redis]'), or any scheme a plugin registers. Blocks are keyed by their prefix and
+    everything their KV depends on (model, weights, config, dtypes, layout), checksummed, and a damaged or
+    foreign one is recomputed; a tier that fails degrades to the others with one log line. `llm.kv_tier_stats()`
+    reports hits, bytes, loads, stores, evictions and expired entries per tier.
     """
 
     def __init__(
@@ -162,6 +173,11 @@ class LLM:
         grammar_cache_size: int = 256,
         max_grammar_bytes: int = 256 << 10,
         swa_bounded_replay: bool = True,
+        kv_offload_cpu_gib: float | None = None,
+        kv_offload_dir: str | os.PathLike | None = None,
+        kv_offload_disk_gib: float | None = None,
+        kv_offload_ttl_s: float | None = None,
+        kv_store_url: str | None = None,
     ):
         from deepinfer.model.facts import checkpoint_facts
         from deepinfer.model.loader import load_model
@@ -189,6 +205,11 @@ class LLM:
             grammar_compile_timeout_s=grammar_compile_timeout_s,
             grammar_cache_size=grammar_cache_size,
             max_grammar_bytes=max_grammar_bytes,
+            kv_offload_cpu_gib=kv_offload_cpu_gib,
+            kv_offload_dir=str(kv_offload_dir) if kv_offload_dir is not None else None,
+            kv_offload_disk_gib=kv_offload_disk_gib,
+            kv_offload_ttl_s=kv_offload_ttl_s,
+            kv_store_url=kv_store_url,
         )
         config.validate()
         check_cpu_threads(cpu_threads)
@@ -282,6 +303,13 @@ class LLM:
         acceptance_length, drafts_verified_per_step, accepted_per_verified, ..."""
         spec = self.engine.speculative
         return spec.metrics.summary() if spec is not None else None
+
+    def kv_tier_stats(self) -> dict[str, dict] | None:
+        """The KV tiers' figures since the LLM was built, per tier (None without tiers): blocks and bytes loaded from
+        it (hit_blocks, hit_bytes), requests that loaded from it (loads), blocks stored, what it holds, evictions,
+        expired entries, errors (deepinfer.kv_tiers.tier_stats)."""
+        tiers = self.engine.tiers
+        return tiers.stats() if tiers is not None else None
 
     # -- generation ----------------------------------------------------------------------------
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import logging
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -83,6 +84,14 @@ class EngineConfig:
     # 11k short choices; the grammars of a hostile client's 100k-string lists took llguidance most of
     # a minute to compile and then panicked it (docs/performance.md).
     max_grammar_bytes: int = 256 << 10
+    # KV tiers behind the prefix cache (deepinfer.kv_tiers): blocks leaving the device pool are kept in pinned host
+    # memory (GiB), in a directory (readable after a restart and by other processes; bounded by kv_offload_disk_gib,
+    # default half the free space, entries expiring after kv_offload_ttl_s), and in a shared store by URL (redis://...).
+    kv_offload_cpu_gib: float | None = None
+    kv_offload_dir: str | None = None
+    kv_offload_disk_gib: float | None = None
+    kv_offload_ttl_s: float | None = None
+    kv_store_url: str | None = None
 
     def validate(self) -> None:
         for name in ("max_num_seqs", "max_num_batched_tokens", "num_kv_blocks", "max_model_len", "eplb_interval", "grammar_cache_size", "max_grammar_bytes"):
@@ -102,6 +111,18 @@ class EngineConfig:
         timeout = self.grammar_compile_timeout_s
         if not isinstance(timeout, (int, float)) or isinstance(timeout, bool) or not timeout > 0:
             raise InvalidRequestError(f"grammar_compile_timeout_s must be a number of seconds > 0, got {timeout!r}")
+        for name in ("kv_offload_cpu_gib", "kv_offload_disk_gib", "kv_offload_ttl_s"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, (int, float)) or isinstance(value, bool) or not value > 0):
+                raise InvalidRequestError(f"{name} must be a number > 0, got {value!r}")
+        for name in ("kv_offload_dir", "kv_store_url"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, (str, os.PathLike)) or not str(value)):
+                raise InvalidRequestError(f"{name} must be a non-empty path or URL, got {value!r}")
+        if self.kv_offload_disk_gib is not None and self.kv_offload_dir is None:
+            raise InvalidRequestError("kv_offload_disk_gib sizes the disk tier: give kv_offload_dir too")
+        if self.kv_offload_ttl_s is not None and self.kv_offload_dir is None and self.kv_store_url is None:
+            raise InvalidRequestError("kv_offload_ttl_s is the disk tier's and shared store's entry lifetime: give kv_offload_dir or kv_store_url too")
         if self.kv_cache_memory_gib is not None and not self.kv_cache_memory_gib > 0:
             raise InvalidRequestError(f"kv_cache_memory_gib must be > 0, got {self.kv_cache_memory_gib!r}")
         if not isinstance(self.seed, int) or isinstance(self.seed, bool):
@@ -207,6 +228,9 @@ class LLMEngine:
                                    lookahead=self.speculative.lookahead if self.speculative is not None else None,
                                    mixed_steps=self._mixed_steps())  # fmt: skip
         self.overlap = self._overlap_scheduler(runtime, dist)
+        from deepinfer.kv_tiers.open_tiers import open_tiers
+
+        self.tiers = self.scheduler.tiers = open_tiers(self)
         self.grammars = None  # its GrammarCompiler, made for the first request with structured_outputs
         self.grammar_wait = GrammarWait(config.grammar_compile_timeout_s)
         self._next_request_index = 0
@@ -492,7 +516,11 @@ class LLMEngine:
             return False
         self.grammar_wait.remove(head)
         head.held_back = []
-        self.scheduler.remove_waiting([sample for sample in head.samples if sample.status is SequenceStatus.WAITING])  # one pass, whatever n
+        waiting = [sample for sample in head.samples if sample.status is SequenceStatus.WAITING]
+        self.scheduler.remove_waiting(waiting)  # one pass, whatever n
+        if self.tiers is not None:
+            for sample in waiting:
+                self.tiers.forget(sample)
         for sample in head.samples:
             if sample.status is SequenceStatus.RUNNING:
                 self.scheduler.finish(sample)
@@ -509,6 +537,9 @@ class LLMEngine:
             self.scheduler.finish(seq)
             if self.speculative is not None:
                 self.speculative.forget(seq)
+        if self.tiers is not None:
+            for seq in self.scheduler.waiting:
+                self.tiers.forget(seq)
         self.scheduler.waiting.clear()
         self.grammar_wait.clear()
         if self.overlap is not None:
@@ -546,10 +577,26 @@ class LLMEngine:
         failed = finished_requests(self.grammar_wait.admit(self.scheduler.add, block=not self.scheduler.has_unfinished()))
         if not self.scheduler.has_unfinished():
             return failed
+        if self.tiers is not None and not self._tiers_let_step_run():
+            return failed
         if self.overlap is not None:
-            return failed + self.overlap.step()
-        self.before_step()
-        return failed + self.execute(self.schedule())
+            finished = failed + self.overlap.step()
+        else:
+            self.before_step()
+            finished = failed + self.execute(self.schedule())
+        if self.tiers is not None and not self.has_unfinished():
+            self.tiers.drain()  # the last blocks freed reach every tier before the caller moves on (a restart finds them)
+        return finished
+
+    def _tiers_let_step_run(self) -> bool:
+        """Advance the KV tiers' copies (never waiting) and whether a step can run: False, after waiting for a tier,
+        when nothing runs and every waiting request is still loading its prefix (a step would be empty)."""
+        self.tiers.poll()
+        if self.scheduler.running or self.overlap is not None and self.overlap.in_flight is not None or self.scheduler.has_admissible():
+            return True
+        if not self.tiers.wait():  # nothing in flight: loaded blocks held for requests that cannot be admitted beside each other
+            self.tiers.release_loads()
+        return False
 
     def schedule(self) -> ScheduledBatch:
         """This step's batch (what `step` runs; with expert parallelism, scheduled before the ranks

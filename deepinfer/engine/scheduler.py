@@ -67,6 +67,9 @@ class Scheduler:
         self.final_length = final_length
         self.mixed_steps = mixed_steps
         self.lookahead = lookahead or (lambda seq: 0)
+        # the KV tiers (deepinfer.kv_tiers.tiered_cache): a waiting sequence whose prefix is being loaded from a tier is
+        # not admissible yet (later ones go ahead: it waits on a copy, not on pages); told when one is admitted
+        self.tiers = None
 
     def add(self, seq: Sequence) -> None:
         seq.status = SequenceStatus.WAITING
@@ -94,12 +97,18 @@ class Scheduler:
                 chunk = self._chunk(seq, budget)
                 seqs.append(seq), chunks.append(chunk)
                 budget -= chunk
-        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
-            seq = self.waiting[0]
+        at = 0
+        while at < len(self.waiting) and budget > 0 and len(self.running) < self.max_num_seqs:
+            seq = self.waiting[at]
+            if self.tiers is not None and not self.tiers.admissible(seq):
+                at += 1  # its prefix is on its way from a KV tier
+                continue
             if not self.block_manager.can_allocate(seq) or (self.final_length is not None and not self._fits_to_the_end(seq)):
                 break  # in order: a later, smaller request does not overtake
-            self.waiting.pop(0)
+            self.waiting.pop(at)
             self.block_manager.allocate(seq)
+            if self.tiers is not None:
+                self.tiers.admitted(seq)
             if seq.num_cached_tokens is None:
                 seq.num_cached_tokens = seq.num_cached_kv
             seq.prefill_target = seq.num_tokens
@@ -164,13 +173,15 @@ class Scheduler:
 
     def _prefill_due(self) -> bool:
         """Whether `schedule` would prefill now: a running prompt not finished, or an admissible waiting one."""
-        return any(seq.is_prefilling for seq in self.running) or self._admissible()
+        return any(seq.is_prefilling for seq in self.running) or self.has_admissible()
 
-    def _admissible(self) -> bool:
+    def has_admissible(self) -> bool:
         """Whether the first waiting request would be admitted now."""
         if not self.waiting or len(self.running) >= self.max_num_seqs:
             return False
-        seq = self.waiting[0]
+        seq = next((seq for seq in self.waiting if self.tiers is None or self.tiers.admissible(seq)), None)
+        if seq is None:
+            return False
         return self.block_manager.can_allocate(seq) and (self.final_length is None or self._fits_to_the_end(seq))
 
     def _fits_to_the_end(self, seq: Sequence) -> bool:
@@ -196,8 +207,9 @@ class Scheduler:
             else:
                 self.block_manager.append_slot(seq, ahead)
                 scheduled.append(seq)
-        # Requests are checked to fit the cache alone, so the oldest one always gets its page.
-        assert scheduled or not self.running and not self.waiting, "scheduler made no progress"
+        # Requests are checked to fit the cache alone, so the oldest one always gets its page (the waiting ones may all
+        # be loading their prefix from a KV tier: an empty step, LLMEngine.step waits for the tiers instead).
+        assert scheduled or not self.running and (not self.waiting or self.tiers is not None), "scheduler made no progress"
         return ScheduledBatch(False, scheduled, [1] * len(scheduled))
 
     def preempt(self, seq: Sequence) -> None:

@@ -237,6 +237,12 @@ class DeepseekForCausalLM:
         for moe in self.moe_layers:
             moe(self.ops, empty)
 
+    @staticmethod
+    def paged_cache_tensors(caches: list[torch.Tensor], draft_caches: list[torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Every paged cache tensor by name (dim 0 the block): what a KV tier keeps of a block (deepinfer.kv_tiers):
+        each layer's latent rows, and the MTP layer's when speculative decoding runs."""
+        return {**{f"layers.{i}": t for i, t in enumerate(caches)}, **{f"mtp.{i}": t for i, t in enumerate(draft_caches)}}
+
     def kv_cache_shape(self, num_blocks: int, block_size: int, dtype: torch.dtype | None = None) -> tuple[int, int, int]:
         """One layer's paged latent cache in `dtype` (default the model's): [num_blocks, block_size,
         kv_lora_rank + qk_rope_head_dim], 4 more for an FP8 cache's per-token scale."""

@@ -27,6 +27,7 @@ from deepinfer.ops.quant import AMAX_FLOOR, FP8_DTYPE, FP8_MAX
 SCALE_BYTES = 4  # the float32 scale after an FP8 row's values
 ROW_TAIL = 16  # bytes after the values: the scale, then zeros up to a 16-byte multiple
 KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3")  # vLLM's names; "fp8" means e4m3
+LAYOUT_VERSION = 1  # bump when a row's bytes change meaning: KV kept outside the process (deepinfer.kv_tiers) is keyed by it
 
 
 def is_fp8(cache: torch.Tensor | torch.dtype) -> bool:

@@ -334,3 +334,5 @@ class EngineLoop:
         if self.metrics is not None:
             blocks = self.engine.block_manager
             self.metrics.engine_state(self.num_running, self.num_waiting, 1.0 - blocks.num_free_blocks / blocks.num_blocks)
+            if self.engine.tiers is not None:
+                self.metrics.kv_tiers(self.engine.tiers.stats())

@@ -14,6 +14,15 @@ counts requests by endpoint and status.
   keep a cached prefix count as free: they are handed out again when needed)
 - deepinfer_step_seconds: engine step time (histogram)
 
+With KV tiers (--kv-offload-cpu-gib, --kv-offload-dir, --kv-store-url), per tier (label "tier": host, disk, store),
+as the engine thread last published them (deepinfer.kv_tiers.tier_stats):
+
+- deepinfer_kv_tier_hit_blocks_total, deepinfer_kv_tier_hit_bytes_total: blocks (bytes) loaded from the tier
+- deepinfer_kv_tier_loads_total: requests that loaded blocks from it; deepinfer_kv_tier_stores_total: blocks written to it
+- deepinfer_kv_tier_evictions_total, deepinfer_kv_tier_expired_total, deepinfer_kv_tier_errors_total,
+  deepinfer_kv_tier_corrupt_total: the tier's own counts (a full disk or an unreachable store counts errors)
+- deepinfer_kv_tier_entries, deepinfer_kv_tier_bytes: what it holds now
+
 With expert parallelism (serve --ep N) the engine's gauges and counters are sums over the ranks
 (the KV ratio: pages held over all ranks' pages), and these show each rank (label "rank"):
 
@@ -38,6 +47,8 @@ class ServeMetrics:
         self.kv_usage = Gauge("deepinfer_kv_cache_usage_ratio", "share of the KV cache pages held by unfinished requests", registry=r)
         buckets = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
         self.step_seconds = Histogram("deepinfer_step_seconds", "engine step time", buckets=buckets, registry=r)
+        self._tiers = _TierCollector()
+        r.register(self._tiers)
         if ranks > 1:
             self.rank_running = Gauge("deepinfer_rank_num_requests_running", "engine requests in a rank's running batch", ["rank"], registry=r)
             self.rank_waiting = Gauge("deepinfer_rank_num_requests_waiting", "engine requests waiting for a rank's running batch", ["rank"], registry=r)
@@ -60,6 +71,10 @@ class ServeMetrics:
         self.waiting.set(waiting)
         self.kv_usage.set(kv_usage)
 
+    def kv_tiers(self, stats: dict[str, dict]) -> None:
+        """The KV tiers' figures (KVTiers.stats), shown at the next scrape."""
+        self._tiers.stats = stats
+
     def rank_state(self, rank: int, running: int, waiting: int, kv_usage: float) -> None:
         self.rank_running.labels(str(rank)).set(running)
         self.rank_waiting.labels(str(rank)).set(waiting)
@@ -72,3 +87,31 @@ class ServeMetrics:
 
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"  # Prometheus' text exposition format
+
+
+class _TierCollector:
+    """The KV tiers' counters and gauges from the engine's last published stats (a snapshot: the HTTP thread never
+    reads the engine's tiers)."""
+
+    COUNTERS = ("hit_blocks", "hit_bytes", "loads", "stores", "evictions", "expired", "errors", "corrupt")
+    GAUGES = (("entries", "entries"), ("bytes", "bytes_held"))
+
+    def __init__(self):
+        self.stats: dict[str, dict] = {}
+
+    def collect(self):
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        stats = self.stats
+        if not stats:
+            return
+        for name in self.COUNTERS:
+            family = CounterMetricFamily(f"deepinfer_kv_tier_{name}", f"KV tier {name.replace('_', ' ')}", labels=["tier"])
+            for tier, values in stats.items():
+                family.add_metric([tier], values[name])
+            yield family
+        for name, key in self.GAUGES:
+            family = GaugeMetricFamily(f"deepinfer_kv_tier_{name}", f"what a KV tier holds now ({key})", labels=["tier"])
+            for tier, values in stats.items():
+                family.add_metric([tier], values[key])
+            yield family

@@ -174,6 +174,21 @@ class DeepseekV4ForCausalLM:
     def prefix_replay_tokens(self) -> int:
         return self.config.prefix_replay_tokens
 
+    @staticmethod
+    def paged_cache_tensors(caches: list, draft_caches: list) -> dict[str, torch.Tensor]:
+        """Every paged cache tensor by name (dim 0 the block): what a KV tier keeps of a block (deepinfer.kv_tiers):
+        each layer's sliding-window rows, its compressor's entries and its indexer's keys (v4_caches). The
+        compressors' rings are per sequence, not paged: a restored prefix rebuilds them by the bounded replay."""
+        out = {}
+        for prefix, layer_caches in (("layers", caches), ("mtp", draft_caches)):
+            for i, cache in enumerate(layer_caches):
+                out[f"{prefix}.{i}.swa"] = cache.swa
+                if cache.compressor is not None:
+                    out[f"{prefix}.{i}.compressed"] = cache.compressor.pool
+                if cache.indexer is not None:
+                    out[f"{prefix}.{i}.index_keys"] = cache.indexer.pool
+        return out
+
     def new_caches(self, num_blocks: int, block_size: int, num_slots: int, dtype: torch.dtype, lookahead: int = 0) -> list:
         """lookahead: the most positions a step writes past a sequence's last accepted token (speculative
         decoding's drafts): the compressors' rings grow by as many rows (`caches.ring_size`)."""

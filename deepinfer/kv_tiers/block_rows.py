@@ -1,0 +1,70 @@
+"""One token block's rows across every paged cache tensor of a model, as one flat byte row.
+
+A model's paged caches are several tensors whose dim 0 is the block id (DeepSeek V2/V3: one latent
+cache per layer; V4: per layer the sliding window's rows, and the compressed entries and indexer keys of
+the compressing layers; the MTP layer's cache when speculative decoding runs). A tier keeps a block as
+the concatenation of its rows in every tensor, as bytes: `gather` and `scatter` move many blocks at once
+with one kernel per tensor (not one per block and tensor), `split` / `join` turn a flat row into named
+tensors and back for the block codec.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class BlockRows:
+    def __init__(self, tensors: dict[str, torch.Tensor]):
+        """tensors: name -> a paged cache tensor [num_blocks (+ scratch), ...], contiguous, all on one device."""
+        if not tensors:
+            raise ValueError("BlockRows needs at least one paged cache tensor")
+        devices = {t.device for t in tensors.values()}
+        if len(devices) != 1:
+            raise ValueError(f"the paged cache tensors lie on several devices: {sorted(map(str, devices))}")
+        for name, t in tensors.items():
+            if not t.is_contiguous() or t.dim() < 2:
+                raise ValueError(f"paged cache tensor {name!r} must be contiguous with a block dimension first, got {tuple(t.shape)}")
+        self.tensors = tensors
+        self.device = next(iter(devices))
+        self.row_bytes = {name: t[0].numel() * t.element_size() for name, t in tensors.items()}
+        self.block_bytes = sum(self.row_bytes.values())
+
+    def layout(self) -> list[tuple[str, str, tuple[int, ...]]]:
+        """(name, dtype, one block's shape) of every tensor: what a stored block's bytes mean (part of the tiers' namespace)."""
+        return [(name, str(t.dtype).removeprefix("torch."), tuple(t.shape[1:])) for name, t in self.tensors.items()]
+
+    def gather(self, block_ids: torch.Tensor) -> torch.Tensor:
+        """[n, block_bytes] uint8 on the cache's device: the rows of blocks `block_ids` (a tensor on that device),
+        in the order given. Queued on the current stream (it reads the blocks as that stream left them)."""
+        parts = [t.index_select(0, block_ids).view(len(block_ids), -1).view(torch.uint8) for t in self.tensors.values()]
+        return torch.cat(parts, dim=1)
+
+    def scatter(self, block_ids: torch.Tensor, rows: torch.Tensor) -> None:
+        """Write `rows` ([n, block_bytes] uint8 on the cache's device) into blocks `block_ids`, on the current stream."""
+        at = 0
+        for name, t in self.tensors.items():
+            width = self.row_bytes[name]
+            part = rows[:, at : at + width].contiguous().view(t.dtype).view(len(block_ids), *t.shape[1:])
+            t.index_copy_(0, block_ids, part)
+            at += width
+
+    def split(self, row: torch.Tensor) -> dict[str, torch.Tensor]:
+        """One flat row ([block_bytes] uint8) as its named tensors (views, no copy): what the block codec stores."""
+        out, at = {}, 0
+        for name, t in self.tensors.items():
+            width = self.row_bytes[name]
+            out[name] = row[at : at + width].view(t.dtype).view(t.shape[1:])
+            at += width
+        return out
+
+    def join(self, parts: dict[str, torch.Tensor], out: torch.Tensor) -> None:
+        """Write a decoded block's named tensors into `out` ([block_bytes] uint8); ValueError when they are not this layout's."""
+        if list(parts) != list(self.tensors):
+            raise ValueError(f"a stored block's tensors {list(parts)[:3]}... are not this cache's {list(self.tensors)[:3]}...")
+        at = 0
+        for name, t in self.tensors.items():
+            part, width = parts[name], self.row_bytes[name]
+            if part.dtype != t.dtype or tuple(part.shape) != tuple(t.shape[1:]):
+                raise ValueError(f"a stored block's {name!r} is {part.dtype} {tuple(part.shape)}, this cache's {t.dtype} {tuple(t.shape[1:])}")
+            out[at : at + width].copy_(part.reshape(-1).view(torch.uint8))
+            at += width

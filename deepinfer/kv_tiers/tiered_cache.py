@@ -1,0 +1,413 @@
+"""The tiers behind the device prefix cache: what the engine calls to offload blocks and to load a prefix back.
+
+Offload. When a cached block's last user leaves it (`BlockManager.free`), it becomes evictable, and it is
+copied out then, before anything can evict it: its rows are gathered on the engine's stream into one device
+buffer (one kernel per cache tensor, for every block freed at once), then copied to the host tier's pinned
+rows on a stream of their own; the engine's stream never waits for that copy (the gather has read the blocks
+before any later step writes them, in stream order). Once the copy has completed (`poll` sees its event), the
+host tier finds the block, and a worker thread encodes it (`block_codec`: checksum, namespace) and writes it
+to each store (disk, shared store) that does not hold it yet.
+
+Load. A waiting request whose next blocks, past its device prefix hit, are in a tier is held back from
+admission (`admissible` False; later requests go ahead) while its blocks are found: first in the host tier
+(on the engine thread: a dict lookup), then, block after block, in the stores by the worker thread, which
+reads, checks and decodes them into pinned rows. Then device blocks are taken, the rows are copied in and
+scattered on a load stream, and once that has completed the blocks join the device prefix cache under their
+chain hashes, held for the request, which is admitted as any prefix hit (its blocks count in
+`num_cached_tokens`). No step waits for a load: `poll` only looks at what has completed; the engine blocks
+(`wait`) only when nothing else can run.
+
+On the CPU (the reference backend, or kernels under the interpreter) every copy is synchronous: the same
+code, without streams. A store that fails degrades to a miss (the stores count it and log it once).
+"""
+
+from __future__ import annotations
+
+import logging
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor
+from concurrent.futures import wait as wait_futures
+from dataclasses import dataclass, field
+
+import torch
+
+from deepinfer.engine.block_manager import blocks_for
+from deepinfer.kv_tiers import block_codec
+from deepinfer.kv_tiers.block_rows import BlockRows
+from deepinfer.kv_tiers.host_tier import HostTier
+from deepinfer.kv_tiers.keys import KVNamespace
+from deepinfer.kv_tiers.store import KVStore, StoreStats
+from deepinfer.kv_tiers.tier_stats import TierCounters
+
+log = logging.getLogger(__name__)
+
+HOST = "host"
+
+
+@dataclass
+class _Offload:
+    """Blocks whose rows are being copied out of the device."""
+
+    keys: list[str]
+    host_rows: list[int | None]  # each block's host-tier row (None: not kept there)
+    staging: torch.Tensor  # the gathered rows on the device, held until the copy has read them
+    host_copy: torch.Tensor | None  # without a host tier: the rows in pinned memory, for the stores
+    copied: torch.Event | None  # None: the copy was synchronous
+
+
+@dataclass
+class _Fetch:
+    """One waiting request's prefix being found in the tiers and copied into device blocks."""
+
+    hashes: list[bytes]  # the chain hashes of its blocks past the device hit, in order
+    blocks: int  # the blocks the request holds once admitted (its prompt's) but its device hit
+    device_hit: list[int]  # the device blocks of its hit, held while the rest loads (else they could be evicted meanwhile)
+    host_rows: list[int]  # host-tier rows of its first blocks (held)
+    rest: int = 0  # of `blocks`, those its admission takes from the free blocks (all but the loaded ones), once it holds loaded blocks
+    stored: Future | None = None  # the worker's rows of the next blocks, from the stores
+    rows: torch.Tensor | None = None  # [k, block_bytes] host rows of the stores' blocks, once read
+    tiers: list[str] = field(default_factory=list)  # which tier each block came from
+    block_ids: list[int] = field(default_factory=list)  # device blocks copied into
+    staging: torch.Tensor | None = None
+    loaded: torch.Event | None = None
+    copying: bool = False
+    ready: bool = False
+
+
+class KVTiers:
+    def __init__(self, rows: BlockRows, namespace: KVNamespace, block_manager, host: HostTier | None, stores: list[tuple[str, KVStore]],
+                 async_device: bool):  # fmt: skip
+        """rows: the model's paged caches; stores: (tier name, store) from fastest to slowest; async_device: the device
+        runs behind the host (streams, events and pinned copies), False on the CPU."""
+        if host is None and not stores:
+            raise ValueError("KVTiers needs a host tier or a store")
+        self.rows, self.namespace, self.block_manager = rows, namespace, block_manager
+        self.host, self.stores = host, stores
+        self.device = rows.device
+        self.async_device = async_device
+        self.offload_stream = torch.Stream(device=self.device) if async_device else None
+        self.load_stream = torch.Stream(device=self.device) if async_device else None
+        self.worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="deepinfer-kv-tiers") if stores else None
+        self.offloads: list[_Offload] = []
+        self.writes: list[tuple[Future, list[int]]] = []  # store writes in flight and the host rows they read
+        self.fetches: dict[int, _Fetch] = {}  # seq_id -> its fetch
+        self.looked_up: set[int] = set()  # seq ids whose tiers were looked in since they last waited
+        self.counters = {name: TierCounters() for name in [HOST] * (host is not None) + [name for name, _ in stores]}
+        block_manager.on_evictable = self.offload
+
+    # -- offload -------------------------------------------------------------------------------
+
+    def offload(self, blocks: list[tuple[int, bytes]]) -> None:
+        """Copy out cached blocks that just became evictable (block id, chain hash), those no tier holds yet."""
+        todo = [(b, h, self.namespace.key(h)) for b, h in blocks]
+        todo = [(b, h, k) for b, h, k in todo if self.host is None or k not in self.host]
+        if not todo:
+            return
+        ids = torch.tensor([b for b, _, _ in todo], dtype=torch.long, device=self.device)
+        keys = [k for _, _, k in todo]
+        staging = self.rows.gather(ids)  # on the engine's stream: reads the blocks before any later step writes them
+        host_rows = [self.host.reserve(k) for k in keys] if self.host is not None else [None] * len(keys)
+        host_copy = None
+        copied = None
+        if self.async_device:
+            self.offload_stream.wait_stream(torch.accelerator.current_stream(self.device))
+            with self.offload_stream:
+                host_copy = self._copy_out(staging, host_rows)
+                copied = torch.Event(device=self.device)
+                copied.record(self.offload_stream)
+        else:
+            host_copy = self._copy_out(staging, host_rows)
+        self.offloads.append(_Offload(keys, host_rows, staging, host_copy, copied))
+        if not self.async_device:
+            self._finish_offloads()
+
+    def _copy_out(self, staging: torch.Tensor, host_rows: list[int | None]) -> torch.Tensor | None:
+        """Queue the copies of the gathered rows to the host tier's rows (and, without a host tier, to pinned memory
+        for the stores); returns that pinned copy or None."""
+        if self.host is None:
+            out = torch.empty(staging.shape, dtype=torch.uint8, pin_memory=self.async_device)
+            out.copy_(staging, non_blocking=self.async_device)
+            return out
+        for i, row in enumerate(host_rows):
+            if row is not None:
+                self.host.rows[row].copy_(staging[i], non_blocking=self.async_device)
+        return None
+
+    def _finish_offloads(self) -> None:
+        """Offloads whose copies have completed: their host rows become findable and the stores get them."""
+        left = []
+        for off in self.offloads:
+            if off.copied is not None and not off.copied.query():
+                left.append(off)
+                continue
+            for key, row in zip(off.keys, off.host_rows):
+                if row is not None:
+                    self.host.complete(key)
+                    self.counters[HOST].stores += 1
+            if self.stores:
+                rows = off.host_copy if off.host_copy is not None else self.host.rows
+                picks = list(range(len(off.keys))) if off.host_copy is not None else off.host_rows
+                held = [r for r in off.host_rows if r is not None]
+                for r in held:
+                    self.host.hold(r)
+                items = [(k, p) for k, p in zip(off.keys, picks) if p is not None]
+                self.writes.append((self.worker.submit(self._write, items, rows), held))
+        self.offloads = left
+        self._finish_writes()
+
+    def _write(self, items: list[tuple[str, int]], rows: torch.Tensor) -> dict[str, int]:
+        """Worker thread: encode each block and put it in every store that does not hold it; blocks stored per tier."""
+        stored = {name: 0 for name, _ in self.stores}
+        for key, row in items:
+            data = None
+            for name, store in self.stores:
+                if store.contains(key):
+                    continue
+                if data is None:
+                    data = block_codec.encode(self.rows.split(rows[row]), self.namespace)
+                stored[name] += int(store.put(key, data))
+        return stored
+
+    def _finish_writes(self) -> None:
+        left = []
+        for future, held in self.writes:
+            if not future.done():
+                left.append((future, held))
+                continue
+            for r in held:
+                self.host.release(r)
+            for name, n in self._result(future, {}).items():
+                self.counters[name].stores += n
+        self.writes = left
+
+    @staticmethod
+    def _result(future: Future, default):
+        """A worker job's result; an exception in it (a bug: stores do not raise) is logged, and `default` used."""
+        try:
+            return future.result()
+        except Exception:
+            log.exception("a KV tier job failed; its blocks are treated as missing")
+            return default
+
+    # -- load ----------------------------------------------------------------------------------
+
+    def admissible(self, seq) -> bool:
+        """Whether seq may be admitted now: True when its tiers were looked in (and what they held is in device
+        blocks) or hold nothing past its device hit; False while its blocks are found or copied in (it starts that)."""
+        fetch = self.fetches.get(seq.seq_id)
+        if fetch is not None:
+            return fetch.ready
+        if seq.seq_id in self.looked_up:
+            return True
+        self.looked_up.add(seq.seq_id)
+        device_hit, hashes = self._lookup(seq)
+        if not hashes:
+            return True
+        host_rows = []
+        for h in hashes:
+            row = self.host.find(self.namespace.key(h)) if self.host is not None else None
+            if row is None:
+                break
+            self.host.hold(row)
+            host_rows.append(row)
+        if not host_rows and not self.stores:
+            return True
+        blocks = blocks_for(seq.num_tokens, self.block_manager.block_size) - len(device_hit)
+        self.block_manager.hold_blocks(device_hit)
+        fetch = _Fetch(hashes, blocks, device_hit, host_rows, tiers=[HOST] * len(host_rows))
+        if self.stores and len(host_rows) < len(hashes):
+            fetch.stored = self.worker.submit(self._read, [self.namespace.key(h) for h in hashes[len(host_rows) :]])
+        self.fetches[seq.seq_id] = fetch
+        self._advance(fetch)
+        return fetch.ready
+
+    def _lookup(self, seq) -> tuple[list[int], list[bytes]]:
+        """seq's device hit (block ids) and the chain hashes of its full prompt blocks past it that a hit may cover
+        (the same bounds as `BlockManager.cached_prefix`: one token left to compute, the model's hit limit)."""
+        bm = self.block_manager
+        if not bm.enable_prefix_caching or not seq.reads_prefix_cache:
+            return [], []
+        most = (seq.num_tokens - 1) // bm.block_size
+        if bm.hit_limit is not None:
+            most = min(most, bm.hit_limit(seq) // bm.block_size)
+        hit = bm.cached_prefix(seq)
+        return hit, [seq.block_hash(i, bm.block_size) for i in range(len(hit), most)]
+
+    def _read(self, keys: list[str]) -> tuple[torch.Tensor, list[str]]:
+        """Worker thread: the consecutive blocks of `keys` found in the stores, from the first, as pinned rows, and
+        which store gave each; stops at the first block no store has (or has damaged: the store drops it)."""
+        found: list[tuple[dict, str]] = []
+        for key in keys:
+            got = None
+            for name, store in self.stores:
+                data = store.get(key)
+                if data is None:
+                    continue
+                try:
+                    got = (block_codec.decode(data, self.namespace), name)
+                    break
+                except block_codec.CorruptBlock as exc:  # damaged past the store's own check, or another namespace's: a miss
+                    log.warning("KV block %s in the %s tier is unusable (%s): recomputed", key[:16], name, exc)
+                    store.delete(key)
+            if got is None:
+                break
+            found.append(got)
+        rows = torch.empty((len(found), self.rows.block_bytes), dtype=torch.uint8, pin_memory=self.async_device)
+        good = []
+        for i, (parts, name) in enumerate(found):
+            try:
+                self.rows.join(parts, rows[i])
+            except ValueError as exc:
+                log.warning("a KV block in the %s tier does not fit this cache (%s): recomputed", name, exc)
+                break
+            good.append(name)
+        return rows[: len(good)], good
+
+    def _advance(self, fetch: _Fetch) -> None:
+        """Move a fetch on as far as it goes without waiting: stores read -> device blocks taken and copied in -> ready."""
+        if fetch.ready:
+            return
+        if fetch.stored is not None:
+            if not fetch.stored.done():
+                return
+            rows, names = self._result(fetch.stored, (None, []))
+            fetch.stored, fetch.rows = None, rows
+            fetch.tiers += names
+        if not fetch.copying:
+            count = len(fetch.tiers)
+            if count == 0:
+                fetch.ready = True
+                return
+            if fetch.blocks + self._owed() > self.block_manager.num_free_blocks:
+                return  # not enough free blocks for it to be admitted beside the loads before it: tried again at the next poll
+            block_ids = self.block_manager.take_blocks(count)
+            fetch.rest = fetch.blocks - count
+            fetch.block_ids = block_ids
+            self._copy_in(fetch)
+        if fetch.loaded is not None and not fetch.loaded.query():
+            return
+        self._loaded(fetch)
+
+    def _owed(self) -> int:
+        """Free blocks the requests whose loads hold device blocks still need to be admitted."""
+        return sum(f.rest for f in self.fetches.values() if f.block_ids)
+
+    def _copy_in(self, fetch: _Fetch) -> None:
+        """Queue the copies of the fetch's rows into its device blocks (on the load stream)."""
+        fetch.copying = True
+        n_host = len(fetch.host_rows)
+        ids = torch.tensor(fetch.block_ids, dtype=torch.long, device=self.device)
+
+        def copy() -> torch.Tensor:
+            staging = torch.empty((len(fetch.block_ids), self.rows.block_bytes), dtype=torch.uint8, device=self.device)
+            for i, row in enumerate(fetch.host_rows):
+                staging[i].copy_(self.host.rows[row], non_blocking=self.async_device)
+            if fetch.rows is not None and len(fetch.rows):
+                staging[n_host:].copy_(fetch.rows, non_blocking=self.async_device)
+            self.rows.scatter(ids, staging)
+            return staging
+
+        if self.async_device:
+            self.load_stream.wait_stream(torch.accelerator.current_stream(self.device))  # the blocks' last readers are done
+            with self.load_stream:
+                fetch.staging = copy()
+                fetch.loaded = torch.Event(device=self.device)
+                fetch.loaded.record(self.load_stream)
+        else:
+            fetch.staging = copy()
+
+    def _loaded(self, fetch: _Fetch) -> None:
+        """The rows are in the device blocks: they join the prefix cache, held for the request; host rows let go."""
+        self.block_manager.register_loaded(fetch.block_ids, fetch.hashes[: len(fetch.block_ids)])
+        for name in fetch.tiers:
+            counters = self.counters[name]
+            counters.hit_blocks += 1
+            counters.hit_bytes += self.rows.block_bytes
+        for name in set(fetch.tiers):
+            self.counters[name].loads += 1
+        self._let_go(fetch, blocks=False)
+        fetch.staging = fetch.rows = fetch.loaded = None
+        fetch.ready = True
+
+    def _let_go(self, fetch: _Fetch, blocks: bool) -> None:
+        for row in fetch.host_rows:
+            self.host.release(row)
+        fetch.host_rows = []
+        if blocks and (fetch.block_ids or fetch.device_hit):
+            self.block_manager.release_loaded(fetch.device_hit + fetch.block_ids)
+            fetch.block_ids, fetch.device_hit = [], []
+
+    def admitted(self, seq) -> None:
+        """seq was admitted (its allocation took its loaded blocks): the fetch's hold on them ends."""
+        self.looked_up.discard(seq.seq_id)
+        fetch = self.fetches.pop(seq.seq_id, None)
+        if fetch is not None:
+            self._let_go(fetch, blocks=True)
+
+    def forget(self, seq) -> None:
+        """seq left before it was admitted (aborted): what its fetch holds goes back once its copies are done."""
+        self.looked_up.discard(seq.seq_id)
+        fetch = self.fetches.pop(seq.seq_id, None)
+        if fetch is None:
+            return
+        if fetch.stored is not None:
+            fetch.stored.cancel()
+        if fetch.loaded is not None:
+            fetch.loaded.synchronize()  # rare (an abort mid-copy): the blocks must not be handed out while written
+        self._let_go(fetch, blocks=True)
+
+    # -- the engine loop -----------------------------------------------------------------------
+
+    def poll(self) -> None:
+        """Advance everything that has completed (never waits): offloads, store writes, fetches."""
+        self._finish_offloads()
+        for fetch in self.fetches.values():
+            self._advance(fetch)
+
+    def busy(self) -> bool:
+        """Whether a fetch is still being read or copied in."""
+        return any(not f.ready for f in self.fetches.values())
+
+    def wait(self) -> bool:
+        """Block until some fetch can move on (the engine calls this only when nothing else can run); False when
+        none is in flight (each is ready, or waits for free device blocks)."""
+        futures = [f.stored for f in self.fetches.values() if f.stored is not None]
+        events = [f.loaded for f in self.fetches.values() if f.loaded is not None and not f.ready]
+        if events:
+            events[0].synchronize()
+        elif futures:
+            wait_futures(futures, return_when=FIRST_COMPLETED)
+        self.poll()
+        return bool(events or futures)
+
+    def release_loads(self) -> None:
+        """Let go of every loaded block held for a waiting request (they stay in the device prefix cache, where the
+        request finds them as any hit, unless something evicts them first), and of the fetches waiting for free
+        blocks: when nothing runs, requests that each hold part of a small pool could otherwise wait for each other."""
+        for fetch in self.fetches.values():
+            if fetch.loaded is None or fetch.ready:
+                self._let_go(fetch, blocks=True)
+                fetch.ready = True
+
+    def drain(self) -> None:
+        """Wait for every offload and store write (a benchmark's or a test's end; the engine's close)."""
+        for off in self.offloads:
+            if off.copied is not None:
+                off.copied.synchronize()
+        self._finish_offloads()
+        for future, _ in self.writes:
+            future.exception()
+        self._finish_writes()
+
+    def close(self) -> None:
+        self.drain()
+        if self.worker is not None:
+            self.worker.shutdown(wait=True)
+
+    def stats(self) -> dict[str, dict]:
+        """Per tier: the engine's counters (hit blocks and bytes, loads, stores) and the tier's own (entries, bytes held,
+        evictions, expired, errors, corrupt)."""
+        out = {}
+        for name, counters in self.counters.items():
+            own = self.host.snapshot() if name == HOST else dict(self.stores)[name].stats()
+            out[name] = counters.report(own if isinstance(own, StoreStats) else StoreStats())
+        return out
