@@ -213,6 +213,13 @@ def check_engine_flags(args) -> None:
         raise UserError("--kv-offload-ttl is the lifetime of --kv-offload-dir's and --kv-store-url's blocks: give one of them too")
     if (args.kv_offload_cpu_gib or args.kv_offload_dir or args.kv_store_url) and args.no_prefix_caching:
         raise UserError("the KV offload flags keep prefix-cache blocks: they do not combine with --no-prefix-caching")
+    if args.kv_store_url:
+        from deepinfer.kv_tiers.open_store import store_entry_point
+
+        try:
+            store_entry_point(args.kv_store_url)
+        except ValueError as exc:
+            raise UserError(f"--kv-store-url: {exc}") from None
     if not 0 < args.gpu_memory_utilization <= 1:
         raise UserError(f"--gpu-memory-utilization must be a fraction in (0, 1], got {args.gpu_memory_utilization}")
     if args.num_redundant_experts < 0:

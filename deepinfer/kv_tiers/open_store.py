@@ -57,10 +57,9 @@ def store_factories() -> dict[str, object]:
     return {ep.name: ep for ep in entry_points_of(ENTRY_POINT_GROUP)}
 
 
-def open_store(url: str, **options) -> KVStore:
-    """The store that `url` names, opened with `options`. A bare size ("16GiB") is a host store."""
-    if _SIZE.fullmatch(url):
-        url, options = "host://", {"capacity_bytes": parse_size(url), **options}
+def store_entry_point(url: str):
+    """(scheme, entry point) of the store `url` names, not loaded (a check before anything starts); ValueError, one
+    line naming the known schemes, for an unknown one."""
     scheme = urlsplit(url).scheme.lower()
     found = store_factories()
     ep = found.get(scheme)
@@ -70,6 +69,14 @@ def open_store(url: str, **options) -> KVStore:
             f"unknown KV store {url!r}: known schemes are {known}, or a bare size for a host store; "
             f'a plugin adds a scheme as an entry point in group "{ENTRY_POINT_GROUP}" (name = the scheme, value = a factory open_url(url, **options))'
         )
+    return scheme, ep
+
+
+def open_store(url: str, **options) -> KVStore:
+    """The store that `url` names, opened with `options`. A bare size ("16GiB") is a host store."""
+    if _SIZE.fullmatch(url):
+        url, options = "host://", {"capacity_bytes": parse_size(url), **options}
+    scheme, ep = store_entry_point(url)
     try:
         factory = ep.load()
     except Exception as e:

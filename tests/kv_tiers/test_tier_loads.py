@@ -1,0 +1,142 @@
+"""A load from a KV tier holds back only the request that waits for it: the running batch keeps stepping while a
+slow store answers (driven by events, not by time); an aborted load gives its blocks back; the CLI flags and the
+server's metrics name the tiers."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+
+from deepinfer import LLM, SamplingParams
+from deepinfer.cli.main import main
+from deepinfer.engine.sequence import SequenceStatus
+from deepinfer.kv_tiers.host_store import HostStore
+
+from waits import HANG_S
+
+GREEDY = SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True)
+
+
+class GatedStore(HostStore):
+    """A store whose reads wait until the test opens the gate: a remote store that answers late."""
+
+    def __init__(self):
+        super().__init__(1 << 30)
+        self.gate = threading.Event()
+        self.reading = threading.Event()
+
+    def get(self, key):
+        self.reading.set()
+        assert self.gate.wait(HANG_S), "the test never opened the gate"
+        return super().get(key)
+
+
+@pytest.fixture
+def gated(monkeypatch):
+    store = GatedStore()
+    import deepinfer.kv_tiers.open_store as open_store_mod
+
+    monkeypatch.setattr(open_store_mod, "open_store", lambda url, **options: store)
+    return store
+
+
+def prompt(seed: int, length: int = 70) -> list[int]:
+    return torch.randint(0, 1000, (length,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+def llm_with(store_url: str = "gated://", **kw) -> LLM:
+    return LLM(model="tiny-v3", backend="reference", num_kv_blocks=40, max_num_seqs=2, announce=False, kv_store_url=store_url, **kw)
+
+
+def test_the_batch_steps_while_a_request_waits_for_a_slow_store(gated):
+    llm = llm_with()
+    engine = llm.engine
+    stored = prompt(1)
+    gated.gate.set()
+    llm.generate([{"prompt_token_ids": stored}], GREEDY, use_tqdm=False)  # its blocks reach the store
+    assert llm.kv_tier_stats()["store"]["stores"] == 4
+    engine.reset_prefix_cache()  # off the device: only the store has them
+    runner = engine.add_request(prompt(2), SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True))
+    while runner.status is not SequenceStatus.RUNNING:  # its lookup (a miss) and its prefill
+        engine.step()
+    gated.gate.clear()
+    gated.reading.clear()
+    waiter = engine.add_request(stored, GREEDY)
+    before = len(runner.token_ids)
+    for _ in range(5):
+        engine.step()
+    assert gated.reading.is_set() and waiter.status is SequenceStatus.WAITING  # its prefix is still being read
+    assert len(runner.token_ids) == before + 5  # the batch did not wait for it
+    gated.gate.set()
+    while waiter.status is not SequenceStatus.FINISHED:
+        engine.step()
+    assert waiter.num_cached_tokens == 64 and llm.kv_tier_stats()["store"]["hit_blocks"] == 4
+    plain = LLM(model="tiny-v3", backend="reference", num_kv_blocks=40, announce=False)
+    assert waiter.output_token_ids == plain.generate([{"prompt_token_ids": stored}], GREEDY, use_tqdm=False)[0].outputs[0].token_ids
+
+
+def test_an_aborted_load_gives_its_blocks_back(gated):
+    llm = llm_with()
+    engine = llm.engine
+    stored = prompt(3)
+    gated.gate.set()
+    llm.generate([{"prompt_token_ids": stored}], GREEDY, use_tqdm=False)
+    engine.reset_prefix_cache()
+    gated.gate.clear()
+    gated.reading.clear()
+    opener = threading.Thread(target=lambda: gated.reading.wait(HANG_S) and gated.gate.set())
+    opener.start()
+    waiter = engine.add_request(stored, GREEDY)
+    engine.step()  # nothing else can run: the engine waits for the store, which answers once it was asked
+    opener.join()
+    while engine.tiers.busy():
+        engine.step()
+    assert waiter.status is SequenceStatus.WAITING  # loaded, not admitted yet
+    assert engine.abort(waiter)
+    assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks  # its loaded blocks are free again (still cached)
+    again = engine.add_request(stored, GREEDY)
+    while again.status is not SequenceStatus.FINISHED:
+        engine.step()
+    assert again.num_cached_tokens == 64  # the aborted load's blocks stayed in the device cache
+
+
+def test_the_run_summary_names_the_tiers(tmp_path, capsys):
+    argv = ["run", "--backend", "reference", "--no-progress", "--num-kv-blocks", "64", "--max-tokens", "2", "--prompt", "Hello there",
+            "--kv-offload-cpu-gib", "0.01", "--kv-offload-dir", str(tmp_path / "kv")]  # fmt: skip
+    assert main(argv) == 0
+    summary = capsys.readouterr().err
+    assert "kv tiers" in summary and "host: " in summary and "disk: " in summary
+
+
+@pytest.mark.parametrize(
+    "flags, needle",
+    [
+        (["--kv-offload-cpu-gib", "0"], "--kv-offload-cpu-gib must be > 0"),
+        (["--kv-offload-disk-gib", "4"], "--kv-offload-disk-gib sizes the disk tier: give --kv-offload-dir too"),
+        (["--kv-offload-ttl", "60"], "--kv-offload-ttl is the lifetime"),
+        (["--kv-offload-cpu-gib", "1", "--no-prefix-caching"], "do not combine with --no-prefix-caching"),
+        (["--kv-store-url", "nosuch://x"], "unknown KV store"),
+    ],
+)
+def test_bad_tier_flags_are_one_line(flags, needle, capsys):
+    assert main(["run", "--backend", "reference", "--no-progress", "--prompt", "Hi", *flags]) == 2
+    err = capsys.readouterr().err.strip()
+    assert needle in err and len(err.splitlines()) == 1 and "Traceback" not in err, err
+
+
+def test_metrics_show_each_tier():
+    from deepinfer.serve.metrics import ServeMetrics
+
+    metrics = ServeMetrics()
+    assert b"deepinfer_kv_tier" not in metrics.text()
+    llm = LLM(model="tiny-v3", backend="reference", num_kv_blocks=20, max_num_seqs=2, announce=False, kv_offload_cpu_gib=0.01)
+    llm.generate([{"prompt_token_ids": prompt(s)} for s in range(6)] * 2, GREEDY, use_tqdm=False)
+    metrics.kv_tiers(llm.kv_tier_stats())
+    text = metrics.text().decode()
+    for name in ("hit_blocks_total", "hit_bytes_total", "loads_total", "stores_total", "evictions_total", "expired_total", "errors_total"):
+        assert f'deepinfer_kv_tier_{name}{{tier="host"}}' in text, name
+    assert 'deepinfer_kv_tier_entries{tier="host"}' in text
+    hits = next(line for line in text.splitlines() if line.startswith('deepinfer_kv_tier_hit_blocks_total{tier="host"}'))
+    assert float(hits.split()[-1]) > 0
