@@ -5,12 +5,15 @@ exactly as a third-party store would, in pyproject.toml:
     [project.entry-points."deepinfer.kv_stores"]
     file = "deepinfer.kv_tiers.disk_store:open_url"
     host = "deepinfer.kv_tiers.host_store:open_url"
+    redis = "deepinfer.kv_tiers.redis_store:open_url"   # and rediss, valkey, valkeys
 
 An entry point names a factory `open_url(url: str, **options) -> KVStore`; `options` are open_store's
 keyword arguments, and the factory reads its own from the URL's query too.
 
 - `file:///path?size=100GiB&ttl_s=3600` (or `capacity_bytes=`, `ttl_s=` as keyword arguments): a `DiskStore`.
 - `host://16GiB`, `host://?size=16GiB` or a bare size `16GiB`: a `HostStore`.
+- `redis://[:password@]host:6379/0?ttl_s=3600`, `rediss://` (TLS), `valkey://`, `valkeys://` (the same protocol):
+  a `RedisStore` on a server shared by several engines (needs redis-py: pip install 'deepinfer[redis]').
 """
 
 from __future__ import annotations
@@ -38,13 +41,14 @@ def parse_size(text: str | int) -> int:
 
 
 def url_options(url: str, options: dict, known: tuple[str, ...]) -> dict:
-    """A factory's options: the URL's query (`size` is read as `capacity_bytes`) under the keyword arguments,
+    """A factory's options: the URL's query (`size` is read as `capacity_bytes` where `known` has it) under the keyword arguments,
     which win; a query name outside `known` is a ValueError naming the known ones."""
     merged: dict = {}
+    sized = "capacity_bytes" in known
     for name, value in parse_qsl(urlsplit(url).query, keep_blank_values=True):
-        name = "capacity_bytes" if name == "size" else name
+        name = "capacity_bytes" if name == "size" and sized else name
         if name not in known:
-            raise ValueError(f"{url!r}: unknown option {name!r}; this store reads {', '.join(known)} (size = capacity_bytes)")
+            raise ValueError(f"{url!r}: unknown option {name!r}; this store reads {', '.join(known)}{' (size = capacity_bytes)' if sized else ''}")
         merged[name] = value
     merged.update(options)
     if "capacity_bytes" in merged:

@@ -34,8 +34,13 @@ class StoreStats:
     evictions: entries removed to stay within the capacity (least recently used first).
     expired: entries removed because they outlived the store's TTL.
     corrupt: entries found damaged on read (`block_codec.CorruptBlock`) and removed.
-    errors: operating-system errors (a full disk, a permission, an I/O error), each turned into a miss or a False.
+    errors: operating-system errors (a full disk, a permission, an I/O error), each turned into a miss or a False;
+        for a server's store, calls the server did not answer or refused, and calls skipped while it backs off.
     entries / bytes_held: what the store holds now (for a directory: at its last scan plus its own writes since).
+
+    A shared server's store (`redis_store`) counts what its client sees: the server evicts (maxmemory) and
+    expires entries unseen, so evictions / expired stay 0 there, and so do entries / bytes_held (the server
+    holds every client's entries).
     """
 
     hits: int = 0

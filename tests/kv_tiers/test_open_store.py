@@ -41,10 +41,10 @@ def test_host_urls_and_bare_sizes_open_a_host_store(url, size):
 
 def test_an_unknown_scheme_is_one_line_naming_the_known_ones_and_the_group():
     with pytest.raises(ValueError) as e:
-        open_store.open_store("redis://cache:6379")
+        open_store.open_store("memcached://cache:11211")
     message = str(e.value)
     assert "\n" not in message
-    assert "file://" in message and "host://" in message and ENTRY_POINT_GROUP in message and "'redis://cache:6379'" in message
+    assert "file://" in message and "host://" in message and ENTRY_POINT_GROUP in message and "'memcached://cache:11211'" in message
 
 
 def test_a_third_party_store_plugs_in_by_entry_point(monkeypatch):
