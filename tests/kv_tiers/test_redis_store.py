@@ -383,3 +383,27 @@ def test_missing_redis_py_names_the_fix(monkeypatch):
         with pytest.raises(ImportError, match=r"pip install 'deepinfer\[redis\]'") as e:
             opener("redis://127.0.0.1:6379/0")
         assert "\n" not in str(e.value)
+
+
+def test_engines_share_blocks_through_the_store(server):
+    """A second engine (another process, as far as the store can tell) finds the first one's blocks in Redis, and its
+    greedy tokens are those of a run without tiers."""
+    import torch
+
+    from deepinfer import LLM, SamplingParams
+
+    greedy = SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True)
+    g = torch.Generator().manual_seed(0)
+    batch = [{"prompt_token_ids": torch.randint(0, 1000, (70,), generator=g).tolist()} for _ in range(3)]
+
+    def engine(**tiers):
+        return LLM(model="tiny-v3", backend="reference", num_kv_blocks=20, max_num_seqs=2, announce=False, **tiers)
+
+    want = [o.outputs[0].token_ids for o in engine().generate(batch, greedy, use_tqdm=False)]
+    first = engine(kv_store_url=server.url)
+    assert [o.outputs[0].token_ids for o in first.generate(batch, greedy, use_tqdm=False)] == want
+    assert first.kv_tier_stats()["store"]["stores"] == 12
+    second = engine(kv_store_url=server.url)
+    outs = second.generate(batch, greedy, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in outs] == want and [o.num_cached_tokens for o in outs] == [64] * 3
+    assert second.kv_tier_stats()["store"]["hit_blocks"] == 12
