@@ -6,7 +6,8 @@ A result:
 The body is what the endpoint answers: {"id": "cmpl-<hex>" | "chatcmpl-<hex>", "object":
 "text_completion" | "chat.completion", "created", "model", "choices": [{"index", "text" |
 "message": {"role": "assistant", "content"}, "logprobs", "finish_reason": "stop" | "length",
-"stop_reason"}], "usage": {"prompt_tokens", "completion_tokens", "total_tokens"}}. It validates as
+"stop_reason"}], "usage": {"prompt_tokens", "completion_tokens", "total_tokens", "prompt_tokens_details":
+{"cached_tokens"}}}: cached_tokens are the prompt tokens taken from the prefix cache or a KV tier. It validates as
 openai.types.Completion / openai.types.chat.ChatCompletion. "model" is the first served name;
 "stop_reason" (the stop string or token id that ended the choice, null for EOS or length) is vLLM's
 addition. A body with "n" has n choices per prompt; a completions body with several prompts has a
@@ -85,7 +86,13 @@ def response_body(request: BatchRequest, outputs: list, model: str, hex_id: str)
         "created": int(time.time()),
         "model": model,
         "choices": choices,
-        "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens, "total_tokens": prompt_tokens + completion_tokens},
+        "usage": {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens,
+            # OpenAI's field: the prompt tokens taken from the prefix cache or a KV tier, not computed
+            "prompt_tokens_details": {"cached_tokens": sum(o.num_cached_tokens for o in outputs)},
+        },
     }
 
 

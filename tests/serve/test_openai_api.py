@@ -69,6 +69,15 @@ def test_completions_n_logprobs_and_the_same_text_streamed(client):
     assert tokens == whole.choices[0].logprobs.tokens
 
 
+def test_usage_counts_the_cached_prompt_tokens(client):
+    prompt = list(range(1, 41))  # token ids: two full 16-token blocks, then the rest
+    first = client.completions.create(model="tiny", prompt=prompt, max_tokens=2, temperature=0)
+    again = client.completions.create(model="tiny", prompt=prompt, max_tokens=2, temperature=0)
+    assert first.usage.prompt_tokens == again.usage.prompt_tokens == 40
+    assert again.usage.prompt_tokens_details.cached_tokens == 32  # the full blocks came from the prefix cache
+    assert again.choices[0].text == first.choices[0].text
+
+
 def test_chat_whole_and_streamed(client):
     whole = client.chat.completions.create(model="alias", messages=HI, max_tokens=4, temperature=0, logprobs=True, top_logprobs=3)
     choice = whole.choices[0]
