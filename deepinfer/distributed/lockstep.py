@@ -61,7 +61,7 @@ class LockstepRunner:
         bucket = None
         if batch is not None and replayable and self.graph_sizes:
             bucket = self.graph_sizes.index(self.graphs.bucket(len(batch.seqs)))
-        return RankStep(batch is not None, num_finished, replayable, bucket, prompt_tokens, generated_tokens)
+        return RankStep(batch is not None, num_finished, replayable, bucket, prompt_tokens, generated_tokens, self.engine.has_unfinished())
 
     def run(self, batch, graph_size: int) -> list:
         """Run this rank's part of the agreed step: its batch (None: an idle step) as the graph of

@@ -3,11 +3,13 @@
 Every rank runs its own requests, but the MoE layers' dispatch / combine are collectives, so every
 rank runs one forward per step in lockstep. Each rank schedules its step first and says what it
 brings (`RankStep`); one tiny all_reduce sums that over the ranks (int64 flags: has work, finished
-results not gathered yet, cannot replay a device graph, prompt tokens computed, tokens generated;
-then one slot per graph size, one-hot: the smallest graph that holds its batch). From the sums
-every rank derives the same decision (`AgreedStep`):
+results not gathered yet, cannot replay a device graph, prompt tokens computed, tokens generated,
+has unfinished requests; then one slot per graph size, one-hot: the smallest graph that holds its
+batch). From the sums every rank derives the same decision (`AgreedStep`):
 
-- the run ends when no rank has work;
+- the run ends when no rank has unfinished requests; a step where none has work but some have
+  unfinished ones (requests loading their prefix from a KV tier) runs no forward: each rank waits
+  for its own loads;
 - a step is a device-graph step only when no rank needs an eager one (a prefill anywhere makes it
   eager), and then every rank replays the graph of the LARGEST size among them, so that the
   dispatches share its token bound and the buffers captured with it (an idle rank replays it with
@@ -26,8 +28,8 @@ import torch.distributed as dist
 from deepinfer.distributed.group import DistContext, collective_failure
 
 # The flags before the graph sizes: has work, finished results, cannot replay, prompt tokens,
-# generated tokens.
-STEP_FLAGS = 5
+# generated tokens, has unfinished requests.
+STEP_FLAGS = 6
 
 
 @dataclass(frozen=True)
@@ -40,6 +42,7 @@ class RankStep:
     graph_bucket: int | None  # index of the smallest graph that holds its batch (None: idle, eager, or no graphs)
     prompt_tokens: int  # prompt tokens it computed since the run started
     generated_tokens: int  # tokens it generated since the run started
+    unfinished: bool = False  # it has requests not finished (it may have no work this step: they load from a KV tier)
 
 
 @dataclass(frozen=True)
@@ -51,13 +54,14 @@ class AgreedStep:
     graph_size: int  # the graph every rank replays; 0: an eager step
     prompt_tokens: int  # over all ranks, since the run started
     generated_tokens: int
+    ranks_unfinished: int = 0  # 0 (and no rank with work): the run is over
 
 
 def encode(step: RankStep, num_buckets: int) -> torch.Tensor:
     """One rank's flags [STEP_FLAGS + num_buckets] (int64), to be summed over the ranks."""
     flags = torch.zeros(STEP_FLAGS + num_buckets, dtype=torch.int64)
     flags[:STEP_FLAGS] = torch.tensor([
-        int(step.has_work), step.num_finished, int(not step.replayable), step.prompt_tokens, step.generated_tokens,
+        int(step.has_work), step.num_finished, int(not step.replayable), step.prompt_tokens, step.generated_tokens, int(step.unfinished or step.has_work),
     ])  # fmt: skip
     if step.graph_bucket is not None:
         flags[STEP_FLAGS + step.graph_bucket] = 1
@@ -66,10 +70,10 @@ def encode(step: RankStep, num_buckets: int) -> torch.Tensor:
 
 def decide(summed: list[int], graph_sizes: list[int]) -> AgreedStep:
     """The step the summed flags of all ranks call for (every rank computes the same)."""
-    ranks_with_work, num_finished, ranks_not_replayable, prompt_tokens, generated_tokens = summed[:STEP_FLAGS]
+    ranks_with_work, num_finished, ranks_not_replayable, prompt_tokens, generated_tokens, ranks_unfinished = summed[:STEP_FLAGS]
     used = [i for i, n in enumerate(summed[STEP_FLAGS:]) if n]
     graph_size = graph_sizes[max(used)] if used and ranks_not_replayable == 0 else 0
-    return AgreedStep(ranks_with_work, num_finished, graph_size, prompt_tokens, generated_tokens)
+    return AgreedStep(ranks_with_work, num_finished, graph_size, prompt_tokens, generated_tokens, ranks_unfinished)
 
 
 class StepAgreement:

@@ -58,8 +58,11 @@ class DataParallelStream(GenerationStream):
                 gathered = self.agreement.gather_finished(finished)  # rank 0: every rank's, by input index
                 finished = []
             yield StepResults(gathered, step.prompt_tokens, step.generated_tokens)
-            if not step.ranks_with_work:
+            if not step.ranks_unfinished:
                 break
+            if not step.ranks_with_work:  # every unfinished request loads its prefix from a KV tier: no forward
+                engine.wait_for_tiers()
+                continue
             try:
                 done = self.lockstep.run(batch, step.graph_size)
                 finished.extend((self.position[seq.seq_id], engine.make_output(seq)) for seq in done)

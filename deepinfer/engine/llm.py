@@ -624,6 +624,7 @@ class GenerationStream:
                 yield from step.finished
         finally:
             self.engine.abort_all()
+            self.engine.flush_tiers()
             progress.close()
 
     def _steps(self) -> Iterator[StepResults]:

@@ -584,9 +584,15 @@ class LLMEngine:
         else:
             self.before_step()
             finished = failed + self.execute(self.schedule())
-        if self.tiers is not None and not self.has_unfinished():
-            self.tiers.drain()  # the last blocks freed reach every tier before the caller moves on (a restart finds them)
+        if not self.has_unfinished():
+            self.flush_tiers()
         return finished
+
+    def flush_tiers(self) -> None:
+        """Wait for the KV tiers' copies and writes in flight: the last blocks freed reach every tier (a restart finds
+        them) and the tiers' figures count them. The end of a run (LLM.generate, a server's shutdown)."""
+        if self.tiers is not None:
+            self.tiers.drain()
 
     def _tiers_let_step_run(self) -> bool:
         """Advance the KV tiers' copies (never waiting) and whether a step can run: False, after waiting for a tier,
@@ -594,14 +600,23 @@ class LLMEngine:
         self.tiers.poll()
         if self.scheduler.running or self.overlap is not None and self.overlap.in_flight is not None or self.scheduler.has_admissible():
             return True
-        if not self.tiers.wait():  # nothing in flight: loaded blocks held for requests that cannot be admitted beside each other
-            self.tiers.release_loads()
+        self.wait_for_tiers()  # nothing in flight: it lets go of loaded blocks held for requests that cannot be admitted beside each other
         return False
 
-    def schedule(self) -> ScheduledBatch:
+    def schedule(self) -> ScheduledBatch | None:
         """This step's batch (what `step` runs; with expert parallelism, scheduled before the ranks
-        agree on the step's kind). Call `before_step` (every rank, every step) before `execute`."""
-        return self.scheduler.schedule()
+        agree on the step's kind). Call `before_step` (every rank, every step) before `execute`.
+        None with KV tiers when nothing can run: the waiting requests all load their prefix."""
+        if self.tiers is None:
+            return self.scheduler.schedule()
+        self.tiers.poll()
+        batch = self.scheduler.schedule()
+        return batch if batch.seqs else None
+
+    def wait_for_tiers(self) -> None:
+        """Wait until a KV tier load moves on (a step that no rank has work for: expert parallelism)."""
+        if self.tiers is not None and not self.tiers.wait():
+            self.tiers.release_loads()
 
     def before_step(self) -> None:
         """Count a step, after an EPLB rebalance when one is due (with expert parallelism a

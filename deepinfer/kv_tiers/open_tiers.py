@@ -41,8 +41,6 @@ def open_tiers(engine) -> KVTiers | None:
             f"the KV tiers do not run {type(model).__name__} yet (DeepSeek-V4.1's prefix hits restore state snapshots, which tiers do not "
             "keep); run it without kv_offload_cpu_gib / kv_offload_dir / kv_store_url"
         )
-    if engine.dist is not None:
-        raise InvalidRequestError("the KV tiers do not run with expert parallelism (ep > 1) yet; drop one of them")
     rows = BlockRows(model.paged_cache_tensors(engine.runner.kv_caches, engine.runner.draft_kv_caches))
     namespace = kv_namespace(engine, rows)
     async_device = bool(engine.runtime.async_execution)

@@ -187,6 +187,7 @@ class EngineLoop:
             log.exception("the engine thread failed")
             self._abort_live(f"the engine failed: {type(exc).__name__}: {exc}", 500)
         finally:
+            self.engine.flush_tiers()  # blocks copied out but not yet written reach the disk and the shared store
             self._publish_counts()
 
     def _has_work(self) -> bool:

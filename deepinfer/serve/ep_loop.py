@@ -144,6 +144,8 @@ class EpEngineLoop(EngineLoop):
         mine = self.lockstep.propose(batch, 0, engine.num_prompt_tokens_computed, engine.num_generated_tokens)
         step = self.agreement.agree(mine)
         if not step.ranks_with_work:
+            if step.ranks_unfinished:  # every unfinished request loads its prefix from a KV tier: no forward
+                engine.wait_for_tiers()
             return
         start = time.perf_counter()
         try:

@@ -210,6 +210,34 @@ def test_cli_ep2_spawns_torchrun_and_writes_once_in_input_order(cache, expected,
     assert [line["token_ids"] for line in lines] == expected
 
 
+def test_ep2_ranks_share_the_disk_tier_across_a_restart(cache, tmp_path):
+    """Two `run --ep 2` runs on one --kv-offload-dir: the second run's ranks (new processes, nothing on their devices)
+    load the first run's blocks from disk, and every request's tokens are those of one process without tiers."""
+    import torch
+
+    g = torch.Generator().manual_seed(4)
+    prompts = [torch.randint(1, 1000, (40,), generator=g).tolist() for _ in range(4)]  # two full 16-token blocks each
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("DEEPINFER_CACHE", str(cache))
+        want = [o.outputs[0].token_ids for o in make_llm().generate([{"prompt_token_ids": p} for p in prompts], sampling_params([0] * 4), use_tqdm=False)]
+    src = tmp_path / "in.jsonl"
+    src.write_text("".join(json.dumps({"id": i, "prompt_token_ids": p, "max_tokens": MAX_TOKENS[0]}) + "\n" for i, p in enumerate(prompts)))
+    from waits import HANG_S  # (here, not at the top: the ranks run this file without tests/ on their path)
+
+    def run(out: Path) -> str:
+        args = ["run", "--ep", "2", "--backend", "reference", "--dtype", "float32", "--no-progress", "--num-kv-blocks", "32", "--temperature", "0",
+                "--ignore-eos", "--kv-offload-dir", str(tmp_path / "kv"), "-i", str(src), "-o", str(out)]  # fmt: skip
+        done = subprocess.run([sys.executable, "-m", "deepinfer", *args], env=subprocess_env(cache), capture_output=True, text=True, timeout=HANG_S)
+        assert done.returncode == 0, done.stderr[-4000:]
+        assert [json.loads(line)["token_ids"] for line in out.read_text().splitlines()] == want
+        return next(line for line in done.stderr.splitlines() if "kv tiers" in line)
+
+    first = run(tmp_path / "first.jsonl")
+    assert "disk: 0 blocks loaded" in first and "4 stored" in first  # rank 0's two requests, two full blocks each
+    second = run(tmp_path / "second.jsonl")
+    assert "disk: 4 blocks loaded" in second and "by 2 requests" in second, second
+
+
 # ---- failures ------------------------------------------------------------------------------------
 
 

@@ -19,8 +19,8 @@ from deepinfer.engine.data_parallel import DataParallelStream
 SIZES = [1, 2, 4, 8, 16]
 
 
-def rank(has_work=True, finished=0, replayable=True, bucket=None, prompt=0, generated=0) -> RankStep:
-    return RankStep(has_work, finished, replayable, bucket, prompt, generated)
+def rank(has_work=True, finished=0, replayable=True, bucket=None, prompt=0, generated=0, unfinished=False) -> RankStep:
+    return RankStep(has_work, finished, replayable, bucket, prompt, generated, unfinished)
 
 
 def agreed(*ranks: RankStep, sizes=SIZES):
@@ -44,6 +44,13 @@ def test_one_eager_rank_makes_the_step_eager_everywhere():
 def test_the_run_ends_when_no_rank_has_work_and_counts_are_totals():
     step = agreed(rank(has_work=False, finished=2, prompt=10, generated=3), rank(has_work=False, finished=1, prompt=5, generated=4))
     assert (step.ranks_with_work, step.num_finished, step.prompt_tokens, step.generated_tokens) == (0, 3, 15, 7)
+    assert step.ranks_unfinished == 0
+
+
+def test_requests_loading_from_a_kv_tier_keep_the_run_going():
+    step = agreed(rank(has_work=False, unfinished=True), rank(has_work=False))  # rank 0's requests all load their prefix
+    assert step.ranks_with_work == 0 and step.ranks_unfinished == 1  # no forward, but the run is not over
+    assert agreed(rank(), rank(has_work=False)).ranks_unfinished == 1  # a rank with work has unfinished requests
 
 
 # ---- the collectives ----------------------------------------------------------------------------
