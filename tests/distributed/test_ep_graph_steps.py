@@ -133,6 +133,9 @@ class FakeEngine:
     def has_unfinished(self):
         return bool(self.plan)
 
+    def flush_tiers(self):  # no KV tiers here
+        pass
+
     def schedule(self):
         kind, done = self.plan[0] if isinstance(self.plan[0], tuple) else (self.plan[0], [])
         return SimpleNamespace(kind=kind, seqs=[None] * (kind if kind != "prefill" else 1), done=done)
