@@ -50,7 +50,7 @@ class _Offload:
     keys: list[str]
     host_rows: list[int | None]  # each block's host-tier row (None: not kept there)
     staging: torch.Tensor  # the gathered rows on the device, held until the copy has read them
-    host_copy: torch.Tensor | None  # without a host tier: the rows in pinned memory, for the stores
+    host_copy: torch.Tensor | None  # for the stores, the rows the host tier does not keep (all without one), in pinned memory, in order
     copied: torch.Event | None  # None: the copy was synchronous
 
 
@@ -121,16 +121,18 @@ class KVTiers:
             self._finish_offloads()
 
     def _copy_out(self, staging: torch.Tensor, host_rows: list[int | None]) -> torch.Tensor | None:
-        """Queue the copies of the gathered rows to the host tier's rows (and, without a host tier, to pinned memory
-        for the stores); returns that pinned copy or None."""
-        if self.host is None:
-            out = torch.empty(staging.shape, dtype=torch.uint8, pin_memory=self.async_device)
-            out.copy_(staging, non_blocking=self.async_device)
-            return out
+        """Queue the copies of the gathered rows to the host tier's rows, and, for the stores, of those it does not keep
+        (every row without a host tier; a full one refuses rows) to pinned memory; returns that pinned copy or None."""
         for i, row in enumerate(host_rows):
             if row is not None:
                 self.host.rows[row].copy_(staging[i], non_blocking=self.async_device)
-        return None
+        unkept = [i for i, row in enumerate(host_rows) if row is None]
+        if not self.stores or not unkept:
+            return None
+        rows = staging if len(unkept) == len(host_rows) else staging[torch.tensor(unkept, device=staging.device)]
+        out = torch.empty(rows.shape, dtype=torch.uint8, pin_memory=self.async_device)
+        out.copy_(rows, non_blocking=self.async_device)
+        return out
 
     def _finish_offloads(self) -> None:
         """Offloads whose copies have completed: their host rows become findable and the stores get them."""
@@ -144,20 +146,20 @@ class KVTiers:
                     self.host.complete(key)
                     self.counters[HOST].stores += 1
             if self.stores:
-                rows = off.host_copy if off.host_copy is not None else self.host.rows
-                picks = list(range(len(off.keys))) if off.host_copy is not None else off.host_rows
                 held = [r for r in off.host_rows if r is not None]
                 for r in held:
                     self.host.hold(r)
-                items = [(k, p) for k, p in zip(off.keys, picks) if p is not None]
-                self.writes.append((self.worker.submit(self._write, items, rows), held))
+                unkept = iter(range(len(off.keys)))
+                sources = [(self.host.rows, r) if r is not None else (off.host_copy, next(unkept)) for r in off.host_rows]
+                self.writes.append((self.worker.submit(self._write, list(zip(off.keys, sources))), held))
         self.offloads = left
         self._finish_writes()
 
-    def _write(self, items: list[tuple[str, int]], rows: torch.Tensor) -> dict[str, int]:
-        """Worker thread: encode each block and put it in every store that does not hold it; blocks stored per tier."""
+    def _write(self, items: list[tuple[str, tuple[torch.Tensor, int]]]) -> dict[str, int]:
+        """Worker thread: encode each block (key, (host rows, row)) and put it in every store that does not hold it;
+        blocks stored per tier."""
         stored = {name: 0 for name, _ in self.stores}
-        for key, row in items:
+        for key, (rows, row) in items:
             data = None
             for name, store in self.stores:
                 if store.contains(key):

@@ -146,3 +146,11 @@ def test_tiers_need_prefix_caching_and_a_supported_model(tmp_path):
         LLM(model="tiny-v3", backend="reference", announce=False, kv_offload_disk_gib=1)
     with pytest.raises(InvalidRequestError, match="kv_offload_cpu_gib must be a number > 0"):
         LLM(model="tiny-v3", backend="reference", announce=False, kv_offload_cpu_gib=-1)
+
+
+def test_blocks_a_full_host_tier_cannot_keep_still_reach_the_disk(tmp_path):
+    llm = engine(kv_offload_dir=str(tmp_path), kv_offload_cpu_gib=2 * 20480 / 2**30)  # room for two blocks of tiny-v3
+    assert llm.engine.tiers.host.capacity == 2
+    llm.generate(prompts(), GREEDY, use_tqdm=False)
+    stats = llm.kv_tier_stats()
+    assert stats["disk"]["stores"] == 24 and stats["host"]["entries"] == 2
