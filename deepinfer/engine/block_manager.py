@@ -59,6 +59,7 @@ class BlockManager:
         # the KV tiers' hook (deepinfer.kv_tiers.tiered_cache): called with the cached blocks (id, chain hash) that just became
         # evictable, before anything can evict them
         self.on_evictable: Callable[[list[tuple[int, bytes]]], None] | None = None
+        self.on_snapshot: Callable[[bytes, int], None] | None = None  # and with the (block hash, pool entry) of each snapshot filed
 
     def keep_snapshots(self, snapshots: StateSnapshots, hit_limit: Callable[[Sequence], int] | None = None) -> None:
         """Prefix hits restore state-slot snapshots instead of recomputing (module docstring); hit_limit(seq): the
@@ -181,10 +182,12 @@ class BlockManager:
         launched = self.launched.pop(seq.seq_id, None)
         if launched is not None and launched[0] == boundary:
             self.snapshots.file(block_hash, launched[1])
-            return
-        if launched is not None:
-            self.snapshots.release(launched[1])
-        self.snapshots.save(block_hash, seq.state_slot)
+        else:
+            if launched is not None:
+                self.snapshots.release(launched[1])
+            self.snapshots.save(block_hash, seq.state_slot)
+        if self.on_snapshot is not None:
+            self.on_snapshot(block_hash, self.snapshots.entry(block_hash))
 
     def _release_launched(self, seq: Sequence) -> None:
         """Give back the copy of seq's slot taken when its last step was launched, if one is waiting (`note_launched`)."""

@@ -53,7 +53,7 @@ class StateSnapshots:
 
     def capture(self, slot: int) -> int:
         """Copy slot's state into a pool entry not filed yet (`file` or `release` it); evicts the least recently used."""
-        entry = self.free.pop() if self.free else self.filed.popitem(last=False)[1]
+        entry = self.take()
         for pool, tensor in zip(self.pool, self.slot_tensors):
             pool[entry].copy_(tensor[slot])
         return entry
@@ -72,6 +72,14 @@ class StateSnapshots:
             self.filed.move_to_end(block_hash)
         else:
             self.filed[block_hash] = self.capture(slot)
+
+    def take(self) -> int:
+        """A pool entry not filed yet, for a snapshot copied in from elsewhere (a KV tier): `file` or `release` it."""
+        return self.free.pop() if self.free else self.filed.popitem(last=False)[1]
+
+    def entry(self, block_hash: bytes) -> int | None:
+        """The pool entry filed under block_hash, or None (not a use: the LRU order stays)."""
+        return self.filed.get(block_hash)
 
     def release(self, entry: int) -> None:
         self.free.append(entry)

@@ -1,6 +1,7 @@
 """The KV tiers an engine's configuration asks for, bound to its caches: `open_tiers(engine)`.
 
-- `kv_offload_cpu_gib`: the host tier (`HostTier`: pinned rows, bounded in bytes);
+- `kv_offload_cpu_gib`: the host tier (`HostTier`: pinned rows, bounded in bytes; with state snapshots, DeepSeek-V4.1,
+  half of it holds the snapshots);
 - `kv_offload_dir` (+ `kv_offload_disk_gib`, `kv_offload_ttl_s`): the disk tier (`DiskStore`), readable after a
   restart and by every process pointed at the directory;
 - `kv_store_url`: a shared store by URL (`open_store`: redis://, valkey://, file://, or a plugin's scheme).
@@ -36,39 +37,43 @@ def open_tiers(engine) -> KVTiers | None:
     if not config.enable_prefix_caching:
         raise InvalidRequestError("the KV tiers keep prefix-cache blocks, and prefix caching is off: drop --no-prefix-caching or the kv offload flags")
     model = engine.loaded.model
-    if hasattr(model, "prefix_state_tensors") or not hasattr(model, "paged_cache_tensors"):
-        raise InvalidRequestError(
-            f"the KV tiers do not run {type(model).__name__} yet (DeepSeek-V4.1's prefix hits restore state snapshots, which tiers do not "
-            "keep); run it without kv_offload_cpu_gib / kv_offload_dir / kv_store_url"
-        )
+    if not hasattr(model, "paged_cache_tensors"):
+        raise InvalidRequestError(f"the KV tiers do not run {type(model).__name__} (it names no paged cache tensors); run it without the kv offload flags")
     rows = BlockRows(model.paged_cache_tensors(engine.runner.kv_caches, engine.runner.draft_kv_caches))
-    namespace = kv_namespace(engine, rows)
+    snapshots = engine.block_manager.snapshots
+    states = BlockRows({f"state.{i}": t for i, t in enumerate(snapshots.pool)}) if snapshots is not None else None
+    namespace = kv_namespace(engine, rows, states)
     async_device = bool(engine.runtime.async_execution)
-    host = None
+    host = host_states = None
     if config.kv_offload_cpu_gib:
         from deepinfer.kv_tiers.host_tier import HostTier
 
-        host = HostTier(int(config.kv_offload_cpu_gib * GiB), rows.block_bytes, pinned=async_device)
+        budget = int(config.kv_offload_cpu_gib * GiB)
+        if states is not None:  # half the bytes for the blocks, half for the snapshots they end on
+            host_states = HostTier(budget // 2, states.block_bytes, pinned=async_device)
+            budget -= budget // 2
+        host = HostTier(budget, rows.block_bytes, pinned=async_device)
     stores = []
     if config.kv_offload_dir:
         stores.append(("disk", _disk_store(config)))
     if config.kv_store_url:
         stores.append(("store", _shared_store(config)))
-    tiers = KVTiers(rows, namespace, engine.block_manager, host, stores, async_device)
+    tiers = KVTiers(rows, namespace, engine.block_manager, host, stores, async_device, host_states)
     described = [f"host {host.capacity} blocks ({config.kv_offload_cpu_gib:g} GiB)"] if host is not None else []
     described += [f"{name} {store!r}" for name, store in stores]
     log.info("KV tiers behind the prefix cache: %s; blocks of %d bytes", ", ".join(described), rows.block_bytes)
     return tiers
 
 
-def kv_namespace(engine, rows: BlockRows) -> KVNamespace:
-    """Everything a stored block's KV depends on (module docstring)."""
+def kv_namespace(engine, rows: BlockRows, states: BlockRows | None = None) -> KVNamespace:
+    """Everything a stored block's KV (and a state snapshot) depends on (module docstring)."""
     loaded = engine.loaded
     identity = {
         "config": repr(loaded.config),
         "dummy_weights": loaded.dummy_weights,
         "weights": _weight_files(loaded.path),
         "layout": rows.layout(),
+        "state_layout": states.layout() if states is not None else None,
         "model_class": type(loaded.model).__name__,
     }
     from deepinfer.ops import kv_cache_format

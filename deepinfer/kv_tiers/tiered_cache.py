@@ -17,6 +17,11 @@ chain hashes, held for the request, which is admitted as any prefix hit (its blo
 `num_cached_tokens`). No step waits for a load: `poll` only looks at what has completed; the engine blocks
 (`wait`) only when nothing else can run.
 
+A model whose prefix hits restore a state snapshot (DeepSeek-V4.1: `StateSnapshots`) has its snapshots travel
+the same way: a snapshot is copied out when it is filed under its block's hash (its own host rows, its own store
+key: the block's key + "-state"), and a load reaches only as far as the last of its blocks whose snapshot some tier,
+or the device's pool, holds; that snapshot is copied into the pool and filed before the request is admitted.
+
 On the CPU (the reference backend, or kernels under the interpreter) every copy is synchronous: the same
 code, without streams. A store that fails degrades to a miss (the stores count it and log it once).
 """
@@ -47,6 +52,7 @@ HOST = "host"
 class _Offload:
     """Blocks whose rows are being copied out of the device."""
 
+    kind: "_Kind"  # blocks or snapshots
     keys: list[str]
     host_rows: list[int | None]  # each block's host-tier row (None: not kept there)
     staging: torch.Tensor  # the gathered rows on the device, held until the copy has read them
@@ -66,6 +72,9 @@ class _Fetch:
     stored: Future | None = None  # the worker's rows of the next blocks, from the stores
     rows: torch.Tensor | None = None  # [k, block_bytes] host rows of the stores' blocks, once read
     tiers: list[str] = field(default_factory=list)  # which tier each block came from
+    state: tuple | None = None  # the snapshot of its last loaded block, where it comes from: ("pool",), ("host", row) or ("store", name, row tensor)
+    state_entry: int | None = None  # the snapshot pool entry it is copied into
+    state_row: int | None = None  # the host tier's row of the snapshot, held until copied
     block_ids: list[int] = field(default_factory=list)  # device blocks copied into
     staging: torch.Tensor | None = None
     loaded: torch.Event | None = None
@@ -73,59 +82,84 @@ class _Fetch:
     ready: bool = False
 
 
+@dataclass
+class _Kind:
+    """What is stored per chain hash: the blocks' rows, or the state snapshots (their pool's rows)."""
+
+    rows: BlockRows
+    host: HostTier | None
+    suffix: str  # appended to the block's store key
+
+    def key(self, namespace: KVNamespace, block_hash: bytes) -> str:
+        return namespace.key(block_hash) + self.suffix
+
+
 class KVTiers:
     def __init__(self, rows: BlockRows, namespace: KVNamespace, block_manager, host: HostTier | None, stores: list[tuple[str, KVStore]],
-                 async_device: bool):  # fmt: skip
+                 async_device: bool, host_states: HostTier | None = None):  # fmt: skip
         """rows: the model's paged caches; stores: (tier name, store) from fastest to slowest; async_device: the device
-        runs behind the host (streams, events and pinned copies), False on the CPU."""
+        runs behind the host (streams, events and pinned copies), False on the CPU. With state snapshots (the block
+        manager keeps them), host_states: the host tier's rows for them (module docstring)."""
         if host is None and not stores:
             raise ValueError("KVTiers needs a host tier or a store")
         self.rows, self.namespace, self.block_manager = rows, namespace, block_manager
         self.host, self.stores = host, stores
+        self.snapshots = block_manager.snapshots
+        self.blocks_kind = _Kind(rows, host, "")
+        self.states_kind = _Kind(BlockRows({f"state.{i}": t for i, t in enumerate(self.snapshots.pool)}), host_states, "-state") if self.snapshots is not None else None
         self.device = rows.device
         self.async_device = async_device
         self.offload_stream = torch.Stream(device=self.device) if async_device else None
         self.load_stream = torch.Stream(device=self.device) if async_device else None
         self.worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="deepinfer-kv-tiers") if stores else None
         self.offloads: list[_Offload] = []
-        self.writes: list[tuple[Future, list[int]]] = []  # store writes in flight and the host rows they read
+        self.writes: list[tuple[Future, _Kind, list[int]]] = []  # store writes in flight, of what, and the host rows they read
         self.fetches: dict[int, _Fetch] = {}  # seq_id -> its fetch
         self.looked_up: set[int] = set()  # seq ids whose tiers were looked in since they last waited
         self.counters = {name: TierCounters() for name in [HOST] * (host is not None) + [name for name, _ in stores]}
         block_manager.on_evictable = self.offload
+        if self.states_kind is not None:
+            block_manager.on_snapshot = self.offload_snapshot
 
     # -- offload -------------------------------------------------------------------------------
 
     def offload(self, blocks: list[tuple[int, bytes]]) -> None:
         """Copy out cached blocks that just became evictable (block id, chain hash), those no tier holds yet."""
-        todo = [(b, h, self.namespace.key(h)) for b, h in blocks]
-        todo = [(b, h, k) for b, h, k in todo if self.host is None or k not in self.host]
+        self._offload(self.blocks_kind, [(b, self.blocks_kind.key(self.namespace, h)) for b, h in blocks])
+
+    def offload_snapshot(self, block_hash: bytes, entry: int) -> None:
+        """Copy out a state snapshot as it is filed (the pool keeps few, LRU: by the time its block is evicted it may
+        be gone)."""
+        self._offload(self.states_kind, [(entry, self.states_kind.key(self.namespace, block_hash))])
+
+    def _offload(self, kind: _Kind, items: list[tuple[int, str]]) -> None:
+        """Copy out rows of `kind` (row index in its tensors, store key) that its host tier does not hold yet."""
+        todo = [(i, k) for i, k in items if kind.host is None or k not in kind.host]
         if not todo:
             return
-        ids = torch.tensor([b for b, _, _ in todo], dtype=torch.long, device=self.device)
-        keys = [k for _, _, k in todo]
-        staging = self.rows.gather(ids)  # on the engine's stream: reads the blocks before any later step writes them
-        host_rows = [self.host.reserve(k) for k in keys] if self.host is not None else [None] * len(keys)
-        host_copy = None
+        ids = torch.tensor([i for i, _ in todo], dtype=torch.long, device=self.device)
+        keys = [k for _, k in todo]
+        staging = kind.rows.gather(ids)  # on the engine's stream: reads the rows before any later step writes them
+        host_rows = [kind.host.reserve(k) for k in keys] if kind.host is not None else [None] * len(keys)
         copied = None
         if self.async_device:
             self.offload_stream.wait_stream(torch.accelerator.current_stream(self.device))
             with self.offload_stream:
-                host_copy = self._copy_out(staging, host_rows)
+                host_copy = self._copy_out(kind, staging, host_rows)
                 copied = torch.Event(device=self.device)
                 copied.record(self.offload_stream)
         else:
-            host_copy = self._copy_out(staging, host_rows)
-        self.offloads.append(_Offload(keys, host_rows, staging, host_copy, copied))
+            host_copy = self._copy_out(kind, staging, host_rows)
+        self.offloads.append(_Offload(kind, keys, host_rows, staging, host_copy, copied))
         if not self.async_device:
             self._finish_offloads()
 
-    def _copy_out(self, staging: torch.Tensor, host_rows: list[int | None]) -> torch.Tensor | None:
+    def _copy_out(self, kind: _Kind, staging: torch.Tensor, host_rows: list[int | None]) -> torch.Tensor | None:
         """Queue the copies of the gathered rows to the host tier's rows, and, for the stores, of those it does not keep
         (every row without a host tier; a full one refuses rows) to pinned memory; returns that pinned copy or None."""
         for i, row in enumerate(host_rows):
             if row is not None:
-                self.host.rows[row].copy_(staging[i], non_blocking=self.async_device)
+                kind.host.rows[row].copy_(staging[i], non_blocking=self.async_device)
         unkept = [i for i, row in enumerate(host_rows) if row is None]
         if not self.stores or not unkept:
             return None
@@ -141,23 +175,24 @@ class KVTiers:
             if off.copied is not None and not off.copied.query():
                 left.append(off)
                 continue
+            host, blocks = off.kind.host, off.kind is self.blocks_kind
             for key, row in zip(off.keys, off.host_rows):
                 if row is not None:
-                    self.host.complete(key)
-                    self.counters[HOST].stores += 1
+                    host.complete(key)
+                    self.counters[HOST].stores += blocks
             if self.stores:
                 held = [r for r in off.host_rows if r is not None]
                 for r in held:
-                    self.host.hold(r)
+                    host.hold(r)
                 unkept = iter(range(len(off.keys)))
-                sources = [(self.host.rows, r) if r is not None else (off.host_copy, next(unkept)) for r in off.host_rows]
-                self.writes.append((self.worker.submit(self._write, list(zip(off.keys, sources))), held))
+                sources = [(host.rows, r) if r is not None else (off.host_copy, next(unkept)) for r in off.host_rows]
+                self.writes.append((self.worker.submit(self._write, off.kind, list(zip(off.keys, sources))), off.kind, held))
         self.offloads = left
         self._finish_writes()
 
-    def _write(self, items: list[tuple[str, tuple[torch.Tensor, int]]]) -> dict[str, int]:
-        """Worker thread: encode each block (key, (host rows, row)) and put it in every store that does not hold it;
-        blocks stored per tier."""
+    def _write(self, kind: _Kind, items: list[tuple[str, tuple[torch.Tensor, int]]]) -> dict[str, int]:
+        """Worker thread: encode each item (key, (host rows, row)) and put it in every store that does not hold it;
+        items stored per tier."""
         stored = {name: 0 for name, _ in self.stores}
         for key, (rows, row) in items:
             data = None
@@ -165,20 +200,23 @@ class KVTiers:
                 if store.contains(key):
                     continue
                 if data is None:
-                    data = block_codec.encode(self.rows.split(rows[row]), self.namespace)
+                    data = block_codec.encode(kind.rows.split(rows[row]), self.namespace)
                 stored[name] += int(store.put(key, data))
         return stored
 
     def _finish_writes(self) -> None:
         left = []
-        for future, held in self.writes:
+        for future, kind, held in self.writes:
             if not future.done():
-                left.append((future, held))
+                left.append((future, kind, held))
                 continue
             for r in held:
-                self.host.release(r)
-            for name, n in self._result(future, {}).items():
-                self.counters[name].stores += n
+                kind.host.release(r)
+            if kind is self.blocks_kind:
+                for name, n in self._result(future, {}).items():
+                    self.counters[name].stores += n
+            else:
+                self._result(future, {})
         self.writes = left
 
     @staticmethod
@@ -216,8 +254,10 @@ class KVTiers:
         blocks = blocks_for(seq.num_tokens, self.block_manager.block_size) - len(device_hit)
         self.block_manager.hold_blocks(device_hit)
         fetch = _Fetch(hashes, blocks, device_hit, host_rows, tiers=[HOST] * len(host_rows))
-        if self.stores and len(host_rows) < len(hashes):
-            fetch.stored = self.worker.submit(self._read, [self.namespace.key(h) for h in hashes[len(host_rows) :]])
+        if self.stores and (len(host_rows) < len(hashes) or self.states_kind is not None):
+            keys = [self.namespace.key(h) for h in hashes[len(host_rows) :]]
+            state_keys = [self.states_kind.key(self.namespace, h) for h in hashes] if self.states_kind is not None else None
+            fetch.stored = self.worker.submit(self._read, keys, state_keys, len(host_rows))
         self.fetches[seq.seq_id] = fetch
         self._advance(fetch)
         return fetch.ready
@@ -234,46 +274,56 @@ class KVTiers:
         hit = bm.cached_prefix(seq)
         return hit, [seq.block_hash(i, bm.block_size) for i in range(len(hit), most)]
 
-    def _read(self, keys: list[str]) -> tuple[torch.Tensor, list[str]]:
-        """Worker thread: the consecutive blocks of `keys` found in the stores, from the first, as pinned rows, and
-        which store gave each; stops at the first block no store has (or has damaged: the store drops it)."""
-        found: list[tuple[dict, str]] = []
-        for key in keys:
-            got = None
-            for name, store in self.stores:
-                data = store.get(key)
-                if data is None:
-                    continue
-                try:
-                    got = (block_codec.decode(data, self.namespace), name)
-                    break
-                except block_codec.CorruptBlock as exc:  # damaged past the store's own check, or another namespace's: a miss
-                    log.warning("KV block %s in the %s tier is unusable (%s): recomputed", key[:16], name, exc)
-                    store.delete(key)
-            if got is None:
-                break
-            found.append(got)
-        rows = torch.empty((len(found), self.rows.block_bytes), dtype=torch.uint8, pin_memory=self.async_device)
+    def _read(self, keys: list[str], state_keys: list[str] | None, before: int) -> tuple[torch.Tensor, list[str], tuple | None]:
+        """Worker thread: the consecutive blocks of `keys` found in the stores, from the first, as pinned rows, and which
+        store gave each; stops at the first block no store has (or has damaged: the store drops it). With snapshots
+        (state_keys: one per block of the fetch, `before` of them ahead of `keys`' first): the last block found whose
+        snapshot a store holds, as (blocks up to it, store, pinned row), or None."""
+        rows = torch.empty((len(keys), self.rows.block_bytes), dtype=torch.uint8, pin_memory=self.async_device)
         good = []
-        for i, (parts, name) in enumerate(found):
-            try:
-                self.rows.join(parts, rows[i])
-            except ValueError as exc:
-                log.warning("a KV block in the %s tier does not fit this cache (%s): recomputed", name, exc)
+        for key in keys:
+            found = self._get(self.blocks_kind, key, rows[len(good)])
+            if found is None:
                 break
-            good.append(name)
-        return rows[: len(good)], good
+            good.append(found)
+        state = None
+        if state_keys is not None:
+            row = torch.empty(self.states_kind.rows.block_bytes, dtype=torch.uint8, pin_memory=self.async_device)
+            for end in range(before + len(good), 0, -1):
+                found = self._get(self.states_kind, state_keys[end - 1], row)
+                if found is not None:
+                    state = (end, found, row)
+                    break
+        return rows[: len(good)], good, state
+
+    def _get(self, kind: _Kind, key: str, out: torch.Tensor) -> str | None:
+        """Worker thread: the item of `key` from the first store that has it whole and of this cache's layout, decoded
+        into `out`; the store's name, or None (a damaged or foreign item is dropped from its store)."""
+        for name, store in self.stores:
+            data = store.get(key)
+            if data is None:
+                continue
+            try:
+                kind.rows.join(block_codec.decode(data, self.namespace), out)
+                return name
+            except (block_codec.CorruptBlock, ValueError) as exc:  # damaged past the store's own check, another namespace's or layout's
+                log.warning("KV item %s in the %s tier is unusable (%s): recomputed", key[:16], name, exc)
+                store.delete(key)
+        return None
 
     def _advance(self, fetch: _Fetch) -> None:
         """Move a fetch on as far as it goes without waiting: stores read -> device blocks taken and copied in -> ready."""
         if fetch.ready:
             return
+        stored_state = None
         if fetch.stored is not None:
             if not fetch.stored.done():
                 return
-            rows, names = self._result(fetch.stored, (None, []))
+            rows, names, stored_state = self._result(fetch.stored, (None, [], None))
             fetch.stored, fetch.rows = None, rows
             fetch.tiers += names
+        if self.snapshots is not None and not fetch.copying and fetch.state is None:
+            self._choose_state(fetch, stored_state)
         if not fetch.copying:
             count = len(fetch.tiers)
             if count == 0:
@@ -281,6 +331,8 @@ class KVTiers:
                 return
             if fetch.blocks + self._owed() > self.block_manager.num_free_blocks:
                 return  # not enough free blocks for it to be admitted beside the loads before it: tried again at the next poll
+            if self._files_state(fetch) and any(self._files_state(f) and f.copying for f in self.fetches.values()):
+                return  # one loaded snapshot waits for its request at a time: the pool's LRU would push out another
             block_ids = self.block_manager.take_blocks(count)
             fetch.rest = fetch.blocks - count
             fetch.block_ids = block_ids
@@ -288,6 +340,37 @@ class KVTiers:
         if fetch.loaded is not None and not fetch.loaded.query():
             return
         self._loaded(fetch)
+
+    def _choose_state(self, fetch: _Fetch, stored: tuple | None) -> None:
+        """Cut the fetch at the last of its blocks whose snapshot the device's pool, the host tier or a store holds
+        (a hit must end on a snapshot), and note where that snapshot comes from; ("none",) when no block has one."""
+        n_host = len(fetch.host_rows)
+        fetch.state = ("none",)
+        for end in range(len(fetch.tiers), 0, -1):
+            block_hash = fetch.hashes[end - 1]
+            if self.snapshots.entry(block_hash) is not None:
+                fetch.state = ("pool",)
+            elif self.states_kind.host is not None and (row := self.states_kind.host.find(self.states_kind.key(self.namespace, block_hash))) is not None:
+                self.states_kind.host.hold(row)
+                fetch.state, fetch.state_row = ("host", row), row
+            elif stored is not None and stored[0] == end:
+                fetch.state = ("store", stored[1], stored[2])
+            else:
+                continue
+            break
+        else:
+            end = 0
+        for row in fetch.host_rows[end:]:
+            self.host.release(row)
+        fetch.host_rows = fetch.host_rows[:end]
+        fetch.tiers = fetch.tiers[:end]
+        if fetch.rows is not None:
+            fetch.rows = fetch.rows[: max(0, end - n_host)]
+
+    @staticmethod
+    def _files_state(fetch: _Fetch) -> bool:
+        """Whether the fetch copies a snapshot into the device's pool (one a tier held)."""
+        return fetch.state is not None and fetch.state[0] in ("host", "store")
 
     def _owed(self) -> int:
         """Free blocks the requests whose loads hold device blocks still need to be admitted."""
@@ -306,6 +389,11 @@ class KVTiers:
             if fetch.rows is not None and len(fetch.rows):
                 staging[n_host:].copy_(fetch.rows, non_blocking=self.async_device)
             self.rows.scatter(ids, staging)
+            if fetch.state is not None and fetch.state[0] in ("host", "store"):
+                source = self.states_kind.host.rows[fetch.state[1]] if fetch.state[0] == "host" else fetch.state[2]
+                fetch.state_entry = self.snapshots.take()
+                row = source.to(self.device, non_blocking=self.async_device).unsqueeze(0)
+                self.states_kind.rows.scatter(torch.tensor([fetch.state_entry], device=self.device), row)
             return staging
 
         if self.async_device:
@@ -320,6 +408,9 @@ class KVTiers:
     def _loaded(self, fetch: _Fetch) -> None:
         """The rows are in the device blocks: they join the prefix cache, held for the request; host rows let go."""
         self.block_manager.register_loaded(fetch.block_ids, fetch.hashes[: len(fetch.block_ids)])
+        if fetch.state_entry is not None:
+            self.snapshots.file(fetch.hashes[len(fetch.block_ids) - 1], fetch.state_entry)
+            fetch.state_entry = None
         for name in fetch.tiers:
             counters = self.counters[name]
             counters.hit_blocks += 1
@@ -334,6 +425,12 @@ class KVTiers:
         for row in fetch.host_rows:
             self.host.release(row)
         fetch.host_rows = []
+        if fetch.state_row is not None:
+            self.states_kind.host.release(fetch.state_row)
+            fetch.state_row = None
+        if fetch.state_entry is not None:  # copied in, never filed (the request left)
+            self.snapshots.release(fetch.state_entry)
+            fetch.state_entry = None
         if blocks and (fetch.block_ids or fetch.device_hit):
             self.block_manager.release_loaded(fetch.device_hit + fetch.block_ids)
             fetch.block_ids, fetch.device_hit = [], []
@@ -396,7 +493,7 @@ class KVTiers:
             if off.copied is not None:
                 off.copied.synchronize()
         self._finish_offloads()
-        for future, _ in self.writes:
+        for future, _, _ in self.writes:
             future.exception()
         self._finish_writes()
 

@@ -137,11 +137,9 @@ def test_deepseek_v4_restores_its_blocks_and_replays_the_window(tmp_path):
     assert replay == 128 and llm.engine.num_prompt_tokens_computed == 6 * 200 + 6 * (200 - 192 + replay)
 
 
-def test_tiers_need_prefix_caching_and_a_supported_model(tmp_path):
+def test_tiers_need_prefix_caching_and_valid_sizes(tmp_path):
     with pytest.raises(InvalidRequestError, match="prefix caching is off"):
         LLM(model="tiny-v3", backend="reference", num_kv_blocks=BLOCKS, enable_prefix_caching=False, announce=False, kv_offload_cpu_gib=1)
-    with pytest.raises(InvalidRequestError, match="do not run DeepseekV41"):
-        LLM(model="tiny-v41", backend="reference", num_kv_blocks=64, announce=False, kv_offload_cpu_gib=1)
     with pytest.raises(InvalidRequestError, match="kv_offload_disk_gib sizes the disk tier"):
         LLM(model="tiny-v3", backend="reference", announce=False, kv_offload_disk_gib=1)
     with pytest.raises(InvalidRequestError, match="kv_offload_cpu_gib must be a number > 0"):
@@ -154,3 +152,25 @@ def test_blocks_a_full_host_tier_cannot_keep_still_reach_the_disk(tmp_path):
     llm.generate(prompts(), GREEDY, use_tqdm=False)
     stats = llm.kv_tier_stats()
     assert stats["disk"]["stores"] == 24 and stats["host"]["entries"] == 2
+
+
+def test_deepseek_v41_restores_blocks_and_their_snapshots(tmp_path):
+    """A V4.1 block carries the KV sources' compressed entries and index keys; a hit must end on a state snapshot
+    (window rings, open groups, Engram's ids), which the tiers keep too (copied out when filed): from host memory, and
+    from disk after a restart, the tokens are those of a run without tiers."""
+    batch = prompts(length=200)
+    plain = LLM(model="tiny-v41", backend="reference", num_kv_blocks=40, max_num_seqs=2, announce=False)
+    want = twice(plain, batch)
+    assert want[2] == [0] * 6  # the device pool keeps neither the blocks nor the snapshots (two of them) of a later turn
+    host = LLM(model="tiny-v41", backend="reference", num_kv_blocks=40, max_num_seqs=2, announce=False, kv_offload_cpu_gib=0.05)
+    names = list(host.engine.tiers.rows.tensors)
+    assert names and all(n.endswith((".entries", ".index_keys")) for n in names)
+    got, _, again = twice(host, batch)
+    limit = host.engine.loaded.model.prefix_hit_limit(200) // 16 * 16  # the bounded replay's decoder tail starts there
+    assert got == want[0] and again == [limit] * 6 and limit > 0
+    assert host.kv_tier_stats()["host"]["hit_blocks"] == 6 * limit // 16
+    first = LLM(model="tiny-v41", backend="reference", num_kv_blocks=40, max_num_seqs=2, announce=False, kv_offload_dir=str(tmp_path))
+    first.generate(batch, GREEDY, use_tqdm=False)
+    restarted = LLM(model="tiny-v41", backend="reference", num_kv_blocks=40, max_num_seqs=2, announce=False, kv_offload_dir=str(tmp_path))
+    outs = restarted.generate(batch, GREEDY, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in outs] == want[0][:6] and [o.num_cached_tokens for o in outs] == [limit] * 6

@@ -172,6 +172,18 @@ class DeepseekV41ForCausalLM:
         history is in the shared blocks (and is not written again), but the fixed state at the hit's end is not."""
         return self.max_positions
 
+    @staticmethod
+    def paged_cache_tensors(caches: v41_caches.V41State, draft_caches: list) -> dict[str, torch.Tensor]:
+        """Every paged cache tensor by name (dim 0 the block): what a KV tier keeps of a block (deepinfer.kv_tiers): the KV
+        sources' compressed entries and index keys. The rest (window rings, open groups, Engram's ids, DSpark's keys)
+        is per sequence: a tier keeps it as the state snapshot of the block it was taken at (`prefix_state_tensors`)."""
+        out = {}
+        for i, layer in enumerate(caches.layers):
+            if layer.entries is not None:
+                out[f"layers.{i}.entries"] = layer.entries
+                out[f"layers.{i}.index_keys"] = layer.index_keys
+        return out
+
     def prefix_state_tensors(self, caches: v41_caches.V41State, draft_caches: list) -> list[torch.Tensor]:
         """Every per-sequence tensor (dim 0: the state slot) a prefix hit restores from a snapshot taken at a block
         boundary (engine/state_snapshots.py): each layer's window ring, each KV source's open-group projections
