@@ -262,7 +262,7 @@ def build_app(front: Frontend):
                 if failed is not None:
                     yield sse(error_body(400, failed, failed_param(read)))
                 elif include_usage:
-                    yield sse(writer.usage_chunk())
+                    yield sse(writer.usage_chunk(sum(o.num_cached_tokens for o in update.outputs)))
             else:
                 yield sse(error_body(update.status, update.message))
             yield DONE

@@ -140,9 +140,12 @@ class StreamWriter:
             return None
         return self._envelope(choices)
 
-    def usage_chunk(self) -> dict:
+    def usage_chunk(self, cached_tokens: int) -> dict:
+        """The last chunk with stream_options.include_usage; cached_tokens: the prompt tokens taken from the prefix cache or a KV tier."""
         total = self.prompt_tokens + self.completion_tokens
-        return {**self._envelope([]), "usage": {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens, "total_tokens": total}}
+        usage = {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens, "total_tokens": total,
+                 "prompt_tokens_details": {"cached_tokens": cached_tokens}}  # fmt: skip
+        return {**self._envelope([]), "usage": usage}
 
     def _envelope(self, choices: list) -> dict:
         return {"id": self.id, "object": "text_completion" if self.completions else "chat.completion.chunk", "created": self.created,

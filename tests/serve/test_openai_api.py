@@ -76,6 +76,8 @@ def test_usage_counts_the_cached_prompt_tokens(client):
     assert first.usage.prompt_tokens == again.usage.prompt_tokens == 40
     assert again.usage.prompt_tokens_details.cached_tokens == 32  # the full blocks came from the prefix cache
     assert again.choices[0].text == first.choices[0].text
+    chunks = list(client.completions.create(model="tiny", prompt=prompt, max_tokens=2, temperature=0, stream=True, stream_options={"include_usage": True}))
+    assert chunks[-1].usage.prompt_tokens_details.cached_tokens == 32
 
 
 def test_chat_whole_and_streamed(client):
