@@ -43,22 +43,24 @@ def open_tiers(engine) -> KVTiers | None:
     snapshots = engine.block_manager.snapshots
     states = BlockRows({f"state.{i}": t for i, t in enumerate(snapshots.pool)}) if snapshots is not None else None
     namespace = kv_namespace(engine, rows, states)
-    async_device = bool(engine.runtime.async_execution)
+    from deepinfer.kv_tiers.copy_streams import StreamCopies, SyncCopies
+
+    copies = StreamCopies(engine.runtime.device) if engine.runtime.async_execution else SyncCopies()
     host = host_states = None
     if config.kv_offload_cpu_gib:
         from deepinfer.kv_tiers.host_tier import HostTier
 
         budget = int(config.kv_offload_cpu_gib * GiB)
         if states is not None:  # half the bytes for the blocks, half for the snapshots they end on
-            host_states = HostTier(budget // 2, states.block_bytes, pinned=async_device)
+            host_states = HostTier(budget // 2, states.block_bytes, pinned=copies.pinned)
             budget -= budget // 2
-        host = HostTier(budget, rows.block_bytes, pinned=async_device)
+        host = HostTier(budget, rows.block_bytes, pinned=copies.pinned)
     stores = []
     if config.kv_offload_dir:
         stores.append(("disk", _disk_store(config)))
     if config.kv_store_url:
         stores.append(("store", _shared_store(config)))
-    tiers = KVTiers(rows, namespace, engine.block_manager, host, stores, async_device, host_states)
+    tiers = KVTiers(rows, namespace, engine.block_manager, host, stores, copies, host_states)
     described = [f"host {host.capacity} blocks ({config.kv_offload_cpu_gib:g} GiB)"] if host is not None else []
     described += [f"{name} {store!r}" for name, store in stores]
     log.info("KV tiers behind the prefix cache: %s; blocks of %d bytes", ", ".join(described), rows.block_bytes)

@@ -38,6 +38,7 @@ import torch
 from deepinfer.engine.block_manager import blocks_for
 from deepinfer.kv_tiers import block_codec
 from deepinfer.kv_tiers.block_rows import BlockRows
+from deepinfer.kv_tiers.copy_streams import StreamCopies, SyncCopies
 from deepinfer.kv_tiers.host_tier import HostTier
 from deepinfer.kv_tiers.keys import KVNamespace
 from deepinfer.kv_tiers.store import KVStore, StoreStats
@@ -96,21 +97,21 @@ class _Kind:
 
 class KVTiers:
     def __init__(self, rows: BlockRows, namespace: KVNamespace, block_manager, host: HostTier | None, stores: list[tuple[str, KVStore]],
-                 async_device: bool, host_states: HostTier | None = None):  # fmt: skip
-        """rows: the model's paged caches; stores: (tier name, store) from fastest to slowest; async_device: the device
-        runs behind the host (streams, events and pinned copies), False on the CPU. With state snapshots (the block
-        manager keeps them), host_states: the host tier's rows for them (module docstring)."""
+                 copies: StreamCopies | SyncCopies, host_states: HostTier | None = None):  # fmt: skip
+        """rows: the model's paged caches; stores: (tier name, store) from fastest to slowest; copies: where the copies
+        run (copy_streams: side streams of an accelerator, or synchronously on the CPU). With state snapshots (the
+        block manager keeps them), host_states: the host tier's rows for them (module docstring)."""
         if host is None and not stores:
             raise ValueError("KVTiers needs a host tier or a store")
         self.rows, self.namespace, self.block_manager = rows, namespace, block_manager
         self.host, self.stores = host, stores
         self.snapshots = block_manager.snapshots
         self.blocks_kind = _Kind(rows, host, "")
-        self.states_kind = _Kind(BlockRows({f"state.{i}": t for i, t in enumerate(self.snapshots.pool)}), host_states, "-state") if self.snapshots is not None else None
+        self.states_kind = None
+        if self.snapshots is not None:
+            self.states_kind = _Kind(BlockRows({f"state.{i}": t for i, t in enumerate(self.snapshots.pool)}), host_states, "-state")
         self.device = rows.device
-        self.async_device = async_device
-        self.offload_stream = torch.Stream(device=self.device) if async_device else None
-        self.load_stream = torch.Stream(device=self.device) if async_device else None
+        self.copies = copies
         self.worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="deepinfer-kv-tiers") if stores else None
         self.offloads: list[_Offload] = []
         self.writes: list[tuple[Future, _Kind, list[int]]] = []  # store writes in flight, of what, and the host rows they read
@@ -141,17 +142,11 @@ class KVTiers:
         keys = [k for _, k in todo]
         staging = kind.rows.gather(ids)  # on the engine's stream: reads the rows before any later step writes them
         host_rows = [kind.host.reserve(k) for k in keys] if kind.host is not None else [None] * len(keys)
-        copied = None
-        if self.async_device:
-            self.offload_stream.wait_stream(torch.accelerator.current_stream(self.device))
-            with self.offload_stream:
-                host_copy = self._copy_out(kind, staging, host_rows)
-                copied = torch.Event(device=self.device)
-                copied.record(self.offload_stream)
-        else:
+        with self.copies.on("offload"):
             host_copy = self._copy_out(kind, staging, host_rows)
+            copied = self.copies.done("offload")
         self.offloads.append(_Offload(kind, keys, host_rows, staging, host_copy, copied))
-        if not self.async_device:
+        if copied is None:
             self._finish_offloads()
 
     def _copy_out(self, kind: _Kind, staging: torch.Tensor, host_rows: list[int | None]) -> torch.Tensor | None:
@@ -159,13 +154,13 @@ class KVTiers:
         (every row without a host tier; a full one refuses rows) to pinned memory; returns that pinned copy or None."""
         for i, row in enumerate(host_rows):
             if row is not None:
-                kind.host.rows[row].copy_(staging[i], non_blocking=self.async_device)
+                kind.host.rows[row].copy_(staging[i], non_blocking=self.copies.pinned)
         unkept = [i for i, row in enumerate(host_rows) if row is None]
         if not self.stores or not unkept:
             return None
         rows = staging if len(unkept) == len(host_rows) else staging[torch.tensor(unkept, device=staging.device)]
-        out = torch.empty(rows.shape, dtype=torch.uint8, pin_memory=self.async_device)
-        out.copy_(rows, non_blocking=self.async_device)
+        out = torch.empty(rows.shape, dtype=torch.uint8, pin_memory=self.copies.pinned)
+        out.copy_(rows, non_blocking=self.copies.pinned)
         return out
 
     def _finish_offloads(self) -> None:
@@ -279,7 +274,7 @@ class KVTiers:
         store gave each; stops at the first block no store has (or has damaged: the store drops it). With snapshots
         (state_keys: one per block of the fetch, `before` of them ahead of `keys`' first): the last block found whose
         snapshot a store holds, as (blocks up to it, store, pinned row), or None."""
-        rows = torch.empty((len(keys), self.rows.block_bytes), dtype=torch.uint8, pin_memory=self.async_device)
+        rows = torch.empty((len(keys), self.rows.block_bytes), dtype=torch.uint8, pin_memory=self.copies.pinned)
         good = []
         for key in keys:
             found = self._get(self.blocks_kind, key, rows[len(good)])
@@ -288,7 +283,7 @@ class KVTiers:
             good.append(found)
         state = None
         if state_keys is not None:
-            row = torch.empty(self.states_kind.rows.block_bytes, dtype=torch.uint8, pin_memory=self.async_device)
+            row = torch.empty(self.states_kind.rows.block_bytes, dtype=torch.uint8, pin_memory=self.copies.pinned)
             for end in range(before + len(good), 0, -1):
                 found = self._get(self.states_kind, state_keys[end - 1], row)
                 if found is not None:
@@ -385,25 +380,20 @@ class KVTiers:
         def copy() -> torch.Tensor:
             staging = torch.empty((len(fetch.block_ids), self.rows.block_bytes), dtype=torch.uint8, device=self.device)
             for i, row in enumerate(fetch.host_rows):
-                staging[i].copy_(self.host.rows[row], non_blocking=self.async_device)
+                staging[i].copy_(self.host.rows[row], non_blocking=self.copies.pinned)
             if fetch.rows is not None and len(fetch.rows):
-                staging[n_host:].copy_(fetch.rows, non_blocking=self.async_device)
+                staging[n_host:].copy_(fetch.rows, non_blocking=self.copies.pinned)
             self.rows.scatter(ids, staging)
             if fetch.state is not None and fetch.state[0] in ("host", "store"):
                 source = self.states_kind.host.rows[fetch.state[1]] if fetch.state[0] == "host" else fetch.state[2]
                 fetch.state_entry = self.snapshots.take()
-                row = source.to(self.device, non_blocking=self.async_device).unsqueeze(0)
+                row = source.to(self.device, non_blocking=self.copies.pinned).unsqueeze(0)
                 self.states_kind.rows.scatter(torch.tensor([fetch.state_entry], device=self.device), row)
             return staging
 
-        if self.async_device:
-            self.load_stream.wait_stream(torch.accelerator.current_stream(self.device))  # the blocks' last readers are done
-            with self.load_stream:
-                fetch.staging = copy()
-                fetch.loaded = torch.Event(device=self.device)
-                fetch.loaded.record(self.load_stream)
-        else:
+        with self.copies.on("load"):  # after the blocks' last readers on the engine's stream
             fetch.staging = copy()
+            fetch.loaded = self.copies.done("load")
 
     def _loaded(self, fetch: _Fetch) -> None:
         """The rows are in the device blocks: they join the prefix cache, held for the request; host rows let go."""

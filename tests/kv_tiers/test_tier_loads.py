@@ -5,6 +5,7 @@ server's metrics name the tiers."""
 from __future__ import annotations
 
 import threading
+from contextlib import nullcontext
 
 import pytest
 import torch
@@ -140,3 +141,68 @@ def test_metrics_show_each_tier():
     assert 'deepinfer_kv_tier_entries{tier="host"}' in text
     hits = next(line for line in text.splitlines() if line.startswith('deepinfer_kv_tier_hit_blocks_total{tier="host"}'))
     assert float(hits.split()[-1]) > 0
+
+
+class GatedCopies:
+    """The tiers' copies as on an accelerator, whose completion the test decides: `done` gives events that complete
+    when the test opens them (the copies themselves run at once, on the CPU)."""
+
+    pinned = False
+
+    def __init__(self):
+        self.events = []
+
+    def on(self, name):
+        return nullcontext()
+
+    def done(self, name):
+        event = GatedEvent()
+        self.events.append(event)
+        return event
+
+    def open_all(self):
+        for event in self.events:
+            event.complete = True
+
+
+class GatedEvent:
+    def __init__(self):
+        self.complete = False
+
+    def query(self) -> bool:
+        return self.complete
+
+    def synchronize(self) -> None:
+        self.complete = True  # a wait: the copy is done when it returns
+
+
+def test_copies_in_flight_hold_up_no_step():
+    llm = LLM(model="tiny-v3", backend="reference", num_kv_blocks=40, max_num_seqs=2, announce=False, kv_offload_cpu_gib=0.01)
+    engine, tiers = llm.engine, llm.engine.tiers
+    tiers.copies = copies = GatedCopies()
+    runner = engine.add_request(prompt(5), SamplingParams(temperature=0.0, max_tokens=60, ignore_eos=True))
+    first = engine.add_request(prompt(6), GREEDY)
+    while first.status is not SequenceStatus.FINISHED:
+        engine.step()
+    keys = [tiers.namespace.key(first.block_hash(i, 16)) for i in range(4)]
+    assert all(k in tiers.host.pending for k in keys)  # copied out on its own stream, not complete yet
+    before = len(runner.token_ids)
+    for _ in range(3):
+        engine.step()
+    assert len(runner.token_ids) == before + 3 and all(k in tiers.host.pending for k in keys)  # steps went on
+    copies.open_all()
+    engine.step()
+    assert all(k in tiers.host.entries for k in keys)  # the next poll found the copies complete
+    bm = engine.block_manager
+    bm.release_loaded(bm.take_blocks(bm.num_free_blocks))  # evict every cached block the requests do not hold
+    again = engine.add_request(prompt(6), GREEDY)
+    engine.step()
+    assert again.status is SequenceStatus.WAITING and copies.events[-1].complete is False  # its blocks are being copied in
+    before = len(runner.token_ids)
+    for _ in range(3):
+        engine.step()
+    assert len(runner.token_ids) == before + 3 and again.status is SequenceStatus.WAITING  # the batch did not wait for the load
+    copies.open_all()
+    while again.status is not SequenceStatus.FINISHED:
+        engine.step()
+    assert again.num_cached_tokens == 64 and again.output_token_ids == first.output_token_ids
