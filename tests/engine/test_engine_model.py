@@ -102,9 +102,13 @@ def test_every_llm_option_reaches_the_engine_config_by_name(tmp_path, monkeypatc
         max_num_seqs=3, max_num_batched_tokens=48, num_kv_blocks=20, kv_cache_memory_gib=0.5, enable_prefix_caching=False,
         max_model_len=100, seed=11, enforce_eager=True, eplb_interval=4, kv_cache_dtype="fp8", deterministic=True, speculative="mtp:2",
         overlap=False, gpu_memory_utilization=0.5, mixed_steps=False, logprobs_mode="processed_logprobs",
-        grammar_compile_timeout_s=7.5, grammar_cache_size=5, max_grammar_bytes=4096,
+        grammar_compile_timeout_s=7.5, grammar_cache_size=5, max_grammar_bytes=4096, kv_offload_cpu_gib=0.25, kv_offload_dir=str(tmp_path / "kv"),
+        kv_offload_disk_gib=2.0, kv_offload_ttl_s=60.0, kv_store_url="redis://127.0.0.1:1/0",
     )  # fmt: skip
     assert set(options) == {f.name for f in dataclasses.fields(EngineConfig)}  # every field, each a different value
+    import deepinfer.kv_tiers.open_tiers as open_tiers_mod
+
+    monkeypatch.setattr(open_tiers_mod, "open_tiers", lambda engine: None)  # (prefix caching is off here: tiers are tests/kv_tiers')
     llm = LLM(backend="reference", dtype="float32", announce=False, **options)
     want = EngineConfig(**options)
     want.validate()  # (parses speculative)
