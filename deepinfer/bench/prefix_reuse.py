@@ -116,7 +116,28 @@ def sampling_params(workload: Workload):
 def drive(engine, workload: Workload, max_concurrency: int) -> dict:
     """Run the workload on `engine` (module docstring: order, in-flight limit, TTFT); what it measured, JSON-able:
     per request (turn, conversation, prompt and cached tokens, ttft_ms, output token ids), wall_s, the engine's
-    counters and the tiers' stats (after every offload and store write has finished)."""
+    counters and the tiers' stats. The tiers are closed at the end, a failed run's too: every offload copied and
+    every store write done (a restart finds them all; nothing writes into the disk folder once it is removed)."""
+    computed0, generated0 = engine.num_prompt_tokens_computed, engine.num_generated_tokens
+    try:
+        records, wall = _requests(engine, workload, max_concurrency)
+    finally:
+        if engine.tiers is not None:
+            engine.tiers.close()
+    return {
+        "records": records,
+        "wall_s": wall,
+        "prefill_tokens_computed": engine.num_prompt_tokens_computed - computed0,
+        "generated_tokens": engine.num_generated_tokens - generated0,
+        "tier_stats": engine.tiers.stats() if engine.tiers is not None else None,
+        "num_kv_blocks": engine.num_kv_blocks,
+        "block_size": engine.block_size,
+    }
+
+
+def _requests(engine, workload: Workload, max_concurrency: int) -> tuple[list[dict], float]:
+    """Submit the workload's requests in order, step the engine until all have finished: (records by turn and
+    conversation, wall seconds)."""
     from collections import deque
 
     from deepinfer.bench.device_api import synchronize
@@ -127,7 +148,6 @@ def drive(engine, workload: Workload, max_concurrency: int) -> dict:
     inflight: dict[int, dict] = {}  # seq_id -> its record (and the Sequence, dropped when it finishes)
     records = []
     device = engine.runtime.device
-    computed0, generated0 = engine.num_prompt_tokens_computed, engine.num_generated_tokens
     synchronize(device)
     start = time.perf_counter()
     while pending or engine.has_unfinished():
@@ -155,18 +175,8 @@ def drive(engine, workload: Workload, max_concurrency: int) -> dict:
                             "preemptions": output.metrics.get("num_preemptions", 0), "output": tokens})  # fmt: skip
     synchronize(device)
     wall = time.perf_counter() - start
-    if engine.tiers is not None:
-        engine.tiers.close()  # every offload copied and every store write done: a restart finds them all
     records.sort(key=lambda r: (r["turn"], r["conversation"]))
-    return {
-        "records": records,
-        "wall_s": wall,
-        "prefill_tokens_computed": engine.num_prompt_tokens_computed - computed0,
-        "generated_tokens": engine.num_generated_tokens - generated0,
-        "tier_stats": engine.tiers.stats() if engine.tiers is not None else None,
-        "num_kv_blocks": engine.num_kv_blocks,
-        "block_size": engine.block_size,
-    }
+    return records, wall
 
 
 def warm_up_process(loaded, runtime, dtype, config) -> None:
