@@ -2,7 +2,8 @@
 
 Built in: `ops` times a backend's ops, `e2e` a decode step of a random DeepSeek-V2-Lite-shaped model
 against its floor and HF transformers, `e2e-ep` expert-parallel decode over N devices,
-`prefix-replay` DeepSeek-V4's prefix-cache hits (bounded replay) as the prefix grows, `swa-replay`
+`prefix-replay` DeepSeek-V4's prefix-cache hits (bounded replay) as the prefix grows, `prefix-reuse`
+the KV tiers (host, disk, a restart on disk) on multi-turn conversations larger than the device pool, `swa-replay`
 DeepSeek-V4.1's decoder SWA bounded replay on against off, `speculative`
 speculative decoding's verification policies, `throughput` and `sweep` offline serving throughput
 with per-request latencies (vLLM's `bench throughput` shape), `serve` an OpenAI-compatible server
@@ -29,6 +30,7 @@ def add_parser(sub, argv: list[str] | None = None) -> None:
         bench_e2e_ep,
         bench_ops,
         bench_prefix_replay,
+        bench_prefix_reuse,
         bench_serve,
         bench_speculative,
         bench_structured,
@@ -42,6 +44,7 @@ def add_parser(sub, argv: list[str] | None = None) -> None:
     bench_e2e.add_parser(what)
     bench_e2e_ep.add_parser(what)  # `bench e2e-ep --ep N`: expert-parallel scaling
     bench_prefix_replay.add_parser(what)  # DeepSeek-V4: a prefix hit's bounded replay
+    bench_prefix_reuse.add_parser(what)  # the KV tiers on multi-turn conversations larger than the device pool
     bench_swa_replay.add_parser(what)  # DeepSeek-V4.1: the decoder SWA bounded replay on vs off
     bench_speculative.add_parser(what)  # speculative decoding: fixed vs confidence-driven verification
     bench_throughput.add_parser(what)  # `throughput`, `sweep` (offline serving, vLLM's shape) and `plot`

@@ -35,17 +35,19 @@ class BlockRows:
 
     def gather(self, block_ids: torch.Tensor) -> torch.Tensor:
         """[n, block_bytes] uint8 on the cache's device: the rows of blocks `block_ids` (a tensor on that device),
-        in the order given. Queued on the current stream (it reads the blocks as that stream left them)."""
-        parts = [t.index_select(0, block_ids).view(len(block_ids), -1).view(torch.uint8) for t in self.tensors.values()]
+        in the order given, read through byte views of the caches (any dtype, fp8 too). Queued on the current stream
+        (it reads the blocks as that stream left them)."""
+        parts = [t.view(torch.uint8).index_select(0, block_ids).view(len(block_ids), -1) for t in self.tensors.values()]
         return torch.cat(parts, dim=1)
 
     def scatter(self, block_ids: torch.Tensor, rows: torch.Tensor) -> None:
-        """Write `rows` ([n, block_bytes] uint8 on the cache's device) into blocks `block_ids`, on the current stream."""
+        """Write `rows` ([n, block_bytes] uint8 on the cache's device) into blocks `block_ids`, on the current stream.
+        Through byte views of the caches, as `gather` reads them: torch has no index_copy_ for fp8 on the CPU."""
         at = 0
         for name, t in self.tensors.items():
             width = self.row_bytes[name]
-            part = rows[:, at : at + width].contiguous().view(t.dtype).view(len(block_ids), *t.shape[1:])
-            t.index_copy_(0, block_ids, part)
+            raw = t.view(torch.uint8)
+            raw.index_copy_(0, block_ids, rows[:, at : at + width].contiguous().view(len(block_ids), *raw.shape[1:]))
             at += width
 
     def split(self, row: torch.Tensor) -> dict[str, torch.Tensor]:
