@@ -582,8 +582,11 @@ class LLMEngine:
         if self.overlap is not None:
             finished = failed + self.overlap.step()
         else:
+            batch = self.schedule()
+            if batch is None:  # (KV tiers: preempting for a page left nothing to run this step)
+                return failed
             self.before_step()
-            finished = failed + self.execute(self.schedule())
+            finished = failed + self.execute(batch)
         if not self.has_unfinished():
             self.flush_tiers()
         return finished

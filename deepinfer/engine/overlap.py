@@ -80,8 +80,10 @@ class OverlapScheduler:
         if previous is not None and not any(seq.status is SequenceStatus.RUNNING for seq in previous.samplers):
             previous = None  # every sequence in it stopped the step before: nothing to read
         if previous is None:
-            engine.before_step()
             batch = engine.schedule()
+            if batch is None:  # (KV tiers: nothing can run this step)
+                return []
+            engine.before_step()
             if batch.is_prefill:
                 return engine.execute(batch)
             self.in_flight = self._launch(batch, None)

@@ -116,7 +116,6 @@ class KVTiers:
         self.offloads: list[_Offload] = []
         self.writes: list[tuple[Future, _Kind, list[int]]] = []  # store writes in flight, of what, and the host rows they read
         self.fetches: dict[int, _Fetch] = {}  # seq_id -> its fetch
-        self.looked_up: set[int] = set()  # seq ids whose tiers were looked in since they last waited
         self.counters = {name: TierCounters() for name in [HOST] * (host is not None) + [name for name, _ in stores]}
         block_manager.on_evictable = self.offload
         if self.states_kind is not None:
@@ -231,11 +230,10 @@ class KVTiers:
         fetch = self.fetches.get(seq.seq_id)
         if fetch is not None:
             return fetch.ready
-        if seq.seq_id in self.looked_up:
-            return True
-        self.looked_up.add(seq.seq_id)
+        # looked up again at every scheduling pass until a fetch starts: a device hit seen now may be evicted before
+        # the request is admitted, and what it lacks may reach the host tier meanwhile (a dict lookup: cheap)
         device_hit, hashes = self._lookup(seq)
-        if not hashes:
+        if not hashes or (not self.stores and (self.host is None or self.namespace.key(hashes[0]) not in self.host.entries)):
             return True
         host_rows = []
         for h in hashes:
@@ -244,8 +242,6 @@ class KVTiers:
                 break
             self.host.hold(row)
             host_rows.append(row)
-        if not host_rows and not self.stores:
-            return True
         blocks = blocks_for(seq.num_tokens, self.block_manager.block_size) - len(device_hit)
         self.block_manager.hold_blocks(device_hit)
         fetch = _Fetch(hashes, blocks, device_hit, host_rows, tiers=[HOST] * len(host_rows))
@@ -427,14 +423,12 @@ class KVTiers:
 
     def admitted(self, seq) -> None:
         """seq was admitted (its allocation took its loaded blocks): the fetch's hold on them ends."""
-        self.looked_up.discard(seq.seq_id)
         fetch = self.fetches.pop(seq.seq_id, None)
         if fetch is not None:
             self._let_go(fetch, blocks=True)
 
     def forget(self, seq) -> None:
         """seq left before it was admitted (aborted): what its fetch holds goes back once its copies are done."""
-        self.looked_up.discard(seq.seq_id)
         fetch = self.fetches.pop(seq.seq_id, None)
         if fetch is None:
             return
@@ -452,6 +446,10 @@ class KVTiers:
         for fetch in self.fetches.values():
             self._advance(fetch)
 
+    def holds_blocks(self) -> bool:
+        """Whether a fetch holds device blocks (its request's device hit, or blocks loaded for it)."""
+        return any(f.block_ids or f.device_hit for f in self.fetches.values())
+
     def busy(self) -> bool:
         """Whether a fetch is still being read or copied in."""
         return any(not f.ready for f in self.fetches.values())
@@ -468,14 +466,18 @@ class KVTiers:
         self.poll()
         return bool(events or futures)
 
-    def release_loads(self) -> None:
-        """Let go of every loaded block held for a waiting request (they stay in the device prefix cache, where the
-        request finds them as any hit, unless something evicts them first), and of the fetches waiting for free
-        blocks: when nothing runs, requests that each hold part of a small pool could otherwise wait for each other."""
+    def release_loads(self) -> int:
+        """Let go of every device block held for a waiting request whose copy is not in flight (they stay in the device
+        prefix cache, where the request finds them as any hit, unless something evicts them first); such fetches end.
+        When nothing runs, requests that each hold part of a small pool could otherwise wait for each other, and a
+        running request that needs a block must not be preempted for a waiting one. Returns the blocks let go."""
+        released = 0
         for fetch in self.fetches.values():
             if fetch.loaded is None or fetch.ready:
+                released += len(fetch.block_ids) + len(fetch.device_hit)
                 self._let_go(fetch, blocks=True)
                 fetch.ready = True
+        return released
 
     def drain(self) -> None:
         """Wait for every offload and store write (a benchmark's or a test's end; the engine's close)."""

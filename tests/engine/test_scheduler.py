@@ -108,3 +108,29 @@ def test_the_newest_sequence_preempts_itself_when_only_it_needs_a_block():
     assert plan(batch) == [(0, 1)]
     assert b.status is SequenceStatus.WAITING and b.block_table == [] and a.status is SequenceStatus.RUNNING
     assert scheduler.block_manager.num_free_blocks == 1
+
+
+def test_a_running_request_takes_back_blocks_held_for_a_tier_load_before_preempting():
+    scheduler = make(num_blocks=4, block_size=4, max_num_seqs=2)
+    runner = add(scheduler, 0, range(4))  # one full block; its next token needs a second
+    step(scheduler)  # prefilled: 1 block held, then its first token
+    bm = scheduler.block_manager
+    held = bm.take_blocks(bm.num_free_blocks)  # a waiting request's tier load holds every other block
+    released = []
+
+    class Tiers:
+        def admissible(self, seq):
+            return False
+
+        def release_loads(self):
+            if not held:
+                return 0
+            bm.release_loaded(held)
+            released.extend(held)
+            held.clear()
+            return len(released)
+
+    scheduler.tiers = Tiers()
+    add(scheduler, 1, range(50, 58))  # the waiting request
+    batch = step(scheduler)
+    assert plan(batch) == [(0, 1)] and released and scheduler.num_preemptions == 0 and runner.status is SequenceStatus.RUNNING
