@@ -407,3 +407,25 @@ def test_engines_share_blocks_through_the_store(server):
     outs = second.generate(batch, greedy, use_tqdm=False)
     assert [o.outputs[0].token_ids for o in outs] == want and [o.num_cached_tokens for o in outs] == [64] * 3
     assert second.kv_tier_stats()["store"]["hit_blocks"] == 12
+
+
+def test_an_unreachable_store_degrades_to_recomputing(caplog):
+    """A shared store nobody answers at: generation goes on with the tiers that work (none here), its tokens those
+    of a run without tiers, one warning line, the errors counted."""
+    from deepinfer import LLM, SamplingParams
+
+    need(redis_server=False)
+    greedy = SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True)
+    batch = [{"prompt_token_ids": torch.randint(0, 1000, (40,), generator=torch.Generator().manual_seed(i)).tolist()} for i in range(3)]
+
+    def engine(**tiers):
+        return LLM(model="tiny-v3", backend="reference", num_kv_blocks=20, max_num_seqs=2, announce=False, **tiers)
+
+    want = [o.outputs[0].token_ids for o in engine().generate(batch, greedy, use_tqdm=False)]
+    llm = engine(kv_store_url=f"redis://127.0.0.1:{free_port()}/0")  # nothing listens there
+    with caplog.at_level(logging.WARNING, logger=LOGGER):
+        outs = llm.generate(batch, greedy, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in outs] == want
+    store = llm.kv_tier_stats()["store"]
+    assert store["errors"] >= 1 and store["hit_blocks"] == 0 and store["stores"] == 0
+    assert len([r for r in caplog.records if r.levelno == logging.WARNING]) == 1
