@@ -10,5 +10,12 @@ directory, a Redis or Valkey server shared by several engines), one idea per mod
   refreshed on use, bounded by the server's maxmemory; a server that is down degrades to misses, with backoff;
 - `open_store.py`: `open_store(url)`, stores as plugins (entry-point group "deepinfer.kv_stores").
 
-Only the storage layer: nothing in the engine or the CLI uses it yet.
+The engine's side (LLM(kv_offload_cpu_gib=..., kv_offload_dir=..., kv_store_url=...), the --kv-offload-* flags):
+- `open_tiers.py`: the tiers an engine's config asks for, bound to its caches and its `KVNamespace`;
+- `tiered_cache.py`: `KVTiers`, what moves when: blocks copied out as they become evictable, a waiting request's
+  prefix loaded back before it is admitted, without holding up the engine's steps;
+- `block_rows.py`: one block's rows across a model's paged cache tensors, as one byte row (gather / scatter);
+- `host_tier.py`: the host tier, raw rows in one pinned buffer, LRU;
+- `copy_streams.py`: where the copies run (an accelerator's side streams, or synchronously on the CPU);
+- `tier_stats.py`: what the engine reports per tier.
 """
