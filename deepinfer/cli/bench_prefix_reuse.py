@@ -33,7 +33,7 @@ def add_parser(what) -> None:
                         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     p.add_argument("--backend", default="auto", help=BACKEND_HELP)
     p.add_argument("--model-shape", choices=MODEL_SHAPES, default="v2-lite",
-                   help="the random model's shape (default v2-lite; v41-flash: the KV tiers do not run DeepSeek-V4.1 yet)")
+                   help="the random model's shape (default v2-lite; v41-flash: not built by this benchmark yet)")
     p.add_argument("--layers", type=int, default=None, help="cut the model to this many layers (default: v2-lite all 27, v4-flash as many as fit)")
     p.add_argument("--conversations", type=int, default=32, metavar="C", help="conversations, interleaved round-robin (default 32)")
     p.add_argument("--turns", type=int, default=4, metavar="T", help="turns per conversation (default 4)")

@@ -102,7 +102,7 @@ def test_the_command_line_runs_and_writes_its_json(tmp_path, monkeypatch, capsys
 @pytest.mark.parametrize(
     "flags, needle",
     [
-        (["--model-shape", "v41-flash"], "DeepSeek-V4.1 has no KV tier support yet"),
+        (["--model-shape", "v41-flash"], "does not build the DeepSeek-V4.1 shape yet"),
         (["--configs", "device,restart"], "restart replays the disk tier the disk configuration fills: add disk"),
         (["--configs", "device,device"], "--configs lists distinct configurations of device, host, disk, restart, unbounded"),
         (["--turns", "0"], "--turns must be at least 1, not 0"),
