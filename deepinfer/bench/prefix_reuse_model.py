@@ -80,21 +80,13 @@ def vocab_size(spec: ModelSpec) -> int:
 
 
 def open_runtime_for(spec: ModelSpec, dtype, facts=None):
-    """The runtime; in deterministic mode, a backend without a batch-invariant kernel for an op is one line naming
-    --no-deterministic."""
-    from deepinfer.registry import RegistryError
-    from deepinfer.runtime import open_runtime
+    """The runtime, in deterministic mode unless asked otherwise (every configuration's greedy tokens are compared)."""
+    from deepinfer.bench.deterministic_runtime import open_deterministic_runtime
 
-    try:
-        return open_runtime(spec.backend, dtype=dtype, options=spec.backend_options, model=facts, deterministic=spec.deterministic)
-    except RegistryError as exc:
-        if not spec.deterministic or not str(exc).startswith("deterministic mode:"):
-            raise
-        problem = str(exc).split(";")[0]
-        raise RegistryError(
-            f"{problem}: bench prefix-reuse runs in deterministic mode so that every configuration's greedy tokens can be compared; "
-            "--no-deterministic measures with the backend's own kernels (outputs may then differ at near-ties, and are counted)"
-        ) from None
+    return open_deterministic_runtime(
+        spec.backend, dtype, spec.deterministic, "bench prefix-reuse runs in deterministic mode so that every configuration's greedy tokens can be compared",
+        "measures with the backend's own kernels (outputs may then differ at near-ties, and are counted)", options=spec.backend_options, model=facts,
+    )
 
 
 def build(spec: ModelSpec, max_len: int, plan=None) -> Built:

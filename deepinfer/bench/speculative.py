@@ -72,7 +72,7 @@ def run(backend: str, concurrency: tuple[int, ...], *, layers: int | None, promp
     from deepinfer.engine.speculative.metrics import SpeculativeMetrics
 
     cfg = {**V2_LITE, **(config_overrides or {}), **({"num_hidden_layers": layers} if layers else {})}
-    runtime = open_deterministic_runtime(backend, deterministic)
+    runtime = open_speculative_runtime(backend, deterministic)
     device = runtime.device
     loaded, hf = build_v2_lite(runtime, cfg)
     del hf
@@ -129,22 +129,14 @@ def run(backend: str, concurrency: tuple[int, ...], *, layers: int | None, promp
     return results
 
 
-def open_deterministic_runtime(backend: str, deterministic: bool):
-    """The runtime; in deterministic mode, a backend without a batch-invariant kernel for an op is a
-    one-line error saying what the default needs and what --no-deterministic measures instead."""
-    from deepinfer.registry import RegistryError
-    from deepinfer.runtime import open_runtime
+def open_speculative_runtime(backend: str, deterministic: bool):
+    """The runtime, in deterministic mode unless asked otherwise (module docstring)."""
+    from deepinfer.bench.deterministic_runtime import open_deterministic_runtime
 
-    try:
-        return open_runtime(backend, dtype=torch.bfloat16, deterministic=deterministic)
-    except RegistryError as exc:
-        if not deterministic or not str(exc).startswith("deterministic mode:"):
-            raise
-        problem = str(exc).split(";")[0]
-        raise RegistryError(
-            f"{problem}: bench speculative runs in deterministic mode so that outputs keep to their recorded continuations; "
-            "--no-deterministic measures with the backend's own kernels (rows whose outputs leave them are flagged, their acceptance under-counts)"
-        ) from None
+    return open_deterministic_runtime(
+        backend, torch.bfloat16, deterministic, "bench speculative runs in deterministic mode so that outputs keep to their recorded continuations",
+        "measures with the backend's own kernels (rows whose outputs leave them are flagged, their acceptance under-counts)",
+    )
 
 
 def notes(results: list[SpecResult], deterministic: bool) -> list[str]:

@@ -15,13 +15,8 @@ from deepinfer.bench.prefix_reuse_model import ModelSpec
 from deepinfer.bench.prefix_reuse_workload import Workload
 from deepinfer.cli.main import main
 
-# test_bench_speculative.py's tiny V2 shape
-TINY_V2 = dict(
-    vocab_size=512, hidden_size=64, intermediate_size=128, moe_intermediate_size=32, num_attention_heads=4,
-    num_key_value_heads=4, n_routed_experts=8, n_shared_experts=1, num_experts_per_tok=2, kv_lora_rank=32,
-    qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16, max_position_embeddings=256,
-    bos_token_id=510, eos_token_id=511,
-)  # fmt: skip
+from tiny_shapes import TINY_V2
+
 WORKLOAD = dict(conversations=6, turns=3, prompt_len=40, turn_tokens=12, output_len=6, seed=0)
 ROW_FIELDS = {"config", "label", "num_kv_blocks", "tiers", "requests", "prompt_tokens", "cached_tokens", "hit_rate", "tokens_by_tier", "rate_by_tier",
               "prefill_tokens_computed", "prefill_vs_device", "ttft_ms", "output_tokens", "output_tokens_per_s", "wall_s", "outputs_equal",

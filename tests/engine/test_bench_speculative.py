@@ -14,12 +14,7 @@ from deepinfer.bench import speculative
 from deepinfer.bench.speculative import SpecResult
 from deepinfer.cli.main import main
 
-TINY_V2 = dict(
-    vocab_size=512, hidden_size=64, intermediate_size=128, moe_intermediate_size=32, num_attention_heads=4,
-    num_key_value_heads=4, n_routed_experts=8, n_shared_experts=1, num_experts_per_tok=2, kv_lora_rank=32,
-    qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16, max_position_embeddings=256,
-    bos_token_id=510, eos_token_id=511,
-)  # fmt: skip
+from tiny_shapes import TINY_V2
 
 
 def test_the_default_keeps_outputs_on_their_continuations(tmp_path, monkeypatch):
