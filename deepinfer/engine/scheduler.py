@@ -200,7 +200,7 @@ class Scheduler:
             seq = queue.pop(0)
             ahead = self.lookahead(seq)
             while not self.block_manager.can_append(seq, ahead):
-                if self.tiers is not None and self.tiers.release_loads():
+                if self.tiers is not None and self.tiers.release_loads(look_again=True):
                     continue  # blocks held for waiting requests' tier loads go first: they stay cached
                 victim = queue.pop() if queue else seq
                 self.preempt(victim)

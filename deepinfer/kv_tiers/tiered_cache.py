@@ -466,17 +466,24 @@ class KVTiers:
         self.poll()
         return bool(events or futures)
 
-    def release_loads(self) -> int:
+    def release_loads(self, look_again: bool = False) -> int:
         """Let go of every device block held for a waiting request whose copy is not in flight (they stay in the device
         prefix cache, where the request finds them as any hit, unless something evicts them first); such fetches end.
+        look_again: their requests are looked up again at the next pass (a running request needed the blocks: it makes
+        progress meanwhile); else they are admitted as they stand (nothing runs: looking again could go round forever).
         When nothing runs, requests that each hold part of a small pool could otherwise wait for each other, and a
         running request that needs a block must not be preempted for a waiting one. Returns the blocks let go."""
         released = 0
-        for fetch in self.fetches.values():
+        for seq_id, fetch in list(self.fetches.items()):
             if fetch.loaded is None or fetch.ready:
                 released += len(fetch.block_ids) + len(fetch.device_hit)
+                if fetch.stored is not None:
+                    fetch.stored.cancel()  # (a read in progress finishes; its rows are dropped)
                 self._let_go(fetch, blocks=True)
-                fetch.ready = True
+                if look_again:
+                    del self.fetches[seq_id]  # what it loaded is a device hit at the next lookup
+                else:
+                    fetch.ready = True
         return released
 
     def drain(self) -> None:

@@ -45,6 +45,10 @@ def test_every_configuration_on_a_working_set_three_times_the_pool(tmp_path):
     assert any(r["turn"] == 0 and r["cached_tokens"] > 0 for r in restart["per_request"])  # a first turn hits: the first process's blocks
     assert unbounded["hit_rate"] == workload.reusable_rate(block_size) and unbounded["tier_stats"] is None  # a pool that never evicts
     assert device["hit_rate"] < unbounded["hit_rate"] and device["prefill_vs_device"] == 1.0
+    # the host tier holds the working set: every hit an unbounded pool gets, the tiers give (nothing lost to evictions
+    # of a device hit before admission, or to blocks held for loads); a restart finds the first process's blocks too
+    assert host["hit_rate"] == disk["hit_rate"] == unbounded["hit_rate"]
+    assert restart["hit_rate"] == workload.reusable_rate(block_size, previous_run=True)
     assert prefix_reuse.notes(report) == []
     data = json.loads(out.read_text())
     assert data["kind"] == "prefix-reuse" and data["machine"]["backend"] == "reference" and data["machine"]["deterministic"] is True

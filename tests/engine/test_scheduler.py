@@ -122,7 +122,7 @@ def test_a_running_request_takes_back_blocks_held_for_a_tier_load_before_preempt
         def admissible(self, seq):
             return False
 
-        def release_loads(self):
+        def release_loads(self, look_again=False):
             if not held:
                 return 0
             bm.release_loaded(held)
