@@ -47,6 +47,8 @@ from deepinfer.kv_tiers.tier_stats import TierCounters
 log = logging.getLogger(__name__)
 
 HOST = "host"
+CHUNK_BYTES = 256 << 20  # device staging of one gather or load chunk (a V3 block of 64 tokens is 4.5 MB: 56 blocks)
+IN_FLIGHT_BYTES = 1 << 30  # device staging waiting for its copy out at once: beyond it the engine waits for the oldest
 
 
 @dataclass
@@ -77,7 +79,6 @@ class _Fetch:
     state_entry: int | None = None  # the snapshot pool entry it is copied into
     state_row: int | None = None  # the host tier's row of the snapshot, held until copied
     block_ids: list[int] = field(default_factory=list)  # device blocks copied into
-    staging: torch.Tensor | None = None
     loaded: torch.Event | None = None
     copying: bool = False
     ready: bool = False
@@ -133,20 +134,25 @@ class KVTiers:
         self._offload(self.states_kind, [(entry, self.states_kind.key(self.namespace, block_hash))])
 
     def _offload(self, kind: _Kind, items: list[tuple[int, str]]) -> None:
-        """Copy out rows of `kind` (row index in its tensors, store key) that its host tier does not hold yet."""
+        """Copy out rows of `kind` (row index in its tensors, store key) that its host tier does not hold yet, in chunks
+        of at most CHUNK_BYTES of device staging, with at most IN_FLIGHT_BYTES of it waiting for its copy at once."""
         todo = [(i, k) for i, k in items if kind.host is None or k not in kind.host]
-        if not todo:
-            return
-        ids = torch.tensor([i for i, _ in todo], dtype=torch.long, device=self.device)
-        keys = [k for _, k in todo]
-        staging = kind.rows.gather(ids)  # on the engine's stream: reads the rows before any later step writes them
-        host_rows = [kind.host.reserve(k) for k in keys] if kind.host is not None else [None] * len(keys)
-        with self.copies.on("offload"):
-            host_copy = self._copy_out(kind, staging, host_rows)
-            copied = self.copies.done("offload")
-        self.offloads.append(_Offload(kind, keys, host_rows, staging, host_copy, copied))
-        if copied is None:
-            self._finish_offloads()
+        per_chunk = max(1, CHUNK_BYTES // kind.rows.block_bytes)
+        for start in range(0, len(todo), per_chunk):
+            chunk = todo[start : start + per_chunk]
+            while self.offloads and sum(off.staging.numel() for off in self.offloads) + len(chunk) * kind.rows.block_bytes > IN_FLIGHT_BYTES:
+                self.offloads[0].copied.synchronize()  # rare: a request of many blocks freed at once; its copies are queued already
+                self._finish_offloads()
+            ids = torch.tensor([i for i, _ in chunk], dtype=torch.long, device=self.device)
+            keys = [k for _, k in chunk]
+            staging = kind.rows.gather(ids)  # on the engine's stream: reads the rows before any later step writes them
+            host_rows = [kind.host.reserve(k) for k in keys] if kind.host is not None else [None] * len(keys)
+            with self.copies.on("offload"):
+                host_copy = self._copy_out(kind, staging, host_rows)
+                copied = self.copies.done("offload")
+            self.offloads.append(_Offload(kind, keys, host_rows, staging, host_copy, copied))
+            if copied is None:
+                self._finish_offloads()
 
     def _copy_out(self, kind: _Kind, staging: torch.Tensor, host_rows: list[int | None]) -> torch.Tensor | None:
         """Queue the copies of the gathered rows to the host tier's rows, and, for the stores, of those it does not keep
@@ -373,22 +379,20 @@ class KVTiers:
         n_host = len(fetch.host_rows)
         ids = torch.tensor(fetch.block_ids, dtype=torch.long, device=self.device)
 
-        def copy() -> torch.Tensor:
-            staging = torch.empty((len(fetch.block_ids), self.rows.block_bytes), dtype=torch.uint8, device=self.device)
-            for i, row in enumerate(fetch.host_rows):
-                staging[i].copy_(self.host.rows[row], non_blocking=self.copies.pinned)
-            if fetch.rows is not None and len(fetch.rows):
-                staging[n_host:].copy_(fetch.rows, non_blocking=self.copies.pinned)
-            self.rows.scatter(ids, staging)
+        per_chunk = max(1, CHUNK_BYTES // self.rows.block_bytes)
+        with self.copies.on("load"):  # after the blocks' last readers on the engine's stream
+            for start in range(0, len(fetch.block_ids), per_chunk):  # (a chunk's staging is reused in stream order)
+                end = min(start + per_chunk, len(fetch.block_ids))
+                staging = torch.empty((end - start, self.rows.block_bytes), dtype=torch.uint8, device=self.device)
+                for i in range(start, end):
+                    source = self.host.rows[fetch.host_rows[i]] if i < n_host else fetch.rows[i - n_host]
+                    staging[i - start].copy_(source, non_blocking=self.copies.pinned)
+                self.rows.scatter(ids[start:end], staging)
             if fetch.state is not None and fetch.state[0] in ("host", "store"):
                 source = self.states_kind.host.rows[fetch.state[1]] if fetch.state[0] == "host" else fetch.state[2]
                 fetch.state_entry = self.snapshots.take()
                 row = source.to(self.device, non_blocking=self.copies.pinned).unsqueeze(0)
                 self.states_kind.rows.scatter(torch.tensor([fetch.state_entry], device=self.device), row)
-            return staging
-
-        with self.copies.on("load"):  # after the blocks' last readers on the engine's stream
-            fetch.staging = copy()
             fetch.loaded = self.copies.done("load")
 
     def _loaded(self, fetch: _Fetch) -> None:
@@ -404,7 +408,7 @@ class KVTiers:
         for name in set(fetch.tiers):
             self.counters[name].loads += 1
         self._let_go(fetch, blocks=False)
-        fetch.staging = fetch.rows = fetch.loaded = None
+        fetch.rows = fetch.loaded = None
         fetch.ready = True
 
     def _let_go(self, fetch: _Fetch, blocks: bool) -> None:

@@ -206,3 +206,29 @@ def test_copies_in_flight_hold_up_no_step():
     while again.status is not SequenceStatus.FINISHED:
         engine.step()
     assert again.num_cached_tokens == 64 and again.output_token_ids == first.output_token_ids
+
+
+def test_copies_go_in_chunks_and_bound_the_staging_in_flight(monkeypatch):
+    from deepinfer.kv_tiers import tiered_cache
+
+    llm = LLM(model="tiny-v3", backend="reference", num_kv_blocks=40, max_num_seqs=2, announce=False, kv_offload_cpu_gib=0.01)
+    engine, tiers = llm.engine, llm.engine.tiers
+    block = tiers.rows.block_bytes
+    monkeypatch.setattr(tiered_cache, "CHUNK_BYTES", block)  # one block a chunk
+    monkeypatch.setattr(tiered_cache, "IN_FLIGHT_BYTES", 2 * block)  # two chunks waiting for their copy at most
+    tiers.copies = copies = GatedCopies()
+    runner = engine.add_request(prompt(7), SamplingParams(temperature=0.0, max_tokens=60, ignore_eos=True))
+    first = engine.add_request(prompt(8), GREEDY)
+    while first.status is not SequenceStatus.FINISHED:
+        engine.step()
+    assert len(copies.events) == 4 and [e.complete for e in copies.events] == [True, True, False, False]  # the engine waited for two
+    assert len(tiers.offloads) == 2 and all(off.staging.shape[0] == 1 for off in tiers.offloads)
+    copies.open_all()
+    bm = engine.block_manager
+    engine.step()
+    bm.release_loaded(bm.take_blocks(bm.num_free_blocks))  # evict every cached block the requests do not hold
+    again = engine.add_request(prompt(8), GREEDY)
+    while again.status is not SequenceStatus.FINISHED:
+        copies.open_all()
+        engine.step()
+    assert runner.status is SequenceStatus.RUNNING and again.num_cached_tokens == 64 and again.output_token_ids == first.output_token_ids
