@@ -80,13 +80,8 @@ class BlockManager:
         """Ids of the cached blocks that hold seq's leading full blocks. At least one token is
         always left to compute: the step that computes it yields the logits to sample from. With
         snapshots, only up to the last block whose snapshot is kept, within the hit limit."""
-        if not self.enable_prefix_caching or not seq.reads_prefix_cache:
-            return []
-        most = (seq.num_tokens - 1) // self.block_size
-        if self.hit_limit is not None:
-            most = min(most, self.hit_limit(seq) // self.block_size)
         hits, usable = [], 0
-        for index in range(most):
+        for index in range(self.hit_bound(seq)):
             block_hash = seq.block_hash(index, self.block_size)
             block_id = self.cached.get(block_hash)
             if block_id is None:
@@ -95,6 +90,16 @@ class BlockManager:
             if self.snapshots is None or block_hash in self.snapshots:
                 usable = len(hits)
         return hits[:usable]
+
+    def hit_bound(self, seq: Sequence) -> int:
+        """The most leading full blocks of seq a prefix hit may cover (0: seq reads no prefix cache): all but the last
+        token is left to compute, and no further than the model's hit limit."""
+        if not self.enable_prefix_caching or not seq.reads_prefix_cache:
+            return 0
+        most = (seq.num_tokens - 1) // self.block_size
+        if self.hit_limit is not None:
+            most = min(most, self.hit_limit(seq) // self.block_size)
+        return most
 
     def can_allocate(self, seq: Sequence) -> bool:
         if self.uses_state_slots and not self.free_slots:

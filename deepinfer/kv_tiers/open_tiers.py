@@ -21,7 +21,7 @@ from pathlib import Path
 from deepinfer.engine.sampling_params import InvalidRequestError
 from deepinfer.kv_tiers.block_rows import BlockRows
 from deepinfer.kv_tiers.keys import KVNamespace, config_hash
-from deepinfer.kv_tiers.tiered_cache import KVTiers
+from deepinfer.kv_tiers.tiered_cache import KVTiers, snapshot_rows
 
 log = logging.getLogger(__name__)
 
@@ -40,8 +40,7 @@ def open_tiers(engine) -> KVTiers | None:
     if not hasattr(model, "paged_cache_tensors"):
         raise InvalidRequestError(f"the KV tiers do not run {type(model).__name__} (it names no paged cache tensors); run it without the kv offload flags")
     rows = BlockRows(model.paged_cache_tensors(engine.runner.kv_caches, engine.runner.draft_kv_caches))
-    snapshots = engine.block_manager.snapshots
-    states = BlockRows({f"state.{i}": t for i, t in enumerate(snapshots.pool)}) if snapshots is not None else None
+    states = snapshot_rows(engine.block_manager.snapshots)
     namespace = kv_namespace(engine, rows, states)
     from deepinfer.kv_tiers.copy_streams import StreamCopies, SyncCopies
 
@@ -60,7 +59,7 @@ def open_tiers(engine) -> KVTiers | None:
         stores.append(("disk", _disk_store(config)))
     if config.kv_store_url:
         stores.append(("store", _shared_store(config)))
-    tiers = KVTiers(rows, namespace, engine.block_manager, host, stores, copies, host_states)
+    tiers = KVTiers(rows, namespace, engine.block_manager, host, stores, copies, states, host_states)
     described = [f"host {host.capacity} blocks ({config.kv_offload_cpu_gib:g} GiB)"] if host is not None else []
     described += [f"{name} {store!r}" for name, store in stores]
     log.info("KV tiers behind the prefix cache: %s; blocks of %d bytes", ", ".join(described), rows.block_bytes)

@@ -84,6 +84,11 @@ class _Fetch:
     ready: bool = False
 
 
+def snapshot_rows(snapshots) -> BlockRows | None:
+    """The rows of a state-snapshot pool (`StateSnapshots.pool`: dim 0 the entry), or None without one."""
+    return BlockRows({f"state.{i}": t for i, t in enumerate(snapshots.pool)}) if snapshots is not None else None
+
+
 @dataclass
 class _Kind:
     """What is stored per chain hash: the blocks' rows, or the state snapshots (their pool's rows)."""
@@ -98,19 +103,20 @@ class _Kind:
 
 class KVTiers:
     def __init__(self, rows: BlockRows, namespace: KVNamespace, block_manager, host: HostTier | None, stores: list[tuple[str, KVStore]],
-                 copies: StreamCopies | SyncCopies, host_states: HostTier | None = None):  # fmt: skip
+                 copies: StreamCopies | SyncCopies, states: BlockRows | None = None, host_states: HostTier | None = None):  # fmt: skip
         """rows: the model's paged caches; stores: (tier name, store) from fastest to slowest; copies: where the copies
         run (copy_streams: side streams of an accelerator, or synchronously on the CPU). With state snapshots (the
-        block manager keeps them), host_states: the host tier's rows for them (module docstring)."""
+        block manager keeps them): states, the rows of their pool (`snapshot_rows`), and host_states, the host tier's
+        rows for them (module docstring)."""
         if host is None and not stores:
             raise ValueError("KVTiers needs a host tier or a store")
         self.rows, self.namespace, self.block_manager = rows, namespace, block_manager
         self.host, self.stores = host, stores
         self.snapshots = block_manager.snapshots
         self.blocks_kind = _Kind(rows, host, "")
-        self.states_kind = None
-        if self.snapshots is not None:
-            self.states_kind = _Kind(BlockRows({f"state.{i}": t for i, t in enumerate(self.snapshots.pool)}), host_states, "-state")
+        if (states is None) != (self.snapshots is None):
+            raise ValueError("KVTiers needs the snapshot pool's rows exactly when the block manager keeps snapshots")
+        self.states_kind = _Kind(states, host_states, "-state") if states is not None else None
         self.device = rows.device
         self.copies = copies
         self.worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="deepinfer-kv-tiers") if stores else None
@@ -212,11 +218,10 @@ class KVTiers:
                 continue
             for r in held:
                 kind.host.release(r)
-            if kind is self.blocks_kind:
-                for name, n in self._result(future, {}).items():
+            stored = self._result(future, {})
+            if kind is self.blocks_kind:  # (the counters count blocks; snapshots travel beside them)
+                for name, n in stored.items():
                     self.counters[name].stores += n
-            else:
-                self._result(future, {})
         self.writes = left
 
     @staticmethod
@@ -260,16 +265,10 @@ class KVTiers:
         return fetch.ready
 
     def _lookup(self, seq) -> tuple[list[int], list[bytes]]:
-        """seq's device hit (block ids) and the chain hashes of its full prompt blocks past it that a hit may cover
-        (the same bounds as `BlockManager.cached_prefix`: one token left to compute, the model's hit limit)."""
+        """seq's device hit (block ids) and the chain hashes of its full prompt blocks past it that a hit may cover."""
         bm = self.block_manager
-        if not bm.enable_prefix_caching or not seq.reads_prefix_cache:
-            return [], []
-        most = (seq.num_tokens - 1) // bm.block_size
-        if bm.hit_limit is not None:
-            most = min(most, bm.hit_limit(seq) // bm.block_size)
         hit = bm.cached_prefix(seq)
-        return hit, [seq.block_hash(i, bm.block_size) for i in range(len(hit), most)]
+        return hit, [seq.block_hash(i, bm.block_size) for i in range(len(hit), bm.hit_bound(seq))]
 
     def _read(self, keys: list[str], state_keys: list[str] | None, before: int) -> tuple[torch.Tensor, list[str], tuple | None]:
         """Worker thread: the consecutive blocks of `keys` found in the stores, from the first, as pinned rows, and which
