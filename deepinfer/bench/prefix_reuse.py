@@ -96,6 +96,8 @@ class Row:
     outputs_equal: int | None  # requests whose greedy tokens equal the device-only run's (None: it did not run)
     preemptions: int
     tier_stats: dict | None  # llm.kv_tier_stats() at the end
+    steps: int = 0  # engine steps run
+    tier_timing: dict | None = None  # KVTiers.timing: the engine thread's time in the tiers, its stalls on copies, idle waits
     per_request: list[dict] = field(default_factory=list)  # turn, conversation, prompt_tokens, cached_tokens, ttft_ms
 
     @property
@@ -118,7 +120,7 @@ def drive(engine, workload: Workload, max_concurrency: int) -> dict:
     per request (turn, conversation, prompt and cached tokens, ttft_ms, output token ids), wall_s, the engine's
     counters and the tiers' stats. The tiers are closed at the end, a failed run's too: every offload copied and
     every store write done (a restart finds them all; nothing writes into the disk folder once it is removed)."""
-    computed0, generated0 = engine.num_prompt_tokens_computed, engine.num_generated_tokens
+    computed0, generated0, steps0 = engine.num_prompt_tokens_computed, engine.num_generated_tokens, engine.num_steps
     try:
         records, wall = _requests(engine, workload, max_concurrency)
     finally:
@@ -130,6 +132,8 @@ def drive(engine, workload: Workload, max_concurrency: int) -> dict:
         "prefill_tokens_computed": engine.num_prompt_tokens_computed - computed0,
         "generated_tokens": engine.num_generated_tokens - generated0,
         "tier_stats": engine.tiers.stats() if engine.tiers is not None else None,
+        "tier_timing": engine.tiers.timing.report() if engine.tiers is not None else None,
+        "steps": engine.num_steps - steps0,
         "num_kv_blocks": engine.num_kv_blocks,
         "block_size": engine.block_size,
     }
@@ -250,7 +254,8 @@ def make_row(config: str, measured: dict, baseline: dict | None, tiers: list[str
         prefill_vs_device=prefill / baseline["prefill_tokens_computed"] if baseline and baseline["prefill_tokens_computed"] else None,
         ttft_ms={"p50": percentile(ttfts, 0.5), "p99": percentile(ttfts, 0.99), "mean": statistics.fmean(ttfts), "max": max(ttfts)},
         output_tokens=outputs, output_tokens_per_s=outputs / measured["wall_s"], wall_s=measured["wall_s"], outputs_equal=equal,
-        preemptions=sum(r["preemptions"] for r in records), tier_stats=measured["tier_stats"],
+        preemptions=sum(r["preemptions"] for r in records), tier_stats=measured["tier_stats"], steps=measured["steps"],
+        tier_timing=measured["tier_timing"],
         per_request=[{k: r[k] for k in ("turn", "conversation", "prompt_tokens", "cached_tokens", "ttft_ms")} for r in records],
     )  # fmt: skip
 
@@ -435,8 +440,12 @@ def format_report(report: dict) -> str:
         rates = "  ".join(f"{r['rate_by_tier'][k]:6.1%}" for k in ("device", "host", "disk", "store"))
         ratio = "-" if r["prefill_vs_device"] is None else f"{r['prefill_vs_device']:.2f}x"
         equal = "-" if r["outputs_equal"] is None else f"{r['outputs_equal']}/{r['requests']}"
+        steps, timing = max(1, r["steps"]), r["tier_timing"]
+        tiers_ms = "-" if timing is None else f"{timing['engine_s'] * 1e3 / steps:.3f}"
+        stalls = "-" if timing is None else str(timing["stalls"])
         lines.append(f"{r['label']:<10}  {r['num_kv_blocks']:11d}  {r['hit_rate']:8.1%}  {rates}  {r['prefill_tokens_computed']:14d}  {ratio:>9}  "
-                     f"{r['ttft_ms']['p50']:11.1f}  {r['ttft_ms']['p99']:11.1f}  {r['output_tokens_per_s']:9.1f}  {r['wall_s']:6.1f}  {equal:>5}")  # fmt: skip
+                     f"{r['ttft_ms']['p50']:11.1f}  {r['ttft_ms']['p99']:11.1f}  {r['output_tokens_per_s']:9.1f}  {r['wall_s']:6.1f}  "
+                     f"{r['wall_s'] * 1e3 / steps:7.2f}  {tiers_ms:>13}  {stalls:>6}  {equal:>5}")  # fmt: skip
     return "\n".join(lines)
 
 

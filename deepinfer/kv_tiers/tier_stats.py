@@ -32,3 +32,20 @@ class TierCounters:
             "corrupt": own.corrupt,
             "rejected": own.rejected,
         }
+
+
+@dataclass
+class TierTiming:
+    """Where the engine thread spent time on the tiers (the evidence that steps do not wait for tier copies):
+    engine_s in the tiers' calls on the step path (offloads, polls, admission checks: launches and bookkeeping; on
+    the CPU, where copies are synchronous, the copies too), of which stalled_s (stalls of them) blocked on a copy (the
+    bound on copies out in flight, an abort mid-copy); idle_s blocked in `wait`, which the engine calls only when
+    nothing else can run (every waiting request is loading its prefix)."""
+
+    engine_s: float = 0.0
+    stalled_s: float = 0.0
+    stalls: int = 0
+    idle_s: float = 0.0
+
+    def report(self) -> dict:
+        return asdict(self)

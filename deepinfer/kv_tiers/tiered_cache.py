@@ -28,7 +28,9 @@ code, without streams. A store that fails degrades to a miss (the stores count i
 
 from __future__ import annotations
 
+import functools
 import logging
+import time
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass, field
@@ -42,13 +44,35 @@ from deepinfer.kv_tiers.copy_streams import StreamCopies, SyncCopies
 from deepinfer.kv_tiers.host_tier import HostTier
 from deepinfer.kv_tiers.keys import KVNamespace
 from deepinfer.kv_tiers.store import KVStore, StoreStats
-from deepinfer.kv_tiers.tier_stats import TierCounters
+from deepinfer.kv_tiers.tier_stats import TierCounters, TierTiming
 
 log = logging.getLogger(__name__)
 
 HOST = "host"
 CHUNK_BYTES = 256 << 20  # device staging of one gather or load chunk (a V3 block of 64 tokens is 4.5 MB: 56 blocks)
 IN_FLIGHT_BYTES = 1 << 30  # device staging waiting for its copy out at once: beyond it the engine waits for the oldest
+
+
+def _timed(field_name: str):
+    """Add the call's time to KVTiers.timing's `field_name`, when it is the outermost timed call (wait's polls are
+    idle time, not step time)."""
+
+    def wrap(method):
+        @functools.wraps(method)
+        def timed(self, *args, **kwargs):
+            if self._timing_depth:
+                return method(self, *args, **kwargs)
+            self._timing_depth += 1
+            start = time.perf_counter()
+            try:
+                return method(self, *args, **kwargs)
+            finally:
+                self._timing_depth -= 1
+                setattr(self.timing, field_name, getattr(self.timing, field_name) + time.perf_counter() - start)
+
+        return timed
+
+    return wrap
 
 
 @dataclass
@@ -124,16 +148,20 @@ class KVTiers:
         self.writes: list[tuple[Future, _Kind, list[int]]] = []  # store writes in flight, of what, and the host rows they read
         self.fetches: dict[int, _Fetch] = {}  # seq_id -> its fetch
         self.counters = {name: TierCounters() for name in [HOST] * (host is not None) + [name for name, _ in stores]}
+        self.timing = TierTiming()
+        self._timing_depth = 0
         block_manager.on_evictable = self.offload
         if self.states_kind is not None:
             block_manager.on_snapshot = self.offload_snapshot
 
     # -- offload -------------------------------------------------------------------------------
 
+    @_timed("engine_s")
     def offload(self, blocks: list[tuple[int, bytes]]) -> None:
         """Copy out cached blocks that just became evictable (block id, chain hash), those no tier holds yet."""
         self._offload(self.blocks_kind, [(b, self.blocks_kind.key(self.namespace, h)) for b, h in blocks])
 
+    @_timed("engine_s")
     def offload_snapshot(self, block_hash: bytes, entry: int) -> None:
         """Copy out a state snapshot as it is filed (the pool keeps few, LRU: by the time its block is evicted it may
         be gone)."""
@@ -147,7 +175,7 @@ class KVTiers:
         for start in range(0, len(todo), per_chunk):
             chunk = todo[start : start + per_chunk]
             while self.offloads and sum(off.staging.numel() for off in self.offloads) + len(chunk) * kind.rows.block_bytes > IN_FLIGHT_BYTES:
-                self.offloads[0].copied.synchronize()  # rare: a request of many blocks freed at once; its copies are queued already
+                self._stall(self.offloads[0].copied)  # rare: a request of many blocks freed at once; its copies are queued already
                 self._finish_offloads()
             ids = torch.tensor([i for i, _ in chunk], dtype=torch.long, device=self.device)
             keys = [k for _, k in chunk]
@@ -235,6 +263,7 @@ class KVTiers:
 
     # -- load ----------------------------------------------------------------------------------
 
+    @_timed("engine_s")
     def admissible(self, seq) -> bool:
         """Whether seq may be admitted now: True when its tiers were looked in (and what they held is in device
         blocks) or hold nothing past its device hit; False while its blocks are found or copied in (it starts that)."""
@@ -424,12 +453,14 @@ class KVTiers:
             self.block_manager.release_loaded(fetch.device_hit + fetch.block_ids)
             fetch.block_ids, fetch.device_hit = [], []
 
+    @_timed("engine_s")
     def admitted(self, seq) -> None:
         """seq was admitted (its allocation took its loaded blocks): the fetch's hold on them ends."""
         fetch = self.fetches.pop(seq.seq_id, None)
         if fetch is not None:
             self._let_go(fetch, blocks=True)
 
+    @_timed("engine_s")
     def forget(self, seq) -> None:
         """seq left before it was admitted (aborted): what its fetch holds goes back once its copies are done."""
         fetch = self.fetches.pop(seq.seq_id, None)
@@ -438,11 +469,19 @@ class KVTiers:
         if fetch.stored is not None:
             fetch.stored.cancel()
         if fetch.loaded is not None:
-            fetch.loaded.synchronize()  # rare (an abort mid-copy): the blocks must not be handed out while written
+            self._stall(fetch.loaded)  # rare (an abort mid-copy): the blocks must not be handed out while written
         self._let_go(fetch, blocks=True)
+
+    def _stall(self, event: torch.Event) -> None:
+        """Block the engine thread on a copy (counted: a step waits)."""
+        start = time.perf_counter()
+        event.synchronize()
+        self.timing.stalled_s += time.perf_counter() - start
+        self.timing.stalls += 1
 
     # -- the engine loop -----------------------------------------------------------------------
 
+    @_timed("engine_s")
     def poll(self) -> None:
         """Advance everything that has completed (never waits): offloads, store writes, fetches."""
         self._finish_offloads()
@@ -457,6 +496,7 @@ class KVTiers:
         """Whether a fetch is still being read or copied in."""
         return any(not f.ready for f in self.fetches.values())
 
+    @_timed("idle_s")
     def wait(self) -> bool:
         """Block until some fetch can move on (the engine calls this only when nothing else can run); False when
         none is in flight (each is ready, or waits for free device blocks)."""
@@ -469,6 +509,7 @@ class KVTiers:
         self.poll()
         return bool(events or futures)
 
+    @_timed("engine_s")
     def release_loads(self, look_again: bool = False) -> int:
         """Let go of every device block held for a waiting request whose copy is not in flight (they stay in the device
         prefix cache, where the request finds them as any hit, unless something evicts them first); such fetches end.

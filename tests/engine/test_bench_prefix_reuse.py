@@ -20,7 +20,7 @@ from tiny_shapes import TINY_V2
 WORKLOAD = dict(conversations=6, turns=3, prompt_len=40, turn_tokens=12, output_len=6, seed=0)
 ROW_FIELDS = {"config", "label", "num_kv_blocks", "tiers", "requests", "prompt_tokens", "cached_tokens", "hit_rate", "tokens_by_tier", "rate_by_tier",
               "prefill_tokens_computed", "prefill_vs_device", "ttft_ms", "output_tokens", "output_tokens_per_s", "wall_s", "outputs_equal",
-              "outputs_differ", "preemptions", "tier_stats", "per_request"}  # fmt: skip
+              "outputs_differ", "preemptions", "tier_stats", "steps", "tier_timing", "per_request"}  # fmt: skip
 
 
 def test_every_configuration_on_a_working_set_three_times_the_pool(tmp_path):
@@ -60,7 +60,11 @@ def test_every_configuration_on_a_working_set_three_times_the_pool(tmp_path):
         assert set(row) == ROW_FIELDS and set(row["ttft_ms"]) == {"p50", "p99", "mean", "max"} and len(row["per_request"]) == 18
         assert set(row["tokens_by_tier"]) == set(row["rate_by_tier"]) == {"device", "host", "disk", "store"}
         for key, value in row.items():
-            assert value is not None or (key == "tier_stats" and row["config"] in ("device", "unbounded")), (row["config"], key)
+            assert value is not None or (key in ("tier_stats", "tier_timing") and row["config"] in ("device", "unbounded")), (row["config"], key)
+        assert row["steps"] > 0
+        if row["tier_timing"] is not None:  # the engine thread's time in the tiers is counted (on the CPU the copies are in it)
+            assert set(row["tier_timing"]) == {"engine_s", "stalled_s", "stalls", "idle_s"} and row["tier_timing"]["engine_s"] > 0
+            assert row["tier_timing"]["stalls"] == 0  # copies are synchronous here: nothing is left in flight to stall on
     table = prefix_reuse.format_report(report)
     assert all(label in table for label in ("device", "+host", "+host+disk", "restart", "unbounded")) and "18/18" in table
 

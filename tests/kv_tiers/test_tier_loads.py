@@ -206,6 +206,7 @@ def test_copies_in_flight_hold_up_no_step():
     while again.status is not SequenceStatus.FINISHED:
         engine.step()
     assert again.num_cached_tokens == 64 and again.output_token_ids == first.output_token_ids
+    assert tiers.timing.stalls == 0 and tiers.timing.stalled_s == 0.0 and tiers.timing.engine_s > 0  # no step blocked on a copy
 
 
 def test_copies_go_in_chunks_and_bound_the_staging_in_flight(monkeypatch):
@@ -222,6 +223,7 @@ def test_copies_go_in_chunks_and_bound_the_staging_in_flight(monkeypatch):
     while first.status is not SequenceStatus.FINISHED:
         engine.step()
     assert len(copies.events) == 4 and [e.complete for e in copies.events] == [True, True, False, False]  # the engine waited for two
+    assert tiers.timing.stalls == 2  # and counted those waits as stalls of a step
     assert len(tiers.offloads) == 2 and all(off.staging.shape[0] == 1 for off in tiers.offloads)
     copies.open_all()
     bm = engine.block_manager
