@@ -54,8 +54,8 @@ import triton.language as tl
 from deepinfer.ops import attention as attention_ops
 from deepinfer.ops import kv_cache_format
 from deepinfer.triton_common import cdiv, fp8_views, interpreting, merge_split_columns, next_power_of_2, pick_splits, softmax_block, split_partial, upcast_dot
-from deepinfer_cuda.kernels.fp8_tiles import load_e4m3_tile
 from deepinfer_cuda.kernels.common import ARRIVALS, Registration, arrival_counters, dot_precision, num_sms, pdl_launch, pdl_prologue
+from deepinfer_cuda.kernels.fp8_tiles import load_e4m3_tile
 from deepinfer_cuda.tuning import config
 
 LOG2E = 1.4426950408889634
