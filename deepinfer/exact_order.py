@@ -68,8 +68,11 @@ def _slices(x64: torch.Tensor, dims: tuple[int, ...], beta: int, count: int) -> 
 
 
 def _finite_split(x: torch.Tensor) -> tuple[torch.Tensor, bool]:
+    """x with its infs and nans zeroed, and whether it may have had any (callers then merge the plain result). On an
+    accelerator the answer is always True: asking would wait for the device, and cannot be asked at all while a
+    device graph is captured (deterministic decode in graphs)."""
     finite = torch.isfinite(x)
-    if bool(finite.all()):
+    if x.device.type == "cpu" and bool(finite.all()):
         return x, False
     return torch.where(finite, x, torch.zeros_like(x)), True
 

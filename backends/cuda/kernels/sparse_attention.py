@@ -121,7 +121,7 @@ COMBINE_WARPS = 4
 def _attend(
     q, m_i, l_i, acc, kv_ptr, scale_ptr, idx_row, width, stride_kv, blk_lo, blk_hi, qk_scale,
     arange_n, offs_d, d_ok,
-    D: tl.constexpr, BLOCK_N: tl.constexpr, DOT_F32: tl.constexpr, DOT_PRECISION: tl.constexpr, FP8: tl.constexpr, WORDS: tl.constexpr,
+    D: tl.constexpr, BLOCK_N: tl.constexpr, DOT_F32: tl.constexpr, DOT_PRECISION: tl.constexpr, FP8: tl.constexpr, WORDS: tl.constexpr, BITS: tl.constexpr,
 ):
     """Fold the row blocks blk_lo .. blk_hi - 1 of one index list into the running (m, l, acc).
     FP8: kv_ptr holds the cache's bytes and scale_ptr the same memory as float32; WORDS: the tile is read
@@ -133,7 +133,7 @@ def _attend(
         row_off = tl.where(ok, ids, 0).to(tl.int64) * stride_kv
         rows = kv_ptr + row_off
         if WORDS:
-            tile = load_e4m3_tile(scale_ptr, row_off // 4, ok, 0, BLOCK_N, D, "")
+            tile = load_e4m3_tile(scale_ptr, row_off // 4, ok, 0, BLOCK_N, D, "", BITS)
         else:
             tile = tl.load(rows[:, None] + offs_d[None, :], mask=ok[:, None] & d_ok[None, :], other=0.0)
             if FP8:  # e4m3 -> q's dtype is exact; each row's scale multiplies its scores and weights
@@ -197,6 +197,7 @@ def _sparse_attention_kernel(
     FP8: tl.constexpr,  # kv is an FP8 cache (deepinfer.ops.kv_cache_format)
     XFP8: tl.constexpr,  # extra_kv is
     FP8_WORDS: tl.constexpr = False,  # FP8 tiles read as words and converted by PTX (fp8_tiles)
+    FP8_BITS: tl.constexpr = False,  # ... by bit placement rather than conversion instructions
     PDL: tl.constexpr = False,
 ):
     pdl_prologue(PDL)
@@ -226,13 +227,13 @@ def _sparse_attention_kernel(
     nb1, width2, nb2, lo, hi = split_row_blocks(K, K2, xlen_ptr, t, split, num_splits, BLOCK_N, HAS_LENGTHS)
     m_i, l_i, acc = _attend(
         q, m_i, l_i, acc, kv_ptr, kv_scale_ptr, idx_ptr + t * stride_idx_t, K, stride_kv, lo, tl.minimum(hi, nb1), qk_scale,
-        arange_n, offs_d, d_ok, D, BLOCK_N, DOT_F32, DOT_PRECISION, FP8, FP8 and FP8_WORDS,
+        arange_n, offs_d, d_ok, D, BLOCK_N, DOT_F32, DOT_PRECISION, FP8, FP8 and FP8_WORDS, FP8_BITS,
     )
     if HAS_EXTRA:
         m_i, l_i, acc = _attend(
             q, m_i, l_i, acc, xkv_ptr, xkv_scale_ptr, xidx_ptr + t * stride_xidx_t, width2, stride_xkv,
             tl.maximum(lo - nb1, 0), tl.minimum(hi - nb1, nb2), qk_scale,
-            arange_n, offs_d, d_ok, D, BLOCK_N, DOT_F32, DOT_PRECISION, XFP8, XFP8 and FP8_WORDS,
+            arange_n, offs_d, d_ok, D, BLOCK_N, DOT_F32, DOT_PRECISION, XFP8, XFP8 and FP8_WORDS, FP8_BITS,
         )
 
     mask = h_ok[:, None] & d_ok[None, :]
@@ -416,6 +417,7 @@ def launch_sparse_attention(
         MANUAL_RNE=manual_rne,
         FP8=fp8, XFP8=xfp8,
         FP8_WORDS=(fp8 or xfp8) and words,
+        FP8_BITS=cfg.get("fp8_convert", "cvt") == "bits",
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **pdl_launch(q.device),
     )
     if not direct:
