@@ -101,13 +101,14 @@ class BlockManager:
             most = min(most, self.hit_limit(seq) // self.block_size)
         return most
 
-    def can_allocate(self, seq: Sequence) -> bool:
+    def can_allocate(self, seq: Sequence, keep_free: int = 0) -> bool:
+        """Whether seq's pages fit now, leaving `keep_free` free blocks (those an earlier request's tier load waits for)."""
         if self.uses_state_slots and not self.free_slots:
             return False
         hits = self.cached_prefix(seq)
         fresh = blocks_for(seq.num_tokens, self.block_size) - len(hits)
         revived = sum(1 for b in hits if self.blocks[b].ref_count == 0)  # cached but free: leaves the free queue
-        return fresh + revived <= self.num_free_blocks
+        return fresh + revived + keep_free <= self.num_free_blocks
 
     def allocate(self, seq: Sequence) -> None:
         """Pages for all of seq's tokens: cached prefix blocks shared, the rest fresh. Sets

@@ -97,13 +97,15 @@ class Scheduler:
                 chunk = self._chunk(seq, budget)
                 seqs.append(seq), chunks.append(chunk)
                 budget -= chunk
-        at = 0
+        at = reserved = 0
         while at < len(self.waiting) and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.waiting[at]
             if self.tiers is not None and not self.tiers.admissible(seq):
-                at += 1  # its prefix is on its way from a KV tier
+                reserved += self.tiers.reserved_blocks(seq)
+                at += 1  # its prefix is on its way from a KV tier: later requests go ahead, leaving the blocks its copy waits for
                 continue
-            if not self.block_manager.can_allocate(seq) or (self.final_length is not None and not self._fits_to_the_end(seq)):
+            keep_free = 0 if self.tiers is None or self.tiers.holds_loaded(seq) else reserved
+            if not self.block_manager.can_allocate(seq, keep_free) or (self.final_length is not None and not self._fits_to_the_end(seq)):
                 break  # in order: a later, smaller request does not overtake
             self.waiting.pop(at)
             self.block_manager.allocate(seq)
@@ -179,10 +181,14 @@ class Scheduler:
         """Whether the first waiting request would be admitted now."""
         if not self.waiting or len(self.running) >= self.max_num_seqs:
             return False
-        seq = next((seq for seq in self.waiting if self.tiers is None or self.tiers.admissible(seq)), None)
-        if seq is None:
-            return False
-        return self.block_manager.can_allocate(seq) and (self.final_length is None or self._fits_to_the_end(seq))
+        reserved = 0
+        for seq in self.waiting:
+            if self.tiers is not None and not self.tiers.admissible(seq):
+                reserved += self.tiers.reserved_blocks(seq)  # (as _schedule_prefill)
+                continue
+            keep_free = 0 if self.tiers is None or self.tiers.holds_loaded(seq) else reserved
+            return self.block_manager.can_allocate(seq, keep_free) and (self.final_length is None or self._fits_to_the_end(seq))
+        return False
 
     def _fits_to_the_end(self, seq: Sequence) -> bool:
         """seq's pages up to its final length fit beside the pages the running sequences may still take."""

@@ -293,6 +293,18 @@ class KVTiers:
         self._advance(fetch)
         return fetch.ready
 
+    def reserved_blocks(self, seq) -> int:
+        """The free blocks seq's fetch waits for before its copy can start (0 when it waits for nothing of the pool's).
+        The scheduler keeps them free while admitting later requests: in a pool of a few long requests, those would
+        otherwise take every block that frees up, and the load would wait until its request was admitted without it."""
+        fetch = self.fetches.get(seq.seq_id)
+        return fetch.blocks if fetch is not None and self._waits_for_blocks(fetch) else 0
+
+    def holds_loaded(self, seq) -> bool:
+        """Whether seq's fetch holds device blocks it loaded (admitting it frees the pool sooner than holding it back)."""
+        fetch = self.fetches.get(seq.seq_id)
+        return fetch is not None and bool(fetch.block_ids)
+
     def _lookup(self, seq) -> tuple[list[int], list[bytes]]:
         """seq's device hit (block ids) and the chain hashes of its full prompt blocks past it that a hit may cover."""
         bm = self.block_manager
@@ -354,7 +366,7 @@ class KVTiers:
             if count == 0:
                 fetch.ready = True
                 return
-            if fetch.blocks + self._owed() > self.block_manager.num_free_blocks:
+            if self._earlier_waits_for_blocks(fetch) or not self._room_for(fetch):
                 return  # not enough free blocks for it to be admitted beside the loads before it: tried again at the next poll
             if self._files_state(fetch) and any(self._files_state(f) and f.copying for f in self.fetches.values()):
                 return  # one loaded snapshot waits for its request at a time: the pool's LRU would push out another
@@ -396,6 +408,43 @@ class KVTiers:
     def _files_state(fetch: _Fetch) -> bool:
         """Whether the fetch copies a snapshot into the device's pool (one a tier held)."""
         return fetch.state is not None and fetch.state[0] in ("host", "store")
+
+    @staticmethod
+    def _waits_for_blocks(fetch: _Fetch) -> bool:
+        """Whether the fetch has its rows but waits for free device blocks to copy them into."""
+        return not (fetch.ready or fetch.copying or fetch.stored is not None or not fetch.tiers)
+
+    def _earlier_waits_for_blocks(self, fetch: _Fetch) -> bool:
+        """Whether a fetch of an earlier request waits for free blocks. Fetches take blocks in request order: a later
+        one with a smaller need would otherwise take what frees up first, again and again, and the earlier request
+        would end up admitted without its prefix."""
+        for other in self.fetches.values():
+            if other is fetch:
+                return False
+            if self._waits_for_blocks(other):
+                return True
+        return False
+
+    def _room_for(self, fetch: _Fetch) -> bool:
+        """Whether the free blocks hold the fetch's request beside what the loads before it still need; if not, and
+        letting later requests' fetches go (those not copying) would make room, they go: what they loaded or held stays
+        in the device prefix cache (cached, free) and their requests are looked up again. Otherwise, in a pool of a few
+        long requests, later requests' held hits could keep an earlier load from ever starting."""
+        bm = self.block_manager
+        if fetch.blocks + self._owed() <= bm.num_free_blocks:
+            return True
+        ids = list(self.fetches)
+        later = [(seq_id, f) for seq_id, f in self.fetches.items() if ids.index(seq_id) > ids.index(self._seq_of(fetch)) and not (f.copying and not f.ready)]
+        freed = sum(sum(bm.blocks[b].ref_count == 1 for b in f.device_hit + f.block_ids) + (f.rest if f.block_ids else 0) for _, f in later)
+        if fetch.blocks + self._owed() > bm.num_free_blocks + freed:
+            return False
+        for seq_id, f in later:
+            self._let_go(f, blocks=True)
+            del self.fetches[seq_id]
+        return fetch.blocks + self._owed() <= bm.num_free_blocks
+
+    def _seq_of(self, fetch: _Fetch) -> int:
+        return next(seq_id for seq_id, f in self.fetches.items() if f is fetch)
 
     def _owed(self) -> int:
         """Free blocks the requests whose loads hold device blocks still need to be admitted."""
@@ -485,8 +534,9 @@ class KVTiers:
     def poll(self) -> None:
         """Advance everything that has completed (never waits): offloads, store writes, fetches."""
         self._finish_offloads()
-        for fetch in self.fetches.values():
-            self._advance(fetch)
+        for fetch in list(self.fetches.values()):  # (a fetch may let later ones go)
+            if fetch in self.fetches.values():
+                self._advance(fetch)
 
     def holds_blocks(self) -> bool:
         """Whether a fetch holds device blocks (its request's device hit, or blocks loaded for it)."""

@@ -128,3 +128,18 @@ def test_differing_outputs_are_an_error_in_deterministic_mode():
     assert error.startswith("error: greedy tokens differ from the device-only run's in deterministic mode: +host (2 of 18)") and "bug" in error
     (warning,) = prefix_reuse.notes({"machine": {"deterministic": False}, "results": [row]})
     assert warning.startswith("warning:") and "near-ties" in warning
+
+
+def test_a_pool_of_one_long_request_still_gets_every_hit_from_the_host_tier():
+    """The pool holds one longest request: loads take blocks in request order, later requests leave free the blocks an
+    earlier load waits for, and later loads' held blocks give way, so no request is admitted without its prefix."""
+    workload = dict(conversations=8, turns=3, prompt_len=160, turn_tokens=16, output_len=4, seed=0)
+    spec = ModelSpec(shape="v2-lite", backend="reference", layers=2, deterministic=True, config_overrides=TINY_V2)
+    report = prefix_reuse.run(spec, workload, configs=("device", "host", "unbounded"), working_set_multiple=10.0, max_num_batched_tokens=256,
+                              progress=lambda line: None)  # fmt: skip
+    rows = {r["config"]: r for r in report["results"]}
+    block_size = report["settings"]["block_size"]
+    longest = Workload(vocab_size=TINY_V2["vocab_size"], **workload).longest
+    assert report["settings"]["num_kv_blocks"] == -(-longest // block_size)  # the pool: one longest request
+    assert rows["host"]["hit_rate"] == rows["unbounded"]["hit_rate"] > 0.6 and rows["host"]["outputs_equal"] == rows["host"]["requests"]
+    assert rows["host"]["tokens_by_tier"]["host"] > 0 and rows["host"]["tier_timing"]["stalls"] == 0

@@ -122,6 +122,9 @@ def test_a_running_request_takes_back_blocks_held_for_a_tier_load_before_preempt
         def admissible(self, seq):
             return False
 
+        def reserved_blocks(self, seq):
+            return 0  # its copy is in flight: it waits for no free block
+
         def release_loads(self, look_again=False):
             if not held:
                 return 0

@@ -7,7 +7,7 @@ reads it back one byte at a time (`ld.shared.b8`: 128 per thread per 64-row tile
 than the bf16 reader of twice the bytes. Here the tile is loaded as 32-bit words (four e4m3 values each, 16-byte
 vectors along the row) and converted in registers by PTX (`cvt.rn.f16x2.e4m3x2`, exact, then to bf16), which
 Triton cannot move: the bf16 tile reaches shared memory in 16-byte stores and the dots read it with ldmatrix, as
-the bf16 reader's does.
+the bf16 reader's does. (A bit-placement conversion, as gemm.py's `_e4m3_bf16_pairs`, measured no faster on the H100.)
 
 The interpreter cannot run PTX: kernels keep the plain cast for it (`interpreting()` picks), and the conformance
 cases on the GPU check this path against the reference.
@@ -50,33 +50,11 @@ def e4m3_words_to_bf16(words, ROWS: tl.constexpr, WORDS: tl.constexpr):
 
 
 @triton.jit
-def e4m3_words_to_bf16_bits(words, ROWS: tl.constexpr, WORDS: tl.constexpr):
-    """e4m3_words_to_bf16 by bit placement instead of conversion instructions (gemm.py's `_e4m3_bf16_pairs` trick):
-    each value's exponent and mantissa bits land in a bfloat16's at bits 10:4 (the value times 2^-120, e4m3
-    subnormals on bf16 subnormals), and one `fma.rn.bf16x2` by 2^120 per two values makes them exact (bf16
-    arithmetic does not flush subnormals). Integer and bf16x2 work only: no conversion-unit throughput."""
-    even = words & 0x00FF00FF  # columns 4w and 4w + 2, one per 16-bit half
-    odd = (words >> 8) & 0x00FF00FF  # 4w + 1 and 4w + 3
-    even = ((even << 4) & 0x07F007F0) | ((even << 8) & -0x7FFF8000)  # -0x7FFF8000 = 0x80008000: the signs
-    odd = ((odd << 4) & 0x07F007F0) | ((odd << 8) & -0x7FFF8000)
-    even, odd = tl.inline_asm_elementwise(
-        "{ .reg .b32 f, z; mov.b32 f, 0x7B807B80; mov.b32 z, 0x80008000; fma.rn.bf16x2 $0, $2, f, z; fma.rn.bf16x2 $1, $3, f, z; }",
-        "=r,=r,r,r", [even, odd], dtype=(tl.int32, tl.int32), is_pure=True, pack=1,
-    )  # 0x7B80: 2^120 in bfloat16; -0.0 the addend, so a zero keeps its sign
-    lows = tl.join(even.to(tl.int16), odd.to(tl.int16))  # columns 4w, 4w + 1
-    highs = tl.join((even >> 16).to(tl.int16), (odd >> 16).to(tl.int16))  # 4w + 2, 4w + 3
-    return tl.reshape(tl.join(lows, highs), (ROWS, 4 * WORDS)).to(tl.bfloat16, bitcast=True)
-
-
-@triton.jit
-def load_e4m3_tile(words_ptr, row_words, n_ok, col0, ROWS: tl.constexpr, BLOCK: tl.constexpr, EVICT: tl.constexpr, BITS: tl.constexpr = False):
+def load_e4m3_tile(words_ptr, row_words, n_ok, col0, ROWS: tl.constexpr, BLOCK: tl.constexpr, EVICT: tl.constexpr):
     """tile[n, c] = the e4m3 value at column col0 + c of the cache row starting at word row_words[n] (zeros for rows
     not n_ok), as bfloat16 [ROWS, BLOCK], unscaled. words_ptr: the cache as 32-bit words (any 32-bit view: the
     float32 view the scales are read through is bit-cast); col0 and BLOCK multiples of 4; the row's whole BLOCK
-    columns are read (the caller's WIDTH == BLOCK). BITS: convert by bit placement (e4m3_words_to_bf16_bits)."""
+    columns are read (the caller's WIDTH == BLOCK)."""
     offs = tl.arange(0, BLOCK // 4)
     words = tl.load(words_ptr + row_words[:, None] + (col0 // 4 + offs)[None, :], mask=n_ok[:, None], other=0.0, eviction_policy=EVICT)
-    words = words.to(tl.int32, bitcast=True)
-    if BITS:
-        return e4m3_words_to_bf16_bits(words, ROWS, BLOCK // 4)
-    return e4m3_words_to_bf16(words, ROWS, BLOCK // 4)
+    return e4m3_words_to_bf16(words.to(tl.int32, bitcast=True), ROWS, BLOCK // 4)

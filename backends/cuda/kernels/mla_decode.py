@@ -121,7 +121,6 @@ def _mla_decode_split_kernel(
     EVICT: tl.constexpr,  # eviction policy of the cache-tile loads ("" or "evict_first": read once, streamed)
     FP8: tl.constexpr,  # an FP8 cache: kv_ptr its bytes, scale_ptr the same memory as float32 (a row's scale at (row + C + R) / 4)
     FP8_WORDS: tl.constexpr = False,  # FP8 tiles read as words and converted by PTX (bf16 q, full-width tiles, not the interpreter)
-    FP8_BITS: tl.constexpr = False,  # ... by bit placement rather than conversion instructions (fp8_tiles)
     PDL: tl.constexpr = False,
 ):
     pdl_prologue(PDL)
@@ -174,8 +173,8 @@ def _mla_decode_split_kernel(
         rows = kv_ptr + row_off
         # One load of the tile feeds both products: c as keys (transposed) and as values.
         if FP8_WORDS:  # (fp8_tiles: 32-bit words converted in registers, not bytes through shared memory)
-            kc = load_e4m3_tile(scale_ptr, row_off // 4, n_ok, 0, BLOCK_N, BLOCK_C, EVICT, FP8_BITS)
-            kr = load_e4m3_tile(scale_ptr, row_off // 4, n_ok, C, BLOCK_N, BLOCK_R, EVICT, FP8_BITS)
+            kc = load_e4m3_tile(scale_ptr, row_off // 4, n_ok, 0, BLOCK_N, BLOCK_C, EVICT)
+            kr = load_e4m3_tile(scale_ptr, row_off // 4, n_ok, C, BLOCK_N, BLOCK_R, EVICT)
         else:
             kc = _load_cols(rows, n_ok, offs_c, 0, qn, C, BLOCK_C, DOT_F32, EVICT, FP8)
             kr = _load_cols(rows, n_ok, offs_r, C, qn, R, BLOCK_R, DOT_F32, EVICT, FP8)
@@ -443,8 +442,7 @@ def launch_mla_decode_with_handle(
     block_r = max(16, next_power_of_2(rope_dim))
     # (an FP8 tile is converted to q's dtype in the kernel, exactly)
     dot_f32 = upcast_dot() or q_nope.dtype == torch.float32 or (not fp8 and (kv_cache.dtype == torch.float32 or q_nope.dtype != kv_cache.dtype))
-    # FP8 tiles as words converted by PTX (fp8_tiles); the override "fp8_words": False keeps the byte reads, "fp8_convert":
-    # "bits" converts by bit placement (for A/B runs)
+    # FP8 tiles as words converted by PTX (fp8_tiles); the override "fp8_words": False keeps the byte reads (for A/B runs)
     fp8_words = (fp8 and not dot_f32 and q_nope.dtype == torch.bfloat16 and block_c == latent_dim and block_r == rope_dim and not interpreting()
                  and cfg.get("fp8_words", True))  # fmt: skip
     direct = splits == 1
@@ -492,7 +490,6 @@ def launch_mla_decode_with_handle(
         EVICT=cfg.get("evict", ""),
         FP8=fp8,
         FP8_WORDS=fp8_words,
-        FP8_BITS=cfg.get("fp8_convert", "cvt") == "bits",
         # float32 q over an FP8 cache (a test dtype): the bytes are pipelined and converted to float32
         # tiles; with the bf16 tiles' stages that needed 258 KB of shared memory on the H200 (232 KB)
         num_warps=cfg.get("fp8_num_warps", cfg["num_warps"]) if fp8 else cfg["num_warps"],

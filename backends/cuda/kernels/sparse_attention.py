@@ -121,7 +121,7 @@ COMBINE_WARPS = 4
 def _attend(
     q, m_i, l_i, acc, kv_ptr, scale_ptr, idx_row, width, stride_kv, blk_lo, blk_hi, qk_scale,
     arange_n, offs_d, d_ok,
-    D: tl.constexpr, BLOCK_N: tl.constexpr, DOT_F32: tl.constexpr, DOT_PRECISION: tl.constexpr, FP8: tl.constexpr, WORDS: tl.constexpr, BITS: tl.constexpr,
+    D: tl.constexpr, BLOCK_N: tl.constexpr, DOT_F32: tl.constexpr, DOT_PRECISION: tl.constexpr, FP8: tl.constexpr, WORDS: tl.constexpr,
 ):
     """Fold the row blocks blk_lo .. blk_hi - 1 of one index list into the running (m, l, acc).
     FP8: kv_ptr holds the cache's bytes and scale_ptr the same memory as float32; WORDS: the tile is read
@@ -133,7 +133,7 @@ def _attend(
         row_off = tl.where(ok, ids, 0).to(tl.int64) * stride_kv
         rows = kv_ptr + row_off
         if WORDS:
-            tile = load_e4m3_tile(scale_ptr, row_off // 4, ok, 0, BLOCK_N, D, "", BITS)
+            tile = load_e4m3_tile(scale_ptr, row_off // 4, ok, 0, BLOCK_N, D, "")
         else:
             tile = tl.load(rows[:, None] + offs_d[None, :], mask=ok[:, None] & d_ok[None, :], other=0.0)
             if FP8:  # e4m3 -> q's dtype is exact; each row's scale multiplies its scores and weights
@@ -197,7 +197,6 @@ def _sparse_attention_kernel(
     FP8: tl.constexpr,  # kv is an FP8 cache (deepinfer.ops.kv_cache_format)
     XFP8: tl.constexpr,  # extra_kv is
     FP8_WORDS: tl.constexpr = False,  # FP8 tiles read as words and converted by PTX (fp8_tiles)
-    FP8_BITS: tl.constexpr = False,  # ... by bit placement rather than conversion instructions
     PDL: tl.constexpr = False,
 ):
     pdl_prologue(PDL)
@@ -227,13 +226,13 @@ def _sparse_attention_kernel(
     nb1, width2, nb2, lo, hi = split_row_blocks(K, K2, xlen_ptr, t, split, num_splits, BLOCK_N, HAS_LENGTHS)
     m_i, l_i, acc = _attend(
         q, m_i, l_i, acc, kv_ptr, kv_scale_ptr, idx_ptr + t * stride_idx_t, K, stride_kv, lo, tl.minimum(hi, nb1), qk_scale,
-        arange_n, offs_d, d_ok, D, BLOCK_N, DOT_F32, DOT_PRECISION, FP8, FP8 and FP8_WORDS, FP8_BITS,
+        arange_n, offs_d, d_ok, D, BLOCK_N, DOT_F32, DOT_PRECISION, FP8, FP8 and FP8_WORDS,
     )
     if HAS_EXTRA:
         m_i, l_i, acc = _attend(
             q, m_i, l_i, acc, xkv_ptr, xkv_scale_ptr, xidx_ptr + t * stride_xidx_t, width2, stride_xkv,
             tl.maximum(lo - nb1, 0), tl.minimum(hi - nb1, nb2), qk_scale,
-            arange_n, offs_d, d_ok, D, BLOCK_N, DOT_F32, DOT_PRECISION, XFP8, XFP8 and FP8_WORDS, FP8_BITS,
+            arange_n, offs_d, d_ok, D, BLOCK_N, DOT_F32, DOT_PRECISION, XFP8, XFP8 and FP8_WORDS,
         )
 
     mask = h_ok[:, None] & d_ok[None, :]
@@ -379,7 +378,11 @@ def launch_sparse_attention(
     dot_f32 = float32_dots(q, ((kv, fp8), (xkv, xfp8)) if has_extra else ((kv, fp8),))
     kv, kv_scales = fp8_views(kv) if fp8 else (kv, kv)
     xkv, xkv_scales = fp8_views(xkv) if xfp8 else (xkv, xkv)
-    cfg = plan(tokens, heads, indices.shape[1], width2, dot_f32, q.device, num_splits, overrides, invariant, fp8 or xfp8)
+    # FP8 tiles as words converted by PTX (fp8_tiles): no byte reads through shared memory, and room for 64-row tiles (the
+    # plan's `fp8` is the byte tiles' register pressure); the override "fp8_words": False keeps the byte reads (A/B runs)
+    words = (fp8 or xfp8) and not (dot_f32 or upcast_dot()) and q.dtype == torch.bfloat16 and next_power_of_2(dim) == dim and not interpreting()
+    words = words and (overrides or {}).get("fp8_words", True)
+    cfg = plan(tokens, heads, indices.shape[1], width2, dot_f32, q.device, num_splits, overrides, invariant, (fp8 or xfp8) and not words)
     splits = cfg["num_splits"]
     direct = splits == 1
     if direct:
@@ -391,8 +394,6 @@ def launch_sparse_attention(
         po_strides = (part_out.stride(0), part_out.stride(1), part_out.stride(2))
         pl_strides = (part_lse.stride(0), part_lse.stride(1))
     block_d = max(16, next_power_of_2(dim))
-    # FP8 tiles as words converted by PTX (fp8_tiles); the override "fp8_words": False keeps the byte reads (for A/B runs)
-    words = not (dot_f32 or upcast_dot()) and q.dtype == torch.bfloat16 and block_d == dim and not interpreting() and cfg.get("fp8_words", True)
     manual_rne = interpreting() and q.dtype == torch.bfloat16
     _sparse_attention_kernel[(tokens * cfg["head_blocks"], splits)](
         q, kv, kv_scales, indices, xkv, xkv_scales, xidx, xlen, sinks,
@@ -417,7 +418,6 @@ def launch_sparse_attention(
         MANUAL_RNE=manual_rne,
         FP8=fp8, XFP8=xfp8,
         FP8_WORDS=(fp8 or xfp8) and words,
-        FP8_BITS=cfg.get("fp8_convert", "cvt") == "bits",
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **pdl_launch(q.device),
     )
     if not direct:
