@@ -275,6 +275,10 @@ class KVTiers:
         device_hit, hashes = self._lookup(seq)
         if not hashes or (not self.stores and (self.host is None or self.namespace.key(hashes[0]) not in self.host.entries)):
             return True
+        bm = self.block_manager
+        revived = sum(bm.blocks[b].ref_count == 0 for b in device_hit)  # cached but free: holding them takes free blocks
+        if revived and (any(self._waits_for_blocks(f) for f in self.fetches.values()) or revived > bm.num_free_blocks - self._owed()):
+            return False  # its hit would take blocks an earlier request's load or admission needs: looked up again later
         host_rows = []
         for h in hashes:
             row = self.host.find(self.namespace.key(h)) if self.host is not None else None
@@ -282,8 +286,8 @@ class KVTiers:
                 break
             self.host.hold(row)
             host_rows.append(row)
-        blocks = blocks_for(seq.num_tokens, self.block_manager.block_size) - len(device_hit)
-        self.block_manager.hold_blocks(device_hit)
+        blocks = blocks_for(seq.num_tokens, bm.block_size) - len(device_hit)
+        bm.hold_blocks(device_hit)
         fetch = _Fetch(hashes, blocks, device_hit, host_rows, tiers=[HOST] * len(host_rows))
         if self.stores and (len(host_rows) < len(hashes) or self.states_kind is not None):
             keys = [self.namespace.key(h) for h in hashes[len(host_rows) :]]
