@@ -378,11 +378,11 @@ def launch_sparse_attention(
     dot_f32 = float32_dots(q, ((kv, fp8), (xkv, xfp8)) if has_extra else ((kv, fp8),))
     kv, kv_scales = fp8_views(kv) if fp8 else (kv, kv)
     xkv, xkv_scales = fp8_views(xkv) if xfp8 else (xkv, xkv)
-    # FP8 tiles as words converted by PTX (fp8_tiles): no byte reads through shared memory, and room for 64-row tiles (the
-    # plan's `fp8` is the byte tiles' register pressure); the override "fp8_words": False keeps the byte reads (A/B runs)
+    # FP8 tiles as words converted by PTX (fp8_tiles); the override "fp8_words": False keeps the byte reads (A/B runs). The
+    # plan keeps the byte tiles' 32-row blocks: 64 rows measured no better with words on the H100 (docs/performance.md)
     words = (fp8 or xfp8) and not (dot_f32 or upcast_dot()) and q.dtype == torch.bfloat16 and next_power_of_2(dim) == dim and not interpreting()
     words = words and (overrides or {}).get("fp8_words", True)
-    cfg = plan(tokens, heads, indices.shape[1], width2, dot_f32, q.device, num_splits, overrides, invariant, (fp8 or xfp8) and not words)
+    cfg = plan(tokens, heads, indices.shape[1], width2, dot_f32, q.device, num_splits, overrides, invariant, fp8 or xfp8)
     splits = cfg["num_splits"]
     direct = splits == 1
     if direct:
