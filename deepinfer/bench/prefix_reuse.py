@@ -198,16 +198,6 @@ def warm_up_process(loaded, runtime, dtype, config) -> None:
     empty_cache(runtime.device)
 
 
-def capture_graphs(engine) -> None:
-    """A new engine's decode graphs, captured before it is timed (on a fresh pool: nothing cached is touched)."""
-    graphs = engine.runner.graphs
-    if graphs is None:
-        return
-    for size in graphs.buckets:
-        graphs.capture(size)
-        graphs.capture_rows(size, 1)
-
-
 def wants_warmup(runtime, warmup: bool | None) -> bool:
     return warmup if warmup is not None else bool(runtime.compiles_on_first_use or runtime.graph_capture is not None)
 
@@ -286,6 +276,7 @@ def run(spec: ModelSpec, workload_args: dict, configs: tuple[str, ...] = CONFIGS
     from deepinfer.bench.device_api import empty_cache
     from deepinfer.engine.llm_engine import LLMEngine
     from deepinfer.engine.model_runner import kv_block_bytes
+    from deepinfer.engine.warmup import capture_graphs
     from deepinfer.ops import kv_cache_format
 
     say = progress or (lambda line: print(f"deepinfer: {line}", file=sys.stderr, flush=True))

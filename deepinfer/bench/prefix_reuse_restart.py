@@ -24,6 +24,7 @@ def main(argv: list[str]) -> int:
     from deepinfer.bench.prefix_reuse_model import ModelSpec
     from deepinfer.bench.prefix_reuse_workload import Workload
     from deepinfer.engine.llm_engine import LLMEngine
+    from deepinfer.engine.warmup import capture_graphs
     from deepinfer.errors import UserError
 
     spec_path, out_path = Path(argv[0]), Path(argv[1])
@@ -38,7 +39,7 @@ def main(argv: list[str]) -> int:
                                             kv_offload_disk_gib=settings.kv_offload_disk_gib)  # fmt: skip
         engine = LLMEngine(built.loaded, built.runtime, built.dtype, config)
         if settings.warmup:
-            prefix_reuse.capture_graphs(engine)
+            capture_graphs(engine)
         measured = prefix_reuse.drive(engine, workload, settings.max_concurrency)
     except UserError as exc:
         print(f"deepinfer: error: {exc}", file=sys.stderr)

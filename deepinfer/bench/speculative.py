@@ -70,6 +70,7 @@ def run(backend: str, concurrency: tuple[int, ...], *, layers: int | None, promp
     from deepinfer.engine.sampling_params import SamplingParams
     from deepinfer.engine.speculative.controlled_draft import ControlledDraft, geometric_profile
     from deepinfer.engine.speculative.metrics import SpeculativeMetrics
+    from deepinfer.engine.warmup import capture_graphs
 
     cfg = {**V2_LITE, **(config_overrides or {}), **({"num_hidden_layers": layers} if layers else {})}
     runtime = open_speculative_runtime(backend, deterministic)
@@ -91,7 +92,8 @@ def run(backend: str, concurrency: tuple[int, ...], *, layers: int | None, promp
             return LLM.from_engine(LLMEngine(loaded, runtime, torch.bfloat16, config, draft_source=draft, announce=True))
 
         def timed(llm):
-            llm.generate(prompts, greedy, use_tqdm=False)  # warm-up: compiles, captures graphs, calibrates
+            capture_graphs(llm.engine)  # every verification width's graph: the policies pick widths step by step
+            llm.generate(prompts, greedy, use_tqdm=False)  # warm-up: compiles, calibrates
             if llm.engine.speculative is not None:
                 llm.engine.speculative.metrics = SpeculativeMetrics()  # count the timed run only
             synchronize(device)

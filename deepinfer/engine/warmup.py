@@ -47,13 +47,25 @@ def warm_up(engine, seed: int = 0) -> dict[str, float]:
         engine.add_request(prompt, params, what="a warm-up prompt", index=counters[2] + i)
         while engine.has_unfinished():
             engine.step()
-    graphs = engine.runner.graphs
-    captured = 0
-    if graphs is not None:
-        for size in graphs.buckets:
-            captured += (size not in graphs.graphs) + ((size, 1) not in graphs.row_graphs)
-            graphs.capture(size)
-            graphs.capture_rows(size, 1)  # the forward alone: steps that process their logits sample outside it
+    captured = capture_graphs(engine)
     engine.reset_prefix_cache()
     engine.num_prompt_tokens_computed, engine.num_generated_tokens, engine._next_request_index = counters
     return {"prefills": len(sizes), "largest_prefill": sizes[-1], "graphs_captured": captured, "seconds": time.perf_counter() - start}
+
+
+def capture_graphs(engine) -> int:
+    """Capture every decode graph the engine's steps may replay, now rather than on first use (a capture mid-run
+    costs that step tens of milliseconds): per batch bucket the whole step and the forward alone of 1 to
+    max_tokens_per_seq rows a sequence (speculative verification: 1 + k; the policies pick the width step by step).
+    Returns how many were captured (those captured already are kept)."""
+    graphs = engine.runner.graphs
+    if graphs is None:
+        return 0
+    captured = 0
+    for size in graphs.buckets:
+        captured += size not in graphs.graphs
+        graphs.capture(size)
+        for per_seq in range(1, graphs.max_tokens_per_seq + 1):  # the forward alone: steps that process their logits sample outside it
+            captured += (size, per_seq) not in graphs.row_graphs
+            graphs.capture_rows(size, per_seq)
+    return captured
