@@ -443,6 +443,8 @@ class KVTiers:
         if fetch.blocks + self._owed() > bm.num_free_blocks + freed:
             return False
         for seq_id, f in later:
+            if f.stored is not None:
+                f.stored.cancel()  # (a read in progress finishes; its rows are dropped)
             self._let_go(f, blocks=True)
             del self.fetches[seq_id]
         return fetch.blocks + self._owed() <= bm.num_free_blocks
