@@ -10,7 +10,8 @@ Triton cannot move: the bf16 tile reaches shared memory in 16-byte stores and th
 the bf16 reader's does. (A bit-placement conversion, as gemm.py's `_e4m3_bf16_pairs`, measured no faster on the H100.)
 
 The interpreter cannot run PTX: kernels keep the plain cast for it (`interpreting()` picks), and the conformance
-cases on the GPU check this path against the reference.
+cases on the GPU check this path against the reference. Not a registration module (mla_decode and sparse_attention
+use it).
 """
 
 from __future__ import annotations
