@@ -90,6 +90,8 @@ class Row:
     prefill_tokens_computed: int
     prefill_vs_device: float | None  # prefill tokens computed over the device-only run's (None: it did not run)
     ttft_ms: dict  # p50, p99, mean, max
+    ttft_hit_ms: dict  # p50, p99 and count of the later turns' requests with cached tokens (a hit from some tier or the device)
+    ttft_miss_ms: dict  # and of those without
     output_tokens: int
     output_tokens_per_s: float
     wall_s: float
@@ -221,6 +223,11 @@ def percentile(values: list[float], q: float) -> float | None:
     return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
 
 
+def _ttfts(records: list[dict]) -> dict:
+    values = [r["ttft_ms"] for r in records]
+    return {"p50": percentile(values, 0.5), "p99": percentile(values, 0.99), "requests": len(values)}
+
+
 def make_row(config: str, measured: dict, baseline: dict | None, tiers: list[str]) -> Row:
     """The figures of one configuration's run (`drive`'s result), against the device-only run's (None: not run)."""
     records = measured["records"]
@@ -243,6 +250,8 @@ def make_row(config: str, measured: dict, baseline: dict | None, tiers: list[str
         prefill_tokens_computed=prefill,
         prefill_vs_device=prefill / baseline["prefill_tokens_computed"] if baseline and baseline["prefill_tokens_computed"] else None,
         ttft_ms={"p50": percentile(ttfts, 0.5), "p99": percentile(ttfts, 0.99), "mean": statistics.fmean(ttfts), "max": max(ttfts)},
+        ttft_hit_ms=_ttfts([r for r in records if r["turn"] > 0 and r["cached_tokens"] > 0]),
+        ttft_miss_ms=_ttfts([r for r in records if r["turn"] > 0 and r["cached_tokens"] == 0]),
         output_tokens=outputs, output_tokens_per_s=outputs / measured["wall_s"], wall_s=measured["wall_s"], outputs_equal=equal,
         preemptions=sum(r["preemptions"] for r in records), tier_stats=measured["tier_stats"], steps=measured["steps"],
         tier_timing=measured["tier_timing"],
@@ -425,7 +434,7 @@ def format_report(report: dict) -> str:
         f"disk tier {s['kv_offload_disk_gib']:.3g} GiB",
         f"submission: {s['submission']}; TTFT from submission",
         "config      pool blocks  hit rate  device    host    disk   store  prefill tokens  vs device  TTFT p50 ms  TTFT p99 ms  out tok/s  "
-        "wall s  equal",
+        "wall s  step ms  tiers ms/step  stalls  equal",
     ]
     for r in report["results"]:
         rates = "  ".join(f"{r['rate_by_tier'][k]:6.1%}" for k in ("device", "host", "disk", "store"))
@@ -437,7 +446,15 @@ def format_report(report: dict) -> str:
         lines.append(f"{r['label']:<10}  {r['num_kv_blocks']:11d}  {r['hit_rate']:8.1%}  {rates}  {r['prefill_tokens_computed']:14d}  {ratio:>9}  "
                      f"{r['ttft_ms']['p50']:11.1f}  {r['ttft_ms']['p99']:11.1f}  {r['output_tokens_per_s']:9.1f}  {r['wall_s']:6.1f}  "
                      f"{r['wall_s'] * 1e3 / steps:7.2f}  {tiers_ms:>13}  {stalls:>6}  {equal:>5}")  # fmt: skip
+    lines.append("TTFT p50 / p99 ms of the requests with a prefix hit (first turns excluded) and of those without one:")
+    for r in report["results"]:
+        hit, miss = r["ttft_hit_ms"], r["ttft_miss_ms"]
+        lines.append(f"  {r['label']:<10}  hits {_p50_p99(hit):>17} ({hit['requests']})   misses {_p50_p99(miss):>17} ({miss['requests']})")
     return "\n".join(lines)
+
+
+def _p50_p99(t: dict) -> str:
+    return "-" if not t["requests"] else f"{t['p50']:.1f} / {t['p99']:.1f}"
 
 
 def notes(report: dict) -> list[str]:

@@ -20,7 +20,7 @@ from tiny_shapes import TINY_V2
 
 WORKLOAD = dict(conversations=6, turns=3, prompt_len=40, turn_tokens=12, output_len=6, seed=0)
 ROW_FIELDS = {"config", "label", "num_kv_blocks", "tiers", "requests", "prompt_tokens", "cached_tokens", "hit_rate", "tokens_by_tier", "rate_by_tier",
-              "prefill_tokens_computed", "prefill_vs_device", "ttft_ms", "output_tokens", "output_tokens_per_s", "wall_s", "outputs_equal",
+              "prefill_tokens_computed", "prefill_vs_device", "ttft_ms", "ttft_hit_ms", "ttft_miss_ms", "output_tokens", "output_tokens_per_s", "wall_s", "outputs_equal",
               "outputs_differ", "preemptions", "tier_stats", "steps", "tier_timing", "per_request"}  # fmt: skip
 
 
@@ -63,11 +63,15 @@ def test_every_configuration_on_a_working_set_three_times_the_pool(tmp_path):
         for key, value in row.items():
             assert value is not None or (key in ("tier_stats", "tier_timing") and row["config"] in ("device", "unbounded")), (row["config"], key)
         assert row["steps"] > 0
+        later = [r for r in row["per_request"] if r["turn"] > 0]
+        assert row["ttft_hit_ms"]["requests"] == sum(r["cached_tokens"] > 0 for r in later)
+        assert row["ttft_hit_ms"]["requests"] + row["ttft_miss_ms"]["requests"] == len(later) == 12
         if row["tier_timing"] is not None:  # the engine thread's time in the tiers is counted (on the CPU the copies are in it)
             assert set(row["tier_timing"]) == {"engine_s", "stalled_s", "stalls", "idle_s"} and row["tier_timing"]["engine_s"] > 0
             assert row["tier_timing"]["stalls"] == 0  # copies are synchronous here: nothing is left in flight to stall on
     table = prefix_reuse.format_report(report)
     assert all(label in table for label in ("device", "+host", "+host+disk", "restart", "unbounded")) and "18/18" in table
+    assert "step ms  tiers ms/step  stalls  equal" in table and "TTFT p50 / p99 ms of the requests with a prefix hit" in table
 
 
 def test_the_workload_grows_each_conversation_by_appending():
