@@ -20,8 +20,8 @@ from tiny_shapes import TINY_V2
 
 WORKLOAD = dict(conversations=6, turns=3, prompt_len=40, turn_tokens=12, output_len=6, seed=0)
 ROW_FIELDS = {"config", "label", "num_kv_blocks", "tiers", "requests", "prompt_tokens", "cached_tokens", "hit_rate", "tokens_by_tier", "rate_by_tier",
-              "prefill_tokens_computed", "prefill_vs_device", "ttft_ms", "ttft_hit_ms", "ttft_miss_ms", "output_tokens", "output_tokens_per_s", "wall_s", "outputs_equal",
-              "outputs_differ", "preemptions", "tier_stats", "steps", "tier_timing", "per_request"}  # fmt: skip
+              "prefill_tokens_computed", "prefill_vs_device", "ttft_ms", "ttft_hit_ms", "ttft_miss_ms", "output_tokens", "output_tokens_per_s",
+              "wall_s", "outputs_equal", "outputs_differ", "preemptions", "tier_stats", "steps", "tier_timing", "per_request"}  # fmt: skip
 
 
 def test_every_configuration_on_a_working_set_three_times_the_pool(tmp_path):
