@@ -16,8 +16,11 @@ use it).
 
 from __future__ import annotations
 
+import torch
 import triton
 import triton.language as tl
+
+from deepinfer.triton_common import interpreting
 
 # Four e4m3 bytes of a word -> two words of two bfloat16s (columns 4w, 4w+1 | 4w+2, 4w+3; low half first).
 # cvt.rn.f16x2.e4m3x2 is exact (every e4m3 value is a normal half or zero), and so is half -> float -> bfloat16.
@@ -59,3 +62,10 @@ def load_e4m3_tile(words_ptr, row_words, n_ok, col0, ROWS: tl.constexpr, BLOCK: 
     offs = tl.arange(0, BLOCK // 4)
     words = tl.load(words_ptr + row_words[:, None] + (col0 // 4 + offs)[None, :], mask=n_ok[:, None], other=0.0, eviction_policy=EVICT)
     return e4m3_words_to_bf16(words.to(tl.int32, bitcast=True), ROWS, BLOCK // 4)
+
+
+def use_word_tiles(q_dtype: torch.dtype, dot_f32: bool, whole_widths: bool, cfg: dict) -> bool:
+    """Whether a reader of an FP8 cache takes its tiles through `load_e4m3_tile`: bf16 q and dots (the tile comes out
+    in bf16), tiles as wide as the row parts they read (whole_widths), not the interpreter (it cannot run PTX), and
+    not turned off by the tuning override "fp8_words": False (the byte reads, kept for A/B runs)."""
+    return q_dtype == torch.bfloat16 and not dot_f32 and whole_widths and not interpreting() and cfg.get("fp8_words", True)

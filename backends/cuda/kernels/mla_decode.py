@@ -53,9 +53,9 @@ import triton.language as tl
 
 from deepinfer.ops import attention as attention_ops
 from deepinfer.ops import kv_cache_format
-from deepinfer.triton_common import cdiv, fp8_views, interpreting, merge_split_columns, next_power_of_2, pick_splits, softmax_block, split_partial, upcast_dot
+from deepinfer.triton_common import cdiv, fp8_views, merge_split_columns, next_power_of_2, pick_splits, softmax_block, split_partial, upcast_dot
 from deepinfer_cuda.kernels.common import ARRIVALS, Registration, arrival_counters, dot_precision, num_sms, pdl_launch, pdl_prologue
-from deepinfer_cuda.kernels.fp8_tiles import load_e4m3_tile
+from deepinfer_cuda.kernels.fp8_tiles import load_e4m3_tile, use_word_tiles
 from deepinfer_cuda.tuning import config
 
 LOG2E = 1.4426950408889634
@@ -442,9 +442,7 @@ def launch_mla_decode_with_handle(
     block_r = max(16, next_power_of_2(rope_dim))
     # (an FP8 tile is converted to q's dtype in the kernel, exactly)
     dot_f32 = upcast_dot() or q_nope.dtype == torch.float32 or (not fp8 and (kv_cache.dtype == torch.float32 or q_nope.dtype != kv_cache.dtype))
-    # FP8 tiles as words converted by PTX (fp8_tiles); the override "fp8_words": False keeps the byte reads (for A/B runs)
-    fp8_words = (fp8 and not dot_f32 and q_nope.dtype == torch.bfloat16 and block_c == latent_dim and block_r == rope_dim and not interpreting()
-                 and cfg.get("fp8_words", True))  # fmt: skip
+    fp8_words = fp8 and use_word_tiles(q_nope.dtype, dot_f32, block_c == latent_dim and block_r == rope_dim, cfg)
     direct = splits == 1
     # Few (row tile, request) groups: their merges would be that many programs, each reading every
     # split's partial in turn, on a mostly idle GPU (B1 ctx8192 H16: 41 us, most of it the merge);

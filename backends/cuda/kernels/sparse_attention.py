@@ -98,7 +98,7 @@ from deepinfer.triton_common import (
     upcast_dot,
 )
 from deepinfer_cuda.kernels.common import Registration, dot_precision, num_sms, pdl_launch, pdl_prologue
-from deepinfer_cuda.kernels.fp8_tiles import load_e4m3_tile
+from deepinfer_cuda.kernels.fp8_tiles import load_e4m3_tile, use_word_tiles
 
 LOG2E = 1.4426950408889634
 
@@ -378,10 +378,7 @@ def launch_sparse_attention(
     dot_f32 = float32_dots(q, ((kv, fp8), (xkv, xfp8)) if has_extra else ((kv, fp8),))
     kv, kv_scales = fp8_views(kv) if fp8 else (kv, kv)
     xkv, xkv_scales = fp8_views(xkv) if xfp8 else (xkv, xkv)
-    # FP8 tiles as words converted by PTX (fp8_tiles); the override "fp8_words": False keeps the byte reads (A/B runs). The
-    # plan keeps the byte tiles' 32-row blocks: 64 rows measured no better with words on the H100 (docs/performance.md)
-    words = (fp8 or xfp8) and not (dot_f32 or upcast_dot()) and q.dtype == torch.bfloat16 and next_power_of_2(dim) == dim and not interpreting()
-    words = words and (overrides or {}).get("fp8_words", True)
+    # (FP8 word tiles keep the byte tiles' 32-row plan: 64 rows measured no better with them on the H100, docs/performance.md)
     cfg = plan(tokens, heads, indices.shape[1], width2, dot_f32, q.device, num_splits, overrides, invariant, fp8 or xfp8)
     splits = cfg["num_splits"]
     direct = splits == 1
@@ -417,7 +414,7 @@ def launch_sparse_attention(
         DOT_PRECISION=dot_precision(dot_f32 or upcast_dot()),
         MANUAL_RNE=manual_rne,
         FP8=fp8, XFP8=xfp8,
-        FP8_WORDS=(fp8 or xfp8) and words,
+        FP8_WORDS=(fp8 or xfp8) and use_word_tiles(q.dtype, dot_f32 or upcast_dot(), next_power_of_2(dim) == dim, cfg),
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **pdl_launch(q.device),
     )
     if not direct:
