@@ -422,7 +422,7 @@ class KVTiers:
         """Whether a fetch of an earlier request waits for free blocks. Fetches take blocks in request order: a later
         one with a smaller need would otherwise take what frees up first, again and again, and the earlier request
         would end up admitted without its prefix."""
-        for _, other in sorted(self.fetches.items(), key=lambda item: item[0]):  # in request order (seq ids count up)
+        for _, other in self._in_request_order():
             if other is fetch:
                 return False
             if self._waits_for_blocks(other):
@@ -437,7 +437,7 @@ class KVTiers:
         bm = self.block_manager
         if fetch.blocks + self._owed() <= bm.num_free_blocks:
             return True
-        fetches = sorted(self.fetches.items(), key=lambda item: item[0])  # in request order (seq ids count up)
+        fetches = self._in_request_order()
         after = next(i for i, (_, f) in enumerate(fetches) if f is fetch) + 1
         later = [(seq_id, f) for seq_id, f in fetches[after:] if not (f.copying and not f.ready)]  # (a copy in flight cannot stop)
         freed = sum(sum(bm.blocks[b].ref_count == 1 for b in f.device_hit + f.block_ids) + (f.rest if f.block_ids else 0) for _, f in later)
@@ -449,6 +449,11 @@ class KVTiers:
             self._let_go(f, blocks=True)
             del self.fetches[seq_id]
         return fetch.blocks + self._owed() <= bm.num_free_blocks
+
+    def _in_request_order(self) -> list[tuple[int, _Fetch]]:
+        """(seq id, fetch) in request order: seq ids count up with arrival; the dict's order is creation order, and a
+        fetch that gave way is created again later."""
+        return sorted(self.fetches.items(), key=lambda item: item[0])
 
     def _owed(self) -> int:
         """Free blocks the requests whose loads hold device blocks still need to be admitted."""
