@@ -5,13 +5,15 @@ copied out then, before anything can evict it: its rows are gathered on the engi
 buffer (one kernel per cache tensor, for every block freed at once), then copied to the host tier's pinned
 rows on a stream of their own; the engine's stream never waits for that copy (the gather has read the blocks
 before any later step writes them, in stream order). Once the copy has completed (`poll` sees its event), the
-host tier finds the block, and a worker thread encodes it (`block_codec`: checksum, namespace) and writes it
+host tier finds the block, and a writer thread encodes it (`block_codec`: checksum, namespace) and writes it
 to each store (disk, shared store) that does not hold it yet.
 
 Load. A waiting request whose next blocks, past its device prefix hit, are in a tier is held back from
 admission (`admissible` False; later requests go ahead) while its blocks are found: first in the host tier
-(on the engine thread: a dict lookup), then, block after block, in the stores by the worker thread, which
-reads, checks and decodes them into pinned rows. Then device blocks are taken, the rows are copied in and
+(on the engine thread: a dict lookup), then in the stores by a reader thread, one fetch at a time in request
+order, which spreads the blocks over READ_THREADS threads (file reads, checksums and decoding release the GIL)
+that read, check and decode them into pinned rows; a read never queues behind store writes, only behind the
+writes of its own blocks still in flight. Then device blocks are taken, the rows are copied in and
 scattered on a load stream, and once that has completed the blocks join the device prefix cache under their
 chain hashes, held for the request, which is admitted as any prefix hit (its blocks count in
 `num_cached_tokens`). No step waits for a load: `poll` only looks at what has completed; the engine blocks
@@ -30,6 +32,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 import time
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_futures
@@ -51,6 +54,10 @@ log = logging.getLogger(__name__)
 HOST = "host"
 CHUNK_BYTES = 256 << 20  # device staging of one gather or load chunk (a V3 block of 64 tokens is 4.5 MB: 56 blocks)
 IN_FLIGHT_BYTES = 1 << 30  # device staging waiting for its copy out at once: beyond it the engine waits for the oldest
+# Threads reading one fetch's blocks from the stores: a block's read, checksum and decode took ~1.3 ms of one core on an
+# H200's host (V4-Flash shape, 4 layers, 290 KB blocks), so a 32k-token prefix read by one thread lost to recomputing it.
+READ_THREADS = max(1, min(8, os.cpu_count() or 1))
+READ_BATCH = 4 * READ_THREADS  # blocks read at once: a fetch stops at its first missing block, reading at most this many past it
 
 
 def _timed(field_name: str):
@@ -88,6 +95,16 @@ class _Offload:
 
 
 @dataclass
+class _Write:
+    """Blocks being encoded and put into the stores by the writer thread."""
+
+    future: Future  # its result: blocks stored per tier
+    kind: "_Kind"
+    held: list[int]  # the host-tier rows it reads, held until it ends
+    keys: frozenset[str]
+
+
+@dataclass
 class _Fetch:
     """One waiting request's prefix being found in the tiers and copied into device blocks."""
 
@@ -96,7 +113,7 @@ class _Fetch:
     device_hit: list[int]  # the device blocks of its hit, held while the rest loads (else they could be evicted meanwhile)
     host_rows: list[int]  # host-tier rows of its first blocks (held)
     rest: int = 0  # of `blocks`, those its admission takes from the free blocks (all but the loaded ones), once it holds loaded blocks
-    stored: Future | None = None  # the worker's rows of the next blocks, from the stores
+    stored: Future | None = None  # the reader's rows of the next blocks, from the stores
     rows: torch.Tensor | None = None  # [k, block_bytes] host rows of the stores' blocks, once read
     tiers: list[str] = field(default_factory=list)  # which tier each block came from
     state: tuple | None = None  # the snapshot of its last loaded block, where it comes from: ("pool",), ("host", row) or ("store", name, row tensor)
@@ -143,9 +160,13 @@ class KVTiers:
         self.states_kind = _Kind(states, host_states, "-state") if states is not None else None
         self.device = rows.device
         self.copies = copies
-        self.worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="deepinfer-kv-tiers") if stores else None
+        # stores only: one writer (encodes and puts, in offload order), one reader (a fetch at a time, in request order)
+        # spreading each fetch's blocks over the block readers
+        self.writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="deepinfer-kv-write") if stores else None
+        self.reader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="deepinfer-kv-read") if stores else None
+        self.block_readers = ThreadPoolExecutor(max_workers=READ_THREADS, thread_name_prefix="deepinfer-kv-block") if stores else None
         self.offloads: list[_Offload] = []
-        self.writes: list[tuple[Future, _Kind, list[int]]] = []  # store writes in flight, of what, and the host rows they read
+        self.writes: list[_Write] = []  # store writes in flight
         self.fetches: dict[int, _Fetch] = {}  # seq_id -> its fetch
         self.counters = {name: TierCounters() for name in [HOST] * (host is not None) + [name for name, _ in stores]}
         self.timing = TierTiming()
@@ -220,12 +241,13 @@ class KVTiers:
                     host.hold(r)
                 unkept = iter(range(len(off.keys)))
                 sources = [(host.rows, r) if r is not None else (off.host_copy, next(unkept)) for r in off.host_rows]
-                self.writes.append((self.worker.submit(self._write, off.kind, list(zip(off.keys, sources))), off.kind, held))
+                future = self.writer.submit(self._write, off.kind, list(zip(off.keys, sources)))
+                self.writes.append(_Write(future, off.kind, held, frozenset(off.keys)))
         self.offloads = left
         self._finish_writes()
 
     def _write(self, kind: _Kind, items: list[tuple[str, tuple[torch.Tensor, int]]]) -> dict[str, int]:
-        """Worker thread: encode each item (key, (host rows, row)) and put it in every store that does not hold it;
+        """Writer thread: encode each item (key, (host rows, row)) and put it in every store that does not hold it;
         items stored per tier."""
         stored = {name: 0 for name, _ in self.stores}
         for key, (rows, row) in items:
@@ -240,14 +262,14 @@ class KVTiers:
 
     def _finish_writes(self) -> None:
         left = []
-        for future, kind, held in self.writes:
-            if not future.done():
-                left.append((future, kind, held))
+        for write in self.writes:
+            if not write.future.done():
+                left.append(write)
                 continue
-            for r in held:
-                kind.host.release(r)
-            stored = self._result(future, {})
-            if kind is self.blocks_kind:  # (the counters count blocks; snapshots travel beside them)
+            for r in write.held:
+                write.kind.host.release(r)
+            stored = self._result(write.future, {})
+            if write.kind is self.blocks_kind:  # (the counters count blocks; snapshots travel beside them)
                 for name, n in stored.items():
                     self.counters[name].stores += n
         self.writes = left
@@ -292,7 +314,9 @@ class KVTiers:
         if self.stores and (len(host_rows) < len(hashes) or self.states_kind is not None):
             keys = [self.namespace.key(h) for h in hashes[len(host_rows) :]]
             state_keys = [self.states_kind.key(self.namespace, h) for h in hashes] if self.states_kind is not None else None
-            fetch.stored = self.worker.submit(self._read, keys, state_keys, len(host_rows))
+            wanted = set(keys) | set(state_keys or ())
+            writes = [w.future for w in self.writes if not wanted.isdisjoint(w.keys)]  # its blocks' writes in flight
+            fetch.stored = self.reader.submit(self._read, keys, state_keys, len(host_rows), writes)
         self.fetches[seq.seq_id] = fetch
         self._advance(fetch)
         return fetch.ready
@@ -315,18 +339,23 @@ class KVTiers:
         hit = bm.cached_prefix(seq)
         return hit, [seq.block_hash(i, bm.block_size) for i in range(len(hit), bm.hit_bound(seq))]
 
-    def _read(self, keys: list[str], state_keys: list[str] | None, before: int) -> tuple[torch.Tensor, list[str], tuple | None]:
-        """Worker thread: the consecutive blocks of `keys` found in the stores, from the first, as pinned rows, and which
+    def _read(self, keys: list[str], state_keys: list[str] | None, before: int, writes: list[Future]) -> tuple[torch.Tensor, list[str], tuple | None]:
+        """Reader thread: the consecutive blocks of `keys` found in the stores, from the first, as pinned rows, and which
         store gave each; stops at the first block no store has (or has damaged: the store drops it). With snapshots
         (state_keys: one per block of the fetch, `before` of them ahead of `keys`' first): the last block found whose
-        snapshot a store holds, as (blocks up to it, store, pinned row), or None."""
+        snapshot a store holds, as (blocks up to it, store, pinned row), or None. `writes`: the store writes in flight
+        of these keys when the fetch started, waited for first (a block being written is not missed)."""
+        wait_futures(writes)
         rows = torch.empty((len(keys), self.rows.block_bytes), dtype=torch.uint8, pin_memory=self.copies.pinned)
-        good = []
-        for key in keys:
-            found = self._get(self.blocks_kind, key, rows[len(good)])
-            if found is None:
+        good: list[str] = []
+        for start in range(0, len(keys), READ_BATCH):
+            batch = range(start, min(start + READ_BATCH, len(keys)))
+            for found in self.block_readers.map(lambda i: self._get(self.blocks_kind, keys[i], rows[i]), batch):
+                if found is None:
+                    break
+                good.append(found)
+            if len(good) < batch.stop:
                 break
-            good.append(found)
         state = None
         if state_keys is not None:
             row = torch.empty(self.states_kind.rows.block_bytes, dtype=torch.uint8, pin_memory=self.copies.pinned)
@@ -338,7 +367,7 @@ class KVTiers:
         return rows[: len(good)], good, state
 
     def _get(self, kind: _Kind, key: str, out: torch.Tensor) -> str | None:
-        """Worker thread: the item of `key` from the first store that has it whole and of this cache's layout, decoded
+        """Block reader thread: the item of `key` from the first store that has it whole and of this cache's layout, decoded
         into `out`; the store's name, or None (a damaged or foreign item is dropped from its store)."""
         for name, store in self.stores:
             data = store.get(key)
@@ -595,14 +624,15 @@ class KVTiers:
             if off.copied is not None:
                 off.copied.synchronize()
         self._finish_offloads()
-        for future, _, _ in self.writes:
-            future.exception()
+        for write in self.writes:
+            write.future.exception()
         self._finish_writes()
 
     def close(self) -> None:
         self.drain()
-        if self.worker is not None:
-            self.worker.shutdown(wait=True)
+        for pool in (self.reader, self.block_readers, self.writer):
+            if pool is not None:
+                pool.shutdown(wait=True)
 
     def stats(self) -> dict[str, dict]:
         """Per tier: the engine's counters (hit blocks and bytes, loads, stores) and the tier's own (entries, bytes held,
