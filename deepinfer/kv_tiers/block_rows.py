@@ -4,8 +4,8 @@ A model's paged caches are several tensors whose dim 0 is the block id (DeepSeek
 cache per layer; V4: per layer the sliding window's rows, and the compressed entries and indexer keys of
 the compressing layers; the MTP layer's cache when speculative decoding runs). A tier keeps a block as
 the concatenation of its rows in every tensor, as bytes: `gather` and `scatter` move many blocks at once
-with one kernel per tensor (not one per block and tensor), `split` / `join` turn a flat row into named
-tensors and back for the block codec.
+with one kernel per tensor (not one per block and tensor), `split` turns a flat row into named tensors for
+the block codec, whose payload is that row again (`block_codec.decode_row` copies it back in one piece).
 """
 
 from __future__ import annotations
@@ -58,15 +58,3 @@ class BlockRows:
             out[name] = row[at : at + width].view(t.dtype).view(t.shape[1:])
             at += width
         return out
-
-    def join(self, parts: dict[str, torch.Tensor], out: torch.Tensor) -> None:
-        """Write a decoded block's named tensors into `out` ([block_bytes] uint8); ValueError when they are not this layout's."""
-        if list(parts) != list(self.tensors):
-            raise ValueError(f"a stored block's tensors {list(parts)[:3]}... are not this cache's {list(self.tensors)[:3]}...")
-        at = 0
-        for name, t in self.tensors.items():
-            part, width = parts[name], self.row_bytes[name]
-            if part.dtype != t.dtype or tuple(part.shape) != tuple(t.shape[1:]):
-                raise ValueError(f"a stored block's {name!r} is {part.dtype} {tuple(part.shape)}, this cache's {t.dtype} {tuple(t.shape[1:])}")
-            out[at : at + width].copy_(part.reshape(-1).view(torch.uint8))
-            at += width

@@ -138,6 +138,9 @@ class _Kind:
     host: HostTier | None
     suffix: str  # appended to the block's store key
 
+    def __post_init__(self) -> None:
+        self.layout = self.rows.layout()  # what a stored item must hold (checked on every read)
+
     def key(self, namespace: KVNamespace, block_hash: bytes) -> str:
         return namespace.key(block_hash) + self.suffix
 
@@ -374,7 +377,7 @@ class KVTiers:
             if data is None:
                 continue
             try:
-                kind.rows.join(block_codec.decode(data, self.namespace), out)
+                block_codec.decode_row(data, self.namespace, kind.layout, out)
                 return name
             except (block_codec.CorruptBlock, ValueError) as exc:  # damaged past the store's own check, another namespace's or layout's
                 log.warning("KV item %s in the %s tier is unusable (%s): recomputed", key[:16], name, exc)

@@ -83,3 +83,21 @@ def test_another_namespace_is_refused():
 def test_not_a_block_at_all():
     with pytest.raises(CorruptBlock, match="magic"):
         decode(b"x" * 100, NS)
+
+
+def test_decode_row_copies_the_flat_row_and_refuses_another_layout():
+    from deepinfer.kv_tiers.block_rows import BlockRows
+
+    g = torch.Generator().manual_seed(1)
+    caches = {"win": torch.randn(3, 16, 8, generator=g).to(torch.bfloat16), "cmp": torch.randint(0, 256, (3, 4, 592), dtype=torch.uint8, generator=g)}
+    rows = BlockRows(caches)
+    flat = rows.gather(torch.tensor([2]))[0]
+    data = encode(rows.split(flat), NS)
+    out = torch.zeros(rows.block_bytes, dtype=torch.uint8)
+    block_codec.decode_row(data, NS, rows.layout(), out)
+    assert torch.equal(out, flat)
+    other = BlockRows({"win": caches["win"], "cmp": caches["cmp"][:, :2].contiguous()})  # same names, another shape
+    with pytest.raises(CorruptBlock, match="layout"):
+        block_codec.decode_row(data, NS, other.layout(), torch.zeros(other.block_bytes, dtype=torch.uint8))
+    with pytest.raises(CorruptBlock, match="namespace"):
+        block_codec.decode_row(data, dataclasses.replace(NS, block_size=64), rows.layout(), out)
