@@ -84,6 +84,14 @@ def _mla_kernel(s: dict):
     return mla_decode(s["q_nope"], s["q_rope"], s["kv_cache"], s["block_table"], s["seq_lens"], softmax_scale=SCALE)
 
 
+def _mla_kernel_fp8(s: dict):
+    """What the cuda backend runs over an FP8 cache of these rows: the SM90 Gluon kernel where it serves the call,
+    else the tl kernel (its module hands those calls back)."""
+    from deepinfer_cuda.kernels.mla_decode_fp8_gluon import mla_decode
+
+    return mla_decode(s["q_nope"], s["q_rope"], s["kv_cache"], s["block_table"], s["seq_lens"], softmax_scale=SCALE)
+
+
 def _mla_peer(s: dict):
     _materialise(s)
     # S=1: every (head, query) row sees the whole context, so no mask is needed.
@@ -152,12 +160,17 @@ CASES = [
               _write_flops, _write_bytes, bound="memory"),
     # FP8 cache (kv_cache_dtype="fp8": e4m3 rows + a float32 scale per token and padding, 592 bytes): about half the bytes
     # of bf16's to stream; the peer attends over the dequantised bf16 rows.
-    BenchCase("mla_decode", "B128_ctx4096_H16_S1_fp8cache_page64", _mla_setup(128, 4096, 16, fp8=True), _mla_kernel, _mla_peer, _SDPA + ", dequantised",
+    BenchCase("mla_decode", "B128_ctx4096_H16_S1_fp8cache_page64", _mla_setup(128, 4096, 16, fp8=True), _mla_kernel_fp8, _mla_peer, _SDPA + ", dequantised",
               _mla_flops, _mla_bytes, bound="memory"),
-    BenchCase("mla_decode", "B128_ctx4096_H128_S1_fp8cache_page64", _mla_setup(128, 4096, 128, fp8=True), _mla_kernel, _mla_peer, _SDPA + ", dequantised",
+    BenchCase("mla_decode", "B128_ctx4096_H128_S1_fp8cache_page64", _mla_setup(128, 4096, 128, fp8=True), _mla_kernel_fp8, _mla_peer, _SDPA + ", dequantised",
               _mla_flops, _mla_bytes, bound="compute"),
     BenchCase("kv_cache_write", "T128_fp8cache_page64", _write_setup(128, fp8=True), _write_kernel, _write_peer, "torch quantise + index_copy_",
               _write_flops, _write_bytes, bound="memory"),
+    # the FP8 reader against the bf16 one at B64 and B256 too (issue targets: B64 / B128 / B256)
+    *(BenchCase("mla_decode", f"B{b}_ctx4096_H16_S1_{fmt}_page64", _mla_setup(b, 4096, 16, fp8=fmt == "fp8cache"),
+                _mla_kernel_fp8 if fmt == "fp8cache" else _mla_kernel, _mla_peer, _SDPA + (", dequantised" if fmt == "fp8cache" else ""),
+                _mla_flops, _mla_bytes, bound="memory")
+      for b in (64, 256) for fmt in ("bf16", "fp8cache")),
     # Long contexts at small batches (a single long request must spread over every SM: splits of the
     # context). Timed from a CUDA graph, as the engine's decode runs: eagerly the host's launch (split +
     # combine) would be the figure. 16 heads are memory-bound; 128 heads do 2 * 128 * 1088 flops per

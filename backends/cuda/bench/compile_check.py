@@ -23,8 +23,8 @@ must not spill where the kernel without PDL does not. Those rows carry `pdl` and
 The check fails when a kernel does not compile, spills, or a matrix kernel uses a slower instruction
 class than expected for the arch (SM90: wgmma; SM100: tcgen05, block-scaled tcgen05 for mxfp8 and mxfp4_a8; a case's
 `expect` overrides this with a reason: 16-row decode tiles mma.sync, mxfp4 W4A16 on SM100 kind::f16), or a case
-that requires TMA (`Case.tma`: the SM90 Gluon mxfp4 kernel) finds no `cp.async.bulk.tensor` in its PTX. A case
-lists the archs it is built for (`Case.archs`; the Gluon kernel's are sm90 only). Gluon kernels compile through
+that requires TMA (`Case.tma`: the SM90 Gluon kernels) finds no `cp.async.bulk.tensor` in its PTX. A case
+lists the archs it is built for (`Case.archs`; the Gluon kernels' are sm90 only). Gluon kernels compile through
 Gluon's own AST source; their launches are captured like the others.
 `KNOWN_FAILURES` lists (case, kernel, arch) that fail today, with why: they stay in the table,
 marked "known", and the test checks that they still fail (so the list is kept honest).
@@ -345,6 +345,22 @@ def _gluon_mxfp4(layout: str, e: int, rows: int, n: int, k: int) -> Callable[[],
     return call
 
 
+def _gluon_mla_fp8(batch: int, heads: int, ctx: int) -> Callable[[], None]:
+    """The SM90 Gluon mla_decode over an FP8 cache (mla_decode_fp8_gluon) through
+    its launch; S = 1. It must serve the call (a None return would mean the case compiled nothing of it)."""
+    def call():
+        from deepinfer_cuda.kernels import mla_decode_fp8_gluon
+
+        blocks = ctx // 64
+        out = mla_decode_fp8_gluon.launch_mla_decode_fp8_gluon(
+            _t(batch, 1, heads, 512), _t(batch, 1, heads, 64), _cache(batch * blocks, 64, True),
+            _t(batch, blocks, dtype=torch.int32), _t(batch, dtype=torch.int32), 192 ** -0.5,
+        )
+        if out is None:
+            raise RuntimeError("mla_decode_fp8_gluon declined the call")
+    return call
+
+
 def _hc_pre(t: int, streams: int = 4, hidden: int = 4096, invariant: bool = False) -> Callable[[], None]:
     """DeepSeek-V4's hc_pre: t tokens of `streams` x `hidden` bf16 streams, the float32 mixing projection."""
     def call():
@@ -446,6 +462,11 @@ CASES: list[Case] = [
     Case("grouped_gemm mxfp4 gluon prefill contig (E256 49152 2048->4096)", _gluon_mxfp4("contiguous", 256, 49152, 4096, 2048), "mx",
          MXFP4_W4A16, archs=("sm90",), tma=True),
     Case("linear mxfp4 gluon prefill (4096x4096->4096)", _gluon_mxfp4("linear", 1, 4096, 4096, 4096), "mx", MXFP4_W4A16, archs=("sm90",), tma=True),
+    # The SM90 Gluon mla_decode over an FP8 cache (warp-specialised: TMA loader warp, converting
+    # warpgroup, two wgmma warpgroups): one split (B128 H16), split partials + combine (B64 H16), 128 heads (two row tiles)
+    Case("mla_decode fp8 gluon B128 H16 ctx4096 (one split)", _gluon_mla_fp8(128, 16, 4096), "mma", archs=("sm90",), tma=True),
+    Case("mla_decode fp8 gluon B64 H16 ctx4096 (splits)", _gluon_mla_fp8(64, 16, 4096), "mma", archs=("sm90",), tma=True),
+    Case("mla_decode fp8 gluon B64 H128 ctx4096", _gluon_mla_fp8(64, 128, 4096), "mma", archs=("sm90",), tma=True),
     # the fp8 activation quantiser alone (decode rows)
     Case("quant_act_fp8 bf16 M1 K4096", _quant_act_fp8(1, 4096), None),
     Case("quant_act_fp8 bf16 M64 K4096", _quant_act_fp8(64, 4096), None),
@@ -492,6 +513,7 @@ def _as_arch(arch: str, launches: list[Launch]):
         logits_processing,
         logprobs,
         mla_decode,
+        mla_decode_fp8_gluon,
         moe,
         norm,
         prefill,
@@ -510,6 +532,7 @@ def _as_arch(arch: str, launches: list[Launch]):
         (mla_decode, "_config", lambda device, variant: arch_config("mla_decode", variant, arch)),
         (mla_decode, "_cached_plan", lambda *a: mla_decode._make_plan(*a, None)),
         (mla_decode, "num_sms", lambda device: SM_COUNT[arch]), (mla_decode, "upcast_dot", lambda: False),
+        (mla_decode_fp8_gluon, "num_sms", lambda device: SM_COUNT[arch]),
         (norm, "config", cfg), (activation, "config", cfg), (rope, "config", cfg),
         (moe, "_cfg", cfg), (moe, "interpreting", lambda: False),
         (sampling, "_cfg", cfg), (sampling, "interpreting", lambda: False),
@@ -521,8 +544,8 @@ def _as_arch(arch: str, launches: list[Launch]):
         (hyper_connection, "num_sms", lambda device: SM_COUNT[arch]), (hyper_connection, "interpreting", lambda: False),
         (indexer, "interpreting", lambda: False), (indexer, "upcast_dot", lambda: False),
     ]
-    modules = (activation, gemm, gemm_mxfp4_gluon, hyper_connection, indexer, kv_cache, logits_processing, logprobs, mla_decode, moe, norm, prefill,
-               rejection_sampling, rope, sampling, sparse_attention)  # fmt: skip
+    modules = (activation, gemm, gemm_mxfp4_gluon, hyper_connection, indexer, kv_cache, logits_processing, logprobs, mla_decode, mla_decode_fp8_gluon,
+               moe, norm, prefill, rejection_sampling, rope, sampling, sparse_attention)  # fmt: skip
     kernels = [v for mod in modules for v in vars(mod).values() if hasattr(v, "run") and hasattr(v, "arg_names")]
     saved = [(mod, name, getattr(mod, name)) for mod, name, _ in patches]
     try:
