@@ -494,7 +494,6 @@ class KVTiers:
     def _copy_in(self, fetch: _Fetch) -> None:
         """Queue the copies of the fetch's rows into its device blocks (on the load stream)."""
         fetch.copying = True
-        n_host = len(fetch.host_rows)
         ids = torch.tensor(fetch.block_ids, dtype=torch.long, device=self.device)
 
         per_chunk = max(1, CHUNK_BYTES // self.rows.block_bytes)
@@ -502,9 +501,8 @@ class KVTiers:
             for start in range(0, len(fetch.block_ids), per_chunk):  # (a chunk's staging is reused in stream order)
                 end = min(start + per_chunk, len(fetch.block_ids))
                 staging = torch.empty((end - start, self.rows.block_bytes), dtype=torch.uint8, device=self.device)
-                for i in range(start, end):
-                    source = self.host.rows[fetch.host_rows[i]] if i < n_host else fetch.rows[i - n_host]
-                    staging[i - start].copy_(source, non_blocking=self.copies.pinned)
+                for lo, hi, source in self._runs(fetch, start, end):
+                    staging[lo - start : hi - start].copy_(source, non_blocking=self.copies.pinned)
                 self.rows.scatter(ids[start:end], staging)
             if fetch.state is not None and fetch.state[0] in ("host", "store"):
                 source = self.states_kind.host.rows[fetch.state[1]] if fetch.state[0] == "host" else fetch.state[2]
@@ -512,6 +510,22 @@ class KVTiers:
                 row = source.to(self.device, non_blocking=self.copies.pinned).unsqueeze(0)
                 self.states_kind.rows.scatter(torch.tensor([fetch.state_entry], device=self.device), row)
             fetch.loaded = self.copies.done("load")
+
+    def _runs(self, fetch: _Fetch, start: int, end: int):
+        """The fetch's blocks start..end as (first, past, source rows): runs of consecutive host-tier rows, and the stores'
+        rows (contiguous), so that a load takes one copy a run, not one a block (a 32k-token prefix is ~500 blocks, and
+        each copy costs the engine thread a few microseconds)."""
+        n_host, i = len(fetch.host_rows), start
+        while i < end:
+            if i < n_host:
+                row, j = fetch.host_rows[i], i + 1
+                while j < min(end, n_host) and fetch.host_rows[j] == row + (j - i):
+                    j += 1
+                yield i, j, self.host.rows[row : row + (j - i)]
+            else:
+                j = end
+                yield i, j, fetch.rows[i - n_host : j - n_host]
+            i = j
 
     def _loaded(self, fetch: _Fetch) -> None:
         """The rows are in the device blocks: they join the prefix cache, held for the request; host rows let go."""

@@ -234,3 +234,23 @@ def test_copies_go_in_chunks_and_bound_the_staging_in_flight(monkeypatch):
         copies.open_all()
         engine.step()
     assert runner.status is SequenceStatus.RUNNING and again.num_cached_tokens == 64 and again.output_token_ids == first.output_token_ids
+
+
+def test_a_load_copies_runs_of_consecutive_host_rows_and_the_stores_rows_at_once():
+    """_copy_in's sources: one copy per run of consecutive host-tier rows, one for the stores' contiguous rows, each
+    block's row in its place."""
+    from types import SimpleNamespace
+
+    from deepinfer.kv_tiers.tiered_cache import KVTiers, _Fetch
+
+    host_rows = torch.arange(10 * 4, dtype=torch.uint8).view(10, 4)
+    stored = torch.arange(100, 100 + 3 * 4, dtype=torch.uint8).view(3, 4)
+    fetch = _Fetch(hashes=[], blocks=8, device_hit=[], host_rows=[5, 6, 7, 2, 3])
+    fetch.rows = stored
+    tiers = SimpleNamespace(host=SimpleNamespace(rows=host_rows))
+    expected = torch.cat([host_rows[[5, 6, 7, 2, 3]], stored])
+    for start, end in ((0, 8), (1, 6), (4, 7)):
+        runs = list(KVTiers._runs(tiers, fetch, start, end))
+        assert [(lo, hi) for lo, hi, _ in runs][0][0] == start and runs[-1][1] == end
+        assert torch.equal(torch.cat([source for _, _, source in runs]), expected[start:end])
+    assert [(lo, hi) for lo, hi, _ in KVTiers._runs(tiers, fetch, 0, 8)] == [(0, 3), (3, 5), (5, 8)]
