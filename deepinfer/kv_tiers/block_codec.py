@@ -39,7 +39,13 @@ CHECKSUM_BYTES = _CHECKSUM.size
 
 
 class CorruptBlock(ValueError):
-    """A stored block that must not be used: damaged, truncated, of another format version or of another namespace."""
+    """A stored block that must not be used: damaged, truncated, of another format version or of another namespace.
+    `reason` names the kind ("truncated", "magic", "version", "checksum", "header", "namespace", "layout"): stores log
+    the first of each kind and count the rest (after an upgrade, every older block is one of "version")."""
+
+    def __init__(self, message: str, reason: str = "damaged"):
+        super().__init__(message)
+        self.reason = reason
 
 
 def _checksum(data: bytes | memoryview) -> bytes:
@@ -72,24 +78,24 @@ def _framing(data: bytes) -> tuple[dict, memoryview]:
     """The header and the payload of a block whose framing and checksum hold; CorruptBlock otherwise."""
     view = memoryview(data)
     if len(view) < _PREFIX.size + CHECKSUM_BYTES:
-        raise CorruptBlock(f"a KV block of {len(view)} bytes is shorter than the smallest block: truncated")
+        raise CorruptBlock(f"a KV block of {len(view)} bytes is shorter than the smallest block: truncated", "truncated")
     magic, version, header_len = _PREFIX.unpack_from(view)
     if magic != MAGIC:
-        raise CorruptBlock("not a KV block: the magic bytes differ")
+        raise CorruptBlock("not a KV block: the magic bytes differ", "magic")
     if version != FORMAT_VERSION:
-        raise CorruptBlock(f"a KV block of format version {version}; this reader reads version {FORMAT_VERSION}")
+        raise CorruptBlock(f"a KV block of format version {version}; this reader reads version {FORMAT_VERSION}", "version")
     if _checksum(view[:-CHECKSUM_BYTES]) != bytes(view[-CHECKSUM_BYTES:]):
-        raise CorruptBlock(f"a KV block's checksum does not match ({len(view)} bytes): damaged or truncated")
+        raise CorruptBlock(f"a KV block's checksum does not match ({len(view)} bytes): damaged or truncated", "checksum")
     start = _PREFIX.size + header_len
     if start > len(view) - CHECKSUM_BYTES:
-        raise CorruptBlock("a KV block's header runs past its end")
+        raise CorruptBlock("a KV block's header runs past its end", "header")
     try:
         header = json.loads(bytes(view[_PREFIX.size : start]))
     except ValueError as e:
-        raise CorruptBlock(f"a KV block's header is not JSON: {e}") from None
+        raise CorruptBlock(f"a KV block's header is not JSON: {e}", "header") from None
     payload = view[start:-CHECKSUM_BYTES]
     if not isinstance(header, dict) or header.get("payload_bytes") != len(payload) or not isinstance(header.get("tensors"), list):
-        raise CorruptBlock("a KV block's header does not describe its payload")
+        raise CorruptBlock("a KV block's header does not describe its payload", "header")
     return header, payload
 
 
@@ -97,7 +103,7 @@ def _checked(data: bytes, namespace: KVNamespace) -> tuple[list[dict], memoryvie
     """The tensor entries and the payload of a block of `namespace` whose entries account for the payload exactly."""
     header, payload = _framing(data)
     if header.get("namespace") != namespace.digest():
-        raise CorruptBlock("a KV block of another namespace (another model, config, dtype, cache format or block size)")
+        raise CorruptBlock("a KV block of another namespace (another model, config, dtype, cache format or block size)", "namespace")
     entries, total = header["tensors"], 0
     for entry in entries:
         try:
@@ -107,9 +113,9 @@ def _checked(data: bytes, namespace: KVNamespace) -> tuple[list[dict], memoryvie
                 numel *= int(n)
             total += numel * dtype.itemsize
         except (AttributeError, KeyError, TypeError, ValueError):  # (a dtype name torch does not know: AttributeError)
-            raise CorruptBlock(f"a KV block's header entry {entry!r} is not a tensor's name, dtype and shape") from None
+            raise CorruptBlock(f"a KV block's header entry {entry!r} is not a tensor's name, dtype and shape", "header") from None
     if total != len(payload):
-        raise CorruptBlock(f"a KV block's tensors take {total} bytes, its payload holds {len(payload)}")
+        raise CorruptBlock(f"a KV block's tensors take {total} bytes, its payload holds {len(payload)}", "header")
     return entries, payload
 
 
@@ -139,7 +145,8 @@ def decode_row(data: bytes, namespace: KVNamespace, layout: list[tuple[str, str,
     as `decode`, and for a block of another layout."""
     entries, payload = _checked(data, namespace)
     if [(e["name"], e["dtype"], tuple(e["shape"])) for e in entries] != [(n, d, tuple(s)) for n, d, s in layout]:
-        raise CorruptBlock(f"a KV block's tensors {[e['name'] for e in entries][:3]}... are not this cache's layout {[n for n, _, _ in layout][:3]}...")
+        names = [e["name"] for e in entries][:3]
+        raise CorruptBlock(f"a KV block's tensors {names}... are not this cache's layout {[n for n, _, _ in layout][:3]}...", "layout")
     if len(payload) != out.numel() or out.dtype != torch.uint8:
         raise ValueError(f"decode_row writes {len(payload)} bytes into a uint8 row, got {out.dtype} x {out.numel()}")
     np.copyto(out.numpy(), np.frombuffer(payload, dtype=np.uint8))

@@ -40,7 +40,7 @@ from urllib.parse import unquote, urlsplit
 
 from deepinfer.kv_tiers.block_codec import CorruptBlock
 from deepinfer.kv_tiers.block_codec import verify as verify_block
-from deepinfer.kv_tiers.store import StoreStats, check_key
+from deepinfer.kv_tiers.store import FirstOfKind, StoreStats, check_key
 
 logger = logging.getLogger(__name__)
 
@@ -95,6 +95,7 @@ class DiskStore:
         self._clock = clock
         self._host = socket.gethostname().replace(".", "_") or "host"
         self._lock = threading.Lock()
+        self._corrupt_logged = FirstOfKind()
         self._stats = StoreStats()
         self._logged: set[int | None] = set()
         self.root.mkdir(parents=True, exist_ok=True)
@@ -129,7 +130,9 @@ class DiskStore:
             try:
                 self._verify(data)
             except CorruptBlock as e:
-                logger.warning("disk KV store %s: removed a damaged entry %s (%s)", self.root, path.name, e)
+                if self._corrupt_logged.first(e):
+                    why = "logged once per kind, the rest counted as corrupt"
+                    logger.warning("disk KV store %s: removed a damaged entry %s (%s; %s)", self.root, path.name, e, why)
                 self._remove(path, corrupt=1)
                 return self._miss()
         try:

@@ -48,7 +48,7 @@ from urllib.parse import parse_qsl, unquote, urlencode, urlsplit
 from deepinfer.kv_tiers.block_codec import CorruptBlock
 from deepinfer.kv_tiers.block_codec import verify as verify_block
 from deepinfer.kv_tiers.open_store import parse_size, url_options
-from deepinfer.kv_tiers.store import StoreStats, check_key
+from deepinfer.kv_tiers.store import FirstOfKind, StoreStats, check_key
 
 logger = logging.getLogger(__name__)
 
@@ -151,6 +151,7 @@ class RedisStore:
         self._verify = verify
         self._clock = clock
         self._lock = threading.Lock()
+        self._corrupt_logged = FirstOfKind()
         self._stats = StoreStats()
         self._down = False  # since the last failed call, until one succeeds
         self._backoff = self.backoff_s
@@ -224,7 +225,8 @@ class RedisStore:
             try:
                 self._verify(data)
             except CorruptBlock as e:
-                logger.warning("redis KV store %s: deleted a damaged entry %s (%s)", self.url, name, e)
+                if self._corrupt_logged.first(e):
+                    logger.warning("redis KV store %s: deleted a damaged entry %s (%s; logged once per kind, the rest counted as corrupt)", self.url, name, e)
                 self._run("delete", name)  # a writer of the same key meanwhile wrote the same bytes: a lost entry at worst
                 with self._lock:
                     self._stats.corrupt += 1

@@ -10,7 +10,8 @@ names its content), so two writers of one key never disagree about its value.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+import threading
+from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
 KEY_PATTERN = re.compile(r"[0-9a-z_-]{2,200}")
@@ -21,6 +22,22 @@ def check_key(key: str) -> str:
     if not isinstance(key, str) or not KEY_PATTERN.fullmatch(key):
         raise ValueError(f"a KV store key is 2 to 200 characters of [0-9a-z_-] (KVNamespace.key gives one), got {key!r}")
     return key
+
+
+@dataclass
+class FirstOfKind:
+    """Which kinds of a store's damaged entries it has logged (`CorruptBlock.reason`): the first of each kind is
+    logged, the rest only counted, so that a directory of blocks an older format wrote logs one line, not one a block."""
+
+    _seen: set[str] = field(default_factory=set)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def first(self, exc: Exception) -> bool:
+        reason = getattr(exc, "reason", "damaged")
+        with self._lock:
+            new = reason not in self._seen
+            self._seen.add(reason)
+        return new
 
 
 @dataclass

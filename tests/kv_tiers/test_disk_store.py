@@ -165,3 +165,24 @@ def test_keys_cannot_leave_the_directory(tmp_path):
     for bad in ("../etc", "a/b", ".tmp.x", "A" * 3, "x"):
         with pytest.raises(ValueError, match="key"):
             store.put(bad, b"x")
+
+
+def test_damaged_entries_are_logged_once_per_kind_and_all_counted(tmp_path, caplog):
+    """After an upgrade every block of the older format is "another format version": one line, not one a block."""
+    import struct
+
+    from deepinfer.kv_tiers import block_codec
+
+    store = DiskStore(tmp_path, 1 << 30)
+    keys = [f"{i:02x}" * 8 for i in range(5)]
+    good = block_codec.encode({"x": torch.arange(8, dtype=torch.uint8)}, NS)
+    for key in keys[:3]:  # an older format version, checksum intact
+        body = bytearray(good[: -block_codec.CHECKSUM_BYTES])
+        struct.pack_into("<H", body, 8, block_codec.FORMAT_VERSION - 1)
+        store.put(key, bytes(body) + block_codec._checksum(bytes(body)))
+    for key in keys[3:]:  # truncated
+        store.put(key, good[:-7])
+    with caplog.at_level(logging.WARNING, logger="deepinfer.kv_tiers.disk_store"):
+        assert all(store.get(k) is None for k in keys)
+    assert store.stats().corrupt == 5
+    assert len(caplog.records) == 2 and "version" in caplog.records[0].getMessage()
