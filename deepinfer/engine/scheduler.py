@@ -104,8 +104,7 @@ class Scheduler:
                 reserved += self.tiers.reserved_blocks(seq)
                 at += 1  # its prefix is on its way from a KV tier: later requests go ahead, leaving the blocks its copy waits for
                 continue
-            keep_free = 0 if self.tiers is None or self.tiers.holds_loaded(seq) else reserved
-            if not self.block_manager.can_allocate(seq, keep_free) or (self.final_length is not None and not self._fits_to_the_end(seq)):
+            if not self._fits_now(seq, reserved):
                 break  # in order: a later, smaller request does not overtake
             self.waiting.pop(at)
             self.block_manager.allocate(seq)
@@ -186,9 +185,14 @@ class Scheduler:
             if self.tiers is not None and not self.tiers.admissible(seq):
                 reserved += self.tiers.reserved_blocks(seq)  # (as _schedule_prefill)
                 continue
-            keep_free = 0 if self.tiers is None or self.tiers.holds_loaded(seq) else reserved
-            return self.block_manager.can_allocate(seq, keep_free) and (self.final_length is None or self._fits_to_the_end(seq))
+            return self._fits_now(seq, reserved)
         return False
+
+    def _fits_now(self, seq: Sequence, reserved: int) -> bool:
+        """Whether seq's pages fit now, leaving free the `reserved` blocks earlier requests' tier loads wait for (unless
+        seq holds loaded blocks itself: admitting it frees the pool sooner), and, with a final length, to its end."""
+        keep_free = 0 if self.tiers is None or self.tiers.holds_loaded(seq) else reserved
+        return self.block_manager.can_allocate(seq, keep_free) and (self.final_length is None or self._fits_to_the_end(seq))
 
     def _fits_to_the_end(self, seq: Sequence) -> bool:
         """seq's pages up to its final length fit beside the pages the running sequences may still take."""

@@ -23,8 +23,10 @@ namespace; the key already binds it).
 from __future__ import annotations
 
 import json
+import math
 import struct
 import zlib
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -99,21 +101,28 @@ def _framing(data: bytes) -> tuple[dict, memoryview]:
     return header, payload
 
 
-def _checked(data: bytes, namespace: KVNamespace) -> tuple[list[dict], memoryview]:
+class _Entry(NamedTuple):
+    """One tensor of a block, as its header names it, and its bytes in the payload."""
+
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    width: int
+
+
+def _checked(data: bytes, namespace: KVNamespace) -> tuple[list[_Entry], memoryview]:
     """The tensor entries and the payload of a block of `namespace` whose entries account for the payload exactly."""
     header, payload = _framing(data)
     if header.get("namespace") != namespace.digest():
         raise CorruptBlock("a KV block of another namespace (another model, config, dtype, cache format or block size)", "namespace")
-    entries, total = header["tensors"], 0
-    for entry in entries:
+    entries = []
+    for entry in header["tensors"]:
         try:
-            dtype = getattr(torch, entry["dtype"])
-            numel = 1
-            for n in entry["shape"]:
-                numel *= int(n)
-            total += numel * dtype.itemsize
+            shape = tuple(int(n) for n in entry["shape"])
+            entries.append(_Entry(entry["name"], entry["dtype"], shape, math.prod(shape) * getattr(torch, entry["dtype"]).itemsize))
         except (AttributeError, KeyError, TypeError, ValueError):  # (a dtype name torch does not know: AttributeError)
             raise CorruptBlock(f"a KV block's header entry {entry!r} is not a tensor's name, dtype and shape", "header") from None
+    total = sum(e.width for e in entries)
     if total != len(payload):
         raise CorruptBlock(f"a KV block's tensors take {total} bytes, its payload holds {len(payload)}", "header")
     return entries, payload
@@ -130,12 +139,9 @@ def decode(data: bytes, namespace: KVNamespace) -> dict[str, torch.Tensor]:
     entries, payload = _checked(data, namespace)
     flat = torch.frombuffer(bytearray(payload), dtype=torch.uint8) if len(payload) else torch.empty(0, dtype=torch.uint8)
     out, at = {}, 0
-    for entry in entries:
-        dtype = getattr(torch, entry["dtype"])
-        shape = [int(n) for n in entry["shape"]]
-        width = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-        out[entry["name"]] = flat[at : at + width].view(dtype).view(shape)
-        at += width
+    for e in entries:
+        out[e.name] = flat[at : at + e.width].view(getattr(torch, e.dtype)).view(e.shape)
+        at += e.width
     return out
 
 
@@ -144,8 +150,8 @@ def decode_row(data: bytes, namespace: KVNamespace, layout: list[tuple[str, str,
     checking that its tensors are exactly `layout`'s (`BlockRows.layout()`: name, dtype, shape, in order); CorruptBlock
     as `decode`, and for a block of another layout."""
     entries, payload = _checked(data, namespace)
-    if [(e["name"], e["dtype"], tuple(e["shape"])) for e in entries] != [(n, d, tuple(s)) for n, d, s in layout]:
-        names = [e["name"] for e in entries][:3]
+    if [(e.name, e.dtype, e.shape) for e in entries] != [(n, d, tuple(s)) for n, d, s in layout]:
+        names = [e.name for e in entries][:3]
         raise CorruptBlock(f"a KV block's tensors {names}... are not this cache's layout {[n for n, _, _ in layout][:3]}...", "layout")
     if len(payload) != out.numel() or out.dtype != torch.uint8:
         raise ValueError(f"decode_row writes {len(payload)} bytes into a uint8 row, got {out.dtype} x {out.numel()}")

@@ -95,9 +95,8 @@ class DiskStore:
         self._clock = clock
         self._host = socket.gethostname().replace(".", "_") or "host"
         self._lock = threading.Lock()
-        self._corrupt_logged = FirstOfKind()
+        self._logged = FirstOfKind()  # what was logged once
         self._stats = StoreStats()
-        self._logged: set[int | None] = set()
         self.root.mkdir(parents=True, exist_ok=True)
         self._clean_temp_files()
         self.scan()
@@ -130,7 +129,7 @@ class DiskStore:
             try:
                 self._verify(data)
             except CorruptBlock as e:
-                if self._corrupt_logged.first(e):
+                if self._logged.first(("corrupt", e.reason)):
                     why = "logged once per kind, the rest counted as corrupt"
                     logger.warning("disk KV store %s: removed a damaged entry %s (%s; %s)", self.root, path.name, e, why)
                 self._remove(path, corrupt=1)
@@ -295,9 +294,7 @@ class DiskStore:
     def _error(self, e: OSError, doing: str) -> None:
         with self._lock:
             self._stats.errors += 1
-            first = e.errno not in self._logged
-            self._logged.add(e.errno)
-        if first:
+        if self._logged.first(("errno", e.errno)):
             why = "the disk is full; puts fail (and are counted) until space frees" if e.errno == errno.ENOSPC else "counted; the store goes on"
             logger.warning("disk KV store %s: %s: %s (%s; logged once per kind)", self.root, doing, e.strerror or e, why)
 

@@ -151,13 +151,12 @@ class RedisStore:
         self._verify = verify
         self._clock = clock
         self._lock = threading.Lock()
-        self._corrupt_logged = FirstOfKind()
+        self._logged = FirstOfKind()  # what was logged once
         self._stats = StoreStats()
         self._down = False  # since the last failed call, until one succeeds
         self._backoff = self.backoff_s
         self._retry_at = 0.0
         self._missed = 0  # calls failed or skipped while down
-        self._refusals_logged: set[str] = set()
         self._secrets = self._passwords(url, query)
 
         redis = _import_redis()
@@ -225,7 +224,7 @@ class RedisStore:
             try:
                 self._verify(data)
             except CorruptBlock as e:
-                if self._corrupt_logged.first(e):
+                if self._logged.first(("corrupt", e.reason)):
                     logger.warning("redis KV store %s: deleted a damaged entry %s (%s; logged once per kind, the rest counted as corrupt)", self.url, name, e)
                 self._run("delete", name)  # a writer of the same key meanwhile wrote the same bytes: a lost entry at worst
                 with self._lock:
@@ -329,9 +328,7 @@ class RedisStore:
         kind = f"{type(e).__name__} {text.split(' ', 1)[0]}"  # a plain ResponseError's kind is its first word: "ResponseError WRONGTYPE"
         with self._lock:
             self._stats.errors += 1
-            first = kind not in self._refusals_logged
-            self._refusals_logged.add(kind)
-        if first:
+        if self._logged.first(("refused", kind)):
             logger.warning("redis KV store %s refused %s: %s: %s (counted in errors; logged once per kind)", self.url, command.upper(), type(e).__name__, text)
 
     def _miss(self) -> None:

@@ -26,17 +26,18 @@ def check_key(key: str) -> str:
 
 @dataclass
 class FirstOfKind:
-    """Which kinds of a store's damaged entries it has logged (`CorruptBlock.reason`): the first of each kind is
-    logged, the rest only counted, so that a directory of blocks an older format wrote logs one line, not one a block."""
+    """The kinds of trouble a store has logged (an errno, a refused command's kind, a damaged entry's
+    `CorruptBlock.reason`...): the first of each kind is logged, the rest only counted, so that a full disk or a
+    directory of blocks an older format wrote logs one line, not one a call. Thread-safe."""
 
-    _seen: set[str] = field(default_factory=set)
+    _seen: set = field(default_factory=set)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def first(self, exc: Exception) -> bool:
-        reason = getattr(exc, "reason", "damaged")
+    def first(self, kind) -> bool:
+        """Whether `kind` (hashable) is seen for the first time."""
         with self._lock:
-            new = reason not in self._seen
-            self._seen.add(reason)
+            new = kind not in self._seen
+            self._seen.add(kind)
         return new
 
 

@@ -104,7 +104,7 @@ class _Write:
     keys: frozenset[str]
 
 
-@dataclass
+@dataclass(eq=False)  # (compared by identity: its fields hold tensors and futures)
 class _Fetch:
     """One waiting request's prefix being found in the tiers and copied into device blocks."""
 
@@ -589,8 +589,9 @@ class KVTiers:
     def poll(self) -> None:
         """Advance everything that has completed (never waits): offloads, store writes, fetches."""
         self._finish_offloads()
-        for fetch in list(self.fetches.values()):  # (a fetch may let later ones go)
-            if fetch in self.fetches.values():
+        for seq_id in list(self.fetches):  # (a fetch may let later ones go)
+            fetch = self.fetches.get(seq_id)
+            if fetch is not None:
                 self._advance(fetch)
 
     def holds_blocks(self) -> bool:
