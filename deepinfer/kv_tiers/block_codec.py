@@ -58,22 +58,36 @@ def _dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
+def head(namespace: KVNamespace, layout: list[tuple[str, str, tuple[int, ...]]]) -> bytes:
+    """The bytes every block of `namespace` whose tensors are `layout` (name, dtype, shape, in order: `BlockRows.layout()`)
+    starts with: magic, format version, header. A reader that knows its layout compares them whole and reads the
+    payload straight into its row (`DiskStore.get_into`, `payload_checked`)."""
+    payload_bytes = sum(math.prod(shape) * getattr(torch, dtype).itemsize for _, dtype, shape in layout)
+    header = json.dumps(
+        {
+            "namespace": namespace.digest(),
+            "payload_bytes": payload_bytes,
+            "tensors": [{"name": name, "dtype": dtype, "shape": list(shape)} for name, dtype, shape in layout],
+        },
+        separators=(",", ":"),
+    ).encode()
+    return _PREFIX.pack(MAGIC, FORMAT_VERSION, len(header)) + header
+
+
 def encode(tensors: dict[str, torch.Tensor], namespace: KVNamespace) -> bytes:
     """The bytes of one block: `tensors` (name -> tensor, any device; copied to the CPU) under `namespace`."""
     if not tensors:
         raise ValueError("a KV block needs at least one tensor")
     host = {name: t.detach().to("cpu").contiguous() for name, t in tensors.items()}
     payload = b"".join(t.reshape(-1).view(torch.uint8).numpy().tobytes() for t in host.values())
-    header = json.dumps(
-        {
-            "namespace": namespace.digest(),
-            "payload_bytes": len(payload),
-            "tensors": [{"name": n, "dtype": _dtype_name(t.dtype), "shape": list(t.shape)} for n, t in host.items()],
-        },
-        separators=(",", ":"),
-    ).encode()
-    body = _PREFIX.pack(MAGIC, FORMAT_VERSION, len(header)) + header + payload
+    body = head(namespace, [(n, _dtype_name(t.dtype), tuple(t.shape)) for n, t in host.items()]) + payload
     return body + _checksum(body)
+
+
+def payload_checked(head_bytes: bytes | bytearray, payload, checksum: bytes | bytearray) -> bool:
+    """Whether `checksum` (a block's last CHECKSUM_BYTES) is the CRC-32 of `head_bytes` followed by `payload` (any
+    buffer: a pinned row the payload was read into), computed without joining them."""
+    return _CHECKSUM.pack(zlib.crc32(payload, zlib.crc32(head_bytes))) == bytes(checksum)
 
 
 def _framing(data: bytes) -> tuple[dict, memoryview]:

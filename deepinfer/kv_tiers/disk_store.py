@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Callable
 from urllib.parse import unquote, urlsplit
 
-from deepinfer.kv_tiers.block_codec import CorruptBlock
+from deepinfer.kv_tiers.block_codec import CHECKSUM_BYTES, CorruptBlock, payload_checked
 from deepinfer.kv_tiers.block_codec import verify as verify_block
 from deepinfer.kv_tiers.store import FirstOfKind, StoreStats, check_key
 
@@ -125,22 +125,49 @@ class DiskStore:
         except OSError as e:
             self._error(e, f"reading {path}")
             return self._miss()
-        if self._verify is not None:
-            try:
-                self._verify(data)
-            except CorruptBlock as e:
-                if self._logged.first(("corrupt", e.reason)):
-                    why = "logged once per kind, the rest counted as corrupt"
-                    logger.warning("disk KV store %s: removed a damaged entry %s (%s; %s)", self.root, path.name, e, why)
-                self._remove(path, corrupt=1)
-                return self._miss()
-        try:
-            os.utime(path, (now, st.st_mtime))  # the last use, for LRU; mtime (the TTL's start) kept
-        except OSError:
-            pass  # removed meanwhile, or another user's file: the use goes unrecorded, the data is fine
-        with self._lock:
-            self._stats.hits += 1
+        if not self._verified(path, data):
+            return self._miss()
+        self._hit(path, now, st)
         return data
+
+    def get_into(self, key: str, head: bytes, out) -> bool:
+        """`get` for a reader that knows what an entry of its layout starts with (`head`: `block_codec.head`) and where
+        its payload goes (`out`: a writable buffer of the payload's size, a pinned row): the payload read straight into
+        `out` (no intermediate bytes, one checksum pass over it). An entry that does not start with `head` or is not of
+        that size is read whole and checked as `get` checks it (a damaged one removed and counted), and misses. Whether
+        `out` now holds the entry's payload (checked)."""
+        path = self.path(check_key(key))
+        now = self._clock()
+        out = memoryview(out).cast("B")
+        size = len(head) + len(out) + CHECKSUM_BYTES
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except FileNotFoundError:
+            return self._missed()
+        except OSError as e:
+            self._error(e, f"reading {path}")
+            return self._missed()
+        try:
+            st = os.fstat(fd)
+            if self._expired(st.st_mtime, now):
+                self._remove(path, expired=1)
+                return self._missed()
+            got, tail = bytearray(len(head)), bytearray(CHECKSUM_BYTES)
+            if st.st_size == size and os.readv(fd, [got, out, tail]) == size and got == head:
+                if payload_checked(got, out, tail):
+                    self._hit(path, now, st)
+                    return True
+            # another size or header, or the right ones damaged: read whole, for `verify`'s reason
+            os.lseek(fd, 0, os.SEEK_SET)
+            data = b"".join(iter(lambda: os.read(fd, 1 << 20), b""))
+        except OSError as e:
+            self._error(e, f"reading {path}")
+            return self._missed()
+        finally:
+            os.close(fd)
+        if self._verified(path, data):  # whole and undamaged, of another layout: what this reader cannot use
+            self._corrupt(path, CorruptBlock("an entry whose header is not the reader's layout", "layout"))
+        return self._missed()
 
     def put(self, key: str, value: bytes) -> bool:
         path = self.path(check_key(key))
@@ -286,10 +313,39 @@ class DiskStore:
             self._stats.evictions += evictions
         return True
 
+    def _verified(self, path: Path, data: bytes) -> bool:
+        """Whether `data` (an entry's bytes) passes `verify`; a damaged entry is removed, counted and logged once per kind."""
+        if self._verify is not None:
+            try:
+                self._verify(data)
+            except CorruptBlock as e:
+                self._corrupt(path, e)
+                return False
+        return True
+
+    def _corrupt(self, path: Path, e: CorruptBlock) -> None:
+        if self._logged.first(("corrupt", e.reason)):
+            why = "logged once per kind, the rest counted as corrupt"
+            logger.warning("disk KV store %s: removed a damaged entry %s (%s; %s)", self.root, path.name, e, why)
+        self._remove(path, corrupt=1)
+
+    def _hit(self, path: Path, now: float, st: os.stat_result) -> None:
+        """Count a hit and record the use (atime, for LRU; mtime, the TTL's start, kept)."""
+        try:
+            os.utime(path, (now, st.st_mtime))
+        except OSError:
+            pass  # removed meanwhile, or another user's file: the use goes unrecorded, the data is fine
+        with self._lock:
+            self._stats.hits += 1
+
     def _miss(self) -> None:
         with self._lock:
             self._stats.misses += 1
         return None
+
+    def _missed(self) -> bool:
+        self._miss()
+        return False
 
     def _error(self, e: OSError, doing: str) -> None:
         with self._lock:

@@ -140,6 +140,7 @@ class _Kind:
 
     def __post_init__(self) -> None:
         self.layout = self.rows.layout()  # what a stored item must hold (checked on every read)
+        self.head = b""  # what a stored item of this layout starts with (block_codec.head): set with the namespace
 
     def key(self, namespace: KVNamespace, block_hash: bytes) -> str:
         return namespace.key(block_hash) + self.suffix
@@ -158,9 +159,12 @@ class KVTiers:
         self.host, self.stores = host, stores
         self.snapshots = block_manager.snapshots
         self.blocks_kind = _Kind(rows, host, "")
+        self.blocks_kind.head = block_codec.head(namespace, self.blocks_kind.layout)
         if (states is None) != (self.snapshots is None):
             raise ValueError("KVTiers needs the snapshot pool's rows exactly when the block manager keeps snapshots")
         self.states_kind = _Kind(states, host_states, "-state") if states is not None else None
+        if self.states_kind is not None:
+            self.states_kind.head = block_codec.head(namespace, self.states_kind.layout)
         self.device = rows.device
         self.copies = copies
         # stores only: one writer (encodes and puts, in offload order), one reader (a fetch at a time, in request order)
@@ -373,6 +377,10 @@ class KVTiers:
         """Block reader thread: the item of `key` from the first store that has it whole and of this cache's layout, decoded
         into `out`; the store's name, or None (a damaged or foreign item is dropped from its store)."""
         for name, store in self.stores:
+            if hasattr(store, "get_into"):  # a store that reads into the row itself (the disk store): one copy, one checksum pass
+                if store.get_into(key, kind.head, out.numpy()):
+                    return name
+                continue
             data = store.get(key)
             if data is None:
                 continue

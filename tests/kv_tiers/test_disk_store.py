@@ -186,3 +186,39 @@ def test_damaged_entries_are_logged_once_per_kind_and_all_counted(tmp_path, capl
         assert all(store.get(k) is None for k in keys)
     assert store.stats().corrupt == 5
     assert len(caplog.records) == 2 and "version" in caplog.records[0].getMessage()
+
+
+def test_get_into_reads_the_payload_into_the_row_and_checks_it(tmp_path, caplog):
+    """The tiers' read: payload straight into the caller's row. A damaged, truncated, foreign-layout or expired entry
+    leaves no hit (each damaged one removed and counted as `get` counts it); an intact one equals `get`'s payload."""
+    from deepinfer.kv_tiers import block_codec
+
+    clock = Clock()
+    store = DiskStore(tmp_path, 1 << 30, ttl_s=100.0, clock=clock)
+    layout = [("kv", "bfloat16", (2, 16, 8))]
+    head = block_codec.head(NS, layout)
+    row = torch.zeros(SIZE - len(head) - block_codec.CHECKSUM_BYTES, dtype=torch.uint8)
+    for i in range(4):
+        store.put(KEYS[i], block(i))
+    assert store.get_into(KEYS[0], head, row.numpy())
+    assert torch.equal(row.view(torch.bfloat16).view(2, 16, 8), decode(block(0), NS)["kv"])
+    payload_start = len(head)
+    with open(store.path(KEYS[1]), "r+b") as f:  # one payload byte flipped: the checksum fails
+        f.seek(payload_start + 5)
+        byte = f.read(1)
+        f.seek(payload_start + 5)
+        f.write(bytes([byte[0] ^ 1]))
+    os.truncate(store.path(KEYS[2]), SIZE - 3)
+    other = block_codec.encode({"kw": torch.zeros(2, 16, 8, dtype=torch.bfloat16)}, NS)
+    store.put(KEYS[3], other)  # intact, of the same size, another layout (another tensor name)
+    assert len(other) == SIZE
+    with caplog.at_level(logging.WARNING, logger="deepinfer.kv_tiers.disk_store"):
+        assert not any(store.get_into(k, head, row.numpy()) for k in KEYS[1:4])
+    assert not any(store.path(k).exists() for k in KEYS[1:4])
+    messages = " | ".join(r.getMessage() for r in caplog.records)
+    assert "checksum does not match" in messages and "truncated" in messages and "not the reader's layout" in messages
+    store.put(KEYS[4], block(4))
+    clock.now += 101
+    assert not store.get_into(KEYS[4], head, row.numpy()) and not store.get_into(KEYS[5], head, row.numpy())
+    stats = store.stats()
+    assert (stats.hits, stats.corrupt, stats.expired, stats.misses) == (1, 3, 1, 5)
