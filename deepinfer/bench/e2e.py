@@ -41,6 +41,13 @@ V2_LITE = dict(
     norm_topk_prob=False, scoring_func="softmax", max_position_embeddings=4096, rope_theta=10000.0,
     rms_norm_eps=1e-6, tie_word_embeddings=False, bos_token_id=100000, eos_token_id=100001,
 )
+# The released checkpoint's long-context positions (YaRN from the 4096 it was trained at), for workloads past 4096
+# tokens (bench prefix-reuse's 32k-token prompts); the decode benches keep 4096 (their KV sizing reads it).
+V2_LITE_LONG_CONTEXT = dict(
+    V2_LITE, max_position_embeddings=163840,
+    rope_scaling={"type": "yarn", "factor": 40, "original_max_position_embeddings": 4096, "beta_fast": 32, "beta_slow": 1,
+                  "mscale": 0.707, "mscale_all_dim": 0.707},
+)  # fmt: skip
 
 
 @dataclass

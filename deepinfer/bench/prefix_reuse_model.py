@@ -58,9 +58,9 @@ def max_positions(spec: ModelSpec) -> int:
         from deepinfer.bench.e2e_v4 import V4_FLASH
 
         return int({**V4_FLASH, **(spec.config_overrides or {})}["max_position_embeddings"])
-    from deepinfer.bench.e2e import V2_LITE
+    from deepinfer.bench.e2e import V2_LITE_LONG_CONTEXT
 
-    return int({**V2_LITE, **(spec.config_overrides or {})}["max_position_embeddings"])
+    return int({**V2_LITE_LONG_CONTEXT, **(spec.config_overrides or {})}["max_position_embeddings"])
 
 
 def full_layers(spec: ModelSpec) -> int:
@@ -98,9 +98,9 @@ def build(spec: ModelSpec, max_len: int, plan=None) -> Built:
     check_shape(spec.shape)
     if spec.shape == "v4-flash":
         return _build_v4(spec, max_len, plan)
-    from deepinfer.bench.e2e import V2_LITE, build_v2_lite
+    from deepinfer.bench.e2e import V2_LITE, V2_LITE_LONG_CONTEXT, build_v2_lite
 
-    cfg = {**V2_LITE, **(spec.config_overrides or {})}
+    cfg = {**V2_LITE_LONG_CONTEXT, **(spec.config_overrides or {})}
     if spec.layers:
         cfg["num_hidden_layers"] = spec.layers
     runtime = open_runtime_for(spec, torch.bfloat16)

@@ -96,7 +96,9 @@ def test_the_workload_grows_each_conversation_by_appending():
 def test_the_command_line_runs_and_writes_its_json(tmp_path, monkeypatch, capsys):
     from deepinfer.bench import e2e
 
-    monkeypatch.setattr(e2e, "V2_LITE", {**e2e.V2_LITE, **TINY_V2, "num_hidden_layers": 2})  # this process's shape (the restart process would not see it)
+    tiny = {**TINY_V2, "num_hidden_layers": 2}  # this process's shape (the restart process would not see it)
+    monkeypatch.setattr(e2e, "V2_LITE", {**e2e.V2_LITE, **tiny})
+    monkeypatch.setattr(e2e, "V2_LITE_LONG_CONTEXT", {**e2e.V2_LITE_LONG_CONTEXT, **tiny})
     out = tmp_path / "reuse.json"
     argv = ["bench", "prefix-reuse", "--backend", "reference", "--configs", "device,host", "--conversations", "4", "--turns", "2", "--prompt-len", "40",
             "--turn-tokens", "8", "--output-len", "4", "--working-set-multiple", "2", "--max-num-batched-tokens", "256", "--json", str(out)]  # fmt: skip
@@ -116,7 +118,7 @@ def test_the_command_line_runs_and_writes_its_json(tmp_path, monkeypatch, capsys
         (["--turns", "0"], "--turns must be at least 1, not 0"),
         (["--working-set-multiple", "-1"], "--working-set-multiple must be > 0"),
         (["--num-kv-blocks", "8", "--kv-cache-gib", "1"], "not allowed with argument --num-kv-blocks"),
-        (["--prompt-len", "4096"], "exceed the v2-lite shape's 4096 positions"),
+        (["--prompt-len", "163840"], "exceed the v2-lite shape's 163840 positions"),
         (["--kv-offload-dir", "/"], "give an empty or new folder"),
         (["--kv-offload-disk-gib", "1", "--configs", "device,host"], "--kv-offload-disk-gib is the disk configuration's"),
     ],
