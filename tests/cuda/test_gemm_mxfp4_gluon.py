@@ -27,15 +27,20 @@ def _meta(*shape, dtype=torch.bfloat16):
 def test_decode_and_prefill_tiles_at_v4_flash_expert_shapes():
     u8 = torch.uint8
     # decode, masked: 16 rows per expert -> the small entry, a 16-row tile (wgmma N = 16), one program per (row tile, N block, expert)
+    # one consumer warpgroup, a register cap for two CTAs per SM, the shared-memory budget halved: 7 stages of 12 KiB + 16 KiB of scales
     p = gg.plan_gluon(_meta(8, 16, 4096), _meta(8, 4096, 2048, dtype=u8), gg._MASKED, SM90)
-    assert (p.block_m, p.block_n, p.block_k, p.num_warps) == (16, 128, 128, 8)
+    assert (p.block_m, p.block_n, p.block_k, p.num_warps, p.maxnreg, p.num_stages) == (16, 128, 128, 4, 128, 7)
     assert p.grid == (1, 32, 8)
-    # decode, contiguous: B64 x top-6 over 256 experts (2 rows per expert in the bucket): row tiles + one partial per expert
+    # decode, contiguous: B64 x top-6 over 256 experts (2 rows per expert in the bucket): 8-row tiles (min_block_m),
+    # row tiles + one partial per expert, 8 stages of 10 KiB
     p = gg.plan_gluon(_meta(384, 4096), _meta(256, 4096, 2048, dtype=u8), gg._CONTIGUOUS, SM90)
-    assert p.block_m == 16 and p.num_m_tiles == 384 // 16 + 256 and p.grid == (280 * 32,) and p.num_stages == 6
+    assert p.block_m == 8 and p.num_m_tiles == 384 // 8 + 256 and p.grid == (304 * 32,) and p.num_stages == 8
+    # B256 (8 rows per expert in the bucket): 16-row tiles, so that an expert's rows stay in one tile
+    p = gg.plan_gluon(_meta(1536, 4096), _meta(256, 4096, 2048, dtype=u8), gg._CONTIGUOUS, SM90)
+    assert p.block_m == 16 and p.num_stages == 7
     # prefill, contiguous: T8192 x top-6 through w2 (K 2048) -> the large entry
     p = gg.plan_gluon(_meta(49152, 2048), _meta(256, 4096, 1024, dtype=u8), gg._CONTIGUOUS, SM90)
-    assert (p.block_m, p.num_stages) == (128, 4) and p.num_m_tiles == 49152 // 128 + 256
+    assert (p.block_m, p.num_stages, p.num_warps, p.maxnreg) == (128, 4, 8, None) and p.num_m_tiles == 49152 // 128 + 256
 
 
 def test_stages_shrink_to_fit_shared_memory():
@@ -44,6 +49,7 @@ def test_stages_shrink_to_fit_shared_memory():
     per_stage, strip = 128 * 128 * 2 + 128 * 64, 128 * 8192 // 32
     stages = gg._fit_stages(128, 128, 128, 8192, 6)
     assert strip + stages * per_stage <= gg.SHARED_MEMORY_BUDGET < strip + (stages + 1) * per_stage
+    assert gg._fit_stages(16, 128, 128, 4096, 8, ctas_per_sm=2) == 7  # two CTAs per SM share it: 16 KiB + 7 x 12 KiB
 
 
 def test_calls_it_does_not_serve_say_why():
@@ -63,7 +69,8 @@ def test_descriptors_view_the_operands_as_2d_tiles():
     xd, wd, sd = gg.descriptors(plan, x, w, s)
     assert (xd.shape, xd.block_shape) == ([rows, k], [plan.block_m, 64])
     assert (wd.shape, wd.block_shape) == ([e * n, k // 2], [plan.block_n, 32])
-    assert (sd.shape, sd.strides, sd.block_shape) == ([e * n, k // 32], [k // 32, 1], [plan.block_n, 16])
+    assert (sd.shape, sd.strides, sd.block_shape) == ([e * n, k // 128], [k // 128, 1], [plan.block_n, 4])  # int32 words of 4 scales
+    assert sd.base.dtype == torch.int32 and sd.layout.element_bitwidth == 32
     assert xd.layout.swizzle_byte_width == 128 and sd.layout.swizzle_byte_width == 0
 
 
@@ -100,6 +107,19 @@ def test_auto_takes_it_for_prefill_sized_calls_only():
     assert gg.prefill_sized(_meta(6 * 8192, 4096), w, gg._CONTIGUOUS)  # an 8192-token chunk
     assert not gg.prefill_sized(_meta(8, 16, 4096), _meta(8, 4096, 2048, dtype=u8), gg._MASKED)
     assert gg.prefill_sized(_meta(1024, 4096), _meta(4096, 2048, dtype=u8), gg._LINEAR)
+
+
+def test_auto_takes_it_for_decode_only_where_the_decode_entry_says(monkeypatch):
+    """The decode entry's "auto" flag (off until measured faster than the tl kernel) routes mxfp4_path=auto's decode-sized
+    calls to this kernel; off an SM90 device never."""
+    assert SM90("mxfp4_gluon_small")["auto"] is False
+    monkeypatch.setattr(gg, "is_sm90", lambda device: True)
+    monkeypatch.setattr(gg, "config", lambda op, variant, device: {**SM90(variant), "auto": True})
+    assert gg.decode_on_gluon(torch.device("cpu"))
+    monkeypatch.setattr(gg, "config", lambda op, variant, device: SM90(variant))
+    assert not gg.decode_on_gluon(torch.device("cpu"))
+    monkeypatch.setattr(gg, "is_sm90", lambda device: False)
+    assert not gg.decode_on_gluon(torch.device("cpu"))
 
 
 def test_a_decode_sized_call_under_auto_runs_the_tl_register_path():

@@ -453,12 +453,17 @@ CASES: list[Case] = [
     Case("hc_pre bf16 T8192 N4 D4096", _hc_pre(8192), None),
     Case("hc_pre bf16 T8192 N4 D4096 invariant", _hc_pre(8192, invariant=True), None),
     # The SM90 Gluon mxfp4 kernel (warp-specialised: TMA producer warp, wgmma consumers) at V4-Flash's expert shapes
-    # (hidden 4096, w13 2 x 2048 rows, w2 K 2048, 256 experts): decode B64 x top-6 (masked E8 m16 and contiguous 384 rows
-    # over 256 experts), prefill T8192 x top-6 through w2, and a linear.
+    # (hidden 4096, w13 2 x 2048 rows, w2 K 2048, 256 experts): decode B64 / B256 x top-6 (masked E8 m16, contiguous 384 and
+    # 1536 rows over 256 experts, w2 at B64), prefill T8192 x top-6 through w2, and a linear.
     Case("grouped_gemm mxfp4 gluon decode masked (E8 m16 4096->4096)", _gluon_mxfp4("masked", 8, 16, 4096, 4096), "mx", MXFP4_W4A16,
          archs=("sm90",), tma=True),
     Case("grouped_gemm mxfp4 gluon decode contig (E256 384 4096->4096)", _gluon_mxfp4("contiguous", 256, 384, 4096, 4096), "mx", MXFP4_W4A16,
          archs=("sm90",), tma=True),
+    # decode B256 x top-6 (16-row tiles; the B64 case above takes 8-row ones) and w2 (K 2048: 8 stages) at B64
+    Case("grouped_gemm mxfp4 gluon decode contig (E256 1536 4096->4096)", _gluon_mxfp4("contiguous", 256, 1536, 4096, 4096), "mx", MXFP4_W4A16,
+         archs=("sm90",), tma=True),
+    Case("grouped_gemm mxfp4 gluon decode contig w2 (E256 384 2048->4096)", _gluon_mxfp4("contiguous", 256, 384, 4096, 2048), "mx",
+         MXFP4_W4A16, archs=("sm90",), tma=True),
     Case("grouped_gemm mxfp4 gluon prefill contig (E256 49152 2048->4096)", _gluon_mxfp4("contiguous", 256, 49152, 4096, 2048), "mx",
          MXFP4_W4A16, archs=("sm90",), tma=True),
     Case("linear mxfp4 gluon prefill (4096x4096->4096)", _gluon_mxfp4("linear", 1, 4096, 4096, 4096), "mx", MXFP4_W4A16, archs=("sm90",), tma=True),

@@ -8,20 +8,25 @@ only (more than 64 rows per expert: gemm.py's "_large" tiles) and the `tl` kerne
 mxfp4_path=gluon takes it for every call it serves. The `tl` kernel is what the interpreter checks in CI; calls
 this kernel does not serve (below) go to it.
 
+Decode (branch mxdec, 2026-12-07, compiled, NOT YET MEASURED): the decode entry runs one consumer warpgroup with a
+register cap (`maxnreg`) that fits two CTAs per SM and 8-row tiles at <= 2 rows per expert (tuning/sm90.py says why);
+its "auto" flag (`decode_on_gluon`) is what would let mxfp4_path=auto take decode calls too, off until measured.
+
 Why: on SM90 the `tl` register-dequant kernel is load-bound (a probe removed its dequantisation and the
 rate stayed), and `tl` cannot split the loads from the dequantisation and the MMA into different warps.
 
 Schedule (one program per output tile, the grid and tile -> (expert, rows, N block) map of gemm.py's
 `_tile_of_program`, no split-K):
-- producer partition (1 warp): first the tile's whole scale strip ([BLOCK_N, K/32] e8m0 bytes as K/512
-  TMA boxes of [BLOCK_N, 16], TMA's narrowest, on their own mbarrier), then per K step of BLOCK_K the packed weight tile ([BLOCK_N, 32]
+- producer partition (1 warp): first the tile's whole scale strip ([BLOCK_N, K/32] e8m0 bytes, seen as int32 words of
+  four, as K/512 TMA boxes of [BLOCK_N, 4] words, TMA's narrowest, on their own mbarrier), then per K step of BLOCK_K the packed weight tile ([BLOCK_N, 32]
   bytes per 64 K) and the activation tile ([BLOCK_M, 64] bf16 per 64 K) by TMA into a NUM_STAGES ring
   of shared-memory stages, each with a `ready` mbarrier (expect-tx bytes) and an `empty` one.
 - consumer partition (the default one, num_warps warps = 1 or 2 warpgroups): per stage, the packed
-  bytes and their scales are read from shared memory straight into the layout of wgmma's register A
+  bytes are read from shared memory straight into the layout of wgmma's register A
   operand (`_packed_layout`: the bf16 operand's layout with each k pair as one element), dequantised
   by bit placement (gemm.py's `_e2m1_bf16_pairs` trick and one `fma.rn.bf16x2` per pair, the same bits
-  as MX_MODE 3 with MX_DQ 0), and multiplied by `warpgroup_mma` (A = the weight tile in registers,
+  as MX_MODE 3 with MX_DQ 0; the factors made from one scale word per row and 128 K, `_scale_factors`), and
+  multiplied by `warpgroup_mma` (A = the weight tile in registers,
   B = x^T, the activation tile's shared-memory view transposed), accumulating float32 [BLOCK_N, BLOCK_M]
   (swapped as in MX_MODE 3: weight rows are wgmma's M, so 16-token decode tiles still fill it). One
   wgmma group stays in flight; a stage is released (its `empty` arrive) once the wgmma that read it is done.
@@ -150,7 +155,7 @@ if GLUON_IMPORT_ERROR is None:
         SCALE_BOXES: gl.constexpr = s_smem.shape[0]
         mbarrier.expect(scales_ready, SCALE_BOXES * s_desc.block_type.nbytes)
         for box in gl.static_range(SCALE_BOXES):
-            _tma_load(s_desc, [w_row, box * 16], scales_ready, s_smem.index(box))
+            _tma_load(s_desc, [w_row, box * 4], scales_ready, s_smem.index(box))
         for step in range(num_steps):
             stage = step % NUM_STAGES
             mbarrier.wait(empty.index(stage), ((step // NUM_STAGES) & 1) ^ 1)
@@ -161,20 +166,44 @@ if GLUON_IMPORT_ERROR is None:
                 _tma_load(x_desc, [x_row, k], bar, x_smem.index(stage * SUBS + sub))
                 _tma_load(w_desc, [w_row, k // 2], bar, w_smem.index(stage * SUBS + sub))
 
+    # Four e8m0 scale bytes (one int32 word of the strip: the 32-K groups 4j..4j+3 of a row, little-endian) -> the four
+    # groups' factors, each a bf16x2 word of 2^(s - 127 + 126 - 64) in both halves (the exponent field min(s, 193) + 62,
+    # saturating at inf): the bytes as u16 lanes (s0, s2) and (s1, s3), min and field << 7 two lanes at a time, then each
+    # lane copied to both halves. 13 instructions for 4 factors (the byte-wise form took about 6 per factor).
+    _SCALE_WORD_TO_FACTORS: gl.constexpr = gl.constexpr("""{
+    .reg .b32 lo, hi, c;
+    mov.b32 c, 0x00C100C1;
+    and.b32 lo, $4, 0x00FF00FF;
+    shr.b32 hi, $4, 8;
+    and.b32 hi, hi, 0x00FF00FF;
+    min.u16x2 lo, lo, c;
+    min.u16x2 hi, hi, c;
+    mad.lo.u32 lo, lo, 128, 0x1F001F00;
+    mad.lo.u32 hi, hi, 128, 0x1F001F00;
+    prmt.b32 $0, lo, 0, 0x1010;
+    prmt.b32 $1, hi, 0, 0x1010;
+    prmt.b32 $2, lo, 0, 0x3232;
+    prmt.b32 $3, hi, 0, 0x3232;
+    }""")
+
     @gluon.jit
-    def _dequantised_operand(packed_smem, scale_smem, a_layout: gl.constexpr, BLOCK_N: gl.constexpr, num_warps: gl.constexpr):
+    def _scale_factors(words):
+        """int32 scale words [BLOCK_N, 1] -> the factors of their four 32-K groups (four [BLOCK_N, 1] int32 tensors)."""
+        return gl.inline_asm_elementwise(_SCALE_WORD_TO_FACTORS, "=r,=r,=r,=r,r", [words],
+                                         dtype=(gl.int32, gl.int32, gl.int32, gl.int32), is_pure=True, pack=1)
+
+    @gluon.jit
+    def _dequantised_operand(packed_smem, f0, f1, a_layout: gl.constexpr, BLOCK_N: gl.constexpr, num_warps: gl.constexpr):
         """The [BLOCK_N, 64] bf16 weight tile, shifted by 2^-64 (gemm.py's MX_SHIFT), in wgmma's register A
-        layout: packed e2m1 bytes [BLOCK_N, 32] and their two e8m0 bytes per row [BLOCK_N, 2]."""
+        layout: packed e2m1 bytes [BLOCK_N, 32] and the factors of its two 32-K groups (`_scale_factors`)."""
         flat_layout: gl.constexpr = _packed_layout(BLOCK_N, 64, num_warps, False)
         p_layout: gl.constexpr = _packed_layout(BLOCK_N, 64, num_warps, True)
         s_layout: gl.constexpr = gl.SliceLayout(2, p_layout)
         b = gl.convert_layout(gl.reshape(packed_smem.load(flat_layout), [BLOCK_N, 2, 16]), p_layout).to(gl.int32)
-        s = scale_smem.load(s_layout).to(gl.int32)
         a = b * 0x40040  # gemm.py's _e2m1_bf16_pairs: codes' bits 2:0 at 8:6 and 24:22, signs at 9 and 25
         words = (a & 0x01C001C0) | ((a << 6) & -0x7FFF8000)  # the signs at 15 and 31
-        # bf16 exponent field of 2^(s - 127 + 126 - 64), saturating at inf, in both halves of a word
-        field = gl.minimum(s, 255 - 126 + 64) + (126 - 64)
-        factor = gl.expand_dims(field * 0x00800080, 2)
+        factor = gl.convert_layout(gl.join(gl.reshape(f0, [BLOCK_N]), gl.reshape(f1, [BLOCK_N])), s_layout)  # [BLOCK_N, 2]
+        factor = gl.expand_dims(factor, 2)
         words, factor = gl.broadcast(words, factor)
         prod = gl.inline_asm_elementwise(
             "{ .reg .b32 z; mov.b32 z, 0x80008000; fma.rn.bf16x2 $0, $1, $2, z; }",
@@ -189,22 +218,30 @@ if GLUON_IMPORT_ERROR is None:
                   stride_oe, stride_om, stride_on,
                   BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, NUM_STAGES: gl.constexpr, num_warps: gl.constexpr):
         SUBS: gl.constexpr = BLOCK_K // 64
+        WORDS: gl.constexpr = BLOCK_K // 128  # scale words per row per step (4 groups each)
         STEPS_PER_BOX: gl.constexpr = 512 // BLOCK_K
         mma_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, BLOCK_M, 16])
         a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma_layout, k_width=2)
+        # a [BLOCK_N, 1] word per row, in the rows' distribution of _packed_layout (its group-and-pair dims sliced off)
+        w_layout: gl.constexpr = gl.SliceLayout(2, _packed_layout(BLOCK_N, 32, num_warps, True))
         acc = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=mma_layout)
         mbarrier.wait(scales_ready, 0)
         for box in range(num_steps // STEPS_PER_BOX):
-            scales = s_smem.index(box)  # [BLOCK_N, 16]: this 512-K span's e8m0 bytes
+            scales = s_smem.index(box)  # [BLOCK_N, 4] int32: this 512-K span's e8m0 bytes
             for j in gl.static_range(STEPS_PER_BOX):
                 step = box * STEPS_PER_BOX + j
                 stage = step % NUM_STAGES
                 mbarrier.wait(ready.index(stage), (step // NUM_STAGES) & 1)
-                for sub in gl.static_range(SUBS):
-                    a = _dequantised_operand(w_smem.index(stage * SUBS + sub), scales.slice((j * SUBS + sub) * 2, 2, dim=1), a_layout,
-                                             BLOCK_N, num_warps)
-                    acc = warpgroup_mma(a, x_smem.index(stage * SUBS + sub).permute((1, 0)), acc, is_async=True)
-                    acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
+                for w in gl.static_range(WORDS):
+                    f0, f1, f2, f3 = _scale_factors(scales.slice(j * WORDS + w, 1, dim=1).load(w_layout))
+                    for half in gl.static_range(2):
+                        sub = 2 * w + half
+                        if half == 0:
+                            a = _dequantised_operand(w_smem.index(stage * SUBS + sub), f0, f1, a_layout, BLOCK_N, num_warps)
+                        else:
+                            a = _dequantised_operand(w_smem.index(stage * SUBS + sub), f2, f3, a_layout, BLOCK_N, num_warps)
+                        acc = warpgroup_mma(a, x_smem.index(stage * SUBS + sub).permute((1, 0)), acc, is_async=True)
+                        acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
                 # the wgmma groups of the previous step are complete: release its stage
                 mbarrier.arrive(empty.index((step + NUM_STAGES - 1) % NUM_STAGES), pred=step > 0)
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
@@ -289,6 +326,7 @@ class GluonPlan:
     num_warps: int
     num_stages: int
     producer_regs: int
+    maxnreg: int | None  # the launch's register cap per thread (None: Triton's, which fits one CTA per SM)
     num_m_tiles: int
     num_n: int
 
@@ -314,11 +352,14 @@ def not_served(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor
     return None
 
 
-def _fit_stages(block_m: int, block_n: int, block_k: int, k: int, stages: int) -> int:
-    """The tuning entry's stages, fewer while the ring and the scale strip exceed the budget (at least 2)."""
+def _fit_stages(block_m: int, block_n: int, block_k: int, k: int, stages: int, ctas_per_sm: int = 1) -> int:
+    """The tuning entry's stages, fewer while the ring and the scale strip exceed the budget (at least 2); with
+    ctas_per_sm > 1 (the decode entry: that many programs resident per SM, so one's prologue and epilogue overlap
+    another's loads), the budget is shared by them."""
     strip = block_n * k // 32
     per_stage = block_m * block_k * 2 + block_n * block_k // 2
-    while stages > 2 and strip + stages * per_stage > SHARED_MEMORY_BUDGET:
+    budget = SHARED_MEMORY_BUDGET // ctas_per_sm
+    while stages > 2 and strip + stages * per_stage > budget:
         stages -= 1
     return stages
 
@@ -333,7 +374,14 @@ def plan_gluon(x: torch.Tensor, weight: torch.Tensor, layout: int, cfg_for=None)
     variant = "mxfp4_gluon_small" if rows_per_expert <= SMALL_ROWS_PER_EXPERT else "mxfp4_gluon_large"
     cfg = cfg_for(variant) if cfg_for is not None else config("gemm", variant, x.device)
     block_m = max(16, min(cfg["BLOCK_M"], next_power_of_2(int(rows_per_expert) if rows_per_expert >= 1 else 1)))
+    if 4 * rows_per_expert <= cfg.get("min_block_m", 16):
+        # few rows per expert (decode batch 64 x top-6 over 256 experts: 1.5): an 8-row tile (wgmma N = 8) halves the x
+        # bytes each weight tile pulls through TMA; the 4x headroom keeps an expert's rows in one tile (else its weight
+        # would be read twice), the contiguous layout's counts varying about the bucket's mean
+        block_m = cfg["min_block_m"]
     block_n, block_k = cfg["BLOCK_N"], cfg["BLOCK_K"]
+    if block_k % 128 or 512 % block_k:
+        raise ValueError(f"{variant}: BLOCK_K {block_k} must be 128, 256 or 512 (whole scale words per step, whole steps per scale box)")
     num_n = cdiv(n, block_n)
     if layout == _MASKED:
         num_m_tiles = cdiv(max_m, block_m)
@@ -344,8 +392,8 @@ def plan_gluon(x: torch.Tensor, weight: torch.Tensor, layout: int, cfg_for=None)
     return GluonPlan(
         layout=layout, experts=experts, n=n, k=k, max_m=max_m, rows_total=rows_total,
         block_m=block_m, block_n=block_n, block_k=block_k, group_m=cfg.get("GROUP_M", 8),
-        num_warps=cfg["num_warps"], num_stages=_fit_stages(block_m, block_n, block_k, k, cfg["num_stages"]),
-        producer_regs=cfg.get("producer_regs", 40), num_m_tiles=num_m_tiles, num_n=num_n,
+        num_warps=cfg["num_warps"], num_stages=_fit_stages(block_m, block_n, block_k, k, cfg["num_stages"], cfg.get("ctas_per_sm", 1)),
+        producer_regs=cfg.get("producer_regs", 40), maxnreg=cfg.get("maxnreg"), num_m_tiles=num_m_tiles, num_n=num_n,
     )
 
 
@@ -355,12 +403,12 @@ def descriptors(plan: GluonPlan, x: torch.Tensor, weight: torch.Tensor, weight_s
     k = plan.k
     x2 = x.reshape(-1, k)
     w2 = weight.reshape(-1, k // 2)
-    s2 = weight_scale.reshape(-1, k // 32)
-    x_box, w_box, s_box = [plan.block_m, SUB_K], [plan.block_n, SUB_K // 2], [plan.block_n, 16]
+    s2 = weight_scale.reshape(-1, k // 32).view(torch.int32)  # four e8m0 bytes a word: the consumer reads words
+    x_box, w_box, s_box = [plan.block_m, SUB_K], [plan.block_n, SUB_K // 2], [plan.block_n, 4]
     return (
         TensorDescriptor(x2, list(x2.shape), list(x2.stride()), x_box, gl.NVMMASharedLayout.get_default_for(x_box, gl.bfloat16)),
         TensorDescriptor(w2, list(w2.shape), list(w2.stride()), w_box, gl.NVMMASharedLayout.get_default_for(w_box, gl.uint8)),
-        TensorDescriptor(s2, list(s2.shape), list(s2.stride()), s_box, gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=8, rank=2)),
+        TensorDescriptor(s2, list(s2.shape), list(s2.stride()), s_box, gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2)),
     )
 
 
@@ -373,7 +421,7 @@ def launch(plan: GluonPlan, x, weight, weight_scale, out, offs_arg, mm_arg) -> N
         *strides,
         K=plan.k, LAYOUT=plan.layout, BLOCK_M=plan.block_m, BLOCK_N=plan.block_n, BLOCK_K=plan.block_k, GROUP_M=plan.group_m,
         E_POW2=next_power_of_2(plan.experts), NUM_STAGES=plan.num_stages, PRODUCER_REGS=plan.producer_regs,
-        num_warps=plan.num_warps,
+        num_warps=plan.num_warps, **({"maxnreg": plan.maxnreg} if plan.maxnreg else {}),
     )
 
 
@@ -385,13 +433,19 @@ def prefill_sized(x: torch.Tensor, weight: torch.Tensor, layout: int) -> bool:
     return gemm.row_buckets(x, weight, layout)[4] > SMALL_ROWS_PER_EXPERT
 
 
+def decode_on_gluon(device) -> bool:
+    """Whether mxfp4_path=auto takes this kernel for decode-sized calls too: the SM90 decode entry's "auto" flag
+    (set once .whl/mxdec_check.py measures it faster than the tl kernel on an H100)."""
+    return is_sm90(device) and bool(config("gemm", "mxfp4_gluon_small", device).get("auto", False))
+
+
 def _run(x, weight, weight_scale, layout, *, offsets=None, masked_m=None, prefill_only=False) -> torch.Tensor:
     """The Gluon kernel where it serves the call (`not_served`; with prefill_only, prefill-sized calls only), else the
     tl kernel's register path."""
     n = weight.shape[-2]
     reason = not_served(x, weight, weight_scale, layout)
     empty = x.numel() == 0 or n == 0
-    small = prefill_only and not prefill_sized(x, weight, layout)
+    small = prefill_only and not prefill_sized(x, weight, layout) and not decode_on_gluon(x.device)
     if reason is not None or empty or small or (layout == _MASKED and x.stride(0) < x.stride(1)):
         return gemm.launch_gemm(x, weight, weight_scale, "mxfp4", layout, offsets=offsets, masked_m=masked_m, mx_path="register")
     plan = plan_gluon(x, weight, layout)
