@@ -2,15 +2,12 @@
 
 Verified on an H100 (2026-12-06: `deepinfer conformance --backend cuda --backend-option mxfp4_path=gluon`, its
 mxfp4 cases exact) and measured there against the `tl` kernel at V4-Flash's expert shapes (docs/performance.md):
-1.41-1.50x faster at prefill (8192 tokens x top-6), 0.72-0.83x at decode (64-256 tokens, where the `tl` kernel's
-split-K keeps more loads in flight). So on SM90 backend option mxfp4_path=auto takes it for prefill-sized calls
-only (more than 64 rows per expert: gemm.py's "_large" tiles) and the `tl` kernel (MX_MODE 3) for the rest;
-mxfp4_path=gluon takes it for every call it serves. The `tl` kernel is what the interpreter checks in CI; calls
-this kernel does not serve (below) go to it.
-
-Decode (branch mxdec, 2026-12-07, compiled, NOT YET MEASURED): the decode entry runs one consumer warpgroup with a
-register cap (`maxnreg`) that fits two CTAs per SM and 8-row tiles at <= 2 rows per expert (tuning/sm90.py says why);
-its "auto" flag (`decode_on_gluon`) is what would let mxfp4_path=auto take decode calls too, off until measured.
+1.41-1.50x faster at prefill (8192 tokens x top-6) and, with its decode entry (one consumer warpgroup under a register
+cap, `maxnreg`, that fits two CTAs per SM; 8-row tiles at <= 2 rows per expert; tuning/sm90.py says why), 1.05-1.20x
+at decode (64 and 256 tokens x top-6, outputs equal). So on SM90 backend option mxfp4_path=auto takes it for every
+call it serves (the decode entry's "auto" flag, `decode_on_gluon`, says so for decode-sized calls), as does
+mxfp4_path=gluon. The `tl` kernel is what the interpreter checks in CI; calls this kernel does not serve (below) go to
+it.
 
 Why: on SM90 the `tl` register-dequant kernel is load-bound (a probe removed its dequantisation and the
 rate stayed), and `tl` cannot split the loads from the dequantisation and the MMA into different warps.

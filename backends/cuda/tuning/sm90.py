@@ -70,17 +70,19 @@ CONFIGS: dict[str, dict[str, dict]] = {
         "mxfp4_reg_large": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 3, "w_tma": True},
         # The Gluon kernel (gemm_mxfp4_gluon.py, mxfp4_path=gluon): consumer warps and a producer warp.
         # Prefill (_large): 8 consumer warps (two warpgroups over 128 weight rows), one CTA per SM; measured 1.41-1.50x the
-        # tl kernel on an H100 (2026-12-06). Decode (_small), 2026-12-07, chosen by the sm90 compile check (Triton 3.9 and
-        # 3.6), NOT YET MEASURED (.whl/mxdec_check.py times it and its alternatives against the tl kernel): the 8-warp
-        # tile (0.72-0.83x the tl kernel) ran one CTA per SM (Triton's default register cap for a warp-specialised kernel,
-        # 168 x 384 threads, fills the SM), its two warpgroups joined by a bar.sync after every wgmma wait, and each
-        # program's prologue (the scale strip, the ring's fill) and epilogue idle on the SM. Now one consumer warpgroup,
-        # maxnreg 128 (consumer 232 registers after setmaxnreg, no spills): two CTAs per SM (ctas_per_sm halves the
-        # shared-memory budget: 7 stages at K 4096, 8 at 2048); min_block_m: 8-row tiles (wgmma N = 8) where the
-        # bucket has <= 2 rows per expert (batch 64 x top-6 over 256 experts). auto: whether mxfp4_path=auto takes it for
-        # decode (False until measured faster than the tl kernel).
+        # tl kernel on an H100 (2026-12-06). Decode (_small), 2026-12-06: the 8-warp tile (0.72-0.83x the tl kernel) ran one
+        # CTA per SM (Triton's default register cap for a warp-specialised kernel, 168 x 384 threads, fills the SM), its two
+        # warpgroups joined by a bar.sync after every wgmma wait, and each program's prologue (the scale strip, the ring's
+        # fill) and epilogue idle on the SM. Now one consumer warpgroup, maxnreg 128 (consumer 232 registers after
+        # setmaxnreg, no spills): two CTAs per SM (ctas_per_sm halves the shared-memory budget: 7 stages at K 4096, 8 at
+        # 2048); min_block_m: 8-row tiles (wgmma N = 8) where the bucket has <= 2 rows per expert (batch 64 x top-6 over
+        # 256 experts). Measured on an H100 (2026-12-06, docs/measurements/2026-12-06/round8/h100_call3/mxdec.txt; outputs
+        # equal to the tl kernel's): V4-Flash's experts w13 / w2 at 64 and 256 tokens x top-6, 1.05-1.20x the tl kernel
+        # (2.34-2.66 TB/s against 2.22-2.25); 64-row weight tiles (3 CTAs/SM) and 16-row token tiles were no better overall,
+        # the old 8-warp tile 0.73-0.87x. auto: mxfp4_path=auto takes it for decode too (the 8-layer e2e decode step at
+        # batch 64 / 256: 13.01 -> 11.78 / 19.24 -> 18.30 ms).
         "mxfp4_gluon_small": {"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 4, "num_stages": 8, "producer_regs": 40,
-                              "maxnreg": 128, "ctas_per_sm": 2, "min_block_m": 8, "auto": False},
+                              "maxnreg": 128, "ctas_per_sm": 2, "min_block_m": 8, "auto": True},
         "mxfp4_gluon_large": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 4, "producer_regs": 40},
         # mxfp8 (e4m3 weights): decode 128x128 w4 s4 189 regs, 67 KB, 6.5 per element; prefill 256x128x64 w8 s3 210 regs.
         "mxfp8_reg_small": {"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 4, "num_stages": 4},
