@@ -19,7 +19,7 @@ MXFP4_PATH = BackendOption(
     ("auto", "dot_scaled", "upcast", "register", "gluon"),
     "auto",
     "mxfp4 GEMMs with bf16/fp16 activations: auto = on SM90 (no block-scaled MMA there) e2m1 dequantised in registers, "
-    "by the warp-specialised Gluon kernel for prefill-sized calls (more than 64 rows per expert) and the tl kernel for the rest, "
+    "by the warp-specialised Gluon kernel for every call it serves (prefill and decode sizes; the tl kernel for the rest), "
     "tl.dot_scaled where Triton and the GPU have it (SM100), else the in-kernel e2m1 upcast; "
     "dot_scaled / upcast / register force one (dot_scaled is an error where it is missing; register also takes "
     "mxfp8 and mxfp4_a8 through the register dequant); fp8_block32 (W8A16) takes the same path as mxfp4; "
