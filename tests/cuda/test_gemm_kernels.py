@@ -353,6 +353,9 @@ def test_shape_only_choices(kg):
     bk, st = kg._fit_shared_memory("fp8_block", x32.bfloat16(), w32.to(quant.FP8_DTYPE), False, 128, 256, 128, 8)
     assert bk == 128 and st < 8
     assert kg._variant("dense", 16) == "dense_small" and kg._variant("fp8_block", 4096) == "fp8_block_large"
+    # large decode batches (65-256 rows per expert) have an fp8 entry of their own; the other formats keep two
+    assert [kg._variant("fp8_block", r) for r in (64, 65, 256, 257)] == ["fp8_block_small", "fp8_block_medium", "fp8_block_medium", "fp8_block_large"]
+    assert kg._variant("dense", 256) == "dense_large"
     # no tensor descriptors under the interpreter or for float32 x with fp8 weights
     assert not kg._use_tma({"tma": True}, "dense", x32.bfloat16(), w32.bfloat16(), 1024, 1)
 

@@ -877,10 +877,18 @@ def mxfp4_path() -> str:
     return "tl.dot_scaled" if MXFP4_DOT_SCALED else "in-kernel e2m1 upcast"
 
 
+# Formats with a <fmt>_medium entry for 65-256 rows per expert (large decode batches): there the prefill tile (fp8_block's
+# 128 x 128) leaves 2 x N/128 programs, so the planner splits K and loses the TMA kernel; the H100's batch-256 V4-Flash
+# step spent 2.26 ms in its dense fp8 projections so (0.8 GB, 0.35 TB/s; docs/performance.md).
+_MEDIUM_FMTS = ("fp8_block",)
+MEDIUM_ROWS = 256
+
+
 def _variant(fmt: str, rows_per_expert: float, mx_mode: int | None = None) -> str:
-    """The tuning entry: <fmt>_small (<= 64 rows per expert: decode) or <fmt>_large; the register
-    dequant path (MX_MODE 3) has its own, <fmt>_reg_small / _large (mxfp4_a8 takes mxfp4's)."""
-    size = "small" if rows_per_expert <= 64 else "large"
+    """The tuning entry: <fmt>_small (<= 64 rows per expert: decode), <fmt>_medium (<= MEDIUM_ROWS, the formats of
+    _MEDIUM_FMTS) or <fmt>_large; the register dequant path (MX_MODE 3) has its own, <fmt>_reg_small / _large
+    (mxfp4_a8 takes mxfp4's)."""
+    size = "small" if rows_per_expert <= 64 else "medium" if rows_per_expert <= MEDIUM_ROWS and fmt in _MEDIUM_FMTS else "large"
     if mx_mode == _MX_REGISTER:
         return f"{fmt if fmt in ('mxfp8', 'fp8_block32') else 'mxfp4'}_reg_{size}"
     return f"{fmt}_{size}"

@@ -5,7 +5,7 @@ Kernel modules add their entries here; an op/variant missing here falls back to 
 
 CONFIGS: dict[str, dict[str, dict]] = {
     # gemm (linear + grouped_gemm, every format): <fmt>_small serves <= 64 rows per expert (decode:
-    # weight streaming, BLOCK_M is a cap lowered to the rows), <fmt>_large the rest. fp8 BLOCK_K is
+    # weight streaming, BLOCK_M is a cap lowered to the rows), fp8_block_medium 65-256 (large decode batches), <fmt>_large the rest. fp8 BLOCK_K is
     # always 128 (the scale group). quant_act: the fused fp8 activation quantiser, BLOCK_R rows (at most: fewer
     # rows take their power-of-two bucket) x one 128-column group per program, warps for elems_per_thread each.
     "gemm": {
@@ -17,6 +17,7 @@ CONFIGS: dict[str, dict[str, dict]] = {
         "dense_f32_large": {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 32, "GROUP_M": 8, "num_warps": 4, "num_stages": 3},
         "fp8_block_small": {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 4, "num_stages": 3},
         "fp8_block_large": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 3},
+        "fp8_block_medium": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 3},  # = large: tuned per arch
         "mxfp4_small": {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 4, "num_stages": 3},
         "mxfp4_large": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 3},
         "mxfp8_small": {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 4, "num_stages": 3},

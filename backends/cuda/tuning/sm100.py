@@ -32,6 +32,7 @@ CONFIGS: dict[str, dict[str, dict]] = {
         # prefill, fp8_block: 128 x 128 x 128 (one scale group per step) through TMA, 5 stages = 160 KB; 8 warps for the
         # per-group promotion (the product leaves TMEM every 128 K, as DeepGEMM's promotion does).
         "fp8_block_large": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 5, "tma": True, "k_pairs": False},
+        "fp8_block_medium": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 5, "tma": True, "k_pairs": False},
         # mxfp4 (W4A16: x stays bf16, so Triton upcasts e2m1 and runs kind::f16): decode as SM90 (64 x 64 x 256, 4 stages).
         "mxfp4_small": {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 256, "GROUP_M": 8, "num_warps": 4, "num_stages": 4},
         # prefill mxfp4: 128 x 128 with K 64 (SM90's K 128 spills 288 B on SM100: the upcast e2m1 tile lives in registers).
