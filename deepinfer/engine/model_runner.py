@@ -368,7 +368,9 @@ class ModelRunner:
         if rows.sample_select is not None:
             logits = logits.index_select(0, self.tensor(rows.sample_select, torch.int64))
         sampling = self.sampling_tensors(samplers)
-        tokens, logprobs = self.sample_rows(logits, samplers, rows.input_rows, rows.forward_batch.input_ids, lambda x: self.ops.sample(logits=x, **sampling))
+        all_greedy = all(seq.params.temperature == 0 for seq in samplers)  # known here: the backend skips the filters' passes
+        tokens, logprobs = self.sample_rows(logits, samplers, rows.input_rows, rows.forward_batch.input_ids,
+                                            lambda x: self.ops.sample(logits=x, **sampling, all_greedy=all_greedy))  # fmt: skip
         return LaunchedStep(samplers, tokens, logprobs, prompt_logprobs)
 
     def sample_rows(self, logits: torch.Tensor, samplers: list[Sequence], input_rows: list[int], input_ids: torch.Tensor,

@@ -64,6 +64,7 @@ def sample(
     min_p: torch.Tensor,
     seeds: torch.Tensor,
     positions: torch.Tensor,
+    all_greedy: bool = False,
 ) -> torch.Tensor:
     """One token per row. logits: [B, V] float32; per row: temperature [B] float32, top_k [B] int32
     (<= 0 or >= V: off), top_p [B] float32 (1.0: off), min_p [B] float32 (0.0: off), seeds [B]
@@ -79,13 +80,16 @@ def sample(
     token = argmax over kept v of z[v] + g[v] (lowest index on ties), with Gumbel noise
     g = -log(-log(u)), u = sampling_uniform(seeds, positions, V).
     Returns [B] int64. Every row depends only on its own inputs, never on the rest of the batch.
+    all_greedy: every row is greedy, whatever `temperature` holds (the caller knows it on the host, from the
+    requests): a backend runs only the greedy path, without reading the per-row parameters (an eager step of
+    greedy requests then launches what torch.argmax would, not the filters' passes too).
     """
     logits = logits.float()
     greedy = temperature == 0
     # On the CPU a look at the values costs nothing (elsewhere it would synchronise): skip the
     # vocabulary sorts when no row needs them. Results are the same either way.
     on_cpu = logits.device.type == "cpu"
-    if on_cpu and bool(greedy.all()):
+    if all_greedy or (on_cpu and bool(greedy.all())):
         return logits.argmax(dim=-1)
     # Greedy rows divide by 1 instead (their z is unused), so no row produces inf or nan.
     z = logits / torch.where(greedy, 1.0, temperature.float())[:, None]

@@ -307,6 +307,10 @@ def check_sampling(gen):
     same_tokens(sample_inputs(gen, 40, [rows[(i % 2) + 10 * (i % 7 == 3)] for i in range(70)]))
     need = M.PATH_TOPK_CANDIDATES | M.PATH_TOPK_ROWS | M.PATH_TOPP_CANDIDATES | M.PATH_TOPP_ROWS | M.PATH_TOKEN_CANDIDATES
     assert seen & need == need, seen
+    # all_greedy (the caller's promise): every row's greedy token whatever its parameters, ties and -inf rows included
+    kw = ties_and_minus_inf_rows(gen, finite_at=123)
+    want = ref_sample(**{**kw, "temperature": torch.zeros_like(kw["temperature"])})
+    assert torch.equal(S.sample(**kw, all_greedy=True), want) and torch.equal(ref_sample(**kw, all_greedy=True), want)
 
     # rejection_sample's accept kernel: more requests than vector cores (the persistent request loop),
     # a request of 21 rows (more than a 16-row step), drafts equal to the drawn tokens for a prefix of

@@ -227,6 +227,22 @@ def test_all_forbidden_row_and_bf16_logits(k):
     assert torch.equal(k.sample(*args), ref.sample(*args))
 
 
+def test_all_greedy_is_the_argmax_whatever_the_parameters(k):
+    """all_greedy (the caller's promise, eager steps of greedy requests): two launches, every row's token the reference's
+    greedy one (lowest index on ties; an all -inf row 0) although the rows' parameters ask for sampling; small chunks too."""
+    for kind, V, block in (("ties", 1003, 256), ("masked", 129280, None), ("peaked", 3000, 256)):
+        args = _rows(6, V, seed=5, kind=kind)
+        args[0][2] = float("-inf")
+        greedy = [args[0], torch.zeros(6), *args[2:]]
+        want = ref.sample(*greedy)
+        assert torch.equal(want, args[0].argmax(-1))
+        assert torch.equal(ref.sample(*args, all_greedy=True), want)
+        kw = {} if block is None else {"block": block}
+        paths = torch.empty(6, dtype=torch.int32)
+        assert torch.equal(k._sample(*args, all_greedy=True, paths=paths, **kw), want)
+        assert paths.tolist() == [GREEDY] * 6
+
+
 # ---------------------------------------------------------------------------------------------- apply_token_bitmask
 
 

@@ -373,3 +373,26 @@ def test_penalty_history_slots_are_filled_from_the_tokens_and_reclaimed():
     assert history.output_counts[a, 9] == 1 and history.output_counts[b, 9] == 0
     seqs[0].status, seqs[1].status = SequenceStatus.RUNNING, SequenceStatus.FINISHED
     assert history.slot(seqs[0]) == b and history.output_counts[b].tolist() == [2 if v == 5 else 1 if v == 7 else 0 for v in range(40)]
+
+
+def test_an_eager_step_of_greedy_requests_tells_the_backend_so(monkeypatch):
+    """The engine knows the requests' temperatures on the host: a step whose rows are all greedy passes all_greedy (the
+    backend then runs only the greedy path), a step with one sampled row does not; the tokens are those of the flag unset."""
+    llm = toy_llm(enforce_eager=True)
+    runner, seen = llm.engine.runner, []
+    sample = runner.ops.sample
+
+    def spy(*args, all_greedy=False, **kwargs):
+        seen.append(all_greedy)
+        return sample(*args, all_greedy=all_greedy, **kwargs)
+
+    monkeypatch.setattr(runner.ops, "sample", spy)
+    greedy = SamplingParams(max_tokens=4, temperature=0, ignore_eos=True)
+    flagged = [o.outputs[0].token_ids for o in llm.generate([PROMPT, "another prompt"], greedy, use_tqdm=False)]
+    assert seen and all(seen)
+    seen.clear()
+    mixed = llm.generate([PROMPT, "another prompt"], [greedy, SamplingParams(max_tokens=4, temperature=0.8, seed=1, ignore_eos=True)], use_tqdm=False)
+    assert seen and not any(seen)
+    monkeypatch.setattr(runner.ops, "sample", lambda *args, all_greedy=False, **kwargs: sample(*args, **kwargs))
+    assert [o.outputs[0].token_ids for o in llm.generate([PROMPT, "another prompt"], greedy, use_tqdm=False)] == flagged
+    assert mixed[0].outputs[0].token_ids == flagged[0]

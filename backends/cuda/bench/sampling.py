@@ -55,6 +55,13 @@ def _kernel(s: dict):
     return sample(s["logits"], s["temperature"], s["top_k"], s["top_p"], s["min_p"], s["seeds"], s["positions"])
 
 
+def _kernel_all_greedy(s: dict):
+    """As the engine samples an eager step of greedy requests: all_greedy (two launches)."""
+    from deepinfer_cuda.kernels.sampling import sample
+
+    return sample(s["logits"], s["temperature"], s["top_k"], s["top_p"], s["min_p"], s["seeds"], s["positions"], all_greedy=True)
+
+
 def _torch_top_k_top_p(s: dict):
     """The common torch sampler: sort once, mask the tail past top-k and past top-p, multinomial."""
     logits = s["logits"] / s["temperature"][:, None]
@@ -129,6 +136,8 @@ MIN_P_PEER = "torch softmax + min_p mask + multinomial"
 CASES = [
     BenchCase("sample", "B256_V129280_topk50_topp0.9", _setup(256, VOCAB, 1.0, 50, 0.9, 0.0), _kernel, _torch_top_k_top_p, SORT_PEER, _zero, _bytes),
     BenchCase("sample", "B256_V129280_greedy", _setup(256, VOCAB, 0.0, 0, 1.0, 0.0), _kernel, _torch_argmax, "torch.argmax", _zero, _bytes),
+    # an eager step of greedy requests: the engine passes all_greedy (pass 1's argmax and the plan only)
+    BenchCase("sample", "B256_V129280_all_greedy", _setup(256, VOCAB, 0.0, 0, 1.0, 0.0), _kernel_all_greedy, _torch_argmax, "torch.argmax", _zero, _bytes),
     # Informative: temperature only (every token is a candidate: one pass with the noise per element),
     # and top-p alone on peaked logits (the candidates come from the lane maxima).
     BenchCase("sample", "B256_V129280_temperature", _setup(256, VOCAB, 0.8, 0, 1.0, 0.0), _kernel, _torch_temperature, SOFTMAX_PEER, _zero, _bytes),

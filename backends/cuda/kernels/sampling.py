@@ -367,7 +367,7 @@ def _gather_chunk(x, offs, ok, L, sx, si, SEG: tl.constexpr):
 def _sample_pass1_argmax(
     logits_ptr, stride_row, temp_ptr, topk_ptr, topp_ptr, minp_ptr, seed_ptr, pos_ptr,
     wf_ptr, wi_ptr, V, NCH, CH, WF, WI, G,
-    BLOCK: tl.constexpr, LIBDEVICE: tl.constexpr, PDL: tl.constexpr = False,
+    BLOCK: tl.constexpr, LIBDEVICE: tl.constexpr, ALL_GREEDY: tl.constexpr = False, PDL: tl.constexpr = False,
 ):
     """Pass 1 of greedy and unfiltered rows, grid (B, G): the row's chunks g, g + G, ..., each
     computed alone (G, from the batch size, changes which program does a chunk, never its result).
@@ -378,6 +378,7 @@ def _sample_pass1_argmax(
     row = tl.program_id(0)
     g = tl.program_id(1)
     td, k, top_p, min_p, greedy, k_on, p_on, m_on = _params(temp_ptr, topk_ptr, topp_ptr, minp_ptr, row, V)
+    greedy = greedy | ALL_GREEDY  # the caller's promise: every row greedy, whatever its temperature
     if greedy | ((k_on | p_on | m_on) == 0):
         fr = wf_ptr + row.to(tl.int64) * WF
         ir = wi_ptr + row.to(tl.int64) * WI
@@ -459,13 +460,15 @@ def _sample_pass1_filter(
 def _sample_plan(
     temp_ptr, topk_ptr, topp_ptr, minp_ptr, out_ptr, path_ptr,
     wf_ptr, wi_ptr, V, NCH, WF, WI,
-    NCH_P2: tl.constexpr, N_G: tl.constexpr, SEG: tl.constexpr, LIBDEVICE: tl.constexpr, RECORD_PATH: tl.constexpr, PDL: tl.constexpr = False,
+    NCH_P2: tl.constexpr, N_G: tl.constexpr, SEG: tl.constexpr, LIBDEVICE: tl.constexpr, RECORD_PATH: tl.constexpr,
+    ALL_GREEDY: tl.constexpr = False, PDL: tl.constexpr = False,
 ):
     """One program per row: combine the chunks. Greedy and unfiltered rows get their token here;
     filtered rows get M, zmax, r, the candidate bound L and where their candidates come from."""
     pdl_prologue(PDL)
     row = tl.program_id(0)
     td, k, top_p, min_p, greedy, k_on, p_on, m_on = _params(temp_ptr, topk_ptr, topp_ptr, minp_ptr, row, V)
+    greedy = greedy | ALL_GREEDY
     filtered = k_on | p_on | m_on
     fr = wf_ptr + row.to(tl.int64) * WF
     ir = wi_ptr + row.to(tl.int64) * WI
@@ -676,8 +679,9 @@ def sample(
     min_p: torch.Tensor,
     seeds: torch.Tensor,
     positions: torch.Tensor,
+    all_greedy: bool = False,
 ) -> torch.Tensor:
-    return _sample(logits, temperature, top_k, top_p, min_p, seeds, positions)
+    return _sample(logits, temperature, top_k, top_p, min_p, seeds, positions, all_greedy=all_greedy)
 
 
 PASS1_PROGRAMS = 2048  # programs of each first-pass kernel unless the tuning entry says (at least one a row)
@@ -697,10 +701,10 @@ def _pow2(n: int) -> int:
 def _sample(
     logits, temperature, top_k, top_p, min_p, seeds, positions, *,
     block=None, n_groups=None, seg=None, cap=None, tile_c=None, num_warps=None, row_warps=None, paths=None,
-    pass1_programs=None, filter_programs=None, filter_prefetch=None, filter_warps=None,
+    pass1_programs=None, filter_programs=None, filter_prefetch=None, filter_warps=None, all_greedy=False,
 ):
     """`sample`, with the configuration overridable and the path each row took recorded (for tests
-    and the sweep)."""
+    and the sweep). all_greedy: every row greedy (the contract's promise): pass 1's argmax kernel and the plan only."""
     B, V = logits.shape
     device = logits.device
     out = torch.empty(B, dtype=torch.int64, device=device)
@@ -724,7 +728,7 @@ def _sample(
     wi_row = -(-(2 * nch + 4 + nch * n_g + nch * seg + cap) // 16) * 16
     wf = torch.empty(B * wf_row, dtype=torch.float32, device=device)
     wi = torch.empty(B * wi_row, dtype=torch.int32, device=device)
-    wq = torch.empty(B * nch, dtype=torch.float64, device=device)
+    wq = None if all_greedy else torch.empty(B * nch, dtype=torch.float64, device=device)
     params = (
         temperature if temperature.dtype == torch.float32 else temperature.float(),
         top_k if top_k.dtype in (torch.int32, torch.int64) else top_k.to(torch.int64),
@@ -744,8 +748,14 @@ def _sample(
     g1 = _programs_per_row(pass1_programs or cfg.get("pass1_programs", PASS1_PROGRAMS), nch, B)
     _sample_pass1_argmax[(B, g1)](
         x, x.stride(0), *params, seeds, positions, wf, wi, V, nch, ch, wf_row, wi_row, g1,
-        BLOCK=block, LIBDEVICE=libdevice, num_warps=warps, **pdl_launch(x.device),
+        BLOCK=block, LIBDEVICE=libdevice, ALL_GREEDY=all_greedy, num_warps=warps, **pdl_launch(x.device),
     )
+    if all_greedy:  # every row's token comes out of the plan (two launches, as torch.argmax's reduction)
+        _sample_plan[(B,)](
+            *params, out, path_ptr, wf, wi, V, nch, wf_row, wi_row,
+            NCH_P2=nch_p2, N_G=n_g, SEG=seg, LIBDEVICE=libdevice, RECORD_PATH=record, ALL_GREEDY=True, num_warps=rwarps, **pdl_launch(out.device),
+        )
+        return out
     gf = _programs_per_row(filter_programs or cfg.get("filter_programs", PASS1_PROGRAMS), nch, B)
     _sample_pass1_filter[(B, gf)](
         x, x.stride(0), *params, wf, wi, V, nch, ch, wf_row, wi_row, gf,
