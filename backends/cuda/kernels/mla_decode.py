@@ -369,6 +369,30 @@ def _cached_plan(batch, rows, capacity, device, num_splits, tokens_per_split):
     return _make_plan(batch, rows, capacity, device, num_splits, tokens_per_split, None)
 
 
+def merges_wide(cfg: dict, splits: int, groups: int, device: torch.device) -> bool:
+    """Whether `splits` partials of `groups` (row tile, request) groups merge on the wide combine kernel: many splits
+    and fewer groups than SMs (the tuning entry's wide_combine / wide_min_splits; launch_mla_decode_with_handle says why)."""
+    return bool(cfg.get("wide_combine", False)) and splits >= cfg.get("wide_min_splits", 8) and groups < num_sms(device)
+
+
+def merge_splits(part_out: torch.Tensor, part_lse: torch.Tensor, out: torch.Tensor, splits: int, wide: bool) -> None:
+    """Merge split partials (part_out [B, splits, rows, C] float32, part_lse [B, splits, rows]) into out [B, S, H, C]:
+    one program per (query row, request), or (wide) per (query row, request, WIDE_COLS columns)."""
+    batch, _, rows, latent_dim = part_out.shape
+    args = (part_out, part_lse, out, splits, part_out.stride(0), part_out.stride(1), part_out.stride(2), part_lse.stride(0), part_lse.stride(1),
+            out.stride(0), out.stride(1), out.stride(2))  # fmt: skip
+    ccfg = _config(out.device, "combine")
+    if wide:
+        _mla_decode_wide_combine_kernel[(rows, batch, cdiv(latent_dim, WIDE_COLS))](
+            *args, H=out.shape[2], C=latent_dim, CHUNK=WIDE_SPLITS, BLOCK_CC=WIDE_COLS, num_warps=ccfg["num_warps"], **pdl_launch(out.device),
+        )
+    else:
+        _mla_decode_combine_kernel[(rows, batch)](
+            *args, H=out.shape[2], C=latent_dim, BLOCK_C=max(16, next_power_of_2(latent_dim)), BLOCK_SPLITS=max(2, next_power_of_2(splits)),
+            num_warps=ccfg["num_warps"], **pdl_launch(out.device),
+        )
+
+
 def launch_mla_decode(
     q_nope: torch.Tensor,
     q_rope: torch.Tensor,
@@ -447,8 +471,7 @@ def launch_mla_decode_with_handle(
     # Few (row tile, request) groups: their merges would be that many programs, each reading every
     # split's partial in turn, on a mostly idle GPU (B1 ctx8192 H16: 41 us, most of it the merge);
     # the wide combine spreads them over rows x column blocks instead.
-    wide = (not direct and not separate_combine and cfg.get("wide_combine", False) and splits >= cfg.get("wide_min_splits", 8)
-            and row_tiles * batch < num_sms(q_nope.device))  # fmt: skip
+    wide = not direct and not separate_combine and merges_wide(cfg, splits, row_tiles * batch, q_nope.device)
     fused = not direct and not wide and not separate_combine and cfg.get("fused_combine", False) and row_tiles * batch <= ARRIVALS
     arrivals = arrival_counters(q_nope.device, "mla_decode") if fused else seq_lens  # seq_lens: an unused placeholder
     if direct:
@@ -493,30 +516,8 @@ def launch_mla_decode_with_handle(
         num_warps=cfg.get("fp8_num_warps", cfg["num_warps"]) if fp8 else cfg["num_warps"],
         num_stages=1 if fp8 and dot_f32 else cfg["num_stages"], **pdl_launch(q_nope.device),
     )
-    if wide:
-        ccfg = _config(q_nope.device, "combine")
-        _mla_decode_wide_combine_kernel[(rows, batch, cdiv(latent_dim, WIDE_COLS))](
-            part_out, part_lse, out,
-            splits,
-            *po_strides,
-            *pl_strides,
-            out.stride(0), out.stride(1), out.stride(2),
-            H=heads, C=latent_dim,
-            CHUNK=WIDE_SPLITS, BLOCK_CC=WIDE_COLS,
-            num_warps=ccfg["num_warps"], **pdl_launch(part_out.device),
-        )
-    elif not direct and not fused:
-        ccfg = _config(q_nope.device, "combine")
-        _mla_decode_combine_kernel[(rows, batch)](
-            part_out, part_lse, out,
-            splits,
-            *po_strides,
-            *pl_strides,
-            out.stride(0), out.stride(1), out.stride(2),
-            H=heads, C=latent_dim,
-            BLOCK_C=block_c, BLOCK_SPLITS=max(2, next_power_of_2(splits)),
-            num_warps=ccfg["num_warps"], **pdl_launch(part_out.device),
-        )
+    if wide or (not direct and not fused):
+        merge_splits(part_out, part_lse, out, splits, wide)
     return out, handle
 
 

@@ -63,8 +63,8 @@ from dataclasses import dataclass
 import torch
 
 from deepinfer.ops import kv_cache_format
-from deepinfer.triton_common import cdiv, next_power_of_2, pick_splits
-from deepinfer_cuda.kernels.common import Registration, capability, num_sms, pdl_launch
+from deepinfer.triton_common import cdiv, pick_splits
+from deepinfer_cuda.kernels.common import Registration, capability, num_sms
 
 try:
     from triton.experimental import gluon
@@ -93,7 +93,6 @@ KV_STAGES = 3  # e4m3 ring stages
 SPLIT_GRANULE = 64  # tokens: a split is whole pages
 MIN_TOKENS_PER_SPLIT = 256
 MAX_SPLITS = 64
-WIDE_MIN_SPLITS = 8  # mla_decode's tuning: from this many splits (and fewer groups than SMs) the wide combine merges
 PARTITION_REGS = (160, 88, 40)  # setmaxnreg of warpgroup 1, the converting warpgroup, the loader warp
 # Four e4m3 codes (one 32-bit register) -> four "raw" bfloat16 (two registers): the value * 2^-112, exactly. The
 # e4m3 pairs become halves (cvt.rn.f16x2.e4m3x2, exact: every e4m3 value is a normal half or zero), and a half's
@@ -531,18 +530,8 @@ def launch_mla_decode_fp8_gluon(
     )
     if p.direct:
         return out
-    combine_args = (part_out, part_lse, out, p.num_splits, *po_strides, *pl_strides, out.stride(0), out.stride(1), out.stride(2))
-    ccfg = tl_mla._config(q_nope.device, "combine")
-    if p.num_splits >= WIDE_MIN_SPLITS and p.row_tiles * batch < num_sms(q_nope.device):
-        tl_mla._mla_decode_wide_combine_kernel[(p.rows, batch, cdiv(latent_dim, tl_mla.WIDE_COLS))](
-            *combine_args, H=heads, C=latent_dim, CHUNK=tl_mla.WIDE_SPLITS, BLOCK_CC=tl_mla.WIDE_COLS,
-            num_warps=ccfg["num_warps"], **pdl_launch(out.device),
-        )
-    else:
-        tl_mla._mla_decode_combine_kernel[(p.rows, batch)](
-            *combine_args, H=heads, C=latent_dim, BLOCK_C=next_power_of_2(latent_dim), BLOCK_SPLITS=max(2, next_power_of_2(p.num_splits)),
-            num_warps=ccfg["num_warps"], **pdl_launch(out.device),
-        )
+    tl_cfg = tl_mla._config(q_nope.device, tl_mla._variant(p.rows))  # the tl kernel's merge choice for these rows
+    tl_mla.merge_splits(part_out, part_lse, out, p.num_splits, tl_mla.merges_wide(tl_cfg, p.num_splits, p.row_tiles * batch, q_nope.device))
     return out
 
 
