@@ -750,22 +750,19 @@ def _sample(
         x, x.stride(0), *params, seeds, positions, wf, wi, V, nch, ch, wf_row, wi_row, g1,
         BLOCK=block, LIBDEVICE=libdevice, ALL_GREEDY=all_greedy, num_warps=warps, **pdl_launch(x.device),
     )
-    if all_greedy:  # every row's token comes out of the plan (two launches, as torch.argmax's reduction)
-        _sample_plan[(B,)](
-            *params, out, path_ptr, wf, wi, V, nch, wf_row, wi_row,
-            NCH_P2=nch_p2, N_G=n_g, SEG=seg, LIBDEVICE=libdevice, RECORD_PATH=record, ALL_GREEDY=True, num_warps=rwarps, **pdl_launch(out.device),
+    if not all_greedy:  # (all greedy: every row's token comes out of the plan; two launches, as torch.argmax's reduction)
+        gf = _programs_per_row(filter_programs or cfg.get("filter_programs", PASS1_PROGRAMS), nch, B)
+        _sample_pass1_filter[(B, gf)](
+            x, x.stride(0), *params, wf, wi, V, nch, ch, wf_row, wi_row, gf,
+            BLOCK=block, N_G=n_g, SEG=seg, LIBDEVICE=libdevice, PREFETCH=cfg.get("filter_prefetch", False) if filter_prefetch is None else filter_prefetch,
+            num_warps=filter_warps or cfg.get("filter_warps", warps), **pdl_launch(x.device),
         )
-        return out
-    gf = _programs_per_row(filter_programs or cfg.get("filter_programs", PASS1_PROGRAMS), nch, B)
-    _sample_pass1_filter[(B, gf)](
-        x, x.stride(0), *params, wf, wi, V, nch, ch, wf_row, wi_row, gf,
-        BLOCK=block, N_G=n_g, SEG=seg, LIBDEVICE=libdevice, PREFETCH=cfg.get("filter_prefetch", False) if filter_prefetch is None else filter_prefetch,
-        num_warps=filter_warps or cfg.get("filter_warps", warps), **pdl_launch(x.device),
-    )
     _sample_plan[(B,)](
         *params, out, path_ptr, wf, wi, V, nch, wf_row, wi_row,
-        NCH_P2=nch_p2, N_G=n_g, SEG=seg, LIBDEVICE=libdevice, RECORD_PATH=record, num_warps=rwarps, **pdl_launch(out.device),
+        NCH_P2=nch_p2, N_G=n_g, SEG=seg, LIBDEVICE=libdevice, RECORD_PATH=record, ALL_GREEDY=all_greedy, num_warps=rwarps, **pdl_launch(out.device),
     )
+    if all_greedy:
+        return out
     # pass 2 works only for rows whose candidates overflowed pass 1; every other program returns at
     # once, so past PASS2_PROGRAMS programs a row's chunks are shared out (the H200: 16k programs
     # that return at once took 17 us of a 76 us greedy batch of 256)
