@@ -76,7 +76,9 @@ class StoreStats:
 
 @runtime_checkable
 class KVStore(Protocol):
-    """A bounded map from store keys to one block's bytes. Safe to call from several threads."""
+    """A bounded map from store keys to one block's bytes. Safe to call from several threads. A store may also offer
+    `get_into(key, head, out) -> bool` (`DiskStore.get_into`): the payload read straight into the caller's row; the
+    tiers use it where it is there, `get` elsewhere."""
 
     def get(self, key: str) -> bytes | None:
         """The bytes stored under `key`, or None (a miss); marks the entry as recently used."""

@@ -137,13 +137,14 @@ class _Kind:
     rows: BlockRows
     host: HostTier | None
     suffix: str  # appended to the block's store key
+    namespace: KVNamespace
 
     def __post_init__(self) -> None:
         self.layout = self.rows.layout()  # what a stored item must hold (checked on every read)
-        self.head = b""  # what a stored item of this layout starts with (block_codec.head): set with the namespace
+        self.head = block_codec.head(self.namespace, self.layout)  # what a stored item of this layout starts with
 
-    def key(self, namespace: KVNamespace, block_hash: bytes) -> str:
-        return namespace.key(block_hash) + self.suffix
+    def key(self, block_hash: bytes) -> str:
+        return self.namespace.key(block_hash) + self.suffix
 
 
 class KVTiers:
@@ -158,13 +159,10 @@ class KVTiers:
         self.rows, self.namespace, self.block_manager = rows, namespace, block_manager
         self.host, self.stores = host, stores
         self.snapshots = block_manager.snapshots
-        self.blocks_kind = _Kind(rows, host, "")
-        self.blocks_kind.head = block_codec.head(namespace, self.blocks_kind.layout)
+        self.blocks_kind = _Kind(rows, host, "", namespace)
         if (states is None) != (self.snapshots is None):
             raise ValueError("KVTiers needs the snapshot pool's rows exactly when the block manager keeps snapshots")
-        self.states_kind = _Kind(states, host_states, "-state") if states is not None else None
-        if self.states_kind is not None:
-            self.states_kind.head = block_codec.head(namespace, self.states_kind.layout)
+        self.states_kind = _Kind(states, host_states, "-state", namespace) if states is not None else None
         self.device = rows.device
         self.copies = copies
         # stores only: one writer (encodes and puts, in offload order), one reader (a fetch at a time, in request order)
@@ -187,13 +185,13 @@ class KVTiers:
     @_timed("engine_s")
     def offload(self, blocks: list[tuple[int, bytes]]) -> None:
         """Copy out cached blocks that just became evictable (block id, chain hash), those no tier holds yet."""
-        self._offload(self.blocks_kind, [(b, self.blocks_kind.key(self.namespace, h)) for b, h in blocks])
+        self._offload(self.blocks_kind, [(b, self.blocks_kind.key(h)) for b, h in blocks])
 
     @_timed("engine_s")
     def offload_snapshot(self, block_hash: bytes, entry: int) -> None:
         """Copy out a state snapshot as it is filed (the pool keeps few, LRU: by the time its block is evicted it may
         be gone)."""
-        self._offload(self.states_kind, [(entry, self.states_kind.key(self.namespace, block_hash))])
+        self._offload(self.states_kind, [(entry, self.states_kind.key(block_hash))])
 
     def _offload(self, kind: _Kind, items: list[tuple[int, str]]) -> None:
         """Copy out rows of `kind` (row index in its tensors, store key) that its host tier does not hold yet, in chunks
@@ -320,7 +318,7 @@ class KVTiers:
         fetch = _Fetch(hashes, blocks, device_hit, host_rows, tiers=[HOST] * len(host_rows))
         if self.stores and (len(host_rows) < len(hashes) or self.states_kind is not None):
             keys = [self.namespace.key(h) for h in hashes[len(host_rows) :]]
-            state_keys = [self.states_kind.key(self.namespace, h) for h in hashes] if self.states_kind is not None else None
+            state_keys = [self.states_kind.key(h) for h in hashes] if self.states_kind is not None else None
             wanted = set(keys) | set(state_keys or ())
             writes = [w.future for w in self.writes if not wanted.isdisjoint(w.keys)]  # its blocks' writes in flight
             fetch.stored = self.reader.submit(self._read, keys, state_keys, len(host_rows), writes)
@@ -431,7 +429,7 @@ class KVTiers:
             block_hash = fetch.hashes[end - 1]
             if self.snapshots.entry(block_hash) is not None:
                 fetch.state = ("pool",)
-            elif self.states_kind.host is not None and (row := self.states_kind.host.find(self.states_kind.key(self.namespace, block_hash))) is not None:
+            elif self.states_kind.host is not None and (row := self.states_kind.host.find(self.states_kind.key(block_hash))) is not None:
                 self.states_kind.host.hold(row)
                 fetch.state, fetch.state_row = ("host", row), row
             elif stored is not None and stored[0] == end:
