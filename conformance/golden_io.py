@@ -62,9 +62,19 @@ def split_kwargs(kwargs: dict[str, Any]) -> tuple[dict[str, torch.Tensor], dict[
     tensors = {k: v for k, v in kwargs.items() if isinstance(v, torch.Tensor)}
     params = {k: v for k, v in kwargs.items() if not isinstance(v, torch.Tensor)}
     for k, v in params.items():
-        if v is not None and not isinstance(v, (bool, int, float, str)):
-            raise TypeError(f"case argument {k!r} is a {type(v).__name__}: only tensors and plain values are stored")
+        if not _is_plain(v):
+            raise TypeError(f"case argument {k!r} is a {type(v).__name__}: only tensors, plain values and tuples of them are stored")
     return tensors, params
+
+
+def _is_plain(value: Any) -> bool:
+    """None, a bool, int, float or str, or a tuple of such (nested: e.g. decode_plan's compressor kinds)."""
+    return value is None or isinstance(value, (bool, int, float, str)) or (isinstance(value, tuple) and all(map(_is_plain, value)))
+
+
+def _as_tuples(value: Any) -> Any:
+    """A parameter as the case gave it: JSON wrote its tuples as lists."""
+    return tuple(map(_as_tuples, value)) if isinstance(value, list) else value
 
 
 def read_manifest(golden_dir: Path = GOLDEN_DIR) -> dict[str, Any]:
@@ -75,7 +85,7 @@ def read_manifest(golden_dir: Path = GOLDEN_DIR) -> dict[str, Any]:
 
 
 def read_cases(golden_dir: Path = GOLDEN_DIR) -> list[CaseRecord]:
-    return [CaseRecord(**c) for c in read_manifest(golden_dir)["cases"]]
+    return [CaseRecord(**{**c, "params": {k: _as_tuples(v) for k, v in c["params"].items()}}) for c in read_manifest(golden_dir)["cases"]]
 
 
 class GoldenTensors:
