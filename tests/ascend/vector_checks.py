@@ -15,7 +15,8 @@ The interpreter is lenient where a compiler is not (a variable given different s
 branches of an `if` runs fine there), so every kernel also goes through Triton's real front end
 (`python vector_checks.py FAMILY frontend`: Python AST -> TTIR, for a CUDA target, no device
 needed) with each chip's tile sizes. The sample kernel's chunked small-batch path has its checks in
-test_sampling_chunks.py (in process) and only its front-end build here (FRONT_END_FAMILIES).
+test_sampling_chunks.py (in process) and only its front-end build here (FRONT_END_FAMILIES); so has the decode_plan
+kernel (test_decode_plan_kernel.py).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import sys
 
 CHIPS = ("910B", "950")
 FAMILIES = ("misc", "moe", "sampling")
-FRONT_END_FAMILIES = (*FAMILIES, "sampling_chunked")
+FRONT_END_FAMILIES = (*FAMILIES, "sampling_chunked", "decode_plan")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -408,6 +409,8 @@ def frontend(family: str) -> None:
                   x_ptr=p, out_ptr=p, T=i32, I=i32, stride_x=i32, stride_o=i32)
     elif family == "sampling_chunked":
         _build_chunked_sample_kernels(build, i32)
+    elif family == "decode_plan":
+        _build_decode_plan_kernel(build, i32)
     elif family == "moe":
         for dt in ("bf16", "fp32"):
             p = "*" + dt
@@ -476,6 +479,30 @@ def _build_chunked_sample_kernels(build, i32: str) -> None:
         build(C._chunk_collect_kernel, dict(BLOCK=block, SEG=seg, NCH_P=nch_p, NT=sz["NT"]),
               logits_ptr=pf, stride_row=i32, topp_ptr=pf, plan_f_ptr=pf, plan_i_ptr=pi, q_limbs_ptr=pi, approx_ptr=pf,
               seg_x_ptr=pf, seg_i_ptr=pi, seg_n_ptr=pi, **items)
+
+
+def _build_decode_plan_kernel(build, i32: str) -> None:
+    """decode_plan's launches as its wrapper makes them for DeepSeek-V4-Flash (window 128 over pages of 64, the CSA ratio
+    4 with its overlapping ring, then HCA's 128 with its plain one), for DeepSeek-V4.1 (an entry table alone) and for a
+    compressor kind without a table, with the tile the simulated chip gives."""
+    from deepinfer_ascend.kernels import decode_plan as P
+    from deepinfer_ascend.kernels.common import tile_elems
+
+    pointers = dict(positions_ptr="*i64", tables_ptr="*i32", slot_mapping_ptr="*i64", state_slots_ptr="*i32", positions_out="*i64",
+                    token_seq_out="*i32", window_out="*i32", entries_out="*i32", visible_out="*i32", ring_rows_out="*i64",
+                    window_starts_out="*i64", prev_starts_out="*i64", entry_positions_out="*i64", pool_rows_out="*i64", group_rows_out="*i32")  # fmt: skip
+    scalars = dict(B=i32, W=i32, stride_tables=i32, groups=i32, table_start=i32, table=i32, kind=i32)
+    sizes = dict(BLOCK_SIZE=64, BLOCK=min(P._MAX_BLOCK, tile_elems(P._BYTES_PER_ELEM)), ROW_BLOCK=P._ROW_BLOCK)
+    no_kind = dict(KIND_RATIO=0, KIND_OVERLAP=False, KIND_RING=0, KIND_POOL_ROWS=1)
+    launches = [
+        dict(WINDOW=128, RATIO=4, ENTRY_ROWS=16, ENTRY_STRIDE=1, KIND_RATIO=4, KIND_OVERLAP=True, KIND_RING=8, KIND_POOL_ROWS=16, FIRST=True),
+        dict(WINDOW=0, RATIO=128, ENTRY_ROWS=1, ENTRY_STRIDE=2, KIND_RATIO=128, KIND_OVERLAP=False, KIND_RING=128, KIND_POOL_ROWS=1, FIRST=False),
+        dict(WINDOW=0, RATIO=2, ENTRY_ROWS=32, ENTRY_STRIDE=1, **no_kind, FIRST=True),
+        dict(WINDOW=0, RATIO=0, ENTRY_ROWS=1, ENTRY_STRIDE=1, KIND_RATIO=4, KIND_OVERLAP=True, KIND_RING=12, KIND_POOL_ROWS=16, FIRST=False),
+    ]
+    for constexprs in launches:
+        build(P._decode_plan_kernel, {**constexprs, **sizes}, **pointers, **scalars)
+    build(P._decode_plan_kernel, {**launches[1], **sizes}, **pointers, **{**scalars, "table_start": "i64"})  # a table past 2^31 entries
 
 
 def main(family: str) -> None:

@@ -2,12 +2,13 @@
 
 import json
 
+import pytest
 import torch
 
 from deepinfer.registry import all_ops
 from deepinfer_conformance import generate
 from deepinfer_conformance.cases import all_cases
-from deepinfer_conformance.golden_io import GOLDEN_DIR, CaseRecord, read_cases
+from deepinfer_conformance.golden_io import GOLDEN_DIR, CaseRecord, GoldenTensors, read_cases, split_kwargs
 from deepinfer_conformance.runner import measure
 
 from cli_helpers import run_cli, run_main
@@ -28,6 +29,21 @@ def test_every_op_has_cases_covering_the_edges():
     assert {c.op for c in cases} == set(ops), "every op needs golden cases"
     for op in ops:
         assert sum(c.op == op for c in cases) >= 2, op
+
+
+def test_tuple_parameters_are_read_back_as_the_tuples_the_case_gave(tmp_path):
+    """decode_plan's ratios and compressor kinds are (nested) tuples: the manifest stores them as JSON lists, and the
+    recorded case gives the kernel the tuples back (a list is no plain parameter)."""
+    case = next(c for c in all_cases() if c.op == "decode_plan" and c.inputs()["rings"])
+    files, records = generate.build([case])
+    generate.write(tmp_path, files, records)
+    (stored,) = read_cases(tmp_path)
+    given = case.inputs()
+    inputs = GoldenTensors(tmp_path).inputs(stored)
+    for name in ("ratios", "rings"):
+        assert inputs[name] == given[name] and type(inputs[name]) is tuple and all(type(v) is type(w) for v, w in zip(inputs[name], given[name]))
+    with pytest.raises(TypeError, match="only tensors, plain values and tuples of them"):
+        split_kwargs({"rings": [(4, True, 8)]})
 
 
 def test_allclose_measure_scales_atol_by_reduction_length():

@@ -1,4 +1,4 @@
-"""Ops only some model types call (`OpSpec.model_types`: DeepSeek-V4's eight, five of them V4.1's too, and V4.1's six). A backend without
+"""Ops only some model types call (`OpSpec.model_types`: DeepSeek-V4's nine, six of them V4.1's too, and V4.1's eight). A backend without
 kernels for them (cuda and ascend today) still serves DeepSeek-V2/V3 exactly as before; a V4 model
 there is a one-line error naming the first missing op and the fix, or, with the fallback allowed
 explicitly, the reference serves those ops and each is logged once. The conformance suite shows
@@ -21,7 +21,7 @@ from deepinfer_conformance.golden_io import read_cases
 
 from fake_backend import NAME, FakeBackend
 
-V4 = ("clamped_silu_and_mul", "compress_kv", "hc_post", "hc_pre", "head_norm_rope", "indexer_topk", "norm_rope_kv_write", "sparse_attention")
+V4 = ("clamped_silu_and_mul", "compress_kv", "decode_plan", "hc_post", "hc_pre", "head_norm_rope", "indexer_topk", "norm_rope_kv_write", "sparse_attention")
 V3 = ModelFacts(model_type="deepseek_v3", num_experts=256, top_k=8, score_func="sigmoid", n_group=8, topk_group=4, renormalize=True, correction_bias=True)
 V4_FACTS = ModelFacts(model_type="deepseek_v4", num_experts=256, top_k=6, score_func="sqrtsoftplus", n_group=1, topk_group=1, num_heads=64, sliding_window=128)
 
@@ -38,7 +38,7 @@ def _resolve(plugins: Plugins, facts: ModelFacts, **kwargs):
 
 
 V41_ONLY = ("cache_pack", "cache_round", "cache_unpack", "candidate_blocks", "engram_gate_add", "engram_hash", "hc_pre_delayed", "indexer_topk_in_blocks")
-SHARED_WITH_V41 = ("clamped_silu_and_mul", "compress_kv", "hc_post", "indexer_topk", "sparse_attention")
+SHARED_WITH_V41 = ("clamped_silu_and_mul", "compress_kv", "decode_plan", "hc_post", "indexer_topk", "sparse_attention")
 
 
 def test_deepseek_v4_ops_are_declared_for_deepseek_v4_and_v41_only():

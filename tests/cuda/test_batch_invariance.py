@@ -84,7 +84,7 @@ SEPARATE = {"linear", "grouped_gemm", "mla_decode", "rms_norm", "gate", "prefill
 AS_THEY_ARE = {
     "rope", "head_norm_rope", "silu_and_mul", "clamped_silu_and_mul", "kv_cache_write", "norm_rope_kv_write", "dispatch", "combine", "sample",
     "apply_token_bitmask", "hc_post", "rejection_sample", "apply_penalties", "apply_token_bias", "gather_logprobs",
-    "cache_round", "cache_pack", "cache_unpack", "engram_hash", "engram_gate_add",
+    "cache_round", "cache_pack", "cache_unpack", "engram_hash", "engram_gate_add", "decode_plan",
 }  # fmt: skip
 
 
@@ -545,6 +545,38 @@ def test_compress_kv(reg, dtype, ratio, overlap):
         s = torch.cat([o_starts[:before], starts, o_starts[before:]])
         p = torch.cat([o_prevs[:before], prevs, o_prevs[before:]])
         same(fn(kv, gate, bias, s, p, ratio=ratio, overlap=overlap)[before : before + 2], want, f"{before, after}")
+
+
+def test_decode_plan(reg):
+    """Two sequences' tables (window rows, entry tables, visible counts, ring plans) alone and beside other sequences and
+    padding rows, over block tables of one width (a device graph's)."""
+    from deepinfer.ops.decode_plan import OUTPUTS, RING_FIELDS, split_entry_rows
+
+    fn, g = kernel(reg, "decode_plan", torch.float32), gen(21)
+    width, block_size, ratios = 6, 16, (4, 32)
+    params = dict(block_size=block_size, window=8, ratios=ratios, rings=((4, True, 8), (32, False, 32)), groups=2)
+
+    def sequences(positions: torch.Tensor, states: torch.Tensor):
+        tables = torch.randint(0, 500, (len(positions), width), generator=g, dtype=torch.int32)
+        slots = tables.long().gather(1, (positions // block_size)[:, None])[:, 0] * block_size + positions % block_size
+        return positions, tables, slots, states
+
+    def rows(inputs, at: int) -> list[torch.Tensor]:
+        out = dict(zip(OUTPUTS, fn(*inputs, **params)))
+        tables = split_entry_rows(out["entry_rows"], len(inputs[0]), block_size, width, ratios)
+        return [out["positions"][at : at + 2], out["window_rows"][at : at + 2], *(t[at : at + 2] for t in tables), out["num_visible"][:, at : at + 2],
+                *(out[name][:, at : at + 2] for name in RING_FIELDS)]  # fmt: skip
+
+    mine = sequences(torch.tensor([31, 95]), torch.tensor([3, 5], dtype=torch.int32))  # windows of 4 and of 32 close at 31 and 95
+    want = rows(mine, 0)
+    for before, after in LAYOUTS:
+        n = before + after
+        states = torch.randint(-1, 9, (n,), generator=g, dtype=torch.int32)  # -1: rows without a state slot
+        positions, tables, slots, states = sequences(torch.randint(0, width * block_size, (n,), generator=g), states)
+        slots[::3] = -1  # padding rows among them
+        inputs = [torch.cat([o[:before], m, o[before:]]) for o, m in zip((positions, tables, slots, states), mine)]
+        for got, expected in zip(rows(inputs, before), want):
+            same(got, expected, f"{before, after}")
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

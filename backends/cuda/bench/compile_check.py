@@ -373,6 +373,18 @@ def _hc_pre(t: int, streams: int = 4, hidden: int = 4096, invariant: bool = Fals
     return call
 
 
+def _decode_plan(batch: int, context: int, page: int = 64) -> Callable[[], None]:
+    """DeepSeek-V4-Flash's decode plan: window 128, CSA ratio 4 (its ring 8) and HCA 128, 8 output groups, block tables of
+    `context` tokens."""
+    def call():
+        from deepinfer_cuda.kernels import decode_plan
+
+        i32, i64 = torch.int32, torch.int64
+        decode_plan.decode_plan(_t(batch, dtype=i64), _t(batch, context // page, dtype=i32), _t(batch, dtype=i64), _t(batch, dtype=i32),
+                                block_size=page, window=128, ratios=(4, 128), rings=((4, True, 8), (128, False, 128)), groups=8)
+    return call
+
+
 def _quant_act_fp8(m: int, k: int) -> Callable[[], None]:
     def call():
         from deepinfer_cuda.kernels import gemm
@@ -452,6 +464,9 @@ CASES: list[Case] = [
     Case("hc_pre bf16 T64 N4 D4096", _hc_pre(64), None),
     Case("hc_pre bf16 T8192 N4 D4096", _hc_pre(8192), None),
     Case("hc_pre bf16 T8192 N4 D4096 invariant", _hc_pre(8192, invariant=True), None),
+    # V4-Flash's decode plan (every table of a step in one launch): batch 1 at a 1M-token context, batch 64 at 32k
+    Case("decode_plan B1 ctx1M", _decode_plan(1, 1 << 20), None, pdl=True),
+    Case("decode_plan B64 ctx32k", _decode_plan(64, 1 << 15), None),
     # The SM90 Gluon mxfp4 kernel (warp-specialised: TMA producer warp, wgmma consumers) at V4-Flash's expert shapes
     # (hidden 4096, w13 2 x 2048 rows, w2 K 2048, 256 experts): decode B64 / B256 x top-6 (masked E8 m16, contiguous 384 and
     # 1536 rows over 256 experts, w2 at B64), prefill T8192 x top-6 through w2, and a linear.
@@ -510,6 +525,7 @@ class Launch:
 def _as_arch(arch: str, launches: list[Launch]):
     from deepinfer_cuda.kernels import (
         activation,
+        decode_plan,
         gemm,
         gemm_mxfp4_gluon,
         hyper_connection,
@@ -549,8 +565,8 @@ def _as_arch(arch: str, launches: list[Launch]):
         (hyper_connection, "num_sms", lambda device: SM_COUNT[arch]), (hyper_connection, "interpreting", lambda: False),
         (indexer, "interpreting", lambda: False), (indexer, "upcast_dot", lambda: False),
     ]
-    modules = (activation, gemm, gemm_mxfp4_gluon, hyper_connection, indexer, kv_cache, logits_processing, logprobs, mla_decode, mla_decode_fp8_gluon,
-               moe, norm, prefill, rejection_sampling, rope, sampling, sparse_attention)  # fmt: skip
+    modules = (activation, decode_plan, gemm, gemm_mxfp4_gluon, hyper_connection, indexer, kv_cache, logits_processing, logprobs, mla_decode,
+               mla_decode_fp8_gluon, moe, norm, prefill, rejection_sampling, rope, sampling, sparse_attention)  # fmt: skip
     kernels = [v for mod in modules for v in vars(mod).values() if hasattr(v, "run") and hasattr(v, "arg_names")]
     saved = [(mod, name, getattr(mod, name)) for mod, name, _ in patches]
     try:

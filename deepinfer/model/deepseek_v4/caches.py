@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import torch
 
 from deepinfer.model.deepseek_v4.config import CSA, SLIDING, V4Config
+from deepinfer.ops.decode_plan import rows_per_block  # the pools' layout, which the decode plan's entry tables follow
 from deepinfer.ops.kv_cache_format import row_width
 
 RING_DTYPE = torch.float32
@@ -37,12 +38,6 @@ def ring_size(ratio: int, overlap: bool, lookahead: int = 0) -> int:
     still reads. A whole number of windows keeps every window in consecutive rows (row = position %
     ring), which a decode step pools in place (decode_plan)."""
     return (2 * ratio if overlap else ratio) + -(-lookahead // ratio) * ratio
-
-
-def rows_per_block(block_size: int, ratio: int) -> int:
-    if block_size % ratio and ratio % block_size:
-        raise ValueError(f"the KV block size {block_size} and the compression ratio {ratio} must divide one another")
-    return max(1, block_size // ratio)
 
 
 @dataclass
