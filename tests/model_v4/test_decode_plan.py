@@ -14,10 +14,12 @@ from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicO
 
 from deepinfer.model.deepseek_v4.decode_plan import RingPlan, plan_decode
 from deepinfer.model.deepseek_v4.step import SeqStep, plan_step, ring_sizes
+from deepinfer.runtime import open_runtime
 
 from model_v4.test_step_plan import BLOCK_SIZES, CONFIGS, random_batch
 
 CPU = torch.device("cpu")
+OPS = open_runtime("reference", dtype=torch.float32).ops  # the plan's op: its reference
 
 
 def device_inputs(seqs: list[SeqStep], block_size: int, extra_columns: int = 0, padding: int = 0, device=CPU):
@@ -39,7 +41,7 @@ def decode_seqs(seqs: list[SeqStep]) -> list[SeqStep]:
 def assert_device_plan_is_the_host_plan(config, seqs: list[SeqStep], block_size: int, lookahead: int, extra_columns: int, padding: int) -> None:
     rings = ring_sizes(config, lookahead)
     host = plan_step(config, seqs, block_size, CPU, rings=rings)
-    dev = plan_decode(config, *device_inputs(seqs, block_size, extra_columns, padding), block_size, rings)
+    dev = plan_decode(OPS, config, *device_inputs(seqs, block_size, extra_columns, padding), block_size, rings)
     n, rows = len(seqs), len(seqs) + padding
 
     def same(got, want, what):
@@ -49,6 +51,7 @@ def assert_device_plan_is_the_host_plan(config, seqs: list[SeqStep], block_size:
         same(getattr(dev, name)[:n], getattr(host, name), name)
     assert (dev.window_rows[n:] == -1).all() and (dev.write_slots[n:] == -1).all() and (dev.positions[n:] == 0).all(), "padding rows"
     assert dev.token_seq.tolist() == list(range(rows))
+    assert dev.group_rows.dtype == torch.int32 and dev.group_rows.tolist() == [rows] * config.o_groups, "the output projection's masked counts"
 
     assert list(dev.ratios) == list(host.ratios)
     width = max(len(s.pages) for s in seqs) + extra_columns
@@ -124,7 +127,7 @@ def test_a_row_without_a_state_slot_keeps_no_compressor_state():
     """A row with a cache slot but no state slot (-1: a start-up probe's) writes its KV but no ring row and no entry."""
     config, block_size = CONFIGS["tiny-v4"], 16
     seqs = [SeqStep(127, 1, 127, 0, list(range(8))), SeqStep(127, 1, 127, -1, list(range(8, 16)))]
-    plan = plan_decode(config, *device_inputs(seqs, block_size), block_size, ring_sizes(config))
+    plan = plan_decode(OPS, config, *device_inputs(seqs, block_size), block_size, ring_sizes(config))
     assert (plan.write_slots >= 0).all()
     for kind, ring in plan.compressors.items():
         assert ring.ring_rows[0] >= 0 and ring.ring_rows[1] == -1, kind
@@ -135,7 +138,7 @@ def test_a_ring_that_splits_windows_is_refused():
     config, block_size = CONFIGS["tiny-v4"], 16
     rings = {**ring_sizes(config), (4, True): 10}
     with pytest.raises(ValueError, match="a ring of 10 rows splits windows of 4 tokens"):
-        plan_decode(config, *device_inputs([SeqStep(5, 1, 5, 0, [0])], block_size), block_size, rings)
+        plan_decode(OPS, config, *device_inputs([SeqStep(5, 1, 5, 0, [0])], block_size), block_size, rings)
 
 
 # ---- no host reads ---------------------------------------------------------------------------------------------------
@@ -158,7 +161,7 @@ def test_the_device_plan_reads_nothing_on_the_host(name):
     config, block_size = CONFIGS[name], 64
     seqs = edge_batch(block_size, random.Random(0))
     inputs = device_inputs(seqs, block_size, extra_columns=2, padding=3)
-    plan = without_host_reads(lambda *t: plan_decode(config, *t, block_size, ring_sizes(config, 3)), *inputs)
+    plan = without_host_reads(lambda *t: plan_decode(OPS, config, *t, block_size, ring_sizes(config, 3)), *inputs)
     rows = len(seqs) + 3
     assert plan.window_rows.device.type == "meta" and plan.window_rows.shape == (rows, config.sliding_window)
     for ratio, tables in plan.ratios.items():

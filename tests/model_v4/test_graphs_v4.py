@@ -69,7 +69,7 @@ def test_graph_replayed_decode_gives_the_eager_tokens(graphs_llm, host_plan_toke
     assert runner.graphs is not None and runner.graphs.max_tokens_per_seq == 1
     forwards = count_forwards(monkeypatch, graphs_llm)
     planned, plan = [], v4_model.plan_decode
-    monkeypatch.setattr(v4_model, "plan_decode", lambda *a, **kw: planned.append(a[1].shape[0]) or plan(*a, **kw))
+    monkeypatch.setattr(v4_model, "plan_decode", lambda *a, **kw: planned.append(a[2].shape[0]) or plan(*a, **kw))
     before = (graphs.warmups, len(graphs.captured), graphs.replays)
     assert tokens(graphs_llm) == host_plan_tokens
     warmups, captured, replays = (now - then for now, then in zip((graphs.warmups, len(graphs.captured), graphs.replays), before))
@@ -191,6 +191,6 @@ def test_the_decode_step_reads_nothing_on_the_host(graphs_llm, monkeypatch):
     assert logits.shape == (4, model.config.vocab_size) and not calls, "every recorded op was called"
     # The check bites: a host read planted in the plan raises under it.
     monkeypatch.setattr(model, "ops", RecordedOps(ops, [], record=False))
-    monkeypatch.setattr(v4_model, "plan_decode", lambda *args: args[1].max().item())
+    monkeypatch.setattr(v4_model, "plan_decode", lambda *args: args[2].max().item())
     with FakeTensorMode(allow_non_fake_inputs=True) as mode, pytest.raises((DataDependentOutputException, DynamicOutputShapeException)):
         model.forward(ForwardBatch(**{k: mode.from_tensor(v) if isinstance(v, torch.Tensor) else v for k, v in vars(batch).items()}), caches)

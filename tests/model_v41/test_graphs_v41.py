@@ -58,7 +58,7 @@ def test_graph_replayed_decode_gives_the_eager_and_the_per_span_tokens(graphs_ll
         mp.setattr(decode_plan, "plans_on_device", lambda batch, config: False)
         per_span = tokens(engine_over(graphs_llm, enforce_eager=True))
     planned, plan = [], decode_plan.plan_decode
-    monkeypatch.setattr(decode_plan, "plan_decode", lambda *a: planned.append(a[1].input_ids.shape[0]) or plan(*a))
+    monkeypatch.setattr(decode_plan, "plan_decode", lambda *a: planned.append(a[2].input_ids.shape[0]) or plan(*a))
     eager = engine_over(graphs_llm, enforce_eager=True)
     assert eager.engine.runner.graphs is None and tokens(eager) == per_span
     assert planned and set(planned) == {5}, "eager decode steps ran on the device plan"
@@ -165,6 +165,6 @@ def test_the_decode_step_reads_nothing_on_the_host(graphs_llm, monkeypatch):
     assert logits.shape == (4, model.config.vocab_size) and not calls, "every recorded op was called"
     # The check bites: a host read planted in the plan raises under it.
     monkeypatch.setattr(model, "ops", RecordedOps(ops, [], record=False))
-    monkeypatch.setattr(decode_plan, "plan_decode", lambda config, batch, caches: batch.positions.max().item())
+    monkeypatch.setattr(decode_plan, "plan_decode", lambda ops, config, batch, caches: batch.positions.max().item())
     with FakeTensorMode(allow_non_fake_inputs=True) as mode, pytest.raises((DataDependentOutputException, DynamicOutputShapeException)):
         model.forward(ForwardBatch(**{k: mode.from_tensor(v) if isinstance(v, torch.Tensor) else v for k, v in vars(batch).items()}), caches)

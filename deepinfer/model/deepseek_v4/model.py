@@ -235,15 +235,14 @@ class DeepseekV4ForCausalLM:
         (decode_plan: what a device graph captures), any other step's on the host (step.py)."""
         rings = {(c.ratio, c.overlap): c.ring for cache in caches for c in (cache.compressor, cache.indexer) if c is not None}
         block_size = caches[0].swa.shape[1]
-        if plans_on_device(batch):
-            step = plan_decode(config, batch.positions, batch.block_tables, batch.slot_mapping, batch.state_slots, block_size, rings)
-        else:
-            host = batch.host
-            if host is None:
-                raise ValueError("a DeepSeek-V4 step other than a decode step (one token per sequence, with state slots) needs the batch's host facts")
-            seqs = [SeqStep(start, length, cached, slot, pages) for start, length, cached, slot, pages in
-                    zip(host.starts, host.lengths, host.cached, host.slots, host.pages)]  # fmt: skip
-            step = plan_step(config, seqs, block_size, self.device, rings=rings, upload=host.upload)
+        if plans_on_device(batch):  # the plan's op fills group_rows too
+            return plan_decode(self.ops, config, batch.positions, batch.block_tables, batch.slot_mapping, batch.state_slots, block_size, rings)
+        host = batch.host
+        if host is None:
+            raise ValueError("a DeepSeek-V4 step other than a decode step (one token per sequence, with state slots) needs the batch's host facts")
+        seqs = [SeqStep(start, length, cached, slot, pages) for start, length, cached, slot, pages in
+                zip(host.starts, host.lengths, host.cached, host.slots, host.pages)]  # fmt: skip
+        step = plan_step(config, seqs, block_size, self.device, rings=rings, upload=host.upload)
         # once per step, not per layer: every layer's grouped output projection reads it
         step.group_rows = torch.full((config.o_groups,), step.positions.shape[0], dtype=torch.int32, device=self.device)
         return step

@@ -13,9 +13,12 @@ The layers read the rows the per-span path reads, in the same order, so both giv
   holds at least the window and a decode token lies past the prompt), so the per-span path's mask there is moot
   (`plans_on_device` checks it where the host knows the tail; a device graph's batch comes from the engine's decode
   steps, for which it holds);
-- compressed entries, per ratio: the sequence's entry e at pool row `entry_table[b, e]` (DeepSeek-V4's layout, whose
-  `entry_table` builds it), -1 from `visible` = (p + 1) // ratio on; the entry whose group closes at p (p + 1 a
-  multiple of the ratio) is written to its row, every other token's to the scratch block (caches.py);
+- compressed entries, per ratio: the sequence's entry e at pool row `entry_table[b, e]` (DeepSeek-V4's layout), -1 from
+  `visible` = (p + 1) // ratio on: the entry tables, the visible counts and the planned positions of every ratio come
+  from DeepSeek-V4's `decode_plan` op in one call (deepinfer/ops/decode_plan.py; no window, no compressor kinds: V4.1's
+  window rows are its ring's, its pending rows its own), given the slot mapping with this plan's padding rows at -1; the
+  entry whose group closes at p (p + 1 a multiple of the ratio) is written to its row, every other token's to the
+  scratch block (caches.py);
 - padding rows (slot_mapping or state slot -1: a device graph's rows past the batch) read nothing (window rows and
   visible entries -1, Engram's history pad) and write only the scratch slot and block; their position is planned as 0.
 """
@@ -26,10 +29,10 @@ from dataclasses import dataclass, field
 
 import torch
 
-from deepinfer.model.deepseek_v4.decode_plan import entry_table
 from deepinfer.model.deepseek_v41.caches import V41State
 from deepinfer.model.deepseek_v41.config import V41Config
 from deepinfer.model.forward_batch import ForwardBatch
+from deepinfer.ops.decode_plan import OUTPUTS, split_entry_rows
 
 I32 = torch.int32
 
@@ -72,12 +75,20 @@ def plans_on_device(batch: ForwardBatch, config: V41Config) -> bool:
     return all(cached <= start for cached, start in zip(host.cached, host.starts)) and all(tail <= low for tail, low in zip(tails, lowest))
 
 
-def plan_decode(config: V41Config, batch: ForwardBatch, caches: V41State) -> V41DecodePlan:
+def plan_decode(ops, config: V41Config, batch: ForwardBatch, caches: V41State) -> V41DecodePlan:
     """The plan of a decode step of B sequences, one token each (row b is sequence b's), for caches laid out by
     caches.allocate (its ring, pending and Engram rows, its blocks of `rows_per_block * ratio` tokens)."""
     window = config.sliding_window
     live = (batch.slot_mapping >= 0) & (batch.state_slots >= 0)
-    pos = torch.where(live, batch.positions, 0)  # a padding row's position is stale: plan it at 0, and mask what it reads
+    pools = {role.ratio: state.entries.shape for role, state in zip(config.roles, caches.layers) if role.has_compressor}
+    ratios = tuple(sorted(pools))
+    block_size = next((shape[1] * ratio for ratio, shape in pools.items()), 1)  # (1: no ratio, no entry table to lay out)
+    entries = dict(zip(OUTPUTS, ops.decode_plan(
+        batch.positions, batch.block_tables, torch.where(live, batch.slot_mapping, -1), batch.state_slots, block_size=block_size, window=0,
+        ratios=ratios, rings=(), groups=0,
+    )))  # fmt: skip
+    pos = entries["positions"]  # a padding row's position is stale: planned at 0, and what it reads masked
+    tables = split_entry_rows(entries["entry_rows"], pos.shape[0], block_size, batch.block_tables.shape[1], ratios)
     slots = torch.where(live, batch.state_slots.long(), caches.scratch_slot)
     ring = caches.layers[0].ring.shape[1]
     seen = pos[:, None] + torch.arange(1 - window, 1, device=pos.device)  # [B, window]
@@ -97,21 +108,23 @@ def plan_decode(config: V41Config, batch: ForwardBatch, caches: V41State) -> V41
         plan.engram_write = slots * rows + pos % rows
     for role, state in zip(config.roles, caches.layers):
         if role.has_compressor and role.ratio not in plan.ratios:
-            plan.ratios[role.ratio] = _ratio_decode(role.ratio, pos, live, slots, batch.block_tables, state.entries.shape, state.pending.shape[1])
+            i = ratios.index(role.ratio)
+            plan.ratios[role.ratio] = _ratio_decode(
+                role.ratio, pos, live, slots, batch.block_tables, tables[i], entries["num_visible"][i], state.entries.shape, state.pending.shape[1]
+            )
     return plan
 
 
-def _ratio_decode(ratio: int, pos, live, slots, block_tables, pool_shape, pending_rows: int) -> RatioDecode:
+def _ratio_decode(ratio: int, pos, live, slots, block_tables, table, visible, pool_shape, pending_rows: int) -> RatioDecode:
     blocks, per_block = pool_shape[0], pool_shape[1]
     block_size = per_block * ratio
-    visible = torch.where(live, (pos + 1) // ratio, 0)
     closes = live & ((pos + 1) % ratio == 0)
     page = block_tables.gather(1, (pos // block_size)[:, None])[:, 0].long()  # the block of the token: its group's
     scratch = (blocks - 1) * per_block
     earlier = pos[:, None] - torch.arange(ratio - 1, 0, -1, device=pos.device)  # the group's other tokens, oldest first
     return RatioDecode(
-        entry_table=entry_table(visible, block_tables, block_size, ratio),
-        visible=visible.to(I32),
+        entry_table=table,
+        visible=visible,
         write_rows=torch.where(closes, page * per_block + pos % block_size // ratio, scratch),
         group_first=torch.where(closes, pos + 1 - ratio, 0),
         pool_starts=torch.where(closes, torch.arange(pos.shape[0], device=pos.device) * ratio, -1),

@@ -255,7 +255,7 @@ class DeepseekV41ForCausalLM:
         """A decode step (one token per sequence) on its device plan: every layer on every token, the whole batch in each
         op, nothing read on the host (what a device graph captures; eager decode runs the same code)."""
         ops, c = self.ops, self.config
-        plan = decode_plan.plan_decode(c, batch, caches)
+        plan = decode_plan.plan_decode(ops, c, batch, caches)
         engram_rows = self.engram_hashing.decode(ops, batch.input_ids, plan, caches.engram_ids) if self.engram_hashing is not None else None
         streams, pre, features = self._entering(batch.input_ids, hidden_states)
         shared = SharedBatchKV()
