@@ -110,7 +110,7 @@ def _by_case(result):
 
 
 BENCH_MODULES = [  # in TABLE_ORDER
-    "attention_decode", "attention_prefill", "gemm", "quant_act", "moe", "sampling", "misc", "v4_attention", "v4_misc", "v41_ops",
+    "attention_decode", "attention_prefill", "gemm", "quant_act", "moe", "sampling", "misc", "v4_attention", "v4_misc", "v4_decode_plan", "v41_ops",
 ]  # fmt: skip
 
 

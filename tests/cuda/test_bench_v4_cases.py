@@ -12,12 +12,12 @@ from deepinfer.ops.compressor import compress_kv, norm_rope_kv_write
 from deepinfer.ops.indexer import indexer_topk
 from deepinfer.ops.sparse_attention import sparse_attention
 from deepinfer.registry import all_ops
-from deepinfer_cuda.bench import v4_attention, v4_misc
+from deepinfer_cuda.bench import v4_attention, v4_decode_plan, v4_misc
 
 CPU = torch.device("cpu")
 
 
-@pytest.mark.parametrize("module", [v4_attention, v4_misc], ids=lambda m: m.__name__)
+@pytest.mark.parametrize("module", [v4_attention, v4_misc, v4_decode_plan], ids=lambda m: m.__name__)
 def test_cases_are_well_formed(module):
     names = [(c.op, c.name) for c in module.CASES]
     assert len(set(names)) == len(names)
@@ -45,6 +45,13 @@ def test_the_cases_cover_v4_flash_sizes():
     assert prefills == {("sparse_attention", "compute"), ("compress_kv", "memory"), ("indexer_topk", "compute")}
     fp8 = {(c.op, c.bound) for c in v4_attention.CASES if c.name.endswith("fp8kv")}  # the FP8 cache (kv_cache_dtype="fp8")
     assert fp8 == {("sparse_attention", "compute"), ("indexer_topk", "memory")}
+
+
+def test_decode_plan_bytes_are_its_inputs_and_outputs():
+    """The plan's bytes: every input read once and every output written once (at a shrunk context: 4 pages)."""
+    s = v4_decode_plan._setup(3, 256)(CPU)
+    out = v4_decode_plan._peer(s)
+    assert v4_decode_plan._bytes(s) == sum(t.numel() * t.element_size() for t in (*s["inputs"], *out))
 
 
 @pytest.mark.parametrize("batch, ctx, chunk, kv_dtype", [(2, 1024, 1, torch.bfloat16), (1, 2048, 64, torch.bfloat16), (1, 300, 200, torch.bfloat16),
