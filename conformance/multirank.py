@@ -18,8 +18,9 @@ ep_size = --ep (so the EP kernels are chosen), takes its contiguous slice of eac
   golden outputs.
 - combine: each rank dispatches its slice of the case's routing over the group (the routing is
   rebuilt from the case's recipe and checked against the stored row_of_slot), takes the golden
-  expert_out rows of its own experts as its experts' results, and combines; the ranks' outputs,
-  concatenated, are compared with the golden output within the op's tolerance.
+  expert_out rows of its own experts as its experts' results (and its tokens' rows of `add`, where
+  the case has one), and combines; the ranks' outputs, concatenated, are compared with the golden
+  output within the op's tolerance.
 
 `--ep-path nccl|symm` passes the backend option ep_path to the ranks (`--backend-option KEY=VALUE`
 any other): which of a backend's EP implementations the registry picks (the cuda backend:
@@ -146,7 +147,8 @@ def rank_main(backend: str, out_dir: Path, golden_dir: Path, interpret: bool, op
                 if int(offsets_r[-1]) != hi - lo:
                     raise AssertionError(f"dispatch delivered {int(offsets_r[-1])} rows to rank {rank}, its experts have {hi - lo}")
                 expert_out = inputs["expert_out"][lo:hi].to(device)
-                produced = (kernels["combine"].fn(expert_out, inputs["topk_weights"][a:b].to(device), row_of_slot_r, ep_group=ep),)
+                add = {"add": inputs["add"][a:b].to(device)} if "add" in inputs else {}
+                produced = (kernels["combine"].fn(expert_out, inputs["topk_weights"][a:b].to(device), row_of_slot_r, ep_group=ep, **add),)
                 names_out = ("out",)
                 note = f"{kernels['combine'].note}; {how}"
             if case.op == "combine" and ep.pending:

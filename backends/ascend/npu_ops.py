@@ -41,6 +41,7 @@ import torch.nn.functional as F
 from deepinfer.distributed.expert_parallel import ep_size_of
 from deepinfer.ops import gemm as gemm_ops
 from deepinfer.ops import kv_cache_format, quant
+from deepinfer.ops.moe import check_combine_add
 from deepinfer.registry import ModelFacts, Registration, ResolveContext
 from deepinfer_ascend import device as _device
 from deepinfer_ascend.options import NPU_FAST_PATHS
@@ -149,10 +150,13 @@ DEVIATIONS: tuple[Deviation, ...] = (
         op="combine",
         npu_op="npu_moe_token_unpermute",
         what="topk_weights are cast to expert_out's dtype (bf16: a relative rounding of 2^-9 per weight). "
-        "The op's summation order over k and its accumulation dtype are UNVERIFIED.",
-        why="The op takes probs in the tokens' dtype (as vllm-ascend passes them).",
-        how="sorted_indices = row_of_slot (the same index convention as dispatch's expanded_row_idx).",
-        future="Pass float32 probs if the op accepts them; check batch invariance on hardware.",
+        "The op's summation order over k and its accumulation dtype are UNVERIFIED. `add` (a shared expert's "
+        "output) is added to the op's result by a second launch: the routed sum is rounded to the output dtype "
+        "before it, one rounding more than the contract's.",
+        why="The op takes probs in the tokens' dtype (as vllm-ascend passes them), and has no addend.",
+        how="sorted_indices = row_of_slot (the same index convention as dispatch's expanded_row_idx); out += add in place.",
+        future="Pass float32 probs if the op accepts them; check batch invariance on hardware; a fused "
+        "unpermute with an addend (or the Triton combine) would round once.",
     ),
     Deviation(
         op="rms_norm",
@@ -557,20 +561,24 @@ def combine(
     topk_weights: torch.Tensor,
     row_of_slot: torch.Tensor,
     *,
+    add: torch.Tensor | None = None,
     ep_group: object | None = None,
 ) -> torch.Tensor:
     if ep_size_of(ep_group) > 1:
         raise _not_chosen_for("combine", f"an expert-parallel group of {ep_size_of(ep_group)} ranks (resolve with ep_size > 1)")
-    if topk_weights.numel() == 0:  # no slots: every output row is an empty sum
-        return expert_out.new_zeros(topk_weights.shape[0], expert_out.shape[-1])
+    check_combine_add(add, expert_out, topk_weights)
+    if topk_weights.numel() == 0:  # no slots: every output row is an empty sum (plus the addend)
+        out = expert_out.new_zeros(topk_weights.shape[0], expert_out.shape[-1])
+        return out if add is None else out.copy_(add)
     npu = _npu()
-    return npu.npu_moe_token_unpermute(
+    out = npu.npu_moe_token_unpermute(
         expert_out,
         row_of_slot.to(torch.int32),
         probs=topk_weights.to(expert_out.dtype),  # UNVERIFIED: whether float32 probs are accepted
         padded_mode=False,
         restore_shape=None,
     )
+    return out if add is None else out.add_(add)  # a second rounding (DEVIATIONS)
 
 
 # ---------------------------------------------------------------------------------------------

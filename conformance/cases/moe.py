@@ -62,14 +62,19 @@ def dispatch_inputs(gen, dtype, *, tokens: int, dim: int, experts: int, top_k: i
     }
 
 
-def combine_inputs(gen, dtype, *, tokens: int, dim: int, experts: int, top_k: int, pattern: str = "random"):
+def combine_inputs(gen, dtype, *, tokens: int, dim: int, experts: int, top_k: int, pattern: str = "random", shared: bool = False):
+    """The routing is the generator's first draw (the multi-rank runner rebuilds it); shared: a shared expert's
+    output as `add`, drawn last."""
     topk_ids = routing(gen, tokens, experts, top_k, pattern)
     weights = torch.rand(tokens, top_k, generator=gen, dtype=torch.float64)
-    return {
+    kw = {
         "expert_out": randn(gen, tokens * top_k, dim, dtype=dtype, scale=3.0),
         "topk_weights": (2.5 * weights / weights.sum(-1, keepdim=True)).float(),
         "row_of_slot": slot_rows(topk_ids),
     }
+    if shared:
+        kw["add"] = randn(gen, tokens, dim, dtype=dtype, scale=3.0)
+    return kw
 
 
 GATE_RECIPES = [
@@ -112,6 +117,8 @@ COMBINE_RECIPES = [
     ("t1_k8_e16_d96", partial(combine_inputs, tokens=1, dim=96, experts=16, top_k=8)),
     ("t12_k1_e8_one_expert", partial(combine_inputs, tokens=12, dim=64, experts=8, top_k=1, pattern="one_expert")),
     ("t20_k6_e64_empty_experts", partial(combine_inputs, tokens=20, dim=64, experts=64, top_k=6, pattern="skip_experts")),
+    # A shared expert's output added after the routed terms, rounded once with them (V2/V3/V4's MoE).
+    ("t5_k4_e8_d48_shared_add", partial(combine_inputs, tokens=5, dim=48, experts=8, top_k=4, shared=True)),
 ]
 
 CASES = (

@@ -276,11 +276,16 @@ def indexer_topk_inputs(
     spare_rows: int = 9,
     zero_scores: float = 0.0,
     fp8_keys: bool = False,
+    weights_dtype: torch.dtype | None = None,
+    scale_sign: float = 1.0,
 ):
     """Indexer queries of the sequences `seqs` ((start, length) each) over their compressed keys:
     each sequence's entries at random distinct rows of one pool (its table -1 past its last entry),
     query t seeing the entries whose window is complete at its position. Weights carry the
     caller's scales (index_n_heads^-0.5 * index_head_dim^-0.5), of both signs as weights_proj gives.
+    weights_dtype: the weights as the model passes them instead: weights_proj's output in that dtype,
+    the scales in weights_scale (times scale_sign: -1 reverses the ranking, so a kernel that drops the
+    scale fails).
     fp8_keys: the keys as an FP8 cache's rows (kv_cache_format), the top-k margin checked on their values.
     zero_scores: that fraction of the keys points away from every query head (relu: a score of
     exactly 0, equal scores that rank by lowest entry id), weights then positive."""
@@ -305,9 +310,12 @@ def indexer_topk_inputs(
         "num_visible": int32(num_visible),
         "top_k": top_k,
     }
+    scale = (heads**-0.5) * (dim**-0.5)
+    if weights_dtype is not None:
+        kw["weights_scale"] = scale_sign * scale
     for _ in range(100):  # queries whose top-k set a float32 kernel summing in any order agrees on
         q = randn(gen, len(token_seq), heads, dim, dtype=torch.float64)
-        weights = randn(gen, len(token_seq), heads, scale=(heads**-0.5) * (dim**-0.5))
+        weights = randn(gen, len(token_seq), heads, scale=scale) if weights_dtype is None else randn(gen, len(token_seq), heads, dtype=weights_dtype)
         if zero_scores:
             q[..., 0] = 4.0 + q[..., 0].abs()  # every head's dot with a -8 key is far below 0, with a +8 key far above
             weights = weights.abs()
@@ -320,14 +328,14 @@ def indexer_topk_inputs(
 MIN_TOPK_MARGIN = 1e-4  # relative gap at the top-k boundary: ~100x a float32 kernel's score error
 
 
-def topk_margin(q, weights, index_keys, entry_rows, token_seq, num_visible, top_k) -> float:
+def topk_margin(q, weights, index_keys, entry_rows, token_seq, num_visible, top_k, weights_scale: float = 1.0) -> float:
     """The smallest gap, over the queries seeing more than top_k entries, between the k-th and the
     (k+1)-th visible score (float64), relative to the query's largest score (inf: no such query).
     A boundary among scores of exactly 0 is no gap: those rank by entry id."""
     if entry_rows.shape[1] == 0:
         return float("inf")
     keys = kv_cache_format.dequantize_rows(index_keys, torch.float64)[entry_rows.long()[token_seq.long()].clamp(min=0)]
-    scores = (torch.relu(torch.einsum("thd,ted->the", q.double(), keys)) * weights.double()[..., None]).sum(dim=1)
+    scores = (torch.relu(torch.einsum("thd,ted->the", q.double(), keys)) * (weights.double() * weights_scale)[..., None]).sum(dim=1)
     margin = float("inf")
     for row, visible in zip(scores, num_visible.tolist()):
         if visible > top_k:
@@ -416,7 +424,7 @@ RECIPES = [
     ("sparse_attention", "csa_t6_h8_d128_top32_shuffled_padding",
      partial(sparse_attention_inputs, seqs=[(40, 2), (140, 3), (3, 1)], heads=8, dim=128, extra="csa", ratio=4, topk=32)),
     ("sparse_attention", "sinks_large_and_small_t3_h16_d512_peaky",
-     partial(sparse_attention_inputs, seqs=[(130, 3)], heads=16, extra="csa", ratio=4, topk=32, sinks=SINKS_H16, q_scale=3.0)),
+     partial(sparse_attention_inputs, seqs=[(125, 3)], heads=16, extra="csa", ratio=4, topk=32, sinks=SINKS_H16, q_scale=3.0)),
     # A query listing no row (zeros), and extra ids equal to the window's ids (other cache's rows).
     ("sparse_attention", "empty_query_same_ids_both_caches_t4_h4_d64",
      partial(sparse_attention_inputs, seqs=[(70, 4)], heads=4, dim=64, window=32, block_size=16, same_ids=True, empty_queries=(1,))),
@@ -480,6 +488,10 @@ RECIPES = [
     # Early in the sequences: no window complete yet, so no entry at all (E = 0).
     ("indexer_topk", "no_complete_window_b2_h64_d128", partial(indexer_topk_inputs, seqs=[(0, 2), (1, 1)], top_k=32)),
     ("indexer_topk", "ratio4_b2_h64_d128_top64_long", partial(indexer_topk_inputs, seqs=[(1000, 2), (511, 1)], top_k=64)),
+    # The model's weights: weights_proj's bfloat16 output, the heads' scales in weights_scale (converted and scaled in the
+    # kernel); negated, which reverses the ranking (a positive scale alone would not change the top-k).
+    ("indexer_topk", "bf16_weights_negative_scale_b2_h4_d32_top8",
+     partial(indexer_topk_inputs, seqs=[(40, 2), (25, 1)], top_k=8, heads=4, dim=32, weights_dtype=torch.bfloat16, scale_sign=-1.0)),
     # hc_pre: one decode token whose streams span many split segments (72 of 128 on cuda, 36 of 256 on ascend; the
     # combine's tile padded to a power of two) and, under the interpreter, two collapse splits, the second partial:
     # 2 streams of 4608, whose mixing weights are a third of 4 streams' (V4-Flash's 4 x 4096 is `deepinfer bench ops`'

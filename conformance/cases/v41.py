@@ -43,16 +43,18 @@ def hc_pre_delayed_inputs(gen, dtype, **kw):
     return {"x": inputs.pop("x"), "prev_pre": torch.sigmoid(randn(gen, tokens, streams)) + 1e-6, **inputs}
 
 
-def candidate_inputs(gen, dtype, *, seqs, block_size: int, top_blocks: int, heads: int = 8, dim: int = 32):
-    """Indexer inputs (ratio 1: one entry per token, as the release's candidate source) and the block sizes."""
-    inputs = indexer_topk_inputs(gen, dtype, seqs=seqs, top_k=1, ratio=1, heads=heads, dim=dim)
+def candidate_inputs(gen, dtype, *, seqs, block_size: int, top_blocks: int, heads: int = 8, dim: int = 32, **weights):
+    """Indexer inputs (ratio 1: one entry per token, as the release's candidate source; weights: indexer_topk_inputs'
+    weights_dtype and scale_sign) and the block sizes."""
+    inputs = indexer_topk_inputs(gen, dtype, seqs=seqs, top_k=1, ratio=1, heads=heads, dim=dim, **weights)
     inputs.pop("top_k")
     return {**inputs, "block_size": block_size, "top_blocks": top_blocks}
 
 
-def in_blocks_inputs(gen, dtype, *, seqs, block_size: int, blocks: int, top_k: int, heads: int = 8, dim: int = 32):
-    """Indexer inputs and each query's candidate blocks (random ids, -1 padding among them)."""
-    inputs = indexer_topk_inputs(gen, dtype, seqs=seqs, top_k=top_k, ratio=1, heads=heads, dim=dim)
+def in_blocks_inputs(gen, dtype, *, seqs, block_size: int, blocks: int, top_k: int, heads: int = 8, dim: int = 32, **weights):
+    """Indexer inputs (weights: indexer_topk_inputs' weights_dtype and scale_sign) and each query's candidate blocks (random
+    ids, -1 padding among them)."""
+    inputs = indexer_topk_inputs(gen, dtype, seqs=seqs, top_k=top_k, ratio=1, heads=heads, dim=dim, **weights)
     width = inputs["entry_rows"].shape[1]
     ids = randint(gen, -1, -(-width // block_size), inputs["q"].shape[0], blocks, dtype=torch.int32)
     return {**inputs, "blocks": ids, "block_size": block_size}
@@ -104,6 +106,12 @@ RECIPES = [
     ("candidate_blocks", "b1_block3_top8_more_than_blocks", partial(candidate_inputs, seqs=[(5, 4)], block_size=3, top_blocks=8)),
     ("indexer_topk_in_blocks", "b2_block4_top6", partial(in_blocks_inputs, seqs=[(30, 3), (12, 2)], block_size=4, blocks=3, top_k=6)),
     ("indexer_topk_in_blocks", "b1_block2_top4_few_blocks", partial(in_blocks_inputs, seqs=[(20, 4)], block_size=2, blocks=1, top_k=4)),
+    # The model's weights (weights_proj's bfloat16 output, the scales in weights_scale, negated: a ranking a kernel that
+    # dropped the scale would not give), as indexer_topk's case of that name.
+    ("candidate_blocks", "bf16_weights_negative_scale_b1_block4_top2",
+     partial(candidate_inputs, seqs=[(14, 2)], block_size=4, top_blocks=2, heads=4, dim=16, weights_dtype=torch.bfloat16, scale_sign=-1.0)),
+    ("indexer_topk_in_blocks", "bf16_weights_negative_scale_b1_block4_top3",
+     partial(in_blocks_inputs, seqs=[(14, 2)], block_size=4, blocks=2, top_k=3, heads=4, dim=16, weights_dtype=torch.bfloat16, scale_sign=-1.0)),
     ("engram_gate_add", "t5_n4_d32", partial(engram_gate_inputs, tokens=5, dim=32)),
     ("engram_gate_add", "t6_n4_d16_masked", partial(engram_gate_inputs, tokens=6, dim=16, masked=True)),
 ]  # fmt: skip

@@ -321,12 +321,13 @@ def expert_parallel_kernels(local_dispatch, local_combine, *, library: str, loca
         topk_weights: torch.Tensor,
         row_of_slot: torch.Tensor,
         *,
+        add: torch.Tensor | None = None,
         ep_group: object | None = None,
     ) -> torch.Tensor:
         ep = as_expert_parallel(ep_group)
         if ep is not None:
             expert_out = ep.exchange_combine(expert_out, row_of_slot)  # this rank's slots, in its send layout
-        out = local_combine(expert_out, topk_weights, row_of_slot)
+        out = local_combine(expert_out, topk_weights, row_of_slot, add=add)  # add: this rank's tokens', after the exchange
         if ep is not None:
             ep._mark("combine (local)")
         return out

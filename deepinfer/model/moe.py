@@ -9,8 +9,9 @@ loaded once and copied. A step runs:
   gate (logical top-k ids) -> physical ids: token t's k-th choice e goes to copy
   (t * K + k) mod logcnt[e] of e (deterministic; copies hold identical weights, so the choice
   never changes a result) -> ops.dispatch(..., num_experts=P, ep_group) (rows travel to the ranks
-  that hold their experts) -> grouped GEMMs over this rank's L experts -> ops.combine(..., ep_group)
-  (rows travel back, weighted sum) -> + shared experts (every rank holds them).
+  that hold their experts) -> grouped GEMMs over this rank's L experts -> ops.combine(..., ep_group,
+  add=shared experts' output) (rows travel back, weighted sum, plus the shared experts' rows, which
+  every rank computes for its own tokens: it holds them).
 
 Every rank calls every MoE layer every step, with an empty batch when it has no tokens, because
 dispatch and combine are collectives. `set_placement` changes phy2log between steps: each rank
@@ -290,10 +291,9 @@ class MoE:
             expert_out = self.down(ops, hidden, expert_offsets)
         else:
             expert_out = expert_x.new_empty(0, c.hidden_size)
-        out = ops.combine(expert_out, topk_weights, row_of_slot, **ep)
-        if self.shared is not None and tokens:
-            out = out + self.shared(ops, x)
-        return out
+        # the shared experts' output joins combine's float32 sum (one rounding, no launch of its own)
+        shared = self.shared(ops, x) if self.shared is not None and tokens else None
+        return ops.combine(expert_out, topk_weights, row_of_slot, add=shared, **ep)
 
 
 def stack_experts(experts: list[tuple[LinearWeight, ...]]) -> tuple[FusedExperts, ExpertWeights]:

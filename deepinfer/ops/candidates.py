@@ -43,11 +43,12 @@ def candidate_blocks(
     *,
     block_size: int,
     top_blocks: int,
+    weights_scale: float = 1.0,
 ) -> torch.Tensor:
     """The candidate blocks of each query: [T, top_blocks] int32 block ids (block b = entries
     b * block_size .. (b + 1) * block_size - 1 of the query's sequence), -1 past the kept ones.
 
-    q, weights, index_keys, entry_rows, token_seq, num_visible: as `indexer_topk`, whose score this is.
+    q, weights, index_keys, entry_rows, token_seq, num_visible, weights_scale: as `indexer_topk`, whose score this is.
     A block's score is the max of its visible entries' scores; the block of entry num_visible - 1 scores
     +inf (always kept); blocks with no visible entry are never kept. The top_blocks best are kept; equal
     scores rank by lowest block id. The order of a row's ids is not part of the contract."""
@@ -58,7 +59,7 @@ def candidate_blocks(
     out = torch.full((tokens, top_blocks), -1, dtype=torch.int32, device=q.device)
     if tokens == 0 or entries == 0:
         return out
-    scores = index_scores(q, weights, index_keys, entry_rows, token_seq, num_visible)
+    scores = index_scores(q, weights, index_keys, entry_rows, token_seq, num_visible, weights_scale)
     padded = torch.nn.functional.pad(scores, (0, -entries % block_size), value=float("-inf"))
     block_scores = padded.unflatten(-1, (-1, block_size)).amax(dim=-1)  # [T, B]
     newest = (num_visible.long() - 1) // block_size  # -1: nothing visible, no block forced
@@ -86,12 +87,13 @@ def indexer_topk_in_blocks(
     *,
     top_k: int,
     block_size: int,
+    weights_scale: float = 1.0,
 ) -> torch.Tensor:
     """`indexer_topk` over only the entries inside each query's candidate blocks.
 
     blocks: [T, NB] int32 block ids per query (`candidate_blocks`' output, -1 for none). Entries outside
-    every listed block score -inf; the rest as `indexer_topk` (visible ones only, top_k by score, lowest
-    entry first on ties, -1 where fewer qualify). Returns [T, top_k] int32 rows of the entry pool."""
+    every listed block score -inf; the rest as `indexer_topk` (weights and weights_scale too; visible ones
+    only, top_k by score, lowest entry first on ties, -1 where fewer qualify). Returns [T, top_k] int32 rows of the entry pool."""
     check_indexer_topk_shapes(q, weights, index_keys, entry_rows, token_seq, num_visible)
     if blocks.dim() != 2 or blocks.shape[0] != q.shape[0]:
         raise ValueError(f"blocks must be [T={q.shape[0]}, NB], got {tuple(blocks.shape)}")
@@ -99,7 +101,7 @@ def indexer_topk_in_blocks(
     out = torch.full((tokens, top_k), -1, dtype=torch.int32, device=q.device)
     if tokens == 0 or entries == 0:
         return out
-    scores = index_scores(q, weights, index_keys, entry_rows, token_seq, num_visible)
+    scores = index_scores(q, weights, index_keys, entry_rows, token_seq, num_visible, weights_scale)
     block_of = torch.arange(entries, device=q.device) // block_size  # [E]
     inside = (block_of[None, None, :] == blocks.long()[:, :, None]).any(dim=1)  # -1 matches no block
     return _top_rows(scores.masked_fill(~inside, float("-inf")), entry_rows, token_seq, top_k, out)

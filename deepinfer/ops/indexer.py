@@ -20,6 +20,8 @@ def check_indexer_topk_shapes(q, weights, index_keys, entry_rows, token_seq, num
     """`indexer_topk`'s shapes (no host synchronisation): every backend's check."""
     if q.dim() != 3 or weights.shape != q.shape[:2]:
         raise ValueError(f"indexer_topk wants q [T, H, D] and weights [T, H]; got {tuple(q.shape)} and {tuple(weights.shape)}")
+    if not weights.is_floating_point():
+        raise ValueError(f"indexer_topk wants floating-point weights, got {weights.dtype}")
     if index_keys.dim() != 2 or kv_cache_format.value_width(index_keys) != q.shape[2]:
         raise ValueError(f"index_keys must be [N, D={q.shape[2]}], got {tuple(index_keys.shape)}")
     if entry_rows.dim() != 2 or token_seq.shape != (q.shape[0],) or num_visible.shape != (q.shape[0],):
@@ -42,16 +44,21 @@ def indexer_topk(
     num_visible: torch.Tensor,
     *,
     top_k: int,
+    weights_scale: float = 1.0,
 ) -> torch.Tensor:
     """The top_k compressed entries of each query by the indexer's score.
 
-    q: [T, H, D] indexer queries (rotated); weights: [T, H] float32 per-head weights (the caller
-    folds in every scale); index_keys: [N, D] the indexer's compressed keys (a paged pool viewed
+    q: [T, H, D] indexer queries (rotated); weights: [T, H] per-head weights in any float dtype (the
+    weights projection's output as it comes, bfloat16 say); weights_scale: a constant they are
+    multiplied by, after their conversion to float32 (the caller's index_n_heads^-0.5 *
+    index_head_dim^-0.5: the product is the model's `weights.float() * scale`, bit for bit, with no
+    launch of its own); index_keys: [N, D] the indexer's compressed keys (a paged pool viewed
     flat; FP8 rows [N, D + 16] are dequantised, deepinfer.ops.kv_cache_format); entry_rows: [B, E]
     int32, the row of each sequence's entry e; token_seq: [T] int32, the sequence of each query;
     num_visible: [T] int32, the entries 0..num_visible-1 query t may see
-    (those whose window is complete at its position). score(t, e) = sum_h weights[t, h] *
-    relu(q[t, h] . index_keys[entry_rows[token_seq[t], e]]). Returns [T, top_k] int32: the rows
+    (those whose window is complete at its position). score(t, e) = sum_h w[t, h] *
+    relu(q[t, h] . index_keys[entry_rows[token_seq[t], e]]) with w = float32(weights) * weights_scale
+    (in float32; float64 for float64 q). Returns [T, top_k] int32: the rows
     entry_rows[token_seq[t], e] of the top_k visible entries e by score (what sparse_attention lists
     over the entry pool), -1 where fewer are visible. Equal scores (relu makes exact zeros common)
     rank by lowest entry id. The order of a row's rows is not part of the contract (the conformance
@@ -62,11 +69,11 @@ def indexer_topk(
     out = torch.full((tokens, top_k), -1, dtype=torch.int32, device=q.device)
     if tokens == 0 or max_entries == 0:
         return out
-    scores = index_scores(q, weights, index_keys, entry_rows, token_seq, num_visible)
+    scores = index_scores(q, weights, index_keys, entry_rows, token_seq, num_visible, weights_scale)
     return _top_rows(scores, entry_rows, token_seq, top_k, out)
 
 
-def index_scores(q, weights, index_keys, entry_rows, token_seq, num_visible) -> torch.Tensor:
+def index_scores(q, weights, index_keys, entry_rows, token_seq, num_visible, weights_scale: float = 1.0) -> torch.Tensor:
     """[T, E] the indexer's score of every entry for every query (`indexer_topk`'s), -inf where invisible;
     float32 (float64 for float64 q)."""
     tokens, max_entries = q.shape[0], entry_rows.shape[1]
@@ -78,7 +85,7 @@ def index_scores(q, weights, index_keys, entry_rows, token_seq, num_visible) -> 
         if mine.numel():
             keys = kv_cache_format.dequantize_rows(index_keys[entry_rows[b].long().clamp(min=0)], acc)  # [E, D]
             per_head = torch.relu(torch.einsum("thd,ed->the", q[mine].to(acc), keys))
-            scores[mine] = (per_head * weights[mine].to(acc)[..., None]).sum(dim=1)
+            scores[mine] = (per_head * (weights[mine].to(acc) * weights_scale)[..., None]).sum(dim=1)
     visible = torch.arange(max_entries, device=q.device)[None, :] < num_visible.long()[:, None]
     return scores.masked_fill(~visible, float("-inf"))
 

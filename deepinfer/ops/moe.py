@@ -196,12 +196,13 @@ def _permute_by_expert(x: torch.Tensor, topk_ids: torch.Tensor, num_experts: int
     return expert_x, expert_offsets, row_of_slot
 
 
-@op(family="moe", outputs=("out",), compare=ALLCLOSE, reduction_length=lambda kw: kw["topk_weights"].shape[-1])
+@op(family="moe", outputs=("out",), compare=ALLCLOSE, reduction_length=lambda kw: kw["topk_weights"].shape[-1] + (kw.get("add") is not None))
 def combine(
     expert_out: torch.Tensor,
     topk_weights: torch.Tensor,
     row_of_slot: torch.Tensor,
     *,
+    add: torch.Tensor | None = None,
     ep_group: object | None = None,
 ) -> torch.Tensor:
     """Weighted sum of each token's expert outputs: the inverse of `dispatch`.
@@ -212,6 +213,10 @@ def combine(
     so results do not depend on the batch). float64 expert_out accumulates in float64. Returns
     [T, D] in expert_out's dtype.
 
+    add: None, or [T, D] in expert_out's dtype (a shared expert's output): added to token t's sum
+    after its K routed terms, in the same accumulation, before the one cast to the output dtype:
+    out[t] = (sum_k ... + add[t]) rounded once (no launch of its own, no second rounding).
+
     With a `deepinfer.distributed.ExpertParallel` `ep_group` of W > 1 ranks (the one the matching
     dispatch used; every rank of the group must call combine): expert_out [R, D] holds the results
     of the rows this rank's dispatch received, in their order. Each row goes back to its source
@@ -220,8 +225,10 @@ def combine(
     send layout; then out[t] is the sum above over this rank's T tokens, row_of_slot indexing the
     send layout. The result equals the one-rank combine of all ranks' tokens, row for row (a
     backend's EP path may add in another fixed order, e.g. per owner rank first: equal within the
-    op's tolerance, still independent of the batch).
+    op's tolerance, still independent of the batch). `add` is this rank's [T, D], added here, after
+    the exchange and the K routed terms.
     """
+    check_combine_add(add, expert_out, topk_weights)
     ep = as_expert_parallel(ep_group)
     if ep is not None:
         expert_out = ep.exchange_combine(expert_out, row_of_slot)  # this rank's slots, in its send layout
@@ -232,7 +239,18 @@ def combine(
     out = torch.zeros(tokens, expert_out.shape[-1], dtype=acc, device=expert_out.device)
     for k in range(top_k):  # a fixed order of additions, whatever the batch
         out += weights[:, k, None] * per_slot[:, k]
+    if add is not None:  # after the routed terms, before the one rounding
+        out += add.to(acc)
     return out.to(expert_out.dtype)
+
+
+def check_combine_add(add: torch.Tensor | None, expert_out: torch.Tensor, topk_weights: torch.Tensor) -> None:
+    """`combine`'s addend: None, or [T, D] in expert_out's dtype (no host synchronisation): every backend's check."""
+    if add is None:
+        return
+    want = (topk_weights.shape[0], expert_out.shape[-1])
+    if tuple(add.shape) != want or add.dtype != expert_out.dtype:
+        raise ValueError(f"combine's add must be [T, D] = {list(want)} in expert_out's dtype {expert_out.dtype}; got {list(add.shape)} {add.dtype}")
 
 
 def require_local_experts(ep_group) -> None:

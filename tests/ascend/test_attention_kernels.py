@@ -19,8 +19,9 @@ wrap), float32 -> bfloat16 cache writes, strided inputs, and FP8 caches
 (deepinfer.ops.kv_cache_format): byte-exact writes of hard rows, mla_decode's four column parts
 with latent widths that leave parts empty, forced splits and head blocks, and sparse_attention with
 one FP8 and one model-dtype list in the same softmax; sparse_attention's extra_lengths (real rows
-after each length, never read) and indexer_topk's selection over rows wider than a chunk (ties of
-+0.0 and -0.0 at the boundary, garbage past num_visible).
+after each length, never read), indexer_topk's selection over rows wider than a chunk (ties of
++0.0 and -0.0 at the boundary, garbage past num_visible) and its scores from bfloat16 weights scaled in
+the kernel (the model's float32 product, bit for bit).
 """
 
 from __future__ import annotations
@@ -346,6 +347,28 @@ def _select_chunks_case(seed, *, width, top_k):
     return run
 
 
+def _scaled_weights_case(dtype, seed):
+    """indexer_topk's scores from bfloat16 weights (weights_proj's output) and weights_scale: the scores of the model's
+    float32 product weights.float() * scale, bit for bit (so no selection, and no greedy token, moves)."""
+
+    def run():
+        from deepinfer_ascend.kernels import indexer as ix
+
+        gen = torch.Generator().manual_seed(seed)
+        heads, dim, pool, scale = 8, 32, 40, 8**-0.5 * 32**-0.5
+        q = torch.randn(3, heads, dim, generator=gen).to(dtype)
+        keys = torch.randn(pool, dim, generator=gen).to(dtype)
+        weights = torch.randn(3, heads, generator=gen).to(torch.bfloat16)
+        table = torch.randperm(pool, generator=gen)[:30].to(torch.int32).view(2, 15)
+        seq, visible = torch.tensor([0, 1, 1], dtype=torch.int32), torch.tensor([15, 9, 12], dtype=torch.int32)
+        got, _ = ix.score_entries(q, weights, keys, table, seq, visible, scale)
+        want, _ = ix.score_entries(q, weights.float() * scale, keys, table, seq, visible)
+        seen = torch.arange(15)[None, :] < visible[:, None]
+        assert torch.equal(got[seen], want[seen]), (got[seen] - want[seen]).abs().max()
+
+    return run
+
+
 F32, BF16, FP8 = torch.float32, torch.bfloat16, torch.float8_e4m3fn
 
 CASES = {
@@ -430,6 +453,9 @@ CASES = {
     "sparse_f32_lengths_splits3": _sparse_lengths_case(35, num_splits=3),
     # indexer_topk's selection: 5000 scores a row, chunks of 2048 (both chips) -> 3 launches' worth of candidates
     "indexer_select_chunks_ties_past_visible": _select_chunks_case(36, width=5000, top_k=8),
+    # indexer_topk's scores: bfloat16 weights converted and scaled in the kernel, as the model's float32 product
+    "indexer_scores_bf16_weights_scaled_f32": _scaled_weights_case(F32, 37),
+    "indexer_scores_bf16_weights_scaled_bf16": _scaled_weights_case(BF16, 38),
     "sparse_f32_plain_kv_fp8_extra_splits3": _sparse_fp8_case(F32, 32, kv_fp8=False, extra_fp8=True, num_splits=3),
     "sparse_f32_fp8_both_d64_h20": _sparse_fp8_case(F32, 33, kv_fp8=True, extra_fp8=True, dim=64, heads=20),
 }
@@ -480,7 +506,7 @@ def _compile_variants():
     sa_fp8 = {**sa_base, "BLOCK_D": 128, "Q_CHUNK": 32, "PARTS": True}
     sa_fp8_kv_ptrs = {**sa_ptrs, "kv_ptr": "*u8", "kv_scale_ptr": "*fp32"}
     sa_fp8_both_ptrs = {**sa_fp8_kv_ptrs, "xkv_ptr": "*u8", "xkv_scale_ptr": "*fp32"}
-    ix_ptrs = {"q_ptr": "*bf16", "w_ptr": "*fp32", "keys_ptr": "*bf16", "key_scale_ptr": "*bf16", "rows_ptr": "*i32", "seq_ptr": "*i32", "nv_ptr": "*i32"}
+    ix_ptrs = {"q_ptr": "*bf16", "w_ptr": "*bf16", "keys_ptr": "*bf16", "key_scale_ptr": "*bf16", "rows_ptr": "*i32", "seq_ptr": "*i32", "nv_ptr": "*i32"}
     ix_ptrs.update(scores_ptr="*fp32")
     ix_base = dict(BLOCK_H=16, BLOCK_D=32, BLOCK_E=32, DOT_F32=False, DOT_PRECISION=None, IDX64=False, FP8=False)
     ix_fp8_ptrs = {**ix_ptrs, "keys_ptr": "*u8", "key_scale_ptr": "*fp32"}

@@ -364,6 +364,9 @@ def test_dispatch_and_combine(fake_npu):
     args, kw = fake_npu.called("npu_moe_token_unpermute")
     assert kw["probs"].dtype == BF16 and args[1].dtype == torch.int32
     assert_matches_reference("combine", out, {}, (expert_x, weights, row_of_slot))
+    # A shared expert's output: added to the op's rounded result (DEVIATIONS: one rounding more than the contract's).
+    shared = torch.randn(7, 32, generator=g).to(BF16)
+    assert torch.equal(npu_ops.combine(expert_x, weights, row_of_slot, add=shared), out + shared)
 
 
 def test_dispatch_and_combine_of_an_empty_batch_need_no_op(fake_npu):

@@ -212,6 +212,9 @@ def check_moe(gen):
     eo = torch.randn(T * K, D, generator=gen).to(torch.bfloat16)
     w = torch.rand(T, K, generator=gen)
     _close(combine(eo, w, rows), _golden(ref_combine, eo, w, rows, dtype=torch.bfloat16), torch.bfloat16, reduction=K)
+    # combine with a shared expert's row (a strided view) added after the K terms, rounded once with them
+    add = (3 * torch.randn(T, D + 5, generator=gen)).to(torch.bfloat16)[:, :D]
+    _close(combine(eo, w, rows, add=add), _golden(ref_combine, eo, w, rows, add=add, dtype=torch.bfloat16), torch.bfloat16, reduction=K + 1)
     e_x, offs, ros = dispatch(torch.randn(0, 4), torch.empty(0, 2, dtype=torch.int32), num_experts=3)
     assert e_x.shape == (0, 4) and offs.tolist() == [0, 0, 0, 0] and ros.numel() == 0
 
@@ -417,8 +420,9 @@ def frontend(family: str) -> None:
             build(moe._dispatch_copy_kernel, dict(K=8, COUNT_S=moe._COUNT_S, BLOCK_K=8, BLOCK_D=1024),
                   x_ptr=p, ids_ptr="*i32", rank_ptr="*i32", prefix_ptr="*i32", offsets_ptr="*i32", out_ptr=p, row_of_slot_ptr="*i32",
                   T=i32, D=i32, E=i32, stride_x=i32, stride_out=i32)
-            build(moe._combine_kernel, dict(K=8, BLOCK_D=2048),
-                  src_ptr=p, w_ptr="*fp32", row_of_slot_ptr="*i32", out_ptr=p, T=i32, D=i32, stride_src=i32, stride_out=i32)
+            for has_add in (False, True):
+                build(moe._combine_kernel, dict(K=8, HAS_ADD=has_add, BLOCK_D=2048),
+                      src_ptr=p, w_ptr="*fp32", row_of_slot_ptr="*i32", add_ptr=p, out_ptr=p, T=i32, D=i32, stride_src=i32, stride_add=i32, stride_out=i32)
         # (V4's hash routing: sqrtsoftplus over the table's experts, renormalised, no bias or groups)
         for score, bias, groups, hashed in ((0, False, 1, False), (1, True, 8, False), (2, True, 1, False), (0, False, 8, False), (2, False, 1, True)):
             gate_sizes = dict(BLOCK_T=tile_elems(moe._GATE_BYTES_PER_ELEM) // 256, BLOCK_E=256, BLOCK_G=8, BLOCK_K=8)

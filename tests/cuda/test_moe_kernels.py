@@ -131,6 +131,24 @@ def test_dispatch_and_combine_match_reference(k, case):
     torch.testing.assert_close(out.double(), exact, rtol=rtol, atol=atol * K)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+def test_combine_adds_a_shared_expert_row_after_the_routed_terms(k, dtype):
+    # add (a shared expert's output, here a strided view) joins each token's float32 sum after its K terms,
+    # rounded once with it; a long row (several column blocks) and a token count that is not a power of two
+    T, K, D = 9, 4, 3000
+    g = torch.Generator().manual_seed(11)
+    rows = torch.randperm(T * K, generator=g).to(torch.int32)
+    expert_out = torch.randn(T * K, D, generator=g).to(dtype)
+    weights = torch.rand(T, K, generator=g)
+    add = (3 * torch.randn(T, D + 5, generator=g)).to(dtype)[:, :D]
+    out = k.combine(expert_out, weights, rows, add=add)
+    exact = ref.combine(expert_out.double(), weights.double(), rows, add=add.double())
+    rtol, atol = {torch.float64: (1e-10, 1e-12), torch.float32: (1.3e-6, 1e-6), torch.bfloat16: (1.6e-2, 1e-3)}[dtype]
+    torch.testing.assert_close(out.double(), exact, rtol=rtol, atol=atol * (K + 1))
+    with pytest.raises(ValueError, match="combine's add must be"):
+        k.combine(expert_out, weights, rows, add=add[:, 1:])
+
+
 @pytest.mark.parametrize("tile_elems", [8192, 4096])
 def test_dispatch_with_smaller_count_tiles(k, monkeypatch, tile_elems):
     # The SM90 table's 8192 (expert x slot) count elements: tiles of 32 slots at 256 experts (16 at 4096);

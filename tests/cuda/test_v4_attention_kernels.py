@@ -7,6 +7,7 @@ selection: rows whose top-k boundary falls among equal scores (zeros of both sig
 spread over several chunks, so that the chunked selection (each chunk's candidates, then the
 candidates' selection, three launches) must keep the reference's tie rule (lowest id first); rows
 seeing none, fewer than k and exactly k entries; garbage (NaN, huge) past num_visible, never read.
+indexer_topk's scores from bfloat16 weights and weights_scale: the model's float32 product, bit for bit.
 
 Runs in the interpreter (the default under pytest) or, with TRITON_INTERPRET=0, on a GPU.
 """
@@ -99,6 +100,24 @@ def test_indexer_topk_chunked_selection_matches_the_reference(ix, device, dtype)
     want = ref_indexer_topk(*args, top_k=top_k)
     got = ix.launch_indexer_topk(*(a.to(device) for a in args), top_k, select_chunk=64).cpu()
     assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_scores_take_bf16_weights_and_their_scale_as_the_model_multiplied_them(ix, device, dtype):
+    """bfloat16 weights (weights_proj's output) and weights_scale: the scores of the model's float32 product
+    weights.float() * scale, bit for bit (so no selection, and no greedy token, moves)."""
+    g = torch.Generator().manual_seed(4)
+    heads, dim, pool, scale = 8, 32, 40, 8**-0.5 * 32**-0.5
+    q = torch.randn(3, heads, dim, generator=g).to(dtype)
+    keys = torch.randn(pool, dim, generator=g).to(dtype)
+    weights = torch.randn(3, heads, generator=g).to(torch.bfloat16)
+    table = torch.randperm(pool, generator=g)[:30].to(torch.int32).view(2, 15)
+    seq, visible = torch.tensor([0, 1, 1], dtype=torch.int32), torch.tensor([15, 9, 12], dtype=torch.int32)
+    rest = [a.to(device) for a in (keys, table, seq, visible)]
+    got = ix.score_entries(q.to(device), weights.to(device), *rest, weights_scale=scale).cpu()
+    want = ix.score_entries(q.to(device), (weights.float() * scale).to(device), *rest).cpu()
+    seen = torch.arange(15)[None, :] < visible[:, None]
+    assert torch.equal(got[seen], want[seen])
 
 
 def _decode_lists(g: torch.Generator, rows: int, xrows: int, window: int, emax: int, visible: list[int]):

@@ -96,8 +96,8 @@ def test_multirank_conformance_reference_ep2():
     proc = subprocess.run([sys.executable, "-m", "deepinfer_conformance.multirank", *argv], capture_output=True, text=True, timeout=HANG_S)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     lines = proc.stdout.splitlines()
-    assert lines[-1] == "16 pass"
-    assert sum(" reference ep2 " in line and " pass " in line for line in lines) == 16
+    assert lines[-1] == "18 pass"
+    assert sum(" reference ep2 " in line and " pass " in line for line in lines) == 18
 
 
 def test_multirank_conformance_cuda_interpret_ep2():
@@ -108,8 +108,9 @@ def test_multirank_conformance_cuda_interpret_ep2():
 
     from waits import HANG_S  # (here, not at the top: the ranks run this file without tests/ on their path)
 
-    rows = run("cuda", 2, interpret=True, names=["t1_k8_e16_d96", "t12_k1_e8_one_expert", "t20_k6_e64_empty_experts"], timeout_s=HANG_S)
-    assert len(rows) == 12 and all(r.status == "pass" for r in rows), [(r.case, r.status, r.detail) for r in rows]
+    names = ["t1_k8_e16_d96", "t12_k1_e8_one_expert", "t20_k6_e64_empty_experts", "t5_k4_e8_d48_shared_add"]  # the last: combine's add
+    rows = run("cuda", 2, interpret=True, names=names, timeout_s=HANG_S)
+    assert len(rows) == 14 and all(r.status == "pass" for r in rows), [(r.case, r.status, r.detail) for r in rows]
 
 
 def test_multirank_reassembly_of_a_wrong_row_of_slot_fails():

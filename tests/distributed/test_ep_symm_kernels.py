@@ -9,7 +9,7 @@ Dispatch must equal the NCCL path's bit for bit (the one-rank dispatch of all ra
 the expert shards; row_of_slot in the send layout), in both modes (latency: rows past the last
 offset are padding; throughput) and with or without a token bound. Combine must equal, bit for bit,
 its own order of additions (`partial_sums`: per owner rank in k order, rounded to the partial's
-dtype, then over the ranks), and the one-rank combine within the op's tolerance.
+dtype, then over the ranks, then each rank's `add` row), and the one-rank combine within the op's tolerance.
 """
 
 from __future__ import annotations
@@ -144,10 +144,11 @@ def triton_cast(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return out
 
 
-def partial_sums(expert_outs, weights, ids, xs, experts):
+def partial_sums(expert_outs, weights, ids, xs, experts, adds=None):
     """The symmetric-memory combine's order of additions, in torch: owner r's partial for token t is
     the sum over its slots in k order (float32, float64 for float64) rounded to the partial's dtype;
-    the token's result adds the partials of its owners in rank order."""
+    the token's result adds the partials of its owners in rank order, then its row of `adds` (each
+    rank's addend, concatenated) if given, and is rounded once."""
     size = len(expert_outs)
     L = experts // size
     _, want_off, full_slots = one_rank(xs, ids, experts)
@@ -168,19 +169,21 @@ def partial_sums(expert_outs, weights, ids, xs, experts):
             for k in ks:
                 part = part + all_w[t, k].to(acc) * expert_outs[r][int(rows[t, k]) - int(want_off[r * L])].to(acc)
             out[t] = out[t] + triton_cast(part, wire).to(acc)
+        if adds is not None:
+            out[t] = out[t] + torch.cat(adds)[t].to(acc)
     return triton_cast(out, dtype)
 
 
-def check_combine(combined, expert_outs, weights, ids, xs, experts, label=""):
+def check_combine(combined, expert_outs, weights, ids, xs, experts, label="", adds=None):
     from deepinfer.ops.moe import combine as ref_combine
 
-    want = partial_sums(expert_outs, weights, ids, xs, experts)
+    want = partial_sums(expert_outs, weights, ids, xs, experts, adds)
     assert torch.equal(torch.cat(combined), want), label
     _, want_off, full_slots = one_rank(xs, ids, experts)
     size = len(expert_outs)
     L = experts // size
     full_out = torch.cat([eo[: int(want_off[(r + 1) * L] - want_off[r * L])] for r, eo in enumerate(expert_outs)])
-    ref = ref_combine(full_out, torch.cat(weights), full_slots)
+    ref = ref_combine(full_out, torch.cat(weights), full_slots, add=None if adds is None else torch.cat(adds))
     torch.testing.assert_close(torch.cat(combined).float(), ref.float(), rtol=1.6e-2, atol=2e-2)
 
 
@@ -220,6 +223,22 @@ def test_symmetric_dispatch_and_combine(size, experts, tokens, top_k, dim, dtype
         check_combine(combined, expert_outs, weights, ids, xs, experts, step)
         assert all(ex.ep.pending == 0 for ex in exchanges)
         xs = [x.flip(0) for x in xs]  # different rows next round
+
+
+def test_combine_adds_each_ranks_addend_after_the_partials(mode):
+    """`add` (a shared expert's output: each rank's own tokens' rows, a strided view) joins each token's sum
+    after its owners' partials, rounded once with them; a rank without tokens passes an empty one."""
+    gen = torch.Generator().manual_seed(5)
+    tokens, experts, top_k, dim = [5, 0, 3], 6, 2, 20
+    xs = [torch.randn(t, dim, generator=gen).to(torch.bfloat16) for t in tokens]
+    ids = [torch.rand(t, experts, generator=gen).topk(top_k, dim=-1).indices.to(torch.int32) for t in tokens]
+    _, exchanges = make_group(3, experts)
+    outs = lockstep([ex.dispatch_steps(x, i) for ex, x, i in zip(exchanges, xs, ids)])
+    weights = [torch.rand(t, top_k, generator=gen) for t in tokens]
+    expert_outs = [(o[0].float() * (1 + r) + 0.5).to(torch.bfloat16) for r, o in enumerate(outs)]
+    adds = [(3 * torch.randn(t, dim + 4, generator=gen)).to(torch.bfloat16)[:, :dim] for t in tokens]
+    combined = lockstep([ex.combine_steps(eo, w, o[2], a) for ex, eo, w, o, a in zip(exchanges, expert_outs, weights, outs, adds)])
+    check_combine(combined, expert_outs, weights, ids, xs, experts, adds=adds)
 
 
 def test_duplicate_experts_in_a_token_keep_slot_order(mode):

@@ -1,10 +1,11 @@
 """Ascend Triton kernels: candidate_blocks and indexer_topk_in_blocks (DeepSeek-V4.1's hierarchical candidate selection).
 
 Both score the entries as indexer_topk does (`deepinfer_ascend.kernels.indexer.score_entries`: float32
-scores of each query's visible entries) and select with its exact top-k (`select`: the k-th largest
-order key found bit by bit, ties lowest id first), so their selections follow the reference's rules
-bit for bit on the same scores. Each adds small vector kernels on persistent grids (`vector_grid`,
-every program looping over its items):
+scores of each query's visible entries, the weights converted and scaled by weights_scale in its
+kernel) and select with its exact top-k (`select`: the k-th largest order key found bit by bit, ties
+lowest id first), so their selections follow the reference's rules bit for bit on the same scores.
+Each adds small vector kernels on persistent grids (`vector_grid`, every program looping over its
+items):
 
 candidate_blocks: the block of the query's newest visible entry (num_visible - 1) is always kept and
 every block below it is wholly visible, so the kept set is that block plus the top_blocks - 1 best of
@@ -138,19 +139,21 @@ def candidate_blocks(
     *,
     block_size: int,
     top_blocks: int,
+    weights_scale: float = 1.0,
 ) -> torch.Tensor:
     check_indexer_topk_shapes(q, weights, index_keys, entry_rows, token_seq, num_visible)
     if block_size < 1 or top_blocks < 1:
         raise ValueError(f"candidate_blocks wants block_size >= 1 and top_blocks >= 1, got {block_size} and {top_blocks}")
     tokens, entries = q.shape[0], entry_rows.shape[1]
     if q.dtype == torch.float64 or index_keys.dtype == torch.float64 or _too_large(tokens, entries):
-        return _candidate_blocks_reference(q, weights, index_keys, entry_rows, token_seq, num_visible, block_size=block_size, top_blocks=top_blocks)
+        return _candidate_blocks_reference(q, weights, index_keys, entry_rows, token_seq, num_visible, block_size=block_size, top_blocks=top_blocks,
+                                           weights_scale=weights_scale)  # fmt: skip
     out = torch.full((tokens, top_blocks), -1, dtype=torch.int32, device=q.device)
     if tokens == 0 or entries == 0:
         return out
     args = _prepared(q, weights, index_keys, entry_rows, token_seq, num_visible)
     num_visible = args[5]
-    scores, idx64 = score_entries(*args)
+    scores, idx64 = score_entries(*args, weights_scale)
     n_blocks = cdiv(entries, block_size)
     block_scores = torch.empty(tokens, aligned(n_blocks, torch.float32), dtype=torch.float32, device=q.device)[:, :n_blocks]
     below = torch.empty(tokens, dtype=torch.int32, device=q.device)
@@ -181,18 +184,20 @@ def indexer_topk_in_blocks(
     *,
     top_k: int,
     block_size: int,
+    weights_scale: float = 1.0,
 ) -> torch.Tensor:
     check_indexer_topk_shapes(q, weights, index_keys, entry_rows, token_seq, num_visible)
     if blocks.dim() != 2 or blocks.shape[0] != q.shape[0]:
         raise ValueError(f"blocks must be [T={q.shape[0]}, NB], got {tuple(blocks.shape)}")
     tokens, entries = q.shape[0], entry_rows.shape[1]
     if q.dtype == torch.float64 or index_keys.dtype == torch.float64 or _too_large(tokens, entries):
-        return _in_blocks_reference(q, weights, index_keys, entry_rows, token_seq, num_visible, blocks, top_k=top_k, block_size=block_size)
+        return _in_blocks_reference(q, weights, index_keys, entry_rows, token_seq, num_visible, blocks, top_k=top_k, block_size=block_size,
+                                    weights_scale=weights_scale)  # fmt: skip
     if tokens == 0 or entries == 0 or min(top_k, entries) <= 0:
         return torch.full((tokens, top_k), -1, dtype=torch.int32, device=q.device)
     args = _prepared(q, weights, index_keys, entry_rows, token_seq, num_visible)
     _, _, _, entry_rows, token_seq, num_visible = args
-    scores, idx64 = score_entries(*args)
+    scores, idx64 = score_entries(*args, weights_scale)
     n_blocks = cdiv(entries, block_size)
     marks = torch.zeros(tokens, aligned(n_blocks, torch.int8), dtype=torch.int8, device=q.device)
     blocks = blocks.contiguous()

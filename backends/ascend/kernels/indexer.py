@@ -1,8 +1,10 @@
 """Ascend Triton kernels: indexer_topk (DeepSeek-V4's Lightning Indexer: each query's top_k compressed entries).
 
-score(t, e) = sum_h weights[t, h] * relu(q[t, h] . keys[entry_rows[seq(t), e]]) over the entries
-e < num_visible[t]; the result is the rows entry_rows[seq(t), e] of the top_k entries e by score,
-equal scores lowest id first, -1 past the visible ones (deepinfer.ops.indexer.indexer_topk). Two steps, no host synchronisation:
+score(t, e) = sum_h w[t, h] * relu(q[t, h] . keys[entry_rows[seq(t), e]]) over the entries
+e < num_visible[t], w = float32(weights) * weights_scale (weights loaded in their dtype, the
+projection's bfloat16 say, converted and scaled in the kernel: the model's own product, bit for bit);
+the result is the rows entry_rows[seq(t), e] of the top_k entries e by score, equal scores lowest id
+first, -1 past the visible ones (deepinfer.ops.indexer.indexer_topk). Two steps, no host synchronisation:
 
 Scores (`_indexer_scores_kernel`): persistent cube grid, `cube_grid(items)` programs over
 (query, entry block) items, entry block fastest (the blocks of one query run on neighbouring
@@ -79,7 +81,7 @@ _FP8_DECODE_BYTES = 13  # live bytes per decoded key element: the e4m3 byte, two
 @triton.jit
 def _indexer_scores_kernel(
     q_ptr, w_ptr, keys_ptr, key_scale_ptr, rows_ptr, seq_ptr, nv_ptr, scores_ptr,
-    T, E, H, D, e_blocks,
+    T, E, H, D, e_blocks, w_scale,
     stride_qt, stride_qh, stride_wt, stride_wh, stride_k, stride_rb, stride_s,
     BLOCK_H: tl.constexpr,
     BLOCK_D: tl.constexpr,
@@ -127,7 +129,7 @@ def _indexer_scores_kernel(
                 elif DOT_F32:
                     kt = kt.to(tl.float32)
                 logits = tl.dot(q, kt, logits, input_precision=DOT_PRECISION)
-            w = tl.load(w_ptr + t * stride_wt + offs_h * stride_wh, mask=h_ok, other=0.0).to(tl.float32)
+            w = tl.load(w_ptr + t * stride_wt + offs_h * stride_wh, mask=h_ok, other=0.0).to(tl.float32) * w_scale
             score = tl.sum(tl.maximum(logits, 0.0) * w[:, None], axis=0)
             if FP8:  # relu(s * x) = s * relu(x) for the key's scale s > 0
                 score = score * tl.load(key_scale_ptr + (k_off + D) // 4, mask=vis, other=0.0)
@@ -207,10 +209,11 @@ def indexer_topk(
     num_visible: torch.Tensor,
     *,
     top_k: int,
+    weights_scale: float = 1.0,
 ) -> torch.Tensor:
     check_indexer_topk_shapes(q, weights, index_keys, entry_rows, token_seq, num_visible)
     if q.dtype == torch.float64 or index_keys.dtype == torch.float64:
-        return _reference(q, weights, index_keys, entry_rows, token_seq, num_visible, top_k=top_k)
+        return _reference(q, weights, index_keys, entry_rows, token_seq, num_visible, top_k=top_k, weights_scale=weights_scale)
     tokens, heads, dim = q.shape
     max_entries = entry_rows.shape[1]
     k = min(top_k, max_entries)
@@ -219,13 +222,14 @@ def indexer_topk(
     q, index_keys, entry_rows = last_dim_contiguous(q, index_keys, entry_rows)
     token_seq = token_seq.contiguous()
     num_visible = num_visible.contiguous()
-    scores, idx64 = score_entries(q, weights, index_keys, entry_rows, token_seq, num_visible)
+    scores, idx64 = score_entries(q, weights, index_keys, entry_rows, token_seq, num_visible, weights_scale)
     return select(scores, num_visible, top_k, entry_rows, token_seq, idx64)
 
 
-def score_entries(q, weights, index_keys, entry_rows, token_seq, num_visible) -> tuple[torch.Tensor, bool]:
+def score_entries(q, weights, index_keys, entry_rows, token_seq, num_visible, weights_scale: float = 1.0) -> tuple[torch.Tensor, bool]:
     """([T, E] float32 scores of each query's visible entries (`_indexer_scores_kernel`; columns at or
-    past num_visible[t] are not written; rows padded to 32 bytes), whether offsets need int64).
+    past num_visible[t] are not written; rows padded to 32 bytes; weights taken as float32(weights) *
+    weights_scale), whether offsets need int64).
     q, index_keys, entry_rows last-dim contiguous; token_seq, num_visible contiguous; not float64.
     The V4.1 candidate kernels score with it too."""
     tokens, heads, dim = q.shape
@@ -242,7 +246,7 @@ def score_entries(q, weights, index_keys, entry_rows, token_seq, num_visible) ->
     idx64 = max(tokens * row_stride, keys.shape[0] * keys.stride(0) + keys.shape[1]) >= INT32_LIMIT
     _indexer_scores_kernel[(cube_grid(tokens * e_blocks),)](
         q, weights, keys, key_scales, entry_rows, token_seq, num_visible, scores,
-        tokens, max_entries, heads, dim, e_blocks,
+        tokens, max_entries, heads, dim, e_blocks, float(weights_scale),
         q.stride(0), q.stride(1), weights.stride(0), weights.stride(1), keys.stride(0), entry_rows.stride(0), scores.stride(0),
         BLOCK_H=block_h, BLOCK_D=block_d, BLOCK_E=block_e,
         DOT_F32=dot_f32 or upcast_dot(),

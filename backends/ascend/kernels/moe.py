@@ -29,8 +29,8 @@ dispatch (a counting sort by expert, stable in slot order; three launches, no ho
 
 combine
     A tile is one token x BLOCK_D columns: its K rows gathered through row_of_slot, weighted sum in
-    the fixed order k = 0..K-1 in float32, cast to the output dtype. Budget: a few BLOCK_D float32
-    vectors (BLOCK_D <= 2048).
+    the fixed order k = 0..K-1 in float32, then the token's `add` row (a shared expert's output) when
+    given, cast to the output dtype once. Budget: a few BLOCK_D float32 vectors (BLOCK_D <= 2048).
 
 Deterministic mode: dispatch and combine are batch-invariant as they are (exact copies; a fixed
 k order per token). The gate's BLOCK_T follows T, and its softmax normaliser and renormalisation
@@ -48,7 +48,7 @@ import torch
 import triton
 import triton.language as tl
 
-from deepinfer.ops.moe import SCORE_FUNCS, check_gate_args, check_hash_routing, require_local_experts
+from deepinfer.ops.moe import SCORE_FUNCS, check_combine_add, check_gate_args, check_hash_routing, require_local_experts
 from deepinfer.ops.moe import combine as _reference_combine
 from deepinfer.ops.moe import gate as _reference_gate
 from deepinfer.triton_common import cdiv, log1p_from_log, next_power_of_2
@@ -397,9 +397,10 @@ _COMBINE_MAX_D = 2048
 
 @triton.jit
 def _combine_kernel(
-    src_ptr, w_ptr, row_of_slot_ptr, out_ptr,
-    T, D, stride_src, stride_out,
+    src_ptr, w_ptr, row_of_slot_ptr, add_ptr, out_ptr,
+    T, D, stride_src, stride_add, stride_out,
     K: tl.constexpr,
+    HAS_ADD: tl.constexpr,  # add_ptr: [T, D] added after the K routed terms (else unused)
     BLOCK_D: tl.constexpr,
 ):
     pid = tl.program_id(0)
@@ -417,6 +418,8 @@ def _combine_kernel(
             w = tl.load(w_ptr + t * K + k).to(tl.float32)
             v = tl.load(src_ptr + r * stride_src + cols, mask=c_ok, other=0.0).to(tl.float32)
             acc += w * v
+        if HAS_ADD:
+            acc += tl.load(add_ptr + t * stride_add + cols, mask=c_ok, other=0.0).to(tl.float32)
         tl.store(out_ptr + t * stride_out + cols, to_output(acc, out_ptr), mask=c_ok)
 
 
@@ -425,28 +428,33 @@ def combine(
     topk_weights: torch.Tensor,
     row_of_slot: torch.Tensor,
     *,
+    add: torch.Tensor | None = None,
     ep_group: object | None = None,
 ) -> torch.Tensor:
     require_local_experts(ep_group)
-    if expert_out.dtype == torch.float64 or expert_out.numel() >= _INT32_LIMIT:
-        return _reference_combine(expert_out, topk_weights, row_of_slot, ep_group=ep_group)
+    check_combine_add(add, expert_out, topk_weights)
+    big = expert_out.numel() >= _INT32_LIMIT or (add is not None and add.numel() >= _INT32_LIMIT)
+    if expert_out.dtype == torch.float64 or big:
+        return _reference_combine(expert_out, topk_weights, row_of_slot, add=add, ep_group=ep_group)
     T, K = topk_weights.shape
     D = expert_out.shape[-1]
     out = torch.empty(T, D, dtype=expert_out.dtype, device=expert_out.device)
     if T == 0 or D == 0:
         return out
-    if K == 0:
-        return out.zero_()  # an empty sum
+    if K == 0:  # an empty sum (plus the addend)
+        return out.zero_() if add is None else out.copy_(add)
     src = expert_out if expert_out.stride(-1) == 1 else expert_out.contiguous()
     w = topk_weights.to(torch.float32).contiguous()
     rows = row_of_slot.reshape(-1)
     if rows.dtype != torch.int32:
         rows = rows.to(torch.int32)
     rows = rows.contiguous()
+    if add is not None and add.stride(-1) != 1:
+        add = add.contiguous()
     block_d = max(min(next_power_of_2(D), _COMBINE_MAX_D), 32 // src.element_size())
     _combine_kernel[(vector_grid(T * cdiv(D, block_d)),)](
-        src, w, rows, out, T, D, src.stride(0), out.stride(0),
-        K=K, BLOCK_D=block_d, **launch_options(),
+        src, w, rows, out if add is None else add, out, T, D, src.stride(0), 0 if add is None else add.stride(0), out.stride(0),
+        K=K, HAS_ADD=add is not None, BLOCK_D=block_d, **launch_options(),
     )
     return out
 
@@ -460,5 +468,5 @@ REGISTRATIONS = [
     Registration(op="dispatch", fn=dispatch, batch_invariant=True,
                  note="Triton (ascend): deterministic counting sort (count, one-program scan, row copy), no host sync"),
     # Invariant as it is: one token per tile row, its K rows summed in the fixed order k = 0..K-1, BLOCK_D from D only.
-    Registration(op="combine", fn=combine, batch_invariant=True, note="Triton (ascend): K rows gathered per token, fixed-order float32 sum"),
+    Registration(op="combine", fn=combine, batch_invariant=True, note="Triton (ascend): K rows gathered per token, fixed-order float32 sum, then add's row"),
 ]

@@ -306,15 +306,16 @@ def _sparse_attention(t: int, heads: int, extra: int, fp8: bool = False) -> Call
 
 
 def _indexer_topk(t: int, entries: int, fp8: bool = False) -> Callable[[], None]:
-    """DeepSeek-V4's indexer: t queries of 64 heads x 128 over `entries` compressed keys each, top 512."""
+    """DeepSeek-V4's indexer: t queries of 64 heads x 128 over `entries` compressed keys each, top 512 (bf16 weights
+    scaled in the kernel, as the model passes them)."""
     def call():
         from deepinfer_cuda.kernels import indexer
 
         width = 128 + 16 if fp8 else 128
         dtype = torch.float8_e4m3fn if fp8 else torch.bfloat16
         indexer.indexer_topk(
-            _t(t, 64, 128), _t(t, 64, dtype=torch.float32), _t(65536, width, dtype=dtype), _t(t, entries, dtype=torch.int32),
-            _t(t, dtype=torch.int32), _t(t, dtype=torch.int32), top_k=512,
+            _t(t, 64, 128), _t(t, 64), _t(65536, width, dtype=dtype), _t(t, entries, dtype=torch.int32),
+            _t(t, dtype=torch.int32), _t(t, dtype=torch.int32), top_k=512, weights_scale=(64 * 128) ** -0.5,
         )
     return call
 

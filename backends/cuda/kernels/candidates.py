@@ -1,9 +1,10 @@
 """Triton kernels: candidate_blocks and indexer_topk_in_blocks (DeepSeek-V4.1's hierarchical candidate selection).
 
 Both score the entries as indexer_topk does (`deepinfer_cuda.kernels.indexer.score_entries`: float32
-scores of each query's visible entries) and select with its exact top-k (`select_topk`: the k-th
-largest order key found bit by bit, ties lowest id first), so their selections follow the reference's
-rules bit for bit on the same scores. What each adds is one small kernel around the selection:
+scores of each query's visible entries, the weights converted and scaled by weights_scale in its
+kernel) and select with its exact top-k (`select_topk`: the k-th largest order key found bit by bit,
+ties lowest id first), so their selections follow the reference's rules bit for bit on the same
+scores. What each adds is one small kernel around the selection:
 
 candidate_blocks: the block of the query's newest visible entry (num_visible - 1) is always kept and
 every block below it is wholly visible, so the kept set is that block plus the top_blocks - 1 best of
@@ -124,8 +125,9 @@ def candidate_blocks(
     *,
     block_size: int,
     top_blocks: int,
+    weights_scale: float = 1.0,
 ) -> torch.Tensor:
-    return launch_candidate_blocks(q, weights, index_keys, entry_rows, token_seq, num_visible, block_size, top_blocks)
+    return launch_candidate_blocks(q, weights, index_keys, entry_rows, token_seq, num_visible, block_size, top_blocks, weights_scale=weights_scale)
 
 
 def candidate_blocks_invariant(
@@ -138,24 +140,29 @@ def candidate_blocks_invariant(
     *,
     block_size: int,
     top_blocks: int,
+    weights_scale: float = 1.0,
 ) -> torch.Tensor:
-    return launch_candidate_blocks(q, weights, index_keys, entry_rows, token_seq, num_visible, block_size, top_blocks, invariant=True)
+    return launch_candidate_blocks(
+        q, weights, index_keys, entry_rows, token_seq, num_visible, block_size, top_blocks, weights_scale=weights_scale, invariant=True
+    )
 
 
-def launch_candidate_blocks(q, weights, index_keys, entry_rows, token_seq, num_visible, block_size, top_blocks, *, invariant: bool = False):
+def launch_candidate_blocks(q, weights, index_keys, entry_rows, token_seq, num_visible, block_size, top_blocks, *, weights_scale: float = 1.0,
+                            invariant: bool = False):  # fmt: skip
     """candidate_blocks; invariant: indexer_topk's invariant scoring tile (deterministic mode)."""
     check_indexer_topk_shapes(q, weights, index_keys, entry_rows, token_seq, num_visible)
     if block_size < 1 or top_blocks < 1:
         raise ValueError(f"candidate_blocks wants block_size >= 1 and top_blocks >= 1, got {block_size} and {top_blocks}")
     if q.dtype == torch.float64 or index_keys.dtype == torch.float64:
-        return _candidate_blocks_reference(q, weights, index_keys, entry_rows, token_seq, num_visible, block_size=block_size, top_blocks=top_blocks)
+        return _candidate_blocks_reference(q, weights, index_keys, entry_rows, token_seq, num_visible, block_size=block_size, top_blocks=top_blocks,
+                                           weights_scale=weights_scale)  # fmt: skip
     tokens, entries = q.shape[0], entry_rows.shape[1]
     out = torch.full((tokens, top_blocks), -1, dtype=torch.int32, device=q.device)
     if tokens == 0 or entries == 0:
         return out
     args = _prepared(q, weights, index_keys, entry_rows, token_seq, num_visible)
     num_visible = args[5]
-    scores = score_entries(*args, invariant=invariant)
+    scores = score_entries(*args, weights_scale=weights_scale, invariant=invariant)
     n_blocks = cdiv(entries, block_size)
     block_scores = torch.empty(tokens, n_blocks, dtype=torch.float32, device=q.device)
     below = torch.empty(tokens, dtype=torch.int32, device=q.device)
@@ -184,8 +191,9 @@ def indexer_topk_in_blocks(
     *,
     top_k: int,
     block_size: int,
+    weights_scale: float = 1.0,
 ) -> torch.Tensor:
-    return launch_indexer_topk_in_blocks(q, weights, index_keys, entry_rows, token_seq, num_visible, blocks, top_k, block_size)
+    return launch_indexer_topk_in_blocks(q, weights, index_keys, entry_rows, token_seq, num_visible, blocks, top_k, block_size, weights_scale=weights_scale)
 
 
 def indexer_topk_in_blocks_invariant(
@@ -199,23 +207,28 @@ def indexer_topk_in_blocks_invariant(
     *,
     top_k: int,
     block_size: int,
+    weights_scale: float = 1.0,
 ) -> torch.Tensor:
-    return launch_indexer_topk_in_blocks(q, weights, index_keys, entry_rows, token_seq, num_visible, blocks, top_k, block_size, invariant=True)
+    return launch_indexer_topk_in_blocks(
+        q, weights, index_keys, entry_rows, token_seq, num_visible, blocks, top_k, block_size, weights_scale=weights_scale, invariant=True
+    )
 
 
-def launch_indexer_topk_in_blocks(q, weights, index_keys, entry_rows, token_seq, num_visible, blocks, top_k, block_size, *, invariant: bool = False):
+def launch_indexer_topk_in_blocks(q, weights, index_keys, entry_rows, token_seq, num_visible, blocks, top_k, block_size, *, weights_scale: float = 1.0,
+                                  invariant: bool = False):  # fmt: skip
     """indexer_topk_in_blocks; invariant: indexer_topk's invariant scoring tile (deterministic mode)."""
     check_indexer_topk_shapes(q, weights, index_keys, entry_rows, token_seq, num_visible)
     if blocks.dim() != 2 or blocks.shape[0] != q.shape[0]:
         raise ValueError(f"blocks must be [T={q.shape[0]}, NB], got {tuple(blocks.shape)}")
     if q.dtype == torch.float64 or index_keys.dtype == torch.float64:
-        return _in_blocks_reference(q, weights, index_keys, entry_rows, token_seq, num_visible, blocks, top_k=top_k, block_size=block_size)
+        return _in_blocks_reference(q, weights, index_keys, entry_rows, token_seq, num_visible, blocks, top_k=top_k, block_size=block_size,
+                                    weights_scale=weights_scale)  # fmt: skip
     tokens, entries = q.shape[0], entry_rows.shape[1]
     if tokens == 0 or entries == 0 or min(top_k, entries) <= 0:
         return torch.full((tokens, top_k), -1, dtype=torch.int32, device=q.device)
     args = _prepared(q, weights, index_keys, entry_rows, token_seq, num_visible)
     _, _, _, entry_rows, token_seq, num_visible = args
-    scores = score_entries(*args, invariant=invariant)
+    scores = score_entries(*args, weights_scale=weights_scale, invariant=invariant)
     n_blocks = cdiv(entries, block_size)
     marks = torch.zeros(tokens, n_blocks, dtype=torch.int8, device=q.device)
     blocks = blocks.contiguous()

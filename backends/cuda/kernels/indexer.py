@@ -1,9 +1,11 @@
 """Triton kernels: indexer_topk (DeepSeek-V4's Lightning Indexer: each query's top_k compressed entries).
 
-score(t, e) = sum_h weights[t, h] * relu(q[t, h] . keys[entry_rows[seq(t), e]]) over the entries
-e < num_visible[t]; the result is the rows entry_rows[seq(t), e] of the top_k entries e by score,
-equal scores lowest id first, -1 past the visible ones (deepinfer.ops.indexer.indexer_topk). Two steps, no host synchronisation
-(CUDA-graph safe):
+score(t, e) = sum_h w[t, h] * relu(q[t, h] . keys[entry_rows[seq(t), e]]) over the entries
+e < num_visible[t], w = float32(weights) * weights_scale (weights loaded in their dtype, the
+projection's bfloat16 say, converted and scaled in the kernel: the model's own product, bit for bit);
+the result is the rows entry_rows[seq(t), e] of the top_k entries e by score, equal scores lowest id
+first, -1 past the visible ones (deepinfer.ops.indexer.indexer_topk). Two steps, no host
+synchronisation (CUDA-graph safe):
 
 Scores (`_indexer_scores_kernel`, grid (query blocks, entry blocks)): a program scores BLOCK_E
 entries for BLOCK_T consecutive queries. The gathered key rows are the M side of a tensor-core
@@ -87,7 +89,7 @@ _MAX_BLOCK_K = 1024  # -1 padding written per step
 @triton.jit(do_not_specialize=["T"])
 def _indexer_scores_kernel(
     q_ptr, w_ptr, keys_ptr, key_scale_ptr, rows_ptr, seq_ptr, nv_ptr, scores_ptr,
-    T, E, H, D,
+    T, E, H, D, w_scale,
     stride_qt, stride_qh, stride_wt, stride_wh, stride_k, stride_rb, stride_s,
     BLOCK_T: tl.constexpr,
     BLOCK_H: tl.constexpr,
@@ -141,7 +143,7 @@ def _indexer_scores_kernel(
                 if DOT_F32:
                     qt = qt.to(tl.float32)
                 logits = tl.dot(keys, qt, input_precision=DOT_PRECISION)  # [BLOCK_E, BLOCK_H], float32
-                w = tl.load(w_ptr + t64 * stride_wt + offs_h * stride_wh, mask=h_ok, other=0.0).to(tl.float32)
+                w = tl.load(w_ptr + t64 * stride_wt + offs_h * stride_wh, mask=h_ok, other=0.0).to(tl.float32) * w_scale
                 score = tl.sum(tl.maximum(logits, 0.0) * w[None, :], axis=1)
                 if FP8:
                     score = score * key_scale
@@ -194,8 +196,9 @@ def indexer_topk(
     num_visible: torch.Tensor,
     *,
     top_k: int,
+    weights_scale: float = 1.0,
 ) -> torch.Tensor:
-    return launch_indexer_topk(q, weights, index_keys, entry_rows, token_seq, num_visible, top_k)
+    return launch_indexer_topk(q, weights, index_keys, entry_rows, token_seq, num_visible, top_k, weights_scale=weights_scale)
 
 
 def indexer_topk_invariant(
@@ -207,18 +210,19 @@ def indexer_topk_invariant(
     num_visible: torch.Tensor,
     *,
     top_k: int,
+    weights_scale: float = 1.0,
 ) -> torch.Tensor:
-    return launch_indexer_topk(q, weights, index_keys, entry_rows, token_seq, num_visible, top_k, invariant=True)
+    return launch_indexer_topk(q, weights, index_keys, entry_rows, token_seq, num_visible, top_k, weights_scale=weights_scale, invariant=True)
 
 
-def launch_indexer_topk(q, weights, index_keys, entry_rows, token_seq, num_visible, top_k, *, invariant: bool = False,
-                        select_chunk: int | None = None) -> torch.Tensor:  # fmt: skip
+def launch_indexer_topk(q, weights, index_keys, entry_rows, token_seq, num_visible, top_k, *, weights_scale: float = 1.0,
+                        invariant: bool = False, select_chunk: int | None = None) -> torch.Tensor:  # fmt: skip
     """indexer_topk; invariant: the GPU's entry tile under the interpreter too (deterministic mode);
     select_chunk: the selection's chunk (tests force several launches with a small one)."""
     check_indexer_topk_shapes(q, weights, index_keys, entry_rows, token_seq, num_visible)
     if q.dtype == torch.float64 or index_keys.dtype == torch.float64:
         reference = _invariant_reference() if invariant else _reference
-        return reference(q, weights, index_keys, entry_rows, token_seq, num_visible, top_k=top_k)
+        return reference(q, weights, index_keys, entry_rows, token_seq, num_visible, top_k=top_k, weights_scale=weights_scale)
     tokens, heads, dim = q.shape
     max_entries = entry_rows.shape[1]
     k = min(top_k, max_entries)
@@ -227,13 +231,14 @@ def launch_indexer_topk(q, weights, index_keys, entry_rows, token_seq, num_visib
     q, index_keys, entry_rows = last_dim_contiguous(q, index_keys, entry_rows)
     token_seq = token_seq.contiguous()
     num_visible = num_visible.contiguous()
-    scores = score_entries(q, weights, index_keys, entry_rows, token_seq, num_visible, invariant=invariant)
+    scores = score_entries(q, weights, index_keys, entry_rows, token_seq, num_visible, weights_scale=weights_scale, invariant=invariant)
     return select_topk(scores, num_visible, top_k, entry_rows=entry_rows, token_seq=token_seq, chunk=select_chunk)
 
 
-def score_entries(q, weights, index_keys, entry_rows, token_seq, num_visible, *, invariant: bool = False) -> torch.Tensor:
+def score_entries(q, weights, index_keys, entry_rows, token_seq, num_visible, *, weights_scale: float = 1.0, invariant: bool = False) -> torch.Tensor:
     """[T, E] float32: the indexer's score of each query's visible entries (`_indexer_scores_kernel`;
-    columns at or past num_visible[t] are not written). q, index_keys, entry_rows last-dim contiguous;
+    columns at or past num_visible[t] are not written), weights taken as float32(weights) * weights_scale.
+    q, index_keys, entry_rows last-dim contiguous;
     token_seq and num_visible contiguous; not float64. The V4.1 candidate kernels score with it too."""
     tokens, heads, dim = q.shape
     max_entries = entry_rows.shape[1]
@@ -256,7 +261,7 @@ def score_entries(q, weights, index_keys, entry_rows, token_seq, num_visible, *,
         block_e = max(16, min(_GPU_BLOCK_E, _GPU_TILE // max(block_d, block_h)))
     _indexer_scores_kernel[(cdiv(tokens, block_t), cdiv(max_entries, block_e))](
         q, weights, keys, key_scales, entry_rows, token_seq, num_visible, scores,
-        tokens, max_entries, heads, dim,
+        tokens, max_entries, heads, dim, float(weights_scale),
         q.stride(0), q.stride(1), weights.stride(0), weights.stride(1), keys.stride(0), entry_rows.stride(0), scores.stride(0),
         BLOCK_T=block_t, BLOCK_H=block_h, BLOCK_D=block_d, BLOCK_E=block_e,
         DOT_F32=dot_f32 or upcast_dot(),

@@ -23,7 +23,8 @@ dispatch (a counting sort by expert, stable in slot order, no host synchronisati
 
 combine
     One program per (token, column split): K rows gathered through row_of_slot, weighted sum in the
-    fixed order k = 0..K-1 in float32 (float64 for float64), cast to the output dtype.
+    fixed order k = 0..K-1 in float32 (float64 for float64), then the token's `add` row (a shared
+    expert's output) when given, cast to the output dtype once.
 
 Deterministic mode: dispatch (integer counting and exact row copies) and combine (each output
 element its own k-ordered sum; the column split only chooses which program computes it) are
@@ -42,7 +43,7 @@ import triton
 import triton.language as tl
 from triton.language.extra import libdevice
 
-from deepinfer.ops.moe import SCORE_FUNCS, check_gate_args, check_hash_routing, require_local_experts
+from deepinfer.ops.moe import SCORE_FUNCS, check_combine_add, check_gate_args, check_hash_routing, require_local_experts
 from deepinfer.triton_common import cdiv, interpreting, log1p_from_log, next_power_of_2
 from deepinfer_cuda.kernels.common import Registration, pdl_launch, pdl_prologue
 from deepinfer_cuda.kernels.precise_math import precise_exp as _exp
@@ -441,10 +442,11 @@ def count_slots(topk_ids: torch.Tensor, num_experts: int, totals: torch.Tensor |
 
 @triton.jit
 def _combine_kernel(
-    src_ptr, w_ptr, row_of_slot_ptr, out_ptr,
-    D, stride_src, stride_out, cols_per_split,
+    src_ptr, w_ptr, row_of_slot_ptr, add_ptr, out_ptr,
+    D, stride_src, stride_add, stride_out, cols_per_split,
     K: tl.constexpr,
     ACC: tl.constexpr,
+    HAS_ADD: tl.constexpr,  # add_ptr: [T, D] added after the K routed terms (else unused)
     BLOCK_D: tl.constexpr,
     PDL: tl.constexpr = False,
 ):
@@ -462,6 +464,8 @@ def _combine_kernel(
             w = tl.load(w_ptr + t * K + k).to(ACC)
             v = tl.load(src_ptr + r * stride_src + cols, mask=c_ok, other=0.0).to(ACC)
             acc += w * v
+        if HAS_ADD:
+            acc += tl.load(add_ptr + t.to(tl.int64) * stride_add + cols, mask=c_ok, other=0.0).to(ACC)
         tl.store(out_ptr + t.to(tl.int64) * stride_out + cols, acc.to(out_ptr.dtype.element_ty), mask=c_ok)
 
 
@@ -470,9 +474,11 @@ def combine(
     topk_weights: torch.Tensor,
     row_of_slot: torch.Tensor,
     *,
+    add: torch.Tensor | None = None,
     ep_group: object | None = None,
 ) -> torch.Tensor:
     require_local_experts(ep_group)
+    check_combine_add(add, expert_out, topk_weights)
     T, K = topk_weights.shape
     D = expert_out.shape[-1]
     out = torch.empty(T, D, dtype=expert_out.dtype, device=expert_out.device)
@@ -484,13 +490,15 @@ def combine(
     if rows.dtype != torch.int32:
         rows = rows.to(torch.int32)
     rows = rows.contiguous()
+    if add is not None and add.stride(-1) != 1:
+        add = add.contiguous()
     acc = tl.float64 if expert_out.dtype == torch.float64 else tl.float32
     cfg = _cfg("combine", "tokens", expert_out.device)
     block_d = _block_d(D, expert_out.element_size(), cfg)
     per, splits = _column_split(T, D, block_d, cfg["target_programs"])
     _combine_kernel[(T, splits)](
-        src, w, rows, out, D, src.stride(0), out.stride(0), per,
-        K=K, ACC=acc, BLOCK_D=block_d, num_warps=cfg["num_warps"], **pdl_launch(src.device),
+        src, w, rows, out if add is None else add, out, D, src.stride(0), 0 if add is None else add.stride(0), out.stride(0), per,
+        K=K, ACC=acc, HAS_ADD=add is not None, BLOCK_D=block_d, num_warps=cfg["num_warps"], **pdl_launch(src.device),
     )
     return out
 
@@ -501,5 +509,5 @@ REGISTRATIONS = [
                  note="Triton (fused scores, bias, group-limited top-k in registers; one tile of tile_elems // E tokens for every token count)"),
     # dispatch and combine: batch-invariant as they are (see the module docstring).
     Registration(op="dispatch", fn=dispatch, note="Triton (deterministic counting sort + row copy, no host sync)", batch_invariant=True),
-    Registration(op="combine", fn=combine, note="Triton (gather K rows, fixed-order float32 sum)", batch_invariant=True),
+    Registration(op="combine", fn=combine, note="Triton (gather K rows, fixed-order float32 sum, then add's row)", batch_invariant=True),
 ]  # fmt: skip

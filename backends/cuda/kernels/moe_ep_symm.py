@@ -10,7 +10,7 @@ adds the partials of the ranks its experts live on.
 
 Results: dispatch's rows and offsets equal the NCCL path's (the same layout: by local expert, then
 source rank, then the source's slot order); combine is the same weighted sum in another order of
-additions (per owner rank in k order, then over the ranks in rank order, in float32, rounded once),
+additions (per owner rank in k order, then over the ranks in rank order, then `add`, in float32, rounded once),
 so it matches within the op's tolerance, deterministically. Checked by the multi-rank
 conformance cases (`python -m deepinfer_conformance.multirank --backend cuda --ep 2 --ep-path symm`).
 
@@ -57,7 +57,8 @@ combine
      over its local slots in k order, in float32 (float64 for float64), stored unrounded to back of
      rank s; barrier;
   3. one kernel, a program per (token, column split): the partials of the ranks that own one of the
-     token's experts, added in rank order.
+     token's experts, added in rank order, then the token's `add` row (this rank's tokens' addend, a
+     shared expert's output) when given; rounded once.
 
 Races: a peer writes meta/tok[p] again only in dispatch n+2, after a barrier of dispatch n+1 that
 this rank passes only after its expand of dispatch n (barriers are kernels on the stream, release /
@@ -95,6 +96,7 @@ import triton.language as tl
 
 from deepinfer.distributed.expert_parallel import EP_PRIORITY, ExpertParallel, as_expert_parallel
 from deepinfer.errors import UserError
+from deepinfer.ops.moe import check_combine_add
 from deepinfer.triton_common import next_power_of_2
 from deepinfer_cuda.kernels import moe as local
 from deepinfer_cuda.kernels.common import Registration
@@ -309,10 +311,11 @@ def _reduce_back_kernel(
 
 @triton.jit
 def _sum_back_kernel(
-    back_ptr, ids_ptr, out_ptr,
-    D, L, W, B, stride_out, cols_per_split,
+    back_ptr, ids_ptr, add_ptr, out_ptr,
+    D, L, W, B, stride_add, stride_out, cols_per_split,
     K: tl.constexpr,
     ACC: tl.constexpr,
+    HAS_ADD: tl.constexpr,  # add_ptr: [T, D] added after the partials (else unused)
     BLOCK_K: tl.constexpr,
     BLOCK_D: tl.constexpr,
 ):
@@ -329,6 +332,8 @@ def _sum_back_kernel(
         for r in range(W):  # rank order: the sum does not depend on the batch
             if tl.max((owner == r).to(tl.int32), axis=0) > 0:
                 acc += tl.load(back_ptr + (r * B + t).to(tl.int64) * D + cols, mask=c_ok, other=0.0).to(ACC)
+        if HAS_ADD:
+            acc += tl.load(add_ptr + t.to(tl.int64) * stride_add + cols, mask=c_ok, other=0.0).to(ACC)
         tl.store(out_ptr + t.to(tl.int64) * stride_out + cols, acc.to(out_ptr.dtype.element_ty), mask=c_ok)
 
 
@@ -621,10 +626,12 @@ class SymmetricExchange:
 
     # -- combine ---------------------------------------------------------------------------
 
-    def combine(self, expert_out: torch.Tensor, topk_weights: torch.Tensor, row_of_slot: torch.Tensor) -> torch.Tensor:
-        return run_steps(self.combine_steps(expert_out, topk_weights, row_of_slot), self.state.barrier)
+    def combine(self, expert_out: torch.Tensor, topk_weights: torch.Tensor, row_of_slot: torch.Tensor, add: torch.Tensor | None = None) -> torch.Tensor:
+        return run_steps(self.combine_steps(expert_out, topk_weights, row_of_slot, add), self.state.barrier)
 
-    def combine_steps(self, expert_out: torch.Tensor, topk_weights: torch.Tensor, row_of_slot: torch.Tensor) -> Generator[None, None, torch.Tensor]:
+    def combine_steps(
+        self, expert_out: torch.Tensor, topk_weights: torch.Tensor, row_of_slot: torch.Tensor, add: torch.Tensor | None = None
+    ) -> Generator[None, None, torch.Tensor]:
         ep, st = self.ep, self.state
         record = ep._take(row_of_slot)
         if not isinstance(record, _SymmExchange) or record.state is not st:
@@ -667,10 +674,12 @@ class SymmetricExchange:
         self._mark("barrier 2")
         out = torch.empty(T, D, dtype=expert_out.dtype, device=self.device)
         if T and D:
+            if add is not None and add.stride(-1) != 1:
+                add = add.contiguous()
             per, splits = local._column_split(T, D, block_d, cfg["target_programs"])
             _sum_back_kernel[(T, splits)](
-                back_rows, record.ids, out, D, L, W, B, out.stride(0), per,
-                K=K, ACC=acc, BLOCK_K=next_power_of_2(K), BLOCK_D=block_d, num_warps=cfg["num_warps"],
+                back_rows, record.ids, out if add is None else add, out, D, L, W, B, 0 if add is None else add.stride(0), out.stride(0), per,
+                K=K, ACC=acc, HAS_ADD=add is not None, BLOCK_K=next_power_of_2(K), BLOCK_D=block_d, num_warps=cfg["num_warps"],
             )  # fmt: skip
         self._mark("sum")
         return out
@@ -741,12 +750,14 @@ def combine(
     topk_weights: torch.Tensor,
     row_of_slot: torch.Tensor,
     *,
+    add: torch.Tensor | None = None,
     ep_group: object | None = None,
 ) -> torch.Tensor:
     ep = as_expert_parallel(ep_group)
     if ep is None:
-        return local.combine(expert_out, topk_weights, row_of_slot)
-    return exchange_of(ep, expert_out.device).combine(expert_out, topk_weights, row_of_slot)
+        return local.combine(expert_out, topk_weights, row_of_slot, add=add)
+    check_combine_add(add, expert_out, topk_weights)
+    return exchange_of(ep, expert_out.device).combine(expert_out, topk_weights, row_of_slot, add)
 
 
 def unusable_reason(ctx) -> str | None:

@@ -105,9 +105,9 @@ class V4Attention:
         plan = step.ratios[self.ratio]
         iq = self.index_wq_b(ops, q_latent).view(x.shape[0], c.index_n_heads, c.index_head_dim)
         iq = ops.head_norm_rope(iq, step.positions, cos_sin)  # rotated only: the indexer's q heads are not normed
-        weights = self.index_weights(ops, x).float() * self.index_scale
+        weights = self.index_weights(ops, x)  # in the projection's dtype: the op converts and scales them in its kernel
         keys = cache.indexer.pool.flatten(0, 1)
-        return ops.indexer_topk(iq, weights, keys, plan.entry_rows, step.token_seq, plan.num_visible, top_k=c.index_topk)
+        return ops.indexer_topk(iq, weights, keys, plan.entry_rows, step.token_seq, plan.num_visible, top_k=c.index_topk, weights_scale=self.index_scale)
 
 
 def grouped_output_projection(ops, out: torch.Tensor, wo_a: ExpertWeights, wo_b, groups: int, group_rows: torch.Tensor | None = None) -> torch.Tensor:

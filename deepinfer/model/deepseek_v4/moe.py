@@ -71,9 +71,9 @@ class V4MoE:
             expert_out = self.down(ops, hidden, offsets)
         else:
             expert_out = expert_x.new_empty(0, x.shape[1])
-        out = ops.combine(expert_out, weights, row_of_slot)
-        if self.shared is not None:
+        shared = None
+        if self.shared is not None:  # added inside combine's float32 sum (one rounding, no launch of its own)
             gate_up, down = self.shared
-            out = out + down(ops, ops.clamped_silu_and_mul(gate_up(ops, x), limit=self.limit))
-        return out
+            shared = down(ops, ops.clamped_silu_and_mul(gate_up(ops, x), limit=self.limit))
+        return ops.combine(expert_out, weights, row_of_slot, add=shared)
 

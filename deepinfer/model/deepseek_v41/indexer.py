@@ -24,11 +24,12 @@ class V41Indexer:
         self.is_candidate_source = role.layer == c.candidate_source_layer_id
 
     def queries(self, ops, x: torch.Tensor, q_latent: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor):
-        """(rounded index queries [T, H, D], float32 head weights [T, H]) of the step's tokens."""
+        """(rounded index queries [T, H, D], head weights [T, H]) of the step's tokens; the weights in the projection's
+        dtype, unscaled: the selection ops convert and scale them (weights_scale) in their kernels."""
         c = self.config
         iq = self.wq_b(ops, q_latent).view(x.shape[0], c.index_n_heads, c.index_head_dim)
         iq = ops.cache_round(rotate_tail(ops, iq, c.qk_rope_head_dim, positions, cos_sin), fmt="mxfp4")
-        return iq, self.weights_proj(ops, x).float() * self.scale
+        return iq, self.weights_proj(ops, x)
 
     def select(self, ops, iq: torch.Tensor, weights: torch.Tensor, span: Span, shared: SharedKV, positions: torch.Tensor) -> None:
         """Replace the span's selection (and, at the candidate source, its candidate blocks) in `shared`."""
@@ -39,20 +40,20 @@ class V41Indexer:
         visible = ((positions + 1) // self.role.ratio).to(torch.int32)
         args = (iq, weights, keys, entry_rows, token_seq, visible)
         if self.role.candidate_filtered:
-            shared.topk = ops.indexer_topk_in_blocks(*args, shared.blocks, top_k=c.index_topk, block_size=c.candidate_block_size)
+            shared.topk = ops.indexer_topk_in_blocks(*args, shared.blocks, top_k=c.index_topk, block_size=c.candidate_block_size, weights_scale=self.scale)
             return
-        shared.topk = ops.indexer_topk(*args, top_k=c.index_topk)
+        shared.topk = ops.indexer_topk(*args, top_k=c.index_topk, weights_scale=self.scale)
         if self.is_candidate_source:
-            shared.blocks = ops.candidate_blocks(*args, block_size=c.candidate_block_size, top_blocks=c.candidate_topk_blocks)
+            shared.blocks = ops.candidate_blocks(*args, block_size=c.candidate_block_size, top_blocks=c.candidate_topk_blocks, weights_scale=self.scale)
 
     def select_batch(self, ops, iq: torch.Tensor, weights: torch.Tensor, shared: SharedBatchKV, head_dim: int, dtype: torch.dtype) -> None:
         """A decode step's `select` (decode_plan.py): every token's selection at once over its sequence's entries."""
         c = self.config
         args = (iq, weights, shared.index_keys, shared.key_rows, shared.token_seq, shared.visible)
         if self.role.candidate_filtered:
-            topk = ops.indexer_topk_in_blocks(*args, shared.blocks, top_k=c.index_topk, block_size=c.candidate_block_size)
+            topk = ops.indexer_topk_in_blocks(*args, shared.blocks, top_k=c.index_topk, block_size=c.candidate_block_size, weights_scale=self.scale)
         else:
-            topk = ops.indexer_topk(*args, top_k=c.index_topk)
+            topk = ops.indexer_topk(*args, top_k=c.index_topk, weights_scale=self.scale)
             if self.is_candidate_source:
-                shared.blocks = ops.candidate_blocks(*args, block_size=c.candidate_block_size, top_blocks=c.candidate_topk_blocks)
+                shared.blocks = ops.candidate_blocks(*args, block_size=c.candidate_block_size, top_blocks=c.candidate_topk_blocks, weights_scale=self.scale)
         shared.select(ops, topk, head_dim, dtype)

@@ -35,4 +35,5 @@ class V41MoE:
         else:
             expert_out = expert_x.new_empty(0, x.shape[1])
         gate_up, down = self.shared
-        return ops.combine(expert_out, weights, row_of_slot) + down(ops, ops.clamped_silu_and_mul(gate_up(ops, x), limit=c.swiglu_limit))
+        shared = down(ops, ops.clamped_silu_and_mul(gate_up(ops, x), limit=c.swiglu_limit))
+        return ops.combine(expert_out, weights, row_of_slot, add=shared)  # added inside combine's float32 sum
