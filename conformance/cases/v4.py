@@ -14,14 +14,13 @@ listed gets a different answer.
 
 from __future__ import annotations
 
-import zlib
 from functools import partial
 
 import torch
 
 from deepinfer.ops import kv_cache_format
 from deepinfer.ops.rope import rope_cos_sin_cache
-from deepinfer_conformance.cases import Case, randn
+from deepinfer_conformance.cases import Case, drawn_as, randn
 
 DTYPES = (torch.float32, torch.bfloat16)
 HEAD_DIM = 512  # V4's attention head_dim: one shared key/value row per token
@@ -370,12 +369,6 @@ def hc_pre_inputs(
     if norm:
         inputs["norm_weight"] = (1.0 + randn(gen, dim, dtype=torch.float64, scale=0.5)).float()
     return inputs
-
-
-def drawn_as(recipe: str, make):
-    """`make` drawing from recipe `recipe`'s seed (the same op's): the inputs both draw first are equal, so the
-    golden set stores them once (and outputs that do not depend on what is drawn after them)."""
-    return lambda gen, dtype: make(torch.Generator().manual_seed(zlib.crc32(recipe.encode())), dtype)
 
 
 def hc_post_inputs(gen, dtype, *, tokens: int, streams: int = 4, dim: int, x_scale: float = 1.0, spread: float | None = None, y_scale: float = 1.0):
