@@ -373,6 +373,17 @@ def _hc_pre(t: int, streams: int = 4, hidden: int = 4096, invariant: bool = Fals
     return call
 
 
+def _hc_head(t: int, streams: int = 4, hidden: int = 4096) -> Callable[[], None]:
+    """DeepSeek-V4's head collapse: hc_pre's launches with the head's `streams` mixing logits and the final norm."""
+    def call():
+        from deepinfer_cuda.kernels import hyper_connection
+
+        f32 = torch.float32
+        hyper_connection.hc_head(_t(t, streams, hidden), _t(streams, streams * hidden, dtype=f32), _t(streams, dtype=f32), _t(1, dtype=f32),
+                                 _t(hidden, dtype=f32), norm_eps=1e-6, hc_eps=1e-6)
+    return call
+
+
 def _quant_act_fp8(m: int, k: int) -> Callable[[], None]:
     def call():
         from deepinfer_cuda.kernels import gemm
@@ -452,6 +463,9 @@ CASES: list[Case] = [
     Case("hc_pre bf16 T64 N4 D4096", _hc_pre(64), None),
     Case("hc_pre bf16 T8192 N4 D4096", _hc_pre(8192), None),
     Case("hc_pre bf16 T8192 N4 D4096 invariant", _hc_pre(8192, invariant=True), None),
+    # the head's collapse: decode (the split launch, the final norm folded in) and a prefill chunk's logits rows (fused, then rms_norm)
+    Case("hc_head bf16 T1 N4 D4096", _hc_head(1), None, pdl=True),
+    Case("hc_head bf16 T8192 N4 D4096", _hc_head(8192), None),
     # The SM90 Gluon mxfp4 kernel (warp-specialised: TMA producer warp, wgmma consumers) at V4-Flash's expert shapes
     # (hidden 4096, w13 2 x 2048 rows, w2 K 2048, 256 experts): decode B64 / B256 x top-6 (masked E8 m16, contiguous 384 and
     # 1536 rows over 256 experts, w2 at B64), prefill T8192 x top-6 through w2, and a linear.
