@@ -121,6 +121,15 @@ def _linear(fmt: str, m: int, n: int, k: int) -> Callable[[], None]:
     return call
 
 
+def _router(m: int, experts: int, k: int) -> Callable[[], None]:
+    """A MoE router: bf16 x times the float32 router weight, float32 logits (linear's out_dtype)."""
+    def call():
+        from deepinfer_cuda.kernels import gemm
+
+        gemm.linear(_t(m, k), _t(experts, k, dtype=torch.float32), fmt="dense", out_dtype=torch.float32)
+    return call
+
+
 def _grouped_masked(fmt: str, e: int, max_m: int, n: int, k: int) -> Callable[[], None]:
     def call():
         from deepinfer_cuda.kernels import gemm
@@ -407,6 +416,8 @@ class Case:
 CASES: list[Case] = [
     Case("linear dense bf16 prefill (4096x7168->4096)", _linear("dense", 4096, 4096, 7168), "mma"),
     Case("linear dense bf16 decode (8x7168->4096)", _linear("dense", 8, 4096, 7168), "mma", DECODE_16_ROWS, pdl=True),
+    # V4-Flash's router at decode: bf16 x widened in-kernel, float32 weight and logits (ieee float32 dot: FMAs, no MMA)
+    Case("linear dense router bf16 x f32 weight -> f32 (8x4096->256)", _router(8, 256, 4096), None, pdl=True),
     Case("linear fp8_block prefill (4096x7168->4096)", _linear("fp8_block", 4096, 4096, 7168), "mma"),
     Case("grouped_gemm fp8_block decode masked (E8 m16 7168->4096)", _grouped_masked("fp8_block", 8, 16, 4096, 7168), "mma", DECODE_16_ROWS, pdl=True),
     Case("linear mxfp4 prefill (4096x7168->4096)", _linear("mxfp4", 4096, 4096, 7168), "mx", MXFP4_W4A16),
