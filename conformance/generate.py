@@ -6,7 +6,7 @@
 Each case's inputs are drawn from a generator seeded by the case id, in the case dtype. The
 reference then runs on float64-upcast copies (integer, fp8 and packed tensors untouched; ops whose
 golden_precision is "native", like sampling, run as given) and its outputs are stored in the case
-dtype, after the op's canonicalisation.
+dtype (or the one the call chooses, `OpSpec.result_dtype`: linear's out_dtype), after the op's canonicalisation.
 """
 
 from __future__ import annotations
@@ -32,6 +32,12 @@ def upcast(kwargs: dict[str, Any]) -> dict[str, Any]:
     return {k: v.to(torch.float64) if isinstance(v, torch.Tensor) and v.dtype in FLOATS else v for k, v in kwargs.items()}
 
 
+def output_dtype(spec: OpSpec, case: Case, kwargs: dict[str, Any]) -> torch.dtype:
+    """The dtype a case's outputs are stored in and held to: the one its call chooses (`OpSpec.result_dtype`), else the case's."""
+    chosen = spec.result_dtype(kwargs) if spec.result_dtype is not None else None
+    return chosen or case.dtype
+
+
 def run_golden(spec: OpSpec, case: Case, kwargs: dict[str, Any]) -> dict[str, torch.Tensor | None]:
     call = upcast(kwargs) if spec.golden_precision == "float64" else {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
     outputs = spec.name_outputs(spec.reference(**call))
@@ -41,7 +47,7 @@ def run_golden(spec: OpSpec, case: Case, kwargs: dict[str, Any]) -> dict[str, to
     for name, value in outputs.items():
         if value is not None and value.dtype == torch.float64 and spec.golden_precision == "float64":
             # An in-place op's output keeps the dtype of the buffer it writes (a bf16 cache fed float32 values).
-            value = value.to(kwargs[spec.in_place].dtype if spec.in_place else case.dtype)
+            value = value.to(kwargs[spec.in_place].dtype if spec.in_place else output_dtype(spec, case, kwargs))
         stored[name] = value
     return stored
 
@@ -75,7 +81,7 @@ def build(cases: list[Case]) -> tuple[dict[str, dict[str, torch.Tensor]], list[C
         kwargs = case.inputs()
         tensors, params = split_kwargs(kwargs)
         outputs = run_golden(spec, case, kwargs)
-        tol = spec.tolerance(case.dtype)
+        tol = spec.tolerance(output_dtype(spec, case, kwargs))
         bucket = op_files.setdefault(case.op, OpFile(files.setdefault(case.op, {})))
         stored_as = {}
         for kind, named in (("in", tensors), ("out", outputs)):

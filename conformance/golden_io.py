@@ -4,7 +4,8 @@ Tensor keys are `<case id>::in::<argument>` and `<case id>::out::<output>`; the 
 case's plain parameters, compare modes, tolerance and reduction length. A tensor bit-identical to one
 stored earlier in the same op's file (a rope table two cases share, the integer outputs of a recipe's
 two dtypes) is stored once: the later case's `stored_as` maps its `in::<argument>` / `out::<output>`
-to the key that holds it.
+to the key that holds it. A parameter that is a torch.dtype (linear's out_dtype) is stored as {"dtype": name}
+(JSON has no dtype) and read back as the dtype.
 """
 
 from __future__ import annotations
@@ -59,12 +60,24 @@ def key(case_id: str, kind: str, name: str) -> str:
 
 
 def split_kwargs(kwargs: dict[str, Any]) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """(the tensors, the plain parameters as the manifest stores them: dtypes encoded, `decode_param`)."""
     tensors = {k: v for k, v in kwargs.items() if isinstance(v, torch.Tensor)}
     params = {k: v for k, v in kwargs.items() if not isinstance(v, torch.Tensor)}
     for k, v in params.items():
-        if not _is_plain(v):
-            raise TypeError(f"case argument {k!r} is a {type(v).__name__}: only tensors, plain values and tuples of them are stored")
-    return tensors, params
+        if not (_is_plain(v) or isinstance(v, torch.dtype)):
+            raise TypeError(f"case argument {k!r} is a {type(v).__name__}: only tensors, plain values, tuples of them and dtypes are stored")
+    return tensors, {k: _encode_param(v) for k, v in params.items()}
+
+
+def _encode_param(value: Any) -> Any:
+    return {"dtype": str(value).removeprefix("torch.")} if isinstance(value, torch.dtype) else value
+
+
+def decode_param(value: Any) -> Any:
+    """A stored parameter as the op takes it: {"dtype": name} is that torch.dtype, anything else itself."""
+    if isinstance(value, dict) and set(value) == {"dtype"}:
+        return getattr(torch, value["dtype"])
+    return value
 
 
 def _is_plain(value: Any) -> bool:
@@ -103,7 +116,7 @@ class GoldenTensors:
     def inputs(self, case: CaseRecord) -> dict[str, Any]:
         tensors = self._file(case.op)
         kwargs = {name: tensors[case.tensor_key("in", name)].clone() for name in case.tensor_inputs}  # (a kernel may write in place)
-        kwargs.update(case.params)
+        kwargs.update({name: decode_param(value) for name, value in case.params.items()})
         return kwargs
 
     def outputs(self, case: CaseRecord) -> dict[str, torch.Tensor | None]:

@@ -66,6 +66,10 @@ class OpSpec:
     # defined in its input precision (sampling: the noise and the argmax are specified in float32).
     golden_precision: str = "float64"
     in_place: str | None = None  # name of an argument the op writes into (and returns)
+    # The dtype a call's outputs come back in when an argument of the call chooses it (linear's out_dtype), from
+    # the call's keyword arguments; None (or no function): the case dtype. The golden set stores such a case's
+    # outputs in that dtype and holds them to its tolerance.
+    result_dtype: Callable[[Mapping[str, Any]], torch.dtype | None] | None = None
     # The model types whose layers call the op (empty: every model). A backend without a kernel for
     # it still opens for other models (`Registry.resolve`); DeepSeek-V4's ops name "deepseek_v4".
     model_types: tuple[str, ...] = ()

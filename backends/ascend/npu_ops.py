@@ -177,7 +177,8 @@ DEVIATIONS: tuple[Deviation, ...] = (
         "then an fp8 x fp8 matmul with per-128x128-block weight scales and per-token-group "
         "activation scales (group_sizes=[1, 128, 128], UNVERIFIED). mxfp4: only under "
         "npu_fast_paths=all, because it quantises activations to MXFP8 (A8W4) where the contract is "
-        "W4A16. Registered for fp8_block and mxfp4 only: the Triton kernel serves the other formats.",
+        "W4A16. Registered for fp8_block and mxfp4 only: the Triton kernel serves the other formats. "
+        "out_dtype float16/bfloat16 only (the op's documented output_dtype); float32 is refused with an error.",
         why="A2/A3 have no fp8 or fp4 matmul; the 950's MX matmul takes quantised activations on both "
         "sides. The MX scale layout torch_npu expects (plain [K/32, N] or paired [K/64, N, 2]) and "
         "the fp4 packing order are UNVERIFIED.",
@@ -430,10 +431,18 @@ def linear(
     *,
     weight_scale: torch.Tensor | None = None,
     fmt: str = "dense",
+    out_dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
-    gemm_ops.check_linear_args(x, weight, weight_scale, fmt)
+    gemm_ops.check_linear_args(x, weight, weight_scale, fmt, out_dtype)
     if x.dtype not in HALF:
         raise _not_chosen_for("linear", f"activations {x.dtype}")
+    out_dtype = out_dtype or x.dtype
+    if out_dtype not in HALF:
+        # npu_quant_matmul's output_dtype is documented for int8, float16 and bfloat16 only.
+        raise ValueError(
+            f"ascend torch_npu linear[{fmt}]: out_dtype {out_dtype} is not served (npu_quant_matmul returns float16 or bfloat16); "
+            "the Triton linear serves it (backend option npu_fast_paths=off)"
+        )
     npu = _npu()
     if fmt == "fp8_block":
         x_q, x_scale = quant.quantize_act_fp8(x)  # the contract's quantiser, bit-exact, on the device
@@ -444,7 +453,7 @@ def linear(
             weight.t(),
             weight_scale.float().t(),
             pertoken_scale=x_scale,
-            output_dtype=x.dtype,
+            output_dtype=out_dtype,
             group_sizes=[1, quant.FP8_BLOCK, quant.FP8_BLOCK],
         )
     if fmt == "mxfp4":
@@ -456,7 +465,7 @@ def linear(
             weight.t(),
             weight_scale.t(),
             pertoken_scale=x_scale,
-            output_dtype=x.dtype,
+            output_dtype=out_dtype,
             x2_dtype=npu.float4_e2m1fn_x2,
             scale_dtype=npu.float8_e8m0fnu,
             pertoken_scale_dtype=npu.float8_e8m0fnu,

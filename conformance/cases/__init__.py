@@ -42,6 +42,12 @@ def randn(gen: torch.Generator, *shape: int, dtype: torch.dtype = torch.float32,
     return (torch.randn(*shape, generator=gen, dtype=torch.float64) * scale).to(dtype)
 
 
+def drawn_as(recipe: str, make):
+    """`make` drawing from recipe `recipe`'s seed (an "op.name" of the same op): the inputs both draw first are
+    equal, so the golden set stores them once (and outputs that do not depend on what is drawn after them)."""
+    return lambda gen, dtype: make(torch.Generator().manual_seed(zlib.crc32(recipe.encode())), dtype)
+
+
 def randint(gen: torch.Generator, low: int, high: int, *shape: int, dtype: torch.dtype = torch.int64) -> torch.Tensor:
     return torch.randint(low, high, shape, generator=gen, dtype=torch.int64).to(dtype)
 

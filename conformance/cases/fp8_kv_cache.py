@@ -17,9 +17,9 @@ from functools import partial
 import torch
 
 from deepinfer.ops import kv_cache_format
-from deepinfer_conformance.cases import Case
+from deepinfer_conformance.cases import Case, drawn_as
 from deepinfer_conformance.cases.attention import kv_cache_write_inputs, mla_decode_inputs
-from deepinfer_conformance.cases.v4 import drawn_as, indexer_topk_inputs, norm_rope_write_inputs, sparse_attention_inputs, with_output_rotation
+from deepinfer_conformance.cases.v4 import indexer_topk_inputs, norm_rope_write_inputs, sparse_attention_inputs, with_output_rotation
 
 DTYPES = (torch.float32, torch.bfloat16)
 

@@ -11,7 +11,7 @@ from functools import partial
 import torch
 
 from deepinfer.ops.quant import quantize_weight_fp8_block, quantize_weight_fp8_block32, quantize_weight_mxfp4, quantize_weight_mxfp8
-from deepinfer_conformance.cases import Case, randn
+from deepinfer_conformance.cases import Case, drawn_as, randn
 
 FLOAT_DTYPES = (torch.float32, torch.bfloat16)
 QUANT_DTYPES = (torch.bfloat16,)  # fp8 / mxfp4 / mxfp8 weights serve bf16 activations
@@ -42,6 +42,11 @@ def activations(gen, dtype, *shape: int, wide_columns: int = 0) -> torch.Tensor:
 
 def linear_inputs(gen, dtype, *, t: int, n: int, k: int, fmt: str = "dense", wide_columns: int = 0):
     return {"x": activations(gen, dtype, t, k, wide_columns=wide_columns), **make_weight(gen, dtype, n=n, k=k, fmt=fmt)}
+
+
+def router_inputs(gen, dtype, *, t: int, n: int, k: int):
+    """A MoE router's call: activations in the case dtype, a float32 dense weight, float32 logits (out_dtype)."""
+    return {"x": activations(gen, dtype, t, k), **make_weight(gen, torch.float32, n=n, k=k, fmt="dense"), "out_dtype": torch.float32}
 
 
 def contiguous_inputs(gen, dtype, *, rows_per_expert: list[int], padding: int, n: int, k: int, fmt: str = "dense"):
@@ -108,9 +113,14 @@ BLOCK32_RECIPES = [
     ("grouped_gemm", "fp8_block32_masked_e3_m8", partial(masked_inputs, masked_m=[3, 0, 8], max_m=8, n=40, k=96, fmt="fp8_block32")),
 ]
 
+# out_dtype: a decode token's bf16 activations times a float32 router weight, returned in float32 and held to float32's
+# tolerance (the op's result_dtype). Drawn as t1_n160_k256: its bf16 case's x and its float32 case's weight, stored once.
+OUT_DTYPE_RECIPES = [("linear", "router_t1_n160_k256_f32_weight_out_f32", drawn_as("linear.t1_n160_k256", partial(router_inputs, t=1, n=160, k=256)))]
+
 CASES = (
     [Case(op, name, dtype, make) for op, name, make in FLOAT_RECIPES for dtype in FLOAT_DTYPES]
     + [Case(op, name, dtype, make) for op, name, make in QUANT_RECIPES for dtype in QUANT_DTYPES]
     + [Case(op, name, dtype, make) for op, name, make in BLOCK32_RECIPES for dtype in QUANT_DTYPES]
     + [Case("linear", BLOCK32_RECIPES[0][1], torch.float32, BLOCK32_RECIPES[0][2])]  # float32 activations: the upcast path
+    + [Case(op, name, torch.bfloat16, make) for op, name, make in OUT_DTYPE_RECIPES]
 )

@@ -1,5 +1,5 @@
 """Cases for DeepSeek-V4's ops: sparse_attention, compress_kv, norm_rope_kv_write, indexer_topk, hc_pre,
-hc_post and clamped_silu_and_mul.
+hc_head, hc_post and clamped_silu_and_mul.
 
 Shapes are V4's where it is cheap (head_dim 512 with a 128-token sliding window, CSA ratio 4 with
 overlapping windows, HCA ratio 128, the indexer's 64 heads of 128, 4 residual streams), cut to a few
@@ -14,14 +14,13 @@ listed gets a different answer.
 
 from __future__ import annotations
 
-import zlib
 from functools import partial
 
 import torch
 
 from deepinfer.ops import kv_cache_format
 from deepinfer.ops.rope import rope_cos_sin_cache
-from deepinfer_conformance.cases import Case, randn
+from deepinfer_conformance.cases import Case, drawn_as, randn
 
 DTYPES = (torch.float32, torch.bfloat16)
 HEAD_DIM = 512  # V4's attention head_dim: one shared key/value row per token
@@ -345,7 +344,7 @@ def topk_margin(q, weights, index_keys, entry_rows, token_seq, num_visible, top_
     return margin
 
 
-# -------------------------------------------------------------------------------- hc_pre and hc_post
+# ---------------------------------------------------------------------------------- hc_pre, hc_head and hc_post
 
 
 def residual_streams(gen, dtype, tokens: int, streams: int, dim: int, scale: float, spread: float | None) -> torch.Tensor:
@@ -380,10 +379,18 @@ def hc_pre_inputs(
     return inputs
 
 
-def drawn_as(recipe: str, make):
-    """`make` drawing from recipe `recipe`'s seed (the same op's): the inputs both draw first are equal, so the
-    golden set stores them once (and outputs that do not depend on what is drawn after them)."""
-    return lambda gen, dtype: make(torch.Generator().manual_seed(zlib.crc32(recipe.encode())), dtype)
+def hc_head_inputs(gen, dtype, *, tokens: int, streams: int = 4, dim: int, x_scale: float = 1.0, spread: float | None = None):
+    """The last block's streams and a head's parameters (float32), as `hc_pre_inputs` draws a block's: fn [N, N*D]
+    scaled so that the mixing logits are O(1), base [N], scale [1], and the final norm's weight around 1."""
+    return {
+        "x": residual_streams(gen, dtype, tokens, streams, dim, x_scale, spread),
+        "fn": randn(gen, streams, streams * dim, scale=(streams * dim) ** -0.5),
+        "base": randn(gen, streams, scale=0.5),
+        "scale": (0.5 + randn(gen, 1, dtype=torch.float64, scale=0.1)).float(),
+        "norm_weight": (1.0 + randn(gen, dim, dtype=torch.float64, scale=0.5)).float(),
+        "norm_eps": 1e-6,
+        "hc_eps": 1e-6,
+    }
 
 
 def hc_post_inputs(gen, dtype, *, tokens: int, streams: int = 4, dim: int, x_scale: float = 1.0, spread: float | None = None, y_scale: float = 1.0):
@@ -509,6 +516,11 @@ RECIPES = [
     ("hc_pre", "t7_n4_d64_sinkhorn20_normed", drawn_as("hc_pre.t7_n4_d64_sinkhorn20", partial(hc_pre_inputs, tokens=7, dim=64, norm=True))),
     # A deep layer's streams: one large hidden state (x100) shared with 10% deviations, peaky mixings.
     ("hc_pre", "t3_n4_d256_large_residual_peaky_mix", partial(hc_pre_inputs, tokens=3, dim=256, x_scale=100.0, spread=0.1, mix_scale=4.0)),
+    # hc_head: one decode token past one 1024-wide segment (K = 1088: cuda's split launch, 9 segments of 128, the last
+    # partial; ascend's 5 of 256), its norm folded into the collapse; a deep layer's streams over a 3-token tile
+    # (K = 192: cuda's fused launch, then its norm kernel).
+    ("hc_head", "t1_n2_d544_split", partial(hc_head_inputs, tokens=1, streams=2, dim=544)),
+    ("hc_head", "t3_n4_d48_large_residual", partial(hc_head_inputs, tokens=3, dim=48, x_scale=100.0, spread=0.1)),
     # hc_post
     ("hc_post", "t1_n4_d4096", partial(hc_post_inputs, tokens=1, dim=4096)),
     ("hc_post", "t9_n4_d512", partial(hc_post_inputs, tokens=9, dim=512)),

@@ -267,7 +267,7 @@ class MoE:
         c = self.config
         tokens = x.shape[0]
         if tokens:
-            logits = ops.linear(x.float(), self.router, fmt="dense")  # the router runs in float32
+            logits = ops.linear(x, self.router, fmt="dense", out_dtype=torch.float32)  # the router runs in float32, on x as it is
             topk_weights, topk_ids = ops.gate(
                 logits,
                 top_k=c.num_experts_per_tok,

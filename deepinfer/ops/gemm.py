@@ -2,7 +2,8 @@
 
 Weight formats (the `fmt` argument; number formats and their (de)quantisers live in `quant.py`):
 - "dense": weight in a float dtype, no scale. The product is computed in float32 (float64 for
-  float64 activations) whatever the weight's float dtype, and returned in x's dtype.
+  float64 activations) whatever the weight's float dtype, and returned in x's dtype (`linear`: or in
+  out_dtype).
 - "fp8_block": DeepSeek-V3's FP8: weight float8_e4m3fn [N, K] with a float32 multiplier per 128x128
   block, weight_scale [ceil(N/128), ceil(K/128)] (the checkpoint's `weight_scale_inv`; edge blocks
   are partial when N or K is not a multiple of 128). The activation is quantised on the fly per
@@ -37,6 +38,11 @@ Weight formats (the `fmt` argument; number formats and their (de)quantisers live
 
 Every product accumulates in float32 (float64 for float64 activations). Quantised weights and
 their scales are used as given (a float64 golden run leaves fp8/uint8 tensors untouched).
+
+`linear`'s out_dtype (float16, bfloat16 or float32; default x's dtype) is the dtype that accumulation is
+rounded to once: a bfloat16 x times a float32 dense weight (the MoE routers') returned in float32 is the
+float32 product of x's exact values, with no float32 copy of x made first (a kernel widens x as it reads it).
+
 Bad shapes, dtypes or formats raise ValueError.
 """
 
@@ -50,6 +56,7 @@ from deepinfer.registry import ALLCLOSE, DEFAULT_TOLERANCES, Tolerance, op
 FORMATS = ("dense", "fp8_block", "mxfp4", "mxfp8", "mxfp4_a8", "fp8_block32")
 MX_FORMATS = ("mxfp4", "mxfp8", "mxfp4_a8")  # K a multiple of 32, e8m0 scales [N, K/32]
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+OUT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)  # `linear`'s out_dtype
 
 # Kernels quantise activations to fp8 themselves; one e4m3 rounding step (6%) on an element that a
 # kernel rounds the other way is within this budget for K up to 7168.
@@ -63,6 +70,7 @@ GEMM_TOLERANCES = {**DEFAULT_TOLERANCES, torch.bfloat16: Tolerance(rtol=2e-2, at
     reduction_length=lambda kw: kw["x"].shape[-1],
     formats=FORMATS,
     tolerances=GEMM_TOLERANCES,
+    result_dtype=lambda kw: kw.get("out_dtype"),
 )
 def linear(
     x: torch.Tensor,
@@ -70,14 +78,16 @@ def linear(
     *,
     weight_scale: torch.Tensor | None = None,
     fmt: str = "dense",
+    out_dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
-    """`out = x @ W^T`: x [T, K], W [N, K] in format `fmt` (see the module doc). Returns [T, N], x's dtype.
+    """`out = x @ W^T`: x [T, K], W [N, K] in format `fmt` (see the module doc). Returns [T, N] in
+    out_dtype (float16, bfloat16 or float32; None: x's dtype), the accumulation rounded to it once.
 
     weight_scale is required for every format but dense, and must be None for dense.
     """
-    check_linear_args(x, weight, weight_scale, fmt)
+    check_linear_args(x, weight, weight_scale, fmt, out_dtype)
     acc = _accumulator(x)
-    return (_activation_for_product(x, fmt, acc) @ _weight_for_product(weight, weight_scale, fmt, acc).T).to(x.dtype)
+    return (_activation_for_product(x, fmt, acc) @ _weight_for_product(weight, weight_scale, fmt, acc).T).to(out_dtype or x.dtype)
 
 
 def _accumulator(x: torch.Tensor) -> torch.dtype:
@@ -162,10 +172,12 @@ def _check_integer_vector(name: str, t: torch.Tensor, length: int) -> list[int]:
     return t.tolist()
 
 
-def check_linear_args(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor | None, fmt: str) -> None:
+def check_linear_args(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor | None, fmt: str, out_dtype: torch.dtype | None = None) -> None:
     """`linear`'s arguments, shapes and dtypes only (no host synchronisation): every backend's check."""
     _check_activation(x, dims=2)
     _check_weight(weight, weight_scale, fmt, k=x.shape[-1], experts=())
+    if out_dtype is not None and out_dtype not in OUT_DTYPES:
+        raise ValueError(f"out_dtype must be None (x's dtype) or one of {_names(OUT_DTYPES)}, got {out_dtype}")
 
 
 def check_grouped_args(

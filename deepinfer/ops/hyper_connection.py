@@ -4,7 +4,8 @@ The residual is N streams per token ([T, N, D]). Before a block, `hc_pre` derive
 from the streams (a projection of the RMS-normalised, flattened streams): `pre` collapses the
 streams into the block's input, `post` spreads the block's output back over the streams, `comb`
 (made doubly stochastic by Sinkhorn-Knopp iterations) mixes the old streams; `hc_post` applies the
-last two.
+last two. After the last block the head collapses the streams once more, with a `pre` of its own and
+no post or comb (`hc_head`), into the final norm's input.
 """
 
 from __future__ import annotations
@@ -30,6 +31,19 @@ def check_hc_pre_shapes(x, fn, base, scale, norm_weight=None, prev_pre=None) -> 
         raise ValueError(f"norm_weight must be [D={d}], got {tuple(norm_weight.shape)}")
     if prev_pre is not None and prev_pre.shape != x.shape[:2]:
         raise ValueError(f"prev_pre must be [T, N] = {tuple(x.shape[:2])}, got {tuple(prev_pre.shape)}")
+
+
+def check_hc_head_shapes(x, fn, base, scale, norm_weight) -> None:
+    """`hc_head`'s shapes: every backend's check."""
+    if x.dim() != 3:
+        raise ValueError(f"hc_head wants x [T, N, D], got {tuple(x.shape)}")
+    n, d = x.shape[1], x.shape[2]
+    if fn.shape != (n, n * d) or base.shape != (n,) or scale.shape != (1,):
+        raise ValueError(
+            f"for N={n}, D={d}: fn [{n}, {n * d}], base [{n}], scale [1] expected; got {tuple(fn.shape)}, {tuple(base.shape)}, {tuple(scale.shape)}"
+        )
+    if norm_weight.shape != (d,):
+        raise ValueError(f"norm_weight must be [D={d}], got {tuple(norm_weight.shape)}")
 
 
 # The reduction length is the N streams summed into layer_input: the N*D-long mixing products pass
@@ -75,17 +89,27 @@ def hc_pre(
     return layer_input, post, comb
 
 
+def _mixing_logits(xf, fn, norm_eps: float) -> torch.Tensor:
+    """rms(x_t flattened to N*D, eps=norm_eps) @ fn^T for streams xf [T, N, D]: [T, rows of fn], in xf's dtype."""
+    flat = xf.flatten(1)
+    flat = flat * torch.rsqrt(flat.square().mean(-1, keepdim=True) + norm_eps)
+    return flat @ fn.to(xf.dtype).T
+
+
+def _pre(m_pre, b_pre, s_pre, hc_eps: float) -> torch.Tensor:
+    """The collapse weights from their mixing logits, bias and scale (hc_pre's and hc_head's)."""
+    return torch.sigmoid(m_pre * s_pre + b_pre) + hc_eps
+
+
 def _mixings(xf, fn, base, scale, norm_eps: float, hc_eps: float, sinkhorn_iters: int):
     """(pre, post, comb) of streams xf [T, N, D] in their accumulation dtype (`hc_pre`'s formulas)."""
     tokens, n, _ = xf.shape
     acc = xf.dtype
-    flat = xf.reshape(tokens, -1)
-    flat = flat * torch.rsqrt(flat.square().mean(-1, keepdim=True) + norm_eps)
-    mixes = flat @ fn.to(acc).T
+    mixes = _mixing_logits(xf, fn, norm_eps)
     m_pre, m_post, m_comb = mixes.split([n, n, n * n], dim=-1)
     b_pre, b_post, b_comb = base.to(acc).split([n, n, n * n])
     s = scale.to(acc)
-    pre = torch.sigmoid(m_pre * s[0] + b_pre) + hc_eps
+    pre = _pre(m_pre, b_pre, s[0], hc_eps)
     post = 2 * torch.sigmoid(m_post * s[1] + b_post)
     comb = torch.softmax((m_comb * s[2] + b_comb).view(tokens, n, n), dim=-1) + hc_eps
     comb = comb / (comb.sum(dim=-2, keepdim=True) + hc_eps)
@@ -93,6 +117,34 @@ def _mixings(xf, fn, base, scale, norm_eps: float, hc_eps: float, sinkhorn_iters
         comb = comb / (comb.sum(dim=-1, keepdim=True) + hc_eps)
         comb = comb / (comb.sum(dim=-2, keepdim=True) + hc_eps)
     return pre, post, comb
+
+
+# The reduction length is hc_pre's: the N streams summed into the collapse, normed after it as hc_pre's normed cases are.
+@op(family="misc", outputs=("hidden",), compare=ALLCLOSE, reduction_length=lambda kw: kw["x"].shape[1], model_types=V4)
+def hc_head(
+    x: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor, norm_weight: torch.Tensor, *, norm_eps: float, hc_eps: float
+) -> torch.Tensor:
+    """DeepSeek-V4's head: the streams collapsed by the head's own mixing, then the final RMSNorm.
+
+    x: [T, N, D]; fn: [N, N*D], base: [N], scale: [1], norm_weight: [D], float32. `hc_pre`'s `pre` and
+    its collapse with the head's parameters, the norm always applied: with
+    f = rms(x_t flattened to N*D, eps=norm_eps) (no weight),
+        pre    = sigmoid((f @ fn^T) * scale[0] + base) + hc_eps                  [N]
+        hidden = rms_norm(sum_n pre[n] * x[t, n] rounded to x's dtype, norm_weight, eps=norm_eps)
+    in x's dtype (the statistics read the rounded collapse, as a separate rms_norm would). Computed in
+    float32 (float64 for float64 x). What an MTP block's head computes too, with its own parameters.
+
+    An op of its own, not an hc_pre call: the head mixes nothing back into the streams (no post, no comb)
+    and always norms, so its parameters have other shapes and its result is one tensor, where an hc_pre
+    whose outputs followed fn's shape would be an op whose outputs are not what its spec names. The
+    backends run it in hc_pre's kernels (the projection, `pre`, the collapse and the fused norm are the same code).
+    """
+    check_hc_head_shapes(x, fn, base, scale, norm_weight)
+    acc = torch.float64 if x.dtype == torch.float64 else torch.float32
+    xf = x.to(acc)
+    pre = _pre(_mixing_logits(xf, fn, norm_eps), base.to(acc), scale.to(acc)[0], hc_eps)
+    collapsed = (pre[..., None] * xf).sum(dim=1).to(x.dtype)
+    return rms_norm(collapsed, norm_weight, eps=norm_eps)[0]
 
 
 @op(

@@ -147,6 +147,7 @@ def test_default_mode_still_picks_the_default_kernels():
     chosen = {
         "rms_norm": norm.rms_norm, "gate": moe.gate, "mla_decode": mla_decode.mla_decode, "prefill": prefill.prefill,
         "sparse_attention": sparse_attention.sparse_attention, "hc_pre": hyper_connection.hc_pre, "hc_post": hyper_connection.hc_post,
+        "hc_head": hyper_connection.hc_head,
         "compress_kv": compressor.compress_kv, "dispatch": moe.dispatch,
     }  # fmt: skip
     for name, fn in chosen.items():
@@ -158,6 +159,7 @@ def test_default_mode_still_picks_the_default_kernels():
     assert det.registration("linear", "dense").fn is gemm.linear_invariant and det.registration("linear", "dense").priority < 0
     assert det.registration("mla_decode").fn is mla_decode.mla_decode_invariant
     assert det.registration("prefill").fn is prefill.prefill_invariant and det.registration("dispatch").fn is moe.dispatch
+    assert det.registration("hc_head").fn is hyper_connection.hc_head_invariant
 
 
 def test_invariant_plans():
@@ -695,6 +697,25 @@ def _hc_pre_case(table, dtype):
     return _rows_run(lambda x: table.hc_pre(x, fn, base, scale, norm_eps=1e-6, hc_eps=1e-6, sinkhorn_iters=5), probe, make)
 
 
+def _hc_head_case(table, dtype):
+    n_streams, d = 2, 600  # K = 1200: two reduction segments (the second one partial), as _hc_pre_case
+    g = gen(16)
+    fn, base, scale = randn(g, n_streams, n_streams * d, scale=0.05), randn(g, n_streams, scale=0.1), torch.tensor([0.9])
+    norm_weight = 1 + 0.1 * torch.randn(d, generator=g)
+    probe = randn(g, 1, n_streams, d, dtype=dtype)
+    make = lambda gn, n: randn(gn, n, n_streams, d, dtype=dtype)  # noqa: E731
+    return _rows_run(lambda x: table.hc_head(x, fn, base, scale, norm_weight, norm_eps=1e-6, hc_eps=1e-6), probe, make)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_hc_head(dtype, launches):
+    """As hc_pre: past the 48 vector cores' worth of token tiles the default kernel takes its fused launch."""
+    from deepinfer_ascend.kernels import hyper_connection
+
+    launches.watch(hyper_connection, "_hc_pre_kernel", "_hc_pre_mix_kernel")
+    assert_invariant(_hc_head_case(ops(dtype), dtype), (1, 3, 200) if dtype == torch.float32 else (1, 3), launches)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_hc_pre_and_hc_post(dtype, launches):
     """200 neighbours make more token tiles than a 910B's 48 vector cores, where the default hc_pre
@@ -728,7 +749,7 @@ def test_hc_pre_and_hc_post(dtype, launches):
 # the checks can fail: the default kernels' batch-dependent plans
 
 
-@pytest.mark.parametrize("op", ["linear", "grouped_gemm", "rms_norm", "gate", "hc_pre", "compress_kv"])
+@pytest.mark.parametrize("op", ["linear", "grouped_gemm", "rms_norm", "gate", "hc_pre", "hc_head", "compress_kv"])
 def test_the_default_plans_follow_the_batch(op, launches):
     """The same batches through the default kernels: their outputs agree under the interpreter, but
     their tiles (GEMM BLOCK_M, rms_norm's and the gate's BLOCK_T, compress_kv's BLOCK_E) or launch
@@ -743,10 +764,12 @@ def test_the_default_plans_follow_the_batch(op, launches):
         "rms_norm": lambda: (_rms_norm_case(table, torch.float32, 256), NEIGHBOURS),
         "gate": lambda: (_gate_case(table, "softmax"), NEIGHBOURS),
         "hc_pre": lambda: (_hc_pre_case(table, torch.float32), (200,)),
+        "hc_head": lambda: (_hc_head_case(table, torch.float32), (200,)),
         "compress_kv": lambda: (_compress_case(table, torch.float32, 4, True), NEIGHBOURS),
     }[op]()
     watched = {"linear": (gemm, "_gemm_kernel"), "grouped_gemm": (gemm, "_gemm_kernel"), "rms_norm": (norm, "_rms_norm_kernel"), "gate": (moe, "_gate_kernel"),
-               "hc_pre": (hyper_connection, "_hc_pre_kernel"), "compress_kv": (compressor, "_compress_kv_kernel")}[op]  # fmt: skip
+               "hc_pre": (hyper_connection, "_hc_pre_kernel"), "hc_head": (hyper_connection, "_hc_pre_kernel"),
+               "compress_kv": (compressor, "_compress_kv_kernel")}[op]  # fmt: skip
     launches.watch(*watched)
     with pytest.raises(AssertionError, match="compile-time arguments differ"):
         assert_invariant(run, neighbours, launches)

@@ -3,7 +3,7 @@ community Triton's interpreter, on both simulated chips (910B: 24 AI cores, 950:
 
 Shapes beyond the golden set: partial M/N/K blocks, more tiles than AI cores (the persistent loop),
 experts with zero rows, padding rows, masked_m of 0 and of max_m, int64 offsets, every activation
-dtype the kernels take, mixed and float64 dense weights, every e4m3 byte and every e2m1 code, the
+dtype the kernels take, mixed and float64 dense weights, linear's out_dtype, every e4m3 byte and every e2m1 code, the
 950's fp8-dot operand path forced (its indexing; operands upcast under the interpreter), and the
 tile plans against each chip's buffer budget. Products are compared with the op references in
 deepinfer.ops (float64 from the same inputs, as the golden set is) within the op's tolerance; the
@@ -30,6 +30,7 @@ CHECKS = (
     "e4m3_every_byte",
     "e2m1_every_code",
     "linear_dense",
+    "linear_out_dtype",
     "linear_fp8_block",
     "linear_mxfp4",
     "linear_fp8_block32",
@@ -116,11 +117,12 @@ def _script(chip: str) -> int:
         got = getattr(kg, op_name)(**kw)
         want = getattr(ref, op_name)(**as_float64(kw))
         x = kw["x"]
-        if got.dtype != x.dtype or got.shape != want.shape:
-            return f"{label}: got {tuple(got.shape)} {got.dtype}, want {tuple(want.shape)} {x.dtype}"
+        out_dtype = kw.get("out_dtype") or x.dtype  # linear's out_dtype: the output's dtype and tolerance
+        if got.dtype != out_dtype or got.shape != want.shape:
+            return f"{label}: got {tuple(got.shape)} {got.dtype}, want {tuple(want.shape)} {out_dtype}"
         if op_name == "grouped_gemm":
             got = ref._grouped_gemm_canonicalize(kw, {"out": got})["out"]
-        tol = ref.GEMM_TOLERANCES[x.dtype]
+        tol = ref.GEMM_TOLERANCES[out_dtype]
         err = (got.double() - want).abs()
         bound = tol.atol * x.shape[-1] + tol.rtol * want.abs()
         if not torch.isfinite(got.double()).all():
@@ -212,6 +214,17 @@ def _script(chip: str) -> int:
             linear_case("dense", 3, 64, 130, torch.bfloat16, 14, wdt=torch.float32),
             linear_case("dense", 3, 48, 64, torch.float32, 15, wdt=torch.float64),
         ])
+
+    def check_linear_out_dtype():
+        # the MoE router (bf16 x, float32 weight, float32 logits: held to float32's tolerance), float32 out of bf16
+        # operands (the accumulator stored without the bf16 rounding), and bf16 out of float32 operands
+        cases = [
+            (linear_case("dense", 3, 64, 130, torch.bfloat16, 16, wdt=torch.float32), torch.float32),
+            (linear_case("dense", 1, 256, 512, torch.bfloat16, 17, wdt=torch.float32), torch.float32),
+            (linear_case("dense", 5, 48, 96, torch.bfloat16, 18), torch.float32),
+            (linear_case("dense", 4, 40, 72, torch.float32, 19), torch.bfloat16),
+        ]
+        return run_all([(op, {**kw, "out_dtype": out}, f"{label} out {out}") for (op, kw, label), out in cases])
 
     def check_linear_fp8():
         return run_all([
@@ -312,6 +325,7 @@ def _script(chip: str) -> int:
         "e4m3_every_byte": check_e4m3_every_byte,
         "e2m1_every_code": check_e2m1_every_code,
         "linear_dense": check_linear_dense,
+        "linear_out_dtype": check_linear_out_dtype,
         "linear_fp8_block": check_linear_fp8,
         "linear_mxfp4": check_linear_mxfp4,
         "linear_fp8_block32": check_linear_fp8_block32,

@@ -42,8 +42,28 @@ def test_tuple_parameters_are_read_back_as_the_tuples_the_case_gave(tmp_path):
     inputs = GoldenTensors(tmp_path).inputs(stored)
     for name in ("ratios", "rings"):
         assert inputs[name] == given[name] and type(inputs[name]) is tuple and all(type(v) is type(w) for v, w in zip(inputs[name], given[name]))
-    with pytest.raises(TypeError, match="only tensors, plain values and tuples of them"):
+    with pytest.raises(TypeError, match="only tensors, plain values, tuples of them and dtypes"):
         split_kwargs({"rings": [(4, True, 8)]})
+
+
+def test_a_call_that_chooses_its_output_dtype_is_stored_and_held_to_it(tmp_path):
+    """linear's out_dtype: the parameter is stored (JSON has no dtype) and read back as the dtype, the outputs are stored
+    in it, and the case is held to its tolerance, not to the case dtype's."""
+    from deepinfer_conformance.cases import Case
+    from deepinfer_conformance.golden_io import GoldenTensors
+
+    def router(gen, dtype):
+        return {"x": torch.randn(2, 8, generator=gen).to(dtype), "weight": torch.randn(3, 8, generator=gen), "out_dtype": torch.float32}
+
+    case = Case("linear", "router", torch.bfloat16, router)
+    files, records = generate.build([case])
+    generate.write(tmp_path, files, records)
+    (stored,) = read_cases(tmp_path)
+    assert stored.params == {"out_dtype": {"dtype": "float32"}}
+    assert (stored.rtol, stored.atol) == (1.3e-6, 1e-6)  # float32's, not bfloat16's
+    golden = GoldenTensors(tmp_path)
+    assert golden.inputs(stored)["out_dtype"] is torch.float32
+    assert golden.outputs(stored)["out"].dtype == torch.float32
 
 
 def test_allclose_measure_scales_atol_by_reduction_length():

@@ -85,11 +85,11 @@ def test_formats_dispatch_by_fmt_and_dtype_and_predicates_filter():
     reg = Registry()
     seen = []
 
-    def dense(x, weight, *, weight_scale=None, fmt="dense"):
+    def dense(x, weight, *, weight_scale=None, fmt="dense", out_dtype=None):
         seen.append(("dense", fmt))
         return x @ weight.T
 
-    def dense_ep(x, weight, *, weight_scale=None, fmt="dense"):
+    def dense_ep(x, weight, *, weight_scale=None, fmt="dense", out_dtype=None):
         seen.append(("ep", fmt))
         return x @ weight.T
 

@@ -21,7 +21,8 @@ from deepinfer_conformance.golden_io import read_cases
 
 from fake_backend import NAME, FakeBackend
 
-V4 = ("clamped_silu_and_mul", "compress_kv", "decode_plan", "hc_post", "hc_pre", "head_norm_rope", "indexer_topk", "norm_rope_kv_write", "sparse_attention")
+V4 = ("clamped_silu_and_mul", "compress_kv", "decode_plan", "hc_head", "hc_post", "hc_pre", "head_norm_rope", "indexer_topk", "norm_rope_kv_write",
+      "sparse_attention")
 V3 = ModelFacts(model_type="deepseek_v3", num_experts=256, top_k=8, score_func="sigmoid", n_group=8, topk_group=4, renormalize=True, correction_bias=True)
 V4_FACTS = ModelFacts(model_type="deepseek_v4", num_experts=256, top_k=6, score_func="sqrtsoftplus", n_group=1, topk_group=1, num_heads=64, sliding_window=128)
 

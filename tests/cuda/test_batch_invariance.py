@@ -80,7 +80,7 @@ def around(g, req: torch.Tensor, before: int, after: int, **kw) -> torch.Tensor:
 
 
 SEPARATE = {"linear", "grouped_gemm", "mla_decode", "rms_norm", "gate", "prefill", "sparse_attention", "indexer_topk", "compress_kv", "hc_pre",
-            "hc_pre_delayed", "candidate_blocks", "indexer_topk_in_blocks"}  # fmt: skip
+            "hc_pre_delayed", "hc_head", "candidate_blocks", "indexer_topk_in_blocks"}  # fmt: skip
 AS_THEY_ARE = {
     "rope", "head_norm_rope", "silu_and_mul", "clamped_silu_and_mul", "kv_cache_write", "norm_rope_kv_write", "dispatch", "combine", "sample",
     "apply_token_bitmask", "hc_post", "rejection_sample", "apply_penalties", "apply_token_bias", "gather_logprobs",
@@ -226,6 +226,20 @@ def test_hc_pre(reg, dtype, normed):
         got = fn(around(g, x, before, after), **kw)
         for name, a, b in zip(("out", "post", "comb"), got, want):
             same(a[before : before + 2], b, f"{name} {before, after}")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_hc_head(reg, dtype):
+    # hc_pre's split launch with the head's 4 mixing logits and its norm folded in: K = 4 x 512 as test_hc_pre's, 70 tokens
+    # cross the default kernel's fused threshold (there the norm is its own kernel); the invariant kernel stays split.
+    fn, g = kernel(reg, "hc_head", dtype), gen(7)
+    N, D = 4, 512
+    kw = {"fn": randn(g, N, N * D, scale=(N * D) ** -0.5), "base": randn(g, N, scale=0.5), "scale": torch.tensor([0.7]),
+          "norm_weight": 1.0 + randn(g, D, scale=0.3), "norm_eps": 1e-6, "hc_eps": 1e-6}  # fmt: skip
+    x = randn(g, 2, N, D, dtype=dtype)
+    want = fn(x, **kw)
+    for before, after in ((1, 0), (40, 28)):
+        same(fn(around(g, x, before, after), **kw)[before : before + 2], want, f"{before, after}")
 
 
 # ---------------------------------------------------------------------------------------------- MoE

@@ -36,7 +36,7 @@ def test_the_cases_cover_v4_flash_sizes():
     for ctx in (4, 32, 64):
         assert ("indexer_topk", f"decode_B64_ctx{ctx}k_H64_D128_top512_bf16") in names
     assert {n for op, n in names if op == "compress_kv"} >= {"decode_B256_CSA_r4_overlap_D512_f32", "prefill_T8192_HCA_r128_D512_f32"}
-    for op, tokens in (("hc_pre", (1, 16, 64, 1024, 8192)), ("hc_post", (1, 64, 1024, 8192))):
+    for op, tokens in (("hc_pre", (1, 16, 64, 1024, 8192)), ("hc_head", (1, 64, 1024)), ("hc_post", (1, 64, 1024, 8192))):
         assert {n for o, n in names if o == op and not n.endswith("_normed")} == {f"T{t}_N4_D4096_bf16" for t in tokens}
     assert {n for o, n in names if o == "hc_pre" and n.endswith("_normed")} == {f"T{t}_N4_D4096_bf16_normed" for t in (1, 64, 8192)}
     assert {n for o, n in names if o == "head_norm_rope"} == {f"decode_B{b}_H64_D512_r64_bf16" for b in (1, 64, 256)}
@@ -130,6 +130,9 @@ def test_misc_peers_and_counts():
     assert v4_misc._pre_flops(s) == 2 * 3 * 16384 * 26
     # hc_post: streams read and written, y read, post and comb read
     assert v4_misc._post_bytes(s) == 2 * 3 * 16384 * 2 + 3 * 4096 * 2 + 3 * 20 * 4 and v4_misc._post_flops(s) == 10 * 3 * 16384
+    # hc_head: x read, the head's fn [4, 16384] + base + scale and the norm weight float32, the normed bf16 row written
+    assert v4_misc._head_peer(s).shape == (3, 4096)
+    assert v4_misc._head_bytes(s) == 3 * 16384 * 2 + (4 * 16384 + 4 + 1 + 4096) * 4 + 3 * 4096 * 2 and v4_misc._head_flops(s) == 2 * 3 * 16384 * 6
     a = v4_misc._act_setup(5)(CPU)
     assert v4_misc._act_peer(a).shape == (5, 2048) and v4_misc._act_bytes(a) == 1.5 * 5 * 4096 * 2 and v4_misc._act_flops(a) == 3 * 5 * 4096
 

@@ -2,7 +2,7 @@
 
 Shapes beyond the golden set, every format (dense, fp8_block, mxfp4 through each of its paths, the
 register dequant path of every mx format) and layout (linear, contiguous, masked): random sizes, partial blocks, experts with zero tokens, padding
-rows, masked_m = 0, float32 with ieee precision, mixed weight dtypes, split-K; compared with the op
+rows, masked_m = 0, float32 with ieee precision, mixed weight dtypes, linear's out_dtype, split-K; compared with the op
 references in deepinfer.ops (computed in float64 from the same inputs, as the golden set is) within
 the op's tolerance. The quantiser must match deepinfer.ops.quant.quantize_act_fp8 bit for bit.
 
@@ -59,8 +59,9 @@ def assert_matches(op_name: str, got: torch.Tensor, kw: dict, rows_ok: torch.Ten
     spec = {"linear": ref.linear, "grouped_gemm": ref.grouped_gemm}[op_name]
     want = spec(**as_float64(kw))
     x = kw["x"]
-    assert got.dtype == x.dtype and got.shape == want.shape
-    tol = ref.GEMM_TOLERANCES[x.dtype]
+    out_dtype = kw.get("out_dtype") or x.dtype  # linear's out_dtype: the output's dtype and tolerance
+    assert got.dtype == out_dtype and got.shape == want.shape
+    tol = ref.GEMM_TOLERANCES[out_dtype]
     if op_name == "grouped_gemm":  # rows the op leaves unspecified compare as zeros
         got = ref._grouped_gemm_canonicalize(kw, {"out": got})["out"]
     err = (got.double() - want).abs()
@@ -126,6 +127,23 @@ def test_quantiser_rounds_every_e4m3_tie_to_even(kg):
 def test_linear_dense(kg, t, n, k, dtype, wdtype):
     kw = {"x": rand(t, k, seed=t + n + k, dtype=dtype), **weight_in("dense", n=n, k=k, seed=k, dtype=wdtype)}
     assert_matches("linear", kg.linear(**kw), kw)
+
+
+@pytest.mark.parametrize(
+    "t,n,k,dtype,wdtype,out_dtype",
+    [
+        (1, 160, 256, torch.bfloat16, torch.float32, torch.float32),  # the MoE router at decode: float32 FMAs, split-K
+        (9, 33, 130, torch.bfloat16, torch.float32, torch.float32),  # partial K block
+        (5, 48, 96, torch.bfloat16, torch.bfloat16, torch.float32),  # bf16 operands: the accumulator stored unrounded
+        (4, 40, 72, torch.float32, torch.float32, torch.bfloat16),
+    ],
+)
+def test_linear_out_dtype(kg, t, n, k, dtype, wdtype, out_dtype):
+    kw = {"x": rand(t, k, seed=t + n + k, dtype=dtype), **weight_in("dense", n=n, k=k, seed=k, dtype=wdtype), "out_dtype": out_dtype}
+    got = kg.linear(**kw)
+    assert_matches("linear", got, kw)  # held to out_dtype's tolerance
+    if wdtype == out_dtype == torch.float32:  # the router: the launch a float32 copy of x gets, without the copy
+        assert torch.equal(got, kg.linear(kw["x"].float(), kw["weight"]))
 
 
 @pytest.mark.parametrize(
@@ -342,6 +360,9 @@ def test_bad_arguments_raise(kg):
         kg.linear(x, w[0], fmt="fp8_block")
     with pytest.raises(ValueError):
         kg.linear(x.double(), w[0].double())
+    for out_dtype in (torch.float64, torch.int32):
+        with pytest.raises(ValueError, match="out_dtype"):
+            kg.linear(x, w[0], out_dtype=out_dtype)
 
 
 def test_shape_only_choices(kg):

@@ -145,3 +145,16 @@ def test_calls_it_does_not_serve_run_the_tl_register_path():
     got = gg.grouped_gemm(x, w, masked_m=mm, weight_scale=s, fmt="mxfp4")
     want = kg.launch_gemm(x, w, s, "mxfp4", kg._MASKED, masked_m=mm, mx_path="register")
     assert torch.equal(got[0], want[0]) and torch.equal(got[1, :3], want[1, :3])
+
+
+def test_a_linear_out_dtype_other_than_x_runs_the_tl_register_path():
+    """A served shape (K 512, bf16 x) asking for float32 out: the tl kernel's register path, interpreted here."""
+    import deepinfer_cuda.kernels.gemm as kg
+
+    gen = torch.Generator().manual_seed(2)
+    w, s = quant.quantize_weight_mxfp4(torch.randn(64, 512, generator=gen))
+    x = torch.randn(3, 512, generator=gen).bfloat16()
+    assert gg.not_served(x, w, s, gg._LINEAR) is None
+    got = gg.linear(x, w, weight_scale=s, fmt="mxfp4", out_dtype=torch.float32)
+    want = kg.launch_gemm(x, w, s, "mxfp4", kg._LINEAR, mx_path="register", out_dtype=torch.float32)
+    assert got.dtype == torch.float32 and torch.equal(got, want)

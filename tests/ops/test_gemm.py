@@ -110,6 +110,20 @@ def test_linear_dense_single_token_and_low_precision_weight():
     assert_close_to(linear(x, w), expected, torch.float32)
 
 
+def test_linear_out_dtype_rounds_the_accumulation_once_to_it():
+    """The MoE router's call: bf16 x times a float32 weight in float32 is the product of x's exact values (what an
+    upcast copy of x gave), and bf16 operands returned in float32 keep the bits a bf16 output would round away."""
+    x = seeded(3, 256, seed=7).to(torch.bfloat16)
+    w = seeded(16, 256, seed=8).float()
+    out = linear(x, w, out_dtype=torch.float32)
+    assert out.dtype == torch.float32 and torch.equal(out, linear(x.float(), w))
+    assert linear(x, w).dtype == torch.bfloat16  # default: x's dtype, as before
+    wide = linear(x, w.bfloat16(), out_dtype=torch.float32)
+    assert torch.equal(wide, x.float() @ w.bfloat16().float().T) and not torch.equal(wide, linear(x, w.bfloat16()).float())
+    golden = linear(x.double(), w.double(), out_dtype=torch.float32)  # the golden run: float64 products, stored as float32
+    assert golden.dtype == torch.float32 and torch.equal(golden, (x.double() @ w.double().T).float())
+
+
 def test_linear_fp8_quantises_activations_even_in_the_float64_golden_run():
     # Large dynamic range: a few columns 1000x the rest, so most groups' small values lose bits.
     x = seeded(3, 384, seed=5)
@@ -229,6 +243,8 @@ BAD_LINEAR = [
     ("weight_scale must be",  # fp8_block32: [ceil(N/32), ceil(K/32)] e8m0 bytes
      dict(x=torch.ones(2, 100), weight=fp8(40, 100)[0], weight_scale=torch.zeros(2, 3, dtype=torch.uint8), fmt="fp8_block32")),
     ("weight_scale must be", dict(x=torch.ones(2, 100), weight=fp8(40, 100)[0], weight_scale=torch.ones(2, 4), fmt="fp8_block32")),
+    ("out_dtype must be", dict(x=torch.ones(2, 64), weight=torch.ones(8, 64), out_dtype=torch.float64)),
+    ("out_dtype must be", dict(x=torch.ones(2, 64), weight=torch.ones(8, 64), out_dtype=torch.int32)),
 ]
 
 

@@ -23,8 +23,11 @@ layout) and transposed for the dot (`tl.trans`), so every load reads contiguous 
 Formats
 -------
 - dense: both operands in x's dtype when the weight has it (bf16/fp16 on the cube), else both in
-  float32 with input_precision="ieee" (float32 activations, mixed dtypes). A float64 dense weight
-  is converted to float32 on the host (what the reference does with it).
+  float32 with input_precision="ieee" (float32 activations, mixed dtypes: the x tile widened as it is
+  loaded). A float64 dense weight is converted to float32 on the host (what the reference does with it).
+  `linear`'s out_dtype only sets the output's dtype (every format: the store casts the float32
+  accumulator to the output's element type), so the MoE router's bf16 x times its float32 weight
+  returned in float32 needs no float32 copy of x.
 - fp8_block: the activation is quantised first by `_quant_act_fp8_kernel` (a vector kernel,
   `vector_grid`, per token and 128-column group, bit-exact with
   `deepinfer.ops.quant.quantize_act_fp8`: tl.math.div_rn for both divisions, an integer
@@ -508,22 +511,24 @@ def _contiguous_rows(t: torch.Tensor) -> torch.Tensor:
     return t if t.shape[-1] == 0 or t.stride(-1) == 1 else t.contiguous()
 
 
-def launch_gemm(x, weight, weight_scale, fmt, layout, bounds=None, invariant=False):
+def launch_gemm(x, weight, weight_scale, fmt, layout, bounds=None, invariant=False, out_dtype=None):
     """out = the product for x in `layout` (weight [E, N, K...] for grouped layouts, [N, K...] for linear).
 
     invariant (deterministic mode): the tiles are planned for INVARIANT_ROWS rows per expert whatever
-    the call holds, so every output element is one fixed sequence of BLOCK_K dots of one tile shape."""
+    the call holds, so every output element is one fixed sequence of BLOCK_K dots of one tile shape.
+    out_dtype: the output's dtype (None: x's); the kernel stores its float32 accumulator in it."""
     k = x.shape[-1]
     w3 = weight if layout != _LINEAR else weight.unsqueeze(0)
     experts, n = w3.shape[0], w3.shape[1]
     x = _contiguous_rows(x)
+    out_dtype = out_dtype or x.dtype
     if layout == _MASKED:
         max_m = x.shape[1]
-        out = torch.empty(experts, max_m, n, dtype=x.dtype, device=x.device)
+        out = torch.empty(experts, max_m, n, dtype=out_dtype, device=x.device)
         m_arg, rows_per_expert = max_m, max_m
     else:
         m_arg = x.shape[0]
-        out = torch.empty(m_arg, n, dtype=x.dtype, device=x.device)
+        out = torch.empty(m_arg, n, dtype=out_dtype, device=x.device)
         rows_per_expert = m_arg if layout == _LINEAR else -(-m_arg // max(experts, 1))
     if out.numel() == 0:
         return out
@@ -604,8 +609,9 @@ def linear(
     *,
     weight_scale: torch.Tensor | None = None,
     fmt: str = "dense",
+    out_dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
-    return _linear(x, weight, weight_scale, fmt, invariant=False)
+    return _linear(x, weight, weight_scale, fmt, out_dtype, invariant=False)
 
 
 def linear_invariant(
@@ -614,14 +620,15 @@ def linear_invariant(
     *,
     weight_scale: torch.Tensor | None = None,
     fmt: str = "dense",
+    out_dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
-    return _linear(x, weight, weight_scale, fmt, invariant=True)
+    return _linear(x, weight, weight_scale, fmt, out_dtype, invariant=True)
 
 
-def _linear(x, weight, weight_scale, fmt, invariant):
-    gemm_ops.check_linear_args(x, weight, weight_scale, fmt)
+def _linear(x, weight, weight_scale, fmt, out_dtype, invariant):
+    gemm_ops.check_linear_args(x, weight, weight_scale, fmt, out_dtype)
     _check_dtype(x)
-    return launch_gemm(x, weight, weight_scale, fmt, _LINEAR, invariant=invariant)
+    return launch_gemm(x, weight, weight_scale, fmt, _LINEAR, invariant=invariant, out_dtype=out_dtype)
 
 
 def grouped_gemm(

@@ -1,8 +1,12 @@
-"""Ascend Triton kernels: hc_pre, hc_pre_delayed and hc_post (DeepSeek-V4's manifold-constrained hyper-connections).
+"""Ascend Triton kernels: hc_pre, hc_pre_delayed, hc_head and hc_post (DeepSeek-V4's manifold-constrained hyper-connections).
 
 hc_pre_delayed (DeepSeek-V4.1's single-pass hyper-connections) runs hc_pre's launches with DELAYED on:
 the mixings are computed alike and `pre` is stored beside post and comb, while the collapse weighs the
 streams by the previous site's pre (prev_pre [T, N], loaded where hc_pre uses its own).
+
+hc_head (the head's collapse before the final norm) runs them with HEAD on: W = N mixing logits (fn has
+N rows) and one scale, so the mixings are `pre` alone (post and comb are neither made nor stored), and
+the norm is always folded in; it returns the normed collapse.
 
 hc_pre, per token t (x_t: N streams of D, flattened to K = N*D; W = (2+N)N mixing logits):
 
@@ -53,7 +57,7 @@ BLOCK_D = 256 on A2/A3 (BLOCK_D = 512 on 950). Under the interpreter (no buffer;
 operation, not per element) a chunk is a whole segment, the collapse steps are 2048 wide and at
 most two D ranges repeat the mixings.
 
-Deterministic mode (`hc_pre_invariant`): the split launch for every T. Its kernels are the same
+Deterministic mode (`hc_pre_invariant`, and `hc_head_invariant` with HEAD): the split launch for every T. Its kernels are the same
 for every T: BLOCK_T = 4, the split SEG and the chunk widths are fixed by the model's shapes and
 the chip; T only sets the items (which program computes a segment or a D range). Cost: prefill
 writes and re-reads the segment partials (segments * W_PAD float32 per token, 8 KB for V4-Flash):
@@ -146,32 +150,38 @@ def _hc_pre_mix_kernel(
 @triton.jit
 def _mixings(
     acc, ss, base_ptr, scale_ptr, K, norm_eps, hc_eps, sinkhorn_iters,
-    N: tl.constexpr, BLOCK_T: tl.constexpr, W_PAD: tl.constexpr, N_PAD: tl.constexpr,
+    N: tl.constexpr, BLOCK_T: tl.constexpr, W_PAD: tl.constexpr, N_PAD: tl.constexpr, HEAD: tl.constexpr,
 ):
     """pre [BLOCK_T, N_PAD], post [BLOCK_T, N_PAD], comb [BLOCK_T, N_PAD, N_PAD] from the raw
-    projections acc [BLOCK_T, W_PAD] and the sums of squares ss [BLOCK_T] (padding: zeros)."""
+    projections acc [BLOCK_T, W_PAD] and the sums of squares ss [BLOCK_T] (padding: zeros).
+    HEAD (hc_head: N logits, one scale): pre alone; post and comb are pre again, placeholders never stored."""
     rstd = 1.0 / tl.sqrt(ss / K + norm_eps)
     m = acc * rstd[:, None]
     w = tl.arange(0, W_PAD)
     n = tl.arange(0, N_PAD)
     n_ok = n < N
     s0 = tl.load(scale_ptr)
-    s1 = tl.load(scale_ptr + 1)
-    s2 = tl.load(scale_ptr + 2)
     m_pre = tl.sum(tl.where((w[None, :] == n[:, None])[None, :, :], m[:, None, :], 0.0), axis=2)
-    m_post = tl.sum(tl.where((w[None, :] == (N + n)[:, None])[None, :, :], m[:, None, :], 0.0), axis=2)
     b_pre = tl.load(base_ptr + n, mask=n_ok, other=0.0)
-    b_post = tl.load(base_ptr + N + n, mask=n_ok, other=0.0)
     pre = tl.where(n_ok[None, :], 1.0 / (1.0 + tl.exp(-(m_pre * s0 + b_pre[None, :]))) + hc_eps, 0.0)
-    post = 2.0 / (1.0 + tl.exp(-(m_post * s1 + b_post[None, :])))
-    # comb: logits 2N + i*N + j -> flat e = i*N_PAD + j -> [BLOCK_T, N_PAD, N_PAD]
-    e = tl.arange(0, N_PAD * N_PAD)
-    e_ok = (e // N_PAD < N) & (e % N_PAD < N)
-    col = 2 * N + (e // N_PAD) * N + e % N_PAD
-    m_comb = tl.sum(tl.where(((w[None, :] == col[:, None]) & e_ok[:, None])[None, :, :], m[:, None, :], 0.0), axis=2)
-    b_comb = tl.load(base_ptr + col, mask=e_ok, other=0.0)
-    z = tl.reshape(m_comb * s2 + b_comb[None, :], [BLOCK_T, N_PAD, N_PAD])
-    return pre, post, sinkhorn_mix(z, n_ok, hc_eps, sinkhorn_iters)
+    if HEAD:
+        post = pre
+        comb = pre
+    else:
+        s1 = tl.load(scale_ptr + 1)
+        s2 = tl.load(scale_ptr + 2)
+        m_post = tl.sum(tl.where((w[None, :] == (N + n)[:, None])[None, :, :], m[:, None, :], 0.0), axis=2)
+        b_post = tl.load(base_ptr + N + n, mask=n_ok, other=0.0)
+        post = 2.0 / (1.0 + tl.exp(-(m_post * s1 + b_post[None, :])))
+        # comb: logits 2N + i*N + j -> flat e = i*N_PAD + j -> [BLOCK_T, N_PAD, N_PAD]
+        e = tl.arange(0, N_PAD * N_PAD)
+        e_ok = (e // N_PAD < N) & (e % N_PAD < N)
+        col = 2 * N + (e // N_PAD) * N + e % N_PAD
+        m_comb = tl.sum(tl.where(((w[None, :] == col[:, None]) & e_ok[:, None])[None, :, :], m[:, None, :], 0.0), axis=2)
+        b_comb = tl.load(base_ptr + col, mask=e_ok, other=0.0)
+        z = tl.reshape(m_comb * s2 + b_comb[None, :], [BLOCK_T, N_PAD, N_PAD])
+        comb = sinkhorn_mix(z, n_ok, hc_eps, sinkhorn_iters)
+    return pre, post, comb
 
 
 @triton.jit
@@ -193,6 +203,8 @@ def _hc_pre_kernel(
     BLOCK_T: tl.constexpr, W_PAD: tl.constexpr, N_PAD: tl.constexpr, BLOCK_K: tl.constexpr, SEG: tl.constexpr, EVEN_K: tl.constexpr, BLOCK_D: tl.constexpr,
     SEG_PAD: tl.constexpr, NORM: tl.constexpr,
     DELAYED: tl.constexpr,  # hc_pre_delayed: pre stored too, the streams collapsed by prev_pre [T, N]
+    W: tl.constexpr,  # mixing logits: (2 + N) * N, or N for hc_head
+    HEAD: tl.constexpr,  # hc_head: pre alone, no post or comb stored
 ):
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
@@ -215,7 +227,7 @@ def _hc_pre_kernel(
             for seg in range(0, tl.cdiv(K, SEG)):
                 k_lo = seg * SEG
                 seg_acc, seg_ss = _segment_partial(
-                    x_ptr, fn_ptr, toks, t_ok, stride_t, stride_fn, k_lo, tl.minimum(k_lo + SEG, K), (2 + N) * N, BLOCK_T, W_PAD, BLOCK_K, EVEN_K
+                    x_ptr, fn_ptr, toks, t_ok, stride_t, stride_fn, k_lo, tl.minimum(k_lo + SEG, K), W, BLOCK_T, W_PAD, BLOCK_K, EVEN_K
                 )
                 acc += seg_acc
                 ss += seg_ss
@@ -224,12 +236,13 @@ def _hc_pre_kernel(
             r_ok = t_ok[:, None] & (s < n_seg)[None, :]
             acc = tl.sum(tl.load(part_ptr + rows[:, :, None] * W_PAD + w[None, None, :], mask=r_ok[:, :, None], other=0.0), axis=1)
             ss = tl.sum(tl.load(part_ss_ptr + rows, mask=r_ok, other=0.0), axis=1)
-        pre, post, comb = _mixings(acc, ss, base_ptr, scale_ptr, K, norm_eps, hc_eps, sinkhorn_iters, N, BLOCK_T, W_PAD, N_PAD)
-        if split == 0:
-            tl.store(post_ptr + toks[:, None] * N + n[None, :], post, mask=t_ok[:, None] & n_ok[None, :])
-            tl.store(comb_ptr + toks[:, None, None] * (N * N) + ij, comb, mask=t_ok[:, None, None] & nn_ok)
-            if DELAYED:
-                tl.store(pre_ptr + toks[:, None] * N + n[None, :], pre, mask=t_ok[:, None] & n_ok[None, :])
+        pre, post, comb = _mixings(acc, ss, base_ptr, scale_ptr, K, norm_eps, hc_eps, sinkhorn_iters, N, BLOCK_T, W_PAD, N_PAD, HEAD)
+        if not HEAD:
+            if split == 0:
+                tl.store(post_ptr + toks[:, None] * N + n[None, :], post, mask=t_ok[:, None] & n_ok[None, :])
+                tl.store(comb_ptr + toks[:, None, None] * (N * N) + ij, comb, mask=t_ok[:, None, None] & nn_ok)
+                if DELAYED:
+                    tl.store(pre_ptr + toks[:, None] * N + n[None, :], pre, mask=t_ok[:, None] & n_ok[None, :])
         if DELAYED:
             pre = tl.load(prev_pre_ptr + toks[:, None] * N + n[None, :], mask=t_ok[:, None] & n_ok[None, :], other=0.0).to(tl.float32)
         if NORM:
@@ -309,14 +322,32 @@ def hc_pre_delayed_invariant(
     return _hc_pre(x, fn, base, scale, norm_eps, hc_eps, sinkhorn_iters, None, invariant=True, prev_pre=prev_pre)
 
 
-def _hc_pre(x, fn, base, scale, norm_eps, hc_eps, sinkhorn_iters, norm_weight, invariant, prev_pre=None):
+def hc_head(
+    x: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor, norm_weight: torch.Tensor, *, norm_eps: float, hc_eps: float
+) -> torch.Tensor:
+    return _hc_pre(x, fn, base, scale, norm_eps, hc_eps, 0, norm_weight, invariant=False, head=True)
+
+
+def hc_head_invariant(
+    x: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor, norm_weight: torch.Tensor, *, norm_eps: float, hc_eps: float
+) -> torch.Tensor:
+    return _hc_pre(x, fn, base, scale, norm_eps, hc_eps, 0, norm_weight, invariant=True, head=True)
+
+
+def _hc_pre(x, fn, base, scale, norm_eps, hc_eps, sinkhorn_iters, norm_weight, invariant, prev_pre=None, head=False):
     """invariant: the split launch for every T. With prev_pre: hc_pre_delayed (the same launches; the
-    collapse weighs the streams by prev_pre, and pre is returned too)."""
-    hc_ops.check_hc_pre_shapes(x, fn, base, scale, norm_weight, prev_pre)
+    collapse weighs the streams by prev_pre, and pre is returned too). head: hc_head (the same launches
+    with N mixing logits and one scale: pre alone, nothing but the normed collapse stored and returned)."""
+    if head:
+        hc_ops.check_hc_head_shapes(x, fn, base, scale, norm_weight)
+    else:
+        hc_ops.check_hc_pre_shapes(x, fn, base, scale, norm_weight, prev_pre)
     T, N, D = x.shape
-    K, W = N * D, (2 + N) * N
+    K, W = N * D, N if head else (2 + N) * N
     delayed = prev_pre is not None
     if x.dtype == torch.float64 or T == 0 or D == 0 or x.numel() >= _INT32_LIMIT or T * next_power_of_2(W) * cdiv(K, _SPLIT_SEG) >= _INT32_LIMIT:
+        if head:
+            return hc_ops.hc_head(x, fn, base, scale, norm_weight, norm_eps=norm_eps, hc_eps=hc_eps)
         if delayed:
             return hc_ops.hc_pre_delayed(x, prev_pre, fn, base, scale, norm_eps=norm_eps, hc_eps=hc_eps, sinkhorn_iters=sinkhorn_iters)
         return hc_ops.hc_pre(x, fn, base, scale, norm_eps=norm_eps, hc_eps=hc_eps, sinkhorn_iters=sinkhorn_iters, norm_weight=norm_weight)
@@ -326,8 +357,9 @@ def _hc_pre(x, fn, base, scale, norm_eps, hc_eps, sinkhorn_iters, norm_weight, i
     base, scale = base.to(torch.float32).contiguous(), scale.to(torch.float32).contiguous()
     weight = base if norm_weight is None else norm_weight.to(torch.float32).contiguous()  # base: a placeholder, never read without NORM
     out = torch.empty(T, D, dtype=x.dtype, device=x.device)
-    post = torch.empty(T, N, dtype=torch.float32, device=x.device)
-    comb = torch.empty(T, N, N, dtype=torch.float32, device=x.device)
+    # (out: a placeholder pointer for the mixings hc_head does not make, never written with HEAD)
+    post = out if head else torch.empty(T, N, dtype=torch.float32, device=x.device)
+    comb = out if head else torch.empty(T, N, N, dtype=torch.float32, device=x.device)
     pre = torch.empty(T, N, dtype=torch.float32, device=x.device) if delayed else post  # (post: an unused pointer)
     prev_pre = prev_pre.to(torch.float32).contiguous() if delayed else post
     w_pad, n_pad = next_power_of_2(W), next_power_of_2(N)
@@ -358,8 +390,10 @@ def _hc_pre(x, fn, base, scale, norm_eps, hc_eps, sinkhorn_iters, norm_weight, i
         T, D, n_seg, d_per_split, d_splits, x.stride(0), fn.stride(0), out.stride(0),
         float(norm_eps), float(hc_eps), int(sinkhorn_iters),
         FUSED=fused, N=N, N_PAD=n_pad, BLOCK_D=block_d, SEG_PAD=1 if fused else next_power_of_2(n_seg), NORM=norm_weight is not None,
-        DELAYED=delayed, **common, **launch_options(),
+        DELAYED=delayed, W=W, HEAD=head, **common, **launch_options(),
     )
+    if head:
+        return out
     return (out, pre, post, comb) if delayed else (out, post, comb)
 
 
@@ -459,6 +493,18 @@ REGISTRATIONS = [
         priority=-1,
         batch_invariant=True,
         note="Triton (ascend): hc_pre's split launch for every token count, pre stored, the collapse weighted by the previous site's pre",
+    ),
+    Registration(
+        op="hc_head",
+        fn=hc_head,
+        note="Triton (ascend): hc_pre's kernels with the head's N mixing logits, pre alone, the collapse normed in the same pass",
+    ),
+    Registration(
+        op="hc_head",
+        fn=hc_head_invariant,
+        priority=-1,
+        batch_invariant=True,
+        note="Triton (ascend): hc_pre's split launch for every token count with the head's N mixing logits, pre alone, the collapse normed",
     ),
     Registration(
         op="hc_post",

@@ -121,6 +121,15 @@ def _linear(fmt: str, m: int, n: int, k: int) -> Callable[[], None]:
     return call
 
 
+def _router(m: int, experts: int, k: int) -> Callable[[], None]:
+    """A MoE router: bf16 x times the float32 router weight, float32 logits (linear's out_dtype)."""
+    def call():
+        from deepinfer_cuda.kernels import gemm
+
+        gemm.linear(_t(m, k), _t(experts, k, dtype=torch.float32), fmt="dense", out_dtype=torch.float32)
+    return call
+
+
 def _grouped_masked(fmt: str, e: int, max_m: int, n: int, k: int) -> Callable[[], None]:
     def call():
         from deepinfer_cuda.kernels import gemm
@@ -386,6 +395,17 @@ def _decode_plan(batch: int, context: int, page: int = 64) -> Callable[[], None]
     return call
 
 
+def _hc_head(t: int, streams: int = 4, hidden: int = 4096) -> Callable[[], None]:
+    """DeepSeek-V4's head collapse: hc_pre's launches with the head's `streams` mixing logits and the final norm."""
+    def call():
+        from deepinfer_cuda.kernels import hyper_connection
+
+        f32 = torch.float32
+        hyper_connection.hc_head(_t(t, streams, hidden), _t(streams, streams * hidden, dtype=f32), _t(streams, dtype=f32), _t(1, dtype=f32),
+                                 _t(hidden, dtype=f32), norm_eps=1e-6, hc_eps=1e-6)
+    return call
+
+
 def _quant_act_fp8(m: int, k: int) -> Callable[[], None]:
     def call():
         from deepinfer_cuda.kernels import gemm
@@ -409,6 +429,8 @@ class Case:
 CASES: list[Case] = [
     Case("linear dense bf16 prefill (4096x7168->4096)", _linear("dense", 4096, 4096, 7168), "mma"),
     Case("linear dense bf16 decode (8x7168->4096)", _linear("dense", 8, 4096, 7168), "mma", DECODE_16_ROWS, pdl=True),
+    # V4-Flash's router at decode: bf16 x widened in-kernel, float32 weight and logits (ieee float32 dot: FMAs, no MMA)
+    Case("linear dense router bf16 x f32 weight -> f32 (8x4096->256)", _router(8, 256, 4096), None, pdl=True),
     Case("linear fp8_block prefill (4096x7168->4096)", _linear("fp8_block", 4096, 4096, 7168), "mma"),
     Case("grouped_gemm fp8_block decode masked (E8 m16 7168->4096)", _grouped_masked("fp8_block", 8, 16, 4096, 7168), "mma", DECODE_16_ROWS, pdl=True),
     Case("linear mxfp4 prefill (4096x7168->4096)", _linear("mxfp4", 4096, 4096, 7168), "mx", MXFP4_W4A16),
@@ -468,6 +490,9 @@ CASES: list[Case] = [
     # V4-Flash's decode plan (every table of a step in one launch): batch 1 at a 1M-token context, batch 64 at 32k
     Case("decode_plan B1 ctx1M", _decode_plan(1, 1 << 20), None, pdl=True),
     Case("decode_plan B64 ctx32k", _decode_plan(64, 1 << 15), None),
+    # the head's collapse: decode (the split launch, the final norm folded in) and a prefill chunk's logits rows (fused, then rms_norm)
+    Case("hc_head bf16 T1 N4 D4096", _hc_head(1), None, pdl=True),
+    Case("hc_head bf16 T8192 N4 D4096", _hc_head(8192), None),
     # The SM90 Gluon mxfp4 kernel (warp-specialised: TMA producer warp, wgmma consumers) at V4-Flash's expert shapes
     # (hidden 4096, w13 2 x 2048 rows, w2 K 2048, 256 experts): decode B64 / B256 x top-6 (masked E8 m16, contiguous 384 and
     # 1536 rows over 256 experts, w2 at B64), prefill T8192 x top-6 through w2, and a linear.

@@ -1,4 +1,4 @@
-"""Benchmarks of DeepSeek-V4's hyper-connections and clipped SwiGLU at V4-Flash sizes: hc_pre, hc_post, clamped_silu_and_mul.
+"""Benchmarks of DeepSeek-V4's hyper-connections and clipped SwiGLU at V4-Flash sizes: hc_pre, hc_head, hc_post, clamped_silu_and_mul.
 
 hc_pre / hc_post: N = 4 residual streams of D = 4096 per token (bf16), the mixing projection fn
 [(2+N)N = 24, N*D = 16384] float32, 20 Sinkhorn iterations; T = 1, 16 and 64 (decode batches; hc_post
@@ -7,6 +7,10 @@ hc_pre / hc_post: N = 4 residual streams of D = 4096 per token (bf16), the mixin
     (float32) written. Flops: 2 * T * N*D * (24 + 2) (the projection, the sum of squares and the
     collapse), the Sinkhorn iterations' few hundred per token left out. About 21 flop/byte at any T
     (fn is 1.5 MB: at T = 1 it is all the traffic): memory-bound.
+  - hc_head (the head's collapse and final norm; T = 1 and 64, the sampled rows of decode batches, and
+    1024): x read once, the head's fn [N, N*D] / base / scale and the norm weight read, the normed
+    bf16 row written. Flops: 2 * T * N*D * (N + 2). Its peer, the reference, is the torch glue the
+    V4 head ran before the op (flatten, rms, the mixing, sigmoid, the weighted sum) and rms_norm.
   - hc_post bytes: y and the N streams read, the N output streams written, post / comb read.
     Flops: 10 per output element (post * y plus N multiply-adds). Memory-bound.
 clamped_silu_and_mul: the routed experts' gate/up rows [T, 2 x 2048] bf16 with limit 10 (V4's
@@ -26,7 +30,7 @@ import torch
 
 from deepinfer_cuda.bench.common import BenchCase
 
-OPS = ("hc_pre", "hc_post", "clamped_silu_and_mul")  # what this bench module covers: the runner finds it by this
+OPS = ("hc_pre", "hc_head", "hc_post", "clamped_silu_and_mul")  # what this bench module covers: the runner finds it by this
 TABLE_ORDER = 80  # where its rows sit in `deepinfer bench ops`: after the V4 attention ops
 
 STREAMS, HIDDEN = 4, 4096
@@ -58,6 +62,9 @@ def _hc_setup(tokens: int):
             "post": 2 * torch.rand(tokens, STREAMS, device=device, generator=g),
             "comb": torch.softmax(torch.randn(tokens, STREAMS, STREAMS, device=device, generator=g), dim=-1),
             "norm_weight": 1 + 0.1 * torch.randn(HIDDEN, device=device, generator=g),  # the block's RMSNorm (attn_norm / ffn_norm)
+            "head_fn": torch.randn(STREAMS, STREAMS * HIDDEN, device=device, generator=g) * (STREAMS * HIDDEN) ** -0.5,
+            "head_base": 0.5 * torch.randn(STREAMS, device=device, generator=g),
+            "head_scale": 1 + 0.2 * torch.randn(1, device=device, generator=g),
         }
 
     return setup
@@ -102,6 +109,32 @@ def _pre_bytes(s: dict) -> float:
 
 def _pre_flops(s: dict) -> float:
     return 2.0 * s["x"].numel() * (MIX + 2)
+
+
+def _head_args(s: dict) -> tuple:
+    return s["x"], s["head_fn"], s["head_base"], s["head_scale"], s["norm_weight"]
+
+
+def _head_kernel(s: dict):
+    from deepinfer_cuda.kernels.hyper_connection import hc_head
+
+    return hc_head(*_head_args(s), norm_eps=NORM_EPS, hc_eps=HC_EPS)
+
+
+def _head_peer(s: dict):
+    from deepinfer.ops.hyper_connection import hc_head
+
+    return hc_head(*_head_args(s), norm_eps=NORM_EPS, hc_eps=HC_EPS)
+
+
+def _head_bytes(s: dict) -> float:
+    x, tokens = s["x"], s["x"].shape[0]
+    params = (s["head_fn"].numel() + s["head_base"].numel() + s["head_scale"].numel() + s["norm_weight"].numel()) * 4
+    return x.numel() * x.element_size() + params + tokens * HIDDEN * x.element_size()
+
+
+def _head_flops(s: dict) -> float:
+    return 2.0 * s["x"].numel() * (STREAMS + 2)
 
 
 def _post_args(s: dict) -> tuple:
@@ -160,6 +193,7 @@ def _act_flops(s: dict) -> float:
 
 HC_PRE = (_pre_kernel, _pre_peer, "torch reference (deepinfer.ops.hyper_connection)", _pre_flops, _pre_bytes)
 HC_PRE_NORMED = (_pre_normed_kernel, _pre_normed_peer, "torch reference (hc_pre then rms_norm, one op)", _pre_flops, _pre_bytes)
+HC_HEAD = (_head_kernel, _head_peer, "torch reference (the V4 head's former glue, then rms_norm)", _head_flops, _head_bytes)
 HC_POST = (_post_kernel, _post_peer, "torch reference (deepinfer.ops.hyper_connection)", _post_flops, _post_bytes)
 ACT = (_act_kernel, _act_peer, "torch reference (deepinfer.ops.activation)", _act_flops, _act_bytes)
 
@@ -173,6 +207,7 @@ CASES = [
     *[_case(t)("hc_pre", f"T{t}_N4_D4096_bf16", _hc_setup(t), *HC_PRE) for t in (1, 16, 64, 1024, 8192)],
     # with the block's norm applied in the collapse (norm_weight): compare with the rows above
     *[_case(t)("hc_pre", f"T{t}_N4_D4096_bf16_normed", _hc_setup(t), *HC_PRE_NORMED) for t in (1, 64, 8192)],
+    *[_case(t)("hc_head", f"T{t}_N4_D4096_bf16", _hc_setup(t), *HC_HEAD) for t in (1, 64, 1024)],
     *[_case(t)("hc_post", f"T{t}_N4_D4096_bf16", _hc_setup(t), *HC_POST) for t in (1, 64, 1024, 8192)],
     GraphCase("clamped_silu_and_mul", "T384_I2048_bf16_decode_B64_top6", _act_setup(384), *ACT),
     GraphCase("clamped_silu_and_mul", "T1536_I2048_bf16_decode_B256_top6", _act_setup(1536), *ACT),

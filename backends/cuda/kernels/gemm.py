@@ -36,7 +36,10 @@ a second kernel when the tiles outnumber the counters.
 Formats:
 - dense: both operands converted to one dot dtype: x's dtype when the weight has the same one
   (bf16/fp16 run on the tensor cores), float32 with input_precision="ieee" otherwise (float32
-  inputs, mixed dtypes), so every case meets its tolerance.
+  inputs, mixed dtypes: each x tile widened as it is loaded), so every case meets its tolerance.
+  `linear`'s out_dtype only sets the output's dtype (every format: the epilogues and the split-K sum
+  store the float32 accumulator in the output's element type), so the MoE router's bf16 x times its
+  float32 weight returned in float32 runs the float32 FMA path on x as it is, with no float32 copy of x.
 - fp8_block (DeepSeek-V3, DeepGEMM-style): the activation is quantised first by
   `_quant_act_fp8_kernel` (per token and 128-column group, bit-exact with
   `deepinfer.ops.quant.quantize_act_fp8`: tl.math.div_rn for both divisions, RNE cast to e4m3).
@@ -1118,18 +1121,22 @@ def plan_gemm(x: torch.Tensor, weight: torch.Tensor, fmt: str, layout: int, mx_p
     )
 
 
-def launch_gemm(x, weight, weight_scale, fmt, layout, *, offsets=None, masked_m=None, prequantised=None, mx_path=None, invariant=False) -> torch.Tensor:
+def launch_gemm(
+    x, weight, weight_scale, fmt, layout, *, offsets=None, masked_m=None, prequantised=None, mx_path=None, invariant=False, out_dtype=None,
+) -> torch.Tensor:
     """out = the product for x in `layout`: plan, quantise the activation (fp8_block, MX FP8), launch.
 
     prequantised: (x_q, x_scale) already made by the activation quantiser (benchmarks of the GEMM
     alone; the register path of mxfp8 / mxfp4_a8: (mxfp8_act_values(x), None)).
     mx_path: the mx path forced (backend option mxfp4_path, `_mx_mode`; None: this machine's).
-    invariant: the batch-invariant plan (`plan_gemm`)."""
+    invariant: the batch-invariant plan (`plan_gemm`).
+    out_dtype: the output's dtype (None: x's): the kernels store the float32 accumulator in the output's dtype."""
     n = weight.shape[-2]
+    out_dtype = out_dtype or x.dtype
     if layout == _MASKED:
-        out = torch.empty(weight.shape[0], x.shape[1], n, dtype=x.dtype, device=x.device)
+        out = torch.empty(weight.shape[0], x.shape[1], n, dtype=out_dtype, device=x.device)
     else:
-        out = torch.empty(x.shape[0], n, dtype=x.dtype, device=x.device)
+        out = torch.empty(x.shape[0], n, dtype=out_dtype, device=x.device)
     if out.numel() == 0:
         return out
     if x.shape[-1] == 0:
@@ -1139,7 +1146,7 @@ def launch_gemm(x, weight, weight_scale, fmt, layout, *, offsets=None, masked_m=
         # x [E, max_m, K] lies expert-minor (a transposed view): the output follows, [E, max_m, N] over
         # [max_m, E, N] memory, so that a caller's transpose back is a view (a split-K's partials and their
         # sum address the output as they address the partials: those keep the plain layout)
-        out = torch.empty(x.shape[1], weight.shape[0], n, dtype=x.dtype, device=x.device).transpose(0, 1)
+        out = torch.empty(x.shape[1], weight.shape[0], n, dtype=out_dtype, device=x.device).transpose(0, 1)
     xq, xs = x, None
     if fmt == "fp8_block":
         xq, xs = prequantised if prequantised is not None else quantize_act_fp8(x)
@@ -1260,11 +1267,13 @@ def _gemm_ops(mx_path: str | None = None, invariant: bool = False):
     through the register dequant); None: this machine's default. float32 activations with mxfp4
     weights always take the upcast. invariant: the batch-invariant plan (deterministic mode)."""
 
-    def linear(x: torch.Tensor, weight: torch.Tensor, *, weight_scale: torch.Tensor | None = None, fmt: str = "dense") -> torch.Tensor:
-        gemm_ops.check_linear_args(x, weight, weight_scale, fmt)
+    def linear(
+        x: torch.Tensor, weight: torch.Tensor, *, weight_scale: torch.Tensor | None = None, fmt: str = "dense", out_dtype: torch.dtype | None = None
+    ) -> torch.Tensor:
+        gemm_ops.check_linear_args(x, weight, weight_scale, fmt, out_dtype)
         _check_dtype(x)
         weight, weight_scale = _weight_operands(weight, weight_scale, fmt)
-        return launch_gemm(x, weight, weight_scale, fmt, _LINEAR, mx_path=mx_path, invariant=invariant)
+        return launch_gemm(x, weight, weight_scale, fmt, _LINEAR, mx_path=mx_path, invariant=invariant, out_dtype=out_dtype)
 
     def grouped_gemm(
         x: torch.Tensor,

@@ -34,7 +34,7 @@ Served: bf16 x, mxfp4 weights, K a multiple of 512 (the scale boxes) with the st
 and the ring within shared memory, contiguous operands with 16-byte aligned rows (x flattens to [rows, K]; the
 masked layout's rows past masked_m read the next expert's rows, the last tiles read TMA's zero fill:
 they only feed outputs the store masks). Everything else (fp16/float32 x, other formats, other shapes,
-a transposed masked x) runs the `tl` kernel with mxfp4_path=register.
+a transposed masked x, a `linear` out_dtype other than x's) runs the `tl` kernel with mxfp4_path=register.
 
 Triton 3.6 (the GPU machine) and 3.9 name the TMA load differently: `_tma_load` below is the one shim.
 """
@@ -436,15 +436,17 @@ def decode_on_gluon(device) -> bool:
     return is_sm90(device) and bool(config("gemm", "mxfp4_gluon_small", device).get("auto", False))
 
 
-def _run(x, weight, weight_scale, layout, *, offsets=None, masked_m=None, prefill_only=False) -> torch.Tensor:
+def _run(x, weight, weight_scale, layout, *, offsets=None, masked_m=None, prefill_only=False, out_dtype=None) -> torch.Tensor:
     """The Gluon kernel where it serves the call (`not_served`; with prefill_only, prefill-sized calls only), else the
-    tl kernel's register path."""
+    tl kernel's register path. out_dtype (linear's) other than x's: the tl kernel too (this epilogue was measured
+    storing x's dtype only)."""
     n = weight.shape[-2]
     reason = not_served(x, weight, weight_scale, layout)
     empty = x.numel() == 0 or n == 0
     small = prefill_only and not prefill_sized(x, weight, layout) and not decode_on_gluon(x.device)
-    if reason is not None or empty or small or (layout == _MASKED and x.stride(0) < x.stride(1)):
-        return gemm.launch_gemm(x, weight, weight_scale, "mxfp4", layout, offsets=offsets, masked_m=masked_m, mx_path="register")
+    other_out = out_dtype not in (None, x.dtype)
+    if reason is not None or empty or small or other_out or (layout == _MASKED and x.stride(0) < x.stride(1)):
+        return gemm.launch_gemm(x, weight, weight_scale, "mxfp4", layout, offsets=offsets, masked_m=masked_m, mx_path="register", out_dtype=out_dtype)
     plan = plan_gluon(x, weight, layout)
     shape = (weight.shape[0], x.shape[1], n) if layout == _MASKED else (x.shape[0], n)
     out = torch.empty(shape, dtype=x.dtype, device=x.device)
@@ -459,9 +461,11 @@ def _run(x, weight, weight_scale, layout, *, offsets=None, masked_m=None, prefil
 def _gluon_ops(prefill_only: bool):
     """`linear` and `grouped_gemm` on this kernel: for every call it serves, or (prefill_only) for prefill-sized ones."""
 
-    def linear(x: torch.Tensor, weight: torch.Tensor, *, weight_scale: torch.Tensor | None = None, fmt: str = "dense") -> torch.Tensor:
-        gemm_ops.check_linear_args(x, weight, weight_scale, fmt)
-        return _run(x, weight, weight_scale, _LINEAR, prefill_only=prefill_only)
+    def linear(
+        x: torch.Tensor, weight: torch.Tensor, *, weight_scale: torch.Tensor | None = None, fmt: str = "dense", out_dtype: torch.dtype | None = None
+    ) -> torch.Tensor:
+        gemm_ops.check_linear_args(x, weight, weight_scale, fmt, out_dtype)
+        return _run(x, weight, weight_scale, _LINEAR, prefill_only=prefill_only, out_dtype=out_dtype)
 
     def grouped_gemm(
         x: torch.Tensor,

@@ -1,8 +1,13 @@
-"""Triton kernels: hc_pre, hc_pre_delayed and hc_post (DeepSeek-V4's manifold-constrained hyper-connections).
+"""Triton kernels: hc_pre, hc_pre_delayed, hc_head and hc_post (DeepSeek-V4's manifold-constrained hyper-connections).
 
 hc_pre_delayed (DeepSeek-V4.1's single-pass hyper-connections) runs hc_pre's launches with DELAYED on:
 the mixings are computed alike and `pre` is stored beside post and comb, while the collapse weighs the
 streams by the previous site's pre (prev_pre [T, N], loaded where hc_pre uses its own).
+
+hc_head (the head's collapse before the final norm) runs them with HEAD on: W = N mixing logits (fn has
+N rows, W_PAD 16) and one scale, so the mixings are `pre` alone (post and comb are neither made nor
+stored), and the norm is always folded in; it returns the normed collapse. At decode sizes that is the
+split launch's two kernels where the model ran about fifteen torch launches and an rms_norm.
 
 hc_pre, per token t (x_t: N streams of D, flattened to K = N*D; W = (2+N)N mixing logits):
 
@@ -63,9 +68,9 @@ compiled kernels are the same for every T: SEG, the mix tile (16 tokens, 64-wide
 combine's tile (one token, every segment) and its collapse step are fixed by the model's shapes;
 T only sets the grids (which program computes a segment or a D chunk) and the 4096-token chunks,
 neither of which changes a value. The default `hc_pre` runs the same split launch below the fused
-threshold, so at decode sizes both give the same bits. hc_post is batch-invariant as it is: every
-output element is its own post * y + sum over j in order (no reduction across lanes), so its
-T-dependent tile changes no value.
+threshold, so at decode sizes both give the same bits; `hc_head_invariant` is the same split launch
+with HEAD. hc_post is batch-invariant as it is: every output element is its own post * y + sum over j
+in order (no reduction across lanes), so its T-dependent tile changes no value.
 
 Deviation (interpreter only): under TRITON_INTERPRET=1 a tile is 16 tokens (the interpreter's dot
 is a slow numpy matmul; a combine program too, since numpy sums every row of a tile alike), a chunk
@@ -181,32 +186,38 @@ def _hc_pre_mix_kernel(
 @triton.jit
 def _mixings(
     acc, ss, base_ptr, scale_ptr, K, norm_eps, hc_eps, sinkhorn_iters,
-    ACC: tl.constexpr, N: tl.constexpr, BLOCK_T: tl.constexpr, W_PAD: tl.constexpr, N_PAD: tl.constexpr,
+    ACC: tl.constexpr, N: tl.constexpr, BLOCK_T: tl.constexpr, W_PAD: tl.constexpr, N_PAD: tl.constexpr, HEAD: tl.constexpr,
 ):
     """pre [BLOCK_T, N_PAD], post [BLOCK_T, N_PAD], comb [BLOCK_T, N_PAD, N_PAD] from the raw
-    projections acc [BLOCK_T, W_PAD] and the sums of squares ss [BLOCK_T] (padding: zeros)."""
+    projections acc [BLOCK_T, W_PAD] and the sums of squares ss [BLOCK_T] (padding: zeros).
+    HEAD (hc_head: N logits, one scale): pre alone; post and comb are pre again, placeholders never stored."""
     rstd = 1.0 / tl.sqrt(ss / K + norm_eps)
     m = acc * rstd[:, None]
     w = tl.arange(0, W_PAD)
     n = tl.arange(0, N_PAD)
     n_ok = n < N
     s0 = tl.load(scale_ptr).to(ACC)
-    s1 = tl.load(scale_ptr + 1).to(ACC)
-    s2 = tl.load(scale_ptr + 2).to(ACC)
     m_pre = tl.sum(tl.where((w[None, :] == n[:, None])[None, :, :], m[:, None, :], 0.0), axis=2)
-    m_post = tl.sum(tl.where((w[None, :] == (N + n)[:, None])[None, :, :], m[:, None, :], 0.0), axis=2)
     b_pre = tl.load(base_ptr + n, mask=n_ok, other=0.0).to(ACC)
-    b_post = tl.load(base_ptr + N + n, mask=n_ok, other=0.0).to(ACC)
     pre = tl.where(n_ok[None, :], 1.0 / (1.0 + tl.exp(-(m_pre * s0 + b_pre[None, :]))) + hc_eps, 0.0)
-    post = 2.0 / (1.0 + tl.exp(-(m_post * s1 + b_post[None, :])))
-    # comb: logits 2N + i*N + j -> flat e = i*N_PAD + j -> [BLOCK_T, N_PAD, N_PAD]
-    e = tl.arange(0, N_PAD * N_PAD)
-    e_ok = (e // N_PAD < N) & (e % N_PAD < N)
-    col = 2 * N + (e // N_PAD) * N + e % N_PAD
-    m_comb = tl.sum(tl.where(((w[None, :] == col[:, None]) & e_ok[:, None])[None, :, :], m[:, None, :], 0.0), axis=2)
-    b_comb = tl.load(base_ptr + col, mask=e_ok, other=0.0).to(ACC)
-    z = tl.reshape(m_comb * s2 + b_comb[None, :], [BLOCK_T, N_PAD, N_PAD])
-    return pre, post, sinkhorn_mix(z, n_ok, hc_eps, sinkhorn_iters)
+    if HEAD:
+        post = pre
+        comb = pre
+    else:
+        s1 = tl.load(scale_ptr + 1).to(ACC)
+        s2 = tl.load(scale_ptr + 2).to(ACC)
+        m_post = tl.sum(tl.where((w[None, :] == (N + n)[:, None])[None, :, :], m[:, None, :], 0.0), axis=2)
+        b_post = tl.load(base_ptr + N + n, mask=n_ok, other=0.0).to(ACC)
+        post = 2.0 / (1.0 + tl.exp(-(m_post * s1 + b_post[None, :])))
+        # comb: logits 2N + i*N + j -> flat e = i*N_PAD + j -> [BLOCK_T, N_PAD, N_PAD]
+        e = tl.arange(0, N_PAD * N_PAD)
+        e_ok = (e // N_PAD < N) & (e % N_PAD < N)
+        col = 2 * N + (e // N_PAD) * N + e % N_PAD
+        m_comb = tl.sum(tl.where(((w[None, :] == col[:, None]) & e_ok[:, None])[None, :, :], m[:, None, :], 0.0), axis=2)
+        b_comb = tl.load(base_ptr + col, mask=e_ok, other=0.0).to(ACC)
+        z = tl.reshape(m_comb * s2 + b_comb[None, :], [BLOCK_T, N_PAD, N_PAD])
+        comb = sinkhorn_mix(z, n_ok, hc_eps, sinkhorn_iters)
+    return pre, post, comb
 
 
 @triton.jit
@@ -223,9 +234,9 @@ def _store_mixed(
     x_ptr, out_ptr, post_ptr, comb_ptr, w_ptr, pre_ptr, prev_pre_ptr, toks, t_ok, pre, post, comb, store_mixings, d_lo, d_hi, D, stride_t,
     stride_out, norm_eps,
     ACC: tl.constexpr, N: tl.constexpr, N_PAD: tl.constexpr, MANUAL_RNE: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, NORM: tl.constexpr,
-    STATS_BLOCK_D: tl.constexpr, DELAYED: tl.constexpr,
+    STATS_BLOCK_D: tl.constexpr, DELAYED: tl.constexpr, HEAD: tl.constexpr,
 ):
-    """post / comb of the tokens (when store_mixings) and their layer input over d in [d_lo, d_hi); with
+    """post / comb of the tokens (when store_mixings; never with HEAD: hc_head has none) and their layer input over d in [d_lo, d_hi); with
     NORM, rms-normed with the weight at w_ptr over the whole row (norm_eps), its statistics taken in
     STATS_BLOCK_D-wide steps (a decode token's split: 2048, so the row's loads are in flight together
     rather than eight 512-wide steps one after another). DELAYED (hc_pre_delayed): pre is stored too, and
@@ -236,11 +247,12 @@ def _store_mixed(
         if store_mixings:
             tl.store(pre_ptr + toks[:, None] * N + n[None, :], pre.to(pre_ptr.dtype.element_ty), mask=t_ok[:, None] & n_ok[None, :])
         pre = tl.load(prev_pre_ptr + toks[:, None] * N + n[None, :], mask=t_ok[:, None] & n_ok[None, :], other=0.0).to(ACC)
-    if store_mixings:
-        tl.store(post_ptr + toks[:, None] * N + n[None, :], post.to(post_ptr.dtype.element_ty), mask=t_ok[:, None] & n_ok[None, :])
-        ij = n[:, None] * N + n[None, :]
-        tl.store(comb_ptr + toks[:, None, None] * (N * N) + ij[None, :, :], comb.to(comb_ptr.dtype.element_ty),
-                 mask=t_ok[:, None, None] & (n_ok[:, None] & n_ok[None, :])[None, :, :])
+    if not HEAD:
+        if store_mixings:
+            tl.store(post_ptr + toks[:, None] * N + n[None, :], post.to(post_ptr.dtype.element_ty), mask=t_ok[:, None] & n_ok[None, :])
+            ij = n[:, None] * N + n[None, :]
+            tl.store(comb_ptr + toks[:, None, None] * (N * N) + ij[None, :, :], comb.to(comb_ptr.dtype.element_ty),
+                     mask=t_ok[:, None, None] & (n_ok[:, None] & n_ok[None, :])[None, :, :])
     dd = tl.arange(0, BLOCK_D)
     if NORM:
         # The whole row's statistics first (every D split repeats them: a split owns a share of D, the norm
@@ -271,7 +283,7 @@ def _hc_pre_kernel(
     ACC: tl.constexpr, N: tl.constexpr, MANUAL_RNE: tl.constexpr,
     BLOCK_T: tl.constexpr, W_PAD: tl.constexpr, N_PAD: tl.constexpr, BLOCK_K: tl.constexpr, SEG: tl.constexpr, EVEN_K: tl.constexpr,
     USE_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr, BLOCK_D: tl.constexpr, NORM: tl.constexpr, STATS_BLOCK_D: tl.constexpr,
-    DELAYED: tl.constexpr, PDL: tl.constexpr = False,
+    DELAYED: tl.constexpr, W: tl.constexpr, HEAD: tl.constexpr, PDL: tl.constexpr = False,
 ):
     """The fused launch: one token tile per program, the segments in order, the mixings, the collapse of all of D."""
     pdl_prologue(PDL)
@@ -284,14 +296,14 @@ def _hc_pre_kernel(
     for seg in range(0, tl.cdiv(K, SEG)):
         k_lo = seg * SEG
         seg_acc, seg_ss = _segment_partial(
-            x_ptr, fn_ptr, toks, t_ok, stride_t, stride_fn, k_lo, tl.minimum(k_lo + SEG, K), ACC, (2 + N) * N, BLOCK_T, W_PAD, BLOCK_K, EVEN_K, USE_DOT,
+            x_ptr, fn_ptr, toks, t_ok, stride_t, stride_fn, k_lo, tl.minimum(k_lo + SEG, K), ACC, W, BLOCK_T, W_PAD, BLOCK_K, EVEN_K, USE_DOT,
             DOT_PRECISION,
         )
         acc += seg_acc
         ss += seg_ss
-    pre, post, comb = _mixings(acc, ss, base_ptr, scale_ptr, K, norm_eps, hc_eps, sinkhorn_iters, ACC, N, BLOCK_T, W_PAD, N_PAD)
+    pre, post, comb = _mixings(acc, ss, base_ptr, scale_ptr, K, norm_eps, hc_eps, sinkhorn_iters, ACC, N, BLOCK_T, W_PAD, N_PAD, HEAD)
     _store_mixed(x_ptr, out_ptr, post_ptr, comb_ptr, w_ptr, pre_ptr, prev_pre_ptr, toks, t_ok, pre, post, comb, True, 0, D, D, stride_t, stride_out,
-                 norm_eps, ACC, N, N_PAD, MANUAL_RNE, BLOCK_T, BLOCK_D, NORM, STATS_BLOCK_D, DELAYED)
+                 norm_eps, ACC, N, N_PAD, MANUAL_RNE, BLOCK_T, BLOCK_D, NORM, STATS_BLOCK_D, DELAYED, HEAD)
 
 
 @triton.jit(do_not_specialize=["T"])
@@ -302,7 +314,7 @@ def _hc_pre_combine_kernel(
     norm_eps, hc_eps, sinkhorn_iters,
     ACC: tl.constexpr, N: tl.constexpr, MANUAL_RNE: tl.constexpr,
     BLOCK_T: tl.constexpr, W_PAD: tl.constexpr, N_PAD: tl.constexpr, SEG_PAD: tl.constexpr, BLOCK_D: tl.constexpr, NORM: tl.constexpr,
-    STATS_BLOCK_D: tl.constexpr, DELAYED: tl.constexpr, PDL: tl.constexpr = False,
+    STATS_BLOCK_D: tl.constexpr, DELAYED: tl.constexpr, HEAD: tl.constexpr, PDL: tl.constexpr = False,
 ):
     """The split launch's second kernel, grid (token tiles, D splits): each program loads all of its
     tokens' segment partials as one tile, sums them over the segments (one tl.sum: a fixed tree),
@@ -319,11 +331,11 @@ def _hc_pre_combine_kernel(
     parts = tl.load(part_ptr + rows[:, :, None] * W_PAD + w[None, None, :], mask=r_ok[:, :, None], other=0.0).to(ACC)
     acc = tl.sum(parts, axis=1)
     ss = tl.sum(tl.load(part_ss_ptr + rows, mask=r_ok, other=0.0).to(ACC), axis=1)
-    pre, post, comb = _mixings(acc, ss, base_ptr, scale_ptr, N * D, norm_eps, hc_eps, sinkhorn_iters, ACC, N, BLOCK_T, W_PAD, N_PAD)
+    pre, post, comb = _mixings(acc, ss, base_ptr, scale_ptr, N * D, norm_eps, hc_eps, sinkhorn_iters, ACC, N, BLOCK_T, W_PAD, N_PAD, HEAD)
     d_lo = pid_d * d_per_split
     _store_mixed(x_ptr, out_ptr, post_ptr, comb_ptr, w_ptr, pre_ptr, prev_pre_ptr, toks, t_ok, pre, post, comb, pid_d == 0, d_lo,
                  tl.minimum(d_lo + d_per_split, D), D, stride_t, stride_out, norm_eps, ACC, N, N_PAD, MANUAL_RNE, BLOCK_T, BLOCK_D, NORM,
-                 STATS_BLOCK_D, DELAYED)
+                 STATS_BLOCK_D, DELAYED, HEAD)
 
 
 def _manual_rne(dtype: torch.dtype) -> bool:
@@ -390,15 +402,33 @@ def hc_pre_delayed_invariant(
     return launch_hc_pre(x, fn, base, scale, norm_eps, hc_eps, sinkhorn_iters, invariant=True, prev_pre=prev_pre)
 
 
+def hc_head(
+    x: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor, norm_weight: torch.Tensor, *, norm_eps: float, hc_eps: float
+) -> torch.Tensor:
+    return launch_hc_pre(x, fn, base, scale, norm_eps, hc_eps, 0, norm_weight, head=True)
+
+
+def hc_head_invariant(
+    x: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor, norm_weight: torch.Tensor, *, norm_eps: float, hc_eps: float
+) -> torch.Tensor:
+    return launch_hc_pre(x, fn, base, scale, norm_eps, hc_eps, 0, norm_weight, invariant=True, head=True)
+
+
 def launch_hc_pre(x, fn, base, scale, norm_eps, hc_eps, sinkhorn_iters, norm_weight=None, *, invariant: bool = False,
-                  prev_pre: torch.Tensor | None = None):
+                  prev_pre: torch.Tensor | None = None, head: bool = False):
     """hc_pre; invariant: the split launch for every T (deterministic mode). With prev_pre: hc_pre_delayed
-    (the same launches; the collapse weighs the streams by prev_pre, and pre is returned too)."""
-    hc_ops.check_hc_pre_shapes(x, fn, base, scale, norm_weight, prev_pre)
+    (the same launches; the collapse weighs the streams by prev_pre, and pre is returned too). head: hc_head
+    (the same launches with N mixing logits and one scale: pre alone, nothing but the collapse stored)."""
+    if head:
+        hc_ops.check_hc_head_shapes(x, fn, base, scale, norm_weight)
+    else:
+        hc_ops.check_hc_pre_shapes(x, fn, base, scale, norm_weight, prev_pre)
     T, N, D = x.shape
-    K, W = N * D, (2 + N) * N
+    K, W = N * D, N if head else (2 + N) * N
     delayed = prev_pre is not None
     if T == 0 or D == 0:
+        if head:
+            return hc_ops.hc_head(x, fn, base, scale, norm_weight, norm_eps=norm_eps, hc_eps=hc_eps)
         if delayed:
             return hc_ops.hc_pre_delayed(x, prev_pre, fn, base, scale, norm_eps=norm_eps, hc_eps=hc_eps, sinkhorn_iters=sinkhorn_iters)
         return hc_ops.hc_pre(x, fn, base, scale, norm_eps=norm_eps, hc_eps=hc_eps, sinkhorn_iters=sinkhorn_iters, norm_weight=norm_weight)
@@ -410,14 +440,15 @@ def launch_hc_pre(x, fn, base, scale, norm_eps, hc_eps, sinkhorn_iters, norm_wei
     weight = norm_weight.contiguous() if norm else base  # base: a placeholder pointer, never read without NORM
     out = torch.empty(T, D, dtype=x.dtype, device=x.device)
     mix_dtype = torch.float64 if x.dtype == torch.float64 else torch.float32  # the reference's: float32, float64 for float64 x
-    post = torch.empty(T, N, dtype=mix_dtype, device=x.device)
-    comb = torch.empty(T, N, N, dtype=mix_dtype, device=x.device)
+    # (out: a placeholder pointer for the mixings hc_head does not make, never written with HEAD)
+    post = out if head else torch.empty(T, N, dtype=mix_dtype, device=x.device)
+    comb = out if head else torch.empty(T, N, N, dtype=mix_dtype, device=x.device)
     pre = torch.empty(T, N, dtype=mix_dtype, device=x.device) if delayed else post  # (post: an unused pointer)
     prev_pre = prev_pre.contiguous() if delayed else post
     w_pad, n_pad = max(16, next_power_of_2(W)), next_power_of_2(N)  # a dot's N >= 16
     interp = interpreting()
     f64 = x.dtype == torch.float64
-    common = dict(ACC=_acc(x.dtype), W_PAD=w_pad, N=N, N_PAD=n_pad, MANUAL_RNE=_manual_rne(x.dtype), NORM=norm, DELAYED=delayed)
+    common = dict(ACC=_acc(x.dtype), W_PAD=w_pad, N=N, N_PAD=n_pad, MANUAL_RNE=_manual_rne(x.dtype), NORM=norm, DELAYED=delayed, HEAD=head)
     dot = dict(USE_DOT=not f64, DOT_PRECISION=dot_precision(x.dtype), num_warps=_PRE_WARPS)
     # float64: no dot, a smaller broadcast tile. The interpreter: the dot's smallest M (its numpy
     # matmul is slow per element), whole segments per step (it pays per operation and per
@@ -425,22 +456,22 @@ def launch_hc_pre(x, fn, base, scale, norm_eps, hc_eps, sinkhorn_iters, norm_wei
     fused_t = 8 if f64 else 16 if interp else _PRE_BLOCK_T
     fused_tiles = cdiv(T, fused_t)
     if not invariant and (K <= _PRE_SEG or fused_tiles >= num_sms(x.device)):
-        if norm:
-            # The fused launch's tile (32 tokens) holds no room for the norm's row statistics (sm90: 796 bytes of
-            # spills, 10% slower at T 8192 than the norm's own kernel after it): the block's norm runs after it.
-            from deepinfer_cuda.kernels.norm import launch_rms_norm
-
-            out, post, comb = launch_hc_pre(x, fn, base, scale, norm_eps, hc_eps, sinkhorn_iters)
-            return launch_rms_norm(out, norm_weight, norm_eps, None)[0], post, comb
+        # The fused launch's tile (32 tokens) holds no room for the norm's row statistics (sm90: 796 bytes of
+        # spills, 10% slower at T 8192 than the norm's own kernel after it): the block's norm runs after it.
         _hc_pre_kernel[(fused_tiles,)](
             x, fn, base, scale, weight, out, post, comb, pre, prev_pre,
             T, D, x.stride(0), fn.stride(0), out.stride(0),
             float(norm_eps), float(hc_eps), int(sinkhorn_iters),
             BLOCK_T=fused_t, BLOCK_K=_PRE_SEG if interp else _PRE_BLOCK_K,
             SEG=_PRE_SEG, EVEN_K=K % _PRE_SEG == 0, BLOCK_D=_INTERP_BLOCK_D if interp else _PRE_BLOCK_D,
-            num_stages=_PRE_STAGES, STATS_BLOCK_D=_INTERP_BLOCK_D if interp else _PRE_BLOCK_D, **common, **dot, **pdl_launch(x.device),
+            num_stages=_PRE_STAGES, STATS_BLOCK_D=_INTERP_BLOCK_D if interp else _PRE_BLOCK_D, W=W, **{**common, "NORM": False}, **dot,
+            **pdl_launch(x.device),
         )
-        return (out, pre, post, comb) if delayed else (out, post, comb)
+        if norm:
+            from deepinfer_cuda.kernels.norm import launch_rms_norm
+
+            out = launch_rms_norm(out, norm_weight, norm_eps, None)[0]
+        return _results(out, pre, post, comb, delayed, head)
     seg = split_segment(K)
     n_seg = cdiv(K, seg)
     mix_t = 8 if f64 else _SPLIT_BLOCK_T
@@ -466,6 +497,13 @@ def launch_hc_pre(x, fn, base, scale, norm_eps, hc_eps, sinkhorn_iters, norm_wei
             BLOCK_T=comb_t, SEG_PAD=next_power_of_2(n_seg), BLOCK_D=block_d, num_warps=_COMBINE_WARPS, **common,
             STATS_BLOCK_D=block_d if interp else min(_STATS_BLOCK_D, next_power_of_2(D)), **pdl_launch(xs.device),
         )
+    return _results(out, pre, post, comb, delayed, head)
+
+
+def _results(out, pre, post, comb, delayed: bool, head: bool):
+    """What the op launched returns: hc_head the collapse alone, hc_pre_delayed its own pre too."""
+    if head:
+        return out
     return (out, pre, post, comb) if delayed else (out, post, comb)
 
 
@@ -573,6 +611,20 @@ REGISTRATIONS = [
         priority=-1,
         batch_invariant=True,
         note="Triton: hc_pre's split launch for every token count, pre stored, the collapse weighted by the previous site's pre",
+    ),
+    Registration(
+        op="hc_head",
+        fn=hc_head,
+        dtypes=_DTYPES,
+        note="Triton: hc_pre's launches with the head's N mixing logits, pre alone, the collapse normed (split launch) or then rms_norm (fused)",
+    ),
+    Registration(
+        op="hc_head",
+        fn=hc_head_invariant,
+        dtypes=_DTYPES,
+        priority=-1,
+        batch_invariant=True,
+        note="Triton: hc_pre's split launch for every token count with the head's N mixing logits, pre alone, the collapse normed",
     ),
     Registration(
         op="hc_post",

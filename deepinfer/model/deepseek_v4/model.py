@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import torch
 
-from deepinfer import exact_order
 from deepinfer.model.deepseek_v4 import caches as v4_caches
 from deepinfer.model.deepseek_v4.attention import V4Attention, attention_specs
 from deepinfer.model.deepseek_v4.config import V4Config
@@ -248,14 +247,9 @@ class DeepseekV4ForCausalLM:
         return step
 
     def _logits(self, ops, streams: torch.Tensor, hc_head, norm) -> torch.Tensor:
-        """Collapse the streams with a head's own mixing (hc_head, torch glue: once per step, on
-        the sampled rows only), then its final norm and the vocabulary projection."""
+        """Collapse the streams with a head's own mixing and apply its final norm (`hc_head`: one op, on the
+        sampled rows only), then the vocabulary projection."""
         c = self.config
         fn, base, scale = hc_head
-        with exact_order.glue(ops.deterministic):
-            flat = streams.flatten(1).float()
-            flat = flat * torch.rsqrt(flat.square().mean(-1, keepdim=True) + c.rms_norm_eps)
-            pre = torch.sigmoid(flat @ fn.T * scale + base) + c.hc_eps
-            hidden = (pre[..., None] * streams.float()).sum(dim=1).to(streams.dtype)
-        hidden, _ = ops.rms_norm(hidden, norm, eps=c.rms_norm_eps)
+        hidden = ops.hc_head(streams, fn, base, scale, norm, norm_eps=c.rms_norm_eps, hc_eps=c.hc_eps)
         return ops.linear(hidden, self.head, fmt="dense").float()

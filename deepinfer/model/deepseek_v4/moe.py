@@ -58,7 +58,7 @@ class V4MoE:
         """(weights, expert ids) per token: the gate selects by score + bias, or, hash-routed, looks the
         experts up in tid2eid by token id (in the gate's kernel) and weighs them by their scores."""
         c = self.config
-        logits = ops.linear(x.float(), self.router, fmt="dense")
+        logits = ops.linear(x, self.router, fmt="dense", out_dtype=torch.float32)  # float32 weight: float32 logits of x as it is
         hashed = {"hash_table": self.tid2eid, "token_ids": input_ids} if self.hashed else {"correction_bias": self.bias}
         return ops.gate(logits, top_k=c.num_experts_per_tok, score_func=c.scoring_func, renormalize=True,
                         routed_scaling_factor=c.routed_scaling_factor, **hashed)  # fmt: skip

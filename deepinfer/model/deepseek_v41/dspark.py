@@ -128,7 +128,7 @@ class V41DSpark:
         h [B, block, hidden]: slot by slot, each conditioned through the Markov bias on the token before it."""
         blocks, k, hidden = h.shape
         normed, _ = ops.rms_norm(h.reshape(blocks * k, hidden), self.norm, eps=self.config.rms_norm_eps)
-        base = ops.linear(normed.float(), self.head, fmt="dense").view(blocks, k, -1)
+        base = ops.linear(normed, self.head, fmt="dense", out_dtype=torch.float32).view(blocks, k, -1)
         reads = (normed if self.confidence_input == NORMED else h.reshape(blocks * k, hidden)).view(blocks, k, hidden)
         previous, tokens, confidences, logits = anchors, [], [], []
         for slot in range(k):

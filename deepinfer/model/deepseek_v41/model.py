@@ -280,4 +280,4 @@ class DeepseekV41ForCausalLM:
         with exact_order.glue(ops.deterministic):
             hidden = (pre[..., None] * streams.float()).sum(dim=1).to(streams.dtype)
         hidden, _ = ops.rms_norm(hidden, self.norm, eps=self.config.rms_norm_eps)
-        return ops.linear(hidden.float(), self.head, fmt="dense")
+        return ops.linear(hidden, self.head, fmt="dense", out_dtype=torch.float32)

@@ -25,7 +25,7 @@ class V41MoE:
 
     def __call__(self, ops, x: torch.Tensor) -> torch.Tensor:
         c = self.config
-        logits = ops.linear(x.float(), self.router, fmt="dense")
+        logits = ops.linear(x, self.router, fmt="dense", out_dtype=torch.float32)  # float32 weight: float32 logits of x as it is
         weights, ids = ops.gate(logits, top_k=self.top_k, score_func=c.scoring_func, correction_bias=self.bias,
                                 renormalize=c.norm_topk_prob, routed_scaling_factor=c.routed_scaling_factor)  # fmt: skip
         expert_x, offsets, row_of_slot = ops.dispatch(x, ids, num_experts=self.num_experts)
