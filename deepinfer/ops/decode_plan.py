@@ -48,6 +48,26 @@ def split_entry_rows(entry_rows: torch.Tensor, batch: int, block_size: int, tabl
     return tables
 
 
+def empty_outputs(positions: torch.Tensor, block_tables: torch.Tensor, *, block_size: int, window: int, ratios: tuple[int, ...],
+                  rings: tuple, groups: int) -> dict[str, torch.Tensor]:
+    """The op's outputs, by name in OUTPUTS' order, allocated for a kernel to fill (the backends' shared allocation); for
+    B = 0 already final: every table empty and the output projection's counts 0."""
+    device, batch = positions.device, positions.shape[0]
+    i32, i64 = torch.int32, torch.int64
+    out = {
+        "positions": torch.empty(batch, dtype=i64, device=device),
+        "token_seq": torch.empty(batch, dtype=i32, device=device),
+        "window_rows": torch.empty(batch, window, dtype=i32, device=device),
+        "entry_rows": torch.empty(batch * sum(entry_widths(block_size, block_tables.shape[1], ratios)), dtype=i32, device=device),
+        "num_visible": torch.empty(len(ratios), batch, dtype=i32, device=device),
+        **{name: torch.empty(len(rings), batch, dtype=i64, device=device) for name in RING_FIELDS},
+        "group_rows": torch.empty(groups, dtype=i32, device=device),
+    }
+    if batch == 0:
+        out["group_rows"].zero_()
+    return out
+
+
 def check_decode_plan_args(positions, block_tables, slot_mapping, state_slots, block_size, window, ratios, rings, groups) -> None:
     """`decode_plan`'s shapes, dtypes and layout (no host synchronisation): every backend's check."""
     batch = positions.shape[0] if positions.dim() == 1 else -1

@@ -20,7 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
-from deepinfer.ops.decode_plan import RING_FIELDS, check_decode_plan_args, entry_widths, rows_per_block
+from deepinfer.ops.decode_plan import check_decode_plan_args, empty_outputs, entry_widths, rows_per_block
 from deepinfer.triton_common import cdiv
 from deepinfer_cuda.kernels.common import Registration, pdl_launch, pdl_prologue
 
@@ -118,18 +118,8 @@ def decode_plan(
     check_decode_plan_args(positions, block_tables, slot_mapping, state_slots, block_size, window, ratios, rings, groups)
     device, batch, width = positions.device, positions.shape[0], block_tables.shape[1]
     widths = entry_widths(block_size, width, ratios)
-    i32, i64 = torch.int32, torch.int64
-    out = {
-        "positions": torch.empty(batch, dtype=i64, device=device),
-        "token_seq": torch.empty(batch, dtype=i32, device=device),
-        "window_rows": torch.empty(batch, window, dtype=i32, device=device),
-        "entry_rows": torch.empty(batch * sum(widths), dtype=i32, device=device),
-        "num_visible": torch.empty(len(ratios), batch, dtype=i32, device=device),
-        **{name: torch.empty(len(rings), batch, dtype=i64, device=device) for name in RING_FIELDS},
-        "group_rows": torch.empty(groups, dtype=i32, device=device),
-    }
-    if batch == 0:  # no row, no program: every table is empty and the output projection's counts are 0
-        out["group_rows"].zero_()
+    out = empty_outputs(positions, block_tables, block_size=block_size, window=window, ratios=ratios, rings=rings, groups=groups)
+    if batch == 0:  # no row, no program (empty_outputs made the counts 0)
         return tuple(out.values())
     if block_tables.stride(1) != 1:
         block_tables = block_tables.contiguous()
