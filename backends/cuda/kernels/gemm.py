@@ -49,6 +49,9 @@ Formats:
   reduced precision, fine for bf16/fp16 outputs but not for float32's tolerance (seen on the H200:
   up to 72x the bound): float32 activations take the fp8 values upcast to bf16 (exact) through the
   bf16 MMA, which sums in float32.
+  fp8_path=gluon picks another implementation on SM90, the persistent warp-specialised Gluon kernel of
+  gemm_fp8_gluon.py (its own registrations; not yet verified on a GPU), which hands the calls it does not
+  serve back to this module.
 - mxfp4 (W4A16): packed e2m1 weights [N, K/2] with e8m0 scales [N, K/32]. Three paths for bf16/fp16
   activations: the register dequant (MX_MODE 3, below; SM90's), `tl.dot_scaled(x, None, "bf16"|"fp16",
   w, w_scale, "e2m1")` (MX_MODE 1; SM100's: tcgen05 kind::f16 after Triton's upcast), or the in-kernel
@@ -196,7 +199,7 @@ def quantize_act_fp8(x: torch.Tensor, scale_rows_contiguous: bool = False) -> tu
 
     scale_rows_contiguous: x_scale is a view of a [ceil(K/128), rows] tensor (each group's row scales contiguous,
     DeepGEMM's MN-major activation scales), so that the warps promoting a 128-K group read their rows' scales in
-    whole sectors; the values are the same."""
+    whole sectors (gemm_fp8_gluon.py); the values are the same."""
     k = x.shape[-1]
     groups = cdiv(k, FP8_GROUP)
     if x.dim() == 3 and k and x.stride(-1) == 1 and x.stride(0) != x.shape[1] * x.stride(1):
