@@ -28,6 +28,17 @@ MXFP4_PATH = BackendOption(
     env="DEEPINFER_CUDA_MXFP4_PATH",
 )
 
+FP8_PATH = BackendOption(
+    "fp8_path",
+    ("auto", "tl", "gluon"),
+    "auto",
+    "fp8_block GEMMs (linear, grouped_gemm) with bf16/fp16 activations: auto = the tl kernel (until the Gluon kernel "
+    "passes conformance on a GPU); tl = the tl kernel; gluon = on SM90, every call it serves by the persistent "
+    "warp-specialised Gluon kernel (TMA producer warp, fp8 wgmma consumer warpgroups promoting each 128-K group, "
+    "DeepGEMM's schedule), the rest by the tl kernel",
+    env="DEEPINFER_CUDA_FP8_PATH",
+)
+
 PDL = BackendOption(
     "pdl",
     ("auto", "on", "off"),
@@ -38,4 +49,4 @@ PDL = BackendOption(
     env="DEEPINFER_CUDA_PDL",
 )
 
-OPTIONS = (EP_PATH, MXFP4_PATH, PDL)
+OPTIONS = (EP_PATH, MXFP4_PATH, FP8_PATH, PDL)

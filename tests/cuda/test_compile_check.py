@@ -81,6 +81,15 @@ def test_gluon_mxfp4_kernel_is_warp_specialised_wgmma_over_tma_on_sm90(report):
     assert all(r["arch"] == "sm90" and r["ok"] and r["tma"] and r["instr"] == "wgmma" and r["spills"] == 0 for r in gluon), gluon
 
 
+def test_gluon_fp8_kernel_is_warp_specialised_wgmma_over_tma_on_sm90(report):
+    """The SM90 Gluon fp8_block kernel (fp8_path=gluon) builds for every layout, prefill and decode tiles, with and
+    without K splits, without spills, with fp8 wgmma and TMA loads."""
+    gluon = [r for r in report["results"] if r["kernel"] == "_fp8_gemm_ws_kernel"]
+    assert {r["case"] for r in gluon} == {c.name for c in cc.CASES if "fp8_block gluon" in c.name}
+    assert all(r["arch"] == "sm90" and r["ok"] and r["tma"] and r["instr"] == "wgmma" and r["spills"] == 0 for r in gluon), gluon
+    assert any(r["kernel"] == "_split_k_reduce_kernel" and "fp8_block gluon" in r["case"] for r in report["results"])  # a split case
+
+
 def test_ci_compiles_the_gluon_kernels_for_sm90(tmp_path):
     """The Gluon kernels have no interpreter twin of their own, so CI compiles them (seconds of ptxas, not the
     full check's minutes): `bench compile --case gluon` builds each for SM90, warp-specialised wgmma over TMA, no spills
@@ -92,7 +101,7 @@ def test_ci_compiles_the_gluon_kernels_for_sm90(tmp_path):
     assert {r["case"] for r in results} == {c.name for c in cc.CASES if "gluon" in c.name and "sm90" in c.archs}
     assert all(r["ok"] and r["spills"] == 0 for r in results), results
     matrix = [r for r in results if r["expected"]]
-    assert {r["kernel"] for r in matrix} == {"_mxfp4_gemm_ws_kernel", "_mla_decode_fp8_ws_kernel"}, results
+    assert {r["kernel"] for r in matrix} == {"_mxfp4_gemm_ws_kernel", "_fp8_gemm_ws_kernel", "_mla_decode_fp8_ws_kernel"}, results
     assert all(r["tma"] and r["instr"] == "wgmma" for r in matrix), matrix
 
 
@@ -160,7 +169,7 @@ def test_a_case_is_compiled_only_for_its_archs_and_tma_is_read_from_the_ptx():
     r = cc.Result("c", "sm90", "k", True, regs=100, spills=0, instr="wgmma", expected="wgmma", tma=False, needs_tma=True)
     assert r.problems == ["no TMA load (cp.async.bulk.tensor), expected one"]
     gluon = [c for c in cc.CASES if "gluon" in c.name]
-    assert len(gluon) == 9 and all(c.archs == ("sm90",) and c.tma for c in gluon)  # 6 mxfp4, 3 FP8 mla_decode
+    assert len(gluon) == 15 and all(c.archs == ("sm90",) and c.tma for c in gluon)  # 6 mxfp4, 6 fp8_block, 3 FP8 mla_decode
 
 
 def test_instruction_class():

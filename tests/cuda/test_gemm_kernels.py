@@ -92,6 +92,18 @@ def test_quantiser_is_bit_exact(kg, dtype, shape):
     assert torch.equal(q.view(torch.uint8), rq.view(torch.uint8))
 
 
+@pytest.mark.parametrize("shape", [(7, 200), (2, 3, 384), (1, 128)])
+def test_quantiser_lays_out_the_scales_with_each_groups_rows_contiguous_on_request(kg, shape):
+    """scale_rows_contiguous (the Gluon fp8 kernel's layout, DeepGEMM's MN-major): the same values as a [..., groups]
+    view of a [groups, rows] tensor."""
+    x = rand(*shape, seed=sum(shape), scale=3.0).to(torch.bfloat16)
+    q, s = kg.quantize_act_fp8(x, scale_rows_contiguous=True)
+    rq, rs = quant.quantize_act_fp8(x)
+    rows = x.numel() // x.shape[-1]
+    assert s.shape == rs.shape and s.stride(-1) == rows and s.stride(-2) == 1
+    assert torch.equal(s, rs) and torch.equal(q.view(torch.uint8), rq.view(torch.uint8))
+
+
 def test_quantiser_rounds_every_e4m3_tie_to_even(kg):
     # amax 448 gives scale 1.0 exactly: the values are cast as they are. Take every e4m3 magnitude,
     # the midpoints between neighbours (ties), and points just either side of them.

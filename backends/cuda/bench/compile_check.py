@@ -337,6 +337,28 @@ def _kv_cache_write(t: int, blocks: int, page: int = 64, fp8: bool = False) -> C
     return call
 
 
+def _gluon_fp8(layout: str, e: int, rows: int, n: int, k: int) -> Callable[[], None]:
+    """The SM90 Gluon fp8_block kernel (fp8_path=gluon) through its own wrappers: masked (rows per expert), contiguous
+    (rows in all) or linear. It must serve the call (else the case would compile the tl kernel)."""
+    def call():
+        from deepinfer_cuda.kernels import gemm_fp8_gluon as gluon_gemm
+
+        f8, f32 = torch.float8_e4m3fn, torch.float32
+        if layout == "linear":
+            x, w, ws = _t(rows, k), _t(n, k, dtype=f8), _t(-(-n // 128), -(-k // 128), dtype=f32)
+            gluon_gemm.linear(x, w, weight_scale=ws, fmt="fp8_block")
+        elif layout == "masked":
+            x, w, ws = _t(e, rows, k), _t(e, n, k, dtype=f8), _t(e, -(-n // 128), -(-k // 128), dtype=f32)
+            gluon_gemm.grouped_gemm(x, w, masked_m=_t(e, dtype=torch.int32), weight_scale=ws, fmt="fp8_block")
+        else:
+            x, w, ws = _t(rows, k), _t(e, n, k, dtype=f8), _t(e, -(-n // 128), -(-k // 128), dtype=f32)
+            gluon_gemm.grouped_gemm(x, w, expert_offsets=_t(e + 1, dtype=torch.int32), weight_scale=ws, fmt="fp8_block")
+        reason = gluon_gemm.not_served(x, w, {"linear": 0, "contiguous": 1, "masked": 2}[layout])
+        if reason is not None:
+            raise RuntimeError(f"gemm_fp8_gluon declined the call: {reason}")
+    return call
+
+
 def _gluon_mxfp4(layout: str, e: int, rows: int, n: int, k: int) -> Callable[[], None]:
     """The SM90 Gluon mxfp4 kernel (mxfp4_path=gluon) through its own wrappers: masked (rows per expert),
     contiguous (rows in all) or linear."""
@@ -516,6 +538,18 @@ CASES: list[Case] = [
     # the fp8 activation quantiser alone (decode rows)
     Case("quant_act_fp8 bf16 M1 K4096", _quant_act_fp8(1, 4096), None),
     Case("quant_act_fp8 bf16 M64 K4096", _quant_act_fp8(64, 4096), None),
+    # The SM90 Gluon fp8_block kernel (persistent, warp-specialised: a TMA producer, fp8 wgmma consumer warpgroups)
+    # at V4-Flash's projections: prefill 8192 rows (128 x 128, two consumer warpgroups; K 4096 and K 1024), the grouped
+    # prefill (8 experts x 4096 rows, 7168 -> 4096), decode at 256 and 128 rows (128 x 128, K splits: float32 partials
+    # and the split-K sum), and the masked decode layout (64 x 128, one consumer warpgroup, no split).
+    Case("linear fp8_block gluon prefill (8192x4096->1536)", _gluon_fp8("linear", 1, 8192, 1536, 4096), "mma", archs=("sm90",), tma=True),
+    Case("linear fp8_block gluon prefill (8192x1024->32768)", _gluon_fp8("linear", 1, 8192, 32768, 1024), "mma", archs=("sm90",), tma=True),
+    Case("grouped_gemm fp8_block gluon prefill contig (E8 32768 7168->4096)", _gluon_fp8("contiguous", 8, 32768, 4096, 7168), "mma",
+         archs=("sm90",), tma=True),
+    Case("linear fp8_block gluon decode split (256x4096->4096)", _gluon_fp8("linear", 1, 256, 4096, 4096), "mma", archs=("sm90",), tma=True),
+    Case("linear fp8_block gluon decode split (128x4096->1536)", _gluon_fp8("linear", 1, 128, 1536, 4096), "mma", archs=("sm90",), tma=True),
+    Case("grouped_gemm fp8_block gluon decode masked (E8 m32 7168->4096)", _gluon_fp8("masked", 8, 32, 4096, 7168), "mma",
+         archs=("sm90",), tma=True),
 ]
 
 # Helper kernels a matrix case launches besides its GEMM/attention kernel (no MMA of their own).
@@ -553,6 +587,7 @@ def _as_arch(arch: str, launches: list[Launch]):
         activation,
         decode_plan,
         gemm,
+        gemm_fp8_gluon,
         gemm_mxfp4_gluon,
         hyper_connection,
         indexer,
@@ -574,7 +609,7 @@ def _as_arch(arch: str, launches: list[Launch]):
     patches = [
         (gemm, "config", cfg), (gemm, "capability", lambda device=None: ARCHS[arch]), (gemm, "interpreting", lambda: False),
         (gemm, "upcast_dot", lambda: False), (gemm, "MXFP4_DOT_SCALED", True), (gemm, "num_sms", lambda device: SM_COUNT[arch]),
-        (gemm_mxfp4_gluon, "config", cfg),
+        (gemm_mxfp4_gluon, "config", cfg), (gemm_fp8_gluon, "config", cfg), (gemm_fp8_gluon, "num_sms", lambda device: SM_COUNT[arch]),
         (prefill, "config", cfg), (prefill, "upcast_dot", lambda: False),
         (mla_decode, "_config", lambda device, variant: arch_config("mla_decode", variant, arch)),
         (mla_decode, "_cached_plan", lambda *a: mla_decode._make_plan(*a, None)),
@@ -591,7 +626,7 @@ def _as_arch(arch: str, launches: list[Launch]):
         (hyper_connection, "num_sms", lambda device: SM_COUNT[arch]), (hyper_connection, "interpreting", lambda: False),
         (indexer, "interpreting", lambda: False), (indexer, "upcast_dot", lambda: False),
     ]
-    modules = (activation, decode_plan, gemm, gemm_mxfp4_gluon, hyper_connection, indexer, kv_cache, logits_processing, logprobs, mla_decode,
+    modules = (activation, decode_plan, gemm, gemm_fp8_gluon, gemm_mxfp4_gluon, hyper_connection, indexer, kv_cache, logits_processing, logprobs, mla_decode,
                mla_decode_fp8_gluon, moe, norm, prefill, rejection_sampling, rope, sampling, sparse_attention)  # fmt: skip
     kernels = [v for mod in modules for v in vars(mod).values() if hasattr(v, "run") and hasattr(v, "arg_names")]
     saved = [(mod, name, getattr(mod, name)) for mod, name, _ in patches]

@@ -49,6 +49,9 @@ Formats:
   reduced precision, fine for bf16/fp16 outputs but not for float32's tolerance (seen on the H200:
   up to 72x the bound): float32 activations take the fp8 values upcast to bf16 (exact) through the
   bf16 MMA, which sums in float32.
+  fp8_path=gluon picks another implementation on SM90, the persistent warp-specialised Gluon kernel of
+  gemm_fp8_gluon.py (its own registrations; not yet verified on a GPU), which hands the calls it does not
+  serve back to this module.
 - mxfp4 (W4A16): packed e2m1 weights [N, K/2] with e8m0 scales [N, K/32]. Three paths for bf16/fp16
   activations: the register dequant (MX_MODE 3, below; SM90's), `tl.dot_scaled(x, None, "bf16"|"fp16",
   w, w_scale, "e2m1")` (MX_MODE 1; SM100's: tcgen05 kind::f16 after Triton's upcast), or the in-kernel
@@ -160,14 +163,15 @@ _KERNEL_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 def _quant_act_fp8_kernel(
     x_ptr, q_ptr, s_ptr,
     R, K, inner_rows,
-    stride_xo, stride_xr, stride_qr, stride_sr,
+    stride_xo, stride_xr, stride_qr, stride_sr, stride_sg,
     BLOCK_R: tl.constexpr,
     GROUP: tl.constexpr,
     MANUAL_CVT: tl.constexpr,
     PDL: tl.constexpr = False,
 ):
     """x's row r at (r // inner_rows) * stride_xo + (r % inner_rows) * stride_xr: a [A, B, K] view whose rows
-    do not flatten (a transposed one) is read where it lies, the quantised rows written in order."""
+    do not flatten (a transposed one) is read where it lies, the quantised rows written in order. Row r's scale of
+    group g at r * stride_sr + g * stride_sg (row-major, or each group's rows contiguous: `quantize_act_fp8`)."""
     pdl_prologue(PDL)
     pid_r = tl.program_id(0)
     g = tl.program_id(1)
@@ -186,12 +190,16 @@ def _quant_act_fp8_kernel(
         tl.store(q_ptrs, e4m3_rne_bits(y).to(tl.uint8), mask=mask)  # q_ptr is a uint8 view
     else:
         tl.store(q_ptrs, y.to(tl.float8e4nv), mask=mask)
-    tl.store(s_ptr + rows * stride_sr + g, scale, mask=row_ok)
+    tl.store(s_ptr + rows * stride_sr + g * stride_sg, scale, mask=row_ok)
 
 
-def quantize_act_fp8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def quantize_act_fp8(x: torch.Tensor, scale_rows_contiguous: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """The fused quantiser, same contract as `deepinfer.ops.quant.quantize_act_fp8` (bit-exact):
-    x [..., K] -> (x_fp8 [..., K] float8_e4m3fn, x_scale float32 [..., ceil(K/128)])."""
+    x [..., K] -> (x_fp8 [..., K] float8_e4m3fn, x_scale float32 [..., ceil(K/128)]).
+
+    scale_rows_contiguous: x_scale is a view of a [ceil(K/128), rows] tensor (each group's row scales contiguous,
+    DeepGEMM's MN-major activation scales), so that the warps promoting a 128-K group read their rows' scales in
+    whole sectors (gemm_fp8_gluon.py); the values are the same."""
     k = x.shape[-1]
     groups = cdiv(k, FP8_GROUP)
     if x.dim() == 3 and k and x.stride(-1) == 1 and x.stride(0) != x.shape[1] * x.stride(1):
@@ -206,7 +214,10 @@ def quantize_act_fp8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         rows = x2.shape[0]
         inner, stride_outer, stride_row = max(rows, 1), 0, x2.stride(0)
     q = torch.empty(rows, k, dtype=quant.FP8_DTYPE, device=x.device)
-    s = torch.empty(rows, groups, dtype=torch.float32, device=x.device)
+    if scale_rows_contiguous:
+        s = torch.empty(groups, rows, dtype=torch.float32, device=x.device).T
+    else:
+        s = torch.empty(rows, groups, dtype=torch.float32, device=x.device)
     if rows and k:
         block_r, warps = quant_act_tile(rows, config("gemm", "quant_act", x.device))
         manual = interpreting()
@@ -214,7 +225,7 @@ def quantize_act_fp8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         _quant_act_fp8_kernel[grid](
             x2, q.view(torch.uint8) if manual else q, s,
             rows, k, inner,
-            stride_outer, stride_row, q.stride(0), s.stride(0),
+            stride_outer, stride_row, q.stride(0), s.stride(0), s.stride(1),
             BLOCK_R=block_r, GROUP=FP8_GROUP, MANUAL_CVT=manual,
             num_warps=warps, **pdl_launch(x2.device),
         )
