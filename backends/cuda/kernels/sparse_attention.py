@@ -418,23 +418,37 @@ def launch_sparse_attention(
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **pdl_launch(q.device),
     )
     if not direct:
-        chunk = next_power_of_2(splits)
-        block_c = max(16, min(block_d, COMBINE_ELEMS // chunk))
-        col_blocks = cdiv(dim, block_c)
-        _sparse_attention_combine_kernel[(tokens * heads * col_blocks,)](
-            part_out, part_lse, sinks, out, opos, ocs,
-            splits,
-            *po_strides,
-            *pl_strides,
-            out.stride(0), out.stride(1), ocs.stride(0),
-            H=heads, D=dim,
-            ROPE=rope, R=rope_dim,
-            COL_BLOCKS=col_blocks,
-            SPLITS=chunk, BLOCK_C=block_c,
-            MANUAL_RNE=manual_rne,
-            num_warps=COMBINE_WARPS, **pdl_launch(part_out.device),
-        )
+        combine_splits(part_out, part_lse, sinks, out, out_positions, ocs if rope else None)
     return out
+
+
+def combine_splits(
+    part_out: torch.Tensor, part_lse: torch.Tensor, sinks: torch.Tensor, out: torch.Tensor,
+    out_positions: torch.Tensor | None = None, out_cos_sin_cache: torch.Tensor | None = None,
+) -> None:
+    """Merge the split partials (part_out [T, splits, H, D] float32, normalised; part_lse [T, splits, H], log2 domain,
+    -inf for a split that saw no row) with the sink into out [T, H, D], rotating the output's tail as the op says when
+    out_positions is given. The split kernels of this module and of sparse_attention_fp8_gluon.py write these partials."""
+    tokens, splits, heads, dim = part_out.shape
+    rope = out_positions is not None
+    opos = out_positions.contiguous() if rope else part_lse  # (unused without the rotation)
+    ocs = last_dim_contiguous(out_cos_sin_cache)[0] if rope else sinks
+    chunk = next_power_of_2(splits)
+    block_c = max(16, min(max(16, next_power_of_2(dim)), COMBINE_ELEMS // chunk))
+    col_blocks = cdiv(dim, block_c)
+    _sparse_attention_combine_kernel[(tokens * heads * col_blocks,)](
+        part_out, part_lse, sinks, out, opos, ocs,
+        splits,
+        part_out.stride(0), part_out.stride(1), part_out.stride(2),
+        part_lse.stride(0), part_lse.stride(1),
+        out.stride(0), out.stride(1), ocs.stride(0),
+        H=heads, D=dim,
+        ROPE=rope, R=ocs.shape[-1] if rope else 0,
+        COL_BLOCKS=col_blocks,
+        SPLITS=chunk, BLOCK_C=block_c,
+        MANUAL_RNE=interpreting() and out.dtype == torch.bfloat16,
+        num_warps=COMBINE_WARPS, **pdl_launch(part_out.device),
+    )
 
 
 def sparse_attention(
