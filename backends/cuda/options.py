@@ -49,4 +49,15 @@ PDL = BackendOption(
     env="DEEPINFER_CUDA_PDL",
 )
 
-OPTIONS = (EP_PATH, MXFP4_PATH, FP8_PATH, PDL)
+SPARSE_ATTENTION_PATH = BackendOption(
+    "sparse_attention_path",
+    ("auto", "tl", "gluon"),
+    "auto",
+    "sparse_attention (DeepSeek-V4's attention) over FP8 KV caches: auto = the tl kernel (until the Gluon kernel passes "
+    "conformance on a GPU); tl = the tl kernel; gluon = on SM90, every call the warp-specialised Gluon kernel serves "
+    "(bf16 q, 512-wide heads, FP8 caches: a converting warpgroup gathering the rows into bf16 tiles, two wgmma "
+    "warpgroups) by it, the rest by the tl kernel",
+    env="DEEPINFER_CUDA_SPARSE_ATTENTION_PATH",
+)
+
+OPTIONS = (EP_PATH, MXFP4_PATH, FP8_PATH, PDL, SPARSE_ATTENTION_PATH)
