@@ -92,8 +92,9 @@ def test_gluon_fp8_kernel_is_warp_specialised_wgmma_over_tma_on_sm90(report):
 
 def test_ci_compiles_the_gluon_kernels_for_sm90(tmp_path):
     """The Gluon kernels have no interpreter twin of their own, so CI compiles them (seconds of ptxas, not the
-    full check's minutes): `bench compile --case gluon` builds each for SM90, warp-specialised wgmma over TMA, no spills
-    (the FP8 mla_decode kernel's split case also builds mla_decode.py's combine kernel: no matrix, no TMA)."""
+    full check's minutes): `bench compile --case gluon` builds each for SM90, warp-specialised wgmma, no spills; the mxfp4
+    GEMM and the FP8 mla_decode kernel load through TMA, the FP8 sparse_attention kernel's converting warps gather the
+    cache rows themselves (the split cases also build the tl combine kernels: no matrix, no TMA)."""
     path = tmp_path / "gluon.json"
     proc = _cli("--arch", "sm90", "--case", "gluon", "--json", str(path))
     assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-3000:]
@@ -101,8 +102,10 @@ def test_ci_compiles_the_gluon_kernels_for_sm90(tmp_path):
     assert {r["case"] for r in results} == {c.name for c in cc.CASES if "gluon" in c.name and "sm90" in c.archs}
     assert all(r["ok"] and r["spills"] == 0 for r in results), results
     matrix = [r for r in results if r["expected"]]
-    assert {r["kernel"] for r in matrix} == {"_mxfp4_gemm_ws_kernel", "_fp8_gemm_ws_kernel", "_mla_decode_fp8_ws_kernel"}, results
-    assert all(r["tma"] and r["instr"] == "wgmma" for r in matrix), matrix
+    assert {r["kernel"] for r in matrix} == {
+        "_mxfp4_gemm_ws_kernel", "_fp8_gemm_ws_kernel", "_mla_decode_fp8_ws_kernel", "_sparse_attention_fp8_ws_kernel"}, results  # fmt: skip
+    assert all(r["instr"] == "wgmma" for r in matrix), matrix
+    assert all(r["tma"] == (r["kernel"] != "_sparse_attention_fp8_ws_kernel") for r in matrix), matrix
 
 
 def test_a_case_filter_that_matches_nothing_is_a_usage_error():
@@ -169,7 +172,8 @@ def test_a_case_is_compiled_only_for_its_archs_and_tma_is_read_from_the_ptx():
     r = cc.Result("c", "sm90", "k", True, regs=100, spills=0, instr="wgmma", expected="wgmma", tma=False, needs_tma=True)
     assert r.problems == ["no TMA load (cp.async.bulk.tensor), expected one"]
     gluon = [c for c in cc.CASES if "gluon" in c.name]
-    assert len(gluon) == 15 and all(c.archs == ("sm90",) and c.tma for c in gluon)  # 6 mxfp4, 6 fp8_block, 3 FP8 mla_decode
+    assert len(gluon) == 18 and all(c.archs == ("sm90",) for c in gluon)  # 6 mxfp4, 6 fp8_block, 3 FP8 mla_decode, 3 FP8 sparse_attention
+    assert all(c.tma == ("sparse_attention" not in c.name) for c in gluon)  # (the sparse kernel's converting warps gather the rows)
 
 
 def test_instruction_class():

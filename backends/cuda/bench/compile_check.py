@@ -393,6 +393,24 @@ def _gluon_mla_fp8(batch: int, heads: int, ctx: int) -> Callable[[], None]:
     return call
 
 
+def _gluon_sparse_fp8(t: int, heads: int, extra: int, lengths: bool = False) -> Callable[[], None]:
+    """The SM90 Gluon sparse_attention over FP8 caches (sparse_attention_fp8_gluon) through its launch: t queries of `heads`
+    x 512 over a 128-row window and `extra` entries (lengths: an HCA list cut by extra_lengths), the output rotated back
+    (64 channels, as V4 decodes). It must serve the call (a None return would mean the case compiled nothing of it)."""
+    def call():
+        from deepinfer_cuda.kernels import sparse_attention_fp8_gluon
+
+        fp8, i32 = torch.float8_e4m3fn, torch.int32
+        out = sparse_attention_fp8_gluon.launch_sparse_attention_fp8_gluon(
+            _t(t, heads, 512), _t(65536, 528, dtype=fp8), _t(t, 128, dtype=i32), _t(heads, dtype=torch.float32), 512 ** -0.5,
+            extra_kv=_t(16384, 528, dtype=fp8), extra_indices=_t(t, extra, dtype=i32), extra_lengths=_t(t, dtype=i32) if lengths else None,
+            out_positions=_t(t, dtype=torch.int64), out_cos_sin_cache=_t(65536, 64, dtype=torch.float32),
+        )
+        if out is None:
+            raise RuntimeError("sparse_attention_fp8_gluon declined the call")
+    return call
+
+
 def _hc_pre(t: int, streams: int = 4, hidden: int = 4096, invariant: bool = False) -> Callable[[], None]:
     """DeepSeek-V4's hc_pre: t tokens of `streams` x `hidden` bf16 streams, the float32 mixing projection."""
     def call():
@@ -535,6 +553,12 @@ CASES: list[Case] = [
     Case("mla_decode fp8 gluon B128 H16 ctx4096 (one split)", _gluon_mla_fp8(128, 16, 4096), "mma", archs=("sm90",), tma=True),
     Case("mla_decode fp8 gluon B64 H16 ctx4096 (splits)", _gluon_mla_fp8(64, 16, 4096), "mma", archs=("sm90",), tma=True),
     Case("mla_decode fp8 gluon B64 H128 ctx4096", _gluon_mla_fp8(64, 128, 4096), "mma", archs=("sm90",), tma=True),
+    # The SM90 Gluon sparse_attention over FP8 caches (warp-specialised: a converting warpgroup gathering the rows, a softmax
+    # and a value wgmma warpgroup), V4-Flash decode with the output rotated back: one split, the rotation in its epilogue
+    # (T256, top-512 CSA lists); split partials + combine (T64 CSA; T8 HCA lists cut by extra_lengths)
+    Case("sparse_attention fp8 gluon decode T256 H64 (one split)", _gluon_sparse_fp8(256, 64, 512), "mma", archs=("sm90",)),
+    Case("sparse_attention fp8 gluon decode T64 H64 (splits)", _gluon_sparse_fp8(64, 64, 512), "mma", archs=("sm90",)),
+    Case("sparse_attention fp8 gluon decode T8 H64 HCA lengths (splits)", _gluon_sparse_fp8(8, 64, 8192, lengths=True), "mma", archs=("sm90",)),
     # the fp8 activation quantiser alone (decode rows)
     Case("quant_act_fp8 bf16 M1 K4096", _quant_act_fp8(1, 4096), None),
     Case("quant_act_fp8 bf16 M64 K4096", _quant_act_fp8(64, 4096), None),
@@ -603,6 +627,7 @@ def _as_arch(arch: str, launches: list[Launch]):
         rope,
         sampling,
         sparse_attention,
+        sparse_attention_fp8_gluon,
     )
 
     cfg = lambda op, variant, device=None: arch_config(op, variant, arch)  # noqa: E731
@@ -622,12 +647,12 @@ def _as_arch(arch: str, launches: list[Launch]):
         (logprobs, "_cfg", lambda device: arch_config("gather_logprobs", "rows", arch)),
         (kv_cache, "_config", lambda device: arch_config("kv_cache_write", "tokens", arch)), (kv_cache, "interpreting", lambda: False),
         (sparse_attention, "num_sms", lambda device: SM_COUNT[arch]), (sparse_attention, "interpreting", lambda: False),
-        (sparse_attention, "upcast_dot", lambda: False),
+        (sparse_attention, "upcast_dot", lambda: False), (sparse_attention_fp8_gluon, "num_sms", lambda device: SM_COUNT[arch]),
         (hyper_connection, "num_sms", lambda device: SM_COUNT[arch]), (hyper_connection, "interpreting", lambda: False),
         (indexer, "interpreting", lambda: False), (indexer, "upcast_dot", lambda: False),
     ]
     modules = (activation, decode_plan, gemm, gemm_fp8_gluon, gemm_mxfp4_gluon, hyper_connection, indexer, kv_cache, logits_processing, logprobs, mla_decode,
-               mla_decode_fp8_gluon, moe, norm, prefill, rejection_sampling, rope, sampling, sparse_attention)  # fmt: skip
+               mla_decode_fp8_gluon, moe, norm, prefill, rejection_sampling, rope, sampling, sparse_attention, sparse_attention_fp8_gluon)  # fmt: skip
     kernels = [v for mod in modules for v in vars(mod).values() if hasattr(v, "run") and hasattr(v, "arg_names")]
     saved = [(mod, name, getattr(mod, name)) for mod, name, _ in patches]
     try:
