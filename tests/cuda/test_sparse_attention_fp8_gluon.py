@@ -1,0 +1,175 @@
+"""The SM90 Gluon sparse_attention over FP8 caches: on a CPU, the backend option that chooses it, which calls it serves,
+its split plan and its fallback to the tl kernel; on an SM90 GPU (TRITON_INTERPRET=0 pytest
+tests/cuda/test_sparse_attention_fp8_gluon.py), its output against the tl kernel's on V4-Flash decode shapes the golden
+set has no room for (top-512 CSA and HCA lists with extra_lengths, splits and their combine, the output rotated back,
+16 and 128 heads, rows listed -1, a query listing none). Its compilation for sm90 is tests/cuda/test_compile_check.py's;
+its golden cases are `deepinfer conformance --backend cuda --op sparse_attention --backend-option sparse_attention_path=gluon`'s."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from deepinfer.ops import kv_cache_format
+from deepinfer.options import BackendOptionError, resolve_options
+from deepinfer.registry import Registry, RegistryError, ResolveContext
+
+from triton_mode import GPU, mode
+
+g = pytest.importorskip("deepinfer_cuda.kernels.sparse_attention_fp8_gluon")
+if g.GLUON_IMPORT_ERROR is not None:
+    pytest.skip(f"no Gluon for Hopper in this Triton (runs with Triton >= 3.5: CI, the GPU machine): {g.GLUON_IMPORT_ERROR}", allow_module_level=True)
+
+FP8 = torch.float8_e4m3fn
+
+
+def _meta(*shape, dtype=torch.bfloat16):
+    return torch.empty(*shape, dtype=dtype, device="meta")
+
+
+def _chosen(monkeypatch, options, sm90=True, dtype=torch.bfloat16, deterministic=False):
+    """The sparse_attention kernel the cuda backend's registrations resolve to."""
+    import deepinfer_cuda.kernels.gemm_mxfp4_gluon as gemm_gluon
+    from deepinfer_cuda.kernels import sparse_attention as tl_sparse
+
+    monkeypatch.setattr(gemm_gluon, "is_sm90", lambda device: sm90)
+    registry = Registry()
+    registry.register_all("cuda", tl_sparse.REGISTRATIONS + g.REGISTRATIONS)
+    ctx = ResolveContext("cuda", device=torch.device("cuda", 0), dtype=dtype, options=options, deterministic=deterministic)
+    return registry.choose(ctx, "sparse_attention").fn
+
+
+def test_the_backend_option_chooses_it_on_sm90_only(monkeypatch):
+    """auto (the default) keeps the tl kernel; sparse_attention_path=gluon takes this kernel on SM90 for bf16 models, and
+    leaves the tl kernels elsewhere, for other dtypes and in deterministic mode (it is not batch-invariant)."""
+    from deepinfer_cuda.kernels import sparse_attention as tl_sparse
+    from deepinfer_cuda.options import OPTIONS, SPARSE_ATTENTION_PATH
+
+    assert SPARSE_ATTENTION_PATH in OPTIONS and SPARSE_ATTENTION_PATH.choices == ("auto", "gluon") and SPARSE_ATTENTION_PATH.default == "auto"
+    gluon = {"sparse_attention_path": "gluon"}
+    assert _chosen(monkeypatch, {}) is _chosen(monkeypatch, {"sparse_attention_path": "auto"}) is tl_sparse.sparse_attention
+    assert _chosen(monkeypatch, gluon) is g.sparse_attention
+    assert _chosen(monkeypatch, gluon, sm90=False) is tl_sparse.sparse_attention
+    assert _chosen(monkeypatch, gluon, dtype=torch.float32) is tl_sparse.sparse_attention
+    assert _chosen(monkeypatch, gluon, deterministic=True) is tl_sparse.sparse_attention_invariant
+    monkeypatch.setattr(g, "GLUON_IMPORT_ERROR", "ImportError: no hopper")
+    with pytest.raises(RegistryError, match="sparse_attention_path=gluon, but Triton .* no usable Gluon for Hopper") as err:
+        _chosen(monkeypatch, gluon)
+    assert "\n" not in str(err.value)
+    monkeypatch.setenv("DEEPINFER_CUDA_SPARSE_ATTENTION_PATH", "gluon")
+    assert resolve_options("cuda", OPTIONS)["sparse_attention_path"] == "gluon"
+    monkeypatch.setenv("DEEPINFER_CUDA_SPARSE_ATTENTION_PATH", "fast")
+    with pytest.raises(BackendOptionError, match="DEEPINFER_CUDA_SPARSE_ATTENTION_PATH"):
+        resolve_options("cuda", OPTIONS)
+
+
+def _call(t=4, heads=64, dim=512, kv=None, extra=512, idx_dtype=torch.int32, rope=64, q_dtype=torch.bfloat16):
+    """not_served's arguments for V4-Flash decode shapes on meta tensors (each part replaceable)."""
+    cache = _meta(4096, dim + 16, dtype=FP8) if kv is None else kv
+    return dict(
+        q=_meta(t, heads, dim, dtype=q_dtype), kv=cache, indices=_meta(t, 128, dtype=idx_dtype),
+        extra_kv=_meta(4096, dim + 16, dtype=FP8) if extra else None, extra_indices=_meta(t, extra, dtype=idx_dtype) if extra else None,
+        out_cos_sin_cache=_meta(1000, rope, dtype=torch.float32) if rope else None,
+    )  # fmt: skip
+
+
+def test_calls_it_does_not_serve_say_why():
+    for kw in (dict(), dict(extra=0), dict(rope=0), dict(rope=32), dict(heads=16), dict(heads=1), dict(heads=128), dict(t=256)):
+        assert g.not_served(**_call(**kw)) is None, kw
+    assert "bfloat16" in g.not_served(**_call(q_dtype=torch.float32))
+    assert "D = 128" in g.not_served(**_call(dim=128))
+    assert "H = 96" in g.not_served(**_call(heads=96))
+    assert "kv is not an FP8 cache" in g.not_served(**_call(kv=_meta(4096, 512)))
+    mixed = _call()
+    mixed["extra_kv"] = _meta(4096, 512)
+    assert "extra_kv is not an FP8 cache" in g.not_served(**mixed)
+    assert "int32" in g.not_served(**_call(idx_dtype=torch.int64))
+    assert "R = 128" in g.not_served(**_call(rope=128))
+    strided = _meta(4096, 536, dtype=FP8)[:, :528]  # 536-byte rows: not 16-byte aligned
+    assert "16-byte aligned" in g.not_served(**_call(kv=strided))
+    cpu = _call()
+    cpu["q"] = torch.zeros(4, 64, 512, dtype=torch.bfloat16)
+    assert "not on a GPU" in g.not_served(**cpu)
+
+
+def test_the_plan_splits_as_the_tl_kernel_does(monkeypatch):
+    """Host shapes only: few queries split down to one 64-row tile a split (B1: one program per tile of its 640 rows),
+    more fill the 132 SMs with splits of at least 128 rows, B256 runs one split (the output written directly); a forced
+    count is clamped to the query's tiles."""
+    monkeypatch.setattr(g, "num_sms", lambda device: 132)
+    meta = torch.device("meta")
+    assert g.plan(1, 64, 128, 512, meta) == g.SparseFp8GluonPlan(head_tiles=1, num_splits=10)
+    assert g.plan(64, 64, 128, 512, meta).num_splits == 2  # 128 programs of 5 tiles
+    assert g.plan(256, 64, 128, 512, meta).direct
+    assert g.plan(1, 64, 128, 0, meta).num_splits == 2  # the window alone: two tiles
+    hca = g.plan(8, 64, 128, 8192, meta)  # an HCA list padded to E_max: splits from its width (the ids past a length are never read)
+    assert hca.num_splits * 8 <= 2 * 132 and hca.num_splits > 1
+    assert g.plan(2, 128, 128, 512, meta).head_tiles == 2 and g.plan(2, 16, 128, 512, meta).head_tiles == 1
+    assert g.plan(2, 64, 128, 512, meta, num_splits=100).num_splits == 10
+    assert g.plan(2, 64, 128, 512, meta, num_splits=3).num_splits == 3
+    assert g.plan(2, 64, 128, 512, meta, num_splits=0).direct
+
+
+@pytest.mark.skipif(mode() == GPU, reason="the CPU's fallback (on a GPU the Gluon kernel serves this call)")
+def test_a_call_it_does_not_serve_runs_on_the_tl_kernel():
+    """Under the interpreter the launch declines (not a GPU) and the op runs sparse_attention.py's tl kernel: its bits."""
+    from deepinfer_cuda.kernels import sparse_attention as tl_sparse
+
+    gen = torch.Generator().manual_seed(0)
+    q = torch.randn(3, 4, 64, generator=gen).bfloat16()
+    kv = kv_cache_format.quantize_rows(torch.randn(40, 64, generator=gen))
+    idx = torch.randint(-1, 40, (3, 16), generator=gen, dtype=torch.int32)
+    sinks = torch.randn(4, generator=gen)
+    assert g.launch_sparse_attention_fp8_gluon(q, kv, idx, sinks, 0.125) is None
+    got = g.sparse_attention(q, kv, idx, sinks, softmax_scale=0.125)
+    assert torch.equal(got, tl_sparse.launch_sparse_attention(q, kv, idx, sinks, 0.125))
+
+
+def _v4_decode_inputs(t, heads, extra, lengths, rope, gen):
+    """V4-Flash decode inputs on the GPU: window lists of 128 rows (a few -1, query 0 listing none), a second list (csa:
+    top 512 of a compressed pool; hca: E_max 384 entries, the first extra_lengths valid, garbage ids after), the inverse
+    rope table of 64 channels."""
+    dev = "cuda"
+    kv = kv_cache_format.quantize_rows(torch.randn(4096, 512, device=dev, generator=gen))
+    idx = torch.randint(0, 4096, (t, 128), device=dev, generator=gen, dtype=torch.int32)
+    idx[torch.rand(t, 128, device=dev, generator=gen) < 0.1] = -1
+    kw = {}
+    if extra:
+        pool = kv_cache_format.quantize_rows(torch.randn(2048, 512, device=dev, generator=gen) * 2)
+        width = 512 if extra == "csa" else 384
+        xidx = torch.randint(0, 2048, (t, width), device=dev, generator=gen, dtype=torch.int32)
+        kw = dict(extra_kv=pool, extra_indices=xidx)
+        if lengths:  # below the width: the last column, an id past the pool, is never read
+            kw["extra_lengths"] = torch.randint(0, width, (t,), device=dev, generator=gen, dtype=torch.int32)
+            kw["extra_lengths"][-1] = width - 1
+            xidx[:, -1] = 1 << 30
+    idx[0] = -1
+    if extra:
+        kw["extra_indices"][0] = -1
+    if rope:
+        angle = torch.rand(4096, 32, device=dev, generator=gen) * 6.3
+        kw.update(out_positions=torch.randint(0, 4096, (t,), device=dev, generator=gen), out_cos_sin_cache=torch.cat((angle.cos(), -angle.sin()), -1))
+    q = torch.randn(t, heads, 512, device=dev, generator=gen).to(torch.bfloat16)
+    sinks = torch.randn(heads, device=dev, generator=gen)
+    return q, kv, idx, sinks, kw
+
+
+@pytest.mark.skipif(
+    mode() != GPU or not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9,
+    reason="runs on an SM90 GPU only (TRITON_INTERPRET=0 pytest tests/cuda/test_sparse_attention_fp8_gluon.py)",
+)
+@pytest.mark.parametrize("t, heads, extra, lengths, rope, splits", [
+    (4, 64, "csa", False, True, None), (4, 64, "csa", False, True, 1), (4, 64, "csa", False, False, 3), (3, 64, "hca", True, True, 1),
+    (3, 64, "hca", True, True, None), (2, 16, None, False, True, 1), (2, 128, "csa", False, True, None), (40, 64, "csa", False, True, None),
+])  # fmt: skip
+def test_matches_the_tl_kernel_on_the_gpu(t, heads, extra, lengths, rope, splits):
+    from deepinfer_cuda.kernels import sparse_attention as tl_sparse
+
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    q, kv, idx, sinks, kw = _v4_decode_inputs(t, heads, extra, lengths, rope, gen)
+    want = tl_sparse.launch_sparse_attention(q, kv, idx, sinks, 512**-0.5, **kw)
+    got = g.launch_sparse_attention_fp8_gluon(q, kv, idx, sinks, 512**-0.5, **kw, num_splits=splits)
+    assert got is not None and not got.isnan().any()
+    assert torch.equal(got[0], torch.zeros_like(got[0]))  # a query that lists no row: zeros (rotated zeros too)
+    err = (got.float() - want.float()).abs().max().item()
+    assert err <= 1.6e-2 * max(1.0, want.float().abs().max().item()), err  # bf16 rounding of outputs ~1
