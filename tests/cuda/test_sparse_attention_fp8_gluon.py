@@ -85,6 +85,7 @@ def test_calls_it_does_not_serve_say_why():
     assert "extra_kv is not an FP8 cache" in g.not_served(**mixed)
     assert "int32" in g.not_served(**_call(idx_dtype=torch.int64))
     assert "R = 128" in g.not_served(**_call(rope=128))
+    assert "T = 65536" in g.not_served(**_call(t=65536))
     strided = _meta(4096, 536, dtype=FP8)[:, :528]  # 536-byte rows: not 16-byte aligned
     assert "16-byte aligned" in g.not_served(**_call(kv=strided))
     cpu = _call()

@@ -51,8 +51,9 @@ other 232 (each attention warpgroup holds a [64, 256] float32 accumulator, 128 r
 Served (`not_served`, and `launch_sparse_attention_fp8_gluon` returns None so callers fall back): bf16 q [T, H, 512]
 with H <= 64 or a multiple of 64 (64-row head tiles; a head count below 64 pads the wgmma's M), FP8 kv (and FP8
 extra_kv when given) of 528-byte rows, 16-byte aligned base and row stride, int32 lists, an output rotation of at
-most 64 channels (V4's 64: the last column chunk). Splits as the tl kernel splits (host shapes only, CUDA-graph safe:
-pick_splits over one CTA per SM, down to one tile a split for few queries); a forced num_splits is honoured.
+most 64 channels (V4's 64: the last column chunk), at most 65535 queries (the grid's second dimension). Splits as the
+tl kernel splits (host shapes only, CUDA-graph safe: pick_splits over one CTA per SM, down to one tile a split for few
+queries); a forced num_splits is honoured.
 
 Triton 3.6 (the GPU machine) and 3.9 differ in two names used here: the partition-wide barrier (3.6
 `thread_barrier`, 3.9 `barrier`) and the shared-memory reinterpretation (3.6 `_reinterpret`, 3.9 `reinterpret`).
@@ -89,6 +90,7 @@ BLOCK_N = 64  # cache rows per tile
 MAX_ROTATED = 64  # the output rotation's R: at most the last 64-column chunk (the value warpgroup's last accumulator)
 MIN_ROWS_PER_SPLIT = 128  # a split's partial write (64 x 512 x 4 bytes) stays small next to its reads
 MAX_SPLITS = 32  # the tl combine's
+MAX_GRID_Y = 65535  # queries: the grid's second dimension
 PARTITION_REGS = (160, 112)  # setmaxnreg of the value warpgroup and of the converting warpgroup (the softmax warpgroup: 504 less both)
 
 
@@ -497,6 +499,8 @@ def not_served(q, kv, indices, extra_kv=None, extra_indices=None, out_cos_sin_ca
         return f"D = {dim}: wants {DIM}"
     if heads > BLOCK_M and heads % BLOCK_M:
         return f"H = {heads}: wants <= {BLOCK_M} or a multiple of it"
+    if q.shape[0] > MAX_GRID_Y:
+        return f"T = {q.shape[0]}: the grid's second dimension holds at most {MAX_GRID_Y} queries"
     for name, cache in (("kv", kv), ("extra_kv", extra_kv)):
         if cache is not None and (why := _cache_not_served(name, cache)) is not None:
             return why
