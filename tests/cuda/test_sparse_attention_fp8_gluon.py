@@ -84,7 +84,7 @@ def test_calls_it_does_not_serve_say_why():
     mixed["extra_kv"] = _meta(4096, 512)
     assert "extra_kv is not an FP8 cache" in g.not_served(**mixed)
     assert "int32" in g.not_served(**_call(idx_dtype=torch.int64))
-    assert "R = 128" in g.not_served(**_call(rope=128))
+    assert g.not_served(**_call(rope=256)) is None and "R = 320" in g.not_served(**_call(rope=320))
     assert "T = 65536" in g.not_served(**_call(t=65536))
     strided = _meta(4096, 536, dtype=FP8)[:, :528]  # 536-byte rows: not 16-byte aligned
     assert "16-byte aligned" in g.not_served(**_call(kv=strided))
@@ -128,8 +128,8 @@ def test_a_call_it_does_not_serve_runs_on_the_tl_kernel():
 
 def _v4_decode_inputs(t, heads, extra, lengths, rope, gen):
     """V4-Flash decode inputs on the GPU: window lists of 128 rows (a few -1, query 0 listing none), a second list (csa:
-    top 512 of a compressed pool; hca: E_max 384 entries, the first extra_lengths valid, garbage ids after), the inverse
-    rope table of 64 channels."""
+    top 512 of a compressed pool; hca: E_max 384 entries, the first extra_lengths valid, garbage ids after), an inverse
+    rope table of `rope` channels (V4: 64; 0: no rotation)."""
     dev = "cuda"
     kv = kv_cache_format.quantize_rows(torch.randn(4096, 512, device=dev, generator=gen))
     idx = torch.randint(0, 4096, (t, 128), device=dev, generator=gen, dtype=torch.int32)
@@ -148,7 +148,7 @@ def _v4_decode_inputs(t, heads, extra, lengths, rope, gen):
     if extra:
         kw["extra_indices"][0] = -1
     if rope:
-        angle = torch.rand(4096, 32, device=dev, generator=gen) * 6.3
+        angle = torch.rand(4096, rope // 2, device=dev, generator=gen) * 6.3
         kw.update(out_positions=torch.randint(0, 4096, (t,), device=dev, generator=gen), out_cos_sin_cache=torch.cat((angle.cos(), -angle.sin()), -1))
     q = torch.randn(t, heads, 512, device=dev, generator=gen).to(torch.bfloat16)
     sinks = torch.randn(heads, device=dev, generator=gen)
@@ -160,8 +160,9 @@ def _v4_decode_inputs(t, heads, extra, lengths, rope, gen):
     reason="runs on an SM90 GPU only (TRITON_INTERPRET=0 pytest tests/cuda/test_sparse_attention_fp8_gluon.py)",
 )
 @pytest.mark.parametrize("t, heads, extra, lengths, rope, splits", [
-    (4, 64, "csa", False, True, None), (4, 64, "csa", False, True, 1), (4, 64, "csa", False, False, 3), (3, 64, "hca", True, True, 1),
-    (3, 64, "hca", True, True, None), (2, 16, None, False, True, 1), (2, 128, "csa", False, True, None), (40, 64, "csa", False, True, None),
+    (4, 64, "csa", False, 64, None), (4, 64, "csa", False, 64, 1), (4, 64, "csa", False, 0, 3), (3, 64, "hca", True, 64, 1),
+    (3, 64, "hca", True, 64, None), (2, 16, None, False, 64, 1), (2, 128, "csa", False, 64, None), (40, 64, "csa", False, 64, None),
+    (3, 64, "csa", False, 128, 1), (3, 64, "csa", False, 32, 1),
 ])  # fmt: skip
 def test_matches_the_tl_kernel_on_the_gpu(t, heads, extra, lengths, rope, splits):
     from deepinfer_cuda.kernels import sparse_attention as tl_sparse

@@ -30,28 +30,33 @@ partitions, 12 warps:
   the split's end; those rows load as zeros). Tile j + 1's words are loaded while tile j is converted, chunk by chunk
   into the registers each converted chunk frees.
 - softmax warpgroup (the default partition, 4 warps): loads the query's q [64 heads, 512] into shared memory; per
-  tile, the scores q . k^T (64 x 64, 8 wgmma groups from shared memory), times the rows' scales, masked, the online
-  softmax (it alone sees every score: no maxima to exchange), p * scale in bf16 to shared memory with the rescale
-  factor alpha for the value warpgroup, then acc[:, 0:256] = acc * alpha + p . v with p in registers.
-- value warpgroup (a worker, 4 warps): per tile, acc[:, 256:512] = acc * alpha + p . v with p read by the wgmma from
-  shared memory (with p in registers ptxas serialised its wgmmas: "insufficient register resources for the wgmma
-  pipeline", below ~208 registers). Both attention warpgroups release the stage when their products are done; p and
-  alpha are double-buffered, so the softmax warpgroup's next scores overlap the value warpgroup's products.
+  tile, the scores q . k^T (64 x 64: 8 wgmma groups m64n64k16, q from shared memory), times the rows' scales,
+  masked, the online softmax (it alone sees every score: no maxima to exchange), p * scale in bf16 to shared memory
+  with the rescale factor alpha for the value warpgroup, then acc = acc * alpha + p . v[:, 0:256] with p in
+  registers (m64n256k16 over a [64, 256] view of the stage: four swizzled [64, 64] chunks in a row are one [64, 256]
+  128-byte-swizzled tile), and the next tile's scores issued behind it (waited for in the same iteration).
+- value warpgroup (a worker, 4 warps): per tile, acc = acc * alpha + p . v[:, 256:512], p read by the wgmma from
+  shared memory (m64n256k16: each 16-column slice of p read once for all 256 columns; with p in registers ptxas
+  spilled, and at N = 64 serialised the wgmmas). Both attention warpgroups release the stage when their products
+  are done; p and alpha are double-buffered, so the softmax warpgroup's next tile overlaps the value warpgroup's
+  products.
 No wgmma is in flight across a loop's back edge (ptxas would serialise them all). The epilogue: the softmax
 warpgroup turns (m, l) and the sink into one factor per row (DIRECT: w / (l w + 2^(sink - M)), M = max(m, sink),
 w = 2^(m - M); split: 1 / l and the lse) and hands it to the value warpgroup through shared memory; each stores its
-256 columns; DIRECT with out_positions: the value warpgroup rotates its last chunk's tail pairs (rounded to bf16
-first, as the op reads them).
+256 columns; DIRECT with out_positions: the value warpgroup rotates the tail pairs (rounded to bf16 first, as the op
+reads them).
 Shared memory: q 64 KiB + two bf16 stages 128 KiB + p 16 KiB + scales, alphas, factors 1.3 KiB + 9 mbarriers (about
 210 KiB of the 227 an SM90 block may have; one CTA per SM). Registers (setmaxnreg, `PARTITION_REGS`): 12 warps leave
-504 a thread of each warpgroup triple; the value warpgroup takes 160, the converter 112 and the softmax warpgroup the
-other 232 (each attention warpgroup holds a [64, 256] float32 accumulator, 128 registers; the softmax one also the
-64 x 64 scores and p). Compiled for sm90 with Triton 3.6 and 3.9: no spills, no wgmma serialisation (ptxas -v).
+504 a thread of each warpgroup triple; the value warpgroup takes 160, the converter 104 and the softmax warpgroup the
+other 240 (each attention warpgroup holds a [64, 256] float32 accumulator, 128 registers; the softmax one also the
+64 x 64 scores of two tiles and p). Without spills only because q's chunks are indexed through a zero the compilers
+cannot see (`_hidden_zero`, as in mla_decode_fp8_gluon.py: else LLVM hoists q's descriptors out of the loop).
+Compiled for sm90 with Triton 3.6 and 3.9: no spills, no wgmma serialisation (ptxas -v).
 
 Served (`not_served`, and `launch_sparse_attention_fp8_gluon` returns None so callers fall back): bf16 q [T, H, 512]
 with H <= 64 or a multiple of 64 (64-row head tiles; a head count below 64 pads the wgmma's M), FP8 kv (and FP8
 extra_kv when given) of 528-byte rows, 16-byte aligned base and row stride, int32 lists, an output rotation of at
-most 64 channels (V4's 64: the last column chunk), at most 65535 queries (the grid's second dimension). Splits as the
+most 256 channels (V4's 64: inside the value warpgroup's half), at most 65535 queries (the grid's second dimension). Splits as the
 tl kernel splits (host shapes only, CUDA-graph safe: pick_splits over one CTA per SM, down to one tile a split for few
 queries); a forced num_splits is honoured.
 
@@ -87,11 +92,11 @@ LOG2E = 1.4426950408889634
 DIM = 512  # D: V4's row (the rope channels inside)
 BLOCK_M = 64  # heads per program: one wgmma M
 BLOCK_N = 64  # cache rows per tile
-MAX_ROTATED = 64  # the output rotation's R: at most the last 64-column chunk (the value warpgroup's last accumulator)
+MAX_ROTATED = DIM // 2  # the output rotation's R: inside the value warpgroup's columns (it rotates them in its epilogue)
 MIN_ROWS_PER_SPLIT = 128  # a split's partial write (64 x 512 x 4 bytes) stays small next to its reads
 MAX_SPLITS = 32  # the tl combine's
 MAX_GRID_Y = 65535  # queries: the grid's second dimension
-PARTITION_REGS = (160, 112)  # setmaxnreg of the value warpgroup and of the converting warpgroup (the softmax warpgroup: 504 less both)
+PARTITION_REGS = (160, 104)  # setmaxnreg of the value warpgroup and of the converting warpgroup (the softmax warpgroup: 504 less both)
 
 
 if GLUON_IMPORT_ERROR is None:
@@ -192,25 +197,27 @@ if GLUON_IMPORT_ERROR is None:
             ptrs1, ok1 = ptrs2, ok2
 
     @gluon.jit
-    def _store_chunk(acc, factor, dst_row, col0, row_ok, cols):
-        """acc [64, 64] * factor (per row) at columns col0 .. col0 + 63 of the rows dst_row, in dst's dtype."""
+    def _store_half(acc, factor, dst_row, col0, row_ok, cols):
+        """acc [64, W] * factor (per row) at columns col0 .. col0 + W - 1 of the rows dst_row, in dst's dtype."""
         ptrs = gl.expand_dims(dst_row + col0, 1) + gl.expand_dims(cols, 0)
         gl.store(ptrs, (acc * gl.expand_dims(factor, 1)).to(dst_row.dtype.element_ty), mask=gl.expand_dims(row_ok, 1))
 
     @gluon.jit
-    def _store_rotated_chunk(acc, factor, dst_row, pos, ocs_ptr, stride_ocs, row_ok, cols,
-                             COL0: gl.constexpr, D: gl.constexpr, R: gl.constexpr, BLOCK_M: gl.constexpr, layout: gl.constexpr):
-        """The output's columns COL0 .. COL0 + 63, the last chunk, with the channels c >= D - R rotated in DeepSeek's
-        interleaved pairs at `pos` (`rope`, interleaved=True: (a, b) -> (a cos - b sin, b cos + a sin)) after rounding
-        to the output dtype, as the op reads them; then rounded again. A thread holds whole (even, odd) pairs of the
-        accumulator's columns: reshape and split take them apart in registers."""
+    def _store_half_rotated(acc, factor, dst_row, pos, ocs_ptr, stride_ocs, row_ok, cols,
+                            COL0: gl.constexpr, D: gl.constexpr, R: gl.constexpr, layout: gl.constexpr):
+        """The output's columns COL0 .. COL0 + W - 1 (the last of them the tail), with the channels c >= D - R rotated
+        in DeepSeek's interleaved pairs at `pos` (`rope`, interleaved=True: (a, b) -> (a cos - b sin, b cos + a sin))
+        after rounding to the output dtype, as the op reads them; then rounded again. A thread holds whole (even, odd)
+        pairs of the accumulator's columns: reshape and split take them apart in registers."""
+        BLOCK_M: gl.constexpr = acc.shape[0]
+        W: gl.constexpr = acc.shape[1]
         out_ty: gl.constexpr = dst_row.dtype.element_ty
         rounded = (acc * gl.expand_dims(factor, 1)).to(out_ty).to(gl.float32)
-        col2 = gl.expand_dims(cols + COL0, 0) + gl.zeros([BLOCK_M, 64], gl.int32, layout)
+        col2 = gl.expand_dims(cols + COL0, 0) + gl.zeros([BLOCK_M, W], gl.int32, layout)
         ok2 = gl.expand_dims(row_ok, 1) & (col2 >= 0)
-        a, b = gl.split(gl.reshape(rounded, [BLOCK_M, 32, 2]))
-        col_a, col_b = gl.split(gl.reshape(col2, [BLOCK_M, 32, 2]))
-        ok_a, ok_b = gl.split(gl.reshape(ok2, [BLOCK_M, 32, 2]))
+        a, b = gl.split(gl.reshape(rounded, [BLOCK_M, W // 2, 2]))
+        col_a, col_b = gl.split(gl.reshape(col2, [BLOCK_M, W // 2, 2]))
+        ok_a, ok_b = gl.split(gl.reshape(ok2, [BLOCK_M, W // 2, 2]))
         tail = col_a >= D - R
         j = gl.where(tail, (col_a - (D - R)) // 2, 0)
         cs_row = ocs_ptr + pos * stride_ocs
@@ -219,8 +226,8 @@ if GLUON_IMPORT_ERROR is None:
         ra = gl.where(tail, a * cos - b * sin, a)
         rb = gl.where(tail, b * cos + a * sin, b)
         # the rows' pointers in the pairs' layout: the base of each pair's row, through the same reshape and split
-        base = gl.expand_dims(dst_row, 1) + gl.zeros([BLOCK_M, 64], gl.int32, layout)
-        base_a, base_b = gl.split(gl.reshape(base, [BLOCK_M, 32, 2]))
+        base = gl.expand_dims(dst_row, 1) + gl.zeros([BLOCK_M, W], gl.int32, layout)
+        base_a, base_b = gl.split(gl.reshape(base, [BLOCK_M, W // 2, 2]))
         gl.store(base_a + col_a, ra.to(out_ty), mask=ok_a)
         gl.store(base_b + col_b, rb.to(out_ty), mask=ok_b)
 
@@ -232,17 +239,34 @@ if GLUON_IMPORT_ERROR is None:
         return dst_ptr + t * stride_o_t + split * stride_po_split + offs_m.to(gl.int64) * stride_o_h
 
     @gluon.jit
-    def _softmax_partition(q_ptr, q_smem, bf_smem, scale_smem, p_smem, alpha_smem, fin_smem, bf_ready, bf_empty, p_ready, p_free, fin_bar,
-                           sinks_ptr, dst_ptr, part_lse_ptr, num_tiles, qk_scale,
+    def _hidden_zero(x):
+        """0 for an int32 x >= 0 (x >> 31), in PTX: neither LLVM nor ptxas sees it is 0, so a value computed from it is
+        not hoisted out of a loop (or kept live across one) but recomputed where it is used (mla_decode_fp8_gluon's)."""
+        return gl.inline_asm_elementwise("shr.u32 $0, $1, 31;", "=r,r", [x], dtype=gl.int32, is_pure=True, pack=1)
+
+    @gluon.jit
+    def _scores(q_smem, bf_smem, t, j, s, NUM_CHUNKS: gl.constexpr):
+        """q . k^T of stage t's rows (tile j): NUM_CHUNKS async wgmma groups (m64n64k16) over the 64-column chunks; s: zeros
+        of the accumulator's layout (not accumulated). q's chunks are indexed through a zero the compilers cannot see:
+        else LLVM hoists the loop-invariant q descriptors out of the loop, registers the softmax warpgroup lacks."""
+        zero = _hidden_zero(j)
+        for c in gl.static_range(NUM_CHUNKS):
+            s = warpgroup_mma(q_smem.index(zero + c), bf_smem.index(t * NUM_CHUNKS + c).permute((1, 0)), s, use_acc=c > 0, is_async=True)
+        return s
+
+    @gluon.jit
+    def _softmax_partition(q_ptr, q_smem, bf_smem, bf_halves, scale_smem, p_smem, alpha_smem, fin_smem, bf_ready, bf_empty, p_ready, p_free,
+                           fin_bar, sinks_ptr, dst_ptr, part_lse_ptr, num_tiles, qk_scale,
                            stride_q_t, stride_q_h, stride_o_t, stride_o_h, stride_po_split, stride_pl_t, stride_pl_split,
                            H: gl.constexpr, D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, DIRECT: gl.constexpr):
         """The default partition: q into shared memory; per tile the scores, the online softmax, p and alpha for the value
         warpgroup, output columns 0 .. D/2 - 1 over all of the tile's rows; the epilogue's per-row factor."""
         NUM_CHUNKS: gl.constexpr = D // 64
         s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 16])
-        o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 64, 16])
+        o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, D // 2, 16])
         p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
-        row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)  # (= SliceLayout(1, o_layout): BLOCK_N is 64)
+        row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
+        o_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
         # q [64 heads, D] -> NUM_CHUNKS swizzled [64, 64] chunks (heads past H zero): this warpgroup alone reads them
         q_blocked: gl.constexpr = gl.BlockedLayout([1, 8], [8, 4], [4, 1], [1, 0])
         tok = gl.program_id(1).to(gl.int64)
@@ -257,17 +281,16 @@ if GLUON_IMPORT_ERROR is None:
 
         m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=row_layout)
         l_i = gl.zeros([BLOCK_M], gl.float32, layout=row_layout)
-        acc0 = gl.zeros([BLOCK_M, 64], gl.float32, layout=o_layout)
-        acc1 = gl.zeros([BLOCK_M, 64], gl.float32, layout=o_layout)
-        acc2 = gl.zeros([BLOCK_M, 64], gl.float32, layout=o_layout)
-        acc3 = gl.zeros([BLOCK_M, 64], gl.float32, layout=o_layout)
+        acc = gl.zeros([BLOCK_M, D // 2], gl.float32, layout=o_layout)
+        # tile 0's scores; then each iteration issues the next tile's behind its value product and waits for both in it:
+        # the tensor cores get the next scores without a gap, and no wgmma is in flight across the loop's back edge
+        # (ptxas would serialise them all)
+        s = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
+        if num_tiles > 0:
+            mbarrier.wait(bf_ready.index(0), 0)
+            s = warpgroup_mma_wait(num_outstanding=0, deps=(_scores(q_smem, bf_smem, 0, num_tiles, s, NUM_CHUNKS),))
         for j in range(num_tiles):
             t = j % 2
-            mbarrier.wait(bf_ready.index(t), (j // 2) & 1)
-            s = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
-            for c in gl.static_range(NUM_CHUNKS):
-                s = warpgroup_mma(q_smem.index(c), bf_smem.index(t * NUM_CHUNKS + c).permute((1, 0)), s, use_acc=c > 0, is_async=True)
-            s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
             # the rows' scales (-1: not read) times softmax_scale * log2(e): log2-domain scores, masked
             sc = scale_smem.index(t).load(gl.SliceLayout(0, s_layout))
             scores = gl.where(gl.expand_dims(sc >= 0.0, 0), s * gl.expand_dims(sc * qk_scale, 0), float("-inf"))
@@ -279,23 +302,28 @@ if GLUON_IMPORT_ERROR is None:
             l_i = l_i * alpha + gl.sum(p, axis=1)
             m_i = m_new
             pv = (p * gl.expand_dims(sc, 0)).to(gl.bfloat16)  # the weight times the row's scale: (p * s) . v (0 where masked)
-            # p and alpha for the value warpgroup (buffer j % 2: free once it has loaded tile j - 2's)
+            # p and alpha for the value warpgroup (buffer j % 2: free once its products of tile j - 2 are done)
             mbarrier.wait(p_free.index(t), ((j // 2) & 1) ^ 1)
             p_smem.index(t).store(pv)
             alpha_smem.index(t).store(alpha)
             fence_async_shared()  # p is read by the value warpgroup's wgmma (the async proxy)
             _sync_warps()
             mbarrier.arrive(p_ready.index(t))
-            # acc[:, 0 : D/2] = acc * alpha + p . v over the tile's rows (p in registers)
+            # acc = acc * alpha + p . v[:, 0 : D/2] over the tile's rows (p in registers; m64n256k16)
             p_op = gl.convert_layout(pv, p_layout)
-            a2 = gl.expand_dims(alpha, 1)
-            o0 = warpgroup_mma(p_op, bf_smem.index(t * NUM_CHUNKS + 0), acc0 * a2, is_async=True)
-            o1 = warpgroup_mma(p_op, bf_smem.index(t * NUM_CHUNKS + 1), acc1 * a2, is_async=True)
-            o2 = warpgroup_mma(p_op, bf_smem.index(t * NUM_CHUNKS + 2), acc2 * a2, is_async=True)
-            o3 = warpgroup_mma(p_op, bf_smem.index(t * NUM_CHUNKS + 3), acc3 * a2, is_async=True)
-            acc0, acc1, acc2, acc3, p_op = warpgroup_mma_wait(num_outstanding=0, deps=(o0, o1, o2, o3, p_op))
-            _sync_warps()
-            mbarrier.arrive(bf_empty.index(t))
+            o = warpgroup_mma(p_op, bf_halves.index(t * 2 + 0), acc * gl.expand_dims(gl.convert_layout(alpha, o_rows, assert_trivial=True), 1),
+                              is_async=True)
+            if j + 1 < num_tiles:
+                mbarrier.wait(bf_ready.index(1 - t), ((j + 1) // 2) & 1)
+                s_next = _scores(q_smem, bf_smem, 1 - t, j + 1, gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout), NUM_CHUNKS)
+                acc, p_op = warpgroup_mma_wait(num_outstanding=NUM_CHUNKS, deps=(o, p_op))  # (all but the next scores' groups)
+                _sync_warps()
+                mbarrier.arrive(bf_empty.index(t))
+                s = warpgroup_mma_wait(num_outstanding=0, deps=(s_next,))
+            else:
+                acc, p_op = warpgroup_mma_wait(num_outstanding=0, deps=(o, p_op))
+                _sync_warps()
+                mbarrier.arrive(bf_empty.index(t))
         # the per-row factor: DIRECT, triton_common.normalise_with_sink's (the sink joins the normaliser); else
         # split_partial's 1 / l and the lse (-inf for a row that saw no row). The program ids are read here, not
         # captured before the loop (nothing but its state is live across it).
@@ -317,58 +345,42 @@ if GLUON_IMPORT_ERROR is None:
         fin_smem.store(factor)
         _sync_warps()
         mbarrier.arrive(fin_bar)
-        dst_row = _dst_rows(dst_ptr, offs_m, stride_o_t, stride_o_h, stride_po_split)
-        cols = gl.arange(0, 64, layout=gl.SliceLayout(0, o_layout))
-        _store_chunk(acc0, factor, dst_row, 0, h_ok, cols)
-        _store_chunk(acc1, factor, dst_row, 64, h_ok, cols)
-        _store_chunk(acc2, factor, dst_row, 128, h_ok, cols)
-        _store_chunk(acc3, factor, dst_row, 192, h_ok, cols)
+        offs_o = gl.program_id(0) * BLOCK_M + gl.arange(0, BLOCK_M, layout=o_rows)
+        dst_row = _dst_rows(dst_ptr, offs_o, stride_o_t, stride_o_h, stride_po_split)
+        cols = gl.arange(0, D // 2, layout=gl.SliceLayout(0, o_layout))
+        _store_half(acc, gl.convert_layout(factor, o_rows, assert_trivial=True), dst_row, 0, offs_o < H, cols)
 
     @gluon.jit
-    def _value_partition(bf_smem, p_smem, alpha_smem, fin_smem, bf_ready, bf_empty, p_ready, p_free, fin_bar,
+    def _value_partition(bf_halves, p_smem, alpha_smem, fin_smem, bf_ready, bf_empty, p_ready, p_free, fin_bar,
                          dst_ptr, opos_ptr, ocs_ptr, num_tiles, stride_o_t, stride_o_h, stride_po_split, stride_ocs,
                          H: gl.constexpr, D: gl.constexpr, R: gl.constexpr, BLOCK_M: gl.constexpr, ROPE: gl.constexpr):
         """A worker warpgroup: output columns D/2 .. D - 1 over all of each tile's rows, from the softmax warpgroup's p and
-        alpha; its epilogue stores them (DIRECT with ROPE: the last chunk's tail rotated)."""
-        NUM_CHUNKS: gl.constexpr = D // 64
-        V0: gl.constexpr = NUM_CHUNKS // 2  # this warpgroup's first value chunk
-        o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 64, 16])
+        alpha; its epilogue stores them (DIRECT with ROPE: the tail rotated)."""
+        o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, D // 2, 16])
         row_layout: gl.constexpr = gl.SliceLayout(1, o_layout)
-        acc0 = gl.zeros([BLOCK_M, 64], gl.float32, layout=o_layout)
-        acc1 = gl.zeros([BLOCK_M, 64], gl.float32, layout=o_layout)
-        acc2 = gl.zeros([BLOCK_M, 64], gl.float32, layout=o_layout)
-        acc3 = gl.zeros([BLOCK_M, 64], gl.float32, layout=o_layout)
+        acc = gl.zeros([BLOCK_M, D // 2], gl.float32, layout=o_layout)
         for j in range(num_tiles):
             t = j % 2
             mbarrier.wait(p_ready.index(t), (j // 2) & 1)
             alpha = alpha_smem.index(t).load(row_layout)
             mbarrier.wait(bf_ready.index(t), (j // 2) & 1)  # (complete already: the softmax warpgroup waited for it)
-            # acc[:, D/2 : D] = acc * alpha + p . v, p from shared memory: with p in registers ptxas serialised these
-            # wgmmas ("insufficient register resources for the wgmma pipeline") below ~208 registers
-            a2 = gl.expand_dims(alpha, 1)
-            p_tile = p_smem.index(t)
-            o0 = warpgroup_mma(p_tile, bf_smem.index(t * NUM_CHUNKS + V0 + 0), acc0 * a2, is_async=True)
-            o1 = warpgroup_mma(p_tile, bf_smem.index(t * NUM_CHUNKS + V0 + 1), acc1 * a2, is_async=True)
-            o2 = warpgroup_mma(p_tile, bf_smem.index(t * NUM_CHUNKS + V0 + 2), acc2 * a2, is_async=True)
-            o3 = warpgroup_mma(p_tile, bf_smem.index(t * NUM_CHUNKS + V0 + 3), acc3 * a2, is_async=True)
-            acc0, acc1, acc2, acc3 = warpgroup_mma_wait(num_outstanding=0, deps=(o0, o1, o2, o3))
+            # acc = acc * alpha + p . v[:, D/2 : D] over the tile's rows, p from shared memory (m64n256k16: p read once per
+            # 16 rows, for all 256 columns)
+            o = warpgroup_mma(p_smem.index(t), bf_halves.index(t * 2 + 1), acc * gl.expand_dims(alpha, 1), is_async=True)
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=(o,))
             _sync_warps()
             mbarrier.arrive(p_free.index(t))  # (p and alpha of tile j, read)
             mbarrier.arrive(bf_empty.index(t))
         mbarrier.wait(fin_bar, 0)
         factor = fin_smem.load(row_layout)
         offs_m = gl.program_id(0) * BLOCK_M + gl.arange(0, BLOCK_M, layout=row_layout)
-        h_ok = offs_m < H
         dst_row = _dst_rows(dst_ptr, offs_m, stride_o_t, stride_o_h, stride_po_split)
-        cols = gl.arange(0, 64, layout=gl.SliceLayout(0, o_layout))
-        _store_chunk(acc0, factor, dst_row, D // 2, h_ok, cols)
-        _store_chunk(acc1, factor, dst_row, D // 2 + 64, h_ok, cols)
-        _store_chunk(acc2, factor, dst_row, D // 2 + 128, h_ok, cols)
+        cols = gl.arange(0, D // 2, layout=gl.SliceLayout(0, o_layout))
         if ROPE:  # (DIRECT only: with splits the combine rotates)
             pos = gl.load(opos_ptr + gl.program_id(1)).to(gl.int64)
-            _store_rotated_chunk(acc3, factor, dst_row, pos, ocs_ptr, stride_ocs, h_ok, cols, D - 64, D, R, BLOCK_M, o_layout)
+            _store_half_rotated(acc, factor, dst_row, pos, ocs_ptr, stride_ocs, offs_m < H, cols, D // 2, D, R, o_layout)
         else:
-            _store_chunk(acc3, factor, dst_row, D // 2 + 192, h_ok, cols)
+            _store_half(acc, factor, dst_row, D // 2, offs_m < H, cols)
 
     @gluon.jit
     def _sparse_attention_fp8_ws_kernel(
@@ -421,10 +433,15 @@ if GLUON_IMPORT_ERROR is None:
         bf_smem = gl.allocate_shared_memory(gl.bfloat16, [2 * NUM_CHUNKS, BLOCK_N, 64], chunk_bf16)
         # the same memory as int32 pairs of bf16 for the converting warps (the 128-byte swizzle moves 16-byte units: the
         # same bytes for 16- and 32-bit elements)
+        # and as [stage * 2 + half, 64, D/2]: a [64, 256] 128-byte-swizzled tile is four [64, 64] ones one after the other,
+        # the value products' B operand (m64n256k16)
+        halves_bf16: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, D // 2], gl.bfloat16)
         if _REINTERPRET_IS_PUBLIC:
             bf_words = bf_smem.reinterpret(gl.int32, [2 * NUM_CHUNKS, BLOCK_N, 32], chunk_words)
+            bf_halves = bf_smem.reinterpret(gl.bfloat16, [4, BLOCK_N, D // 2], halves_bf16)
         else:
             bf_words = bf_smem._reinterpret(gl.int32, [2 * NUM_CHUNKS, BLOCK_N, 32], chunk_words)
+            bf_halves = bf_smem._reinterpret(gl.bfloat16, [4, BLOCK_N, D // 2], halves_bf16)
         p_smem = gl.allocate_shared_memory(gl.bfloat16, [2, BLOCK_M, BLOCK_N], p_layout_s)  # [tile parity]: p * row scale
         scale_smem = gl.allocate_shared_memory(gl.float32, [2, BLOCK_N], vec_s)  # [stage]: the rows' scales * 2^112 (-1: not read)
         alpha_smem = gl.allocate_shared_memory(gl.float32, [2, BLOCK_M], vec_s)  # [tile parity]: the rescale of acc
@@ -443,11 +460,11 @@ if GLUON_IMPORT_ERROR is None:
 
         gl.warp_specialize(
             [
-                (_softmax_partition, (q_ptr, q_smem, bf_smem, scale_smem, p_smem, alpha_smem, fin_smem, bf_ready, bf_empty, p_ready, p_free,
+                (_softmax_partition, (q_ptr, q_smem, bf_smem, bf_halves, scale_smem, p_smem, alpha_smem, fin_smem, bf_ready, bf_empty, p_ready, p_free,
                                       fin_bar, sinks_ptr, dst_ptr, part_lse_ptr, num_tiles, qk_scale,
                                       stride_q_t, stride_q_h, stride_o_t, stride_o_h, stride_po_split, stride_pl_t, stride_pl_split,
                                       H, D, BLOCK_M, BLOCK_N, DIRECT)),
-                (_value_partition, (bf_smem, p_smem, alpha_smem, fin_smem, bf_ready, bf_empty, p_ready, p_free, fin_bar,
+                (_value_partition, (bf_halves, p_smem, alpha_smem, fin_smem, bf_ready, bf_empty, p_ready, p_free, fin_bar,
                                     dst_ptr, opos_ptr, ocs_ptr, num_tiles, stride_o_t, stride_o_h, stride_po_split, stride_ocs,
                                     H, D, R, BLOCK_M, ROPE)),
                 (_converter, (kv_words, xkv_words, idx_ptr + t64 * stride_idx_t, xidx_ptr + t64 * stride_xidx_t, bf_words, scale_smem,
