@@ -20,7 +20,9 @@ copy bandwidth): memory-bound; FP8 rows (528 bytes) nearly double that to 248 fl
 those cases count as compute-bound, as does the prefill chunk, which reuses every row across
 queries. An HCA layer's decode (`hca256_emax8192`): each query lists its window and all 256 entries
 of a 32k context in an 8192-wide list (a device plan's E_max at max_model_len 1M), -1 after them and
-`extra_lengths` = 256: what the padding costs (its ids are not read, not counted). Peer: the
+`extra_lengths` = 256: what the padding costs (its ids are not read, not counted). The `_fp8kv_gluon` cases time the
+same FP8 inputs through backend option sparse_attention_path=gluon's function (the SM90 Gluon kernel where it serves
+the call, else the tl kernel). Peer: the
 reference's arithmetic (float32 gather, FP8 rows dequantised, einsum, softmax with the sink) without
 its host-side bounds check (so the decode peer is graph-timed like the kernel), in chunks of queries
 whose float32 gathered rows stay under 1 GiB (at T = 4096 the whole gather would be 5.4 GB).
@@ -178,6 +180,15 @@ def _hca_setup(batch: int, ctx: int, emax: int, kv_dtype: torch.dtype = FP8):
 
 def _sparse_kernel(s: dict):
     from deepinfer_cuda.kernels.sparse_attention import sparse_attention
+
+    return sparse_attention(s["q"], s["kv"], s["indices"], s["sinks"], softmax_scale=SCALE, extra_kv=s["extra_kv"], extra_indices=s["extra_indices"],
+                            extra_lengths=s.get("extra_lengths"))  # fmt: skip
+
+
+def _sparse_kernel_gluon(s: dict):
+    """What backend option sparse_attention_path=gluon runs: the SM90 Gluon kernel over FP8 caches where it serves the
+    call, else the tl kernel (its module hands those calls back)."""
+    from deepinfer_cuda.kernels.sparse_attention_fp8_gluon import sparse_attention
 
     return sparse_attention(s["q"], s["kv"], s["indices"], s["sinks"], softmax_scale=SCALE, extra_kv=s["extra_kv"], extra_indices=s["extra_indices"],
                             extra_lengths=s.get("extra_lengths"))  # fmt: skip
@@ -465,6 +476,11 @@ CASES = [
     # An HCA layer of a decode step served with max_model_len 1M: 256 visible entries in an 8192-wide list (extra_lengths)
     *[GraphCase("sparse_attention", f"decode_B{b}_ctx32k_w128+hca256_emax8192_H64_D512_fp8kv", _hca_setup(b, 32768, 8192), *SPARSE, bound="compute")
       for b in (1, 64)],
+    # the same FP8 cases under sparse_attention_path=gluon (SM90: the warp-specialised Gluon kernel)
+    *[GraphCase("sparse_attention", f"decode_B{b}_ctx32k_w128+top512_H64_D512_fp8kv_gluon", _sparse_setup(b, 32768, kv_dtype=FP8),
+                _sparse_kernel_gluon, *SPARSE[1:], bound="compute") for b in (1, 64, 256)],
+    GraphCase("sparse_attention", "decode_B64_ctx32k_w128+hca256_emax8192_H64_D512_fp8kv_gluon", _hca_setup(64, 32768, 8192), _sparse_kernel_gluon,
+              *SPARSE[1:], bound="compute"),
     BenchCase("sparse_attention", "prefill_T4096_ctx32k_w128+top512_H64_D512_bf16", _sparse_setup(1, 32768, 4096), *SPARSE, bound="compute"),
     GraphCase("compress_kv", "decode_B256_CSA_r4_overlap_D512_f32", _compress_setup(CSA_RATIO, True, 256, decode=True), *COMPRESS),
     GraphCase("compress_kv", "decode_B256_HCA_r128_D512_f32", _compress_setup(HCA_RATIO, False, 256, decode=True), *COMPRESS),
