@@ -93,8 +93,8 @@ def test_gluon_fp8_kernel_is_warp_specialised_wgmma_over_tma_on_sm90(report):
 def test_ci_compiles_the_gluon_kernels_for_sm90(tmp_path):
     """The Gluon kernels have no interpreter twin of their own, so CI compiles them (seconds of ptxas, not the
     full check's minutes): `bench compile --case gluon` builds each for SM90, warp-specialised wgmma, no spills; the mxfp4
-    GEMM and the FP8 mla_decode kernel load through TMA, the FP8 sparse_attention kernel's converting warps gather the
-    cache rows themselves (the split cases also build the tl combine kernels: no matrix, no TMA)."""
+    and fp8_block GEMMs and the FP8 mla_decode kernel load through TMA, the FP8 sparse_attention kernel's converting warps
+    gather the cache rows themselves (split cases also build their reduce or combine kernels: no matrix)."""
     path = tmp_path / "gluon.json"
     proc = _cli("--arch", "sm90", "--case", "gluon", "--json", str(path))
     assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-3000:]

@@ -40,14 +40,15 @@ def _chosen(monkeypatch, options, sm90=True, dtype=torch.bfloat16, deterministic
 
 
 def test_the_backend_option_chooses_it_on_sm90_only(monkeypatch):
-    """auto (the default) keeps the tl kernel; sparse_attention_path=gluon takes this kernel on SM90 for bf16 models, and
+    """auto (the default) and tl keep the tl kernel; sparse_attention_path=gluon takes this kernel on SM90 for bf16 models, and
     leaves the tl kernels elsewhere, for other dtypes and in deterministic mode (it is not batch-invariant)."""
     from deepinfer_cuda.kernels import sparse_attention as tl_sparse
     from deepinfer_cuda.options import OPTIONS, SPARSE_ATTENTION_PATH
 
-    assert SPARSE_ATTENTION_PATH in OPTIONS and SPARSE_ATTENTION_PATH.choices == ("auto", "gluon") and SPARSE_ATTENTION_PATH.default == "auto"
+    assert SPARSE_ATTENTION_PATH in OPTIONS and SPARSE_ATTENTION_PATH.choices == ("auto", "tl", "gluon") and SPARSE_ATTENTION_PATH.default == "auto"
     gluon = {"sparse_attention_path": "gluon"}
     assert _chosen(monkeypatch, {}) is _chosen(monkeypatch, {"sparse_attention_path": "auto"}) is tl_sparse.sparse_attention
+    assert _chosen(monkeypatch, {"sparse_attention_path": "tl"}) is tl_sparse.sparse_attention
     assert _chosen(monkeypatch, gluon) is g.sparse_attention
     assert _chosen(monkeypatch, gluon, sm90=False) is tl_sparse.sparse_attention
     assert _chosen(monkeypatch, gluon, dtype=torch.float32) is tl_sparse.sparse_attention
