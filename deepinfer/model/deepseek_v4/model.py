@@ -17,6 +17,7 @@ from deepinfer.model.deepseek_v4.moe import V4MoE, moe_specs
 from deepinfer.model.deepseek_v4.mtp import V4MTPLayer, mtp_config, mtp_prefixes
 from deepinfer.model.deepseek_v4.step import SeqStep, plan_step
 from deepinfer.model.forward_batch import ForwardBatch
+from deepinfer.model.hyper_streams import embedded_streams
 from deepinfer.model.weights import FLOAT32, PARAM, TensorSpec, WeightStore
 from deepinfer.ops.rope import rope_cos_sin_cache
 
@@ -211,7 +212,7 @@ class DeepseekV4ForCausalLM:
             raise ValueError(f"forward needs {self.num_layers} layer caches, got {len(caches)}")
         ops, c = self.ops, self.config
         step = self.step_plan(c, batch, caches)
-        streams = self.embed[batch.input_ids].unsqueeze(1).expand(-1, c.hc_mult, -1).contiguous()
+        streams = embedded_streams(self.embed, batch.input_ids, c.hc_mult)
         for layer, cache in zip(self.layers, caches):
             streams = layer(ops, streams, cache, step, self.ropes, batch.input_ids)
         logits = self._logits(ops, streams[batch.logits_indices], self.hc_head, self.norm)

@@ -27,6 +27,7 @@ from deepinfer.model.deepseek_v41.config import V41Config
 from deepinfer.model.deepseek_v41.moe import V41MoE
 from deepinfer.model.deepseek_v41.roles import SWA, LayerRole
 from deepinfer.model.deepseek_v41.spans import rotate_tail
+from deepinfer.model.hyper_streams import embedded_streams
 
 RESIDUAL, NORMED = "residual", "normed"  # what the confidence head reads: the release's raw h_k, or norm(h_k)
 
@@ -108,7 +109,7 @@ class V41DSpark:
         ids = torch.full((blocks, k), c.dspark_noise_token_id, dtype=torch.int64, device=device)
         ids[:, 0] = anchors
         positions = (anchor_positions[:, None] + torch.arange(k, device=device)).flatten()
-        streams = self.embed[ids.flatten()].unsqueeze(1).expand(-1, c.hc_mult, -1).contiguous()
+        streams = embedded_streams(self.embed, ids.flatten(), c.hc_mult)
         pre = torch.zeros(streams.shape[:2], dtype=torch.float32, device=device)
         pre[:, 0] = 1  # the first site collapses with the one-hot
         window = self.window

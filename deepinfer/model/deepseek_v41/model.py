@@ -29,6 +29,7 @@ from deepinfer.model.deepseek_v41.roles import LayerRole
 from deepinfer.model.deepseek_v41.spans import SharedBatchKV, SharedKV, Span
 from deepinfer.model.deepseek_v41.weights import V41Weights
 from deepinfer.model.forward_batch import ForwardBatch
+from deepinfer.model.hyper_streams import embedded_streams
 from deepinfer.ops.rope import rope_cos_sin_cache
 
 
@@ -268,7 +269,7 @@ class DeepseekV41ForCausalLM:
     def _entering(self, input_ids: torch.Tensor, hidden_states: bool):
         """(the hc streams entering the first block: each token's embedding hc_mult times, the first site's pre: the
         one-hot, DSpark's target features to fill when `hidden_states`)."""
-        streams = self.embed[input_ids].unsqueeze(1).expand(-1, self.config.hc_mult, -1).contiguous()
+        streams = embedded_streams(self.embed, input_ids, self.config.hc_mult)
         pre = torch.zeros(streams.shape[:2], dtype=torch.float32, device=self.device)
         pre[:, 0] = 1  # the first site collapses with the one-hot
         features = DraftFeatures(self.config, streams.shape[0], streams.dtype, self.device) if hidden_states else None
