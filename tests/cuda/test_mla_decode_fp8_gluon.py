@@ -71,6 +71,14 @@ def test_the_plan_splits_whole_pages_as_the_tl_kernel_does(monkeypatch):
     assert (forced.num_splits, forced.tokens_per_split) == (8, 512)
 
 
+def test_a_tile_is_one_page_and_a_split_whole_tiles():
+    """The converting warpgroup reads tile j of a split from block-table entry lo // PAGE + j: a tile is one page, and
+    every split (planned or forced) starts on a page."""
+    assert g.BLOCK_N == g.PAGE == g.SPLIT_GRANULE == 64
+    for kw in (dict(), dict(num_splits=3), dict(tokens_per_split=100), dict(tokens_per_split=1)):
+        assert g.plan(2, 16, 4000, torch.device("meta"), **kw).tokens_per_split % g.BLOCK_N == 0, kw
+
+
 def test_the_raw_bf16_conversion_is_exact_for_every_e4m3_value():
     """The converter's bits: e4m3 -> half (exact), then the half's exponent and top 7 mantissa bits shifted right by 3
     under its sign: a normal bf16 of value * 2^-112 (RAW_UNIT brings it back), zero for zero."""
@@ -104,4 +112,4 @@ def test_matches_the_tl_kernel_on_the_gpu(batch, heads, ctx, queries, splits):
     got = g.launch_mla_decode_fp8_gluon(q_nope, q_rope, cache, block_table, seq_lens, 192**-0.5, num_splits=splits)
     assert got is not None and not got.isnan().any()
     err = (got.float() - want.float()).abs().max().item()
-    assert err <= 1.6e-2 * max(1.0, want.float().abs().max().item()), err  # bf16 rounding of outputs ~1 (seen: <= 7.8e-3)
+    assert err <= 1.6e-2 * max(1.0, want.float().abs().max().item()), err  # bf16 rounding of outputs ~1 (seen on an H100: <= 9.8e-4)

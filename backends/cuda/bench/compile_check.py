@@ -23,7 +23,7 @@ must not spill where the kernel without PDL does not. Those rows carry `pdl` and
 The check fails when a kernel does not compile, spills, or a matrix kernel uses a slower instruction
 class than expected for the arch (SM90: wgmma; SM100: tcgen05, block-scaled tcgen05 for mxfp8 and mxfp4_a8; a case's
 `expect` overrides this with a reason: 16-row decode tiles mma.sync, mxfp4 W4A16 on SM100 kind::f16), or a case
-that requires TMA (`Case.tma`: the SM90 Gluon kernels) finds no `cp.async.bulk.tensor` in its PTX. A case
+that requires TMA (`Case.tma`: the SM90 Gluon mxfp4 GEMM) finds no `cp.async.bulk.tensor` in its PTX. A case
 lists the archs it is built for (`Case.archs`; the Gluon kernels' are sm90 only). Gluon kernels compile through
 Gluon's own AST source; their launches are captured like the others.
 `KNOWN_FAILURES` lists (case, kernel, arch) that fail today, with why: they stay in the table,
@@ -378,8 +378,9 @@ def _gluon_mxfp4(layout: str, e: int, rows: int, n: int, k: int) -> Callable[[],
 
 
 def _gluon_mla_fp8(batch: int, heads: int, ctx: int) -> Callable[[], None]:
-    """The SM90 Gluon mla_decode over an FP8 cache (mla_decode_fp8_gluon) through
-    its launch; S = 1. It must serve the call (a None return would mean the case compiled nothing of it)."""
+    """The SM90 Gluon mla_decode over an FP8 cache (mla_decode_fp8_gluon) through its launch; S = 1 (with S > 1
+    the causal mask's live values make it spill 24 bytes: its docstring). It must serve the call (a
+    None return would mean the case compiled nothing of it)."""
     def call():
         from deepinfer_cuda.kernels import mla_decode_fp8_gluon
 
@@ -548,11 +549,12 @@ CASES: list[Case] = [
     Case("grouped_gemm mxfp4 gluon prefill contig (E256 49152 2048->4096)", _gluon_mxfp4("contiguous", 256, 49152, 4096, 2048), "mx",
          MXFP4_W4A16, archs=("sm90",), tma=True),
     Case("linear mxfp4 gluon prefill (4096x4096->4096)", _gluon_mxfp4("linear", 1, 4096, 4096, 4096), "mx", MXFP4_W4A16, archs=("sm90",), tma=True),
-    # The SM90 Gluon mla_decode over an FP8 cache (warp-specialised: TMA loader warp, converting
-    # warpgroup, two wgmma warpgroups): one split (B128 H16), split partials + combine (B64 H16), 128 heads (two row tiles)
-    Case("mla_decode fp8 gluon B128 H16 ctx4096 (one split)", _gluon_mla_fp8(128, 16, 4096), "mma", archs=("sm90",), tma=True),
-    Case("mla_decode fp8 gluon B64 H16 ctx4096 (splits)", _gluon_mla_fp8(64, 16, 4096), "mma", archs=("sm90",), tma=True),
-    Case("mla_decode fp8 gluon B64 H128 ctx4096", _gluon_mla_fp8(64, 128, 4096), "mma", archs=("sm90",), tma=True),
+    # The SM90 Gluon mla_decode over an FP8 cache (warp-specialised: a converting warpgroup that loads the e4m3 bytes
+    # itself, no TMA; two wgmma warpgroups each scoring half of a 64-row tile's keys): one split (B128 H16), split
+    # partials + combine (B64 H16), 128 heads (two row tiles)
+    Case("mla_decode fp8 gluon B128 H16 ctx4096 (one split)", _gluon_mla_fp8(128, 16, 4096), "mma", archs=("sm90",)),
+    Case("mla_decode fp8 gluon B64 H16 ctx4096 (splits)", _gluon_mla_fp8(64, 16, 4096), "mma", archs=("sm90",)),
+    Case("mla_decode fp8 gluon B64 H128 ctx4096", _gluon_mla_fp8(64, 128, 4096), "mma", archs=("sm90",)),
     # The SM90 Gluon sparse_attention over FP8 caches (warp-specialised: a converting warpgroup gathering the rows, a softmax
     # and a value wgmma warpgroup), V4-Flash decode with the output rotated back: one split, the rotation in its epilogue
     # (T256, top-512 CSA lists); split partials + combine (T64 CSA; T8 HCA lists cut by extra_lengths)
