@@ -74,7 +74,9 @@ from deepinfer.ops import kv_cache_format
 from deepinfer.ops import sparse_attention as sparse_ops
 from deepinfer.triton_common import cdiv, pick_splits
 from deepinfer_cuda.kernels.common import Registration, capability, num_sms
-from deepinfer_cuda.kernels.mla_decode_fp8_gluon import E4M3X4_TO_RAW_BF16X4_PTX, RAW_UNIT_VALUE
+
+# the e4m3 -> raw bf16 chunk conversion and the opaque zero: the FP8 mla_decode kernel's (the same converter)
+from deepinfer_cuda.kernels.mla_decode_fp8_gluon import RAW_UNIT_VALUE, _hidden_zero, _put_chunk
 from deepinfer_cuda.options import SPARSE_ATTENTION_PATH
 
 try:
@@ -102,16 +104,8 @@ PARTITION_REGS = (160, 104)  # setmaxnreg of the value warpgroup and of the conv
 if GLUON_IMPORT_ERROR is None:
     RAW_UNIT = gl.constexpr(RAW_UNIT_VALUE)
     _LOG2E = gl.constexpr(LOG2E)
-    _E4M3X4_TO_RAW_BF16X4 = gl.constexpr(E4M3X4_TO_RAW_BF16X4_PTX)
     # A shared-memory view of another dtype: Triton 3.9 `reinterpret`, 3.6 `_reinterpret` (same arguments)
     _REINTERPRET_IS_PUBLIC = gl.constexpr(hasattr(gl.shared_memory_descriptor, "reinterpret"))
-
-    @gluon.jit
-    def _put_chunk(words, dst):
-        """[64, 16] words of e4m3 codes -> raw bf16 (value * 2^-112, exact) as [64, 32] bf16 pairs -> one swizzled chunk
-        (its int32 view). The PTX's two outputs are the pairs of bytes 0-1 and 2-3 of a word."""
-        lo, hi = gl.inline_asm_elementwise(_E4M3X4_TO_RAW_BF16X4, "=r,=r,r", [words], dtype=(gl.int32, gl.int32), is_pure=True, pack=1)
-        dst.store(gl.reshape(gl.join(lo, hi), [words.shape[0], 2 * words.shape[1]]))
 
     @gluon.jit
     def _tile_rows(kv_words, xkv_words, idx_row, xidx_row, blk, blk_end, nb1, width, width2, stride_kv, stride_xkv, rows,
@@ -237,12 +231,6 @@ if GLUON_IMPORT_ERROR is None:
         t = gl.program_id(1).to(gl.int64)
         split = gl.program_id(2)
         return dst_ptr + t * stride_o_t + split * stride_po_split + offs_m.to(gl.int64) * stride_o_h
-
-    @gluon.jit
-    def _hidden_zero(x):
-        """0 for an int32 x >= 0 (x >> 31), in PTX: neither LLVM nor ptxas sees it is 0, so a value computed from it is
-        not hoisted out of a loop (or kept live across one) but recomputed where it is used (mla_decode_fp8_gluon's)."""
-        return gl.inline_asm_elementwise("shr.u32 $0, $1, 31;", "=r,r", [x], dtype=gl.int32, is_pure=True, pack=1)
 
     @gluon.jit
     def _scores(q_smem, bf_smem, t, j, s, NUM_CHUNKS: gl.constexpr):
