@@ -6,8 +6,8 @@ in CI. Compiled in CI by `deepinfer bench compile --case gluon` (wgmma, no spill
 the cache bytes). Checked on an H100 (Triton 3.6, 2026-12-06) against the tl kernel on the 6 shapes of
 tests/cuda/test_mla_decode_fp8_gluon.py's GPU cases (planned, 1, 8 and 3 splits, S = 2 and 4, 128 heads, ragged
 lengths): max |difference| 2.4e-4 .. 9.8e-4 at outputs below 1.8 (the previous schedule's: 2e-3 .. 4e-3), from a
-scratch script; that test file and `deepinfer conformance --backend cuda --op mla_decode` (its FP8 cases choose
-this kernel) last ran on a GPU with the previous schedule.
+scratch script; on an H100 on 2026-12-07 that test file's GPU cases passed and `deepinfer conformance --backend cuda
+--op mla_decode` (its FP8 cases choose this kernel) passed with this schedule.
 
 Semantics: mla_decode.py's split kernel for an FP8 cache (deepinfer.ops.kv_cache_format: each row 576 e4m3 values
 then the token's float32 scale at byte 576, 592 bytes a row, pages of 64 rows), scores in the log2 domain, value =

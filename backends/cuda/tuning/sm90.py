@@ -28,11 +28,12 @@ CONFIGS: dict[str, dict[str, dict]] = {
         "dense_large": {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 8, "num_stages": 3, "tma": True},
         "fp8_block_small": {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 4, "num_stages": 6},
         "fp8_block_large": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 4, "tma": True, "k_pairs": False},
-        # fp8_block_medium (65-256 rows: large decode batches): the large entry until swept. At 256 rows its 128 x 128 tile
-        # leaves 2 x N/128 programs, so the planner splits K and the pointer kernel runs: the H100's V4-Flash decode step at
-        # batch 256 spent 2.26 ms of 18 in it for 0.8 GB of fp8 projections (0.35 TB/s). Candidates to measure: the decode
-        # tile (64 x 64 w4), TMA tiles without split-K (128 x 64, 64 x 128).
-        "fp8_block_medium": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 4, "tma": True, "k_pairs": False},
+        # fp8_block_medium (65-256 rows: large decode batches): 64 x 128 through TMA, no split-K. The large entry's 128 x 128
+        # tile left 2 x N/128 programs at 256 rows, so the planner split K onto the pointer kernel (0.35 TB/s). Swept on an
+        # H100 (2026-12-07, V4-Flash's 7 fp8 projections at 256 rows, 6 tiles; docs/measurements/2026-12-07/): one layer's
+        # fp8 GEMMs 284 us (the large entry) -> 174 us (64 x 128 TMA; 128 x 128 TMA 186, 128 x 64 TMA 195, the decode
+        # tile 218); decode batch 256 ctx 4096 18.89 -> 17.71 ms in the same lease.
+        "fp8_block_medium": {"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 4, "num_stages": 5, "tma": True, "split_k": False},
         "mxfp4_small": {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 256, "GROUP_M": 8, "num_warps": 4, "num_stages": 4},
         "mxfp4_large": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 8, "num_stages": 3},
         "mxfp8_large": {"BLOCK_M": 128, "BLOCK_N": 64, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 8, "num_stages": 3},
