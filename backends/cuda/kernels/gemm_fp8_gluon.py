@@ -63,7 +63,7 @@ from deepinfer.ops import gemm as gemm_ops
 from deepinfer.triton_common import cdiv, next_power_of_2
 from deepinfer_cuda.kernels import gemm
 from deepinfer_cuda.kernels.common import Registration, num_sms, pdl_launch
-from deepinfer_cuda.kernels.gemm_mxfp4_gluon import is_sm90
+from deepinfer_cuda.kernels.gemm_mxfp4_gluon import grouped_tile, is_sm90
 from deepinfer_cuda.options import FP8_PATH
 from deepinfer_cuda.tuning import config
 
@@ -87,10 +87,6 @@ _LINEAR, _CONTIGUOUS, _MASKED = 0, 1, 2
 if GLUON_IMPORT_ERROR is None:
 
     @gluon.jit
-    def _add(a, b):
-        return a + b
-
-    @gluon.jit
     def _unit_of(u, offs_ptr, mm_ptr, N, E, num_m_tiles, MAX_M, split, kb_per_split, total_kb,
                  LAYOUT: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, GROUP_M: gl.constexpr, E_POW2: gl.constexpr,
                  WARPS: gl.constexpr):
@@ -109,28 +105,8 @@ if GLUON_IMPORT_ERROR is None:
             e = rest // num_n
             row_end = gl.minimum(gl.load(mm_ptr + e).to(gl.int32), MAX_M)
             row_start = pid_m * BLOCK_M
-        else:
-            num_n = gl.cdiv(N, BLOCK_N)
-            per_group = GROUP_M * num_n
-            first_m = (tile // per_group) * GROUP_M
-            group_m = gl.minimum(num_m_tiles - first_m, GROUP_M)
-            t = first_m + (tile % per_group) % group_m
-            pid_n = (tile % per_group) // group_m
-            if LAYOUT == 1:
-                vec: gl.constexpr = gl.BlockedLayout([1], [32], [WARPS], [0])
-                idx = gl.arange(0, E_POW2, layout=vec)
-                lo = gl.load(offs_ptr + idx, mask=idx < E, other=0).to(gl.int32)
-                hi = gl.load(offs_ptr + idx + 1, mask=idx < E, other=0).to(gl.int32)
-                tiles = (hi - lo + BLOCK_M - 1) // BLOCK_M
-                ends = gl.associative_scan(tiles, 0, _add)  # tile index one past each expert's last tile
-                e = gl.sum((ends <= t).to(gl.int32), axis=0)  # E when t is past every expert's tiles
-                sel = idx == e
-                row_start = gl.sum(gl.where(sel, lo + (t - (ends - tiles)) * BLOCK_M, 0), axis=0)
-                row_end = gl.sum(gl.where(sel, hi, 0), axis=0)
-            else:
-                e = u * 0
-                row_start = t * BLOCK_M
-                row_end = MAX_M  # linear: MAX_M carries the row count
+        else:  # linear: MAX_M carries the row count
+            e, row_start, row_end, pid_n = grouped_tile(tile, offs_ptr, MAX_M, N, E, num_m_tiles, LAYOUT, BLOCK_M, BLOCK_N, GROUP_M, E_POW2, WARPS)
         return e, row_start, row_end, pid_n, s, kb0, kb1
 
     @gluon.jit

@@ -115,28 +115,39 @@ if GLUON_IMPORT_ERROR is None:
             row_end = gl.load(mm_ptr + e).to(gl.int32)
             row_start = pid_m * BLOCK_M
         else:
-            pid = gl.program_id(0)
-            num_n = gl.cdiv(N, BLOCK_N)
-            per_group = GROUP_M * num_n
-            first_m = (pid // per_group) * GROUP_M
-            group_m = gl.minimum(num_m_tiles - first_m, GROUP_M)
-            t = first_m + (pid % per_group) % group_m
-            pid_n = (pid % per_group) // group_m
-            if LAYOUT == 1:
-                vec: gl.constexpr = gl.BlockedLayout([1], [32], [num_warps], [0])
-                idx = gl.arange(0, E_POW2, layout=vec)
-                lo = gl.load(offs_ptr + idx, mask=idx < E, other=0).to(gl.int32)
-                hi = gl.load(offs_ptr + idx + 1, mask=idx < E, other=0).to(gl.int32)
-                tiles = (hi - lo + BLOCK_M - 1) // BLOCK_M
-                ends = gl.associative_scan(tiles, 0, _add)  # tile index one past each expert's last tile
-                e = gl.sum((ends <= t).to(gl.int32), axis=0)  # E when t is past every expert's tiles
-                sel = idx == e
-                row_start = gl.sum(gl.where(sel, lo + (t - (ends - tiles)) * BLOCK_M, 0), axis=0)
-                row_end = gl.sum(gl.where(sel, hi, 0), axis=0)
-            else:
-                e = pid * 0
-                row_start = t * BLOCK_M
-                row_end = M
+            e, row_start, row_end, pid_n = grouped_tile(gl.program_id(0), offs_ptr, M, N, E, num_m_tiles, LAYOUT, BLOCK_M, BLOCK_N, GROUP_M,
+                                                        E_POW2, num_warps)
+        return e, row_start, row_end, pid_n
+
+    @gluon.jit
+    def grouped_tile(tile, offs_ptr, M, N, E, num_m_tiles,
+                     LAYOUT: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, GROUP_M: gl.constexpr, E_POW2: gl.constexpr,
+                     WARPS: gl.constexpr):
+        """Tile `tile` of the linear (LAYOUT 0) or contiguous (LAYOUT 1) layout, GROUP_M row tiles at a time: (expert,
+        first row, row bound, N block). Contiguous: the expert whose rows hold the tile, by a prefix sum of each expert's
+        row tiles laid out over the calling partition's WARPS; past every expert's tiles, expert E with no rows. Linear:
+        M is the row count. (The SM90 Gluon fp8_block GEMM's work units use it too.)"""
+        num_n = gl.cdiv(N, BLOCK_N)
+        per_group = GROUP_M * num_n
+        first_m = (tile // per_group) * GROUP_M
+        group_m = gl.minimum(num_m_tiles - first_m, GROUP_M)
+        t = first_m + (tile % per_group) % group_m
+        pid_n = (tile % per_group) // group_m
+        if LAYOUT == 1:
+            vec: gl.constexpr = gl.BlockedLayout([1], [32], [WARPS], [0])
+            idx = gl.arange(0, E_POW2, layout=vec)
+            lo = gl.load(offs_ptr + idx, mask=idx < E, other=0).to(gl.int32)
+            hi = gl.load(offs_ptr + idx + 1, mask=idx < E, other=0).to(gl.int32)
+            tiles = (hi - lo + BLOCK_M - 1) // BLOCK_M
+            ends = gl.associative_scan(tiles, 0, _add)  # tile index one past each expert's last tile
+            e = gl.sum((ends <= t).to(gl.int32), axis=0)  # E when t is past every expert's tiles
+            sel = idx == e
+            row_start = gl.sum(gl.where(sel, lo + (t - (ends - tiles)) * BLOCK_M, 0), axis=0)
+            row_end = gl.sum(gl.where(sel, hi, 0), axis=0)
+        else:
+            e = tile * 0
+            row_start = t * BLOCK_M
+            row_end = M
         return e, row_start, row_end, pid_n
 
     @gluon.jit
