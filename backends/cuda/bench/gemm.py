@@ -13,7 +13,9 @@ against copy bandwidth). Peers:
   mxfp4 decode: F.linear on the dequantised bf16 weight (reads 3.8x the bytes); mxfp8 and mxfp4_a8
   (MX activations, added 2026-11-30, not yet run on a GPU) likewise.
 The fp8 cases include the fused activation quantiser (the op takes bf16 activations); one more case
-times the GEMM alone on pre-quantised activations, as DeepGEMM reports it.
+times the GEMM alone on pre-quantised activations, as DeepGEMM reports it. Rows ending ", gluon" call the SM90 Gluon
+kernel of their format (fp8_path=gluon, mxfp4_path=gluon) directly; V4-Flash's expert GEMMs at prefill size (w13, w2)
+have a bf16 row beside their mxfp4 one, the comparison the MXFP4 target is stated in.
 
 `python -m deepinfer_cuda.bench.gemm [--check [--quick] [--only TEXT]] [--sweep [VARIANT ...]] [--bench]`
 on a GPU: correctness against the references (every format and layout, each mxfp4 path, the TMA
@@ -65,10 +67,11 @@ def _nbytes(*ts) -> float:
 # grouped_gemm
 
 
-def _grouped_setup(fmt: str, e: int, per_expert: int, n: int, k: int, masked: bool, prequantise: bool = False):
+def _grouped_setup(fmt: str, e: int, per_expert: int, n: int, k: int, masked: bool, prequantise: bool = False, path: str | None = None):
     def setup(device: torch.device) -> dict:
         g = _gen(device)
         s = _weights(fmt, e, n, k, device)
+        s["path"] = path
         if masked:
             s["x"] = torch.randn(e, per_expert, k, device=device, generator=g, dtype=torch.bfloat16)
             s["masked_m"] = torch.full((e,), per_expert, dtype=torch.int32, device=device)
@@ -114,6 +117,10 @@ def _grouped_peer_setup(s: dict, fmt: str, masked: bool) -> None:
 def _grouped_kernel(s: dict):
     from deepinfer_cuda.kernels import gemm
 
+    if s.get("path") == "gluon":  # the SM90 Gluon kernel of the weight's format (fp8_path / mxfp4_path=gluon)
+        return _gluon_module(s["fmt"]).grouped_gemm(
+            s["x"], s["weight"], expert_offsets=s.get("expert_offsets"), masked_m=s.get("masked_m"), weight_scale=s["weight_scale"], fmt=s["fmt"]
+        )
     if "prequantised" in s:
         layout = gemm._MASKED if "masked_m" in s else gemm._CONTIGUOUS
         return gemm.launch_gemm(
@@ -124,6 +131,17 @@ def _grouped_kernel(s: dict):
         s["x"], s["weight"], expert_offsets=s.get("expert_offsets"), masked_m=s.get("masked_m"),
         weight_scale=s.get("weight_scale"), fmt=s.get("fmt", "dense"),
     )
+
+
+def _gluon_module(fmt: str):
+    """The module of the SM90 Gluon kernel for `fmt` (its functions serve what they can, the tl kernel the rest)."""
+    if fmt == "fp8_block":
+        from deepinfer_cuda.kernels import gemm_fp8_gluon
+
+        return gemm_fp8_gluon
+    from deepinfer_cuda.kernels import gemm_mxfp4_gluon
+
+    return gemm_mxfp4_gluon
 
 
 def _grouped_peer(s: dict):
@@ -151,12 +169,12 @@ def _grouped_bytes(s: dict) -> float:
     return _nbytes(s["weight"], s.get("weight_scale"), s["x"]) + out_bytes
 
 
-def _grouped_case(name, fmt, e, per_expert, n, k, *, masked=False, bound="compute", prequantise=False, peer=True):
+def _grouped_case(name, fmt, e, per_expert, n, k, *, masked=False, bound="compute", prequantise=False, peer=True, path=None):
     peer_name = {"dense": "torch._grouped_mm", "fp8_block": "torch fp8 (_scaled_grouped_mm rowwise | _scaled_mm loop)"}.get(fmt, "-")
     return BenchCase(
         op="grouped_gemm",
         name=name,
-        setup=_grouped_setup(fmt, e, per_expert, n, k, masked, prequantise),
+        setup=_grouped_setup(fmt, e, per_expert, n, k, masked, prequantise, path),
         kernel=_grouped_kernel,
         peer=_grouped_peer if peer and fmt in ("dense", "fp8_block") else None,
         peer_name=peer_name,
@@ -170,9 +188,10 @@ def _grouped_case(name, fmt, e, per_expert, n, k, *, masked=False, bound="comput
 # linear
 
 
-def _linear_setup(fmt: str, t: int, n: int, k: int):
+def _linear_setup(fmt: str, t: int, n: int, k: int, path: str | None = None):
     def setup(device: torch.device) -> dict:
         s = _weights(fmt, None, n, k, device)
+        s["path"] = path
         s["x"] = torch.randn(t, k, device=device, generator=_gen(device), dtype=torch.bfloat16)
         s["t"], s["n"], s["k"] = t, n, k
         if fmt == "fp8_block":  # per-tensor fp8 peer
@@ -190,6 +209,8 @@ def _linear_setup(fmt: str, t: int, n: int, k: int):
 def _linear_kernel(s: dict):
     from deepinfer_cuda.kernels.gemm import linear
 
+    if s.get("path") == "gluon":
+        return _gluon_module(s["fmt"]).linear(s["x"], s["weight"], weight_scale=s["weight_scale"], fmt=s["fmt"])
     return linear(s["x"], s["weight"], weight_scale=s.get("weight_scale"), fmt=s.get("fmt", "dense"))
 
 
@@ -210,7 +231,7 @@ def _linear_bytes(s: dict) -> float:
     return _nbytes(s["weight"], s.get("weight_scale"), s["x"]) + s["t"] * s["n"] * 2
 
 
-def _linear_case(name, fmt, t, n, k, *, bound):
+def _linear_case(name, fmt, t, n, k, *, bound, path=None):
     peer_name = {
         "dense": "F.linear (cuBLAS)",
         "fp8_block": "torch._scaled_mm per-tensor",
@@ -219,7 +240,7 @@ def _linear_case(name, fmt, t, n, k, *, bound):
         "mxfp4_a8": "F.linear on dequantised bf16 weight",
     }[fmt]
     return BenchCase(
-        op="linear", name=name, setup=_linear_setup(fmt, t, n, k), kernel=_linear_kernel, peer=_linear_peer,
+        op="linear", name=name, setup=_linear_setup(fmt, t, n, k, path), kernel=_linear_kernel, peer=_linear_peer,
         peer_name=peer_name, flops=_linear_flops, bytes=_linear_bytes, bound=bound,
     )
 
@@ -233,10 +254,21 @@ CASES = [
     _grouped_case("fp8_block contiguous 8x4096 tok, 7168->4096, GEMM only", "fp8_block", 8, 4096, 4096, 7168, prequantise=True, peer=False),
     _linear_case("bf16 4096x7168->7168", "dense", 4096, 7168, 7168, bound="compute"),
     _linear_case("fp8_block 4096x7168->7168", "fp8_block", 4096, 7168, 7168, bound="compute"),
+    # the SM90 Gluon fp8_block kernel (fp8_path=gluon) on the same shapes
+    _grouped_case("fp8_block contiguous 8x4096 tok, 7168->4096, gluon", "fp8_block", 8, 4096, 4096, 7168, peer=False, path="gluon"),
+    _linear_case("fp8_block 4096x7168->7168, gluon", "fp8_block", 4096, 7168, 7168, bound="compute", path="gluon"),
+    # V4-Flash's experts at prefill (8192 tokens x top 6 over 256 experts: 192 rows each), bf16 beside mxfp4 (SM90: Gluon)
+    _grouped_case("bf16 contiguous 256x192 tok, 4096->4096 (V4 w13)", "dense", 256, 192, 4096, 4096),
+    _grouped_case("mxfp4 contiguous 256x192 tok, 4096->4096 (V4 w13), gluon", "mxfp4", 256, 192, 4096, 4096, peer=False, path="gluon"),
+    _grouped_case("bf16 contiguous 256x192 tok, 2048->4096 (V4 w2)", "dense", 256, 192, 4096, 2048),
+    _grouped_case("mxfp4 contiguous 256x192 tok, 2048->4096 (V4 w2), gluon", "mxfp4", 256, 192, 4096, 2048, peer=False, path="gluon"),
     # decode, weight streaming
     _grouped_case("bf16 masked 64x16 tok, 2048->2816", "dense", 64, 16, 2816, 2048, masked=True, bound="memory"),
     _grouped_case("bf16 contiguous 64x16 tok, 2048->2816", "dense", 64, 16, 2816, 2048, bound="memory"),
     _grouped_case("fp8_block masked 64x16 tok, 2048->2816", "fp8_block", 64, 16, 2816, 2048, masked=True, bound="memory", peer=False),
+    _grouped_case("fp8_block masked 64x16 tok, 2048->2816, gluon", "fp8_block", 64, 16, 2816, 2048, masked=True, bound="memory", peer=False, path="gluon"),
+    _linear_case("fp8_block decode 256x4096->1024, gluon", "fp8_block", 256, 1024, 4096, bound="memory", path="gluon"),
+    _linear_case("fp8_block decode 256x4096->1024", "fp8_block", 256, 1024, 4096, bound="memory"),
     _linear_case("bf16 decode 16x7168->36864", "dense", 16, 36864, 7168, bound="memory"),
     _linear_case("mxfp4 decode 16x7168->36864", "mxfp4", 16, 36864, 7168, bound="memory"),
     # MX activations (W8A8 / W4A8): Triton's emulation on SM90, the block-scaled MMA on SM100
