@@ -206,7 +206,7 @@ def _case(tokens: int):
 CASES = [
     *[_case(t)("hc_pre", f"T{t}_N4_D4096_bf16", _hc_setup(t), *HC_PRE) for t in (1, 16, 64, 1024, 8192)],
     # with the block's norm applied in the collapse (norm_weight): compare with the rows above
-    *[_case(t)("hc_pre", f"T{t}_N4_D4096_bf16_normed", _hc_setup(t), *HC_PRE_NORMED) for t in (1, 64, 8192)],
+    *[_case(t)("hc_pre", f"T{t}_N4_D4096_bf16_normed", _hc_setup(t), *HC_PRE_NORMED) for t in (1, 64, 256, 8192)],
     *[_case(t)("hc_head", f"T{t}_N4_D4096_bf16", _hc_setup(t), *HC_HEAD) for t in (1, 64, 1024)],
     *[_case(t)("hc_post", f"T{t}_N4_D4096_bf16", _hc_setup(t), *HC_POST) for t in (1, 64, 1024, 8192)],
     GraphCase("clamped_silu_and_mul", "T384_I2048_bf16_decode_B64_top6", _act_setup(384), *ACT),

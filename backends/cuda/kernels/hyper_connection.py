@@ -454,11 +454,11 @@ def launch_hc_pre(x, fn, base, scale, norm_eps, hc_eps, sinkhorn_iters, norm_wei
     # matmul is slow per element), whole segments per step (it pays per operation and per
     # jit-function call, tl.sum included, not per element).
     fused_t = 8 if f64 else 16 if interp else _PRE_BLOCK_T
-    fused_tiles = cdiv(T, fused_t)
-    if not invariant and (K <= _PRE_SEG or fused_tiles >= num_sms(x.device)):
+    shape = split_shape(T, K, D, num_sms(x.device), invariant=invariant, interp=interp, f64=f64)
+    if shape is None:
         # The fused launch's tile (32 tokens) holds no room for the norm's row statistics (sm90: 796 bytes of
         # spills, 10% slower at T 8192 than the norm's own kernel after it): the block's norm runs after it.
-        _hc_pre_kernel[(fused_tiles,)](
+        _hc_pre_kernel[(cdiv(T, fused_t),)](
             x, fn, base, scale, weight, out, post, comb, pre, prev_pre,
             T, D, x.stride(0), fn.stride(0), out.stride(0),
             float(norm_eps), float(hc_eps), int(sinkhorn_iters),
@@ -472,13 +472,8 @@ def launch_hc_pre(x, fn, base, scale, norm_eps, hc_eps, sinkhorn_iters, norm_wei
 
             out = launch_rms_norm(out, norm_weight, norm_eps, None)[0]
         return _results(out, pre, post, comb, delayed, head)
-    seg = split_segment(K)
+    seg, mix_t, comb_t, block_d, d_splits = shape
     n_seg = cdiv(K, seg)
-    mix_t = 8 if f64 else _SPLIT_BLOCK_T
-    comb_t = 16 if interp else 1
-    block_d = _INTERP_BLOCK_D if interp else _SPLIT_BLOCK_D
-    # the interpreter repeats the mixings in at most two D splits (it pays per operation)
-    d_splits = max(1, min(cdiv(D, block_d), 2 if interp else cdiv(_PRE_FILL * num_sms(x.device), cdiv(T, comb_t))))
     d_per_split = cdiv(cdiv(D, d_splits), block_d) * block_d
     for t0 in range(0, T, _SPLIT_MAX_TOKENS):  # bounded partials; a token's numbers do not depend on its chunk
         t1 = min(T, t0 + _SPLIT_MAX_TOKENS)
@@ -495,7 +490,7 @@ def launch_hc_pre(x, fn, base, scale, norm_eps, hc_eps, sinkhorn_iters, norm_wei
             rows, D, n_seg, d_per_split, xs.stride(0), out.stride(0),
             float(norm_eps), float(hc_eps), int(sinkhorn_iters),
             BLOCK_T=comb_t, SEG_PAD=next_power_of_2(n_seg), BLOCK_D=block_d, num_warps=_COMBINE_WARPS, **common,
-            STATS_BLOCK_D=block_d if interp else min(_STATS_BLOCK_D, next_power_of_2(D)), **pdl_launch(xs.device),
+            STATS_BLOCK_D=block_d if interp else min(_STATS_BLOCK_D // comb_t, next_power_of_2(D)), **pdl_launch(xs.device),
         )
     return _results(out, pre, post, comb, delayed, head)
 
@@ -513,6 +508,20 @@ def dot_precision(dtype: torch.dtype) -> str:
     each: the float32 FMAs' ("ieee") accuracy at tensor-core speed (the fused launch was the prefill
     profile's third kernel on the H100). float32 x keeps "ieee": its own low bits would be dropped."""
     return "tf32x3" if dtype in (torch.bfloat16, torch.float16) and not interpreting() else "ieee"
+
+
+def split_shape(T: int, K: int, D: int, sms: int, *, invariant: bool, interp: bool, f64: bool) -> tuple[int, int, int, int, int] | None:
+    """The launch shape for T tokens of K = N*D inputs: None for the fused launch (at least one 32-token tile per SM,
+    or K within one fused segment; never in deterministic mode), else the split launch's (segment, tokens per mix
+    program, tokens per combine program, collapse chunk, D splits). Host-known shapes only (CUDA-graph safe)."""
+    fused_t = 8 if f64 else 16 if interp else _PRE_BLOCK_T
+    if not invariant and (K <= _PRE_SEG or cdiv(T, fused_t) >= sms):
+        return None
+    comb_t = 16 if interp else 1
+    block_d = _INTERP_BLOCK_D if interp else _SPLIT_BLOCK_D
+    # the interpreter repeats the mixings in at most two D splits (it pays per operation)
+    d_splits = max(1, min(cdiv(D, block_d), 2 if interp else cdiv(_PRE_FILL * sms, cdiv(T, comb_t))))
+    return split_segment(K), 8 if f64 else _SPLIT_BLOCK_T, comb_t, block_d, d_splits
 
 
 def split_segment(k: int) -> int:
