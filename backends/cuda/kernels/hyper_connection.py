@@ -80,6 +80,8 @@ per jit-function call, tl.sum included, not per element), and at most two D spli
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import triton
 import triton.language as tl
@@ -230,17 +232,12 @@ def _collapse(x_ptr, toks, t_ok, pre, d, d_ok, D, stride_t, ACC: tl.constexpr, N
 
 
 @triton.jit
-def _store_mixed(
-    x_ptr, out_ptr, post_ptr, comb_ptr, w_ptr, pre_ptr, prev_pre_ptr, toks, t_ok, pre, post, comb, store_mixings, d_lo, d_hi, D, stride_t,
-    stride_out, norm_eps,
-    ACC: tl.constexpr, N: tl.constexpr, N_PAD: tl.constexpr, MANUAL_RNE: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, NORM: tl.constexpr,
-    STATS_BLOCK_D: tl.constexpr, DELAYED: tl.constexpr, HEAD: tl.constexpr,
+def _store_mixings(
+    post_ptr, comb_ptr, pre_ptr, prev_pre_ptr, toks, t_ok, pre, post, comb, store_mixings,
+    ACC: tl.constexpr, N: tl.constexpr, N_PAD: tl.constexpr, DELAYED: tl.constexpr, HEAD: tl.constexpr,
 ):
-    """post / comb of the tokens (when store_mixings; never with HEAD: hc_head has none) and their layer input over d in [d_lo, d_hi); with
-    NORM, rms-normed with the weight at w_ptr over the whole row (norm_eps), its statistics taken in
-    STATS_BLOCK_D-wide steps (a decode token's split: 2048, so the row's loads are in flight together
-    rather than eight 512-wide steps one after another). DELAYED (hc_pre_delayed): pre is stored too, and
-    the streams collapse with prev_pre [T, N] instead."""
+    """post / comb of the tokens (when store_mixings; never with HEAD: hc_head has none), and with DELAYED their pre;
+    returns the weights the streams collapse with: pre, or with DELAYED the previous site's (prev_pre [T, N])."""
     n = tl.arange(0, N_PAD)
     n_ok = n < N
     if DELAYED:
@@ -253,6 +250,22 @@ def _store_mixed(
             ij = n[:, None] * N + n[None, :]
             tl.store(comb_ptr + toks[:, None, None] * (N * N) + ij[None, :, :], comb.to(comb_ptr.dtype.element_ty),
                      mask=t_ok[:, None, None] & (n_ok[:, None] & n_ok[None, :])[None, :, :])
+    return pre
+
+
+@triton.jit
+def _store_mixed(
+    x_ptr, out_ptr, post_ptr, comb_ptr, w_ptr, pre_ptr, prev_pre_ptr, toks, t_ok, pre, post, comb, store_mixings, d_lo, d_hi, D, stride_t,
+    stride_out, norm_eps,
+    ACC: tl.constexpr, N: tl.constexpr, N_PAD: tl.constexpr, MANUAL_RNE: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, NORM: tl.constexpr,
+    STATS_BLOCK_D: tl.constexpr, DELAYED: tl.constexpr, HEAD: tl.constexpr,
+):
+    """post / comb of the tokens (when store_mixings; never with HEAD: hc_head has none) and their layer input over d in [d_lo, d_hi); with
+    NORM, rms-normed with the weight at w_ptr over the whole row (norm_eps), its statistics taken in
+    STATS_BLOCK_D-wide steps (a decode token's split: 2048, so the row's loads are in flight together
+    rather than eight 512-wide steps one after another). DELAYED (hc_pre_delayed): pre is stored too, and
+    the streams collapse with prev_pre [T, N] instead."""
+    pre = _store_mixings(post_ptr, comb_ptr, pre_ptr, prev_pre_ptr, toks, t_ok, pre, post, comb, store_mixings, ACC, N, N_PAD, DELAYED, HEAD)
     dd = tl.arange(0, BLOCK_D)
     if NORM:
         # The whole row's statistics first (every D split repeats them: a split owns a share of D, the norm
@@ -336,6 +349,45 @@ def _hc_pre_combine_kernel(
     _store_mixed(x_ptr, out_ptr, post_ptr, comb_ptr, w_ptr, pre_ptr, prev_pre_ptr, toks, t_ok, pre, post, comb, pid_d == 0, d_lo,
                  tl.minimum(d_lo + d_per_split, D), D, stride_t, stride_out, norm_eps, ACC, N, N_PAD, MANUAL_RNE, BLOCK_T, BLOCK_D, NORM,
                  STATS_BLOCK_D, DELAYED, HEAD)
+
+
+@triton.jit(do_not_specialize=["T"])
+def _hc_pre_row_kernel(
+    x_ptr, base_ptr, scale_ptr, w_ptr, part_ptr, part_ss_ptr,
+    out_ptr, post_ptr, comb_ptr, pre_ptr, prev_pre_ptr,
+    T, D, n_seg, stride_t, stride_out,
+    norm_eps, hc_eps, sinkhorn_iters,
+    ACC: tl.constexpr, N: tl.constexpr, MANUAL_RNE: tl.constexpr,
+    W_PAD: tl.constexpr, N_PAD: tl.constexpr, SEG_PAD: tl.constexpr, D_PAD: tl.constexpr, NORM: tl.constexpr,
+    DELAYED: tl.constexpr, HEAD: tl.constexpr, PDL: tl.constexpr = False,
+):
+    """The split launch's second kernel in its row form: one token per program, its whole row in registers. The
+    streams' loads are issued first, so they overlap the partials' sum and the mixings; the collapse is computed
+    once, and with NORM the row's statistics come from registers (the D-split form repeats the mixings and re-reads
+    the row in every split). The partials are summed and the mixings computed as the D-split form does."""
+    pdl_prologue(PDL)
+    toks = (tl.program_id(0) + tl.arange(0, 1)).to(tl.int64)
+    t_ok = toks < T
+    n = tl.arange(0, N_PAD)
+    d = tl.arange(0, D_PAD)
+    d_ok = d < D
+    xt = tl.load(x_ptr + toks[:, None, None] * stride_t + (n[None, :, None] * D + d[None, None, :]),
+                 mask=t_ok[:, None, None] & (n < N)[None, :, None] & d_ok[None, None, :], other=0.0)
+    w = tl.arange(0, W_PAD)
+    s = tl.arange(0, SEG_PAD)
+    rows = toks[:, None] * n_seg + s[None, :]  # [1, SEG_PAD]
+    r_ok = t_ok[:, None] & (s < n_seg)[None, :]
+    parts = tl.load(part_ptr + rows[:, :, None] * W_PAD + w[None, None, :], mask=r_ok[:, :, None], other=0.0).to(ACC)
+    acc = tl.sum(parts, axis=1)
+    ss = tl.sum(tl.load(part_ss_ptr + rows, mask=r_ok, other=0.0).to(ACC), axis=1)
+    pre, post, comb = _mixings(acc, ss, base_ptr, scale_ptr, N * D, norm_eps, hc_eps, sinkhorn_iters, ACC, N, 1, W_PAD, N_PAD, HEAD)
+    pre = _store_mixings(post_ptr, comb_ptr, pre_ptr, prev_pre_ptr, toks, t_ok, pre, post, comb, True, ACC, N, N_PAD, DELAYED, HEAD)
+    li = tl.sum(xt.to(ACC) * pre[:, :, None], axis=1)  # [1, D_PAD]
+    if NORM:
+        li = _to_out(li, out_ptr, MANUAL_RNE).to(ACC)  # the row rounded to the output dtype, as a separate rms_norm reads it
+        inv = 1.0 / tl.sqrt(tl.sum(li * li, axis=1) / D + norm_eps)
+        li = li * inv[:, None] * tl.load(w_ptr + d, mask=d_ok, other=0.0).to(ACC)[None, :]
+    tl.store(out_ptr + toks[:, None] * stride_out + d[None, :], _to_out(li, out_ptr, MANUAL_RNE), mask=t_ok[:, None] & d_ok[None, :])
 
 
 def _manual_rne(dtype: torch.dtype) -> bool:
@@ -472,9 +524,10 @@ def launch_hc_pre(x, fn, base, scale, norm_eps, hc_eps, sinkhorn_iters, norm_wei
 
             out = launch_rms_norm(out, norm_weight, norm_eps, None)[0]
         return _results(out, pre, post, comb, delayed, head)
-    seg, mix_t, comb_t, block_d, d_splits = shape
+    seg, mix_t, comb_t, block_d, d_splits, row = shape
     n_seg = cdiv(K, seg)
     d_per_split = cdiv(cdiv(D, d_splits), block_d) * block_d
+    args = dict(W_PAD=w_pad, N=N, N_PAD=n_pad, ACC=common["ACC"], MANUAL_RNE=common["MANUAL_RNE"], NORM=norm, DELAYED=delayed, HEAD=head)
     for t0 in range(0, T, _SPLIT_MAX_TOKENS):  # bounded partials; a token's numbers do not depend on its chunk
         t1 = min(T, t0 + _SPLIT_MAX_TOKENS)
         xs, rows = x[t0:t1], t1 - t0
@@ -485,6 +538,13 @@ def launch_hc_pre(x, fn, base, scale, norm_eps, hc_eps, sinkhorn_iters, norm_wei
             ACC=common["ACC"], W=W, BLOCK_T=mix_t, W_PAD=w_pad, BLOCK_K=seg if interp else _SPLIT_BLOCK_K, SEG=seg, EVEN_K=K % seg == 0,
             num_stages=_SPLIT_STAGES, **dot, **pdl_launch(xs.device),
         )
+        if row:
+            _hc_pre_row_kernel[(rows,)](
+                xs, base, scale, weight, part, part_ss, out[t0:t1], post[t0:t1], comb[t0:t1], pre[t0:t1], prev_pre[t0:t1],
+                rows, D, n_seg, xs.stride(0), out.stride(0), float(norm_eps), float(hc_eps), int(sinkhorn_iters),
+                SEG_PAD=next_power_of_2(n_seg), D_PAD=next_power_of_2(D), num_warps=row_warps(D), **args, **pdl_launch(xs.device),
+            )
+            continue
         _hc_pre_combine_kernel[(cdiv(rows, comb_t), cdiv(D, d_per_split))](
             xs, base, scale, weight, part, part_ss, out[t0:t1], post[t0:t1], comb[t0:t1], pre[t0:t1], prev_pre[t0:t1],
             rows, D, n_seg, d_per_split, xs.stride(0), out.stride(0),
@@ -510,10 +570,27 @@ def dot_precision(dtype: torch.dtype) -> str:
     return "tf32x3" if dtype in (torch.bfloat16, torch.float16) and not interpreting() else "ieee"
 
 
-def split_shape(T: int, K: int, D: int, sms: int, *, invariant: bool, interp: bool, f64: bool) -> tuple[int, int, int, int, int] | None:
+class SplitShape(NamedTuple):
+    """The split launch's shape: the mix's reduction segment and tokens per program; the combine's tokens per program,
+    collapse chunk and D splits, or (row) the row form, one token and its whole row per program."""
+
+    seg: int
+    mix_t: int
+    comb_t: int
+    block_d: int
+    d_splits: int
+    row: bool = False
+
+
+def row_warps(d: int) -> int:
+    """Warps of a row-form combine program: its row's N x D streams in registers (16-bit: N * D / (32 * warps) words)."""
+    return 4 if next_power_of_2(d) <= 4096 else 8
+
+
+def split_shape(T: int, K: int, D: int, sms: int, *, invariant: bool, interp: bool, f64: bool) -> SplitShape | None:
     """The launch shape for T tokens of K = N*D inputs: None for the fused launch (at least one 32-token tile per SM,
-    or K within one fused segment; never in deterministic mode), else the split launch's (segment, tokens per mix
-    program, tokens per combine program, collapse chunk, D splits). Host-known shapes only (CUDA-graph safe)."""
+    or K within one fused segment; never in deterministic mode), else the split launch's. Host-known shapes only
+    (CUDA-graph safe)."""
     fused_t = 8 if f64 else 16 if interp else _PRE_BLOCK_T
     if not invariant and (K <= _PRE_SEG or cdiv(T, fused_t) >= sms):
         return None
@@ -521,7 +598,7 @@ def split_shape(T: int, K: int, D: int, sms: int, *, invariant: bool, interp: bo
     block_d = _INTERP_BLOCK_D if interp else _SPLIT_BLOCK_D
     # the interpreter repeats the mixings in at most two D splits (it pays per operation)
     d_splits = max(1, min(cdiv(D, block_d), 2 if interp else cdiv(_PRE_FILL * sms, cdiv(T, comb_t))))
-    return split_segment(K), 8 if f64 else _SPLIT_BLOCK_T, comb_t, block_d, d_splits
+    return SplitShape(split_segment(K), 8 if f64 else _SPLIT_BLOCK_T, comb_t, block_d, d_splits)
 
 
 def split_segment(k: int) -> int:
