@@ -412,15 +412,22 @@ def _gluon_sparse_fp8(t: int, heads: int, extra: int, lengths: bool = False) -> 
     return call
 
 
-def _hc_pre(t: int, streams: int = 4, hidden: int = 4096, invariant: bool = False) -> Callable[[], None]:
-    """DeepSeek-V4's hc_pre: t tokens of `streams` x `hidden` bf16 streams, the float32 mixing projection."""
+def _hc_pre(t: int, streams: int = 4, hidden: int = 4096, invariant: bool = False, row: bool = False) -> Callable[[], None]:
+    """DeepSeek-V4's hc_pre: t tokens of `streams` x `hidden` bf16 streams, the float32 mixing projection; row: the split
+    launch's row-form combine with the block's norm folded in (split_shape's row flag forced on)."""
     def call():
         from deepinfer_cuda.kernels import hyper_connection
 
         width = (2 + streams) * streams
         f32 = torch.float32
-        hyper_connection.launch_hc_pre(_t(t, streams, hidden), _t(width, streams * hidden, dtype=f32), _t(width, dtype=f32), _t(3, dtype=f32),
-                                       1e-6, 1e-6, 20, invariant=invariant)
+        shape = hyper_connection.split_shape
+        if row:
+            hyper_connection.split_shape = lambda *a, **k: shape(*a, **k)._replace(row=True)
+        try:
+            hyper_connection.launch_hc_pre(_t(t, streams, hidden), _t(width, streams * hidden, dtype=f32), _t(width, dtype=f32), _t(3, dtype=f32),
+                                           1e-6, 1e-6, 20, _t(hidden, dtype=f32) if row else None, invariant=invariant)
+        finally:
+            hyper_connection.split_shape = shape
     return call
 
 
@@ -526,6 +533,8 @@ CASES: list[Case] = [
     # hyper-connections (4 streams of 4096): decode (the split launch) and a prefill chunk (fused; invariant: split)
     Case("hc_pre bf16 T1 N4 D4096", _hc_pre(1), None, pdl=True),
     Case("hc_pre bf16 T64 N4 D4096", _hc_pre(64), None),
+    Case("hc_pre bf16 T256 N4 D4096 normed, row combine", _hc_pre(256, row=True), None),
+    Case("hc_pre bf16 T1 N4 D7168 normed, row combine", _hc_pre(1, hidden=7168, row=True), None),
     Case("hc_pre bf16 T8192 N4 D4096", _hc_pre(8192), None),
     Case("hc_pre bf16 T8192 N4 D4096 invariant", _hc_pre(8192, invariant=True), None),
     # V4-Flash's decode plan (every table of a step in one launch): batch 1 at a 1M-token context, batch 64 at 32k
