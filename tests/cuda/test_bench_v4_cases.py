@@ -25,7 +25,7 @@ def test_cases_are_well_formed(module):
     for case in module.CASES:
         assert case.peer is not None and case.peer_name and case.bound in ("memory", "compute")
         assert all(callable(f) for f in (case.setup, case.kernel, case.peer, case.bytes, case.flops))
-        assert getattr(case, "graph", False) == ("decode" in case.name or case.name.startswith(("T1_", "T16_", "T64_"))), case.name
+        assert getattr(case, "graph", False) == ("decode" in case.name or case.name.startswith(("T1_", "T16_", "T64_", "T256_"))), case.name
 
 
 def test_the_cases_cover_v4_flash_sizes():
@@ -38,7 +38,7 @@ def test_the_cases_cover_v4_flash_sizes():
     assert {n for op, n in names if op == "compress_kv"} >= {"decode_B256_CSA_r4_overlap_D512_f32", "prefill_T8192_HCA_r128_D512_f32"}
     for op, tokens in (("hc_pre", (1, 16, 64, 1024, 8192)), ("hc_head", (1, 64, 1024)), ("hc_post", (1, 64, 1024, 8192))):
         assert {n for o, n in names if o == op and not n.endswith("_normed")} == {f"T{t}_N4_D4096_bf16" for t in tokens}
-    assert {n for o, n in names if o == "hc_pre" and n.endswith("_normed")} == {f"T{t}_N4_D4096_bf16_normed" for t in (1, 64, 8192)}
+    assert {n for o, n in names if o == "hc_pre" and n.endswith("_normed")} == {f"T{t}_N4_D4096_bf16_normed" for t in (1, 64, 256, 8192)}
     assert {n for o, n in names if o == "head_norm_rope"} == {f"decode_B{b}_H64_D512_r64_bf16" for b in (1, 64, 256)}
     assert {c.name.split("_")[0] for c in v4_misc.CASES if c.op == "clamped_silu_and_mul"} == {"T384", "T1536", "T49152"}
     prefills = {(c.op, c.bound) for c in v4_attention.CASES if c.name.startswith("prefill")}

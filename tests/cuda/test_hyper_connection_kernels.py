@@ -1,7 +1,7 @@
 """The cuda backend's hc_pre split launch in both combine forms under the Triton interpreter (CPU).
 
-The golden set runs hc_pre's default launch shape; `split_shape` also names the combine's row form (one token and
-its whole row per program). Both forms must give the reference's numbers and each other's bits, for hc_pre with and
+The golden set runs hc_pre's default launch shape (the row combine); `split_shape` also names the D-split form (rows too
+wide for registers). Both forms must give the reference's numbers and each other's bits, for hc_pre with and
 without the block's norm, hc_pre_delayed and hc_head, at widths that are and are not a power of two.
 
 tests/conftest.py sets TRITON_INTERPRET=1 before triton is imported; tests/triton_mode.py fails these tests loudly if
@@ -55,8 +55,7 @@ def _calls(hc, s: dict, impl) -> dict:
 
 
 def _with_form(hc, monkeypatch, row: bool) -> None:
-    shape = hc.split_shape
-    monkeypatch.setattr(hc, "split_shape", lambda *a, **k: (shape(*a, **k) or hc.SplitShape(128, 16, 16, 2048, 1))._replace(row=row))
+    monkeypatch.setattr(hc, "split_shape", lambda *a, **k: hc.SplitShape(128, 16, 16, 0 if row else 2048, 1, row))
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
@@ -83,3 +82,19 @@ def test_row_and_d_split_forms_give_the_references_numbers_and_each_others_bits(
 
 def test_row_warps_hold_a_v4_pro_row(hc):
     assert hc.row_warps(4096) == 4 and hc.row_warps(7168) == 8
+
+
+def test_split_shape_by_batch_size(hc):
+    """V4-Flash (K = 4 x 4096): the mix's segment and tile grow with T, the row combine throughout; deterministic mode keeps
+    the first bucket at every T; only a K within one fused segment takes the fused launch (and never deterministically)."""
+
+    def shape(t, invariant=False, k=4 * 4096, d=4096):
+        return hc.split_shape(t, k, d, 132, invariant=invariant, interp=False, f64=False)
+
+    assert [(shape(t).seg, shape(t).mix_t) for t in (1, 16, 17, 128, 256, 1024, 1025, 8192)] == [
+        (128, 16), (128, 16), (256, 32), (256, 32), (512, 64), (512, 64), (1024, 64), (1024, 64)]  # fmt: skip
+    assert all(shape(t).row and shape(t).d_splits == 1 for t in (1, 256, 8192))
+    assert {shape(t, invariant=True) for t in (1, 17, 256, 8192)} == {shape(1)}
+    assert shape(64, k=4 * 256, d=256) is None and shape(64, invariant=True, k=4 * 256, d=256) is not None
+    wide = shape(1, k=4 * 16384, d=16384)
+    assert not wide.row and wide.d_splits > 1  # a row too wide for registers: the D-split combine

@@ -412,22 +412,16 @@ def _gluon_sparse_fp8(t: int, heads: int, extra: int, lengths: bool = False) -> 
     return call
 
 
-def _hc_pre(t: int, streams: int = 4, hidden: int = 4096, invariant: bool = False, row: bool = False) -> Callable[[], None]:
-    """DeepSeek-V4's hc_pre: t tokens of `streams` x `hidden` bf16 streams, the float32 mixing projection; row: the split
-    launch's row-form combine with the block's norm folded in (split_shape's row flag forced on)."""
+def _hc_pre(t: int, streams: int = 4, hidden: int = 4096, invariant: bool = False, normed: bool = False) -> Callable[[], None]:
+    """DeepSeek-V4's hc_pre: t tokens of `streams` x `hidden` bf16 streams, the float32 mixing projection; normed: the
+    block's norm folded into the combine."""
     def call():
         from deepinfer_cuda.kernels import hyper_connection
 
         width = (2 + streams) * streams
         f32 = torch.float32
-        shape = hyper_connection.split_shape
-        if row:
-            hyper_connection.split_shape = lambda *a, **k: shape(*a, **k)._replace(row=True)
-        try:
-            hyper_connection.launch_hc_pre(_t(t, streams, hidden), _t(width, streams * hidden, dtype=f32), _t(width, dtype=f32), _t(3, dtype=f32),
-                                           1e-6, 1e-6, 20, _t(hidden, dtype=f32) if row else None, invariant=invariant)
-        finally:
-            hyper_connection.split_shape = shape
+        hyper_connection.launch_hc_pre(_t(t, streams, hidden), _t(width, streams * hidden, dtype=f32), _t(width, dtype=f32), _t(3, dtype=f32),
+                                       1e-6, 1e-6, 20, _t(hidden, dtype=f32) if normed else None, invariant=invariant)
     return call
 
 
@@ -530,17 +524,18 @@ CASES: list[Case] = [
     # V4-Flash's indexer at a 32k context (8192 keys: one selection launch) and a 256k one (65536: chunked selection)
     Case("indexer_topk bf16 decode T1 E8192", _indexer_topk(1, 8192), "mma", pdl=True),
     Case("indexer_topk fp8 cache decode T64 E65536", _indexer_topk(64, 65536, fp8=True), "mma"),
-    # hyper-connections (4 streams of 4096): decode (the split launch) and a prefill chunk (fused; invariant: split)
+    # hyper-connections (4 streams of 4096): the split launch's mix shapes (T 1 / 64 / 256 / 8192 buckets; invariant: T 1's at
+    # every T) and its row combine, with the block's norm at batch 256 and at V4-Pro's width
     Case("hc_pre bf16 T1 N4 D4096", _hc_pre(1), None, pdl=True),
     Case("hc_pre bf16 T64 N4 D4096", _hc_pre(64), None),
-    Case("hc_pre bf16 T256 N4 D4096 normed, row combine", _hc_pre(256, row=True), None),
-    Case("hc_pre bf16 T1 N4 D7168 normed, row combine", _hc_pre(1, hidden=7168, row=True), None),
+    Case("hc_pre bf16 T256 N4 D4096 normed", _hc_pre(256, normed=True), None),
+    Case("hc_pre bf16 T1 N4 D7168 normed", _hc_pre(1, hidden=7168, normed=True), None),
     Case("hc_pre bf16 T8192 N4 D4096", _hc_pre(8192), None),
     Case("hc_pre bf16 T8192 N4 D4096 invariant", _hc_pre(8192, invariant=True), None),
     # V4-Flash's decode plan (every table of a step in one launch): batch 1 at a 1M-token context, batch 64 at 32k
     Case("decode_plan B1 ctx1M", _decode_plan(1, 1 << 20), None, pdl=True),
     Case("decode_plan B64 ctx32k", _decode_plan(64, 1 << 15), None),
-    # the head's collapse: decode (the split launch, the final norm folded in) and a prefill chunk's logits rows (fused, then rms_norm)
+    # the head's collapse: decode and a prefill chunk's logits rows (the split launch, the final norm folded into the row combine)
     Case("hc_head bf16 T1 N4 D4096", _hc_head(1), None, pdl=True),
     Case("hc_head bf16 T8192 N4 D4096", _hc_head(8192), None),
     # The SM90 Gluon mxfp4 kernel (warp-specialised: TMA producer warp, wgmma consumers) at V4-Flash's expert shapes

@@ -20,37 +20,37 @@ are computed in registers; a second pass over x_t collapses the streams (pre nee
 
 A mix program owns BLOCK_T tokens: each fn chunk it loads serves all of them (fn is W x K = 1.5 MB
 for V4-Flash; re-reading it per token would cost far more than x). The projection is a float32
-tl.dot [BLOCK_T, BLOCK_K] x [BLOCK_K, W_PAD] (fn^T chunk) with input_precision "ieee": CUDA-core
-FMAs (tf32 would break float32's tolerance; W = 24 is padded to 32 columns, and bfloat16 x is
-converted to float32 first since fn is float32). float64 x (a test dtype) uses a broadcast
+tl.dot [BLOCK_T, BLOCK_K] x [BLOCK_K, W_PAD] (fn^T chunk) at `dot_precision` (16-bit x: "tf32x3", float32's
+accuracy on the tensor cores; W = 24 is padded to 32 columns, and bfloat16 x is converted to float32 first
+since fn is float32). float64 x (a test dtype) uses a broadcast
 multiply reduced per chunk instead. K is cut into segments of SEG elements (whole chunks); within
 a segment the dot accumulates the chunks in order and the squares accumulate per lane (reduced
 across lanes at the segment's end). Two launch shapes:
 
-  * fused (at least one 32-token tile per SM, i.e. prefill, or K within one 1024-wide segment):
-    grid (token tiles,), `_hc_pre_kernel` does the projection over all segments (SEG = 1024, added
-    in order), the mixings, and the collapse.
-  * split (decode and mid-size batches; deterministic mode at every T): one program per token
-    tile would leave most SMs idle while each streams all of fn through K / 64 dependent chunk
-    steps, so the product is spread over segments instead. `_hc_pre_mix_kernel`, grid (16-token
-    tiles, segments of SEG = 128), one segment per program (128 programs per tile for K = 16384: a
-    whole H100 at T = 1, two chunk steps each), stores the segment's partial products and sum of
-    squares (float32 [T, segments, W_PAD] and [T, segments]); `_hc_pre_combine_kernel`, grid
-    (tokens, D splits), loads all of a token's partials as ONE [segments, W_PAD] tile (16 KB for
-    V4-Flash: every load in flight at once, not one dependent load per segment), sums them with one
-    tl.sum, computes the mixings (repeated in every D split: a few hundred operations), stores
-    post/comb from the first split and collapses its share of D in 512-wide steps. SEG doubles for
-    K past 256 segments (a fact of the model). Partials are float64 for float64 x; at most 4096
-    tokens run per mix + combine pair (the partials stay under 64 MB for V4-Flash).
+  * fused (K within one 1024-wide segment: small models only): grid (token tiles,), `_hc_pre_kernel`
+    does the projection over all segments (added in order), the mixings, and the collapse; with
+    `norm_weight` the norm's own kernel runs after it (its 32-token tile has no room for the row).
+  * split (every model shape; deterministic mode at every K): the product is spread over segments.
+    `_hc_pre_mix_kernel`, grid (token tiles, segments), one segment per program, stores the segment's
+    partial products and sum of squares (float32 [T, segments, W_PAD] and [T, segments]). Its segment
+    and tile grow with T (`_SPLIT_BUCKETS`: 128 x 16 tokens at decode, 128 programs per tile for
+    K = 16384, up to 1024 x 64 at prefill sizes: fewer partials, fn re-read less). Then the combine,
+    in one of two forms:
+      - row (`_hc_pre_row_kernel`, a token's N x D streams fit in registers: D <= `_ROW_MAX_D`): one
+        token per program loads all of its partials as ONE [segments, W_PAD] tile (every load in
+        flight at once), sums them with one tl.sum, computes the mixings, then loads its whole row,
+        collapses it once and, with `norm_weight`, takes the row's statistics from registers and
+        stores round(round(li) * rstd * weight) as rms_norm would (no norm launch after hc_pre).
+      - D-split (`_hc_pre_combine_kernel`, wider rows): grid (tokens, D splits), the mixings repeated in
+        every split, each collapsing its share of D in 512-wide steps; with `norm_weight` every split
+        first re-reads the whole row for its statistics.
+    SEG doubles for K past 256 segments (a fact of the model). Partials are float64 for float64 x; at
+    most 4096 tokens run per mix + combine pair (the partials stay under 64 MB for V4-Flash).
+    Measured on an H200 against the former choice (seg 128, 16-token tiles, the D-split combine below
+    4224 tokens, fused + rms_norm above): see `_SPLIT_BUCKETS`.
 
-The two shapes sum in different orders (the split's segments by a tl.sum tree), so their numbers
+Different segments sum in different orders (the segments by a tl.sum tree), so the buckets' numbers
 differ in the last bits; each is deterministic run to run.
-
-With `norm_weight` (the block's RMSNorm folded in: no rms_norm launch after hc_pre), the split launch's
-combine runs the collapse twice over a token's row: first over all of D, 2048 wide per step, for the sum
-of squares of the row rounded to the output dtype (every D split repeats it: 32 KB of x per token, from
-L2), then over the program's own share, storing round(round(li) * rstd * weight) as rms_norm would. The
-fused launch (large T) has no room for that in its 32-token tile: the norm's own kernel runs after it.
 
 The N x N block is taken out of the W_PAD logits by a masked sum (exact) and reshaped to
 [BLOCK_T, N_PAD, N_PAD]; padding (N not a power of two) is masked to zero so Sinkhorn's sums see
@@ -63,17 +63,17 @@ output streams; the sum over j runs in order j = 0..N-1.
 
 The wrappers read only shapes and strides: no host synchronisation (CUDA-graph safe).
 
-Deterministic mode: `hc_pre_invariant` takes the split launch for every T, and the split launch's
-compiled kernels are the same for every T: SEG, the mix tile (16 tokens, 64-wide chunks), the
-combine's tile (one token, every segment) and its collapse step are fixed by the model's shapes;
-T only sets the grids (which program computes a segment or a D chunk) and the 4096-token chunks,
-neither of which changes a value. The default `hc_pre` runs the same split launch below the fused
-threshold, so at decode sizes both give the same bits; `hc_head_invariant` is the same split launch
-with HEAD. hc_post is batch-invariant as it is: every output element is its own post * y + sum over j
-in order (no reduction across lanes), so its T-dependent tile changes no value.
+Deterministic mode: `hc_pre_invariant` takes the split launch with the first bucket's shape at every T,
+so its compiled kernels are the same for every T: the segment, the mix tile (16 tokens, 64-wide chunks)
+and the combine's form and tile are fixed by the model's shapes; T only sets the grids (which program
+computes a segment or a row) and the 4096-token chunks, neither of which changes a value. The default
+`hc_pre` runs that same shape up to 16 tokens, so at those decode sizes both give the same bits;
+`hc_head_invariant` is the same split launch with HEAD. hc_post is batch-invariant as it is: every
+output element is its own post * y + sum over j in order (no reduction across lanes), so its
+T-dependent tile changes no value.
 
-Deviation (interpreter only): under TRITON_INTERPRET=1 a tile is 16 tokens (the interpreter's dot
-is a slow numpy matmul; a combine program too, since numpy sums every row of a tile alike), a chunk
+Deviation (interpreter only): under TRITON_INTERPRET=1 a combine program holds 16 tokens (numpy sums
+every row of a tile alike, so no value changes), a chunk
 is a whole segment and the collapse steps are 2048 wide (the interpreter pays per operation and
 per jit-function call, tl.sum included, not per element), and at most two D splits repeat the mixings.
 """
@@ -102,7 +102,12 @@ _PRE_STAGES = 3
 # Fixed for every T (deterministic mode runs it at every T): a token's numbers do not depend on the batch.
 _SPLIT_SEG = 128  # reduction segment: 128 programs per token tile for V4-Flash's K = 16384
 _SPLIT_MAX_SEGMENTS = 256  # longer K doubles the segment (the combine's tile holds every segment)
-_SPLIT_BLOCK_T = 16  # tokens per mix program (the dot's smallest M)
+# (up to T tokens, mix segment, mix tokens): wider segments and taller mix tiles as T grows (fewer partials, fn read
+# fewer times). From a sweep of V4-Flash's hc_pre with its norm on an H200 (docs/measurements/2026-12-07/h200/
+# hc_sweep.txt, row combine): T 1 / 64 / 256 / 1024 / 8192 took 9.3 / 14.2 / 24.0 / 63.5 / 488 us against 11.9 / 29.4 /
+# 54.8 / 142 / 662 for the former shapes (seg 128, 16 tokens, D-split combine; the fused launch and rms_norm at 8192).
+_SPLIT_BUCKETS = ((16, 128, 16), (128, 256, 32), (1024, 512, 64), (None, 1024, 64))
+_ROW_MAX_D = 8192  # the row combine holds a token's N x D 16-bit streams in registers (8 warps past 4096)
 _SPLIT_BLOCK_K = 64
 _SPLIT_STAGES = 2
 _SPLIT_BLOCK_D = 512  # collapse chunk of a combine program
@@ -359,31 +364,32 @@ def _hc_pre_row_kernel(
     norm_eps, hc_eps, sinkhorn_iters,
     ACC: tl.constexpr, N: tl.constexpr, MANUAL_RNE: tl.constexpr,
     W_PAD: tl.constexpr, N_PAD: tl.constexpr, SEG_PAD: tl.constexpr, D_PAD: tl.constexpr, NORM: tl.constexpr,
-    DELAYED: tl.constexpr, HEAD: tl.constexpr, PDL: tl.constexpr = False,
+    DELAYED: tl.constexpr, HEAD: tl.constexpr, BLOCK_T: tl.constexpr, PDL: tl.constexpr = False,
 ):
     """The split launch's second kernel in its row form: one token per program, its whole row in registers. The
     collapse is computed once, and with NORM the row's statistics come from registers (the D-split form repeats the
     mixings and re-reads the row in every split). The partials are summed and the mixings computed as the D-split form
     does. The row is loaded after the mixings: held across Sinkhorn's loop it spilled 38 KB a thread (sm90, Triton 3.9);
-    the other programs resident on the SM cover its latency."""
+    the other programs resident on the SM cover its latency. BLOCK_T: 1 on a GPU; 16 under the interpreter (it pays per
+    program; every token's sums stay its own, so the bits are the same)."""
     pdl_prologue(PDL)
-    toks = (tl.program_id(0) + tl.arange(0, 1)).to(tl.int64)
+    toks = (tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)).to(tl.int64)
     t_ok = toks < T
     n = tl.arange(0, N_PAD)
     d = tl.arange(0, D_PAD)
     d_ok = d < D
     w = tl.arange(0, W_PAD)
     s = tl.arange(0, SEG_PAD)
-    rows = toks[:, None] * n_seg + s[None, :]  # [1, SEG_PAD]
+    rows = toks[:, None] * n_seg + s[None, :]  # [BLOCK_T, SEG_PAD]
     r_ok = t_ok[:, None] & (s < n_seg)[None, :]
     parts = tl.load(part_ptr + rows[:, :, None] * W_PAD + w[None, None, :], mask=r_ok[:, :, None], other=0.0).to(ACC)
     acc = tl.sum(parts, axis=1)
     ss = tl.sum(tl.load(part_ss_ptr + rows, mask=r_ok, other=0.0).to(ACC), axis=1)
-    pre, post, comb = _mixings(acc, ss, base_ptr, scale_ptr, N * D, norm_eps, hc_eps, sinkhorn_iters, ACC, N, 1, W_PAD, N_PAD, HEAD)
+    pre, post, comb = _mixings(acc, ss, base_ptr, scale_ptr, N * D, norm_eps, hc_eps, sinkhorn_iters, ACC, N, BLOCK_T, W_PAD, N_PAD, HEAD)
     pre = _store_mixings(post_ptr, comb_ptr, pre_ptr, prev_pre_ptr, toks, t_ok, pre, post, comb, True, ACC, N, N_PAD, DELAYED, HEAD)
     xt = tl.load(x_ptr + toks[:, None, None] * stride_t + (n[None, :, None] * D + d[None, None, :]),
                  mask=t_ok[:, None, None] & (n < N)[None, :, None] & d_ok[None, None, :], other=0.0)
-    li = tl.sum(xt.to(ACC) * pre[:, :, None], axis=1)  # [1, D_PAD]
+    li = tl.sum(xt.to(ACC) * pre[:, :, None], axis=1)  # [BLOCK_T, D_PAD]
     if NORM:
         li = _to_out(li, out_ptr, MANUAL_RNE).to(ACC)  # the row rounded to the output dtype, as a separate rms_norm reads it
         inv = 1.0 / tl.sqrt(tl.sum(li * li, axis=1) / D + norm_eps)
@@ -527,7 +533,7 @@ def launch_hc_pre(x, fn, base, scale, norm_eps, hc_eps, sinkhorn_iters, norm_wei
         return _results(out, pre, post, comb, delayed, head)
     seg, mix_t, comb_t, block_d, d_splits, row = shape
     n_seg = cdiv(K, seg)
-    d_per_split = cdiv(cdiv(D, d_splits), block_d) * block_d
+    d_per_split = 0 if row else cdiv(cdiv(D, d_splits), block_d) * block_d
     args = dict(W_PAD=w_pad, N=N, N_PAD=n_pad, ACC=common["ACC"], MANUAL_RNE=common["MANUAL_RNE"], NORM=norm, DELAYED=delayed, HEAD=head)
     for t0 in range(0, T, _SPLIT_MAX_TOKENS):  # bounded partials; a token's numbers do not depend on its chunk
         t1 = min(T, t0 + _SPLIT_MAX_TOKENS)
@@ -540,10 +546,11 @@ def launch_hc_pre(x, fn, base, scale, norm_eps, hc_eps, sinkhorn_iters, norm_wei
             num_stages=_SPLIT_STAGES, **dot, **pdl_launch(xs.device),
         )
         if row:
-            _hc_pre_row_kernel[(rows,)](
+            _hc_pre_row_kernel[(cdiv(rows, comb_t),)](
                 xs, base, scale, weight, part, part_ss, out[t0:t1], post[t0:t1], comb[t0:t1], pre[t0:t1], prev_pre[t0:t1],
                 rows, D, n_seg, xs.stride(0), out.stride(0), float(norm_eps), float(hc_eps), int(sinkhorn_iters),
-                SEG_PAD=next_power_of_2(n_seg), D_PAD=next_power_of_2(D), num_warps=row_warps(D), **args, **pdl_launch(xs.device),
+                SEG_PAD=next_power_of_2(n_seg), D_PAD=next_power_of_2(D), BLOCK_T=comb_t, num_warps=row_warps(D), **args,
+                **pdl_launch(xs.device),
             )
             continue
         _hc_pre_combine_kernel[(cdiv(rows, comb_t), cdiv(D, d_per_split))](
@@ -573,7 +580,7 @@ def dot_precision(dtype: torch.dtype) -> str:
 
 class SplitShape(NamedTuple):
     """The split launch's shape: the mix's reduction segment and tokens per program; the combine's tokens per program,
-    collapse chunk and D splits, or (row) the row form, one token and its whole row per program."""
+    collapse chunk and D splits, or (row) the row form, a token's whole row per program (block_d 0, one split)."""
 
     seg: int
     mix_t: int
@@ -589,17 +596,24 @@ def row_warps(d: int) -> int:
 
 
 def split_shape(T: int, K: int, D: int, sms: int, *, invariant: bool, interp: bool, f64: bool) -> SplitShape | None:
-    """The launch shape for T tokens of K = N*D inputs: None for the fused launch (at least one 32-token tile per SM,
-    or K within one fused segment; never in deterministic mode), else the split launch's. Host-known shapes only
-    (CUDA-graph safe)."""
-    fused_t = 8 if f64 else 16 if interp else _PRE_BLOCK_T
-    if not invariant and (K <= _PRE_SEG or cdiv(T, fused_t) >= sms):
+    """The launch shape for T tokens of K = N*D inputs: None for the fused launch (K within one fused segment: small
+    models; never in deterministic mode), else the split launch's: the mix's segment and tile from `_SPLIT_BUCKETS` by
+    T (deterministic mode: the first bucket at every T, so a token's numbers do not depend on the batch), the row
+    combine where the row fits in registers (`_ROW_MAX_D`), else the D-split combine. Host-known shapes only
+    (CUDA-graph safe); `sms` sets the D-split combine's splits."""
+    if not invariant and K <= _PRE_SEG:
         return None
+    seg, mix_t = next((seg, t) for most, seg, t in _SPLIT_BUCKETS if invariant or most is None or T <= most)
+    seg = max(seg, split_segment(K))
+    if f64:  # (a test dtype: the broadcast product's smaller tile)
+        mix_t = 8
+    if next_power_of_2(D) <= _ROW_MAX_D:
+        return SplitShape(seg, mix_t, 16 if interp else 1, 0, 1, row=True)
     comb_t = 16 if interp else 1
     block_d = _INTERP_BLOCK_D if interp else _SPLIT_BLOCK_D
     # the interpreter repeats the mixings in at most two D splits (it pays per operation)
     d_splits = max(1, min(cdiv(D, block_d), 2 if interp else cdiv(_PRE_FILL * sms, cdiv(T, comb_t))))
-    return SplitShape(split_segment(K), 8 if f64 else _SPLIT_BLOCK_T, comb_t, block_d, d_splits)
+    return SplitShape(seg, mix_t, comb_t, block_d, d_splits)
 
 
 def split_segment(k: int) -> int:
