@@ -53,8 +53,8 @@ SPARSE_ATTENTION_PATH = BackendOption(
     "sparse_attention_path",
     ("auto", "tl", "gluon"),
     "auto",
-    "sparse_attention (DeepSeek-V4's attention) over FP8 KV caches: auto = the tl kernel (until the Gluon kernel passes "
-    "conformance on a GPU); tl = the tl kernel; gluon = on SM90, every call the warp-specialised Gluon kernel serves "
+    "sparse_attention (DeepSeek-V4's attention) over FP8 KV caches: auto = on SM90 with Gluon, the Gluon kernel below for "
+    "calls of at least 2 queries, else the tl kernel; tl = the tl kernel; gluon = on SM90, every call the warp-specialised Gluon kernel serves "
     "(bf16 q, 512-wide heads, FP8 caches: a converting warpgroup gathering the rows into bf16 tiles, two wgmma "
     "warpgroups) by it, the rest by the tl kernel",
     env="DEEPINFER_CUDA_SPARSE_ATTENTION_PATH",

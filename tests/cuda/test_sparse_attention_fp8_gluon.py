@@ -40,20 +40,24 @@ def _chosen(monkeypatch, options, sm90=True, dtype=torch.bfloat16, deterministic
 
 
 def test_the_backend_option_chooses_it_on_sm90_only(monkeypatch):
-    """auto (the default) and tl keep the tl kernel; sparse_attention_path=gluon takes this kernel on SM90 for bf16 models, and
-    leaves the tl kernels elsewhere, for other dtypes and in deterministic mode (it is not batch-invariant)."""
+    """auto (the default) takes this kernel's auto entry on SM90 with Gluon (the tl kernel elsewhere, and without Gluon: no
+    error), tl keeps the tl kernel; sparse_attention_path=gluon takes this kernel on SM90 for bf16 models, and leaves the tl
+    kernels elsewhere, for other dtypes and in deterministic mode (it is not batch-invariant)."""
     from deepinfer_cuda.kernels import sparse_attention as tl_sparse
     from deepinfer_cuda.options import OPTIONS, SPARSE_ATTENTION_PATH
 
     assert SPARSE_ATTENTION_PATH in OPTIONS and SPARSE_ATTENTION_PATH.choices == ("auto", "tl", "gluon") and SPARSE_ATTENTION_PATH.default == "auto"
     gluon = {"sparse_attention_path": "gluon"}
-    assert _chosen(monkeypatch, {}) is _chosen(monkeypatch, {"sparse_attention_path": "auto"}) is tl_sparse.sparse_attention
+    assert _chosen(monkeypatch, {}) is _chosen(monkeypatch, {"sparse_attention_path": "auto"}) is g.sparse_attention_auto
+    assert _chosen(monkeypatch, {}, sm90=False) is _chosen(monkeypatch, {}, dtype=torch.float32) is tl_sparse.sparse_attention
+    assert _chosen(monkeypatch, {}, deterministic=True) is tl_sparse.sparse_attention_invariant
     assert _chosen(monkeypatch, {"sparse_attention_path": "tl"}) is tl_sparse.sparse_attention
     assert _chosen(monkeypatch, gluon) is g.sparse_attention
     assert _chosen(monkeypatch, gluon, sm90=False) is tl_sparse.sparse_attention
     assert _chosen(monkeypatch, gluon, dtype=torch.float32) is tl_sparse.sparse_attention
     assert _chosen(monkeypatch, gluon, deterministic=True) is tl_sparse.sparse_attention_invariant
     monkeypatch.setattr(g, "GLUON_IMPORT_ERROR", "ImportError: no hopper")
+    assert _chosen(monkeypatch, {}) is tl_sparse.sparse_attention
     with pytest.raises(RegistryError, match="sparse_attention_path=gluon, but Triton .* no usable Gluon for Hopper") as err:
         _chosen(monkeypatch, gluon)
     assert "\n" not in str(err.value)
@@ -62,6 +66,19 @@ def test_the_backend_option_chooses_it_on_sm90_only(monkeypatch):
     monkeypatch.setenv("DEEPINFER_CUDA_SPARSE_ATTENTION_PATH", "fast")
     with pytest.raises(BackendOptionError, match="DEEPINFER_CUDA_SPARSE_ATTENTION_PATH"):
         resolve_options("cuda", OPTIONS)
+
+
+def test_auto_leaves_one_query_to_the_tl_kernel(monkeypatch):
+    """sparse_attention_path=auto: a single query (a batch-1 decode step) on the tl kernel, where it measured faster; from
+    AUTO_MIN_QUERIES queries on, this kernel's entry (which itself falls back for the calls it does not serve)."""
+    from deepinfer_cuda.kernels import sparse_attention as tl_sparse
+
+    calls = []
+    monkeypatch.setattr(g, "sparse_attention", lambda q, *a, **k: calls.append(("gluon", q.shape[0])))
+    monkeypatch.setattr(tl_sparse, "sparse_attention", lambda q, *a, **k: calls.append(("tl", q.shape[0])))
+    for t in (1, g.AUTO_MIN_QUERIES, 256):
+        g.sparse_attention_auto(_meta(t, 64, 512), _meta(4096, 528, dtype=FP8), _meta(t, 128, dtype=torch.int32), _meta(64), softmax_scale=0.1)
+    assert calls == [("tl", 1), ("gluon", g.AUTO_MIN_QUERIES), ("gluon", 256)]
 
 
 def _call(t=4, heads=64, dim=512, kv=None, extra=512, idx_dtype=torch.int32, rope=64, q_dtype=torch.bfloat16):

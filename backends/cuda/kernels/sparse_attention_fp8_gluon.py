@@ -1,9 +1,11 @@
 """Gluon kernel (SM90): `sparse_attention` over FP8 caches, warp-specialised (DeepSeek-V4's decode attention).
 
-Chosen by backend option sparse_attention_path=gluon on SM90 GPUs whose Triton has Gluon for Hopper (the default, auto,
-keeps sparse_attention.py's tl kernel: this one has not yet run on a GPU). The calls it does not serve (`not_served`)
-go to the tl kernel, which stays what the interpreter checks in CI; deterministic mode keeps the tl kernel's
-batch-invariant registration. Compiled in CI by `deepinfer bench compile --case gluon` (wgmma, no spills).
+Chosen on SM90 GPUs whose Triton has Gluon for Hopper: by the default, sparse_attention_path=auto, for calls of at least
+AUTO_MIN_QUERIES queries (one query ran faster on the tl kernel), by sparse_attention_path=gluon for every call it
+serves. It passed `deepinfer conformance --backend cuda --op sparse_attention` with sparse_attention_path=gluon (27
+cases, H200, 2026-12-07; docs/measurements/2026-12-07/h200/). The calls it does not serve (`not_served`) go to the tl
+kernel, which stays what the interpreter checks in CI; deterministic mode keeps the tl kernel's batch-invariant
+registration. Compiled in CI by `deepinfer bench compile --case gluon` (wgmma, no spills).
 
 Semantics: the op's (deepinfer/ops/sparse_attention.py) for bf16 q [T, H, 512] over FP8 caches (kv_cache_format: a
 row is 512 e4m3 values, its float32 scale at byte 512, 528 bytes). Each query attends to the rows its window list
@@ -624,11 +626,47 @@ def sparse_attention(
     return out if out is not None else tl_sparse.launch_sparse_attention(*args)
 
 
+# sparse_attention_path=auto serves calls of at least this many queries here: one decode query measured 12.7 us against
+# the tl kernel's 11.9 (H200, window 128 + top 512, 64 heads; 64 / 256 queries: 35.6 / 96.0 us against 97.8 / 212.5,
+# docs/measurements/2026-12-07/h200/ops_sparse.txt)
+AUTO_MIN_QUERIES = 2
+
+
+def sparse_attention_auto(
+    q: torch.Tensor,
+    kv: torch.Tensor,
+    indices: torch.Tensor,
+    sinks: torch.Tensor,
+    *,
+    softmax_scale: float,
+    extra_kv: torch.Tensor | None = None,
+    extra_indices: torch.Tensor | None = None,
+    extra_lengths: torch.Tensor | None = None,
+    out_positions: torch.Tensor | None = None,
+    out_cos_sin_cache: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """sparse_attention_path=auto: this kernel for the calls it serves of at least AUTO_MIN_QUERIES queries, else the tl kernel."""
+    from deepinfer_cuda.kernels import sparse_attention as tl_sparse
+
+    kw = dict(softmax_scale=softmax_scale, extra_kv=extra_kv, extra_indices=extra_indices, extra_lengths=extra_lengths, out_positions=out_positions,
+              out_cos_sin_cache=out_cos_sin_cache)  # fmt: skip
+    if q.shape[0] >= AUTO_MIN_QUERIES:
+        return sparse_attention(q, kv, indices, sinks, **kw)
+    return tl_sparse.sparse_attention(q, kv, indices, sinks, **kw)
+
+
 def _chosen(ctx) -> bool:
     """sparse_attention_path=gluon on an SM90 device (elsewhere that option leaves the op to the tl kernel)."""
     from deepinfer_cuda.kernels.gemm_mxfp4_gluon import is_sm90
 
     return SPARSE_ATTENTION_PATH.value(ctx) == "gluon" and is_sm90(ctx.device)
+
+
+def _chosen_by_auto(ctx) -> bool:
+    """sparse_attention_path=auto on an SM90 device whose Triton has Gluon for Hopper (else auto is the tl kernel)."""
+    from deepinfer_cuda.kernels.gemm_mxfp4_gluon import is_sm90
+
+    return SPARSE_ATTENTION_PATH.value(ctx) == "auto" and is_sm90(ctx.device) and GLUON_IMPORT_ERROR is None
 
 
 def _unusable(ctx) -> str | None:
@@ -650,5 +688,14 @@ REGISTRATIONS = [
         note="Gluon (SM90, FP8 caches; sparse_attention_path=gluon): warp-specialised, a converting warpgroup gathering 64-row tiles "
         "into bf16 stages, a softmax warpgroup scoring every row and a value warpgroup, each owning half the output columns; the tl "
         "kernel for the calls it does not serve",
+    ),
+    Registration(
+        op="sparse_attention",
+        fn=sparse_attention_auto,
+        dtypes=(torch.bfloat16,),
+        when=_chosen_by_auto,
+        priority=1,
+        note="Gluon (SM90, FP8 caches; sparse_attention_path=auto): the kernel above for calls of at least 2 queries, the tl kernel "
+        "for one query (where it measured faster) and for the calls the Gluon kernel does not serve",
     ),
 ]
