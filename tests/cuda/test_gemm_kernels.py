@@ -584,3 +584,175 @@ def test_the_invariant_plan_takes_one_entry_for_every_row_count(kg, monkeypatch)
     for rows in (1, 256):
         plan = kg.plan_gemm(rand(rows, 1024, seed=rows, dtype=torch.bfloat16), fp8["weight"], "fp8_block", kg._LINEAR, invariant=True)
         assert (plan.block_m, plan.block_n) == (small["BLOCK_M"], small["BLOCK_N"])
+
+
+# ---------------------------------------------------------------------------------------------- fp8 quantiser fused into the GEMM
+# fused_quant (tuning flag, off in every shipped entry; forced here): at decode sizes (the small and medium entries) the
+# fp8_block GEMM reads x itself and quantises each [BLOCK_M, 128] tile in registers with the quantiser's own jit helper,
+# so the outputs must equal those of quantise-then-GEMM bit for bit, in every layout and through both kernels.
+
+
+@pytest.fixture(scope="module")
+def fused_ops(kg):
+    """(fused, unfused) op tables: the quantiser folded into the GEMM forced on, and forced off."""
+    return [dict(zip(("linear", "grouped_gemm"), kg._gemm_ops(fused_quant=forced))) for forced in (True, False)]
+
+
+def fused_and_unfused(kg, fused_ops, op_name: str, kw: dict, layout: int):
+    """Both outputs, after checking the plans: the forced-on plan fuses, the forced-off one does not."""
+    x = kw["x"]
+    assert kg.plan_gemm(x, kw["weight"], "fp8_block", layout, fused_quant=True).fused_quant
+    assert not kg.plan_gemm(x, kw["weight"], "fp8_block", layout, fused_quant=False).fused_quant
+    fused, unfused = (ops[op_name](**kw) for ops in fused_ops)
+    return fused, unfused
+
+
+def same_valid_rows(kw: dict, a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Equal bits where grouped_gemm defines its output (rows past masked_m or past the last offset are left unwritten)."""
+    if "expert_offsets" in kw or "masked_m" in kw:
+        a, b = (ref._grouped_gemm_canonicalize(kw, {"out": t})["out"] for t in (a, b))
+    return torch.equal(a.view(torch.int16) if a.element_size() == 2 else a.view(torch.int32),
+                       b.view(torch.int16) if b.element_size() == 2 else b.view(torch.int32))
+
+
+def fp8_x(*shape, seed: int, dtype) -> torch.Tensor:
+    """Activations with a wide range per row and group: a large column, tiny values (e4m3 subnormals after scaling),
+    an all-zero 128-column group where K allows one (its scale is the 1e-4 floor's), and a partial last group below 1
+    in magnitude (a K tail read as anything but zeros would move its scale)."""
+    x = rand(*shape, seed=seed) * torch.exp(rand(*shape, seed=seed + 1, scale=2.0))
+    x[..., 3] *= 300.0
+    k = shape[-1]
+    if k >= 256:
+        x[..., 128:256] = 0
+    if k % 128:
+        x[..., k - k % 128 :] = x[..., k - k % 128 :].clamp(-0.9, 0.9)
+    return x.clamp(-6e4, 6e4).to(dtype)
+
+
+@pytest.mark.parametrize(
+    "t,n,k,dtype",
+    [
+        (1, 128, 256, torch.bfloat16),  # one decode row: split-K, the partials summed in-kernel
+        (16, 96, 384, torch.bfloat16),
+        (16, 80, 200, torch.float16),  # a partial last K group (K % 128 != 0), N not a multiple of the tile
+        (65, 200, 1040, torch.bfloat16),  # the medium entry (65-256 rows), partial K group
+        (256, 64, 256, torch.bfloat16),  # the medium entry's last bucket
+        (5, 48, 160, torch.float32),  # float32 x: the e4m3 values through the bf16 MMA, as unfused
+    ],
+)
+def test_fused_quant_linear_is_bit_identical(kg, fused_ops, t, n, k, dtype):
+    kw = {"x": fp8_x(t, k, seed=t + k, dtype=dtype), **weight_in("fp8_block", n=n, k=k, seed=n)}
+    fused, unfused = fused_and_unfused(kg, fused_ops, "linear", kw, kg._LINEAR)
+    assert same_valid_rows(kw, fused, unfused)
+    assert_matches("linear", fused, kw)
+
+
+@pytest.mark.parametrize(
+    "counts,pad,n,k,dtype",
+    [
+        ([1], 0, 64, 256, torch.bfloat16),  # one row
+        ([5, 0, 35, 1, 0, 19, 10, 0], 5, 96, 160, torch.bfloat16),  # ragged experts, empty ones, padding rows, partial K group
+        ([16] * 4, 0, 136, 384, torch.float16),
+        ([100, 70], 0, 72, 256, torch.bfloat16),  # 170 rows over 2 experts: the medium entry
+        ([253], 3, 64, 384, torch.bfloat16),  # 256 rows on one expert, 3 of them padding
+    ],
+)
+def test_fused_quant_grouped_contiguous_is_bit_identical(kg, fused_ops, counts, pad, n, k, dtype):
+    e = len(counts)
+    offsets = torch.tensor([0, *torch.tensor(counts).cumsum(0).tolist()], dtype=torch.int32)
+    m = int(offsets[-1]) + pad
+    kw = {"x": fp8_x(m, k, seed=m + k, dtype=dtype), **weight_in("fp8_block", e, n=n, k=k, seed=e), "expert_offsets": offsets}
+    fused, unfused = fused_and_unfused(kg, fused_ops, "grouped_gemm", kw, kg._CONTIGUOUS)
+    assert same_valid_rows(kw, fused, unfused)
+    assert_matches("grouped_gemm", fused, kw)
+
+
+@pytest.mark.parametrize(
+    "masked,max_m,n,k,dtype",
+    [
+        ([1, 0, 1], 1, 64, 256, torch.bfloat16),  # one row per expert, masked_m 0
+        ([3, 0, 16, 9], 16, 64, 200, torch.bfloat16),  # ragged, partial K group
+        ([16, 16], 16, 128, 1024, torch.float16),  # decode-shaped: split-K
+        ([65, 1, 40], 65, 48, 256, torch.bfloat16),  # the medium entry
+        ([256, 130], 256, 40, 128, torch.bfloat16),
+    ],
+)
+def test_fused_quant_grouped_masked_is_bit_identical(kg, fused_ops, masked, max_m, n, k, dtype):
+    e = len(masked)
+    kw = {"x": fp8_x(e, max_m, k, seed=max_m + k, dtype=dtype), **weight_in("fp8_block", e, n=n, k=k, seed=n),
+          "masked_m": torch.tensor(masked, dtype=torch.int32)}
+    fused, unfused = fused_and_unfused(kg, fused_ops, "grouped_gemm", kw, kg._MASKED)
+    assert same_valid_rows(kw, fused, unfused)
+    assert_matches("grouped_gemm", fused, kw)
+
+
+def test_fused_quant_reads_the_heads_view_where_it_lies(kg, fused_ops):
+    """The grouped output projection's [G, T, K] view of [T, G * K] (rows that do not flatten): the fused kernel reads x
+    by its strides, no copy, and gives the bits of the quantiser's path."""
+    heads = rand(40, 4 * 256, seed=11, scale=3.0).to(torch.bfloat16)
+    x = heads.view(40, 4, 256).transpose(0, 1)
+    kw = {"x": x, **weight_in("fp8_block", 4, n=64, k=256, seed=12), "masked_m": torch.full((4,), 40, dtype=torch.int32)}
+    fused, unfused = fused_and_unfused(kg, fused_ops, "grouped_gemm", kw, kg._MASKED)
+    assert torch.equal(fused, unfused)
+    assert_matches("grouped_gemm", fused, kw)
+
+
+@pytest.fixture
+def sm90_tma(kg, monkeypatch):
+    """SM90's fp8_block entries (the medium one runs `_gemm_tma_kernel`) with tensor descriptors allowed under the
+    interpreter (it implements them, and fp8 x fp8 dots exactly), so the TMA kernel's fused step runs here."""
+    from deepinfer_cuda.tuning import sm90
+
+    table = kg.config
+    monkeypatch.setattr(kg, "config", lambda op, variant, device: dict(sm90.CONFIGS[op][variant]) if variant.startswith("fp8_block_")
+                        else table(op, variant, device))
+    monkeypatch.setattr(kg, "_use_tma", lambda cfg, fmt, x, w, k, split: bool(cfg.get("tma")) and split == 1 and fmt == "fp8_block"
+                        and x.dtype != torch.float32 and k % 16 == 0)  # _use_tma's conditions for fp8 weights, less "not interpreting"
+
+
+@pytest.mark.parametrize("layout", ["linear", "contiguous", "masked"])
+@pytest.mark.parametrize("k", [384, 272])  # 272: a partial last K group (x's loads masked; the weight's zero-filled)
+def test_fused_quant_in_the_tma_kernel_is_bit_identical(kg, fused_ops, sm90_tma, layout, k):
+    n, dtype = 136, torch.bfloat16
+    if layout == "linear":
+        kw = {"x": fp8_x(100, k, seed=k, dtype=dtype), **weight_in("fp8_block", n=n, k=k, seed=3)}
+        op, lay = "linear", kg._LINEAR
+    elif layout == "contiguous":
+        offsets = torch.tensor([0, 90, 90, 200], dtype=torch.int32)  # 200 rows over 3 experts: bucket 256 / 3, the medium entry
+        kw = {"x": fp8_x(203, k, seed=k, dtype=dtype), **weight_in("fp8_block", 3, n=n, k=k, seed=3), "expert_offsets": offsets}
+        op, lay = "grouped_gemm", kg._CONTIGUOUS
+    else:
+        kw = {"x": fp8_x(3, 80, k, seed=k, dtype=dtype), **weight_in("fp8_block", 3, n=n, k=k, seed=3),
+              "masked_m": torch.tensor([80, 0, 33], dtype=torch.int32)}
+        op, lay = "grouped_gemm", kg._MASKED
+    plan = kg.plan_gemm(kw["x"], kw["weight"], "fp8_block", lay, fused_quant=True)
+    assert plan.tma and plan.fused_quant and plan.block_m == 64 and plan.block_n == 128
+    fused, unfused = fused_and_unfused(kg, fused_ops, op, kw, lay)
+    assert same_valid_rows(kw, fused, unfused)
+    assert_matches(op, fused, kw)
+
+
+def test_fused_quant_is_off_in_every_shipped_table_and_kept_to_decode_sizes(kg, monkeypatch):
+    """Not yet run on a GPU: no table entry turns it on. Forced on, it still leaves prefill sizes (the large entry),
+    pre-quantised activations, other formats and entries with k_pairs / warp_specialize to the quantiser launch."""
+    from deepinfer_cuda.tuning import default, sm90, sm100
+
+    for table in (default, sm90, sm100):
+        assert not any(entry.get("fused_quant") for entry in table.CONFIGS["gemm"].values())
+    w = weight_in("fp8_block", n=256, k=512, seed=1)["weight"]
+    for rows, fused in ((1, True), (64, True), (256, True), (257, False), (4096, False)):
+        x = torch.empty(rows, 512, dtype=torch.bfloat16)
+        assert kg.plan_gemm(x, w, "fp8_block", kg._LINEAR).fused_quant is False  # the tables' default
+        assert kg.plan_gemm(x, w, "fp8_block", kg._LINEAR, fused_quant=True).fused_quant is fused
+    dense = torch.empty(256, 512, dtype=torch.bfloat16)
+    assert not kg.plan_gemm(torch.empty(4, 512, dtype=torch.bfloat16), dense, "dense", kg._LINEAR, fused_quant=True).fused_quant
+    assert not kg.fused_quant_wanted({"fused_quant": True, "k_pairs": True}, "fp8_block", 16, None)
+    assert not kg.fused_quant_wanted({"fused_quant": True, "warp_specialize": True}, "fp8_block", 16, True)
+    assert kg.fused_quant_wanted({"fused_quant": True}, "fp8_block", 16, None)
+    plans = []
+    real = kg._launch_pointers
+    monkeypatch.setattr(kg, "_launch_pointers", lambda plan, *args: (plans.append(plan), real(plan, *args)))
+    x = rand(4, 512, seed=2, dtype=torch.bfloat16)
+    ws = weight_in("fp8_block", n=256, k=512, seed=1)["weight_scale"]
+    kg.launch_gemm(x, w, ws, "fp8_block", kg._LINEAR, prequantised=kg.quantize_act_fp8(x), fused_quant=True)
+    assert [p.fused_quant for p in plans] == [False]
