@@ -324,6 +324,18 @@ def _hc_pre_kernel(
                  norm_eps, ACC, N, N_PAD, MANUAL_RNE, BLOCK_T, BLOCK_D, NORM, STATS_BLOCK_D, DELAYED, HEAD)
 
 
+@triton.jit
+def _summed_partials(part_ptr, part_ss_ptr, toks, t_ok, n_seg, ACC: tl.constexpr, W_PAD: tl.constexpr, SEG_PAD: tl.constexpr):
+    """The tokens' projections [BLOCK_T, W_PAD] and sums of squares [BLOCK_T]: all of their segment partials loaded as
+    ONE tile (every load in flight at once, not one dependent load per segment), summed with one tl.sum (a fixed tree)."""
+    w = tl.arange(0, W_PAD)
+    s = tl.arange(0, SEG_PAD)
+    rows = toks[:, None] * n_seg + s[None, :]  # [BLOCK_T, SEG_PAD]
+    r_ok = t_ok[:, None] & (s < n_seg)[None, :]
+    parts = tl.load(part_ptr + rows[:, :, None] * W_PAD + w[None, None, :], mask=r_ok[:, :, None], other=0.0).to(ACC)
+    return tl.sum(parts, axis=1), tl.sum(tl.load(part_ss_ptr + rows, mask=r_ok, other=0.0).to(ACC), axis=1)
+
+
 @triton.jit(do_not_specialize=["T"])
 def _hc_pre_combine_kernel(
     x_ptr, base_ptr, scale_ptr, w_ptr, part_ptr, part_ss_ptr,
@@ -342,13 +354,7 @@ def _hc_pre_combine_kernel(
     pid_d = tl.program_id(1)
     toks = (pid_t * BLOCK_T + tl.arange(0, BLOCK_T)).to(tl.int64)
     t_ok = toks < T
-    w = tl.arange(0, W_PAD)
-    s = tl.arange(0, SEG_PAD)
-    rows = toks[:, None] * n_seg + s[None, :]  # [BLOCK_T, SEG_PAD]
-    r_ok = t_ok[:, None] & (s < n_seg)[None, :]
-    parts = tl.load(part_ptr + rows[:, :, None] * W_PAD + w[None, None, :], mask=r_ok[:, :, None], other=0.0).to(ACC)
-    acc = tl.sum(parts, axis=1)
-    ss = tl.sum(tl.load(part_ss_ptr + rows, mask=r_ok, other=0.0).to(ACC), axis=1)
+    acc, ss = _summed_partials(part_ptr, part_ss_ptr, toks, t_ok, n_seg, ACC, W_PAD, SEG_PAD)
     pre, post, comb = _mixings(acc, ss, base_ptr, scale_ptr, N * D, norm_eps, hc_eps, sinkhorn_iters, ACC, N, BLOCK_T, W_PAD, N_PAD, HEAD)
     d_lo = pid_d * d_per_split
     _store_mixed(x_ptr, out_ptr, post_ptr, comb_ptr, w_ptr, pre_ptr, prev_pre_ptr, toks, t_ok, pre, post, comb, pid_d == 0, d_lo,
@@ -378,13 +384,7 @@ def _hc_pre_row_kernel(
     n = tl.arange(0, N_PAD)
     d = tl.arange(0, D_PAD)
     d_ok = d < D
-    w = tl.arange(0, W_PAD)
-    s = tl.arange(0, SEG_PAD)
-    rows = toks[:, None] * n_seg + s[None, :]  # [BLOCK_T, SEG_PAD]
-    r_ok = t_ok[:, None] & (s < n_seg)[None, :]
-    parts = tl.load(part_ptr + rows[:, :, None] * W_PAD + w[None, None, :], mask=r_ok[:, :, None], other=0.0).to(ACC)
-    acc = tl.sum(parts, axis=1)
-    ss = tl.sum(tl.load(part_ss_ptr + rows, mask=r_ok, other=0.0).to(ACC), axis=1)
+    acc, ss = _summed_partials(part_ptr, part_ss_ptr, toks, t_ok, n_seg, ACC, W_PAD, SEG_PAD)
     pre, post, comb = _mixings(acc, ss, base_ptr, scale_ptr, N * D, norm_eps, hc_eps, sinkhorn_iters, ACC, N, BLOCK_T, W_PAD, N_PAD, HEAD)
     pre = _store_mixings(post_ptr, comb_ptr, pre_ptr, prev_pre_ptr, toks, t_ok, pre, post, comb, True, ACC, N, N_PAD, DELAYED, HEAD)
     xt = tl.load(x_ptr + toks[:, None, None] * stride_t + (n[None, :, None] * D + d[None, None, :]),
