@@ -218,31 +218,6 @@ def _grouped_contiguous(fmt: str, e: int, rows: int, n: int, k: int) -> Callable
     return call
 
 
-def _fp8_decode(layout: str, e: int, rows: int, n: int, k: int, fused: bool) -> Callable[[], None]:
-    """fp8_block at a decode size with the activation quantiser folded into the GEMM forced on (fused) or off (the
-    quantiser's launch first), whatever the table says (gemm._gemm_ops(fused_quant=...)): linear (rows x k), masked
-    (e experts x rows) or contiguous (rows over e experts). A plan that does not take the forced choice fails the case
-    (it would compile the other variant under this one's name)."""
-    def call():
-        from deepinfer_cuda.kernels import gemm
-
-        fp8, f32, i32 = torch.float8_e4m3fn, torch.float32, torch.int32
-        linear, grouped_gemm = gemm._gemm_ops(fused_quant=fused)
-        lead = () if layout == "linear" else (e,)
-        x = _t(e, rows, k) if layout == "masked" else _t(rows, k)
-        w, ws = _t(*lead, n, k, dtype=fp8), _t(*lead, n // 128, k // 128, dtype=f32)
-        kind = {"linear": gemm._LINEAR, "masked": gemm._MASKED, "contiguous": gemm._CONTIGUOUS}[layout]
-        if gemm.plan_gemm(x, w, "fp8_block", kind, fused_quant=fused).fused_quant != fused:
-            raise RuntimeError(f"the plan does not take fused_quant={fused} here")
-        if layout == "linear":
-            linear(x, w, weight_scale=ws, fmt="fp8_block")
-        elif layout == "masked":
-            grouped_gemm(x, w, masked_m=_t(e, dtype=i32), weight_scale=ws, fmt="fp8_block")
-        else:
-            grouped_gemm(x, w, expert_offsets=_t(e + 1, dtype=i32), weight_scale=ws, fmt="fp8_block")
-    return call
-
-
 def _gate(t: int, e: int, top_k: int, n_group: int, topk_group: int) -> Callable[[], None]:
     def call():
         from deepinfer_cuda.kernels import moe
@@ -500,25 +475,6 @@ CASES: list[Case] = [
     Case("linear dense router bf16 x f32 weight -> f32 (8x4096->256)", _router(8, 256, 4096), None, pdl=True),
     Case("linear fp8_block prefill (4096x7168->4096)", _linear("fp8_block", 4096, 4096, 7168), "mma"),
     Case("grouped_gemm fp8_block decode masked (E8 m16 7168->4096)", _grouped_masked("fp8_block", 8, 16, 4096, 7168), "mma", DECODE_16_ROWS, pdl=True),
-    # fp8_block at decode sizes with the activation quantiser folded into the GEMM (tuning flag fused_quant: off in every
-    # table, forced here; not yet run on a GPU) beside the same calls with the quantiser launched first: the small entry
-    # (16-row tiles: mma.sync; the masked pair is the case above) and, on sm90, the medium one (the TMA kernel, x's own
-    # bf16 tiles through a descriptor). SM100's medium entry (its large one, not tuned there) splits K onto the pointer
-    # kernel, whose 128 x 128 tile spills with the quantiser launched first too: not a case until that entry is tuned.
-    Case("linear fp8_block decode (1x4096->1024)", _fp8_decode("linear", 1, 1, 1024, 4096, fused=False), "mma", DECODE_16_ROWS),
-    Case("linear fp8_block decode fused quant (1x4096->1024)", _fp8_decode("linear", 1, 1, 1024, 4096, fused=True), "mma", DECODE_16_ROWS, pdl=True),
-    Case("grouped_gemm fp8_block decode masked fused quant (E8 m16 7168->4096)", _fp8_decode("masked", 8, 16, 4096, 7168, fused=True), "mma",
-         DECODE_16_ROWS, pdl=True),
-    Case("linear fp8_block decode (256x4096->1024)", _fp8_decode("linear", 1, 256, 1024, 4096, fused=False), "mma", tma=True, archs=("sm90",)),
-    Case("linear fp8_block decode fused quant (256x4096->1024)", _fp8_decode("linear", 1, 256, 1024, 4096, fused=True), "mma", tma=True, archs=("sm90",)),
-    Case("grouped_gemm fp8_block decode contig (E8 1024 7168->4096)", _fp8_decode("contiguous", 8, 1024, 4096, 7168, fused=False), "mma",
-         tma=True, archs=("sm90",)),
-    Case("grouped_gemm fp8_block decode contig fused quant (E8 1024 7168->4096)", _fp8_decode("contiguous", 8, 1024, 4096, 7168, fused=True),
-         "mma", tma=True, archs=("sm90",)),
-    Case("grouped_gemm fp8_block decode masked (E8 m256 4096->1024)", _fp8_decode("masked", 8, 256, 1024, 4096, fused=False), "mma",
-         tma=True, archs=("sm90",)),
-    Case("grouped_gemm fp8_block decode masked fused quant (E8 m256 4096->1024)", _fp8_decode("masked", 8, 256, 1024, 4096, fused=True), "mma",
-         tma=True, archs=("sm90",)),
     Case("linear mxfp4 prefill (4096x7168->4096)", _linear("mxfp4", 4096, 4096, 7168), "mx", MXFP4_W4A16),
     Case("grouped_gemm mxfp4 decode masked (E8 m16 7168->4096)", _grouped_masked("mxfp4", 8, 16, 4096, 7168), "mx", MXFP4_W4A16),
     Case("linear mxfp8 prefill (4096x7168->4096)", _linear("mxfp8", 4096, 4096, 7168), "mx"),

@@ -13,10 +13,7 @@ against copy bandwidth). Peers:
   mxfp4 decode: F.linear on the dequantised bf16 weight (reads 3.8x the bytes); mxfp8 and mxfp4_a8
   (MX activations, added 2026-11-30, not yet run on a GPU) likewise.
 The fp8 cases include the fused activation quantiser (the op takes bf16 activations); one more case
-times the GEMM alone on pre-quantised activations, as DeepGEMM reports it. Rows ending ", fused quant" force the
-quantiser folded into the GEMM kernel (tuning flag fused_quant: not yet run on a GPU, off in every table) beside the same
-decode call as the tables have it (today: the quantiser's launch, then the GEMM); both rows of such a pair are timed
-from a CUDA graph (decode-sized calls, a few microseconds each: the saved launch is the point). Rows ending ", gluon" call the SM90 Gluon
+times the GEMM alone on pre-quantised activations, as DeepGEMM reports it. Rows ending ", gluon" call the SM90 Gluon
 kernel of their format (fp8_path=gluon, mxfp4_path=gluon) directly; V4-Flash's expert GEMMs at prefill size (w13, w2)
 have a bf16 row beside their mxfp4 one, the comparison the MXFP4 target is stated in.
 
@@ -70,22 +67,11 @@ def _nbytes(*ts) -> float:
 # grouped_gemm
 
 
-def _forced_ops(fused_quant: bool | None) -> dict | None:
-    """The ops with fp8_block's quantiser folded into the GEMM forced on or off (None: the tables' choice, the registered ops)."""
-    if fused_quant is None:
-        return None
-    from deepinfer_cuda.kernels import gemm
-
-    return dict(zip(("linear", "grouped_gemm"), gemm._gemm_ops(fused_quant=fused_quant)))
-
-
-def _grouped_setup(fmt: str, e: int, per_expert: int, n: int, k: int, masked: bool, prequantise: bool = False, path: str | None = None,
-                   fused_quant: bool | None = None):
+def _grouped_setup(fmt: str, e: int, per_expert: int, n: int, k: int, masked: bool, prequantise: bool = False, path: str | None = None):
     def setup(device: torch.device) -> dict:
         g = _gen(device)
         s = _weights(fmt, e, n, k, device)
         s["path"] = path
-        s["ops"] = _forced_ops(fused_quant)
         if masked:
             s["x"] = torch.randn(e, per_expert, k, device=device, generator=g, dtype=torch.bfloat16)
             s["masked_m"] = torch.full((e,), per_expert, dtype=torch.int32, device=device)
@@ -141,8 +127,7 @@ def _grouped_kernel(s: dict):
             s["x"], s["weight"], s["weight_scale"], "fp8_block", layout,
             offsets=s.get("expert_offsets"), masked_m=s.get("masked_m"), prequantised=s["prequantised"],
         )
-    grouped_gemm = s["ops"]["grouped_gemm"] if s.get("ops") else gemm.grouped_gemm
-    return grouped_gemm(
+    return gemm.grouped_gemm(
         s["x"], s["weight"], expert_offsets=s.get("expert_offsets"), masked_m=s.get("masked_m"),
         weight_scale=s.get("weight_scale"), fmt=s.get("fmt", "dense"),
     )
@@ -184,20 +169,18 @@ def _grouped_bytes(s: dict) -> float:
     return _nbytes(s["weight"], s.get("weight_scale"), s["x"]) + out_bytes
 
 
-def _grouped_case(name, fmt, e, per_expert, n, k, *, masked=False, bound="compute", prequantise=False, peer=True, path=None, fused_quant=None,
-                  graph=False):
+def _grouped_case(name, fmt, e, per_expert, n, k, *, masked=False, bound="compute", prequantise=False, peer=True, path=None):
     peer_name = {"dense": "torch._grouped_mm", "fp8_block": "torch fp8 (_scaled_grouped_mm rowwise | _scaled_mm loop)"}.get(fmt, "-")
     return BenchCase(
         op="grouped_gemm",
         name=name,
-        setup=_grouped_setup(fmt, e, per_expert, n, k, masked, prequantise, path, fused_quant),
+        setup=_grouped_setup(fmt, e, per_expert, n, k, masked, prequantise, path),
         kernel=_grouped_kernel,
         peer=_grouped_peer if peer and fmt in ("dense", "fp8_block") else None,
         peer_name=peer_name,
         flops=_grouped_flops,
         bytes=_grouped_bytes,
         bound=bound,
-        graph=graph,
     )
 
 
@@ -205,11 +188,10 @@ def _grouped_case(name, fmt, e, per_expert, n, k, *, masked=False, bound="comput
 # linear
 
 
-def _linear_setup(fmt: str, t: int, n: int, k: int, path: str | None = None, fused_quant: bool | None = None):
+def _linear_setup(fmt: str, t: int, n: int, k: int, path: str | None = None):
     def setup(device: torch.device) -> dict:
         s = _weights(fmt, None, n, k, device)
         s["path"] = path
-        s["ops"] = _forced_ops(fused_quant)
         s["x"] = torch.randn(t, k, device=device, generator=_gen(device), dtype=torch.bfloat16)
         s["t"], s["n"], s["k"] = t, n, k
         if fmt == "fp8_block":  # per-tensor fp8 peer
@@ -229,8 +211,6 @@ def _linear_kernel(s: dict):
 
     if s.get("path") == "gluon":
         return _gluon_module(s["fmt"]).linear(s["x"], s["weight"], weight_scale=s["weight_scale"], fmt=s["fmt"])
-    if s.get("ops"):
-        linear = s["ops"]["linear"]
     return linear(s["x"], s["weight"], weight_scale=s.get("weight_scale"), fmt=s.get("fmt", "dense"))
 
 
@@ -251,7 +231,7 @@ def _linear_bytes(s: dict) -> float:
     return _nbytes(s["weight"], s.get("weight_scale"), s["x"]) + s["t"] * s["n"] * 2
 
 
-def _linear_case(name, fmt, t, n, k, *, bound, path=None, fused_quant=None, graph=False):
+def _linear_case(name, fmt, t, n, k, *, bound, path=None):
     peer_name = {
         "dense": "F.linear (cuBLAS)",
         "fp8_block": "torch._scaled_mm per-tensor",
@@ -260,8 +240,8 @@ def _linear_case(name, fmt, t, n, k, *, bound, path=None, fused_quant=None, grap
         "mxfp4_a8": "F.linear on dequantised bf16 weight",
     }[fmt]
     return BenchCase(
-        op="linear", name=name, setup=_linear_setup(fmt, t, n, k, path, fused_quant), kernel=_linear_kernel, peer=_linear_peer,
-        peer_name=peer_name, flops=_linear_flops, bytes=_linear_bytes, bound=bound, graph=graph,
+        op="linear", name=name, setup=_linear_setup(fmt, t, n, k, path), kernel=_linear_kernel, peer=_linear_peer,
+        peer_name=peer_name, flops=_linear_flops, bytes=_linear_bytes, bound=bound,
     )
 
 
@@ -285,16 +265,10 @@ CASES = [
     # decode, weight streaming
     _grouped_case("bf16 masked 64x16 tok, 2048->2816", "dense", 64, 16, 2816, 2048, masked=True, bound="memory"),
     _grouped_case("bf16 contiguous 64x16 tok, 2048->2816", "dense", 64, 16, 2816, 2048, bound="memory"),
-    # fp8_block decode pairs: the tables' choice, then the quantiser folded into the GEMM (graph-timed, module doc)
-    _grouped_case("fp8_block masked 64x16 tok, 2048->2816", "fp8_block", 64, 16, 2816, 2048, masked=True, bound="memory", peer=False, graph=True),
-    _grouped_case("fp8_block masked 64x16 tok, 2048->2816, fused quant", "fp8_block", 64, 16, 2816, 2048, masked=True, bound="memory", peer=False,
-                  fused_quant=True, graph=True),
+    _grouped_case("fp8_block masked 64x16 tok, 2048->2816", "fp8_block", 64, 16, 2816, 2048, masked=True, bound="memory", peer=False),
     _grouped_case("fp8_block masked 64x16 tok, 2048->2816, gluon", "fp8_block", 64, 16, 2816, 2048, masked=True, bound="memory", peer=False, path="gluon"),
     _linear_case("fp8_block decode 256x4096->1024, gluon", "fp8_block", 256, 1024, 4096, bound="memory", path="gluon"),
-    _linear_case("fp8_block decode 256x4096->1024", "fp8_block", 256, 1024, 4096, bound="memory", graph=True),
-    _linear_case("fp8_block decode 256x4096->1024, fused quant", "fp8_block", 256, 1024, 4096, bound="memory", fused_quant=True, graph=True),
-    _linear_case("fp8_block decode 1x4096->1024", "fp8_block", 1, 1024, 4096, bound="memory", graph=True),
-    _linear_case("fp8_block decode 1x4096->1024, fused quant", "fp8_block", 1, 1024, 4096, bound="memory", fused_quant=True, graph=True),
+    _linear_case("fp8_block decode 256x4096->1024", "fp8_block", 256, 1024, 4096, bound="memory"),
     _linear_case("bf16 decode 16x7168->36864", "dense", 16, 36864, 7168, bound="memory"),
     _linear_case("mxfp4 decode 16x7168->36864", "mxfp4", 16, 36864, 7168, bound="memory"),
     # MX activations (W8A8 / W4A8): Triton's emulation on SM90, the block-scaled MMA on SM100
@@ -310,8 +284,7 @@ CASES = [
 
 
 def check(device: torch.device, quick: bool = False, only: str | None = None) -> int:
-    """Every format and layout against the references on the GPU, and fp8_block's fused quantiser against the
-    quantiser-first path bit for bit; returns the number of failures.
+    """Every format and layout against the references on the GPU; returns the number of failures.
 
     quick: float32 activations, the mxfp4 upcast path and the TMA kernel only."""
     from deepinfer.ops import gemm as ref
@@ -430,41 +403,6 @@ def check(device: torch.device, quick: bool = False, only: str | None = None) ->
             kg.config = table_config
     # mixed dense dtypes
     compare("linear dense bf16 x, fp32 weight", "linear", {"x": x_of(40, 256), **weights("dense", (), 96, 256, torch.float32)})
-
-    # fp8_block's quantiser folded into the GEMM (tuning flag fused_quant, forced on): the quantiser-first path's bits
-    fused_ops, first_ops = kg._gemm_ops(fused_quant=True), kg._gemm_ops(fused_quant=False)
-
-    def same_bits(name, op, kw):
-        if only and only not in name:
-            return
-        index = 0 if op == "linear" else 1
-        try:
-            got, want = fused_ops[index](**kw), first_ops[index](**kw)
-            torch.cuda.synchronize(device)
-        except Exception as exc:  # noqa: BLE001
-            report(name, False, f"{type(exc).__name__}: {exc}".splitlines()[0][:300])
-            return
-        if op == "grouped_gemm":
-            got, want = (ref._grouped_gemm_canonicalize(kw, {"out": t})["out"] for t in (got, want))
-        report(name, torch.equal(got, want), "(bit-identical to the quantiser launch first)")
-
-    for t in (1, 16, 64, 256):
-        for dtype in (torch.bfloat16, torch.float16) if t == 16 else (torch.bfloat16,):
-            kw = {"x": x_of(t, 4096, dtype=dtype), **weights("fp8_block", (), 1024, 4096)}
-            same_bits(f"fused quant linear fp8_block {dtype} {t}x4096->1024", "linear", kw)
-    same_bits("fused quant linear fp8_block 33x1040->200 (partial K group)", "linear", {"x": x_of(33, 1040), **weights("fp8_block", (), 200, 1040)})
-    for counts in ([1, 0, 5, 16, 0, 9, 3, 0], [100, 0, 130, 20]):
-        offs = torch.tensor([0, *torch.tensor(counts).cumsum(0).tolist()], dtype=torch.int32, device=device)
-        same_bits(f"fused quant grouped contiguous fp8_block counts={counts}", "grouped_gemm",
-                  {"x": x_of(int(offs[-1]) + 3, 2048), **weights("fp8_block", (len(counts),), 2816, 2048), "expert_offsets": offs})
-    for masked, max_m in (([16, 3, 0, 16], 16), ([256, 130, 1, 0], 256)):
-        same_bits(f"fused quant grouped masked fp8_block masked_m={masked}", "grouped_gemm",
-                  {"x": x_of(len(masked), max_m, 2048), **weights("fp8_block", (len(masked),), 1024, 2048),
-                   "masked_m": torch.tensor(masked, dtype=torch.int32, device=device)})
-    for tokens in (1, 256):  # the grouped output projection over its [G, T, K] view (read in place)
-        heads = x_of(tokens, 8 * 4096).view(tokens, 8, 4096).transpose(0, 1)
-        same_bits(f"fused quant grouped masked fp8_block heads view T{tokens}", "grouped_gemm",
-                  {"x": heads, **weights("fp8_block", (8,), 1024, 4096), "masked_m": torch.full((8,), tokens, dtype=torch.int32, device=device)})
 
     # CUDA graph capture: no host synchronisation in either layout
     if only:

@@ -21,9 +21,9 @@ the end, only feeds outputs masked at the store), no split-K. Option "k_pairs" (
 128-K groups per step so one MMA is in flight while the other is promoted. The H200 figures are in
 tuning/sm90.py.
 
-Every choice of a launch (tiles, dot dtype, split-K, which kernel, the quantiser fused or not) is made once by
-`plan_gemm` from shapes, dtypes, strides, the device and its tuning entry, into a `GemmPlan`; `launch_gemm`
-quantises the activation (unless the plan fuses it) and hands the plan to a launcher (`_launch_pointers`, `_launch_tma`).
+Every choice of a launch (tiles, dot dtype, split-K, which kernel) is made once by `plan_gemm`
+from shapes, dtypes, strides, the device and its tuning entry, into a `GemmPlan`; `launch_gemm`
+quantises the activation and hands the plan to a launcher (`_launch_pointers`, `_launch_tma`).
 
 Tiles are grouped GROUP_M row tiles at a time (L2 reuse of the weight tiles). Decode shapes
 (few rows per expert) take the "small" tuning variant: BLOCK_M 16..64, wide BLOCK_K and deep
@@ -49,17 +49,6 @@ Formats:
   reduced precision, fine for bf16/fp16 outputs but not for float32's tolerance (seen on the H200:
   up to 72x the bound): float32 activations take the fp8 values upcast to bf16 (exact) through the
   bf16 MMA, which sums in float32.
-  Fused quantiser (tuning flag "fused_quant", decode sizes only; NOT YET RUN ON A GPU, so off in every shipped
-  entry, forced by `launch_gemm(fused_quant=True)` / `_gemm_ops(fused_quant=True)` for benchmarks and tests): at
-  decode sizes the quantiser is a launch of its own per projection for little work, so the GEMM kernel
-  reads x itself and quantises each [BLOCK_M, 128] tile in registers with the quantiser's own jit helper
-  (`_fp8_group_quantise`): the same e4m3 values and scales, so the same output bits, and no x_fp8 / x_scale
-  tensors. Every N-block program re-quantises its rows (cheap beside the weight stream; prefill sizes keep the
-  quantiser launch, `fused_quant_wanted`). The pointer kernel quantises the tile it already loads; the TMA kernel
-  (the medium entry) takes x's own bf16/fp16 tiles through a descriptor of x as [E, max_m, K] or [1, rows, K]
-  (x's strides, so the grouped output projection's transposed view is read in place; an x whose strides a
-  descriptor cannot take keeps the quantiser): TMA keeps the x tiles in the software pipeline's shared memory,
-  where pointer loads of them were held in registers and spilled (the sm90 compile check; tuning/sm90.py has the figures).
   fp8_path=gluon picks another implementation on SM90, the persistent warp-specialised Gluon kernel of
   gemm_fp8_gluon.py (its own registrations; not yet verified on a GPU), which hands the calls it does not
   serve back to this module.
@@ -170,24 +159,6 @@ _KERNEL_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 # fp8 activation quantiser (per token, per 128-column group)
 
 
-@triton.jit
-def _fp8_group_quantise(x, MANUAL_CVT: tl.constexpr):
-    """One 128-column group of R rows, x [R, 128] float32 (zeros past K), quantised per row exactly as
-    `deepinfer.ops.quant.quantize_act_fp8` defines it -> (e4m3 values [R, 128] float8e4nv, scale float32 [R]):
-    amax clamped at float32(1e-4), scale = amax / 448 and x / scale both by tl.math.div_rn, round to nearest even.
-    MANUAL_CVT (the interpreter, whose float8 cast truncates): the byte by integer arithmetic, bit-cast back.
-    The quantiser kernel and the GEMM's fused variant (FUSED_QUANT) both call it, so their bits cannot drift."""
-    amax = tl.max(tl.abs(x), axis=1)
-    amax = tl.maximum(amax, 1e-4)  # float32(1e-4), as the reference clamps
-    scale = tl.math.div_rn(amax, 448.0)
-    y = tl.math.div_rn(x, scale[:, None])
-    if MANUAL_CVT:
-        q = e4m3_rne_bits(y).to(tl.uint8).to(tl.float8e4nv, bitcast=True)
-    else:
-        q = y.to(tl.float8e4nv)
-    return q, scale
-
-
 @triton.jit(do_not_specialize=["R", "inner_rows"])
 def _quant_act_fp8_kernel(
     x_ptr, q_ptr, s_ptr,
@@ -210,12 +181,15 @@ def _quant_act_fp8_kernel(
     mask = row_ok[:, None] & (cols < K)[None, :]
     x_rows = (rows // inner_rows) * stride_xo + (rows % inner_rows) * stride_xr
     x = tl.load(x_ptr + x_rows[:, None] + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-    q, scale = _fp8_group_quantise(x, MANUAL_CVT)
+    amax = tl.max(tl.abs(x), axis=1)
+    amax = tl.maximum(amax, 1e-4)  # float32(1e-4), as the reference clamps
+    scale = tl.math.div_rn(amax, 448.0)
+    y = tl.math.div_rn(x, scale[:, None])
     q_ptrs = q_ptr + rows[:, None] * stride_qr + cols[None, :]
     if MANUAL_CVT:
-        tl.store(q_ptrs, q.to(tl.uint8, bitcast=True), mask=mask)  # q_ptr is a uint8 view
+        tl.store(q_ptrs, e4m3_rne_bits(y).to(tl.uint8), mask=mask)  # q_ptr is a uint8 view
     else:
-        tl.store(q_ptrs, q, mask=mask)
+        tl.store(q_ptrs, y.to(tl.float8e4nv), mask=mask)
     tl.store(s_ptr + rows * stride_sr + g * stride_sg, scale, mask=row_ok)
 
 
@@ -546,8 +520,6 @@ def _gemm_kernel(
     FUSED_REDUCE: tl.constexpr,  # split-K: the tile's last program to arrive sums the partials into final_ptr
     W_DESC: tl.constexpr = False,  # MX_MODE 3, FMT 2: w_ptr is a tensor descriptor of the packed weight as [E*N, K/2] (TMA)
     WS_ROWS: tl.constexpr = 1,  # FMT >= 2: weight rows sharing one scale row (32: fp8_block32's 32x32 blocks)
-    FUSED_QUANT: tl.constexpr = False,  # FMT 1: x_ptr is x itself (bf16/fp16/fp32), each tile quantised here; xs_ptr unread
-    MANUAL_CVT: tl.constexpr = False,  # FUSED_QUANT under the interpreter: the e4m3 byte by integer arithmetic
     PDL: tl.constexpr = False,
 ):
     pdl_prologue(PDL)
@@ -666,10 +638,7 @@ def _gemm_kernel(
                     b = tl.load(w_base + kk[:, None] * stride_wk)
                 else:
                     b = tl.load(w_base + kk[:, None] * stride_wk, mask=(kk < K)[:, None], other=0.0)
-                if FUSED_QUANT:  # a is the [BLOCK_M, 128] tile of x: its group quantised as the quantiser kernel would
-                    a, a_s = _fp8_group_quantise(a.to(tl.float32), MANUAL_CVT)
-                else:
-                    a_s = tl.load(xs_base + it)
+                a_s = tl.load(xs_base + it)
                 if DOT_F32:
                     part = tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
                 elif FP8_VIA_BF16:
@@ -760,22 +729,14 @@ def _gemm_kernel(
 
 
 @triton.jit
-def _tma_step(acc, it, x_desc, w_desc, x_e, x_row, w_row, xs_base, ws_base, ws_tile, stride_wsk,
-              FMT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, SCALAR_WS: tl.constexpr,
-              FUSED_QUANT: tl.constexpr, MANUAL_CVT: tl.constexpr):
-    """One K step of `_gemm_tma_kernel`. FUSED_QUANT: x_desc is x's own (bf16/fp16) 3-D descriptor; the
-    [BLOCK_M, 128] tile at (x_e, x_row) is quantised in registers (`_fp8_group_quantise`); xs_base unread."""
+def _tma_step(acc, it, x_desc, w_desc, x_row, w_row, xs_base, ws_base, ws_tile, stride_wsk,
+              FMT: tl.constexpr, BLOCK_K: tl.constexpr, SCALAR_WS: tl.constexpr):
+    a = x_desc.load([x_row, it * BLOCK_K])
     b = w_desc.load([w_row, it * BLOCK_K])
-    if FUSED_QUANT:
-        xt = tl.reshape(x_desc.load([x_e, x_row, it * BLOCK_K]), (BLOCK_M, BLOCK_K))
-        a, a_s = _fp8_group_quantise(xt.to(tl.float32), MANUAL_CVT)
-    else:
-        a = x_desc.load([x_row, it * BLOCK_K])
     if FMT == 0:
         acc = tl.dot(a, b.T, acc)
     else:
-        if not FUSED_QUANT:
-            a_s = tl.load(xs_base + it)
+        a_s = tl.load(xs_base + it)
         if SCALAR_WS:
             acc += tl.dot(a, b.T) * (a_s * tl.load(ws_tile + it * stride_wsk))[:, None]
         else:
@@ -800,16 +761,12 @@ def _gemm_tma_kernel(
     SCALAR_WS: tl.constexpr,
     WARP_SPEC: tl.constexpr,
     K_PAIRS: tl.constexpr,  # fp8 with SCALAR_WS only
-    FUSED_QUANT: tl.constexpr = False,  # fp8, neither K_PAIRS nor WARP_SPEC: x_desc is x's own 3-D descriptor, tiles quantised here
-    MANUAL_CVT: tl.constexpr = False,  # FUSED_QUANT under the interpreter: the e4m3 byte by integer arithmetic
     PDL: tl.constexpr = False,
 ):
     """The large-tile variant for SM90+: operands through tensor descriptors (TMA loads, zero fill
     past the tensor), no split-K. x is seen as [rows, K] (masked: [E * max_m, K]), the weight as
     [E * N, K]; rows or weight rows a tile reads beyond its expert only feed outputs that are
-    masked at the store. FUSED_QUANT (fp8_block at decode sizes): x itself (bf16/fp16) comes through a
-    descriptor of x as [E, max_m, K] (masked, x's own strides: a transposed view too) or [1, rows, K], in
-    [1, BLOCK_M, 128] boxes, and each 128-K group is quantised in registers before its MMA."""
+    masked at the store."""
     pdl_prologue(PDL)
     e, row_start, row_end, pid_n, pid_s = _tile_of_program(
         offs_ptr, mm_ptr, M, N, E, num_m_tiles, LAYOUT, BLOCK_M, BLOCK_N, GROUP_M, 1, E_POW2
@@ -817,13 +774,9 @@ def _gemm_tma_kernel(
     if row_start >= row_end:
         return
     e64 = e.to(tl.int64)
-    x_e = e * 0
     x_row = row_start
     if LAYOUT == 2:
-        if FUSED_QUANT:
-            x_e = e  # x's own [E, max_m, K] descriptor
-        else:
-            x_row = e * MAX_M + row_start
+        x_row = e * MAX_M + row_start
     w_row = e * N + pid_n * BLOCK_N
     rows = row_start + tl.arange(0, BLOCK_M)
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -853,12 +806,10 @@ def _gemm_tma_kernel(
             acc += p1 * s1[:, None]
     elif WARP_SPEC:
         for it in tl.range(0, tl.cdiv(K, BLOCK_K), warp_specialize=True):
-            acc = _tma_step(acc, it, x_desc, w_desc, x_e, x_row, w_row, xs_base, ws_base, ws_tile, stride_wsk,
-                            FMT, BLOCK_M, BLOCK_K, SCALAR_WS, FUSED_QUANT, MANUAL_CVT)
+            acc = _tma_step(acc, it, x_desc, w_desc, x_row, w_row, xs_base, ws_base, ws_tile, stride_wsk, FMT, BLOCK_K, SCALAR_WS)
     else:
         for it in range(0, tl.cdiv(K, BLOCK_K)):
-            acc = _tma_step(acc, it, x_desc, w_desc, x_e, x_row, w_row, xs_base, ws_base, ws_tile, stride_wsk,
-                            FMT, BLOCK_M, BLOCK_K, SCALAR_WS, FUSED_QUANT, MANUAL_CVT)
+            acc = _tma_step(acc, it, x_desc, w_desc, x_row, w_row, xs_base, ws_base, ws_tile, stride_wsk, FMT, BLOCK_K, SCALAR_WS)
     out_mask = (rows < row_end)[:, None] & (cols < N)[None, :]
     out_ptrs = out_ptr + e64 * stride_oe + rows.to(tl.int64)[:, None] * stride_om + cols[None, :] * stride_on
     tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=out_mask)
@@ -971,10 +922,9 @@ SHARED_MEMORY_BUDGET = 200 * 1024  # bytes of pipeline buffers; SM90/SM100 have 
 
 def _fit_shared_memory(fmt, x, weight, dot_f32, block_m, block_n, block_k, num_stages, x_bytes=None):
     """Fewer stages, then a narrower K block, until the operand buffers fit (float32 dots
-    and mixed dtypes keep wide operands in shared memory). x_bytes: the element size of the x tiles the
-    kernel loads, where that is not x's (the register path's bf16 MX FP8 values; fp8_block's e4m3 x, 1, unless
-    the quantiser is fused and x's own tiles are loaded)."""
-    a_bytes = 4 if dot_f32 else (x_bytes or (1 if fmt == "fp8_block" else x.element_size()))
+    and mixed dtypes keep wide operands in shared memory). x_bytes: x's element size as the kernel
+    reads it, where that is not x's (the register path's bf16 MX FP8 values)."""
+    a_bytes = 4 if dot_f32 else (1 if fmt == "fp8_block" else (x_bytes or x.element_size()))
     b_per_k = {"dense": 4 if dot_f32 else weight.element_size(), "fp8_block": 4 if dot_f32 else 1,
                "mxfp4": 0.5, "mxfp8": 1, "mxfp4_a8": 0.5, "fp8_block32": 1}[fmt]  # fmt: skip
     min_k = FP8_GROUP if fmt == "fp8_block" else (2 * MX_GROUP if fmt in _MX_FMTS else 16)
@@ -1001,13 +951,6 @@ def _use_tma(cfg: dict, fmt: str, x: torch.Tensor, weight: torch.Tensor, k: int,
     if fmt == "dense" and not (x.is_contiguous() and x.data_ptr() % 16 == 0):
         return False
     return (k * weight.element_size()) % 16 == 0 and weight.is_contiguous() and weight.data_ptr() % 16 == 0
-
-
-def _x_descriptor_ready(x: torch.Tensor, layout: int) -> bool:
-    """Whether x's own tiles can come through the 3-D descriptor of the fused-quantiser TMA kernel (x as [E, max_m, K]
-    or [1, rows, K], its strides as they are): a unit K stride, 16-byte aligned strides and base."""
-    x3 = x if layout == _MASKED else x.unsqueeze(0)
-    return x3.stride(-1) == 1 and all(st * x3.element_size() % 16 == 0 for st in x3.stride()[:-1]) and x3.data_ptr() % 16 == 0
 
 
 def _use_weight_descriptor(cfg: dict, fmt: str, x: torch.Tensor, weight: torch.Tensor, k: int, block_k: int) -> bool:
@@ -1059,7 +1002,6 @@ class GemmPlan:
     warp_specialize: bool  # tma: tl.range(warp_specialize=True)
     fused_reduce: bool  # split-K partials summed by the tile's last program (arrival counters), not a second kernel
     w_desc: bool = False  # MX_MODE 3 mxfp4: the packed weight tiles through a tensor descriptor (TMA) in `_gemm_kernel`
-    fused_quant: bool = False  # fp8_block: x quantised tile by tile inside the GEMM kernel (`fused_quant_wanted`), no quantiser launch
 
     @property
     def m_arg(self) -> int:
@@ -1085,23 +1027,7 @@ def row_buckets(x: torch.Tensor, weight: torch.Tensor, layout: int) -> tuple[int
     return experts, n, 0, x.shape[0], next_power_of_2(x.shape[0]) / max(experts, 1)
 
 
-def fused_quant_wanted(cfg: dict, fmt: str, rows_per_expert: float, forced: bool | None) -> bool:
-    """Whether an fp8_block launch quantises x inside the GEMM kernel (FUSED_QUANT) rather than launching
-    `_quant_act_fp8_kernel` first. Decode sizes only (<= MEDIUM_ROWS rows per expert: the small and medium
-    entries): every N-block program re-quantises its rows, nothing against a weight stream, but N/BLOCK_N times
-    the quantiser's work at prefill sizes, which keep the quantiser. forced: a caller's choice (benchmarks, tests:
-    `launch_gemm(fused_quant=...)`, `_gemm_ops(fused_quant=...)`); None: the tuning entry's "fused_quant" (off in
-    every shipped table: the fused kernels have not yet run on a GPU). The fused step lives in the plain K loops
-    only: an entry with "k_pairs" or "warp_specialize" keeps the quantiser."""
-    if fmt != "fp8_block" or rows_per_expert > MEDIUM_ROWS or cfg.get("k_pairs") or cfg.get("warp_specialize"):
-        return False
-    return bool(cfg.get("fused_quant", False)) if forced is None else forced
-
-
-def plan_gemm(
-    x: torch.Tensor, weight: torch.Tensor, fmt: str, layout: int, mx_path: str | None = None, invariant: bool = False,
-    fused_quant: bool | None = None,
-) -> GemmPlan:
+def plan_gemm(x: torch.Tensor, weight: torch.Tensor, fmt: str, layout: int, mx_path: str | None = None, invariant: bool = False) -> GemmPlan:
     """The launch's tiles, dot dtype, split-K and kernel, from the tensors' shapes, dtypes, strides
     and alignment, the device and its tuning entry only (never their values: no host sync).
     For non-empty products (rows, N and K > 0). mx_path: an mx path forced (`_mx_mode`).
@@ -1114,9 +1040,7 @@ def plan_gemm(
     made for the row count rounded up to a power of two: every row count of one power-of-two bucket
     compiles the same kernel, so a start-up warm-up of power-of-two steps compiles every kernel
     that serving meets (a split-K chosen from the exact count compiled new variants mid-serving: on
-    the H200, seconds of stalled tokens). Only the grid and the row arguments see the exact count.
-
-    fused_quant: fp8_block's activation quantised inside the GEMM (`fused_quant_wanted`; None: the entry's flag)."""
+    the H200, seconds of stalled tokens). Only the grid and the row arguments see the exact count."""
     device = x.device
     k = x.shape[-1]
     experts, n, max_m, rows_total, rows_per_expert = row_buckets(x, weight, layout)
@@ -1155,13 +1079,10 @@ def plan_gemm(
     # bf16/fp16 output but not within float32's tolerance: float32 activations take the fp8 values
     # upcast to bf16 (exact) through the bf16 MMA, which sums in float32.
     fp8_via_bf16 = fmt == "fp8_block" and x.dtype == torch.float32 and not dot_f32
-    # (an entry that takes the TMA kernel reads x's own tiles through a descriptor: an x without one keeps the quantiser,
-    # whose output has one)
-    fused_quant = fused_quant_wanted(cfg, fmt, rows_per_expert, fused_quant) and (not cfg.get("tma") or _x_descriptor_ready(x, layout))
     num_stages = cfg["num_stages"]
     if not interpreting():
         block_k, num_stages = _fit_shared_memory(fmt, x, weight, dot_f32, block_m, block_n, block_k, num_stages,
-                                                 x_bytes=2 if register else (x.element_size() if fused_quant else None))
+                                                 x_bytes=2 if register else None)
 
     # Tiles, grid and split-K.
     num_n = cdiv(n, block_n)
@@ -1207,13 +1128,12 @@ def plan_gemm(
         dot_f32=dot_f32, fp8_via_bf16=fp8_via_bf16,
         num_m_tiles=num_m_tiles, num_n=num_n, split=split, iters_per_split=iters_per_split,
         tma=tma, k_pairs=k_pairs, warp_specialize=bool(cfg.get("warp_specialize", False)), fused_reduce=fused_reduce,
-        w_desc=w_desc, fused_quant=fused_quant,
+        w_desc=w_desc,
     )
 
 
 def launch_gemm(
     x, weight, weight_scale, fmt, layout, *, offsets=None, masked_m=None, prequantised=None, mx_path=None, invariant=False, out_dtype=None,
-    fused_quant=None,
 ) -> torch.Tensor:
     """out = the product for x in `layout`: plan, quantise the activation (fp8_block, MX FP8), launch.
 
@@ -1221,9 +1141,7 @@ def launch_gemm(
     alone; the register path of mxfp8 / mxfp4_a8: (mxfp8_act_values(x), None)).
     mx_path: the mx path forced (backend option mxfp4_path, `_mx_mode`; None: this machine's).
     invariant: the batch-invariant plan (`plan_gemm`).
-    out_dtype: the output's dtype (None: x's): the kernels store the float32 accumulator in the output's dtype.
-    fused_quant: fp8_block at decode sizes, the quantiser folded into the GEMM kernel forced on or off
-    (`fused_quant_wanted`; None: the tuning entry's flag). Off whenever prequantised is given."""
+    out_dtype: the output's dtype (None: x's): the kernels store the float32 accumulator in the output's dtype."""
     n = weight.shape[-2]
     out_dtype = out_dtype or x.dtype
     if layout == _MASKED:
@@ -1234,14 +1152,14 @@ def launch_gemm(
         return out
     if x.shape[-1] == 0:
         return out.zero_()
-    plan = plan_gemm(x, weight, fmt, layout, mx_path, invariant, fused_quant=False if prequantised is not None else fused_quant)
+    plan = plan_gemm(x, weight, fmt, layout, mx_path, invariant)
     if layout == _MASKED and x.stride(0) < x.stride(1) and plan.split == 1:
         # x [E, max_m, K] lies expert-minor (a transposed view): the output follows, [E, max_m, N] over
         # [max_m, E, N] memory, so that a caller's transpose back is a view (a split-K's partials and their
         # sum address the output as they address the partials: those keep the plain layout)
         out = torch.empty(x.shape[1], weight.shape[0], n, dtype=out_dtype, device=x.device).transpose(0, 1)
     xq, xs = x, None
-    if fmt == "fp8_block" and not plan.fused_quant:  # (fused: x itself, quantised tile by tile in the kernel)
+    if fmt == "fp8_block":
         xq, xs = prequantised if prequantised is not None else quantize_act_fp8(x)
     elif plan.mx_mode == _MX_NATIVE:
         xq, xs = prequantised if prequantised is not None else quantize_act_mxfp8(x)
@@ -1306,7 +1224,7 @@ def _launch_pointers(plan, xq, xs, weight, weight_scale, out, offs_arg, mm_arg) 
         DOT_F32=p.dot_f32, DOT_PRECISION=dot_precision(p.dot_f32),
         MX_MODE=p.mx_mode, MX_LHS=p.mx_lhs, MX_DQ=p.mx_dq,
         FP8_VIA_BF16=p.fp8_via_bf16, SCALAR_WS=p.scalar_ws, FUSED_REDUCE=p.fused_reduce, W_DESC=p.w_desc,
-        WS_ROWS=_SCALE_ROWS.get(p.fmt, 1), FUSED_QUANT=p.fused_quant, MANUAL_CVT=p.fused_quant and interpreting(),
+        WS_ROWS=_SCALE_ROWS.get(p.fmt, 1),
         num_warps=p.num_warps, num_stages=p.num_stages, **pdl_launch(xq.device),
     )
     if p.split > 1 and not p.fused_reduce:
@@ -1316,21 +1234,16 @@ def _launch_pointers(plan, xq, xs, weight, weight_scale, out, offs_arg, mm_arg) 
 
 
 def _launch_tma(plan, xq, xs, weight, weight_scale, out, offs_arg, mm_arg) -> None:
-    """`_gemm_tma_kernel`: x as [rows, K] and the weight as [E*N, K] through tensor descriptors; with the
-    quantiser fused, x's own bf16/fp16 tiles through a 3-D descriptor."""
+    """`_gemm_tma_kernel`: x as [rows, K] and the weight as [E*N, K] through tensor descriptors."""
     p = plan
     xs_strides, ws_strides = _scale_strides(p, xs, weight_scale)
+    x2 = xq.reshape(-1, p.k)
     w2 = weight.reshape(-1, p.k)
+    x_desc = _TensorDescriptor(x2, list(x2.shape), list(x2.stride()), [p.block_m, p.block_k])
     w_desc = _TensorDescriptor(w2, list(w2.shape), list(w2.stride()), [p.block_n, p.block_k])
-    if p.fused_quant:  # x's own tiles, as [E, max_m, K] or [1, rows, K] (its strides: `_x_descriptor_ready`)
-        x3 = xq if p.layout == _MASKED else xq.unsqueeze(0)
-        x_arg = _TensorDescriptor(x3, list(x3.shape), list(x3.stride()), [1, p.block_m, p.block_k])
-    else:
-        x2 = xq.reshape(-1, p.k)
-        x_arg = _TensorDescriptor(x2, list(x2.shape), list(x2.stride()), [p.block_m, p.block_k])
     grid = (p.num_m_tiles, p.num_n, p.experts) if p.layout == _MASKED else (p.num_m_tiles * p.num_n,)
     _gemm_tma_kernel[grid](
-        x_arg, xs if xs is not None else xq, w_desc, weight_scale if weight_scale is not None else weight, out,
+        x_desc, xs if xs is not None else xq, w_desc, weight_scale if weight_scale is not None else weight, out,
         offs_arg, mm_arg,
         p.m_arg, p.n, p.k, p.experts, p.num_m_tiles, p.max_m,
         *xs_strides,
@@ -1339,7 +1252,7 @@ def _launch_tma(plan, xq, xs, weight, weight_scale, out, offs_arg, mm_arg) -> No
         FMT=_FMT_ID[p.fmt], LAYOUT=p.layout,
         BLOCK_M=p.block_m, BLOCK_N=p.block_n, BLOCK_K=p.block_k, GROUP_M=p.group_m,
         E_POW2=next_power_of_2(p.experts), SCALAR_WS=p.scalar_ws, WARP_SPEC=p.warp_specialize,
-        K_PAIRS=p.k_pairs, FUSED_QUANT=p.fused_quant, MANUAL_CVT=p.fused_quant and interpreting(),
+        K_PAIRS=p.k_pairs,
         num_warps=p.num_warps, num_stages=p.num_stages, **pdl_launch(out.device),
     )
 
@@ -1359,13 +1272,11 @@ def _weight_operands(weight: torch.Tensor, weight_scale: torch.Tensor | None, fm
 # The ops
 
 
-def _gemm_ops(mx_path: str | None = None, invariant: bool = False, fused_quant: bool | None = None):
+def _gemm_ops(mx_path: str | None = None, invariant: bool = False):
     """The `linear` and `grouped_gemm` kernels. mx_path: the mxfp4 path with bf16/fp16 activations
     (backend option mxfp4_path=dot_scaled|upcast|register; "register" also takes mxfp8 and mxfp4_a8
     through the register dequant); None: this machine's default. float32 activations with mxfp4
-    weights always take the upcast. invariant: the batch-invariant plan (deterministic mode).
-    fused_quant: fp8_block's quantiser folded into the GEMM at decode sizes, forced on or off (benchmarks and
-    tests; `fused_quant_wanted`); None: the tuning entry's flag. No registration forces it."""
+    weights always take the upcast. invariant: the batch-invariant plan (deterministic mode)."""
 
     def linear(
         x: torch.Tensor, weight: torch.Tensor, *, weight_scale: torch.Tensor | None = None, fmt: str = "dense", out_dtype: torch.dtype | None = None
@@ -1373,7 +1284,7 @@ def _gemm_ops(mx_path: str | None = None, invariant: bool = False, fused_quant: 
         gemm_ops.check_linear_args(x, weight, weight_scale, fmt, out_dtype)
         _check_dtype(x)
         weight, weight_scale = _weight_operands(weight, weight_scale, fmt)
-        return launch_gemm(x, weight, weight_scale, fmt, _LINEAR, mx_path=mx_path, invariant=invariant, out_dtype=out_dtype, fused_quant=fused_quant)
+        return launch_gemm(x, weight, weight_scale, fmt, _LINEAR, mx_path=mx_path, invariant=invariant, out_dtype=out_dtype)
 
     def grouped_gemm(
         x: torch.Tensor,
@@ -1389,13 +1300,11 @@ def _gemm_ops(mx_path: str | None = None, invariant: bool = False, fused_quant: 
         weight, weight_scale = _weight_operands(weight, weight_scale, fmt)
         if expert_offsets is not None:
             gemm_ops.check_index_vector("expert_offsets", expert_offsets, experts + 1, x.device)
-            return launch_gemm(x, weight, weight_scale, fmt, _CONTIGUOUS, offsets=expert_offsets, mx_path=mx_path, invariant=invariant,
-                               fused_quant=fused_quant)
+            return launch_gemm(x, weight, weight_scale, fmt, _CONTIGUOUS, offsets=expert_offsets, mx_path=mx_path, invariant=invariant)
         gemm_ops.check_index_vector("masked_m", masked_m, experts, x.device)
-        return launch_gemm(x, weight, weight_scale, fmt, _MASKED, masked_m=masked_m, mx_path=mx_path, invariant=invariant, fused_quant=fused_quant)
+        return launch_gemm(x, weight, weight_scale, fmt, _MASKED, masked_m=masked_m, mx_path=mx_path, invariant=invariant)
 
     suffix = (f"_mxfp4_{mx_path}" if mx_path is not None else "") + ("_invariant" if invariant else "")
-    suffix += {None: "", True: "_fused_quant", False: "_quantiser_first"}[fused_quant]
     linear.__qualname__, grouped_gemm.__qualname__ = f"linear{suffix}", f"grouped_gemm{suffix}"
     return linear, grouped_gemm
 

@@ -8,8 +8,6 @@ CONFIGS: dict[str, dict[str, dict]] = {
     # weight streaming, BLOCK_M is a cap lowered to the rows), fp8_block_medium 65-256 (large decode batches), <fmt>_large the rest. fp8 BLOCK_K is
     # always 128 (the scale group). quant_act: the fused fp8 activation quantiser, BLOCK_R rows (at most: fewer
     # rows take their power-of-two bucket) x one 128-column group per program, warps for elems_per_thread each.
-    # "fused_quant": True in an fp8_block_small / _medium entry folds that quantiser into the GEMM kernel (gemm.py's
-    # `fused_quant_wanted`); no table sets it yet (not run on a GPU).
     "gemm": {
         "dense_small": {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 4, "num_stages": 3},
         "dense_large": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 8, "num_stages": 3},

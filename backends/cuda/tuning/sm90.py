@@ -23,13 +23,6 @@ CONFIGS: dict[str, dict[str, dict]] = {
     # 8-layer e2e decode step 15.20 -> 14.93 ms at batch 64, batch 1 unchanged. Triton 3.9's sm90 compile of the new tile
     # spills 332-456 B at 64 rows (none at 16): measured faster on the H100's Triton 3.6 anyway. dense_small s4 -> s5:
     # the 129280-wide head at batch 1 401 -> 341 us (the 64-row tile fits 3 stages either way).
-    # fused_quant (fp8_block_small / _medium: the activation quantiser folded into the GEMM kernel, gemm.py's module doc):
-    # NOT YET RUN ON A GPU, so absent (off) from every entry until the bench ops pairs (rows ending ", fused quant") say it
-    # pays. sm90 compile check (Triton 3.9): no spills and the quantiser-first kernel's MMA class at 16-row tiles (1 x 4096 ->
-    # 1024: 220 registers against 188; masked E8 m16: 216 against 158) and in the medium entry's TMA kernel (256 x 4096 ->
-    # 1024: 228 against 184; masked E8 m256 226 against 254; x by pointer loads there spilled 1380 B, hence x's descriptor).
-    # The small entry's 4-warp tile spills fused at 32 and 64 rows (linear 392 / 1156 B against 100 / 332 quantiser-first;
-    # masked E8 m64 808 against 12; 32 rows an expert contiguous 536 against 0), none at 8 warps: measure both there.
     "gemm": {
         "dense_small": {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 256, "GROUP_M": 8, "num_warps": 4, "num_stages": 5},
         "dense_large": {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 8, "num_stages": 3, "tma": True},
