@@ -991,7 +991,7 @@ class GemmPlan:
     mx_mode: int  # _MX_UPCAST, _MX_DOT_SCALED, _MX_NATIVE or _MX_REGISTER
     mx_lhs: str  # dot_scaled's format of x (MX_MODE 1): "bf16" | "fp16"
     mx_dq: int  # MX_MODE 3: the weight dequantisation (_mx_register_tile's MX_DQ)
-    dot_f32: bool  # dot operands converted to float32 (ieee)
+    dot_f32: bool  # dot operands converted to float32 (ieee, or tf32x3: `f32_dot_precision`)
     fp8_via_bf16: bool  # fp8 operands upcast to bf16 (exact) for a float32-exact sum
     num_m_tiles: int  # row tiles on the grid (contiguous: an upper bound, min(row tiles + E, rows))
     num_n: int
@@ -1001,6 +1001,7 @@ class GemmPlan:
     k_pairs: bool  # tma fp8: two 128-K groups per step
     warp_specialize: bool  # tma: tl.range(warp_specialize=True)
     fused_reduce: bool  # split-K partials summed by the tile's last program (arrival counters), not a second kernel
+    f32_precision: str = "ieee"  # with dot_f32: tl.dot's input_precision (`f32_dot_precision`)
     w_desc: bool = False  # MX_MODE 3 mxfp4: the packed weight tiles through a tensor descriptor (TMA) in `_gemm_kernel`
 
     @property
@@ -1025,6 +1026,17 @@ def row_buckets(x: torch.Tensor, weight: torch.Tensor, layout: int) -> tuple[int
     if layout == _MASKED:
         return experts, n, x.shape[1], experts * x.shape[1], x.shape[1]
     return experts, n, 0, x.shape[0], next_power_of_2(x.shape[0]) / max(experts, 1)
+
+
+def f32_dot_precision(x: torch.Tensor, weight: torch.Tensor, fmt: str) -> str:
+    """input_precision of a float32 dot. A 16-bit x against a float32 dense weight (the MoE routers' logits, linear's
+    out_dtype): x is exact in tf32, so "tf32x3" (x * w_hi + x * w_lo on the tensor cores, w split into two tf32 parts)
+    gives float32's products within about 2^-22 of each, as hc_pre's projection does, instead of CUDA-core FMAs
+    ("ieee"). float32 x keeps "ieee" (its own low bits would be dropped); the interpreter's dot is numpy's either way.
+    NOT YET RUN ON A GPU."""
+    if fmt == "dense" and x.dtype in (torch.bfloat16, torch.float16) and weight.dtype == torch.float32 and not interpreting():
+        return "tf32x3"
+    return "ieee"
 
 
 def plan_gemm(x: torch.Tensor, weight: torch.Tensor, fmt: str, layout: int, mx_path: str | None = None, invariant: bool = False) -> GemmPlan:
@@ -1125,7 +1137,7 @@ def plan_gemm(x: torch.Tensor, weight: torch.Tensor, fmt: str, layout: int, mx_p
         block_m=block_m, block_n=block_n, block_k=block_k, group_m=cfg.get("GROUP_M", 8),
         num_warps=cfg["num_warps"], num_stages=num_stages,
         mx_mode=mx_mode, mx_lhs="fp16" if x.dtype == torch.float16 else "bf16", mx_dq=mx_dq,
-        dot_f32=dot_f32, fp8_via_bf16=fp8_via_bf16,
+        dot_f32=dot_f32, fp8_via_bf16=fp8_via_bf16, f32_precision=f32_dot_precision(x, weight, fmt),
         num_m_tiles=num_m_tiles, num_n=num_n, split=split, iters_per_split=iters_per_split,
         tma=tma, k_pairs=k_pairs, warp_specialize=bool(cfg.get("warp_specialize", False)), fused_reduce=fused_reduce,
         w_desc=w_desc,
@@ -1221,7 +1233,7 @@ def _launch_pointers(plan, xq, xs, weight, weight_scale, out, offs_arg, mm_arg) 
         FMT=_FMT_ID[p.fmt], LAYOUT=p.layout,
         BLOCK_M=p.block_m, BLOCK_N=p.block_n, BLOCK_K=p.block_k, GROUP_M=p.group_m,
         SPLIT_K=p.split, E_POW2=next_power_of_2(p.experts), EVEN_K=p.k % p.block_k == 0,
-        DOT_F32=p.dot_f32, DOT_PRECISION=dot_precision(p.dot_f32),
+        DOT_F32=p.dot_f32, DOT_PRECISION=p.f32_precision if p.dot_f32 else dot_precision(False),
         MX_MODE=p.mx_mode, MX_LHS=p.mx_lhs, MX_DQ=p.mx_dq,
         FP8_VIA_BF16=p.fp8_via_bf16, SCALAR_WS=p.scalar_ws, FUSED_REDUCE=p.fused_reduce, W_DESC=p.w_desc,
         WS_ROWS=_SCALE_ROWS.get(p.fmt, 1),
