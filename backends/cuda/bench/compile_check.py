@@ -471,7 +471,7 @@ class Case:
 CASES: list[Case] = [
     Case("linear dense bf16 prefill (4096x7168->4096)", _linear("dense", 4096, 4096, 7168), "mma"),
     Case("linear dense bf16 decode (8x7168->4096)", _linear("dense", 8, 4096, 7168), "mma", DECODE_16_ROWS, pdl=True),
-    # V4-Flash's router at decode and prefill: bf16 x widened in-kernel, float32 weight and logits (ieee float32 dot: FMAs; tf32x3 once gemm.TF32X3_FOR_16_BIT_X is on)
+    # V4-Flash's router at decode and prefill: bf16 x widened in-kernel, float32 weight and logits (ieee: FMAs; tf32x3 once switched on)
     Case("linear dense router bf16 x f32 weight -> f32 (8x4096->256)", _router(8, 256, 4096), None, pdl=True),
     Case("linear dense router bf16 x f32 weight -> f32 (8192x4096->256, prefill)", _router(8192, 256, 4096), None),
     Case("linear fp8_block prefill (4096x7168->4096)", _linear("fp8_block", 4096, 4096, 7168), "mma"),
