@@ -262,6 +262,8 @@ CASES = [
     _grouped_case("mxfp4 contiguous 256x192 tok, 4096->4096 (V4 w13), gluon", "mxfp4", 256, 192, 4096, 4096, peer=False, path="gluon"),
     _grouped_case("bf16 contiguous 256x192 tok, 2048->4096 (V4 w2)", "dense", 256, 192, 4096, 2048),
     _grouped_case("mxfp4 contiguous 256x192 tok, 2048->4096 (V4 w2), gluon", "mxfp4", 256, 192, 4096, 2048, peer=False, path="gluon"),
+    # V4-Flash's experts at decode batch 256 (256 x top 6 over 256 experts: 6 rows each), the Gluon kernel's decode entry
+    _grouped_case("mxfp4 contiguous 256x6 tok, 4096->4096 (V4 w13 decode B256), gluon", "mxfp4", 256, 6, 4096, 4096, bound="memory", peer=False, path="gluon"),
     # decode, weight streaming
     _grouped_case("bf16 masked 64x16 tok, 2048->2816", "dense", 64, 16, 2816, 2048, masked=True, bound="memory"),
     _grouped_case("bf16 contiguous 64x16 tok, 2048->2816", "dense", 64, 16, 2816, 2048, bound="memory"),
@@ -477,10 +479,25 @@ SWEEP = {
         ],
         [{}],
     ),
+    # the SM90 Gluon expert kernel's decode entry at V4-Flash's batch-256 shape: bytes in flight per SM (stages x CTAs per
+    # SM x weight rows per tile), for GPUs whose copy bandwidth the H100-tuned entry leaves unused (the H200: 2.4 of 4.2 TB/s)
+    "mxfp4_gluon_small": _opts(
+        [
+            dict(BLOCK_N=128, num_stages=8, ctas_per_sm=2),
+            dict(BLOCK_N=128, num_stages=6, ctas_per_sm=2),
+            dict(BLOCK_N=64, num_stages=8, ctas_per_sm=3),
+            dict(BLOCK_N=64, num_stages=12, ctas_per_sm=3),
+            dict(BLOCK_N=64, num_stages=16, ctas_per_sm=2),
+            dict(BLOCK_N=128, num_stages=4, ctas_per_sm=3),
+            dict(BLOCK_N=128, num_stages=8, ctas_per_sm=2, BLOCK_K=256),
+        ],
+        [{}],
+    ),
 }
 
 # the case each variant is swept on (a fragment of its name)
 SWEEP_CASES = {
+    "mxfp4_gluon_small": "V4 w13 decode B256",
     "dense_large": "bf16 contiguous 8x4096 tok, 7168->4096",
     "fp8_block_large": "GEMM only",
     "fp8_block_small": "fp8_block masked 64x16",
@@ -501,6 +518,7 @@ def _sweep_variant(variant: str, device: torch.device) -> list[dict]:
     """Each of the variant's SWEEP configs timed on its SWEEP_CASES case, then the table's config restored."""
     from deepinfer_cuda.bench.common import time_ms
     from deepinfer_cuda.kernels import gemm as kg
+    from deepinfer_cuda.kernels import gemm_mxfp4_gluon as gluon
     from deepinfer_cuda.tuning import config as table_config
 
     results = []
@@ -511,7 +529,7 @@ def _sweep_variant(variant: str, device: torch.device) -> list[dict]:
     for cfg, extra in SWEEP[variant]:
         flags = {"tma": extra.get("tma", False), "warp_specialize": extra.get("ws", False), "k_pairs": extra.get("kp", False)}
         full = {**table_config("gemm", variant, device), **cfg, **flags}
-        kg.config = lambda op, v, dev, _full=full, _variant=variant: dict(_full) if v == _variant else table_config(op, v, dev)
+        kg.config = gluon.config = lambda op, v, dev, _full=full, _variant=variant: dict(_full) if v == _variant else table_config(op, v, dev)
         kg.MXFP4_AUTO_PATH = extra.get("mx")
         try:
             case.kernel(state)
@@ -523,7 +541,7 @@ def _sweep_variant(variant: str, device: torch.device) -> list[dict]:
             ms, rate, line = None, None, f"ERROR {type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
         print(f"sweep {variant:16s} {case.name[:40]:40s} {cfg} {extra} {line}", flush=True)
         results.append({"variant": variant, "case": case.name, "cfg": cfg, "extra": extra, "ms": ms, "rate": rate})
-    kg.config = table_config
+    kg.config = gluon.config = table_config
     kg.MXFP4_AUTO_PATH = None
     return results
 
