@@ -493,11 +493,23 @@ SWEEP = {
         ],
         [{}],
     ),
+    # its prefill entry at V4-Flash's prefill shape (192 rows an expert: a 128-token tile computes a third of its second
+    # tile for nothing): token tiles of 64, weight tiles of 256
+    "mxfp4_gluon_large": _opts(
+        [
+            dict(BLOCK_M=128, BLOCK_N=128, num_warps=8, num_stages=4),
+            dict(BLOCK_M=64, BLOCK_N=128, num_warps=8, num_stages=6),
+            dict(BLOCK_M=64, BLOCK_N=256, num_warps=8, num_stages=4),
+            dict(BLOCK_M=128, BLOCK_N=256, num_warps=8, num_stages=3),
+        ],
+        [{}],
+    ),
 }
 
 # the case each variant is swept on (a fragment of its name)
 SWEEP_CASES = {
     "mxfp4_gluon_small": "V4 w13 decode B256",
+    "mxfp4_gluon_large": "256x192 tok, 4096->4096 (V4 w13), gluon",
     "dense_large": "bf16 contiguous 8x4096 tok, 7168->4096",
     "fp8_block_large": "GEMM only",
     "fp8_block_small": "fp8_block masked 64x16",
