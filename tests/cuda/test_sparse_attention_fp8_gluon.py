@@ -70,15 +70,16 @@ def test_the_backend_option_chooses_it_on_sm90_only(monkeypatch):
 
 def test_auto_leaves_one_query_to_the_tl_kernel(monkeypatch):
     """sparse_attention_path=auto: a single query (a batch-1 decode step) on the tl kernel, where it measured faster; from
-    AUTO_MIN_QUERIES queries on, this kernel's entry (which itself falls back for the calls it does not serve)."""
+    AUTO_MIN_QUERIES queries on, this kernel (which itself declines the calls it does not serve)."""
     from deepinfer_cuda.kernels import sparse_attention as tl_sparse
 
     calls = []
-    monkeypatch.setattr(g, "sparse_attention", lambda q, *a, **k: calls.append(("gluon", q.shape[0])))
-    monkeypatch.setattr(tl_sparse, "sparse_attention", lambda q, *a, **k: calls.append(("tl", q.shape[0])))
+    monkeypatch.setattr(g, "launch_sparse_attention_fp8_gluon", lambda q, *a: calls.append(("gluon", q.shape[0])) or q)
+    monkeypatch.setattr(tl_sparse, "launch_sparse_attention", lambda q, *a: calls.append(("tl", q.shape[0])) or q)
     for t in (1, g.AUTO_MIN_QUERIES, 256):
         g.sparse_attention_auto(_meta(t, 64, 512), _meta(4096, 528, dtype=FP8), _meta(t, 128, dtype=torch.int32), _meta(64), softmax_scale=0.1)
-    assert calls == [("tl", 1), ("gluon", g.AUTO_MIN_QUERIES), ("gluon", 256)]
+    g.sparse_attention(_meta(1, 64, 512), _meta(4096, 528, dtype=FP8), _meta(1, 128, dtype=torch.int32), _meta(64), softmax_scale=0.1)
+    assert calls == [("tl", 1), ("gluon", g.AUTO_MIN_QUERIES), ("gluon", 256), ("gluon", 1)]
 
 
 def _call(t=4, heads=64, dim=512, kv=None, extra=512, idx_dtype=torch.int32, rope=64, q_dtype=torch.bfloat16):

@@ -605,54 +605,41 @@ def launch_sparse_attention_fp8_gluon(
     return out
 
 
-def sparse_attention(
-    q: torch.Tensor,
-    kv: torch.Tensor,
-    indices: torch.Tensor,
-    sinks: torch.Tensor,
-    *,
-    softmax_scale: float,
-    extra_kv: torch.Tensor | None = None,
-    extra_indices: torch.Tensor | None = None,
-    extra_lengths: torch.Tensor | None = None,
-    out_positions: torch.Tensor | None = None,
-    out_cos_sin_cache: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """The op on this kernel where it serves the call (`not_served`), else on sparse_attention.py's tl kernel."""
-    from deepinfer_cuda.kernels import sparse_attention as tl_sparse
-
-    args = (q, kv, indices, sinks, softmax_scale, extra_kv, extra_indices, extra_lengths, out_positions, out_cos_sin_cache)
-    out = launch_sparse_attention_fp8_gluon(*args)
-    return out if out is not None else tl_sparse.launch_sparse_attention(*args)
-
-
 # sparse_attention_path=auto serves calls of at least this many queries here: one decode query measured 12.7 us against
 # the tl kernel's 11.9 (H200, window 128 + top 512, 64 heads; 64 / 256 queries: 35.6 / 96.0 us against 97.8 / 212.5,
 # docs/measurements/2026-12-07/h200/ops_sparse.txt)
 AUTO_MIN_QUERIES = 2
 
 
-def sparse_attention_auto(
-    q: torch.Tensor,
-    kv: torch.Tensor,
-    indices: torch.Tensor,
-    sinks: torch.Tensor,
-    *,
-    softmax_scale: float,
-    extra_kv: torch.Tensor | None = None,
-    extra_indices: torch.Tensor | None = None,
-    extra_lengths: torch.Tensor | None = None,
-    out_positions: torch.Tensor | None = None,
-    out_cos_sin_cache: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """sparse_attention_path=auto: this kernel for the calls it serves of at least AUTO_MIN_QUERIES queries, else the tl kernel."""
-    from deepinfer_cuda.kernels import sparse_attention as tl_sparse
+def _op(min_queries: int):
+    """The op on this kernel for the calls it serves (`not_served`) of at least `min_queries` queries, else on
+    sparse_attention.py's tl kernel."""
 
-    kw = dict(softmax_scale=softmax_scale, extra_kv=extra_kv, extra_indices=extra_indices, extra_lengths=extra_lengths, out_positions=out_positions,
-              out_cos_sin_cache=out_cos_sin_cache)  # fmt: skip
-    if q.shape[0] >= AUTO_MIN_QUERIES:
-        return sparse_attention(q, kv, indices, sinks, **kw)
-    return tl_sparse.sparse_attention(q, kv, indices, sinks, **kw)
+    def sparse_attention(
+        q: torch.Tensor,
+        kv: torch.Tensor,
+        indices: torch.Tensor,
+        sinks: torch.Tensor,
+        *,
+        softmax_scale: float,
+        extra_kv: torch.Tensor | None = None,
+        extra_indices: torch.Tensor | None = None,
+        extra_lengths: torch.Tensor | None = None,
+        out_positions: torch.Tensor | None = None,
+        out_cos_sin_cache: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        from deepinfer_cuda.kernels import sparse_attention as tl_sparse
+
+        args = (q, kv, indices, sinks, softmax_scale, extra_kv, extra_indices, extra_lengths, out_positions, out_cos_sin_cache)
+        out = launch_sparse_attention_fp8_gluon(*args) if q.shape[0] >= min_queries else None
+        return out if out is not None else tl_sparse.launch_sparse_attention(*args)
+
+    return sparse_attention
+
+
+sparse_attention = _op(1)  # sparse_attention_path=gluon: every call it serves
+sparse_attention_auto = _op(AUTO_MIN_QUERIES)  # sparse_attention_path=auto
+sparse_attention_auto.__qualname__ = "sparse_attention_auto"
 
 
 def _chosen(ctx) -> bool:
