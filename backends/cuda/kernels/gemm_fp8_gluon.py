@@ -49,7 +49,7 @@ multiple of 16 (TMA's 16-byte row stride), a contiguous weight with a 16-byte al
 expert-minor (the tl kernel's output then follows that layout). The tile's N block must lie in one 128-row weight
 scale block (BLOCK_N divides 128). Everything else runs the tl kernel.
 
-Triton 3.6 (the GPU machine) and 3.9 name the TMA load differently: `_tma_load` below (gemm_mxfp4_gluon.py's shim).
+Triton 3.6 (the GPU machine) and 3.9 name the TMA load differently: `_tma_load` is gluon_hopper.py's shim.
 """
 
 from __future__ import annotations
@@ -64,21 +64,13 @@ from deepinfer.triton_common import cdiv, next_power_of_2
 from deepinfer_cuda.kernels import gemm
 from deepinfer_cuda.kernels.common import Registration, num_sms, pdl_launch
 from deepinfer_cuda.kernels.gemm_mxfp4_gluon import grouped_tile, is_sm90
+from deepinfer_cuda.kernels.gluon_hopper import GLUON_IMPORT_ERROR
 from deepinfer_cuda.options import FP8_PATH
 from deepinfer_cuda.tuning import config
 
-try:
-    from triton.experimental import gluon
-    from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-
-    # Triton 3.9 calls the TMA global->shared copy `async_load` (3.6's name, async_copy_global_to_shared, raises
-    # there); 3.6 has only the old name. Same arguments.
-    _tma_load = tma.async_load if hasattr(tma, "async_load") else tma.async_copy_global_to_shared
-    GLUON_IMPORT_ERROR = None
-except ImportError as exc:  # a Triton without Gluon's Hopper pieces: the registration says why it cannot run
-    GLUON_IMPORT_ERROR = f"{type(exc).__name__}: {exc}"
+if GLUON_IMPORT_ERROR is None:  # (else the registration says why it cannot run)
+    from deepinfer_cuda.kernels.gluon_hopper import TensorDescriptor, fence_async_shared, gl, gluon, mbarrier, warpgroup_mma, warpgroup_mma_wait
+    from deepinfer_cuda.kernels.gluon_hopper import tma_load as _tma_load
 
 BLOCK_K = gemm.FP8_GROUP  # 128: one activation scale group and one weight scale block per step
 _LINEAR, _CONTIGUOUS, _MASKED = 0, 1, 2

@@ -36,7 +36,7 @@ masked layout's rows past masked_m read the next expert's rows, the last tiles r
 they only feed outputs the store masks). Everything else (fp16/float32 x, other formats, other shapes,
 a transposed masked x, a `linear` out_dtype other than x's) runs the `tl` kernel with mxfp4_path=register.
 
-Triton 3.6 (the GPU machine) and 3.9 name the TMA load differently: `_tma_load` below is the one shim.
+Triton 3.6 (the GPU machine) and 3.9 name the TMA load differently: `_tma_load` is gluon_hopper.py's shim.
 """
 
 from __future__ import annotations
@@ -50,21 +50,13 @@ from deepinfer.ops import gemm as gemm_ops
 from deepinfer.triton_common import cdiv, next_power_of_2
 from deepinfer_cuda.kernels import gemm
 from deepinfer_cuda.kernels.common import Registration, capability
+from deepinfer_cuda.kernels.gluon_hopper import GLUON_IMPORT_ERROR
 from deepinfer_cuda.options import MXFP4_PATH
 from deepinfer_cuda.tuning import config
 
-try:
-    from triton.experimental import gluon
-    from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-
-    # Version shim (the only one): Triton 3.9 calls the TMA global->shared copy `async_load` (3.6's name,
-    # async_copy_global_to_shared, raises there); 3.6 has only the old name. Same arguments.
-    _tma_load = tma.async_load if hasattr(tma, "async_load") else tma.async_copy_global_to_shared
-    GLUON_IMPORT_ERROR = None
-except ImportError as exc:  # a Triton without Gluon's Hopper pieces: the registration says why it cannot run
-    GLUON_IMPORT_ERROR = f"{type(exc).__name__}: {exc}"
+if GLUON_IMPORT_ERROR is None:  # (else the registration says why it cannot run)
+    from deepinfer_cuda.kernels.gluon_hopper import TensorDescriptor, fence_async_shared, gl, gluon, mbarrier, warpgroup_mma, warpgroup_mma_wait
+    from deepinfer_cuda.kernels.gluon_hopper import tma_load as _tma_load
 
 SCALE_BOX_K = 512  # K per row of the scale strip's TMA box: 16 e8m0 bytes, TMA's minimum inner box width
 SUB_K = 64  # K per TMA box and per wgmma: 128 bytes of bf16 x (the 128-byte swizzle's span), 32 bytes of packed weight

@@ -83,7 +83,7 @@ there; the QK^T wgmmas, N = 32, q re-read from shared memory by each warpgroup, 
 the tensor cores consume it: about 400 KB a 64-row tile, ~1.7 us at 128 B/clk).
 
 Triton 3.6 (the GPU machine) and 3.9 differ in two names used here: the partition-wide barrier (3.6
-`thread_barrier`, 3.9 `barrier`: `_sync_warps`) and the shared-memory reinterpretation (3.6 `_reinterpret`, 3.9
+`thread_barrier`, 3.9 `barrier`: `_sync_warps`, gluon_hopper.py's shim) and the shared-memory reinterpretation (3.6 `_reinterpret`, 3.9
 `reinterpret`: `_REINTERPRET_IS_PUBLIC`).
 """
 
@@ -96,18 +96,11 @@ import torch
 from deepinfer.ops import kv_cache_format
 from deepinfer.triton_common import cdiv, pick_splits
 from deepinfer_cuda.kernels.common import Registration, capability, num_sms
+from deepinfer_cuda.kernels.gluon_hopper import GLUON_IMPORT_ERROR
 
-try:
-    from triton.experimental import gluon
-    from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, warpgroup_mma, warpgroup_mma_wait
-
-    # A barrier over the calling partition's warps: Triton 3.9 `gl.barrier`, 3.6 `gl.thread_barrier` (both lower to
-    # the partition's named barrier inside warp_specialize).
-    _sync_warps = gl.barrier if hasattr(gl, "barrier") else gl.thread_barrier
-    GLUON_IMPORT_ERROR = None
-except ImportError as exc:  # a Triton without Gluon's Hopper pieces: the launch declines every call
-    GLUON_IMPORT_ERROR = f"{type(exc).__name__}: {exc}"
+if GLUON_IMPORT_ERROR is None:  # (else the launch declines every call)
+    from deepinfer_cuda.kernels.gluon_hopper import fence_async_shared, gl, gluon, mbarrier, warpgroup_mma, warpgroup_mma_wait
+    from deepinfer_cuda.kernels.gluon_hopper import sync_warps as _sync_warps
 
 LOG2E = 1.4426950408889634
 LATENT = 512  # C

@@ -76,21 +76,15 @@ from deepinfer.ops import kv_cache_format
 from deepinfer.ops import sparse_attention as sparse_ops
 from deepinfer.triton_common import cdiv, pick_splits
 from deepinfer_cuda.kernels.common import Registration, capability, num_sms
+from deepinfer_cuda.kernels.gluon_hopper import GLUON_IMPORT_ERROR
 
 # the e4m3 -> raw bf16 chunk conversion and the opaque zero: the FP8 mla_decode kernel's (the same converter)
 from deepinfer_cuda.kernels.mla_decode_fp8_gluon import RAW_UNIT_VALUE, _hidden_zero, _put_chunk
 from deepinfer_cuda.options import SPARSE_ATTENTION_PATH
 
-try:
-    from triton.experimental import gluon
-    from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, warpgroup_mma, warpgroup_mma_wait
-
-    # A barrier over the calling partition's warps: Triton 3.9 `gl.barrier`, 3.6 `gl.thread_barrier`.
-    _sync_warps = gl.barrier if hasattr(gl, "barrier") else gl.thread_barrier
-    GLUON_IMPORT_ERROR = None
-except ImportError as exc:  # a Triton without Gluon's Hopper pieces: the launch declines every call
-    GLUON_IMPORT_ERROR = f"{type(exc).__name__}: {exc}"
+if GLUON_IMPORT_ERROR is None:  # (else the launch declines every call)
+    from deepinfer_cuda.kernels.gluon_hopper import fence_async_shared, gl, gluon, mbarrier, warpgroup_mma, warpgroup_mma_wait
+    from deepinfer_cuda.kernels.gluon_hopper import sync_warps as _sync_warps
 
 LOG2E = 1.4426950408889634
 DIM = 512  # D: V4's row (the rope channels inside)

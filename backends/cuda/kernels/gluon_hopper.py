@@ -1,0 +1,26 @@
+"""Gluon's Hopper pieces for the cuda backend's Gluon kernels, imported in one place with the Triton version shims.
+
+GLUON_IMPORT_ERROR is None where this Triton has them (Triton >= 3.5), else why not: each Gluon kernel module then
+declines its calls or says so in its registration. Shims (Triton 3.6 on the GPU machine, 3.9 on the CPU machines):
+- `tma_load`: Triton 3.9 calls the TMA global->shared copy `async_load` (3.6's name, async_copy_global_to_shared,
+  raises there); 3.6 has only the old name. Same arguments.
+- `sync_warps`: a barrier over the calling partition's warps, 3.9 `gl.barrier`, 3.6 `gl.thread_barrier` (both lower
+  to the partition's named barrier inside warp_specialize).
+"""
+
+from __future__ import annotations
+
+try:
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    tma_load = tma.async_load if hasattr(tma, "async_load") else tma.async_copy_global_to_shared
+    sync_warps = gl.barrier if hasattr(gl, "barrier") else gl.thread_barrier
+    GLUON_IMPORT_ERROR = None
+except ImportError as exc:  # a Triton without Gluon's Hopper pieces
+    GLUON_IMPORT_ERROR = f"{type(exc).__name__}: {exc}"
+
+__all__ = ["GLUON_IMPORT_ERROR", "TensorDescriptor", "fence_async_shared", "gl", "gluon", "mbarrier", "sync_warps", "tma_load", "warpgroup_mma",
+           "warpgroup_mma_wait"]  # fmt: skip
