@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+import deepinfer_cuda.kernels.gemm_fp8_gluon as gg  # (imports without Gluon too: GLUON_IMPORT_ERROR says why, below)
 from deepinfer.ops import quant
 from deepinfer.registry import Registry, ResolveContext
 from deepinfer_cuda.bench.compile_check import arch_config
@@ -15,7 +16,6 @@ from deepinfer_cuda.options import FP8_PATH
 
 from triton_mode import GPU, mode
 
-gg = pytest.importorskip("deepinfer_cuda.kernels.gemm_fp8_gluon")
 if gg.GLUON_IMPORT_ERROR is not None:
     pytest.skip(f"no Gluon for Hopper in this Triton (runs with Triton >= 3.5: CI, the GPU machine): {gg.GLUON_IMPORT_ERROR}", allow_module_level=True)
 

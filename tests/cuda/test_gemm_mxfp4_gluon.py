@@ -8,12 +8,12 @@ from __future__ import annotations
 import pytest
 import torch
 
+import deepinfer_cuda.kernels.gemm_mxfp4_gluon as gg  # (imports without Gluon too: GLUON_IMPORT_ERROR says why, below)
 from deepinfer.ops import quant
 from deepinfer.registry import Registry, ResolveContext
 from deepinfer_cuda.bench.compile_check import arch_config
 from deepinfer_cuda.options import MXFP4_PATH
 
-gg = pytest.importorskip("deepinfer_cuda.kernels.gemm_mxfp4_gluon")
 if gg.GLUON_IMPORT_ERROR is not None:
     pytest.skip(f"no Gluon for Hopper in this Triton (runs with Triton >= 3.5: CI, the GPU machine): {gg.GLUON_IMPORT_ERROR}", allow_module_level=True)
 

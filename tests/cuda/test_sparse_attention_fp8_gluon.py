@@ -10,13 +10,13 @@ from __future__ import annotations
 import pytest
 import torch
 
+import deepinfer_cuda.kernels.sparse_attention_fp8_gluon as g  # (imports without Gluon too: GLUON_IMPORT_ERROR says why, below)
 from deepinfer.ops import kv_cache_format
 from deepinfer.options import BackendOptionError, resolve_options
 from deepinfer.registry import Registry, RegistryError, ResolveContext
 
 from triton_mode import GPU, mode
 
-g = pytest.importorskip("deepinfer_cuda.kernels.sparse_attention_fp8_gluon")
 if g.GLUON_IMPORT_ERROR is not None:
     pytest.skip(f"no Gluon for Hopper in this Triton (runs with Triton >= 3.5: CI, the GPU machine): {g.GLUON_IMPORT_ERROR}", allow_module_level=True)
 
