@@ -1,4 +1,5 @@
 """Gluon's Hopper pieces for the cuda backend's Gluon kernels, imported in one place with the Triton version shims.
+Not a registration module: the kernel modules that import it register their kernels.
 
 GLUON_IMPORT_ERROR is None where this Triton has them (Triton >= 3.5), else why not: each Gluon kernel module then
 declines its calls or says so in its registration. Shims (Triton 3.6 on the GPU machine, 3.9 on the CPU machines):
