@@ -163,13 +163,10 @@ def test_a_16_bit_x_against_a_float32_weight_takes_tf32x3_on_a_gpu(kg, monkeypat
     float32 x, 16-bit weights and other formats keep ieee; the interpreter's dot is numpy's (ieee) either way."""
     x16, x32 = torch.zeros(2, 8, dtype=torch.bfloat16), torch.zeros(2, 8)
     w32, w16 = torch.zeros(4, 8), torch.zeros(4, 8, dtype=torch.bfloat16)
-    monkeypatch.setattr(kg, "TF32X3_FOR_16_BIT_X", True)  # (off until run on a GPU)
     assert kg.f32_dot_precision(x16, w32, "dense") == "ieee"  # interpreted here
     monkeypatch.setattr(kg, "interpreting", lambda: False)
     assert kg.f32_dot_precision(x16, w32, "dense") == kg.f32_dot_precision(x16.half(), w32, "dense") == "tf32x3"
     assert {kg.f32_dot_precision(x32, w32, "dense"), kg.f32_dot_precision(x16, w16, "dense"), kg.f32_dot_precision(x16, w32, "fp8_block")} == {"ieee"}
-    monkeypatch.setattr(kg, "TF32X3_FOR_16_BIT_X", False)
-    assert kg.f32_dot_precision(x16, w32, "dense") == "ieee"
 
 
 @pytest.mark.parametrize(

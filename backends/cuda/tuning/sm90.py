@@ -89,7 +89,10 @@ CONFIGS: dict[str, dict[str, dict]] = {
         # batch 64 / 256: 13.01 -> 11.78 / 19.24 -> 18.30 ms).
         "mxfp4_gluon_small": {"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 4, "num_stages": 8, "producer_regs": 40,
                               "maxnreg": 128, "ctas_per_sm": 2, "min_block_m": 8, "auto": True},
-        "mxfp4_gluon_large": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 4, "producer_regs": 40},
+        # Prefill tile 128 tokens x 256 weight rows, 3 stages: on an H100 (2026-12-07, `python -m deepinfer_cuda.bench.gemm
+        # --sweep mxfp4_gluon_large`, V4 w13 at 256 experts x 192 rows) 3.54 ms against 4.06 for 128 x 128 x 4 stages, 3.73
+        # for 64 x 256, 4.22 for 64 x 128: each weight tile is dequantised once for twice the tokens' MMAs.
+        "mxfp4_gluon_large": {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 3, "producer_regs": 40},
         # The Gluon fp8_block kernel (gemm_fp8_gluon.py, fp8_path=gluon): NOT MEASURED, chosen by the sm90 compile check
         # (Triton 3.9 and 3.6, no spills) and by counting. BLOCK_M is 64 rows per consumer warpgroup (wgmma's M); BLOCK_N
         # divides 128 (one weight scale per N block); each consumer warpgroup 232 registers (acc and product: 128).
