@@ -20,9 +20,9 @@ are computed in registers; a second pass over x_t collapses the streams (pre nee
 
 A mix program owns BLOCK_T tokens: each fn chunk it loads serves all of them (fn is W x K = 1.5 MB
 for V4-Flash; re-reading it per token would cost far more than x). The projection is a float32
-tl.dot [BLOCK_T, BLOCK_K] x [BLOCK_K, W_PAD] (fn^T chunk) at `dot_precision` (16-bit x: "tf32x3", float32's
-accuracy on the tensor cores; W = 24 is padded to 32 columns, and bfloat16 x is converted to float32 first
-since fn is float32). float64 x (a test dtype) uses a broadcast
+tl.dot [BLOCK_T, BLOCK_K] x [BLOCK_K, W_PAD] (fn^T chunk) at `dot_precision` (bfloat16 x: three bfloat16 dots
+against fn split in three parts, exact products; float16 x: "tf32x3"; float32's accuracy on the tensor cores
+either way; W = 24 is padded to 32 columns). float64 x (a test dtype) uses a broadcast
 multiply reduced per chunk instead. K is cut into segments of SEG elements (whole chunks); within
 a segment the dot accumulates the chunks in order and the squares accumulate per lane (reduced
 across lanes at the segment's end). Two launch shapes:
@@ -87,7 +87,7 @@ import triton
 import triton.language as tl
 
 from deepinfer.ops import hyper_connection as hc_ops
-from deepinfer.triton_common import cdiv, interpreting, next_power_of_2, sinkhorn_mix, to_bf16_rne
+from deepinfer.triton_common import cdiv, interpreting, next_power_of_2, sinkhorn_mix, to_bf16_rne, upcast_dot
 from deepinfer_cuda.kernels.common import Registration, num_sms, pdl_launch, pdl_prologue
 
 # hc_pre's fused launch (the best of the H200 configurations tried: 16/32/64 tokens, chunks of 32/64,
@@ -139,7 +139,8 @@ def _segment_partial(
     USE_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     """(sum_k x[t, k] fn[w, k], sum_k x[t, k]^2) over k in [k_lo, k_hi): the products accumulate
-    chunk by chunk in order (float32 dot at DOT_PRECISION), the squares per lane, reduced at the end."""
+    chunk by chunk in order (float32 dot at DOT_PRECISION, or "bf16x3": `_bf16x3_dot`), the squares per lane,
+    reduced at the end."""
     w = tl.arange(0, W_PAD)
     kk = tl.arange(0, BLOCK_K)
     w_ok = w < W
@@ -149,13 +150,16 @@ def _segment_partial(
     f_ptrs = fn_ptr + w[None, :] * stride_fn + (k_lo + kk)[:, None]  # fn^T chunk [BLOCK_K, W_PAD]
     for k0 in range(k_lo, k_hi, BLOCK_K):
         if EVEN_K:  # whole chunks: token / row masks only
-            xt = tl.load(x_ptrs, mask=t_ok[:, None], other=0.0).to(ACC)
+            xs = tl.load(x_ptrs, mask=t_ok[:, None], other=0.0)
             ft = tl.load(f_ptrs, mask=w_ok[None, :], other=0.0).to(ACC)
         else:
             k_ok = k0 + kk < k_hi
-            xt = tl.load(x_ptrs, mask=t_ok[:, None] & k_ok[None, :], other=0.0).to(ACC)
+            xs = tl.load(x_ptrs, mask=t_ok[:, None] & k_ok[None, :], other=0.0)
             ft = tl.load(f_ptrs, mask=k_ok[:, None] & w_ok[None, :], other=0.0).to(ACC)
-        if USE_DOT:
+        xt = xs.to(ACC)
+        if DOT_PRECISION == "bf16x3" or DOT_PRECISION == "bf16x3_upcast":
+            acc = _bf16x3_dot(xs, ft, acc, DOT_PRECISION == "bf16x3_upcast")
+        elif USE_DOT:
             acc = tl.dot(xt, ft, acc, input_precision=DOT_PRECISION)
         else:  # float64 (a test dtype): broadcast multiply, reduced per chunk
             acc += tl.sum(xt[:, :, None] * ft[None, :, :], axis=1)
@@ -163,6 +167,28 @@ def _segment_partial(
         x_ptrs += BLOCK_K
         f_ptrs += BLOCK_K
     return acc, tl.sum(sq, axis=1)
+
+
+@triton.jit
+def _bf16x3_dot(x, f, acc, UPCAST: tl.constexpr):
+    """acc + x @ f for bfloat16 x and float32 f: f = hi + mid + lo exactly (three bfloat16 parts, each the rounding of
+    what the parts before left), so the three bfloat16 dots' products are exact and only the float32 sums round.
+    The smallest part goes first, as tf32x3 does. x stays the 16-bit operand it was loaded as, with no float32 copy
+    split in two (tf32x3's mix streamed x at about a quarter of copy bandwidth at prefill sizes on an H100).
+    UPCAST (the interpreter, whose bfloat16 dot is wrong: triton_common.upcast_dot): the same parts as float32."""
+    hi = f.to(tl.bfloat16)
+    rest = f - hi.to(tl.float32)
+    mid = rest.to(tl.bfloat16)
+    lo = (rest - mid.to(tl.float32)).to(tl.bfloat16)
+    if UPCAST:
+        xf = x.to(tl.float32)
+        acc = tl.dot(xf, lo.to(tl.float32), acc, input_precision="ieee")
+        acc = tl.dot(xf, mid.to(tl.float32), acc, input_precision="ieee")
+        return tl.dot(xf, hi.to(tl.float32), acc, input_precision="ieee")
+    part = tl.dot(x, lo)
+    part = tl.dot(x, mid, part)
+    part = tl.dot(x, hi, part)
+    return acc + part
 
 
 @triton.jit(do_not_specialize=["T"])
@@ -571,11 +597,15 @@ def _results(out, pre, post, comb, delayed: bool, head: bool):
 
 
 def dot_precision(dtype: torch.dtype) -> str:
-    """The projection's dot precision. 16-bit x is exact in tf32, so "tf32x3" (x * fn_hi + x * fn_lo on
-    the tensor cores, fn split into two tf32 parts) gives float32's products within about 2^-22 of
-    each: the float32 FMAs' ("ieee") accuracy at tensor-core speed (the fused launch was the prefill
-    profile's third kernel on the H100). float32 x keeps "ieee": its own low bits would be dropped."""
-    return "tf32x3" if dtype in (torch.bfloat16, torch.float16) and not interpreting() else "ieee"
+    """The projection's dot precision. bfloat16 x (the models') is a bfloat16 dot operand as it is: "bf16x3" (fn
+    split into three bfloat16 parts, `_bf16x3_dot`) gives float32's products exactly, at the bfloat16 tensor cores'
+    rate, here and in the interpreter (on an H100, 2026-12-07, the mix kernels of the 8-layer V4-Flash prefill of
+    8 x 8192 tokens took 21.3 ms against tf32x3's 47.4). float16 x is exact in tf32, so "tf32x3" (x * fn_hi + x * fn_lo on the tensor
+    cores, fn split into two tf32 parts) gives float32's products within about 2^-22 of each: the float32 FMAs'
+    ("ieee") accuracy at tensor-core speed. float32 x keeps "ieee": its own low bits would be dropped."""
+    if dtype == torch.bfloat16:
+        return "bf16x3_upcast" if upcast_dot() else "bf16x3"
+    return "tf32x3" if dtype == torch.float16 and not interpreting() else "ieee"
 
 
 class SplitShape(NamedTuple):
