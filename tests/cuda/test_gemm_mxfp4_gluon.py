@@ -27,20 +27,21 @@ def _meta(*shape, dtype=torch.bfloat16):
 def test_decode_and_prefill_tiles_at_v4_flash_expert_shapes():
     u8 = torch.uint8
     # decode, masked: 16 rows per expert -> the small entry, a 16-row tile (wgmma N = 16), one program per (row tile, N block, expert)
-    # one consumer warpgroup, a register cap for two CTAs per SM, the shared-memory budget halved: 7 stages of 12 KiB + 16 KiB of scales
+    # one consumer warpgroup, a register cap for two CTAs per SM, the shared-memory budget halved: K steps of 256, 3 stages of
+    # 24 KiB + 16 KiB of scales
     p = gg.plan_gluon(_meta(8, 16, 4096), _meta(8, 4096, 2048, dtype=u8), gg._MASKED, SM90)
-    assert (p.block_m, p.block_n, p.block_k, p.num_warps, p.maxnreg, p.num_stages) == (16, 128, 128, 4, 128, 7)
+    assert (p.block_m, p.block_n, p.block_k, p.num_warps, p.maxnreg, p.num_stages) == (16, 128, 256, 4, 128, 3)
     assert p.grid == (1, 32, 8)
-    # decode, contiguous: B64 x top-6 over 256 experts (2 rows per expert in the bucket): 8-row tiles (min_block_m),
-    # row tiles + one partial per expert, 8 stages of 10 KiB
+    # decode, contiguous: B64 x top-6 over 256 experts (2 rows per expert in the bucket): 8-row tiles (min_block_m) with
+    # their own K step of 128, row tiles + one partial per expert, 8 stages of 10 KiB
     p = gg.plan_gluon(_meta(384, 4096), _meta(256, 4096, 2048, dtype=u8), gg._CONTIGUOUS, SM90)
-    assert p.block_m == 8 and p.num_m_tiles == 384 // 8 + 256 and p.grid == (304 * 32,) and p.num_stages == 8
+    assert p.block_m == 8 and p.block_k == 128 and p.num_m_tiles == 384 // 8 + 256 and p.grid == (304 * 32,) and p.num_stages == 8
     # B256 (8 rows per expert in the bucket): 16-row tiles, so that an expert's rows stay in one tile
     p = gg.plan_gluon(_meta(1536, 4096), _meta(256, 4096, 2048, dtype=u8), gg._CONTIGUOUS, SM90)
-    assert p.block_m == 16 and p.num_stages == 7
-    # prefill, contiguous: T8192 x top-6 through w2 (K 2048) -> the large entry
+    assert p.block_m == 16 and p.block_k == 256 and p.num_stages == 3
+    # prefill, contiguous: T8192 x top-6 through w2 (K 2048) -> the large entry, 128 tokens x 256 weight rows
     p = gg.plan_gluon(_meta(49152, 2048), _meta(256, 4096, 1024, dtype=u8), gg._CONTIGUOUS, SM90)
-    assert (p.block_m, p.num_stages, p.num_warps, p.maxnreg) == (128, 4, 8, None) and p.num_m_tiles == 49152 // 128 + 256
+    assert (p.block_m, p.block_n, p.num_stages, p.num_warps, p.maxnreg) == (128, 256, 3, 8, None) and p.num_m_tiles == 49152 // 128 + 256
 
 
 def test_stages_shrink_to_fit_shared_memory():

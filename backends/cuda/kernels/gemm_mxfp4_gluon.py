@@ -374,12 +374,14 @@ def plan_gluon(x: torch.Tensor, weight: torch.Tensor, layout: int, cfg_for=None)
     variant = "mxfp4_gluon_small" if rows_per_expert <= SMALL_ROWS_PER_EXPERT else "mxfp4_gluon_large"
     cfg = cfg_for(variant) if cfg_for is not None else config("gemm", variant, x.device)
     block_m = max(16, min(cfg["BLOCK_M"], next_power_of_2(int(rows_per_expert) if rows_per_expert >= 1 else 1)))
+    block_k = cfg["BLOCK_K"]
     if 4 * rows_per_expert <= cfg.get("min_block_m", 16):
         # few rows per expert (decode batch 64 x top-6 over 256 experts: 1.5): an 8-row tile (wgmma N = 8) halves the x
         # bytes each weight tile pulls through TMA; the 4x headroom keeps an expert's rows in one tile (else its weight
         # would be read twice), the contiguous layout's counts varying about the bucket's mean
         block_m = cfg["min_block_m"]
-    block_n, block_k = cfg["BLOCK_N"], cfg["BLOCK_K"]
+        block_k = cfg.get("min_block_m_BLOCK_K", block_k)  # (the entry's K step for these tiles, where it has its own)
+    block_n = cfg["BLOCK_N"]
     if block_k % 128 or 512 % block_k:
         raise ValueError(f"{variant}: BLOCK_K {block_k} must be 128, 256 or 512 (whole scale words per step, whole steps per scale box)")
     num_n = cdiv(n, block_n)
