@@ -87,15 +87,15 @@ CONFIGS: dict[str, dict[str, dict]] = {
         # (2.34-2.66 TB/s against 2.22-2.25); 64-row weight tiles (3 CTAs/SM) and 16-row token tiles were no better overall,
         # the old 8-warp tile 0.73-0.87x. auto: mxfp4_path=auto takes it for decode too (the 8-layer e2e decode step at
         # batch 64 / 256: 13.01 -> 11.78 / 19.24 -> 18.30 ms).
-        # K steps of 256 (2026-12-07, an H100; stages fit to shared memory, so about the same bytes in flight in half as many
-        # steps): V4 w13 at batch 256 0.923 -> 0.887 ms (`--sweep mxfp4_gluon_small`), the 7-layer e2e decode step at batch
+        # K steps of 256 (2026-12-07, an H100; stages fit to shared memory: 3 of 24 KiB at 16-row tiles and K 4096, against 7
+        # of 12 KiB with K steps of 128): V4 w13 at batch 256 0.923 -> 0.887 ms (`--sweep mxfp4_gluon_small`), the 7-layer e2e decode step at batch
         # 256, ctx 32768, 14.89 -> 14.47 ms in one lease (conformance of grouped_gemm passed with it). The 8-row tiles
         # (batch 64) keep K steps of 128 (`min_block_m_BLOCK_K`): 256 was not measured there.
         "mxfp4_gluon_small": {"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 256, "GROUP_M": 8, "num_warps": 4, "num_stages": 8, "producer_regs": 40,
                               "maxnreg": 128, "ctas_per_sm": 2, "min_block_m": 8, "min_block_m_BLOCK_K": 128, "auto": True},
         # Prefill tile 128 tokens x 256 weight rows, 3 stages: on an H100 (2026-12-07, `python -m deepinfer_cuda.bench.gemm
-        # --sweep mxfp4_gluon_large`, V4 w13 at 256 experts x 192 rows) 3.54 ms against 4.06 for 128 x 128 x 4 stages, 3.73
-        # for 64 x 256, 4.22 for 64 x 128: each weight tile is dequantised once for twice the tokens' MMAs.
+        # --sweep mxfp4_gluon_large`, V4 w13 at 256 experts x 192 rows) 3.48-3.54 ms against 4.02-4.06 for 128 x 128 x 4
+        # stages, 3.73 for 64 x 256, 4.22 for 64 x 128, 4.47 / 4.96 for 256 tokens x 128 / 64 rows (not profiled further).
         "mxfp4_gluon_large": {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 3, "producer_regs": 40},
         # The Gluon fp8_block kernel (gemm_fp8_gluon.py, fp8_path=gluon): NOT MEASURED, chosen by the sm90 compile check
         # (Triton 3.9 and 3.6, no spills) and by counting. BLOCK_M is 64 rows per consumer warpgroup (wgmma's M); BLOCK_N
