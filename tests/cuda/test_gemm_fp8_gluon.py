@@ -142,7 +142,7 @@ def test_option_gluon_picks_it_only_on_sm90_for_fp8_block(monkeypatch):
     assert _chosen(monkeypatch, "gluon", True, fmt="mxfp4")[0] is not gg.grouped_gemm
 
 
-@pytest.mark.skipif(mode() == GPU, reason="CPU tensors through the interpreted kernels (the GPU run's comparisons are below)")
+@pytest.mark.skipif(mode() == GPU, reason="runs in CI under the interpreter (CPU tensors, interpreted kernels); on a GPU the comparisons below cover it")
 def test_calls_it_does_not_serve_run_the_tl_kernel():
     """float32 x and K 200 (not a multiple of 16): the wrapper hands the calls to gemm.py's kernel, interpreted here."""
     import deepinfer_cuda.kernels.gemm as kg

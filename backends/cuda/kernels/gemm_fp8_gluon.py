@@ -57,14 +57,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import triton
 
 from deepinfer.ops import gemm as gemm_ops
 from deepinfer.triton_common import cdiv, next_power_of_2
 from deepinfer_cuda.kernels import gemm
 from deepinfer_cuda.kernels.common import Registration, num_sms, pdl_launch
 from deepinfer_cuda.kernels.gemm_mxfp4_gluon import grouped_tile, is_sm90
-from deepinfer_cuda.kernels.gluon_hopper import GLUON_IMPORT_ERROR
+from deepinfer_cuda.kernels.gluon_hopper import GLUON_IMPORT_ERROR, gluon_unusable
 from deepinfer_cuda.options import FP8_PATH
 from deepinfer_cuda.tuning import config
 
@@ -467,9 +466,7 @@ def _chosen(ctx) -> bool:
 
 
 def _unusable(ctx) -> str | None:
-    if GLUON_IMPORT_ERROR is not None:
-        return f"backend option fp8_path=gluon, but Triton {triton.__version__} has no usable Gluon for Hopper ({GLUON_IMPORT_ERROR})"
-    return None
+    return gluon_unusable("fp8_path=gluon", GLUON_IMPORT_ERROR)
 
 
 _NOTE = ("Gluon (SM90): persistent, warp-specialised (a TMA producer filling an mbarrier ring, consumer warpgroups issuing "

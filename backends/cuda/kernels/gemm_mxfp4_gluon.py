@@ -44,13 +44,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import triton
 
 from deepinfer.ops import gemm as gemm_ops
 from deepinfer.triton_common import cdiv, next_power_of_2
 from deepinfer_cuda.kernels import gemm
 from deepinfer_cuda.kernels.common import Registration, capability
-from deepinfer_cuda.kernels.gluon_hopper import GLUON_IMPORT_ERROR
+from deepinfer_cuda.kernels.gluon_hopper import GLUON_IMPORT_ERROR, gluon_unusable
 from deepinfer_cuda.options import MXFP4_PATH
 from deepinfer_cuda.tuning import config
 
@@ -513,9 +512,7 @@ def _chosen_for_prefill(ctx) -> bool:
 
 
 def _unusable(ctx) -> str | None:
-    if GLUON_IMPORT_ERROR is not None:
-        return f"backend option mxfp4_path=gluon, but Triton {triton.__version__} has no usable Gluon for Hopper ({GLUON_IMPORT_ERROR})"
-    return None
+    return gluon_unusable("mxfp4_path=gluon", GLUON_IMPORT_ERROR)
 
 
 _NOTE = ("Gluon (SM90): warp-specialised, a TMA producer warp filling an mbarrier ring, consumer warpgroups dequantising e2m1 in "

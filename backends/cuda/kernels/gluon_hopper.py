@@ -11,6 +11,8 @@ declines its calls or says so in its registration. Shims (Triton 3.6 on the GPU 
 
 from __future__ import annotations
 
+import triton
+
 try:
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
@@ -23,5 +25,16 @@ try:
 except ImportError as exc:  # a Triton without Gluon's Hopper pieces
     GLUON_IMPORT_ERROR = f"{type(exc).__name__}: {exc}"
 
-__all__ = ["GLUON_IMPORT_ERROR", "TensorDescriptor", "fence_async_shared", "gl", "gluon", "mbarrier", "sync_warps", "tma_load", "warpgroup_mma",
-           "warpgroup_mma_wait"]  # fmt: skip
+
+
+def gluon_unusable(option: str, import_error: str | None) -> str | None:
+    """A registration's `unusable` answer for a kernel that backend option `option` (e.g. "fp8_path=gluon") asks for:
+    why it cannot run where Gluon's Hopper pieces did not import (`import_error`, the kernel module's
+    GLUON_IMPORT_ERROR), else None."""
+    if import_error is None:
+        return None
+    return f"backend option {option}, but Triton {triton.__version__} has no usable Gluon for Hopper ({import_error})"
+
+
+__all__ = ["GLUON_IMPORT_ERROR", "TensorDescriptor", "fence_async_shared", "gl", "gluon", "gluon_unusable", "mbarrier", "sync_warps", "tma_load",
+           "warpgroup_mma", "warpgroup_mma_wait"]  # fmt: skip

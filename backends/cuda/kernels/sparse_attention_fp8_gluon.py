@@ -76,7 +76,7 @@ from deepinfer.ops import kv_cache_format
 from deepinfer.ops import sparse_attention as sparse_ops
 from deepinfer.triton_common import cdiv, pick_splits
 from deepinfer_cuda.kernels.common import Registration, capability, num_sms
-from deepinfer_cuda.kernels.gluon_hopper import GLUON_IMPORT_ERROR
+from deepinfer_cuda.kernels.gluon_hopper import GLUON_IMPORT_ERROR, gluon_unusable
 
 # the e4m3 -> raw bf16 chunk conversion and the opaque zero: the FP8 mla_decode kernel's (the same converter)
 from deepinfer_cuda.kernels.mla_decode_fp8_gluon import RAW_UNIT_VALUE, _hidden_zero, _put_chunk
@@ -651,11 +651,7 @@ def _chosen_by_auto(ctx) -> bool:
 
 
 def _unusable(ctx) -> str | None:
-    if GLUON_IMPORT_ERROR is not None:
-        import triton
-
-        return f"backend option sparse_attention_path=gluon, but Triton {triton.__version__} has no usable Gluon for Hopper ({GLUON_IMPORT_ERROR})"
-    return None
+    return gluon_unusable("sparse_attention_path=gluon", GLUON_IMPORT_ERROR)
 
 
 REGISTRATIONS = [
