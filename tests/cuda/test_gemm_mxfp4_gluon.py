@@ -336,3 +336,20 @@ def test_the_wrapper_launches_the_body_then_the_tail_into_one_output(monkeypatch
     ]
     assert [launch.args[9] for launch in launches] == [510, 256]  # num_m_tiles
     assert launches[0].args[3] is launches[1].args[3]  # out
+
+
+def test_the_prefill_sweep_times_tail_tiles_on_an_even_and_a_routed_split():
+    """`python -m deepinfer_cuda.bench.gemm --sweep mxfp4_gluon_large` (on a GPU) times the table's tile with tail tiles
+    beside the others, on 192 rows an expert and on a router's split of 8192 x top-6 rows (each fragment names one case)."""
+    from deepinfer_cuda.bench import gemm as bench
+
+    large = SM90("mxfp4_gluon_large")
+    tile = {key: large[key] for key in ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages")}
+    assert ({**tile, "tail_tiles": True}, {}) in bench.SWEEP["mxfp4_gluon_large"]
+    fragments = bench.SWEEP_CASES["mxfp4_gluon_large"]
+    assert len(fragments) == 2 and all(sum(fragment in case.name for case in bench.CASES) == 1 for fragment in fragments)
+    offsets = bench._routed_offsets(256, 8192, 6, torch.device("cpu"))
+    counts = offsets[1:] - offsets[:-1]
+    assert offsets.dtype == torch.int32 and int(offsets[0]) == 0 and int(offsets[-1]) == 49152 and bool((counts >= 0).all())
+    assert 150 < int(counts.min()) < 192 < int(counts.max()) < 240  # about 192 +- 14 an expert, not all equal
+    assert torch.equal(offsets, bench._routed_offsets(256, 8192, 6, torch.device("cpu")))  # a fixed seed
