@@ -159,3 +159,197 @@ def test_a_linear_out_dtype_other_than_x_runs_the_tl_register_path():
     got = gg.linear(x, w, weight_scale=s, fmt="mxfp4", out_dtype=torch.float32)
     want = kg.launch_gemm(x, w, s, "mxfp4", kg._LINEAR, mx_path="register", out_dtype=torch.float32)
     assert got.dtype == torch.float32 and torch.equal(got, want)
+
+
+# ---------------------------------------------------------------------------------------------
+# Tail tiles (the prefill entry's "tail_tiles" flag): the host's plans, and a mirror of the kernel's program -> tile map
+# (the kernel itself is compiled by the compile check's "tail tiles" cases; not yet run on a GPU)
+
+
+def _tail_tiles_on(variant):
+    """The SM90 table with the prefill entry's tail_tiles flag on."""
+    return {**SM90(variant), **({"tail_tiles": True} if variant == "mxfp4_gluon_large" else {})}
+
+
+def test_tail_tiles_are_off_by_default_and_then_one_launch_as_before():
+    u8 = torch.uint8
+    assert SM90("mxfp4_gluon_large")["tail_tiles"] is False
+    x, w = _meta(49152, 4096), _meta(256, 4096, 2048, dtype=u8)
+    assert gg.plan_launches(x, w, gg._CONTIGUOUS, SM90) == (gg.plan_gluon(x, w, gg._CONTIGUOUS, SM90),)
+    assert gg.plan_gluon(x, w, gg._CONTIGUOUS, SM90).tiles == gg._ALL_TILES
+
+
+def test_tail_tiles_plan_a_body_and_a_tail_launch_at_v4_flash_prefill():
+    """8192 tokens x top-6 over 256 experts (w13, K 4096): 128-row body tiles and 64-row tail tiles, the same 256 weight
+    rows and 8 warps a tile, 3 stages each (shared memory allows them); grids bounded from 49152 rows and 256 experts."""
+    u8 = torch.uint8
+    body, tail = gg.plan_launches(_meta(49152, 4096), _meta(256, 4096, 2048, dtype=u8), gg._CONTIGUOUS, _tail_tiles_on)
+    assert (body.tiles, body.block_m, body.full_m, body.tail_m, body.block_n, body.num_warps, body.num_stages) == (gg._BODY_TILES, 128, 128, 64, 256, 8, 3)
+    assert (tail.tiles, tail.block_m, tail.full_m, tail.tail_m, tail.block_n, tail.num_warps, tail.num_stages) == (gg._TAIL_TILES, 64, 128, 64, 256, 8, 3)
+    assert body.num_m_tiles == (49152 + 256 * 63) // 128 == 510 and tail.num_m_tiles == 256
+    assert body.grid == (510 * 16,) and tail.grid == (256 * 16,)
+    # masked and linear calls, and decode-sized contiguous ones (the decode entry's flag is not on), keep one launch
+    assert len(gg.plan_launches(_meta(8, 256, 4096), _meta(8, 4096, 2048, dtype=u8), gg._MASKED, _tail_tiles_on)) == 1
+    assert len(gg.plan_launches(_meta(4096, 4096), _meta(4096, 2048, dtype=u8), gg._LINEAR, _tail_tiles_on)) == 1
+    assert len(gg.plan_launches(_meta(1536, 4096), _meta(256, 4096, 2048, dtype=u8), gg._CONTIGUOUS, _tail_tiles_on)) == 1
+
+
+def _program_tiles(plan, offsets: torch.Tensor):
+    """A mirror of `grouped_tile` (contiguous layout) over every program of plan's grid: (expert, row_start, row_end,
+    pid_n) per program, expert E with row_end 0 past every expert's tiles."""
+    lo, hi = offsets[:-1].long(), offsets[1:].long()
+    rows = hi - lo
+    if plan.tiles == gg._ALL_TILES:
+        tiles, first = (rows + plan.block_m - 1) // plan.block_m, lo
+    elif plan.tiles == gg._BODY_TILES:
+        tiles, first = rows // plan.full_m + (rows % plan.full_m > plan.tail_m).long(), lo
+    else:
+        remainder = rows % plan.full_m
+        tiles, first = ((remainder > 0) & (remainder <= plan.tail_m)).long(), hi - remainder
+    ends = tiles.cumsum(0)
+    program = torch.arange(plan.num_m_tiles * plan.num_n)
+    per_group = plan.group_m * plan.num_n
+    first_m = program // per_group * plan.group_m
+    group_m = torch.clamp(plan.num_m_tiles - first_m, max=plan.group_m)
+    t = first_m + (program % per_group) % group_m
+    pid_n = (program % per_group) // group_m
+    e = (ends[None, :] <= t[:, None]).sum(1)
+    pad = lambda v: torch.cat([v, v.new_zeros(1)])  # noqa: E731  (expert E: no rows)
+    row_start = pad(first)[e] + (t - pad(ends - tiles)[e]) * plan.block_m
+    return e, row_start, pad(hi)[e], pid_n, int(ends[-1])
+
+
+def _coverage(plans, offsets: torch.Tensor) -> torch.Tensor:
+    """How many times the plans' programs compute each (N block, row): the store's masks, rows < row_end, applied."""
+    num_n, total = plans[0].num_n, int(offsets[-1])
+    cover = torch.zeros(num_n, total + 1, dtype=torch.long)
+    for plan in plans:
+        e, start, end, pid_n, tiles = _program_tiles(plan, offsets)
+        assert tiles <= plan.num_m_tiles, "an expert's tiles past the grid"
+        work = start < end
+        assert bool((e[work] < plan.experts).all())
+        stop = torch.minimum(start + plan.block_m, end)
+        cover.index_put_((pid_n[work], start[work]), torch.ones(int(work.sum()), dtype=torch.long), accumulate=True)
+        cover.index_put_((pid_n[work], stop[work]), -torch.ones(int(work.sum()), dtype=torch.long), accumulate=True)
+    return cover.cumsum(1)[:, :total]
+
+
+def _offsets(counts) -> torch.Tensor:
+    return torch.tensor([0, *torch.tensor(counts).cumsum(0).tolist()], dtype=torch.int32)
+
+
+def test_the_tile_mirror_matches_todays_single_launch():
+    """The mirror's all-tiles mode (today's launch, its grid plan_gluon's) computes every row once: a check of the mirror."""
+    u8 = torch.uint8
+    plan = gg.plan_gluon(_meta(49152, 4096), _meta(256, 4096, 2048, dtype=u8), gg._CONTIGUOUS, SM90)
+    counts = torch.bincount(torch.rand(8192, 256, generator=torch.Generator().manual_seed(3)).topk(6, dim=1).indices.flatten(), minlength=256)
+    assert bool((_coverage([plan], _offsets(counts.tolist())) == 1).all())
+
+
+def _v4_split_counts():
+    """Splits of 49152 rows over 256 experts: V4-Flash's routing (each token's top 6 of 256 random scores), the even
+    split (192 each: every remainder 64, all tails), and the extremes of each launch's bound."""
+    gen = torch.Generator().manual_seed(0)
+    routed = [torch.bincount(torch.rand(8192, 256, generator=gen).topk(6, dim=1).indices.flatten(), minlength=256).tolist() for _ in range(3)]
+    rest = lambda counts: counts + [49152 - sum(counts)]  # noqa: E731  (the last expert takes the rows left)
+    return routed + [
+        [192] * 256,
+        rest([193] * 254) + [0],  # body tiles: a full and a padded one an expert
+        rest([65] * 255),  # one padded body tile an expert: the body's bound
+        rest([64] * 255),  # tail tiles only, but for one expert
+        rest([1] * 255),
+        rest([0] * 255),  # every row on one expert
+        [49152] + [0] * 255,
+        rest([3 * 128 + 1, 0] * 127) + [0],  # three full tiles and a tail, every other expert empty
+    ]
+
+
+def test_tail_tiles_compute_every_row_once_at_v4_flash_prefill():
+    """Body and tail launches (their grids plan_launches', the kernel's map mirrored) over several splits of 8192 x top-6
+    rows: every row and N block computed exactly once, every expert's tiles within the grids."""
+    u8 = torch.uint8
+    plans = gg.plan_launches(_meta(49152, 4096), _meta(256, 4096, 2048, dtype=u8), gg._CONTIGUOUS, _tail_tiles_on)
+    assert len(plans) == 2
+    for counts in _v4_split_counts():
+        assert sum(counts) == 49152 and len(counts) == 256 and min(counts) >= 0
+        assert bool((_coverage(plans, _offsets(counts)) == 1).all()), counts[:8]
+
+
+def test_tail_tile_grid_bounds_hold_for_every_split_of_the_rows():
+    """Every split of up to 14 rows over up to 4 experts (body tiles of 4 rows, tail tiles of 2): each launch's tiles fit
+    its bound; together they compute every row once. And the V4-Flash prefill bounds against their worst splits."""
+    from itertools import combinations_with_replacement
+
+    from deepinfer.triton_common import cdiv
+
+    full_m, tail_m = 4, 2
+    for experts in range(1, 5):
+        for rows in range(1, 15):
+            plan = gg.GluonPlan(
+                layout=gg._CONTIGUOUS,
+                experts=experts,
+                n=3,
+                k=512,
+                max_m=0,
+                rows_total=rows,
+                block_m=full_m,
+                block_n=1,
+                block_k=128,
+                group_m=2,
+                num_warps=4,
+                num_stages=2,
+                producer_regs=40,
+                maxnreg=None,
+                num_m_tiles=cdiv(rows, full_m) + experts,
+                num_n=3,
+            )
+            plans = gg.tail_tile_plans(plan, {"num_stages": 2})
+            assert [p.num_m_tiles for p in plans] == [n for n in (gg.body_tile_bound(rows, experts, full_m, tail_m), gg.tail_tile_bound(rows, experts)) if n]
+            for cuts in combinations_with_replacement(range(rows + 1), experts - 1):  # every split: sorted cut points
+                offsets = torch.tensor([0, *cuts, rows], dtype=torch.int32)
+                assert bool((_coverage(plans, offsets) == 1).all()), (experts, cuts, rows)  # (and each launch's tiles within its grid)
+    # V4-Flash prefill: the body's bound is met by 255 experts of 65 rows and the rest on one, the tail's by any split that
+    # leaves every expert a remainder of 1 to 64 rows
+    assert gg.body_tile_bound(49152, 256, 128, 64) == 255 + (49152 - 65 * 255 + 63) // 128
+    assert gg.tail_tile_bound(49152, 256) == 256
+
+
+def test_the_wrapper_launches_the_body_then_the_tail_into_one_output(monkeypatch):
+    """grouped_gemm with tail tiles on: two launches of the kernel (captured, as the compile check does), TILES 1 then 2,
+    on plan_launches' grids, writing the same output."""
+    from deepinfer_cuda.bench import compile_check as cc
+
+    u8 = torch.uint8
+    launches = []
+    with cc._as_arch("sm90", launches):
+        monkeypatch.setattr(gg, "config", lambda op, variant, device=None: _tail_tiles_on(variant))
+        gg.grouped_gemm(
+            _meta(49152, 4096),
+            _meta(256, 4096, 2048, dtype=u8),
+            expert_offsets=_meta(257, dtype=torch.int32),
+            weight_scale=_meta(256, 4096, 128, dtype=u8),
+            fmt="mxfp4",
+        )
+    assert [(launch.kwargs["TILES"], launch.kwargs["BLOCK_M"], launch.kwargs["FULL_M"], launch.kwargs["TAIL_M"]) for launch in launches] == [
+        (gg._BODY_TILES, 128, 128, 64),
+        (gg._TAIL_TILES, 64, 128, 64),
+    ]
+    assert [launch.args[9] for launch in launches] == [510, 256]  # num_m_tiles
+    assert launches[0].args[3] is launches[1].args[3]  # out
+
+
+def test_the_prefill_sweep_times_tail_tiles_on_an_even_and_a_routed_split():
+    """`python -m deepinfer_cuda.bench.gemm --sweep mxfp4_gluon_large` (on a GPU) times the table's tile with tail tiles
+    beside the others, on 192 rows an expert and on a router's split of 8192 x top-6 rows (each fragment names one case)."""
+    from deepinfer_cuda.bench import gemm as bench
+
+    large = SM90("mxfp4_gluon_large")
+    tile = {key: large[key] for key in ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages")}
+    assert ({**tile, "tail_tiles": True}, {}) in bench.SWEEP["mxfp4_gluon_large"]
+    fragments = bench.SWEEP_CASES["mxfp4_gluon_large"]
+    assert len(fragments) == 2 and all(sum(fragment in case.name for case in bench.CASES) == 1 for fragment in fragments)
+    offsets = bench._routed_offsets(256, 8192, 6, torch.device("cpu"))
+    counts = offsets[1:] - offsets[:-1]
+    assert offsets.dtype == torch.int32 and int(offsets[0]) == 0 and int(offsets[-1]) == 49152 and bool((counts >= 0).all())
+    assert 150 < int(counts.min()) < 192 < int(counts.max()) < 240  # about 192 +- 14 an expert, not all equal
+    assert torch.equal(offsets, bench._routed_offsets(256, 8192, 6, torch.device("cpu")))  # a fixed seed

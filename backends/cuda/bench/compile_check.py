@@ -25,7 +25,9 @@ class than expected for the arch (SM90: wgmma; SM100: tcgen05, block-scaled tcge
 `expect` overrides this with a reason: 16-row decode tiles mma.sync, mxfp4 W4A16 on SM100 kind::f16), or a case
 that requires TMA (`Case.tma`: the SM90 Gluon mxfp4 GEMM) finds no `cp.async.bulk.tensor` in its PTX. A case
 lists the archs it is built for (`Case.archs`; the Gluon kernels' are sm90 only). Gluon kernels compile through
-Gluon's own AST source; their launches are captured like the others.
+Gluon's own AST source; their launches are captured like the others. A kernel is compiled once a case, for its first
+launch; a case whose wrapper launches one kernel twice with different constexprs names the launch it compiles
+(`Case.launch_with`: the Gluon mxfp4 GEMM's tail tiles, a body and a tail launch).
 `KNOWN_FAILURES` lists (case, kernel, arch) that fail today, with why: they stay in the table,
 marked "known", and the test checks that they still fail (so the list is kept honest).
 
@@ -359,21 +361,27 @@ def _gluon_fp8(layout: str, e: int, rows: int, n: int, k: int) -> Callable[[], N
     return call
 
 
-def _gluon_mxfp4(layout: str, e: int, rows: int, n: int, k: int) -> Callable[[], None]:
+def _gluon_mxfp4(layout: str, e: int, rows: int, n: int, k: int, tuning: dict | None = None) -> Callable[[], None]:
     """The SM90 Gluon mxfp4 kernel (mxfp4_path=gluon) through its own wrappers: masked (rows per expert),
-    contiguous (rows in all) or linear."""
+    contiguous (rows in all) or linear. tuning: entries over the target arch's prefill entry (a flag that is off in the table)."""
     def call():
         from deepinfer_cuda.kernels import gemm_mxfp4_gluon as gluon_gemm
 
         u8 = torch.uint8
-        if layout == "linear":
-            gluon_gemm.linear(_t(rows, k), _t(n, k // 2, dtype=u8), weight_scale=_t(n, k // 32, dtype=u8), fmt="mxfp4")
-        elif layout == "masked":
-            gluon_gemm.grouped_gemm(_t(e, rows, k), _t(e, n, k // 2, dtype=u8), masked_m=_t(e, dtype=torch.int32),
-                                    weight_scale=_t(e, n, k // 32, dtype=u8), fmt="mxfp4")
-        else:
-            gluon_gemm.grouped_gemm(_t(rows, k), _t(e, n, k // 2, dtype=u8), expert_offsets=_t(e + 1, dtype=torch.int32),
-                                    weight_scale=_t(e, n, k // 32, dtype=u8), fmt="mxfp4")
+        table = gluon_gemm.config
+        if tuning:
+            gluon_gemm.config = lambda op, variant, device=None: {**table(op, variant, device), **(tuning if variant == "mxfp4_gluon_large" else {})}
+        try:
+            if layout == "linear":
+                gluon_gemm.linear(_t(rows, k), _t(n, k // 2, dtype=u8), weight_scale=_t(n, k // 32, dtype=u8), fmt="mxfp4")
+            elif layout == "masked":
+                gluon_gemm.grouped_gemm(_t(e, rows, k), _t(e, n, k // 2, dtype=u8), masked_m=_t(e, dtype=torch.int32),
+                                        weight_scale=_t(e, n, k // 32, dtype=u8), fmt="mxfp4")
+            else:
+                gluon_gemm.grouped_gemm(_t(rows, k), _t(e, n, k // 2, dtype=u8), expert_offsets=_t(e + 1, dtype=torch.int32),
+                                        weight_scale=_t(e, n, k // 32, dtype=u8), fmt="mxfp4")
+        finally:
+            gluon_gemm.config = table
     return call
 
 
@@ -465,6 +473,7 @@ class Case:
     archs: tuple[str, ...] = tuple(ARCHS)  # the archs the case is compiled for
     tma: bool = False  # its matrix kernel must load through TMA (cp.async.bulk.tensor in the PTX)
     pdl: bool = False  # also compiled with PDL on: griddepcontrol in the PTX, no spills the kernel without PDL has not
+    launch_with: dict | None = None  # compile only the launches with these constexprs (where the wrapper launches one kernel twice)
 
 
 # DeepSeek-V3 shapes: hidden 7168, MLA q/kv 192/128 heads 128, latent 512 + rope 64, experts 2048 wide.
@@ -554,6 +563,11 @@ CASES: list[Case] = [
     Case("grouped_gemm mxfp4 gluon prefill contig (E256 49152 2048->4096)", _gluon_mxfp4("contiguous", 256, 49152, 4096, 2048), "mx",
          MXFP4_W4A16, archs=("sm90",), tma=True),
     Case("linear mxfp4 gluon prefill (4096x4096->4096)", _gluon_mxfp4("linear", 1, 4096, 4096, 4096), "mx", MXFP4_W4A16, archs=("sm90",), tma=True),
+    # its tail tiles (the prefill entry's "tail_tiles" flag, off in the table): the body launch (TILES 1, 128-row tiles) and
+    # the tail launch (TILES 2, 64-row tiles) of one contiguous call, at V4-Flash's prefill through w13 and w2
+    *[Case(f"grouped_gemm mxfp4 gluon tail tiles {part} {weight} (E256 49152 {k}->4096)", _gluon_mxfp4("contiguous", 256, 49152, 4096, k, {"tail_tiles": True}),
+           "mx", MXFP4_W4A16, archs=("sm90",), tma=True, launch_with={"TILES": tiles})
+      for weight, k in (("w13", 4096), ("w2", 2048)) for part, tiles in (("body", 1), ("tail", 2))],
     # The SM90 Gluon mla_decode over an FP8 cache (warp-specialised: a converting warpgroup that loads the e4m3 bytes
     # itself, no TMA; two wgmma warpgroups each scoring half of a 64-row tile's keys): one split (B128 H16), split
     # partials + combine (B64 H16), 128 heads (two row tiles)
@@ -816,7 +830,7 @@ def griddepcontrol(ptx: str) -> tuple[bool, bool]:
 
 
 def _config_summary(constexprs: dict, options: dict) -> dict:
-    keys = ("SPLIT_K", "FMT", "LAYOUT", "USE_DESC", "MX_MODE", "DIRECT", "W_DESC", "NUM_STAGES")
+    keys = ("SPLIT_K", "FMT", "LAYOUT", "USE_DESC", "MX_MODE", "DIRECT", "W_DESC", "NUM_STAGES", "TILES")
     out = {k: v for k, v in constexprs.items() if k.startswith("BLOCK") or k in keys}
     out.update(options)
     return {k: (v if isinstance(v, (int, float, bool, str)) else str(v)) for k, v in out.items()}
@@ -829,6 +843,10 @@ def run_case(case: Case, arch: str) -> list[Result]:
             case.call()
     except Exception as exc:  # noqa: BLE001 - the wrapper itself failed: report it
         return [Result(case.name, arch, "(wrapper)", False, error=f"{type(exc).__name__}: {exc}")]
+    if case.launch_with is not None:
+        launches = [launch for launch in launches if case.launch_with.items() <= _source(launch)[1].items()]
+        if not launches:
+            return [Result(case.name, arch, "(wrapper)", False, error=f"no launch with {case.launch_with}")]
     results, seen = [], set()
     for launch in launches:
         name = launch.kernel.__name__

@@ -67,7 +67,17 @@ def _nbytes(*ts) -> float:
 # grouped_gemm
 
 
-def _grouped_setup(fmt: str, e: int, per_expert: int, n: int, k: int, masked: bool, prequantise: bool = False, path: str | None = None):
+def _routed_offsets(e: int, tokens: int, top_k: int, device: torch.device) -> torch.Tensor:
+    """expert_offsets of `tokens` tokens each routed to the top_k of e random scores (a fixed seed, drawn on the CPU):
+    rows per expert about tokens * top_k / e, spread as a router's are, not all equal."""
+    scores = torch.rand(tokens, e, generator=torch.Generator().manual_seed(0))
+    counts = torch.bincount(scores.topk(top_k, dim=1).indices.flatten(), minlength=e)
+    return torch.cat([counts.new_zeros(1), counts.cumsum(0)]).to(device=device, dtype=torch.int32)
+
+
+def _grouped_setup(fmt: str, e: int, per_expert: int, n: int, k: int, masked: bool, prequantise: bool = False, path: str | None = None,
+                   routed: tuple[int, int] | None = None):
+    """routed (tokens, top_k): contiguous rows split over the experts by `_routed_offsets`, not per_expert each."""
     def setup(device: torch.device) -> dict:
         g = _gen(device)
         s = _weights(fmt, e, n, k, device)
@@ -75,10 +85,13 @@ def _grouped_setup(fmt: str, e: int, per_expert: int, n: int, k: int, masked: bo
         if masked:
             s["x"] = torch.randn(e, per_expert, k, device=device, generator=g, dtype=torch.bfloat16)
             s["masked_m"] = torch.full((e,), per_expert, dtype=torch.int32, device=device)
+        elif routed:
+            s["expert_offsets"] = _routed_offsets(e, *routed, device)
+            s["x"] = torch.randn(routed[0] * routed[1], k, device=device, generator=g, dtype=torch.bfloat16)
         else:
             s["x"] = torch.randn(e * per_expert, k, device=device, generator=g, dtype=torch.bfloat16)
             s["expert_offsets"] = torch.arange(0, e + 1, device=device, dtype=torch.int32) * per_expert
-        s["rows"] = e * per_expert
+        s["rows"] = routed[0] * routed[1] if routed and not masked else e * per_expert
         s["n"], s["k"] = n, k
         if prequantise:
             from deepinfer_cuda.kernels.gemm import quantize_act_fp8
@@ -169,12 +182,12 @@ def _grouped_bytes(s: dict) -> float:
     return _nbytes(s["weight"], s.get("weight_scale"), s["x"]) + out_bytes
 
 
-def _grouped_case(name, fmt, e, per_expert, n, k, *, masked=False, bound="compute", prequantise=False, peer=True, path=None):
+def _grouped_case(name, fmt, e, per_expert, n, k, *, masked=False, bound="compute", prequantise=False, peer=True, path=None, routed=None):
     peer_name = {"dense": "torch._grouped_mm", "fp8_block": "torch fp8 (_scaled_grouped_mm rowwise | _scaled_mm loop)"}.get(fmt, "-")
     return BenchCase(
         op="grouped_gemm",
         name=name,
-        setup=_grouped_setup(fmt, e, per_expert, n, k, masked, prequantise, path),
+        setup=_grouped_setup(fmt, e, per_expert, n, k, masked, prequantise, path, routed),
         kernel=_grouped_kernel,
         peer=_grouped_peer if peer and fmt in ("dense", "fp8_block") else None,
         peer_name=peer_name,
@@ -260,6 +273,9 @@ CASES = [
     # V4-Flash's experts at prefill (8192 tokens x top 6 over 256 experts: 192 rows each), bf16 beside mxfp4 (SM90: Gluon)
     _grouped_case("bf16 contiguous 256x192 tok, 4096->4096 (V4 w13)", "dense", 256, 192, 4096, 4096),
     _grouped_case("mxfp4 contiguous 256x192 tok, 4096->4096 (V4 w13), gluon", "mxfp4", 256, 192, 4096, 4096, peer=False, path="gluon"),
+    # the same rows as a router splits them (each token's top 6 of 256 random scores: about 192 +- 14 an expert)
+    _grouped_case("mxfp4 contiguous 8192x6 tok routed over 256, 4096->4096 (V4 w13), gluon", "mxfp4", 256, 192, 4096, 4096, peer=False,
+                  path="gluon", routed=(8192, 6)),
     _grouped_case("bf16 contiguous 256x192 tok, 2048->4096 (V4 w2)", "dense", 256, 192, 4096, 2048),
     _grouped_case("mxfp4 contiguous 256x192 tok, 2048->4096 (V4 w2), gluon", "mxfp4", 256, 192, 4096, 2048, peer=False, path="gluon"),
     # V4-Flash's experts at decode batch 256 (256 x top 6 over 256 experts: 6 rows each), the Gluon kernel's decode entry
@@ -495,10 +511,12 @@ SWEEP = {
     ),
     # its prefill entry at V4-Flash's prefill shape (192 rows an expert: a 128-token tile computes a third of its second
     # tile for nothing): the table's 128 x 256, the former 128 x 128, and 256-token tiles (one tile an expert: each weight
-    # tile dequantised once, a quarter of the MMAs padding; stages as shared memory allows)
+    # tile dequantised once, a quarter of the MMAs padding; stages as shared memory allows); the table's tile with tail
+    # tiles (each expert's remainder of at most 64 rows in a 64-row tile of a second launch: not yet run on a GPU)
     "mxfp4_gluon_large": _opts(
         [
             dict(BLOCK_M=128, BLOCK_N=256, num_warps=8, num_stages=3),
+            dict(BLOCK_M=128, BLOCK_N=256, num_warps=8, num_stages=3, tail_tiles=True),
             dict(BLOCK_M=128, BLOCK_N=128, num_warps=8, num_stages=4),
             dict(BLOCK_M=256, BLOCK_N=128, num_warps=8, num_stages=4),
             dict(BLOCK_M=256, BLOCK_N=64, num_warps=4, num_stages=3),
@@ -507,10 +525,10 @@ SWEEP = {
     ),
 }
 
-# the case each variant is swept on (a fragment of its name)
+# the case each variant is swept on (a fragment of its name), or the cases
 SWEEP_CASES = {
     "mxfp4_gluon_small": "V4 w13 decode B256",
-    "mxfp4_gluon_large": "256x192 tok, 4096->4096 (V4 w13), gluon",
+    "mxfp4_gluon_large": ("256x192 tok, 4096->4096 (V4 w13), gluon", "8192x6 tok routed over 256, 4096->4096 (V4 w13), gluon"),
     "dense_large": "bf16 contiguous 8x4096 tok, 7168->4096",
     "fp8_block_large": "GEMM only",
     "fp8_block_small": "fp8_block masked 64x16",
@@ -528,32 +546,49 @@ def sweep(device: torch.device, variants=None) -> list[dict]:
 
 
 def _sweep_variant(variant: str, device: torch.device) -> list[dict]:
-    """Each of the variant's SWEEP configs timed on its SWEEP_CASES case, then the table's config restored."""
+    """Each of the variant's SWEEP configs timed on each of its SWEEP_CASES cases."""
+    fragments = SWEEP_CASES[variant]
+    results = []
+    for fragment in (fragments,) if isinstance(fragments, str) else fragments:
+        results += _sweep_case(variant, next(c for c in CASES if fragment in c.name), device)  # the case's tensors are freed on return
+        torch.cuda.empty_cache()
+    return results
+
+
+def _sweep_case(variant: str, case, device: torch.device) -> list[dict]:
+    """Each of the variant's SWEEP configs timed on `case`, its output compared with the table config's (the largest
+    difference: a config that skipped rows would time fast), then the table's config restored."""
     from deepinfer_cuda.bench.common import time_ms
     from deepinfer_cuda.kernels import gemm as kg
     from deepinfer_cuda.kernels import gemm_mxfp4_gluon as gluon
     from deepinfer_cuda.tuning import config as table_config
 
     results = []
-    case = next(c for c in CASES if SWEEP_CASES[variant] in c.name)
     state = case.setup(device)
     amount = case.flops(state) if case.bound == "compute" else case.bytes(state)
     unit = "TFLOP/s" if case.bound == "compute" else "TB/s"
+    want = case.kernel(state)
     for cfg, extra in SWEEP[variant]:
         flags = {"tma": extra.get("tma", False), "warp_specialize": extra.get("ws", False), "k_pairs": extra.get("kp", False)}
         full = {**table_config("gemm", variant, device), **cfg, **flags}
         kg.config = gluon.config = lambda op, v, dev, _full=full, _variant=variant: dict(_full) if v == _variant else table_config(op, v, dev)
         kg.MXFP4_AUTO_PATH = extra.get("mx")
+        diff = None
         try:
-            case.kernel(state)
+            if isinstance(want, torch.Tensor):  # NaN in the block the output will likely reuse: rows a config skips show as NaN, not stale
+                torch.empty_like(want).fill_(float("nan"))
+            got = case.kernel(state)
             torch.cuda.synchronize(device)
+            if isinstance(got, torch.Tensor) and isinstance(want, torch.Tensor):
+                diff = (got.float() - want.float()).abs().max().item()
+            del got
             ms = time_ms(lambda: case.kernel(state), warmup_ms=10, rep_ms=40)
             rate = amount / (ms * 1e-3) / 1e12
-            line = f"{ms:8.4f} ms {rate:8.2f} {unit}"
+            line = f"{ms:8.4f} ms {rate:8.2f} {unit}" + ("" if diff is None else f"  max |out - table's| {diff:.3g}")
         except Exception as exc:  # noqa: BLE001
             ms, rate, line = None, None, f"ERROR {type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
         print(f"sweep {variant:16s} {case.name[:40]:40s} {cfg} {extra} {line}", flush=True)
-        results.append({"variant": variant, "case": case.name, "cfg": cfg, "extra": extra, "ms": ms, "rate": rate})
+        results.append({"variant": variant, "case": case.name, "cfg": cfg, "extra": extra, "ms": ms, "rate": rate, "max_diff": diff})
     kg.config = gluon.config = table_config
     kg.MXFP4_AUTO_PATH = None
     return results

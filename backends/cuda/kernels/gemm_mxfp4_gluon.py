@@ -30,6 +30,14 @@ Schedule (one program per output tile, the grid and tile -> (expert, rows, N blo
 - epilogue (consumer): times 2^64 (the dequantisation's shift), cast to x's dtype, stored transposed with
   row and column masks, as gemm.py's.
 
+Tail tiles (the prefill entry's tuning flag `tail_tiles`, off by default; not yet run on a GPU, only compiled for sm90):
+a contiguous call is two launches of this kernel over disjoint rows (`plan_launches`, `grouped_tile`'s TILES). The body
+launch takes each expert's full BLOCK_M-row tiles and, where the remainder is over BLOCK_M / 2 rows, one padded tile;
+the tail launch one tile of BLOCK_M / 2 rows for each remainder of 1 to BLOCK_M / 2 rows. Why: at V4-Flash's prefill
+(about 192 rows an expert) the second 128-row tile of an expert is about half padding, and by the prefill entry's sweep
+(tuning/sm90.py: whole-call times, not a tile timed alone) a 64-row tile costs about 0.7 of a 128-row one. Both grids are
+bounded from the row and expert counts alone (no device sync: CUDA-graph safe); programs past the launch's tiles exit.
+
 Served: bf16 x, mxfp4 weights, K a multiple of 512 (the scale boxes) with the strip's BLOCK_N * K/32 bytes
 and the ring within shared memory, contiguous operands with 16-byte aligned rows (x flattens to [rows, K]; the
 masked layout's rows past masked_m read the next expert's rows, the last tiles read TMA's zero fill:
@@ -41,7 +49,7 @@ Triton 3.6 (the GPU machine) and 3.9 name the TMA load differently: `_tma_load` 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -60,6 +68,7 @@ if GLUON_IMPORT_ERROR is None:  # (else the registration says why it cannot run)
 SCALE_BOX_K = 512  # K per row of the scale strip's TMA box: 16 e8m0 bytes, TMA's minimum inner box width
 SUB_K = 64  # K per TMA box and per wgmma: 128 bytes of bf16 x (the 128-byte swizzle's span), 32 bytes of packed weight
 _LINEAR, _CONTIGUOUS, _MASKED = 0, 1, 2
+_ALL_TILES, _BODY_TILES, _TAIL_TILES = 0, 1, 2  # grouped_tile's TILES: which of each expert's row tiles a launch computes
 
 
 if GLUON_IMPORT_ERROR is None:
@@ -96,9 +105,9 @@ if GLUON_IMPORT_ERROR is None:
     @gluon.jit
     def _tile_of_program(offs_ptr, mm_ptr, M, N, E, num_m_tiles,
                          LAYOUT: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, GROUP_M: gl.constexpr, E_POW2: gl.constexpr,
-                         num_warps: gl.constexpr):
+                         TILES: gl.constexpr, FULL_M: gl.constexpr, TAIL_M: gl.constexpr, num_warps: gl.constexpr):
         """gemm.py's `_tile_of_program` without split-K: (expert, first row, row bound, N block); a program
-        with no work gets row_start >= row_end."""
+        with no work gets row_start >= row_end. TILES, FULL_M, TAIL_M: `grouped_tile`'s (the contiguous layout only)."""
         if LAYOUT == 2:
             pid_m = gl.program_id(0)
             pid_n = gl.program_id(1)
@@ -107,17 +116,23 @@ if GLUON_IMPORT_ERROR is None:
             row_start = pid_m * BLOCK_M
         else:
             e, row_start, row_end, pid_n = grouped_tile(gl.program_id(0), offs_ptr, M, N, E, num_m_tiles, LAYOUT, BLOCK_M, BLOCK_N, GROUP_M,
-                                                        E_POW2, num_warps)
+                                                        E_POW2, num_warps, TILES, FULL_M, TAIL_M)
         return e, row_start, row_end, pid_n
 
     @gluon.jit
     def grouped_tile(tile, offs_ptr, M, N, E, num_m_tiles,
                      LAYOUT: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, GROUP_M: gl.constexpr, E_POW2: gl.constexpr,
-                     WARPS: gl.constexpr):
+                     WARPS: gl.constexpr, TILES: gl.constexpr = 0, FULL_M: gl.constexpr = 0, TAIL_M: gl.constexpr = 0):
         """Tile `tile` of the linear (LAYOUT 0) or contiguous (LAYOUT 1) layout, GROUP_M row tiles at a time: (expert,
         first row, row bound, N block). Contiguous: the expert whose rows hold the tile, by a prefix sum of each expert's
         row tiles laid out over the calling partition's WARPS; past every expert's tiles, expert E with no rows. Linear:
-        M is the row count. (The SM90 Gluon fp8_block GEMM's work units use it too.)"""
+        M is the row count. (The SM90 Gluon fp8_block GEMM's work units use it too, with the default TILES.)
+
+        TILES picks which of an expert's row tiles the launch computes (the contiguous layout; tail tiles, module
+        docstring): 0 all of them, BLOCK_M rows each; 1 the body: its rows // FULL_M full tiles, and one more (padded)
+        when the remainder is over TAIL_M rows (BLOCK_M == FULL_M); 2 the tail: one TAIL_M-row tile where the remainder
+        is 1 to TAIL_M rows, at the expert's first row past its full tiles (BLOCK_M == TAIL_M). A launch of each
+        computes every row once."""
         num_n = gl.cdiv(N, BLOCK_N)
         per_group = GROUP_M * num_n
         first_m = (tile // per_group) * GROUP_M
@@ -129,11 +144,23 @@ if GLUON_IMPORT_ERROR is None:
             idx = gl.arange(0, E_POW2, layout=vec)
             lo = gl.load(offs_ptr + idx, mask=idx < E, other=0).to(gl.int32)
             hi = gl.load(offs_ptr + idx + 1, mask=idx < E, other=0).to(gl.int32)
-            tiles = (hi - lo + BLOCK_M - 1) // BLOCK_M
+            if TILES == 0:
+                tiles = (hi - lo + BLOCK_M - 1) // BLOCK_M
+                first = lo
+            elif TILES == 1:
+                gl.static_assert(BLOCK_M == FULL_M, "the body's tiles are FULL_M rows")
+                remainder = (hi - lo) % FULL_M
+                tiles = (hi - lo) // FULL_M + (remainder > TAIL_M).to(gl.int32)
+                first = lo
+            else:
+                gl.static_assert(BLOCK_M == TAIL_M, "the tail's tiles are TAIL_M rows")
+                remainder = (hi - lo) % FULL_M
+                tiles = ((remainder > 0) & (remainder <= TAIL_M)).to(gl.int32)
+                first = hi - remainder
             ends = gl.associative_scan(tiles, 0, _add)  # tile index one past each expert's last tile
             e = gl.sum((ends <= t).to(gl.int32), axis=0)  # E when t is past every expert's tiles
             sel = idx == e
-            row_start = gl.sum(gl.where(sel, lo + (t - (ends - tiles)) * BLOCK_M, 0), axis=0)
+            row_start = gl.sum(gl.where(sel, first + (t - (ends - tiles)) * BLOCK_M, 0), axis=0)
             row_end = gl.sum(gl.where(sel, hi, 0), axis=0)
         else:
             e = tile * 0
@@ -268,9 +295,13 @@ if GLUON_IMPORT_ERROR is None:
         E_POW2: gl.constexpr,
         NUM_STAGES: gl.constexpr,
         PRODUCER_REGS: gl.constexpr,
+        TILES: gl.constexpr,  # the contiguous layout's row tiles: 0 all, 1 body, 2 tail (`grouped_tile`)
+        FULL_M: gl.constexpr,  # tail tiles: the body's BLOCK_M (else 0)
+        TAIL_M: gl.constexpr,  # tail tiles: the tail's BLOCK_M (else 0)
         num_warps: gl.constexpr,
     ):
-        e, row_start, row_end, pid_n = _tile_of_program(offs_ptr, mm_ptr, M, N, E, num_m_tiles, LAYOUT, BLOCK_M, BLOCK_N, GROUP_M, E_POW2, num_warps)
+        e, row_start, row_end, pid_n = _tile_of_program(offs_ptr, mm_ptr, M, N, E, num_m_tiles, LAYOUT, BLOCK_M, BLOCK_N, GROUP_M, E_POW2,
+                                                        TILES, FULL_M, TAIL_M, num_warps)
         if row_start < row_end:
             SUBS: gl.constexpr = BLOCK_K // 64
             x_row = row_start
@@ -328,6 +359,9 @@ class GluonPlan:
     maxnreg: int | None  # the launch's register cap per thread (None: Triton's, which fits one CTA per SM)
     num_m_tiles: int
     num_n: int
+    tiles: int = _ALL_TILES  # which of each expert's row tiles: all, or tail tiles' body or tail (`grouped_tile`'s TILES)
+    full_m: int = 0  # tail tiles: the body's BLOCK_M (else 0)
+    tail_m: int = 0  # tail tiles: the tail's BLOCK_M (else 0)
 
     @property
     def grid(self) -> tuple[int, ...]:
@@ -364,10 +398,48 @@ def _fit_stages(block_m: int, block_n: int, block_k: int, k: int, stages: int, c
 
 
 def plan_gluon(x: torch.Tensor, weight: torch.Tensor, layout: int, cfg_for=None) -> GluonPlan:
-    """Tiles and grid, as gemm.plan_gemm makes them for the tl kernel (the same bucketing of rows per
-    expert into the decode "_small" and prefill "_large" entries, a power-of-two BLOCK_M of at least 16
-    and at most the entry's), without split-K. cfg_for(variant): the tuning entry (default: this device's
-    "gemm" table; the compile check passes the target arch's)."""
+    """Tiles and grid of one launch over all of the call's tiles, as gemm.plan_gemm makes them for the tl kernel (the
+    same bucketing of rows per expert into the decode "_small" and prefill "_large" entries, a power-of-two BLOCK_M of
+    at least 16 and at most the entry's), without split-K. cfg_for(variant): the tuning entry (default: this device's
+    "gemm" table; the compile check passes the target arch's). A call's launches are `plan_launches`'."""
+    return _plan_and_entry(x, weight, layout, cfg_for)[0]
+
+
+def plan_launches(x: torch.Tensor, weight: torch.Tensor, layout: int, cfg_for=None) -> tuple[GluonPlan, ...]:
+    """The launches of one call: plan_gluon's, or, for a contiguous call whose entry has "tail_tiles" on (the prefill
+    entry's flag, off by default: not yet run on a GPU), tail tiles' body and tail launches (`tail_tile_plans`)."""
+    plan, cfg = _plan_and_entry(x, weight, layout, cfg_for)
+    if layout == _CONTIGUOUS and cfg.get("tail_tiles", False) and plan.block_m >= 16:  # (a tail tile of at least 8 rows: wgmma's N)
+        return tail_tile_plans(plan, cfg)
+    return (plan,)
+
+
+def tail_tile_plans(plan: GluonPlan, cfg: dict) -> tuple[GluonPlan, ...]:
+    """An all-tiles contiguous plan as tail tiles' two launches (module docstring): the body, plan's BLOCK_M rows a
+    tile, and the tail, tiles of half as many rows with the same BLOCK_N and warps, its stages refitted to shared
+    memory. Their grids are bounded from the row and expert counts alone (no device sync); a launch that no split of
+    the rows can give work is left out."""
+    full_m, tail_m = plan.block_m, plan.block_m // 2
+    body = replace(plan, tiles=_BODY_TILES, full_m=full_m, tail_m=tail_m, num_m_tiles=body_tile_bound(plan.rows_total, plan.experts, full_m, tail_m))
+    tail = replace(body, tiles=_TAIL_TILES, block_m=tail_m, num_m_tiles=tail_tile_bound(plan.rows_total, plan.experts),
+                   num_stages=_fit_stages(tail_m, plan.block_n, plan.block_k, plan.k, cfg["num_stages"], cfg.get("ctas_per_sm", 1)))
+    return tuple(p for p in (body, tail) if p.num_m_tiles > 0)
+
+
+def body_tile_bound(rows: int, experts: int, full_m: int, tail_m: int) -> int:
+    """The most body tiles `rows` rows over `experts` experts can make, however they are split: an expert of r rows has
+    (r + full_m - tail_m - 1) // full_m of them (its full tiles, and one more where the remainder is over tail_m rows),
+    and each holds more than tail_m rows."""
+    return min((rows + experts * (full_m - tail_m - 1)) // full_m, rows // (tail_m + 1))
+
+
+def tail_tile_bound(rows: int, experts: int) -> int:
+    """The most tail tiles: at most one an expert, each of at least one row."""
+    return min(experts, rows)
+
+
+def _plan_and_entry(x: torch.Tensor, weight: torch.Tensor, layout: int, cfg_for=None) -> tuple[GluonPlan, dict]:
+    """plan_gluon's plan and the tuning entry it was made from."""
     k = x.shape[-1]
     experts, n, max_m, rows_total, rows_per_expert = gemm.row_buckets(x, weight, layout)
     variant = "mxfp4_gluon_small" if rows_per_expert <= SMALL_ROWS_PER_EXPERT else "mxfp4_gluon_large"
@@ -390,12 +462,13 @@ def plan_gluon(x: torch.Tensor, weight: torch.Tensor, layout: int, cfg_for=None)
         num_m_tiles = cdiv(rows_total, block_m)
         if layout == _CONTIGUOUS:
             num_m_tiles = min(num_m_tiles + experts, rows_total)  # gemm.plan_gemm's bound
-    return GluonPlan(
+    plan = GluonPlan(
         layout=layout, experts=experts, n=n, k=k, max_m=max_m, rows_total=rows_total,
         block_m=block_m, block_n=block_n, block_k=block_k, group_m=cfg.get("GROUP_M", 8),
         num_warps=cfg["num_warps"], num_stages=_fit_stages(block_m, block_n, block_k, k, cfg["num_stages"], cfg.get("ctas_per_sm", 1)),
         producer_regs=cfg.get("producer_regs", 40), maxnreg=cfg.get("maxnreg"), num_m_tiles=num_m_tiles, num_n=num_n,
     )
+    return plan, cfg
 
 
 def descriptors(plan: GluonPlan, x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor):
@@ -422,7 +495,7 @@ def launch(plan: GluonPlan, x, weight, weight_scale, out, offs_arg, mm_arg) -> N
         *strides,
         K=plan.k, LAYOUT=plan.layout, BLOCK_M=plan.block_m, BLOCK_N=plan.block_n, BLOCK_K=plan.block_k, GROUP_M=plan.group_m,
         E_POW2=next_power_of_2(plan.experts), NUM_STAGES=plan.num_stages, PRODUCER_REGS=plan.producer_regs,
-        num_warps=plan.num_warps, **({"maxnreg": plan.maxnreg} if plan.maxnreg else {}),
+        TILES=plan.tiles, FULL_M=plan.full_m, TAIL_M=plan.tail_m, num_warps=plan.num_warps, **({"maxnreg": plan.maxnreg} if plan.maxnreg else {}),
     )
 
 
@@ -451,10 +524,10 @@ def _run(x, weight, weight_scale, layout, *, offsets=None, masked_m=None, prefil
     other_out = out_dtype not in (None, x.dtype)
     if reason is not None or empty or small or other_out or (layout == _MASKED and x.stride(0) < x.stride(1)):
         return gemm.launch_gemm(x, weight, weight_scale, "mxfp4", layout, offsets=offsets, masked_m=masked_m, mx_path="register", out_dtype=out_dtype)
-    plan = plan_gluon(x, weight, layout)
     shape = (weight.shape[0], x.shape[1], n) if layout == _MASKED else (x.shape[0], n)
     out = torch.empty(shape, dtype=x.dtype, device=x.device)
-    launch(plan, x, weight, weight_scale, out, offsets if offsets is not None else weight, masked_m if masked_m is not None else weight)
+    for plan in plan_launches(x, weight, layout):  # (tail tiles: two launches writing disjoint rows)
+        launch(plan, x, weight, weight_scale, out, offsets if offsets is not None else weight, masked_m if masked_m is not None else weight)
     return out
 
 
