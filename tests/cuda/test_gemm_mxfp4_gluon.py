@@ -163,7 +163,7 @@ def test_a_linear_out_dtype_other_than_x_runs_the_tl_register_path():
 
 # ---------------------------------------------------------------------------------------------
 # Tail tiles (the prefill entry's "tail_tiles" flag): the host's plans, and a mirror of the kernel's program -> tile map
-# (the kernel itself is compiled by the compile check's "tail tiles" cases; not yet run on a GPU)
+# (the kernel itself is compiled by the compile check's "tail tiles" cases and timed by the prefill entry's sweep on a GPU)
 
 
 def _tail_tiles_on(variant):
@@ -171,12 +171,16 @@ def _tail_tiles_on(variant):
     return {**SM90(variant), **({"tail_tiles": True} if variant == "mxfp4_gluon_large" else {})}
 
 
-def test_tail_tiles_are_off_by_default_and_then_one_launch_as_before():
+def test_tail_tiles_are_on_in_the_table_and_off_is_one_launch_as_before():
     u8 = torch.uint8
-    assert SM90("mxfp4_gluon_large")["tail_tiles"] is False
+    assert SM90("mxfp4_gluon_large")["tail_tiles"] is True
+
+    def tails_off(variant):
+        return {**SM90(variant), "tail_tiles": False}
+
     x, w = _meta(49152, 4096), _meta(256, 4096, 2048, dtype=u8)
-    assert gg.plan_launches(x, w, gg._CONTIGUOUS, SM90) == (gg.plan_gluon(x, w, gg._CONTIGUOUS, SM90),)
-    assert gg.plan_gluon(x, w, gg._CONTIGUOUS, SM90).tiles == gg._ALL_TILES
+    assert gg.plan_launches(x, w, gg._CONTIGUOUS, tails_off) == (gg.plan_gluon(x, w, gg._CONTIGUOUS, tails_off),)
+    assert gg.plan_gluon(x, w, gg._CONTIGUOUS, tails_off).tiles == gg._ALL_TILES
 
 
 def test_tail_tiles_plan_a_body_and_a_tail_launch_at_v4_flash_prefill():

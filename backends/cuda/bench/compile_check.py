@@ -563,7 +563,7 @@ CASES: list[Case] = [
     Case("grouped_gemm mxfp4 gluon prefill contig (E256 49152 2048->4096)", _gluon_mxfp4("contiguous", 256, 49152, 4096, 2048), "mx",
          MXFP4_W4A16, archs=("sm90",), tma=True),
     Case("linear mxfp4 gluon prefill (4096x4096->4096)", _gluon_mxfp4("linear", 1, 4096, 4096, 4096), "mx", MXFP4_W4A16, archs=("sm90",), tma=True),
-    # its tail tiles (the prefill entry's "tail_tiles" flag, off in the table): the body launch (TILES 1, 128-row tiles) and
+    # its tail tiles (the prefill entry's "tail_tiles" flag, on in the table): the body launch (TILES 1, 128-row tiles) and
     # the tail launch (TILES 2, 64-row tiles) of one contiguous call, at V4-Flash's prefill through w13 and w2
     *[Case(f"grouped_gemm mxfp4 gluon tail tiles {part} {weight} (E256 49152 {k}->4096)", _gluon_mxfp4("contiguous", 256, 49152, 4096, k, {"tail_tiles": True}),
            "mx", MXFP4_W4A16, archs=("sm90",), tma=True, launch_with={"TILES": tiles})

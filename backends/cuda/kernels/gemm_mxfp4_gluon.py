@@ -30,7 +30,7 @@ Schedule (one program per output tile, the grid and tile -> (expert, rows, N blo
 - epilogue (consumer): times 2^64 (the dequantisation's shift), cast to x's dtype, stored transposed with
   row and column masks, as gemm.py's.
 
-Tail tiles (the prefill entry's tuning flag `tail_tiles`, off by default; not yet run on a GPU, only compiled for sm90):
+Tail tiles (the prefill entry's tuning flag `tail_tiles`, on in the SM90 table: measured there):
 a contiguous call is two launches of this kernel over disjoint rows (`plan_launches`, `grouped_tile`'s TILES). The body
 launch takes each expert's full BLOCK_M-row tiles and, where the remainder is over BLOCK_M / 2 rows, one padded tile;
 the tail launch one tile of BLOCK_M / 2 rows for each remainder of 1 to BLOCK_M / 2 rows. Why: at V4-Flash's prefill
@@ -407,7 +407,7 @@ def plan_gluon(x: torch.Tensor, weight: torch.Tensor, layout: int, cfg_for=None)
 
 def plan_launches(x: torch.Tensor, weight: torch.Tensor, layout: int, cfg_for=None) -> tuple[GluonPlan, ...]:
     """The launches of one call: plan_gluon's, or, for a contiguous call whose entry has "tail_tiles" on (the prefill
-    entry's flag, off by default: not yet run on a GPU), tail tiles' body and tail launches (`tail_tile_plans`)."""
+    entry's flag, on in the SM90 table), tail tiles' body and tail launches (`tail_tile_plans`)."""
     plan, cfg = _plan_and_entry(x, weight, layout, cfg_for)
     if layout == _CONTIGUOUS and cfg.get("tail_tiles", False) and plan.block_m >= 16:  # (a tail tile of at least 8 rows: wgmma's N)
         return tail_tile_plans(plan, cfg)

@@ -97,12 +97,12 @@ CONFIGS: dict[str, dict[str, dict]] = {
         # --sweep mxfp4_gluon_large`, V4 w13 at 256 experts x 192 rows) 3.48-3.54 ms against 4.02-4.06 for 128 x 128 x 4
         # stages, 3.73 for 64 x 256, 4.22 for 64 x 128, 4.47 / 4.96 for 256 tokens x 128 / 64 rows (not profiled further).
         # tail_tiles (gemm_mxfp4_gluon.py's module docstring): contiguous calls as a launch of the 128-row tiles and one of
-        # 64-row tiles for each expert's remainder of at most 64 rows. NOT YET RUN ON A GPU (compiled for sm90, no spills),
-        # so off. From the sweep above, one tile for each of the 256 experts costs about 1.24 ms with 64 rows (3.73 / 3) and
-        # 1.74 with 128 (3.48 / 2): 192 rows an expert as 128 + 64 would take about 2.98 ms (an estimate, not measured);
-        # `--sweep mxfp4_gluon_large` times it, on 192 rows an expert and on a router's split.
+        # 64-row tiles for each expert's remainder of at most 64 rows. On an H100 (2026-12-07, the sweep above, outputs equal
+        # to the table's without it): 192 rows an expert 3.75 -> 3.13 ms, a router's uneven split (159-231 rows) 3.78 ->
+        # 3.62 ms; `conformance --op grouped_gemm` passed with it (16 cases); the 8-layer prefill of 8 x 8192 tokens 0.954
+        # -> 0.942 s (docs/measurements/2026-12-07/h100_round12/).
         "mxfp4_gluon_large": {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 3, "producer_regs": 40,
-                              "tail_tiles": False},
+                              "tail_tiles": True},
         # The Gluon fp8_block kernel (gemm_fp8_gluon.py, fp8_path=gluon): NOT MEASURED, chosen by the sm90 compile check
         # (Triton 3.9 and 3.6, no spills) and by counting. BLOCK_M is 64 rows per consumer warpgroup (wgmma's M); BLOCK_N
         # divides 128 (one weight scale per N block); each consumer warpgroup 232 registers (acc and product: 128).
