@@ -158,15 +158,34 @@ def test_linear_out_dtype(kg, t, n, k, dtype, wdtype, out_dtype):
         assert torch.equal(got, kg.linear(kw["x"].float(), kw["weight"]))
 
 
-def test_a_16_bit_x_against_a_float32_weight_takes_tf32x3_on_a_gpu(kg, monkeypatch):
-    """The routers' dot (16-bit x, float32 dense weight): x is exact in tf32, so on a GPU tf32x3 keeps float32's products;
-    float32 x, 16-bit weights and other formats keep ieee; the interpreter's dot is numpy's (ieee) either way."""
+def test_a_16_bit_x_against_a_float32_weight_takes_the_tensor_cores_on_a_gpu(kg, monkeypatch):
+    """The routers' dot (16-bit x, float32 dense weight): on a GPU bfloat16 x takes bf16x3 (exact products) and float16
+    x tf32x3 (x exact in tf32); float32 x, 16-bit weights and other formats keep ieee; the interpreter's dot is numpy's
+    (ieee) either way."""
     x16, x32 = torch.zeros(2, 8, dtype=torch.bfloat16), torch.zeros(2, 8)
     w32, w16 = torch.zeros(4, 8), torch.zeros(4, 8, dtype=torch.bfloat16)
     assert kg.f32_dot_precision(x16, w32, "dense") == "ieee"  # interpreted here
     monkeypatch.setattr(kg, "interpreting", lambda: False)
-    assert kg.f32_dot_precision(x16, w32, "dense") == kg.f32_dot_precision(x16.half(), w32, "dense") == "tf32x3"
+    assert kg.f32_dot_precision(x16, w32, "dense") == "bf16x3"
+    assert kg.f32_dot_precision(x16.half(), w32, "dense") == "tf32x3"
     assert {kg.f32_dot_precision(x32, w32, "dense"), kg.f32_dot_precision(x16, w16, "dense"), kg.f32_dot_precision(x16, w32, "fp8_block")} == {"ieee"}
+
+
+@pytest.mark.parametrize("t,n,k", [(5, 256, 512), (64, 96, 1000)])
+def test_the_bf16x3_router_dot_keeps_float32_products(kg, monkeypatch, t, n, k):
+    """The GPU's bf16x3 branch of the dense kernel, run in the interpreter as its float32 twin ("bf16x3_upcast": the
+    same three weight parts): within float32's summation error of the float64 product, where one bfloat16 part alone
+    (the weight rounded to bfloat16) is off by about 2^-9 relative."""
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(t, k, generator=g).to(torch.bfloat16)
+    w = torch.randn(n, k, generator=g) * k**-0.5
+    monkeypatch.setattr(kg, "f32_dot_precision", lambda *a: "bf16x3_upcast")
+    got = kg.linear(x=x, weight=w, out_dtype=torch.float32)
+    want = x.double() @ w.double().T
+    err = (got.double() - want).abs().max().item()
+    assert err < 1e-5, err
+    coarse = (x.double() @ w.to(torch.bfloat16).double().T - want).abs().max().item()
+    assert coarse > 100 * err  # the test can tell a single bfloat16 part from the three
 
 
 @pytest.mark.parametrize(

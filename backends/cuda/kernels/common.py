@@ -1,5 +1,5 @@
 """What the cuda kernel modules share beyond `deepinfer.triton_common`: the registration record,
-CUDA facts (compute capability, SM count, tf32 dots, warps per tile), the split programs' arrival
+CUDA facts (compute capability, SM count, tf32 dots, warps per tile), the bf16x3 dot, the split programs' arrival
 counters and programmatic dependent launch (PDL). Not a registration module."""
 
 from __future__ import annotations
@@ -138,3 +138,25 @@ def pdl_unavailable(device: torch.device) -> str | None:
         major, minor = torch.cuda.get_device_capability(index)
         return f"GPU {index} is SM{major}{minor}; griddepcontrol needs SM{PDL_MIN_CAPABILITY[0]}{PDL_MIN_CAPABILITY[1]} or newer"
     return None
+
+
+@triton.jit
+def bf16x3_dot(x, f, acc, UPCAST: tl.constexpr):
+    """acc + x @ f for bfloat16 x and float32 f: f = hi + mid + lo exactly (three bfloat16 parts, each the rounding of
+    what the parts before left), so the three bfloat16 dots' products are exact and only the float32 sums round.
+    The smallest part goes first, as tf32x3 does. x stays the 16-bit operand it was loaded as, with no float32 copy
+    split in two, and the dots run at the bfloat16 rate, twice tf32's (hc_pre's mix, the routers' logits).
+    UPCAST (the interpreter, whose bfloat16 dot is wrong: triton_common.upcast_dot): the same parts as float32."""
+    hi = f.to(tl.bfloat16)
+    rest = f - hi.to(tl.float32)
+    mid = rest.to(tl.bfloat16)
+    lo = (rest - mid.to(tl.float32)).to(tl.bfloat16)
+    if UPCAST:
+        xf = x.to(tl.float32)
+        acc = tl.dot(xf, lo.to(tl.float32), acc, input_precision="ieee")
+        acc = tl.dot(xf, mid.to(tl.float32), acc, input_precision="ieee")
+        return tl.dot(xf, hi.to(tl.float32), acc, input_precision="ieee")
+    part = tl.dot(x, lo)
+    part = tl.dot(x, mid, part)
+    part = tl.dot(x, hi, part)
+    return acc + part

@@ -137,7 +137,7 @@ import triton.language as tl
 from deepinfer.ops import gemm as gemm_ops
 from deepinfer.ops import quant
 from deepinfer.triton_common import cdiv, e4m3_rne_bits, interpreting, next_power_of_2, upcast_dot
-from deepinfer_cuda.kernels.common import ARRIVALS, Registration, arrival_counters, capability, dot_precision, num_sms, pdl_launch, pdl_prologue
+from deepinfer_cuda.kernels.common import ARRIVALS, Registration, arrival_counters, bf16x3_dot, capability, dot_precision, num_sms, pdl_launch, pdl_prologue
 from deepinfer_cuda.options import MXFP4_PATH
 from deepinfer_cuda.tuning import config
 
@@ -629,10 +629,13 @@ def _gemm_kernel(
                     b = tl.load(w_base + kk[:, None] * stride_wk)
                 else:
                     b = tl.load(w_base + kk[:, None] * stride_wk, mask=(kk < K)[:, None], other=0.0)
-                if DOT_F32:
-                    a = a.to(tl.float32)
-                    b = b.to(tl.float32)
-                acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
+                if DOT_F32 and (DOT_PRECISION == "bf16x3" or DOT_PRECISION == "bf16x3_upcast"):  # bfloat16 x, float32 weight
+                    acc = bf16x3_dot(a, b, acc, DOT_PRECISION == "bf16x3_upcast")
+                else:
+                    if DOT_F32:
+                        a = a.to(tl.float32)
+                        b = b.to(tl.float32)
+                    acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
             elif FMT == 1:
                 if EVEN_K:
                     b = tl.load(w_base + kk[:, None] * stride_wk)
@@ -1030,14 +1033,18 @@ def row_buckets(x: torch.Tensor, weight: torch.Tensor, layout: int) -> tuple[int
 
 def f32_dot_precision(x: torch.Tensor, weight: torch.Tensor, fmt: str) -> str:
     """input_precision of a float32 dot. A 16-bit x against a float32 dense weight (the MoE routers' logits, linear's
-    out_dtype): x is exact in tf32, so "tf32x3" (x * w_hi + x * w_lo on the tensor cores, w split into two tf32 parts)
-    gives float32's products within about 2^-22 of each, as hc_pre's projection does, instead of CUDA-core FMAs
-    ("ieee": the routers' logits at prefill sizes are a GEMM of T x 4096 x 256 on the CUDA cores; on an H100,
-    2026-12-07, the 8-layer V4-Flash prefill of 8 x 8192 tokens took 1.051 s with "ieee" and 0.999 s with "tf32x3",
-    and `deepinfer conformance --backend cuda --op linear --op grouped_gemm` passed). float32 x keeps "ieee" (its
-    own low bits would be dropped); the interpreter's dot is numpy's either way."""
-    if fmt == "dense" and x.dtype in (torch.bfloat16, torch.float16) and weight.dtype == torch.float32 and not interpreting():
-        return "tf32x3"
+    out_dtype) runs on the tensor cores instead of CUDA-core FMAs ("ieee": the routers' logits at prefill sizes are a
+    GEMM of T x 4096 x 256): bfloat16 x as "bf16x3" (common.bf16x3_dot: the weight split into three bfloat16 parts,
+    exact products at the bfloat16 rate, as hc_pre's mix), float16 x as "tf32x3" (x is exact in tf32; x * w_hi + x *
+    w_lo, w split into two tf32 parts: products within about 2^-22 of float32's). On an H100, 2026-12-07, the 8-layer
+    V4-Flash prefill of 8 x 8192 tokens took 1.051 s with "ieee" and 0.999 s with "tf32x3" (the routers' GEMM then 33
+    ms of it), and `deepinfer conformance --backend cuda --op linear --op grouped_gemm` passed. float32 x keeps "ieee"
+    (its own low bits would be dropped); the interpreter's dot is numpy's either way."""
+    if fmt == "dense" and weight.dtype == torch.float32 and not interpreting():
+        if x.dtype == torch.bfloat16:
+            return "bf16x3"
+        if x.dtype == torch.float16:
+            return "tf32x3"
     return "ieee"
 
 

@@ -88,7 +88,7 @@ import triton.language as tl
 
 from deepinfer.ops import hyper_connection as hc_ops
 from deepinfer.triton_common import cdiv, interpreting, next_power_of_2, sinkhorn_mix, to_bf16_rne, upcast_dot
-from deepinfer_cuda.kernels.common import Registration, num_sms, pdl_launch, pdl_prologue
+from deepinfer_cuda.kernels.common import Registration, bf16x3_dot, num_sms, pdl_launch, pdl_prologue
 
 # hc_pre's fused launch (the best of the H200 configurations tried: 16/32/64 tokens, chunks of 32/64,
 # 4/8 warps).
@@ -139,7 +139,7 @@ def _segment_partial(
     USE_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     """(sum_k x[t, k] fn[w, k], sum_k x[t, k]^2) over k in [k_lo, k_hi): the products accumulate
-    chunk by chunk in order (float32 dot at DOT_PRECISION, or "bf16x3": `_bf16x3_dot`), the squares per lane,
+    chunk by chunk in order (float32 dot at DOT_PRECISION, or "bf16x3": `bf16x3_dot`), the squares per lane,
     reduced at the end."""
     w = tl.arange(0, W_PAD)
     kk = tl.arange(0, BLOCK_K)
@@ -158,7 +158,7 @@ def _segment_partial(
             ft = tl.load(f_ptrs, mask=k_ok[:, None] & w_ok[None, :], other=0.0).to(ACC)
         xt = xs.to(ACC)
         if DOT_PRECISION == "bf16x3" or DOT_PRECISION == "bf16x3_upcast":
-            acc = _bf16x3_dot(xs, ft, acc, DOT_PRECISION == "bf16x3_upcast")
+            acc = bf16x3_dot(xs, ft, acc, DOT_PRECISION == "bf16x3_upcast")
         elif USE_DOT:
             acc = tl.dot(xt, ft, acc, input_precision=DOT_PRECISION)
         else:  # float64 (a test dtype): broadcast multiply, reduced per chunk
@@ -167,28 +167,6 @@ def _segment_partial(
         x_ptrs += BLOCK_K
         f_ptrs += BLOCK_K
     return acc, tl.sum(sq, axis=1)
-
-
-@triton.jit
-def _bf16x3_dot(x, f, acc, UPCAST: tl.constexpr):
-    """acc + x @ f for bfloat16 x and float32 f: f = hi + mid + lo exactly (three bfloat16 parts, each the rounding of
-    what the parts before left), so the three bfloat16 dots' products are exact and only the float32 sums round.
-    The smallest part goes first, as tf32x3 does. x stays the 16-bit operand it was loaded as, with no float32 copy
-    split in two (tf32x3's mix streamed x at about a quarter of copy bandwidth at prefill sizes on an H100).
-    UPCAST (the interpreter, whose bfloat16 dot is wrong: triton_common.upcast_dot): the same parts as float32."""
-    hi = f.to(tl.bfloat16)
-    rest = f - hi.to(tl.float32)
-    mid = rest.to(tl.bfloat16)
-    lo = (rest - mid.to(tl.float32)).to(tl.bfloat16)
-    if UPCAST:
-        xf = x.to(tl.float32)
-        acc = tl.dot(xf, lo.to(tl.float32), acc, input_precision="ieee")
-        acc = tl.dot(xf, mid.to(tl.float32), acc, input_precision="ieee")
-        return tl.dot(xf, hi.to(tl.float32), acc, input_precision="ieee")
-    part = tl.dot(x, lo)
-    part = tl.dot(x, mid, part)
-    part = tl.dot(x, hi, part)
-    return acc + part
 
 
 @triton.jit(do_not_specialize=["T"])
@@ -598,7 +576,7 @@ def _results(out, pre, post, comb, delayed: bool, head: bool):
 
 def dot_precision(dtype: torch.dtype) -> str:
     """The projection's dot precision. bfloat16 x (the models') is a bfloat16 dot operand as it is: "bf16x3" (fn
-    split into three bfloat16 parts, `_bf16x3_dot`) gives float32's products exactly, at the bfloat16 tensor cores'
+    split into three bfloat16 parts, `bf16x3_dot`) gives float32's products exactly, at the bfloat16 tensor cores'
     rate, here and in the interpreter (on an H100, 2026-12-07, the mix kernels of the 8-layer V4-Flash prefill of
     8 x 8192 tokens took 21.3 ms against tf32x3's 47.4). float16 x is exact in tf32, so "tf32x3" (x * fn_hi + x * fn_lo on the tensor
     cores, fn split into two tf32 parts) gives float32's products within about 2^-22 of each: the float32 FMAs'
