@@ -44,7 +44,7 @@ off; no device graphs, as no decode step runs), each row's random prompts are pr
 0 as a user's would be: the scheduler splits them into steps of at most max_num_batched_tokens tokens
 (chunked prefill through the same ops the engine always runs; nothing starts at a cache length), and
 each samples one token, which finishes it. One untimed pass of the row first (compiles, autotunes),
-then one timed pass: seconds from the first step to the last, prompt tokens per second, and the
+then PREFILL_PASSES timed passes, their median: seconds from the first step to the last, prompt tokens per second, and the
 compute floor: the FLOPs of the row by part (deepinfer/bench/v4_prefill_floor.py: projections,
 experts hit, compressor pooling, indexer scoring, attention over the rows and entries read) each over
 the matmul rate of its format, bf16 or fp8, measured in the same run (`e2e.matmul_rates`; the routed
@@ -57,6 +57,7 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import json
+import statistics
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -85,6 +86,7 @@ V4_FLASH = {
 }  # fmt: skip
 FULL_LAYERS = V4_FLASH["num_hidden_layers"]
 WARMUP_STEPS = 2  # untimed decode steps before the timed ones
+PREFILL_PASSES = 3  # timed passes of a prefill row (their median is its figure)
 ACTIVATIONS_GIB = 2.0  # headroom for a decode step's activations, logits and the allocator's slack
 ACTIVATIONS_SLACK = 1.5  # a prefill step's estimated activations times this: the allocator's fragmentation
 DEFAULT_PREFILLS = ((8, 8192), (1, 65536))  # (prompts, tokens each) of the prefill rows
@@ -372,6 +374,7 @@ class V4PrefillResult:
     flops: dict[str, float] = field(default_factory=dict)  # by part
     rates: dict[str, str] = field(default_factory=dict)  # part -> the rate it is divided by ("fp8" / "bf16")
     profile: dict | None = None  # `--profile`: one more pass of the row by kernel (deepinfer/bench/step_profile.py)
+    pass_seconds: list[float] = field(default_factory=list)  # every timed pass; `seconds` is their median
 
 
 def build_model(config, runtime, dtype: torch.dtype, max_positions: int):
@@ -567,8 +570,9 @@ def _decode_rows(loaded, runtime, dtype, config, batches, contexts, steps, warmu
 
 def _prefill_rows(loaded, runtime, dtype, config, prefills, chunk, max_len, num_blocks, kv_cache_dtype, rates, profile_rows, say) -> list[V4PrefillResult]:
     """The prefill rows on an engine of their own (built once the decode rows' engine is gone): each row one
-    untimed pass (compiles, autotunes), then one timed pass, against its compute floor; profile_rows > 0:
-    then one more pass under the profiler, keeping that many kernels."""
+    untimed pass (compiles, autotunes), then PREFILL_PASSES timed passes, their median against its compute floor (one
+    pass of about a second varied by up to 8% between runs on an H100); profile_rows > 0: then one more pass under the
+    profiler, keeping that many kernels."""
     import gc
 
     from deepinfer.bench.device_api import empty_cache
@@ -586,9 +590,13 @@ def _prefill_rows(loaded, runtime, dtype, config, prefills, chunk, max_len, num_
     results = []
     for batch, prompt_len in prefills:
         prefill_pass(engine, batch, prompt_len, tokens, device)  # untimed
-        seconds, steps, computed = prefill_pass(engine, batch, prompt_len, tokens, device)
-        if computed != batch * prompt_len:
-            raise RuntimeError(f"prefill {batch} x {prompt_len}: the engine computed {computed} prompt tokens, not {batch * prompt_len}; the timing is void")
+        passes = []
+        for _ in range(PREFILL_PASSES):
+            seconds, steps, computed = prefill_pass(engine, batch, prompt_len, tokens, device)
+            if computed != batch * prompt_len:
+                raise RuntimeError(f"prefill {batch} x {prompt_len}: the engine computed {computed} prompt tokens, not {batch * prompt_len}; timing void")
+            passes.append(seconds)
+        seconds = statistics.median(passes)
         flops = prefill_flops(config, batch, prompt_len)
         floor = floor_seconds(flops, rates.for_floor())
         total = sum(flops.values())
@@ -601,7 +609,7 @@ def _prefill_rows(loaded, runtime, dtype, config, prefills, chunk, max_len, num_
 
             profile = step_profile.of_steps(one_pass, 1, device, runtime.profiler_activity).to_json(profile_rows)
         results.append(V4PrefillResult(batch, prompt_len, chunk, steps, seconds, batch * prompt_len / seconds, floor, floor / seconds, total, flops,
-                                       dict(RATE_OF_PART), profile))  # fmt: skip
+                                       dict(RATE_OF_PART), profile, passes))  # fmt: skip
         say(f"prefill {batch} x {prompt_len}: {seconds:.3f} s in {steps} steps ({batch * prompt_len / seconds:.0f} tokens/s, floor {floor:.3f} s)")
     return results
 

@@ -294,21 +294,23 @@ def test_cli_refuses_a_run_that_does_not_fit_in_one_line(monkeypatch, capsys):
 
 
 def test_the_prefill_rows_prefill_every_prompt_in_chunks_and_report(tmp_path, monkeypatch):
-    """Each row runs twice (untimed, then timed) through the engine's own prefill steps: every prompt token computed
-    from position 0, no step over the chunk; the figures come from the FLOP count and the rates measured in the run."""
+    """Each row runs untimed once, then PREFILL_PASSES timed (patched to 2 here), through the engine's own prefill steps:
+    every prompt token computed from position 0, no step over the chunk; the figures come from the FLOP count, the
+    rates measured in the run and the median of the timed passes."""
     from deepinfer.bench.v4_prefill_floor import RATE_OF_PART, floor_seconds, prefill_flops
     from deepinfer.engine.model_runner import ModelRunner
 
     steps = []
     real_run = ModelRunner.run
     monkeypatch.setattr(ModelRunner, "run", lambda self, batch, *a, **kw: steps.append((batch.is_prefill, batch.num_tokens)) or real_run(self, batch, *a, **kw))
+    monkeypatch.setattr(e2e_v4, "PREFILL_PASSES", 2)
     out = tmp_path / "prefill.json"
     results, prefill, info = e2e_v4.run("reference", batches=(), contexts=(), prefills=((2, 24), (1, 150)), prefill_chunk=64, json_path=out,
                                         config_overrides={**TINY, "num_hidden_layers": 4}, dtype=torch.float32, matmul_n=32,
                                         progress=lambda line: None)  # fmt: skip
     assert results == [] and "copy_bandwidth_tb_s" not in info  # no decode rows
-    # 2 x 24 = 48 tokens fit one step; 150 take 64 + 64 + 22; each row twice
-    assert steps == [(True, 48), (True, 48), (True, 64), (True, 64), (True, 22), (True, 64), (True, 64), (True, 22)]
+    # 2 x 24 = 48 tokens fit one step; 150 take 64 + 64 + 22; each row three times
+    assert steps == [(True, 48)] * 3 + [(True, 64), (True, 64), (True, 22)] * 3
     assert [(r.batch, r.prompt_len, r.chunk_tokens, r.steps) for r in prefill] == [(2, 24, 64, 1), (1, 150, 64, 3)]
     rates = info["matmul_tflops"]
     assert rates["bf16"] > 0 and rates["fp8"] is None and "the fp8 parts of the prefill floor are divided by the bf16 rate" in info["fp8_rate_missing"]
@@ -318,6 +320,7 @@ def test_the_prefill_rows_prefill_every_prompt_in_chunks_and_report(tmp_path, mo
         assert r.floor_flops == sum(r.flops.values())
         assert r.floor_s == pytest.approx(floor_seconds(r.flops, {"bf16": rates["bf16"] * 1e12, "fp8": rates["bf16"] * 1e12}))
         assert r.tok_s == r.batch * r.prompt_len / r.seconds and r.of_floor == r.floor_s / r.seconds
+        assert len(r.pass_seconds) == 2 and r.seconds == pytest.approx(sum(r.pass_seconds) / 2)  # the median of two
     saved = json.loads(out.read_text())
     assert saved["results"] == [] and [(row["batch"], row["prompt_len"], row["chunk_tokens"]) for row in saved["prefill"]] == [(2, 24, 64), (1, 150, 64)]
     assert saved["machine"]["prefill_chunk_tokens"] == 64 and saved["machine"]["matmul_how"].endswith("n = 32")
@@ -326,7 +329,7 @@ def test_the_prefill_rows_prefill_every_prompt_in_chunks_and_report(tmp_path, mo
 
 
 def test_profile_adds_one_profiled_pass_of_each_prefill_row(monkeypatch):
-    """--profile on the prefill rows: each row once more under the profiler (a third pass of its prompts), its ops by
+    """--profile on the prefill rows: each row once more under the profiler (after its timed passes), its ops by
     time in the row's result and in the table (the reference backend names no device activity: host ops)."""
     from deepinfer.engine.model_runner import ModelRunner
 
@@ -336,7 +339,7 @@ def test_profile_adds_one_profiled_pass_of_each_prefill_row(monkeypatch):
     results, prefill, info = e2e_v4.run("reference", batches=(), contexts=(), prefills=((2, 24),), prefill_chunk=64, profile_rows=5,
                                         config_overrides={**TINY, "num_hidden_layers": 2}, dtype=torch.float32, matmul_n=32,
                                         progress=lambda line: None)  # fmt: skip
-    assert steps == [48, 48, 48]  # untimed, timed, profiled
+    assert steps == [48] * (2 + e2e_v4.PREFILL_PASSES)  # untimed, the timed passes, profiled
     profile = prefill[0].profile
     assert profile["device_kernels"] is False and 0 < len(profile["us_per_step"]) <= 5 and profile["total_ms_per_step"] > 0
     table = e2e_v4.format_results(results, info, prefill)
