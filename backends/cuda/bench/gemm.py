@@ -20,7 +20,9 @@ have a bf16 row beside their mxfp4 one, the comparison the MXFP4 target is state
 `python -m deepinfer_cuda.bench.gemm [--check [--quick] [--only TEXT]] [--sweep [VARIANT ...]] [--bench]`
 on a GPU: correctness against the references (every format and layout, each mxfp4 path, the TMA
 kernel, the quantiser bit for bit, CUDA-graph capture with new offsets on replay), a sweep of tile
-configurations for the tuning tables, and these cases through the bench runner.
+configurations for the tuning tables, and these cases through the bench runner. `--sweep fp8_v4_prefill` times
+V4-Flash's prefill fp8 projections (V4_PREFILL_CASES: not in CASES) against candidate tiles, with each shape's torch
+peer and its activation quantiser alone; `deepinfer bench compile --arch sm90 --sweep fp8_v4_prefill` compiles the candidates.
 """
 
 from __future__ import annotations
@@ -589,14 +591,16 @@ SWEEP = {
 # 768 tiles for wq_a+wkv's N 1536, 5.8 waves; 2048 for wo_b and the shared expert, 15.5; 4096 for wo_a and the indexer's
 # wq_b, 31.0; 16384 for wq_b, 124.1) and split-K never applies (the planner splits under 2 programs an SM). What differs
 # is K: wq_b and the indexer's wq_b have K 1024, 8 steps of 128, so each tile's pipeline fill and epilogue (the store of
-# its output tile) are not hidden behind a long main loop as at K 4096-8192 (one 128 x 128 tile of 8 warps and 4 stages
-# holds an SM's 128 KiB: nothing else runs there meanwhile). Hence tiles of which two fit an SM (64 x 128 or 128 x 64
-# with 4 warps and 4 stages, 96 KiB each; 128 x 128 at 3 stages where its registers allow), against the long-K levers:
-# k_pairs (two 128-K groups a step), warp specialisation, the 64 x 128 decode-batch tile at 5 stages (fp8_block_medium)
-# and a wider GROUP_M (x rows reused from L2 over more N tiles).
+# its output tile) are not hidden behind a long main loop as at K 4096-8192: a 128 x 128 tile of 8 warps holds an SM
+# alone (221 registers a thread, 128 KiB at 4 stages), so nothing overlaps them. Hence tiles of which two fit an SM
+# (sm90 compile check, Triton 3.9, no spills: 64 x 128 w4 s4 184 registers and 96 KiB, 128 x 64 w4 s4 222 and 97 KiB,
+# 64 x 128 w4 s2 with k_pairs 168 and 96 KiB), against the long-K levers: k_pairs (two 128-K groups a step), warp
+# specialisation, the 64 x 128 decode-batch tile at 5 stages (fp8_block_medium's: one a SM) and a wider GROUP_M (x rows
+# reused from L2 over more N tiles). Left out: 128 x 256 and 256 x 128 at 8 warps (spill 336 and 1272 bytes), 128 x 128
+# at 3 stages without k_pairs (its registers keep it one a SM all the same).
 _V4_PREFILL_SWEEP = (
     _opts([dict(BLOCK_M=128, BLOCK_N=128, num_warps=8, num_stages=4)], [{"tma": True}, {"tma": True, "ws": True}])
-    + _opts([dict(BLOCK_M=128, BLOCK_N=128, num_warps=8, num_stages=3)], [{"tma": True, "kp": True}, {"tma": True}])
+    + _opts([dict(BLOCK_M=128, BLOCK_N=128, num_warps=8, num_stages=3)], [{"tma": True, "kp": True}])
     + _opts([dict(BLOCK_M=128, BLOCK_N=128, num_warps=8, num_stages=4, GROUP_M=16)], [{"tma": True}])
     + _opts(
         [
