@@ -108,6 +108,21 @@ def test_ci_compiles_the_gluon_kernels_for_sm90(tmp_path):
     assert all(r["tma"] == (r["kernel"] in {"_mxfp4_gemm_ws_kernel", "_fp8_gemm_ws_kernel"}) for r in matrix), matrix
 
 
+def test_the_v4_prefill_sweep_candidates_compile_for_sm90_at_k_1024(tmp_path):
+    """`bench compile --sweep fp8_v4_prefill` builds a gemm sweep's candidates (bench/gemm.py's SWEEP) at V4-Flash's
+    prefill shapes; CI compiles them at wq_b's K 1024 (seconds): each through TMA, wgmma, no spills. An unknown variant is
+    a usage error."""
+    path = tmp_path / "sweep.json"
+    proc = _cli("--arch", "sm90", "--sweep", "fp8_v4_prefill", "--case", "wq_b", "--json", str(path))
+    assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-3000:]
+    results = json.loads(path.read_text())["results"]
+    gemm = [r for r in results if r["kernel"] == "_gemm_tma_kernel"]
+    assert len(gemm) == len({c.name for c in cc.sweep_cases("fp8_v4_prefill") if "wq_b" in c.name}) > 0
+    assert all(r["ok"] and r["spills"] == 0 and r["instr"] == "wgmma" and r["tma"] for r in gemm), gemm
+    proc = _cli("--arch", "sm90", "--sweep", "no_such_variant")
+    assert proc.returncode == 2 and "--sweep" in proc.stderr, proc.stdout + proc.stderr
+
+
 def test_a_case_filter_that_matches_nothing_is_a_usage_error():
     proc = _cli("--arch", "sm90", "--case", "no such kernel")
     assert proc.returncode == 2, proc.stdout + proc.stderr

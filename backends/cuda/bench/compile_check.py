@@ -456,6 +456,54 @@ def _hc_head(t: int, streams: int = 4, hidden: int = 4096) -> Callable[[], None]
     return call
 
 
+def _v4_prefill_fp8(layout: str, groups: int, rows: int, n: int, k: int, override: dict | None = None,
+                    entries: tuple[str, ...] = ()) -> Callable[[], None]:
+    """One of V4's prefill fp8_block GEMMs (bench/gemm.py's v4_prefill_fp8_gemms): a linear of `rows`, or wo_a's masked layout
+    over a transposed [groups, rows, k] view as the model passes it. override: set over the target arch's `entries` (a
+    sweep candidate: bench/gemm.py's sweep_override)."""
+    def call():
+        from deepinfer_cuda.kernels import gemm
+
+        fp8, f32 = torch.float8_e4m3fn, torch.float32
+        table = gemm.config
+        if override:
+            gemm.config = lambda op, variant, device=None: {**table(op, variant, device), **(override if variant in entries else {})}
+        try:
+            if layout == "masked":
+                gemm.grouped_gemm(_t(rows, groups, k).transpose(0, 1), _t(groups, n, k, dtype=fp8), masked_m=_t(groups, dtype=torch.int32),
+                                  weight_scale=_t(groups, n // 128, k // 128, dtype=f32), fmt="fp8_block")
+            else:
+                gemm.linear(_t(rows, k), _t(n, k, dtype=fp8), weight_scale=_t(n // 128, k // 128, dtype=f32), fmt="fp8_block")
+        finally:
+            gemm.config = table
+    return call
+
+
+# The compile classes of V4-Flash's prefill fp8 GEMMs (the kernel specialises on K's and N's divisibility, not their
+# values): K 1024 (wq_b; the indexer's wq_b alike), K >= 2048 (wq_a+wkv; wo_b and the shared expert alike), wo_a's masked layout.
+V4_PREFILL_COMPILE_SHAPES = ("wq_b", "wq_a+wkv", "wo_a")
+
+
+def sweep_cases(variant: str) -> list[Case]:
+    """A gemm sweep variant's candidates (bench/gemm.py's SWEEP) compiled at its shapes, so that a GPU session times only
+    configurations that compile without spills. fp8_v4_prefill: each candidate at V4_PREFILL_COMPILE_SHAPES."""
+    from deepinfer_cuda.bench import gemm as bench
+
+    if variant != "fp8_v4_prefill":
+        raise ValueError(f"no compile cases for sweep variant {variant!r}; known: fp8_v4_prefill")
+    tokens = bench.V4_PREFILL_TOKENS
+    shapes = {g.name: g for g in bench.v4_prefill_fp8_gemms()}
+    cases = []
+    for cfg, extra in bench.SWEEP[variant]:
+        override = bench.sweep_override(cfg, extra)
+        label = " ".join(f"{key}={value}" for key, value in {**cfg, **extra}.items())
+        for name in V4_PREFILL_COMPILE_SHAPES:
+            g = shapes[name]
+            call = _v4_prefill_fp8(g.layout, g.groups, tokens, g.n, g.k, override, bench.sweep_entries(variant))
+            cases.append(Case(f"sweep {variant} {name} ({g.k}->{g.n}) {label}", call, "mma", archs=("sm90",), tma=bool(extra.get("tma"))))
+    return cases
+
+
 def _quant_act_fp8(m: int, k: int) -> Callable[[], None]:
     def call():
         from deepinfer_cuda.kernels import gemm

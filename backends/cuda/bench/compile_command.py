@@ -1,4 +1,4 @@
-"""`deepinfer bench compile --arch sm90,sm100 [--case TEXT] [--json FILE]`: the cuda backend's own bench subcommand.
+"""`deepinfer bench compile --arch sm90,sm100 [--case TEXT] [--sweep VARIANT] [--json FILE]`: the cuda backend's own bench subcommand.
 
 The cuda plugin adds it to `deepinfer bench` through the `deepinfer_add_bench_commands` hook, so the
 core CLI knows nothing of CUDA architectures. It compiles every cuda kernel ahead of time for SM90 and
@@ -25,6 +25,8 @@ def add_compile_command(add) -> None:
     p.add_argument("--arch", default="sm90,sm100", help="comma-separated: sm90, sm100 (default both)")
     p.add_argument("--json", type=Path, default=None, metavar="FILE", help="write the results to FILE")
     p.add_argument("--case", default=None, metavar="TEXT", help="only the cases whose name contains TEXT (e.g. gluon: the Gluon kernels, which CI compiles)")
+    p.add_argument("--sweep", default=None, metavar="VARIANT",
+                   help="instead of the cases: a gemm sweep variant's candidate tiles at its shapes (fp8_v4_prefill), before a GPU times them")
     p.set_defaults(func=run_compile)
 
 
@@ -40,7 +42,11 @@ def run_compile(args: argparse.Namespace) -> int:
         raise UserError(f"unknown arch(s) {', '.join(unknown) or repr(args.arch)}; known: {', '.join(compile_check.ARCHS)}")
     if args.json is not None and not args.json.parent.exists():
         raise UserError(f"cannot write {args.json}: folder {args.json.parent} does not exist")
-    cases = [c for c in compile_check.CASES if args.case is None or args.case in c.name]
+    try:
+        pool = compile_check.CASES if args.sweep is None else compile_check.sweep_cases(args.sweep)
+    except ValueError as exc:
+        raise UserError(f"--sweep: {exc}") from exc
+    cases = [c for c in pool if args.case is None or args.case in c.name]
     if not cases:
         raise UserError(f"no compile case's name contains {args.case!r}; `deepinfer bench compile --arch sm90` lists them all")
     print(compile_check.HEADER, flush=True)

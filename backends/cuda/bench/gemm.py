@@ -20,10 +20,14 @@ have a bf16 row beside their mxfp4 one, the comparison the MXFP4 target is state
 `python -m deepinfer_cuda.bench.gemm [--check [--quick] [--only TEXT]] [--sweep [VARIANT ...]] [--bench]`
 on a GPU: correctness against the references (every format and layout, each mxfp4 path, the TMA
 kernel, the quantiser bit for bit, CUDA-graph capture with new offsets on replay), a sweep of tile
-configurations for the tuning tables, and these cases through the bench runner.
+configurations for the tuning tables, and these cases through the bench runner. `--sweep fp8_v4_prefill` times
+V4-Flash's prefill fp8 projections (V4_PREFILL_CASES: not in CASES) against candidate tiles, with each shape's torch
+peer and its activation quantiser alone; `deepinfer bench compile --arch sm90 --sweep fp8_v4_prefill` compiles the candidates.
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -76,13 +80,17 @@ def _routed_offsets(e: int, tokens: int, top_k: int, device: torch.device) -> to
 
 
 def _grouped_setup(fmt: str, e: int, per_expert: int, n: int, k: int, masked: bool, prequantise: bool = False, path: str | None = None,
-                   routed: tuple[int, int] | None = None):
-    """routed (tokens, top_k): contiguous rows split over the experts by `_routed_offsets`, not per_expert each."""
+                   routed: tuple[int, int] | None = None, transposed: bool = False):
+    """routed (tokens, top_k): contiguous rows split over the experts by `_routed_offsets`, not per_expert each.
+    transposed (masked): x [E, per_expert, K] a view of [per_expert, E, K], as V4's grouped output projection reads its heads."""
     def setup(device: torch.device) -> dict:
         g = _gen(device)
         s = _weights(fmt, e, n, k, device)
         s["path"] = path
-        if masked:
+        if masked and transposed:
+            s["x"] = torch.randn(per_expert, e, k, device=device, generator=g, dtype=torch.bfloat16).transpose(0, 1)
+            s["masked_m"] = torch.full((e,), per_expert, dtype=torch.int32, device=device)
+        elif masked:
             s["x"] = torch.randn(e, per_expert, k, device=device, generator=g, dtype=torch.bfloat16)
             s["masked_m"] = torch.full((e,), per_expert, dtype=torch.int32, device=device)
         elif routed:
@@ -182,12 +190,13 @@ def _grouped_bytes(s: dict) -> float:
     return _nbytes(s["weight"], s.get("weight_scale"), s["x"]) + out_bytes
 
 
-def _grouped_case(name, fmt, e, per_expert, n, k, *, masked=False, bound="compute", prequantise=False, peer=True, path=None, routed=None):
+def _grouped_case(name, fmt, e, per_expert, n, k, *, masked=False, bound="compute", prequantise=False, peer=True, path=None, routed=None,
+                  transposed=False):
     peer_name = {"dense": "torch._grouped_mm", "fp8_block": "torch fp8 (_scaled_grouped_mm rowwise | _scaled_mm loop)"}.get(fmt, "-")
     return BenchCase(
         op="grouped_gemm",
         name=name,
-        setup=_grouped_setup(fmt, e, per_expert, n, k, masked, prequantise, path, routed),
+        setup=_grouped_setup(fmt, e, per_expert, n, k, masked, prequantise, path, routed, transposed),
         kernel=_grouped_kernel,
         peer=_grouped_peer if peer and fmt in ("dense", "fp8_block") else None,
         peer_name=peer_name,
@@ -295,6 +304,58 @@ CASES = [
     _linear_case("mxfp4_a8 4096x7168->7168", "mxfp4_a8", 4096, 7168, 7168, bound="compute"),
     _linear_case("mxfp4_a8 decode 16x7168->36864", "mxfp4_a8", 16, 36864, 7168, bound="memory"),
 ]
+
+
+# ---------------------------------------------------------------------------------------------
+# DeepSeek-V4-Flash's fp8_block GEMMs in a prefill chunk
+
+
+class V4Gemm(NamedTuple):
+    """One fp8_block GEMM of a V4-Flash layer at prefill: x [rows, k] times [n, k] (masked: `groups` of them over a
+    transposed [groups, rows, k] view), run by the layers whose attention is one of `kinds` (None: every layer)."""
+
+    name: str
+    layout: str  # "linear" | "masked"
+    groups: int
+    n: int
+    k: int
+    kinds: tuple[str, ...] | None
+
+
+def v4_prefill_fp8_gemms(shape: dict | None = None) -> list[V4Gemm]:
+    """The fp8_block GEMMs of one V4 layer (`shape`: a config dict, V4-Flash's by default), as the model runs them:
+    wq_a and wkv fused (one GEMM, model/linear.py's FusedLinear), wq_b, the grouped wo_a (grouped_gemm's masked layout,
+    one group of heads an "expert"), wo_b, the CSA layers' indexer wq_b, and the shared expert's fused w1|w3 and w2.
+    The compressors' wkv|wgate and the indexer's weights_proj are bf16 (bench/v4_weights.py), the routed experts mxfp4."""
+    from deepinfer.bench.e2e_v4 import V4_FLASH
+    from deepinfer.model.deepseek_v4.config import CSA
+
+    c = shape or V4_FLASH
+    hidden, q_rank, heads, dim, groups = c["hidden_size"], c["q_lora_rank"], c["num_attention_heads"], c["head_dim"], c["o_groups"]
+    shared = c["moe_intermediate_size"] * c["n_shared_experts"]
+    return [
+        V4Gemm("wq_a+wkv", "linear", 1, q_rank + dim, hidden, None),
+        V4Gemm("wq_b", "linear", 1, heads * dim, q_rank, None),
+        V4Gemm("wo_a", "masked", groups, c["o_lora_rank"], heads * dim // groups, None),
+        V4Gemm("wo_b", "linear", 1, hidden, groups * c["o_lora_rank"], None),
+        V4Gemm("indexer wq_b", "linear", 1, c["index_n_heads"] * c["index_head_dim"], q_rank, (CSA,)),
+        V4Gemm("shared w1|w3", "linear", 1, 2 * shared, hidden, None),
+        V4Gemm("shared w2", "linear", 1, hidden, shared, None),
+    ]
+
+
+V4_PREFILL_TOKENS = 8192  # one prefill chunk: the engine's default token budget (bench e2e's PREFILL_CHUNK)
+
+
+def _v4_prefill_case(g: V4Gemm, tokens: int = V4_PREFILL_TOKENS) -> BenchCase:
+    if g.layout == "masked":
+        name = f"fp8_block V4 prefill {g.name} masked {g.groups}x{tokens} tok, {g.k}->{g.n}"
+        return _grouped_case(name, "fp8_block", g.groups, tokens, g.n, g.k, masked=True, transposed=True)
+    return _linear_case(f"fp8_block V4 prefill {g.name} {tokens}x{g.k}->{g.n}", "fp8_block", tokens, g.n, g.k, bound="compute")
+
+
+# timed by `--sweep fp8_v4_prefill` only (not in CASES: `deepinfer bench ops` stays as it was)
+V4_PREFILL_CASES = [_v4_prefill_case(g) for g in v4_prefill_fp8_gemms()]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -525,8 +586,41 @@ SWEEP = {
     ),
 }
 
+# V4-Flash's prefill fp8 projections (`v4_prefill_fp8_gemms`, 8192 rows: V4_PREFILL_CASES), the table's tile against tiles
+# chosen per shape: 8192 rows are 64 row tiles of 128 (or 128 of 64), so every shape fills the 132 SMs (at 128 x 128:
+# 768 tiles for wq_a+wkv's N 1536, 5.8 waves; 2048 for wo_b and the shared expert, 15.5; 4096 for wo_a and the indexer's
+# wq_b, 31.0; 16384 for wq_b, 124.1) and split-K never applies (the planner splits under 2 programs an SM). What differs
+# is K: wq_b and the indexer's wq_b have K 1024, 8 steps of 128, so each tile's pipeline fill and epilogue (the store of
+# its output tile) are not hidden behind a long main loop as at K 4096-8192: a 128 x 128 tile of 8 warps holds an SM
+# alone (221 registers a thread, 128 KiB at 4 stages), so nothing overlaps them. Hence tiles of which two fit an SM
+# (sm90 compile check, Triton 3.9, no spills: 64 x 128 w4 s4 184 registers and 96 KiB, 128 x 64 w4 s4 222 and 97 KiB,
+# 64 x 128 w4 s2 with k_pairs 168 and 96 KiB), against the long-K levers: k_pairs (two 128-K groups a step), warp
+# specialisation, the 64 x 128 decode-batch tile at 5 stages (fp8_block_medium's: one a SM) and a wider GROUP_M (x rows
+# reused from L2 over more N tiles). Left out: 128 x 256 and 256 x 128 at 8 warps (spill 336 and 1272 bytes), 128 x 128
+# at 3 stages without k_pairs (its registers keep it one a SM all the same).
+_V4_PREFILL_SWEEP = (
+    _opts([dict(BLOCK_M=128, BLOCK_N=128, num_warps=8, num_stages=4)], [{"tma": True}, {"tma": True, "ws": True}])
+    + _opts([dict(BLOCK_M=128, BLOCK_N=128, num_warps=8, num_stages=3)], [{"tma": True, "kp": True}])
+    + _opts([dict(BLOCK_M=128, BLOCK_N=128, num_warps=8, num_stages=4, GROUP_M=16)], [{"tma": True}])
+    + _opts(
+        [
+            dict(BLOCK_M=64, BLOCK_N=128, num_warps=4, num_stages=4),
+            dict(BLOCK_M=64, BLOCK_N=128, num_warps=4, num_stages=5),
+            dict(BLOCK_M=128, BLOCK_N=64, num_warps=4, num_stages=4),
+        ],
+        [{"tma": True}],
+    )
+    + _opts([dict(BLOCK_M=64, BLOCK_N=128, num_warps=4, num_stages=2)], [{"tma": True, "kp": True}])
+)
+SWEEP["fp8_v4_prefill"] = _V4_PREFILL_SWEEP
+
+# the tuning entries a variant's configs stand in for, where not the entry of its own name: V4's prefill shapes plan
+# fp8_block_large, or at K <= 1024 fp8_block_large_short_k (kernels/gemm.py's _shape_entry)
+SWEEP_ENTRIES = {"fp8_v4_prefill": ("fp8_block_large", "fp8_block_large_short_k")}
+
 # the case each variant is swept on (a fragment of its name), or the cases
 SWEEP_CASES = {
+    "fp8_v4_prefill": tuple(case.name for case in V4_PREFILL_CASES),
     "mxfp4_gluon_small": "V4 w13 decode B256",
     "mxfp4_gluon_large": ("256x192 tok, 4096->4096 (V4 w13), gluon", "8192x6 tok routed over 256, 4096->4096 (V4 w13), gluon"),
     "dense_large": "bf16 contiguous 8x4096 tok, 7168->4096",
@@ -547,12 +641,27 @@ def sweep(device: torch.device, variants=None) -> list[dict]:
 
 def _sweep_variant(variant: str, device: torch.device) -> list[dict]:
     """Each of the variant's SWEEP configs timed on each of its SWEEP_CASES cases."""
-    fragments = SWEEP_CASES[variant]
     results = []
-    for fragment in (fragments,) if isinstance(fragments, str) else fragments:
-        results += _sweep_case(variant, next(c for c in CASES if fragment in c.name), device)  # the case's tensors are freed on return
+    for case in sweep_cases(variant):
+        results += _sweep_case(variant, case, device)  # the case's tensors are freed on return
         torch.cuda.empty_cache()
     return results
+
+
+def sweep_cases(variant: str) -> list[BenchCase]:
+    """The cases `variant` is swept on: for each SWEEP_CASES fragment, the first case (CASES, then V4_PREFILL_CASES) whose name holds it."""
+    fragments = SWEEP_CASES[variant]
+    return [next(c for c in CASES + V4_PREFILL_CASES if fragment in c.name) for fragment in ((fragments,) if isinstance(fragments, str) else fragments)]
+
+
+def sweep_entries(variant: str) -> tuple[str, ...]:
+    """The tuning entries a variant's configs replace (SWEEP_ENTRIES; else the entry of its name)."""
+    return SWEEP_ENTRIES.get(variant, (variant,))
+
+
+def sweep_override(cfg: dict, extra: dict) -> dict:
+    """What one SWEEP config sets over the table's entry: its tile keys and the TMA kernel's flags (off unless named)."""
+    return {**cfg, "tma": extra.get("tma", False), "warp_specialize": extra.get("ws", False), "k_pairs": extra.get("kp", False)}
 
 
 def _sweep_case(variant: str, case, device: torch.device) -> list[dict]:
@@ -568,10 +677,10 @@ def _sweep_case(variant: str, case, device: torch.device) -> list[dict]:
     amount = case.flops(state) if case.bound == "compute" else case.bytes(state)
     unit = "TFLOP/s" if case.bound == "compute" else "TB/s"
     want = case.kernel(state)
+    entries = sweep_entries(variant)
     for cfg, extra in SWEEP[variant]:
-        flags = {"tma": extra.get("tma", False), "warp_specialize": extra.get("ws", False), "k_pairs": extra.get("kp", False)}
-        full = {**table_config("gemm", variant, device), **cfg, **flags}
-        kg.config = gluon.config = lambda op, v, dev, _full=full, _variant=variant: dict(_full) if v == _variant else table_config(op, v, dev)
+        full = {**table_config("gemm", entries[0], device), **sweep_override(cfg, extra)}
+        kg.config = gluon.config = lambda op, v, dev, _full=full: dict(_full) if v in entries else table_config(op, v, dev)
         kg.MXFP4_AUTO_PATH = extra.get("mx")
         diff = None
         try:
@@ -587,11 +696,36 @@ def _sweep_case(variant: str, case, device: torch.device) -> list[dict]:
             line = f"{ms:8.4f} ms {rate:8.2f} {unit}" + ("" if diff is None else f"  max |out - table's| {diff:.3g}")
         except Exception as exc:  # noqa: BLE001
             ms, rate, line = None, None, f"ERROR {type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
-        print(f"sweep {variant:16s} {case.name[:40]:40s} {cfg} {extra} {line}", flush=True)
+        print(f"sweep {variant:16s} {case.name[:56]:56s} {cfg} {extra} {line}", flush=True)
         results.append({"variant": variant, "case": case.name, "cfg": cfg, "extra": extra, "ms": ms, "rate": rate, "max_diff": diff})
     kg.config = gluon.config = table_config
     kg.MXFP4_AUTO_PATH = None
+    results += _sweep_references(variant, case, state, amount, unit)
     return results
+
+
+def _sweep_references(variant: str, case, state: dict, amount: float, unit: str) -> list[dict]:
+    """Rows beside a case's configs: its torch peer (a rate reference: torch._scaled_mm is per-tensor scaled, not
+    block-scaled), and for an fp8_block call through the op the activation quantiser alone (its share of each row)."""
+    from deepinfer_cuda.bench.common import time_ms
+    from deepinfer_cuda.kernels import gemm as kg
+
+    rows = []
+    timed = []
+    if case.peer is not None:
+        timed.append((f"peer {case.peer_name}", lambda: case.peer(state), amount))
+    if state.get("fmt") == "fp8_block" and "prequantised" not in state and state.get("path") is None:
+        timed.append(("fp8 activation quantiser alone", lambda: kg.quantize_act_fp8(state["x"]), None))
+    for label, fn, work in timed:
+        try:
+            ms = time_ms(fn, warmup_ms=10, rep_ms=40)
+            rate = None if work is None else work / (ms * 1e-3) / 1e12
+            line = f"{ms:8.4f} ms" + ("" if rate is None else f" {rate:8.2f} {unit}")
+        except Exception as exc:  # noqa: BLE001 - a peer this torch lacks is a row, not the end of the sweep
+            ms, rate, line = None, None, f"ERROR {type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
+        print(f"sweep {variant:16s} {case.name[:56]:56s} {label} {line}", flush=True)
+        rows.append({"variant": variant, "case": case.name, "cfg": label, "extra": {}, "ms": ms, "rate": rate, "max_diff": None})
+    return rows
 
 
 def main(argv=None) -> int:

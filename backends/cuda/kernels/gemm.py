@@ -911,6 +911,22 @@ def _variant(fmt: str, rows_per_expert: float, mx_mode: int | None = None) -> st
     return f"{fmt}_{size}"
 
 
+# Formats whose large (prefill) tiles may have an entry of their own for a short K: <fmt>_large_short_k, taken for
+# K <= SHORT_K where the device's table has one (else <fmt>_large). A 1024-deep K (DeepSeek-V4's q_lora_rank: wq_b and the
+# indexer's wq_b) is 8 steps of 128: each tile's pipeline fill and its epilogue are a large part of its time, so the
+# tile that suits K 4096-8192 may not suit it.
+_SHORT_K_FMTS = ("fp8_block",)
+SHORT_K = 1024
+
+
+def _shape_entry(fmt: str, variant: str, k: int, device) -> dict:
+    """The tuning entry of `variant` (`_variant`), or its short-K entry (`_SHORT_K_FMTS`) where the table has one."""
+    if variant == f"{fmt}_large" and fmt in _SHORT_K_FMTS and k <= SHORT_K:
+        with contextlib.suppress(KeyError):  # no short-K entry for this device: the large one serves
+            return config("gemm", f"{variant}_short_k", device)
+    return config("gemm", variant, device)
+
+
 def _invariant_config(fmt: str, mx_mode: int | None, device) -> dict:
     """Deterministic mode's one entry for every row count: the table's <fmt>_invariant where one
     was measured (its tiles must serve batch 1 and batch 256 alike), else the decode entry."""
@@ -1072,7 +1088,7 @@ def plan_gemm(x: torch.Tensor, weight: torch.Tensor, fmt: str, layout: int, mx_p
     x_dtype = x.dtype if (not register or fmt in _WEIGHT_ONLY_FMTS) else torch.bfloat16
     # float32 dense products (the MoE router) sum with FMAs, not the MMA: tiles of their own
     tuned = "dense_f32" if fmt == "dense" and torch.float32 in (x.dtype, weight.dtype) else fmt
-    cfg = _invariant_config(tuned, mx_mode, device) if invariant else config("gemm", _variant(tuned, rows_per_expert, mx_mode), device)
+    cfg = _invariant_config(tuned, mx_mode, device) if invariant else _shape_entry(tuned, _variant(tuned, rows_per_expert, mx_mode), k, device)
     if invariant:
         block_m = cfg["BLOCK_M"]
     else:

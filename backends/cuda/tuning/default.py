@@ -5,7 +5,8 @@ Kernel modules add their entries here; an op/variant missing here falls back to 
 
 CONFIGS: dict[str, dict[str, dict]] = {
     # gemm (linear + grouped_gemm, every format): <fmt>_small serves <= 64 rows per expert (decode:
-    # weight streaming, BLOCK_M is a cap lowered to the rows), fp8_block_medium 65-256 (large decode batches), <fmt>_large the rest. fp8 BLOCK_K is
+    # weight streaming, BLOCK_M is a cap lowered to the rows), fp8_block_medium 65-256 (large decode batches), <fmt>_large the rest
+    # (fp8_block_large_short_k, where an arch table has one, for K <= 1024: gemm.py's _shape_entry; none here). fp8 BLOCK_K is
     # always 128 (the scale group). quant_act: the fused fp8 activation quantiser, BLOCK_R rows (at most: fewer
     # rows take their power-of-two bucket) x one 128-column group per program, warps for elems_per_thread each.
     "gemm": {
