@@ -39,7 +39,8 @@ activations, the compressors' per-sequence window state and the host work.
 
 Prefill rows (`prefills`: (prompts, tokens) pairs, default 8 x 8192 and 1 x 65536): on an engine of
 their own, built once the decode rows' engine is dropped (its max_model_len the longest prompt's,
-so the decode rows keep theirs; max_num_batched_tokens `prefill_chunk`, default 8192; prefix caching
+so the decode rows keep theirs; max_num_batched_tokens `prefill_chunk`, default the engine's on the device (16384 on
+an accelerator with at least 70 GiB, else 8192: deepinfer/engine/step_budget.py); prefix caching
 off; no device graphs, as no decode step runs), each row's random prompts are prefilled from position
 0 as a user's would be: the scheduler splits them into steps of at most max_num_batched_tokens tokens
 (chunked prefill through the same ops the engine always runs; nothing starts at a cache length), and
@@ -90,7 +91,6 @@ PREFILL_PASSES = 3  # timed passes of a prefill row (their median is its figure)
 ACTIVATIONS_GIB = 2.0  # headroom for a decode step's activations, logits and the allocator's slack
 ACTIVATIONS_SLACK = 1.5  # a prefill step's estimated activations times this: the allocator's fragmentation
 DEFAULT_PREFILLS = ((8, 8192), (1, 65536))  # (prompts, tokens each) of the prefill rows
-PREFILL_CHUNK = 8192  # max_num_batched_tokens of the prefill rows: the engine's default token budget
 SEED = 0
 
 
@@ -432,7 +432,7 @@ def run(
     profile_rows: int = 0,
     enforce_eager: bool = False,
     prefills=DEFAULT_PREFILLS,
-    prefill_chunk: int = PREFILL_CHUNK,
+    prefill_chunk: int | None = None,
     matmul_n: int | None = None,
 ) -> tuple[list[V4Result], list[V4PrefillResult], dict]:
     """Build the model (cut to fit), then time `steps` decode steps per (batch, context) pair (none when
@@ -441,7 +441,7 @@ def run(
     matmul rates...). `kv_cache_dtype`: EngineConfig's ("auto": the model dtype; "fp8": e4m3 rows with a
     per-token scale). profile_rows > 0: then `steps` more decode steps under the profiler, and one more pass of
     each prefill row, keeping that many kernels (step_profile.py). enforce_eager: no device graphs for the decode rows (EngineConfig's).
-    prefill_chunk: the prefill engine's max_num_batched_tokens. matmul_n: the matmul test's side
+    prefill_chunk: the prefill engine's max_num_batched_tokens (None: the engine's default on the device, step_budget.py). matmul_n: the matmul test's side
     (e2e.matmul_rates; default by device)."""
     from deepinfer.bench.e2e import matmul_rates, matmul_side
     from deepinfer.model.facts import model_facts
@@ -454,6 +454,10 @@ def run(
     runtime = open_runtime(backend, dtype=dtype, options=backend_options, model=model_facts(full))
     device = runtime.device
     block_size = int(runtime.backend.kv_block_size)
+    if prefill_chunk is None:
+        from deepinfer.engine.step_budget import default_max_num_batched_tokens
+
+        prefill_chunk = default_max_num_batched_tokens(device)
     engines, max_len = [], 0
     if batches:
         max_len = model_len(contexts, steps * (2 if profile_rows > 0 else 1), warmup)  # the profiled steps run past the timed ones

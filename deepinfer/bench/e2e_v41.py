@@ -114,7 +114,7 @@ def run(
     dtype: torch.dtype = torch.bfloat16,
     progress: Callable[[str], None] | None = None,
     prefills=e2e_v4.DEFAULT_PREFILLS,
-    prefill_chunk: int = e2e_v4.PREFILL_CHUNK,
+    prefill_chunk: int | None = None,
     matmul_n: int | None = None,
 ) -> tuple[list[V41Result], list[V41PrefillResult], dict]:
     """Build the model (cut to fit), time the decode rows (each (batch, context) pair) and the prefill rows (each
@@ -127,6 +127,10 @@ def run(
     full = v41_flash.flash_config(overrides=config_overrides)
     runtime = open_runtime(backend, dtype=dtype, options=backend_options, model=model_facts(full))
     device = runtime.device
+    if prefill_chunk is None:  # the engine's default on this device
+        from deepinfer.engine.step_budget import default_max_num_batched_tokens
+
+        prefill_chunk = default_max_num_batched_tokens(device)
     decode_len = e2e_v4.model_len(contexts, steps, warmup) if batches else 0
     prefill_len = max((length for _, length in prefills), default=0) + 1
     max_len = max(decode_len, prefill_len)

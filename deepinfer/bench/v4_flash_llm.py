@@ -48,7 +48,11 @@ def random_flash_llm(backend: str, layers: int | None, engine_options: dict, *, 
     device, block_size = runtime.device, int(runtime.backend.kv_block_size)
     kv_dtype = kv_cache_format.cache_dtype(kv_cache_dtype, dtype)
     num_blocks = max_seqs * blocks_for(max_len, block_size)
-    chunk = engine_options.get("max_num_batched_tokens", EngineConfig.max_num_batched_tokens)
+    chunk = engine_options.get("max_num_batched_tokens")
+    if chunk is None:  # the engine's default on this device
+        from deepinfer.engine.step_budget import default_max_num_batched_tokens
+
+        chunk = default_max_num_batched_tokens(device)
     engine = e2e_v4.EnginePlan(num_blocks, max_seqs, prefill_tokens=min(chunk, max_seqs * max_len), longest=max_len)
 
     def plan(n: int) -> dict[str, float]:

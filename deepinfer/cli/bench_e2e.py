@@ -11,7 +11,7 @@ model it checks that the model, its KV cache and the bandwidth test fit in the d
 mxfp4 experts, --kv-cache-dtype fp8 by default), cut to the layers that fit, decoding from each
 --context (default 4096 and 32768) at each --batch (default 1, 64, 256), against its memory floor;
 then prefilling each --prefill row (default 8x8192 and 1x65536: prompts x tokens) in chunks of
---prefill-chunk tokens (default 8192), against its compute floor (the FLOPs over the bf16 / fp8
+--prefill-chunk tokens (default the engine's: 16384 on an accelerator with at least 70 GiB, else 8192), against its compute floor (the FLOPs over the bf16 / fp8
 matmul rates measured in the same run); --no-prefill / --no-decode skip either; no HF peer
 (deepinfer/bench/e2e_v4.py and v4_prefill_floor.py say how).
 
@@ -58,7 +58,8 @@ def add_parser(what) -> None:
     e2e.add_argument("--prefill", action="append", default=None, metavar="PROMPTSxTOKENS",
                      help="v4-flash: a prefill row, PROMPTS prompts of TOKENS tokens each, chunked (repeatable; default 8x8192 and 1x65536)")
     e2e.add_argument("--prefill-chunk", type=int, default=None, metavar="N",
-                     help="v4-flash: the prefill rows' max_num_batched_tokens, the most tokens one step computes (default 8192)")
+                     help="v4-flash: the prefill rows' max_num_batched_tokens, the most tokens one step computes "
+                          "(default the engine's: 16384 on an accelerator with at least 70 GiB, else 8192)")
     e2e.add_argument("--no-prefill", action="store_true", help="v4-flash: skip the prefill rows")
     e2e.add_argument("--no-decode", action="store_true", help="v4-flash: skip the decode rows (only the prefill rows)")
     e2e.add_argument("--deterministic", action="store_true",

@@ -30,7 +30,7 @@ def v4_arguments(args: argparse.Namespace, shape: str = "V4-Flash") -> dict:
     """The keyword arguments of e2e_v4.run (e2e_v41.run for `shape` "V4.1-Flash", which takes no kv_cache_dtype)
     from the command line (the defaults filled in); one UserError line for a bad value."""
     from deepinfer.bench import v41_flash
-    from deepinfer.bench.e2e_v4 import DEFAULT_PREFILLS, FULL_LAYERS, PREFILL_CHUNK, V4_FLASH, model_len
+    from deepinfer.bench.e2e_v4 import DEFAULT_PREFILLS, FULL_LAYERS, V4_FLASH, model_len
 
     v41 = shape == "V4.1-Flash"
     positions, most = (v41_flash.POSITIONS, v41_flash.FULL_LAYERS) if v41 else (V4_FLASH["max_position_embeddings"], FULL_LAYERS)
@@ -52,9 +52,9 @@ def v4_arguments(args: argparse.Namespace, shape: str = "V4-Flash") -> dict:
     contexts = () if args.no_decode else tuple(args.context or DEFAULT_CONTEXTS)
     steps = DEFAULT_STEPS if args.new_tokens is None else args.new_tokens
     layers = 1 if args.layers is None else args.layers
-    chunk = PREFILL_CHUNK if args.prefill_chunk is None else args.prefill_chunk
+    chunk = args.prefill_chunk  # None: the engine's default on the device
     for name, value in (("--batch", min(batches, default=1)), ("--context", min(contexts, default=1)), ("--new-tokens", steps), ("--layers", layers),
-                        ("--prefill-chunk", chunk)):  # fmt: skip
+                        ("--prefill-chunk", 1 if chunk is None else chunk)):  # fmt: skip
         if value < 1:
             raise UserError(f"{name} must be at least 1, not {value}")
     if args.layers is not None and args.layers > most:

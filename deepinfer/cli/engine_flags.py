@@ -15,6 +15,7 @@ import argparse
 from pathlib import Path
 
 from deepinfer.engine.dtype_names import DTYPE_NAMES
+from deepinfer.engine.step_budget import SERVER_BUDGET
 from deepinfer.errors import UserError
 
 KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3")  # deepinfer.ops.kv_cache_format's (repeated: the CLI imports no torch before it must)
@@ -54,9 +55,9 @@ is reported in one line. Under a torchrun you start yourself (several hosts) --e
 number of processes. deepinfer has no tensor parallelism; DeepSeek-V4 runs with --ep 1 only yet."""
 
 
-def add_engine_flags(p) -> None:
+def add_engine_flags(p, server: bool = False) -> None:
     """The engine's flags, in the groups `--help=GROUP` shows (deepinfer/cli/flag_help.py): model,
-    engine, speculative, backend, parallel."""
+    engine, speculative, backend, parallel. server: `deepinfer serve`'s defaults where a server's differ (vLLM's)."""
     model = p.add_argument_group("model", MODEL_HELP)
     model.add_argument(
         "--model", metavar="PATH",
@@ -76,8 +77,12 @@ def add_engine_flags(p) -> None:
                             "(after penalties, logit_bias, bans and temperature)")
     engine = p.add_argument_group("engine", ENGINE_HELP)
     engine.add_argument("--max-num-seqs", type=int, default=256, metavar="N", help="sequences per step at most (default 256)")
-    engine.add_argument("--max-num-batched-tokens", type=int, default=8192, metavar="N",
-                        help="tokens per step; longer prompts prefill in chunks (default 8192)")
+    if server:
+        budget = dict(default=SERVER_BUDGET, help=f"tokens per step; longer prompts prefill in chunks (default {SERVER_BUDGET}, as vLLM's server)")
+    else:
+        budget = dict(default=None, help="tokens per step; longer prompts prefill in chunks (default, as vLLM's LLM: 16384 on an accelerator "
+                                         "with at least 70 GiB of memory, else 8192)")
+    engine.add_argument("--max-num-batched-tokens", type=int, metavar="N", **budget)
     engine.add_argument("--gpu-memory-utilization", type=float, default=0.9, metavar="F",
                         help="the share in (0, 1] of the accelerator's memory the engine may use; the KV cache gets what of it is free "
                              "once the weights are loaded (default 0.9; the CPU's cache is a share of the free RAM)")

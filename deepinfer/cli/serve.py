@@ -68,7 +68,7 @@ def add_parser(sub) -> None:
                         help="take requests at once, without first compiling every step size and capturing the decode graphs "
                              "(default: warm up where the backend compiles on first use; the first requests of each size then wait)")
     server.add_argument("--log-level", default="warning", choices=("critical", "error", "warning", "info", "debug"), help="uvicorn's log level")
-    add_engine_flags(p)
+    add_engine_flags(p, server=True)
     p.add_argument("--listen-fd", type=int, help=argparse.SUPPRESS)  # --ep N: the socket the launcher bound, passed to rank 0
     p.set_defaults(func=serve)
     global _PARSER

@@ -47,7 +47,8 @@ class LLM:
     (dummy weights). backend: "auto" (cuda, then ascend, then reference; it says which), or a name.
     seed: requests without their own seed get one derived from it and their request index.
     max_num_seqs / max_num_batched_tokens: sequences per step / tokens per step (longer prompts are
-    prefilled in chunks). num_kv_blocks: KV pages (default: as many as fit kv_cache_memory_gib, or
+    prefilled in chunks; default, as vLLM's LLM: 16384 on an accelerator with at least 70 GiB, else 8192,
+    deepinfer/engine/step_budget.py). num_kv_blocks: KV pages (default: as many as fit kv_cache_memory_gib, or
     what is still free of the gpu_memory_utilization share of the accelerator's memory once the
     weights are loaded, or 256 MiB on the CPU). gpu_memory_utilization: vLLM's, a fraction in
     (0, 1] (default 0.9). max_model_len: the longest sequence, prompt and generated tokens
@@ -145,7 +146,7 @@ class LLM:
         dtype: str | torch.dtype = "auto",
         seed: int = 0,
         max_num_seqs: int = 256,
-        max_num_batched_tokens: int = 8192,
+        max_num_batched_tokens: int | None = None,
         num_kv_blocks: int | None = None,
         kv_cache_memory_gib: float | None = None,
         gpu_memory_utilization: float = 0.9,

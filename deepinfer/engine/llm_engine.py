@@ -40,7 +40,8 @@ LOGPROBS_MODES = ("raw_logprobs", "processed_logprobs")
 @dataclass
 class EngineConfig:
     max_num_seqs: int = 256
-    max_num_batched_tokens: int = 8192  # per-step token budget: longer prompts prefill in chunks
+    # per-step token budget: longer prompts prefill in chunks; None: from the device (engine/step_budget.py: vLLM's offline rule)
+    max_num_batched_tokens: int | None = None
     num_kv_blocks: int | None = None  # None: as many as kv_cache_memory_gib (or the default budget) holds
     kv_cache_memory_gib: float | None = None
     # The share of the accelerator's memory the engine may use (vLLM's gpu_memory_utilization): the
@@ -163,6 +164,10 @@ class LLMEngine:
         self.announce = announce
         self.config = config = config or EngineConfig()
         config.validate()
+        if config.max_num_batched_tokens is None:
+            from deepinfer.engine.step_budget import default_max_num_batched_tokens
+
+            config = self.config = dataclasses.replace(config, max_num_batched_tokens=default_max_num_batched_tokens(runtime.device))
         self.dist = dist
         self.loaded = loaded
         self.runtime = runtime

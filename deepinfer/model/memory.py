@@ -149,6 +149,12 @@ def _mem_get_info(device: torch.device):
     return getattr(getattr(torch, device.type, None), "mem_get_info", None)
 
 
+def device_total(device: torch.device) -> int | None:
+    """The accelerator's memory in bytes (its module's mem_get_info); None for host memory."""
+    mem_get_info = _mem_get_info(device)
+    return None if mem_get_info is None else int(mem_get_info(device)[1])
+
+
 def device_available(device: torch.device) -> tuple[int | None, str]:
     """Free bytes on `device` and how they were measured: the accelerator module's mem_get_info
     when it has one, else the host's available RAM."""

@@ -33,7 +33,7 @@ def test_v4_arguments_and_their_defaults():
 
     kwargs = v4_arguments(parse("--model-shape", "v4-flash"))
     assert kwargs == dict(batches=(1, 64, 256), contexts=(4096, 32768), steps=16, layers=None, kv_cache_dtype="fp8", json_path=None, profile_rows=0,
-                          enforce_eager=False, prefills=((8, 8192), (1, 65536)), prefill_chunk=8192)  # fmt: skip
+                          enforce_eager=False, prefills=((8, 8192), (1, 65536)), prefill_chunk=None)  # fmt: skip
     given = v4_arguments(parse("--model-shape", "v4-flash", "--batch", "8", "--context", "1000", "--context", "70000", "--new-tokens", "4",
                                "--layers", "3", "--kv-cache-dtype", "auto", "--prefill", "2x100", "--prefill", "1X5000", "--prefill-chunk", "512"))  # fmt: skip
     assert given == dict(batches=(8,), contexts=(1000, 70000), steps=4, layers=3, kv_cache_dtype="auto", json_path=None, profile_rows=0,

@@ -82,6 +82,26 @@ def test_defaults_are_vllms(built):
     assert config.gpu_memory_utilization == 0.9 and config.max_model_len is None and config.kv_cache_dtype == "auto"
     assert built[0].engine.max_model_len == 4096  # the model's max_position_embeddings
     assert built[0].engine.dtype == torch.float32  # auto on the CPU
+    assert config.max_num_batched_tokens == 8192  # the host: vLLM's budget below 70 GiB (engine/step_budget.py)
+
+
+def test_the_step_budget_follows_the_device_as_vllms_does(monkeypatch):
+    """No max_num_batched_tokens: 16384 tokens a step on an accelerator with at least 70 GiB (vLLM's LLM class), 8192 on a
+    smaller one and on the host; `deepinfer serve` defaults to 8192 (vLLM's server), run and run-batch to the engine's."""
+    from deepinfer.engine import step_budget
+    from deepinfer.model import memory
+
+    gib = 1 << 30
+    for total, want in ((80 * gib, 16384), (70 * gib, 16384), (64 * gib, 8192), (None, 8192)):
+        monkeypatch.setattr(memory, "device_total", lambda device, total=total: total)
+        assert step_budget.default_max_num_batched_tokens(torch.device("cpu")) == want
+    assert memory.device_total.__name__ == "<lambda>"  # (patched where step_budget reads it)
+    monkeypatch.undo()
+    assert memory.device_total(torch.device("cpu")) is None  # host memory has no accelerator total
+    parser = build_parser()
+    assert parse(parser, ["serve"]).max_num_batched_tokens == 8192
+    assert parse(parser, ["run", "--prompt", "x"]).max_num_batched_tokens is None
+    assert parse(parser, ["run-batch", "-i", "a.jsonl", "-o", "b.jsonl"]).max_num_batched_tokens is None
 
 
 def test_the_seed_flag_seeds_each_request():

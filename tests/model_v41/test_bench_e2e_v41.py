@@ -25,7 +25,7 @@ def test_arguments_and_their_defaults():
 
     kwargs = v4_arguments(parse("--model-shape", "v41-flash"), "V4.1-Flash")
     assert kwargs == dict(batches=(1, 64, 256), contexts=(4096, 32768), steps=16, layers=None, json_path=None, prefills=((8, 8192), (1, 65536)),
-                          prefill_chunk=8192)  # fmt: skip
+                          prefill_chunk=None)  # fmt: skip
 
 
 @pytest.mark.parametrize(

@@ -344,7 +344,7 @@ def v4_prefill_fp8_gemms(shape: dict | None = None) -> list[V4Gemm]:
     ]
 
 
-V4_PREFILL_TOKENS = 8192  # one prefill chunk: the engine's default token budget (bench e2e's PREFILL_CHUNK)
+V4_PREFILL_TOKENS = 8192  # one prefill chunk of 8192 tokens (the engine's token budget below 70 GiB and `deepinfer serve`'s)
 
 
 def _v4_prefill_case(g: V4Gemm, tokens: int = V4_PREFILL_TOKENS) -> BenchCase:
