@@ -97,13 +97,16 @@ def test_multi_query_scores_equal_the_query_loop(ix, device, dtype, keys, layout
     _assert_same_scores(old, _scores(ix, device, inputs, "multi_query", TILES[tiles]), inputs["num_visible"])
 
 
-def test_multi_query_at_v4_width(ix, device):
-    # V4's 64 heads (N = 4 x 64 = 256), D 128 over FP8 keys: two sequences, the GPU's default entry block of 128 and
-    # query blocks of 16 (some of them straddling the two sequences)
+@pytest.mark.parametrize("queries", [2, 4])
+@pytest.mark.parametrize("keys", ["same", "fp8"])
+def test_multi_query_at_v4_width(ix, device, keys, queries):
+    # V4's 64 heads (N = 2 or 4 x 64), D 128 (no padding: the kernel's unmasked loads): two sequences, the GPU's entry
+    # block of 128 and query blocks of 16 (some of them straddling the two sequences)
     g = torch.Generator().manual_seed(22)
-    inputs = _batch(g, torch.bfloat16, True, heads=64, dim=128, queries=[21, 19], entries=[300, 170], width=300)
+    inputs = _batch(g, torch.bfloat16, keys == "fp8", heads=64, dim=128, queries=[21, 19], entries=[300, 170], width=300)
     old = _scores(ix, device, inputs, "query_loop")
-    _assert_same_scores(old, _scores(ix, device, inputs, "multi_query", {"block_e": 128, "block_t": 16}), inputs["num_visible"])
+    tiles = {"block_e": 128, "block_t": 16, "queries": queries}
+    _assert_same_scores(old, _scores(ix, device, inputs, "multi_query", tiles), inputs["num_visible"])
 
 
 def test_multi_query_leaves_past_num_visible_unwritten(ix, device):
@@ -131,13 +134,14 @@ def test_multi_query_selects_the_same_ids(ix, device, keys):
 
 
 def test_multi_query_plan(ix):
-    # V4 prefill (64 heads): groups of 4 (N 256), 64 queries a program; 128 heads: groups of 2; a decode batch (one query
-    # a sequence) and fewer queries a sequence than a group: None (the query loop); T past 65535 x 64: wider query blocks
+    # V4 prefill (64 heads) with groups of 4: N 256, 64 queries a program; 128 heads: groups of 2 (N at most 256); a decode
+    # batch (one query a sequence) and fewer queries a sequence than a group: None (the query loop); T past 65535 x 64:
+    # wider query blocks
     gpu = {"block_e": 128}
-    assert ix._multi_query_plan(8192, 1, 16384, 64, gpu) == {**ix.MULTI_QUERY_GPU, "queries": 4, "block_t": 64}
-    assert ix._multi_query_plan(8192, 1, 16384, 128, gpu)["queries"] == 2
+    assert ix._multi_query_plan(8192, 1, 16384, 64, {**gpu, "queries": 4}) == {**ix.MULTI_QUERY_GPU, "queries": 4, "block_t": 64}
+    assert ix._multi_query_plan(8192, 1, 16384, 128, {"queries": 4})["queries"] == 2
     assert ix._multi_query_plan(64, 64, 8192, 64, gpu) is None
-    assert ix._multi_query_plan(192, 64, 8192, 64, gpu) is None
+    assert ix._multi_query_plan(192, 64, 8192, 64, {**gpu, "queries": 4}) is None
     assert ix._multi_query_plan(40, 2, 300, 16, gpu)["block_t"] == 32
     assert ix._multi_query_plan(1 << 22, 1, 1 << 20, 64, gpu)["block_t"] == 128
     with pytest.raises(ValueError, match="queries, block_e"):
@@ -159,4 +163,4 @@ def test_schedule_names_decode_and_the_deterministic_kernel(ix, device, monkeypa
     ix.indexer_topk(*prefill, top_k=4)
     ix.indexer_topk(*decode, top_k=4)
     ix.indexer_topk_invariant(*prefill, top_k=4)
-    assert launched == [4]
+    assert launched == [ix.MULTI_QUERY_GPU["queries"]]

@@ -90,8 +90,12 @@ _MAX_BLOCK_K = 1024  # -1 padding written per step
 PREFILL_SCHEDULE = "query_loop"
 PREFILL_SCHEDULES = ("query_loop", "multi_query")
 # multi_query on a GPU: queries per dot (N = queries x padded heads, at most 256), entries per program, queries per
-# program, software-pipeline stages of the query-group loop, warps. Compile-checked on sm90 without spills; not timed.
-MULTI_QUERY_GPU = {"queries": 4, "block_e": 128, "block_t": 64, "num_stages": 2, "num_warps": 8}
+# program, software-pipeline stages of the query-group loop, warps. Not timed; why these (sm90 compile check, V4 shapes):
+# 3 stages, since Triton issues a group's q copy after the previous group's head sum, so only a third buffer keeps one
+# copy in flight over a whole iteration; 128 entries, since q (read from L2 for every entry block) costs 2 / block_e
+# bytes per multiply-add; 2 queries (N 128: 132 KB of shared memory, 216 registers, no spills), where 4 (N 256) takes
+# 231 KB at 3 stages, just under sm90's 227 KiB; 256 entries spill.
+MULTI_QUERY_GPU = {"queries": 2, "block_e": 128, "block_t": 64, "num_stages": 3, "num_warps": 8}
 _MULTI_QUERY_MAX_N = 256  # the widest wgmma N
 _MAX_GRID_Y = 65535  # CUDA's grid y limit (multi_query's query blocks)
 _NO_SEQ = tl.constexpr(2147483647)  # multi_query: "no sequence left"
@@ -175,6 +179,7 @@ def _indexer_scores_multi_query_kernel(
     DOT_PRECISION: tl.constexpr,
     FP8: tl.constexpr,  # FP8 keys: keys_ptr their bytes, key_scale_ptr the same memory as float32
     NUM_STAGES: tl.constexpr,  # software-pipeline stages of the query-group loop
+    MASK_HD: tl.constexpr,  # heads or D padded (BLOCK_H > H or BLOCK_D > D): mask them; V4 (64 x 128) needs no mask
     PDL: tl.constexpr = False,
 ):
     """Schedule "multi_query" (not yet run on a GPU): a program scores the entry block
@@ -196,7 +201,7 @@ def _indexer_scores_multi_query_kernel(
     offs_e = first + tl.arange(0, BLOCK_E)
     e_in = offs_e < E
     offs_d = tl.arange(0, BLOCK_D)
-    d_ok = offs_d < D
+    d_ok = (offs_d < D) | (not MASK_HD)
     offs_t = t0 + tl.arange(0, BLOCK_T)
     t_in = offs_t < T
     seqs = tl.load(seq_ptr + offs_t.to(tl.int64), mask=t_in, other=0).to(tl.int32)
@@ -206,7 +211,7 @@ def _indexer_scores_multi_query_kernel(
     offs_c = tl.arange(0, QN * BLOCK_H)  # a group's operand rows / logits columns: query c // BLOCK_H, head c % BLOCK_H
     col_q = offs_c // BLOCK_H
     col_h = offs_c % BLOCK_H
-    col_ok = col_h < H
+    col_ok = (col_h < H) | (not MASK_HD)
     offs_g = tl.arange(0, QN)
     seq = tl.min(tl.where(sees, seqs, _NO_SEQ))
     while seq != _NO_SEQ:  # one pass per sequence among the program's queries that see the block
@@ -417,7 +422,7 @@ def _launch_multi_query(q, weights, keys, key_scales, entry_rows, token_seq, num
         BLOCK_T=block_t, QN=plan["queries"], BLOCK_H=block_h, BLOCK_D=block_d, BLOCK_E=block_e,
         DOT_F32=dot_f32 or upcast_dot(),
         DOT_PRECISION=dot_precision(dot_f32 or upcast_dot()),
-        FP8=fp8, NUM_STAGES=plan["num_stages"],
+        FP8=fp8, NUM_STAGES=plan["num_stages"], MASK_HD=block_h != heads or block_d != dim,
         num_warps=plan["num_warps"], **pdl_launch(q.device),
     )
 
