@@ -21,6 +21,17 @@ sequences under one E, and a decode plan's E is E_max). Heads and D are padded t
 add exactly 0 (relu(0) * 0); D is one tile (V4: 128). bfloat16 / float16 products are exact in
 float32, so the scores differ from the reference's only by the order of the float32 sums.
 
+A prefill score schedule, "multi_query" (`_indexer_scores_multi_query_kernel`; PREFILL_SCHEDULE or score_entries'
+`prefill_schedule` picks it; off by default, not yet run on a GPU): several queries per dot (logits [BLOCK_E, QN *
+BLOCK_H], N up to 256 where the query loop's is the head count) in a loop over query groups that Triton pipelines (no
+data-dependent branch in its body, clamped loads: the next group's q is copied while this group's dot and head sum
+run), entry blocks first in the grid (the queries of the programs running at once share their q in L2, and a
+sequence's keys stay there), programs past every query's visible entries doing nothing. It is taken where a sequence
+has at least a group of queries (host-known shapes); decode batches keep the query loop. Its scores equal the query
+loop's bit for bit in the interpreter (tests/cuda/test_indexer_multi_query.py); on a GPU the head sum's reduction
+tree follows the accumulator's layout, which differs with N, so equality is not promised there and deterministic mode
+keeps the query loop.
+
 Selection (`_indexer_select_kernel`, one launch when a row fits a chunk of 8192 entries: V4-Flash
 decode up to 32k tokens of context; two up to 1M): a program holds a row's visible scores in registers as int32
 order keys (the float's bits, negatives' magnitude bits flipped: integer order = float order, -0.0
