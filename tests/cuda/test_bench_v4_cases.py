@@ -95,7 +95,7 @@ def test_indexer_multi_query_twin_selects_as_the_query_loop(kv_dtype):
     s = v4_attention._indexer_setup(1, 2048, 64, kv_dtype)(CPU)
     want = v4_attention._indexer_kernel(s)
     assert torch.equal(v4_attention._indexer_multi_query()(s), want)
-    assert torch.equal(v4_attention._indexer_multi_query({"queries": 4, "block_e": 128, "num_stages": 2})(s), want)
+    assert torch.equal(v4_attention._indexer_multi_query({"queries": 2, "block_e": 128, "num_stages": 4})(s), want)
 
 
 def test_indexer_bytes_and_flops_by_hand():

@@ -138,7 +138,7 @@ def test_multi_query_plan(ix):
     # batch (one query a sequence) and fewer queries a sequence than a group: None (the query loop); T past 65535 x 64:
     # wider query blocks
     gpu = {"block_e": 128}
-    assert ix._multi_query_plan(8192, 1, 16384, 64, {**gpu, "queries": 4}) == {**ix.MULTI_QUERY_GPU, "queries": 4, "block_t": 64}
+    assert ix._multi_query_plan(8192, 1, 16384, 64, gpu) == {**ix.MULTI_QUERY_GPU, "queries": 4, "block_t": 64}
     assert ix._multi_query_plan(8192, 1, 16384, 128, {"queries": 4})["queries"] == 2
     assert ix._multi_query_plan(64, 64, 8192, 64, gpu) is None
     assert ix._multi_query_plan(192, 64, 8192, 64, {**gpu, "queries": 4}) is None

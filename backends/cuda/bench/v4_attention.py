@@ -518,5 +518,5 @@ CASES = [
     # a small sweep of the multi_query sizes (queries per dot, entries per program, pipeline stages) at the 64k prefill
     *[BenchCase("indexer_topk", f"prefill_T8192_ctx64k_H64_D128_top512_bf16_multi_query_QN{qn}_E{e}_s{st}", _indexer_setup(1, 65536, 8192),
                 _indexer_multi_query({"queries": qn, "block_e": e, "num_stages": st}), *INDEXER[1:], bound="compute")
-      for qn, e, st in ((4, 128, 2), (4, 128, 3), (2, 128, 4), (4, 64, 3))],
+      for qn, e, st in ((4, 128, 2), (2, 128, 3), (2, 128, 4), (4, 64, 3))],
 ]  # fmt: skip

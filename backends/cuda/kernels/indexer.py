@@ -101,12 +101,12 @@ _MAX_BLOCK_K = 1024  # -1 padding written per step
 PREFILL_SCHEDULE = "query_loop"
 PREFILL_SCHEDULES = ("query_loop", "multi_query")
 # multi_query on a GPU: queries per dot (N = queries x padded heads, at most 256), entries per program, queries per
-# program, software-pipeline stages of the query-group loop, warps. Not timed; why these (sm90 compile check, V4 shapes):
-# 3 stages, since Triton issues a group's q copy after the previous group's head sum, so only a third buffer keeps one
+# program, software-pipeline stages of the query-group loop, warps. Not timed; why these (compile check at V4's shapes):
+# 3 stages, since Triton issues a group's q copy after the previous group's head sum, so only a third buffer keeps a
 # copy in flight over a whole iteration; 128 entries, since q (read from L2 for every entry block) costs 2 / block_e
-# bytes per multiply-add; 2 queries (N 128: 132 KB of shared memory, 216 registers, no spills), where 4 (N 256) takes
-# 231 KB at 3 stages, just under sm90's 227 KiB; 256 entries spill.
-MULTI_QUERY_GPU = {"queries": 2, "block_e": 128, "block_t": 64, "num_stages": 3, "num_warps": 8}
+# bytes per multiply-add; 4 queries (N 256): no spills on sm90 (223 registers) nor sm100, 231488 bytes of shared
+# memory, under the 232448 an sm90 block may take (2 queries spill on sm100; 256 entries spill on sm90).
+MULTI_QUERY_GPU = {"queries": 4, "block_e": 128, "block_t": 64, "num_stages": 3, "num_warps": 8}
 _MULTI_QUERY_MAX_N = 256  # the widest wgmma N
 _MAX_GRID_Y = 65535  # CUDA's grid y limit (multi_query's query blocks)
 _NO_SEQ = tl.constexpr(2147483647)  # multi_query: "no sequence left"
