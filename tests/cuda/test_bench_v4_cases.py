@@ -44,7 +44,12 @@ def test_the_cases_cover_v4_flash_sizes():
     prefills = {(c.op, c.bound) for c in v4_attention.CASES if c.name.startswith("prefill")}
     assert prefills == {("sparse_attention", "compute"), ("compress_kv", "memory"), ("indexer_topk", "compute")}
     fp8 = {(c.op, c.bound) for c in v4_attention.CASES if c.name.endswith("fp8kv")}  # the FP8 cache (kv_cache_dtype="fp8")
-    assert fp8 == {("sparse_attention", "compute"), ("indexer_topk", "memory")}
+    assert fp8 == {("sparse_attention", "compute"), ("indexer_topk", "memory"), ("indexer_topk", "compute")}
+    # the indexer's prefill cases, each with its multi_query twin (the same inputs, the other score schedule)
+    indexer_prefills = {n for op, n in names if op == "indexer_topk" and n.startswith("prefill")}
+    for ctx, t in ((32, 4096), (64, 8192)):
+        for kv in ("bf16", "fp8kv"):
+            assert {f"prefill_T{t}_ctx{ctx}k_H64_D128_top512_{kv}", f"prefill_T{t}_ctx{ctx}k_H64_D128_top512_{kv}_multi_query"} <= indexer_prefills
 
 
 def test_decode_plan_bytes_are_its_inputs_and_outputs():
@@ -82,6 +87,15 @@ def test_indexer_peer_is_the_reference(batch, ctx, chunk, kv_dtype):
     s = v4_attention._indexer_setup(batch, ctx, chunk, kv_dtype)(CPU)
     ref = indexer_topk(*v4_attention._indexer_args(s), top_k=v4_attention.TOP_K)
     assert torch.equal(v4_attention._indexer_peer(s), ref)  # both write the ids ascending, -1 last
+
+
+@pytest.mark.parametrize("kv_dtype", [torch.bfloat16, torch.float8_e4m3fn])
+def test_indexer_multi_query_twin_selects_as_the_query_loop(kv_dtype):
+    # the prefill twins' kernel (the multi_query schedule, a sweep's sizes too) at a shrunk chunk: 64 queries over 512 keys
+    s = v4_attention._indexer_setup(1, 2048, 64, kv_dtype)(CPU)
+    want = v4_attention._indexer_kernel(s)
+    assert torch.equal(v4_attention._indexer_multi_query()(s), want)
+    assert torch.equal(v4_attention._indexer_multi_query({"queries": 2, "block_e": 128, "num_stages": 4})(s), want)
 
 
 def test_indexer_bytes_and_flops_by_hand():

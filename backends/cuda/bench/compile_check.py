@@ -331,6 +331,22 @@ def _indexer_topk(t: int, entries: int, fp8: bool = False) -> Callable[[], None]
     return call
 
 
+def _indexer_prefill(t: int, entries: int, fp8: bool = False, schedule: str = "multi_query", multi_query: dict | None = None) -> Callable[[], None]:
+    """DeepSeek-V4's indexer over a prefill chunk of one sequence: t queries of 64 heads x 128 over `entries` keys, top
+    512; schedule "multi_query" with `multi_query`'s sizes (MULTI_QUERY_GPU's otherwise) or "query_loop"."""
+    def call():
+        from deepinfer_cuda.kernels import indexer
+
+        width = 128 + 16 if fp8 else 128
+        dtype = torch.float8_e4m3fn if fp8 else torch.bfloat16
+        indexer.launch_indexer_topk(
+            _t(t, 64, 128), _t(t, 64), _t(65536, width, dtype=dtype), _t(1, entries, dtype=torch.int32),
+            _t(t, dtype=torch.int32), _t(t, dtype=torch.int32), 512, weights_scale=(64 * 128) ** -0.5,
+            prefill_schedule=schedule, multi_query=multi_query,
+        )
+    return call
+
+
 def _kv_cache_write(t: int, blocks: int, page: int = 64, fp8: bool = False) -> Callable[[], None]:
     def call():
         from deepinfer_cuda.kernels import kv_cache
@@ -582,6 +598,15 @@ CASES: list[Case] = [
     # V4-Flash's indexer at a 32k context (8192 keys: one selection launch) and a 256k one (65536: chunked selection)
     Case("indexer_topk bf16 decode T1 E8192", _indexer_topk(1, 8192), "mma", pdl=True),
     Case("indexer_topk fp8 cache decode T64 E65536", _indexer_topk(64, 65536, fp8=True), "mma"),
+    # its prefill (8192 queries of one 64k-token sequence over 16384 keys): the query loop, and the multi_query schedule
+    # (off by default) at its default sizes (MULTI_QUERY_GPU: 4 queries a dot, 128 entries, 8 warps, 3 stages) and at the
+    # sizes bench v4_attention sweeps (2 stages; 2 queries, sm90 only: 300-odd bytes of spills on sm100; 64 entries)
+    *[Case(f"indexer_topk {kv} prefill T8192 E16384 {schedule}", _indexer_prefill(8192, 16384, fp8=kv != "bf16", schedule=schedule), "mma")
+      for kv in ("bf16", "fp8 cache") for schedule in ("query_loop", "multi_query")],
+    *[Case(f"indexer_topk {kv} prefill T8192 E16384 multi_query QN{qn} E{e} s{st}",
+           _indexer_prefill(8192, 16384, fp8=kv != "bf16", multi_query={"queries": qn, "block_e": e, "num_stages": st}), "mma",
+           archs=("sm90",) if qn == 2 else tuple(ARCHS))
+      for kv in ("bf16", "fp8 cache") for qn, e, st in ((4, 128, 2), (2, 128, 3), (2, 128, 4), (4, 64, 3))],
     # hyper-connections (4 streams of 4096): the split launch's mix shapes (T 1 / 64 / 256 / 8192 buckets; invariant: T 1's at
     # every T) and its row combine, with the block's norm at batch 256 and at V4-Pro's width
     Case("hc_pre bf16 T1 N4 D4096", _hc_pre(1), None, pdl=True),

@@ -21,6 +21,17 @@ sequences under one E, and a decode plan's E is E_max). Heads and D are padded t
 add exactly 0 (relu(0) * 0); D is one tile (V4: 128). bfloat16 / float16 products are exact in
 float32, so the scores differ from the reference's only by the order of the float32 sums.
 
+A prefill score schedule, "multi_query" (`_indexer_scores_multi_query_kernel`; PREFILL_SCHEDULE or score_entries'
+`prefill_schedule` picks it; off by default, not yet run on a GPU): several queries per dot (logits [BLOCK_E, QN *
+BLOCK_H], N up to 256 where the query loop's is the head count) in a loop over query groups that Triton pipelines (no
+data-dependent branch in its body, clamped loads: the next group's q is copied while this group's dot and head sum
+run), entry blocks first in the grid (the queries of the programs running at once share their q in L2, and a
+sequence's keys stay there), programs past every query's visible entries doing nothing. It is taken where a sequence
+has at least a group of queries (host-known shapes); decode batches keep the query loop. Its scores equal the query
+loop's bit for bit in the interpreter (tests/cuda/test_indexer_multi_query.py); on a GPU the head sum's reduction
+tree follows the accumulator's layout, which differs with N, so equality is not promised there and deterministic mode
+keeps the query loop.
+
 Selection (`_indexer_select_kernel`, one launch when a row fits a chunk of 8192 entries: V4-Flash
 decode up to 32k tokens of context; two up to 1M): a program holds a row's visible scores in registers as int32
 order keys (the float's bits, negatives' magnitude bits flipped: integer order = float order, -0.0
@@ -84,6 +95,21 @@ _INTERPRET_BLOCK_E = 1024  # under the interpreter: few, large programs
 _GPU_SELECT_CHUNK = 8192  # scores a selection program holds in registers (16 warps, 16 a thread: 122 registers on sm90; 16384 spill)
 _INTERPRET_SELECT_CHUNK = 8192
 _MAX_BLOCK_K = 1024  # -1 padding written per step
+# The prefill score schedule (score_entries): "query_loop" (`_indexer_scores_kernel`, one query per dot) or
+# "multi_query" (`_indexer_scores_multi_query_kernel`: several queries per dot in a pipelined loop; not yet run on a
+# GPU). Decode batches (fewer queries per sequence than a group) and deterministic mode keep "query_loop".
+PREFILL_SCHEDULE = "query_loop"
+PREFILL_SCHEDULES = ("query_loop", "multi_query")
+# multi_query on a GPU: queries per dot (N = queries x padded heads, at most 256), entries per program, queries per
+# program, software-pipeline stages of the query-group loop, warps. Not timed; why these (compile check at V4's shapes):
+# 3 stages, since Triton issues a group's q copy after the previous group's head sum, so only a third buffer keeps a
+# copy in flight over a whole iteration; 128 entries, since q (read from L2 for every entry block) costs 2 / block_e
+# bytes per multiply-add; 4 queries (N 256): no spills on sm90 (223 registers) nor sm100, 231488 bytes of shared
+# memory, under the 232448 an sm90 block may take (2 queries spill on sm100; 256 entries spill on sm90).
+MULTI_QUERY_GPU = {"queries": 4, "block_e": 128, "block_t": 64, "num_stages": 3, "num_warps": 8}
+_MULTI_QUERY_MAX_N = 256  # the widest wgmma N
+_MAX_GRID_Y = 65535  # CUDA's grid y limit (multi_query's query blocks)
+_NO_SEQ = tl.constexpr(2147483647)  # multi_query: "no sequence left"
 
 
 @triton.jit(do_not_specialize=["T"])
@@ -148,6 +174,90 @@ def _indexer_scores_kernel(
                 if FP8:
                     score = score * key_scale
                 tl.store(dst, score, mask=offs_e < nv)  # (nothing past num_visible: the selection never reads it)
+
+
+@triton.jit(do_not_specialize=["T"])
+def _indexer_scores_multi_query_kernel(
+    q_ptr, w_ptr, keys_ptr, key_scale_ptr, rows_ptr, seq_ptr, nv_ptr, scores_ptr,
+    T, E, H, D, w_scale,
+    stride_qt, stride_qh, stride_wt, stride_wh, stride_k, stride_rb, stride_s,
+    BLOCK_T: tl.constexpr,  # queries per program (a multiple of QN)
+    QN: tl.constexpr,  # queries per dot
+    BLOCK_H: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_E: tl.constexpr,
+    DOT_F32: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    FP8: tl.constexpr,  # FP8 keys: keys_ptr their bytes, key_scale_ptr the same memory as float32
+    NUM_STAGES: tl.constexpr,  # software-pipeline stages of the query-group loop
+    MASK_HD: tl.constexpr,  # heads or D padded (BLOCK_H > H or BLOCK_D > D): mask them; V4 (64 x 128) needs no mask
+    PDL: tl.constexpr = False,
+):
+    """Schedule "multi_query" (not yet run on a GPU): a program scores the entry block
+    [program_id(0) * BLOCK_E, + BLOCK_E) for the queries [program_id(1) * BLOCK_T, + BLOCK_T). The key
+    tile is loaded once per sequence among those queries (one in a prefill chunk), then a loop over
+    groups of QN consecutive queries makes one dot per group: logits [BLOCK_E, QN * BLOCK_H] = keys @
+    q_group^T, column c = query c // BLOCK_H, head c % BLOCK_H (N = 256 at 64 heads and QN 4, where
+    the query loop's N is 64). The loop body has no data-dependent branch and only in-bounds loads
+    (token indices clamped to T - 1; only the store is masked), so Triton can pipeline it: the next
+    group's q loads while this group's dot and head sum run.
+
+    A program whose queries belong to several sequences (a batch's boundary) runs the group loop once
+    per sequence, storing only that sequence's queries: every score comes from the same arithmetic
+    whatever the batch. A program none of whose queries sees its first entry (past the causal
+    diagonal) loads nothing but the queries' sequences and visible counts."""
+    pdl_prologue(PDL)
+    first = tl.program_id(0) * BLOCK_E
+    t0 = tl.program_id(1) * BLOCK_T
+    offs_e = first + tl.arange(0, BLOCK_E)
+    e_in = offs_e < E
+    offs_d = tl.arange(0, BLOCK_D)
+    d_ok = (offs_d < D) | (not MASK_HD)
+    offs_t = t0 + tl.arange(0, BLOCK_T)
+    t_in = offs_t < T
+    seqs = tl.load(seq_ptr + offs_t.to(tl.int64), mask=t_in, other=0).to(tl.int32)
+    nvs = tl.minimum(tl.maximum(tl.load(nv_ptr + offs_t.to(tl.int64), mask=t_in, other=0).to(tl.int32), 0), E)
+    sees = t_in & (nvs > first)  # queries that see an entry of this block
+    group_of = tl.arange(0, BLOCK_T) // QN
+    offs_c = tl.arange(0, QN * BLOCK_H)  # a group's operand rows / logits columns: query c // BLOCK_H, head c % BLOCK_H
+    col_q = offs_c // BLOCK_H
+    col_h = offs_c % BLOCK_H
+    col_ok = (col_h < H) | (not MASK_HD)
+    offs_g = tl.arange(0, QN)
+    seq = tl.min(tl.where(sees, seqs, _NO_SEQ))
+    while seq != _NO_SEQ:  # one pass per sequence among the program's queries that see the block
+        member = sees & (seqs == seq)
+        g_lo = tl.min(tl.where(member, group_of, BLOCK_T))  # groups from the first to the last with a member
+        g_hi = tl.max(tl.where(member, group_of, -1)) + 1
+        rows = tl.load(rows_ptr + seq.to(tl.int64) * stride_rb + offs_e, mask=e_in, other=0)
+        rows = tl.maximum(rows.to(tl.int64), 0)  # -1 past a table's last entry: never visible
+        keys = tl.load(keys_ptr + rows[:, None] * stride_k + offs_d[None, :], mask=e_in[:, None] & d_ok[None, :], other=0.0)
+        if FP8:
+            # e4m3 values, exact in q's dtype; relu(s * x) = s * relu(x) for the scale s > 0
+            keys = keys.to(tl.float8e4nv, bitcast=True)
+            key_scale = tl.load(key_scale_ptr + (rows * stride_k + D) // 4, mask=e_in, other=0.0)
+            keys = keys.to(tl.float32) if DOT_F32 else keys.to(q_ptr.dtype.element_ty)
+        elif DOT_F32:
+            keys = keys.to(tl.float32)
+        for g in tl.range(g_lo, g_hi, num_stages=NUM_STAGES):
+            tg = t0 + g * QN
+            t_col = tl.minimum(tg + col_q, T - 1).to(tl.int64)  # clamped: past T loads query T - 1's, never stored
+            qg = tl.load(q_ptr + t_col[:, None] * stride_qt + col_h[:, None] * stride_qh + offs_d[None, :], mask=col_ok[:, None] & d_ok[None, :], other=0.0)
+            if DOT_F32:
+                qg = qg.to(tl.float32)
+            w = tl.load(w_ptr + t_col * stride_wt + col_h * stride_wh, mask=col_ok, other=0.0).to(tl.float32) * w_scale
+            t_g = tg + offs_g
+            t_g64 = tl.minimum(t_g, T - 1).to(tl.int64)
+            nv_g = tl.minimum(tl.maximum(tl.load(nv_ptr + t_g64).to(tl.int32), 0), E)
+            keep = (t_g < T) & (tl.load(seq_ptr + t_g64).to(tl.int32) == seq)
+            logits = tl.dot(keys, tl.trans(qg), input_precision=DOT_PRECISION)  # [BLOCK_E, QN * BLOCK_H], float32
+            # The head sum over the last axis of [BLOCK_E, QN, BLOCK_H]: per query the query loop's [BLOCK_E, BLOCK_H] sum
+            score = tl.sum(tl.reshape(tl.maximum(logits, 0.0) * w[None, :], [BLOCK_E, QN, BLOCK_H]), axis=2)  # [BLOCK_E, QN]
+            if FP8:
+                score = score * key_scale[:, None]
+            dst = scores_ptr + t_g64[None, :] * stride_s + offs_e[:, None]
+            tl.store(dst, score, mask=keep[None, :] & (offs_e[:, None] < nv_g[None, :]))  # (nothing past num_visible)
+        seq = tl.min(tl.where(sees & (seqs > seq), seqs, _NO_SEQ))
 
 
 @triton.jit
@@ -216,9 +326,11 @@ def indexer_topk_invariant(
 
 
 def launch_indexer_topk(q, weights, index_keys, entry_rows, token_seq, num_visible, top_k, *, weights_scale: float = 1.0,
-                        invariant: bool = False, select_chunk: int | None = None) -> torch.Tensor:  # fmt: skip
+                        invariant: bool = False, select_chunk: int | None = None, prefill_schedule: str | None = None,
+                        multi_query: dict | None = None) -> torch.Tensor:  # fmt: skip
     """indexer_topk; invariant: the GPU's entry tile under the interpreter too (deterministic mode);
-    select_chunk: the selection's chunk (tests force several launches with a small one)."""
+    select_chunk: the selection's chunk (tests force several launches with a small one);
+    prefill_schedule, multi_query: the scores' (score_entries)."""
     check_indexer_topk_shapes(q, weights, index_keys, entry_rows, token_seq, num_visible)
     if q.dtype == torch.float64 or index_keys.dtype == torch.float64:
         reference = _invariant_reference() if invariant else _reference
@@ -231,15 +343,25 @@ def launch_indexer_topk(q, weights, index_keys, entry_rows, token_seq, num_visib
     q, index_keys, entry_rows = last_dim_contiguous(q, index_keys, entry_rows)
     token_seq = token_seq.contiguous()
     num_visible = num_visible.contiguous()
-    scores = score_entries(q, weights, index_keys, entry_rows, token_seq, num_visible, weights_scale=weights_scale, invariant=invariant)
+    scores = score_entries(q, weights, index_keys, entry_rows, token_seq, num_visible, weights_scale=weights_scale, invariant=invariant,
+                           prefill_schedule=prefill_schedule, multi_query=multi_query)  # fmt: skip
     return select_topk(scores, num_visible, top_k, entry_rows=entry_rows, token_seq=token_seq, chunk=select_chunk)
 
 
-def score_entries(q, weights, index_keys, entry_rows, token_seq, num_visible, *, weights_scale: float = 1.0, invariant: bool = False) -> torch.Tensor:
-    """[T, E] float32: the indexer's score of each query's visible entries (`_indexer_scores_kernel`;
-    columns at or past num_visible[t] are not written), weights taken as float32(weights) * weights_scale.
+def score_entries(q, weights, index_keys, entry_rows, token_seq, num_visible, *, weights_scale: float = 1.0, invariant: bool = False,
+                  prefill_schedule: str | None = None, multi_query: dict | None = None) -> torch.Tensor:  # fmt: skip
+    """[T, E] float32: the indexer's score of each query's visible entries (columns at or past
+    num_visible[t] are not written), weights taken as float32(weights) * weights_scale.
     q, index_keys, entry_rows last-dim contiguous;
-    token_seq and num_visible contiguous; not float64. The V4.1 candidate kernels score with it too."""
+    token_seq and num_visible contiguous; not float64. The V4.1 candidate kernels score with it too.
+    prefill_schedule: "query_loop" (`_indexer_scores_kernel`) or "multi_query" (`_indexer_scores_multi_query_kernel`,
+    taken where a sequence has at least a group of queries: prefill); None: PREFILL_SCHEDULE, but "query_loop" when
+    invariant (deterministic mode: the batch invariance argued in the module docstring is the query loop's).
+    multi_query: entries of MULTI_QUERY_GPU to override (a sweep's; on a GPU and under the interpreter)."""
+    if prefill_schedule is None:
+        prefill_schedule = "query_loop" if invariant else PREFILL_SCHEDULE
+    if prefill_schedule not in PREFILL_SCHEDULES:
+        raise ValueError(f"unknown indexer prefill schedule {prefill_schedule!r}; valid: {', '.join(PREFILL_SCHEDULES)}")
     tokens, heads, dim = q.shape
     max_entries = entry_rows.shape[1]
     scores = torch.empty(tokens, max_entries, dtype=torch.float32, device=q.device)
@@ -251,6 +373,11 @@ def score_entries(q, weights, index_keys, entry_rows, token_seq, num_visible, *,
     dot_f32 = q.dtype == torch.float32 or (not fp8 and (index_keys.dtype == torch.float32 or q.dtype != index_keys.dtype))
     block_h = max(16, next_power_of_2(heads))
     block_d = max(16, next_power_of_2(dim))
+    if prefill_schedule == "multi_query":
+        plan = _multi_query_plan(tokens, entry_rows.shape[0], max_entries, block_h, multi_query or {})
+        if plan is not None:
+            _launch_multi_query(q, weights, keys, key_scales, entry_rows, token_seq, num_visible, scores, weights_scale, fp8, dot_f32, block_h, block_d, plan)
+            return scores
     # Queries per program: about the queries per sequence (host-known shapes: a prefill's queries share
     # their sequence's key tiles; a decode batch has one query per sequence).
     block_t = max(1, min(next_power_of_2(tokens // max(entry_rows.shape[0], 1)), _MAX_BLOCK_T))
@@ -270,6 +397,45 @@ def score_entries(q, weights, index_keys, entry_rows, token_seq, num_visible, *,
         num_warps=8 if block_e * max(block_d, block_h) >= 128 * 128 else 4, **pdl_launch(q.device),
     )
     return scores
+
+
+def _multi_query_plan(tokens: int, sequences: int, max_entries: int, block_h: int, overrides: dict) -> dict | None:
+    """multi_query's launch sizes from host-known shapes (MULTI_QUERY_GPU with `overrides`), or None where fewer
+    queries per sequence than a group (a decode batch: the query loop). Under the interpreter the entry block is
+    as wide as the table (up to _INTERPRET_BLOCK_E) unless overridden: few, large programs."""
+    unknown = set(overrides) - set(MULTI_QUERY_GPU)
+    if unknown:
+        raise ValueError(f"unknown multi_query settings {sorted(unknown)}; valid: {', '.join(MULTI_QUERY_GPU)}")
+    plan = dict(MULTI_QUERY_GPU)
+    if interpreting():
+        plan["block_e"] = max(16, min(next_power_of_2(max_entries), _INTERPRET_BLOCK_E))
+    plan.update(overrides)
+    per_sequence = max(1, tokens // max(sequences, 1))
+    qn = min(plan["queries"], max(1, _MULTI_QUERY_MAX_N // block_h))
+    if per_sequence < qn:
+        return None
+    block_t = max(qn, min(plan["block_t"], next_power_of_2(per_sequence)))
+    block_t = max(block_t, next_power_of_2(cdiv(tokens, _MAX_GRID_Y)))  # (a grid y within CUDA's limit)
+    return {**plan, "queries": qn, "block_t": block_t}
+
+
+def _launch_multi_query(q, weights, keys, key_scales, entry_rows, token_seq, num_visible, scores, weights_scale, fp8, dot_f32, block_h, block_d, plan):
+    """`_indexer_scores_multi_query_kernel` over scores [T, E] (score_entries' inputs, prepared). Grid: entry blocks
+    first, so the programs running at once share their queries' q (in L2) and read the sequence's keys, which
+    stay in L2 too (16384 keys of 256 bytes: 4 MiB)."""
+    tokens, heads, dim = q.shape
+    max_entries = entry_rows.shape[1]
+    block_e, block_t = plan["block_e"], plan["block_t"]
+    _indexer_scores_multi_query_kernel[(cdiv(max_entries, block_e), cdiv(tokens, block_t))](
+        q, weights, keys, key_scales, entry_rows, token_seq, num_visible, scores,
+        tokens, max_entries, heads, dim, float(weights_scale),
+        q.stride(0), q.stride(1), weights.stride(0), weights.stride(1), keys.stride(0), entry_rows.stride(0), scores.stride(0),
+        BLOCK_T=block_t, QN=plan["queries"], BLOCK_H=block_h, BLOCK_D=block_d, BLOCK_E=block_e,
+        DOT_F32=dot_f32 or upcast_dot(),
+        DOT_PRECISION=dot_precision(dot_f32 or upcast_dot()),
+        FP8=fp8, NUM_STAGES=plan["num_stages"], MASK_HD=block_h != heads or block_d != dim,
+        num_warps=plan["num_warps"], **pdl_launch(q.device),
+    )
 
 
 def select_topk(
