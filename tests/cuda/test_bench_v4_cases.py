@@ -49,7 +49,7 @@ def test_the_cases_cover_v4_flash_sizes():
     indexer_prefills = {n for op, n in names if op == "indexer_topk" and n.startswith("prefill")}
     for ctx, t in ((32, 4096), (64, 8192)):
         for kv in ("bf16", "fp8kv"):
-            assert {f"prefill_T{t}_ctx{ctx}k_H64_D128_top512_{kv}", f"prefill_T{t}_ctx{ctx}k_H64_D128_top512_{kv}_multi_query"} <= indexer_prefills
+            assert {f"prefill_T{t}_ctx{ctx}k_H64_D128_top512_{kv}", f"prefill_T{t}_ctx{ctx}k_H64_D128_top512_{kv}_query_loop"} <= indexer_prefills
 
 
 def test_decode_plan_bytes_are_its_inputs_and_outputs():
@@ -90,12 +90,13 @@ def test_indexer_peer_is_the_reference(batch, ctx, chunk, kv_dtype):
 
 
 @pytest.mark.parametrize("kv_dtype", [torch.bfloat16, torch.float8_e4m3fn])
-def test_indexer_multi_query_twin_selects_as_the_query_loop(kv_dtype):
-    # the prefill twins' kernel (the multi_query schedule, a sweep's sizes too) at a shrunk chunk: 64 queries over 512 keys
+def test_indexer_prefill_twins_select_alike(kv_dtype):
+    # the prefill cases' kernels (the default, the query-loop twin, a sweep's multi_query sizes) at a shrunk chunk: 64
+    # queries over 512 keys
     s = v4_attention._indexer_setup(1, 2048, 64, kv_dtype)(CPU)
-    want = v4_attention._indexer_kernel(s)
-    assert torch.equal(v4_attention._indexer_multi_query()(s), want)
-    assert torch.equal(v4_attention._indexer_multi_query({"queries": 2, "block_e": 128, "num_stages": 4})(s), want)
+    want = v4_attention._indexer_schedule("query_loop")(s)
+    assert torch.equal(v4_attention._indexer_kernel(s), want)
+    assert torch.equal(v4_attention._indexer_schedule("multi_query", {"queries": 2, "block_e": 128, "num_stages": 4})(s), want)
 
 
 def test_indexer_bytes_and_flops_by_hand():

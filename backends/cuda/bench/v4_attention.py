@@ -49,8 +49,9 @@ for 1 or 64 sequences of 4k, 32k and 64k tokens (1024, 8192, 16384 keys each), a
 32k-token sequences whose entry tables are 65536 wide (a device plan at max_model_len 256k: the
 8192 visible keys are the work; the table's -1 columns are not counted); a prefill chunk, the
 last 4096 queries of one 32k-token sequence and the last 8192 of a 64k one (each sees the keys complete at its
-position; bf16 and FP8 keys), each also (`_multi_query`) under the multi_query score schedule, and a few of its
-sizes (`_multi_query_QN*_E*_s*`: queries per dot, entries per program, pipeline stages) at 64k. Bytes:
+position; bf16 and FP8 keys) under the default prefill score schedule (multi_query), each also (`_query_loop`) under the
+query loop, and a few of multi_query's sizes (`_multi_query_QN*_E*_s*`: queries per dot, entries per program, pipeline
+stages) at 64k. Bytes:
 each sequence's keys once, its entry table, the queries, weights and ids (the float32 score matrix
 the kernel writes and reads back is the implementation's, not counted). Flops: 2 * H * (D + 1) per
 (query, visible key): the dot products, relu and weighting. Decode: 64 flop/byte, memory-bound;
@@ -426,14 +427,14 @@ def _indexer_kernel(s: dict):
     return indexer_topk(*_indexer_args(s), top_k=TOP_K)
 
 
-def _indexer_multi_query(multi_query: dict | None = None):
-    """The kernel under the prefill score schedule "multi_query" (MULTI_QUERY_GPU's sizes, `multi_query`'s where given),
-    whatever PREFILL_SCHEDULE says: the twin of a query-loop case, on the same inputs."""
+def _indexer_schedule(schedule: str, multi_query: dict | None = None):
+    """The kernel under the prefill score schedule `schedule` whatever PREFILL_SCHEDULE says ("multi_query" with
+    MULTI_QUERY_GPU's sizes, `multi_query`'s where given): a default case's twin, on the same inputs."""
 
     def kernel(s: dict):
         from deepinfer_cuda.kernels.indexer import launch_indexer_topk
 
-        return launch_indexer_topk(*_indexer_args(s), TOP_K, prefill_schedule="multi_query", multi_query=multi_query)
+        return launch_indexer_topk(*_indexer_args(s), TOP_K, prefill_schedule=schedule, multi_query=multi_query)
 
     return kernel
 
@@ -510,13 +511,13 @@ CASES = [
     *[GraphCase("indexer_topk", f"decode_B{b}_ctx32k_emax65536_H64_D128_top512_fp8kv", _indexer_setup(b, 32768, kv_dtype=FP8, emax=65536), *INDEXER)
       for b in (1, 64)],
     # prefill chunks of one sequence (the last 4096 queries of 32k tokens, 8192 of 64k; bf16 and FP8 keys), each under the
-    # query loop and (`_multi_query`) the multi_query score schedule on the same inputs
+    # default (PREFILL_SCHEDULE: multi_query) and (`_query_loop`) the query loop, on the same inputs
     *[BenchCase("indexer_topk", f"prefill_T{t}_ctx{ctx // 1024}k_H64_D128_top512_{kv}{twin}", _indexer_setup(1, ctx, t, kv_dtype=dtype), kernel,
                 *INDEXER[1:], bound="compute")
       for t, ctx in ((4096, 32768), (8192, 65536)) for kv, dtype in (("bf16", torch.bfloat16), ("fp8kv", FP8))
-      for twin, kernel in (("", _indexer_kernel), ("_multi_query", _indexer_multi_query()))],
+      for twin, kernel in (("", _indexer_kernel), ("_query_loop", _indexer_schedule("query_loop")))],
     # a small sweep of the multi_query sizes (queries per dot, entries per program, pipeline stages) at the 64k prefill
     *[BenchCase("indexer_topk", f"prefill_T8192_ctx64k_H64_D128_top512_bf16_multi_query_QN{qn}_E{e}_s{st}", _indexer_setup(1, 65536, 8192),
-                _indexer_multi_query({"queries": qn, "block_e": e, "num_stages": st}), *INDEXER[1:], bound="compute")
+                _indexer_schedule("multi_query", {"queries": qn, "block_e": e, "num_stages": st}), *INDEXER[1:], bound="compute")
       for qn, e, st in ((4, 128, 2), (2, 128, 3), (2, 128, 4), (4, 64, 3))],
 ]  # fmt: skip

@@ -22,15 +22,17 @@ add exactly 0 (relu(0) * 0); D is one tile (V4: 128). bfloat16 / float16 product
 float32, so the scores differ from the reference's only by the order of the float32 sums.
 
 A prefill score schedule, "multi_query" (`_indexer_scores_multi_query_kernel`; PREFILL_SCHEDULE or score_entries'
-`prefill_schedule` picks it; off by default, not yet run on a GPU): several queries per dot (logits [BLOCK_E, QN *
+`prefill_schedule` picks it; the default since it ran on an H100, 2026-12-07): several queries per dot (logits [BLOCK_E, QN *
 BLOCK_H], N up to 256 where the query loop's is the head count) in a loop over query groups that Triton pipelines (no
 data-dependent branch in its body, clamped loads: the next group's q is copied while this group's dot and head sum
 run), entry blocks first in the grid (the queries of the programs running at once share their q in L2, and a
 sequence's keys stay there), programs past every query's visible entries doing nothing. It is taken where a sequence
 has at least a group of queries (host-known shapes); decode batches keep the query loop. Its scores equal the query
 loop's bit for bit in the interpreter (tests/cuda/test_indexer_multi_query.py); on a GPU the head sum's reduction
-tree follows the accumulator's layout, which differs with N, so equality is not promised there and deterministic mode
-keeps the query loop.
+tree follows the accumulator's layout, which differs with N, so equality is not promised there (the same tests on an
+H100 compare within a tolerance and passed, as did `deepinfer conformance --backend cuda` of the indexer ops) and
+deterministic mode keeps the query loop. On that H100 (`bench ops --op indexer_topk`): T 8192 queries of one 64k-token
+sequence 16.5 -> 6.9 ms (126 -> 301 TFLOP/s); the 8-layer V4-Flash prefill of 1 x 65536 tokens 1.069 -> 0.962 s.
 
 Selection (`_indexer_select_kernel`, one launch when a row fits a chunk of 8192 entries: V4-Flash
 decode up to 32k tokens of context; two up to 1M): a program holds a row's visible scores in registers as int32
@@ -96,17 +98,17 @@ _GPU_SELECT_CHUNK = 8192  # scores a selection program holds in registers (16 wa
 _INTERPRET_SELECT_CHUNK = 8192
 _MAX_BLOCK_K = 1024  # -1 padding written per step
 # The prefill score schedule (score_entries): "query_loop" (`_indexer_scores_kernel`, one query per dot) or
-# "multi_query" (`_indexer_scores_multi_query_kernel`: several queries per dot in a pipelined loop; not yet run on a
-# GPU). Decode batches (fewer queries per sequence than a group) and deterministic mode keep "query_loop".
-PREFILL_SCHEDULE = "query_loop"
+# "multi_query" (`_indexer_scores_multi_query_kernel`: several queries per dot in a pipelined loop; measured in the module
+# docstring). Decode batches (fewer queries per sequence than a group) and deterministic mode keep "query_loop".
+PREFILL_SCHEDULE = "multi_query"
 PREFILL_SCHEDULES = ("query_loop", "multi_query")
 # multi_query on a GPU: queries per dot (N = queries x padded heads, at most 256), entries per program, queries per
-# program, software-pipeline stages of the query-group loop, warps. Not timed; why these (compile check at V4's shapes):
-# 3 stages, since Triton issues a group's q copy after the previous group's head sum, so only a third buffer keeps a
-# copy in flight over a whole iteration; 128 entries, since q (read from L2 for every entry block) costs 2 / block_e
-# bytes per multiply-add; 4 queries (N 256): no spills on sm90 (223 registers) nor sm100, 231488 bytes of shared
-# memory, under the 232448 an sm90 block may take (2 queries spill on sm100; 256 entries spill on sm90).
-MULTI_QUERY_GPU = {"queries": 4, "block_e": 128, "block_t": 64, "num_stages": 3, "num_warps": 8}
+# program, software-pipeline stages of the query-group loop, warps. On an H100 (2026-12-07, `bench ops --op indexer_topk`,
+# T 8192 at 64k): 4 queries x 128 entries x 2 stages 6.90 ms; 2 queries (3 or 4 stages) 7.45-7.46; 64 entries 8.29. Three
+# stages (231488 bytes of shared memory with Triton 3.9) needed 233536 with the GPU machine's Triton 3.6, over the 232448
+# an sm90 block may take: two stages take 165920. 128 entries, since q (read from L2 for every entry block) costs 2 /
+# block_e bytes per multiply-add; 4 queries (N 256): no spills on sm90 (223 registers) nor sm100 (2 queries spill there).
+MULTI_QUERY_GPU = {"queries": 4, "block_e": 128, "block_t": 64, "num_stages": 2, "num_warps": 8}
 _MULTI_QUERY_MAX_N = 256  # the widest wgmma N
 _MAX_GRID_Y = 65535  # CUDA's grid y limit (multi_query's query blocks)
 _NO_SEQ = tl.constexpr(2147483647)  # multi_query: "no sequence left"
@@ -193,7 +195,7 @@ def _indexer_scores_multi_query_kernel(
     MASK_HD: tl.constexpr,  # heads or D padded (BLOCK_H > H or BLOCK_D > D): mask them; V4 (64 x 128) needs no mask
     PDL: tl.constexpr = False,
 ):
-    """Schedule "multi_query" (not yet run on a GPU): a program scores the entry block
+    """Schedule "multi_query": a program scores the entry block
     [program_id(0) * BLOCK_E, + BLOCK_E) for the queries [program_id(1) * BLOCK_T, + BLOCK_T). The key
     tile is loaded once per sequence among those queries (one in a prefill chunk), then a loop over
     groups of QN consecutive queries makes one dot per group: logits [BLOCK_E, QN * BLOCK_H] = keys @

@@ -29,10 +29,11 @@ CONFIGS: dict[str, dict[str, dict]] = {
         "fp8_block_small": {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 4, "num_stages": 6},
         "fp8_block_large": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 4, "tma": True, "k_pairs": False},
         # fp8_block_large_short_k: prefill tiles for K <= 1024 (gemm.py's SHORT_K: DeepSeek-V4's wq_b and indexer wq_b, 8 K
-        # steps a tile, where pipeline fill and epilogue weigh most). NOT YET RUN ON A GPU: a copy of fp8_block_large, so
-        # today's kernels are unchanged; `python -m deepinfer_cuda.bench.gemm --sweep fp8_v4_prefill` times the candidates
-        # (2 CTAs per SM among them) on V4-Flash's prefill projections, and this entry takes the winner at K 1024.
-        "fp8_block_large_short_k": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 4, "tma": True,
+        # steps a tile, where pipeline fill and epilogue weigh most). On an H100 (2026-12-07, `python -m
+        # deepinfer_cuda.bench.gemm --sweep fp8_v4_prefill`, 8192 rows, the quantiser included, outputs equal): 64 x 128 of
+        # 4 warps (two CTAs a SM) wq_b 0.792 ms against 0.865 for fp8_block_large's tile, the indexer's wq_b 0.202 against
+        # 0.234; at K 2048-8192 fp8_block_large's tile was the fastest or within 1% (docs/measurements/2026-12-07/h100_round12/).
+        "fp8_block_large_short_k": {"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 4, "num_stages": 4, "tma": True,
                                     "k_pairs": False},
         # fp8_block_medium (65-256 rows: large decode batches): 64 x 128 through TMA, no split-K. The large entry's 128 x 128
         # tile left 2 x N/128 programs at 256 rows, so the planner split K onto the pointer kernel (0.35 TB/s). Swept on an
