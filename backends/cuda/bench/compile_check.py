@@ -663,7 +663,8 @@ def _as_arch(arch: str, launches: list[Launch]):
     patches = [
         (gemm, "config", cfg), (gemm, "capability", lambda device=None: ARCHS[arch]), (gemm, "interpreting", lambda: False),
         (gemm, "upcast_dot", lambda: False), (gemm, "MXFP4_DOT_SCALED", True), (gemm, "num_sms", lambda device: SM_COUNT[arch]),
-        (gemm_mxfp4_gluon, "config", cfg), (gemm_mxfp4_gluon, "num_sms", lambda device: SM_COUNT[arch]), (gemm_fp8_gluon, "config", cfg), (gemm_fp8_gluon, "num_sms", lambda device: SM_COUNT[arch]),
+        (gemm_mxfp4_gluon, "config", cfg), (gemm_mxfp4_gluon, "num_sms", lambda device: SM_COUNT[arch]),
+        (gemm_fp8_gluon, "config", cfg), (gemm_fp8_gluon, "num_sms", lambda device: SM_COUNT[arch]),
         (prefill, "config", cfg), (prefill, "upcast_dot", lambda: False),
         (mla_decode, "_config", lambda device, variant: arch_config("mla_decode", variant, arch)),
         (mla_decode, "_cached_plan", lambda *a: mla_decode._make_plan(*a, None)),

@@ -661,7 +661,8 @@ def _plan_and_entry(x: torch.Tensor, weight: torch.Tensor, layout: int, cfg_for=
         layout=layout, experts=experts, n=n, k=k, max_m=max_m, rows_total=rows_total,
         block_m=block_m, block_n=block_n, block_k=block_k, group_m=cfg.get("GROUP_M", 8),
         num_warps=cfg["num_warps"], num_stages=_fit_stages(block_m, block_n, block_k, k, cfg["num_stages"], ctas_per_sm, persistent),
-        producer_regs=cfg.get("producer_regs", 40), maxnreg=cfg.get("maxnreg"), num_m_tiles=num_m_tiles, num_n=num_n,
+        producer_regs=cfg.get("persistent_producer_regs", 64) if persistent else cfg.get("producer_regs", 40),
+        maxnreg=cfg.get("maxnreg"), num_m_tiles=num_m_tiles, num_n=num_n,
         max_programs=(sms if sms is not None else num_sms(x.device)) * ctas_per_sm if persistent else 0,
     )
     return plan, cfg
