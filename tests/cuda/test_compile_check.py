@@ -75,9 +75,11 @@ def test_kernels_compile_without_spills_at_the_expected_mma_class(report):
 
 
 def test_gluon_mxfp4_kernel_is_warp_specialised_wgmma_over_tma_on_sm90(report):
-    """The SM90 Gluon mxfp4 kernel (mxfp4_path=gluon) builds for every layout without spills, with wgmma and TMA loads."""
-    gluon = [r for r in report["results"] if r["kernel"] == "_mxfp4_gemm_ws_kernel"]
+    """The SM90 Gluon mxfp4 kernel (mxfp4_path=gluon) builds for every layout without spills, with wgmma and TMA loads;
+    so does its persistent form (the prefill entry's flag)."""
+    gluon = [r for r in report["results"] if r["kernel"] in ("_mxfp4_gemm_ws_kernel", "_mxfp4_gemm_persistent_kernel")]
     assert {r["case"] for r in gluon} == {c.name for c in cc.CASES if "mxfp4 gluon" in c.name}
+    assert {r["case"] for r in gluon if r["kernel"] == "_mxfp4_gemm_persistent_kernel"} == {c.name for c in cc.CASES if "mxfp4 gluon persistent" in c.name}
     assert all(r["arch"] == "sm90" and r["ok"] and r["tma"] and r["instr"] == "wgmma" and r["spills"] == 0 for r in gluon), gluon
 
 
@@ -103,9 +105,10 @@ def test_ci_compiles_the_gluon_kernels_for_sm90(tmp_path):
     assert all(r["ok"] and r["spills"] == 0 for r in results), results
     matrix = [r for r in results if r["expected"]]
     assert {r["kernel"] for r in matrix} == {
-        "_mxfp4_gemm_ws_kernel", "_fp8_gemm_ws_kernel", "_mla_decode_fp8_ws_kernel", "_sparse_attention_fp8_ws_kernel"}, results  # fmt: skip
+        "_mxfp4_gemm_ws_kernel", "_mxfp4_gemm_persistent_kernel", "_fp8_gemm_ws_kernel", "_mla_decode_fp8_ws_kernel",
+        "_sparse_attention_fp8_ws_kernel"}, results  # fmt: skip
     assert all(r["instr"] == "wgmma" for r in matrix), matrix
-    assert all(r["tma"] == (r["kernel"] in {"_mxfp4_gemm_ws_kernel", "_fp8_gemm_ws_kernel"}) for r in matrix), matrix
+    assert all(r["tma"] == (r["kernel"] in {"_mxfp4_gemm_ws_kernel", "_mxfp4_gemm_persistent_kernel", "_fp8_gemm_ws_kernel"}) for r in matrix), matrix
 
 
 def test_the_v4_prefill_sweep_candidates_compile_for_sm90_at_k_1024(tmp_path):
@@ -187,7 +190,7 @@ def test_a_case_is_compiled_only_for_its_archs_and_tma_is_read_from_the_ptx():
     r = cc.Result("c", "sm90", "k", True, regs=100, spills=0, instr="wgmma", expected="wgmma", tma=False, needs_tma=True)
     assert r.problems == ["no TMA load (cp.async.bulk.tensor), expected one"]
     gluon = [c for c in cc.CASES if "gluon" in c.name]
-    assert len(gluon) == 22 and all(c.archs == ("sm90",) for c in gluon)  # 10 mxfp4, 6 fp8_block, 3 FP8 mla_decode, 3 FP8 sparse_attention
+    assert len(gluon) == 27 and all(c.archs == ("sm90",) for c in gluon)  # 15 mxfp4 (5 persistent), 6 fp8_block, 3 FP8 mla_decode, 3 FP8 sparse_attention
     assert all(c.tma == ("mxfp4" in c.name or "fp8_block" in c.name) for c in gluon)  # (the attention kernels' converting warps load the cache bytes)
 
 

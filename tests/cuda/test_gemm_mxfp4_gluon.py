@@ -198,29 +198,57 @@ def test_tail_tiles_plan_a_body_and_a_tail_launch_at_v4_flash_prefill():
     assert len(gg.plan_launches(_meta(1536, 4096), _meta(256, 4096, 2048, dtype=u8), gg._CONTIGUOUS, _tail_tiles_on)) == 1
 
 
-def _program_tiles(plan, offsets: torch.Tensor):
-    """A mirror of `grouped_tile` (contiguous layout) over every program of plan's grid: (expert, row_start, row_end,
-    pid_n) per program, expert E with row_end 0 past every expert's tiles."""
+def _expert_row_tiles(plan, offsets: torch.Tensor):
+    """A mirror of `_expert_row_tiles`: each expert's row tiles that plan's TILES picks, its first tile's first row, its row bound."""
     lo, hi = offsets[:-1].long(), offsets[1:].long()
     rows = hi - lo
     if plan.tiles == gg._ALL_TILES:
-        tiles, first = (rows + plan.block_m - 1) // plan.block_m, lo
-    elif plan.tiles == gg._BODY_TILES:
-        tiles, first = rows // plan.full_m + (rows % plan.full_m > plan.tail_m).long(), lo
-    else:
-        remainder = rows % plan.full_m
-        tiles, first = ((remainder > 0) & (remainder <= plan.tail_m)).long(), hi - remainder
+        return (rows + plan.block_m - 1) // plan.block_m, lo, hi
+    if plan.tiles == gg._BODY_TILES:
+        return rows // plan.full_m + (rows % plan.full_m > plan.tail_m).long(), lo, hi
+    remainder = rows % plan.full_m
+    return ((remainder > 0) & (remainder <= plan.tail_m)).long(), hi - remainder, hi
+
+
+def _tile_map(plan, offsets: torch.Tensor, tile: torch.Tensor, num_m_tiles: int):
+    """A mirror of `grouped_tile` (contiguous layout) for tile indices `tile` of a launch of num_m_tiles row tiles:
+    (expert, row_start, row_end, pid_n) per tile, expert E with row_end 0 past every expert's tiles; and the experts'
+    tiles in all."""
+    tiles, first, hi = _expert_row_tiles(plan, offsets)
     ends = tiles.cumsum(0)
-    program = torch.arange(plan.num_m_tiles * plan.num_n)
     per_group = plan.group_m * plan.num_n
-    first_m = program // per_group * plan.group_m
-    group_m = torch.clamp(plan.num_m_tiles - first_m, max=plan.group_m)
-    t = first_m + (program % per_group) % group_m
-    pid_n = (program % per_group) // group_m
+    first_m = tile // per_group * plan.group_m
+    group_m = torch.clamp(num_m_tiles - first_m, max=plan.group_m)
+    t = first_m + (tile % per_group) % group_m
+    pid_n = (tile % per_group) // group_m
     e = (ends[None, :] <= t[:, None]).sum(1)
     pad = lambda v: torch.cat([v, v.new_zeros(1)])  # noqa: E731  (expert E: no rows)
     row_start = pad(first)[e] + (t - pad(ends - tiles)[e]) * plan.block_m
     return e, row_start, pad(hi)[e], pid_n, int(ends[-1])
+
+
+def _program_tiles(plan, offsets: torch.Tensor):
+    """The one-program-a-tile kernel: `_tile_map` over every program of plan's grid."""
+    return _tile_map(plan, offsets, torch.arange(plan.num_m_tiles * plan.num_n), plan.num_m_tiles)
+
+
+def _persistent_walk(plan, offsets: torch.Tensor):
+    """A mirror of the persistent kernel's walk: the exact row tiles m (`_expert_row_tiles`' sum, on the device), and
+    each program p of plan's grid taking tiles p, p + programs, ... below m * num_n, mapped by `grouped_tile` over m
+    row tiles: (program, tile) pairs in walk order."""
+    programs = plan.grid[0]
+    total = int(_expert_row_tiles(plan, offsets)[0].sum()) * plan.num_n
+    return [(p, tile) for p in range(programs) for tile in range(p, total, programs)]
+
+
+def _persistent_tiles(plan, offsets: torch.Tensor):
+    """`_program_tiles` for the persistent kernel: the tiles its programs walk (`_persistent_walk`), mapped."""
+    assert plan.persistent
+    m_tiles = int(_expert_row_tiles(plan, offsets)[0].sum())
+    walked = torch.tensor([tile for _, tile in _persistent_walk(plan, offsets)], dtype=torch.long)
+    assert sorted(walked.tolist()) == list(range(m_tiles * plan.num_n)), "a tile walked twice or not at all"
+    assert m_tiles <= plan.num_m_tiles, "more row tiles than the plan's bound"
+    return _tile_map(plan, offsets, walked, max(m_tiles, 1))
 
 
 def _coverage(plans, offsets: torch.Tensor) -> torch.Tensor:
@@ -228,7 +256,7 @@ def _coverage(plans, offsets: torch.Tensor) -> torch.Tensor:
     num_n, total = plans[0].num_n, int(offsets[-1])
     cover = torch.zeros(num_n, total + 1, dtype=torch.long)
     for plan in plans:
-        e, start, end, pid_n, tiles = _program_tiles(plan, offsets)
+        e, start, end, pid_n, tiles = (_persistent_tiles if plan.persistent else _program_tiles)(plan, offsets)
         assert tiles <= plan.num_m_tiles, "an expert's tiles past the grid"
         work = start < end
         assert bool((e[work] < plan.experts).all())
@@ -357,3 +385,162 @@ def test_the_prefill_sweep_times_tail_tiles_on_an_even_and_a_routed_split():
     assert offsets.dtype == torch.int32 and int(offsets[0]) == 0 and int(offsets[-1]) == 49152 and bool((counts >= 0).all())
     assert 150 < int(counts.min()) < 192 < int(counts.max()) < 240  # about 192 +- 14 an expert, not all equal
     assert torch.equal(offsets, bench._routed_offsets(256, 8192, 6, torch.device("cpu")))  # a fixed seed
+
+
+# ---------------------------------------------------------------------------------------------
+# The persistent form (the prefill entry's "persistent" flag, off: not yet run on a GPU): the host's plans, and a mirror
+# of its walk (each program tiles pid, pid + programs, ... over the exact row tiles). The kernel itself is compiled by the
+# compile check's "persistent" cases; its output is compared with the table's by the prefill entry's sweep on a GPU.
+
+H100_SMS = 132
+
+
+def _persistent_on(variant, tail_tiles=True):
+    """The SM90 table with the prefill entry's persistent flag on (and tail tiles as given)."""
+    return {**SM90(variant), **({"persistent": True, "tail_tiles": tail_tiles} if variant == "mxfp4_gluon_large" else {})}
+
+
+def test_persistent_is_off_in_the_table():
+    large = SM90("mxfp4_gluon_large")
+    assert large["persistent"] is False
+    u8 = torch.uint8
+    for p in gg.plan_launches(_meta(49152, 4096), _meta(256, 4096, 2048, dtype=u8), gg._CONTIGUOUS, SM90, sms=H100_SMS):
+        assert not p.persistent and p.max_programs == 0 and p.grid == (p.num_m_tiles * p.num_n,)
+
+
+def test_persistent_plans_one_program_per_sm_at_v4_flash_prefill():
+    """w13 and w2 at 8192 tokens x top-6: the body and tail launches each at most one program per SM (their tile bounds
+    are far above 132), the entry's 3 stages (two 8 KiB scale boxes in place of the 32 / 16 KiB strip: 4 would fit),
+    the producer warp at the entry's persistent_producer_regs; masked and linear calls persistent too."""
+    u8 = torch.uint8
+    for k in (4096, 2048):
+        body, tail = gg.plan_launches(_meta(49152, k), _meta(256, 4096, k // 2, dtype=u8), gg._CONTIGUOUS, _persistent_on, sms=H100_SMS)
+        assert body.persistent and tail.persistent
+        assert (body.tiles, body.block_m, tail.tiles, tail.block_m) == (gg._BODY_TILES, 128, gg._TAIL_TILES, 64)
+        assert body.grid == tail.grid == (H100_SMS,) and body.tiles_bound == 510 * 16 and tail.tiles_bound == 256 * 16
+        assert body.num_stages == tail.num_stages == 3 and body.producer_regs == tail.producer_regs == 64
+    assert gg._fit_stages(128, 256, 128, 4096, 4, persistent=True) == 4  # 2 x 8 KiB + 4 x 48 KiB
+    assert gg._fit_stages(128, 256, 128, 4096, 4) == 3  # the strip: 32 KiB + 3 x 48 KiB
+    assert gg._fit_stages(128, 256, 128, 65536, 3, persistent=True) == 3  # the scale slots do not grow with K
+    masked = gg.plan_gluon(_meta(8, 1024, 4096), _meta(8, 4096, 2048, dtype=u8), gg._MASKED, _persistent_on, sms=H100_SMS)
+    assert masked.persistent and masked.tiles_bound == 8 * 16 * 8 and masked.grid == (H100_SMS,)
+    small = gg.plan_gluon(_meta(2, 128, 4096), _meta(2, 4096, 2048, dtype=u8), gg._MASKED, _persistent_on, sms=H100_SMS)
+    assert small.grid == (small.tiles_bound,) == (2 * 16,)  # fewer tiles than SMs: a program a tile
+    linear = gg.plan_gluon(_meta(4096, 4096), _meta(4096, 2048, dtype=u8), gg._LINEAR, _persistent_on, sms=H100_SMS)
+    assert linear.persistent and linear.grid == (H100_SMS,)
+    # decode-sized calls take the decode entry (no persistent flag): one program a tile
+    assert not gg.plan_gluon(_meta(1536, 4096), _meta(256, 4096, 2048, dtype=u8), gg._CONTIGUOUS, _persistent_on, sms=H100_SMS).persistent
+
+
+@pytest.mark.parametrize("tail_tiles", [True, False])
+def test_persistent_walk_computes_every_row_once_at_v4_flash_prefill(tail_tiles):
+    """The persistent launches (132 programs, their walk mirrored) over V4-Flash's splits of 8192 x top-6 rows, with and
+    without tail tiles: every tile index walked once, every row and N block computed once, the same tiles as the
+    one-program-a-tile launches compute."""
+    u8 = torch.uint8
+    cfg = lambda variant: _persistent_on(variant, tail_tiles)  # noqa: E731
+    plans = gg.plan_launches(_meta(49152, 4096), _meta(256, 4096, 2048, dtype=u8), gg._CONTIGUOUS, cfg, sms=H100_SMS)
+    assert len(plans) == (2 if tail_tiles else 1) and all(p.persistent and p.grid == (H100_SMS,) for p in plans)
+    for counts in _v4_split_counts():
+        offsets = _offsets(counts)
+        assert bool((_coverage(plans, offsets) == 1).all()), counts[:8]
+        for plan in plans:  # the same (expert, row_start, N block) tiles as today's launch's tiles with work
+            e, start, end, pid_n, _ = _program_tiles(plan, offsets)
+            pe, pstart, pend, ppid_n, _ = _persistent_tiles(plan, offsets)
+            today = {(int(a), int(b), int(c)) for a, b, c, w in zip(e, start, pid_n, start < end) if w}
+            walked = {(int(a), int(b), int(c)) for a, b, c in zip(pe, pstart, ppid_n)}
+            assert bool((pstart < pend).all()) and walked == today and len(walked) == len(pe)
+
+
+def test_persistent_walk_balances_the_programs():
+    """Round-robin: at 192 rows an expert the body's 4096 tiles (256 experts x 16 N blocks) give each of 132 programs 31
+    or 32 tiles; a program's consecutive tiles are GROUP_M row tiles' worth apart in the grouped order."""
+    u8 = torch.uint8
+    body, tail = gg.plan_launches(_meta(49152, 4096), _meta(256, 4096, 2048, dtype=u8), gg._CONTIGUOUS, _persistent_on, sms=H100_SMS)
+    offsets = _offsets([192] * 256)
+    for plan in (body, tail):
+        per_program = torch.bincount(torch.tensor([p for p, _ in _persistent_walk(plan, offsets)]), minlength=H100_SMS)
+        assert int(per_program.sum()) == 4096 and set(per_program.tolist()) == {31, 32}
+
+
+def test_persistent_walk_computes_every_row_once_for_every_small_split():
+    """Every split of up to 14 rows over up to 4 experts (body tiles of 4 rows, tail tiles of 2; and without tail tiles),
+    on 1, 2, 3 and 5 programs: every row computed once."""
+    from itertools import combinations_with_replacement
+
+    from deepinfer.triton_common import cdiv
+
+    full_m = 4  # (tail tiles of 2)
+    for experts in range(1, 5):
+        for rows in range(1, 15):
+            for programs in (1, 2, 3, 5):
+                plan = gg.GluonPlan(
+                    layout=gg._CONTIGUOUS,
+                    experts=experts,
+                    n=3,
+                    k=512,
+                    max_m=0,
+                    rows_total=rows,
+                    block_m=full_m,
+                    block_n=1,
+                    block_k=128,
+                    group_m=2,
+                    num_warps=4,
+                    num_stages=2,
+                    producer_regs=64,
+                    maxnreg=None,
+                    num_m_tiles=cdiv(rows, full_m) + experts,
+                    num_n=3,
+                    max_programs=programs,
+                )
+                for plans in ((plan,), gg.tail_tile_plans(plan, {"num_stages": 2})):
+                    assert all(p.persistent and p.grid[0] <= programs for p in plans)
+                    for cuts in combinations_with_replacement(range(rows + 1), experts - 1):
+                        offsets = torch.tensor([0, *cuts, rows], dtype=torch.int32)
+                        assert bool((_coverage(plans, offsets) == 1).all()), (experts, cuts, rows, programs)
+
+
+def test_persistent_masked_walk_is_the_grids_program_order():
+    """Masked: tile -> (row tile, N block, expert) with row tiles fastest, then N blocks (`_tile_of`), the order of the
+    one-program-a-tile grid's program ids; every (row tile, N block, expert) walked once."""
+    num_m_tiles, num_n, experts, programs = 3, 4, 5, 7
+    walked = []
+    for p in range(programs):
+        for tile in range(p, num_m_tiles * num_n * experts, programs):
+            pid_m, rest = tile % num_m_tiles, tile // num_m_tiles
+            walked.append((pid_m, rest % num_n, rest // num_n))
+    assert sorted(walked) == sorted((m, n, e) for m in range(num_m_tiles) for n in range(num_n) for e in range(experts))
+
+
+def test_the_wrapper_launches_the_persistent_kernel_on_one_program_per_sm(monkeypatch):
+    """grouped_gemm with the flag on: the persistent kernel, body then tail, 132 programs each (the compile check's
+    sm90 SM count), its SCALE_SLOTS and producer registers; off: the one-program-a-tile kernel."""
+    from deepinfer_cuda.bench import compile_check as cc
+
+    u8 = torch.uint8
+    for on in (True, False):
+        launches = []
+        with cc._as_arch("sm90", launches):
+            monkeypatch.setattr(gg, "config", lambda op, variant, device=None, on=on: _persistent_on(variant) if on else SM90(variant))
+            gg.grouped_gemm(
+                _meta(49152, 4096),
+                _meta(256, 4096, 2048, dtype=u8),
+                expert_offsets=_meta(257, dtype=torch.int32),
+                weight_scale=_meta(256, 4096, 128, dtype=u8),
+                fmt="mxfp4",
+            )
+        kernel = gg._mxfp4_gemm_persistent_kernel if on else gg._mxfp4_gemm_ws_kernel
+        assert [launch.kernel for launch in launches] == [kernel, kernel]
+        assert [launch.kwargs["TILES"] for launch in launches] == [gg._BODY_TILES, gg._TAIL_TILES]
+        if on:
+            assert all(launch.kwargs["SCALE_SLOTS"] == gg.SCALE_SLOTS and launch.kwargs["PRODUCER_REGS"] == 64 for launch in launches)
+
+
+def test_the_prefill_sweep_compares_the_persistent_form_with_the_table():
+    """The prefill entry's sweep (on a GPU) times the table's tile persistent, with tail tiles, and prints its largest
+    difference from the table's output (equal: the same K steps in the same order)."""
+    from deepinfer_cuda.bench import gemm as bench
+
+    large = SM90("mxfp4_gluon_large")
+    tile = {key: large[key] for key in ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages")}
+    assert ({**tile, "tail_tiles": True, "persistent": True}, {}) in bench.SWEEP["mxfp4_gluon_large"]

@@ -641,6 +641,14 @@ CASES: list[Case] = [
     *[Case(f"grouped_gemm mxfp4 gluon tail tiles {part} {weight} (E256 49152 {k}->4096)", _gluon_mxfp4("contiguous", 256, 49152, 4096, k, {"tail_tiles": True}),
            "mx", MXFP4_W4A16, archs=("sm90",), tma=True, launch_with={"TILES": tiles})
       for weight, k in (("w13", 4096), ("w2", 2048)) for part, tiles in (("body", 1), ("tail", 2))],
+    # its persistent form (the prefill entry's "persistent" flag, off in the table: not yet run on a GPU), one program per SM
+    # walking tiles: tail tiles' body and tail launches at V4-Flash's prefill through w13 and w2, and a masked call
+    *[Case(f"grouped_gemm mxfp4 gluon persistent {part} {weight} (E256 49152 {k}->4096)",
+           _gluon_mxfp4("contiguous", 256, 49152, 4096, k, {"tail_tiles": True, "persistent": True}),
+           "mx", MXFP4_W4A16, archs=("sm90",), tma=True, launch_with={"TILES": tiles})
+      for weight, k in (("w13", 4096), ("w2", 2048)) for part, tiles in (("body", 1), ("tail", 2))],
+    Case("grouped_gemm mxfp4 gluon persistent masked (E8 m1024 4096->4096)", _gluon_mxfp4("masked", 8, 1024, 4096, 4096, {"persistent": True}), "mx",
+         MXFP4_W4A16, archs=("sm90",), tma=True),
     # The SM90 Gluon mla_decode over an FP8 cache (warp-specialised: a converting warpgroup that loads the e4m3 bytes
     # itself, no TMA; two wgmma warpgroups each scoring half of a 64-row tile's keys): one split (B128 H16), split
     # partials + combine (B64 H16), 128 heads (two row tiles)
@@ -728,7 +736,8 @@ def _as_arch(arch: str, launches: list[Launch]):
     patches = [
         (gemm, "config", cfg), (gemm, "capability", lambda device=None: ARCHS[arch]), (gemm, "interpreting", lambda: False),
         (gemm, "upcast_dot", lambda: False), (gemm, "MXFP4_DOT_SCALED", True), (gemm, "num_sms", lambda device: SM_COUNT[arch]),
-        (gemm_mxfp4_gluon, "config", cfg), (gemm_fp8_gluon, "config", cfg), (gemm_fp8_gluon, "num_sms", lambda device: SM_COUNT[arch]),
+        (gemm_mxfp4_gluon, "config", cfg), (gemm_mxfp4_gluon, "num_sms", lambda device: SM_COUNT[arch]),
+        (gemm_fp8_gluon, "config", cfg), (gemm_fp8_gluon, "num_sms", lambda device: SM_COUNT[arch]),
         (prefill, "config", cfg), (prefill, "upcast_dot", lambda: False),
         (mla_decode, "_config", lambda device, variant: arch_config("mla_decode", variant, arch)),
         (mla_decode, "_cached_plan", lambda *a: mla_decode._make_plan(*a, None)),

@@ -13,7 +13,7 @@ Why: on SM90 the `tl` register-dequant kernel is load-bound (a probe removed its
 rate stayed), and `tl` cannot split the loads from the dequantisation and the MMA into different warps.
 
 Schedule (one program per output tile, the grid and tile -> (expert, rows, N block) map of gemm.py's
-`_tile_of_program`, no split-K):
+`_tile_of_program`, no split-K; the persistent form below walks the same tiles):
 - producer partition (1 warp): first the tile's whole scale strip ([BLOCK_N, K/32] e8m0 bytes, seen as int32 words of
   four, as K/512 TMA boxes of [BLOCK_N, 4] words, TMA's narrowest, on their own mbarrier), then per K step of BLOCK_K the packed weight tile ([BLOCK_N, 32]
   bytes per 64 K) and the activation tile ([BLOCK_M, 64] bf16 per 64 K) by TMA into a NUM_STAGES ring
@@ -38,6 +38,25 @@ the tail launch one tile of BLOCK_M / 2 rows for each remainder of 1 to BLOCK_M 
 (tuning/sm90.py: whole-call times, not a tile timed alone) a 64-row tile costs about 0.7 of a 128-row one. Both grids are
 bounded from the row and expert counts alone (no device sync: CUDA-graph safe); programs past the launch's tiles exit.
 
+Persistent form (the prefill entry's tuning flag `persistent`, OFF: not yet run on a GPU; compiled for sm90 without
+spills, its tile walk tested on the CPU; `python -m deepinfer_cuda.bench.gemm --sweep mxfp4_gluon_large` times it and
+prints its difference from the table's output, which must be 0). Why: one program per tile at about 176 KiB of shared
+memory is one CTA per SM, and each program's prologue (barrier init, the scale strip, the ring's fill) and epilogue
+(the accumulator through shared memory to a 128 x 256 store) leave the tensor cores idle: 487 TFLOP/s at V4-Flash's
+prefill w13 on an H100, about 62% of its bf16 matmul rate. `_mxfp4_gemm_persistent_kernel` launches at most one program
+per SM (`plan_gluon`'s `max_programs`); program p walks tiles p, p + programs, ... through the same tile map (masked: the
+grid's program order; contiguous: `grouped_tile` over the exact row tiles, their count summed on the device from the
+expert offsets, so no program walks tiles past every expert's), as gemm_fp8_gluon.py's persistent schedule. Tail tiles
+stay two launches (their tiles differ in BLOCK_M: the accumulator's and the activation box's shape), each persistent.
+Both partitions walk the same tiles; the ring's fill counter `it` and the scale-box counter run on across tiles (phases
+from them, never reset), and the consumer releases a tile's last stage and scale slot before its epilogue, so the
+producer loads the next tile while the consumer converts and stores this one. The scale strip becomes SCALE_SLOTS (2)
+slots of one [BLOCK_N, 512 K] box each with their own ready / empty barriers: the producer loads a span's box before the
+span's first ring fill, the consumer releases it at the next span's first step (its words were read before the wgmmas
+that step waits for): 8 KiB in place of the 32 KiB strip at K 4096 (4 stages would fit; the sweep has them). The K
+steps are `_mma_step`, the one-program-a-tile kernel's, in the same order: outputs equal bit for bit. Its producer warp
+maps every tile itself (a prefix sum over the experts): 64 registers where the other form's producer takes 40.
+
 Served: bf16 x, mxfp4 weights, K a multiple of 512 (the scale boxes) with the strip's BLOCK_N * K/32 bytes
 and the ring within shared memory, contiguous operands with 16-byte aligned rows (x flattens to [rows, K]; the
 masked layout's rows past masked_m read the next expert's rows, the last tiles read TMA's zero fill:
@@ -56,7 +75,7 @@ import torch
 from deepinfer.ops import gemm as gemm_ops
 from deepinfer.triton_common import cdiv, next_power_of_2
 from deepinfer_cuda.kernels import gemm
-from deepinfer_cuda.kernels.common import Registration, capability
+from deepinfer_cuda.kernels.common import Registration, capability, num_sms
 from deepinfer_cuda.kernels.gluon_hopper import GLUON_IMPORT_ERROR, gluon_unusable
 from deepinfer_cuda.options import MXFP4_PATH
 from deepinfer_cuda.tuning import config
@@ -69,6 +88,7 @@ SCALE_BOX_K = 512  # K per row of the scale strip's TMA box: 16 e8m0 bytes, TMA'
 SUB_K = 64  # K per TMA box and per wgmma: 128 bytes of bf16 x (the 128-byte swizzle's span), 32 bytes of packed weight
 _LINEAR, _CONTIGUOUS, _MASKED = 0, 1, 2
 _ALL_TILES, _BODY_TILES, _TAIL_TILES = 0, 1, 2  # grouped_tile's TILES: which of each expert's row tiles a launch computes
+SCALE_SLOTS = 2  # the persistent form's scale boxes in shared memory ([BLOCK_N, 512 K] each): one read, the next loading
 
 
 if GLUON_IMPORT_ERROR is None:
@@ -140,23 +160,7 @@ if GLUON_IMPORT_ERROR is None:
         t = first_m + (tile % per_group) % group_m
         pid_n = (tile % per_group) // group_m
         if LAYOUT == 1:
-            vec: gl.constexpr = gl.BlockedLayout([1], [32], [WARPS], [0])
-            idx = gl.arange(0, E_POW2, layout=vec)
-            lo = gl.load(offs_ptr + idx, mask=idx < E, other=0).to(gl.int32)
-            hi = gl.load(offs_ptr + idx + 1, mask=idx < E, other=0).to(gl.int32)
-            if TILES == 0:
-                tiles = (hi - lo + BLOCK_M - 1) // BLOCK_M
-                first = lo
-            elif TILES == 1:
-                gl.static_assert(BLOCK_M == FULL_M, "the body's tiles are FULL_M rows")
-                remainder = (hi - lo) % FULL_M
-                tiles = (hi - lo) // FULL_M + (remainder > TAIL_M).to(gl.int32)
-                first = lo
-            else:
-                gl.static_assert(BLOCK_M == TAIL_M, "the tail's tiles are TAIL_M rows")
-                remainder = (hi - lo) % FULL_M
-                tiles = ((remainder > 0) & (remainder <= TAIL_M)).to(gl.int32)
-                first = hi - remainder
+            idx, tiles, first, hi = _expert_row_tiles(offs_ptr, E, BLOCK_M, E_POW2, WARPS, TILES, FULL_M, TAIL_M)
             ends = gl.associative_scan(tiles, 0, _add)  # tile index one past each expert's last tile
             e = gl.sum((ends <= t).to(gl.int32), axis=0)  # E when t is past every expert's tiles
             sel = idx == e
@@ -169,6 +173,30 @@ if GLUON_IMPORT_ERROR is None:
         return e, row_start, row_end, pid_n
 
     @gluon.jit
+    def _expert_row_tiles(offs_ptr, E, BLOCK_M: gl.constexpr, E_POW2: gl.constexpr, WARPS: gl.constexpr,
+                          TILES: gl.constexpr, FULL_M: gl.constexpr, TAIL_M: gl.constexpr):
+        """The contiguous layout's experts laid out over WARPS warps: (expert index, its row tiles that TILES picks
+        (`grouped_tile`), its first tile's first row, its row bound); experts E .. E_POW2 - 1 have none."""
+        vec: gl.constexpr = gl.BlockedLayout([1], [32], [WARPS], [0])
+        idx = gl.arange(0, E_POW2, layout=vec)
+        lo = gl.load(offs_ptr + idx, mask=idx < E, other=0).to(gl.int32)
+        hi = gl.load(offs_ptr + idx + 1, mask=idx < E, other=0).to(gl.int32)
+        if TILES == 0:
+            tiles = (hi - lo + BLOCK_M - 1) // BLOCK_M
+            first = lo
+        elif TILES == 1:
+            gl.static_assert(BLOCK_M == FULL_M, "the body's tiles are FULL_M rows")
+            remainder = (hi - lo) % FULL_M
+            tiles = (hi - lo) // FULL_M + (remainder > TAIL_M).to(gl.int32)
+            first = lo
+        else:
+            gl.static_assert(BLOCK_M == TAIL_M, "the tail's tiles are TAIL_M rows")
+            remainder = (hi - lo) % FULL_M
+            tiles = ((remainder > 0) & (remainder <= TAIL_M)).to(gl.int32)
+            first = hi - remainder
+        return idx, tiles, first, hi
+
+    @gluon.jit
     def _add(a, b):
         return a + b
 
@@ -177,20 +205,26 @@ if GLUON_IMPORT_ERROR is None:
                   BLOCK_K: gl.constexpr, NUM_STAGES: gl.constexpr):
         """One warp: the scale strip, then the ring. A stage's `empty` barrier has completed phase p - 1 when
         the consumer released its previous use; a fresh barrier counts as having completed the phase before 0."""
-        SUBS: gl.constexpr = BLOCK_K // 64
         SCALE_BOXES: gl.constexpr = s_smem.shape[0]
         mbarrier.expect(scales_ready, SCALE_BOXES * s_desc.block_type.nbytes)
         for box in gl.static_range(SCALE_BOXES):
             _tma_load(s_desc, [w_row, box * 4], scales_ready, s_smem.index(box))
         for step in range(num_steps):
-            stage = step % NUM_STAGES
-            mbarrier.wait(empty.index(stage), ((step // NUM_STAGES) & 1) ^ 1)
-            bar = ready.index(stage)
-            mbarrier.expect(bar, SUBS * (x_desc.block_type.nbytes + w_desc.block_type.nbytes))
-            for sub in gl.static_range(SUBS):
-                k = step * BLOCK_K + sub * 64
-                _tma_load(x_desc, [x_row, k], bar, x_smem.index(stage * SUBS + sub))
-                _tma_load(w_desc, [w_row, k // 2], bar, w_smem.index(stage * SUBS + sub))
+            _fill_stage(x_desc, w_desc, x_smem, w_smem, ready, empty, step, x_row, w_row, step * BLOCK_K, BLOCK_K, NUM_STAGES)
+
+    @gluon.jit
+    def _fill_stage(x_desc, w_desc, x_smem, w_smem, ready, empty, it, x_row, w_row, k0, BLOCK_K: gl.constexpr, NUM_STAGES: gl.constexpr):
+        """The ring's fill number `it` (stage it % NUM_STAGES): once the consumer released the stage's previous use,
+        the activation and packed weight tiles of K k0 .. k0 + BLOCK_K by TMA, on the stage's `ready` barrier."""
+        SUBS: gl.constexpr = BLOCK_K // 64
+        stage = it % NUM_STAGES
+        mbarrier.wait(empty.index(stage), ((it // NUM_STAGES) & 1) ^ 1)
+        bar = ready.index(stage)
+        mbarrier.expect(bar, SUBS * (x_desc.block_type.nbytes + w_desc.block_type.nbytes))
+        for sub in gl.static_range(SUBS):
+            k = k0 + sub * 64
+            _tma_load(x_desc, [x_row, k], bar, x_smem.index(stage * SUBS + sub))
+            _tma_load(w_desc, [w_row, k // 2], bar, w_smem.index(stage * SUBS + sub))
 
     # Four e8m0 scale bytes (one int32 word of the strip: the 32-K groups 4j..4j+3 of a row, little-endian) -> the four
     # groups' factors, each a bf16x2 word of 2^(s - 127 + 126 - 64) in both halves (the exponent field min(s, 193) + 62,
@@ -239,18 +273,17 @@ if GLUON_IMPORT_ERROR is None:
         tile = gl.reshape(pairs, [BLOCK_N, 64]).to(gl.bfloat16, bitcast=True)
         return gl.convert_layout(tile, a_layout)
 
+    @gluon.constexpr_function
+    def _mma_layout(block_m, num_warps):
+        """The accumulator's layout: [BLOCK_N, BLOCK_M] float32, weight rows as wgmma's M over the consumer warps."""
+        return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, block_m, 16])
+
     @gluon.jit
     def _consumer(x_smem, w_smem, s_smem, ready, empty, scales_ready, out_ptr, row_start, row_end, pid_n, e, N, num_steps,
                   stride_oe, stride_om, stride_on,
                   BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, NUM_STAGES: gl.constexpr, num_warps: gl.constexpr):
-        SUBS: gl.constexpr = BLOCK_K // 64
-        WORDS: gl.constexpr = BLOCK_K // 128  # scale words per row per step (4 groups each)
         STEPS_PER_BOX: gl.constexpr = 512 // BLOCK_K
-        mma_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, BLOCK_M, 16])
-        a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma_layout, k_width=2)
-        # a [BLOCK_N, 1] word per row, in the rows' distribution of _packed_layout (its group-and-pair dims sliced off)
-        w_layout: gl.constexpr = gl.SliceLayout(2, _packed_layout(BLOCK_N, 32, num_warps, True))
-        acc = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=mma_layout)
+        acc = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=_mma_layout(BLOCK_M, num_warps))
         mbarrier.wait(scales_ready, 0)
         for box in range(num_steps // STEPS_PER_BOX):
             scales = s_smem.index(box)  # [BLOCK_N, 4] int32: this 512-K span's e8m0 bytes
@@ -258,21 +291,39 @@ if GLUON_IMPORT_ERROR is None:
                 step = box * STEPS_PER_BOX + j
                 stage = step % NUM_STAGES
                 mbarrier.wait(ready.index(stage), (step // NUM_STAGES) & 1)
-                for w in gl.static_range(WORDS):
-                    f0, f1, f2, f3 = _scale_factors(scales.slice(j * WORDS + w, 1, dim=1).load(w_layout))
-                    for half in gl.static_range(2):
-                        sub = 2 * w + half
-                        if half == 0:
-                            a = _dequantised_operand(w_smem.index(stage * SUBS + sub), f0, f1, a_layout, BLOCK_N, num_warps)
-                        else:
-                            a = _dequantised_operand(w_smem.index(stage * SUBS + sub), f2, f3, a_layout, BLOCK_N, num_warps)
-                        acc = warpgroup_mma(a, x_smem.index(stage * SUBS + sub).permute((1, 0)), acc, is_async=True)
-                        acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
+                acc = _mma_step(x_smem, w_smem, stage, scales, j, acc, BLOCK_M, BLOCK_N, BLOCK_K, num_warps)
                 # the wgmma groups of the previous step are complete: release its stage
                 mbarrier.arrive(empty.index((step + NUM_STAGES - 1) % NUM_STAGES), pred=step > 0)
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+        _epilogue(acc, out_ptr, row_start, row_end, pid_n, e, N, stride_oe, stride_om, stride_on, BLOCK_M, BLOCK_N, num_warps)
 
-        # Epilogue: undo the 2^-64 shift, store out[row, col] = acc[col, row] with N contiguous per thread.
+    @gluon.jit
+    def _mma_step(x_smem, w_smem, stage, scales, j, acc,
+                  BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, num_warps: gl.constexpr):
+        """One ring stage's K step into acc: per 128 K the rows' scale word (column j * WORDS + w of `scales`, the
+        step's 512-K span of words) as four factors, per 64 K the weight tile dequantised into wgmma's register A
+        operand times x^T (the stage's activation tile, shared memory); one wgmma group left in flight."""
+        SUBS: gl.constexpr = BLOCK_K // 64
+        WORDS: gl.constexpr = BLOCK_K // 128  # scale words per row per step (4 groups each)
+        a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=_mma_layout(BLOCK_M, num_warps), k_width=2)
+        # a [BLOCK_N, 1] word per row, in the rows' distribution of _packed_layout (its group-and-pair dims sliced off)
+        w_layout: gl.constexpr = gl.SliceLayout(2, _packed_layout(BLOCK_N, 32, num_warps, True))
+        for w in gl.static_range(WORDS):
+            f0, f1, f2, f3 = _scale_factors(scales.slice(j * WORDS + w, 1, dim=1).load(w_layout))
+            for half in gl.static_range(2):
+                sub = 2 * w + half
+                if half == 0:
+                    a = _dequantised_operand(w_smem.index(stage * SUBS + sub), f0, f1, a_layout, BLOCK_N, num_warps)
+                else:
+                    a = _dequantised_operand(w_smem.index(stage * SUBS + sub), f2, f3, a_layout, BLOCK_N, num_warps)
+                acc = warpgroup_mma(a, x_smem.index(stage * SUBS + sub).permute((1, 0)), acc, is_async=True)
+                acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
+        return acc
+
+    @gluon.jit
+    def _epilogue(acc, out_ptr, row_start, row_end, pid_n, e, N, stride_oe, stride_om, stride_on,
+                  BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, num_warps: gl.constexpr):
+        """Undo the 2^-64 shift, store out[row, col] = acc[col, row] with N contiguous per thread."""
         out_layout: gl.constexpr = gl.BlockedLayout([8, 1], [16, 2], [1, num_warps], [0, 1])
         res = gl.convert_layout((acc * 18446744073709551616.0).to(out_ptr.dtype.element_ty), out_layout)
         cols = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, out_layout))
@@ -331,6 +382,154 @@ if GLUON_IMPORT_ERROR is None:
                 [PRODUCER_REGS],
             )
 
+    # -----------------------------------------------------------------------------------------
+    # The persistent form (the prefill entry's "persistent" flag, off: not yet run on a GPU; module docstring)
+
+    @gluon.jit
+    def _tile_of(tile, offs_ptr, mm_ptr, M, N, E, num_m_tiles,
+                 LAYOUT: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, GROUP_M: gl.constexpr, E_POW2: gl.constexpr,
+                 TILES: gl.constexpr, FULL_M: gl.constexpr, TAIL_M: gl.constexpr, WARPS: gl.constexpr):
+        """`_tile_of_program`'s map with the tile as an index: masked, row tiles fastest, then N blocks, then experts (the
+        order of that grid's program ids); else `grouped_tile`. WARPS: the calling partition's."""
+        if LAYOUT == 2:
+            pid_m = tile % num_m_tiles
+            rest = tile // num_m_tiles
+            num_n = gl.cdiv(N, BLOCK_N)
+            pid_n = rest % num_n
+            e = rest // num_n
+            row_end = gl.load(mm_ptr + e).to(gl.int32)
+            row_start = pid_m * BLOCK_M
+        else:
+            e, row_start, row_end, pid_n = grouped_tile(tile, offs_ptr, M, N, E, num_m_tiles, LAYOUT, BLOCK_M, BLOCK_N, GROUP_M, E_POW2,
+                                                        WARPS, TILES, FULL_M, TAIL_M)
+        return e, row_start, row_end, pid_n
+
+    @gluon.jit
+    def _persistent_producer(x_desc, w_desc, s_desc, x_smem, w_smem, s_smem, ready, empty, scales_ready, scales_empty,
+                             offs_ptr, mm_ptr, M, N, E, num_m_tiles, MAX_M, total_tiles,
+                             K: gl.constexpr, LAYOUT: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr,
+                             GROUP_M: gl.constexpr, E_POW2: gl.constexpr, NUM_STAGES: gl.constexpr,
+                             TILES: gl.constexpr, FULL_M: gl.constexpr, TAIL_M: gl.constexpr):
+        """One warp: for each of the program's tiles, per 512-K span its scale box into the next scale slot, then the
+        span's ring fills. `it` (ring fills) and `box` (scale boxes) count across tiles, as the consumer's do, so the
+        ring runs on into the next tile while the consumer stores this one."""
+        STEPS_PER_BOX: gl.constexpr = 512 // BLOCK_K
+        SLOTS: gl.constexpr = s_smem.shape[0]
+        it = 0
+        box = 0
+        for tile in range(gl.program_id(0), total_tiles, gl.num_programs(0)):
+            e, row_start, row_end, pid_n = _tile_of(tile, offs_ptr, mm_ptr, M, N, E, num_m_tiles, LAYOUT, BLOCK_M, BLOCK_N, GROUP_M, E_POW2,
+                                                    TILES, FULL_M, TAIL_M, 1)
+            if row_start < row_end:
+                x_row = row_start
+                if LAYOUT == 2:
+                    x_row = e * MAX_M + row_start
+                w_row = e * N + pid_n * BLOCK_N
+                for span in range(K // 512):
+                    slot = box % SLOTS
+                    mbarrier.wait(scales_empty.index(slot), ((box // SLOTS) & 1) ^ 1)
+                    mbarrier.expect(scales_ready.index(slot), s_desc.block_type.nbytes)
+                    _tma_load(s_desc, [w_row, span * 4], scales_ready.index(slot), s_smem.index(slot))
+                    box += 1
+                    for j in gl.static_range(STEPS_PER_BOX):
+                        _fill_stage(x_desc, w_desc, x_smem, w_smem, ready, empty, it, x_row, w_row, span * 512 + j * BLOCK_K, BLOCK_K, NUM_STAGES)
+                        it += 1
+
+    @gluon.jit
+    def _persistent_consumer(x_smem, w_smem, s_smem, ready, empty, scales_ready, scales_empty, out_ptr,
+                             offs_ptr, mm_ptr, M, N, E, num_m_tiles, total_tiles, stride_oe, stride_om, stride_on,
+                             K: gl.constexpr, LAYOUT: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr,
+                             GROUP_M: gl.constexpr, E_POW2: gl.constexpr, NUM_STAGES: gl.constexpr,
+                             TILES: gl.constexpr, FULL_M: gl.constexpr, TAIL_M: gl.constexpr, num_warps: gl.constexpr):
+        """`_consumer` over the program's tiles: the same K steps in the same order (`_mma_step`), the ring and the
+        scale slots counted across tiles. A tile's last stage and scale slot are released before its epilogue, so the
+        producer fills them with the next tile's loads meanwhile."""
+        STEPS_PER_BOX: gl.constexpr = 512 // BLOCK_K
+        SLOTS: gl.constexpr = s_smem.shape[0]
+        it = 0
+        box = 0
+        for tile in range(gl.program_id(0), total_tiles, gl.num_programs(0)):
+            e, row_start, row_end, pid_n = _tile_of(tile, offs_ptr, mm_ptr, M, N, E, num_m_tiles, LAYOUT, BLOCK_M, BLOCK_N, GROUP_M, E_POW2,
+                                                    TILES, FULL_M, TAIL_M, num_warps)
+            if row_start < row_end:
+                acc = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=_mma_layout(BLOCK_M, num_warps))
+                for span in range(K // 512):
+                    slot = box % SLOTS
+                    mbarrier.wait(scales_ready.index(slot), (box // SLOTS) & 1)
+                    for j in gl.static_range(STEPS_PER_BOX):
+                        stage = it % NUM_STAGES
+                        mbarrier.wait(ready.index(stage), (it // NUM_STAGES) & 1)
+                        acc = _mma_step(x_smem, w_smem, stage, s_smem.index(slot), j, acc, BLOCK_M, BLOCK_N, BLOCK_K, num_warps)
+                        # the wgmma groups of the previous step are complete: release its stage and, at a span's first
+                        # step, the previous span's scale slot (its words were read before those wgmmas were issued)
+                        mbarrier.arrive(empty.index((it + NUM_STAGES - 1) % NUM_STAGES), pred=span * STEPS_PER_BOX + j > 0)
+                        if j == 0:
+                            mbarrier.arrive(scales_empty.index((box + SLOTS - 1) % SLOTS), pred=span > 0)
+                        it += 1
+                    box += 1
+                acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+                mbarrier.arrive(empty.index((it + NUM_STAGES - 1) % NUM_STAGES))
+                mbarrier.arrive(scales_empty.index((box + SLOTS - 1) % SLOTS))
+                _epilogue(acc, out_ptr, row_start, row_end, pid_n, e, N, stride_oe, stride_om, stride_on, BLOCK_M, BLOCK_N, num_warps)
+
+    @gluon.jit(do_not_specialize=["M", "num_m_tiles", "MAX_M"])
+    def _mxfp4_gemm_persistent_kernel(
+        x_desc, w_desc, s_desc, out_ptr, offs_ptr, mm_ptr,
+        M, N, E, num_m_tiles, MAX_M,
+        stride_oe, stride_om, stride_on,
+        K: gl.constexpr,  # a multiple of 512 (whole scale boxes)
+        LAYOUT: gl.constexpr,  # 0 linear, 1 contiguous, 2 masked (gemm.py's)
+        BLOCK_M: gl.constexpr,
+        BLOCK_N: gl.constexpr,
+        BLOCK_K: gl.constexpr,  # K per ring stage: 128, 256 or 512
+        GROUP_M: gl.constexpr,
+        E_POW2: gl.constexpr,
+        NUM_STAGES: gl.constexpr,
+        SCALE_SLOTS: gl.constexpr,  # scale boxes in flight: the next span's loads while the consumer reads this one's
+        PRODUCER_REGS: gl.constexpr,
+        TILES: gl.constexpr,  # the contiguous layout's row tiles: 0 all, 1 body, 2 tail (`grouped_tile`)
+        FULL_M: gl.constexpr,  # tail tiles: the body's BLOCK_M (else 0)
+        TAIL_M: gl.constexpr,  # tail tiles: the tail's BLOCK_M (else 0)
+        num_warps: gl.constexpr,
+    ):
+        """`_mxfp4_gemm_ws_kernel`'s tiles, each program walking tiles pid, pid + programs, ... (module docstring)."""
+        SUBS: gl.constexpr = BLOCK_K // 64
+        num_n = gl.cdiv(N, BLOCK_N)
+        m_tiles = num_m_tiles
+        if LAYOUT == 1:
+            # the contiguous layout's exact row tiles (num_m_tiles bounds them from the row and expert counts): the walk
+            # then holds no tile past every expert's, and `grouped_tile` maps 0 .. m_tiles * num_n - 1 onto them all
+            _, row_tiles, _, _ = _expert_row_tiles(offs_ptr, E, BLOCK_M, E_POW2, num_warps, TILES, FULL_M, TAIL_M)
+            m_tiles = gl.sum(row_tiles, axis=0)
+        total_tiles = m_tiles * num_n
+        if LAYOUT == 2:
+            total_tiles = total_tiles * E
+        x_smem = gl.allocate_shared_memory(x_desc.dtype, [NUM_STAGES * SUBS] + x_desc.block_type.shape, x_desc.layout)
+        w_smem = gl.allocate_shared_memory(w_desc.dtype, [NUM_STAGES * SUBS] + w_desc.block_type.shape, w_desc.layout)
+        s_smem = gl.allocate_shared_memory(s_desc.dtype, [SCALE_SLOTS] + s_desc.block_type.shape, s_desc.layout)
+        ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+        empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+        scales_ready = gl.allocate_shared_memory(gl.int64, [SCALE_SLOTS, 1], mbarrier.MBarrierLayout())
+        scales_empty = gl.allocate_shared_memory(gl.int64, [SCALE_SLOTS, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(NUM_STAGES):
+            mbarrier.init(ready.index(i), count=1)
+            mbarrier.init(empty.index(i), count=1)
+        for i in gl.static_range(SCALE_SLOTS):
+            mbarrier.init(scales_ready.index(i), count=1)
+            mbarrier.init(scales_empty.index(i), count=1)
+        fence_async_shared()
+        gl.warp_specialize(
+            [
+                (_persistent_consumer, (x_smem, w_smem, s_smem, ready, empty, scales_ready, scales_empty, out_ptr,
+                                        offs_ptr, mm_ptr, M, N, E, m_tiles, total_tiles, stride_oe, stride_om, stride_on,
+                                        K, LAYOUT, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, E_POW2, NUM_STAGES, TILES, FULL_M, TAIL_M, num_warps)),
+                (_persistent_producer, (x_desc, w_desc, s_desc, x_smem, w_smem, s_smem, ready, empty, scales_ready, scales_empty,
+                                        offs_ptr, mm_ptr, M, N, E, m_tiles, MAX_M, total_tiles,
+                                        K, LAYOUT, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, E_POW2, NUM_STAGES, TILES, FULL_M, TAIL_M)),
+            ],
+            [1],
+            [PRODUCER_REGS],
+        )
 
 # ---------------------------------------------------------------------------------------------
 # Host side: which calls the kernel serves, its tiles, its descriptors
@@ -341,7 +540,8 @@ SHARED_MEMORY_BUDGET = 220 * 1024  # SM90 gives a block 227 KiB; the rest is bar
 
 @dataclass(frozen=True)
 class GluonPlan:
-    """One launch of `_mxfp4_gemm_ws_kernel`, made by `plan_gluon` from shapes and the tuning entry only."""
+    """One launch of `_mxfp4_gemm_ws_kernel` (or, persistent, `_mxfp4_gemm_persistent_kernel`), made by `plan_gluon`
+    from shapes and the tuning entry only."""
 
     layout: int  # _LINEAR, _CONTIGUOUS or _MASKED
     experts: int
@@ -362,9 +562,21 @@ class GluonPlan:
     tiles: int = _ALL_TILES  # which of each expert's row tiles: all, or tail tiles' body or tail (`grouped_tile`'s TILES)
     full_m: int = 0  # tail tiles: the body's BLOCK_M (else 0)
     tail_m: int = 0  # tail tiles: the tail's BLOCK_M (else 0)
+    max_programs: int = 0  # the persistent form (the entry's "persistent" flag): at most this many programs (SMs x CTAs per SM); 0: one a tile
+
+    @property
+    def persistent(self) -> bool:
+        return self.max_programs > 0
+
+    @property
+    def tiles_bound(self) -> int:
+        """The launch's tiles (the contiguous layout's: a bound from the row and expert counts)."""
+        return self.num_m_tiles * self.num_n * (self.experts if self.layout == _MASKED else 1)
 
     @property
     def grid(self) -> tuple[int, ...]:
+        if self.persistent:
+            return (max(1, min(self.tiles_bound, self.max_programs)),)
         if self.layout == _MASKED:
             return (self.num_m_tiles, self.num_n, self.experts)
         return (self.num_m_tiles * self.num_n,)
@@ -385,11 +597,11 @@ def not_served(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor
     return None
 
 
-def _fit_stages(block_m: int, block_n: int, block_k: int, k: int, stages: int, ctas_per_sm: int = 1) -> int:
+def _fit_stages(block_m: int, block_n: int, block_k: int, k: int, stages: int, ctas_per_sm: int = 1, persistent: bool = False) -> int:
     """The tuning entry's stages, fewer while the ring and the scale strip exceed the budget (at least 2); with
     ctas_per_sm > 1 (the decode entry: that many programs resident per SM, so one's prologue and epilogue overlap
-    another's loads), the budget is shared by them."""
-    strip = block_n * k // 32
+    another's loads), the budget is shared by them. Persistent: SCALE_SLOTS scale boxes in place of the strip."""
+    strip = block_n * (SCALE_SLOTS * SCALE_BOX_K if persistent else k) // 32
     per_stage = block_m * block_k * 2 + block_n * block_k // 2
     budget = SHARED_MEMORY_BUDGET // ctas_per_sm
     while stages > 2 and strip + stages * per_stage > budget:
@@ -397,18 +609,19 @@ def _fit_stages(block_m: int, block_n: int, block_k: int, k: int, stages: int, c
     return stages
 
 
-def plan_gluon(x: torch.Tensor, weight: torch.Tensor, layout: int, cfg_for=None) -> GluonPlan:
+def plan_gluon(x: torch.Tensor, weight: torch.Tensor, layout: int, cfg_for=None, sms: int | None = None) -> GluonPlan:
     """Tiles and grid of one launch over all of the call's tiles, as gemm.plan_gemm makes them for the tl kernel (the
     same bucketing of rows per expert into the decode "_small" and prefill "_large" entries, a power-of-two BLOCK_M of
     at least 16 and at most the entry's), without split-K. cfg_for(variant): the tuning entry (default: this device's
-    "gemm" table; the compile check passes the target arch's). A call's launches are `plan_launches`'."""
-    return _plan_and_entry(x, weight, layout, cfg_for)[0]
+    "gemm" table; the compile check passes the target arch's). sms: the persistent form's SMs (default: the device's).
+    A call's launches are `plan_launches`'."""
+    return _plan_and_entry(x, weight, layout, cfg_for, sms)[0]
 
 
-def plan_launches(x: torch.Tensor, weight: torch.Tensor, layout: int, cfg_for=None) -> tuple[GluonPlan, ...]:
+def plan_launches(x: torch.Tensor, weight: torch.Tensor, layout: int, cfg_for=None, sms: int | None = None) -> tuple[GluonPlan, ...]:
     """The launches of one call: plan_gluon's, or, for a contiguous call whose entry has "tail_tiles" on (the prefill
     entry's flag, on in the SM90 table), tail tiles' body and tail launches (`tail_tile_plans`)."""
-    plan, cfg = _plan_and_entry(x, weight, layout, cfg_for)
+    plan, cfg = _plan_and_entry(x, weight, layout, cfg_for, sms)
     if layout == _CONTIGUOUS and cfg.get("tail_tiles", False) and plan.block_m >= 16:  # (a tail tile of at least 8 rows: wgmma's N)
         return tail_tile_plans(plan, cfg)
     return (plan,)
@@ -422,7 +635,7 @@ def tail_tile_plans(plan: GluonPlan, cfg: dict) -> tuple[GluonPlan, ...]:
     full_m, tail_m = plan.block_m, plan.block_m // 2
     body = replace(plan, tiles=_BODY_TILES, full_m=full_m, tail_m=tail_m, num_m_tiles=body_tile_bound(plan.rows_total, plan.experts, full_m, tail_m))
     tail = replace(body, tiles=_TAIL_TILES, block_m=tail_m, num_m_tiles=tail_tile_bound(plan.rows_total, plan.experts),
-                   num_stages=_fit_stages(tail_m, plan.block_n, plan.block_k, plan.k, cfg["num_stages"], cfg.get("ctas_per_sm", 1)))
+                   num_stages=_fit_stages(tail_m, plan.block_n, plan.block_k, plan.k, cfg["num_stages"], cfg.get("ctas_per_sm", 1), plan.persistent))
     return tuple(p for p in (body, tail) if p.num_m_tiles > 0)
 
 
@@ -438,7 +651,7 @@ def tail_tile_bound(rows: int, experts: int) -> int:
     return min(experts, rows)
 
 
-def _plan_and_entry(x: torch.Tensor, weight: torch.Tensor, layout: int, cfg_for=None) -> tuple[GluonPlan, dict]:
+def _plan_and_entry(x: torch.Tensor, weight: torch.Tensor, layout: int, cfg_for=None, sms: int | None = None) -> tuple[GluonPlan, dict]:
     """plan_gluon's plan and the tuning entry it was made from."""
     k = x.shape[-1]
     experts, n, max_m, rows_total, rows_per_expert = gemm.row_buckets(x, weight, layout)
@@ -462,11 +675,14 @@ def _plan_and_entry(x: torch.Tensor, weight: torch.Tensor, layout: int, cfg_for=
         num_m_tiles = cdiv(rows_total, block_m)
         if layout == _CONTIGUOUS:
             num_m_tiles = min(num_m_tiles + experts, rows_total)  # gemm.plan_gemm's bound
+    ctas_per_sm, persistent = cfg.get("ctas_per_sm", 1), bool(cfg.get("persistent", False))
     plan = GluonPlan(
         layout=layout, experts=experts, n=n, k=k, max_m=max_m, rows_total=rows_total,
         block_m=block_m, block_n=block_n, block_k=block_k, group_m=cfg.get("GROUP_M", 8),
-        num_warps=cfg["num_warps"], num_stages=_fit_stages(block_m, block_n, block_k, k, cfg["num_stages"], cfg.get("ctas_per_sm", 1)),
-        producer_regs=cfg.get("producer_regs", 40), maxnreg=cfg.get("maxnreg"), num_m_tiles=num_m_tiles, num_n=num_n,
+        num_warps=cfg["num_warps"], num_stages=_fit_stages(block_m, block_n, block_k, k, cfg["num_stages"], ctas_per_sm, persistent),
+        producer_regs=cfg.get("persistent_producer_regs", 64) if persistent else cfg.get("producer_regs", 40),
+        maxnreg=cfg.get("maxnreg"), num_m_tiles=num_m_tiles, num_n=num_n,
+        max_programs=(sms if sms is not None else num_sms(x.device)) * ctas_per_sm if persistent else 0,
     )
     return plan, cfg
 
@@ -489,12 +705,13 @@ def descriptors(plan: GluonPlan, x: torch.Tensor, weight: torch.Tensor, weight_s
 def launch(plan: GluonPlan, x, weight, weight_scale, out, offs_arg, mm_arg) -> None:
     x_desc, w_desc, s_desc = descriptors(plan, x, weight, weight_scale)
     strides = tuple(out.stride()) if plan.layout == _MASKED else (0, *out.stride())
-    _mxfp4_gemm_ws_kernel[plan.grid](
+    kernel, slots = (_mxfp4_gemm_persistent_kernel, {"SCALE_SLOTS": SCALE_SLOTS}) if plan.persistent else (_mxfp4_gemm_ws_kernel, {})
+    kernel[plan.grid](
         x_desc, w_desc, s_desc, out, offs_arg, mm_arg,
         plan.max_m if plan.layout == _MASKED else plan.rows_total, plan.n, plan.experts, plan.num_m_tiles, plan.max_m,
         *strides,
         K=plan.k, LAYOUT=plan.layout, BLOCK_M=plan.block_m, BLOCK_N=plan.block_n, BLOCK_K=plan.block_k, GROUP_M=plan.group_m,
-        E_POW2=next_power_of_2(plan.experts), NUM_STAGES=plan.num_stages, PRODUCER_REGS=plan.producer_regs,
+        E_POW2=next_power_of_2(plan.experts), NUM_STAGES=plan.num_stages, PRODUCER_REGS=plan.producer_regs, **slots,
         TILES=plan.tiles, FULL_M=plan.full_m, TAIL_M=plan.tail_m, num_warps=plan.num_warps, **({"maxnreg": plan.maxnreg} if plan.maxnreg else {}),
     )
 
