@@ -388,7 +388,7 @@ def test_the_prefill_sweep_times_tail_tiles_on_an_even_and_a_routed_split():
 
 
 # ---------------------------------------------------------------------------------------------
-# The persistent form (the prefill entry's "persistent" flag, off: not yet run on a GPU): the host's plans, and a mirror
+# The persistent form (the prefill entry's "persistent" flag, off: measured no faster on an H100): the host's plans, and a mirror
 # of its walk (each program tiles pid, pid + programs, ... over the exact row tiles). The kernel itself is compiled by the
 # compile check's "persistent" cases; its output is compared with the table's by the prefill entry's sweep on a GPU.
 

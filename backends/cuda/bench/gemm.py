@@ -574,7 +574,7 @@ SWEEP = {
     # tile for nothing): the table's 128 x 256, the former 128 x 128, and 256-token tiles (one tile an expert: each weight
     # tile dequantised once, a quarter of the MMAs padding; stages as shared memory allows); the table's tile with tail
     # tiles (each expert's remainder of at most 64 rows in a 64-row tile of a second launch; the table's choice since 2026-12-07);
-    # the persistent form of it (one program per SM walking tiles; not yet run on a GPU, its max |out - table's| must be 0),
+    # the persistent form of it (one program per SM walking tiles; its max |out - table's| must be 0: it was on an H100),
     # also with the 4 stages its smaller scale buffers leave room for
     "mxfp4_gluon_large": _opts(
         [

@@ -38,24 +38,25 @@ the tail launch one tile of BLOCK_M / 2 rows for each remainder of 1 to BLOCK_M 
 (tuning/sm90.py: whole-call times, not a tile timed alone) a 64-row tile costs about 0.7 of a 128-row one. Both grids are
 bounded from the row and expert counts alone (no device sync: CUDA-graph safe); programs past the launch's tiles exit.
 
-Persistent form (the prefill entry's tuning flag `persistent`, OFF: not yet run on a GPU; compiled for sm90 without
-spills, its tile walk tested on the CPU; `python -m deepinfer_cuda.bench.gemm --sweep mxfp4_gluon_large` times it and
-prints its difference from the table's output, which must be 0). Why: one program per tile at about 176 KiB of shared
-memory is one CTA per SM, and each program's prologue (barrier init, the scale strip, the ring's fill) and epilogue
-(the accumulator through shared memory to a 128 x 256 store) leave the tensor cores idle: 487 TFLOP/s at V4-Flash's
-prefill w13 on an H100, about 62% of its bf16 matmul rate. `_mxfp4_gemm_persistent_kernel` launches at most one program
-per SM (`plan_gluon`'s `max_programs`); program p walks tiles p, p + programs, ... through the same tile map (masked: the
-grid's program order; contiguous: `grouped_tile` over the exact row tiles, their count summed on the device from the
-expert offsets, so no program walks tiles past every expert's), as gemm_fp8_gluon.py's persistent schedule. Tail tiles
-stay two launches (their tiles differ in BLOCK_M: the accumulator's and the activation box's shape), each persistent.
-Both partitions walk the same tiles; the ring's fill counter `it` and the scale-box counter run on across tiles (phases
-from them, never reset), and the consumer releases a tile's last stage and scale slot before its epilogue, so the
-producer loads the next tile while the consumer converts and stores this one. The scale strip becomes SCALE_SLOTS (2)
-slots of one [BLOCK_N, 512 K] box each with their own ready / empty barriers: the producer loads a span's box before the
-span's first ring fill, the consumer releases it at the next span's first step (its words were read before the wgmmas
-that step waits for): 8 KiB in place of the 32 KiB strip at K 4096 (4 stages would fit; the sweep has them). The K
-steps are `_mma_step`, the one-program-a-tile kernel's, in the same order: outputs equal bit for bit. Its producer warp
-maps every tile itself (a prefix sum over the experts): 64 registers where the other form's producer takes 40.
+Persistent form (the prefill entry's tuning flag `persistent`, off: on an H100, 2026-12-07, its outputs equalled the
+table's in `python -m deepinfer_cuda.bench.gemm --sweep mxfp4_gluon_large` and grouped_gemm's conformance passed with
+it, but it was no faster there: tuning/sm90.py has the figures; its tile walk is tested on the CPU). Why it was tried:
+one program per tile at about 176 KiB of shared memory is one CTA per SM, and each program's prologue (barrier init,
+the scale strip, the ring's fill) and epilogue (the accumulator through shared memory to a 128 x 256 store) leave the
+tensor cores idle: 487 TFLOP/s at V4-Flash's prefill w13 on an H100, about 62% of its bf16 matmul rate.
+`_mxfp4_gemm_persistent_kernel` launches at most one program per SM (`plan_gluon`'s `max_programs`); program p walks
+tiles p, p + programs, ... through the same tile map (masked: the grid's program order; contiguous: `grouped_tile`
+over the exact row tiles, their count summed on the device from the expert offsets, so no program walks tiles past
+every expert's), as gemm_fp8_gluon.py's persistent schedule. Tail tiles stay two launches (their tiles differ in
+BLOCK_M: the accumulator's and the activation box's shape), each persistent. Both partitions walk the same tiles; the
+ring's fill counter `it` and the scale-box counter run on across tiles (phases from them, never reset), and the
+consumer releases a tile's last stage and scale slot before its epilogue, so the producer loads the next tile while
+the consumer converts and stores this one. The scale strip becomes SCALE_SLOTS (2) slots of one [BLOCK_N, 512 K] box
+each with their own ready / empty barriers: the producer loads a span's box before the span's first ring fill, the
+consumer releases it at the next span's first step (its words were read before the wgmmas that step waits for): 8 KiB
+in place of the 32 KiB strip at K 4096 (4 stages would fit; the sweep has them). The K steps are `_mma_step`, the
+one-program-a-tile kernel's, in the same order: outputs equal bit for bit. Its producer warp maps every tile itself (a
+prefix sum over the experts): 64 registers where the other form's producer takes 40.
 
 Served: bf16 x, mxfp4 weights, K a multiple of 512 (the scale boxes) with the strip's BLOCK_N * K/32 bytes
 and the ring within shared memory, contiguous operands with 16-byte aligned rows (x flattens to [rows, K]; the
@@ -383,7 +384,7 @@ if GLUON_IMPORT_ERROR is None:
             )
 
     # -----------------------------------------------------------------------------------------
-    # The persistent form (the prefill entry's "persistent" flag, off: not yet run on a GPU; module docstring)
+    # The persistent form (the prefill entry's "persistent" flag, off: measured no faster; module docstring)
 
     @gluon.jit
     def _tile_of(tile, offs_ptr, mm_ptr, M, N, E, num_m_tiles,

@@ -109,9 +109,11 @@ CONFIGS: dict[str, dict[str, dict]] = {
         # 3.62 ms; `conformance --op grouped_gemm` passed with it (16 cases); the 8-layer prefill of 8 x 8192 tokens 0.954
         # -> 0.942 s (docs/measurements/2026-12-07/h100_round12/).
         # persistent (gemm_mxfp4_gluon.py's module docstring: one program per SM walking tiles, the ring running on across
-        # them so the next tile's loads overlap this one's epilogue): OFF, not yet run on a GPU; compiled for sm90 without
-        # spills. Its producer warp maps every tile itself (a prefix sum over the experts), so it takes 64 registers
-        # (40 spilled 88 bytes, 56 8 bytes); the consumers get 216.
+        # them so the next tile's loads overlap this one's epilogue): off. On an H100 (2026-12-07, h100_round12/e) its outputs
+        # equal the table's and grouped_gemm's conformance passed with it, but it was no faster: V4 w13 at 192 rows an
+        # expert 3.45 ms at 3 stages (3.25 at 4) against 3.42, a router's split 3.96 (3.89) against 3.83, the 8-layer
+        # prefill 0.944 / 0.967 s against 0.866 / 0.948. Its producer warp maps every tile itself (a prefix sum over the
+        # experts), so it takes 64 registers (40 spilled 88 bytes, 56 8 bytes); the consumers get 216.
         "mxfp4_gluon_large": {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 3, "producer_regs": 40,
                               "tail_tiles": True, "persistent": False, "persistent_producer_regs": 64},
         # The Gluon fp8_block kernel (gemm_fp8_gluon.py, fp8_path=gluon): NOT MEASURED, chosen by the sm90 compile check
