@@ -1,4 +1,4 @@
-"""Host lists to device tensors through one copy.
+"""Host lists to device tensors through one copy; the host-side tables a step's inputs are built from.
 
 A step's inputs are a handful of small integer and float lists (token ids, positions, slots, block
 tables, sampling parameters). Copied one tensor at a time, each is a host-to-device transfer of its
@@ -45,3 +45,33 @@ def padded_rows(rows: list[list[int]], dtype: torch.dtype = torch.int32) -> torc
     if not flat:
         return torch.zeros(len(rows), width, dtype=dtype)
     return torch.frombuffer(flat, dtype=torch.int64).view(len(rows), width).to(dtype)
+
+
+def flat_ints(rows: list[list[int]]) -> torch.Tensor:
+    """The rows concatenated as one int64 host tensor, read through array.fromlist (a prefill chunk's token ids: torch.tensor
+    over a 16384-long list comprehension took about a millisecond)."""
+    flat = array("q")
+    for row in rows:
+        flat.fromlist(row)
+    return torch.frombuffer(flat, dtype=torch.int64) if flat else torch.zeros(0, dtype=torch.int64)
+
+
+def segments(counts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(owner, offset) of every item of the concatenated segments of `counts` items (int64): item i is item offset[i] of
+    segment owner[i]."""
+    total = int(counts.sum())
+    starts = counts.cumsum(0) - counts
+    # The owner of an item: the segments starting at or before it, less one (an empty segment starts where the next
+    # does). Not repeat_interleave: its CPU kernel forks a thread team even for a few items.
+    owner = torch.bincount(starts, minlength=total + 1)[:total].cumsum(0) - 1
+    return owner, torch.arange(total) - starts[owner]
+
+
+def token_slots(starts: list[int], lengths: list[int], tables: torch.Tensor, block_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(positions, slots), int64 host tensors over the step's tokens: sequence b's lengths[b] tokens at positions starts[b],
+    starts[b] + 1, ..., and the paged cache slot of each (tables: the padded block tables, [B, pages]), in a few tensor
+    operations instead of a Python loop per token (4.5 ms of host time at a 16384-token chunk on a 2-core CPU)."""
+    owner, offset = segments(torch.tensor(lengths, dtype=torch.int64))
+    positions = torch.tensor(starts, dtype=torch.int64)[owner] + offset
+    pages = tables.to(torch.int64).view(-1).index_select(0, owner * tables.shape[1] + positions // block_size)
+    return positions, pages * block_size + positions % block_size

@@ -10,7 +10,7 @@ from typing import Callable
 import torch
 
 from deepinfer.device_graphs import GraphCapture
-from deepinfer.engine.host_staging import padded_rows, to_device
+from deepinfer.engine.host_staging import flat_ints, padded_rows, to_device, token_slots
 from deepinfer.engine.logits_processing import LogitsProcessing, needs_processing
 from deepinfer.engine.logprobs import LogprobRows, TokenLogprobs
 from deepinfer.engine.scheduler import ScheduledBatch
@@ -217,22 +217,25 @@ class ModelRunner:
         pad_to: every sequence brings this many rows, its own then padding ones (token 0 at its last
         position, written nowhere; the causal mask hides them from its own rows), and every row's logits."""
         bs = self.block_size
-        positions, slots, cu_seqlens, seq_lens = [], [], [0], []
-        for seq, start, ids in zip(seqs, starts, tokens):
-            end = start + len(ids)
-            positions.extend(range(start, end))
-            slots.extend(seq.block_table[p // bs] * bs + p % bs for p in range(start, end))
-            if pad_to is not None:
-                padding = pad_to - len(ids)
-                positions.extend([end - 1] * padding)
-                slots.extend([-1] * padding)
-                end = start + pad_to
-            cu_seqlens.append(cu_seqlens[-1] + end - start)
-            seq_lens.append(end)
-        if pad_to is not None:
+        tables = padded_rows([seq.block_table for seq in seqs])
+        if pad_to is None:
+            lengths = [len(ids) for ids in tokens]
+            positions, slots = token_slots(starts, lengths, tables, bs)
+        else:  # (speculative steps' padded graphs: a few rows each)
+            positions, slots = [], []
+            for seq, start, ids in zip(seqs, starts, tokens):
+                end = start + len(ids)
+                positions.extend(range(start, end))
+                slots.extend(seq.block_table[p // bs] * bs + p % bs for p in range(start, end))
+                positions.extend([end - 1] * (pad_to - len(ids)))
+                slots.extend([-1] * (pad_to - len(ids)))
             tokens = [ids + [0] * (pad_to - len(ids)) for ids in tokens]
             logits_rows = list(range(len(seqs) * pad_to))
-        lengths = [len(ids) for ids in tokens]
+            lengths = [pad_to] * len(seqs)
+        seq_lens = [start + n for start, n in zip(starts, lengths)]
+        cu_seqlens = [0]
+        for n in lengths:
+            cu_seqlens.append(cu_seqlens[-1] + n)
         host = HostBatch(
             starts=list(starts),
             lengths=lengths,
@@ -242,9 +245,8 @@ class ModelRunner:
             decoder_from=self._decoder_from(seqs),
             upload=lambda fields: to_device(fields, self.device, self.pin_host_buffers),
         )
-        tables = padded_rows([seq.block_table for seq in seqs])
         input_ids, positions, slot_mapping, cu_seqlens_q, seq_lens_t, block_tables, logits_indices, state_slots = self.tensors(
-            ([t for ids in tokens for t in ids], torch.int64), (positions, torch.int64), (slots, torch.int64), (cu_seqlens, torch.int32),
+            (flat_ints(tokens), torch.int64), (positions, torch.int64), (slots, torch.int64), (cu_seqlens, torch.int32),
             (seq_lens, torch.int32), (tables, torch.int32), (logits_rows, torch.int64), (host.slots, torch.int32),
         )  # fmt: skip
         return ForwardBatch(

@@ -238,8 +238,9 @@ def test_plan_time_at_v4_flash_decode_sizes():
 def test_an_upload_moves_the_whole_plan_in_one_call():
     """With the engine's staging (HostBatch.upload), a prefill chunk's plan reaches the device through ONE transfer
     of every table (one pageable copy per table made the host wait for the device's previous step each time):
-    the same plan, field by field, as views of one packed buffer; the window rows, the largest table, are computed on the
-    device from the uploaded block tables instead of being uploaded."""
+    the same plan, field by field, as views of one packed buffer; the per-token tables (the window rows, the HCA layers'
+    visible rows), the largest, are computed on the device from the uploaded block and entry tables instead of being
+    uploaded."""
     from deepinfer.engine.host_staging import to_device
 
     config = CONFIGS["v4-flash"]
@@ -256,6 +257,7 @@ def test_an_upload_moves_the_whole_plan_in_one_call():
         staged = plan_step(config, seqs, 64, CPU, upload=upload)
         assert len(calls) == 1 and calls[0] >= 4, calls
         assert_same(staged, plan_step(config, seqs, 64, CPU), f"case {case}: {seqs}")
+        computed = [staged.window_rows, *(plan.visible_rows for plan in staged.ratios.values())]
         tables = [t for plan in (staged, *staged.ratios.values(), *staged.compressors.values()) for t in vars(plan).values()
-                  if isinstance(t, torch.Tensor) and t.numel() and t is not staged.window_rows]  # fmt: skip
+                  if isinstance(t, torch.Tensor) and t.numel() and not any(t is c for c in computed)]  # fmt: skip
         assert len({t.untyped_storage().data_ptr() for t in tables}) == 1  # one buffer: one copy

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field, fields, replace
 
 import torch
 
+from deepinfer.engine.host_staging import segments
 from deepinfer.model.deepseek_v4.caches import ring_size
 from deepinfer.model.deepseek_v4.config import CSA, V4Config
 
@@ -74,9 +75,13 @@ def plan_step(config: V4Config, seqs: list[SeqStep], block_size: int, device: to
     with `lookahead`). upload: HostBatch.upload, the engine's one-copy staging of host tensors (None: a copy each)."""
     batch = _Batch.of(seqs, block_size)
     step, (pages,) = _to_device(_plan_on_host(config, batch, {**ring_sizes(config, lookahead), **(rings or {})}), device, upload, also=[batch.pages])
-    # The window rows are the largest table (an 8192-token chunk: 1M slots, ~20 ms of host time): computed where the
-    # tables went, from the block tables, in a few launches on the device.
+    # The per-token tables are the largest (an 8192-token chunk: the window rows 1M slots, ~20 ms of host time; an HCA
+    # layer's visible rows at 16384 tokens 2M, ~2 ms and 8 MB to upload): computed where the tables went, from the block
+    # tables and the entry tables, in a few launches on the device, with no value read back.
     step.window_rows = _window_rows(pages, block_size, step.token_seq, step.positions, config.sliding_window)
+    for ratio in _ratios_reading_every_entry(config):
+        plan = step.ratios[ratio]
+        plan.visible_rows = _visible_rows(plan.entry_rows, step.token_seq, plan.num_visible)
     return step
 
 
@@ -96,17 +101,13 @@ def ring_sizes(config: V4Config, lookahead: int = 0) -> dict[tuple[int, bool], i
 
 
 def _plan_on_host(config: V4Config, batch: _Batch, rings: dict[tuple[int, bool], int]) -> V4Step:
-    token_seq, offset = _segments(batch.length)
+    token_seq, offset = segments(batch.length)
     positions = batch.start[token_seq] + offset
     step = V4Step(positions, token_seq.to(I32), None, _write_slots(batch, token_seq, positions))  # window rows: plan_step
     kinds = layer_kinds(config)
     for ratio in sorted({r for r, _ in kinds}):
-        table = _entry_table(batch, ratio)
         visible = (positions + 1) // ratio  # entries whose window is complete at the token's position
-        plan = RatioPlan(table, visible.to(I32))
-        if any(not overlap for r, overlap in kinds if r == ratio):
-            plan.visible_rows = _visible_rows(table, token_seq, visible)
-        step.ratios[ratio] = plan
+        step.ratios[ratio] = RatioPlan(_entry_table(batch, ratio), visible.to(I32))  # visible_rows: plan_step, on the device
     for ratio, overlap in compressor_kinds(config):
         step.compressors[(ratio, overlap)] = _plan_compressor(batch, token_seq, positions, ratio, overlap, rings[(ratio, overlap)])
     return step
@@ -171,16 +172,6 @@ def _page_matrix(tables: list[list[int]]) -> torch.Tensor:
 def _starts(counts: torch.Tensor) -> torch.Tensor:
     """Where each segment of `counts` items begins once they are concatenated."""
     return counts.cumsum(0) - counts
-
-
-def _segments(counts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(owner, offset) of every item of the concatenated segments: item i is item offset[i] of segment owner[i]."""
-    total = int(counts.sum())
-    starts = _starts(counts)
-    # The owner of an item: the segments starting at or before it, less one (an empty segment starts where the next
-    # does). Not repeat_interleave: its CPU kernel forks a thread team even for a few items.
-    owner = torch.bincount(starts, minlength=total + 1)[:total].cumsum(0) - 1
-    return owner, torch.arange(total) - starts[owner]
 
 
 # ---- the sliding window ------------------------------------------------------------------------
@@ -249,12 +240,17 @@ def _blocked_entry_rows(pages: torch.Tensor, rows: int, width: int) -> torch.Ten
     return table
 
 
+def _ratios_reading_every_entry(config: V4Config) -> list[int]:
+    """The ratios of HCA layers (no overlap): their tokens read every visible entry, so they need `visible_rows`."""
+    kinds = layer_kinds(config)
+    return sorted({ratio for ratio, overlap in kinds if not overlap})
+
+
 def _visible_rows(table: torch.Tensor, token_seq: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:
-    """[T, E] int32: the rows of the first `visible` entries of each token's sequence, -1 beyond."""
+    """[T, E] int32: the rows of the first `visible` entries of each token's sequence, -1 beyond, on the tensors'
+    device (two launches, nothing read back)."""
     rows = table.index_select(0, token_seq)
-    fewest = int(visible.min()) if len(visible) else 0  # columns before it are visible to every token
-    rows[:, fewest:].masked_fill_(torch.arange(fewest, table.shape[1]) >= visible[:, None], -1)
-    return rows
+    return rows.masked_fill_(torch.arange(table.shape[1], device=table.device) >= visible[:, None], -1)
 
 
 # ---- compressors -------------------------------------------------------------------------------
@@ -267,7 +263,7 @@ def _plan_compressor(batch: _Batch, token_seq: torch.Tensor, positions: torch.Te
     back = ratio * (first_window > 0) if overlap else 0
     first = torch.minimum(first_window * ratio - back, batch.start)
     history_lens = batch.start - first
-    history_seq, history_offset = _segments(history_lens)
+    history_seq, history_offset = segments(history_lens)
     history = batch.slot[history_seq] * ring + (first[history_seq] + history_offset) % ring
 
     # Sources: cat(history rows, token rows), laid out by sequence (its history, then its tokens): its positions first .. end - 1.
