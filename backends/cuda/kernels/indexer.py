@@ -114,6 +114,25 @@ _MAX_GRID_Y = 65535  # CUDA's grid y limit (multi_query's query blocks)
 _NO_SEQ = tl.constexpr(2147483647)  # multi_query: "no sequence left"
 
 
+@triton.jit
+def _key_tile(q_ptr, keys_ptr, key_scale_ptr, rows_ptr, seq, D, stride_k, stride_rb, offs_e, e_in, offs_d, d_ok,
+              DOT_F32: tl.constexpr, FP8: tl.constexpr):  # fmt: skip
+    """Sequence `seq`'s key tile [BLOCK_E, BLOCK_D] at entries offs_e as the dot operand (q's dtype, or float32 for
+    DOT_F32), and each key's float32 scale (FP8 keys; 1 otherwise). FP8 keys are e4m3 bytes, exact in q's dtype, their
+    scale applied to the score afterwards: relu(s * x) = s * relu(x) for the scale s > 0."""
+    rows = tl.load(rows_ptr + seq.to(tl.int64) * stride_rb + offs_e, mask=e_in, other=0)
+    rows = tl.maximum(rows.to(tl.int64), 0)  # -1 past a table's last entry: never visible
+    keys = tl.load(keys_ptr + rows[:, None] * stride_k + offs_d[None, :], mask=e_in[:, None] & d_ok[None, :], other=0.0)
+    key_scale = tl.full(offs_e.shape, 1.0, tl.float32)
+    if FP8:
+        keys = keys.to(tl.float8e4nv, bitcast=True)
+        key_scale = tl.load(key_scale_ptr + (rows * stride_k + D) // 4, mask=e_in, other=0.0)
+        keys = keys.to(tl.float32) if DOT_F32 else keys.to(q_ptr.dtype.element_ty)
+    elif DOT_F32:
+        keys = keys.to(tl.float32)
+    return keys, key_scale
+
+
 @triton.jit(do_not_specialize=["T"])
 def _indexer_scores_kernel(
     q_ptr, w_ptr, keys_ptr, key_scale_ptr, rows_ptr, seq_ptr, nv_ptr, scores_ptr,
@@ -155,17 +174,8 @@ def _indexer_scores_kernel(
             if first < nv:
                 seq = tl.load(seq_ptr + t64).to(tl.int32)
                 if seq != cur:
-                    rows = tl.load(rows_ptr + seq.to(tl.int64) * stride_rb + offs_e, mask=e_in, other=0)
-                    rows = tl.maximum(rows.to(tl.int64), 0)  # -1 past a table's last entry: never visible
-                    k = tl.load(keys_ptr + rows[:, None] * stride_k + offs_d[None, :], mask=e_in[:, None] & d_ok[None, :], other=0.0)
-                    if FP8:
-                        # e4m3 values, exact in q's dtype; relu(s * x) = s * relu(x) for the scale s > 0
-                        k = k.to(tl.float8e4nv, bitcast=True)
-                        key_scale = tl.load(key_scale_ptr + (rows * stride_k + D) // 4, mask=e_in, other=0.0)
-                        k = k.to(tl.float32) if DOT_F32 else k.to(q_ptr.dtype.element_ty)
-                    elif DOT_F32:
-                        k = k.to(tl.float32)
-                    keys = k
+                    keys, key_scale = _key_tile(q_ptr, keys_ptr, key_scale_ptr, rows_ptr, seq, D, stride_k, stride_rb, offs_e, e_in, offs_d, d_ok,
+                                                DOT_F32, FP8)  # fmt: skip
                     cur = seq
                 qt = tl.load(q_ptr + t64 * stride_qt + offs_h[None, :] * stride_qh + offs_d[:, None], mask=d_ok[:, None] & h_ok[None, :], other=0.0)
                 if DOT_F32:
@@ -231,16 +241,7 @@ def _indexer_scores_multi_query_kernel(
         member = sees & (seqs == seq)
         g_lo = tl.min(tl.where(member, group_of, BLOCK_T))  # groups from the first to the last with a member
         g_hi = tl.max(tl.where(member, group_of, -1)) + 1
-        rows = tl.load(rows_ptr + seq.to(tl.int64) * stride_rb + offs_e, mask=e_in, other=0)
-        rows = tl.maximum(rows.to(tl.int64), 0)  # -1 past a table's last entry: never visible
-        keys = tl.load(keys_ptr + rows[:, None] * stride_k + offs_d[None, :], mask=e_in[:, None] & d_ok[None, :], other=0.0)
-        if FP8:
-            # e4m3 values, exact in q's dtype; relu(s * x) = s * relu(x) for the scale s > 0
-            keys = keys.to(tl.float8e4nv, bitcast=True)
-            key_scale = tl.load(key_scale_ptr + (rows * stride_k + D) // 4, mask=e_in, other=0.0)
-            keys = keys.to(tl.float32) if DOT_F32 else keys.to(q_ptr.dtype.element_ty)
-        elif DOT_F32:
-            keys = keys.to(tl.float32)
+        keys, key_scale = _key_tile(q_ptr, keys_ptr, key_scale_ptr, rows_ptr, seq, D, stride_k, stride_rb, offs_e, e_in, offs_d, d_ok, DOT_F32, FP8)
         for g in tl.range(g_lo, g_hi, num_stages=NUM_STAGES):
             tg = t0 + g * QN
             t_col = tl.minimum(tg + col_q, T - 1).to(tl.int64)  # clamped: past T loads query T - 1's, never stored
