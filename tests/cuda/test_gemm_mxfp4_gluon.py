@@ -307,34 +307,26 @@ def test_tail_tiles_compute_every_row_once_at_v4_flash_prefill():
         assert bool((_coverage(plans, _offsets(counts)) == 1).all()), counts[:8]
 
 
+def _small_contiguous_plan(experts: int, rows: int, full_m: int, **extra) -> "gg.GluonPlan":
+    """A contiguous launch of `rows` rows over `experts` experts in full_m-row tiles and 3 N blocks of 1 (the small-split
+    tests' toy shape)."""
+    from deepinfer.triton_common import cdiv
+
+    fields = dict(layout=gg._CONTIGUOUS, experts=experts, n=3, k=512, max_m=0, rows_total=rows, block_m=full_m, block_n=1, block_k=128,
+                  group_m=2, num_warps=4, num_stages=2, producer_regs=40, maxnreg=None, num_m_tiles=cdiv(rows, full_m) + experts, num_n=3)
+    return gg.GluonPlan(**{**fields, **extra})
+
+
 def test_tail_tile_grid_bounds_hold_for_every_split_of_the_rows():
     """Every split of up to 14 rows over up to 4 experts (body tiles of 4 rows, tail tiles of 2): each launch's tiles fit
     its bound; together they compute every row once. And the V4-Flash prefill bounds against their worst splits."""
     from itertools import combinations_with_replacement
 
-    from deepinfer.triton_common import cdiv
 
     full_m, tail_m = 4, 2
     for experts in range(1, 5):
         for rows in range(1, 15):
-            plan = gg.GluonPlan(
-                layout=gg._CONTIGUOUS,
-                experts=experts,
-                n=3,
-                k=512,
-                max_m=0,
-                rows_total=rows,
-                block_m=full_m,
-                block_n=1,
-                block_k=128,
-                group_m=2,
-                num_warps=4,
-                num_stages=2,
-                producer_regs=40,
-                maxnreg=None,
-                num_m_tiles=cdiv(rows, full_m) + experts,
-                num_n=3,
-            )
+            plan = _small_contiguous_plan(experts, rows, full_m)
             plans = gg.tail_tile_plans(plan, {"num_stages": 2})
             assert [p.num_m_tiles for p in plans] == [n for n in (gg.body_tile_bound(rows, experts, full_m, tail_m), gg.tail_tile_bound(rows, experts)) if n]
             for cuts in combinations_with_replacement(range(rows + 1), experts - 1):  # every split: sorted cut points
@@ -468,31 +460,12 @@ def test_persistent_walk_computes_every_row_once_for_every_small_split():
     on 1, 2, 3 and 5 programs: every row computed once."""
     from itertools import combinations_with_replacement
 
-    from deepinfer.triton_common import cdiv
 
     full_m = 4  # (tail tiles of 2)
     for experts in range(1, 5):
         for rows in range(1, 15):
             for programs in (1, 2, 3, 5):
-                plan = gg.GluonPlan(
-                    layout=gg._CONTIGUOUS,
-                    experts=experts,
-                    n=3,
-                    k=512,
-                    max_m=0,
-                    rows_total=rows,
-                    block_m=full_m,
-                    block_n=1,
-                    block_k=128,
-                    group_m=2,
-                    num_warps=4,
-                    num_stages=2,
-                    producer_regs=64,
-                    maxnreg=None,
-                    num_m_tiles=cdiv(rows, full_m) + experts,
-                    num_n=3,
-                    max_programs=programs,
-                )
+                plan = _small_contiguous_plan(experts, rows, full_m, producer_regs=64, max_programs=programs)
                 for plans in ((plan,), gg.tail_tile_plans(plan, {"num_stages": 2})):
                     assert all(p.persistent and p.grid[0] <= programs for p in plans)
                     for cuts in combinations_with_replacement(range(rows + 1), experts - 1):
