@@ -220,7 +220,7 @@ class ModelRunner:
         tables = padded_rows([seq.block_table for seq in seqs])
         if pad_to is None:
             lengths = [len(ids) for ids in tokens]
-            positions, slots = token_slots(starts, lengths, [seq.block_table for seq in seqs], bs)
+            positions, slots = token_slots(starts, lengths, [seq.block_table for seq in seqs], tables, bs)
         else:  # (speculative steps' padded graphs: a few rows each)
             positions, slots = [], []
             for seq, start, ids in zip(seqs, starts, tokens):

@@ -54,7 +54,7 @@ def test_token_slots_match_the_per_token_loop():
             start, n = gen.randint(0, 300), gen.choice([0, 1, 1, 7, gen.randint(1, 400)])
             pages = gen.sample(range(5000), -(-(start + n) // block_size) + gen.randint(0, 3))
             starts.append(start), lengths.append(n), tables.append(pages)
-        positions, slots = token_slots(starts, lengths, tables, block_size)
+        positions, slots = token_slots(starts, lengths, tables, padded_rows(tables), block_size)
         want_positions = [p for start, n in zip(starts, lengths) for p in range(start, start + n)]
         want_slots = [pages[p // block_size] * block_size + p % block_size for start, n, pages in zip(starts, lengths, tables)
                       for p in range(start, start + n)]  # fmt: skip
