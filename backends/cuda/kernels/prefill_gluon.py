@@ -52,6 +52,8 @@ Triton 3.6 (the GPU machine) and 3.9 differ in names used here: the TMA load and
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from deepinfer.ops import attention as attention_ops
@@ -309,6 +311,45 @@ def grid(num_tokens: int, num_requests: int, heads: int) -> tuple[int, int]:
     return num_tokens // BLOCK_M + num_requests, heads
 
 
+@dataclass(frozen=True)
+class ProgramPlan:
+    """What one program of `_prefill_ws_kernel` works on (any head): its request, query tile and key tiles."""
+
+    request: int
+    m_blk: int  # the query tile (rows m_blk * BLOCK_M .. of the request)
+    q_start: int
+    q_len: int
+    k_start: int
+    k_len: int
+    num_tiles: int  # key tiles 0 .. num_tiles - 1 (BLOCK_N keys each, from the request's key 0)
+    n_full: int  # key tiles 0 .. n_full - 1 visible to every row of the query tile: no mask
+
+
+def program_plan(cu_seqlens_q: list[int], cu_seqlens_k: list[int], pid: int) -> ProgramPlan | None:
+    """The kernel's prologue in Python, for program `pid` of grid axis 0: None for a slot past its request's tiles. The
+    same integer arithmetic as the kernel (the binary search included), so the CPU tests can check what no GPU has run:
+    every query tile gets exactly one program and its key tiles cover its causal range."""
+    num_requests = len(cu_seqlens_q) - 1
+    lo, hi = 0, num_requests
+    for _ in range(max(num_requests - 1, 0).bit_length()):
+        mid = (lo + hi) // 2
+        if cu_seqlens_q[mid] // BLOCK_M + mid <= pid:
+            lo = mid
+        else:
+            hi = mid
+    b = lo
+    q_start, k_start = cu_seqlens_q[b], cu_seqlens_k[b]
+    q_len, k_len = cu_seqlens_q[b + 1] - q_start, cu_seqlens_k[b + 1] - k_start
+    num_m_blocks = (q_len + BLOCK_M - 1) // BLOCK_M
+    slot = pid - (q_start // BLOCK_M + b)
+    if slot >= num_m_blocks:
+        return None
+    m_blk = num_m_blocks - 1 - slot
+    pos0 = k_len - q_len
+    last_pos = pos0 + min((m_blk + 1) * BLOCK_M, q_len) - 1
+    return ProgramPlan(b, m_blk, q_start, q_len, k_start, k_len, (last_pos + BLOCK_N) // BLOCK_N, (pos0 + m_blk * BLOCK_M + 1) // BLOCK_N)
+
+
 def _descriptor(x: torch.Tensor, block_rows: int):
     """TMA over x's [T, H * D] view in [block_rows, 64] boxes (128-byte swizzle: wgmma's operand layout)."""
     x2 = x.as_strided((x.shape[0], x.shape[1] * x.shape[2]), (x.stride(0), 1))
@@ -367,4 +408,4 @@ def prefill(
     return out if out is not None else tl_prefill.launch_prefill(q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale, sliding_window)
 
 
-__all__ = ["launch_prefill_gluon", "not_served", "prefill"]
+__all__ = ["ProgramPlan", "grid", "launch_prefill_gluon", "not_served", "prefill", "program_plan"]
