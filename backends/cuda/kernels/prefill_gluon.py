@@ -1,7 +1,8 @@
 """Gluon kernel (SM90): `prefill`, var-len causal attention with FlashAttention-3's schedule (DeepSeek MLA's 192/128 heads).
 
-NOT YET RUN ON A GPU: compiled for sm90 by `deepinfer bench compile --case "prefill gluon"` (wgmma, TMA, no spills),
-its host side tested on the CPU. Not a registration module: no backend choice selects it until it has passed
+NOT YET RUN ON A GPU: compiled for sm90 by `deepinfer bench compile --case "prefill gluon"` with Triton 3.9 and 3.6
+(wgmma, TMA, no spills, no wgmma serialisation warning from ptxas), its host side and its schedule (emulated in torch)
+tested on the CPU. Not a registration module: no backend choice selects it until it has passed
 tests/cuda/test_prefill_gluon.py's GPU cases and the conformance cases on an SM90 GPU; `deepinfer bench ops` times it
 beside the tl kernel (the prefill rows ending ", gluon") by calling `launch_prefill_gluon` directly.
 
@@ -12,8 +13,8 @@ softmax_scale * log2(e), p = exp2(s * qk_scale - m): one FMA, so softmax_scale >
 output O / l in bf16. prefill.py's tl kernel computes the same function.
 
 Why: prefill.py's tl kernel runs QK^T, the online softmax and PV in order in the same warps, so the tensor cores wait
-on each tile's softmax (0.81x torch SDPA at B4 x 4096 causal, 16 heads, on an H100: 62% of the bf16 matmul rate);
-Triton 3.6's tl warp_specialize does not compile that loop. FlashAttention-3 (Shah et al., 2024) overlaps them with
+on each tile's softmax (docs/performance.md: 0.81x torch SDPA at B4 x 4096 causal, 16 heads, 62% of the bf16 matmul
+rate); Triton 3.6's tl warp_specialize does not compile that loop. FlashAttention-3 (Shah et al., 2024) overlaps them with
 warp specialisation and two consumer warpgroups that take turns on the tensor cores; this kernel follows its design.
 
 Schedule: one program per (128-row query tile of one request, head), grid (Tq // 128 + B, H) from shapes only, as
