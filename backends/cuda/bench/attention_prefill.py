@@ -7,6 +7,10 @@ convention) when there is a cached prefix. torch picks the backend: Dqk 192 != D
 out flash attention, so torch takes the memory-efficient (or cuDNN) kernel; the d=128/128 cases
 are there for reference against SDPA's flash kernel.
 
+Rows ending ", gluon" time the same inputs through the SM90 Gluon kernel (kernels/prefill_gluon.py: FlashAttention-3's
+schedule, registered for nothing until it has run on a GPU) by calling its launch directly, beside the tl kernel's
+rows; a call it does not serve (not SM90, no Gluon) is an error row saying why, never the tl kernel timed again.
+
 FLOPs: 2 * (Dqk + Dv) * H * (visible query-key pairs), the pairs counted exactly
 (q_len * prefix + q_len * (q_len + 1) / 2 per request): the causal half, no credit for masked work.
 
@@ -64,6 +68,15 @@ def _kernel(s: dict):
     return prefill(s["q"], s["k"], s["v"], s["cu_q"], s["cu_k"], softmax_scale=s["scale"])
 
 
+def _kernel_gluon(s: dict):
+    from deepinfer_cuda.kernels import prefill_gluon
+
+    out = prefill_gluon.launch_prefill_gluon(s["q"], s["k"], s["v"], s["cu_q"], s["cu_k"], s["scale"])
+    if out is None:
+        raise RuntimeError(f"prefill_gluon does not serve the call: {prefill_gluon.not_served(s['q'], s['k'], s['v'], s['scale'])}")
+    return out
+
+
 def _peer(s: dict):
     import torch.nn.functional as F
 
@@ -94,9 +107,9 @@ SHAPES = [
 CASES = [
     BenchCase(
         op="prefill",
-        name=name,
+        name=name + suffix,
         setup=_setup(b, lq, lk, h, dqk, dv),
-        kernel=_kernel,
+        kernel=kernel,
         peer=_peer,
         peer_name="torch SDPA (causal, batch form)",
         flops=_flops,
@@ -104,6 +117,7 @@ CASES = [
         bound="compute",
     )
     for name, b, lq, lk, h, dqk, dv in SHAPES
+    for suffix, kernel in (("", _kernel), (", gluon", _kernel_gluon))
 ]
 
 

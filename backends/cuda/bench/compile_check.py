@@ -436,6 +436,21 @@ def _gluon_sparse_fp8(t: int, heads: int, extra: int, lengths: bool = False) -> 
     return call
 
 
+def _gluon_prefill(tokens: int, heads: int, requests: int, prefix: int = 0, d_qk: int = 192) -> Callable[[], None]:
+    """The SM90 Gluon prefill (prefill_gluon, registered for nothing yet) through its launch: `requests` requests of
+    tokens / requests new tokens each after `prefix` cached keys, Dqk / 128 heads. It must serve the call (a None return
+    would mean the case compiled nothing of it)."""
+    def call():
+        from deepinfer_cuda.kernels import prefill_gluon
+
+        keys = tokens + requests * prefix
+        cu = _t(requests + 1, dtype=torch.int32)
+        out = prefill_gluon.launch_prefill_gluon(_t(tokens, heads, d_qk), _t(keys, heads, d_qk), _t(keys, heads, 128), cu, cu, d_qk ** -0.5)
+        if out is None:
+            raise RuntimeError("prefill_gluon declined the call")
+    return call
+
+
 def _hc_pre(t: int, streams: int = 4, hidden: int = 4096, invariant: bool = False, normed: bool = False) -> Callable[[], None]:
     """DeepSeek-V4's hc_pre: t tokens of `streams` x `hidden` bf16 streams, the float32 mixing projection; normed: the
     block's norm folded into the combine."""
@@ -661,6 +676,13 @@ CASES: list[Case] = [
     Case("sparse_attention fp8 gluon decode T256 H64 (one split)", _gluon_sparse_fp8(256, 64, 512), "mma", archs=("sm90",)),
     Case("sparse_attention fp8 gluon decode T64 H64 (splits)", _gluon_sparse_fp8(64, 64, 512), "mma", archs=("sm90",)),
     Case("sparse_attention fp8 gluon decode T8 H64 HCA lengths (splits)", _gluon_sparse_fp8(8, 64, 8192, lengths=True), "mma", archs=("sm90",)),
+    # The SM90 Gluon prefill (FlashAttention-3's schedule: a TMA producer warpgroup, two ping-pong wgmma consumer warpgroups;
+    # not registered until run on a GPU): DeepSeek MLA's 192/128 heads at 16 and 128 heads, causal and after a cached prefix;
+    # 128/128 heads (the bench's reference rows against SDPA's flash kernel)
+    Case("prefill gluon bf16 H16 192/128 (4x4096 causal)", _gluon_prefill(16384, 16, 4), "mma", archs=("sm90",), tma=True),
+    Case("prefill gluon bf16 H128 192/128 (2x2048 causal)", _gluon_prefill(4096, 128, 2), "mma", archs=("sm90",), tma=True),
+    Case("prefill gluon bf16 H16 192/128 (4x1024 after 3072 cached)", _gluon_prefill(4096, 16, 4, prefix=3072), "mma", archs=("sm90",), tma=True),
+    Case("prefill gluon bf16 H16 128/128 (4x4096 causal)", _gluon_prefill(16384, 16, 4, d_qk=128), "mma", archs=("sm90",), tma=True),
     # the fp8 activation quantiser alone (decode rows)
     Case("quant_act_fp8 bf16 M1 K4096", _quant_act_fp8(1, 4096), None),
     Case("quant_act_fp8 bf16 M64 K4096", _quant_act_fp8(64, 4096), None),
@@ -725,6 +747,7 @@ def _as_arch(arch: str, launches: list[Launch]):
         moe,
         norm,
         prefill,
+        prefill_gluon,
         rejection_sampling,
         rope,
         sampling,
@@ -755,7 +778,8 @@ def _as_arch(arch: str, launches: list[Launch]):
         (indexer, "interpreting", lambda: False), (indexer, "upcast_dot", lambda: False),
     ]
     modules = (activation, decode_plan, gemm, gemm_fp8_gluon, gemm_mxfp4_gluon, hyper_connection, indexer, kv_cache, logits_processing, logprobs, mla_decode,
-               mla_decode_fp8_gluon, moe, norm, prefill, rejection_sampling, rope, sampling, sparse_attention, sparse_attention_fp8_gluon)  # fmt: skip
+               mla_decode_fp8_gluon, moe, norm, prefill, prefill_gluon, rejection_sampling, rope, sampling, sparse_attention,
+               sparse_attention_fp8_gluon)  # fmt: skip
     kernels = [v for mod in modules for v in vars(mod).values() if hasattr(v, "run") and hasattr(v, "arg_names")]
     saved = [(mod, name, getattr(mod, name)) for mod, name, _ in patches]
     try:

@@ -1,0 +1,192 @@
+"""The SM90 Gluon prefill (FlashAttention-3's schedule; registered for nothing until it has run on a GPU): on a CPU, which
+calls it serves, that it is not registered, its fallback to the tl kernel, and its schedule (the kernel's prologue in
+Python, `program_plan`, and the tile loop emulated in torch) against the op's reference; on an SM90 GPU
+(TRITON_INTERPRET=0 pytest tests/cuda/test_prefill_gluon.py), its output against the reference (deepinfer.ops) on var-len
+causal batches, 16 and 128 heads, cached prefixes, 192/128 and 128/128 heads, within the conformance tolerance for bf16
+and a tighter bound. Its compilation for sm90 is tests/cuda/test_compile_check.py's (`bench compile --case "prefill gluon"`)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import deepinfer_cuda.kernels.prefill_gluon as g  # (imports without Gluon too: GLUON_IMPORT_ERROR says why, below)
+from deepinfer.ops.attention import prefill as ref_prefill
+from deepinfer.registry import OPS, check_signature
+
+from triton_mode import GPU, mode
+
+if g.GLUON_IMPORT_ERROR is not None:
+    pytest.skip(f"no Gluon for Hopper in this Triton (runs with Triton >= 3.5: CI, the GPU machine): {g.GLUON_IMPORT_ERROR}", allow_module_level=True)
+
+
+def _meta(*shape, dtype=torch.bfloat16):
+    return torch.empty(*shape, dtype=dtype, device="meta")
+
+
+def _call(tokens=256, keys=512, heads=16, d_qk=192, d_v=128, dtype=torch.bfloat16, scale=0.07, window=None, **tensors):
+    call = dict(q=_meta(tokens, heads, d_qk, dtype=dtype), k=_meta(keys, heads, d_qk, dtype=dtype), v=_meta(keys, heads, d_v, dtype=dtype),
+                softmax_scale=scale, sliding_window=window)
+    call.update(tensors)
+    return call
+
+
+def _batch(q_lens, prefixes, heads, d_qk, d_v, seed, device="cpu"):
+    gen = torch.Generator().manual_seed(seed)
+    k_lens = [q + p for q, p in zip(q_lens, prefixes)]
+    cu_q = torch.tensor([0] + q_lens).cumsum(0).to(torch.int32)
+    cu_k = torch.tensor([0] + k_lens).cumsum(0).to(torch.int32)
+    q = torch.randn(sum(q_lens), heads, d_qk, generator=gen).bfloat16()
+    k = torch.randn(sum(k_lens), heads, d_qk, generator=gen).bfloat16()
+    v = torch.randn(sum(k_lens), heads, d_v, generator=gen).bfloat16()
+    return tuple(x.to(device) for x in (q, k, v, cu_q, cu_k))
+
+
+def _check(out, q, k, v, cu_q, cu_k, scale):
+    """The conformance tolerance for bf16 (atol * the longest request's keys + rtol * |ref|), and a tighter bound that a
+    key masked wrongly in a short request breaks: |err| <= 1e-2 (1 + |ref|), relative norm error <= 5e-3."""
+    ref = ref_prefill(q.double(), k.double(), v.double(), cu_q, cu_k, softmax_scale=scale)
+    assert out.dtype == torch.bfloat16 and out.shape == ref.shape and torch.isfinite(out).all()
+    spec = OPS["prefill"]
+    tol = spec.tolerance(torch.bfloat16)
+    err = (out.double() - ref).abs()
+    bound = tol.atol * spec.reduction_length({"cu_seqlens_k": cu_k}) + tol.rtol * ref.abs()
+    assert bool((err <= bound).all()), f"conformance: max err {float(err.max()):.3g}, worst err/bound {float((err / bound).max()):.3g}"
+    assert bool((err <= 1e-2 * (1 + ref.abs())).all()), f"max err {float(err.max()):.3g}"
+    assert float((out.double() - ref).norm() / ref.norm()) <= 5e-3
+
+
+# (q_lens, prefixes): one token, block edges (63/64/65, 127/128/129), long requests, cached prefixes across tile edges
+# (5, 64, 100, 1000), an empty request (no queries, with and without keys)
+BATCHES = [
+    ([1, 63, 64, 65, 127, 128, 129, 300], [0] * 8),
+    ([1, 100, 256, 77, 200], [5, 1000, 128, 3000, 64]),
+    ([70, 0, 130, 0, 40], [0, 0, 60, 50, 200]),
+]
+
+
+def test_calls_it_does_not_serve_say_why():
+    for kw in (dict(), dict(heads=128), dict(heads=1), dict(d_qk=128), dict(tokens=1, keys=1)):
+        assert g.not_served(**_call(**kw)) is None, kw
+    assert "bfloat16" in g.not_served(**_call(dtype=torch.float16))
+    assert "bfloat16" in g.not_served(**_call(dtype=torch.float32))
+    assert "Dqk = 64" in g.not_served(**_call(d_qk=64, d_v=64))
+    assert "Dv = 64" in g.not_served(**_call(d_v=64))
+    assert "sliding window" in g.not_served(**_call(window=128))
+    assert "softmax_scale" in g.not_served(**_call(scale=0.0))
+    assert "H = 65536" in g.not_served(**_call(heads=65536, tokens=1, keys=1))
+    strided = _meta(512, 16, 256)[:, :, :192]  # heads not packed: no [T, H * D] view
+    assert "k is not" in g.not_served(**_call(k=strided))
+    assert "v is not" in g.not_served(**_call(v=_meta(512, 16, 2, 128)[:, :, 0]))
+    cpu = _call()
+    cpu["q"] = torch.zeros(4, 16, 192, dtype=torch.bfloat16)
+    assert "not on a GPU" in g.not_served(**cpu)
+
+
+def test_it_is_registered_for_nothing_and_has_the_ops_signature():
+    """Not yet run on a GPU: no registration (so no backend choice runs it); `prefill` has the op's signature for when it is."""
+    assert not hasattr(g, "REGISTRATIONS")
+    doc = " ".join(g.__doc__.split())
+    assert "Not a registration module" in doc and "NOT YET RUN ON A GPU" in doc
+    check_signature(OPS["prefill"], g.prefill, "cuda")
+
+
+@pytest.mark.parametrize("q_lens, prefixes", BATCHES)
+def test_the_grid_gives_every_query_tile_one_program_covering_its_causal_range(q_lens, prefixes):
+    """The kernel's prologue (`program_plan`) over the grid: each request's ceil(q_len / 128) query tiles get one program
+    each; a program's key tiles reach its last query's position and no further; its mask-free tiles are visible to its
+    first query."""
+    k_lens = [q + p for q, p in zip(q_lens, prefixes)]
+    cu_q = [0, *torch.tensor(q_lens).cumsum(0).tolist()]
+    cu_k = [0, *torch.tensor(k_lens).cumsum(0).tolist()]
+    slots, heads = g.grid(cu_q[-1], len(q_lens), 16)
+    assert heads == 16
+    plans = [p for p in (g.program_plan(cu_q, cu_k, pid) for pid in range(slots)) if p is not None]
+    assert sorted((p.request, p.m_blk) for p in plans) == [(b, m) for b, n in enumerate(q_lens) for m in range(-(-n // g.BLOCK_M))]
+    for p in plans:
+        assert (p.q_start, p.q_len, p.k_start, p.k_len) == (cu_q[p.request], q_lens[p.request], cu_k[p.request], k_lens[p.request])
+        first_pos = p.k_len - p.q_len + p.m_blk * g.BLOCK_M
+        last_pos = p.k_len - p.q_len + min((p.m_blk + 1) * g.BLOCK_M, p.q_len) - 1
+        assert (p.num_tiles - 1) * g.BLOCK_N <= last_pos < p.num_tiles * g.BLOCK_N
+        assert p.n_full * g.BLOCK_N - 1 <= first_pos < (p.n_full + 1) * g.BLOCK_N - 1
+    # the heaviest tile of a request first
+    firsts = {}
+    for pid in range(slots):
+        p = g.program_plan(cu_q, cu_k, pid)
+        if p is not None:
+            firsts.setdefault(p.request, p.m_blk)
+    assert all(m == -(-q_lens[b] // g.BLOCK_M) - 1 for b, m in firsts.items())
+
+
+def _emulate(q, k, v, cu_q, cu_k, scale):
+    """The kernel's schedule in torch (float32): per program of the grid, its 128 query rows (rows past the request: the
+    next request's, zeros past Tq, as TMA reads them), key tiles of BLOCK_N from the request's key 0 (rows past its keys:
+    the next request's, zeros past Tk), the mask only on tiles j >= n_full, the online softmax in base 2 with p rounded to
+    bf16 for PV, O / l rounded to bf16; only the request's rows stored."""
+    tq, heads, d_qk = q.shape
+    pad = torch.zeros(g.BLOCK_M + 2 * g.BLOCK_N, heads, d_qk)
+    qp, kp = torch.cat([q.float(), pad]), torch.cat([k.float(), pad])
+    vp = torch.cat([v.float(), torch.zeros(2 * g.BLOCK_N, heads, v.shape[2])])
+    out = torch.full((tq, heads, v.shape[2]), float("nan"))
+    cq, ck = cu_q.tolist(), cu_k.tolist()
+    qk_scale = scale * g.LOG2E
+    for pid in range(g.grid(tq, len(cq) - 1, heads)[0]):
+        p = g.program_plan(cq, ck, pid)
+        if p is None:
+            continue
+        r0 = p.q_start + p.m_blk * g.BLOCK_M
+        pos = p.k_len - p.q_len + p.m_blk * g.BLOCK_M + torch.arange(g.BLOCK_M)
+        m = torch.full((heads, g.BLOCK_M), float("-inf"))
+        l_sum = torch.zeros(heads, g.BLOCK_M)
+        acc = torch.zeros(heads, g.BLOCK_M, v.shape[2])
+        for j in range(p.num_tiles):
+            c0 = p.k_start + j * g.BLOCK_N
+            s = torch.einsum("mhd,nhd->hmn", qp[r0:r0 + g.BLOCK_M], kp[c0:c0 + g.BLOCK_N])
+            if j >= p.n_full:
+                s = s.masked_fill(~(j * g.BLOCK_N + torch.arange(g.BLOCK_N) <= pos[:, None]), float("-inf"))
+            m_new = torch.maximum(m, s.amax(-1) * qk_scale)
+            pr = torch.exp2(s * qk_scale - m_new[..., None])
+            alpha = torch.exp2(m - m_new)
+            l_sum = l_sum * alpha + pr.sum(-1)
+            acc = acc * alpha[..., None] + torch.einsum("hmn,nhd->hmd", pr.bfloat16().float(), vp[c0:c0 + g.BLOCK_N])
+            m = m_new
+        rows = min(g.BLOCK_M, p.q_len - p.m_blk * g.BLOCK_M)
+        out[r0:r0 + rows] = (acc / l_sum[..., None]).transpose(0, 1)[:rows]
+    return out.bfloat16()
+
+
+@pytest.mark.parametrize("q_lens, prefixes", BATCHES)
+def test_the_schedule_emulated_on_the_cpu_matches_the_reference(q_lens, prefixes):
+    """What the kernel computes, by its own tile arithmetic (`program_plan`, the mask-free tiles, the reads past a request),
+    emulated in torch: every row written once, within the GPU test's bounds of the op's reference."""
+    q, k, v, cu_q, cu_k = _batch(q_lens, prefixes, 2, 192, 128, seed=len(q_lens))
+    _check(_emulate(q, k, v, cu_q, cu_k, 192**-0.5), q, k, v, cu_q, cu_k, 192**-0.5)
+
+
+@pytest.mark.skipif(mode() == GPU, reason="the CPU's fallback (on a GPU the Gluon kernel serves this call)")
+def test_a_call_it_does_not_serve_runs_on_the_tl_kernel():
+    """Under the interpreter the launch declines (not a GPU) and `prefill` runs prefill.py's tl kernel: its bits."""
+    from deepinfer_cuda.kernels import prefill as tl_prefill
+
+    q, k, v, cu_q, cu_k = _batch([5, 70], [3, 0], 2, 192, 128, seed=0)
+    assert g.launch_prefill_gluon(q, k, v, cu_q, cu_k, 0.1) is None
+    got = g.prefill(q, k, v, cu_q, cu_k, softmax_scale=0.1)
+    assert torch.equal(got, tl_prefill.launch_prefill(q, k, v, cu_q, cu_k, 0.1, None))
+
+
+@pytest.mark.skipif(
+    mode() != GPU or not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9,
+    reason="runs on an SM90 GPU only (TRITON_INTERPRET=0 pytest tests/cuda/test_prefill_gluon.py)",
+)
+@pytest.mark.parametrize("q_lens, prefixes, heads, d_qk", [
+    (*BATCHES[0], 16, 192), (*BATCHES[1], 16, 192), (*BATCHES[2], 16, 192), (*BATCHES[0], 128, 192), ([700, 1500], [0, 2000], 128, 192),
+    (*BATCHES[1], 16, 128), ([4096, 4096], [0, 0], 16, 192), ([1024] * 2, [3072] * 2, 16, 192),
+])  # fmt: skip
+def test_matches_the_reference_on_the_gpu(q_lens, prefixes, heads, d_qk):
+    q, k, v, cu_q, cu_k = _batch(q_lens, prefixes, heads, d_qk, 128, seed=heads + d_qk + len(q_lens), device="cuda")
+    scale = d_qk**-0.5
+    out = g.launch_prefill_gluon(q, k, v, cu_q, cu_k, scale)
+    assert out is not None, g.not_served(q, k, v, scale)
+    _check(out, q, k, v, cu_q, cu_k, scale)
+    # the same inputs twice: the same bits (no race between the warpgroups' turns and the ring)
+    assert torch.equal(out, g.launch_prefill_gluon(q, k, v, cu_q, cu_k, scale))
