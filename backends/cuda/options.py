@@ -30,12 +30,13 @@ MXFP4_PATH = BackendOption(
 
 FP8_PATH = BackendOption(
     "fp8_path",
-    ("auto", "tl", "gluon"),
+    ("auto", "tl", "gluon", "cublas"),
     "auto",
-    "fp8_block GEMMs (linear, grouped_gemm) with bf16/fp16 activations: auto = the tl kernel (until the Gluon kernel "
-    "passes conformance on a GPU); tl = the tl kernel; gluon = on SM90, every call it serves by the persistent "
-    "warp-specialised Gluon kernel (TMA producer warp, fp8 wgmma consumer warpgroups promoting each 128-K group, "
-    "DeepGEMM's schedule), the rest by the tl kernel",
+    "fp8_block GEMMs (linear, grouped_gemm) with bf16/fp16 activations: auto = the tl kernel; tl = the tl kernel; "
+    "gluon = on SM90, every call it serves by the persistent warp-specialised Gluon kernel (TMA producer warp, fp8 wgmma "
+    "consumer warpgroups promoting each 128-K group, DeepGEMM's schedule), the rest by the tl kernel; cublas = on SM90, "
+    "linear calls of at least 1024 rows by cuBLAS's block-scaled FP8 GEMM (torch._scaled_mm; an error where torch "
+    "cannot run it), the rest by the tl kernel",
     env="DEEPINFER_CUDA_FP8_PATH",
 )
 

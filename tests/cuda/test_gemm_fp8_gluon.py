@@ -131,7 +131,7 @@ def _chosen(monkeypatch, path, sm90, fmt="fp8_block", dtype=torch.bfloat16):
 def test_option_gluon_picks_it_only_on_sm90_for_fp8_block(monkeypatch):
     import deepinfer_cuda.kernels.gemm as kg
 
-    assert FP8_PATH.choices == ("auto", "tl", "gluon") and FP8_PATH.default == "auto"
+    assert FP8_PATH.choices == ("auto", "tl", "gluon", "cublas") and FP8_PATH.default == "auto"
     assert _chosen(monkeypatch, "gluon", True) == (gg.grouped_gemm, gg.linear)
     assert _chosen(monkeypatch, "gluon", True, dtype=torch.float16) == (gg.grouped_gemm, gg.linear)
     # auto is the tl kernel until the Gluon kernel has passed conformance on a GPU; tl is the tl kernel

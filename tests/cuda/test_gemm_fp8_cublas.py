@@ -1,0 +1,73 @@
+"""fp8_path=cublas: which linear calls cuBLAS's block-scaled FP8 GEMM serves, that the option picks it, that it says why it
+cannot run off an SM90 GPU, and (on an SM90 GPU) that it matches the reference at V4-Flash's prefill projection shapes."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import deepinfer_cuda.kernels.gemm as kg
+import deepinfer_cuda.kernels.gemm_fp8_cublas as gc
+from deepinfer.ops import gemm as ref
+from deepinfer.ops import quant
+from deepinfer.registry import Registry, RegistryError, ResolveContext
+
+from triton_mode import GPU, mode
+
+F8 = quant.FP8_DTYPE
+
+
+def _meta(*shape, dtype=torch.bfloat16):
+    return torch.empty(*shape, dtype=dtype, device="meta")
+
+
+def test_it_serves_prefill_sized_bf16_calls_with_aligned_shapes_only():
+    w = _meta(1536, 4096, dtype=F8)
+    assert gc.not_served(_meta(8192, 4096), w, None) is None
+    assert gc.not_served(_meta(2, 512, 4096), w, torch.bfloat16) is None  # rows flatten: 1024
+    assert "fewer than 1024 rows" in gc.not_served(_meta(256, 4096), w, None)
+    assert "float32" in gc.not_served(_meta(8192, 4096, dtype=torch.float32), w, None)
+    assert "out_dtype" in gc.not_served(_meta(8192, 4096), w, torch.float32)
+    assert "K=1280" in gc.not_served(_meta(8192, 1280), _meta(1536, 1280, dtype=F8), None)
+    assert "N=1000" in gc.not_served(_meta(8192, 4096), _meta(1000, 4096, dtype=F8), None)
+    assert "contiguous" in gc.not_served(_meta(8192, 4096), _meta(4096, 1536, dtype=F8).T, None)
+
+
+def _registry():
+    registry = Registry()
+    registry.register_all("cuda", kg.REGISTRATIONS + gc.REGISTRATIONS)
+    return registry
+
+
+def test_only_the_option_picks_it():
+    registry = _registry()
+    for path in (None, "auto", "tl", "gluon"):
+        ctx = ResolveContext("cuda", dtype=torch.bfloat16, options={} if path is None else {"fp8_path": path})
+        assert registry.choose(ctx, "linear", "fp8_block").fn is not gc.linear, path
+
+
+@pytest.mark.skipif(mode() == GPU, reason="on a GPU the option resolves (see the comparison below)")
+def test_the_option_says_why_it_cannot_run_off_an_sm90_gpu():
+    ctx = ResolveContext("cuda", dtype=torch.bfloat16, options={"fp8_path": "cublas"})
+    with pytest.raises(RegistryError, match="SM90 GPUs only"):
+        _registry().choose(ctx, "linear", "fp8_block")
+
+
+def test_a_call_it_does_not_serve_runs_on_the_tl_kernel():
+    gen = torch.Generator().manual_seed(0)
+    w, s = quant.quantize_weight_fp8_block(torch.randn(128, 256, generator=gen) * 0.05)
+    x = torch.randn(5, 256, generator=gen).bfloat16()
+    assert torch.equal(gc.linear(x, w, weight_scale=s, fmt="fp8_block"), kg.launch_gemm(x, w, s, "fp8_block", kg._LINEAR))
+
+
+@pytest.mark.skipif(mode() != GPU or not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0), reason="an SM90 GPU only")
+@pytest.mark.parametrize("rows, n, k", [(1024, 1536, 4096), (8192, 4096, 8192), (4096, 2048, 512), (3000, 4096, 2048)])
+def test_matches_the_reference_on_the_gpu(rows, n, k):
+    dev = torch.device("cuda")
+    assert gc.blockwise_unusable(dev) is None
+    gen = torch.Generator(device=dev).manual_seed(rows + n)
+    x = torch.randn(rows, k, device=dev, generator=gen).bfloat16()
+    w, s = quant.quantize_weight_fp8_block(torch.randn(n, k, device=dev, generator=gen) * 0.05)
+    got = gc.linear(x, w, weight_scale=s, fmt="fp8_block").float()
+    want = ref.linear(x.float(), w, weight_scale=s, fmt="fp8_block")
+    assert (got - want).abs().max().item() <= 2e-2 * want.abs().max().item()
