@@ -436,9 +436,10 @@ def _gluon_sparse_fp8(t: int, heads: int, extra: int, lengths: bool = False) -> 
     return call
 
 
-def _gluon_sparse_bf16(t: int, heads: int, extra: int, lengths: bool = False, tile_rows: int | None = None) -> Callable[[], None]:
+def _gluon_sparse_bf16(t: int, heads: int, extra: int, lengths: bool = False, tile_rows: int | None = None,
+                       early_release: bool | None = None) -> Callable[[], None]:
     """The SM90 Gluon sparse_attention over bf16 caches (sparse_attention_gluon) through its launch, as _gluon_sparse_fp8
-    calls the FP8 one; tile_rows: its plan's tile (None: the default). It must serve the call."""
+    calls the FP8 one; tile_rows, early_release: its launch's (None: the defaults). It must serve the call."""
     def call():
         from deepinfer_cuda.kernels import sparse_attention_gluon
 
@@ -447,6 +448,7 @@ def _gluon_sparse_bf16(t: int, heads: int, extra: int, lengths: bool = False, ti
             _t(t, heads, 512), _t(65536, 512), _t(t, 128, dtype=i32), _t(heads, dtype=torch.float32), 512 ** -0.5,
             extra_kv=_t(16384, 512), extra_indices=_t(t, extra, dtype=i32), extra_lengths=_t(t, dtype=i32) if lengths else None,
             out_positions=_t(t, dtype=torch.int64), out_cos_sin_cache=_t(65536, 64, dtype=torch.float32), tile_rows=tile_rows,
+            early_release=early_release,
         )
         if out is None:
             raise RuntimeError("sparse_attention_gluon declined the call")
@@ -694,12 +696,15 @@ CASES: list[Case] = [
     Case("sparse_attention fp8 gluon decode T64 H64 (splits)", _gluon_sparse_fp8(64, 64, 512), "mma", archs=("sm90",)),
     Case("sparse_attention fp8 gluon decode T8 H64 HCA lengths (splits)", _gluon_sparse_fp8(8, 64, 8192, lengths=True), "mma", archs=("sm90",)),
     # The SM90 Gluon sparse_attention over bf16 caches (the same schedule, a cp.async loader warpgroup gathering the rows into
-    # the stages; not yet run on a GPU): its default tile (64 rows, two stages) and the other (32 rows, four stages)
+    # the stages; not yet run on a GPU): its default tile (64 rows, two stages) and the other (32 rows, four stages), its
+    # default stage release (early) and the FP8 kernel's
     Case("sparse_attention bf16 gluon decode T256 H64 (one split)", _gluon_sparse_bf16(256, 64, 512), "mma", archs=("sm90",)),
     Case("sparse_attention bf16 gluon decode T64 H64 (splits)", _gluon_sparse_bf16(64, 64, 512), "mma", archs=("sm90",)),
     Case("sparse_attention bf16 gluon decode T8 H64 HCA lengths (splits)", _gluon_sparse_bf16(8, 64, 8192, lengths=True), "mma", archs=("sm90",)),
     Case("sparse_attention bf16 gluon decode T256 H64 32-row tiles (one split)", _gluon_sparse_bf16(256, 64, 512, tile_rows=32), "mma", archs=("sm90",)),
     Case("sparse_attention bf16 gluon decode T64 H64 32-row tiles (splits)", _gluon_sparse_bf16(64, 64, 512, tile_rows=32), "mma", archs=("sm90",)),
+    Case("sparse_attention bf16 gluon decode T64 H64 late release (splits)", _gluon_sparse_bf16(64, 64, 512, early_release=False), "mma",
+         archs=("sm90",)),
     # The SM90 Gluon prefill (FlashAttention-3's schedule: a TMA producer warpgroup, two ping-pong wgmma consumer warpgroups;
     # not registered until run on a GPU): DeepSeek MLA's 192/128 heads at 16 and 128 heads, causal and after a cached prefix;
     # 128/128 heads (the bench's reference rows against SDPA's flash kernel)

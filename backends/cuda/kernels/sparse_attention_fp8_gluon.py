@@ -235,7 +235,7 @@ if GLUON_IMPORT_ERROR is None:
                 (softmax_partition, (q_ptr, q_smem, bf_smem, bf_halves, scale_smem, p_smem, alpha_smem, fin_smem, bf_ready, bf_empty, p_ready, p_free,
                                      fin_bar, sinks_ptr, dst_ptr, part_lse_ptr, num_tiles, qk_scale,
                                      stride_q_t, stride_q_h, stride_o_t, stride_o_h, stride_po_split, stride_pl_t, stride_pl_split,
-                                     H, D, BLOCK_M, BLOCK_N, STAGES, DIRECT, False)),
+                                     H, D, BLOCK_M, BLOCK_N, STAGES, DIRECT, False, False)),
                 (value_partition, (bf_halves, p_smem, alpha_smem, fin_smem, bf_ready, bf_empty, p_ready, p_free, fin_bar,
                                    dst_ptr, opos_ptr, ocs_ptr, num_tiles, stride_o_t, stride_o_h, stride_po_split, stride_ocs,
                                    H, D, R, BLOCK_M, STAGES, ROPE, False)),

@@ -28,10 +28,16 @@ Schedule: sparse_attention_gluon_common.py's (the FP8 kernel's), the converting 
   flight.
 - softmax and value warpgroups: as in the FP8 kernel, with the row marks for scales (1.0: the products' values are
   the tl kernel's) and the proxy fence after each stage wait (the stage was written through the generic proxy,
-  wgmma reads it through the async proxy).
+  wgmma reads it through the async proxy). By default (EARLY_RELEASE) the softmax warpgroup releases a stage once
+  its value product is done, before it waits for the next tile: with two stages the loader then has the next tile
+  and the one after in flight, where the FP8 kernel's order (the next scores issued behind the value product, the
+  stage released after the next tile has landed) would leave it the next tile alone.
 Tiles: a stage of 64 rows is 64 KiB, and q takes 64 KiB: two stages of 64 rows or four of 32 rows fit the 227 KiB an
-SM90 block may have (about 210 / 206 KiB with p, the marks and the barriers). TILES picks which (`plan`); four stages
-keep more of the gather in flight, two halve the handshakes per row.
+SM90 block may have (214624 / 206464 bytes with p, the marks and the barriers). TILES lists both and TILE_ROWS picks
+the default (`plan`; a launch's tile_rows the other): four stages keep as much in flight in smaller steps, two halve
+the handshakes per row. Which is faster, and whether the early release is, a GPU has yet to say (`bench ops`: the
+`_bf16_gluon`, `_r32` and `_late` rows). Registers (setmaxnreg, `PARTITION_REGS`): the FP8 kernel's split (value 160,
+loader 104, softmax 240); the loader holds a few row pointers and ids.
 
 Served (`not_served`, and `launch_sparse_attention_gluon` returns None so callers fall back): bf16 q [T, H, 512] with H
 <= 64 or a multiple of 64, bf16 kv (and bf16 extra_kv when given) [rows, 512] with contiguous rows, 16-byte aligned
@@ -56,6 +62,11 @@ if GLUON_IMPORT_ERROR is None:  # (else the launch declines every call)
 
 TILES = {64: 2, 32: 4}  # rows a tile -> the stages that fit beside q (a bf16 row is 1 KiB)
 TILE_ROWS = 64  # the default tile: the FP8 kernel's
+# The softmax warpgroup releases a stage once its value product is done, before it waits for the next tile (the FP8
+# kernel overlaps that product with the next scores instead, and releases the stage after): the loader, which only
+# issues copies, then has every stage but the one being multiplied in flight (with two stages: the next tile and the
+# one after, not the next alone)
+EARLY_RELEASE = True
 LOADER_WARPS = 4
 PARTITION_REGS = (160, 104)  # setmaxnreg of the value warpgroup and of the loader (the softmax warpgroup: 504 less both)
 
@@ -121,6 +132,7 @@ if GLUON_IMPORT_ERROR is None:
         ROPE: gl.constexpr,  # DIRECT with out_positions: the output's last R channels rotated back
         DIRECT: gl.constexpr,
         REGS_VALUE: gl.constexpr, REGS_LOADER: gl.constexpr, LOADER_WARPS: gl.constexpr,
+        EARLY_RELEASE: gl.constexpr,  # the softmax warpgroup releases a stage before it waits for the next (common.softmax_partition)
         num_warps: gl.constexpr,
     ):
         gl.static_assert(D % 64 == 0, "the stages are 64-column chunks")
@@ -165,7 +177,7 @@ if GLUON_IMPORT_ERROR is None:
                 (softmax_partition, (q_ptr, q_smem, bf_smem, bf_halves, scale_smem, p_smem, alpha_smem, fin_smem, bf_ready, bf_empty, p_ready, p_free,
                                      fin_bar, sinks_ptr, dst_ptr, part_lse_ptr, num_tiles, qk_scale,
                                      stride_q_t, stride_q_h, stride_o_t, stride_o_h, stride_po_split, stride_pl_t, stride_pl_split,
-                                     H, D, BLOCK_M, BLOCK_N, STAGES, DIRECT, True)),
+                                     H, D, BLOCK_M, BLOCK_N, STAGES, DIRECT, True, EARLY_RELEASE)),
                 (value_partition, (bf_halves, p_smem, alpha_smem, fin_smem, bf_ready, bf_empty, p_ready, p_free, fin_bar,
                                    dst_ptr, opos_ptr, ocs_ptr, num_tiles, stride_o_t, stride_o_h, stride_po_split, stride_ocs,
                                    H, D, R, BLOCK_M, STAGES, ROPE, True)),
@@ -230,10 +242,12 @@ def launch_sparse_attention_gluon(
     *,
     num_splits: int | None = None,
     tile_rows: int | None = None,
+    early_release: bool | None = None,
 ) -> torch.Tensor | None:
     """sparse_attention.launch_sparse_attention's arguments; None for a call this kernel does not serve (`not_served`:
-    the caller falls back). tile_rows: the plan's tile (TILES; the benchmarks and tests compare both). Several splits:
-    the partials are merged by sparse_attention.py's combine kernel."""
+    the caller falls back). tile_rows: the plan's tile (TILES), early_release: the softmax warpgroup's stage release
+    (EARLY_RELEASE unless given); the benchmarks and tests compare them. Several splits: the partials are merged by
+    sparse_attention.py's combine kernel."""
     sparse_ops.check_sparse_attention_shapes(q, kv, indices, sinks, extra_kv, extra_indices, extra_lengths, out_positions, out_cos_sin_cache)
     if not_served(q, kv, indices, extra_kv, extra_indices, out_cos_sin_cache) is not None:
         return None
@@ -242,4 +256,5 @@ def launch_sparse_attention_gluon(
         lambda tokens, heads, width, width2, device: plan(tokens, heads, width, width2, device, num_splits, tile_rows),
         q, kv, indices, sinks, softmax_scale, extra_kv, extra_indices, extra_lengths, out_positions, out_cos_sin_cache,
         REGS_VALUE=PARTITION_REGS[0], REGS_LOADER=PARTITION_REGS[1], LOADER_WARPS=LOADER_WARPS,
+        EARLY_RELEASE=EARLY_RELEASE if early_release is None else bool(early_release),
     )  # fmt: skip

@@ -138,9 +138,12 @@ if GLUON_IMPORT_ERROR is None:
                           fin_bar, sinks_ptr, dst_ptr, part_lse_ptr, num_tiles, qk_scale,
                           stride_q_t, stride_q_h, stride_o_t, stride_o_h, stride_po_split, stride_pl_t, stride_pl_split,
                           H: gl.constexpr, D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-                          DIRECT: gl.constexpr, CONSUMER_FENCE: gl.constexpr):
+                          DIRECT: gl.constexpr, CONSUMER_FENCE: gl.constexpr, EARLY_RELEASE: gl.constexpr):
         """The default partition: q into shared memory; per tile the scores, the online softmax, p and alpha for the value
-        warpgroup, output columns 0 .. D/2 - 1 over all of the tile's rows; the epilogue's per-row factor."""
+        warpgroup, output columns 0 .. D/2 - 1 over all of the tile's rows; the epilogue's per-row factor. The next tile's
+        scores are issued behind this tile's value product (EARLY_RELEASE off: the tensor cores get them without a gap,
+        and the stage is released once both are issued and the product is done) or after it (EARLY_RELEASE on: the stage
+        released before the next tile is waited for, so a filler that only issues copies keeps one more tile in flight)."""
         NUM_CHUNKS: gl.constexpr = D // 64
         s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 16])
         o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, D // 2, 16])
@@ -196,7 +199,20 @@ if GLUON_IMPORT_ERROR is None:
             p_op = gl.convert_layout(pv, p_layout)
             o = warpgroup_mma(p_op, bf_halves.index(t * 2 + 0), acc * gl.expand_dims(gl.convert_layout(alpha, o_rows, assert_trivial=True), 1),
                               is_async=True)
-            if j + 1 < num_tiles:
+            if EARLY_RELEASE:
+                # the stage released as soon as this product is done, before the next tile is waited for: its filler
+                # refills it while the next tile is still in flight (the next scores no longer overlap this product)
+                acc, p_op = warpgroup_mma_wait(num_outstanding=0, deps=(o, p_op))
+                _sync_warps()
+                mbarrier.arrive(bf_empty.index(t))
+                if j + 1 < num_tiles:
+                    tn = (j + 1) % STAGES
+                    mbarrier.wait(bf_ready.index(tn), ((j + 1) // STAGES) & 1)
+                    if CONSUMER_FENCE:
+                        fence_async_shared()
+                    s_next = _scores(q_smem, bf_smem, tn, j + 1, gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout), NUM_CHUNKS)
+                    s = warpgroup_mma_wait(num_outstanding=0, deps=(s_next,))
+            elif j + 1 < num_tiles:
                 tn = (j + 1) % STAGES
                 mbarrier.wait(bf_ready.index(tn), ((j + 1) // STAGES) & 1)
                 if CONSUMER_FENCE:
