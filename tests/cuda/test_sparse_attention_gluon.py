@@ -61,19 +61,21 @@ def test_calls_it_does_not_serve_say_why():
 def test_the_plan_splits_as_the_tl_kernel_does(monkeypatch):
     """Host shapes only, as the FP8 kernel's plan (64-row tiles, two stages): few queries split down to one tile a split,
     more fill the 132 SMs with splits of at least 128 rows, B256 runs one split; 32-row tiles run four stages and split
-    B1 down to one 32-row tile; a forced count is clamped to the query's tiles; other tiles are refused."""
+    as 64-row ones (B1: 64 rows a split, not one 32-row tile: the split's partial outweighs its reads); a forced count is
+    clamped to the query's tiles; other tiles are refused."""
     monkeypatch.setattr(g, "num_sms", lambda device: 132)
     meta = torch.device("meta")
     assert g.plan(1, 64, 128, 512, meta) == SparseGluonPlan(head_tiles=1, num_splits=10, block_n=64, stages=2)
     assert g.plan(64, 64, 128, 512, meta).num_splits == 2
     assert g.plan(256, 64, 128, 512, meta).direct
-    assert g.plan(1, 64, 128, 512, meta, tile_rows=32) == SparseGluonPlan(head_tiles=1, num_splits=20, block_n=32, stages=4)
+    assert g.plan(1, 64, 128, 512, meta, tile_rows=32) == SparseGluonPlan(head_tiles=1, num_splits=10, block_n=32, stages=4)
     assert g.plan(64, 64, 128, 512, meta, tile_rows=32).num_splits == 2
     assert g.plan(256, 64, 128, 512, meta, tile_rows=32).direct
     hca = g.plan(8, 64, 128, 8192, meta)  # an HCA list padded to E_max: splits from its width (the ids past a length are never read)
     assert hca.num_splits * 8 <= 2 * 132 and hca.num_splits > 1
     assert g.plan(2, 128, 128, 512, meta).head_tiles == 2 and g.plan(2, 16, 128, 512, meta).head_tiles == 1
     assert g.plan(2, 64, 128, 512, meta, num_splits=100).num_splits == 10
+    assert g.plan(2, 64, 128, 512, meta, num_splits=100, tile_rows=32).num_splits == 20
     assert g.plan(2, 64, 128, 512, meta, num_splits=3).num_splits == 3
     assert g.plan(2, 64, 128, 512, meta, num_splits=0).direct
     with pytest.raises(ValueError, match="tile_rows=48"):

@@ -85,7 +85,14 @@ from deepinfer_cuda.kernels.sparse_attention_gluon_common import DIM, SparseGluo
 if GLUON_IMPORT_ERROR is None:  # (else the launch declines every call)
     from deepinfer_cuda.kernels.gluon_hopper import fence_async_shared, gl, gluon, mbarrier
     from deepinfer_cuda.kernels.gluon_hopper import sync_warps as _sync_warps
-    from deepinfer_cuda.kernels.sparse_attention_gluon_common import query_tiles, row_pointers, softmax_partition, value_partition
+    from deepinfer_cuda.kernels.sparse_attention_gluon_common import (
+        REINTERPRET_IS_PUBLIC,
+        allocate_shared,
+        query_tiles,
+        row_pointers,
+        softmax_partition,
+        value_partition,
+    )
 
 BLOCK_N = 64  # cache rows per tile
 STAGES = 2  # bf16 stages (64 KiB each)
@@ -94,8 +101,6 @@ PARTITION_REGS = (160, 104)  # setmaxnreg of the value warpgroup and of the conv
 
 if GLUON_IMPORT_ERROR is None:
     RAW_UNIT = gl.constexpr(RAW_UNIT_VALUE)
-    # A shared-memory view of another dtype: Triton 3.9 `reinterpret`, 3.6 `_reinterpret` (same arguments)
-    _REINTERPRET_IS_PUBLIC = gl.constexpr(hasattr(gl.shared_memory_descriptor, "reinterpret"))
 
     @gluon.jit
     def _converter(kv_words, xkv_words, idx_row, xidx_row, bf_words, scale_smem, bf_ready, bf_empty,
@@ -196,39 +201,15 @@ if GLUON_IMPORT_ERROR is None:
         nb1, width2, lo, num_tiles = query_tiles(xlen_ptr, K, K2, BLOCK_N, HAS_LENGTHS)
         t64 = t.to(gl.int64)
 
-        chunk_bf16: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, 64], gl.bfloat16)
+        q_smem, bf_smem, bf_halves, p_smem, scale_smem, alpha_smem, fin_smem, bf_ready, bf_empty, p_ready, p_free, fin_bar = allocate_shared(
+            D, BLOCK_M, BLOCK_N, STAGES, 1)
+        # the stages as int32 pairs of bf16 for the converting warps (the 128-byte swizzle moves 16-byte units: the same
+        # bytes for 16- and 32-bit elements); the scales are the rows' scales * 2^112
         chunk_words: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=32, rank=2)
-        q_layout_s: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, 64], gl.bfloat16)
-        p_layout_s: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_N], gl.bfloat16)
-        vec_s: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
-        q_smem = gl.allocate_shared_memory(gl.bfloat16, [NUM_CHUNKS, BLOCK_M, 64], q_layout_s)
-        bf_smem = gl.allocate_shared_memory(gl.bfloat16, [STAGES * NUM_CHUNKS, BLOCK_N, 64], chunk_bf16)
-        # the same memory as int32 pairs of bf16 for the converting warps (the 128-byte swizzle moves 16-byte units: the
-        # same bytes for 16- and 32-bit elements)
-        # and as [stage * 2 + half, 64, D/2]: a [64, 256] 128-byte-swizzled tile is four [64, 64] ones one after the other,
-        # the value products' B operand (m64n256k16)
-        halves_bf16: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, D // 2], gl.bfloat16)
-        if _REINTERPRET_IS_PUBLIC:
+        if REINTERPRET_IS_PUBLIC:
             bf_words = bf_smem.reinterpret(gl.int32, [STAGES * NUM_CHUNKS, BLOCK_N, 32], chunk_words)
-            bf_halves = bf_smem.reinterpret(gl.bfloat16, [STAGES * 2, BLOCK_N, D // 2], halves_bf16)
         else:
             bf_words = bf_smem._reinterpret(gl.int32, [STAGES * NUM_CHUNKS, BLOCK_N, 32], chunk_words)
-            bf_halves = bf_smem._reinterpret(gl.bfloat16, [STAGES * 2, BLOCK_N, D // 2], halves_bf16)
-        p_smem = gl.allocate_shared_memory(gl.bfloat16, [2, BLOCK_M, BLOCK_N], p_layout_s)  # [tile parity]: p * row scale
-        scale_smem = gl.allocate_shared_memory(gl.float32, [STAGES, BLOCK_N], vec_s)  # [stage]: the rows' scales * 2^112 (-1: not read)
-        alpha_smem = gl.allocate_shared_memory(gl.float32, [2, BLOCK_M], vec_s)  # [tile parity]: the rescale of acc
-        fin_smem = gl.allocate_shared_memory(gl.float32, [BLOCK_M], vec_s)  # the epilogue's factor per row
-        bf_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        bf_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        p_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-        p_free = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-        fin_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-        for i in gl.static_range(2):
-            mbarrier.init(bf_ready.index(i), count=1)
-            mbarrier.init(bf_empty.index(i), count=2)  # both attention warpgroups
-            mbarrier.init(p_ready.index(i), count=1)
-            mbarrier.init(p_free.index(i), count=1)
-        mbarrier.init(fin_bar, count=1)
 
         gl.warp_specialize(
             [

@@ -58,7 +58,7 @@ from deepinfer_cuda.kernels.sparse_attention_gluon_common import DIM, SparseGluo
 if GLUON_IMPORT_ERROR is None:  # (else the launch declines every call)
     from deepinfer_cuda.kernels.gluon_hopper import async_copy, cp_async_load, gl, gluon, mbarrier
     from deepinfer_cuda.kernels.gluon_hopper import sync_warps as _sync_warps
-    from deepinfer_cuda.kernels.sparse_attention_gluon_common import query_tiles, row_pointers, softmax_partition, value_partition
+    from deepinfer_cuda.kernels.sparse_attention_gluon_common import allocate_shared, query_tiles, row_pointers, softmax_partition, value_partition
 
 TILES = {64: 2, 32: 4}  # rows a tile -> the stages that fit beside q (a bf16 row is 1 KiB)
 TILE_ROWS = 64  # the default tile: the FP8 kernel's
@@ -72,8 +72,6 @@ PARTITION_REGS = (160, 104)  # setmaxnreg of the value warpgroup and of the load
 
 
 if GLUON_IMPORT_ERROR is None:
-    # A shared-memory view of another shape: Triton 3.9 `reinterpret`, 3.6 `_reinterpret` (same arguments)
-    _REINTERPRET_IS_PUBLIC = gl.constexpr(hasattr(gl.shared_memory_descriptor, "reinterpret"))
 
     @gluon.jit
     def _loader(kv_ptr, xkv_ptr, idx_row, xidx_row, bf_smem, scale_smem, bf_ready, bf_empty, lo, num_tiles, nb1, width, width2, stride_kv, stride_xkv,
@@ -137,40 +135,13 @@ if GLUON_IMPORT_ERROR is None:
     ):
         gl.static_assert(D % 64 == 0, "the stages are 64-column chunks")
         gl.static_assert(BLOCK_N % 16 == 0, "the value products' K")
-        NUM_CHUNKS: gl.constexpr = D // 64
         t = gl.program_id(1)
         nb1, width2, lo, num_tiles = query_tiles(xlen_ptr, K, K2, BLOCK_N, HAS_LENGTHS)
         t64 = t.to(gl.int64)
 
-        chunk_bf16: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, 64], gl.bfloat16)
-        q_layout_s: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, 64], gl.bfloat16)
-        p_layout_s: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_N], gl.bfloat16)
-        vec_s: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
-        q_smem = gl.allocate_shared_memory(gl.bfloat16, [NUM_CHUNKS, BLOCK_M, 64], q_layout_s)
-        bf_smem = gl.allocate_shared_memory(gl.bfloat16, [STAGES * NUM_CHUNKS, BLOCK_N, 64], chunk_bf16)
-        # the same memory as [stage * 2 + half, BLOCK_N, D/2]: a [BLOCK_N, 256] 128-byte-swizzled tile is four
-        # [BLOCK_N, 64] ones one after the other, the value products' B operand (m64n256k16)
-        halves_bf16: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, D // 2], gl.bfloat16)
-        if _REINTERPRET_IS_PUBLIC:
-            bf_halves = bf_smem.reinterpret(gl.bfloat16, [STAGES * 2, BLOCK_N, D // 2], halves_bf16)
-        else:
-            bf_halves = bf_smem._reinterpret(gl.bfloat16, [STAGES * 2, BLOCK_N, D // 2], halves_bf16)
-        p_smem = gl.allocate_shared_memory(gl.bfloat16, [2, BLOCK_M, BLOCK_N], p_layout_s)  # [tile parity]: p
-        scale_smem = gl.allocate_shared_memory(gl.float32, [STAGES, BLOCK_N], vec_s)  # [stage]: the row marks (1.0; -1: not read)
-        alpha_smem = gl.allocate_shared_memory(gl.float32, [2, BLOCK_M], vec_s)  # [tile parity]: the rescale of acc
-        fin_smem = gl.allocate_shared_memory(gl.float32, [BLOCK_M], vec_s)  # the epilogue's factor per row
-        bf_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        bf_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        p_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-        p_free = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-        fin_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-        for i in gl.static_range(STAGES):
-            mbarrier.init(bf_ready.index(i), count=LOADER_WARPS * 32 + 1)  # every loader thread's copies, and the marks
-            mbarrier.init(bf_empty.index(i), count=2)  # both attention warpgroups
-        for i in gl.static_range(2):
-            mbarrier.init(p_ready.index(i), count=1)
-            mbarrier.init(p_free.index(i), count=1)
-        mbarrier.init(fin_bar, count=1)
+        # the scales: the row marks (1.0; -1: not read); a stage is ready after every loader thread's copies and the marks
+        q_smem, bf_smem, bf_halves, p_smem, scale_smem, alpha_smem, fin_smem, bf_ready, bf_empty, p_ready, p_free, fin_bar = allocate_shared(
+            D, BLOCK_M, BLOCK_N, STAGES, LOADER_WARPS * 32 + 1)
 
         gl.warp_specialize(
             [

@@ -49,12 +49,15 @@ DIM = 512  # D: V4's row (the rope channels inside)
 BLOCK_M = 64  # heads per program: one wgmma M
 MAX_ROTATED = DIM // 2  # the output rotation's R: inside the value warpgroup's columns (it rotates them in its epilogue)
 MIN_ROWS_PER_SPLIT = 128  # a split's partial write (64 x 512 x 4 bytes) stays small next to its reads
+MIN_ROWS_PER_SPLIT_FEW = 64  # few queries: splits down to 64 rows (not to a 32-row tile: its 128 KiB partial would outweigh its reads 4:1)
 MAX_SPLITS = 32  # the tl combine's
 MAX_GRID_Y = 65535  # queries: the grid's second dimension
 
 
 if GLUON_IMPORT_ERROR is None:
     _LOG2E = gl.constexpr(LOG2E)
+    # A shared-memory view of another shape or dtype: Triton 3.9 `reinterpret`, 3.6 `_reinterpret` (same arguments)
+    REINTERPRET_IS_PUBLIC = gl.constexpr(hasattr(gl.shared_memory_descriptor, "reinterpret"))
 
     @gluon.jit
     def row_pointers(kv_ptr, xkv_ptr, idx_row, xidx_row, blk, blk_end, nb1, width, width2, stride_kv, stride_xkv, rows,
@@ -289,6 +292,43 @@ if GLUON_IMPORT_ERROR is None:
             _store_half(acc, factor, dst_row, D // 2, offs_m < H, cols)
 
     @gluon.jit
+    def allocate_shared(D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, READY_COUNT: gl.constexpr):
+        """The schedule's shared memory and mbarriers, initialised: q (D / 64 swizzled [64, 64] chunks), the stages (STAGES x
+        D / 64 swizzled [BLOCK_N, 64] chunks, also seen as [stage * 2 + half, BLOCK_N, D/2]: a [BLOCK_N, 256]
+        128-byte-swizzled tile is four [BLOCK_N, 64] ones one after the other, the value products' B operand, m64n256k16),
+        p and alpha per tile parity, the rows' scales per stage, the epilogue's factor; bf_ready (READY_COUNT arrivals:
+        the filler's), bf_empty (both attention warpgroups), p_ready, p_free, fin_bar."""
+        NUM_CHUNKS: gl.constexpr = D // 64
+        chunk_bf16: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, 64], gl.bfloat16)
+        q_layout_s: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, 64], gl.bfloat16)
+        p_layout_s: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_N], gl.bfloat16)
+        halves_bf16: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, D // 2], gl.bfloat16)
+        vec_s: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
+        q_smem = gl.allocate_shared_memory(gl.bfloat16, [NUM_CHUNKS, BLOCK_M, 64], q_layout_s)
+        bf_smem = gl.allocate_shared_memory(gl.bfloat16, [STAGES * NUM_CHUNKS, BLOCK_N, 64], chunk_bf16)
+        if REINTERPRET_IS_PUBLIC:
+            bf_halves = bf_smem.reinterpret(gl.bfloat16, [STAGES * 2, BLOCK_N, D // 2], halves_bf16)
+        else:
+            bf_halves = bf_smem._reinterpret(gl.bfloat16, [STAGES * 2, BLOCK_N, D // 2], halves_bf16)
+        p_smem = gl.allocate_shared_memory(gl.bfloat16, [2, BLOCK_M, BLOCK_N], p_layout_s)  # [tile parity]: p * row scale
+        scale_smem = gl.allocate_shared_memory(gl.float32, [STAGES, BLOCK_N], vec_s)  # [stage]: the rows' scales (-1: not read)
+        alpha_smem = gl.allocate_shared_memory(gl.float32, [2, BLOCK_M], vec_s)  # [tile parity]: the rescale of acc
+        fin_smem = gl.allocate_shared_memory(gl.float32, [BLOCK_M], vec_s)  # the epilogue's factor per row
+        bf_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        bf_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        p_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        p_free = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        fin_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(STAGES):
+            mbarrier.init(bf_ready.index(i), count=READY_COUNT)
+            mbarrier.init(bf_empty.index(i), count=2)  # both attention warpgroups
+        for i in gl.static_range(2):
+            mbarrier.init(p_ready.index(i), count=1)
+            mbarrier.init(p_free.index(i), count=1)
+        mbarrier.init(fin_bar, count=1)
+        return q_smem, bf_smem, bf_halves, p_smem, scale_smem, alpha_smem, fin_smem, bf_ready, bf_empty, p_ready, p_free, fin_bar
+
+    @gluon.jit
     def query_tiles(xlen_ptr, K, K2, BLOCK_N: gl.constexpr, HAS_LENGTHS: gl.constexpr):
         """This program's row blocks (triton_common.split_row_blocks): the window list's nb1, then the extra list's over the
         ids it reads (width2); the split (program_id 2) takes a run of per_split of them, tiles lo .. lo + num_tiles - 1."""
@@ -353,14 +393,14 @@ def call_not_served(q, indices, extra_indices=None, out_cos_sin_cache=None) -> s
 def split_plan(tokens: int, heads: int, width: int, extra_width: int, sms: int, num_splits: int | None = None,
                block_n: int = 64, stages: int = 2) -> SparseGluonPlan:
     """Head tiles and splits from host-known shapes (width, extra_width: the lists' K, K2; sms: the GPU's SMs), by the
-    tl kernel's rule: for few programs (at most half the SMs) splits down to one tile of block_n rows, else of at least
-    MIN_ROWS_PER_SPLIT rows, as pick_splits fills one CTA per SM (the kernels' shared memory allows one); a forced
-    num_splits is clamped to the query's tiles."""
+    tl kernel's rule: for few programs (at most half the SMs) splits down to one tile (of at least MIN_ROWS_PER_SPLIT_FEW
+    rows), else of at least MIN_ROWS_PER_SPLIT rows, as pick_splits fills one CTA per SM (the kernels' shared memory
+    allows one); a forced num_splits is clamped to the query's tiles."""
     head_tiles = cdiv(heads, BLOCK_M)
     blocks = max(1, cdiv(width, block_n) + cdiv(extra_width, block_n))
     if num_splits is None:
         few = tokens * head_tiles <= sms // 2
-        rows_per_split = block_n if few else MIN_ROWS_PER_SPLIT
+        rows_per_split = max(block_n, MIN_ROWS_PER_SPLIT_FEW) if few else MIN_ROWS_PER_SPLIT
         limit = min(MAX_SPLITS, blocks, max(1, (width + extra_width) // rows_per_split))
         num_splits = pick_splits(tokens * head_tiles, sms, limit)
     return SparseGluonPlan(head_tiles=head_tiles, num_splits=max(1, min(int(num_splits), blocks, MAX_SPLITS)), block_n=block_n, stages=stages)
