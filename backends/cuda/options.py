@@ -54,10 +54,11 @@ SPARSE_ATTENTION_PATH = BackendOption(
     "sparse_attention_path",
     ("auto", "tl", "gluon"),
     "auto",
-    "sparse_attention (DeepSeek-V4's attention) over FP8 KV caches: auto = on SM90 with Gluon, the Gluon kernel below for "
-    "calls of at least 2 queries, else the tl kernel; tl = the tl kernel; gluon = on SM90, every call the warp-specialised Gluon kernel serves "
-    "(bf16 q, 512-wide heads, FP8 caches: a converting warpgroup gathering the rows into bf16 tiles, two wgmma "
-    "warpgroups) by it, the rest by the tl kernel",
+    "sparse_attention (DeepSeek-V4's attention): auto = on SM90 with Gluon, FP8-cache calls of at least 2 queries by the "
+    "FP8 Gluon kernel below, every other call (bf16 caches included) by the tl kernel; tl = the tl kernel; gluon = on SM90, "
+    "every call a warp-specialised Gluon kernel serves (bf16 q, 512-wide heads; FP8 caches: a converting warpgroup gathering "
+    "the rows into bf16 tiles, bf16 caches: a cp.async loader gathering them, not yet run on a GPU; two wgmma warpgroups) "
+    "by it, the rest by the tl kernel (kernels/sparse_attention_path.py)",
     env="DEEPINFER_CUDA_SPARSE_ATTENTION_PATH",
 )
 

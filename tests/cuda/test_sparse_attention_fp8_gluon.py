@@ -1,5 +1,5 @@
-"""The SM90 Gluon sparse_attention over FP8 caches: on a CPU, the backend option that chooses it, which calls it serves,
-its split plan and its fallback to the tl kernel; on an SM90 GPU (TRITON_INTERPRET=0 pytest
+"""The SM90 Gluon sparse_attention over FP8 caches: on a CPU, which calls it serves, its split plan and its fallback to the
+tl kernel (the backend option that chooses it: tests/cuda/test_sparse_attention_path.py); on an SM90 GPU (TRITON_INTERPRET=0 pytest
 tests/cuda/test_sparse_attention_fp8_gluon.py), its output against the tl kernel's on V4-Flash decode shapes the golden
 set has no room for (top-512 CSA and HCA lists with extra_lengths, splits and their combine, the output rotated back,
 16 and 128 heads, rows listed -1, a query listing none). Its compilation for sm90 is tests/cuda/test_compile_check.py's;
@@ -12,8 +12,7 @@ import torch
 
 import deepinfer_cuda.kernels.sparse_attention_fp8_gluon as g  # (imports without Gluon too: GLUON_IMPORT_ERROR says why, below)
 from deepinfer.ops import kv_cache_format
-from deepinfer.options import BackendOptionError, resolve_options
-from deepinfer.registry import Registry, RegistryError, ResolveContext
+from deepinfer_cuda.kernels.sparse_attention_gluon_common import SparseGluonPlan
 
 from triton_mode import GPU, mode
 
@@ -25,61 +24,6 @@ FP8 = torch.float8_e4m3fn
 
 def _meta(*shape, dtype=torch.bfloat16):
     return torch.empty(*shape, dtype=dtype, device="meta")
-
-
-def _chosen(monkeypatch, options, sm90=True, dtype=torch.bfloat16, deterministic=False):
-    """The sparse_attention kernel the cuda backend's registrations resolve to."""
-    import deepinfer_cuda.kernels.gemm_mxfp4_gluon as gemm_gluon
-    from deepinfer_cuda.kernels import sparse_attention as tl_sparse
-
-    monkeypatch.setattr(gemm_gluon, "is_sm90", lambda device: sm90)
-    registry = Registry()
-    registry.register_all("cuda", tl_sparse.REGISTRATIONS + g.REGISTRATIONS)
-    ctx = ResolveContext("cuda", device=torch.device("cuda", 0), dtype=dtype, options=options, deterministic=deterministic)
-    return registry.choose(ctx, "sparse_attention").fn
-
-
-def test_the_backend_option_chooses_it_on_sm90_only(monkeypatch):
-    """auto (the default) takes this kernel's auto entry on SM90 with Gluon (the tl kernel elsewhere, and without Gluon: no
-    error), tl keeps the tl kernel; sparse_attention_path=gluon takes this kernel on SM90 for bf16 models, and leaves the tl
-    kernels elsewhere, for other dtypes and in deterministic mode (it is not batch-invariant)."""
-    from deepinfer_cuda.kernels import sparse_attention as tl_sparse
-    from deepinfer_cuda.options import OPTIONS, SPARSE_ATTENTION_PATH
-
-    assert SPARSE_ATTENTION_PATH in OPTIONS and SPARSE_ATTENTION_PATH.choices == ("auto", "tl", "gluon") and SPARSE_ATTENTION_PATH.default == "auto"
-    gluon = {"sparse_attention_path": "gluon"}
-    assert _chosen(monkeypatch, {}) is _chosen(monkeypatch, {"sparse_attention_path": "auto"}) is g.sparse_attention_auto
-    assert _chosen(monkeypatch, {}, sm90=False) is _chosen(monkeypatch, {}, dtype=torch.float32) is tl_sparse.sparse_attention
-    assert _chosen(monkeypatch, {}, deterministic=True) is tl_sparse.sparse_attention_invariant
-    assert _chosen(monkeypatch, {"sparse_attention_path": "tl"}) is tl_sparse.sparse_attention
-    assert _chosen(monkeypatch, gluon) is g.sparse_attention
-    assert _chosen(monkeypatch, gluon, sm90=False) is tl_sparse.sparse_attention
-    assert _chosen(monkeypatch, gluon, dtype=torch.float32) is tl_sparse.sparse_attention
-    assert _chosen(monkeypatch, gluon, deterministic=True) is tl_sparse.sparse_attention_invariant
-    monkeypatch.setattr(g, "GLUON_IMPORT_ERROR", "ImportError: no hopper")
-    assert _chosen(monkeypatch, {}) is tl_sparse.sparse_attention
-    with pytest.raises(RegistryError, match="sparse_attention_path=gluon, but Triton .* no usable Gluon for Hopper") as err:
-        _chosen(monkeypatch, gluon)
-    assert "\n" not in str(err.value)
-    monkeypatch.setenv("DEEPINFER_CUDA_SPARSE_ATTENTION_PATH", "gluon")
-    assert resolve_options("cuda", OPTIONS)["sparse_attention_path"] == "gluon"
-    monkeypatch.setenv("DEEPINFER_CUDA_SPARSE_ATTENTION_PATH", "fast")
-    with pytest.raises(BackendOptionError, match="DEEPINFER_CUDA_SPARSE_ATTENTION_PATH"):
-        resolve_options("cuda", OPTIONS)
-
-
-def test_auto_leaves_one_query_to_the_tl_kernel(monkeypatch):
-    """sparse_attention_path=auto: a single query (a batch-1 decode step) on the tl kernel, where it measured faster; from
-    AUTO_MIN_QUERIES queries on, this kernel (which itself declines the calls it does not serve)."""
-    from deepinfer_cuda.kernels import sparse_attention as tl_sparse
-
-    calls = []
-    monkeypatch.setattr(g, "launch_sparse_attention_fp8_gluon", lambda q, *a: calls.append(("gluon", q.shape[0])) or q)
-    monkeypatch.setattr(tl_sparse, "launch_sparse_attention", lambda q, *a: calls.append(("tl", q.shape[0])) or q)
-    for t in (1, g.AUTO_MIN_QUERIES, 256):
-        g.sparse_attention_auto(_meta(t, 64, 512), _meta(4096, 528, dtype=FP8), _meta(t, 128, dtype=torch.int32), _meta(64), softmax_scale=0.1)
-    g.sparse_attention(_meta(1, 64, 512), _meta(4096, 528, dtype=FP8), _meta(1, 128, dtype=torch.int32), _meta(64), softmax_scale=0.1)
-    assert calls == [("tl", 1), ("gluon", g.AUTO_MIN_QUERIES), ("gluon", 256), ("gluon", 1)]
 
 
 def _call(t=4, heads=64, dim=512, kv=None, extra=512, idx_dtype=torch.int32, rope=64, q_dtype=torch.bfloat16):
@@ -118,7 +62,7 @@ def test_the_plan_splits_as_the_tl_kernel_does(monkeypatch):
     count is clamped to the query's tiles."""
     monkeypatch.setattr(g, "num_sms", lambda device: 132)
     meta = torch.device("meta")
-    assert g.plan(1, 64, 128, 512, meta) == g.SparseFp8GluonPlan(head_tiles=1, num_splits=10)
+    assert g.plan(1, 64, 128, 512, meta) == SparseGluonPlan(head_tiles=1, num_splits=10)
     assert g.plan(64, 64, 128, 512, meta).num_splits == 2  # 128 programs of 5 tiles
     assert g.plan(256, 64, 128, 512, meta).direct
     assert g.plan(1, 64, 128, 0, meta).num_splits == 2  # the window alone: two tiles
@@ -134,6 +78,7 @@ def test_the_plan_splits_as_the_tl_kernel_does(monkeypatch):
 def test_a_call_it_does_not_serve_runs_on_the_tl_kernel():
     """Under the interpreter the launch declines (not a GPU) and the op runs sparse_attention.py's tl kernel: its bits."""
     from deepinfer_cuda.kernels import sparse_attention as tl_sparse
+    from deepinfer_cuda.kernels import sparse_attention_path as paths
 
     gen = torch.Generator().manual_seed(0)
     q = torch.randn(3, 4, 64, generator=gen).bfloat16()
@@ -141,7 +86,7 @@ def test_a_call_it_does_not_serve_runs_on_the_tl_kernel():
     idx = torch.randint(-1, 40, (3, 16), generator=gen, dtype=torch.int32)
     sinks = torch.randn(4, generator=gen)
     assert g.launch_sparse_attention_fp8_gluon(q, kv, idx, sinks, 0.125) is None
-    got = g.sparse_attention(q, kv, idx, sinks, softmax_scale=0.125)
+    got = paths.sparse_attention(q, kv, idx, sinks, softmax_scale=0.125)
     assert torch.equal(got, tl_sparse.launch_sparse_attention(q, kv, idx, sinks, 0.125))
 
 

@@ -436,6 +436,25 @@ def _gluon_sparse_fp8(t: int, heads: int, extra: int, lengths: bool = False) -> 
     return call
 
 
+def _gluon_sparse_bf16(t: int, heads: int, extra: int, lengths: bool = False, tile_rows: int | None = None,
+                       early_release: bool | None = None) -> Callable[[], None]:
+    """The SM90 Gluon sparse_attention over bf16 caches (sparse_attention_gluon) through its launch, as _gluon_sparse_fp8
+    calls the FP8 one; tile_rows, early_release: its launch's (None: the defaults). It must serve the call."""
+    def call():
+        from deepinfer_cuda.kernels import sparse_attention_gluon
+
+        i32 = torch.int32
+        out = sparse_attention_gluon.launch_sparse_attention_gluon(
+            _t(t, heads, 512), _t(65536, 512), _t(t, 128, dtype=i32), _t(heads, dtype=torch.float32), 512 ** -0.5,
+            extra_kv=_t(16384, 512), extra_indices=_t(t, extra, dtype=i32), extra_lengths=_t(t, dtype=i32) if lengths else None,
+            out_positions=_t(t, dtype=torch.int64), out_cos_sin_cache=_t(65536, 64, dtype=torch.float32), tile_rows=tile_rows,
+            early_release=early_release,
+        )
+        if out is None:
+            raise RuntimeError("sparse_attention_gluon declined the call")
+    return call
+
+
 def _gluon_prefill(tokens: int, heads: int, requests: int, prefix: int = 0, d_qk: int = 192) -> Callable[[], None]:
     """The SM90 Gluon prefill (prefill_gluon, registered for nothing yet) through its launch: `requests` requests of
     tokens / requests new tokens each after `prefix` cached keys, Dqk / 128 heads. It must serve the call (a None return
@@ -676,6 +695,16 @@ CASES: list[Case] = [
     Case("sparse_attention fp8 gluon decode T256 H64 (one split)", _gluon_sparse_fp8(256, 64, 512), "mma", archs=("sm90",)),
     Case("sparse_attention fp8 gluon decode T64 H64 (splits)", _gluon_sparse_fp8(64, 64, 512), "mma", archs=("sm90",)),
     Case("sparse_attention fp8 gluon decode T8 H64 HCA lengths (splits)", _gluon_sparse_fp8(8, 64, 8192, lengths=True), "mma", archs=("sm90",)),
+    # The SM90 Gluon sparse_attention over bf16 caches (the same schedule, a cp.async loader warpgroup gathering the rows into
+    # the stages; not yet run on a GPU): its default tile (64 rows, two stages) and the other (32 rows, four stages), its
+    # default stage release (early) and the FP8 kernel's
+    Case("sparse_attention bf16 gluon decode T256 H64 (one split)", _gluon_sparse_bf16(256, 64, 512), "mma", archs=("sm90",)),
+    Case("sparse_attention bf16 gluon decode T64 H64 (splits)", _gluon_sparse_bf16(64, 64, 512), "mma", archs=("sm90",)),
+    Case("sparse_attention bf16 gluon decode T8 H64 HCA lengths (splits)", _gluon_sparse_bf16(8, 64, 8192, lengths=True), "mma", archs=("sm90",)),
+    Case("sparse_attention bf16 gluon decode T256 H64 32-row tiles (one split)", _gluon_sparse_bf16(256, 64, 512, tile_rows=32), "mma", archs=("sm90",)),
+    Case("sparse_attention bf16 gluon decode T64 H64 32-row tiles (splits)", _gluon_sparse_bf16(64, 64, 512, tile_rows=32), "mma", archs=("sm90",)),
+    Case("sparse_attention bf16 gluon decode T64 H64 late release (splits)", _gluon_sparse_bf16(64, 64, 512, early_release=False), "mma",
+         archs=("sm90",)),
     # The SM90 Gluon prefill (FlashAttention-3's schedule: a TMA producer warpgroup, two ping-pong wgmma consumer warpgroups;
     # not registered until run on a GPU): DeepSeek MLA's 192/128 heads at 16 and 128 heads, causal and after a cached prefix;
     # 128/128 heads (the bench's reference rows against SDPA's flash kernel)
@@ -753,6 +782,7 @@ def _as_arch(arch: str, launches: list[Launch]):
         sampling,
         sparse_attention,
         sparse_attention_fp8_gluon,
+        sparse_attention_gluon,
     )
 
     cfg = lambda op, variant, device=None: arch_config(op, variant, arch)  # noqa: E731
@@ -774,12 +804,13 @@ def _as_arch(arch: str, launches: list[Launch]):
         (kv_cache, "_config", lambda device: arch_config("kv_cache_write", "tokens", arch)), (kv_cache, "interpreting", lambda: False),
         (sparse_attention, "num_sms", lambda device: SM_COUNT[arch]), (sparse_attention, "interpreting", lambda: False),
         (sparse_attention, "upcast_dot", lambda: False), (sparse_attention_fp8_gluon, "num_sms", lambda device: SM_COUNT[arch]),
+        (sparse_attention_gluon, "num_sms", lambda device: SM_COUNT[arch]),
         (hyper_connection, "num_sms", lambda device: SM_COUNT[arch]), (hyper_connection, "interpreting", lambda: False),
         (indexer, "interpreting", lambda: False), (indexer, "upcast_dot", lambda: False),
     ]
     modules = (activation, decode_plan, gemm, gemm_fp8_gluon, gemm_mxfp4_gluon, hyper_connection, indexer, kv_cache, logits_processing, logprobs, mla_decode,
                mla_decode_fp8_gluon, moe, norm, prefill, prefill_gluon, rejection_sampling, rope, sampling, sparse_attention,
-               sparse_attention_fp8_gluon)  # fmt: skip
+               sparse_attention_fp8_gluon, sparse_attention_gluon)  # fmt: skip
     kernels = [v for mod in modules for v in vars(mod).values() if hasattr(v, "run") and hasattr(v, "arg_names")]
     saved = [(mod, name, getattr(mod, name)) for mod, name, _ in patches]
     try:

@@ -22,7 +22,10 @@ queries. An HCA layer's decode (`hca256_emax8192`): each query lists its window 
 of a 32k context in an 8192-wide list (a device plan's E_max at max_model_len 1M), -1 after them and
 `extra_lengths` = 256: what the padding costs (its ids are not read, not counted). The `_fp8kv_gluon` cases time the
 same FP8 inputs through backend option sparse_attention_path=gluon's function (the SM90 Gluon kernel where it serves
-the call, else the tl kernel). Peer: the
+the call, else the tl kernel). The `_bf16_gluon` cases time the bf16 inputs through the SM90 Gluon kernel over bf16
+caches (sparse_attention_gluon.py, what sparse_attention_path=gluon runs for them), called directly: a call it does
+not serve is an error row saying why, never the tl kernel timed again; `_r32` with its 32-row tiles in four stages,
+`_late` with the FP8 kernel's stage release (the choices it leaves to a GPU's numbers). Peer: the
 reference's arithmetic (float32 gather, FP8 rows dequantised, einsum, softmax with the sink) without
 its host-side bounds check (so the decode peer is graph-timed like the kernel), in chunks of queries
 whose float32 gathered rows stay under 1 GiB (at T = 4096 the whole gather would be 5.4 GB).
@@ -195,6 +198,23 @@ def _sparse_kernel_gluon(s: dict):
 
     return sparse_attention(s["q"], s["kv"], s["indices"], s["sinks"], softmax_scale=SCALE, extra_kv=s["extra_kv"], extra_indices=s["extra_indices"],
                             extra_lengths=s.get("extra_lengths"))  # fmt: skip
+
+
+def _sparse_kernel_bf16_gluon(tile_rows: int | None = None, early_release: bool | None = None):
+    """One call of the SM90 Gluon kernel over bf16 caches with this launch's tile and stage release (None: its defaults);
+    an error where it does not serve the call."""
+
+    def kernel(s: dict):
+        from deepinfer_cuda.kernels import sparse_attention_gluon
+
+        args = (s["q"], s["kv"], s["indices"], s["sinks"], SCALE, s["extra_kv"], s["extra_indices"], s.get("extra_lengths"))
+        out = sparse_attention_gluon.launch_sparse_attention_gluon(*args, tile_rows=tile_rows, early_release=early_release)
+        if out is None:
+            why = sparse_attention_gluon.not_served(s["q"], s["kv"], s["indices"], s["extra_kv"], s["extra_indices"])
+            raise RuntimeError(f"sparse_attention_gluon does not serve the call: {why}")
+        return out
+
+    return kernel
 
 
 def _sparse_peer(s: dict) -> torch.Tensor:
@@ -496,6 +516,13 @@ CASES = [
                 _sparse_kernel_gluon, *SPARSE[1:], bound="compute") for b in (1, 64, 256)],
     GraphCase("sparse_attention", "decode_B64_ctx32k_w128+hca256_emax8192_H64_D512_fp8kv_gluon", _hca_setup(64, 32768, 8192), _sparse_kernel_gluon,
               *SPARSE[1:], bound="compute"),
+    # the bf16 cases on the SM90 Gluon kernel over bf16 caches (not yet run on a GPU), beside the tl rows above; its other
+    # tile and stage release at B64 and B256
+    *[GraphCase("sparse_attention", f"decode_B{b}_ctx32k_w128+top512_H64_D512_bf16_gluon", _sparse_setup(b, 32768), _sparse_kernel_bf16_gluon(),
+                *SPARSE[1:]) for b in (1, 64, 256)],
+    *[GraphCase("sparse_attention", f"decode_B{b}_ctx32k_w128+top512_H64_D512_bf16_gluon{suffix}", _sparse_setup(b, 32768),
+                _sparse_kernel_bf16_gluon(**launch), *SPARSE[1:])
+      for b in (64, 256) for suffix, launch in (("_r32", {"tile_rows": 32}), ("_late", {"early_release": False}))],
     BenchCase("sparse_attention", "prefill_T4096_ctx32k_w128+top512_H64_D512_bf16", _sparse_setup(1, 32768, 4096), *SPARSE, bound="compute"),
     GraphCase("compress_kv", "decode_B256_CSA_r4_overlap_D512_f32", _compress_setup(CSA_RATIO, True, 256, decode=True), *COMPRESS),
     GraphCase("compress_kv", "decode_B256_HCA_r128_D512_f32", _compress_setup(HCA_RATIO, False, 256, decode=True), *COMPRESS),

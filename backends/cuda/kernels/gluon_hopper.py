@@ -7,6 +7,10 @@ declines its calls or says so in its registration. Shims (Triton 3.6 on the GPU 
   raises there); 3.6 has only the old name. Same arguments.
 - `sync_warps`: a barrier over the calling partition's warps, 3.9 `gl.barrier`, 3.6 `gl.thread_barrier` (both lower
   to the partition's named barrier inside warp_specialize).
+- `cp_async_load`: the per-thread global->shared copy (cp.async, 16 bytes at most a copy; masked elements are
+  zero-filled), 3.9 `async_copy.async_load` (3.6's name, async_copy_global_to_shared, raises there), 3.6 only the old
+  name. Same leading arguments (shared destination, pointers, mask). With `async_copy.mbarrier_arrive` (an mbarrier
+  arrival once the thread's copies have landed) it gathers rows where TMA cannot (SM90 has no TMA gather).
 """
 
 from __future__ import annotations
@@ -16,15 +20,15 @@ import triton
 try:
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
+    from triton.experimental.gluon.language.nvidia.hopper import async_copy, fence_async_shared, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     tma_load = tma.async_load if hasattr(tma, "async_load") else tma.async_copy_global_to_shared
     sync_warps = gl.barrier if hasattr(gl, "barrier") else gl.thread_barrier
+    cp_async_load = async_copy.async_load if hasattr(async_copy, "async_load") else async_copy.async_copy_global_to_shared
     GLUON_IMPORT_ERROR = None
 except ImportError as exc:  # a Triton without Gluon's Hopper pieces
     GLUON_IMPORT_ERROR = f"{type(exc).__name__}: {exc}"
-
 
 
 def gluon_unusable(option: str, import_error: str | None) -> str | None:
@@ -36,5 +40,5 @@ def gluon_unusable(option: str, import_error: str | None) -> str | None:
     return f"backend option {option}, but Triton {triton.__version__} has no usable Gluon for Hopper ({import_error})"
 
 
-__all__ = ["GLUON_IMPORT_ERROR", "TensorDescriptor", "fence_async_shared", "gl", "gluon", "gluon_unusable", "mbarrier", "sync_warps", "tma_load",
-           "warpgroup_mma", "warpgroup_mma_wait"]  # fmt: skip
+__all__ = ["GLUON_IMPORT_ERROR", "TensorDescriptor", "async_copy", "cp_async_load", "fence_async_shared", "gl", "gluon", "gluon_unusable", "mbarrier",
+           "sync_warps", "tma_load", "warpgroup_mma", "warpgroup_mma_wait"]  # fmt: skip
