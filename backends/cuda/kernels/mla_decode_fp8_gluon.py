@@ -1,13 +1,14 @@
 """Gluon kernel (SM90): `mla_decode` over the FP8 KV cache, warp-specialised, both wgmma warpgroups scoring keys.
 
-Registered for SM90 GPUs whose Triton has Gluon for Hopper, for models with an FP8 cache of these rows (`_chosen`);
-the calls it does not serve (`not_served`) go to mla_decode.py's tl kernel, which stays what the interpreter checks
-in CI. Compiled in CI by `deepinfer bench compile --case gluon` (wgmma, no spills; no TMA: the converting warps load
-the cache bytes). Checked on an H100 (Triton 3.6, 2026-12-06) against the tl kernel on the 6 shapes of
-tests/cuda/test_mla_decode_fp8_gluon.py's GPU cases (planned, 1, 8 and 3 splits, S = 2 and 4, 128 heads, ragged
-lengths): max |difference| 2.4e-4 .. 9.8e-4 at outputs below 1.8 (the previous schedule's: 2e-3 .. 4e-3), from a
-scratch script; on an H100 on 2026-12-07 that test file's GPU cases passed and `deepinfer conformance --backend cuda
---op mla_decode` (its FP8 cases choose this kernel) passed with this schedule.
+Registered for SM90 GPUs whose Triton has Gluon for Hopper, for models with an FP8 cache of these rows (`_chosen`;
+backend option mla_decode_path=tl leaves them to the tl kernel); the calls it does not serve (`not_served`) go to
+mla_decode.py's tl kernel, which stays what the interpreter checks in CI. Compiled in CI by `deepinfer bench compile
+--case gluon` (wgmma, no spills; no TMA: the converting warps load the cache bytes). Checked on an H100 (Triton 3.6,
+2026-12-06) against the tl kernel on the 6 shapes of tests/cuda/test_mla_decode_fp8_gluon.py's GPU cases (planned, 1,
+8 and 3 splits, S = 2 and 4, 128 heads, ragged lengths): max |difference| 2.4e-4 .. 9.8e-4 at outputs below 1.8 (the
+previous schedule's: 2e-3 .. 4e-3), from a scratch script; on an H100 on 2026-12-07 that test file's GPU cases passed
+and `deepinfer conformance --backend cuda --op mla_decode` (its FP8 cases choose this kernel) passed with this
+schedule.
 
 Semantics: mla_decode.py's split kernel for an FP8 cache (deepinfer.ops.kv_cache_format: each row 576 e4m3 values
 then the token's float32 scale at byte 576, 592 bytes a row, pages of 64 rows), scores in the log2 domain, value =
@@ -25,7 +26,8 @@ warpgroups as FlashMLA's SM90 decode kernel does (each scores half the keys, the
 shared memory, each owns half of the output columns over all keys), with one softmax bubble per 64 rows.
 
 Schedule: one program per (64-row tile, request, split), grid (row tiles, B, splits) as the `tl` kernel's; tiles of
-BLOCK_N = 64 cache rows (one page); three partitions, 12 warps:
+BLOCK_N = 64 cache rows (one page); three partitions, 12 warps (the attention warpgroups, q's staging, the plan and the
+launch are mla_decode_gluon_parts.py's, shared with mla_decode_gluon.py's kernel over the bf16 cache):
 - converting warpgroup (a worker, 4 warps): loads the tile's e4m3 rows from global memory itself as 32-bit words
   (16-byte vector loads: a thread holds 16 bytes of two rows per 64-byte column chunk; no TMA ring: an e4m3 ring
   does not fit beside two bf16 stages), converts them to "raw" bf16 (E4M3X4_TO_RAW_BF16X4_PTX: value * 2^-112,
