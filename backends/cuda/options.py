@@ -62,4 +62,15 @@ SPARSE_ATTENTION_PATH = BackendOption(
     env="DEEPINFER_CUDA_SPARSE_ATTENTION_PATH",
 )
 
-OPTIONS = (EP_PATH, MXFP4_PATH, FP8_PATH, PDL, SPARSE_ATTENTION_PATH)
+MLA_DECODE_PATH = BackendOption(
+    "mla_decode_path",
+    ("auto", "tl", "gluon"),
+    "auto",
+    "mla_decode on SM90: auto = over an FP8 cache the warp-specialised Gluon kernel (a converting warpgroup) for the calls "
+    "it serves, over a bf16 cache the tl kernel (until the bf16 Gluon kernel passes conformance on a GPU); tl = the tl "
+    "kernel for every cache; gluon = also over a bf16 cache the Gluon kernel (a TMA loader warp, two wgmma warpgroups: "
+    "NOT YET RUN ON A GPU) for the calls of at least 64 query rows (S * H) it serves, the rest by the tl kernel",
+    env="DEEPINFER_CUDA_MLA_DECODE_PATH",
+)
+
+OPTIONS = (EP_PATH, MXFP4_PATH, FP8_PATH, PDL, SPARSE_ATTENTION_PATH, MLA_DECODE_PATH)

@@ -97,7 +97,8 @@ def test_ci_compiles_the_gluon_kernels_for_sm90(tmp_path):
     full check's minutes): `bench compile --case gluon` builds each for SM90, warp-specialised wgmma, no spills; the mxfp4
     and fp8_block GEMMs load through TMA, the FP8 mla_decode and sparse_attention kernels' converting warps load the cache
     bytes themselves, the bf16 sparse_attention kernel's loader gathers the rows by cp.async, the prefill's producer loads
-    q, k and v by TMA (split cases also build their reduce or combine kernels: no matrix)."""
+    q, k and v by TMA, the bf16 mla_decode's loader warp the cache pages (split cases also build their reduce or combine
+    kernels: no matrix)."""
     path = tmp_path / "gluon.json"
     proc = _cli("--arch", "sm90", "--case", "gluon", "--json", str(path))
     assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-3000:]
@@ -107,9 +108,9 @@ def test_ci_compiles_the_gluon_kernels_for_sm90(tmp_path):
     matrix = [r for r in results if r["expected"]]
     assert {r["kernel"] for r in matrix} == {
         "_mxfp4_gemm_ws_kernel", "_mxfp4_gemm_persistent_kernel", "_fp8_gemm_ws_kernel", "_mla_decode_fp8_ws_kernel",
-        "_sparse_attention_fp8_ws_kernel", "_sparse_attention_ws_kernel", "_prefill_ws_kernel"}, results  # fmt: skip
+        "_sparse_attention_fp8_ws_kernel", "_sparse_attention_ws_kernel", "_prefill_ws_kernel", "_mla_decode_ws_kernel"}, results  # fmt: skip
     assert all(r["instr"] == "wgmma" for r in matrix), matrix
-    tma_kernels = {"_mxfp4_gemm_ws_kernel", "_mxfp4_gemm_persistent_kernel", "_fp8_gemm_ws_kernel", "_prefill_ws_kernel"}
+    tma_kernels = {"_mxfp4_gemm_ws_kernel", "_mxfp4_gemm_persistent_kernel", "_fp8_gemm_ws_kernel", "_prefill_ws_kernel", "_mla_decode_ws_kernel"}
     assert all(r["tma"] == (r["kernel"] in tma_kernels) for r in matrix), matrix
 
 
@@ -192,11 +193,12 @@ def test_a_case_is_compiled_only_for_its_archs_and_tma_is_read_from_the_ptx():
     r = cc.Result("c", "sm90", "k", True, regs=100, spills=0, instr="wgmma", expected="wgmma", tma=False, needs_tma=True)
     assert r.problems == ["no TMA load (cp.async.bulk.tensor), expected one"]
     gluon = [c for c in cc.CASES if "gluon" in c.name]
-    # 15 mxfp4 (5 persistent), 6 fp8_block, 3 FP8 mla_decode, 3 FP8 and 6 bf16 sparse_attention, 4 prefill
-    assert len(gluon) == 37 and all(c.archs == ("sm90",) for c in gluon)
+    # 15 mxfp4 (5 persistent), 6 fp8_block, 3 FP8 and 5 bf16 mla_decode, 3 FP8 and 6 bf16 sparse_attention, 4 prefill
+    assert len(gluon) == 42 and all(c.archs == ("sm90",) for c in gluon)
     # (the FP8 attention kernels' converting warps load the cache bytes, the bf16 sparse_attention loader copies rows by
-    # cp.async; the prefill's producer loads q, k, v by TMA)
-    assert all(c.tma == ("mxfp4" in c.name or "fp8_block" in c.name or "prefill gluon" in c.name) for c in gluon)
+    # cp.async; the prefill's producer loads q, k, v by TMA, the bf16 mla_decode's loader the cache pages)
+    tma_names = ("mxfp4", "fp8_block", "prefill gluon", "mla_decode bf16 gluon")
+    assert all(c.tma == any(t in c.name for t in tma_names) for c in gluon)
 
 
 def test_instruction_class():

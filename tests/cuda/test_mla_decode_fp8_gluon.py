@@ -61,7 +61,9 @@ def test_calls_it_does_not_serve_say_why():
 
 
 def test_the_plan_splits_whole_pages_as_the_tl_kernel_does(monkeypatch):
-    monkeypatch.setattr(g, "num_sms", lambda device: 132)
+    import deepinfer_cuda.kernels.mla_decode_gluon_parts as parts
+
+    monkeypatch.setattr(parts, "num_sms", lambda device: 132)
     one = g.plan(128, 16, 4096, torch.device("meta"))
     assert (one.row_tiles, one.num_splits, one.direct) == (1, 1, True)  # 128 requests fill the SMs
     few = g.plan(2, 128, 4096, torch.device("meta"))

@@ -13,7 +13,8 @@ kv_cache_write: 128 decode tokens scattered into shuffled slots of a bf16 cache;
 index_copy_ of the concatenated rows (the reference without its host-side bounds check).
 
 Both again with an FP8 cache (kv_cache_dtype="fp8", deepinfer.ops.kv_cache_format: 592-byte rows),
-bytes counted on the FP8 rows.
+bytes counted on the FP8 rows. Rows ending ", gluon" time the SM90 Gluon kernel over the bf16 cache (backend option
+mla_decode_path=gluon, mla_decode_gluon.py; not yet run on a GPU) on the inputs of the tl row of the same name.
 
 `python -m deepinfer_cuda.bench.attention_decode` (on a GPU) runs these cases, then sweeps
 mla_decode tuning variants (each checked against a float32 torch computation), captures
@@ -90,6 +91,19 @@ def _mla_kernel_fp8(s: dict):
     from deepinfer_cuda.kernels.mla_decode_fp8_gluon import mla_decode
 
     return mla_decode(s["q_nope"], s["q_rope"], s["kv_cache"], s["block_table"], s["seq_lens"], softmax_scale=SCALE)
+
+
+def _mla_kernel_gluon(s: dict):
+    """The SM90 Gluon kernel over the bf16 cache (backend option mla_decode_path=gluon; not yet run on a GPU), launched
+    directly whatever the row count (its op leaves calls of fewer than GLUON_MIN_ROWS rows to the tl kernel: the 16-head
+    row says whether it should); an error where it declines the call, so that no row times the tl kernel under its name."""
+    from deepinfer_cuda.kernels.mla_decode_gluon import launch_mla_decode_gluon, not_served
+
+    args = (s["q_nope"], s["q_rope"], s["kv_cache"], s["block_table"], s["seq_lens"])
+    out = launch_mla_decode_gluon(*args, SCALE)
+    if out is None:
+        raise RuntimeError(f"mla_decode_gluon declined the call: {not_served(*args[:3], None)}")
+    return out
 
 
 def _mla_peer(s: dict):
@@ -178,6 +192,15 @@ CASES = [
     *(BenchCase("mla_decode", f"B{b}_ctx{ctx // 1024}k_H{h}_S1_bf16_page64", _mla_setup(b, ctx, h), _mla_kernel, _mla_peer, _SDPA,
                 _mla_flops, _mla_bytes, bound="memory" if h == 16 else "compute", graph=True)
       for h in (16, 128) for b in (1, 4, 8) for ctx in (8192, 32768, 65536)),
+    # 128 heads at a middle batch and context (compute-bound; split into whole pages, merged by the combine kernel)
+    BenchCase("mla_decode", "B32_ctx2048_H128_S1_bf16_page64", _mla_setup(32, 2048, 128), _mla_kernel, _mla_peer, _SDPA, _mla_flops, _mla_bytes,
+              bound="compute", graph=True),
+    # The SM90 Gluon kernel over the bf16 cache (mla_decode_path=gluon; a TMA loader warp, two wgmma warpgroups) beside the tl
+    # rows of the same names, timed the same way; no peer (the tl row's is the same)
+    *(BenchCase("mla_decode", f"{name}, gluon", _mla_setup(b, ctx, h), _mla_kernel_gluon, None, "", _mla_flops, _mla_bytes,
+                bound="memory" if h == 16 else "compute", graph=graph)
+      for name, b, ctx, h, graph in (("B128_ctx4096_H128_S1_bf16_page64", 128, 4096, 128, False), ("B32_ctx2048_H128_S1_bf16_page64", 32, 2048, 128, True),
+                                     ("B1_ctx8k_H128_S1_bf16_page64", 1, 8192, 128, True), ("B128_ctx4096_H16_S1_bf16_page64", 128, 4096, 16, False))),
 ]
 
 

@@ -401,20 +401,21 @@ def _gluon_mxfp4(layout: str, e: int, rows: int, n: int, k: int, tuning: dict | 
     return call
 
 
-def _gluon_mla_fp8(batch: int, heads: int, ctx: int) -> Callable[[], None]:
-    """The SM90 Gluon mla_decode over an FP8 cache (mla_decode_fp8_gluon) through its launch; S = 1 (with S > 1
-    the causal mask's live values make it spill 24 bytes: its docstring). It must serve the call (a
-    None return would mean the case compiled nothing of it)."""
+def _gluon_mla(batch: int, heads: int, ctx: int, fp8: bool, queries: int = 1) -> Callable[[], None]:
+    """The SM90 Gluon mla_decode through its launch: over an FP8 cache (mla_decode_fp8_gluon; with S > 1 the causal
+    mask's live values make it spill 24 bytes: its docstring) or a bf16 cache (mla_decode_gluon). It must serve the call
+    (a None return would mean the case compiled nothing of it)."""
     def call():
-        from deepinfer_cuda.kernels import mla_decode_fp8_gluon
+        from deepinfer_cuda.kernels import mla_decode_fp8_gluon, mla_decode_gluon
 
         blocks = ctx // 64
-        out = mla_decode_fp8_gluon.launch_mla_decode_fp8_gluon(
-            _t(batch, 1, heads, 512), _t(batch, 1, heads, 64), _cache(batch * blocks, 64, True),
+        launch = mla_decode_fp8_gluon.launch_mla_decode_fp8_gluon if fp8 else mla_decode_gluon.launch_mla_decode_gluon
+        out = launch(
+            _t(batch, queries, heads, 512), _t(batch, queries, heads, 64), _cache(batch * blocks, 64, fp8),
             _t(batch, blocks, dtype=torch.int32), _t(batch, dtype=torch.int32), 192 ** -0.5,
         )
         if out is None:
-            raise RuntimeError("mla_decode_fp8_gluon declined the call")
+            raise RuntimeError(f"{launch.__module__} declined the call")
     return call
 
 
@@ -686,9 +687,17 @@ CASES: list[Case] = [
     # The SM90 Gluon mla_decode over an FP8 cache (warp-specialised: a converting warpgroup that loads the e4m3 bytes
     # itself, no TMA; two wgmma warpgroups each scoring half of a 64-row tile's keys): one split (B128 H16), split
     # partials + combine (B64 H16), 128 heads (two row tiles)
-    Case("mla_decode fp8 gluon B128 H16 ctx4096 (one split)", _gluon_mla_fp8(128, 16, 4096), "mma", archs=("sm90",)),
-    Case("mla_decode fp8 gluon B64 H16 ctx4096 (splits)", _gluon_mla_fp8(64, 16, 4096), "mma", archs=("sm90",)),
-    Case("mla_decode fp8 gluon B64 H128 ctx4096", _gluon_mla_fp8(64, 128, 4096), "mma", archs=("sm90",)),
+    Case("mla_decode fp8 gluon B128 H16 ctx4096 (one split)", _gluon_mla(128, 16, 4096, fp8=True), "mma", archs=("sm90",)),
+    Case("mla_decode fp8 gluon B64 H16 ctx4096 (splits)", _gluon_mla(64, 16, 4096, fp8=True), "mma", archs=("sm90",)),
+    Case("mla_decode fp8 gluon B64 H128 ctx4096", _gluon_mla(64, 128, 4096, fp8=True), "mma", archs=("sm90",)),
+    # The SM90 Gluon mla_decode over a bf16 cache (mla_decode_path=gluon; the same attention warpgroups, a TMA loader warp):
+    # 128 heads with one split (B128) and with split partials + combine (B32 ctx2048; B1 ctx8192: the wide combine), 16
+    # heads (one split), S = 2 (the causal mask: 64 heads, one row tile)
+    Case("mla_decode bf16 gluon B128 H128 ctx4096 (one split)", _gluon_mla(128, 128, 4096, fp8=False), "mma", archs=("sm90",), tma=True),
+    Case("mla_decode bf16 gluon B32 H128 ctx2048 (splits)", _gluon_mla(32, 128, 2048, fp8=False), "mma", archs=("sm90",), tma=True),
+    Case("mla_decode bf16 gluon B1 H128 ctx8192 (splits)", _gluon_mla(1, 128, 8192, fp8=False), "mma", archs=("sm90",), tma=True),
+    Case("mla_decode bf16 gluon B128 H16 ctx4096 (one split)", _gluon_mla(128, 16, 4096, fp8=False), "mma", archs=("sm90",), tma=True),
+    Case("mla_decode bf16 gluon B64 S2 H32 ctx4096 (MTP)", _gluon_mla(64, 32, 4096, fp8=False, queries=2), "mma", archs=("sm90",), tma=True),
     # The SM90 Gluon sparse_attention over FP8 caches (warp-specialised: a converting warpgroup gathering the rows, a softmax
     # and a value wgmma warpgroup), V4-Flash decode with the output rotated back: one split, the rotation in its epilogue
     # (T256, top-512 CSA lists); split partials + combine (T64 CSA; T8 HCA lists cut by extra_lengths)
@@ -773,6 +782,8 @@ def _as_arch(arch: str, launches: list[Launch]):
         logprobs,
         mla_decode,
         mla_decode_fp8_gluon,
+        mla_decode_gluon,
+        mla_decode_gluon_parts,
         moe,
         norm,
         prefill,
@@ -795,7 +806,7 @@ def _as_arch(arch: str, launches: list[Launch]):
         (mla_decode, "_config", lambda device, variant: arch_config("mla_decode", variant, arch)),
         (mla_decode, "_cached_plan", lambda *a: mla_decode._make_plan(*a, None)),
         (mla_decode, "num_sms", lambda device: SM_COUNT[arch]), (mla_decode, "upcast_dot", lambda: False),
-        (mla_decode_fp8_gluon, "num_sms", lambda device: SM_COUNT[arch]),
+        (mla_decode_gluon_parts, "num_sms", lambda device: SM_COUNT[arch]),
         (norm, "config", cfg), (activation, "config", cfg), (rope, "config", cfg),
         (moe, "_cfg", cfg), (moe, "interpreting", lambda: False),
         (sampling, "_cfg", cfg), (sampling, "interpreting", lambda: False),
@@ -809,7 +820,7 @@ def _as_arch(arch: str, launches: list[Launch]):
         (indexer, "interpreting", lambda: False), (indexer, "upcast_dot", lambda: False),
     ]
     modules = (activation, decode_plan, gemm, gemm_fp8_gluon, gemm_mxfp4_gluon, hyper_connection, indexer, kv_cache, logits_processing, logprobs, mla_decode,
-               mla_decode_fp8_gluon, moe, norm, prefill, prefill_gluon, rejection_sampling, rope, sampling, sparse_attention,
+               mla_decode_fp8_gluon, mla_decode_gluon, moe, norm, prefill, prefill_gluon, rejection_sampling, rope, sampling, sparse_attention,
                sparse_attention_fp8_gluon, sparse_attention_gluon)  # fmt: skip
     kernels = [v for mod in modules for v in vars(mod).values() if hasattr(v, "run") and hasattr(v, "arg_names")]
     saved = [(mod, name, getattr(mod, name)) for mod, name, _ in patches]

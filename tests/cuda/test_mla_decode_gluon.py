@@ -1,0 +1,195 @@
+"""The SM90 Gluon mla_decode over the bf16 cache (not yet run on a GPU): on a CPU, backend option mla_decode_path (which
+kernel each cache and value resolves to), which calls it serves, which of them its op hands to the tl kernel, its plan
+and its TMA descriptor; on an SM90 GPU (TRITON_INTERPRET=0 pytest tests/cuda/test_mla_decode_gluon.py), its output
+against the reference op (16 and 128 heads, S = 1 and 2, ragged lengths, one split and several, empty splits, stale NaN
+rows after a request's end). Its compilation for sm90 is tests/cuda/test_compile_check.py's (`deepinfer bench compile
+--case "bf16 gluon"`); its golden cases are `deepinfer conformance --backend cuda --op mla_decode --backend-option
+mla_decode_path=gluon`'s."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+import deepinfer_cuda.kernels.mla_decode_gluon as g  # (imports without Gluon too: GLUON_IMPORT_ERROR says why, below)
+import deepinfer_cuda.kernels.mla_decode_gluon_parts as parts
+from deepinfer.options import BackendOptionError, resolve_options
+from deepinfer.registry import ModelFacts, Registry, RegistryError, ResolveContext
+
+from triton_mode import GPU, mode
+
+if g.GLUON_IMPORT_ERROR is not None:
+    pytest.skip(f"no Gluon for Hopper in this Triton (runs with Triton >= 3.5: CI, the GPU machine): {g.GLUON_IMPORT_ERROR}", allow_module_level=True)
+
+BF16_MODEL = ModelFacts(kv_cache_fp8=False, kv_lora_rank=512, qk_rope_head_dim=64, sliding_window=0, kv_block_size=64, num_heads=128)
+FP8_MODEL = dataclasses.replace(BF16_MODEL, kv_cache_fp8=True)
+
+
+def _meta(*shape, dtype=torch.bfloat16):
+    return torch.empty(*shape, dtype=dtype, device="meta")
+
+
+def _chosen(monkeypatch, options, model=BF16_MODEL, sm90=True, deterministic=False):
+    """The mla_decode function the cuda backend's registrations (tl, FP8 Gluon, bf16 Gluon) resolve to."""
+    import deepinfer_cuda.kernels.gemm_mxfp4_gluon as gemm_gluon
+    from deepinfer_cuda.kernels import mla_decode as tl_mla
+    from deepinfer_cuda.kernels import mla_decode_fp8_gluon as fp8_gluon
+
+    monkeypatch.setattr(gemm_gluon, "is_sm90", lambda device: sm90)
+    registry = Registry()
+    registry.register_all("cuda", tl_mla.REGISTRATIONS + fp8_gluon.REGISTRATIONS + g.REGISTRATIONS)
+    ctx = ResolveContext("cuda", device=torch.device("cuda", 0), options=options, model=model, deterministic=deterministic)
+    return registry.choose(ctx, "mla_decode").fn
+
+
+def test_the_backend_option_chooses_it_for_bf16_caches_on_sm90_only(monkeypatch):
+    """auto (the default) keeps the tl kernel over a bf16 cache and the FP8 Gluon kernel over an FP8 one; tl keeps the tl
+    kernel for both; gluon takes this kernel on SM90 for a model with a bf16 cache of its rows (the FP8 Gluon kernel for
+    an FP8 cache), the tl kernel elsewhere, for facts not known and in deterministic mode."""
+    from deepinfer_cuda.kernels import mla_decode as tl_mla
+    from deepinfer_cuda.kernels import mla_decode_fp8_gluon as fp8_gluon
+    from deepinfer_cuda.options import MLA_DECODE_PATH, OPTIONS
+
+    assert MLA_DECODE_PATH in OPTIONS and MLA_DECODE_PATH.choices == ("auto", "tl", "gluon") and MLA_DECODE_PATH.default == "auto"
+    gluon, tl = {"mla_decode_path": "gluon"}, {"mla_decode_path": "tl"}
+    assert _chosen(monkeypatch, {}) is _chosen(monkeypatch, {"mla_decode_path": "auto"}) is tl_mla.mla_decode
+    assert _chosen(monkeypatch, {}, FP8_MODEL) is fp8_gluon.mla_decode
+    assert _chosen(monkeypatch, tl) is _chosen(monkeypatch, tl, FP8_MODEL) is tl_mla.mla_decode
+    assert _chosen(monkeypatch, gluon) is g.mla_decode
+    assert _chosen(monkeypatch, gluon, FP8_MODEL) is fp8_gluon.mla_decode
+    assert _chosen(monkeypatch, gluon, sm90=False) is tl_mla.mla_decode
+    assert _chosen(monkeypatch, gluon, deterministic=True) is tl_mla.mla_decode_invariant
+    for other in (dict(kv_cache_fp8=None), dict(kv_lora_rank=96), dict(qk_rope_head_dim=32), dict(sliding_window=128),
+                  dict(sliding_window=None), dict(kv_block_size=128)):  # fmt: skip
+        assert _chosen(monkeypatch, gluon, dataclasses.replace(BF16_MODEL, **other)) is tl_mla.mla_decode, other
+    monkeypatch.setattr(g, "GLUON_IMPORT_ERROR", "ImportError: no hopper")
+    assert _chosen(monkeypatch, {}) is tl_mla.mla_decode
+    with pytest.raises(RegistryError, match="mla_decode_path=gluon, but Triton .* no usable Gluon for Hopper") as err:
+        _chosen(monkeypatch, gluon)
+    assert "\n" not in str(err.value)
+    monkeypatch.setenv("DEEPINFER_CUDA_MLA_DECODE_PATH", "gluon")
+    assert resolve_options("cuda", OPTIONS)["mla_decode_path"] == "gluon"
+    monkeypatch.setenv("DEEPINFER_CUDA_MLA_DECODE_PATH", "fast")
+    with pytest.raises(BackendOptionError, match="DEEPINFER_CUDA_MLA_DECODE_PATH"):
+        resolve_options("cuda", OPTIONS)
+
+
+def test_calls_it_does_not_serve_say_why():
+    cache = _meta(8, 64, 576)
+    q = lambda s, h, dtype=torch.bfloat16: (_meta(2, s, h, 512, dtype=dtype), _meta(2, s, h, 64, dtype=dtype))  # noqa: E731
+    for s, h in ((1, 16), (4, 16), (1, 64), (1, 128), (2, 64), (2, 32)):
+        assert g.not_served(*q(s, h), cache, None) is None, (s, h)
+    assert "S*H = 96" in g.not_served(*q(1, 96), cache, None)
+    assert "S*H = 256" in g.not_served(*q(2, 128), cache, None)
+    assert "not bfloat16" in g.not_served(*q(1, 16), _meta(8, 64, 592, dtype=torch.float8_e4m3fn), None)
+    assert "not bfloat16" in g.not_served(*q(1, 16), _meta(8, 64, 576, dtype=torch.float16), None)
+    assert "wants [pages, 64, 576]" in g.not_served(*q(1, 16), _meta(8, 32, 576), None)
+    padded_rows = _meta(8, 64, 580)[..., :576]  # rows of 1160 bytes: not 16-byte aligned
+    assert "TMA view" in g.not_served(*q(1, 16), padded_rows, None)
+    assert g.not_served(*q(1, 16), _meta(8, 64, 584)[..., :576], None) is None  # rows of 1168 bytes
+    assert "TMA view" in g.not_served(*q(1, 16), _meta(64, 8, 576).transpose(0, 1), None)  # pages not one matrix
+    assert "sliding window" in g.not_served(*q(1, 16), cache, 128)
+    assert "bfloat16" in g.not_served(*q(1, 16, torch.float16), cache, None)
+    assert "tuning overrides" in g.not_served(*q(1, 16), cache, None, overrides={"BLOCK_N": 32})
+    assert "deterministic" in g.not_served(*q(2, 16), cache, None, tiles_of_one_query=True)
+    cpu = torch.zeros(1, 1, 16, 512, dtype=torch.bfloat16), torch.zeros(1, 1, 16, 64, dtype=torch.bfloat16)
+    assert "not on a GPU" in g.not_served(*cpu, torch.zeros(2, 64, 576, dtype=torch.bfloat16), None)
+
+
+def test_its_op_serves_calls_of_at_least_64_rows_and_hands_the_rest_to_the_tl_kernel(monkeypatch):
+    """mla_decode_path=gluon: 64 and 128 query rows (S * H) on this kernel, 16 or 32 rows (memory-bound, not yet measured
+    against the tl kernel) and the calls it does not serve on the tl kernel."""
+    from deepinfer_cuda.kernels import mla_decode as tl_mla
+
+    calls = []
+    monkeypatch.setattr(parts, "launch", lambda kernel, cache, strides, q_nope, *a, **kw: calls.append(("gluon", q_nope.shape[1:3])) or q_nope)
+    monkeypatch.setattr(tl_mla, "launch_mla_decode", lambda q_nope, *a: calls.append(("tl", q_nope.shape[1:3])) or q_nope)
+    assert g.GLUON_MIN_ROWS == 64
+    for s, h, cache in ((1, 16, _meta(8, 64, 576)), (2, 16, _meta(8, 64, 576)), (1, 64, _meta(8, 64, 576)), (2, 32, _meta(8, 64, 576)),
+                        (1, 128, _meta(8, 64, 576)), (2, 64, _meta(8, 64, 576)), (1, 128, _meta(8, 64, 592, dtype=torch.float8_e4m3fn))):  # fmt: skip
+        g.mla_decode(_meta(2, s, h, 512), _meta(2, s, h, 64), cache, _meta(2, 8, dtype=torch.int32), _meta(2, dtype=torch.int32), softmax_scale=0.1)
+    assert calls == [("tl", (1, 16)), ("tl", (2, 16)), ("gluon", (1, 64)), ("gluon", (2, 32)), ("gluon", (1, 128)), ("gluon", (2, 64)),
+                     ("tl", (1, 128))]  # fmt: skip
+
+
+def test_the_plan_at_the_benchmarked_shapes(monkeypatch):
+    """The split plan (shared with the FP8 Gluon kernel) on a 132-SM H100: B128 H128 fills the GPU with one split (the
+    output written directly); B32 ctx2048 and B1 ctx8192 split their contexts into whole pages and merge."""
+    monkeypatch.setattr(parts, "num_sms", lambda device: 132)
+    meta = torch.device("meta")
+    assert parts.plan(128, 128, 4096, meta) == parts.GluonPlan(rows=128, row_tiles=2, tokens_per_split=4096, num_splits=1)
+    for batch, ctx in ((32, 2048), (1, 8192)):
+        p = parts.plan(batch, 128, ctx, meta)
+        assert p.row_tiles == 2 and p.num_splits > 1 and not p.direct and p.tokens_per_split % g.PAGE == 0
+        assert p.tokens_per_split * p.num_splits >= ctx > p.tokens_per_split * (p.num_splits - 1)
+    assert parts.plan(128, 16, 4096, meta).num_splits == 1
+
+
+def test_the_tma_descriptor_sees_the_pages_as_one_matrix():
+    """Page p's row r is row p * 64 + r of the descriptor's [pages * 64, 576] view (the loader's coordinate), read in
+    [64, 64] boxes, 128-byte swizzled as the stages; a padded row stride carries over."""
+    cache = torch.zeros(3, 64, 584, dtype=torch.bfloat16)[..., :576]
+    desc = g._descriptor(cache)
+    assert list(desc.shape) == [192, 576] and list(desc.strides) == [584, 1] and list(desc.block_shape) == [64, 64]
+    assert desc.base.data_ptr() == cache.data_ptr() and desc.layout.swizzle_byte_width == 128
+
+
+def _inputs(batch, heads, queries, ctx, seq_lens=None, seed=0):
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    pages = batch * (ctx // 64)
+    cache = torch.randn(pages, 64, 576, device="cuda", generator=gen).to(torch.bfloat16)
+    block_table = torch.randperm(pages, device="cuda", generator=gen).to(torch.int32).view(batch, ctx // 64)
+    if seq_lens is None:
+        seq_lens = torch.randint(max(queries, ctx // 2), ctx + 1, (batch,), device="cuda", generator=gen, dtype=torch.int32)
+    else:
+        seq_lens = torch.tensor(seq_lens, device="cuda", dtype=torch.int32)
+    q_nope = torch.randn(batch, queries, heads, 512, device="cuda", generator=gen).to(torch.bfloat16)
+    q_rope = torch.randn(batch, queries, heads, 64, device="cuda", generator=gen).to(torch.bfloat16)
+    return q_nope, q_rope, cache, block_table, seq_lens
+
+
+ON_SM90 = pytest.mark.skipif(mode() != GPU or not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9,
+                             reason="runs on an SM90 GPU only (TRITON_INTERPRET=0 pytest tests/cuda/test_mla_decode_gluon.py)")
+
+
+def _check(got, q_nope, q_rope, cache, block_table, seq_lens, scale):
+    from deepinfer.ops.attention import mla_decode as ref_mla_decode
+
+    want = ref_mla_decode(q_nope.float(), q_rope.float(), cache.float(), block_table, seq_lens, softmax_scale=scale)
+    assert got is not None and got.dtype == torch.bfloat16 and got.shape == q_nope.shape and torch.isfinite(got).all()
+    err = (got.float() - want).abs().max().item()
+    assert err <= 1.6e-2 * max(1.0, want.abs().max().item()), err  # bf16 rounding of p and of outputs ~1
+
+
+@ON_SM90
+@pytest.mark.parametrize("batch, heads, ctx, queries, splits", [
+    (4, 16, 4096, 1, None), (4, 16, 4096, 1, 1), (4, 16, 4096, 1, 8), (4, 128, 4096, 1, None), (4, 128, 4096, 1, 1),
+    (4, 128, 4096, 1, 5), (2, 64, 2048, 2, None), (3, 16, 960, 2, 1), (3, 16, 960, 2, 4), (1, 128, 8192, 1, None),
+])  # fmt: skip
+def test_matches_the_reference_on_the_gpu(batch, heads, ctx, queries, splits):
+    args = _inputs(batch, heads, queries, ctx)
+    got = g.launch_mla_decode_gluon(*args, 192**-0.5, num_splits=splits)
+    _check(got, *args, 192**-0.5)
+
+
+@ON_SM90
+@pytest.mark.parametrize("heads, queries, splits", [(16, 1, None), (128, 1, 8), (32, 2, 3)])
+def test_lengths_inside_pages_and_empty_splits_on_the_gpu(heads, queries, splits):
+    """Lengths of 2, 63, 64, 65 and 1000 tokens among 4096-token block tables (splits past a request's end see no key),
+    and the rows after each request's end in its last page poisoned with NaN: the loader zeroes them in the stage, so
+    p . v stays finite where p = 0."""
+    q_nope, q_rope, cache, block_table, seq_lens = _inputs(5, heads, queries, 4096, seq_lens=[2, 63, 64, 65, 1000])
+    for b, n in enumerate(seq_lens.tolist()):
+        if n % 64:
+            cache[block_table[b, n // 64].long(), n % 64 :] = float("nan")
+    got = g.launch_mla_decode_gluon(q_nope, q_rope, cache, block_table, seq_lens, 0.1, num_splits=splits)
+    _check(got, q_nope, q_rope, cache, block_table, seq_lens, 0.1)
+
+
+@ON_SM90
+def test_the_op_matches_its_launch_on_the_gpu():
+    """The registered op (mla_decode_path=gluon) runs this kernel for 128 heads: the same bits as its launch."""
+    args = _inputs(2, 128, 1, 2048)
+    assert torch.equal(g.mla_decode(*args, softmax_scale=0.1), g.launch_mla_decode_gluon(*args, 0.1))
