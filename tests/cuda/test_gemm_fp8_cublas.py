@@ -1,4 +1,4 @@
-"""fp8_path=cublas: which linear calls cuBLAS's block-scaled FP8 GEMM serves, that the option picks it, that it says why it
+"""fp8_path=cublas: which linear and masked grouped_gemm calls cuBLAS's block-scaled FP8 GEMM serves, that the option picks it, that it says why it
 cannot run off an SM90 GPU, and (on an SM90 GPU) that it matches the reference at V4-Flash's prefill projection shapes."""
 
 from __future__ import annotations
@@ -31,6 +31,10 @@ def test_it_serves_prefill_sized_bf16_calls_with_aligned_shapes_only():
     assert "K=1280" in gc.not_served(_meta(8192, 1280), _meta(1536, 1280, dtype=F8), None)
     assert "N=1000" in gc.not_served(_meta(8192, 4096), _meta(1000, 4096, dtype=F8), None)
     assert "contiguous" in gc.not_served(_meta(8192, 4096), _meta(4096, 1536, dtype=F8).T, None)
+    # masked: V4's wo_a (8 groups of every token) is served; decode's 256 experts of a few rows each are not
+    assert gc.not_served(_meta(8, 8192, 4096), _meta(8, 1024, 4096, dtype=F8), None, masked=True) is None
+    assert "fewer than 1024 rows a group" in gc.not_served(_meta(8, 512, 4096), _meta(8, 1024, 4096, dtype=F8), None, masked=True)
+    assert "more than 16" in gc.not_served(_meta(32, 2048, 4096), _meta(32, 1024, 4096, dtype=F8), None, masked=True)
 
 
 def _registry():
@@ -44,6 +48,7 @@ def test_only_the_option_picks_it():
     for path in (None, "auto", "tl", "gluon"):
         ctx = ResolveContext("cuda", dtype=torch.bfloat16, options={} if path is None else {"fp8_path": path})
         assert registry.choose(ctx, "linear", "fp8_block").fn is not gc.linear, path
+        assert registry.choose(ctx, "grouped_gemm", "fp8_block").fn is not gc.grouped_gemm, path
 
 
 @pytest.mark.skipif(mode() == GPU, reason="on a GPU the option resolves (see the comparison below)")
@@ -58,6 +63,14 @@ def test_a_call_it_does_not_serve_runs_on_the_tl_kernel():
     w, s = quant.quantize_weight_fp8_block(torch.randn(128, 256, generator=gen) * 0.05)
     x = torch.randn(5, 256, generator=gen).bfloat16()
     assert torch.equal(gc.linear(x, w, weight_scale=s, fmt="fp8_block"), kg.launch_gemm(x, w, s, "fp8_block", kg._LINEAR))
+    w, s = quant.quantize_weight_fp8_block(torch.randn(2, 128, 256, generator=gen) * 0.05)
+    x, mm = torch.randn(2, 6, 256, generator=gen).bfloat16(), torch.tensor([6, 2], dtype=torch.int32)
+    got = gc.grouped_gemm(x, w, masked_m=mm, weight_scale=s, fmt="fp8_block")
+    want = kg.launch_gemm(x, w, s, "fp8_block", kg._MASKED, masked_m=mm)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1, :2], want[1, :2])
+    offsets = torch.tensor([0, 4, 6], dtype=torch.int32)  # the contiguous layout is never served
+    got = gc.grouped_gemm(x.reshape(12, 256)[:6], w, expert_offsets=offsets, weight_scale=s, fmt="fp8_block")
+    assert torch.equal(got, kg.launch_gemm(x.reshape(12, 256)[:6], w, s, "fp8_block", kg._CONTIGUOUS, offsets=offsets))
 
 
 @pytest.mark.skipif(mode() != GPU or not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0), reason="an SM90 GPU only")
@@ -70,4 +83,18 @@ def test_matches_the_reference_on_the_gpu(rows, n, k):
     w, s = quant.quantize_weight_fp8_block(torch.randn(n, k, device=dev, generator=gen) * 0.05)
     got = gc.linear(x, w, weight_scale=s, fmt="fp8_block").float()
     want = ref.linear(x.float(), w, weight_scale=s, fmt="fp8_block")
+    assert (got - want).abs().max().item() <= 2e-2 * want.abs().max().item()
+
+
+@pytest.mark.skipif(mode() != GPU or not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0), reason="an SM90 GPU only")
+def test_the_grouped_output_projection_matches_the_reference_on_the_gpu():
+    """V4's wo_a at 2048 tokens: x the heads-by-group transposed view [8, T, 4096] of [T, 8, 4096], as the model passes it."""
+    dev = torch.device("cuda")
+    gen = torch.Generator(device=dev).manual_seed(3)
+    groups, tokens, k, n = 8, 2048, 4096, 1024
+    x = torch.randn(tokens, groups, k, device=dev, generator=gen).bfloat16().transpose(0, 1)
+    w, s = quant.quantize_weight_fp8_block(torch.randn(groups, n, k, device=dev, generator=gen) * 0.05)
+    mm = torch.full((groups,), tokens, dtype=torch.int32, device=dev)
+    got = gc.grouped_gemm(x, w, masked_m=mm, weight_scale=s, fmt="fp8_block").float()
+    want = ref.grouped_gemm(x.float(), w, masked_m=mm, weight_scale=s, fmt="fp8_block")
     assert (got - want).abs().max().item() <= 2e-2 * want.abs().max().item()
