@@ -5,6 +5,8 @@ GLUON_IMPORT_ERROR is None where this Triton has them (Triton >= 3.5), else why 
 declines its calls or says so in its registration. Shims (Triton 3.6 on the GPU machine, 3.9 on the CPU machines):
 - `tma_load`: Triton 3.9 calls the TMA global->shared copy `async_load` (3.6's name, async_copy_global_to_shared,
   raises there); 3.6 has only the old name. Same arguments.
+- `tma_store`: the TMA shared->global copy, 3.9's `async_store` (3.6's async_copy_shared_to_global raises there); 3.6
+  has only the old name. Same arguments.
 - `sync_warps`: a barrier over the calling partition's warps, 3.9 `gl.barrier`, 3.6 `gl.thread_barrier` (both lower
   to the partition's named barrier inside warp_specialize).
 """
@@ -20,6 +22,7 @@ try:
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     tma_load = tma.async_load if hasattr(tma, "async_load") else tma.async_copy_global_to_shared
+    tma_store = tma.async_store if hasattr(tma, "async_store") else tma.async_copy_shared_to_global
     sync_warps = gl.barrier if hasattr(gl, "barrier") else gl.thread_barrier
     GLUON_IMPORT_ERROR = None
 except ImportError as exc:  # a Triton without Gluon's Hopper pieces
@@ -36,5 +39,5 @@ def gluon_unusable(option: str, import_error: str | None) -> str | None:
     return f"backend option {option}, but Triton {triton.__version__} has no usable Gluon for Hopper ({import_error})"
 
 
-__all__ = ["GLUON_IMPORT_ERROR", "TensorDescriptor", "fence_async_shared", "gl", "gluon", "gluon_unusable", "mbarrier", "sync_warps", "tma_load",
-           "warpgroup_mma", "warpgroup_mma_wait"]  # fmt: skip
+__all__ = ["GLUON_IMPORT_ERROR", "TensorDescriptor", "fence_async_shared", "gl", "gluon", "gluon_unusable", "mbarrier", "sync_warps", "tma",
+           "tma_load", "tma_store", "warpgroup_mma", "warpgroup_mma_wait"]  # fmt: skip
