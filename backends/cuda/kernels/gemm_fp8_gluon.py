@@ -173,8 +173,8 @@ if GLUON_IMPORT_ERROR is None:
                      ROW0: gl.constexpr, WIDTH: gl.constexpr, NUM_STAGES: gl.constexpr):
         """Group kb (the it-th stage use): its scales loaded (their product, x_scale[row] * w_scale, is used at its
         promotion, a group later), its stage waited for, its wgmma issued into the registers of `part`. Returns the
-        product (in flight), the scales' product and it + 1. (The scales' addresses are 32-bit offsets from
-        their bases: two registers fewer than pointers, which Triton 3.6 spilled for.)"""
+        product (in flight), the scales' product and it + 1. (The scales are addressed by 32-bit offsets from their
+        bases: fewer registers than 64-bit pointers, where two products and the accumulator leave few.)"""
         stage = it % NUM_STAGES
         scale = gl.load(xs_ptr + (xs_off + kb * stride_xsg)) * gl.load(ws_ptr + (ws_off + kb * stride_wsk))
         mbarrier.wait(ready.index(stage), (it // NUM_STAGES) & 1)
@@ -207,10 +207,10 @@ if GLUON_IMPORT_ERROR is None:
 
     @gluon.jit
     def _promote_ordered(acc, part, scale):
-        """acc + part * scale[:, None] (scale: x_scale[row] * w_scale) as `_mainloop`'s promotion computes it (the same fma.rn.f32 per element, so
-        the same bits), written as inline asm with side effects so that LLVM keeps it ahead of the next wgmma into
-        part's registers: a pure FMA sunk past that wgmma would need a copy of the product, in flight by then, and
-        ptxas serialises every wgmma of a kernel that reads an in-flight accumulator."""
+        """acc + part * scale[:, None] (scale: x_scale[row] * w_scale) as `_mainloop`'s promotion computes it (the same
+        fma.rn.f32 per element, so the same bits), written as inline asm with side effects so that LLVM keeps it ahead
+        of the next wgmma into part's registers: a pure FMA sunk past that wgmma would need a copy of the product, in
+        flight by then, and ptxas serialises every wgmma of a kernel that reads an in-flight accumulator."""
         scale, part = gl.broadcast(gl.expand_dims(scale, 1), part)
         return gl.inline_asm_elementwise("fma.rn.f32 $0, $1, $2, $3;", "=r,r,r,r", [scale, part, acc], dtype=gl.float32, is_pure=False, pack=1)
 
@@ -226,22 +226,22 @@ if GLUON_IMPORT_ERROR is None:
         p = gl.zeros([64, BLOCK_N], gl.float32, layout=layout)  # (use_acc=False: never read)
         q = gl.zeros([64, BLOCK_N], gl.float32, layout=layout)
         p, s_p, it = _issue_group(x_smem, w_smem, ready, xs_ptr, xs_off, ws_ptr, ws_off, stride_xsg, stride_wsk, kb0, it, p,
-                                      ROW0, BLOCK_N, NUM_STAGES)
+                                  ROW0, BLOCK_N, NUM_STAGES)
         p = warpgroup_mma_wait(num_outstanding=1, deps=(p,))  # (returns at once: the product as a tensor, still in flight)
         for kb in range(kb0 + 1, kb1 - 1, 2):  # groups kb (into q) and kb + 1 (into p)
             q, s_q, it = _issue_group(x_smem, w_smem, ready, xs_ptr, xs_off, ws_ptr, ws_off, stride_xsg, stride_wsk, kb, it, q,
-                                          ROW0, BLOCK_N, NUM_STAGES)
+                                      ROW0, BLOCK_N, NUM_STAGES)
             p, q = warpgroup_mma_wait(num_outstanding=1, deps=(p, q))  # p's group has completed; q's runs on
             mbarrier.arrive(empty.index((it - 2) % NUM_STAGES))  # p's stage (p, then q, issued since)
             acc = _promote_ordered(acc, p, s_p)
             p, s_p, it = _issue_group(x_smem, w_smem, ready, xs_ptr, xs_off, ws_ptr, ws_off, stride_xsg, stride_wsk, kb + 1, it, p,
-                                          ROW0, BLOCK_N, NUM_STAGES)
+                                      ROW0, BLOCK_N, NUM_STAGES)
             q, p = warpgroup_mma_wait(num_outstanding=1, deps=(q, p))
             mbarrier.arrive(empty.index((it - 2) % NUM_STAGES))  # q's
             acc = _promote_ordered(acc, q, s_q)
         if (kb1 - kb0) % 2 == 0:  # one group left after the pairs: into q, then both drained
             q, s_q, it = _issue_group(x_smem, w_smem, ready, xs_ptr, xs_off, ws_ptr, ws_off, stride_xsg, stride_wsk, kb1 - 1, it, q,
-                                          ROW0, BLOCK_N, NUM_STAGES)
+                                      ROW0, BLOCK_N, NUM_STAGES)
             p, q = warpgroup_mma_wait(num_outstanding=1, deps=(p, q))
             mbarrier.arrive(empty.index((it - 2) % NUM_STAGES))
             acc = _promote_ordered(acc, p, s_p)
