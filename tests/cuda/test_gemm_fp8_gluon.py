@@ -1,9 +1,13 @@
 """The SM90 Gluon fp8_block kernel's host side on a CPU: which calls it serves, its tiles, stages, K splits and persistent
-grid, its TMA descriptors, and its registration under backend option fp8_path=gluon. Its compilation for sm90 is
-tests/cuda/test_compile_check.py's; its numbers are a GPU's (`deepinfer conformance --backend cuda --backend-option
-fp8_path=gluon --op linear --op grouped_gemm` on an H100/H200: not run here)."""
+grid, its schedule options (the overlapped K loop, the 256-wide tiles, the TMA store epilogue), its TMA descriptors,
+and its registration under backend option fp8_path=gluon. Its compilation for sm90 is tests/cuda/test_compile_check.py's;
+its numbers are a GPU's (`deepinfer conformance --backend cuda --backend-option fp8_path=gluon --op linear --op
+grouped_gemm` on an H100/H200, and on an SM90 GPU `TRITON_INTERPRET=0 pytest tests/cuda/test_gemm_fp8_gluon.py`: each
+schedule option's output against the table's, bit for bit; not run here)."""
 
 from __future__ import annotations
+
+import dataclasses
 
 import pytest
 import torch
@@ -89,10 +93,58 @@ def test_tuning_entries_are_what_the_kernel_takes():
     for name in ("fp8_gluon_small", "fp8_gluon_medium", "fp8_gluon_large"):
         cfg = SM90(name)
         assert cfg["BLOCK_M"] == 64 * cfg["consumers"] and 128 % cfg["BLOCK_N"] == 0, name
-    with pytest.raises(ValueError, match="64 rows per consumer"):
-        gg.plan_gluon(_meta(8192, 4096), _meta(1536, 4096, dtype=F8), gg._LINEAR, lambda v: {**SM90(v), "BLOCK_M": 256}, sms=132)
+        # the schedule options are off in the table until a GPU has timed them
+        assert not cfg.get("overlap", False) and not cfg.get("tma_store", False) and cfg.get("waves", 1) == 1, name
+    x, w = _meta(8192, 4096), _meta(1536, 4096, dtype=F8)
+    with pytest.raises(ValueError, match="64 rows per wave"):
+        gg.plan_gluon(x, w, gg._LINEAR, lambda v: {**SM90(v), "BLOCK_M": 256}, sms=132)
     with pytest.raises(ValueError, match="divide 128"):
-        gg.plan_gluon(_meta(8192, 4096), _meta(1536, 4096, dtype=F8), gg._LINEAR, lambda v: {**SM90(v), "BLOCK_N": 256}, sms=132)
+        gg.plan_gluon(x, w, gg._LINEAR, lambda v: {**SM90(v), "BLOCK_N": 192}, sms=132)
+    with pytest.raises(ValueError, match="four sub-tiles"):
+        gg.plan_gluon(x, w, gg._LINEAR, lambda v: {**SM90(v), "BLOCK_M": 256, "waves": 2, "BLOCK_N": 256}, sms=132)
+    with pytest.raises(ValueError, match="one sub-tile"):
+        gg.plan_gluon(x, w, gg._LINEAR, lambda v: {**SM90(v), "BLOCK_N": 256, "overlap": True}, sms=132)
+
+
+def _large(**over):
+    return lambda v: {**SM90(v), **over}
+
+
+def test_schedule_options_plan_their_tiles_and_stages():
+    x, w = _meta(8 * 4096, 7168), _meta(8, 4096, 7168, dtype=F8)
+    # the overlapped K loop: the table's tile and ring, two product register sets in the consumers' 240 registers
+    p = gg.plan_gluon(x, w, gg._CONTIGUOUS, _large(overlap=True, consumer_regs=240), sms=132)
+    assert (p.block_m, p.block_n, p.waves, p.sub_n, p.overlap, p.tma_store, p.num_stages, p.consumer_regs) == (128, 128, 1, 1, True, False, 6, 240)
+    # 128 x 256: two column halves (one weight-scale block each); 4 stages of 48 KiB
+    p = gg.plan_gluon(x, w, gg._CONTIGUOUS, _large(BLOCK_N=256, num_stages=6), sms=132)
+    assert (p.block_n, p.sub_n, p.num_n, p.num_stages) == (256, 2, 16, 4)
+    # 256 x 128: two 64-row waves per consumer warpgroup; row tiles of 256 (+ one partial per expert)
+    p = gg.plan_gluon(x, w, gg._CONTIGUOUS, _large(BLOCK_M=256, waves=2, num_stages=4), sms=132)
+    assert (p.block_m, p.waves, p.consumers, p.num_m_tiles, p.num_stages) == (256, 2, 2, 128 + 8, 4)
+
+
+def test_tma_store_takes_its_buffers_from_the_ring_and_only_unsplit_16_bit_rows():
+    x, w = _meta(8192, 1024), _meta(32768, 1024, dtype=F8)
+    p = gg.plan_gluon(x, w, gg._LINEAR, _large(overlap=True, tma_store=True, consumer_regs=240), sms=132)
+    assert p.tma_store and p.num_stages == 5  # 5 x 32 KiB + two 16 KiB output buffers
+    p = gg.plan_gluon(x, w, gg._LINEAR, _large(BLOCK_N=256, num_stages=4, tma_store=True), sms=132)
+    assert p.tma_store and p.num_stages == 3  # 3 x 48 KiB + four 16 KiB buffers (two sub-tiles per consumer)
+    # N not a multiple of 8 (rows of 16 bytes), or K splits (float32 partials): the register stores
+    assert not gg.plan_gluon(_meta(8192, 1024), _meta(1540, 1024, dtype=F8), gg._LINEAR, _large(tma_store=True), sms=132).tma_store
+    small = gg.plan_gluon(_meta(128, 4096), _meta(1536, 4096, dtype=F8), gg._LINEAR, lambda v: {**SM90(v), "tma_store": True}, sms=132)
+    assert small.split > 1 and not small.tma_store
+
+
+def test_the_output_descriptor_views_rows_by_sub_tile():
+    e, n, k, max_m = 3, 384, 256, 40
+    w = torch.zeros(e, n, k, dtype=F8)
+    masked = torch.zeros(e, max_m, k, dtype=torch.bfloat16)
+    p = gg.plan_gluon(masked, w, gg._MASKED, _large(BLOCK_N=256, num_stages=4, tma_store=True), sms=132)
+    assert p.tma_store  # (the small entry, with the options set over it)
+    out = torch.zeros(e, max_m, n, dtype=torch.bfloat16)
+    d = gg.output_descriptor(p, out)
+    assert (d.shape, d.strides, d.block_shape) == ([e * max_m, n], [n, 1], [64, 128])  # the experts' rows stacked: a box is one sub-tile
+    assert gg.output_descriptor(dataclasses.replace(p, tma_store=False), out) is None
 
 
 def test_calls_it_does_not_serve_say_why():
@@ -160,3 +212,95 @@ def test_calls_it_does_not_serve_run_the_tl_kernel():
     got = gg.linear(x, w, weight_scale=s, fmt="fp8_block", out_dtype=torch.float32)
     want = kg.launch_gemm(x, w, s, "fp8_block", kg._LINEAR, out_dtype=torch.float32)
     assert got.dtype == torch.float32 and torch.equal(got, want)
+
+
+@pytest.mark.skipif(mode() == GPU, reason="runs in CI under the interpreter (the Gluon launch stubbed); on a GPU the sweep itself runs")
+def test_the_gluon_sweep_times_each_candidate_against_the_table_and_the_tl_kernel(monkeypatch):
+    """bench/gemm.py's `--sweep fp8_gluon_large` loop on the CPU at toy sizes: the Gluon GEMM (no interpreter for Gluon)
+    stubbed by the tl kernel, interpreted, after planning with the candidate's entry; each candidate's row compares its
+    output with the table's and the tl kernel's, the tl kernel's GEMM alone is the reference row, and the tuning lookup
+    is restored after."""
+    import deepinfer_cuda.kernels.gemm as kg
+    import deepinfer_cuda.tuning as tuning
+    from deepinfer_cuda.bench import common
+    from deepinfer_cuda.bench import gemm as bench
+
+    plans = []
+    cpu_table = tuning.config  # (the CPU's table has no Gluon entries: the sm90 ones stand in)
+    monkeypatch.setattr(tuning, "config", lambda op, v, device=None: SM90(v) if v.startswith("fp8_gluon") else cpu_table(op, v, device))
+    monkeypatch.setattr(gg, "config", tuning.config)
+
+    def run(x, weight, weight_scale, layout, *, offsets=None, masked_m=None, out_dtype=None, prequantised=None):
+        assert prequantised is not None and prequantised[1].stride(0) == 1  # the scales of a group: its rows contiguous (the Gluon layout)
+        plans.append(gg.plan_gluon(x, weight, layout, sms=132))
+        return kg.launch_gemm(x, weight, weight_scale, "fp8_block", layout, offsets=offsets, masked_m=masked_m, out_dtype=out_dtype)
+
+    monkeypatch.setattr(gg, "_run", run)
+    monkeypatch.setattr(common, "time_ms", lambda fn, **_: (fn(), 1.0)[1])
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
+    table = gg.config
+    candidates = bench.SWEEP["fp8_gluon_large"]
+    assert candidates[0][0] == {k: SM90("fp8_gluon_large")[k] for k in candidates[0][0]}  # the table's schedule leads: the baseline row
+    # rows past 256 an expert: the prefill entry, fp8_gluon_large
+    for case in (bench._grouped_case("toy grouped, GEMM only, gluon", "fp8_block", 2, 264, 384, 256, prequantise=True, peer=False, path="gluon"),
+                 bench._linear_case("toy linear, GEMM only, gluon", "fp8_block", 300, 256, 384, bound="compute", path="gluon", prequantise=True,
+                                    peer=False)):
+        plans.clear()
+        rows = bench._sweep_case("fp8_gluon_large", case, torch.device("cpu"))
+        assert [r["cfg"] for r in rows[len(candidates):]] == ["tl kernel (fp8_path=tl), GEMM alone"]
+        assert all(r["ms"] == 1.0 for r in rows), rows
+        assert all(r["max_diff"] == 0 and r["max_diff_tl"] == 0 for r in rows[: len(candidates)]), rows
+        # plans[0]: the table's reference run; then each candidate's checked run and its timed run
+        assert len(plans) == 1 + 2 * len(candidates)
+        options = [(p.block_m, p.block_n, p.overlap, p.tma_store, p.waves, p.sub_n) for p in plans[1::2]]
+        assert options == [(c["BLOCK_M"], c["BLOCK_N"], c.get("overlap", False), c.get("tma_store", False), c.get("waves", 1), c["BLOCK_N"] // 128 or 1)
+                           for c, _ in candidates], options
+        assert gg.config is table
+
+
+def _gpu_operands(e, rows, n, k, layout, gen):
+    w, ws = quant.quantize_weight_fp8_block(torch.randn(e, n, k, device="cuda", generator=gen) * 0.05)
+    if layout == gg._MASKED:
+        x = torch.randn(e, rows, k, device="cuda", generator=gen).bfloat16()
+        return x, w, ws, {"masked_m": torch.tensor([rows, rows // 3, 0][:e], dtype=torch.int32, device="cuda")}
+    if layout == gg._LINEAR:
+        return torch.randn(rows, k, device="cuda", generator=gen).bfloat16(), w[0], ws[0], {}
+    counts = torch.tensor([rows // 2, 1, 0, rows - rows // 2 - 1][:e])  # uneven experts: partial tiles, one row, none
+    offsets = torch.cat([counts.new_zeros(1), counts.cumsum(0)]).to(device="cuda", dtype=torch.int32)
+    return torch.randn(rows, k, device="cuda", generator=gen).bfloat16(), w, ws, {"expert_offsets": offsets}
+
+
+@pytest.mark.skipif(mode() != GPU or not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9,
+                    reason="runs on an SM90 GPU only (TRITON_INTERPRET=0 pytest tests/cuda/test_gemm_fp8_gluon.py)")
+@pytest.mark.parametrize("layout, e, rows, n, k", [
+    (gg._CONTIGUOUS, 4, 1100, 4096, 7168),  # 56 groups: the overlapped loop's pairs end even (one group left after them)
+    (gg._CONTIGUOUS, 4, 700, 448, 640),  # 5 groups (odd), N past the last 256-wide tile's first half
+    (gg._LINEAR, 1, 333, 520, 1040),  # a K tail (9 groups, the last partial); TMA stores clipped at N
+    (gg._LINEAR, 1, 300, 516, 256),  # N not a multiple of 8: register stores
+    (gg._LINEAR, 1, 4096, 1536, 128),  # one group
+    (gg._LINEAR, 1, 256, 4096, 4096),  # decode rows: K splits (float32 partials)
+    (gg._MASKED, 3, 300, 1024, 2048),
+])  # fmt: skip
+def test_schedule_options_give_the_tables_output_bit_for_bit_on_the_gpu(monkeypatch, layout, e, rows, n, k):
+    """Every candidate of the sweep fp8_gluon_large (bench/gemm.py), set over the two-consumer entries (_medium: K splits
+    into float32 partials; _large), against the table's
+    schedule: the same products, scales and promotion order, so the same bits; and near the tl kernel's output."""
+    from deepinfer_cuda.bench import gemm as bench
+    from deepinfer_cuda.kernels import gemm as kg
+    from deepinfer_cuda.tuning import config as table_config
+
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    x, w, ws, index = _gpu_operands(e, rows, n, k, layout, gen)
+    run = (lambda: gg.linear(x, w, weight_scale=ws, fmt="fp8_block")) if layout == gg._LINEAR else (
+        lambda: gg.grouped_gemm(x, w, weight_scale=ws, fmt="fp8_block", **index))
+    want = run()
+    tl = kg.launch_gemm(x, w, ws, "fp8_block", layout, offsets=index.get("expert_offsets"), masked_m=index.get("masked_m"))
+    valid = torch.ones_like(want, dtype=torch.bool)
+    if layout == gg._MASKED:
+        valid = torch.arange(rows, device="cuda")[None, :, None] < index["masked_m"][:, None, None]
+    assert ((want.float() - tl.float()).abs() * valid).max().item() <= 2e-2 * max(1.0, tl.float().abs().max().item())
+    for cfg, _ in bench.SWEEP["fp8_gluon_large"]:
+        over = lambda op, v, device=None, _cfg=cfg: {**table_config(op, v, device), **(_cfg if v in ("fp8_gluon_medium", "fp8_gluon_large") else {})}  # noqa: E731
+        monkeypatch.setattr(gg, "config", over)
+        got = run()
+        assert torch.equal(torch.where(valid, got, 0), torch.where(valid, want, 0)), cfg

@@ -23,7 +23,9 @@ must not spill where the kernel without PDL does not. Those rows carry `pdl` and
 The check fails when a kernel does not compile, spills, or a matrix kernel uses a slower instruction
 class than expected for the arch (SM90: wgmma; SM100: tcgen05, block-scaled tcgen05 for mxfp8 and mxfp4_a8; a case's
 `expect` overrides this with a reason: 16-row decode tiles mma.sync, mxfp4 W4A16 on SM100 kind::f16), or a case
-that requires TMA (`Case.tma`: the SM90 Gluon mxfp4 GEMM) finds no `cp.async.bulk.tensor` in its PTX. A case
+that requires TMA (`Case.tma`: the SM90 Gluon mxfp4 GEMM) finds no `cp.async.bulk.tensor` in its PTX, or a case whose
+wgmmas must stay asynchronous (`Case.wgmma_async`: the Gluon fp8_block GEMM's overlapped K loop) is one where ptxas
+serialises them (its warning C7514, "wgmma.mma_async instructions are serialized": every row records it). A case
 lists the archs it is built for (`Case.archs`; the Gluon kernels' are sm90 only). Gluon kernels compile through
 Gluon's own AST source; their launches are captured like the others. A kernel is compiled once a case, for its first
 launch; a case whose wrapper launches one kernel twice with different constexprs names the launch it compiles
@@ -355,26 +357,38 @@ def _kv_cache_write(t: int, blocks: int, page: int = 64, fp8: bool = False) -> C
     return call
 
 
-def _gluon_fp8(layout: str, e: int, rows: int, n: int, k: int) -> Callable[[], None]:
+def _gluon_fp8(layout: str, e: int, rows: int, n: int, k: int, tuning: dict | None = None) -> Callable[[], None]:
     """The SM90 Gluon fp8_block kernel (fp8_path=gluon) through its own wrappers: masked (rows per expert), contiguous
-    (rows in all) or linear. It must serve the call (else the case would compile the tl kernel)."""
+    (rows in all) or linear. It must serve the call (else the case would compile the tl kernel). tuning: set over
+    every fp8_gluon_* entry of the target arch (a schedule option or a sweep candidate)."""
     def call():
         from deepinfer_cuda.kernels import gemm_fp8_gluon as gluon_gemm
 
-        f8, f32 = torch.float8_e4m3fn, torch.float32
-        if layout == "linear":
-            x, w, ws = _t(rows, k), _t(n, k, dtype=f8), _t(-(-n // 128), -(-k // 128), dtype=f32)
-            gluon_gemm.linear(x, w, weight_scale=ws, fmt="fp8_block")
-        elif layout == "masked":
-            x, w, ws = _t(e, rows, k), _t(e, n, k, dtype=f8), _t(e, -(-n // 128), -(-k // 128), dtype=f32)
-            gluon_gemm.grouped_gemm(x, w, masked_m=_t(e, dtype=torch.int32), weight_scale=ws, fmt="fp8_block")
-        else:
-            x, w, ws = _t(rows, k), _t(e, n, k, dtype=f8), _t(e, -(-n // 128), -(-k // 128), dtype=f32)
-            gluon_gemm.grouped_gemm(x, w, expert_offsets=_t(e + 1, dtype=torch.int32), weight_scale=ws, fmt="fp8_block")
-        reason = gluon_gemm.not_served(x, w, {"linear": 0, "contiguous": 1, "masked": 2}[layout])
-        if reason is not None:
-            raise RuntimeError(f"gemm_fp8_gluon declined the call: {reason}")
+        table = gluon_gemm.config
+        if tuning:
+            gluon_gemm.config = lambda op, variant, device=None: {**table(op, variant, device), **(tuning if variant.startswith("fp8_gluon") else {})}
+        try:
+            _gluon_fp8_call(gluon_gemm, layout, e, rows, n, k)
+        finally:
+            gluon_gemm.config = table
     return call
+
+
+def _gluon_fp8_call(gluon_gemm, layout: str, e: int, rows: int, n: int, k: int) -> None:
+    """`_gluon_fp8`'s call, through the module's wrappers (gluon_gemm: gemm_fp8_gluon)."""
+    f8, f32 = torch.float8_e4m3fn, torch.float32
+    if layout == "linear":
+        x, w, ws = _t(rows, k), _t(n, k, dtype=f8), _t(-(-n // 128), -(-k // 128), dtype=f32)
+        gluon_gemm.linear(x, w, weight_scale=ws, fmt="fp8_block")
+    elif layout == "masked":
+        x, w, ws = _t(e, rows, k), _t(e, n, k, dtype=f8), _t(e, -(-n // 128), -(-k // 128), dtype=f32)
+        gluon_gemm.grouped_gemm(x, w, masked_m=_t(e, dtype=torch.int32), weight_scale=ws, fmt="fp8_block")
+    else:
+        x, w, ws = _t(rows, k), _t(e, n, k, dtype=f8), _t(e, -(-n // 128), -(-k // 128), dtype=f32)
+        gluon_gemm.grouped_gemm(x, w, expert_offsets=_t(e + 1, dtype=torch.int32), weight_scale=ws, fmt="fp8_block")
+    reason = gluon_gemm.not_served(x, w, {"linear": 0, "contiguous": 1, "masked": 2}[layout])
+    if reason is not None:
+        raise RuntimeError(f"gemm_fp8_gluon declined the call: {reason}")
 
 
 def _gluon_mxfp4(layout: str, e: int, rows: int, n: int, k: int, tuning: dict | None = None) -> Callable[[], None]:
@@ -537,11 +551,15 @@ V4_PREFILL_COMPILE_SHAPES = ("wq_b", "wq_a+wkv", "wo_a")
 
 def sweep_cases(variant: str) -> list[Case]:
     """A gemm sweep variant's candidates (bench/gemm.py's SWEEP) compiled at its shapes, so that a GPU session times only
-    configurations that compile without spills. fp8_v4_prefill: each candidate at V4_PREFILL_COMPILE_SHAPES."""
+    configurations that compile without spills. fp8_v4_prefill: each candidate at V4_PREFILL_COMPILE_SHAPES;
+    fp8_gluon_large: each candidate of the Gluon fp8_block kernel at the grouped prefill (8 experts x 4096 rows,
+    7168 -> 4096) and at V4-Flash's linear prefill shapes of GLUON_COMPILE_SHAPES (its rows: bench.V4_GLUON_TOKENS)."""
     from deepinfer_cuda.bench import gemm as bench
 
+    if variant == "fp8_gluon_large":
+        return _gluon_sweep_cases(variant)
     if variant != "fp8_v4_prefill":
-        raise ValueError(f"no compile cases for sweep variant {variant!r}; known: fp8_v4_prefill")
+        raise ValueError(f"no compile cases for sweep variant {variant!r}; known: fp8_v4_prefill, fp8_gluon_large")
     tokens = bench.V4_PREFILL_TOKENS
     shapes = {g.name: g for g in bench.v4_prefill_fp8_gemms()}
     cases = []
@@ -552,6 +570,27 @@ def sweep_cases(variant: str) -> list[Case]:
             g = shapes[name]
             call = _v4_prefill_fp8(g.layout, g.groups, tokens, g.n, g.k, override, bench.sweep_entries(variant))
             cases.append(Case(f"sweep {variant} {name} ({g.k}->{g.n}) {label}", call, "mma", archs=("sm90",), tma=bool(extra.get("tma"))))
+    return cases
+
+
+# The Gluon kernel's compile classes among V4-Flash's linear prefill shapes (wo_a's masked layout is expert-minor: the tl
+# kernel's): K 1024 (8 groups; the indexer's wq_b alike) and K 4096 (32; wo_b, the shared expert alike)
+GLUON_COMPILE_SHAPES = ("wq_b", "wq_a+wkv")
+
+
+def _gluon_sweep_cases(variant: str) -> list[Case]:
+    from deepinfer_cuda.bench import gemm as bench
+
+    shapes = {g.name: g for g in bench.v4_prefill_fp8_gemms()}
+    cases = []
+    for cfg, extra in bench.SWEEP[variant]:
+        label = " ".join(f"{key}={value}" for key, value in {**cfg, **extra}.items())
+        wgmma_async = bool(cfg.get("overlap"))
+        calls = [("grouped E8x4096 (7168->4096)", _gluon_fp8("contiguous", 8, 8 * 4096, 4096, 7168, cfg))]
+        for name in GLUON_COMPILE_SHAPES:
+            g = shapes[name]
+            calls.append((f"{name} ({g.k}->{g.n})", _gluon_fp8("linear", 1, bench.V4_GLUON_TOKENS, g.n, g.k, cfg)))
+        cases += [Case(f"sweep {variant} {shape} {label}", call, "mma", archs=("sm90",), tma=True, wgmma_async=wgmma_async) for shape, call in calls]
     return cases
 
 
@@ -571,8 +610,15 @@ class Case:
     expect: dict | None = None  # arch -> instruction class, overriding EXPECTED / EXPECTED_MX (why: at its definition)
     archs: tuple[str, ...] = tuple(ARCHS)  # the archs the case is compiled for
     tma: bool = False  # its matrix kernel must load through TMA (cp.async.bulk.tensor in the PTX)
+    wgmma_async: bool = False  # ptxas must keep its matrix kernel's wgmmas asynchronous (no C7514 serialisation)
     pdl: bool = False  # also compiled with PDL on: griddepcontrol in the PTX, no spills the kernel without PDL has not
     launch_with: dict | None = None  # compile only the launches with these constexprs (where the wrapper launches one kernel twice)
+
+
+# The Gluon fp8_block kernel's schedule options as tuning overrides (gemm_fp8_gluon.py: not in its tables until a GPU has
+# timed them): the overlapped K loop, and the 128 x 256 tile in two column halves (4 stages of 48 KiB).
+GLUON_FP8_OVERLAP = {"overlap": True, "consumer_regs": 240}
+GLUON_FP8_N256 = {"BLOCK_N": 256, "num_stages": 4, "consumer_regs": 240}
 
 
 # DeepSeek-V3 shapes: hidden 7168, MLA q/kv 192/128 heads 128, latent 512 + rope 64, experts 2048 wide.
@@ -736,6 +782,15 @@ CASES: list[Case] = [
     Case("linear fp8_block gluon decode split (128x4096->1536)", _gluon_fp8("linear", 1, 128, 1536, 4096), "mma", archs=("sm90",), tma=True),
     Case("grouped_gemm fp8_block gluon decode masked (E8 m32 7168->4096)", _gluon_fp8("masked", 8, 32, 4096, 7168), "mma",
          archs=("sm90",), tma=True),
+    # its schedule options (gemm_fp8_gluon.py's module docstring; off in the tables, the sweep fp8_gluon_large times them):
+    # the overlapped K loop (two product register sets, consumers at 240 registers) at the grouped prefill, with the TMA
+    # store epilogue at K 1024, and the 128 x 256 tile (two column halves) at K 4096
+    Case("grouped_gemm fp8_block gluon overlap prefill contig (E8 32768 7168->4096)",
+         _gluon_fp8("contiguous", 8, 32768, 4096, 7168, GLUON_FP8_OVERLAP), "mma", archs=("sm90",), tma=True, wgmma_async=True),
+    Case("linear fp8_block gluon overlap tma_store prefill (8192x1024->32768)",
+         _gluon_fp8("linear", 1, 8192, 32768, 1024, {**GLUON_FP8_OVERLAP, "tma_store": True}), "mma", archs=("sm90",), tma=True, wgmma_async=True),
+    Case("linear fp8_block gluon 128x256 prefill (8192x4096->1536)", _gluon_fp8("linear", 1, 8192, 1536, 4096, GLUON_FP8_N256), "mma",
+         archs=("sm90",), tma=True),
 ]
 
 # Helper kernels a matrix case launches besides its GEMM/attention kernel (no MMA of their own).
@@ -881,6 +936,8 @@ class Result:
     expected: str | None = None  # the instruction class a matrix kernel must reach
     tma: bool | None = None  # whether the PTX loads through TMA (cp.async.bulk.tensor)
     needs_tma: bool = False  # the case requires it of its matrix kernel
+    wgmma_serialized: bool = False  # ptxas serialised the wgmmas (its warning C7514): each waits for the one before
+    needs_async: bool = False  # the case requires them asynchronous (Case.wgmma_async)
     config: dict = field(default_factory=dict)
     seconds: float = 0.0
     known_failure: str = ""  # why, when (case, kernel, arch) is in KNOWN_FAILURES
@@ -907,6 +964,8 @@ class Result:
                 out.append(f"uses {self.instr}, expected {self.expected}")
             if self.needs_tma and not self.tma:
                 out.append("no TMA load (cp.async.bulk.tensor), expected one")
+            if self.needs_async and self.wgmma_serialized:
+                out.append("ptxas serialised the wgmmas (C7514), expected them asynchronous")
         return out
 
     @property
@@ -931,8 +990,9 @@ def uses_tma(ptx: str) -> bool:
     return "cp.async.bulk.tensor" in ptx
 
 
-def _ptxas_stats(ptx: str, arch: str) -> tuple[int | None, int]:
-    """(registers, spill bytes) from `ptxas -v` on the PTX (stores + loads)."""
+def _ptxas_stats(ptx: str, arch: str) -> tuple[int | None, int, bool]:
+    """(registers, spill bytes, whether the wgmmas were serialised) from `ptxas -v` on the PTX (spills: stores + loads;
+    serialised: ptxas's performance warning C7514, e.g. for an instruction reading an in-flight wgmma's accumulator)."""
     from triton.backends.nvidia.compiler import get_ptxas
 
     target = re.search(r"^\.target\s+(\S+)", ptx, re.M).group(1)
@@ -944,7 +1004,12 @@ def _ptxas_stats(ptx: str, arch: str) -> tuple[int | None, int]:
                              capture_output=True, text=True, check=True).stderr
     regs = re.search(r"Used (\d+) registers", log)
     spills = sum(int(n) for n in re.findall(r"(\d+) bytes spill (?:stores|loads)", log))
-    return (int(regs.group(1)) if regs else None), spills
+    return (int(regs.group(1)) if regs else None), spills, wgmma_serialized(log)
+
+
+def wgmma_serialized(ptxas_log: str) -> bool:
+    """Whether ptxas reports that it serialised the kernel's wgmmas (warning C7514: each then waits for the previous)."""
+    return "wgmma.mma_async instructions are serialized" in ptxas_log
 
 
 def compile_launch(launch: Launch, arch: str, pdl: bool = False):
@@ -978,7 +1043,8 @@ def griddepcontrol(ptx: str) -> tuple[bool, bool]:
 
 
 def _config_summary(constexprs: dict, options: dict) -> dict:
-    keys = ("SPLIT_K", "FMT", "LAYOUT", "USE_DESC", "MX_MODE", "DIRECT", "W_DESC", "NUM_STAGES", "TILES")
+    keys = ("SPLIT_K", "FMT", "LAYOUT", "USE_DESC", "MX_MODE", "DIRECT", "W_DESC", "NUM_STAGES", "TILES", "CONSUMERS", "CONSUMER_REGS", "WAVES", "SUB_N",
+            "OVERLAP", "TMA_STORE")
     out = {k: v for k, v in constexprs.items() if k.startswith("BLOCK") or k in keys}
     out.update(options)
     return {k: (v if isinstance(v, (int, float, bool, str)) else str(v)) for k, v in out.items()}
@@ -1017,7 +1083,8 @@ def _compile_result(case: Case, arch: str, launch: Launch, expected: str | None,
     name = launch.kernel.__name__
     start = time.perf_counter()
     needs_tma = case.tma and expected is not None
-    r = Result(case.name, arch, name, False, expected=expected, needs_tma=needs_tma, pdl=pdl, pdl_arg="PDL" in launch.kwargs or _is_gluon(launch.kernel))
+    r = Result(case.name, arch, name, False, expected=expected, needs_tma=needs_tma, needs_async=case.wgmma_async and expected is not None, pdl=pdl,
+               pdl_arg="PDL" in launch.kwargs or _is_gluon(launch.kernel))
     try:
         compiled, constexprs, options = compile_launch(launch, arch, pdl=pdl)
         ptx = compiled.asm["ptx"]
@@ -1026,7 +1093,7 @@ def _compile_result(case: Case, arch: str, launch: Launch, expected: str | None,
         r.instr = instruction_class(ptx)
         r.griddepcontrol = griddepcontrol(ptx)
         r.tma = uses_tma(ptx)
-        r.regs, r.spills = _ptxas_stats(ptx, arch)
+        r.regs, r.spills, r.wgmma_serialized = _ptxas_stats(ptx, arch)
         r.compiled = True
     except Exception as exc:  # noqa: BLE001 - a compile error is a result
         r.error = f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1] if str(exc).strip() else ''}"[:300]
@@ -1066,6 +1133,8 @@ def format_row(r: Result) -> str:
     line = f"{r.arch:<5} {status:<5} {r.case[:58]:<58} {kernel[:33]:<33} {regs:>4} {spills:>6} {shared:>7} {r.instr:<24} {exp:<24} {r.seconds:5.1f}s"
     if r.problems:
         line += "  " + "; ".join(r.problems) + (f" (known: {r.known_failure})" if r.known_failure else "")
+    elif r.wgmma_serialized:
+        line += "  (ptxas serialised its wgmmas, C7514)"
     return line
 
 

@@ -102,13 +102,22 @@ def _grouped_setup(fmt: str, e: int, per_expert: int, n: int, k: int, masked: bo
         s["rows"] = routed[0] * routed[1] if routed and not masked else e * per_expert
         s["n"], s["k"] = n, k
         if prequantise:
-            from deepinfer_cuda.kernels.gemm import quantize_act_fp8
-
-            s["prequantised"] = quantize_act_fp8(s["x"])
+            _prequantise(s)
         _grouped_peer_setup(s, fmt, masked)
         return s
 
     return setup
+
+
+def _prequantise(s: dict) -> None:
+    """The fp8 activations made ahead (cases timing the GEMM alone): s["prequantised"] in the layout the case's kernel
+    takes (the Gluon kernel's scales have each group's rows contiguous), and for a Gluon case also the tl kernel's
+    (s["prequantised_tl"], its reference row)."""
+    from deepinfer_cuda.kernels.gemm import quantize_act_fp8
+
+    s["prequantised"] = quantize_act_fp8(s["x"], scale_rows_contiguous=s.get("path") == "gluon")
+    if s.get("path") == "gluon":
+        s["prequantised_tl"] = quantize_act_fp8(s["x"])
 
 
 def _grouped_peer_setup(s: dict, fmt: str, masked: bool) -> None:
@@ -138,6 +147,10 @@ def _grouped_peer_setup(s: dict, fmt: str, masked: bool) -> None:
 def _grouped_kernel(s: dict):
     from deepinfer_cuda.kernels import gemm
 
+    if s.get("path") == "gluon" and "prequantised" in s:  # the Gluon fp8_block GEMM alone
+        layout = gemm._MASKED if "masked_m" in s else gemm._CONTIGUOUS
+        return _gluon_module(s["fmt"])._run(s["x"], s["weight"], s["weight_scale"], layout, offsets=s.get("expert_offsets"),
+                                            masked_m=s.get("masked_m"), prequantised=s["prequantised"])
     if s.get("path") == "gluon":  # the SM90 Gluon kernel of the weight's format (fp8_path / mxfp4_path=gluon)
         return _gluon_module(s["fmt"]).grouped_gemm(
             s["x"], s["weight"], expert_offsets=s.get("expert_offsets"), masked_m=s.get("masked_m"), weight_scale=s["weight_scale"], fmt=s["fmt"]
@@ -210,12 +223,14 @@ def _grouped_case(name, fmt, e, per_expert, n, k, *, masked=False, bound="comput
 # linear
 
 
-def _linear_setup(fmt: str, t: int, n: int, k: int, path: str | None = None):
+def _linear_setup(fmt: str, t: int, n: int, k: int, path: str | None = None, prequantise: bool = False):
     def setup(device: torch.device) -> dict:
         s = _weights(fmt, None, n, k, device)
         s["path"] = path
         s["x"] = torch.randn(t, k, device=device, generator=_gen(device), dtype=torch.bfloat16)
         s["t"], s["n"], s["k"] = t, n, k
+        if prequantise:
+            _prequantise(s)
         if fmt == "fp8_block":  # per-tensor fp8 peer
             s["peer_xq"] = s["x"].to(torch.float8_e4m3fn)
             s["peer_one"] = torch.ones((), device=device, dtype=torch.float32)
@@ -229,11 +244,25 @@ def _linear_setup(fmt: str, t: int, n: int, k: int, path: str | None = None):
 
 
 def _linear_kernel(s: dict):
-    from deepinfer_cuda.kernels.gemm import linear
+    from deepinfer_cuda.kernels import gemm
 
+    if s.get("path") == "gluon" and "prequantised" in s:  # the Gluon fp8_block GEMM alone
+        return _gluon_module(s["fmt"])._run(s["x"], s["weight"], s["weight_scale"], gemm._LINEAR, prequantised=s["prequantised"])
     if s.get("path") == "gluon":
         return _gluon_module(s["fmt"]).linear(s["x"], s["weight"], weight_scale=s["weight_scale"], fmt=s["fmt"])
-    return linear(s["x"], s["weight"], weight_scale=s.get("weight_scale"), fmt=s.get("fmt", "dense"))
+    if "prequantised" in s:
+        return gemm.launch_gemm(s["x"], s["weight"], s["weight_scale"], s["fmt"], gemm._LINEAR, prequantised=s["prequantised"])
+    return gemm.linear(s["x"], s["weight"], weight_scale=s.get("weight_scale"), fmt=s.get("fmt", "dense"))
+
+
+def _tl_fp8(s: dict, prequantised=None):
+    """gemm.py's tl kernel (fp8_path=tl) on an fp8_block case's operands, grouped or linear: the Gluon sweep's reference
+    (its output, and with `prequantised` in the tl kernel's scale layout its GEMM alone)."""
+    from deepinfer_cuda.kernels import gemm
+
+    layout = gemm._MASKED if "masked_m" in s else gemm._CONTIGUOUS if "expert_offsets" in s else gemm._LINEAR
+    return gemm.launch_gemm(s["x"], s["weight"], s["weight_scale"], "fp8_block", layout, offsets=s.get("expert_offsets"), masked_m=s.get("masked_m"),
+                            prequantised=prequantised)
 
 
 def _linear_peer(s: dict):
@@ -253,7 +282,7 @@ def _linear_bytes(s: dict) -> float:
     return _nbytes(s["weight"], s.get("weight_scale"), s["x"]) + s["t"] * s["n"] * 2
 
 
-def _linear_case(name, fmt, t, n, k, *, bound, path=None):
+def _linear_case(name, fmt, t, n, k, *, bound, path=None, prequantise=False, peer=True):
     peer_name = {
         "dense": "F.linear (cuBLAS)",
         "fp8_block": "torch._scaled_mm per-tensor",
@@ -262,7 +291,7 @@ def _linear_case(name, fmt, t, n, k, *, bound, path=None):
         "mxfp4_a8": "F.linear on dequantised bf16 weight",
     }[fmt]
     return BenchCase(
-        op="linear", name=name, setup=_linear_setup(fmt, t, n, k, path), kernel=_linear_kernel, peer=_linear_peer,
+        op="linear", name=name, setup=_linear_setup(fmt, t, n, k, path, prequantise), kernel=_linear_kernel, peer=_linear_peer if peer else None,
         peer_name=peer_name, flops=_linear_flops, bytes=_linear_bytes, bound=bound,
     )
 
@@ -356,6 +385,20 @@ def _v4_prefill_case(g: V4Gemm, tokens: int = V4_PREFILL_TOKENS) -> BenchCase:
 
 # timed by `--sweep fp8_v4_prefill` only (not in CASES: `deepinfer bench ops` stays as it was)
 V4_PREFILL_CASES = [_v4_prefill_case(g) for g in v4_prefill_fp8_gemms()]
+
+V4_GLUON_TOKENS = 16384  # the rows of V4's prefill GEMMs in the Gluon fp8_block sweep (two 8192-token chunks at once)
+
+# timed by `--sweep fp8_gluon_large` only: the SM90 Gluon fp8_block kernel's GEMM alone (pre-quantised activations, as
+# the 926 TFLOP/s of the tl kernel's "GEMM only" row) at 8 experts x 4096 rows, 7168 -> 4096, and at V4-Flash's linear
+# prefill GEMMs (wo_a's masked x is laid out expert-minor, which the Gluon kernel leaves to the tl kernel)
+GLUON_SWEEP_CASES = [
+    _grouped_case("fp8_block contiguous 8x4096 tok, 7168->4096, GEMM only, gluon", "fp8_block", 8, 4096, 4096, 7168, prequantise=True, peer=False,
+                  path="gluon"),
+] + [
+    _linear_case(f"fp8_block V4 prefill {g.name} {V4_GLUON_TOKENS}x{g.k}->{g.n}, GEMM only, gluon", "fp8_block", V4_GLUON_TOKENS, g.n, g.k,
+                 bound="compute", path="gluon", prequantise=True, peer=False)
+    for g in v4_prefill_fp8_gemms() if g.layout == "linear"
+]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -618,6 +661,26 @@ _V4_PREFILL_SWEEP = (
 )
 SWEEP["fp8_v4_prefill"] = _V4_PREFILL_SWEEP
 
+# The SM90 Gluon fp8_block kernel's prefill entry (gemm_fp8_gluon.py's schedule options, NOT YET RUN ON A GPU; each must
+# give the table's output bit for bit, and each row also shows its difference from the tl kernel's): the table's 128 x
+# 128 (232 registers a consumer, 6 stages), the same at 240 (what the others take: the producer keeps 24), the
+# overlapped K loop (the next group's wgmma issued before this group's promotion), with the TMA store epilogue too (5
+# stages), the 128 x 256 tile (two column halves, 4 stages) and the 256 x 128 tile (two 64-row waves a consumer, 4
+# stages). sm90 compile check (`deepinfer bench compile --arch sm90 --sweep fp8_gluon_large`): no spills and the
+# overlapped loops' wgmmas asynchronous under Triton 3.9 and 3.6, but for the 256 x 128 tile under 3.6: 4 bytes spilled
+# once, in the consumers' prologue (not in the K loop).
+SWEEP["fp8_gluon_large"] = _opts(
+    [
+        dict(BLOCK_M=128, BLOCK_N=128, num_stages=6, consumer_regs=232),
+        dict(BLOCK_M=128, BLOCK_N=128, num_stages=6, consumer_regs=240),
+        dict(BLOCK_M=128, BLOCK_N=128, num_stages=6, consumer_regs=240, overlap=True),
+        dict(BLOCK_M=128, BLOCK_N=128, num_stages=6, consumer_regs=240, overlap=True, tma_store=True),
+        dict(BLOCK_M=128, BLOCK_N=256, num_stages=4, consumer_regs=240),
+        dict(BLOCK_M=256, BLOCK_N=128, num_stages=4, consumer_regs=240, waves=2),
+    ],
+    [{}],
+)
+
 # the tuning entries a variant's configs stand in for, where not the entry of its own name: V4's prefill shapes plan
 # fp8_block_large, or at K <= 1024 fp8_block_large_short_k (kernels/gemm.py's _shape_entry)
 SWEEP_ENTRIES = {"fp8_v4_prefill": ("fp8_block_large", "fp8_block_large_short_k")}
@@ -625,6 +688,7 @@ SWEEP_ENTRIES = {"fp8_v4_prefill": ("fp8_block_large", "fp8_block_large_short_k"
 # the case each variant is swept on (a fragment of its name), or the cases
 SWEEP_CASES = {
     "fp8_v4_prefill": tuple(case.name for case in V4_PREFILL_CASES),
+    "fp8_gluon_large": tuple(case.name for case in GLUON_SWEEP_CASES),
     "mxfp4_gluon_small": "V4 w13 decode B256",
     "mxfp4_gluon_large": ("256x192 tok, 4096->4096 (V4 w13), gluon", "8192x6 tok routed over 256, 4096->4096 (V4 w13), gluon"),
     "dense_large": "bf16 contiguous 8x4096 tok, 7168->4096",
@@ -653,9 +717,11 @@ def _sweep_variant(variant: str, device: torch.device) -> list[dict]:
 
 
 def sweep_cases(variant: str) -> list[BenchCase]:
-    """The cases `variant` is swept on: for each SWEEP_CASES fragment, the first case (CASES, then V4_PREFILL_CASES) whose name holds it."""
+    """The cases `variant` is swept on: for each SWEEP_CASES fragment, the first case (CASES, then V4_PREFILL_CASES and
+    GLUON_SWEEP_CASES) whose name holds it."""
     fragments = SWEEP_CASES[variant]
-    return [next(c for c in CASES + V4_PREFILL_CASES if fragment in c.name) for fragment in ((fragments,) if isinstance(fragments, str) else fragments)]
+    pool = CASES + V4_PREFILL_CASES + GLUON_SWEEP_CASES
+    return [next(c for c in pool if fragment in c.name) for fragment in ((fragments,) if isinstance(fragments, str) else fragments)]
 
 
 def sweep_entries(variant: str) -> tuple[str, ...]:
@@ -670,9 +736,11 @@ def sweep_override(cfg: dict, extra: dict) -> dict:
 
 def _sweep_case(variant: str, case, device: torch.device) -> list[dict]:
     """Each of the variant's SWEEP configs timed on `case`, its output compared with the table config's (the largest
-    difference: a config that skipped rows would time fast), then the table's config restored."""
+    difference: a config that skipped rows would time fast; the Gluon fp8_block kernel's options must give 0) and, for
+    a Gluon fp8_block case, with the tl kernel's, then the table's config restored."""
     from deepinfer_cuda.bench.common import time_ms
     from deepinfer_cuda.kernels import gemm as kg
+    from deepinfer_cuda.kernels import gemm_fp8_gluon as fp8_gluon
     from deepinfer_cuda.kernels import gemm_mxfp4_gluon as gluon
     from deepinfer_cuda.tuning import config as table_config
 
@@ -681,12 +749,13 @@ def _sweep_case(variant: str, case, device: torch.device) -> list[dict]:
     amount = case.flops(state) if case.bound == "compute" else case.bytes(state)
     unit = "TFLOP/s" if case.bound == "compute" else "TB/s"
     want = case.kernel(state)
+    tl_want = _tl_fp8(state) if state.get("path") == "gluon" and state.get("fmt") == "fp8_block" else None
     entries = sweep_entries(variant)
     for cfg, extra in SWEEP[variant]:
         full = {**table_config("gemm", entries[0], device), **sweep_override(cfg, extra)}
-        kg.config = gluon.config = lambda op, v, dev, _full=full: dict(_full) if v in entries else table_config(op, v, dev)
+        kg.config = gluon.config = fp8_gluon.config = lambda op, v, dev, _full=full: dict(_full) if v in entries else table_config(op, v, dev)
         kg.MXFP4_AUTO_PATH = extra.get("mx")
-        diff = None
+        diff = tl_diff = None
         try:
             if isinstance(want, torch.Tensor):  # NaN in the block the output will likely reuse: rows a config skips show as NaN, not stale
                 torch.empty_like(want).fill_(float("nan"))
@@ -694,15 +763,18 @@ def _sweep_case(variant: str, case, device: torch.device) -> list[dict]:
             torch.cuda.synchronize(device)
             if isinstance(got, torch.Tensor) and isinstance(want, torch.Tensor):
                 diff = (got.float() - want.float()).abs().max().item()
+            if isinstance(got, torch.Tensor) and tl_want is not None:
+                tl_diff = (got.float() - tl_want.float()).abs().max().item()
             del got
             ms = time_ms(lambda: case.kernel(state), warmup_ms=10, rep_ms=40)
             rate = amount / (ms * 1e-3) / 1e12
             line = f"{ms:8.4f} ms {rate:8.2f} {unit}" + ("" if diff is None else f"  max |out - table's| {diff:.3g}")
+            line += "" if tl_diff is None else f"  max |out - tl kernel's| {tl_diff:.3g}"
         except Exception as exc:  # noqa: BLE001
             ms, rate, line = None, None, f"ERROR {type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
         print(f"sweep {variant:16s} {case.name[:56]:56s} {cfg} {extra} {line}", flush=True)
-        results.append({"variant": variant, "case": case.name, "cfg": cfg, "extra": extra, "ms": ms, "rate": rate, "max_diff": diff})
-    kg.config = gluon.config = table_config
+        results.append({"variant": variant, "case": case.name, "cfg": cfg, "extra": extra, "ms": ms, "rate": rate, "max_diff": diff, "max_diff_tl": tl_diff})
+    kg.config = gluon.config = fp8_gluon.config = table_config
     kg.MXFP4_AUTO_PATH = None
     results += _sweep_references(variant, case, state, amount, unit)
     return results
@@ -720,6 +792,8 @@ def _sweep_references(variant: str, case, state: dict, amount: float, unit: str)
         timed.append((f"peer {case.peer_name}", lambda: case.peer(state), amount))
     if state.get("fmt") == "fp8_block" and "prequantised" not in state and state.get("path") is None:
         timed.append(("fp8 activation quantiser alone", lambda: kg.quantize_act_fp8(state["x"]), None))
+    if "prequantised_tl" in state:  # a Gluon case of the GEMM alone: the tl kernel's GEMM alone beside it
+        timed.append(("tl kernel (fp8_path=tl), GEMM alone", lambda: _tl_fp8(state, state["prequantised_tl"]), amount))
     for label, fn, work in timed:
         try:
             ms = time_ms(fn, warmup_ms=10, rep_ms=40)

@@ -5,6 +5,8 @@ GLUON_IMPORT_ERROR is None where this Triton has them (Triton >= 3.5), else why 
 declines its calls or says so in its registration. Shims (Triton 3.6 on the GPU machine, 3.9 on the CPU machines):
 - `tma_load`: Triton 3.9 calls the TMA global->shared copy `async_load` (3.6's name, async_copy_global_to_shared,
   raises there); 3.6 has only the old name. Same arguments.
+- `tma_store`: the TMA shared->global copy, 3.9's `async_store` (3.6's async_copy_shared_to_global raises there); 3.6
+  has only the old name. Same arguments.
 - `sync_warps`: a barrier over the calling partition's warps, 3.9 `gl.barrier`, 3.6 `gl.thread_barrier` (both lower
   to the partition's named barrier inside warp_specialize).
 - `cp_async_load`: the per-thread global->shared copy (cp.async, 16 bytes at most a copy; masked elements are
@@ -24,6 +26,7 @@ try:
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     tma_load = tma.async_load if hasattr(tma, "async_load") else tma.async_copy_global_to_shared
+    tma_store = tma.async_store if hasattr(tma, "async_store") else tma.async_copy_shared_to_global
     sync_warps = gl.barrier if hasattr(gl, "barrier") else gl.thread_barrier
     cp_async_load = async_copy.async_load if hasattr(async_copy, "async_load") else async_copy.async_copy_global_to_shared
     GLUON_IMPORT_ERROR = None
@@ -41,4 +44,4 @@ def gluon_unusable(option: str, import_error: str | None) -> str | None:
 
 
 __all__ = ["GLUON_IMPORT_ERROR", "TensorDescriptor", "async_copy", "cp_async_load", "fence_async_shared", "gl", "gluon", "gluon_unusable", "mbarrier",
-           "sync_warps", "tma_load", "warpgroup_mma", "warpgroup_mma_wait"]  # fmt: skip
+           "sync_warps", "tma", "tma_load", "tma_store", "warpgroup_mma", "warpgroup_mma_wait"]  # fmt: skip

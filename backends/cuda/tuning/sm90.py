@@ -116,14 +116,16 @@ CONFIGS: dict[str, dict[str, dict]] = {
         # experts), so it takes 64 registers (40 spilled 88 bytes, 56 8 bytes); the consumers get 216.
         "mxfp4_gluon_large": {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 3, "producer_regs": 40,
                               "tail_tiles": True, "persistent": False, "persistent_producer_regs": 64},
-        # The Gluon fp8_block kernel (gemm_fp8_gluon.py, fp8_path=gluon): NOT MEASURED, chosen by the sm90 compile check
-        # (Triton 3.9 and 3.6, no spills) and by counting. BLOCK_M is 64 rows per consumer warpgroup (wgmma's M); BLOCK_N
+        # The Gluon fp8_block kernel (gemm_fp8_gluon.py, fp8_path=gluon): chosen by the sm90 compile check (Triton 3.9 and
+        # 3.6, no spills) and by counting; measured once (H200, 2026-12-07: 768 TFLOP/s at 8 x 4096 rows, 7168 -> 4096,
+        # against the tl kernel's 788; docs/performance.md), not tuned on a GPU. BLOCK_M is 64 rows per consumer warpgroup (wgmma's M); BLOCK_N
         # divides 128 (one weight scale per N block); each consumer warpgroup 232 registers (acc and product: 128).
         # BLOCK_N 128 everywhere: m64n128k32 wgmmas read 96 B of shared memory per clock at the fp8 rate (n64: all 128 of
         # it), and a tile re-reads its rows of x from L2 once per N block (at 256 decode rows x 4096 columns, 128 x 64
         # tiles would read 64 MB of x from L2 for 16 MB of weights; 128 x 128 with two K splits 32 MB).
-        # Prefill (_large): 128 x 128, two consumers, 6 stages (192 KiB), one persistent program per SM; the 256 x 128 tile
-        # (two 64-row waves per warpgroup, a third less L2 traffic per flop) spilled in the mainloop. Large decode batches
+        # Prefill (_large): 128 x 128, two consumers, 6 stages (192 KiB), one persistent program per SM (the 256 x 128 tile,
+        # two 64-row waves per warpgroup, spilled in the mainloop until its promotions were ordered: a schedule option
+        # below). Large decode batches
         # (_medium, 65-256 rows per expert): the same tile, K split where the tiles leave SMs idle (`choose_split`: at least
         # 2 groups a split, a split costed as one group; float32 partials, then gemm.py's split-K sum, deterministic).
         # Decode (_small): 64 x 128, one consumer warpgroup, 8 stages (192 KiB in flight per SM), K split likewise.
@@ -131,7 +133,13 @@ CONFIGS: dict[str, dict[str, dict]] = {
                             "split_k": True, "min_kb_per_split": 2, "split_cost": 1},
         "fp8_gluon_medium": {"BLOCK_M": 128, "BLOCK_N": 128, "GROUP_M": 8, "consumers": 2, "num_stages": 6, "consumer_regs": 232,
                              "split_k": True, "min_kb_per_split": 2, "split_cost": 1},
-        "fp8_gluon_large": {"BLOCK_M": 128, "BLOCK_N": 128, "GROUP_M": 8, "consumers": 2, "num_stages": 6, "consumer_regs": 232},
+        # Schedule options (gemm_fp8_gluon.py's module docstring; NOT YET RUN ON A GPU, so off here): "overlap" (the next
+        # 128-K group's wgmma issued before this group's promotion: two product register sets, consumers at 240 registers),
+        # BLOCK_N 256 (two column halves) or BLOCK_M 256 with "waves" 2, "tma_store" (the epilogue by TMA). Each gives this
+        # entry's output bit for bit; `python -m deepinfer_cuda.bench.gemm --sweep fp8_gluon_large` times them, `deepinfer
+        # bench compile --arch sm90 --sweep fp8_gluon_large` compiles them.
+        "fp8_gluon_large": {"BLOCK_M": 128, "BLOCK_N": 128, "GROUP_M": 8, "consumers": 2, "num_stages": 6, "consumer_regs": 232,
+                            "overlap": False, "waves": 1, "tma_store": False},
         # mxfp8 (e4m3 weights): decode 128x128 w4 s4 189 regs, 67 KB, 6.5 per element; prefill 256x128x64 w8 s3 210 regs.
         "mxfp8_reg_small": {"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 4, "num_stages": 4},
         "mxfp8_reg_large": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 3},  # as mxfp4's (not swept)
