@@ -32,11 +32,12 @@ FP8_PATH = BackendOption(
     "fp8_path",
     ("auto", "tl", "gluon", "cublas"),
     "auto",
-    "fp8_block GEMMs (linear, grouped_gemm) with bf16/fp16 activations: auto = the tl kernel; tl = the tl kernel; "
+    "fp8_block GEMMs (linear, grouped_gemm) with bf16/fp16 activations: auto = cublas where it runs (SM90, a torch "
+    "with block-scaled FP8), else the tl kernel; tl = the tl kernel; "
     "gluon = on SM90, every call it serves by the persistent warp-specialised Gluon kernel (TMA producer warp, fp8 wgmma "
     "consumer warpgroups promoting each 128-K group, DeepGEMM's schedule), the rest by the tl kernel; cublas = on SM90, "
-    "linear calls of at least 1024 rows by cuBLAS's block-scaled FP8 GEMM (torch._scaled_mm; an error where torch "
-    "cannot run it), the rest by the tl kernel",
+    "linear calls of at least 1024 rows and masked grouped calls of at most 16 groups of 16384 rows by cuBLAS's "
+    "block-scaled FP8 GEMM (torch._scaled_mm; an error where torch cannot run it), the rest by the tl kernel",
     env="DEEPINFER_CUDA_FP8_PATH",
 )
 
@@ -54,10 +55,10 @@ SPARSE_ATTENTION_PATH = BackendOption(
     "sparse_attention_path",
     ("auto", "tl", "gluon"),
     "auto",
-    "sparse_attention (DeepSeek-V4's attention): auto = on SM90 with Gluon, FP8-cache calls of at least 2 queries by the "
-    "FP8 Gluon kernel below, every other call (bf16 caches included) by the tl kernel; tl = the tl kernel; gluon = on SM90, "
+    "sparse_attention (DeepSeek-V4's attention): auto = on SM90 with Gluon, calls of at least 2 queries by the Gluon kernel "
+    "of their cache's format below, one query by the tl kernel; tl = the tl kernel; gluon = on SM90, "
     "every call a warp-specialised Gluon kernel serves (bf16 q, 512-wide heads; FP8 caches: a converting warpgroup gathering "
-    "the rows into bf16 tiles, bf16 caches: a cp.async loader gathering them, not yet run on a GPU; two wgmma warpgroups) "
+    "the rows into bf16 tiles, bf16 caches: a cp.async loader gathering them; two wgmma warpgroups) "
     "by it, the rest by the tl kernel (kernels/sparse_attention_path.py)",
     env="DEEPINFER_CUDA_SPARSE_ATTENTION_PATH",
 )
@@ -66,10 +67,9 @@ MLA_DECODE_PATH = BackendOption(
     "mla_decode_path",
     ("auto", "tl", "gluon"),
     "auto",
-    "mla_decode on SM90: auto = over an FP8 cache the warp-specialised Gluon kernel (a converting warpgroup) for the calls "
-    "it serves, over a bf16 cache the tl kernel (until the bf16 Gluon kernel passes conformance on a GPU); tl = the tl "
-    "kernel for every cache; gluon = also over a bf16 cache the Gluon kernel (a TMA loader warp, two wgmma warpgroups: "
-    "NOT YET RUN ON A GPU) for the calls of at least 64 query rows (S * H) it serves, the rest by the tl kernel",
+    "mla_decode on SM90: auto = gluon; tl = the tl kernel for every cache; gluon = the warp-specialised Gluon kernels for "
+    "the calls they serve: over an FP8 cache the converting one, over a bf16 cache the one with a TMA loader warp (two "
+    "wgmma warpgroups each) for calls of at least 64 query rows (S * H), the rest by the tl kernel",
     env="DEEPINFER_CUDA_MLA_DECODE_PATH",
 )
 

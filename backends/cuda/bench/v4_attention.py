@@ -192,9 +192,9 @@ def _sparse_kernel(s: dict):
 
 
 def _sparse_kernel_gluon(s: dict):
-    """What backend option sparse_attention_path=gluon runs: the SM90 Gluon kernel over FP8 caches where it serves the
-    call, else the tl kernel (its module hands those calls back)."""
-    from deepinfer_cuda.kernels.sparse_attention_fp8_gluon import sparse_attention
+    """What backend option sparse_attention_path=gluon runs: the SM90 Gluon kernel of the cache's format where it serves
+    the call, else the tl kernel."""
+    from deepinfer_cuda.kernels.sparse_attention_path import sparse_attention
 
     return sparse_attention(s["q"], s["kv"], s["indices"], s["sinks"], softmax_scale=SCALE, extra_kv=s["extra_kv"], extra_indices=s["extra_indices"],
                             extra_lengths=s.get("extra_lengths"))  # fmt: skip

@@ -2,8 +2,9 @@
 and 128 x 128 weight scales: DeepSeek's FP8 recipe, which cuBLAS runs natively on SM90 since CUDA 12.9).
 
 Why: the tl kernel promotes each 128-K group in the warps that issue the next MMAs, so at prefill sizes it reaches
-530-810 TFLOP/s on V4-Flash's projections; torch's per-tensor fp8 GEMM runs the same shapes at 1050-1350 on an H100
-(docs/performance.md). cuBLAS's block-scaled kernel does the promotion inside its own warp-specialised schedule.
+380-770 TFLOP/s on V4-Flash's projections; cuBLAS's block-scaled kernel (the promotion inside its own warp-specialised
+schedule) runs them at 940-1170, 620-1030 with the quantiser, and its outputs equalled the tl kernel's bit for bit at
+every shape timed (H200, 2026-12-07, docs/measurements/2026-12-07/h200_round13/a/probe.txt).
 
 Semantics: the op's fp8_block (deepinfer.ops.gemm): x quantised per token and 128 columns by gemm.py's quantiser (the
 scales laid out with each group's rows contiguous, the layout cuBLAS reads), the e4m3 products of each 128-K group
@@ -15,9 +16,10 @@ Served: bf16/fp16 x of at least MIN_ROWS rows (decode sizes stay on the tl kerne
 weight with K a multiple of 512 (cuBLAS reads the weight scales' K blocks in fours) and N a multiple of 128, output
 in x's dtype; grouped_gemm's masked layout with at most MAX_GROUPS groups of at least MIN_ROWS rows each (V4's grouped
 output projection, wo_a: 8 groups of every token), one cuBLAS call per group over all max_m rows (rows past
-masked_m[e] are unspecified by the op, so no count is read back to the host). Everything else runs the tl kernel.
-Chosen by backend option fp8_path=cublas on an SM90 GPU whose torch runs the block-scaled GEMM (`blockwise_unusable`
-tries one small call and says why not).
+masked_m[e] are unspecified by the op, so no count is read back to the host) and at least MIN_MASKED_ROWS rows a group.
+Everything else runs the tl kernel. Chosen by backend option fp8_path=auto (the default) or cublas on an SM90 GPU whose
+torch runs the block-scaled GEMM (`blockwise_unusable` tries one small call and says why not: auto then keeps the tl
+kernel, cublas is that error).
 """
 
 from __future__ import annotations
@@ -33,6 +35,9 @@ from deepinfer_cuda.options import FP8_PATH
 
 MAX_GROUPS = 16  # a masked call of more groups (decode's experts) stays one tl launch
 MIN_ROWS = 1024  # below this the tl kernel's decode tiles (split-K over the SMs) are the ones tuned for the shape
+# wo_a, 8 groups x 4096 -> 1024 (H200): at 8192 rows a group the per-group calls took 1.33 ms against the tl kernel's
+# one launch's 0.97; at 16384, 1.54 against 2.14
+MIN_MASKED_ROWS = 16384
 _K_MULTIPLE = 4 * gemm.FP8_GROUP  # the weight scales' K blocks are read in fours (stride L4 = round_up(K / 128, 4))
 
 
@@ -45,8 +50,9 @@ def not_served(x: torch.Tensor, weight: torch.Tensor, out_dtype: torch.dtype | N
     if (out_dtype or x.dtype) != x.dtype:
         return f"out_dtype {out_dtype} differs from x's {x.dtype}"
     rows = x.shape[1] if masked else x.numel() // max(k, 1)
-    if rows < MIN_ROWS:
-        return f"fewer than {MIN_ROWS} rows{' a group' if masked else ''} (decode sizes run the tl kernel's split-K tiles)"
+    least = MIN_MASKED_ROWS if masked else MIN_ROWS
+    if rows < least:
+        return f"fewer than {least} rows{' a group' if masked else ''} (the tl kernel measured faster)"
     if masked and weight.shape[0] > MAX_GROUPS:
         return f"{weight.shape[0]} groups, more than {MAX_GROUPS} (one tl launch serves them)"
     if weight.dim() != (3 if masked else 2) or not weight.is_contiguous():
@@ -126,12 +132,13 @@ def blockwise_unusable(device: torch.device | None) -> str | None:
 
 
 def _chosen(ctx) -> bool:
-    return FP8_PATH.value(ctx) == "cublas"
+    path = FP8_PATH.value(ctx)
+    return path == "cublas" or (path == "auto" and blockwise_unusable(ctx.device) is None)
 
 
 _NOTE = ("cuBLAS block-scaled FP8 (torch._scaled_mm, 1x128 activation and 128x128 weight scales) after gemm.py's quantiser, "
          f"for calls of at least {MIN_ROWS} rows (a group), K a multiple of 512 and N of 128; masked layout only, at most "
-         f"{MAX_GROUPS} groups; else the tl kernel (fp8_path=cublas)")
+         f"{MAX_GROUPS} groups of at least {MIN_MASKED_ROWS} rows; else the tl kernel (fp8_path=auto|cublas)")
 _FP8 = dict(formats=("fp8_block",), dtypes=(torch.bfloat16, torch.float16), when=_chosen, priority=2,
             unusable=lambda ctx: blockwise_unusable(ctx.device), note=_NOTE)
 REGISTRATIONS = [Registration(op="linear", fn=linear, **_FP8), Registration(op="grouped_gemm", fn=grouped_gemm, **_FP8)]

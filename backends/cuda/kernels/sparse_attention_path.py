@@ -2,11 +2,11 @@
 
 Three implementations, one file each: the tl kernel (sparse_attention.py, every call, what the interpreter checks), the
 Gluon kernel over FP8 caches (sparse_attention_fp8_gluon.py) and the Gluon kernel over bf16 caches
-(sparse_attention_gluon.py, not yet run on a GPU). The option is read once, at resolve time, and picks one of the
+(sparse_attention_gluon.py). The option is read once, at resolve time, and picks one of the
 functions below; the cache's format is a property of each call (its kv), so that function hands a call to the Gluon
 kernel of its format where that kernel serves it (`not_served`), and to the tl kernel otherwise:
-- auto (the default), on SM90 with Gluon for Hopper: FP8-cache calls of at least AUTO_MIN_QUERIES queries on the FP8
-  Gluon kernel; every other call (bf16 caches included) on the tl kernel. Without SM90 or Gluon: the tl kernel.
+- auto (the default), on SM90 with Gluon for Hopper: calls of at least AUTO_MIN_QUERIES queries on the Gluon kernel of
+  their cache's format; one query on the tl kernel. Without SM90 or Gluon: the tl kernel.
 - gluon, on SM90: every call a Gluon kernel serves on it (FP8 and bf16 caches), the rest on the tl kernel; an error
   where Triton has no Gluon for Hopper; elsewhere the tl kernel.
 - tl: the tl kernel.
@@ -24,9 +24,11 @@ from deepinfer_cuda.kernels.common import Registration
 from deepinfer_cuda.kernels.gluon_hopper import GLUON_IMPORT_ERROR, gluon_unusable
 from deepinfer_cuda.options import SPARSE_ATTENTION_PATH
 
-# sparse_attention_path=auto serves FP8-cache calls of at least this many queries on the FP8 Gluon kernel: one decode
-# query measured 12.7 us against the tl kernel's 11.9 (H200, window 128 + top 512, 64 heads; 64 / 256 queries: 35.6 /
-# 96.0 us against 97.8 / 212.5, docs/measurements/2026-12-07/h200/ops_sparse.txt)
+# sparse_attention_path=auto serves calls of at least this many queries on the Gluon kernels (H200, window 128 + top 512,
+# 64 heads, ctx 32k): one decode query took 12.7 us on the FP8 kernel against the tl kernel's 11.9 and 11.9 us on the
+# bf16 kernel against 9.6; 64 / 256 queries 35.6 / 96.0 us against 97.8 / 212.5 (FP8,
+# docs/measurements/2026-12-07/h200/ops_sparse.txt) and 30.4 / 70.9 us against 47.5 / 118.7 (bf16,
+# docs/measurements/2026-12-07/h200_round13/b/ops_sparse.txt)
 AUTO_MIN_QUERIES = 2
 
 
@@ -61,7 +63,7 @@ def _op(min_queries: int, bf16_cache: bool):
 
 
 sparse_attention = _op(1, bf16_cache=True)  # sparse_attention_path=gluon: every call a Gluon kernel serves
-sparse_attention_auto = _op(AUTO_MIN_QUERIES, bf16_cache=False)  # sparse_attention_path=auto
+sparse_attention_auto = _op(AUTO_MIN_QUERIES, bf16_cache=True)  # sparse_attention_path=auto
 sparse_attention_auto.__qualname__ = "sparse_attention_auto"
 
 
@@ -92,7 +94,7 @@ REGISTRATIONS = [
         priority=1,
         unusable=_unusable,
         note="Gluon (SM90; sparse_attention_path=gluon): warp-specialised, a warpgroup gathering 64-row tiles into bf16 stages (FP8 caches: "
-        "converting them; bf16 caches: cp.async, not yet run on a GPU), a softmax warpgroup scoring every row and a value warpgroup, each "
+        "converting them; bf16 caches: cp.async), a softmax warpgroup scoring every row and a value warpgroup, each "
         "owning half the output columns; the tl kernel for the calls they do not serve",
     ),
     Registration(
@@ -101,7 +103,7 @@ REGISTRATIONS = [
         dtypes=(torch.bfloat16,),
         when=_chosen_by_auto,
         priority=1,
-        note="Gluon (SM90, FP8 caches; sparse_attention_path=auto): the FP8 Gluon kernel for calls of at least 2 queries, the tl kernel "
-        "for one query (where it measured faster), for bf16 caches and for the calls the Gluon kernel does not serve",
+        note="Gluon (SM90; sparse_attention_path=auto): the Gluon kernel of the cache's format for calls of at least 2 queries, the tl "
+        "kernel for one query (where it measured faster) and for the calls the Gluon kernels do not serve",
     ),
 ]
