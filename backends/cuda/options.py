@@ -73,4 +73,14 @@ MLA_DECODE_PATH = BackendOption(
     env="DEEPINFER_CUDA_MLA_DECODE_PATH",
 )
 
-OPTIONS = (EP_PATH, MXFP4_PATH, FP8_PATH, PDL, SPARSE_ATTENTION_PATH, MLA_DECODE_PATH)
+PREFILL_PATH = BackendOption(
+    "prefill_path",
+    ("auto", "tl", "gluon"),
+    "auto",
+    "prefill attention on SM90: auto = the warp-specialised Gluon kernel (FlashAttention-3's schedule: a TMA producer, two "
+    "wgmma warpgroups taking turns) for the calls it serves (bf16, Dqk/Dv 192/128 or 128/128, no sliding window) where "
+    "Triton has Gluon for Hopper, the tl kernel for the rest; tl = the tl kernel; gluon = as auto, an error without Gluon",
+    env="DEEPINFER_CUDA_PREFILL_PATH",
+)
+
+OPTIONS = (EP_PATH, MXFP4_PATH, FP8_PATH, PDL, SPARSE_ATTENTION_PATH, MLA_DECODE_PATH, PREFILL_PATH)

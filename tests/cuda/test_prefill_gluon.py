@@ -83,12 +83,29 @@ def test_calls_it_does_not_serve_say_why():
     assert "not on a GPU" in g.not_served(**cpu)
 
 
-def test_it_is_registered_for_nothing_and_has_the_ops_signature():
-    """Not yet run on a GPU: no registration (so no backend choice runs it); `prefill` has the op's signature for when it is."""
-    assert not hasattr(g, "REGISTRATIONS")
-    doc = " ".join(g.__doc__.split())
-    assert "Not a registration module" in doc and "NOT YET RUN ON A GPU" in doc
+def test_the_backend_option_chooses_it_on_sm90_and_it_has_the_ops_signature(monkeypatch):
+    """auto and gluon take it on SM90 (deterministic mode keeps the tl kernel's batch-invariant one), tl and other GPUs the
+    tl kernel; without Gluon for Hopper auto is the tl kernel and gluon an error saying why."""
+    from deepinfer.registry import Registry, RegistryError, ResolveContext
+    from deepinfer_cuda.kernels import prefill as tl_prefill
+
     check_signature(OPS["prefill"], g.prefill, "cuda")
+
+    def chosen(options, cap=(9, 0), deterministic=False):
+        monkeypatch.setattr(g, "capability", lambda device: cap)
+        registry = Registry()
+        registry.register_all("cuda", tl_prefill.REGISTRATIONS + g.REGISTRATIONS)
+        ctx = ResolveContext("cuda", dtype=torch.bfloat16, device=torch.device("cuda", 0), options=options, deterministic=deterministic)
+        return registry.choose(ctx, "prefill").fn
+
+    assert chosen({}) is chosen({"prefill_path": "auto"}) is chosen({"prefill_path": "gluon"}) is g.prefill
+    assert chosen({"prefill_path": "tl"}) is tl_prefill.prefill
+    assert chosen({}, cap=(10, 0)) is tl_prefill.prefill
+    assert chosen({}, deterministic=True) is tl_prefill.prefill_invariant
+    monkeypatch.setattr(g, "GLUON_IMPORT_ERROR", "ImportError: no hopper")
+    assert chosen({}) is tl_prefill.prefill
+    with pytest.raises(RegistryError, match="prefill_path=gluon, but Triton .* no usable Gluon for Hopper"):
+        chosen({"prefill_path": "gluon"})
 
 
 @pytest.mark.parametrize("q_lens, prefixes", BATCHES)
