@@ -66,6 +66,7 @@ queries); a forced num_splits is honoured.
 
 Triton 3.6 (the GPU machine) and 3.9 differ in two names used here: the partition-wide barrier (3.6
 `thread_barrier`, 3.9 `barrier`) and the shared-memory reinterpretation (3.6 `_reinterpret`, 3.9 `reinterpret`).
+Not a registration module: sparse_attention_path.py registers the op.
 """
 
 from __future__ import annotations

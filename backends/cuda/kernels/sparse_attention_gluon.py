@@ -42,6 +42,7 @@ Served (`not_served`, and `launch_sparse_attention_gluon` returns None so caller
 <= 64 or a multiple of 64, bf16 kv (and bf16 extra_kv when given) [rows, 512] with contiguous rows, 16-byte aligned
 base and row stride, int32 lists, an output rotation of at most 256 channels, at most 65535 queries. Splits as the tl
 kernel splits (host shapes only, CUDA-graph safe); a forced num_splits is honoured.
+Not a registration module: sparse_attention_path.py registers the op.
 """
 
 from __future__ import annotations

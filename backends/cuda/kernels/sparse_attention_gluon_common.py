@@ -24,6 +24,7 @@ Stage handshakes (mbarriers): `bf_ready[stage]` completes when a tile's rows and
 CONSUMER_FENCE: the stage was written by cp.async (the generic proxy) and is read by wgmma (the async proxy); the
 attention warpgroups then issue the proxy fence themselves after waiting for the stage (as Triton's own cp.async
 pipeline does after its wait and barrier). The FP8 converter fences before it arrives: there it is off.
+Not a registration module: sparse_attention_path.py registers the op.
 """
 
 from __future__ import annotations
