@@ -96,10 +96,6 @@ RECIPES = [
     ("mla_decode", "b1_s2_h16_window48_len150", partial(mla_decode_inputs, seq_lens=[150], num_queries=2, sliding_window=48, spare_blocks=0)),
     ("mla_decode", "b4_s1_h16_c96_r32_mixed_shuffled_pages",
      partial(mla_decode_inputs, seq_lens=[1, 63, 129, 20], num_queries=1, spare_blocks=2, shuffled=True, latent=96, rope=32)),
-    # 64 query rows or more (S * H) at the model's widths: what the bf16 Gluon kernel serves on SM90 (a request ending
-    # inside its last page, one on a page boundary, shuffled pages)
-    ("mla_decode", "b2_s1_h64_len64_len100", partial(mla_decode_inputs, seq_lens=[64, 100], num_queries=1, heads=64)),
-    ("mla_decode", "b2_s2_h32_mtp_len2_len70_shuffled", partial(mla_decode_inputs, seq_lens=[2, 70], num_queries=2, heads=32, shuffled=True)),
     ("prefill", "b1_q1_k1_h4_d64", partial(prefill_inputs, q_lens=[1], k_lens=[1], heads=4, qk_dim=64, v_dim=64)),
     ("prefill", "b3_cached_prefix_h1_dqk192_dv128", partial(prefill_inputs, q_lens=[5, 1, 33], k_lens=[5, 40, 70], heads=1, qk_dim=192, v_dim=128)),
     ("prefill", "b2_q64_q65_h1_dqk192_dv128", partial(prefill_inputs, q_lens=[64, 65], k_lens=[64, 65], heads=1, qk_dim=192, v_dim=128)),

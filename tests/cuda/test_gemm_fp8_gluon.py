@@ -283,8 +283,10 @@ def _gpu_operands(e, rows, n, k, layout, gen):
 ])  # fmt: skip
 def test_schedule_options_give_the_tables_output_bit_for_bit_on_the_gpu(monkeypatch, layout, e, rows, n, k):
     """Every candidate of the sweep fp8_gluon_large (bench/gemm.py), set over the two-consumer entries (_medium: K splits
-    into float32 partials; _large), against the table's
-    schedule: the same products, scales and promotion order, so the same bits; and near the tl kernel's output."""
+    into float32 partials; _large), against the table's schedule: with the same K split the same products, scales and
+    promotion order, so the same bits (a wider tile can change the split: then within the tolerance); and near the tl
+    kernel's output. On an H200 (2026-12-07) the first form of this test failed at 256 x 4096 -> 4096 (the 128 x 256
+    tile changes the split there) and on the masked case (NaN rows past masked_m in its own tolerance check)."""
     from deepinfer_cuda.bench import gemm as bench
     from deepinfer_cuda.kernels import gemm as kg
     from deepinfer_cuda.tuning import config as table_config
@@ -298,9 +300,14 @@ def test_schedule_options_give_the_tables_output_bit_for_bit_on_the_gpu(monkeypa
     valid = torch.ones_like(want, dtype=torch.bool)
     if layout == gg._MASKED:
         valid = torch.arange(rows, device="cuda")[None, :, None] < index["masked_m"][:, None, None]
-    assert ((want.float() - tl.float()).abs() * valid).max().item() <= 2e-2 * max(1.0, tl.float().abs().max().item())
+    bound = 2e-2 * max(1.0, tl.float().abs().max().item())
+    assert torch.where(valid, want.float() - tl.float(), 0).abs().max().item() <= bound  # (rows past masked_m may hold NaN)
+    splits = gg.plan_gluon(x, w, layout).split
     for cfg, _ in bench.SWEEP["fp8_gluon_large"]:
         over = lambda op, v, device=None, _cfg=cfg: {**table_config(op, v, device), **(_cfg if v in ("fp8_gluon_medium", "fp8_gluon_large") else {})}  # noqa: E731
         monkeypatch.setattr(gg, "config", over)
         got = run()
-        assert torch.equal(torch.where(valid, got, 0), torch.where(valid, want, 0)), cfg
+        if gg.plan_gluon(x, w, layout).split == splits:
+            assert torch.equal(torch.where(valid, got, 0), torch.where(valid, want, 0)), cfg
+        else:  # another tile count gives another K split: the partials are summed in another grouping, not the same bits
+            assert torch.where(valid, got.float() - want.float(), 0).abs().max().item() <= bound, cfg

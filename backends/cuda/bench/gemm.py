@@ -751,6 +751,7 @@ def _sweep_case(variant: str, case, device: torch.device) -> list[dict]:
     want = case.kernel(state)
     tl_want = _tl_fp8(state) if state.get("path") == "gluon" and state.get("fmt") == "fp8_block" else None
     entries = sweep_entries(variant)
+    saved = kg.config, gluon.config, fp8_gluon.config  # restored as found (a test may have patched the table)
     for cfg, extra in SWEEP[variant]:
         full = {**table_config("gemm", entries[0], device), **sweep_override(cfg, extra)}
         kg.config = gluon.config = fp8_gluon.config = lambda op, v, dev, _full=full: dict(_full) if v in entries else table_config(op, v, dev)
@@ -774,7 +775,7 @@ def _sweep_case(variant: str, case, device: torch.device) -> list[dict]:
             ms, rate, line = None, None, f"ERROR {type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
         print(f"sweep {variant:16s} {case.name[:56]:56s} {cfg} {extra} {line}", flush=True)
         results.append({"variant": variant, "case": case.name, "cfg": cfg, "extra": extra, "ms": ms, "rate": rate, "max_diff": diff, "max_diff_tl": tl_diff})
-    kg.config = gluon.config = fp8_gluon.config = table_config
+    kg.config, gluon.config, fp8_gluon.config = saved
     kg.MXFP4_AUTO_PATH = None
     results += _sweep_references(variant, case, state, amount, unit)
     return results
