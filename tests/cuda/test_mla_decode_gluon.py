@@ -1,4 +1,4 @@
-"""The SM90 Gluon mla_decode over the bf16 cache (not yet run on a GPU): on a CPU, backend option mla_decode_path (which
+"""The SM90 Gluon mla_decode over the bf16 cache (its GPU cases passed on an H200, 2026-12-07): on a CPU, backend option mla_decode_path (which
 kernel each cache and value resolves to), which calls it serves, which of them its op hands to the tl kernel, its plan
 and its TMA descriptor; on an SM90 GPU (TRITON_INTERPRET=0 pytest tests/cuda/test_mla_decode_gluon.py), its output
 against the reference op (16 and 128 heads, S = 1 and 2, ragged lengths, one split and several, empty splits, stale NaN

@@ -1,4 +1,4 @@
-"""The SM90 Gluon sparse_attention over bf16 caches (kernels/sparse_attention_gluon.py, not yet run on a GPU): on a CPU,
+"""The SM90 Gluon sparse_attention over bf16 caches (kernels/sparse_attention_gluon.py; its GPU cases passed on an H200, 2026-12-07): on a CPU,
 which calls it serves, its split plan and tiles, and its fallback to the tl kernel (the backend option that chooses
 it: tests/cuda/test_sparse_attention_path.py); on an SM90 GPU (TRITON_INTERPRET=0 pytest
 tests/cuda/test_sparse_attention_gluon.py), its output against the reference op (deepinfer/ops/sparse_attention.py) on

@@ -14,7 +14,7 @@ index_copy_ of the concatenated rows (the reference without its host-side bounds
 
 Both again with an FP8 cache (kv_cache_dtype="fp8", deepinfer.ops.kv_cache_format: 592-byte rows),
 bytes counted on the FP8 rows. Rows ending ", gluon" time the SM90 Gluon kernel over the bf16 cache (backend option
-mla_decode_path=gluon, mla_decode_gluon.py; not yet run on a GPU) on the inputs of the tl row of the same name.
+mla_decode_path=gluon, mla_decode_gluon.py; timed on an H200 2026-12-07) on the inputs of the tl row of the same name.
 
 `python -m deepinfer_cuda.bench.attention_decode` (on a GPU) runs these cases, then sweeps
 mla_decode tuning variants (each checked against a float32 torch computation), captures
@@ -94,7 +94,7 @@ def _mla_kernel_fp8(s: dict):
 
 
 def _mla_kernel_gluon(s: dict):
-    """The SM90 Gluon kernel over the bf16 cache (backend option mla_decode_path=gluon; not yet run on a GPU), launched
+    """The SM90 Gluon kernel over the bf16 cache (backend option mla_decode_path=gluon), launched
     directly whatever the row count (its op leaves calls of fewer than GLUON_MIN_ROWS rows to the tl kernel: the 16-head
     row says whether it should); an error where it declines the call, so that no row times the tl kernel under its name."""
     from deepinfer_cuda.kernels.mla_decode_gluon import launch_mla_decode_gluon, not_served
