@@ -16,6 +16,8 @@ from deepinfer.registry import Registry, RegistryError, ResolveContext
 from triton_mode import GPU, mode
 
 F8 = quant.FP8_DTYPE
+ON_SM90 = pytest.mark.skipif(mode() != GPU or not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0),
+                             reason="runs on an SM90 GPU only (TRITON_INTERPRET=0 pytest tests/cuda/test_gemm_fp8_cublas.py)")
 
 
 def _meta(*shape, dtype=torch.bfloat16):
@@ -75,7 +77,7 @@ def test_a_call_it_does_not_serve_runs_on_the_tl_kernel():
     assert torch.equal(got, kg.launch_gemm(x.reshape(12, 256)[:6], w, s, "fp8_block", kg._CONTIGUOUS, offsets=offsets))
 
 
-@pytest.mark.skipif(mode() != GPU or not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0), reason="an SM90 GPU only")
+@ON_SM90
 @pytest.mark.parametrize("rows, n, k", [(1024, 1536, 4096), (8192, 4096, 8192), (4096, 2048, 512), (3000, 4096, 2048)])
 def test_matches_the_reference_on_the_gpu(rows, n, k):
     dev = torch.device("cuda")
@@ -90,7 +92,7 @@ def test_matches_the_reference_on_the_gpu(rows, n, k):
     assert (got - want).abs().max().item() <= 2e-2 * want.abs().max().item()
 
 
-@pytest.mark.skipif(mode() != GPU or not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0), reason="an SM90 GPU only")
+@ON_SM90
 def test_the_grouped_output_projection_matches_the_reference_on_the_gpu():
     """V4's wo_a at 16384 tokens: x the heads-by-group transposed view [8, T, 4096] of [T, 8, 4096], as the model passes it."""
     dev = torch.device("cuda")

@@ -70,7 +70,7 @@ def linear(
     if not_served(x, weight, out_dtype) is not None:
         return gemm.launch_gemm(x, weight, weight_scale, fmt, gemm._LINEAR, out_dtype=out_dtype)
     out = torch.empty(x.numel() // x.shape[-1], weight.shape[0], dtype=x.dtype, device=x.device)
-    _scaled_mm(x.reshape(-1, x.shape[-1]), weight, weight_scale, out)
+    _cublas_mm(x.reshape(-1, x.shape[-1]), weight, weight_scale, out)
     return out.reshape(*x.shape[:-1], weight.shape[0])
 
 
@@ -93,11 +93,11 @@ def grouped_gemm(
         return gemm.launch_gemm(x, weight, weight_scale, fmt, gemm._MASKED, masked_m=masked_m)
     out = torch.empty(experts, x.shape[1], weight.shape[1], dtype=x.dtype, device=x.device)
     for e in range(experts):
-        _scaled_mm(x[e], weight[e], weight_scale[e], out[e])
+        _cublas_mm(x[e], weight[e], weight_scale[e], out[e])
     return out
 
 
-def _scaled_mm(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, out: torch.Tensor) -> None:
+def _cublas_mm(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, out: torch.Tensor) -> None:
     """out [M, N] = x [M, K] (rows with unit column stride) @ weight [N, K]^T in fp8_block, by cuBLAS."""
     xq, xs = gemm.quantize_act_fp8(x, scale_rows_contiguous=True)
     # weight_scale [N/128, K/128] row-major: its transpose is the [K/128, N/128] K-block-minor view cuBLAS reads
