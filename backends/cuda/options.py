@@ -55,9 +55,8 @@ SPARSE_ATTENTION_PATH = BackendOption(
     "sparse_attention_path",
     ("auto", "tl", "gluon"),
     "auto",
-    "sparse_attention (DeepSeek-V4's attention): auto = on SM90 with Gluon, FP8-cache calls of at least 2 queries by the "
-    "FP8 Gluon kernel below, every other call (bf16 caches included, until the bf16 kernel passes conformance on a GPU) by "
-    "the tl kernel; tl = the tl kernel; gluon = on SM90, "
+    "sparse_attention (DeepSeek-V4's attention): auto = on SM90 with Gluon, calls of at least 2 queries by the Gluon "
+    "kernel below of their cache's format, a single query by the tl kernel; tl = the tl kernel; gluon = on SM90, "
     "every call a warp-specialised Gluon kernel serves (bf16 q, 512-wide heads; FP8 caches: a converting warpgroup gathering "
     "the rows into bf16 tiles, bf16 caches: a cp.async loader gathering them; two wgmma warpgroups) "
     "by it, the rest by the tl kernel (kernels/sparse_attention_path.py)",
@@ -68,10 +67,10 @@ MLA_DECODE_PATH = BackendOption(
     "mla_decode_path",
     ("auto", "tl", "gluon"),
     "auto",
-    "mla_decode on SM90: auto = over an FP8 cache the warp-specialised Gluon kernel (a converting warpgroup) for the calls "
-    "it serves, over a bf16 cache the tl kernel (until the bf16 Gluon kernel passes conformance on a GPU); tl = the tl "
-    "kernel for every cache; gluon = also over a bf16 cache the Gluon kernel (a TMA loader warp, two wgmma warpgroups; "
-    "its GPU tests passed) for the calls of at least 64 query rows (S * H) it serves, the rest by the tl kernel",
+    "mla_decode on SM90: auto = where Triton has Gluon for Hopper, over an FP8 cache the warp-specialised Gluon kernel (a "
+    "converting warpgroup) for the calls it serves, over a bf16 cache the Gluon kernel (a TMA loader warp, two wgmma "
+    "warpgroups) for the calls of at least 64 query rows (S * H) it serves, the rest by the tl kernel; tl = the tl kernel "
+    "for every cache; gluon = as auto, an error without Gluon for Hopper",
     env="DEEPINFER_CUDA_MLA_DECODE_PATH",
 )
 
@@ -79,8 +78,8 @@ PREFILL_PATH = BackendOption(
     "prefill_path",
     ("auto", "tl", "gluon"),
     "auto",
-    "prefill attention on SM90: auto = the tl kernel (until the Gluon kernel passes conformance on a GPU); tl = the tl "
-    "kernel; gluon = the warp-specialised Gluon kernel (FlashAttention-3's schedule: a TMA producer, two wgmma "
+    "prefill attention on SM90: auto = the Gluon kernel below where Triton has Gluon for Hopper, else the tl kernel; tl = "
+    "the tl kernel; gluon = the warp-specialised Gluon kernel (FlashAttention-3's schedule: a TMA producer, two wgmma "
     "warpgroups taking turns; its GPU tests passed) for the calls it serves (bf16, Dqk/Dv 192/128 or 128/128, no sliding "
     "window), the tl kernel for the rest; an error without Gluon for Hopper",
     env="DEEPINFER_CUDA_PREFILL_PATH",

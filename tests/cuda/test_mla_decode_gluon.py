@@ -45,17 +45,17 @@ def _chosen(monkeypatch, options, model=BF16_MODEL, sm90=True, deterministic=Fal
 
 
 def test_the_backend_option_chooses_it_for_bf16_caches_on_sm90_only(monkeypatch):
-    """auto (the default) keeps the tl kernel over a bf16 cache (until a GPU conformance run with this kernel) and the FP8
-    Gluon kernel over an FP8 one; tl keeps the tl kernel for both; gluon takes this kernel on SM90 for a model with a bf16
-    cache of its rows (the FP8 Gluon kernel for an FP8 cache), the tl kernel elsewhere, for facts not known and in
-    deterministic mode."""
+    """auto (the default) and gluon take this kernel on SM90 for a model with a bf16 cache of its rows (the FP8 Gluon
+    kernel for an FP8 cache), the tl kernel elsewhere, for facts not known and in deterministic mode; tl keeps the tl
+    kernel for both; without Gluon for Hopper auto is the tl kernel and gluon an error."""
     from deepinfer_cuda.kernels import mla_decode as tl_mla
     from deepinfer_cuda.kernels import mla_decode_fp8_gluon as fp8_gluon
     from deepinfer_cuda.options import MLA_DECODE_PATH, OPTIONS
 
     assert MLA_DECODE_PATH in OPTIONS and MLA_DECODE_PATH.choices == ("auto", "tl", "gluon") and MLA_DECODE_PATH.default == "auto"
     gluon, tl = {"mla_decode_path": "gluon"}, {"mla_decode_path": "tl"}
-    assert _chosen(monkeypatch, {}) is _chosen(monkeypatch, {"mla_decode_path": "auto"}) is tl_mla.mla_decode
+    assert _chosen(monkeypatch, {}) is _chosen(monkeypatch, {"mla_decode_path": "auto"}) is g.mla_decode
+    assert _chosen(monkeypatch, {}, sm90=False) is tl_mla.mla_decode
     assert _chosen(monkeypatch, {}, FP8_MODEL) is fp8_gluon.mla_decode
     assert _chosen(monkeypatch, tl) is _chosen(monkeypatch, tl, FP8_MODEL) is tl_mla.mla_decode
     assert _chosen(monkeypatch, gluon) is g.mla_decode

@@ -84,8 +84,8 @@ def test_calls_it_does_not_serve_say_why():
 
 
 def test_the_backend_option_chooses_it_on_sm90_and_it_has_the_ops_signature(monkeypatch):
-    """gluon takes it on SM90 (deterministic mode keeps the tl kernel's batch-invariant one); auto (until a GPU conformance
-    run with it), tl and other GPUs the tl kernel; without Gluon for Hopper gluon is an error saying why."""
+    """auto (the default) and gluon take it on SM90 (deterministic mode keeps the tl kernel's batch-invariant one); tl and
+    other GPUs the tl kernel; without Gluon for Hopper auto is the tl kernel and gluon an error saying why."""
     from deepinfer.registry import Registry, RegistryError, ResolveContext
     from deepinfer_cuda.kernels import prefill as tl_prefill
 
@@ -100,10 +100,12 @@ def test_the_backend_option_chooses_it_on_sm90_and_it_has_the_ops_signature(monk
 
     gluon = {"prefill_path": "gluon"}
     assert chosen(gluon) is g.prefill
-    assert chosen({}) is chosen({"prefill_path": "auto"}) is chosen({"prefill_path": "tl"}) is tl_prefill.prefill
+    assert chosen({}) is chosen({"prefill_path": "auto"}) is g.prefill
+    assert chosen({"prefill_path": "tl"}) is chosen({}, cap=(10, 0)) is tl_prefill.prefill
     assert chosen(gluon, cap=(10, 0)) is tl_prefill.prefill
-    assert chosen(gluon, deterministic=True) is tl_prefill.prefill_invariant
+    assert chosen(gluon, deterministic=True) is chosen({}, deterministic=True) is tl_prefill.prefill_invariant
     monkeypatch.setattr(g, "GLUON_IMPORT_ERROR", "ImportError: no hopper")
+    assert chosen({}) is tl_prefill.prefill
     with pytest.raises(RegistryError, match="prefill_path=gluon, but Triton .* no usable Gluon for Hopper"):
         chosen({"prefill_path": "gluon"})
 

@@ -92,16 +92,15 @@ def _call(fn, t, cache_dtype):
     fn(_meta(t, 64, 512), _meta(4096, width, dtype=cache_dtype), _meta(t, 128, dtype=torch.int32), _meta(64), softmax_scale=0.1)
 
 
-def test_auto_leaves_one_query_and_bf16_caches_to_the_tl_kernel(calls):
-    """sparse_attention_path=auto: FP8-cache calls of AUTO_MIN_QUERIES queries or more on the FP8 Gluon kernel, a single
-    query (a batch-1 decode step) on the tl kernel, where it measured faster; a bf16 cache on the tl kernel (the bf16
-    Gluon kernel has passed its GPU tests, not yet conformance on a GPU)."""
+def test_auto_leaves_one_query_to_the_tl_kernel(calls):
+    """sparse_attention_path=auto: calls of AUTO_MIN_QUERIES queries or more on the Gluon kernel of their cache's
+    format, a single query (a batch-1 decode step) on the tl kernel, where it measured faster."""
     for t in (1, paths.AUTO_MIN_QUERIES, 256):
         _call(paths.sparse_attention_auto, t, FP8)
     for t in (1, 64, 256):
         _call(paths.sparse_attention_auto, t, torch.bfloat16)
     assert calls == [("tl", 1, FP8), ("fp8 gluon", paths.AUTO_MIN_QUERIES, FP8), ("fp8 gluon", 256, FP8),
-                     ("tl", 1, torch.bfloat16), ("tl", 64, torch.bfloat16), ("tl", 256, torch.bfloat16)]  # fmt: skip
+                     ("tl", 1, torch.bfloat16), ("bf16 gluon", 64, torch.bfloat16), ("bf16 gluon", 256, torch.bfloat16)]  # fmt: skip
 
 
 def test_gluon_takes_the_kernel_of_the_call_s_cache_format(calls):

@@ -676,6 +676,7 @@ SWEEP["fp8_gluon_large"] = _opts(
         dict(BLOCK_M=128, BLOCK_N=128, num_stages=6, consumer_regs=240, overlap=True),
         dict(BLOCK_M=128, BLOCK_N=128, num_stages=6, consumer_regs=240, overlap=True, tma_store=True),
         dict(BLOCK_M=128, BLOCK_N=256, num_stages=4, consumer_regs=240),
+        dict(BLOCK_M=128, BLOCK_N=256, num_stages=4, consumer_regs=240, tma_store=True),
         dict(BLOCK_M=256, BLOCK_N=128, num_stages=4, consumer_regs=240, waves=2),
     ],
     [{}],

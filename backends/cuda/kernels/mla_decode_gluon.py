@@ -1,11 +1,12 @@
 """Gluon kernel (SM90): `mla_decode` over the bf16 KV cache, warp-specialised, a TMA loader warp and two wgmma warpgroups.
 
-Chosen by backend option mla_decode_path=gluon (`_chosen`), on SM90 GPUs whose Triton has Gluon for Hopper, for models
-with a bf16 cache of these rows, for the calls of at least GLUON_MIN_ROWS query rows (S * H) it serves (`not_served`);
-every other call goes to mla_decode.py's tl kernel, which stays what the interpreter checks in CI and what
-mla_decode_path=auto runs over a bf16 cache until `deepinfer conformance --backend cuda` has passed on a GPU with this
-kernel chosen (not yet run: the golden set's mla_decode cases are 16 heads, below GLUON_MIN_ROWS). Its GPU tests passed
-on an H200 (2026-12-07, Triton 3.6: tests/cuda/test_mla_decode_gluon.py, against the reference op). Measured there (`bench ops
+Chosen by backend option mla_decode_path (`_chosen`: auto, the default, or gluon), on SM90 GPUs whose Triton has Gluon
+for Hopper, for models with a bf16 cache of these rows, for the calls of at least GLUON_MIN_ROWS query rows (S * H) it
+serves (`not_served`); every other call goes to mla_decode.py's tl kernel, which stays what the interpreter checks in CI
+and what deterministic mode runs. It passed `deepinfer conformance --backend cuda --op mla_decode --backend-option
+mla_decode_path=gluon` on an H100 (2026-12-07, Triton 3.6: 16 cases, docs/measurements/2026-12-07/h100_round14/a/; the
+case of two 64-head queries, b1_s2_h64_len97_two_row_tiles, is the one it serves) and its GPU tests on an H200
+(tests/cuda/test_mla_decode_gluon.py, against the reference op). Measured there (`bench ops
 --op mla_decode`): 128 heads B128 ctx4096 332.5 us against the tl kernel's 572.8, B32 ctx2048 56.1 against 99.9, B1
 ctx8192 22.4 against 29.3; 16 heads B128 ctx4096 174.9 against 168.7 (memory-bound: why 16-head calls, below
 GLUON_MIN_ROWS, keep the tl kernel). Compiled in CI by `deepinfer bench compile --case "mla_decode bf16
@@ -242,13 +243,15 @@ mla_decode = parts.op_with_fallback(launch_mla_decode_gluon, __name__, GLUON_MIN
 
 
 def _chosen(ctx) -> bool:
-    """mla_decode_path=gluon on an SM90 device, serving a model with a bf16 cache of this kernel's rows (C 512, R 64,
-    pages of 64, no sliding window); facts not known keep the tl kernel (an FP8 cache: mla_decode_fp8_gluon.py's)."""
+    """mla_decode_path=gluon, or auto where Triton has Gluon for Hopper, on an SM90 device serving a model with a bf16
+    cache of this kernel's rows (C 512, R 64, pages of 64, no sliding window); facts not known keep the tl kernel (an FP8
+    cache: mla_decode_fp8_gluon.py's)."""
     from deepinfer_cuda.kernels.gemm_mxfp4_gluon import is_sm90
 
     m = ctx.model
-    return (MLA_DECODE_PATH.value(ctx) == "gluon" and is_sm90(ctx.device) and m.kv_cache_fp8 is False and m.kv_lora_rank == LATENT
-            and m.qk_rope_head_dim == ROPE and m.sliding_window == 0 and m.kv_block_size == PAGE)  # fmt: skip
+    path = MLA_DECODE_PATH.value(ctx)
+    return ((path == "gluon" or (path == "auto" and GLUON_IMPORT_ERROR is None)) and is_sm90(ctx.device) and m.kv_cache_fp8 is False
+            and m.kv_lora_rank == LATENT and m.qk_rope_head_dim == ROPE and m.sliding_window == 0 and m.kv_block_size == PAGE)  # fmt: skip
 
 
 def _unusable(ctx) -> str | None:
@@ -263,7 +266,7 @@ REGISTRATIONS = [
         when=_chosen,
         priority=1,
         unusable=_unusable,
-        note="Gluon (SM90, bf16 cache; mla_decode_path=gluon): warp-specialised, a TMA loader warp filling "
+        note="Gluon (SM90, bf16 cache; mla_decode_path=auto or gluon): warp-specialised, a TMA loader warp filling "
         f"two 64-row stages, two wgmma warpgroups each scoring half the keys and owning half the output columns, for calls of at "
         f"least {GLUON_MIN_ROWS} query rows; the tl kernel for the rest",
     ),

@@ -1,8 +1,9 @@
 """Gluon kernel (SM90): `prefill`, var-len causal attention with FlashAttention-3's schedule (DeepSeek MLA's 192/128 heads).
 
-Chosen by backend option prefill_path=gluon on SM90 GPUs, for the calls it serves (`not_served`); the rest run prefill.py's
-tl kernel, which stays what the interpreter checks in CI, what deterministic mode runs and what the default (auto) runs
-until `deepinfer conformance --backend cuda --backend-option prefill_path=gluon` has passed on a GPU (not yet run).
+Chosen by backend option prefill_path (auto, the default, where Triton has Gluon for Hopper, or gluon) on SM90 GPUs, for
+the calls it serves (`not_served`); the rest run prefill.py's tl kernel, which stays what the interpreter checks in CI
+and what deterministic mode runs. It passed `deepinfer conformance --backend cuda --op prefill --backend-option
+prefill_path=gluon` on an H100 (2026-12-07, Triton 3.6: 8 cases, docs/measurements/2026-12-07/h100_round14/a/).
 Compiled for sm90 by `deepinfer bench compile --case "prefill gluon"` (Triton 3.9 and 3.6:
 wgmma, TMA, no spills). Its GPU tests passed on an H200 (2026-12-07, Triton 3.6: tests/cuda/test_prefill_gluon.py).
 Measured there (`deepinfer bench ops --op prefill`, against the tl kernel and torch SDPA in the same run): causal B4 x 4096,
@@ -415,8 +416,9 @@ def prefill(
 
 
 def _chosen(ctx) -> bool:
-    """prefill_path=gluon on an SM90 device."""
-    return PREFILL_PATH.value(ctx) == "gluon" and capability(ctx.device)[0] == 9
+    """prefill_path=gluon, or auto where Triton has Gluon for Hopper, on an SM90 device."""
+    path = PREFILL_PATH.value(ctx)
+    return (path == "gluon" or (path == "auto" and GLUON_IMPORT_ERROR is None)) and capability(ctx.device)[0] == 9
 
 
 def _unusable(ctx) -> str | None:
@@ -431,7 +433,7 @@ REGISTRATIONS = [
         when=_chosen,
         priority=1,
         unusable=_unusable,
-        note="Gluon (SM90; prefill_path=gluon): FlashAttention-3's schedule, a TMA producer and two wgmma warpgroups taking "
+        note="Gluon (SM90; prefill_path=auto or gluon): FlashAttention-3's schedule, a TMA producer and two wgmma warpgroups taking "
         "turns, for bf16 calls with Dqk/Dv 192/128 or 128/128 and no sliding window; the tl kernel for the rest",
     ),
 ]

@@ -1,10 +1,10 @@
 """Gluon kernel (SM90): `sparse_attention` over bf16 caches, warp-specialised (DeepSeek-V4's decode attention).
 
-Chosen by sparse_attention_path.py (on SM90 GPUs whose Triton has Gluon for Hopper) under sparse_attention_path=gluon,
-for every bf16-cache call it serves; the default (auto) keeps bf16 caches on the tl kernel until `deepinfer
-conformance --backend cuda --backend-option sparse_attention_path=gluon` has passed on a GPU (not yet run). Its GPU
-tests passed on an H200 (2026-12-07, Triton 3.6: tests/cuda/test_sparse_attention_gluon.py, 50 cases against the
-reference op). Compiled by `deepinfer bench compile --case "bf16 gluon"` (sm90,
+Chosen by sparse_attention_path.py (on SM90 GPUs whose Triton has Gluon for Hopper): by the default, auto, for the
+bf16-cache calls of at least AUTO_MIN_QUERIES queries it serves, by sparse_attention_path=gluon for every one. It passed
+`deepinfer conformance --backend cuda --op sparse_attention --backend-option sparse_attention_path=gluon` on an H100
+(2026-12-07, Triton 3.6: 27 cases, docs/measurements/2026-12-07/h100_round14/a/) and its GPU tests on an H200
+(tests/cuda/test_sparse_attention_gluon.py, 50 cases against the reference op). Compiled by `deepinfer bench compile --case "bf16 gluon"` (sm90,
 Triton 3.6 and 3.9: wgmma, no spills).
 
 Semantics: the op's (deepinfer/ops/sparse_attention.py) for bf16 q [T, H, 512] over bf16 caches kv [N, 512] (and

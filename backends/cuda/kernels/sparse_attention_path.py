@@ -5,9 +5,10 @@ Gluon kernel over FP8 caches (sparse_attention_fp8_gluon.py) and the Gluon kerne
 (sparse_attention_gluon.py). The option is read once, at resolve time, and picks one of the
 functions below; the cache's format is a property of each call (its kv), so that function hands a call to the Gluon
 kernel of its format where that kernel serves it (`not_served`), and to the tl kernel otherwise:
-- auto (the default), on SM90 with Gluon for Hopper: FP8-cache calls of at least AUTO_MIN_QUERIES queries on the FP8
-  Gluon kernel; every other call (bf16 caches included: their kernel passed its GPU tests, not yet conformance on a
-  GPU) on the tl kernel. Without SM90 or Gluon: the tl kernel.
+- auto (the default), on SM90 with Gluon for Hopper: calls of at least AUTO_MIN_QUERIES queries on the Gluon kernel of
+  their cache's format (FP8 or bf16; both passed `deepinfer conformance --backend cuda` with them chosen on a GPU),
+  a single query (a batch-1 decode step, where the tl kernel measured faster) and the calls they do not serve on the tl
+  kernel. Without SM90 or Gluon: the tl kernel.
 - gluon, on SM90: every call a Gluon kernel serves on it (FP8 and bf16 caches), the rest on the tl kernel; an error
   where Triton has no Gluon for Hopper; elsewhere the tl kernel.
 - tl: the tl kernel.
@@ -64,7 +65,7 @@ def _op(min_queries: int, bf16_cache: bool):
 
 
 sparse_attention = _op(1, bf16_cache=True)  # sparse_attention_path=gluon: every call a Gluon kernel serves
-sparse_attention_auto = _op(AUTO_MIN_QUERIES, bf16_cache=False)  # sparse_attention_path=auto
+sparse_attention_auto = _op(AUTO_MIN_QUERIES, bf16_cache=True)  # sparse_attention_path=auto
 sparse_attention_auto.__qualname__ = "sparse_attention_auto"
 
 
@@ -104,7 +105,7 @@ REGISTRATIONS = [
         dtypes=(torch.bfloat16,),
         when=_chosen_by_auto,
         priority=1,
-        note="Gluon (SM90, FP8 caches; sparse_attention_path=auto): the FP8 Gluon kernel for calls of at least 2 queries, the tl kernel "
-        "for one query (where it measured faster), for bf16 caches and for the calls the Gluon kernel does not serve",
+        note="Gluon (SM90; sparse_attention_path=auto): the Gluon kernel of the cache's format (FP8 or bf16) for calls of at least 2 "
+        "queries, the tl kernel for one query (where it measured faster) and for the calls the Gluon kernels do not serve",
     ),
 ]
