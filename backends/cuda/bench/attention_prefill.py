@@ -121,6 +121,30 @@ CASES = [
 ]
 
 
+def _gluon_tuning(**fields):
+    from deepinfer_cuda.kernels.prefill_gluon import Tuning
+
+    return Tuning(**fields)
+
+
+# `--sweep prefill_gluon`: the SM90 Gluon prefill's tunings (prefill_gluon.Tuning; every one but the default NOT YET RUN ON
+# A GPU), each timed beside the default and torch SDPA on GLUON_SWEEP_SHAPES. A tuning that does not fit a shape's head
+# dims (shared memory) is a row saying why. `deepinfer bench compile --arch sm90 --sweep prefill_gluon` compiles them.
+GLUON_SWEEP = [
+    ("default", _gluon_tuning()),
+    ("regs 240/24", _gluon_tuning(consumer_regs=240)),  # FlashAttention-3's register split
+    ("persistent", _gluon_tuning(persistent=True)),
+    ("persistent regs 240/24", _gluon_tuning(persistent=True, consumer_regs=240)),
+    ("persistent one section", _gluon_tuning(persistent=True, section_bytes=0)),  # the longest-first order over all heads at once
+    ("BLOCK_N 112", _gluon_tuning(block_n=112)),
+    ("BLOCK_N 64 x 4 stages", _gluon_tuning(block_n=64, num_stages=4)),
+    ("3 stages", _gluon_tuning(num_stages=3)),  # (Dqk 128 only: 224 KiB)
+    ("BLOCK_N 176", _gluon_tuning(block_n=176)),  # (Dqk 128 only: FlashAttention-3's non-causal tile)
+    ("persistent 3 stages", _gluon_tuning(persistent=True, num_stages=3)),
+]
+GLUON_SWEEP_SHAPES = (0, 2, 3, 4)  # SHAPES: causal B4 x 4096 H16 and B2 x 2048 H128, at 192/128 and 128/128
+
+
 def _check(device: torch.device) -> None:
     """Correctness on the GPU against the float64 reference, on small var-len batches."""
     from deepinfer.ops.attention import prefill as reference
