@@ -609,8 +609,8 @@ def _prefill_gluon_sweep_cases() -> list[Case]:
     for label, tuning in bench.GLUON_SWEEP:
         for d_qk in (192, 128):
             if tuning.problem(d_qk, 128) is None:
-                cases.append(Case(f"sweep prefill_gluon {d_qk}/128 (4x4096 causal, H16) {label}", _gluon_prefill(16384, 16, 4, d_qk=d_qk, tuning=asdict(tuning)),
-                                  "mma", archs=("sm90",), tma=True, wgmma_async=True))
+                call = _gluon_prefill(16384, 16, 4, d_qk=d_qk, tuning=asdict(tuning))
+                cases.append(Case(f"sweep prefill_gluon {d_qk}/128 (4x4096 causal, H16) {label}", call, "mma", archs=("sm90",), tma=True, wgmma_async=True))
     return cases
 
 
@@ -902,8 +902,8 @@ def _as_arch(arch: str, launches: list[Launch]):
         (indexer, "interpreting", lambda: False), (indexer, "upcast_dot", lambda: False),
     ]
     modules = (activation, decode_plan, gemm, gemm_fp8_gluon, gemm_mxfp4_gluon, hyper_connection, indexer, kv_cache, logits_processing, logprobs, mla_decode,
-               mla_decode_fp8_gluon, mla_decode_gluon, moe, norm, prefill, prefill_gluon, prefill_gluon_persistent, rejection_sampling, rope, sampling, sparse_attention,
-               sparse_attention_fp8_gluon, sparse_attention_gluon)  # fmt: skip
+               mla_decode_fp8_gluon, mla_decode_gluon, moe, norm, prefill, prefill_gluon, prefill_gluon_persistent, rejection_sampling, rope, sampling,
+               sparse_attention, sparse_attention_fp8_gluon, sparse_attention_gluon)  # fmt: skip
     kernels = [v for mod in modules for v in vars(mod).values() if hasattr(v, "run") and hasattr(v, "arg_names")]
     saved = [(mod, name, getattr(mod, name)) for mod, name, _ in patches]
     try:

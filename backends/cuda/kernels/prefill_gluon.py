@@ -88,8 +88,8 @@ class Tuning:
     """The kernel's tuning switches (`launch_prefill_gluon(tuning=...)`); the defaults are the schedule the module
     docstring describes, the one GPU-tested. The others are variants that `python -m deepinfer_cuda.bench.prefill_gluon_sweep`
     times on a GPU (not yet run on a GPU; tests/cuda/test_prefill_gluon.py's GPU tests cover them):
-    - block_n, num_stages: the key tile's rows (a multiple of 16, wgmma's K step of PV, at most 256: wgmma's N) and the
-      K/V ring's depth, within the shared-memory budget (`shared_bytes`).
+    - block_n, num_stages: the key tile's rows (a power of two: the score tile's column range; 16 .. 256: PV's K step,
+      QK^T's wgmma N) and the K/V ring's depth, within the shared-memory budget (`shared_bytes`).
     - consumer_regs: setmaxnreg of each consumer warpgroup (the producer warpgroup gets what is left of 504: 240 leaves
       it 24, FlashAttention-3's split).
     - persistent: prefill_gluon_persistent.py's kernel: one program per SM looping over (query tile, head) work items in a
@@ -111,8 +111,8 @@ class Tuning:
 
     def problem(self, d_qk: int, d_v: int) -> str | None:
         """Why this tuning cannot run heads of Dqk / Dv (None: it can)."""
-        if self.block_n % 16 or not 16 <= self.block_n <= 256:
-            return f"block_n {self.block_n}: wants a multiple of 16 in 16 .. 256 (PV's K step, QK^T's wgmma N)"
+        if self.block_n & (self.block_n - 1) or not 16 <= self.block_n <= 256:
+            return f"block_n {self.block_n}: wants a power of two in 16 .. 256 (the score tile's column range; PV's K step, QK^T's wgmma N)"
         if self.num_stages < 2:
             return f"num_stages {self.num_stages}: wants >= 2 (a stage loads while one is read)"
         if self.consumer_regs % 8 or not 128 <= self.consumer_regs <= 240:

@@ -273,11 +273,14 @@ if GLUON_IMPORT_ERROR is None:
         gl.warp_specialize(
             [
                 (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready, kv_empty,
-                             order_ptr, cu_q_ptr, cu_k_ptr, pid, programs, rounds, total, num_real, section_heads, heads, D_QK, D_V, BLOCK_M, BLOCK_N, QK_CHUNKS, V_CHUNKS, NUM_STAGES)),
+                             order_ptr, cu_q_ptr, cu_k_ptr, pid, programs, rounds, total, num_real, section_heads, heads,
+                             D_QK, D_V, BLOCK_M, BLOCK_N, QK_CHUNKS, V_CHUNKS, NUM_STAGES)),
                 (_consumer, (q_smem, k_smem, v_tiles, q_bar, q_empty, k_ready, v_ready, kv_empty, turn, out_ptr, stride_ot, stride_oh,
-                             order_ptr, cu_q_ptr, cu_k_ptr, pid, programs, rounds, total, num_real, section_heads, heads, qk_scale, 0, BLOCK_M, BLOCK_N, D_V, QK_CHUNKS, NUM_STAGES)),
+                             order_ptr, cu_q_ptr, cu_k_ptr, pid, programs, rounds, total, num_real, section_heads, heads,
+                             qk_scale, 0, BLOCK_M, BLOCK_N, D_V, QK_CHUNKS, NUM_STAGES)),
                 (_consumer, (q_smem, k_smem, v_tiles, q_bar, q_empty, k_ready, v_ready, kv_empty, turn, out_ptr, stride_ot, stride_oh,
-                             order_ptr, cu_q_ptr, cu_k_ptr, pid, programs, rounds, total, num_real, section_heads, heads, qk_scale, 1, BLOCK_M, BLOCK_N, D_V, QK_CHUNKS, NUM_STAGES)),
+                             order_ptr, cu_q_ptr, cu_k_ptr, pid, programs, rounds, total, num_real, section_heads, heads,
+                             qk_scale, 1, BLOCK_M, BLOCK_N, D_V, QK_CHUNKS, NUM_STAGES)),
             ],
             [4, 4],
             [CONSUMER_REGS, CONSUMER_REGS],
