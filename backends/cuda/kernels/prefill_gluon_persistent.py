@@ -16,12 +16,17 @@ Work order (a longest-processing-time-first list, shapes only on the host, no sy
   heaviest tile first), into order [slots, 2] = (request, query tile); count[0] = the slots that hold a tile.
 - Items t = 0 .. count * H - 1 walk the heads in sections of `section_heads` (K/V of every request for that many heads
   stay within Tuning.section_bytes, so that the programs working at once share their key tiles in L2), and within a
-  section the sorted slots, each over the section's heads: t -> (section, rank, head), the item (order[rank], head).
-- Program p of P takes, in round r, item r * P + p in even rounds and r * P + P - 1 - p in odd ones (a serpentine:
-  a program that drew one of the heaviest items of one round draws one of the lightest of the next). Static: every
-  partition of a program derives the same items with no communication (`work_items` is the same arithmetic in Python).
+  section the sorted slots, each over the section's heads: t -> (section, rank, head), the item (order[rank], head)
+  (`item_sequence` is the same arithmetic in Python).
+- Dynamic assignment (FlashAttention-3's for causal attention): program p takes item p first, then P + the launch's
+  counter (an atomic add, the order kernel having set it to 0), fetched by the producer once it has issued every load of
+  its current item, so a program that drew light items draws more (a static split of this order left some programs
+  6-70% more key tiles than the mean on the sweep's shapes, by a Python model). The producer publishes each item to the
+  consumers through a two-slot ring in shared memory (`item_ready` / `item_free` mbarriers); an item past the last ends
+  every partition's loop.
 
-Shared memory: prefill_gluon.py's (Q once, the K/V ring) and one more mbarrier (`q_empty`, both consumers arrive).
+Shared memory: prefill_gluon.py's (Q once, the K/V ring), the item ring (two int32) and five more mbarriers (`q_empty`,
+`item_ready`, `item_free`).
 """
 
 from __future__ import annotations
@@ -44,9 +49,10 @@ MAX_SLOTS = 16384  # query-tile slots the one-program sort takes (2M new tokens 
 
 
 @triton.jit
-def _lpt_order_kernel(cu_q_ptr, cu_k_ptr, order_ptr, count_ptr, num_requests, num_slots, search_steps,
+def _lpt_order_kernel(cu_q_ptr, cu_k_ptr, order_ptr, sched_ptr, num_requests, num_slots, search_steps,
                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SLOTS: tl.constexpr, PDL: tl.constexpr = False):
-    """order[i] = (request, query tile) of the i-th slot by key tiles, most first; count[0] = slots holding a tile."""
+    """order[i] = (request, query tile) of the i-th slot by key tiles, most first; sched = (the slots holding a tile, 0:
+    the persistent kernel's item counter, reset for its launch)."""
     pdl_prologue(PDL)
     s = tl.arange(0, SLOTS)
     valid = s < num_slots
@@ -83,7 +89,8 @@ def _lpt_order_kernel(cu_q_ptr, cu_k_ptr, order_ptr, count_ptr, num_requests, nu
     m_blk = num_m - 1 - (sorted_slot - (q_start // BLOCK_M + lo))
     tl.store(order_ptr + 2 * s, lo, mask=valid)
     tl.store(order_ptr + 2 * s + 1, m_blk, mask=valid)
-    tl.store(count_ptr, tl.sum(live.to(tl.int32), axis=0))
+    tl.store(sched_ptr, tl.sum(live.to(tl.int32), axis=0))
+    tl.store(sched_ptr + 1, 0)
 
 
 if GLUON_IMPORT_ERROR is None:
@@ -109,54 +116,72 @@ if GLUON_IMPORT_ERROR is None:
         return head, q_start, q_len, k_start, pos0, first_row, (last_pos + BLOCK_N) // BLOCK_N, (pos0 + first_row + 1) // BLOCK_N
 
     @gluon.jit
-    def _serpentine(r, pid, programs):
-        """The item of round r for program pid of `programs`: forwards in even rounds, backwards in odd ones."""
-        return r * programs + pid + (r % 2) * (programs - 1 - 2 * pid)
+    def _publish(items, item_ready, item_free, n, t):
+        """Item t into slot n % 2 of the item ring, once both consumers have read what the slot held before."""
+        slot = n % 2
+        mbarrier.wait(item_free.index(slot), ((n // 2) & 1) ^ 1)
+        items.index(slot).store(gl.full([1], t, gl.int32, layout=gl.BlockedLayout([1], [32], [4], [0])))
+        _sync_warps()  # every thread's store before the arrival
+        mbarrier.arrive(item_ready.index(slot))
 
     @gluon.jit
-    def _producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready, kv_empty,
-                  order_ptr, cu_q_ptr, cu_k_ptr, pid, programs, rounds, total, num_real, section_heads, heads,
+    def _read_item(items, item_ready, item_free, n):
+        """The n-th item the producer published (waits for it), its slot released to the producer."""
+        slot = n % 2
+        mbarrier.wait(item_ready.index(slot), (n // 2) & 1)
+        t = gl.max(items.index(slot).load(gl.BlockedLayout([1], [32], [4], [0])), axis=0)
+        _sync_warps()  # every thread has read it
+        mbarrier.arrive(item_free.index(slot))
+        return t
+
+    @gluon.jit
+    def _producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready, kv_empty, items, item_ready, item_free,
+                  order_ptr, cu_q_ptr, cu_k_ptr, next_ptr, pid, programs, total, num_real, section_heads, heads,
                   D_QK: gl.constexpr, D_V: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                   QK_CHUNKS: gl.constexpr, V_CHUNKS: gl.constexpr, NUM_STAGES: gl.constexpr):
-        """Per item: its Q tile once both consumers have released the previous item's (`q_empty`), then its K and V
-        tiles into the ring, whose counter `it` runs on across items (so the next item's first tiles load while the
-        consumers finish this one)."""
+        """The scheduler and loader: item pid first, then each next one from the launch's counter (atomically, once a
+        program has issued every load of its current item), published to the consumers; per item its Q tile once both
+        consumers have released the previous item's (`q_empty`), then its K and V tiles into the ring, whose counter `it`
+        runs on across items (so the next item's first tiles load while the consumers finish this one). Past the last
+        item: the item `total` or more, which ends the consumers' loops."""
         CHUNK: gl.constexpr = 64
         it = pid * 0  # (int32 scalars: loop-carried)
-        done = pid * 0
-        for r in range(rounds):
-            t = _serpentine(r, pid, programs)
-            if t < total:
-                head, q_start, q_len, k_start, pos0, first_row, num_tiles, n_full = _item(order_ptr, cu_q_ptr, cu_k_ptr, t, num_real, section_heads,
-                                                                                          heads, BLOCK_M, BLOCK_N)
-                mbarrier.wait(q_empty, (done & 1) ^ 1)
-                mbarrier.expect(q_bar, 2 * QK_CHUNKS * q_desc.block_type.nbytes)
-                for w in gl.static_range(2):
-                    for c in gl.static_range(QK_CHUNKS):
-                        _tma_load(q_desc, [q_start + first_row + w * 64, head * D_QK + c * CHUNK], q_bar, q_smem.index(w * QK_CHUNKS + c))
-                for j in range(num_tiles):
-                    stage = it % NUM_STAGES
-                    mbarrier.wait(kv_empty.index(stage), ((it // NUM_STAGES) & 1) ^ 1)
-                    row = k_start + j * BLOCK_N
-                    kb = k_ready.index(stage)
-                    mbarrier.expect(kb, QK_CHUNKS * k_desc.block_type.nbytes)
-                    for c in gl.static_range(QK_CHUNKS):
-                        _tma_load(k_desc, [row, head * D_QK + c * CHUNK], kb, k_smem.index(stage * QK_CHUNKS + c))
-                    vb = v_ready.index(stage)
-                    mbarrier.expect(vb, V_CHUNKS * v_desc.block_type.nbytes)
-                    for c in gl.static_range(V_CHUNKS):
-                        _tma_load(v_desc, [row, head * D_V + c * CHUNK], vb, v_smem.index(stage * V_CHUNKS + c))
-                    it += 1
-                done += 1
+        n = pid * 0
+        t = pid
+        while t < total:
+            _publish(items, item_ready, item_free, n, t)
+            head, q_start, q_len, k_start, pos0, first_row, num_tiles, n_full = _item(order_ptr, cu_q_ptr, cu_k_ptr, t, num_real, section_heads,
+                                                                                      heads, BLOCK_M, BLOCK_N)
+            mbarrier.wait(q_empty, (n & 1) ^ 1)
+            mbarrier.expect(q_bar, 2 * QK_CHUNKS * q_desc.block_type.nbytes)
+            for w in gl.static_range(2):
+                for c in gl.static_range(QK_CHUNKS):
+                    _tma_load(q_desc, [q_start + first_row + w * 64, head * D_QK + c * CHUNK], q_bar, q_smem.index(w * QK_CHUNKS + c))
+            for j in range(num_tiles):
+                stage = it % NUM_STAGES
+                mbarrier.wait(kv_empty.index(stage), ((it // NUM_STAGES) & 1) ^ 1)
+                row = k_start + j * BLOCK_N
+                kb = k_ready.index(stage)
+                mbarrier.expect(kb, QK_CHUNKS * k_desc.block_type.nbytes)
+                for c in gl.static_range(QK_CHUNKS):
+                    _tma_load(k_desc, [row, head * D_QK + c * CHUNK], kb, k_smem.index(stage * QK_CHUNKS + c))
+                vb = v_ready.index(stage)
+                mbarrier.expect(vb, V_CHUNKS * v_desc.block_type.nbytes)
+                for c in gl.static_range(V_CHUNKS):
+                    _tma_load(v_desc, [row, head * D_V + c * CHUNK], vb, v_smem.index(stage * V_CHUNKS + c))
+                it += 1
+            n += 1
+            t = programs + gl.atomic_add(next_ptr, 1)
+        _publish(items, item_ready, item_free, n, t)
 
     @gluon.jit
-    def _consumer(q_smem, k_smem, v_tiles, q_bar, q_empty, k_ready, v_ready, kv_empty, turn,
-                  out_ptr, stride_ot, stride_oh, order_ptr, cu_q_ptr, cu_k_ptr, pid, programs, rounds, total, num_real, section_heads, heads,
-                  qk_scale, W: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, D_V: gl.constexpr, QK_CHUNKS: gl.constexpr,
-                  NUM_STAGES: gl.constexpr):
-        """Consumer warpgroup W over the program's items: prefill_gluon.py's `_consumer` per item, with the ring position
-        (`it`), the turn count (`turns`: this warpgroup's waits on turn[W] so far) and the items done carried across
-        items; Q released (`q_empty`) once this warpgroup's last QK^T of the item has completed."""
+    def _consumer(q_smem, k_smem, v_tiles, q_bar, q_empty, k_ready, v_ready, kv_empty, turn, items, item_ready, item_free,
+                  out_ptr, stride_ot, stride_oh, order_ptr, cu_q_ptr, cu_k_ptr, pid, total, num_real, section_heads, heads, qk_scale,
+                  W: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, D_V: gl.constexpr, QK_CHUNKS: gl.constexpr, NUM_STAGES: gl.constexpr):
+        """Consumer warpgroup W over the items the producer publishes, until one past the last: prefill_gluon.py's
+        `_consumer` per item, with the ring position (`it`), the turn count (`turns`: this warpgroup's waits on turn[W]
+        so far) and the items done (`done`) carried across items; Q released (`q_empty`) once this warpgroup's last QK^T
+        of the item has completed."""
         s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 16])
         o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, D_V, 16])
         p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
@@ -167,67 +192,67 @@ if GLUON_IMPORT_ERROR is None:
         it = pid * 0  # (int32 scalars: loop-carried)
         turns = pid * 0
         done = pid * 0
-        for r in range(rounds):
-            t = _serpentine(r, pid, programs)
-            if t < total:
-                head, q_start, q_len, k_start, pos0, first_row, num_tiles, n_full = _item(order_ptr, cu_q_ptr, cu_k_ptr, t, num_real, section_heads,
-                                                                                          heads, BLOCK_M, BLOCK_N)
-                pos = pos0 + first_row + W * 64 + gl.arange(0, 64, layout=row_layout)
-                m_i = gl.full([64], float("-inf"), gl.float32, layout=row_layout)
-                l_i = gl.zeros([64], gl.float32, layout=row_layout)
-                acc = gl.zeros([64, D_V], gl.float32, layout=o_layout)
-                # turn waits: the k-th (k = turns + 0, 1, ...) with parity (k & 1) ^ (1 - W), as prefill_gluon.py's
-                mbarrier.wait(q_bar, done & 1)
-                mbarrier.wait(k_ready.index(it % NUM_STAGES), (it // NUM_STAGES) & 1)
-                mbarrier.wait(turn.index(W), (turns & 1) ^ (1 - W))
-                s = _scores(q_smem, k_smem, it % NUM_STAGES, gl.zeros([64, BLOCK_N], gl.float32, layout=s_layout), W, QK_CHUNKS)
-                mbarrier.arrive(turn.index(1 - W))
-                s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
-                p, alpha, m_i, l_i = _softmax(s, m_i, l_i, qk_scale, 0, pos, cols, n_full == 0)
-                p_op = gl.convert_layout(p.to(gl.bfloat16), p_layout)
-                for j in range(num_tiles):
-                    g = it + j
-                    stage = g % NUM_STAGES
-                    mbarrier.wait(turn.index(W), ((turns + j + 1) & 1) ^ (1 - W))
-                    if j + 1 < num_tiles:
-                        nxt = (g + 1) % NUM_STAGES
-                        mbarrier.wait(k_ready.index(nxt), ((g + 1) // NUM_STAGES) & 1)
-                        s = _scores(q_smem, k_smem, nxt, gl.zeros([64, BLOCK_N], gl.float32, layout=s_layout), W, QK_CHUNKS)
-                        mbarrier.wait(v_ready.index(stage), (g // NUM_STAGES) & 1)
-                        o = warpgroup_mma(p_op, v_tiles.index(stage), acc, is_async=True)
-                        mbarrier.arrive(turn.index(1 - W))
-                        s = warpgroup_mma_wait(num_outstanding=1, deps=(s,))
-                        p, alpha, m_i, l_i = _softmax(s, m_i, l_i, qk_scale, (j + 1) * BLOCK_N, pos, cols, j + 1 >= n_full)
-                        acc, p_op = warpgroup_mma_wait(num_outstanding=0, deps=(o, p_op))
-                        _sync_warps()  # every warp's wgmmas on the stage (and, at j + 2 == num_tiles, on Q) are done
-                        mbarrier.arrive(kv_empty.index(stage))
-                        if j + 2 == num_tiles:
-                            mbarrier.arrive(q_empty)  # the item's last QK^T has read Q: the producer may load the next
-                        acc = acc * gl.expand_dims(gl.convert_layout(alpha, o_rows), 1)
-                        p_op = gl.convert_layout(p.to(gl.bfloat16), p_layout)
-                    else:
-                        mbarrier.wait(v_ready.index(stage), (g // NUM_STAGES) & 1)
-                        o = warpgroup_mma(p_op, v_tiles.index(stage), acc, is_async=True)
-                        mbarrier.arrive(turn.index(1 - W))
-                        acc, p_op = warpgroup_mma_wait(num_outstanding=0, deps=(o, p_op))
-                        _sync_warps()
-                        mbarrier.arrive(kv_empty.index(stage))
-                        if num_tiles == 1:
-                            mbarrier.arrive(q_empty)
-                it += num_tiles
-                turns += num_tiles + 1
-                done += 1
-                # O / l (every row of an item sees key 0: l > 0); the request's rows only
-                l_o = gl.convert_layout(l_i, o_rows)
-                inv = 1.0 / gl.where(l_o > 0.0, l_o, 1.0)
-                rows = first_row + W * 64 + gl.arange(0, 64, layout=o_rows)
-                dst = out_ptr + gl.expand_dims((q_start + rows).to(gl.int64) * stride_ot + head * stride_oh, 1) + gl.expand_dims(ocols, 0)
-                gl.store(dst, (acc * gl.expand_dims(inv, 1)).to(out_ptr.dtype.element_ty), mask=gl.expand_dims(rows < q_len, 1))
+        t = _read_item(items, item_ready, item_free, done)
+        while t < total:
+            head, q_start, q_len, k_start, pos0, first_row, num_tiles, n_full = _item(order_ptr, cu_q_ptr, cu_k_ptr, t, num_real, section_heads,
+                                                                                      heads, BLOCK_M, BLOCK_N)
+            pos = pos0 + first_row + W * 64 + gl.arange(0, 64, layout=row_layout)
+            m_i = gl.full([64], float("-inf"), gl.float32, layout=row_layout)
+            l_i = gl.zeros([64], gl.float32, layout=row_layout)
+            acc = gl.zeros([64, D_V], gl.float32, layout=o_layout)
+            # turn waits: the k-th (k = turns + 0, 1, ...) with parity (k & 1) ^ (1 - W), as prefill_gluon.py's
+            mbarrier.wait(q_bar, done & 1)
+            mbarrier.wait(k_ready.index(it % NUM_STAGES), (it // NUM_STAGES) & 1)
+            mbarrier.wait(turn.index(W), (turns & 1) ^ (1 - W))
+            s = _scores(q_smem, k_smem, it % NUM_STAGES, gl.zeros([64, BLOCK_N], gl.float32, layout=s_layout), W, QK_CHUNKS)
+            mbarrier.arrive(turn.index(1 - W))
+            s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
+            p, alpha, m_i, l_i = _softmax(s, m_i, l_i, qk_scale, 0, pos, cols, n_full == 0)
+            p_op = gl.convert_layout(p.to(gl.bfloat16), p_layout)
+            for j in range(num_tiles):
+                g = it + j
+                stage = g % NUM_STAGES
+                mbarrier.wait(turn.index(W), ((turns + j + 1) & 1) ^ (1 - W))
+                if j + 1 < num_tiles:
+                    nxt = (g + 1) % NUM_STAGES
+                    mbarrier.wait(k_ready.index(nxt), ((g + 1) // NUM_STAGES) & 1)
+                    s = _scores(q_smem, k_smem, nxt, gl.zeros([64, BLOCK_N], gl.float32, layout=s_layout), W, QK_CHUNKS)
+                    mbarrier.wait(v_ready.index(stage), (g // NUM_STAGES) & 1)
+                    o = warpgroup_mma(p_op, v_tiles.index(stage), acc, is_async=True)
+                    mbarrier.arrive(turn.index(1 - W))
+                    s = warpgroup_mma_wait(num_outstanding=1, deps=(s,))
+                    p, alpha, m_i, l_i = _softmax(s, m_i, l_i, qk_scale, (j + 1) * BLOCK_N, pos, cols, j + 1 >= n_full)
+                    acc, p_op = warpgroup_mma_wait(num_outstanding=0, deps=(o, p_op))
+                    _sync_warps()  # every warp's wgmmas on the stage (and, at j + 2 == num_tiles, on Q) are done
+                    mbarrier.arrive(kv_empty.index(stage))
+                    if j + 2 == num_tiles:
+                        mbarrier.arrive(q_empty)  # the item's last QK^T has read Q: the producer may load the next
+                    acc = acc * gl.expand_dims(gl.convert_layout(alpha, o_rows), 1)
+                    p_op = gl.convert_layout(p.to(gl.bfloat16), p_layout)
+                else:
+                    mbarrier.wait(v_ready.index(stage), (g // NUM_STAGES) & 1)
+                    o = warpgroup_mma(p_op, v_tiles.index(stage), acc, is_async=True)
+                    mbarrier.arrive(turn.index(1 - W))
+                    acc, p_op = warpgroup_mma_wait(num_outstanding=0, deps=(o, p_op))
+                    _sync_warps()
+                    mbarrier.arrive(kv_empty.index(stage))
+                    if num_tiles == 1:
+                        mbarrier.arrive(q_empty)
+            it += num_tiles
+            turns += num_tiles + 1
+            done += 1
+            # O / l (every row of an item sees key 0: l > 0); the request's rows only
+            l_o = gl.convert_layout(l_i, o_rows)
+            inv = 1.0 / gl.where(l_o > 0.0, l_o, 1.0)
+            rows = first_row + W * 64 + gl.arange(0, 64, layout=o_rows)
+            dst = out_ptr + gl.expand_dims((q_start + rows).to(gl.int64) * stride_ot + head * stride_oh, 1) + gl.expand_dims(ocols, 0)
+            gl.store(dst, (acc * gl.expand_dims(inv, 1)).to(out_ptr.dtype.element_ty), mask=gl.expand_dims(rows < q_len, 1))
+            t = _read_item(items, item_ready, item_free, done)
 
     @gluon.jit
     def _prefill_ws_persistent_kernel(
         q_desc, k_desc, v_desc,  # prefill_gluon.py's TMA views
-        out_ptr, cu_q_ptr, cu_k_ptr, order_ptr, count_ptr,  # order, count: _lpt_order_kernel's
+        out_ptr, cu_q_ptr, cu_k_ptr, order_ptr, sched_ptr,  # _lpt_order_kernel's order and (count, the item counter at 0)
         stride_ot, stride_oh,
         heads, section_heads,
         qk_scale,
@@ -242,9 +267,8 @@ if GLUON_IMPORT_ERROR is None:
         V_CHUNKS: gl.constexpr = D_V // 64
         pid = gl.program_id(0)
         programs = gl.num_programs(0)
-        num_real = gl.load(count_ptr)
+        num_real = gl.load(sched_ptr)
         total = num_real * heads
-        rounds = (total + programs - 1) // programs
 
         q_smem = gl.allocate_shared_memory(gl.bfloat16, [2 * QK_CHUNKS, 64, 64], q_desc.layout)
         k_smem = gl.allocate_shared_memory(gl.bfloat16, [NUM_STAGES * QK_CHUNKS, BLOCK_N, 64], k_desc.layout)
@@ -260,6 +284,9 @@ if GLUON_IMPORT_ERROR is None:
         v_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
         kv_empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
         turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        items = gl.allocate_shared_memory(gl.int32, [2, 1], gl.SwizzledSharedLayout(1, 1, 1, order=[0]))  # the item ring
+        item_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        item_free = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
         mbarrier.init(q_bar, count=1)
         mbarrier.init(q_empty, count=2)  # both consumer warpgroups
         for i in gl.static_range(NUM_STAGES):
@@ -268,18 +295,20 @@ if GLUON_IMPORT_ERROR is None:
             mbarrier.init(kv_empty.index(i), count=2)
         for i in gl.static_range(2):
             mbarrier.init(turn.index(i), count=1)
+            mbarrier.init(item_ready.index(i), count=1)
+            mbarrier.init(item_free.index(i), count=2)  # both consumer warpgroups
         fence_async_shared()
 
         gl.warp_specialize(
             [
-                (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready, kv_empty,
-                             order_ptr, cu_q_ptr, cu_k_ptr, pid, programs, rounds, total, num_real, section_heads, heads,
+                (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready, kv_empty, items, item_ready, item_free,
+                             order_ptr, cu_q_ptr, cu_k_ptr, sched_ptr + 1, pid, programs, total, num_real, section_heads, heads,
                              D_QK, D_V, BLOCK_M, BLOCK_N, QK_CHUNKS, V_CHUNKS, NUM_STAGES)),
-                (_consumer, (q_smem, k_smem, v_tiles, q_bar, q_empty, k_ready, v_ready, kv_empty, turn, out_ptr, stride_ot, stride_oh,
-                             order_ptr, cu_q_ptr, cu_k_ptr, pid, programs, rounds, total, num_real, section_heads, heads,
+                (_consumer, (q_smem, k_smem, v_tiles, q_bar, q_empty, k_ready, v_ready, kv_empty, turn, items, item_ready, item_free,
+                             out_ptr, stride_ot, stride_oh, order_ptr, cu_q_ptr, cu_k_ptr, pid, total, num_real, section_heads, heads,
                              qk_scale, 0, BLOCK_M, BLOCK_N, D_V, QK_CHUNKS, NUM_STAGES)),
-                (_consumer, (q_smem, k_smem, v_tiles, q_bar, q_empty, k_ready, v_ready, kv_empty, turn, out_ptr, stride_ot, stride_oh,
-                             order_ptr, cu_q_ptr, cu_k_ptr, pid, programs, rounds, total, num_real, section_heads, heads,
+                (_consumer, (q_smem, k_smem, v_tiles, q_bar, q_empty, k_ready, v_ready, kv_empty, turn, items, item_ready, item_free,
+                             out_ptr, stride_ot, stride_oh, order_ptr, cu_q_ptr, cu_k_ptr, pid, total, num_real, section_heads, heads,
                              qk_scale, 1, BLOCK_M, BLOCK_N, D_V, QK_CHUNKS, NUM_STAGES)),
             ],
             [4, 4],
@@ -318,20 +347,15 @@ def lpt_order(cu_seqlens_q: list[int], cu_seqlens_k: list[int], block_n: int) ->
     return [(b, m) for _, _, b, m in sorted(keyed, reverse=True)]
 
 
-def work_items(order: list[tuple[int, int]], heads: int, sections: int, programs: int) -> list[list[tuple[int, int, int]]]:
-    """Each program's items in its order, (request, query tile, head): the kernel's `_serpentine` and `_item` arithmetic."""
-    total = len(order) * heads
-    out: list[list[tuple[int, int, int]]] = [[] for _ in range(programs)]
-    for pid in range(programs):
-        for r in range(-(-total // programs)):
-            t = r * programs + pid + (r % 2) * (programs - 1 - 2 * pid)
-            if t >= total:
-                continue
-            per_section = len(order) * sections
-            section, rest = divmod(t, per_section)
-            in_section = min(sections, heads - section * sections)
-            rank, h = divmod(rest, in_section)
-            out[pid].append((*order[rank], section * sections + h))
+def item_sequence(order: list[tuple[int, int]], heads: int, sections: int) -> list[tuple[int, int, int]]:
+    """The items t = 0, 1, ... as (request, query tile, head): the kernel's `_item` arithmetic, for the CPU tests."""
+    out = []
+    per_section = len(order) * sections
+    for t in range(len(order) * heads):
+        section, rest = divmod(t, per_section)
+        in_section = min(sections, heads - section * sections)
+        rank, h = divmod(rest, in_section)
+        out.append((*order[rank], section * sections + h))
     return out
 
 
@@ -344,13 +368,13 @@ def launch(descriptors, out: torch.Tensor, cu_q: torch.Tensor, cu_k: torch.Tenso
     if slots > MAX_SLOTS:
         raise ValueError(f"{slots} query-tile slots: the persistent order sorts at most {MAX_SLOTS} (use the non-persistent kernel)")
     order = torch.empty(slots, 2, dtype=torch.int32, device=out.device)
-    count = torch.empty(1, dtype=torch.int32, device=out.device)
-    _lpt_order_kernel[(1,)](cu_q, cu_k, order, count, num_requests, slots, max(num_requests - 1, 0).bit_length(),
+    sched = torch.empty(2, dtype=torch.int32, device=out.device)
+    _lpt_order_kernel[(1,)](cu_q, cu_k, order, sched, num_requests, slots, max(num_requests - 1, 0).bit_length(),
                             BLOCK_M=BLOCK_M, BLOCK_N=tuning.block_n, SLOTS=triton.next_power_of_2(slots), num_warps=4, **pdl_launch(out.device))
     programs = max(1, min(num_sms(out.device), slots * heads))
     _prefill_ws_persistent_kernel[(programs,)](
         *descriptors,
-        out, cu_q, cu_k, order, count,
+        out, cu_q, cu_k, order, sched,
         out.stride(0), out.stride(1),
         heads, section_heads(num_keys, heads, d_qk, d_v, tuning.section_bytes),
         float(qk_scale),
@@ -360,4 +384,4 @@ def launch(descriptors, out: torch.Tensor, cu_q: torch.Tensor, cu_k: torch.Tenso
     )
 
 
-__all__ = ["MAX_SLOTS", "launch", "lpt_order", "num_slots", "section_heads", "work_items"]
+__all__ = ["MAX_SLOTS", "item_sequence", "launch", "lpt_order", "num_slots", "section_heads"]
