@@ -325,3 +325,43 @@ def test_each_tuning_matches_the_reference_on_the_gpu(tuning, q_lens, prefixes, 
     assert torch.equal(out, g.launch_prefill_gluon(q, k, v, cu_q, cu_k, scale, tuning=tuning))
     if tuning.block_n == g.DEFAULT_TUNING.block_n:
         assert torch.equal(out, g.launch_prefill_gluon(q, k, v, cu_q, cu_k, scale))
+
+
+def test_the_sweep_prints_every_tuning_with_its_difference_and_unwritten_rows(monkeypatch, capsys):
+    """bench attention_prefill's `--sweep prefill_gluon` on the CPU, its GPU pieces stood in for (the launch writes the
+    reference's output, one tuning leaves rows unwritten, one fails, one does not fit the head dims; timings are fixed):
+    one row a tuning and SDPA's, the ratio to SDPA, the % of the matmul rate, the difference from the default's output
+    and the rows left NaN."""
+    from deepinfer_cuda.bench import attention_prefill as bench
+    from deepinfer_cuda.bench import runner
+
+    monkeypatch.setattr(runner, "measure_matmul_tflops", lambda device, timer: 1.0)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "cpu")
+    monkeypatch.setattr(bench, "SHAPES", [("tiny", 2, 64, 64, 2, 128, 128)])
+    skipping, failing = g.Tuning(block_n=64), g.Tuning(consumer_regs=240)
+
+    def launch(q, k, v, cu_q, cu_k, scale, *, tuning=None, out=None):
+        if tuning is failing:
+            raise RuntimeError("no such kernel")
+        want = ref_prefill(q.double(), k.double(), v.double(), cu_q, cu_k, softmax_scale=scale).to(q.dtype)
+        out = torch.empty_like(want) if out is None else out
+        rows = slice(0, 60) if tuning is skipping else slice(None)
+        out[rows] = want[rows]
+        return out
+
+    monkeypatch.setattr(g, "launch_prefill_gluon", launch)
+    tunings = [("default", g.DEFAULT_TUNING), ("skips rows", skipping), ("fails", failing), ("3 stages", g.Tuning(num_stages=3, block_n=256))]
+    timings = iter([2.0, 1.0, 4.0])  # SDPA, default, skips rows (the failing and the unfitting tunings are not timed)
+    rows = bench.gluon_sweep(torch.device("cpu"), tunings=tunings, shapes=(0,), timer=lambda fn: (fn(), next(timings))[1])
+    printed = capsys.readouterr().out
+    assert [r["variant"] for r in rows] == ["torch SDPA (causal, batch form)", "default", "skips rows", "fails", "3 stages"]
+    sdpa, default, skips, fails, unfit = rows
+    assert sdpa["us"] == 2000.0 and "max |default - SDPA|" in sdpa["note"]
+    assert default["us"] == 1000.0 and default["vs_sdpa"] == 2.0 and default["max_diff_default"] == 0.0 and default["nan_rows"] == 0
+    assert default["matmul_fraction"] == pytest.approx(bench._flops({"d_qk": 128, "d_v": 128, "heads": 2, "batch": 2, "q_len": 64, "k_len": 64}) / 1e-3 / 1e12)
+    assert skips["nan_rows"] == (128 - 60) * 2 and skips["max_diff_default"] != skips["max_diff_default"]  # (token, head) rows left; the diff NaN
+    assert skips["vs_sdpa"] == 0.5
+    assert fails["us"] is None and "ERROR RuntimeError: no such kernel" in fails["note"]
+    assert unfit["us"] is None and "n/a: " in unfit["note"] and "shared memory" in unfit["note"]
+    assert "skips rows" in printed and "x SDPA" in printed

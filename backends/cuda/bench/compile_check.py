@@ -610,7 +610,7 @@ def _prefill_gluon_sweep_cases() -> list[Case]:
         for d_qk in (192, 128):
             if tuning.problem(d_qk, 128) is None:
                 call = _gluon_prefill(16384, 16, 4, d_qk=d_qk, tuning=asdict(tuning))
-                cases.append(Case(f"sweep prefill_gluon {d_qk}/128 (4x4096 causal, H16) {label}", call, "mma", archs=("sm90",), tma=True, wgmma_async=True))
+                cases.append(Case(f"sweep prefill_gluon {d_qk}/128 4x4096 {label}", call, "mma", archs=("sm90",), tma=True, wgmma_async=True))
     return cases
 
 
