@@ -22,10 +22,10 @@ Work order (a longest-processing-time-first list, shapes only on the host, no sy
   counter (an atomic add, the order kernel having set it to 0), fetched by the producer once it has issued every load of
   its current item, so a program that drew light items draws more (a static split of this order left some programs
   6-70% more key tiles than the mean on the sweep's shapes, by a Python model). The producer publishes each item to the
-  consumers through a two-slot ring in shared memory (`item_ready` / `item_free` mbarriers); an item past the last ends
-  every partition's loop.
+  consumers through a two-slot ring in shared memory (`item_ready` / `item_free` mbarriers): its fields, decoded by the
+  producer, so a consumer's change of item waits on no global load; fields marked not live end the consumers' loops.
 
-Shared memory: prefill_gluon.py's (Q once, the K/V ring), the item ring (two int32) and five more mbarriers (`q_empty`,
+Shared memory: prefill_gluon.py's (Q once, the K/V ring), the item ring (2 x 8 int32) and five more mbarriers (`q_empty`,
 `item_ready`, `item_free`).
 """
 
@@ -116,23 +116,33 @@ if GLUON_IMPORT_ERROR is None:
         return head, q_start, q_len, k_start, pos0, first_row, (last_pos + BLOCK_N) // BLOCK_N, (pos0 + first_row + 1) // BLOCK_N
 
     @gluon.jit
-    def _publish(items, item_ready, item_free, n, t):
-        """Item t into slot n % 2 of the item ring, once both consumers have read what the slot held before."""
+    def _publish(items, item_ready, item_free, n, live, head, q_start, q_len, pos0, first_row, num_tiles, n_full):
+        """Item n's fields (live 0: past the last item) into slot n % 2 of the item ring, once both consumers have read
+        what the slot held before. Each thread holds all 8 fields (a [8] tensor of one thread's registers, replicated)."""
         slot = n % 2
         mbarrier.wait(item_free.index(slot), ((n // 2) & 1) ^ 1)
-        items.index(slot).store(gl.full([1], t, gl.int32, layout=gl.BlockedLayout([1], [32], [4], [0])))
+        idx = gl.arange(0, 8, layout=gl.BlockedLayout([8], [32], [4], [0]))
+        fields = gl.where(idx == 0, live, gl.where(idx == 1, head, gl.where(idx == 2, q_start, gl.where(idx == 3, q_len, gl.where(
+            idx == 4, pos0, gl.where(idx == 5, first_row, gl.where(idx == 6, num_tiles, n_full)))))))
+        items.index(slot).store(fields)
         _sync_warps()  # every thread's store before the arrival
         mbarrier.arrive(item_ready.index(slot))
 
     @gluon.jit
+    def _field(fields, idx, k: gl.constexpr):
+        return gl.sum(gl.where(idx == k, fields, 0), axis=0)  # (within each thread: it holds all 8)
+
+    @gluon.jit
     def _read_item(items, item_ready, item_free, n):
-        """The n-th item the producer published (waits for it), its slot released to the producer."""
+        """The fields of the n-th item the producer published (waits for it); the slot released to the producer."""
         slot = n % 2
         mbarrier.wait(item_ready.index(slot), (n // 2) & 1)
-        t = gl.max(items.index(slot).load(gl.BlockedLayout([1], [32], [4], [0])), axis=0)
-        _sync_warps()  # every thread has read it
+        idx = gl.arange(0, 8, layout=gl.BlockedLayout([8], [32], [4], [0]))
+        fields = items.index(slot).load(gl.BlockedLayout([8], [32], [4], [0]))
+        _sync_warps()  # every thread has read them
         mbarrier.arrive(item_free.index(slot))
-        return t
+        return (_field(fields, idx, 0), _field(fields, idx, 1), _field(fields, idx, 2), _field(fields, idx, 3), _field(fields, idx, 4),
+                _field(fields, idx, 5), _field(fields, idx, 6), _field(fields, idx, 7))
 
     @gluon.jit
     def _producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready, kv_empty, items, item_ready, item_free,
@@ -140,18 +150,19 @@ if GLUON_IMPORT_ERROR is None:
                   D_QK: gl.constexpr, D_V: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                   QK_CHUNKS: gl.constexpr, V_CHUNKS: gl.constexpr, NUM_STAGES: gl.constexpr):
         """The scheduler and loader: item pid first, then each next one from the launch's counter (atomically, once a
-        program has issued every load of its current item), published to the consumers; per item its Q tile once both
-        consumers have released the previous item's (`q_empty`), then its K and V tiles into the ring, whose counter `it`
-        runs on across items (so the next item's first tiles load while the consumers finish this one). Past the last
-        item: the item `total` or more, which ends the consumers' loops."""
+        program has issued every load of its current item), its fields published to the consumers (so their item
+        changes wait on no global load); per item its Q tile once both consumers have released the previous item's
+        (`q_empty`), then its K and V tiles into the ring, whose counter `it` runs on across items (so the next item's
+        first tiles load while the consumers finish this one). Past the last item: fields with live 0, which end the
+        consumers' loops."""
         CHUNK: gl.constexpr = 64
         it = pid * 0  # (int32 scalars: loop-carried)
         n = pid * 0
         t = pid
         while t < total:
-            _publish(items, item_ready, item_free, n, t)
             head, q_start, q_len, k_start, pos0, first_row, num_tiles, n_full = _item(order_ptr, cu_q_ptr, cu_k_ptr, t, num_real, section_heads,
                                                                                       heads, BLOCK_M, BLOCK_N)
+            _publish(items, item_ready, item_free, n, 1, head, q_start, q_len, pos0, first_row, num_tiles, n_full)
             mbarrier.wait(q_empty, (n & 1) ^ 1)
             mbarrier.expect(q_bar, 2 * QK_CHUNKS * q_desc.block_type.nbytes)
             for w in gl.static_range(2):
@@ -172,11 +183,11 @@ if GLUON_IMPORT_ERROR is None:
                 it += 1
             n += 1
             t = programs + gl.atomic_add(next_ptr, 1)
-        _publish(items, item_ready, item_free, n, t)
+        _publish(items, item_ready, item_free, n, 0, 0, 0, 0, 0, 0, 0, 0)
 
     @gluon.jit
     def _consumer(q_smem, k_smem, v_tiles, q_bar, q_empty, k_ready, v_ready, kv_empty, turn, items, item_ready, item_free,
-                  out_ptr, stride_ot, stride_oh, order_ptr, cu_q_ptr, cu_k_ptr, pid, total, num_real, section_heads, heads, qk_scale,
+                  out_ptr, stride_ot, stride_oh, pid, qk_scale,
                   W: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, D_V: gl.constexpr, QK_CHUNKS: gl.constexpr, NUM_STAGES: gl.constexpr):
         """Consumer warpgroup W over the items the producer publishes, until one past the last: prefill_gluon.py's
         `_consumer` per item, with the ring position (`it`), the turn count (`turns`: this warpgroup's waits on turn[W]
@@ -192,10 +203,8 @@ if GLUON_IMPORT_ERROR is None:
         it = pid * 0  # (int32 scalars: loop-carried)
         turns = pid * 0
         done = pid * 0
-        t = _read_item(items, item_ready, item_free, done)
-        while t < total:
-            head, q_start, q_len, k_start, pos0, first_row, num_tiles, n_full = _item(order_ptr, cu_q_ptr, cu_k_ptr, t, num_real, section_heads,
-                                                                                      heads, BLOCK_M, BLOCK_N)
+        live, head, q_start, q_len, pos0, first_row, num_tiles, n_full = _read_item(items, item_ready, item_free, done)
+        while live != 0:
             pos = pos0 + first_row + W * 64 + gl.arange(0, 64, layout=row_layout)
             m_i = gl.full([64], float("-inf"), gl.float32, layout=row_layout)
             l_i = gl.zeros([64], gl.float32, layout=row_layout)
@@ -247,7 +256,7 @@ if GLUON_IMPORT_ERROR is None:
             rows = first_row + W * 64 + gl.arange(0, 64, layout=o_rows)
             dst = out_ptr + gl.expand_dims((q_start + rows).to(gl.int64) * stride_ot + head * stride_oh, 1) + gl.expand_dims(ocols, 0)
             gl.store(dst, (acc * gl.expand_dims(inv, 1)).to(out_ptr.dtype.element_ty), mask=gl.expand_dims(rows < q_len, 1))
-            t = _read_item(items, item_ready, item_free, done)
+            live, head, q_start, q_len, pos0, first_row, num_tiles, n_full = _read_item(items, item_ready, item_free, done)
 
     @gluon.jit
     def _prefill_ws_persistent_kernel(
@@ -284,7 +293,7 @@ if GLUON_IMPORT_ERROR is None:
         v_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
         kv_empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
         turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-        items = gl.allocate_shared_memory(gl.int32, [2, 1], gl.SwizzledSharedLayout(1, 1, 1, order=[0]))  # the item ring
+        items = gl.allocate_shared_memory(gl.int32, [2, 8], gl.SwizzledSharedLayout(1, 1, 1, order=[0]))  # the item ring: 8 fields a slot
         item_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
         item_free = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
         mbarrier.init(q_bar, count=1)
@@ -305,11 +314,9 @@ if GLUON_IMPORT_ERROR is None:
                              order_ptr, cu_q_ptr, cu_k_ptr, sched_ptr + 1, pid, programs, total, num_real, section_heads, heads,
                              D_QK, D_V, BLOCK_M, BLOCK_N, QK_CHUNKS, V_CHUNKS, NUM_STAGES)),
                 (_consumer, (q_smem, k_smem, v_tiles, q_bar, q_empty, k_ready, v_ready, kv_empty, turn, items, item_ready, item_free,
-                             out_ptr, stride_ot, stride_oh, order_ptr, cu_q_ptr, cu_k_ptr, pid, total, num_real, section_heads, heads,
-                             qk_scale, 0, BLOCK_M, BLOCK_N, D_V, QK_CHUNKS, NUM_STAGES)),
+                             out_ptr, stride_ot, stride_oh, pid, qk_scale, 0, BLOCK_M, BLOCK_N, D_V, QK_CHUNKS, NUM_STAGES)),
                 (_consumer, (q_smem, k_smem, v_tiles, q_bar, q_empty, k_ready, v_ready, kv_empty, turn, items, item_ready, item_free,
-                             out_ptr, stride_ot, stride_oh, order_ptr, cu_q_ptr, cu_k_ptr, pid, total, num_real, section_heads, heads,
-                             qk_scale, 1, BLOCK_M, BLOCK_N, D_V, QK_CHUNKS, NUM_STAGES)),
+                             out_ptr, stride_ot, stride_oh, pid, qk_scale, 1, BLOCK_M, BLOCK_N, D_V, QK_CHUNKS, NUM_STAGES)),
             ],
             [4, 4],
             [CONSUMER_REGS, CONSUMER_REGS],
