@@ -4,9 +4,9 @@ Python, `program_plan`, and the tile loop emulated in torch) against the op's re
 (TRITON_INTERPRET=0 pytest tests/cuda/test_prefill_gluon.py), its output against the reference (deepinfer.ops) on var-len
 causal batches, 16 and 128 heads, cached prefixes, 192/128 and 128/128 heads, within the conformance tolerance for bf16
 and a tighter bound. Its tunings (`Tuning`: key tile and ring depth, the register split, the persistent kernel of
-prefill_gluon_persistent.py; all but the default not yet run on a GPU): on a CPU what each needs and the persistent
-kernel's work order (its tl sorting kernel interpreted against `lpt_order`, every (query tile, head) given to one program
-exactly once); on the GPU each against the reference and, where it keeps the default's key tile, the default's bits.
+prefill_gluon_persistent.py; all but the default not yet run on a GPU): on a CPU what each needs, the persistent
+kernel's work order (its tl sorting kernel interpreted against `lpt_order`, every (query tile, head) an item exactly
+once) and its barrier protocol (modelled in Python, run in random interleavings), and the sweep's table; on the GPU each against the reference and, where it keeps the default's key tile, the default's bits.
 Its compilation for sm90 is tests/cuda/test_compile_check.py's (`bench compile --case "prefill gluon"`)."""
 
 from __future__ import annotations
@@ -365,3 +365,117 @@ def test_the_sweep_prints_every_tuning_with_its_difference_and_unwritten_rows(mo
     assert fails["us"] is None and "ERROR RuntimeError: no such kernel" in fails["note"]
     assert unfit["us"] is None and "n/a: " in unfit["note"] and "shared memory" in unfit["note"]
     assert "skips rows" in printed and "x SDPA" in printed
+
+
+class _Barrier:
+    """An mbarrier as the kernels use it: `count` arrivals complete a phase; wait(parity) passes once the phase of that
+    parity has completed (a fresh barrier counts as having completed the phase before 0, of parity 1)."""
+
+    def __init__(self, count):
+        self.count, self.pending, self.phase = count, 0, 0
+
+    def arrive(self):
+        self.pending += 1
+        if self.pending == self.count:
+            self.pending, self.phase = 0, self.phase + 1
+
+    def passes(self, parity):
+        return (self.phase & 1) != parity
+
+
+def _persistent_program(items, stages, seed):
+    """The persistent kernel's three partitions as generators of ("wait", barrier, parity) steps between their reads
+    and writes of the shared buffers (Q, the K/V ring, the item ring), with the kernel's phase arithmetic; run in a
+    random interleaving until all finish. Returns what each consumer read, in order; raises on a deadlock."""
+    import random
+
+    bar = {name: _Barrier(c) for name, c in (("q_bar", 1), ("q_empty", 2))}
+    for i in range(stages):
+        bar[f"k{i}"], bar[f"v{i}"], bar[f"e{i}"] = _Barrier(1), _Barrier(1), _Barrier(2)
+    for i in range(2):
+        bar[f"turn{i}"], bar[f"ready{i}"], bar[f"free{i}"] = _Barrier(1), _Barrier(1), _Barrier(2)
+    mem = {"q": None, "k": [None] * stages, "v": [None] * stages, "items": [None, None]}
+    reads = {0: [], 1: []}
+
+    def producer():
+        it = 0
+        for n, num_tiles in enumerate([*items, None]):  # None: the not-live fields past the last item
+            yield "wait", bar[f"free{n % 2}"], ((n // 2) & 1) ^ 1
+            mem["items"][n % 2] = (n, num_tiles)
+            bar[f"ready{n % 2}"].arrive()
+            if num_tiles is None:
+                return
+            yield "wait", bar["q_empty"], (n & 1) ^ 1
+            mem["q"] = n
+            bar["q_bar"].arrive()
+            for _ in range(num_tiles):
+                stage = it % stages
+                yield "wait", bar[f"e{stage}"], ((it // stages) & 1) ^ 1
+                mem["k"][stage] = it
+                bar[f"k{stage}"].arrive()
+                mem["v"][stage] = it
+                bar[f"v{stage}"].arrive()
+                it += 1
+
+    def consumer(w):
+        it = turns = done = 0
+        while True:
+            yield "wait", bar[f"ready{done % 2}"], (done // 2) & 1
+            n, num_tiles = mem["items"][done % 2]
+            bar[f"free{done % 2}"].arrive()
+            if num_tiles is None:
+                return
+            yield "wait", bar["q_bar"], done & 1
+            yield "wait", bar[f"k{it % stages}"], (it // stages) & 1
+            yield "wait", bar[f"turn{w}"], (turns & 1) ^ (1 - w)
+            reads[w].append(("S", mem["q"], mem["k"][it % stages]))
+            bar[f"turn{1 - w}"].arrive()
+            for j in range(num_tiles):
+                g = it + j
+                stage = g % stages
+                yield "wait", bar[f"turn{w}"], ((turns + j + 1) & 1) ^ (1 - w)
+                if j + 1 < num_tiles:
+                    yield "wait", bar[f"k{(g + 1) % stages}"], ((g + 1) // stages) & 1
+                    reads[w].append(("S", mem["q"], mem["k"][(g + 1) % stages]))
+                yield "wait", bar[f"v{stage}"], (g // stages) & 1
+                reads[w].append(("PV", n, mem["v"][stage]))
+                bar[f"turn{1 - w}"].arrive()
+                bar[f"e{stage}"].arrive()
+                if j == max(num_tiles - 2, 0):
+                    bar["q_empty"].arrive()
+            it += num_tiles
+            turns += num_tiles + 1
+            done += 1
+
+    rng = random.Random(seed)
+    running = {name: (gen, next(gen, None)) for name, gen in (("p", producer()), ("c0", consumer(0)), ("c1", consumer(1)))}
+    while running:
+        ready = [name for name, (_, step) in running.items() if step is None or step[1].passes(step[2])]
+        assert ready, f"deadlock: {[(name, step[2]) for name, (_, step) in running.items()]}"
+        name = rng.choice(ready)
+        gen, step = running[name]
+        nxt = next(gen, "end")
+        if nxt == "end":
+            del running[name]
+        else:
+            running[name] = (gen, nxt)
+    return reads
+
+
+@pytest.mark.parametrize("stages", [2, 3, 4])
+@pytest.mark.parametrize("seed", range(6))
+def test_the_persistent_kernels_barrier_protocol_reads_every_tile_once_in_order_without_deadlock(stages, seed):
+    """The persistent kernel's waits and arrivals (`_persistent_program`, the kernel's phase arithmetic in Python) in
+    random interleavings of its three partitions, over items of 1-5 key tiles: it finishes, and each consumer's QK^T of
+    item n reads item n's Q and its key tiles in order, its PV the same tiles (the producer never overwrote a stage or Q
+    still to be read)."""
+    import random
+
+    items = [random.Random(seed).randint(1, 5) for _ in range(7)]
+    reads = _persistent_program(items, stages, seed)
+    starts = [sum(items[:n]) for n in range(len(items))]
+    want_s = [("S", n, starts[n] + j) for n, tiles in enumerate(items) for j in range(tiles)]
+    want_pv = [("PV", n, starts[n] + j) for n, tiles in enumerate(items) for j in range(tiles)]
+    for w in (0, 1):
+        assert [r for r in reads[w] if r[0] == "S"] == want_s
+        assert [r for r in reads[w] if r[0] == "PV"] == want_pv

@@ -47,6 +47,12 @@ Shared memory (Dqk 192, Dv 128, BLOCK_N 128, 2 stages): Q 48 KiB + 2 x (K 48 + V
 CTA per SM). Registers (setmaxnreg): each consumer warpgroup CONSUMER_REGS (O [64, 128] and S [64, 128] float32 are
 64 a thread each, p 32), the producer what is left of 504 (40).
 
+Tuning switches (`Tuning`, `launch_prefill_gluon(tuning=...)`; the defaults are the schedule above): the key tile and
+ring depth, the consumer / producer register split, and a persistent kernel (prefill_gluon_persistent.py: one program
+per SM, a longest-first work order over query tiles and heads handed out by an atomic counter, the producer loading the
+next item while the consumers finish the last). None but the default has run on a GPU; `python -m
+deepinfer_cuda.bench.attention_prefill --sweep prefill_gluon` times them all beside the default and torch SDPA.
+
 Served (`not_served` says why not; `launch_prefill_gluon` returns None): bf16 q, k, v with Dqk in (128, 192) and
 Dv = 128, no sliding window, softmax_scale > 0, heads packed (each tensor a [T, H * D] matrix of 16-byte aligned
 rows: the TMA views), at most 65535 heads. Deterministic mode keeps prefill.py's invariant kernel.
@@ -86,8 +92,9 @@ BARRIER_BYTES = 256  # the mbarriers beside the tiles (a margin)
 @dataclass(frozen=True)
 class Tuning:
     """The kernel's tuning switches (`launch_prefill_gluon(tuning=...)`); the defaults are the schedule the module
-    docstring describes, the one GPU-tested. The others are variants that `python -m deepinfer_cuda.bench.prefill_gluon_sweep`
-    times on a GPU (not yet run on a GPU; tests/cuda/test_prefill_gluon.py's GPU tests cover them):
+    docstring describes, the one GPU-tested. The others are variants (not yet run on a GPU) that `python -m
+    deepinfer_cuda.bench.attention_prefill --sweep prefill_gluon` times on a GPU and tests/cuda/test_prefill_gluon.py's GPU
+    tests check:
     - block_n, num_stages: the key tile's rows (a power of two: the score tile's column range; 16 .. 256: PV's K step,
       QK^T's wgmma N) and the K/V ring's depth, within the shared-memory budget (`shared_bytes`).
     - consumer_regs: setmaxnreg of each consumer warpgroup (the producer warpgroup gets what is left of 504: 240 leaves

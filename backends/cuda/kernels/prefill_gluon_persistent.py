@@ -258,7 +258,7 @@ if GLUON_IMPORT_ERROR is None:
             gl.store(dst, (acc * gl.expand_dims(inv, 1)).to(out_ptr.dtype.element_ty), mask=gl.expand_dims(rows < q_len, 1))
             live, head, q_start, q_len, pos0, first_row, num_tiles, n_full = _read_item(items, item_ready, item_free, done)
 
-    @gluon.jit
+    @gluon.jit(do_not_specialize=["heads", "section_heads"])  # (one build for every head count and section size)
     def _prefill_ws_persistent_kernel(
         q_desc, k_desc, v_desc,  # prefill_gluon.py's TMA views
         out_ptr, cu_q_ptr, cu_k_ptr, order_ptr, sched_ptr,  # _lpt_order_kernel's order and (count, the item counter at 0)
