@@ -6,7 +6,8 @@ causal batches, 16 and 128 heads, cached prefixes, 192/128 and 128/128 heads, wi
 and a tighter bound. Its tunings (`Tuning`: key tile and ring depth, the register split, the persistent kernel of
 prefill_gluon_persistent.py; all but the default not yet run on a GPU): on a CPU what each needs, the persistent
 kernel's work order (its tl sorting kernel interpreted against `lpt_order`, every (query tile, head) an item exactly
-once) and its barrier protocol (modelled in Python, run in random interleavings), and the sweep's table; on the GPU each against the reference and, where it keeps the default's key tile, the default's bits.
+once) and its barrier protocol (modelled in Python, run in random interleavings), and the sweep's table; on the GPU
+each against the reference and, where it keeps the default's key tile, the default's bits.
 Its compilation for sm90 is tests/cuda/test_compile_check.py's (`bench compile --case "prefill gluon"`)."""
 
 from __future__ import annotations
