@@ -108,9 +108,11 @@ def test_ci_compiles_the_gluon_kernels_for_sm90(tmp_path):
     matrix = [r for r in results if r["expected"]]
     assert {r["kernel"] for r in matrix} == {
         "_mxfp4_gemm_ws_kernel", "_mxfp4_gemm_persistent_kernel", "_fp8_gemm_ws_kernel", "_mla_decode_fp8_ws_kernel",
-        "_sparse_attention_fp8_ws_kernel", "_sparse_attention_ws_kernel", "_prefill_ws_kernel", "_mla_decode_ws_kernel"}, results  # fmt: skip
+        "_sparse_attention_fp8_ws_kernel", "_sparse_attention_ws_kernel", "_prefill_ws_kernel", "_prefill_ws_persistent_kernel", "_mla_decode_ws_kernel",
+    }, results  # fmt: skip
     assert all(r["instr"] == "wgmma" for r in matrix), matrix
-    tma_kernels = {"_mxfp4_gemm_ws_kernel", "_mxfp4_gemm_persistent_kernel", "_fp8_gemm_ws_kernel", "_prefill_ws_kernel", "_mla_decode_ws_kernel"}
+    tma_kernels = {"_mxfp4_gemm_ws_kernel", "_mxfp4_gemm_persistent_kernel", "_fp8_gemm_ws_kernel", "_prefill_ws_kernel", "_prefill_ws_persistent_kernel",
+                   "_mla_decode_ws_kernel"}
     assert all(r["tma"] == (r["kernel"] in tma_kernels) for r in matrix), matrix
 
 
@@ -127,6 +129,20 @@ def test_the_v4_prefill_sweep_candidates_compile_for_sm90_at_k_1024(tmp_path):
     assert all(r["ok"] and r["spills"] == 0 and r["instr"] == "wgmma" and r["tma"] for r in gemm), gemm
     proc = _cli("--arch", "sm90", "--sweep", "no_such_variant")
     assert proc.returncode == 2 and "--sweep" in proc.stderr, proc.stdout + proc.stderr
+
+
+def test_the_prefill_gluon_sweep_tunings_compile_for_sm90(tmp_path):
+    """`bench compile --sweep prefill_gluon` builds each tuning of bench/attention_prefill.py's GLUON_SWEEP where it fits
+    the head dims (the case filter: the 128/128 ones), without spills, wgmma over TMA, the wgmmas asynchronous."""
+    from deepinfer_cuda.bench import attention_prefill as bench
+
+    path = tmp_path / "sweep.json"
+    proc = _cli("--arch", "sm90", "--sweep", "prefill_gluon", "--case", "128/128", "--json", str(path))
+    assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-3000:]
+    results = json.loads(path.read_text())["results"]
+    matrix = [r for r in results if r["expected"]]
+    assert len(matrix) == sum(t.problem(128, 128) is None for _, t in bench.GLUON_SWEEP) == len({r["case"] for r in results})
+    assert all(r["ok"] and r["tma"] and r["instr"] == "wgmma" and not r["wgmma_serialized"] for r in matrix), matrix
 
 
 def test_a_case_filter_that_matches_nothing_is_a_usage_error():
@@ -194,8 +210,8 @@ def test_a_case_is_compiled_only_for_its_archs_and_tma_is_read_from_the_ptx():
     assert r.problems == ["no TMA load (cp.async.bulk.tensor), expected one"]
     gluon = [c for c in cc.CASES if "gluon" in c.name]
     # 15 mxfp4 (5 persistent), 9 fp8_block (3 of its schedule options), 3 FP8 and 5 bf16 mla_decode, 3 FP8 and 6 bf16
-    # sparse_attention, 4 prefill
-    assert len(gluon) == 45 and all(c.archs == ("sm90",) for c in gluon)
+    # sparse_attention, 6 prefill (2 persistent)
+    assert len(gluon) == 47 and all(c.archs == ("sm90",) for c in gluon)
     # (the FP8 attention kernels' converting warps load the cache bytes, the bf16 sparse_attention loader copies rows by
     # cp.async; the prefill's producer loads q, k, v by TMA, the bf16 mla_decode's loader the cache pages)
     tma_names = ("mxfp4", "fp8_block", "prefill gluon", "mla_decode bf16 gluon")
@@ -211,7 +227,7 @@ def test_serialised_wgmmas_are_read_from_ptxas_and_fail_the_cases_that_need_them
     r.needs_async = True
     assert r.problems == ["ptxas serialised the wgmmas (C7514), expected them asynchronous"]
     overlapped = [c for c in cc.CASES if c.wgmma_async]
-    assert overlapped and all("fp8_block gluon overlap" in c.name for c in overlapped)
+    assert overlapped and all("fp8_block gluon overlap" in c.name or "prefill gluon" in c.name and "persistent" in c.name for c in overlapped)
     assert {c.wgmma_async for c in cc.sweep_cases("fp8_gluon_large")} == {True, False}
 
 

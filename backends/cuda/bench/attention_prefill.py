@@ -16,6 +16,9 @@ FLOPs: 2 * (Dqk + Dv) * H * (visible query-key pairs), the pairs counted exactly
 
 `python -m deepinfer_cuda.bench.attention_prefill [--check] [--sweep CONFIGS] [--cases 0,2]` runs the
 cases standalone (and optionally checks correctness on the GPU and times other tile configurations).
+`python -m deepinfer_cuda.bench.attention_prefill --sweep prefill_gluon [--json FILE]` times the SM90 Gluon kernel's
+tunings (GLUON_SWEEP: its variants, not yet run on a GPU) against its default and torch SDPA on GLUON_SWEEP_SHAPES, each
+output compared with the default's (`gluon_sweep`).
 """
 
 from __future__ import annotations
@@ -121,6 +124,30 @@ CASES = [
 ]
 
 
+def _gluon_tuning(**fields):
+    from deepinfer_cuda.kernels.prefill_gluon import Tuning
+
+    return Tuning(**fields)
+
+
+# `--sweep prefill_gluon`: the SM90 Gluon prefill's tunings (prefill_gluon.Tuning; every one but the default NOT YET RUN ON
+# A GPU), each timed beside the default and torch SDPA on GLUON_SWEEP_SHAPES. A tuning that does not fit a shape's head
+# dims (shared memory) is a row saying why. `deepinfer bench compile --arch sm90 --sweep prefill_gluon` compiles them.
+GLUON_SWEEP = [
+    ("default", _gluon_tuning()),
+    ("regs 240/24", _gluon_tuning(consumer_regs=240)),  # FlashAttention-3's register split
+    ("BLOCK_N 64 x 4 stages", _gluon_tuning(block_n=64, num_stages=4)),
+    ("3 stages", _gluon_tuning(num_stages=3)),  # (Dqk 128 only: 224 KiB)
+    # (the persistent kernel last: its rows come after the others' should it hang)
+    ("persistent", _gluon_tuning(persistent=True)),
+    ("persistent regs 240/24", _gluon_tuning(persistent=True, consumer_regs=240)),
+    ("persistent one section", _gluon_tuning(persistent=True, section_bytes=0)),  # the longest-first order over all heads at once
+    ("persistent BLOCK_N 64 x 4 stages", _gluon_tuning(persistent=True, block_n=64, num_stages=4)),
+    ("persistent 3 stages", _gluon_tuning(persistent=True, num_stages=3)),  # (Dqk 128 only)
+]
+GLUON_SWEEP_SHAPES = (0, 2, 3, 4)  # SHAPES: causal B4 x 4096 H16 and B2 x 2048 H128, at 192/128 and 128/128
+
+
 def _check(device: torch.device) -> None:
     """Correctness on the GPU against the float64 reference, on small var-len batches."""
     from deepinfer.ops.attention import prefill as reference
@@ -146,6 +173,80 @@ def _check(device: torch.device) -> None:
                 print(f"check {str(dtype):15s} dqk {d_qk:3d} dv {d_v:3d} window {window}: rel {rel:.2e} max {worst:.2e}")
 
 
+def gluon_sweep(device: torch.device, tunings=None, shapes=GLUON_SWEEP_SHAPES, timer=None) -> list[dict]:
+    """Each GLUON_SWEEP tuning of the SM90 Gluon prefill on each of `shapes` (SHAPES indices), beside its default tuning
+    and torch SDPA: microseconds, TFLOP/s, % of the bf16 matmul rate (runner.measure_matmul_tflops, measured once here),
+    SDPA's time over the row's, and the largest |output - the default tuning's output| with the rows left unwritten
+    (each output goes into a NaN-filled buffer, so a tuning that skipped rows shows NaN there, not another call's data).
+    Prints one table and returns its rows."""
+    from deepinfer_cuda.bench.common import time_ms
+    from deepinfer_cuda.bench.runner import measure_matmul_tflops
+
+    timer = timer or (lambda fn: time_ms(fn, warmup_ms=10, rep_ms=40))
+    tunings = GLUON_SWEEP if tunings is None else tunings
+    matmul = measure_matmul_tflops(device, timer)
+    print(f"{torch.__version__} {torch.cuda.get_device_name(device)}; bf16 matmul {matmul:.1f} TFLOP/s (runner.measure_matmul_tflops)", flush=True)
+    head = f"{'shape':38s} {'variant':34s} {'us':>8s} {'TFLOP/s':>8s} {'% matmul':>8s} {'x SDPA':>7s} {'max|d default|':>14s} {'NaN rows':>8s}"
+    print(head, flush=True)
+    rows = []
+    for index in shapes:
+        rows += _gluon_sweep_shape(SHAPES[index], tunings, device, timer, matmul)  # the shape's tensors are freed on return
+        torch.cuda.empty_cache()
+    return rows
+
+
+def _gluon_sweep_shape(shape, tunings, device: torch.device, timer, matmul: float) -> list[dict]:
+    """gluon_sweep's rows of one SHAPES entry."""
+    from deepinfer_cuda.kernels import prefill_gluon
+
+    rows = []
+    name, batch, q_len, k_len, heads, d_qk, d_v = shape
+    s = _setup(batch, q_len, k_len, heads, d_qk, d_v)(device)
+    flops = _flops(s)
+
+    def nan_out():
+        return torch.full((batch * q_len, heads, d_v), float("nan"), dtype=DTYPE, device=device)
+
+    def launch(tuning, out=None):
+        return prefill_gluon.launch_prefill_gluon(s["q"], s["k"], s["v"], s["cu_q"], s["cu_k"], s["scale"], tuning=tuning, out=out)
+
+    def row(label, ms=None, diff=None, nan_rows=None, note=""):
+        rate = None if ms is None else flops / (ms * 1e-3) / 1e12
+        r = {"shape": name, "variant": label, "us": None if ms is None else ms * 1e3, "tflops": rate,
+             "matmul_fraction": None if rate is None else rate / matmul, "vs_sdpa": None if ms is None else sdpa_ms / ms,
+             "max_diff_default": diff, "nan_rows": nan_rows, "note": note}
+        if ms is None:
+            print(f"{name[:38]:38s} {label[:34]:34s} {note}", flush=True)
+        else:
+            d = "-" if diff is None else f"{diff:.3g}"
+            print(f"{name[:38]:38s} {label[:34]:34s} {ms * 1e3:8.1f} {rate:8.1f} {100 * r['matmul_fraction']:7.1f}% {r['vs_sdpa']:7.3f} {d:>14s}"
+                  f" {'-' if nan_rows is None else nan_rows:>8}  {note}", flush=True)
+        rows.append(r)
+
+    sdpa_ms = timer(lambda: _peer(s))
+    want = launch(None, nan_out())
+    if want is None:
+        raise RuntimeError(f"prefill_gluon does not serve the call: {prefill_gluon.not_served(s['q'], s['k'], s['v'], s['scale'])}")
+    # the default's output against SDPA's (batch form [B, H, L, Dv]): a sanity check of the table's reference row
+    sdpa_diff = float((want.view(batch, q_len, heads, d_v).transpose(1, 2).float() - _peer(s).float()).abs().max())
+    row("torch SDPA (causal, batch form)", sdpa_ms, note=f"max |default - SDPA| {sdpa_diff:.3g}")
+    for label, tuning in tunings:
+        problem = tuning.problem(d_qk, d_v)
+        if problem is not None:
+            row(label, note=f"n/a: {problem}")
+            continue
+        try:
+            got = launch(tuning, nan_out())
+            torch.cuda.synchronize(device)
+            diff = float((got.float() - want.float()).abs().max())  # (NaN where either left rows unwritten)
+            nan_rows = int(torch.isnan(got).any(dim=-1).sum())
+            del got
+            row(label, timer(lambda: launch(tuning)), diff, nan_rows)
+        except Exception as exc:  # noqa: BLE001 - a tuning that fails is a row, not the end of the sweep
+            row(label, note=f"ERROR {type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}")
+    return rows
+
+
 def main(argv: list[str] | None = None) -> None:
     import argparse
 
@@ -154,9 +255,23 @@ def main(argv: list[str] | None = None) -> None:
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--check", action="store_true")
-    ap.add_argument("--sweep", default="", help="tile configs to time besides the table's: 'BMxBN/warps/stages[/tma][/ws];...'")
-    ap.add_argument("--cases", default="", help="comma-separated case indices (default: all)")
+    ap.add_argument("--sweep", default="", help="tile configs to time besides the table's: 'BMxBN/warps/stages[/tma][/ws];...'; or prefill_gluon: "
+                    "the SM90 Gluon kernel's tunings (GLUON_SWEEP) against its default and SDPA")
+    ap.add_argument("--cases", default="", help="comma-separated case indices (default: all; with --sweep prefill_gluon: SHAPES indices)")
+    ap.add_argument("--json", default=None, help="with --sweep prefill_gluon: write its rows here")
+    ap.add_argument("--only", default="", help="with --sweep prefill_gluon: the tunings whose label holds one of these ';'-separated texts (and the default)")
     args = ap.parse_args(argv)
+    if args.sweep == "prefill_gluon":
+        import json
+
+        shapes = tuple(int(i) for i in args.cases.split(",")) if args.cases else GLUON_SWEEP_SHAPES
+        only = [text for text in args.only.split(";") if text]
+        tunings = [(label, t) for label, t in GLUON_SWEEP if not only or label == "default" or any(text in label for text in only)]
+        rows = gluon_sweep(torch.device("cuda"), tunings=tunings, shapes=shapes)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(rows, f, indent=1)
+        return
     sweep = []
     for item in filter(None, args.sweep.split(";")):
         tile, warps, stages, *flags = item.split("/")

@@ -470,16 +470,17 @@ def _gluon_sparse_bf16(t: int, heads: int, extra: int, lengths: bool = False, ti
     return call
 
 
-def _gluon_prefill(tokens: int, heads: int, requests: int, prefix: int = 0, d_qk: int = 192) -> Callable[[], None]:
+def _gluon_prefill(tokens: int, heads: int, requests: int, prefix: int = 0, d_qk: int = 192, tuning=None) -> Callable[[], None]:
     """The SM90 Gluon prefill (prefill_gluon, registered for nothing yet) through its launch: `requests` requests of
-    tokens / requests new tokens each after `prefix` cached keys, Dqk / 128 heads. It must serve the call (a None return
-    would mean the case compiled nothing of it)."""
+    tokens / requests new tokens each after `prefix` cached keys, Dqk / 128 heads; tuning: its switches (prefill_gluon.Tuning's
+    fields; None: the default). It must serve the call (a None return would mean the case compiled nothing of it)."""
     def call():
         from deepinfer_cuda.kernels import prefill_gluon
 
         keys = tokens + requests * prefix
         cu = _t(requests + 1, dtype=torch.int32)
-        out = prefill_gluon.launch_prefill_gluon(_t(tokens, heads, d_qk), _t(keys, heads, d_qk), _t(keys, heads, 128), cu, cu, d_qk ** -0.5)
+        out = prefill_gluon.launch_prefill_gluon(_t(tokens, heads, d_qk), _t(keys, heads, d_qk), _t(keys, heads, 128), cu, cu, d_qk ** -0.5,
+                                                 tuning=None if tuning is None else prefill_gluon.Tuning(**tuning))
         if out is None:
             raise RuntimeError("prefill_gluon declined the call")
     return call
@@ -550,16 +551,20 @@ V4_PREFILL_COMPILE_SHAPES = ("wq_b", "wq_a+wkv", "wo_a")
 
 
 def sweep_cases(variant: str) -> list[Case]:
-    """A gemm sweep variant's candidates (bench/gemm.py's SWEEP) compiled at its shapes, so that a GPU session times only
-    configurations that compile without spills. fp8_v4_prefill: each candidate at V4_PREFILL_COMPILE_SHAPES;
+    """A sweep variant's candidates compiled at its shapes, so that a GPU session times only configurations that compile
+    without spills. fp8_v4_prefill: each candidate (bench/gemm.py's SWEEP) at V4_PREFILL_COMPILE_SHAPES;
     fp8_gluon_large: each candidate of the Gluon fp8_block kernel at the grouped prefill (8 experts x 4096 rows,
-    7168 -> 4096) and at V4-Flash's linear prefill shapes of GLUON_COMPILE_SHAPES (its rows: bench.V4_GLUON_TOKENS)."""
+    7168 -> 4096) and at V4-Flash's linear prefill shapes of GLUON_COMPILE_SHAPES (its rows: bench.V4_GLUON_TOKENS);
+    prefill_gluon: each tuning of bench/attention_prefill.py's GLUON_SWEEP at its shapes (one case a head-dim pair: the
+    kernel's constexprs do not depend on the head count), where the tuning fits them."""
     from deepinfer_cuda.bench import gemm as bench
 
     if variant == "fp8_gluon_large":
         return _gluon_sweep_cases(variant)
+    if variant == "prefill_gluon":
+        return _prefill_gluon_sweep_cases()
     if variant != "fp8_v4_prefill":
-        raise ValueError(f"no compile cases for sweep variant {variant!r}; known: fp8_v4_prefill, fp8_gluon_large")
+        raise ValueError(f"no compile cases for sweep variant {variant!r}; known: fp8_v4_prefill, fp8_gluon_large, prefill_gluon")
     tokens = bench.V4_PREFILL_TOKENS
     shapes = {g.name: g for g in bench.v4_prefill_fp8_gemms()}
     cases = []
@@ -591,6 +596,21 @@ def _gluon_sweep_cases(variant: str) -> list[Case]:
             g = shapes[name]
             calls.append((f"{name} ({g.k}->{g.n})", _gluon_fp8("linear", 1, bench.V4_GLUON_TOKENS, g.n, g.k, cfg)))
         cases += [Case(f"sweep {variant} {shape} {label}", call, "mma", archs=("sm90",), tma=True, wgmma_async=wgmma_async) for shape, call in calls]
+    return cases
+
+
+_PERSISTENT = {"persistent": True}  # prefill_gluon.Tuning's persistent variant
+
+
+def _prefill_gluon_sweep_cases() -> list[Case]:
+    from deepinfer_cuda.bench import attention_prefill as bench
+
+    cases = []
+    for label, tuning in bench.GLUON_SWEEP:
+        for d_qk in (192, 128):
+            if tuning.problem(d_qk, 128) is None:
+                call = _gluon_prefill(16384, 16, 4, d_qk=d_qk, tuning=asdict(tuning))
+                cases.append(Case(f"sweep prefill_gluon {d_qk}/128 4x4096 {label}", call, "mma", archs=("sm90",), tma=True, wgmma_async=True))
     return cases
 
 
@@ -767,6 +787,12 @@ CASES: list[Case] = [
     Case("prefill gluon bf16 H128 192/128 (2x2048 causal)", _gluon_prefill(4096, 128, 2), "mma", archs=("sm90",), tma=True),
     Case("prefill gluon bf16 H16 192/128 (4x1024 after 3072 cached)", _gluon_prefill(4096, 16, 4, prefix=3072), "mma", archs=("sm90",), tma=True),
     Case("prefill gluon bf16 H16 128/128 (4x4096 causal)", _gluon_prefill(16384, 16, 4, d_qk=128), "mma", archs=("sm90",), tma=True),
+    # its persistent variant (prefill_gluon.Tuning(persistent=True), prefill_gluon_persistent.py; not yet run on a GPU): the
+    # longest-first order's tl kernel (no matrix) and the persistent kernel, whose wgmmas must stay asynchronous
+    Case("prefill gluon bf16 H16 192/128 (4x4096 causal) persistent", _gluon_prefill(16384, 16, 4, tuning=_PERSISTENT), "mma", archs=("sm90",),
+         tma=True, wgmma_async=True),
+    Case("prefill gluon bf16 H128 128/128 (2x2048 causal) persistent", _gluon_prefill(4096, 128, 2, d_qk=128, tuning=_PERSISTENT), "mma",
+         archs=("sm90",), tma=True, wgmma_async=True),
     # the fp8 activation quantiser alone (decode rows)
     Case("quant_act_fp8 bf16 M1 K4096", _quant_act_fp8(1, 4096), None),
     Case("quant_act_fp8 bf16 M64 K4096", _quant_act_fp8(64, 4096), None),
@@ -794,7 +820,7 @@ CASES: list[Case] = [
 ]
 
 # Helper kernels a matrix case launches besides its GEMM/attention kernel (no MMA of their own).
-NON_MATRIX_KERNELS = {"_quant_act_fp8_kernel", "_quant_act_mxfp8_kernel", "_split_k_reduce_kernel", "_mla_decode_combine_kernel",
+NON_MATRIX_KERNELS = {"_lpt_order_kernel", "_quant_act_fp8_kernel", "_quant_act_mxfp8_kernel", "_split_k_reduce_kernel", "_mla_decode_combine_kernel",
                       "_mla_decode_wide_combine_kernel", "_sparse_attention_combine_kernel", "_indexer_select_kernel"}
 
 
@@ -843,6 +869,7 @@ def _as_arch(arch: str, launches: list[Launch]):
         norm,
         prefill,
         prefill_gluon,
+        prefill_gluon_persistent,
         rejection_sampling,
         rope,
         sampling,
@@ -870,13 +897,13 @@ def _as_arch(arch: str, launches: list[Launch]):
         (kv_cache, "_config", lambda device: arch_config("kv_cache_write", "tokens", arch)), (kv_cache, "interpreting", lambda: False),
         (sparse_attention, "num_sms", lambda device: SM_COUNT[arch]), (sparse_attention, "interpreting", lambda: False),
         (sparse_attention, "upcast_dot", lambda: False), (sparse_attention_fp8_gluon, "num_sms", lambda device: SM_COUNT[arch]),
-        (sparse_attention_gluon, "num_sms", lambda device: SM_COUNT[arch]),
+        (sparse_attention_gluon, "num_sms", lambda device: SM_COUNT[arch]), (prefill_gluon_persistent, "num_sms", lambda device: SM_COUNT[arch]),
         (hyper_connection, "num_sms", lambda device: SM_COUNT[arch]), (hyper_connection, "interpreting", lambda: False),
         (indexer, "interpreting", lambda: False), (indexer, "upcast_dot", lambda: False),
     ]
     modules = (activation, decode_plan, gemm, gemm_fp8_gluon, gemm_mxfp4_gluon, hyper_connection, indexer, kv_cache, logits_processing, logprobs, mla_decode,
-               mla_decode_fp8_gluon, mla_decode_gluon, moe, norm, prefill, prefill_gluon, rejection_sampling, rope, sampling, sparse_attention,
-               sparse_attention_fp8_gluon, sparse_attention_gluon)  # fmt: skip
+               mla_decode_fp8_gluon, mla_decode_gluon, moe, norm, prefill, prefill_gluon, prefill_gluon_persistent, rejection_sampling, rope, sampling,
+               sparse_attention, sparse_attention_fp8_gluon, sparse_attention_gluon)  # fmt: skip
     kernels = [v for mod in modules for v in vars(mod).values() if hasattr(v, "run") and hasattr(v, "arg_names")]
     saved = [(mod, name, getattr(mod, name)) for mod, name, _ in patches]
     try:

@@ -48,6 +48,12 @@ Shared memory (Dqk 192, Dv 128, BLOCK_N 128, 2 stages): Q 48 KiB + 2 x (K 48 + V
 CTA per SM). Registers (setmaxnreg): each consumer warpgroup CONSUMER_REGS (O [64, 128] and S [64, 128] float32 are
 64 a thread each, p 32), the producer what is left of 504 (40).
 
+Tuning switches (`Tuning`, `launch_prefill_gluon(tuning=...)`; the defaults are the schedule above): the key tile and
+ring depth, the consumer / producer register split, and a persistent kernel (prefill_gluon_persistent.py: one program
+per SM, a longest-first work order over query tiles and heads handed out by an atomic counter, the producer loading the
+next item while the consumers finish the last). None but the default has run on a GPU; `python -m
+deepinfer_cuda.bench.attention_prefill --sweep prefill_gluon` times them all beside the default and torch SDPA.
+
 Served (`not_served` says why not; `launch_prefill_gluon` returns None): bf16 q, k, v with Dqk in (128, 192) and
 Dv = 128, no sliding window, softmax_scale > 0, heads packed (each tensor a [T, H * D] matrix of 16-byte aligned
 rows: the TMA views), at most 65535 heads. Deterministic mode keeps prefill.py's invariant kernel.
@@ -80,6 +86,51 @@ NUM_STAGES = 2
 HEAD_DIMS = ((192, 128), (128, 128))  # (Dqk, Dv) served
 CONSUMER_REGS = 232  # setmaxnreg of each consumer warpgroup; the producer warpgroup gets 504 - 2 * 232 = 40
 MAX_GRID_Y = 65535  # heads: the grid's second dimension
+SHARED_MEMORY_BUDGET = 227 * 1024  # an SM90 CTA's opt-in shared memory
+BARRIER_BYTES = 256  # the mbarriers beside the tiles (a margin)
+
+
+@dataclass(frozen=True)
+class Tuning:
+    """The kernel's tuning switches (`launch_prefill_gluon(tuning=...)`); the defaults are the schedule the module
+    docstring describes, the one GPU-tested. The others are variants (not yet run on a GPU) that `python -m
+    deepinfer_cuda.bench.attention_prefill --sweep prefill_gluon` times on a GPU and tests/cuda/test_prefill_gluon.py's GPU
+    tests check:
+    - block_n, num_stages: the key tile's rows (a power of two: the score tile's column range; 16 .. 256: PV's K step,
+      QK^T's wgmma N) and the K/V ring's depth, within the shared-memory budget (`shared_bytes`).
+    - consumer_regs: setmaxnreg of each consumer warpgroup (the producer warpgroup gets what is left of 504: 240 leaves
+      it 24, FlashAttention-3's split).
+    - persistent: prefill_gluon_persistent.py's kernel: one program per SM looping over (query tile, head) work items in a
+      longest-first order across requests and heads, the producer loading the next item's Q and K/V while the consumers
+      finish the last one's PV and store it.
+    - section_bytes (persistent only): the order goes through the heads in sections whose K/V (every request's) stay
+      within about this many bytes, so the programs working at once share their key tiles in L2; 0: one section.
+    """
+
+    block_n: int = BLOCK_N
+    num_stages: int = NUM_STAGES
+    consumer_regs: int = CONSUMER_REGS
+    persistent: bool = False
+    section_bytes: int = 24 << 20
+
+    def shared_bytes(self, d_qk: int, d_v: int) -> int:
+        """Shared memory of a program: Q [128, Dqk] once, num_stages x (K [block_n, Dqk] + V [block_n, Dv]), bf16."""
+        return 2 * (BLOCK_M * d_qk + self.num_stages * self.block_n * (d_qk + d_v)) + BARRIER_BYTES
+
+    def problem(self, d_qk: int, d_v: int) -> str | None:
+        """Why this tuning cannot run heads of Dqk / Dv (None: it can)."""
+        if self.block_n & (self.block_n - 1) or not 16 <= self.block_n <= 256:
+            return f"block_n {self.block_n}: wants a power of two in 16 .. 256 (the score tile's column range; PV's K step, QK^T's wgmma N)"
+        if self.num_stages < 2:
+            return f"num_stages {self.num_stages}: wants >= 2 (a stage loads while one is read)"
+        if self.consumer_regs % 8 or not 128 <= self.consumer_regs <= 240:
+            return f"consumer_regs {self.consumer_regs}: wants a multiple of 8 in 128 .. 240 (the producer keeps at least 24 of 504)"
+        if self.shared_bytes(d_qk, d_v) > SHARED_MEMORY_BUDGET:
+            return f"{self.shared_bytes(d_qk, d_v)} bytes of shared memory at Dqk {d_qk} / Dv {d_v}: over {SHARED_MEMORY_BUDGET}"
+        return None
+
+
+DEFAULT_TUNING = Tuning()
 
 
 if GLUON_IMPORT_ERROR is None:
@@ -332,10 +383,10 @@ class ProgramPlan:
     n_full: int  # key tiles 0 .. n_full - 1 visible to every row of the query tile: no mask
 
 
-def program_plan(cu_seqlens_q: list[int], cu_seqlens_k: list[int], pid: int) -> ProgramPlan | None:
+def program_plan(cu_seqlens_q: list[int], cu_seqlens_k: list[int], pid: int, block_n: int = BLOCK_N) -> ProgramPlan | None:
     """The kernel's prologue in Python, for program `pid` of grid axis 0: None for a slot past its request's tiles. The
     same integer arithmetic as the kernel (the binary search included), so the CPU tests can check what no GPU has run:
-    every query tile gets exactly one program and its key tiles cover its causal range."""
+    every query tile gets exactly one program and its key tiles cover its causal range. block_n: the tuning's key tile."""
     num_requests = len(cu_seqlens_q) - 1
     lo, hi = 0, num_requests
     for _ in range(max(num_requests - 1, 0).bit_length()):
@@ -354,7 +405,7 @@ def program_plan(cu_seqlens_q: list[int], cu_seqlens_k: list[int], pid: int) -> 
     m_blk = num_m_blocks - 1 - slot
     pos0 = k_len - q_len
     last_pos = pos0 + min((m_blk + 1) * BLOCK_M, q_len) - 1
-    return ProgramPlan(b, m_blk, q_start, q_len, k_start, k_len, (last_pos + BLOCK_N) // BLOCK_N, (pos0 + m_blk * BLOCK_M + 1) // BLOCK_N)
+    return ProgramPlan(b, m_blk, q_start, q_len, k_start, k_len, (last_pos + block_n) // block_n, (pos0 + m_blk * BLOCK_M + 1) // block_n)
 
 
 def _descriptor(x: torch.Tensor, block_rows: int):
@@ -372,27 +423,45 @@ def launch_prefill_gluon(
     cu_seqlens_k: torch.Tensor,
     softmax_scale: float,
     sliding_window: int | None = None,
+    *,
+    tuning: Tuning | None = None,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor | None:
-    """prefill.launch_prefill's arguments; None for a call this kernel does not serve (`not_served`: the caller falls back)."""
+    """prefill.launch_prefill's arguments; None for a call this kernel does not serve (`not_served`: the caller falls back).
+    tuning: the switches (`Tuning`; None: DEFAULT_TUNING); a tuning that cannot run these head dims is a ValueError.
+    out: the output [Tq, H, Dv] (bf16, contiguous) to write (the sweep passes NaN-filled buffers: rows left unwritten show)."""
     attention_ops.check_prefill_shapes(q, k, v, cu_seqlens_q, cu_seqlens_k, sliding_window)
     if not_served(q, k, v, softmax_scale, sliding_window) is not None:
         return None
+    tuning = DEFAULT_TUNING if tuning is None else tuning
     num_tokens, heads, d_qk = q.shape
     d_v = v.shape[2]
-    out = torch.empty(num_tokens, heads, d_v, dtype=q.dtype, device=q.device)
+    problem = tuning.problem(d_qk, d_v)
+    if problem is not None:
+        raise ValueError(f"prefill_gluon tuning {tuning}: {problem}")
+    if out is None:
+        out = torch.empty(num_tokens, heads, d_v, dtype=q.dtype, device=q.device)
+    elif out.shape != (num_tokens, heads, d_v) or out.dtype != q.dtype or not out.is_contiguous():
+        raise ValueError(f"out: wants a contiguous {q.dtype} [{num_tokens}, {heads}, {d_v}], got {out.dtype} {list(out.shape)}")
     num_requests = cu_seqlens_q.shape[0] - 1
     if num_tokens == 0 or heads == 0 or num_requests == 0:
         return out
     cu_q = cu_seqlens_q.to(device=q.device, dtype=torch.int32)
     cu_k = cu_seqlens_k.to(device=q.device, dtype=torch.int32)
+    descriptors = (_descriptor(q, 64), _descriptor(k, tuning.block_n), _descriptor(v, tuning.block_n))
+    if tuning.persistent:
+        from deepinfer_cuda.kernels import prefill_gluon_persistent
+
+        prefill_gluon_persistent.launch(descriptors, out, cu_q, cu_k, k.shape[0], softmax_scale * LOG2E, d_qk, d_v, tuning)
+        return out
     _prefill_ws_kernel[grid(num_tokens, num_requests, heads)](
-        _descriptor(q, 64), _descriptor(k, BLOCK_N), _descriptor(v, BLOCK_N),
+        *descriptors,
         out, cu_q, cu_k,
         out.stride(0), out.stride(1),
         num_requests, max(num_requests - 1, 0).bit_length(),
         float(softmax_scale) * LOG2E,
-        D_QK=d_qk, D_V=d_v, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, NUM_STAGES=NUM_STAGES,
-        CONSUMER_REGS=CONSUMER_REGS,
+        D_QK=d_qk, D_V=d_v, BLOCK_M=BLOCK_M, BLOCK_N=tuning.block_n, NUM_STAGES=tuning.num_stages,
+        CONSUMER_REGS=tuning.consumer_regs,
         num_warps=4,
     )
     return out
@@ -438,4 +507,4 @@ REGISTRATIONS = [
     ),
 ]
 
-__all__ = ["REGISTRATIONS", "ProgramPlan", "grid", "launch_prefill_gluon", "not_served", "prefill", "program_plan"]
+__all__ = ["DEFAULT_TUNING", "REGISTRATIONS", "ProgramPlan", "Tuning", "grid", "launch_prefill_gluon", "not_served", "prefill", "program_plan"]
