@@ -452,9 +452,10 @@ def _gluon_sparse_fp8(t: int, heads: int, extra: int, lengths: bool = False) -> 
 
 
 def _gluon_sparse_bf16(t: int, heads: int, extra: int, lengths: bool = False, tile_rows: int | None = None,
-                       early_release: bool | None = None) -> Callable[[], None]:
+                       early_release: bool | None = None, fused_combine: bool | None = None, rope: bool = True) -> Callable[[], None]:
     """The SM90 Gluon sparse_attention over bf16 caches (sparse_attention_gluon) through its launch, as _gluon_sparse_fp8
-    calls the FP8 one; tile_rows, early_release: its launch's (None: the defaults). It must serve the call."""
+    calls the FP8 one; tile_rows, early_release, fused_combine: its launch's (None: the defaults); rope False: no output
+    rotation. It must serve the call."""
     def call():
         from deepinfer_cuda.kernels import sparse_attention_gluon
 
@@ -462,8 +463,8 @@ def _gluon_sparse_bf16(t: int, heads: int, extra: int, lengths: bool = False, ti
         out = sparse_attention_gluon.launch_sparse_attention_gluon(
             _t(t, heads, 512), _t(65536, 512), _t(t, 128, dtype=i32), _t(heads, dtype=torch.float32), 512 ** -0.5,
             extra_kv=_t(16384, 512), extra_indices=_t(t, extra, dtype=i32), extra_lengths=_t(t, dtype=i32) if lengths else None,
-            out_positions=_t(t, dtype=torch.int64), out_cos_sin_cache=_t(65536, 64, dtype=torch.float32), tile_rows=tile_rows,
-            early_release=early_release,
+            out_positions=_t(t, dtype=torch.int64) if rope else None, out_cos_sin_cache=_t(65536, 64, dtype=torch.float32) if rope else None,
+            tile_rows=tile_rows, early_release=early_release, fused_combine=fused_combine,
         )
         if out is None:
             raise RuntimeError("sparse_attention_gluon declined the call")
@@ -760,6 +761,16 @@ CASES: list[Case] = [
     Case("sparse_attention bf16 gluon decode T64 H64 32-row tiles (splits)", _gluon_sparse_bf16(64, 64, 512, tile_rows=32), "mma", archs=("sm90",)),
     Case("sparse_attention bf16 gluon decode T64 H64 late release (splits)", _gluon_sparse_bf16(64, 64, 512, early_release=False), "mma",
          archs=("sm90",)),
+    # its fused combine (the last split of each query merges the partials in the kernel; not yet run on a GPU): with the
+    # output's tail rotated in the merge, without a rotation, with 32-row tiles, with HCA lists cut by extra_lengths
+    Case("sparse_attention bf16 gluon decode T64 H64 fused combine (splits)", _gluon_sparse_bf16(64, 64, 512, fused_combine=True), "mma",
+         archs=("sm90",)),
+    Case("sparse_attention bf16 gluon decode T1 H64 fused combine no rotation (splits)", _gluon_sparse_bf16(1, 64, 512, fused_combine=True, rope=False),
+         "mma", archs=("sm90",)),
+    Case("sparse_attention bf16 gluon decode T64 H64 32-row tiles fused combine (splits)",
+         _gluon_sparse_bf16(64, 64, 512, tile_rows=32, fused_combine=True), "mma", archs=("sm90",)),
+    Case("sparse_attention bf16 gluon decode T8 H64 HCA lengths fused combine (splits)", _gluon_sparse_bf16(8, 64, 8192, lengths=True, fused_combine=True),
+         "mma", archs=("sm90",)),
     # The SM90 Gluon prefill (FlashAttention-3's schedule: a TMA producer warpgroup, two ping-pong wgmma consumer warpgroups;
     # not registered until run on a GPU): DeepSeek MLA's 192/128 heads at 16 and 128 heads, causal and after a cached prefix;
     # 128/128 heads (the bench's reference rows against SDPA's flash kernel)

@@ -69,6 +69,10 @@ TILE_ROWS = 64  # the default tile: the FP8 kernel's
 # issues copies, then has every stage but the one being multiplied in flight (with two stages: the next tile and the
 # one after, not the next alone)
 EARLY_RELEASE = True
+# Split partials merged inside the kernel by the last split of each query (common.merge_splits_if_last: an atomic
+# counter per query, head tile and half; no combine launch, the partials read back through L2). Not yet run on a GPU:
+# off until `python -m deepinfer_cuda.bench.sparse_gluon_sweep` and the GPU tests have run it.
+FUSED_COMBINE = False
 LOADER_WARPS = 4
 PARTITION_REGS = (160, 104)  # setmaxnreg of the value warpgroup and of the loader (the softmax warpgroup: 504 less both)
 
@@ -134,6 +138,8 @@ if GLUON_IMPORT_ERROR is None:
         REGS_VALUE: gl.constexpr, REGS_LOADER: gl.constexpr, LOADER_WARPS: gl.constexpr,
         EARLY_RELEASE: gl.constexpr,  # the softmax warpgroup releases a stage before it waits for the next (common.softmax_partition)
         num_warps: gl.constexpr,
+        cnt_ptr, out_ptr, stride_out_t, stride_out_h,  # FUSED_COMBINE's counters and output (placeholders without)
+        FUSED_COMBINE: gl.constexpr,  # split partials merged by the last split of each query (common.merge_splits_if_last)
     ):
         gl.static_assert(D % 64 == 0, "the stages are 64-column chunks")
         gl.static_assert(BLOCK_N % 16 == 0, "the value products' K")
@@ -150,10 +156,12 @@ if GLUON_IMPORT_ERROR is None:
                 (softmax_partition, (q_ptr, q_smem, bf_smem, bf_halves, scale_smem, p_smem, alpha_smem, fin_smem, bf_ready, bf_empty, p_ready, p_free,
                                      fin_bar, sinks_ptr, dst_ptr, part_lse_ptr, num_tiles, qk_scale,
                                      stride_q_t, stride_q_h, stride_o_t, stride_o_h, stride_po_split, stride_pl_t, stride_pl_split,
-                                     H, D, BLOCK_M, BLOCK_N, STAGES, DIRECT, True, EARLY_RELEASE)),
+                                     H, D, BLOCK_M, BLOCK_N, STAGES, DIRECT, True, EARLY_RELEASE,
+                                     cnt_ptr, out_ptr, stride_out_t, stride_out_h, FUSED_COMBINE)),
                 (value_partition, (bf_halves, p_smem, alpha_smem, fin_smem, bf_ready, bf_empty, p_ready, p_free, fin_bar,
                                    dst_ptr, opos_ptr, ocs_ptr, num_tiles, stride_o_t, stride_o_h, stride_po_split, stride_ocs,
-                                   H, D, R, BLOCK_M, STAGES, ROPE, True)),
+                                   H, D, R, BLOCK_M, STAGES, ROPE, True,
+                                   sinks_ptr, part_lse_ptr, cnt_ptr, out_ptr, stride_pl_t, stride_pl_split, stride_out_t, stride_out_h, FUSED_COMBINE)),
                 (_loader, (kv_ptr, xkv_ptr, idx_ptr + t64 * stride_idx_t, xidx_ptr + t64 * stride_xidx_t, bf_smem, scale_smem,
                            bf_ready, bf_empty, lo, num_tiles, nb1, K, width2, stride_kv, stride_xkv, D, BLOCK_N, STAGES, HAS_EXTRA)),
             ],
@@ -216,11 +224,12 @@ def launch_sparse_attention_gluon(
     num_splits: int | None = None,
     tile_rows: int | None = None,
     early_release: bool | None = None,
+    fused_combine: bool | None = None,
 ) -> torch.Tensor | None:
     """sparse_attention.launch_sparse_attention's arguments; None for a call this kernel does not serve (`not_served`:
     the caller falls back). tile_rows: the plan's tile (TILES), early_release: the softmax warpgroup's stage release
-    (EARLY_RELEASE unless given); the benchmarks and tests compare them. Several splits: the partials are merged by
-    sparse_attention.py's combine kernel."""
+    (EARLY_RELEASE unless given), fused_combine: who merges several splits' partials (FUSED_COMBINE unless given: the
+    kernel's last split of each query, else sparse_attention.py's combine kernel); the benchmarks and tests compare them."""
     sparse_ops.check_sparse_attention_shapes(q, kv, indices, sinks, extra_kv, extra_indices, extra_lengths, out_positions, out_cos_sin_cache)
     if not_served(q, kv, indices, extra_kv, extra_indices, out_cos_sin_cache) is not None:
         return None
@@ -230,4 +239,5 @@ def launch_sparse_attention_gluon(
         q, kv, indices, sinks, softmax_scale, extra_kv, extra_indices, extra_lengths, out_positions, out_cos_sin_cache,
         REGS_VALUE=PARTITION_REGS[0], REGS_LOADER=PARTITION_REGS[1], LOADER_WARPS=LOADER_WARPS,
         EARLY_RELEASE=EARLY_RELEASE if early_release is None else bool(early_release),
+        fused_combine=FUSED_COMBINE if fused_combine is None else bool(fused_combine),
     )  # fmt: skip

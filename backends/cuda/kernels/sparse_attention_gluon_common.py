@@ -128,6 +128,59 @@ if GLUON_IMPORT_ERROR is None:
         return dst_ptr + t * stride_o_t + split * stride_po_split + offs_m.to(gl.int64) * stride_o_h
 
     @gluon.jit
+    def merge_splits_if_last(part_ptr, part_lse_ptr, cnt_ptr, out_ptr, sinks_ptr, opos_ptr, ocs_ptr,
+                             stride_po_t, stride_po_h, stride_po_split, stride_pl_t, stride_pl_split, stride_out_t, stride_out_h, stride_ocs,
+                             H: gl.constexpr, D: gl.constexpr, R: gl.constexpr, BLOCK_M: gl.constexpr, HALF: gl.constexpr, ROPE: gl.constexpr):
+        """FUSED_COMBINE's in-kernel combine, run by one attention warpgroup once it has stored its half (HALF: columns
+        HALF * D/2 ..) of this split's partial and its split's lse is stored: a counter per (query, head tile, half) counts
+        the splits done with that half (an acq_rel atomic at GPU scope after the warpgroup's barrier: every thread's stores
+        before it); the last to arrive merges every split's half as `combine_splits` does (the largest lse first, the sink
+        in the normaliser, the output's tail rotated when ROPE) into out, and zeroes the counter for the next launch. No
+        second launch, no split waits for another. Partials are read through L2 (.cg): other SMs wrote them."""
+        _sync_warps()  # every thread of this warpgroup has stored its part of the partial (and, before, the lse)
+        tile = gl.program_id(0)
+        t = gl.program_id(1).to(gl.int64)
+        splits = gl.num_programs(2)
+        cnt = cnt_ptr + (t * gl.num_programs(0) + tile) * 2 + HALF
+        arrived = gl.atomic_add(cnt, 1, sem="acq_rel", scope="gpu")
+        if arrived == splits - 1:
+            gl.store(cnt, 0)  # (no other program of this launch touches it again)
+            W: gl.constexpr = 64  # columns merged at a time: [64, 64] float32, 32 registers a thread
+            layout: gl.constexpr = gl.BlockedLayout([1, 4], [2, 16], [4, 1], [1, 0])  # (whole rotation pairs in a thread)
+            rows_l: gl.constexpr = gl.SliceLayout(1, layout)
+            offs_m = tile * BLOCK_M + gl.arange(0, BLOCK_M, layout=rows_l)
+            h_ok = offs_m < H
+            cols = gl.arange(0, W, layout=gl.SliceLayout(0, layout))
+            lse_row = part_lse_ptr + t * stride_pl_t + offs_m
+            top = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=rows_l)
+            for s in range(splits):
+                top = gl.maximum(top, gl.load(lse_row + s * stride_pl_split, mask=h_ok, other=float("-inf"), cache_modifier=".cg"))
+            sink = gl.load(sinks_ptr + offs_m, mask=h_ok, other=0.0).to(gl.float32) * _LOG2E
+            top = gl.maximum(top, sink)
+            top = gl.where(top == float("-inf"), 0.0, top)
+            denom = gl.zeros([BLOCK_M], gl.float32, layout=rows_l)
+            for s in range(splits):
+                denom += gl.exp2(gl.load(lse_row + s * stride_pl_split, mask=h_ok, other=float("-inf"), cache_modifier=".cg") - top)
+            denom += gl.exp2(sink - top)
+            factor = 1.0 / gl.where(denom > 0.0, denom, 1.0)
+            part_rows = gl.expand_dims(part_ptr + t * stride_po_t + offs_m.to(gl.int64) * stride_po_h, 1)
+            out_row = out_ptr + t * stride_out_t + offs_m.to(gl.int64) * stride_out_h
+            pos = 0
+            if ROPE:
+                pos = gl.load(opos_ptr + t).to(gl.int64)
+            for c in gl.static_range(D // 2 // W):
+                acc = gl.zeros([BLOCK_M, W], gl.float32, layout=layout)
+                for s in range(splits):
+                    w = gl.exp2(gl.load(lse_row + s * stride_pl_split, mask=h_ok, other=float("-inf"), cache_modifier=".cg") - top)
+                    part = gl.load(part_rows + s * stride_po_split + HALF * (D // 2) + c * W + gl.expand_dims(cols, 0), mask=gl.expand_dims(h_ok, 1), other=0.0,
+                                   cache_modifier=".cg")
+                    acc += gl.expand_dims(w, 1) * part
+                if ROPE:
+                    _store_half_rotated(acc, factor, out_row, pos, ocs_ptr, stride_ocs, h_ok, cols, HALF * (D // 2) + c * W, D, R, layout)
+                else:
+                    _store_half(acc, factor, out_row, HALF * (D // 2) + c * W, h_ok, cols)
+
+    @gluon.jit
     def _scores(q_smem, bf_smem, t, j, s, NUM_CHUNKS: gl.constexpr):
         """q . k^T of stage t's rows (tile j): NUM_CHUNKS async wgmma groups (m64nBLOCK_Nk16) over the 64-column chunks; s:
         zeros of the accumulator's layout (not accumulated). q's chunks are indexed through a zero the compilers cannot
@@ -142,7 +195,8 @@ if GLUON_IMPORT_ERROR is None:
                           fin_bar, sinks_ptr, dst_ptr, part_lse_ptr, num_tiles, qk_scale,
                           stride_q_t, stride_q_h, stride_o_t, stride_o_h, stride_po_split, stride_pl_t, stride_pl_split,
                           H: gl.constexpr, D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-                          DIRECT: gl.constexpr, CONSUMER_FENCE: gl.constexpr, EARLY_RELEASE: gl.constexpr):
+                          DIRECT: gl.constexpr, CONSUMER_FENCE: gl.constexpr, EARLY_RELEASE: gl.constexpr,
+                          cnt_ptr, out_ptr, stride_out_t, stride_out_h, FUSED: gl.constexpr):
         """The default partition: q into shared memory; per tile the scores, the online softmax, p and alpha for the value
         warpgroup, output columns 0 .. D/2 - 1 over all of the tile's rows; the epilogue's per-row factor. The next tile's
         scores are issued behind this tile's value product (EARLY_RELEASE off: the tensor cores get them without a gap,
@@ -255,12 +309,17 @@ if GLUON_IMPORT_ERROR is None:
         dst_row = _dst_rows(dst_ptr, offs_o, stride_o_t, stride_o_h, stride_po_split)
         cols = gl.arange(0, D // 2, layout=gl.SliceLayout(0, o_layout))
         _store_half(acc, gl.convert_layout(factor, o_rows, assert_trivial=True), dst_row, 0, offs_o < H, cols)
+        if FUSED:  # (split partials only: the last split merges columns 0 .. D/2 - 1 into out; no rotation there)
+            merge_splits_if_last(dst_ptr, part_lse_ptr, cnt_ptr, out_ptr, sinks_ptr, sinks_ptr, sinks_ptr,
+                                 stride_o_t, stride_o_h, stride_po_split, stride_pl_t, stride_pl_split, stride_out_t, stride_out_h, 0,
+                                 H, D, 0, BLOCK_M, 0, False)
 
     @gluon.jit
     def value_partition(bf_halves, p_smem, alpha_smem, fin_smem, bf_ready, bf_empty, p_ready, p_free, fin_bar,
                         dst_ptr, opos_ptr, ocs_ptr, num_tiles, stride_o_t, stride_o_h, stride_po_split, stride_ocs,
                         H: gl.constexpr, D: gl.constexpr, R: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr, ROPE: gl.constexpr,
-                        CONSUMER_FENCE: gl.constexpr):
+                        CONSUMER_FENCE: gl.constexpr,
+                        sinks_ptr, part_lse_ptr, cnt_ptr, out_ptr, stride_pl_t, stride_pl_split, stride_out_t, stride_out_h, FUSED: gl.constexpr):
         """A worker warpgroup: output columns D/2 .. D - 1 over all of each tile's rows, from the softmax warpgroup's p and
         alpha; its epilogue stores them (DIRECT with ROPE: the tail rotated)."""
         o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, D // 2, 16])
@@ -286,11 +345,15 @@ if GLUON_IMPORT_ERROR is None:
         offs_m = gl.program_id(0) * BLOCK_M + gl.arange(0, BLOCK_M, layout=row_layout)
         dst_row = _dst_rows(dst_ptr, offs_m, stride_o_t, stride_o_h, stride_po_split)
         cols = gl.arange(0, D // 2, layout=gl.SliceLayout(0, o_layout))
-        if ROPE:  # (DIRECT only: with splits the combine rotates)
+        if ROPE and not FUSED:  # (DIRECT: with splits the combine rotates, FUSED's in the merge below)
             pos = gl.load(opos_ptr + gl.program_id(1)).to(gl.int64)
             _store_half_rotated(acc, factor, dst_row, pos, ocs_ptr, stride_ocs, offs_m < H, cols, D // 2, D, R, o_layout)
         else:
             _store_half(acc, factor, dst_row, D // 2, offs_m < H, cols)
+        if FUSED:  # (split partials only: the last split merges columns D/2 .. D - 1 into out, the tail rotated with ROPE)
+            merge_splits_if_last(dst_ptr, part_lse_ptr, cnt_ptr, out_ptr, sinks_ptr, opos_ptr, ocs_ptr,
+                                 stride_o_t, stride_o_h, stride_po_split, stride_pl_t, stride_pl_split, stride_out_t, stride_out_h, stride_ocs,
+                                 H, D, R, BLOCK_M, 1, ROPE)
 
     @gluon.jit
     def allocate_shared(D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, READY_COUNT: gl.constexpr):
@@ -421,6 +484,7 @@ def launch(
     extra_lengths: torch.Tensor | None,
     out_positions: torch.Tensor | None,
     out_cos_sin_cache: torch.Tensor | None,
+    fused_combine: bool | None = None,
     **constexprs,
 ) -> torch.Tensor:
     """One call of a served sparse_attention (the caller checked `not_served`) on a Gluon kernel whose arguments are
@@ -428,7 +492,9 @@ def launch(
     softmax_scale * log2(e), K, K2, strides...) and the constexprs H, D, R, BLOCK_M, BLOCK_N, STAGES, HAS_EXTRA,
     HAS_LENGTHS, ROPE, DIRECT plus the kernel's own (`constexprs`). cache_arg(cache): the cache as the kernel reads it and
     its row stride in those elements; plan(tokens, heads, K, K2, device): the launch's plan. Several splits: the
-    partials are merged by sparse_attention.py's combine kernel."""
+    partials are merged by sparse_attention.py's combine kernel, or with fused_combine by the kernel's last split
+    (`merge_splits_if_last`). fused_combine None: the kernel has no such arguments (the FP8 kernel); True / False: it
+    takes cnt_ptr, out_ptr, stride_out_t, stride_out_h and FUSED_COMBINE by keyword."""
     from deepinfer_cuda.kernels import sparse_attention as tl_sparse
 
     tokens, heads, dim = q.shape
@@ -455,11 +521,16 @@ def launch(
         dst = torch.empty(tokens, p.num_splits, heads, dim, dtype=torch.float32, device=q.device)
         part_lse = torch.empty(tokens, p.num_splits, heads, dtype=torch.float32, device=q.device)
         dst_strides, pl_strides = (dst.stride(0), dst.stride(2), dst.stride(1)), (part_lse.stride(0), part_lse.stride(1))
-    rotate_here = rope and p.direct  # (with splits the combine rotates)
+    fused = bool(fused_combine) and not p.direct
+    rotate_here = rope and (p.direct or fused)  # (with splits the combine rotates, with the fused combine the kernel's merge)
     opos = out_positions.contiguous() if rotate_here else indices  # (unused without the rotation)
     ocs = out_cos_sin_cache.contiguous() if rotate_here else sinks
     kv_arg, stride_kv = cache_arg(kv)
     xkv_arg, stride_xkv = cache_arg(xkv)
+    fused_args = {}
+    if fused_combine is not None:
+        cnt = split_counters(q.device, tokens * p.head_tiles * 2) if fused else indices  # (unused without the fused combine)
+        fused_args = dict(cnt_ptr=cnt, out_ptr=out, stride_out_t=out.stride(0), stride_out_h=out.stride(1), FUSED_COMBINE=fused)
     kernel[(p.head_tiles, tokens, p.num_splits)](
         q, kv_arg, indices, xkv_arg, xidx, xlen, sinks,
         dst, part_lse, opos, ocs,
@@ -477,8 +548,24 @@ def launch(
         ROPE=rotate_here, DIRECT=p.direct,
         num_warps=4,
         **constexprs,
+        **fused_args,
     )
-    if not p.direct:
+    if not p.direct and not fused:
         tl_sparse.combine_splits(dst, part_lse, sinks, out, out_positions, out_cos_sin_cache)
     return out
+
+
+_SPLIT_COUNTERS: dict[torch.device, list[torch.Tensor]] = {}  # every buffer handed out, the newest last (never freed)
+SPLIT_COUNTERS_MIN = 1 << 18  # 1 MiB of int32: 65535 queries x 2 head tiles x 2 halves
+
+
+def split_counters(device: torch.device, count: int) -> torch.Tensor:
+    """At least `count` int32 zeros on `device` for FUSED_COMBINE's per-(query, head tile, half) counters, kept across
+    calls: each launch leaves them zero (the last split of each resets its own), so no launch zeroes them (one kernel
+    fewer in a CUDA graph). A buffer is never freed: a captured CUDA graph keeps its address. Launches that overlap on
+    two streams would share them: the decode step runs one stream."""
+    kept = _SPLIT_COUNTERS.setdefault(device, [])
+    if not kept or kept[-1].numel() < count:
+        kept.append(torch.zeros(max(count, SPLIT_COUNTERS_MIN), dtype=torch.int32, device=device))
+    return kept[-1]
 
