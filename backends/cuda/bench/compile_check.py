@@ -452,10 +452,11 @@ def _gluon_sparse_fp8(t: int, heads: int, extra: int, lengths: bool = False) -> 
 
 
 def _gluon_sparse_bf16(t: int, heads: int, extra: int, lengths: bool = False, tile_rows: int | None = None,
-                       early_release: bool | None = None, fused_combine: bool | None = None, rope: bool = True) -> Callable[[], None]:
+                       early_release: bool | None = None, fused_combine: bool | None = None, rope: bool = True,
+                       num_splits: int | None = None) -> Callable[[], None]:
     """The SM90 Gluon sparse_attention over bf16 caches (sparse_attention_gluon) through its launch, as _gluon_sparse_fp8
-    calls the FP8 one; tile_rows, early_release, fused_combine: its launch's (None: the defaults); rope False: no output
-    rotation. It must serve the call."""
+    calls the FP8 one; tile_rows, early_release, fused_combine, num_splits: its launch's (None: the defaults); rope
+    False: no output rotation. It must serve the call."""
     def call():
         from deepinfer_cuda.kernels import sparse_attention_gluon
 
@@ -464,7 +465,7 @@ def _gluon_sparse_bf16(t: int, heads: int, extra: int, lengths: bool = False, ti
             _t(t, heads, 512), _t(65536, 512), _t(t, 128, dtype=i32), _t(heads, dtype=torch.float32), 512 ** -0.5,
             extra_kv=_t(16384, 512), extra_indices=_t(t, extra, dtype=i32), extra_lengths=_t(t, dtype=i32) if lengths else None,
             out_positions=_t(t, dtype=torch.int64) if rope else None, out_cos_sin_cache=_t(65536, 64, dtype=torch.float32) if rope else None,
-            tile_rows=tile_rows, early_release=early_release, fused_combine=fused_combine,
+            tile_rows=tile_rows, early_release=early_release, fused_combine=fused_combine, num_splits=num_splits,
         )
         if out is None:
             raise RuntimeError("sparse_attention_gluon declined the call")
@@ -556,11 +557,15 @@ def sweep_cases(variant: str) -> list[Case]:
     fp8_gluon_large: each candidate of the Gluon fp8_block kernel at the grouped prefill (8 experts x 4096 rows,
     7168 -> 4096) and at V4-Flash's linear prefill shapes of GLUON_COMPILE_SHAPES (its rows: bench.V4_GLUON_TOKENS)."""
     from deepinfer_cuda.bench import gemm as bench
+    from deepinfer_cuda.bench import sparse_attention_sweep
 
     if variant == "fp8_gluon_large":
         return _gluon_sweep_cases(variant)
+    if variant in sparse_attention_sweep.SWEEP:
+        return _sparse_sweep_cases(variant)
     if variant != "fp8_v4_prefill":
-        raise ValueError(f"no compile cases for sweep variant {variant!r}; known: fp8_v4_prefill, fp8_gluon_large")
+        known = ", ".join(("fp8_v4_prefill", "fp8_gluon_large", *sparse_attention_sweep.SWEEP))
+        raise ValueError(f"no compile cases for sweep variant {variant!r}; known: {known}")
     tokens = bench.V4_PREFILL_TOKENS
     shapes = {g.name: g for g in bench.v4_prefill_fp8_gemms()}
     cases = []
@@ -571,6 +576,18 @@ def sweep_cases(variant: str) -> list[Case]:
             g = shapes[name]
             call = _v4_prefill_fp8(g.layout, g.groups, tokens, g.n, g.k, override, bench.sweep_entries(variant))
             cases.append(Case(f"sweep {variant} {name} ({g.k}->{g.n}) {label}", call, "mma", archs=("sm90",), tma=bool(extra.get("tma"))))
+    return cases
+
+
+def _sparse_sweep_cases(variant: str) -> list[Case]:
+    """bench/sparse_attention_sweep.py's launches of the Gluon sparse_attention over bf16 caches, each at the sweep's
+    batches (the output not rotated, as the bench calls it): what a GPU session will time, compiled first."""
+    from deepinfer_cuda.bench import sparse_attention_sweep as sweep
+
+    cases = []
+    for label, launch in sweep.SWEEP[variant].items():
+        for batch in sweep.BATCHES:
+            cases.append(Case(f"sweep {variant} {label} B{batch}", _gluon_sparse_bf16(batch, 64, 512, rope=False, **launch), "mma", archs=("sm90",)))
     return cases
 
 
