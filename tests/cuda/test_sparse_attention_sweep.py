@@ -21,7 +21,7 @@ def test_every_variant_is_a_launch_the_kernel_takes():
     for name, variants in sweep.SWEEP.items():
         assert "default" in variants and variants["default"] == {}, name
         for label, launch in variants.items():
-            assert set(launch) <= {"tile_rows", "early_release", "fused_combine", "num_splits"}, (label, launch)
+            assert set(launch) <= {"tile_rows", "early_release", "fused_combine", "persistent", "num_splits"}, (label, launch)
             assert all(params[key].kind is inspect.Parameter.KEYWORD_ONLY for key in launch), label
             if "tile_rows" in launch:
                 assert launch["tile_rows"] in g.TILES, label

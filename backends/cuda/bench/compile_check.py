@@ -453,10 +453,10 @@ def _gluon_sparse_fp8(t: int, heads: int, extra: int, lengths: bool = False) -> 
 
 def _gluon_sparse_bf16(t: int, heads: int, extra: int, lengths: bool = False, tile_rows: int | None = None,
                        early_release: bool | None = None, fused_combine: bool | None = None, rope: bool = True,
-                       num_splits: int | None = None) -> Callable[[], None]:
+                       num_splits: int | None = None, persistent: bool | None = None) -> Callable[[], None]:
     """The SM90 Gluon sparse_attention over bf16 caches (sparse_attention_gluon) through its launch, as _gluon_sparse_fp8
-    calls the FP8 one; tile_rows, early_release, fused_combine, num_splits: its launch's (None: the defaults); rope
-    False: no output rotation. It must serve the call."""
+    calls the FP8 one; tile_rows, early_release, fused_combine, num_splits, persistent: its launch's (None: the
+    defaults); rope False: no output rotation. It must serve the call."""
     def call():
         from deepinfer_cuda.kernels import sparse_attention_gluon
 
@@ -465,7 +465,7 @@ def _gluon_sparse_bf16(t: int, heads: int, extra: int, lengths: bool = False, ti
             _t(t, heads, 512), _t(65536, 512), _t(t, 128, dtype=i32), _t(heads, dtype=torch.float32), 512 ** -0.5,
             extra_kv=_t(16384, 512), extra_indices=_t(t, extra, dtype=i32), extra_lengths=_t(t, dtype=i32) if lengths else None,
             out_positions=_t(t, dtype=torch.int64) if rope else None, out_cos_sin_cache=_t(65536, 64, dtype=torch.float32) if rope else None,
-            tile_rows=tile_rows, early_release=early_release, fused_combine=fused_combine, num_splits=num_splits,
+            tile_rows=tile_rows, early_release=early_release, fused_combine=fused_combine, num_splits=num_splits, persistent=persistent,
         )
         if out is None:
             raise RuntimeError("sparse_attention_gluon declined the call")
@@ -788,6 +788,13 @@ CASES: list[Case] = [
          _gluon_sparse_bf16(64, 64, 512, tile_rows=32, fused_combine=True), "mma", archs=("sm90",)),
     Case("sparse_attention bf16 gluon decode T8 H64 HCA lengths fused combine (splits)", _gluon_sparse_bf16(8, 64, 8192, lengths=True, fused_combine=True),
          "mma", archs=("sm90",)),
+    # its persistent variant (a program an SM looping over (head tile, query, split) items; not yet run on a GPU): one split
+    # with the rotation in its epilogue, splits with the combine kernel, splits with the fused combine and HCA lengths
+    Case("sparse_attention bf16 gluon decode T256 H64 persistent (one split)", _gluon_sparse_bf16(256, 64, 512, persistent=True), "mma",
+         archs=("sm90",)),
+    Case("sparse_attention bf16 gluon decode T64 H64 persistent (splits)", _gluon_sparse_bf16(64, 64, 512, persistent=True), "mma", archs=("sm90",)),
+    Case("sparse_attention bf16 gluon decode T8 H64 HCA lengths persistent fused combine (splits)",
+         _gluon_sparse_bf16(8, 64, 8192, lengths=True, fused_combine=True, persistent=True), "mma", archs=("sm90",)),
     # The SM90 Gluon prefill (FlashAttention-3's schedule: a TMA producer warpgroup, two ping-pong wgmma consumer warpgroups;
     # not registered until run on a GPU): DeepSeek MLA's 192/128 heads at 16 and 128 heads, causal and after a cached prefix;
     # 128/128 heads (the bench's reference rows against SDPA's flash kernel)
@@ -877,6 +884,7 @@ def _as_arch(arch: str, launches: list[Launch]):
         sparse_attention,
         sparse_attention_fp8_gluon,
         sparse_attention_gluon,
+        sparse_attention_gluon_persistent,
     )
 
     cfg = lambda op, variant, device=None: arch_config(op, variant, arch)  # noqa: E731
@@ -904,7 +912,7 @@ def _as_arch(arch: str, launches: list[Launch]):
     ]
     modules = (activation, decode_plan, gemm, gemm_fp8_gluon, gemm_mxfp4_gluon, hyper_connection, indexer, kv_cache, logits_processing, logprobs, mla_decode,
                mla_decode_fp8_gluon, mla_decode_gluon, moe, norm, prefill, prefill_gluon, rejection_sampling, rope, sampling, sparse_attention,
-               sparse_attention_fp8_gluon, sparse_attention_gluon)  # fmt: skip
+               sparse_attention_fp8_gluon, sparse_attention_gluon, sparse_attention_gluon_persistent)  # fmt: skip
     kernels = [v for mod in modules for v in vars(mod).values() if hasattr(v, "run") and hasattr(v, "arg_names")]
     saved = [(mod, name, getattr(mod, name)) for mod, name, _ in patches]
     try:

@@ -22,20 +22,22 @@ import torch
 from deepinfer_cuda.bench import v4_attention as v4
 
 # variant -> the Gluon launch's keyword arguments (launch_sparse_attention_gluon: tile_rows, early_release,
-# fused_combine, num_splits); "default" is the kernel as the option runs it. Forced split counts apply to every batch (B256
-# splits too): the table shows what they cost where the plan would not choose them.
+# fused_combine, persistent, num_splits); "default" is the kernel as the option runs it. Forced split counts apply to
+# every batch (B256 splits too): the table shows what they cost where the plan would not choose them. Ten variants at
+# three batches compile 9 Gluon kernels (variants share a kernel where only the grid differs): kept few for a run of
+# about two minutes on an H100 with the compiles (an aim: the sweep has not run on a GPU yet).
 SWEEP = {
     "sparse_gluon_bf16": {
         "default": {},
-        "r32": {"tile_rows": 32},  # 32-row tiles in four stages
-        "late": {"early_release": False},  # the FP8 kernel's stage release
+        "r32": {"tile_rows": 32},  # 32-row tiles in four stages (the other stage release: bench ops' _late rows)
         "fused": {"fused_combine": True},  # the split partials merged by the kernel's last split (no combine launch)
         "fused_r32": {"tile_rows": 32, "fused_combine": True},
-        "fused_late": {"early_release": False, "fused_combine": True},
         "splits1": {"num_splits": 1},  # no split: B64 on 64 SMs, no partials, no combine
-        "splits3_fused": {"num_splits": 3, "fused_combine": True},
         "splits4_fused": {"num_splits": 4, "fused_combine": True},
         "splits20_r32_fused": {"tile_rows": 32, "num_splits": 20, "fused_combine": True},  # B1: one 32-row tile a split
+        "persistent": {"persistent": True},  # a program an SM over (query, split) items, the loader running on into the next
+        "persistent_fused": {"persistent": True, "fused_combine": True},
+        "persistent_splits5_fused": {"persistent": True, "num_splits": 5, "fused_combine": True},  # B64: 320 items of 2 tiles
     },
 }
 BATCHES = (1, 64, 256)
@@ -67,7 +69,8 @@ def plan_label(state: dict, launch: dict) -> str:
     q = state["q"]
     p = sparse_attention_gluon.plan(q.shape[0], q.shape[1], state["indices"].shape[1], state["extra_indices"].shape[1], q.device,
                                     launch.get("num_splits"), launch.get("tile_rows"))
-    return f"{p.num_splits} split{'s' if p.num_splits > 1 else ''} x {p.block_n} rows/{p.stages} st"
+    label = f"{p.num_splits} split{'s' if p.num_splits > 1 else ''} x {p.block_n} rows/{p.stages} st"
+    return label + (", persistent" if launch.get("persistent") else "")
 
 
 def sweep(device: torch.device, variants=None) -> list[dict]:

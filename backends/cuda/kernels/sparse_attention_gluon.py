@@ -73,6 +73,9 @@ EARLY_RELEASE = True
 # counter per query, head tile and half; no combine launch, the partials read back through L2). Not yet run on a GPU:
 # off until `python -m deepinfer_cuda.bench.sparse_gluon_sweep` and the GPU tests have run it.
 FUSED_COMBINE = False
+# The persistent variant (sparse_attention_gluon_persistent.py: min(items, SMs) programs, each looping over its items, its
+# loader running on into the next item's rows). Not yet run on a GPU: off until the sweep and the GPU tests have run it.
+PERSISTENT = False
 LOADER_WARPS = 4
 PARTITION_REGS = (160, 104)  # setmaxnreg of the value warpgroup and of the loader (the softmax warpgroup: 504 less both)
 
@@ -82,9 +85,19 @@ if GLUON_IMPORT_ERROR is None:
     @gluon.jit
     def _loader(kv_ptr, xkv_ptr, idx_row, xidx_row, bf_smem, scale_smem, bf_ready, bf_empty, lo, num_tiles, nb1, width, width2, stride_kv, stride_xkv,
                 D: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, HAS_EXTRA: gl.constexpr):
-        """One warpgroup: tile j's rows copied by cp.async into stage j % STAGES once both attention warpgroups are done
-        with tile j - STAGES; tile j + 2's ids loaded while tile j is issued. A stage is ready after every thread's
-        copies have landed (one cp.async arrival a thread) and its row marks are stored (one arrival)."""
+        """One warpgroup: the program's tiles through `load_tiles`; no copy outstanding when its warps exit."""
+        load_tiles(kv_ptr, xkv_ptr, idx_row, xidx_row, bf_smem, scale_smem, bf_ready, bf_empty, 0, lo, num_tiles, nb1, width, width2, stride_kv, stride_xkv,
+                   D, BLOCK_N, STAGES, HAS_EXTRA)
+        async_copy.commit_group()
+        async_copy.wait_group(0)
+
+    @gluon.jit
+    def load_tiles(kv_ptr, xkv_ptr, idx_row, xidx_row, bf_smem, scale_smem, bf_ready, bf_empty, g0, lo, num_tiles, nb1, width, width2, stride_kv,
+                   stride_xkv, D: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, HAS_EXTRA: gl.constexpr):
+        """The loader's num_tiles tiles (row blocks lo ..), the program's tiles g0 .. in its sequence: tile g's rows copied
+        by cp.async into stage g % STAGES once both attention warpgroups are done with tile g - STAGES; the row ids of the
+        tile two ahead loaded while a tile is issued. A stage is ready after every thread's copies have landed (one
+        cp.async arrival a thread) and its row marks are stored (one arrival)."""
         NUM_CHUNKS: gl.constexpr = D // 64
         # [BLOCK_N, 64] bf16 (a chunk): a thread copies 16 bytes (8 values) of a row, a warp 4 rows x 128 bytes: each row
         # of the warp's is one 128-byte swizzle row of the chunk (no bank conflicts), whole 128-byte lines of the cache
@@ -97,12 +110,13 @@ if GLUON_IMPORT_ERROR is None:
         ptrs1, ok1 = row_pointers(kv_ptr, xkv_ptr, idx_row, xidx_row, lo + 1, end, nb1, width, width2, stride_kv, stride_xkv, rows,
                                   BLOCK_N, HAS_EXTRA, 0, 8)
         for j in range(num_tiles):
-            t = j % STAGES
+            g = g0 + j
+            t = g % STAGES
             ptrs2, ok2 = row_pointers(kv_ptr, xkv_ptr, idx_row, xidx_row, lo + j + 2, end, nb1, width, width2, stride_kv, stride_xkv, rows,
                                       BLOCK_N, HAS_EXTRA, 0, 8)
             src = gl.expand_dims(ptrs, 1) + cols
             m = gl.expand_dims(ok, 1)  # (broadcast along the row by the copy: one predicate a 16-byte copy)
-            mbarrier.wait(bf_empty.index(t), ((j // STAGES) & 1) ^ 1)  # both attention warpgroups are done with tile j - STAGES
+            mbarrier.wait(bf_empty.index(t), ((g // STAGES) & 1) ^ 1)  # both attention warpgroups are done with tile g - STAGES
             for c in gl.static_range(NUM_CHUNKS):
                 cp_async_load(bf_smem.index(t * NUM_CHUNKS + c), src + c * 64, mask=m)
             async_copy.mbarrier_arrive(bf_ready.index(t), increment_count=False)  # once this thread's copies have landed
@@ -110,9 +124,6 @@ if GLUON_IMPORT_ERROR is None:
             _sync_warps()  # every warp's marks are stored
             mbarrier.arrive(bf_ready.index(t))
             ptrs, ok, ptrs1, ok1 = ptrs1, ok1, ptrs2, ok2
-        # (no copy outstanding when the warps exit)
-        async_copy.commit_group()
-        async_copy.wait_group(0)
 
     @gluon.jit
     def _sparse_attention_ws_kernel(
@@ -225,19 +236,26 @@ def launch_sparse_attention_gluon(
     tile_rows: int | None = None,
     early_release: bool | None = None,
     fused_combine: bool | None = None,
+    persistent: bool | None = None,
 ) -> torch.Tensor | None:
     """sparse_attention.launch_sparse_attention's arguments; None for a call this kernel does not serve (`not_served`:
     the caller falls back). tile_rows: the plan's tile (TILES), early_release: the softmax warpgroup's stage release
     (EARLY_RELEASE unless given), fused_combine: who merges several splits' partials (FUSED_COMBINE unless given: the
-    kernel's last split of each query, else sparse_attention.py's combine kernel); the benchmarks and tests compare them."""
+    kernel's last split of each query, else sparse_attention.py's combine kernel), persistent: the persistent variant
+    (PERSISTENT unless given); the benchmarks and tests compare them."""
     sparse_ops.check_sparse_attention_shapes(q, kv, indices, sinks, extra_kv, extra_indices, extra_lengths, out_positions, out_cos_sin_cache)
     if not_served(q, kv, indices, extra_kv, extra_indices, out_cos_sin_cache) is not None:
         return None
+    kernel, programs = _sparse_attention_ws_kernel, None
+    if PERSISTENT if persistent is None else persistent:
+        from deepinfer_cuda.kernels.sparse_attention_gluon_persistent import sparse_attention_persistent_kernel
+
+        kernel, programs = sparse_attention_persistent_kernel, num_sms(q.device)  # (one program an SM: its shared memory)
     return common.launch(
-        _sparse_attention_ws_kernel, _cache_rows,
+        kernel, _cache_rows,
         lambda tokens, heads, width, width2, device: plan(tokens, heads, width, width2, device, num_splits, tile_rows),
         q, kv, indices, sinks, softmax_scale, extra_kv, extra_indices, extra_lengths, out_positions, out_cos_sin_cache,
         REGS_VALUE=PARTITION_REGS[0], REGS_LOADER=PARTITION_REGS[1], LOADER_WARPS=LOADER_WARPS,
         EARLY_RELEASE=EARLY_RELEASE if early_release is None else bool(early_release),
-        fused_combine=FUSED_COMBINE if fused_combine is None else bool(fused_combine),
+        fused_combine=FUSED_COMBINE if fused_combine is None else bool(fused_combine), persistent_programs=programs,
     )  # fmt: skip

@@ -539,6 +539,7 @@ def launch(
     out_positions: torch.Tensor | None,
     out_cos_sin_cache: torch.Tensor | None,
     fused_combine: bool | None = None,
+    persistent_programs: int | None = None,
     **constexprs,
 ) -> torch.Tensor:
     """One call of a served sparse_attention (the caller checked `not_served`) on a Gluon kernel whose arguments are
@@ -548,7 +549,9 @@ def launch(
     its row stride in those elements; plan(tokens, heads, K, K2, device): the launch's plan. Several splits: the
     partials are merged by sparse_attention.py's combine kernel, or with fused_combine by the kernel's last split
     (`merge_splits_if_last`). fused_combine None: the kernel has no such arguments (the FP8 kernel); True / False: it
-    takes cnt_ptr, out_ptr, stride_out_t, stride_out_h and FUSED_COMBINE by keyword."""
+    takes cnt_ptr, out_ptr, stride_out_t, stride_out_h and FUSED_COMBINE by keyword. persistent_programs: a persistent
+    kernel (sparse_attention_gluon_persistent.py) on at most this many programs (a 1-D grid), which also takes
+    num_items, head_tiles and num_splits by keyword; None: a program per (head tile, query, split)."""
     from deepinfer_cuda.kernels import sparse_attention as tl_sparse
 
     tokens, heads, dim = q.shape
@@ -585,7 +588,12 @@ def launch(
     if fused_combine is not None:
         cnt = split_counters(q.device, tokens * p.head_tiles * 2) if fused else indices  # (unused without the fused combine)
         fused_args = dict(cnt_ptr=cnt, out_ptr=out, stride_out_t=out.stride(0), stride_out_h=out.stride(1), FUSED_COMBINE=fused)
-    kernel[(p.head_tiles, tokens, p.num_splits)](
+    grid = (p.head_tiles, tokens, p.num_splits)
+    if persistent_programs is not None:
+        items = p.head_tiles * tokens * p.num_splits
+        grid = (max(1, min(items, persistent_programs)),)
+        fused_args.update(num_items=items, head_tiles=p.head_tiles, num_splits=p.num_splits)
+    kernel[grid](
         q, kv_arg, indices, xkv_arg, xidx, xlen, sinks,
         dst, part_lse, opos, ocs,
         float(softmax_scale) * LOG2E,
