@@ -15,9 +15,14 @@ into the stages with cp.async. Shared here:
   (p * s) . v, as the tl kernel does).
 - `row_pointers`: a tile's rows from the query's two id lists, in the tl kernel's order (the window list's blocks,
   then the extra list's up to extra_lengths[t]).
+- the partitions' pieces (`load_q`, `softmax_tiles`, `softmax_epilogue`, `value_tiles`, `value_epilogue`), which take
+  their (head tile, query, split) and the first tile's place in the program's sequence as arguments: the partitions
+  above pass their program ids and 0, the persistent bf16 kernel (sparse_attention_gluon_persistent.py) each item's.
+- `merge_splits_if_last`: the bf16 kernel's fused combine (FUSED_COMBINE, not yet run on a GPU), each query's last split
+  merging the partials in the kernel.
 - the host side: which calls both serve (`call_not_served`), the split plan (`split_plan`, the tl kernel's rule), and
   the launch around a kernel (`launch`: the outputs or split partials, the arguments both kernels take in one order,
-  and sparse_attention.py's `combine_splits` after a split launch).
+  and sparse_attention.py's `combine_splits` after a split launch unless the kernel merged them).
 
 Stage handshakes (mbarriers): `bf_ready[stage]` completes when a tile's rows and scales are in the stage, `bf_empty
 [stage]` when both attention warpgroups are done with it (count 2), `p_ready` / `p_free` hand p and alpha over.
