@@ -131,6 +131,13 @@ if GLUON_IMPORT_ERROR is None:
         return dst_ptr + tok.to(gl.int64) * stride_o_t + split * stride_po_split + offs_m.to(gl.int64) * stride_o_h
 
     @gluon.jit
+    def _grow_normaliser(top, denom, lse):
+        """(top, sum of exp2(x - top)) over the logits seen, with one more (-inf: none); -inf - -inf never formed."""
+        grown = gl.maximum(top, lse)
+        base = gl.where(grown == float("-inf"), 0.0, grown)
+        return grown, denom * gl.exp2(top - base) + gl.exp2(lse - base)
+
+    @gluon.jit
     def merge_splits_if_last(part_ptr, part_lse_ptr, cnt_ptr, out_ptr, sinks_ptr, opos_ptr, ocs_ptr, tile, tok, head_tiles, splits,
                              stride_po_t, stride_po_h, stride_po_split, stride_pl_t, stride_pl_split, stride_out_t, stride_out_h, stride_ocs,
                              H: gl.constexpr, D: gl.constexpr, R: gl.constexpr, BLOCK_M: gl.constexpr, HALF: gl.constexpr, ROPE: gl.constexpr):
@@ -154,29 +161,38 @@ if GLUON_IMPORT_ERROR is None:
             h_ok = offs_m < H
             cols = gl.arange(0, W, layout=gl.SliceLayout(0, layout))
             lse_row = part_lse_ptr + t * stride_pl_t + offs_m
+            # the normaliser in one pass over the lse, rescaled as the largest grows (a split's weight is exp2(lse - top)),
+            # the next split's lse loaded before this one's is used; then the sink, which joins it without a value
             top = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=rows_l)
-            for s in range(splits):
-                top = gl.maximum(top, gl.load(lse_row + s * stride_pl_split, mask=h_ok, other=float("-inf"), cache_modifier=".cg"))
-            sink = gl.load(sinks_ptr + offs_m, mask=h_ok, other=0.0).to(gl.float32) * _LOG2E
-            top = gl.maximum(top, sink)
-            top = gl.where(top == float("-inf"), 0.0, top)
             denom = gl.zeros([BLOCK_M], gl.float32, layout=rows_l)
+            lse_next = gl.load(lse_row, mask=h_ok, other=float("-inf"), cache_modifier=".cg")
             for s in range(splits):
-                denom += gl.exp2(gl.load(lse_row + s * stride_pl_split, mask=h_ok, other=float("-inf"), cache_modifier=".cg") - top)
-            denom += gl.exp2(sink - top)
+                lse_s = lse_next
+                lse_next = gl.load(lse_row + (s + 1) * stride_pl_split, mask=h_ok & (s + 1 < splits), other=float("-inf"), cache_modifier=".cg")
+                top, denom = _grow_normaliser(top, denom, lse_s)
+            sink = gl.load(sinks_ptr + offs_m, mask=h_ok, other=0.0).to(gl.float32) * _LOG2E
+            top, denom = _grow_normaliser(top, denom, sink)
+            top = gl.where(top == float("-inf"), 0.0, top)
             factor = 1.0 / gl.where(denom > 0.0, denom, 1.0)
             part_rows = gl.expand_dims(part_ptr + t * stride_po_t + offs_m.to(gl.int64) * stride_po_h, 1)
             out_row = out_ptr + t * stride_out_t + offs_m.to(gl.int64) * stride_out_h
             pos = 0
             if ROPE:
                 pos = gl.load(opos_ptr + t).to(gl.int64)
+            ok2 = gl.expand_dims(h_ok, 1)
             for c in gl.static_range(D // 2 // W):
+                col = part_rows + HALF * (D // 2) + c * W + gl.expand_dims(cols, 0)
                 acc = gl.zeros([BLOCK_M, W], gl.float32, layout=layout)
+                # split s + 1's columns and lse loaded before split s's are used: two L2 round trips in flight, not one
+                lse_next = gl.load(lse_row, mask=h_ok, other=float("-inf"), cache_modifier=".cg")
+                part_next = gl.load(col, mask=ok2, other=0.0, cache_modifier=".cg")
                 for s in range(splits):
-                    w = gl.exp2(gl.load(lse_row + s * stride_pl_split, mask=h_ok, other=float("-inf"), cache_modifier=".cg") - top)
-                    part = gl.load(part_rows + s * stride_po_split + HALF * (D // 2) + c * W + gl.expand_dims(cols, 0), mask=gl.expand_dims(h_ok, 1), other=0.0,
-                                   cache_modifier=".cg")
-                    acc += gl.expand_dims(w, 1) * part
+                    lse_s = lse_next
+                    part = part_next
+                    more = s + 1 < splits
+                    lse_next = gl.load(lse_row + (s + 1) * stride_pl_split, mask=h_ok & more, other=float("-inf"), cache_modifier=".cg")
+                    part_next = gl.load(col + (s + 1) * stride_po_split, mask=ok2 & more, other=0.0, cache_modifier=".cg")
+                    acc += gl.expand_dims(gl.exp2(lse_s - top), 1) * part
                 if ROPE:
                     _store_half_rotated(acc, factor, out_row, pos, ocs_ptr, stride_ocs, h_ok, cols, HALF * (D // 2) + c * W, D, R, layout)
                 else:
