@@ -58,3 +58,35 @@ def test_the_fused_combine_s_counters_are_kept_and_only_grow(monkeypatch):
     assert bigger is not first and bigger.numel() > common.SPLIT_COUNTERS_MIN
     kept = common._SPLIT_COUNTERS[cpu]
     assert len(kept) == 2 and kept[0] is first and kept[1] is bigger
+
+
+def test_a_batch_s_rows_on_the_cpu(monkeypatch):
+    """The sweep's loop over one batch on small CPU inputs (the interpreter runs the tl kernel; the Gluon launch declines
+    off a GPU): the tl kernel's row is timed (a fake timer) and matches itself, each Gluon variant is an error row that
+    says why, and the loop goes on after one."""
+    import deepinfer_cuda.bench.v4_attention as v4
+
+    def small_setup(batch, ctx):
+        def setup(device):
+            gen = torch.Generator().manual_seed(0)
+            return {
+                "q": torch.randn(batch, 4, 64, generator=gen).bfloat16(),
+                "kv": torch.randn(40, 64, generator=gen).bfloat16(),
+                "indices": torch.randint(-1, 40, (batch, 8), generator=gen, dtype=torch.int32),
+                "extra_kv": torch.randn(30, 64, generator=gen).bfloat16(),
+                "extra_indices": torch.randint(-1, 30, (batch, 8), generator=gen, dtype=torch.int32),
+                "sinks": torch.randn(4, generator=gen),
+                "distinct_rows": 10,
+            }
+
+        return setup
+
+    monkeypatch.setattr(v4, "_sparse_setup", small_setup)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    rows = sweep._sweep_batch("sparse_gluon_bf16", 2, torch.device("cpu"), copy_tbs=1.0, timer=lambda fn: (fn(), 0.01)[1])
+    assert [r["variant"] for r in rows] == ["tl kernel"] + [f"gluon {label}" for label in sweep.SWEEP["sparse_gluon_bf16"]]
+    tl = rows[0]
+    assert tl["error"] is None and tl["us"] == 10.0 and tl["max_diff_tl"] == 0.0 and tl["copy_pct"] > 0
+    assert all(r["error"] is not None and "does not serve" in r["error"] for r in rows[1:]), rows
+    assert "ERROR" in sweep.format_table(rows)
