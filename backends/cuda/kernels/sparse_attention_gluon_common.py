@@ -44,7 +44,7 @@ from deepinfer_cuda.kernels.common import capability
 from deepinfer_cuda.kernels.gluon_hopper import GLUON_IMPORT_ERROR
 
 if GLUON_IMPORT_ERROR is None:  # (else the kernels' launches decline every call)
-    from deepinfer_cuda.kernels.gluon_hopper import fence_async_shared, gl, gluon, mbarrier, warpgroup_mma, warpgroup_mma_wait
+    from deepinfer_cuda.kernels.gluon_hopper import async_copy, cp_async_load, fence_async_shared, gl, gluon, mbarrier, warpgroup_mma, warpgroup_mma_wait
     from deepinfer_cuda.kernels.gluon_hopper import sync_warps as _sync_warps
 
     # the opaque zero: the FP8 mla_decode kernel's
@@ -220,7 +220,7 @@ if GLUON_IMPORT_ERROR is None:
         (`softmax_epilogue`). One (head tile, query, split) a program: its program ids."""
         load_q(q_ptr, q_smem, gl.program_id(0), gl.program_id(1), stride_q_t, stride_q_h, H, D, BLOCK_M)
         m_i, l_i, acc = softmax_tiles(q_smem, bf_smem, bf_halves, scale_smem, p_smem, alpha_smem, bf_ready, bf_empty, p_ready, p_free, 0, num_tiles,
-                                      qk_scale, D, BLOCK_M, BLOCK_N, STAGES, CONSUMER_FENCE, EARLY_RELEASE)
+                                      qk_scale, D, BLOCK_M, BLOCK_N, STAGES, CONSUMER_FENCE, EARLY_RELEASE, fin_bar, False)
         # (the program ids are read here, not captured before the loop: nothing but its state is live across it)
         softmax_epilogue(m_i, l_i, acc, fin_smem, fin_bar, sinks_ptr, dst_ptr, part_lse_ptr, gl.program_id(0), gl.program_id(1), gl.program_id(2),
                          gl.num_programs(0), gl.num_programs(2), stride_o_t, stride_o_h, stride_po_split, stride_pl_t, stride_pl_split,
@@ -242,16 +242,38 @@ if GLUON_IMPORT_ERROR is None:
         _sync_warps()
 
     @gluon.jit
+    def issue_q_copy(q_ptr, q_smem, tile, tok, ok, stride_q_t, stride_q_h, H: gl.constexpr, D: gl.constexpr, BLOCK_M: gl.constexpr):
+        """`load_q`'s copy by cp.async, one commit group (nothing copied where not ok; heads past H zero-filled): the
+        caller waits for it (async_copy.wait_group), fences and syncs its warps before wgmma reads q_smem."""
+        q_tile = q_ptr + tok.to(gl.int64) * stride_q_t + (tile * BLOCK_M).to(gl.int64) * stride_q_h
+        issue_q_tile_copy(q_tile, q_smem, gl.where(ok, H - tile * BLOCK_M, 0), stride_q_h, D, BLOCK_M)
+
+    @gluon.jit
+    def issue_q_tile_copy(q_tile, q_smem, heads, stride_q_h, D: gl.constexpr, BLOCK_M: gl.constexpr):
+        """q's rows 0 .. heads - 1 from q_tile (a head tile's first row; the rest zero-filled, none read) into q_smem's
+        swizzled [64, 64] chunks by cp.async, one commit group."""
+        NUM_CHUNKS: gl.constexpr = D // 64
+        layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])  # (the bf16 loader's: a warp's rows one swizzle row each)
+        offs_qm = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, layout))
+        offs_qc = gl.expand_dims(gl.arange(0, 64, layout=gl.SliceLayout(0, layout)), 0)
+        q_rows = gl.expand_dims(q_tile + offs_qm.to(gl.int64) * stride_q_h, 1) + offs_qc
+        q_ok = gl.expand_dims(offs_qm < heads, 1)
+        for c in gl.static_range(NUM_CHUNKS):
+            cp_async_load(q_smem.index(c), q_rows + c * 64, mask=q_ok)
+        async_copy.commit_group()
+
+    @gluon.jit
     def softmax_tiles(q_smem, bf_smem, bf_halves, scale_smem, p_smem, alpha_smem, bf_ready, bf_empty, p_ready, p_free, g0, num_tiles, qk_scale,
                       D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-                      CONSUMER_FENCE: gl.constexpr, EARLY_RELEASE: gl.constexpr):
+                      CONSUMER_FENCE: gl.constexpr, EARLY_RELEASE: gl.constexpr, q_free, RELEASE_Q: gl.constexpr):
         """num_tiles tiles, the program's tiles g0 .. g0 + num_tiles - 1 in the order the stages fill (tile g in stage g %
         STAGES, p's buffer g % 2; g0: the tiles this partition ran before, 0 for one item a program): per tile the scores,
         the online softmax, p and alpha for the value warpgroup, output columns 0 .. D/2 - 1 over all of the tile's rows.
         Returns the softmax state (m, l) and the accumulator. The next tile's scores are issued behind this tile's value
         product (EARLY_RELEASE off: the tensor cores get them without a gap, and the stage is released once both are issued
         and the product is done) or after it (EARLY_RELEASE on: the stage released before the next tile is waited for, so a
-        filler that only issues copies keeps one more tile in flight)."""
+        filler that only issues copies keeps one more tile in flight). RELEASE_Q (the persistent kernel): q_free is arrived
+        once the last tile's scores are done (nothing reads q_smem after them), so the next item's q can be copied in."""
         NUM_CHUNKS: gl.constexpr = D // 64
         s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 16])
         o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, D // 2, 16])
@@ -274,6 +296,10 @@ if GLUON_IMPORT_ERROR is None:
             g = g0 + j  # the tile's place in the program's sequence
             t = g % STAGES  # the stage
             b = g % 2  # p's and alpha's buffer
+            if RELEASE_Q:
+                if j + 1 == num_tiles:  # (every scores product is done)
+                    _sync_warps()
+                    mbarrier.arrive(q_free)
             # the rows' scales (-1: not read) times softmax_scale * log2(e): log2-domain scores, masked
             sc = scale_smem.index(t).load(gl.SliceLayout(0, s_layout))
             scores = gl.where(gl.expand_dims(sc >= 0.0, 0), s * gl.expand_dims(sc * qk_scale, 0), float("-inf"))
