@@ -96,7 +96,7 @@ def test_ci_compiles_the_gluon_kernels_for_sm90(tmp_path):
     """The Gluon kernels have no interpreter twin of their own, so CI compiles them (seconds of ptxas, not the
     full check's minutes): `bench compile --case gluon` builds each for SM90, warp-specialised wgmma, no spills; the mxfp4
     and fp8_block GEMMs load through TMA, the FP8 mla_decode and sparse_attention kernels' converting warps load the cache
-    bytes themselves, the bf16 sparse_attention kernel's loader gathers the rows by cp.async, the prefill's producer loads
+    bytes themselves, the bf16 sparse_attention kernel's loader (and its persistent variant's) gathers the rows by cp.async, the prefill's producer loads
     q, k and v by TMA, the bf16 mla_decode's loader warp the cache pages (split cases also build their reduce or combine
     kernels: no matrix)."""
     path = tmp_path / "gluon.json"
@@ -108,8 +108,8 @@ def test_ci_compiles_the_gluon_kernels_for_sm90(tmp_path):
     matrix = [r for r in results if r["expected"]]
     assert {r["kernel"] for r in matrix} == {
         "_mxfp4_gemm_ws_kernel", "_mxfp4_gemm_persistent_kernel", "_fp8_gemm_ws_kernel", "_mla_decode_fp8_ws_kernel",
-        "_sparse_attention_fp8_ws_kernel", "_sparse_attention_ws_kernel", "_prefill_ws_kernel", "_prefill_ws_persistent_kernel", "_mla_decode_ws_kernel",
-    }, results  # fmt: skip
+        "_sparse_attention_fp8_ws_kernel", "_sparse_attention_ws_kernel", "sparse_attention_persistent_kernel", "_prefill_ws_kernel",
+        "_prefill_ws_persistent_kernel", "_mla_decode_ws_kernel"}, results  # fmt: skip
     assert all(r["instr"] == "wgmma" for r in matrix), matrix
     tma_kernels = {"_mxfp4_gemm_ws_kernel", "_mxfp4_gemm_persistent_kernel", "_fp8_gemm_ws_kernel", "_prefill_ws_kernel", "_prefill_ws_persistent_kernel",
                    "_mla_decode_ws_kernel"}
@@ -209,9 +209,9 @@ def test_a_case_is_compiled_only_for_its_archs_and_tma_is_read_from_the_ptx():
     r = cc.Result("c", "sm90", "k", True, regs=100, spills=0, instr="wgmma", expected="wgmma", tma=False, needs_tma=True)
     assert r.problems == ["no TMA load (cp.async.bulk.tensor), expected one"]
     gluon = [c for c in cc.CASES if "gluon" in c.name]
-    # 15 mxfp4 (5 persistent), 9 fp8_block (3 of its schedule options), 3 FP8 and 5 bf16 mla_decode, 3 FP8 and 6 bf16
-    # sparse_attention, 6 prefill (2 persistent)
-    assert len(gluon) == 47 and all(c.archs == ("sm90",) for c in gluon)
+    # 15 mxfp4 (5 persistent), 9 fp8_block (3 of its schedule options), 3 FP8 and 5 bf16 mla_decode, 3 FP8 and 13 bf16
+    # sparse_attention (4 fused combine, 3 persistent), 6 prefill (2 persistent)
+    assert len(gluon) == 54 and all(c.archs == ("sm90",) for c in gluon)
     # (the FP8 attention kernels' converting warps load the cache bytes, the bf16 sparse_attention loader copies rows by
     # cp.async; the prefill's producer loads q, k, v by TMA, the bf16 mla_decode's loader the cache pages)
     tma_names = ("mxfp4", "fp8_block", "prefill gluon", "mla_decode bf16 gluon")

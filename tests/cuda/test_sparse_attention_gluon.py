@@ -4,7 +4,9 @@ it: tests/cuda/test_sparse_attention_path.py); on an SM90 GPU (TRITON_INTERPRET=
 tests/cuda/test_sparse_attention_gluon.py), its output against the reference op (deepinfer/ops/sparse_attention.py) on
 V4-Flash decode shapes the golden set has no room for (B1 and B64, window lists with top-512 CSA or HCA lists cut by
 extra_lengths, splits and their combine, the sink, the output rotated back, 16 and 128 heads, rows listed -1, a query
-listing none), with both tiles and both stage releases. Its compilation for sm90 is tests/cuda/test_compile_check.py's."""
+listing none), with both tiles and both stage releases; the fused combine and the persistent variant (not yet run on a
+GPU) likewise, and the fused combine's counters across calls and CUDA-graph replays. Its compilation for sm90 is
+tests/cuda/test_compile_check.py's."""
 
 from __future__ import annotations
 
@@ -143,19 +145,56 @@ def _v4_decode_inputs(t, heads, extra, lengths, rope, gen):
     mode() != GPU or not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9,
     reason="runs on an SM90 GPU only (TRITON_INTERPRET=0 pytest tests/cuda/test_sparse_attention_gluon.py)",
 )
-@pytest.mark.parametrize("tile_rows, early_release", [(64, True), (32, True), (64, False), (32, False)])
+@pytest.mark.parametrize("tile_rows, early_release, fused_combine, persistent", [
+    (64, True, False, False), (32, True, False, False), (64, False, False, False), (32, False, False, False), (64, True, True, False),
+    (32, True, True, False), (64, False, True, False), (64, True, False, True), (64, True, True, True), (32, True, True, True),
+])  # fmt: skip
 @pytest.mark.parametrize("t, heads, extra, lengths, rope, splits", [
     (1, 64, "csa", False, 64, None), (1, 64, "csa", False, 0, 1), (64, 64, "csa", False, 64, None), (64, 64, "csa", False, 64, 1),
     (4, 64, "csa", False, 0, 3), (3, 64, "hca", True, 64, 1), (3, 64, "hca", True, 64, None), (2, 16, None, False, 64, 1),
     (2, 128, "csa", False, 64, None), (3, 64, "csa", False, 128, 1), (3, 64, "csa", False, 32, 1),
 ])  # fmt: skip
-def test_matches_the_reference_on_the_gpu(t, heads, extra, lengths, rope, splits, tile_rows, early_release):
+def test_matches_the_reference_on_the_gpu(t, heads, extra, lengths, rope, splits, tile_rows, early_release, fused_combine, persistent):
     gen = torch.Generator(device="cuda").manual_seed(0)
     q, kv, idx, sinks, kw = _v4_decode_inputs(t, heads, extra, lengths, rope, gen)
     want = reference(q, kv, idx, sinks, softmax_scale=512**-0.5, **kw)
-    got = g.launch_sparse_attention_gluon(q, kv, idx, sinks, 512**-0.5, **kw, num_splits=splits, tile_rows=tile_rows, early_release=early_release)
+    got = g.launch_sparse_attention_gluon(q, kv, idx, sinks, 512**-0.5, **kw, num_splits=splits, tile_rows=tile_rows, early_release=early_release,
+                                          fused_combine=fused_combine, persistent=persistent)
     assert got is not None and not got.isnan().any()
     if t > 1:
         assert torch.equal(got[0], torch.zeros_like(got[0]))  # a query that lists no row: zeros (rotated zeros too)
     err = (got.float() - want.float()).abs().max().item()
     assert err <= 1.6e-2 * max(1.0, want.float().abs().max().item()), err  # bf16 rounding of outputs ~1
+
+
+@pytest.mark.skipif(
+    mode() != GPU or not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9,
+    reason="runs on an SM90 GPU only (TRITON_INTERPRET=0 pytest tests/cuda/test_sparse_attention_gluon.py)",
+)
+@pytest.mark.parametrize("splits, persistent", [(None, False), (3, False), (10, False), (None, True), (5, True)])
+def test_the_fused_combine_leaves_its_counters_zero_and_replays_in_a_cuda_graph(splits, persistent):
+    """The fused combine's counters (common.split_counters) are zero after every launch (each query's last split resets
+    them), so eager calls and CUDA-graph replays of it give the combine kernel's result again and again (the persistent
+    variant's too, whose programs run several items each)."""
+    from deepinfer_cuda.kernels import sparse_attention_gluon_common as common
+
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    q, kv, idx, sinks, kw = _v4_decode_inputs(64, 64, "csa", False, 64, gen)
+
+    def call(fused):
+        return g.launch_sparse_attention_gluon(q, kv, idx, sinks, 512**-0.5, **kw, num_splits=splits, fused_combine=fused, persistent=persistent)
+
+    want = call(False)
+    for _ in range(3):
+        got = call(True)
+        assert (got.float() - want.float()).abs().max().item() <= 1e-2
+    counters = common.split_counters(q.device, 0)
+    assert int(counters.abs().sum()) == 0
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        replayed = call(True)
+    for _ in range(3):
+        graph.replay()
+        torch.cuda.synchronize()
+        assert (replayed.float() - want.float()).abs().max().item() <= 1e-2
+    assert int(common.split_counters(q.device, 0).abs().sum()) == 0

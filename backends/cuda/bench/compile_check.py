@@ -452,9 +452,11 @@ def _gluon_sparse_fp8(t: int, heads: int, extra: int, lengths: bool = False) -> 
 
 
 def _gluon_sparse_bf16(t: int, heads: int, extra: int, lengths: bool = False, tile_rows: int | None = None,
-                       early_release: bool | None = None) -> Callable[[], None]:
+                       early_release: bool | None = None, fused_combine: bool | None = None, rope: bool = True,
+                       num_splits: int | None = None, persistent: bool | None = None) -> Callable[[], None]:
     """The SM90 Gluon sparse_attention over bf16 caches (sparse_attention_gluon) through its launch, as _gluon_sparse_fp8
-    calls the FP8 one; tile_rows, early_release: its launch's (None: the defaults). It must serve the call."""
+    calls the FP8 one; tile_rows, early_release, fused_combine, num_splits, persistent: its launch's (None: the
+    defaults); rope False: no output rotation. It must serve the call."""
     def call():
         from deepinfer_cuda.kernels import sparse_attention_gluon
 
@@ -462,8 +464,8 @@ def _gluon_sparse_bf16(t: int, heads: int, extra: int, lengths: bool = False, ti
         out = sparse_attention_gluon.launch_sparse_attention_gluon(
             _t(t, heads, 512), _t(65536, 512), _t(t, 128, dtype=i32), _t(heads, dtype=torch.float32), 512 ** -0.5,
             extra_kv=_t(16384, 512), extra_indices=_t(t, extra, dtype=i32), extra_lengths=_t(t, dtype=i32) if lengths else None,
-            out_positions=_t(t, dtype=torch.int64), out_cos_sin_cache=_t(65536, 64, dtype=torch.float32), tile_rows=tile_rows,
-            early_release=early_release,
+            out_positions=_t(t, dtype=torch.int64) if rope else None, out_cos_sin_cache=_t(65536, 64, dtype=torch.float32) if rope else None,
+            tile_rows=tile_rows, early_release=early_release, fused_combine=fused_combine, num_splits=num_splits, persistent=persistent,
         )
         if out is None:
             raise RuntimeError("sparse_attention_gluon declined the call")
@@ -558,13 +560,17 @@ def sweep_cases(variant: str) -> list[Case]:
     prefill_gluon: each tuning of bench/attention_prefill.py's GLUON_SWEEP at its shapes (one case a head-dim pair: the
     kernel's constexprs do not depend on the head count), where the tuning fits them."""
     from deepinfer_cuda.bench import gemm as bench
+    from deepinfer_cuda.bench import sparse_attention_sweep
 
     if variant == "fp8_gluon_large":
         return _gluon_sweep_cases(variant)
     if variant == "prefill_gluon":
         return _prefill_gluon_sweep_cases()
+    if variant in sparse_attention_sweep.SWEEP:
+        return _sparse_sweep_cases(variant)
     if variant != "fp8_v4_prefill":
-        raise ValueError(f"no compile cases for sweep variant {variant!r}; known: fp8_v4_prefill, fp8_gluon_large, prefill_gluon")
+        known = ", ".join(("fp8_v4_prefill", "fp8_gluon_large", "prefill_gluon", *sparse_attention_sweep.SWEEP))
+        raise ValueError(f"no compile cases for sweep variant {variant!r}; known: {known}")
     tokens = bench.V4_PREFILL_TOKENS
     shapes = {g.name: g for g in bench.v4_prefill_fp8_gemms()}
     cases = []
@@ -575,6 +581,18 @@ def sweep_cases(variant: str) -> list[Case]:
             g = shapes[name]
             call = _v4_prefill_fp8(g.layout, g.groups, tokens, g.n, g.k, override, bench.sweep_entries(variant))
             cases.append(Case(f"sweep {variant} {name} ({g.k}->{g.n}) {label}", call, "mma", archs=("sm90",), tma=bool(extra.get("tma"))))
+    return cases
+
+
+def _sparse_sweep_cases(variant: str) -> list[Case]:
+    """bench/sparse_attention_sweep.py's launches of the Gluon sparse_attention over bf16 caches, each at the sweep's
+    batches (the output not rotated, as the bench calls it): what a GPU session will time, compiled first."""
+    from deepinfer_cuda.bench import sparse_attention_sweep as sweep
+
+    cases = []
+    for label, launch in sweep.SWEEP[variant].items():
+        for batch in sweep.BATCHES:
+            cases.append(Case(f"sweep {variant} {label} B{batch}", _gluon_sparse_bf16(batch, 64, 512, rope=False, **launch), "mma", archs=("sm90",)))
     return cases
 
 
@@ -780,6 +798,23 @@ CASES: list[Case] = [
     Case("sparse_attention bf16 gluon decode T64 H64 32-row tiles (splits)", _gluon_sparse_bf16(64, 64, 512, tile_rows=32), "mma", archs=("sm90",)),
     Case("sparse_attention bf16 gluon decode T64 H64 late release (splits)", _gluon_sparse_bf16(64, 64, 512, early_release=False), "mma",
          archs=("sm90",)),
+    # its fused combine (the last split of each query merges the partials in the kernel; not yet run on a GPU): with the
+    # output's tail rotated in the merge, without a rotation, with 32-row tiles, with HCA lists cut by extra_lengths
+    Case("sparse_attention bf16 gluon decode T64 H64 fused combine (splits)", _gluon_sparse_bf16(64, 64, 512, fused_combine=True), "mma",
+         archs=("sm90",)),
+    Case("sparse_attention bf16 gluon decode T1 H64 fused combine no rotation (splits)", _gluon_sparse_bf16(1, 64, 512, fused_combine=True, rope=False),
+         "mma", archs=("sm90",)),
+    Case("sparse_attention bf16 gluon decode T64 H64 32-row tiles fused combine (splits)",
+         _gluon_sparse_bf16(64, 64, 512, tile_rows=32, fused_combine=True), "mma", archs=("sm90",)),
+    Case("sparse_attention bf16 gluon decode T8 H64 HCA lengths fused combine (splits)", _gluon_sparse_bf16(8, 64, 8192, lengths=True, fused_combine=True),
+         "mma", archs=("sm90",)),
+    # its persistent variant (a program an SM looping over (head tile, query, split) items; not yet run on a GPU): one split
+    # with the rotation in its epilogue, splits with the combine kernel, splits with the fused combine and HCA lengths
+    Case("sparse_attention bf16 gluon decode T256 H64 persistent (one split)", _gluon_sparse_bf16(256, 64, 512, persistent=True), "mma",
+         archs=("sm90",)),
+    Case("sparse_attention bf16 gluon decode T64 H64 persistent (splits)", _gluon_sparse_bf16(64, 64, 512, persistent=True), "mma", archs=("sm90",)),
+    Case("sparse_attention bf16 gluon decode T8 H64 HCA lengths persistent fused combine (splits)",
+         _gluon_sparse_bf16(8, 64, 8192, lengths=True, fused_combine=True, persistent=True), "mma", archs=("sm90",)),
     # The SM90 Gluon prefill (FlashAttention-3's schedule: a TMA producer warpgroup, two ping-pong wgmma consumer warpgroups;
     # not registered until run on a GPU): DeepSeek MLA's 192/128 heads at 16 and 128 heads, causal and after a cached prefix;
     # 128/128 heads (the bench's reference rows against SDPA's flash kernel)
@@ -876,6 +911,7 @@ def _as_arch(arch: str, launches: list[Launch]):
         sparse_attention,
         sparse_attention_fp8_gluon,
         sparse_attention_gluon,
+        sparse_attention_gluon_persistent,
     )
 
     cfg = lambda op, variant, device=None: arch_config(op, variant, arch)  # noqa: E731
@@ -903,7 +939,7 @@ def _as_arch(arch: str, launches: list[Launch]):
     ]
     modules = (activation, decode_plan, gemm, gemm_fp8_gluon, gemm_mxfp4_gluon, hyper_connection, indexer, kv_cache, logits_processing, logprobs, mla_decode,
                mla_decode_fp8_gluon, mla_decode_gluon, moe, norm, prefill, prefill_gluon, prefill_gluon_persistent, rejection_sampling, rope, sampling,
-               sparse_attention, sparse_attention_fp8_gluon, sparse_attention_gluon)  # fmt: skip
+               sparse_attention, sparse_attention_fp8_gluon, sparse_attention_gluon, sparse_attention_gluon_persistent)  # fmt: skip
     kernels = [v for mod in modules for v in vars(mod).values() if hasattr(v, "run") and hasattr(v, "arg_names")]
     saved = [(mod, name, getattr(mod, name)) for mod, name, _ in patches]
     try:

@@ -26,8 +26,8 @@ def add_compile_command(add) -> None:
     p.add_argument("--json", type=Path, default=None, metavar="FILE", help="write the results to FILE")
     p.add_argument("--case", default=None, metavar="TEXT", help="only the cases whose name contains TEXT (e.g. gluon: the Gluon kernels, which CI compiles)")
     p.add_argument("--sweep", default=None, metavar="VARIANT",
-                   help="instead of the cases: a sweep variant's candidates at its shapes (gemm: fp8_v4_prefill, fp8_gluon_large; attention_prefill: "
-                        "prefill_gluon), before a GPU times them")
+                   help="instead of the cases: a sweep's candidates at its shapes, before a GPU times them (the gemm sweep's fp8_v4_prefill, "
+                        "fp8_gluon_large; attention_prefill's prefill_gluon; sparse_attention_sweep's sparse_gluon_bf16)")
     p.set_defaults(func=run_compile)
 
 

@@ -40,6 +40,18 @@ the handshakes per row. Which is faster, and whether the early release is, a GPU
 `_bf16_gluon`, `_r32` and `_late` rows). Registers (setmaxnreg, `PARTITION_REGS`): the FP8 kernel's split (value 160,
 loader 104, softmax 240); the loader holds a few row pointers and ids.
 
+Variants for the GPU to choose among (NOT YET RUN ON A GPU; each behind a switch that is off, and a launch argument
+that the sweep, `python -m deepinfer_cuda.bench.sparse_attention_sweep --sweep sparse_gluon_bf16`, and the GPU tests
+pass): FUSED_COMBINE (fused_combine), several splits' partials merged inside the kernel by each query's last split
+(common.merge_splits_if_last: an atomic counter per query, head tile and half; no combine launch, the partials read
+back from L2); PERSISTENT (persistent), sparse_attention_gluon_persistent.py's kernel, a program an SM looping over the
+(query, split) items. Where B64's time goes, by the plan alone: 64 queries x 1 head tile split 2 ways (pick_splits
+fills 128 of 132 SMs, 5 tiles of 64 rows a program), each program writing a [64, 512] float32 partial (128 KiB beside
+its 320 KiB of rows) that the combine launch reads back: the fused combine keeps that traffic in L2 and drops the
+launch; one split (num_splits=1) drops the partials but leaves half the SMs idle. Two programs an SM do not fit: the
+three warpgroups' setmaxnreg budgets (softmax 240, value 160, loader 104) take the whole register file, besides q's
+64 KiB of shared memory.
+
 Served (`not_served`, and `launch_sparse_attention_gluon` returns None so callers fall back): bf16 q [T, H, 512] with H
 <= 64 or a multiple of 64, bf16 kv (and bf16 extra_kv when given) [rows, 512] with contiguous rows, 16-byte aligned
 base and row stride, int32 lists, an output rotation of at most 256 channels, at most 65535 queries. Splits as the tl
@@ -69,6 +81,13 @@ TILE_ROWS = 64  # the default tile: the FP8 kernel's
 # issues copies, then has every stage but the one being multiplied in flight (with two stages: the next tile and the
 # one after, not the next alone)
 EARLY_RELEASE = True
+# Split partials merged inside the kernel by the last split of each query (common.merge_splits_if_last: an atomic
+# counter per query, head tile and half; no combine launch, the partials read back through L2). Not yet run on a GPU:
+# off until `python -m deepinfer_cuda.bench.sparse_gluon_sweep` and the GPU tests have run it.
+FUSED_COMBINE = False
+# The persistent variant (sparse_attention_gluon_persistent.py: min(items, SMs) programs, each looping over its items, its
+# loader running on into the next item's rows). Not yet run on a GPU: off until the sweep and the GPU tests have run it.
+PERSISTENT = False
 LOADER_WARPS = 4
 PARTITION_REGS = (160, 104)  # setmaxnreg of the value warpgroup and of the loader (the softmax warpgroup: 504 less both)
 
@@ -78,9 +97,19 @@ if GLUON_IMPORT_ERROR is None:
     @gluon.jit
     def _loader(kv_ptr, xkv_ptr, idx_row, xidx_row, bf_smem, scale_smem, bf_ready, bf_empty, lo, num_tiles, nb1, width, width2, stride_kv, stride_xkv,
                 D: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, HAS_EXTRA: gl.constexpr):
-        """One warpgroup: tile j's rows copied by cp.async into stage j % STAGES once both attention warpgroups are done
-        with tile j - STAGES; tile j + 2's ids loaded while tile j is issued. A stage is ready after every thread's
-        copies have landed (one cp.async arrival a thread) and its row marks are stored (one arrival)."""
+        """One warpgroup: the program's tiles through `load_tiles`; no copy outstanding when its warps exit."""
+        load_tiles(kv_ptr, xkv_ptr, idx_row, xidx_row, bf_smem, scale_smem, bf_ready, bf_empty, 0, lo, num_tiles, nb1, width, width2, stride_kv, stride_xkv,
+                   D, BLOCK_N, STAGES, HAS_EXTRA)
+        async_copy.commit_group()
+        async_copy.wait_group(0)
+
+    @gluon.jit
+    def load_tiles(kv_ptr, xkv_ptr, idx_row, xidx_row, bf_smem, scale_smem, bf_ready, bf_empty, g0, lo, num_tiles, nb1, width, width2, stride_kv,
+                   stride_xkv, D: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, HAS_EXTRA: gl.constexpr):
+        """The loader's num_tiles tiles (row blocks lo ..), the program's tiles g0 .. in its sequence: tile g's rows copied
+        by cp.async into stage g % STAGES once both attention warpgroups are done with tile g - STAGES; the row ids of the
+        tile two ahead loaded while a tile is issued. A stage is ready after every thread's copies have landed (one
+        cp.async arrival a thread) and its row marks are stored (one arrival)."""
         NUM_CHUNKS: gl.constexpr = D // 64
         # [BLOCK_N, 64] bf16 (a chunk): a thread copies 16 bytes (8 values) of a row, a warp 4 rows x 128 bytes: each row
         # of the warp's is one 128-byte swizzle row of the chunk (no bank conflicts), whole 128-byte lines of the cache
@@ -93,12 +122,13 @@ if GLUON_IMPORT_ERROR is None:
         ptrs1, ok1 = row_pointers(kv_ptr, xkv_ptr, idx_row, xidx_row, lo + 1, end, nb1, width, width2, stride_kv, stride_xkv, rows,
                                   BLOCK_N, HAS_EXTRA, 0, 8)
         for j in range(num_tiles):
-            t = j % STAGES
+            g = g0 + j
+            t = g % STAGES
             ptrs2, ok2 = row_pointers(kv_ptr, xkv_ptr, idx_row, xidx_row, lo + j + 2, end, nb1, width, width2, stride_kv, stride_xkv, rows,
                                       BLOCK_N, HAS_EXTRA, 0, 8)
             src = gl.expand_dims(ptrs, 1) + cols
             m = gl.expand_dims(ok, 1)  # (broadcast along the row by the copy: one predicate a 16-byte copy)
-            mbarrier.wait(bf_empty.index(t), ((j // STAGES) & 1) ^ 1)  # both attention warpgroups are done with tile j - STAGES
+            mbarrier.wait(bf_empty.index(t), ((g // STAGES) & 1) ^ 1)  # both attention warpgroups are done with tile g - STAGES
             for c in gl.static_range(NUM_CHUNKS):
                 cp_async_load(bf_smem.index(t * NUM_CHUNKS + c), src + c * 64, mask=m)
             async_copy.mbarrier_arrive(bf_ready.index(t), increment_count=False)  # once this thread's copies have landed
@@ -106,9 +136,6 @@ if GLUON_IMPORT_ERROR is None:
             _sync_warps()  # every warp's marks are stored
             mbarrier.arrive(bf_ready.index(t))
             ptrs, ok, ptrs1, ok1 = ptrs1, ok1, ptrs2, ok2
-        # (no copy outstanding when the warps exit)
-        async_copy.commit_group()
-        async_copy.wait_group(0)
 
     @gluon.jit
     def _sparse_attention_ws_kernel(
@@ -134,6 +161,8 @@ if GLUON_IMPORT_ERROR is None:
         REGS_VALUE: gl.constexpr, REGS_LOADER: gl.constexpr, LOADER_WARPS: gl.constexpr,
         EARLY_RELEASE: gl.constexpr,  # the softmax warpgroup releases a stage before it waits for the next (common.softmax_partition)
         num_warps: gl.constexpr,
+        cnt_ptr, out_ptr, stride_out_t, stride_out_h,  # FUSED_COMBINE's counters and output (placeholders without)
+        FUSED_COMBINE: gl.constexpr,  # split partials merged by the last split of each query (common.merge_splits_if_last)
     ):
         gl.static_assert(D % 64 == 0, "the stages are 64-column chunks")
         gl.static_assert(BLOCK_N % 16 == 0, "the value products' K")
@@ -150,10 +179,12 @@ if GLUON_IMPORT_ERROR is None:
                 (softmax_partition, (q_ptr, q_smem, bf_smem, bf_halves, scale_smem, p_smem, alpha_smem, fin_smem, bf_ready, bf_empty, p_ready, p_free,
                                      fin_bar, sinks_ptr, dst_ptr, part_lse_ptr, num_tiles, qk_scale,
                                      stride_q_t, stride_q_h, stride_o_t, stride_o_h, stride_po_split, stride_pl_t, stride_pl_split,
-                                     H, D, BLOCK_M, BLOCK_N, STAGES, DIRECT, True, EARLY_RELEASE)),
+                                     H, D, BLOCK_M, BLOCK_N, STAGES, DIRECT, True, EARLY_RELEASE,
+                                     cnt_ptr, out_ptr, stride_out_t, stride_out_h, FUSED_COMBINE)),
                 (value_partition, (bf_halves, p_smem, alpha_smem, fin_smem, bf_ready, bf_empty, p_ready, p_free, fin_bar,
                                    dst_ptr, opos_ptr, ocs_ptr, num_tiles, stride_o_t, stride_o_h, stride_po_split, stride_ocs,
-                                   H, D, R, BLOCK_M, STAGES, ROPE, True)),
+                                   H, D, R, BLOCK_M, STAGES, ROPE, True,
+                                   sinks_ptr, part_lse_ptr, cnt_ptr, out_ptr, stride_pl_t, stride_pl_split, stride_out_t, stride_out_h, FUSED_COMBINE)),
                 (_loader, (kv_ptr, xkv_ptr, idx_ptr + t64 * stride_idx_t, xidx_ptr + t64 * stride_xidx_t, bf_smem, scale_smem,
                            bf_ready, bf_empty, lo, num_tiles, nb1, K, width2, stride_kv, stride_xkv, D, BLOCK_N, STAGES, HAS_EXTRA)),
             ],
@@ -216,18 +247,27 @@ def launch_sparse_attention_gluon(
     num_splits: int | None = None,
     tile_rows: int | None = None,
     early_release: bool | None = None,
+    fused_combine: bool | None = None,
+    persistent: bool | None = None,
 ) -> torch.Tensor | None:
     """sparse_attention.launch_sparse_attention's arguments; None for a call this kernel does not serve (`not_served`:
     the caller falls back). tile_rows: the plan's tile (TILES), early_release: the softmax warpgroup's stage release
-    (EARLY_RELEASE unless given); the benchmarks and tests compare them. Several splits: the partials are merged by
-    sparse_attention.py's combine kernel."""
+    (EARLY_RELEASE unless given), fused_combine: who merges several splits' partials (FUSED_COMBINE unless given: the
+    kernel's last split of each query, else sparse_attention.py's combine kernel), persistent: the persistent variant
+    (PERSISTENT unless given); the benchmarks and tests compare them."""
     sparse_ops.check_sparse_attention_shapes(q, kv, indices, sinks, extra_kv, extra_indices, extra_lengths, out_positions, out_cos_sin_cache)
     if not_served(q, kv, indices, extra_kv, extra_indices, out_cos_sin_cache) is not None:
         return None
+    kernel, programs = _sparse_attention_ws_kernel, None
+    if PERSISTENT if persistent is None else persistent:
+        from deepinfer_cuda.kernels.sparse_attention_gluon_persistent import sparse_attention_persistent_kernel
+
+        kernel, programs = sparse_attention_persistent_kernel, num_sms(q.device)  # (one program an SM: its shared memory)
     return common.launch(
-        _sparse_attention_ws_kernel, _cache_rows,
+        kernel, _cache_rows,
         lambda tokens, heads, width, width2, device: plan(tokens, heads, width, width2, device, num_splits, tile_rows),
         q, kv, indices, sinks, softmax_scale, extra_kv, extra_indices, extra_lengths, out_positions, out_cos_sin_cache,
         REGS_VALUE=PARTITION_REGS[0], REGS_LOADER=PARTITION_REGS[1], LOADER_WARPS=LOADER_WARPS,
         EARLY_RELEASE=EARLY_RELEASE if early_release is None else bool(early_release),
+        fused_combine=FUSED_COMBINE if fused_combine is None else bool(fused_combine), persistent_programs=programs,
     )  # fmt: skip

@@ -15,9 +15,14 @@ into the stages with cp.async. Shared here:
   (p * s) . v, as the tl kernel does).
 - `row_pointers`: a tile's rows from the query's two id lists, in the tl kernel's order (the window list's blocks,
   then the extra list's up to extra_lengths[t]).
+- the partitions' pieces (`load_q`, `softmax_tiles`, `softmax_epilogue`, `value_tiles`, `value_epilogue`), which take
+  their (head tile, query, split) and the first tile's place in the program's sequence as arguments: the partitions
+  above pass their program ids and 0, the persistent bf16 kernel (sparse_attention_gluon_persistent.py) each item's.
+- `merge_splits_if_last`: the bf16 kernel's fused combine (FUSED_COMBINE, not yet run on a GPU), each query's last split
+  merging the partials in the kernel.
 - the host side: which calls both serve (`call_not_served`), the split plan (`split_plan`, the tl kernel's rule), and
   the launch around a kernel (`launch`: the outputs or split partials, the arguments both kernels take in one order,
-  and sparse_attention.py's `combine_splits` after a split launch).
+  and sparse_attention.py's `combine_splits` after a split launch unless the kernel merged them).
 
 Stage handshakes (mbarriers): `bf_ready[stage]` completes when a tile's rows and scales are in the stage, `bf_empty
 [stage]` when both attention warpgroups are done with it (count 2), `p_ready` / `p_free` hand p and alpha over.
@@ -39,7 +44,7 @@ from deepinfer_cuda.kernels.common import capability
 from deepinfer_cuda.kernels.gluon_hopper import GLUON_IMPORT_ERROR
 
 if GLUON_IMPORT_ERROR is None:  # (else the kernels' launches decline every call)
-    from deepinfer_cuda.kernels.gluon_hopper import fence_async_shared, gl, gluon, mbarrier, warpgroup_mma, warpgroup_mma_wait
+    from deepinfer_cuda.kernels.gluon_hopper import async_copy, cp_async_load, fence_async_shared, gl, gluon, mbarrier, warpgroup_mma, warpgroup_mma_wait
     from deepinfer_cuda.kernels.gluon_hopper import sync_warps as _sync_warps
 
     # the opaque zero: the FP8 mla_decode kernel's
@@ -121,11 +126,77 @@ if GLUON_IMPORT_ERROR is None:
         gl.store(base_b + col_b, rb.to(out_ty), mask=ok_b)
 
     @gluon.jit
-    def _dst_rows(dst_ptr, offs_m, stride_o_t, stride_o_h, stride_po_split):
-        """Each head row's output row: DIRECT, out[t, h]; else the split's partial part_out[t, split, h]."""
-        t = gl.program_id(1).to(gl.int64)
-        split = gl.program_id(2)
-        return dst_ptr + t * stride_o_t + split * stride_po_split + offs_m.to(gl.int64) * stride_o_h
+    def _dst_rows(dst_ptr, offs_m, tok, split, stride_o_t, stride_o_h, stride_po_split):
+        """Each head row's output row: DIRECT, out[tok, h]; else the split's partial part_out[tok, split, h]."""
+        return dst_ptr + tok.to(gl.int64) * stride_o_t + split * stride_po_split + offs_m.to(gl.int64) * stride_o_h
+
+    @gluon.jit
+    def _grow_normaliser(top, denom, lse):
+        """(top, sum of exp2(x - top)) over the logits seen, with one more (-inf: none); -inf - -inf never formed."""
+        grown = gl.maximum(top, lse)
+        base = gl.where(grown == float("-inf"), 0.0, grown)
+        return grown, denom * gl.exp2(top - base) + gl.exp2(lse - base)
+
+    @gluon.jit
+    def merge_splits_if_last(part_ptr, part_lse_ptr, cnt_ptr, out_ptr, sinks_ptr, opos_ptr, ocs_ptr, tile, tok, head_tiles, splits,
+                             stride_po_t, stride_po_h, stride_po_split, stride_pl_t, stride_pl_split, stride_out_t, stride_out_h, stride_ocs,
+                             H: gl.constexpr, D: gl.constexpr, R: gl.constexpr, BLOCK_M: gl.constexpr, HALF: gl.constexpr, ROPE: gl.constexpr):
+        """FUSED_COMBINE's in-kernel combine, run by one attention warpgroup once it has stored its half (HALF: columns
+        HALF * D/2 ..) of this split's partial and its split's lse is stored: a counter per (query, head tile, half) counts
+        the splits done with that half (an acq_rel atomic at GPU scope after the warpgroup's barrier: every thread's stores
+        before it); the last to arrive merges every split's half as `combine_splits` does (the largest lse first, the sink
+        in the normaliser, the output's tail rotated when ROPE) into out, and zeroes the counter for the next launch. No
+        second launch, no split waits for another. Partials are read through L2 (.cg): other SMs wrote them. tile, tok:
+        this program's head tile and query; head_tiles, splits: the launch's."""
+        _sync_warps()  # every thread of this warpgroup has stored its part of the partial (and, before, the lse)
+        t = tok.to(gl.int64)
+        cnt = cnt_ptr + (t * head_tiles + tile) * 2 + HALF
+        arrived = gl.atomic_add(cnt, 1, sem="acq_rel", scope="gpu")
+        if arrived == splits - 1:
+            gl.store(cnt, 0)  # (no other program of this launch touches it again)
+            W: gl.constexpr = 64  # columns merged at a time: [64, 64] float32, 32 registers a thread
+            layout: gl.constexpr = gl.BlockedLayout([1, 4], [2, 16], [4, 1], [1, 0])  # (whole rotation pairs in a thread)
+            rows_l: gl.constexpr = gl.SliceLayout(1, layout)
+            offs_m = tile * BLOCK_M + gl.arange(0, BLOCK_M, layout=rows_l)
+            h_ok = offs_m < H
+            cols = gl.arange(0, W, layout=gl.SliceLayout(0, layout))
+            lse_row = part_lse_ptr + t * stride_pl_t + offs_m
+            # the normaliser in one pass over the lse, rescaled as the largest grows (a split's weight is exp2(lse - top)),
+            # the next split's lse loaded before this one's is used; then the sink, which joins it without a value
+            top = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=rows_l)
+            denom = gl.zeros([BLOCK_M], gl.float32, layout=rows_l)
+            lse_next = gl.load(lse_row, mask=h_ok, other=float("-inf"), cache_modifier=".cg")
+            for s in range(splits):
+                lse_s = lse_next
+                lse_next = gl.load(lse_row + (s + 1) * stride_pl_split, mask=h_ok & (s + 1 < splits), other=float("-inf"), cache_modifier=".cg")
+                top, denom = _grow_normaliser(top, denom, lse_s)
+            sink = gl.load(sinks_ptr + offs_m, mask=h_ok, other=0.0).to(gl.float32) * _LOG2E
+            top, denom = _grow_normaliser(top, denom, sink)
+            top = gl.where(top == float("-inf"), 0.0, top)
+            factor = 1.0 / gl.where(denom > 0.0, denom, 1.0)
+            part_rows = gl.expand_dims(part_ptr + t * stride_po_t + offs_m.to(gl.int64) * stride_po_h, 1)
+            out_row = out_ptr + t * stride_out_t + offs_m.to(gl.int64) * stride_out_h
+            pos = 0
+            if ROPE:
+                pos = gl.load(opos_ptr + t).to(gl.int64)
+            ok2 = gl.expand_dims(h_ok, 1)
+            for c in gl.static_range(D // 2 // W):
+                col = part_rows + HALF * (D // 2) + c * W + gl.expand_dims(cols, 0)
+                acc = gl.zeros([BLOCK_M, W], gl.float32, layout=layout)
+                # split s + 1's columns and lse loaded before split s's are used: two L2 round trips in flight, not one
+                lse_next = gl.load(lse_row, mask=h_ok, other=float("-inf"), cache_modifier=".cg")
+                part_next = gl.load(col, mask=ok2, other=0.0, cache_modifier=".cg")
+                for s in range(splits):
+                    lse_s = lse_next
+                    part = part_next
+                    more = s + 1 < splits
+                    lse_next = gl.load(lse_row + (s + 1) * stride_pl_split, mask=h_ok & more, other=float("-inf"), cache_modifier=".cg")
+                    part_next = gl.load(col + (s + 1) * stride_po_split, mask=ok2 & more, other=0.0, cache_modifier=".cg")
+                    acc += gl.expand_dims(gl.exp2(lse_s - top), 1) * part
+                if ROPE:
+                    _store_half_rotated(acc, factor, out_row, pos, ocs_ptr, stride_ocs, h_ok, cols, HALF * (D // 2) + c * W, D, R, layout)
+                else:
+                    _store_half(acc, factor, out_row, HALF * (D // 2) + c * W, h_ok, cols)
 
     @gluon.jit
     def _scores(q_smem, bf_smem, t, j, s, NUM_CHUNKS: gl.constexpr):
@@ -142,30 +213,73 @@ if GLUON_IMPORT_ERROR is None:
                           fin_bar, sinks_ptr, dst_ptr, part_lse_ptr, num_tiles, qk_scale,
                           stride_q_t, stride_q_h, stride_o_t, stride_o_h, stride_po_split, stride_pl_t, stride_pl_split,
                           H: gl.constexpr, D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-                          DIRECT: gl.constexpr, CONSUMER_FENCE: gl.constexpr, EARLY_RELEASE: gl.constexpr):
+                          DIRECT: gl.constexpr, CONSUMER_FENCE: gl.constexpr, EARLY_RELEASE: gl.constexpr,
+                          cnt_ptr, out_ptr, stride_out_t, stride_out_h, FUSED: gl.constexpr):
         """The default partition: q into shared memory; per tile the scores, the online softmax, p and alpha for the value
-        warpgroup, output columns 0 .. D/2 - 1 over all of the tile's rows; the epilogue's per-row factor. The next tile's
-        scores are issued behind this tile's value product (EARLY_RELEASE off: the tensor cores get them without a gap,
-        and the stage is released once both are issued and the product is done) or after it (EARLY_RELEASE on: the stage
-        released before the next tile is waited for, so a filler that only issues copies keeps one more tile in flight)."""
+        warpgroup, output columns 0 .. D/2 - 1 over all of the tile's rows (`softmax_tiles`); the epilogue's per-row factor
+        (`softmax_epilogue`). One (head tile, query, split) a program: its program ids."""
+        load_q(q_ptr, q_smem, gl.program_id(0), gl.program_id(1), stride_q_t, stride_q_h, H, D, BLOCK_M)
+        m_i, l_i, acc = softmax_tiles(q_smem, bf_smem, bf_halves, scale_smem, p_smem, alpha_smem, bf_ready, bf_empty, p_ready, p_free, 0, num_tiles,
+                                      qk_scale, D, BLOCK_M, BLOCK_N, STAGES, CONSUMER_FENCE, EARLY_RELEASE, fin_bar, False)
+        # (the program ids are read here, not captured before the loop: nothing but its state is live across it)
+        softmax_epilogue(m_i, l_i, acc, fin_smem, fin_bar, sinks_ptr, dst_ptr, part_lse_ptr, gl.program_id(0), gl.program_id(1), gl.program_id(2),
+                         gl.num_programs(0), gl.num_programs(2), stride_o_t, stride_o_h, stride_po_split, stride_pl_t, stride_pl_split,
+                         cnt_ptr, out_ptr, stride_out_t, stride_out_h, H, D, BLOCK_M, BLOCK_N, DIRECT, FUSED)
+
+    @gluon.jit
+    def load_q(q_ptr, q_smem, tile, tok, stride_q_t, stride_q_h, H: gl.constexpr, D: gl.constexpr, BLOCK_M: gl.constexpr):
+        """q [64 heads of head tile `tile`, D] of query `tok` -> D / 64 swizzled [64, 64] chunks of q_smem (heads past H
+        zero), fenced for wgmma: the softmax warpgroup alone reads them."""
         NUM_CHUNKS: gl.constexpr = D // 64
-        s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 16])
-        o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, D // 2, 16])
-        p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
-        row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
-        o_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
-        # q [64 heads, D] -> NUM_CHUNKS swizzled [64, 64] chunks (heads past H zero): this warpgroup alone reads them
         q_blocked: gl.constexpr = gl.BlockedLayout([1, 8], [8, 4], [4, 1], [1, 0])
-        tok = gl.program_id(1).to(gl.int64)
-        offs_qm = gl.program_id(0) * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, q_blocked))
+        offs_qm = tile * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, q_blocked))
         offs_qc = gl.expand_dims(gl.arange(0, 64, layout=gl.SliceLayout(0, q_blocked)), 0)
-        q_rows = gl.expand_dims(q_ptr + tok * stride_q_t + offs_qm.to(gl.int64) * stride_q_h, 1)
+        q_rows = gl.expand_dims(q_ptr + tok.to(gl.int64) * stride_q_t + offs_qm.to(gl.int64) * stride_q_h, 1)
         q_ok = gl.expand_dims(offs_qm < H, 1)
         for c in gl.static_range(NUM_CHUNKS):
             q_smem.index(c).store(gl.load(q_rows + c * 64 + offs_qc, mask=q_ok, other=0.0))
         fence_async_shared()  # read by wgmma (the async proxy)
         _sync_warps()
 
+    @gluon.jit
+    def issue_q_copy(q_ptr, q_smem, tile, tok, ok, stride_q_t, stride_q_h, H: gl.constexpr, D: gl.constexpr, BLOCK_M: gl.constexpr):
+        """`load_q`'s copy by cp.async, one commit group (nothing copied where not ok; heads past H zero-filled): the
+        caller waits for it (async_copy.wait_group), fences and syncs its warps before wgmma reads q_smem."""
+        q_tile = q_ptr + tok.to(gl.int64) * stride_q_t + (tile * BLOCK_M).to(gl.int64) * stride_q_h
+        issue_q_tile_copy(q_tile, q_smem, gl.where(ok, H - tile * BLOCK_M, 0), stride_q_h, D, BLOCK_M)
+
+    @gluon.jit
+    def issue_q_tile_copy(q_tile, q_smem, heads, stride_q_h, D: gl.constexpr, BLOCK_M: gl.constexpr):
+        """q's rows 0 .. heads - 1 from q_tile (a head tile's first row; the rest zero-filled, none read) into q_smem's
+        swizzled [64, 64] chunks by cp.async, one commit group."""
+        NUM_CHUNKS: gl.constexpr = D // 64
+        layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])  # (the bf16 loader's: a warp's rows one swizzle row each)
+        offs_qm = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, layout))
+        offs_qc = gl.expand_dims(gl.arange(0, 64, layout=gl.SliceLayout(0, layout)), 0)
+        q_rows = gl.expand_dims(q_tile + offs_qm.to(gl.int64) * stride_q_h, 1) + offs_qc
+        q_ok = gl.expand_dims(offs_qm < heads, 1)
+        for c in gl.static_range(NUM_CHUNKS):
+            cp_async_load(q_smem.index(c), q_rows + c * 64, mask=q_ok)
+        async_copy.commit_group()
+
+    @gluon.jit
+    def softmax_tiles(q_smem, bf_smem, bf_halves, scale_smem, p_smem, alpha_smem, bf_ready, bf_empty, p_ready, p_free, g0, num_tiles, qk_scale,
+                      D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+                      CONSUMER_FENCE: gl.constexpr, EARLY_RELEASE: gl.constexpr, q_free, RELEASE_Q: gl.constexpr):
+        """num_tiles tiles, the program's tiles g0 .. g0 + num_tiles - 1 in the order the stages fill (tile g in stage g %
+        STAGES, p's buffer g % 2; g0: the tiles this partition ran before, 0 for one item a program): per tile the scores,
+        the online softmax, p and alpha for the value warpgroup, output columns 0 .. D/2 - 1 over all of the tile's rows.
+        Returns the softmax state (m, l) and the accumulator. The next tile's scores are issued behind this tile's value
+        product (EARLY_RELEASE off: the tensor cores get them without a gap, and the stage is released once both are issued
+        and the product is done) or after it (EARLY_RELEASE on: the stage released before the next tile is waited for, so a
+        filler that only issues copies keeps one more tile in flight). RELEASE_Q (the persistent kernel): q_free is arrived
+        once the last tile's scores are done (nothing reads q_smem after them), so the next item's q can be copied in."""
+        NUM_CHUNKS: gl.constexpr = D // 64
+        s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 16])
+        o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, D // 2, 16])
+        p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+        row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
+        o_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
         m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=row_layout)
         l_i = gl.zeros([BLOCK_M], gl.float32, layout=row_layout)
         acc = gl.zeros([BLOCK_M, D // 2], gl.float32, layout=o_layout)
@@ -174,13 +288,18 @@ if GLUON_IMPORT_ERROR is None:
         # (ptxas would serialise them all)
         s = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
         if num_tiles > 0:
-            mbarrier.wait(bf_ready.index(0), 0)
+            mbarrier.wait(bf_ready.index(g0 % STAGES), (g0 // STAGES) & 1)
             if CONSUMER_FENCE:
                 fence_async_shared()
-            s = warpgroup_mma_wait(num_outstanding=0, deps=(_scores(q_smem, bf_smem, 0, num_tiles, s, NUM_CHUNKS),))
+            s = warpgroup_mma_wait(num_outstanding=0, deps=(_scores(q_smem, bf_smem, g0 % STAGES, num_tiles, s, NUM_CHUNKS),))
         for j in range(num_tiles):
-            t = j % STAGES  # the stage
-            b = j % 2  # p's and alpha's buffer
+            g = g0 + j  # the tile's place in the program's sequence
+            t = g % STAGES  # the stage
+            b = g % 2  # p's and alpha's buffer
+            if RELEASE_Q:
+                if j + 1 == num_tiles:  # (every scores product is done)
+                    _sync_warps()
+                    mbarrier.arrive(q_free)
             # the rows' scales (-1: not read) times softmax_scale * log2(e): log2-domain scores, masked
             sc = scale_smem.index(t).load(gl.SliceLayout(0, s_layout))
             scores = gl.where(gl.expand_dims(sc >= 0.0, 0), s * gl.expand_dims(sc * qk_scale, 0), float("-inf"))
@@ -192,8 +311,8 @@ if GLUON_IMPORT_ERROR is None:
             l_i = l_i * alpha + gl.sum(p, axis=1)
             m_i = m_new
             pv = (p * gl.expand_dims(sc, 0)).to(gl.bfloat16)  # the weight times the row's scale: (p * s) . v (0 where masked)
-            # p and alpha for the value warpgroup (buffer j % 2: free once its products of tile j - 2 are done)
-            mbarrier.wait(p_free.index(b), ((j // 2) & 1) ^ 1)
+            # p and alpha for the value warpgroup (buffer g % 2: free once its products of tile g - 2 are done)
+            mbarrier.wait(p_free.index(b), ((g // 2) & 1) ^ 1)
             p_smem.index(b).store(pv)
             alpha_smem.index(b).store(alpha)
             fence_async_shared()  # p is read by the value warpgroup's wgmma (the async proxy)
@@ -210,15 +329,15 @@ if GLUON_IMPORT_ERROR is None:
                 _sync_warps()
                 mbarrier.arrive(bf_empty.index(t))
                 if j + 1 < num_tiles:
-                    tn = (j + 1) % STAGES
-                    mbarrier.wait(bf_ready.index(tn), ((j + 1) // STAGES) & 1)
+                    tn = (g + 1) % STAGES
+                    mbarrier.wait(bf_ready.index(tn), ((g + 1) // STAGES) & 1)
                     if CONSUMER_FENCE:
                         fence_async_shared()
                     s_next = _scores(q_smem, bf_smem, tn, j + 1, gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout), NUM_CHUNKS)
                     s = warpgroup_mma_wait(num_outstanding=0, deps=(s_next,))
             elif j + 1 < num_tiles:
-                tn = (j + 1) % STAGES
-                mbarrier.wait(bf_ready.index(tn), ((j + 1) // STAGES) & 1)
+                tn = (g + 1) % STAGES
+                mbarrier.wait(bf_ready.index(tn), ((g + 1) // STAGES) & 1)
                 if CONSUMER_FENCE:
                     fence_async_shared()
                 s_next = _scores(q_smem, bf_smem, tn, j + 1, gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout), NUM_CHUNKS)
@@ -230,10 +349,21 @@ if GLUON_IMPORT_ERROR is None:
                 acc, p_op = warpgroup_mma_wait(num_outstanding=0, deps=(o, p_op))
                 _sync_warps()
                 mbarrier.arrive(bf_empty.index(t))
+        return m_i, l_i, acc
+
+    @gluon.jit
+    def softmax_epilogue(m_i, l_i, acc, fin_smem, fin_bar, sinks_ptr, dst_ptr, part_lse_ptr, tile, tok, split, head_tiles, splits,
+                         stride_o_t, stride_o_h, stride_po_split, stride_pl_t, stride_pl_split, cnt_ptr, out_ptr, stride_out_t, stride_out_h,
+                         H: gl.constexpr, D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, DIRECT: gl.constexpr, FUSED: gl.constexpr):
+        """The softmax warpgroup's epilogue of (head tile, query tok, split): the per-row factor for both warpgroups
+        (fin_smem, fin_bar), its half of the output or partial; FUSED: the merge when it is the query's last split."""
+        s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 16])
+        o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, D // 2, 16])
+        o_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
+        row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
         # the per-row factor: DIRECT, triton_common.normalise_with_sink's (the sink joins the normaliser); else
-        # split_partial's 1 / l and the lse (-inf for a row that saw no row). The program ids are read here, not
-        # captured before the loop (nothing but its state is live across it).
-        offs_m = gl.program_id(0) * BLOCK_M + gl.arange(0, BLOCK_M, layout=row_layout)
+        # split_partial's 1 / l and the lse (-inf for a row that saw no row)
+        offs_m = tile * BLOCK_M + gl.arange(0, BLOCK_M, layout=row_layout)
         h_ok = offs_m < H
         if DIRECT:
             sink = gl.load(sinks_ptr + offs_m, mask=h_ok, other=0.0).to(gl.float32) * _LOG2E
@@ -247,31 +377,49 @@ if GLUON_IMPORT_ERROR is None:
             l_safe = gl.where(has, l_i, 1.0)
             factor = 1.0 / l_safe
             lse = gl.where(has, m_i + gl.log2(l_safe), float("-inf"))
-            gl.store(part_lse_ptr + gl.program_id(1).to(gl.int64) * stride_pl_t + gl.program_id(2) * stride_pl_split + offs_m, lse, mask=h_ok)
+            gl.store(part_lse_ptr + tok.to(gl.int64) * stride_pl_t + split * stride_pl_split + offs_m, lse, mask=h_ok)
         fin_smem.store(factor)
         _sync_warps()
         mbarrier.arrive(fin_bar)
-        offs_o = gl.program_id(0) * BLOCK_M + gl.arange(0, BLOCK_M, layout=o_rows)
-        dst_row = _dst_rows(dst_ptr, offs_o, stride_o_t, stride_o_h, stride_po_split)
+        offs_o = tile * BLOCK_M + gl.arange(0, BLOCK_M, layout=o_rows)
+        dst_row = _dst_rows(dst_ptr, offs_o, tok, split, stride_o_t, stride_o_h, stride_po_split)
         cols = gl.arange(0, D // 2, layout=gl.SliceLayout(0, o_layout))
         _store_half(acc, gl.convert_layout(factor, o_rows, assert_trivial=True), dst_row, 0, offs_o < H, cols)
+        if FUSED:  # (split partials only: the last split merges columns 0 .. D/2 - 1 into out; no rotation there)
+            merge_splits_if_last(dst_ptr, part_lse_ptr, cnt_ptr, out_ptr, sinks_ptr, sinks_ptr, sinks_ptr, tile, tok, head_tiles, splits,
+                                 stride_o_t, stride_o_h, stride_po_split, stride_pl_t, stride_pl_split, stride_out_t, stride_out_h, 0,
+                                 H, D, 0, BLOCK_M, 0, False)
 
     @gluon.jit
     def value_partition(bf_halves, p_smem, alpha_smem, fin_smem, bf_ready, bf_empty, p_ready, p_free, fin_bar,
                         dst_ptr, opos_ptr, ocs_ptr, num_tiles, stride_o_t, stride_o_h, stride_po_split, stride_ocs,
                         H: gl.constexpr, D: gl.constexpr, R: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr, ROPE: gl.constexpr,
-                        CONSUMER_FENCE: gl.constexpr):
+                        CONSUMER_FENCE: gl.constexpr,
+                        sinks_ptr, part_lse_ptr, cnt_ptr, out_ptr, stride_pl_t, stride_pl_split, stride_out_t, stride_out_h, FUSED: gl.constexpr):
         """A worker warpgroup: output columns D/2 .. D - 1 over all of each tile's rows, from the softmax warpgroup's p and
-        alpha; its epilogue stores them (DIRECT with ROPE: the tail rotated)."""
+        alpha (`value_tiles`); its epilogue stores them (`value_epilogue`). One (head tile, query, split) a program."""
+        acc = value_tiles(bf_halves, p_smem, alpha_smem, bf_ready, bf_empty, p_ready, p_free, 0, num_tiles, D, BLOCK_M, STAGES, CONSUMER_FENCE)
+        mbarrier.wait(fin_bar, 0)
+        factor = fin_smem.load(gl.SliceLayout(1, gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, D // 2, 16])))
+        value_epilogue(acc, factor, dst_ptr, opos_ptr, ocs_ptr, gl.program_id(0), gl.program_id(1), gl.program_id(2), gl.num_programs(0),
+                       gl.num_programs(2), stride_o_t, stride_o_h, stride_po_split, stride_ocs, sinks_ptr, part_lse_ptr, cnt_ptr, out_ptr,
+                       stride_pl_t, stride_pl_split, stride_out_t, stride_out_h, H, D, R, BLOCK_M, ROPE, FUSED)
+
+    @gluon.jit
+    def value_tiles(bf_halves, p_smem, alpha_smem, bf_ready, bf_empty, p_ready, p_free, g0, num_tiles,
+                    D: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr, CONSUMER_FENCE: gl.constexpr):
+        """The value warpgroup's num_tiles tiles, the program's tiles g0 .. (as `softmax_tiles`): acc = acc * alpha + p . v
+        over columns D/2 .. D - 1. Returns the accumulator."""
         o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, D // 2, 16])
         row_layout: gl.constexpr = gl.SliceLayout(1, o_layout)
         acc = gl.zeros([BLOCK_M, D // 2], gl.float32, layout=o_layout)
         for j in range(num_tiles):
-            t = j % STAGES
-            b = j % 2
-            mbarrier.wait(p_ready.index(b), (j // 2) & 1)
+            g = g0 + j
+            t = g % STAGES
+            b = g % 2
+            mbarrier.wait(p_ready.index(b), (g // 2) & 1)
             alpha = alpha_smem.index(b).load(row_layout)
-            mbarrier.wait(bf_ready.index(t), (j // STAGES) & 1)  # (complete already: the softmax warpgroup waited for it)
+            mbarrier.wait(bf_ready.index(t), (g // STAGES) & 1)  # (complete already: the softmax warpgroup waited for it)
             if CONSUMER_FENCE:
                 fence_async_shared()
             # acc = acc * alpha + p . v[:, D/2 : D] over the tile's rows, p from shared memory (m64n256k16: p read once per
@@ -279,18 +427,32 @@ if GLUON_IMPORT_ERROR is None:
             o = warpgroup_mma(p_smem.index(b), bf_halves.index(t * 2 + 1), acc * gl.expand_dims(alpha, 1), is_async=True)
             acc = warpgroup_mma_wait(num_outstanding=0, deps=(o,))
             _sync_warps()
-            mbarrier.arrive(p_free.index(b))  # (p and alpha of tile j, read)
+            mbarrier.arrive(p_free.index(b))  # (p and alpha of tile g, read)
             mbarrier.arrive(bf_empty.index(t))
-        mbarrier.wait(fin_bar, 0)
-        factor = fin_smem.load(row_layout)
-        offs_m = gl.program_id(0) * BLOCK_M + gl.arange(0, BLOCK_M, layout=row_layout)
-        dst_row = _dst_rows(dst_ptr, offs_m, stride_o_t, stride_o_h, stride_po_split)
+        return acc
+
+    @gluon.jit
+    def value_epilogue(acc, factor, dst_ptr, opos_ptr, ocs_ptr, tile, tok, split, head_tiles, splits,
+                       stride_o_t, stride_o_h, stride_po_split, stride_ocs, sinks_ptr, part_lse_ptr, cnt_ptr, out_ptr,
+                       stride_pl_t, stride_pl_split, stride_out_t, stride_out_h,
+                       H: gl.constexpr, D: gl.constexpr, R: gl.constexpr, BLOCK_M: gl.constexpr, ROPE: gl.constexpr, FUSED: gl.constexpr):
+        """The value warpgroup's epilogue of (head tile, query tok, split) with the softmax warpgroup's per-row factor: its
+        half of the output (ROPE without FUSED: the tail rotated) or partial; FUSED: the merge when it is the query's last
+        split."""
+        o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, D // 2, 16])
+        row_layout: gl.constexpr = gl.SliceLayout(1, o_layout)
+        offs_m = tile * BLOCK_M + gl.arange(0, BLOCK_M, layout=row_layout)
+        dst_row = _dst_rows(dst_ptr, offs_m, tok, split, stride_o_t, stride_o_h, stride_po_split)
         cols = gl.arange(0, D // 2, layout=gl.SliceLayout(0, o_layout))
-        if ROPE:  # (DIRECT only: with splits the combine rotates)
-            pos = gl.load(opos_ptr + gl.program_id(1)).to(gl.int64)
+        if ROPE and not FUSED:  # (DIRECT: with splits the combine rotates, FUSED's in the merge below)
+            pos = gl.load(opos_ptr + tok).to(gl.int64)
             _store_half_rotated(acc, factor, dst_row, pos, ocs_ptr, stride_ocs, offs_m < H, cols, D // 2, D, R, o_layout)
         else:
             _store_half(acc, factor, dst_row, D // 2, offs_m < H, cols)
+        if FUSED:  # (split partials only: the last split merges columns D/2 .. D - 1 into out, the tail rotated with ROPE)
+            merge_splits_if_last(dst_ptr, part_lse_ptr, cnt_ptr, out_ptr, sinks_ptr, opos_ptr, ocs_ptr, tile, tok, head_tiles, splits,
+                                 stride_o_t, stride_o_h, stride_po_split, stride_pl_t, stride_pl_split, stride_out_t, stride_out_h, stride_ocs,
+                                 H, D, R, BLOCK_M, 1, ROPE)
 
     @gluon.jit
     def allocate_shared(D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, READY_COUNT: gl.constexpr):
@@ -331,11 +493,13 @@ if GLUON_IMPORT_ERROR is None:
 
     @gluon.jit
     def query_tiles(xlen_ptr, K, K2, BLOCK_N: gl.constexpr, HAS_LENGTHS: gl.constexpr):
-        """This program's row blocks (triton_common.split_row_blocks): the window list's nb1, then the extra list's over the
-        ids it reads (width2); the split (program_id 2) takes a run of per_split of them, tiles lo .. lo + num_tiles - 1."""
-        t = gl.program_id(1)
-        split = gl.program_id(2)
-        num_splits = gl.num_programs(2)
+        """This program's row blocks: `query_tiles_at` of its query (program_id 1) and split (program_id 2)."""
+        return query_tiles_at(xlen_ptr, K, K2, gl.program_id(1), gl.program_id(2), gl.num_programs(2), BLOCK_N, HAS_LENGTHS)
+
+    @gluon.jit
+    def query_tiles_at(xlen_ptr, K, K2, t, split, num_splits, BLOCK_N: gl.constexpr, HAS_LENGTHS: gl.constexpr):
+        """Query t's row blocks (triton_common.split_row_blocks): the window list's nb1, then the extra list's over the ids it
+        reads (width2); split `split` of num_splits takes a run of per_split of them, tiles lo .. lo + num_tiles - 1."""
         nb1 = (K + BLOCK_N - 1) // BLOCK_N
         width2 = K2
         if HAS_LENGTHS:
@@ -421,6 +585,8 @@ def launch(
     extra_lengths: torch.Tensor | None,
     out_positions: torch.Tensor | None,
     out_cos_sin_cache: torch.Tensor | None,
+    fused_combine: bool | None = None,
+    persistent_programs: int | None = None,
     **constexprs,
 ) -> torch.Tensor:
     """One call of a served sparse_attention (the caller checked `not_served`) on a Gluon kernel whose arguments are
@@ -428,7 +594,11 @@ def launch(
     softmax_scale * log2(e), K, K2, strides...) and the constexprs H, D, R, BLOCK_M, BLOCK_N, STAGES, HAS_EXTRA,
     HAS_LENGTHS, ROPE, DIRECT plus the kernel's own (`constexprs`). cache_arg(cache): the cache as the kernel reads it and
     its row stride in those elements; plan(tokens, heads, K, K2, device): the launch's plan. Several splits: the
-    partials are merged by sparse_attention.py's combine kernel."""
+    partials are merged by sparse_attention.py's combine kernel, or with fused_combine by the kernel's last split
+    (`merge_splits_if_last`). fused_combine None: the kernel has no such arguments (the FP8 kernel); True / False: it
+    takes cnt_ptr, out_ptr, stride_out_t, stride_out_h and FUSED_COMBINE by keyword. persistent_programs: a persistent
+    kernel (sparse_attention_gluon_persistent.py) on at most this many programs (a 1-D grid), which also takes
+    num_items, head_tiles and num_splits by keyword; None: a program per (head tile, query, split)."""
     from deepinfer_cuda.kernels import sparse_attention as tl_sparse
 
     tokens, heads, dim = q.shape
@@ -455,12 +625,22 @@ def launch(
         dst = torch.empty(tokens, p.num_splits, heads, dim, dtype=torch.float32, device=q.device)
         part_lse = torch.empty(tokens, p.num_splits, heads, dtype=torch.float32, device=q.device)
         dst_strides, pl_strides = (dst.stride(0), dst.stride(2), dst.stride(1)), (part_lse.stride(0), part_lse.stride(1))
-    rotate_here = rope and p.direct  # (with splits the combine rotates)
+    fused = bool(fused_combine) and not p.direct
+    rotate_here = rope and (p.direct or fused)  # (with splits the combine rotates, with the fused combine the kernel's merge)
     opos = out_positions.contiguous() if rotate_here else indices  # (unused without the rotation)
     ocs = out_cos_sin_cache.contiguous() if rotate_here else sinks
     kv_arg, stride_kv = cache_arg(kv)
     xkv_arg, stride_xkv = cache_arg(xkv)
-    kernel[(p.head_tiles, tokens, p.num_splits)](
+    fused_args = {}
+    if fused_combine is not None:
+        cnt = split_counters(q.device, tokens * p.head_tiles * 2) if fused else indices  # (unused without the fused combine)
+        fused_args = dict(cnt_ptr=cnt, out_ptr=out, stride_out_t=out.stride(0), stride_out_h=out.stride(1), FUSED_COMBINE=fused)
+    grid = (p.head_tiles, tokens, p.num_splits)
+    if persistent_programs is not None:
+        items = p.head_tiles * tokens * p.num_splits
+        grid = (max(1, min(items, persistent_programs)),)
+        fused_args.update(num_items=items, head_tiles=p.head_tiles, num_splits=p.num_splits)
+    kernel[grid](
         q, kv_arg, indices, xkv_arg, xidx, xlen, sinks,
         dst, part_lse, opos, ocs,
         float(softmax_scale) * LOG2E,
@@ -477,8 +657,24 @@ def launch(
         ROPE=rotate_here, DIRECT=p.direct,
         num_warps=4,
         **constexprs,
+        **fused_args,
     )
-    if not p.direct:
+    if not p.direct and not fused:
         tl_sparse.combine_splits(dst, part_lse, sinks, out, out_positions, out_cos_sin_cache)
     return out
+
+
+_SPLIT_COUNTERS: dict[torch.device, list[torch.Tensor]] = {}  # every buffer handed out, the newest last (never freed)
+SPLIT_COUNTERS_MIN = 1 << 18  # 1 MiB of int32: 65535 queries x 2 head tiles x 2 halves
+
+
+def split_counters(device: torch.device, count: int) -> torch.Tensor:
+    """At least `count` int32 zeros on `device` for FUSED_COMBINE's per-(query, head tile, half) counters, kept across
+    calls: each launch leaves them zero (the last split of each resets its own), so no launch zeroes them (one kernel
+    fewer in a CUDA graph). A buffer is never freed: a captured CUDA graph keeps its address. Launches that overlap on
+    two streams would share them: the decode step runs one stream."""
+    kept = _SPLIT_COUNTERS.setdefault(device, [])
+    if not kept or kept[-1].numel() < count:
+        kept.append(torch.zeros(max(count, SPLIT_COUNTERS_MIN), dtype=torch.int32, device=device))
+    return kept[-1]
 
