@@ -415,19 +415,25 @@ def _gluon_mxfp4(layout: str, e: int, rows: int, n: int, k: int, tuning: dict | 
     return call
 
 
-def _gluon_mla(batch: int, heads: int, ctx: int, fp8: bool, queries: int = 1) -> Callable[[], None]:
+def _gluon_mla(batch: int, heads: int, ctx: int, fp8: bool, queries: int = 1, tuning: dict | None = None) -> Callable[[], None]:
     """The SM90 Gluon mla_decode through its launch: over an FP8 cache (mla_decode_fp8_gluon; with S > 1 the causal
-    mask's live values make it spill 24 bytes: its docstring) or a bf16 cache (mla_decode_gluon). It must serve the call
-    (a None return would mean the case compiled nothing of it)."""
+    mask's live values make it spill 24 bytes: its docstring) or a bf16 cache (mla_decode_gluon; `tuning` over its
+    table entry, mla_decode/gluon_bf16: a schedule switch or a sweep candidate). It must serve the call (a None return
+    would mean the case compiled nothing of it)."""
     def call():
         from deepinfer_cuda.kernels import mla_decode_fp8_gluon, mla_decode_gluon
 
         blocks = ctx // 64
         launch = mla_decode_fp8_gluon.launch_mla_decode_fp8_gluon if fp8 else mla_decode_gluon.launch_mla_decode_gluon
-        out = launch(
-            _t(batch, queries, heads, 512), _t(batch, queries, heads, 64), _cache(batch * blocks, 64, fp8),
-            _t(batch, blocks, dtype=torch.int32), _t(batch, dtype=torch.int32), 192 ** -0.5,
-        )
+        table = mla_decode_gluon.config
+        mla_decode_gluon.config = lambda op, variant, device=None: {**table(op, variant, device), **(tuning if variant == "gluon_bf16" else {})}
+        try:
+            out = launch(
+                _t(batch, queries, heads, 512), _t(batch, queries, heads, 64), _cache(batch * blocks, 64, fp8),
+                _t(batch, blocks, dtype=torch.int32), _t(batch, dtype=torch.int32), 192 ** -0.5,
+            )
+        finally:
+            mla_decode_gluon.config = table
         if out is None:
             raise RuntimeError(f"{launch.__module__} declined the call")
     return call
@@ -558,8 +564,10 @@ def sweep_cases(variant: str) -> list[Case]:
 
     if variant == "fp8_gluon_large":
         return _gluon_sweep_cases(variant)
+    if variant == "mla_gluon_bf16":
+        return _mla_gluon_sweep_cases(variant)
     if variant != "fp8_v4_prefill":
-        raise ValueError(f"no compile cases for sweep variant {variant!r}; known: fp8_v4_prefill, fp8_gluon_large")
+        raise ValueError(f"no compile cases for sweep variant {variant!r}; known: fp8_v4_prefill, fp8_gluon_large, mla_gluon_bf16")
     tokens = bench.V4_PREFILL_TOKENS
     shapes = {g.name: g for g in bench.v4_prefill_fp8_gemms()}
     cases = []
@@ -591,6 +599,25 @@ def _gluon_sweep_cases(variant: str) -> list[Case]:
             g = shapes[name]
             calls.append((f"{name} ({g.k}->{g.n})", _gluon_fp8("linear", 1, bench.V4_GLUON_TOKENS, g.n, g.k, cfg)))
         cases += [Case(f"sweep {variant} {shape} {label}", call, "mma", archs=("sm90",), tma=True, wgmma_async=wgmma_async) for shape, call in calls]
+    return cases
+
+
+# The bf16 Gluon mla_decode sweep's shapes (bench/gemm.py's MLA_GLUON_SWEEP_SHAPES: one split, and split partials)
+MLA_GLUON_COMPILE_SHAPES = ((128, 4096), (32, 2048))
+
+
+def _mla_gluon_sweep_cases(variant: str) -> list[Case]:
+    """Each candidate of the bf16 Gluon mla_decode sweep (its tuning entry's switches) at 128 heads, one split (B128
+    ctx4096, the output written directly) and split partials (B32 ctx2048): the kernel's two DIRECT forms, each with
+    its wgmmas asynchronous."""
+    from deepinfer_cuda.bench import gemm as bench
+
+    cases = []
+    for cfg, _extra in bench.SWEEP[variant]:
+        label = " ".join(f"{key}={value}" for key, value in cfg.items()) or "table"
+        for batch, ctx in MLA_GLUON_COMPILE_SHAPES:
+            cases.append(Case(f"sweep {variant} B{batch} H128 ctx{ctx} {label}", _gluon_mla(batch, 128, ctx, fp8=False, tuning=cfg), "mma",
+                              archs=("sm90",), tma=True, wgmma_async=True))
     return cases
 
 
@@ -744,6 +771,14 @@ CASES: list[Case] = [
     Case("mla_decode bf16 gluon B1 H128 ctx8192 (splits)", _gluon_mla(1, 128, 8192, fp8=False), "mma", archs=("sm90",), tma=True),
     Case("mla_decode bf16 gluon B128 H16 ctx4096 (one split)", _gluon_mla(128, 16, 4096, fp8=False), "mma", archs=("sm90",), tma=True),
     Case("mla_decode bf16 gluon B64 S2 H32 ctx4096 (MTP)", _gluon_mla(64, 32, 4096, fp8=False, queries=2), "mma", archs=("sm90",), tma=True),
+    # its seesaw schedule (tuning switch "schedule": "seesaw", mla_decode_gluon_seesaw.py; off in the tables, not yet run on
+    # a GPU), its wgmmas asynchronous: at the table's 232 registers with S = 1; with S = 2 it spills 16 bytes there, none at
+    # 240 (the loader 24)
+    *[Case(f"mla_decode bf16 gluon seesaw {name}", _gluon_mla(batch, heads, ctx, fp8=False, queries=queries, tuning={"schedule": "seesaw", **regs}),
+           "mma", archs=("sm90",), tma=True, wgmma_async=True)
+      for name, batch, heads, ctx, queries, regs in (("B128 H128 ctx4096 (one split)", 128, 128, 4096, 1, {}),
+                                                     ("B32 H128 ctx2048 (splits)", 32, 128, 2048, 1, {}),
+                                                     ("B64 S2 H32 ctx4096 (MTP, 240 / 24 registers)", 64, 32, 4096, 2, {"attend_regs": 240, "load_regs": 24}))],
     # The SM90 Gluon sparse_attention over FP8 caches (warp-specialised: a converting warpgroup gathering the rows, a softmax
     # and a value wgmma warpgroup), V4-Flash decode with the output rotated back: one split, the rotation in its epilogue
     # (T256, top-512 CSA lists); split partials + combine (T64 CSA; T8 HCA lists cut by extra_lengths)
@@ -861,7 +896,7 @@ def _as_arch(arch: str, launches: list[Launch]):
         (mla_decode, "_config", lambda device, variant: arch_config("mla_decode", variant, arch)),
         (mla_decode, "_cached_plan", lambda *a: mla_decode._make_plan(*a, None)),
         (mla_decode, "num_sms", lambda device: SM_COUNT[arch]), (mla_decode, "upcast_dot", lambda: False),
-        (mla_decode_gluon_parts, "num_sms", lambda device: SM_COUNT[arch]),
+        (mla_decode_gluon_parts, "num_sms", lambda device: SM_COUNT[arch]), (mla_decode_gluon, "config", cfg),
         (norm, "config", cfg), (activation, "config", cfg), (rope, "config", cfg),
         (moe, "_cfg", cfg), (moe, "interpreting", lambda: False),
         (sampling, "_cfg", cfg), (sampling, "interpreting", lambda: False),
