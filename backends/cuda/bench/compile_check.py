@@ -426,7 +426,7 @@ def _gluon_mla(batch: int, heads: int, ctx: int, fp8: bool, queries: int = 1, tu
         blocks = ctx // 64
         launch = mla_decode_fp8_gluon.launch_mla_decode_fp8_gluon if fp8 else mla_decode_gluon.launch_mla_decode_gluon
         table = mla_decode_gluon.config
-        mla_decode_gluon.config = lambda op, variant, device=None: {**table(op, variant, device), **(tuning if variant == "gluon_bf16" else {})}
+        mla_decode_gluon.config = lambda op, variant, device=None: {**table(op, variant, device), **((tuning or {}) if variant == "gluon_bf16" else {})}
         try:
             out = launch(
                 _t(batch, queries, heads, 512), _t(batch, queries, heads, 64), _cache(batch * blocks, 64, fp8),
