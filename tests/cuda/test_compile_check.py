@@ -213,7 +213,8 @@ def test_serialised_wgmmas_are_read_from_ptxas_and_fail_the_cases_that_need_them
     overlapped = [c for c in cc.CASES if c.wgmma_async]
     assert overlapped and all("fp8_block gluon overlap" in c.name or "mla_decode bf16 gluon seesaw" in c.name for c in overlapped)
     assert {c.wgmma_async for c in cc.sweep_cases("fp8_gluon_large")} == {True, False}
-    assert {c.wgmma_async for c in cc.sweep_cases("mla_gluon_bf16")} == {True}
+    assert {c.name for c in cc.sweep_cases("mla_gluon_bf16") if not c.wgmma_async} == {
+        f"sweep mla_gluon_bf16 {shape} schedule=seesaw_early_release" for shape in ("B128 H128 ctx4096", "B32 H128 ctx2048")}
 
 
 def test_instruction_class():

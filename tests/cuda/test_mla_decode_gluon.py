@@ -142,12 +142,16 @@ def test_its_tuning_switches_reach_the_launch(monkeypatch):
     args = (_meta(2, 1, 128, 512), _meta(2, 1, 128, 64), _meta(8, 64, 576), _meta(2, 4, dtype=torch.int32), _meta(2, dtype=torch.int32), 0.1)
     g.launch_mla_decode_gluon(*args)
     limits = {"min_tokens_per_split": 256, "max_splits": 64}
-    assert launches.pop() == ((None, None, limits), {"REGS_ATTEND": 232, "REGS_LOAD": 40, "SEESAW": False})
+    assert launches.pop() == ((None, None, limits), {"REGS_ATTEND": 232, "REGS_LOAD": 40, "SEESAW": False, "EARLY_RELEASE": False})
     table = g.config
     switches = {"schedule": "seesaw", "attend_regs": 240, "load_regs": 24, "min_tokens_per_split": 512, "max_splits": 8}
     monkeypatch.setattr(g, "config", lambda op, v, device=None: {**table(op, v, device), **switches})
     g.launch_mla_decode_gluon(*args, num_splits=3)
-    assert launches.pop() == ((3, None, {"min_tokens_per_split": 512, "max_splits": 8}), {"REGS_ATTEND": 240, "REGS_LOAD": 24, "SEESAW": True})
+    assert launches.pop() == ((3, None, {"min_tokens_per_split": 512, "max_splits": 8}),
+                              {"REGS_ATTEND": 240, "REGS_LOAD": 24, "SEESAW": True, "EARLY_RELEASE": False})
+    switches["schedule"] = "seesaw_early_release"
+    g.launch_mla_decode_gluon(*args)
+    assert launches.pop()[1] == {"REGS_ATTEND": 240, "REGS_LOAD": 24, "SEESAW": True, "EARLY_RELEASE": True}
     switches["schedule"] = "seesaw_fast"
     with pytest.raises(ValueError, match="schedule 'seesaw_fast'"):
         g.launch_mla_decode_gluon(*args)
@@ -274,8 +278,10 @@ def _check(got, q_nope, q_rope, cache, block_table, seq_lens, scale):
 
 
 # the tuning switches the GPU tests run each case under (over the table's entry): the table's, and the seesaw schedule
-# (mla_decode_gluon_seesaw.py; not yet run on a GPU) at the table's registers and at 240 / 24 (its sweep candidates)
-TUNINGS = {"table": {}, "seesaw": {"schedule": "seesaw"}, "seesaw_r240": {"schedule": "seesaw", "attend_regs": 240, "load_regs": 24}}
+# (mla_decode_gluon_seesaw.py; not yet run on a GPU) at the table's registers and at 240 / 24 (what it needs with S > 1),
+# and in its early-release order
+TUNINGS = {"table": {}, "seesaw": {"schedule": "seesaw"}, "seesaw_r240": {"schedule": "seesaw", "attend_regs": 240, "load_regs": 24},
+           "seesaw_early_release": {"schedule": "seesaw_early_release"}}
 
 
 @pytest.fixture(params=list(TUNINGS))

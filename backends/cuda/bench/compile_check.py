@@ -609,7 +609,7 @@ MLA_GLUON_COMPILE_SHAPES = ((128, 4096), (32, 2048))
 def _mla_gluon_sweep_cases(variant: str) -> list[Case]:
     """Each candidate of the bf16 Gluon mla_decode sweep (its tuning entry's switches) at 128 heads, one split (B128
     ctx4096, the output written directly) and split partials (B32 ctx2048): the kernel's two DIRECT forms, each with
-    its wgmmas asynchronous."""
+    its wgmmas asynchronous but the seesaw's early-release order's (ptxas serialises them: mla_decode_gluon_seesaw.py)."""
     from deepinfer_cuda.bench import gemm as bench
 
     cases = []
@@ -617,7 +617,7 @@ def _mla_gluon_sweep_cases(variant: str) -> list[Case]:
         label = " ".join(f"{key}={value}" for key, value in cfg.items()) or "table"
         for batch, ctx in MLA_GLUON_COMPILE_SHAPES:
             cases.append(Case(f"sweep {variant} B{batch} H128 ctx{ctx} {label}", _gluon_mla(batch, 128, ctx, fp8=False, tuning=cfg), "mma",
-                              archs=("sm90",), tma=True, wgmma_async=True))
+                              archs=("sm90",), tma=True, wgmma_async=cfg.get("schedule") != "seesaw_early_release"))
     return cases
 
 

@@ -50,7 +50,8 @@ tuning overrides, no `tiles_of_one_query` unless S = 1. The splits are chosen as
 Tuning switches (the tuning entry mla_decode/gluon_bf16, default.py's; its values are what was measured above, and
 each other value is NOT YET RUN ON A GPU): "schedule" ("split_keys", the schedule above; "seesaw":
 mla_decode_gluon_seesaw.py, each attention warpgroup scoring whole tiles, alternately, for [64, 64] score wgmmas that the
-SM's shared memory can feed and one handshake a tile), "attend_regs" / "load_regs" (setmaxnreg of attention warpgroup 1
+SM's shared memory can feed and one handshake a tile), "seesaw_early_release": the same, each warpgroup releasing the other's
+stage before it waits for its own), "attend_regs" / "load_regs" (setmaxnreg of attention warpgroup 1
 and of the loader; warpgroup 0 gets 504 less both), "min_tokens_per_split" / "max_splits" (the plan's limits).
 `python -m deepinfer_cuda.bench.gemm --sweep mla_gluon_bf16` times the candidates on a GPU beside the tl kernel, `deepinfer
 bench compile --arch sm90 --sweep mla_gluon_bf16` compiles them. One CTA processing both 64-row tiles of a 128-row call
@@ -81,8 +82,8 @@ if GLUON_IMPORT_ERROR is None:  # (else the launch declines every call)
 
 PARTITION_REGS = (232, 40)  # setmaxnreg of attention warpgroup 1 and of the loader's warpgroup (warpgroup 0: the rest, 232): the table's default
 # the tuning entry's "schedule": "split_keys" (parts._attend: both warpgroups score half of every tile; what was measured)
-# or "seesaw" (mla_decode_gluon_seesaw.py: each scores whole tiles, alternately; not yet run on a GPU)
-SCHEDULES = ("split_keys", "seesaw")
+# or "seesaw" / "seesaw_early_release" (mla_decode_gluon_seesaw.py: each scores whole tiles, alternately; not yet run on a GPU)
+SCHEDULES = ("split_keys", "seesaw", "seesaw_early_release")
 CHUNK = 64  # columns per TMA box and shared-memory chunk (128 bytes of bf16: the swizzle's width)
 # mla_decode_path=gluon serves the calls of at least this many query rows here: 16-head rows (memory-bound, three
 # quarters of each 64-row wgmma padding) stay on the tl kernel until measured (the rows `deepinfer bench ops --op
@@ -159,7 +160,8 @@ if GLUON_IMPORT_ERROR is None:
         BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
         DIRECT: gl.constexpr,
         REGS_ATTEND: gl.constexpr, REGS_LOAD: gl.constexpr,
-        SEESAW: gl.constexpr,  # mla_decode_gluon_seesaw.py's schedule (tuning switch "schedule": "seesaw")
+        SEESAW: gl.constexpr,  # mla_decode_gluon_seesaw.py's schedule (tuning switch "schedule": "seesaw" or "seesaw_early_release")
+        EARLY_RELEASE: gl.constexpr,  # (with SEESAW) "seesaw_early_release": the other's stage released before this one is waited for
         num_warps: gl.constexpr,
     ):
         gl.static_assert(PAGE == BLOCK_N, "a tile is one page")
@@ -187,11 +189,11 @@ if GLUON_IMPORT_ERROR is None:
                     (_attend_seesaw, (q_smem, bf_smem, p_smem, mx_smem, sum_smem, bf_ready, bf_empty, published, sums_bar,
                                       dst_ptr, part_lse_ptr, seq_len, lo, split_end, num_tiles, qk_scale,
                                       stride_o_b, stride_o_s, stride_o_h, stride_po_b, stride_po_split, stride_po_m, stride_pl_b, stride_pl_split,
-                                      S, H, BLOCK_M, BLOCK_N, NUM_CHUNKS, DIRECT, 0)),
+                                      S, H, BLOCK_M, BLOCK_N, NUM_CHUNKS, DIRECT, 0, EARLY_RELEASE)),
                     (_attend_seesaw, (q_smem, bf_smem, p_smem, mx_smem, sum_smem, bf_ready, bf_empty, published, sums_bar,
                                       dst_ptr, part_lse_ptr, seq_len, lo, split_end, num_tiles, qk_scale,
                                       stride_o_b, stride_o_s, stride_o_h, stride_po_b, stride_po_split, stride_po_m, stride_pl_b, stride_pl_split,
-                                      S, H, BLOCK_M, BLOCK_N, NUM_CHUNKS, DIRECT, 1)),
+                                      S, H, BLOCK_M, BLOCK_N, NUM_CHUNKS, DIRECT, 1, EARLY_RELEASE)),
                     (_loader, (kv_desc, bt_row, bf_smem, bf_bands, bf_ready, bf_empty, landed, lo, split_end, num_tiles, PAGE, BLOCK_N, NUM_CHUNKS)),
                 ],
                 [4, 1],
@@ -274,7 +276,7 @@ def launch_mla_decode_gluon(
     limits = {"min_tokens_per_split": cfg["min_tokens_per_split"], "max_splits": cfg["max_splits"]}
     return parts.launch(_mla_decode_ws_kernel, _descriptor(kv_cache), (), q_nope, q_rope, block_table, seq_lens, softmax_scale,
                         num_splits, tokens_per_split, limits, REGS_ATTEND=cfg["attend_regs"], REGS_LOAD=cfg["load_regs"],
-                        SEESAW=cfg["schedule"] == "seesaw")
+                        SEESAW=cfg["schedule"].startswith("seesaw"), EARLY_RELEASE=cfg["schedule"] == "seesaw_early_release")
 
 
 # mla_decode_path=gluon: the op on this kernel for the calls of at least GLUON_MIN_ROWS rows it serves, else on the tl kernel

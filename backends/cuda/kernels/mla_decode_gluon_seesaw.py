@@ -1,5 +1,6 @@
 """The seesaw schedule of the SM90 Gluon mla_decode over the bf16 cache (mla_decode_gluon.py's tuning switch
-"schedule": "seesaw"; off by default: compiled for sm90, NOT YET RUN ON A GPU). Not a registration module.
+"schedule": "seesaw" or "seesaw_early_release"; off by default: compiled for sm90, NOT YET RUN ON A GPU). Not a
+registration module.
 
 What differs from the default schedule (mla_decode_gluon_parts._attend, "split_keys"): there both attention warpgroups
 score half of every 64-row tile (wgmma N = 32), agree on the tile's row maxima through shared memory (one handshake,
@@ -21,6 +22,15 @@ Every step of the chain orders the next: a warpgroup publishes tile j + 2 only a
 other published only after it had finished reading p_j: one p buffer [64, 64] and one maxima slot serve both, and one
 mbarrier a warpgroup (`published`) is the only handshake of a tile. The loader (mla_decode_gluon._loader) is the
 default schedule's: tile j into stage j % 2 once both warpgroups released it (each does, after its p . v of the tile).
+
+The risk this order carries (to be measured): a warpgroup waits for its own next tile's stage before it takes in the
+other's tile, and only then releases the other's stage, so each stage's reload starts only once the other stage's
+reload has landed and been scored: with two stages, the loads may queue behind each other (a tile every score + softmax
++ load latency, where the default schedule hides the load behind a whole tile). Hence "seesaw_early_release"
+(EARLY_RELEASE): the other's tile taken in whole, and its stage released, before the warpgroup waits for its own; its
+softmax then overlaps no wgmma of its own, and ptxas serialises its wgmmas (C7512/C7514: "insufficient register
+resources", at 232 registers; at 240 it spills 184 bytes instead); the other orders tried (the scores issued behind the
+other's p . v, both in flight; zeros made in the loop) compiled the same. The sweep says which costs more.
 
 Shared memory: q 72 KiB + two stages 144 KiB + p 8 KiB + maxima and sums 0.75 KiB + 7 mbarriers (as the default's).
 Registers: acc 4 x [64, 64] float32 (128 a thread), the scores [64, 64] (32), p in registers [64, 64] bf16 (16).
@@ -110,9 +120,10 @@ if GLUON_IMPORT_ERROR is None:  # (else mla_decode_gluon.py declines every call)
                        dst_ptr, part_lse_ptr, seq_len, lo, split_end, num_tiles, qk_scale,
                        stride_o_b, stride_o_s, stride_o_h, stride_po_b, stride_po_split, stride_po_m, stride_pl_b, stride_pl_split,
                        S: gl.constexpr, H: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_CHUNKS: gl.constexpr,
-                       DIRECT: gl.constexpr, W: gl.constexpr):
+                       DIRECT: gl.constexpr, W: gl.constexpr, EARLY_RELEASE: gl.constexpr):
         """Attention warpgroup W (0: the default partition, 1: a worker) of the seesaw schedule (the module docstring):
-        scores of tiles W, W + 2, ..., output columns W*256 .. W*256+255 over every tile."""
+        scores of tiles W, W + 2, ..., output columns W*256 .. W*256+255 over every tile. EARLY_RELEASE: each own tile
+        after the other's preceding one is taken in whole and its stage released."""
         O: gl.constexpr = 1 - W  # the other warpgroup
         s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 16])
         o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 64, 16])
@@ -149,14 +160,22 @@ if GLUON_IMPORT_ERROR is None:  # (else mla_decode_gluon.py declines every call)
                 mbarrier.arrive(bf_empty.index(0))
         for j in range(W + 2 * (1 - W), num_tiles, 2):  # own tiles after the first: each preceded by the other's j - 1
             t = j % 2  # (= W)
-            # the scores first, the other's p . v behind them, in flight during the softmax. (The other order, the
-            # other's tile taken in before the scores are issued, compiled with its wgmmas serialised by ptxas for lack
-            # of registers, C7512, at 232 registers an attention warpgroup, and spilled 200 bytes at 240)
-            mbarrier.wait(bf_ready.index(t), (j // 2) & 1)
-            s = _scores_tile(q_smem, bf_smem, t, j, NUM_CHUNKS, zeros_s)
-            m_i, l_i, o0, o1, o2, o3 = _take_in(m_i, l_i, acc0, acc1, acc2, acc3, p_smem, mx_smem, bf_smem, published, j - 1,
-                                                V0, O, NUM_CHUNKS, row_layout, o_layout)
-            s = warpgroup_mma_wait(num_outstanding=4, deps=(s,))
+            if EARLY_RELEASE:
+                # the other's tile first, whole, and its stage released before this warpgroup waits for its own
+                m_i, l_i, o0, o1, o2, o3 = _take_in(m_i, l_i, acc0, acc1, acc2, acc3, p_smem, mx_smem, bf_smem, published, j - 1,
+                                                    V0, O, NUM_CHUNKS, row_layout, o_layout)
+                acc0, acc1, acc2, acc3 = warpgroup_mma_wait(num_outstanding=0, deps=(o0, o1, o2, o3))
+                _sync_warps()
+                mbarrier.arrive(bf_empty.index(1 - t))
+                mbarrier.wait(bf_ready.index(t), (j // 2) & 1)
+                s = warpgroup_mma_wait(num_outstanding=0, deps=(_scores_tile(q_smem, bf_smem, t, j, NUM_CHUNKS, zeros_s),))
+            else:
+                # the scores first, the other's p . v behind them, in flight during the softmax
+                mbarrier.wait(bf_ready.index(t), (j // 2) & 1)
+                s = _scores_tile(q_smem, bf_smem, t, j, NUM_CHUNKS, zeros_s)
+                m_i, l_i, o0, o1, o2, o3 = _take_in(m_i, l_i, acc0, acc1, acc2, acc3, p_smem, mx_smem, bf_smem, published, j - 1,
+                                                    V0, O, NUM_CHUNKS, row_layout, o_layout)
+                s = warpgroup_mma_wait(num_outstanding=4, deps=(s,))
             scores = gl.where(_visible(j, seq_len, lo, split_end, S, H, BLOCK_M, BLOCK_N, s_layout), s * qk_scale, float("-inf"))
             # mla_decode.py's softmax_block (base 2) from the other's maxima: a row that has seen only -inf keeps m = -inf
             m_new = gl.maximum(m_i, gl.max(scores, axis=1))
@@ -166,10 +185,11 @@ if GLUON_IMPORT_ERROR is None:  # (else mla_decode_gluon.py declines every call)
             l_i = l_i * alpha + gl.sum(p, axis=1)
             m_i = m_new
             pv = p.to(gl.bfloat16)
-            # the other's tile done: its stage released by this warpgroup, the p buffer free for this tile's
-            acc0, acc1, acc2, acc3 = warpgroup_mma_wait(num_outstanding=0, deps=(o0, o1, o2, o3))
-            _sync_warps()
-            mbarrier.arrive(bf_empty.index(1 - t))
+            if not EARLY_RELEASE:
+                # the other's tile done: its stage released by this warpgroup, the p buffer free for this tile's
+                acc0, acc1, acc2, acc3 = warpgroup_mma_wait(num_outstanding=0, deps=(o0, o1, o2, o3))
+                _sync_warps()
+                mbarrier.arrive(bf_empty.index(1 - t))
             p_smem.store(pv)
             mx_smem.store(m_i)
             fence_async_shared()
