@@ -692,8 +692,9 @@ SWEEP["fp8_gluon_large"] = _opts(
 #   wgmmas serialised by ptxas: which costs more is what this measures). At S = 1 (these cases) both fit the table's 232
 #   registers; the seesaw needs 240 / 24 with S > 1 (the GPU tests' third tuning). No register split of the split-keys
 #   schedule is a candidate: it spills 8 bytes at 240 / 24, and setmaxnreg takes multiples of 8;
-# - fewer or more splits where the context is split (B32 ctx2048, B1 ctx8192; B128 ctx4096 takes one split whatever these
-#   say: its 256 programs fill the SMs).
+# - more or fewer splits where the plan's limit binds: at B1 ctx8192 (2 programs a split) splits of >= 128 and 512 tokens
+#   give 43 and 16 splits against the table's 32 (132 SMs; >= 64 tokens gives 43 too); B32 ctx2048 keeps 2 and B128
+#   ctx4096 1 whatever these say (pick_splits fills the SMs first).
 # sm90 compile check (`deepinfer bench compile --arch sm90 --sweep mla_gluon_bf16`): every candidate without spills, its
 # wgmmas asynchronous but the early release's.
 SWEEP["mla_gluon_bf16"] = _opts(
