@@ -13,6 +13,7 @@ fixed, the test says so and the entry is to be removed.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -213,8 +214,12 @@ def test_serialised_wgmmas_are_read_from_ptxas_and_fail_the_cases_that_need_them
     overlapped = [c for c in cc.CASES if c.wgmma_async]
     assert overlapped and all("fp8_block gluon overlap" in c.name or "mla_decode bf16 gluon seesaw" in c.name for c in overlapped)
     assert {c.wgmma_async for c in cc.sweep_cases("fp8_gluon_large")} == {True, False}
-    assert {c.name for c in cc.sweep_cases("mla_gluon_bf16") if not c.wgmma_async} == {
+    mla = cc.sweep_cases("mla_gluon_bf16")
+    assert all(c.wgmma_async for c in mla)
+    assert {c.name for c in mla if c.spills_ok} == {
         f"sweep mla_gluon_bf16 {shape} schedule=seesaw_early_release" for shape in ("B128 H128 ctx4096", "B32 H128 ctx2048")}
+    r = cc.Result("c", "sm90", "k", True, regs=168, spills=32, instr="wgmma", expected="wgmma", spills_ok=cc.MLA_EARLY_RELEASE_SPILLS)
+    assert r.ok and not dataclasses.replace(r, spills=40).ok and not dataclasses.replace(r, spills_ok=0).ok
 
 
 def test_instruction_class():

@@ -84,29 +84,39 @@ class Kernel:
         self.p_read_by_other = True
         self.empty[k % 2].arrive()
 
+    def own_tile(self, w: int, j: int):
+        """The scores of own tile j (its stage waited for), then (after the softmax) p_j published and its p . v."""
+        t = j % 2
+        yield lambda: self.ready[t].passed((j // 2) & 1)
+        self.read(w, t, j)
+        yield lambda: True
+        self.done(w, t)
+        self.publish(w, j)
+        self.read(w, t, j)
+        yield lambda: True
+        self.done(w, t)
+        self.empty[t].arrive()
+
+    def take_in_whole(self, w: int, k: int):
+        yield from self.take_in(w, k)
+        yield lambda: True
+        self.took_in(w, k)
+
     def attend(self, w: int, early_release: bool):
         n = self.n
-        if w == 0 and n > 0:
-            yield lambda: self.ready[0].passed(0)
-            self.read(w, 0, 0)
-            yield lambda: True
-            self.done(w, 0)  # the scores
-            self.publish(w, 0)
-            self.read(w, 0, 0)
-            yield lambda: True
-            self.done(w, 0)
-            self.empty[0].arrive()
-        for j in range(1 if w else 2, n, 2):
-            t = j % 2
-            if early_release:
-                yield from self.take_in(w, j - 1)
-                yield lambda: True
-                self.took_in(w, j - 1)
-                yield lambda t=t, j=j: self.ready[t].passed((j // 2) & 1)
-                self.read(w, t, j)
-                yield lambda: True
-                self.done(w, t)
-            else:
+        if early_release:
+            # the other's next tile after each own tile, before the next own stage is waited for
+            if w == 1 and n > 0:
+                yield from self.take_in_whole(w, 0)
+            for j in range(w, n, 2):
+                yield from self.own_tile(w, j)
+                if j + 1 < n:
+                    yield from self.take_in_whole(w, j + 1)
+        else:
+            if w == 0 and n > 0:
+                yield from self.own_tile(w, 0)
+            for j in range(2 - w, n, 2):
+                t = j % 2
                 yield lambda t=t, j=j: self.ready[t].passed((j // 2) & 1)
                 self.read(w, t, j)  # the scores in flight
                 yield from self.take_in(w, j - 1)
@@ -114,15 +124,13 @@ class Kernel:
                 self.done(w, t)  # the scores done (the softmax runs)
                 yield lambda: True
                 self.took_in(w, j - 1)
-            self.publish(w, j)
-            self.read(w, t, j)  # its own p . v
-            yield lambda: True
-            self.done(w, t)
-            self.empty[t].arrive()
-        if n > 0 and (n - 1) % 2 == 1 - w:
-            yield from self.take_in(w, n - 1)
-            yield lambda: True
-            self.took_in(w, n - 1)
+                self.publish(w, j)
+                self.read(w, t, j)  # its own p . v
+                yield lambda: True
+                self.done(w, t)
+                self.empty[t].arrive()
+            if n > 0 and (n - 1) % 2 == 1 - w:
+                yield from self.take_in_whole(w, n - 1)
         self.sums.arrive()
         yield lambda: self.sums.passed(0)
 

@@ -27,10 +27,12 @@ The risk this order carries (to be measured): a warpgroup waits for its own next
 other's tile, and only then releases the other's stage, so each stage's reload starts only once the other stage's
 reload has landed and been scored: with two stages, the loads may queue behind each other (a tile every score + softmax
 + load latency, where the default schedule hides the load behind a whole tile). Hence "seesaw_early_release"
-(EARLY_RELEASE): the other's tile taken in whole, and its stage released, before the warpgroup waits for its own; its
-softmax then overlaps no wgmma of its own, and ptxas serialises its wgmmas (C7512/C7514: "insufficient register
-resources", at 232 registers; at 240 it spills 184 bytes instead); the other orders tried (the scores issued behind the
-other's p . v, both in flight; zeros made in the loop) compiled the same. The sweep says which costs more.
+(EARLY_RELEASE): after each own tile's p . v, the other's next tile is taken in whole and its stage released, before
+the warpgroup waits for its own next stage (warpgroup 1 takes in tile 0 first; warpgroup 0 starts at tile 0 in the
+loop); its softmax then overlaps no wgmma of its own. Written with the take-in at the top of the loop (before the
+scores), ptxas serialised every wgmma (C7512, "insufficient register resources") at 232 and 240 registers; at the
+loop's end it keeps them asynchronous and spills 24 bytes with one split, 32 with split partials
+(compile_check.MLA_EARLY_RELEASE_SPILLS).
 
 Shared memory: q 72 KiB + two stages 144 KiB + p 8 KiB + maxima and sums 0.75 KiB + 7 mbarriers (as the default's).
 Registers: acc 4 x [64, 64] float32 (128 a thread), the scores [64, 64] (32), p in registers [64, 64] bf16 (16).
@@ -116,14 +118,25 @@ if GLUON_IMPORT_ERROR is None:  # (else mla_decode_gluon.py declines every call)
         return m_pub, l_i * alpha, o0, o1, o2, o3
 
     @gluon.jit
+    def _take_in_whole(m_i, l_i, acc0, acc1, acc2, acc3, p_smem, mx_smem, bf_smem, bf_empty, published, k,
+                       V0: gl.constexpr, O: gl.constexpr, NUM_CHUNKS: gl.constexpr, row_layout: gl.constexpr, o_layout: gl.constexpr):
+        """_take_in of the other's tile k, its p . v waited for, the stage released by this warpgroup."""
+        m_i, l_i, o0, o1, o2, o3 = _take_in(m_i, l_i, acc0, acc1, acc2, acc3, p_smem, mx_smem, bf_smem, published, k, V0, O, NUM_CHUNKS,
+                                            row_layout, o_layout)
+        acc0, acc1, acc2, acc3 = warpgroup_mma_wait(num_outstanding=0, deps=(o0, o1, o2, o3))
+        _sync_warps()
+        mbarrier.arrive(bf_empty.index(k % 2))
+        return m_i, l_i, acc0, acc1, acc2, acc3
+
+    @gluon.jit
     def _attend_seesaw(q_smem, bf_smem, p_smem, mx_smem, sum_smem, bf_ready, bf_empty, published, sums_bar,
                        dst_ptr, part_lse_ptr, seq_len, lo, split_end, num_tiles, qk_scale,
                        stride_o_b, stride_o_s, stride_o_h, stride_po_b, stride_po_split, stride_po_m, stride_pl_b, stride_pl_split,
                        S: gl.constexpr, H: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_CHUNKS: gl.constexpr,
                        DIRECT: gl.constexpr, W: gl.constexpr, EARLY_RELEASE: gl.constexpr):
         """Attention warpgroup W (0: the default partition, 1: a worker) of the seesaw schedule (the module docstring):
-        scores of tiles W, W + 2, ..., output columns W*256 .. W*256+255 over every tile. EARLY_RELEASE: each own tile
-        after the other's preceding one is taken in whole and its stage released."""
+        scores of tiles W, W + 2, ..., output columns W*256 .. W*256+255 over every tile. EARLY_RELEASE: the other's tile
+        after each own tile taken in whole, its stage released, before the warpgroup waits for its next own stage."""
         O: gl.constexpr = 1 - W  # the other warpgroup
         s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 16])
         o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 64, 16])
@@ -137,7 +150,7 @@ if GLUON_IMPORT_ERROR is None:  # (else mla_decode_gluon.py declines every call)
         acc2 = gl.zeros([BLOCK_M, 64], gl.float32, layout=o_layout)
         acc3 = gl.zeros([BLOCK_M, 64], gl.float32, layout=o_layout)
         zeros_s = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
-        if W == 0:
+        if W == 0 and not EARLY_RELEASE:
             # tile 0: nothing of the other's before it
             if num_tiles > 0:
                 mbarrier.wait(bf_ready.index(0), 0)
@@ -158,19 +171,20 @@ if GLUON_IMPORT_ERROR is None:  # (else mla_decode_gluon.py declines every call)
                 acc0, acc1, acc2, acc3 = warpgroup_mma_wait(num_outstanding=0, deps=(o0, o1, o2, o3))
                 _sync_warps()
                 mbarrier.arrive(bf_empty.index(0))
-        for j in range(W + 2 * (1 - W), num_tiles, 2):  # own tiles after the first: each preceded by the other's j - 1
+        if W == 1 and EARLY_RELEASE:  # (warpgroup 0 starts its loop at tile 0: nothing taken in before it)
+            if num_tiles > 0:
+                m_i, l_i, acc0, acc1, acc2, acc3 = _take_in_whole(m_i, l_i, acc0, acc1, acc2, acc3, p_smem, mx_smem, bf_smem, bf_empty,
+                                                                  published, 0, V0, O, NUM_CHUNKS, row_layout, o_layout)
+        FIRST: gl.constexpr = W if EARLY_RELEASE else 2 - W  # (the default order: warpgroup 0's tile 0 above)
+        for j in range(FIRST, num_tiles, 2):
             t = j % 2  # (= W)
             if EARLY_RELEASE:
-                # the other's tile first, whole, and its stage released before this warpgroup waits for its own
-                m_i, l_i, o0, o1, o2, o3 = _take_in(m_i, l_i, acc0, acc1, acc2, acc3, p_smem, mx_smem, bf_smem, published, j - 1,
-                                                    V0, O, NUM_CHUNKS, row_layout, o_layout)
-                acc0, acc1, acc2, acc3 = warpgroup_mma_wait(num_outstanding=0, deps=(o0, o1, o2, o3))
-                _sync_warps()
-                mbarrier.arrive(bf_empty.index(1 - t))
+                # the other's preceding tile was taken in whole, its stage released, at the end of the previous own tile
                 mbarrier.wait(bf_ready.index(t), (j // 2) & 1)
-                s = warpgroup_mma_wait(num_outstanding=0, deps=(_scores_tile(q_smem, bf_smem, t, j, NUM_CHUNKS, zeros_s),))
+                s = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)  # (made here: not kept live across the loop)
+                s = warpgroup_mma_wait(num_outstanding=0, deps=(_scores_tile(q_smem, bf_smem, t, j, NUM_CHUNKS, s),))
             else:
-                # the scores first, the other's p . v behind them, in flight during the softmax
+                # the scores first, the other's tile j - 1 behind them (its p . v in flight during the softmax)
                 mbarrier.wait(bf_ready.index(t), (j // 2) & 1)
                 s = _scores_tile(q_smem, bf_smem, t, j, NUM_CHUNKS, zeros_s)
                 m_i, l_i, o0, o1, o2, o3 = _take_in(m_i, l_i, acc0, acc1, acc2, acc3, p_smem, mx_smem, bf_smem, published, j - 1,
@@ -200,14 +214,16 @@ if GLUON_IMPORT_ERROR is None:  # (else mla_decode_gluon.py declines every call)
             acc0, acc1, acc2, acc3 = warpgroup_mma_wait(num_outstanding=0, deps=(o0, o1, o2, o3))
             _sync_warps()
             mbarrier.arrive(bf_empty.index(t))
-        # the split's last tile when it is the other's (for warpgroup 1 with one tile: its only one)
-        if num_tiles > 0:
-            if (num_tiles - 1) % 2 == O:
-                m_i, l_i, o0, o1, o2, o3 = _take_in(m_i, l_i, acc0, acc1, acc2, acc3, p_smem, mx_smem, bf_smem, published, num_tiles - 1,
-                                                    V0, O, NUM_CHUNKS, row_layout, o_layout)
-                acc0, acc1, acc2, acc3 = warpgroup_mma_wait(num_outstanding=0, deps=(o0, o1, o2, o3))
-                _sync_warps()
-                mbarrier.arrive(bf_empty.index(O))
+            if EARLY_RELEASE:
+                if j + 1 < num_tiles:  # the other's next tile, before this warpgroup waits for its own next stage
+                    m_i, l_i, acc0, acc1, acc2, acc3 = _take_in_whole(m_i, l_i, acc0, acc1, acc2, acc3, p_smem, mx_smem, bf_smem, bf_empty,
+                                                                      published, j + 1, V0, O, NUM_CHUNKS, row_layout, o_layout)
+        if not EARLY_RELEASE:
+            # the split's last tile when it is the other's (for warpgroup 1 with one tile: its only one)
+            if num_tiles > 0:
+                if (num_tiles - 1) % 2 == O:
+                    m_i, l_i, acc0, acc1, acc2, acc3 = _take_in_whole(m_i, l_i, acc0, acc1, acc2, acc3, p_smem, mx_smem, bf_smem, bf_empty,
+                                                                      published, num_tiles - 1, V0, O, NUM_CHUNKS, row_layout, o_layout)
         # both warpgroups end at the maxima of the split's last tile: their row sums add
         sum_smem.index(W).store(l_i)
         _sync_warps()
