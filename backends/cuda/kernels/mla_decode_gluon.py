@@ -48,11 +48,11 @@ tuning overrides, no `tiles_of_one_query` unless S = 1. The splits are chosen as
 (mla_decode_gluon_parts.plan: host shapes only, CUDA-graph safe); a forced num_splits / tokens_per_split is honoured.
 
 Tuning switches (the tuning entry mla_decode/gluon_bf16, default.py's; its values are what was measured above, and
-each other value is NOT YET RUN ON A GPU): "schedule" ("split_keys", the schedule above; "seesaw":
+each other value is NOT YET RUN ON A GPU): "schedule" ("split_keys": the schedule above; "seesaw":
 mla_decode_gluon_seesaw.py, each attention warpgroup scoring whole tiles, alternately, for [64, 64] score wgmmas that the
-SM's shared memory can feed and one handshake a tile), "seesaw_early_release": the same, each warpgroup releasing the other's
-stage before it waits for its own), "attend_regs" / "load_regs" (setmaxnreg of attention warpgroup 1
-and of the loader; warpgroup 0 gets 504 less both), "min_tokens_per_split" / "max_splits" (the plan's limits).
+SM's shared memory can feed and one handshake a tile; "seesaw_early_release": the same, each warpgroup releasing the
+other's stage before it waits for its own), "attend_regs" / "load_regs" (setmaxnreg of attention warpgroup 1 and of the
+loader; warpgroup 0 gets 504 less both), "min_tokens_per_split" / "max_splits" (the plan's limits).
 `python -m deepinfer_cuda.bench.gemm --sweep mla_gluon_bf16` times the candidates on a GPU beside the tl kernel, `deepinfer
 bench compile --arch sm90 --sweep mla_gluon_bf16` compiles them. One CTA processing both 64-row tiles of a 128-row call
 over one stage is not among them: its output accumulators (128 rows x 512 float32) alone would take the SM's whole
