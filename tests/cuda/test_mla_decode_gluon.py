@@ -128,6 +128,119 @@ def test_the_plan_at_the_benchmarked_shapes(monkeypatch):
     assert parts.plan(128, 16, 4096, meta).num_splits == 1
 
 
+def test_its_tuning_switches_reach_the_launch(monkeypatch):
+    """The tuning entry mla_decode/gluon_bf16 (the default table's: what was measured) gives the split-keys schedule at
+    232 / 40 registers and the plan's split limits; its switches (the seesaw schedule, the register split, the split
+    limits) reach the kernel's constexprs and the plan; an unknown schedule is an error, not a silent default."""
+    from deepinfer_cuda.tuning import config
+
+    assert config("mla_decode", "gluon_bf16", torch.device("meta")) == {"schedule": "split_keys", "attend_regs": 232, "load_regs": 40,
+                                                                         "min_tokens_per_split": 256, "max_splits": 64}
+    assert (g.PARTITION_REGS, parts.MIN_TOKENS_PER_SPLIT, parts.MAX_SPLITS) == ((232, 40), 256, 64)
+    launches = []
+    monkeypatch.setattr(parts, "launch", lambda kernel, cache, strides, *a, **kw: launches.append((a[-3:], kw)) or a[0])
+    args = (_meta(2, 1, 128, 512), _meta(2, 1, 128, 64), _meta(8, 64, 576), _meta(2, 4, dtype=torch.int32), _meta(2, dtype=torch.int32), 0.1)
+    g.launch_mla_decode_gluon(*args)
+    limits = {"min_tokens_per_split": 256, "max_splits": 64}
+    assert launches.pop() == ((None, None, limits), {"REGS_ATTEND": 232, "REGS_LOAD": 40, "SEESAW": False, "EARLY_RELEASE": False})
+    table = g.config
+    switches = {"schedule": "seesaw", "attend_regs": 240, "load_regs": 24, "min_tokens_per_split": 512, "max_splits": 8}
+    monkeypatch.setattr(g, "config", lambda op, v, device=None: {**table(op, v, device), **switches})
+    g.launch_mla_decode_gluon(*args, num_splits=3)
+    assert launches.pop() == ((3, None, {"min_tokens_per_split": 512, "max_splits": 8}),
+                              {"REGS_ATTEND": 240, "REGS_LOAD": 24, "SEESAW": True, "EARLY_RELEASE": False})
+    switches["schedule"] = "seesaw_early_release"
+    g.launch_mla_decode_gluon(*args)
+    assert launches.pop()[1] == {"REGS_ATTEND": 240, "REGS_LOAD": 24, "SEESAW": True, "EARLY_RELEASE": True}
+    switches["schedule"] = "seesaw_fast"
+    with pytest.raises(ValueError, match="schedule 'seesaw_fast'"):
+        g.launch_mla_decode_gluon(*args)
+
+
+def test_the_plan_honours_the_split_limits(monkeypatch):
+    """min_tokens_per_split and max_splits bound the splits `plan` picks (B32 ctx2048 at 128 heads: 64 (row tile, request)
+    groups on 132 SMs); a forced count is honoured whatever they say."""
+    monkeypatch.setattr(parts, "num_sms", lambda device: 132)
+    meta = torch.device("meta")
+    default = parts.plan(32, 128, 2048, meta)
+    assert parts.plan(32, 128, 2048, meta, min_tokens_per_split=256, max_splits=64) == default
+    assert parts.plan(32, 128, 2048, meta, min_tokens_per_split=2048).num_splits == 1
+    assert parts.plan(32, 128, 2048, meta, max_splits=1).num_splits == 1
+    assert parts.plan(32, 128, 2048, meta, max_splits=1, num_splits=4).num_splits == 4
+    assert parts.plan(128, 128, 4096, meta, min_tokens_per_split=64).num_splits == 1  # 256 programs fill the SMs already
+
+
+def test_the_sweep_entry_times_every_switch_on_the_benchmarked_shapes():
+    """`python -m deepinfer_cuda.bench.gemm --sweep mla_gluon_bf16`: the table's entry first (the baseline), then switches
+    of the tuning entry only, on bench/attention_decode.py's three 128-head Gluon cases (B128 on the stream, B32 and B1
+    from graph replays, as `deepinfer bench ops`); `deepinfer bench compile --sweep mla_gluon_bf16` builds each at the
+    kernel's two forms (one split: the output directly; splits: partials)."""
+    from deepinfer_cuda.bench import compile_check as cc
+    from deepinfer_cuda.bench import gemm as bench
+    from deepinfer_cuda.tuning import config
+
+    candidates = bench.SWEEP["mla_gluon_bf16"]
+    assert candidates[0] == ({}, {}) and len({str(c) for c in candidates}) == len(candidates)
+    keys = set(config("mla_decode", "gluon_bf16", None))
+    assert all(set(cfg) <= keys and not extra for cfg, extra in candidates), candidates
+    assert all(cfg.get("schedule", "split_keys") in g.SCHEDULES for cfg, _ in candidates)
+    assert bench.sweep_entries("mla_gluon_bf16") == ("gluon_bf16",) and bench.SWEEP_OPS["mla_gluon_bf16"] == "mla_decode"
+    cases = bench.sweep_cases("mla_gluon_bf16")
+    assert [(c.name, c.graph, c.bound) for c in cases] == [("B128_ctx4096_H128_S1_bf16_page64, gluon", False, "compute"),
+                                                           ("B32_ctx2048_H128_S1_bf16_page64, gluon", True, "compute"),
+                                                           ("B1_ctx8k_H128_S1_bf16_page64, gluon", True, "compute")]  # fmt: skip
+    compile_cases = cc.sweep_cases("mla_gluon_bf16")
+    assert len(compile_cases) == 2 * len(candidates) and all(c.archs == ("sm90",) and c.tma for c in compile_cases)
+
+
+def test_the_sweep_loop_runs_each_switch_beside_the_tl_kernel(monkeypatch):
+    """gemm.py's _sweep_case on a toy Gluon mla_decode case on the CPU (the tl kernel under the interpreter; the Gluon
+    kernel stubbed by the tl one, recording the tuning entry each row runs with; timing stubbed): one row a candidate,
+    each run with its switches over the table's entry, then the tl kernel's row; each row's difference from the tl
+    kernel's output (0 here); the tuning lookup restored after."""
+    from deepinfer_cuda.bench import attention_decode, common
+    from deepinfer_cuda.bench import gemm as bench
+    from deepinfer_cuda.bench.common import BenchCase
+
+    seen = []
+
+    def gluon_stub(state):
+        seen.append(g.config("mla_decode", "gluon_bf16", None))
+        return attention_decode._mla_kernel(state)
+
+    monkeypatch.setattr(common, "time_ms", lambda fn, **_: (fn(), 1.0)[1])
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
+    case = BenchCase("mla_decode", "toy B2_ctx128_H16, gluon", attention_decode._mla_setup(2, 128, 16), gluon_stub, None, "",
+                     attention_decode._mla_flops, attention_decode._mla_bytes, bound="compute")
+    table = g.config
+    candidates = bench.SWEEP["mla_gluon_bf16"]
+    rows = bench._sweep_case("mla_gluon_bf16", case, torch.device("cpu"))
+    assert g.config is table
+    assert [r["cfg"] for r in rows] == [cfg for cfg, _ in candidates] + ["tl kernel (mla_decode_path=tl)"]
+    assert all(r["ms"] == 1.0 and r["unit"] == "TFLOP/s" for r in rows), rows
+    assert all(r["max_diff"] == 0 and r["max_diff_tl"] == 0 for r in rows[: len(candidates)]), rows
+    base = table("mla_decode", "gluon_bf16", None)
+    # seen: the table's reference run, then each candidate's checked run and its timed run
+    assert seen[0] == base and seen[1::2] == [{**base, **cfg} for cfg, _ in candidates] == seen[2::2]
+
+
+def test_the_sweep_table_lists_every_row():
+    """`sweep_table`: one line a row, microseconds, the rate, both differences (blank where not compared)."""
+    from deepinfer_cuda.bench import gemm as bench
+
+    rows = [{"variant": "mla_gluon_bf16", "case": "B128_ctx4096_H128_S1_bf16_page64, gluon", "cfg": {}, "extra": {}, "ms": 0.3325, "rate": 439.0,
+             "unit": "TFLOP/s", "max_diff": 0.0, "max_diff_tl": 0.0039},
+            {"variant": "mla_gluon_bf16", "case": "B128_ctx4096_H128_S1_bf16_page64, gluon", "cfg": {"schedule": "seesaw"}, "extra": {}, "ms": None,
+             "rate": None, "unit": "TFLOP/s", "max_diff": None, "max_diff_tl": None},
+            {"variant": "mla_gluon_bf16", "case": "B128_ctx4096_H128_S1_bf16_page64, gluon", "cfg": "tl kernel (mla_decode_path=tl)", "extra": {},
+             "ms": 0.5728, "rate": 254.9, "unit": "TFLOP/s", "max_diff": None}]  # fmt: skip
+    lines = bench.sweep_table(rows).splitlines()
+    assert len(lines) == 4 and "us" in lines[0].split() and "max|d tl|" in lines[0]
+    assert "table" in lines[1] and "332.5" in lines[1] and "439.0" in lines[1] and "0.0039" in lines[1]
+    assert "schedule=seesaw" in lines[2] and "332.5" not in lines[2]
+    assert "tl kernel (mla_decode_path=tl)" in lines[3] and "572.8" in lines[3]
+
+
 def test_the_tma_descriptor_sees_the_pages_as_one_matrix():
     """Page p's row r is row p * 64 + r of the descriptor's [pages * 64, 576] view (the loader's coordinate), read in
     [64, 64] boxes, 128-byte swizzled as the stages; a padded row stride carries over."""
@@ -164,12 +277,28 @@ def _check(got, q_nope, q_rope, cache, block_table, seq_lens, scale):
     assert err <= 1.6e-2 * max(1.0, want.abs().max().item()), err  # bf16 rounding of p and of outputs ~1
 
 
+# the tuning switches the GPU tests run each case under (over the table's entry): the table's, and the seesaw schedule
+# (mla_decode_gluon_seesaw.py; not yet run on a GPU) at the table's registers and at 240 / 24 (what it needs with S > 1),
+# and in its early-release order
+TUNINGS = {"table": {}, "seesaw": {"schedule": "seesaw"}, "seesaw_r240": {"schedule": "seesaw", "attend_regs": 240, "load_regs": 24},
+           "seesaw_early_release": {"schedule": "seesaw_early_release"}}
+
+
+@pytest.fixture(params=list(TUNINGS))
+def tuning(request, monkeypatch):
+    """The kernel's tuning entry with this case's switches (TUNINGS)."""
+    table = g.config
+    switches = TUNINGS[request.param]
+    monkeypatch.setattr(g, "config", lambda op, v, device=None: {**table(op, v, device), **(switches if v == "gluon_bf16" else {})})
+    return request.param
+
+
 @ON_SM90
 @pytest.mark.parametrize("batch, heads, ctx, queries, splits", [
     (4, 16, 4096, 1, None), (4, 16, 4096, 1, 1), (4, 16, 4096, 1, 8), (4, 128, 4096, 1, None), (4, 128, 4096, 1, 1),
     (4, 128, 4096, 1, 5), (2, 64, 2048, 2, None), (3, 16, 960, 2, 1), (3, 16, 960, 2, 4), (1, 128, 8192, 1, None),
 ])  # fmt: skip
-def test_matches_the_reference_on_the_gpu(batch, heads, ctx, queries, splits):
+def test_matches_the_reference_on_the_gpu(batch, heads, ctx, queries, splits, tuning):
     args = _inputs(batch, heads, queries, ctx)
     got = g.launch_mla_decode_gluon(*args, 192**-0.5, num_splits=splits)
     _check(got, *args, 192**-0.5)
@@ -177,7 +306,7 @@ def test_matches_the_reference_on_the_gpu(batch, heads, ctx, queries, splits):
 
 @ON_SM90
 @pytest.mark.parametrize("heads, queries, splits", [(16, 1, None), (128, 1, 8), (32, 2, 3)])
-def test_lengths_inside_pages_and_empty_splits_on_the_gpu(heads, queries, splits):
+def test_lengths_inside_pages_and_empty_splits_on_the_gpu(heads, queries, splits, tuning):
     """Lengths of 2, 63, 64, 65 and 1000 tokens among 4096-token block tables (splits past a request's end see no key),
     and the rows after each request's end in its last page poisoned with NaN: the loader zeroes them in the stage, so
     p . v stays finite where p = 0."""

@@ -23,6 +23,8 @@ kernel, the quantiser bit for bit, CUDA-graph capture with new offsets on replay
 configurations for the tuning tables, and these cases through the bench runner. `--sweep fp8_v4_prefill` times
 V4-Flash's prefill fp8 projections (V4_PREFILL_CASES: not in CASES) against candidate tiles, with each shape's torch
 peer and its activation quantiser alone; `deepinfer bench compile --arch sm90 --sweep fp8_v4_prefill` compiles the candidates.
+`--sweep mla_gluon_bf16` times the bf16 Gluon mla_decode's tuning switches at 128 heads beside the tl kernel (SWEEP's
+comment). Every sweep ends with one table of its rows (`sweep_table`).
 """
 
 from __future__ import annotations
@@ -682,14 +684,42 @@ SWEEP["fp8_gluon_large"] = _opts(
     [{}],
 )
 
+# The SM90 Gluon mla_decode over the bf16 cache (mla_decode_gluon.py: its tuning entry mla_decode/gluon_bf16's switches;
+# all but the table's NOT YET RUN ON A GPU) at 128 heads, against the tl kernel's output and time (bench/attention_decode.py's
+# ", gluon" cases, timed as `deepinfer bench ops` times them: B128 on the stream, B32 and B1 from CUDA graph replays):
+# - the table's entry (the split-keys schedule, 232 / 40 registers);
+# - the seesaw schedule (each attention warpgroup scoring whole tiles, alternately: [64, 64] score wgmmas, one handshake
+#   a tile; mla_decode_gluon_seesaw.py), and its early-release order (no queueing of the two stages' loads, its softmax
+#   overlapping no wgmma of its own, 24 / 32 bytes spilled). At S = 1 (these cases) the seesaw fits the table's 232 registers;
+#   it needs 240 / 24 with S > 1 (the GPU tests' third tuning). No register split of the split-keys
+#   schedule is a candidate: it spills 8 bytes at 240 / 24, and setmaxnreg takes multiples of 8;
+# - more or fewer splits where the plan's limit binds: at B1 ctx8192 (2 programs a split) splits of >= 128 and 512 tokens
+#   give 43 and 16 splits against the table's 32 (132 SMs; >= 64 tokens gives 43 too); B32 ctx2048 keeps 2 and B128
+#   ctx4096 1 whatever these say (pick_splits fills the SMs first).
+# sm90 compile check (`deepinfer bench compile --arch sm90 --sweep mla_gluon_bf16`): every candidate's wgmmas
+# asynchronous, none spilling but the early release (24 / 32 bytes, allowed it there).
+SWEEP["mla_gluon_bf16"] = _opts(
+    [
+        {},
+        {"schedule": "seesaw"},
+        {"schedule": "seesaw_early_release"},
+        {"min_tokens_per_split": 128},
+        {"min_tokens_per_split": 512},
+    ],
+    [{}],
+)
+
 # the tuning entries a variant's configs stand in for, where not the entry of its own name: V4's prefill shapes plan
 # fp8_block_large, or at K <= 1024 fp8_block_large_short_k (kernels/gemm.py's _shape_entry)
-SWEEP_ENTRIES = {"fp8_v4_prefill": ("fp8_block_large", "fp8_block_large_short_k")}
+SWEEP_ENTRIES = {"fp8_v4_prefill": ("fp8_block_large", "fp8_block_large_short_k"), "mla_gluon_bf16": ("gluon_bf16",)}
+# the op of a variant's tuning entries, where not gemm
+SWEEP_OPS = {"mla_gluon_bf16": "mla_decode"}
 
 # the case each variant is swept on (a fragment of its name), or the cases
 SWEEP_CASES = {
     "fp8_v4_prefill": tuple(case.name for case in V4_PREFILL_CASES),
     "fp8_gluon_large": tuple(case.name for case in GLUON_SWEEP_CASES),
+    "mla_gluon_bf16": ("B128_ctx4096_H128_S1_bf16_page64, gluon", "B32_ctx2048_H128_S1_bf16_page64, gluon", "B1_ctx8k_H128_S1_bf16_page64, gluon"),
     "mxfp4_gluon_small": "V4 w13 decode B256",
     "mxfp4_gluon_large": ("256x192 tok, 4096->4096 (V4 w13), gluon", "8192x6 tok routed over 256, 4096->4096 (V4 w13), gluon"),
     "dense_large": "bf16 contiguous 8x4096 tok, 7168->4096",
@@ -705,7 +735,23 @@ def sweep(device: torch.device, variants=None) -> list[dict]:
     for variant in variants or SWEEP:
         results += _sweep_variant(variant, device)  # the case's tensors are freed on return
         torch.cuda.empty_cache()
+    print(sweep_table(results), flush=True)
     return results
+
+
+def sweep_table(results: list[dict]) -> str:
+    """The sweep's rows as one table: case, config (or reference row), microseconds, rate, and the largest differences
+    from the table config's output and from the tl kernel's (blank where not compared)."""
+    def num(x, fmt):
+        return "" if x is None else format(x, fmt)
+
+    lines = [f"{'variant':16s} {'case':44s} {'config':64s} {'us':>9s} {'rate':>9s} {'unit':7s} {'max|d table|':>12s} {'max|d tl|':>10s}"]
+    for r in results:
+        cfg = r["cfg"] if isinstance(r["cfg"], str) else (" ".join(f"{k}={v}" for k, v in {**r["cfg"], **r["extra"]}.items()) or "table")
+        us = None if r["ms"] is None else r["ms"] * 1e3
+        lines.append(f"{r['variant'][:16]:16s} {r['case'][:44]:44s} {cfg[:64]:64s} {num(us, '9.1f'):>9s} {num(r['rate'], '9.1f'):>9s} "
+                     f"{r.get('unit', ''):7s} {num(r['max_diff'], '12.3g'):>12s} {num(r.get('max_diff_tl'), '10.3g'):>10s}")
+    return "\n".join(lines)
 
 
 def _sweep_variant(variant: str, device: torch.device) -> list[dict]:
@@ -718,10 +764,12 @@ def _sweep_variant(variant: str, device: torch.device) -> list[dict]:
 
 
 def sweep_cases(variant: str) -> list[BenchCase]:
-    """The cases `variant` is swept on: for each SWEEP_CASES fragment, the first case (CASES, then V4_PREFILL_CASES and
-    GLUON_SWEEP_CASES) whose name holds it."""
+    """The cases `variant` is swept on: for each SWEEP_CASES fragment, the first case (CASES, then V4_PREFILL_CASES,
+    GLUON_SWEEP_CASES and attention_decode.py's CASES) whose name holds it."""
+    from deepinfer_cuda.bench import attention_decode
+
     fragments = SWEEP_CASES[variant]
-    pool = CASES + V4_PREFILL_CASES + GLUON_SWEEP_CASES
+    pool = CASES + V4_PREFILL_CASES + GLUON_SWEEP_CASES + attention_decode.CASES
     return [next(c for c in pool if fragment in c.name) for fragment in ((fragments,) if isinstance(fragments, str) else fragments)]
 
 
@@ -735,14 +783,34 @@ def sweep_override(cfg: dict, extra: dict) -> dict:
     return {**cfg, "tma": extra.get("tma", False), "warp_specialize": extra.get("ws", False), "k_pairs": extra.get("kp", False)}
 
 
-def _sweep_case(variant: str, case, device: torch.device) -> list[dict]:
-    """Each of the variant's SWEEP configs timed on `case`, its output compared with the table config's (the largest
-    difference: a config that skipped rows would time fast; the Gluon fp8_block kernel's options must give 0) and, for
-    a Gluon fp8_block case, with the tl kernel's, then the table's config restored."""
+def _timer(case):
+    """How `deepinfer bench ops` times `case`: from CUDA graph replays (case.graph: decode-sized calls) or on the stream,
+    both with L2 flushed before each timed replay or call (do_bench)."""
     from deepinfer_cuda.bench.common import time_ms
+    from deepinfer_cuda.bench.runner import graph_time_ms
+
+    return graph_time_ms if getattr(case, "graph", False) else (lambda fn: time_ms(fn, warmup_ms=10, rep_ms=40))
+
+
+def _tl_reference(case, state: dict):
+    """The tl kernel's output on a Gluon case's inputs (a Gluon fp8_block GEMM's or a bf16 Gluon mla_decode's), else None."""
+    if state.get("path") == "gluon" and state.get("fmt") == "fp8_block":
+        return _tl_fp8(state)
+    if case.op == "mla_decode" and case.name.endswith(", gluon"):
+        from deepinfer_cuda.bench import attention_decode
+
+        return attention_decode._mla_kernel(state)
+    return None
+
+
+def _sweep_case(variant: str, case, device: torch.device) -> list[dict]:
+    """Each of the variant's SWEEP configs timed on `case` (as `deepinfer bench ops` times it), its output compared with
+    the table config's (the largest difference: a config that skipped rows would time fast; the Gluon fp8_block kernel's
+    options must give 0) and, for a Gluon case, with the tl kernel's, then the table's config restored."""
     from deepinfer_cuda.kernels import gemm as kg
     from deepinfer_cuda.kernels import gemm_fp8_gluon as fp8_gluon
     from deepinfer_cuda.kernels import gemm_mxfp4_gluon as gluon
+    from deepinfer_cuda.kernels import mla_decode_gluon
     from deepinfer_cuda.tuning import config as table_config
 
     results = []
@@ -750,12 +818,15 @@ def _sweep_case(variant: str, case, device: torch.device) -> list[dict]:
     amount = case.flops(state) if case.bound == "compute" else case.bytes(state)
     unit = "TFLOP/s" if case.bound == "compute" else "TB/s"
     want = case.kernel(state)
-    tl_want = _tl_fp8(state) if state.get("path") == "gluon" and state.get("fmt") == "fp8_block" else None
+    tl_want = _tl_reference(case, state)
     entries = sweep_entries(variant)
-    saved = kg.config, gluon.config, fp8_gluon.config  # restored as found (a test may have patched the table)
+    timer = _timer(case)
+    saved = kg.config, gluon.config, fp8_gluon.config, mla_decode_gluon.config  # restored as found (a test may have patched the table)
     for cfg, extra in SWEEP[variant]:
-        full = {**table_config("gemm", entries[0], device), **sweep_override(cfg, extra)}
-        kg.config = gluon.config = fp8_gluon.config = lambda op, v, dev, _full=full: dict(_full) if v in entries else table_config(op, v, dev)
+        op = SWEEP_OPS.get(variant, "gemm")
+        full = {**table_config(op, entries[0], device), **(sweep_override(cfg, extra) if op == "gemm" else cfg)}
+        patched = lambda op, v, dev, _full=full: dict(_full) if v in entries else table_config(op, v, dev)  # noqa: E731
+        kg.config = gluon.config = fp8_gluon.config = mla_decode_gluon.config = patched
         kg.MXFP4_AUTO_PATH = extra.get("mx")
         diff = tl_diff = None
         try:
@@ -768,15 +839,16 @@ def _sweep_case(variant: str, case, device: torch.device) -> list[dict]:
             if isinstance(got, torch.Tensor) and tl_want is not None:
                 tl_diff = (got.float() - tl_want.float()).abs().max().item()
             del got
-            ms = time_ms(lambda: case.kernel(state), warmup_ms=10, rep_ms=40)
+            ms = timer(lambda: case.kernel(state))
             rate = amount / (ms * 1e-3) / 1e12
             line = f"{ms:8.4f} ms {rate:8.2f} {unit}" + ("" if diff is None else f"  max |out - table's| {diff:.3g}")
             line += "" if tl_diff is None else f"  max |out - tl kernel's| {tl_diff:.3g}"
         except Exception as exc:  # noqa: BLE001
             ms, rate, line = None, None, f"ERROR {type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
         print(f"sweep {variant:16s} {case.name[:56]:56s} {cfg} {extra} {line}", flush=True)
-        results.append({"variant": variant, "case": case.name, "cfg": cfg, "extra": extra, "ms": ms, "rate": rate, "max_diff": diff, "max_diff_tl": tl_diff})
-    kg.config, gluon.config, fp8_gluon.config = saved
+        results.append({"variant": variant, "case": case.name, "cfg": cfg, "extra": extra, "ms": ms, "rate": rate, "unit": unit, "max_diff": diff,
+                        "max_diff_tl": tl_diff})
+    kg.config, gluon.config, fp8_gluon.config, mla_decode_gluon.config = saved
     kg.MXFP4_AUTO_PATH = None
     results += _sweep_references(variant, case, state, amount, unit)
     return results
@@ -784,8 +856,8 @@ def _sweep_case(variant: str, case, device: torch.device) -> list[dict]:
 
 def _sweep_references(variant: str, case, state: dict, amount: float, unit: str) -> list[dict]:
     """Rows beside a case's configs: its torch peer (a rate reference: torch._scaled_mm is per-tensor scaled, not
-    block-scaled), and for an fp8_block call through the op the activation quantiser alone (its share of each row)."""
-    from deepinfer_cuda.bench.common import time_ms
+    block-scaled), for an fp8_block call through the op the activation quantiser alone (its share of each row), for a
+    Gluon mla_decode case the tl kernel (timed as the case)."""
     from deepinfer_cuda.kernels import gemm as kg
 
     rows = []
@@ -796,15 +868,20 @@ def _sweep_references(variant: str, case, state: dict, amount: float, unit: str)
         timed.append(("fp8 activation quantiser alone", lambda: kg.quantize_act_fp8(state["x"]), None))
     if "prequantised_tl" in state:  # a Gluon case of the GEMM alone: the tl kernel's GEMM alone beside it
         timed.append(("tl kernel (fp8_path=tl), GEMM alone", lambda: _tl_fp8(state, state["prequantised_tl"]), amount))
+    if case.op == "mla_decode" and case.name.endswith(", gluon"):
+        from deepinfer_cuda.bench import attention_decode
+
+        timed.append(("tl kernel (mla_decode_path=tl)", lambda: attention_decode._mla_kernel(state), amount))
+    timer = _timer(case)
     for label, fn, work in timed:
         try:
-            ms = time_ms(fn, warmup_ms=10, rep_ms=40)
+            ms = timer(fn)
             rate = None if work is None else work / (ms * 1e-3) / 1e12
             line = f"{ms:8.4f} ms" + ("" if rate is None else f" {rate:8.2f} {unit}")
         except Exception as exc:  # noqa: BLE001 - a peer this torch lacks is a row, not the end of the sweep
             ms, rate, line = None, None, f"ERROR {type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
         print(f"sweep {variant:16s} {case.name[:56]:56s} {label} {line}", flush=True)
-        rows.append({"variant": variant, "case": case.name, "cfg": label, "extra": {}, "ms": ms, "rate": rate, "max_diff": None})
+        rows.append({"variant": variant, "case": case.name, "cfg": label, "extra": {}, "ms": ms, "rate": rate, "unit": unit, "max_diff": None})
     return rows
 
 

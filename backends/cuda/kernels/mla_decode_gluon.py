@@ -48,6 +48,17 @@ S*H <= 64 (one 64-row tile, padded) or S*H = 128 (two row tiles, the second's ca
 tuning overrides, no `tiles_of_one_query` unless S = 1. The splits are chosen as the FP8 kernel's
 (mla_decode_gluon_parts.plan: host shapes only, CUDA-graph safe); a forced num_splits / tokens_per_split is honoured.
 
+Tuning switches (the tuning entry mla_decode/gluon_bf16, default.py's; its values are what was measured above, and
+each other value is NOT YET RUN ON A GPU): "schedule" ("split_keys": the schedule above; "seesaw":
+mla_decode_gluon_seesaw.py, each attention warpgroup scoring whole tiles, alternately, for [64, 64] score wgmmas that the
+SM's shared memory can feed and one handshake a tile; "seesaw_early_release": the same, each warpgroup releasing the
+other's stage before it waits for its own), "attend_regs" / "load_regs" (setmaxnreg of attention warpgroup 1 and of the
+loader; warpgroup 0 gets 504 less both), "min_tokens_per_split" / "max_splits" (the plan's limits).
+`python -m deepinfer_cuda.bench.gemm --sweep mla_gluon_bf16` times the candidates on a GPU beside the tl kernel, `deepinfer
+bench compile --arch sm90 --sweep mla_gluon_bf16` compiles them. One CTA processing both 64-row tiles of a 128-row call
+over one stage is not among them: its output accumulators (128 rows x 512 float32) alone would take the SM's whole
+register file (64 Ki registers).
+
 Triton 3.6 (the GPU machine) and 3.9 differ in the names of the TMA copy (`tma_load`) and of the partition-wide barrier
 (`_sync_warps`): gluon_hopper.py's shims.
 """
@@ -61,14 +72,19 @@ from deepinfer_cuda.kernels.common import Registration
 from deepinfer_cuda.kernels.gluon_hopper import GLUON_IMPORT_ERROR, gluon_unusable
 from deepinfer_cuda.kernels.mla_decode_gluon_parts import LATENT, PAGE, ROPE
 from deepinfer_cuda.options import MLA_DECODE_PATH
+from deepinfer_cuda.tuning import config
 
 if GLUON_IMPORT_ERROR is None:  # (else the launch declines every call)
     from deepinfer_cuda.kernels.gluon_hopper import TensorDescriptor, fence_async_shared, gl, gluon, mbarrier
     from deepinfer_cuda.kernels.gluon_hopper import sync_warps as _sync_warps
     from deepinfer_cuda.kernels.gluon_hopper import tma_load as _tma_load
     from deepinfer_cuda.kernels.mla_decode_gluon_parts import _attend, _attention_barriers, _attention_smem, _split_range, _stage_q
+    from deepinfer_cuda.kernels.mla_decode_gluon_seesaw import _attend_seesaw, _seesaw_smem
 
-PARTITION_REGS = (232, 40)  # setmaxnreg of attention warpgroup 1 and of the loader's warpgroup (warpgroup 0: the rest, 232)
+PARTITION_REGS = (232, 40)  # setmaxnreg of attention warpgroup 1 and of the loader's warpgroup (warpgroup 0: the rest, 232): the table's default
+# the tuning entry's "schedule": "split_keys" (parts._attend: both warpgroups score half of every tile; what was measured)
+# or "seesaw" / "seesaw_early_release" (mla_decode_gluon_seesaw.py: each scores whole tiles, alternately; not yet run on a GPU)
+SCHEDULES = ("split_keys", "seesaw", "seesaw_early_release")
 CHUNK = 64  # columns per TMA box and shared-memory chunk (128 bytes of bf16: the swizzle's width)
 # mla_decode_path=gluon serves the calls of at least this many query rows here: 16-head rows (memory-bound, three
 # quarters of each 64-row wgmma padding) stay on the tl kernel until measured (the rows `deepinfer bench ops --op
@@ -145,40 +161,61 @@ if GLUON_IMPORT_ERROR is None:
         BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
         DIRECT: gl.constexpr,
         REGS_ATTEND: gl.constexpr, REGS_LOAD: gl.constexpr,
+        SEESAW: gl.constexpr,  # mla_decode_gluon_seesaw.py's schedule (tuning switch "schedule": "seesaw" or "seesaw_early_release")
+        EARLY_RELEASE: gl.constexpr,  # (with SEESAW) "seesaw_early_release": the other's stage released before this one is waited for
         num_warps: gl.constexpr,
     ):
         gl.static_assert(PAGE == BLOCK_N, "a tile is one page")
         NUM_CHUNKS: gl.constexpr = (C + R) // 64
         seq_len, lo, split_end, num_tiles = _split_range(seq_lens_ptr, tokens_per_split, BLOCK_N)
         bt_row = block_table_ptr + gl.program_id(1).to(gl.int64) * stride_bt_b
-
-        q_smem, bf_smem, p_smem = _attention_smem(BLOCK_M, BLOCK_N, NUM_CHUNKS)
+        if SEESAW:  # mla_decode_gluon_seesaw.py's schedule (not yet run on a GPU)
+            q_smem, bf_smem, p_smem, mx_smem, sum_smem, bf_ready, bf_empty, published, sums_bar = _seesaw_smem(BLOCK_M, BLOCK_N, NUM_CHUNKS)
+        else:
+            q_smem, bf_smem, p_smem = _attention_smem(BLOCK_M, BLOCK_N, NUM_CHUNKS)
+            mx_smem, bf_ready, bf_empty, p_ready, p_free, mx_bar = _attention_barriers(BLOCK_M)
         # the stages as bands of 8 rows (one 128-byte swizzle atom each: the same bytes) for the loader's zeroing
         if _REINTERPRET_IS_PUBLIC:
             bf_bands = bf_smem.reinterpret(gl.bfloat16, [2 * NUM_CHUNKS * (BLOCK_N // 8), 8, 64], bf_smem.layout)
         else:
             bf_bands = bf_smem._reinterpret(gl.bfloat16, [2 * NUM_CHUNKS * (BLOCK_N // 8), 8, 64], bf_smem.layout)
-        mx_smem, bf_ready, bf_empty, p_ready, p_free, mx_bar = _attention_barriers(BLOCK_M)
         landed = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())  # the partial tile's TMA copies
         mbarrier.init(landed, count=1)
         _stage_q(q_smem, q_nope_ptr, q_rope_ptr, stride_qn_b, stride_qn_s, stride_qn_h, stride_qr_b, stride_qr_s, stride_qr_h,
                  S, H, C, R, BLOCK_M, num_warps)
 
-        gl.warp_specialize(
-            [
-                (_attend, (q_smem, bf_smem, None, p_smem, mx_smem, bf_ready, bf_empty, p_ready, p_free, mx_bar,
-                           dst_ptr, part_lse_ptr, seq_len, lo, split_end, num_tiles, qk_scale,
-                           stride_o_b, stride_o_s, stride_o_h, stride_po_b, stride_po_split, stride_po_m, stride_pl_b, stride_pl_split,
-                           S, H, BLOCK_M, BLOCK_N, NUM_CHUNKS, DIRECT, 0, False)),
-                (_attend, (q_smem, bf_smem, None, p_smem, mx_smem, bf_ready, bf_empty, p_ready, p_free, mx_bar,
-                           dst_ptr, part_lse_ptr, seq_len, lo, split_end, num_tiles, qk_scale,
-                           stride_o_b, stride_o_s, stride_o_h, stride_po_b, stride_po_split, stride_po_m, stride_pl_b, stride_pl_split,
-                           S, H, BLOCK_M, BLOCK_N, NUM_CHUNKS, DIRECT, 1, False)),
-                (_loader, (kv_desc, bt_row, bf_smem, bf_bands, bf_ready, bf_empty, landed, lo, split_end, num_tiles, PAGE, BLOCK_N, NUM_CHUNKS)),
-            ],
-            [4, 1],
-            [REGS_ATTEND, REGS_LOAD],
-        )
+        if SEESAW:
+            gl.warp_specialize(
+                [
+                    (_attend_seesaw, (q_smem, bf_smem, p_smem, mx_smem, sum_smem, bf_ready, bf_empty, published, sums_bar,
+                                      dst_ptr, part_lse_ptr, seq_len, lo, split_end, num_tiles, qk_scale,
+                                      stride_o_b, stride_o_s, stride_o_h, stride_po_b, stride_po_split, stride_po_m, stride_pl_b, stride_pl_split,
+                                      S, H, BLOCK_M, BLOCK_N, NUM_CHUNKS, DIRECT, 0, EARLY_RELEASE)),
+                    (_attend_seesaw, (q_smem, bf_smem, p_smem, mx_smem, sum_smem, bf_ready, bf_empty, published, sums_bar,
+                                      dst_ptr, part_lse_ptr, seq_len, lo, split_end, num_tiles, qk_scale,
+                                      stride_o_b, stride_o_s, stride_o_h, stride_po_b, stride_po_split, stride_po_m, stride_pl_b, stride_pl_split,
+                                      S, H, BLOCK_M, BLOCK_N, NUM_CHUNKS, DIRECT, 1, EARLY_RELEASE)),
+                    (_loader, (kv_desc, bt_row, bf_smem, bf_bands, bf_ready, bf_empty, landed, lo, split_end, num_tiles, PAGE, BLOCK_N, NUM_CHUNKS)),
+                ],
+                [4, 1],
+                [REGS_ATTEND, REGS_LOAD],
+            )
+        else:
+            gl.warp_specialize(
+                [
+                    (_attend, (q_smem, bf_smem, None, p_smem, mx_smem, bf_ready, bf_empty, p_ready, p_free, mx_bar,
+                               dst_ptr, part_lse_ptr, seq_len, lo, split_end, num_tiles, qk_scale,
+                               stride_o_b, stride_o_s, stride_o_h, stride_po_b, stride_po_split, stride_po_m, stride_pl_b, stride_pl_split,
+                               S, H, BLOCK_M, BLOCK_N, NUM_CHUNKS, DIRECT, 0, False)),
+                    (_attend, (q_smem, bf_smem, None, p_smem, mx_smem, bf_ready, bf_empty, p_ready, p_free, mx_bar,
+                               dst_ptr, part_lse_ptr, seq_len, lo, split_end, num_tiles, qk_scale,
+                               stride_o_b, stride_o_s, stride_o_h, stride_po_b, stride_po_split, stride_po_m, stride_pl_b, stride_pl_split,
+                               S, H, BLOCK_M, BLOCK_N, NUM_CHUNKS, DIRECT, 1, False)),
+                    (_loader, (kv_desc, bt_row, bf_smem, bf_bands, bf_ready, bf_empty, landed, lo, split_end, num_tiles, PAGE, BLOCK_N, NUM_CHUNKS)),
+                ],
+                [4, 1],
+                [REGS_ATTEND, REGS_LOAD],
+            )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -234,8 +271,13 @@ def launch_mla_decode_gluon(
     attention_ops.check_mla_decode_shapes(q_nope, q_rope, kv_cache, sliding_window)
     if not_served(q_nope, q_rope, kv_cache, sliding_window, overrides, tiles_of_one_query) is not None:
         return None
+    cfg = config("mla_decode", "gluon_bf16", q_nope.device)
+    if cfg["schedule"] not in SCHEDULES:
+        raise ValueError(f"mla_decode gluon_bf16 tuning: schedule {cfg['schedule']!r}, wants one of {SCHEDULES}")
+    limits = {"min_tokens_per_split": cfg["min_tokens_per_split"], "max_splits": cfg["max_splits"]}
     return parts.launch(_mla_decode_ws_kernel, _descriptor(kv_cache), (), q_nope, q_rope, block_table, seq_lens, softmax_scale,
-                        num_splits, tokens_per_split, REGS_ATTEND=PARTITION_REGS[0], REGS_LOAD=PARTITION_REGS[1])
+                        num_splits, tokens_per_split, limits, REGS_ATTEND=cfg["attend_regs"], REGS_LOAD=cfg["load_regs"],
+                        SEESAW=cfg["schedule"].startswith("seesaw"), EARLY_RELEASE=cfg["schedule"] == "seesaw_early_release")
 
 
 # mla_decode_path=gluon: the op on this kernel for the calls of at least GLUON_MIN_ROWS rows it serves, else on the tl kernel

@@ -297,16 +297,17 @@ class GluonPlan:
         return self.num_splits == 1
 
 
-def plan(batch: int, rows: int, capacity: int, device: torch.device, num_splits: int | None = None, tokens_per_split: int | None = None) -> GluonPlan:
+def plan(batch: int, rows: int, capacity: int, device: torch.device, num_splits: int | None = None, tokens_per_split: int | None = None,
+         min_tokens_per_split: int = MIN_TOKENS_PER_SPLIT, max_splits: int = MAX_SPLITS) -> GluonPlan:
     """Row tiles and splits from host-known shapes (mla_decode.plan's rule: pick_splits over the SMs, at most
-    MAX_SPLITS and capacity / MIN_TOKENS_PER_SPLIT, splits of whole pages); one CTA per SM (shared memory)."""
+    max_splits and capacity / min_tokens_per_split, splits of whole pages); one CTA per SM (shared memory)."""
     row_tiles = cdiv(rows, BLOCK_M)
     granules = max(1, cdiv(capacity, SPLIT_GRANULE))
     if tokens_per_split is not None:
         per_split = max(1, cdiv(tokens_per_split, SPLIT_GRANULE))
     else:
         if num_splits is None:
-            limit = min(MAX_SPLITS, granules, max(1, capacity // MIN_TOKENS_PER_SPLIT))
+            limit = min(max_splits, granules, max(1, capacity // min_tokens_per_split))
             num_splits = pick_splits(batch * row_tiles, num_sms(device), limit)
         num_splits = max(1, min(num_splits, granules))
         per_split = cdiv(granules, num_splits)
@@ -342,12 +343,12 @@ def q_not_served(q_nope, q_rope, sliding_window, overrides=None, tiles_of_one_qu
 
 
 def launch(kernel, cache, cache_strides: tuple, q_nope, q_rope, block_table, seq_lens, softmax_scale: float,
-           num_splits: int | None, tokens_per_split: int | None, **constexprs) -> torch.Tensor:
+           num_splits: int | None, tokens_per_split: int | None, split_limits: dict | None = None, **constexprs) -> torch.Tensor:
     """One launch of a Gluon mla_decode kernel (its arguments: the cache, q, the block table, the lengths, the output
     or partials, the lse, qk_scale, tokens_per_split, then `cache_strides` and the strides of q, the block table, the
     output and partials; its constexprs S, H, C, R, PAGE, BLOCK_M, BLOCK_N, DIRECT and `constexprs`) over a call it
     serves, then, with several splits, mla_decode.py's combine kernel (the wide one for few (row tile, request) groups
-    and many splits, as its plan does)."""
+    and many splits, as its plan does). split_limits: `plan`'s min_tokens_per_split / max_splits where not its defaults."""
     from deepinfer_cuda.kernels import mla_decode as tl_mla
 
     batch, num_queries, heads, latent_dim = q_nope.shape
@@ -356,7 +357,7 @@ def launch(kernel, cache, cache_strides: tuple, q_nope, q_rope, block_table, seq
         return out
     if block_table.stride(-1) != 1:
         block_table = block_table.contiguous()
-    p = plan(batch, num_queries * heads, block_table.shape[1] * PAGE, q_nope.device, num_splits, tokens_per_split)
+    p = plan(batch, num_queries * heads, block_table.shape[1] * PAGE, q_nope.device, num_splits, tokens_per_split, **(split_limits or {}))
     if p.direct:
         part_out, part_lse = out, out  # unused
         po_strides, pl_strides = (0, 0, 0), (0, 0)

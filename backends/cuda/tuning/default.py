@@ -80,6 +80,10 @@ CONFIGS: dict[str, dict[str, dict]] = {
             "ctas_per_sm": 1, "min_tokens_per_split": 256, "max_splits": 64, "fused_combine": True, "wide_combine": True,
         },
         "combine": {"num_warps": 4},
+        # the SM90 Gluon kernel over the bf16 cache (mla_decode_gluon.py; these switches there: its docstring). What it
+        # measured with: the split-keys schedule, 232 registers an attention warpgroup, 40 the loader's, splits of >= 256
+        # tokens, <= 64 of them. The others (not yet run on a GPU): `python -m deepinfer_cuda.bench.gemm --sweep mla_gluon_bf16`
+        "gluon_bf16": {"schedule": "split_keys", "attend_regs": 232, "load_regs": 40, "min_tokens_per_split": 256, "max_splits": 64},
     },
     "kv_cache_write": {"tokens": {"num_warps": 4}},
     # norm_rope_kv_write: one row of up to 512 float32 channels per program. Not measured.
