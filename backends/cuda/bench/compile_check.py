@@ -687,10 +687,11 @@ class Case:
     spills_ok: int = 0  # bytes of spills its matrix kernel may have (a sweep candidate whose spills its timing weighs; why: where set)
 
 
-# The Gluon fp8_block kernel's schedule options as tuning overrides (gemm_fp8_gluon.py: not in its tables until a GPU has
-# timed them): the overlapped K loop, and the 128 x 256 tile in two column halves (4 stages of 48 KiB).
-GLUON_FP8_OVERLAP = {"overlap": True, "consumer_regs": 240}
-GLUON_FP8_N256 = {"BLOCK_N": 256, "num_stages": 4, "consumer_regs": 240}
+# The Gluon fp8_block kernel's schedule options as tuning overrides of its prefill entry (since 2026-12-07 the 128 x 256
+# tile with the TMA store): the overlapped K loop on the former 128 x 128 tile, and the 128 x 256 tile with register
+# stores (4 stages of 48 KiB).
+GLUON_FP8_OVERLAP = {"BLOCK_N": 128, "num_stages": 6, "overlap": True, "consumer_regs": 240, "tma_store": False}
+GLUON_FP8_N256 = {"BLOCK_N": 256, "num_stages": 4, "consumer_regs": 240, "tma_store": False}
 
 
 # DeepSeek-V3 shapes: hidden 7168, MLA q/kv 192/128 heads 128, latent 512 + rope 64, experts 2048 wide.
@@ -885,7 +886,7 @@ CASES: list[Case] = [
     Case("linear fp8_block gluon decode split (128x4096->1536)", _gluon_fp8("linear", 1, 128, 1536, 4096), "mma", archs=("sm90",), tma=True),
     Case("grouped_gemm fp8_block gluon decode masked (E8 m32 7168->4096)", _gluon_fp8("masked", 8, 32, 4096, 7168), "mma",
          archs=("sm90",), tma=True),
-    # its schedule options (gemm_fp8_gluon.py's module docstring; off in the tables, the sweep fp8_gluon_large times them):
+    # its schedule options (gemm_fp8_gluon.py's module docstring; the sweep fp8_gluon_large times them):
     # the overlapped K loop (two product register sets, consumers at 240 registers) at the grouped prefill, with the TMA
     # store epilogue at K 1024, and the 128 x 256 tile (two column halves) at K 4096
     Case("grouped_gemm fp8_block gluon overlap prefill contig (E8 32768 7168->4096)",

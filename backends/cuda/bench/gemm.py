@@ -663,23 +663,24 @@ _V4_PREFILL_SWEEP = (
 )
 SWEEP["fp8_v4_prefill"] = _V4_PREFILL_SWEEP
 
-# The SM90 Gluon fp8_block kernel's prefill entry (gemm_fp8_gluon.py's schedule options, NOT YET RUN ON A GPU; each must
-# give the table's output bit for bit, and each row also shows its difference from the tl kernel's): the table's 128 x
-# 128 (232 registers a consumer, 6 stages), the same at 240 (what the others take: the producer keeps 24), the
-# overlapped K loop (the next group's wgmma issued before this group's promotion), with the TMA store epilogue too (5
-# stages), the 128 x 256 tile (two column halves, 4 stages) and the 256 x 128 tile (two 64-row waves a consumer, 4
-# stages). sm90 compile check (`deepinfer bench compile --arch sm90 --sweep fp8_gluon_large`): no spills and the
-# overlapped loops' wgmmas asynchronous under Triton 3.9 and 3.6, but for the 256 x 128 tile under 3.6: 4 bytes spilled
-# once, in the consumers' prologue (not in the K loop).
+# The SM90 Gluon fp8_block kernel's prefill entry (gemm_fp8_gluon.py's schedule options; each must give the tl kernel's
+# output bit for bit, and each row shows its difference from the table's and the tl kernel's): the table's 128 x 256 tile
+# (two column halves) with the TMA store epilogue (3 stages: fit_stages), the same without it (4 stages), the former
+# entry's 128 x 128 (232 registers a consumer, 6 stages), the same at 240, the overlapped K loop (the next group's wgmma
+# issued before this group's promotion), with the TMA store too (5 stages), and the 256 x 128 tile (two 64-row waves a
+# consumer, 4 stages). Timed on an H100 2026-12-07 (docs/measurements/2026-12-07/h100_round14/c/fp8g_sweep.txt:
+# the tuning table's comment). sm90 compile check (`deepinfer bench compile --arch sm90 --sweep fp8_gluon_large`): no
+# spills and the overlapped loops' wgmmas asynchronous under Triton 3.9 and 3.6, but for the 256 x 128 tile under 3.6: 4
+# bytes spilled once, in the consumers' prologue (not in the K loop).
 SWEEP["fp8_gluon_large"] = _opts(
     [
-        dict(BLOCK_M=128, BLOCK_N=128, num_stages=6, consumer_regs=232),
-        dict(BLOCK_M=128, BLOCK_N=128, num_stages=6, consumer_regs=240),
-        dict(BLOCK_M=128, BLOCK_N=128, num_stages=6, consumer_regs=240, overlap=True),
-        dict(BLOCK_M=128, BLOCK_N=128, num_stages=6, consumer_regs=240, overlap=True, tma_store=True),
-        dict(BLOCK_M=128, BLOCK_N=256, num_stages=4, consumer_regs=240),
         dict(BLOCK_M=128, BLOCK_N=256, num_stages=4, consumer_regs=240, tma_store=True),
-        dict(BLOCK_M=256, BLOCK_N=128, num_stages=4, consumer_regs=240, waves=2),
+        dict(BLOCK_M=128, BLOCK_N=256, num_stages=4, consumer_regs=240, tma_store=False),
+        dict(BLOCK_M=128, BLOCK_N=128, num_stages=6, consumer_regs=232, tma_store=False),
+        dict(BLOCK_M=128, BLOCK_N=128, num_stages=6, consumer_regs=240, tma_store=False),
+        dict(BLOCK_M=128, BLOCK_N=128, num_stages=6, consumer_regs=240, overlap=True, tma_store=False),
+        dict(BLOCK_M=128, BLOCK_N=128, num_stages=6, consumer_regs=240, overlap=True, tma_store=True),
+        dict(BLOCK_M=256, BLOCK_N=128, num_stages=4, consumer_regs=240, waves=2, tma_store=False),
     ],
     [{}],
 )

@@ -133,13 +133,16 @@ CONFIGS: dict[str, dict[str, dict]] = {
                             "split_k": True, "min_kb_per_split": 2, "split_cost": 1},
         "fp8_gluon_medium": {"BLOCK_M": 128, "BLOCK_N": 128, "GROUP_M": 8, "consumers": 2, "num_stages": 6, "consumer_regs": 232,
                              "split_k": True, "min_kb_per_split": 2, "split_cost": 1},
-        # Schedule options (gemm_fp8_gluon.py's module docstring; NOT YET RUN ON A GPU, so off here): "overlap" (the next
-        # 128-K group's wgmma issued before this group's promotion: two product register sets, consumers at 240 registers),
-        # BLOCK_N 256 (two column halves) or BLOCK_M 256 with "waves" 2, "tma_store" (the epilogue by TMA). Each gives this
-        # entry's output bit for bit; `python -m deepinfer_cuda.bench.gemm --sweep fp8_gluon_large` times them, `deepinfer
-        # bench compile --arch sm90 --sweep fp8_gluon_large` compiles them.
-        "fp8_gluon_large": {"BLOCK_M": 128, "BLOCK_N": 128, "GROUP_M": 8, "consumers": 2, "num_stages": 6, "consumer_regs": 232,
-                            "overlap": False, "waves": 1, "tma_store": False},
+        # Schedule options (gemm_fp8_gluon.py's module docstring): "overlap" (the next 128-K group's wgmma issued before this
+        # group's promotion: two product register sets, consumers at 240 registers), BLOCK_N 256 (two column halves) or
+        # BLOCK_M 256 with "waves" 2, "tma_store" (the epilogue by TMA). Each gives the former entry's output bit for bit.
+        # `python -m deepinfer_cuda.bench.gemm --sweep fp8_gluon_large` on an H100 (2026-12-07, GEMM alone, pre-quantised
+        # x; docs/measurements/2026-12-07/h100_round14/c/fp8g_sweep.txt): 128 x 256 with the TMA store (3 stages, fit_stages)
+        # 962-1091 TFLOP/s over the contiguous 8 x 4096 (7168 -> 4096: 1029) and V4-Flash's six prefill projections,
+        # against the former 128 x 128 entry's 608-862 and the tl kernel's 716-869; overlap + TMA store 868-1062 (868 at the
+        # contiguous shape); outputs equal to the tl kernel's at every shape.
+        "fp8_gluon_large": {"BLOCK_M": 128, "BLOCK_N": 256, "GROUP_M": 8, "consumers": 2, "num_stages": 4, "consumer_regs": 240,
+                            "overlap": False, "waves": 1, "tma_store": True},
         # mxfp8 (e4m3 weights): decode 128x128 w4 s4 189 regs, 67 KB, 6.5 per element; prefill 256x128x64 w8 s3 210 regs.
         "mxfp8_reg_small": {"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 4, "num_stages": 4},
         "mxfp8_reg_large": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 3},  # as mxfp4's (not swept)
