@@ -1,11 +1,15 @@
 """Gluon kernel: fp8_block (DeepSeek-V3/V4 FP8) `linear` and `grouped_gemm` on SM90, warp-specialised, DeepGEMM's design.
 
-Runs only under backend option fp8_path=gluon (`fp8_path=auto` is the tl kernel: this kernel passed `deepinfer
-conformance --backend cuda --backend-option fp8_path=gluon --op linear --op grouped_gemm` on an H200 (29 cases,
-2026-12-07) but was not faster than the tl kernel there: 768 against 788 TFLOP/s at 8 experts x 4096 tokens, 7168 ->
-4096, docs/performance.md). The tl kernel (gemm.py) is what the interpreter checks in CI, and the calls this kernel
-does not serve (below) go to it. The schedule options below (OVERLAP, the 256-wide tiles, TMA_STORE) are NOT YET RUN
-ON A GPU: compiled for sm90 by the compile check with Triton 3.9 and 3.6 only, and off in the tuning tables.
+Runs only under backend option fp8_path=gluon (`fp8_path=auto`: cuBLAS's block-scaled GEMM at prefill sizes of linear
+and of few-group masked calls, the tl kernel for the rest). It passed `deepinfer conformance --backend cuda
+--backend-option fp8_path=gluon --op linear --op grouped_gemm` on an H200 (29 cases, 2026-12-07) with its 128 x 128
+prefill tile, then 768 against the tl kernel's 788 TFLOP/s at 8 experts x 4096 tokens, 7168 -> 4096. The schedule
+options below were swept on an H100 (2026-12-07, `python -m deepinfer_cuda.bench.gemm --sweep fp8_gluon_large`, GEMM
+alone): the 128 x 256 tile with TMA_STORE, the prefill entry since, 962-1091 TFLOP/s (1029 at that shape) against the
+tl kernel's 716-869, outputs equal to the tl kernel's bit for bit at all seven shapes; the GPU tests
+(tests/cuda/test_gemm_fp8_gluon.py) passed there with the other options (128 x 256 with the TMA store was added to them
+after that run). The tl kernel (gemm.py) is what the interpreter checks in CI, and the calls this
+kernel does not serve (below) go to it.
 
 Why: the tl kernel's fp8 path waits for each 128-K group's MMA and promotes it in the same warps that issue the next
 loads and MMAs (`tl` cannot put them in different warps), so the tensor cores idle while a group is promoted: 570-770
@@ -711,7 +715,7 @@ def _unusable(ctx) -> str | None:
 
 _NOTE = ("Gluon (SM90): persistent, warp-specialised (a TMA producer filling an mbarrier ring, consumer warpgroups issuing "
          "fp8 wgmma per 128-K group and promoting it with the activation x weight scales, DeepGEMM's schedule); bf16/fp16 x, "
-         "K a multiple of 16, else the tl kernel (fp8_path=gluon; NOT VERIFIED on a GPU)")
+         "K a multiple of 16, else the tl kernel (fp8_path=gluon)")
 _FP8 = dict(formats=("fp8_block",), dtypes=(torch.bfloat16, torch.float16))
 REGISTRATIONS = [
     Registration(op="linear", fn=linear, **_FP8, when=_chosen, priority=2, unusable=_unusable, note=_NOTE),

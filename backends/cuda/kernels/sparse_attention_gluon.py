@@ -217,14 +217,25 @@ def not_served(q, kv, indices, extra_kv=None, extra_indices=None, out_cos_sin_ca
     return None
 
 
+# One split from this fraction of the SMs' worth of (query, head tile) programs: at decode B64 (64 programs on an H100's
+# 132 SMs, ctx 32k, window 128 + top 512) one split took 31.1 us (54.0% of copy) against the tl rule's two splits' 37.4
+# (44.9%): the partials' writes and the combine launch cost more than the idle SMs (`--sweep sparse_gluon_bf16`,
+# docs/measurements/2026-12-07/h100_round14/d/); B256 took one split under either rule.
+ONE_SPLIT_FROM = 0.48
+
+
 def plan(tokens: int, heads: int, width: int, extra_width: int, device: torch.device, num_splits: int | None = None,
          tile_rows: int | None = None) -> SparseGluonPlan:
-    """Head tiles and splits from host-known shapes (width, extra_width: the lists' K, K2): common.split_plan's rule over
-    this GPU's SMs, tiles of tile_rows rows (TILE_ROWS unless given: a key of TILES) through the stages that fit."""
+    """Head tiles and splits from host-known shapes (width, extra_width: the lists' K, K2): one split once the programs of
+    one split fill ONE_SPLIT_FROM of this GPU's SMs, else common.split_plan's rule over them; tiles of
+    tile_rows rows (TILE_ROWS unless given: a key of TILES) through the stages that fit."""
     rows = TILE_ROWS if tile_rows is None else tile_rows
     if rows not in TILES:
         raise ValueError(f"tile_rows={rows}: wants one of {sorted(TILES)}")
-    return common.split_plan(tokens, heads, width, extra_width, num_sms(device), num_splits, rows, TILES[rows])
+    sms = num_sms(device)
+    if num_splits is None and tokens * common.cdiv(heads, common.BLOCK_M) >= sms * ONE_SPLIT_FROM:
+        num_splits = 1
+    return common.split_plan(tokens, heads, width, extra_width, sms, num_splits, rows, TILES[rows])
 
 
 def _cache_rows(cache: torch.Tensor) -> tuple[torch.Tensor, int]:
