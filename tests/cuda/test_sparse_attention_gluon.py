@@ -60,18 +60,21 @@ def test_calls_it_does_not_serve_say_why():
     assert "not on a GPU" in g.not_served(**cpu)
 
 
-def test_the_plan_splits_as_the_tl_kernel_does(monkeypatch):
+def test_the_plan_splits_as_the_tl_kernel_does_below_half_the_sms(monkeypatch):
     """Host shapes only, as the FP8 kernel's plan (64-row tiles, two stages): few queries split down to one tile a split,
-    more fill the 132 SMs with splits of at least 128 rows, B256 runs one split; 32-row tiles run four stages and split
-    as 64-row ones (B1: 64 rows a split, not one 32-row tile: the split's partial outweighs its reads); a forced count is
-    clamped to the query's tiles; other tiles are refused."""
+    more fill the 132 SMs with splits of at least 128 rows; from ONE_SPLIT_FROM of the SMs' worth of programs (B64 on
+    132 SMs) one split; 32-row tiles run four stages and split as 64-row ones (B1: 64 rows a split, not one 32-row tile:
+    the split's partial outweighs its reads); a forced count is clamped to the query's tiles; other tiles are refused."""
     monkeypatch.setattr(g, "num_sms", lambda device: 132)
     meta = torch.device("meta")
     assert g.plan(1, 64, 128, 512, meta) == SparseGluonPlan(head_tiles=1, num_splits=10, block_n=64, stages=2)
-    assert g.plan(64, 64, 128, 512, meta).num_splits == 2
+    assert g.plan(32, 64, 128, 512, meta).num_splits == 4  # the tl kernel's rule
+    assert g.plan(63, 64, 128, 512, meta).num_splits == 2
+    assert g.plan(64, 64, 128, 512, meta).direct and g.plan(32, 128, 128, 512, meta).direct  # 64 programs: one split
     assert g.plan(256, 64, 128, 512, meta).direct
+    assert g.plan(64, 64, 128, 512, meta, num_splits=2).num_splits == 2  # a forced count still wins
     assert g.plan(1, 64, 128, 512, meta, tile_rows=32) == SparseGluonPlan(head_tiles=1, num_splits=10, block_n=32, stages=4)
-    assert g.plan(64, 64, 128, 512, meta, tile_rows=32).num_splits == 2
+    assert g.plan(32, 64, 128, 512, meta, tile_rows=32).num_splits == 4
     assert g.plan(256, 64, 128, 512, meta, tile_rows=32).direct
     hca = g.plan(8, 64, 128, 8192, meta)  # an HCA list padded to E_max: splits from its width (the ids past a length are never read)
     assert hca.num_splits * 8 <= 2 * 132 and hca.num_splits > 1
