@@ -17,7 +17,7 @@ FLOPs: 2 * (Dqk + Dv) * H * (visible query-key pairs), the pairs counted exactly
 `python -m deepinfer_cuda.bench.attention_prefill [--check] [--sweep CONFIGS] [--cases 0,2]` runs the
 cases standalone (and optionally checks correctness on the GPU and times other tile configurations).
 `python -m deepinfer_cuda.bench.attention_prefill --sweep prefill_gluon [--json FILE]` times the SM90 Gluon kernel's
-tunings (GLUON_SWEEP: its variants, not yet run on a GPU) against its default and torch SDPA on GLUON_SWEEP_SHAPES, each
+tunings (GLUON_SWEEP: its variants; first run on an H100, 2026-12-07) against its default and torch SDPA on GLUON_SWEEP_SHAPES, each
 output compared with the default's (`gluon_sweep`).
 """
 
@@ -130,8 +130,8 @@ def _gluon_tuning(**fields):
     return Tuning(**fields)
 
 
-# `--sweep prefill_gluon`: the SM90 Gluon prefill's tunings (prefill_gluon.Tuning; every one but the default NOT YET RUN ON
-# A GPU), each timed beside the default and torch SDPA on GLUON_SWEEP_SHAPES. A tuning that does not fit a shape's head
+# `--sweep prefill_gluon`: the SM90 Gluon prefill's tunings (prefill_gluon.Tuning; swept on an H100, 2026-12-07:
+# docs/backends/cuda.md), each timed beside the default and torch SDPA on GLUON_SWEEP_SHAPES. A tuning that does not fit a shape's head
 # dims (shared memory) is a row saying why. `deepinfer bench compile --arch sm90 --sweep prefill_gluon` compiles them.
 GLUON_SWEEP = [
     ("default", _gluon_tuning()),

@@ -817,8 +817,8 @@ CASES: list[Case] = [
     Case("mla_decode bf16 gluon B1 H128 ctx8192 (splits)", _gluon_mla(1, 128, 8192, fp8=False), "mma", archs=("sm90",), tma=True),
     Case("mla_decode bf16 gluon B128 H16 ctx4096 (one split)", _gluon_mla(128, 16, 4096, fp8=False), "mma", archs=("sm90",), tma=True),
     Case("mla_decode bf16 gluon B64 S2 H32 ctx4096 (MTP)", _gluon_mla(64, 32, 4096, fp8=False, queries=2), "mma", archs=("sm90",), tma=True),
-    # its seesaw schedule (tuning switch "schedule": "seesaw", mla_decode_gluon_seesaw.py; off in the tables, not yet run on
-    # a GPU), its wgmmas asynchronous: at the table's 232 registers with S = 1; with S = 2 it spills 16 bytes there, none at
+    # its seesaw schedule (tuning switch "schedule": "seesaw", mla_decode_gluon_seesaw.py; off in the tables; swept on an
+    # H100), its wgmmas asynchronous: at the table's 232 registers with S = 1; with S = 2 it spills 16 bytes there, none at
     # 240 (the loader 24)
     *[Case(f"mla_decode bf16 gluon seesaw {name}", _gluon_mla(batch, heads, ctx, fp8=False, queries=queries, tuning={"schedule": "seesaw", **regs}),
            "mma", archs=("sm90",), tma=True, wgmma_async=True)
@@ -841,7 +841,7 @@ CASES: list[Case] = [
     Case("sparse_attention bf16 gluon decode T64 H64 32-row tiles (splits)", _gluon_sparse_bf16(64, 64, 512, tile_rows=32), "mma", archs=("sm90",)),
     Case("sparse_attention bf16 gluon decode T64 H64 late release (splits)", _gluon_sparse_bf16(64, 64, 512, early_release=False), "mma",
          archs=("sm90",)),
-    # its fused combine (the last split of each query merges the partials in the kernel; not yet run on a GPU): with the
+    # its fused combine (the last split of each query merges the partials in the kernel; off: no faster on an H100): with the
     # output's tail rotated in the merge, without a rotation, with 32-row tiles, with HCA lists cut by extra_lengths
     Case("sparse_attention bf16 gluon decode T64 H64 fused combine (splits)", _gluon_sparse_bf16(64, 64, 512, fused_combine=True), "mma",
          archs=("sm90",)),
@@ -851,7 +851,7 @@ CASES: list[Case] = [
          _gluon_sparse_bf16(64, 64, 512, tile_rows=32, fused_combine=True), "mma", archs=("sm90",)),
     Case("sparse_attention bf16 gluon decode T8 H64 HCA lengths fused combine (splits)", _gluon_sparse_bf16(8, 64, 8192, lengths=True, fused_combine=True),
          "mma", archs=("sm90",)),
-    # its persistent variant (a program an SM looping over (head tile, query, split) items; not yet run on a GPU): one split
+    # its persistent variant (a program an SM looping over (head tile, query, split) items; off: no faster on an H100): one split
     # with the rotation in its epilogue, splits with the combine kernel, splits with the fused combine and HCA lengths
     Case("sparse_attention bf16 gluon decode T256 H64 persistent (one split)", _gluon_sparse_bf16(256, 64, 512, persistent=True), "mma",
          archs=("sm90",)),
@@ -865,7 +865,7 @@ CASES: list[Case] = [
     Case("prefill gluon bf16 H128 192/128 (2x2048 causal)", _gluon_prefill(4096, 128, 2), "mma", archs=("sm90",), tma=True),
     Case("prefill gluon bf16 H16 192/128 (4x1024 after 3072 cached)", _gluon_prefill(4096, 16, 4, prefix=3072), "mma", archs=("sm90",), tma=True),
     Case("prefill gluon bf16 H16 128/128 (4x4096 causal)", _gluon_prefill(16384, 16, 4, d_qk=128), "mma", archs=("sm90",), tma=True),
-    # its persistent variant (prefill_gluon.Tuning(persistent=True), prefill_gluon_persistent.py; not yet run on a GPU): the
+    # its persistent variant (prefill_gluon.Tuning(persistent=True), prefill_gluon_persistent.py; off: timed on an H100, GPU tests not run): the
     # longest-first order's tl kernel (no matrix) and the persistent kernel, whose wgmmas must stay asynchronous
     Case("prefill gluon bf16 H16 192/128 (4x4096 causal) persistent", _gluon_prefill(16384, 16, 4, tuning=_PERSISTENT), "mma", archs=("sm90",),
          tma=True, wgmma_async=True),

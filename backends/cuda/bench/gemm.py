@@ -686,7 +686,7 @@ SWEEP["fp8_gluon_large"] = _opts(
 )
 
 # The SM90 Gluon mla_decode over the bf16 cache (mla_decode_gluon.py: its tuning entry mla_decode/gluon_bf16's switches;
-# all but the table's NOT YET RUN ON A GPU) at 128 heads, against the tl kernel's output and time (bench/attention_decode.py's
+# swept on an H100, 2026-12-07: docs/backends/cuda.md) at 128 heads, against the tl kernel's output and time (bench/attention_decode.py's
 # ", gluon" cases, timed as `deepinfer bench ops` times them: B128 on the stream, B32 and B1 from CUDA graph replays):
 # - the table's entry (the split-keys schedule, 232 / 40 registers);
 # - the seesaw schedule (each attention warpgroup scoring whole tiles, alternately: [64, 64] score wgmmas, one handshake

@@ -48,8 +48,10 @@ S*H <= 64 (one 64-row tile, padded) or S*H = 128 (two row tiles, the second's ca
 tuning overrides, no `tiles_of_one_query` unless S = 1. The splits are chosen as the FP8 kernel's
 (mla_decode_gluon_parts.plan: host shapes only, CUDA-graph safe); a forced num_splits / tokens_per_split is honoured.
 
-Tuning switches (the tuning entry mla_decode/gluon_bf16, default.py's; its values are what was measured above, and
-each other value is NOT YET RUN ON A GPU): "schedule" ("split_keys": the schedule above; "seesaw":
+Tuning switches (the tuning entry mla_decode/gluon_bf16, default.py's; its values are what was measured above; the
+others timed by the sweep on an H100, 2026-12-07, docs/backends/cuda.md: seesaw_early_release the fastest, 293.6 against
+331.9 us at B128 ctx4096, conformance and GPU tests passed with it, kept out of the table by its 24-32 bytes of
+spills): "schedule" ("split_keys": the schedule above; "seesaw":
 mla_decode_gluon_seesaw.py, each attention warpgroup scoring whole tiles, alternately, for [64, 64] score wgmmas that the
 SM's shared memory can feed and one handshake a tile; "seesaw_early_release": the same, each warpgroup releasing the
 other's stage before it waits for its own), "attend_regs" / "load_regs" (setmaxnreg of attention warpgroup 1 and of the
@@ -83,7 +85,7 @@ if GLUON_IMPORT_ERROR is None:  # (else the launch declines every call)
 
 PARTITION_REGS = (232, 40)  # setmaxnreg of attention warpgroup 1 and of the loader's warpgroup (warpgroup 0: the rest, 232): the table's default
 # the tuning entry's "schedule": "split_keys" (parts._attend: both warpgroups score half of every tile; what was measured)
-# or "seesaw" / "seesaw_early_release" (mla_decode_gluon_seesaw.py: each scores whole tiles, alternately; not yet run on a GPU)
+# or "seesaw" / "seesaw_early_release" (mla_decode_gluon_seesaw.py: each scores whole tiles, alternately; swept on an H100)
 SCHEDULES = ("split_keys", "seesaw", "seesaw_early_release")
 CHUNK = 64  # columns per TMA box and shared-memory chunk (128 bytes of bf16: the swizzle's width)
 # mla_decode_path=gluon serves the calls of at least this many query rows here: 16-head rows (memory-bound, three
@@ -169,7 +171,7 @@ if GLUON_IMPORT_ERROR is None:
         NUM_CHUNKS: gl.constexpr = (C + R) // 64
         seq_len, lo, split_end, num_tiles = _split_range(seq_lens_ptr, tokens_per_split, BLOCK_N)
         bt_row = block_table_ptr + gl.program_id(1).to(gl.int64) * stride_bt_b
-        if SEESAW:  # mla_decode_gluon_seesaw.py's schedule (not yet run on a GPU)
+        if SEESAW:  # mla_decode_gluon_seesaw.py's schedule
             q_smem, bf_smem, p_smem, mx_smem, sum_smem, bf_ready, bf_empty, published, sums_bar = _seesaw_smem(BLOCK_M, BLOCK_N, NUM_CHUNKS)
         else:
             q_smem, bf_smem, p_smem = _attention_smem(BLOCK_M, BLOCK_N, NUM_CHUNKS)

@@ -93,7 +93,8 @@ BARRIER_BYTES = 256  # the mbarriers beside the tiles (a margin)
 @dataclass(frozen=True)
 class Tuning:
     """The kernel's tuning switches (`launch_prefill_gluon(tuning=...)`); the defaults are the schedule the module
-    docstring describes, the one GPU-tested. The others are variants (not yet run on a GPU) that `python -m
+    docstring describes, the one GPU-tested and conformance-checked. The others are variants (timed and their outputs
+compared with the default's on an H100, 2026-12-07: docs/backends/cuda.md; GPU tests and conformance not run) that `python -m
     deepinfer_cuda.bench.attention_prefill --sweep prefill_gluon` times on a GPU and tests/cuda/test_prefill_gluon.py's GPU
     tests check:
     - block_n, num_stages: the key tile's rows (a power of two: the score tile's column range; 16 .. 256: PV's K step,

@@ -36,11 +36,12 @@ Schedule: sparse_attention_gluon_common.py's (the FP8 kernel's), the converting 
 Tiles: a stage of 64 rows is 64 KiB, and q takes 64 KiB: two stages of 64 rows or four of 32 rows fit the 227 KiB an
 SM90 block may have (214624 / 206464 bytes with p, the marks and the barriers). TILES lists both and TILE_ROWS picks
 the default (`plan`; a launch's tile_rows the other): four stages keep as much in flight in smaller steps, two halve
-the handshakes per row. Which is faster, and whether the early release is, a GPU has yet to say (`bench ops`: the
-`_bf16_gluon`, `_r32` and `_late` rows). Registers (setmaxnreg, `PARTITION_REGS`): the FP8 kernel's split (value 160,
-loader 104, softmax 240); the loader holds a few row pointers and ids.
+the handshakes per row. On an H200 and an H100 (2026-12-07, `bench ops`: the `_bf16_gluon`, `_r32` and `_late` rows)
+64-row tiles with the early release were as fast as any (the late release within 1%), so they are the defaults.
+Registers (setmaxnreg, `PARTITION_REGS`): the FP8 kernel's split (value 160, loader 104, softmax 240); the loader holds
+a few row pointers and ids.
 
-Variants for the GPU to choose among (NOT YET RUN ON A GPU; each behind a switch that is off, and a launch argument
+Variants (each behind a switch that is off, and a launch argument
 that the sweep, `python -m deepinfer_cuda.bench.sparse_attention_sweep --sweep sparse_gluon_bf16`, and the GPU tests
 pass): FUSED_COMBINE (fused_combine), several splits' partials merged inside the kernel by each query's last split
 (common.merge_splits_if_last: an atomic counter per query, head tile and half; no combine launch, the partials read
@@ -48,14 +49,16 @@ back from L2); PERSISTENT (persistent), sparse_attention_gluon_persistent.py's k
 (query, split) items. Where B64's time goes, by the plan alone: 64 queries x 1 head tile split 2 ways (pick_splits
 fills 128 of 132 SMs, 5 tiles of 64 rows a program), each program writing a [64, 512] float32 partial (128 KiB beside
 its 320 KiB of rows) that the combine launch reads back: the fused combine keeps that traffic in L2 and drops the
-launch; one split (num_splits=1) drops the partials but leaves half the SMs idle. Two programs an SM do not fit: the
+launch; one split (num_splits=1) drops the partials but leaves half the SMs idle. On an H100 the one split won (31.1
+against 37.4 us; fused combine 37.2, persistent 38.0): hence `plan`'s ONE_SPLIT_FROM. Two programs an SM do not fit: the
 three warpgroups' setmaxnreg budgets (softmax 240, value 160, loader 104) take the whole register file, besides q's
 64 KiB of shared memory.
 
 Served (`not_served`, and `launch_sparse_attention_gluon` returns None so callers fall back): bf16 q [T, H, 512] with H
 <= 64 or a multiple of 64, bf16 kv (and bf16 extra_kv when given) [rows, 512] with contiguous rows, 16-byte aligned
 base and row stride, int32 lists, an output rotation of at most 256 channels, at most 65535 queries. Splits as the tl
-kernel splits (host shapes only, CUDA-graph safe); a forced num_splits is honoured.
+kernel splits below ONE_SPLIT_FROM of the SMs' worth of programs, one split from there (host shapes only, CUDA-graph
+safe); a forced num_splits is honoured.
 Not a registration module: sparse_attention_path.py registers the op.
 """
 

@@ -18,7 +18,7 @@ into the stages with cp.async. Shared here:
 - the partitions' pieces (`load_q`, `softmax_tiles`, `softmax_epilogue`, `value_tiles`, `value_epilogue`), which take
   their (head tile, query, split) and the first tile's place in the program's sequence as arguments: the partitions
   above pass their program ids and 0, the persistent bf16 kernel (sparse_attention_gluon_persistent.py) each item's.
-- `merge_splits_if_last`: the bf16 kernel's fused combine (FUSED_COMBINE, not yet run on a GPU), each query's last split
+- `merge_splits_if_last`: the bf16 kernel's fused combine (FUSED_COMBINE, off: no faster on an H100), each query's last split
   merging the partials in the kernel.
 - the host side: which calls both serve (`call_not_served`), the split plan (`split_plan`, the tl kernel's rule), and
   the launch around a kernel (`launch`: the outputs or split partials, the arguments both kernels take in one order,
