@@ -30,6 +30,7 @@ Work order (a longest-processing-time-first list, shapes only on the host, no sy
 
 Shared memory: prefill_gluon.py's (Q once, the K/V ring), the item ring (2 x 8 int32) and five more mbarriers (`q_empty`,
 `item_ready`, `item_free`).
+Not a registration module: prefill_gluon.py registers the op and launches this kernel under its Tuning.
 """
 
 from __future__ import annotations
