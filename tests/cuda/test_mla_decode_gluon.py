@@ -278,8 +278,8 @@ def _check(got, q_nope, q_rope, cache, block_table, seq_lens, scale):
 
 
 # the tuning switches the GPU tests run each case under (over the table's entry): the table's, and the seesaw schedule
-# (mla_decode_gluon_seesaw.py; not yet run on a GPU) at the table's registers and at 240 / 24 (what it needs with S > 1),
-# and in its early-release order
+# (mla_decode_gluon_seesaw.py; its form without spills not yet run on a GPU) at the table's registers and at 240 / 24
+# (which it needed with S > 1 before its stages' descriptors left the registers), and in its early-release order
 TUNINGS = {"table": {}, "seesaw": {"schedule": "seesaw"}, "seesaw_r240": {"schedule": "seesaw", "attend_regs": 240, "load_regs": 24},
            "seesaw_early_release": {"schedule": "seesaw_early_release"}}
 

@@ -691,14 +691,15 @@ SWEEP["fp8_gluon_large"] = _opts(
 # - the table's entry (the split-keys schedule, 232 / 40 registers);
 # - the seesaw schedule (each attention warpgroup scoring whole tiles, alternately: [64, 64] score wgmmas, one handshake
 #   a tile; mla_decode_gluon_seesaw.py), and its early-release order (no queueing of the two stages' loads, its softmax
-#   overlapping no wgmma of its own, 24 / 32 bytes spilled). At S = 1 (these cases) the seesaw fits the table's 232 registers;
-#   it needs 240 / 24 with S > 1 (the GPU tests' third tuning). No register split of the split-keys
+#   overlapping no wgmma of its own). Both fit the table's 232 registers without spills, S = 1 (these cases) or S > 1, since
+#   their stages' wgmma descriptors are no longer kept in registers (timed on the H100 2026-12-07 when they still spilled;
+#   the forms without spills not yet run on a GPU). No register split of the split-keys
 #   schedule is a candidate: it spills 8 bytes at 240 / 24, and setmaxnreg takes multiples of 8;
 # - more or fewer splits where the plan's limit binds: at B1 ctx8192 (2 programs a split) splits of >= 128 and 512 tokens
 #   give 43 and 16 splits against the table's 32 (132 SMs; >= 64 tokens gives 43 too); B32 ctx2048 keeps 2 and B128
 #   ctx4096 1 whatever these say (pick_splits fills the SMs first).
 # sm90 compile check (`deepinfer bench compile --arch sm90 --sweep mla_gluon_bf16`): every candidate's wgmmas
-# asynchronous, none spilling but the early release (24 / 32 bytes, allowed it there).
+# asynchronous, none spilling.
 SWEEP["mla_gluon_bf16"] = _opts(
     [
         {},

@@ -50,8 +50,8 @@ tuning overrides, no `tiles_of_one_query` unless S = 1. The splits are chosen as
 
 Tuning switches (the tuning entry mla_decode/gluon_bf16, default.py's; its values are what was measured above; the
 others timed by the sweep on an H100, 2026-12-07, docs/backends/cuda.md: seesaw_early_release the fastest, 293.6 against
-331.9 us at B128 ctx4096, conformance and GPU tests passed with it, kept out of the table by its 24-32 bytes of
-spills): "schedule" ("split_keys": the schedule above; "seesaw":
+331.9 us at B128 ctx4096, conformance and GPU tests passed with it in a form that spilled; the form without spills not
+yet run on a GPU, so out of the table until one has): "schedule" ("split_keys": the schedule above; "seesaw":
 mla_decode_gluon_seesaw.py, each attention warpgroup scoring whole tiles, alternately, for [64, 64] score wgmmas that the
 SM's shared memory can feed and one handshake a tile; "seesaw_early_release": the same, each warpgroup releasing the
 other's stage before it waits for its own), "attend_regs" / "load_regs" (setmaxnreg of attention warpgroup 1 and of the

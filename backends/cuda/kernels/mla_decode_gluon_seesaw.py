@@ -2,7 +2,8 @@
 "schedule": "seesaw" or "seesaw_early_release"; off by default). On an H100 (2026-12-07, `python -m
 deepinfer_cuda.bench.gemm --sweep mla_gluon_bf16`) seesaw_early_release took 293.6 us at 128 heads B128 ctx4096 against
 the default's 331.9, and passed `deepinfer conformance --backend cuda --op mla_decode` (16) and the GPU tests (77) as
-the table's schedule on that machine's copy; it spills 24-32 bytes, which keeps it out of the table; seesaw took 396.6.
+the table's schedule on that machine's copy; seesaw took 396.6. Both were then the forms that spilled (below); the
+forms without spills have not yet run on a GPU, so the table keeps split_keys until a GPU has timed and checked them.
 Not a registration module.
 
 What differs from the default schedule (mla_decode_gluon_parts._attend, "split_keys"): there both attention warpgroups
@@ -34,11 +35,22 @@ reload has landed and been scored: with two stages, the loads may queue behind e
 the warpgroup waits for its own next stage (warpgroup 1 takes in tile 0 first; warpgroup 0 starts at tile 0 in the
 loop); its softmax then overlaps no wgmma of its own. Written with the take-in at the top of the loop (before the
 scores), ptxas serialised every wgmma (C7512, "insufficient register resources") at 232 and 240 registers; at the
-loop's end it keeps them asynchronous and spills 24 bytes with one split, 32 with split partials
-(compile_check.MLA_EARLY_RELEASE_SPILLS).
+loop's end it keeps them asynchronous. The H100 sweep above ran the form that spilled (compiled here for sm90: 24
+bytes with one split, 32 with split partials under Triton 3.9; 112-268 bytes under Triton 3.6, which mla_decode_gluon.py names the GPU machine's); the
+form without spills (the stages' chunk indices through a hidden zero, "Registers" below) has not yet run on a GPU: its
+outputs are those of the same products in the same order, its timing is not known.
 
 Shared memory: q 72 KiB + two stages 144 KiB + p 8 KiB + maxima and sums 0.75 KiB + 7 mbarriers (as the default's).
-Registers: acc 4 x [64, 64] float32 (128 a thread), the scores [64, 64] (32), p in registers [64, 64] bf16 (16).
+Registers: acc 4 x [64, 64] float32 (128 a thread), the scores [64, 64] (32), p in registers [64, 64] bf16 (16). Each
+warpgroup's loop reads fixed shared-memory chunks (its own stage's 9 for the scores, 4 value chunks of each stage), so
+the compilers hoisted their wgmma descriptors out of the loop into registers (a dozen and more with Triton 3.9, 64-bit
+ones with 3.6), and ptxas spilled (nvdisasm, early release: with Triton 3.9 two thread-index values of the output rows,
+stored before the loop and reloaded after it; with 3.6 also values reloaded in the loop, the keys' column indices of
+the mask among them). The chunk indices are offset by a zero the compilers cannot see (mla_decode_gluon_parts.
+_hidden_zero of the tile index), as q's already were: the descriptors are recomputed in uniform registers where the
+wgmmas issue, and neither schedule spills at the table's 232 / 40 registers, S = 1 or 2, one split or split partials,
+Triton 3.9 or 3.6 (`deepinfer bench compile --arch sm90 --case "mla_decode bf16 gluon seesaw"`). The arithmetic is
+unchanged (the same addresses).
 """
 
 from __future__ import annotations
@@ -78,20 +90,22 @@ if GLUON_IMPORT_ERROR is None:  # (else mla_decode_gluon.py declines every call)
     @gluon.jit
     def _scores_tile(q_smem, bf_smem, t, j, NUM_CHUNKS: gl.constexpr, s):
         """The scores of stage t (tile j): q . k^T over the 9 chunks, all 64 keys (9 async wgmma groups; s: zeros of
-        the accumulator's layout, not accumulated). q's chunks through a zero the compilers cannot see, as
-        mla_decode_gluon_parts._scores (else 36 hoisted descriptors)."""
+        the accumulator's layout, not accumulated). q's chunks and the stage's through a zero the compilers cannot see,
+        as mla_decode_gluon_parts._scores: their descriptors are recomputed each tile, not hoisted out of the loop into
+        registers (the module docstring, "Registers")."""
         zero = _hidden_zero(j)
         for c in gl.static_range(NUM_CHUNKS):
-            s = warpgroup_mma(q_smem.index(zero + c), bf_smem.index(t * NUM_CHUNKS + c).permute((1, 0)), s, use_acc=c > 0, is_async=True)
+            s = warpgroup_mma(q_smem.index(zero + c), bf_smem.index(zero + t * NUM_CHUNKS + c).permute((1, 0)), s, use_acc=c > 0, is_async=True)
         return s
 
     @gluon.jit
-    def _pv_issue(p, bf_smem, t, V0: gl.constexpr, NUM_CHUNKS: gl.constexpr, acc0, acc1, acc2, acc3, a2):
-        """acc_c * a2 + p . v over stage t's 64 keys, for value chunks V0 .. V0 + 3 (4 async wgmma groups)."""
-        o0 = warpgroup_mma(p, bf_smem.index(t * NUM_CHUNKS + V0 + 0), acc0 * a2, is_async=True)
-        o1 = warpgroup_mma(p, bf_smem.index(t * NUM_CHUNKS + V0 + 1), acc1 * a2, is_async=True)
-        o2 = warpgroup_mma(p, bf_smem.index(t * NUM_CHUNKS + V0 + 2), acc2 * a2, is_async=True)
-        o3 = warpgroup_mma(p, bf_smem.index(t * NUM_CHUNKS + V0 + 3), acc3 * a2, is_async=True)
+    def _pv_issue(p, bf_smem, t, zero, V0: gl.constexpr, NUM_CHUNKS: gl.constexpr, acc0, acc1, acc2, acc3, a2):
+        """acc_c * a2 + p . v over stage t's 64 keys, for value chunks V0 .. V0 + 3 (4 async wgmma groups). zero: a
+        _hidden_zero, added to the chunks' indices so that their descriptors are recomputed, not kept live (as _scores_tile)."""
+        o0 = warpgroup_mma(p, bf_smem.index(zero + t * NUM_CHUNKS + V0 + 0), acc0 * a2, is_async=True)
+        o1 = warpgroup_mma(p, bf_smem.index(zero + t * NUM_CHUNKS + V0 + 1), acc1 * a2, is_async=True)
+        o2 = warpgroup_mma(p, bf_smem.index(zero + t * NUM_CHUNKS + V0 + 2), acc2 * a2, is_async=True)
+        o3 = warpgroup_mma(p, bf_smem.index(zero + t * NUM_CHUNKS + V0 + 3), acc3 * a2, is_async=True)
         return o0, o1, o2, o3
 
     @gluon.jit
@@ -117,7 +131,7 @@ if GLUON_IMPORT_ERROR is None:  # (else mla_decode_gluon.py declines every call)
         m_safe = gl.where(m_pub == float("-inf"), 0.0, m_pub)
         alpha = gl.exp2(m_i - m_safe)
         a2 = gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, o_layout)), 1)
-        o0, o1, o2, o3 = _pv_issue(p_smem, bf_smem, k % 2, V0, NUM_CHUNKS, acc0, acc1, acc2, acc3, a2)
+        o0, o1, o2, o3 = _pv_issue(p_smem, bf_smem, k % 2, _hidden_zero(k), V0, NUM_CHUNKS, acc0, acc1, acc2, acc3, a2)
         return m_pub, l_i * alpha, o0, o1, o2, o3
 
     @gluon.jit
@@ -170,7 +184,7 @@ if GLUON_IMPORT_ERROR is None:  # (else mla_decode_gluon.py declines every call)
                 fence_async_shared()
                 _sync_warps()
                 mbarrier.arrive(published.index(W))
-                o0, o1, o2, o3 = _pv_issue(gl.convert_layout(pv, p_layout), bf_smem, 0, V0, NUM_CHUNKS, acc0, acc1, acc2, acc3, 1.0)
+                o0, o1, o2, o3 = _pv_issue(gl.convert_layout(pv, p_layout), bf_smem, 0, _hidden_zero(num_tiles), V0, NUM_CHUNKS, acc0, acc1, acc2, acc3, 1.0)
                 acc0, acc1, acc2, acc3 = warpgroup_mma_wait(num_outstanding=0, deps=(o0, o1, o2, o3))
                 _sync_warps()
                 mbarrier.arrive(bf_empty.index(0))
@@ -213,7 +227,7 @@ if GLUON_IMPORT_ERROR is None:  # (else mla_decode_gluon.py declines every call)
             _sync_warps()
             mbarrier.arrive(published.index(W))
             a2 = gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, o_layout)), 1)
-            o0, o1, o2, o3 = _pv_issue(gl.convert_layout(pv, p_layout), bf_smem, t, V0, NUM_CHUNKS, acc0, acc1, acc2, acc3, a2)
+            o0, o1, o2, o3 = _pv_issue(gl.convert_layout(pv, p_layout), bf_smem, t, _hidden_zero(j), V0, NUM_CHUNKS, acc0, acc1, acc2, acc3, a2)
             acc0, acc1, acc2, acc3 = warpgroup_mma_wait(num_outstanding=0, deps=(o0, o1, o2, o3))
             _sync_warps()
             mbarrier.arrive(bf_empty.index(t))
