@@ -48,20 +48,6 @@ def case_name(batch: int) -> str:
     return f"decode_B{batch}_ctx{CONTEXT // 1024}k_w128+top512_H64_D512_bf16"
 
 
-def gluon_call(launch: dict):
-    """One call of the Gluon kernel with this launch's arguments on a case's state (an error where it declines)."""
-    from deepinfer_cuda.kernels import sparse_attention_gluon
-
-    def call(s: dict) -> torch.Tensor:
-        args = (s["q"], s["kv"], s["indices"], s["sinks"], v4.SCALE, s["extra_kv"], s["extra_indices"], s.get("extra_lengths"))
-        out = sparse_attention_gluon.launch_sparse_attention_gluon(*args, **launch)
-        if out is None:
-            raise RuntimeError(f"sparse_attention_gluon does not serve the call: {sparse_attention_gluon.not_served(s['q'], s['kv'], s['indices'])}")
-        return out
-
-    return call
-
-
 def plan_label(state: dict, launch: dict) -> str:
     """The plan a launch runs on this state: its splits and tile."""
     from deepinfer_cuda.kernels import sparse_attention_gluon
@@ -95,7 +81,7 @@ def _sweep_batch(name: str, batch: int, device: torch.device, copy_tbs: float, t
     want = v4._sparse_kernel(state)  # the tl kernel's output: every row's reference
     torch.cuda.synchronize(device)
     runs = [("tl kernel", "-", v4._sparse_kernel)]
-    runs += [(f"gluon {label}", None, gluon_call(launch)) for label, launch in SWEEP[name].items()]
+    runs += [(f"gluon {label}", None, v4._sparse_kernel_bf16_gluon(**launch)) for label, launch in SWEEP[name].items()]
     launches = {f"gluon {label}": launch for label, launch in SWEEP[name].items()}
     rows = []
     for label, plan, call in runs:

@@ -200,15 +200,16 @@ def _sparse_kernel_gluon(s: dict):
                             extra_lengths=s.get("extra_lengths"))  # fmt: skip
 
 
-def _sparse_kernel_bf16_gluon(tile_rows: int | None = None, early_release: bool | None = None):
-    """One call of the SM90 Gluon kernel over bf16 caches with this launch's tile and stage release (None: its defaults);
-    an error where it does not serve the call."""
+def _sparse_kernel_bf16_gluon(**launch):
+    """One call of the SM90 Gluon kernel over bf16 caches with these launch arguments (launch_sparse_attention_gluon's:
+    tile_rows, early_release, fused_combine, persistent, num_splits; absent: its defaults); an error where it does not
+    serve the call."""
 
     def kernel(s: dict):
         from deepinfer_cuda.kernels import sparse_attention_gluon
 
         args = (s["q"], s["kv"], s["indices"], s["sinks"], SCALE, s["extra_kv"], s["extra_indices"], s.get("extra_lengths"))
-        out = sparse_attention_gluon.launch_sparse_attention_gluon(*args, tile_rows=tile_rows, early_release=early_release)
+        out = sparse_attention_gluon.launch_sparse_attention_gluon(*args, **launch)
         if out is None:
             why = sparse_attention_gluon.not_served(s["q"], s["kv"], s["indices"], s["extra_kv"], s["extra_indices"])
             raise RuntimeError(f"sparse_attention_gluon does not serve the call: {why}")
