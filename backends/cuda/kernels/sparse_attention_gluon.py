@@ -235,10 +235,7 @@ def plan(tokens: int, heads: int, width: int, extra_width: int, device: torch.de
     rows = TILE_ROWS if tile_rows is None else tile_rows
     if rows not in TILES:
         raise ValueError(f"tile_rows={rows}: wants one of {sorted(TILES)}")
-    sms = num_sms(device)
-    if num_splits is None and tokens * common.cdiv(heads, common.BLOCK_M) >= sms * ONE_SPLIT_FROM:
-        num_splits = 1
-    return common.split_plan(tokens, heads, width, extra_width, sms, num_splits, rows, TILES[rows])
+    return common.split_plan(tokens, heads, width, extra_width, num_sms(device), num_splits, rows, TILES[rows], one_split_from=ONE_SPLIT_FROM)
 
 
 def _cache_rows(cache: torch.Tensor) -> tuple[torch.Tensor, int]:

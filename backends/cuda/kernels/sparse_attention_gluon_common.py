@@ -556,13 +556,16 @@ def call_not_served(q, indices, extra_indices=None, out_cos_sin_cache=None) -> s
 
 
 def split_plan(tokens: int, heads: int, width: int, extra_width: int, sms: int, num_splits: int | None = None,
-               block_n: int = 64, stages: int = 2) -> SparseGluonPlan:
+               block_n: int = 64, stages: int = 2, one_split_from: float | None = None) -> SparseGluonPlan:
     """Head tiles and splits from host-known shapes (width, extra_width: the lists' K, K2; sms: the GPU's SMs), by the
     tl kernel's rule: for few programs (at most half the SMs) splits down to one tile (of at least MIN_ROWS_PER_SPLIT_FEW
     rows), else of at least MIN_ROWS_PER_SPLIT rows, as pick_splits fills one CTA per SM (the kernels' shared memory
-    allows one); a forced num_splits is clamped to the query's tiles."""
+    allows one); with one_split_from, one split once the programs of one split fill that fraction of the SMs (the bf16
+    kernel's rule); a forced num_splits is clamped to the query's tiles."""
     head_tiles = cdiv(heads, BLOCK_M)
     blocks = max(1, cdiv(width, block_n) + cdiv(extra_width, block_n))
+    if num_splits is None and one_split_from is not None and tokens * head_tiles >= sms * one_split_from:
+        num_splits = 1
     if num_splits is None:
         few = tokens * head_tiles <= sms // 2
         rows_per_split = max(block_n, MIN_ROWS_PER_SPLIT_FEW) if few else MIN_ROWS_PER_SPLIT
