@@ -794,15 +794,21 @@ def _timer(case):
     return graph_time_ms if getattr(case, "graph", False) else (lambda fn: time_ms(fn, warmup_ms=10, rep_ms=40))
 
 
+def _mla_tl_kernel(case):
+    """For a bf16 Gluon mla_decode case (attention_decode.py's ", gluon" rows), the tl kernel on its inputs; else None."""
+    if case.op == "mla_decode" and case.name.endswith(", gluon"):
+        from deepinfer_cuda.bench import attention_decode
+
+        return attention_decode._mla_kernel
+    return None
+
+
 def _tl_reference(case, state: dict):
     """The tl kernel's output on a Gluon case's inputs (a Gluon fp8_block GEMM's or a bf16 Gluon mla_decode's), else None."""
     if state.get("path") == "gluon" and state.get("fmt") == "fp8_block":
         return _tl_fp8(state)
-    if case.op == "mla_decode" and case.name.endswith(", gluon"):
-        from deepinfer_cuda.bench import attention_decode
-
-        return attention_decode._mla_kernel(state)
-    return None
+    mla_tl = _mla_tl_kernel(case)
+    return None if mla_tl is None else mla_tl(state)
 
 
 def _sweep_case(variant: str, case, device: torch.device) -> list[dict]:
@@ -870,10 +876,8 @@ def _sweep_references(variant: str, case, state: dict, amount: float, unit: str)
         timed.append(("fp8 activation quantiser alone", lambda: kg.quantize_act_fp8(state["x"]), None))
     if "prequantised_tl" in state:  # a Gluon case of the GEMM alone: the tl kernel's GEMM alone beside it
         timed.append(("tl kernel (fp8_path=tl), GEMM alone", lambda: _tl_fp8(state, state["prequantised_tl"]), amount))
-    if case.op == "mla_decode" and case.name.endswith(", gluon"):
-        from deepinfer_cuda.bench import attention_decode
-
-        timed.append(("tl kernel (mla_decode_path=tl)", lambda: attention_decode._mla_kernel(state), amount))
+    if (mla_tl := _mla_tl_kernel(case)) is not None:
+        timed.append(("tl kernel (mla_decode_path=tl)", lambda: mla_tl(state), amount))
     timer = _timer(case)
     for label, fn, work in timed:
         try:
