@@ -129,12 +129,12 @@ def test_the_plan_at_the_benchmarked_shapes(monkeypatch):
 
 
 def test_its_tuning_switches_reach_the_launch(monkeypatch):
-    """The tuning entry mla_decode/gluon_bf16 (the default table's: what was measured) gives the split-keys schedule at
-    232 / 40 registers and the plan's split limits; its switches (the seesaw schedule, the register split, the split
-    limits) reach the kernel's constexprs and the plan; an unknown schedule is an error, not a silent default."""
+    """The tuning entry mla_decode/gluon_bf16 (the default table's: what was measured) gives the seesaw schedule with
+    early release at 232 / 40 registers and the plan's split limits; its switches (the schedule, the register split, the
+    split limits) reach the kernel's constexprs and the plan; an unknown schedule is an error, not a silent default."""
     from deepinfer_cuda.tuning import config
 
-    assert config("mla_decode", "gluon_bf16", torch.device("meta")) == {"schedule": "split_keys", "attend_regs": 232, "load_regs": 40,
+    assert config("mla_decode", "gluon_bf16", torch.device("meta")) == {"schedule": "seesaw_early_release", "attend_regs": 232, "load_regs": 40,
                                                                          "min_tokens_per_split": 256, "max_splits": 64}
     assert (g.PARTITION_REGS, parts.MIN_TOKENS_PER_SPLIT, parts.MAX_SPLITS) == ((232, 40), 256, 64)
     launches = []
@@ -142,7 +142,7 @@ def test_its_tuning_switches_reach_the_launch(monkeypatch):
     args = (_meta(2, 1, 128, 512), _meta(2, 1, 128, 64), _meta(8, 64, 576), _meta(2, 4, dtype=torch.int32), _meta(2, dtype=torch.int32), 0.1)
     g.launch_mla_decode_gluon(*args)
     limits = {"min_tokens_per_split": 256, "max_splits": 64}
-    assert launches.pop() == ((None, None, limits), {"REGS_ATTEND": 232, "REGS_LOAD": 40, "SEESAW": False, "EARLY_RELEASE": False})
+    assert launches.pop() == ((None, None, limits), {"REGS_ATTEND": 232, "REGS_LOAD": 40, "SEESAW": True, "EARLY_RELEASE": True})
     table = g.config
     switches = {"schedule": "seesaw", "attend_regs": 240, "load_regs": 24, "min_tokens_per_split": 512, "max_splits": 8}
     monkeypatch.setattr(g, "config", lambda op, v, device=None: {**table(op, v, device), **switches})
@@ -152,6 +152,9 @@ def test_its_tuning_switches_reach_the_launch(monkeypatch):
     switches["schedule"] = "seesaw_early_release"
     g.launch_mla_decode_gluon(*args)
     assert launches.pop()[1] == {"REGS_ATTEND": 240, "REGS_LOAD": 24, "SEESAW": True, "EARLY_RELEASE": True}
+    switches["schedule"] = "split_keys"
+    g.launch_mla_decode_gluon(*args)
+    assert launches.pop()[1] == {"REGS_ATTEND": 240, "REGS_LOAD": 24, "SEESAW": False, "EARLY_RELEASE": False}
     switches["schedule"] = "seesaw_fast"
     with pytest.raises(ValueError, match="schedule 'seesaw_fast'"):
         g.launch_mla_decode_gluon(*args)

@@ -688,13 +688,12 @@ SWEEP["fp8_gluon_large"] = _opts(
 # The SM90 Gluon mla_decode over the bf16 cache (mla_decode_gluon.py: its tuning entry mla_decode/gluon_bf16's switches;
 # swept on an H100, 2026-12-07: docs/backends/cuda.md) at 128 heads, against the tl kernel's output and time (bench/attention_decode.py's
 # ", gluon" cases, timed as `deepinfer bench ops` times them: B128 on the stream, B32 and B1 from CUDA graph replays):
-# - the table's entry (the split-keys schedule, 232 / 40 registers);
-# - the seesaw schedule (each attention warpgroup scoring whole tiles, alternately: [64, 64] score wgmmas, one handshake
-#   a tile; mla_decode_gluon_seesaw.py), and its early-release order (no queueing of the two stages' loads, its softmax
-#   overlapping no wgmma of its own). Both fit the table's 232 registers without spills, S = 1 (these cases) or S > 1, since
-#   their stages' wgmma descriptors are no longer kept in registers (timed on the H100 2026-12-07 when they still spilled;
-#   the forms without spills not yet run on a GPU). No register split of the split-keys
-#   schedule is a candidate: it spills 8 bytes at 240 / 24, and setmaxnreg takes multiples of 8;
+# - the table's entry (the seesaw schedule with early release, 232 / 40 registers: mla_decode_gluon_seesaw.py, each
+#   attention warpgroup scoring whole tiles, alternately, for [64, 64] score wgmmas and one handshake a tile; each releases
+#   the other's stage before it waits for its own), against the split-keys schedule it replaced (H100 2026-12-07: 284.5
+#   against 330.7 us at B128) and the seesaw without early release;
+# - no register split of either schedule is a candidate: at 240 / 24 the loader spills 8 bytes, and setmaxnreg takes
+#   multiples of 8;
 # - more or fewer splits where the plan's limit binds: at B1 ctx8192 (2 programs a split) splits of >= 128 and 512 tokens
 #   give 43 and 16 splits against the table's 32 (132 SMs; >= 64 tokens gives 43 too); B32 ctx2048 keeps 2 and B128
 #   ctx4096 1 whatever these say (pick_splits fills the SMs first).
@@ -703,8 +702,8 @@ SWEEP["fp8_gluon_large"] = _opts(
 SWEEP["mla_gluon_bf16"] = _opts(
     [
         {},
+        {"schedule": "split_keys"},
         {"schedule": "seesaw"},
-        {"schedule": "seesaw_early_release"},
         {"min_tokens_per_split": 128},
         {"min_tokens_per_split": 512},
     ],

@@ -26,7 +26,8 @@ exactly the split kernel's partials (part_out [B, splits, rows, 512] float32, pa
 -inf for a split that saw no key) and mla_decode.py's combine kernel (or its wide combine) merges them in split order,
 as there (mla_decode_gluon_parts.launch).
 
-Schedule: one program per (64-row tile, request, split), grid (row tiles, B, splits) as the tl kernel's; tiles of 64
+Schedule (split_keys; the table's seesaw shares its loader, plan and partials: mla_decode_gluon_seesaw.py says what
+differs): one program per (64-row tile, request, split), grid (row tiles, B, splits) as the tl kernel's; tiles of 64
 cache rows (one page); three partitions:
 - the loader (a worker, 1 warp; Triton pads it to a warpgroup for setmaxnreg, the padding warps idle): per tile j, once
   both attention warpgroups have released stage j % 2 (`bf_empty`), nine TMA copies of [64, 64] boxes (128-byte
@@ -48,14 +49,14 @@ S*H <= 64 (one 64-row tile, padded) or S*H = 128 (two row tiles, the second's ca
 tuning overrides, no `tiles_of_one_query` unless S = 1. The splits are chosen as the FP8 kernel's
 (mla_decode_gluon_parts.plan: host shapes only, CUDA-graph safe); a forced num_splits / tokens_per_split is honoured.
 
-Tuning switches (the tuning entry mla_decode/gluon_bf16, default.py's; its values are what was measured above; the
-others timed by the sweep on an H100, 2026-12-07, docs/backends/cuda.md: seesaw_early_release the fastest, 293.6 against
-331.9 us at B128 ctx4096, conformance and GPU tests passed with it in a form that spilled; the form without spills not
-yet run on a GPU, so out of the table until one has): "schedule" ("split_keys": the schedule above; "seesaw":
-mla_decode_gluon_seesaw.py, each attention warpgroup scoring whole tiles, alternately, for [64, 64] score wgmmas that the
-SM's shared memory can feed and one handshake a tile; "seesaw_early_release": the same, each warpgroup releasing the
-other's stage before it waits for its own), "attend_regs" / "load_regs" (setmaxnreg of attention warpgroup 1 and of the
-loader; warpgroup 0 gets 504 less both), "min_tokens_per_split" / "max_splits" (the plan's limits).
+Tuning switches (the tuning entry mla_decode/gluon_bf16, default.py's; its values are the schedule the table runs, timed
+by the sweep on an H100, 2026-12-07, docs/backends/cuda.md: seesaw_early_release 284.5 against split_keys' 330.7 us at
+B128 ctx4096, and conformance (16 cases) and the GPU tests (78) passed with it in the table): "schedule" ("split_keys":
+the schedule above; "seesaw": mla_decode_gluon_seesaw.py, each attention warpgroup scoring whole tiles, alternately, for
+[64, 64] score wgmmas that the SM's shared memory can feed and one handshake a tile; "seesaw_early_release", the
+table's: the same, each warpgroup releasing the other's stage before it waits for its own), "attend_regs" / "load_regs"
+(setmaxnreg of attention warpgroup 1 and of the loader; warpgroup 0 gets 504 less both), "min_tokens_per_split" /
+"max_splits" (the plan's limits).
 `python -m deepinfer_cuda.bench.gemm --sweep mla_gluon_bf16` times the candidates on a GPU beside the tl kernel, `deepinfer
 bench compile --arch sm90 --sweep mla_gluon_bf16` compiles them. One CTA processing both 64-row tiles of a 128-row call
 over one stage is not among them: its output accumulators (128 rows x 512 float32) alone would take the SM's whole

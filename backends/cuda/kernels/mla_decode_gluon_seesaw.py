@@ -1,12 +1,11 @@
 """The seesaw schedule of the SM90 Gluon mla_decode over the bf16 cache (mla_decode_gluon.py's tuning switch
-"schedule": "seesaw" or "seesaw_early_release"; off by default). On an H100 (2026-12-07, `python -m
-deepinfer_cuda.bench.gemm --sweep mla_gluon_bf16`) seesaw_early_release took 293.6 us at 128 heads B128 ctx4096 against
-the default's 331.9, and passed `deepinfer conformance --backend cuda --op mla_decode` (16) and the GPU tests (77) as
-the table's schedule on that machine's copy; seesaw took 396.6. Both were then the forms that spilled (below); the
-forms without spills have not yet run on a GPU, so the table keeps split_keys until a GPU has timed and checked them.
+"schedule": "seesaw" or "seesaw_early_release", the table's since 2026-12-07). On an H100 (2026-12-07, `python -m
+deepinfer_cuda.bench.gemm --sweep mla_gluon_bf16`) seesaw_early_release, in this form without spills, took 284.5 us at 128
+heads B128 ctx4096 against split_keys' 330.7 (seesaw: 378.7), and passed `deepinfer conformance --backend cuda --op
+mla_decode` (16) and the GPU tests (78) as the table's schedule (docs/measurements/2026-12-07/h100_round15/a/).
 Not a registration module.
 
-What differs from the default schedule (mla_decode_gluon_parts._attend, "split_keys"): there both attention warpgroups
+What differs from the split-keys schedule (mla_decode_gluon_parts._attend, "split_keys"): there both attention warpgroups
 score half of every 64-row tile (wgmma N = 32), agree on the tile's row maxima through shared memory (one handshake,
 both wait) and swap their halves of p (a second one). A [64, 32] score wgmma reads q's 2 KiB [64, 16] slice and 1 KiB of
 keys from shared memory per 16 cycles of tensor work, 192 bytes a cycle against the SM's 128: the scores, 53% of the
@@ -35,10 +34,8 @@ reload has landed and been scored: with two stages, the loads may queue behind e
 the warpgroup waits for its own next stage (warpgroup 1 takes in tile 0 first; warpgroup 0 starts at tile 0 in the
 loop); its softmax then overlaps no wgmma of its own. Written with the take-in at the top of the loop (before the
 scores), ptxas serialised every wgmma (C7512, "insufficient register resources") at 232 and 240 registers; at the
-loop's end it keeps them asynchronous. The H100 sweep above ran the form that spilled (compiled here for sm90: 24
-bytes with one split, 32 with split partials under Triton 3.9; 112-268 bytes under Triton 3.6, which mla_decode_gluon.py names the GPU machine's); the
-form without spills (the stages' chunk indices through a hidden zero, "Registers" below) has not yet run on a GPU: its
-outputs are those of the same products in the same order, its timing is not known.
+loop's end it keeps them asynchronous. A first form spilled (24-32 bytes under Triton 3.9, 112-268 under 3.6; timed
+293.6 us on an H100 that day); the form here, without spills ("Registers" below), is the one timed above.
 
 Shared memory: q 72 KiB + two stages 144 KiB + p 8 KiB + maxima and sums 0.75 KiB + 7 mbarriers (as the default's).
 Registers: acc 4 x [64, 64] float32 (128 a thread), the scores [64, 64] (32), p in registers [64, 64] bf16 (16). Each

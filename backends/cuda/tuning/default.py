@@ -80,12 +80,11 @@ CONFIGS: dict[str, dict[str, dict]] = {
             "ctas_per_sm": 1, "min_tokens_per_split": 256, "max_splits": 64, "fused_combine": True, "wide_combine": True,
         },
         "combine": {"num_warps": 4},
-        # the SM90 Gluon kernel over the bf16 cache (mla_decode_gluon.py; these switches there: its docstring). What it
-        # measured with: the split-keys schedule, 232 registers an attention warpgroup, 40 the loader's, splits of >= 256
-        # tokens, <= 64 of them. The others: `python -m deepinfer_cuda.bench.gemm --sweep mla_gluon_bf16` (H100, 2026-12-07:
-        # seesaw_early_release 293.6 against 331.9 us at B128 ctx4096, conformance and GPU tests passed with it, in a form
-        # that spilled; its form without spills, mla_decode_gluon_seesaw.py's, not yet run on a GPU: out of the table until one has)
-        "gluon_bf16": {"schedule": "split_keys", "attend_regs": 232, "load_regs": 40, "min_tokens_per_split": 256, "max_splits": 64},
+        # the SM90 Gluon kernel over the bf16 cache (mla_decode_gluon.py; these switches there: its docstring). The seesaw
+        # schedule with early release (mla_decode_gluon_seesaw.py), 232 registers an attention warpgroup, 40 the loader's,
+        # splits of >= 256 tokens, <= 64 of them: `python -m deepinfer_cuda.bench.gemm --sweep mla_gluon_bf16` (H100,
+        # 2026-12-07: 284.5 against split_keys' 330.7 us at B128 ctx4096; conformance and GPU tests passed with it in the table)
+        "gluon_bf16": {"schedule": "seesaw_early_release", "attend_regs": 232, "load_regs": 40, "min_tokens_per_split": 256, "max_splits": 64},
     },
     "kv_cache_write": {"tokens": {"num_warps": 4}},
     # norm_rope_kv_write: one row of up to 512 float32 channels per program. Not measured.
