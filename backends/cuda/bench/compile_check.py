@@ -820,6 +820,13 @@ CASES: list[Case] = [
                                                ("B32 H128 ctx2048 (splits)", 32, 128, 2048, 1),
                                                ("B64 S2 H64 ctx4096 (MTP, one split)", 64, 64, 4096, 2),
                                                ("B64 S2 H32 ctx4096 (MTP, splits)", 64, 32, 4096, 2))],
+    # its balanced persistent grid (tuning switch "balanced", mla_decode_gluon_balanced.py; off in the tables; not yet run on a
+    # GPU): outputs and partials chosen per segment at run time, so one build a shape: S = 1 (two row tiles; one) and S = 2
+    *[Case(f"mla_decode bf16 gluon balanced {name}",
+           _gluon_mla(batch, heads, ctx, fp8=False, queries=queries, tuning={"schedule": "seesaw_early_release", "balanced": True}), "mma",
+           archs=("sm90",), tma=True, wgmma_async=True)
+      for name, batch, heads, ctx, queries in (("B128 H128 ctx4096", 128, 128, 4096, 1), ("B128 H64 ctx4096", 128, 64, 4096, 1),
+                                               ("B64 S2 H64 ctx4096 (MTP)", 64, 64, 4096, 2))],
     # The SM90 Gluon sparse_attention over FP8 caches (warp-specialised: a converting warpgroup gathering the rows, a softmax
     # and a value wgmma warpgroup), V4-Flash decode with the output rotated back: one split, the rotation in its epilogue
     # (T256, top-512 CSA lists); split partials + combine (T64 CSA; T8 HCA lists cut by extra_lengths)
@@ -894,7 +901,8 @@ CASES: list[Case] = [
 
 # Helper kernels a matrix case launches besides its GEMM/attention kernel (no MMA of their own).
 NON_MATRIX_KERNELS = {"_lpt_order_kernel", "_quant_act_fp8_kernel", "_quant_act_mxfp8_kernel", "_split_k_reduce_kernel", "_mla_decode_combine_kernel",
-                      "_mla_decode_wide_combine_kernel", "_sparse_attention_combine_kernel", "_indexer_select_kernel"}
+                      "_mla_decode_wide_combine_kernel", "_sparse_attention_combine_kernel", "_indexer_select_kernel",
+                      "_balanced_schedule_kernel", "_balanced_combine_kernel"}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -937,6 +945,7 @@ def _as_arch(arch: str, launches: list[Launch]):
         mla_decode,
         mla_decode_fp8_gluon,
         mla_decode_gluon,
+        mla_decode_gluon_balanced,
         mla_decode_gluon_parts,
         moe,
         norm,
@@ -963,6 +972,7 @@ def _as_arch(arch: str, launches: list[Launch]):
         (mla_decode, "_cached_plan", lambda *a: mla_decode._make_plan(*a, None)),
         (mla_decode, "num_sms", lambda device: SM_COUNT[arch]), (mla_decode, "upcast_dot", lambda: False),
         (mla_decode_gluon_parts, "num_sms", lambda device: SM_COUNT[arch]), (mla_decode_gluon, "config", cfg),
+        (mla_decode_gluon_balanced, "num_sms", lambda device: SM_COUNT[arch]),
         (norm, "config", cfg), (activation, "config", cfg), (rope, "config", cfg),
         (moe, "_cfg", cfg), (moe, "interpreting", lambda: False),
         (sampling, "_cfg", cfg), (sampling, "interpreting", lambda: False),
@@ -976,8 +986,9 @@ def _as_arch(arch: str, launches: list[Launch]):
         (indexer, "interpreting", lambda: False), (indexer, "upcast_dot", lambda: False),
     ]
     modules = (activation, decode_plan, gemm, gemm_fp8_gluon, gemm_mxfp4_gluon, hyper_connection, indexer, kv_cache, logits_processing, logprobs, mla_decode,
-               mla_decode_fp8_gluon, mla_decode_gluon, moe, norm, prefill, prefill_gluon, prefill_gluon_persistent, rejection_sampling, rope, sampling,
-               sparse_attention, sparse_attention_fp8_gluon, sparse_attention_gluon, sparse_attention_gluon_persistent)  # fmt: skip
+               mla_decode_fp8_gluon, mla_decode_gluon, mla_decode_gluon_balanced, moe, norm, prefill, prefill_gluon, prefill_gluon_persistent,
+               rejection_sampling, rope, sampling, sparse_attention, sparse_attention_fp8_gluon, sparse_attention_gluon,
+               sparse_attention_gluon_persistent)  # fmt: skip
     kernels = [v for mod in modules for v in vars(mod).values() if hasattr(v, "run") and hasattr(v, "arg_names")]
     saved = [(mod, name, getattr(mod, name)) for mod, name, _ in patches]
     try:

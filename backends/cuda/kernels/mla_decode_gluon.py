@@ -56,7 +56,10 @@ the schedule above; "seesaw": mla_decode_gluon_seesaw.py, each attention warpgro
 [64, 64] score wgmmas that the SM's shared memory can feed and one handshake a tile; "seesaw_early_release", the
 table's: the same, each warpgroup releasing the other's stage before it waits for its own), "attend_regs" / "load_regs"
 (setmaxnreg of attention warpgroup 1 and of the loader; warpgroup 0 gets 504 less both), "min_tokens_per_split" /
-"max_splits" (the plan's limits).
+"max_splits" (the plan's limits), "balanced" (True: mla_decode_gluon_balanced.py's persistent grid of one CTA per SM,
+each a contiguous share of the flattened (request, key tile) work cut on the device from the lengths, the cut requests
+merged by its combine; with "seesaw_early_release" only; a forced num_splits / tokens_per_split keeps the split grid;
+not yet run on a GPU) and "balanced_overhead_tiles" (its schedule's cost of a segment, in tiles).
 `python -m deepinfer_cuda.bench.gemm --sweep mla_gluon_bf16` times the candidates on a GPU beside the tl kernel, `deepinfer
 bench compile --arch sm90 --sweep mla_gluon_bf16` compiles them. One CTA processing both 64-row tiles of a 128-row call
 over one stage is not among them: its output accumulators (128 rows x 512 float32) alone would take the SM's whole
@@ -277,6 +280,14 @@ def launch_mla_decode_gluon(
     cfg = config("mla_decode", "gluon_bf16", q_nope.device)
     if cfg["schedule"] not in SCHEDULES:
         raise ValueError(f"mla_decode gluon_bf16 tuning: schedule {cfg['schedule']!r}, wants one of {SCHEDULES}")
+    if cfg.get("balanced", False) and num_splits is None and tokens_per_split is None:
+        # the persistent balanced grid (mla_decode_gluon_balanced.py; not yet run on a GPU): the early-release seesaw only
+        if cfg["schedule"] != "seesaw_early_release":
+            raise ValueError(f"mla_decode gluon_bf16 tuning: balanced wants schedule 'seesaw_early_release', not {cfg['schedule']!r}")
+        from deepinfer_cuda.kernels import mla_decode_gluon_balanced as balanced
+
+        return balanced.launch_balanced(_descriptor(kv_cache), q_nope, q_rope, block_table, seq_lens, softmax_scale, cfg["attend_regs"],
+                                        cfg["load_regs"], cfg.get("balanced_overhead_tiles", 1))
     limits = {"min_tokens_per_split": cfg["min_tokens_per_split"], "max_splits": cfg["max_splits"]}
     return parts.launch(_mla_decode_ws_kernel, _descriptor(kv_cache), (), q_nope, q_rope, block_table, seq_lens, softmax_scale,
                         num_splits, tokens_per_split, limits, REGS_ATTEND=cfg["attend_regs"], REGS_LOAD=cfg["load_regs"],

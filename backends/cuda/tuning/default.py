@@ -84,7 +84,10 @@ CONFIGS: dict[str, dict[str, dict]] = {
         # schedule with early release (mla_decode_gluon_seesaw.py), 232 registers an attention warpgroup, 40 the loader's,
         # splits of >= 256 tokens, <= 64 of them: `python -m deepinfer_cuda.bench.gemm --sweep mla_gluon_bf16` (H100,
         # 2026-12-07: 284.5 against split_keys' 330.7 us at B128 ctx4096; conformance and GPU tests passed with it in the table)
-        "gluon_bf16": {"schedule": "seesaw_early_release", "attend_regs": 232, "load_regs": 40, "min_tokens_per_split": 256, "max_splits": 64},
+        # "balanced": mla_decode_gluon_balanced.py's persistent grid (not yet run on a GPU: off); "balanced_overhead_tiles": its
+        # schedule's cost of a segment in tiles (a guess, not measured)
+        "gluon_bf16": {"schedule": "seesaw_early_release", "attend_regs": 232, "load_regs": 40, "min_tokens_per_split": 256, "max_splits": 64,
+                       "balanced": False, "balanced_overhead_tiles": 1},
     },
     "kv_cache_write": {"tokens": {"num_warps": 4}},
     # norm_rope_kv_write: one row of up to 512 float32 channels per program. Not measured.
