@@ -135,7 +135,8 @@ def test_its_tuning_switches_reach_the_launch(monkeypatch):
     from deepinfer_cuda.tuning import config
 
     assert config("mla_decode", "gluon_bf16", torch.device("meta")) == {"schedule": "seesaw_early_release", "attend_regs": 232, "load_regs": 40,
-                                                                         "min_tokens_per_split": 256, "max_splits": 64}
+                                                                         "min_tokens_per_split": 256, "max_splits": 64, "balanced": False,
+                                                                         "balanced_overhead_tiles": 1}
     assert (g.PARTITION_REGS, parts.MIN_TOKENS_PER_SPLIT, parts.MAX_SPLITS) == ((232, 40), 256, 64)
     launches = []
     monkeypatch.setattr(parts, "launch", lambda kernel, cache, strides, *a, **kw: launches.append((a[-3:], kw)) or a[0])

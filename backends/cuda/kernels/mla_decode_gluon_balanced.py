@@ -37,8 +37,9 @@ in). Per segment, each attention warpgroup
   either writes q, and both see all of q before scoring. A full stall of the attention warpgroups per segment (the
   loader's two stages fill meanwhile); q is not double-buffered: the SM's shared memory has no room for a second q;
 - runs the seesaw-early-release tiles with its online softmax restarted;
-- exchanges row sums through slot [segment parity][warpgroup] (two slots: a warpgroup may reach the next segment's
-  exchange before the other has read this one's) on `sums_bar`;
+- exchanges row sums through slot [segment parity][warpgroup] on `sums_bar` (the next segment's q_bar meeting already
+  keeps a warpgroup from rewriting a slot the other has not read: the handshake model's finding; the second slot costs
+  256 bytes and keeps that true without q_bar);
 - stores the normalised output directly when the request has one segment, else its partial (float32, normalised) and
   log2-domain lse (warpgroup 0) into the slot slot_start[b] + segment index.
 `_balanced_combine_kernel` then merges, per request of != 1 segments, its slots in order (mla_decode.py's `_merge_splits`: the
