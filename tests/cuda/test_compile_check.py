@@ -97,8 +97,8 @@ def test_ci_compiles_the_gluon_kernels_for_sm90(tmp_path):
     full check's minutes): `bench compile --case gluon` builds each for SM90, warp-specialised wgmma, no spills; the mxfp4
     and fp8_block GEMMs load through TMA, the FP8 mla_decode and sparse_attention kernels' converting warps load the cache
     bytes themselves, the bf16 sparse_attention kernel's loader (and its persistent variant's) gathers the rows by cp.async, the prefill's producer loads
-    q, k and v by TMA, the bf16 mla_decode's loader warp the cache pages (split cases also build their reduce or combine
-    kernels: no matrix)."""
+    q, k and v by TMA, the bf16 mla_decode's loader warp the cache pages, in its split grid and its balanced persistent one
+    (split cases also build their reduce or combine kernels, the balanced one its schedule and combine: no matrix)."""
     path = tmp_path / "gluon.json"
     proc = _cli("--arch", "sm90", "--case", "gluon", "--json", str(path))
     assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-3000:]
@@ -109,10 +109,10 @@ def test_ci_compiles_the_gluon_kernels_for_sm90(tmp_path):
     assert {r["kernel"] for r in matrix} == {
         "_mxfp4_gemm_ws_kernel", "_mxfp4_gemm_persistent_kernel", "_fp8_gemm_ws_kernel", "_mla_decode_fp8_ws_kernel",
         "_sparse_attention_fp8_ws_kernel", "_sparse_attention_ws_kernel", "sparse_attention_persistent_kernel", "_prefill_ws_kernel",
-        "_prefill_ws_persistent_kernel", "_mla_decode_ws_kernel"}, results  # fmt: skip
+        "_prefill_ws_persistent_kernel", "_mla_decode_ws_kernel", "_mla_decode_balanced_kernel"}, results  # fmt: skip
     assert all(r["instr"] == "wgmma" for r in matrix), matrix
     tma_kernels = {"_mxfp4_gemm_ws_kernel", "_mxfp4_gemm_persistent_kernel", "_fp8_gemm_ws_kernel", "_prefill_ws_kernel", "_prefill_ws_persistent_kernel",
-                   "_mla_decode_ws_kernel"}
+                   "_mla_decode_ws_kernel", "_mla_decode_balanced_kernel"}
     assert all(r["tma"] == (r["kernel"] in tma_kernels) for r in matrix), matrix
 
 

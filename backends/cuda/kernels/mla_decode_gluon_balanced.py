@@ -312,7 +312,7 @@ if GLUON_IMPORT_ERROR is None:
                     slot = gl.load(meta_ptr + 3 * (partitions + 1) + batch + b) + gl.where(b == b_first, k_first, 0)
                     if W == 0:
                         lse = gl.where(has, m_i + gl.log2(l_safe), float("-inf"))
-                        lse_ptr = part_ptr + (2 * partitions - 2) * ROWS * C
+                        lse_ptr = part_ptr + gl.maximum(2 * partitions - 2, 1) * ROWS * C  # (max_slots)
                         gl.store(lse_ptr + slot.to(gl.int64) * ROWS + offs_m, lse, mask=offs_m < ROWS)
                     _store_half(acc0, acc1, acc2, acc3, inv, part_ptr, slot, 0, rt, W, 0, 0, 0, ROWS * C, 0, C, S, H, BLOCK_M, False, o_layout)
                 g = end
