@@ -236,7 +236,7 @@ if GLUON_IMPORT_ERROR is None:
         row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
         V0: gl.constexpr = W * 4
         ROWS: gl.constexpr = S * H
-        rt, b_first, _t, _k, _b, _t_end, b_stop = _share(meta_ptr, partitions, batch, 0)
+        _rt, b_first, _t, _k, _b, _t_end, b_stop = _share(meta_ptr, partitions, batch, 0)
         g = 0  # the CTA's tiles before this segment
         seg = 0  # the CTA's segments before this one
         for b in range(b_first, b_stop):
@@ -308,8 +308,8 @@ if GLUON_IMPORT_ERROR is None:
                 if gl.load(meta_ptr + 3 * (partitions + 1) + b) == 1:  # the request is this segment: the output [B, S, H, C]
                     _store_half(acc0, acc1, acc2, acc3, inv, out_ptr, b, 0, rt, W, ROWS * C, H * C, C, 0, 0, 0, S, H, BLOCK_M, True, o_layout)
                 else:  # a partial, in the request's slot of this segment's index (part: [slots, rows, C], then lse [slots, rows])
-                    _r, b_first, _t, k_first, _b, _t_end, _stop = _share(meta_ptr, partitions, batch, _hidden_zero(end))
-                    slot = gl.load(meta_ptr + 3 * (partitions + 1) + batch + b) + gl.where(b == b_first, k_first, 0)
+                    _r, b_share, _t, k_share, _b, _t_end, _stop = _share(meta_ptr, partitions, batch, _hidden_zero(end))
+                    slot = gl.load(meta_ptr + 3 * (partitions + 1) + batch + b) + gl.where(b == b_share, k_share, 0)
                     if W == 0:
                         lse = gl.where(has, m_i + gl.log2(l_safe), float("-inf"))
                         lse_ptr = part_ptr + gl.maximum(2 * partitions - 2, 1) * ROWS * C  # (max_slots)
