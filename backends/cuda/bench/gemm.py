@@ -709,8 +709,8 @@ SWEEP["mla_gluon_bf16"] = _opts(
         {"schedule": "seesaw"},
         {"min_tokens_per_split": 128},
         {"min_tokens_per_split": 512},
-        {"schedule": "seesaw_early_release", "balanced": True},
-        {"schedule": "seesaw_early_release", "balanced": True, "balanced_overhead_tiles": 0},
+        {"balanced": True},
+        {"balanced": True, "balanced_overhead_tiles": 0},
     ],
     [{}],
 )
