@@ -209,9 +209,9 @@ def test_a_case_is_compiled_only_for_its_archs_and_tma_is_read_from_the_ptx():
     r = cc.Result("c", "sm90", "k", True, regs=100, spills=0, instr="wgmma", expected="wgmma", tma=False, needs_tma=True)
     assert r.problems == ["no TMA load (cp.async.bulk.tensor), expected one"]
     gluon = [c for c in cc.CASES if "gluon" in c.name]
-    # 15 mxfp4 (5 persistent), 9 fp8_block (3 of its schedule options), 3 FP8 and 13 bf16 mla_decode (8 of its seesaw
-    # schedules), 3 FP8 and 13 bf16 sparse_attention (4 fused combine, 3 persistent), 6 prefill (2 persistent)
-    assert len(gluon) == 62 and all(c.archs == ("sm90",) for c in gluon)
+    # 15 mxfp4 (5 persistent), 9 fp8_block (3 of its schedule options), 3 FP8 and 16 bf16 mla_decode (8 of its seesaw
+    # schedules, 3 of its balanced grid), 3 FP8 and 13 bf16 sparse_attention (4 fused combine, 3 persistent), 6 prefill (2 persistent)
+    assert len(gluon) == 65 and all(c.archs == ("sm90",) for c in gluon)
     # (the FP8 attention kernels' converting warps load the cache bytes, the bf16 sparse_attention loader copies rows by
     # cp.async; the prefill's producer loads q, k, v by TMA, the bf16 mla_decode's loader the cache pages)
     tma_names = ("mxfp4", "fp8_block", "prefill gluon", "mla_decode bf16 gluon")

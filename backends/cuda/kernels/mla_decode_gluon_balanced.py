@@ -127,6 +127,7 @@ def _balanced_combine_kernel(part_out_ptr, part_lse_ptr, out_ptr, num_splits_ptr
                     H: tl.constexpr, C: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_C: tl.constexpr, PDL: tl.constexpr = False):
     """One program per (BLOCK_M rows, request): a request of several segments gets its slots merged in order, an empty
     one zeros; a request of one segment was written by the kernel (nothing here)."""
+    pdl_prologue(PDL)  # the partials are the previous launch's: wait for it (a PDL launch may start before it ends)
     b = tl.program_id(1)
     splits = tl.load(num_splits_ptr + b)
     if splits != 1:
