@@ -13,6 +13,7 @@ import random
 
 import pytest
 import torch
+from test_mla_decode_gluon_seesaw import Barrier  # the seesaw test's mbarrier model
 
 import deepinfer_cuda.kernels.mla_decode_gluon as g
 import deepinfer_cuda.kernels.mla_decode_gluon_balanced as bal
@@ -172,23 +173,6 @@ def test_the_emulated_segment_loop_and_combine_match_the_reference(lens, heads, 
 
 # ---------------------------------------------------------------------------------------------
 # The handshakes across segments
-
-
-class Barrier:
-    """An mbarrier (tests/cuda/test_mla_decode_gluon_seesaw.py's model): `count` arrivals complete a phase; wait(parity)
-    passes once the phase of that parity has completed (a fresh barrier: the phase before 0 completed)."""
-
-    def __init__(self, count: int):
-        self.count, self.pending, self.completed = count, 0, 0
-
-    def arrive(self):
-        self.pending += 1
-        assert self.pending <= self.count
-        if self.pending == self.count:
-            self.pending, self.completed = 0, self.completed + 1
-
-    def passed(self, parity: int) -> bool:
-        return (self.completed & 1) != parity
 
 
 class Persistent:

@@ -72,7 +72,7 @@ if GLUON_IMPORT_ERROR is None:  # (else mla_decode_gluon.py declines every call)
     from deepinfer_cuda.kernels.gluon_hopper import sync_warps as _sync_warps
     from deepinfer_cuda.kernels.mla_decode_gluon import _REINTERPRET_IS_PUBLIC, _copy_tile, _zero_rows_from
     from deepinfer_cuda.kernels.mla_decode_gluon_parts import _hidden_zero, _store_half
-    from deepinfer_cuda.kernels.mla_decode_gluon_seesaw import _pv_issue, _scores_tile, _take_in_whole
+    from deepinfer_cuda.kernels.mla_decode_gluon_seesaw import _pv_issue, _scores_tile, _seesaw_smem, _take_in_whole
 
 
 @triton.jit
@@ -169,25 +169,8 @@ if GLUON_IMPORT_ERROR is None:
     def _balanced_smem(BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_CHUNKS: gl.constexpr):
         """mla_decode_gluon_seesaw._seesaw_smem's buffers with the row sums in two slots of segment parity
         [parity * 2 + warpgroup, 64], and q_bar (both warpgroups arrive once a segment's q is stored)."""
-        chunk_bf16: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, 64], gl.bfloat16)
-        q_layout_s: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, 64], gl.bfloat16)
-        p_layout_s: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_N], gl.bfloat16)
-        vec_s: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
-        q_smem = gl.allocate_shared_memory(gl.bfloat16, [NUM_CHUNKS, BLOCK_M, 64], q_layout_s)
-        bf_smem = gl.allocate_shared_memory(gl.bfloat16, [2 * NUM_CHUNKS, BLOCK_N, 64], chunk_bf16)
-        p_smem = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_M, BLOCK_N], p_layout_s)
-        mx_smem = gl.allocate_shared_memory(gl.float32, [BLOCK_M], vec_s)
-        sum_smem = gl.allocate_shared_memory(gl.float32, [4, BLOCK_M], vec_s)
-        bf_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-        bf_empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-        published = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-        sums_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        q_smem, bf_smem, p_smem, mx_smem, sum_smem, bf_ready, bf_empty, published, sums_bar = _seesaw_smem(BLOCK_M, BLOCK_N, NUM_CHUNKS, 4)
         q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-        for i in gl.static_range(2):
-            mbarrier.init(bf_ready.index(i), count=1)
-            mbarrier.init(bf_empty.index(i), count=2)  # both attention warpgroups
-            mbarrier.init(published.index(i), count=1)
-        mbarrier.init(sums_bar, count=2)
         mbarrier.init(q_bar, count=2)
         return q_smem, bf_smem, p_smem, mx_smem, sum_smem, bf_ready, bf_empty, published, sums_bar, q_bar
 

@@ -60,10 +60,11 @@ if GLUON_IMPORT_ERROR is None:  # (else mla_decode_gluon.py declines every call)
     from deepinfer_cuda.kernels.mla_decode_gluon_parts import _hidden_zero, _store_half
 
     @gluon.jit
-    def _seesaw_smem(BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_CHUNKS: gl.constexpr):
+    def _seesaw_smem(BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_CHUNKS: gl.constexpr, SUM_SLOTS: gl.constexpr = 2):
         """q [9 chunks, 64, 64], the two stages [2 * 9 chunks, 64, 64] (128-byte swizzle), one p buffer [64, 64], one
-        row maxima slot [64], the row sums [warpgroup, 64]; mbarriers bf_ready / bf_empty per stage (empty: both
-        warpgroups release), `published` per warpgroup (its tile's p and maxima), `sums_bar` (both arrive)."""
+        row maxima slot [64], the row sums [SUM_SLOTS, 64] (a warpgroup's each; the balanced grid's two per warpgroup);
+        mbarriers bf_ready / bf_empty per stage (empty: both warpgroups release), `published` per warpgroup (its tile's p
+        and maxima), `sums_bar` (both arrive)."""
         chunk_bf16: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, 64], gl.bfloat16)
         q_layout_s: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, 64], gl.bfloat16)
         p_layout_s: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_N], gl.bfloat16)
@@ -72,7 +73,7 @@ if GLUON_IMPORT_ERROR is None:  # (else mla_decode_gluon.py declines every call)
         bf_smem = gl.allocate_shared_memory(gl.bfloat16, [2 * NUM_CHUNKS, BLOCK_N, 64], chunk_bf16)
         p_smem = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_M, BLOCK_N], p_layout_s)
         mx_smem = gl.allocate_shared_memory(gl.float32, [BLOCK_M], vec_s)
-        sum_smem = gl.allocate_shared_memory(gl.float32, [2, BLOCK_M], vec_s)
+        sum_smem = gl.allocate_shared_memory(gl.float32, [SUM_SLOTS, BLOCK_M], vec_s)
         bf_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
         bf_empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
         published = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
