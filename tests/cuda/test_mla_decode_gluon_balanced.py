@@ -13,7 +13,7 @@ import random
 
 import pytest
 import torch
-from test_mla_decode_gluon_seesaw import Barrier  # the seesaw test's mbarrier model
+from mbarrier_model import Barrier
 
 import deepinfer_cuda.kernels.mla_decode_gluon as g
 import deepinfer_cuda.kernels.mla_decode_gluon_balanced as bal

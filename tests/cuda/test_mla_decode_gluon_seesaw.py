@@ -11,23 +11,7 @@ from __future__ import annotations
 import random
 
 import pytest
-
-
-class Barrier:
-    """An mbarrier: `count` arrivals complete a phase; wait(parity) passes once the phase of that parity has completed
-    (a fresh barrier counts as having completed the phase before 0, so wait(1) passes at once)."""
-
-    def __init__(self, count: int):
-        self.count, self.pending, self.completed = count, 0, 0
-
-    def arrive(self):
-        self.pending += 1
-        assert self.pending <= self.count
-        if self.pending == self.count:
-            self.pending, self.completed = 0, self.completed + 1
-
-    def passed(self, parity: int) -> bool:
-        return (self.completed & 1) != parity
+from mbarrier_model import Barrier
 
 
 class Kernel:

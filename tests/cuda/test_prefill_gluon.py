@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from mbarrier_model import Barrier
 
 import deepinfer_cuda.kernels.prefill_gluon as g  # (imports without Gluon too: GLUON_IMPORT_ERROR says why, below)
 import deepinfer_cuda.kernels.prefill_gluon_persistent as gp
@@ -370,33 +371,17 @@ def test_the_sweep_prints_every_tuning_with_its_difference_and_unwritten_rows(mo
     assert "skips rows" in printed and "x SDPA" in printed
 
 
-class _Barrier:
-    """An mbarrier as the kernels use it: `count` arrivals complete a phase; wait(parity) passes once the phase of that
-    parity has completed (a fresh barrier counts as having completed the phase before 0, of parity 1)."""
-
-    def __init__(self, count):
-        self.count, self.pending, self.phase = count, 0, 0
-
-    def arrive(self):
-        self.pending += 1
-        if self.pending == self.count:
-            self.pending, self.phase = 0, self.phase + 1
-
-    def passes(self, parity):
-        return (self.phase & 1) != parity
-
-
 def _persistent_program(items, stages, seed):
     """The persistent kernel's three partitions as generators of ("wait", barrier, parity) steps between their reads
     and writes of the shared buffers (Q, the K/V ring, the item ring), with the kernel's phase arithmetic; run in a
     random interleaving until all finish. Returns what each consumer read, in order; raises on a deadlock."""
     import random
 
-    bar = {name: _Barrier(c) for name, c in (("q_bar", 1), ("q_empty", 2))}
+    bar = {name: Barrier(c) for name, c in (("q_bar", 1), ("q_empty", 2))}
     for i in range(stages):
-        bar[f"k{i}"], bar[f"v{i}"], bar[f"e{i}"] = _Barrier(1), _Barrier(1), _Barrier(2)
+        bar[f"k{i}"], bar[f"v{i}"], bar[f"e{i}"] = Barrier(1), Barrier(1), Barrier(2)
     for i in range(2):
-        bar[f"turn{i}"], bar[f"ready{i}"], bar[f"free{i}"] = _Barrier(1), _Barrier(1), _Barrier(2)
+        bar[f"turn{i}"], bar[f"ready{i}"], bar[f"free{i}"] = Barrier(1), Barrier(1), Barrier(2)
     mem = {"q": None, "k": [None] * stages, "v": [None] * stages, "items": [None, None]}
     reads = {0: [], 1: []}
 
@@ -453,7 +438,7 @@ def _persistent_program(items, stages, seed):
     rng = random.Random(seed)
     running = {name: (gen, next(gen, None)) for name, gen in (("p", producer()), ("c0", consumer(0)), ("c1", consumer(1)))}
     while running:
-        ready = [name for name, (_, step) in running.items() if step is None or step[1].passes(step[2])]
+        ready = [name for name, (_, step) in running.items() if step is None or step[1].passed(step[2])]
         assert ready, f"deadlock: {[(name, step[2]) for name, (_, step) in running.items()]}"
         name = rng.choice(ready)
         gen, step = running[name]
