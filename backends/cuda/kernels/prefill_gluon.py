@@ -51,8 +51,8 @@ CTA per SM). Registers (setmaxnreg): each consumer warpgroup CONSUMER_REGS (O [6
 Tuning switches (`Tuning`, `launch_prefill_gluon(tuning=...)`; the defaults are the schedule above): the key tile and
 ring depth, the consumer / producer register split, and a persistent kernel (prefill_gluon_persistent.py: one program
 per SM, a longest-first work order over query tiles and heads handed out by an atomic counter, the producer loading the
-next item while the consumers finish the last). None but the default has run on a GPU; `python -m
-deepinfer_cuda.bench.attention_prefill --sweep prefill_gluon` times them all beside the default and torch SDPA.
+next item while the consumers finish the last). `python -m deepinfer_cuda.bench.attention_prefill --sweep
+prefill_gluon` times them all beside the default and torch SDPA; `Tuning` says which have run on a GPU and what they gave.
 
 Served (`not_served` says why not; `launch_prefill_gluon` returns None): bf16 q, k, v with Dqk in (128, 192) and
 Dv = 128, no sliding window, softmax_scale > 0, heads packed (each tensor a [T, H * D] matrix of 16-byte aligned
@@ -94,7 +94,9 @@ BARRIER_BYTES = 256  # the mbarriers beside the tiles (a margin)
 class Tuning:
     """The kernel's tuning switches (`launch_prefill_gluon(tuning=...)`); the defaults are the schedule the module
     docstring describes, the one GPU-tested and conformance-checked. The others are variants (timed and their outputs
-compared with the default's on an H100, 2026-12-07: docs/backends/cuda.md; GPU tests and conformance not run) that `python -m
+    compared with the default's on an H100, 2026-12-07: docs/backends/cuda.md; `persistent` passed GPU conformance as the
+    launch's default on that machine's copy; the GPU tests of 240 / 24 registers and of 64-key tiles passed, num_stages=3
+    gave wrong values on a var-len batch, the persistent ones' did not run) that `python -m
     deepinfer_cuda.bench.attention_prefill --sweep prefill_gluon` times on a GPU and tests/cuda/test_prefill_gluon.py's GPU
     tests check:
     - block_n, num_stages: the key tile's rows (a power of two: the score tile's column range; 16 .. 256: PV's K step,
