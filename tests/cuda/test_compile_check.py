@@ -133,7 +133,9 @@ def test_the_v4_prefill_sweep_candidates_compile_for_sm90_at_k_1024(tmp_path):
 
 def test_the_prefill_gluon_sweep_tunings_compile_for_sm90(tmp_path):
     """`bench compile --sweep prefill_gluon` builds each tuning of bench/attention_prefill.py's GLUON_SWEEP where it fits
-    the head dims (the case filter: the 128/128 ones), without spills, wgmma over TMA, the wgmmas asynchronous."""
+    the head dims (the case filter: the 128/128 ones), without spills, wgmma over TMA, the wgmmas asynchronous, every
+    HGMMA's descriptor registers written on every path of the SASS (under Triton 3.6 the 3-stage build's were not before
+    the consumer carried its ring position: sass_check)."""
     from deepinfer_cuda.bench import attention_prefill as bench
 
     path = tmp_path / "sweep.json"
@@ -142,7 +144,7 @@ def test_the_prefill_gluon_sweep_tunings_compile_for_sm90(tmp_path):
     results = json.loads(path.read_text())["results"]
     matrix = [r for r in results if r["expected"]]
     assert len(matrix) == sum(t.problem(128, 128) is None for _, t in bench.GLUON_SWEEP) == len({r["case"] for r in results})
-    assert all(r["ok"] and r["tma"] and r["instr"] == "wgmma" and not r["wgmma_serialized"] for r in matrix), matrix
+    assert all(r["ok"] and r["tma"] and r["instr"] == "wgmma" and not r["wgmma_serialized"] and not r["unwritten_descriptors"] for r in matrix), matrix
 
 
 def test_a_case_filter_that_matches_nothing_is_a_usage_error():
@@ -216,6 +218,14 @@ def test_a_case_is_compiled_only_for_its_archs_and_tma_is_read_from_the_ptx():
     # cp.async; the prefill's producer loads q, k, v by TMA, the bf16 mla_decode's loader the cache pages)
     tma_names = ("mxfp4", "fp8_block", "prefill gluon", "mla_decode bf16 gluon")
     assert all(c.tma == any(t in c.name for t in tma_names) for c in gluon)
+
+
+def test_wgmma_descriptor_registers_left_unwritten_on_a_path_fail_the_case():
+    """sass_check's finding (ptxas 12.8 on the 3-stage prefill_gluon build) is a problem of every wgmma case."""
+    finding = "0xaec0 HGMMA.64x128x16.F32.BF16 R88, R156, gdesc[UR8].tnspB, R88: UR10, UR11 not written on every path"
+    r = cc.Result("c", "sm90", "k", True, regs=168, spills=0, instr="wgmma", expected="wgmma", unwritten_descriptors=[finding])
+    assert r.problems == [f"ptxas left wgmma descriptor registers unwritten on a path (miscompiled): {finding}"]
+    assert cc.Result("c", "sm90", "k", True, regs=168, spills=0, instr="wgmma", expected="wgmma").ok
 
 
 def test_serialised_wgmmas_are_read_from_ptxas_and_fail_the_cases_that_need_them_async():

@@ -1057,6 +1057,7 @@ class Result:
     pdl_arg: bool = True  # the launch passed the kernel's PDL argument (pdl_launch)
     griddepcontrol: tuple[bool, bool] = (False, False)  # the PTX holds griddepcontrol.wait, .launch_dependents
     spills_without_pdl: int | None = None  # a PDL row: the spills of the same kernel without PDL
+    unwritten_descriptors: list[str] = field(default_factory=list)  # HGMMAs whose descriptor registers some path leaves unwritten (sass_check)
 
     @property
     def problems(self) -> list[str]:
@@ -1078,6 +1079,8 @@ class Result:
                 out.append("no TMA load (cp.async.bulk.tensor), expected one")
             if self.needs_async and self.wgmma_serialized:
                 out.append("ptxas serialised the wgmmas (C7514), expected them asynchronous")
+            if self.unwritten_descriptors:
+                out.append(f"ptxas left wgmma descriptor registers unwritten on a path (miscompiled): {self.unwritten_descriptors[0]}")
         return out
 
     @property
@@ -1102,21 +1105,30 @@ def uses_tma(ptx: str) -> bool:
     return "cp.async.bulk.tensor" in ptx
 
 
-def _ptxas_stats(ptx: str, arch: str) -> tuple[int | None, int, bool]:
-    """(registers, spill bytes, whether the wgmmas were serialised) from `ptxas -v` on the PTX (spills: stores + loads;
-    serialised: ptxas's performance warning C7514, e.g. for an instruction reading an in-flight wgmma's accumulator)."""
+def _ptxas_stats(ptx: str, arch: str) -> tuple[int | None, int, bool, list[str]]:
+    """(registers, spill bytes, whether the wgmmas were serialised, the HGMMAs whose descriptor registers some path leaves
+    unwritten) from `ptxas -v` on the PTX (spills: stores + loads; serialised: ptxas's performance warning C7514, e.g. for
+    an instruction reading an in-flight wgmma's accumulator) and, for a kernel with wgmma, its SASS (sass_check: ptxas
+    12.8 miscompiled the 3-stage prefill_gluon build so)."""
     from triton.backends.nvidia.compiler import get_ptxas
+
+    from deepinfer_cuda.bench.sass_check import unwritten_descriptors
 
     target = re.search(r"^\.target\s+(\S+)", ptx, re.M).group(1)
     ptxas = get_ptxas(ARCHS[arch][0] * 10).path
     with tempfile.TemporaryDirectory() as d:
         src = Path(d) / "k.ptx"
         src.write_text(ptx)
-        log = subprocess.run([ptxas, "-v", f"-arch={target}", str(src), "-o", str(Path(d) / "k.cubin")],
+        cubin = Path(d) / "k.cubin"
+        log = subprocess.run([ptxas, "-v", f"-arch={target}", str(src), "-o", str(cubin)],
                              capture_output=True, text=True, check=True).stderr
+        unwritten = []
+        if "wgmma.mma_async" in ptx:
+            sass = subprocess.run([str(Path(ptxas).parent / "cuobjdump"), "-sass", str(cubin)], capture_output=True, text=True, check=True).stdout
+            unwritten = unwritten_descriptors(sass)
     regs = re.search(r"Used (\d+) registers", log)
     spills = sum(int(n) for n in re.findall(r"(\d+) bytes spill (?:stores|loads)", log))
-    return (int(regs.group(1)) if regs else None), spills, wgmma_serialized(log)
+    return (int(regs.group(1)) if regs else None), spills, wgmma_serialized(log), unwritten
 
 
 def wgmma_serialized(ptxas_log: str) -> bool:
@@ -1205,7 +1217,7 @@ def _compile_result(case: Case, arch: str, launch: Launch, expected: str | None,
         r.instr = instruction_class(ptx)
         r.griddepcontrol = griddepcontrol(ptx)
         r.tma = uses_tma(ptx)
-        r.regs, r.spills, r.wgmma_serialized = _ptxas_stats(ptx, arch)
+        r.regs, r.spills, r.wgmma_serialized, r.unwritten_descriptors = _ptxas_stats(ptx, arch)
         r.compiled = True
     except Exception as exc:  # noqa: BLE001 - a compile error is a result
         r.error = f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1] if str(exc).strip() else ''}"[:300]

@@ -96,11 +96,13 @@ class Tuning:
     docstring describes, the one GPU-tested and conformance-checked. The others are variants (timed and their outputs
     compared with the default's on an H100, 2026-12-07: docs/backends/cuda.md; `persistent` passed GPU conformance as the
     launch's default on that machine's copy; the GPU tests of 240 / 24 registers and of 64-key tiles passed, num_stages=3
-    gave wrong values on a var-len batch, the persistent ones' did not run) that `python -m
+    gave wrong values on a var-len batch (a ptxas 12.8 miscompile, worked around since: `_ring_stage`; the new build not
+    yet run on a GPU), the persistent ones' did not run) that `python -m
     deepinfer_cuda.bench.attention_prefill --sweep prefill_gluon` times on a GPU and tests/cuda/test_prefill_gluon.py's GPU
     tests check:
     - block_n, num_stages: the key tile's rows (a power of two: the score tile's column range; 16 .. 256: PV's K step,
-      QK^T's wgmma N) and the K/V ring's depth, within the shared-memory budget (`shared_bytes`).
+      QK^T's wgmma N) and the K/V ring's depth, within the shared-memory budget (`shared_bytes`); a depth that is not a
+      power of two has the consumers carry the stage and phase from tile to tile instead of dividing (`_ring_stage`).
     - consumer_regs: setmaxnreg of each consumer warpgroup (the producer warpgroup gets what is left of 504: 240 leaves
       it 24, FlashAttention-3's split).
     - persistent: prefill_gluon_persistent.py's kernel: one program per SM looping over (query tile, head) work items in a
@@ -188,6 +190,37 @@ if GLUON_IMPORT_ERROR is None:
         return p, alpha, m_new, l_i
 
     @gluon.jit
+    def _ring_stage(j, carried, NUM_STAGES: gl.constexpr):
+        """Key tile j's stage in the K/V ring: j % NUM_STAGES where NUM_STAGES is a power of two (the GPU-tested code,
+        unchanged), else `carried` (the consumer counts it from tile to tile: `_ring_advance`). Why: with j % 3 and
+        j // 3 in this loop, the ptxas of Triton 3.6 (CUDA 12.8) gave the second consumer warpgroup's last PV of a
+        program the V descriptor the loop's other branch had left in uniform registers (the previous tile's; never
+        written in a one-tile program): wrong values on the GPU. The carried form compiles correctly there; what in
+        the division set ptxas off is not known, so `bench compile` checks every wgmma kernel's SASS for it
+        (`deepinfer_cuda.bench.sass_check`)."""
+        if NUM_STAGES & (NUM_STAGES - 1) == 0:
+            return j % NUM_STAGES
+        else:
+            return carried
+
+    @gluon.jit
+    def _ring_phase(j, carried, NUM_STAGES: gl.constexpr):
+        """Key tile j's phase parity on its stage's barriers: (j // NUM_STAGES) & 1, or `carried` (as `_ring_stage`)."""
+        if NUM_STAGES & (NUM_STAGES - 1) == 0:
+            return (j // NUM_STAGES) & 1
+        else:
+            return carried
+
+    @gluon.jit
+    def _ring_advance(stage, phase, NUM_STAGES: gl.constexpr):
+        """The carried (stage, phase) of the next key tile; unchanged (unused) where NUM_STAGES is a power of two."""
+        if NUM_STAGES & (NUM_STAGES - 1) == 0:
+            return stage, phase
+        else:
+            wrap = (stage + 1 == NUM_STAGES).to(gl.int32)
+            return (stage + 1) * (1 - wrap), phase ^ wrap
+
+    @gluon.jit
     def _consumer(q_smem, k_smem, v_tiles, q_bar, k_ready, v_ready, kv_empty, turn,
                   out_ptr, stride_ot, stride_oh, q_start, row_end, first_row, pos0, head, num_tiles, n_full, qk_scale,
                   W: gl.constexpr, BLOCK_N: gl.constexpr, D_V: gl.constexpr, QK_CHUNKS: gl.constexpr, NUM_STAGES: gl.constexpr):
@@ -216,14 +249,17 @@ if GLUON_IMPORT_ERROR is None:
             s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
             p, alpha, m_i, l_i = _softmax(s, m_i, l_i, qk_scale, 0, pos, cols, n_full == 0)
             p_op = gl.convert_layout(p.to(gl.bfloat16), p_layout)
+        ring = num_tiles * 0  # (carried stage and phase of tile j, for rings of 3: `_ring_stage`)
+        ring_phase = num_tiles * 0
         for j in range(num_tiles):
-            stage = j % NUM_STAGES
+            stage = _ring_stage(j, ring, NUM_STAGES)
+            ring_next, ring_phase_next = _ring_advance(ring, ring_phase, NUM_STAGES)
             mbarrier.wait(turn.index(W), ((j + 1) & 1) ^ (1 - W))
             if j + 1 < num_tiles:
-                nxt = (j + 1) % NUM_STAGES
-                mbarrier.wait(k_ready.index(nxt), ((j + 1) // NUM_STAGES) & 1)
+                nxt = _ring_stage(j + 1, ring_next, NUM_STAGES)
+                mbarrier.wait(k_ready.index(nxt), _ring_phase(j + 1, ring_phase_next, NUM_STAGES))
                 s = _scores(q_smem, k_smem, nxt, gl.zeros([64, BLOCK_N], gl.float32, layout=s_layout), W, QK_CHUNKS)
-                mbarrier.wait(v_ready.index(stage), (j // NUM_STAGES) & 1)
+                mbarrier.wait(v_ready.index(stage), _ring_phase(j, ring_phase, NUM_STAGES))
                 o = warpgroup_mma(p_op, v_tiles.index(stage), acc, is_async=True)
                 mbarrier.arrive(turn.index(1 - W))
                 # S_{j+1} first (groups retire in order: all but PV_j's one), its softmax while PV_j runs
@@ -235,12 +271,14 @@ if GLUON_IMPORT_ERROR is None:
                 acc = acc * gl.expand_dims(gl.convert_layout(alpha, o_rows), 1)
                 p_op = gl.convert_layout(p.to(gl.bfloat16), p_layout)
             else:
-                mbarrier.wait(v_ready.index(stage), (j // NUM_STAGES) & 1)
+                mbarrier.wait(v_ready.index(stage), _ring_phase(j, ring_phase, NUM_STAGES))
                 o = warpgroup_mma(p_op, v_tiles.index(stage), acc, is_async=True)
                 mbarrier.arrive(turn.index(1 - W))
                 acc, p_op = warpgroup_mma_wait(num_outstanding=0, deps=(o, p_op))
                 _sync_warps()
                 mbarrier.arrive(kv_empty.index(stage))
+            ring = ring_next
+            ring_phase = ring_phase_next
         # O / l (l > 0 for every row that saw a tile; rows of a program with no tile are not stored)
         l_o = gl.convert_layout(l_i, o_rows)
         inv = 1.0 / gl.where(l_o > 0.0, l_o, 1.0)
