@@ -4,6 +4,8 @@ that parity has completed (a fresh barrier counts as having completed the phase 
 
 from __future__ import annotations
 
+import random
+
 
 class Barrier:
     def __init__(self, count: int):
@@ -17,3 +19,23 @@ class Barrier:
 
     def passed(self, parity: int) -> bool:
         return (self.completed & 1) != parity
+
+
+def run_interleaved(kernel, actors: dict, seed: int, context: str) -> None:
+    """Runs the partitions (`actors`: name -> generator yielding the condition it waits on next) and the kernel's copies
+    in flight (`kernel.in_flight`, landed by `kernel.land(copy)`) in a random interleaving until all finish; a state where
+    nothing can run is a deadlock (an AssertionError naming `context`)."""
+    rng = random.Random(seed)
+    waiting = {name: (lambda: True) for name in actors}
+    while actors or kernel.in_flight:
+        runnable = [name for name in actors if waiting[name]()]
+        choices = runnable + [("land", t) for t in kernel.in_flight]
+        assert choices, f"deadlock: {sorted(actors)} wait, no copy in flight ({context}, seed {seed})"
+        pick = rng.choice(choices)
+        if isinstance(pick, tuple):
+            kernel.land(pick[1])
+            continue
+        try:
+            waiting[pick] = next(actors[pick])
+        except StopIteration:
+            del actors[pick]

@@ -13,7 +13,7 @@ import random
 
 import pytest
 import torch
-from mbarrier_model import Barrier
+from mbarrier_model import Barrier, run_interleaved
 
 import deepinfer_cuda.kernels.mla_decode_gluon as g
 import deepinfer_cuda.kernels.mla_decode_gluon_balanced as bal
@@ -260,22 +260,8 @@ class Persistent:
 
 
 def _run_persistent(segments, seed):
-    rng = random.Random(seed)
     k = Persistent(segments)
-    actors = {"loader": k.loader(), "w0": k.attend(0), "w1": k.attend(1)}
-    waiting = {name: (lambda: True) for name in actors}
-    while actors or k.in_flight:
-        runnable = [name for name in actors if waiting[name]()]
-        choices = runnable + [("land", t) for t in k.in_flight]
-        assert choices, f"deadlock: {sorted(actors)} wait (segments {segments}, seed {seed})"
-        pick = rng.choice(choices)
-        if isinstance(pick, tuple):
-            k.land(pick[1])
-            continue
-        try:
-            waiting[pick] = next(actors[pick])
-        except StopIteration:
-            del actors[pick]
+    run_interleaved(k, {"loader": k.loader(), "w0": k.attend(0), "w1": k.attend(1)}, seed, f"segments {segments}")
     total = sum(segments)
     assert k.taken_in[0] == list(range(1, total, 2)) and k.taken_in[1] == list(range(0, total, 2))
     assert all(b.pending == 0 for b in k.empty + k.ready + k.published)

@@ -8,10 +8,8 @@ other), not the kernel: that runs on a GPU only (tests/cuda/test_mla_decode_gluo
 
 from __future__ import annotations
 
-import random
-
 import pytest
-from mbarrier_model import Barrier
+from mbarrier_model import Barrier, run_interleaved
 
 
 class Kernel:
@@ -120,22 +118,9 @@ class Kernel:
 
 
 def _run(num_tiles: int, early_release: bool, seed: int):
-    rng = random.Random(seed)
     k = Kernel(num_tiles)
     actors = {"loader": k.loader(), "w0": k.attend(0, early_release), "w1": k.attend(1, early_release)}
-    waiting = {name: (lambda: True) for name in actors}
-    while actors or k.in_flight:
-        runnable = [name for name in actors if waiting[name]()]
-        choices = runnable + [("land", t) for t in k.in_flight]
-        assert choices, f"deadlock: {sorted(actors)} wait, no copy in flight (tiles {num_tiles}, seed {seed})"
-        pick = rng.choice(choices)
-        if isinstance(pick, tuple):
-            k.land(pick[1])
-            continue
-        try:
-            waiting[pick] = next(actors[pick])
-        except StopIteration:
-            del actors[pick]
+    run_interleaved(k, actors, seed, f"tiles {num_tiles}")
     # each warpgroup took in every tile of the other's, in order
     assert k.taken_in[0] == list(range(1, num_tiles, 2)) and k.taken_in[1] == list(range(0, num_tiles, 2))
     assert all(b.pending == 0 for b in k.empty + k.ready + k.published)
