@@ -12,7 +12,7 @@ unwritten is reported. It finds that miscompile (the one-tile path); it cannot s
 writes, so it is a net, not a proof.
 
 `sass(ptx, arch)` assembles PTX with Triton's ptxas and disassembles it (cuobjdump); `unwritten_descriptors(sass)`
-lists the findings.
+lists the findings. Not a bench module (no OPS): compile_check.py calls it.
 """
 
 from __future__ import annotations
@@ -109,16 +109,16 @@ def unwritten_descriptors(sass_text: str) -> list[str]:
         for s in out:
             predecessors[s].append(b)
     every = set(range(UNIFORM_REGISTERS))
+    writes = [uniform_destinations(text) for _, text in instructions]  # parsed once, not once a pass
+    block_writes = [set().union(*writes[start:end]) for start, end in blocks]
     written_in = [set() if b == 0 else set(every) for b in range(len(blocks))]
     written_out = [set(every) for _ in blocks]
     changed = True
     while changed:  # forward "written on every path": intersection over predecessors, to a fixed point
         changed = False
-        for b, (start, end) in enumerate(blocks):
+        for b in range(len(blocks)):
             entry = set() if b == 0 or not predecessors[b] else set.intersection(*(written_out[p] for p in predecessors[b]))
-            out = set(entry)
-            for i in range(start, end):
-                out |= uniform_destinations(instructions[i][1])
+            out = entry | block_writes[b]
             if entry != written_in[b] or out != written_out[b]:
                 written_in[b], written_out[b], changed = entry, out, True
     findings = []
@@ -133,7 +133,7 @@ def unwritten_descriptors(sass_text: str) -> list[str]:
                 missing = [r for r in needed if r not in written]
                 if missing:
                     findings.append(f"{address:#06x} {text}: {', '.join(f'UR{r}' for r in missing)} not written on every path")
-            written |= uniform_destinations(text)
+            written |= writes[i]
     return findings
 
 
