@@ -1112,7 +1112,7 @@ def _ptxas_stats(ptx: str, arch: str) -> tuple[int | None, int, bool, list[str]]
     12.8 miscompiled the 3-stage prefill_gluon build so)."""
     from triton.backends.nvidia.compiler import get_ptxas
 
-    from deepinfer_cuda.bench.sass_check import unwritten_descriptors
+    from deepinfer_cuda.bench.sass_check import disassemble, unwritten_descriptors
 
     target = re.search(r"^\.target\s+(\S+)", ptx, re.M).group(1)
     ptxas = get_ptxas(ARCHS[arch][0] * 10).path
@@ -1124,8 +1124,7 @@ def _ptxas_stats(ptx: str, arch: str) -> tuple[int | None, int, bool, list[str]]
                              capture_output=True, text=True, check=True).stderr
         unwritten = []
         if "wgmma.mma_async" in ptx:
-            sass = subprocess.run([str(Path(ptxas).parent / "cuobjdump"), "-sass", str(cubin)], capture_output=True, text=True, check=True).stdout
-            unwritten = unwritten_descriptors(sass)
+            unwritten = unwritten_descriptors(disassemble(cubin, ptxas))
     regs = re.search(r"Used (\d+) registers", log)
     spills = sum(int(n) for n in re.findall(r"(\d+) bytes spill (?:stores|loads)", log))
     return (int(regs.group(1)) if regs else None), spills, wgmma_serialized(log), unwritten

@@ -11,7 +11,7 @@ URx+3 of `gdesc[URx]` with A in registers, all four with A in shared memory) som
 unwritten is reported. It finds that miscompile (the one-tile path); it cannot see a stale value that every path
 writes, so it is a net, not a proof.
 
-`sass(ptx, arch)` assembles PTX with Triton's ptxas and disassembles it (cuobjdump); `unwritten_descriptors(sass)`
+`disassemble(cubin, ptxas)` gives a cubin's SASS (compile_check.py's ptxas run builds the cubin); `unwritten_descriptors(sass)`
 lists the findings. Not a bench module (no OPS): compile_check.py calls it.
 """
 
@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import re
 import subprocess
-import tempfile
 from pathlib import Path
 
 _INSTRUCTION = re.compile(r"\s*/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;")
@@ -29,16 +28,9 @@ _NO_UNIFORM_DESTINATION = ("HGMMA", "SYNCS", "UTMA", "STS", "ST.", "ST ", "UBLKC
 UNIFORM_REGISTERS = 64
 
 
-def sass(ptx: str, arch: str = "sm_90a") -> str:
-    """The SASS of PTX, assembled by Triton's ptxas for `arch` and disassembled by the cuobjdump beside it."""
-    from triton.backends.nvidia.compiler import get_ptxas
-
-    ptxas = Path(get_ptxas(int(re.sub(r"\D", "", arch))).path)
-    with tempfile.TemporaryDirectory() as d:
-        src, cubin = Path(d) / "k.ptx", Path(d) / "k.cubin"
-        src.write_text(ptx)
-        subprocess.run([str(ptxas), f"-arch={arch}", str(src), "-o", str(cubin)], capture_output=True, text=True, check=True)
-        return subprocess.run([str(ptxas.parent / "cuobjdump"), "-sass", str(cubin)], capture_output=True, text=True, check=True).stdout
+def disassemble(cubin: Path, ptxas: str | Path) -> str:
+    """The SASS of a cubin ptxas built, by the cuobjdump that ships beside that ptxas (Triton's)."""
+    return subprocess.run([str(Path(ptxas).parent / "cuobjdump"), "-sass", str(cubin)], capture_output=True, text=True, check=True).stdout
 
 
 def _split_predicate(text: str) -> tuple[str | None, str]:
@@ -137,4 +129,4 @@ def unwritten_descriptors(sass_text: str) -> list[str]:
     return findings
 
 
-__all__ = ["sass", "uniform_destinations", "unwritten_descriptors"]
+__all__ = ["disassemble", "uniform_destinations", "unwritten_descriptors"]
