@@ -97,8 +97,9 @@ def test_ci_compiles_the_gluon_kernels_for_sm90(tmp_path):
     full check's minutes): `bench compile --case gluon` builds each for SM90, warp-specialised wgmma, no spills; the mxfp4
     and fp8_block GEMMs load through TMA, the FP8 mla_decode and sparse_attention kernels' converting warps load the cache
     bytes themselves, the bf16 sparse_attention kernel's loader (and its persistent variant's) gathers the rows by cp.async, the prefill's producer loads
-    q, k and v by TMA, the bf16 mla_decode's loader warp the cache pages, in its split grid and its balanced persistent one
-    (split cases also build their reduce or combine kernels, the balanced one its schedule and combine: no matrix)."""
+    q, k and v by TMA, the bf16 mla_decode's loader warp the cache pages, in its split grid and its balanced persistent one,
+    and so does the keys-as-M FP8 mla_decode's (split cases also build their reduce or combine kernels, the balanced one
+    its schedule and combine: no matrix)."""
     path = tmp_path / "gluon.json"
     proc = _cli("--arch", "sm90", "--case", "gluon", "--json", str(path))
     assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-3000:]
@@ -109,10 +110,10 @@ def test_ci_compiles_the_gluon_kernels_for_sm90(tmp_path):
     assert {r["kernel"] for r in matrix} == {
         "_mxfp4_gemm_ws_kernel", "_mxfp4_gemm_persistent_kernel", "_fp8_gemm_ws_kernel", "_mla_decode_fp8_ws_kernel",
         "_sparse_attention_fp8_ws_kernel", "_sparse_attention_ws_kernel", "sparse_attention_persistent_kernel", "_prefill_ws_kernel",
-        "_prefill_ws_persistent_kernel", "_mla_decode_ws_kernel", "_mla_decode_balanced_kernel"}, results  # fmt: skip
+        "_prefill_ws_persistent_kernel", "_mla_decode_ws_kernel", "_mla_decode_balanced_kernel", "_mla_decode_fp8_keys_m_kernel"}, results  # fmt: skip
     assert all(r["instr"] == "wgmma" for r in matrix), matrix
     tma_kernels = {"_mxfp4_gemm_ws_kernel", "_mxfp4_gemm_persistent_kernel", "_fp8_gemm_ws_kernel", "_prefill_ws_kernel", "_prefill_ws_persistent_kernel",
-                   "_mla_decode_ws_kernel", "_mla_decode_balanced_kernel"}
+                   "_mla_decode_ws_kernel", "_mla_decode_balanced_kernel", "_mla_decode_fp8_keys_m_kernel"}
     assert all(r["tma"] == (r["kernel"] in tma_kernels) for r in matrix), matrix
 
 
@@ -211,12 +212,13 @@ def test_a_case_is_compiled_only_for_its_archs_and_tma_is_read_from_the_ptx():
     r = cc.Result("c", "sm90", "k", True, regs=100, spills=0, instr="wgmma", expected="wgmma", tma=False, needs_tma=True)
     assert r.problems == ["no TMA load (cp.async.bulk.tensor), expected one"]
     gluon = [c for c in cc.CASES if "gluon" in c.name]
-    # 15 mxfp4 (5 persistent), 9 fp8_block (3 of its schedule options), 3 FP8 and 16 bf16 mla_decode (8 of its seesaw
-    # schedules, 3 of its balanced grid), 3 FP8 and 13 bf16 sparse_attention (4 fused combine, 3 persistent), 6 prefill (2 persistent)
-    assert len(gluon) == 65 and all(c.archs == ("sm90",) for c in gluon)
+    # 15 mxfp4 (5 persistent), 9 fp8_block (3 of its schedule options), 5 FP8 (2 keys as M) and 16 bf16 mla_decode (8 of
+    # its seesaw schedules, 3 of its balanced grid), 3 FP8 and 13 bf16 sparse_attention (4 fused combine, 3 persistent), 6 prefill (2 persistent)
+    assert len(gluon) == 67 and all(c.archs == ("sm90",) for c in gluon)
     # (the FP8 attention kernels' converting warps load the cache bytes, the bf16 sparse_attention loader copies rows by
-    # cp.async; the prefill's producer loads q, k, v by TMA, the bf16 mla_decode's loader the cache pages)
-    tma_names = ("mxfp4", "fp8_block", "prefill gluon", "mla_decode bf16 gluon")
+    # cp.async; the prefill's producer loads q, k, v by TMA, the mla_decode loaders of the bf16 and the keys-as-M kernels
+    # the cache pages)
+    tma_names = ("mxfp4", "fp8_block", "prefill gluon", "mla_decode bf16 gluon", "keys_as_m")
     assert all(c.tma == any(t in c.name for t in tma_names) for c in gluon)
 
 

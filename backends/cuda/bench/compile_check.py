@@ -417,23 +417,25 @@ def _gluon_mxfp4(layout: str, e: int, rows: int, n: int, k: int, tuning: dict | 
 
 def _gluon_mla(batch: int, heads: int, ctx: int, fp8: bool, queries: int = 1, tuning: dict | None = None) -> Callable[[], None]:
     """The SM90 Gluon mla_decode through its launch: over an FP8 cache (mla_decode_fp8_gluon; with S > 1 the causal
-    mask's live values make it spill 24 bytes: its docstring) or a bf16 cache (mla_decode_gluon; `tuning` over its
-    table entry, mla_decode/gluon_bf16: a schedule switch or a sweep candidate). It must serve the call (a None return
-    would mean the case compiled nothing of it)."""
+    mask's live values make it spill 24 bytes: its docstring) or a bf16 cache (mla_decode_gluon); `tuning` over the
+    kernel's table entry (mla_decode/gluon_fp8 or gluon_bf16: a schedule switch or a sweep candidate). It must serve the
+    call (a None return would mean the case compiled nothing of it)."""
     def call():
         from deepinfer_cuda.kernels import mla_decode_fp8_gluon, mla_decode_gluon
 
         blocks = ctx // 64
+        module = mla_decode_fp8_gluon if fp8 else mla_decode_gluon
         launch = mla_decode_fp8_gluon.launch_mla_decode_fp8_gluon if fp8 else mla_decode_gluon.launch_mla_decode_gluon
-        table = mla_decode_gluon.config
-        mla_decode_gluon.config = lambda op, variant, device=None: {**table(op, variant, device), **((tuning or {}) if variant == "gluon_bf16" else {})}
+        entry = "gluon_fp8" if fp8 else "gluon_bf16"
+        table = module.config
+        module.config = lambda op, variant, device=None: {**table(op, variant, device), **((tuning or {}) if variant == entry else {})}
         try:
             out = launch(
                 _t(batch, queries, heads, 512), _t(batch, queries, heads, 64), _cache(batch * blocks, 64, fp8),
                 _t(batch, blocks, dtype=torch.int32), _t(batch, dtype=torch.int32), 192 ** -0.5,
             )
         finally:
-            mla_decode_gluon.config = table
+            module.config = table
         if out is None:
             raise RuntimeError(f"{launch.__module__} declined the call")
     return call
@@ -572,12 +574,12 @@ def sweep_cases(variant: str) -> list[Case]:
         return _gluon_sweep_cases(variant)
     if variant == "prefill_gluon":
         return _prefill_gluon_sweep_cases()
-    if variant == "mla_gluon_bf16":
+    if variant in ("mla_gluon_bf16", "mla_gluon_fp8"):
         return _mla_gluon_sweep_cases(variant)
     if variant in sparse_attention_sweep.SWEEP:
         return _sparse_sweep_cases(variant)
     if variant != "fp8_v4_prefill":
-        known = ", ".join(("fp8_v4_prefill", "fp8_gluon_large", "prefill_gluon", "mla_gluon_bf16", *sparse_attention_sweep.SWEEP))
+        known = ", ".join(("fp8_v4_prefill", "fp8_gluon_large", "prefill_gluon", "mla_gluon_bf16", "mla_gluon_fp8", *sparse_attention_sweep.SWEEP))
         raise ValueError(f"no compile cases for sweep variant {variant!r}; known: {known}")
     tokens = bench.V4_PREFILL_TOKENS
     shapes = {g.name: g for g in bench.v4_prefill_fp8_gemms()}
@@ -640,22 +642,25 @@ def _prefill_gluon_sweep_cases() -> list[Case]:
     return cases
 
 
-# The bf16 Gluon mla_decode sweep's shapes (one split, and split partials)
-MLA_GLUON_COMPILE_SHAPES = ((128, 4096), (32, 2048))
+# The Gluon mla_decode sweeps' shapes (one split, and split partials): bf16 at 128 heads, FP8 at 16
+MLA_GLUON_COMPILE_SHAPES = {"mla_gluon_bf16": ((128, 4096, 128), (32, 2048, 128)), "mla_gluon_fp8": ((128, 4096, 16), (64, 4096, 16))}
 
 
 def _mla_gluon_sweep_cases(variant: str) -> list[Case]:
-    """Each candidate of the bf16 Gluon mla_decode sweep (its tuning entry's switches) at 128 heads, one split (B128
-    ctx4096, the output written directly) and split partials (B32 ctx2048): the kernel's two DIRECT forms, each with
-    its wgmmas asynchronous and without spills."""
+    """Each candidate of a Gluon mla_decode sweep (its tuning entry's switches) at one split (the output written
+    directly) and split partials: the kernels' two DIRECT forms, each without spills and, but for the FP8 table kernel,
+    with its wgmmas asynchronous (that kernel's are under Triton 3.6's ptxas, the GPU machine's, not under 3.9's: a
+    known gap, docs/backends/cuda.md). The FP8 table kernel's converting warps load without TMA; the keys-as-M kernel's
+    loader uses it."""
     from deepinfer_cuda.bench import gemm as bench
 
+    fp8 = variant == "mla_gluon_fp8"
     cases = []
     for cfg, _extra in bench.SWEEP[variant]:
         label = " ".join(f"{key}={value}" for key, value in cfg.items()) or "table"
-        for batch, ctx in MLA_GLUON_COMPILE_SHAPES:
-            cases.append(Case(f"sweep {variant} B{batch} H128 ctx{ctx} {label}", _gluon_mla(batch, 128, ctx, fp8=False, tuning=cfg), "mma",
-                              archs=("sm90",), tma=True, wgmma_async=True))
+        for batch, ctx, heads in MLA_GLUON_COMPILE_SHAPES[variant]:
+            cases.append(Case(f"sweep {variant} B{batch} H{heads} ctx{ctx} {label}", _gluon_mla(batch, heads, ctx, fp8=fp8, tuning=cfg), "mma",
+                              archs=("sm90",), tma=not fp8 or bool(cfg.get("keys_as_m")), wgmma_async=not fp8 or bool(cfg.get("keys_as_m"))))
     return cases
 
 
@@ -802,6 +807,11 @@ CASES: list[Case] = [
     Case("mla_decode fp8 gluon B128 H16 ctx4096 (one split)", _gluon_mla(128, 16, 4096, fp8=True), "mma", archs=("sm90",)),
     Case("mla_decode fp8 gluon B64 H16 ctx4096 (splits)", _gluon_mla(64, 16, 4096, fp8=True), "mma", archs=("sm90",)),
     Case("mla_decode fp8 gluon B64 H128 ctx4096", _gluon_mla(64, 128, 4096, fp8=True), "mma", archs=("sm90",)),
+    # the keys-as-M kernel for <= 16 query rows (mla_decode_fp8_gluon_keys_m.py, switch keys_as_m: not yet run on a GPU)
+    Case("mla_decode fp8 gluon keys_as_m B128 H16 ctx4096 (one split)", _gluon_mla(128, 16, 4096, fp8=True, tuning={"keys_as_m": True}), "mma",
+         archs=("sm90",), tma=True, wgmma_async=True),
+    Case("mla_decode fp8 gluon keys_as_m B64 S2 H8 ctx4096 (MTP, splits)", _gluon_mla(64, 8, 4096, fp8=True, queries=2, tuning={"keys_as_m": True}),
+         "mma", archs=("sm90",), tma=True, wgmma_async=True),
     # The SM90 Gluon mla_decode over a bf16 cache (mla_decode_path=gluon; the same attention warpgroups, a TMA loader warp):
     # 128 heads with one split (B128) and with split partials + combine (B32 ctx2048; B1 ctx8192: the wide combine), 16
     # heads (one split), S = 2 (the causal mask: 64 heads, one row tile)
@@ -944,6 +954,7 @@ def _as_arch(arch: str, launches: list[Launch]):
         logprobs,
         mla_decode,
         mla_decode_fp8_gluon,
+        mla_decode_fp8_gluon_keys_m,
         mla_decode_gluon,
         mla_decode_gluon_balanced,
         mla_decode_gluon_parts,
@@ -971,7 +982,7 @@ def _as_arch(arch: str, launches: list[Launch]):
         (mla_decode, "_config", lambda device, variant: arch_config("mla_decode", variant, arch)),
         (mla_decode, "_cached_plan", lambda *a: mla_decode._make_plan(*a, None)),
         (mla_decode, "num_sms", lambda device: SM_COUNT[arch]), (mla_decode, "upcast_dot", lambda: False),
-        (mla_decode_gluon_parts, "num_sms", lambda device: SM_COUNT[arch]), (mla_decode_gluon, "config", cfg),
+        (mla_decode_gluon_parts, "num_sms", lambda device: SM_COUNT[arch]), (mla_decode_gluon, "config", cfg), (mla_decode_fp8_gluon, "config", cfg),
         (mla_decode_gluon_balanced, "num_sms", lambda device: SM_COUNT[arch]),
         (norm, "config", cfg), (activation, "config", cfg), (rope, "config", cfg),
         (moe, "_cfg", cfg), (moe, "interpreting", lambda: False),
@@ -986,7 +997,8 @@ def _as_arch(arch: str, launches: list[Launch]):
         (indexer, "interpreting", lambda: False), (indexer, "upcast_dot", lambda: False),
     ]
     modules = (activation, decode_plan, gemm, gemm_fp8_gluon, gemm_mxfp4_gluon, hyper_connection, indexer, kv_cache, logits_processing, logprobs, mla_decode,
-               mla_decode_fp8_gluon, mla_decode_gluon, mla_decode_gluon_balanced, moe, norm, prefill, prefill_gluon, prefill_gluon_persistent,
+               mla_decode_fp8_gluon, mla_decode_fp8_gluon_keys_m, mla_decode_gluon, mla_decode_gluon_balanced, moe, norm, prefill, prefill_gluon,
+               prefill_gluon_persistent,
                rejection_sampling, rope, sampling, sparse_attention, sparse_attention_fp8_gluon, sparse_attention_gluon,
                sparse_attention_gluon_persistent)  # fmt: skip
     kernels = [v for mod in modules for v in vars(mod).values() if hasattr(v, "run") and hasattr(v, "arg_names")]

@@ -715,17 +715,24 @@ SWEEP["mla_gluon_bf16"] = _opts(
     [{}],
 )
 
+# The FP8 Gluon mla_decode at 16 heads (attention_decode.py's fp8cache rows, which take it): the table's kernel (both
+# warpgroups scoring half of each tile, 64-row wgmmas three quarters padding) against the keys-as-M kernel
+# (mla_decode_fp8_gluon_keys_m.py: keys as the wgmma's M, heads as its N; not yet run on a GPU), B64 / B128 / B256 ctx4096.
+# sm90 compile check (`deepinfer bench compile --arch sm90 --sweep mla_gluon_fp8`).
+SWEEP["mla_gluon_fp8"] = _opts([{}, {"keys_as_m": True}], [{}])
+
 # the tuning entries a variant's configs stand in for, where not the entry of its own name: V4's prefill shapes plan
 # fp8_block_large, or at K <= 1024 fp8_block_large_short_k (kernels/gemm.py's _shape_entry)
-SWEEP_ENTRIES = {"fp8_v4_prefill": ("fp8_block_large", "fp8_block_large_short_k"), "mla_gluon_bf16": ("gluon_bf16",)}
+SWEEP_ENTRIES = {"fp8_v4_prefill": ("fp8_block_large", "fp8_block_large_short_k"), "mla_gluon_bf16": ("gluon_bf16",), "mla_gluon_fp8": ("gluon_fp8",)}
 # the op of a variant's tuning entries, where not gemm
-SWEEP_OPS = {"mla_gluon_bf16": "mla_decode"}
+SWEEP_OPS = {"mla_gluon_bf16": "mla_decode", "mla_gluon_fp8": "mla_decode"}
 
 # the case each variant is swept on (a fragment of its name), or the cases
 SWEEP_CASES = {
     "fp8_v4_prefill": tuple(case.name for case in V4_PREFILL_CASES),
     "fp8_gluon_large": tuple(case.name for case in GLUON_SWEEP_CASES),
     "mla_gluon_bf16": ("B128_ctx4096_H128_S1_bf16_page64, gluon", "B32_ctx2048_H128_S1_bf16_page64, gluon", "B1_ctx8k_H128_S1_bf16_page64, gluon"),
+    "mla_gluon_fp8": ("B64_ctx4096_H16_S1_fp8cache_page64", "B128_ctx4096_H16_S1_fp8cache_page64", "B256_ctx4096_H16_S1_fp8cache_page64"),
     "mxfp4_gluon_small": "V4 w13 decode B256",
     "mxfp4_gluon_large": ("256x192 tok, 4096->4096 (V4 w13), gluon", "8192x6 tok routed over 256, 4096->4096 (V4 w13), gluon"),
     "dense_large": "bf16 contiguous 8x4096 tok, 7168->4096",
@@ -822,7 +829,7 @@ def _sweep_case(variant: str, case, device: torch.device) -> list[dict]:
     from deepinfer_cuda.kernels import gemm as kg
     from deepinfer_cuda.kernels import gemm_fp8_gluon as fp8_gluon
     from deepinfer_cuda.kernels import gemm_mxfp4_gluon as gluon
-    from deepinfer_cuda.kernels import mla_decode_gluon
+    from deepinfer_cuda.kernels import mla_decode_fp8_gluon, mla_decode_gluon
     from deepinfer_cuda.tuning import config as table_config
 
     results = []
@@ -833,12 +840,13 @@ def _sweep_case(variant: str, case, device: torch.device) -> list[dict]:
     tl_want = _tl_reference(case, state)
     entries = sweep_entries(variant)
     timer = _timer(case)
-    saved = kg.config, gluon.config, fp8_gluon.config, mla_decode_gluon.config  # restored as found (a test may have patched the table)
+    # restored as found (a test may have patched the table)
+    saved = kg.config, gluon.config, fp8_gluon.config, mla_decode_gluon.config, mla_decode_fp8_gluon.config
     for cfg, extra in SWEEP[variant]:
         op = SWEEP_OPS.get(variant, "gemm")
         full = {**table_config(op, entries[0], device), **(sweep_override(cfg, extra) if op == "gemm" else cfg)}
         patched = lambda op, v, dev, _full=full: dict(_full) if v in entries else table_config(op, v, dev)  # noqa: E731
-        kg.config = gluon.config = fp8_gluon.config = mla_decode_gluon.config = patched
+        kg.config = gluon.config = fp8_gluon.config = mla_decode_gluon.config = mla_decode_fp8_gluon.config = patched
         kg.MXFP4_AUTO_PATH = extra.get("mx")
         diff = tl_diff = None
         try:
@@ -860,7 +868,7 @@ def _sweep_case(variant: str, case, device: torch.device) -> list[dict]:
         print(f"sweep {variant:16s} {case.name[:56]:56s} {cfg} {extra} {line}", flush=True)
         results.append({"variant": variant, "case": case.name, "cfg": cfg, "extra": extra, "ms": ms, "rate": rate, "unit": unit, "max_diff": diff,
                         "max_diff_tl": tl_diff})
-    kg.config, gluon.config, fp8_gluon.config, mla_decode_gluon.config = saved
+    kg.config, gluon.config, fp8_gluon.config, mla_decode_gluon.config, mla_decode_fp8_gluon.config = saved
     kg.MXFP4_AUTO_PATH = None
     results += _sweep_references(variant, case, state, amount, unit)
     return results

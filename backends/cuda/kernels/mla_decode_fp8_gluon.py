@@ -100,6 +100,7 @@ from deepinfer_cuda.kernels.common import Registration
 from deepinfer_cuda.kernels.gluon_hopper import GLUON_IMPORT_ERROR
 from deepinfer_cuda.kernels.mla_decode_gluon_parts import BLOCK_N, LATENT, PAGE, ROPE, SPLIT_GRANULE, GluonPlan, plan  # noqa: F401  (its plan)
 from deepinfer_cuda.options import MLA_DECODE_PATH
+from deepinfer_cuda.tuning import config
 
 if GLUON_IMPORT_ERROR is None:  # (else the launch declines every call)
     from deepinfer_cuda.kernels.gluon_hopper import fence_async_shared, gl, gluon, mbarrier
@@ -327,6 +328,11 @@ def launch_mla_decode_fp8_gluon(
     attention_ops.check_mla_decode_shapes(q_nope, q_rope, kv_cache, sliding_window)
     if not_served(q_nope, q_rope, kv_cache, sliding_window, overrides, tiles_of_one_query) is not None:
         return None
+    if config("mla_decode", "gluon_fp8", q_nope.device)["keys_as_m"]:
+        from deepinfer_cuda.kernels import mla_decode_fp8_gluon_keys_m as keys_m
+
+        if keys_m.not_served(q_nope, kv_cache) is None:  # (at most 16 query rows)
+            return keys_m.launch(q_nope, q_rope, kv_cache, block_table, seq_lens, softmax_scale, num_splits, tokens_per_split)
     return parts.launch(_mla_decode_fp8_ws_kernel, kv_cache.view(torch.int32), (kv_cache.stride(0), kv_cache.stride(1)),
                         q_nope, q_rope, block_table, seq_lens, softmax_scale, num_splits, tokens_per_split,
                         REGS_ATTEND=PARTITION_REGS[0], REGS_CONVERT=PARTITION_REGS[1])
