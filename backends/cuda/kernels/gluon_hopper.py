@@ -13,6 +13,8 @@ declines its calls or says so in its registration. Shims (Triton 3.6 on the GPU 
   zero-filled), 3.9 `async_copy.async_load` (3.6's name, async_copy_global_to_shared, raises there), 3.6 only the old
   name. Same leading arguments (shared destination, pointers, mask). With `async_copy.mbarrier_arrive` (an mbarrier
   arrival once the thread's copies have landed) it gathers rows where TMA cannot (SM90 has no TMA gather).
+- `reinterpret_shared(buf, dtype, shape, layout)`: a view of shared memory as another dtype, shape and layout, 3.9's
+  `reinterpret`, 3.6's `_reinterpret` (same arguments).
 """
 
 from __future__ import annotations
@@ -29,6 +31,16 @@ try:
     tma_store = tma.async_store if hasattr(tma, "async_store") else tma.async_copy_shared_to_global
     sync_warps = gl.barrier if hasattr(gl, "barrier") else gl.thread_barrier
     cp_async_load = async_copy.async_load if hasattr(async_copy, "async_load") else async_copy.async_copy_global_to_shared
+    _REINTERPRET_IS_PUBLIC = gl.constexpr(hasattr(gl.shared_memory_descriptor, "reinterpret"))
+
+    @gluon.jit
+    def reinterpret_shared(buf, dtype: gl.constexpr, shape: gl.constexpr, layout: gl.constexpr):
+        """`buf`'s shared memory viewed as `dtype` [shape] in `layout` (the module docstring's shim)."""
+        if _REINTERPRET_IS_PUBLIC:
+            return buf.reinterpret(dtype, shape, layout)
+        else:
+            return buf._reinterpret(dtype, shape, layout)
+
     GLUON_IMPORT_ERROR = None
 except ImportError as exc:  # a Triton without Gluon's Hopper pieces
     GLUON_IMPORT_ERROR = f"{type(exc).__name__}: {exc}"
@@ -44,4 +56,4 @@ def gluon_unusable(option: str, import_error: str | None) -> str | None:
 
 
 __all__ = ["GLUON_IMPORT_ERROR", "TensorDescriptor", "async_copy", "cp_async_load", "fence_async_shared", "gl", "gluon", "gluon_unusable", "mbarrier",
-           "sync_warps", "tma", "tma_load", "tma_store", "warpgroup_mma", "warpgroup_mma_wait"]  # fmt: skip
+           "reinterpret_shared", "sync_warps", "tma", "tma_load", "tma_store", "warpgroup_mma", "warpgroup_mma_wait"]  # fmt: skip

@@ -48,7 +48,7 @@ TMA matrix (`not_served` here: fewer than 2^31 rows).
 Not yet run on a GPU: compiled for sm90 (Triton 3.9 and 3.6); its CPU test emulates its schedule's arithmetic (the two
 warpgroups' online softmaxes over alternate tiles and their merge, the raw bf16 and the row scales) against the op.
 
-Triton 3.6 (the GPU machine) and 3.9 differ in names used here: gluon_hopper.py's shims and `_REINTERPRET_IS_PUBLIC`.
+Triton 3.6 (the GPU machine) and 3.9 differ in names used here: gluon_hopper.py's shims.
 """
 
 from __future__ import annotations
@@ -60,10 +60,19 @@ from deepinfer_cuda.kernels.gluon_hopper import GLUON_IMPORT_ERROR
 from deepinfer_cuda.kernels.mla_decode_gluon_parts import LATENT, PAGE, ROPE
 
 if GLUON_IMPORT_ERROR is None:  # (else mla_decode_fp8_gluon.py declines every call)
-    from deepinfer_cuda.kernels.gluon_hopper import TensorDescriptor, fence_async_shared, gl, gluon, mbarrier, warpgroup_mma, warpgroup_mma_wait
+    from deepinfer_cuda.kernels.gluon_hopper import (
+        TensorDescriptor,
+        fence_async_shared,
+        gl,
+        gluon,
+        mbarrier,
+        reinterpret_shared,
+        warpgroup_mma,
+        warpgroup_mma_wait,
+    )
     from deepinfer_cuda.kernels.gluon_hopper import sync_warps as _sync_warps
     from deepinfer_cuda.kernels.gluon_hopper import tma_load as _tma_load
-    from deepinfer_cuda.kernels.mla_decode_fp8_gluon import _E4M3X4_TO_RAW_BF16X4, _REINTERPRET_IS_PUBLIC, RAW_UNIT
+    from deepinfer_cuda.kernels.mla_decode_fp8_gluon import _E4M3X4_TO_RAW_BF16X4, RAW_UNIT
     from deepinfer_cuda.kernels.mla_decode_gluon_parts import _hidden_zero, _split_range
 
 MAX_ROWS = 16  # S * H: the products' N
@@ -90,23 +99,8 @@ if GLUON_IMPORT_ERROR is None:
         return gl.reshape(gl.permute(gl.reshape(x, [rows, 4, 4, 2, 2]), [0, 2, 3, 1, 4]), [rows, 64])
 
     @gluon.jit
-    def _stage_q_t(
-        q_smem,
-        q_nope_ptr,
-        q_rope_ptr,
-        stride_qn_b,
-        stride_qn_s,
-        stride_qn_h,
-        stride_qr_b,
-        stride_qr_s,
-        stride_qr_h,
-        S: gl.constexpr,
-        H: gl.constexpr,
-        C: gl.constexpr,
-        R: gl.constexpr,
-        N: gl.constexpr,
-        num_warps: gl.constexpr,
-    ):
+    def _stage_q_t(q_smem, q_nope_ptr, q_rope_ptr, stride_qn_b, stride_qn_s, stride_qn_h, stride_qr_b, stride_qr_s, stride_qr_h,
+                   S: gl.constexpr, H: gl.constexpr, C: gl.constexpr, R: gl.constexpr, N: gl.constexpr, num_warps: gl.constexpr):  # fmt: skip
         """q [N rows, 576] of the program's request -> 9 [N, 64] chunks in `_mma_k_order` (rows past S*H zero), by the
         default warps before the fork; then the fence that shows them (and the mbarriers' init) to wgmma and TMA."""
         q_blocked: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [num_warps, 1], [1, 0])
@@ -141,26 +135,8 @@ if GLUON_IMPORT_ERROR is None:
         _tma_load(scale_desc, [row, 144], bar, scale.index(t))
 
     @gluon.jit
-    def _loader(
-        lat_desc,
-        rope_desc,
-        scale_desc,
-        bt_row,
-        lat,
-        rope,
-        scale,
-        lat_rows,
-        rope_rows,
-        scale_rows,
-        ring_ready,
-        ring_empty,
-        landed,
-        lo,
-        split_end,
-        num_tiles,
-        PAGE: gl.constexpr,
-        BLOCK_N: gl.constexpr,
-    ):
+    def _loader(lat_desc, rope_desc, scale_desc, bt_row, lat, rope, scale, lat_rows, rope_rows, scale_rows, ring_ready, ring_empty, landed,
+                lo, split_end, num_tiles, PAGE: gl.constexpr, BLOCK_N: gl.constexpr):  # fmt: skip
         """One warp: tile j's page (block-table entry lo // PAGE + j) into ring stage j % 2 once its math warpgroup has
         released the stage's previous tile (a fresh `empty` barrier counts as having completed the phase before 0)."""
         first = lo // PAGE
@@ -210,41 +186,11 @@ if GLUON_IMPORT_ERROR is None:
         return s
 
     @gluon.jit
-    def _math(
-        lat_bytes,
-        rope_bytes,
-        scale_words,
-        v_smem,
-        q_smem,
-        p_smem,
-        ml_smem,
-        ring_ready,
-        ring_empty,
-        merged,
-        dst_ptr,
-        part_lse_ptr,
-        seq_len,
-        lo,
-        split_end,
-        num_tiles,
-        qk_scale,
-        stride_o_b,
-        stride_o_s,
-        stride_o_h,
-        stride_po_b,
-        stride_po_split,
-        stride_po_m,
-        stride_pl_b,
-        stride_pl_split,
-        S: gl.constexpr,
-        H: gl.constexpr,
-        N: gl.constexpr,
-        BLOCK_N: gl.constexpr,
-        NUM_CHUNKS: gl.constexpr,
-        ROW_WORDS: gl.constexpr,
-        DIRECT: gl.constexpr,
-        W: gl.constexpr,
-    ):
+    def _math(lat_bytes, rope_bytes, scale_words, v_smem, q_smem, p_smem, ml_smem, ring_ready, ring_empty, merged,
+              dst_ptr, part_lse_ptr, seq_len, lo, split_end, num_tiles, qk_scale,
+              stride_o_b, stride_o_s, stride_o_h, stride_po_b, stride_po_split, stride_po_m, stride_pl_b, stride_pl_split,
+              S: gl.constexpr, H: gl.constexpr, N: gl.constexpr, BLOCK_N: gl.constexpr, NUM_CHUNKS: gl.constexpr,
+              ROW_WORDS: gl.constexpr, DIRECT: gl.constexpr, W: gl.constexpr):  # fmt: skip
         """Math warpgroup W: tiles W, W + 2, ... of the split (the module docstring's steps 1-4), then the merge."""
         mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, N, 16])
         keys_l: gl.constexpr = gl.SliceLayout(1, mma)  # along the 64 keys (or value columns) of a [64, N] tile
@@ -304,10 +250,7 @@ if GLUON_IMPORT_ERROR is None:
         # the merge: warpgroup 1's (m, l, o^T) through its value buffer (float32 [8, 64, N] view) and ml_smem
         # (the buffers as float32 [64, N] slots, 4 KiB each at N = 16: warpgroup 1's value buffer starts at slot 2 V)
         plain: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[1, 0])
-        if _REINTERPRET_IS_PUBLIC:
-            o_view = v_smem.reinterpret(gl.float32, [64 * V // N, 64, N], plain)
-        else:
-            o_view = v_smem._reinterpret(gl.float32, [64 * V // N, 64, N], plain)
+        o_view = reinterpret_shared(v_smem, gl.float32, [64 * V // N, 64, N], plain)
         HANDOFF: gl.constexpr = 32 * V // N
         if W == 1:
             ml_smem.index(0).store(m_i)
@@ -360,45 +303,19 @@ if GLUON_IMPORT_ERROR is None:
     @gluon.jit(do_not_specialize=["tokens_per_split"])
     def _mla_decode_fp8_keys_m_kernel(
         lat_desc,  # TMA over the cache's [pages * 64, 148] int32 words: [64, 128] boxes (the latent bytes), unswizzled
-        q_nope_ptr,
-        q_rope_ptr,
-        block_table_ptr,
-        seq_lens_ptr,
+        q_nope_ptr, q_rope_ptr, block_table_ptr, seq_lens_ptr,
         dst_ptr,  # DIRECT: the output [B, S, H, C]; else the split partials [B, splits, rows, C] float32
         part_lse_ptr,
         qk_scale,  # softmax_scale * log2(e)
         tokens_per_split,  # a multiple of BLOCK_N
-        rope_desc,
-        scale_desc,  # the same words in [64, 16] boxes (the rope bytes) and [64, 4] (the scale and padding)
-        stride_qn_b,
-        stride_qn_s,
-        stride_qn_h,
-        stride_qr_b,
-        stride_qr_s,
-        stride_qr_h,
-        stride_bt_b,
-        stride_o_b,
-        stride_o_s,
-        stride_o_h,
-        stride_po_b,
-        stride_po_split,
-        stride_po_m,
-        stride_pl_b,
-        stride_pl_split,
-        S: gl.constexpr,
-        H: gl.constexpr,
-        C: gl.constexpr,
-        R: gl.constexpr,
-        PAGE: gl.constexpr,
-        BLOCK_M: gl.constexpr,
-        BLOCK_N: gl.constexpr,
-        DIRECT: gl.constexpr,
-        N: gl.constexpr,
-        ROW_WORDS: gl.constexpr,
-        REGS_MATH: gl.constexpr,
-        REGS_LOAD: gl.constexpr,
+        rope_desc, scale_desc,  # the same words in [64, 16] boxes (the rope bytes) and [64, 4] (the scale and padding)
+        stride_qn_b, stride_qn_s, stride_qn_h, stride_qr_b, stride_qr_s, stride_qr_h, stride_bt_b,
+        stride_o_b, stride_o_s, stride_o_h, stride_po_b, stride_po_split, stride_po_m, stride_pl_b, stride_pl_split,
+        S: gl.constexpr, H: gl.constexpr, C: gl.constexpr, R: gl.constexpr, PAGE: gl.constexpr,
+        BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, DIRECT: gl.constexpr,
+        N: gl.constexpr, ROW_WORDS: gl.constexpr, REGS_MATH: gl.constexpr, REGS_LOAD: gl.constexpr,
         num_warps: gl.constexpr,
-    ):
+    ):  # fmt: skip
         NUM_CHUNKS: gl.constexpr = (C + R) // 64
         seq_len, lo, split_end, num_tiles = _split_range(seq_lens_ptr, tokens_per_split, BLOCK_N)
         bt_row = block_table_ptr + gl.program_id(1).to(gl.int64) * stride_bt_b
@@ -409,20 +326,12 @@ if GLUON_IMPORT_ERROR is None:
         scale = gl.allocate_shared_memory(gl.int32, [2, BLOCK_N, 4], scale_desc.layout)
         plain: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[1, 0])  # row-major views of the ring
         rows: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])  # its rows one by one (the loader's zeroing)
-        if _REINTERPRET_IS_PUBLIC:
-            lat_bytes = lat.reinterpret(gl.int8, [2, BLOCK_N, 512], plain)
-            rope_bytes = rope.reinterpret(gl.int8, [2, BLOCK_N, 64], plain)
-            scale_words = scale.reinterpret(gl.int32, [2, BLOCK_N, 4], plain)
-            lat_rows = lat.reinterpret(gl.int32, [2 * BLOCK_N, 128], rows)
-            rope_rows = rope.reinterpret(gl.int32, [2 * BLOCK_N, 16], rows)
-            scale_rows = scale.reinterpret(gl.int32, [2 * BLOCK_N, 4], rows)
-        else:
-            lat_bytes = lat._reinterpret(gl.int8, [2, BLOCK_N, 512], plain)
-            rope_bytes = rope._reinterpret(gl.int8, [2, BLOCK_N, 64], plain)
-            scale_words = scale._reinterpret(gl.int32, [2, BLOCK_N, 4], plain)
-            lat_rows = lat._reinterpret(gl.int32, [2 * BLOCK_N, 128], rows)
-            rope_rows = rope._reinterpret(gl.int32, [2 * BLOCK_N, 16], rows)
-            scale_rows = scale._reinterpret(gl.int32, [2 * BLOCK_N, 4], rows)
+        lat_bytes = reinterpret_shared(lat, gl.int8, [2, BLOCK_N, 512], plain)
+        rope_bytes = reinterpret_shared(rope, gl.int8, [2, BLOCK_N, 64], plain)
+        scale_words = reinterpret_shared(scale, gl.int32, [2, BLOCK_N, 4], plain)
+        lat_rows = reinterpret_shared(lat, gl.int32, [2 * BLOCK_N, 128], rows)
+        rope_rows = reinterpret_shared(rope, gl.int32, [2 * BLOCK_N, 16], rows)
+        scale_rows = reinterpret_shared(scale, gl.int32, [2 * BLOCK_N, 4], rows)
         v_smem = gl.allocate_shared_memory(gl.bfloat16, [2 * (NUM_CHUNKS - 1), BLOCK_N, 64], gl.NVMMASharedLayout.get_default_for([BLOCK_N, 64], gl.bfloat16))
         p_smem = gl.allocate_shared_memory(gl.bfloat16, [2, BLOCK_N, N], gl.NVMMASharedLayout.get_default_for([BLOCK_N, N], gl.bfloat16))
         ml_smem = gl.allocate_shared_memory(gl.float32, [2, N], gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0]))
@@ -437,111 +346,22 @@ if GLUON_IMPORT_ERROR is None:
         mbarrier.init(merged, count=1)
         _stage_q_t(q_smem, q_nope_ptr, q_rope_ptr, stride_qn_b, stride_qn_s, stride_qn_h, stride_qr_b, stride_qr_s, stride_qr_h, S, H, C, R, N, num_warps)
 
+        # fmt: off
         gl.warp_specialize(
             [
-                (
-                    _math,
-                    (
-                        lat_bytes,
-                        rope_bytes,
-                        scale_words,
-                        v_smem,
-                        q_smem,
-                        p_smem,
-                        ml_smem,
-                        ring_ready,
-                        ring_empty,
-                        merged,
-                        dst_ptr,
-                        part_lse_ptr,
-                        seq_len,
-                        lo,
-                        split_end,
-                        num_tiles,
-                        qk_scale,
-                        stride_o_b,
-                        stride_o_s,
-                        stride_o_h,
-                        stride_po_b,
-                        stride_po_split,
-                        stride_po_m,
-                        stride_pl_b,
-                        stride_pl_split,
-                        S,
-                        H,
-                        N,
-                        BLOCK_N,
-                        NUM_CHUNKS,
-                        ROW_WORDS,
-                        DIRECT,
-                        0,
-                    ),
-                ),
-                (
-                    _math,
-                    (
-                        lat_bytes,
-                        rope_bytes,
-                        scale_words,
-                        v_smem,
-                        q_smem,
-                        p_smem,
-                        ml_smem,
-                        ring_ready,
-                        ring_empty,
-                        merged,
-                        dst_ptr,
-                        part_lse_ptr,
-                        seq_len,
-                        lo,
-                        split_end,
-                        num_tiles,
-                        qk_scale,
-                        stride_o_b,
-                        stride_o_s,
-                        stride_o_h,
-                        stride_po_b,
-                        stride_po_split,
-                        stride_po_m,
-                        stride_pl_b,
-                        stride_pl_split,
-                        S,
-                        H,
-                        N,
-                        BLOCK_N,
-                        NUM_CHUNKS,
-                        ROW_WORDS,
-                        DIRECT,
-                        1,
-                    ),
-                ),
-                (
-                    _loader,
-                    (
-                        lat_desc,
-                        rope_desc,
-                        scale_desc,
-                        bt_row,
-                        lat,
-                        rope,
-                        scale,
-                        lat_rows,
-                        rope_rows,
-                        scale_rows,
-                        ring_ready,
-                        ring_empty,
-                        landed,
-                        lo,
-                        split_end,
-                        num_tiles,
-                        PAGE,
-                        BLOCK_N,
-                    ),
-                ),
+                (_math, (lat_bytes, rope_bytes, scale_words, v_smem, q_smem, p_smem, ml_smem, ring_ready, ring_empty, merged, dst_ptr, part_lse_ptr,
+                         seq_len, lo, split_end, num_tiles, qk_scale, stride_o_b, stride_o_s, stride_o_h, stride_po_b, stride_po_split, stride_po_m,
+                         stride_pl_b, stride_pl_split, S, H, N, BLOCK_N, NUM_CHUNKS, ROW_WORDS, DIRECT, 0)),
+                (_math, (lat_bytes, rope_bytes, scale_words, v_smem, q_smem, p_smem, ml_smem, ring_ready, ring_empty, merged, dst_ptr, part_lse_ptr,
+                         seq_len, lo, split_end, num_tiles, qk_scale, stride_o_b, stride_o_s, stride_o_h, stride_po_b, stride_po_split, stride_po_m,
+                         stride_pl_b, stride_pl_split, S, H, N, BLOCK_N, NUM_CHUNKS, ROW_WORDS, DIRECT, 1)),
+                (_loader, (lat_desc, rope_desc, scale_desc, bt_row, lat, rope, scale, lat_rows, rope_rows, scale_rows, ring_ready, ring_empty,
+                           landed, lo, split_end, num_tiles, PAGE, BLOCK_N)),
             ],
             [4, 1],
             [REGS_MATH, REGS_LOAD],
         )
+        # fmt: on
 
 
 # ---------------------------------------------------------------------------------------------
