@@ -240,10 +240,11 @@ def test_serialised_wgmmas_are_read_from_ptxas_and_fail_the_cases_that_need_them
     assert r.problems == ["ptxas serialised the wgmmas (C7514), expected them asynchronous"]
     overlapped = [c for c in cc.CASES if c.wgmma_async]
     assert overlapped and all("fp8_block gluon overlap" in c.name or "mla_decode bf16 gluon seesaw" in c.name
-                              or "mla_decode bf16 gluon balanced" in c.name
+                              or "mla_decode bf16 gluon balanced" in c.name or "mla_decode fp8 gluon keys_as_m" in c.name
                               or "prefill gluon" in c.name and "persistent" in c.name for c in overlapped)  # fmt: skip
     assert {c.wgmma_async for c in cc.sweep_cases("fp8_gluon_large")} == {True, False}
     assert all(c.wgmma_async for c in cc.sweep_cases("mla_gluon_bf16"))
+    assert [c.wgmma_async for c in cc.sweep_cases("mla_gluon_fp8")] == [False, False, True, True]  # (the keys-as-M candidate's)
 
 
 def test_instruction_class():
