@@ -815,17 +815,18 @@ CASES: list[Case] = [
     # The SM90 Gluon mla_decode over a bf16 cache (mla_decode_path=gluon; the same attention warpgroups, a TMA loader warp):
     # 128 heads with one split (B128) and with split partials + combine (B32 ctx2048; B1 ctx8192: the wide combine), 16
     # heads (one split), S = 2 (the causal mask: 64 heads, one row tile)
-    Case("mla_decode bf16 gluon B128 H128 ctx4096 (one split)", _gluon_mla(128, 128, 4096, fp8=False), "mma", archs=("sm90",), tma=True),
-    Case("mla_decode bf16 gluon B32 H128 ctx2048 (splits)", _gluon_mla(32, 128, 2048, fp8=False), "mma", archs=("sm90",), tma=True),
-    Case("mla_decode bf16 gluon B1 H128 ctx8192 (splits)", _gluon_mla(1, 128, 8192, fp8=False), "mma", archs=("sm90",), tma=True),
-    Case("mla_decode bf16 gluon B128 H16 ctx4096 (one split)", _gluon_mla(128, 16, 4096, fp8=False), "mma", archs=("sm90",), tma=True),
-    Case("mla_decode bf16 gluon B64 S2 H32 ctx4096 (MTP)", _gluon_mla(64, 32, 4096, fp8=False, queries=2), "mma", archs=("sm90",), tma=True),
-    # its seesaw schedules (tuning switch "schedule": "seesaw" or "seesaw_early_release", mla_decode_gluon_seesaw.py; off in
-    # the tables; swept on an H100), at the table's 232 / 40 registers, their wgmmas asynchronous: one split and split
+    # (the table's schedule, seesaw_early_release: its wgmmas asynchronous)
+    Case("mla_decode bf16 gluon B128 H128 ctx4096 (one split)", _gluon_mla(128, 128, 4096, fp8=False), "mma", archs=("sm90",), tma=True, wgmma_async=True),
+    Case("mla_decode bf16 gluon B32 H128 ctx2048 (splits)", _gluon_mla(32, 128, 2048, fp8=False), "mma", archs=("sm90",), tma=True, wgmma_async=True),
+    Case("mla_decode bf16 gluon B1 H128 ctx8192 (splits)", _gluon_mla(1, 128, 8192, fp8=False), "mma", archs=("sm90",), tma=True, wgmma_async=True),
+    Case("mla_decode bf16 gluon B128 H16 ctx4096 (one split)", _gluon_mla(128, 16, 4096, fp8=False), "mma", archs=("sm90",), tma=True, wgmma_async=True),
+    Case("mla_decode bf16 gluon B64 S2 H32 ctx4096 (MTP)", _gluon_mla(64, 32, 4096, fp8=False, queries=2), "mma", archs=("sm90",), tma=True, wgmma_async=True),
+    # its other schedules (tuning switch "schedule": "seesaw", mla_decode_gluon_seesaw.py, or "split_keys", the table's until
+    # 2026-12-07; swept on an H100), at the table's 232 / 40 registers, their wgmmas asynchronous: one split and split
     # partials at S = 1 and S = 2 (the causal mask)
     *[Case(f"mla_decode bf16 gluon {schedule.replace('_', ' ')} {name}",
            _gluon_mla(batch, heads, ctx, fp8=False, queries=queries, tuning={"schedule": schedule}), "mma", archs=("sm90",), tma=True, wgmma_async=True)
-      for schedule in ("seesaw", "seesaw_early_release")
+      for schedule in ("seesaw", "split_keys")
       for name, batch, heads, ctx, queries in (("B128 H128 ctx4096 (one split)", 128, 128, 4096, 1),
                                                ("B32 H128 ctx2048 (splits)", 32, 128, 2048, 1),
                                                ("B64 S2 H64 ctx4096 (MTP, one split)", 64, 64, 4096, 2),

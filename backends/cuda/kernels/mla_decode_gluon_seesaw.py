@@ -46,8 +46,8 @@ stored before the loop and reloaded after it; with 3.6 also values reloaded in t
 the mask among them). The chunk indices are offset by a zero the compilers cannot see (mla_decode_gluon_parts.
 _hidden_zero of the tile index), as q's already were: the descriptors are recomputed in uniform registers where the
 wgmmas issue, and neither schedule spills at the table's 232 / 40 registers, S = 1 or 2, one split or split partials,
-Triton 3.9 or 3.6 (`deepinfer bench compile --arch sm90 --case "mla_decode bf16 gluon seesaw"`). The arithmetic is
-unchanged (the same addresses).
+Triton 3.9 or 3.6 (`deepinfer bench compile --arch sm90 --case "mla_decode bf16 gluon"`: the table's cases and seesaw's).
+The arithmetic is unchanged (the same addresses).
 """
 
 from __future__ import annotations
