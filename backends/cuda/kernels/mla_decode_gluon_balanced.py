@@ -72,7 +72,7 @@ if GLUON_IMPORT_ERROR is None:  # (else mla_decode_gluon.py declines every call)
     from deepinfer_cuda.kernels.gluon_hopper import sync_warps as _sync_warps
     from deepinfer_cuda.kernels.mla_decode_gluon import _REINTERPRET_IS_PUBLIC, _copy_tile, _zero_rows_from
     from deepinfer_cuda.kernels.mla_decode_gluon_parts import _hidden_zero, _store_half
-    from deepinfer_cuda.kernels.mla_decode_gluon_seesaw import _pv_issue, _scores_tile, _seesaw_smem, _take_in_whole
+    from deepinfer_cuda.kernels.mla_decode_gluon_seesaw import _publish_and_own_pv, _scores_tile, _seesaw_smem, _take_in_whole
 
 
 @triton.jit
@@ -261,16 +261,8 @@ if GLUON_IMPORT_ERROR is None:
                     l_i = l_i * alpha + gl.sum(p, axis=1)
                     m_i = m_new
                     pv = p.to(gl.bfloat16)
-                    p_smem.store(pv)
-                    mx_smem.store(m_i)
-                    fence_async_shared()
-                    _sync_warps()
-                    mbarrier.arrive(published.index(W))
-                    a2 = gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, o_layout)), 1)
-                    o0, o1, o2, o3 = _pv_issue(gl.convert_layout(pv, p_layout), bf_smem, t, _hidden_zero(j), V0, NUM_CHUNKS, acc0, acc1, acc2, acc3, a2)
-                    acc0, acc1, acc2, acc3 = warpgroup_mma_wait(num_outstanding=0, deps=(o0, o1, o2, o3))
-                    _sync_warps()
-                    mbarrier.arrive(bf_empty.index(t))
+                    acc0, acc1, acc2, acc3 = _publish_and_own_pv(pv, m_i, alpha, p_smem, mx_smem, bf_smem, bf_empty, published, t, _hidden_zero(j),
+                                                                 W, V0, NUM_CHUNKS, acc0, acc1, acc2, acc3, o_layout, p_layout)
                     if j + 1 < end:  # the other's next tile, before this warpgroup waits for its own next stage
                         m_i, l_i, acc0, acc1, acc2, acc3 = _take_in_whole(m_i, l_i, acc0, acc1, acc2, acc3, p_smem, mx_smem, bf_smem, bf_empty,
                                                                           published, j + 1, V0, O, NUM_CHUNKS, row_layout, o_layout)

@@ -144,6 +144,24 @@ if GLUON_IMPORT_ERROR is None:  # (else mla_decode_gluon.py declines every call)
         return m_i, l_i, acc0, acc1, acc2, acc3
 
     @gluon.jit
+    def _publish_and_own_pv(pv, m_i, alpha, p_smem, mx_smem, bf_smem, bf_empty, published, t, zero, W: gl.constexpr, V0: gl.constexpr,
+                            NUM_CHUNKS: gl.constexpr, acc0, acc1, acc2, acc3, o_layout: gl.constexpr, p_layout: gl.constexpr):
+        """An own tile's p (bf16) and maxima published to the other warpgroup, then acc = acc * alpha + p . v over this
+        warpgroup's value chunks of stage t (p from registers), waited for, the stage released by this warpgroup. alpha:
+        the rows' rescale [BLOCK_M] (1.0: none). zero: a _hidden_zero (as _pv_issue)."""
+        p_smem.store(pv)
+        mx_smem.store(m_i)
+        fence_async_shared()
+        _sync_warps()
+        mbarrier.arrive(published.index(W))
+        a2 = gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, o_layout)), 1)
+        o0, o1, o2, o3 = _pv_issue(gl.convert_layout(pv, p_layout), bf_smem, t, zero, V0, NUM_CHUNKS, acc0, acc1, acc2, acc3, a2)
+        acc0, acc1, acc2, acc3 = warpgroup_mma_wait(num_outstanding=0, deps=(o0, o1, o2, o3))
+        _sync_warps()
+        mbarrier.arrive(bf_empty.index(t))
+        return acc0, acc1, acc2, acc3
+
+    @gluon.jit
     def _attend_seesaw(q_smem, bf_smem, p_smem, mx_smem, sum_smem, bf_ready, bf_empty, published, sums_bar,
                        dst_ptr, part_lse_ptr, seq_len, lo, split_end, num_tiles, qk_scale,
                        stride_o_b, stride_o_s, stride_o_h, stride_po_b, stride_po_split, stride_po_m, stride_pl_b, stride_pl_split,
@@ -219,16 +237,8 @@ if GLUON_IMPORT_ERROR is None:  # (else mla_decode_gluon.py declines every call)
                 acc0, acc1, acc2, acc3 = warpgroup_mma_wait(num_outstanding=0, deps=(o0, o1, o2, o3))
                 _sync_warps()
                 mbarrier.arrive(bf_empty.index(1 - t))
-            p_smem.store(pv)
-            mx_smem.store(m_i)
-            fence_async_shared()
-            _sync_warps()
-            mbarrier.arrive(published.index(W))
-            a2 = gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, o_layout)), 1)
-            o0, o1, o2, o3 = _pv_issue(gl.convert_layout(pv, p_layout), bf_smem, t, _hidden_zero(j), V0, NUM_CHUNKS, acc0, acc1, acc2, acc3, a2)
-            acc0, acc1, acc2, acc3 = warpgroup_mma_wait(num_outstanding=0, deps=(o0, o1, o2, o3))
-            _sync_warps()
-            mbarrier.arrive(bf_empty.index(t))
+            acc0, acc1, acc2, acc3 = _publish_and_own_pv(pv, m_i, alpha, p_smem, mx_smem, bf_smem, bf_empty, published, t, _hidden_zero(j), W, V0,
+                                                         NUM_CHUNKS, acc0, acc1, acc2, acc3, o_layout, p_layout)
             if EARLY_RELEASE:
                 if j + 1 < num_tiles:  # the other's next tile, before this warpgroup waits for its own next stage
                     m_i, l_i, acc0, acc1, acc2, acc3 = _take_in_whole(m_i, l_i, acc0, acc1, acc2, acc3, p_smem, mx_smem, bf_smem, bf_empty,
