@@ -72,7 +72,7 @@ if GLUON_IMPORT_ERROR is None:  # (else mla_decode_gluon.py declines every call)
     from deepinfer_cuda.kernels.gluon_hopper import sync_warps as _sync_warps
     from deepinfer_cuda.kernels.mla_decode_gluon import _REINTERPRET_IS_PUBLIC, _copy_tile, _zero_rows_from
     from deepinfer_cuda.kernels.mla_decode_gluon_parts import _hidden_zero, _store_half
-    from deepinfer_cuda.kernels.mla_decode_gluon_seesaw import _publish_and_own_pv, _scores_tile, _seesaw_smem, _take_in_whole
+    from deepinfer_cuda.kernels.mla_decode_gluon_seesaw import _online_softmax, _publish_and_own_pv, _scores_tile, _seesaw_smem, _take_in_whole
 
 
 @triton.jit
@@ -254,12 +254,7 @@ if GLUON_IMPORT_ERROR is None:
                     s = warpgroup_mma_wait(num_outstanding=0, deps=(_scores_tile(q_smem, bf_smem, t, j, NUM_CHUNKS, s),))
                     visible = _visible_at(j * BLOCK_N, len_lim, split_lim, rt, S, H, BLOCK_M, BLOCK_N, s_layout)
                     scores = gl.where(visible, s * qk_scale, float("-inf"))
-                    m_new = gl.maximum(m_i, gl.max(scores, axis=1))
-                    m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
-                    alpha = gl.exp2(m_i - m_safe)
-                    p = gl.exp2(scores - gl.expand_dims(m_safe, 1))
-                    l_i = l_i * alpha + gl.sum(p, axis=1)
-                    m_i = m_new
+                    m_i, l_i, alpha, p = _online_softmax(m_i, l_i, scores)
                     pv = p.to(gl.bfloat16)
                     acc0, acc1, acc2, acc3 = _publish_and_own_pv(pv, m_i, alpha, p_smem, mx_smem, bf_smem, bf_empty, published, t, _hidden_zero(j),
                                                                  W, V0, NUM_CHUNKS, acc0, acc1, acc2, acc3, o_layout, p_layout)

@@ -144,6 +144,17 @@ if GLUON_IMPORT_ERROR is None:  # (else mla_decode_gluon.py declines every call)
         return m_i, l_i, acc0, acc1, acc2, acc3
 
     @gluon.jit
+    def _online_softmax(m_i, l_i, scores):
+        """mla_decode.py's softmax_block (base 2) over a tile's masked scores [BLOCK_M, BLOCK_N] from the running maxima
+        m_i and row sums l_i: a row that has seen only -inf keeps m = -inf and weights 0. Returns the new maxima, the
+        new row sums, the rescale alpha of what came before and p."""
+        m_new = gl.maximum(m_i, gl.max(scores, axis=1))
+        m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = gl.exp2(m_i - m_safe)
+        p = gl.exp2(scores - gl.expand_dims(m_safe, 1))
+        return m_new, l_i * alpha + gl.sum(p, axis=1), alpha, p
+
+    @gluon.jit
     def _publish_and_own_pv(pv, m_i, alpha, p_smem, mx_smem, bf_smem, bf_empty, published, t, zero, W: gl.constexpr, V0: gl.constexpr,
                             NUM_CHUNKS: gl.constexpr, acc0, acc1, acc2, acc3, o_layout: gl.constexpr, p_layout: gl.constexpr):
         """An own tile's p (bf16) and maxima published to the other warpgroup, then acc = acc * alpha + p . v over this
@@ -224,13 +235,7 @@ if GLUON_IMPORT_ERROR is None:  # (else mla_decode_gluon.py declines every call)
                                                     V0, O, NUM_CHUNKS, row_layout, o_layout)
                 s = warpgroup_mma_wait(num_outstanding=4, deps=(s,))
             scores = gl.where(_visible(j, seq_len, lo, split_end, S, H, BLOCK_M, BLOCK_N, s_layout), s * qk_scale, float("-inf"))
-            # mla_decode.py's softmax_block (base 2) from the other's maxima: a row that has seen only -inf keeps m = -inf
-            m_new = gl.maximum(m_i, gl.max(scores, axis=1))
-            m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
-            alpha = gl.exp2(m_i - m_safe)
-            p = gl.exp2(scores - gl.expand_dims(m_safe, 1))
-            l_i = l_i * alpha + gl.sum(p, axis=1)
-            m_i = m_new
+            m_i, l_i, alpha, p = _online_softmax(m_i, l_i, scores)  # (from the other's maxima)
             pv = p.to(gl.bfloat16)
             if not EARLY_RELEASE:
                 # the other's tile done: its stage released by this warpgroup, the p buffer free for this tile's
