@@ -71,7 +71,7 @@ if GLUON_IMPORT_ERROR is None:  # (else mla_decode_gluon.py declines every call)
     from deepinfer_cuda.kernels.gluon_hopper import fence_async_shared, gl, gluon, mbarrier, warpgroup_mma_wait
     from deepinfer_cuda.kernels.gluon_hopper import sync_warps as _sync_warps
     from deepinfer_cuda.kernels.mla_decode_gluon import _REINTERPRET_IS_PUBLIC, _copy_tile, _zero_rows_from
-    from deepinfer_cuda.kernels.mla_decode_gluon_parts import _hidden_zero, _store_half
+    from deepinfer_cuda.kernels.mla_decode_gluon_parts import _fresh_state, _hidden_zero, _store_half
     from deepinfer_cuda.kernels.mla_decode_gluon_seesaw import _online_softmax, _publish_and_own_pv, _scores_tile, _seesaw_smem, _take_in_whole
 
 
@@ -238,12 +238,7 @@ if GLUON_IMPORT_ERROR is None:
                 split_lim = gl.minimum(hi * BLOCK_N, seq_len) - (lo - g) * BLOCK_N
                 len_lim = seq_len - (lo - g) * BLOCK_N
                 end = g + hi - lo
-                m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=row_layout)
-                l_i = gl.zeros([BLOCK_M], gl.float32, layout=row_layout)
-                acc0 = gl.zeros([BLOCK_M, 64], gl.float32, layout=o_layout)
-                acc1 = gl.zeros([BLOCK_M, 64], gl.float32, layout=o_layout)
-                acc2 = gl.zeros([BLOCK_M, 64], gl.float32, layout=o_layout)
-                acc3 = gl.zeros([BLOCK_M, 64], gl.float32, layout=o_layout)
+                m_i, l_i, acc0, acc1, acc2, acc3 = _fresh_state(BLOCK_M, row_layout, o_layout)
                 if g % 2 == O:  # the segment's first tile is the other's: taken in before the own ones
                     m_i, l_i, acc0, acc1, acc2, acc3 = _take_in_whole(m_i, l_i, acc0, acc1, acc2, acc3, p_smem, mx_smem, bf_smem, bf_empty,
                                                                       published, g, V0, O, NUM_CHUNKS, row_layout, o_layout)

@@ -48,6 +48,18 @@ if GLUON_IMPORT_ERROR is None:
         return gl.inline_asm_elementwise("shr.u32 $0, $1, 31;", "=r,r", [x], dtype=gl.int32, is_pure=True, pack=1)
 
     @gluon.jit
+    def _fresh_state(BLOCK_M: gl.constexpr, row_layout: gl.constexpr, o_layout: gl.constexpr):
+        """An attention warpgroup's online softmax before its first key: the row maxima (-inf), row sums (0) and its four
+        [BLOCK_M, 64] float32 output accumulators (0)."""
+        m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=row_layout)
+        l_i = gl.zeros([BLOCK_M], gl.float32, layout=row_layout)
+        acc0 = gl.zeros([BLOCK_M, 64], gl.float32, layout=o_layout)
+        acc1 = gl.zeros([BLOCK_M, 64], gl.float32, layout=o_layout)
+        acc2 = gl.zeros([BLOCK_M, 64], gl.float32, layout=o_layout)
+        acc3 = gl.zeros([BLOCK_M, 64], gl.float32, layout=o_layout)
+        return m_i, l_i, acc0, acc1, acc2, acc3
+
+    @gluon.jit
     def _split_range(seq_lens_ptr, tokens_per_split, BLOCK_N: gl.constexpr):
         """The program's request length and its split's tokens lo .. split_end - 1 (num_tiles tiles of BLOCK_N rows;
         none for a split past the request's end)."""
@@ -167,12 +179,7 @@ if GLUON_IMPORT_ERROR is None:
                 key_end = gl.minimum(key_end, split_end)
         if S > 1 or not SCALED:
             cols = gl.arange(0, HALF, layout=gl.SliceLayout(0, s_layout))
-        m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=row_layout)
-        l_i = gl.zeros([BLOCK_M], gl.float32, layout=row_layout)
-        acc0 = gl.zeros([BLOCK_M, 64], gl.float32, layout=o_layout)
-        acc1 = gl.zeros([BLOCK_M, 64], gl.float32, layout=o_layout)
-        acc2 = gl.zeros([BLOCK_M, 64], gl.float32, layout=o_layout)
-        acc3 = gl.zeros([BLOCK_M, 64], gl.float32, layout=o_layout)
+        m_i, l_i, acc0, acc1, acc2, acc3 = _fresh_state(BLOCK_M, row_layout, o_layout)
         p_op = gl.zeros([BLOCK_M, HALF], gl.bfloat16, layout=p_layout)
         # tile 0's scores. A tile's PV wgmmas and the next tile's QK^T ones are issued in the same iteration and all are
         # waited for in it: no wgmma in flight across the loop's back edge (ptxas then cannot prove the accumulators

@@ -57,7 +57,7 @@ from deepinfer_cuda.kernels.gluon_hopper import GLUON_IMPORT_ERROR
 if GLUON_IMPORT_ERROR is None:  # (else mla_decode_gluon.py declines every call)
     from deepinfer_cuda.kernels.gluon_hopper import fence_async_shared, gl, gluon, mbarrier, warpgroup_mma, warpgroup_mma_wait
     from deepinfer_cuda.kernels.gluon_hopper import sync_warps as _sync_warps
-    from deepinfer_cuda.kernels.mla_decode_gluon_parts import _hidden_zero, _store_half
+    from deepinfer_cuda.kernels.mla_decode_gluon_parts import _fresh_state, _hidden_zero, _store_half
 
     @gluon.jit
     def _seesaw_smem(BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_CHUNKS: gl.constexpr, SUM_SLOTS: gl.constexpr = 2):
@@ -187,12 +187,7 @@ if GLUON_IMPORT_ERROR is None:  # (else mla_decode_gluon.py declines every call)
         p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
         row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
         V0: gl.constexpr = W * 4  # the first of this warpgroup's four value chunks
-        m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=row_layout)
-        l_i = gl.zeros([BLOCK_M], gl.float32, layout=row_layout)
-        acc0 = gl.zeros([BLOCK_M, 64], gl.float32, layout=o_layout)
-        acc1 = gl.zeros([BLOCK_M, 64], gl.float32, layout=o_layout)
-        acc2 = gl.zeros([BLOCK_M, 64], gl.float32, layout=o_layout)
-        acc3 = gl.zeros([BLOCK_M, 64], gl.float32, layout=o_layout)
+        m_i, l_i, acc0, acc1, acc2, acc3 = _fresh_state(BLOCK_M, row_layout, o_layout)
         zeros_s = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
         if W == 0 and not EARLY_RELEASE:
             # tile 0: nothing of the other's before it
