@@ -142,6 +142,33 @@ if GLUON_IMPORT_ERROR is None:
         gl.store(ptrs + 192, (acc3 * inv2).to(dst_ptr.dtype.element_ty), mask=mask)
 
     @gluon.jit
+    def _add_sums_and_store(l_i, l_other, m_i, acc0, acc1, acc2, acc3, dst_ptr, part_lse_ptr, stride_o_b, stride_o_s, stride_o_h, stride_po_b,
+                            stride_po_split, stride_po_m, stride_pl_b, stride_pl_split, S: gl.constexpr, H: gl.constexpr, BLOCK_M: gl.constexpr,
+                            DIRECT: gl.constexpr, W: gl.constexpr, row_layout: gl.constexpr, o_layout: gl.constexpr):
+        """Attention warpgroup W's epilogue: the row sums of both warpgroups added (the same operands in the same order in
+        both: the same bits), then mla_decode.py's split_partial: 1/l (1 for a row that saw no key: its acc is 0) and lse
+        (-inf there, stored by warpgroup 0 for split partials), and W's 256 output columns stored. The program's ids are
+        read here, not captured: nothing but the loop's state is live across the loop (the worker warpgroup spilled when
+        they were)."""
+        if W == 0:
+            l_sum = l_i + l_other
+        else:
+            l_sum = l_other + l_i
+        pid_m = gl.program_id(0)
+        b = gl.program_id(1)
+        split = gl.program_id(2)
+        offs_m = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=row_layout)
+        has = l_sum > 0.0
+        l_safe = gl.where(has, l_sum, 1.0)
+        inv = 1.0 / l_safe
+        if not DIRECT:
+            if W == 0:
+                lse = gl.where(has, m_i + gl.log2(l_safe), float("-inf"))
+                gl.store(part_lse_ptr + b.to(gl.int64) * stride_pl_b + split * stride_pl_split + offs_m, lse, mask=offs_m < S * H)
+        _store_half(acc0, acc1, acc2, acc3, gl.convert_layout(inv, gl.SliceLayout(1, o_layout)), dst_ptr, b, split, pid_m, W,
+                    stride_o_b, stride_o_s, stride_o_h, stride_po_b, stride_po_split, stride_po_m, S, H, BLOCK_M, DIRECT, o_layout)
+
+    @gluon.jit
     def _scores(q_smem, bf_smem, t, j, W: gl.constexpr, HALF: gl.constexpr, NUM_CHUNKS: gl.constexpr, s):
         """Warpgroup W's scores of stage t (tile j): q . c[W*HALF : W*HALF + HALF]^T over the 9 chunks (9 async wgmma
         groups; s: zeros of the accumulator's layout, not accumulated)."""
@@ -264,26 +291,8 @@ if GLUON_IMPORT_ERROR is None:
         mbarrier.arrive(mx_bar)
         mbarrier.wait(mx_bar, tf)
         l_other = mx_smem.index(tf * 2 + O).load(row_layout)
-        if W == 0:
-            l_sum = l_i + l_other
-        else:
-            l_sum = l_other + l_i
-        # mla_decode.py's split_partial: 1/l (1 for a row that saw no key: its acc is 0) and lse (-inf there). The
-        # program's ids are read here, not captured: nothing but the loop's state is live across the loop (the worker
-        # warpgroup spilled when they were)
-        pid_m = gl.program_id(0)
-        b = gl.program_id(1)
-        split = gl.program_id(2)
-        offs_m = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=row_layout)
-        has = l_sum > 0.0
-        l_safe = gl.where(has, l_sum, 1.0)
-        inv = 1.0 / l_safe
-        if not DIRECT:
-            if W == 0:
-                lse = gl.where(has, m_i + gl.log2(l_safe), float("-inf"))
-                gl.store(part_lse_ptr + b.to(gl.int64) * stride_pl_b + split * stride_pl_split + offs_m, lse, mask=offs_m < S * H)
-        _store_half(acc0, acc1, acc2, acc3, gl.convert_layout(inv, gl.SliceLayout(1, o_layout)), dst_ptr, b, split, pid_m, W,
-                    stride_o_b, stride_o_s, stride_o_h, stride_po_b, stride_po_split, stride_po_m, S, H, BLOCK_M, DIRECT, o_layout)
+        _add_sums_and_store(l_i, l_other, m_i, acc0, acc1, acc2, acc3, dst_ptr, part_lse_ptr, stride_o_b, stride_o_s, stride_o_h, stride_po_b,
+                            stride_po_split, stride_po_m, stride_pl_b, stride_pl_split, S, H, BLOCK_M, DIRECT, W, row_layout, o_layout)
 
 
 # ---------------------------------------------------------------------------------------------

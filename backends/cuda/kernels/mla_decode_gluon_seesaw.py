@@ -57,7 +57,7 @@ from deepinfer_cuda.kernels.gluon_hopper import GLUON_IMPORT_ERROR
 if GLUON_IMPORT_ERROR is None:  # (else mla_decode_gluon.py declines every call)
     from deepinfer_cuda.kernels.gluon_hopper import fence_async_shared, gl, gluon, mbarrier, warpgroup_mma, warpgroup_mma_wait
     from deepinfer_cuda.kernels.gluon_hopper import sync_warps as _sync_warps
-    from deepinfer_cuda.kernels.mla_decode_gluon_parts import _fresh_state, _hidden_zero, _store_half
+    from deepinfer_cuda.kernels.mla_decode_gluon_parts import _add_sums_and_store, _fresh_state, _hidden_zero
 
     @gluon.jit
     def _seesaw_smem(BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_CHUNKS: gl.constexpr, SUM_SLOTS: gl.constexpr = 2):
@@ -255,20 +255,5 @@ if GLUON_IMPORT_ERROR is None:  # (else mla_decode_gluon.py declines every call)
         mbarrier.arrive(sums_bar)
         mbarrier.wait(sums_bar, 0)
         l_other = sum_smem.index(O).load(row_layout)
-        if W == 0:  # (the same operands in the same order in both warpgroups: the same bits)
-            l_sum = l_i + l_other
-        else:
-            l_sum = l_other + l_i
-        pid_m = gl.program_id(0)
-        b = gl.program_id(1)
-        split = gl.program_id(2)
-        offs_m = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=row_layout)
-        has = l_sum > 0.0
-        l_safe = gl.where(has, l_sum, 1.0)
-        inv = 1.0 / l_safe
-        if not DIRECT:
-            if W == 0:
-                lse = gl.where(has, m_i + gl.log2(l_safe), float("-inf"))
-                gl.store(part_lse_ptr + b.to(gl.int64) * stride_pl_b + split * stride_pl_split + offs_m, lse, mask=offs_m < S * H)
-        _store_half(acc0, acc1, acc2, acc3, gl.convert_layout(inv, gl.SliceLayout(1, o_layout)), dst_ptr, b, split, pid_m, W,
-                    stride_o_b, stride_o_s, stride_o_h, stride_po_b, stride_po_split, stride_po_m, S, H, BLOCK_M, DIRECT, o_layout)
+        _add_sums_and_store(l_i, l_other, m_i, acc0, acc1, acc2, acc3, dst_ptr, part_lse_ptr, stride_o_b, stride_o_s, stride_o_h, stride_po_b,
+                            stride_po_split, stride_po_m, stride_pl_b, stride_pl_split, S, H, BLOCK_M, DIRECT, W, row_layout, o_layout)
