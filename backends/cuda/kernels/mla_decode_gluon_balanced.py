@@ -71,7 +71,7 @@ if GLUON_IMPORT_ERROR is None:  # (else mla_decode_gluon.py declines every call)
     from deepinfer_cuda.kernels.gluon_hopper import fence_async_shared, gl, gluon, mbarrier, warpgroup_mma_wait
     from deepinfer_cuda.kernels.gluon_hopper import sync_warps as _sync_warps
     from deepinfer_cuda.kernels.mla_decode_gluon import _REINTERPRET_IS_PUBLIC, _copy_tile, _zero_rows_from
-    from deepinfer_cuda.kernels.mla_decode_gluon_parts import _fresh_state, _hidden_zero, _store_half
+    from deepinfer_cuda.kernels.mla_decode_gluon_parts import _fresh_state, _hidden_zero, _store_half, _swap_rows
     from deepinfer_cuda.kernels.mla_decode_gluon_seesaw import _online_softmax, _publish_and_own_pv, _scores_tile, _seesaw_smem, _take_in_whole
 
 
@@ -258,11 +258,7 @@ if GLUON_IMPORT_ERROR is None:
                                                                           published, j + 1, V0, O, NUM_CHUNKS, row_layout, o_layout)
                 # both end at the maxima of the segment's last tile: their row sums add (slots of this segment's parity)
                 sp = seg % 2
-                sum_smem.index(sp * 2 + W).store(l_i)
-                _sync_warps()
-                mbarrier.arrive(sums_bar)
-                mbarrier.wait(sums_bar, seg & 1)
-                l_other = sum_smem.index(sp * 2 + O).load(row_layout)
+                l_other = _swap_rows(l_i, sum_smem, sp * 2 + W, sp * 2 + O, sums_bar, seg & 1, row_layout)
                 if W == 0:  # (the same operands in the same order in both warpgroups: the same bits)
                     l_sum = l_i + l_other
                 else:

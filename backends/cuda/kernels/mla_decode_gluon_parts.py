@@ -142,6 +142,16 @@ if GLUON_IMPORT_ERROR is None:
         gl.store(ptrs + 192, (acc3 * inv2).to(dst_ptr.dtype.element_ty), mask=mask)
 
     @gluon.jit
+    def _swap_rows(x, slots, mine, other, bar, phase, row_layout: gl.constexpr):
+        """A per-row vector x handed to the other attention warpgroup and its own taken: x stored in slot `mine` of
+        `slots`, both warpgroups' arrivals on `bar` (its phase `phase`) waited for, the other's slot read."""
+        slots.index(mine).store(x)
+        _sync_warps()
+        mbarrier.arrive(bar)
+        mbarrier.wait(bar, phase)
+        return slots.index(other).load(row_layout)
+
+    @gluon.jit
     def _add_sums_and_store(l_i, l_other, m_i, acc0, acc1, acc2, acc3, dst_ptr, part_lse_ptr, stride_o_b, stride_o_s, stride_o_h, stride_po_b,
                             stride_po_split, stride_po_m, stride_pl_b, stride_pl_split, S: gl.constexpr, H: gl.constexpr, BLOCK_M: gl.constexpr,
                             DIRECT: gl.constexpr, W: gl.constexpr, row_layout: gl.constexpr, o_layout: gl.constexpr):
@@ -231,11 +241,7 @@ if GLUON_IMPORT_ERROR is None:
                 scores = gl.where(visible, s * qk_scale, float("-inf"))
             # 2. the row maxima of both halves (slot j % 2: the other may still read slot (j - 1) % 2)
             m_mine = gl.max(scores, axis=1)
-            mx_smem.index(t * 2 + W).store(m_mine)
-            _sync_warps()
-            mbarrier.arrive(mx_bar)
-            mbarrier.wait(mx_bar, j & 1)
-            m_other = mx_smem.index(t * 2 + O).load(row_layout)
+            m_other = _swap_rows(m_mine, mx_smem, t * 2 + W, t * 2 + O, mx_bar, j & 1, row_layout)
             if W == 0:  # (the same operands in the same order in both warpgroups: the same bits)
                 m_tile = gl.maximum(m_mine, m_other)
             else:
@@ -286,11 +292,7 @@ if GLUON_IMPORT_ERROR is None:
         # the row sums of both halves, each rescaled by the same alphas: through the maxima's slots (tile parity
         # num_tiles: the other read its last maxima from the other parity) and barrier (phase num_tiles)
         tf = num_tiles % 2
-        mx_smem.index(tf * 2 + W).store(l_i)
-        _sync_warps()
-        mbarrier.arrive(mx_bar)
-        mbarrier.wait(mx_bar, tf)
-        l_other = mx_smem.index(tf * 2 + O).load(row_layout)
+        l_other = _swap_rows(l_i, mx_smem, tf * 2 + W, tf * 2 + O, mx_bar, tf, row_layout)
         _add_sums_and_store(l_i, l_other, m_i, acc0, acc1, acc2, acc3, dst_ptr, part_lse_ptr, stride_o_b, stride_o_s, stride_o_h, stride_po_b,
                             stride_po_split, stride_po_m, stride_pl_b, stride_pl_split, S, H, BLOCK_M, DIRECT, W, row_layout, o_layout)
 

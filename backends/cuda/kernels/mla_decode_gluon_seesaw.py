@@ -57,7 +57,7 @@ from deepinfer_cuda.kernels.gluon_hopper import GLUON_IMPORT_ERROR
 if GLUON_IMPORT_ERROR is None:  # (else mla_decode_gluon.py declines every call)
     from deepinfer_cuda.kernels.gluon_hopper import fence_async_shared, gl, gluon, mbarrier, warpgroup_mma, warpgroup_mma_wait
     from deepinfer_cuda.kernels.gluon_hopper import sync_warps as _sync_warps
-    from deepinfer_cuda.kernels.mla_decode_gluon_parts import _add_sums_and_store, _fresh_state, _hidden_zero
+    from deepinfer_cuda.kernels.mla_decode_gluon_parts import _add_sums_and_store, _fresh_state, _hidden_zero, _swap_rows
 
     @gluon.jit
     def _seesaw_smem(BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_CHUNKS: gl.constexpr, SUM_SLOTS: gl.constexpr = 2):
@@ -250,10 +250,6 @@ if GLUON_IMPORT_ERROR is None:  # (else mla_decode_gluon.py declines every call)
                     m_i, l_i, acc0, acc1, acc2, acc3 = _take_in_whole(m_i, l_i, acc0, acc1, acc2, acc3, p_smem, mx_smem, bf_smem, bf_empty,
                                                                       published, num_tiles - 1, V0, O, NUM_CHUNKS, row_layout, o_layout)
         # both warpgroups end at the maxima of the split's last tile: their row sums add
-        sum_smem.index(W).store(l_i)
-        _sync_warps()
-        mbarrier.arrive(sums_bar)
-        mbarrier.wait(sums_bar, 0)
-        l_other = sum_smem.index(O).load(row_layout)
+        l_other = _swap_rows(l_i, sum_smem, W, O, sums_bar, 0, row_layout)
         _add_sums_and_store(l_i, l_other, m_i, acc0, acc1, acc2, acc3, dst_ptr, part_lse_ptr, stride_o_b, stride_o_s, stride_o_h, stride_po_b,
                             stride_po_split, stride_po_m, stride_pl_b, stride_pl_split, S, H, BLOCK_M, DIRECT, W, row_layout, o_layout)
