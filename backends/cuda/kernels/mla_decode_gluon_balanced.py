@@ -401,14 +401,12 @@ def shares(sched: list, seq_lens: list, partitions: int) -> list[list[tuple[int,
 def launch_balanced(kernel_desc, q_nope: torch.Tensor, q_rope: torch.Tensor, block_table: torch.Tensor, seq_lens: torch.Tensor,
                     softmax_scale: float, regs_attend: int, regs_load: int, overhead: int) -> torch.Tensor:
     """The schedule, the persistent kernel (row tiles x partitions CTAs), the combine of the cut requests."""
-    from deepinfer_cuda.kernels.mla_decode_gluon_parts import BLOCK_M, BLOCK_N, LATENT, LOG2E, PAGE, ROPE
+    from deepinfer_cuda.kernels.mla_decode_gluon_parts import BLOCK_M, BLOCK_N, LATENT, LOG2E, PAGE, ROPE, output_and_block_table
 
     batch, num_queries, heads, latent_dim = q_nope.shape
-    out = torch.empty(batch, num_queries, heads, latent_dim, dtype=q_nope.dtype, device=q_nope.device)
-    if batch == 0 or num_queries == 0 or heads == 0:
+    out, block_table, empty = output_and_block_table(q_nope, block_table)
+    if empty:
         return out
-    if block_table.stride(-1) != 1:
-        block_table = block_table.contiguous()
     rows = num_queries * heads
     row_tiles = cdiv(rows, BLOCK_M)
     partitions = max(1, num_sms(q_nope.device) // row_tiles)

@@ -360,6 +360,14 @@ def q_not_served(q_nope, q_rope, sliding_window, overrides=None, tiles_of_one_qu
     return None
 
 
+def output_and_block_table(q_nope: torch.Tensor, block_table: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, bool]:
+    """A launch's output [B, S, H, C] in q's dtype, the block table with contiguous rows, and whether the call is empty
+    (no request, query or head: nothing to launch)."""
+    batch, num_queries, heads, latent_dim = q_nope.shape
+    out = torch.empty(batch, num_queries, heads, latent_dim, dtype=q_nope.dtype, device=q_nope.device)
+    return out, (block_table if block_table.stride(-1) == 1 else block_table.contiguous()), batch == 0 or num_queries == 0 or heads == 0
+
+
 def launch(kernel, cache, cache_strides: tuple, q_nope, q_rope, block_table, seq_lens, softmax_scale: float,
            num_splits: int | None, tokens_per_split: int | None, split_limits: dict | None = None, **constexprs) -> torch.Tensor:
     """One launch of a Gluon mla_decode kernel (its arguments: the cache, q, the block table, the lengths, the output
@@ -370,11 +378,9 @@ def launch(kernel, cache, cache_strides: tuple, q_nope, q_rope, block_table, seq
     from deepinfer_cuda.kernels import mla_decode as tl_mla
 
     batch, num_queries, heads, latent_dim = q_nope.shape
-    out = torch.empty(batch, num_queries, heads, latent_dim, dtype=q_nope.dtype, device=q_nope.device)
-    if batch == 0 or num_queries == 0 or heads == 0:
+    out, block_table, empty = output_and_block_table(q_nope, block_table)
+    if empty:
         return out
-    if block_table.stride(-1) != 1:
-        block_table = block_table.contiguous()
     p = plan(batch, num_queries * heads, block_table.shape[1] * PAGE, q_nope.device, num_splits, tokens_per_split, **(split_limits or {}))
     if p.direct:
         part_out, part_lse = out, out  # unused
@@ -432,4 +438,4 @@ def op_with_fallback(launch_gluon, module: str, min_rows: int = 1):
 
 
 __all__ = ["BLOCK_M", "BLOCK_N", "GluonPlan", "LATENT", "LOG2E", "MAX_SPLITS", "MIN_TOKENS_PER_SPLIT", "PAGE", "ROPE", "SPLIT_GRANULE",
-           "launch", "op_with_fallback", "plan", "q_not_served"]  # fmt: skip
+           "launch", "op_with_fallback", "output_and_block_table", "plan", "q_not_served"]  # fmt: skip
