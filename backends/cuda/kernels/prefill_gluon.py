@@ -59,7 +59,7 @@ Dv = 128, no sliding window, softmax_scale > 0, heads packed (each tensor a [T, 
 rows: the TMA views), at most 65535 heads. Deterministic mode keeps prefill.py's invariant kernel.
 
 Triton 3.6 (the GPU machine) and 3.9 differ in names used here: the TMA load and the partition-wide barrier
-(gluon_hopper.py's shims) and the shared-memory reinterpretation (3.6 `_reinterpret`, 3.9 `reinterpret`).
+(gluon_hopper.py's shims, the shared-memory reinterpretation (3.6 `_reinterpret`, 3.9 `reinterpret`) among them).
 """
 
 from __future__ import annotations
@@ -74,7 +74,16 @@ from deepinfer_cuda.kernels.gluon_hopper import GLUON_IMPORT_ERROR, gluon_unusab
 from deepinfer_cuda.options import PREFILL_PATH
 
 if GLUON_IMPORT_ERROR is None:  # (else the launch declines every call)
-    from deepinfer_cuda.kernels.gluon_hopper import TensorDescriptor, fence_async_shared, gl, gluon, mbarrier, warpgroup_mma, warpgroup_mma_wait
+    from deepinfer_cuda.kernels.gluon_hopper import (
+        TensorDescriptor,
+        fence_async_shared,
+        gl,
+        gluon,
+        mbarrier,
+        reinterpret_shared,
+        warpgroup_mma,
+        warpgroup_mma_wait,
+    )
     from deepinfer_cuda.kernels.gluon_hopper import sync_warps as _sync_warps
     from deepinfer_cuda.kernels.gluon_hopper import tma_load as _tma_load
 
@@ -139,8 +148,18 @@ DEFAULT_TUNING = Tuning()
 
 
 if GLUON_IMPORT_ERROR is None:
-    # A shared-memory view of another shape: Triton 3.9 `reinterpret`, 3.6 `_reinterpret` (same arguments)
-    _REINTERPRET_IS_PUBLIC = gl.constexpr(hasattr(gl.shared_memory_descriptor, "reinterpret"))
+
+    @gluon.jit
+    def _operand_smem(q_desc, k_desc, v_desc, D_V: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, QK_CHUNKS: gl.constexpr,
+                      V_CHUNKS: gl.constexpr):
+        """The operands' shared memory: q (two warpgroups' [64, 64] chunks), the K and V rings ([BLOCK_N, 64] chunks,
+        TMA's boxes), and V's ring seen as one [BLOCK_N, D_V] tile a stage (its chunks, one after the other, are one
+        128-byte-swizzled tile: PV's B operand)."""
+        q_smem = gl.allocate_shared_memory(gl.bfloat16, [2 * QK_CHUNKS, 64, 64], q_desc.layout)
+        k_smem = gl.allocate_shared_memory(gl.bfloat16, [NUM_STAGES * QK_CHUNKS, BLOCK_N, 64], k_desc.layout)
+        v_smem = gl.allocate_shared_memory(gl.bfloat16, [NUM_STAGES * V_CHUNKS, BLOCK_N, 64], v_desc.layout)
+        v_tile_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, D_V], gl.bfloat16)
+        return q_smem, k_smem, v_smem, reinterpret_shared(v_smem, gl.bfloat16, [NUM_STAGES, BLOCK_N, D_V], v_tile_layout)
 
     @gluon.jit
     def _producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, kv_empty,
@@ -330,15 +349,7 @@ if GLUON_IMPORT_ERROR is None:
         n_full = (first_pos + 1) // BLOCK_N  # key tiles visible to every row of the tile: no mask
         row_end = live * q_len
 
-        q_smem = gl.allocate_shared_memory(gl.bfloat16, [2 * QK_CHUNKS, 64, 64], q_desc.layout)
-        k_smem = gl.allocate_shared_memory(gl.bfloat16, [NUM_STAGES * QK_CHUNKS, BLOCK_N, 64], k_desc.layout)
-        v_smem = gl.allocate_shared_memory(gl.bfloat16, [NUM_STAGES * V_CHUNKS, BLOCK_N, 64], v_desc.layout)
-        # V's chunks of a stage, one after the other, are one [BLOCK_N, D_V] 128-byte-swizzled tile: PV's B operand
-        v_tile_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, D_V], gl.bfloat16)
-        if _REINTERPRET_IS_PUBLIC:
-            v_tiles = v_smem.reinterpret(gl.bfloat16, [NUM_STAGES, BLOCK_N, D_V], v_tile_layout)
-        else:
-            v_tiles = v_smem._reinterpret(gl.bfloat16, [NUM_STAGES, BLOCK_N, D_V], v_tile_layout)
+        q_smem, k_smem, v_smem, v_tiles = _operand_smem(q_desc, k_desc, v_desc, D_V, BLOCK_N, NUM_STAGES, QK_CHUNKS, V_CHUNKS)
         q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
         k_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
         v_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())

@@ -47,7 +47,7 @@ if GLUON_IMPORT_ERROR is None:  # (prefill_gluon.launch_prefill_gluon declines e
     from deepinfer_cuda.kernels.gluon_hopper import fence_async_shared, gl, gluon, mbarrier, warpgroup_mma, warpgroup_mma_wait
     from deepinfer_cuda.kernels.gluon_hopper import sync_warps as _sync_warps
     from deepinfer_cuda.kernels.gluon_hopper import tma_load as _tma_load
-    from deepinfer_cuda.kernels.prefill_gluon import _REINTERPRET_IS_PUBLIC, _scores, _softmax
+    from deepinfer_cuda.kernels.prefill_gluon import _operand_smem, _scores, _softmax
 
 MAX_SLOTS = 16384  # query-tile slots the one-program sort takes (2M new tokens at 128 a tile): more is a ValueError
 
@@ -283,14 +283,7 @@ if GLUON_IMPORT_ERROR is None:
         num_real = gl.load(sched_ptr)
         total = num_real * heads
 
-        q_smem = gl.allocate_shared_memory(gl.bfloat16, [2 * QK_CHUNKS, 64, 64], q_desc.layout)
-        k_smem = gl.allocate_shared_memory(gl.bfloat16, [NUM_STAGES * QK_CHUNKS, BLOCK_N, 64], k_desc.layout)
-        v_smem = gl.allocate_shared_memory(gl.bfloat16, [NUM_STAGES * V_CHUNKS, BLOCK_N, 64], v_desc.layout)
-        v_tile_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, D_V], gl.bfloat16)
-        if _REINTERPRET_IS_PUBLIC:
-            v_tiles = v_smem.reinterpret(gl.bfloat16, [NUM_STAGES, BLOCK_N, D_V], v_tile_layout)
-        else:
-            v_tiles = v_smem._reinterpret(gl.bfloat16, [NUM_STAGES, BLOCK_N, D_V], v_tile_layout)
+        q_smem, k_smem, v_smem, v_tiles = _operand_smem(q_desc, k_desc, v_desc, D_V, BLOCK_N, NUM_STAGES, QK_CHUNKS, V_CHUNKS)
         q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
         q_empty = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
         k_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
