@@ -88,8 +88,8 @@ there; the QK^T wgmmas, N = 32, q re-read from shared memory by each warpgroup, 
 the tensor cores consume it: about 400 KB a 64-row tile, ~1.7 us at 128 B/clk).
 
 Triton 3.6 (the GPU machine) and 3.9 differ in two names used here: the partition-wide barrier (3.6
-`thread_barrier`, 3.9 `barrier`: `_sync_warps`, gluon_hopper.py's shim) and the shared-memory reinterpretation (3.6 `_reinterpret`, 3.9
-`reinterpret`: `_REINTERPRET_IS_PUBLIC`).
+`thread_barrier`, 3.9 `barrier`: `_sync_warps`) and the shared-memory reinterpretation (3.6 `_reinterpret`, 3.9
+`reinterpret`: `reinterpret_shared`), gluon_hopper.py's shims.
 """
 
 
@@ -106,7 +106,7 @@ from deepinfer_cuda.options import MLA_DECODE_PATH
 from deepinfer_cuda.tuning import config
 
 if GLUON_IMPORT_ERROR is None:  # (else the launch declines every call)
-    from deepinfer_cuda.kernels.gluon_hopper import fence_async_shared, gl, gluon, mbarrier
+    from deepinfer_cuda.kernels.gluon_hopper import fence_async_shared, gl, gluon, mbarrier, reinterpret_shared
     from deepinfer_cuda.kernels.gluon_hopper import sync_warps as _sync_warps
     from deepinfer_cuda.kernels.mla_decode_gluon_parts import _attend, _attention_barriers, _attention_smem, _hidden_zero, _split_range, _stage_q  # noqa: F401 (_hidden_zero: sparse_attention_fp8_gluon.py's import)
 
@@ -138,8 +138,6 @@ or.b32 $1, q, s;
 if GLUON_IMPORT_ERROR is None:
     RAW_UNIT = gl.constexpr(RAW_UNIT_VALUE)
     _E4M3X4_TO_RAW_BF16X4 = gl.constexpr(E4M3X4_TO_RAW_BF16X4_PTX)
-    # A shared-memory view of another dtype: Triton 3.9 `reinterpret`, 3.6 `_reinterpret` (same arguments)
-    _REINTERPRET_IS_PUBLIC = gl.constexpr(hasattr(gl.shared_memory_descriptor, "reinterpret"))
 
     @gluon.jit
     def _put_chunk(words, dst):
@@ -257,10 +255,7 @@ if GLUON_IMPORT_ERROR is None:
         # the stages as int32 pairs of bf16 for the converting warps (the 128-byte swizzle moves 16-byte units: the
         # same bytes for 16- and 32-bit elements)
         chunk_words: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=32, rank=2)
-        if _REINTERPRET_IS_PUBLIC:
-            bf_words = bf_smem.reinterpret(gl.int32, [2 * NUM_CHUNKS, BLOCK_N, 32], chunk_words)
-        else:
-            bf_words = bf_smem._reinterpret(gl.int32, [2 * NUM_CHUNKS, BLOCK_N, 32], chunk_words)
+        bf_words = reinterpret_shared(bf_smem, gl.int32, [2 * NUM_CHUNKS, BLOCK_N, 32], chunk_words)
         vec_s: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
         scale_smem = gl.allocate_shared_memory(gl.float32, [2, BLOCK_N], vec_s)  # [stage]: the rows' scales * 2^112 (-1: past the end)
         mx_smem, bf_ready, bf_empty, p_ready, p_free, mx_bar = _attention_barriers(BLOCK_M)

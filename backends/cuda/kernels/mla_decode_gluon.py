@@ -81,7 +81,7 @@ from deepinfer_cuda.options import MLA_DECODE_PATH
 from deepinfer_cuda.tuning import config
 
 if GLUON_IMPORT_ERROR is None:  # (else the launch declines every call)
-    from deepinfer_cuda.kernels.gluon_hopper import TensorDescriptor, fence_async_shared, gl, gluon, mbarrier
+    from deepinfer_cuda.kernels.gluon_hopper import TensorDescriptor, fence_async_shared, gl, gluon, mbarrier, reinterpret_shared
     from deepinfer_cuda.kernels.gluon_hopper import sync_warps as _sync_warps
     from deepinfer_cuda.kernels.gluon_hopper import tma_load as _tma_load
     from deepinfer_cuda.kernels.mla_decode_gluon_parts import _attend, _attention_barriers, _attention_smem, _split_range, _stage_q
@@ -99,8 +99,6 @@ GLUON_MIN_ROWS = 64
 
 
 if GLUON_IMPORT_ERROR is None:
-    # A shared-memory view of another shape: Triton 3.9 `reinterpret`, 3.6 `_reinterpret` (same arguments)
-    _REINTERPRET_IS_PUBLIC = gl.constexpr(hasattr(gl.shared_memory_descriptor, "reinterpret"))
 
     @gluon.jit
     def _copy_tile(kv_desc, row, bf_smem, t, bar, NUM_CHUNKS: gl.constexpr):
@@ -181,10 +179,8 @@ if GLUON_IMPORT_ERROR is None:
             q_smem, bf_smem, p_smem = _attention_smem(BLOCK_M, BLOCK_N, NUM_CHUNKS)
             mx_smem, bf_ready, bf_empty, p_ready, p_free, mx_bar = _attention_barriers(BLOCK_M)
         # the stages as bands of 8 rows (one 128-byte swizzle atom each: the same bytes) for the loader's zeroing
-        if _REINTERPRET_IS_PUBLIC:
-            bf_bands = bf_smem.reinterpret(gl.bfloat16, [2 * NUM_CHUNKS * (BLOCK_N // 8), 8, 64], bf_smem.layout)
-        else:
-            bf_bands = bf_smem._reinterpret(gl.bfloat16, [2 * NUM_CHUNKS * (BLOCK_N // 8), 8, 64], bf_smem.layout)
+        chunk: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, 64], gl.bfloat16)  # (the stages' layout)
+        bf_bands = reinterpret_shared(bf_smem, gl.bfloat16, [2 * NUM_CHUNKS * (BLOCK_N // 8), 8, 64], chunk)
         landed = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())  # the partial tile's TMA copies
         mbarrier.init(landed, count=1)
         _stage_q(q_smem, q_nope_ptr, q_rope_ptr, stride_qn_b, stride_qn_s, stride_qn_h, stride_qr_b, stride_qr_s, stride_qr_h,

@@ -68,9 +68,9 @@ SCHEDULE_BLOCK_B = 32  # requests a schedule-kernel step reads
 COMBINE_BLOCK_M = 16  # rows a combine program merges
 
 if GLUON_IMPORT_ERROR is None:  # (else mla_decode_gluon.py declines every call)
-    from deepinfer_cuda.kernels.gluon_hopper import fence_async_shared, gl, gluon, mbarrier, warpgroup_mma_wait
+    from deepinfer_cuda.kernels.gluon_hopper import fence_async_shared, gl, gluon, mbarrier, reinterpret_shared, warpgroup_mma_wait
     from deepinfer_cuda.kernels.gluon_hopper import sync_warps as _sync_warps
-    from deepinfer_cuda.kernels.mla_decode_gluon import _REINTERPRET_IS_PUBLIC, _copy_tile, _zero_rows_from
+    from deepinfer_cuda.kernels.mla_decode_gluon import _copy_tile, _zero_rows_from
     from deepinfer_cuda.kernels.mla_decode_gluon_parts import _fresh_state, _hidden_zero, _store_half, _swap_rows
     from deepinfer_cuda.kernels.mla_decode_gluon_seesaw import _online_softmax, _publish_and_own_pv, _scores_tile, _seesaw_smem, _take_in_whole
 
@@ -330,10 +330,8 @@ if GLUON_IMPORT_ERROR is None:
         gl.static_assert(PAGE == BLOCK_N, "a tile is one page")
         NUM_CHUNKS: gl.constexpr = (C + R) // 64
         q_smem, bf_smem, p_smem, mx_smem, sum_smem, bf_ready, bf_empty, published, sums_bar, q_bar = _balanced_smem(BLOCK_M, BLOCK_N, NUM_CHUNKS)
-        if _REINTERPRET_IS_PUBLIC:  # Triton 3.9 `reinterpret`, 3.6 `_reinterpret` (mla_decode_gluon.py's)
-            bf_bands = bf_smem.reinterpret(gl.bfloat16, [2 * NUM_CHUNKS * (BLOCK_N // 8), 8, 64], bf_smem.layout)
-        else:
-            bf_bands = bf_smem._reinterpret(gl.bfloat16, [2 * NUM_CHUNKS * (BLOCK_N // 8), 8, 64], bf_smem.layout)
+        chunk: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, 64], gl.bfloat16)  # (the stages' layout)
+        bf_bands = reinterpret_shared(bf_smem, gl.bfloat16, [2 * NUM_CHUNKS * (BLOCK_N // 8), 8, 64], chunk)
         landed = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
         mbarrier.init(landed, count=1)
         fence_async_shared()  # the mbarriers' init, before TMA and the other partitions use them
