@@ -60,8 +60,16 @@ from deepinfer_cuda.kernels.gluon_hopper import GLUON_IMPORT_ERROR
 from deepinfer_cuda.kernels.mla_decode_gluon_parts import LATENT, PAGE, ROPE
 
 if GLUON_IMPORT_ERROR is None:  # (else mla_decode_fp8_gluon.py declines every call)
-    from deepinfer_cuda.kernels.gluon_hopper import TensorDescriptor, fence_async_shared, gl, gluon, mbarrier, reinterpret_shared
-    from deepinfer_cuda.kernels.gluon_hopper import warpgroup_mma, warpgroup_mma_wait
+    from deepinfer_cuda.kernels.gluon_hopper import (
+        TensorDescriptor,
+        fence_async_shared,
+        gl,
+        gluon,
+        mbarrier,
+        reinterpret_shared,
+        warpgroup_mma,
+        warpgroup_mma_wait,
+    )
     from deepinfer_cuda.kernels.gluon_hopper import sync_warps as _sync_warps
     from deepinfer_cuda.kernels.gluon_hopper import tma_load as _tma_load
     from deepinfer_cuda.kernels.mla_decode_fp8_gluon import _E4M3X4_TO_RAW_BF16X4, RAW_UNIT

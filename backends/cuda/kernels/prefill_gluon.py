@@ -74,8 +74,16 @@ from deepinfer_cuda.kernels.gluon_hopper import GLUON_IMPORT_ERROR, gluon_unusab
 from deepinfer_cuda.options import PREFILL_PATH
 
 if GLUON_IMPORT_ERROR is None:  # (else the launch declines every call)
-    from deepinfer_cuda.kernels.gluon_hopper import TensorDescriptor, fence_async_shared, gl, gluon, mbarrier, reinterpret_shared
-    from deepinfer_cuda.kernels.gluon_hopper import warpgroup_mma, warpgroup_mma_wait
+    from deepinfer_cuda.kernels.gluon_hopper import (
+        TensorDescriptor,
+        fence_async_shared,
+        gl,
+        gluon,
+        mbarrier,
+        reinterpret_shared,
+        warpgroup_mma,
+        warpgroup_mma_wait,
+    )
     from deepinfer_cuda.kernels.gluon_hopper import sync_warps as _sync_warps
     from deepinfer_cuda.kernels.gluon_hopper import tma_load as _tma_load
 
