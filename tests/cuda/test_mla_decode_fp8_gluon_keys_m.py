@@ -65,7 +65,7 @@ def test_the_sweep_times_the_switch_on_the_16_head_fp8_rows():
     from deepinfer_cuda.tuning import config
 
     candidates = bench.SWEEP["mla_gluon_fp8"]
-    assert candidates == [({}, {}), ({"keys_as_m": True}, {})] and config("mla_decode", "gluon_fp8", None) == {"keys_as_m": False}
+    assert candidates == [({}, {}), ({"keys_as_m": True}, {})] and config("mla_decode", "gluon_fp8", None) == {"keys_as_m": True}
     assert bench.sweep_entries("mla_gluon_fp8") == ("gluon_fp8",) and bench.SWEEP_OPS["mla_gluon_fp8"] == "mla_decode"
     assert [c.name for c in bench.sweep_cases("mla_gluon_fp8")] == [f"B{b}_ctx4096_H16_S1_fp8cache_page64" for b in (64, 128, 256)]
     compile_cases = cc.sweep_cases("mla_gluon_fp8")

@@ -807,7 +807,7 @@ CASES: list[Case] = [
     Case("mla_decode fp8 gluon B128 H16 ctx4096 (one split)", _gluon_mla(128, 16, 4096, fp8=True), "mma", archs=("sm90",)),
     Case("mla_decode fp8 gluon B64 H16 ctx4096 (splits)", _gluon_mla(64, 16, 4096, fp8=True), "mma", archs=("sm90",)),
     Case("mla_decode fp8 gluon B64 H128 ctx4096", _gluon_mla(64, 128, 4096, fp8=True), "mma", archs=("sm90",)),
-    # the keys-as-M kernel for <= 16 query rows (mla_decode_fp8_gluon_keys_m.py, switch keys_as_m: not yet run on a GPU)
+    # the keys-as-M kernel for <= 16 query rows (mla_decode_fp8_gluon_keys_m.py, switch keys_as_m: the table's)
     Case("mla_decode fp8 gluon keys_as_m B128 H16 ctx4096 (one split)", _gluon_mla(128, 16, 4096, fp8=True, tuning={"keys_as_m": True}), "mma",
          archs=("sm90",), tma=True, wgmma_async=True),
     Case("mla_decode fp8 gluon keys_as_m B64 S2 H8 ctx4096 (MTP, splits)", _gluon_mla(64, 8, 4096, fp8=True, queries=2, tuning={"keys_as_m": True}),

@@ -717,7 +717,7 @@ SWEEP["mla_gluon_bf16"] = _opts(
 
 # The FP8 Gluon mla_decode at 16 heads (attention_decode.py's fp8cache rows, which take it): the table's kernel (both
 # warpgroups scoring half of each tile, 64-row wgmmas three quarters padding) against the keys-as-M kernel
-# (mla_decode_fp8_gluon_keys_m.py: keys as the wgmma's M, heads as its N; not yet run on a GPU), B64 / B128 / B256 ctx4096.
+# (mla_decode_fp8_gluon_keys_m.py: keys as the wgmma's M, heads as its N; the table's since 2026-12-07), B64 / B128 / B256 ctx4096.
 # sm90 compile check (`deepinfer bench compile --arch sm90 --sweep mla_gluon_fp8`).
 SWEEP["mla_gluon_fp8"] = _opts([{}, {"keys_as_m": True}], [{}])
 

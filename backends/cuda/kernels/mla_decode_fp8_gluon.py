@@ -67,7 +67,7 @@ scale mark (no column indices live), and the converter keeps one page pointer an
 loaded; sm90, Triton 3.9: S 2 and 4 at 16 heads, S 2 at 32 and 64), no wgmma serialisation warning from ptxas; the
 compile check's cases are S = 1.
 
-With the tuning switch mla_decode/gluon_fp8 "keys_as_m" (off: not yet run on a GPU) the launch sends the calls of at
+With the tuning switch mla_decode/gluon_fp8 "keys_as_m" (on in the table) the launch sends the calls of at
 most 16 query rows to mla_decode_fp8_gluon_keys_m.py's kernel (the keys as the wgmma's M: no padded rows), the same plan.
 
 Served (`not_served` says why not, and `launch_mla_decode_fp8_gluon` returns None so callers fall back):
