@@ -193,7 +193,7 @@ def test_the_schedule_emulated_on_the_cpu_matches_the_reference(q_lens, prefixes
 
 def test_the_default_tuning_is_the_gpu_tested_schedule_and_each_tuning_says_what_it_needs():
     t = g.DEFAULT_TUNING
-    assert (t.block_n, t.num_stages, t.consumer_regs, t.persistent) == (128, 2, 232, False)
+    assert (t.block_n, t.num_stages, t.consumer_regs, t.persistent) == (128, 2, 232, True)
     assert t.shared_bytes(192, 128) == 2 * (128 * 192 + 2 * 128 * 320) + g.BARRIER_BYTES  # 208 KiB and the barriers
     for d_qk in (192, 128):
         assert t.problem(d_qk, 128) is None
@@ -207,6 +207,21 @@ def test_the_default_tuning_is_the_gpu_tested_schedule_and_each_tuning_says_what
     with pytest.raises(ValueError, match="shared memory"):
         g.launch_prefill_gluon(**{k: v for k, v in _call().items() if k != "sliding_window"}, cu_seqlens_q=_meta(3, dtype=torch.int32),
                                cu_seqlens_k=_meta(3, dtype=torch.int32), tuning=g.Tuning(num_stages=3))
+
+
+def test_the_default_runs_the_persistent_kernel_unless_the_batch_has_more_query_tiles_than_its_order_sorts(monkeypatch):
+    from deepinfer_cuda.kernels import prefill_gluon_persistent as pers
+
+    ran = []
+    monkeypatch.setattr(pers, "launch", lambda *args: ran.append("persistent"))
+    monkeypatch.setattr(g, "_prefill_ws_kernel", type("K", (), {"__getitem__": lambda self, grid: lambda *a, **k: ran.append("a program a tile")})())
+    call = {k: v for k, v in _call(tokens=256).items() if k != "sliding_window"}
+    cu = {"cu_seqlens_q": _meta(3, dtype=torch.int32), "cu_seqlens_k": _meta(3, dtype=torch.int32)}
+    g.launch_prefill_gluon(**call, **cu)
+    monkeypatch.setattr(pers, "MAX_SLOTS", pers.num_slots(256, 2) - 1)
+    g.launch_prefill_gluon(**call, **cu)
+    g.launch_prefill_gluon(**call, **cu, tuning=g.Tuning(persistent=False))
+    assert ran == ["persistent", "a program a tile", "a program a tile"]
 
 
 def test_every_swept_tuning_runs_somewhere_and_the_default_is_swept():

@@ -134,16 +134,15 @@ def _gluon_tuning(**fields):
 # docs/backends/cuda.md), each timed beside the default and torch SDPA on GLUON_SWEEP_SHAPES. A tuning that does not fit a shape's head
 # dims (shared memory) is a row saying why. `deepinfer bench compile --arch sm90 --sweep prefill_gluon` compiles them.
 GLUON_SWEEP = [
-    ("default", _gluon_tuning()),
+    ("default", _gluon_tuning()),  # the persistent kernel, 2 stages of 128 keys, 232 / 40 registers
     ("regs 240/24", _gluon_tuning(consumer_regs=240)),  # FlashAttention-3's register split
+    ("one section", _gluon_tuning(section_bytes=0)),  # the longest-first order over all heads at once
     ("BLOCK_N 64 x 4 stages", _gluon_tuning(block_n=64, num_stages=4)),
     ("3 stages", _gluon_tuning(num_stages=3)),  # (Dqk 128 only: 224 KiB)
-    # (the persistent kernel last: its rows come after the others' should it hang)
-    ("persistent", _gluon_tuning(persistent=True)),
-    ("persistent regs 240/24", _gluon_tuning(persistent=True, consumer_regs=240)),
-    ("persistent one section", _gluon_tuning(persistent=True, section_bytes=0)),  # the longest-first order over all heads at once
-    ("persistent BLOCK_N 64 x 4 stages", _gluon_tuning(persistent=True, block_n=64, num_stages=4)),
-    ("persistent 3 stages", _gluon_tuning(persistent=True, num_stages=3)),  # (Dqk 128 only)
+    ("a program a tile", _gluon_tuning(persistent=False)),  # prefill_gluon.py's kernel: one program per (query tile, head)
+    ("a program a tile, regs 240/24", _gluon_tuning(persistent=False, consumer_regs=240)),
+    ("a program a tile, BLOCK_N 64 x 4 stages", _gluon_tuning(persistent=False, block_n=64, num_stages=4)),
+    ("a program a tile, 3 stages", _gluon_tuning(persistent=False, num_stages=3)),  # (Dqk 128 only)
 ]
 GLUON_SWEEP_SHAPES = (0, 2, 3, 4)  # SHAPES: causal B4 x 4096 H16 and B2 x 2048 H128, at 192/128 and 128/128
 

@@ -48,7 +48,7 @@ Shared memory (Dqk 192, Dv 128, BLOCK_N 128, 2 stages): Q 48 KiB + 2 x (K 48 + V
 CTA per SM). Registers (setmaxnreg): each consumer warpgroup CONSUMER_REGS (O [64, 128] and S [64, 128] float32 are
 64 a thread each, p 32), the producer what is left of 504 (40).
 
-Tuning switches (`Tuning`, `launch_prefill_gluon(tuning=...)`; the defaults are the schedule above): the key tile and
+Tuning switches (`Tuning`, `launch_prefill_gluon(tuning=...)`; the defaults: the schedule above, persistent): the key tile and
 ring depth, the consumer / producer register split, and a persistent kernel (prefill_gluon_persistent.py: one program
 per SM, a longest-first work order over query tiles and heads handed out by an atomic counter, the producer loading the
 next item while the consumers finish the last). `python -m deepinfer_cuda.bench.attention_prefill --sweep
@@ -103,10 +103,9 @@ BARRIER_BYTES = 256  # the mbarriers beside the tiles (a margin)
 class Tuning:
     """The kernel's tuning switches (`launch_prefill_gluon(tuning=...)`); the defaults are the schedule the module
     docstring describes, the one GPU-tested and conformance-checked. The others are variants (timed and their outputs
-    compared with the default's on an H100, 2026-12-07: docs/backends/cuda.md; `persistent` passed GPU conformance as the
-    launch's default on that machine's copy; the GPU tests of 240 / 24 registers and of 64-key tiles passed, num_stages=3
-    gave wrong values on a var-len batch (a ptxas 12.8 miscompile, worked around since: `_ring_stage`; the new build not
-    yet run on a GPU), the persistent ones' did not run) that `python -m
+    compared with the default's on an H100, 2026-12-07: docs/backends/cuda.md; the default, `persistent`, passed GPU
+    conformance and its GPU tests, and runs 0.96x SDPA against the one-program-a-tile kernel's 0.90x; the GPU tests of the
+    others passed too, num_stages=3's after its ptxas 12.8 workaround, `_ring_stage`) that `python -m
     deepinfer_cuda.bench.attention_prefill --sweep prefill_gluon` times on a GPU and tests/cuda/test_prefill_gluon.py's GPU
     tests check:
     - block_n, num_stages: the key tile's rows (a power of two: the score tile's column range; 16 .. 256: PV's K step,
@@ -124,7 +123,7 @@ class Tuning:
     block_n: int = BLOCK_N
     num_stages: int = NUM_STAGES
     consumer_regs: int = CONSUMER_REGS
-    persistent: bool = False
+    persistent: bool = True
     section_bytes: int = 24 << 20
 
     def shared_bytes(self, d_qk: int, d_v: int) -> int:
@@ -501,9 +500,10 @@ def launch_prefill_gluon(
     cu_q = cu_seqlens_q.to(device=q.device, dtype=torch.int32)
     cu_k = cu_seqlens_k.to(device=q.device, dtype=torch.int32)
     descriptors = (_descriptor(q, 64), _descriptor(k, tuning.block_n), _descriptor(v, tuning.block_n))
-    if tuning.persistent:
-        from deepinfer_cuda.kernels import prefill_gluon_persistent
+    from deepinfer_cuda.kernels import prefill_gluon_persistent
 
+    # (a batch of more query tiles than the persistent order sorts runs a program a tile: the same outputs, bit for bit)
+    if tuning.persistent and prefill_gluon_persistent.num_slots(num_tokens, num_requests) <= prefill_gluon_persistent.MAX_SLOTS:
         prefill_gluon_persistent.launch(descriptors, out, cu_q, cu_k, k.shape[0], softmax_scale * LOG2E, d_qk, d_v, tuning)
         return out
     _prefill_ws_kernel[grid(num_tokens, num_requests, heads)](

@@ -365,7 +365,8 @@ def item_sequence(order: list[tuple[int, int]], heads: int, sections: int) -> li
 
 def launch(descriptors, out: torch.Tensor, cu_q: torch.Tensor, cu_k: torch.Tensor, num_keys: int, qk_scale: float, d_qk: int, d_v: int, tuning) -> None:
     """The order, then the persistent kernel into out [Tq, H, Dv] (prefill_gluon.launch_prefill_gluon has checked the call
-    and the tuning). A batch of more than MAX_SLOTS query-tile slots is a ValueError."""
+    and the tuning). A batch of more than MAX_SLOTS query-tile slots is a ValueError (prefill_gluon's launch sends those to
+    its one-program-a-tile kernel)."""
     num_tokens, heads, _ = out.shape
     num_requests = cu_q.shape[0] - 1
     slots = num_slots(num_tokens, num_requests)
