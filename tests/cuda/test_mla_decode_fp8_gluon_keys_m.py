@@ -55,6 +55,15 @@ def test_the_switch_sends_calls_of_at_most_16_rows_here(monkeypatch, switch):
     assert "S*H = 32" in km.not_served(_meta(2, 2, 16, 512), cache)
 
 
+def test_the_descriptors_are_built_once_for_the_cache_an_engine_passes_every_step():
+    cache = _meta(8, 64, 592, dtype=torch.float8_e4m3fn)
+    first = km._descriptors(cache)
+    assert km._descriptors(cache) is first and [d.block_shape for d in first] == [[64, 128], [64, 16], [64, 4]]
+    other = _meta(16, 64, 592, dtype=torch.float8_e4m3fn)
+    assert km._descriptors(other) is not first and km._descriptors(other)[0].shape == [16 * 64, 148]
+    assert km._descriptors(cache) is not first and km._descriptors(cache)[0].shape == [8 * 64, 148]  # (rebuilt: one kept)
+
+
 def test_the_sweep_times_the_switch_on_the_16_head_fp8_rows():
     """`python -m deepinfer_cuda.bench.gemm --sweep mla_gluon_fp8`: the table's entry, then keys_as_m, on
     bench/attention_decode.py's 16-head FP8-cache rows (those take the FP8 Gluon kernel); `deepinfer bench compile --sweep

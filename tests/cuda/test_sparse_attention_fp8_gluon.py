@@ -128,13 +128,14 @@ def _v4_decode_inputs(t, heads, extra, lengths, rope, gen):
     (3, 64, "hca", True, 64, None), (2, 16, None, False, 64, 1), (2, 128, "csa", False, 64, None), (40, 64, "csa", False, 64, None),
     (3, 64, "csa", False, 128, 1), (3, 64, "csa", False, 32, 1),
 ])  # fmt: skip
-def test_matches_the_tl_kernel_on_the_gpu(t, heads, extra, lengths, rope, splits):
+@pytest.mark.parametrize("l2_prefetch", [False, True], ids=["", "l2_prefetch"])
+def test_matches_the_tl_kernel_on_the_gpu(t, heads, extra, lengths, rope, splits, l2_prefetch):
     from deepinfer_cuda.kernels import sparse_attention as tl_sparse
 
     gen = torch.Generator(device="cuda").manual_seed(0)
     q, kv, idx, sinks, kw = _v4_decode_inputs(t, heads, extra, lengths, rope, gen)
     want = tl_sparse.launch_sparse_attention(q, kv, idx, sinks, 512**-0.5, **kw)
-    got = g.launch_sparse_attention_fp8_gluon(q, kv, idx, sinks, 512**-0.5, **kw, num_splits=splits)
+    got = g.launch_sparse_attention_fp8_gluon(q, kv, idx, sinks, 512**-0.5, **kw, num_splits=splits, l2_prefetch=l2_prefetch)
     assert got is not None and not got.isnan().any()
     assert torch.equal(got[0], torch.zeros_like(got[0]))  # a query that lists no row: zeros (rotated zeros too)
     err = (got.float() - want.float()).abs().max().item()

@@ -148,21 +148,23 @@ def _v4_decode_inputs(t, heads, extra, lengths, rope, gen):
     mode() != GPU or not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9,
     reason="runs on an SM90 GPU only (TRITON_INTERPRET=0 pytest tests/cuda/test_sparse_attention_gluon.py)",
 )
-@pytest.mark.parametrize("tile_rows, early_release, fused_combine, persistent", [
-    (64, True, False, False), (32, True, False, False), (64, False, False, False), (32, False, False, False), (64, True, True, False),
-    (32, True, True, False), (64, False, True, False), (64, True, False, True), (64, True, True, True), (32, True, True, True),
+@pytest.mark.parametrize("tile_rows, early_release, fused_combine, persistent, l2_prefetch", [
+    (64, True, False, False, False), (32, True, False, False, False), (64, False, False, False, False), (32, False, False, False, False),
+    (64, True, True, False, False), (32, True, True, False, False), (64, False, True, False, False), (64, True, False, True, False),
+    (64, True, True, True, False), (32, True, True, True, False),
+    pytest.param(64, True, False, False, True, id="l2_prefetch-64"), pytest.param(32, True, False, False, True, id="l2_prefetch-32"),
 ])  # fmt: skip
 @pytest.mark.parametrize("t, heads, extra, lengths, rope, splits", [
     (1, 64, "csa", False, 64, None), (1, 64, "csa", False, 0, 1), (64, 64, "csa", False, 64, None), (64, 64, "csa", False, 64, 1),
     (4, 64, "csa", False, 0, 3), (3, 64, "hca", True, 64, 1), (3, 64, "hca", True, 64, None), (2, 16, None, False, 64, 1),
     (2, 128, "csa", False, 64, None), (3, 64, "csa", False, 128, 1), (3, 64, "csa", False, 32, 1),
 ])  # fmt: skip
-def test_matches_the_reference_on_the_gpu(t, heads, extra, lengths, rope, splits, tile_rows, early_release, fused_combine, persistent):
+def test_matches_the_reference_on_the_gpu(t, heads, extra, lengths, rope, splits, tile_rows, early_release, fused_combine, persistent, l2_prefetch):
     gen = torch.Generator(device="cuda").manual_seed(0)
     q, kv, idx, sinks, kw = _v4_decode_inputs(t, heads, extra, lengths, rope, gen)
     want = reference(q, kv, idx, sinks, softmax_scale=512**-0.5, **kw)
     got = g.launch_sparse_attention_gluon(q, kv, idx, sinks, 512**-0.5, **kw, num_splits=splits, tile_rows=tile_rows, early_release=early_release,
-                                          fused_combine=fused_combine, persistent=persistent)
+                                          fused_combine=fused_combine, persistent=persistent, l2_prefetch=l2_prefetch)
     assert got is not None and not got.isnan().any()
     if t > 1:
         assert torch.equal(got[0], torch.zeros_like(got[0]))  # a query that lists no row: zeros (rotated zeros too)

@@ -21,16 +21,17 @@ def test_every_variant_is_a_launch_the_kernel_takes():
     for name, variants in sweep.SWEEP.items():
         assert "default" in variants and variants["default"] == {}, name
         for label, launch in variants.items():
-            assert set(launch) <= {"tile_rows", "early_release", "fused_combine", "persistent", "num_splits"}, (label, launch)
+            assert set(launch) <= {"tile_rows", "early_release", "fused_combine", "persistent", "num_splits", "l2_prefetch"}, (label, launch)
             assert all(params[key].kind is inspect.Parameter.KEYWORD_ONLY for key in launch), label
             if "tile_rows" in launch:
                 assert launch["tile_rows"] in g.TILES, label
 
 
 def test_bench_compile_builds_every_variant_at_every_batch():
-    cases = cc.sweep_cases("sparse_gluon_bf16")
-    assert [c.name for c in cases] == [f"sweep sparse_gluon_bf16 {label} B{b}" for label in sweep.SWEEP["sparse_gluon_bf16"] for b in sweep.BATCHES]
-    assert all(c.archs == ("sm90",) and c.matrix == "mma" for c in cases)
+    for name in ("sparse_gluon_bf16", "sparse_gluon_l2"):
+        cases = cc.sweep_cases(name)
+        assert [c.name for c in cases] == [f"sweep {name} {label} B{b}" for label in sweep.SWEEP[name] for b in sweep.BATCHES]
+        assert all(c.archs == ("sm90",) and c.matrix == "mma" for c in cases)
 
 
 def test_the_table_has_one_row_a_batch_and_variant():

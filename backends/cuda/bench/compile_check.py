@@ -441,10 +441,11 @@ def _gluon_mla(batch: int, heads: int, ctx: int, fp8: bool, queries: int = 1, tu
     return call
 
 
-def _gluon_sparse_fp8(t: int, heads: int, extra: int, lengths: bool = False) -> Callable[[], None]:
+def _gluon_sparse_fp8(t: int, heads: int, extra: int, lengths: bool = False, l2_prefetch: bool | None = None) -> Callable[[], None]:
     """The SM90 Gluon sparse_attention over FP8 caches (sparse_attention_fp8_gluon) through its launch: t queries of `heads`
     x 512 over a 128-row window and `extra` entries (lengths: an HCA list cut by extra_lengths), the output rotated back
-    (64 channels, as V4 decodes). It must serve the call (a None return would mean the case compiled nothing of it)."""
+    (64 channels, as V4 decodes); l2_prefetch: its launch's (None: the default). It must serve the call (a None return
+    would mean the case compiled nothing of it)."""
     def call():
         from deepinfer_cuda.kernels import sparse_attention_fp8_gluon
 
@@ -452,7 +453,7 @@ def _gluon_sparse_fp8(t: int, heads: int, extra: int, lengths: bool = False) -> 
         out = sparse_attention_fp8_gluon.launch_sparse_attention_fp8_gluon(
             _t(t, heads, 512), _t(65536, 528, dtype=fp8), _t(t, 128, dtype=i32), _t(heads, dtype=torch.float32), 512 ** -0.5,
             extra_kv=_t(16384, 528, dtype=fp8), extra_indices=_t(t, extra, dtype=i32), extra_lengths=_t(t, dtype=i32) if lengths else None,
-            out_positions=_t(t, dtype=torch.int64), out_cos_sin_cache=_t(65536, 64, dtype=torch.float32),
+            out_positions=_t(t, dtype=torch.int64), out_cos_sin_cache=_t(65536, 64, dtype=torch.float32), l2_prefetch=l2_prefetch,
         )
         if out is None:
             raise RuntimeError("sparse_attention_fp8_gluon declined the call")
@@ -461,10 +462,10 @@ def _gluon_sparse_fp8(t: int, heads: int, extra: int, lengths: bool = False) -> 
 
 def _gluon_sparse_bf16(t: int, heads: int, extra: int, lengths: bool = False, tile_rows: int | None = None,
                        early_release: bool | None = None, fused_combine: bool | None = None, rope: bool = True,
-                       num_splits: int | None = None, persistent: bool | None = None) -> Callable[[], None]:
+                       num_splits: int | None = None, persistent: bool | None = None, l2_prefetch: bool | None = None) -> Callable[[], None]:
     """The SM90 Gluon sparse_attention over bf16 caches (sparse_attention_gluon) through its launch, as _gluon_sparse_fp8
-    calls the FP8 one; tile_rows, early_release, fused_combine, num_splits, persistent: its launch's (None: the
-    defaults); rope False: no output rotation. It must serve the call."""
+    calls the FP8 one; tile_rows, early_release, fused_combine, num_splits, persistent, l2_prefetch: its launch's (None:
+    the defaults); rope False: no output rotation. It must serve the call."""
     def call():
         from deepinfer_cuda.kernels import sparse_attention_gluon
 
@@ -474,6 +475,7 @@ def _gluon_sparse_bf16(t: int, heads: int, extra: int, lengths: bool = False, ti
             extra_kv=_t(16384, 512), extra_indices=_t(t, extra, dtype=i32), extra_lengths=_t(t, dtype=i32) if lengths else None,
             out_positions=_t(t, dtype=torch.int64) if rope else None, out_cos_sin_cache=_t(65536, 64, dtype=torch.float32) if rope else None,
             tile_rows=tile_rows, early_release=early_release, fused_combine=fused_combine, num_splits=num_splits, persistent=persistent,
+            l2_prefetch=l2_prefetch,
         )
         if out is None:
             raise RuntimeError("sparse_attention_gluon declined the call")
@@ -844,12 +846,15 @@ CASES: list[Case] = [
     Case("sparse_attention fp8 gluon decode T256 H64 (one split)", _gluon_sparse_fp8(256, 64, 512), "mma", archs=("sm90",)),
     Case("sparse_attention fp8 gluon decode T64 H64 (splits)", _gluon_sparse_fp8(64, 64, 512), "mma", archs=("sm90",)),
     Case("sparse_attention fp8 gluon decode T8 H64 HCA lengths (splits)", _gluon_sparse_fp8(8, 64, 8192, lengths=True), "mma", archs=("sm90",)),
+    Case("sparse_attention fp8 gluon decode T256 H64 L2 prefetch (one split)", _gluon_sparse_fp8(256, 64, 512, l2_prefetch=True), "mma", archs=("sm90",)),
+    Case("sparse_attention fp8 gluon decode T64 H64 L2 prefetch (splits)", _gluon_sparse_fp8(64, 64, 512, l2_prefetch=True), "mma", archs=("sm90",)),
     # The SM90 Gluon sparse_attention over bf16 caches (the same schedule, a cp.async loader warpgroup gathering the rows into
     # the stages; timed on an H200 2026-12-07): its default tile (64 rows, two stages) and the other (32 rows, four stages), its
     # default stage release (early) and the FP8 kernel's
     Case("sparse_attention bf16 gluon decode T256 H64 (one split)", _gluon_sparse_bf16(256, 64, 512), "mma", archs=("sm90",)),
     Case("sparse_attention bf16 gluon decode T64 H64 (splits)", _gluon_sparse_bf16(64, 64, 512), "mma", archs=("sm90",)),
     Case("sparse_attention bf16 gluon decode T8 H64 HCA lengths (splits)", _gluon_sparse_bf16(8, 64, 8192, lengths=True), "mma", archs=("sm90",)),
+    Case("sparse_attention bf16 gluon decode T256 H64 L2 prefetch (one split)", _gluon_sparse_bf16(256, 64, 512, l2_prefetch=True), "mma", archs=("sm90",)),
     Case("sparse_attention bf16 gluon decode T256 H64 32-row tiles (one split)", _gluon_sparse_bf16(256, 64, 512, tile_rows=32), "mma", archs=("sm90",)),
     Case("sparse_attention bf16 gluon decode T64 H64 32-row tiles (splits)", _gluon_sparse_bf16(64, 64, 512, tile_rows=32), "mma", archs=("sm90",)),
     Case("sparse_attention bf16 gluon decode T64 H64 late release (splits)", _gluon_sparse_bf16(64, 64, 512, early_release=False), "mma",

@@ -39,6 +39,15 @@ SWEEP = {
         "persistent_fused": {"persistent": True, "fused_combine": True},
         "persistent_splits5_fused": {"persistent": True, "num_splits": 5, "fused_combine": True},  # B64: 320 items of 2 tiles
     },
+    # the loader's L2 prefetch of the tile two ahead (sparse_attention_gluon.L2_PREFETCH): more of the gather in flight
+    # beside the stages' copies; with it the B64 split choices again (two splits fill 128 SMs, one leaves half idle)
+    "sparse_gluon_l2": {
+        "default": {},
+        "l2_prefetch": {"l2_prefetch": True},
+        "l2_prefetch_splits1": {"l2_prefetch": True, "num_splits": 1},
+        "l2_prefetch_splits2": {"l2_prefetch": True, "num_splits": 2},
+        "l2_prefetch_r32": {"l2_prefetch": True, "tile_rows": 32},
+    },
 }
 BATCHES = (1, 64, 256)
 CONTEXT = 32768

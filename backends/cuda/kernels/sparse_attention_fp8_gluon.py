@@ -89,6 +89,7 @@ if GLUON_IMPORT_ERROR is None:  # (else the launch declines every call)
     from deepinfer_cuda.kernels.sparse_attention_gluon_common import (
         REINTERPRET_IS_PUBLIC,
         allocate_shared,
+        prefetch_rows,
         query_tiles,
         row_pointers,
         softmax_partition,
@@ -98,6 +99,10 @@ if GLUON_IMPORT_ERROR is None:  # (else the launch declines every call)
 BLOCK_N = 64  # cache rows per tile
 STAGES = 2  # bf16 stages (64 KiB each)
 PARTITION_REGS = (160, 104)  # setmaxnreg of the value warpgroup and of the converting warpgroup (the softmax warpgroup: 504 less both)
+# The converter asks L2 for the rows of the tile two ahead (cp.async.bulk.prefetch.L2) when it learns their ids, a tile
+# before it loads them into registers (it holds one tile in flight: on an H100 at B256 it waited on those loads about
+# half its cycles, ncu 2026-12-07). Not yet run on a GPU: off until the sweep and the GPU tests have run it.
+L2_PREFETCH = False
 
 
 if GLUON_IMPORT_ERROR is None:
@@ -106,10 +111,11 @@ if GLUON_IMPORT_ERROR is None:
     @gluon.jit
     def _converter(kv_words, xkv_words, idx_row, xidx_row, bf_words, scale_smem, bf_ready, bf_empty,
                    lo, num_tiles, nb1, width, width2, stride_kv, stride_xkv,
-                   D: gl.constexpr, BLOCK_N: gl.constexpr, HAS_EXTRA: gl.constexpr):
+                   D: gl.constexpr, BLOCK_N: gl.constexpr, HAS_EXTRA: gl.constexpr, L2_PREFETCH: gl.constexpr):
         """One warpgroup: tile j's e4m3 rows (loaded while tile j - 1 was converted) -> bf16 stage j % 2, chunk by chunk,
         each chunk's load of tile j + 1 issued once it is converted (into the registers it frees); tile j + 2's ids
-        loaded a tile ahead of its rows. The rows are carried as 32-bit words (8 chunks x 8 registers a thread)."""
+        loaded a tile ahead of its rows (with L2_PREFETCH its rows asked of L2 then: `prefetch_rows`). The rows are
+        carried as 32-bit words (8 chunks x 8 registers a thread)."""
         NUM_CHUNKS: gl.constexpr = D // 64
         SCALE_WORD: gl.constexpr = D // 4  # a row's scale: the word after its values
         # [64, 16] words (64 bytes of 64 rows): a thread holds 16 consecutive bytes of two rows (r and r + 32): 16-byte
@@ -141,6 +147,8 @@ if GLUON_IMPORT_ERROR is None:
             t = j % 2
             ptrs2, ok2 = row_pointers(kv_words, xkv_words, idx_row, xidx_row, lo + j + 2, end, nb1, width, width2, stride_kv, stride_xkv,
                                       rows, BLOCK_N, HAS_EXTRA, 2, 4)
+            if L2_PREFETCH:
+                prefetch_rows(ptrs2, ok2, (SCALE_WORD * 4 + 4 + 15) // 16 * 16)  # a row's values and scale (528 bytes)
             p = gl.expand_dims(ptrs1, 1) + cols
             m = gl.expand_dims(ok1, 1)
             mbarrier.wait(bf_empty.index(t), ((j // 2) & 1) ^ 1)  # both attention warpgroups are done with tile j - 2
@@ -192,6 +200,7 @@ if GLUON_IMPORT_ERROR is None:
         ROPE: gl.constexpr,  # DIRECT with out_positions: the output's last R channels rotated back
         DIRECT: gl.constexpr,
         REGS_VALUE: gl.constexpr, REGS_CONVERT: gl.constexpr,
+        L2_PREFETCH: gl.constexpr,  # the converter asks L2 for the rows of the tile two ahead (common.prefetch_rows)
         num_warps: gl.constexpr,
     ):
         gl.static_assert(D == 512, "the converter's tile is 8 chunks of 64 values")
@@ -224,7 +233,7 @@ if GLUON_IMPORT_ERROR is None:
                                    H, D, R, BLOCK_M, STAGES, ROPE, False,
                                    sinks_ptr, part_lse_ptr, sinks_ptr, sinks_ptr, stride_pl_t, stride_pl_split, 0, 0, False)),
                 (_converter, (kv_words, xkv_words, idx_ptr + t64 * stride_idx_t, xidx_ptr + t64 * stride_xidx_t, bf_words, scale_smem,
-                              bf_ready, bf_empty, lo, num_tiles, nb1, K, width2, stride_kv, stride_xkv, D, BLOCK_N, HAS_EXTRA)),
+                              bf_ready, bf_empty, lo, num_tiles, nb1, K, width2, stride_kv, stride_xkv, D, BLOCK_N, HAS_EXTRA, L2_PREFETCH)),
             ],
             [4, 4],
             [REGS_VALUE, REGS_CONVERT],
@@ -279,9 +288,11 @@ def launch_sparse_attention_fp8_gluon(
     out_cos_sin_cache: torch.Tensor | None = None,
     *,
     num_splits: int | None = None,
+    l2_prefetch: bool | None = None,
 ) -> torch.Tensor | None:
     """sparse_attention.launch_sparse_attention's arguments; None for a call this kernel does not serve (`not_served`:
-    the caller falls back). Several splits: the partials are merged by sparse_attention.py's combine kernel."""
+    the caller falls back). Several splits: the partials are merged by sparse_attention.py's combine kernel.
+    l2_prefetch: the converter's L2 prefetch (L2_PREFETCH unless given)."""
     sparse_ops.check_sparse_attention_shapes(q, kv, indices, sinks, extra_kv, extra_indices, extra_lengths, out_positions, out_cos_sin_cache)
     if not_served(q, kv, indices, extra_kv, extra_indices, out_cos_sin_cache) is not None:
         return None
@@ -289,5 +300,5 @@ def launch_sparse_attention_fp8_gluon(
         _sparse_attention_fp8_ws_kernel, _cache_words,
         lambda tokens, heads, width, width2, device: plan(tokens, heads, width, width2, device, num_splits),
         q, kv, indices, sinks, softmax_scale, extra_kv, extra_indices, extra_lengths, out_positions, out_cos_sin_cache,
-        REGS_VALUE=PARTITION_REGS[0], REGS_CONVERT=PARTITION_REGS[1],
+        REGS_VALUE=PARTITION_REGS[0], REGS_CONVERT=PARTITION_REGS[1], L2_PREFETCH=L2_PREFETCH if l2_prefetch is None else bool(l2_prefetch),
     )  # fmt: skip

@@ -75,7 +75,14 @@ from deepinfer_cuda.kernels.sparse_attention_gluon_common import DIM, SparseGluo
 if GLUON_IMPORT_ERROR is None:  # (else the launch declines every call)
     from deepinfer_cuda.kernels.gluon_hopper import async_copy, cp_async_load, gl, gluon, mbarrier
     from deepinfer_cuda.kernels.gluon_hopper import sync_warps as _sync_warps
-    from deepinfer_cuda.kernels.sparse_attention_gluon_common import allocate_shared, query_tiles, row_pointers, softmax_partition, value_partition
+    from deepinfer_cuda.kernels.sparse_attention_gluon_common import (
+        allocate_shared,
+        prefetch_rows,
+        query_tiles,
+        row_pointers,
+        softmax_partition,
+        value_partition,
+    )
 
 TILES = {64: 2, 32: 4}  # rows a tile -> the stages that fit beside q (a bf16 row is 1 KiB)
 TILE_ROWS = 64  # the default tile: the FP8 kernel's
@@ -91,6 +98,9 @@ FUSED_COMBINE = False
 # The persistent variant (sparse_attention_gluon_persistent.py: min(items, SMs) programs, each looping over its items, its
 # loader running on into the next item's rows). Not yet run on a GPU: off until the sweep and the GPU tests have run it.
 PERSISTENT = False
+# The loader asks L2 for the rows of the tile two ahead of the one it copies (cp.async.bulk.prefetch.L2): beside the
+# stages' copies, more of the gather in flight. Not yet run on a GPU: off until the sweep and the GPU tests have run it.
+L2_PREFETCH = False
 LOADER_WARPS = 4
 PARTITION_REGS = (160, 104)  # setmaxnreg of the value warpgroup and of the loader (the softmax warpgroup: 504 less both)
 
@@ -99,20 +109,22 @@ if GLUON_IMPORT_ERROR is None:
 
     @gluon.jit
     def _loader(kv_ptr, xkv_ptr, idx_row, xidx_row, bf_smem, scale_smem, bf_ready, bf_empty, lo, num_tiles, nb1, width, width2, stride_kv, stride_xkv,
-                D: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, HAS_EXTRA: gl.constexpr):
+                D: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, HAS_EXTRA: gl.constexpr, L2_PREFETCH: gl.constexpr):
         """One warpgroup: the program's tiles through `load_tiles`; no copy outstanding when its warps exit."""
         load_tiles(kv_ptr, xkv_ptr, idx_row, xidx_row, bf_smem, scale_smem, bf_ready, bf_empty, 0, lo, num_tiles, nb1, width, width2, stride_kv, stride_xkv,
-                   D, BLOCK_N, STAGES, HAS_EXTRA)
+                   D, BLOCK_N, STAGES, HAS_EXTRA, L2_PREFETCH)
         async_copy.commit_group()
         async_copy.wait_group(0)
 
     @gluon.jit
     def load_tiles(kv_ptr, xkv_ptr, idx_row, xidx_row, bf_smem, scale_smem, bf_ready, bf_empty, g0, lo, num_tiles, nb1, width, width2, stride_kv,
-                   stride_xkv, D: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, HAS_EXTRA: gl.constexpr):
+                   stride_xkv, D: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, HAS_EXTRA: gl.constexpr,
+                   L2_PREFETCH: gl.constexpr = False):
         """The loader's num_tiles tiles (row blocks lo ..), the program's tiles g0 .. in its sequence: tile g's rows copied
         by cp.async into stage g % STAGES once both attention warpgroups are done with tile g - STAGES; the row ids of the
-        tile two ahead loaded while a tile is issued. A stage is ready after every thread's copies have landed (one
-        cp.async arrival a thread) and its row marks are stored (one arrival)."""
+        tile two ahead loaded while a tile is issued (with L2_PREFETCH its rows asked of L2 then: `prefetch_rows`). A
+        stage is ready after every thread's copies have landed (one cp.async arrival a thread) and its row marks are
+        stored (one arrival)."""
         NUM_CHUNKS: gl.constexpr = D // 64
         # [BLOCK_N, 64] bf16 (a chunk): a thread copies 16 bytes (8 values) of a row, a warp 4 rows x 128 bytes: each row
         # of the warp's is one 128-byte swizzle row of the chunk (no bank conflicts), whole 128-byte lines of the cache
@@ -129,6 +141,8 @@ if GLUON_IMPORT_ERROR is None:
             t = g % STAGES
             ptrs2, ok2 = row_pointers(kv_ptr, xkv_ptr, idx_row, xidx_row, lo + j + 2, end, nb1, width, width2, stride_kv, stride_xkv, rows,
                                       BLOCK_N, HAS_EXTRA, 0, 8)
+            if L2_PREFETCH:
+                prefetch_rows(ptrs2, ok2, D * 2)
             src = gl.expand_dims(ptrs, 1) + cols
             m = gl.expand_dims(ok, 1)  # (broadcast along the row by the copy: one predicate a 16-byte copy)
             mbarrier.wait(bf_empty.index(t), ((g // STAGES) & 1) ^ 1)  # both attention warpgroups are done with tile g - STAGES
@@ -163,6 +177,7 @@ if GLUON_IMPORT_ERROR is None:
         DIRECT: gl.constexpr,
         REGS_VALUE: gl.constexpr, REGS_LOADER: gl.constexpr, LOADER_WARPS: gl.constexpr,
         EARLY_RELEASE: gl.constexpr,  # the softmax warpgroup releases a stage before it waits for the next (common.softmax_partition)
+        L2_PREFETCH: gl.constexpr,  # the loader asks L2 for the rows of the tile two ahead (common.prefetch_rows)
         num_warps: gl.constexpr,
         cnt_ptr, out_ptr, stride_out_t, stride_out_h,  # FUSED_COMBINE's counters and output (placeholders without)
         FUSED_COMBINE: gl.constexpr,  # split partials merged by the last split of each query (common.merge_splits_if_last)
@@ -189,7 +204,7 @@ if GLUON_IMPORT_ERROR is None:
                                    H, D, R, BLOCK_M, STAGES, ROPE, True,
                                    sinks_ptr, part_lse_ptr, cnt_ptr, out_ptr, stride_pl_t, stride_pl_split, stride_out_t, stride_out_h, FUSED_COMBINE)),
                 (_loader, (kv_ptr, xkv_ptr, idx_ptr + t64 * stride_idx_t, xidx_ptr + t64 * stride_xidx_t, bf_smem, scale_smem,
-                           bf_ready, bf_empty, lo, num_tiles, nb1, K, width2, stride_kv, stride_xkv, D, BLOCK_N, STAGES, HAS_EXTRA)),
+                           bf_ready, bf_empty, lo, num_tiles, nb1, K, width2, stride_kv, stride_xkv, D, BLOCK_N, STAGES, HAS_EXTRA, L2_PREFETCH)),
             ],
             [4, LOADER_WARPS],
             [REGS_VALUE, REGS_LOADER],
@@ -260,12 +275,14 @@ def launch_sparse_attention_gluon(
     early_release: bool | None = None,
     fused_combine: bool | None = None,
     persistent: bool | None = None,
+    l2_prefetch: bool | None = None,
 ) -> torch.Tensor | None:
     """sparse_attention.launch_sparse_attention's arguments; None for a call this kernel does not serve (`not_served`:
     the caller falls back). tile_rows: the plan's tile (TILES), early_release: the softmax warpgroup's stage release
     (EARLY_RELEASE unless given), fused_combine: who merges several splits' partials (FUSED_COMBINE unless given: the
     kernel's last split of each query, else sparse_attention.py's combine kernel), persistent: the persistent variant
-    (PERSISTENT unless given); the benchmarks and tests compare them."""
+    (PERSISTENT unless given), l2_prefetch: the loader's L2 prefetch (L2_PREFETCH unless given; not the persistent
+    variant's); the benchmarks and tests compare them."""
     sparse_ops.check_sparse_attention_shapes(q, kv, indices, sinks, extra_kv, extra_indices, extra_lengths, out_positions, out_cos_sin_cache)
     if not_served(q, kv, indices, extra_kv, extra_indices, out_cos_sin_cache) is not None:
         return None
@@ -280,5 +297,6 @@ def launch_sparse_attention_gluon(
         q, kv, indices, sinks, softmax_scale, extra_kv, extra_indices, extra_lengths, out_positions, out_cos_sin_cache,
         REGS_VALUE=PARTITION_REGS[0], REGS_LOADER=PARTITION_REGS[1], LOADER_WARPS=LOADER_WARPS,
         EARLY_RELEASE=EARLY_RELEASE if early_release is None else bool(early_release),
+        **({} if programs is not None else {"L2_PREFETCH": L2_PREFETCH if l2_prefetch is None else bool(l2_prefetch)}),
         fused_combine=FUSED_COMBINE if fused_combine is None else bool(fused_combine), persistent_programs=programs,
     )  # fmt: skip

@@ -14,7 +14,7 @@ into the stages with cp.async. Shared here:
   end): the softmax warpgroup masks by it and multiplies it into the row's score and weight (s * (q . v) and
   (p * s) . v, as the tl kernel does).
 - `row_pointers`: a tile's rows from the query's two id lists, in the tl kernel's order (the window list's blocks,
-  then the extra list's up to extra_lengths[t]).
+  then the extra list's up to extra_lengths[t]); `prefetch_rows`: those rows asked of L2 ahead of their copies.
 - the partitions' pieces (`load_q`, `softmax_tiles`, `softmax_epilogue`, `value_tiles`, `value_epilogue`), which take
   their (head tile, query, split) and the first tile's place in the program's sequence as arguments: the partitions
   above pass their program ids and 0, the persistent bf16 kernel (sparse_attention_gluon_persistent.py) each item's.
@@ -89,6 +89,17 @@ if GLUON_IMPORT_ERROR is None:
                     off2 = off2 >> SHIFT
                 ptrs = xkv_ptr + gl.multiple_of(off2, ALIGN)
         return ptrs, ok
+
+    @gluon.jit
+    def prefetch_rows(ptrs, ok, ROW_BYTES: gl.constexpr):
+        """Ask L2 for a tile's read rows ahead of the copies that load them (cp.async.bulk.prefetch.L2: no registers, no
+        shared memory; a row's start 16-byte aligned, ROW_BYTES a multiple of 16): the gather then waits on L2 instead
+        of DRAM. Each thread asks for the rows it holds (the loaders' layouts repeat a row across a few lanes: repeated
+        asks for a line already on its way cost L2 requests, not DRAM bytes)."""
+        gl.static_assert(ROW_BYTES % 16 == 0, "bulk prefetches move 16-byte units")
+        gl.inline_asm_elementwise(
+            "{ .reg .pred p; setp.ne.b32 p, $2, 0; @p cp.async.bulk.prefetch.L2.global [$1], $2; mov.u32 $0, 0; }",
+            "=r,l,r", [ptrs.to(gl.int64), ok.to(gl.int32) * ROW_BYTES], dtype=gl.int32, is_pure=False, pack=1)
 
     @gluon.jit
     def _store_half(acc, factor, dst_row, col0, row_ok, cols):
