@@ -309,7 +309,13 @@ CASES = [
     _linear_case("fp8_block 4096x7168->7168", "fp8_block", 4096, 7168, 7168, bound="compute"),
     # the SM90 Gluon fp8_block kernel (fp8_path=gluon) on the same shapes
     _grouped_case("fp8_block contiguous 8x4096 tok, 7168->4096, gluon", "fp8_block", 8, 4096, 4096, 7168, peer=False, path="gluon"),
+    # (and its GEMM alone on pre-quantised activations, as DeepGEMM reports its figures)
+    _grouped_case("fp8_block contiguous 8x4096 tok, 7168->4096, GEMM only, gluon", "fp8_block", 8, 4096, 4096, 7168, prequantise=True, peer=False,
+                  path="gluon"),
     _linear_case("fp8_block 4096x7168->7168, gluon", "fp8_block", 4096, 7168, 7168, bound="compute", path="gluon"),
+    # DeepSeek-V3's experts at prefill (8192 tokens x top 8 over 256 experts: 256 rows each), the tl kernel beside the Gluon one
+    *(_grouped_case(f"fp8_block contiguous 256x256 tok, {k}->{n} (V3 {w}){suffix}", "fp8_block", 256, 256, n, k, peer=False, path=path)
+      for w, n, k in (("w13", 4096, 7168), ("w2", 7168, 2048)) for suffix, path in (("", None), (", gluon", "gluon"))),
     # V4-Flash's experts at prefill (8192 tokens x top 6 over 256 experts: 192 rows each), bf16 beside mxfp4 (SM90: Gluon)
     _grouped_case("bf16 contiguous 256x192 tok, 4096->4096 (V4 w13)", "dense", 256, 192, 4096, 4096),
     _grouped_case("mxfp4 contiguous 256x192 tok, 4096->4096 (V4 w13), gluon", "mxfp4", 256, 192, 4096, 4096, peer=False, path="gluon"),
@@ -394,8 +400,7 @@ V4_GLUON_TOKENS = 16384  # the rows of V4's prefill GEMMs in the Gluon fp8_block
 # the 926 TFLOP/s of the tl kernel's "GEMM only" row) at 8 experts x 4096 rows, 7168 -> 4096, and at V4-Flash's linear
 # prefill GEMMs (wo_a's masked x is laid out expert-minor, which the Gluon kernel leaves to the tl kernel)
 GLUON_SWEEP_CASES = [
-    _grouped_case("fp8_block contiguous 8x4096 tok, 7168->4096, GEMM only, gluon", "fp8_block", 8, 4096, 4096, 7168, prequantise=True, peer=False,
-                  path="gluon"),
+    next(c for c in CASES if c.name == "fp8_block contiguous 8x4096 tok, 7168->4096, GEMM only, gluon"),
 ] + [
     _linear_case(f"fp8_block V4 prefill {g.name} {V4_GLUON_TOKENS}x{g.k}->{g.n}, GEMM only, gluon", "fp8_block", V4_GLUON_TOKENS, g.n, g.k,
                  bound="compute", path="gluon", prequantise=True, peer=False)
