@@ -703,8 +703,8 @@ SWEEP["fp8_gluon_large"] = _opts(
 #   give 43 and 16 splits against the table's 32 (132 SMs; >= 64 tokens gives 43 too); B32 ctx2048 keeps 2 and B128
 #   ctx4096 1 whatever these say (pick_splits fills the SMs first);
 # - the balanced persistent grid over the early-release seesaw (mla_decode_gluon_balanced.py: one CTA per SM, a share of
-#   the flattened (request, key tile) work each, cut on the device; not yet run on a GPU), at the table's segment
-#   overhead of 1 tile and at 0 (B128 ctx4096: 126 and 125 tiles at most a share against 128 a SM).
+#   the flattened (request, key tile) work each, cut on the device), at the table's segment overhead of 1 tile and at 0
+#   (B128 ctx4096: 126 and 125 tiles at most a share against 128 a SM): slower at every case on an H100 (2026-12-07).
 # sm90 compile check (`deepinfer bench compile --arch sm90 --sweep mla_gluon_bf16`): every candidate's wgmmas
 # asynchronous, none spilling.
 SWEEP["mla_gluon_bf16"] = _opts(

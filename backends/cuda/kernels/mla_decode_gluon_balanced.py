@@ -1,7 +1,8 @@
 """The balanced persistent grid of the SM90 Gluon mla_decode over the bf16 cache: mla_decode_gluon.py's tuning switch
-"balanced" (True: this module; off by default). Not yet run on a GPU: compiled for sm90 only (`deepinfer bench compile
---arch sm90 --case "bf16 gluon balanced"`); its schedule, its combine and a torch emulation of its segment loop are
-checked on the CPU (tests/cuda/test_mla_decode_gluon_balanced.py). Not a registration module.
+"balanced" (True: this module; off by default). Compiled for sm90 (`deepinfer bench compile --arch sm90 --case "bf16
+gluon balanced"`); its schedule, its combine and a torch emulation of its segment loop are checked on the CPU
+(tests/cuda/test_mla_decode_gluon_balanced.py); on an H100 (2026-12-07) its GPU tests and conformance passed, and the
+sweep timed it slower than the split grid at every case (docs/backends/cuda.md): hence off. Not a registration module.
 
 Why: the default grid (row tiles, B, splits) of 128-head B128 ctx4096 is 256 programs of 64 key tiles on 132 SMs, so
 every SM runs two programs, 128 tiles, where an even division is 16384 / 132 = 124.1 tiles, and each program's

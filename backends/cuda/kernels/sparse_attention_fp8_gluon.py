@@ -101,7 +101,8 @@ STAGES = 2  # bf16 stages (64 KiB each)
 PARTITION_REGS = (160, 104)  # setmaxnreg of the value warpgroup and of the converting warpgroup (the softmax warpgroup: 504 less both)
 # The converter asks L2 for the rows of the tile two ahead (cp.async.bulk.prefetch.L2) when it learns their ids, a tile
 # before it loads them into registers (it holds one tile in flight: on an H100 at B256 it waited on those loads about
-# half its cycles, ncu 2026-12-07). Not yet run on a GPU: off until the sweep and the GPU tests have run it.
+# half its cycles, ncu 2026-12-07). Off: on that H100 its GPU tests passed but it moved the kernel by 2% at most (B64 /
+# B256 39.4 / 102.6 against 39.8 / 104.5 us in CUDA graphs): the rows' DRAM latency is not what holds the converter.
 L2_PREFETCH = False
 
 

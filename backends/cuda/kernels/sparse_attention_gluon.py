@@ -99,7 +99,8 @@ FUSED_COMBINE = False
 # loader running on into the next item's rows). Not yet run on a GPU: off until the sweep and the GPU tests have run it.
 PERSISTENT = False
 # The loader asks L2 for the rows of the tile two ahead of the one it copies (cp.async.bulk.prefetch.L2): beside the
-# stages' copies, more of the gather in flight. Not yet run on a GPU: off until the sweep and the GPU tests have run it.
+# stages' copies, more of the gather in flight. Off: on an H100 (2026-12-07, `--sweep sparse_gluon_l2`, its GPU tests
+# passed) it was slower, B64 / B256 34.3 / 104.3 against 31.6 / 88.8 us (each row asked for by the 8 lanes holding it).
 L2_PREFETCH = False
 LOADER_WARPS = 4
 PARTITION_REGS = (160, 104)  # setmaxnreg of the value warpgroup and of the loader (the softmax warpgroup: 504 less both)

@@ -84,8 +84,9 @@ CONFIGS: dict[str, dict[str, dict]] = {
         # schedule with early release (mla_decode_gluon_seesaw.py), 232 registers an attention warpgroup, 40 the loader's,
         # splits of >= 256 tokens, <= 64 of them: `python -m deepinfer_cuda.bench.gemm --sweep mla_gluon_bf16` (H100,
         # 2026-12-07: 284.5 against split_keys' 330.7 us at B128 ctx4096; conformance and GPU tests passed with it in the table)
-        # "balanced": mla_decode_gluon_balanced.py's persistent grid (not yet run on a GPU: off); "balanced_overhead_tiles": its
-        # schedule's cost of a segment in tiles (a guess, not measured)
+        # "balanced": mla_decode_gluon_balanced.py's persistent grid (off: its GPU tests and conformance passed, but the sweep
+        # timed it slower on an H100, 2026-12-07: B128 ctx4096 316.5-322.9 against 291.6 us, B32 60.4-68.6 against 52.5, B1
+        # 61 against 22.1); "balanced_overhead_tiles": its schedule's cost of a segment in tiles
         "gluon_bf16": {"schedule": "seesaw_early_release", "attend_regs": 232, "load_regs": 40, "min_tokens_per_split": 256, "max_splits": 64,
                        "balanced": False, "balanced_overhead_tiles": 1},
         # the SM90 Gluon kernel over the FP8 cache (mla_decode_fp8_gluon.py). "keys_as_m": the calls of at most 16 query rows
