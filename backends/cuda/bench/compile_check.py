@@ -629,7 +629,7 @@ def _gluon_sweep_cases(variant: str) -> list[Case]:
     return cases
 
 
-_PERSISTENT = {"persistent": True}  # prefill_gluon.Tuning's persistent variant
+_A_PROGRAM_A_TILE = {"persistent": False}  # prefill_gluon.Tuning's one-program-a-tile kernel
 
 
 def _prefill_gluon_sweep_cases() -> list[Case]:
@@ -876,19 +876,21 @@ CASES: list[Case] = [
     Case("sparse_attention bf16 gluon decode T64 H64 persistent (splits)", _gluon_sparse_bf16(64, 64, 512, persistent=True), "mma", archs=("sm90",)),
     Case("sparse_attention bf16 gluon decode T8 H64 HCA lengths persistent fused combine (splits)",
          _gluon_sparse_bf16(8, 64, 8192, lengths=True, fused_combine=True, persistent=True), "mma", archs=("sm90",)),
-    # The SM90 Gluon prefill (FlashAttention-3's schedule: a TMA producer warpgroup, two ping-pong wgmma consumer warpgroups;
-    # not registered until run on a GPU): DeepSeek MLA's 192/128 heads at 16 and 128 heads, causal and after a cached prefix;
-    # 128/128 heads (the bench's reference rows against SDPA's flash kernel)
-    Case("prefill gluon bf16 H16 192/128 (4x4096 causal)", _gluon_prefill(16384, 16, 4), "mma", archs=("sm90",), tma=True),
-    Case("prefill gluon bf16 H128 192/128 (2x2048 causal)", _gluon_prefill(4096, 128, 2), "mma", archs=("sm90",), tma=True),
-    Case("prefill gluon bf16 H16 192/128 (4x1024 after 3072 cached)", _gluon_prefill(4096, 16, 4, prefix=3072), "mma", archs=("sm90",), tma=True),
-    Case("prefill gluon bf16 H16 128/128 (4x4096 causal)", _gluon_prefill(16384, 16, 4, d_qk=128), "mma", archs=("sm90",), tma=True),
-    # its persistent variant (prefill_gluon.Tuning(persistent=True), prefill_gluon_persistent.py; off: timed on an H100, GPU tests not run): the
-    # longest-first order's tl kernel (no matrix) and the persistent kernel, whose wgmmas must stay asynchronous
-    Case("prefill gluon bf16 H16 192/128 (4x4096 causal) persistent", _gluon_prefill(16384, 16, 4, tuning=_PERSISTENT), "mma", archs=("sm90",),
-         tma=True, wgmma_async=True),
-    Case("prefill gluon bf16 H128 128/128 (2x2048 causal) persistent", _gluon_prefill(4096, 128, 2, d_qk=128, tuning=_PERSISTENT), "mma",
-         archs=("sm90",), tma=True, wgmma_async=True),
+    # The SM90 Gluon prefill (FlashAttention-3's schedule: a TMA producer warpgroup, two ping-pong wgmma consumer warpgroups),
+    # its default, the persistent form (prefill_gluon_persistent.py: the longest-first order's tl kernel, no matrix, then the
+    # persistent kernel, whose wgmmas must stay asynchronous): DeepSeek MLA's 192/128 heads at 16 and 128 heads, causal and
+    # after a cached prefix; 128/128 heads (the bench's reference rows against SDPA's flash kernel)
+    Case("prefill gluon bf16 H16 192/128 (4x4096 causal)", _gluon_prefill(16384, 16, 4), "mma", archs=("sm90",), tma=True, wgmma_async=True),
+    Case("prefill gluon bf16 H128 192/128 (2x2048 causal)", _gluon_prefill(4096, 128, 2), "mma", archs=("sm90",), tma=True, wgmma_async=True),
+    Case("prefill gluon bf16 H16 192/128 (4x1024 after 3072 cached)", _gluon_prefill(4096, 16, 4, prefix=3072), "mma", archs=("sm90",), tma=True,
+         wgmma_async=True),
+    Case("prefill gluon bf16 H16 128/128 (4x4096 causal)", _gluon_prefill(16384, 16, 4, d_qk=128), "mma", archs=("sm90",), tma=True, wgmma_async=True),
+    # its one-program-a-tile kernel (prefill_gluon.Tuning(persistent=False); what a batch past the persistent order's
+    # MAX_SLOTS runs)
+    Case("prefill gluon bf16 H16 192/128 (4x4096 causal) a program a tile", _gluon_prefill(16384, 16, 4, tuning=_A_PROGRAM_A_TILE), "mma",
+         archs=("sm90",), tma=True),
+    Case("prefill gluon bf16 H128 128/128 (2x2048 causal) a program a tile", _gluon_prefill(4096, 128, 2, d_qk=128, tuning=_A_PROGRAM_A_TILE), "mma",
+         archs=("sm90",), tma=True),
     # the fp8 activation quantiser alone (decode rows)
     Case("quant_act_fp8 bf16 M1 K4096", _quant_act_fp8(1, 4096), None),
     Case("quant_act_fp8 bf16 M64 K4096", _quant_act_fp8(64, 4096), None),
