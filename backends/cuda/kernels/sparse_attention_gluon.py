@@ -75,14 +75,7 @@ from deepinfer_cuda.kernels.sparse_attention_gluon_common import DIM, SparseGluo
 if GLUON_IMPORT_ERROR is None:  # (else the launch declines every call)
     from deepinfer_cuda.kernels.gluon_hopper import async_copy, cp_async_load, gl, gluon, mbarrier
     from deepinfer_cuda.kernels.gluon_hopper import sync_warps as _sync_warps
-    from deepinfer_cuda.kernels.sparse_attention_gluon_common import (
-        allocate_shared,
-        prefetch_rows,
-        query_tiles,
-        row_pointers,
-        softmax_partition,
-        value_partition,
-    )
+    from deepinfer_cuda.kernels.sparse_attention_gluon_common import allocate_shared, query_tiles, row_pointers, softmax_partition, value_partition
 
 TILES = {64: 2, 32: 4}  # rows a tile -> the stages that fit beside q (a bf16 row is 1 KiB)
 TILE_ROWS = 64  # the default tile: the FP8 kernel's
@@ -143,7 +136,7 @@ if GLUON_IMPORT_ERROR is None:
             ptrs2, ok2 = row_pointers(kv_ptr, xkv_ptr, idx_row, xidx_row, lo + j + 2, end, nb1, width, width2, stride_kv, stride_xkv, rows,
                                       BLOCK_N, HAS_EXTRA, 0, 8)
             if L2_PREFETCH:
-                prefetch_rows(ptrs2, ok2, D * 2)
+                common.prefetch_rows(ptrs2, ok2, D * 2)
             src = gl.expand_dims(ptrs, 1) + cols
             m = gl.expand_dims(ok, 1)  # (broadcast along the row by the copy: one predicate a 16-byte copy)
             mbarrier.wait(bf_empty.index(t), ((g // STAGES) & 1) ^ 1)  # both attention warpgroups are done with tile g - STAGES
