@@ -65,7 +65,8 @@ tl kernel splits (host shapes only, CUDA-graph safe: pick_splits over one CTA pe
 queries); a forced num_splits is honoured.
 
 Triton 3.6 (the GPU machine) and 3.9 differ in two names used here: the partition-wide barrier (3.6
-`thread_barrier`, 3.9 `barrier`) and the shared-memory reinterpretation (3.6 `_reinterpret`, 3.9 `reinterpret`).
+`thread_barrier`, 3.9 `barrier`) and the shared-memory reinterpretation (3.6 `_reinterpret`, 3.9 `reinterpret`):
+gluon_hopper.py's shims.
 Not a registration module: sparse_attention_path.py registers the op.
 """
 
@@ -84,10 +85,9 @@ from deepinfer_cuda.kernels.mla_decode_fp8_gluon import RAW_UNIT_VALUE, _put_chu
 from deepinfer_cuda.kernels.sparse_attention_gluon_common import DIM, SparseGluonPlan
 
 if GLUON_IMPORT_ERROR is None:  # (else the launch declines every call)
-    from deepinfer_cuda.kernels.gluon_hopper import fence_async_shared, gl, gluon, mbarrier
+    from deepinfer_cuda.kernels.gluon_hopper import fence_async_shared, gl, gluon, mbarrier, reinterpret_shared
     from deepinfer_cuda.kernels.gluon_hopper import sync_warps as _sync_warps
     from deepinfer_cuda.kernels.sparse_attention_gluon_common import (
-        REINTERPRET_IS_PUBLIC,
         allocate_shared,
         prefetch_rows,
         query_tiles,
@@ -149,7 +149,7 @@ if GLUON_IMPORT_ERROR is None:
             ptrs2, ok2 = row_pointers(kv_words, xkv_words, idx_row, xidx_row, lo + j + 2, end, nb1, width, width2, stride_kv, stride_xkv,
                                       rows, BLOCK_N, HAS_EXTRA, 2, 4)
             if L2_PREFETCH:
-                prefetch_rows(ptrs2, ok2, (SCALE_WORD * 4 + 4 + 15) // 16 * 16)  # a row's values and scale (528 bytes)
+                prefetch_rows(ptrs2, ok2, D + 16)  # a row: its values, its scale, padding (528 bytes)
             p = gl.expand_dims(ptrs1, 1) + cols
             m = gl.expand_dims(ok1, 1)
             mbarrier.wait(bf_empty.index(t), ((j // 2) & 1) ^ 1)  # both attention warpgroups are done with tile j - 2
@@ -217,10 +217,7 @@ if GLUON_IMPORT_ERROR is None:
         # the stages as int32 pairs of bf16 for the converting warps (the 128-byte swizzle moves 16-byte units: the same
         # bytes for 16- and 32-bit elements); the scales are the rows' scales * 2^112
         chunk_words: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=32, rank=2)
-        if REINTERPRET_IS_PUBLIC:
-            bf_words = bf_smem.reinterpret(gl.int32, [STAGES * NUM_CHUNKS, BLOCK_N, 32], chunk_words)
-        else:
-            bf_words = bf_smem._reinterpret(gl.int32, [STAGES * NUM_CHUNKS, BLOCK_N, 32], chunk_words)
+        bf_words = reinterpret_shared(bf_smem, gl.int32, [STAGES * NUM_CHUNKS, BLOCK_N, 32], chunk_words)
 
         gl.warp_specialize(
             [

@@ -45,6 +45,7 @@ from deepinfer_cuda.kernels.gluon_hopper import GLUON_IMPORT_ERROR
 
 if GLUON_IMPORT_ERROR is None:  # (else the kernels' launches decline every call)
     from deepinfer_cuda.kernels.gluon_hopper import async_copy, cp_async_load, fence_async_shared, gl, gluon, mbarrier, warpgroup_mma, warpgroup_mma_wait
+    from deepinfer_cuda.kernels.gluon_hopper import reinterpret_shared as _reinterpret_shared
     from deepinfer_cuda.kernels.gluon_hopper import sync_warps as _sync_warps
 
     # the opaque zero: the FP8 mla_decode kernel's
@@ -62,8 +63,6 @@ MAX_GRID_Y = 65535  # queries: the grid's second dimension
 
 if GLUON_IMPORT_ERROR is None:
     _LOG2E = gl.constexpr(LOG2E)
-    # A shared-memory view of another shape or dtype: Triton 3.9 `reinterpret`, 3.6 `_reinterpret` (same arguments)
-    REINTERPRET_IS_PUBLIC = gl.constexpr(hasattr(gl.shared_memory_descriptor, "reinterpret"))
 
     @gluon.jit
     def row_pointers(kv_ptr, xkv_ptr, idx_row, xidx_row, blk, blk_end, nb1, width, width2, stride_kv, stride_xkv, rows,
@@ -480,10 +479,7 @@ if GLUON_IMPORT_ERROR is None:
         vec_s: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
         q_smem = gl.allocate_shared_memory(gl.bfloat16, [NUM_CHUNKS, BLOCK_M, 64], q_layout_s)
         bf_smem = gl.allocate_shared_memory(gl.bfloat16, [STAGES * NUM_CHUNKS, BLOCK_N, 64], chunk_bf16)
-        if REINTERPRET_IS_PUBLIC:
-            bf_halves = bf_smem.reinterpret(gl.bfloat16, [STAGES * 2, BLOCK_N, D // 2], halves_bf16)
-        else:
-            bf_halves = bf_smem._reinterpret(gl.bfloat16, [STAGES * 2, BLOCK_N, D // 2], halves_bf16)
+        bf_halves = _reinterpret_shared(bf_smem, gl.bfloat16, [STAGES * 2, BLOCK_N, D // 2], halves_bf16)
         p_smem = gl.allocate_shared_memory(gl.bfloat16, [2, BLOCK_M, BLOCK_N], p_layout_s)  # [tile parity]: p * row scale
         scale_smem = gl.allocate_shared_memory(gl.float32, [STAGES, BLOCK_N], vec_s)  # [stage]: the rows' scales (-1: not read)
         alpha_smem = gl.allocate_shared_memory(gl.float32, [2, BLOCK_M], vec_s)  # [tile parity]: the rescale of acc
